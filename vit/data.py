@@ -1,0 +1,356 @@
+"""Datasets as uint8 tensors in memory, and augmentation done on whole batches of them.
+
+Each dataset is decoded once (through the same evaluation transform as inference, see
+``vit.images``) into a cached ``(N, C, S, S)`` uint8 tensor, so later runs and every epoch
+skip PIL entirely. Augmentation then works on batches of tensors, on the GPU when there is
+one, which keeps two CPU cores busy with the model rather than with image decoding.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torchvision.transforms import v2
+
+from vit.checkpoint import atomic_torch_save
+from vit.images import ImageError, open_image, to_uint8
+
+log = logging.getLogger(__name__)
+
+BUILTIN_DATASETS = ("cifar10", "cifar100", "mnist", "fashion-mnist")
+IMAGE_EXTENSIONS = {".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff"}
+CACHE_VERSION = 1
+
+
+class DataError(ValueError):
+    """A dataset that cannot be used as asked; the message says what to do."""
+
+
+@dataclass
+class Split:
+    images: torch.Tensor  # (N, C, S, S) uint8
+    labels: torch.Tensor  # (N,) int64
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def to(self, device: torch.device | str) -> Split:
+        return Split(self.images.to(device), self.labels.to(device))
+
+
+@dataclass
+class Dataset:
+    name: str  # as given to --dataset
+    class_names: list[str]
+    train: Split
+    val: Split
+    mean: tuple[float, ...]  # per channel, of the training images scaled to [0, 1]
+    std: tuple[float, ...]
+    from_cache: bool  # True when nothing had to be decoded
+
+
+def parse_dataset(spec: str) -> tuple[str, str]:
+    """``'cifar10'`` -> ('builtin', 'cifar10'); ``'folder:PATH'`` -> ('folder', PATH)."""
+    if spec.startswith("folder:"):
+        path = spec[len("folder:"):]
+        if not path:
+            raise DataError("--dataset folder: needs a path, e.g. folder:data/my-images")
+        return "folder", path
+    if spec in BUILTIN_DATASETS:
+        return "builtin", spec
+    raise DataError(f"unknown dataset {spec!r}; use one of {', '.join(BUILTIN_DATASETS)} or folder:PATH")
+
+
+def list_class_folders(root: Path) -> list[str]:
+    return sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
+
+
+def _image_files(folder: Path) -> list[Path]:
+    return sorted(p for p in folder.rglob("*") if p.suffix.lower() in IMAGE_EXTENSIONS and p.is_file())
+
+
+def folder_layout(path: str | os.PathLike) -> tuple[Path, Path | None, list[str]]:
+    """Check an image folder quickly: (train root, val root or None, class names).
+
+    Either ``PATH/train/<class>/...`` (with optional ``PATH/val/<class>/...``) or
+    ``PATH/<class>/...``. Raises DataError for a missing folder or fewer than two classes.
+    """
+    root = Path(path)
+    if not root.is_dir():
+        raise DataError(f"dataset folder {root} does not exist")
+    train_root, val_root = root, None
+    if (root / "train").is_dir():
+        train_root = root / "train"
+        val_root = root / "val" if (root / "val").is_dir() else None
+    classes = [c for c in list_class_folders(train_root) if _has_image(train_root / c)]
+    if len(classes) < 2:
+        raise DataError(f"{train_root} needs at least two class subfolders with images "
+                        f"(found {len(classes)}); lay it out as {train_root}/<class>/<image>")
+    if val_root is not None:
+        extra = sorted(set(list_class_folders(val_root)) - set(classes))
+        if extra:
+            raise DataError(f"{val_root} has class folders missing from {train_root}: {', '.join(extra)}")
+    return train_root, val_root, classes
+
+
+def _has_image(folder: Path) -> bool:
+    return any(p.suffix.lower() in IMAGE_EXTENSIONS for p in folder.rglob("*"))
+
+
+def check_dataset(spec: str, data_dir: str | os.PathLike = "data") -> list[str] | None:
+    """Cheap check before a run starts; returns class names when known without decoding."""
+    kind, value = parse_dataset(spec)
+    if kind == "folder":
+        return folder_layout(value)[2]
+    return None
+
+
+def _decode_folder(root: Path, classes: list[str], image_size: int, num_channels: int) -> Split:
+    images, labels, bad = [], [], []
+    for label, name in enumerate(classes):
+        for file in _image_files(root / name):
+            try:
+                images.append(to_uint8(open_image(file), image_size, num_channels))
+                labels.append(label)
+            except ImageError as e:
+                bad.append(str(e))
+    if bad:
+        log.warning("skipped %d unreadable image(s) in %s, e.g. %s", len(bad), root, bad[0])
+    if not images:
+        raise DataError(f"no readable images in {root}")
+    return Split(torch.stack(images), torch.tensor(labels, dtype=torch.int64))
+
+
+def _folder_fingerprint(roots: list[Path]) -> str:
+    digest = hashlib.sha1()
+    for root in roots:
+        digest.update(str(root.resolve()).encode())
+        for file in _image_files(root):
+            stat = file.stat()
+            digest.update(f"{file.relative_to(root)}:{stat.st_size}:{stat.st_mtime_ns}".encode())
+    return digest.hexdigest()
+
+
+_TORCHVISION = {  # name -> (torchvision class name, folder under the data dir)
+    "cifar10": ("CIFAR10", "cifar10"),
+    "cifar100": ("CIFAR100", "cifar100"),
+    "mnist": ("MNIST", "mnist"),
+    "fashion-mnist": ("FashionMNIST", "fashion-mnist"),
+}
+
+
+def _torchvision_dataset(name: str, data_dir: Path, train: bool):
+    import torchvision.datasets
+
+    cls_name, folder = _TORCHVISION[name]
+    cls = getattr(torchvision.datasets, cls_name)
+    root = data_dir / folder
+    try:
+        return cls(root=str(root), train=train, download=False)
+    except RuntimeError:
+        pass
+    try:
+        log.info("downloading %s into %s", name, root)
+        return cls(root=str(root), train=train, download=True)
+    except Exception as e:  # offline: URLError, socket errors, checksum failures
+        raise DataError(f"{name} is not in {root} and could not be downloaded ({type(e).__name__}); "
+                        f"on a connected machine run once with the same --data-dir, or copy "
+                        f"torchvision's {cls_name} files into {root}") from None
+
+
+def _decode_torchvision(name: str, data_dir: Path, train: bool, image_size: int,
+                        num_channels: int) -> tuple[Split, list[str]]:
+    dataset = _torchvision_dataset(name, data_dir, train)
+    images = [to_uint8(image, image_size, num_channels) for image, _ in dataset]
+    labels = torch.as_tensor(dataset.targets, dtype=torch.int64)
+    return Split(torch.stack(images), labels), list(dataset.classes)
+
+
+def stratified_split(labels: torch.Tensor, val_fraction: float, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Indices (train, val) holding out ``round(val_fraction * n_c)`` of every class c."""
+    generator = torch.Generator().manual_seed(seed)
+    train_idx, val_idx = [], []
+    for c in torch.unique(labels).tolist():
+        idx = torch.nonzero(labels == c).flatten()
+        idx = idx[torch.randperm(len(idx), generator=generator)]
+        n_val = int(round(val_fraction * len(idx)))
+        val_idx.append(idx[:n_val])
+        train_idx.append(idx[n_val:])
+    return torch.cat(train_idx).sort().values, torch.cat(val_idx).sort().values
+
+
+def load_dataset(spec: str, image_size: int, num_channels: int, data_dir: str | os.PathLike = "data",
+                 cache_dir: str | os.PathLike | None = None, val_fraction: float = 0.1,
+                 seed: int = 0) -> Dataset:
+    """Load (from the uint8 cache when possible) the train and validation splits of ``spec``."""
+    kind, value = parse_dataset(spec)
+    data_dir = Path(data_dir)
+    cache_dir = Path(cache_dir) if cache_dir is not None else data_dir / "cache"
+    if kind == "folder":
+        train_root, val_root, classes = folder_layout(value)
+        roots = [train_root] + ([val_root] if val_root else [])
+        key = f"folder-{_folder_fingerprint(roots)}"
+    else:
+        key = f"{value}"
+    cache_file = cache_dir / f"{key}-{image_size}px-{num_channels}ch-v{CACHE_VERSION}.pt"
+
+    cached = _read_cache(cache_file)
+    from_cache = cached is not None
+    if cached is None:
+        if kind == "folder":
+            train = _decode_folder(train_root, classes, image_size, num_channels)
+            val = _decode_folder(val_root, classes, image_size, num_channels) if val_root else None
+        else:
+            train, classes = _decode_torchvision(value, data_dir, True, image_size, num_channels)
+            val, _ = _decode_torchvision(value, data_dir, False, image_size, num_channels)
+        cached = {"class_names": classes, "train": _split_dict(train), "val": _split_dict(val)}
+        atomic_torch_save(cached, cache_file)
+        log.info("cached %s as %s", spec, cache_file)
+
+    classes = list(cached["class_names"])
+    train = Split(cached["train"]["images"], cached["train"]["labels"])
+    if cached["val"] is not None:
+        val = Split(cached["val"]["images"], cached["val"]["labels"])
+    else:
+        if not 0 < val_fraction < 1:
+            raise DataError(f"{spec} has no validation folder; --val-fraction must be in (0, 1), "
+                            f"got {val_fraction}")
+        train_idx, val_idx = stratified_split(train.labels, val_fraction, seed)
+        train, val = (Split(train.images[train_idx], train.labels[train_idx]),
+                      Split(train.images[val_idx], train.labels[val_idx]))
+    mean, std = channel_stats(train.images)
+    return Dataset(spec, classes, train, val, mean, std, from_cache)
+
+
+def _split_dict(split: Split | None) -> dict | None:
+    return None if split is None else {"images": split.images, "labels": split.labels}
+
+
+def _read_cache(path: Path) -> dict | None:
+    if not path.exists():
+        return None
+    try:
+        return torch.load(path, weights_only=True)
+    except Exception as e:  # a damaged cache is rebuilt, never trusted
+        log.warning("ignoring unreadable data cache %s (%s)", path, e)
+        return None
+
+
+def channel_stats(images: torch.Tensor, chunk: int = 4096) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """Per-channel mean and std of uint8 images ``(N, C, H, W)`` scaled to [0, 1]."""
+    total = torch.zeros(images.shape[1], dtype=torch.float64)
+    squares = torch.zeros_like(total)
+    for start in range(0, len(images), chunk):
+        x = images[start:start + chunk].double() / 255.0
+        total += x.sum(dim=(0, 2, 3))
+        squares += (x * x).sum(dim=(0, 2, 3))
+    count = images.shape[0] * images.shape[2] * images.shape[3]
+    mean = total / count
+    std = (squares / count - mean * mean).clamp_min(1e-12).sqrt()
+    return tuple(round(m, 4) for m in mean.tolist()), tuple(round(s, 4) for s in std.tolist())
+
+
+# ---------------------------------------------------------------------------------------------
+# Batched augmentation on uint8 tensors
+
+
+def random_crop_flip(images: torch.Tensor, padding: int, flip: bool, generator: torch.Generator | None = None
+                     ) -> torch.Tensor:
+    """Per-image random crop after reflect padding, and random horizontal flip, for a batch."""
+    B, C, H, W = images.shape
+    out = images
+    if padding > 0:
+        padded = F.pad(images.float(), (padding,) * 4, mode="reflect").to(images.dtype)  # (B, C, H+2p, W+2p)
+        dy = torch.randint(0, 2 * padding + 1, (B,), generator=generator, device=images.device)
+        dx = torch.randint(0, 2 * padding + 1, (B,), generator=generator, device=images.device)
+        rows = (dy[:, None] + torch.arange(H, device=images.device))[:, None, :, None]  # (B, 1, H, 1)
+        cols = (dx[:, None] + torch.arange(W, device=images.device))[:, None, None, :]  # (B, 1, 1, W)
+        batch = torch.arange(B, device=images.device)[:, None, None, None]
+        channel = torch.arange(C, device=images.device)[None, :, None, None]
+        out = padded[batch, channel, rows, cols]  # (B, C, H, W)
+    if flip:
+        mask = torch.rand(B, generator=generator, device=images.device) < 0.5
+        out = torch.where(mask[:, None, None, None], out.flip(-1), out)
+    return out
+
+
+def random_resized_crop(images: torch.Tensor, scale: tuple[float, float] = (0.8, 1.0),
+                        ratio: tuple[float, float] = (3 / 4, 4 / 3), attempts: int = 10) -> torch.Tensor:
+    """torchvision's RandomResizedCrop parameter rule, applied per image of a batch at once.
+
+    Boxes are drawn as in ``v2.RandomResizedCrop.get_params`` (area fraction in ``scale``,
+    log-uniform aspect ratio, up to ``attempts`` tries, else the whole image) and resampled
+    bilinearly to the input size with one ``grid_sample``.
+    """
+    B, C, H, W = images.shape
+    device = images.device
+    area = torch.empty(B, attempts, device=device).uniform_(*scale) * H * W
+    log_ratio = torch.empty(B, attempts, device=device).uniform_(torch.log(torch.tensor(ratio[0])).item(),
+                                                                  torch.log(torch.tensor(ratio[1])).item())
+    aspect = torch.exp(log_ratio)
+    w = torch.sqrt(area * aspect).round()
+    h = torch.sqrt(area / aspect).round()
+    ok = (w > 0) & (w <= W) & (h > 0) & (h <= H)
+    first = torch.where(ok.any(1), ok.float().argmax(1), torch.full((B,), -1, device=device))
+    pick = first.clamp_min(0)
+    w = torch.where(first >= 0, w[torch.arange(B), pick], torch.full((B,), float(W), device=device))
+    h = torch.where(first >= 0, h[torch.arange(B), pick], torch.full((B,), float(H), device=device))
+    top = torch.floor(torch.rand(B, device=device) * (H - h + 1))
+    left = torch.floor(torch.rand(B, device=device) * (W - w + 1))
+    # Affine map from output [-1, 1] to the box, in align_corners=False coordinates.
+    theta = torch.zeros(B, 2, 3, device=device)
+    theta[:, 0, 0] = w / W
+    theta[:, 0, 2] = (2 * left + w) / W - 1
+    theta[:, 1, 1] = h / H
+    theta[:, 1, 2] = (2 * top + h) / H - 1
+    grid = F.affine_grid(theta, [B, C, H, W], align_corners=False)
+    out = F.grid_sample(images.float(), grid, mode="bilinear", padding_mode="border", align_corners=False)
+    return out.round().clamp(0, 255).to(images.dtype)
+
+
+AUGMENTATIONS = ("none", "flip-crop", "trivialaugment", "randaugment", "seed")
+
+
+class BatchAugment:
+    """The training transform of a recipe, applied to uint8 batches ``(B, C, H, W)``.
+
+    ``policy``: ``none``; ``flip-crop`` (reflect-pad 4 px, random crop, flip); ``trivialaugment``
+    or ``randaugment`` (torchvision's, on top of flip-crop); ``seed`` (the seed blog's flip +
+    RandomResizedCrop 0.8-1.0). Policy ops are drawn per ``group`` images: torchvision applies
+    one draw to a whole tensor batch, so small groups keep the images' augmentations varied.
+    """
+
+    def __init__(self, policy: str, magnitude: int = 9, num_ops: int = 2, padding: int = 4,
+                 group: int = 8) -> None:
+        if policy not in AUGMENTATIONS:
+            raise ValueError(f"unknown augmentation {policy!r}; choose one of {', '.join(AUGMENTATIONS)}")
+        self.policy, self.padding, self.group = policy, padding, group
+        self.op = None
+        if policy == "trivialaugment":
+            self.op = v2.TrivialAugmentWide()
+        elif policy == "randaugment":
+            self.op = v2.RandAugment(num_ops=num_ops, magnitude=magnitude)
+
+    def __call__(self, images: torch.Tensor) -> torch.Tensor:
+        if self.policy == "none":
+            return images
+        if self.policy == "seed":
+            images = random_resized_crop(images, scale=(0.8, 1.0))
+            return random_crop_flip(images, padding=0, flip=True)
+        images = random_crop_flip(images, self.padding, flip=True)
+        if self.op is not None:
+            images = torch.cat([self.op(chunk) for chunk in images.split(self.group)])
+        return images
+
+
+def dataset_summary(dataset: Dataset) -> str:
+    return json.dumps({"dataset": dataset.name, "classes": len(dataset.class_names),
+                       "train": len(dataset.train), "val": len(dataset.val),
+                       "image_shape": list(dataset.train.images.shape[1:])})

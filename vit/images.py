@@ -1,0 +1,94 @@
+"""Turning any image a user brings into the model's input, identically at training and inference.
+
+``open_image`` decodes files and uploads (one error type for everything that cannot be
+used); ``to_uint8`` applies the evaluation transform shared by the data cache, the CLIs
+and the app: EXIF orientation, first frame, transparency composited on white, colour or
+greyscale per the model, and a resize to the model's square input.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import warnings
+from pathlib import Path
+from typing import BinaryIO
+
+import numpy as np
+import torch
+from PIL import Image, ImageOps, UnidentifiedImageError
+
+
+class ImageError(ValueError):
+    """An input that cannot be used as an image; the message says why."""
+
+
+def open_image(source: str | os.PathLike | bytes | BinaryIO, name: str | None = None) -> Image.Image:
+    """Decode an image fully (first frame, EXIF orientation applied) or raise ``ImageError``."""
+    if isinstance(source, (str, os.PathLike)):
+        name = name or str(source)
+        if not Path(source).is_file():
+            raise ImageError(f"{name}: no such file")
+        data = Path(source).read_bytes()
+    elif isinstance(source, (bytes, bytearray)):
+        data = bytes(source)
+    else:
+        data = source.read()
+    name = name or "the image"
+    if not data:
+        raise ImageError(f"{name} is empty (0 bytes); choose an image file")
+    try:
+        with warnings.catch_warnings():
+            # Between PIL's pixel limit and twice it PIL only warns; refuse those too.
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            image = Image.open(io.BytesIO(data))
+            image.seek(0)
+            image.load()
+    except (Image.DecompressionBombError, Image.DecompressionBombWarning):
+        raise ImageError(f"{name} is too large to decode safely (over {Image.MAX_IMAGE_PIXELS:,} "
+                         "pixels); downscale it first") from None
+    except UnidentifiedImageError:
+        raise ImageError(f"{name} is not an image this program can read (jpg, png, webp, bmp, "
+                         "gif, tiff)") from None
+    except (OSError, ValueError, SyntaxError, EOFError) as e:
+        reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise ImageError(f"{name} is truncated or corrupt ({reason}); re-export it") from None
+    if image.width == 0 or image.height == 0:
+        raise ImageError(f"{name} has no pixels")
+    try:
+        return ImageOps.exif_transpose(image)
+    except Exception:  # a malformed EXIF block should not lose an otherwise good image
+        return image
+
+
+def to_mode(image: Image.Image, num_channels: int) -> Image.Image:
+    """RGB (3 channels) or L (1 channel), compositing transparency on white and scaling 16-bit."""
+    if image.mode in ("I;16", "I;16B", "I;16L", "I", "F"):
+        pixels = np.asarray(image, dtype=np.float64)
+        top = 65535.0 if image.mode != "F" or pixels.max(initial=0) > 1 else 1.0
+        image = Image.fromarray(np.clip(pixels / top * 255.0 + 0.5, 0, 255).astype(np.uint8), "L")
+    if image.mode == "P":
+        image = image.convert("RGBA")
+    if image.mode in ("RGBA", "LA", "PA", "RGBa", "La"):
+        rgba = image.convert("RGBA")
+        white = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
+        image = Image.alpha_composite(white, rgba)
+    return image.convert("RGB" if num_channels == 3 else "L")
+
+
+def to_uint8(image: Image.Image, image_size: int, num_channels: int) -> torch.Tensor:
+    """The evaluation transform up to normalisation: a ``(C, S, S)`` uint8 tensor."""
+    image = to_mode(image, num_channels)
+    if image.size != (image_size, image_size):
+        image = image.resize((image_size, image_size), Image.Resampling.BICUBIC)
+    array = np.asarray(image, dtype=np.uint8)
+    if array.ndim == 2:
+        array = array[:, :, None]
+    return torch.from_numpy(array.copy()).permute(2, 0, 1).contiguous()  # (C, S, S)
+
+
+def normalize(batch: torch.Tensor, mean: tuple[float, ...], std: tuple[float, ...]) -> torch.Tensor:
+    """uint8 ``(B, C, H, W)`` -> float32 normalised with per-channel mean and std of [0, 1] pixels."""
+    mean_t = torch.tensor(mean, device=batch.device).view(1, -1, 1, 1)
+    std_t = torch.tensor(std, device=batch.device).view(1, -1, 1, 1)
+    return (batch.float() / 255.0 - mean_t) / std_t
