@@ -315,13 +315,14 @@ def random_resized_crop(images: torch.Tensor, scale: tuple[float, float] = (0.8,
     return out.round().clamp(0, 255).to(images.dtype)
 
 
-AUGMENTATIONS = ("none", "flip-crop", "trivialaugment", "randaugment", "seed")
+AUGMENTATIONS = ("none", "crop", "flip-crop", "trivialaugment", "randaugment", "seed")
 
 
 class BatchAugment:
     """The training transform of a recipe, applied to uint8 batches ``(B, C, H, W)``.
 
-    ``policy``: ``none``; ``flip-crop`` (reflect-pad 4 px, random crop, flip); ``trivialaugment``
+    ``policy``: ``none``; ``crop`` (reflect-pad 4 px, random crop: for digits and text,
+    which must not be mirrored); ``flip-crop`` (reflect-pad 4 px, random crop, flip); ``trivialaugment``
     or ``randaugment`` (torchvision's, on top of flip-crop); ``seed`` (the seed blog's flip +
     RandomResizedCrop 0.8-1.0). Policy ops are drawn per ``group`` images: torchvision applies
     one draw to a whole tensor batch, so small groups keep the images' augmentations varied.
@@ -344,7 +345,7 @@ class BatchAugment:
         if self.policy == "seed":
             images = random_resized_crop(images, scale=(0.8, 1.0))
             return random_crop_flip(images, padding=0, flip=True)
-        images = random_crop_flip(images, self.padding, flip=True)
+        images = random_crop_flip(images, self.padding, flip=self.policy != "crop")
         if self.op is not None:
             images = torch.cat([self.op(chunk) for chunk in images.split(self.group)])
         return images
