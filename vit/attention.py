@@ -1,0 +1,236 @@
+"""Attention analysis: per-token maps, attention rollout, gradient rollout and per-head statistics.
+
+Every function is pure (tensors in, tensors out) and works for any batch size, any patch
+grid (non-square too) and any number of prefix tokens (CLS, register or distillation tokens,
+always first in the sequence). ``T`` is the number of tokens, ``prefix + gh * gw``; patches
+follow in row-major order, as the model flattens them.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+
+HEAD_FUSIONS = ("mean", "max", "min")
+
+
+def _check_tokens(attn: Tensor, grid: tuple[int, int], num_prefix_tokens: int) -> None:
+    gh, gw = grid
+    if gh <= 0 or gw <= 0:
+        raise ValueError(f"patch grid must be positive, got {tuple(grid)}")
+    if num_prefix_tokens < 0:
+        raise ValueError(f"num_prefix_tokens must be >= 0, got {num_prefix_tokens}")
+    if attn.dim() < 2 or attn.shape[-1] != attn.shape[-2]:
+        raise ValueError(f"expected attention of shape (..., tokens, tokens), got {tuple(attn.shape)}")
+    if attn.shape[-1] != num_prefix_tokens + gh * gw:
+        raise ValueError(f"attention over {attn.shape[-1]} tokens does not fit a {gh}x{gw} patch grid "
+                         f"with {num_prefix_tokens} prefix token(s) ({num_prefix_tokens + gh * gw} tokens)")
+
+
+def _layers_up_to(attentions: Sequence[Tensor], end_layer: int | None) -> list[Tensor]:
+    """The layers 0..end_layer (inclusive; negative counts from the end), checked for equal shapes."""
+    layers = list(attentions)
+    if not layers:
+        raise ValueError("no attention layers given; run the model with output_attentions=True")
+    for i, attn in enumerate(layers):
+        if attn.dim() != 4 or attn.shape[-1] != attn.shape[-2]:
+            raise ValueError(f"layer {i}: expected attention of shape (batch, heads, tokens, tokens), "
+                             f"got {tuple(attn.shape)}")
+        if attn.shape[0] != layers[0].shape[0] or attn.shape[-1] != layers[0].shape[-1]:
+            raise ValueError(f"layer {i} has shape {tuple(attn.shape)}, layer 0 has {tuple(layers[0].shape)}; "
+                             "all layers must come from the same forward pass")
+    if end_layer is None:
+        return layers
+    if not -len(layers) <= end_layer < len(layers):
+        raise ValueError(f"end_layer {end_layer} is out of range for {len(layers)} layers")
+    return layers[: end_layer % len(layers) + 1]
+
+
+def _compute_dtype(attn: Tensor) -> torch.dtype:
+    # Products over many layers lose too much in half precision.
+    return torch.promote_types(attn.dtype, torch.float32)
+
+
+def fuse_heads(attn: Tensor, how: str = "mean") -> Tensor:
+    """Combine the heads of one layer: ``(B, H, T, T)`` -> ``(B, T, T)`` by mean, max or min."""
+    if attn.dim() != 4:
+        raise ValueError(f"expected attention of shape (batch, heads, tokens, tokens), got {tuple(attn.shape)}")
+    if how == "mean":
+        return attn.mean(dim=1)
+    if how == "max":
+        return attn.amax(dim=1)
+    if how == "min":
+        return attn.amin(dim=1)
+    raise ValueError(f"unknown head fusion {how!r}; choose one of: {', '.join(HEAD_FUSIONS)}")
+
+
+def token_map(attn: Tensor, query: int, grid: tuple[int, int], num_prefix_tokens: int = 1,
+              renormalize: bool = False) -> Tensor:
+    """What token ``query`` attends to, as a patch-grid image (DINO's ``attn[:, :, 0, 1:]``).
+
+    ``attn`` is ``(B, H, T, T)`` or ``(B, T, T)``; ``query`` is a token index (0 is the first
+    prefix token, CLS; patch ``i`` is token ``num_prefix_tokens + i``). The prefix keys are
+    dropped and the patch keys reshaped row-major to ``(B, H, gh, gw)`` or ``(B, gh, gw)``.
+    With ``renormalize`` each map sums to 1 (the mass the prefix keys took is spread back).
+    """
+    if attn.dim() not in (3, 4):
+        raise ValueError(f"expected attention of shape (batch, [heads,] tokens, tokens), got {tuple(attn.shape)}")
+    _check_tokens(attn, grid, num_prefix_tokens)
+    T = attn.shape[-1]
+    if not 0 <= query < T:
+        raise ValueError(f"query token {query} is out of range for {T} tokens")
+    row = attn[..., query, num_prefix_tokens:]  # (B, [H,] gh*gw)
+    if renormalize:
+        total = row.sum(dim=-1, keepdim=True)
+        row = row / total.clamp_min(torch.finfo(total.dtype).tiny)
+    return row.reshape(*row.shape[:-1], grid[0], grid[1])  # (B, [H,] gh, gw)
+
+
+def _discard_lowest(fused: Tensor, ratio: float, num_prefix_tokens: int) -> Tensor:
+    """Zero the lowest ``ratio`` of each row's non-prefix entries; prefix columns are never dropped."""
+    prefix, patches = fused[..., :num_prefix_tokens], fused[..., num_prefix_tokens:]  # (B, T, p), (B, T, T-p)
+    count = math.floor(ratio * patches.shape[-1] + 1e-9)  # 1e-9: 0.29 * 100 must drop 29, not 28
+    if count == 0:
+        return fused
+    lowest = patches.topk(count, dim=-1, largest=False).indices  # (B, T, count)
+    patches = patches.scatter(-1, lowest, 0.0)
+    return torch.cat([prefix, patches], dim=-1)  # (B, T, T)
+
+
+def rollout(attentions: Sequence[Tensor], head_fusion: str = "mean", discard_ratio: float = 0.0,
+            end_layer: int | None = None, num_prefix_tokens: int = 1) -> Tensor:
+    """Attention rollout (Abnar & Zuidema 2020): how much each output token draws on each input token.
+
+    ``attentions`` holds one ``(B, H, T, T)`` tensor per layer. Each layer's heads are fused,
+    the lowest ``discard_ratio`` of every row's patch entries zeroed (prefix columns are kept:
+    dropping CLS would cut the path most attention takes), the residual added as identity
+    and rows renormalised: ``Â = (A + I) / rowsum``. The result is ``Â_end @ ... @ Â_0``,
+    ``(B, T, T)``: row ``i`` is output token ``i``'s attribution over the input tokens, so
+    ``token_map(result, 0, grid)`` is the usual CLS rollout map.
+    """
+    if not 0.0 <= discard_ratio < 1.0:
+        raise ValueError(f"discard_ratio must be in [0, 1), got {discard_ratio}")
+    layers = _layers_up_to(attentions, end_layer)
+    T = layers[0].shape[-1]
+    if not 0 <= num_prefix_tokens < T:
+        raise ValueError(f"num_prefix_tokens must be in [0, {T}), got {num_prefix_tokens}")
+    dtype = _compute_dtype(layers[0])
+    eye = torch.eye(T, dtype=dtype, device=layers[0].device)  # (T, T)
+    result = None
+    for attn in layers:
+        a = fuse_heads(attn.to(dtype), head_fusion)  # (B, T, T)
+        if discard_ratio > 0:
+            a = _discard_lowest(a, discard_ratio, num_prefix_tokens)
+        a = a + eye
+        a = a / a.sum(dim=-1, keepdim=True)
+        result = a if result is None else a @ result  # the later layer reads the earlier one's output
+    return result
+
+
+def gradient_rollout(attentions: Sequence[Tensor], gradients: Sequence[Tensor],
+                     end_layer: int | None = None) -> Tensor:
+    """Gradient-weighted rollout (Chefer, Gur & Wolf 2021, "Generic attention-model explainability").
+
+    ``gradients[i]`` is d(class score)/d(``attentions[i]``), both ``(B, H, T, T)``. Per layer
+    ``Ā = mean_heads((grad * attn).clamp(min=0))``; starting from ``R = I`` each layer in
+    order does ``R = R + Ā @ R``. Returns ``R``, ``(B, T, T)``; ``token_map(R, 0, grid)``
+    is the class-specific map of the paper.
+    """
+    layers = _layers_up_to(attentions, end_layer)
+    grads = list(gradients)
+    if len(grads) != len(attentions):
+        raise ValueError(f"{len(grads)} gradient tensors for {len(attentions)} attention layers")
+    for i, (attn, grad) in enumerate(zip(layers, grads, strict=False)):
+        if grad.shape != attn.shape:
+            raise ValueError(f"layer {i}: gradient of shape {tuple(grad.shape)} for attention of shape "
+                             f"{tuple(attn.shape)}")
+    B, _, T, _ = layers[0].shape
+    dtype = _compute_dtype(layers[0])
+    R = torch.eye(T, dtype=dtype, device=layers[0].device).expand(B, T, T)  # (B, T, T)
+    for attn, grad in zip(layers, grads, strict=False):
+        cam = (grad.to(dtype) * attn.to(dtype)).clamp(min=0).mean(dim=1)  # (B, T, T)
+        R = R + cam @ R
+    return R
+
+
+def class_gradients(model: torch.nn.Module, images: Tensor, class_index: int | Tensor
+                    ) -> tuple[Tensor, tuple[Tensor, ...], tuple[Tensor, ...]]:
+    """Logits, attentions and d(class logit)/d(attention) per layer, for ``gradient_rollout``.
+
+    ``images`` is ``(B, C, H, W)``; ``class_index`` one class for the whole batch or a ``(B,)``
+    tensor of one class per image. The model (put it in eval mode first, or dropout makes the
+    maps random) must follow ``logits, attentions = model(images, output_attentions=True)``
+    with attentions in the autograd graph. The gradient of the sum of the chosen logits is
+    taken, so each image gets the gradient of its own logit. Returns detached
+    ``(logits (B, classes), attentions (per layer (B, H, T, T)), gradients (same shapes))``.
+    Works inside ``torch.no_grad`` / ``inference_mode`` and with frozen parameters.
+    """
+    with torch.inference_mode(False), torch.enable_grad():
+        # A leaf that needs grad puts the attentions in the graph even if every weight is frozen.
+        images = images.detach().clone().requires_grad_(True)
+        logits, attentions = model(images, output_attentions=True)
+        if attentions is None:
+            raise ValueError("the model returned no attentions for output_attentions=True")
+        num_classes = logits.shape[-1]
+        index = torch.as_tensor(class_index, device=logits.device).long()
+        if index.dim() == 0:
+            index = index.expand(logits.shape[0])
+        if index.shape != (logits.shape[0],):
+            raise ValueError(f"class_index must be one class or one per image ({logits.shape[0]}), "
+                             f"got shape {tuple(index.shape)}")
+        if bool(((index < 0) | (index >= num_classes)).any()):
+            raise ValueError(f"class_index {index.tolist()} is out of range for {num_classes} classes")
+        score = logits.gather(1, index[:, None]).sum()  # images are independent: sum = per-image grads
+        gradients = torch.autograd.grad(score, attentions)
+    return (logits.detach(), tuple(a.detach() for a in attentions), tuple(g.detach() for g in gradients))
+
+
+def patch_centres(grid: tuple[int, int], patch_size: int, device: torch.device | None = None) -> Tensor:
+    """Pixel coordinates (row, column) of the patch centres in row-major order: ``(gh*gw, 2)``."""
+    gh, gw = grid
+    rows = torch.arange(gh, dtype=torch.float64, device=device)
+    cols = torch.arange(gw, dtype=torch.float64, device=device)
+    rr, cc = torch.meshgrid(rows, cols, indexing="ij")  # each (gh, gw)
+    return (torch.stack([rr, cc], dim=-1).reshape(gh * gw, 2) + 0.5) * patch_size  # (gh*gw, 2)
+
+
+def mean_attention_distance(attn: Tensor, grid: tuple[int, int], patch_size: int,
+                            num_prefix_tokens: int = 1) -> Tensor:
+    """The ViT paper's "attention distance" (Fig. 7) per head: ``(B, H, T, T)`` -> ``(B, H)``, in pixels.
+
+    For each patch query: the sum over patch keys of weight x Euclidean distance between the
+    patch centres, the weights renormalised over the patch keys (prefix keys dropped);
+    then the mean over patch queries. Any leading dimensions are kept.
+    """
+    _check_tokens(attn, grid, num_prefix_tokens)
+    p = num_prefix_tokens
+    dtype = _compute_dtype(attn)
+    a = attn[..., p:, p:].to(dtype)  # (B, H, N, N), N = gh*gw
+    a = a / a.sum(dim=-1, keepdim=True).clamp_min(torch.finfo(dtype).tiny)
+    centres = patch_centres(grid, patch_size, attn.device)
+    distance = torch.cdist(centres, centres).to(dtype)  # (N, N)
+    return (a * distance).sum(dim=-1).mean(dim=-1)  # (B, H)
+
+
+def attention_entropy(attn: Tensor) -> Tensor:
+    """Mean over queries of each attention row's entropy in nats: ``(B, H, T, T)`` -> ``(B, H)``.
+
+    ``log(T)`` for uniform rows, 0 for one-hot rows; any leading dimensions are kept.
+    """
+    if attn.dim() < 2 or attn.shape[-1] != attn.shape[-2]:
+        raise ValueError(f"expected attention of shape (..., tokens, tokens), got {tuple(attn.shape)}")
+    p = attn.to(_compute_dtype(attn))
+    return -torch.special.xlogy(p, p).sum(dim=-1).mean(dim=-1)  # xlogy: 0 * log 0 = 0
+
+
+def layer_stats(attentions: Sequence[Tensor], grid: tuple[int, int], patch_size: int,
+                num_prefix_tokens: int = 1) -> dict[str, Tensor]:
+    """Mean attention distance and entropy for every layer: ``{"distance", "entropy"}``, each ``(L, B, H)``."""
+    layers = _layers_up_to(attentions, None)
+    return {
+        "distance": torch.stack([mean_attention_distance(a, grid, patch_size, num_prefix_tokens) for a in layers]),
+        "entropy": torch.stack([attention_entropy(a) for a in layers]),
+    }
