@@ -67,6 +67,20 @@ class Checkpoint:
         return self.model.config
 
 
+def preprocessing_problem(preprocessing: Preprocessing, config: ViTConfig) -> str | None:
+    """What makes ``preprocessing`` unusable with a model of ``config``, or None when it fits."""
+    p = preprocessing
+    if p.num_channels != config.num_channels:
+        return f"{p.num_channels} image channel(s) for a model that takes {config.num_channels}"
+    if len(p.mean) != p.num_channels or len(p.std) != p.num_channels:
+        return f"mean and std need {p.num_channels} value(s) each, got {len(p.mean)} and {len(p.std)}"
+    if not all(s > 0 for s in p.std):
+        return f"std must be positive, got {list(p.std)}"
+    if p.image_size <= 0 or p.image_size % config.patch_size:
+        return f"image size {p.image_size} is not a positive multiple of the patch size {config.patch_size}"
+    return None
+
+
 def _clean_key(key: str) -> str:
     # Weights saved from DDP or torch.compile carry wrapper prefixes.
     for prefix in ("module.", "_orig_mod."):
@@ -84,6 +98,9 @@ def save_checkpoint(path: str | os.PathLike, model: ViT, class_names: list[str],
         raise ValueError(f"{len(class_names)} class names given for a model with "
                          f"{config.num_classes} classes")
     preprocessing = preprocessing or Preprocessing.default_for(config)
+    problem = preprocessing_problem(preprocessing, config)
+    if problem:
+        raise ValueError(problem)
     payload = {
         "format": FORMAT,
         "format_version": FORMAT_VERSION,
@@ -125,18 +142,25 @@ def read_checkpoint_payload(path: str | os.PathLike, map_location: str | torch.d
     if path.stat().st_size == 0:
         raise CheckpointError(f"{path} is empty; it is not a checkpoint")
     try:
+        with open(path, "rb") as f:
+            is_zip = f.read(4) == b"PK\x03\x04"  # torch.save's format; a cut-off one has no central directory
+    except OSError as e:
+        raise CheckpointError(f"cannot read {path} ({e.strerror or type(e).__name__})") from None
+    try:
         payload = torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as e:
-        if zipfile.is_zipfile(path) or "Weights only load failed" in str(e):
+        # torch wraps every weights-only failure in this error; only a blocked GLOBAL means the file
+        # asked for Python objects, anything else is a file that was never a torch pickle.
+        if "GLOBAL" in str(e) or zipfile.is_zipfile(path):
             raise CheckpointError(
                 f"refused to load {path}: it contains Python objects other than tensors and plain "
                 "data, which could run code; only load checkpoints written by this program") from None
         raise CheckpointError(f"{path} is not a checkpoint (not a torch archive)") from None
-    except (RuntimeError, EOFError, OSError, ValueError, zipfile.BadZipFile) as e:
-        if zipfile.is_zipfile(path) or "zip" in str(e).lower():
+    except Exception as e:  # the weights-only unpickler raises KeyError, IndexError, ... on garbage
+        if is_zip or "zip" in str(e).lower():
             raise CheckpointError(f"{path} is truncated or corrupt ({_first_line(e)}); "
                                   "re-copy or re-create it") from None
-        raise CheckpointError(f"{path} is not a checkpoint ({_first_line(e)})") from None
+        raise CheckpointError(f"{path} is not a checkpoint (not a torch archive)") from None
     if not isinstance(payload, dict) or payload.get("format") != FORMAT:
         raise CheckpointError(f"{path} is a torch file but not a ViT Attention Explorer checkpoint")
     version = payload.get("format_version")
@@ -155,17 +179,22 @@ def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
     try:
         config = ViTConfig.from_dict(payload["config"])
         preprocessing = Preprocessing.from_dict(payload["preprocessing"])
-    except (ValueError, TypeError, KeyError) as e:
+    except (ValueError, TypeError, KeyError, AttributeError) as e:
         raise CheckpointError(f"{path} has an invalid config: {_first_line(e)}") from None
+    problem = preprocessing_problem(preprocessing, config)
+    if problem:
+        raise CheckpointError(f"{path} has invalid preprocessing: {problem}")
+    if not isinstance(payload["class_names"], (list, tuple)) or not isinstance(payload["state_dict"], dict):
+        raise CheckpointError(f"{path} has malformed class names or weights; the file is damaged")
     class_names = [str(name) for name in payload["class_names"]]
     if len(class_names) != config.num_classes:
         raise CheckpointError(f"{path} names {len(class_names)} classes but its model has "
                               f"{config.num_classes}")
     model = ViT(config)
-    state_dict = {_clean_key(k): v for k, v in payload["state_dict"].items()}
+    state_dict = {_clean_key(str(k)): v for k, v in payload["state_dict"].items()}
     try:
         model.load_state_dict(state_dict, strict=True)
-    except RuntimeError as e:
+    except (RuntimeError, TypeError, AttributeError) as e:
         raise CheckpointError(f"the weights in {path} do not fit its stored config: "
                               f"{_mismatch_summary(e)}") from None
     model.to(map_location).eval()
@@ -176,7 +205,10 @@ def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
 
 def _first_line(error: BaseException) -> str:
     text = str(error).strip().splitlines()
-    return text[0] if text else type(error).__name__
+    line = text[0] if text else type(error).__name__
+    if len(line) > 160:  # torch appends paragraphs of advice; its first sentence says what failed
+        line = line.split(". ", 1)[0]
+    return line if len(line) <= 160 else line[:157] + "..."
 
 
 def _mismatch_summary(error: RuntimeError) -> str:

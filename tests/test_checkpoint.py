@@ -1,0 +1,296 @@
+"""Checkpoints: what is saved comes back, and every bad file gives one clear CheckpointError."""
+
+import os
+import shlex
+
+import pytest
+import torch
+from PIL import Image
+
+from vit.checkpoint import (
+    FORMAT_VERSION,
+    CheckpointError,
+    Preprocessing,
+    atomic_torch_save,
+    load_checkpoint,
+    read_checkpoint_payload,
+    save_checkpoint,
+)
+from vit.model import ViT, ViTConfig
+
+CONFIG = ViTConfig(image_size=16, patch_size=4, hidden_size=16, num_layers=2, num_heads=2, mlp_size=32,
+                   num_classes=3)
+CLASSES = ["cat", "dog", "ship"]
+
+
+@pytest.fixture
+def model() -> ViT:
+    torch.manual_seed(0)
+    return ViT(CONFIG).eval()
+
+
+@pytest.fixture
+def saved(tmp_path, model):
+    path = tmp_path / "model.pt"
+    save_checkpoint(path, model, CLASSES, Preprocessing(16, 3, (0.4, 0.5, 0.6), (0.2, 0.25, 0.3)),
+                    metadata={"val_acc": 0.75, "epoch": 3})
+    return path
+
+
+def load_error(path) -> str:
+    with pytest.raises(CheckpointError) as info:
+        load_checkpoint(path)
+    message = str(info.value)
+    assert "\n" not in message, "errors are one line"
+    return message
+
+
+def edited(path, **changes):
+    """Re-save the payload of ``path`` with some top-level entries changed (None removes one)."""
+    payload = read_checkpoint_payload(path)
+    for key, value in changes.items():
+        if value is None:
+            del payload[key]
+        else:
+            payload[key] = value
+    atomic_torch_save(payload, path)
+    return path
+
+
+# ---------------------------------------------------------------------------------------------
+# Round trip
+
+
+def test_round_trip_restores_config_class_names_preprocessing_and_metadata(saved):
+    checkpoint = load_checkpoint(saved)
+    assert checkpoint.config == CONFIG
+    assert checkpoint.class_names == CLASSES
+    assert checkpoint.preprocessing == Preprocessing(16, 3, (0.4, 0.5, 0.6), (0.2, 0.25, 0.3))
+    assert checkpoint.metadata == {"val_acc": 0.75, "epoch": 3}
+    assert checkpoint.training_state is None
+    assert checkpoint.path == saved
+
+
+def test_round_trip_restores_every_weight_exactly(saved, model):
+    loaded = load_checkpoint(saved).model.state_dict()
+    original = model.state_dict()
+    assert loaded.keys() == original.keys()
+    for key in original:
+        assert torch.equal(loaded[key], original[key]), key
+
+
+def test_loaded_model_is_in_eval_mode_and_gives_the_same_logits(saved, model):
+    loaded = load_checkpoint(saved).model
+    assert not loaded.training
+    images = torch.randn(2, 3, 16, 16)
+    with torch.no_grad():
+        assert torch.equal(loaded(images)[0], model(images)[0])
+
+
+def test_preprocessing_defaults_to_half_mean_and_std(tmp_path, model):
+    save_checkpoint(tmp_path / "m.pt", model, CLASSES)
+    assert load_checkpoint(tmp_path / "m.pt").preprocessing == Preprocessing(16, 3, (0.5,) * 3, (0.5,) * 3)
+
+
+def test_training_state_round_trips(tmp_path, model):
+    state = {"progress": {"epoch": 2}, "optimizer": {"lr": torch.tensor(0.1)}}
+    save_checkpoint(tmp_path / "m.pt", model, CLASSES, training_state=state)
+    loaded = load_checkpoint(tmp_path / "m.pt").training_state
+    assert loaded["progress"] == {"epoch": 2}
+    assert torch.equal(loaded["optimizer"]["lr"], torch.tensor(0.1))
+
+
+@pytest.mark.parametrize("prefix", ["module.", "_orig_mod.", "module._orig_mod."])
+def test_wrapper_prefixes_in_weight_names_are_removed(saved, model, prefix):
+    payload = read_checkpoint_payload(saved)
+    edited(saved, state_dict={prefix + key: value for key, value in payload["state_dict"].items()})
+    loaded = load_checkpoint(saved).model.state_dict()
+    assert all(torch.equal(loaded[key], value) for key, value in model.state_dict().items())
+
+
+def test_save_refuses_a_wrong_number_of_class_names(tmp_path, model):
+    with pytest.raises(ValueError, match="2 class names given for a model with 3 classes"):
+        save_checkpoint(tmp_path / "m.pt", model, ["a", "b"])
+
+
+def test_save_refuses_preprocessing_for_another_channel_count(tmp_path, model):
+    with pytest.raises(ValueError, match="1 image channel"):
+        save_checkpoint(tmp_path / "m.pt", model, CLASSES, Preprocessing(16, 1, (0.5,), (0.5,)))
+
+
+# ---------------------------------------------------------------------------------------------
+# Files that are not (usable) checkpoints
+
+
+def test_missing_file(tmp_path):
+    assert "checkpoint not found" in load_error(tmp_path / "nope.pt")
+
+
+def test_a_folder_is_not_a_checkpoint(tmp_path):
+    assert "is not a file" in load_error(tmp_path)
+
+
+def test_empty_file(tmp_path):
+    path = tmp_path / "empty.pt"
+    path.write_bytes(b"")
+    assert "is empty" in load_error(path)
+
+
+def test_text_file_is_not_a_checkpoint(tmp_path):
+    path = tmp_path / "notes.pt"
+    path.write_text("hello world\nthis is not a model\n")
+    assert "is not a checkpoint" in load_error(path)
+
+
+def test_png_is_not_a_checkpoint(tmp_path):
+    path = tmp_path / "picture.pt"
+    Image.new("RGB", (8, 8), "red").save(path, format="PNG")
+    assert "is not a checkpoint" in load_error(path)
+
+
+def test_random_bytes_are_not_a_checkpoint(tmp_path):
+    path = tmp_path / "noise.pt"
+    path.write_bytes(bytes(range(256)) * 8)
+    assert "is not a checkpoint" in load_error(path)
+
+
+def test_truncated_checkpoint(saved):
+    data = saved.read_bytes()
+    saved.write_bytes(data[: len(data) // 2])
+    message = load_error(saved)
+    assert "truncated or corrupt" in message
+    assert len(message) < 400
+
+
+def test_torch_file_that_is_not_ours(tmp_path):
+    path = tmp_path / "other.pt"
+    torch.save({"a": 1}, path)
+    assert "not a ViT Attention Explorer checkpoint" in load_error(path)
+
+
+def test_unknown_format_version(saved):
+    edited(saved, format_version=FORMAT_VERSION + 1)
+    message = load_error(saved)
+    assert f"format version {FORMAT_VERSION + 1}" in message
+    assert f"reads version {FORMAT_VERSION}" in message
+
+
+def test_missing_entry(saved):
+    edited(saved, state_dict=None)
+    assert "lacks its 'state_dict' entry" in load_error(saved)
+
+
+def test_weights_that_do_not_fit_the_stored_config(saved):
+    payload = read_checkpoint_payload(saved)
+    edited(saved, config={**payload["config"], "hidden_size": 32, "mlp_size": 64})
+    message = load_error(saved)
+    assert "do not fit its stored config" in message
+    assert "size mismatch" in message
+
+
+def test_weights_missing_a_layer_of_the_stored_config(saved):
+    payload = read_checkpoint_payload(saved)
+    edited(saved, config={**payload["config"], "num_layers": 3})
+    message = load_error(saved)
+    assert "do not fit its stored config" in message
+    assert "blocks.2" in message
+
+
+def test_invalid_config_value(saved):
+    payload = read_checkpoint_payload(saved)
+    edited(saved, config={**payload["config"], "patch_size": 5})
+    assert "invalid config" in load_error(saved)
+
+
+def test_unknown_config_field(saved):
+    payload = read_checkpoint_payload(saved)
+    edited(saved, config={**payload["config"], "rotary": True})
+    assert "unknown ViTConfig field(s): rotary" in load_error(saved)
+
+
+def test_class_names_that_do_not_match_the_model(saved):
+    edited(saved, class_names=["a", "b"])
+    assert "names 2 classes but its model has 3" in load_error(saved)
+
+
+def test_preprocessing_for_another_channel_count(saved):
+    edited(saved, preprocessing={"image_size": 16, "num_channels": 1, "mean": [0.5], "std": [0.5]})
+    assert "invalid preprocessing" in load_error(saved)
+
+
+def test_preprocessing_with_zero_std(saved):
+    edited(saved, preprocessing={"image_size": 16, "num_channels": 3, "mean": [0.5] * 3, "std": [0.5, 0, 0.5]})
+    assert "std must be positive" in load_error(saved)
+
+
+# ---------------------------------------------------------------------------------------------
+# Safety: a checkpoint is data, never code
+
+
+class RunsACommand:
+    """Unpickling this calls ``os.system`` (what a malicious checkpoint would do)."""
+
+    def __init__(self, command: str) -> None:
+        self.command = command
+
+    def __reduce__(self):
+        return os.system, (self.command,)
+
+
+@pytest.mark.parametrize("zip_format", [True, False], ids=["zip", "legacy"])
+def test_malicious_pickle_is_refused_and_never_runs(tmp_path, model, zip_format):
+    path = tmp_path / "evil.pt"
+    marker = tmp_path / "pwned"
+    save_checkpoint(path, model, CLASSES)
+    payload = read_checkpoint_payload(path)
+    payload["metadata"] = {"note": RunsACommand(f"touch {shlex.quote(str(marker))}")}
+    torch.save(payload, path, _use_new_zipfile_serialization=zip_format)
+
+    message = load_error(path)
+    assert "refused to load" in message
+    assert "could run code" in message
+    assert not marker.exists()
+
+
+def test_numpy_arrays_are_refused_too(tmp_path):
+    np = pytest.importorskip("numpy")
+    path = tmp_path / "np.pt"
+    torch.save({"format": "x", "weights": np.zeros(3)}, path)
+    assert "refused to load" in load_error(path)
+
+
+# ---------------------------------------------------------------------------------------------
+# Atomic writes
+
+
+def test_crash_during_save_keeps_the_previous_checkpoint_and_leaves_no_temp_file(saved, model, monkeypatch):
+    before = saved.read_bytes()
+
+    def crash_halfway(obj, f, *args, **kwargs):
+        f.write(b"PK\x03\x04 half a checkpoint")
+        raise OSError("No space left on device")
+
+    monkeypatch.setattr(torch, "save", crash_halfway)
+    with pytest.raises(OSError, match="No space left"):
+        save_checkpoint(saved, model, ["x", "y", "z"])
+    monkeypatch.undo()
+
+    assert saved.read_bytes() == before
+    assert load_checkpoint(saved).class_names == CLASSES
+    assert sorted(p.name for p in saved.parent.iterdir()) == ["model.pt"]
+
+
+def test_interrupt_during_save_leaves_no_temp_file(tmp_path, model, monkeypatch):
+    def interrupted(obj, f, *args, **kwargs):
+        f.write(b"PK")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(torch, "save", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        save_checkpoint(tmp_path / "new.pt", model, CLASSES)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_save_creates_missing_folders(tmp_path, model):
+    path = save_checkpoint(tmp_path / "runs" / "a" / "best.pt", model, CLASSES)
+    assert load_checkpoint(path).class_names == CLASSES
