@@ -1,0 +1,181 @@
+"""Rendering attention maps over images: upsampling, colour maps, blending, patch geometry, downloads.
+
+Geometry: the model sees the image resized to a square, so its ``gh x gw`` patch grid
+stretches over the whole original image whatever its aspect ratio. Patch column ``c``
+covers ``[c * W / gw, (c + 1) * W / gw)`` in continuous pixel coordinates, and pixel ``x``
+(its centre at ``x + 0.5``) belongs to the cell holding its centre. ``upsample``,
+``patch_at`` and ``patch_box`` all use this rule, so clicks, outlines and heat maps agree.
+
+Sizes follow each library's habit and are named in the signatures: ``upsample`` takes
+``(height, width)`` like torch; ``patch_at`` and ``patch_box`` take ``(width, height)`` like PIL.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Sequence
+
+import matplotlib
+import numpy as np
+import torch
+import torch.nn.functional as F
+from PIL import Image, ImageDraw
+
+from vit.images import to_mode
+
+UPSAMPLE_MODES = ("nearest", "bilinear")
+
+
+def _as_map(map2d) -> np.ndarray:
+    if isinstance(map2d, torch.Tensor):
+        map2d = map2d.detach().cpu().float().numpy()
+    array = np.asarray(map2d, dtype=np.float32)
+    if array.ndim != 2 or array.shape[0] == 0 or array.shape[1] == 0:
+        raise ValueError(f"expected a 2-D (grid height, grid width) map, got shape {array.shape}")
+    return array
+
+
+def _cell_of_pixels(pixels: int, cells: int) -> np.ndarray:
+    """The cell of every pixel centre along one axis, in exact integer arithmetic: ``(pixels,)``."""
+    return ((2 * np.arange(pixels) + 1) * cells) // (2 * pixels)
+
+
+def _first_pixel(cell: int, pixels: int, cells: int) -> int:
+    """The first pixel whose centre lies in ``cell``: ceil(cell * pixels / cells - 0.5)."""
+    return -((cells - 2 * cell * pixels) // (2 * cells))
+
+
+def upsample(map2d, size: tuple[int, int], mode: str = "bilinear") -> np.ndarray:
+    """A ``(gh, gw)`` map (array or tensor) stretched to ``size = (height, width)``: float32 ``(H, W)``.
+
+    ``nearest`` gives flat blocks, one per patch, with borders where ``patch_box`` puts them;
+    ``bilinear`` interpolates between patch centres (``align_corners=False``), so each patch's
+    value sits at the centre of its cell for any aspect ratio.
+    """
+    array = _as_map(map2d)
+    height, width = size
+    if height <= 0 or width <= 0:
+        raise ValueError(f"size must be a positive (height, width), got {tuple(size)}")
+    if mode == "nearest":
+        rows = _cell_of_pixels(height, array.shape[0])  # (H,)
+        cols = _cell_of_pixels(width, array.shape[1])  # (W,)
+        return np.ascontiguousarray(array[rows[:, None], cols[None, :]])  # (H, W)
+    if mode == "bilinear":
+        grid = torch.from_numpy(array)[None, None]  # (1, 1, gh, gw)
+        resized = F.interpolate(grid, size=(height, width), mode="bilinear", align_corners=False)
+        return resized[0, 0].numpy()  # (H, W)
+    raise ValueError(f"unknown upsampling mode {mode!r}; choose one of: {', '.join(UPSAMPLE_MODES)}")
+
+
+def colorize(values: np.ndarray, colormap: str = "inferno", vmin: float | None = None,
+             vmax: float | None = None) -> np.ndarray:
+    """Values ``(H, W)`` -> uint8 RGB ``(H, W, 3)`` through a matplotlib colour map.
+
+    Values are scaled to [0, 1] between ``vmin`` and ``vmax`` (default: their own min and
+    max, ignoring NaN) and clipped; a constant map gets the colour map's low end.
+    """
+    try:
+        cmap = matplotlib.colormaps[colormap]
+    except KeyError:
+        raise ValueError(f"unknown colour map {colormap!r}; use a matplotlib name such as inferno, "
+                         "viridis, magma, jet or Reds") from None
+    values = np.asarray(values, dtype=np.float64)
+    finite = values[np.isfinite(values)]
+    low = float(vmin) if vmin is not None else (float(finite.min()) if finite.size else 0.0)
+    high = float(vmax) if vmax is not None else (float(finite.max()) if finite.size else 1.0)
+    span = high - low
+    scaled = np.clip((values - low) / span, 0.0, 1.0) if span > 0 else np.zeros_like(values)
+    return cmap(scaled, bytes=True)[..., :3]  # (H, W, 3); drop alpha
+
+
+def patch_at(x: float, y: float, image_size: tuple[int, int], grid: tuple[int, int]) -> int:
+    """The row-major patch index under pixel ``(x, y)`` of an image of ``image_size = (width, height)``.
+
+    Positions outside the image are clamped to its border.
+    """
+    width, height = image_size
+    gh, gw = grid
+    col_px = min(max(int(np.floor(x)), 0), width - 1)
+    row_px = min(max(int(np.floor(y)), 0), height - 1)
+    col = ((2 * col_px + 1) * gw) // (2 * width)
+    row = ((2 * row_px + 1) * gh) // (2 * height)
+    return row * gw + col
+
+
+def patch_box(patch: int, image_size: tuple[int, int], grid: tuple[int, int]) -> tuple[int, int, int, int]:
+    """Pixel rectangle ``(left, top, right, bottom)`` of a patch, right and bottom exclusive (PIL's crop box)."""
+    width, height = image_size
+    gh, gw = grid
+    if not 0 <= patch < gh * gw:
+        raise ValueError(f"patch {patch} is out of range for a {gh}x{gw} grid ({gh * gw} patches)")
+    row, col = divmod(patch, gw)
+    return (_first_pixel(col, width, gw), _first_pixel(row, height, gh),
+            _first_pixel(col + 1, width, gw), _first_pixel(row + 1, height, gh))
+
+
+def overlay(image: Image.Image, map2d, opacity: float = 0.5, colormap: str = "inferno", mode: str = "bilinear",
+            show_grid: bool = False, grid_color: tuple[int, int, int] = (255, 255, 255),
+            outline_patch: int | None = None, outline_color: tuple[int, int, int] = (0, 255, 255)
+            ) -> Image.Image:
+    """Blend a coloured ``(gh, gw)`` map over ``image`` at the image's own size; RGB result.
+
+    ``opacity`` 0 gives the image back, 1 the colour map alone. ``show_grid`` draws the patch
+    borders; ``outline_patch`` (a row-major patch index, not a token index) outlines one patch.
+    """
+    if not 0.0 <= opacity <= 1.0:
+        raise ValueError(f"opacity must be in [0, 1], got {opacity}")
+    values = _as_map(map2d)
+    image = to_mode(image, 3)
+    width, height = image.size
+    grid = values.shape
+    base = np.asarray(image, dtype=np.float32)  # (H, W, 3)
+    heat = colorize(upsample(values, (height, width), mode), colormap).astype(np.float32)  # (H, W, 3)
+    blended = np.clip(np.rint((1.0 - opacity) * base + opacity * heat), 0, 255).astype(np.uint8)
+    result = Image.fromarray(blended, "RGB")
+    if show_grid or outline_patch is not None:
+        draw = ImageDraw.Draw(result)
+        if show_grid:
+            for col in range(1, grid[1]):
+                x = _first_pixel(col, width, grid[1])
+                draw.line([(x, 0), (x, height - 1)], fill=tuple(grid_color), width=1)
+            for row in range(1, grid[0]):
+                y = _first_pixel(row, height, grid[0])
+                draw.line([(0, y), (width - 1, y)], fill=tuple(grid_color), width=1)
+        if outline_patch is not None:
+            left, top, right, bottom = patch_box(outline_patch, (width, height), grid)
+            line = max(1, min(width, height) // 150)  # visible on large photos, thin on 32 px ones
+            # max(): a grid finer than the image leaves some patches without a pixel of their own.
+            draw.rectangle([left, top, max(left, right - 1), max(top, bottom - 1)], outline=tuple(outline_color),
+                           width=line)
+    return result
+
+
+def to_png_bytes(image: Image.Image) -> bytes:
+    """The image encoded as PNG, for downloads."""
+    buffer = io.BytesIO()
+    image.save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def attentions_npz_bytes(attentions: Sequence[torch.Tensor | np.ndarray], **extra_arrays) -> bytes:
+    """An ``.npz`` archive with ``layer_0`` .. ``layer_{L-1}`` (float32, ``(H, T, T)`` or ``(B, H, T, T)``) and extras.
+
+    Extras (e.g. ``image=...``, ``logits=...``) are stored under their keyword names.
+    """
+    arrays: dict[str, np.ndarray] = {}
+    for i, attn in enumerate(attentions):
+        if isinstance(attn, torch.Tensor):
+            attn = attn.detach().cpu().float().numpy()
+        attn = np.asarray(attn, dtype=np.float32)
+        if attn.ndim not in (3, 4) or attn.shape[-1] != attn.shape[-2]:
+            raise ValueError(f"layer {i}: expected attention of shape ([batch,] heads, tokens, tokens), "
+                             f"got {attn.shape}")
+        arrays[f"layer_{i}"] = attn
+    clashes = sorted(set(arrays) & set(extra_arrays))
+    if clashes:
+        raise ValueError(f"extra array name(s) {', '.join(clashes)} clash with the layer arrays; rename them")
+    for name, value in extra_arrays.items():
+        arrays[name] = value.detach().cpu().numpy() if isinstance(value, torch.Tensor) else np.asarray(value)
+    buffer = io.BytesIO()
+    np.savez_compressed(buffer, **arrays)
+    return buffer.getvalue()
