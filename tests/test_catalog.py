@@ -1,0 +1,188 @@
+"""The checkpoint catalog: what the explorer's picker lists, read without building models."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from vit.catalog import (
+    Candidate,
+    candidate_for,
+    dataset_label,
+    default_entry,
+    describe,
+    find_checkpoints,
+    format_parameters,
+    list_checkpoints,
+    sample_images,
+)
+from vit.checkpoint import save_checkpoint
+from vit.model import ViT, ViTConfig, count_parameters
+
+TINY = ViTConfig(image_size=16, patch_size=4, num_channels=3, num_classes=3, hidden_size=16, num_layers=2,
+                 num_heads=2, mlp_size=32)
+CLASSES = ["cat", "dog", "bird"]
+
+
+def write_checkpoint(path: Path, config: ViTConfig = TINY, classes=CLASSES, **metadata) -> Path:
+    return save_checkpoint(path, ViT(config), list(classes)[: config.num_classes], metadata=metadata)
+
+
+def write_run(runs: Path, name: str, state: str, files=("best.pt",), **metadata) -> Path:
+    run = runs / name
+    run.mkdir(parents=True)
+    (run / "status.json").write_text(json.dumps({"state": state}))
+    for file in files:
+        write_checkpoint(run / file, **metadata)
+    return run
+
+
+@pytest.fixture
+def dirs(tmp_path):
+    checkpoints, runs = tmp_path / "checkpoints", tmp_path / "runs"
+    checkpoints.mkdir()
+    runs.mkdir()
+    return checkpoints, runs
+
+
+def test_entry_reads_dataset_classes_size_and_accuracy_from_metadata(dirs):
+    checkpoints, _ = dirs
+    path = write_checkpoint(checkpoints / "tiny.pt", dataset="folder:data/pets", val_acc=0.8125, parameters=1234,
+                            epochs=7)
+    entry = describe(Candidate(path, "checkpoint", "tiny"))
+    assert entry.ok
+    assert (entry.dataset, entry.class_names, entry.parameters, entry.val_acc) == ("pets", tuple(CLASSES), 1234,
+                                                                                   0.8125)
+    assert (entry.image_size, entry.patch_size, entry.num_layers, entry.num_heads, entry.epochs) == (16, 4, 2, 2, 7)
+    assert entry.label == "tiny.pt · pets · 3 classes · 1.2 k params · val 81.2%"
+    assert "2 layers × 2 heads" in entry.description and "4×4 grid" in entry.description
+
+
+def test_missing_metadata_counts_parameters_from_the_weights_and_says_accuracy_is_unknown(dirs):
+    checkpoints, _ = dirs
+    path = write_checkpoint(checkpoints / "bare.pt")
+    entry = describe(Candidate(path, "checkpoint", "bare"))
+    assert entry.parameters == count_parameters(ViT(TINY))
+    assert entry.val_acc is None and entry.dataset is None
+    assert entry.label.endswith("val n/a")
+
+
+def test_best_val_acc_is_used_when_the_checkpoint_has_no_val_acc(dirs):
+    checkpoints, _ = dirs
+    path = write_checkpoint(checkpoints / "b.pt", val_acc=None, best_val_acc=0.5)
+    assert describe(Candidate(path, "checkpoint", "b")).val_acc == 0.5
+
+
+@pytest.mark.parametrize("content", [b"", b"not a torch file", b"PK\x03\x04 truncated zip"])
+def test_unreadable_file_becomes_an_entry_with_a_one_line_error(dirs, content):
+    checkpoints, _ = dirs
+    path = checkpoints / "broken.pt"
+    path.write_bytes(content)
+    entry = describe(Candidate(path, "checkpoint", "broken"))
+    assert not entry.ok
+    assert "broken.pt" in entry.error and "\n" not in entry.error
+    assert entry.label == "broken.pt · cannot be loaded"
+    assert entry.error in entry.description
+
+
+def test_listing_puts_the_default_first_and_keeps_broken_files(dirs):
+    checkpoints, runs = dirs
+    write_checkpoint(checkpoints / "a.pt")
+    write_checkpoint(checkpoints / "cifar10-cifar-s.pt")
+    (checkpoints / "zz-broken.pt").write_bytes(b"junk")
+    (checkpoints / "notes.txt").write_text("not a checkpoint")
+    (checkpoints / ".cifar10-cifar-s.pt.abc.tmp").write_bytes(b"half-written")
+    names = [e.path.name for e in list_checkpoints(checkpoints, runs)]
+    assert names == ["cifar10-cifar-s.pt", "a.pt", "zz-broken.pt"]
+
+
+def test_only_completed_runs_are_listed_with_best_pt_preferred_and_the_run_name_in_the_label(dirs):
+    checkpoints, runs = dirs
+    write_run(runs, "done", "completed", files=("best.pt", "last.pt"))
+    write_run(runs, "only-last", "completed", files=("last.pt",))
+    write_run(runs, "busy", "running")
+    write_run(runs, "crashed", "failed")
+    (runs / "no-status").mkdir()
+    entries = list_checkpoints(checkpoints, runs)
+    assert [(e.name, e.path.name, e.source) for e in entries] == [("done", "best.pt", "run"),
+                                                                  ("only-last", "last.pt", "run")]
+    assert all(e.label.startswith(f"run {e.name} · ") for e in entries)
+
+
+def test_run_with_a_half_written_status_file_is_skipped(dirs):
+    checkpoints, runs = dirs
+    run = write_run(runs, "r", "completed")
+    (run / "status.json").write_text('{"state": "compl')
+    assert find_checkpoints(checkpoints, runs) == []
+
+
+def test_missing_folders_give_an_empty_list(tmp_path):
+    assert list_checkpoints(tmp_path / "nope", tmp_path / "nope either") == []
+
+
+def test_folders_come_from_environment_variables(dirs, monkeypatch):
+    checkpoints, runs = dirs
+    write_checkpoint(checkpoints / "env.pt")
+    write_run(runs, "env-run", "completed")
+    monkeypatch.setenv("VIT_CHECKPOINTS_DIR", str(checkpoints))
+    monkeypatch.setenv("VIT_RUNS_DIR", str(runs))
+    assert [e.name for e in list_checkpoints()] == ["env", "env-run"]
+
+
+def test_default_entry_is_the_shipped_default_unless_it_is_broken(dirs):
+    checkpoints, runs = dirs
+    write_checkpoint(checkpoints / "a.pt")
+    (checkpoints / "cifar10-cifar-s.pt").write_bytes(b"junk")
+    entries = list_checkpoints(checkpoints, runs)
+    assert default_entry(entries).path.name == "a.pt"
+    write_checkpoint(checkpoints / "cifar10-cifar-s.pt")
+    assert default_entry(list_checkpoints(checkpoints, runs)).path.name == "cifar10-cifar-s.pt"
+    assert default_entry([]) is None
+
+
+def test_candidate_for_a_listed_path_matches_it_however_it_is_spelled(dirs, monkeypatch):
+    checkpoints, runs = dirs
+    run = write_run(runs, "r1", "completed", files=("best.pt", "last.pt"))
+    candidates = find_checkpoints(checkpoints, runs)
+    monkeypatch.chdir(runs)
+    assert candidate_for("r1/best.pt", candidates) is candidates[0]
+    # A run's last.pt is not listed but can still be opened, named after its run.
+    assert candidate_for(run / "last.pt", candidates) == Candidate(run / "last.pt", "run", "r1")
+    assert candidate_for(checkpoints / "x.pt", candidates).source == "file"
+
+
+def test_fingerprint_changes_when_a_checkpoint_is_replaced(dirs):
+    checkpoints, _ = dirs
+    path = write_checkpoint(checkpoints / "a.pt")
+    before = Candidate(path, "checkpoint", "a").fingerprint
+    write_checkpoint(path, dataset="retrained")
+    assert Candidate(path, "checkpoint", "a").fingerprint != before
+
+
+def test_samples_come_from_the_checkpoints_own_folder_or_a_shipped_one_with_the_same_classes(dirs):
+    checkpoints, runs = dirs
+    write_checkpoint(checkpoints / "shipped.pt")
+    samples = checkpoints / "samples" / "shipped"
+    samples.mkdir(parents=True)
+    for name in ("dog_1.png", "cat_1.png", "readme.txt"):
+        (samples / name).write_bytes(b"x")
+    write_run(runs, "same-classes", "completed")
+    write_run(runs, "other-classes", "completed", classes=["a", "b", "c"])
+    entries = list_checkpoints(checkpoints, runs)
+    by_name = {e.name: e for e in entries}
+    expected = [samples / "cat_1.png", samples / "dog_1.png"]
+    assert sample_images(by_name["shipped"], entries, checkpoints) == expected
+    assert sample_images(by_name["same-classes"], entries, checkpoints) == expected
+    assert sample_images(by_name["other-classes"], entries, checkpoints) == []
+
+
+@pytest.mark.parametrize(("spec", "label"), [("folder:data/cifar10", "cifar10"), ("folder:data/mnist/train/", "mnist"),
+                                             ("cifar10", "cifar10"), (None, None), ("", None)])
+def test_dataset_label(spec, label):
+    assert dataset_label(spec) == label
+
+
+@pytest.mark.parametrize(("count", "text"), [(12, "12 params"), (1_234, "1.2 k params"),
+                                             (460_906, "0.46 M params"), (86_567_656, "86.6 M params")])
+def test_format_parameters(count, text):
+    assert format_parameters(count) == text

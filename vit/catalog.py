@@ -1,0 +1,256 @@
+"""The checkpoints a user can explore: shipped ``.pt`` files and completed training runs.
+
+Entries are described from the checkpoint's stored config and metadata (no model is built),
+and a file that cannot be read becomes an entry carrying its error message, so one bad
+file never hides the others. Sample images for ``checkpoints/X.pt`` live in
+``checkpoints/samples/X/``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from vit.checkpoint import CheckpointError, read_checkpoint_payload
+from vit.runs import default_runs_dir
+
+DEFAULT_CHECKPOINT = "cifar10-cifar-s.pt"  # what the app opens on
+SAMPLE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".webp", ".bmp", ".gif")
+RUN_CHECKPOINTS = ("best.pt", "last.pt")  # a run's checkpoint, in order of preference
+
+
+def default_checkpoints_dir() -> Path:
+    """The shipped checkpoints: $VIT_CHECKPOINTS_DIR when set, else the repository's checkpoints/."""
+    env = os.environ.get("VIT_CHECKPOINTS_DIR")
+    if env:
+        return Path(env).expanduser()
+    return Path(__file__).resolve().parent.parent / "checkpoints"
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A checkpoint file found on disk, before it is read."""
+
+    path: Path
+    source: str  # "checkpoint" (shipped), "run" (a completed training run) or "file" (asked for by path)
+    name: str  # file stem or run folder name
+
+    @property
+    def fingerprint(self) -> tuple[str, int, int]:
+        """(path, mtime_ns, size): changes when the file is replaced, e.g. by a retrained checkpoint."""
+        try:
+            stat = self.path.stat()
+        except OSError:
+            return str(self.path), 0, -1
+        return str(self.path), stat.st_mtime_ns, stat.st_size
+
+
+@dataclass(frozen=True)
+class CatalogEntry:
+    """One line of the checkpoint picker; ``error`` is set (and the rest mostly empty) when it cannot be read."""
+
+    path: Path
+    source: str
+    name: str
+    dataset: str | None = None
+    class_names: tuple[str, ...] = ()
+    parameters: int | None = None
+    val_acc: float | None = None  # a fraction in [0, 1]
+    image_size: int | None = None
+    patch_size: int | None = None
+    num_channels: int | None = None
+    num_layers: int | None = None
+    num_heads: int | None = None
+    epochs: int | None = None
+    error: str | None = None
+    metadata: dict = field(default_factory=dict, compare=False, hash=False)
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+    @property
+    def label(self) -> str:
+        """One line: name, dataset, classes, size and validation accuracy (or that it failed)."""
+        head = f"run {self.name}" if self.source == "run" else self.path.name
+        if self.error is not None:
+            return f"{head} · cannot be loaded"
+        parts = [head, self.dataset or "unknown dataset", f"{len(self.class_names)} classes"]
+        if self.parameters is not None:
+            parts.append(format_parameters(self.parameters))
+        parts.append(f"val {self.val_acc:.1%}" if self.val_acc is not None else "val n/a")
+        return " · ".join(parts)
+
+    @property
+    def description(self) -> str:
+        """A few lines of Markdown for under the picker."""
+        if self.error is not None:
+            return f"This checkpoint cannot be loaded: {self.error}"
+        gh = self.image_size // self.patch_size
+        lines = [
+            f"**Model** {self.num_layers} layers × {self.num_heads} heads, "
+            f"{self.image_size}×{self.image_size} px {'greyscale' if self.num_channels == 1 else 'colour'} input, "
+            f"{self.patch_size}-px patches ({gh}×{gh} grid), "
+            f"{format_parameters(self.parameters) if self.parameters is not None else 'unknown size'}",
+            f"**Data** {self.dataset or 'unknown'}; {len(self.class_names)} classes: {', '.join(self.class_names)}",
+        ]
+        trained = []
+        if self.val_acc is not None:
+            trained.append(f"validation accuracy {self.val_acc:.1%}")
+        if self.epochs is not None:
+            trained.append(f"{self.epochs} epochs")
+        if self.metadata.get("date"):
+            trained.append(f"saved {str(self.metadata['date'])[:10]}")
+        if trained:
+            lines.append("**Training** " + ", ".join(trained))
+        lines.append(f"`{self.path}`")
+        return "  \n".join(lines)
+
+
+def format_parameters(count: int) -> str:
+    """1_234 -> '1.2 k params', 460_906 -> '0.46 M params', 86_000_000 -> '86.0 M params'."""
+    if count >= 10_000_000:
+        return f"{count / 1e6:.1f} M params"
+    if count >= 100_000:
+        return f"{count / 1e6:.2f} M params"
+    if count >= 1_000:
+        return f"{count / 1e3:.1f} k params"
+    return f"{count} params"
+
+
+def dataset_label(spec: object) -> str | None:
+    """A training run's ``--dataset`` as a short name: 'folder:data/cifar10' -> 'cifar10'."""
+    if not spec:
+        return None
+    text = str(spec)
+    if text.startswith("folder:"):
+        text = text[len("folder:"):].rstrip("/\\")
+        parts = [p for p in text.replace("\\", "/").split("/") if p]
+        if parts and parts[-1] in ("train", "val") and len(parts) > 1:
+            parts = parts[:-1]
+        return parts[-1] if parts else None
+    return text
+
+
+def find_checkpoints(checkpoints_dir: str | os.PathLike | None = None,
+                     runs_dir: str | os.PathLike | None = None) -> list[Candidate]:
+    """Every ``*.pt`` in the checkpoints folder (the default first) and every completed run, without reading them."""
+    checkpoints_dir = Path(checkpoints_dir) if checkpoints_dir is not None else default_checkpoints_dir()
+    runs_dir = Path(runs_dir) if runs_dir is not None else default_runs_dir()
+    found: list[Candidate] = []
+    if checkpoints_dir.is_dir():
+        files = sorted((p for p in checkpoints_dir.glob("*.pt") if p.is_file() and not p.name.startswith(".")),
+                       key=lambda p: (p.name != DEFAULT_CHECKPOINT, p.name))
+        found += [Candidate(p, "checkpoint", p.stem) for p in files]
+    if runs_dir.is_dir():
+        for run in sorted(p for p in runs_dir.iterdir() if p.is_dir() and not p.name.startswith(".")):
+            if run_state(run) != "completed":
+                continue
+            for name in RUN_CHECKPOINTS:
+                if (run / name).is_file():
+                    found.append(Candidate(run / name, "run", run.name))
+                    break
+    return found
+
+
+def run_state(run_dir: Path) -> str | None:
+    """The ``state`` in a run's status.json, or None when it is missing or unreadable (e.g. mid-write)."""
+    try:
+        status = json.loads((run_dir / "status.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return status.get("state") if isinstance(status, dict) else None
+
+
+def describe(candidate: Candidate) -> CatalogEntry:
+    """Read a checkpoint's stored config and metadata (no model is built); errors become the entry's ``error``."""
+    try:
+        payload = read_checkpoint_payload(candidate.path)
+    except CheckpointError as e:
+        return CatalogEntry(candidate.path, candidate.source, candidate.name, error=str(e))
+    try:
+        config = payload["config"]
+        metadata = dict(payload.get("metadata") or {})
+        parameters = metadata.get("parameters")
+        if not isinstance(parameters, int):
+            parameters = sum(int(t.numel()) for t in payload["state_dict"].values())
+        val_acc = metadata.get("val_acc")
+        if not isinstance(val_acc, (int, float)):
+            val_acc = metadata.get("best_val_acc")
+        epochs = metadata.get("epochs")
+        return CatalogEntry(
+            path=candidate.path, source=candidate.source, name=candidate.name,
+            dataset=dataset_label(metadata.get("dataset")),
+            class_names=tuple(str(c) for c in payload["class_names"]),
+            parameters=parameters,
+            val_acc=float(val_acc) if isinstance(val_acc, (int, float)) else None,
+            image_size=int(config["image_size"]), patch_size=int(config["patch_size"]),
+            num_channels=int(config["num_channels"]), num_layers=int(config["num_layers"]),
+            num_heads=int(config["num_heads"]),
+            epochs=epochs if isinstance(epochs, int) else None,
+            metadata=metadata,
+        )
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        return CatalogEntry(candidate.path, candidate.source, candidate.name,
+                            error=f"{candidate.path} has an invalid config or metadata ({e!r})")
+
+
+def list_checkpoints(checkpoints_dir: str | os.PathLike | None = None,
+                     runs_dir: str | os.PathLike | None = None) -> list[CatalogEntry]:
+    """Every shipped checkpoint and completed run, described; unreadable ones carry their error."""
+    return [describe(c) for c in find_checkpoints(checkpoints_dir, runs_dir)]
+
+
+def default_entry(entries: list[CatalogEntry]) -> CatalogEntry | None:
+    """The shipped default checkpoint if it loads, else the first entry that does, else None."""
+    for entry in entries:
+        if entry.ok and entry.source == "checkpoint" and entry.path.name == DEFAULT_CHECKPOINT:
+            return entry
+    return next((e for e in entries if e.ok), None)
+
+
+def same_file(a: str | os.PathLike, b: str | os.PathLike) -> bool:
+    """Whether two paths name the same file (relative or absolute, through links)."""
+    try:
+        return Path(a).resolve() == Path(b).resolve()
+    except OSError:
+        return False
+
+
+def candidate_for(path: str | os.PathLike, candidates: list[Candidate]) -> Candidate:
+    """The listed candidate for ``path`` (e.g. a run's best.pt handed over by the training page), else a new one.
+
+    A path that is not listed (a run's last.pt, a file elsewhere) still gets a candidate, so the
+    explorer can open any checkpoint it is pointed at; a run folder's file is named after the run.
+    """
+    for candidate in candidates:
+        if same_file(candidate.path, path):
+            return candidate
+    path = Path(path)
+    if path.parent.joinpath("status.json").is_file():
+        return Candidate(path, "run", path.parent.name)
+    return Candidate(path, "file", path.stem)
+
+
+def sample_images(entry: CatalogEntry, entries: list[CatalogEntry],
+                  checkpoints_dir: str | os.PathLike | None = None) -> list[Path]:
+    """The sample images for a checkpoint: ``samples/<stem>/`` next to it, else those of a shipped
+    checkpoint with the same class names (so a run on CIFAR-10 gets the CIFAR-10 samples)."""
+    checkpoints_dir = Path(checkpoints_dir) if checkpoints_dir is not None else default_checkpoints_dir()
+    own = _images_in(entry.path.parent / "samples" / entry.path.stem)
+    if own or not entry.ok:
+        return own
+    for other in entries:
+        if other.ok and other.source == "checkpoint" and other.class_names == entry.class_names:
+            images = _images_in(checkpoints_dir / "samples" / other.path.stem)
+            if images:
+                return images
+    return []
+
+
+def _images_in(folder: Path) -> list[Path]:
+    if not folder.is_dir():
+        return []
+    return sorted(p for p in folder.iterdir() if p.is_file() and p.suffix.lower() in SAMPLE_EXTENSIONS)
