@@ -27,9 +27,14 @@ def open_image(source: str | os.PathLike | bytes | BinaryIO, name: str | None = 
     """Decode an image fully (first frame, EXIF orientation applied) or raise ``ImageError``."""
     if isinstance(source, (str, os.PathLike)):
         name = name or str(source)
-        if not Path(source).is_file():
+        if not Path(source).exists():
             raise ImageError(f"{name}: no such file")
-        data = Path(source).read_bytes()
+        if not Path(source).is_file():
+            raise ImageError(f"{name} is not a file; give the path of an image")
+        try:
+            data = Path(source).read_bytes()
+        except OSError as e:
+            raise ImageError(f"{name} cannot be read ({e.strerror or type(e).__name__})") from None
     elif isinstance(source, (bytes, bytearray)):
         data = bytes(source)
     else:
@@ -37,13 +42,23 @@ def open_image(source: str | os.PathLike | bytes | BinaryIO, name: str | None = 
     name = name or "the image"
     if not data:
         raise ImageError(f"{name} is empty (0 bytes); choose an image file")
+    with warnings.catch_warnings():
+        # PIL warns about damaged metadata it skips; users see our one-line errors, not those.
+        warnings.simplefilter("ignore")
+        # Between PIL's pixel limit and twice it PIL only warns; refuse those too.
+        warnings.simplefilter("error", Image.DecompressionBombWarning)
+        image = _decode(data, name)
+        try:
+            return ImageOps.exif_transpose(image)
+        except Exception:  # a malformed EXIF block should not lose an otherwise good image
+            return image
+
+
+def _decode(data: bytes, name: str) -> Image.Image:
     try:
-        with warnings.catch_warnings():
-            # Between PIL's pixel limit and twice it PIL only warns; refuse those too.
-            warnings.simplefilter("error", Image.DecompressionBombWarning)
-            image = Image.open(io.BytesIO(data))
-            image.seek(0)
-            image.load()
+        image = Image.open(io.BytesIO(data))
+        image.seek(0)
+        image.load()
     except (Image.DecompressionBombError, Image.DecompressionBombWarning):
         raise ImageError(f"{name} is too large to decode safely (over {Image.MAX_IMAGE_PIXELS:,} "
                          "pixels); downscale it first") from None
@@ -55,10 +70,7 @@ def open_image(source: str | os.PathLike | bytes | BinaryIO, name: str | None = 
         raise ImageError(f"{name} is truncated or corrupt ({reason}); re-export it") from None
     if image.width == 0 or image.height == 0:
         raise ImageError(f"{name} has no pixels")
-    try:
-        return ImageOps.exif_transpose(image)
-    except Exception:  # a malformed EXIF block should not lose an otherwise good image
-        return image
+    return image
 
 
 def to_mode(image: Image.Image, num_channels: int) -> Image.Image:
@@ -67,7 +79,8 @@ def to_mode(image: Image.Image, num_channels: int) -> Image.Image:
         pixels = np.asarray(image, dtype=np.float64)
         top = 65535.0 if image.mode != "F" or pixels.max(initial=0) > 1 else 1.0
         image = Image.fromarray(np.clip(pixels / top * 255.0 + 0.5, 0, 255).astype(np.uint8), "L")
-    if image.mode == "P":
+    if image.mode == "P" or (image.mode in ("1", "L", "RGB") and "transparency" in image.info):
+        # Palette and tRNS transparency become a real alpha channel, composited below.
         image = image.convert("RGBA")
     if image.mode in ("RGBA", "LA", "PA", "RGBa", "La"):
         rgba = image.convert("RGBA")

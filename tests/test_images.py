@@ -1,0 +1,239 @@
+"""Images: every mode a user may bring becomes the same kind of model input; bad ones raise ImageError."""
+
+import io
+import warnings
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from vit.images import ImageError, normalize, open_image, to_mode, to_uint8
+
+RED, BLUE, WHITE = (255, 0, 0), (0, 0, 255), (255, 255, 255)
+
+
+def encode(image: Image.Image, fmt: str, **options) -> bytes:
+    buffer = io.BytesIO()
+    image.save(buffer, format=fmt, **options)
+    return buffer.getvalue()
+
+
+def pixels(image: Image.Image) -> list:
+    return np.asarray(image).tolist()
+
+
+def error_of(source, **kwargs) -> str:
+    with pytest.raises(ImageError) as info:
+        open_image(source, **kwargs)
+    message = str(info.value)
+    assert "\n" not in message, "errors are one line"
+    return message
+
+
+# ---------------------------------------------------------------------------------------------
+# Modes
+
+
+def test_rgb_is_kept_as_is():
+    image = Image.fromarray(np.array([[[10, 20, 30], [200, 100, 0]]], dtype=np.uint8), "RGB")
+    decoded = open_image(encode(image, "PNG"))
+    assert pixels(to_mode(decoded, 3)) == [[[10, 20, 30], [200, 100, 0]]]
+
+
+def test_rgba_is_composited_on_white():
+    rgba = np.array([[[255, 0, 0, 0], [255, 0, 0, 255], [0, 0, 0, 128]]], dtype=np.uint8)
+    decoded = open_image(encode(Image.fromarray(rgba, "RGBA"), "PNG"))
+    assert decoded.mode == "RGBA"
+    # transparent -> white, opaque -> itself, half-transparent black -> mid grey
+    assert pixels(to_mode(decoded, 3)) == [[list(WHITE), list(RED), [127, 127, 127]]]
+
+
+def test_rgba_to_greyscale_composites_before_dropping_colour():
+    rgba = np.array([[[0, 0, 0, 0], [0, 0, 0, 255]]], dtype=np.uint8)
+    assert pixels(to_mode(Image.fromarray(rgba, "RGBA"), 1)) == [[255, 0]]
+
+
+def test_greyscale_gives_one_channel_or_three_equal_ones():
+    grey = Image.fromarray(np.array([[0, 100, 255]], dtype=np.uint8), "L")
+    decoded = open_image(encode(grey, "PNG"))
+    assert pixels(to_mode(decoded, 1)) == [[0, 100, 255]]
+    assert pixels(to_mode(decoded, 3)) == [[[0, 0, 0], [100, 100, 100], [255, 255, 255]]]
+
+
+def test_greyscale_with_alpha_is_composited_on_white():
+    la = np.array([[[50, 0], [50, 255]]], dtype=np.uint8)
+    decoded = open_image(encode(Image.fromarray(la, "LA"), "PNG"))
+    assert decoded.mode == "LA"
+    assert pixels(to_mode(decoded, 1)) == [[255, 50]]
+
+
+def palette_image() -> Image.Image:
+    image = Image.new("P", (2, 1), 0)
+    image.putpalette([0, 0, 0, *RED] + [0] * (256 * 3 - 6))
+    image.putpixel((1, 0), 1)
+    return image
+
+
+@pytest.mark.parametrize("fmt", ["PNG", "GIF"])
+def test_palette_transparency_becomes_white(fmt):
+    decoded = open_image(encode(palette_image(), fmt, transparency=0))
+    assert decoded.mode == "P"
+    assert pixels(to_mode(decoded, 3)) == [[list(WHITE), list(RED)]]
+
+
+def test_palette_without_transparency_keeps_its_colours():
+    decoded = open_image(encode(palette_image(), "PNG"))
+    assert pixels(to_mode(decoded, 3)) == [[[0, 0, 0], list(RED)]]
+
+
+def test_greyscale_with_a_transparent_value_becomes_white():
+    grey = Image.fromarray(np.array([[0, 100]], dtype=np.uint8), "L")
+    decoded = open_image(encode(grey, "PNG", transparency=0))
+    assert pixels(to_mode(decoded, 1)) == [[255, 100]]
+
+
+def test_rgb_with_a_transparent_colour_becomes_white():
+    rgb = Image.fromarray(np.array([[[0, 0, 0], [10, 20, 30]]], dtype=np.uint8), "RGB")
+    decoded = open_image(encode(rgb, "PNG", transparency=(0, 0, 0)))
+    assert pixels(to_mode(decoded, 3)) == [[list(WHITE), [10, 20, 30]]]
+
+
+def test_gif_gives_its_first_frame():
+    frames = [Image.new("RGB", (4, 4), RED), Image.new("RGB", (4, 4), BLUE)]
+    data = encode(frames[0], "GIF", save_all=True, append_images=frames[1:], duration=100, loop=0)
+    assert Image.open(io.BytesIO(data)).n_frames == 2
+    assert to_mode(open_image(data), 3).getpixel((0, 0)) == RED
+
+
+@pytest.mark.parametrize("fmt", ["JPEG", "TIFF"])
+def test_cmyk_becomes_rgb(fmt):
+    decoded = open_image(encode(Image.new("CMYK", (4, 4), (0, 255, 255, 0)), fmt))
+    assert decoded.mode == "CMYK"
+    assert to_mode(decoded, 3).getpixel((0, 0)) == RED
+
+
+def test_16_bit_greyscale_is_scaled_not_clipped():
+    values = np.array([[0, 4000, 32768, 65535]], dtype=np.uint16)
+    decoded = open_image(encode(Image.fromarray(values), "PNG"))
+    assert decoded.mode.startswith("I")
+    # v / 65535 * 255, rounded: clipping would give [0, 255, 255, 255]
+    assert pixels(to_mode(decoded, 1)) == [[0, 16, 128, 255]]
+    assert pixels(to_mode(decoded, 3))[0][2] == [128, 128, 128]
+
+
+def test_exif_orientation_is_applied():
+    image = Image.new("RGB", (8, 4), BLUE)
+    image.paste(RED, (0, 0, 4, 4))  # left half red
+    exif = image.getexif()
+    exif[0x0112] = 6  # "rotate 90 CW to display"
+    decoded = open_image(encode(image, "JPEG", exif=exif.tobytes(), quality=95))
+    assert decoded.size == (4, 8)
+    # the left half of the stored image is the top half once displayed
+    top, bottom = decoded.getpixel((2, 1)), decoded.getpixel((2, 6))
+    assert top[0] > 200 and top[2] < 60
+    assert bottom[2] > 200 and bottom[0] < 60
+
+
+@pytest.mark.parametrize("fmt,options", [("WEBP", {"lossless": True}), ("BMP", {}), ("TIFF", {})])
+def test_other_formats_decode_exactly(fmt, options):
+    array = np.array([[[10, 20, 30], [40, 50, 60]], [[70, 80, 90], [250, 251, 252]]], dtype=np.uint8)
+    decoded = open_image(encode(Image.fromarray(array, "RGB"), fmt, **options))
+    assert pixels(to_mode(decoded, 3)) == array.tolist()
+
+
+def test_open_image_reads_paths_and_file_objects(tmp_path):
+    data = encode(Image.new("RGB", (3, 2), RED), "PNG")
+    path = tmp_path / "red.png"
+    path.write_bytes(data)
+    for source in (path, str(path), io.BytesIO(data), data, bytearray(data)):
+        image = open_image(source)
+        assert image.size == (3, 2) and image.getpixel((0, 0)) == RED
+
+
+# ---------------------------------------------------------------------------------------------
+# The evaluation transform
+
+
+def test_to_uint8_resizes_to_a_square_channels_first_tensor():
+    out = to_uint8(Image.new("RGB", (30, 10), RED), image_size=16, num_channels=3)
+    assert out.dtype == torch.uint8 and out.shape == (3, 16, 16)
+    assert out[:, 8, 8].tolist() == list(RED)
+
+
+def test_to_uint8_greyscale_has_one_channel():
+    out = to_uint8(Image.new("RGB", (16, 16), (255, 255, 255)), image_size=16, num_channels=1)
+    assert out.shape == (1, 16, 16) and int(out.min()) == 255
+
+
+def test_to_uint8_keeps_an_image_of_the_right_size_untouched():
+    array = np.random.default_rng(0).integers(0, 256, (8, 8, 3), dtype=np.uint8)
+    out = to_uint8(Image.fromarray(array, "RGB"), image_size=8, num_channels=3)
+    assert torch.equal(out, torch.from_numpy(array).permute(2, 0, 1))
+
+
+def test_normalize_uses_per_channel_mean_and_std():
+    batch = torch.tensor([0, 255, 51], dtype=torch.uint8).view(1, 3, 1, 1)
+    out = normalize(batch, mean=(0.0, 0.5, 0.2), std=(1.0, 0.5, 0.1))
+    assert out.dtype == torch.float32
+    assert torch.allclose(out.flatten(), torch.tensor([0.0, 1.0, 0.0]), atol=1e-6)
+
+
+# ---------------------------------------------------------------------------------------------
+# Inputs that are not usable images
+
+
+def test_text_is_not_an_image():
+    assert "is not an image" in error_of(b"hello, I am a text file\n", name="notes.txt")
+
+
+def test_empty_bytes():
+    assert "is empty" in error_of(b"", name="empty.png")
+
+
+@pytest.mark.parametrize("fmt", ["PNG", "JPEG"])
+def test_truncated_image(fmt):
+    noise = np.random.default_rng(0).integers(0, 256, (64, 64, 3), dtype=np.uint8)
+    data = encode(Image.fromarray(noise, "RGB"), fmt)
+    message = error_of(data[: len(data) // 2], name=f"photo.{fmt.lower()}")
+    assert "truncated or corrupt" in message and f"photo.{fmt.lower()}" in message
+
+
+def test_decompression_bomb_in_pils_warning_range(monkeypatch):
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 1000)
+    data = encode(Image.new("RGB", (40, 40)), "PNG")  # 1600 px: over the limit, under twice it
+    assert "too large to decode safely" in error_of(data, name="big.png")
+
+
+def test_decompression_bomb_in_pils_error_range(monkeypatch):
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 1000)
+    data = encode(Image.new("RGB", (50, 50)), "PNG")  # 2500 px: over twice the limit
+    assert "too large to decode safely" in error_of(data, name="huge.png")
+
+
+def test_image_under_the_pixel_limit_is_fine(monkeypatch):
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 1000)
+    assert open_image(encode(Image.new("RGB", (30, 30)), "PNG")).size == (30, 30)
+
+
+def test_missing_path(tmp_path):
+    message = error_of(tmp_path / "nope.png")
+    assert "nope.png" in message and "no such file" in message
+
+
+def test_folder_is_not_an_image(tmp_path):
+    assert "is not a file" in error_of(tmp_path)
+
+
+def test_pil_warnings_do_not_reach_the_user(monkeypatch):
+    real_open = Image.open
+
+    def open_with_warning(*args, **kwargs):
+        warnings.warn("Corrupt EXIF data", UserWarning, stacklevel=2)
+        return real_open(*args, **kwargs)
+
+    monkeypatch.setattr(Image, "open", open_with_warning)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        open_image(encode(Image.new("RGB", (2, 2)), "PNG"))
+    assert caught == []
