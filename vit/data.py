@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -138,31 +139,31 @@ def _folder_fingerprint(roots: list[Path]) -> str:
     return digest.hexdigest()
 
 
-_TORCHVISION = {  # name -> (torchvision class name, folder under the data dir)
-    "cifar10": ("CIFAR10", "cifar10"),
-    "cifar100": ("CIFAR100", "cifar100"),
-    "mnist": ("MNIST", "mnist"),
-    "fashion-mnist": ("FashionMNIST", "fashion-mnist"),
+_TORCHVISION = {  # name -> (torchvision class, folder under the data dir, what torchvision expects in it)
+    "cifar10": ("CIFAR10", "cifar10", "cifar-10-batches-py/"),
+    "cifar100": ("CIFAR100", "cifar100", "cifar-100-python/"),
+    "mnist": ("MNIST", "mnist", "MNIST/raw/"),
+    "fashion-mnist": ("FashionMNIST", "fashion-mnist", "FashionMNIST/raw/"),
 }
 
 
 def _torchvision_dataset(name: str, data_dir: Path, train: bool):
     import torchvision.datasets
 
-    cls_name, folder = _TORCHVISION[name]
+    cls_name, folder, expected = _TORCHVISION[name]
     cls = getattr(torchvision.datasets, cls_name)
     root = data_dir / folder
     try:
         return cls(root=str(root), train=train, download=False)
-    except RuntimeError:
+    except RuntimeError:  # torchvision's "Dataset not found or corrupted"
         pass
     try:
         log.info("downloading %s into %s", name, root)
         return cls(root=str(root), train=train, download=True)
     except Exception as e:  # offline: URLError, socket errors, checksum failures
-        raise DataError(f"{name} is not in {root} and could not be downloaded ({type(e).__name__}); "
-                        f"on a connected machine run once with the same --data-dir, or copy "
-                        f"torchvision's {cls_name} files into {root}") from None
+        raise DataError(f"{name} is not in {root} and could not be downloaded ({type(e).__name__}); put "
+                        f"torchvision's {cls_name} files there ({root / expected}) or run once on a connected "
+                        f"machine with --data-dir {data_dir}") from None
 
 
 def _decode_torchvision(name: str, data_dir: Path, train: bool, image_size: int,
@@ -174,13 +175,19 @@ def _decode_torchvision(name: str, data_dir: Path, train: bool, image_size: int,
 
 
 def stratified_split(labels: torch.Tensor, val_fraction: float, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Indices (train, val) holding out ``round(val_fraction * n_c)`` of every class c."""
+    """Sorted indices (train, val) holding out ``round(val_fraction * n_c)`` images of every class c.
+
+    Every class with at least two images keeps at least one image on each side, so a small
+    dataset never gets an empty validation split. The draw depends only on ``seed``.
+    """
     generator = torch.Generator().manual_seed(seed)
     train_idx, val_idx = [], []
     for c in torch.unique(labels).tolist():
         idx = torch.nonzero(labels == c).flatten()
         idx = idx[torch.randperm(len(idx), generator=generator)]
         n_val = int(round(val_fraction * len(idx)))
+        if len(idx) >= 2:
+            n_val = min(max(n_val, 1), len(idx) - 1)
         val_idx.append(idx[:n_val])
         train_idx.append(idx[n_val:])
     return torch.cat(train_idx).sort().values, torch.cat(val_idx).sort().values
@@ -201,7 +208,7 @@ def load_dataset(spec: str, image_size: int, num_channels: int, data_dir: str | 
         key = f"{value}"
     cache_file = cache_dir / f"{key}-{image_size}px-{num_channels}ch-v{CACHE_VERSION}.pt"
 
-    cached = _read_cache(cache_file)
+    cached = _read_cache(cache_file, image_size, num_channels)
     from_cache = cached is not None
     if cached is None:
         if kind == "folder":
@@ -233,14 +240,26 @@ def _split_dict(split: Split | None) -> dict | None:
     return None if split is None else {"images": split.images, "labels": split.labels}
 
 
-def _read_cache(path: Path) -> dict | None:
+def _read_cache(path: Path, image_size: int, num_channels: int) -> dict | None:
+    """The cached splits, or None when missing or not what this version writes (then rebuilt)."""
     if not path.exists():
         return None
     try:
-        return torch.load(path, weights_only=True)
+        cached = torch.load(path, weights_only=True)
+        shape = (num_channels, image_size, image_size)
+        for name in ("train", "val"):
+            split = cached[name]
+            if split is None and name == "val":
+                continue
+            images, labels = split["images"], split["labels"]
+            if images.dtype != torch.uint8 or tuple(images.shape[1:]) != shape or len(images) != len(labels):
+                raise ValueError(f"its {name} split is not uint8 images of shape {shape}")
+        if not all(isinstance(n, str) for n in cached["class_names"]):
+            raise ValueError("its class names are not strings")
     except Exception as e:  # a damaged cache is rebuilt, never trusted
-        log.warning("ignoring unreadable data cache %s (%s)", path, e)
+        log.warning("ignoring unreadable data cache %s (%s)", path, str(e).splitlines()[0] if str(e) else e)
         return None
+    return cached
 
 
 def channel_stats(images: torch.Tensor, chunk: int = 4096) -> tuple[tuple[float, ...], tuple[float, ...]]:
@@ -263,9 +282,15 @@ def channel_stats(images: torch.Tensor, chunk: int = 4096) -> tuple[tuple[float,
 
 def random_crop_flip(images: torch.Tensor, padding: int, flip: bool, generator: torch.Generator | None = None
                      ) -> torch.Tensor:
-    """Per-image random crop after reflect padding, and random horizontal flip, for a batch."""
+    """Per-image random crop after reflect padding, and random horizontal flip, for a batch.
+
+    Each output image is an ``H x W`` window of its image reflect-padded by ``padding`` pixels
+    (at most side - 1, which reflection allows), mirrored left-right with probability 0.5 when
+    ``flip``. dtype and shape are kept.
+    """
     B, C, H, W = images.shape
     out = images
+    padding = min(padding, H - 1, W - 1)
     if padding > 0:
         padded = F.pad(images.float(), (padding,) * 4, mode="reflect").to(images.dtype)  # (B, C, H+2p, W+2p)
         dy = torch.randint(0, 2 * padding + 1, (B,), generator=generator, device=images.device)
@@ -286,22 +311,21 @@ def random_resized_crop(images: torch.Tensor, scale: tuple[float, float] = (0.8,
     """torchvision's RandomResizedCrop parameter rule, applied per image of a batch at once.
 
     Boxes are drawn as in ``v2.RandomResizedCrop.get_params`` (area fraction in ``scale``,
-    log-uniform aspect ratio, up to ``attempts`` tries, else the whole image) and resampled
-    bilinearly to the input size with one ``grid_sample``.
+    log-uniform aspect ratio, up to ``attempts`` tries, else the whole image, which is
+    torchvision's fallback too for square images when ``ratio`` contains 1) and resampled
+    bilinearly to the input size with one ``grid_sample``. dtype and shape are kept.
     """
     B, C, H, W = images.shape
     device = images.device
-    area = torch.empty(B, attempts, device=device).uniform_(*scale) * H * W
-    log_ratio = torch.empty(B, attempts, device=device).uniform_(torch.log(torch.tensor(ratio[0])).item(),
-                                                                  torch.log(torch.tensor(ratio[1])).item())
-    aspect = torch.exp(log_ratio)
+    area = torch.empty(B, attempts, device=device).uniform_(*scale) * H * W  # (B, attempts)
+    aspect = torch.exp(torch.empty(B, attempts, device=device).uniform_(math.log(ratio[0]), math.log(ratio[1])))
     w = torch.sqrt(area * aspect).round()
     h = torch.sqrt(area / aspect).round()
     ok = (w > 0) & (w <= W) & (h > 0) & (h <= H)
-    first = torch.where(ok.any(1), ok.float().argmax(1), torch.full((B,), -1, device=device))
-    pick = first.clamp_min(0)
-    w = torch.where(first >= 0, w[torch.arange(B), pick], torch.full((B,), float(W), device=device))
-    h = torch.where(first >= 0, h[torch.arange(B), pick], torch.full((B,), float(H), device=device))
+    pick = ok.float().argmax(1, keepdim=True)  # the first attempt that fits, (B, 1)
+    found = ok.any(1)
+    w = torch.where(found, w.gather(1, pick).squeeze(1), float(W))  # (B,)
+    h = torch.where(found, h.gather(1, pick).squeeze(1), float(H))
     top = torch.floor(torch.rand(B, device=device) * (H - h + 1))
     left = torch.floor(torch.rand(B, device=device) * (W - w + 1))
     # Affine map from output [-1, 1] to the box, in align_corners=False coordinates.
@@ -310,12 +334,18 @@ def random_resized_crop(images: torch.Tensor, scale: tuple[float, float] = (0.8,
     theta[:, 0, 2] = (2 * left + w) / W - 1
     theta[:, 1, 1] = h / H
     theta[:, 1, 2] = (2 * top + h) / H - 1
-    grid = F.affine_grid(theta, [B, C, H, W], align_corners=False)
+    grid = F.affine_grid(theta, [B, C, H, W], align_corners=False)  # (B, H, W, 2) as (x, y)
+    # Sample no closer to the box edge than its outer pixel centres, as cropping and then
+    # resizing does: pixels outside the box must not bleed into its border.
+    low = torch.stack([(2 * left + 1) / W - 1, (2 * top + 1) / H - 1], dim=1)[:, None, None, :]  # (B, 1, 1, 2)
+    high = torch.stack([(2 * (left + w) - 1) / W - 1, (2 * (top + h) - 1) / H - 1], dim=1)[:, None, None, :]
+    grid = torch.maximum(torch.minimum(grid, high), low)
     out = F.grid_sample(images.float(), grid, mode="bilinear", padding_mode="border", align_corners=False)
     return out.round().clamp(0, 255).to(images.dtype)
 
 
 AUGMENTATIONS = ("none", "crop", "flip-crop", "trivialaugment", "randaugment", "seed")
+MAX_MAGNITUDE = 30  # RandAugment's default 31 magnitude bins are 0..30
 
 
 class BatchAugment:
@@ -332,6 +362,8 @@ class BatchAugment:
                  group: int = 8) -> None:
         if policy not in AUGMENTATIONS:
             raise ValueError(f"unknown augmentation {policy!r}; choose one of {', '.join(AUGMENTATIONS)}")
+        if not 0 <= magnitude <= MAX_MAGNITUDE:
+            raise ValueError(f"RandAugment magnitude must be in 0..{MAX_MAGNITUDE}, got {magnitude}")
         self.policy, self.padding, self.group = policy, padding, group
         self.op = None
         if policy == "trivialaugment":

@@ -1,0 +1,243 @@
+"""The data path: folder layouts, the uint8 cache, the stratified split and batched augmentation."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+import torch
+from helpers import make_image_folder
+from torchvision.transforms import v2
+
+import vit.data as data
+from vit.data import (
+    AUGMENTATIONS,
+    BatchAugment,
+    DataError,
+    channel_stats,
+    folder_layout,
+    load_dataset,
+    parse_dataset,
+    random_crop_flip,
+    random_resized_crop,
+    stratified_split,
+)
+
+# -- datasets ---------------------------------------------------------------------------------
+
+
+def test_parse_dataset_names_builtins_and_folders():
+    assert parse_dataset("cifar10") == ("builtin", "cifar10")
+    assert parse_dataset("fashion-mnist") == ("builtin", "fashion-mnist")
+    assert parse_dataset("folder:some/path") == ("folder", "some/path")
+    with pytest.raises(DataError, match="unknown dataset 'imagenet'"):
+        parse_dataset("imagenet")
+    with pytest.raises(DataError, match="needs a path"):
+        parse_dataset("folder:")
+
+
+def test_folder_layout_rejects_a_missing_folder_and_a_single_class(tmp_path):
+    with pytest.raises(DataError, match="does not exist"):
+        folder_layout(tmp_path / "nope")
+    make_image_folder(tmp_path / "one", classes=["only"], per_class=2)
+    with pytest.raises(DataError, match="at least two class subfolders"):
+        folder_layout(tmp_path / "one")
+
+
+def test_folder_layout_reads_train_and_val_subfolders(tmp_path):
+    root = make_image_folder(tmp_path / "d", classes=["b", "a"], per_class=3, val_per_class=2)
+    train_root, val_root, classes = folder_layout(root)
+    assert (train_root, val_root, classes) == (root / "train", root / "val", ["a", "b"])
+
+
+def test_a_val_folder_uses_it_instead_of_a_split(tmp_path):
+    root = make_image_folder(tmp_path / "d", per_class=3, val_per_class=2)
+    ds = load_dataset(f"folder:{root}", 8, 3, cache_dir=tmp_path / "cache")
+    assert (len(ds.train), len(ds.val)) == (6, 4)
+    assert ds.val.labels.tolist() == [0, 0, 1, 1]
+
+
+def test_class_names_come_from_the_folders_in_sorted_order(tmp_path):
+    root = make_image_folder(tmp_path / "d", classes=["zebra", "ant", "moth"], per_class=4)
+    ds = load_dataset(f"folder:{root}", 8, 3, cache_dir=tmp_path / "cache")
+    assert ds.class_names == ["ant", "moth", "zebra"]
+    assert sorted(set(ds.train.labels.tolist() + ds.val.labels.tolist())) == [0, 1, 2]
+
+
+def test_greyscale_folder_for_a_3_channel_model_is_expanded_and_resized(tmp_path):
+    root = make_image_folder(tmp_path / "grey", per_class=4, size=6, mode="L")
+    ds = load_dataset(f"folder:{root}", image_size=8, num_channels=3, cache_dir=tmp_path / "cache")
+    images = torch.cat([ds.train.images, ds.val.images])
+    assert images.dtype == torch.uint8 and images.shape == (8, 3, 8, 8)
+    assert torch.equal(images[:, 0], images[:, 1]) and torch.equal(images[:, 0], images[:, 2])
+
+
+def test_second_load_comes_from_the_cache_without_decoding(tmp_path, monkeypatch):
+    root = make_image_folder(tmp_path / "d", per_class=5)
+    first = load_dataset(f"folder:{root}", 8, 3, cache_dir=tmp_path / "cache")
+    assert not first.from_cache
+    assert len(list((tmp_path / "cache").glob("*.pt"))) == 1
+
+    def no_decoding(*args, **kwargs):
+        raise AssertionError("the cached dataset was decoded again")
+
+    monkeypatch.setattr(data, "to_uint8", no_decoding)
+    monkeypatch.setattr(data, "open_image", no_decoding)
+    second = load_dataset(f"folder:{root}", 8, 3, cache_dir=tmp_path / "cache")
+    assert second.from_cache
+    assert torch.equal(second.train.images, first.train.images)
+    assert torch.equal(second.val.labels, first.val.labels)
+    assert second.class_names == first.class_names
+
+
+def test_cache_is_per_image_size_and_rebuilt_when_damaged(tmp_path):
+    root = make_image_folder(tmp_path / "d", per_class=4)
+    cache = tmp_path / "cache"
+    load_dataset(f"folder:{root}", 8, 3, cache_dir=cache)
+    assert not load_dataset(f"folder:{root}", 12, 3, cache_dir=cache).from_cache
+    for file in cache.glob("*.pt"):
+        file.write_bytes(b"not a cache")
+    again = load_dataset(f"folder:{root}", 8, 3, cache_dir=cache)
+    assert not again.from_cache and again.train.images.shape[1:] == (3, 8, 8)
+    assert load_dataset(f"folder:{root}", 8, 3, cache_dir=cache).from_cache
+
+
+def test_offline_torchvision_dataset_fails_naming_the_folder(tmp_path, monkeypatch):
+    def offline(*args, **kwargs):
+        raise OSError("network is unreachable (test)")
+
+    monkeypatch.setattr(socket, "create_connection", offline)
+    monkeypatch.setattr(socket, "getaddrinfo", offline)
+    with pytest.raises(DataError) as error:
+        load_dataset("cifar10", 32, 3, data_dir=tmp_path / "data")
+    message = str(error.value)
+    assert "\n" not in message
+    assert str(tmp_path / "data" / "cifar10") in message and "cifar-10-batches-py" in message
+
+
+# -- the stratified split ---------------------------------------------------------------------
+
+
+def test_stratified_split_holds_out_the_fraction_of_every_class():
+    labels = torch.tensor([0] * 20 + [1] * 10 + [2] * 30)
+    train, val = stratified_split(labels, 0.2, seed=0)
+    assert torch.bincount(labels[val]).tolist() == [4, 2, 6]
+    assert torch.bincount(labels[train]).tolist() == [16, 8, 24]
+    assert sorted(torch.cat([train, val]).tolist()) == list(range(60))
+
+
+def test_stratified_split_is_fixed_by_the_seed():
+    labels = torch.arange(100) % 4
+    assert all(torch.equal(a, b) for a, b in zip(stratified_split(labels, 0.25, 3), stratified_split(labels, 0.25, 3),
+                                                  strict=True))
+    assert not torch.equal(stratified_split(labels, 0.25, 3)[1], stratified_split(labels, 0.25, 4)[1])
+
+
+def test_stratified_split_keeps_one_image_of_a_small_class_on_each_side():
+    labels = torch.tensor([0, 0, 0, 1, 1, 2])
+    train, val = stratified_split(labels, 0.1, seed=0)  # 0.1 * 3 rounds to 0
+    assert torch.bincount(labels[val], minlength=3).tolist() == [1, 1, 0]
+    assert torch.bincount(labels[train], minlength=3).tolist() == [2, 1, 1]
+
+
+def test_channel_stats_by_hand():
+    images = torch.tensor([[[[0, 255]], [[51, 51]]]], dtype=torch.uint8)  # (1, 2, 1, 2)
+    mean, std = channel_stats(images)
+    assert mean == (0.5, 0.2) and std == (0.5, 0.0)
+
+
+# -- batched augmentation ---------------------------------------------------------------------
+
+IMAGE = torch.arange(9, dtype=torch.uint8).view(1, 1, 3, 3)  # [[0 1 2] [3 4 5] [6 7 8]]
+
+
+def _windows(padded: torch.Tensor, size: int) -> list[torch.Tensor]:
+    side = padded.shape[-1]
+    return [padded[..., y:y + size, x:x + size] for y in range(side - size + 1) for x in range(side - size + 1)]
+
+
+def test_flip_only_gives_the_image_or_its_mirror_and_both_occur():
+    torch.manual_seed(0)
+    out = random_crop_flip(IMAGE.repeat(64, 1, 1, 1), padding=0, flip=True)
+    mirror = torch.tensor([[2, 1, 0], [5, 4, 3], [8, 7, 6]], dtype=torch.uint8)
+    same = (out[:, 0] == IMAGE[0, 0]).flatten(1).all(1)
+    flipped = (out[:, 0] == mirror).flatten(1).all(1)
+    assert bool((same | flipped).all()) and same.any() and flipped.any()
+
+
+def test_crop_is_a_window_of_the_reflect_padded_image():
+    # Reflect padding by 1 of the 3x3 image, by hand:
+    padded = torch.tensor([[4, 3, 4, 5, 4], [1, 0, 1, 2, 1], [4, 3, 4, 5, 4], [7, 6, 7, 8, 7], [4, 3, 4, 5, 4]],
+                          dtype=torch.uint8)
+    windows = _windows(padded, 3)
+    torch.manual_seed(0)
+    out = random_crop_flip(IMAGE.repeat(200, 1, 1, 1), padding=1, flip=False)
+    assert out.dtype == torch.uint8 and out.shape == (200, 1, 3, 3)
+    seen = set()
+    for image in out[:, 0]:
+        matches = [i for i, w in enumerate(windows) if torch.equal(image, w)]
+        assert matches, f"{image.tolist()} is not a window of the padded image"
+        seen.add(matches[0])
+    assert len(seen) == 9  # every offset gets drawn
+
+
+def test_crop_and_flip_keep_channels_together():
+    torch.manual_seed(1)
+    rgb = torch.randint(0, 256, (16, 3, 6, 6), dtype=torch.uint8)
+    rgb[:, 1] = rgb[:, 0]
+    rgb[:, 2] = rgb[:, 0]
+    out = random_crop_flip(rgb, padding=2, flip=True)
+    assert out.shape == rgb.shape and out.dtype == torch.uint8
+    assert torch.equal(out[:, 0], out[:, 1]) and torch.equal(out[:, 0], out[:, 2])
+
+
+def test_padding_larger_than_a_tiny_image_is_capped():
+    out = random_crop_flip(torch.zeros(2, 1, 2, 2, dtype=torch.uint8), padding=4, flip=True)
+    assert out.shape == (2, 1, 2, 2)
+
+
+def test_random_resized_crop_with_full_scale_and_square_ratio_is_the_identity():
+    torch.manual_seed(0)
+    images = torch.randint(0, 256, (8, 3, 7, 5), dtype=torch.uint8)
+    out = random_resized_crop(images, scale=(1.0, 1.0), ratio=(1.0, 1.0))
+    assert out.dtype == torch.uint8 and torch.equal(out, images)
+    square = torch.randint(0, 256, (8, 3, 6, 6), dtype=torch.uint8)
+    assert torch.equal(random_resized_crop(square, scale=(1.0, 1.0), ratio=(1.0, 1.0)), square)
+
+
+def test_random_resized_crop_keeps_shape_dtype_and_constant_images():
+    torch.manual_seed(0)
+    images = torch.full((4, 3, 8, 8), 77, dtype=torch.uint8)
+    out = random_resized_crop(images, scale=(0.08, 1.0))
+    assert out.shape == images.shape and out.dtype == torch.uint8 and bool((out == 77).all())
+
+
+def test_random_resized_crop_matches_torchvisions_crop_then_resize():
+    # Area 1/4 at ratio 1 is a 4x4 box of an 8x8 image; each output must be torchvision's
+    # resized_crop of one of the 25 possible boxes (bilinear; upsampling, so antialias is moot).
+    torch.manual_seed(0)
+    images = torch.randint(0, 256, (6, 3, 8, 8), dtype=torch.uint8)
+    out = random_resized_crop(images, scale=(0.25, 0.25), ratio=(1.0, 1.0))
+    for image, result in zip(images, out, strict=True):
+        candidates = [v2.functional.resized_crop(image, top, left, 4, 4, [8, 8], antialias=True)
+                      for top in range(5) for left in range(5)]
+        error = min((result.int() - c.int()).abs().max().item() for c in candidates)
+        assert error <= 1
+
+
+@pytest.mark.parametrize("policy", AUGMENTATIONS)
+@pytest.mark.parametrize("channels", [1, 3])
+def test_every_policy_keeps_dtype_and_shape(policy, channels):
+    torch.manual_seed(0)
+    images = torch.randint(0, 256, (10, channels, 8, 8), dtype=torch.uint8)
+    out = BatchAugment(policy)(images)
+    assert out.dtype == torch.uint8 and out.shape == images.shape
+
+
+def test_policy_none_is_the_identity_and_bad_arguments_are_refused():
+    images = torch.randint(0, 256, (2, 3, 4, 4), dtype=torch.uint8)
+    assert torch.equal(BatchAugment("none")(images), images)
+    with pytest.raises(ValueError, match="unknown augmentation"):
+        BatchAugment("autoaugment")
+    with pytest.raises(ValueError, match="magnitude"):
+        BatchAugment("randaugment", magnitude=31)
