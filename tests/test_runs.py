@@ -1,0 +1,379 @@
+"""The run manager: validation, reconciling files with processes, and real tiny training runs.
+
+The slow tests start the real training CLI on a generated 2-class folder of 16 px images with
+a one-layer model. Every scenario is launched up front (each in its own runs folder) so their
+start-ups, which dominate on a busy machine, overlap; each test then waits for its own.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from vit.runs import (
+    LAUNCH_DIR,
+    DeviceInfo,
+    RunError,
+    RunInfo,
+    RunManager,
+    RunParams,
+    ValidationError,
+    curve_rows,
+    default_runs_dir,
+    device_choices,
+    launch_command,
+    preset_summary,
+    reconcile,
+    table_rows,
+)
+
+WAIT_SECONDS = 900  # generous: on two shared cores a niced Python needs minutes to import torch
+TINY = dict(image_size=16, patch_size=4, hidden_size=16, num_layers=1, num_heads=2, mlp_size=32,
+            batch_size=4, warmup_epochs=0, augment="none")
+
+
+def make_image_folder(root: Path, classes: tuple[str, ...] = ("cat", "dog"), per_class: int = 10) -> Path:
+    """A folder dataset ROOT/<class>/<n>.png of random 16 px RGB images."""
+    rng = np.random.default_rng(0)
+    for name in classes:
+        (root / name).mkdir(parents=True, exist_ok=True)
+        for i in range(per_class):
+            Image.fromarray(rng.integers(0, 256, (16, 16, 3), dtype=np.uint8)).save(root / name / f"{i}.png")
+    return root
+
+
+def make_manager(root: Path, **env: str) -> RunManager:
+    """A manager on ROOT/runs whose training processes are niced and single-threaded."""
+    return RunManager(root / "runs", root / "data", nice=19, env={"OMP_NUM_THREADS": "1", **env},
+                      stop_grace_seconds=60)
+
+
+def tiny_params(run_name: str, folder: Path, **changes) -> RunParams:
+    """A 2-epoch run of a one-layer 16 px model on ``folder``; ``changes`` override any field."""
+    return RunParams(**{"name": run_name, "dataset": f"folder:{folder}", **TINY, "epochs": 2, **changes})
+
+
+def wait_for(manager: RunManager, name: str, done, timeout: float = WAIT_SECONDS) -> tuple[RunInfo, list[str]]:
+    """Poll like the page does until ``done(info)``; returns the info and every state seen."""
+    seen: list[str] = []
+    deadline = time.time() + timeout
+    while True:
+        manager.poll()
+        info = manager.get(name)
+        if not seen or seen[-1] != info.state:
+            seen.append(info.state)
+        if done(info):
+            return info, seen
+        if time.time() > deadline:
+            raise AssertionError(f"{name} still {info.state} ({info.detail}) after {timeout} s; seen {seen}\n"
+                                 f"{manager.log_tail(name)}")
+        time.sleep(0.5)
+
+
+def training(info: RunInfo) -> bool:
+    """Running and past its first optimizer step (status.json written by this session)."""
+    return info.state == "running" and info.detail is None and (info.run_dir / "status.json").is_file()
+
+
+def finished(info: RunInfo) -> bool:
+    return info.state not in ("queued", "running")
+
+
+# ---------------------------------------------------------------------------------------------
+# Fast: no processes
+
+
+def test_default_runs_dir_follows_the_environment(monkeypatch, tmp_path):
+    monkeypatch.setenv("VIT_RUNS_DIR", str(tmp_path / "elsewhere"))
+    assert default_runs_dir() == tmp_path / "elsewhere"
+    monkeypatch.delenv("VIT_RUNS_DIR")
+    assert default_runs_dir() == Path(__file__).resolve().parent.parent / "runs"
+
+
+@pytest.fixture
+def dataset(tmp_path) -> Path:
+    return make_image_folder(tmp_path / "images")
+
+
+def test_valid_parameters_have_no_errors(tmp_path, dataset):
+    assert make_manager(tmp_path).validate(tiny_params("ok", dataset)) == {}
+
+
+@pytest.mark.parametrize("change, field, words", [
+    (dict(name=""), "name", "give the run a name"),
+    (dict(name="../escape"), "name", "letters, digits"),
+    (dict(dataset="imagenet"), "dataset", "unknown dataset"),
+    (dict(dataset="folder:/no/such/folder"), "dataset", "does not exist"),
+    (dict(preset="vit-tiny"), "preset", "unknown preset"),
+    (dict(epochs=0), "epochs", "positive integer"),
+    (dict(batch_size=-4), "batch_size", "positive integer"),
+    (dict(lr=0.0), "lr", "positive number"),
+    (dict(weight_decay=-1.0), "weight_decay", "[0, 10)"),
+    (dict(label_smoothing=1.0), "label_smoothing", "[0, 1)"),
+    (dict(ema=1.5), "ema", "[0, 1)"),
+    (dict(augment="wild"), "augment", "invalid choice"),
+    (dict(recipe="mine"), "recipe", "invalid choice"),
+    (dict(seed=-1), "seed", "integer >= 0"),
+    (dict(hidden_size=0), "hidden_size", "positive integer"),
+    (dict(patch_size=5), "image_size", "divisible by patch_size"),
+    (dict(num_heads=3), "hidden_size", "divisible by num_heads"),
+    (dict(epochs=2, warmup_epochs=2), "warmup_epochs", "must be below --epochs"),
+    (dict(devices=("cuda:7",)), "devices", "GPU"),
+    (dict(devices=("cpu", "cuda:0")), "devices", "not both"),
+])
+def test_each_bad_field_gets_its_own_message(tmp_path, dataset, change, field, words):
+    errors = make_manager(tmp_path).validate(tiny_params("bad", dataset, **change))
+    assert field in errors, errors
+    assert words in errors[field]
+
+
+def test_several_bad_fields_are_all_reported(tmp_path, dataset):
+    errors = make_manager(tmp_path).validate(tiny_params("", dataset, epochs=0, lr=-1.0, ema=2.0))
+    assert set(errors) == {"name", "epochs", "lr", "ema"}
+
+
+def test_a_taken_name_is_refused(tmp_path, dataset):
+    (tmp_path / "runs" / "taken").mkdir(parents=True)
+    errors = make_manager(tmp_path).validate(tiny_params("taken", dataset))
+    assert "already exists" in errors["name"]
+
+
+def test_launch_with_bad_parameters_raises_and_writes_nothing(tmp_path, dataset):
+    manager = make_manager(tmp_path)
+    with pytest.raises(ValidationError) as caught:
+        manager.launch(tiny_params("never", dataset, epochs=0))
+    assert set(caught.value.errors) == {"epochs"}
+    assert manager.list_runs() == []
+
+
+def test_one_device_runs_the_cli_directly():
+    command, env = launch_command(["--dataset", "mnist"], ("cuda:1",))
+    assert command == [sys.executable, "-m", "vit.train", "--dataset", "mnist", "--device", "cuda:1"]
+    assert env == {}
+
+
+def test_several_gpus_run_under_torchrun_with_only_those_visible(monkeypatch):
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    command, env = launch_command(["--dataset", "mnist"], ("cuda:0", "cuda:2"), nice=5)
+    assert command == ["nice", "-n", "5", sys.executable, "-m", "torch.distributed.run", "--standalone",
+                       "--nproc_per_node=2", "-m", "vit.train", "--dataset", "mnist", "--device", "cuda"]
+    assert env == {"CUDA_VISIBLE_DEVICES": "0,2"}
+
+
+def test_torchrun_maps_gpu_numbers_through_an_existing_visibility_list(monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5,6")
+    assert launch_command([], ("cuda:0", "cuda:2"))[1] == {"CUDA_VISIBLE_DEVICES": "4,6"}
+
+
+def test_device_choices_offer_each_gpu_all_gpus_and_the_cpu():
+    devices = [DeviceInfo("cuda:0", "H100", 80 * 2**30, 60 * 2**30), DeviceInfo("cuda:1", "H100", 80 * 2**30,
+                                                                              80 * 2**30),
+               DeviceInfo("cpu", "2 cores")]
+    choices = device_choices(devices)
+    assert [c[0] for c in choices] == [("cuda:0",), ("cuda:1",), ("cuda:0", "cuda:1"), ("cpu",)]
+    assert "20.0 of 80 GiB in use" in choices[0][1]
+    assert "torchrun" in choices[2][1]
+
+
+def test_without_gpus_the_cpu_is_the_only_choice_and_says_so():
+    assert device_choices([DeviceInfo("cpu", "2 cores")]) == [(("cpu",), "CPU (2 cores): no CUDA GPU on this machine")]
+
+
+def test_preset_summary_names_parameters_and_the_seed_figure():
+    assert preset_summary("tintn-cifar10") == ("tintn-cifar10 · 0.12 M parameters · "
+                                               "reproduces 75.5 % CIFAR-10 (seed blog)")
+    assert "98.5 % MNIST" in preset_summary("mnist-p7")
+    assert "reproduces" not in preset_summary("cifar-m")
+
+
+# Reconciling: hand-made records, status files and process facts.
+
+NOW = 1_000_000.0
+
+
+def record(started: float = NOW - 100, **changes) -> dict:
+    return {"state": "started", "sessions": [{"pid": 4242, "started_at": started}], "stop_requested_at": None,
+            **changes}
+
+
+def status(state: str = "running", updated: float = NOW - 2, pid: int = 4242, **changes) -> dict:
+    iso = dt.datetime.fromtimestamp(updated, dt.UTC).isoformat(timespec="seconds")
+    return {"state": state, "updated_time": iso, "pid": pid, "error": None, **changes}
+
+
+@pytest.mark.parametrize("rec, stat, alive, code, output, expected", [
+    (record(state="queued", queue_reason="waiting for CPU"), None, None, None, "", ("queued", "waiting for CPU")),
+    (record(), None, True, None, "", ("running", "starting")),
+    (record(), status(), True, None, "", ("running", None)),
+    (record(), status("completed"), False, 0, "", ("completed", None)),
+    (record(), status("cancelled"), False, 0, "", ("cancelled", None)),
+    (record(), status("failed", error="RuntimeError: boom"), False, 1, "", ("failed", "RuntimeError: boom")),
+    (record(), status(), False, -9, "", ("crashed", "killed by SIGKILL without a final state")),
+    (record(), status(updated=NOW - 600), True, None, "", ("crashed", "no heartbeat for 600 s")),
+    (record(), None, False, 2, "vit.train: error: --batch-size 64 is larger than the 18 training images",
+     ("failed", "--batch-size 64 is larger than the 18 training images")),
+    (record(stop_requested_at=NOW - 5), None, False, -15, "", ("cancelled", "stopped before training started")),
+    (record(stop_requested_at=NOW - 90), status(), False, -9, "",
+     ("cancelled", "killed after the stop grace period; resumes from the last saved epoch")),
+    (None, status(), None, None, "", ("running", None)),
+    (None, status(), False, None, "", ("crashed", "process 4242 is gone without a final state")),
+])
+def test_reconcile(rec, stat, alive, code, output, expected):
+    assert reconcile(rec, stat, alive, code, output, NOW) == expected
+
+
+def test_a_previous_sessions_final_status_does_not_end_a_resumed_run():
+    old = status("cancelled", updated=NOW - 50, pid=1111)
+    assert reconcile(record(started=NOW - 10), old, True, None, "", NOW) == ("running", "starting")
+
+
+def test_table_rows_keep_numbers_sortable(tmp_path):
+    info = RunInfo(name="a", state="running", detail=None, run_dir=tmp_path, devices=("cuda:0",), epoch=3,
+                   total_epochs=10, progress=0.25, best_val_acc=0.5, eta_seconds=90.4, elapsed_seconds=30.0,
+                   settings={"preset": "tintn-cifar10", "dataset": "folder:/x/birds", "lr": 0.002})
+    row = table_rows([info])[0]
+    assert row["Progress"] == 0.25 and row["Epoch"] == "3/10" and row["Best val acc"] == 0.5
+    assert row["ETA"] == dt.timedelta(seconds=90) and row["Elapsed"] == dt.timedelta(seconds=30)
+    assert row["Device"] == "GPU 0" and row["Dataset"] == "folder:birds" and row["LR"] == 0.002
+
+
+def test_curve_rows_overlay_runs_per_chart():
+    charts = curve_rows({"a": [{"epoch": 1, "train_loss": 2.0, "val_loss": 1.5, "lr": 0.1}],
+                         "b": [{"epoch": 1, "train_loss": 3.0, "val_loss": None}]})
+    assert charts["loss"] == [{"run": "a", "epoch": 1, "split": "train", "value": 2.0},
+                              {"run": "a", "epoch": 1, "split": "val", "value": 1.5},
+                              {"run": "b", "epoch": 1, "split": "train", "value": 3.0}]
+    assert charts["learning rate"] == [{"run": "a", "epoch": 1, "split": "end of epoch", "value": 0.1}]
+
+
+def test_a_queued_run_can_be_cancelled_and_deleted_without_a_process(tmp_path, dataset):
+    manager = make_manager(tmp_path)
+    launch_dir = manager.launch_root / "waiting"
+    launch_dir.mkdir(parents=True)
+    (launch_dir / "launch.json").write_text(
+        '{"name": "waiting", "params": {}, "devices": ["cpu"], "state": "queued", "queued_at": 1.0, '
+        '"queue_reason": "waiting for CPU", "sessions": []}')
+    assert manager.get("waiting").state == "queued"
+    assert manager.stop("waiting").state == "cancelled"
+    manager.delete("waiting")
+    assert manager.names() == []
+
+
+def test_unknown_runs_raise_run_error(tmp_path):
+    with pytest.raises(RunError, match="no run named"):
+        make_manager(tmp_path).get("ghost")
+
+
+def test_folders_without_run_files_and_our_launch_folder_are_not_runs(tmp_path):
+    manager = make_manager(tmp_path)
+    (manager.runs_dir / "notes").mkdir(parents=True)
+    (manager.runs_dir / LAUNCH_DIR).mkdir()
+    assert manager.names() == []
+
+
+# ---------------------------------------------------------------------------------------------
+# Slow: real training processes
+
+
+@pytest.fixture(scope="module")
+def scenarios(tmp_path_factory):
+    """Launch every real-process scenario at once, each in its own runs folder."""
+    root = tmp_path_factory.mktemp("scenarios")
+    data = make_image_folder(root / "images")
+    s = {}
+    s["queue"] = make_manager(root / "queue")
+    s["queue"].launch(tiny_params("first", data))
+    s["queue"].launch(tiny_params("second", data))  # same device (the CPU), no sharing: waits
+    s["stop"] = make_manager(root / "stop")
+    s["stop"].launch(tiny_params("long", data, epochs=100_000))
+    s["kill"] = make_manager(root / "kill")
+    s["kill"].launch(tiny_params("victim", data, epochs=100_000))
+    s["fault"] = make_manager(root / "fault", VIT_TRAIN_FAULT_AT_STEP="3")
+    s["fault"].launch(tiny_params("faulty", data))
+    s["usage"] = make_manager(root / "usage")
+    s["usage"].launch(tiny_params("too-big-batch", data, batch_size=64))  # only the CLI knows the image count
+    yield s
+    for manager in s.values():  # a failed test must not leave training processes behind
+        for run in manager.list_runs():
+            if run.state == "running" and run.pid:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(run.pid, signal.SIGKILL)  # launched runs lead their own process group
+
+
+@pytest.mark.slow
+def test_sigkill_of_the_process_is_crashed(scenarios):
+    manager = scenarios["kill"]
+    info, _ = wait_for(manager, "victim", training)
+    os.kill(info.pid, signal.SIGKILL)
+    info, _ = wait_for(manager, "victim", finished, timeout=30)
+    assert info.state == "crashed"
+    assert "SIGKILL" in info.detail or "gone" in info.detail
+
+
+@pytest.mark.slow
+def test_stop_ends_cancelled_with_a_last_pt_and_resume_completes(scenarios):
+    manager = scenarios["stop"]
+    wait_for(manager, "long", training)
+    manager.stop("long")
+    info, _ = wait_for(manager, "long", finished, timeout=120)
+    assert info.state == "cancelled"
+    assert info.resumable
+    done = len(manager.metrics("long"))
+    info = manager.resume("long", epochs=done + 1)
+    assert info.state == "running"
+    info, seen = wait_for(manager, "long", finished)
+    assert info.state == "completed", (info.detail, manager.log_tail("long"))
+    assert len(manager.metrics("long")) == done + 1
+    assert "resume" in manager.log_tail("long", lines=1000)
+
+
+@pytest.mark.slow
+def test_launch_goes_running_then_completed(scenarios):
+    info, seen = wait_for(scenarios["queue"], "first", finished)
+    assert info.state == "completed", info.detail
+    assert "running" in seen
+    assert info.best_checkpoint.is_file()
+    assert info.progress == 1.0 and info.epoch == 2
+
+
+@pytest.mark.slow
+def test_a_second_run_on_the_same_device_waits_queued_then_completes(scenarios):
+    manager = scenarios["queue"]
+    assert manager.get("second").state in ("queued", "running", "completed")
+    info, seen = wait_for(manager, "second", finished)
+    assert info.state == "completed", info.detail
+    first_end = (manager.run_dir("first") / "status.json").stat().st_mtime
+    record = manager._record("second")
+    assert record["sessions"][0]["started_at"] >= first_end - 1  # it started only after the first ended
+
+
+@pytest.mark.slow
+def test_states_survive_a_new_manager(scenarios):
+    old = scenarios["queue"]
+    wait_for(old, "second", finished)
+    fresh = RunManager(old.runs_dir, old.data_dir)  # as after a server restart
+    assert [(r.name, r.state) for r in fresh.list_runs()] == [(r.name, r.state) for r in old.list_runs()]
+    assert {r.state for r in fresh.list_runs()} == {"completed"}
+
+
+@pytest.mark.slow
+def test_an_exception_inside_training_is_failed_with_its_message(scenarios):
+    info, _ = wait_for(scenarios["fault"], "faulty", finished)
+    assert info.state == "failed"
+    assert info.detail == "RuntimeError: injected fault at step 3 (VIT_TRAIN_FAULT_AT_STEP)"
+
+
+@pytest.mark.slow
+def test_a_cli_usage_error_before_status_is_failed_with_its_line(scenarios):
+    info, _ = wait_for(scenarios["usage"], "too-big-batch", finished)
+    assert info.state == "failed"
+    assert info.detail.startswith("--batch-size 64 is larger than the 18 training images")
