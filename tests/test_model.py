@@ -1,0 +1,235 @@
+"""The ViT model: config validation, presets, the attention contract, both attention paths, other input sizes."""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from vit.model import PRESETS, ViT, ViTConfig, count_parameters, resample_pos_embed
+
+SMALL = dict(image_size=32, patch_size=4, num_channels=3, num_classes=10, hidden_size=48, num_layers=4,
+             num_heads=4, mlp_size=192)
+
+
+@pytest.fixture
+def model() -> ViT:
+    torch.manual_seed(0)
+    return ViT(ViTConfig(**SMALL)).eval()
+
+
+def reference_forward(model: ViT, images: torch.Tensor) -> torch.Tensor:
+    """The ViT paper's equations (1)-(4) written out from the model's weights, at the training size."""
+    c = model.config
+    B, nh, d = images.shape[0], c.num_heads, c.hidden_size
+    hd = d // nh
+    x = model.patch_embed(images).flatten(2).transpose(1, 2)  # (B, N, D)
+    x = torch.cat([model.cls_token.expand(B, 1, d), x], dim=1) + model.pos_embed  # (B, T, D)
+    for block in model.blocks:
+        h = F.layer_norm(x, (d,), block.norm1.weight, block.norm1.bias, c.layer_norm_eps)
+        q, k, v = F.linear(h, block.attn.qkv.weight, block.attn.qkv.bias).split(d, dim=-1)  # each (B, T, D)
+        q, k, v = (t.reshape(B, -1, nh, hd).transpose(1, 2) for t in (q, k, v))  # (B, nh, T, hd)
+        a = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(hd), dim=-1)  # (B, nh, T, T)
+        y = (a @ v).transpose(1, 2).reshape(B, -1, d)  # (B, T, D)
+        x = x + block.attn.proj(y)
+        h = F.layer_norm(x, (d,), block.norm2.weight, block.norm2.bias, c.layer_norm_eps)
+        x = x + block.mlp.fc2(F.gelu(block.mlp.fc1(h)))
+    x = F.layer_norm(x, (d,), model.norm.weight, model.norm.bias, c.layer_norm_eps)
+    return model.head(x[:, 0])  # (B, classes)
+
+
+# --- config validation ------------------------------------------------------------------------
+
+def test_config_rejects_hidden_size_not_divisible_by_heads():
+    with pytest.raises(ValueError, match=r"hidden_size \(50\) must be divisible by num_heads \(4\)"):
+        ViTConfig(**{**SMALL, "hidden_size": 50})
+
+
+def test_config_rejects_image_not_divisible_by_patch():
+    with pytest.raises(ValueError, match=r"image_size \(30\) must be divisible by patch_size \(4\)"):
+        ViTConfig(**{**SMALL, "image_size": 30})
+
+
+@pytest.mark.parametrize("name", ["image_size", "patch_size", "num_channels", "num_classes", "hidden_size",
+                                  "num_layers", "num_heads", "mlp_size"])
+@pytest.mark.parametrize("value", [0, -4, 2.5, True])
+def test_config_rejects_non_positive_or_non_integer_sizes(name, value):
+    with pytest.raises(ValueError, match=f"{name} must be a positive integer"):
+        ViTConfig(**{**SMALL, name: value})
+
+
+@pytest.mark.parametrize("name", ["dropout", "attention_dropout", "drop_path"])
+@pytest.mark.parametrize("value", [-0.1, 1.0, 1.5])
+def test_config_rejects_rates_outside_zero_one(name, value):
+    with pytest.raises(ValueError, match=rf"{name} must be in \[0, 1\)"):
+        ViTConfig(**{**SMALL, name: value})
+
+
+def test_config_rejects_bad_eps_and_qkv_bias():
+    with pytest.raises(ValueError, match="layer_norm_eps must be positive"):
+        ViTConfig(layer_norm_eps=0.0)
+    with pytest.raises(ValueError, match="qkv_bias must be true or false"):
+        ViTConfig(qkv_bias=1)
+
+
+def test_config_from_dict_names_unknown_fields_and_round_trips():
+    config = ViTConfig(**SMALL)
+    assert ViTConfig.from_dict(config.to_dict()) == config
+    with pytest.raises(ValueError, match="unknown ViTConfig field.*depth"):
+        ViTConfig.from_dict({**config.to_dict(), "depth": 3})
+
+
+# --- presets ----------------------------------------------------------------------------------
+
+PAPER = {  # image, channels, patch, hidden, layers, heads, MLP, dropout, classes
+    "tintn-cifar10": (32, 3, 4, 48, 4, 4, 192, 0.0, 10),
+    "cifar10-p8": (32, 3, 8, 64, 4, 4, 256, 0.1, 10),
+    "mnist-p7": (28, 1, 7, 64, 3, 8, 2048, 0.0, 10),
+    "vit-base-16": (224, 3, 16, 768, 12, 12, 3072, 0.0, 1000),
+    "vit-large-16": (224, 3, 16, 1024, 24, 16, 4096, 0.0, 1000),
+    "vit-huge-14": (224, 3, 14, 1280, 32, 16, 5120, 0.0, 1000),
+}
+
+
+@pytest.mark.parametrize("name", sorted(PAPER))
+def test_preset_has_the_published_numbers(name):
+    c = ViTConfig.from_preset(name)
+    assert (c.image_size, c.num_channels, c.patch_size, c.hidden_size, c.num_layers, c.num_heads, c.mlp_size,
+            c.dropout, c.num_classes) == PAPER[name]
+    assert c.qkv_bias
+
+
+@pytest.mark.parametrize("name", sorted(PRESETS))
+def test_every_preset_builds_a_valid_config(name):
+    c = ViTConfig.from_preset(name)
+    assert c == PRESETS[name]
+    assert c.num_patches == (c.image_size // c.patch_size) ** 2
+
+
+def test_tintn_preset_is_the_seed_model_exactly():
+    c = ViTConfig.from_preset("tintn-cifar10")
+    assert (c.dropout, c.attention_dropout, c.drop_path) == (0.0, 0.0, 0.0)
+    assert count_parameters(ViT(c)) == 119_194  # the seed blog's "0.12 M parameters"
+
+
+@pytest.mark.parametrize("name, count", [("vit-base-16", 86_567_656), ("vit-large-16", 304_326_632),
+                                         ("vit-huge-14", 632_045_800)])
+def test_paper_models_have_their_parameter_counts(name, count):
+    with torch.device("meta"):  # shapes only, no memory: huge has 632 M parameters
+        model = ViT(ViTConfig.from_preset(name))
+    assert count_parameters(model) == count  # timm's vit_{base,large}_patch16_224, vit_huge_patch14_224
+
+
+def test_from_preset_applies_overrides_and_rejects_unknown_names():
+    assert ViTConfig.from_preset("tintn-cifar10", num_classes=100).num_classes == 100
+    with pytest.raises(ValueError, match="unknown preset 'vit-tiny'; choose one of: tintn-cifar10"):
+        ViTConfig.from_preset("vit-tiny")
+
+
+@pytest.mark.parametrize("name", ["tintn-cifar10", "cifar10-p8", "mnist-p7", "cifar-s"])
+def test_small_presets_run_forward(name):
+    torch.manual_seed(0)
+    c = ViTConfig.from_preset(name)
+    model = ViT(c).eval()
+    logits, attentions = model(torch.randn(2, c.num_channels, c.image_size, c.image_size), output_attentions=True)
+    assert logits.shape == (2, c.num_classes)
+    assert len(attentions) == c.num_layers
+    assert attentions[0].shape == (2, c.num_heads, c.num_patches + 1, c.num_patches + 1)
+
+
+# --- the attention contract -------------------------------------------------------------------
+
+def test_attentions_are_none_unless_asked(model):
+    logits, attentions = model(torch.randn(2, 3, 32, 32))
+    assert logits.shape == (2, 10)
+    assert attentions is None
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+def test_attentions_are_one_row_stochastic_tensor_per_layer(model, batch):
+    _, attentions = model(torch.randn(batch, 3, 32, 32), output_attentions=True)
+    assert isinstance(attentions, tuple) and len(attentions) == 4
+    for attn in attentions:
+        assert attn.shape == (batch, 4, 65, 65)
+        assert (attn >= 0).all()
+        torch.testing.assert_close(attn.sum(dim=-1), torch.ones(batch, 4, 65))
+
+
+def test_fused_and_explicit_attention_paths_agree(model):
+    images = torch.randn(4, 3, 32, 32)
+    with torch.no_grad():
+        fused, _ = model(images, output_attentions=False)
+        explicit, _ = model(images, output_attentions=True)
+    torch.testing.assert_close(fused, explicit, rtol=0, atol=1e-5)
+
+
+def test_fused_and_explicit_paths_agree_with_dropout_in_eval_mode():
+    torch.manual_seed(0)
+    model = ViT(ViTConfig.from_preset("cifar10-p8", attention_dropout=0.2, drop_path=0.1)).eval()
+    images = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(model(images)[0], model(images, output_attentions=True)[0], rtol=0, atol=1e-5)
+
+
+def test_model_matches_the_written_out_equations(model):
+    images = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(model(images, output_attentions=True)[0], reference_forward(model, images))
+
+
+def test_gradients_flow_through_the_returned_attentions(model):
+    _, attentions = model(torch.randn(2, 3, 32, 32), output_attentions=True)
+    assert all(a.requires_grad for a in attentions)
+    attentions[1][:, :, 0, 1:].pow(2).sum().backward()  # a loss on the layer-1 CLS map only
+    assert model.blocks[0].attn.qkv.weight.grad.abs().sum() > 0
+    assert model.blocks[1].attn.qkv.weight.grad.abs().sum() > 0
+    assert model.blocks[2].attn.qkv.weight.grad is None  # later layers do not shape layer 1
+    assert model.head.weight.grad is None
+
+
+def test_model_rejects_wrong_channels_and_sizes_that_do_not_tile(model):
+    with pytest.raises(ValueError, match=r"expected images of shape \(batch, 3, height, width\)"):
+        model(torch.randn(1, 1, 32, 32))
+    with pytest.raises(ValueError, match="does not tile into 4x4 patches"):
+        model(torch.randn(1, 3, 30, 32))
+
+
+# --- other input sizes ------------------------------------------------------------------------
+
+@pytest.mark.parametrize("height, width, grid", [(64, 64, (16, 16)), (48, 32, (12, 8)), (16, 40, (4, 10))])
+def test_other_input_sizes_give_the_right_number_of_tokens(model, height, width, grid):
+    assert model.patch_grid(height, width) == grid
+    logits, attentions = model(torch.randn(2, 3, height, width), output_attentions=True)
+    T = 1 + grid[0] * grid[1]
+    assert logits.shape == (2, 10)
+    assert all(a.shape == (2, 4, T, T) for a in attentions)
+    with torch.no_grad():
+        torch.testing.assert_close(model(torch.randn(1, 3, height, width))[0].shape, logits[:1].shape)
+
+
+def test_training_size_input_is_not_interpolated(model):
+    assert resample_pos_embed(model.pos_embed, (8, 8), (8, 8)) is model.pos_embed  # bit for bit, no resampling
+    images = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(model(images)[0], reference_forward(model, images), rtol=0, atol=1e-6)
+
+
+def test_interpolation_keeps_the_cls_embedding_and_a_constant_grid():
+    D = 6
+    cls = torch.randn(1, 1, D)
+    grid = torch.ones(1, 16, D) * torch.arange(D)  # the same vector at every patch of a 4x4 grid
+    pos = torch.cat([cls, grid], dim=1)
+    resized = resample_pos_embed(pos, (6, 2), (4, 4))
+    assert resized.shape == (1, 1 + 12, D)
+    assert torch.equal(resized[:, :1], cls)
+    torch.testing.assert_close(resized[:, 1:], torch.ones(1, 12, D) * torch.arange(D))
+
+
+def test_interpolation_keeps_all_prefix_tokens_and_matches_bicubic_resizing():
+    D = 3
+    pos = torch.randn(1, 2 + 4 * 4, D)
+    resized = resample_pos_embed(pos, (8, 6), (4, 4), num_prefix_tokens=2)
+    assert torch.equal(resized[:, :2], pos[:, :2])
+    image = pos[:, 2:].reshape(1, 4, 4, D).permute(0, 3, 1, 2)  # (1, D, 4, 4)
+    expected = F.interpolate(image, size=(8, 6), mode="bicubic", align_corners=False)
+    torch.testing.assert_close(resized[:, 2:], expected.permute(0, 2, 3, 1).reshape(1, 48, D))
