@@ -1,0 +1,259 @@
+"""Explore a ViT's attention: a checkpoint and an image in the sidebar, any layer, head, query or map.
+
+The model runs once per (checkpoint, image); changing a layer, head, query or overlay setting
+only redraws. The computations are plain functions in ``vit/`` (mostly ``vit.explorer``).
+Other pages open a checkpoint here by setting ``st.session_state["explorer_checkpoint"]``
+to its path before ``st.switch_page("pages/explorer.py")``.
+"""
+
+import math
+from functools import partial
+from pathlib import Path
+
+import streamlit as st
+from PIL import Image
+
+from vit import catalog, explorer
+from vit.attention import HEAD_FUSIONS
+from vit.checkpoint import Checkpoint, CheckpointError, load_checkpoint
+from vit.images import ImageError, open_image
+from vit.overlay import UPSAMPLE_MODES, overlay
+
+UPLOAD_TYPES = ["jpg", "jpeg", "png", "webp", "bmp", "gif"]
+PICKER_CONFIG = {"displayModeBar": False, "scrollZoom": False, "doubleClick": False}
+
+
+# -- caches: the model once per checkpoint file, the forward pass once per (checkpoint, image) ----------------
+
+@st.cache_data(show_spinner=False, max_entries=256)
+def describe_checkpoint(path: str, source: str, name: str, fingerprint: tuple) -> catalog.CatalogEntry:
+    return catalog.describe(catalog.Candidate(Path(path), source, name))
+
+
+@st.cache_resource(max_entries=3, show_spinner="Loading the checkpoint…")
+def load_model(path: str, fingerprint: tuple) -> Checkpoint:
+    return load_checkpoint(path)
+
+
+@st.cache_resource(max_entries=8, show_spinner=False)
+def decode_image(digest: str, name: str, _data: bytes) -> Image.Image:
+    return open_image(_data, name=name)
+
+
+@st.cache_resource(max_entries=8, show_spinner=False)
+def display_images(digest: str, _image: Image.Image) -> tuple[Image.Image, Image.Image]:
+    return explorer.display_image(_image), explorer.display_image(_image, min_side=96, max_side=144)
+
+
+@st.cache_resource(max_entries=16, show_spinner="Running the model…")
+def analyse(fingerprint: tuple, digest: str, _checkpoint: Checkpoint, _image: Image.Image) -> explorer.Analysis:
+    return explorer.analyse(_checkpoint, _image)
+
+
+@st.cache_resource(max_entries=64, show_spinner="Computing the class-specific map (one backward pass)…")
+def class_relevance(fingerprint: tuple, digest: str, class_index: int, _checkpoint: Checkpoint,
+                    _image: Image.Image) -> explorer.ClassRelevance:
+    return explorer.class_relevance(_checkpoint, _image, class_index)
+
+
+def pick_query(query_key: str, num_prefix_tokens: int) -> None:
+    """A click on the image made a patch the query."""
+    token = explorer.token_from_selection(st.session_state["patch_picker"].selection, num_prefix_tokens)
+    if token is not None:
+        st.session_state[query_key] = token
+
+
+# -- checkpoint -----------------------------------------------------------------------------------------------
+
+candidates = catalog.find_checkpoints()
+extra = st.session_state.setdefault("explorer_extra_checkpoints", [])  # opened by path from another page
+requested = st.session_state.pop("explorer_checkpoint", None)
+if requested:
+    wanted = catalog.candidate_for(requested, candidates + extra)
+    if wanted not in candidates + extra:
+        extra.append(wanted)
+    st.session_state["explorer_checkpoint_choice"] = str(wanted.path)
+candidates = candidates + [c for c in extra if c not in candidates]
+entries = {str(c.path): describe_checkpoint(str(c.path), c.source, c.name, c.fingerprint) for c in candidates}
+
+st.sidebar.header("Checkpoint")
+if not entries:
+    st.title("ViT Attention Explorer")
+    st.info(f"No checkpoints yet: put a `.pt` file in `{catalog.default_checkpoints_dir()}` or train a model "
+            "on the Train page.")
+    st.stop()
+default = catalog.default_entry(list(entries.values())) or next(iter(entries.values()))
+if st.session_state.get("explorer_checkpoint_choice") not in entries:
+    # Remembered across pages (widget state is not) and reset when its file disappears.
+    st.session_state["explorer_checkpoint_choice"] = st.session_state.get("explorer_last_checkpoint", "")
+    if st.session_state["explorer_checkpoint_choice"] not in entries:
+        st.session_state["explorer_checkpoint_choice"] = str(default.path)
+choice = st.sidebar.selectbox("Checkpoint", list(entries), format_func=lambda p: entries[p].label,
+                              key="explorer_checkpoint_choice",
+                              help="Shipped checkpoints and completed training runs: dataset, classes, "
+                                   "size and validation accuracy.")
+st.session_state["explorer_last_checkpoint"] = choice
+entry = entries[choice]
+st.sidebar.caption(entry.description)
+
+st.title("ViT Attention Explorer")
+if not entry.ok:
+    st.error(f"This checkpoint cannot be loaded: {entry.error}")
+    st.stop()
+fingerprint = catalog.Candidate(entry.path, entry.source, entry.name).fingerprint
+try:
+    checkpoint = load_model(choice, fingerprint)
+except CheckpointError as e:
+    st.error(f"This checkpoint cannot be loaded: {e}")
+    st.stop()
+class_names = checkpoint.class_names
+model_key = explorer.image_digest(choice.encode())[:10]  # widgets whose range depends on the model
+
+# -- image ----------------------------------------------------------------------------------------------------
+
+st.sidebar.header("Image")
+uploaded = st.sidebar.file_uploader("Upload an image", type=UPLOAD_TYPES,
+                                    help="jpg, png, webp, bmp or gif; any size and aspect ratio.")
+samples = catalog.sample_images(entry, list(entries.values()))
+sample = None
+if samples:
+    sample = st.sidebar.selectbox("…or a sample image", samples, format_func=explorer.sample_label,
+                                  key=f"sample-{model_key}", disabled=uploaded is not None,
+                                  help="Remove the upload to use the samples again.")
+if uploaded is not None:
+    data, image_name = uploaded.getvalue(), uploaded.name
+elif sample is not None:
+    data, image_name = sample.read_bytes(), sample.name
+else:
+    st.info("Upload an image in the sidebar to see what the model attends to.")
+    st.stop()
+digest = explorer.image_digest(data)
+try:
+    image = decode_image(digest, image_name, data)
+except ImageError as e:
+    st.error(f"Cannot use this upload: {e}")
+    st.stop()
+
+analysis = analyse(fingerprint, digest, checkpoint, image)
+prediction, grid, prefix = analysis.prediction, analysis.grid, analysis.num_prefix_tokens
+L, H, T = analysis.num_layers, analysis.num_heads, analysis.num_tokens
+
+# -- map settings -----------------------------------------------------------------------------------------------
+
+with st.sidebar:
+    st.header("Attention map")
+    kind = st.radio("Map", list(explorer.MAP_KINDS), format_func=explorer.MAP_KINDS.get, key="map_kind")
+    query_key = f"query-{model_key}"
+    st.session_state.setdefault(query_key, 0)
+    query = st.selectbox("Query token", range(T), key=query_key,
+                         format_func=lambda t: explorer.token_option(t, grid, prefix),
+                         help="Whose attention to show: CLS (token 0) or a patch, numbered row by row. "
+                              "Clicking a patch on the image selects it too.")
+    st.session_state.setdefault(f"layer-{model_key}", L)
+    layer = st.select_slider("Layer", range(1, L + 1), key=f"layer-{model_key}",
+                             help="For the one-layer map, the heads grid and the matrix; 1 is the first block.")
+    head = st.selectbox("Head", [None, *range(H)], key=f"head-{model_key}",
+                        format_func=lambda h: "all heads, fused" if h is None else f"head {h + 1}")
+    fusion = st.radio("Head fusion", HEAD_FUSIONS, horizontal=True, key="fusion",
+                      help="How heads combine: for 'all heads, fused' and in the rollout.")
+    discard_ratio, end_layer, class_index = 0.0, L, None
+    if kind in ("rollout", "class"):
+        st.session_state.setdefault(f"end-{model_key}", L)
+        end_layer = st.select_slider("Up to layer", range(1, L + 1), key=f"end-{model_key}",
+                                     help="Roll out from layer 1 through this layer.")
+    if kind == "rollout":
+        discard_ratio = st.slider("Discard ratio", 0.0, 0.95, 0.0, 0.05, key="discard_ratio",
+                                  help="Share of each row's weakest patch attentions set to zero before "
+                                       "rolling out; higher values keep only the strongest paths.")
+    if kind == "class":
+        class_index = st.selectbox(
+            "Class", [None, *range(len(class_names))], key=f"class-{model_key}",
+            format_func=lambda c: f"predicted: {class_names[prediction.class_index]}" if c is None else class_names[c])
+
+    st.header("Overlay")
+    opacity = st.slider("Opacity", 0.0, 1.0, 0.6, 0.05, key="opacity")
+    colormap = st.selectbox("Colour map", explorer.COLORMAPS, key="colormap")
+    mode = st.radio("Upsampling", UPSAMPLE_MODES[::-1], horizontal=True, key="upsample",
+                    help="bilinear: smooth between patch centres; nearest: one flat block per patch (exact values).")
+    show_grid = st.checkbox("Show the patch grid", key="show_grid")
+
+settings = explorer.MapSettings(kind=kind, layer=layer - 1, head=head, fusion=fusion, query=query,
+                                discard_ratio=discard_ratio, end_layer=end_layer - 1, class_index=class_index)
+relevance = None
+if kind == "class":
+    relevance = class_relevance(fingerprint, digest, explorer.resolved_class(settings, analysis), checkpoint, image)
+map2d = explorer.attention_map(analysis, settings, relevance)
+outline = explorer.patch_of(query, prefix)
+
+# -- image, overlay and prediction ----------------------------------------------------------------------------------
+
+shown, small = display_images(digest, image)
+col_image, col_overlay, col_prediction = st.columns([1, 1, 0.9], gap="medium")
+with col_image:
+    st.subheader("Image")
+    st.plotly_chart(explorer.patch_picker_figure(shown, grid, query, prefix, show_grid=True), key="patch_picker",
+                    on_select=partial(pick_query, query_key, prefix), selection_mode="points",
+                    config=PICKER_CONFIG, width="content")
+    st.caption(f"**Click a patch** to make it the query. {image_name}, {image.width}×{image.height} px; the model "
+               f"sees it as {analysis.image_size}×{analysis.image_size} px in {grid[0]}×{grid[1]} patches of "
+               f"{analysis.patch_size} px.")
+with col_overlay:
+    st.subheader("Attention")
+    st.image(overlay(shown, map2d, opacity, colormap, mode, show_grid=show_grid, outline_patch=outline),
+             output_format="PNG")
+    st.caption(explorer.describe_map(settings, analysis, class_names) + " " + explorer.describe_range(map2d))
+    stem = Path(image_name).stem
+    download_png, download_npz = st.columns(2)
+    download_png.download_button(
+        "Overlay (PNG)", on_click="ignore", mime="image/png", file_name=f"{stem}-{kind}-overlay.png",
+        data=partial(explorer.overlay_png, image, map2d, opacity, colormap, mode, show_grid, outline),
+        help=f"At the image's own size, {image.width}×{image.height} px.")
+    download_npz.download_button(
+        "Attentions (.npz)", on_click="ignore", mime="application/octet-stream", file_name=f"{stem}-attentions.npz",
+        data=partial(explorer.attentions_npz, analysis, class_names),
+        help="layer_0 … layer_N: heads × tokens × tokens (token 0 is CLS), with logits and class names.")
+with col_prediction:
+    st.subheader("Prediction")
+    st.plotly_chart(explorer.predictions_figure(prediction), config={"displayModeBar": False})
+    st.image(explorer.model_input_image(image, checkpoint), width=96, output_format="PNG")
+    st.caption("The model's input: resized to its square size"
+               + (", greyscale." if checkpoint.preprocessing.num_channels == 1 else "."))
+
+# -- analyses (only the open tab is computed) -------------------------------------------------------------------
+
+heads_tab, matrix_tab, stats_tab = st.tabs(["Heads", "Attention matrix", "Distance & entropy"], key="analysis_tab",
+                                           on_change="rerun")
+query_text = explorer.token_label(query, grid, prefix)
+if heads_tab.open:
+    with heads_tab:
+        every = st.toggle(f"Every layer ({L} × {H} = {L * H} maps)", key="every_layer",
+                          help="Off: the heads of the layer chosen in the sidebar.")
+        st.caption(f"What {query_text} attends to in each head; each map on its own colour scale, with the "
+                   "sidebar's overlay settings.")
+        shown_layers = range(L) if every else [layer - 1]
+        for i in shown_layers:
+            maps = explorer.head_maps(analysis, query, layer=i)  # (H, gh, gw)
+            st.markdown(f"**Layer {i + 1}**")
+            st.image(explorer.small_multiples(small, maps, opacity, colormap, mode, outline),
+                     caption=[f"L{i + 1} · head {h + 1}" for h in range(H)], width=small.width, output_format="PNG")
+if matrix_tab.open:
+    with matrix_tab:
+        heads_text = f"head {head + 1}" if head is not None else f"{fusion} over heads"
+        matrix = explorer.layer_attention(analysis, layer - 1, head, fusion)[0].numpy()  # (T, T)
+        st.plotly_chart(explorer.attention_matrix_figure(matrix, grid, prefix, colormap, query=query,
+                                                         title=f"Layer {layer}, {heads_text}"))
+        st.caption(f"Row i is what token i attends to (each row sums to 1); token 0 is CLS, tokens 1–{T - 1} the "
+                   f"patches row by row. The outlined row is the query, {query_text}.")
+if stats_tab.open:
+    with stats_tab:
+        left, right = st.columns(2)
+        left.plotly_chart(explorer.layer_stats_figure(analysis.distance, "mean attention distance (px)",
+                                                      "Mean attention distance"))
+        left.caption(f"Per head, the attention-weighted distance between a patch and the patches it attends to, "
+                     f"in pixels of the {analysis.image_size}-px input, averaged over patch queries (ViT paper, "
+                     "Fig. 7). Low: local heads, like convolutions; high: heads that integrate the whole image.")
+        right.plotly_chart(explorer.layer_stats_figure(analysis.entropy, "attention entropy (nats)",
+                                                       "Attention entropy"))
+        right.caption(f"Per head, the entropy of each token's attention averaged over all {T} tokens: 0 when every "
+                      f"token attends to one token only, ln {T} ≈ {math.log(T):.2f} when attention is "
+                      "spread evenly.")
