@@ -14,6 +14,7 @@ import argparse
 import datetime as dt
 import json
 import logging
+import logging.handlers
 import math
 import os
 import platform
@@ -24,7 +25,7 @@ import threading
 import time
 import traceback
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 import torch
@@ -34,15 +35,25 @@ from torch import nn
 from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 from torchvision.transforms import v2
 
-from vit.checkpoint import CheckpointError, Preprocessing, atomic_torch_save, read_checkpoint_payload, save_checkpoint
-from vit.data import AUGMENTATIONS, BatchAugment, DataError, Dataset, check_dataset, load_dataset, parse_dataset
+from vit.checkpoint import CheckpointError, Preprocessing, read_checkpoint_payload, save_checkpoint
+from vit.data import (
+    AUGMENTATIONS,
+    MAX_MAGNITUDE,
+    BatchAugment,
+    DataError,
+    Dataset,
+    folder_layout,
+    load_dataset,
+    parse_dataset,
+)
 from vit.images import normalize
 from vit.model import PRESETS, ViT, ViTConfig, count_parameters
 
 log = logging.getLogger("vit.train")
 
 STATES = ("running", "completed", "failed", "cancelled")
-HEARTBEAT_SECONDS = 5.0
+HEARTBEAT_SECONDS = 5.0  # status.json is rewritten at least this often while running
+STALE_SECONDS = 60.0  # a "running" status without a heartbeat for this long belongs to a dead process
 FAULT_ENV = "VIT_TRAIN_FAULT_AT_STEP"  # test hook: raise inside training at this global step
 
 # What "--recipe" fills in for every option left unset on the command line.
@@ -58,6 +69,46 @@ RECIPES: dict[str, dict] = {
 }
 MODEL_FIELDS = ("image_size", "patch_size", "hidden_size", "num_layers", "num_heads", "mlp_size",
                 "dropout", "attention_dropout", "drop_path")
+# The only options a resumed run may change: how and where it runs, never what it trains.
+RESUME_OPTIONS = ("epochs", "device", "threads", "compile", "eval_batch_size", "log_every", "data_dir",
+                  "cache_dir")
+
+EPILOG = """\
+run folder (--out RUN_DIR); each file is replaced atomically (train.log is appended to), so a SIGKILL
+leaves every one readable:
+  config.json    every argument, the model config, the dataset and its class names
+  metrics.jsonl  one line per epoch: epoch, train_loss, train_acc, val_loss, val_acc, lr,
+                 epoch_seconds, images_per_second
+  status.json    state (running, completed, failed, cancelled), epoch, step, total_epochs,
+                 total_steps, progress (0-1), pid, host, start_time, updated_time (a heartbeat
+                 every 5 s while running), eta_seconds, elapsed_seconds, best_val_acc, error
+  last.pt        the latest weights with optimizer, schedule position, EMA and RNG state
+  best.pt        the weights with the best validation accuracy so far
+  train.log      the log, with the traceback when training failed
+
+data: each dataset is decoded once into a uint8 tensor cache (--cache-dir) that later runs
+  reuse; augmentation runs on whole batches of tensors (on the GPU when training there).
+  Greyscale data for a 3-channel model is expanded, every image resized to the model's size.
+
+stopping and resuming:
+  SIGTERM or Ctrl-C finishes the current step, saves last.pt and marks the run cancelled.
+  --resume RUN_DIR continues from last.pt exactly where it stopped (weights, optimizer,
+  schedule, EMA, random state, epoch and step). With --epochs N it trains a finished run
+  further; the learning-rate schedule is then planned for N epochs. Only --epochs, --device,
+  --threads, --compile, --eval-batch-size, --log-every, --data-dir and --cache-dir may be
+  given with --resume; everything else stays the run's own.
+
+several GPUs (or CPU processes):
+  torchrun --standalone --nproc_per_node=N -m vit.train ...
+  NCCL on GPUs, gloo on CPUs; --batch-size is the global batch, split over the processes;
+  each process trains on its own shard of every batch; only rank 0 writes the run folder.
+
+exit status: 0 completed or cancelled; 1 training failed (status.json says why);
+  2 invalid arguments or unusable data (reported before anything is written);
+  128 + the signal number when stopped before training started.
+
+environment: VIT_TRAIN_FAULT_AT_STEP=N raises an error at step N (to test failure handling).
+"""
 
 
 class UsageError(ValueError):
@@ -79,6 +130,18 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _int_in(low: int, high: int):
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer in {low}..{high}, got {text!r}") from None
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"expected an integer in {low}..{high}, got {text!r}")
+        return value
+    return parse
+
+
 def _non_negative_int(text: str) -> int:
     try:
         value = int(text)
@@ -89,16 +152,14 @@ def _non_negative_int(text: str) -> int:
     return value
 
 
-def _float_in(low: float, high: float, closed_high: bool = False):
+def _float_in(low: float, high: float):
     def parse(text: str) -> float:
         try:
             value = float(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-        inside = low <= value <= high if closed_high else low <= value < high
-        if not inside or math.isnan(value):
-            bracket = "]" if closed_high else ")"
-            raise argparse.ArgumentTypeError(f"expected a number in [{low:g}, {high:g}{bracket}, got {text!r}")
+        if not low <= value < high:  # also false for NaN
+            raise argparse.ArgumentTypeError(f"expected a number in [{low:g}, {high:g}), got {text!r}")
         return value
     return parse
 
@@ -114,72 +175,117 @@ def _positive_float(text: str) -> float:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = OneLineParser(prog="python -m vit.train", description=__doc__,
+    p = OneLineParser(prog="python -m vit.train", description=__doc__, epilog=EPILOG,
                       formatter_class=argparse.RawDescriptionHelpFormatter)
     g = p.add_argument_group("run")
-    g.add_argument("--dataset", help="cifar10, cifar100, mnist, fashion-mnist (torchvision, downloaded into "
-                   "--data-dir when online) or folder:PATH (PATH/train/<class>/... with optional "
-                   "PATH/val/<class>/..., or PATH/<class>/...)")
-    g.add_argument("--out", help="run folder to create (required unless --resume)")
+    g.add_argument("--dataset", help="cifar10, cifar100, mnist, fashion-mnist (torchvision's, downloaded into "
+                   "DATA_DIR/<name> on a connected machine) or folder:PATH (PATH/train/<class>/<image> with "
+                   "optional PATH/val/<class>/<image>, or PATH/<class>/<image>); class names come from the "
+                   "dataset. Required for a new run")
+    g.add_argument("--out", metavar="RUN_DIR", help="run folder to create; it must not exist or be empty. "
+                   "Required for a new run")
     g.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its last.pt; "
-                   "combine with --epochs N to train it further")
+                   "with --epochs N, train it to N epochs in total")
     g.add_argument("--data-dir", default="data", help="where torchvision datasets live (default: data)")
     g.add_argument("--cache-dir", help="where decoded uint8 dataset caches go (default: DATA_DIR/cache)")
     g.add_argument("--val-fraction", type=_float_in(0.0, 1.0), default=0.1,
-                   help="share of each class held out for validation when the dataset has no validation "
-                   "split of its own (default 0.1; fixed by --seed)")
-    g.add_argument("--device", default="auto", help="auto (CUDA when available), cpu, cuda or cuda:N")
-    g.add_argument("--seed", type=_non_negative_int, default=0, help="seed for init, split and augmentation")
+                   help="share of each class held out for validation when a folder dataset has no val/ "
+                   "folder (default 0.1; the split is stratified and fixed by --seed)")
+    g.add_argument("--device", default="auto", help="auto (CUDA when available, default), cpu, cuda or "
+                   "cuda:N; under torchrun each process takes the GPU of its local rank")
+    g.add_argument("--seed", type=_non_negative_int, default=0,
+                   help="seed for initialisation, validation split, data order and augmentation (default 0)")
 
     g = p.add_argument_group("model (a preset, optionally with fields changed)")
     g.add_argument("--preset", default="tintn-cifar10", help=f"one of: {', '.join(PRESETS)} "
-                   "(default tintn-cifar10); classes and channels follow the dataset")
-    g.add_argument("--image-size", type=_positive_int, help="input side in pixels")
-    g.add_argument("--patch-size", type=_positive_int, help="patch side in pixels")
-    g.add_argument("--hidden-size", type=_positive_int, help="token width")
+                   "(default tintn-cifar10). The number of classes follows the dataset, the number of "
+                   "channels the preset (greyscale images are expanded for a 3-channel model)")
+    g.add_argument("--image-size", type=_positive_int, help="input side in pixels; images are resized to it")
+    g.add_argument("--patch-size", type=_positive_int, help="patch side in pixels; must divide --image-size")
+    g.add_argument("--hidden-size", type=_positive_int, help="token width; must be divisible by --num-heads")
     g.add_argument("--num-layers", type=_positive_int, help="encoder blocks")
     g.add_argument("--num-heads", type=_positive_int, help="attention heads per block")
     g.add_argument("--mlp-size", type=_positive_int, help="MLP hidden width")
-    g.add_argument("--dropout", type=_float_in(0.0, 1.0), help="dropout rate")
-    g.add_argument("--attention-dropout", type=_float_in(0.0, 1.0), help="dropout on attention probabilities")
-    g.add_argument("--drop-path", type=_float_in(0.0, 1.0), help="stochastic depth rate of the last block")
+    g.add_argument("--dropout", type=_float_in(0.0, 1.0), help="dropout rate after embeddings, attention "
+                   "projection and MLP, in [0, 1)")
+    g.add_argument("--attention-dropout", type=_float_in(0.0, 1.0),
+                   help="dropout on the attention probabilities, in [0, 1)")
+    g.add_argument("--drop-path", type=_float_in(0.0, 1.0), help="stochastic depth rate of the last block "
+                   "(linear from 0 at the first), in [0, 1)")
 
-    g = p.add_argument_group("recipe (unset options take the --recipe's value)")
+    g = p.add_argument_group("recipe (options left unset take the --recipe's value)")
     g.add_argument("--recipe", choices=tuple(RECIPES), default="ours",
-                   help="ours (warmup + cosine, label smoothing, TrivialAugment) or seed (the seed blog's "
-                   "constant-lr AdamW with flip + RandomResizedCrop)")
-    g.add_argument("--epochs", type=_positive_int, help="epochs to train in total (ours/seed: 100)")
-    g.add_argument("--batch-size", type=_positive_int, help="global batch size (256)")
+                   help="ours (default: AdamW, linear warmup then cosine, label smoothing, gradient "
+                   "clipping, crop + flip + TrivialAugment) or seed (the seed blog's AdamW lr 1e-2, "
+                   "wd 1e-2, constant lr, batch 256, flip + RandomResizedCrop 0.8-1.0)")
+    g.add_argument("--epochs", type=_positive_int, help="epochs to train in total (ours and seed: 100)")
+    g.add_argument("--batch-size", type=_positive_int, help="global batch size (256); at most the number of "
+                   "training images")
     g.add_argument("--lr", type=_positive_float, help="peak learning rate (ours 2e-3, seed 1e-2)")
-    g.add_argument("--min-lr", type=_float_in(0.0, 1.0), help="learning rate at the end of the cosine")
-    g.add_argument("--weight-decay", type=_float_in(0.0, 10.0), help="AdamW weight decay (ours 0.05)")
-    g.add_argument("--warmup-epochs", type=_float_in(0.0, 1e6), help="linear warmup length in epochs (ours: 5, at most a tenth of --epochs)")
-    g.add_argument("--schedule", choices=("cosine", "constant"), help="learning-rate schedule after warmup")
-    g.add_argument("--label-smoothing", type=_float_in(0.0, 1.0), help="label smoothing (ours 0.1)")
-    g.add_argument("--grad-clip", type=_float_in(0.0, 1e6), help="max gradient norm, 0 = off (ours 1.0)")
-    g.add_argument("--ema", type=_float_in(0.0, 1.0), help="EMA decay of the weights per step, 0 = off; "
-                   "validation and checkpoints then use the EMA weights")
-    g.add_argument("--augment", choices=AUGMENTATIONS, help="training augmentation policy")
-    g.add_argument("--aug-magnitude", type=_non_negative_int, default=9, help="RandAugment magnitude (9)")
-    g.add_argument("--aug-ops", type=_positive_int, default=2, help="RandAugment ops per image (2)")
-    g.add_argument("--mixup", type=_float_in(0.0, 1e3), help="mixup alpha, 0 = off")
-    g.add_argument("--cutmix", type=_float_in(0.0, 1e3), help="cutmix alpha, 0 = off")
+    g.add_argument("--min-lr", type=_float_in(0.0, 1.0),
+                   help="learning rate at the end of the cosine (ours 1e-5); at most --lr")
+    g.add_argument("--weight-decay", type=_float_in(0.0, 10.0),
+                   help="AdamW weight decay, not applied to biases, norms, CLS token and positions "
+                   "(ours 0.05, seed 0.01)")
+    g.add_argument("--warmup-epochs", type=_float_in(0.0, 1e6),
+                   help="linear warmup in epochs, may be fractional (ours: 5, but at most a tenth of --epochs)")
+    g.add_argument("--schedule", choices=("cosine", "constant"),
+                   help="learning rate after warmup (ours cosine, seed constant)")
+    g.add_argument("--label-smoothing", type=_float_in(0.0, 1.0), help="label smoothing (ours 0.1, seed 0)")
+    g.add_argument("--grad-clip", type=_float_in(0.0, 1e6),
+                   help="max gradient norm, 0 = off (ours 1.0, seed 0)")
+    g.add_argument("--ema", type=_float_in(0.0, 1.0), help="EMA decay of the weights per step, 0 = off "
+                   "(default); validation and checkpoints then use the EMA weights")
+    g.add_argument("--augment", choices=AUGMENTATIONS,
+                   help="training augmentation on batches: none; crop (reflect-pad 4 px, random crop: for "
+                   "digits and text); flip-crop (crop + horizontal flip); trivialaugment or randaugment "
+                   "(torchvision's, after flip-crop); seed (flip + RandomResizedCrop 0.8-1.0). "
+                   "Ours trivialaugment, seed seed")
+    g.add_argument("--aug-magnitude", type=_int_in(0, MAX_MAGNITUDE), default=9,
+                   help=f"RandAugment magnitude, 0..{MAX_MAGNITUDE} (default 9)")
+    g.add_argument("--aug-ops", type=_positive_int, default=2, help="RandAugment ops per image (default 2)")
+    g.add_argument("--mixup", type=_float_in(0.0, 1e3), help="mixup alpha, 0 = off (default)")
+    g.add_argument("--cutmix", type=_float_in(0.0, 1e3), help="cutmix alpha, 0 = off (default); with "
+                   "--mixup too, each batch uses one of the two")
 
     g = p.add_argument_group("speed")
     g.add_argument("--precision", choices=("auto", "fp32", "bf16"), default="auto",
-                   help="auto: bf16 autocast on CUDA, fp32 on CPU")
-    g.add_argument("--compile", action="store_true", help="torch.compile the model")
-    g.add_argument("--threads", type=_positive_int, help="CPU threads (default: all cores)")
-    g.add_argument("--eval-batch-size", type=_positive_int, default=500, help="batch size for validation")
+                   help="auto (default): bf16 autocast on CUDA, fp32 on CPU")
+    g.add_argument("--compile", action="store_true", help="torch.compile the model (slow first steps)")
+    g.add_argument("--threads", type=_positive_int, help="CPU threads per process (default: torch's choice)")
+    g.add_argument("--eval-batch-size", type=_positive_int, default=500,
+                   help="batch size for validation (default 500)")
     g.add_argument("--log-every", type=_positive_float, default=30.0,
-                   help="seconds between progress lines when not on a terminal (30)")
+                   help="seconds between progress lines when not on a terminal (default 30); on a "
+                   "terminal a progress bar shows instead")
     return p
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    """Parse and check everything that can be checked without the data; raises UsageError."""
+def _flag(dest: str) -> str:
+    return "--" + dest.replace("_", "-")
+
+
+def given_options(argv: list[str]) -> set[str]:
+    """The destinations of the options written on the command line (not left to defaults)."""
+    parser = build_parser()
+    for action in parser._actions:
+        action.default = argparse.SUPPRESS
+    return set(vars(parser.parse_args(argv)))
+
+
+def parse_args(argv: list[str] | None = None, check_out: bool = True) -> argparse.Namespace:
+    """Parse and check everything that can be checked without the data; raises UsageError.
+
+    ``check_out`` is False on the ranks other than 0 of a distributed run, which never write.
+    """
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
     if args.resume:
+        fixed = sorted(given_options(argv) - set(RESUME_OPTIONS) - {"resume"})
+        if fixed:
+            raise UsageError(f"{', '.join(_flag(name) for name in fixed)} cannot change when resuming: a "
+                             f"resumed run keeps its own settings; with --resume only "
+                             f"{', '.join(_flag(name) for name in RESUME_OPTIONS)} may be given")
         return args
     if not args.dataset:
         raise UsageError("--dataset is required (or --resume RUN_DIR)")
@@ -201,16 +307,37 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         raise UsageError(str(e)) from None
     if args.warmup_epochs >= args.epochs and args.warmup_epochs > 0:
         raise UsageError(f"--warmup-epochs ({args.warmup_epochs:g}) must be below --epochs ({args.epochs})")
-    out = Path(args.out)
-    if out.exists() and any(out.iterdir()):
-        raise UsageError(f"{out} already holds files; continue it with --resume {out} or choose another --out")
+    if args.min_lr > args.lr:
+        raise UsageError(f"--min-lr ({args.min_lr:g}) must not exceed --lr ({args.lr:g})")
+    if check_out:
+        _check_out(Path(args.out))
     _device(args.device)
     return args
+
+
+def _check_out(out: Path) -> None:
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"--out {out} is a file; give a folder for the run")
+    if out.is_dir() and any(out.iterdir()):
+        raise UsageError(f"{out} already holds files; continue it with --resume {out} or choose another --out")
+    existing = next(p for p in (out, *out.absolute().parents) if p.exists())
+    if not os.access(existing, os.W_OK):
+        raise UsageError(f"cannot create the run folder {out}: {existing} is not writable")
 
 
 def model_config(args: argparse.Namespace, num_channels: int, num_classes: int) -> ViTConfig:
     overrides = {k: getattr(args, k) for k in MODEL_FIELDS if getattr(args, k) is not None}
     return ViTConfig.from_preset(args.preset, num_channels=num_channels, num_classes=num_classes, **overrides)
+
+
+def resolve_model(args: argparse.Namespace, num_classes: int) -> ViTConfig:
+    """Fix the model of a new run: the preset's channels, the dataset's classes, the overrides."""
+    args.num_classes = num_classes
+    args.channels = PRESETS[args.preset].num_channels
+    config = model_config(args, num_channels=args.channels, num_classes=num_classes)
+    args.model = config.to_dict()
+    args.image_size_resolved = config.image_size
+    return config
 
 
 def _device(spec: str) -> torch.device:
@@ -235,20 +362,29 @@ def _device(spec: str) -> torch.device:
 
 
 def now_iso() -> str:
-    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+    return dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
 
 
 def atomic_write_text(path: Path, text: str) -> None:
+    """Write to a temporary file beside ``path``, fsync, then rename over it."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def write_json(path: Path, value: dict) -> None:
     atomic_write_text(path, json.dumps(value, indent=2) + "\n")
+
+
+def write_metrics(path: Path, rows: list[dict]) -> None:
+    atomic_write_text(path, "".join(json.dumps(row) + "\n" for row in rows))
 
 
 class Status:
@@ -258,7 +394,8 @@ class Status:
         self.path, self.values = path, dict(initial)
         self.lock = threading.Lock()
         self.stop = threading.Event()
-        self.thread = threading.Thread(target=self._beat, daemon=True)
+        self.thread = threading.Thread(target=self._beat, name="status-heartbeat", daemon=True)
+        self.failed_beats = 0
 
     def update(self, **values) -> None:
         with self.lock:
@@ -268,7 +405,12 @@ class Status:
 
     def _beat(self) -> None:
         while not self.stop.wait(HEARTBEAT_SECONDS):
-            self.update()
+            try:
+                self.update()
+            except OSError as e:  # a full disk must not end the heartbeat for good
+                self.failed_beats += 1
+                if self.failed_beats == 1:
+                    log.warning("cannot update %s (%s); will keep trying", self.path, e)
 
     def start(self) -> None:
         self.update()
@@ -280,8 +422,97 @@ class Status:
             self.thread.join()
 
 
+def _seconds_since(iso: object) -> float | None:
+    try:
+        then = dt.datetime.fromisoformat(str(iso))
+    except ValueError:
+        return None
+    if then.tzinfo is None:
+        then = then.replace(tzinfo=dt.UTC)
+    return (dt.datetime.now(dt.UTC) - then).total_seconds()
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _check_not_running(run_dir: Path) -> None:
+    """Refuse to resume a run whose process still beats (it would overwrite its files)."""
+    try:
+        status = json.loads((run_dir / "status.json").read_text())
+    except (OSError, ValueError):
+        return
+    if not isinstance(status, dict) or status.get("state") != "running":
+        return
+    age = _seconds_since(status.get("updated_time"))
+    if age is None or age > STALE_SECONDS:
+        return
+    pid, host = status.get("pid"), status.get("host")
+    if host == socket.gethostname() and isinstance(pid, int) and not _pid_alive(pid):
+        return
+    raise UsageError(f"{run_dir} is still running (pid {pid} on {host}, heartbeat {age:.0f} s ago); "
+                     "stop it first (SIGTERM) or wait for it to end")
+
+
 # ---------------------------------------------------------------------------------------------
 # Training
+
+
+class EtaClock:
+    """Seconds per training step, leaving out each session's first step (compilation, warm-up)
+    and any time excluded explicitly (validation, checkpoints)."""
+
+    def __init__(self) -> None:
+        self.first: float | None = None
+        self.last: float | None = None
+        self.steps = 0
+        self.excluded = 0.0
+
+    def step_done(self, now: float) -> None:
+        if self.first is None:
+            self.first = now
+        else:
+            self.steps += 1
+        self.last = now
+
+    def exclude(self, seconds: float) -> None:
+        if self.first is not None:
+            self.excluded += seconds
+
+    def seconds_per_step(self) -> float | None:
+        if not self.steps:
+            return None
+        return max(self.last - self.first - self.excluded, 0.0) / self.steps
+
+    def eta(self, remaining_steps: int, remaining_evals: int, eval_seconds: float) -> float | None:
+        rate = self.seconds_per_step()
+        if rate is None:
+            return None
+        return rate * remaining_steps + remaining_evals * eval_seconds
+
+
+class StopRequest:
+    """The SIGTERM/SIGINT handler: once armed (training started) it only records the signal, so
+    the step in flight finishes; before that it aborts the setup with KeyboardInterrupt."""
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+        self.armed = False
+
+    def __call__(self, signum: int, frame: object) -> None:
+        self.signum = signum
+        if not self.armed:
+            raise KeyboardInterrupt
+
+    @property
+    def requested(self) -> bool:
+        return self.signum is not None
 
 
 @dataclass
@@ -294,39 +525,51 @@ class Progress:
     loss_sum: float = 0.0  # running sums of the current epoch
     correct: float = 0.0
     seen: int = 0
-    epoch_seconds: float = 0.0
+    epoch_seconds: float = 0.0  # training seconds of the current epoch so far, over all sessions
     best_val_acc: float = -1.0
-    elapsed: float = 0.0  # training seconds over all sessions
+    elapsed: float = 0.0  # wall seconds of training (with validation) over all sessions
+
+    @classmethod
+    def from_dict(cls, values: dict) -> Progress:
+        unknown = sorted(set(values) - {f.name for f in fields(cls)})
+        if unknown:
+            raise CheckpointError(f"last.pt's progress has unknown field(s) {', '.join(unknown)}; it was "
+                                  "written by a newer version")
+        return cls(**values)
+
+
+def check_data(args: argparse.Namespace, data: Dataset, world: int = 1) -> None:
+    """Checks that need the loaded data; raise UsageError or DataError before training starts."""
+    if len(data.class_names) != args.num_classes:
+        raise DataError(f"{args.dataset} has {len(data.class_names)} classes, the run expects {args.num_classes}")
+    if args.batch_size > len(data.train):
+        raise UsageError(f"--batch-size {args.batch_size} is larger than the {len(data.train)} training images "
+                         f"of {args.dataset}; use at most {len(data.train)}")
+    if args.batch_size % world:
+        raise UsageError(f"--batch-size {args.batch_size} must be divisible by the {world} processes")
+    if len(data.val) == 0:
+        raise DataError(f"{args.dataset} has no validation images; add PATH/val/<class>/ images or raise "
+                        "--val-fraction")
 
 
 class Trainer:
-    def __init__(self, args: argparse.Namespace, run_dir: Path, resume_payload: dict | None) -> None:
-        self.args, self.run_dir = args, run_dir
-        self.rank, self.world = _init_distributed(args)
-        self.is_main = self.rank == 0
-        self.device = _device(args.device) if self.world == 1 else _rank_device(args)
-        if args.threads:
-            torch.set_num_threads(args.threads)
-        self.stop_signal: int | None = None
-        self.eval_seconds = 0.0  # the last validation's duration, for the ETA
+    """Trains the model of ``args`` on ``data``; writes into ``run_dir`` (rank 0 only) at epoch ends."""
 
-        self.data: Dataset = load_dataset(args.dataset, args.image_size_resolved, args.channels,
-                                          data_dir=args.data_dir, cache_dir=args.cache_dir,
-                                          val_fraction=args.val_fraction, seed=args.seed)
-        if len(self.data.class_names) != args.num_classes:
-            raise DataError(f"{args.dataset} has {len(self.data.class_names)} classes, the run expects "
-                            f"{args.num_classes}")
-        if args.batch_size > len(self.data.train):
-            raise UsageError(f"--batch-size {args.batch_size} is larger than the {len(self.data.train)} "
-                             f"training images of {args.dataset}; use at most {len(self.data.train)}")
-        if args.batch_size % self.world:
-            raise UsageError(f"--batch-size {args.batch_size} must be divisible by the {self.world} processes")
-        self.local_batch = args.batch_size // self.world
-        self.steps_per_epoch = len(self.data.train) // args.batch_size
+    def __init__(self, args: argparse.Namespace, data: Dataset, run_dir: Path | None,
+                 resume_payload: dict | None = None, rank: int = 0, world: int = 1,
+                 device: torch.device | str = "cpu", stop: StopRequest | None = None) -> None:
+        check_data(args, data, world)
+        self.args, self.data, self.run_dir = args, data, run_dir
+        self.rank, self.world, self.device = rank, world, torch.device(device)
+        self.is_main = rank == 0
+        self.stop = stop if stop is not None else StopRequest()
+        self.eval_seconds: float | None = None  # the last validation's duration, for the ETA
+        self.local_batch = args.batch_size // world
+        self.steps_per_epoch = len(data.train) // args.batch_size
         self.total_steps = self.steps_per_epoch * args.epochs
-        keep_on_device = self.device.type == "cuda"
-        self.train = self.data.train.to(self.device) if keep_on_device else self.data.train
-        self.val = self.data.val.to(self.device) if keep_on_device else self.data.val
+        on_gpu = self.device.type == "cuda"  # the whole uint8 dataset lives on the GPU there
+        self.train = data.train.to(self.device) if on_gpu else data.train
+        self.val = data.val.to(self.device) if on_gpu else data.val
 
         torch.manual_seed(args.seed)
         self.config = ViTConfig.from_dict(args.model)
@@ -337,16 +580,16 @@ class Trainer:
                                            betas=(0.9, 0.999))
         self.progress = Progress()
         self.metrics: list[dict] = []
-        self.rng_state = None
+        self.rng_state: dict | None = None
         if resume_payload is not None:
             self._restore(resume_payload)
         self.scheduler = self._scheduler()
         self.net: nn.Module = self.model
-        if args.compile:
-            self.net = torch.compile(self.net)
         if self.world > 1:
             self.net = nn.parallel.DistributedDataParallel(
-                self.net, device_ids=[self.device.index] if self.device.type == "cuda" else None)
+                self.net, device_ids=[self.device.index] if on_gpu else None)
+        if args.compile:
+            self.net = torch.compile(self.net)
         self.autocast_dtype = _autocast_dtype(args.precision, self.device)
         self.augment = BatchAugment(args.augment, magnitude=args.aug_magnitude, num_ops=args.aug_ops)
         mixers = []
@@ -357,6 +600,8 @@ class Trainer:
         self.mixer = v2.RandomChoice(mixers) if mixers else None
         self.preprocessing = Preprocessing(self.config.image_size, self.config.num_channels,
                                            self.data.mean, self.data.std)
+        self.session_start = time.time()
+        self.elapsed_before = self.progress.elapsed
 
     def _param_groups(self) -> list[dict]:
         # No weight decay on biases, norms, the CLS token and position embeddings (timm's rule).
@@ -366,7 +611,11 @@ class Trainer:
         return [{"params": decay}, {"params": no_decay, "weight_decay": 0.0}]
 
     def _scheduler(self) -> torch.optim.lr_scheduler.LRScheduler:
-        """Linear warmup then cosine (or constant), per step, fast-forwarded when resuming."""
+        """Linear warmup then cosine (or constant), per step, fast-forwarded when resuming.
+
+        Replaying the steps gives bit-identical rates to an uninterrupted run with the same
+        --epochs, and re-plans the schedule for a run extended with a larger --epochs.
+        """
         args = self.args
         for group in self.optimizer.param_groups:
             group["lr"] = args.lr
@@ -393,14 +642,18 @@ class Trainer:
         state = payload.get("training_state")
         if not state:
             raise CheckpointError("last.pt holds no training state; it cannot be resumed")
-        self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
-        if self.ema is not None and state.get("ema") is not None:
-            self.ema.load_state_dict(state["ema"])
-        self.progress = Progress(**state["progress"])
+        try:
+            self.model.load_state_dict(state["model"])
+            self.optimizer.load_state_dict(state["optimizer"])
+            if self.ema is not None and state.get("ema") is not None:
+                self.ema.load_state_dict(state["ema"])
+        except (RuntimeError, ValueError, KeyError) as e:
+            raise CheckpointError(f"last.pt does not fit the run's model or optimizer ({str(e).splitlines()[0]})"
+                                  ) from None
+        self.progress = Progress.from_dict(state["progress"])
         self.metrics = list(state["metrics"])
         rng = state.get("rng") or []
-        if len(rng) == self.world:
+        if len(rng) == self.world:  # else (another process count) each epoch is re-seeded
             self.rng_state = rng[self.rank]
 
     # -- the loop ------------------------------------------------------------------------------
@@ -408,45 +661,40 @@ class Trainer:
     def fit(self, status: Status | None) -> str:
         """Train until the last epoch or a stop signal; returns the final state."""
         args, p = self.args, self.progress
-        session_start, session_steps, mark = time.time(), 0, time.time()
-        last_status = 0.0
+        self.session_start, self.elapsed_before = time.time(), p.elapsed
+        clock = EtaClock()
+        last_status = last_log = 0.0
         while p.epoch < args.epochs:
+            order = self.epoch_order(p.epoch)
+            self._seed_epoch()
             epoch_start = time.time() - p.epoch_seconds
-            order = self._epoch_order(p.epoch)
-            if p.step_in_epoch == 0 or self.rng_state is None:
-                torch.manual_seed(_mix(args.seed, p.epoch, p.step_in_epoch, self.rank))
-            else:
-                _set_rng(self.rng_state, self.device)
-            self.rng_state = None
             self.net.train()
             bar = _progress_bar(self.is_main, self.steps_per_epoch, p.step_in_epoch, p.epoch + 1, args.epochs)
-            last_log = time.time()
             while p.step_in_epoch < self.steps_per_epoch:
                 idx = order[p.step_in_epoch * self.local_batch:(p.step_in_epoch + 1) * self.local_batch]
-                loss, correct = self._step(idx)
+                loss, correct = self.step(idx)
                 p.loss_sum += loss * len(idx)
                 p.correct += correct
                 p.seen += len(idx)
                 p.step_in_epoch += 1
                 p.global_step += 1
-                session_steps += 1
+                now = time.time()
+                clock.step_done(now)
                 if bar is not None:
                     bar.update(1)
                     bar.set_postfix(loss=f"{p.loss_sum / p.seen:.3f}", lr=f"{self.lr():.2e}")
-                elif self.is_main and time.time() - last_log > args.log_every:
-                    last_log = time.time()
+                elif self.is_main and now - last_log >= args.log_every:
+                    last_log = now
                     log.info("epoch %d step %d/%d loss %.4f acc %.4f lr %.2e", p.epoch + 1, p.step_in_epoch,
                              self.steps_per_epoch, p.loss_sum / p.seen, p.correct / p.seen, self.lr())
-                if status is not None and time.time() - last_status >= 1.0:
-                    last_status = time.time()
-                    rate = (time.time() - session_start) / session_steps
+                if status is not None and now - last_status >= 1.0:
+                    last_status = now
                     status.update(epoch=p.epoch + 1, step=p.global_step,
                                   progress=round(p.global_step / self.total_steps, 5),
-                                  eta_seconds=round(rate * (self.total_steps - p.global_step) +
-                                                    self.eval_seconds * (args.epochs - p.epoch), 1))
+                                  eta_seconds=self._eta(clock), elapsed_seconds=round(self._elapsed(), 1))
                 if self._should_stop():
                     p.epoch_seconds = time.time() - epoch_start
-                    p.elapsed += time.time() - mark
+                    p.elapsed = self._elapsed()
                     if bar is not None:
                         bar.close()
                     self._save_last()
@@ -454,19 +702,41 @@ class Trainer:
             if bar is not None:
                 bar.close()
             p.epoch_seconds = time.time() - epoch_start
-            p.elapsed += time.time() - mark
-            mark = time.time()
+            start = time.time()
             self._end_epoch(status)
+            clock.exclude(time.time() - start)
         return "completed"
 
-    def _epoch_order(self, epoch: int) -> torch.Tensor:
+    def _seed_epoch(self) -> None:
+        """Continue a resumed epoch's random stream exactly; start every other epoch from its seed."""
+        p = self.progress
+        if p.step_in_epoch > 0 and self.rng_state is not None:
+            _set_rng(self.rng_state, self.device)
+        else:
+            torch.manual_seed(_mix(self.args.seed, p.epoch, p.step_in_epoch, self.rank))
+        self.rng_state = None
+
+    def _elapsed(self) -> float:
+        return self.elapsed_before + time.time() - self.session_start
+
+    def _eta(self, clock: EtaClock) -> float | None:
+        p, args = self.progress, self.args
+        eval_seconds = self.eval_seconds
+        if eval_seconds is None:  # before the first validation: forward only, about a third of a step
+            rate = clock.seconds_per_step() or 0.0
+            eval_seconds = rate / self.local_batch * len(self.val) / self.world / 3
+        eta = clock.eta(self.total_steps - p.global_step, args.epochs - p.epoch, eval_seconds)
+        return None if eta is None else round(eta, 1)
+
+    def epoch_order(self, epoch: int) -> torch.Tensor:
         """This rank's sample indices for ``epoch``: one global permutation per epoch, sharded."""
         generator = torch.Generator().manual_seed(_mix(self.args.seed, epoch, 0, 0))
         order = torch.randperm(len(self.train), generator=generator)
         order = order[:self.steps_per_epoch * self.args.batch_size]
         return order.view(self.steps_per_epoch, self.args.batch_size)[:, self.rank::self.world].reshape(-1)
 
-    def _step(self, idx: torch.Tensor) -> tuple[float, float]:
+    def step(self, idx: torch.Tensor) -> tuple[float, float]:
+        """One optimizer step on the training images ``idx``: (mean loss, hits) of the global batch."""
         args = self.args
         if FAULT_ENV in os.environ and self.progress.global_step + 1 == int(os.environ[FAULT_ENV]):
             raise RuntimeError(f"injected fault at step {self.progress.global_step + 1} ({FAULT_ENV})")
@@ -492,21 +762,20 @@ class Trainer:
         if self.ema is not None:
             self.ema.update_parameters(self.model)
         correct = (logits.argmax(1) == (targets.argmax(1) if targets.dim() == 2 else targets)).sum()
-        stats = torch.tensor([loss.detach().float().item(), correct.item()], dtype=torch.float64)
+        stats = torch.stack([loss.detach().float(), correct.float()]).double()
         if self.world > 1:  # the mean loss and summed hits of the whole global batch
-            stats = stats.to(self.device)
             dist.all_reduce(stats)
             stats = stats.cpu()
-            stats[0] /= self.world
-            return stats[0].item(), stats[1].item() / self.world
+            return stats[0].item() / self.world, stats[1].item() / self.world
+        stats = stats.cpu()
         return stats[0].item(), stats[1].item()
 
     def lr(self) -> float:
         return self.optimizer.param_groups[0]["lr"]
 
     def _should_stop(self) -> bool:
-        flag = self.stop_signal is not None
-        if self.world > 1:
+        flag = self.stop.requested
+        if self.world > 1:  # every rank stops after the same step, whichever got the signal
             t = torch.tensor([1.0 if flag else 0.0], device=self.device)
             dist.all_reduce(t)
             flag = t.item() > 0
@@ -548,17 +817,19 @@ class Trainer:
         p.best_val_acc = max(p.best_val_acc, val_acc)
         p.epoch += 1
         p.step_in_epoch, p.loss_sum, p.correct, p.seen, p.epoch_seconds = 0, 0.0, 0.0, 0, 0.0
+        p.elapsed = self._elapsed()
         if self.is_main:
             log.info("epoch %d/%d train_loss %.4f train_acc %.4f val_loss %.4f val_acc %.4f "
                      "lr %.2e %.1fs %.0f img/s", row["epoch"], self.args.epochs, row["train_loss"],
                      row["train_acc"], row["val_loss"], row["val_acc"], row["lr"], row["epoch_seconds"],
                      row["images_per_second"])
-            atomic_write_text(self.run_dir / "metrics.jsonl", "".join(json.dumps(m) + "\n" for m in self.metrics))
+            write_metrics(self.run_dir / "metrics.jsonl", self.metrics)
         self._save_last()
         if self.is_main and improved:
             self._save_model(self.run_dir / "best.pt", val_acc)
         if status is not None:
-            status.update(epoch=p.epoch, best_val_acc=p.best_val_acc)
+            status.update(epoch=p.epoch, step=p.global_step, progress=round(p.global_step / self.total_steps, 5),
+                          best_val_acc=p.best_val_acc, elapsed_seconds=round(p.elapsed, 1))
 
     # -- checkpoints ---------------------------------------------------------------------------
 
@@ -633,16 +904,23 @@ def _init_distributed(args: argparse.Namespace) -> tuple[int, int]:
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world <= 1:
         return 0, 1
-    use_cuda = args.device != "cpu" and torch.cuda.is_available()
-    if use_cuda:
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-    dist.init_process_group("nccl" if use_cuda else "gloo")
+    if _rank_device(args).type == "cuda":
+        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        torch.cuda.set_device(local_rank)
+        dist.init_process_group("nccl", device_id=torch.device("cuda", local_rank))
+    else:
+        dist.init_process_group("gloo")
     return dist.get_rank(), dist.get_world_size()
 
 
 def _rank_device(args: argparse.Namespace) -> torch.device:
-    if args.device != "cpu" and torch.cuda.is_available():
-        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+    """Under torchrun: the GPU of this process's local rank, unless the run is on the CPU."""
+    if _device(args.device).type == "cuda":
+        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        if local_rank >= torch.cuda.device_count():
+            raise UsageError(f"local rank {local_rank} has no GPU: this machine has {torch.cuda.device_count()}; "
+                             "start fewer processes per node")
+        return torch.device("cuda", local_rank)
     return torch.device("cpu")
 
 
@@ -654,170 +932,266 @@ def _progress_bar(is_main: bool, total: int, done: int, epoch: int, epochs: int)
     return tqdm(total=total, initial=done, desc=f"epoch {epoch}/{epochs}", leave=False, dynamic_ncols=True)
 
 
+def load_run_data(args: argparse.Namespace, rank: int = 0, world: int = 1) -> Dataset:
+    """The run's dataset. Under several processes rank 0 decodes and caches it first, then the
+    others read that cache instead of all decoding at once."""
+    if world > 1 and rank != 0:
+        dist.barrier()
+    data = load_dataset(args.dataset, args.image_size_resolved, args.channels, data_dir=args.data_dir,
+                        cache_dir=args.cache_dir, val_fraction=args.val_fraction, seed=args.seed)
+    if world > 1 and rank == 0:
+        dist.barrier()
+    return data
+
+
 # ---------------------------------------------------------------------------------------------
 # Entry point
 
 
-def _setup_logging(run_dir: Path | None, is_main: bool) -> None:
-    root = logging.getLogger()
-    root.setLevel(logging.INFO)
-    for handler in list(root.handlers):
-        root.removeHandler(handler)
-    if not is_main:
-        root.setLevel(logging.WARNING)
-    fmt = logging.Formatter("%(asctime)s %(levelname)s %(message)s", "%Y-%m-%d %H:%M:%S")
-    console = logging.StreamHandler(sys.stdout)
-    console.setFormatter(fmt)
-    root.addHandler(console)
-    if run_dir is not None and is_main:
-        file = logging.FileHandler(run_dir / "train.log")
-        file.setFormatter(fmt)
-        root.addHandler(file)
-
-
-def _prepare(args: argparse.Namespace) -> tuple[argparse.Namespace, Path, dict | None]:
+def _prepare(args: argparse.Namespace, argv: list[str]) -> tuple[argparse.Namespace, Path, dict | None]:
     """Resolve a new run's or a resumed run's arguments; nothing is written yet."""
     if args.resume:
-        run_dir = Path(args.resume)
-        config_file = run_dir / "config.json"
-        if not config_file.is_file():
-            raise UsageError(f"{run_dir} is not a run folder (no config.json); give the --out of an earlier run")
-        stored = json.loads(config_file.read_text())["args"]
-        extra_epochs = args.epochs
-        device, threads = args.device, args.threads
-        args = argparse.Namespace(**stored)
-        args.resume, args.device, args.threads = str(run_dir), device, threads or args.threads
-        if extra_epochs is not None:
-            args.epochs = extra_epochs
-        last = run_dir / "last.pt"
-        if not last.is_file():
-            raise UsageError(f"{run_dir} has no last.pt to resume from; start it again with --out")
-        try:
-            payload = read_checkpoint_payload(last)
-        except CheckpointError as e:
-            raise UsageError(str(e)) from None
-        done = payload["training_state"]["progress"]["epoch"] if payload.get("training_state") else 0
-        if done >= args.epochs:
-            raise UsageError(f"{run_dir} has already trained {done} of {args.epochs} epochs; "
-                             f"pass --epochs N with N > {done} to train further")
-        _device(args.device)
-        return args, run_dir, payload
+        return _prepare_resume(args, argv)
     run_dir = Path(args.out)
     try:
-        class_names = check_dataset(args.dataset, args.data_dir)
+        kind, value = parse_dataset(args.dataset)
+        if kind == "folder":
+            _, val_root, class_names = folder_layout(value)
+            if val_root is None and not 0 < args.val_fraction < 1:
+                raise UsageError(f"{value} has no val/ folder, so --val-fraction must be above 0 "
+                                 f"(got {args.val_fraction:g})")
+            num_classes = len(class_names)
+        else:
+            num_classes = _builtin_classes(value)
     except DataError as e:
         raise UsageError(str(e)) from None
-    args.num_classes = len(class_names) if class_names else _builtin_classes(args.dataset)
-    args.channels = PRESETS[args.preset].num_channels
-    config = model_config(args, num_channels=args.channels, num_classes=args.num_classes)
-    args.model = config.to_dict()
-    args.image_size_resolved = config.image_size
+    resolve_model(args, num_classes)
     return args, run_dir, None
+
+
+def _prepare_resume(args: argparse.Namespace, argv: list[str]) -> tuple[argparse.Namespace, Path, dict]:
+    run_dir = Path(args.resume)
+    config_file = run_dir / "config.json"
+    if not config_file.is_file():
+        raise UsageError(f"{run_dir} is not a run folder (no config.json); give the --out of an earlier run")
+    try:
+        stored = dict(json.loads(config_file.read_text())["args"])
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise UsageError(f"{config_file} cannot be read ({type(e).__name__}); the run cannot be resumed") from None
+    missing = [k for k in ("dataset", "preset", "recipe", "num_classes", "channels", "model",
+                           "image_size_resolved") if k not in stored]
+    if missing:
+        raise UsageError(f"{config_file} lacks {', '.join(missing)}; it was not written by this program")
+    _check_not_running(run_dir)
+    # Options added after the run was made take their defaults (or the run's recipe's value).
+    defaults = {a.dest: a.default for a in build_parser()._actions if a.dest != "help"}
+    merged = {**defaults, **RECIPES.get(stored["recipe"], {}), **stored}
+    for name in given_options(argv) & set(RESUME_OPTIONS):
+        merged[name] = getattr(args, name)
+    args = argparse.Namespace(**merged)
+    last = run_dir / "last.pt"
+    if not last.is_file():
+        raise UsageError(f"{run_dir} has no last.pt to resume from (it stopped before its first epoch ended "
+                         f"or save); start it again with --out")
+    try:
+        payload = read_checkpoint_payload(last)
+    except CheckpointError as e:
+        raise UsageError(str(e)) from None
+    state = payload.get("training_state")
+    if not isinstance(state, dict) or "progress" not in state:
+        raise UsageError(f"{last} holds no training state; it cannot be resumed")
+    done = state["progress"].get("epoch", 0)
+    if done >= args.epochs:
+        raise UsageError(f"{run_dir} has already trained {done} of {args.epochs} epochs; pass --epochs N with "
+                         f"N > {done} to train it further")
+    _device(args.device)
+    return args, run_dir, payload
 
 
 def _builtin_classes(name: str) -> int:
     return 100 if name == "cifar100" else 10
 
 
-def main(argv: list[str] | None = None) -> int:
-    try:
-        args = parse_args(argv)
-        args, run_dir, payload = _prepare(args)
-    except UsageError as e:
-        print(f"vit.train: error: {e}", file=sys.stderr)
-        return 2
-    rank = int(os.environ.get("RANK", "0"))
-    is_main = rank == 0
-    if is_main:
+def _setup_logging(is_main: bool) -> tuple[logging.Logger, logging.handlers.MemoryHandler]:
+    """Log lines of the ``vit`` package to stdout, and keep them until train.log exists."""
+    logger = logging.getLogger("vit")
+    _close_logging(logger)
+    logger.setLevel(logging.INFO if is_main else logging.WARNING)
+    logger.propagate = False
+    console = logging.StreamHandler(sys.stdout)
+    console.setFormatter(_LOG_FORMAT)
+    buffer = logging.handlers.MemoryHandler(capacity=1_000_000, flushLevel=logging.CRITICAL + 1)
+    logger.addHandler(console)
+    logger.addHandler(buffer)
+    return logger, buffer
+
+
+_LOG_FORMAT = logging.Formatter("%(asctime)s %(levelname)s %(message)s", "%Y-%m-%d %H:%M:%S")
+
+
+def _close_logging(logger: logging.Logger) -> None:
+    for handler in list(logger.handlers):
+        logger.removeHandler(handler)
+        handler.close()
+
+
+def _open_run(args: argparse.Namespace, argv: list[str], run_dir: Path, trainer: Trainer, resumed: bool,
+              logger: logging.Logger, buffer: logging.handlers.MemoryHandler) -> Status:
+    """Create (or reopen) the run folder once everything is ready: train.log with the setup's
+    log lines, config.json, metrics.jsonl and a running status.json with its heartbeat."""
+    created = False
+    if not resumed:
+        _check_out(run_dir)
+        created = not run_dir.exists()
         run_dir.mkdir(parents=True, exist_ok=True)
-    _setup_logging(run_dir if is_main else None, is_main)
-
-    status: Status | None = None
-    trainer: Trainer | None = None
-
-    def request_stop(signum, frame):
-        if trainer is not None:
-            trainer.stop_signal = signum
+    written: list[Path] = []
+    try:
+        file = logging.FileHandler(run_dir / "train.log")
+        written.append(run_dir / "train.log")
+        file.setFormatter(_LOG_FORMAT)
+        buffer.setTarget(file)
+        buffer.flush()
+        logger.removeHandler(buffer)
+        logger.addHandler(file)
+        p = trainer.progress
+        if resumed:
+            _record_resume(run_dir / "config.json", args, argv, trainer)
+            write_metrics(run_dir / "metrics.jsonl", trainer.metrics)
         else:
-            raise KeyboardInterrupt
+            written.append(run_dir / "config.json")
+            write_json(run_dir / "config.json", _config_record(args, argv, trainer))
+        written.append(run_dir / "status.json")
+        status = Status(run_dir / "status.json", {
+            "state": "running", "epoch": p.epoch, "step": p.global_step, "total_epochs": args.epochs,
+            "total_steps": trainer.total_steps, "progress": round(p.global_step / trainer.total_steps, 5),
+            "pid": os.getpid(), "host": socket.gethostname(), "start_time": now_iso(), "eta_seconds": None,
+            "elapsed_seconds": round(p.elapsed, 1), "best_val_acc": p.best_val_acc if p.best_val_acc >= 0 else None,
+            "device": str(trainer.device), "world_size": trainer.world, "error": None})
+        status.start()
+    except BaseException:
+        if not resumed:  # leave no half-made run behind
+            _close_logging(logger)
+            for path in written:
+                path.unlink(missing_ok=True)
+            if created:
+                run_dir.rmdir()
+        raise
+    log.info("%s run %s: %s, %d parameters, %d train / %d val images, %d classes, %d steps on %s",
+             "resuming" if resumed else "starting", run_dir, args.preset, count_parameters(trainer.model),
+             len(trainer.data.train), len(trainer.data.val), len(trainer.data.class_names), trainer.total_steps,
+             _hardware(trainer.device, trainer.world))
+    if resumed:
+        log.info("continuing at epoch %d step %d of %d epochs", p.epoch + 1, p.step_in_epoch, args.epochs)
+    return status
 
-    signal.signal(signal.SIGTERM, request_stop)
-    signal.signal(signal.SIGINT, request_stop)
+
+def _config_record(args: argparse.Namespace, argv: list[str], trainer: Trainer) -> dict:
+    data = trainer.data
+    return {"args": vars(args), "model": trainer.config.to_dict(), "parameters": count_parameters(trainer.model),
+            "dataset": {"name": args.dataset, "class_names": data.class_names, "train_size": len(data.train),
+                        "val_size": len(data.val), "mean": list(data.mean), "std": list(data.std),
+                        "from_cache": data.from_cache},
+            "world_size": trainer.world, "device": str(trainer.device), "created": now_iso(),
+            "command": [sys.executable, "-m", "vit.train", *argv]}
+
+
+def _record_resume(config_file: Path, args: argparse.Namespace, argv: list[str], trainer: Trainer) -> None:
+    """config.json keeps the run's arguments current (the new --epochs) and lists every resume."""
+    record = json.loads(config_file.read_text())
+    record["args"].update({name: getattr(args, name) for name in RESUME_OPTIONS})
+    record.setdefault("resumes", []).append({
+        "time": now_iso(), "command": [sys.executable, "-m", "vit.train", *argv],
+        "from_epoch": trainer.progress.epoch, "from_step": trainer.progress.global_step,
+        "world_size": trainer.world, "device": str(trainer.device)})
+    write_json(config_file, record)
+
+
+def _one_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return f"{type(error).__name__}: {text.splitlines()[0]}" if text else type(error).__name__
+
+
+def _usage_error(error: Exception) -> int:
+    print(f"vit.train: error: {error}", file=sys.stderr)
+    return 2
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The command line; returns the exit status (see ``--help``)."""
+    argv = [str(a) for a in (sys.argv[1:] if argv is None else argv)]
+    is_main = int(os.environ.get("RANK", "0")) == 0
+    try:
+        args = parse_args(argv, check_out=is_main)
+        args, run_dir, payload = _prepare(args, argv)
+    except UsageError as e:
+        return _usage_error(e)
+    resumed = payload is not None
+    logger, buffer = _setup_logging(is_main)
+    stop = StopRequest()
+    previous_handlers = {}
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            previous_handlers[sig] = signal.signal(sig, stop)
+    status: Status | None = None
     try:
         try:
-            trainer = Trainer(args, run_dir, payload)
-        except (UsageError, DataError) as e:
-            # Found only once the data is loaded: still before training, so no run is left behind.
-            if is_main and payload is None:
-                _remove_empty_run(run_dir)
-            print(f"vit.train: error: {e}", file=sys.stderr)
-            return 2
-        if is_main:
-            if payload is None:
-                write_json(run_dir / "config.json", _config_record(args, trainer))
-            else:
-                atomic_write_text(run_dir / "metrics.jsonl",
-                                  "".join(json.dumps(m) + "\n" for m in trainer.metrics))
-            p = trainer.progress
-            status = Status(run_dir / "status.json", {
-                "state": "running", "epoch": p.epoch, "step": p.global_step, "total_epochs": args.epochs,
-                "total_steps": trainer.total_steps, "progress": round(p.global_step / trainer.total_steps, 5),
-                "pid": os.getpid(), "host": socket.gethostname(), "start_time": now_iso(),
-                "eta_seconds": None, "best_val_acc": p.best_val_acc if p.best_val_acc >= 0 else None,
-                "device": str(trainer.device), "world_size": trainer.world, "error": None})
-            status.start()
-            log.info("%s run %s: %s, %d parameters, %d train / %d val images, %d steps on %s",
-                     "resuming" if payload else "starting", run_dir, args.preset,
-                     count_parameters(trainer.model), len(trainer.data.train), len(trainer.data.val),
-                     trainer.total_steps, _hardware(trainer.device, trainer.world))
-        state = trainer.fit(status)
+            rank, world = _init_distributed(args)
+            device = _device(args.device) if world == 1 else _rank_device(args)
+            if args.threads:
+                torch.set_num_threads(args.threads)
+            data = load_run_data(args, rank, world)
+            trainer = Trainer(args, data, run_dir, payload, rank, world, device, stop)
+            stop.armed = True
+            if is_main:
+                status = _open_run(args, argv, run_dir, trainer, resumed, logger, buffer)
+        except (UsageError, DataError, CheckpointError) as e:
+            return _usage_error(e)
+        except KeyboardInterrupt:
+            signum = stop.signum or signal.SIGINT
+            print(f"vit.train: stopped by {signal.Signals(signum).name} before training started; "
+                  f"{'the run is unchanged' if resumed else 'nothing was written'}", file=sys.stderr)
+            return 128 + signum
+        except Exception as e:
+            if resumed and is_main:
+                _append_traceback(run_dir)
+            print(f"vit.train: failed before training started: {_one_line(e)}", file=sys.stderr)
+            return 1
+        try:
+            state = trainer.fit(status)
+        except Exception as e:
+            message = _one_line(e)
+            if is_main:
+                log.error("training failed: %s", message)
+                _append_traceback(run_dir)
+                status.close()
+                status.update(state="failed", error=message, eta_seconds=None)
+            print(f"vit.train: failed: {message} (details in {run_dir / 'train.log'})", file=sys.stderr)
+            return 1
         if status is not None:
             status.close()
             p = trainer.progress
             status.update(state=state, eta_seconds=0 if state == "completed" else None, epoch=p.epoch,
                           step=p.global_step, progress=round(p.global_step / trainer.total_steps, 5),
-                          best_val_acc=p.best_val_acc)
-            log.info("run %s %s after %d epochs; best val_acc %.4f", run_dir, state, trainer.progress.epoch,
-                     trainer.progress.best_val_acc)
+                          elapsed_seconds=round(p.elapsed, 1),
+                          best_val_acc=p.best_val_acc if p.best_val_acc >= 0 else None)
+            how = f"by {signal.Signals(stop.signum).name}" if state == "cancelled" else ""
+            log.info("run %s %s%s after %d epochs (step %d); best val_acc %s", run_dir, state,
+                     f" {how}" if how else "", p.epoch, p.global_step,
+                     f"{p.best_val_acc:.4f}" if p.best_val_acc >= 0 else "none yet")
         return 0
-    except KeyboardInterrupt:
-        print("vit.train: interrupted before training started", file=sys.stderr)
-        return 130
-    except Exception as e:
-        message = f"{type(e).__name__}: {e}".splitlines()[0]
-        log.debug("%s", traceback.format_exc())
-        if is_main:
-            with open(run_dir / "train.log", "a") as f:
-                f.write(traceback.format_exc())
+    finally:
         if status is not None:
             status.close()
-            status.update(state="failed", error=message, eta_seconds=None)
-        elif is_main and (run_dir / "config.json").exists():
-            write_json(run_dir / "status.json", {"state": "failed", "error": message, "pid": os.getpid(),
-                                                 "updated_time": now_iso()})
-        print(f"vit.train: failed: {message} (details in {run_dir / 'train.log'})", file=sys.stderr)
-        return 1
-    finally:
+        for sig, handler in previous_handlers.items():
+            signal.signal(sig, handler)
+        _close_logging(logger)
         if dist.is_available() and dist.is_initialized():
             dist.destroy_process_group()
 
 
-def _remove_empty_run(run_dir: Path) -> None:
-    for name in ("train.log",):
-        (run_dir / name).unlink(missing_ok=True)
-    try:
-        run_dir.rmdir()
-    except OSError:
-        pass
-
-
-def _config_record(args: argparse.Namespace, trainer: Trainer) -> dict:
-    data = trainer.data
-    return {"args": vars(args), "model": trainer.config.to_dict(), "parameters": count_parameters(trainer.model),
-            "dataset": {"name": args.dataset, "class_names": data.class_names, "train_size": len(data.train),
-                        "val_size": len(data.val), "mean": list(data.mean), "std": list(data.std)},
-            "world_size": trainer.world, "device": str(trainer.device), "created": now_iso(),
-            "command": [sys.executable, "-m", "vit.train", *sys.argv[1:]]}
+def _append_traceback(run_dir: Path) -> None:
+    with open(run_dir / "train.log", "a") as f:
+        f.write(traceback.format_exc())
 
 
 if __name__ == "__main__":
