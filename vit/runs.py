@@ -69,7 +69,10 @@ def default_runs_dir() -> Path:
 
 
 def default_data_dir() -> Path:
-    """Where built-in datasets and decoded caches live: the repository's data/ folder."""
+    """Where built-in datasets and decoded caches live: $VIT_DATA_DIR when set, else the repository's data/."""
+    env = os.environ.get("VIT_DATA_DIR")
+    if env:
+        return Path(env).expanduser()
     return ROOT / "data"
 
 
@@ -577,6 +580,32 @@ class RunInfo:
     @property
     def active(self) -> bool:
         return self.state in ACTIVE_STATES
+
+    @property
+    def can_resume(self) -> bool:
+        """From last.pt, or from scratch for a launched run that ended before saving one."""
+        return not self.active and self.state != "completed" and (self.resumable or self.managed)
+
+    @property
+    def can_open(self) -> bool:
+        return self.best_checkpoint.is_file()
+
+
+def dataset_spec(choice: str, folder: str) -> str:
+    """The --dataset value of the form's dataset choice: a built-in name, or folder:PATH."""
+    return f"folder:{folder.strip()}" if choice == "folder" else choice
+
+
+def launch_notice(info: RunInfo, gpu_count: int) -> str:
+    """What the page says after a launch: where it runs, or what it waits for."""
+    where = device_label(info.devices)
+    if info.devices == ("cpu",):
+        where = "the CPU" + (" (no CUDA GPU on this machine)" if gpu_count == 0 else "")
+    if info.state == "queued":
+        return f"Queued {info.name} for {where}: {info.detail}. It starts when the device is free."
+    if info.state == "running":
+        return f"Started {info.name} on {where}."
+    return f"{info.name} is {info.state}: {info.detail}"
 
 
 def device_label(devices: tuple[str, ...]) -> str:

@@ -1,0 +1,94 @@
+"""The training page through Streamlit's AppTest, on a runs folder of its own.
+
+A launch starts a real (niced, tiny) training process; the tests stop it again rather than
+wait for it, so they stay fast.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+from streamlit.testing.v1 import AppTest
+from test_runs import make_image_folder
+
+from vit.runs import RunManager
+
+PAGE = str(Path(__file__).resolve().parent.parent / "pages" / "training.py")
+TIMEOUT = 300  # the first run imports torch; on two busy cores that takes a while
+
+
+@pytest.fixture
+def folders(tmp_path, monkeypatch):
+    monkeypatch.setenv("VIT_RUNS_DIR", str(tmp_path / "runs"))
+    monkeypatch.setenv("VIT_DATA_DIR", str(tmp_path / "data"))
+    return make_image_folder(tmp_path / "images"), tmp_path / "runs"
+
+
+def fill_tiny_run(at: AppTest, images, name: str) -> None:
+    at.selectbox(key="train_dataset").set_value("folder")
+    at.text_input(key="train_folder").set_value(str(images))
+    for field, value in dict(image_size=16, patch_size=4, hidden_size=16, num_layers=1, num_heads=2,
+                             mlp_size=32, epochs=1, batch_size=4).items():
+        at.number_input(key=f"train_{field}").set_value(value)
+    at.number_input(key="train_warmup_epochs").set_value(0.0)
+    at.text_input(key="train_name").set_value(name)
+
+
+def submit(at: AppTest) -> AppTest:
+    at.button(key="train_submit").click()
+    return at.run(timeout=TIMEOUT)
+
+
+def errors(at: AppTest) -> list[str]:
+    return [e.value for e in at.error]
+
+
+def test_the_page_opens_with_an_empty_runs_folder(folders):
+    at = AppTest.from_file(PAGE).run(timeout=TIMEOUT)
+    assert not at.exception
+    assert any("No runs yet" in i.value for i in at.info)
+
+
+def test_bad_fields_show_their_own_errors_and_launch_nothing(folders):
+    images, runs_dir = folders
+    at = AppTest.from_file(PAGE).run(timeout=TIMEOUT)
+    fill_tiny_run(at, images, "bad run!")
+    at.text_input(key="train_folder").set_value(str(images / "missing"))
+    at.number_input(key="train_epochs").set_value(0)
+    at.number_input(key="train_lr").set_value(-1.0)
+    at = submit(at)
+    shown = errors(at)
+    assert any("does not exist" in e for e in shown)  # dataset
+    assert any("positive integer" in e for e in shown)  # epochs
+    assert any("positive number" in e for e in shown)  # learning rate
+    assert any("letters, digits" in e for e in shown)  # name
+    assert any("not launched" in e for e in shown)
+    assert RunManager(runs_dir).names() == []
+
+
+def test_launch_creates_a_run_the_table_shows_and_stop_cancels_it(folders):
+    images, runs_dir = folders
+    at = AppTest.from_file(PAGE).run(timeout=TIMEOUT)
+    fill_tiny_run(at, images, "from-the-page")
+    at = submit(at)
+    assert not at.exception
+    assert errors(at) == [], errors(at)
+    notice = at.success[0].value
+    assert notice.startswith("Started from-the-page on ") and ("CPU" in notice or "GPU" in notice)
+    table = at.dataframe[0].value
+    assert list(table["Name"]) == ["from-the-page"]
+    assert table["State"][0] == "running"
+    assert at.multiselect(key="selected_runs").value == ["from-the-page"]
+
+    at.button(key="stop-from-the-page").click()
+    at = at.run(timeout=TIMEOUT)
+    assert not at.exception
+    manager = RunManager(runs_dir)
+    deadline = time.time() + TIMEOUT
+    while manager.get("from-the-page").state == "running" and time.time() < deadline:
+        time.sleep(0.5)
+    assert manager.get("from-the-page").state == "cancelled"
+    at = at.run(timeout=TIMEOUT)
+    assert at.dataframe[0].value["State"][0] == "cancelled"
