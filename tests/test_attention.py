@@ -257,8 +257,8 @@ def test_class_gradients_per_image_classes_equal_one_image_at_a_time(tiny_vit):
 
 def test_class_gradients_work_under_inference_mode_and_with_frozen_weights(tiny_vit):
     tiny_vit.requires_grad_(False)
-    images = torch.randn(1, 3, 8, 8)
     with torch.inference_mode():
+        images = torch.randn(1, 3, 8, 8)  # an inference tensor, as the app's preprocessing may make
         _, _, gradients = class_gradients(tiny_vit, images, 0)
     assert all(g.abs().sum() > 0 for g in gradients)
     assert all(p.grad is None for p in tiny_vit.parameters())
