@@ -1,0 +1,257 @@
+"""The predict and evaluate CLIs: JSON on stdout, one line per problem on stderr, no tracebacks.
+
+A few tests run the real ``python -m ...`` in a subprocess (marked slow: each starts Python
+and torch); the rest call ``main(argv)`` in-process.
+"""
+
+import io
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from vit import evaluate as evaluate_cli
+from vit import predict as predict_cli
+from vit.checkpoint import save_checkpoint
+from vit.model import ViT, ViTConfig
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+CONFIG = ViTConfig(image_size=16, patch_size=4, hidden_size=16, num_layers=2, num_heads=2, mlp_size=32,
+                   num_classes=3)
+CLASSES = ["cat", "dog", "ship"]
+TOKENS = 1 + 4 * 4
+
+
+def run_cli(module: str, *args) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    return subprocess.run([sys.executable, "-m", module, *map(str, args)], cwd=REPO_ROOT, env=env,
+                          capture_output=True, text=True, timeout=600)
+
+
+def random_image(path: Path, size: tuple[int, int], seed: int = 0) -> Path:
+    rng = np.random.default_rng(seed)
+    Image.fromarray(rng.integers(0, 256, (size[1], size[0], 3), dtype=np.uint8), "RGB").save(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("cli")
+    torch.manual_seed(0)
+    model = ViT(CONFIG).eval()
+    save_checkpoint(root / "model.pt", model, CLASSES)
+    always_cat = ViT(CONFIG).eval()
+    with torch.no_grad():  # a head that ignores the image and always answers "cat"
+        always_cat.head.weight.zero_()
+        always_cat.head.bias.copy_(torch.tensor([10.0, 0.0, 0.0]))
+    save_checkpoint(root / "cat.pt", always_cat, CLASSES)
+    bad = root / "broken.png"
+    bad.write_text("this is not a picture")
+    data = root / "data"
+    for name, count in (("cat", 2), ("dog", 1)):
+        (data / name).mkdir(parents=True)
+        for i in range(count):
+            random_image(data / name / f"{i}.png", (20 + i, 12), seed=i)
+    return {"checkpoint": root / "model.pt", "always_cat": root / "cat.pt", "bad": bad, "data": data,
+            "wide": random_image(root / "wide.png", (48, 20), seed=1),
+            "tall": random_image(root / "tall.jpg", (13, 31), seed=2)}
+
+
+def one_line(stderr: str) -> str:
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1, f"expected one line on stderr, got: {stderr!r}"
+    assert "Traceback" not in stderr
+    return lines[0]
+
+
+# ---------------------------------------------------------------------------------------------
+# predict, as a real command
+
+
+@pytest.mark.slow
+def test_predict_prints_a_json_list_of_top_k_labels_and_saves_maps(files, tmp_path):
+    maps = tmp_path / "maps"
+    done = run_cli("vit.predict", files["checkpoint"], files["wide"], files["tall"], "--top-k", 2,
+                   "--save-maps", maps)
+    assert done.returncode == 0, done.stderr
+    assert done.stderr == ""
+    records = json.loads(done.stdout)
+    assert [r["image"] for r in records] == [str(files["wide"]), str(files["tall"])]
+    for record in records:
+        assert len(record["predictions"]) == 2
+        assert set(record["predictions"][0]) == {"label", "probability"}
+        assert all(p["label"] in CLASSES and 0 <= p["probability"] <= 1 for p in record["predictions"])
+        assert record["predictions"][0]["probability"] >= record["predictions"][1]["probability"]
+
+    for stem, source in (("wide", files["wide"]), ("tall", files["tall"])):
+        with np.load(maps / f"{stem}.npz", allow_pickle=False) as npz:
+            assert sorted(npz.files) == ["class_names", "layer_0", "layer_1", "logits", "probabilities"]
+            assert npz["layer_0"].shape == npz["layer_1"].shape == (2, TOKENS, TOKENS)
+            assert npz["probabilities"].shape == (3,)
+            assert npz["class_names"].tolist() == CLASSES
+        for kind in ("cls", "rollout"):
+            with Image.open(maps / f"{stem}_{kind}.png") as png:
+                assert png.size == Image.open(source).size
+        assert records[0 if stem == "wide" else 1]["maps"]["npz"] == str(maps / f"{stem}.npz")
+
+
+@pytest.mark.slow
+def test_predict_names_a_bad_image_on_one_line_and_still_classifies_the_rest(files):
+    done = run_cli("vit.predict", files["checkpoint"], files["bad"], files["wide"])
+    assert done.returncode == 1
+    line = one_line(done.stderr)
+    assert str(files["bad"]) in line and "not an image" in line
+    assert [r["image"] for r in json.loads(done.stdout)] == [str(files["wide"])]
+
+
+@pytest.mark.slow
+def test_predict_with_a_missing_checkpoint_exits_2_with_one_line(files, tmp_path):
+    done = run_cli("vit.predict", tmp_path / "nope.pt", files["wide"])
+    assert done.returncode == 2
+    assert "checkpoint not found" in one_line(done.stderr)
+    assert done.stdout == ""
+
+
+# ---------------------------------------------------------------------------------------------
+# predict, in-process
+
+
+def test_predict_top_k_is_clamped_to_the_number_of_classes(files, capsys):
+    assert predict_cli.main([str(files["checkpoint"]), str(files["wide"]), "--top-k", "10"]) == 0
+    [record] = json.loads(capsys.readouterr().out)
+    assert sorted(p["label"] for p in record["predictions"]) == sorted(CLASSES)
+    assert sum(p["probability"] for p in record["predictions"]) == pytest.approx(1.0, abs=1e-5)
+
+
+@pytest.mark.parametrize("value", ["0", "-3", "two", "1.5"])
+def test_predict_refuses_an_invalid_top_k(files, capsys, value):
+    assert predict_cli.main([str(files["checkpoint"]), str(files["wide"]), "--top-k", value]) == 2
+    captured = capsys.readouterr()
+    assert "--top-k" in one_line(captured.err)
+    assert captured.out == ""
+
+
+def test_predict_with_a_corrupt_checkpoint_exits_2(files, tmp_path, capsys):
+    corrupt = tmp_path / "corrupt.pt"
+    corrupt.write_bytes(files["checkpoint"].read_bytes()[:500])
+    assert predict_cli.main([str(corrupt), str(files["wide"])]) == 2
+    assert "truncated or corrupt" in one_line(capsys.readouterr().err)
+
+
+def test_predict_without_images_is_a_usage_error(files, capsys):
+    assert predict_cli.main([str(files["checkpoint"])]) == 2
+    assert "IMAGE" in one_line(capsys.readouterr().err)
+
+
+def test_predict_does_not_create_the_maps_folder_for_a_missing_checkpoint(files, tmp_path, capsys):
+    assert predict_cli.main([str(tmp_path / "nope.pt"), str(files["wide"]), "--save-maps", str(tmp_path / "m")]) == 2
+    assert not (tmp_path / "m").exists()
+
+
+def test_predict_numbers_maps_of_images_with_the_same_name(files, tmp_path, capsys):
+    other = tmp_path / "wide.jpg"
+    random_image(other, (16, 16))
+    maps = tmp_path / "maps"
+    assert predict_cli.main([str(files["checkpoint"]), str(files["wide"]), str(other), "--save-maps", str(maps)]) == 0
+    records = json.loads(capsys.readouterr().out)
+    assert [Path(r["maps"]["npz"]).name for r in records] == ["wide.npz", "wide-1.npz"]
+    assert sorted(p.name for p in maps.iterdir()) == ["wide-1.npz", "wide-1_cls.png", "wide-1_rollout.png",
+                                                      "wide.npz", "wide_cls.png", "wide_rollout.png"]
+
+
+def test_saved_maps_hold_the_same_attention_as_the_model(files, tmp_path, capsys):
+    maps = tmp_path / "maps"
+    assert predict_cli.main([str(files["checkpoint"]), str(files["wide"]), "--save-maps", str(maps)]) == 0
+    from vit.checkpoint import load_checkpoint
+    from vit.inference import predict
+
+    checkpoint = load_checkpoint(files["checkpoint"])
+    [prediction] = predict(checkpoint, [Image.open(files["wide"])])
+    with np.load(maps / "wide.npz") as npz:
+        for i, layer in enumerate(prediction.attentions):
+            np.testing.assert_allclose(npz[f"layer_{i}"], layer, atol=1e-6)
+        np.testing.assert_allclose(npz["probabilities"], prediction.probabilities, atol=1e-6)
+
+
+# ---------------------------------------------------------------------------------------------
+# evaluate
+
+
+@pytest.mark.slow
+def test_evaluate_prints_accuracy_and_count(files):
+    done = run_cli("vit.evaluate", files["checkpoint"], "--data", files["data"], "--batch-size", 2)
+    assert done.returncode == 0, done.stderr
+    assert done.stderr == "", "no progress bar when stderr is not a terminal"
+    result = json.loads(done.stdout)
+    assert 0.0 <= result["accuracy"] <= 1.0
+    assert result["count"] == 3
+    assert {name: v["count"] for name, v in result["per_class"].items()} == {"cat": 2, "dog": 1}
+    assert result["checkpoint"] == str(files["checkpoint"])
+
+
+@pytest.mark.slow
+def test_evaluate_refuses_an_unknown_class_folder_with_one_line(files, tmp_path):
+    (tmp_path / "cat").mkdir()
+    (tmp_path / "zebra").mkdir()
+    random_image(tmp_path / "zebra" / "z.png", (16, 16))
+    done = run_cli("vit.evaluate", files["checkpoint"], "--data", tmp_path)
+    assert done.returncode == 2
+    line = one_line(done.stderr)
+    assert "zebra" in line and "cat, dog, ship" in line
+    assert done.stdout == ""
+
+
+def test_evaluate_counts_right_answers_per_class(files, capsys):
+    # "always cat" is right on both cat images and wrong on the dog: 2/3 overall.
+    assert evaluate_cli.main([str(files["always_cat"]), "--data", str(files["data"])]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["accuracy"] == pytest.approx(2 / 3)
+    assert result["count"] == 3 and result["skipped"] == 0
+    assert result["per_class"] == {"cat": {"accuracy": 1.0, "count": 2}, "dog": {"accuracy": 0.0, "count": 1}}
+
+
+def test_evaluate_skips_unreadable_images_naming_them(files, tmp_path, capsys):
+    for name in ("cat", "dog"):
+        (tmp_path / name).mkdir()
+    random_image(tmp_path / "cat" / "ok.png", (16, 16))
+    (tmp_path / "dog" / "broken.jpg").write_bytes(b"\xff\xd8\xff garbage")
+    assert evaluate_cli.main([str(files["always_cat"]), "--data", str(tmp_path)]) == 1
+    captured = capsys.readouterr()
+    assert "broken.jpg" in one_line(captured.err)
+    result = json.loads(captured.out)
+    assert result["count"] == 1 and result["skipped"] == 1 and result["accuracy"] == 1.0
+
+
+def test_evaluate_names_the_split_folder_when_given_a_dataset_root(files, tmp_path, capsys):
+    for split in ("train", "val"):
+        (tmp_path / split / "cat").mkdir(parents=True)
+    assert evaluate_cli.main([str(files["checkpoint"]), "--data", str(tmp_path)]) == 2
+    assert str(tmp_path / "val") in one_line(capsys.readouterr().err)
+
+
+def test_evaluate_without_images_is_an_error(files, tmp_path, capsys):
+    (tmp_path / "cat").mkdir()
+    assert evaluate_cli.main([str(files["checkpoint"]), "--data", str(tmp_path)]) == 2
+    assert "no images" in one_line(capsys.readouterr().err)
+
+
+def test_evaluate_with_a_missing_data_folder_is_an_error(files, tmp_path, capsys):
+    assert evaluate_cli.main([str(files["checkpoint"]), "--data", str(tmp_path / "nope")]) == 2
+    assert "is not a folder" in one_line(capsys.readouterr().err)
+
+
+def test_evaluate_draws_a_progress_bar_on_a_terminal(files, monkeypatch, capsys):
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    terminal = Terminal()
+    monkeypatch.setattr(sys, "stderr", terminal)
+    assert evaluate_cli.main([str(files["always_cat"]), "--data", str(files["data"])]) == 0
+    assert "3/3" in terminal.getvalue()

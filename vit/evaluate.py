@@ -1,0 +1,123 @@
+"""Accuracy of a checkpoint on an image folder: ``python -m vit.evaluate CHECKPOINT --data DIR``.
+
+``DIR`` holds one subfolder per class, named as the checkpoint names its classes (images may
+sit in nested folders below it); classes the folder lacks are simply not counted. Prints
+JSON: ``{"accuracy": 0-1, "count": N, "per_class": {name: {"accuracy", "count"}},
+"skipped": N, "checkpoint": PATH, "data": DIR}``. A progress bar is drawn when stderr is a
+terminal. Exit status: 0; 1 when some images could not be read (each is named on stderr,
+the JSON covers the rest); 2 for invalid arguments, a missing or damaged checkpoint, an
+unknown class folder or a folder without images.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from vit.checkpoint import Checkpoint
+from vit.data import IMAGE_EXTENSIONS, list_class_folders
+from vit.inference import predict_files
+from vit.predict import OneLineParser, UsageError, one_line, open_checkpoint, positive_int, resolve_device
+
+PROG = "vit.evaluate"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    summary, details = __doc__.split("\n\n", 1)
+    p = OneLineParser(prog=f"python -m {PROG}", description=summary, epilog=details,
+                      formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("checkpoint", help="a .pt checkpoint written by vit.train")
+    p.add_argument("--data", required=True, metavar="DIR", help="a folder with one subfolder of images per class")
+    p.add_argument("--batch-size", type=positive_int, default=64, help="images per forward pass (default 64)")
+    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
+                   help="where the model runs (default auto: a GPU when there is one)")
+    return p
+
+
+def labelled_files(root: Path, class_names: list[str]) -> list[tuple[Path, int]]:
+    """``(image file, class index)`` for every image under ``root/<class>/``, sorted.
+
+    Raises UsageError for a missing folder, a class folder the checkpoint does not know, or
+    no images at all.
+    """
+    if not root.is_dir():
+        raise UsageError(f"--data {root} is not a folder; give a folder with one subfolder per class")
+    folders = list_class_folders(root)
+    unknown = [name for name in folders if name not in class_names]
+    if unknown:
+        split = set(unknown) & {"train", "val", "test"}
+        hint = f"; pass one split's folder, e.g. {root / sorted(split)[-1]}" if split else ""
+        known = ", ".join(class_names[:20]) + (", ..." if len(class_names) > 20 else "")
+        raise UsageError(f"{root} has class folder(s) the checkpoint does not know: {', '.join(unknown)} "
+                         f"(its classes: {known}){hint}")
+    files = [(path, class_names.index(name)) for name in folders
+             for path in sorted((root / name).rglob("*")) if path.suffix.lower() in IMAGE_EXTENSIONS and path.is_file()]
+    if not files:
+        raise UsageError(f"no images in {root}; lay it out as {root}/<class>/<image>")
+    return files
+
+
+def evaluate(checkpoint: Checkpoint, files: list[tuple[Path, int]], batch_size: int = 64,
+             progress: bool = False) -> tuple[dict, list[str]]:
+    """Accuracy overall and per class of ``(file, class index)`` pairs; also the unreadable files' errors."""
+    names = checkpoint.class_names
+    correct, count = [0] * len(names), [0] * len(names)
+    errors: list[str] = []
+    bar = None
+    if progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=len(files), unit="img", desc="evaluating", file=sys.stderr, dynamic_ncols=True)
+    results = predict_files(checkpoint, [path for path, _ in files], top_k=1, output_attentions=False,
+                            batch_size=batch_size)
+    for (_, label), result in zip(files, results, strict=True):
+        if result.prediction is None:
+            errors.append(result.error)
+        else:
+            count[label] += 1
+            correct[label] += int(result.prediction.class_index == label)
+        if bar is not None:
+            bar.update(1)
+    if bar is not None:
+        bar.close()
+    total = sum(count)
+    summary = {
+        "accuracy": sum(correct) / total if total else None,
+        "count": total,
+        "per_class": {names[c]: {"accuracy": correct[c] / count[c], "count": count[c]}
+                      for c in range(len(names)) if count[c]},
+        "skipped": len(errors),
+    }
+    return summary, errors
+
+
+def run(args: argparse.Namespace) -> int:
+    checkpoint = open_checkpoint(args.checkpoint, resolve_device(args.device))
+    files = labelled_files(Path(args.data), checkpoint.class_names)
+    summary, errors = evaluate(checkpoint, files, args.batch_size, progress=sys.stderr.isatty())
+    for error in errors:
+        print(f"{PROG}: skipped: {error}", file=sys.stderr)
+    if summary["count"] == 0:
+        raise UsageError(f"none of the {len(files)} images in {args.data} could be read")
+    print(json.dumps({**summary, "checkpoint": str(args.checkpoint), "data": str(args.data)}, indent=2))
+    return 1 if errors else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        return run(build_parser().parse_args(argv))
+    except UsageError as e:
+        print(f"{PROG}: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"{PROG}: interrupted", file=sys.stderr)
+        return 130
+    except Exception as e:  # a CLI shows one line, never a traceback
+        print(f"{PROG}: failed: {one_line(e)}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,161 @@
+"""Classify images with a checkpoint: ``python -m vit.predict CHECKPOINT IMAGE [IMAGE ...]``.
+
+Prints a JSON list with one object per readable image: ``{"image": PATH, "predictions":
+[{"label": ..., "probability": ...}, ...]}``, most probable first. With ``--save-maps DIR``
+each image also gets, named after its file (``photo.jpg`` -> ``photo``; a second
+``photo.png`` -> ``photo-1``), and listed under ``"maps"`` in its object:
+
+  DIR/<stem>.npz          raw attentions ``layer_0`` .. ``layer_{L-1}``, each (heads, T, T),
+                          with ``probabilities``, ``logits`` and ``class_names``
+  DIR/<stem>_cls.png      the last layer's CLS attention averaged over heads, over the image
+  DIR/<stem>_rollout.png  attention rollout over all layers (mean over heads), over the image
+
+Both overlays are at the image's own resolution. Exit status: 0 when every image was
+classified; 1 when some could not be read (each is named on stderr, one line, and the
+others are still classified); 2 for a missing or damaged checkpoint or invalid arguments.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from vit.attention import fuse_heads, rollout, token_map
+from vit.checkpoint import Checkpoint, CheckpointError, load_checkpoint
+from vit.inference import FileResult, predict_files
+from vit.overlay import attentions_npz_bytes, overlay
+
+PROG = "vit.predict"
+
+
+class UsageError(ValueError):
+    """Invalid arguments or an unusable checkpoint: one line on stderr, exit status 2."""
+
+
+class OneLineParser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # argparse prints usage + error over several lines; we want one
+        raise UsageError(message)
+
+
+def positive_int(text: str) -> int:
+    """argparse type: a whole number of at least 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number of at least 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number of at least 1, got {text!r}")
+    return value
+
+
+def resolve_device(spec: str) -> torch.device:
+    """``auto`` (a GPU when there is one), ``cpu`` or ``cuda``; UsageError for a GPU that is not there."""
+    if spec == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if spec == "cuda" and not torch.cuda.is_available():
+        raise UsageError("--device cuda was asked for but no CUDA GPU is available; use --device cpu")
+    return torch.device(spec)
+
+
+def open_checkpoint(path: str, device: torch.device) -> Checkpoint:
+    try:
+        return load_checkpoint(path, map_location=device)
+    except CheckpointError as e:
+        raise UsageError(str(e)) from None
+
+
+def build_parser() -> argparse.ArgumentParser:
+    summary, details = __doc__.split("\n\n", 1)
+    p = OneLineParser(prog=f"python -m {PROG}", description=summary, epilog=details,
+                      formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("checkpoint", help="a .pt checkpoint written by vit.train")
+    p.add_argument("images", nargs="+", metavar="IMAGE", help="image files (jpg, png, webp, bmp, gif, tiff)")
+    p.add_argument("--top-k", type=positive_int, default=5,
+                   help="how many labels to list per image (default 5; at most the number of classes)")
+    p.add_argument("--save-maps", metavar="DIR", help="also write attention arrays and overlays into DIR")
+    p.add_argument("--batch-size", type=positive_int, default=64, help="images per forward pass (default 64)")
+    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
+                   help="where the model runs (default auto: a GPU when there is one)")
+    return p
+
+
+def unique_stem(path: Path, taken: set[str]) -> str:
+    """The file name without extension, numbered when an earlier image already took it."""
+    stem, n = path.stem, 0
+    while (stem if n == 0 else f"{stem}-{n}") in taken:
+        n += 1
+    name = stem if n == 0 else f"{stem}-{n}"
+    taken.add(name)
+    return name
+
+
+def save_maps(result: FileResult, checkpoint: Checkpoint, folder: Path, stem: str) -> dict[str, str]:
+    """Write ``result``'s attention arrays and its CLS and rollout overlays; returns the files by kind."""
+    prediction = result.prediction
+    layers = [torch.from_numpy(a)[None] for a in prediction.attentions]  # each (1, heads, T, T)
+    side = checkpoint.preprocessing.image_size
+    grid = checkpoint.model.patch_grid(side, side)
+    prefix = checkpoint.model.num_prefix_tokens
+    cls_map = token_map(fuse_heads(layers[-1], "mean"), 0, grid, num_prefix_tokens=prefix)[0]  # (gh, gw)
+    rollout_map = token_map(rollout(layers, "mean", num_prefix_tokens=prefix), 0, grid,
+                            num_prefix_tokens=prefix)[0]  # (gh, gw)
+    files = {"npz": folder / f"{stem}.npz", "cls": folder / f"{stem}_cls.png",
+             "rollout": folder / f"{stem}_rollout.png"}
+    files["npz"].write_bytes(attentions_npz_bytes(prediction.attentions, probabilities=prediction.probabilities,
+                                                  logits=prediction.logits,
+                                                  class_names=np.array(checkpoint.class_names)))
+    overlay(result.image, cls_map.numpy()).save(files["cls"], format="PNG")
+    overlay(result.image, rollout_map.numpy()).save(files["rollout"], format="PNG")
+    return {kind: str(path) for kind, path in files.items()}
+
+
+def run(args: argparse.Namespace) -> int:
+    checkpoint = open_checkpoint(args.checkpoint, resolve_device(args.device))
+    maps_dir = Path(args.save_maps) if args.save_maps else None
+    if maps_dir is not None:
+        try:
+            maps_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise UsageError(f"cannot create --save-maps folder {maps_dir} ({e.strerror or e})") from None
+    records, failed, taken = [], 0, set()
+    for result in predict_files(checkpoint, args.images, args.top_k, output_attentions=maps_dir is not None,
+                                batch_size=args.batch_size):
+        if result.prediction is None:
+            print(f"{PROG}: skipped: {result.error}", file=sys.stderr)
+            failed += 1
+            continue
+        record = result.to_dict()
+        if maps_dir is not None:
+            record["maps"] = save_maps(result, checkpoint, maps_dir, unique_stem(result.path, taken))
+        records.append(record)
+    print(json.dumps(records, indent=2))
+    return 1 if failed else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        return run(build_parser().parse_args(argv))
+    except UsageError as e:
+        print(f"{PROG}: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"{PROG}: interrupted", file=sys.stderr)
+        return 130
+    except Exception as e:  # a CLI shows one line, never a traceback
+        print(f"{PROG}: failed: {one_line(e)}", file=sys.stderr)
+        return 1
+
+
+def one_line(error: BaseException) -> str:
+    """``Type: first line of the message``, for errors nobody anticipated."""
+    lines = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {lines[0]}" if lines else type(error).__name__
+
+
+if __name__ == "__main__":
+    sys.exit(main())
