@@ -45,8 +45,8 @@ def main() -> int:
           f"{config['args']['schedule']} schedule, label smoothing {config['args']['label_smoothing']:g}, "
           f"augmentation `{config['args']['augment']}` |")
     print(f"| epochs | {meta['epochs']} (best validation at epoch {best['epoch']}) |")
-    print(f"| wall time | {seconds / 60:.1f} min of training epochs ({meta.get('train_seconds', 0) / 60:.1f} min in all); "
-          f"median {rate:.0f} images/s |")
+    print(f"| wall time | {seconds / 60:.1f} min for all {len(metrics)} epochs of the run (sum of `epoch_seconds`); "
+          f"median {rate:.0f} training images/s |")
     print(f"| hardware | {meta.get('hardware')} |")
     print(f"| validation accuracy | **{100 * meta['val_acc']:.2f} %** (this file's epoch); best seen "
           f"{100 * best['val_acc']:.2f} % |")

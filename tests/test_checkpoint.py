@@ -294,3 +294,10 @@ def test_interrupt_during_save_leaves_no_temp_file(tmp_path, model, monkeypatch)
 def test_save_creates_missing_folders(tmp_path, model):
     path = save_checkpoint(tmp_path / "runs" / "a" / "best.pt", model, CLASSES)
     assert load_checkpoint(path).class_names == CLASSES
+
+
+def test_saved_checkpoint_is_readable_by_others_as_the_umask_allows(saved):
+    # mkstemp creates 0600 files; a checkpoint is an ordinary file (the app may run as another user).
+    umask = os.umask(0)
+    os.umask(umask)
+    assert saved.stat().st_mode & 0o777 == 0o666 & ~umask

@@ -20,6 +20,9 @@ from vit.model import ViT, ViTConfig
 
 FORMAT = "vit-attention-explorer-checkpoint"
 FORMAT_VERSION = 1
+_UMASK = os.umask(0)  # read once at import, before any thread could race on it
+os.umask(_UMASK)
+_FILE_MODE = 0o666 & ~_UMASK
 
 
 class CheckpointError(ValueError):
@@ -121,6 +124,7 @@ def atomic_torch_save(payload: object, path: str | os.PathLike) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        os.chmod(tmp, _FILE_MODE)  # mkstemp makes 0600; checkpoints are ordinary files
         with os.fdopen(fd, "wb") as f:
             torch.save(payload, f)
             f.flush()
