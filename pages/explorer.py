@@ -215,7 +215,8 @@ with col_overlay:
 with col_prediction:
     st.subheader("Prediction")
     st.plotly_chart(explorer.predictions_figure(prediction), config={"displayModeBar": False})
-    st.image(explorer.model_input_image(image, checkpoint), width=96, output_format="PNG")
+    st.image(explorer.display_image(explorer.model_input_image(image, checkpoint), min_side=96, max_side=160),
+             output_format="PNG")
     st.caption("The model's input: resized to its square size"
                + (", greyscale." if checkpoint.preprocessing.num_channels == 1 else "."))
 

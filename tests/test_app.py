@@ -365,7 +365,7 @@ def test_vit_base_with_144_heads_shows_one_layers_heads_by_default(dirs, forward
     sidebar_widget(at, "selectbox", "Query token").set_value(100)
     sidebar_widget(at, "select_slider", "Layer").set_value(4)
     at.run()
-    assert "Layer 4 of 12" in overlay_caption(at) and "patch row 7, col 8" in overlay_caption(at)
+    assert "Layer 4 of 12" in overlay_caption(at) and "patch row 8, col 2" in overlay_caption(at)  # patch 99 = 7 * 14 + 1
     assert forwards.call_count == 1
 
 

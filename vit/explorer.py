@@ -282,7 +282,7 @@ def patch_picker_figure(image: Image.Image, grid: tuple[int, int], query: int, n
     fig.add_layout_image(source=_png_data_uri(image), xref="x", yref="y", x=0, y=0, sizex=width, sizey=height,
                          xanchor="left", yanchor="top", sizing="stretch", layer="below")
     if show_grid:
-        line = dict(color="rgba(255,255,255,0.45)", width=1)
+        line = dict(color="rgba(255,255,255,0.6)", width=1)
         for c in range(1, gw):
             fig.add_shape(type="line", x0=c * width / gw, x1=c * width / gw, y0=0, y1=height, line=line)
         for r in range(1, gh):
