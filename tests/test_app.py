@@ -365,7 +365,8 @@ def test_vit_base_with_144_heads_shows_one_layers_heads_by_default(dirs, forward
     sidebar_widget(at, "selectbox", "Query token").set_value(100)
     sidebar_widget(at, "select_slider", "Layer").set_value(4)
     at.run()
-    assert "Layer 4 of 12" in overlay_caption(at) and "patch row 8, col 2" in overlay_caption(at)  # patch 99 = 7 * 14 + 1
+    # Token 100 is patch 99 = 7 * 14 + 1: row 8, column 2 counted from 1.
+    assert "Layer 4 of 12" in overlay_caption(at) and "patch row 8, col 2" in overlay_caption(at)
     assert forwards.call_count == 1
 
 
