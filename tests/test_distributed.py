@@ -1,0 +1,103 @@
+"""Training under torchrun: two CPU processes with gloo, one run folder written by rank 0."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from helpers import make_image_folder
+
+from vit.checkpoint import load_checkpoint, read_checkpoint_payload
+from vit.train import main
+
+REPO = Path(__file__).resolve().parent.parent
+TINY = ["--image-size", "8", "--patch-size", "4", "--hidden-size", "8", "--num-layers", "1", "--num-heads", "2",
+        "--mlp-size", "16", "--threads", "1", "--device", "cpu"]
+# No augmentation, dropout or mixup: two processes with half a batch each must then train
+# exactly like one process with the whole batch (DDP averages the gradients).
+DETERMINISTIC = ["--augment", "none", "--epochs", "2", "--batch-size", "4"]
+
+pytestmark = pytest.mark.slow
+PROCESS_TIMEOUT = 900.0  # generous: on a machine busy with other training, starting torch can take minutes
+
+
+@pytest.fixture(scope="module")
+def images(tmp_path_factory) -> Path:
+    return make_image_folder(tmp_path_factory.mktemp("data") / "colours", per_class=12)
+
+
+def cli(images: Path, out: Path, *extra: str) -> list[str]:
+    return ["--dataset", f"folder:{images}", "--out", str(out), "--cache-dir", str(images.parent / "cache"),
+            *TINY, *extra]
+
+
+def torchrun(*args: str) -> subprocess.Popen:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+               "-m", "vit.train", *args]
+    return subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def read_json(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def read_metrics(run: Path) -> list[dict]:
+    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_two_gloo_processes_train_like_one_process_with_the_whole_batch(images, tmp_path):
+    ddp, single = tmp_path / "ddp", tmp_path / "single"
+    proc = torchrun(*cli(images, ddp, *DETERMINISTIC))
+    out, err = proc.communicate(timeout=PROCESS_TIMEOUT)
+    assert proc.returncode == 0, f"{out}\n{err}"
+
+    assert {p.name for p in ddp.iterdir()} == {"config.json", "metrics.jsonl", "status.json", "last.pt",
+                                               "best.pt", "train.log"}
+    status = read_json(ddp / "status.json")
+    assert status["state"] == "completed" and status["world_size"] == 2 and status["step"] == 10
+    assert read_json(ddp / "config.json")["world_size"] == 2
+    assert "2 processes" in load_checkpoint(ddp / "last.pt").metadata["hardware"]
+    assert len(read_payload_rng(ddp)) == 2  # every rank's random state, for an exact resume
+
+    assert main(cli(images, single, *DETERMINISTIC)) == 0
+    for a, b in zip(read_metrics(ddp), read_metrics(single), strict=True):
+        for key in ("train_loss", "train_acc", "val_loss", "val_acc", "lr"):
+            assert a[key] == pytest.approx(b[key], abs=1e-4), key
+
+
+def read_payload_rng(run: Path) -> list:
+    return read_checkpoint_payload(run / "last.pt")["training_state"]["rng"]
+
+
+def test_sigterm_to_torchrun_cancels_every_rank_after_the_same_step(images, tmp_path):
+    run = tmp_path / "stopped"
+    proc = torchrun(*cli(images, run, "--epochs", "50", "--batch-size", "2"))
+    deadline = time.time() + PROCESS_TIMEOUT
+    while not (read_json(run / "status.json").get("state") == "running"
+               and read_json(run / "status.json").get("step", 0) >= 1):
+        assert proc.poll() is None, proc.communicate()
+        assert time.time() < deadline, "torchrun did not start training"
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    proc.communicate(timeout=PROCESS_TIMEOUT)
+
+    status = read_json(run / "status.json")
+    assert status["state"] == "cancelled"
+    progress = read_checkpoint_payload(run / "last.pt")["training_state"]["progress"]
+    assert progress["global_step"] == status["step"] >= 1
+    assert "cancelled by SIGTERM" in (run / "train.log").read_text()
+    # One process can carry on what two started (each epoch then re-seeded for one process).
+    done = progress["epoch"]
+    assert main(["--resume", str(run), "--epochs", str(done + 1)]) == 0
+    assert read_json(run / "status.json")["state"] == "completed"
+    assert len(read_metrics(run)) == done + 1
