@@ -17,6 +17,7 @@ from helpers import make_image_folder
 
 import vit.train as train
 from vit.checkpoint import load_checkpoint, read_checkpoint_payload
+from vit.data import Dataset, Split
 from vit.train import EtaClock, Status, build_parser, main
 
 REPO = Path(__file__).resolve().parent.parent
@@ -117,6 +118,29 @@ def test_greyscale_folder_trains_a_3_channel_model(tmp_path, cache):
     checkpoint = load_checkpoint(out / "last.pt")
     assert checkpoint.config.num_channels == 3 and checkpoint.preprocessing.num_channels == 3
     assert checkpoint.config.image_size == 8
+
+
+def tiny_trainer(*extra: str) -> train.Trainer:
+    """A Trainer on 16 random 8x8 images, built as the CLI builds it."""
+    args = train.parse_args(["--dataset", "folder:unused", "--out", "unused-run", *TINY, "--batch-size", "4",
+                             *extra])
+    train.resolve_model(args, num_classes=2)
+    images = torch.randint(0, 256, (16, 3, 8, 8), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
+    labels = torch.arange(16) % 2
+    split = Split(images, labels)
+    return train.Trainer(args, Dataset("tiny", ["a", "b"], split, split, (0.5,) * 3, (0.25,) * 3, True), None)
+
+
+def test_seed_recipe_is_the_blogs_constant_adamw_on_every_parameter():
+    trainer = tiny_trainer("--recipe", "seed")
+    assert [g["weight_decay"] for g in trainer.optimizer.param_groups] == [1e-2, 1e-2]
+    assert trainer.augment.policy == "seed" and trainer.args.batch_size == 4
+    for _ in range(3):
+        trainer.step(torch.arange(4))
+        assert trainer.lr() == 1e-2
+    ours = tiny_trainer()
+    assert [g["weight_decay"] for g in ours.optimizer.param_groups] == [0.05, 0.0]
+    assert ours.args.label_smoothing == 0.1 and ours.args.grad_clip == 1.0 and ours.augment.policy == "trivialaugment"
 
 
 # -- resume -----------------------------------------------------------------------------------

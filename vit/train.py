@@ -225,8 +225,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--min-lr", type=_float_in(0.0, 1.0),
                    help="learning rate at the end of the cosine (ours 1e-5); at most --lr")
     g.add_argument("--weight-decay", type=_float_in(0.0, 10.0),
-                   help="AdamW weight decay, not applied to biases, norms, CLS token and positions "
-                   "(ours 0.05, seed 0.01)")
+                   help="AdamW weight decay (ours 0.05, not applied to biases, norms, CLS token and "
+                   "positions; seed 0.01 on every parameter, as the blog)")
     g.add_argument("--warmup-epochs", type=_float_in(0.0, 1e6),
                    help="linear warmup in epochs, may be fractional (ours: 5, but at most a tenth of --epochs)")
     g.add_argument("--schedule", choices=("cosine", "constant"),
@@ -604,11 +604,14 @@ class Trainer:
         self.elapsed_before = self.progress.elapsed
 
     def _param_groups(self) -> list[dict]:
-        # No weight decay on biases, norms, the CLS token and position embeddings (timm's rule).
+        # No weight decay on biases, norms, the CLS token and position embeddings (timm's rule),
+        # except in the seed recipe: the blog's AdamW decays every parameter. Two groups either
+        # way, so that a checkpoint's optimizer state always fits.
         decay, no_decay = [], []
         for name, param in self.model.named_parameters():
             (no_decay if param.ndim <= 1 or name in ("cls_token", "pos_embed") else decay).append(param)
-        return [{"params": decay}, {"params": no_decay, "weight_decay": 0.0}]
+        no_decay_wd = self.args.weight_decay if self.args.recipe == "seed" else 0.0
+        return [{"params": decay}, {"params": no_decay, "weight_decay": no_decay_wd}]
 
     def _scheduler(self) -> torch.optim.lr_scheduler.LRScheduler:
         """Linear warmup then cosine (or constant), per step, fast-forwarded when resuming.
