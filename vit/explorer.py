@@ -76,11 +76,11 @@ def analyse(checkpoint: Checkpoint, image: Image.Image, top_k: int = TOP_K) -> A
     """Run the model once on ``image`` and gather everything the explorer draws from that pass."""
     [prediction] = predict(checkpoint, [image], top_k=top_k, output_attentions=True)
     attentions = tuple(torch.from_numpy(a)[None] for a in prediction.attentions)  # per layer (1, H, T, T)
-    config, prefix = checkpoint.config, checkpoint.model.num_prefix_tokens
-    grid = config.grid_size
-    stats = layer_stats(attentions, grid, config.patch_size, prefix)  # each (L, 1, H)
-    return Analysis(prediction=prediction, attentions=attentions, grid=grid, patch_size=config.patch_size,
-                    image_size=config.image_size, num_prefix_tokens=prefix,
+    model, size = checkpoint.model, checkpoint.preprocessing.image_size  # the input preprocess() makes
+    grid, prefix, patch_size = model.patch_grid(size, size), model.num_prefix_tokens, model.config.patch_size
+    stats = layer_stats(attentions, grid, patch_size, prefix)  # each (L, 1, H)
+    return Analysis(prediction=prediction, attentions=attentions, grid=grid, patch_size=patch_size,
+                    image_size=size, num_prefix_tokens=prefix,
                     distance=stats["distance"][:, 0].float().numpy(), entropy=stats["entropy"][:, 0].float().numpy())
 
 
