@@ -11,6 +11,7 @@ class names and preprocessing) and ``train.log``. ``--resume RUN_DIR`` continues
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import json
 import logging
@@ -994,8 +995,8 @@ def _prepare_resume(args: argparse.Namespace, argv: list[str]) -> tuple[argparse
     args = argparse.Namespace(**merged)
     last = run_dir / "last.pt"
     if not last.is_file():
-        raise UsageError(f"{run_dir} has no last.pt to resume from (it stopped before its first epoch ended "
-                         f"or save); start it again with --out")
+        raise UsageError(f"{run_dir} has no last.pt to resume from (it stopped before saving one); start it "
+                         "again with --out")
     try:
         payload = read_checkpoint_payload(last)
     except CheckpointError as e:
@@ -1077,7 +1078,8 @@ def _open_run(args: argparse.Namespace, argv: list[str], run_dir: Path, trainer:
             for path in written:
                 path.unlink(missing_ok=True)
             if created:
-                run_dir.rmdir()
+                with contextlib.suppress(OSError):
+                    run_dir.rmdir()
         raise
     log.info("%s run %s: %s, %d parameters, %d train / %d val images, %d classes, %d steps on %s",
              "resuming" if resumed else "starting", run_dir, args.preset, count_parameters(trainer.model),
@@ -1177,9 +1179,11 @@ def main(argv: list[str] | None = None) -> int:
                           step=p.global_step, progress=round(p.global_step / trainer.total_steps, 5),
                           elapsed_seconds=round(p.elapsed, 1),
                           best_val_acc=p.best_val_acc if p.best_val_acc >= 0 else None)
-            how = f"by {signal.Signals(stop.signum).name}" if state == "cancelled" else ""
-            log.info("run %s %s%s after %d epochs (step %d); best val_acc %s", run_dir, state,
-                     f" {how}" if how else "", p.epoch, p.global_step,
+            how = ""
+            if state == "cancelled":  # under torchrun the signal may have reached another rank only
+                how = f" by {signal.Signals(stop.signum).name}" if stop.requested else " by another process's signal"
+            log.info("run %s %s%s after %d epochs (step %d); best val_acc %s", run_dir, state, how, p.epoch,
+                     p.global_step,
                      f"{p.best_val_acc:.4f}" if p.best_val_acc >= 0 else "none yet")
         return 0
     finally:
