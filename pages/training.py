@@ -26,8 +26,8 @@ def preset_label(name: str) -> str:
 
 
 @st.cache_data(ttl=10, show_spinner=False)
-def device_options() -> list[tuple[tuple[str, ...], str]]:
-    return runs.device_choices(runs.list_devices())
+def device_options(users: dict[str, list[str]]) -> list[tuple[tuple[str, ...], str]]:
+    return runs.device_choices(runs.list_devices(), users)
 
 
 def error_for(field: str) -> None:
@@ -64,14 +64,14 @@ if st.session_state.get("train_submit"):
         st.session_state["train_errors"] = e.errors
         st.session_state.pop("train_notice", None)
     else:
-        gpus = sum(1 for choice, _ in device_options() if len(choice) == 1 and choice[0] != "cpu")
+        gpus = sum(1 for choice, _ in device_options({}) if len(choice) == 1 and choice[0] != "cpu")
         st.session_state["train_errors"] = {}
         st.session_state["train_notice"] = runs.launch_notice(info, gpus)
         st.session_state["selected_runs"] = [info.name]
 
 st.title("Train a Vision Transformer")
 
-choices = device_options()
+choices = device_options(manager.device_users())
 if choices == [choices[-1]] and choices[-1][0] == ("cpu",):
     st.caption("No CUDA GPU on this machine: runs train on the CPU.")
 

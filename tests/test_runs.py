@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import json
 import os
 import signal
+import socket
 import sys
 import time
 from pathlib import Path
@@ -184,6 +186,11 @@ def test_device_choices_offer_each_gpu_all_gpus_and_the_cpu():
     assert "torchrun" in choices[2][1]
 
 
+def test_device_choices_name_the_runs_using_each_device():
+    choices = device_choices([DeviceInfo("cpu", "2 cores")], {"cpu": ["cifar10-cifar-s"]})
+    assert choices[0][1].endswith("· used by cifar10-cifar-s")
+
+
 def test_without_gpus_the_cpu_is_the_only_choice_and_says_so():
     assert device_choices([DeviceInfo("cpu", "2 cores")]) == [(("cpu",), "CPU (2 cores): no CUDA GPU on this machine")]
 
@@ -266,6 +273,60 @@ def test_a_queued_run_can_be_cancelled_and_deleted_without_a_process(tmp_path, d
     assert manager.stop("waiting").state == "cancelled"
     manager.delete("waiting")
     assert manager.names() == []
+
+
+def queue_record(manager: RunManager, name: str, devices: list[str], queued_at: float, share: bool = False) -> None:
+    folder = manager.launch_root / name
+    folder.mkdir(parents=True)
+    (folder / "launch.json").write_text(json.dumps({
+        "name": name, "params": {}, "devices": devices, "state": "queued", "queued_at": queued_at,
+        "allow_sharing": share, "sessions": []}))
+
+
+@pytest.fixture
+def fake_starts(tmp_path, monkeypatch) -> tuple[RunManager, list[str]]:
+    """A manager whose 'processes' are this test process, so dispatch decisions run without training."""
+    manager = make_manager(tmp_path)
+    started: list[str] = []
+
+    def start(record: dict) -> None:
+        started.append(record["name"])
+        record["sessions"].append({"pid": os.getpid(), "pgid": os.getpgid(0), "started_at": time.time(),
+                                   "host": socket.gethostname(), "proc_start": None})
+        record["state"] = "started"
+        manager._save_record(record)
+
+    monkeypatch.setattr(manager, "_start", start)
+    return manager, started
+
+
+def test_queued_runs_start_in_order_when_their_device_is_free(fake_starts):
+    manager, started = fake_starts
+    queue_record(manager, "cpu-first", ["cpu"], 1.0)
+    queue_record(manager, "gpu", ["cuda:0"], 2.0)
+    queue_record(manager, "cpu-second", ["cpu"], 3.0)
+    manager.poll()
+    assert started == ["cpu-first", "gpu"]
+    waiting = manager.get("cpu-second")
+    assert waiting.state == "queued" and waiting.detail == "waiting for CPU: in use by cpu-first"
+
+
+def test_a_run_allowed_to_share_starts_beside_a_running_one(fake_starts):
+    manager, started = fake_starts
+    queue_record(manager, "first", ["cpu"], 1.0)
+    queue_record(manager, "sharing", ["cpu"], 2.0, share=True)
+    manager.poll()
+    assert started == ["first", "sharing"]
+
+
+def test_a_later_run_does_not_overtake_an_earlier_queued_one(fake_starts):
+    manager, started = fake_starts
+    queue_record(manager, "running", ["cuda:0"], 1.0)
+    queue_record(manager, "both-gpus", ["cuda:0", "cuda:1"], 2.0)
+    queue_record(manager, "second-gpu", ["cuda:1"], 3.0)
+    manager.poll()
+    assert started == ["running"]
+    assert "earlier queued runs go first" in manager.get("second-gpu").detail
 
 
 def test_unknown_runs_raise_run_error(tmp_path):

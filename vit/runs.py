@@ -339,14 +339,24 @@ def list_devices() -> list[DeviceInfo]:
     return found
 
 
-def device_choices(devices: list[DeviceInfo]) -> list[tuple[tuple[str, ...], str]]:
-    """The form's device options as (devices, label): each GPU, all GPUs under torchrun, the CPU."""
+def device_choices(devices: list[DeviceInfo], users: dict[str, list[str]] | None = None
+                   ) -> list[tuple[tuple[str, ...], str]]:
+    """The form's device options as (devices, label): each GPU, all GPUs under torchrun, the CPU.
+
+    ``users`` ({device: running run names}, see ``RunManager.device_users``) adds who uses each.
+    """
+    users = users or {}
+
+    def label(device: DeviceInfo, text: str) -> str:
+        names = users.get(device.key)
+        return f"{text} · used by {', '.join(names)}" if names else text
+
     gpus = [d for d in devices if d.key != "cpu"]
-    choices = [((d.key,), d.label) for d in gpus]
+    choices = [((d.key,), label(d, d.label)) for d in gpus]
     if len(gpus) > 1:
         choices.append((tuple(d.key for d in gpus), f"All {len(gpus)} GPUs (torchrun, one process per GPU)"))
     cpu = next((d for d in devices if d.key == "cpu"), DeviceInfo("cpu", "CPU"))
-    choices.append((("cpu",), cpu.label if gpus else f"{cpu.label}: no CUDA GPU on this machine"))
+    choices.append((("cpu",), label(cpu, cpu.label if gpus else f"{cpu.label}: no CUDA GPU on this machine")))
     return choices
 
 
@@ -773,7 +783,7 @@ class RunManager:
         if state == "running":
             info.eta_seconds = status.get("eta_seconds") if status else None
         elif state == "completed":
-            info.progress, info.eta_seconds = 1.0, 0.0
+            info.progress = 1.0
         if record is not None:
             info.started_at = record["sessions"][0]["started_at"] if record.get("sessions") else record["queued_at"]
             if record.get("sessions"):
@@ -939,7 +949,9 @@ class RunManager:
                 raise RunError(f"{name} has already trained {done} epochs; give more than {done} epochs")
             record = self._record(name)
             if record is None:  # a run started outside the app: adopt it
-                record = {"name": name, "params": {"name": name, **info.settings}, "devices": list(info.devices),
+                known = {f.name for f in fields(RunParams)}
+                params = {k: v for k, v in info.settings.items() if k in known}
+                record = {"name": name, "params": {**params, "name": name}, "devices": list(info.devices),
                           "allow_sharing": False, "queued_at": time.time(), "sessions": []}
             has_last = (self.run_dir(name) / "last.pt").is_file()
             if not has_last and not record["params"].get("dataset"):
@@ -969,24 +981,22 @@ class RunManager:
 
     def _dispatch(self) -> None:
         """Start queued runs in queue order when no running run (or earlier queued one) wants their devices."""
-        runs = {r.name: r for r in self.list_runs()}
-        busy = [r.devices for r in runs.values() if r.state == "running"]
-        queued = []
-        for name, run in runs.items():
-            record = self._record(name) if run.state == "queued" else None
-            if record is not None and record.get("state") == "queued":
-                queued.append(record)
+        runs = self.list_runs()
+        running = [(r.devices, r.name) for r in runs if r.state == "running"]
+        waiting: list[tuple[str, ...]] = []  # devices of earlier queued runs still waiting
+        queued = [record for r in runs if r.state == "queued"
+                  if (record := self._record(r.name)) is not None and record.get("state") == "queued"]
         for record in sorted(queued, key=lambda r: r["queued_at"]):
             devices = tuple(record["devices"])
-            blockers = [d for d in busy if _overlap(d, devices)]
-            if blockers and not record.get("allow_sharing"):
-                users = [n for n, r in runs.items() if r.state == "running" and _overlap(r.devices, devices)]
+            users = [name for used, name in running if _overlap(used, devices)]
+            behind = any(_overlap(w, devices) for w in waiting)
+            if (users or behind) and not record.get("allow_sharing"):
                 reason = (f"waiting for {device_label(devices)}: in use by {', '.join(users)}" if users
                           else f"waiting for {device_label(devices)}: earlier queued runs go first")
                 if record.get("queue_reason") != reason:
                     record["queue_reason"] = reason
                     self._save_record(record)
-                busy.append(devices)  # later queued runs wait behind this one
+                waiting.append(devices)
                 continue
             try:
                 self._start(record)
@@ -994,7 +1004,7 @@ class RunManager:
                 record.update(state="error", start_error=f"could not start: {e}")
                 self._save_record(record)
                 continue
-            busy.append(devices)
+            running.append((devices, record["name"]))
 
     def _start(self, record: dict) -> None:
         name = record["name"]
