@@ -1,0 +1,125 @@
+"""End to end in headless Chromium: launch a run from the training page, see it complete, open it
+in the explorer. Screenshots go to test-artifacts/.
+
+Runs the real app (``streamlit run app.py``) on a free port with its own runs and data folders.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+from test_runs import make_image_folder
+
+ROOT = Path(__file__).resolve().parent.parent
+CHROMIUM = Path("/usr/bin/chromium")
+ARTIFACTS = ROOT / "test-artifacts"
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+                 "--disable-sync", "--no-first-run"]
+SLOW_MS = 900_000  # two busy cores: the server, the training process and the explorer each import torch
+
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_healthy(url: str, server: subprocess.Popen, timeout: float) -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if server.poll() is not None:
+            raise AssertionError(f"streamlit exited with {server.returncode}")
+        try:
+            with urllib.request.urlopen(f"{url}/_stcore/health", timeout=5) as response:
+                if response.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(1)
+    raise AssertionError(f"streamlit did not answer at {url} within {timeout} s")
+
+
+@pytest.fixture
+def app_url(tmp_path):
+    if not CHROMIUM.is_file():
+        pytest.skip(f"{CHROMIUM} is missing; install it with: apt-get install -y chromium")
+    pytest.importorskip("playwright.sync_api", reason="the playwright Python package is not installed")
+    if not (ROOT / "app.py").is_file():
+        pytest.skip("app.py (the app's navigation) is not in the repository yet")
+    port = free_port()
+    env = {**os.environ, "VIT_RUNS_DIR": str(tmp_path / "runs"), "VIT_DATA_DIR": str(tmp_path / "data"),
+           "OMP_NUM_THREADS": "1"}
+    log = open(tmp_path / "streamlit.log", "wb")
+    server = subprocess.Popen(
+        [sys.executable, "-m", "streamlit", "run", "app.py", "--server.port", str(port), "--server.headless", "true",
+         "--server.address", "127.0.0.1", "--browser.gatherUsageStats", "false"],
+        cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_healthy(url, server, timeout=300)
+        yield url, make_image_folder(tmp_path / "images")
+    finally:
+        server.terminate()
+        try:
+            server.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            server.kill()
+        log.close()
+
+
+def test_a_run_launched_from_the_page_completes_and_opens_in_the_explorer(app_url):
+    from playwright.sync_api import expect, sync_playwright
+
+    url, images = app_url
+    ARTIFACTS.mkdir(exist_ok=True)
+    name = "browser-tiny"
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS)
+        page = browser.new_page(viewport={"width": 1400, "height": 1800})
+        page.set_default_timeout(SLOW_MS)
+        expect.set_options(timeout=SLOW_MS)
+        try:
+            page.goto(url)  # the explorer, the default page; then the navigation, as a user would
+            page.get_by_role("link", name="Train").click()
+            expect(page.get_by_role("button", name="Launch")).to_be_visible()
+
+            page.get_by_text("Custom sizes (override the preset)").click()
+            for label, value in [("Image size", "16"), ("Patch size", "4"), ("Hidden size", "16"),
+                                 ("Num layers", "1"), ("Num heads", "2"), ("Mlp size", "32"), ("Epochs", "1"),
+                                 ("Batch size", "4"), ("Warmup epochs", "0"), ("Run name", name),
+                                 ("Folder (for an image folder)", str(images))]:
+                field = page.get_by_label(label, exact=True)
+                field.fill(value)
+                field.press("Tab")
+            page.get_by_role("combobox", name="Dataset").click()
+            page.get_by_role("option", name="Image folder…").click()
+            page.screenshot(path=ARTIFACTS / "training-form.png", full_page=True)
+            page.get_by_role("button", name="Launch").click()
+
+            expect(page.get_by_text(f"Started {name} on")).to_be_visible()
+            page.screenshot(path=ARTIFACTS / "training-launched.png", full_page=True)
+            expect(page.get_by_text(f"{name} · completed")).to_be_visible()
+            expect(page.get_by_text("Accuracy", exact=True)).to_be_visible()  # the curves of the finished epoch
+            page.screenshot(path=ARTIFACTS / "training-completed.png", full_page=True)
+
+            page.get_by_role("button", name="Open in explorer").click()
+            expect(page.get_by_text(f"{name}/best.pt")).to_be_visible()  # the picker's description of it
+            page.screenshot(path=ARTIFACTS / "explorer-opened-run.png", full_page=True)
+            page.get_by_role("combobox", name="Checkpoint").click()
+            expect(page.get_by_role("option", name=re.compile(f"^run {re.escape(name)} "))).to_be_visible()
+            page.screenshot(path=ARTIFACTS / "explorer-checkpoint-list.png", full_page=True)
+        except Exception:
+            page.screenshot(path=ARTIFACTS / "training-failure.png", full_page=True)
+            raise
+        finally:
+            browser.close()
