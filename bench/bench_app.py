@@ -35,18 +35,20 @@ from vit import catalog, explorer  # noqa: E402
 from vit.checkpoint import Checkpoint, Preprocessing, load_checkpoint  # noqa: E402
 from vit.images import open_image  # noqa: E402
 from vit.model import ViT, ViTConfig, count_parameters  # noqa: E402
-from vit.overlay import overlay  # noqa: E402
+from vit.overlay import overlay, to_png_bytes  # noqa: E402
 
 OVERLAY = dict(opacity=0.6, colormap="inferno", mode="bilinear")
 
 
-def median_ms(fn, repeats: int) -> float:
-    times = []
+def timed(fn, repeats: int) -> tuple[float, float]:
+    """Median wall-clock and CPU time of ``fn`` in ms (CPU time shows the work when other jobs share the cores)."""
+    walls, cpus = [], []
     for _ in range(repeats):
-        start = time.perf_counter()
+        wall, cpu = time.perf_counter(), time.process_time()
         fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times) * 1000
+        cpus.append(time.process_time() - cpu)
+        walls.append(time.perf_counter() - wall)
+    return statistics.median(walls) * 1000, statistics.median(cpus) * 1000
 
 
 def photo_png(width: int = 640, height: int = 480, seed: int = 0) -> bytes:
@@ -60,36 +62,41 @@ def photo_png(width: int = 640, height: int = 480, seed: int = 0) -> bytes:
 
 
 def draw(checkpoint: Checkpoint, analysis: explorer.Analysis, image: Image.Image, shown: Image.Image,
-         small: Image.Image, settings: explorer.MapSettings, relevance=None) -> None:
-    """What the page draws after a change: map, overlay, picker, prediction chart and one layer's heads."""
+         shown_uri: str, small: Image.Image, settings: explorer.MapSettings, relevance=None) -> None:
+    """What the page draws after a change: map, overlay, picker, prediction chart and one layer's heads, encoded."""
     map2d = explorer.attention_map(analysis, settings, relevance)
     outline = explorer.patch_of(settings.query, analysis.num_prefix_tokens)
-    overlay(shown, map2d, OVERLAY["opacity"], OVERLAY["colormap"], OVERLAY["mode"], outline_patch=outline)
-    explorer.patch_picker_figure(shown, analysis.grid, settings.query, analysis.num_prefix_tokens).to_json()
+    to_png_bytes(overlay(shown, map2d, OVERLAY["opacity"], OVERLAY["colormap"], OVERLAY["mode"],
+                         outline_patch=outline))  # st.image sends PNGs
+    explorer.patch_picker_figure(shown.size, shown_uri, analysis.grid, settings.query,
+                                 analysis.num_prefix_tokens).to_json()
     explorer.predictions_figure(analysis.prediction).to_json()
     maps = explorer.head_maps(analysis, settings.query, layer=settings.layer)
-    explorer.small_multiples(small, maps, OVERLAY["opacity"], OVERLAY["colormap"], OVERLAY["mode"], outline)
+    for cell in explorer.small_multiples(small, maps, OVERLAY["opacity"], OVERLAY["colormap"], OVERLAY["mode"],
+                                         outline):
+        to_png_bytes(cell)
+
+
+def display(image: Image.Image) -> tuple[Image.Image, str, Image.Image]:
+    """What the page prepares once per image: the display-size image, its data URI, the heads-grid size."""
+    shown = explorer.display_image(image)
+    return shown, explorer.png_data_uri(shown), explorer.display_image(image, min_side=96, max_side=144)
 
 
 def upload_to_maps(checkpoint: Checkpoint, data: bytes) -> None:
     image = open_image(data, name="upload.png")
     analysis = explorer.analyse(checkpoint, image)
-    shown, small = explorer.display_image(image), explorer.display_image(image, min_side=96, max_side=144)
-    draw(checkpoint, analysis, image, shown, small, explorer.MapSettings())
+    draw(checkpoint, analysis, image, *display(image), explorer.MapSettings())
 
 
-def bench(name: str, checkpoint: Checkpoint, data: bytes, repeats: int) -> dict[str, float]:
+def bench(name: str, checkpoint: Checkpoint, data: bytes, repeats: int) -> None:
     image = open_image(data, name="upload.png")
     analysis = explorer.analyse(checkpoint, image)  # warm-up (first-call allocations)
-    shown, small = explorer.display_image(image), explorer.display_image(image, min_side=96, max_side=144)
+    shown = display(image)
     L, H, T = analysis.num_layers, analysis.num_heads, analysis.num_tokens
     changes = [explorer.MapSettings(layer=i % L, head=(None if i % 2 else i % H), query=(i * 7) % T)
-               for i in range(max(repeats, 4))]
-    count = iter(range(10**9))
-
-    def change() -> None:
-        draw(checkpoint, analysis, image, shown, small, changes[next(count) % len(changes)])
-
+               for i in range(2 * repeats)]
+    upcoming = iter(changes * 2)
     rollout = explorer.MapSettings(kind="rollout", discard_ratio=0.5)
     other_class = (analysis.prediction.class_index + 1) % len(checkpoint.class_names)
 
@@ -98,16 +105,17 @@ def bench(name: str, checkpoint: Checkpoint, data: bytes, repeats: int) -> dict[
         explorer.attention_map(analysis, explorer.MapSettings(kind="class", class_index=other_class), relevance)
 
     results = {
-        "upload -> maps ready": median_ms(lambda: upload_to_maps(checkpoint, data), repeats),
-        "layer/head/query change": median_ms(change, repeats * 2),
-        "rollout change": median_ms(lambda: draw(checkpoint, analysis, image, shown, small, rollout), repeats),
-        "class-specific map (backward pass)": median_ms(class_map, repeats),
+        "upload -> maps ready": timed(lambda: upload_to_maps(checkpoint, data), repeats),
+        "layer/head/query change": timed(lambda: draw(checkpoint, analysis, image, *shown, next(upcoming)),
+                                         2 * repeats),
+        "rollout change": timed(lambda: draw(checkpoint, analysis, image, *shown, rollout), repeats),
+        "class-specific map (backward pass)": timed(class_map, repeats),
     }
     print(f"\n{name}: {L} layers x {H} heads, {T} tokens, {count_parameters(checkpoint.model) / 1e6:.2f} M params, "
           f"image {image.width}x{image.height}")
-    for what, ms in results.items():
-        print(f"  {what:<38} {ms:8.1f} ms")
-    return results
+    print(f"  {'':<38} {'wall ms':>9} {'cpu ms':>9}")
+    for what, (wall, cpu) in results.items():
+        print(f"  {what:<38} {wall:9.1f} {cpu:9.1f}")
 
 
 def bench_apptest(repeats: int) -> None:
@@ -123,13 +131,14 @@ def bench_apptest(repeats: int) -> None:
         return next(w for w in at.sidebar.select_slider if w.label == "Layer")
 
     last = int(layer_slider().options[-1])
-    times = []
-    for i in range(repeats):
-        layer_slider().set_value(1 if i % 2 == 0 else last)
-        start = time.perf_counter()
+    flips = iter([1 if i % 2 == 0 else last for i in range(repeats)])
+
+    def rerun() -> None:
+        layer_slider().set_value(next(flips))
         at.run()
-        times.append(time.perf_counter() - start)
-    print(f"  {'page rerun after a layer change':<38} {statistics.median(times) * 1000:8.1f} ms (AppTest)")
+
+    wall, cpu = timed(rerun, repeats)
+    print(f"  {'page rerun after a layer change (AppTest)':<38} {wall:9.1f} {cpu:9.1f}")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -41,8 +41,10 @@ def decode_image(digest: str, name: str, _data: bytes) -> Image.Image:
 
 
 @st.cache_resource(max_entries=8, show_spinner=False)
-def display_images(digest: str, _image: Image.Image) -> tuple[Image.Image, Image.Image]:
-    return explorer.display_image(_image), explorer.display_image(_image, min_side=96, max_side=144)
+def display_images(digest: str, _image: Image.Image) -> tuple[Image.Image, str, Image.Image]:
+    """The image at display size (and as a data URI for the patch picker), and small for the heads grid."""
+    shown = explorer.display_image(_image)
+    return shown, explorer.png_data_uri(shown), explorer.display_image(_image, min_side=96, max_side=144)
 
 
 @st.cache_resource(max_entries=16, show_spinner="Running the model…")
@@ -187,11 +189,11 @@ outline = explorer.patch_of(query, prefix)
 
 # -- image, overlay and prediction ----------------------------------------------------------------------------------
 
-shown, small = display_images(digest, image)
+shown, shown_uri, small = display_images(digest, image)
 col_image, col_overlay, col_prediction = st.columns([1, 1, 0.9], gap="medium")
 with col_image:
     st.subheader("Image")
-    st.plotly_chart(explorer.patch_picker_figure(shown, grid, query, prefix, show_grid=True), key="patch_picker",
+    st.plotly_chart(explorer.patch_picker_figure(shown.size, shown_uri, grid, query, prefix), key="patch_picker",
                     on_select=partial(pick_query, query_key, prefix), selection_mode="points",
                     config=PICKER_CONFIG, width="content")
     st.caption(f"**Click a patch** to make it the query. {image_name}, {image.width}×{image.height} px; the model "

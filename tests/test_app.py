@@ -5,6 +5,7 @@ VIT_RUNS_DIR) holding tiny random models, and counts ``ViT.forward`` calls to ch
 a new checkpoint, image or class runs the model.
 """
 
+import base64
 import io
 import json
 from pathlib import Path
@@ -460,18 +461,27 @@ def test_a_click_on_the_picker_becomes_the_token_of_that_patch():
 
 
 def test_patch_picker_puts_patch_i_at_the_centre_of_its_cell_and_outlines_the_query():
-    image = Image.new("RGB", (300, 100))
-    fig = explorer.patch_picker_figure(image, grid=(2, 3), query=5, show_grid=True)
+    fig = explorer.patch_picker_figure((300, 100), "data:image/png;base64,AAAA", grid=(2, 3), query=5)
     points = fig.data[0]
     np.testing.assert_allclose(points.x, [50, 150, 250, 50, 150, 250])
     np.testing.assert_allclose(points.y, [25, 25, 25, 75, 75, 75])
     assert points.text[4] == "5 · patch row 2, col 2"
     outline = [s for s in fig.layout.shapes if s.type == "rect"]
     assert [(s.x0, s.x1, s.y0, s.y1) for s in outline] == [(100, 200, 50, 100)]
-    assert len([s for s in fig.layout.shapes if s.type == "line"]) == 2 + 1
+    [grid] = [s for s in fig.layout.shapes if s.type == "path"]
+    assert grid.path == "M100.00,0L100.00,100M200.00,0L200.00,100M0,50.00L300,50.00"
+    assert fig.layout.images[0].source == "data:image/png;base64,AAAA"
     assert fig.layout.yaxis.range == (100, 0) and fig.layout.hoverdistance == -1
-    cls_fig = explorer.patch_picker_figure(image, grid=(2, 3), query=0, show_grid=False)
+    cls_fig = explorer.patch_picker_figure((300, 100), "x", grid=(2, 3), query=0, show_grid=False)
     assert not cls_fig.layout.shapes
+
+
+def test_png_data_uri_round_trips():
+    image = Image.new("RGB", (3, 2), (10, 20, 30))
+    uri = explorer.png_data_uri(image)
+    assert uri.startswith("data:image/png;base64,")
+    decoded = Image.open(io.BytesIO(base64.b64decode(uri.split(",", 1)[1])))
+    assert decoded.size == (3, 2) and decoded.getpixel((0, 0)) == (10, 20, 30)
 
 
 @pytest.mark.parametrize(("size", "shown"), [((32, 32), (320, 320)), ((28, 28), (336, 336)), ((30, 10), (330, 110)),

@@ -256,47 +256,48 @@ def model_input_image(image: Image.Image, checkpoint: Checkpoint) -> Image.Image
     return Image.fromarray(array[:, :, 0] if array.shape[2] == 1 else array)
 
 
-def _png_data_uri(image: Image.Image) -> str:
+def png_data_uri(image: Image.Image) -> str:
+    """The image as a ``data:`` URI for a Plotly layout image (encode it once per image, not per redraw)."""
     return "data:image/png;base64," + base64.b64encode(to_png_bytes(image)).decode("ascii")
 
 
-def patch_picker_figure(image: Image.Image, grid: tuple[int, int], query: int, num_prefix_tokens: int = 1,
-                        show_grid: bool = True) -> go.Figure:
-    """``image`` with its patch grid and the query outlined; a click near a patch centre selects that patch.
+def patch_picker_figure(image_size: tuple[int, int], image_source: str, grid: tuple[int, int], query: int,
+                        num_prefix_tokens: int = 1, show_grid: bool = True) -> go.Figure:
+    """The image (``image_source``, e.g. ``png_data_uri``, shown at ``image_size = (width, height)``) with its
+    patch grid and the query outlined; a click near a patch centre selects that patch.
 
     The patch centres are invisible points in row-major order (point ``i`` is patch ``i``), and
-    ``hoverdistance=-1`` lets a click anywhere pick the nearest one.
+    ``hoverdistance=-1`` lets a click anywhere pick the nearest one. The figure is built in one
+    go: Plotly validates every ``add_shape`` against the whole layout, which costs seconds on big grids.
     """
-    width, height = image.size
+    width, height = image_size
     gh, gw = grid
     rows, cols = np.divmod(np.arange(gh * gw), gw)
     xs, ys = (cols + 0.5) * width / gw, (rows + 0.5) * height / gh
-    tokens = np.arange(gh * gw) + num_prefix_tokens
-    labels = [token_option(int(t), grid, num_prefix_tokens) for t in tokens]
+    labels = [token_option(int(p) + num_prefix_tokens, grid, num_prefix_tokens) for p in range(gh * gw)]
     invisible = dict(marker=dict(opacity=0))
-    fig = go.Figure(go.Scatter(
-        x=xs, y=ys, mode="markers", marker=dict(size=max(4, min(width / gw, height / gh)), symbol="square",
-                                                opacity=0, color="white"),
-        selected=invisible, unselected=invisible, text=labels, hovertemplate="%{text}<extra></extra>",
-        showlegend=False))
-    fig.add_layout_image(source=_png_data_uri(image), xref="x", yref="y", x=0, y=0, sizex=width, sizey=height,
-                         xanchor="left", yanchor="top", sizing="stretch", layer="below")
-    if show_grid:
-        line = dict(color="rgba(255,255,255,0.6)", width=1)
-        for c in range(1, gw):
-            fig.add_shape(type="line", x0=c * width / gw, x1=c * width / gw, y0=0, y1=height, line=line)
-        for r in range(1, gh):
-            fig.add_shape(type="line", x0=0, x1=width, y0=r * height / gh, y1=r * height / gh, line=line)
+    points = go.Scatter(x=xs, y=ys, mode="markers", text=labels, hovertemplate="%{text}<extra></extra>",
+                        marker=dict(size=max(4, min(width / gw, height / gh)), symbol="square", opacity=0),
+                        selected=invisible, unselected=invisible, showlegend=False)
+    shapes = []
+    if show_grid:  # one path for all lines
+        path = "".join(f"M{c * width / gw:.2f},0L{c * width / gw:.2f},{height}" for c in range(1, gw))
+        path += "".join(f"M0,{r * height / gh:.2f}L{width},{r * height / gh:.2f}" for r in range(1, gh))
+        if path:
+            shapes.append(dict(type="path", path=path, line=dict(color="rgba(255,255,255,0.6)", width=1)))
     patch = patch_of(query, num_prefix_tokens)
     if patch is not None:
         r, c = divmod(patch, gw)
-        fig.add_shape(type="rect", x0=c * width / gw, x1=(c + 1) * width / gw, y0=r * height / gh,
-                      y1=(r + 1) * height / gh, line=dict(color="cyan", width=3))
-    fig.update_xaxes(range=[0, width], visible=False, fixedrange=True)
-    fig.update_yaxes(range=[height, 0], visible=False, fixedrange=True, scaleanchor="x")
-    fig.update_layout(width=width, height=height, margin=dict(l=0, r=0, t=0, b=0), hovermode="closest",
-                      hoverdistance=-1, plot_bgcolor="rgba(0,0,0,0)", paper_bgcolor="rgba(0,0,0,0)")
-    return fig
+        shapes.append(dict(type="rect", x0=c * width / gw, x1=(c + 1) * width / gw, y0=r * height / gh,
+                           y1=(r + 1) * height / gh, line=dict(color="cyan", width=3)))
+    image = dict(source=image_source, xref="x", yref="y", x=0, y=0, sizex=width, sizey=height, xanchor="left",
+                 yanchor="top", sizing="stretch", layer="below")
+    layout = dict(width=width, height=height, margin=dict(l=0, r=0, t=0, b=0), hovermode="closest",
+                  hoverdistance=-1, plot_bgcolor="rgba(0,0,0,0)", paper_bgcolor="rgba(0,0,0,0)",
+                  images=[image], shapes=shapes,
+                  xaxis=dict(range=[0, width], visible=False, fixedrange=True),
+                  yaxis=dict(range=[height, 0], visible=False, fixedrange=True, scaleanchor="x"))
+    return go.Figure(data=[points], layout=layout)
 
 
 def predictions_figure(prediction: Prediction) -> go.Figure:
