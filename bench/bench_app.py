@@ -113,9 +113,9 @@ def bench(name: str, checkpoint: Checkpoint, data: bytes, repeats: int) -> None:
     }
     print(f"\n{name}: {L} layers x {H} heads, {T} tokens, {count_parameters(checkpoint.model) / 1e6:.2f} M params, "
           f"image {image.width}x{image.height}")
-    print(f"  {'':<38} {'wall ms':>9} {'cpu ms':>9}")
+    print(f"  {'':<42} {'wall ms':>9} {'cpu ms':>9}")
     for what, (wall, cpu) in results.items():
-        print(f"  {what:<38} {wall:9.1f} {cpu:9.1f}")
+        print(f"  {what:<42} {wall:9.1f} {cpu:9.1f}")
 
 
 def bench_apptest(repeats: int) -> None:
@@ -138,7 +138,7 @@ def bench_apptest(repeats: int) -> None:
         at.run()
 
     wall, cpu = timed(rerun, repeats)
-    print(f"  {'page rerun after a layer change (AppTest)':<38} {wall:9.1f} {cpu:9.1f}")
+    print(f"  {'page rerun after a layer change (AppTest)':<42} {wall:9.1f} {cpu:9.1f}")
 
 
 def main(argv: list[str] | None = None) -> int:
