@@ -244,7 +244,8 @@ if matrix_tab.open:
         heads_text = f"head {head + 1}" if head is not None else f"{fusion} over heads"
         matrix = explorer.layer_attention(analysis, layer - 1, head, fusion)[0].numpy()  # (T, T)
         st.plotly_chart(explorer.attention_matrix_figure(matrix, grid, prefix, colormap, query=query,
-                                                         title=f"Layer {layer}, {heads_text}"))
+                                                         title=f"Layer {layer}, {heads_text}"),
+                        theme=None)  # Streamlit's chart theme recolours the low end of the colour scale
         st.caption(f"Row i is what token i attends to (each row sums to 1); token 0 is CLS, tokens 1–{T - 1} the "
                    f"patches row by row. The outlined row is the query, {query_text}.")
 if stats_tab.open:

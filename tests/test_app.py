@@ -533,3 +533,12 @@ def test_analyse_runs_the_model_once_and_keeps_every_layer(tmp_path, forwards):
     assert relevance.class_index == 2 and len(relevance.gradients) == 3
     for ours, forward in zip(relevance.attentions, a.attentions, strict=True):
         torch.testing.assert_close(ours, forward)
+
+
+def test_attention_matrix_rows_are_queries_and_ticks_mark_cls_and_grid_rows():
+    matrix = np.arange(17 * 17, dtype=float).reshape(17, 17)
+    fig = explorer.attention_matrix_figure(matrix, (4, 4), query=6)
+    assert list(fig.layout.xaxis.tickvals) == [0, 5, 9, 13] and fig.layout.xaxis.ticktext[0] == "CLS"
+    assert fig.layout.yaxis.autorange == "reversed"  # query 0 (CLS) on top, like the matrix is written
+    [row] = fig.layout.shapes
+    assert (row.y0, row.y1, row.x0, row.x1) == (5.5, 6.5, -0.5, 16.5)

@@ -323,8 +323,7 @@ def attention_matrix_figure(matrix: np.ndarray, grid: tuple[int, int], num_prefi
     T = matrix.shape[-1]
     fig = go.Figure(go.Heatmap(z=matrix, colorscale=colormap, colorbar=dict(title="attention"),
                                hovertemplate="query %{y} → key %{x}: %{z:.4f}<extra></extra>"))
-    step = max(1, grid[1])
-    ticks = [0] + list(range(num_prefix_tokens, T, step))
+    ticks = [0] + list(range(num_prefix_tokens + grid[1], T, grid[1]))  # CLS, then the first token of rows 2, 3, …
     text = ["CLS" if t == 0 else str(t) for t in ticks]
     fig.update_xaxes(title="key token (attended to)", tickvals=ticks, ticktext=text, constrain="domain")
     fig.update_yaxes(title="query token (attending)", tickvals=ticks, ticktext=text, autorange="reversed",
