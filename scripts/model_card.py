@@ -39,14 +39,15 @@ def main() -> int:
     print(f"| parameters | {count_parameters(checkpoint.model):,} |")
     print(f"| data | `{meta['dataset']}`: {meta['train_size']:,} training / {meta['val_size']:,} validation images "
           f"(stratified, seed {config['args']['seed']}) |")
-    print(f"| preprocessing | resize to {pre.image_size}x{pre.image_size}, mean {list(pre.mean)}, std {list(pre.std)} |")
-    print(f"| recipe | `{config['args']['recipe']}`: AdamW lr {config['args']['lr']:g}, wd {config['args']['weight_decay']:g}, "
-          f"batch {config['args']['batch_size']}, warmup {config['args']['warmup_epochs']:g} epochs, "
-          f"{config['args']['schedule']} schedule, label smoothing {config['args']['label_smoothing']:g}, "
-          f"augmentation `{config['args']['augment']}` |")
+    print(f"| preprocessing | resize to {pre.image_size}x{pre.image_size}, mean {list(pre.mean)}, "
+          f"std {list(pre.std)} |")
+    a = config["args"]
+    print(f"| recipe | `{a['recipe']}`: AdamW lr {a['lr']:g}, wd {a['weight_decay']:g}, batch {a['batch_size']}, "
+          f"warmup {a['warmup_epochs']:g} epochs, {a['schedule']} schedule, label smoothing "
+          f"{a['label_smoothing']:g}, augmentation `{a['augment']}` |")
     print(f"| epochs | {meta['epochs']} (best validation at epoch {best['epoch']}) |")
-    print(f"| wall time | {seconds / 60:.1f} min for all {len(metrics)} epochs of the run (sum of `epoch_seconds`); "
-          f"median {rate:.0f} training images/s |")
+    print(f"| wall time | {seconds / 60:.1f} min for all {len(metrics)} epochs of the run (sum of "
+          f"`epoch_seconds`); median {rate:.0f} training images/s |")
     print(f"| hardware | {meta.get('hardware')} |")
     print(f"| validation accuracy | **{100 * meta['val_acc']:.2f} %** (this file's epoch); best seen "
           f"{100 * best['val_acc']:.2f} % |")
