@@ -1,7 +1,12 @@
-"""Small generated datasets for tests: image folders in the layouts ``folder:PATH`` accepts."""
+"""Shared test helpers: generated image folders (the layouts ``folder:PATH`` accepts) and the
+plumbing of the real-browser tests."""
 
 from __future__ import annotations
 
+import socket
+import subprocess
+import time
+import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -30,3 +35,34 @@ def make_image_folder(root: str | Path, classes: Sequence[str] = ("cat", "dog"),
                 image = Image.fromarray(np.clip(pixels, 0, 255).astype(np.uint8), "RGB")
                 (image.convert("L") if mode == "L" else image).save(folder / f"{i}.png")
     return root
+
+
+# -- real-browser tests: Debian's Chromium driven by Playwright against `streamlit run` -------
+
+CHROMIUM = Path("/usr/bin/chromium")
+ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts"  # screenshots, git-ignored
+# Without the background-networking flags Chromium keeps dialling out on this closed network.
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+                 "--disable-sync", "--no-first-run"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_for_health(url: str, server: subprocess.Popen, timeout: float = 180.0) -> None:
+    """Block until the Streamlit server at ``url`` answers its health check, or fail clearly."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if server.poll() is not None:
+            raise RuntimeError(f"streamlit exited with code {server.returncode}")
+        try:
+            with urllib.request.urlopen(f"{url}/_stcore/health", timeout=5) as response:
+                if response.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(0.5)
+    raise TimeoutError(f"streamlit did not answer at {url} within {timeout:.0f} s")

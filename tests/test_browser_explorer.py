@@ -6,16 +6,14 @@ missing. Screenshots go to test-artifacts/ (git-ignored).
 
 import io
 import os
-import socket
 import subprocess
 import sys
-import time
-import urllib.request
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from helpers import ARTIFACTS, CHROMIUM, CHROMIUM_ARGS, free_port, wait_for_health
 from PIL import Image
 
 from vit.catalog import DEFAULT_CHECKPOINT
@@ -25,19 +23,9 @@ from vit.model import ViT, ViTConfig
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parent.parent
-CHROMIUM = "/usr/bin/chromium"
-ARTIFACTS = ROOT / "test-artifacts"
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-                 "--disable-sync", "--no-first-run"]
 TIMEOUT_MS = 120_000  # the server imports torch and runs the model on a busy machine
 TINY = ViTConfig(image_size=16, patch_size=4, num_channels=3, num_classes=3, hidden_size=16, num_layers=2,
                  num_heads=2, mlp_size=32)  # a 4 x 4 patch grid
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def png(width: int, height: int, seed: int) -> bytes:
@@ -45,21 +33,6 @@ def png(width: int, height: int, seed: int) -> bytes:
     buffer = io.BytesIO()
     Image.fromarray(pixels).save(buffer, format="PNG")
     return buffer.getvalue()
-
-
-def wait_for_health(url: str, server: subprocess.Popen, timeout: float = 180.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if server.poll() is not None:
-            raise RuntimeError(f"streamlit exited with code {server.returncode}")
-        try:
-            with urllib.request.urlopen(f"{url}/_stcore/health", timeout=2) as response:
-                if response.status == 200:
-                    return
-        except OSError:
-            pass
-        time.sleep(0.5)
-    raise TimeoutError(f"streamlit did not answer at {url} within {timeout:.0f} s")
 
 
 @pytest.fixture

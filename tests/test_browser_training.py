@@ -8,45 +8,18 @@ from __future__ import annotations
 
 import os
 import re
-import socket
 import subprocess
 import sys
-import time
-import urllib.request
 from pathlib import Path
 
 import pytest
+from helpers import ARTIFACTS, CHROMIUM, CHROMIUM_ARGS, free_port, wait_for_health
 from test_runs import make_image_folder
 
 ROOT = Path(__file__).resolve().parent.parent
-CHROMIUM = Path("/usr/bin/chromium")
-ARTIFACTS = ROOT / "test-artifacts"
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-                 "--disable-sync", "--no-first-run"]
 SLOW_MS = 900_000  # two busy cores: the server, the training process and the explorer each import torch
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_healthy(url: str, server: subprocess.Popen, timeout: float) -> None:
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if server.poll() is not None:
-            raise AssertionError(f"streamlit exited with {server.returncode}")
-        try:
-            with urllib.request.urlopen(f"{url}/_stcore/health", timeout=5) as response:
-                if response.status == 200:
-                    return
-        except OSError:
-            pass
-        time.sleep(1)
-    raise AssertionError(f"streamlit did not answer at {url} within {timeout} s")
 
 
 @pytest.fixture
@@ -66,7 +39,7 @@ def app_url(tmp_path):
         cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     try:
-        wait_healthy(url, server, timeout=300)
+        wait_for_health(url, server, timeout=300)
         yield url, make_image_folder(tmp_path / "images")
     finally:
         server.terminate()
