@@ -695,7 +695,7 @@ class Trainer:
                     last_status = now
                     status.update(epoch=p.epoch + 1, step=p.global_step,
                                   progress=round(p.global_step / self.total_steps, 5),
-                                  eta_seconds=self._eta(clock), elapsed_seconds=round(self._elapsed(), 1))
+                                  eta_seconds=self._eta(clock), elapsed_seconds=round(self._elapsed(), 3))
                 if self._should_stop():
                     p.epoch_seconds = time.time() - epoch_start
                     p.elapsed = self._elapsed()
@@ -833,7 +833,7 @@ class Trainer:
             self._save_model(self.run_dir / "best.pt", val_acc)
         if status is not None:
             status.update(epoch=p.epoch, step=p.global_step, progress=round(p.global_step / self.total_steps, 5),
-                          best_val_acc=p.best_val_acc, elapsed_seconds=round(p.elapsed, 1))
+                          best_val_acc=p.best_val_acc, elapsed_seconds=round(p.elapsed, 3))
 
     # -- checkpoints ---------------------------------------------------------------------------
 
@@ -1069,7 +1069,7 @@ def _open_run(args: argparse.Namespace, argv: list[str], run_dir: Path, trainer:
             "state": "running", "epoch": p.epoch, "step": p.global_step, "total_epochs": args.epochs,
             "total_steps": trainer.total_steps, "progress": round(p.global_step / trainer.total_steps, 5),
             "pid": os.getpid(), "host": socket.gethostname(), "start_time": now_iso(), "eta_seconds": None,
-            "elapsed_seconds": round(p.elapsed, 1), "best_val_acc": p.best_val_acc if p.best_val_acc >= 0 else None,
+            "elapsed_seconds": round(p.elapsed, 3), "best_val_acc": p.best_val_acc if p.best_val_acc >= 0 else None,
             "device": str(trainer.device), "world_size": trainer.world, "error": None})
         status.start()
     except BaseException:
@@ -1177,7 +1177,7 @@ def main(argv: list[str] | None = None) -> int:
             p = trainer.progress
             status.update(state=state, eta_seconds=0 if state == "completed" else None, epoch=p.epoch,
                           step=p.global_step, progress=round(p.global_step / trainer.total_steps, 5),
-                          elapsed_seconds=round(p.elapsed, 1),
+                          elapsed_seconds=round(p.elapsed, 3),
                           best_val_acc=p.best_val_acc if p.best_val_acc >= 0 else None)
             how = ""
             if state == "cancelled":  # under torchrun the signal may have reached another rank only
