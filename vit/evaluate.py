@@ -19,7 +19,7 @@ from pathlib import Path
 from vit.checkpoint import Checkpoint
 from vit.data import IMAGE_EXTENSIONS, list_class_folders
 from vit.inference import predict_files
-from vit.predict import OneLineParser, UsageError, one_line, open_checkpoint, positive_int, resolve_device
+from vit.predict import OneLineParser, UsageError, open_checkpoint, positive_int, resolve_device, run_cli
 
 PROG = "vit.evaluate"
 
@@ -106,17 +106,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    try:
-        return run(build_parser().parse_args(argv))
-    except UsageError as e:
-        print(f"{PROG}: error: {e}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print(f"{PROG}: interrupted", file=sys.stderr)
-        return 130
-    except Exception as e:  # a CLI shows one line, never a traceback
-        print(f"{PROG}: failed: {one_line(e)}", file=sys.stderr)
-        return 1
+    return run_cli(PROG, build_parser(), run, argv)
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -138,16 +139,22 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    return run_cli(PROG, build_parser(), run, argv)
+
+
+def run_cli(prog: str, parser: argparse.ArgumentParser, run: Callable[[argparse.Namespace], int],
+            argv: list[str] | None) -> int:
+    """Run a CLI's ``run(args)`` so any failure is one line on stderr: usage 2, failure 1, ^C 130."""
     try:
-        return run(build_parser().parse_args(argv))
+        return run(parser.parse_args(argv))
     except UsageError as e:
-        print(f"{PROG}: error: {e}", file=sys.stderr)
+        print(f"{prog}: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print(f"{PROG}: interrupted", file=sys.stderr)
+        print(f"{prog}: interrupted", file=sys.stderr)
         return 130
     except Exception as e:  # a CLI shows one line, never a traceback
-        print(f"{PROG}: failed: {one_line(e)}", file=sys.stderr)
+        print(f"{prog}: failed: {one_line(e)}", file=sys.stderr)
         return 1
 
 
