@@ -399,8 +399,8 @@ def hand_analysis() -> explorer.Analysis:
     prediction = Prediction(top_k=[("b", 0.7), ("a", 0.3)], probabilities=np.array([0.3, 0.7]),
                             logits=np.array([0.0, 0.85]), attentions=tuple(a[0].numpy() for a in attentions),
                             class_index=1)
-    return explorer.Analysis(prediction=prediction, attentions=attentions, grid=(1, 2), patch_size=4, image_size=8,
-                             num_prefix_tokens=1, distance=np.zeros((2, 2)), entropy=np.zeros((2, 2)))
+    return explorer.Analysis(prediction=prediction, attentions=attentions, grid=(1, 2), patch_size=4,
+                             input_size=(4, 8), num_prefix_tokens=1)
 
 
 def test_one_layer_map_is_the_query_row_without_the_cls_key():
@@ -426,8 +426,7 @@ def test_rollout_map_multiplies_the_residual_corrected_layers():
 
 def test_class_map_needs_the_gradients_of_the_class_it_shows():
     a = hand_analysis()
-    gradients = tuple(torch.ones_like(t) for t in a.attentions)
-    relevance = explorer.ClassRelevance(1, a.attentions, gradients)
+    relevance = explorer.ClassRelevance(1, tuple(t.mean(dim=1) for t in a.attentions))  # gradient 1 everywhere
     settings = explorer.MapSettings(kind="class", end_layer=0)  # predicted class 1
     # One layer, gradient 1: R = I + mean_heads(A).
     expected = (torch.eye(3) + a.attentions[0][0].mean(0))[0, 1:]
@@ -530,15 +529,19 @@ def test_analyse_runs_the_model_once_and_keeps_every_layer(tmp_path, forwards):
     assert a.distance.shape == a.entropy.shape == (3, 2)
     assert len(a.prediction.top_k) == 3 and explorer.model_input_image(image, checkpoint).size == (16, 16)
     relevance = explorer.class_relevance(checkpoint, image, 2)
-    assert relevance.class_index == 2 and len(relevance.gradients) == 3
-    for ours, forward in zip(relevance.attentions, a.attentions, strict=True):
-        torch.testing.assert_close(ours, forward)
+    assert relevance.class_index == 2 and len(relevance.terms) == 3
+    # Every layer computed from the stored hidden states equals the model's own output_attentions.
+    with torch.inference_mode():
+        _, expected = checkpoint.model(explorer.preprocess([image], checkpoint.preprocessing), output_attentions=True)
+    for ours, theirs in zip(a.attentions, expected, strict=True):
+        torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-6)
 
 
 def test_attention_matrix_rows_are_queries_and_ticks_mark_cls_and_grid_rows():
     matrix = np.arange(17 * 17, dtype=float).reshape(17, 17)
     fig = explorer.attention_matrix_figure(matrix, (4, 4), query=6)
-    assert list(fig.layout.xaxis.tickvals) == [0, 5, 9, 13] and fig.layout.xaxis.ticktext[0] == "CLS"
+    assert list(fig.layout.xaxis.tickvals) == ["0", "5", "9", "13"]
+    assert list(fig.layout.xaxis.ticktext) == ["CLS", "5", "9", "13"]
     assert fig.layout.yaxis.autorange == "reversed"  # query 0 (CLS) on top, like the matrix is written
     [row] = fig.layout.shapes
     assert (row.y0, row.y1, row.x0, row.x1) == (5.5, 6.5, -0.5, 16.5)

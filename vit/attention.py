@@ -100,6 +100,26 @@ def _discard_lowest(fused: Tensor, ratio: float, num_prefix_tokens: int) -> Tens
     return torch.cat([prefix, patches], dim=-1)  # (B, T, T)
 
 
+def rollout_factor(attn: Tensor, head_fusion: str = "mean", discard_ratio: float = 0.0,
+                   num_prefix_tokens: int = 1) -> Tensor:
+    """One layer's factor of the attention rollout: ``(B, H, T, T)`` -> ``Â = (fused + I) / rowsum``, ``(B, T, T)``.
+
+    The heads are fused, the lowest ``discard_ratio`` of each row's patch entries zeroed
+    (prefix columns are kept) and the residual added as identity; see ``rollout``.
+    """
+    if not 0.0 <= discard_ratio < 1.0:
+        raise ValueError(f"discard_ratio must be in [0, 1), got {discard_ratio}")
+    T = attn.shape[-1]
+    if not 0 <= num_prefix_tokens < T:
+        raise ValueError(f"num_prefix_tokens must be in [0, {T}), got {num_prefix_tokens}")
+    dtype = _compute_dtype(attn)
+    a = fuse_heads(attn.to(dtype), head_fusion)  # (B, T, T)
+    if discard_ratio > 0:
+        a = _discard_lowest(a, discard_ratio, num_prefix_tokens)
+    a = a + torch.eye(T, dtype=dtype, device=attn.device)
+    return a / a.sum(dim=-1, keepdim=True)
+
+
 def rollout(attentions: Sequence[Tensor], head_fusion: str = "mean", discard_ratio: float = 0.0,
             end_layer: int | None = None, num_prefix_tokens: int = 1) -> Tensor:
     """Attention rollout (Abnar & Zuidema 2020): how much each output token draws on each input token.
@@ -114,20 +134,56 @@ def rollout(attentions: Sequence[Tensor], head_fusion: str = "mean", discard_rat
     if not 0.0 <= discard_ratio < 1.0:
         raise ValueError(f"discard_ratio must be in [0, 1), got {discard_ratio}")
     layers = _layers_up_to(attentions, end_layer)
-    T = layers[0].shape[-1]
-    if not 0 <= num_prefix_tokens < T:
-        raise ValueError(f"num_prefix_tokens must be in [0, {T}), got {num_prefix_tokens}")
-    dtype = _compute_dtype(layers[0])
-    eye = torch.eye(T, dtype=dtype, device=layers[0].device)  # (T, T)
     result = None
     for attn in layers:
-        a = fuse_heads(attn.to(dtype), head_fusion)  # (B, T, T)
-        if discard_ratio > 0:
-            a = _discard_lowest(a, discard_ratio, num_prefix_tokens)
-        a = a + eye
-        a = a / a.sum(dim=-1, keepdim=True)
+        a = rollout_factor(attn, head_fusion, discard_ratio, num_prefix_tokens)  # (B, T, T)
         result = a if result is None else a @ result  # the later layer reads the earlier one's output
     return result
+
+
+def rollout_rows(factors: Sequence[Tensor], query: int) -> Tensor:
+    """Row ``query`` of ``factors[-1] @ ... @ factors[0]`` (``rollout_factor`` outputs, ``(B, T, T)`` each): ``(B, T)``.
+
+    Vector-matrix products from the last layer down cost ``L x T²`` instead of the full
+    product's ``L x T³``: what a map of one query needs at thousands of tokens.
+    """
+    factors = list(factors)
+    if not factors:
+        raise ValueError("no rollout factors given")
+    T = factors[-1].shape[-1]
+    if not 0 <= query < T:
+        raise ValueError(f"query token {query} is out of range for {T} tokens")
+    row = factors[-1][:, query].float()  # (B, T)
+    for a in reversed(factors[:-1]):
+        row = (row[:, None, :] @ a.float())[:, 0]  # (B, T)
+    return row
+
+
+def positive_gradient_attention(attn: Tensor, grad: Tensor) -> Tensor:
+    """Chefer et al.'s per-layer term ``Ā = mean_heads((grad * attn).clamp(min=0))``: ``(B, H, T, T)`` -> ``(B, T, T)``.
+    """
+    if grad.shape != attn.shape:
+        raise ValueError(f"gradient of shape {tuple(grad.shape)} for attention of shape {tuple(attn.shape)}")
+    dtype = _compute_dtype(attn)
+    return (grad.to(dtype) * attn.to(dtype)).clamp(min=0).mean(dim=1)
+
+
+def relevance_rollout(terms: Sequence[Tensor], end_layer: int | None = None) -> Tensor:
+    """``R = I``, then ``R = R + Ā @ R`` for each layer's ``positive_gradient_attention`` term ``(B, T, T)``
+    up to ``end_layer``: the gradient rollout's ``(B, T, T)`` relevance."""
+    terms = list(terms)
+    if not terms:
+        raise ValueError("no layers given; run the model with output_attentions=True")
+    if end_layer is not None:
+        if not -len(terms) <= end_layer < len(terms):
+            raise ValueError(f"end_layer {end_layer} is out of range for {len(terms)} layers")
+        terms = terms[: end_layer % len(terms) + 1]
+    B, T, _ = terms[0].shape
+    dtype = _compute_dtype(terms[0])
+    R = torch.eye(T, dtype=dtype, device=terms[0].device).expand(B, T, T)  # (B, T, T)
+    for cam in terms:
+        R = R + cam.to(dtype) @ R
+    return R
 
 
 def gradient_rollout(attentions: Sequence[Tensor], gradients: Sequence[Tensor],
@@ -147,13 +203,24 @@ def gradient_rollout(attentions: Sequence[Tensor], gradients: Sequence[Tensor],
         if grad.shape != attn.shape:
             raise ValueError(f"layer {i}: gradient of shape {tuple(grad.shape)} for attention of shape "
                              f"{tuple(attn.shape)}")
-    B, _, T, _ = layers[0].shape
-    dtype = _compute_dtype(layers[0])
-    R = torch.eye(T, dtype=dtype, device=layers[0].device).expand(B, T, T)  # (B, T, T)
-    for attn, grad in zip(layers, grads, strict=False):
-        cam = (grad.to(dtype) * attn.to(dtype)).clamp(min=0).mean(dim=1)  # (B, T, T)
-        R = R + cam @ R
-    return R
+    return relevance_rollout([positive_gradient_attention(a, g) for a, g in zip(layers, grads, strict=False)])
+
+
+def mass_mask(maps: Tensor, share: float) -> Tensor:
+    """DINO's attention-mass mask: the patches that together hold ``share`` of each map's mass.
+
+    ``maps`` is ``(..., gh, gw)`` of non-negative values; the largest values are kept until
+    their cumulative sum exceeds ``1 - share`` of the map's total from the bottom, as in DINO's
+    ``visualize_attention.py`` (``cumval > 1 - threshold``). Returns a boolean tensor of the same shape.
+    """
+    if not 0.0 <= share <= 1.0:
+        raise ValueError(f"share must be in [0, 1], got {share}")
+    flat = maps.reshape(*maps.shape[:-2], -1).to(_compute_dtype(maps))  # (..., N)
+    total = flat.sum(dim=-1, keepdim=True).clamp_min(torch.finfo(flat.dtype).tiny)
+    values, order = torch.sort(flat / total, dim=-1)  # ascending, as DINO sorts
+    keep_sorted = values.cumsum(dim=-1) > (1.0 - share)
+    keep = torch.zeros_like(keep_sorted).scatter(-1, order, keep_sorted)
+    return keep.reshape(maps.shape)
 
 
 def class_gradients(model: torch.nn.Module, images: Tensor, class_index: int | Tensor

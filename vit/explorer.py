@@ -11,29 +11,97 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import io
 import math
-from dataclasses import dataclass
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import plotly.graph_objects as go
 import torch
-from PIL import Image
+from PIL import Image, ImageOps
 
-from vit.attention import class_gradients, fuse_heads, gradient_rollout, layer_stats, rollout, token_map
-from vit.checkpoint import Checkpoint
+from vit.attention import (
+    class_gradients,
+    fuse_heads,
+    layer_stats,
+    mass_mask,
+    positive_gradient_attention,
+    relevance_rollout,
+    rollout_factor,
+    rollout_rows,
+    token_map,
+)
+from vit.checkpoint import Checkpoint, Preprocessing
+from vit.hidden import ByteBudgetCache, LayerAttentions, forward_with_hidden_states
 from vit.images import to_mode, to_uint8
-from vit.inference import Prediction, predict, preprocess
-from vit.overlay import attentions_npz_bytes, overlay, to_png_bytes
+from vit.inference import TRAINING_SIZE, InputSize, Prediction, input_shape, predictions_from_logits, preprocess
+from vit.overlay import attentions_npz_bytes, draw_mask_contours, overlay, to_png_bytes
 
 MAP_KINDS = {
     "attention": "Attention of one layer",
     "rollout": "Attention rollout",
     "class": "Class-specific (gradient rollout)",
+    "norms": "Token norms (one layer's output)",
+}
+# The controls each map kind reads; the page shows only these (a control that does nothing misleads).
+MAP_CONTROLS = {
+    "attention": ("query", "layer", "head", "fusion"),
+    "rollout": ("query", "end_layer", "fusion", "discard_ratio"),
+    "class": ("class", "end_layer", "query"),
+    "norms": ("layer",),
+}
+COLOUR_SCALES = {
+    "own": "each map's min–max",
+    "zero": "0 to each map's max",
+    "shared": "one range for every head shown",
 }
 # Colour maps that matplotlib (overlays) and Plotly (heatmaps) both know by the same name.
 COLORMAPS = ("inferno", "viridis", "magma", "plasma", "cividis", "turbo", "jet")
 TOP_K = 5
+# Memory per analysed image: hidden states + cached layers + one layer being computed stays under
+# this (env VIT_ANALYSIS_MEMORY_MB), and inputs with more tokens than VIT_MAX_TOKENS are refused.
+ANALYSIS_MEMORY_LIMIT = 1024 * 2**20
+MAX_TOKENS = 5000
+LAYER_CACHE_BYTES = 256 * 2**20  # computed layers and rollout factors kept per image
+HALF_PRECISION_TOKENS = 1024  # rollout factors above this many tokens are kept in float16
+
+
+class TooManyTokens(ValueError):
+    """An input too big for the explorer's memory bound; the message says how to make it fit."""
+
+
+def analysis_limits() -> tuple[int, int]:
+    """``(max tokens, memory limit in bytes)`` from VIT_MAX_TOKENS and VIT_ANALYSIS_MEMORY_MB, else the defaults."""
+    tokens = int(os.environ.get("VIT_MAX_TOKENS") or MAX_TOKENS)
+    memory = int(float(os.environ.get("VIT_ANALYSIS_MEMORY_MB") or ANALYSIS_MEMORY_LIMIT / 2**20) * 2**20)
+    return tokens, memory
+
+
+def analysis_memory(num_layers: int, num_heads: int, hidden_size: int, tokens: int,
+                    cache_bytes: int = LAYER_CACHE_BYTES) -> int:
+    """Bytes one analysed image can hold at most: hidden states, the layer cache and one layer being computed
+    (its scores, probabilities and the softmax's temporary: 3 x heads x T² floats)."""
+    hidden = (num_layers + 1) * tokens * hidden_size * 4
+    return hidden + cache_bytes + 3 * num_heads * tokens * tokens * 4
+
+
+def check_input_fits(checkpoint: Checkpoint, grid: tuple[int, int], what: str = "This input") -> None:
+    """Raise ``TooManyTokens`` when an input of ``grid`` patches is over the token or memory limit."""
+    config, prefix = checkpoint.model.config, checkpoint.model.num_prefix_tokens
+    tokens = prefix + grid[0] * grid[1]
+    max_tokens, limit = analysis_limits()
+    if tokens > max_tokens:
+        raise TooManyTokens(f"{what} gives {tokens:,} tokens ({grid[0]}×{grid[1]} patches + {prefix}); the explorer "
+                            f"analyses at most {max_tokens:,} (VIT_MAX_TOKENS). Choose a smaller input size.")
+    need = analysis_memory(config.num_layers, config.num_heads, config.hidden_size, tokens)
+    if need > limit:
+        raise TooManyTokens(f"{what} gives {tokens:,} tokens, which needs about {need / 2**20:,.0f} MB for "
+                            f"{config.num_layers} layers × {config.num_heads} heads, over the "
+                            f"{limit / 2**20:,.0f} MB limit per image (VIT_ANALYSIS_MEMORY_MB). "
+                            "Choose a smaller input size.")
 
 
 def image_digest(data: bytes) -> str:
@@ -48,16 +116,22 @@ def sample_label(path: Path) -> str:
 
 @dataclass
 class Analysis:
-    """One image through one checkpoint: the prediction, every layer's attention and per-head statistics."""
+    """One image through one checkpoint: the prediction, and every layer's attention when read.
+
+    ``attentions`` reads like the model's ``output_attentions`` tuple (per layer ``(1, H, T, T)``);
+    from ``analyse`` it computes each layer from the stored hidden states when first read and
+    keeps it in ``cache`` within a byte budget, so memory stays bounded at thousands of tokens.
+    """
 
     prediction: Prediction
-    attentions: tuple[torch.Tensor, ...]  # per layer (1, H, T, T) float32, sharing the prediction's arrays
-    grid: tuple[int, int]  # patch grid of the model input (the image is resized to a square)
+    attentions: Sequence[torch.Tensor]  # per layer (1, H, T, T) float32
+    grid: tuple[int, int]  # patch grid of the model input (gh, gw), non-square with keep-aspect sizes
     patch_size: int
-    image_size: int  # side of the square model input, in pixels
+    input_size: tuple[int, int]  # (height, width) of the model input in pixels
     num_prefix_tokens: int
-    distance: np.ndarray  # (L, H) mean attention distance in model-input pixels
-    entropy: np.ndarray  # (L, H) mean attention entropy in nats
+    hidden: torch.Tensor | None = None  # (L + 1, T, D): every block's input, then the last block's output
+    training_size: int | None = None  # the checkpoint's square input side
+    cache: ByteBudgetCache = field(default_factory=lambda: ByteBudgetCache(LAYER_CACHE_BYTES), repr=False)
 
     @property
     def num_layers(self) -> int:
@@ -65,41 +139,96 @@ class Analysis:
 
     @property
     def num_heads(self) -> int:
-        return self.attentions[0].shape[1]
+        return getattr(self.attentions, "num_heads", None) or self.attentions[0].shape[1]
 
     @property
     def num_tokens(self) -> int:
-        return self.attentions[0].shape[-1]
+        return self.num_prefix_tokens + self.grid[0] * self.grid[1]
+
+    @property
+    def image_size(self) -> int:
+        """The long side of the model input (its side when square)."""
+        return max(self.input_size)
+
+    @property
+    def at_training_size(self) -> bool:
+        return self.training_size is None or self.input_size == (self.training_size, self.training_size)
+
+    def stats(self) -> tuple[np.ndarray, np.ndarray]:
+        """Per-head mean attention distance (px) and entropy (nats), each ``(L, H)``; computed once, layer by layer."""
+        def compute() -> torch.Tensor:
+            rows = []
+            for attn in self.attentions:
+                st = layer_stats([attn], self.grid, self.patch_size, self.num_prefix_tokens)
+                rows.append(torch.stack([st["distance"][0, 0], st["entropy"][0, 0]]).float())  # (2, H)
+            return torch.stack(rows, dim=1)  # (2, L, H)
+        both = self.cache.get(("stats",), compute)
+        return both[0].numpy(), both[1].numpy()
+
+    @property
+    def distance(self) -> np.ndarray:
+        return self.stats()[0]
+
+    @property
+    def entropy(self) -> np.ndarray:
+        return self.stats()[1]
 
 
-def analyse(checkpoint: Checkpoint, image: Image.Image, top_k: int = TOP_K) -> Analysis:
-    """Run the model once on ``image`` and gather everything the explorer draws from that pass."""
-    [prediction] = predict(checkpoint, [image], top_k=top_k, output_attentions=True)
-    attentions = tuple(torch.from_numpy(a)[None] for a in prediction.attentions)  # per layer (1, H, T, T)
-    model, size = checkpoint.model, checkpoint.preprocessing.image_size  # the input preprocess() makes
-    grid, prefix, patch_size = model.patch_grid(size, size), model.num_prefix_tokens, model.config.patch_size
-    stats = layer_stats(attentions, grid, patch_size, prefix)  # each (L, 1, H)
-    return Analysis(prediction=prediction, attentions=attentions, grid=grid, patch_size=patch_size,
-                    image_size=size, num_prefix_tokens=prefix,
-                    distance=stats["distance"][:, 0].float().numpy(), entropy=stats["entropy"][:, 0].float().numpy())
+def analyse(checkpoint: Checkpoint, image: Image.Image, size: InputSize = TRAINING_SIZE,
+            top_k: int = TOP_K) -> Analysis:
+    """Run the model once on ``image`` at ``size``; layers' attentions are computed when first read.
+
+    Raises ``TooManyTokens`` before running anything when the input is over the limits.
+    """
+    model, p = checkpoint.model, checkpoint.preprocessing
+    patch_size = model.config.patch_size
+    shape = input_shape(image, p, patch_size, size)  # (height, width)
+    grid = model.patch_grid(*shape)
+    check_input_fits(checkpoint, grid, f"A {shape[1]}×{shape[0]} px input")
+    device = next(model.parameters()).device
+    x = preprocess([image], p, size, patch_size).to(device)  # (1, C, H, W)
+    with torch.inference_mode():
+        logits, hidden = forward_with_hidden_states(model, x)  # (1, classes), (1, L + 1, T, D)
+    [prediction] = predictions_from_logits(logits, checkpoint.class_names, top_k)
+    hidden = hidden[0].float().cpu()
+    cache = ByteBudgetCache(LAYER_CACHE_BYTES)
+    layers = LayerAttentions(model, hidden, cache)
+    return Analysis(prediction=prediction, attentions=layers, grid=grid, patch_size=patch_size, input_size=shape,
+                    num_prefix_tokens=model.num_prefix_tokens, hidden=hidden, training_size=p.image_size,
+                    cache=cache)
 
 
 @dataclass
 class ClassRelevance:
-    """Attentions and d(class logit)/d(attention) per layer, for the class-specific map of one class."""
+    """Per layer Chefer et al.'s positive gradient-weighted attention ``(1, T, T)``, for one class's map."""
 
     class_index: int
-    attentions: tuple[torch.Tensor, ...]  # per layer (1, H, T, T)
-    gradients: tuple[torch.Tensor, ...]  # per layer (1, H, T, T)
+    terms: tuple[torch.Tensor, ...]  # per layer (1, T, T)
 
 
-def class_relevance(checkpoint: Checkpoint, image: Image.Image, class_index: int) -> ClassRelevance:
-    """One forward and backward pass for ``class_index`` (the page caches it per checkpoint, image and class)."""
-    device = next(checkpoint.model.parameters()).device
-    x = preprocess([image], checkpoint.preprocessing).to(device)  # (1, C, S, S)
-    _, attentions, gradients = class_gradients(checkpoint.model, x, class_index)
-    return ClassRelevance(class_index, tuple(a.float().cpu() for a in attentions),
-                          tuple(g.float().cpu() for g in gradients))
+def class_relevance(checkpoint: Checkpoint, image: Image.Image, class_index: int,
+                    size: InputSize = TRAINING_SIZE) -> ClassRelevance:
+    """One forward and backward pass for ``class_index`` (the page caches it per checkpoint, image and class).
+
+    The backward pass keeps every layer's attention and its gradient at once, so it has its own
+    token bound: ``TooManyTokens`` when that would be over the memory limit.
+    """
+    model, p = checkpoint.model, checkpoint.preprocessing
+    shape = input_shape(image, p, model.config.patch_size, size)
+    grid = model.patch_grid(*shape)
+    tokens = model.num_prefix_tokens + grid[0] * grid[1]
+    config = model.config
+    need = 4 * config.num_layers * config.num_heads * tokens * tokens * 4  # attentions, gradients, autograd copies
+    _, limit = analysis_limits()
+    if need > limit:
+        raise TooManyTokens(f"The class-specific map keeps every layer's attention and gradient: about "
+                            f"{need / 2**20:,.0f} MB at {tokens:,} tokens, over the {limit / 2**20:,.0f} MB limit. "
+                            "Choose a smaller input size, or another map.")
+    device = next(model.parameters()).device
+    x = preprocess([image], p, size, model.config.patch_size).to(device)  # (1, C, H, W)
+    _, attentions, gradients = class_gradients(model, x, class_index)
+    terms = tuple(positive_gradient_attention(a, g).float().cpu() for a, g in zip(attentions, gradients, strict=True))
+    return ClassRelevance(class_index, terms)
 
 
 @dataclass(frozen=True)
@@ -121,6 +250,14 @@ def resolved_class(settings: MapSettings, analysis: Analysis) -> int:
     return analysis.prediction.class_index if settings.class_index is None else settings.class_index
 
 
+def query_rows(analysis: Analysis, query: int) -> torch.Tensor:
+    """What ``query`` attends to in every layer and head: ``(L, H, T)`` (cached per query)."""
+    if not 0 <= query < analysis.num_tokens:
+        raise ValueError(f"query token {query} is out of range for {analysis.num_tokens} tokens")
+    return analysis.cache.get(("rows", query),
+                              lambda: torch.stack([a[0, :, query].float() for a in analysis.attentions]))
+
+
 def layer_attention(analysis: Analysis, layer: int, head: int | None, fusion: str = "mean") -> torch.Tensor:
     """One layer's ``(1, T, T)`` attention: one head's, or the heads fused by mean, max or min."""
     attn = analysis.attentions[layer]  # (1, H, T, T)
@@ -131,38 +268,163 @@ def layer_attention(analysis: Analysis, layer: int, head: int | None, fusion: st
     return attn[:, head]  # (1, T, T)
 
 
+def _rollout_factors(analysis: Analysis, fusion: str, discard_ratio: float, end_layer: int) -> list[torch.Tensor]:
+    """``rollout_factor`` of layers 0..end_layer, cached per image (float16 above HALF_PRECISION_TOKENS tokens)."""
+    L = analysis.num_layers
+    if not -L <= end_layer < L:
+        raise ValueError(f"end_layer {end_layer} is out of range for {L} layers")
+    dtype = torch.float16 if analysis.num_tokens > HALF_PRECISION_TOKENS else torch.float32
+
+    def factor(i: int) -> torch.Tensor:
+        return rollout_factor(analysis.attentions[i], fusion, discard_ratio, analysis.num_prefix_tokens).to(dtype)
+
+    return [analysis.cache.get(("factor", i, fusion, discard_ratio), lambda i=i: factor(i))
+            for i in range(end_layer % L + 1)]
+
+
+def token_norms(analysis: Analysis, layer: int) -> torch.Tensor:
+    """The L2 norm of every token after layer ``layer`` (0-based, negative from the end): ``(T,)``.
+
+    High-norm patch tokens are the "artifacts" of Darcet et al. (2023), which register tokens remove.
+    """
+    if analysis.hidden is None:
+        raise ValueError("this analysis has no hidden states; run explorer.analyse")
+    L = analysis.num_layers
+    if not -L <= layer < L:
+        raise ValueError(f"layer {layer} is out of range for {L} layers")
+    return analysis.hidden[layer % L + 1].float().norm(dim=-1)  # (T,)
+
+
+def _patch_map(row: torch.Tensor, analysis: Analysis) -> np.ndarray:
+    """A ``(T,)`` row -> the ``(gh, gw)`` map of its patch entries."""
+    return row[analysis.num_prefix_tokens:].reshape(analysis.grid).float().numpy()
+
+
 def attention_map(analysis: Analysis, settings: MapSettings, relevance: ClassRelevance | None = None) -> np.ndarray:
-    """The ``(gh, gw)`` map to draw: row ``settings.query`` of the chosen token-by-token matrix, patch keys only.
+    """The ``(gh, gw)`` map to draw: row ``settings.query`` of the chosen token-by-token matrix, patch keys only
+    (for the token-norm map: each patch token's norm after the layer).
 
     The class-specific map needs ``relevance`` for ``resolved_class(settings, analysis)``.
     """
-    s, prefix = settings, analysis.num_prefix_tokens
+    s = settings
     if s.kind == "attention":
-        matrix = layer_attention(analysis, s.layer, s.head, s.fusion)
-    elif s.kind == "rollout":
-        matrix = rollout(analysis.attentions, s.fusion, s.discard_ratio, s.end_layer, prefix)
-    elif s.kind == "class":
+        rows = query_rows(analysis, s.query)[s.layer]  # (H, T)
+        if s.head is not None:
+            if not 0 <= s.head < rows.shape[0]:
+                raise ValueError(f"head {s.head} is out of range for {rows.shape[0]} heads")
+            return _patch_map(rows[s.head], analysis)
+        return _patch_map(fuse_heads(rows[None, :, None], s.fusion)[0, 0], analysis)  # fusing rows = row of fusion
+    if s.kind == "rollout":
+        factors = _rollout_factors(analysis, s.fusion, s.discard_ratio, s.end_layer)
+        return _patch_map(rollout_rows(factors, s.query)[0], analysis)
+    if s.kind == "class":
         wanted = resolved_class(s, analysis)
         if relevance is None or relevance.class_index != wanted:
             raise ValueError(f"the class-specific map needs the gradients of class {wanted}")
-        matrix = gradient_rollout(relevance.attentions, relevance.gradients, s.end_layer)
-    else:
-        raise ValueError(f"unknown map kind {s.kind!r}; choose one of: {', '.join(MAP_KINDS)}")
-    return token_map(matrix, s.query, analysis.grid, prefix)[0].float().numpy()  # (gh, gw)
+        matrix = relevance_rollout(relevance.terms, s.end_layer)  # (1, T, T)
+        return token_map(matrix, s.query, analysis.grid, analysis.num_prefix_tokens)[0].float().numpy()
+    if s.kind == "norms":
+        return _patch_map(token_norms(analysis, s.layer), analysis)
+    raise ValueError(f"unknown map kind {s.kind!r}; choose one of: {', '.join(MAP_KINDS)}")
 
 
 def head_maps(analysis: Analysis, query: int, layer: int | None = None) -> np.ndarray:
     """Every head's map for ``query``: ``(H, gh, gw)`` for one layer, ``(L, H, gh, gw)`` when ``layer`` is None."""
-    layers = analysis.attentions if layer is None else [analysis.attentions[layer]]
-    maps = np.stack([token_map(a, query, analysis.grid, analysis.num_prefix_tokens)[0].float().numpy()
-                     for a in layers])  # (L, H, gh, gw)
-    return maps if layer is None else maps[0]
+    rows = query_rows(analysis, query)[:, :, analysis.num_prefix_tokens:]  # (L, H, gh*gw)
+    maps = rows.reshape(*rows.shape[:2], *analysis.grid).numpy()  # (L, H, gh, gw)
+    return maps if layer is None else maps[layer]
+
+
+def colour_range(maps: np.ndarray, scale: str) -> tuple[float | None, float | None]:
+    """``(vmin, vmax)`` for ``colorize``: None, None (each map its own min–max), 0 to the max, or one range
+    over all of ``maps`` (``scale`` "own", "zero" or "shared")."""
+    if scale == "own":
+        return None, None
+    if scale == "zero":
+        return 0.0, None
+    if scale == "shared":
+        return float(np.nanmin(maps)), float(np.nanmax(maps))
+    raise ValueError(f"unknown colour scale {scale!r}; choose one of: {', '.join(COLOUR_SCALES)}")
+
+
+def map_range(map2d: np.ndarray, vmin: float | None, vmax: float | None) -> tuple[float, float]:
+    """The values the darkest and brightest colours stand for on ``map2d`` with this ``vmin``/``vmax``."""
+    low = float(np.nanmin(map2d)) if vmin is None else vmin
+    high = float(np.nanmax(map2d)) if vmax is None else vmax
+    return low, high
 
 
 def small_multiples(image: Image.Image, maps: np.ndarray, opacity: float, colormap: str, mode: str,
-                    outline_patch: int | None = None) -> list[Image.Image]:
-    """One overlay per ``(gh, gw)`` map of ``maps (N, gh, gw)``, each on its own colour scale."""
-    return [overlay(image, m, opacity, colormap, mode, outline_patch=outline_patch) for m in maps]
+                    outline_patch: int | None = None, scale: str = "own",
+                    mask_share: float | None = None) -> list[Image.Image]:
+    """One overlay per ``(gh, gw)`` map of ``maps (N, gh, gw)``, on ``scale`` (see ``colour_range``),
+    with DINO's attention-mass contour per map when ``mask_share`` is given."""
+    vmin, vmax = colour_range(maps, scale)
+    cells = []
+    for m in maps:
+        cell = overlay(image, m, opacity, colormap, mode, outline_patch=outline_patch, vmin=vmin, vmax=vmax)
+        if mask_share is not None:
+            cell = draw_mask_contours(cell, mass_mask(torch.from_numpy(m), mask_share).numpy())
+        cells.append(cell)
+    return cells
+
+
+def heads_grid_image(cells: Sequence[Image.Image], columns: int, gap: int = 2) -> Image.Image:
+    """Thumbnails of one size tiled row by row into one image (one encode instead of one per head)."""
+    width, height = cells[0].size
+    rows = math.ceil(len(cells) / columns)
+    sheet = Image.new("RGB", (columns * width + (columns - 1) * gap, rows * height + (rows - 1) * gap),
+                      (255, 255, 255))
+    for i, cell in enumerate(cells):
+        r, c = divmod(i, columns)
+        sheet.paste(cell, (c * (width + gap), r * (height + gap)))
+    return sheet
+
+
+def heads_grid_figure(sheet_uri: str, sheet_size: tuple[int, int], layers: Sequence[int], num_heads: int,
+                      selected: tuple[int, int] | None = None, gap: int = 2) -> go.Figure:
+    """The heads grid (``heads_grid_image`` as ``sheet_uri``): one row per layer of ``layers`` (0-based), one column
+    per head; point ``i`` is cell ``i`` in row-major order, so a click selects ``(layers[r], head)``.
+    ``selected = (layer, head)`` is outlined."""
+    width, height = sheet_size
+    rows = len(layers)
+    cell_w, cell_h = (width + gap) / num_heads, (height + gap) / rows
+    index = np.arange(rows * num_heads)
+    r, c = np.divmod(index, num_heads)
+    labels = [f"layer {layers[i]+1}, head {j + 1}" for i, j in zip(r.tolist(), c.tolist(), strict=True)]
+    invisible = dict(marker=dict(opacity=0))
+    points = go.Scatter(x=(c + 0.5) * cell_w, y=(r + 0.5) * cell_h, mode="markers", text=labels,
+                        hovertemplate="%{text}<extra></extra>", showlegend=False,
+                        marker=dict(size=max(6, min(cell_w, cell_h)), symbol="square", opacity=0),
+                        selected=invisible, unselected=invisible)
+    shapes = []
+    if selected is not None and selected[0] in layers:
+        row = list(layers).index(selected[0])
+        shapes.append(dict(type="rect", x0=selected[1] * cell_w - 1, x1=(selected[1] + 1) * cell_w - gap + 1,
+                           y0=row * cell_h - 1, y1=(row + 1) * cell_h - gap + 1, line=dict(color="#ff4b4b", width=3)))
+    image = dict(source=sheet_uri, xref="x", yref="y", x=0, y=0, sizex=width, sizey=height, xanchor="left",
+                 yanchor="top", sizing="stretch", layer="below")
+    layout = dict(height=min(900, 60 + 110 * rows), margin=dict(l=44, r=0, t=22, b=0), hovermode="closest",
+                  hoverdistance=-1, plot_bgcolor="rgba(0,0,0,0)", paper_bgcolor="rgba(0,0,0,0)",
+                  images=[image], shapes=shapes, clickmode="event+select", dragmode=False,
+                  xaxis=dict(range=[0, width], fixedrange=True, side="top", showgrid=False, zeroline=False,
+                             tickvals=[(h + 0.5) * cell_w for h in range(num_heads)],
+                             ticktext=[f"head {h + 1}" for h in range(num_heads)]),
+                  yaxis=dict(range=[height, 0], fixedrange=True, scaleanchor="x", constrain="domain",
+                             showgrid=False, zeroline=False, tickvals=[(i + 0.5) * cell_h for i in range(rows)],
+                             ticktext=[f"L{layer + 1}" for layer in layers]))
+    return go.Figure(data=[points], layout=layout)
+
+
+def cell_from_selection(selection, layers: Sequence[int], num_heads: int) -> tuple[int, int] | None:
+    """The ``(layer, head)`` (0-based) a click on ``heads_grid_figure`` chose, or None."""
+    if not selection:
+        return None
+    indices = selection.get("point_indices") or []
+    if not indices:
+        return None
+    row, head = divmod(int(indices[-1]), num_heads)
+    return layers[row], head
 
 
 def token_label(token: int, grid: tuple[int, int], num_prefix_tokens: int = 1) -> str:
@@ -208,6 +470,11 @@ def describe_map(settings: MapSettings, analysis: Analysis, class_names: list[st
         if s.query == 0 and layer == L - 1:
             text += " The classifier reads the CLS token after this layer, so bright patches fed the prediction."
         return text
+    if s.kind == "norms":
+        layer = s.layer % L
+        return (f"**Token norms after layer {layer + 1} of {L}**: the length of each patch token's output vector. "
+                "A few patches far brighter than the rest are the high-norm \"artifact\" tokens of Darcet et al. "
+                "(2023), which register tokens remove.")
     end = s.end_layer % L
     if s.kind == "rollout":
         dropped = f", the lowest {s.discard_ratio:.0%} of each row dropped" if s.discard_ratio > 0 else ""
@@ -221,9 +488,72 @@ def describe_map(settings: MapSettings, analysis: Analysis, class_names: list[st
             f"are evidence for “{name}” as read by {who}.")
 
 
-def describe_range(map2d: np.ndarray) -> str:
-    """'Colours span 0.0012 (dark) to 0.083 (bright).'"""
-    return f"Colours span {float(np.min(map2d)):.3g} (dark) to {float(np.max(map2d)):.3g} (bright) on this map."
+def describe_range(map2d: np.ndarray, vmin: float | None = None, vmax: float | None = None) -> str:
+    """'Colours span 0.0012 (dark) to 0.083 (bright) on this map.' (or on the range given)."""
+    low, high = map_range(map2d, vmin, vmax)
+    where = "on this map" if vmin is None and vmax is None else (
+        f"(the map's values: {float(np.min(map2d)):.3g} to {float(np.max(map2d)):.3g})")
+    return f"Colours span {low:.3g} (dark) to {high:.3g} (bright) {where}."
+
+
+def describe_input(analysis: Analysis, image_size: tuple[int, int]) -> str:
+    """What the model saw: '... sees it as 480×360 px in 45×60 patches of 8 px (not its 224-px training size)'."""
+    height, width = analysis.input_size
+    gh, gw = analysis.grid
+    text = (f"the model sees it as {width}×{height} px in {gh}×{gw} patches of {analysis.patch_size} px "
+            f"({analysis.num_tokens:,} tokens)")
+    if not analysis.at_training_size:
+        text += (f", not its {analysis.training_size}×{analysis.training_size}-px training size: positions are "
+                 "interpolated")
+    iw, ih = image_size
+    if width * ih != height * iw:
+        text += "; the image is stretched to that shape" if abs(width / height - iw / ih) > 0.02 else ""
+    return text + "."
+
+
+def prediction_note(analysis: Analysis) -> str | None:
+    """A warning under the prediction when the input differs from the training size, else None."""
+    if analysis.at_training_size:
+        return None
+    height, width = analysis.input_size
+    return (f"Predicted at {width}×{height} px, not the {analysis.training_size}×{analysis.training_size} px the "
+            "model was trained at: the scores may differ from those at the training size.")
+
+
+def visible_tokens(num_tokens: int, num_prefix_tokens: int, hide_registers: bool) -> list[int]:
+    """Token indices to offer and draw: all, or without the prefix tokens after CLS (registers, distillation)."""
+    if not hide_registers:
+        return list(range(num_tokens))
+    return [0] + list(range(num_prefix_tokens, num_tokens))
+
+
+def map_file_name(stem: str, settings: MapSettings, analysis: Analysis, suffix: str = "overlay.png") -> str:
+    """'photo-attention-L3-h2-q7-overlay.png': the download says which map it is."""
+    s, L = settings, analysis.num_layers
+    query = "cls" if s.query == 0 else f"q{s.query}"
+    heads = f"h{s.head + 1}" if s.head is not None else s.fusion
+    parts = {"attention": [f"L{s.layer % L + 1}", heads, query],
+             "rollout": [f"L1-{s.end_layer % L + 1}", s.fusion, f"discard{round(s.discard_ratio * 100)}", query],
+             "class": [f"L1-{s.end_layer % L + 1}", f"class{resolved_class(s, analysis)}", query],
+             "norms": [f"L{s.layer % L + 1}"]}[s.kind]
+    return "-".join([stem, s.kind, *parts, suffix])
+
+
+def invert_image(image: Image.Image) -> Image.Image:
+    """The greyscale image with black and white swapped (for digits written dark on light)."""
+    return ImageOps.invert(to_mode(image, 1))
+
+
+def looks_inverted(image: Image.Image, preprocessing: Preprocessing) -> bool:
+    """Whether a 1-channel model's input is nearer the training data's mean brightness once inverted.
+
+    Only meaningful when the training mean is far from mid-grey (MNIST's is 0.13); otherwise False.
+    """
+    if preprocessing.num_channels != 1 or abs(preprocessing.mean[0] - 0.5) < 0.15:
+        return False
+    brightness = float(to_uint8(image, preprocessing.image_size, 1).float().mean()) / 255.0
+    mean = preprocessing.mean[0]
+    return abs((1.0 - brightness) - mean) < abs(brightness - mean)
 
 
 def display_size(size: tuple[int, int], min_side: int = 320, max_side: int = 640) -> tuple[int, int]:
@@ -249,16 +579,24 @@ def display_image(image: Image.Image, min_side: int = 320, max_side: int = 640) 
     return image.resize(size, method)
 
 
-def model_input_image(image: Image.Image, checkpoint: Checkpoint) -> Image.Image:
-    """The image as the model sees it (resized to its square input, greyscale for greyscale models)."""
+def model_input_image(image: Image.Image, checkpoint: Checkpoint, size: InputSize = TRAINING_SIZE) -> Image.Image:
+    """The image as the model sees it (resized to its input size, greyscale for greyscale models)."""
     p = checkpoint.preprocessing
-    array = to_uint8(image, p.image_size, p.num_channels).permute(1, 2, 0).numpy()  # (S, S, C)
+    shape = input_shape(image, p, checkpoint.model.config.patch_size, size)
+    array = to_uint8(image, shape, p.num_channels).permute(1, 2, 0).numpy()  # (H, W, C)
     return Image.fromarray(array[:, :, 0] if array.shape[2] == 1 else array)
 
 
 def png_data_uri(image: Image.Image) -> str:
     """The image as a ``data:`` URI for a Plotly layout image (encode it once per image, not per redraw)."""
     return "data:image/png;base64," + base64.b64encode(to_png_bytes(image)).decode("ascii")
+
+
+def jpeg_data_uri(image: Image.Image, quality: int = 90) -> str:
+    """A ``data:`` URI in JPEG: ~30x faster to encode than PNG at its default level, for images redrawn often."""
+    buffer = io.BytesIO()
+    to_mode(image, 3).save(buffer, format="JPEG", quality=quality)
+    return "data:image/jpeg;base64," + base64.b64encode(buffer.getvalue()).decode("ascii")
 
 
 def patch_picker_figure(image_size: tuple[int, int], image_source: str, grid: tuple[int, int], query: int,
@@ -292,11 +630,13 @@ def patch_picker_figure(image_size: tuple[int, int], image_source: str, grid: tu
                            y1=(r + 1) * height / gh, line=dict(color="cyan", width=3)))
     image = dict(source=image_source, xref="x", yref="y", x=0, y=0, sizex=width, sizey=height, xanchor="left",
                  yanchor="top", sizing="stretch", layer="below")
+    # The same layout for the clickable image and the overlay, so both draw at one size and top.
     layout = dict(width=width, height=height, margin=dict(l=0, r=0, t=0, b=0), hovermode="closest",
                   hoverdistance=-1, plot_bgcolor="rgba(0,0,0,0)", paper_bgcolor="rgba(0,0,0,0)",
-                  images=[image], shapes=shapes,
-                  xaxis=dict(range=[0, width], visible=False, fixedrange=True),
-                  yaxis=dict(range=[height, 0], visible=False, fixedrange=True, scaleanchor="x"))
+                  images=[image], shapes=shapes, dragmode=False,
+                  xaxis=dict(range=[0, width], visible=False, fixedrange=True, constrain="domain"),
+                  yaxis=dict(range=[height, 0], visible=False, fixedrange=True, scaleanchor="x",
+                             constrain="domain"))
     return go.Figure(data=[points], layout=layout)
 
 
@@ -314,24 +654,76 @@ def predictions_figure(prediction: Prediction) -> go.Figure:
     return fig
 
 
+def pool_matrix(matrix: np.ndarray, max_cells: int) -> tuple[np.ndarray, int]:
+    """Average ``bin x bin`` blocks of a ``(T, T)`` matrix so that it has at most ``max_cells`` rows:
+    ``(pooled, bin)``; the last block of each axis averages what is left."""
+    T = matrix.shape[0]
+    size = max(1, math.ceil(T / max_cells))
+    if size == 1:
+        return matrix, 1
+    n = math.ceil(T / size)
+    padded = np.full((n * size, n * size), np.nan, dtype=np.float32)
+    padded[:T, :T] = matrix
+    with np.errstate(invalid="ignore"):
+        pooled = np.nanmean(padded.reshape(n, size, n, size), axis=(1, 3))  # (n, n)
+    return pooled, size
+
+
+MATRIX_MAX_CELLS = 400  # rows and columns drawn at most; beyond, blocks of tokens are averaged
+
+
 def attention_matrix_figure(matrix: np.ndarray, grid: tuple[int, int], num_prefix_tokens: int = 1,
-                            colormap: str = "inferno", title: str = "", query: int | None = None) -> go.Figure:
+                            colormap: str = "inferno", title: str = "", query: int | None = None,
+                            tokens: Sequence[int] | None = None, max_cells: int = MATRIX_MAX_CELLS) -> go.Figure:
     """A ``(T, T)`` attention matrix as a heatmap: row = query token, column = key token, token 0 = CLS.
 
-    ``query`` outlines that row: the one the overlay shows (without its prefix columns).
+    ``tokens`` keeps only those rows and columns (e.g. without register tokens); more than
+    ``max_cells`` of them are shown as block averages with the token ranges in the hover text,
+    so thousands of tokens never freeze the browser. ``query`` outlines that row.
     """
-    T = matrix.shape[-1]
-    fig = go.Figure(go.Heatmap(z=matrix, colorscale=colormap, colorbar=dict(title="attention"),
-                               hovertemplate="query %{y} → key %{x}: %{z:.4f}<extra></extra>"))
-    ticks = [0] + list(range(num_prefix_tokens + grid[1], T, grid[1]))  # CLS, then the first token of rows 2, 3, …
-    text = ["CLS" if t == 0 else str(t) for t in ticks]
-    fig.update_xaxes(title="key token (attended to)", tickvals=ticks, ticktext=text, constrain="domain")
+    tokens = list(range(matrix.shape[-1])) if tokens is None else list(tokens)
+    shown = matrix[np.ix_(tokens, tokens)] if len(tokens) != matrix.shape[-1] else matrix
+    pooled, size = pool_matrix(np.asarray(shown, dtype=np.float32), max_cells)
+    n = pooled.shape[0]
+    first = [tokens[i * size] for i in range(n)]
+    last = [tokens[min((i + 1) * size, len(tokens)) - 1] for i in range(n)]
+    names = [str(a) if a == b else f"{a}–{b}" for a, b in zip(first, last, strict=True)]
+    hover = (("query %{y} → key %{x}: %{z:.4f}" if size == 1 else "queries %{y} → keys %{x}: mean %{z:.4f}")
+             + "<extra></extra>")
+    fig = go.Figure(go.Heatmap(z=pooled, x=names, y=names, colorscale=colormap, hovertemplate=hover,
+                               colorbar=dict(title="attention" if size == 1 else f"mean of {size}×{size}")))
+    # Ticks: CLS and the first token of each grid row, at most ~20 of them.
+    # (the first patch row's start sits next to CLS and would overlap its label)
+    row_starts = [0] + list(range(num_prefix_tokens + grid[1], matrix.shape[-1], grid[1]))
+    step = max(1, math.ceil(len(row_starts) / 20))
+    wanted = row_starts[::step]
+    positions = sorted({i for i, (a, b) in enumerate(zip(first, last, strict=True))
+                        for t in wanted if a <= t <= b})
+    text = ["CLS" if first[i] == 0 else str(first[i]) for i in positions]
+    ticks = [names[i] for i in positions]
+    fig.update_xaxes(title=dict(text="key token (attended to)", standoff=8), tickvals=ticks, ticktext=text,
+                     type="category", constrain="domain", automargin=True, tickangle=-45, side="bottom")
     fig.update_yaxes(title="query token (attending)", tickvals=ticks, ticktext=text, autorange="reversed",
-                     scaleanchor="x", constrain="domain")
-    if query is not None:
-        fig.add_shape(type="rect", x0=-0.5, x1=T - 0.5, y0=query - 0.5, y1=query + 0.5,
-                      line=dict(color="cyan", width=2))
-    fig.update_layout(title=title, height=560, margin=dict(l=0, r=0, t=40 if title else 10, b=0))
+                     type="category", scaleanchor="x", constrain="domain", automargin=True)
+    if query is not None and query in tokens:
+        row = tokens.index(query) // size
+        fig.add_shape(type="rect", x0=-0.5, x1=n - 0.5, y0=row - 0.5, y1=row + 0.5, line=dict(color="cyan", width=2))
+    # Room below the plot for the tick labels and then the axis title, so neither covers the bottom rows.
+    fig.update_layout(title=title, height=620, margin=dict(l=10, r=10, t=40 if title else 10, b=90))
+    return fig
+
+
+def colorbar_figure(vmin: float, vmax: float, colormap: str = "inferno", label: str = "") -> go.Figure:
+    """A horizontal colour bar with the real values from ``vmin`` (dark) to ``vmax`` (bright)."""
+    if not vmax > vmin:
+        vmax = vmin + (abs(vmin) * 1e-6 or 1e-6)
+    values = np.linspace(vmin, vmax, 128)
+    fig = go.Figure(go.Heatmap(z=values[None], x=values, y=[0], colorscale=colormap, showscale=False,
+                               zmin=vmin, zmax=vmax, hovertemplate="%{x:.4g}<extra></extra>"))
+    fig.update_xaxes(range=[vmin, vmax], tickformat=".3g", nticks=6, title=dict(text=label, standoff=2),
+                     fixedrange=True, showgrid=False)
+    fig.update_yaxes(visible=False, fixedrange=True)
+    fig.update_layout(height=78 if label else 58, margin=dict(l=8, r=8, t=4, b=4))
     return fig
 
 
@@ -354,18 +746,33 @@ def layer_stats_figure(values: np.ndarray, y_title: str, title: str = "") -> go.
     return fig
 
 
-def attentions_npz(analysis: Analysis, class_names: list[str]) -> bytes:
-    """Every layer's attention (``layer_i``: heads x tokens x tokens) with the logits, classes and geometry."""
+NPZ_PRECISIONS = ("float32", "float16")
+
+
+def attentions_npz(analysis: Analysis, class_names: list[str], layers: Sequence[int] | None = None,
+                   precision: str = "float32") -> bytes:
+    """Attentions (``layer_i``: heads x tokens x tokens) of ``layers`` (default every layer) with the logits,
+    classes and geometry; ``float16`` halves the file, for big inputs."""
+    if precision not in NPZ_PRECISIONS:
+        raise ValueError(f"unknown precision {precision!r}; choose one of: {', '.join(NPZ_PRECISIONS)}")
     p = analysis.prediction
-    return attentions_npz_bytes(p.attentions, logits=p.logits, probabilities=p.probabilities,
+    chosen = range(analysis.num_layers) if layers is None else layers
+    arrays = {f"layer_{i}": analysis.attentions[i][0].numpy().astype(precision) for i in chosen}
+    distance, entropy = analysis.stats()
+    return attentions_npz_bytes([], **arrays, logits=p.logits, probabilities=p.probabilities,
                                 class_names=np.array(class_names), grid=np.array(analysis.grid),
                                 patch_size=np.array(analysis.patch_size),
+                                input_size=np.array(analysis.input_size),
                                 num_prefix_tokens=np.array(analysis.num_prefix_tokens),
-                                mean_attention_distance=analysis.distance, attention_entropy=analysis.entropy)
+                                mean_attention_distance=distance, attention_entropy=entropy)
 
 
 def overlay_png(image: Image.Image, map2d: np.ndarray, opacity: float, colormap: str, mode: str, show_grid: bool,
-                outline_patch: int | None) -> bytes:
+                outline_patch: int | None, vmin: float | None = None, vmax: float | None = None,
+                mask: np.ndarray | None = None) -> bytes:
     """The overlay at the image's own resolution, as PNG (for the download)."""
-    return to_png_bytes(overlay(image, map2d, opacity, colormap, mode, show_grid=show_grid,
-                                outline_patch=outline_patch))
+    drawn = overlay(image, map2d, opacity, colormap, mode, show_grid=show_grid, outline_patch=outline_patch,
+                    vmin=vmin, vmax=vmax)
+    if mask is not None:
+        drawn = draw_mask_contours(drawn, mask)
+    return to_png_bytes(drawn)

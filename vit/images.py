@@ -89,11 +89,15 @@ def to_mode(image: Image.Image, num_channels: int) -> Image.Image:
     return image.convert("RGB" if num_channels == 3 else "L")
 
 
-def to_uint8(image: Image.Image, image_size: int, num_channels: int) -> torch.Tensor:
-    """The evaluation transform up to normalisation: a ``(C, S, S)`` uint8 tensor."""
+def to_uint8(image: Image.Image, image_size: int | tuple[int, int], num_channels: int) -> torch.Tensor:
+    """The evaluation transform up to normalisation: a ``(C, S, S)`` uint8 tensor.
+
+    ``image_size`` is the side of a square, or ``(height, width)`` for another input size.
+    """
+    height, width = (image_size, image_size) if isinstance(image_size, int) else image_size
     image = to_mode(image, num_channels)
-    if image.size != (image_size, image_size):
-        image = image.resize((image_size, image_size), Image.Resampling.BICUBIC)
+    if image.size != (width, height):
+        image = image.resize((width, height), Image.Resampling.BICUBIC)
     array = np.asarray(image, dtype=np.uint8)
     if array.ndim == 2:
         array = array[:, :, None]

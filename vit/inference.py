@@ -19,13 +19,75 @@ from PIL import Image
 from vit.checkpoint import Checkpoint, Preprocessing
 from vit.images import ImageError, normalize, open_image, to_uint8
 
+MAX_INPUT_SIDE = 1024  # px; beyond this even ViT-S/16 has over 4,000 tokens
 
-def preprocess(images: Sequence[Image.Image], preprocessing: Preprocessing) -> torch.Tensor:
-    """PIL images of any size and mode -> float32 ``(B, C, S, S)`` normalised model input."""
+
+@dataclass(frozen=True)
+class InputSize:
+    """The size the model sees, instead of the checkpoint's square ``preprocessing.image_size``.
+
+    ``side`` None keeps the checkpoint's size. Otherwise the input is a square of ``side`` px,
+    or with ``keep_aspect`` the image's long side at ``side`` px and the short side in proportion.
+    Sides are rounded to whole patches; the model interpolates its position embeddings to the
+    new grid (as DINO's visualisation does).
+    """
+
+    side: int | None = None
+    keep_aspect: bool = False
+
+    def __post_init__(self) -> None:
+        if self.side is not None and (isinstance(self.side, bool) or not isinstance(self.side, int)
+                                      or not 1 <= self.side <= MAX_INPUT_SIDE):
+            raise ValueError(f"input size must be a whole number of pixels from 1 to {MAX_INPUT_SIDE}, "
+                             f"got {self.side!r}")
+
+    def shape(self, image_size: tuple[int, int], preprocessing: Preprocessing, patch_size: int) -> tuple[int, int]:
+        """``(height, width)`` of the model input for an image of ``image_size = (width, height)``."""
+        side = preprocessing.image_size if self.side is None else self.side
+        whole = max(1, round(side / patch_size)) * patch_size  # whole patches, at least one
+        if not self.keep_aspect:
+            return whole, whole
+        width, height = image_size
+        short = max(1, round(whole * min(width, height) / max(width, height) / patch_size)) * patch_size
+        return (whole, short) if height >= width else (short, whole)
+
+    def describe(self) -> str:
+        """'the model's size', '384 px square', 'long side 480 px'."""
+        if self.side is None and not self.keep_aspect:
+            return "the model's size"
+        side = "the model's size" if self.side is None else f"{self.side} px"
+        return f"long side {side}, aspect kept" if self.keep_aspect else f"{side} square"
+
+
+TRAINING_SIZE = InputSize()
+
+
+def input_shape(image: Image.Image, preprocessing: Preprocessing, patch_size: int,
+                size: InputSize = TRAINING_SIZE) -> tuple[int, int]:
+    """``(height, width)`` the model sees ``image`` at; the checkpoint's square unless ``size`` says otherwise."""
+    if size == TRAINING_SIZE:
+        return preprocessing.image_size, preprocessing.image_size
+    return size.shape(image.size, preprocessing, patch_size)
+
+
+def preprocess(images: Sequence[Image.Image], preprocessing: Preprocessing, size: InputSize = TRAINING_SIZE,
+               patch_size: int | None = None) -> torch.Tensor:
+    """PIL images of any size and mode -> float32 ``(B, C, H, W)`` normalised model input.
+
+    By default ``H = W = preprocessing.image_size``; another ``size`` needs the model's
+    ``patch_size`` to round to, and all images must then come out at the same shape.
+    """
     p = preprocessing
     if not images:
         return torch.empty(0, p.num_channels, p.image_size, p.image_size)
-    batch = torch.stack([to_uint8(image, p.image_size, p.num_channels) for image in images])  # (B, C, S, S)
+    if size != TRAINING_SIZE and patch_size is None:
+        raise ValueError("an input size other than the checkpoint's needs the model's patch_size")
+    shapes = [input_shape(image, p, patch_size or 1, size) for image in images]
+    if len(set(shapes)) > 1:
+        raise ValueError(f"images come out at different input sizes {sorted(set(shapes))}; "
+                         "preprocess them one at a time")
+    batch = torch.stack([to_uint8(image, shape, p.num_channels)
+                         for image, shape in zip(images, shapes, strict=True)])  # (B, C, H, W)
     return normalize(batch, p.mean, p.std)
 
 
@@ -45,11 +107,13 @@ class Prediction:
 
 
 def predict(checkpoint: Checkpoint, images: Sequence[Image.Image], top_k: int = 5, output_attentions: bool = True,
-            batch_size: int = 64) -> list[Prediction]:
+            batch_size: int = 64, size: InputSize = TRAINING_SIZE) -> list[Prediction]:
     """Classify ``images`` in batches of ``batch_size``; one ``Prediction`` per image, in order.
 
     ``top_k`` is clamped to the number of classes; attentions are returned when
     ``output_attentions`` (they cost memory: layers x heads x T^2 floats per image).
+    ``size`` sets the input size; images that come out at different shapes (``keep_aspect``)
+    go through the model in separate batches.
     """
     if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
         raise ValueError(f"top_k must be a whole number of at least 1, got {top_k!r}")
@@ -60,26 +124,43 @@ def predict(checkpoint: Checkpoint, images: Sequence[Image.Image], top_k: int = 
     device = next(model.parameters()).device
     results: list[Prediction] = []
     with torch.inference_mode():
-        for start in range(0, len(images), batch_size):
-            chunk = images[start:start + batch_size]
-            x = preprocess(chunk, checkpoint.preprocessing).to(device)  # (B, C, S, S)
+        for chunk in _same_shape_batches(images, checkpoint, size, batch_size):
+            x = preprocess(chunk, checkpoint.preprocessing, size, model.config.patch_size).to(device)  # (B, C, H, W)
             logits, attentions = model(x, output_attentions=output_attentions)
-            logits = logits.float()
-            probs = logits.softmax(dim=-1)  # (B, classes)
-            top_p, top_i = probs.topk(k, dim=-1)  # (B, k) each, descending
-            logits_np, probs_np = logits.cpu().numpy(), probs.cpu().numpy()
-            top_p, top_i = top_p.cpu().tolist(), top_i.cpu().tolist()
             layers = [a.float().cpu().numpy() for a in attentions] if attentions is not None else None
-            for i in range(len(chunk)):
-                results.append(Prediction(
-                    top_k=[(names[c], float(p)) for c, p in zip(top_i[i], top_p[i], strict=True)],
-                    probabilities=probs_np[i].copy(),
-                    logits=logits_np[i].copy(),
-                    # copies, so one kept prediction does not keep its whole batch alive
-                    attentions=tuple(layer[i].copy() for layer in layers) if layers is not None else None,
-                    class_index=int(top_i[i][0]),
-                ))
+            for i, prediction in enumerate(predictions_from_logits(logits, names, k)):
+                # copies, so one kept prediction does not keep its whole batch alive
+                prediction.attentions = tuple(layer[i].copy() for layer in layers) if layers is not None else None
+                results.append(prediction)
     return results
+
+
+def predictions_from_logits(logits: torch.Tensor, class_names: Sequence[str], top_k: int) -> list[Prediction]:
+    """One ``Prediction`` (without attentions) per row of ``logits (B, classes)``; ``top_k`` at most the classes."""
+    logits = logits.detach().float()
+    probs = logits.softmax(dim=-1)  # (B, classes)
+    top_p, top_i = probs.topk(min(top_k, logits.shape[-1]), dim=-1)  # (B, k) each, descending
+    logits_np, probs_np = logits.cpu().numpy(), probs.cpu().numpy()
+    top_p, top_i = top_p.cpu().tolist(), top_i.cpu().tolist()
+    return [Prediction(top_k=[(class_names[c], float(p)) for c, p in zip(top_i[i], top_p[i], strict=True)],
+                       probabilities=probs_np[i].copy(), logits=logits_np[i].copy(), attentions=None,
+                       class_index=int(top_i[i][0]))
+            for i in range(logits.shape[0])]
+
+
+def _same_shape_batches(images: Sequence[Image.Image], checkpoint: Checkpoint, size: InputSize,
+                        batch_size: int) -> Iterator[Sequence[Image.Image]]:
+    """Consecutive runs of at most ``batch_size`` images that come out at the same input shape."""
+    patch = checkpoint.model.config.patch_size
+    start = 0
+    while start < len(images):
+        shape = input_shape(images[start], checkpoint.preprocessing, patch, size)
+        end = start + 1
+        while (end < len(images) and end - start < batch_size
+               and input_shape(images[end], checkpoint.preprocessing, patch, size) == shape):
+            end += 1
+        yield images[start:end]
+        start = end
 
 
 @dataclass
@@ -100,7 +181,8 @@ class FileResult:
 
 
 def predict_files(checkpoint: Checkpoint, paths: Sequence[str | os.PathLike], top_k: int = 5,
-                  output_attentions: bool = False, batch_size: int = 64) -> Iterator[FileResult]:
+                  output_attentions: bool = False, batch_size: int = 64,
+                  size: InputSize = TRAINING_SIZE) -> Iterator[FileResult]:
     """Open and classify image files a batch at a time, yielding one result per path in order.
 
     An unreadable file yields its ``ImageError`` message instead of stopping the others; only
@@ -117,7 +199,7 @@ def predict_files(checkpoint: Checkpoint, paths: Sequence[str | os.PathLike], to
             except ImageError as e:
                 results.append(FileResult(path, error=str(e)))
         readable = [r for r in results if r.image is not None]
-        predictions = predict(checkpoint, [r.image for r in readable], top_k, output_attentions, batch_size)
+        predictions = predict(checkpoint, [r.image for r in readable], top_k, output_attentions, batch_size, size)
         for result, prediction in zip(readable, predictions, strict=True):
             result.prediction = prediction
         yield from results

@@ -115,12 +115,13 @@ def patch_box(patch: int, image_size: tuple[int, int], grid: tuple[int, int]) ->
 
 def overlay(image: Image.Image, map2d, opacity: float = 0.5, colormap: str = "inferno", mode: str = "bilinear",
             show_grid: bool = False, grid_color: tuple[int, int, int] = (255, 255, 255),
-            outline_patch: int | None = None, outline_color: tuple[int, int, int] = (0, 255, 255)
-            ) -> Image.Image:
+            outline_patch: int | None = None, outline_color: tuple[int, int, int] = (0, 255, 255),
+            vmin: float | None = None, vmax: float | None = None) -> Image.Image:
     """Blend a coloured ``(gh, gw)`` map over ``image`` at the image's own size; RGB result.
 
-    ``opacity`` 0 gives the image back, 1 the colour map alone. ``show_grid`` draws the patch
-    borders; ``outline_patch`` (a row-major patch index, not a token index) outlines one patch.
+    ``opacity`` 0 gives the image back, 1 the colour map alone. Colours span ``vmin`` to
+    ``vmax`` (default the map's own min and max). ``show_grid`` draws the patch borders;
+    ``outline_patch`` (a row-major patch index, not a token index) outlines one patch.
     """
     if not 0.0 <= opacity <= 1.0:
         raise ValueError(f"opacity must be in [0, 1], got {opacity}")
@@ -129,7 +130,7 @@ def overlay(image: Image.Image, map2d, opacity: float = 0.5, colormap: str = "in
     width, height = image.size
     grid = values.shape
     base = np.asarray(image, dtype=np.float32)  # (H, W, 3)
-    heat = colorize(upsample(values, (height, width), mode), colormap).astype(np.float32)  # (H, W, 3)
+    heat = colorize(upsample(values, (height, width), mode), colormap, vmin, vmax).astype(np.float32)  # (H, W, 3)
     blended = np.clip(np.rint((1.0 - opacity) * base + opacity * heat), 0, 255).astype(np.uint8)
     result = Image.fromarray(blended, "RGB")
     if show_grid or outline_patch is not None:
@@ -147,6 +148,32 @@ def overlay(image: Image.Image, map2d, opacity: float = 0.5, colormap: str = "in
             # max(): a grid finer than the image leaves some patches without a pixel of their own.
             draw.rectangle([left, top, max(left, right - 1), max(top, bottom - 1)], outline=tuple(outline_color),
                            width=line)
+    return result
+
+
+def draw_mask_contours(image: Image.Image, mask: np.ndarray, color: tuple[int, int, int] = (255, 255, 255),
+                       width: int | None = None) -> Image.Image:
+    """Outline the region of a boolean ``(gh, gw)`` patch mask over ``image`` (a copy): a line wherever a
+    kept patch borders a dropped one or the image edge, on the patch borders ``patch_box`` uses."""
+    mask = np.asarray(mask, dtype=bool)
+    if mask.ndim != 2:
+        raise ValueError(f"expected a 2-D (grid height, grid width) mask, got shape {mask.shape}")
+    result = to_mode(image, 3).copy()
+    W, H = result.size
+    gh, gw = mask.shape
+    line = width or max(1, min(W, H) // 160)
+    xs = [_first_pixel(c, W, gw) for c in range(gw + 1)]
+    ys = [_first_pixel(r, H, gh) for r in range(gh + 1)]
+    padded = np.pad(mask, 1)  # (gh + 2, gw + 2), False outside
+    vertical = padded[1:-1, 1:] != padded[1:-1, :-1]  # (gh, gw + 1): a border left of column c
+    horizontal = padded[1:, 1:-1] != padded[:-1, 1:-1]  # (gh + 1, gw): a border above row r
+    draw = ImageDraw.Draw(result)
+    for r, c in zip(*np.nonzero(vertical), strict=True):
+        x = min(xs[c], W - 1)
+        draw.line([(x, ys[r]), (x, max(ys[r], ys[r + 1] - 1))], fill=tuple(color), width=line)
+    for r, c in zip(*np.nonzero(horizontal), strict=True):
+        y = min(ys[r], H - 1)
+        draw.line([(xs[c], y), (max(xs[c], xs[c + 1] - 1), y)], fill=tuple(color), width=line)
     return result
 
 

@@ -1,0 +1,115 @@
+"""Per-layer token states of one forward pass, and each layer's attention recomputed from them on demand.
+
+Keeping every layer's attention of a big input costs gigabytes: ViT-S/8 with its long side at
+640 px has 4,801 tokens, and 12 layers x 6 heads x 4,801² float32 values are 6.6 GB. The
+hidden states cost only ``(L + 1) x T x D`` floats (tens of MB), and one layer's attention is
+that block's own attention module run again on its input: the same numbers the model's
+``output_attentions`` gives, one layer at a time, within a memory budget.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Hashable, Sequence
+
+import torch
+from torch import Tensor, nn
+
+
+def forward_with_hidden_states(model: nn.Module, images: Tensor) -> tuple[Tensor, Tensor]:
+    """Logits ``(B, classes)`` and hidden states ``(B, L + 1, T, D)``: the input of every block, then the
+    last block's output, from one fast forward pass (no attention probabilities are materialised).
+
+    The blocks' inputs are recorded with forward hooks rather than by re-running the embedding
+    here: the embedding (CLS, register and distillation tokens, position resampling) belongs to
+    ``vit.model`` and differs per model family, and the hooks see exactly what each block got.
+    """
+    states: list[Tensor] = []
+
+    def record_input(module: nn.Module, args: tuple) -> None:
+        states.append(args[0].detach())
+
+    def record_output(module: nn.Module, args: tuple, output) -> None:
+        states.append((output[0] if isinstance(output, tuple) else output).detach())
+
+    blocks = list(model.blocks)
+    handles = [block.register_forward_pre_hook(record_input) for block in blocks]
+    handles.append(blocks[-1].register_forward_hook(record_output))
+    try:
+        logits, _ = model(images, output_attentions=False)
+    finally:
+        for handle in handles:
+            handle.remove()
+    if len(states) != len(blocks) + 1:
+        raise RuntimeError(f"expected {len(blocks) + 1} hidden states from {len(blocks)} blocks, got {len(states)}")
+    return logits, torch.stack(states, dim=1)  # (B, L + 1, T, D)
+
+
+def block_attention(model: nn.Module, layer: int, block_input: Tensor) -> Tensor:
+    """Layer ``layer``'s post-softmax attention ``(B, H, T, T)`` from that block's input ``(B, T, D)``."""
+    block = model.blocks[layer]
+    _, probs = block.attn(block.norm1(block_input), output_attentions=True)
+    return probs
+
+
+class ByteBudgetCache:
+    """A thread-safe least-recently-used cache of tensors holding at most ``budget_bytes`` in all.
+
+    A value larger than the whole budget is returned but not kept.
+    """
+
+    def __init__(self, budget_bytes: int) -> None:
+        self.budget_bytes = int(budget_bytes)
+        self._items: OrderedDict[Hashable, Tensor] = OrderedDict()
+        self._lock = threading.Lock()
+
+    @property
+    def nbytes(self) -> int:
+        with self._lock:
+            return sum(t.element_size() * t.nelement() for t in self._items.values())
+
+    def get(self, key: Hashable, compute: Callable[[], Tensor]) -> Tensor:
+        with self._lock:
+            if key in self._items:
+                self._items.move_to_end(key)
+                return self._items[key]
+        value = compute()  # outside the lock: other sessions keep reading meanwhile
+        size = value.element_size() * value.nelement()
+        with self._lock:
+            if size <= self.budget_bytes:
+                self._items[key] = value
+                self._items.move_to_end(key)
+                used = sum(t.element_size() * t.nelement() for t in self._items.values())
+                while used > self.budget_bytes:
+                    _, dropped = self._items.popitem(last=False)
+                    used -= dropped.element_size() * dropped.nelement()
+        return value
+
+
+class LayerAttentions(Sequence[Tensor]):
+    """Every layer's attention of one image, ``(1, H, T, T)`` float32 each, computed from the hidden states
+    when read and kept in ``cache`` while it fits. Reads like a tuple of the model's ``output_attentions``.
+    """
+
+    def __init__(self, model: nn.Module, hidden: Tensor, cache: ByteBudgetCache) -> None:
+        if hidden.dim() != 3:
+            raise ValueError(f"expected hidden states of one image (L + 1, T, D), got {tuple(hidden.shape)}")
+        self.model, self.hidden, self.cache = model, hidden, cache  # hidden: (L + 1, T, D)
+
+    def __len__(self) -> int:
+        return self.hidden.shape[0] - 1
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            return [self[i] for i in range(len(self))[index]]
+        if not -len(self) <= index < len(self):
+            raise IndexError(f"layer {index} is out of range for {len(self)} layers")
+        layer = index % len(self)
+        return self.cache.get(("layer", layer), lambda: self._compute(layer))
+
+    def _compute(self, layer: int) -> Tensor:
+        device = next(self.model.parameters()).device
+        with torch.inference_mode():
+            probs = block_attention(self.model, layer, self.hidden[layer][None].to(device))  # (1, H, T, T)
+        return probs.float().cpu()
