@@ -17,13 +17,26 @@ from vit import catalog, explorer
 from vit.attention import HEAD_FUSIONS
 from vit.checkpoint import Checkpoint, CheckpointError, load_checkpoint
 from vit.images import ImageError, open_image
-from vit.overlay import UPSAMPLE_MODES, overlay
+from vit.inference import InputSize
+from vit.overlay import UPSAMPLE_MODES, draw_mask_contours, overlay
 
-UPLOAD_TYPES = ["jpg", "jpeg", "png", "webp", "bmp", "gif"]
+# Everything open_image reads (its error message lists these), so the uploader never refuses a format it names.
+UPLOAD_TYPES = ["jpg", "jpeg", "png", "webp", "bmp", "gif", "tif", "tiff"]
 PICKER_CONFIG = {"displayModeBar": False, "scrollZoom": False, "doubleClick": False}
+INPUT_SIDES = (224, 256, 320, 384, 448, 480, 518, 640, 768, 1024)
+# Settings that must survive a run in which their widget is not drawn (a rejected upload stops the page
+# early; a closed tab hides its toggle): Streamlit forgets such widget state unless it is written back.
+KEPT_SETTINGS = ("map_kind", "fusion", "opacity", "colormap", "upsample", "show_grid", "every_layer", "discard_ratio",
+                 "colour_scale", "mass_mask", "mask_share", "hide_registers", "invert", "input_side", "keep_aspect",
+                 "npz_precision", "npz_layers", "layer-", "head-", "query-", "class-query-", "end-", "class-",
+                 "sample-")
+for _key in list(st.session_state):
+    if isinstance(_key, str) and _key.startswith(KEPT_SETTINGS):
+        st.session_state[_key] = st.session_state[_key]
 
 
-# -- caches: the model once per checkpoint file, the forward pass once per (checkpoint, image) ----------------
+# -- caches: the model once per checkpoint file, the forward pass once per (checkpoint, image, size) ----------
+# An analysis holds at most explorer.ANALYSIS_MEMORY_LIMIT (1 GB by default), so 4 of them stay under 4 GB.
 
 @st.cache_data(show_spinner=False, max_entries=256)
 def describe_checkpoint(path: str, source: str, name: str, fingerprint: tuple) -> catalog.CatalogEntry:
@@ -36,33 +49,43 @@ def load_model(path: str, fingerprint: tuple) -> Checkpoint:
 
 
 @st.cache_resource(max_entries=8, show_spinner=False)
-def decode_image(digest: str, name: str, _data: bytes) -> Image.Image:
-    return open_image(_data, name=name)
+def decode_image(digest: str, name: str, invert: bool, _data: bytes) -> Image.Image:
+    image = open_image(_data, name=name)
+    return explorer.invert_image(image) if invert else image
 
 
 @st.cache_resource(max_entries=8, show_spinner=False)
 def display_images(digest: str, _image: Image.Image) -> tuple[Image.Image, str, Image.Image]:
     """The image at display size (and as a data URI for the patch picker), and small for the heads grid."""
-    shown = explorer.display_image(_image)
-    return shown, explorer.png_data_uri(shown), explorer.display_image(_image, min_side=96, max_side=144)
+    shown = explorer.display_image(_image, max_side=480)
+    return shown, explorer.jpeg_data_uri(shown), explorer.display_image(_image, min_side=72, max_side=112)
 
 
-@st.cache_resource(max_entries=16, show_spinner="Running the model…")
-def analyse(fingerprint: tuple, digest: str, _checkpoint: Checkpoint, _image: Image.Image) -> explorer.Analysis:
-    return explorer.analyse(_checkpoint, _image)
+@st.cache_resource(max_entries=4, show_spinner="Running the model…")
+def analyse(fingerprint: tuple, digest: str, size: InputSize, _checkpoint: Checkpoint,
+            _image: Image.Image) -> explorer.Analysis:
+    return explorer.analyse(_checkpoint, _image, size)
 
 
-@st.cache_resource(max_entries=64, show_spinner="Computing the class-specific map (one backward pass)…")
-def class_relevance(fingerprint: tuple, digest: str, class_index: int, _checkpoint: Checkpoint,
+@st.cache_resource(max_entries=8, show_spinner="Computing the class-specific map (one backward pass)…")
+def class_relevance(fingerprint: tuple, digest: str, size: InputSize, class_index: int, _checkpoint: Checkpoint,
                     _image: Image.Image) -> explorer.ClassRelevance:
-    return explorer.class_relevance(_checkpoint, _image, class_index)
+    return explorer.class_relevance(_checkpoint, _image, class_index, size)
 
 
-def pick_query(query_key: str, num_prefix_tokens: int) -> None:
-    """A click on the image made a patch the query."""
-    token = explorer.token_from_selection(st.session_state["patch_picker"].selection, num_prefix_tokens)
+def pick_query(chart_key: str, query_key: str, num_prefix_tokens: int) -> None:
+    """A click on the image or the overlay made a patch the query."""
+    token = explorer.token_from_selection(st.session_state[chart_key].selection, num_prefix_tokens)
     if token is not None:
         st.session_state[query_key] = token
+
+
+def pick_head(layers: list[int], num_heads: int, layer_key: str, head_key: str) -> None:
+    """A click on a head thumbnail shows that layer and head as the one-layer map."""
+    cell = explorer.cell_from_selection(st.session_state["heads_grid"].selection, layers, num_heads)
+    if cell is not None:
+        st.session_state[layer_key], st.session_state[head_key] = cell[0] + 1, cell[1]
+        st.session_state["map_kind"] = "attention"
 
 
 # -- checkpoint -----------------------------------------------------------------------------------------------
@@ -115,13 +138,27 @@ model_key = explorer.image_digest(choice.encode())[:10]  # widgets whose range d
 
 st.sidebar.header("Image")
 uploaded = st.sidebar.file_uploader("Upload an image", type=UPLOAD_TYPES,
-                                    help="jpg, png, webp, bmp or gif; any size and aspect ratio.")
+                                    help="jpg, png, webp, bmp, gif or tiff; any size and aspect ratio.")
 samples = catalog.sample_images(entry, list(entries.values()))
 sample = None
 if samples:
     sample = st.sidebar.selectbox("…or a sample image", samples, format_func=explorer.sample_label,
                                   key=f"sample-{model_key}", disabled=uploaded is not None,
                                   help="Remove the upload to use the samples again.")
+config, pre = checkpoint.config, checkpoint.preprocessing
+sides = sorted({pre.image_size, *(s for s in INPUT_SIDES if s >= config.patch_size)})
+side = st.sidebar.selectbox(
+    "Input size", [None, *sides], key="input_side",
+    format_func=lambda s: f"the model's size ({pre.image_size} px)" if s is None else f"{s} px",
+    help="The size the model sees the image at. Other sizes than the training size interpolate the position "
+         "embeddings (as DINO's visualisation does): finer maps, but the predictions may change.")
+keep_aspect = st.sidebar.checkbox("Keep the aspect ratio (long side at that size)", key="keep_aspect",
+                                  help="Off: the image is resized to a square, as in training.")
+size = InputSize(side, keep_aspect)
+invert = False
+if pre.num_channels == 1:
+    invert = st.sidebar.checkbox("Invert (for dark strokes on a light background)", key="invert",
+                                 help="Greyscale models trained on light digits on black (MNIST) need them that way.")
 if uploaded is not None:
     data, image_name = uploaded.getvalue(), uploaded.name
 elif sample is not None:
@@ -131,96 +168,158 @@ else:
     st.stop()
 digest = explorer.image_digest(data)
 try:
-    image = decode_image(digest, image_name, data)
+    image = decode_image(digest, image_name, invert, data)
 except ImageError as e:
     st.error(f"Cannot use this upload: {e}")
     st.stop()
-
-analysis = analyse(fingerprint, digest, checkpoint, image)
+if explorer.looks_inverted(image, pre):
+    st.sidebar.warning("This image is light where the training images were dark: try "
+                       + ("turning Invert off." if invert else "Invert."))
+image_key = f"{digest}-inverted" if invert else digest
+try:
+    analysis = analyse(fingerprint, image_key, size, checkpoint, image)
+except explorer.TooManyTokens as e:
+    st.error(str(e))
+    st.stop()
 prediction, grid, prefix = analysis.prediction, analysis.grid, analysis.num_prefix_tokens
 L, H, T = analysis.num_layers, analysis.num_heads, analysis.num_tokens
 
-# -- map settings -----------------------------------------------------------------------------------------------
+# -- map settings (only the controls the chosen map uses) ---------------------------------------------------------
 
 with st.sidebar:
     st.header("Attention map")
     kind = st.radio("Map", list(explorer.MAP_KINDS), format_func=explorer.MAP_KINDS.get, key="map_kind")
-    query_key = f"query-{model_key}"
+    controls = explorer.MAP_CONTROLS[kind]
+    hide_registers = False
+    if prefix > 1:
+        hide_registers = st.checkbox(f"Hide the {prefix - 1} register/extra prefix token(s)", key="hide_registers",
+                                     help="Leaves them out of the query list and the attention matrix.")
+    tokens = explorer.visible_tokens(T, prefix, hide_registers)
+    # The class-specific map reads from CLS unless a query is picked for it here: a patch clicked for
+    # another map would make it a self-blob.
+    query_key = f"class-query-{model_key}" if kind == "class" else f"query-{model_key}"
     st.session_state.setdefault(query_key, 0)
-    query = st.selectbox("Query token", range(T), key=query_key,
-                         format_func=lambda t: explorer.token_option(t, grid, prefix),
-                         help="Whose attention to show: CLS (token 0) or a patch, numbered row by row. "
-                              "Clicking a patch on the image selects it too.")
-    st.session_state.setdefault(f"layer-{model_key}", L)
-    layer = st.select_slider("Layer", range(1, L + 1), key=f"layer-{model_key}",
-                             help="For the one-layer map, the heads grid and the matrix; 1 is the first block.")
-    head = st.selectbox("Head", [None, *range(H)], key=f"head-{model_key}",
-                        format_func=lambda h: "all heads, fused" if h is None else f"head {h + 1}")
-    fusion = st.radio("Head fusion", HEAD_FUSIONS, horizontal=True, key="fusion",
-                      help="How heads combine: for 'all heads, fused' and in the rollout.")
-    discard_ratio, end_layer, class_index = 0.0, L, None
-    if kind in ("rollout", "class"):
-        st.session_state.setdefault(f"end-{model_key}", L)
-        end_layer = st.select_slider("Up to layer", range(1, L + 1), key=f"end-{model_key}",
-                                     help="Roll out from layer 1 through this layer.")
-    if kind == "rollout":
-        discard_ratio = st.slider("Discard ratio", 0.0, 0.95, 0.0, 0.05, key="discard_ratio",
-                                  help="Share of each row's weakest patch attentions set to zero before "
-                                       "rolling out; higher values keep only the strongest paths.")
-    if kind == "class":
+    if st.session_state[query_key] not in tokens:
+        st.session_state[query_key] = 0
+    query, layer, head, fusion, discard_ratio, end_layer, class_index = 0, L, None, "mean", 0.0, L, None
+    if "class" in controls:
         class_index = st.selectbox(
             "Class", [None, *range(len(class_names))], key=f"class-{model_key}",
             format_func=lambda c: f"predicted: {class_names[prediction.class_index]}" if c is None else class_names[c])
+    if "query" in controls:
+        query = st.selectbox("Query token" + (" (for the class map)" if kind == "class" else ""), tokens,
+                             key=query_key, format_func=lambda t: explorer.token_option(t, grid, prefix),
+                             help="Whose attention to show: CLS (token 0) or a patch, numbered row by row. "
+                                  "Clicking a patch on the image selects it too.")
+    if "layer" in controls:
+        st.session_state.setdefault(f"layer-{model_key}", L)
+        layer = st.select_slider("Layer", range(1, L + 1), key=f"layer-{model_key}",
+                                 help="1 is the first block. Also for the heads grid and the matrix.")
+    if "head" in controls:
+        head = st.selectbox("Head", [None, *range(H)], key=f"head-{model_key}",
+                            format_func=lambda h: "all heads, fused" if h is None else f"head {h + 1}")
+    if "fusion" in controls and (kind != "attention" or head is None):
+        fusion = st.radio("Head fusion", HEAD_FUSIONS, horizontal=True, key="fusion",
+                          help="How heads combine: for 'all heads, fused' and in the rollout.")
+    if "end_layer" in controls:
+        st.session_state.setdefault(f"end-{model_key}", L)
+        end_layer = st.select_slider("Up to layer", range(1, L + 1), key=f"end-{model_key}",
+                                     help="Roll out from layer 1 through this layer.")
+    if "discard_ratio" in controls:
+        discard_ratio = st.slider("Discard ratio", 0.0, 0.95, 0.0, 0.05, key="discard_ratio",
+                                  help="Share of each row's weakest patch attentions set to zero before "
+                                       "rolling out; higher values keep only the strongest paths.")
+    if "layer" not in controls:  # the heads grid and the matrix still need a layer
+        layer = st.session_state.get(f"layer-{model_key}", L)
 
     st.header("Overlay")
     opacity = st.slider("Opacity", 0.0, 1.0, 0.6, 0.05, key="opacity")
     colormap = st.selectbox("Colour map", explorer.COLORMAPS, key="colormap")
+    scale = st.radio("Colour scale", list(explorer.COLOUR_SCALES), format_func=explorer.COLOUR_SCALES.get,
+                     key="colour_scale", help="Each map stretched to its own range makes a near-uniform map look "
+                                              "structured; 0 to max, or one range for all heads, compares them.")
     mode = st.radio("Upsampling", UPSAMPLE_MODES[::-1], horizontal=True, key="upsample",
                     help="bilinear: smooth between patch centres; nearest: one flat block per patch (exact values).")
     show_grid = st.checkbox("Show the patch grid", key="show_grid")
+    masked = st.checkbox("Attention-mass contour (DINO)", key="mass_mask",
+                         help="Outline the patches that hold the chosen share of the map's mass, per head in the "
+                              "heads grid (Caron et al. 2021).")
+    share = st.slider("Share of the mass", 0.05, 0.95, 0.6, 0.05, key="mask_share", disabled=not masked)
 
 settings = explorer.MapSettings(kind=kind, layer=layer - 1, head=head, fusion=fusion, query=query,
                                 discard_ratio=discard_ratio, end_layer=end_layer - 1, class_index=class_index)
 relevance = None
 if kind == "class":
-    relevance = class_relevance(fingerprint, digest, explorer.resolved_class(settings, analysis), checkpoint, image)
+    try:
+        relevance = class_relevance(fingerprint, image_key, size, explorer.resolved_class(settings, analysis),
+                                    checkpoint, image)
+    except explorer.TooManyTokens as e:
+        st.error(str(e))
+        st.stop()
 map2d = explorer.attention_map(analysis, settings, relevance)
-outline = explorer.patch_of(query, prefix)
+outline = explorer.patch_of(query, prefix) if "query" in controls else None
+vmin, vmax = None, None
+if scale == "zero":
+    vmin, vmax = explorer.colour_range(map2d, scale)
+elif scale == "shared" and kind == "attention":  # the range of this layer's heads, as in the heads grid
+    vmin, vmax = explorer.colour_range(explorer.head_maps(analysis, query, layer=layer - 1), scale)
+mask = explorer.map_mask(map2d, share) if masked else None
 
 # -- image, overlay and prediction ----------------------------------------------------------------------------------
 
-shown, shown_uri, small = display_images(digest, image)
-col_image, col_overlay, col_prediction = st.columns([1, 1, 0.9], gap="medium")
+shown, shown_uri, small = display_images(image_key, image)
+drawn = overlay(shown, map2d, opacity, colormap, mode, show_grid=show_grid, outline_patch=outline, vmin=vmin,
+                vmax=vmax)
+if mask is not None:
+    drawn = draw_mask_contours(drawn, mask)
+col_image, col_overlay, col_prediction = st.columns([1, 1, 0.8], gap="medium")
 with col_image:
     st.subheader("Image")
     st.plotly_chart(explorer.patch_picker_figure(shown.size, shown_uri, grid, query, prefix), key="patch_picker",
-                    on_select=partial(pick_query, query_key, prefix), selection_mode="points",
-                    config=PICKER_CONFIG, width="content")
-    st.caption(f"**Click a patch** to make it the query. {image_name}, {image.width}×{image.height} px; the model "
-               f"sees it as {analysis.image_size}×{analysis.image_size} px in {grid[0]}×{grid[1]} patches of "
-               f"{analysis.patch_size} px.")
+                    on_select=partial(pick_query, "patch_picker", query_key, prefix), selection_mode="points",
+                    config=PICKER_CONFIG, width="stretch")
+    st.caption(f"**Click a patch** to make it the query. {image_name}, {image.width}×{image.height} px; "
+               + explorer.describe_input(analysis, image.size))
 with col_overlay:
     st.subheader("Attention")
-    st.image(overlay(shown, map2d, opacity, colormap, mode, show_grid=show_grid, outline_patch=outline),
-             output_format="PNG")
-    st.caption(explorer.describe_map(settings, analysis, class_names) + " " + explorer.describe_range(map2d))
+    st.plotly_chart(explorer.patch_picker_figure(shown.size, explorer.jpeg_data_uri(drawn), grid, query, prefix,
+                                                 show_grid=False),
+                    key="overlay_picker", on_select=partial(pick_query, "overlay_picker", query_key, prefix),
+                    selection_mode="points", config=PICKER_CONFIG, width="stretch")
+    low, high = explorer.map_range(map2d, vmin, vmax)
+    st.plotly_chart(explorer.colorbar_figure(low, high, colormap), config={"displayModeBar": False},
+                    theme=None, key="colorbar")
+    st.caption(explorer.describe_map(settings, analysis, class_names) + " " + explorer.describe_range(map2d, vmin,
+                                                                                                    vmax))
     stem = Path(image_name).stem
     download_png, download_npz = st.columns(2)
     download_png.download_button(
-        "Overlay (PNG)", on_click="ignore", mime="image/png", file_name=f"{stem}-{kind}-overlay.png",
-        data=partial(explorer.overlay_png, image, map2d, opacity, colormap, mode, show_grid, outline),
+        "Overlay (PNG)", on_click="ignore", mime="image/png",
+        file_name=explorer.map_file_name(stem, settings, analysis, "overlay.png"),
+        data=partial(explorer.overlay_png, image, map2d, opacity, colormap, mode, show_grid, outline, vmin, vmax,
+                     mask),
         help=f"At the image's own size, {image.width}×{image.height} px.")
-    download_npz.download_button(
-        "Attentions (.npz)", on_click="ignore", mime="application/octet-stream", file_name=f"{stem}-attentions.npz",
-        data=partial(explorer.attentions_npz, analysis, class_names),
-        help="layer_0 … layer_N: heads × tokens × tokens (token 0 is CLS), with logits and class names.")
+    with download_npz.popover("Attentions (.npz)"):
+        npz_layers = st.radio("Layers", ["all", "this"], key="npz_layers", horizontal=True,
+                              format_func=lambda v: "every layer" if v == "all" else f"layer {layer} only")
+        precision = st.radio("Precision", explorer.NPZ_PRECISIONS, key="npz_precision", horizontal=True)
+        chosen_layers = None if npz_layers == "all" else [layer - 1]
+        mb = (L if chosen_layers is None else 1) * H * T * T * (4 if precision == "float32" else 2) / 2**20
+        st.download_button(
+            f"Download (~{mb:,.1f} MB raw)", on_click="ignore", mime="application/octet-stream",
+            file_name=f"{stem}-attentions-{'all' if chosen_layers is None else f'L{layer}'}-{precision}.npz",
+            data=partial(explorer.attentions_npz, analysis, class_names, chosen_layers, precision),
+            help="layer_i: heads × tokens × tokens (token 0 is CLS), with logits and class names.")
 with col_prediction:
     st.subheader("Prediction")
     st.plotly_chart(explorer.predictions_figure(prediction), config={"displayModeBar": False})
-    st.image(explorer.display_image(explorer.model_input_image(image, checkpoint), min_side=96, max_side=160),
+    note = explorer.prediction_note(analysis)
+    if note:
+        st.caption(f":orange[{note}]")
+    st.image(explorer.display_image(explorer.model_input_image(image, checkpoint, size), min_side=96, max_side=160),
              output_format="PNG")
-    st.caption("The model's input: resized to its square size"
-               + (", greyscale." if checkpoint.preprocessing.num_channels == 1 else "."))
+    st.caption("The model's input" + (", greyscale" if pre.num_channels == 1 else "")
+               + (", inverted." if invert else "."))
 
 # -- analyses (only the open tab is computed) -------------------------------------------------------------------
 
@@ -231,33 +330,44 @@ if heads_tab.open:
     with heads_tab:
         every = st.toggle(f"Every layer ({L} × {H} = {L * H} maps)", key="every_layer",
                           help="Off: the heads of the layer chosen in the sidebar.")
-        st.caption(f"What {query_text} attends to in each head; each map on its own colour scale, with the "
-                   "sidebar's overlay settings.")
-        shown_layers = range(L) if every else [layer - 1]
-        for i in shown_layers:
-            maps = explorer.head_maps(analysis, query, layer=i)  # (H, gh, gw)
-            st.markdown(f"**Layer {i + 1}**")
-            st.image(explorer.small_multiples(small, maps, opacity, colormap, mode, outline),
-                     caption=[f"L{i + 1} · head {h + 1}" for h in range(H)], width=small.width, output_format="PNG")
+        shown_layers = list(range(L)) if every else [layer - 1]
+        maps = explorer.head_maps(analysis, query)[shown_layers]  # (layers, H, gh, gw)
+        cells = explorer.small_multiples(small, maps.reshape(-1, *grid), opacity, colormap, mode, outline,
+                                         scale=scale, mask_share=share if masked else None)
+        sheet = explorer.heads_grid_image(cells, columns=H)
+        selected = (layer - 1, head) if kind == "attention" and head is not None else None
+        st.plotly_chart(explorer.heads_grid_figure(explorer.jpeg_data_uri(sheet, quality=85), sheet.size,
+                                                   shown_layers, H, selected),
+                        key="heads_grid", on_select=partial(pick_head, shown_layers, H, f"layer-{model_key}",
+                                                            f"head-{model_key}"),
+                        selection_mode="points", config=PICKER_CONFIG, width="stretch", theme=None)
+        scale_text = {"own": "each map on its own colour scale", "zero": "each from 0 to its own max",
+                      "shared": "all on one colour scale"}[scale]
+        st.caption(f"What {query_text} attends to in each head, {scale_text}. **Click a head** to show it "
+                   "above (outlined when shown).")
 if matrix_tab.open:
     with matrix_tab:
         heads_text = f"head {head + 1}" if head is not None else f"{fusion} over heads"
         matrix = explorer.layer_attention(analysis, layer - 1, head, fusion)[0].numpy()  # (T, T)
-        st.plotly_chart(explorer.attention_matrix_figure(matrix, grid, prefix, colormap, query=query,
+        st.plotly_chart(explorer.attention_matrix_figure(matrix, grid, prefix, colormap, query=query, tokens=tokens,
                                                          title=f"Layer {layer}, {heads_text}"),
                         theme=None)  # Streamlit's chart theme recolours the low end of the colour scale
-        st.caption(f"Row i is what token i attends to (each row sums to 1); token 0 is CLS, tokens 1–{T - 1} the "
-                   f"patches row by row. The outlined row is the query, {query_text}.")
+        pooled = len(tokens) > explorer.MATRIX_MAX_CELLS
+        st.caption(f"Row i is what token i attends to (each row sums to 1); token 0 is CLS, tokens {prefix}–{T - 1} "
+                   f"the patches row by row. The outlined row is the query, {query_text}."
+                   + (f" {len(tokens):,} tokens are shown as block averages; hover for the token ranges."
+                      if pooled else ""))
 if stats_tab.open:
     with stats_tab:
+        distance, entropy = analysis.stats()
         left, right = st.columns(2)
-        left.plotly_chart(explorer.layer_stats_figure(analysis.distance, "mean attention distance (px)",
+        left.plotly_chart(explorer.layer_stats_figure(distance, "mean attention distance (px)",
                                                       "Mean attention distance"))
         left.caption(f"Per head, the attention-weighted distance between a patch and the patches it attends to, "
-                     f"in pixels of the {analysis.image_size}-px input, averaged over patch queries (ViT paper, "
-                     "Fig. 7). Low: local heads, like convolutions; high: heads that integrate the whole image.")
-        right.plotly_chart(explorer.layer_stats_figure(analysis.entropy, "attention entropy (nats)",
-                                                       "Attention entropy"))
+                     f"in pixels of the {analysis.input_size[1]}×{analysis.input_size[0]}-px input, averaged over "
+                     "patch queries (ViT paper, Fig. 7). Low: local heads, like convolutions; high: heads that "
+                     "integrate the whole image.")
+        right.plotly_chart(explorer.layer_stats_figure(entropy, "attention entropy (nats)", "Attention entropy"))
         right.caption(f"Per head, the entropy of each token's attention averaged over all {T} tokens: 0 when every "
                       f"token attends to one token only, ln {T} ≈ {math.log(T):.2f} when attention is "
                       "spread evenly.")

@@ -120,8 +120,9 @@ def overlay_caption(at: AppTest) -> str:
 
 
 def head_captions(at: AppTest) -> list[str]:
-    """The labels of the small multiples in the Heads tab."""
-    return [caption for image in at.tabs[0].get("image") for caption in image.captions]
+    """The labels of the clickable head thumbnails in the Heads tab ('layer 3, head 1', …)."""
+    grids = [json.loads(chart.proto.spec) for chart in at.tabs[0].get("plotly_chart")]
+    return [text for fig in grids for trace in fig["data"] for text in trace.get("text", [])]
 
 
 def upload(at: AppTest, name: str, data: bytes, mime: str = "image/png") -> AppTest:
@@ -207,11 +208,10 @@ def test_layer_head_query_fusion_rollout_and_overlay_changes_never_rerun_the_mod
         ("select_slider", "Layer", 1, "Layer 1 of 3"),
         ("selectbox", "Head", 1, "head 2"),
         ("selectbox", "Query token", 6, "patch row 2, col 2"),
-        ("selectbox", "Head", None, "the max over its 2 heads"),
+        ("selectbox", "Head", None, "the mean over its 2 heads"),
+        ("radio", "Head fusion", "max", "the max over its 2 heads"),
     ]
     for kind, label, value, expected in steps:
-        if label == "Head" and value is None:
-            sidebar_widget(at, "radio", "Head fusion").set_value("max")
         sidebar_widget(at, kind, label).set_value(value)
         at.run()
         assert not at.exception
@@ -236,13 +236,13 @@ def test_every_tab_draws_from_the_cached_forward_pass(default_world, forwards):
     at = run_app()
     assert [t.label for t in at.tabs] == ["Heads", "Attention matrix", "Distance & entropy"]
     # Heads: the chosen layer's heads by default, every layer on request, labelled.
-    assert head_captions(at) == ["L3 · head 1", "L3 · head 2"]
+    assert head_captions(at) == ["layer 3, head 1", "layer 3, head 2"]
     at.toggle(key="every_layer").set_value(True)
     at.run()
-    assert head_captions(at) == [f"L{layer} · head {head}" for layer in (1, 2, 3) for head in (1, 2)]
+    assert head_captions(at) == [f"layer {layer}, head {head}" for layer in (1, 2, 3) for head in (1, 2)]
     at.session_state["analysis_tab"] = "Attention matrix"
     at.run()
-    heatmaps = [t for fig in charts(at) for t in fig["data"] if t["type"] == "heatmap"]
+    heatmaps = [t for fig in charts(at) for t in fig["data"] if t["type"] == "heatmap" and "query" in t["hovertemplate"]]
     assert len(heatmaps) == 1 and array_shape(heatmaps[0]["z"]) == (17, 17)  # CLS + 4 x 4 patches
     at.session_state["analysis_tab"] = "Distance & entropy"
     at.run()

@@ -354,6 +354,11 @@ def map_range(map2d: np.ndarray, vmin: float | None, vmax: float | None) -> tupl
     return low, high
 
 
+def map_mask(map2d: np.ndarray, share: float) -> np.ndarray:
+    """DINO's mask of a ``(gh, gw)`` map: the patches holding ``share`` of its mass (see ``mass_mask``)."""
+    return mass_mask(torch.from_numpy(np.ascontiguousarray(map2d, dtype=np.float32)), share).numpy()
+
+
 def small_multiples(image: Image.Image, maps: np.ndarray, opacity: float, colormap: str, mode: str,
                     outline_patch: int | None = None, scale: str = "own",
                     mask_share: float | None = None) -> list[Image.Image]:
@@ -364,7 +369,7 @@ def small_multiples(image: Image.Image, maps: np.ndarray, opacity: float, colorm
     for m in maps:
         cell = overlay(image, m, opacity, colormap, mode, outline_patch=outline_patch, vmin=vmin, vmax=vmax)
         if mask_share is not None:
-            cell = draw_mask_contours(cell, mass_mask(torch.from_numpy(m), mask_share).numpy())
+            cell = draw_mask_contours(cell, map_mask(m, mask_share))
         cells.append(cell)
     return cells
 
