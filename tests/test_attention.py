@@ -11,9 +11,12 @@ from vit.attention import (
     fuse_heads,
     gradient_rollout,
     layer_stats,
+    mass_mask,
     mean_attention_distance,
     patch_centres,
     rollout,
+    rollout_factor,
+    rollout_rows,
     token_map,
 )
 from vit.model import ViT, ViTConfig
@@ -335,3 +338,35 @@ def test_analysis_on_a_real_model_any_batch_and_non_square_input(tiny_vit):
     stats = layer_stats(attentions, grid, patch_size=4)
     assert stats["distance"].shape == (2, 3, 2)
     assert (stats["entropy"] <= math.log(7) + 1e-6).all()
+
+
+# -- rollout of one query's row, and DINO's attention-mass mask ---------------------------------------------------
+
+def test_rollout_rows_give_the_query_row_of_the_full_rollout_for_any_grid_and_prefix():
+    torch.manual_seed(0)
+    layers = [torch.rand(2, 3, 2 + 12, 2 + 12).softmax(dim=-1) for _ in range(4)]  # 2 prefix tokens, 3 x 4 grid
+    full = rollout(layers, "max", 0.3, end_layer=2, num_prefix_tokens=2)  # (2, 14, 14)
+    factors = [rollout_factor(a, "max", 0.3, num_prefix_tokens=2) for a in layers[:3]]
+    for query in (0, 1, 7, 13):
+        torch.testing.assert_close(rollout_rows(factors, query), full[:, query], rtol=1e-6, atol=1e-7)
+
+
+def test_rollout_rows_by_hand_for_two_layers():
+    a0 = torch.tensor([[[0.5, 0.5], [0.0, 1.0]]])  # (1, 2, 2); factor (A + I) / 2
+    a1 = torch.tensor([[[1.0, 0.0], [0.5, 0.5]]])
+    f0 = rollout_factor(a0[:, None], num_prefix_tokens=0)
+    f1 = rollout_factor(a1[:, None], num_prefix_tokens=0)
+    torch.testing.assert_close(f0, torch.tensor([[[0.75, 0.25], [0.0, 1.0]]]))
+    # row 1 of f1 @ f0 = [0.25, 0.75] @ f0 = [0.1875, 0.8125]
+    torch.testing.assert_close(rollout_rows([f0, f1], 1), torch.tensor([[0.1875, 0.8125]]))
+
+
+def test_mass_mask_keeps_the_largest_patches_until_the_share_is_reached():
+    m = torch.tensor([[0.5, 0.3], [0.15, 0.05]])
+    # DINO: sorted ascending, cumulative share 0.05, 0.2, 0.5, 1.0; keep where it exceeds 1 - share.
+    assert mass_mask(m, 0.6).tolist() == [[True, True], [False, False]]
+    assert mass_mask(m, 0.9).tolist() == [[True, True], [True, False]]
+    assert mass_mask(m * 7, 0.6).tolist() == [[True, True], [False, False]]  # only shares count
+    assert mass_mask(torch.stack([m, m.flip(0)]), 0.6).shape == (2, 2, 2)  # per head
+    with pytest.raises(ValueError, match="share"):
+        mass_mask(m, 1.5)

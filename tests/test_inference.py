@@ -7,7 +7,7 @@ from PIL import Image
 
 from vit.checkpoint import Checkpoint, Preprocessing
 from vit.images import normalize, to_uint8
-from vit.inference import classify_files, predict, predict_files, preprocess
+from vit.inference import InputSize, classify_files, predict, predict_files, preprocess
 from vit.model import ViT, ViTConfig
 
 CLASSES = ["cat", "dog", "ship"]
@@ -178,3 +178,50 @@ def test_predict_files_keeps_the_decoded_image_and_batches_in_order(checkpoint, 
     assert [r.path for r in results] == paths
     assert [r.image.size for r in results] == [(10 + i, 12) for i in range(5)]
     assert all(len(r.prediction.attentions) == 2 for r in results)
+
+
+# -- input sizes other than the training size ---------------------------------------------------------------------
+
+@pytest.mark.parametrize(("size", "image", "shape"), [
+    (InputSize(), (100, 50), (16, 16)),  # the checkpoint's own square
+    (InputSize(32), (100, 50), (32, 32)),
+    (InputSize(30), (100, 50), (32, 32)),  # 7.5 patches of 4 px round to 8
+    (InputSize(33), (100, 50), (32, 32)),
+    (InputSize(32, keep_aspect=True), (100, 50), (16, 32)),  # (height, width): the long side is the width
+    (InputSize(32, keep_aspect=True), (50, 100), (32, 16)),
+    (InputSize(40, keep_aspect=True), (640, 480), (32, 40)),  # 30 px round to 32
+    (InputSize(None, keep_aspect=True), (30, 10), (4, 16)),  # the training size as the long side
+    (InputSize(8, keep_aspect=True), (1000, 10), (4, 8)),  # at least one patch
+])
+def test_input_size_rounds_to_whole_patches(size, image, shape, checkpoint):
+    assert size.shape(image, checkpoint.preprocessing, patch_size=4) == shape
+    x = preprocess([Image.new("RGB", image)], checkpoint.preprocessing, size, patch_size=4)
+    assert x.shape == (1, 3, *shape)
+
+
+def test_input_size_is_bounded():
+    with pytest.raises(ValueError, match="1 to 1024"):
+        InputSize(5000)
+    with pytest.raises(ValueError, match="1 to 1024"):
+        InputSize(0)
+
+
+def test_preprocess_at_another_size_is_the_bicubic_resize_then_normalisation(checkpoint):
+    image = Image.fromarray(np.random.default_rng(0).integers(0, 256, (30, 50, 3), dtype=np.uint8))
+    x = preprocess([image], checkpoint.preprocessing, InputSize(24, keep_aspect=True), patch_size=4)
+    expected = np.asarray(image.resize((24, 16), Image.Resampling.BICUBIC), dtype=np.float32) / 255.0
+    mean, std = np.array(checkpoint.preprocessing.mean), np.array(checkpoint.preprocessing.std)
+    np.testing.assert_allclose(x[0].permute(1, 2, 0).numpy(), (expected - mean) / std, rtol=1e-5, atol=1e-6)
+
+
+def test_predict_at_keep_aspect_sizes_batches_images_of_each_shape_apart(checkpoint):
+    rng = np.random.default_rng(1)
+    images = [Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8)) for w, h in
+              [(40, 20), (20, 40), (40, 20)]]
+    size = InputSize(32, keep_aspect=True)
+    together = predict(checkpoint, images, size=size, output_attentions=True)
+    assert [p.attentions[0].shape[-1] for p in together] == [1 + 4 * 8, 1 + 8 * 4, 1 + 4 * 8]
+    for image, prediction in zip(images, together, strict=True):
+        with torch.no_grad():
+            logits, _ = checkpoint.model(preprocess([image], checkpoint.preprocessing, size, patch_size=4))
+        np.testing.assert_allclose(prediction.logits, logits[0].numpy(), rtol=1e-5, atol=1e-5)

@@ -255,3 +255,27 @@ def test_evaluate_draws_a_progress_bar_on_a_terminal(files, monkeypatch, capsys)
     monkeypatch.setattr(sys, "stderr", terminal)
     assert evaluate_cli.main([str(files["always_cat"]), "--data", str(files["data"])]) == 0
     assert "3/3" in terminal.getvalue()
+
+
+# ---------------------------------------------------------------------------------------------
+# --size and --keep-aspect
+
+
+def test_predict_keep_aspect_saves_maps_on_the_non_square_grid(files, tmp_path, capsys):
+    maps = tmp_path / "maps"
+    argv = [str(files["checkpoint"]), str(files["wide"]), "--size", "32", "--keep-aspect", "--save-maps", str(maps)]
+    assert predict_cli.main(argv) == 0
+    [record] = json.loads(capsys.readouterr().out)
+    with np.load(record["maps"]["npz"]) as npz:
+        assert npz["layer_0"].shape == (2, 1 + 3 * 8, 1 + 3 * 8)  # 48 x 20 px -> 32 x 12 px: 3 x 8 patches
+    assert Image.open(record["maps"]["cls"]).size == (48, 20)
+
+
+def test_predict_refuses_a_size_over_the_limit_on_one_line(files, capsys):
+    assert predict_cli.main([str(files["checkpoint"]), str(files["wide"]), "--size", "5000"]) == 2
+    assert "at most 1024 px" in one_line(capsys.readouterr().err)
+
+
+def test_evaluate_at_another_square_size(files, capsys):
+    assert evaluate_cli.main([str(files["checkpoint"]), "--data", str(files["data"]), "--size", "32"]) == 0
+    assert json.loads(capsys.readouterr().out)["count"] == 3

@@ -3,7 +3,8 @@
 ``DIR`` holds one subfolder per class, named as the checkpoint names its classes (images may
 sit in nested folders below it); classes the folder lacks are simply not counted. Prints
 JSON: ``{"accuracy": 0-1, "count": N, "per_class": {name: {"accuracy", "count"}},
-"skipped": N, "checkpoint": PATH, "data": DIR}``. A progress bar is drawn when stderr is a
+"skipped": N, "checkpoint": PATH, "data": DIR}``. ``--size N`` evaluates on N-px squares instead of
+the training size (position embeddings interpolated). A progress bar is drawn when stderr is a
 terminal. Exit status: 0; 1 when some images could not be read (each is named on stderr,
 the JSON covers the rest); 2 for invalid arguments, a missing or damaged checkpoint, an
 unknown class folder or a folder without images.
@@ -18,8 +19,17 @@ from pathlib import Path
 
 from vit.checkpoint import Checkpoint
 from vit.data import IMAGE_EXTENSIONS, list_class_folders
-from vit.inference import predict_files
-from vit.predict import OneLineParser, UsageError, open_checkpoint, positive_int, resolve_device, run_cli
+from vit.inference import TRAINING_SIZE, InputSize, predict_files
+from vit.predict import (
+    OneLineParser,
+    UsageError,
+    add_size_arguments,
+    input_size,
+    open_checkpoint,
+    positive_int,
+    resolve_device,
+    run_cli,
+)
 
 PROG = "vit.evaluate"
 
@@ -33,6 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=positive_int, default=64, help="images per forward pass (default 64)")
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
                    help="where the model runs (default auto: a GPU when there is one)")
+    add_size_arguments(p, keep_aspect=False)  # one shape per batch: a square size only
     return p
 
 
@@ -60,7 +71,7 @@ def labelled_files(root: Path, class_names: list[str]) -> list[tuple[Path, int]]
 
 
 def evaluate(checkpoint: Checkpoint, files: list[tuple[Path, int]], batch_size: int = 64,
-             progress: bool = False) -> tuple[dict, list[str]]:
+             progress: bool = False, size: InputSize = TRAINING_SIZE) -> tuple[dict, list[str]]:
     """Accuracy overall and per class of ``(file, class index)`` pairs; also the unreadable files' errors."""
     names = checkpoint.class_names
     correct, count = [0] * len(names), [0] * len(names)
@@ -71,7 +82,7 @@ def evaluate(checkpoint: Checkpoint, files: list[tuple[Path, int]], batch_size: 
 
         bar = tqdm(total=len(files), unit="img", desc="evaluating", file=sys.stderr, dynamic_ncols=True)
     results = predict_files(checkpoint, [path for path, _ in files], top_k=1, output_attentions=False,
-                            batch_size=batch_size)
+                            batch_size=batch_size, size=size)
     for (_, label), result in zip(files, results, strict=True):
         if result.prediction is None:
             errors.append(result.error)
@@ -96,7 +107,7 @@ def evaluate(checkpoint: Checkpoint, files: list[tuple[Path, int]], batch_size: 
 def run(args: argparse.Namespace) -> int:
     checkpoint = open_checkpoint(args.checkpoint, resolve_device(args.device))
     files = labelled_files(Path(args.data), checkpoint.class_names)
-    summary, errors = evaluate(checkpoint, files, args.batch_size, progress=sys.stderr.isatty())
+    summary, errors = evaluate(checkpoint, files, args.batch_size, progress=sys.stderr.isatty(), size=input_size(args))
     for error in errors:
         print(f"{PROG}: skipped: {error}", file=sys.stderr)
     if summary["count"] == 0:

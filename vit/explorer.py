@@ -605,7 +605,7 @@ def jpeg_data_uri(image: Image.Image, quality: int = 90) -> str:
 
 
 def patch_picker_figure(image_size: tuple[int, int], image_source: str, grid: tuple[int, int], query: int,
-                        num_prefix_tokens: int = 1, show_grid: bool = True) -> go.Figure:
+                        num_prefix_tokens: int = 1, show_grid: bool = True, fit_width: int = 300) -> go.Figure:
     """The image (``image_source``, e.g. ``png_data_uri``, shown at ``image_size = (width, height)``) with its
     patch grid and the query outlined; a click near a patch centre selects that patch.
 
@@ -636,12 +636,15 @@ def patch_picker_figure(image_size: tuple[int, int], image_source: str, grid: tu
     image = dict(source=image_source, xref="x", yref="y", x=0, y=0, sizex=width, sizey=height, xanchor="left",
                  yanchor="top", sizing="stretch", layer="below")
     # The same layout for the clickable image and the overlay, so both draw at one size and top.
-    layout = dict(width=width, height=height, margin=dict(l=0, r=0, t=0, b=0), hovermode="closest",
-                  hoverdistance=-1, plot_bgcolor="rgba(0,0,0,0)", paper_bgcolor="rgba(0,0,0,0)",
+    # The page stretches it to the column: its height fits a column of about ``fit_width`` px, and the
+    # image keeps its aspect ratio, anchored top left.
+    layout = dict(width=width, height=round(height * min(1.0, fit_width / width)), margin=dict(l=0, r=0, t=0, b=0),
+                  hovermode="closest", hoverdistance=-1, plot_bgcolor="rgba(0,0,0,0)", paper_bgcolor="rgba(0,0,0,0)",
                   images=[image], shapes=shapes, dragmode=False,
-                  xaxis=dict(range=[0, width], visible=False, fixedrange=True, constrain="domain"),
+                  xaxis=dict(range=[0, width], visible=False, fixedrange=True, constrain="domain",
+                             constraintoward="left"),
                   yaxis=dict(range=[height, 0], visible=False, fixedrange=True, scaleanchor="x",
-                             constrain="domain"))
+                             constrain="domain", constraintoward="top"))
     return go.Figure(data=[points], layout=layout)
 
 
@@ -728,7 +731,7 @@ def colorbar_figure(vmin: float, vmax: float, colormap: str = "inferno", label: 
     fig.update_xaxes(range=[vmin, vmax], tickformat=".3g", nticks=6, title=dict(text=label, standoff=2),
                      fixedrange=True, showgrid=False)
     fig.update_yaxes(visible=False, fixedrange=True)
-    fig.update_layout(height=78 if label else 58, margin=dict(l=8, r=8, t=4, b=4))
+    fig.update_layout(height=84 if label else 64, margin=dict(l=8, r=14, t=2, b=30))
     return fig
 
 

@@ -10,7 +10,9 @@ each image also gets, named after its file (``photo.jpg`` -> ``photo``; a second
   DIR/<stem>_cls.png      the last layer's CLS attention averaged over heads, over the image
   DIR/<stem>_rollout.png  attention rollout over all layers (mean over heads), over the image
 
-Both overlays are at the image's own resolution. Exit status: 0 when every image was
+Both overlays are at the image's own resolution. ``--size N`` runs the model on an N-px square
+instead of its training size (``--keep-aspect``: the long side at N px, the other in proportion),
+rounded to whole patches with the position embeddings interpolated. Exit status: 0 when every image was
 classified; 1 when some could not be read (each is named on stderr, one line, and the
 others are still classified); 2 for a missing or damaged checkpoint or invalid arguments.
 """
@@ -28,7 +30,7 @@ import torch
 
 from vit.attention import fuse_heads, rollout, token_map
 from vit.checkpoint import Checkpoint, CheckpointError, load_checkpoint
-from vit.inference import FileResult, predict_files
+from vit.inference import MAX_INPUT_SIDE, TRAINING_SIZE, FileResult, InputSize, input_shape, predict_files
 from vit.overlay import attentions_npz_bytes, overlay
 
 PROG = "vit.predict"
@@ -82,7 +84,32 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=positive_int, default=64, help="images per forward pass (default 64)")
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
                    help="where the model runs (default auto: a GPU when there is one)")
+    add_size_arguments(p, keep_aspect=True)
     return p
+
+
+def input_side(text: str) -> int:
+    """argparse type: an input side in pixels, 1 to MAX_INPUT_SIDE."""
+    value = positive_int(text)
+    if value > MAX_INPUT_SIDE:
+        raise argparse.ArgumentTypeError(f"at most {MAX_INPUT_SIDE} px, got {value}")
+    return value
+
+
+def add_size_arguments(parser: argparse.ArgumentParser, keep_aspect: bool) -> None:
+    """``--size N`` (and ``--keep-aspect``): the input size the model sees, shared by predict and evaluate."""
+    parser.add_argument("--size", type=input_side, metavar="N",
+                        help="run the model on an N-px square instead of its training size (rounded to whole "
+                             f"patches, position embeddings interpolated; at most {MAX_INPUT_SIDE})")
+    if keep_aspect:
+        parser.add_argument("--keep-aspect", action="store_true",
+                            help="with --size: the long side at N px and the short side in proportion "
+                                 "(without --size: the training size as the long side)")
+
+
+def input_size(args: argparse.Namespace) -> InputSize:
+    """The ``InputSize`` that ``--size`` and ``--keep-aspect`` ask for."""
+    return InputSize(args.size, getattr(args, "keep_aspect", False))
 
 
 def unique_stem(path: Path, taken: set[str]) -> str:
@@ -95,12 +122,13 @@ def unique_stem(path: Path, taken: set[str]) -> str:
     return name
 
 
-def save_maps(result: FileResult, checkpoint: Checkpoint, folder: Path, stem: str) -> dict[str, str]:
+def save_maps(result: FileResult, checkpoint: Checkpoint, folder: Path, stem: str,
+              size: InputSize = TRAINING_SIZE) -> dict[str, str]:
     """Write ``result``'s attention arrays and its CLS and rollout overlays; returns the files by kind."""
     prediction = result.prediction
     layers = [torch.from_numpy(a)[None] for a in prediction.attentions]  # each (1, heads, T, T)
-    side = checkpoint.preprocessing.image_size
-    grid = checkpoint.model.patch_grid(side, side)
+    shape = input_shape(result.image, checkpoint.preprocessing, checkpoint.model.config.patch_size, size)
+    grid = checkpoint.model.patch_grid(*shape)
     prefix = checkpoint.model.num_prefix_tokens
     cls_map = token_map(fuse_heads(layers[-1], "mean"), 0, grid, num_prefix_tokens=prefix)[0]  # (gh, gw)
     rollout_map = token_map(rollout(layers, "mean", num_prefix_tokens=prefix), 0, grid,
@@ -124,15 +152,16 @@ def run(args: argparse.Namespace) -> int:
         except OSError as e:
             raise UsageError(f"cannot create --save-maps folder {maps_dir} ({e.strerror or e})") from None
     records, failed, taken = [], 0, set()
+    size = input_size(args)
     for result in predict_files(checkpoint, args.images, args.top_k, output_attentions=maps_dir is not None,
-                                batch_size=args.batch_size):
+                                batch_size=args.batch_size, size=size):
         if result.prediction is None:
             print(f"{PROG}: skipped: {result.error}", file=sys.stderr)
             failed += 1
             continue
         record = result.to_dict()
         if maps_dir is not None:
-            record["maps"] = save_maps(result, checkpoint, maps_dir, unique_stem(result.path, taken))
+            record["maps"] = save_maps(result, checkpoint, maps_dir, unique_stem(result.path, taken), size)
         records.append(record)
     print(json.dumps(records, indent=2))
     return 1 if failed else 0

@@ -1,0 +1,70 @@
+"""Hidden states and per-layer attention recomputed on demand, against HF transformers' ViT with the same weights."""
+
+import pytest
+import torch
+
+from vit.hidden import ByteBudgetCache, LayerAttentions, forward_with_hidden_states
+from vit.hf import config_from_hf, state_dict_from_hf
+from vit.model import ViT, ViTConfig
+
+TINY = ViTConfig(image_size=16, patch_size=4, num_channels=3, num_classes=3, hidden_size=16, num_layers=3,
+                 num_heads=2, mlp_size=32)
+
+
+def tiny_model() -> ViT:
+    torch.manual_seed(0)
+    return ViT(TINY).eval()
+
+
+def test_hidden_states_and_layer_attentions_match_hf_at_a_non_square_size():
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.ViTConfig(image_size=32, patch_size=4, num_channels=3, hidden_size=48, num_hidden_layers=3,
+                                    num_attention_heads=4, intermediate_size=96, num_labels=10, layer_norm_eps=1e-12)
+    config._attn_implementation = "eager"
+    hf = transformers.ViTForImageClassification(config).eval()
+    ours = ViT(config_from_hf(hf.config))
+    ours.load_state_dict(state_dict_from_hf(hf.state_dict(), ours.config.num_layers), strict=True)
+    ours.eval()
+    images = torch.randn(1, 3, 24, 40)  # a 6 x 10 grid: positions interpolated, non-square
+    with torch.no_grad():
+        expected = hf(pixel_values=images, output_attentions=True, output_hidden_states=True,
+                      interpolate_pos_encoding=True)
+        logits, hidden = forward_with_hidden_states(ours, images)
+    torch.testing.assert_close(logits, expected.logits, rtol=0, atol=1e-5)
+    assert hidden.shape == (1, 4, 61, 48)
+    for i, theirs in enumerate(expected.hidden_states):  # embeddings, then each layer's output
+        torch.testing.assert_close(hidden[:, i], theirs, rtol=0, atol=1e-5)
+    layers = LayerAttentions(ours, hidden[0], ByteBudgetCache(2**20))
+    assert len(layers) == 3
+    for mine, theirs in zip(layers, expected.attentions, strict=True):
+        torch.testing.assert_close(mine, theirs, rtol=0, atol=1e-5)
+
+
+def test_hooks_are_removed_after_the_pass():
+    model = tiny_model()
+    forward_with_hidden_states(model, torch.randn(1, 3, 16, 16))
+    assert all(not block._forward_pre_hooks and not block._forward_hooks for block in model.blocks)
+
+
+def test_layers_are_computed_when_read_and_kept_within_the_budget():
+    model = tiny_model()
+    _, hidden = forward_with_hidden_states(model, torch.randn(1, 3, 16, 16))
+    one_layer = 2 * 17 * 17 * 4  # bytes of (1, 2 heads, 17, 17) float32
+    cache = ByteBudgetCache(2 * one_layer)
+    layers = LayerAttentions(model, hidden[0], cache)
+    assert cache.nbytes == 0  # nothing computed yet
+    first = layers[0]
+    assert layers[0] is first  # cached
+    layers[1], layers[2]
+    assert cache.nbytes == 2 * one_layer  # the least recently used layer (0) was dropped
+    assert layers[0] is not first and torch.equal(layers[0], first)
+    assert layers[-1].shape == (1, 2, 17, 17)
+    with pytest.raises(IndexError):
+        layers[3]
+
+
+def test_a_value_bigger_than_the_budget_is_returned_but_not_kept():
+    cache = ByteBudgetCache(10)
+    value = cache.get("big", lambda: torch.zeros(100))
+    assert value.shape == (100,) and cache.nbytes == 0
