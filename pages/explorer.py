@@ -17,7 +17,7 @@ from vit import catalog, explorer
 from vit.attention import HEAD_FUSIONS
 from vit.checkpoint import Checkpoint, CheckpointError, load_checkpoint
 from vit.images import ImageError, open_image
-from vit.inference import InputSize
+from vit.inference import MAX_INPUT_SIDE, InputSize
 from vit.overlay import UPSAMPLE_MODES, draw_mask_contours, overlay
 
 # Everything open_image reads (its error message lists these), so the uploader never refuses a format it names.
@@ -146,7 +146,7 @@ if samples:
                                   key=f"sample-{model_key}", disabled=uploaded is not None,
                                   help="Remove the upload to use the samples again.")
 config, pre = checkpoint.config, checkpoint.preprocessing
-sides = sorted({pre.image_size, *(s for s in INPUT_SIDES if s >= config.patch_size)})
+sides = sorted(s for s in {pre.image_size, 2 * pre.image_size, 4 * pre.image_size, *INPUT_SIDES} if s <= MAX_INPUT_SIDE)
 side = st.sidebar.selectbox(
     "Input size", [None, *sides], key="input_side",
     format_func=lambda s: f"the model's size ({pre.image_size} px)" if s is None else f"{s} px",

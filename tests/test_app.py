@@ -545,3 +545,271 @@ def test_attention_matrix_rows_are_queries_and_ticks_mark_cls_and_grid_rows():
     assert fig.layout.yaxis.autorange == "reversed"  # query 0 (CLS) on top, like the matrix is written
     [row] = fig.layout.shapes
     assert (row.y0, row.y1, row.x0, row.x1) == (5.5, 6.5, -0.5, 16.5)
+
+
+# -- input sizes, memory bounds and the rough edges of issue 10 ------------------------------------------------------
+
+def figure_with(at: AppTest, key: str) -> dict:
+    """The Plotly figure of the chart with widget key ``key`` (its proto id ends with the key)."""
+    matches = [json.loads(c.proto.spec) for c in at.get("plotly_chart") if c.proto.id.endswith(key)]
+    assert len(matches) == 1, f"expected one chart with key {key!r}"
+    return matches[0]
+
+
+def test_keep_aspect_input_size_gives_a_non_square_grid_everywhere(default_world, forwards):
+    at = run_app()
+    upload(at, "wide.png", png_bytes(width=24, height=16, seed=4))
+    sidebar_widget(at, "selectbox", "Input size").set_value(32)
+    sidebar_widget(at, "checkbox", "Keep the aspect ratio (long side at that size)").check()
+    at.run()
+    assert not at.exception and not at.error
+    # 24 x 16 px with the long side at 32 px: 32 x 21.3 -> 32 x 20 px, 5 x 8 patches of 4 px.
+    assert any("sees it as 32×20 px in 5×8 patches of 4 px (41 tokens), not its 16×16-px training size"
+               in c.value for c in at.main.caption)
+    assert any("not the 16×16 px the model was trained at" in c.value for c in at.main.caption)
+    assert len(sidebar_widget(at, "selectbox", "Query token").options) == 41
+    picker = figure_with(at, "patch_picker")
+    assert len(picker["data"][0]["x"]) if isinstance(picker["data"][0]["x"], list) else True
+    sidebar_widget(at, "selectbox", "Query token").set_value(40)  # the last patch: row 5, col 8
+    at.run()
+    assert "patch row 5, col 8" in overlay_caption(at)
+    for kind in ("rollout", "class", "norms"):
+        sidebar_widget(at, "radio", "Map").set_value(kind)
+        at.run()
+        assert not at.exception and not at.error, kind
+    at.session_state["analysis_tab"] = "Attention matrix"
+    at.run()
+    heatmaps = [t for fig in charts(at) for t in fig["data"] if t["type"] == "heatmap" and "query" in t["hovertemplate"]]
+    assert array_shape(heatmaps[0]["z"]) == (41, 41)
+    at.session_state["analysis_tab"] = "Distance & entropy"
+    at.run()
+    assert not at.exception and not at.error
+
+
+def test_an_input_over_the_token_limit_is_refused_with_one_line_and_settings_kept(default_world, monkeypatch):
+    monkeypatch.setenv("VIT_MAX_TOKENS", "40")
+    at = run_app()
+    sidebar_widget(at, "slider", "Opacity").set_value(0.3)
+    sidebar_widget(at, "selectbox", "Input size").set_value(32)  # 8 x 8 patches + CLS = 65 tokens
+    at.run()
+    assert len(at.error) == 1 and "65 tokens" in at.error[0].value and "at most 40" in at.error[0].value
+    sidebar_widget(at, "selectbox", "Input size").set_value(None)
+    at.run()
+    assert not at.error and sidebar_widget(at, "slider", "Opacity").value == 0.3
+
+
+def test_the_file_watcher_is_off_so_an_idle_app_does_not_watch_venv_runs_or_data():
+    # Issue 10, rough edge 1: the effective config streamlit reads from the repository's .streamlit/.
+    root = Path(APP).parent
+    code = "from streamlit import config; config.get_config_options(); print(config.get_option('server.fileWatcherType'))"
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=120)
+    assert done.stdout.strip() == "none", done.stderr
+
+
+def test_the_clickable_image_and_the_overlay_share_one_layout(default_world):
+    # Rough edge 2: same size and top (the browser test measures them too).
+    at = run_app()
+    picker, drawn = figure_with(at, "patch_picker"), figure_with(at, "overlay_picker")
+    for key in ("width", "height", "margin", "xaxis", "yaxis"):
+        assert picker["layout"][key] == drawn["layout"][key], key
+    assert drawn["layout"]["images"][0]["source"].startswith("data:image/jpeg;base64,")
+
+
+def test_a_colour_bar_shows_the_real_values_and_a_shared_scale_starts_at_zero(default_world):
+    # Rough edge 3.
+    at = run_app()
+    bar = figure_with(at, "colorbar")
+    low, high = bar["layout"]["xaxis"]["range"]
+    assert f"Colours span {low:.3g} (dark) to {high:.3g} (bright) on this map" in overlay_caption(at)
+    sidebar_widget(at, "radio", "Colour scale").set_value("zero")
+    at.run()
+    assert figure_with(at, "colorbar")["layout"]["xaxis"]["range"][0] == 0
+    assert "Colours span 0 (dark)" in overlay_caption(at)
+    sidebar_widget(at, "radio", "Colour scale").set_value("shared")
+    sidebar_widget(at, "selectbox", "Head").set_value(0)
+    at.run()
+    assert not at.exception and "the map's values" in overlay_caption(at)
+
+
+def test_only_the_controls_a_map_uses_are_shown(default_world):
+    # Rough edge 4.
+    at = run_app()
+    labels = {w.label for kind in ("selectbox", "select_slider", "radio", "slider") for w in getattr(at.sidebar, kind)}
+    assert {"Layer", "Head", "Query token", "Head fusion"} <= labels and "Up to layer" not in labels
+    sidebar_widget(at, "selectbox", "Head").set_value(1)
+    at.run()
+    assert not [w for w in at.sidebar.radio if w.label == "Head fusion"]  # one head: nothing to fuse
+    sidebar_widget(at, "radio", "Map").set_value("rollout")
+    at.run()
+    labels = {w.label for kind in ("selectbox", "select_slider") for w in getattr(at.sidebar, kind)}
+    assert "Layer" not in labels and "Head" not in labels and "Up to layer" in labels
+    sidebar_widget(at, "radio", "Map").set_value("norms")
+    at.run()
+    labels = {w.label for kind in ("selectbox", "select_slider", "radio") for w in getattr(at.sidebar, kind)}
+    assert "Layer" in labels and "Query token" not in labels and "Head fusion" not in labels
+
+
+def test_the_class_map_reads_from_cls_even_after_a_patch_was_picked_for_another_map(default_world):
+    # Rough edge 4: a query picked for the attention map made the class map a self-blob.
+    at = run_app()
+    sidebar_widget(at, "selectbox", "Query token").set_value(6)
+    at.run()
+    sidebar_widget(at, "radio", "Map").set_value("class")
+    at.run()
+    assert "as read by the CLS token" in overlay_caption(at)
+    sidebar_widget(at, "selectbox", "Query token (for the class map)").set_value(9)
+    at.run()
+    assert "as read by the query patch row 3, col 1" in overlay_caption(at)
+    sidebar_widget(at, "radio", "Map").set_value("attention")
+    at.run()
+    assert "patch row 2, col 2" in overlay_caption(at)  # each map kind keeps its own query
+
+
+def test_a_rejected_upload_keeps_the_sidebar_settings(default_world):
+    # Rough edge 5.
+    at = run_app()
+    sidebar_widget(at, "slider", "Opacity").set_value(0.3)
+    sidebar_widget(at, "radio", "Head fusion").set_value("max")
+    sidebar_widget(at, "checkbox", "Show the patch grid").check()
+    sidebar_widget(at, "select_slider", "Layer").set_value(2)
+    at.run()
+    upload(at, "notes.png", b"this is not an image")
+    assert len(at.error) == 1
+    at.sidebar.file_uploader[0].clear()
+    at.run()
+    assert not at.error
+    assert sidebar_widget(at, "slider", "Opacity").value == 0.3
+    assert sidebar_widget(at, "radio", "Head fusion").value == "max"
+    assert sidebar_widget(at, "checkbox", "Show the patch grid").value is True
+    assert sidebar_widget(at, "select_slider", "Layer").value == 2
+
+
+def test_every_layer_stays_on_after_visiting_another_tab(default_world):
+    # Rough edge 6.
+    at = run_app()
+    at.toggle(key="every_layer").set_value(True)
+    at.run()
+    at.session_state["analysis_tab"] = "Attention matrix"
+    at.run()
+    at.session_state["analysis_tab"] = "Heads"
+    at.run()
+    assert at.toggle(key="every_layer").value is True
+    assert len(head_captions(at)) == 3 * 2
+
+
+def test_matrix_tick_labels_and_axis_title_have_room_below_the_rows():
+    # Rough edge 7: with no bottom margin the x tick labels were clipped and the title sat on the last rows.
+    fig = explorer.attention_matrix_figure(np.eye(17), (4, 4))
+    assert fig.layout.margin.b >= 60 and fig.layout.xaxis.automargin is True
+    assert fig.layout.xaxis.showticklabels is not False and list(fig.layout.xaxis.ticktext)[0] == "CLS"
+    assert fig.layout.xaxis.title.standoff is not None
+
+
+def test_big_matrices_are_drawn_as_block_averages_with_token_ranges():
+    matrix = np.random.default_rng(0).random((1 + 40 * 30, 1 + 40 * 30)).astype(np.float32)
+    fig = explorer.attention_matrix_figure(matrix, (40, 30), max_cells=401)
+    z = np.asarray(fig.data[0].z)
+    assert z.shape == (401, 401)  # bins of 3 tokens
+    assert fig.data[0].x[1] == "3–5" and "mean" in fig.data[0].hovertemplate
+    np.testing.assert_allclose(z[1, 2], matrix[3:6, 6:9].mean(), rtol=1e-6)
+
+
+def test_pool_matrix_averages_blocks_by_hand():
+    m = np.arange(25, dtype=np.float32).reshape(5, 5)
+    pooled, size = explorer.pool_matrix(m, max_cells=3)
+    assert size == 2 and pooled.shape == (3, 3)
+    assert pooled[0, 0] == (0 + 1 + 5 + 6) / 4 and pooled[2, 2] == 24 and pooled[0, 2] == (4 + 9) / 2
+
+
+def test_clicking_a_head_thumbnail_selects_that_layer_and_head_and_outlines_it(default_world):
+    # Rough edge 8: the grid is one clickable figure; a point per head, row-major.
+    assert explorer.cell_from_selection({"point_indices": [5]}, layers=[0, 1, 2], num_heads=2) == (2, 1)
+    assert explorer.cell_from_selection({"point_indices": []}, layers=[0], num_heads=2) is None
+    at = run_app()
+    sidebar_widget(at, "selectbox", "Head").set_value(1)
+    at.run()
+    [outline] = figure_with(at, "heads_grid")["layout"]["shapes"]
+    assert outline["type"] == "rect" and outline["x0"] > 0  # the second head of the only row shown
+
+
+def test_downloads_are_named_after_the_map_and_the_uploader_takes_every_format_it_names():
+    # Rough edge 9.
+    a = hand_analysis()
+    settings = explorer.MapSettings(layer=0, head=1, query=2)
+    assert explorer.map_file_name("photo", settings, a) == "photo-attention-L1-h2-q2-overlay.png"
+    rollout = explorer.MapSettings(kind="rollout", fusion="max", discard_ratio=0.5)
+    assert explorer.map_file_name("photo", rollout, a) == "photo-rollout-L1-2-max-discard50-cls-overlay.png"
+    from vit.images import ImageError, open_image
+
+    with pytest.raises(ImageError) as error:
+        open_image(b"not an image", name="x")
+    named = error.value.args[0].split("(")[-1].rstrip(")").split(", ")
+    at = AppTest.from_file(APP, default_timeout=TIMEOUT)
+    source = Path(APP).parent / "pages" / "explorer.py"
+    uploader_types = {t for t in str(source.read_text()).split("UPLOAD_TYPES = [")[1].split("]")[0]
+                      .replace('"', "").replace(" ", "").split(",")}
+    assert set(named) <= uploader_types
+    del at
+
+
+def test_a_greyscale_model_offers_invert_and_says_when_an_image_looks_inverted(dirs):
+    # Rough edge 10: MNIST-like training data is dark (mean 0.13); a dark digit on white looks inverted.
+    from vit.checkpoint import Preprocessing
+
+    checkpoints, _ = dirs
+    config = ViTConfig(image_size=16, patch_size=4, num_channels=1, num_classes=3, hidden_size=16, num_layers=2,
+                       num_heads=2, mlp_size=32)
+    torch.manual_seed(0)
+    save_checkpoint(checkpoints / "digits.pt", ViT(config), CLASSES,
+                    preprocessing=Preprocessing(16, 1, (0.1307,), (0.3081,)))
+    at = run_app()
+    paper = np.full((28, 28), 250, dtype=np.uint8)
+    paper[6:22, 12:16] = 10  # a dark stroke
+    buffer = io.BytesIO()
+    Image.fromarray(paper, "L").save(buffer, format="PNG")
+    upload(at, "digit.png", buffer.getvalue())
+    assert any("try Invert" in w.value for w in at.sidebar.warning)
+    sidebar_widget(at, "checkbox", "Invert (for dark strokes on a light background)").check()
+    at.run()
+    assert not at.exception and not at.sidebar.warning
+    assert any("inverted" in c.value for c in at.main.caption)
+
+
+def test_token_norms_are_the_norms_of_each_layers_output(tmp_path):
+    from vit.checkpoint import load_checkpoint
+
+    checkpoint = load_checkpoint(write_checkpoint(tmp_path / "t.pt"))
+    image = Image.open(io.BytesIO(png_bytes(40, 20)))
+    a = explorer.analyse(checkpoint, image)
+    model, x = checkpoint.model, explorer.preprocess([image], checkpoint.preprocessing)
+    with torch.no_grad():  # the last block's output, by running the blocks on the embedding by hand
+        h = a.hidden[0][None]
+        for block in model.blocks:
+            h, _ = block(h)
+    np.testing.assert_allclose(explorer.token_norms(a, -1).numpy(), h[0].norm(dim=-1).numpy(), rtol=1e-5)
+    norms = explorer.attention_map(a, explorer.MapSettings(kind="norms", layer=-1))
+    np.testing.assert_allclose(norms, h[0, 1:].norm(dim=-1).reshape(4, 4).numpy(), rtol=1e-5)
+    del x
+
+
+def test_register_tokens_can_be_hidden_from_the_query_list_and_the_matrix():
+    assert explorer.visible_tokens(7, 3, hide_registers=True) == [0, 3, 4, 5, 6]
+    assert explorer.visible_tokens(7, 3, hide_registers=False) == list(range(7))
+    fig = explorer.attention_matrix_figure(np.eye(7), (2, 2), num_prefix_tokens=3, tokens=[0, 3, 4, 5, 6])
+    assert np.asarray(fig.data[0].z).shape == (5, 5) and list(fig.data[0].x) == ["0", "3", "4", "5", "6"]
+
+
+def test_memory_per_image_stays_under_the_limit_or_the_input_is_refused():
+    from vit.checkpoint import Checkpoint, Preprocessing
+
+    small = ViTConfig(image_size=224, patch_size=8, num_channels=3, num_classes=3, hidden_size=48, num_layers=12,
+                      num_heads=6, mlp_size=64)  # ViT-S/8's geometry
+    checkpoint = Checkpoint(ViT(small).eval(), CLASSES, Preprocessing.default_for(small))
+    # 480 px keep-aspect on a 4:3 photo: 60 x 45 patches, 2,701 tokens: fits the 1 GB bound.
+    explorer.check_input_fits(checkpoint, (45, 60))
+    assert explorer.analysis_memory(12, 6, 384, 2701) < explorer.ANALYSIS_MEMORY_LIMIT
+    with pytest.raises(explorer.TooManyTokens, match="over the 1,024 MB limit"):
+        explorer.check_input_fits(checkpoint, (60, 80))  # 4,801 tokens

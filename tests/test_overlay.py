@@ -7,7 +7,16 @@ import pytest
 import torch
 from PIL import Image
 
-from vit.overlay import attentions_npz_bytes, colorize, overlay, patch_at, patch_box, to_png_bytes, upsample
+from vit.overlay import (
+    attentions_npz_bytes,
+    colorize,
+    draw_mask_contours,
+    overlay,
+    patch_at,
+    patch_box,
+    to_png_bytes,
+    upsample,
+)
 
 
 def test_nearest_upsampling_gives_exact_blocks():
@@ -189,3 +198,23 @@ def test_attentions_npz_rejects_clashing_names_and_bad_shapes():
         attentions_npz_bytes([np.ones((1, 2, 2))], layer_0=np.zeros(1))
     with pytest.raises(ValueError, match="layer 0"):
         attentions_npz_bytes([np.ones((2, 3))])
+
+
+def test_overlay_on_a_given_range_uses_the_same_colours_for_the_same_values():
+    image = Image.new("RGB", (4, 2), (0, 0, 0))
+    low = overlay(image, np.array([[0.01, 0.02]]), 1.0, "gray", "nearest", vmin=0.0, vmax=1.0)
+    # On 0..1 the values 0.01 and 0.02 are nearly black, not stretched to black and white.
+    assert np.asarray(low).max() <= round(0.02 * 255) + 1
+    own = overlay(image, np.array([[0.01, 0.02]]), 1.0, "gray", "nearest")
+    assert np.asarray(own)[0, 0].tolist() == [0, 0, 0] and np.asarray(own)[0, 3].tolist() == [255, 255, 255]
+
+
+def test_mask_contours_run_along_the_patch_borders_of_the_kept_region():
+    image = Image.new("RGB", (8, 8), (0, 0, 0))
+    mask = np.array([[True, False], [False, False]])  # the top-left 4 x 4 patch of a 2 x 2 grid
+    drawn = np.asarray(draw_mask_contours(image, mask, color=(255, 0, 0), width=1))[..., 0] > 0
+    expected = np.zeros((8, 8), dtype=bool)
+    expected[0, 0:4] = expected[0:4, 0] = True  # image edge above and left of the patch
+    expected[0:4, 4] = expected[4, 0:4] = True  # the borders with the dropped patches: their first pixels
+    assert (drawn == expected).all(), drawn.astype(int)
+    assert not np.asarray(draw_mask_contours(image, np.zeros((2, 2), bool))).any()
