@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from vit.hidden import ByteBudgetCache, LayerAttentions, forward_with_hidden_states
 from vit.hf import config_from_hf, state_dict_from_hf
+from vit.hidden import ByteBudgetCache, LayerAttentions, forward_with_hidden_states
 from vit.model import ViT, ViTConfig
 
 TINY = ViTConfig(image_size=16, patch_size=4, num_channels=3, num_classes=3, hidden_size=16, num_layers=3,
@@ -68,3 +68,15 @@ def test_a_value_bigger_than_the_budget_is_returned_but_not_kept():
     cache = ByteBudgetCache(10)
     value = cache.get("big", lambda: torch.zeros(100))
     assert value.shape == (100,) and cache.nbytes == 0
+
+
+def test_one_querys_rows_from_queries_and_keys_equal_the_full_attention_rows():
+    model = tiny_model()
+    _, hidden = forward_with_hidden_states(model, torch.randn(1, 3, 12, 20))  # a 3 x 5 grid
+    layers = LayerAttentions(model, hidden[0], ByteBudgetCache(2**20))
+    rows = layers.rows(7)  # (L, H, T)
+    assert rows.shape == (3, 2, 16)
+    for layer in range(3):
+        torch.testing.assert_close(rows[layer], layers[layer][0, :, 7], rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match="out of range"):
+        layers.rows(16)

@@ -65,7 +65,7 @@ TOP_K = 5
 # this (env VIT_ANALYSIS_MEMORY_MB), and inputs with more tokens than VIT_MAX_TOKENS are refused.
 ANALYSIS_MEMORY_LIMIT = 1024 * 2**20
 MAX_TOKENS = 5000
-LAYER_CACHE_BYTES = 256 * 2**20  # computed layers and rollout factors kept per image
+LAYER_CACHE_BYTES = 320 * 2**20  # computed layers, queries and keys, rollout factors kept per image
 HALF_PRECISION_TOKENS = 1024  # rollout factors above this many tokens are kept in float16
 
 
@@ -254,8 +254,12 @@ def query_rows(analysis: Analysis, query: int) -> torch.Tensor:
     """What ``query`` attends to in every layer and head: ``(L, H, T)`` (cached per query)."""
     if not 0 <= query < analysis.num_tokens:
         raise ValueError(f"query token {query} is out of range for {analysis.num_tokens} tokens")
-    return analysis.cache.get(("rows", query),
-                              lambda: torch.stack([a[0, :, query].float() for a in analysis.attentions]))
+    def compute() -> torch.Tensor:
+        if isinstance(analysis.attentions, LayerAttentions):  # cheap: no full matrix needed
+            return analysis.attentions.rows(query)
+        return torch.stack([a[0, :, query].float() for a in analysis.attentions])
+
+    return analysis.cache.get(("rows", query), compute)
 
 
 def layer_attention(analysis: Analysis, layer: int, head: int | None, fusion: str = "mean") -> torch.Tensor:

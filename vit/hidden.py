@@ -53,6 +53,21 @@ def block_attention(model: nn.Module, layer: int, block_input: Tensor) -> Tensor
     return probs
 
 
+def queries_and_keys(model: nn.Module, layer: int, block_input: Tensor) -> tuple[Tensor, Tensor]:
+    """Layer ``layer``'s scaled queries and keys ``(B, H, T, hd)`` each, from that block's input ``(B, T, D)``.
+
+    ``softmax(q @ k.T)`` is the layer's attention; one query's row from them costs ``H x T x hd``
+    instead of the whole ``H x T²`` matrix. Mirrors ``vit.model.Attention``'s fused qkv layout
+    (a test checks the rows against the module's own probabilities).
+    """
+    block = model.blocks[layer]
+    attn = block.attn
+    B, T, _ = block_input.shape
+    qkv = attn.qkv(block.norm1(block_input)).view(B, T, 3, attn.num_heads, attn.head_dim)
+    q, k, _ = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # each (B, H, T, hd)
+    return q * attn.head_dim ** -0.5, k
+
+
 class ByteBudgetCache:
     """A thread-safe least-recently-used cache of tensors holding at most ``budget_bytes`` in all.
 
@@ -69,7 +84,9 @@ class ByteBudgetCache:
         with self._lock:
             return sum(t.element_size() * t.nelement() for t in self._items.values())
 
-    def get(self, key: Hashable, compute: Callable[[], Tensor]) -> Tensor:
+    def get(self, key: Hashable, compute: Callable[[], Tensor], max_share: float = 1.0) -> Tensor:
+        """The value under ``key``, computed and kept when missing; values over ``max_share`` of the budget
+        are returned without being kept (so one huge value does not evict many small ones)."""
         with self._lock:
             if key in self._items:
                 self._items.move_to_end(key)
@@ -77,7 +94,7 @@ class ByteBudgetCache:
         value = compute()  # outside the lock: other sessions keep reading meanwhile
         size = value.element_size() * value.nelement()
         with self._lock:
-            if size <= self.budget_bytes:
+            if size <= max_share * self.budget_bytes:
                 self._items[key] = value
                 self._items.move_to_end(key)
                 used = sum(t.element_size() * t.nelement() for t in self._items.values())
@@ -106,7 +123,30 @@ class LayerAttentions(Sequence[Tensor]):
         if not -len(self) <= index < len(self):
             raise IndexError(f"layer {index} is out of range for {len(self)} layers")
         layer = index % len(self)
-        return self.cache.get(("layer", layer), lambda: self._compute(layer))
+        # A full layer at thousands of tokens is recomputed when needed again rather than crowding out
+        # the small things (queries and keys, rollout factors) that make every redraw fast.
+        return self.cache.get(("layer", layer), lambda: self._compute(layer), max_share=0.125)
+
+    @property
+    def num_heads(self) -> int:
+        return self.model.blocks[0].attn.num_heads
+
+    def rows(self, query: int) -> Tensor:
+        """What token ``query`` attends to in every layer and head: ``(L, H, T)``, from cached queries and keys."""
+        T = self.hidden.shape[1]
+        if not 0 <= query < T:
+            raise ValueError(f"query token {query} is out of range for {T} tokens")
+        rows = []
+        for layer in range(len(self)):
+            q, k = self.cache.get(("qk", layer), lambda layer=layer: self._queries_and_keys(layer))  # (2, H, T, hd)
+            rows.append((q[:, query:query + 1] @ k.transpose(-2, -1))[:, 0].softmax(dim=-1))  # (H, T)
+        return torch.stack(rows)  # (L, H, T)
+
+    def _queries_and_keys(self, layer: int) -> Tensor:
+        device = next(self.model.parameters()).device
+        with torch.inference_mode():
+            q, k = queries_and_keys(self.model, layer, self.hidden[layer][None].to(device))
+        return torch.stack([q[0], k[0]]).float().cpu()  # (2, H, T, hd)
 
     def _compute(self, layer: int) -> Tensor:
         device = next(self.model.parameters()).device
