@@ -47,21 +47,32 @@ def test_hooks_are_removed_after_the_pass():
     assert all(not block._forward_pre_hooks and not block._forward_hooks for block in model.blocks)
 
 
-def test_layers_are_computed_when_read_and_kept_within_the_budget():
+def test_layers_are_computed_when_read_and_kept_while_small():
     model = tiny_model()
     _, hidden = forward_with_hidden_states(model, torch.randn(1, 3, 16, 16))
     one_layer = 2 * 17 * 17 * 4  # bytes of (1, 2 heads, 17, 17) float32
-    cache = ByteBudgetCache(2 * one_layer)
+    cache = ByteBudgetCache(8 * one_layer)
     layers = LayerAttentions(model, hidden[0], cache)
     assert cache.nbytes == 0  # nothing computed yet
     first = layers[0]
-    assert layers[0] is first  # cached
-    layers[1], layers[2]
-    assert cache.nbytes == 2 * one_layer  # the least recently used layer (0) was dropped
-    assert layers[0] is not first and torch.equal(layers[0], first)
+    assert layers[0] is first and cache.nbytes == one_layer
     assert layers[-1].shape == (1, 2, 17, 17)
     with pytest.raises(IndexError):
         layers[3]
+    # A layer over an eighth of the budget is recomputed each time instead of evicting the rest.
+    tight = LayerAttentions(model, hidden[0], ByteBudgetCache(4 * one_layer))
+    assert tight[0] is not tight[0] and torch.equal(tight[0], first)
+
+
+def test_the_least_recently_used_values_go_first_when_over_budget():
+    cache = ByteBudgetCache(3 * 4 * 10)  # three float32 (10,) tensors
+    for key in "abc":
+        cache.get(key, lambda: torch.zeros(10))
+    a = cache.get("a", lambda: torch.ones(10))  # a hit: "a" becomes the most recent
+    cache.get("d", lambda: torch.zeros(10))  # evicts "b", the least recently used
+    assert cache.get("a", lambda: torch.ones(10)) is a and torch.equal(a, torch.zeros(10))
+    assert torch.equal(cache.get("b", lambda: torch.ones(10)), torch.ones(10))  # recomputed
+    assert cache.nbytes == 3 * 4 * 10
 
 
 def test_a_value_bigger_than_the_budget_is_returned_but_not_kept():
