@@ -147,14 +147,15 @@ if samples:
                                   help="Remove the upload to use the samples again.")
 config, pre = checkpoint.config, checkpoint.preprocessing
 sides = sorted(s for s in {pre.image_size, 2 * pre.image_size, 4 * pre.image_size, *INPUT_SIDES} if s <= MAX_INPUT_SIDE)
+# Options are never None: Streamlit shows a None option as an empty "Choose an option" box.
 side = st.sidebar.selectbox(
-    "Input size", [None, *sides], key="input_side",
-    format_func=lambda s: f"the model's size ({pre.image_size} px)" if s is None else f"{s} px",
+    "Input size", [0, *sides], key="input_side",
+    format_func=lambda s: f"the model's size ({pre.image_size} px)" if s == 0 else f"{s} px",
     help="The size the model sees the image at. Other sizes than the training size interpolate the position "
          "embeddings (as DINO's visualisation does): finer maps, but the predictions may change.")
 keep_aspect = st.sidebar.checkbox("Keep the aspect ratio (long side at that size)", key="keep_aspect",
                                   help="Off: the image is resized to a square, as in training.")
-size = InputSize(side, keep_aspect)
+size = InputSize(side or None, keep_aspect)
 invert = False
 if pre.num_channels == 1:
     invert = st.sidebar.checkbox("Invert (for dark strokes on a light background)", key="invert",
@@ -204,8 +205,9 @@ with st.sidebar:
     query, layer, head, fusion, discard_ratio, end_layer, class_index = 0, L, None, "mean", 0.0, L, None
     if "class" in controls:
         class_index = st.selectbox(
-            "Class", [None, *range(len(class_names))], key=f"class-{model_key}",
-            format_func=lambda c: f"predicted: {class_names[prediction.class_index]}" if c is None else class_names[c])
+            "Class", [-1, *range(len(class_names))], key=f"class-{model_key}",
+            format_func=lambda c: f"predicted: {class_names[prediction.class_index]}" if c == -1 else class_names[c])
+        class_index = None if class_index == -1 else class_index
     if "query" in controls:
         query = st.selectbox("Query token" + (" (for the class map)" if kind == "class" else ""), tokens,
                              key=query_key, format_func=lambda t: explorer.token_option(t, grid, prefix),
@@ -216,8 +218,9 @@ with st.sidebar:
         layer = st.select_slider("Layer", range(1, L + 1), key=f"layer-{model_key}",
                                  help="1 is the first block. Also for the heads grid and the matrix.")
     if "head" in controls:
-        head = st.selectbox("Head", [None, *range(H)], key=f"head-{model_key}",
-                            format_func=lambda h: "all heads, fused" if h is None else f"head {h + 1}")
+        head = st.selectbox("Head", [-1, *range(H)], key=f"head-{model_key}",
+                            format_func=lambda h: "all heads, fused" if h == -1 else f"head {h + 1}")
+        head = None if head == -1 else head
     if "fusion" in controls and (kind != "attention" or head is None):
         fusion = st.radio("Head fusion", HEAD_FUSIONS, horizontal=True, key="fusion",
                           help="How heads combine: for 'all heads, fused' and in the rollout.")
@@ -226,14 +229,16 @@ with st.sidebar:
         end_layer = st.select_slider("Up to layer", range(1, L + 1), key=f"end-{model_key}",
                                      help="Roll out from layer 1 through this layer.")
     if "discard_ratio" in controls:
-        discard_ratio = st.slider("Discard ratio", 0.0, 0.95, 0.0, 0.05, key="discard_ratio",
+        st.session_state.setdefault("discard_ratio", 0.0)
+        discard_ratio = st.slider("Discard ratio", 0.0, 0.95, step=0.05, key="discard_ratio",
                                   help="Share of each row's weakest patch attentions set to zero before "
                                        "rolling out; higher values keep only the strongest paths.")
     if "layer" not in controls:  # the heads grid and the matrix still need a layer
         layer = st.session_state.get(f"layer-{model_key}", L)
 
     st.header("Overlay")
-    opacity = st.slider("Opacity", 0.0, 1.0, 0.6, 0.05, key="opacity")
+    st.session_state.setdefault("opacity", 0.6)
+    opacity = st.slider("Opacity", 0.0, 1.0, step=0.05, key="opacity")
     colormap = st.selectbox("Colour map", explorer.COLORMAPS, key="colormap")
     scale = st.radio("Colour scale", list(explorer.COLOUR_SCALES), format_func=explorer.COLOUR_SCALES.get,
                      key="colour_scale", help="Each map stretched to its own range makes a near-uniform map look "
@@ -244,7 +249,8 @@ with st.sidebar:
     masked = st.checkbox("Attention-mass contour (DINO)", key="mass_mask",
                          help="Outline the patches that hold the chosen share of the map's mass, per head in the "
                               "heads grid (Caron et al. 2021).")
-    share = st.slider("Share of the mass", 0.05, 0.95, 0.6, 0.05, key="mask_share", disabled=not masked)
+    st.session_state.setdefault("mask_share", 0.6)
+    share = st.slider("Share of the mass", 0.05, 0.95, step=0.05, key="mask_share", disabled=not masked)
 
 settings = explorer.MapSettings(kind=kind, layer=layer - 1, head=head, fusion=fusion, query=query,
                                 discard_ratio=discard_ratio, end_layer=end_layer - 1, class_index=class_index)

@@ -208,7 +208,7 @@ def test_layer_head_query_fusion_rollout_and_overlay_changes_never_rerun_the_mod
         ("select_slider", "Layer", 1, "Layer 1 of 3"),
         ("selectbox", "Head", 1, "head 2"),
         ("selectbox", "Query token", 6, "patch row 2, col 2"),
-        ("selectbox", "Head", None, "the mean over its 2 heads"),
+        ("selectbox", "Head", -1, "the mean over its 2 heads"),
         ("radio", "Head fusion", "max", "the max over its 2 heads"),
     ]
     for kind, label, value, expected in steps:
@@ -265,7 +265,7 @@ def test_class_specific_map_runs_one_backward_pass_per_class_and_caches_it(defau
     at.run()
     assert f"Relevance for “{CLASSES[other]}”" in overlay_caption(at)
     assert forwards.call_count == 3
-    sidebar_widget(at, "selectbox", "Class").set_value(None)
+    sidebar_widget(at, "selectbox", "Class").set_value(-1)
     at.run()
     sidebar_widget(at, "selectbox", "Class").set_value(other)
     at.run()
@@ -593,7 +593,7 @@ def test_an_input_over_the_token_limit_is_refused_with_one_line_and_settings_kep
     sidebar_widget(at, "selectbox", "Input size").set_value(32)  # 8 x 8 patches + CLS = 65 tokens
     at.run()
     assert len(at.error) == 1 and "65 tokens" in at.error[0].value and "at most 40" in at.error[0].value
-    sidebar_widget(at, "selectbox", "Input size").set_value(None)
+    sidebar_widget(at, "selectbox", "Input size").set_value(0)
     at.run()
     assert not at.error and sidebar_widget(at, "slider", "Opacity").value == 0.3
 

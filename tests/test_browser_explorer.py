@@ -8,6 +8,7 @@ import io
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -23,7 +24,7 @@ from vit.model import ViT, ViTConfig
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parent.parent
-TIMEOUT_MS = 120_000  # the server imports torch and runs the model on a busy machine
+TIMEOUT_MS = int(os.environ.get("BROWSER_TIMEOUT_MS", 120_000))  # the server imports torch and runs the model on a busy machine
 TINY = ViTConfig(image_size=16, patch_size=4, num_channels=3, num_classes=3, hidden_size=16, num_layers=2,
                  num_heads=2, mlp_size=32)  # a 4 x 4 patch grid
 
@@ -124,3 +125,115 @@ def test_upload_predict_and_click_a_patch_in_a_real_browser(server, world, page)
     page.mouse.click(box["x"] + box["width"] * 0.5 / 4, box["y"] + box["height"] * 3.5 / 4)
     page.get_by_text("the query patch row 4, col 1 (outlined)").wait_for()
     assert query_selectbox_text(page).startswith("13 · patch row 4, col 1")
+
+
+# -- a ViT-B/16-shaped model at a keep-aspect input size ------------------------------------------------------------
+
+def photo(width: int, height: int, seed: int) -> bytes:
+    """A smooth, photo-like image (noise is unlike photos and slow to encode)."""
+    rng = np.random.default_rng(seed)
+    coarse = rng.integers(0, 256, (height // 40, width // 40, 3), dtype=np.uint8)
+    buffer = io.BytesIO()
+    Image.fromarray(coarse).resize((width, height), Image.Resampling.BICUBIC).save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+@pytest.fixture
+def base_server(tmp_path):
+    """The app on a random ViT-B/16 (our own format, 12 layers x 12 heads) shipped under the default name."""
+    checkpoints, runs = tmp_path / "checkpoints", tmp_path / "runs"
+    runs.mkdir()
+    torch.manual_seed(0)
+    config = ViTConfig.from_preset("vit-base-16")
+    save_checkpoint(checkpoints / DEFAULT_CHECKPOINT, ViT(config), [f"class {i}" for i in range(1000)])
+    port = free_port()
+    env = {**os.environ, "VIT_CHECKPOINTS_DIR": str(checkpoints), "VIT_RUNS_DIR": str(runs)}
+    process = subprocess.Popen(
+        [sys.executable, "-m", "streamlit", "run", "app.py", "--server.port", str(port), "--server.headless", "true",
+         "--browser.gatherUsageStats", "false"],  # the repository's config: no file watcher
+        cwd=ROOT, env=env, stdout=(tmp_path / "server.log").open("w"), stderr=subprocess.STDOUT)
+    url = f"http://localhost:{port}"
+    try:
+        wait_for_health(url, process)
+        yield url, tmp_path
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(timeout=15)
+
+
+OVERLAY_HREF = """() => {
+  const charts = document.querySelectorAll('[data-testid="stPlotlyChart"]');
+  const image = charts[1] && charts[1].querySelector('.layer-below image, .imagelayer image');
+  return image ? image.getAttribute('href') : null;
+}"""
+
+
+def image_boxes(page) -> list[dict]:
+    """Screen boxes of the clickable image and of the overlay (the first two charts' layout images)."""
+    charts = page.locator('[data-testid="stPlotlyChart"]')
+    return [charts.nth(i).locator(".layer-below image, .imagelayer image").first.bounding_box() for i in (0, 1)]
+
+
+def wait_for_new_overlay(page, before: str) -> float:
+    """Seconds until the overlay image differs from ``before``."""
+    start = time.perf_counter()
+    page.wait_for_function(f"(before) => ({OVERLAY_HREF})() !== before", arg=before)
+    return time.perf_counter() - start
+
+
+def test_vit_base_at_a_keep_aspect_size_in_a_real_browser(base_server, page):
+    try:
+        check_vit_base_at_a_keep_aspect_size(base_server, page)
+    finally:  # what the page looked like, also when a step timed out
+        page.screenshot(path=str(ARTIFACTS / "explorer-vit-base-keep-aspect.png"), full_page=True)
+
+
+def check_vit_base_at_a_keep_aspect_size(base_server, page) -> None:
+    url, tmp_path = base_server
+    upload = tmp_path / "street.png"
+    upload.write_bytes(photo(640, 480, seed=3))
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.set_viewport_size({"width": 1280, "height": 800})
+    page.goto(url)
+    page.get_by_text("Upload an image in the sidebar").wait_for()
+    page.locator('[data-testid="stFileUploaderDropzoneInput"]').set_input_files(str(upload))
+    page.get_by_text("sees it as 224×224 px in 14×14 patches of 16 px").wait_for()
+
+    # 384 px, aspect kept: 384 x 288 px, 18 x 24 patches, 433 tokens; the prediction says it is not 224 px.
+    page.get_by_role("combobox", name="Input size").click()
+    page.get_by_role("option", name="384 px").click()
+    page.get_by_text("Keep the aspect ratio").click()
+    page.get_by_text("sees it as 384×288 px in 18×24 patches of 16 px (433 tokens)").wait_for()
+    page.get_by_text("not the 224×224 px the model was trained at").wait_for()
+    page.wait_for_function(f"({OVERLAY_HREF})() !== null")
+
+    # Rough edge 2: the clickable image and the overlay at one size and top.
+    picker, drawn = image_boxes(page)
+    assert abs(picker["y"] - drawn["y"]) <= 1 and abs(picker["width"] - drawn["width"]) <= 1
+    assert abs(picker["height"] - drawn["height"]) <= 1 and picker["width"] >= 200
+
+    # Time until the overlay changes: a click on a patch (query change), then a head change.
+    timings = {}
+    before = page.evaluate(OVERLAY_HREF)
+    page.mouse.click(picker["x"] + picker["width"] * 5.5 / 24, picker["y"] + picker["height"] * 2.5 / 18)
+    timings["query click -> overlay"] = wait_for_new_overlay(page, before)
+    page.get_by_text("the query patch row 3, col 6 (outlined)").wait_for()
+    before = page.evaluate(OVERLAY_HREF)
+    page.get_by_role("combobox", name="Head", exact=True).click()
+    page.get_by_role("option", name="head 3", exact=True).click()
+    timings["head change -> overlay"] = wait_for_new_overlay(page, before)
+    page.get_by_text("Layer 12 of 12, head 3").wait_for()
+
+    # Rough edge 8: clicking a thumbnail shows that head (the heads grid is the last chart).
+    grid = page.locator('[data-testid="stPlotlyChart"]').last.locator(".nsewdrag").first
+    box = grid.bounding_box()
+    before = page.evaluate(OVERLAY_HREF)
+    page.mouse.click(box["x"] + box["width"] * 7.5 / 12, box["y"] + box["height"] / 2)
+    timings["thumbnail click -> overlay"] = wait_for_new_overlay(page, before)
+    page.get_by_text("Layer 12 of 12, head 8").wait_for()
+    print("\nbrowser timings (s):", {k: round(v, 2) for k, v in timings.items()})
+    (ARTIFACTS / "browser-timings.txt").write_text("".join(f"{k}: {v:.2f} s\n" for k, v in timings.items()))
