@@ -91,3 +91,27 @@ def test_one_querys_rows_from_queries_and_keys_equal_the_full_attention_rows():
         torch.testing.assert_close(rows[layer], layers[layer][0, :, 7], rtol=1e-5, atol=1e-6)
     with pytest.raises(ValueError, match="out of range"):
         layers.rows(16)
+
+
+def test_concurrent_passes_on_one_shared_model_each_get_their_own_states():
+    import threading
+
+    model = tiny_model()
+    x = torch.randn(1, 3, 16, 16)
+    _, expected = forward_with_hidden_states(model, x)
+    results, errors = [], []
+
+    def run() -> None:
+        try:
+            for _ in range(20):
+                results.append(forward_with_hidden_states(model, x)[1])
+        except Exception as e:  # collected: a failure in a thread must fail the test
+            errors.append(e)
+
+    threads = [threading.Thread(target=run) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    assert len(results) == 60 and all(torch.equal(r, expected) for r in results)

@@ -26,12 +26,17 @@ def forward_with_hidden_states(model: nn.Module, images: Tensor) -> tuple[Tensor
     ``vit.model`` and differs per model family, and the hooks see exactly what each block got.
     """
     states: list[Tensor] = []
+    # The model is shared (the app serves many sessions from one cached model): another thread's
+    # forward pass fires these hooks too, so each records only its own thread's pass.
+    owner = threading.get_ident()
 
     def record_input(module: nn.Module, args: tuple) -> None:
-        states.append(args[0].detach())
+        if threading.get_ident() == owner:
+            states.append(args[0].detach())
 
     def record_output(module: nn.Module, args: tuple, output) -> None:
-        states.append((output[0] if isinstance(output, tuple) else output).detach())
+        if threading.get_ident() == owner:
+            states.append((output[0] if isinstance(output, tuple) else output).detach())
 
     blocks = list(model.blocks)
     handles = [block.register_forward_pre_hook(record_input) for block in blocks]
