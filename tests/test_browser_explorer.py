@@ -178,6 +178,14 @@ def image_boxes(page) -> list[dict]:
     return [charts.nth(i).locator(".layer-below image, .imagelayer image").first.bounding_box() for i in (0, 1)]
 
 
+def choose(page, label: str, option: str) -> None:
+    """Pick ``option`` in the selectbox labelled ``label`` by typing it, as a keyboard user would."""
+    box = page.get_by_role("combobox", name=label, exact=True)
+    box.click()
+    page.keyboard.type(option)
+    page.keyboard.press("Enter")
+
+
 def wait_for_new_overlay(page, before: str) -> float:
     """Seconds until the overlay image differs from ``before``."""
     start = time.perf_counter()
@@ -204,8 +212,7 @@ def check_vit_base_at_a_keep_aspect_size(base_server, page) -> None:
     page.get_by_text("sees it as 224×224 px in 14×14 patches of 16 px").wait_for()
 
     # 384 px, aspect kept: 384 x 288 px, 18 x 24 patches, 433 tokens; the prediction says it is not 224 px.
-    page.get_by_role("combobox", name="Input size").click()
-    page.get_by_role("option", name="384 px").click()
+    choose(page, "Input size", "384 px")
     page.get_by_text("Keep the aspect ratio").click()
     page.get_by_text("sees it as 384×288 px in 18×24 patches of 16 px (433 tokens)").wait_for()
     page.get_by_text("not the 224×224 px the model was trained at").wait_for()
@@ -223,13 +230,13 @@ def check_vit_base_at_a_keep_aspect_size(base_server, page) -> None:
     timings["query click -> overlay"] = wait_for_new_overlay(page, before)
     page.get_by_text("the query patch row 3, col 6 (outlined)").wait_for()
     before = page.evaluate(OVERLAY_HREF)
-    page.get_by_role("combobox", name="Head", exact=True).click()
-    page.get_by_role("option", name="head 3", exact=True).click()
+    choose(page, "Head", "head 3")
     timings["head change -> overlay"] = wait_for_new_overlay(page, before)
     page.get_by_text("Layer 12 of 12, head 3").wait_for()
 
     # Rough edge 8: clicking a thumbnail shows that head (the heads grid is the last chart).
     grid = page.locator('[data-testid="stPlotlyChart"]').last.locator(".nsewdrag").first
+    grid.scroll_into_view_if_needed()
     box = grid.bounding_box()
     before = page.evaluate(OVERLAY_HREF)
     page.mouse.click(box["x"] + box["width"] * 7.5 / 12, box["y"] + box["height"] / 2)
