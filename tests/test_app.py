@@ -814,3 +814,12 @@ def test_memory_per_image_stays_under_the_limit_or_the_input_is_refused():
     assert explorer.analysis_memory(12, 6, 384, 2701) < explorer.ANALYSIS_MEMORY_LIMIT
     with pytest.raises(explorer.TooManyTokens, match="over the 1,024 MB limit"):
         explorer.check_input_fits(checkpoint, (60, 80))  # 4,801 tokens
+
+
+@pytest.mark.parametrize("colormap", explorer.COLORMAPS)
+def test_heatmap_colours_avoid_the_hex_strings_streamlit_replaces(colormap):
+    # Streamlit swaps "#000001".."#000020" for theme colours in any chart: inferno's black became purple.
+    for fig in (explorer.attention_matrix_figure(np.eye(5), (2, 2), colormap=colormap),
+                explorer.colorbar_figure(0.0, 1.0, colormap)):
+        colours = [color.lower() for _, color in fig.data[0].colorscale]  # (the template's placeholders are meant)
+        assert not {f"#0000{i:02d}" for i in range(1, 21)} & set(colours), colormap

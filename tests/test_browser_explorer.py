@@ -24,7 +24,8 @@ from vit.model import ViT, ViTConfig
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parent.parent
-TIMEOUT_MS = int(os.environ.get("BROWSER_TIMEOUT_MS", 120_000))  # the server imports torch and runs the model on a busy machine
+# The server imports torch and runs the model on a busy machine.
+TIMEOUT_MS = int(os.environ.get("BROWSER_TIMEOUT_MS", 120_000))
 TINY = ViTConfig(image_size=16, patch_size=4, num_channels=3, num_classes=3, hidden_size=16, num_layers=2,
                  num_heads=2, mlp_size=32)  # a 4 x 4 patch grid
 

@@ -666,6 +666,19 @@ def predictions_figure(prediction: Prediction) -> go.Figure:
     return fig
 
 
+def plotly_colorscale(name: str) -> list[list]:
+    """Plotly's named colour scale with ``rgb()`` colours instead of hex.
+
+    Streamlit's chart element replaces the literal strings ``#000001``..``#000020`` (its colour
+    placeholders) even with ``theme=None``, which turned inferno's and magma's black ``#000004``
+    into purple at the low end of every heatmap.
+    """
+    from plotly.colors import get_colorscale, hex_to_rgb
+
+    return [[position, color if color.startswith("rgb") else "rgb({}, {}, {})".format(*hex_to_rgb(color))]
+            for position, color in get_colorscale(name)]
+
+
 def pool_matrix(matrix: np.ndarray, max_cells: int) -> tuple[np.ndarray, int]:
     """Average ``bin x bin`` blocks of a ``(T, T)`` matrix so that it has at most ``max_cells`` rows:
     ``(pooled, bin)``; the last block of each axis averages what is left."""
@@ -702,7 +715,8 @@ def attention_matrix_figure(matrix: np.ndarray, grid: tuple[int, int], num_prefi
     names = [str(a) if a == b else f"{a}–{b}" for a, b in zip(first, last, strict=True)]
     hover = (("query %{y} → key %{x}: %{z:.4f}" if size == 1 else "queries %{y} → keys %{x}: mean %{z:.4f}")
              + "<extra></extra>")
-    fig = go.Figure(go.Heatmap(z=pooled, x=names, y=names, colorscale=colormap, hovertemplate=hover,
+    fig = go.Figure(go.Heatmap(z=pooled, x=names, y=names, colorscale=plotly_colorscale(colormap),
+                               hovertemplate=hover,
                                colorbar=dict(title="attention" if size == 1 else f"mean of {size}×{size}")))
     # Ticks: CLS and the first token of each grid row, at most ~20 of them.
     # (the first patch row's start sits next to CLS and would overlap its label)
@@ -730,7 +744,8 @@ def colorbar_figure(vmin: float, vmax: float, colormap: str = "inferno", label: 
     if not vmax > vmin:
         vmax = vmin + (abs(vmin) * 1e-6 or 1e-6)
     values = np.linspace(vmin, vmax, 128)
-    fig = go.Figure(go.Heatmap(z=values[None], x=values, y=[0], colorscale=colormap, showscale=False,
+    fig = go.Figure(go.Heatmap(z=values[None], x=values, y=[0], colorscale=plotly_colorscale(colormap),
+                               showscale=False,
                                zmin=vmin, zmax=vmax, hovertemplate="%{x:.4g}<extra></extra>"))
     fig.update_xaxes(range=[vmin, vmax], tickformat=".3g", nticks=6, title=dict(text=label, standoff=2),
                      fixedrange=True, showgrid=False)
