@@ -104,7 +104,8 @@ def draw(analysis: explorer.Analysis, shown: Image.Image, shown_uri: str, small:
     heads_grid(analysis, small, settings.query, [settings.layer % analysis.num_layers])
 
 
-def bench(name: str, checkpoint: Checkpoint, data: bytes, size: InputSize, repeats: int) -> dict[str, float]:
+def bench(name: str, checkpoint: Checkpoint, data: bytes, size: InputSize,
+          repeats: int) -> dict[str, tuple[float, float]]:
     image = open_image(data, name="upload.png")
     analysis = explorer.analyse(checkpoint, image, size)  # warm-up (first-call allocations)
     shown = display(image)
@@ -142,7 +143,7 @@ def bench(name: str, checkpoint: Checkpoint, data: bytes, size: InputSize, repea
     for what, (wall, cpu) in results.items():
         note = "   refused: over the memory bound" if np.isnan(wall) else ""
         print(f"  {what:<40} {wall:8.3f} {cpu:8.3f}{note}")
-    return {what: wall for what, (wall, _) in results.items()}
+    return results
 
 
 def bench_apptest(repeats: int) -> None:
@@ -183,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} thread(s)")
     wanted = set(args.only or TARGETS)
-    measured: dict[str, dict[str, float]] = {}
+    measured: dict[str, dict[str, tuple[float, float]]] = {}
 
     default = catalog.default_checkpoints_dir() / catalog.DEFAULT_CHECKPOINT
     samples = sorted((catalog.default_checkpoints_dir() / "samples" / default.stem).glob("*.png"))
@@ -203,12 +204,13 @@ def main(argv: list[str] | None = None) -> int:
                                               photo_png(640, 480), InputSize(480, keep_aspect=True), args.repeats)
 
     columns = ("upload -> all maps shown", "layer/head/query change", "every-layer heads grid (new query)")
-    print("\nIssue 10's targets (median wall time, s; measured / target):")
-    print(f"  {'model, input':<22} {'upload -> all maps':>20} {'layer/head/query':>20} {'every-layer grid':>20}")
+    print("\nIssue 10's targets: median wall time / CPU time / target wall time, in s (CPU time is the work itself;"
+          " on a shared machine wall time also counts waiting for other jobs)")
+    print(f"  {'model, input':<20} {'upload -> all maps':>26} {'layer/head/query':>26} {'every-layer grid':>26}")
     for name, row in measured.items():
-        cells = [f"{row[c]:.3f} / {t:<5} {'ok' if row[c] < t else 'SLOW'}" for c, t in
-                 zip(columns, TARGETS[name], strict=True)]
-        print(f"  {name:<22} " + " ".join(f"{cell:>20}" for cell in cells))
+        cells = [f"{row[c][0]:.2f} / {row[c][1]:.2f} / {t:<4} {'ok' if row[c][0] < t else 'SLOW'}"
+                 for c, t in zip(columns, TARGETS[name], strict=True)]
+        print(f"  {name:<20} " + " ".join(f"{cell:>26}" for cell in cells))
     return 0
 
 
