@@ -445,8 +445,10 @@ def _affine_nearest(images: torch.Tensor, theta: torch.Tensor) -> torch.Tensor:
     base[..., 0].copy_(torch.linspace((1.0 - W) * 0.5, (W - 1.0) * 0.5, steps=W, device=images.device))
     base[..., 1].copy_(torch.linspace((1.0 - H) * 0.5, (H - 1.0) * 0.5, steps=H, device=images.device)[:, None])
     base[..., 2].fill_(1)
-    scale = torch.tensor([0.5 * W, 0.5 * H], device=images.device)
-    grid = base.view(1, H * W, 3).expand(B, -1, -1).bmm(theta.transpose(1, 2) / scale)  # (B, H*W, 2)
+    rescaled = theta.transpose(1, 2).clone()  # (B, 3, 2); scaled column by column: no host-to-device copy
+    rescaled[..., 0] /= 0.5 * W
+    rescaled[..., 1] /= 0.5 * H
+    grid = base.view(1, H * W, 3).expand(B, -1, -1).bmm(rescaled)  # (B, H*W, 2)
     out = F.grid_sample(images.float(), grid.view(B, H, W, 2), mode="nearest", padding_mode="zeros",
                         align_corners=False)
     return out.round_().to(images.dtype)
@@ -482,8 +484,8 @@ def _sharpness(images: torch.Tensor, factor: torch.Tensor) -> torch.Tensor:
     B, C, H, W = images.shape
     if H <= 2 or W <= 2:
         return images
-    a, b = 1.0 / 13.0, 5.0 / 13.0  # torchvision's smoothing kernel
-    kernel = torch.tensor([[a, a, a], [a, b, a], [a, a, a]], device=images.device).expand(C, 1, 3, 3)
+    kernel = torch.full((C, 1, 3, 3), 1.0 / 13.0, device=images.device)  # torchvision's smoothing kernel,
+    kernel[:, :, 1, 1] = 5.0 / 13.0  # built in place: no host-to-device copy
     out = images.float()
     blurred = F.conv2d(out, kernel, groups=C).round_()
     inner = out[..., 1:-1, 1:-1]  # the border keeps its pixels
