@@ -106,3 +106,11 @@ def test_scale_batch_multiplies_the_batch_by_the_processes_and_the_rates_by_thei
 def test_compile_mode_and_speed_options_may_change_on_resume_but_not_scale_batch():
     assert {"compile_mode", "sync_every", "checkpoint_seconds"} <= set(train.RESUME_OPTIONS)
     assert "scale_batch" not in train.RESUME_OPTIONS
+
+
+def test_compile_mode_without_compile_is_refused_with_one_line(images, tmp_path, capsys):
+    argv = ["--dataset", f"folder:{images}", "--out", str(tmp_path / "run"), *TINY, "--compile-mode",
+            "reduce-overhead"]
+    assert main(argv) == 2
+    assert capsys.readouterr().err.strip().endswith("--compile-mode reduce-overhead needs --compile")
+    assert not (tmp_path / "run").exists()

@@ -295,6 +295,8 @@ def parse_args(argv: list[str] | None = None, check_out: bool = True) -> argpars
     """
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
+    if args.compile_mode != "default" and not args.compile:
+        raise UsageError(f"--compile-mode {args.compile_mode} needs --compile")
     if args.resume:
         fixed = sorted(given_options(argv) - set(RESUME_OPTIONS) - {"resume"})
         if fixed:
