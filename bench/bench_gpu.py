@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -183,34 +182,47 @@ class OpCount(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def per_call_ms(fn: Callable[[], object], device: torch.device, repeats: int) -> float:
-    fn()
-    _sync(device)
-    start = time.perf_counter()
-    for _ in range(repeats):
-        fn()
-    _sync(device)
-    return (time.perf_counter() - start) / repeats * 1e3
+def _median(values: list[float]) -> float:
+    return sorted(values)[len(values) // 2]
 
 
-def augmentation_table(device: torch.device, repeats: int, step_batch: int, steps: int) -> list[str]:
+def augmentation_table(device: torch.device, rounds: int, repeats: int, step_batch: int, steps: int) -> list[str]:
+    """Before/after rows, measured in alternating rounds on one trainer (medians), so that a busy
+    machine's drift hits both sides alike."""
     images = torch.randint(0, 256, (256, 3, 32, 32), dtype=torch.uint8, device=device)
-    rows = []
-    for name, augment in (("before (groups of 8)", LegacyTrivialAugment()), ("after (per image)",
-                                                                              BatchAugment("trivialaugment"))):
-        with OpCount() as ops:
+    augments = {"before (groups of 8)": LegacyTrivialAugment(), "after (per image)": BatchAugment("trivialaugment")}
+    trainer = make_trainer("cifar-s", synthetic_data(max(steps * step_batch, 1024), 32, 10), step_batch, device,
+                           False, "default")
+    order = trainer.epoch_order(0).to(trainer.train.images.device)
+    trainer.net.train()
+    ops, ms, rates = {}, {name: [] for name in augments}, {name: [] for name in augments}
+    for name, augment in augments.items():
+        with OpCount() as count:
             augment(images)
-        ms = per_call_ms(lambda augment=augment: augment(images), device, repeats)
-        data = synthetic_data(max(4 * step_batch, 1024), 32, 10)
-        trainer = make_trainer("cifar-s", data, step_batch, device, False, "default")
+        ops[name] = count.count
         trainer.augment = augment
-        rate = time_steps(trainer, 1, steps)
-        rows.append((name, ops.count, ms, 256 / ms * 1e3, rate))
-    lines = [f"TrivialAugment + crop/flip on {device}, batch of 256 32x32 images; cifar-s step at batch {step_batch}",
+        trainer.step(order[:step_batch])  # warm-up
+    for _ in range(rounds):
+        for name, augment in augments.items():
+            _sync(device)
+            start = time.perf_counter()
+            for _ in range(repeats):
+                augment(images)
+            _sync(device)
+            ms[name].append((time.perf_counter() - start) / repeats * 1e3)
+            trainer.augment = augment
+            start = time.perf_counter()
+            for i in range(steps):
+                trainer.step(order[i * step_batch:(i + 1) * step_batch])
+            _sync(device)
+            rates[name].append(steps * step_batch / (time.perf_counter() - start))
+    rows = [(name, ops[name], _median(ms[name]), _median(rates[name])) for name in augments]
+    lines = [f"TrivialAugment + crop/flip on {device}: a batch of 256 32x32 images, and cifar-s training steps at "
+             f"batch {step_batch} with each (medians of {rounds} alternating rounds)",
              f"{'augmentation':<22} {'ops':>6} {'ms/batch':>9} {'aug img/s':>10} {'step img/s':>11}"]
-    lines += [f"{n:<22} {c:>6} {ms:>9.2f} {r:>10.0f} {s:>11.0f}" for n, c, ms, r, s in rows]
-    (_, c0, ms0, _, s0), (_, c1, ms1, _, s1) = rows
-    lines.append(f"{'after / before':<22} {c1 / c0:>6.2f} {ms1 / ms0:>9.2f} {ms0 / ms1:>10.2f} {s1 / s0:>11.2f}")
+    lines += [f"{n:<22} {c:>6} {m:>9.2f} {256 / m * 1e3:>10.0f} {r:>11.1f}" for n, c, m, r in rows]
+    (_, c0, m0, r0), (_, c1, m1, r1) = rows
+    lines.append(f"{'after / before':<22} {c1 / c0:>6.2f} {m1 / m0:>9.2f} {m0 / m1:>10.2f} {r1 / r0:>11.2f}")
     return lines
 
 
@@ -261,7 +273,7 @@ def main(argv: list[str] | None = None) -> None:
         achieved = flops * rate / 1e12
         mfu = f"{achieved / peak:6.1%}" if peak else f"{'n/a':>6}"
         line = (f"{preset:<12} {count_parameters(trainer.model) / 1e6:>7.2f}M {config.image_size:>4} {batch:>6} "
-                f"{flops / 1e9:>10.3f} {rate:>9.0f} {50_000 / rate:>10.1f} {achieved:>8.2f} {mfu}")
+                f"{flops / 1e9:>10.3f} {rate:>9.1f} {50_000 / rate:>10.1f} {achieved:>8.2f} {mfu}")
         if measured:
             line += f" {achieved / measured:>10.1%}"
         lines.append(line)
@@ -273,9 +285,9 @@ def main(argv: list[str] | None = None) -> None:
     print("\n".join(lines))
     if not args.skip_augmentation:
         print()
-        print("\n".join(augmentation_table(device, repeats=20 if device.type == "cuda" else 5,
-                                           step_batch=256 if device.type == "cuda" else 64,
-                                           steps=20 if device.type == "cuda" else 2)))
+        on_gpu = device.type == "cuda"
+        print("\n".join(augmentation_table(device, rounds=5, repeats=20 if on_gpu else 5,
+                                           step_batch=256 if on_gpu else 64, steps=20 if on_gpu else 3)))
 
 
 if __name__ == "__main__":
