@@ -126,7 +126,8 @@ def test_trivialaugment_on_cuda_gives_the_cpus_images():
     cpu = apply_ops(images, space_cpu, op, magnitude)
     gpu = apply_ops(images.cuda(), space_gpu, op.cuda(), magnitude.cuda()).cpu()
     diff = (cpu.int() - gpu.int()).abs()
-    assert diff.max() <= 1 and (diff > 0).double().mean() < 1e-3  # float32 rounding in blends only
+    # float32 rounding: blends one grey level off, a nearest-neighbour sample at an exact tie
+    assert (diff > 0).double().mean() < 1e-3 and (diff > 1).double().mean() < 1e-4
 
 
 def test_compiled_augmentation_on_cuda_keeps_dtype_shape_and_varies_per_image():

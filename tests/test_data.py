@@ -337,10 +337,11 @@ def test_op_space_is_torchvisions(policy):
                                   "Color", "Contrast", "Sharpness", "Posterize", "Solarize", "AutoContrast",
                                   "Equalize"])
 @pytest.mark.parametrize("channels", [1, 3])
-def test_each_op_on_a_batch_equals_torchvisions_functional_op_per_image(name, channels):
-    # Every magnitude bin of TrivialAugment Wide, both signs where the op has them; a 10x7 image
-    # so that rotation by 90 degrees is not torchvision's square-image transpose fast path.
-    space = op_space("trivialaugment", 10, 7)
+@pytest.mark.parametrize("policy", ["trivialaugment", "randaugment"])
+def test_each_op_on_a_batch_equals_torchvisions_functional_op_per_image(name, channels, policy):
+    # Every magnitude bin of the policy, both signs where the op has them; a 10x7 image so that
+    # rotation by 90 degrees is not torchvision's square-image transpose fast path.
+    space = op_space(policy, 10, 7)
     images = _test_images(channels, 10, 7)
     k = space.names.index(name)
     for magnitude in space.magnitudes[k].tolist():
