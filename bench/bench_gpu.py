@@ -140,6 +140,14 @@ def time_steps(trainer: Trainer, warmup: int, steps: int) -> float:
     return steps * batch / (time.perf_counter() - start)
 
 
+def ops_per_step(trainer: Trainer) -> int:
+    """ATen operations of one eager training step (augmentation to EMA): each a kernel launch on a GPU."""
+    batch = trainer.local_batch
+    with OpCount() as count:
+        trainer.step(trainer.epoch_order(0)[:batch].to(trainer.train.images.device))
+    return count.count
+
+
 # -- the augmentation before its vectorisation, kept as the baseline ---------------------------
 
 
@@ -256,7 +264,7 @@ def main(argv: list[str] | None = None) -> None:
     cifar = None
     if args.cifar:
         cifar = load_dataset(f"folder:{args.cifar}", 32, 3, cache_dir=args.cache_dir)
-    header = (f"{'model':<12} {'params':>8} {'px':>4} {'batch':>6} {'GFLOP/img':>10} {'img/s':>9} "
+    header = (f"{'model':<12} {'params':>8} {'px':>4} {'batch':>6} {'ops/step':>9} {'GFLOP/img':>10} {'img/s':>9} "
               f"{'s/50k img':>10} {'TFLOP/s':>8} {'MFU':>6}" + (f" {'MFU(meas)':>10}" if measured else ""))
     lines = [header]
     for preset in args.models.split(","):
@@ -269,11 +277,12 @@ def main(argv: list[str] | None = None) -> None:
             data = synthetic_data(max(2 * batch, 64), config.image_size, 10)
         trainer = make_trainer(preset, data, batch, device, args.compile, args.compile_mode)
         rate = time_steps(trainer, warmup, steps)
+        ops = "-" if args.compile else str(ops_per_step(trainer))  # a dispatch mode would undo compilation
         flops = train_flops_per_image(preset)
         achieved = flops * rate / 1e12
         mfu = f"{achieved / peak:6.1%}" if peak else f"{'n/a':>6}"
         line = (f"{preset:<12} {count_parameters(trainer.model) / 1e6:>7.2f}M {config.image_size:>4} {batch:>6} "
-                f"{flops / 1e9:>10.3f} {rate:>9.1f} {50_000 / rate:>10.1f} {achieved:>8.2f} {mfu}")
+                f"{ops:>9} {flops / 1e9:>10.3f} {rate:>9.1f} {50_000 / rate:>10.1f} {achieved:>8.2f} {mfu}")
         if measured:
             line += f" {achieved / measured:>10.1%}"
         lines.append(line)
