@@ -102,6 +102,12 @@ class ViTConfig:
         return 1 + int(self.distillation_token) + self.num_register_tokens
 
     @property
+    def prefix_token_names(self) -> tuple[str, ...]:
+        """Display names of the prefix tokens in order: ('CLS', 'DIST', 'REG 1', ...)."""
+        return (("CLS",) + (("DIST",) if self.distillation_token else ())
+                + tuple(f"REG {i + 1}" for i in range(self.num_register_tokens)))
+
+    @property
     def num_positioned_prefix_tokens(self) -> int:
         """How many of the prefix tokens have an entry in the position table (the first ones)."""
         return {"all": self.num_prefix_tokens, "cls": 1, "none": 0}[self.prefix_positions]
@@ -295,7 +301,8 @@ class ViT(nn.Module):
 
     def forward(self, images: torch.Tensor, output_attentions: bool = False
                 ) -> tuple[torch.Tensor | None, tuple[torch.Tensor, ...] | None]:
-        """``images`` (B, C, H, W) -> logits (B, classes) or None without a head, attentions (per layer (B, nh, T, T)) or None."""
+        """``images`` (B, C, H, W) -> logits (B, classes) (None without a head), attentions (per layer
+        (B, nh, T, T)) or None."""
         if images.dim() != 4 or images.shape[1] != self.config.num_channels:
             raise ValueError(f"expected images of shape (batch, {self.config.num_channels}, height, "
                              f"width), got {tuple(images.shape)}")
