@@ -114,8 +114,18 @@ def read_weights(path: Path) -> dict[str, torch.Tensor]:
 def build_model(config: ViTConfig, state: Mapping[str, torch.Tensor], origin: str,
                 map_location: str | torch.device = "cpu") -> ViT:
     """Our ``ViT`` holding ``state``, after checking every key and shape against ``config`` on the meta device."""
-    with torch.device("meta"):
-        skeleton = ViT(config)  # no memory: shapes only
+    # The sizes that decide every shape, checked first: even the meta device cannot describe a 2**62-element tensor.
+    declared = {"patch_embed.weight": (0, config.hidden_size), "blocks.0.mlp.fc1.weight": (0, config.mlp_size),
+                "pos_embed": (1, config.num_positioned_prefix_tokens + config.num_patches)}
+    for key, (dim, size) in declared.items():
+        if key in state and state[key].dim() > dim and state[key].shape[dim] != size:
+            raise SourceError(f"the weights of {origin} do not fit its config: {key} has shape "
+                              f"{tuple(state[key].shape)}, the config declares size {size} in dimension {dim}")
+    try:
+        with torch.device("meta"):
+            skeleton = ViT(config)  # no memory: shapes only
+    except RuntimeError as e:
+        raise SourceError(f"the config of {origin} declares sizes too large to build ({_one_line(e)})") from None
     expected = {k: tuple(v.shape) for k, v in skeleton.state_dict().items()}
     missing = sorted(set(expected) - set(state))
     extra = sorted(set(state) - set(expected))
