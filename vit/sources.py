@@ -315,7 +315,7 @@ def open_source(path: str | os.PathLike, arch: str | None = None, map_location: 
     path = Path(path).expanduser()
     library, name = parse_arch(arch)
     if not path.exists():
-        raise SourceError(f"model not found: {path}")
+        raise SourceError(f"checkpoint not found: {path}")
     if path.is_dir():
         config_path = path / "config.json"
         if not config_path.is_file():
