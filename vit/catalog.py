@@ -226,7 +226,7 @@ def describe_import(candidate: Candidate) -> CatalogEntry:
             config = hf.config_from_hf(config_json, architectures[0])
             class_names = sources.hf_class_names(config_json, config.num_classes)
             metadata = {"architecture": f"hf:{architectures[0]}"}
-            parameters = None
+            parameters = count_parameters_of(config)
         else:
             checkpoint = sources.open_source(path)
             config, class_names, metadata = checkpoint.config, checkpoint.class_names, checkpoint.metadata
@@ -237,6 +237,16 @@ def describe_import(candidate: Candidate) -> CatalogEntry:
                         parameters=parameters, image_size=config.image_size, patch_size=config.patch_size,
                         num_channels=config.num_channels, num_layers=config.num_layers, num_heads=config.num_heads,
                         metadata=dict(metadata))
+
+
+def count_parameters_of(config) -> int:
+    """The parameter count of a model of ``config``, built on the meta device (no memory, no weights read)."""
+    import torch
+
+    from vit.model import ViT
+
+    with torch.device("meta"):
+        return sum(p.numel() for p in ViT(config).parameters())
 
 
 def hf_cache_dirs() -> list[Path]:
