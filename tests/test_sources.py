@@ -187,3 +187,23 @@ def test_hf_cache_listing_never_touches_the_network(tmp_path, monkeypatch):
     monkeypatch.delenv("HF_HUB_CACHE", raising=False)
     fake_hf_cache(tmp_path / "hub")
     assert len(find_hf_cache_models()) == 2
+
+
+def test_a_timm_folder_is_described_from_its_config_and_header_without_reading_weights(tmp_path, monkeypatch):
+    timm = pytest.importorskip("timm")
+    model = timm.create_model("vit_small_patch14_reg4_dinov2", pretrained=False, img_size=28, embed_dim=12, depth=2,
+                              num_heads=2)
+    folder = tmp_path / "models--timm--vit_small_patch14_reg4_dinov2" / "snapshots" / "r1"
+    folder.mkdir(parents=True)
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, folder / "model.safetensors")
+    (folder / "config.json").write_text(json.dumps({"architecture": "vit_small_patch14_reg4_dinov2",
+                                                    "model_args": {"num_heads": 2}}))
+    (folder.parent.parent / "refs").mkdir()
+    (folder.parent.parent / "refs" / "main").write_text("r1")
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
+    [candidate] = find_hf_cache_models()
+    monkeypatch.setattr("vit.sources.read_weights", lambda path: pytest.fail("weights were read"))
+    entry = describe(candidate)
+    assert entry.ok and entry.label == "timm/vit_small_patch14_reg4_dinov2 · timm:vit_small_patch14_reg4_dinov2 · " \
+                                       "no classifier"
+    assert entry.parameters == sum(p.numel() for p in model.parameters()) and entry.num_layers == 2

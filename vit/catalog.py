@@ -227,6 +227,11 @@ def describe_import(candidate: Candidate) -> CatalogEntry:
             class_names = sources.hf_class_names(config_json, config.num_classes)
             metadata = {"architecture": f"hf:{architectures[0]}"}
             parameters = count_parameters_of(config)
+        elif config_json and isinstance(config_json.get("architecture"), str) \
+                and (path / "model.safetensors").is_file():  # timm: shapes from the safetensors header only
+            config, class_names = sources.describe_timm_folder(path, config_json)
+            metadata = {"architecture": f"timm:{config_json['architecture']}"}
+            parameters = count_parameters_of(config)
         else:
             checkpoint = sources.open_source(path)
             config, class_names, metadata = checkpoint.config, checkpoint.class_names, checkpoint.metadata

@@ -111,6 +111,29 @@ def read_weights(path: Path) -> dict[str, torch.Tensor]:
     return out
 
 
+def read_shapes(path: Path) -> dict[str, torch.Tensor]:
+    """The tensors of a ``.safetensors`` file as meta tensors (names and shapes from its header, no data read)."""
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            return {k: torch.empty(f.get_slice(k).get_shape(), device="meta") for k in f.keys()}
+    except (SafetensorError, OSError, ValueError, RuntimeError) as e:
+        raise SourceError(f"{path} is not a readable safetensors file ({_one_line(e)})") from None
+
+
+def describe_timm_folder(folder: Path, config_json: Mapping) -> tuple[ViTConfig, list[str]]:
+    """The config and class names of a timm folder from its config.json and safetensors header alone."""
+    name = str(config_json.get("architecture"))
+    model_args = config_json.get("model_args") if isinstance(config_json.get("model_args"), Mapping) else {}
+    state = read_shapes(folder / "model.safetensors")
+    config = _config(f"{folder} (timm {name})", lambda: import_timm.config_from_timm(name, state, model_args))
+    labels = config_json.get("label_names")
+    names = [str(x) for x in labels] if isinstance(labels, list) and len(labels) == config.num_classes \
+        else default_class_names(config.num_classes)
+    return config, names
+
+
 def build_model(config: ViTConfig, state: Mapping[str, torch.Tensor], origin: str,
                 map_location: str | torch.device = "cpu") -> ViT:
     """Our ``ViT`` holding ``state``, after checking every key and shape against ``config`` on the meta device."""
