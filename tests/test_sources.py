@@ -207,3 +207,24 @@ def test_a_timm_folder_is_described_from_its_config_and_header_without_reading_w
     assert entry.ok and entry.label == "timm/vit_small_patch14_reg4_dinov2 · timm:vit_small_patch14_reg4_dinov2 · " \
                                        "no classifier"
     assert entry.parameters == sum(p.numel() for p in model.parameters()) and entry.num_layers == 2
+
+
+def test_sharded_hf_weights_and_a_config_without_architectures_open(tmp_path):
+    from safetensors.torch import load_file
+
+    folder = hf_folder(tmp_path / "vit")
+    state = load_file(folder / "model.safetensors")
+    keys = sorted(state)
+    shards = {"model-00001-of-00002.safetensors": keys[: len(keys) // 2],
+              "model-00002-of-00002.safetensors": keys[len(keys) // 2:]}
+    for name, part in shards.items():
+        save_file({k: state[k] for k in part}, folder / name)
+    (folder / "model.safetensors.index.json").write_text(json.dumps(
+        {"weight_map": {k: name for name, part in shards.items() for k in part}}))
+    (folder / "model.safetensors").unlink()
+    config = json.loads((folder / "config.json").read_text())
+    del config["architectures"]
+    (folder / "config.json").write_text(json.dumps(config))
+    checkpoint = open_source(folder)
+    assert checkpoint.metadata["architecture"] == "hf:ViTForImageClassification"
+    assert checkpoint.class_names == CLASSES

@@ -253,25 +253,59 @@ def _finish(model: ViT, class_names: list[str], preprocessing: Preprocessing, pa
     return Checkpoint(model=model, class_names=class_names, preprocessing=preprocessing, metadata=metadata, path=path)
 
 
-def _hf_weights(folder: Path) -> Path:
+def read_hf_weights(folder: Path) -> dict[str, torch.Tensor]:
+    """The weights of an HF folder: model.safetensors, else pytorch_model.bin, else their sharded forms."""
     for name in HF_WEIGHTS:
         if (folder / name).is_file():
-            return folder / name
-    if (folder / "model.safetensors.index.json").is_file() or (folder / "pytorch_model.bin.index.json").is_file():
-        raise SourceError(f"{folder} holds sharded weights; merge them into one model.safetensors first")
+            return read_weights(folder / name)
+    for index in ("model.safetensors.index.json", "pytorch_model.bin.index.json"):
+        if (folder / index).is_file():
+            weight_map = read_json(folder / index).get("weight_map")
+            if not isinstance(weight_map, Mapping) or not weight_map:
+                raise SourceError(f"{folder / index} has no weight_map; the sharded weights cannot be found")
+            state: dict[str, torch.Tensor] = {}
+            for shard in sorted(set(map(str, weight_map.values()))):
+                if Path(shard).name != shard:  # shards sit next to the index; never follow a path out of the folder
+                    raise SourceError(f"{folder / index} names a shard outside the folder: {shard}")
+                state.update(read_weights(folder / shard))
+            return state
     raise SourceError(f"{folder} has a config.json but no model.safetensors or pytorch_model.bin")
+
+
+# model_type -> (the headless architecture, the classifier one, the one with a teacher head), for configs
+# written without "architectures".
+_HF_MODEL_TYPES = {"vit": ("ViTModel", "ViTForImageClassification", None),
+                   "deit": ("DeiTModel", "DeiTForImageClassification", "DeiTForImageClassificationWithTeacher"),
+                   "dinov2": ("Dinov2Model", "Dinov2ForImageClassification", None),
+                   "dinov2_with_registers": ("Dinov2WithRegistersModel", "Dinov2WithRegistersForImageClassification",
+                                             None)}
+
+
+def hf_architecture(config_json: Mapping, state: Mapping[str, torch.Tensor] | None = None) -> str | None:
+    """``architectures[0]``, or for a config without it the architecture its model_type and weights imply."""
+    architectures = config_json.get("architectures")
+    if isinstance(architectures, list) and architectures:
+        return str(architectures[0])
+    types = _HF_MODEL_TYPES.get(str(config_json.get("model_type")))
+    if types is None or state is None:
+        return None
+    if types[2] and "distillation_classifier.weight" in state:
+        return types[2]
+    return types[1] if "classifier.weight" in state else types[0]
 
 
 def open_hf_folder(folder: Path, config_json: dict, map_location: str | torch.device = "cpu") -> Checkpoint:
     """An HF ``save_pretrained`` folder of a supported architecture."""
-    architectures = config_json.get("architectures")
-    architecture = architectures[0] if isinstance(architectures, list) and architectures else None
-    if architecture not in hf.ARCHITECTURES:
-        what = f"HF architecture {architecture}" if architecture else f"HF model type {config_json.get('model_type')!r}"
-        raise SourceError(f"{what} ({folder}) is not supported; supported: {SUPPORTED}")
+    architecture = hf_architecture(config_json)
+    if architecture is None and config_json.get("model_type") not in _HF_MODEL_TYPES:
+        raise SourceError(f"HF model type {config_json.get('model_type')!r} ({folder}) is not supported; "
+                          f"supported: {SUPPORTED}")
+    if architecture is not None and architecture not in hf.ARCHITECTURES:
+        raise SourceError(f"HF architecture {architecture} ({folder}) is not supported; supported: {SUPPORTED}")
+    state = read_hf_weights(folder)
+    architecture = architecture or hf_architecture(config_json, state)
     origin = f"{folder} ({architecture})"
     config = _config(origin, lambda: hf.config_from_hf(config_json, architecture))
-    state = read_weights(_hf_weights(folder))
     try:
         ours = hf.state_dict_from_hf(state, config.num_layers, architecture)
     except ValueError as e:
