@@ -317,7 +317,8 @@ class ViT(nn.Module):
         # The first `positioned` prefix tokens get their table entries, the others none (registers
         # in HF DINOv2, every prefix token in timm's no_embed_class models).
         x = torch.cat([prefix[:, :positioned], x], dim=1) + pos  # (B, positioned + gh*gw, D)
-        x = torch.cat([x[:, :positioned], prefix[:, positioned:], x[:, positioned:]], dim=1)  # (B, P + gh*gw, D)
+        if positioned < self.num_prefix_tokens:
+            x = torch.cat([x[:, :positioned], prefix[:, positioned:], x[:, positioned:]], dim=1)  # (B, P + gh*gw, D)
         x = self.pos_dropout(x)
         attentions = []
         for block in self.blocks:
