@@ -228,3 +228,10 @@ def test_sharded_hf_weights_and_a_config_without_architectures_open(tmp_path):
     checkpoint = open_source(folder)
     assert checkpoint.metadata["architecture"] == "hf:ViTForImageClassification"
     assert checkpoint.class_names == CLASSES
+
+
+def test_a_preprocessor_declaring_an_absurd_input_size_is_refused(tmp_path):
+    folder = hf_folder(tmp_path / "vit")
+    (folder / "preprocessor_config.json").write_text(json.dumps({"size": {"height": 800_000, "width": 800_000}}))
+    with pytest.raises(CheckpointError, match="at most 2048 px"):
+        open_source(folder)

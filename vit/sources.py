@@ -41,6 +41,7 @@ SUPPORTED = ("our .pt checkpoints; Hugging Face folders of " + hf.SUPPORTED + ";
              + import_torchvision.SUPPORTED)
 HF_WEIGHTS = ("model.safetensors", "pytorch_model.bin")
 WEIGHT_SUFFIXES = (".safetensors", ".pth", ".pt", ".bin")
+MAX_INPUT_SIZE = 2048  # the largest published ViTs take 518 px (DINOv2) to 1024 px
 MAX_JSON_BYTES = 4 * 1024 * 1024  # config files are a few kB; refuse to parse a huge one
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 _PIL_FILTERS = {0: "nearest", 1: "lanczos", 2: "bilinear", 3: "bicubic"}  # HF stores PIL's enum values
@@ -246,6 +247,8 @@ def hf_preprocessing(processor: Mapping | None, config: ViTConfig, architecture:
 def _finish(model: ViT, class_names: list[str], preprocessing: Preprocessing, path: Path, kind: str,
             architecture: str) -> Checkpoint:
     problem = preprocessing_problem(preprocessing, model.config)
+    if preprocessing.image_size > MAX_INPUT_SIZE:  # every image would be resized to this: bound the memory
+        problem = f"an input of {preprocessing.image_size} px (at most {MAX_INPUT_SIZE} px are supported)"
     if problem:
         raise SourceError(f"{path} has unusable preprocessing settings: {problem}")
     metadata = {"source": {"kind": kind, "path": str(path), "architecture": architecture},
