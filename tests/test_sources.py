@@ -235,3 +235,19 @@ def test_a_preprocessor_declaring_an_absurd_input_size_is_refused(tmp_path):
     (folder / "preprocessor_config.json").write_text(json.dumps({"size": {"height": 800_000, "width": 800_000}}))
     with pytest.raises(CheckpointError, match="at most 2048 px"):
         open_source(folder)
+
+
+def test_convert_and_predict_take_a_bare_timm_file_with_its_arch(tmp_path, capsys):
+    timm = pytest.importorskip("timm")
+    torch.manual_seed(0)
+    model = timm.create_model("deit_tiny_distilled_patch16_224", pretrained=False, img_size=32, patch_size=8,
+                              depth=1, num_classes=4)  # width 192: 3 heads by timm's convention
+    torch.save(model.state_dict(), tmp_path / "deit.pth")
+    arch = "timm:deit_tiny_distilled_patch16_224"
+    assert convert.main([str(tmp_path / "deit.pth"), "--arch", arch, "--out", str(tmp_path / "deit.pt")]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert (summary["architecture"], summary["prefix_tokens"], summary["classes"]) == (arch, 2, 4)
+    photo = image_file(tmp_path / "photo.png")
+    assert predict.main([str(tmp_path / "deit.pth"), str(photo), "--arch", arch, "--top-k", "1"]) == 0
+    [record] = json.loads(capsys.readouterr().out)
+    assert record["predictions"][0]["label"].startswith("class ")
