@@ -22,7 +22,9 @@ import torch
 
 from vit.model import ViTConfig
 
-# HF architecture -> (our config options, the classifier's keys: (CLS head, DIST head)).
+# HF architecture -> (our config options, the classifier's keys: (CLS head, DIST head)). Position resampling
+# follows the installed transformers (5.x): ViT, DeiT and DINOv2 interpolate bicubically to the new grid
+# (size=, no antialias; DINOv2's older +0.1 scale-factor offset is gone), DINOv2-with-registers with antialias=True.
 ARCHITECTURES: dict[str, tuple[dict, tuple[str, str] | None]] = {
     "ViTForImageClassification": ({}, ("classifier", "")),
     "ViTModel": ({}, None),
