@@ -240,3 +240,16 @@ def test_torchvision_file_is_recognised_and_named_with_imagenet_classes(tmp_path
     assert checkpoint.class_names[0] == "tench" and len(checkpoint.class_names) == 1000
     p = checkpoint.preprocessing
     assert (p.image_size, p.resize_size, p.resize_mode, p.resample) == (224, 256, "shortest_edge", "bilinear")
+
+
+@pytest.mark.parametrize("architecture", ["DeiTForImageClassificationWithTeacher", "Dinov2WithRegistersModel"])
+def test_in_memory_and_saved_hf_key_names_map_to_the_same_weights(tmp_path, architecture):
+    from safetensors.torch import load_file
+
+    from vit.hf import state_dict_from_hf
+
+    hf, folder = hf_folder(tmp_path, architecture)
+    saved = state_dict_from_hf(load_file(folder / "model.safetensors"), 2, architecture)  # the Hub's layout
+    in_memory = state_dict_from_hf(hf.state_dict(), 2, architecture)  # transformers 5's module names
+    assert saved.keys() == in_memory.keys()
+    assert all(torch.equal(saved[k], in_memory[k]) for k in saved)
