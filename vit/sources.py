@@ -123,10 +123,19 @@ def read_shapes(path: Path) -> dict[str, torch.Tensor]:
         raise SourceError(f"{path} is not a readable safetensors file ({_one_line(e)})") from None
 
 
+def timm_model_args(config_json: Mapping) -> dict:
+    """timm's constructor overrides from its config.json: ``model_args``, plus the top-level ``global_pool``
+    that timm's Hub configs carry."""
+    args = dict(config_json["model_args"]) if isinstance(config_json.get("model_args"), Mapping) else {}
+    if isinstance(config_json.get("global_pool"), str):
+        args.setdefault("global_pool", config_json["global_pool"])
+    return args
+
+
 def describe_timm_folder(folder: Path, config_json: Mapping) -> tuple[ViTConfig, list[str]]:
     """The config and class names of a timm folder from its config.json and safetensors header alone."""
     name = str(config_json.get("architecture"))
-    model_args = config_json.get("model_args") if isinstance(config_json.get("model_args"), Mapping) else {}
+    model_args = timm_model_args(config_json)
     state = read_shapes(folder / "model.safetensors")
     config = _config(f"{folder} (timm {name})", lambda: import_timm.config_from_timm(name, state, model_args))
     labels = config_json.get("label_names")
@@ -324,7 +333,7 @@ def open_timm(path: Path, state: Mapping[str, torch.Tensor], name: str | None, c
               map_location: str | torch.device = "cpu") -> Checkpoint:
     """timm weights with the architecture ``name`` (from timm's config.json or the user)."""
     config_json = dict(config_json or {})
-    model_args = config_json.get("model_args") if isinstance(config_json.get("model_args"), Mapping) else {}
+    model_args = timm_model_args(config_json)
     pretrained_cfg = config_json.get("pretrained_cfg") if isinstance(config_json.get("pretrained_cfg"), Mapping) else {}
     name = name or "vit"  # a bare state dict: heads and pooling from timm's conventions for its width
     origin = f"{path} (timm {name})"
