@@ -132,6 +132,7 @@ class Analysis:
     hidden: torch.Tensor | None = None  # (L + 1, T, D): every block's input, then the last block's output
     training_size: int | None = None  # the checkpoint's square input side
     cache: ByteBudgetCache = field(default_factory=lambda: ByteBudgetCache(LAYER_CACHE_BYTES), repr=False)
+    prefix_names: tuple[str, ...] = ()  # ('CLS', 'DIST', 'REG 1', ...); empty: CLS then numbered prefix tokens
 
     @property
     def num_layers(self) -> int:
@@ -189,13 +190,15 @@ def analyse(checkpoint: Checkpoint, image: Image.Image, size: InputSize = TRAINI
     x = preprocess([image], p, size, patch_size).to(device)  # (1, C, H, W)
     with torch.inference_mode():
         logits, hidden = forward_with_hidden_states(model, x)  # (1, classes), (1, L + 1, T, D)
+    if logits is None:  # a feature model without a classifier (e.g. DINO): maps, no prediction
+        logits = x.new_zeros(x.shape[0], 0)
     [prediction] = predictions_from_logits(logits, checkpoint.class_names, top_k)
     hidden = hidden[0].float().cpu()
     cache = ByteBudgetCache(LAYER_CACHE_BYTES)
     layers = LayerAttentions(model, hidden, cache)
     return Analysis(prediction=prediction, attentions=layers, grid=grid, patch_size=patch_size, input_size=shape,
                     num_prefix_tokens=model.num_prefix_tokens, hidden=hidden, training_size=p.image_size,
-                    cache=cache)
+                    cache=cache, prefix_names=tuple(model.config.prefix_token_names))
 
 
 @dataclass
@@ -436,19 +439,31 @@ def cell_from_selection(selection, layers: Sequence[int], num_heads: int) -> tup
     return layers[row], head
 
 
-def token_label(token: int, grid: tuple[int, int], num_prefix_tokens: int = 1) -> str:
-    """'CLS' for token 0, 'patch row 2, col 3' (counted from 1, top left) for a patch token."""
+def token_label(token: int, grid: tuple[int, int], num_prefix_tokens: int = 1,
+                prefix_names: Sequence[str] = ()) -> str:
+    """'CLS' for token 0, 'DIST' / 'REG 2' for other prefix tokens named in ``prefix_names``
+    (``ViTConfig.prefix_token_names``), 'patch row 2, col 3' (counted from 1, top left) for a patch token."""
     if token < 0 or token >= num_prefix_tokens + grid[0] * grid[1]:
         raise ValueError(f"token {token} is out of range for a {grid[0]}x{grid[1]} grid")
     if token < num_prefix_tokens:
+        if token < len(prefix_names):
+            return prefix_names[token]
         return "CLS" if token == 0 else f"prefix token {token}"
     row, col = divmod(token - num_prefix_tokens, grid[1])
     return f"patch row {row + 1}, col {col + 1}"
 
 
-def token_option(token: int, grid: tuple[int, int], num_prefix_tokens: int = 1) -> str:
-    """The query picker's text for a token: '0 · CLS', '10 · patch row 2, col 2'."""
-    return f"{token} · {token_label(token, grid, num_prefix_tokens)}"
+def token_option(token: int, grid: tuple[int, int], num_prefix_tokens: int = 1,
+                 prefix_names: Sequence[str] = ()) -> str:
+    """The query picker's text for a token: '0 · CLS', '2 · REG 1', '10 · patch row 2, col 2'."""
+    return f"{token} · {token_label(token, grid, num_prefix_tokens, prefix_names)}"
+
+
+def tokens_caption(grid: tuple[int, int], num_prefix_tokens: int = 1, prefix_names: Sequence[str] = ()) -> str:
+    """Which token is which, for the matrix caption: 'token 0 is CLS, 1 is REG 1, …; tokens 3–18 the patches'."""
+    names = [f"{t} is {token_label(t, grid, num_prefix_tokens, prefix_names)}" for t in range(num_prefix_tokens)]
+    first, last = num_prefix_tokens, num_prefix_tokens + grid[0] * grid[1] - 1
+    return f"token {', '.join(names)}; tokens {first}–{last} the patches row by row"
 
 
 def patch_of(token: int, num_prefix_tokens: int = 1) -> int | None:
@@ -469,8 +484,13 @@ def token_from_selection(selection, num_prefix_tokens: int = 1) -> int | None:
 def describe_map(settings: MapSettings, analysis: Analysis, class_names: list[str]) -> str:
     """A caption that says what the drawn map means."""
     s, L, H = settings, analysis.num_layers, analysis.num_heads
-    query = token_label(s.query, analysis.grid, analysis.num_prefix_tokens)
-    who = "the CLS token" if s.query == 0 else f"the query {query} (outlined)"
+    query = token_label(s.query, analysis.grid, analysis.num_prefix_tokens, analysis.prefix_names)
+    if s.query == 0:
+        who = "the CLS token"
+    elif s.query < analysis.num_prefix_tokens:
+        who = f"the {query} token"
+    else:
+        who = f"the query {query} (outlined)"
     if s.kind == "attention":
         layer = s.layer % L
         heads = f"head {s.head + 1}" if s.head is not None else f"the {s.fusion} over its {H} heads"
@@ -591,8 +611,12 @@ def display_image(image: Image.Image, min_side: int = 320, max_side: int = 640) 
 def model_input_image(image: Image.Image, checkpoint: Checkpoint, size: InputSize = TRAINING_SIZE) -> Image.Image:
     """The image as the model sees it (resized to its input size, greyscale for greyscale models)."""
     p = checkpoint.preprocessing
-    shape = input_shape(image, p, checkpoint.model.config.patch_size, size)
-    array = to_uint8(image, shape, p.num_channels).permute(1, 2, 0).numpy()  # (H, W, C)
+    if size == TRAINING_SIZE:  # the checkpoint's own transform, with its crop for imported models
+        array = to_uint8(image, p.image_size, p.num_channels, p.resize_size, p.resize_mode, p.resample)
+    else:
+        shape = input_shape(image, p, checkpoint.model.config.patch_size, size)
+        array = to_uint8(image, shape, p.num_channels, resample=p.resample)
+    array = array.permute(1, 2, 0).numpy()  # (H, W, C)
     return Image.fromarray(array[:, :, 0] if array.shape[2] == 1 else array)
 
 
@@ -621,7 +645,7 @@ def patch_picker_figure(image_size: tuple[int, int], image_source: str, grid: tu
     gh, gw = grid
     rows, cols = np.divmod(np.arange(gh * gw), gw)
     xs, ys = (cols + 0.5) * width / gw, (rows + 0.5) * height / gh
-    labels = [token_option(int(p) + num_prefix_tokens, grid, num_prefix_tokens) for p in range(gh * gw)]
+    labels = [token_option(int(p) + num_prefix_tokens, grid, num_prefix_tokens) for p in range(gh * gw)]  # patches
     invisible = dict(marker=dict(opacity=0))
     points = go.Scatter(x=xs, y=ys, mode="markers", text=labels, hovertemplate="%{text}<extra></extra>",
                         marker=dict(size=max(4, min(width / gw, height / gh)), symbol="square", opacity=0),
@@ -699,7 +723,8 @@ MATRIX_MAX_CELLS = 400  # rows and columns drawn at most; beyond, blocks of toke
 
 def attention_matrix_figure(matrix: np.ndarray, grid: tuple[int, int], num_prefix_tokens: int = 1,
                             colormap: str = "inferno", title: str = "", query: int | None = None,
-                            tokens: Sequence[int] | None = None, max_cells: int = MATRIX_MAX_CELLS) -> go.Figure:
+                            tokens: Sequence[int] | None = None, max_cells: int = MATRIX_MAX_CELLS,
+                            prefix_names: Sequence[str] = ()) -> go.Figure:
     """A ``(T, T)`` attention matrix as a heatmap: row = query token, column = key token, token 0 = CLS.
 
     ``tokens`` keeps only those rows and columns (e.g. without register tokens); more than
@@ -725,7 +750,8 @@ def attention_matrix_figure(matrix: np.ndarray, grid: tuple[int, int], num_prefi
     wanted = row_starts[::step]
     positions = sorted({i for i, (a, b) in enumerate(zip(first, last, strict=True))
                         for t in wanted if a <= t <= b})
-    text = ["CLS" if first[i] == 0 else str(first[i]) for i in positions]
+    cls_name = prefix_names[0] if prefix_names else "CLS"
+    text = [cls_name if first[i] == 0 else str(first[i]) for i in positions]
     ticks = [names[i] for i in positions]
     fig.update_xaxes(title=dict(text="key token (attended to)", standoff=8), tickvals=ticks, ticktext=text,
                      type="category", constrain="domain", automargin=True, tickangle=-45, side="bottom")

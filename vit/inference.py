@@ -80,13 +80,18 @@ def preprocess(images: Sequence[Image.Image], preprocessing: Preprocessing, size
     p = preprocessing
     if not images:
         return torch.empty(0, p.num_channels, p.image_size, p.image_size)
-    if size != TRAINING_SIZE and patch_size is None:
+    if size == TRAINING_SIZE:  # the checkpoint's own evaluation transform (with its crop, for imported models)
+        batch = torch.stack([to_uint8(image, p.image_size, p.num_channels, p.resize_size, p.resize_mode, p.resample)
+                             for image in images])  # (B, C, S, S)
+        return normalize(batch, p.mean, p.std)
+    if patch_size is None:
         raise ValueError("an input size other than the checkpoint's needs the model's patch_size")
-    shapes = [input_shape(image, p, patch_size or 1, size) for image in images]
+    # Another size: the whole image resized to it (no crop), as DINO's visualisation does.
+    shapes = [input_shape(image, p, patch_size, size) for image in images]
     if len(set(shapes)) > 1:
         raise ValueError(f"images come out at different input sizes {sorted(set(shapes))}; "
                          "preprocess them one at a time")
-    batch = torch.stack([to_uint8(image, shape, p.num_channels)
+    batch = torch.stack([to_uint8(image, shape, p.num_channels, resample=p.resample)
                          for image, shape in zip(images, shapes, strict=True)])  # (B, C, H, W)
     return normalize(batch, p.mean, p.std)
 
@@ -99,11 +104,12 @@ class Prediction:
     probabilities: np.ndarray  # (classes,) softmax of the logits
     logits: np.ndarray  # (classes,)
     attentions: tuple[np.ndarray, ...] | None  # per layer (heads, T, T) float32, when asked for
-    class_index: int  # argmax of probabilities
+    class_index: int  # argmax of probabilities; -1 for a model without a classifier
 
     @property
     def label(self) -> str:
-        return self.top_k[0][0]
+        """The most probable class name; empty for a model without a classifier."""
+        return self.top_k[0][0] if self.top_k else ""
 
 
 def predict(checkpoint: Checkpoint, images: Sequence[Image.Image], top_k: int = 5, output_attentions: bool = True,
@@ -127,6 +133,8 @@ def predict(checkpoint: Checkpoint, images: Sequence[Image.Image], top_k: int = 
         for chunk in _same_shape_batches(images, checkpoint, size, batch_size):
             x = preprocess(chunk, checkpoint.preprocessing, size, model.config.patch_size).to(device)  # (B, C, H, W)
             logits, attentions = model(x, output_attentions=output_attentions)
+            if logits is None:  # a feature model without a classifier (e.g. DINO): maps, no prediction
+                logits = x.new_zeros(x.shape[0], 0)
             layers = [a.float().cpu().numpy() for a in attentions] if attentions is not None else None
             for i, prediction in enumerate(predictions_from_logits(logits, names, k)):
                 # copies, so one kept prediction does not keep its whole batch alive
@@ -144,7 +152,7 @@ def predictions_from_logits(logits: torch.Tensor, class_names: Sequence[str], to
     top_p, top_i = top_p.cpu().tolist(), top_i.cpu().tolist()
     return [Prediction(top_k=[(class_names[c], float(p)) for c, p in zip(top_i[i], top_p[i], strict=True)],
                        probabilities=probs_np[i].copy(), logits=logits_np[i].copy(), attentions=None,
-                       class_index=int(top_i[i][0]))
+                       class_index=int(top_i[i][0]) if top_i[i] else -1)  # -1: a model without classes
             for i in range(logits.shape[0])]
 
 
