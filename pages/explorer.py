@@ -392,3 +392,6 @@ if stats_tab.open:
         right.caption(f"Per head, the entropy of each token's attention averaged over all {T} tokens: 0 when every "
                       f"token attends to one token only, ln {T} ≈ {math.log(T):.2f} when attention is "
                       "spread evenly.")
+# Room below the tabs: while a newly opened tab is computed its old content is gone, and a page that
+# shrank for that moment made the browser jump up (clicking a tab seemed to scroll to the top).
+st.html('<div style="height: 70vh"></div>')

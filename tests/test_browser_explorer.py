@@ -91,6 +91,11 @@ def page():
             browser.close()
 
 
+SCROLL_TOP = """() => Math.max(...[document.scrollingElement,
+  ...document.querySelectorAll('[data-testid="stMain"], [data-testid="stAppViewContainer"], section.main')]
+  .map(e => e ? e.scrollTop : 0))"""
+
+
 def query_selectbox_text(page) -> str:
     return page.get_by_role("combobox", name="Query token").input_value()
 
@@ -128,6 +133,22 @@ def test_upload_predict_and_click_a_patch_in_a_real_browser(server, world, page)
     page.mouse.click(box["x"] + box["width"] * 0.5 / 4, box["y"] + box["height"] * 3.5 / 4)
     page.get_by_text("the query patch row 4, col 1 (outlined)").wait_for()
     assert query_selectbox_text(page).startswith("13 · patch row 4, col 1")
+
+    # Issue 10, rough edge 6: opening another tab keeps the scroll position and the "Every layer" toggle.
+    page.get_by_text("Every layer (").click()
+    page.get_by_text("(2 × 2 = 4 maps)").wait_for()
+    tab = page.get_by_role("tab", name="Attention matrix")
+    tab.scroll_into_view_if_needed()
+    page.mouse.wheel(0, 300)
+    page.wait_for_timeout(500)
+    before = page.evaluate(SCROLL_TOP)
+    assert before > 0
+    tab.click()
+    page.get_by_text("Row i is what token i attends to").wait_for()
+    page.get_by_role("tab", name="Heads").click()
+    page.get_by_text("Click a head").wait_for()
+    assert abs(page.evaluate(SCROLL_TOP) - before) <= 5
+    assert page.get_by_role("switch", name="Every layer").is_checked()
 
 
 # -- a ViT-B/16-shaped model at a keep-aspect input size ------------------------------------------------------------
