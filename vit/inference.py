@@ -51,13 +51,6 @@ class InputSize:
         short = max(1, round(whole * min(width, height) / max(width, height) / patch_size)) * patch_size
         return (whole, short) if height >= width else (short, whole)
 
-    def describe(self) -> str:
-        """'the model's size', '384 px square', 'long side 480 px'."""
-        if self.side is None and not self.keep_aspect:
-            return "the model's size"
-        side = "the model's size" if self.side is None else f"{self.side} px"
-        return f"long side {side}, aspect kept" if self.keep_aspect else f"{side} square"
-
 
 TRAINING_SIZE = InputSize()
 
