@@ -118,7 +118,8 @@ def test_transformer_attribution_matches_the_authors_code(model, index):
     x = images(seed=index)
     expected = chefer_reference_map(ref, x, index)  # (1, gh*gw)
     ours = token_map(transformer_attribution(model, x, index), 0, (4, 4))  # (1, 4, 4)
-    torch.testing.assert_close(ours.flatten(1), expected.detach(), rtol=1e-4, atol=1e-7)
+    scale = expected.abs().max()  # relevances here are ~1e-5: compare on the map's own scale
+    torch.testing.assert_close(ours.flatten(1) / scale, expected.detach() / scale, rtol=1e-5, atol=1e-6)
 
 
 def test_transformer_attribution_of_a_batch_equals_one_image_at_a_time(model):
@@ -215,7 +216,8 @@ def test_attnlrp_matches_lxt_rules_on_hf_vit(monkeypatch):
             hf(pixel_values=xr).logits[0, c].backward()
             expected[c] = (xr * xr.grad).sum(1).detach()
     for c in (0, 2):
-        torch.testing.assert_close(attnlrp(ours, x, c), expected[c], rtol=1e-4, atol=1e-6)
+        scale = expected[c].abs().max()
+        torch.testing.assert_close(attnlrp(ours, x, c) / scale, expected[c] / scale, rtol=1e-5, atol=1e-5)
 
 
 def torchvision_vit(ours: ViT):
@@ -258,7 +260,8 @@ def test_cp_lrp_matches_lxts_vit_map_on_torchvision_vit(model, monkeypatch):
         xr = x.clone().requires_grad_(True)
         tv(xr)[0, 1].backward()
         expected = (xr * xr.grad).sum(1).detach()
-    torch.testing.assert_close(attnlrp(model, x, 1, cp=True), expected, rtol=1e-4, atol=1e-6)
+    scale = expected.abs().max()
+    torch.testing.assert_close(attnlrp(model, x, 1, cp=True) / scale, expected / scale, rtol=1e-5, atol=1e-5)
 
 
 def test_attnlrp_is_signed_batched_and_sums_per_patch(model):
