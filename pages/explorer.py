@@ -58,6 +58,12 @@ def class_relevance(fingerprint: tuple, digest: str, class_index: int, _checkpoi
     return explorer.class_relevance(_checkpoint, _image, class_index)
 
 
+@st.cache_resource(max_entries=64, show_spinner="Computing the map (attention flow can take a minute)…")
+def method_map(fingerprint: tuple, digest: str, kind: str, class_index: int, query: int, end_layer: int, fusion: str,
+               _checkpoint: Checkpoint, _image: Image.Image):
+    return explorer.model_method_map(_checkpoint, _image, kind, class_index, query, end_layer, fusion)
+
+
 def pick_query(query_key: str, num_prefix_tokens: int) -> None:
     """A click on the image made a patch the query."""
     token = explorer.token_from_selection(st.session_state["patch_picker"].selection, num_prefix_tokens)
@@ -159,7 +165,7 @@ with st.sidebar:
     fusion = st.radio("Head fusion", HEAD_FUSIONS, horizontal=True, key="fusion",
                       help="How heads combine: for 'all heads, fused' and in the rollout.")
     discard_ratio, end_layer, class_index = 0.0, L, None
-    if kind in ("rollout", "class"):
+    if kind in ("rollout", "class", "lrp", "flow"):
         st.session_state.setdefault(f"end-{model_key}", L)
         end_layer = st.select_slider("Up to layer", range(1, L + 1), key=f"end-{model_key}",
                                      help="Roll out from layer 1 through this layer.")
@@ -167,7 +173,7 @@ with st.sidebar:
         discard_ratio = st.slider("Discard ratio", 0.0, 0.95, 0.0, 0.05, key="discard_ratio",
                                   help="Share of each row's weakest patch attentions set to zero before "
                                        "rolling out; higher values keep only the strongest paths.")
-    if kind == "class":
+    if kind in explorer.CLASS_MAP_KINDS:
         class_index = st.selectbox(
             "Class", [None, *range(len(class_names))], key=f"class-{model_key}",
             format_func=lambda c: f"predicted: {class_names[prediction.class_index]}" if c is None else class_names[c])
@@ -184,7 +190,16 @@ settings = explorer.MapSettings(kind=kind, layer=layer - 1, head=head, fusion=fu
 relevance = None
 if kind == "class":
     relevance = class_relevance(fingerprint, digest, explorer.resolved_class(settings, analysis), checkpoint, image)
-map2d = explorer.attention_map(analysis, settings, relevance)
+method_map2d = None
+if kind in explorer.METHOD_MAP_KINDS:
+    try:
+        method_map2d = method_map(fingerprint, digest, kind, explorer.resolved_class(settings, analysis), query,
+                                  end_layer - 1, fusion, checkpoint, image)
+    except ValueError as e:  # a model option the method does not support, too many tokens for a max-flow
+        st.error(str(e))
+        st.stop()
+map2d = explorer.attention_map(analysis, settings, relevance, method_map2d)
+map_colormap, vmin, vmax = explorer.map_colours(kind, map2d, colormap)
 outline = explorer.patch_of(query, prefix)
 
 # -- image, overlay and prediction ----------------------------------------------------------------------------------
@@ -201,8 +216,8 @@ with col_image:
                f"{analysis.patch_size} px.")
 with col_overlay:
     st.subheader("Attention")
-    st.image(overlay(shown, map2d, opacity, colormap, mode, show_grid=show_grid, outline_patch=outline),
-             output_format="PNG")
+    st.image(overlay(shown, map2d, opacity, map_colormap, mode, show_grid=show_grid, outline_patch=outline,
+                     vmin=vmin, vmax=vmax), output_format="PNG")
     st.caption(explorer.describe_map(settings, analysis, class_names) + " " + explorer.describe_range(map2d))
     stem = Path(image_name).stem
     download_png, download_npz = st.columns(2)
@@ -214,6 +229,13 @@ with col_overlay:
         "Attentions (.npz)", on_click="ignore", mime="application/octet-stream", file_name=f"{stem}-attentions.npz",
         data=partial(explorer.attentions_npz, analysis, class_names),
         help="layer_0 … layer_N: heads × tokens × tokens (token 0 is CLS), with logits and class names.")
+    if st.toggle("Deletion and insertion curves", key="faithfulness_curves",
+                 help="Is this map faithful? Patches are blurred away (deletion) or restored onto a blurred image "
+                      "(insertion), most relevant first, and the class probability is tracked: a faithful map "
+                      "makes deletion fall and insertion rise fast."):
+        st.plotly_chart(explorer.faithfulness_figure(checkpoint, image, map2d,
+                                                     explorer.resolved_class(settings, analysis)),
+                        config={"displayModeBar": False})
 with col_prediction:
     st.subheader("Prediction")
     st.plotly_chart(explorer.predictions_figure(prediction), config={"displayModeBar": False})

@@ -1,4 +1,4 @@
-"""Class-specific maps that need the model, not only its attentions: LeGrad, Chefer's LRP transformer attribution, AttnLRP.
+"""Class-specific maps that need the model, not only its attentions: LeGrad, Chefer's LRP, AttnLRP.
 
 Each method walks our ``ViT``'s own modules (``patch_embed`` -> CLS + positions -> every
 block's ``norm1``, ``attn.qkv``/``attn.proj``, ``norm2``, ``mlp.fc1``/GELU/``mlp.fc2`` ->
