@@ -3,7 +3,8 @@
 The model runs once per (checkpoint, image); changing a layer, head, query or overlay setting
 only redraws. The computations are plain functions in ``vit/`` (mostly ``vit.explorer``).
 Other pages open a checkpoint here by setting ``st.session_state["explorer_checkpoint"]``
-to its path before ``st.switch_page("pages/explorer.py")``.
+to its path before ``st.switch_page("pages/explorer.py")``, and an image file by setting
+``st.session_state["explorer_image"]`` to its path.
 """
 
 import math
@@ -122,14 +123,25 @@ model_key = explorer.image_digest(choice.encode())[:10]  # widgets whose range d
 st.sidebar.header("Image")
 uploaded = st.sidebar.file_uploader("Upload an image", type=UPLOAD_TYPES,
                                     help="jpg, png, webp, bmp or gif; any size and aspect ratio.")
+if "explorer_image" in st.session_state:  # a file another page (Analyse a dataset) asked for
+    st.session_state["explorer_opened_image"] = st.session_state.pop("explorer_image")
+opened = st.session_state.get("explorer_opened_image")
+if opened is not None and st.sidebar.button(f"Close {Path(opened).name}", help="Back to the sample images."):
+    opened = st.session_state["explorer_opened_image"] = None
 samples = catalog.sample_images(entry, list(entries.values()))
 sample = None
-if samples:
+if samples and opened is None:
     sample = st.sidebar.selectbox("…or a sample image", samples, format_func=explorer.sample_label,
                                   key=f"sample-{model_key}", disabled=uploaded is not None,
                                   help="Remove the upload to use the samples again.")
 if uploaded is not None:
     data, image_name = uploaded.getvalue(), uploaded.name
+elif opened is not None:
+    try:
+        data, image_name = Path(opened).read_bytes(), Path(opened).name
+    except OSError as e:
+        st.error(f"Cannot read {opened}: {e.strerror or e}")
+        st.stop()
 elif sample is not None:
     data, image_name = sample.read_bytes(), sample.name
 else:
