@@ -83,6 +83,17 @@ def test_unsupported_models_raise_a_clear_error(model):
         attnlrp(torch.nn.Identity(), images())
 
 
+def test_a_model_whose_forward_the_walk_does_not_reproduce_is_refused():
+    class LayerScaled(ViT):  # e.g. an option added to the model later, invisible in the config
+        def forward(self, images, output_attentions=False):
+            logits, attentions = super().forward(images, output_attentions)
+            return logits * 2, attentions
+
+    model = LayerScaled(CONFIG).eval()
+    with pytest.raises(UnsupportedModelError, match="does not give its own logits"):
+        legrad(model, images())
+
+
 # --- Chefer et al. 2021a ------------------------------------------------------------------------------
 
 def chefer_reference(ours: ViT):

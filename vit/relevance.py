@@ -175,6 +175,11 @@ def walk(model: ViT, images: Tensor, rules: Literal["none", "attnlrp", "cp"] = "
         x = out
     normed = norm(x, model.norm)
     logits = model.head(normed[:, 0])  # (B, classes)
+    with torch.no_grad():  # a model change the field checks cannot see must not give a wrong map silently
+        expected = model(images.detach())[0]
+    if not torch.allclose(logits.detach(), expected, rtol=1e-3, atol=1e-4 * float(expected.abs().max()) + 1e-6):
+        raise UnsupportedModelError("recomputing this model layer by layer does not give its own logits: it has "
+                                    "an option relevance maps do not reproduce yet; use attention or rollout")
     return Walk(tokens, traces, normed, logits)
 
 
