@@ -141,6 +141,8 @@ def walk(model: ViT, images: Tensor, rules: Literal["none", "attnlrp", "cp"] = "
     same up to float rounding), so that ``input * grad`` is the LRP relevance.
     """
     check_supported(model)
+    if rules not in ("none", "attnlrp", "cp"):
+        raise ValueError(f"unknown rules {rules!r}; choose none, attnlrp or cp")
     if images.dim() != 4 or images.shape[1] != model.config.num_channels:
         raise ValueError(f"expected images of shape (batch, {model.config.num_channels}, height, width), "
                          f"got {tuple(images.shape)}")
