@@ -59,7 +59,7 @@ def class_relevance(fingerprint: tuple, digest: str, class_index: int, _checkpoi
     return explorer.class_relevance(_checkpoint, _image, class_index)
 
 
-@st.cache_resource(max_entries=64, show_spinner="Computing the map (attention flow can take a minute)…")
+@st.cache_resource(max_entries=64, show_spinner="Computing the map (attention flow: seconds, minutes on ViT-B)…")
 def method_map(fingerprint: tuple, digest: str, kind: str, class_index: int, query: int, end_layer: int, fusion: str,
                _checkpoint: Checkpoint, _image: Image.Image):
     return explorer.model_method_map(_checkpoint, _image, kind, class_index, query, end_layer, fusion)
