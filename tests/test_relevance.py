@@ -11,6 +11,7 @@ repository has no licence, its procedure re-typed here):
 - Attention flow: samiraabnar/attention_flow @ 8044f531, attention_graph_util.py ``get_adjmat``/``compute_flows``.
 """
 
+import dataclasses
 import math
 
 import networkx as nx
@@ -72,13 +73,39 @@ def test_walk_with_lrp_rules_keeps_the_forward_values(model):
         torch.testing.assert_close(walk(model, x, rules).logits, model(x)[0], rtol=1e-5, atol=1e-5)
 
 
+EVERY_OPTION = dataclasses.replace(CONFIG, distillation_token=True, distillation_head=True, num_register_tokens=2,
+                                   layer_scale=0.5, pooling="cls+avg", prefix_positions="cls")
+AVG_POOLED = dataclasses.replace(CONFIG, num_register_tokens=3, pooling="avg", fc_norm=True, prefix_positions="none",
+                                 pos_embed_antialias=True)
+
+
+@pytest.mark.parametrize("config", [EVERY_OPTION, AVG_POOLED])
+def test_walk_recomputes_every_model_option_exactly(config):
+    model = random_vit(config)
+    x = images(2, (12, 16))
+    logits, attentions = model(x, output_attentions=True)
+    w = walk(model, x)
+    assert w.tokens.shape[1] == 4 + 12
+    assert torch.equal(w.logits, logits)
+    assert all(torch.equal(t.probs, a) for t, a in zip(w.blocks, attentions, strict=True))
+
+
+def test_legrad_and_attnlrp_work_with_four_prefix_tokens_and_every_option():
+    model = random_vit(EVERY_OPTION)
+    x = images(2, (12, 16))
+    assert legrad(model, x, torch.tensor([0, 1]), start_layer=0).shape == (2, 3, 4)
+    assert attnlrp(model, x, 1).shape == (2, 12, 16)
+    registers = random_vit(dataclasses.replace(CONFIG, num_register_tokens=3))
+    assert token_map(transformer_attribution(registers, x, 0), 0, (3, 4), 4).shape == (2, 3, 4)
+
+
 def test_unsupported_models_raise_a_clear_error(model):
     with pytest.raises(UnsupportedModelError, match="model.eval"):
         legrad(random_vit().train(), images())
-    other = random_vit()
-    other.num_prefix_tokens = 2  # e.g. a register token the walk does not know how to embed
-    with pytest.raises(UnsupportedModelError, match="2 prefix tokens"):
-        transformer_attribution(other, images())
+    with pytest.raises(UnsupportedModelError, match="no rule for layer_scale=0.5"):
+        transformer_attribution(random_vit(dataclasses.replace(CONFIG, layer_scale=0.5)), images())
+    with pytest.raises(UnsupportedModelError, match="no rule for pooling='avg'"):
+        transformer_attribution(random_vit(dataclasses.replace(CONFIG, pooling="avg")), images())
     with pytest.raises(UnsupportedModelError, match="this project's ViT"):
         attnlrp(torch.nn.Identity(), images())
 

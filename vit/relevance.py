@@ -34,7 +34,11 @@ from vit.model import ViT, ViTConfig, resample_pos_embed
 
 # ViTConfig fields the walk reproduces; a field added later counts only at its default value.
 _KNOWN_FIELDS = {"image_size", "patch_size", "num_channels", "num_classes", "hidden_size", "num_layers",
-                 "num_heads", "mlp_size", "dropout", "attention_dropout", "drop_path", "qkv_bias", "layer_norm_eps"}
+                 "num_heads", "mlp_size", "dropout", "attention_dropout", "drop_path", "qkv_bias", "layer_norm_eps",
+                 "distillation_token", "distillation_head", "num_register_tokens", "layer_scale", "pooling",
+                 "fc_norm", "prefix_positions", "pos_embed_antialias"}
+# Options Chefer et al.'s LRP defines no rule for (their ViT reads CLS through one norm and one head).
+_LRP_DEFAULTS = {"layer_scale": None, "pooling": "cls", "fc_norm": False, "distillation_head": False}
 
 
 class UnsupportedModelError(ValueError):
@@ -52,9 +56,8 @@ def check_supported(model: torch.nn.Module) -> None:
         if f.name not in _KNOWN_FIELDS and getattr(config, f.name) != f.default:
             raise UnsupportedModelError(f"relevance maps do not support the model option {f.name}="
                                         f"{getattr(config, f.name)!r} yet; use attention, rollout or the class map")
-    if getattr(model, "num_prefix_tokens", 1) != 1:
-        raise UnsupportedModelError(f"relevance maps support models with one CLS token, this one has "
-                                    f"{model.num_prefix_tokens} prefix tokens; use attention or rollout")
+    if getattr(model, "head", None) is None:
+        raise UnsupportedModelError("the model has no classifier head, so there is no class to explain")
 
 
 # --- the forward walk ---------------------------------------------------------------------------
@@ -125,12 +128,42 @@ class Walk:
 
 
 def embed(model: ViT, images: Tensor) -> Tensor:
-    """Patch embedding, CLS token and (resampled) positions: ``(B, C, H, W)`` -> ``(B, T, D)``."""
+    """Patch embedding, prefix tokens (CLS, DIST, registers), resampled positions: ``(B, C, H, W)`` -> ``(B, T, D)``."""
+    c = model.config
     grid = model.patch_grid(images.shape[2], images.shape[3])
     x = model.patch_embed(images).flatten(2).transpose(1, 2)  # (B, gh*gw, D)
-    cls = model.cls_token.expand(x.shape[0], -1, -1)  # (B, 1, D)
-    pos = resample_pos_embed(model.pos_embed, grid, model.config.grid_size, model.num_prefix_tokens)
-    return torch.cat([cls, x], dim=1) + pos  # (B, T, D)
+    positioned = c.num_positioned_prefix_tokens
+    pos = resample_pos_embed(model.pos_embed, grid, c.grid_size, positioned, c.pos_embed_antialias)
+    prefix = [t for t in (model.cls_token, model.dist_token, model.reg_token) if t is not None]
+    prefix = torch.cat(prefix, dim=1).expand(x.shape[0], -1, -1)  # (B, P, D)
+    x = torch.cat([prefix[:, :positioned], x], dim=1) + pos  # (B, positioned + gh*gw, D)
+    if positioned < model.num_prefix_tokens:  # prefix tokens without a position go after the positioned ones
+        x = torch.cat([x[:, :positioned], prefix[:, positioned:], x[:, positioned:]], dim=1)
+    return x  # (B, T, D)
+
+
+def classify(model: ViT, x: Tensor, norm=None) -> tuple[Tensor, Tensor]:
+    """The model's classifier on tokens ``(B, T, D)``: final norm, pooling, fc_norm, head(s) -> (normed, logits).
+
+    ``norm(x, layer)`` applies a LayerNorm (default: the layer itself).
+    """
+    c = model.config
+    norm = norm or (lambda t, layer: layer(t))
+    if isinstance(model.norm, torch.nn.LayerNorm):
+        x = norm(x, model.norm)
+    patches = x[:, model.num_prefix_tokens:]  # (B, gh*gw, D)
+    if c.pooling == "cls":
+        pooled = x[:, 0]
+    elif c.pooling == "avg":
+        pooled = patches.mean(dim=1)
+    else:  # "cls+avg"
+        pooled = torch.cat([x[:, 0], patches.mean(dim=1)], dim=-1)
+    if model.fc_norm is not None:
+        pooled = norm(pooled, model.fc_norm)
+    logits = model.head(pooled)  # (B, classes)
+    if model.head_dist is not None:
+        logits = (logits + model.head_dist(x[:, 1])) / 2
+    return x, logits
 
 
 def walk(model: ViT, images: Tensor, rules: Literal["none", "attnlrp", "cp"] = "none") -> Walk:
@@ -167,16 +200,19 @@ def walk(model: ViT, images: Tensor, rules: Literal["none", "attnlrp", "cp"] = "
         probs = scores.softmax(dim=-1)
         context = (probs @ v).transpose(1, 2).reshape(B, N, C)  # (B, N, C)
         attn_out = attn.proj(context)
+        if block.ls1 is not None:
+            attn_out = attn_out * block.ls1
         mid = x + attn_out
         n2 = norm(mid, block.norm2)
         pre = block.mlp.fc1(n2)
         hidden = _IdentityRule.apply(pre, F.gelu) if lrp else F.gelu(pre)  # (B, N, mlp)
         mlp_out = block.mlp.fc2(hidden)
+        if block.ls2 is not None:
+            mlp_out = mlp_out * block.ls2
         out = mid + mlp_out
         traces.append(BlockTrace(x, n1, q, k, v, probs, context, attn_out, mid, n2, hidden, mlp_out, out))
         x = out
-    normed = norm(x, model.norm)
-    logits = model.head(normed[:, 0])  # (B, classes)
+    normed, logits = classify(model, x, norm)
     with torch.no_grad():  # a model change the field checks cannot see must not give a wrong map silently
         expected = model(images.detach())[0]
     if not torch.allclose(logits.detach(), expected, rtol=1e-3, atol=1e-4 * float(expected.abs().max()) + 1e-6):
@@ -256,7 +292,7 @@ def legrad(model: ViT, images: Tensor, class_index: int | Tensor | None = None, 
         index = _class_indices(w.logits.detach(), class_index)
         gradients = []
         for layer in range(first, L):
-            logits = model.head(model.norm(w.blocks[layer].out)[:, 0])  # (B, classes): the class read at this layer
+            _, logits = classify(model, w.blocks[layer].out)  # (B, classes): the class read at this layer
             score = logits.gather(1, index[:, None]).sum()  # images are independent: sum = per-image grads
             [grad] = torch.autograd.grad(score, w.blocks[layer].probs, retain_graph=True)
             gradients.append(grad.detach())
@@ -351,6 +387,11 @@ def transformer_attribution(model: ViT, images: Tensor, class_index: int | Tenso
     ``gradient_rollout``. Returns ``(B, T, T)``; ``token_map(result, 0, grid)`` is the paper's
     map for each image's class (default: the predicted one).
     """
+    check_supported(model)
+    for name, default in _LRP_DEFAULTS.items():
+        if getattr(model.config, name) != default:
+            raise UnsupportedModelError(f"Chefer et al.'s LRP has no rule for {name}={getattr(model.config, name)!r}; "
+                                        "use LeGrad, AttnLRP or the gradient-rollout class map")
     inference, grad_mode = _grad_context()
     with inference, grad_mode:
         w = walk(model, _leaf(images))
