@@ -131,22 +131,23 @@ uploaded = st.sidebar.file_uploader("Upload an image", type=UPLOAD_TYPES,
                                     help="jpg, png, webp, bmp or gif; any size and aspect ratio.")
 if "explorer_image" in st.session_state:  # a file another page (Analyse a dataset) asked for
     st.session_state["explorer_opened_image"] = st.session_state.pop("explorer_image")
-opened = st.session_state.get("explorer_opened_image")
-if opened is not None and st.sidebar.button(f"Close {Path(opened).name}", help="Back to the sample images."):
-    opened = st.session_state["explorer_opened_image"] = None
+opened_image = st.session_state.get("explorer_opened_image")
+if opened_image is not None and st.sidebar.button(f"Close {Path(opened_image).name}",
+                                                  help="Back to the sample images."):
+    opened_image = st.session_state["explorer_opened_image"] = None
 samples = catalog.sample_images(entry, list(entries.values()))
 sample = None
-if samples and opened is None:
+if samples and opened_image is None:
     sample = st.sidebar.selectbox("…or a sample image", samples, format_func=explorer.sample_label,
                                   key=f"sample-{model_key}", disabled=uploaded is not None,
                                   help="Remove the upload to use the samples again.")
 if uploaded is not None:
     data, image_name = uploaded.getvalue(), uploaded.name
-elif opened is not None:
+elif opened_image is not None:
     try:
-        data, image_name = Path(opened).read_bytes(), Path(opened).name
+        data, image_name = Path(opened_image).read_bytes(), Path(opened_image).name
     except OSError as e:
-        st.error(f"Cannot read {opened}: {e.strerror or e}")
+        st.error(f"Cannot read {opened_image}: {e.strerror or e}")
         st.stop()
 elif sample is not None:
     data, image_name = sample.read_bytes(), sample.name
@@ -170,7 +171,15 @@ names = analysis.prefix_names  # CLS, DIST, REG 1…R
 with st.sidebar:
     st.header("Attention map")
     kinds = [k for k in explorer.MAP_KINDS if class_names or k != "class"]  # a feature model has no classes
-    kind = st.radio("Map", kinds, format_func=explorer.MAP_KINDS.get, key="map_kind")
+    # The newer methods share one entry (a second picker), which keeps the sidebar short.
+    choices = [k for k in kinds if k not in explorer.METHOD_MAP_KINDS] + [explorer.MORE_METHODS]
+    kind = st.radio("Map", choices, key="map_kind",
+                    format_func=lambda k: explorer.MAP_KINDS.get(k, explorer.MORE_METHODS_LABEL))
+    if kind == explorer.MORE_METHODS:
+        methods = [k for k in explorer.METHOD_MAP_KINDS if class_names or k not in explorer.CLASS_MAP_KINDS]
+        kind = st.selectbox("Method", methods, format_func=explorer.MAP_KINDS.get, key="method_kind",
+                            help="LeGrad, LRP and AttnLRP explain a class; attention flow, like rollout, "
+                                 "follows attention and the residual, as a max-flow (slow).")
     query_key = f"query-{model_key}"
     st.session_state.setdefault(query_key, 0)
     query = st.selectbox("Query token", range(T), key=query_key,

@@ -26,7 +26,9 @@ pytestmark = pytest.mark.slow  # each AppTest run imports the app
 @pytest.mark.usefixtures("default_world")
 def test_each_new_map_kind_draws_with_its_caption(kind, caption):
     at = run_app()
-    sidebar_widget(at, "radio", "Map").set_value(kind)
+    sidebar_widget(at, "radio", "Map").set_value(explorer.MORE_METHODS)
+    at.run()
+    sidebar_widget(at, "selectbox", "Method").set_value(kind)
     at.run()
     assert not at.exception and not at.error, [e.message for e in at.exception]
     assert caption in overlay_caption(at)
@@ -36,8 +38,8 @@ def test_each_new_map_kind_draws_with_its_caption(kind, caption):
 @pytest.mark.usefixtures("default_world")
 def test_faithfulness_curves_are_drawn_next_to_the_map():
     at = run_app()
-    sidebar_widget(at, "radio", "Map").set_value("legrad")
-    at.run()
+    sidebar_widget(at, "radio", "Map").set_value(explorer.MORE_METHODS)
+    at.run()  # LeGrad, the first of the methods
     [toggle] = [t for t in at.toggle if t.label == "Deletion and insertion curves"]
     toggle.set_value(True)
     at.run()

@@ -407,6 +407,8 @@ def overlay_png(image: Image.Image, map2d: np.ndarray, opacity: float, colormap:
 # -- maps that need the model (LeGrad, LRP, AttnLRP) or a max-flow (attention flow) ----------------------------------
 
 METHOD_MAP_KINDS = ("legrad", "lrp", "attnlrp", "flow")  # computed by model_method_map, cached by the page
+MORE_METHODS = "methods"  # the page's one "Map" choice for all of METHOD_MAP_KINDS (a second picker names which)
+MORE_METHODS_LABEL = "More: LeGrad, LRP, AttnLRP, flow"
 CLASS_MAP_KINDS = ("class", "legrad", "lrp", "attnlrp")  # explain one class: the page shows a class picker
 SIGNED_MAP_KINDS = ("attnlrp",)  # negative = evidence against the class: a diverging colour map around 0
 DIVERGING_COLORMAP = "RdBu_r"  # blue negative, white 0, red positive; matplotlib and Plotly both know it
