@@ -3,7 +3,8 @@
 The model runs once per (checkpoint, image); changing a layer, head, query or overlay setting
 only redraws. The computations are plain functions in ``vit/`` (mostly ``vit.explorer``).
 Other pages open a checkpoint here by setting ``st.session_state["explorer_checkpoint"]``
-to its path before ``st.switch_page("pages/explorer.py")``.
+to its path before ``st.switch_page("pages/explorer.py")``, and an image file by setting
+``st.session_state["explorer_image"]`` to its path.
 """
 
 import math
@@ -29,8 +30,8 @@ INPUT_SIDES = (224, 256, 320, 384, 448, 480, 518, 640, 768, 1024)
 # early; a closed tab hides its toggle): Streamlit forgets such widget state unless it is written back.
 KEPT_SETTINGS = ("map_kind", "fusion", "opacity", "colormap", "upsample", "show_grid", "every_layer", "discard_ratio",
                  "colour_scale", "mass_mask", "mask_share", "hide_registers", "invert", "input_side", "keep_aspect",
-                 "npz_precision", "npz_layers", "layer-", "head-", "query-", "class-query-", "end-", "class-",
-                 "sample-")
+                 "npz_precision", "npz_layers", "method_kind", "faithfulness_curves", "layer-", "head-", "query-",
+                 "class-query-", "end-", "class-", "sample-")
 for _key in list(st.session_state):
     if isinstance(_key, str) and _key.startswith(KEPT_SETTINGS):
         st.session_state[_key] = st.session_state[_key]
@@ -72,6 +73,12 @@ def analyse(fingerprint: tuple, digest: str, size: InputSize, _checkpoint: Check
 def class_relevance(fingerprint: tuple, digest: str, size: InputSize, class_index: int, _checkpoint: Checkpoint,
                     _image: Image.Image) -> explorer.ClassRelevance:
     return explorer.class_relevance(_checkpoint, _image, class_index, size)
+
+
+@st.cache_resource(max_entries=16, show_spinner="Computing the map (attention flow: seconds, minutes on ViT-B)…")
+def method_map(fingerprint: tuple, digest: str, size: InputSize, kind: str, class_index: int, query: int,
+               end_layer: int, fusion: str, _checkpoint: Checkpoint, _image: Image.Image):
+    return explorer.model_method_map(_checkpoint, _image, kind, class_index, query, end_layer, fusion, size)
 
 
 def pick_query(chart_key: str, query_key: str, num_prefix_tokens: int) -> None:
@@ -145,9 +152,15 @@ model_key = explorer.image_digest(choice.encode())[:10]  # widgets whose range d
 st.sidebar.header("Image")
 uploaded = st.sidebar.file_uploader("Upload an image", type=UPLOAD_TYPES,
                                     help="jpg, png, webp, bmp, gif or tiff; any size and aspect ratio.")
+if "explorer_image" in st.session_state:  # a file another page (Analyse a dataset) asked for
+    st.session_state["explorer_opened_image"] = st.session_state.pop("explorer_image")
+opened_image = st.session_state.get("explorer_opened_image")
+if opened_image is not None and st.sidebar.button(f"Close {Path(opened_image).name}",
+                                                  help="Back to the sample images."):
+    opened_image = st.session_state["explorer_opened_image"] = None
 samples = catalog.sample_images(entry, list(entries.values()))
 sample = None
-if samples:
+if samples and opened_image is None:
     sample = st.sidebar.selectbox("…or a sample image", samples, format_func=explorer.sample_label,
                                   key=f"sample-{model_key}", disabled=uploaded is not None,
                                   help="Remove the upload to use the samples again.")
@@ -168,6 +181,12 @@ if pre.num_channels == 1:
                                  help="Greyscale models trained on light digits on black (MNIST) need them that way.")
 if uploaded is not None:
     data, image_name = uploaded.getvalue(), uploaded.name
+elif opened_image is not None:
+    try:
+        data, image_name = Path(opened_image).read_bytes(), Path(opened_image).name
+    except OSError as e:
+        st.error(f"Cannot read {opened_image}: {e.strerror or e}")
+        st.stop()
 elif sample is not None:
     data, image_name = sample.read_bytes(), sample.name
 else:
@@ -197,9 +216,17 @@ names = analysis.prefix_names  # CLS, DIST, REG 1…R
 with st.sidebar:
     st.header("Attention map")
     kinds = [k for k in explorer.MAP_KINDS if class_names or k != "class"]  # a feature model has no classes
-    if st.session_state.get("map_kind") not in kinds:
-        st.session_state["map_kind"] = kinds[0]
-    kind = st.radio("Map", kinds, format_func=explorer.MAP_KINDS.get, key="map_kind")
+    # The newer methods share one entry (a second picker), which keeps the sidebar short.
+    choices = [k for k in kinds if k not in explorer.METHOD_MAP_KINDS] + [explorer.MORE_METHODS]
+    if st.session_state.get("map_kind") not in choices:
+        st.session_state["map_kind"] = choices[0]
+    kind = st.radio("Map", choices, key="map_kind",
+                    format_func=lambda k: explorer.MAP_KINDS.get(k, explorer.MORE_METHODS_LABEL))
+    if kind == explorer.MORE_METHODS:
+        methods = [k for k in explorer.METHOD_MAP_KINDS if class_names or k not in explorer.CLASS_MAP_KINDS]
+        kind = st.selectbox("Method", methods, format_func=explorer.MAP_KINDS.get, key="method_kind",
+                            help="LeGrad, LRP and AttnLRP explain a class; attention flow, like rollout, "
+                                 "follows attention and the residual, as a max-flow (slow).")
     controls = explorer.MAP_CONTROLS[kind]
     hide_registers = False
     if prefix > 1:
@@ -208,7 +235,7 @@ with st.sidebar:
     tokens = explorer.visible_tokens(T, prefix, hide_registers)
     # The class-specific map reads from CLS unless a query is picked for it here: a patch clicked for
     # another map would make it a self-blob.
-    query_key = f"class-query-{model_key}" if kind == "class" else f"query-{model_key}"
+    query_key = f"class-query-{model_key}" if kind in explorer.CLASS_MAP_KINDS else f"query-{model_key}"
     st.session_state.setdefault(query_key, 0)
     if st.session_state[query_key] not in tokens:
         st.session_state[query_key] = 0
@@ -219,7 +246,8 @@ with st.sidebar:
             format_func=lambda c: f"predicted: {class_names[prediction.class_index]}" if c == -1 else class_names[c])
         class_index = None if class_index == -1 else class_index
     if "query" in controls:
-        query = st.selectbox("Query token" + (" (for the class map)" if kind == "class" else ""), tokens,
+        query = st.selectbox("Query token" + (" (for the class map)" if kind in explorer.CLASS_MAP_KINDS else ""),
+                             tokens,
                              key=query_key, format_func=lambda t: explorer.token_option(t, grid, prefix, names),
                              help="Whose attention to show: CLS (token 0), another prefix token (DIST, REG) or a "
                                   "patch, numbered row by row. "
@@ -273,10 +301,19 @@ if kind == "class":
     except explorer.TooManyTokens as e:
         st.error(str(e))
         st.stop()
-map2d = explorer.attention_map(analysis, settings, relevance)
+method_map2d = None
+if kind in explorer.METHOD_MAP_KINDS:
+    try:
+        method_map2d = method_map(fingerprint, image_key, size, kind, explorer.resolved_class(settings, analysis),
+                                  query, end_layer - 1, fusion, checkpoint, image)
+    except ValueError as e:  # a model option the method does not support, too many tokens for a max-flow
+        st.error(str(e))
+        st.stop()
+map2d = explorer.attention_map(analysis, settings, relevance, method_map2d)
 outline = explorer.patch_of(query, prefix) if "query" in controls else None
-vmin, vmax = None, None
-if scale == "zero":
+map_colormap, vmin, vmax = explorer.map_colours(kind, map2d, colormap)  # signed maps: diverging, around 0
+signed = kind in explorer.SIGNED_MAP_KINDS  # their symmetric range is kept whatever the colour scale
+if scale == "zero" and not signed:
     vmin, vmax = explorer.colour_range(map2d, scale)
 elif scale == "shared" and kind == "attention":  # the range of this layer's heads, as in the heads grid
     vmin, vmax = explorer.colour_range(explorer.head_maps(analysis, query, layer=layer - 1), scale)
@@ -285,7 +322,7 @@ mask = explorer.map_mask(map2d, share) if masked else None
 # -- image, overlay and prediction ----------------------------------------------------------------------------------
 
 shown, shown_uri, small = display_images(image_key, image)
-drawn = overlay(shown, map2d, opacity, colormap, mode, show_grid=show_grid, outline_patch=outline, vmin=vmin,
+drawn = overlay(shown, map2d, opacity, map_colormap, mode, show_grid=show_grid, outline_patch=outline, vmin=vmin,
                 vmax=vmax)
 if mask is not None:
     drawn = draw_mask_contours(drawn, mask)
@@ -304,7 +341,7 @@ with col_overlay:
                     key="overlay_picker", on_select=partial(pick_query, "overlay_picker", query_key, prefix),
                     selection_mode="points", config=PICKER_CONFIG, width="stretch")
     low, high = explorer.map_range(map2d, vmin, vmax)
-    st.plotly_chart(explorer.colorbar_figure(low, high, colormap), config={"displayModeBar": False},
+    st.plotly_chart(explorer.colorbar_figure(low, high, map_colormap), config={"displayModeBar": False},
                     theme=None, key="colorbar")
     st.caption(explorer.describe_map(settings, analysis, class_names) + " " + explorer.describe_range(map2d, vmin,
                                                                                                     vmax))
@@ -313,7 +350,7 @@ with col_overlay:
     download_png.download_button(
         "Overlay (PNG)", on_click="ignore", mime="image/png",
         file_name=explorer.map_file_name(stem, settings, analysis, "overlay.png"),
-        data=partial(explorer.overlay_png, image, map2d, opacity, colormap, mode, show_grid, outline, vmin, vmax,
+        data=partial(explorer.overlay_png, image, map2d, opacity, map_colormap, mode, show_grid, outline, vmin, vmax,
                      mask),
         help=f"At the image's own size, {image.width}×{image.height} px.")
     with download_npz.popover("Attentions (.npz)"):
@@ -327,6 +364,13 @@ with col_overlay:
             file_name=f"{stem}-attentions-{'all' if chosen_layers is None else f'L{layer}'}-{precision}.npz",
             data=partial(explorer.attentions_npz, analysis, class_names, chosen_layers, precision),
             help="layer_i: heads × tokens × tokens (token 0 is CLS), with logits and class names.")
+    if st.toggle("Deletion and insertion curves", key="faithfulness_curves",
+                 help="Is this map faithful? Patches are blurred away (deletion) or restored onto a blurred image "
+                      "(insertion), most relevant first, and the class probability is tracked: a faithful map "
+                      "makes deletion fall and insertion rise fast."):
+        st.plotly_chart(explorer.faithfulness_figure(checkpoint, image, map2d,
+                                                     explorer.resolved_class(settings, analysis), size=size),
+                        config={"displayModeBar": False})
 with col_prediction:
     st.subheader("Prediction")
     if class_names:
