@@ -197,9 +197,16 @@ OVERLAY_HREF = """() => {
 
 
 def image_boxes(page) -> list[dict]:
-    """Screen boxes of the clickable image and of the overlay (the first two charts' layout images)."""
+    """Screen boxes of the clickable image and of the overlay (the first two charts' layout images), once both
+    are laid out (a chart redrawn after a rerun has no box for a moment)."""
     charts = page.locator('[data-testid="stPlotlyChart"]')
-    return [charts.nth(i).locator(".layer-below image, .imagelayer image").first.bounding_box() for i in (0, 1)]
+    images = [charts.nth(i).locator(".layer-below image, .imagelayer image").first for i in (0, 1)]
+    for _ in range(50):
+        boxes = [image.bounding_box() for image in images]
+        if all(boxes):
+            return boxes
+        page.wait_for_timeout(200)
+    raise AssertionError(f"the image and the overlay were not both laid out: {boxes}")
 
 
 def open_dropdown(page, label: str) -> None:
@@ -223,10 +230,10 @@ def choose(page, label: str, option: str) -> None:
     page.keyboard.press("Enter")
 
 
-def wait_for_new_overlay(page, before: str) -> float:
+def wait_for_new_overlay(page, before: str, timeout_ms: float | None = None) -> float:
     """Seconds until the overlay image differs from ``before``."""
     start = time.perf_counter()
-    page.wait_for_function(f"(before) => ({OVERLAY_HREF})() !== before", arg=before)
+    page.wait_for_function(f"(before) => ({OVERLAY_HREF})() !== before", arg=before, timeout=timeout_ms)
     return time.perf_counter() - start
 
 
@@ -272,12 +279,22 @@ def check_vit_base_at_a_keep_aspect_size(base_server, page) -> None:
     page.get_by_text("Layer 12 of 12, head 3").wait_for()
 
     # Rough edge 8: clicking a thumbnail shows that head (the heads grid is the last chart).
-    grid = page.locator('[data-testid="stPlotlyChart"]').last.locator(".nsewdrag").first
-    grid.scroll_into_view_if_needed()
-    box = grid.bounding_box()
+    page.get_by_text("Click a head").scroll_into_view_if_needed()
     before = page.evaluate(OVERLAY_HREF)
-    page.mouse.click(box["x"] + box["width"] * 7.5 / 12, box["y"] + box["height"] / 2)
-    timings["thumbnail click -> overlay"] = wait_for_new_overlay(page, before)
+    for attempt in range(3):  # a click while the grid is being redrawn after the last rerun can be lost
+        grid = page.locator('[data-testid="stPlotlyChart"]').last.locator(".nsewdrag").first
+        grid.wait_for()
+        box = grid.bounding_box()
+        if box is None:  # redrawn just now: try again
+            page.wait_for_timeout(500)
+            continue
+        page.mouse.click(box["x"] + box["width"] * 7.5 / 12, box["y"] + box["height"] / 2)
+        try:
+            timings["thumbnail click -> overlay"] = wait_for_new_overlay(page, before, timeout_ms=20_000)
+            break
+        except Exception:  # playwright's TimeoutError
+            if attempt == 2:
+                raise
     page.get_by_text("Layer 12 of 12, head 8").wait_for()
     print("\nbrowser timings (s):", {k: round(v, 2) for k, v in timings.items()})
     (ARTIFACTS / "browser-timings.txt").write_text("".join(f"{k}: {v:.2f} s\n" for k, v in timings.items()))
