@@ -266,3 +266,16 @@ def test_gif_has_one_frame_per_epoch(tmp_path):
     data = snapshots.gif_bytes(frames, seconds_per_frame=0.2)
     with Image.open(__import__("io").BytesIO(data)) as gif:
         assert gif.format == "GIF" and gif.n_frames == 3 and gif.info["duration"] == 200
+
+
+def test_probe_overlays_show_each_probe_image_with_its_prediction(tmp_path):
+    probe = Probe(images=torch.zeros((3, 1, 8, 8), dtype=torch.uint8), labels=[0, 1, 2], indices=[0, 1, 2],
+                  class_names=["a", "b", "c", "d"], sample_indices=[0])
+    save_probe(tmp_path, probe)
+    arrays = fake_arrays(grid=(2, 2))
+    arrays["logits"] = np.log(np.array([[0.7, 0.1, 0.1, 0.1], [0.7, 0.1, 0.1, 0.1], [0.1, 0.1, 0.8, 0.0001]],
+                                       dtype=np.float32))
+    write_snapshot(tmp_path, 5, arrays)
+    shown = snapshots.probe_overlays(tmp_path, 5, "attention", layer=0, head=1, size=32)
+    assert [caption for _, caption in shown] == ["a → a 70% ✓", "b → a 70% ✗", "c → c 80% ✓"]
+    assert all(image.size == (32, 32) and image.mode == "RGB" for image, _ in shown)

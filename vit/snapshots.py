@@ -360,6 +360,30 @@ def probe_map(snapshot: Snapshot, probe_index: int, kind: str = "attention", lay
     raise ValueError(f"unknown head fusion {fusion!r}; choose one of: {', '.join(HEAD_FUSIONS)}")
 
 
+def prediction_caption(probe: Probe, snapshot: Snapshot, probe_index: int) -> str:
+    """'cat → dog 71 % ✗': the probe image's true class, the epoch's prediction and its probability."""
+    predicted = int(snapshot.predictions[probe_index])
+    truth = probe.labels[probe_index]
+    names = probe.class_names
+    mark = "✓" if predicted == truth else "✗"
+    return f"{names[truth]} → {names[predicted]} {snapshot.probabilities[probe_index, predicted]:.0%} {mark}"
+
+
+def probe_overlays(run_dir: str | os.PathLike, epoch: int, kind: str = "attention", layer: int = -1,
+                   head: int | None = None, fusion: str = "mean", opacity: float = 0.6, colormap: str = "inferno",
+                   mode: str = "bilinear", size: int = 128) -> list[tuple[Image.Image, str]]:
+    """Every probe image at ``size`` px with its map of ``epoch`` overlaid, and its prediction caption."""
+    from vit.overlay import overlay
+
+    probe, snapshot = load_probe(run_dir), load_snapshot(run_dir, epoch)
+    shown = []
+    for i, image in enumerate(probe.pil_images()):
+        base = image.convert("RGB").resize((size, size), Image.Resampling.NEAREST)  # keep the pixels of small inputs
+        shown.append((overlay(base, probe_map(snapshot, i, kind, layer, head, fusion), opacity, colormap, mode),
+                      prediction_caption(probe, snapshot, i)))
+    return shown
+
+
 def animation_frames(run_dir: str | os.PathLike, probe_index: int, kind: str = "attention", layer: int = -1,
                      head: int | None = None, fusion: str = "mean", opacity: float = 0.6,
                      colormap: str = "inferno", mode: str = "bilinear", size: int = 256,
@@ -414,3 +438,18 @@ def _atomic_write_bytes(path: Path, data: bytes) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def statistics_figure(epochs: Sequence[int], values: np.ndarray, statistic: str, title: str = ""):
+    """A layers × epochs heatmap (plotly) of ``values`` ``(L, E)`` from ``statistics_over_epochs``."""
+    import plotly.graph_objects as go
+
+    values = np.asarray(values, dtype=np.float64)
+    figure = go.Figure(go.Heatmap(
+        z=values, x=list(epochs), y=[f"L{i + 1}" for i in range(values.shape[0])], colorscale="Viridis",
+        colorbar=dict(title=dict(text=STATISTICS[statistic].split(" (")[0].replace(" ", "<br>"))),
+        hovertemplate="epoch %{x}, layer %{y}: %{z:.3f}<extra></extra>"))
+    figure.update_layout(title=title or STATISTICS[statistic].capitalize(), height=280,
+                         margin=dict(l=10, r=10, t=40, b=10), xaxis_title="epoch", yaxis_title="layer")
+    figure.update_yaxes(autorange="reversed")  # the first layer on top, as in the explorer
+    return figure
