@@ -13,7 +13,7 @@ from pathlib import Path
 import streamlit as st
 from PIL import Image
 
-from vit import catalog, explorer
+from vit import catalog, compare, explorer, snapshots
 from vit.attention import HEAD_FUSIONS
 from vit.checkpoint import Checkpoint, CheckpointError, load_checkpoint
 from vit.images import ImageError, open_image
@@ -261,3 +261,66 @@ if stats_tab.open:
         right.caption(f"Per head, the entropy of each token's attention averaged over all {T} tokens: 0 when every "
                       f"token attends to one token only, ln {T} ≈ {math.log(T):.2f} when attention is "
                       "spread evenly.")
+
+# -- compare two checkpoints; the run's attention snapshots at any epoch (issue 12) -------------------------------
+
+compare_entries = {p: e for p, e in entries.items() if p != choice}
+for c in catalog.epoch_candidates():  # per-epoch checkpoints of runs trained with --save-every
+    if str(c.path) != choice:
+        compare_entries[str(c.path)] = describe_checkpoint(str(c.path), c.source, c.name, c.fingerprint)
+if st.session_state.get("compare_with") not in compare_entries:
+    st.session_state["compare_with"] = None
+other = st.sidebar.selectbox(
+    "Compare with", [None, *compare_entries], key="compare_with",
+    format_func=lambda p: "nothing: one checkpoint" if p is None else compare_entries[p].label,
+    help="Another checkpoint (another run, or another epoch of this one saved with --save-every) on the same "
+         "image with the same settings, and the difference of the two maps.")
+if other is not None:
+    st.subheader("Compare")
+    entry_b = compare_entries[other]
+    try:
+        if not entry_b.ok:
+            raise CheckpointError(entry_b.error)
+        fingerprint_b = catalog.Candidate(entry_b.path, entry_b.source, entry_b.name).fingerprint
+        checkpoint_b = load_model(other, fingerprint_b)
+        analysis_b = analyse(fingerprint_b, digest, checkpoint_b, image)
+        settings_b = compare.settings_for_other(settings, analysis, analysis_b, class_names, checkpoint_b.class_names)
+        relevance_b = None
+        if kind == "class":
+            relevance_b = class_relevance(fingerprint_b, digest, explorer.resolved_class(settings_b, analysis_b),
+                                          checkpoint_b, image)
+        map_b = explorer.attention_map(analysis_b, settings_b, relevance_b)
+    except (CheckpointError, ValueError) as e:
+        st.warning(f"B cannot show this map: {e}")
+    else:
+        col_a, col_b, col_diff = st.columns(3)
+        for column, label, one_entry, one_analysis, one_map in ((col_a, "A", entry, analysis, map2d),
+                                                                (col_b, "B", entry_b, analysis_b, map_b)):
+            top = one_analysis.prediction.top_k[0]
+            column.image(overlay(shown, one_map, opacity, colormap, mode, show_grid=show_grid, outline_patch=outline),
+                         output_format="PNG")
+            column.caption(f"{label}: {one_entry.label}. Predicts {top[0]} ({top[1]:.0%}). "
+                           + explorer.describe_range(one_map))
+        col_diff.image(compare.difference_overlay(shown, map2d, map_b, opacity, mode), output_format="PNG")
+        col_diff.caption(compare.describe_difference(map2d, map_b, (shown.height, shown.width), mode))
+
+snapshot_run = catalog.run_folder(entry.path) if entry.source == "run" else None
+snapshot_epochs = snapshots.snapshot_epochs(snapshot_run) if snapshot_run is not None else []
+if snapshot_epochs:
+    st.subheader("The run's probe images during training")
+    if st.session_state.get("explorer_snap_epoch") not in snapshot_epochs:
+        st.session_state["explorer_snap_epoch"] = snapshot_epochs[-1]
+    snap_epoch = st.select_slider("Epoch", snapshot_epochs, key="explorer_snap_epoch",
+                                  help="Stored while the run trained: no checkpoint of that epoch is needed.")
+    snap_kind = "rollout" if kind == "rollout" else "attention"
+    try:
+        probes = snapshots.probe_overlays(snapshot_run, snap_epoch, snap_kind, layer - 1, head, fusion, opacity,
+                                          colormap, mode, size=128)
+    except (snapshots.SnapshotError, ValueError) as e:
+        st.warning(str(e))
+    else:
+        st.image([p for p, _ in probes], caption=[c for _, c in probes], width=128, output_format="PNG")
+        st.caption("The CLS token's " + ("rollout (mean over heads)" if snap_kind == "rollout" else
+                                         f"attention in layer {layer}") + f" at epoch {snap_epoch} on the run's "
+                   "fixed validation images, with the sidebar's layer, head and overlay settings; under each, "
+                   "true class → predicted class. Snapshots keep the CLS query only.")

@@ -60,3 +60,25 @@ def test_difference_overlay_puts_zero_at_the_centre_of_the_diverging_colour_map(
     assert symmetric_limit(np.zeros((2, 2))) > 0
     with pytest.raises(ValueError, match="opacity"):
         difference_overlay(image, a, b, opacity=2.0)
+
+
+def test_settings_for_the_other_checkpoint_keep_layer_numbers_and_find_classes_by_name():
+    from types import SimpleNamespace
+
+    from vit.explorer import MapSettings
+
+    a = SimpleNamespace(num_layers=4, num_heads=4, grid=(8, 8), num_prefix_tokens=1)
+    deeper = SimpleNamespace(num_layers=6, num_heads=4, grid=(8, 8), num_prefix_tokens=1)
+    coarse = SimpleNamespace(num_layers=4, num_heads=2, grid=(4, 4), num_prefix_tokens=1)
+    from vit.compare import settings_for_other
+
+    s = settings_for_other(MapSettings(layer=-1), a, deeper, ["x", "y"], ["x", "y"])
+    assert s.layer == 3  # layer 4 of A is layer 4 of B, not B's last
+    s = settings_for_other(MapSettings(kind="class", class_index=1), a, deeper, ["x", "y"], ["y", "x"])
+    assert s.class_index == 0
+    with pytest.raises(ValueError, match="no head 3"):
+        settings_for_other(MapSettings(head=2), a, coarse, [], [])
+    with pytest.raises(ValueError, match="only the CLS query"):
+        settings_for_other(MapSettings(query=5), a, coarse, [], [])
+    with pytest.raises(ValueError, match="no class named 'y'"):
+        settings_for_other(MapSettings(kind="class", class_index=1), a, deeper, ["x", "y"], ["x", "z"])

@@ -254,3 +254,29 @@ def _images_in(folder: Path) -> list[Path]:
     if not folder.is_dir():
         return []
     return sorted(p for p in folder.iterdir() if p.is_file() and p.suffix.lower() in SAMPLE_EXTENSIONS)
+
+
+EPOCH_CHECKPOINT_DIR = "checkpoints"  # a run's per-epoch checkpoints (vit.train --save-every): epoch_0003.pt
+
+
+def epoch_candidates(runs_dir: str | os.PathLike | None = None) -> list[Candidate]:
+    """Every run's per-epoch checkpoints (``--save-every``), finished or not, oldest epoch first per run."""
+    runs_dir = Path(runs_dir) if runs_dir is not None else default_runs_dir()
+    found = []
+    if runs_dir.is_dir():
+        for run in sorted(p for p in runs_dir.iterdir() if p.is_dir() and not p.name.startswith(".")):
+            folder = run / EPOCH_CHECKPOINT_DIR
+            if folder.is_dir():
+                files = sorted(p for p in folder.glob("epoch_*.pt") if p.is_file())
+                found += [Candidate(p, "run", f"{run.name} epoch {int(p.stem.split('_')[1])}") for p in files
+                          if p.stem.split("_")[1].isdigit()]
+    return found
+
+
+def run_folder(path: str | os.PathLike) -> Path | None:
+    """The run folder a run's checkpoint belongs to (``best.pt``, ``last.pt`` or a per-epoch one), else None."""
+    path = Path(path)
+    for folder in (path.parent, path.parent.parent):
+        if (folder / "config.json").is_file() or (folder / "status.json").is_file():
+            return folder
+    return None

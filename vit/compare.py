@@ -111,3 +111,36 @@ def describe_difference(map_a, map_b, size: tuple[int, int], mode: str = "biline
     diff = difference(map_a, map_b, size, mode)
     return (f"Difference A − B from {float(diff.min()):.4g} (blue: B attends more) to {float(diff.max()):.4g} "
             f"(red: A attends more); mean |A − B| {float(np.abs(diff).mean()):.4g}.")
+
+
+def settings_for_other(settings, analysis_a, analysis_b, class_names_a: Sequence[str],
+                       class_names_b: Sequence[str]):
+    """The explorer's ``MapSettings`` of checkpoint A made to mean the same in checkpoint B.
+
+    Layers (and the rollout's last layer) keep their numbers and must exist in B; a head must
+    exist in B; a patch query needs B's token layout to be A's (the CLS query always compares);
+    a chosen class is found in B by its name. Raises ValueError saying why when B cannot show the
+    same map.
+    """
+    from dataclasses import replace
+
+    s = settings
+    L_a, L_b = analysis_a.num_layers, analysis_b.num_layers
+    layer, end = s.layer % L_a, s.end_layer % L_a
+    if s.kind == "attention" and layer >= L_b:
+        raise ValueError(f"B has {L_b} layers, so it has no layer {layer + 1}; choose a layer up to {L_b}")
+    if s.kind != "attention" and end >= L_b:
+        raise ValueError(f"B has {L_b} layers; roll out up to layer {L_b} at most to compare")
+    if s.kind == "attention" and s.head is not None and s.head >= analysis_b.num_heads:
+        raise ValueError(f"B has {analysis_b.num_heads} heads, so it has no head {s.head + 1}")
+    same_tokens = (analysis_a.grid, analysis_a.num_prefix_tokens) == (analysis_b.grid, analysis_b.num_prefix_tokens)
+    if s.query != 0 and not same_tokens:
+        raise ValueError(f"B's tokens differ from A's ({analysis_b.grid[0]}×{analysis_b.grid[1]} patches, "
+                         f"{analysis_b.num_prefix_tokens} prefix); only the CLS query (token 0) compares")
+    class_index = s.class_index
+    if s.kind == "class" and class_index is not None:
+        name = class_names_a[class_index]
+        if name not in class_names_b:
+            raise ValueError(f"B has no class named {name!r}; compare the predicted classes instead")
+        class_index = list(class_names_b).index(name)
+    return replace(s, layer=layer, end_layer=end, class_index=class_index)
