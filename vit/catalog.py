@@ -13,7 +13,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from vit.checkpoint import CheckpointError, read_checkpoint_payload
-from vit.runfiles import BEST_CHECKPOINT, LAST_CHECKPOINT, STATUS_FILE, default_runs_dir, read_json
+from vit.runfiles import (
+    BEST_CHECKPOINT,
+    CONFIG_FILE,
+    LAST_CHECKPOINT,
+    STATUS_FILE,
+    default_runs_dir,
+    epoch_checkpoints,
+    read_json,
+)
 
 DEFAULT_CHECKPOINT = "cifar10-cifar-s.pt"  # what the app opens on
 SAMPLE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".webp", ".bmp", ".gif")
@@ -251,20 +259,14 @@ def _images_in(folder: Path) -> list[Path]:
     return sorted(p for p in folder.iterdir() if p.is_file() and p.suffix.lower() in SAMPLE_EXTENSIONS)
 
 
-EPOCH_CHECKPOINT_DIR = "checkpoints"  # a run's per-epoch checkpoints (vit.train --save-every): epoch_0003.pt
-
-
 def epoch_candidates(runs_dir: str | os.PathLike | None = None) -> list[Candidate]:
     """Every run's per-epoch checkpoints (``--save-every``), finished or not, oldest epoch first per run."""
     runs_dir = Path(runs_dir) if runs_dir is not None else default_runs_dir()
     found = []
     if runs_dir.is_dir():
         for run in sorted(p for p in runs_dir.iterdir() if p.is_dir() and not p.name.startswith(".")):
-            folder = run / EPOCH_CHECKPOINT_DIR
-            if folder.is_dir():
-                files = sorted(p for p in folder.glob("epoch_*.pt") if p.is_file())
-                found += [Candidate(p, "run", f"{run.name} epoch {int(p.stem.split('_')[1])}") for p in files
-                          if p.stem.split("_")[1].isdigit()]
+            found += [Candidate(path, "run", f"{run.name} epoch {epoch}")
+                      for epoch, path in epoch_checkpoints(run).items()]
     return found
 
 
@@ -272,6 +274,6 @@ def run_folder(path: str | os.PathLike) -> Path | None:
     """The run folder a run's checkpoint belongs to (``best.pt``, ``last.pt`` or a per-epoch one), else None."""
     path = Path(path)
     for folder in (path.parent, path.parent.parent):
-        if (folder / "config.json").is_file() or (folder / "status.json").is_file():
+        if (folder / CONFIG_FILE).is_file() or (folder / STATUS_FILE).is_file():
             return folder
     return None

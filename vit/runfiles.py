@@ -9,6 +9,10 @@ run manager (``vit.runs``), the checkpoint catalog (``vit.catalog``) and the tra
     runs/NAME/last.pt          the latest weights with everything needed to resume
     runs/NAME/best.pt          the weights with the best validation accuracy so far
     runs/NAME/train.log        the log, with the traceback when training failed
+    runs/NAME/checkpoints/     epoch_0003.pt …: per-epoch checkpoints (--save-every), the K most
+                               recent and the best epoch's kept (--keep)
+    runs/NAME/probe/           the attention snapshots' probe images (see ``vit.snapshots``)
+    runs/NAME/attention/       epoch_0003.npz …: one attention snapshot per epoch (``vit.snapshots``)
     runs/.launch/NAME/         the manager's launch.json and output.log (see ``vit.runs``)
 
 Every JSON and JSONL file is replaced atomically (train.log is appended to), so a reader sees
@@ -36,6 +40,7 @@ STATUS_FILE = "status.json"
 LAST_CHECKPOINT = "last.pt"
 BEST_CHECKPOINT = "best.pt"
 LOG_FILE = "train.log"
+EPOCH_CHECKPOINT_DIR = "checkpoints"
 LAUNCH_DIR = ".launch"  # the manager's folder beside the run folders
 LAUNCH_FILE = "launch.json"
 OUTPUT_FILE = "output.log"
@@ -51,6 +56,32 @@ def default_runs_dir() -> Path:
     if env:
         return Path(env).expanduser()
     return ROOT / "runs"
+
+
+def epoch_checkpoint_path(run_dir: Path, epoch: int) -> Path:
+    """Where ``--save-every`` keeps the checkpoint of ``epoch``."""
+    return Path(run_dir) / EPOCH_CHECKPOINT_DIR / f"epoch_{epoch:04d}.pt"
+
+
+def epoch_checkpoints(run_dir: Path) -> dict[int, Path]:
+    """{epoch: path} of a run's per-epoch checkpoints, in increasing epoch order."""
+    folder = Path(run_dir) / EPOCH_CHECKPOINT_DIR
+    if not folder.is_dir():
+        return {}
+    found = {}
+    for path in folder.glob("epoch_*.pt"):
+        number = path.stem[len("epoch_"):]
+        if number.isdigit() and path.is_file():
+            found[int(number)] = path
+    return dict(sorted(found.items()))
+
+
+def epochs_to_prune(epochs: list[int], keep: int, best_epoch: int | None) -> list[int]:
+    """The saved epochs ``--keep K`` deletes: all but the K most recent and ``best_epoch``; none when K is 0."""
+    if keep <= 0:
+        return []
+    kept = set(sorted(epochs)[-keep:]) | ({best_epoch} if best_epoch is not None else set())
+    return [e for e in sorted(epochs) if e not in kept]
 
 
 # ---------------------------------------------------------------------------------------------

@@ -74,7 +74,7 @@ MODEL_FIELDS = ("image_size", "patch_size", "hidden_size", "num_layers", "num_he
                 "dropout", "attention_dropout", "drop_path")
 # The only options a resumed run may change: how and where it runs, never what it trains.
 RESUME_OPTIONS = ("epochs", "device", "threads", "compile", "eval_batch_size", "log_every", "data_dir",
-                  "cache_dir")
+                  "cache_dir", "attention_every", "save_every", "keep")
 
 EPILOG = """\
 run folder (--out RUN_DIR); each file is replaced atomically (train.log is appended to), so a SIGKILL
@@ -88,6 +88,16 @@ leaves every one readable:
   last.pt        the latest weights with optimizer, schedule position, EMA and RNG state
   best.pt        the weights with the best validation accuracy so far
   train.log      the log, with the traceback when training failed
+  probe/         the attention snapshots' probe set: 8 validation images (stratified, fixed by
+                 --seed) as PNGs, and probe.json (their labels, and the 256 validation images
+                 behind the head statistics)
+  attention/     epoch_0003.npz ...: per snapshotted epoch (0 = the initial weights) the probe
+                 images' logits, every layer's and head's CLS attention over the patches, the
+                 rollout map, and each head's mean attention distance and entropy (see
+                 vit/snapshots.py); readable while the run writes
+  checkpoints/   epoch_0003.pt ...: with --save-every N, the weights of every Nth epoch in the
+                 usual checkpoint format (no training state); --keep K keeps the K most recent
+                 and the best epoch's
 
 data: each dataset is decoded once into a uint8 tensor cache (--cache-dir) that later runs
   reuse; augmentation runs on whole batches of tensors (on the GPU when training there).
@@ -98,8 +108,10 @@ stopping and resuming:
   --resume RUN_DIR continues from last.pt exactly where it stopped (weights, optimizer,
   schedule, EMA, random state, epoch and step). With --epochs N it trains a finished run
   further; the learning-rate schedule is then planned for N epochs. Only --epochs, --device,
-  --threads, --compile, --eval-batch-size, --log-every, --data-dir and --cache-dir may be
-  given with --resume; everything else stays the run's own.
+  --threads, --compile, --eval-batch-size, --log-every, --data-dir, --cache-dir,
+  --attention-every, --save-every and --keep may be given with --resume; everything else
+  stays the run's own. Snapshots and per-epoch checkpoints continue where they stopped (an
+  epoch whose snapshot a kill cut off is taken again from last.pt).
 
 several GPUs (or CPU processes):
   torchrun --standalone --nproc_per_node=N -m vit.train ...
@@ -246,6 +258,18 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--mixup", type=_float_in(0.0, 1e3), help="mixup alpha, 0 = off (default)")
     g.add_argument("--cutmix", type=_float_in(0.0, 1e3), help="cutmix alpha, 0 = off (default); with "
                    "--mixup too, each batch uses one of the two")
+
+    g = p.add_argument_group("attention snapshots and per-epoch checkpoints")
+    g.add_argument("--attention-every", type=_non_negative_int, default=1, metavar="N",
+                   help="record the probe images' attention maps and every head's mean attention distance and "
+                   "entropy every N epochs, at the last epoch and before training (default 1; 0 = off); "
+                   "see attention/ below")
+    g.add_argument("--save-every", type=_non_negative_int, default=0, metavar="N",
+                   help="also keep the weights of every Nth epoch as checkpoints/epoch_NNNN.pt, to compare "
+                   "epochs in the explorer (default 0 = off)")
+    g.add_argument("--keep", type=_non_negative_int, default=0, metavar="K",
+                   help="with --save-every: keep only the K most recent epoch checkpoints plus the best "
+                   "epoch's (default 0 = keep all)")
 
     g = p.add_argument_group("speed")
     g.add_argument("--precision", choices=("auto", "fp32", "bf16"), default="auto",
