@@ -56,7 +56,25 @@ def params_from_form() -> launch.RunParams:
         weight_decay=s["train_weight_decay"], warmup_epochs=s["train_warmup_epochs"],
         label_smoothing=s["train_label_smoothing"], augment=s["train_augment"],
         aug_magnitude=s["train_aug_magnitude"], ema=s["train_ema"], seed=s["train_seed"],
-        devices=s["train_devices"])
+        devices=tuple(s["train_devices"]), threads=s["train_threads"] or machine_threads())
+
+
+@st.cache_data(ttl=60, show_spinner=False)
+def machine_threads() -> int:
+    return launch.default_threads()
+
+
+# The form's values outlive a visit to another page: Streamlit drops a widget's state when a run does
+# not draw it, so a plain copy (not a widget key) is kept and put back before the widgets are drawn.
+FORM_KEYS = ("train_preset", *(f"train_{f}" for f in launch.MODEL_SIZE_FIELDS), "train_dataset", "train_folder",
+             "train_recipe", "train_epochs", "train_batch_size", "train_lr", "train_weight_decay",
+             "train_warmup_epochs", "train_label_smoothing", "train_augment", "train_aug_magnitude", "train_ema",
+             "train_seed", "train_threads", "train_name", "train_devices", "train_share")
+FORM_MEMORY = "train_form_memory"
+for key, value in st.session_state.get(FORM_MEMORY, {}).items():
+    if key not in st.session_state:
+        st.session_state[key] = value
+st.session_state.setdefault("train_seed", 0)
 
 
 # -- launching: on the rerun the submit button causes, before the form is drawn again -------------------------
@@ -71,6 +89,7 @@ if st.session_state.get("train_submit"):
         gpus = sum(1 for choice, _ in device_options({}) if len(choice) == 1 and choice[0] != "cpu")
         st.session_state["train_errors"] = {}
         st.session_state["train_notice"] = runs.launch_notice(info, gpus)
+        st.session_state["train_notice_run"] = info.name
         st.session_state["selected_runs"] = [info.name]
 
 st.title("Train a Vision Transformer")
@@ -78,6 +97,8 @@ st.title("Train a Vision Transformer")
 choices = device_options(manager.device_users())
 if choices == [choices[-1]] and choices[-1][0] == ("cpu",):
     st.caption("No CUDA GPU on this machine: runs train on the CPU.")
+if st.session_state.get("train_devices") not in [c[0] for c in choices]:
+    st.session_state.pop("train_devices", None)  # e.g. a GPU that has gone since
 
 with st.form("launch"):
     left, middle, right = st.columns(3)
@@ -135,23 +156,30 @@ with st.form("launch"):
         st.number_input("EMA decay of the weights", value=None, step=0.001, format="%g", key="train_ema",
                         placeholder="0 = off")
         error_for("ema")
-        st.number_input("Seed", value=0, step=1, key="train_seed")
+        st.number_input("Seed", step=1, key="train_seed")
         error_for("seed")
+        st.number_input("Training threads", value=None, min_value=1, step=1, key="train_threads",
+                        placeholder=f"this machine: {machine_threads()}",
+                        help="CPU threads of the training process. Empty: 1 on two cores or fewer, else the "
+                        "idle cores minus one (at most 8); threads waiting for a busy core slow every step.")
+        error_for("threads")
         st.markdown("**Run**")
         st.text_input("Run name", key="train_name", placeholder="dataset-preset-date when empty")
         error_for("name")
-        st.selectbox("Device", [c[0] for c in choices], key="train_devices",
-                     format_func=dict(choices).get)
+        # The options' text must not change while the page is open (memory in use, runs using the device):
+        # the browser sends the text back, and text it no longer finds came back as the value itself.
+        st.selectbox("Device", [c[0] for c in choices], key="train_devices", format_func=devices.device_label)
+        st.caption("  \n".join(label for _, label in choices))
         error_for("devices")
         st.checkbox("Share the device with running runs", key="train_share",
                     help="Otherwise the run waits (queued) until no other run of ours uses its device")
     error_for("form")
     st.form_submit_button("Launch", type="primary", key="train_submit")
 
+st.session_state[FORM_MEMORY] = {key: st.session_state[key] for key in FORM_KEYS if key in st.session_state}
+
 if st.session_state.get("train_errors"):
     st.error("The run was not launched: fix the fields marked above.")
-if st.session_state.get("train_notice"):
-    st.success(st.session_state["train_notice"])
 
 
 # -- the runs: polled every few seconds, without re-running the form ------------------------------------------
@@ -191,6 +219,9 @@ def runs_action(action, name: str) -> None:
 @st.fragment(run_every=REFRESH_SECONDS)
 def runs_panel() -> None:
     all_runs = manager.poll()
+    # Here, not above the fragment: it redraws after a delete, so a deleted run's notice goes with it.
+    if st.session_state.get("train_notice") and st.session_state.get("train_notice_run") in {r.name for r in all_runs}:
+        st.success(st.session_state["train_notice"])
     st.subheader("Runs")
     if not all_runs:
         st.info(f"No runs yet in {manager.runs_dir}.")
@@ -198,7 +229,7 @@ def runs_panel() -> None:
     if st.session_state.get("runs_message"):
         st.warning(st.session_state["runs_message"])
     st.dataframe(
-        pd.DataFrame(runs.table_rows(all_runs)), hide_index=True, width="stretch",
+        pd.DataFrame(runs.table_rows(all_runs)), hide_index=True, width="stretch", placeholder="",
         column_config={
             "Progress": st.column_config.ProgressColumn("Progress", min_value=0.0, max_value=1.0, format="percent"),
             "Best val acc": st.column_config.NumberColumn("Best val acc", format="percent"),
