@@ -277,6 +277,8 @@ SNAPSHOT_KINDS = {"attention": "One layer's attention (CLS)", "rollout": "Attent
 def snapshot_section(runs_with_snapshots: list[str]) -> None:
     """The chosen run's snapshots: probe maps at one epoch (slider, play), statistics over epochs, GIF export."""
     s = st.session_state
+    if s.get("snap_run") not in runs_with_snapshots:
+        s.pop("snap_run", None)  # deleted or unselected since
     name = st.selectbox("Run", runs_with_snapshots, key="snap_run")
     run_dir = manager.run_dir(name)
     epochs = snapshots.snapshot_epochs(run_dir)
