@@ -519,7 +519,6 @@ class Trainer:
         for epoch in epochs_to_prune(list(saved), self.settings.keep, best):
             saved[epoch].unlink(missing_ok=True)
 
-
     def _metadata(self, val_acc: float | None) -> dict:
         p = self.progress
         return {"dataset": self.settings.dataset, "epochs": p.epoch, "val_acc": val_acc,
