@@ -29,23 +29,45 @@ class CheckpointError(ValueError):
     """A checkpoint that cannot be read; the message says why and what to do."""
 
 
+class ForeignCheckpointError(CheckpointError):
+    """A safe torch file that is not one of ours (e.g. a timm or torchvision state dict): ``vit.sources`` reads it."""
+
+
+RESIZE_MODES = ("square", "shortest_edge")
+RESAMPLE_FILTERS = ("nearest", "bilinear", "bicubic", "lanczos")
+
+
 @dataclass(frozen=True)
 class Preprocessing:
-    """How an image becomes model input: resized to ``image_size`` square, then normalised."""
+    """How an image becomes model input: resized, centre-cropped to ``image_size`` square, then normalised.
+
+    Without ``resize_size`` the image is resized straight to ``image_size`` square (this
+    project's models); imported models keep their library's evaluation transform: resize to
+    ``resize_size`` (square, or the shorter side keeping the aspect ratio) and crop the centre.
+    """
 
     image_size: int
     num_channels: int
     mean: tuple[float, ...]
     std: tuple[float, ...]
+    resize_size: int | None = None  # None: no crop, resize straight to image_size
+    resize_mode: str = "square"  # "square" stretches to resize_size²; "shortest_edge" keeps the aspect ratio
+    resample: str = "bicubic"  # the PIL filter of the resize
 
     def to_dict(self) -> dict:
         return {"image_size": self.image_size, "num_channels": self.num_channels,
-                "mean": list(self.mean), "std": list(self.std)}
+                "mean": list(self.mean), "std": list(self.std), "resize_size": self.resize_size,
+                "resize_mode": self.resize_mode, "resample": self.resample}
 
     @classmethod
     def from_dict(cls, values: dict) -> Preprocessing:
+        """From ``to_dict``'s output; checkpoints written before the resize fields get today's defaults."""
+        resize = values.get("resize_size")
         return cls(int(values["image_size"]), int(values["num_channels"]),
-                   tuple(float(m) for m in values["mean"]), tuple(float(s) for s in values["std"]))
+                   tuple(float(m) for m in values["mean"]), tuple(float(s) for s in values["std"]),
+                   resize_size=int(resize) if resize is not None else None,
+                   resize_mode=str(values.get("resize_mode", "square")),
+                   resample=str(values.get("resample", "bicubic")))
 
     @classmethod
     def default_for(cls, config: ViTConfig) -> Preprocessing:
@@ -81,6 +103,12 @@ def preprocessing_problem(preprocessing: Preprocessing, config: ViTConfig) -> st
         return f"std must be positive, got {list(p.std)}"
     if p.image_size <= 0 or p.image_size % config.patch_size:
         return f"image size {p.image_size} is not a positive multiple of the patch size {config.patch_size}"
+    if p.resize_size is not None and not p.image_size <= p.resize_size <= 16 * p.image_size:
+        return f"resize size {p.resize_size} must be between the crop size {p.image_size} and 16 times it"
+    if p.resize_mode not in RESIZE_MODES:
+        return f"resize mode {p.resize_mode!r} is not one of {', '.join(RESIZE_MODES)}"
+    if p.resample not in RESAMPLE_FILTERS:
+        return f"resample filter {p.resample!r} is not one of {', '.join(RESAMPLE_FILTERS)}"
     return None
 
 
@@ -166,7 +194,7 @@ def read_checkpoint_payload(path: str | os.PathLike, map_location: str | torch.d
                                   "re-copy or re-create it") from None
         raise CheckpointError(f"{path} is not a checkpoint (not a torch archive)") from None
     if not isinstance(payload, dict) or payload.get("format") != FORMAT:
-        raise CheckpointError(f"{path} is a torch file but not a ViT Attention Explorer checkpoint")
+        raise ForeignCheckpointError(f"{path} is a torch file but not a ViT Attention Explorer checkpoint")
     version = payload.get("format_version")
     if version != FORMAT_VERSION:
         raise CheckpointError(f"{path} has checkpoint format version {version!r}; this program reads "

@@ -8,6 +8,7 @@ greyscale per the model, and a resize to the model's square input.
 
 from __future__ import annotations
 
+import functools
 import io
 import os
 import warnings
@@ -89,19 +90,46 @@ def to_mode(image: Image.Image, num_channels: int) -> Image.Image:
     return image.convert("RGB" if num_channels == 3 else "L")
 
 
-def to_uint8(image: Image.Image, image_size: int, num_channels: int) -> torch.Tensor:
-    """The evaluation transform up to normalisation: a ``(C, S, S)`` uint8 tensor."""
+def to_uint8(image: Image.Image, image_size: int, num_channels: int, resize_size: int | None = None,
+             resize_mode: str = "square", resample: str = "bicubic") -> torch.Tensor:
+    """The evaluation transform up to normalisation: a ``(C, S, S)`` uint8 tensor.
+
+    Without ``resize_size``: resized straight to ``image_size`` square. With it: resized to
+    ``resize_size`` (``"square"``, or ``"shortest_edge"`` keeping the aspect ratio, as
+    torchvision's ``Resize(int)``), then the centre ``image_size`` square is cropped.
+    """
     image = to_mode(image, num_channels)
-    if image.size != (image_size, image_size):
-        image = image.resize((image_size, image_size), Image.Resampling.BICUBIC)
+    filter_ = Image.Resampling[resample.upper()]
+    if resize_size is None:
+        if image.size != (image_size, image_size):
+            image = image.resize((image_size, image_size), filter_)
+    else:
+        width, height = image.size
+        if resize_mode == "shortest_edge":
+            short, long = min(width, height), max(width, height)
+            new_long = int(resize_size * long / short)
+            size = (resize_size, new_long) if width <= height else (new_long, resize_size)
+        else:
+            size = (resize_size, resize_size)
+        if image.size != size:
+            image = image.resize(size, filter_)
+        left = int(round((size[0] - image_size) / 2.0))  # torchvision's center_crop rounding
+        top = int(round((size[1] - image_size) / 2.0))
+        image = image.crop((left, top, left + image_size, top + image_size))
     array = np.asarray(image, dtype=np.uint8)
     if array.ndim == 2:
         array = array[:, :, None]
     return torch.from_numpy(array.copy()).permute(2, 0, 1).contiguous()  # (C, S, S)
 
 
+@functools.lru_cache(maxsize=64)
+def _channel_tensors(mean: tuple[float, ...], std: tuple[float, ...], device: torch.device
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
+    # Built once per statistics and device: on a GPU each torch.tensor(list) is a blocking host copy.
+    return (torch.tensor(mean, device=device).view(1, -1, 1, 1), torch.tensor(std, device=device).view(1, -1, 1, 1))
+
+
 def normalize(batch: torch.Tensor, mean: tuple[float, ...], std: tuple[float, ...]) -> torch.Tensor:
     """uint8 ``(B, C, H, W)`` -> float32 normalised with per-channel mean and std of [0, 1] pixels."""
-    mean_t = torch.tensor(mean, device=batch.device).view(1, -1, 1, 1)
-    std_t = torch.tensor(std, device=batch.device).view(1, -1, 1, 1)
+    mean_t, std_t = _channel_tensors(tuple(mean), tuple(std), batch.device)
     return (batch.float() / 255.0 - mean_t) / std_t

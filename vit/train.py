@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import logging
 import logging.handlers
@@ -73,8 +74,8 @@ RECIPES: dict[str, dict] = {
 MODEL_FIELDS = ("image_size", "patch_size", "hidden_size", "num_layers", "num_heads", "mlp_size",
                 "dropout", "attention_dropout", "drop_path")
 # The only options a resumed run may change: how and where it runs, never what it trains.
-RESUME_OPTIONS = ("epochs", "device", "threads", "compile", "eval_batch_size", "log_every", "data_dir",
-                  "cache_dir", "attention_every", "save_every", "keep")
+RESUME_OPTIONS = ("epochs", "device", "threads", "compile", "compile_mode", "sync_every", "checkpoint_seconds",
+                  "eval_batch_size", "log_every", "data_dir", "cache_dir", "attention_every", "save_every", "keep")
 
 EPILOG = """\
 run folder (--out RUN_DIR); each file is replaced atomically (train.log is appended to), so a SIGKILL
@@ -108,14 +109,17 @@ stopping and resuming:
   --resume RUN_DIR continues from last.pt exactly where it stopped (weights, optimizer,
   schedule, EMA, random state, epoch and step). With --epochs N it trains a finished run
   further; the learning-rate schedule is then planned for N epochs. Only --epochs, --device,
-  --threads, --compile, --eval-batch-size, --log-every, --data-dir, --cache-dir,
-  --attention-every, --save-every and --keep may be given with --resume; everything else
-  stays the run's own. Snapshots and per-epoch checkpoints continue where they stopped (an
-  epoch whose snapshot a kill cut off is taken again from last.pt).
+  --threads, --compile, --compile-mode, --sync-every, --checkpoint-seconds, --eval-batch-size,
+  --log-every, --data-dir, --cache-dir, --attention-every, --save-every and --keep may be
+  given with --resume; everything else stays the run's own. last.pt is written at most every
+  --checkpoint-seconds at epoch ends, so a SIGKILL (not SIGTERM) loses at most that much
+  training. Attention snapshots continue exactly: epochs trained again after a SIGKILL rewrite
+  theirs with the same values, and an epoch whose snapshot a kill cut off is taken again.
 
 several GPUs (or CPU processes):
   torchrun --standalone --nproc_per_node=N -m vit.train ...
-  NCCL on GPUs, gloo on CPUs; --batch-size is the global batch, split over the processes;
+  NCCL on GPUs, gloo on CPUs; --batch-size is the global batch, split over the processes
+  (with --scale-batch each process takes --batch-size and the learning rates grow by sqrt(N));
   each process trains on its own shard of every batch; only rank 0 writes the run folder.
 
 exit status: 0 completed or cancelled; 1 training failed (status.json says why);
@@ -211,6 +215,10 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--preset", default="tintn-cifar10", help=f"one of: {', '.join(PRESETS)} "
                    "(default tintn-cifar10). The number of classes follows the dataset, the number of "
                    "channels the preset (greyscale images are expanded for a 3-channel model)")
+    g.add_argument("--init", metavar="FILE_OR_FOLDER", help="fine-tune a model you have instead of a preset: one "
+                   "of our .pt checkpoints, a Hugging Face or timm folder, or timm / torchvision weights (see "
+                   "vit.convert). Its classifier is kept when the dataset has its classes, else replaced; images "
+                   "are normalised with its own mean and std. Only --image-size and the dropout rates may change")
     g.add_argument("--image-size", type=_positive_int, help="input side in pixels; images are resized to it")
     g.add_argument("--patch-size", type=_positive_int, help="patch side in pixels; must divide --image-size")
     g.add_argument("--hidden-size", type=_positive_int, help="token width; must be divisible by --num-heads")
@@ -274,7 +282,20 @@ def build_parser() -> argparse.ArgumentParser:
     g = p.add_argument_group("speed")
     g.add_argument("--precision", choices=("auto", "fp32", "bf16"), default="auto",
                    help="auto (default): bf16 autocast on CUDA, fp32 on CPU")
-    g.add_argument("--compile", action="store_true", help="torch.compile the model (slow first steps)")
+    g.add_argument("--compile", action="store_true", help="torch.compile the model, and on a GPU the augmentation "
+                   "and validation too (slow first steps)")
+    g.add_argument("--compile-mode", choices=("default", "reduce-overhead", "max-autotune"), default="default",
+                   help="torch.compile's mode with --compile (default: default); reduce-overhead replays the "
+                   "model's forward and backward as CUDA graphs on a GPU")
+    g.add_argument("--scale-batch", action="store_true", help="under N processes (torchrun), train N x "
+                   "--batch-size images per step, each process keeping --batch-size, with the learning rates "
+                   "x sqrt(N) (the square-root rule for Adam); without it --batch-size is split over them")
+    g.add_argument("--sync-every", type=_non_negative_int, default=0,
+                   help="steps between host syncs of the loss and accuracy (and, under several processes, "
+                   "of stop signals); 0 (default): every step on the CPU, 32 on a GPU")
+    g.add_argument("--checkpoint-seconds", type=_float_in(0.0, 1e9), default=60.0,
+                   help="write last.pt at an epoch end at most this often (default 60; 0 = every epoch); "
+                   "always after the first and last epoch and when stopped")
     g.add_argument("--threads", type=_positive_int, help="CPU threads per process (default: torch's choice)")
     g.add_argument("--eval-batch-size", type=_positive_int, default=500,
                    help="batch size for validation (default 500)")
@@ -303,6 +324,8 @@ def parse_args(argv: list[str] | None = None, check_out: bool = True) -> argpars
     """
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
+    if args.compile_mode != "default" and not args.compile:
+        raise UsageError(f"--compile-mode {args.compile_mode} needs --compile")
     if args.resume:
         fixed = sorted(given_options(argv) - set(RESUME_OPTIONS) - {"resume"})
         if fixed:
@@ -320,12 +343,19 @@ def parse_args(argv: list[str] | None = None, check_out: bool = True) -> argpars
             setattr(args, key, value)
     if not explicit_warmup:  # short runs get a proportionally short warmup
         args.warmup_epochs = min(args.warmup_epochs, args.epochs / 10)
-    if args.preset not in PRESETS:
+    if args.init:
+        fixed = sorted(given_options(argv) & {"preset", "patch_size", "hidden_size", "num_layers", "num_heads",
+                                              "mlp_size"})
+        if fixed:
+            raise UsageError(f"{', '.join(_flag(name) for name in fixed)} cannot be given with --init: the model "
+                             "is the one you start from (only --image-size and the dropout rates may change)")
+    elif args.preset not in PRESETS:
         raise UsageError(f"unknown preset {args.preset!r}; choose one of: {', '.join(PRESETS)}")
     try:
         parse_dataset(args.dataset)
-        model_config(args, num_channels=PRESETS[args.preset].num_channels,
-                     num_classes=PRESETS[args.preset].num_classes)
+        if not args.init:
+            model_config(args, num_channels=PRESETS[args.preset].num_channels,
+                         num_classes=PRESETS[args.preset].num_classes)
     except ValueError as e:
         raise UsageError(str(e)) from None
     if args.warmup_epochs >= args.epochs and args.warmup_epochs > 0:
@@ -353,11 +383,32 @@ def model_config(args: argparse.Namespace, num_channels: int, num_classes: int) 
     return ViTConfig.from_preset(args.preset, num_channels=num_channels, num_classes=num_classes, **overrides)
 
 
-def resolve_model(args: argparse.Namespace, num_classes: int) -> ViTConfig:
-    """Fix the model of a new run: the preset's channels, the dataset's classes, the overrides."""
+def resolve_model(args: argparse.Namespace, num_classes: int, class_names: list[str] | None = None) -> ViTConfig:
+    """Fix the model of a new run: the preset's channels, the dataset's classes, the overrides;
+    with ``--init`` the imported model's (its classifier replaced when the classes differ)."""
     args.num_classes = num_classes
+    if getattr(args, "init", None):
+        return _resolve_init(args, num_classes, class_names)
     args.channels = PRESETS[args.preset].num_channels
     config = model_config(args, num_channels=args.channels, num_classes=num_classes)
+    args.model = config.to_dict()
+    args.image_size_resolved = config.image_size
+    return config
+
+
+def _resolve_init(args: argparse.Namespace, num_classes: int, class_names: list[str] | None) -> ViTConfig:
+    from vit.finetune import prepare_init  # opens HF / timm / torchvision sources only when asked
+
+    try:
+        init = prepare_init(args.init, num_classes, class_names, args.image_size)
+        dropouts = {k: getattr(args, k) for k in ("dropout", "attention_dropout", "drop_path")
+                    if getattr(args, k) is not None}
+        config = ViTConfig.from_dict({**init.config.to_dict(), **dropouts})
+    except (CheckpointError, ValueError) as e:
+        raise UsageError(f"--init {args.init}: {e}") from None
+    args.preset = f"init:{Path(args.init).name}"
+    args.channels = config.num_channels
+    args.init_mean, args.init_std = list(init.mean), list(init.std)
     args.model = config.to_dict()
     args.image_size_resolved = config.image_size
     return config
@@ -373,8 +424,11 @@ def load_run_data(args: argparse.Namespace, rank: int = 0, world: int = 1) -> Da
     """The run's dataset. Under several processes rank 0 decodes and caches it first, then the
     others read that cache instead of all decoding at once."""
     with main_rank_first(rank, world):
-        return load_dataset(args.dataset, args.image_size_resolved, args.channels, data_dir=args.data_dir,
+        data = load_dataset(args.dataset, args.image_size_resolved, args.channels, data_dir=args.data_dir,
                             cache_dir=args.cache_dir, val_fraction=args.val_fraction, seed=args.seed)
+    if getattr(args, "init_mean", None):  # an imported model keeps the normalisation its weights were trained with
+        data = dataclasses.replace(data, mean=tuple(args.init_mean), std=tuple(args.init_std))
+    return data
 
 
 # ---------------------------------------------------------------------------------------------
@@ -424,10 +478,10 @@ def _prepare(args: argparse.Namespace, argv: list[str]) -> tuple[argparse.Namesp
                                  f"(got {args.val_fraction:g})")
             num_classes = len(class_names)
         else:
-            num_classes = _builtin_classes(value)
+            num_classes, class_names = _builtin_classes(value), None
     except DataError as e:
         raise UsageError(str(e)) from None
-    resolve_model(args, num_classes)
+    resolve_model(args, num_classes, class_names)
     return args, run_dir, None
 
 
