@@ -13,6 +13,23 @@ from test_browser_training import SLOW_MS, app_url  # noqa: F401 (app_url: the f
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
 
+def step_left(page, slider, to: int) -> None:
+    """One arrow key to the left, as a user would; again if the panel's own refresh redrew the slider
+    (and took the focus) before the key arrived."""
+    from playwright.sync_api import Error, expect
+
+    for _ in range(20):
+        slider.focus()
+        slider.press("ArrowLeft")
+        try:
+            expect(slider).to_have_attribute("aria-valuetext", str(to), timeout=10_000)
+            return
+        except (AssertionError, Error):
+            if int(slider.get_attribute("aria-valuetext")) < to:
+                raise AssertionError(f"the slider went past epoch {to}") from None
+    raise AssertionError(f"the slider did not reach epoch {to}")
+
+
 def test_a_launched_run_shows_its_probe_images_at_every_epoch(app_url):  # noqa: F811
     from playwright.sync_api import expect, sync_playwright
 
@@ -47,9 +64,8 @@ def test_a_launched_run_shows_its_probe_images_at_every_epoch(app_url):  # noqa:
             page.screenshot(path=ARTIFACTS / "snapshots-epoch-3.png", full_page=True)
             slider = page.get_by_role("slider", name="Epoch")
             expect(slider).to_have_attribute("aria-valuetext", "3")
-            slider.focus()
             for epoch in (2, 1, 0):  # scrub back to the initial weights, one epoch at a time
-                slider.press("ArrowLeft")
+                step_left(page, slider, to=epoch)
                 expect(page.get_by_text(f"Epoch {epoch} of {name}:", exact=False)).to_be_visible()
                 expect(page.get_by_role("img").first).to_be_visible()
             page.screenshot(path=ARTIFACTS / "snapshots-epoch-0.png", full_page=True)
