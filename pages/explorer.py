@@ -19,6 +19,7 @@ from vit.attention import HEAD_FUSIONS
 from vit.checkpoint import Checkpoint, CheckpointError
 from vit.images import ImageError, open_image
 from vit.overlay import UPSAMPLE_MODES, overlay
+from vit.plaintext import escape_markdown
 from vit.sources import open_source
 
 UPLOAD_TYPES = ["jpg", "jpeg", "png", "webp", "bmp", "gif"]
@@ -347,7 +348,7 @@ if other is not None:
                                           checkpoint_b, image)
         map_b = explorer.attention_map(analysis_b, settings_b, relevance_b)
     except (CheckpointError, ValueError) as e:
-        st.warning(f"B cannot show this map: {e}")
+        st.warning(f"B cannot show this map: {escape_markdown(e)}")
     else:
         col_a, col_b, col_diff = st.columns(3)
         for column, label, one_entry, one_analysis, one_map in ((col_a, "A", entry, analysis, map2d),
@@ -355,7 +356,8 @@ if other is not None:
             top = one_analysis.prediction.top_k[0]
             column.image(overlay(shown, one_map, opacity, colormap, mode, show_grid=show_grid, outline_patch=outline),
                          output_format="PNG")
-            column.caption(f"{label}: {one_entry.label}. Predicts {top[0]} ({top[1]:.0%}). "
+            column.caption(f"{label}: {escape_markdown(one_entry.label)}. Predicts {escape_markdown(top[0])} "
+                           f"({top[1]:.0%}). "
                            + explorer.describe_range(one_map))
         col_diff.image(compare.difference_overlay(shown, map2d, map_b, opacity, mode), output_format="PNG")
         col_diff.caption(compare.describe_difference(map2d, map_b, (shown.height, shown.width), mode))
@@ -373,9 +375,10 @@ if snapshot_epochs:
         probes = snapshots.probe_overlays(snapshot_run, snap_epoch, snap_kind, layer - 1, head, fusion, opacity,
                                           colormap, mode, size=128)
     except (snapshots.SnapshotError, ValueError) as e:
-        st.warning(str(e))
+        st.warning(escape_markdown(e))
     else:
-        st.image([p for p, _ in probes], caption=[c for _, c in probes], width=128, output_format="PNG")
+        st.image([p for p, _ in probes], caption=[escape_markdown(c) for _, c in probes], width=128,
+                 output_format="PNG")
         st.caption("The CLS token's " + ("rollout (mean over heads)" if snap_kind == "rollout" else
                                          f"attention in layer {layer}") + f" at epoch {snap_epoch} on the run's "
                    "fixed validation images, with the sidebar's layer, head and overlay settings; under each, "

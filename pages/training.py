@@ -16,6 +16,7 @@ from vit.data import AUGMENTATIONS, BUILTIN_DATASETS
 from vit.explorer import COLORMAPS
 from vit.model import PRESETS
 from vit.overlay import UPSAMPLE_MODES
+from vit.plaintext import escape_markdown
 from vit.train import RECIPES
 
 REFRESH_SECONDS = 3
@@ -288,7 +289,7 @@ def snapshot_section(runs_with_snapshots: list[str]) -> None:
     try:
         first = snapshots.load_snapshot(run_dir, epochs[-1])
     except snapshots.SnapshotError as e:
-        st.warning(str(e))
+        st.warning(escape_markdown(e))
         return
     L, H = first.num_layers, first.num_heads
     controls, maps = st.columns([1, 3])
@@ -319,14 +320,15 @@ def snapshot_section(runs_with_snapshots: list[str]) -> None:
             shown = snapshots.probe_overlays(run_dir, epoch, kind, layer - 1, head_index, fusion, opacity,
                                              colormap, mode, size=128)
         except (snapshots.SnapshotError, ValueError) as e:
-            st.warning(str(e))
+            st.warning(escape_markdown(e))
             return
-        st.image([image for image, _ in shown], caption=[caption for _, caption in shown], width=128,
+        st.image([image for image, _ in shown], caption=[escape_markdown(caption) for _, caption in shown], width=128,
                  output_format="PNG")
         what = f"rollout over {L} layers" if kind == "rollout" else (
             f"layer {layer}, " + (f"head {head + 1}" if head is not None else f"{fusion} over heads"))
-        st.caption(f"Epoch {epoch} of {name}: CLS attention ({what}) on the run's {len(shown)} probe images "
-                   "(fixed validation images); under each, true class → predicted class and its probability.")
+        st.caption(f"Epoch {epoch} of {escape_markdown(name)}: CLS attention ({what}) on the run's {len(shown)} "
+                   "probe images (fixed validation images); under each, true class → predicted class and its "
+                   "probability.")
         probe_index = st.selectbox("Export one probe image across epochs", range(len(shown)), key="snap_probe",
                                    format_func=lambda i: f"image {i + 1}: {shown[i][1].split(' → ')[0]}")
         st.download_button(

@@ -10,7 +10,7 @@ import streamlit as st
 import torch
 from PIL import Image
 from test_app import TINY, run_app, write_checkpoint
-from test_training_attention_page import fake_run
+from test_training_attention_page import fake_run, shown_text
 
 from vit.attention import token_map
 from vit.catalog import DEFAULT_CHECKPOINT
@@ -58,7 +58,7 @@ def test_compare_mode_shows_both_maps_and_their_difference(two_checkpoints):
     at = at.selectbox(key="compare_with").set_value(str(b)).run()
     assert not at.exception, [e.message for e in at.exception]
     assert any(s.value == "Compare" for s in at.subheader)
-    captions = [c.value for c in at.caption]
+    captions = [shown_text(c.value) for c in at.caption]
     assert any(c.startswith("A: cifar10-cifar-s.pt") for c in captions)
     assert any(c.startswith("B: other.pt") for c in captions)
     # The difference caption's range is that of the two models' own maps, computed here independently.
@@ -75,7 +75,7 @@ def test_compare_mode_says_why_a_shallower_checkpoint_cannot_show_the_layer(two_
     at = run_app()
     at = at.selectbox(key="compare_with").set_value(str(shallow)).run()
     assert not at.exception
-    assert any("B has 1 layers, so it has no layer 3" in w.value for w in at.warning)
+    assert any("B has 1 layers, so it has no layer 3" in shown_text(w.value) for w in at.warning)
 
 
 def test_per_epoch_checkpoints_of_a_run_can_be_compared(two_checkpoints):
@@ -98,6 +98,7 @@ def test_the_epoch_selector_shows_a_runs_probe_images_without_a_checkpoint_of_th
     slider = at.select_slider(key="explorer_snap_epoch")
     assert slider.options == ["0", "1", "2", "3"] and slider.value == 3
     images = at.get("image")[-1].proto.imgs
-    assert [i.caption for i in images] == ["cat → dog 88% ✗", "dog → dog 88% ✓"] * 2
+    assert [shown_text(i.caption) for i in images] == ["cat → dog 88% ✗", "dog → dog 88% ✓"] * 2
     at = at.select_slider(key="explorer_snap_epoch").set_value(0).run()
-    assert [i.caption for i in at.get("image")[-1].proto.imgs] == ["cat → cat 88% ✓", "dog → cat 88% ✗"] * 2
+    captions = [shown_text(i.caption) for i in at.get("image")[-1].proto.imgs]
+    assert captions == ["cat → cat 88% ✓", "dog → cat 88% ✗"] * 2
