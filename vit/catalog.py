@@ -13,7 +13,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from vit.checkpoint import CheckpointError, read_checkpoint_payload
+from vit.checkpoint import CheckpointError, check_payload, read_checkpoint_payload
 from vit.runs import default_runs_dir
 
 DEFAULT_CHECKPOINT = "cifar10-cifar-s.pt"  # what the app opens on
@@ -165,36 +165,32 @@ def run_state(run_dir: Path) -> str | None:
 
 
 def describe(candidate: Candidate) -> CatalogEntry:
-    """Read a checkpoint's stored config and metadata (no model is built); errors become the entry's ``error``."""
+    """Check a checkpoint as loading it would, without reading its weights (they are memory-mapped) or
+    building a model; errors become the entry's ``error``, so such a file is listed as "cannot be loaded"."""
     try:
-        payload = read_checkpoint_payload(candidate.path)
+        payload = read_checkpoint_payload(candidate.path, mmap=True)
+        config, _, class_names = check_payload(candidate.path, payload)
     except CheckpointError as e:
         return CatalogEntry(candidate.path, candidate.source, candidate.name, error=str(e))
-    try:
-        config = payload["config"]
-        metadata = dict(payload.get("metadata") or {})
-        parameters = metadata.get("parameters")
-        if not isinstance(parameters, int):
-            parameters = sum(int(t.numel()) for t in payload["state_dict"].values())
-        val_acc = metadata.get("val_acc")
-        if not isinstance(val_acc, (int, float)):
-            val_acc = metadata.get("best_val_acc")
-        epochs = metadata.get("epochs")
-        return CatalogEntry(
-            path=candidate.path, source=candidate.source, name=candidate.name,
-            dataset=dataset_label(metadata.get("dataset")),
-            class_names=tuple(str(c) for c in payload["class_names"]),
-            parameters=parameters,
-            val_acc=float(val_acc) if isinstance(val_acc, (int, float)) else None,
-            image_size=int(config["image_size"]), patch_size=int(config["patch_size"]),
-            num_channels=int(config["num_channels"]), num_layers=int(config["num_layers"]),
-            num_heads=int(config["num_heads"]),
-            epochs=epochs if isinstance(epochs, int) else None,
-            metadata=metadata,
-        )
-    except (KeyError, TypeError, ValueError, AttributeError) as e:
-        return CatalogEntry(candidate.path, candidate.source, candidate.name,
-                            error=f"{candidate.path} has an invalid config or metadata ({e!r})")
+    metadata = dict(payload.get("metadata") or {})
+    parameters = metadata.get("parameters")
+    if isinstance(parameters, bool) or not isinstance(parameters, int):
+        parameters = sum(int(t.numel()) for t in payload["state_dict"].values())
+    val_acc = metadata.get("val_acc")
+    if isinstance(val_acc, bool) or not isinstance(val_acc, (int, float)):
+        val_acc = metadata.get("best_val_acc")
+    epochs = metadata.get("epochs")
+    return CatalogEntry(
+        path=candidate.path, source=candidate.source, name=candidate.name,
+        dataset=dataset_label(metadata.get("dataset")),
+        class_names=tuple(class_names),
+        parameters=parameters,
+        val_acc=float(val_acc) if isinstance(val_acc, (int, float)) and not isinstance(val_acc, bool) else None,
+        image_size=config.image_size, patch_size=config.patch_size, num_channels=config.num_channels,
+        num_layers=config.num_layers, num_heads=config.num_heads,
+        epochs=epochs if isinstance(epochs, int) and not isinstance(epochs, bool) else None,
+        metadata=metadata,
+    )
 
 
 def list_checkpoints(checkpoints_dir: str | os.PathLike | None = None,
