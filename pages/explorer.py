@@ -15,8 +15,9 @@ from PIL import Image
 
 from vit import catalog, explorer
 from vit.attention import HEAD_FUSIONS
+from vit.cache import ByteCache
 from vit.checkpoint import Checkpoint, CheckpointError, load_checkpoint
-from vit.images import ImageError, open_image
+from vit.images import MAX_SIDE, UPLOAD_MAX_PIXELS, ImageError, open_image
 from vit.overlay import UPSAMPLE_MODES, overlay
 
 UPLOAD_TYPES = ["jpg", "jpeg", "png", "webp", "bmp", "gif"]
@@ -24,38 +25,56 @@ PICKER_CONFIG = {"displayModeBar": False, "scrollZoom": False, "doubleClick": Fa
 
 
 # -- caches: the model once per checkpoint file, the forward pass once per (checkpoint, image) ----------------
+# Server-wide and bounded by bytes, not entries: one entry may be a 2-MB model or a 1-GB one.
+MODEL_CACHE_BYTES = 1536 * 2**20
+IMAGE_CACHE_BYTES = 256 * 2**20  # decoded images are at most 2048 px on their long side (12 MB)
+ANALYSIS_CACHE_BYTES = 512 * 2**20
+RELEVANCE_CACHE_BYTES = 256 * 2**20
+
+
+@st.cache_resource(show_spinner=False)
+def byte_cache(name: str, max_bytes: int) -> ByteCache:
+    return ByteCache(max_bytes)
+
 
 @st.cache_data(show_spinner=False, max_entries=256)
 def describe_checkpoint(path: str, source: str, name: str, fingerprint: tuple) -> catalog.CatalogEntry:
     return catalog.describe(catalog.Candidate(Path(path), source, name))
 
 
-@st.cache_resource(max_entries=3, show_spinner="Loading the checkpoint…")
 def load_model(path: str, fingerprint: tuple) -> Checkpoint:
-    return load_checkpoint(path)
+    def load() -> Checkpoint:
+        with st.spinner("Loading the checkpoint…"):
+            return load_checkpoint(path)
+    return byte_cache("models", MODEL_CACHE_BYTES).get_or_compute((path, fingerprint), load)
 
 
-@st.cache_resource(max_entries=8, show_spinner=False)
-def decode_image(digest: str, name: str, _data: bytes) -> Image.Image:
-    return open_image(_data, name=name)
+def decode_image(digest: str, name: str, data: bytes) -> Image.Image:
+    return byte_cache("images", IMAGE_CACHE_BYTES).get_or_compute(
+        ("decoded", digest, name), lambda: open_image(data, name=name, max_pixels=UPLOAD_MAX_PIXELS))
 
 
-@st.cache_resource(max_entries=8, show_spinner=False)
-def display_images(digest: str, _image: Image.Image) -> tuple[Image.Image, str, Image.Image]:
+def display_images(digest: str, image: Image.Image) -> tuple[Image.Image, str, Image.Image]:
     """The image at display size (and as a data URI for the patch picker), and small for the heads grid."""
-    shown = explorer.display_image(_image)
-    return shown, explorer.png_data_uri(shown), explorer.display_image(_image, min_side=96, max_side=144)
+    def make() -> tuple[Image.Image, str, Image.Image]:
+        shown = explorer.display_image(image)
+        return shown, explorer.png_data_uri(shown), explorer.display_image(image, min_side=96, max_side=144)
+    return byte_cache("images", IMAGE_CACHE_BYTES).get_or_compute(("display", digest), make)
 
 
-@st.cache_resource(max_entries=16, show_spinner="Running the model…")
-def analyse(fingerprint: tuple, digest: str, _checkpoint: Checkpoint, _image: Image.Image) -> explorer.Analysis:
-    return explorer.analyse(_checkpoint, _image)
+def analyse(fingerprint: tuple, digest: str, checkpoint: Checkpoint, image: Image.Image) -> explorer.Analysis:
+    def run() -> explorer.Analysis:
+        with st.spinner("Running the model…"):
+            return explorer.analyse(checkpoint, image)
+    return byte_cache("analyses", ANALYSIS_CACHE_BYTES).get_or_compute((fingerprint, digest), run)
 
 
-@st.cache_resource(max_entries=64, show_spinner="Computing the class-specific map (one backward pass)…")
-def class_relevance(fingerprint: tuple, digest: str, class_index: int, _checkpoint: Checkpoint,
-                    _image: Image.Image) -> explorer.ClassRelevance:
-    return explorer.class_relevance(_checkpoint, _image, class_index)
+def class_relevance(fingerprint: tuple, digest: str, class_index: int, checkpoint: Checkpoint,
+                    image: Image.Image) -> explorer.ClassRelevance:
+    def run() -> explorer.ClassRelevance:
+        with st.spinner("Computing the class-specific map (one backward pass)…"):
+            return explorer.class_relevance(checkpoint, image, class_index)
+    return byte_cache("relevance", RELEVANCE_CACHE_BYTES).get_or_compute((fingerprint, digest, class_index), run)
 
 
 def pick_query(query_key: str, num_prefix_tokens: int) -> None:
@@ -209,7 +228,8 @@ with col_overlay:
     download_png.download_button(
         "Overlay (PNG)", on_click="ignore", mime="image/png", file_name=f"{stem}-{kind}-overlay.png",
         data=partial(explorer.overlay_png, image, map2d, opacity, colormap, mode, show_grid, outline),
-        help=f"At the image's own size, {image.width}×{image.height} px.")
+        help=f"At the image's size as decoded (at most {MAX_SIDE:,} px on its long side), "
+             f"{image.width}×{image.height} px.")
     download_npz.download_button(
         "Attentions (.npz)", on_click="ignore", mime="application/octet-stream", file_name=f"{stem}-attentions.npz",
         data=partial(explorer.attentions_npz, analysis, class_names),

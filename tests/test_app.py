@@ -180,12 +180,14 @@ def test_same_image_again_does_not_rerun_the_model(default_world, forwards):
     ("notes.png", b"this is not an image", "not an image"),
     ("empty.png", b"", "empty"),
     ("cut.png", png_bytes(64, 64)[:200], "truncated or corrupt"),
-    ("bomb.png", None, "too large to decode safely"),
+    ("bomb.png", (10_000, 10_000), "too large to decode safely"),
+    # Under PIL's limit (89 M pixels) but over the app's for uploads: one such PNG is 126 MB decoded in RGB.
+    ("poster.png", (7_000, 6_000), "poster.png is too large (7,000×6,000 px; at most 40,000,000 pixels)"),
 ])
 def test_bad_upload_shows_one_error_and_the_page_recovers(default_world, name, data, message):
-    if data is None:  # 100 M pixels of zeros: a few kB on disk, gigabytes decoded
+    if isinstance(data, tuple):  # that many pixels of zeros: a few kB on disk, up to gigabytes decoded
         buffer = io.BytesIO()
-        Image.new("1", (10_000, 10_000)).save(buffer, format="PNG")
+        Image.new("1", data).save(buffer, format="PNG")
         data = buffer.getvalue()
     at = run_app()
     upload(at, name, data)
