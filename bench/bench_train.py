@@ -7,7 +7,7 @@ Both sides train the tintn-cifar10 ViT (4 layers, width 48, 4 heads, patch 4) fo
 CIFAR-10-sized data at batch 256 on the same machine and report images per second (the first
 step of each is left out: it pays for allocation and warm-up).
 
-- ours: the uint8 tensor dataset, batched augmentation and ``vit.train.Trainer.step`` (fused
+- ours: the uint8 tensor dataset, batched augmentation and ``vit.trainer.Trainer.step`` (fused
   qkv attention through scaled_dot_product_attention), with our recipe (TrivialAugment) and with
   the seed recipe (flip + RandomResizedCrop, as the blog).
 - seed: a faithful re-implementation of the blog's code (tintn/vision-transformer-from-scratch):
@@ -38,7 +38,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a scri
 from vit.data import IMAGE_EXTENSIONS, Dataset, Split, channel_stats  # noqa: E402
 from vit.images import ImageError, open_image, to_uint8  # noqa: E402
 from vit.model import count_parameters  # noqa: E402
-from vit.train import Trainer, parse_args, resolve_model  # noqa: E402
+from vit.train import parse_args, resolve_model, settings_from_args  # noqa: E402
+from vit.trainer import Trainer  # noqa: E402
 
 BATCH = 256
 CLASSES = 10
@@ -276,7 +277,7 @@ def ours_epoch(images: torch.Tensor, labels: torch.Tensor, device: torch.device,
     mean, std = channel_stats(images)
     val = Split(images[:BATCH], labels[:BATCH])
     data = Dataset("bench", [str(c) for c in range(CLASSES)], Split(images, labels), val, mean, std, True)
-    trainer = Trainer(args, data, run_dir=None, device=device)
+    trainer = Trainer(settings_from_args(args), data, run_dir=None, device=device)
     order = trainer.epoch_order(0)
     trainer.net.train()
     start, count = None, 0

@@ -1,15 +1,16 @@
 """Train: launch Vision Transformer runs, follow them live, stop, resume, compare and open them.
 
 Widgets and layout only; launching, validation, states, table rows and curve data live in
-``vit.runs``. The runs panel is a fragment that polls the runs folder every few seconds (which
-also starts queued runs whose device has become free), so it never re-runs the form.
+``vit.runs``, ``vit.launch`` and ``vit.devices``. The runs panel is a fragment that polls the runs
+folder every few seconds (which also starts queued runs whose device has become free), so it never
+re-runs the form.
 """
 
 import pandas as pd
 import plotly.express as px
 import streamlit as st
 
-from vit import runs
+from vit import devices, launch, runs
 from vit.data import AUGMENTATIONS, BUILTIN_DATASETS
 from vit.model import PRESETS
 from vit.train import RECIPES
@@ -22,12 +23,12 @@ manager = runs.RunManager()
 
 @st.cache_data(show_spinner=False)
 def preset_label(name: str) -> str:
-    return runs.preset_summary(name)
+    return launch.preset_summary(name)
 
 
 @st.cache_data(ttl=10, show_spinner=False)
 def device_options(users: dict[str, list[str]]) -> list[tuple[tuple[str, ...], str]]:
-    return runs.device_choices(runs.list_devices(), users)
+    return devices.device_choices(devices.list_devices(), users)
 
 
 def error_for(field: str) -> None:
@@ -41,12 +42,12 @@ def recipe_hint(field: str) -> str:
     return f"{recipe}: {RECIPES[recipe][field]:g}" if field in RECIPES[recipe] else "preset"
 
 
-def params_from_form() -> runs.RunParams:
+def params_from_form() -> launch.RunParams:
     s = st.session_state
-    dataset = runs.dataset_spec(s["train_dataset"], s["train_folder"])
-    name = (s["train_name"] or "").strip() or runs.suggest_name(dataset, s["train_preset"])
-    sizes = {f: s[f"train_{f}"] for f in runs.MODEL_SIZE_FIELDS}
-    return runs.RunParams(
+    dataset = launch.dataset_spec(s["train_dataset"], s["train_folder"])
+    name = (s["train_name"] or "").strip() or launch.suggest_name(dataset, s["train_preset"])
+    sizes = {f: s[f"train_{f}"] for f in launch.MODEL_SIZE_FIELDS}
+    return launch.RunParams(
         name=name, dataset=dataset, preset=s["train_preset"], **sizes, recipe=s["train_recipe"],
         epochs=s["train_epochs"], batch_size=s["train_batch_size"], lr=s["train_lr"],
         weight_decay=s["train_weight_decay"], warmup_epochs=s["train_warmup_epochs"],
@@ -60,7 +61,7 @@ def params_from_form() -> runs.RunParams:
 if st.session_state.get("train_submit"):
     try:
         info = manager.launch(params_from_form(), allow_sharing=st.session_state["train_share"])
-    except runs.ValidationError as e:
+    except launch.ValidationError as e:
         st.session_state["train_errors"] = e.errors
         st.session_state.pop("train_notice", None)
     else:
@@ -84,7 +85,7 @@ with st.form("launch"):
                      "reached with its own recipe.")
         error_for("preset")
         with st.expander("Custom sizes (override the preset)"):
-            for field in runs.MODEL_SIZE_FIELDS:
+            for field in launch.MODEL_SIZE_FIELDS:
                 st.number_input(field.replace("_", " ").capitalize(), value=None, step=1, key=f"train_{field}",
                                 placeholder="preset")
                 error_for(field)

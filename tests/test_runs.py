@@ -21,22 +21,11 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from vit.runs import (
-    LAUNCH_DIR,
-    DeviceInfo,
-    RunError,
-    RunInfo,
-    RunManager,
-    RunParams,
-    ValidationError,
-    curve_rows,
-    default_runs_dir,
-    device_choices,
-    launch_command,
-    preset_summary,
-    reconcile,
-    table_rows,
-)
+from vit.devices import DeviceInfo, device_choices
+from vit.launch import RunParams, ValidationError, launch_command, preset_summary
+from vit.runfiles import LAUNCH_DIR, default_runs_dir
+from vit.runs import RunError, RunInfo, RunManager, curve_rows, table_rows
+from vit.runstate import reconcile
 
 WAIT_SECONDS = 900  # generous: on two shared cores a niced Python needs minutes to import torch
 TINY = dict(image_size=16, patch_size=4, hidden_size=16, num_layers=1, num_heads=2, mlp_size=32,

@@ -15,10 +15,13 @@ import pytest
 import torch
 from helpers import make_image_folder
 
+import vit.runfiles as runfiles
 import vit.train as train
 from vit.checkpoint import load_checkpoint, read_checkpoint_payload
 from vit.data import Dataset, Split
-from vit.train import EtaClock, Status, build_parser, main
+from vit.runfiles import Status
+from vit.train import build_parser, main
+from vit.trainer import FAULT_ENV, EtaClock, Trainer
 
 REPO = Path(__file__).resolve().parent.parent
 TINY = ["--image-size", "8", "--patch-size", "4", "--hidden-size", "8", "--num-layers", "1", "--num-heads", "2",
@@ -120,7 +123,7 @@ def test_greyscale_folder_trains_a_3_channel_model(tmp_path, cache):
     assert checkpoint.config.image_size == 8
 
 
-def tiny_trainer(*extra: str) -> train.Trainer:
+def tiny_trainer(*extra: str) -> Trainer:
     """A Trainer on 16 random 8x8 images, built as the CLI builds it."""
     args = train.parse_args(["--dataset", "folder:unused", "--out", "unused-run", *TINY, "--batch-size", "4",
                              *extra])
@@ -128,19 +131,21 @@ def tiny_trainer(*extra: str) -> train.Trainer:
     images = torch.randint(0, 256, (16, 3, 8, 8), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
     labels = torch.arange(16) % 2
     split = Split(images, labels)
-    return train.Trainer(args, Dataset("tiny", ["a", "b"], split, split, (0.5,) * 3, (0.25,) * 3, True), None)
+    data = Dataset("tiny", ["a", "b"], split, split, (0.5,) * 3, (0.25,) * 3, True)
+    return Trainer(train.settings_from_args(args), data, None)
 
 
 def test_seed_recipe_is_the_blogs_constant_adamw_on_every_parameter():
     trainer = tiny_trainer("--recipe", "seed")
     assert [g["weight_decay"] for g in trainer.optimizer.param_groups] == [1e-2, 1e-2]
-    assert trainer.augment.policy == "seed" and trainer.args.batch_size == 4
+    assert trainer.augment.policy == "seed" and trainer.settings.batch_size == 4
     for _ in range(3):
         trainer.step(torch.arange(4))
         assert trainer.lr() == 1e-2
     ours = tiny_trainer()
     assert [g["weight_decay"] for g in ours.optimizer.param_groups] == [0.05, 0.0]
-    assert ours.args.label_smoothing == 0.1 and ours.args.grad_clip == 1.0 and ours.augment.policy == "trivialaugment"
+    assert ours.settings.label_smoothing == 0.1 and ours.settings.grad_clip == 1.0
+    assert ours.augment.policy == "trivialaugment"
 
 
 # -- resume -----------------------------------------------------------------------------------
@@ -184,7 +189,7 @@ def test_resume_refuses_a_run_that_is_still_running(completed_run, tmp_path, cap
     for name in ("config.json", "last.pt"):
         (live / name).write_bytes((completed_run / name).read_bytes())
     status = read_json(completed_run / "status.json")
-    status.update(state="running", pid=os.getpid(), host=socket.gethostname(), updated_time=train.now_iso())
+    status.update(state="running", pid=os.getpid(), host=socket.gethostname(), updated_time=runfiles.now_iso())
     (live / "status.json").write_text(json.dumps(status))
     assert main(["--resume", str(live), "--epochs", "3"]) == 2
     assert "is still running" in one_line_error(capsys)
@@ -272,7 +277,7 @@ def test_sigkill_leaves_readable_files_and_a_resumable_run(images, cache, tmp_pa
 
 
 def test_a_crash_marks_the_run_failed_with_its_message(images, cache, tmp_path, monkeypatch, capsys):
-    monkeypatch.setenv(train.FAULT_ENV, "3")
+    monkeypatch.setenv(FAULT_ENV, "3")
     out = tmp_path / "crash"
     assert main(cli(images, cache, out, "--epochs", "2")) == 1
     err = capsys.readouterr().err
@@ -286,7 +291,7 @@ def test_a_failure_after_loading_the_data_leaves_no_run_folder(images, cache, tm
     def broken(config):
         raise RuntimeError("cannot build this model")
 
-    monkeypatch.setattr(train, "ViT", broken)
+    monkeypatch.setattr("vit.trainer.ViT", broken)
     out = tmp_path / "never"
     assert main(cli(images, cache, out, "--epochs", "1")) == 1
     assert "cannot build this model" in capsys.readouterr().err
@@ -372,8 +377,8 @@ def test_help_explains_every_option(capsys):
 
 
 def test_status_heartbeat_rewrites_the_file_while_nothing_else_does(tmp_path, monkeypatch):
-    assert train.HEARTBEAT_SECONDS <= 10
-    monkeypatch.setattr(train, "HEARTBEAT_SECONDS", 0.05)
+    assert runfiles.HEARTBEAT_SECONDS <= 10
+    monkeypatch.setattr(runfiles, "HEARTBEAT_SECONDS", 0.05)
     status = Status(tmp_path / "status.json", {"state": "running"})
     status.start()
     try:

@@ -8,17 +8,16 @@ file never hides the others. Sample images for ``checkpoints/X.pt`` live in
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from vit.checkpoint import CheckpointError, check_payload, read_checkpoint_payload
-from vit.runs import default_runs_dir
+from vit.runfiles import BEST_CHECKPOINT, LAST_CHECKPOINT, STATUS_FILE, default_runs_dir, read_json
 
 DEFAULT_CHECKPOINT = "cifar10-cifar-s.pt"  # what the app opens on
 SAMPLE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".webp", ".bmp", ".gif")
-RUN_CHECKPOINTS = ("best.pt", "last.pt")  # a run's checkpoint, in order of preference
+RUN_CHECKPOINTS = (BEST_CHECKPOINT, LAST_CHECKPOINT)  # a run's checkpoint, in order of preference
 
 
 def default_checkpoints_dir() -> Path:
@@ -157,11 +156,7 @@ def find_checkpoints(checkpoints_dir: str | os.PathLike | None = None,
 
 def run_state(run_dir: Path) -> str | None:
     """The ``state`` in a run's status.json, or None when it is missing or unreadable (e.g. mid-write)."""
-    try:
-        status = json.loads((run_dir / "status.json").read_text())
-    except (OSError, ValueError):
-        return None
-    return status.get("state") if isinstance(status, dict) else None
+    return (read_json(run_dir / STATUS_FILE) or {}).get("state")
 
 
 def describe(candidate: Candidate) -> CatalogEntry:
@@ -225,7 +220,7 @@ def candidate_for(path: str | os.PathLike, candidates: list[Candidate]) -> Candi
         if same_file(candidate.path, path):
             return candidate
     path = Path(path)
-    if path.parent.joinpath("status.json").is_file():
+    if path.parent.joinpath(STATUS_FILE).is_file():
         return Candidate(path, "run", path.parent.name)
     return Candidate(path, "file", path.stem)
 

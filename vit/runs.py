@@ -12,10 +12,9 @@ Our files live beside the run folder rather than in it because the CLI refuses a
 folder that already holds files, and output.log must be open before the process starts.
 Run folders made by the CLI outside the app (no launch.json) are listed too.
 
-States: ``queued`` (waiting for its device, persisted in launch.json), ``running``,
-``completed``, ``failed`` (status.json's error, or the CLI's one-line usage error when it
-exited before writing status.json), ``cancelled`` (stopped by the user) and ``crashed`` (the
-process is gone, or its heartbeat is stale, without a final state: SIGKILL, OOM, reboot).
+Its neighbours: ``vit.runfiles`` (the run folder's files), ``vit.runstate`` (the states and how a
+run's files are weighed against its process), ``vit.launch`` (the form's parameters, their
+validation and the command line) and ``vit.devices`` (the devices a run can use).
 
 Devices: a run asks for ``cpu``, one GPU ``cuda:N`` or several GPUs (started under torchrun).
 A run whose device is used by another running run of this runs folder, or wanted by an earlier
@@ -30,529 +29,54 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import fcntl
-import json
 import os
-import re
 import shutil
 import signal
 import socket
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-LAUNCH_DIR = ".launch"
-STATES = ("queued", "running", "completed", "failed", "cancelled", "crashed")
-ACTIVE_STATES = ("queued", "running")
-STALE_SECONDS = 60.0  # the CLI beats every 5 s; a minute of silence means it is gone or hung
+from vit.devices import device_label, devices_overlap
+from vit.launch import (
+    CLI_FIELDS,
+    RunParams,
+    ValidationError,
+    cli_args,
+    default_data_dir,
+    launch_command,
+    validate_params,
+)
+from vit.runfiles import (
+    BEST_CHECKPOINT,
+    CONFIG_FILE,
+    LAST_CHECKPOINT,
+    LAUNCH_DIR,
+    LAUNCH_FILE,
+    LOG_FILE,
+    METRICS_FILE,
+    OUTPUT_FILE,
+    ROOT,
+    STALE_SECONDS,
+    STATUS_FILE,
+    default_runs_dir,
+    iso,
+    read_json,
+    read_metrics,
+    read_tail,
+    timestamp,
+    write_json,
+)
+from vit.runstate import ACTIVE_STATES, boot_id, proc_start, process_alive, reconcile, remember_child
+
 STOP_GRACE_SECONDS = 30.0  # the CLI finishes its step and saves last.pt; a step is far shorter
-NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
-
-# Figures the seed reproduces with a preset; shown next to it in the form.
-PRESET_FIGURES = {
-    "tintn-cifar10": "75.5 % CIFAR-10 (seed blog)",
-    "cifar10-p8": "~69 % CIFAR-10 (seed notebook)",
-    "mnist-p7": "98.5 % MNIST (seed)",
-}
-
-
-def default_runs_dir() -> Path:
-    """The runs folder: $VIT_RUNS_DIR when set, else the repository's runs/ folder."""
-    env = os.environ.get("VIT_RUNS_DIR")
-    if env:
-        return Path(env).expanduser()
-    return ROOT / "runs"
-
-
-def default_data_dir() -> Path:
-    """Where built-in datasets and decoded caches live: $VIT_DATA_DIR when set, else the repository's data/."""
-    env = os.environ.get("VIT_DATA_DIR")
-    if env:
-        return Path(env).expanduser()
-    return ROOT / "data"
 
 
 class RunError(ValueError):
     """An operation a run's state does not allow (stop a finished run, delete a running one, ...)."""
-
-
-class ValidationError(ValueError):
-    """Launch parameters that the CLI would refuse; ``errors`` maps each bad field to its message."""
-
-    def __init__(self, errors: dict[str, str]) -> None:
-        super().__init__("; ".join(f"{k}: {v}" for k, v in errors.items()))
-        self.errors = errors
-
-
-# ---------------------------------------------------------------------------------------------
-# Launch parameters
-
-
-@dataclass
-class RunParams:
-    """What the form asks for. ``None`` leaves a field to the preset or the --recipe."""
-
-    name: str
-    dataset: str  # cifar10, cifar100, mnist, fashion-mnist or folder:PATH (relative to the repository)
-    preset: str = "tintn-cifar10"
-    image_size: int | None = None
-    patch_size: int | None = None
-    hidden_size: int | None = None
-    num_layers: int | None = None
-    num_heads: int | None = None
-    mlp_size: int | None = None
-    recipe: str = "ours"
-    epochs: int | None = None
-    batch_size: int | None = None
-    lr: float | None = None
-    weight_decay: float | None = None
-    warmup_epochs: float | None = None
-    label_smoothing: float | None = None
-    augment: str | None = None
-    aug_magnitude: int | None = None
-    ema: float | None = None
-    seed: int = 0
-    devices: tuple[str, ...] = ("cpu",)  # ("cpu",), ("cuda:N",) or several GPUs for torchrun
-
-
-# RunParams fields passed to the CLI as --field-name VALUE.
-CLI_FIELDS = ("preset", "image_size", "patch_size", "hidden_size", "num_layers", "num_heads", "mlp_size",
-              "recipe", "epochs", "batch_size", "lr", "weight_decay", "warmup_epochs", "label_smoothing",
-              "augment", "aug_magnitude", "ema", "seed")
-MODEL_SIZE_FIELDS = ("image_size", "patch_size", "hidden_size", "num_layers", "num_heads", "mlp_size")
-CROSS_FIELDS = (*MODEL_SIZE_FIELDS, "warmup_epochs")  # fields whose validity depends on others
-
-
-def _flag(name: str) -> str:
-    return "--" + name.replace("_", "-")
-
-
-def resolve_dataset(spec: str) -> str:
-    """``folder:`` paths made absolute (relative ones are relative to the repository)."""
-    spec = spec.strip()
-    if spec.startswith("folder:") and len(spec) > len("folder:"):
-        path = Path(spec[len("folder:"):]).expanduser()
-        if not path.is_absolute():
-            path = ROOT / path
-        return f"folder:{path}"
-    return spec
-
-
-def cli_args(params: RunParams, out: Path, data_dir: Path) -> list[str]:
-    """The ``vit.train`` arguments of a new run (device arguments excluded)."""
-    argv = ["--dataset", resolve_dataset(params.dataset), "--out", str(out), "--data-dir", str(data_dir)]
-    for name in CLI_FIELDS:
-        value = getattr(params, name)
-        if value is not None:
-            argv += [_flag(name), str(value)]
-    return argv
-
-
-def device_argument(devices: tuple[str, ...]) -> str:
-    """The CLI's --device: cpu, cuda:N, or cuda when torchrun gives each rank its GPU."""
-    return devices[0] if len(devices) == 1 else "cuda"
-
-
-def launch_command(argv: list[str], devices: tuple[str, ...], nice: int = 0) -> tuple[list[str], dict[str, str]]:
-    """(command, extra environment) starting ``vit.train argv``: torchrun for several GPUs."""
-    prefix = ["nice", "-n", str(nice)] if nice > 0 and shutil.which("nice") else []
-    argv = [*argv, "--device", device_argument(devices)]
-    if len(devices) == 1:
-        return [*prefix, sys.executable, "-m", "vit.train", *argv], {}
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    indices = [int(d.split(":")[1]) for d in devices]
-    if visible:  # our indices count the GPUs this process sees; map them back to the machine's
-        physical = [v.strip() for v in visible.split(",")]
-        ids = [physical[i] for i in indices]
-    else:
-        ids = [str(i) for i in indices]
-    command = [*prefix, sys.executable, "-m", "torch.distributed.run", "--standalone",
-               f"--nproc_per_node={len(devices)}", "-m", "vit.train", *argv]
-    return command, {"CUDA_VISIBLE_DEVICES": ",".join(ids)}
-
-
-def _usage_message(text: str) -> tuple[str | None, str]:
-    """(field, message) for one of the CLI's UsageError texts; field None when none is named."""
-    match = re.match(r"argument (--[a-z-]+): (.*)", text)
-    if match:
-        return _field_of_flag(match.group(1)), match.group(2)
-    match = re.search(r"ViTConfig\.([a-z_]+)", text)
-    if match:
-        return match.group(1), text
-    match = re.search(r"--[a-z-]+", text)
-    if match:
-        return _field_of_flag(match.group(0)), text
-    return None, text
-
-
-def _field_of_flag(flag: str) -> str | None:
-    name = flag[2:].replace("-", "_")
-    return {"out": "name", "device": "devices"}.get(name, name)
-
-
-def validate_params(params: RunParams, runs_dir: Path, data_dir: Path,
-                    gpu_count: int | None = None) -> dict[str, str]:
-    """Every problem the CLI would report for ``params``, as {field: message}; empty when fine.
-
-    Each field is checked alone through ``vit.train.parse_args`` (the CLI's own rules and
-    messages), then all together for rules that span fields (warmup below epochs, patch size
-    dividing image size, ...), plus what only we know: the run name and the devices.
-    """
-    from vit.data import DataError, check_dataset
-    from vit.train import UsageError, parse_args
-
-    errors: dict[str, str] = {}
-    name = (params.name or "").strip()
-    if not name:
-        errors["name"] = "give the run a name"
-    elif not NAME_PATTERN.match(name):
-        errors["name"] = "use letters, digits, '.', '_' and '-' only, starting with a letter or digit (at most 100)"
-    elif (runs_dir / name).exists() or (runs_dir / LAUNCH_DIR / name).exists():
-        errors["name"] = f"a run named {name!r} already exists; choose another name"
-
-    dataset = resolve_dataset(params.dataset or "")
-    if not dataset:
-        errors["dataset"] = "choose a dataset"
-    else:
-        try:
-            check_dataset(dataset, data_dir)
-        except DataError as e:
-            errors["dataset"] = str(e)
-
-    device_error = _device_problem(tuple(params.devices), gpu_count)
-    if device_error:
-        errors["devices"] = device_error
-
-    out = str(runs_dir / LAUNCH_DIR / ".validate-nonexistent")  # parse_args only checks it is empty
-    base = ["--dataset", "cifar10", "--out", out, "--device", "cpu"]
-    for name_ in CLI_FIELDS:
-        value = getattr(params, name_)
-        if value is None:
-            continue
-        try:
-            parse_args([*base, _flag(name_), str(value)])
-        except UsageError as e:
-            if name_ in CROSS_FIELDS and not str(e).startswith("argument "):
-                continue  # e.g. patch size vs image size: judged below with all fields together
-            errors[name_] = _usage_message(str(e))[1]
-    if errors:
-        return errors
-    try:
-        argv = cli_args(params, Path(out), data_dir)
-        parse_args([*argv, "--device", "cpu"])
-    except UsageError as e:
-        field_, message = _usage_message(str(e))
-        if field_ is None and "preset" in str(e):
-            field_ = "preset"
-        errors[field_ if field_ in {f.name for f in fields(RunParams)} else "form"] = message
-    return errors
-
-
-def _device_problem(devices: tuple[str, ...], gpu_count: int | None) -> str | None:
-    if not devices:
-        return "choose a device"
-    if len(set(devices)) != len(devices):
-        return "a device is listed twice"
-    if devices == ("cpu",):
-        return None
-    if "cpu" in devices:
-        return "train on the CPU or on GPUs, not both"
-    if gpu_count is None:
-        gpu_count = _gpu_count()
-    for device in devices:
-        match = re.fullmatch(r"cuda:(\d+)", device)
-        if not match:
-            return f"{device!r} is not a device; use cpu or cuda:N"
-        if int(match.group(1)) >= gpu_count:
-            if gpu_count == 0:
-                return "this machine has no CUDA GPU; train on the CPU"
-            return f"{device} does not exist; this machine has {gpu_count} GPU(s), cuda:0 to cuda:{gpu_count - 1}"
-    return None
-
-
-def preset_summary(name: str) -> str:
-    """'tintn-cifar10 · 0.12 M parameters · reproduces 75.5 % CIFAR-10 (seed blog)'."""
-    parts = [name, f"{preset_parameters(name) / 1e6:.2f} M parameters"]
-    if name in PRESET_FIGURES:
-        parts.append(f"reproduces {PRESET_FIGURES[name]}")
-    return " · ".join(parts)
-
-
-def preset_parameters(name: str) -> int:
-    """Parameter count of a preset as defined (its own classes and channels), built on the meta device."""
-    import torch
-
-    from vit.model import PRESETS, ViT, count_parameters
-
-    with torch.device("meta"):  # no memory, even for vit-huge-14
-        return count_parameters(ViT(PRESETS[name]))
-
-
-def suggest_name(dataset: str, preset: str, now: float | None = None) -> str:
-    """A fresh run name such as 'cifar10-tintn-cifar10-20261120-2251'."""
-    short = dataset.rstrip("/").split("/")[-1].removeprefix("folder:") or "run"
-    stamp = dt.datetime.fromtimestamp(now if now is not None else time.time()).strftime("%Y%m%d-%H%M%S")
-    return re.sub(r"[^A-Za-z0-9._-]", "-", f"{short}-{preset}-{stamp}")
-
-
-# ---------------------------------------------------------------------------------------------
-# Devices
-
-
-@dataclass(frozen=True)
-class DeviceInfo:
-    key: str  # "cpu" or "cuda:N"
-    name: str
-    total_bytes: int | None = None  # GPUs only
-    free_bytes: int | None = None
-
-    @property
-    def label(self) -> str:
-        if self.total_bytes is None:
-            return f"CPU ({self.name})"
-        used = (self.total_bytes - (self.free_bytes or 0)) / 2**30
-        return f"GPU {self.key.split(':')[1]} · {self.name} · {used:.1f} of {self.total_bytes / 2**30:.0f} GiB in use"
-
-
-def _gpu_count() -> int:
-    import torch
-
-    return torch.cuda.device_count() if torch.cuda.is_available() else 0
-
-
-def list_devices() -> list[DeviceInfo]:
-    """Every CUDA GPU with its name and memory (total, free right now), then the CPU."""
-    import torch
-
-    found = []
-    for i in range(_gpu_count()):
-        props = torch.cuda.get_device_properties(i)
-        free, total = torch.cuda.mem_get_info(i)
-        found.append(DeviceInfo(f"cuda:{i}", props.name, total, free))
-    import platform
-
-    found.append(DeviceInfo("cpu", f"{os.cpu_count()} cores, {platform.machine()}"))
-    return found
-
-
-def device_choices(devices: list[DeviceInfo], users: dict[str, list[str]] | None = None
-                   ) -> list[tuple[tuple[str, ...], str]]:
-    """The form's device options as (devices, label): each GPU, all GPUs under torchrun, the CPU.
-
-    ``users`` ({device: running run names}, see ``RunManager.device_users``) adds who uses each.
-    """
-    users = users or {}
-
-    def label(device: DeviceInfo, text: str) -> str:
-        names = users.get(device.key)
-        return f"{text} · used by {', '.join(names)}" if names else text
-
-    gpus = [d for d in devices if d.key != "cpu"]
-    choices = [((d.key,), label(d, d.label)) for d in gpus]
-    if len(gpus) > 1:
-        choices.append((tuple(d.key for d in gpus), f"All {len(gpus)} GPUs (torchrun, one process per GPU)"))
-    cpu = next((d for d in devices if d.key == "cpu"), DeviceInfo("cpu", "CPU"))
-    choices.append((("cpu",), label(cpu, cpu.label if gpus else f"{cpu.label}: no CUDA GPU on this machine")))
-    return choices
-
-
-def _overlap(a: tuple[str, ...], b: tuple[str, ...]) -> bool:
-    """Whether two device requests share a device; 'cuda:*' (a run of unknown GPUs) meets every GPU."""
-    return any(x == y or ("cuda:*" in (x, y) and x.startswith("cuda") and y.startswith("cuda")) for x in a for y in b)
-
-
-# ---------------------------------------------------------------------------------------------
-# Files and processes
-
-
-def _read_json(path: Path) -> dict | None:
-    try:
-        value = json.loads(path.read_text())
-    except (OSError, ValueError):  # missing, or caught mid-write on a non-atomic filesystem
-        return None
-    return value if isinstance(value, dict) else None
-
-
-def _write_json(path: Path, value: dict) -> None:
-    """Atomic: a reader sees the old file or the new one, never half of one."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-    with open(tmp, "w") as f:
-        json.dump(value, f, indent=2)
-        f.write("\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
-def _timestamp(iso: str | None) -> float | None:
-    if not iso:
-        return None
-    try:
-        return dt.datetime.fromisoformat(iso).timestamp()
-    except ValueError:
-        return None
-
-
-def _iso(ts: float) -> str:
-    return dt.datetime.fromtimestamp(ts, dt.UTC).isoformat(timespec="seconds")
-
-
-def _boot_id() -> str | None:
-    try:
-        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
-    except OSError:
-        return None
-
-
-def _proc_start(pid: int) -> tuple[str, int] | None:
-    """(state letter, start time in clock ticks since boot) of a process, from /proc; None if gone."""
-    try:
-        text = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    rest = text[text.rindex(")") + 2:].split()  # the command name may hold spaces and parentheses
-    return rest[0], int(rest[19])
-
-
-# The launched processes of this server, so that they are reaped (a zombie looks alive) and
-# their exit codes known. Only a cache: after a restart the processes are found through /proc.
-_children: dict[int, subprocess.Popen] = {}
-
-
-def _process_alive(session: dict) -> tuple[bool | None, int | None]:
-    """(alive, exit code if we saw it) of a session's process; alive None when it ran on another host."""
-    pid = session.get("pid")
-    if not pid:
-        return False, None
-    if session.get("host") != socket.gethostname():
-        return None, None
-    if session.get("boot_id") and session["boot_id"] != _boot_id():
-        return False, None  # rebooted since
-    child = _children.get(pid)
-    if child is not None:
-        code = child.poll()
-        if code is not None:
-            return False, code
-        return True, None
-    with contextlib.suppress(ChildProcessError, OSError):
-        done, status = os.waitpid(pid, os.WNOHANG)  # ours from before a module reload
-        if done == pid:
-            return False, os.waitstatus_to_exitcode(status)
-    info = _proc_start(pid)
-    if info is None:
-        if sys.platform.startswith("linux"):
-            return False, None
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return False, None
-        except PermissionError:
-            pass
-        return True, None
-    state, started = info
-    if state in ("Z", "X") or (session.get("proc_start") is not None and started != session["proc_start"]):
-        return False, None  # a zombie, or the pid now belongs to another process
-    return True, None
-
-
-def _tail(path: Path, lines: int = 40, offset: int = 0, max_bytes: int = 64_000) -> str:
-    try:
-        with open(path, "rb") as f:
-            size = f.seek(0, os.SEEK_END)
-            start = max(offset, size - max_bytes)
-            f.seek(start)
-            data = f.read()
-    except OSError:
-        return ""
-    text = data.decode("utf-8", errors="replace")
-    return "\n".join(text.splitlines()[-lines:])
-
-
-def _usage_line(output: str) -> str | None:
-    """The CLI's one-line error ('vit.train: error: ...') in a process's output, without the prefix."""
-    for line in reversed(output.splitlines()):
-        if line.startswith("vit.train: error: "):
-            return line[len("vit.train: error: "):]
-    return None
-
-
-# ---------------------------------------------------------------------------------------------
-# Reconciling what the files say with what the processes do
-
-
-def reconcile(record: dict | None, status: dict | None, alive: bool | None, exit_code: int | None,
-              output: str, now: float, stale_seconds: float = STALE_SECONDS) -> tuple[str, str | None]:
-    """(state, detail) of a run from its launch record, its status.json and its process.
-
-    ``alive`` is whether the last started process runs (None: unknown, on another host);
-    ``output`` the tail of that process's output. ``detail`` is the error of a failed run or
-    the reason for a crashed, cancelled or queued one.
-    """
-    updated = _timestamp(status.get("updated_time")) if status else None
-    stale = updated is None or now - updated > stale_seconds
-    if record is None:  # a run the CLI was started for outside the app
-        if status is None:
-            return "crashed", "no status.json: the run never started training"
-        state = status.get("state")
-        if state == "failed":
-            return "failed", status.get("error")
-        if state in ("completed", "cancelled"):
-            return state, None
-        if alive is False:
-            return "crashed", f"process {status.get('pid')} is gone without a final state"
-        if stale:
-            return "crashed", f"no heartbeat for {now - (updated or now):.0f} s"
-        return "running", None
-
-    if record.get("state") == "queued":
-        return "queued", record.get("queue_reason")
-    if record.get("state") == "cancelled":
-        return "cancelled", "cancelled while queued"
-    if record.get("state") == "error":
-        return "failed", record.get("start_error")
-    session = record["sessions"][-1]
-    started = session["started_at"]
-    # status.json may still be the previous session's (a resume rewrites it once training starts).
-    current = status is not None and (status.get("pid") == session.get("pid") or
-                                      (updated is not None and updated >= started))
-    stop_requested = record.get("stop_requested_at") is not None
-    if current:
-        state = status.get("state")
-        if state == "failed":
-            return "failed", status.get("error") or "failed without a message; see the log"
-        if state in ("completed", "cancelled"):
-            return state, None
-        if alive is False:
-            if stop_requested:
-                return "cancelled", "killed after the stop grace period; resumes from the last saved epoch"
-            return "crashed", _gone(exit_code, output)
-        if stale:
-            return "crashed", f"no heartbeat for {now - updated:.0f} s"
-        return "running", None
-    if alive is True or (alive is None and now - started < stale_seconds):
-        return "running", "starting"
-    usage = _usage_line(output)
-    if usage is not None:
-        return "failed", usage
-    if stop_requested:
-        return "cancelled", "stopped before training started"
-    return "crashed", _gone(exit_code, output)
-
-
-def _gone(exit_code: int | None, output: str) -> str:
-    if exit_code is not None and exit_code < 0:
-        reason = f"killed by {signal.Signals(-exit_code).name}" if -exit_code in signal.valid_signals() \
-            else f"killed by signal {-exit_code}"
-    elif exit_code is not None:
-        reason = f"exited with code {exit_code}"
-    else:
-        reason = "the process is gone"
-    last = next((line for line in reversed(output.splitlines()) if line.strip()), None)
-    return f"{reason} without a final state" + (f"; last output: {last.strip()}" if last else "")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -581,11 +105,11 @@ class RunInfo:
 
     @property
     def best_checkpoint(self) -> Path:
-        return self.run_dir / "best.pt"
+        return self.run_dir / BEST_CHECKPOINT
 
     @property
     def resumable(self) -> bool:
-        return self.state not in ACTIVE_STATES and (self.run_dir / "last.pt").is_file()
+        return self.state not in ACTIVE_STATES and (self.run_dir / LAST_CHECKPOINT).is_file()
 
     @property
     def active(self) -> bool:
@@ -601,11 +125,6 @@ class RunInfo:
         return self.best_checkpoint.is_file()
 
 
-def dataset_spec(choice: str, folder: str) -> str:
-    """The --dataset value of the form's dataset choice: a built-in name, or folder:PATH."""
-    return f"folder:{folder.strip()}" if choice == "folder" else choice
-
-
 def launch_notice(info: RunInfo, gpu_count: int) -> str:
     """What the page says after a launch: where it runs, or what it waits for."""
     where = device_label(info.devices)
@@ -616,14 +135,6 @@ def launch_notice(info: RunInfo, gpu_count: int) -> str:
     if info.state == "running":
         return f"Started {info.name} on {where}."
     return f"{info.name} is {info.state}: {info.detail}"
-
-
-def device_label(devices: tuple[str, ...]) -> str:
-    if devices == ("cpu",):
-        return "CPU"
-    if len(devices) == 1:
-        return devices[0].replace("cuda:", "GPU ")
-    return f"{len(devices)} GPUs (" + ", ".join(d.split(":")[1] for d in devices) + ")"
 
 
 def table_rows(runs: list[RunInfo]) -> list[dict]:
@@ -709,18 +220,18 @@ class RunManager:
         return self.runs_dir / name
 
     def _record_path(self, name: str) -> Path:
-        return self.launch_root / name / "launch.json"
+        return self.launch_root / name / LAUNCH_FILE
 
     def output_path(self, name: str) -> Path:
-        return self.launch_root / name / "output.log"
+        return self.launch_root / name / OUTPUT_FILE
 
     def _record(self, name: str) -> dict | None:
-        return _read_json(self._record_path(name))
+        return read_json(self._record_path(name))
 
     def _save_record(self, record: dict) -> None:
         path = self._record_path(record["name"])
         path.parent.mkdir(parents=True, exist_ok=True)
-        _write_json(path, record)
+        write_json(path, record)
 
     @contextlib.contextmanager
     def _locked(self) -> Iterator[None]:
@@ -738,10 +249,10 @@ class RunManager:
         found = set()
         if self.launch_root.is_dir():
             found |= {p.name for p in self.launch_root.iterdir()
-                      if p.is_dir() and not p.name.startswith(".") and (p / "launch.json").is_file()}
+                      if p.is_dir() and not p.name.startswith(".") and (p / LAUNCH_FILE).is_file()}
         if self.runs_dir.is_dir():
             found |= {p.name for p in self.runs_dir.iterdir() if p.is_dir() and not p.name.startswith(".")
-                      and ((p / "config.json").is_file() or (p / "status.json").is_file())}
+                      and ((p / CONFIG_FILE).is_file() or (p / STATUS_FILE).is_file())}
         return sorted(found)
 
     # -- reading ---------------------------------------------------------------------------------
@@ -750,18 +261,18 @@ class RunManager:
         """One run's reconciled state; RunError if there is no such run."""
         record = self._record(name)
         run_dir = self.run_dir(name)
-        status = _read_json(run_dir / "status.json")
-        config = _read_json(run_dir / "config.json")
+        status = read_json(run_dir / STATUS_FILE)
+        config = read_json(run_dir / CONFIG_FILE)
         if record is None and status is None and config is None:
             raise RunError(f"there is no run named {name!r} in {self.runs_dir}")
         now = time.time()
         alive, exit_code, output = None, None, ""
         if record is not None and record.get("sessions") and record.get("state") == "started":
             session = record["sessions"][-1]
-            alive, exit_code = _process_alive(session)
-            output = _tail(self.output_path(name), 20, offset=session.get("log_offset", 0))
+            alive, exit_code = process_alive(session)
+            output = read_tail(self.output_path(name), 20, offset=session.get("log_offset", 0))
         elif record is None and status is not None and status.get("host") == socket.gethostname():
-            alive = status.get("state") == "running" and _proc_start(status.get("pid") or 0) is not None
+            alive = status.get("state") == "running" and proc_start(status.get("pid") or 0) is not None
         state, detail = reconcile(record, status, alive, exit_code, output, now, self.stale_seconds)
 
         settings = dict((config or {}).get("args") or {})
@@ -790,8 +301,8 @@ class RunManager:
                 info.pid = record["sessions"][-1]["pid"]
             info.elapsed_seconds = self._elapsed(record, status, state, now)
         elif status is not None:
-            start = _timestamp(status.get("start_time"))
-            end = now if state == "running" else _timestamp(status.get("updated_time"))
+            start = timestamp(status.get("start_time"))
+            end = now if state == "running" else timestamp(status.get("updated_time"))
             info.started_at = start
             info.elapsed_seconds = max(0.0, end - start) if start and end else None
         return info
@@ -810,7 +321,7 @@ class RunManager:
     def _session_end(self, name: str, session: dict, status: dict | None) -> float:
         """When a finished session stopped: its last status update, else the last write to its output."""
         candidates = [session["started_at"]]
-        updated = _timestamp(status.get("updated_time")) if status else None
+        updated = timestamp(status.get("updated_time")) if status else None
         if updated is not None and updated >= session["started_at"]:
             candidates.append(updated)
         with contextlib.suppress(OSError):
@@ -827,17 +338,12 @@ class RunManager:
 
     def log_tail(self, name: str, lines: int = 40) -> str:
         """The last lines the run's processes printed (all sessions), else the CLI's train.log."""
-        text = _tail(self.output_path(name), lines)
-        return text or _tail(self.run_dir(name) / "train.log", lines)
+        text = read_tail(self.output_path(name), lines)
+        return text or read_tail(self.run_dir(name) / LOG_FILE, lines)
 
     def metrics(self, name: str) -> list[dict]:
         """The run's metrics.jsonl rows (one per finished epoch)."""
-        rows = []
-        with contextlib.suppress(OSError):
-            for line in (self.run_dir(name) / "metrics.jsonl").read_text().splitlines():
-                with contextlib.suppress(ValueError):
-                    rows.append(json.loads(line))
-        return rows
+        return read_metrics(self.run_dir(name) / METRICS_FILE)
 
     def curves(self, names: list[str]) -> dict[str, list[dict]]:
         """Chart rows for several runs overlaid; see ``curve_rows``."""
@@ -928,7 +434,7 @@ class RunManager:
             session = record["sessions"][-1]
             if now - record["stop_requested_at"] < self.stop_grace_seconds or session.get("killed_at"):
                 continue
-            if _process_alive(session)[0]:
+            if process_alive(session)[0]:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.killpg(session["pgid"], signal.SIGKILL)
                 session["killed_at"] = now
@@ -953,7 +459,7 @@ class RunManager:
                 params = {k: v for k, v in info.settings.items() if k in known}
                 record = {"name": name, "params": {**params, "name": name}, "devices": list(info.devices),
                           "allow_sharing": False, "queued_at": time.time(), "sessions": []}
-            has_last = (self.run_dir(name) / "last.pt").is_file()
+            has_last = (self.run_dir(name) / LAST_CHECKPOINT).is_file()
             if not has_last and not record["params"].get("dataset"):
                 raise RunError(f"{name} has no last.pt and no recorded launch; start a new run instead")
             record.update(state="queued", queued_at=time.time(), queue_reason=None, resume=has_last,
@@ -988,8 +494,8 @@ class RunManager:
                   if (record := self._record(r.name)) is not None and record.get("state") == "queued"]
         for record in sorted(queued, key=lambda r: r["queued_at"]):
             devices = tuple(record["devices"])
-            users = [name for used, name in running if _overlap(used, devices)]
-            behind = any(_overlap(w, devices) for w in waiting)
+            users = [name for used, name in running if devices_overlap(used, devices)]
+            behind = any(devices_overlap(w, devices) for w in waiting)
             if (users or behind) and not record.get("allow_sharing"):
                 reason = (f"waiting for {device_label(devices)}: in use by {', '.join(users)}" if users
                           else f"waiting for {device_label(devices)}: earlier queued runs go first")
@@ -1016,7 +522,7 @@ class RunManager:
                 argv += ["--epochs", str(record["resume_epochs"])]
         else:
             if run_dir.exists():  # left by a process stopped before it saved anything; the CLI wants it empty
-                if (run_dir / "last.pt").exists() or (run_dir / "best.pt").exists():
+                if (run_dir / LAST_CHECKPOINT).exists() or (run_dir / BEST_CHECKPOINT).exists():
                     raise RunError(f"{run_dir} holds checkpoints; resume it instead of starting it again")
                 shutil.rmtree(run_dir)
             params = RunParams(**{**record["params"], "devices": devices})
@@ -1029,22 +535,22 @@ class RunManager:
             previous = record["sessions"][-1]
             previous.setdefault("seconds", None)
             if previous["seconds"] is None:
-                previous["seconds"] = self._session_end(name, previous, _read_json(run_dir / "status.json")) \
+                previous["seconds"] = self._session_end(name, previous, read_json(run_dir / STATUS_FILE)) \
                     - previous["started_at"]
         with open(output, "ab") as log:
             offset = log.tell()
             started = time.time()
-            log.write(f"=== {_iso(started)} {'resume' if record.get('resume') else 'start'}: "
+            log.write(f"=== {iso(started)} {'resume' if record.get('resume') else 'start'}: "
                       f"{' '.join(command)}\n".encode())
             log.flush()
             process = subprocess.Popen(command, cwd=ROOT, env=env, stdin=subprocess.DEVNULL, stdout=log,
                                        stderr=subprocess.STDOUT, start_new_session=True, close_fds=True)
-        _children[process.pid] = process
-        proc = _proc_start(process.pid)
+        remember_child(process)
+        proc = proc_start(process.pid)
         record["sessions"].append({
             "pid": process.pid, "pgid": process.pid,  # start_new_session: the process leads its own group
             "command": command, "env": extra_env, "devices": list(devices), "started_at": started,
-            "host": socket.gethostname(), "boot_id": _boot_id(), "proc_start": proc[1] if proc else None,
+            "host": socket.gethostname(), "boot_id": boot_id(), "proc_start": proc[1] if proc else None,
             "resume": bool(record.get("resume")), "log_offset": offset, "seconds": None})
         record.update(state="started", queue_reason=None, stop_requested_at=None)
         self._save_record(record)

@@ -1,0 +1,263 @@
+"""What a new training run is launched with: the form's parameters, their validation and the command.
+
+``RunParams`` is what the training page's form asks for; ``validate_params`` reports every
+problem the training CLI would, per field, using the CLI's own parser and messages; and
+``launch_command`` is the ``python -m vit.train`` (or torchrun) command line that starts it.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import re
+import shutil
+import sys
+import time
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+from vit.devices import count_gpus
+from vit.runfiles import LAUNCH_DIR, ROOT
+
+NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
+
+# Figures the seed reproduces with a preset; shown next to it in the form.
+PRESET_FIGURES = {
+    "tintn-cifar10": "75.5 % CIFAR-10 (seed blog)",
+    "cifar10-p8": "~69 % CIFAR-10 (seed notebook)",
+    "mnist-p7": "98.5 % MNIST (seed)",
+}
+
+
+def default_data_dir() -> Path:
+    """Where built-in datasets and decoded caches live: $VIT_DATA_DIR when set, else the repository's data/."""
+    env = os.environ.get("VIT_DATA_DIR")
+    if env:
+        return Path(env).expanduser()
+    return ROOT / "data"
+
+
+class ValidationError(ValueError):
+    """Launch parameters that the CLI would refuse; ``errors`` maps each bad field to its message."""
+
+    def __init__(self, errors: dict[str, str]) -> None:
+        super().__init__("; ".join(f"{k}: {v}" for k, v in errors.items()))
+        self.errors = errors
+
+
+# ---------------------------------------------------------------------------------------------
+# Launch parameters
+
+
+@dataclass
+class RunParams:
+    """What the form asks for. ``None`` leaves a field to the preset or the --recipe."""
+
+    name: str
+    dataset: str  # cifar10, cifar100, mnist, fashion-mnist or folder:PATH (relative to the repository)
+    preset: str = "tintn-cifar10"
+    image_size: int | None = None
+    patch_size: int | None = None
+    hidden_size: int | None = None
+    num_layers: int | None = None
+    num_heads: int | None = None
+    mlp_size: int | None = None
+    recipe: str = "ours"
+    epochs: int | None = None
+    batch_size: int | None = None
+    lr: float | None = None
+    weight_decay: float | None = None
+    warmup_epochs: float | None = None
+    label_smoothing: float | None = None
+    augment: str | None = None
+    aug_magnitude: int | None = None
+    ema: float | None = None
+    seed: int = 0
+    devices: tuple[str, ...] = ("cpu",)  # ("cpu",), ("cuda:N",) or several GPUs for torchrun
+
+
+# RunParams fields passed to the CLI as --field-name VALUE.
+CLI_FIELDS = ("preset", "image_size", "patch_size", "hidden_size", "num_layers", "num_heads", "mlp_size",
+              "recipe", "epochs", "batch_size", "lr", "weight_decay", "warmup_epochs", "label_smoothing",
+              "augment", "aug_magnitude", "ema", "seed")
+MODEL_SIZE_FIELDS = ("image_size", "patch_size", "hidden_size", "num_layers", "num_heads", "mlp_size")
+CROSS_FIELDS = (*MODEL_SIZE_FIELDS, "warmup_epochs")  # fields whose validity depends on others
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def resolve_dataset(spec: str) -> str:
+    """``folder:`` paths made absolute (relative ones are relative to the repository)."""
+    spec = spec.strip()
+    if spec.startswith("folder:") and len(spec) > len("folder:"):
+        path = Path(spec[len("folder:"):]).expanduser()
+        if not path.is_absolute():
+            path = ROOT / path
+        return f"folder:{path}"
+    return spec
+
+
+def cli_args(params: RunParams, out: Path, data_dir: Path) -> list[str]:
+    """The ``vit.train`` arguments of a new run (device arguments excluded)."""
+    argv = ["--dataset", resolve_dataset(params.dataset), "--out", str(out), "--data-dir", str(data_dir)]
+    for name in CLI_FIELDS:
+        value = getattr(params, name)
+        if value is not None:
+            argv += [_flag(name), str(value)]
+    return argv
+
+
+def device_argument(devices: tuple[str, ...]) -> str:
+    """The CLI's --device: cpu, cuda:N, or cuda when torchrun gives each rank its GPU."""
+    return devices[0] if len(devices) == 1 else "cuda"
+
+
+def launch_command(argv: list[str], devices: tuple[str, ...], nice: int = 0) -> tuple[list[str], dict[str, str]]:
+    """(command, extra environment) starting ``vit.train argv``: torchrun for several GPUs."""
+    prefix = ["nice", "-n", str(nice)] if nice > 0 and shutil.which("nice") else []
+    argv = [*argv, "--device", device_argument(devices)]
+    if len(devices) == 1:
+        return [*prefix, sys.executable, "-m", "vit.train", *argv], {}
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    indices = [int(d.split(":")[1]) for d in devices]
+    if visible:  # our indices count the GPUs this process sees; map them back to the machine's
+        physical = [v.strip() for v in visible.split(",")]
+        ids = [physical[i] for i in indices]
+    else:
+        ids = [str(i) for i in indices]
+    command = [*prefix, sys.executable, "-m", "torch.distributed.run", "--standalone",
+               f"--nproc_per_node={len(devices)}", "-m", "vit.train", *argv]
+    return command, {"CUDA_VISIBLE_DEVICES": ",".join(ids)}
+
+
+def _usage_message(text: str) -> tuple[str | None, str]:
+    """(field, message) for one of the CLI's UsageError texts; field None when none is named."""
+    match = re.match(r"argument (--[a-z-]+): (.*)", text)
+    if match:
+        return _field_of_flag(match.group(1)), match.group(2)
+    match = re.search(r"ViTConfig\.([a-z_]+)", text)
+    if match:
+        return match.group(1), text
+    match = re.search(r"--[a-z-]+", text)
+    if match:
+        return _field_of_flag(match.group(0)), text
+    return None, text
+
+
+def _field_of_flag(flag: str) -> str | None:
+    name = flag[2:].replace("-", "_")
+    return {"out": "name", "device": "devices"}.get(name, name)
+
+
+def validate_params(params: RunParams, runs_dir: Path, data_dir: Path,
+                    gpu_count: int | None = None) -> dict[str, str]:
+    """Every problem the CLI would report for ``params``, as {field: message}; empty when fine.
+
+    Each field is checked alone through ``vit.train.parse_args`` (the CLI's own rules and
+    messages), then all together for rules that span fields (warmup below epochs, patch size
+    dividing image size, ...), plus what only we know: the run name and the devices.
+    """
+    from vit.data import DataError, check_dataset
+    from vit.train import parse_args
+    from vit.trainer import UsageError
+
+    errors: dict[str, str] = {}
+    name = (params.name or "").strip()
+    if not name:
+        errors["name"] = "give the run a name"
+    elif not NAME_PATTERN.match(name):
+        errors["name"] = "use letters, digits, '.', '_' and '-' only, starting with a letter or digit (at most 100)"
+    elif (runs_dir / name).exists() or (runs_dir / LAUNCH_DIR / name).exists():
+        errors["name"] = f"a run named {name!r} already exists; choose another name"
+
+    dataset = resolve_dataset(params.dataset or "")
+    if not dataset:
+        errors["dataset"] = "choose a dataset"
+    else:
+        try:
+            check_dataset(dataset, data_dir)
+        except DataError as e:
+            errors["dataset"] = str(e)
+
+    device_error = _device_problem(tuple(params.devices), gpu_count)
+    if device_error:
+        errors["devices"] = device_error
+
+    out = str(runs_dir / LAUNCH_DIR / ".validate-nonexistent")  # parse_args only checks it is empty
+    base = ["--dataset", "cifar10", "--out", out, "--device", "cpu"]
+    for name_ in CLI_FIELDS:
+        value = getattr(params, name_)
+        if value is None:
+            continue
+        try:
+            parse_args([*base, _flag(name_), str(value)])
+        except UsageError as e:
+            if name_ in CROSS_FIELDS and not str(e).startswith("argument "):
+                continue  # e.g. patch size vs image size: judged below with all fields together
+            errors[name_] = _usage_message(str(e))[1]
+    if errors:
+        return errors
+    try:
+        argv = cli_args(params, Path(out), data_dir)
+        parse_args([*argv, "--device", "cpu"])
+    except UsageError as e:
+        field_, message = _usage_message(str(e))
+        if field_ is None and "preset" in str(e):
+            field_ = "preset"
+        errors[field_ if field_ in {f.name for f in fields(RunParams)} else "form"] = message
+    return errors
+
+
+def _device_problem(devices: tuple[str, ...], gpu_count: int | None) -> str | None:
+    if not devices:
+        return "choose a device"
+    if len(set(devices)) != len(devices):
+        return "a device is listed twice"
+    if devices == ("cpu",):
+        return None
+    if "cpu" in devices:
+        return "train on the CPU or on GPUs, not both"
+    if gpu_count is None:
+        gpu_count = count_gpus()
+    for device in devices:
+        match = re.fullmatch(r"cuda:(\d+)", device)
+        if not match:
+            return f"{device!r} is not a device; use cpu or cuda:N"
+        if int(match.group(1)) >= gpu_count:
+            if gpu_count == 0:
+                return "this machine has no CUDA GPU; train on the CPU"
+            return f"{device} does not exist; this machine has {gpu_count} GPU(s), cuda:0 to cuda:{gpu_count - 1}"
+    return None
+
+
+def preset_summary(name: str) -> str:
+    """'tintn-cifar10 · 0.12 M parameters · reproduces 75.5 % CIFAR-10 (seed blog)'."""
+    parts = [name, f"{preset_parameters(name) / 1e6:.2f} M parameters"]
+    if name in PRESET_FIGURES:
+        parts.append(f"reproduces {PRESET_FIGURES[name]}")
+    return " · ".join(parts)
+
+
+def preset_parameters(name: str) -> int:
+    """Parameter count of a preset as defined (its own classes and channels), built on the meta device."""
+    import torch
+
+    from vit.model import PRESETS, ViT, count_parameters
+
+    with torch.device("meta"):  # no memory, even for vit-huge-14
+        return count_parameters(ViT(PRESETS[name]))
+
+
+def suggest_name(dataset: str, preset: str, now: float | None = None) -> str:
+    """A fresh run name such as 'cifar10-tintn-cifar10-20261120-2251'."""
+    short = dataset.rstrip("/").split("/")[-1].removeprefix("folder:") or "run"
+    stamp = dt.datetime.fromtimestamp(now if now is not None else time.time()).strftime("%Y%m%d-%H%M%S")
+    return re.sub(r"[^A-Za-z0-9._-]", "-", f"{short}-{preset}-{stamp}")
+
+
+def dataset_spec(choice: str, folder: str) -> str:
+    """The --dataset value of the form's dataset choice: a built-in name, or folder:PATH."""
+    return f"folder:{folder.strip()}" if choice == "folder" else choice
+

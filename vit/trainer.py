@@ -1,0 +1,522 @@
+"""The training loop: a ViT trained on a uint8 tensor dataset, with the settings of a ``TrainSettings``.
+
+``Trainer`` knows nothing of the command line (``vit.train`` builds its settings from the
+arguments) nor of the run folder's format beyond writing metrics and checkpoints at epoch ends
+through ``vit.runfiles`` and ``vit.checkpoint``. Under several processes (``vit.distributed``)
+every rank trains on its shard of each global batch and only rank 0 writes.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import platform
+import sys
+import time
+import warnings
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
+from torchvision.transforms import v2
+
+from vit.checkpoint import CheckpointError, Preprocessing, save_checkpoint
+from vit.data import BatchAugment, DataError, Dataset
+from vit.images import normalize
+from vit.model import ViT, ViTConfig, count_parameters
+from vit.runfiles import BEST_CHECKPOINT, LAST_CHECKPOINT, METRICS_FILE, Status, now_iso, write_metrics
+
+log = logging.getLogger(__name__)
+
+FAULT_ENV = "VIT_TRAIN_FAULT_AT_STEP"  # test hook: raise inside training at this global step
+
+
+class UsageError(ValueError):
+    """Invalid arguments or settings; the CLI reports them as one line before anything is written."""
+
+
+@dataclass(frozen=True)
+class TrainSettings:
+    """What a run trains and how: the resolved model and recipe (``vit.train`` fills in defaults)."""
+
+    dataset: str  # the --dataset spec, recorded in checkpoints and error messages
+    preset: str  # the model preset the config came from, recorded in checkpoints
+    recipe: str  # "ours" or "seed"; the seed recipe decays every parameter, as the blog does
+    model: ViTConfig  # with the dataset's classes and the preset's channels
+    num_classes: int  # the dataset's
+    epochs: int  # in total, over every session of the run
+    batch_size: int  # global: split over the processes
+    lr: float  # peak learning rate
+    min_lr: float  # at the end of the cosine
+    weight_decay: float
+    warmup_epochs: float  # may be fractional
+    schedule: str  # "cosine" or "constant" after the warmup
+    label_smoothing: float
+    grad_clip: float  # max gradient norm, 0 = off
+    ema: float  # EMA decay per step, 0 = off
+    augment: str  # a vit.data.AUGMENTATIONS policy
+    aug_magnitude: int
+    aug_ops: int
+    mixup: float  # alpha, 0 = off
+    cutmix: float  # alpha, 0 = off
+    seed: int
+    precision: str = "auto"  # auto (bf16 on CUDA), fp32 or bf16
+    compile: bool = False  # torch.compile the model
+    eval_batch_size: int = 500
+    log_every: float = 30.0  # seconds between progress lines when not on a terminal
+
+
+class EtaClock:
+    """Seconds per training step, leaving out each session's first step (compilation, warm-up)
+    and any time excluded explicitly (validation, checkpoints)."""
+
+    def __init__(self) -> None:
+        self.first: float | None = None
+        self.last: float | None = None
+        self.steps = 0
+        self.excluded = 0.0
+
+    def step_done(self, now: float) -> None:
+        if self.first is None:
+            self.first = now
+        else:
+            self.steps += 1
+        self.last = now
+
+    def exclude(self, seconds: float) -> None:
+        if self.first is not None:
+            self.excluded += seconds
+
+    def seconds_per_step(self) -> float | None:
+        if not self.steps:
+            return None
+        return max(self.last - self.first - self.excluded, 0.0) / self.steps
+
+    def eta(self, remaining_steps: int, remaining_evals: int, eval_seconds: float) -> float | None:
+        rate = self.seconds_per_step()
+        if rate is None:
+            return None
+        return rate * remaining_steps + remaining_evals * eval_seconds
+
+
+class StopRequest:
+    """The SIGTERM/SIGINT handler: once armed (training started) it only records the signal, so
+    the step in flight finishes; before that it aborts the setup with KeyboardInterrupt."""
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+        self.armed = False
+
+    def __call__(self, signum: int, frame: object) -> None:
+        self.signum = signum
+        if not self.armed:
+            raise KeyboardInterrupt
+
+    @property
+    def requested(self) -> bool:
+        return self.signum is not None
+
+
+@dataclass
+class Progress:
+    """Where training stands; saved in last.pt so a resume continues exactly here."""
+
+    epoch: int = 0  # completed epochs
+    step_in_epoch: int = 0  # optimizer steps done in the current epoch
+    global_step: int = 0
+    loss_sum: float = 0.0  # running sums of the current epoch
+    correct: float = 0.0
+    seen: int = 0
+    epoch_seconds: float = 0.0  # training seconds of the current epoch so far, over all sessions
+    best_val_acc: float = -1.0
+    elapsed: float = 0.0  # wall seconds of training (with validation) over all sessions
+
+    @classmethod
+    def from_dict(cls, values: dict) -> Progress:
+        unknown = sorted(set(values) - {f.name for f in fields(cls)})
+        if unknown:
+            raise CheckpointError(f"last.pt's progress has unknown field(s) {', '.join(unknown)}; it was "
+                                  "written by a newer version")
+        return cls(**values)
+
+
+def check_data(settings: TrainSettings, data: Dataset, world: int = 1) -> None:
+    """Checks that need the loaded data; raise UsageError or DataError before training starts."""
+    if len(data.class_names) != settings.num_classes:
+        raise DataError(f"{settings.dataset} has {len(data.class_names)} classes, the run expects "
+                        f"{settings.num_classes}")
+    if settings.batch_size > len(data.train):
+        raise UsageError(f"--batch-size {settings.batch_size} is larger than the {len(data.train)} training images "
+                         f"of {settings.dataset}; use at most {len(data.train)}")
+    if settings.batch_size % world:
+        raise UsageError(f"--batch-size {settings.batch_size} must be divisible by the {world} processes")
+    if len(data.val) == 0:
+        raise DataError(f"{settings.dataset} has no validation images; add PATH/val/<class>/ images or raise "
+                        "--val-fraction")
+
+
+class Trainer:
+    """Trains the model of ``settings`` on ``data``; writes into ``run_dir`` (rank 0 only) at epoch ends."""
+
+    def __init__(self, settings: TrainSettings, data: Dataset, run_dir: Path | None,
+                 resume_payload: dict | None = None, rank: int = 0, world: int = 1,
+                 device: torch.device | str = "cpu", stop: StopRequest | None = None) -> None:
+        check_data(settings, data, world)
+        self.settings, self.data, self.run_dir = settings, data, run_dir
+        self.rank, self.world, self.device = rank, world, torch.device(device)
+        self.is_main = rank == 0
+        self.stop = stop if stop is not None else StopRequest()
+        self.eval_seconds: float | None = None  # the last validation's duration, for the ETA
+        self.local_batch = settings.batch_size // world
+        self.steps_per_epoch = len(data.train) // settings.batch_size
+        self.total_steps = self.steps_per_epoch * settings.epochs
+        on_gpu = self.device.type == "cuda"  # the whole uint8 dataset lives on the GPU there
+        self.train = data.train.to(self.device) if on_gpu else data.train
+        self.val = data.val.to(self.device) if on_gpu else data.val
+
+        torch.manual_seed(settings.seed)
+        self.config = settings.model
+        self.model = ViT(self.config).to(self.device)
+        self.ema = (AveragedModel(self.model, multi_avg_fn=get_ema_multi_avg_fn(settings.ema))
+                    if settings.ema > 0 else None)
+        self.optimizer = torch.optim.AdamW(self._param_groups(), lr=settings.lr, weight_decay=settings.weight_decay,
+                                           betas=(0.9, 0.999))
+        self.progress = Progress()
+        self.metrics: list[dict] = []
+        self.rng_state: dict | None = None
+        if resume_payload is not None:
+            self._restore(resume_payload)
+        self.scheduler = self._scheduler()
+        self.net: nn.Module = self.model
+        if self.world > 1:
+            self.net = nn.parallel.DistributedDataParallel(
+                self.net, device_ids=[self.device.index] if on_gpu else None)
+        if settings.compile:
+            self.net = torch.compile(self.net)
+        self.autocast_dtype = _autocast_dtype(settings.precision, self.device)
+        self.augment = BatchAugment(settings.augment, magnitude=settings.aug_magnitude, num_ops=settings.aug_ops)
+        mixers = []
+        if settings.mixup > 0:
+            mixers.append(v2.MixUp(alpha=settings.mixup, num_classes=settings.num_classes))
+        if settings.cutmix > 0:
+            mixers.append(v2.CutMix(alpha=settings.cutmix, num_classes=settings.num_classes))
+        self.mixer = v2.RandomChoice(mixers) if mixers else None
+        self.preprocessing = Preprocessing(self.config.image_size, self.config.num_channels,
+                                           self.data.mean, self.data.std)
+        self.session_start = time.time()
+        self.elapsed_before = self.progress.elapsed
+
+    def _param_groups(self) -> list[dict]:
+        # No weight decay on biases, norms, the CLS token and position embeddings (timm's rule),
+        # except in the seed recipe: the blog's AdamW decays every parameter. Two groups either
+        # way, so that a checkpoint's optimizer state always fits.
+        decay, no_decay = [], []
+        for name, param in self.model.named_parameters():
+            (no_decay if param.ndim <= 1 or name in ("cls_token", "pos_embed") else decay).append(param)
+        no_decay_wd = self.settings.weight_decay if self.settings.recipe == "seed" else 0.0
+        return [{"params": decay}, {"params": no_decay, "weight_decay": no_decay_wd}]
+
+    def _scheduler(self) -> torch.optim.lr_scheduler.LRScheduler:
+        """Linear warmup then cosine (or constant), per step, fast-forwarded when resuming.
+
+        Replaying the steps gives bit-identical rates to an uninterrupted run with the same
+        --epochs, and re-plans the schedule for a run extended with a larger --epochs.
+        """
+        settings = self.settings
+        for group in self.optimizer.param_groups:
+            group["lr"] = settings.lr
+            group.pop("initial_lr", None)
+        warmup = int(round(settings.warmup_epochs * self.steps_per_epoch))
+        sched = torch.optim.lr_scheduler
+        if settings.schedule == "cosine":
+            after = sched.CosineAnnealingLR(self.optimizer, T_max=max(self.total_steps - warmup, 1),
+                                            eta_min=settings.min_lr)
+        else:
+            after = sched.ConstantLR(self.optimizer, factor=1.0, total_iters=0)
+        if warmup > 0:
+            first = sched.LinearLR(self.optimizer, start_factor=1e-3, end_factor=1.0, total_iters=warmup)
+            scheduler = sched.SequentialLR(self.optimizer, [first, after], milestones=[warmup])
+        else:
+            scheduler = after
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # "scheduler.step() before optimizer.step()"
+            for _ in range(self.progress.global_step):
+                scheduler.step()
+        return scheduler
+
+    def _restore(self, payload: dict) -> None:
+        state = payload.get("training_state")
+        if not state:
+            raise CheckpointError("last.pt holds no training state; it cannot be resumed")
+        try:
+            self.model.load_state_dict(state["model"])
+            self.optimizer.load_state_dict(state["optimizer"])
+            if self.ema is not None and state.get("ema") is not None:
+                self.ema.load_state_dict(state["ema"])
+        except (RuntimeError, ValueError, KeyError) as e:
+            raise CheckpointError(f"last.pt does not fit the run's model or optimizer ({str(e).splitlines()[0]})"
+                                  ) from None
+        self.progress = Progress.from_dict(state["progress"])
+        self.metrics = list(state["metrics"])
+        rng = state.get("rng") or []
+        if len(rng) == self.world:  # else (another process count) each epoch is re-seeded
+            self.rng_state = rng[self.rank]
+
+    # -- the loop ------------------------------------------------------------------------------
+
+    def fit(self, status: Status | None) -> str:
+        """Train until the last epoch or a stop signal; returns the final state."""
+        settings, p = self.settings, self.progress
+        self.session_start, self.elapsed_before = time.time(), p.elapsed
+        clock = EtaClock()
+        last_status = last_log = 0.0
+        while p.epoch < settings.epochs:
+            order = self.epoch_order(p.epoch)
+            self._seed_epoch()
+            epoch_start = time.time() - p.epoch_seconds
+            self.net.train()
+            bar = _progress_bar(self.is_main, self.steps_per_epoch, p.step_in_epoch, p.epoch + 1, settings.epochs)
+            while p.step_in_epoch < self.steps_per_epoch:
+                idx = order[p.step_in_epoch * self.local_batch:(p.step_in_epoch + 1) * self.local_batch]
+                loss, correct = self.step(idx)
+                p.loss_sum += loss * len(idx)
+                p.correct += correct
+                p.seen += len(idx)
+                p.step_in_epoch += 1
+                p.global_step += 1
+                now = time.time()
+                clock.step_done(now)
+                if bar is not None:
+                    bar.update(1)
+                    bar.set_postfix(loss=f"{p.loss_sum / p.seen:.3f}", lr=f"{self.lr():.2e}")
+                elif self.is_main and now - last_log >= settings.log_every:
+                    last_log = now
+                    log.info("epoch %d step %d/%d loss %.4f acc %.4f lr %.2e", p.epoch + 1, p.step_in_epoch,
+                             self.steps_per_epoch, p.loss_sum / p.seen, p.correct / p.seen, self.lr())
+                if status is not None and now - last_status >= 1.0:
+                    last_status = now
+                    status.update(epoch=p.epoch + 1, step=p.global_step,
+                                  progress=round(p.global_step / self.total_steps, 5),
+                                  eta_seconds=self._eta(clock), elapsed_seconds=round(self._elapsed(), 3))
+                if self._should_stop():
+                    p.epoch_seconds = time.time() - epoch_start
+                    p.elapsed = self._elapsed()
+                    if bar is not None:
+                        bar.close()
+                    self._save_last()
+                    return "cancelled"
+            if bar is not None:
+                bar.close()
+            p.epoch_seconds = time.time() - epoch_start
+            start = time.time()
+            self._end_epoch(status)
+            clock.exclude(time.time() - start)
+        return "completed"
+
+    def _seed_epoch(self) -> None:
+        """Continue a resumed epoch's random stream exactly; start every other epoch from its seed."""
+        p = self.progress
+        if p.step_in_epoch > 0 and self.rng_state is not None:
+            _set_rng(self.rng_state, self.device)
+        else:
+            torch.manual_seed(_mix(self.settings.seed, p.epoch, p.step_in_epoch, self.rank))
+        self.rng_state = None
+
+    def _elapsed(self) -> float:
+        return self.elapsed_before + time.time() - self.session_start
+
+    def _eta(self, clock: EtaClock) -> float | None:
+        p, settings = self.progress, self.settings
+        eval_seconds = self.eval_seconds
+        if eval_seconds is None:  # before the first validation: forward only, about a third of a step
+            rate = clock.seconds_per_step() or 0.0
+            eval_seconds = rate / self.local_batch * len(self.val) / self.world / 3
+        eta = clock.eta(self.total_steps - p.global_step, settings.epochs - p.epoch, eval_seconds)
+        return None if eta is None else round(eta, 1)
+
+    def epoch_order(self, epoch: int) -> torch.Tensor:
+        """This rank's sample indices for ``epoch``: one global permutation per epoch, sharded."""
+        generator = torch.Generator().manual_seed(_mix(self.settings.seed, epoch, 0, 0))
+        order = torch.randperm(len(self.train), generator=generator)
+        order = order[:self.steps_per_epoch * self.settings.batch_size]
+        return order.view(self.steps_per_epoch, self.settings.batch_size)[:, self.rank::self.world].reshape(-1)
+
+    def step(self, idx: torch.Tensor) -> tuple[float, float]:
+        """One optimizer step on the training images ``idx``: (mean loss, hits) of the global batch."""
+        settings = self.settings
+        if FAULT_ENV in os.environ and self.progress.global_step + 1 == int(os.environ[FAULT_ENV]):
+            raise RuntimeError(f"injected fault at step {self.progress.global_step + 1} ({FAULT_ENV})")
+        idx = idx.to(self.train.images.device)
+        images = self.augment(self.train.images[idx])
+        images = normalize(images.to(self.device, non_blocking=True), self.data.mean, self.data.std)
+        labels = self.train.labels[idx].to(self.device, non_blocking=True)
+        targets = labels
+        if self.mixer is not None:
+            images, targets = self.mixer(images, labels)
+        with torch.autocast(self.device.type, dtype=self.autocast_dtype,
+                            enabled=self.autocast_dtype is not None):
+            logits, _ = self.net(images)
+            loss = F.cross_entropy(logits.float(), targets, label_smoothing=settings.label_smoothing)
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        if settings.grad_clip > 0:
+            nn.utils.clip_grad_norm_(self.model.parameters(), settings.grad_clip)
+        self.optimizer.step()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            self.scheduler.step()
+        if self.ema is not None:
+            self.ema.update_parameters(self.model)
+        correct = (logits.argmax(1) == (targets.argmax(1) if targets.dim() == 2 else targets)).sum()
+        stats = torch.stack([loss.detach().float(), correct.float()]).double()
+        if self.world > 1:  # the mean loss and summed hits of the whole global batch
+            dist.all_reduce(stats)
+            stats = stats.cpu()
+            return stats[0].item() / self.world, stats[1].item() / self.world
+        stats = stats.cpu()
+        return stats[0].item(), stats[1].item()
+
+    def lr(self) -> float:
+        return self.optimizer.param_groups[0]["lr"]
+
+    def _should_stop(self) -> bool:
+        flag = self.stop.requested
+        if self.world > 1:  # every rank stops after the same step, whichever got the signal
+            t = torch.tensor([1.0 if flag else 0.0], device=self.device)
+            dist.all_reduce(t)
+            flag = t.item() > 0
+        return flag
+
+    @torch.no_grad()
+    def evaluate(self) -> tuple[float, float]:
+        """Validation (loss, accuracy) of the weights that get saved (EMA ones when enabled)."""
+        model = self.ema.module if self.ema is not None else self.model
+        model.eval()
+        n = len(self.val)
+        shard = torch.arange(self.rank, n, self.world)
+        totals = torch.zeros(3, dtype=torch.float64, device=self.device)
+        for chunk in shard.split(self.settings.eval_batch_size):
+            chunk = chunk.to(self.val.images.device)
+            images = normalize(self.val.images[chunk].to(self.device), self.data.mean, self.data.std)
+            labels = self.val.labels[chunk].to(self.device)
+            with torch.autocast(self.device.type, dtype=self.autocast_dtype,
+                                enabled=self.autocast_dtype is not None):
+                logits, _ = model(images)
+            totals[0] += F.cross_entropy(logits.float(), labels, reduction="sum").double()
+            totals[1] += (logits.argmax(1) == labels).sum().double()
+            totals[2] += len(chunk)
+        if self.world > 1:
+            dist.all_reduce(totals)
+        return (totals[0] / totals[2]).item(), (totals[1] / totals[2]).item()
+
+    def _end_epoch(self, status: Status | None) -> None:
+        p = self.progress
+        start = time.time()
+        val_loss, val_acc = self.evaluate()
+        self.eval_seconds = time.time() - start
+        row = {"epoch": p.epoch + 1, "train_loss": round(p.loss_sum / p.seen, 6),
+               "train_acc": round(p.correct / p.seen, 6), "val_loss": round(val_loss, 6),
+               "val_acc": round(val_acc, 6), "lr": self.lr(), "epoch_seconds": round(p.epoch_seconds, 3),
+               "images_per_second": round(p.seen * self.world / max(p.epoch_seconds, 1e-9), 1)}
+        self.metrics.append(row)
+        improved = val_acc > p.best_val_acc
+        p.best_val_acc = max(p.best_val_acc, val_acc)
+        p.epoch += 1
+        p.step_in_epoch, p.loss_sum, p.correct, p.seen, p.epoch_seconds = 0, 0.0, 0.0, 0, 0.0
+        p.elapsed = self._elapsed()
+        if self.is_main:
+            log.info("epoch %d/%d train_loss %.4f train_acc %.4f val_loss %.4f val_acc %.4f "
+                     "lr %.2e %.1fs %.0f img/s", row["epoch"], self.settings.epochs, row["train_loss"],
+                     row["train_acc"], row["val_loss"], row["val_acc"], row["lr"], row["epoch_seconds"],
+                     row["images_per_second"])
+            write_metrics(self.run_dir / METRICS_FILE, self.metrics)
+        self._save_last()
+        if self.is_main and improved:
+            self._save_model(self.run_dir / BEST_CHECKPOINT, val_acc)
+        if status is not None:
+            status.update(epoch=p.epoch, step=p.global_step, progress=round(p.global_step / self.total_steps, 5),
+                          best_val_acc=p.best_val_acc, elapsed_seconds=round(p.elapsed, 3))
+
+    # -- checkpoints ---------------------------------------------------------------------------
+
+    def _metadata(self, val_acc: float | None) -> dict:
+        p = self.progress
+        return {"dataset": self.settings.dataset, "epochs": p.epoch, "val_acc": val_acc,
+                "best_val_acc": p.best_val_acc if p.best_val_acc >= 0 else None,
+                "train_size": len(self.data.train), "val_size": len(self.data.val),
+                "preset": self.settings.preset, "recipe": self.settings.recipe,
+                "parameters": count_parameters(self.model),
+                "date": now_iso(), "run": self.run_dir.name, "train_seconds": round(p.elapsed, 1),
+                "hardware": hardware(self.device, self.world), "ema": self.settings.ema > 0}
+
+    def _save_model(self, path: Path, val_acc: float | None, training_state: dict | None = None) -> None:
+        model = self.ema.module if self.ema is not None else self.model
+        save_checkpoint(path, model, self.data.class_names, self.preprocessing,
+                        metadata=self._metadata(val_acc), training_state=training_state)
+
+    def _save_last(self) -> None:
+        """last.pt: the saved weights plus everything to resume (every rank's RNG too)."""
+        rng = _get_rng(self.device)
+        states = [None] * self.world
+        if self.world > 1:
+            dist.all_gather_object(states, rng)
+        else:
+            states = [rng]
+        if not self.is_main:
+            return
+        p = self.progress
+        state = {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+                 "ema": self.ema.state_dict() if self.ema is not None else None,
+                 "progress": vars(p).copy(), "metrics": self.metrics, "rng": states}
+        last_acc = self.metrics[-1]["val_acc"] if self.metrics else None
+        self._save_model(self.run_dir / LAST_CHECKPOINT, last_acc, training_state=state)
+
+
+def _mix(*numbers: int) -> int:
+    value = 0x9E3779B97F4A7C15
+    for n in numbers:
+        value = (value ^ (n + 0x9E3779B97F4A7C15 + (value << 6) + (value >> 2))) & 0x7FFFFFFFFFFFFFFF
+    return value
+
+
+def _get_rng(device: torch.device) -> dict:
+    state = {"cpu": torch.get_rng_state()}
+    if device.type == "cuda":
+        state["cuda"] = torch.cuda.get_rng_state(device)
+    return state
+
+
+def _set_rng(state: dict, device: torch.device) -> None:
+    torch.set_rng_state(state["cpu"].cpu())
+    if device.type == "cuda" and "cuda" in state:
+        torch.cuda.set_rng_state(state["cuda"].cpu(), device)
+
+
+def _autocast_dtype(precision: str, device: torch.device) -> torch.dtype | None:
+    if precision == "bf16" or (precision == "auto" and device.type == "cuda"):
+        return torch.bfloat16
+    return None
+
+
+def hardware(device: torch.device, world: int) -> str:
+    """What the run trains on, for logs and checkpoints: '2 x NVIDIA H100' or 'CPU (x86_64, 8 threads)'."""
+    if device.type == "cuda":
+        name = torch.cuda.get_device_name(device)
+        return f"{world} x {name}" if world > 1 else name
+    cpu = platform.processor() or platform.machine()
+    threads = torch.get_num_threads()
+    return f"CPU ({cpu}, {threads} threads{f', {world} processes' if world > 1 else ''})"
+
+
+def _progress_bar(is_main: bool, total: int, done: int, epoch: int, epochs: int):
+    if not (is_main and sys.stderr.isatty()):
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=total, initial=done, desc=f"epoch {epoch}/{epochs}", leave=False, dynamic_ncols=True)
+
+
