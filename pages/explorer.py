@@ -19,6 +19,7 @@ from vit.cache import ByteCache
 from vit.checkpoint import Checkpoint, CheckpointError, load_checkpoint
 from vit.images import MAX_SIDE, UPLOAD_MAX_PIXELS, ImageError, open_image
 from vit.overlay import UPSAMPLE_MODES, overlay
+from vit.text import escape_markdown
 
 UPLOAD_TYPES = ["jpg", "jpeg", "png", "webp", "bmp", "gif"]
 PICKER_CONFIG = {"displayModeBar": False, "scrollZoom": False, "doubleClick": False}
@@ -100,8 +101,8 @@ entries = {str(c.path): describe_checkpoint(str(c.path), c.source, c.name, c.fin
 st.sidebar.header("Checkpoint")
 if not entries:
     st.title("ViT Attention Explorer")
-    st.info(f"No checkpoints yet: put a `.pt` file in `{catalog.default_checkpoints_dir()}` or train a model "
-            "on the Train page.")
+    st.info(f"No checkpoints yet: put a .pt file in {escape_markdown(catalog.default_checkpoints_dir())} or train "
+            "a model on the Train page.")
     st.stop()
 default = catalog.default_entry(list(entries.values())) or next(iter(entries.values()))
 if st.session_state.get("explorer_checkpoint_choice") not in entries:
@@ -119,13 +120,13 @@ st.sidebar.caption(entry.description)
 
 st.title("ViT Attention Explorer")
 if not entry.ok:
-    st.error(f"This checkpoint cannot be loaded: {entry.error}")
+    st.error(f"This checkpoint cannot be loaded: {escape_markdown(entry.error)}")
     st.stop()
 fingerprint = catalog.Candidate(entry.path, entry.source, entry.name).fingerprint
 try:
     checkpoint = load_model(choice, fingerprint)
 except CheckpointError as e:
-    st.error(f"This checkpoint cannot be loaded: {e}")
+    st.error(f"This checkpoint cannot be loaded: {escape_markdown(e)}")
     st.stop()
 class_names = checkpoint.class_names
 model_key = explorer.image_digest(choice.encode())[:10]  # widgets whose range depends on the model
@@ -152,7 +153,7 @@ digest = explorer.image_digest(data)
 try:
     image = decode_image(digest, image_name, data)
 except ImageError as e:
-    st.error(f"Cannot use this upload: {e}")
+    st.error(f"Cannot use this upload: {escape_markdown(e)}")
     st.stop()
 
 analysis = analyse(fingerprint, digest, checkpoint, image)
@@ -215,9 +216,9 @@ with col_image:
     st.plotly_chart(explorer.patch_picker_figure(shown.size, shown_uri, grid, query, prefix), key="patch_picker",
                     on_select=partial(pick_query, query_key, prefix), selection_mode="points",
                     config=PICKER_CONFIG, width="content")
-    st.caption(f"**Click a patch** to make it the query. {image_name}, {image.width}×{image.height} px; the model "
-               f"sees it as {analysis.image_size}×{analysis.image_size} px in {grid[0]}×{grid[1]} patches of "
-               f"{analysis.patch_size} px.")
+    st.caption(f"**Click a patch** to make it the query. {escape_markdown(image_name)}, {image.width}×{image.height} "
+               f"px; the model sees it as {analysis.image_size}×{analysis.image_size} px in {grid[0]}×{grid[1]} "
+               f"patches of {analysis.patch_size} px.")
 with col_overlay:
     st.subheader("Attention")
     st.image(overlay(shown, map2d, opacity, colormap, mode, show_grid=show_grid, outline_patch=outline),

@@ -13,6 +13,7 @@ import streamlit as st
 from vit import devices, launch, runs
 from vit.data import AUGMENTATIONS, BUILTIN_DATASETS
 from vit.model import PRESETS
+from vit.text import escape_markdown, escape_plotly
 from vit.train import RECIPES
 
 REFRESH_SECONDS = 3
@@ -34,7 +35,7 @@ def device_options(users: dict[str, list[str]]) -> list[tuple[tuple[str, ...], s
 def error_for(field: str) -> None:
     message = st.session_state.get("train_errors", {}).get(field)
     if message:
-        st.error(message, icon=":material/error:")
+        st.error(escape_markdown(message), icon=":material/error:")
 
 
 def recipe_hint(field: str) -> str:
@@ -148,13 +149,15 @@ with st.form("launch"):
 if st.session_state.get("train_errors"):
     st.error("The run was not launched: fix the fields marked above.")
 if st.session_state.get("train_notice"):
-    st.success(st.session_state["train_notice"])
+    st.success(escape_markdown(st.session_state["train_notice"]))
 
 
 # -- the runs: polled every few seconds, without re-running the form ------------------------------------------
 
 def run_controls(info: runs.RunInfo) -> None:
-    state = f"**{info.name}** · {info.state}" + (f" · {info.detail}" if info.detail else "")
+    # Names and details (which quote log lines) are shown as written, never as Markdown.
+    state = f"**{escape_markdown(info.name)}** · {info.state}"
+    state += f" · {escape_markdown(info.detail)}" if info.detail else ""
     if info.state in ("failed", "crashed"):
         st.error(state)
     else:
@@ -170,7 +173,7 @@ def run_controls(info: runs.RunInfo) -> None:
         st.session_state["explorer_checkpoint"] = str(info.best_checkpoint)
         st.switch_page(EXPLORER_PAGE)
     with delete.popover("Delete", disabled=info.state == "running"):
-        st.write(f"Delete {info.name} and its checkpoints? This cannot be undone.")
+        st.markdown(f"Delete {escape_markdown(info.name)} and its checkpoints? This cannot be undone.")
         st.button("Delete for good", key=f"delete-{info.name}", type="primary", on_click=runs_action,
                   args=(manager.delete, info.name))
     st.code(manager.log_tail(info.name, lines=15) or "(no output yet)", language=None)
@@ -190,10 +193,10 @@ def runs_panel() -> None:
     all_runs = manager.poll()
     st.subheader("Runs")
     if not all_runs:
-        st.info(f"No runs yet in {manager.runs_dir}.")
+        st.info(f"No runs yet in {escape_markdown(manager.runs_dir)}.")
         return
     if st.session_state.get("runs_message"):
-        st.warning(st.session_state["runs_message"])
+        st.warning(escape_markdown(st.session_state["runs_message"]))
     st.dataframe(
         pd.DataFrame(runs.table_rows(all_runs)), hide_index=True, width="stretch",
         column_config={
@@ -213,7 +216,8 @@ def runs_panel() -> None:
     for i, (chart, rows) in enumerate(charts.items()):
         with columns[i % 2]:
             if rows:
-                figure = px.line(pd.DataFrame(rows), x="epoch", y="value", color="run", line_dash="split",
+                curves = pd.DataFrame(rows).assign(run=lambda d: d["run"].map(escape_plotly))  # legend: no HTML
+                figure = px.line(curves, x="epoch", y="value", color="run", line_dash="split",
                                  markers=True, title=chart.capitalize(), labels={"value": chart})
                 figure.update_layout(height=300, margin=dict(l=10, r=10, t=40, b=10))
                 st.plotly_chart(figure, key=f"chart-{chart}")

@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers import displayed
 from streamlit.testing.v1 import AppTest
 from test_runs import make_image_folder
 
@@ -42,7 +43,7 @@ def submit(at: AppTest) -> AppTest:
 
 
 def errors(at: AppTest) -> list[str]:
-    return [e.value for e in at.error]
+    return [displayed(e.value) for e in at.error]
 
 
 def test_the_page_opens_with_an_empty_runs_folder(folders):
@@ -75,7 +76,7 @@ def test_launch_creates_a_run_the_table_shows_and_stop_cancels_it(folders):
     at = submit(at)
     assert not at.exception
     assert errors(at) == [], errors(at)
-    notice = at.success[0].value
+    notice = displayed(at.success[0].value)
     assert notice.startswith("Started from-the-page on ") and ("CPU" in notice or "GPU" in notice)
     table = at.dataframe[0].value
     assert list(table["Name"]) == ["from-the-page"]
@@ -92,3 +93,27 @@ def test_launch_creates_a_run_the_table_shows_and_stop_cancels_it(folders):
     assert manager.get("from-the-page").state == "cancelled"
     at = at.run(timeout=TIMEOUT)
     assert at.dataframe[0].value["State"][0] == "cancelled"
+
+
+def test_run_names_errors_and_logs_are_shown_as_plain_text(folders):
+    import json
+
+    from markdown_it import MarkdownIt
+
+    from vit.runfiles import now_iso
+
+    _, runs_dir = folders
+    run = runs_dir / "![x](http:example.invalid) <b>x<b>"
+    run.mkdir(parents=True)
+    (run / "status.json").write_text(json.dumps({
+        "state": "failed", "updated_time": now_iso(),
+        "error": "ValueError: [click](http://example.invalid) <b>bad</b> ![y](http://example.invalid/y.png)"}))
+    at = AppTest.from_file(PAGE).run(timeout=TIMEOUT)
+    assert not at.exception
+    bodies = [e.value for kind in ("markdown", "caption", "error", "warning", "info", "success") for e in at.get(kind)]
+    for body in bodies:
+        rendered = MarkdownIt("commonmark").render(body)
+        assert "<img" not in rendered and "<a " not in rendered and "<b>" not in rendered, body
+    shown = "\n".join(displayed(body) for body in bodies)
+    assert ("![x](http:example.invalid) <b>x<b> · failed · ValueError: [click](http://example.invalid) <b>bad</b>"
+            in shown)

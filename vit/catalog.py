@@ -14,6 +14,7 @@ from pathlib import Path
 
 from vit.checkpoint import CheckpointError, check_payload, read_checkpoint_payload
 from vit.runfiles import BEST_CHECKPOINT, LAST_CHECKPOINT, STATUS_FILE, default_runs_dir, read_json
+from vit.text import escape_markdown
 
 DEFAULT_CHECKPOINT = "cifar10-cifar-s.pt"  # what the app opens on
 SAMPLE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".webp", ".bmp", ".gif")
@@ -84,16 +85,17 @@ class CatalogEntry:
 
     @property
     def description(self) -> str:
-        """A few lines of Markdown for under the picker."""
+        """A few lines of Markdown for under the picker; the file's own text (class names, dataset, path) is escaped."""
         if self.error is not None:
-            return f"This checkpoint cannot be loaded: {self.error}"
+            return f"This checkpoint cannot be loaded: {escape_markdown(self.error)}"
         gh = self.image_size // self.patch_size
         lines = [
             f"**Model** {self.num_layers} layers × {self.num_heads} heads, "
             f"{self.image_size}×{self.image_size} px {'greyscale' if self.num_channels == 1 else 'colour'} input, "
             f"{self.patch_size}-px patches ({gh}×{gh} grid), "
             f"{format_parameters(self.parameters) if self.parameters is not None else 'unknown size'}",
-            f"**Data** {self.dataset or 'unknown'}; {len(self.class_names)} classes: {', '.join(self.class_names)}",
+            f"**Data** {escape_markdown(self.dataset or 'unknown')}; {len(self.class_names)} classes: "
+            f"{escape_markdown(', '.join(self.class_names))}",
         ]
         trained = []
         if self.val_acc is not None:
@@ -101,10 +103,10 @@ class CatalogEntry:
         if self.epochs is not None:
             trained.append(f"{self.epochs} epochs")
         if self.metadata.get("date"):
-            trained.append(f"saved {str(self.metadata['date'])[:10]}")
+            trained.append(f"saved {escape_markdown(str(self.metadata['date'])[:10])}")
         if trained:
             lines.append("**Training** " + ", ".join(trained))
-        lines.append(f"`{self.path}`")
+        lines.append(escape_markdown(self.path))
         return "  \n".join(lines)
 
 
