@@ -158,7 +158,7 @@ def run_controls(info: runs.RunInfo) -> None:
     # Names and details (which quote log lines) are shown as written, never as Markdown.
     state = f"**{escape_markdown(info.name)}** · {info.state}"
     state += f" · {escape_markdown(info.detail)}" if info.detail else ""
-    if info.state in ("failed", "crashed"):
+    if info.state in ("failed", "crashed", "damaged"):
         st.error(state)
     else:
         st.markdown(state)

@@ -428,3 +428,97 @@ def test_a_cli_usage_error_before_status_is_failed_with_its_line(scenarios):
     info, _ = wait_for(scenarios["usage"], "too-big-batch", finished)
     assert info.state == "failed"
     assert info.detail.startswith("--batch-size 64 is larger than the 18 training images")
+
+
+# ---------------------------------------------------------------------------------------------
+# Damaged run files: one bad folder is one row saying why, never an error for the whole list
+
+GOOD_LAUNCH = {"name": "bad", "params": {}, "devices": ["cpu"], "state": "queued", "queued_at": 1.0,
+               "queue_reason": None, "sessions": []}
+CORRUPTIONS = [  # (file, content, words of the reason)
+    ("status.json", "[1, 2]", "status.json holds a JSON list, not an object"),
+    ("status.json", '"running"', "holds a JSON str"),
+    ("status.json", "42", "holds a JSON int"),
+    ("status.json", "{not json", "status.json is not valid JSON"),
+    ("status.json", '{"state": 5}', "'state' is 5, not text"),
+    ("status.json", '{"state": "exploded"}', "state 'exploded' is not one of"),
+    ("status.json", '{"pid": 12}', "status.json lacks 'state'"),
+    ("status.json", '{"state": "running", "pid": "4242"}', "'pid' is \"4242\", not a whole number"),
+    ("status.json", '{"state": "running", "pid": true}', "'pid' is true, not a whole number"),
+    ("status.json", '{"state": "running", "updated_time": 17}', "'updated_time' is 17, not text"),
+    ("status.json", '{"state": "running", "progress": "half"}', "'progress' is \"half\", not a number"),
+    ("status.json", '{"state": "running", "progress": NaN}', "'progress' is NaN, not a number"),
+    ("status.json", '{"state": "failed", "error": ["boom"]}', "'error' is list, not text"),
+    ("status.json", '{"state": "running", "device": 0}', "'device' is 0, not text"),
+    ("status.json", '{"state": "running", "world_size": "2"}', "'world_size' is \"2\", not a whole number"),
+    ("config.json", "[]", "config.json holds a JSON list"),
+    ("config.json", '{"args": "epochs=3"}', "'args' is \"epochs=3\", not an object"),
+    ("config.json", '{"args": {"epochs": "ten"}}', "config.json args: 'epochs' is \"ten\", not a whole number"),
+    ("config.json", '{"args": {"dataset": 5}}', "'dataset' is 5, not text"),
+    ("config.json", '{"args": {"lr": "fast"}}', "'lr' is \"fast\", not a number"),
+    ("launch.json", "null", "launch.json holds a JSON NoneType"),
+    ("launch.json", {**GOOD_LAUNCH, "sessions": "none"}, "'sessions' is \"none\", not a list"),
+    ("launch.json", {**GOOD_LAUNCH, "state": "started"}, "a started run without a session"),
+    ("launch.json", {**GOOD_LAUNCH, "sessions": [5]}, "session 1 is not an object"),
+    ("launch.json", {**GOOD_LAUNCH, "state": "started", "sessions": [{"pid": "1", "started_at": 1.0}]},
+     "session 1: 'pid' is \"1\", not a whole number"),
+    ("launch.json", {**GOOD_LAUNCH, "devices": "cpu"}, "'devices' is \"cpu\", not a list"),
+    ("launch.json", {**GOOD_LAUNCH, "devices": [0]}, "devices must be a list of device names"),
+    ("launch.json", {**GOOD_LAUNCH, "queued_at": "yesterday"}, "'queued_at' is \"yesterday\", not a number"),
+    ("launch.json", {**GOOD_LAUNCH, "params": {"epochs": [3]}}, "launch.json params: 'epochs' is list"),
+    ("launch.json", {k: v for k, v in GOOD_LAUNCH.items() if k != "name"}, "launch.json lacks 'name'"),
+]
+
+
+def write_good_run(runs: Path, name: str = "good") -> None:
+    folder = runs / name
+    folder.mkdir(parents=True)
+    (folder / "status.json").write_text(json.dumps({"state": "completed", "updated_time": "2026-01-01T00:00:00+00:00",
+                                                   "epoch": 2, "total_epochs": 2}))
+    (folder / "config.json").write_text(json.dumps({"args": {"epochs": 2, "dataset": "cifar10", "lr": 0.001}}))
+    (folder / "metrics.jsonl").write_text('{"epoch": 1, "train_loss": 2.0}\n{"epoch": 2, "train_loss": 1.0}\n')
+
+
+def write_damaged(manager: RunManager, file: str, content) -> None:
+    text = content if isinstance(content, str) else json.dumps(content)
+    if file == "launch.json":
+        folder = manager.launch_root / "bad"
+    else:
+        folder = manager.run_dir("bad")
+        other = "config.json" if file == "status.json" else "status.json"
+        folder.mkdir(parents=True)
+        (folder / other).write_text('{"state": "failed", "error": "x"}' if other == "status.json" else '{"args": {}}')
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / file).write_text(text)
+
+
+@pytest.mark.parametrize("file, content, words", CORRUPTIONS, ids=[f"{f}-{i}" for i, (f, _, _) in
+                                                                   enumerate(CORRUPTIONS)])
+def test_a_damaged_run_file_makes_one_damaged_row_and_the_others_stay(tmp_path, file, content, words):
+    manager = make_manager(tmp_path)
+    write_good_run(manager.runs_dir)
+    write_damaged(manager, file, content)
+    runs = {run.name: run for run in manager.poll()}  # never raises
+    assert set(runs) == {"good", "bad"}
+    assert runs["good"].state == "completed"
+    assert runs["bad"].state == "damaged" and words in runs["bad"].detail, runs["bad"].detail
+    rows = {row["Name"]: row for row in table_rows(list(runs.values()))}
+    assert rows["bad"]["State"] == "damaged" and words in rows["bad"]["Detail"]
+    assert manager.curves(["good", "bad"])["loss"]  # the good run's curve is still drawn
+    assert not runs["bad"].can_resume
+    with pytest.raises(RunError, match="damaged"):
+        manager.resume("bad")
+    manager.delete("bad")  # and it can be cleaned up
+    assert [run.name for run in manager.poll()] == ["good"]
+
+
+@pytest.mark.parametrize("line", ["5", "[1, 2]", '"epoch 3"', "null", '{"epoch": "three", "train_loss": "low"}',
+                                  '{"epoch": 3, "train_loss": NaN}', '{"epoch": true, "train_loss": 1.0}'])
+def test_metrics_lines_that_are_not_epoch_objects_are_skipped(tmp_path, line):
+    manager = make_manager(tmp_path)
+    write_good_run(manager.runs_dir)
+    with open(manager.run_dir("good") / "metrics.jsonl", "a") as f:
+        f.write(line + "\n")
+    assert manager.poll()[0].state == "completed"
+    assert [row["epoch"] for row in manager.curves(["good"])["loss"]] == [1, 2]
+    assert all(isinstance(row, dict) for row in manager.metrics("good"))

@@ -117,3 +117,22 @@ def test_run_names_errors_and_logs_are_shown_as_plain_text(folders):
     shown = "\n".join(displayed(body) for body in bodies)
     assert ("![x](http:example.invalid) <b>x<b> · failed · ValueError: [click](http://example.invalid) <b>bad</b>"
             in shown)
+
+
+def test_a_damaged_run_is_its_own_row_and_the_other_runs_keep_their_buttons(folders):
+    _, runs_dir = folders
+    good, bad = runs_dir / "good", runs_dir / "bad"
+    good.mkdir(parents=True)
+    (good / "status.json").write_text('{"state": "completed", "updated_time": "2026-01-01T00:00:00+00:00"}')
+    bad.mkdir()
+    (bad / "status.json").write_text('{"state": "running", "pid": "4242"}')
+    at = AppTest.from_file(PAGE).run(timeout=TIMEOUT)
+    assert not at.exception
+    table = at.dataframe[0].value
+    states = dict(zip(table["Name"], table["State"], strict=True))
+    assert states == {"good": "completed", "bad": "damaged"}
+    at.multiselect(key="selected_runs").set_value(["good", "bad"])
+    at = at.run(timeout=TIMEOUT)
+    assert not at.exception
+    assert at.button(key="resume-good") and at.button(key="delete-bad")
+    assert any("'pid' is \"4242\", not a whole number" in e for e in errors(at))

@@ -29,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import fcntl
+import math
 import os
 import shutil
 import signal
@@ -62,10 +63,13 @@ from vit.runfiles import (
     ROOT,
     STALE_SECONDS,
     STATUS_FILE,
+    RunFileError,
     default_runs_dir,
     iso,
-    read_json,
+    read_config,
+    read_launch,
     read_metrics,
+    read_status,
     read_tail,
     timestamp,
     write_json,
@@ -118,7 +122,7 @@ class RunInfo:
     @property
     def can_resume(self) -> bool:
         """From last.pt, or from scratch for a launched run that ended before saving one."""
-        return not self.active and self.state != "completed" and (self.resumable or self.managed)
+        return not self.active and self.state not in ("completed", "damaged") and (self.resumable or self.managed)
 
     @property
     def can_open(self) -> bool:
@@ -186,9 +190,14 @@ def curve_rows(metrics: dict[str, list[dict]]) -> dict[str, list[dict]]:
         for row in rows:
             for chart, series in METRIC_CURVES.items():
                 for split, key in series:
-                    if row.get(key) is not None and row.get("epoch") is not None:
-                        charts[chart].append({"run": run, "epoch": row["epoch"], "split": split, "value": row[key]})
+                    epoch, value = row.get("epoch"), row.get(key)
+                    if _is_number(epoch) and _is_number(value):  # a damaged line plots nothing, not an error
+                        charts[chart].append({"run": run, "epoch": epoch, "split": split, "value": value})
     return charts
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -226,7 +235,8 @@ class RunManager:
         return self.launch_root / name / OUTPUT_FILE
 
     def _record(self, name: str) -> dict | None:
-        return read_json(self._record_path(name))
+        """launch.json, checked; None when there is none, RunFileError when it is damaged."""
+        return read_launch(self._record_path(name))
 
     def _save_record(self, record: dict) -> None:
         path = self._record_path(record["name"])
@@ -258,13 +268,32 @@ class RunManager:
     # -- reading ---------------------------------------------------------------------------------
 
     def get(self, name: str) -> RunInfo:
-        """One run's reconciled state; RunError if there is no such run."""
-        record = self._record(name)
+        """One run's reconciled state; RunError if there is no such run.
+
+        A run whose files are damaged (a field of the wrong type, not JSON, contradictory) is
+        returned in the state ``damaged`` with the reason as its detail: it can be deleted.
+        """
         run_dir = self.run_dir(name)
-        status = read_json(run_dir / STATUS_FILE)
-        config = read_json(run_dir / CONFIG_FILE)
+        try:
+            record = self._record(name)
+            status = read_status(run_dir / STATUS_FILE)
+            config = read_config(run_dir / CONFIG_FILE)
+        except RunFileError as e:
+            return self._damaged(name, str(e))
         if record is None and status is None and config is None:
             raise RunError(f"there is no run named {name!r} in {self.runs_dir}")
+        try:
+            return self._info(name, record, status, config)
+        except (LookupError, TypeError, ValueError, AttributeError, OverflowError) as e:
+            # Every field has its type; what is left is files that contradict each other.
+            return self._damaged(name, f"its files do not fit together ({type(e).__name__}: {e})")
+
+    def _damaged(self, name: str, reason: str) -> RunInfo:
+        return RunInfo(name=name, state="damaged", detail=reason[:300], run_dir=self.run_dir(name), devices=(),
+                       managed=self._record_path(name).is_file())
+
+    def _info(self, name: str, record: dict | None, status: dict | None, config: dict | None) -> RunInfo:
+        run_dir = self.run_dir(name)
         now = time.time()
         alive, exit_code, output = None, None, ""
         if record is not None and record.get("sessions") and record.get("state") == "started":
@@ -428,7 +457,10 @@ class RunManager:
     def _escalate_stops(self) -> None:
         now = time.time()
         for name in self.names():
-            record = self._record(name)
+            try:
+                record = self._record(name)
+            except RunFileError:  # listed as damaged; nothing of it to signal
+                continue
             if not record or record.get("state") != "started" or record.get("stop_requested_at") is None:
                 continue
             session = record["sessions"][-1]
@@ -445,6 +477,8 @@ class RunManager:
         total), or from scratch when it stopped before saving one. Queued like a launch."""
         with self._locked():
             info = self.get(name)
+            if info.state == "damaged":
+                raise RunError(f"{name} is damaged ({info.detail}); delete it, or repair its files")
             if info.active:
                 raise RunError(f"{name} is {info.state}; stop it before resuming")
             done = len(self.metrics(name))
@@ -490,8 +524,13 @@ class RunManager:
         runs = self.list_runs()
         running = [(r.devices, r.name) for r in runs if r.state == "running"]
         waiting: list[tuple[str, ...]] = []  # devices of earlier queued runs still waiting
-        queued = [record for r in runs if r.state == "queued"
-                  if (record := self._record(r.name)) is not None and record.get("state") == "queued"]
+        queued = []
+        for run in runs:
+            if run.state == "queued":
+                with contextlib.suppress(RunFileError):  # damaged meanwhile: listed as such
+                    record = self._record(run.name)
+                    if record is not None and record.get("state") == "queued":
+                        queued.append(record)
         for record in sorted(queued, key=lambda r: r["queued_at"]):
             devices = tuple(record["devices"])
             users = [name for used, name in running if devices_overlap(used, devices)]
@@ -525,7 +564,10 @@ class RunManager:
                 if (run_dir / LAST_CHECKPOINT).exists() or (run_dir / BEST_CHECKPOINT).exists():
                     raise RunError(f"{run_dir} holds checkpoints; resume it instead of starting it again")
                 shutil.rmtree(run_dir)
-            params = RunParams(**{**record["params"], "devices": devices})
+            try:
+                params = RunParams(**{**record["params"], "devices": devices})
+            except TypeError as e:
+                raise RunError(f"its launch.json holds parameters this version does not know ({e})") from None
             argv = cli_args(params, run_dir, self.data_dir)
         command, extra_env = launch_command(argv, devices, self.nice)
         env = {**os.environ, **self.env, **extra_env, "PYTHONUNBUFFERED": "1"}
@@ -535,8 +577,9 @@ class RunManager:
             previous = record["sessions"][-1]
             previous.setdefault("seconds", None)
             if previous["seconds"] is None:
-                previous["seconds"] = self._session_end(name, previous, read_json(run_dir / STATUS_FILE)) \
-                    - previous["started_at"]
+                with contextlib.suppress(RunFileError):
+                    previous["seconds"] = self._session_end(name, previous, read_status(run_dir / STATUS_FILE)) \
+                        - previous["started_at"]
         with open(output, "ab") as log:
             offset = log.tell()
             started = time.time()

@@ -2,8 +2,9 @@
 
 States: ``queued`` (waiting for its device, persisted in launch.json), ``running``,
 ``completed``, ``failed`` (status.json's error, or the CLI's one-line usage error when it
-exited before writing status.json), ``cancelled`` (stopped by the user) and ``crashed`` (the
-process is gone, or its heartbeat is stale, without a final state: SIGKILL, OOM, reboot).
+exited before writing status.json), ``cancelled`` (stopped by the user), ``crashed`` (the
+process is gone, or its heartbeat is stale, without a final state: SIGKILL, OOM, reboot) and
+``damaged`` (its files cannot be read as run files; the manager says which and why).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from pathlib import Path
 
 from vit.runfiles import STALE_SECONDS, timestamp
 
-STATES = ("queued", "running", "completed", "failed", "cancelled", "crashed")
+STATES = ("queued", "running", "completed", "failed", "cancelled", "crashed", "damaged")
 ACTIVE_STATES = ("queued", "running")
 
 
