@@ -13,6 +13,7 @@ import json
 import os
 import signal
 import socket
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -522,3 +523,103 @@ def test_metrics_lines_that_are_not_epoch_objects_are_skipped(tmp_path, line):
     assert manager.poll()[0].state == "completed"
     assert [row["epoch"] for row in manager.curves(["good"])["loss"]] == [1, 2]
     assert all(isinstance(row, dict) for row in manager.metrics("good"))
+
+
+# ---------------------------------------------------------------------------------------------
+# Stop signals only the run's own process, whatever status.json or launch.json say
+
+
+@pytest.fixture
+def bystander():
+    """An unrelated process (what a forged or reused pid would name), in its own process group."""
+    process = subprocess.Popen(["sleep", "120"], start_new_session=True)
+    yield process
+    process.kill()
+    process.wait()
+
+
+def fake_cli(run_dir: Path) -> subprocess.Popen:
+    """A process whose command line is a vit.train on ``run_dir`` (it just sleeps)."""
+    process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)", "vit.train", "--out",
+                                str(run_dir)], start_new_session=True)
+    deadline = time.monotonic() + 30
+    while "vit.train" not in Path(f"/proc/{process.pid}/cmdline").read_bytes().decode() and time.monotonic() < deadline:
+        time.sleep(0.05)  # until the forked child has exec()ed Python
+    return process
+
+
+def running_status(run_dir: Path, pid: int, start: float) -> None:
+    run_dir.mkdir(parents=True, exist_ok=True)
+    now = dt.datetime.now(dt.UTC)
+    (run_dir / "status.json").write_text(json.dumps({
+        "state": "running", "pid": pid, "host": socket.gethostname(), "updated_time": now.isoformat(),
+        "start_time": dt.datetime.fromtimestamp(start, dt.UTC).isoformat()}))
+
+
+def test_stop_refuses_a_pid_from_status_json_that_is_not_a_training_process(tmp_path, bystander):
+    manager = make_manager(tmp_path)
+    running_status(manager.run_dir("forged"), bystander.pid, time.time())
+    assert manager.get("forged").state == "crashed"
+    assert f"process {bystander.pid} is not a vit.train process" in manager.get("forged").detail
+    with pytest.raises(RunError, match="not running; there is nothing to stop"):
+        manager.stop("forged")
+    time.sleep(0.2)
+    assert bystander.poll() is None, "the unrelated process was signalled"
+
+
+def test_stop_refuses_a_training_process_that_started_after_the_runs_status(tmp_path):
+    manager = make_manager(tmp_path)
+    process = fake_cli(manager.run_dir("reused"))
+    try:
+        time.sleep(0.5)
+        running_status(manager.run_dir("reused"), process.pid, time.time() - 3600)  # written an hour ago
+        assert "its pid was reused" in manager.get("reused").detail
+        with pytest.raises(RunError, match="nothing to stop"):
+            manager.stop("reused")
+        assert process.poll() is None
+    finally:
+        process.kill()
+        process.wait()
+
+
+def test_stop_refuses_a_training_process_of_another_run_folder(tmp_path):
+    manager = make_manager(tmp_path)
+    process = fake_cli(tmp_path / "elsewhere")
+    try:
+        running_status(manager.run_dir("mine"), process.pid, time.time() + 5)
+        assert "trains another run folder" in manager.get("mine").detail
+        with pytest.raises(RunError, match="nothing to stop"):
+            manager.stop("mine")
+        assert process.poll() is None
+    finally:
+        process.kill()
+        process.wait()
+
+
+def test_stop_signals_the_runs_own_training_process(tmp_path):
+    manager = make_manager(tmp_path)
+    process = fake_cli(manager.run_dir("cli-run"))
+    try:
+        running_status(manager.run_dir("cli-run"), process.pid, time.time() + 5)
+        manager.stop("cli-run")
+        assert process.wait(timeout=30) == -signal.SIGTERM
+    finally:
+        process.kill()
+        process.wait()
+
+
+def test_stop_refuses_a_launch_record_whose_process_group_is_not_ours(tmp_path, bystander):
+    manager = make_manager(tmp_path)
+    folder = manager.launch_root / "forged"
+    folder.mkdir(parents=True)
+    session = {"pid": bystander.pid, "pgid": bystander.pid, "started_at": time.time() - 5, "host": socket.gethostname(),
+               "command": [sys.executable, "-m", "vit.train", "--out", str(manager.run_dir("forged"))]}
+    (folder / "launch.json").write_text(json.dumps({
+        "name": "forged", "params": {}, "devices": ["cpu"], "state": "started", "queued_at": 1.0,
+        "sessions": [session]}))
+    running_status(manager.run_dir("forged"), bystander.pid, time.time())
+    assert manager.get("forged").state == "running"
+    with pytest.raises(RunError, match="runs another command than the one started for this run"):
+        manager.stop("forged")
+    time.sleep(0.2)
+    assert bystander.poll() is None

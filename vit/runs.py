@@ -74,7 +74,16 @@ from vit.runfiles import (
     timestamp,
     write_json,
 )
-from vit.runstate import ACTIVE_STATES, boot_id, proc_start, process_alive, reconcile, remember_child
+from vit.runstate import (
+    ACTIVE_STATES,
+    boot_id,
+    cli_process_problem,
+    proc_start,
+    process_alive,
+    reconcile,
+    remember_child,
+    session_problem,
+)
 
 STOP_GRACE_SECONDS = 30.0  # the CLI finishes its step and saves last.pt; a step is far shorter
 
@@ -295,14 +304,19 @@ class RunManager:
     def _info(self, name: str, record: dict | None, status: dict | None, config: dict | None) -> RunInfo:
         run_dir = self.run_dir(name)
         now = time.time()
-        alive, exit_code, output = None, None, ""
+        alive, exit_code, output, problem = None, None, "", None
         if record is not None and record.get("sessions") and record.get("state") == "started":
             session = record["sessions"][-1]
             alive, exit_code = process_alive(session)
             output = read_tail(self.output_path(name), 20, offset=session.get("log_offset", 0))
         elif record is None and status is not None and status.get("host") == socket.gethostname():
-            alive = status.get("state") == "running" and proc_start(status.get("pid") or 0) is not None
+            if status.get("state") == "running":
+                # A reused or forged pid is not this run's process: the run is gone, whatever runs there now.
+                problem = cli_process_problem(status.get("pid"), run_dir, timestamp(status.get("start_time")))
+                alive = problem is None
         state, detail = reconcile(record, status, alive, exit_code, output, now, self.stale_seconds)
+        if state == "crashed" and problem:
+            detail = f"{problem}; the run ended without a final state"
 
         settings = dict((config or {}).get("args") or {})
         if not settings and record is not None:
@@ -436,11 +450,18 @@ class RunManager:
             if info.state != "running":
                 raise RunError(f"{name} is {info.state}, not running; there is nothing to stop")
             if record is None:
-                if info.pid:
-                    with contextlib.suppress(ProcessLookupError):
-                        os.kill(info.pid, signal.SIGTERM)
+                # A pid from status.json may be forged or reused: signal only this run's own training process.
+                status = read_status(self.run_dir(name) / STATUS_FILE) or {}
+                problem = cli_process_problem(info.pid, self.run_dir(name), timestamp(status.get("start_time")))
+                if problem:
+                    raise RunError(f"not stopping {name}: {problem}; nothing was signalled")
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(info.pid, signal.SIGTERM)
                 return self.get(name)
             session = record["sessions"][-1]
+            problem = session_problem(session)
+            if problem:
+                raise RunError(f"not stopping {name}: {problem}; nothing was signalled")
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(session["pgid"], signal.SIGTERM)
             record["stop_requested_at"] = time.time()
@@ -466,7 +487,7 @@ class RunManager:
             session = record["sessions"][-1]
             if now - record["stop_requested_at"] < self.stop_grace_seconds or session.get("killed_at"):
                 continue
-            if process_alive(session)[0]:
+            if process_alive(session)[0] and session_problem(session) is None:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.killpg(session["pgid"], signal.SIGKILL)
                 session["killed_at"] = now
