@@ -428,3 +428,44 @@ def test_a_thousand_classes_and_a_long_history_are_not_mistaken_for_a_bomb(tmp_p
     path = save_checkpoint(tmp_path / "big.pt", ViT(config), names, metadata={"history": history},
                            training_state={"metrics": history})
     assert load_checkpoint(path).class_names == names
+
+
+# ---------------------------------------------------------------------------------------------
+# A full disk is named as such
+
+
+def test_a_full_disk_is_reported_as_no_space_left_not_as_torchs_write_check(tmp_path, model, monkeypatch):
+    import errno
+
+    real_fdopen = os.fdopen
+    monkeypatch.setattr(os, "fdopen", lambda fd, mode="r", *a, **k: (os.close(fd), real_fdopen(
+        os.open("/dev/full", os.O_WRONLY), mode))[1])  # every write fails with ENOSPC, as on a full disk
+    with pytest.raises(OSError) as info:
+        save_checkpoint(tmp_path / "best.pt", model, CLASSES)
+    assert info.value.errno == errno.ENOSPC
+    assert str(info.value).startswith(f"[Errno 28] No space left on the disk to write {tmp_path / 'best.pt'} (")
+    assert "unexpected pos" not in str(info.value)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_torchs_cut_short_write_on_a_nearly_full_disk_is_no_space_left(tmp_path, model, monkeypatch):
+    import shutil
+    from collections import namedtuple
+
+    def cut_short(obj, f, *args, **kwargs):
+        raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 51840 vs 51728")
+
+    monkeypatch.setattr(torch, "save", cut_short)
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(10**9, 10**9 - 4096, 4096))
+    with pytest.raises(OSError, match="No space left on the disk to write .* \\(0 MiB free\\)"):
+        save_checkpoint(tmp_path / "last.pt", model, CLASSES)
+
+
+def test_other_save_errors_pass_through_unchanged(tmp_path, model, monkeypatch):
+    def broken(obj, f, *args, **kwargs):
+        raise RuntimeError("cannot pickle this tensor subclass")
+
+    monkeypatch.setattr(torch, "save", broken)
+    with pytest.raises(RuntimeError, match="cannot pickle this tensor subclass"):
+        save_checkpoint(tmp_path / "x.pt", model, CLASSES)

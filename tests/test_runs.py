@@ -623,3 +623,32 @@ def test_stop_refuses_a_launch_record_whose_process_group_is_not_ours(tmp_path, 
         manager.stop("forged")
     time.sleep(0.2)
     assert bystander.poll() is None
+
+
+# ---------------------------------------------------------------------------------------------
+# Leftovers and bounds
+
+
+def test_poll_removes_temporary_files_a_killed_process_left_in_finished_runs(tmp_path):
+    manager = make_manager(tmp_path)
+    write_good_run(manager.runs_dir)  # completed
+    stray = manager.run_dir("good") / ".last.pt.x8d7.tmp"
+    stray.write_bytes(b"half a checkpoint")
+    running = manager.run_dir("busy")
+    process = fake_cli(running)
+    try:
+        running_status(running, process.pid, time.time() + 5)
+        live = running / ".status.json.1.2.tmp"
+        live.write_text("{}")
+        assert [run.state for run in manager.poll() if run.name == "busy"] == ["running"]
+        assert not stray.exists()
+        assert live.exists(), "a temporary file of a run that may still write is kept"
+    finally:
+        process.kill()
+        process.wait()
+
+
+def test_the_form_refuses_an_absurd_learning_rate(tmp_path, dataset):
+    manager = make_manager(tmp_path)
+    errors = manager.validate(tiny_params("fast", dataset, lr=1e300))
+    assert "at most 10" in errors["lr"]

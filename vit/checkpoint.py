@@ -7,8 +7,10 @@ temporary file that is renamed into place, so a crash never leaves a half-writte
 
 from __future__ import annotations
 
+import errno
 import os
 import pickle
+import shutil
 import tempfile
 import zipfile
 from dataclasses import dataclass, field
@@ -174,10 +176,34 @@ def atomic_torch_save(payload: object, path: str | os.PathLike) -> Path:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         Path(tmp).unlink(missing_ok=True)
+        if isinstance(e, (OSError, RuntimeError)):
+            problem = _write_problem(path, e)
+            if problem is not None:
+                raise problem from e
         raise
     return path
+
+
+def _write_problem(path: Path, error: BaseException) -> OSError | None:
+    """A full or failing disk as one clear OSError; torch reports it as 'unexpected pos 51840 vs 51728'."""
+    os_error = next((e for e in (error, error.__context__, error.__cause__) if isinstance(e, OSError)), None)
+    if os_error is None and "unexpected pos" not in str(error) and "write" not in str(error).lower():
+        return None  # not a failed write: let it through unchanged
+    try:
+        free = shutil.disk_usage(path.parent).free
+    except OSError:
+        free = None
+    space = f"{free / 2**20:,.0f} MiB free" if free is not None else "free space unknown"
+    if (os_error is not None and os_error.errno in (errno.ENOSPC, errno.EDQUOT)) or (free is not None and
+                                                                                   free < 64 * 2**20):
+        return OSError(errno.ENOSPC, f"No space left on the disk to write {path} ({space}); free some space, "
+                                     "then save again (a training run resumes from its last.pt)")
+    if os_error is not None:
+        return OSError(os_error.errno, f"cannot write {path}: {os_error.strerror or os_error} ({space})")
+    return OSError(errno.EIO, f"cannot write {path}: the write was cut short ({space}); the disk may be full or "
+                              "failing")
 
 
 def check_archive(path: Path) -> None:

@@ -110,6 +110,22 @@ def atomic_write_text(path: Path, text: str) -> None:
         raise
 
 
+def remove_stray_temp_files(run_dir: Path) -> list[Path]:
+    """Delete the ``.NAME.*.tmp`` files an atomic write leaves when its process is killed mid-write.
+
+    Call it only when no process writes to ``run_dir`` (a run being started or resumed, a finished
+    run): a live writer's temporary file is about to be renamed into place.
+    """
+    removed = []
+    with contextlib.suppress(OSError):
+        for path in run_dir.glob(".*.tmp"):
+            with contextlib.suppress(OSError):
+                if path.is_file() and not path.is_symlink():
+                    path.unlink()
+                    removed.append(path)
+    return removed
+
+
 def write_json(path: Path, value: dict) -> None:
     """Atomic: a reader sees the old file or the new one, never half of one."""
     atomic_write_text(path, json.dumps(value, indent=2) + "\n")

@@ -71,6 +71,7 @@ from vit.runfiles import (
     read_metrics,
     read_status,
     read_tail,
+    remove_stray_temp_files,
     timestamp,
     write_json,
 )
@@ -428,11 +429,20 @@ class RunManager:
         return self.get(name)
 
     def poll(self) -> list[RunInfo]:
-        """Start queued runs whose devices are free, finish overdue stops, then list every run."""
+        """Start queued runs whose devices are free, finish overdue stops, then list every run.
+
+        Finished runs lose the temporary files a killed process left behind (no process writes there).
+        """
         with self._locked():
             self._escalate_stops()
             self._dispatch()
-        return self.list_runs()
+            runs = self.list_runs()
+            for run in runs:
+                # A crashed run's process is gone, unless it only stopped beating (hung): it may still write.
+                gone = run.state == "crashed" and not (run.detail or "").startswith("no heartbeat")
+                if run.state in ("completed", "failed", "cancelled") or gone:
+                    remove_stray_temp_files(run.run_dir)
+        return runs
 
     def stop(self, name: str) -> RunInfo:
         """Ask a running run to stop (SIGTERM to its process group; SIGKILL after the grace period).
