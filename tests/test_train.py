@@ -417,7 +417,7 @@ def test_threads_are_capped_at_four_per_core(images, cache, tmp_path, capsys):
 @pytest.mark.parametrize("lr", ["1e300", "11", "inf", "nan", "0"])
 def test_learning_rate_is_bounded(images, cache, tmp_path, capsys, lr):
     assert main(cli(images, cache, tmp_path / "run", "--lr", lr)) == 2
-    assert "expected a learning rate above 0 and at most 10" in one_line_error(capsys)
+    assert "--lr: expected a positive number of at most 10, got" in one_line_error(capsys)
 
 
 def test_resume_removes_temporary_files_a_killed_write_left(completed_run, tmp_path):

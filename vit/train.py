@@ -181,9 +181,9 @@ def _learning_rate(text: str) -> float:
     try:
         value = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a learning rate, got {text!r}") from None
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
     if not 0 < value <= MAX_LR:  # also false for NaN
-        raise argparse.ArgumentTypeError(f"expected a learning rate above 0 and at most {MAX_LR:g}, got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected a positive number of at most {MAX_LR:g}, got {text!r}")
     return value
 
 
