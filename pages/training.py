@@ -6,11 +6,14 @@ folder every few seconds (which also starts queued runs whose device has become 
 re-runs the form.
 """
 
+import os
+import time
+
 import pandas as pd
 import plotly.express as px
 import streamlit as st
 
-from vit import devices, launch, runs
+from vit import access, devices, launch, runs
 from vit.data import AUGMENTATIONS, BUILTIN_DATASETS
 from vit.model import PRESETS
 from vit.text import escape_markdown, escape_plotly
@@ -18,6 +21,34 @@ from vit.train import RECIPES
 
 REFRESH_SECONDS = 3
 EXPLORER_PAGE = "pages/explorer.py"
+
+
+# -- who may use this page: anyone on this machine; from the network only with the token (see vit.access) -----
+
+def configured_token() -> str | None:
+    try:
+        return os.environ.get(access.TOKEN_ENV) or st.secrets.get(access.TOKEN_SECRET)
+    except Exception:  # no secrets.toml, or an unreadable one: no token
+        return None
+
+
+gate = access.train_access(st.get_option("server.address"), configured_token())
+if gate.mode == "disabled":
+    st.title("Train a Vision Transformer")
+    st.warning(gate.message)
+    st.stop()
+if gate.mode == "token" and not st.session_state.get("train_unlocked"):
+    st.title("Train a Vision Transformer")
+    st.info(gate.message)
+    with st.form("unlock"):
+        given = st.text_input("Training token", type="password", key="train_token_input")
+        if st.form_submit_button("Unlock"):
+            if gate.accepts(given):
+                st.session_state["train_unlocked"] = True
+                st.rerun()
+            time.sleep(1.0)  # slows guessing down
+            st.error("That is not the training token.")
+    st.stop()
 
 manager = runs.RunManager()
 

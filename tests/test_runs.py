@@ -46,7 +46,7 @@ def make_image_folder(root: Path, classes: tuple[str, ...] = ("cat", "dog"), per
 def make_manager(root: Path, **env: str) -> RunManager:
     """A manager on ROOT/runs whose training processes are niced and single-threaded."""
     return RunManager(root / "runs", root / "data", nice=19, env={"OMP_NUM_THREADS": "1", **env},
-                      stop_grace_seconds=60)
+                      stop_grace_seconds=60, data_roots=(root.parent,))  # tests keep images beside the runs
 
 
 def tiny_params(run_name: str, folder: Path, **changes) -> RunParams:
@@ -104,7 +104,7 @@ def test_valid_parameters_have_no_errors(tmp_path, dataset):
     (dict(name=""), "name", "give the run a name"),
     (dict(name="../escape"), "name", "letters, digits"),
     (dict(dataset="imagenet"), "dataset", "unknown dataset"),
-    (dict(dataset="folder:/no/such/folder"), "dataset", "does not exist"),
+    (dict(dataset="folder:/no/such/folder"), "dataset", "folder datasets must be inside"),
     (dict(preset="vit-tiny"), "preset", "unknown preset"),
     (dict(epochs=0), "epochs", "positive integer"),
     (dict(batch_size=-4), "batch_size", "positive integer"),
@@ -345,9 +345,9 @@ def scenarios(tmp_path_factory):
     s["launched"] = {"first": s["queue"].launch(tiny_params("first", data)).state,
                      "second": s["queue"].launch(tiny_params("second", data)).state}  # same CPU, no sharing
     s["stop"] = make_manager(root / "stop")
-    s["stop"].launch(tiny_params("long", data, epochs=100_000))
+    s["stop"].launch(tiny_params("long", data, epochs=1000))
     s["kill"] = make_manager(root / "kill")
-    s["kill"].launch(tiny_params("victim", data, epochs=100_000))
+    s["kill"].launch(tiny_params("victim", data, epochs=1000))
     s["fault"] = make_manager(root / "fault", VIT_TRAIN_FAULT_AT_STEP="3")
     s["fault"].launch(tiny_params("faulty", data))
     s["usage"] = make_manager(root / "usage")
@@ -652,3 +652,64 @@ def test_the_form_refuses_an_absurd_learning_rate(tmp_path, dataset):
     manager = make_manager(tmp_path)
     errors = manager.validate(tiny_params("fast", dataset, lr=1e300))
     assert "at most 10" in errors["lr"]
+
+
+# ---------------------------------------------------------------------------------------------
+# What the page may launch: bounded runs, from the data roots only
+
+
+@pytest.mark.parametrize("change, field, words", [
+    (dict(epochs=5000), "epochs", "at most 1000 epochs"),
+    (dict(batch_size=100_000), "batch_size", "at most 4096 images per batch"),
+    (dict(image_size=1024, patch_size=4), "image_size", "65,536 patches per image; at most 4,096"),
+    (dict(hidden_size=8192, num_heads=8, mlp_size=32768, num_layers=8), "form", "M parameters; at most 350 M"),
+    (dict(hidden_size=10**6, num_heads=1, mlp_size=10**9), "form", "M parameters; at most 350 M"),
+    (dict(num_layers=100_000), "num_layers", "at most 256 layers"),
+])
+def test_the_page_launches_only_bounded_runs(tmp_path, dataset, change, field, words):
+    errors = make_manager(tmp_path).validate(tiny_params("big", dataset, **change))
+    assert words in errors.get(field, ""), errors
+
+
+@pytest.mark.parametrize("folder", ["/", "/proc/self", "/root", "/etc", "/no/such/folder"])
+def test_folder_datasets_outside_the_data_roots_are_refused_without_saying_whether_they_exist(tmp_path, folder):
+    manager = make_manager(tmp_path)
+    errors = manager.validate(tiny_params("outside", tmp_path, dataset=f"folder:{folder}"))
+    assert errors["dataset"] == (f"folder datasets must be inside {tmp_path.parent.resolve()}; put the images there "
+                                 "(or set VIT_DATA_ROOTS when starting the app)")
+
+
+def test_a_link_inside_a_data_root_to_a_folder_outside_is_refused(tmp_path):
+    root, outside = tmp_path / "data", tmp_path / "elsewhere"
+    make_image_folder(outside)
+    root.mkdir()
+    (root / "innocent").symlink_to(outside, target_is_directory=True)
+    manager = RunManager(tmp_path / "runs", root, data_roots=(root,))
+    assert "must be inside" in manager.validate(tiny_params("linked", root / "innocent"))["dataset"]
+    assert manager.validate(tiny_params("direct", make_image_folder(root / "real"))) == {}
+
+
+def test_the_filesystem_root_and_proc_are_never_data_roots(tmp_path, monkeypatch):
+    from vit.launch import default_data_roots
+
+    monkeypatch.setenv("VIT_DATA_ROOTS", os.pathsep.join(["/", "/proc", "/proc/self", str(tmp_path)]))
+    assert default_data_roots() == (tmp_path.resolve(),)
+
+
+def test_launches_beyond_the_queued_and_running_limit_are_refused(tmp_path, dataset):
+    manager = RunManager(tmp_path / "runs", tmp_path / "data", data_roots=(tmp_path,), max_active=2)
+    for name in ("a", "b"):
+        queue_record(manager, name, ["cpu"], time.time())
+    with pytest.raises(ValidationError, match="2 runs are already queued or running \\(at most 2\\)"):
+        manager.launch(tiny_params("c", dataset))
+    assert not (manager.launch_root / "c").exists()
+
+
+def test_no_more_than_max_running_runs_train_at_once(fake_starts):
+    manager, started = fake_starts
+    manager.max_running = 1
+    for i, name in enumerate(("one", "two")):
+        queue_record(manager, name, ["cpu"], 1.0 + i, share=True)
+    manager.poll()
+    assert started == ["one"]
+    assert manager.get("two").detail == "waiting: 1 runs are training, the most at once"

@@ -24,6 +24,7 @@ TIMEOUT = 300  # the first run imports torch; on two busy cores that takes a whi
 def folders(tmp_path, monkeypatch):
     monkeypatch.setenv("VIT_RUNS_DIR", str(tmp_path / "runs"))
     monkeypatch.setenv("VIT_DATA_DIR", str(tmp_path / "data"))
+    monkeypatch.setenv("VIT_DATA_ROOTS", str(tmp_path))  # the generated image folder lives here
     return make_image_folder(tmp_path / "images"), tmp_path / "runs"
 
 
@@ -136,3 +137,43 @@ def test_a_damaged_run_is_its_own_row_and_the_other_runs_keep_their_buttons(fold
     assert not at.exception
     assert at.button(key="resume-good") and at.button(key="delete-bad")
     assert any("'pid' is \"4242\", not a whole number" in e for e in errors(at))
+
+
+@pytest.fixture
+def networked(monkeypatch):
+    """The server as `streamlit run app.py --server.address 0.0.0.0` starts it."""
+    from streamlit import config
+
+    before = config.get_option("server.address")
+    config.set_option("server.address", "0.0.0.0")
+    yield
+    config.set_option("server.address", before)
+
+
+def test_on_a_network_without_a_token_the_page_is_disabled(folders, networked, monkeypatch):
+    monkeypatch.delenv("VIT_TRAIN_TOKEN", raising=False)
+    at = AppTest.from_file(PAGE).run(timeout=TIMEOUT)
+    assert not at.exception
+    assert any("Training is disabled" in w.value and "VIT_TRAIN_TOKEN" in w.value for w in at.warning)
+    assert not at.button and not at.dataframe and not at.text_input  # no form, no runs, no logs
+
+
+def test_on_a_network_the_page_opens_only_with_the_token(folders, networked, monkeypatch):
+    monkeypatch.setenv("VIT_TRAIN_TOKEN", "correct-horse-battery-staple")
+    at = AppTest.from_file(PAGE).run(timeout=TIMEOUT)
+    assert [t.label for t in at.text_input] == ["Training token"]
+    assert not at.selectbox and not at.dataframe
+    at.text_input(key="train_token_input").set_value("guess")
+    at = submit_unlock(at)
+    assert any("not the training token" in e.value for e in at.error)
+    assert not at.selectbox
+    at.text_input(key="train_token_input").set_value("correct-horse-battery-staple")
+    at = submit_unlock(at)
+    assert not at.exception
+    assert at.selectbox(key="train_preset") is not None  # the form
+    assert any("No runs yet" in i.value for i in at.info)
+
+
+def submit_unlock(at: AppTest) -> AppTest:
+    next(b for b in at.button if b.label == "Unlock").click()
+    return at.run(timeout=TIMEOUT)

@@ -44,10 +44,12 @@ from pathlib import Path
 from vit.devices import device_label, devices_overlap
 from vit.launch import (
     CLI_FIELDS,
+    MAX_EPOCHS,
     RunParams,
     ValidationError,
     cli_args,
     default_data_dir,
+    default_data_roots,
     launch_command,
     validate_params,
 )
@@ -87,6 +89,8 @@ from vit.runstate import (
 )
 
 STOP_GRACE_SECONDS = 30.0  # the CLI finishes its step and saves last.pt; a step is far shorter
+MAX_RUNNING = 4  # runs training at once, shared devices or not
+MAX_ACTIVE = 16  # runs queued or running: a launch beyond is refused
 
 
 class RunError(ValueError):
@@ -218,14 +222,21 @@ class RunManager:
     """Launch, list, stop, resume and delete the runs of one runs folder.
 
     ``nice`` starts the training processes at that niceness; ``env`` adds environment
-    variables to them (e.g. OMP_NUM_THREADS). Cheap to create: it holds no run state.
+    variables to them (e.g. OMP_NUM_THREADS). ``data_roots`` are the folders ``folder:`` datasets
+    may come from (default ``vit.launch.default_data_roots``); at most ``max_running`` runs train at
+    once and ``max_active`` are queued or running. Cheap to create: it holds no run state.
     """
 
     def __init__(self, runs_dir: str | os.PathLike | None = None, data_dir: str | os.PathLike | None = None,
                  nice: int = 0, env: dict[str, str] | None = None, stale_seconds: float = STALE_SECONDS,
-                 stop_grace_seconds: float = STOP_GRACE_SECONDS) -> None:
+                 stop_grace_seconds: float = STOP_GRACE_SECONDS,
+                 data_roots: tuple[str | os.PathLike, ...] | None = None, max_running: int = MAX_RUNNING,
+                 max_active: int = MAX_ACTIVE) -> None:
         self.runs_dir = Path(runs_dir) if runs_dir is not None else default_runs_dir()
         self.data_dir = Path(data_dir) if data_dir is not None else default_data_dir()
+        self.data_roots = (tuple(Path(os.path.realpath(r)) for r in data_roots) if data_roots is not None
+                           else default_data_roots(self.data_dir))
+        self.max_running, self.max_active = max_running, max_active
         self.nice, self.env = nice, dict(env or {})
         self.stale_seconds, self.stop_grace_seconds = stale_seconds, stop_grace_seconds
 
@@ -406,7 +417,7 @@ class RunManager:
 
     def validate(self, params: RunParams) -> dict[str, str]:
         """{field: message} for everything wrong with ``params``; empty when it can be launched."""
-        return validate_params(params, self.runs_dir, self.data_dir)
+        return validate_params(params, self.runs_dir, self.data_dir, data_roots=self.data_roots)
 
     def launch(self, params: RunParams, allow_sharing: bool = False) -> RunInfo:
         """Validate, then start the run (or queue it behind the runs using its device).
@@ -418,6 +429,7 @@ class RunManager:
             raise ValidationError(errors)
         name = params.name.strip()
         with self._locked():
+            self._check_room()
             if self._record(name) is not None or self.run_dir(name).exists():
                 raise ValidationError({"name": f"a run named {name!r} already exists; choose another name"})
             record = {"name": name, "params": {**asdict(params), "name": name, "devices": list(params.devices)},
@@ -427,6 +439,12 @@ class RunManager:
             self._save_record(record)
             self._dispatch()
         return self.get(name)
+
+    def _check_room(self) -> None:
+        active = sum(1 for run in self.list_runs() if run.active)
+        if active >= self.max_active:
+            raise ValidationError({"form": f"{active} runs are already queued or running (at most {self.max_active}); "
+                                           "wait for one to finish, or stop one"})
 
     def poll(self) -> list[RunInfo]:
         """Start queued runs whose devices are free, finish overdue stops, then list every run.
@@ -512,6 +530,12 @@ class RunManager:
                 raise RunError(f"{name} is damaged ({info.detail}); delete it, or repair its files")
             if info.active:
                 raise RunError(f"{name} is {info.state}; stop it before resuming")
+            if epochs is not None and epochs > MAX_EPOCHS:
+                raise RunError(f"at most {MAX_EPOCHS} epochs from this page")
+            try:
+                self._check_room()
+            except ValidationError as e:
+                raise RunError(e.errors["form"]) from None
             done = len(self.metrics(name))
             total = epochs or info.total_epochs or info.settings.get("epochs")
             if info.state == "completed" and (epochs is None or epochs <= done):
@@ -566,9 +590,13 @@ class RunManager:
             devices = tuple(record["devices"])
             users = [name for used, name in running if devices_overlap(used, devices)]
             behind = any(devices_overlap(w, devices) for w in waiting)
-            if (users or behind) and not record.get("allow_sharing"):
-                reason = (f"waiting for {device_label(devices)}: in use by {', '.join(users)}" if users
-                          else f"waiting for {device_label(devices)}: earlier queued runs go first")
+            full = len(running) >= self.max_running
+            if full or ((users or behind) and not record.get("allow_sharing")):
+                if full:
+                    reason = f"waiting: {len(running)} runs are training, the most at once"
+                else:
+                    reason = (f"waiting for {device_label(devices)}: in use by {', '.join(users)}" if users
+                              else f"waiting for {device_label(devices)}: earlier queued runs go first")
                 if record.get("queue_reason") != reason:
                     record["queue_reason"] = reason
                     self._save_record(record)
