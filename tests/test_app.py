@@ -579,3 +579,14 @@ def test_class_names_dataset_and_file_names_are_shown_as_plain_text(dirs):
     # Plotly reads <b>, <a href> and <br> in labels: the bars carry the names with < and & escaped.
     labels = predicted_labels(at)
     assert "&lt;b&gt;x&lt;/b&gt;" in labels and not any("<" in label for label in labels)
+
+
+def test_page_loads_describe_each_checkpoint_file_once(default_world):
+    checkpoints, _ = default_world
+    write_checkpoint(checkpoints / "another.pt", seed=1)
+    from vit import catalog
+
+    with mock.patch.object(catalog, "describe", autospec=True, side_effect=catalog.describe) as described:
+        run_app()
+        run_app()  # a second visitor, or a reload
+    assert described.call_count == 2, "each file is read once, then described from the cache by its fingerprint"

@@ -24,7 +24,7 @@ FORMAT = "vit-attention-explorer-checkpoint"
 FORMAT_VERSION = 1
 # Bounds checked before anything is unpickled or built, so a hostile file costs milliseconds, not minutes.
 MAX_LAYERS = 256  # far beyond any published ViT (ViT-22B has 48); building the empty model costs ~3 ms a layer
-PICKLE_BASE_BYTES = 256 * 1024  # config, class names (ImageNet's 1,000 are ~25 KB), metadata, metrics
+PICKLE_BASE_BYTES = 1024 * 1024  # config, class names (ImageNet: 25 KB), metadata, metrics (150 KB per 1,000 epochs)
 PICKLE_BYTES_PER_TENSOR = 512  # a tensor's key and rebuild call take ~150 bytes of pickle
 MAX_PICKLE_BYTES = 4 * 1024 * 1024  # the weights-only unpickler reads ~1 MB of opcodes a second
 _ZIP_MAGIC = b"PK\x03\x04"
