@@ -16,9 +16,10 @@ from PIL import Image
 from vit import catalog, explorer
 from vit.attention import HEAD_FUSIONS
 from vit.cache import ByteCache
-from vit.checkpoint import Checkpoint, CheckpointError, load_checkpoint
+from vit.checkpoint import Checkpoint, CheckpointError
 from vit.images import MAX_SIDE, UPLOAD_MAX_PIXELS, ImageError, open_image
 from vit.overlay import UPSAMPLE_MODES, overlay
+from vit.sources import open_source
 from vit.text import escape_markdown
 
 UPLOAD_TYPES = ["jpg", "jpeg", "png", "webp", "bmp", "gif"]
@@ -46,7 +47,7 @@ def describe_checkpoint(path: str, source: str, name: str, fingerprint: tuple) -
 def load_model(path: str, fingerprint: tuple) -> Checkpoint:
     def load() -> Checkpoint:
         with st.spinner("Loading the checkpoint…"):
-            return load_checkpoint(path)
+            return open_source(path)  # our .pt files, HF / timm folders, timm / torchvision weights
     return byte_cache("models", MODEL_CACHE_BYTES).get_or_compute((path, fingerprint), load)
 
 
@@ -87,9 +88,14 @@ def pick_query(query_key: str, num_prefix_tokens: int) -> None:
 
 # -- checkpoint -----------------------------------------------------------------------------------------------
 
-candidates = catalog.find_checkpoints()
-extra = st.session_state.setdefault("explorer_extra_checkpoints", [])  # opened by path from another page
-requested = st.session_state.pop("explorer_checkpoint", None)
+candidates = catalog.find_checkpoints() + catalog.find_hf_cache_models()
+extra = st.session_state.setdefault("explorer_extra_checkpoints", [])  # opened by path here or from another page
+opened = st.sidebar.text_input("Open a path", key="explorer_open_path", placeholder="/path/to/model folder or file",
+                               help="A file or folder on the server: one of our .pt checkpoints, a Hugging Face "
+                                    "or timm model folder, or timm / torchvision weights.").strip()
+requested = st.session_state.pop("explorer_checkpoint", None) or (opened if opened != st.session_state.get(
+    "explorer_opened_path") else None)
+st.session_state["explorer_opened_path"] = opened
 if requested:
     wanted = catalog.candidate_for(requested, candidates + extra)
     if wanted not in candidates + extra:
@@ -112,8 +118,8 @@ if st.session_state.get("explorer_checkpoint_choice") not in entries:
         st.session_state["explorer_checkpoint_choice"] = str(default.path)
 choice = st.sidebar.selectbox("Checkpoint", list(entries), format_func=lambda p: entries[p].label,
                               key="explorer_checkpoint_choice",
-                              help="Shipped checkpoints and completed training runs: dataset, classes, "
-                                   "size and validation accuracy.")
+                              help="Shipped checkpoints, completed training runs, the supported models of the "
+                                   "local Hugging Face cache and models opened by path.")
 st.session_state["explorer_last_checkpoint"] = choice
 entry = entries[choice]
 st.sidebar.caption(entry.description)
@@ -159,17 +165,20 @@ except ImageError as e:
 analysis = analyse(fingerprint, digest, checkpoint, image)
 prediction, grid, prefix = analysis.prediction, analysis.grid, analysis.num_prefix_tokens
 L, H, T = analysis.num_layers, analysis.num_heads, analysis.num_tokens
+names = analysis.prefix_names  # CLS, DIST, REG 1…R
 
 # -- map settings -----------------------------------------------------------------------------------------------
 
 with st.sidebar:
     st.header("Attention map")
-    kind = st.radio("Map", list(explorer.MAP_KINDS), format_func=explorer.MAP_KINDS.get, key="map_kind")
+    kinds = [k for k in explorer.MAP_KINDS if class_names or k != "class"]  # a feature model has no classes
+    kind = st.radio("Map", kinds, format_func=explorer.MAP_KINDS.get, key="map_kind")
     query_key = f"query-{model_key}"
     st.session_state.setdefault(query_key, 0)
     query = st.selectbox("Query token", range(T), key=query_key,
-                         format_func=lambda t: explorer.token_option(t, grid, prefix),
-                         help="Whose attention to show: CLS (token 0) or a patch, numbered row by row. "
+                         format_func=lambda t: explorer.token_option(t, grid, prefix, names),
+                         help="Whose attention to show: CLS (token 0), another prefix token (DIST, REG) or a "
+                              "patch, numbered row by row. "
                               "Clicking a patch on the image selects it too.")
     st.session_state.setdefault(f"layer-{model_key}", L)
     layer = st.select_slider("Layer", range(1, L + 1), key=f"layer-{model_key}",
@@ -237,7 +246,11 @@ with col_overlay:
         help="layer_0 … layer_N: heads × tokens × tokens (token 0 is CLS), with logits and class names.")
 with col_prediction:
     st.subheader("Prediction")
-    st.plotly_chart(explorer.predictions_figure(prediction), config={"displayModeBar": False})
+    if class_names:
+        st.plotly_chart(explorer.predictions_figure(prediction), config={"displayModeBar": False})
+    else:
+        st.info("No prediction: this model has no classifier (a feature model such as DINO). Its attention maps "
+                "are shown all the same.")
     st.image(explorer.display_image(explorer.model_input_image(image, checkpoint), min_side=96, max_side=160),
              output_format="PNG")
     st.caption("The model's input: resized to its square size"
@@ -247,7 +260,7 @@ with col_prediction:
 
 heads_tab, matrix_tab, stats_tab = st.tabs(["Heads", "Attention matrix", "Distance & entropy"], key="analysis_tab",
                                            on_change="rerun")
-query_text = explorer.token_label(query, grid, prefix)
+query_text = explorer.token_label(query, grid, prefix, names)
 if heads_tab.open:
     with heads_tab:
         every = st.toggle(f"Every layer ({L} × {H} = {L * H} maps)", key="every_layer",
@@ -265,10 +278,10 @@ if matrix_tab.open:
         heads_text = f"head {head + 1}" if head is not None else f"{fusion} over heads"
         matrix = explorer.layer_attention(analysis, layer - 1, head, fusion)[0].numpy()  # (T, T)
         st.plotly_chart(explorer.attention_matrix_figure(matrix, grid, prefix, colormap, query=query,
-                                                         title=f"Layer {layer}, {heads_text}"),
+                                                         title=f"Layer {layer}, {heads_text}", prefix_names=names),
                         theme=None)  # Streamlit's chart theme recolours the low end of the colour scale
-        st.caption(f"Row i is what token i attends to (each row sums to 1); token 0 is CLS, tokens 1–{T - 1} the "
-                   f"patches row by row. The outlined row is the query, {query_text}.")
+        st.caption(f"Row i is what token i attends to (each row sums to 1); "
+                   f"{explorer.tokens_caption(grid, prefix, names)}. The outlined row is the query, {query_text}.")
 if stats_tab.open:
     with stats_tab:
         left, right = st.columns(2)

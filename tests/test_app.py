@@ -54,6 +54,8 @@ def dirs(tmp_path, monkeypatch):
     runs.mkdir()
     monkeypatch.setenv("VIT_CHECKPOINTS_DIR", str(checkpoints))
     monkeypatch.setenv("VIT_RUNS_DIR", str(runs))
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf-cache"))  # never list the machine's own HF cache
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
     st.cache_data.clear()
     st.cache_resource.clear()
     yield checkpoints, runs

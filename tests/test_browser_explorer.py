@@ -124,3 +124,38 @@ def test_upload_predict_and_click_a_patch_in_a_real_browser(server, world, page)
     page.mouse.click(box["x"] + box["width"] * 0.5 / 4, box["y"] + box["height"] * 3.5 / 4)
     page.get_by_text("the query patch row 4, col 1 (outlined)").wait_for()
     assert query_selectbox_text(page).startswith("13 · patch row 4, col 1")
+
+
+def hf_registers_folder(folder: Path) -> Path:
+    """A tiny DINOv2 with 2 registers and no classifier, saved by transformers itself: 16 px, 4-px patches."""
+    transformers = pytest.importorskip("transformers")
+    config = transformers.Dinov2WithRegistersConfig(image_size=16, patch_size=4, hidden_size=8, num_hidden_layers=2,
+                                                    num_attention_heads=2, mlp_ratio=2, num_register_tokens=2)
+    torch.manual_seed(0)
+    transformers.Dinov2WithRegistersModel(config).save_pretrained(folder)
+    (folder / "preprocessor_config.json").write_text(
+        '{"do_resize": true, "size": {"shortest_edge": 20}, "do_center_crop": true, "crop_size": 16, "resample": 3,'
+        ' "image_mean": [0.485, 0.456, 0.406], "image_std": [0.229, 0.224, 0.225]}')
+    return folder
+
+
+def test_open_an_hf_folder_by_path_and_see_register_tokens_in_a_real_browser(server, world, page, tmp_path):
+    _, _, upload = world
+    folder = hf_registers_folder(tmp_path / "dinov2-registers")
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.goto(server)
+    page.wait_for_selector('[data-testid="stApp"]')
+    page.get_by_text("Colours span").wait_for()
+    page.locator('[data-testid="stFileUploaderDropzoneInput"]').set_input_files(str(upload))
+    page.get_by_text("wide-upload.png, 120×80 px").wait_for()
+    field = page.get_by_role("textbox", name="Open a path")
+    field.fill(str(folder))
+    field.press("Enter")
+    page.get_by_text("No prediction: this model has no classifier").wait_for()
+    page.get_by_text("Colours span").wait_for()
+    page.get_by_role("combobox", name="Query token").click()
+    page.get_by_role("option", name="1 · REG 1").wait_for()
+    page.get_by_role("option", name="2 · REG 2").click()
+    page.get_by_text("the REG 2 token").first.wait_for()
+    assert query_selectbox_text(page).startswith("2 · REG 2")
+    page.screenshot(path=str(ARTIFACTS / "explorer-hf-registers.png"), full_page=True)

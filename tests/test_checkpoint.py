@@ -363,7 +363,13 @@ def test_preprocessing_larger_than_the_model_is_refused(saved):
     edited(saved, preprocessing={"image_size": 512, "num_channels": 3, "mean": [0.5] * 3, "std": [0.5] * 3})
     message = load_error(saved)
     assert "invalid preprocessing" in message
-    assert "larger than the model's own 16 px (16,385 tokens per image)" in message
+    assert "larger than the model's own 16 px and gives 16,385 tokens per image (at most 4,096 patches)" in message
+
+
+def test_preprocessing_somewhat_larger_than_the_model_is_accepted(saved):
+    # A tiny imported model with its family's default 224-px preprocessing: 56 x 56 = 3,136 patches.
+    edited(saved, preprocessing={"image_size": 224, "num_channels": 3, "mean": [0.5] * 3, "std": [0.5] * 3})
+    assert load_checkpoint(saved).preprocessing.image_size == 224
 
 
 def test_preprocessing_smaller_than_the_model_is_accepted(saved):

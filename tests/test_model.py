@@ -50,12 +50,41 @@ def test_config_rejects_image_not_divisible_by_patch():
         ViTConfig(**{**SMALL, "image_size": 30})
 
 
-@pytest.mark.parametrize("name", ["image_size", "patch_size", "num_channels", "num_classes", "hidden_size",
+@pytest.mark.parametrize("name", ["image_size", "patch_size", "num_channels", "hidden_size",
                                   "num_layers", "num_heads", "mlp_size"])
 @pytest.mark.parametrize("value", [0, -4, 2.5, True])
 def test_config_rejects_non_positive_or_non_integer_sizes(name, value):
     with pytest.raises(ValueError, match=f"{name} must be a positive integer"):
         ViTConfig(**{**SMALL, name: value})
+
+
+@pytest.mark.parametrize("name", ["num_classes", "num_register_tokens"])
+@pytest.mark.parametrize("value", [-1, 2.5, True])
+def test_config_rejects_negative_or_non_integer_counts(name, value):
+    with pytest.raises(ValueError, match=f"{name} must be a whole number of at least 0"):
+        ViTConfig(**{**SMALL, name: value})
+
+
+def test_a_model_without_classes_has_no_head_and_returns_no_logits_but_every_attention():
+    model = ViT(ViTConfig(**{**SMALL, "num_classes": 0})).eval()
+    assert model.head is None and not any(k.startswith("head") for k in model.state_dict())
+    logits, attentions = model(torch.randn(2, 3, 32, 32), output_attentions=True)
+    assert logits is None and len(attentions) == SMALL["num_layers"]
+
+
+def test_prefix_tokens_are_cls_dist_then_registers_and_only_positioned_ones_have_table_entries():
+    config = ViTConfig(**{**SMALL, "distillation_token": True, "num_register_tokens": 3, "prefix_positions": "cls"})
+    model = ViT(config)
+    assert model.num_prefix_tokens == config.num_prefix_tokens == 5
+    assert model.pos_embed.shape == (1, 1 + 64, SMALL["hidden_size"])
+    _, attentions = model.eval()(torch.randn(1, 3, 32, 32), output_attentions=True)
+    assert attentions[0].shape[-1] == 5 + 64
+
+
+def test_default_config_keeps_the_original_state_dict_keys():
+    keys = set(ViT(ViTConfig(**SMALL)).state_dict())
+    assert not any(k.split(".")[0] in ("dist_token", "reg_token", "fc_norm", "head_dist") for k in keys)
+    assert not any(".ls1" in k or ".ls2" in k for k in keys)
 
 
 @pytest.mark.parametrize("name", ["dropout", "attention_dropout", "drop_path"])

@@ -1,4 +1,5 @@
-"""The checkpoints a user can explore: shipped ``.pt`` files and completed training runs.
+"""The checkpoints a user can explore: shipped ``.pt`` files, completed training runs, the supported
+models of the local Hugging Face cache, and any model opened by path (``vit.sources``).
 
 Entries are described from the checkpoint's stored config and metadata (no model is built),
 and a file that cannot be read becomes an entry carrying its error message, so one bad
@@ -12,7 +13,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from vit.checkpoint import CheckpointError, check_payload, read_checkpoint_payload
+from vit.checkpoint import CheckpointError, ForeignCheckpointError, check_payload, read_checkpoint_payload
 from vit.runfiles import BEST_CHECKPOINT, LAST_CHECKPOINT, STATUS_FILE, default_runs_dir, read_json
 from vit.text import escape_markdown
 
@@ -34,7 +35,7 @@ class Candidate:
     """A checkpoint file found on disk, before it is read."""
 
     path: Path
-    source: str  # "checkpoint" (shipped), "run" (a completed training run) or "file" (asked for by path)
+    source: str  # "checkpoint" (shipped), "run" (completed training run), "hf-cache" or "file" (asked for by path)
     name: str  # file stem or run folder name
 
     @property
@@ -75,8 +76,13 @@ class CatalogEntry:
     def label(self) -> str:
         """One line: name, dataset, classes, size and validation accuracy (or that it failed)."""
         head = f"run {self.name}" if self.source == "run" else self.path.name
+        if self.source == "hf-cache" or self.path.is_dir():
+            head = self.name
         if self.error is not None:
             return f"{head} · cannot be loaded"
+        if self.metadata.get("architecture"):  # an imported model: its library and architecture
+            classes = f"{len(self.class_names)} classes" if self.class_names else "no classifier"
+            return " · ".join([head, str(self.metadata["architecture"]), classes])
         parts = [head, self.dataset or "unknown dataset", f"{len(self.class_names)} classes"]
         if self.parameters is not None:
             parts.append(format_parameters(self.parameters))
@@ -94,9 +100,15 @@ class CatalogEntry:
             f"{self.image_size}×{self.image_size} px {'greyscale' if self.num_channels == 1 else 'colour'} input, "
             f"{self.patch_size}-px patches ({gh}×{gh} grid), "
             f"{format_parameters(self.parameters) if self.parameters is not None else 'unknown size'}",
-            f"**Data** {escape_markdown(self.dataset or 'unknown')}; {len(self.class_names)} classes: "
-            f"{escape_markdown(', '.join(self.class_names))}",
         ]
+        if self.metadata.get("architecture"):
+            shown = ", ".join(self.class_names[:10]) + (", …" if len(self.class_names) > 10 else "")
+            lines.append(f"**Imported** {escape_markdown(self.metadata['architecture'])}; "
+                         + (f"{len(self.class_names)} classes: {escape_markdown(shown)}" if self.class_names
+                            else "no classifier (a feature model: maps, no prediction)"))
+        else:
+            lines.append(f"**Data** {escape_markdown(self.dataset or 'unknown')}; {len(self.class_names)} classes: "
+                         f"{escape_markdown(', '.join(self.class_names))}")
         trained = []
         if self.val_acc is not None:
             trained.append(f"validation accuracy {self.val_acc:.1%}")
@@ -163,10 +175,17 @@ def run_state(run_dir: Path) -> str | None:
 
 def describe(candidate: Candidate) -> CatalogEntry:
     """Check a checkpoint as loading it would, without reading its weights (they are memory-mapped) or
-    building a model; errors become the entry's ``error``, so such a file is listed as "cannot be loaded"."""
+    building a model; errors become the entry's ``error``, so such a file is listed as "cannot be loaded".
+
+    Imported models are described from their config.json (folders) or by opening them (weights files).
+    """
     try:
+        if candidate.path.is_dir() or candidate.path.suffix != ".pt":
+            return describe_import(candidate)
         payload = read_checkpoint_payload(candidate.path, mmap=True)
         config, _, class_names = check_payload(candidate.path, payload)
+    except ForeignCheckpointError:
+        return describe_import(candidate)
     except CheckpointError as e:
         return CatalogEntry(candidate.path, candidate.source, candidate.name, error=str(e))
     metadata = dict(payload.get("metadata") or {})
@@ -188,6 +207,118 @@ def describe(candidate: Candidate) -> CatalogEntry:
         epochs=epochs if isinstance(epochs, int) and not isinstance(epochs, bool) else None,
         metadata=metadata,
     )
+
+
+def describe_import(candidate: Candidate) -> CatalogEntry:
+    """An HF or timm folder from its config.json alone (no weights read); a weights file by opening it."""
+    from vit import hf, sources  # the import mappings are only needed for imported models
+
+    path = candidate.path
+    try:
+        config_json = sources.read_json(path / "config.json") if path.is_dir() and (path / "config.json").is_file() \
+            else None
+        architectures = (config_json or {}).get("architectures")
+        if config_json and "auto_map" not in config_json and isinstance(architectures, list) and architectures \
+                and architectures[0] in hf.ARCHITECTURES:
+            config = hf.config_from_hf(config_json, architectures[0])
+            class_names = sources.hf_class_names(config_json, config.num_classes)
+            metadata = {"architecture": f"hf:{architectures[0]}"}
+            parameters = count_parameters_of(config)
+        elif config_json and isinstance(config_json.get("architecture"), str) \
+                and (path / "model.safetensors").is_file():  # timm: shapes from the safetensors header only
+            config, class_names = sources.describe_timm_folder(path, config_json)
+            metadata = {"architecture": f"timm:{config_json['architecture']}"}
+            parameters = count_parameters_of(config)
+        else:
+            checkpoint = sources.open_source(path)
+            config, class_names, metadata = checkpoint.config, checkpoint.class_names, checkpoint.metadata
+            parameters = sum(p.numel() for p in checkpoint.model.parameters())
+    except (CheckpointError, ValueError, TypeError) as e:
+        return CatalogEntry(path, candidate.source, candidate.name, error=str(e).splitlines()[0] if str(e) else repr(e))
+    return CatalogEntry(path=path, source=candidate.source, name=candidate.name, class_names=tuple(class_names),
+                        parameters=parameters, image_size=config.image_size, patch_size=config.patch_size,
+                        num_channels=config.num_channels, num_layers=config.num_layers, num_heads=config.num_heads,
+                        metadata=dict(metadata))
+
+
+def count_parameters_of(config) -> int:
+    """The parameter count of a model of ``config``, built on the meta device (no memory, no weights read)."""
+    import torch
+
+    from vit.checkpoint import MAX_LAYERS
+    from vit.model import ViT
+
+    if config.num_layers > MAX_LAYERS:  # building even an empty model costs ~3 ms a layer
+        raise ValueError(f"its config declares {config.num_layers:,} layers, more than the {MAX_LAYERS} this "
+                         "program builds")
+    with torch.device("meta"):
+        return sum(p.numel() for p in ViT(config).parameters())
+
+
+def hf_cache_dirs() -> list[Path]:
+    """Where ``huggingface_hub`` keeps downloaded models: $HF_HUB_CACHE, $HF_HOME/hub, ~/.cache/huggingface/hub."""
+    found = []
+    if os.environ.get("HF_HUB_CACHE"):
+        found.append(Path(os.environ["HF_HUB_CACHE"]).expanduser())
+    if os.environ.get("HF_HOME"):
+        found.append(Path(os.environ["HF_HOME"]).expanduser() / "hub")
+    found.append(Path("~/.cache/huggingface/hub").expanduser())
+    unique = []
+    for path in found:
+        if path not in unique:
+            unique.append(path)
+    return unique
+
+
+def hf_snapshot(model_dir: Path) -> Path | None:
+    """The snapshot ``refs/main`` points to, else the newest one; None when there is none."""
+    snapshots = model_dir / "snapshots"
+    try:
+        ref = (model_dir / "refs" / "main").read_text().strip()
+        if ref and "/" not in ref and (snapshots / ref).is_dir():
+            return snapshots / ref
+    except OSError:
+        pass
+    try:
+        folders = [p for p in snapshots.iterdir() if p.is_dir()]
+    except OSError:
+        return None
+    return max(folders, key=lambda p: p.stat().st_mtime, default=None)
+
+
+def find_hf_cache_models(cache_dirs: list[Path] | None = None) -> list[Candidate]:
+    """The supported ViTs in the local HF cache (``models--ORG--NAME``), by hub name; reads only config.json."""
+    from vit import hf, import_timm, sources
+
+    found: list[Candidate] = []
+    for cache in cache_dirs if cache_dirs is not None else hf_cache_dirs():
+        if not cache.is_dir():
+            continue
+        for model_dir in sorted(p for p in cache.iterdir() if p.is_dir() and p.name.startswith("models--")):
+            snapshot = hf_snapshot(model_dir)
+            if snapshot is None or not (snapshot / "config.json").is_file():
+                continue
+            try:
+                config_json = sources.read_json(snapshot / "config.json")
+            except CheckpointError:
+                continue
+            if "auto_map" in config_json:
+                continue  # custom code: never run, so never listed
+            architectures = config_json.get("architectures")
+            timm_name = config_json.get("architecture")
+            if isinstance(architectures, list) and architectures and architectures[0] in hf.ARCHITECTURES:
+                pass
+            elif isinstance(timm_name, str):
+                try:
+                    import_timm.check_name(timm_name)
+                except ValueError:
+                    continue
+            else:
+                continue
+            name = model_dir.name[len("models--"):].replace("--", "/")
+            if all(c.name != name for c in found):
+                found.append(Candidate(snapshot, "hf-cache", name))
+    return found
 
 
 def list_checkpoints(checkpoints_dir: str | os.PathLike | None = None,

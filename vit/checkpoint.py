@@ -23,6 +23,7 @@ from vit.model import ViT, ViTConfig
 FORMAT = "vit-attention-explorer-checkpoint"
 FORMAT_VERSION = 1
 # Bounds checked before anything is unpickled or built, so a hostile file costs milliseconds, not minutes.
+MAX_PREPROCESSING_PATCHES = 4096  # a 64 x 64 grid; larger than the model's own input needs no more
 MAX_LAYERS = 256  # far beyond any published ViT (ViT-22B has 48); building the empty model costs ~3 ms a layer
 PICKLE_BASE_BYTES = 1024 * 1024  # config, class names (ImageNet: 25 KB), metadata, metrics (150 KB per 1,000 epochs)
 PICKLE_BYTES_PER_TENSOR = 512  # a tensor's key and rebuild call take ~150 bytes of pickle
@@ -38,23 +39,45 @@ class CheckpointError(ValueError):
     """A checkpoint that cannot be read; the message says why and what to do."""
 
 
+class ForeignCheckpointError(CheckpointError):
+    """A safe torch file that is not one of ours (e.g. a timm or torchvision state dict): ``vit.sources`` reads it."""
+
+
+RESIZE_MODES = ("square", "shortest_edge")
+RESAMPLE_FILTERS = ("nearest", "bilinear", "bicubic", "lanczos")
+
+
 @dataclass(frozen=True)
 class Preprocessing:
-    """How an image becomes model input: resized to ``image_size`` square, then normalised."""
+    """How an image becomes model input: resized, centre-cropped to ``image_size`` square, then normalised.
+
+    Without ``resize_size`` the image is resized straight to ``image_size`` square (this
+    project's models); imported models keep their library's evaluation transform: resize to
+    ``resize_size`` (square, or the shorter side keeping the aspect ratio) and crop the centre.
+    """
 
     image_size: int
     num_channels: int
     mean: tuple[float, ...]
     std: tuple[float, ...]
+    resize_size: int | None = None  # None: no crop, resize straight to image_size
+    resize_mode: str = "square"  # "square" stretches to resize_size²; "shortest_edge" keeps the aspect ratio
+    resample: str = "bicubic"  # the PIL filter of the resize
 
     def to_dict(self) -> dict:
         return {"image_size": self.image_size, "num_channels": self.num_channels,
-                "mean": list(self.mean), "std": list(self.std)}
+                "mean": list(self.mean), "std": list(self.std), "resize_size": self.resize_size,
+                "resize_mode": self.resize_mode, "resample": self.resample}
 
     @classmethod
     def from_dict(cls, values: dict) -> Preprocessing:
+        """From ``to_dict``'s output; checkpoints written before the resize fields get today's defaults."""
+        resize = values.get("resize_size")
         return cls(int(values["image_size"]), int(values["num_channels"]),
-                   tuple(float(m) for m in values["mean"]), tuple(float(s) for s in values["std"]))
+                   tuple(float(m) for m in values["mean"]), tuple(float(s) for s in values["std"]),
+                   resize_size=int(resize) if resize is not None else None,
+                   resize_mode=str(values.get("resize_mode", "square")),
+                   resample=str(values.get("resample", "bicubic")))
 
     @classmethod
     def default_for(cls, config: ViTConfig) -> Preprocessing:
@@ -90,11 +113,18 @@ def preprocessing_problem(preprocessing: Preprocessing, config: ViTConfig) -> st
         return f"std must be positive, got {list(p.std)}"
     if p.image_size <= 0 or p.image_size % config.patch_size:
         return f"image size {p.image_size} is not a positive multiple of the patch size {config.patch_size}"
-    if p.image_size > config.image_size:
-        # Every input would have more tokens than the model was built for (attention grows with their square).
-        tokens = (p.image_size // config.patch_size) ** 2 + 1
-        return (f"image size {p.image_size} is larger than the model's own {config.image_size} px "
-                f"({tokens:,} tokens per image); store the model's size")
+    patches = (p.image_size // config.patch_size) ** 2
+    if p.image_size > config.image_size and patches > MAX_PREPROCESSING_PATCHES:
+        # Every input would get more tokens than the model was built for; attention grows with their square.
+        return (f"image size {p.image_size} is larger than the model's own {config.image_size} px and gives "
+                f"{patches + 1:,} tokens per image (at most {MAX_PREPROCESSING_PATCHES:,} patches); store the "
+                "model's size")
+    if p.resize_size is not None and not p.image_size <= p.resize_size <= 16 * p.image_size:
+        return f"resize size {p.resize_size} must be between the crop size {p.image_size} and 16 times it"
+    if p.resize_mode not in RESIZE_MODES:
+        return f"resize mode {p.resize_mode!r} is not one of {', '.join(RESIZE_MODES)}"
+    if p.resample not in RESAMPLE_FILTERS:
+        return f"resample filter {p.resample!r} is not one of {', '.join(RESAMPLE_FILTERS)}"
     return None
 
 
@@ -268,7 +298,7 @@ def read_checkpoint_payload(path: str | os.PathLike, map_location: str | torch.d
         raise CheckpointError(f"{path} is truncated or corrupt ({_first_line(e)}); "
                               "re-copy or re-create it") from None
     if not isinstance(payload, dict) or payload.get("format") != FORMAT:
-        raise CheckpointError(f"{path} is a torch file but not a ViT Attention Explorer checkpoint")
+        raise ForeignCheckpointError(f"{path} is a torch file but not a ViT Attention Explorer checkpoint")
     version = payload.get("format_version")
     if version != FORMAT_VERSION:
         raise CheckpointError(f"{path} has checkpoint format version {version!r}; this program reads "

@@ -28,7 +28,9 @@ def build_parser() -> argparse.ArgumentParser:
     summary, details = __doc__.split("\n\n", 1)
     p = OneLineParser(prog=f"python -m {PROG}", description=summary, epilog=details,
                       formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("checkpoint", help="a .pt checkpoint written by vit.train")
+    p.add_argument("checkpoint", help="a .pt checkpoint, a Hugging Face or timm model folder, or timm / torchvision "
+                                      "weights")
+    p.add_argument("--arch", metavar="LIB:NAME", help="architecture of bare weights: timm:NAME or torchvision:NAME")
     p.add_argument("--data", required=True, metavar="DIR", help="a folder with one subfolder of images per class")
     p.add_argument("--batch-size", type=positive_int, default=64, help="images per forward pass (default 64)")
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
@@ -94,7 +96,9 @@ def evaluate(checkpoint: Checkpoint, files: list[tuple[Path, int]], batch_size: 
 
 
 def run(args: argparse.Namespace) -> int:
-    checkpoint = open_checkpoint(args.checkpoint, resolve_device(args.device))
+    checkpoint = open_checkpoint(args.checkpoint, resolve_device(args.device), args.arch)
+    if not checkpoint.class_names:
+        raise UsageError(f"{args.checkpoint} has no classifier (a feature model); there is no accuracy to measure")
     files = labelled_files(Path(args.data), checkpoint.class_names)
     summary, errors = evaluate(checkpoint, files, args.batch_size, progress=sys.stderr.isatty())
     for error in errors:

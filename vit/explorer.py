@@ -12,6 +12,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -59,6 +60,7 @@ class Analysis:
     num_prefix_tokens: int
     distance: np.ndarray  # (L, H) mean attention distance in model-input pixels
     entropy: np.ndarray  # (L, H) mean attention entropy in nats
+    prefix_names: tuple[str, ...] = ()  # ('CLS', 'DIST', 'REG 1', ...); empty: CLS then numbered prefix tokens
 
     @property
     def num_layers(self) -> int:
@@ -81,7 +83,7 @@ def analyse(checkpoint: Checkpoint, image: Image.Image, top_k: int = TOP_K) -> A
     grid, prefix, patch_size = model.patch_grid(size, size), model.num_prefix_tokens, model.config.patch_size
     stats = layer_stats(attentions, grid, patch_size, prefix)  # each (L, 1, H)
     return Analysis(prediction=prediction, attentions=attentions, grid=grid, patch_size=patch_size,
-                    image_size=size, num_prefix_tokens=prefix,
+                    image_size=size, num_prefix_tokens=prefix, prefix_names=model.config.prefix_token_names,
                     distance=stats["distance"][:, 0].float().numpy(), entropy=stats["entropy"][:, 0].float().numpy())
 
 
@@ -166,19 +168,31 @@ def small_multiples(image: Image.Image, maps: np.ndarray, opacity: float, colorm
     return [overlay(image, m, opacity, colormap, mode, outline_patch=outline_patch) for m in maps]
 
 
-def token_label(token: int, grid: tuple[int, int], num_prefix_tokens: int = 1) -> str:
-    """'CLS' for token 0, 'patch row 2, col 3' (counted from 1, top left) for a patch token."""
+def token_label(token: int, grid: tuple[int, int], num_prefix_tokens: int = 1,
+                prefix_names: Sequence[str] = ()) -> str:
+    """'CLS' for token 0, 'DIST' / 'REG 2' for other prefix tokens named in ``prefix_names``
+    (``ViTConfig.prefix_token_names``), 'patch row 2, col 3' (counted from 1, top left) for a patch token."""
     if token < 0 or token >= num_prefix_tokens + grid[0] * grid[1]:
         raise ValueError(f"token {token} is out of range for a {grid[0]}x{grid[1]} grid")
     if token < num_prefix_tokens:
+        if token < len(prefix_names):
+            return prefix_names[token]
         return "CLS" if token == 0 else f"prefix token {token}"
     row, col = divmod(token - num_prefix_tokens, grid[1])
     return f"patch row {row + 1}, col {col + 1}"
 
 
-def token_option(token: int, grid: tuple[int, int], num_prefix_tokens: int = 1) -> str:
-    """The query picker's text for a token: '0 · CLS', '10 · patch row 2, col 2'."""
-    return f"{token} · {token_label(token, grid, num_prefix_tokens)}"
+def token_option(token: int, grid: tuple[int, int], num_prefix_tokens: int = 1,
+                 prefix_names: Sequence[str] = ()) -> str:
+    """The query picker's text for a token: '0 · CLS', '2 · REG 1', '10 · patch row 2, col 2'."""
+    return f"{token} · {token_label(token, grid, num_prefix_tokens, prefix_names)}"
+
+
+def tokens_caption(grid: tuple[int, int], num_prefix_tokens: int = 1, prefix_names: Sequence[str] = ()) -> str:
+    """Which token is which, for the matrix caption: 'token 0 is CLS, 1 is REG 1, …; tokens 3–18 the patches'."""
+    names = [f"{t} is {token_label(t, grid, num_prefix_tokens, prefix_names)}" for t in range(num_prefix_tokens)]
+    first, last = num_prefix_tokens, num_prefix_tokens + grid[0] * grid[1] - 1
+    return f"token {', '.join(names)}; tokens {first}–{last} the patches row by row"
 
 
 def patch_of(token: int, num_prefix_tokens: int = 1) -> int | None:
@@ -199,8 +213,13 @@ def token_from_selection(selection, num_prefix_tokens: int = 1) -> int | None:
 def describe_map(settings: MapSettings, analysis: Analysis, class_names: list[str]) -> str:
     """A caption that says what the drawn map means."""
     s, L, H = settings, analysis.num_layers, analysis.num_heads
-    query = token_label(s.query, analysis.grid, analysis.num_prefix_tokens)
-    who = "the CLS token" if s.query == 0 else f"the query {query} (outlined)"
+    query = token_label(s.query, analysis.grid, analysis.num_prefix_tokens, analysis.prefix_names)
+    if s.query == 0:
+        who = "the CLS token"
+    elif s.query < analysis.num_prefix_tokens:
+        who = f"the {query} token"
+    else:
+        who = f"the query {query} (outlined)"
     if s.kind == "attention":
         layer = s.layer % L
         heads = f"head {s.head + 1}" if s.head is not None else f"the {s.fusion} over its {H} heads"
@@ -253,7 +272,8 @@ def display_image(image: Image.Image, min_side: int = 320, max_side: int = 640) 
 def model_input_image(image: Image.Image, checkpoint: Checkpoint) -> Image.Image:
     """The image as the model sees it (resized to its square input, greyscale for greyscale models)."""
     p = checkpoint.preprocessing
-    array = to_uint8(image, p.image_size, p.num_channels).permute(1, 2, 0).numpy()  # (S, S, C)
+    array = to_uint8(image, p.image_size, p.num_channels, p.resize_size, p.resize_mode,
+                     p.resample).permute(1, 2, 0).numpy()  # (S, S, C)
     return Image.fromarray(array[:, :, 0] if array.shape[2] == 1 else array)
 
 
@@ -275,7 +295,7 @@ def patch_picker_figure(image_size: tuple[int, int], image_source: str, grid: tu
     gh, gw = grid
     rows, cols = np.divmod(np.arange(gh * gw), gw)
     xs, ys = (cols + 0.5) * width / gw, (rows + 0.5) * height / gh
-    labels = [token_option(int(p) + num_prefix_tokens, grid, num_prefix_tokens) for p in range(gh * gw)]
+    labels = [token_option(int(p) + num_prefix_tokens, grid, num_prefix_tokens) for p in range(gh * gw)]  # patches
     invisible = dict(marker=dict(opacity=0))
     points = go.Scatter(x=xs, y=ys, mode="markers", text=labels, hovertemplate="%{text}<extra></extra>",
                         marker=dict(size=max(4, min(width / gw, height / gh)), symbol="square", opacity=0),
@@ -316,7 +336,8 @@ def predictions_figure(prediction: Prediction) -> go.Figure:
 
 
 def attention_matrix_figure(matrix: np.ndarray, grid: tuple[int, int], num_prefix_tokens: int = 1,
-                            colormap: str = "inferno", title: str = "", query: int | None = None) -> go.Figure:
+                            colormap: str = "inferno", title: str = "", query: int | None = None,
+                            prefix_names: Sequence[str] = ()) -> go.Figure:
     """A ``(T, T)`` attention matrix as a heatmap: row = query token, column = key token, token 0 = CLS.
 
     ``query`` outlines that row: the one the overlay shows (without its prefix columns).
@@ -325,7 +346,7 @@ def attention_matrix_figure(matrix: np.ndarray, grid: tuple[int, int], num_prefi
     fig = go.Figure(go.Heatmap(z=matrix, colorscale=colormap, colorbar=dict(title="attention"),
                                hovertemplate="query %{y} → key %{x}: %{z:.4f}<extra></extra>"))
     ticks = [0] + list(range(num_prefix_tokens + grid[1], T, grid[1]))  # CLS, then the first token of rows 2, 3, …
-    text = ["CLS" if t == 0 else str(t) for t in ticks]
+    text = [(prefix_names[0] if prefix_names else "CLS") if t == 0 else str(t) for t in ticks]
     fig.update_xaxes(title="key token (attended to)", tickvals=ticks, ticktext=text, constrain="domain")
     fig.update_yaxes(title="query token (attending)", tickvals=ticks, ticktext=text, autorange="reversed",
                      scaleanchor="x", constrain="domain")

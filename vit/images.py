@@ -119,11 +119,32 @@ def to_mode(image: Image.Image, num_channels: int) -> Image.Image:
     return image.convert("RGB" if num_channels == 3 else "L")
 
 
-def to_uint8(image: Image.Image, image_size: int, num_channels: int) -> torch.Tensor:
-    """The evaluation transform up to normalisation: a ``(C, S, S)`` uint8 tensor."""
+def to_uint8(image: Image.Image, image_size: int, num_channels: int, resize_size: int | None = None,
+             resize_mode: str = "square", resample: str = "bicubic") -> torch.Tensor:
+    """The evaluation transform up to normalisation: a ``(C, S, S)`` uint8 tensor.
+
+    Without ``resize_size``: resized straight to ``image_size`` square. With it: resized to
+    ``resize_size`` (``"square"``, or ``"shortest_edge"`` keeping the aspect ratio, as
+    torchvision's ``Resize(int)``), then the centre ``image_size`` square is cropped.
+    """
     image = to_mode(image, num_channels)
-    if image.size != (image_size, image_size):
-        image = image.resize((image_size, image_size), Image.Resampling.BICUBIC)
+    filter_ = Image.Resampling[resample.upper()]
+    if resize_size is None:
+        if image.size != (image_size, image_size):
+            image = image.resize((image_size, image_size), filter_)
+    else:
+        width, height = image.size
+        if resize_mode == "shortest_edge":
+            short, long = min(width, height), max(width, height)
+            new_long = int(resize_size * long / short)
+            size = (resize_size, new_long) if width <= height else (new_long, resize_size)
+        else:
+            size = (resize_size, resize_size)
+        if image.size != size:
+            image = image.resize(size, filter_)
+        left = int(round((size[0] - image_size) / 2.0))  # torchvision's center_crop rounding
+        top = int(round((size[1] - image_size) / 2.0))
+        image = image.crop((left, top, left + image_size, top + image_size))
     array = np.asarray(image, dtype=np.uint8)
     if array.ndim == 2:
         array = array[:, :, None]

@@ -25,7 +25,8 @@ def preprocess(images: Sequence[Image.Image], preprocessing: Preprocessing) -> t
     p = preprocessing
     if not images:
         return torch.empty(0, p.num_channels, p.image_size, p.image_size)
-    batch = torch.stack([to_uint8(image, p.image_size, p.num_channels) for image in images])  # (B, C, S, S)
+    batch = torch.stack([to_uint8(image, p.image_size, p.num_channels, p.resize_size, p.resize_mode, p.resample)
+                         for image in images])  # (B, C, S, S)
     return normalize(batch, p.mean, p.std)
 
 
@@ -37,11 +38,12 @@ class Prediction:
     probabilities: np.ndarray  # (classes,) softmax of the logits
     logits: np.ndarray  # (classes,)
     attentions: tuple[np.ndarray, ...] | None  # per layer (heads, T, T) float32, when asked for
-    class_index: int  # argmax of probabilities
+    class_index: int  # argmax of probabilities; -1 for a model without a classifier
 
     @property
     def label(self) -> str:
-        return self.top_k[0][0]
+        """The most probable class name; empty for a model without a classifier."""
+        return self.top_k[0][0] if self.top_k else ""
 
 
 def predict(checkpoint: Checkpoint, images: Sequence[Image.Image], top_k: int = 5, output_attentions: bool = True,
@@ -64,6 +66,8 @@ def predict(checkpoint: Checkpoint, images: Sequence[Image.Image], top_k: int = 
             chunk = images[start:start + batch_size]
             x = preprocess(chunk, checkpoint.preprocessing).to(device)  # (B, C, S, S)
             logits, attentions = model(x, output_attentions=output_attentions)
+            if logits is None:  # a feature model without a classifier (e.g. DINO): maps, no prediction
+                logits = x.new_zeros(x.shape[0], 0)
             logits = logits.float()
             probs = logits.softmax(dim=-1)  # (B, classes)
             top_p, top_i = probs.topk(k, dim=-1)  # (B, k) each, descending
@@ -77,7 +81,7 @@ def predict(checkpoint: Checkpoint, images: Sequence[Image.Image], top_k: int = 
                     logits=logits_np[i].copy(),
                     # copies, so one kept prediction does not keep its whole batch alive
                     attentions=tuple(layer[i].copy() for layer in layers) if layers is not None else None,
-                    class_index=int(top_i[i][0]),
+                    class_index=int(top_i[i][0]) if k else -1,
                 ))
     return results
 

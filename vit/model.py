@@ -4,6 +4,14 @@ Building blocks first, the model last. ``ViT.forward`` follows the seed contract
 ``logits, attentions = model(images, output_attentions=False)``: ``attentions`` is ``None``
 unless asked for, else a tuple with one ``(batch, heads, tokens, tokens)`` tensor per layer
 holding the post-softmax probabilities (the meaning HF ``transformers`` gives the flag).
+``logits`` is ``None`` for a model without a classifier (``num_classes=0``: feature models
+such as DINO, whose attention is what one studies).
+
+The defaults are the original ViT that this project trains; the other fields express the
+published variants imported from HF ``transformers``, timm and torchvision (``vit.sources``):
+DeiT's distillation token, DINOv2's layer scale and register tokens, timm's average pooling
+with ``fc_norm`` and position tables without prefix entries. Tokens are always ordered
+``[CLS, DIST?, REG 1..R, patches row by row]``.
 """
 
 from __future__ import annotations
@@ -31,13 +39,26 @@ class ViTConfig:
     drop_path: float = 0.0  # stochastic depth rate of the last block, linear from 0 at the first
     qkv_bias: bool = True
     layer_norm_eps: float = 1e-6  # timm's value; HF's ViT uses 1e-12, set it to load those
+    # Imported variants; the defaults are the plain ViT (and keep older checkpoints loading).
+    distillation_token: bool = False  # DeiT: a second prefix token after CLS
+    distillation_head: bool = False  # DeiT with teacher: a classifier on DIST too, logits the mean of both
+    num_register_tokens: int = 0  # DINOv2 / timm reg_token: extra prefix tokens that soak up global attention
+    layer_scale: float | None = None  # CaiT / DINOv2: per-channel residual gains, initialised to this value
+    pooling: str = "cls"  # what the classifier reads: "cls", "avg" (of patches) or "cls+avg" (DINOv2, concatenated)
+    fc_norm: bool = False  # timm's avg-pool models normalise the pooled vector instead of every token
+    prefix_positions: str = "all"  # prefix tokens with a position: "all", "cls" (HF DINOv2 registers) or "none"
+    pos_embed_antialias: bool = False  # timm and HF DINOv2-registers resample positions with antialias=True
 
     def __post_init__(self) -> None:
-        for name in ("image_size", "patch_size", "num_channels", "num_classes", "hidden_size",
-                     "num_layers", "num_heads", "mlp_size"):
+        for name in ("image_size", "patch_size", "num_channels", "hidden_size", "num_layers", "num_heads",
+                     "mlp_size"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise ValueError(f"ViTConfig.{name} must be a positive integer, got {value!r}")
+        for name in ("num_classes", "num_register_tokens"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"ViTConfig.{name} must be a whole number of at least 0, got {value!r}")
         if self.image_size % self.patch_size:
             raise ValueError(f"ViTConfig.image_size ({self.image_size}) must be divisible by "
                              f"patch_size ({self.patch_size})")
@@ -52,6 +73,19 @@ class ViTConfig:
             raise ValueError(f"ViTConfig.qkv_bias must be true or false, got {self.qkv_bias!r}")
         if not isinstance(self.layer_norm_eps, (int, float)) or not self.layer_norm_eps > 0:
             raise ValueError(f"ViTConfig.layer_norm_eps must be positive, got {self.layer_norm_eps!r}")
+        for name in ("distillation_token", "distillation_head", "fc_norm", "pos_embed_antialias"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"ViTConfig.{name} must be true or false, got {getattr(self, name)!r}")
+        if self.distillation_head and not (self.distillation_token and self.num_classes):
+            raise ValueError("ViTConfig.distillation_head needs distillation_token and num_classes > 0")
+        if self.layer_scale is not None and (isinstance(self.layer_scale, bool)
+                                             or not isinstance(self.layer_scale, (int, float))):
+            raise ValueError(f"ViTConfig.layer_scale must be a number or null, got {self.layer_scale!r}")
+        if self.pooling not in POOLINGS:
+            raise ValueError(f"ViTConfig.pooling must be one of {', '.join(POOLINGS)}, got {self.pooling!r}")
+        if self.prefix_positions not in PREFIX_POSITIONS:
+            raise ValueError(f"ViTConfig.prefix_positions must be one of {', '.join(PREFIX_POSITIONS)}, "
+                             f"got {self.prefix_positions!r}")
 
     @property
     def grid_size(self) -> tuple[int, int]:
@@ -61,6 +95,22 @@ class ViTConfig:
     @property
     def num_patches(self) -> int:
         return self.grid_size[0] * self.grid_size[1]
+
+    @property
+    def num_prefix_tokens(self) -> int:
+        """CLS, the distillation token and the registers, in that order before the patches."""
+        return 1 + int(self.distillation_token) + self.num_register_tokens
+
+    @property
+    def prefix_token_names(self) -> tuple[str, ...]:
+        """Display names of the prefix tokens in order: ('CLS', 'DIST', 'REG 1', ...)."""
+        return (("CLS",) + (("DIST",) if self.distillation_token else ())
+                + tuple(f"REG {i + 1}" for i in range(self.num_register_tokens)))
+
+    @property
+    def num_positioned_prefix_tokens(self) -> int:
+        """How many of the prefix tokens have an entry in the position table (the first ones)."""
+        return {"all": self.num_prefix_tokens, "cls": 1, "none": 0}[self.prefix_positions]
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -81,6 +131,9 @@ class ViTConfig:
             raise ValueError(f"unknown preset {name!r}; choose one of: {', '.join(PRESETS)}")
         return replace(PRESETS[name], **overrides)
 
+
+POOLINGS = ("cls", "avg", "cls+avg")
+PREFIX_POSITIONS = ("all", "cls", "none")
 
 PRESETS: dict[str, ViTConfig] = {
     # Seed blog (tintn, "ViT from scratch"): 0.12 M parameters, 75.5 % on CIFAR-10.
@@ -110,18 +163,21 @@ PRESETS: dict[str, ViTConfig] = {
 
 
 def resample_pos_embed(pos_embed: torch.Tensor, new_grid: tuple[int, int],
-                       old_grid: tuple[int, int], num_prefix_tokens: int = 1) -> torch.Tensor:
+                       old_grid: tuple[int, int], num_prefix_tokens: int = 1, antialias: bool = False
+                       ) -> torch.Tensor:
     """Bicubically resize position embeddings ``(1, prefix + gh*gw, D)`` to another patch grid.
 
     Prefix (CLS) embeddings are kept as they are; the interpolation runs in float32 and
-    matches HF ``transformers``' ``interpolate_pos_encoding`` (align_corners=False).
+    matches HF ``transformers``' ``interpolate_pos_encoding`` (align_corners=False), or with
+    ``antialias`` timm's ``resample_abs_pos_embed`` and HF DINOv2-with-registers (PyTorch's
+    antialiased bicubic uses another kernel, so it differs even when upsampling).
     """
     if tuple(new_grid) == tuple(old_grid):
         return pos_embed
     prefix, grid = pos_embed[:, :num_prefix_tokens], pos_embed[:, num_prefix_tokens:]
     dim, dtype = pos_embed.shape[-1], pos_embed.dtype
     grid = grid.reshape(1, old_grid[0], old_grid[1], dim).permute(0, 3, 1, 2).float()  # (1, D, gh, gw)
-    grid = F.interpolate(grid, size=tuple(new_grid), mode="bicubic", align_corners=False)
+    grid = F.interpolate(grid, size=tuple(new_grid), mode="bicubic", align_corners=False, antialias=antialias)
     grid = grid.permute(0, 2, 3, 1).reshape(1, new_grid[0] * new_grid[1], dim).to(dtype)
     return torch.cat([prefix, grid], dim=1)
 
@@ -180,7 +236,7 @@ def drop_path(x: torch.Tensor, rate: float, training: bool) -> torch.Tensor:
 
 
 class Block(nn.Module):
-    """Pre-norm encoder block: x + MSA(LN(x)), then x + MLP(LN(x))."""
+    """Pre-norm encoder block: x + MSA(LN(x)), then x + MLP(LN(x)) (each branch times its layer scale, if any)."""
 
     def __init__(self, config: ViTConfig, drop_path_rate: float = 0.0) -> None:
         super().__init__()
@@ -189,35 +245,51 @@ class Block(nn.Module):
         self.norm2 = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.mlp = MLP(config)
         self.drop_path_rate = drop_path_rate
+        # Layer scale (CaiT, DINOv2): a learned per-channel gain on each residual branch.
+        scale = config.layer_scale
+        self.ls1 = nn.Parameter(torch.full((config.hidden_size,), float(scale))) if scale is not None else None
+        self.ls2 = nn.Parameter(torch.full((config.hidden_size,), float(scale))) if scale is not None else None
 
     def forward(self, x: torch.Tensor, output_attentions: bool = False
                 ) -> tuple[torch.Tensor, torch.Tensor | None]:
         y, probs = self.attn(self.norm1(x), output_attentions)
+        if self.ls1 is not None:
+            y = y * self.ls1
         x = x + drop_path(y, self.drop_path_rate, self.training)
-        x = x + drop_path(self.mlp(self.norm2(x)), self.drop_path_rate, self.training)
+        y = self.mlp(self.norm2(x))
+        if self.ls2 is not None:
+            y = y * self.ls2
+        x = x + drop_path(y, self.drop_path_rate, self.training)
         return x, probs
 
 
 class ViT(nn.Module):
-    """Patch embedding, CLS token, learned positions, pre-norm blocks, classifier on CLS."""
-
-    num_prefix_tokens = 1  # the CLS token
+    """Patch embedding, prefix tokens, learned positions, pre-norm blocks, a classifier on the pooled tokens."""
 
     def __init__(self, config: ViTConfig) -> None:
         super().__init__()
         self.config = config
+        self.num_prefix_tokens = config.num_prefix_tokens  # CLS (+ DIST) (+ registers)
         d = config.hidden_size
         self.patch_embed = nn.Conv2d(config.num_channels, d, config.patch_size, config.patch_size)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, d))
-        self.pos_embed = nn.Parameter(torch.zeros(1, 1 + config.num_patches, d))
+        self.dist_token = nn.Parameter(torch.zeros(1, 1, d)) if config.distillation_token else None
+        self.reg_token = (nn.Parameter(torch.zeros(1, config.num_register_tokens, d))
+                          if config.num_register_tokens else None)
+        self.pos_embed = nn.Parameter(torch.zeros(1, config.num_positioned_prefix_tokens + config.num_patches, d))
         self.pos_dropout = nn.Dropout(config.dropout)
         rates = [config.drop_path * i / max(config.num_layers - 1, 1) for i in range(config.num_layers)]
         self.blocks = nn.ModuleList(Block(config, rate) for rate in rates)
-        self.norm = nn.LayerNorm(d, eps=config.layer_norm_eps)
-        self.head = nn.Linear(d, config.num_classes)
+        # timm's avg-pool models normalise the pooled vector (fc_norm) instead of every token (norm).
+        self.norm = nn.Identity() if config.fc_norm else nn.LayerNorm(d, eps=config.layer_norm_eps)
+        self.fc_norm = nn.LayerNorm(d, eps=config.layer_norm_eps) if config.fc_norm else None
+        head_in = 2 * d if config.pooling == "cls+avg" else d
+        self.head = nn.Linear(head_in, config.num_classes) if config.num_classes else None
+        self.head_dist = nn.Linear(d, config.num_classes) if config.distillation_head else None
         self.apply(_init_weights)
-        nn.init.trunc_normal_(self.pos_embed, std=0.02)
-        nn.init.trunc_normal_(self.cls_token, std=0.02)
+        for token in (self.pos_embed, self.cls_token, self.dist_token, self.reg_token):
+            if token is not None:
+                nn.init.trunc_normal_(token, std=0.02)
 
     def patch_grid(self, height: int, width: int) -> tuple[int, int]:
         """The patch grid of an input of this size; raises ValueError when it does not tile."""
@@ -228,22 +300,47 @@ class ViT(nn.Module):
         return height // p, width // p
 
     def forward(self, images: torch.Tensor, output_attentions: bool = False
-                ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...] | None]:
-        """``images`` (B, C, H, W) -> logits (B, classes), attentions (per layer (B, nh, T, T)) or None."""
+                ) -> tuple[torch.Tensor | None, tuple[torch.Tensor, ...] | None]:
+        """``images`` (B, C, H, W) -> logits (B, classes) (None without a head), attentions (per layer
+        (B, nh, T, T)) or None."""
         if images.dim() != 4 or images.shape[1] != self.config.num_channels:
             raise ValueError(f"expected images of shape (batch, {self.config.num_channels}, height, "
                              f"width), got {tuple(images.shape)}")
+        c = self.config
+        B = images.shape[0]
         grid = self.patch_grid(images.shape[2], images.shape[3])
         x = self.patch_embed(images).flatten(2).transpose(1, 2)  # (B, gh*gw, D)
-        cls = self.cls_token.expand(x.shape[0], -1, -1)  # (B, 1, D)
-        pos = resample_pos_embed(self.pos_embed, grid, self.config.grid_size, self.num_prefix_tokens)
-        x = self.pos_dropout(torch.cat([cls, x], dim=1) + pos)  # (B, 1 + gh*gw, D)
+        positioned = c.num_positioned_prefix_tokens
+        pos = resample_pos_embed(self.pos_embed, grid, c.grid_size, positioned, c.pos_embed_antialias)
+        prefix = [t for t in (self.cls_token, self.dist_token, self.reg_token) if t is not None]
+        prefix = torch.cat(prefix, dim=1).expand(B, -1, -1)  # (B, P, D)
+        # The first `positioned` prefix tokens get their table entries, the others none (registers
+        # in HF DINOv2, every prefix token in timm's no_embed_class models).
+        x = torch.cat([prefix[:, :positioned], x], dim=1) + pos  # (B, positioned + gh*gw, D)
+        if positioned < self.num_prefix_tokens:
+            x = torch.cat([x[:, :positioned], prefix[:, positioned:], x[:, positioned:]], dim=1)  # (B, P + gh*gw, D)
+        x = self.pos_dropout(x)
         attentions = []
         for block in self.blocks:
             x, probs = block(x, output_attentions)
             attentions.append(probs)
-        logits = self.head(self.norm(x)[:, 0])  # (B, classes)
-        return logits, tuple(attentions) if output_attentions else None
+        attentions = tuple(attentions) if output_attentions else None
+        if self.head is None:
+            return None, attentions
+        x = self.norm(x)
+        patches = x[:, self.num_prefix_tokens:]  # (B, gh*gw, D)
+        if c.pooling == "cls":
+            pooled = x[:, 0]  # (B, D)
+        elif c.pooling == "avg":
+            pooled = patches.mean(dim=1)  # (B, D)
+        else:  # "cls+avg"
+            pooled = torch.cat([x[:, 0], patches.mean(dim=1)], dim=-1)  # (B, 2D)
+        if self.fc_norm is not None:
+            pooled = self.fc_norm(pooled)
+        logits = self.head(pooled)  # (B, classes)
+        if self.head_dist is not None:  # DeiT at inference: the mean of the class and distillation heads
+            logits = (logits + self.head_dist(x[:, 1])) / 2
+        return logits, attentions
 
 
 def _init_weights(module: nn.Module) -> None:

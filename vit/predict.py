@@ -6,7 +6,8 @@ each image also gets, named after its file (``photo.jpg`` -> ``photo``; a second
 ``photo.png`` -> ``photo-1``), and listed under ``"maps"`` in its object:
 
   DIR/<stem>.npz          raw attentions ``layer_0`` .. ``layer_{L-1}``, each (heads, T, T),
-                          with ``probabilities``, ``logits`` and ``class_names``
+                          with ``probabilities``, ``logits`` and ``class_names`` when the
+                          model has a classifier (feature models such as DINO have none)
   DIR/<stem>_cls.png      the last layer's CLS attention averaged over heads, over the image
   DIR/<stem>_rollout.png  attention rollout over all layers (mean over heads), over the image
 
@@ -27,7 +28,7 @@ import numpy as np
 import torch
 
 from vit.attention import fuse_heads, rollout, token_map
-from vit.checkpoint import Checkpoint, CheckpointError, load_checkpoint
+from vit.checkpoint import Checkpoint, CheckpointError
 from vit.inference import FileResult, predict_files
 from vit.overlay import attentions_npz_bytes, overlay
 
@@ -63,9 +64,12 @@ def resolve_device(spec: str) -> torch.device:
     return torch.device(spec)
 
 
-def open_checkpoint(path: str, device: torch.device) -> Checkpoint:
+def open_checkpoint(path: str, device: torch.device, arch: str | None = None) -> Checkpoint:
+    """Any model ``vit.sources.open_source`` reads (our .pt, HF/timm folders, timm/torchvision weights)."""
+    from vit.sources import open_source  # imported here: it pulls in the HF/timm/torchvision mappings
+
     try:
-        return load_checkpoint(path, map_location=device)
+        return open_source(path, arch, map_location=device)
     except CheckpointError as e:
         raise UsageError(str(e)) from None
 
@@ -74,7 +78,9 @@ def build_parser() -> argparse.ArgumentParser:
     summary, details = __doc__.split("\n\n", 1)
     p = OneLineParser(prog=f"python -m {PROG}", description=summary, epilog=details,
                       formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("checkpoint", help="a .pt checkpoint written by vit.train")
+    p.add_argument("checkpoint", help="a .pt checkpoint (vit.train, vit.convert), a Hugging Face or timm model folder, "
+                                      "or timm / torchvision weights")
+    p.add_argument("--arch", metavar="LIB:NAME", help="architecture of bare weights: timm:NAME or torchvision:NAME")
     p.add_argument("images", nargs="+", metavar="IMAGE", help="image files (jpg, png, webp, bmp, gif, tiff)")
     p.add_argument("--top-k", type=positive_int, default=5,
                    help="how many labels to list per image (default 5; at most the number of classes)")
@@ -107,16 +113,18 @@ def save_maps(result: FileResult, checkpoint: Checkpoint, folder: Path, stem: st
                             num_prefix_tokens=prefix)[0]  # (gh, gw)
     files = {"npz": folder / f"{stem}.npz", "cls": folder / f"{stem}_cls.png",
              "rollout": folder / f"{stem}_rollout.png"}
-    files["npz"].write_bytes(attentions_npz_bytes(prediction.attentions, probabilities=prediction.probabilities,
-                                                  logits=prediction.logits,
-                                                  class_names=np.array(checkpoint.class_names)))
+    extra = {}
+    if checkpoint.class_names:  # a model without a head has no logits to keep
+        extra = dict(probabilities=prediction.probabilities, logits=prediction.logits,
+                     class_names=np.array(checkpoint.class_names))
+    files["npz"].write_bytes(attentions_npz_bytes(prediction.attentions, **extra))
     overlay(result.image, cls_map.numpy()).save(files["cls"], format="PNG")
     overlay(result.image, rollout_map.numpy()).save(files["rollout"], format="PNG")
     return {kind: str(path) for kind, path in files.items()}
 
 
 def run(args: argparse.Namespace) -> int:
-    checkpoint = open_checkpoint(args.checkpoint, resolve_device(args.device))
+    checkpoint = open_checkpoint(args.checkpoint, resolve_device(args.device), args.arch)
     maps_dir = Path(args.save_maps) if args.save_maps else None
     if maps_dir is not None:
         try:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import logging
 import logging.handlers
@@ -223,6 +224,10 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--preset", default="tintn-cifar10", help=f"one of: {', '.join(PRESETS)} "
                    "(default tintn-cifar10). The number of classes follows the dataset, the number of "
                    "channels the preset (greyscale images are expanded for a 3-channel model)")
+    g.add_argument("--init", metavar="FILE_OR_FOLDER", help="fine-tune a model you have instead of a preset: one "
+                   "of our .pt checkpoints, a Hugging Face or timm folder, or timm / torchvision weights (see "
+                   "vit.convert). Its classifier is kept when the dataset has its classes, else replaced; images "
+                   "are normalised with its own mean and std. Only --image-size and the dropout rates may change")
     g.add_argument("--image-size", type=_positive_int, help="input side in pixels; images are resized to it")
     g.add_argument("--patch-size", type=_positive_int, help="patch side in pixels; must divide --image-size")
     g.add_argument("--hidden-size", type=_positive_int, help="token width; must be divisible by --num-heads")
@@ -321,12 +326,19 @@ def parse_args(argv: list[str] | None = None, check_out: bool = True) -> argpars
             setattr(args, key, value)
     if not explicit_warmup:  # short runs get a proportionally short warmup
         args.warmup_epochs = min(args.warmup_epochs, args.epochs / 10)
-    if args.preset not in PRESETS:
+    if args.init:
+        fixed = sorted(given_options(argv) & {"preset", "patch_size", "hidden_size", "num_layers", "num_heads",
+                                              "mlp_size"})
+        if fixed:
+            raise UsageError(f"{', '.join(_flag(name) for name in fixed)} cannot be given with --init: the model "
+                             "is the one you start from (only --image-size and the dropout rates may change)")
+    elif args.preset not in PRESETS:
         raise UsageError(f"unknown preset {args.preset!r}; choose one of: {', '.join(PRESETS)}")
     try:
         parse_dataset(args.dataset)
-        model_config(args, num_channels=PRESETS[args.preset].num_channels,
-                     num_classes=PRESETS[args.preset].num_classes)
+        if not args.init:
+            model_config(args, num_channels=PRESETS[args.preset].num_channels,
+                         num_classes=PRESETS[args.preset].num_classes)
     except ValueError as e:
         raise UsageError(str(e)) from None
     if args.warmup_epochs >= args.epochs and args.warmup_epochs > 0:
@@ -354,11 +366,32 @@ def model_config(args: argparse.Namespace, num_channels: int, num_classes: int) 
     return ViTConfig.from_preset(args.preset, num_channels=num_channels, num_classes=num_classes, **overrides)
 
 
-def resolve_model(args: argparse.Namespace, num_classes: int) -> ViTConfig:
-    """Fix the model of a new run: the preset's channels, the dataset's classes, the overrides."""
+def resolve_model(args: argparse.Namespace, num_classes: int, class_names: list[str] | None = None) -> ViTConfig:
+    """Fix the model of a new run: the preset's channels, the dataset's classes, the overrides;
+    with ``--init`` the imported model's (its classifier replaced when the classes differ)."""
     args.num_classes = num_classes
+    if getattr(args, "init", None):
+        return _resolve_init(args, num_classes, class_names)
     args.channels = PRESETS[args.preset].num_channels
     config = model_config(args, num_channels=args.channels, num_classes=num_classes)
+    args.model = config.to_dict()
+    args.image_size_resolved = config.image_size
+    return config
+
+
+def _resolve_init(args: argparse.Namespace, num_classes: int, class_names: list[str] | None) -> ViTConfig:
+    from vit.finetune import prepare_init  # opens HF / timm / torchvision sources only when asked
+
+    try:
+        init = prepare_init(args.init, num_classes, class_names, args.image_size)
+        dropouts = {k: getattr(args, k) for k in ("dropout", "attention_dropout", "drop_path")
+                    if getattr(args, k) is not None}
+        config = ViTConfig.from_dict({**init.config.to_dict(), **dropouts})
+    except (CheckpointError, ValueError) as e:
+        raise UsageError(f"--init {args.init}: {e}") from None
+    args.preset = f"init:{Path(args.init).name}"
+    args.channels = config.num_channels
+    args.init_mean, args.init_std = list(init.mean), list(init.std)
     args.model = config.to_dict()
     args.image_size_resolved = config.image_size
     return config
@@ -374,8 +407,11 @@ def load_run_data(args: argparse.Namespace, rank: int = 0, world: int = 1) -> Da
     """The run's dataset. Under several processes rank 0 decodes and caches it first, then the
     others read that cache instead of all decoding at once."""
     with main_rank_first(rank, world):
-        return load_dataset(args.dataset, args.image_size_resolved, args.channels, data_dir=args.data_dir,
+        data = load_dataset(args.dataset, args.image_size_resolved, args.channels, data_dir=args.data_dir,
                             cache_dir=args.cache_dir, val_fraction=args.val_fraction, seed=args.seed)
+    if getattr(args, "init_mean", None):  # an imported model keeps the normalisation its weights were trained with
+        data = dataclasses.replace(data, mean=tuple(args.init_mean), std=tuple(args.init_std))
+    return data
 
 
 # ---------------------------------------------------------------------------------------------
@@ -425,10 +461,10 @@ def _prepare(args: argparse.Namespace, argv: list[str]) -> tuple[argparse.Namesp
                                  f"(got {args.val_fraction:g})")
             num_classes = len(class_names)
         else:
-            num_classes = _builtin_classes(value)
+            num_classes, class_names = _builtin_classes(value), None
     except DataError as e:
         raise UsageError(str(e)) from None
-    resolve_model(args, num_classes)
+    resolve_model(args, num_classes, class_names)
     return args, run_dir, None
 
 

@@ -68,6 +68,7 @@ class TrainSettings:
     compile: bool = False  # torch.compile the model
     eval_batch_size: int = 500
     log_every: float = 30.0  # seconds between progress lines when not on a terminal
+    init: str | None = None  # fine-tune this model (vit.finetune) instead of a random initialisation
 
 
 class EtaClock:
@@ -180,7 +181,13 @@ class Trainer:
 
         torch.manual_seed(settings.seed)
         self.config = settings.model
-        self.model = ViT(self.config).to(self.device)
+        self.model = ViT(self.config)
+        if settings.init and resume_payload is None:  # a resumed run's weights come from its last.pt
+            from vit.finetune import load_init, prepare_init
+
+            load_init(self.model, prepare_init(settings.init, settings.num_classes, data.class_names,
+                                               self.config.image_size))
+        self.model = self.model.to(self.device)
         self.ema = (AveragedModel(self.model, multi_avg_fn=get_ema_multi_avg_fn(settings.ema))
                     if settings.ema > 0 else None)
         self.optimizer = torch.optim.AdamW(self._param_groups(), lr=settings.lr, weight_decay=settings.weight_decay,
@@ -216,7 +223,8 @@ class Trainer:
         # way, so that a checkpoint's optimizer state always fits.
         decay, no_decay = [], []
         for name, param in self.model.named_parameters():
-            (no_decay if param.ndim <= 1 or name in ("cls_token", "pos_embed") else decay).append(param)
+            no_decay_names = ("cls_token", "pos_embed", "dist_token", "reg_token")
+            (no_decay if param.ndim <= 1 or name in no_decay_names else decay).append(param)
         no_decay_wd = self.settings.weight_decay if self.settings.recipe == "seed" else 0.0
         return [{"params": decay}, {"params": no_decay, "weight_decay": no_decay_wd}]
 

@@ -1,0 +1,253 @@
+"""Opening models users already have: the convert CLI, predict/evaluate on any source, the HF cache listing,
+and one-line refusals of what is unsafe, absurd or unsupported."""
+
+import json
+import pickle
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from safetensors.torch import save_file
+
+from vit import convert, evaluate, predict
+from vit.catalog import describe, find_hf_cache_models
+from vit.checkpoint import CheckpointError, load_checkpoint
+from vit.sources import open_source
+
+transformers = pytest.importorskip("transformers")
+pytestmark = pytest.mark.slow  # importing transformers takes seconds
+ROOT = Path(__file__).resolve().parent.parent
+CLASSES = ["cat", "dog", "fox"]
+
+
+def hf_folder(folder: Path, architecture: str = "ViTForImageClassification", **overrides) -> Path:
+    """A tiny random HF model saved with save_pretrained: 32 px, 8-px patches, 2 layers."""
+    config_class = "Dinov2WithRegistersConfig" if architecture.startswith("Dinov2WithRegisters") else "ViTConfig"
+    sizes = dict(image_size=32, patch_size=8, hidden_size=16, num_hidden_layers=2, num_attention_heads=2)
+    if config_class == "ViTConfig":
+        sizes.update(intermediate_size=32, id2label=dict(enumerate(CLASSES)),
+                     label2id={c: i for i, c in enumerate(CLASSES)})
+    else:
+        sizes.update(mlp_ratio=2, num_register_tokens=2)
+    torch.manual_seed(0)
+    getattr(transformers, architecture)(getattr(transformers, config_class)(**{**sizes, **overrides})) \
+        .save_pretrained(folder)
+    return folder
+
+
+def image_file(path: Path, seed: int = 0) -> Path:
+    pixels = np.random.default_rng(seed).integers(0, 256, (40, 56, 3), dtype=np.uint8)
+    Image.fromarray(pixels).save(path)
+    return path
+
+
+def test_convert_writes_our_checkpoint_and_prints_its_summary(tmp_path, capsys):
+    folder = hf_folder(tmp_path / "vit")
+    assert convert.main([str(folder), "--out", str(tmp_path / "vit.pt")]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary == {"architecture": "hf:ViTForImageClassification", "parameters": summary["parameters"],
+                       "classes": 3, "image_size": 32, "patch_size": 8, "prefix_tokens": 1}
+    converted, direct = load_checkpoint(tmp_path / "vit.pt"), open_source(folder)
+    assert converted.class_names == CLASSES and converted.metadata["source"]["kind"] == "hf"
+    assert summary["parameters"] == sum(p.numel() for p in direct.model.parameters())
+    images = torch.randn(1, 3, 32, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(converted.model(images)[0], direct.model(images)[0], rtol=0, atol=0)
+
+
+def test_predict_on_an_hf_folder_saves_every_layer_and_the_logits(tmp_path, capsys):
+    folder = hf_folder(tmp_path / "vit")
+    photo = image_file(tmp_path / "photo.png")
+    assert predict.main([str(folder), str(photo), "--save-maps", str(tmp_path / "maps"), "--device", "cpu"]) == 0
+    [record] = json.loads(capsys.readouterr().out)
+    assert [p["label"] for p in record["predictions"]] and record["predictions"][0]["label"] in CLASSES
+    maps = np.load(tmp_path / "maps" / "photo.npz")
+    assert sorted(k for k in maps if k.startswith("layer_")) == ["layer_0", "layer_1"]
+    assert maps["layer_0"].shape == (2, 17, 17) and maps["logits"].shape == (3,)
+
+
+def test_predict_on_a_model_without_head_keeps_maps_but_no_logits(tmp_path, capsys):
+    folder = hf_folder(tmp_path / "dino", "Dinov2WithRegistersModel")
+    photo = image_file(tmp_path / "photo.png")
+    assert predict.main([str(folder), str(photo), "--save-maps", str(tmp_path / "maps"), "--device", "cpu"]) == 0
+    [record] = json.loads(capsys.readouterr().out)
+    assert record["predictions"] == []
+    maps = np.load(tmp_path / "maps" / "photo.npz")
+    assert "logits" not in maps and maps["layer_1"].shape[0] == 2  # (heads, T, T), T = 1 + 2 registers + patches
+
+
+def test_evaluate_on_an_hf_folder_counts_its_id2label_classes(tmp_path, capsys):
+    folder = hf_folder(tmp_path / "vit")
+    for i, name in enumerate(CLASSES):
+        (tmp_path / "data" / name).mkdir(parents=True)
+        image_file(tmp_path / "data" / name / "a.png", seed=i)
+    assert evaluate.main([str(folder), "--data", str(tmp_path / "data"), "--device", "cpu"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["count"] == 3 and set(result["per_class"]) <= set(CLASSES)
+
+
+class Boom:
+    def __reduce__(self):
+        return (Path.touch, (Path(MARKER),))
+
+
+MARKER = "/tmp/vit-import-test-pickle-ran"
+
+
+def test_a_malicious_pickle_in_a_model_folder_is_refused_and_never_run(tmp_path, capsys):
+    folder = hf_folder(tmp_path / "vit")
+    (folder / "model.safetensors").unlink()
+    with open(folder / "pytorch_model.bin", "wb") as f:
+        pickle.dump({"classifier.weight": Boom()}, f)
+    Path(MARKER).unlink(missing_ok=True)
+    capsys.readouterr()
+    assert predict.main([str(folder), str(image_file(tmp_path / "x.png"))]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "refused to load" in err
+    assert not Path(MARKER).exists()
+
+
+def test_a_config_declaring_absurd_sizes_fails_in_one_line_before_allocating(tmp_path):
+    folder = hf_folder(tmp_path / "vit")
+    config = json.loads((folder / "config.json").read_text())
+    config.update(hidden_size=2**30, intermediate_size=2**32)  # 4 G x 1 G floats if anything were allocated
+    (folder / "config.json").write_text(json.dumps(config))
+    with pytest.raises(CheckpointError, match="do not fit its config") as error:
+        open_source(folder)
+    assert "\n" not in str(error.value)
+
+
+@pytest.mark.parametrize("config, expected", [
+    ({"architectures": ["SwinForImageClassification"], "model_type": "swin"}, "SwinForImageClassification"),
+    ({"architectures": ["CLIPModel"]}, "CLIPModel"),
+    ({"architectures": ["ViTForImageClassification"], "auto_map": {"AutoModel": "modeling_evil.Evil"}},
+     "custom model code"),
+    ({"architecture": "convnext_tiny", "num_classes": 10}, "convnext_tiny"),
+])
+def test_unsupported_models_get_one_line_naming_what_is_supported(tmp_path, capsys, config, expected):
+    folder = tmp_path / "model"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(config))
+    save_file({"x": torch.zeros(1)}, folder / "model.safetensors")
+    (folder / "modeling_evil.py").write_text(f"open({MARKER!r}, 'w')\n")
+    Path(MARKER).unlink(missing_ok=True)
+    assert convert.main([str(folder), "--out", str(tmp_path / "x.pt")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and expected in err and "supported" in err
+    assert not Path(MARKER).exists() and not (tmp_path / "x.pt").exists()
+
+
+def test_convert_cli_runs_as_a_module_and_refuses_an_unknown_arch_prefix(tmp_path):
+    result = subprocess.run([sys.executable, "-m", "vit.convert", str(tmp_path), "--out", str(tmp_path / "x.pt"),
+                             "--arch", "keras:vit"], capture_output=True, text=True, cwd=ROOT)
+    assert result.returncode == 2 and "must be timm:NAME or torchvision:NAME" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+def fake_hf_cache(root: Path) -> Path:
+    """models--ORG--NAME/{refs/main, snapshots/REV/...} as huggingface_hub lays them out."""
+    for name, architecture, ref in (("google--vit-tiny", "ViTForImageClassification", "abc123"),
+                                    ("facebook--dinov2-reg-tiny", "Dinov2WithRegistersModel", "def456"),
+                                    ("microsoft--swin-tiny", None, "0000")):
+        model_dir = root / f"models--{name}"
+        snapshot = model_dir / "snapshots" / ref
+        if architecture:
+            hf_folder(snapshot, architecture)
+        else:
+            snapshot.mkdir(parents=True)
+            (snapshot / "config.json").write_text(json.dumps({"architectures": ["SwinForImageClassification"]}))
+        (model_dir / "refs").mkdir(parents=True)
+        (model_dir / "refs" / "main").write_text(ref)
+    return root
+
+
+def test_hf_cache_lists_the_supported_models_by_hub_name(tmp_path, monkeypatch):
+    cache = fake_hf_cache(tmp_path / "hub")
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    found = find_hf_cache_models()
+    assert [c.name for c in found] == ["facebook/dinov2-reg-tiny", "google/vit-tiny"]
+    assert found[1].path == cache / "models--google--vit-tiny" / "snapshots" / "abc123"
+    entry = describe(found[0])
+    assert entry.ok and entry.label == "facebook/dinov2-reg-tiny · hf:Dinov2WithRegistersModel · no classifier"
+    assert open_source(found[0].path).config.prefix_token_names == ("CLS", "REG 1", "REG 2")
+
+
+def test_hf_cache_listing_never_touches_the_network(tmp_path, monkeypatch):
+    import socket
+
+    def no_network(*args, **kwargs):
+        raise AssertionError("network access")
+
+    monkeypatch.setattr(socket, "create_connection", no_network)
+    monkeypatch.setenv("HF_HOME", str(tmp_path))
+    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
+    fake_hf_cache(tmp_path / "hub")
+    assert len(find_hf_cache_models()) == 2
+
+
+def test_a_timm_folder_is_described_from_its_config_and_header_without_reading_weights(tmp_path, monkeypatch):
+    timm = pytest.importorskip("timm")
+    model = timm.create_model("vit_small_patch14_reg4_dinov2", pretrained=False, img_size=28, embed_dim=12, depth=2,
+                              num_heads=2)
+    folder = tmp_path / "models--timm--vit_small_patch14_reg4_dinov2" / "snapshots" / "r1"
+    folder.mkdir(parents=True)
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, folder / "model.safetensors")
+    (folder / "config.json").write_text(json.dumps({"architecture": "vit_small_patch14_reg4_dinov2",
+                                                    "model_args": {"num_heads": 2}}))
+    (folder.parent.parent / "refs").mkdir()
+    (folder.parent.parent / "refs" / "main").write_text("r1")
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
+    [candidate] = find_hf_cache_models()
+    monkeypatch.setattr("vit.sources.read_weights", lambda path: pytest.fail("weights were read"))
+    entry = describe(candidate)
+    assert entry.ok and entry.label == "timm/vit_small_patch14_reg4_dinov2 · timm:vit_small_patch14_reg4_dinov2 · " \
+                                       "no classifier"
+    assert entry.parameters == sum(p.numel() for p in model.parameters()) and entry.num_layers == 2
+
+
+def test_sharded_hf_weights_and_a_config_without_architectures_open(tmp_path):
+    from safetensors.torch import load_file
+
+    folder = hf_folder(tmp_path / "vit")
+    state = load_file(folder / "model.safetensors")
+    keys = sorted(state)
+    shards = {"model-00001-of-00002.safetensors": keys[: len(keys) // 2],
+              "model-00002-of-00002.safetensors": keys[len(keys) // 2:]}
+    for name, part in shards.items():
+        save_file({k: state[k] for k in part}, folder / name)
+    (folder / "model.safetensors.index.json").write_text(json.dumps(
+        {"weight_map": {k: name for name, part in shards.items() for k in part}}))
+    (folder / "model.safetensors").unlink()
+    config = json.loads((folder / "config.json").read_text())
+    del config["architectures"]
+    (folder / "config.json").write_text(json.dumps(config))
+    checkpoint = open_source(folder)
+    assert checkpoint.metadata["architecture"] == "hf:ViTForImageClassification"
+    assert checkpoint.class_names == CLASSES
+
+
+def test_a_preprocessor_declaring_an_absurd_input_size_is_refused(tmp_path):
+    folder = hf_folder(tmp_path / "vit")
+    (folder / "preprocessor_config.json").write_text(json.dumps({"size": {"height": 800_000, "width": 800_000}}))
+    with pytest.raises(CheckpointError, match="at most 2048 px"):
+        open_source(folder)
+
+
+def test_convert_and_predict_take_a_bare_timm_file_with_its_arch(tmp_path, capsys):
+    timm = pytest.importorskip("timm")
+    torch.manual_seed(0)
+    model = timm.create_model("deit_tiny_distilled_patch16_224", pretrained=False, img_size=32, patch_size=8,
+                              depth=1, num_classes=4)  # width 192: 3 heads by timm's convention
+    torch.save(model.state_dict(), tmp_path / "deit.pth")
+    arch = "timm:deit_tiny_distilled_patch16_224"
+    assert convert.main([str(tmp_path / "deit.pth"), "--arch", arch, "--out", str(tmp_path / "deit.pt")]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert (summary["architecture"], summary["prefix_tokens"], summary["classes"]) == (arch, 2, 4)
+    photo = image_file(tmp_path / "photo.png")
+    assert predict.main([str(tmp_path / "deit.pth"), str(photo), "--arch", arch, "--top-k", "1"]) == 0
+    [record] = json.loads(capsys.readouterr().out)
+    assert record["predictions"][0]["label"].startswith("class ")

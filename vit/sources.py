@@ -1,0 +1,430 @@
+"""Open any ViT a user already has as our ``Checkpoint``: our ``.pt`` files, HF folders, timm and torchvision weights.
+
+``open_source(path, arch=None)`` decides what ``path`` is:
+
+- one of our checkpoints (``vit.checkpoint``);
+- a Hugging Face ``save_pretrained`` folder (``config.json`` with ``architectures`` +
+  ``model.safetensors`` or ``pytorch_model.bin``), e.g. a snapshot in the HF cache;
+- a timm folder (``config.json`` with ``architecture``, ``pretrained_cfg``, ``label_names``)
+  or a timm state dict file (``.safetensors``, ``.pth``) with ``arch="timm:NAME"``;
+- a torchvision ``vit_*`` state dict file (recognised from its keys, or ``arch="torchvision:NAME"``).
+
+Nothing from a model folder is executed: safetensors files are read with the ``safetensors``
+package, pickles only with ``torch.load(weights_only=True)``, ``config.json`` as JSON, and a
+config asking for custom code (``auto_map``) is refused. The declared config is checked
+against every tensor's shape on the ``meta`` device before any memory is allocated for the
+model, so an absurd config fails with one line instead of exhausting memory.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import zipfile
+from collections.abc import Mapping
+from pathlib import Path
+
+import torch
+
+from vit import hf, import_timm, import_torchvision
+from vit.checkpoint import (
+    Checkpoint,
+    CheckpointError,
+    ForeignCheckpointError,
+    Preprocessing,
+    check_archive,
+    load_checkpoint,
+    preprocessing_problem,
+)
+from vit.model import ViT, ViTConfig
+
+SUPPORTED = ("our .pt checkpoints; Hugging Face folders of " + hf.SUPPORTED + "; " + import_timm.SUPPORTED + "; "
+             + import_torchvision.SUPPORTED)
+HF_WEIGHTS = ("model.safetensors", "pytorch_model.bin")
+WEIGHT_SUFFIXES = (".safetensors", ".pth", ".pt", ".bin")
+MAX_INPUT_SIZE = 2048  # the largest published ViTs take 518 px (DINOv2) to 1024 px
+MAX_JSON_BYTES = 4 * 1024 * 1024  # config files are a few kB; refuse to parse a huge one
+IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+_PIL_FILTERS = {0: "nearest", 1: "lanczos", 2: "bilinear", 3: "bicubic"}  # HF stores PIL's enum values
+
+
+class SourceError(CheckpointError):
+    """A model path that cannot be opened; the message is one line saying why and what is supported."""
+
+
+def _one_line(error: BaseException) -> str:
+    lines = str(error).strip().splitlines()
+    return lines[0][:200] if lines else type(error).__name__
+
+
+def read_json(path: Path) -> dict:
+    """A JSON object from a small file; SourceError for anything else."""
+    try:
+        if path.stat().st_size > MAX_JSON_BYTES:
+            raise SourceError(f"{path} is larger than {MAX_JSON_BYTES // 2**20} MiB; not a model config")
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise SourceError(f"cannot read {path} as JSON ({_one_line(e)})") from None
+    if not isinstance(value, dict):
+        raise SourceError(f"{path} is not a JSON object; not a model config")
+    return value
+
+
+def read_weights(path: Path) -> dict[str, torch.Tensor]:
+    """A flat ``{name: tensor}`` from a ``.safetensors`` file or a torch pickle read with ``weights_only=True``.
+
+    Wrapper prefixes (``module.``, ``_orig_mod.``) are removed and a training checkpoint's
+    ``state_dict`` / ``model`` entry is unwrapped; floating tensors become float32 (maps are
+    compared at 1e-5).
+    """
+    if not path.is_file():
+        raise SourceError(f"weights file not found: {path}")
+    if path.suffix == ".safetensors":
+        from safetensors import SafetensorError
+        from safetensors.torch import load_file
+
+        try:
+            state = load_file(str(path))
+        except (SafetensorError, OSError, ValueError, RuntimeError) as e:
+            raise SourceError(f"{path} is not a readable safetensors file ({_one_line(e)})") from None
+    else:
+        if zipfile.is_zipfile(path):
+            check_archive(path)  # a pickle far larger than its tensors (a pickle bomb) is refused before unpickling
+        try:
+            state = torch.load(path, map_location="cpu", weights_only=True)
+        except pickle.UnpicklingError as e:
+            if "GLOBAL" in str(e) or "weights_only" in str(e).lower():
+                raise SourceError(f"refused to load {path}: it contains Python objects other than tensors and plain "
+                                  "data, which could run code; only weights are read") from None
+            raise SourceError(f"{path} is not a torch weights file ({_one_line(e)})") from None
+        except Exception as e:  # the weights-only unpickler raises many types on garbage
+            raise SourceError(f"{path} is not a readable torch weights file ({_one_line(e)})") from None
+        for key in ("state_dict", "model", "module"):
+            if isinstance(state, Mapping) and isinstance(state.get(key), Mapping):
+                state = state[key]
+                break
+    if not isinstance(state, Mapping) or not state or not all(
+            isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in state.items()):
+        raise SourceError(f"{path} does not hold a state dict of named tensors")
+    out = {}
+    for key, value in state.items():
+        for prefix in ("module.", "_orig_mod."):
+            while key.startswith(prefix):
+                key = key[len(prefix):]
+        out[key] = value.float() if value.is_floating_point() else value
+    return out
+
+
+def read_shapes(path: Path) -> dict[str, torch.Tensor]:
+    """The tensors of a ``.safetensors`` file as meta tensors (names and shapes from its header, no data read)."""
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            return {k: torch.empty(f.get_slice(k).get_shape(), device="meta") for k in f.keys()}
+    except (SafetensorError, OSError, ValueError, RuntimeError) as e:
+        raise SourceError(f"{path} is not a readable safetensors file ({_one_line(e)})") from None
+
+
+def timm_model_args(config_json: Mapping) -> dict:
+    """timm's constructor overrides from its config.json: ``model_args``, plus the top-level ``global_pool``
+    that timm's Hub configs carry."""
+    args = dict(config_json["model_args"]) if isinstance(config_json.get("model_args"), Mapping) else {}
+    if isinstance(config_json.get("global_pool"), str):
+        args.setdefault("global_pool", config_json["global_pool"])
+    return args
+
+
+def describe_timm_folder(folder: Path, config_json: Mapping) -> tuple[ViTConfig, list[str]]:
+    """The config and class names of a timm folder from its config.json and safetensors header alone."""
+    name = str(config_json.get("architecture"))
+    model_args = timm_model_args(config_json)
+    state = read_shapes(folder / "model.safetensors")
+    config = _config(f"{folder} (timm {name})", lambda: import_timm.config_from_timm(name, state, model_args))
+    labels = config_json.get("label_names")
+    names = [str(x) for x in labels] if isinstance(labels, list) and len(labels) == config.num_classes \
+        else default_class_names(config.num_classes)
+    return config, names
+
+
+def build_model(config: ViTConfig, state: Mapping[str, torch.Tensor], origin: str,
+                map_location: str | torch.device = "cpu") -> ViT:
+    """Our ``ViT`` holding ``state``, after checking every key and shape against ``config`` on the meta device."""
+    # The sizes that decide every shape, checked first: even the meta device cannot describe a 2**62-element tensor.
+    declared = {"patch_embed.weight": (0, config.hidden_size), "blocks.0.mlp.fc1.weight": (0, config.mlp_size),
+                "pos_embed": (1, config.num_positioned_prefix_tokens + config.num_patches)}
+    for key, (dim, size) in declared.items():
+        if key in state and state[key].dim() > dim and state[key].shape[dim] != size:
+            raise SourceError(f"the weights of {origin} do not fit its config: {key} has shape "
+                              f"{tuple(state[key].shape)}, the config declares size {size} in dimension {dim}")
+    try:
+        with torch.device("meta"):
+            skeleton = ViT(config)  # no memory: shapes only
+    except RuntimeError as e:
+        raise SourceError(f"the config of {origin} declares sizes too large to build ({_one_line(e)})") from None
+    expected = {k: tuple(v.shape) for k, v in skeleton.state_dict().items()}
+    missing = sorted(set(expected) - set(state))
+    extra = sorted(set(state) - set(expected))
+    if missing or extra:
+        parts = ([f"missing {', '.join(missing[:3])}"] if missing else []) + (
+            [f"unexpected {', '.join(extra[:3])}"] if extra else [])
+        raise SourceError(f"the weights of {origin} do not fit its config: {'; '.join(parts)}")
+    for key, shape in expected.items():
+        if tuple(state[key].shape) != shape:
+            raise SourceError(f"the weights of {origin} do not fit its config: {key} has shape "
+                              f"{tuple(state[key].shape)}, the config declares {shape}")
+    skeleton.load_state_dict({k: v.contiguous() for k, v in state.items()}, strict=True, assign=True)
+    return skeleton.to(map_location).eval()
+
+
+def _config(origin: str, make) -> ViTConfig:
+    try:
+        return make()
+    except (ValueError, TypeError, KeyError, AttributeError) as e:
+        raise SourceError(f"{origin}: {_one_line(e)}") from None
+
+
+# -- class names --------------------------------------------------------------------------------------------------
+
+def default_class_names(num_classes: int) -> list[str]:
+    """ImageNet's names (torchvision's metadata) for 1000 classes, else 'class 0', 'class 1', ..."""
+    if num_classes == 1000:
+        return import_torchvision.imagenet_class_names()
+    return [f"class {i}" for i in range(num_classes)]
+
+
+def hf_class_names(hf_config: Mapping, num_classes: int) -> list[str]:
+    """From ``id2label`` (keys are strings of indices), else the defaults."""
+    labels = hf_config.get("id2label")
+    if isinstance(labels, Mapping) and len(labels) == num_classes:
+        try:
+            by_index = {int(k): str(v) for k, v in labels.items()}
+        except ValueError:
+            by_index = {}
+        if sorted(by_index) == list(range(num_classes)):
+            names = [by_index[i] for i in range(num_classes)]
+            if num_classes == 1000 and names[0] == "LABEL_0":
+                return default_class_names(num_classes)
+            return names
+    return default_class_names(num_classes)
+
+
+# -- preprocessing ----------------------------------------------------------------------------------------------------
+
+def _side(value) -> int | None:
+    """224, {"height": 224, "width": 224} or {"shortest_edge": 224} -> 224 (square only)."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, Mapping):
+        if "shortest_edge" in value:
+            return _side(value["shortest_edge"])
+        if value.get("height") == value.get("width"):
+            return _side(value.get("height"))
+    return None
+
+
+def hf_preprocessing(processor: Mapping | None, config: ViTConfig, architecture: str) -> Preprocessing:
+    """HF's image processor settings (``preprocessor_config.json``), else the family's documented defaults:
+    ViT resizes to its size bilinearly with mean/std 0.5; DeiT resizes to 256/224 of it and crops, bicubic,
+    ImageNet statistics; DINOv2 resizes the shorter side to 256 and crops 224, bicubic, ImageNet statistics."""
+    channels = config.num_channels
+    if processor:
+        mean = processor.get("image_mean", (0.5,) * channels) if processor.get("do_normalize", True) else (0.0,) * 3
+        std = processor.get("image_std", (0.5,) * channels) if processor.get("do_normalize", True) else (1.0,) * 3
+        size = _side(processor.get("size")) or config.image_size
+        shortest = isinstance(processor.get("size"), Mapping) and "shortest_edge" in processor["size"]
+        crop = _side(processor.get("crop_size")) if processor.get("do_center_crop") else None
+        resample = _PIL_FILTERS.get(processor.get("resample"), "bilinear")
+        if not processor.get("do_resize", True):
+            size, shortest = crop or config.image_size, False
+        if crop:
+            return Preprocessing(crop, channels, tuple(mean)[:channels], tuple(std)[:channels], resize_size=size,
+                                 resize_mode="shortest_edge" if shortest else "square", resample=resample)
+        return Preprocessing(size, channels, tuple(mean)[:channels], tuple(std)[:channels], resample=resample)
+    side = config.image_size
+    if architecture.startswith("Dinov2"):
+        crop = 224 if 224 % config.patch_size == 0 else side
+        return Preprocessing(crop, channels, IMAGENET_MEAN[:channels], IMAGENET_STD[:channels],
+                             resize_size=crop * 256 // 224, resize_mode="shortest_edge", resample="bicubic")
+    if architecture.startswith("DeiT"):
+        return Preprocessing(side, channels, IMAGENET_MEAN[:channels], IMAGENET_STD[:channels],
+                             resize_size=side * 256 // 224, resize_mode="square", resample="bicubic")
+    return Preprocessing(side, channels, (0.5,) * channels, (0.5,) * channels, resample="bilinear")
+
+
+# -- the sources ------------------------------------------------------------------------------------------------------
+
+def _finish(model: ViT, class_names: list[str], preprocessing: Preprocessing, path: Path, kind: str,
+            architecture: str) -> Checkpoint:
+    problem = preprocessing_problem(preprocessing, model.config)
+    if preprocessing.image_size > MAX_INPUT_SIZE:  # every image would be resized to this: bound the memory
+        problem = f"an input of {preprocessing.image_size} px (at most {MAX_INPUT_SIZE} px are supported)"
+    if problem:
+        raise SourceError(f"{path} has unusable preprocessing settings: {problem}")
+    metadata = {"source": {"kind": kind, "path": str(path), "architecture": architecture},
+                "architecture": architecture, "parameters": sum(p.numel() for p in model.parameters())}
+    return Checkpoint(model=model, class_names=class_names, preprocessing=preprocessing, metadata=metadata, path=path)
+
+
+def read_hf_weights(folder: Path) -> dict[str, torch.Tensor]:
+    """The weights of an HF folder: model.safetensors, else pytorch_model.bin, else their sharded forms."""
+    for name in HF_WEIGHTS:
+        if (folder / name).is_file():
+            return read_weights(folder / name)
+    for index in ("model.safetensors.index.json", "pytorch_model.bin.index.json"):
+        if (folder / index).is_file():
+            weight_map = read_json(folder / index).get("weight_map")
+            if not isinstance(weight_map, Mapping) or not weight_map:
+                raise SourceError(f"{folder / index} has no weight_map; the sharded weights cannot be found")
+            state: dict[str, torch.Tensor] = {}
+            for shard in sorted(set(map(str, weight_map.values()))):
+                if Path(shard).name != shard:  # shards sit next to the index; never follow a path out of the folder
+                    raise SourceError(f"{folder / index} names a shard outside the folder: {shard}")
+                state.update(read_weights(folder / shard))
+            return state
+    raise SourceError(f"{folder} has a config.json but no model.safetensors or pytorch_model.bin")
+
+
+# model_type -> (the headless architecture, the classifier one, the one with a teacher head), for configs
+# written without "architectures".
+_HF_MODEL_TYPES = {"vit": ("ViTModel", "ViTForImageClassification", None),
+                   "deit": ("DeiTModel", "DeiTForImageClassification", "DeiTForImageClassificationWithTeacher"),
+                   "dinov2": ("Dinov2Model", "Dinov2ForImageClassification", None),
+                   "dinov2_with_registers": ("Dinov2WithRegistersModel", "Dinov2WithRegistersForImageClassification",
+                                             None)}
+
+
+def hf_architecture(config_json: Mapping, state: Mapping[str, torch.Tensor] | None = None) -> str | None:
+    """``architectures[0]``, or for a config without it the architecture its model_type and weights imply."""
+    architectures = config_json.get("architectures")
+    if isinstance(architectures, list) and architectures:
+        return str(architectures[0])
+    types = _HF_MODEL_TYPES.get(str(config_json.get("model_type")))
+    if types is None or state is None:
+        return None
+    if types[2] and "distillation_classifier.weight" in state:
+        return types[2]
+    return types[1] if "classifier.weight" in state else types[0]
+
+
+def open_hf_folder(folder: Path, config_json: dict, map_location: str | torch.device = "cpu") -> Checkpoint:
+    """An HF ``save_pretrained`` folder of a supported architecture."""
+    architecture = hf_architecture(config_json)
+    if architecture is None and config_json.get("model_type") not in _HF_MODEL_TYPES:
+        raise SourceError(f"HF model type {config_json.get('model_type')!r} ({folder}) is not supported; "
+                          f"supported: {SUPPORTED}")
+    if architecture is not None and architecture not in hf.ARCHITECTURES:
+        raise SourceError(f"HF architecture {architecture} ({folder}) is not supported; supported: {SUPPORTED}")
+    state = read_hf_weights(folder)
+    architecture = architecture or hf_architecture(config_json, state)
+    origin = f"{folder} ({architecture})"
+    config = _config(origin, lambda: hf.config_from_hf(config_json, architecture))
+    try:
+        ours = hf.state_dict_from_hf(state, config.num_layers, architecture)
+    except ValueError as e:
+        raise SourceError(f"{origin}: {_one_line(e)}") from None
+    model = build_model(config, ours, origin, map_location)
+    processor_path = folder / "preprocessor_config.json"
+    processor = read_json(processor_path) if processor_path.is_file() else None
+    return _finish(model, hf_class_names(config_json, config.num_classes),
+                   hf_preprocessing(processor, config, architecture), folder, "hf", f"hf:{architecture}")
+
+
+def open_timm(path: Path, state: Mapping[str, torch.Tensor], name: str | None, config_json: Mapping | None,
+              map_location: str | torch.device = "cpu") -> Checkpoint:
+    """timm weights with the architecture ``name`` (from timm's config.json or the user)."""
+    config_json = dict(config_json or {})
+    model_args = timm_model_args(config_json)
+    pretrained_cfg = config_json.get("pretrained_cfg") if isinstance(config_json.get("pretrained_cfg"), Mapping) else {}
+    name = name or "vit"  # a bare state dict: heads and pooling from timm's conventions for its width
+    origin = f"{path} (timm {name})"
+    config = _config(origin, lambda: import_timm.config_from_timm(name, state, model_args))
+    model = build_model(config, import_timm.state_dict_from_timm(state), origin, map_location)
+    labels = config_json.get("label_names") or pretrained_cfg.get("label_names")
+    if isinstance(labels, list) and len(labels) == config.num_classes:
+        class_names = [str(label) for label in labels]
+    else:
+        class_names = default_class_names(config.num_classes)
+    preprocessing = import_timm.preprocessing_from_timm(name, config, pretrained_cfg, model_args)
+    return _finish(model, class_names, preprocessing, path, "timm", f"timm:{name}")
+
+
+def open_torchvision(path: Path, state: Mapping[str, torch.Tensor], name: str | None,
+                     map_location: str | torch.device = "cpu") -> Checkpoint:
+    """torchvision ``vit_*`` weights; the architecture is recognised from them when not named."""
+    try:
+        name = name or import_torchvision.architecture_of(state)
+        config = import_torchvision.config_from_torchvision(name, state)
+        ours = import_torchvision.state_dict_from_torchvision(state)
+    except (ValueError, KeyError) as e:
+        raise SourceError(f"{path}: {_one_line(e)}") from None
+    model = build_model(config, ours, f"{path} (torchvision {name})", map_location)
+    names = default_class_names(config.num_classes)
+    return _finish(model, names, import_torchvision.preprocessing_from_torchvision(name, config), path,
+                   "torchvision", f"torchvision:{name}")
+
+
+def parse_arch(arch: str | None) -> tuple[str | None, str | None]:
+    """'timm:vit_small_patch14_dinov2' -> ('timm', 'vit_small_patch14_dinov2'); None -> (None, None)."""
+    if not arch:
+        return None, None
+    library, _, name = arch.partition(":")
+    if library not in ("timm", "torchvision") or not name:
+        raise SourceError(f"--arch {arch!r} must be timm:NAME or torchvision:NAME (e.g. timm:vit_base_patch16_224, "
+                          "torchvision:vit_b_16)")
+    return library, name
+
+
+def open_source(path: str | os.PathLike, arch: str | None = None, map_location: str | torch.device = "cpu"
+                ) -> Checkpoint:
+    """Open ``path`` (a file or folder, see the module docstring) as an eval-mode ``Checkpoint``.
+
+    ``arch`` names the architecture of a bare state dict: ``timm:NAME`` or ``torchvision:NAME``.
+    Raises ``CheckpointError`` (``SourceError``) with a one-line message for anything it cannot open.
+    """
+    path = Path(path).expanduser()
+    library, name = parse_arch(arch)
+    if not path.exists():
+        raise SourceError(f"checkpoint not found: {path}")
+    if path.is_dir():
+        config_path = path / "config.json"
+        if not config_path.is_file():
+            files = [p for p in sorted(path.iterdir()) if p.is_file() and p.suffix in WEIGHT_SUFFIXES]
+            if len(files) != 1:
+                raise SourceError(f"{path} has no config.json; open a Hugging Face or timm model folder, or a weights "
+                                  f"file. Supported: {SUPPORTED}")
+            return open_source(files[0], arch, map_location)
+        config_json = read_json(config_path)
+        if "auto_map" in config_json or config_json.get("trust_remote_code"):
+            raise SourceError(f"{path} asks for custom model code (auto_map / trust_remote_code), which this program "
+                              f"never runs; supported: {SUPPORTED}")
+        if "architecture" in config_json or library == "timm":  # timm's push_to_hub / save_for_hf layout
+            name = name or str(config_json.get("architecture"))
+            weights = next((path / f for f in HF_WEIGHTS + ("open_clip_model.safetensors",) if (path / f).is_file()),
+                           None)
+            if weights is None:
+                raise SourceError(f"{path} has a timm config.json but no model.safetensors or pytorch_model.bin")
+            return open_timm(path, read_weights(weights), name, config_json, map_location)
+        return open_hf_folder(path, config_json, map_location)
+    if path.suffix != ".safetensors":
+        try:
+            return load_checkpoint(path, map_location)
+        except ForeignCheckpointError:
+            pass  # a torch file, but a plain state dict: read below
+    state = read_weights(path)
+    if library == "torchvision" or (library is None and import_torchvision.is_torchvision_state_dict(state)):
+        return open_torchvision(path, state, name, map_location)
+    if library == "timm" or import_timm.is_timm_state_dict(state):
+        sidecar = path.parent / "config.json"
+        config_json = read_json(sidecar) if sidecar.is_file() else None
+        if config_json and "architecture" in config_json:
+            name = name or str(config_json["architecture"])
+        else:
+            config_json = None
+        return open_timm(path, state, name, config_json, map_location)
+    if any(k.endswith("embeddings.cls_token") for k in state):
+        raise SourceError(f"{path} looks like Hugging Face weights; open the folder that holds it with its config.json")
+    raise SourceError(f"{path} holds weights of an architecture this program cannot recognise; supported: {SUPPORTED}")
