@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import socket
 
 import pytest
@@ -14,9 +15,12 @@ from vit.data import (
     AUGMENTATIONS,
     BatchAugment,
     DataError,
+    apply_ops,
     channel_stats,
+    draw_ops,
     folder_layout,
     load_dataset,
+    op_space,
     parse_dataset,
     random_crop_flip,
     random_resized_crop,
@@ -241,3 +245,160 @@ def test_policy_none_is_the_identity_and_bad_arguments_are_refused():
         BatchAugment("autoaugment")
     with pytest.raises(ValueError, match="magnitude"):
         BatchAugment("randaugment", magnitude=31)
+
+
+# -- TrivialAugment and RandAugment, vectorised ------------------------------------------------
+
+
+def _torchvision_op(image: torch.Tensor, name: str, magnitude: float) -> torch.Tensor:
+    """One op on one image as torchvision's TrivialAugmentWide/RandAugment apply it
+    (``_AutoAugmentBase._apply_image_or_video_transform``, nearest interpolation, no fill)."""
+    f = v2.functional
+    if name == "Identity":
+        return image
+    if name == "ShearX":
+        return f.affine(image, angle=0.0, translate=[0, 0], scale=1.0, shear=[math.degrees(math.atan(magnitude)), 0.0],
+                        center=[0, 0])
+    if name == "ShearY":
+        return f.affine(image, angle=0.0, translate=[0, 0], scale=1.0, shear=[0.0, math.degrees(math.atan(magnitude))],
+                        center=[0, 0])
+    if name == "TranslateX":
+        return f.affine(image, angle=0.0, translate=[int(magnitude), 0], scale=1.0, shear=[0.0, 0.0])
+    if name == "TranslateY":
+        return f.affine(image, angle=0.0, translate=[0, int(magnitude)], scale=1.0, shear=[0.0, 0.0])
+    if name == "Rotate":
+        return f.rotate(image, angle=magnitude)
+    if name == "Brightness":
+        return f.adjust_brightness(image, 1.0 + magnitude)
+    if name == "Color":
+        return f.adjust_saturation(image, 1.0 + magnitude)
+    if name == "Contrast":
+        return f.adjust_contrast(image, 1.0 + magnitude)
+    if name == "Sharpness":
+        return f.adjust_sharpness(image, 1.0 + magnitude)
+    if name == "Posterize":
+        return f.posterize(image, int(magnitude))
+    if name == "Solarize":
+        return f.solarize(image, 255.0 * magnitude)
+    if name == "AutoContrast":
+        return f.autocontrast(image)
+    assert name == "Equalize"
+    return f.equalize(image)
+
+
+def _test_images(channels: int, height: int = 10, width: int = 10) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(channels)
+    images = torch.randint(0, 256, (4, channels, height, width), dtype=torch.uint8, generator=generator)
+    images[1] = 90  # flat: autocontrast and equalize leave it alone
+    images[2] = images[2] // 4 + 60  # low contrast
+    return images
+
+
+BLENDS = ("Color", "Contrast", "Sharpness")
+
+
+def _assert_same_image(out: torch.Tensor, expected: torch.Tensor, name: str, what: str) -> None:
+    """Equal, except that blends may be one grey level off on a few pixels.
+
+    torchvision blends ``r * x + (1 - r) * y`` in float32 and truncates to uint8; ATen's
+    vectorised loop fuses the multiply-add and its scalar tail does not, so torchvision itself
+    gives a flat 90 image at contrast 1.099 as 89 except its last few pixels (90). Ours fuses
+    everywhere.
+    """
+    if name not in BLENDS:
+        assert torch.equal(out, expected), what
+        return
+    diff = (out.int() - expected.int()).abs()
+    assert diff.max() <= 1 and (diff > 0).double().mean() <= 0.06, what
+
+
+@pytest.mark.parametrize("policy", ["trivialaugment", "randaugment"])
+def test_op_space_is_torchvisions(policy):
+    space = op_space(policy, 32, 32)
+    assert space.names == ("Identity", "ShearX", "ShearY", "TranslateX", "TranslateY", "Rotate", "Brightness",
+                           "Color", "Contrast", "Sharpness", "Posterize", "Solarize", "AutoContrast", "Equalize")
+    assert space.magnitudes.shape == (14, 31)
+    row = dict(zip(space.names, space.magnitudes.tolist(), strict=True))
+    if policy == "trivialaugment":  # TrivialAugment Wide's ranges (Müller & Hutter 2021, Table 1)
+        assert row["Rotate"][-1] == 135.0 and row["TranslateX"][-1] == 32.0
+        assert row["ShearX"][-1] == pytest.approx(0.99) and row["Brightness"][-1] == pytest.approx(0.99)
+        assert row["Posterize"][0] == 8 and row["Posterize"][-1] == 2
+    else:
+        assert row["Rotate"][-1] == 30.0 and row["TranslateX"][-1] == pytest.approx(150 / 331 * 32)
+        assert row["Posterize"][-1] == 4
+    assert row["Solarize"][0] == 1.0 and row["Solarize"][-1] == 0.0
+    assert row["Identity"] == [0.0] * 31
+    signed = dict(zip(space.names, space.signed.tolist(), strict=True))
+    assert [n for n, s in signed.items() if s] == ["ShearX", "ShearY", "TranslateX", "TranslateY", "Rotate",
+                                                    "Brightness", "Color", "Contrast", "Sharpness"]
+
+
+@pytest.mark.parametrize("name", ["Identity", "ShearX", "ShearY", "TranslateX", "TranslateY", "Rotate", "Brightness",
+                                  "Color", "Contrast", "Sharpness", "Posterize", "Solarize", "AutoContrast",
+                                  "Equalize"])
+@pytest.mark.parametrize("channels", [1, 3])
+@pytest.mark.parametrize("policy", ["trivialaugment", "randaugment"])
+def test_each_op_on_a_batch_equals_torchvisions_functional_op_per_image(name, channels, policy):
+    # Every magnitude bin of the policy, both signs where the op has them; a 10x7 image so that
+    # rotation by 90 degrees is not torchvision's square-image transpose fast path.
+    space = op_space(policy, 10, 7)
+    images = _test_images(channels, 10, 7)
+    k = space.names.index(name)
+    for magnitude in space.magnitudes[k].tolist():
+        for signed in ([magnitude, -magnitude] if space.signed[k] else [magnitude]):
+            op = torch.full((len(images),), k)
+            out = apply_ops(images, space, op, torch.full((len(images),), signed, dtype=torch.float64))
+            expected = torch.stack([_torchvision_op(image, name, signed) for image in images])
+            _assert_same_image(out, expected, name, f"{name} with magnitude {signed}")
+
+
+def test_square_image_rotations_by_multiples_of_90_degrees_equal_torchvisions():
+    # torchvision turns these into torch.rot90 on square images; the affine path must agree.
+    space = op_space("trivialaugment", 8, 8)
+    images = _test_images(3, 8, 8)
+    k = space.names.index("Rotate")
+    for angle in (90.0, -90.0, 0.0, 180.0, -180.0):
+        out = apply_ops(images, space, torch.full((4,), k), torch.full((4,), angle, dtype=torch.float64))
+        assert torch.equal(out, torch.stack([v2.functional.rotate(image, angle) for image in images])), angle
+
+
+@pytest.mark.parametrize("by_subset", [True, False])
+def test_every_image_gets_its_own_op_and_magnitude(by_subset):
+    space = op_space("trivialaugment", 9, 9)
+    generator = torch.Generator().manual_seed(0)
+    images = torch.randint(0, 256, (64, 3, 9, 9), dtype=torch.uint8, generator=generator)
+    op, magnitude = draw_ops(space, len(images), "cpu", generator=generator)
+    out = apply_ops(images, space, op, magnitude, by_subset=by_subset)
+    for i in range(len(images)):
+        expected = _torchvision_op(images[i], space.names[op[i]], magnitude[i].item())
+        _assert_same_image(out[i], expected, space.names[op[i]], f"image {i}: {space.names[op[i]]} {magnitude[i]}")
+
+
+def test_ops_are_drawn_uniformly_and_signs_with_even_odds():
+    space = op_space("trivialaugment", 32, 32)
+    n = 28_000
+    op, magnitude = draw_ops(space, n, "cpu", generator=torch.Generator().manual_seed(0))
+    counts = torch.bincount(op, minlength=14).double()
+    expected = n / 14
+    chi2 = ((counts - expected) ** 2 / expected).sum().item()
+    assert chi2 < 34.5  # the chi-square 0.999 quantile with 13 degrees of freedom
+    rotate = magnitude[op == space.names.index("Rotate")]
+    assert abs((rotate < 0).double().mean().item() - 0.5) < 0.06
+    bins = torch.bucketize(rotate.abs(), space.magnitudes[space.names.index("Rotate")])
+    assert torch.bincount(bins, minlength=31).min() > 0  # every bin drawn
+    assert bool((magnitude[op == space.names.index("Solarize")] >= 0).all())  # unsigned ops keep their sign
+
+
+def test_randaugment_uses_the_fixed_magnitude_bin():
+    space = op_space("randaugment", 32, 32)
+    op, magnitude = draw_ops(space, 500, "cpu", magnitude_bin=9, generator=torch.Generator().manual_seed(0))
+    assert torch.equal(magnitude.abs(), space.magnitudes[op, 9])
+
+
+def test_trivialaugment_changes_images_individually():
+    torch.manual_seed(0)
+    images = torch.randint(0, 256, (64, 3, 16, 16), dtype=torch.uint8)
+    out = BatchAugment("trivialaugment", padding=0)(images)
+    changed = (out != images).flatten(1).any(1)
+    # Identity, and the mirror-free draws of identity-like ops, leave some images untouched; most change.
+    assert 0 < changed.sum() < 64

@@ -101,3 +101,20 @@ def test_sigterm_to_torchrun_cancels_every_rank_after_the_same_step(images, tmp_
     assert main(["--resume", str(run), "--epochs", str(done + 1)]) == 0
     assert read_json(run / "status.json")["state"] == "completed"
     assert len(read_metrics(run)) == done + 1
+
+
+def test_scale_batch_under_two_processes_trains_like_one_process_with_twice_the_batch(images, tmp_path):
+    # Each of 2 processes keeps --batch-size 2 (global 4) and the LR grows by sqrt(2); stats and
+    # stop flags are reduced every 3 steps only. One process with batch 4 and that LR must match.
+    ddp, single = tmp_path / "ddp", tmp_path / "single"
+    recipe = ["--augment", "none", "--epochs", "2", "--schedule", "constant", "--warmup-epochs", "0"]
+    proc = torchrun(*cli(images, ddp, *recipe, "--batch-size", "2", "--scale-batch", "--lr", "1e-3",
+                         "--sync-every", "3"))
+    out, err = proc.communicate(timeout=PROCESS_TIMEOUT)
+    assert proc.returncode == 0, f"{out}\n{err}"
+    assert read_json(ddp / "status.json")["step"] == 10  # 20 training images, 4 per step
+
+    assert main(cli(images, single, *recipe, "--batch-size", "4", "--lr", str(1e-3 * 2 ** 0.5))) == 0
+    for a, b in zip(read_metrics(ddp), read_metrics(single), strict=True):
+        for key in ("train_loss", "train_acc", "val_loss", "val_acc", "lr"):
+            assert a[key] == pytest.approx(b[key], abs=1e-4), key

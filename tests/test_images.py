@@ -239,6 +239,18 @@ def test_pil_warnings_do_not_reach_the_user(monkeypatch):
     assert caught == []
 
 
+def test_normalize_builds_its_channel_tensors_once_per_statistics_and_device():
+    from vit.images import _channel_tensors
+
+    batch = torch.full((2, 3, 2, 2), 51, dtype=torch.uint8)
+    first = normalize(batch, [0.1, 0.2, 0.3], [0.5, 0.5, 0.5])  # a list is accepted as before
+    hits = _channel_tensors.cache_info().hits
+    again = normalize(batch, (0.1, 0.2, 0.3), (0.5, 0.5, 0.5))
+    assert _channel_tensors.cache_info().hits == hits + 1
+    assert torch.equal(first, again)
+    assert torch.allclose(again[:, 0], torch.full((2, 2, 2), (0.2 - 0.1) / 0.5))
+
+
 # ---------------------------------------------------------------------------------------------
 # Big images cost what display and model need, not what the file declares
 

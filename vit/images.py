@@ -9,6 +9,7 @@ greyscale per the model, and a resize to the model's square input.
 
 from __future__ import annotations
 
+import functools
 import io
 import math
 import os
@@ -151,8 +152,14 @@ def to_uint8(image: Image.Image, image_size: int, num_channels: int, resize_size
     return torch.from_numpy(array.copy()).permute(2, 0, 1).contiguous()  # (C, S, S)
 
 
+@functools.lru_cache(maxsize=64)
+def _channel_tensors(mean: tuple[float, ...], std: tuple[float, ...], device: torch.device
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
+    # Built once per statistics and device: on a GPU each torch.tensor(list) is a blocking host copy.
+    return (torch.tensor(mean, device=device).view(1, -1, 1, 1), torch.tensor(std, device=device).view(1, -1, 1, 1))
+
+
 def normalize(batch: torch.Tensor, mean: tuple[float, ...], std: tuple[float, ...]) -> torch.Tensor:
     """uint8 ``(B, C, H, W)`` -> float32 normalised with per-channel mean and std of [0, 1] pixels."""
-    mean_t = torch.tensor(mean, device=batch.device).view(1, -1, 1, 1)
-    std_t = torch.tensor(std, device=batch.device).view(1, -1, 1, 1)
+    mean_t, std_t = _channel_tensors(tuple(mean), tuple(std), batch.device)
     return (batch.float() / 255.0 - mean_t) / std_t

@@ -75,8 +75,8 @@ RECIPES: dict[str, dict] = {
 MODEL_FIELDS = ("image_size", "patch_size", "hidden_size", "num_layers", "num_heads", "mlp_size",
                 "dropout", "attention_dropout", "drop_path")
 # The only options a resumed run may change: how and where it runs, never what it trains.
-RESUME_OPTIONS = ("epochs", "device", "threads", "compile", "eval_batch_size", "log_every", "data_dir",
-                  "cache_dir")
+RESUME_OPTIONS = ("epochs", "device", "threads", "compile", "compile_mode", "sync_every", "checkpoint_seconds",
+                  "eval_batch_size", "log_every", "data_dir", "cache_dir")
 
 EPILOG = """\
 run folder (--out RUN_DIR); each file is replaced atomically (train.log is appended to), so a SIGKILL
@@ -100,12 +100,15 @@ stopping and resuming:
   --resume RUN_DIR continues from last.pt exactly where it stopped (weights, optimizer,
   schedule, EMA, random state, epoch and step). With --epochs N it trains a finished run
   further; the learning-rate schedule is then planned for N epochs. Only --epochs, --device,
-  --threads, --compile, --eval-batch-size, --log-every, --data-dir and --cache-dir may be
-  given with --resume; everything else stays the run's own.
+  --threads, --compile, --compile-mode, --sync-every, --checkpoint-seconds, --eval-batch-size,
+  --log-every, --data-dir and --cache-dir may be given with --resume; everything else stays
+  the run's own. last.pt is written at most every --checkpoint-seconds at epoch ends, so a
+  SIGKILL (not SIGTERM) loses at most that much training.
 
 several GPUs (or CPU processes):
   torchrun --standalone --nproc_per_node=N -m vit.train ...
-  NCCL on GPUs, gloo on CPUs; --batch-size is the global batch, split over the processes;
+  NCCL on GPUs, gloo on CPUs; --batch-size is the global batch, split over the processes
+  (with --scale-batch each process takes --batch-size and the learning rates grow by sqrt(N));
   each process trains on its own shard of every batch; only rank 0 writes the run folder.
 
 exit status: 0 completed or cancelled; 1 training failed (status.json says why);
@@ -279,7 +282,20 @@ def build_parser() -> argparse.ArgumentParser:
     g = p.add_argument_group("speed")
     g.add_argument("--precision", choices=("auto", "fp32", "bf16"), default="auto",
                    help="auto (default): bf16 autocast on CUDA, fp32 on CPU")
-    g.add_argument("--compile", action="store_true", help="torch.compile the model (slow first steps)")
+    g.add_argument("--compile", action="store_true", help="torch.compile the model, and on a GPU the augmentation "
+                   "and validation too (slow first steps)")
+    g.add_argument("--compile-mode", choices=("default", "reduce-overhead", "max-autotune"), default="default",
+                   help="torch.compile's mode with --compile (default: default); reduce-overhead replays the "
+                   "model's forward and backward as CUDA graphs on a GPU")
+    g.add_argument("--scale-batch", action="store_true", help="under N processes (torchrun), train N x "
+                   "--batch-size images per step, each process keeping --batch-size, with the learning rates "
+                   "x sqrt(N) (the square-root rule for Adam); without it --batch-size is split over them")
+    g.add_argument("--sync-every", type=_non_negative_int, default=0,
+                   help="steps between host syncs of the loss and accuracy (and, under several processes, "
+                   "of stop signals); 0 (default): every step on the CPU, 32 on a GPU")
+    g.add_argument("--checkpoint-seconds", type=_float_in(0.0, 1e9), default=60.0,
+                   help="write last.pt at an epoch end at most this often (default 60; 0 = every epoch); "
+                   "always after the first and last epoch and when stopped")
     g.add_argument("--threads", type=_threads, help="CPU threads per process (default: torch's choice; at most "
                    f"{MAX_THREADS}, 4 per core)")
     g.add_argument("--eval-batch-size", type=_positive_int, default=500,
@@ -309,6 +325,8 @@ def parse_args(argv: list[str] | None = None, check_out: bool = True) -> argpars
     """
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
+    if args.compile_mode != "default" and not args.compile:
+        raise UsageError(f"--compile-mode {args.compile_mode} needs --compile")
     if args.resume:
         fixed = sorted(given_options(argv) - set(RESUME_OPTIONS) - {"resume"})
         if fixed:

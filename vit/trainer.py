@@ -9,6 +9,7 @@ every rank trains on its shard of each global batch and only rank 0 writes.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import platform
 import sys
@@ -65,7 +66,11 @@ class TrainSettings:
     cutmix: float  # alpha, 0 = off
     seed: int
     precision: str = "auto"  # auto (bf16 on CUDA), fp32 or bf16
-    compile: bool = False  # torch.compile the model
+    compile: bool = False  # torch.compile the model (and on a GPU the augmentation and validation)
+    compile_mode: str = "default"  # torch.compile's mode; "reduce-overhead" replays the step as CUDA graphs
+    scale_batch: bool = False  # under N processes: N x batch_size per step, peak and final LR x sqrt(N)
+    sync_every: int = 0  # steps between host syncs of the statistics (and DDP stop checks); 0: 1 on CPU, 32 on GPU
+    checkpoint_seconds: float = 60.0  # last.pt at an epoch end at most this often (always at the end and on stop)
     eval_batch_size: int = 500
     log_every: float = 30.0  # seconds between progress lines when not on a terminal
     init: str | None = None  # fine-tune this model (vit.finetune) instead of a random initialisation
@@ -145,15 +150,31 @@ class Progress:
         return cls(**values)
 
 
+def global_batch(settings: TrainSettings, world: int) -> tuple[int, float]:
+    """(images per optimizer step, learning-rate factor) of a run under ``world`` processes.
+
+    --batch-size is the global batch, split over the processes, unless ``scale_batch``: then each
+    process keeps it, the global batch grows N-fold, and the learning rates grow sqrt(N)-fold, the
+    square-root rule for Adam-type optimizers (Malladi et al. 2022, "On the SDEs and Scaling Rules
+    for Adaptive Gradient Algorithms"; SGD's linear rule, Goyal et al. 2017, overshoots with AdamW).
+    """
+    if settings.scale_batch and world > 1:
+        return settings.batch_size * world, math.sqrt(world)
+    return settings.batch_size, 1.0
+
+
 def check_data(settings: TrainSettings, data: Dataset, world: int = 1) -> None:
     """Checks that need the loaded data; raise UsageError or DataError before training starts."""
     if len(data.class_names) != settings.num_classes:
         raise DataError(f"{settings.dataset} has {len(data.class_names)} classes, the run expects "
                         f"{settings.num_classes}")
-    if settings.batch_size > len(data.train):
-        raise UsageError(f"--batch-size {settings.batch_size} is larger than the {len(data.train)} training images "
-                         f"of {settings.dataset}; use at most {len(data.train)}")
-    if settings.batch_size % world:
+    batch = global_batch(settings, world)[0]
+    if batch > len(data.train):
+        per_process = batch // settings.batch_size
+        scaled = f" (x {world} processes with --scale-batch)" if per_process > 1 else ""
+        raise UsageError(f"--batch-size {settings.batch_size}{scaled} is larger than the {len(data.train)} training "
+                         f"images of {settings.dataset}; use at most {len(data.train) // per_process}")
+    if settings.batch_size % world and not settings.scale_batch:
         raise UsageError(f"--batch-size {settings.batch_size} must be divisible by the {world} processes")
     if len(data.val) == 0:
         raise DataError(f"{settings.dataset} has no validation images; add PATH/val/<class>/ images or raise "
@@ -172,8 +193,12 @@ class Trainer:
         self.is_main = rank == 0
         self.stop = stop if stop is not None else StopRequest()
         self.eval_seconds: float | None = None  # the last validation's duration, for the ETA
-        self.local_batch = settings.batch_size // world
-        self.steps_per_epoch = len(data.train) // settings.batch_size
+        self.batch_size, self.lr_factor = global_batch(settings, world)
+        self.local_batch = self.batch_size // world
+        self.steps_per_epoch = len(data.train) // self.batch_size
+        # A host sync (.item(), .cpu()) costs nothing on the CPU; on a GPU it drains the queue of
+        # launched kernels, so the statistics stay on the device between syncs.
+        self.sync_every = settings.sync_every or (1 if self.device.type == "cpu" else 32)
         self.total_steps = self.steps_per_epoch * settings.epochs
         on_gpu = self.device.type == "cuda"  # the whole uint8 dataset lives on the GPU there
         self.train = data.train.to(self.device) if on_gpu else data.train
@@ -188,24 +213,32 @@ class Trainer:
             load_init(self.model, prepare_init(settings.init, settings.num_classes, data.class_names,
                                                self.config.image_size))
         self.model = self.model.to(self.device)
-        self.ema = (AveragedModel(self.model, multi_avg_fn=get_ema_multi_avg_fn(settings.ema))
+        # The EMA's step counter lives on the device; _update_ema keeps its own count on the host.
+        self.ema = (AveragedModel(self.model, device=self.device, multi_avg_fn=get_ema_multi_avg_fn(settings.ema))
                     if settings.ema > 0 else None)
-        self.optimizer = torch.optim.AdamW(self._param_groups(), lr=settings.lr, weight_decay=settings.weight_decay,
-                                           betas=(0.9, 0.999))
+        # Fused AdamW on a GPU: one kernel per step instead of a dozen per parameter group.
+        self.optimizer = torch.optim.AdamW(self._param_groups(), lr=settings.lr * self.lr_factor,
+                                           weight_decay=settings.weight_decay, betas=(0.9, 0.999),
+                                           fused=True if on_gpu else None)
         self.progress = Progress()
         self.metrics: list[dict] = []
         self.rng_state: dict | None = None
         if resume_payload is not None:
             self._restore(resume_payload)
+        self.ema_updates = int(self.ema.n_averaged) if self.ema is not None else 0  # one sync, here
         self.scheduler = self._scheduler()
         self.net: nn.Module = self.model
         if self.world > 1:
             self.net = nn.parallel.DistributedDataParallel(
                 self.net, device_ids=[self.device.index] if on_gpu else None)
-        if settings.compile:
-            self.net = torch.compile(self.net)
-        self.autocast_dtype = _autocast_dtype(settings.precision, self.device)
+        self.eval_net: nn.Module = self.ema.module if self.ema is not None else self.model
         self.augment = BatchAugment(settings.augment, magnitude=settings.aug_magnitude, num_ops=settings.aug_ops)
+        if settings.compile:
+            self.net = torch.compile(self.net, mode=settings.compile_mode)
+            if on_gpu:  # on the CPU the augmentation runs op by op on subsets: data-dependent shapes
+                self.augment = torch.compile(self.augment, mode=settings.compile_mode)
+                self.eval_net = torch.compile(self.eval_net, mode=settings.compile_mode)
+        self.autocast_dtype = _autocast_dtype(settings.precision, self.device)
         mixers = []
         if settings.mixup > 0:
             mixers.append(v2.MixUp(alpha=settings.mixup, num_classes=settings.num_classes))
@@ -216,6 +249,7 @@ class Trainer:
                                            self.data.mean, self.data.std)
         self.session_start = time.time()
         self.elapsed_before = self.progress.elapsed
+        self.last_saved: float | None = None  # when this session last wrote last.pt
 
     def _param_groups(self) -> list[dict]:
         # No weight decay on biases, norms, the CLS token and position embeddings (timm's rule),
@@ -236,13 +270,13 @@ class Trainer:
         """
         settings = self.settings
         for group in self.optimizer.param_groups:
-            group["lr"] = settings.lr
+            group["lr"] = settings.lr * self.lr_factor
             group.pop("initial_lr", None)
         warmup = int(round(settings.warmup_epochs * self.steps_per_epoch))
         sched = torch.optim.lr_scheduler
         if settings.schedule == "cosine":
             after = sched.CosineAnnealingLR(self.optimizer, T_max=max(self.total_steps - warmup, 1),
-                                            eta_min=settings.min_lr)
+                                            eta_min=settings.min_lr * self.lr_factor)
         else:
             after = sched.ConstantLR(self.optimizer, factor=1.0, total_iters=0)
         if warmup > 0:
@@ -271,6 +305,9 @@ class Trainer:
         self.progress = Progress.from_dict(state["progress"])
         self.metrics = list(state["metrics"])
         rng = state.get("rng") or []
+        if self.settings.scale_batch and len(rng) not in (0, self.world):
+            raise CheckpointError(f"the run trained with --scale-batch under {len(rng)} process(es); resume it "
+                                  f"with {len(rng)}, not {self.world}, or its batch and learning rate change")
         if len(rng) == self.world:  # else (another process count) each epoch is re-seeded
             self.rng_state = rng[self.rank]
 
@@ -284,24 +321,36 @@ class Trainer:
         last_status = last_log = 0.0
         while p.epoch < settings.epochs:
             order = self.epoch_order(p.epoch)
+            if self.train.images.device.type == "cuda":  # one pinned copy per epoch, none per step
+                order = order.pin_memory().to(self.train.images.device, non_blocking=True)
             self._seed_epoch()
             epoch_start = time.time() - p.epoch_seconds
             self.net.train()
             bar = _progress_bar(self.is_main, self.steps_per_epoch, p.step_in_epoch, p.epoch + 1, settings.epochs)
+            # The epoch's running (loss sum, hits) on the device, folded into p at each sync.
+            sums = torch.tensor([p.loss_sum, p.correct], dtype=torch.float64, device=self.device)
+            synced = sums.clone()
+            stopping = False
             while p.step_in_epoch < self.steps_per_epoch:
                 idx = order[p.step_in_epoch * self.local_batch:(p.step_in_epoch + 1) * self.local_batch]
-                loss, correct = self.step(idx)
-                p.loss_sum += loss * len(idx)
-                p.correct += correct
+                stats = self.step(idx)  # (mean loss, hits) of this rank's share
+                sums[0] += stats[0] * len(idx)
+                sums[1] += stats[1]
                 p.seen += len(idx)
                 p.step_in_epoch += 1
                 p.global_step += 1
                 now = time.time()
                 clock.step_done(now)
+                sync = p.step_in_epoch % self.sync_every == 0 or p.step_in_epoch == self.steps_per_epoch
+                if self.world == 1:
+                    stopping = self.stop.requested  # a host flag: checked every step
+                if sync or stopping:
+                    stopping = self._sync_stats(sums, synced) or stopping
                 if bar is not None:
                     bar.update(1)
-                    bar.set_postfix(loss=f"{p.loss_sum / p.seen:.3f}", lr=f"{self.lr():.2e}")
-                elif self.is_main and now - last_log >= settings.log_every:
+                    if sync:
+                        bar.set_postfix(loss=f"{p.loss_sum / p.seen:.3f}", lr=f"{self.lr():.2e}", refresh=False)
+                elif self.is_main and sync and now - last_log >= settings.log_every:
                     last_log = now
                     log.info("epoch %d step %d/%d loss %.4f acc %.4f lr %.2e", p.epoch + 1, p.step_in_epoch,
                              self.steps_per_epoch, p.loss_sum / p.seen, p.correct / p.seen, self.lr())
@@ -310,7 +359,7 @@ class Trainer:
                     status.update(epoch=p.epoch + 1, step=p.global_step,
                                   progress=round(p.global_step / self.total_steps, 5),
                                   eta_seconds=self._eta(clock), elapsed_seconds=round(self._elapsed(), 3))
-                if self._should_stop():
+                if stopping:
                     p.epoch_seconds = time.time() - epoch_start
                     p.elapsed = self._elapsed()
                     if bar is not None:
@@ -350,11 +399,29 @@ class Trainer:
         """This rank's sample indices for ``epoch``: one global permutation per epoch, sharded."""
         generator = torch.Generator().manual_seed(_mix(self.settings.seed, epoch, 0, 0))
         order = torch.randperm(len(self.train), generator=generator)
-        order = order[:self.steps_per_epoch * self.settings.batch_size]
-        return order.view(self.steps_per_epoch, self.settings.batch_size)[:, self.rank::self.world].reshape(-1)
+        order = order[:self.steps_per_epoch * self.batch_size]
+        return order.view(self.steps_per_epoch, self.batch_size)[:, self.rank::self.world].reshape(-1)
 
-    def step(self, idx: torch.Tensor) -> tuple[float, float]:
-        """One optimizer step on the training images ``idx``: (mean loss, hits) of the global batch."""
+    def _sync_stats(self, sums: torch.Tensor, synced: torch.Tensor) -> bool:
+        """Fold the device's running sums into ``progress``; under DDP sum every rank's share and
+        learn whether any rank got a stop signal, in one all-reduce. Returns that stop flag."""
+        stop = self.stop.requested
+        if self.world > 1:
+            delta = torch.cat([sums - synced, torch.tensor([1.0 if stop else 0.0], dtype=torch.float64,
+                                                           device=self.device)])
+            dist.all_reduce(delta)
+            sums.copy_(synced + delta[:2] / self.world)  # the global batch's mean loss and hits per rank
+            stop = bool(delta[2] > 0)
+        synced.copy_(sums)
+        self.progress.loss_sum, self.progress.correct = sums.tolist()
+        return stop
+
+    def step(self, idx: torch.Tensor) -> torch.Tensor:
+        """One optimizer step on this rank's training images ``idx``.
+
+        Returns (mean loss, hits) of those images as a float64 tensor on the device, without
+        waiting for it: the caller sums them there and syncs every ``sync_every`` steps.
+        """
         settings = self.settings
         if FAULT_ENV in os.environ and self.progress.global_step + 1 == int(os.environ[FAULT_ENV]):
             raise RuntimeError(f"injected fault at step {self.progress.global_step + 1} ({FAULT_ENV})")
@@ -378,37 +445,38 @@ class Trainer:
             warnings.simplefilter("ignore")
             self.scheduler.step()
         if self.ema is not None:
-            self.ema.update_parameters(self.model)
+            self._update_ema()
         correct = (logits.argmax(1) == (targets.argmax(1) if targets.dim() == 2 else targets)).sum()
-        stats = torch.stack([loss.detach().float(), correct.float()]).double()
-        if self.world > 1:  # the mean loss and summed hits of the whole global batch
-            dist.all_reduce(stats)
-            stats = stats.cpu()
-            return stats[0].item() / self.world, stats[1].item() / self.world
-        stats = stats.cpu()
-        return stats[0].item(), stats[1].item()
+        return torch.stack([loss.detach().float(), correct.float()]).double()
+
+    @torch.no_grad()
+    def _update_ema(self) -> None:
+        """``AveragedModel.update_parameters`` with ``get_ema_multi_avg_fn``, the same arithmetic,
+        without its host syncs: whether this is the first update is counted on the host."""
+        ema_params, params = list(self.ema.module.parameters()), list(self.model.parameters())
+        if self.ema_updates == 0:
+            torch._foreach_copy_(ema_params, params)
+        else:
+            torch._foreach_lerp_(ema_params, params, 1 - self.settings.ema)
+        for ema_buffer, buffer in zip(self.ema.module.buffers(), self.model.buffers(), strict=True):
+            ema_buffer.copy_(buffer)
+        self.ema.n_averaged += 1
+        self.ema_updates += 1
 
     def lr(self) -> float:
         return self.optimizer.param_groups[0]["lr"]
 
-    def _should_stop(self) -> bool:
-        flag = self.stop.requested
-        if self.world > 1:  # every rank stops after the same step, whichever got the signal
-            t = torch.tensor([1.0 if flag else 0.0], device=self.device)
-            dist.all_reduce(t)
-            flag = t.item() > 0
-        return flag
-
     @torch.no_grad()
     def evaluate(self) -> tuple[float, float]:
         """Validation (loss, accuracy) of the weights that get saved (EMA ones when enabled)."""
-        model = self.ema.module if self.ema is not None else self.model
+        model = self.eval_net
         model.eval()
         n = len(self.val)
         shard = torch.arange(self.rank, n, self.world)
         totals = torch.zeros(3, dtype=torch.float64, device=self.device)
+        if self.val.images.device.type == "cuda":
+            shard = shard.pin_memory().to(self.val.images.device, non_blocking=True)
         for chunk in shard.split(self.settings.eval_batch_size):
-            chunk = chunk.to(self.val.images.device)
             images = normalize(self.val.images[chunk].to(self.device), self.data.mean, self.data.std)
             labels = self.val.labels[chunk].to(self.device)
             with torch.autocast(self.device.type, dtype=self.autocast_dtype,
@@ -442,7 +510,8 @@ class Trainer:
                      row["train_acc"], row["val_loss"], row["val_acc"], row["lr"], row["epoch_seconds"],
                      row["images_per_second"])
             write_metrics(self.run_dir / METRICS_FILE, self.metrics)
-        self._save_last()
+        if self._last_due():
+            self._save_last()
         if self.is_main and improved:
             self._save_model(self.run_dir / BEST_CHECKPOINT, val_acc)
         if status is not None:
@@ -466,8 +535,21 @@ class Trainer:
         save_checkpoint(path, model, self.data.class_names, self.preprocessing,
                         metadata=self._metadata(val_acc), training_state=training_state)
 
+    def _last_due(self) -> bool:
+        """Whether an epoch end writes last.pt: the run's last epoch, this session's first, and
+        then once ``checkpoint_seconds`` have passed (a write with fsync can take a fast GPU epoch's
+        third). Every rank takes rank 0's decision, as writing it gathers every rank's state."""
+        due = (self.progress.epoch >= self.settings.epochs or self.last_saved is None
+               or time.time() - self.last_saved >= self.settings.checkpoint_seconds)
+        if self.world > 1:
+            flag = torch.tensor([1.0 if due else 0.0], device=self.device)
+            dist.broadcast(flag, src=0)
+            due = bool(flag.item() > 0)
+        return due
+
     def _save_last(self) -> None:
         """last.pt: the saved weights plus everything to resume (every rank's RNG too)."""
+        self.last_saved = time.time()
         rng = _get_rng(self.device)
         states = [None] * self.world
         if self.world > 1:
@@ -525,6 +607,8 @@ def _progress_bar(is_main: bool, total: int, done: int, epoch: int, epochs: int)
         return None
     from tqdm import tqdm
 
-    return tqdm(total=total, initial=done, desc=f"epoch {epoch}/{epochs}", leave=False, dynamic_ncols=True)
+    # Redrawn at most twice a second: a redraw per step costs a fast GPU step's time.
+    return tqdm(total=total, initial=done, desc=f"epoch {epoch}/{epochs}", leave=False, dynamic_ncols=True,
+                mininterval=0.5)
 
 

@@ -1,0 +1,116 @@
+"""What the training loop does to keep a GPU busy, and that none of it changes what a run computes."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from helpers import make_image_folder
+from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
+
+import vit.train as train
+from vit.checkpoint import read_checkpoint_payload
+from vit.data import Dataset, Split
+from vit.train import main
+from vit.trainer import Trainer, global_batch
+
+TINY = ["--image-size", "8", "--patch-size", "4", "--hidden-size", "8", "--num-layers", "1", "--num-heads", "2",
+        "--mlp-size", "16", "--threads", "1"]
+TIMING_KEYS = {"epoch_seconds", "images_per_second"}
+
+
+@pytest.fixture(scope="module")
+def images(tmp_path_factory) -> Path:
+    return make_image_folder(tmp_path_factory.mktemp("data") / "colours", per_class=12)
+
+
+def run(images: Path, out: Path, *extra: str) -> tuple[list[dict], dict]:
+    """Train a tiny run; its metrics without timing, and last.pt's payload."""
+    argv = ["--dataset", f"folder:{images}", "--out", str(out), "--cache-dir", str(images.parent / "cache"),
+            "--batch-size", "4", "--epochs", "3", *TINY, *extra]
+    assert main(argv) == 0
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    return [{k: v for k, v in row.items() if k not in TIMING_KEYS} for row in rows], read_checkpoint_payload(
+        out / "last.pt")
+
+
+def test_syncing_the_statistics_every_few_steps_gives_the_same_run(images, tmp_path):
+    # The running sums stay on the device between syncs; the same float64 additions in the same
+    # order, so the metrics, the weights and the saved progress are bit-identical.
+    every_step, every_fourth = tmp_path / "every", tmp_path / "fourth"
+    recipe = ["--ema", "0.9", "--mixup", "0.4"]
+    rows_a, payload_a = run(images, every_step, *recipe, "--sync-every", "1")
+    rows_b, payload_b = run(images, every_fourth, *recipe, "--sync-every", "4")
+    assert rows_a == rows_b
+    assert all(torch.equal(payload_a["state_dict"][k], payload_b["state_dict"][k]) for k in payload_a["state_dict"])
+    progress_a, progress_b = (p["training_state"]["progress"] for p in (payload_a, payload_b))
+    assert {k: v for k, v in progress_a.items() if k not in ("elapsed", "epoch_seconds")} == \
+        {k: v for k, v in progress_b.items() if k not in ("elapsed", "epoch_seconds")}
+
+
+def tiny_trainer(*extra: str) -> Trainer:
+    args = train.parse_args(["--dataset", "folder:unused", "--out", "unused-run", *TINY, "--batch-size", "4",
+                             *extra], check_out=False)
+    train.resolve_model(args, num_classes=2)
+    images = torch.randint(0, 256, (16, 3, 8, 8), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
+    split = Split(images, torch.arange(16) % 2)
+    return Trainer(train.settings_from_args(args), Dataset("tiny", ["a", "b"], split, split, (0.5,) * 3,
+                                                           (0.25,) * 3, True), None)
+
+
+def test_ema_update_is_torchs_averaged_model_update():
+    torch.manual_seed(0)
+    trainer = tiny_trainer("--ema", "0.8")
+    reference = AveragedModel(trainer.model, multi_avg_fn=get_ema_multi_avg_fn(0.8))
+    for step in range(4):
+        trainer.step(torch.arange(4 * step % 16, 4 * step % 16 + 4))
+        reference.update_parameters(trainer.model)
+        for ours, theirs in zip(trainer.ema.module.parameters(), reference.module.parameters(), strict=True):
+            assert torch.equal(ours, theirs)
+    assert int(trainer.ema.n_averaged) == int(reference.n_averaged) == 4
+    assert trainer.ema.n_averaged.device == trainer.device  # the counter lives with the weights
+
+
+def test_step_returns_its_statistics_on_the_device_without_waiting():
+    trainer = tiny_trainer()
+    stats = trainer.step(torch.arange(4))
+    assert stats.shape == (2,) and stats.dtype == torch.float64 and stats.device == trainer.device
+    assert 0 <= stats[1] <= 4 and stats[0] > 0  # (mean loss, hits)
+
+
+@pytest.mark.parametrize(("seconds", "writes"), [("0", 3), ("1e6", 2)])
+def test_last_pt_is_written_after_the_first_and_last_epoch_and_then_by_time(images, tmp_path, monkeypatch, seconds,
+                                                                           writes):
+    saved = []
+    original = Trainer._save_last
+    monkeypatch.setattr(Trainer, "_save_last", lambda self: (saved.append(self.progress.epoch), original(self))[1])
+    rows, payload = run(images, tmp_path / "run", "--checkpoint-seconds", seconds)
+    assert len(rows) == 3 and len(saved) == writes
+    assert saved[0] == 1 and saved[-1] == 3
+    assert payload["training_state"]["progress"]["epoch"] == 3
+
+
+def test_scale_batch_multiplies_the_batch_by_the_processes_and_the_rates_by_their_square_root():
+    trainer = tiny_trainer("--scale-batch", "--lr", "1e-3")
+    settings = trainer.settings
+    assert global_batch(settings, 1) == (4, 1.0)  # one process: nothing changes
+    assert global_batch(settings, 4) == (16, 2.0)
+    assert global_batch(settings, 2) == (8, math.sqrt(2))
+    unscaled = tiny_trainer("--lr", "1e-3").settings
+    assert global_batch(unscaled, 4) == (4, 1.0)  # --batch-size is then the global batch
+
+
+def test_compile_mode_and_speed_options_may_change_on_resume_but_not_scale_batch():
+    assert {"compile_mode", "sync_every", "checkpoint_seconds"} <= set(train.RESUME_OPTIONS)
+    assert "scale_batch" not in train.RESUME_OPTIONS
+
+
+def test_compile_mode_without_compile_is_refused_with_one_line(images, tmp_path, capsys):
+    argv = ["--dataset", f"folder:{images}", "--out", str(tmp_path / "run"), *TINY, "--compile-mode",
+            "reduce-overhead"]
+    assert main(argv) == 2
+    assert capsys.readouterr().err.strip().endswith("--compile-mode reduce-overhead needs --compile")
+    assert not (tmp_path / "run").exists()
