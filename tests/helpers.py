@@ -42,9 +42,9 @@ def make_image_folder(root: str | Path, classes: Sequence[str] = ("cat", "dog"),
 
 def displayed(markdown: str) -> str:
     """The text a Markdown body (``st.markdown``, ``st.caption``, ``st.error``, ...) shows, as a CommonMark
-    parser renders it: escapes resolved, formatting and tags dropped."""
+    parser renders it: escapes resolved, formatting and tags dropped, invisible word joiners removed."""
     rendered = MarkdownIt("commonmark").render(markdown)
-    return html.unescape(re.sub(r"<[^>]+>", "", rendered)).strip()
+    return html.unescape(re.sub(r"<[^>]+>", "", rendered)).replace("\u2060", "").strip()
 
 
 # -- real-browser tests: Debian's Chromium driven by Playwright against `streamlit run` -------

@@ -30,9 +30,12 @@ HOSTILE = [
 ]
 
 
+WORD_JOINER = "\u2060"  # invisible; keeps GFM from finding URLs and e-mail addresses in the text
+
+
 @pytest.mark.parametrize("text", HOSTILE)
 def test_escaped_markdown_renders_as_the_literal_text(text):
-    rendered = MarkdownIt("commonmark").render(escape_markdown(text))
+    rendered = MarkdownIt("commonmark").render(escape_markdown(text)).replace(WORD_JOINER, "")
     literal = re.sub(r"\n+", " ", text).strip().replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
     assert rendered == f"<p>{literal}</p>\n"
 
@@ -51,3 +54,18 @@ def test_plotly_text_escapes_tags_and_entities():
     assert escape_plotly("<b>x</b> & <a href='http://example.invalid'>y</a>") == \
         "&lt;b&gt;x&lt;/b&gt; &amp; &lt;a href='http://example.invalid'&gt;y&lt;/a&gt;"
     assert escape_plotly("airplane") == "airplane"
+
+
+# GFM's autolink literals as Streamlit's Markdown renderer finds them: in text nodes, after escapes are
+# resolved (mdast-util-gfm-autolink-literal, MIT; the regexes as bundled in streamlit/static StreamlitMarkdown).
+GFM_URL = re.compile(r"(https?://|www(?=\.))([-.\w]+)([^ \t\r\n]*)", re.IGNORECASE | re.ASCII)
+GFM_EMAIL = re.compile(r"(?:(?<=^)|(?<=[\s\W]))([-.\w+]+)@([-\w]+(?:\.[-\w]+)+)", re.ASCII)
+
+
+@pytest.mark.parametrize("text", ["see http://example.invalid/x.png", "HTTPS://example.invalid", "www.example.invalid",
+                                  "mail me@example.invalid", "![x](http://example.invalid/x.png)"])
+def test_urls_and_addresses_are_not_turned_into_links_after_escapes_resolve(text):
+    rendered = MarkdownIt("commonmark").render(escape_markdown(text))  # escapes resolved, as GFM's transform sees it
+    visible = rendered.replace(WORD_JOINER, "")
+    assert GFM_URL.search(visible) or GFM_EMAIL.search(visible), "the reference regexes find the original"
+    assert not GFM_URL.search(rendered) and not GFM_EMAIL.search(rendered)

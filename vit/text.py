@@ -16,14 +16,22 @@ import string
 # image, emphasis, code span, HTML tag, heading or list can start, nor Streamlit's :colour[...] or $math$.
 _MARKDOWN_SPECIAL = re.compile("([" + re.escape(string.punctuation) + "])")
 _LINE_BREAKS = re.compile(r"[\r\n]+")
+# GFM's autolink literals (http://…, www.…, name@host.tld) are found in the text *after* escapes are
+# resolved (Streamlit uses mdast-util-gfm-autolink-literal), so escapes cannot stop them; an invisible
+# word joiner (U+2060) after "http:" and "www" and before "@" does.
+_WORD_JOINER = "\u2060"
+_AUTOLINK_TRIGGERS = re.compile(r"(?i)(https?:)(?=//)|(www)(?=\.)|(?=@)")
 
 
 def escape_markdown(text: object) -> str:
     """``text`` for a Markdown body, shown exactly as written (line breaks become spaces).
 
-    Leading blanks are dropped (four would start a code block; HTML would not show them anyway).
+    Leading blanks are dropped (four would start a code block; HTML would not show them anyway), and
+    URLs and e-mail addresses carry an invisible word joiner so that they stay text, not links.
     """
-    return _MARKDOWN_SPECIAL.sub(r"\\\1", _LINE_BREAKS.sub(" ", str(text)).lstrip())
+    text = _LINE_BREAKS.sub(" ", str(text)).lstrip()
+    text = _AUTOLINK_TRIGGERS.sub(lambda m: (m.group(1) or m.group(2) or "") + _WORD_JOINER, text)
+    return _MARKDOWN_SPECIAL.sub(r"\\\1", text)
 
 
 def escape_plotly(text: object) -> str:
