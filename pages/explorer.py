@@ -13,7 +13,7 @@ from pathlib import Path
 import streamlit as st
 from PIL import Image
 
-from vit import catalog, explorer
+from vit import access, catalog, explorer
 from vit.attention import HEAD_FUSIONS
 from vit.cache import ByteCache
 from vit.checkpoint import Checkpoint, CheckpointError
@@ -93,6 +93,8 @@ extra = st.session_state.setdefault("explorer_extra_checkpoints", [])  # opened 
 opened = st.sidebar.text_input("Open a path", key="explorer_open_path", placeholder="/path/to/model folder or file",
                                help="A file or folder on the server: one of our .pt checkpoints, a Hugging Face "
                                     "or timm model folder, or timm / torchvision weights.").strip()
+if not access.is_local_address(st.get_option("server.address")):
+    opened = ""  # a visitor from the network may not read files of the server by path
 requested = st.session_state.pop("explorer_checkpoint", None) or (opened if opened != st.session_state.get(
     "explorer_opened_path") else None)
 st.session_state["explorer_opened_path"] = opened

@@ -592,3 +592,21 @@ def test_page_loads_describe_each_checkpoint_file_once(default_world):
         run_app()
         run_app()  # a second visitor, or a reload
     assert described.call_count == 2, "each file is read once, then described from the cache by its fingerprint"
+
+
+def test_on_a_network_no_server_path_can_be_opened(default_world, tmp_path):
+    from streamlit import config
+
+    other = write_checkpoint(tmp_path / "elsewhere" / "secret.pt", seed=3)
+    before = config.get_option("server.address")
+    config.set_option("server.address", "0.0.0.0")
+    try:
+        at = run_app()
+        sidebar_widget(at, "text_input", "Open a path").set_value(str(other))
+        at.run()
+    finally:
+        config.set_option("server.address", before)
+    assert not at.exception
+    picker = sidebar_widget(at, "selectbox", "Checkpoint")
+    assert picker.value != str(other) and not any("secret" in option for option in picker.options)
+    assert not at.error  # nothing was read, so nothing says whether the path exists
