@@ -41,5 +41,11 @@ def test_a_networked_server_with_a_token_accepts_only_that_token():
     assert TOKEN not in repr(gate), "the token never shows up in a repr (logs, tracebacks)"
 
 
+def test_a_configured_token_is_asked_for_on_localhost_too():
+    # Behind a reverse proxy on this machine the server listens on localhost yet serves the network.
+    gate = train_access("localhost", TOKEN)
+    assert gate.mode == "token" and gate.accepts(TOKEN) and not gate.accepts("guess")
+
+
 def test_an_open_gate_accepts_no_token():
-    assert not train_access("localhost", TOKEN).accepts(TOKEN)
+    assert not train_access("localhost", None).accepts(TOKEN)

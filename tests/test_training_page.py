@@ -25,6 +25,7 @@ def folders(tmp_path, monkeypatch):
     monkeypatch.setenv("VIT_RUNS_DIR", str(tmp_path / "runs"))
     monkeypatch.setenv("VIT_DATA_DIR", str(tmp_path / "data"))
     monkeypatch.setenv("VIT_DATA_ROOTS", str(tmp_path))  # the generated image folder lives here
+    monkeypatch.delenv("VIT_TRAIN_TOKEN", raising=False)  # a developer's token would lock the page
     return make_image_folder(tmp_path / "images"), tmp_path / "runs"
 
 

@@ -5,7 +5,8 @@ listens on the loopback interface only (``server.address`` localhost, 127.0.0.1 
 app's default) only people on this machine reach it. Once it listens on the network (for example
 ``--server.address 0.0.0.0``, or no address at all, which Streamlit takes as every interface), the
 page asks for the token in ``$VIT_TRAIN_TOKEN`` (or ``train_token`` in Streamlit's secrets.toml),
-as Jupyter does; without a token configured it is disabled and says how to enable it.
+as Jupyter does; without a token configured it is disabled and says how to enable it. A configured
+token is asked for on localhost too (a reverse proxy may serve a localhost server to the network).
 """
 
 from __future__ import annotations
@@ -49,10 +50,16 @@ class TrainAccess:
 
 
 def train_access(address: str | None, token: str | None) -> TrainAccess:
-    """The Train page's access rule for a server on ``address`` with ``token`` configured (or None)."""
-    if is_local_address(address):
+    """The Train page's access rule for a server on ``address`` with ``token`` configured (or None).
+
+    A configured token is always asked for, on localhost too: behind a reverse proxy on this machine
+    the server listens on localhost yet serves the network.
+    """
+    local = is_local_address(address)
+    if local and not token:
         return TrainAccess("open", "")
-    where = f"on {address}" if (address or "").strip() else "on every network interface"
+    where = "on this machine only" if local else f"on {address}" if (address or "").strip() \
+        else "on every network interface"
     if not token:
         return TrainAccess("disabled", (
             f"Training is disabled: this server listens {where}, so anyone who can reach it could start, stop "
@@ -63,5 +70,5 @@ def train_access(address: str | None, token: str | None) -> TrainAccess:
         return TrainAccess("disabled", (
             f"Training is disabled: the configured token is shorter than {MIN_TOKEN_LENGTH} characters, too easy "
             f"to guess for a server that listens {where}. Set a longer one and restart the server."))
-    return TrainAccess("token", f"This server listens {where}: enter the training token to start, stop or "
-                                "delete runs and read their logs.", token)
+    return TrainAccess("token", f"This server listens {where} and a training token is set: enter it to start, "
+                                "stop or delete runs and read their logs.", token)
