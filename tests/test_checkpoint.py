@@ -475,3 +475,10 @@ def test_other_save_errors_pass_through_unchanged(tmp_path, model, monkeypatch):
     monkeypatch.setattr(torch, "save", broken)
     with pytest.raises(RuntimeError, match="cannot pickle this tensor subclass"):
         save_checkpoint(tmp_path / "x.pt", model, CLASSES)
+
+
+@pytest.mark.parametrize("field, value", [("image_size", 4 * 10**12), ("hidden_size", 2**62), ("mlp_size", 2**63 - 1)])
+def test_sizes_past_what_torch_can_count_are_a_checkpoint_error(saved, field, value):
+    payload = read_checkpoint_payload(saved)
+    edited(saved, config={**payload["config"], field: value})
+    assert "do not fit its stored config" in load_error(saved)

@@ -141,8 +141,11 @@ def weights_problem(config: ViTConfig, state_dict: dict) -> str | None:
         if not isinstance(value, torch.Tensor):
             return f"weight {str(key)[:80]!r} is a {type(value).__name__}, not a tensor"
         stored[_clean_key(str(key))] = value
-    with torch.device("meta"):
-        expected = {k: tuple(v.shape) for k, v in ViT(config).state_dict().items()}
+    try:
+        with torch.device("meta"):
+            expected = {k: tuple(v.shape) for k, v in ViT(config).state_dict().items()}
+    except (RuntimeError, ValueError, TypeError, OverflowError, MemoryError) as e:  # sizes past int64, say
+        return f"its config declares sizes no model can have ({_first_line(e)})"
     mismatches = [f"size mismatch for {k}: {tuple(stored[k].shape)} stored, {shape} in the config"
                   for k, shape in expected.items() if k in stored and tuple(stored[k].shape) != shape]
     problems = mismatches[:2] + ([f"{len(mismatches) - 2} more size mismatches"] if len(mismatches) > 2 else [])
@@ -251,15 +254,14 @@ def check_archive(path: Path) -> None:
     compressed = next((e.filename for e in entries if e.compress_type != zipfile.ZIP_STORED), None)
     if compressed is not None:
         raise CheckpointError(f"refused to load {path}: its entry {compressed[:80]!r} is compressed, which torch.save "
-                              "never does; only load checkpoints written by this program")
+                              "never does; the file was altered or not written by torch")
     pickles = [e for e in entries if e.filename.endswith("/data.pkl") and e.filename.count("/") == 1]
     tensors = sum(1 for e in entries if e.filename.count("/") == 2 and e.filename.split("/")[1] == "data")
     limit = min(MAX_PICKLE_BYTES, PICKLE_BASE_BYTES + PICKLE_BYTES_PER_TENSOR * tensors)
     for entry in pickles:
         if entry.file_size > limit:
             raise CheckpointError(f"refused to load {path}: its pickle is {entry.file_size:,} bytes for {tensors:,} "
-                                  f"tensors (a checkpoint needs at most {limit:,}); only load checkpoints written "
-                                  "by this program")
+                                  f"tensors (weights need at most {limit:,}); it may be built to stall the reader")
 
 
 def read_checkpoint_payload(path: str | os.PathLike, map_location: str | torch.device = "cpu",
