@@ -665,6 +665,7 @@ def test_the_form_refuses_an_absurd_learning_rate(tmp_path, dataset):
     (dict(hidden_size=8192, num_heads=8, mlp_size=32768, num_layers=8), "form", "M parameters; at most 350 M"),
     (dict(hidden_size=10**6, num_heads=1, mlp_size=10**9), "form", "M parameters; at most 350 M"),
     (dict(num_layers=100_000), "num_layers", "at most 256 layers"),
+    (dict(hidden_size=2**62, num_heads=1), "form", "more parameters than can be counted; at most 350 M"),
 ])
 def test_the_page_launches_only_bounded_runs(tmp_path, dataset, change, field, words):
     errors = make_manager(tmp_path).validate(tiny_params("big", dataset, **change))

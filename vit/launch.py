@@ -271,11 +271,15 @@ def _bounds_problems(args, num_classes: int) -> dict[str, str]:
     if config.num_layers > MAX_LAYERS:
         errors["num_layers"] = f"at most {MAX_LAYERS} layers"
     else:
-        with torch.device("meta"):  # counts without allocating, whatever the sizes
-            parameters = count_parameters(ViT(config))
-        if parameters > MAX_PARAMETERS:
-            errors["form"] = (f"this model has {parameters / 1e6:,.0f} M parameters; at most "
-                              f"{MAX_PARAMETERS / 1e6:,.0f} M from this page")
+        try:
+            with torch.device("meta"):  # counts without allocating, whatever the sizes
+                parameters = count_parameters(ViT(config))
+        except (RuntimeError, ValueError, TypeError, OverflowError):  # sizes past what torch can count
+            parameters = None
+        if parameters is None or parameters > MAX_PARAMETERS:
+            size = "more parameters than can be counted" if parameters is None else \
+                f"{parameters / 1e6:,.0f} M parameters"
+            errors["form"] = f"this model has {size}; at most {MAX_PARAMETERS / 1e6:,.0f} M from this page"
     return errors
 
 
