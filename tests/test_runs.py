@@ -471,6 +471,24 @@ CORRUPTIONS = [  # (file, content, words of the reason)
 ]
 
 
+@pytest.mark.parametrize("file, content", [
+    ("status.json", {"state": "running", "eta_seconds": 1e300, "host": "another-machine", "updated_time": "now",
+                     "start_time": "1970-01-01T00:00:00+00:00"}),
+    ("status.json", {"state": "completed", "start_time": "9999-12-31T23:59:59+00:00", "epoch": 10**30}),
+    ("launch.json", {**GOOD_LAUNCH, "queued_at": 1e300}),
+    ("launch.json", {**GOOD_LAUNCH, "queued_at": -1e300}),
+])
+def test_absurd_numbers_in_run_files_still_give_a_table(tmp_path, file, content):
+    manager = make_manager(tmp_path)
+    write_good_run(manager.runs_dir)
+    if content.get("updated_time") == "now":  # a live heartbeat from another machine: shown as running
+        content = {**content, "updated_time": dt.datetime.now(dt.UTC).isoformat()}
+    write_damaged(manager, file, content)
+    runs = manager.poll()
+    rows = {row["Name"]: row for row in table_rows(runs)}
+    assert set(rows) == {"good", "bad"}
+
+
 def write_good_run(runs: Path, name: str = "good") -> None:
     folder = runs / name
     folder.mkdir(parents=True)

@@ -166,8 +166,8 @@ def table_rows(runs: list[RunInfo]) -> list[dict]:
             "Progress": run.progress,
             "Epoch": f"{run.epoch}/{run.total_epochs}" if run.total_epochs else str(run.epoch or ""),
             "Best val acc": run.best_val_acc,
-            "Elapsed": dt.timedelta(seconds=round(run.elapsed_seconds)) if run.elapsed_seconds is not None else None,
-            "ETA": dt.timedelta(seconds=round(run.eta_seconds)) if run.eta_seconds is not None else None,
+            "Elapsed": _duration(run.elapsed_seconds),
+            "ETA": _duration(run.eta_seconds),
             "Device": device_label(run.devices),
             "Preset": s.get("preset"),
             "Dataset": _short_dataset(s.get("dataset")),
@@ -175,10 +175,24 @@ def table_rows(runs: list[RunInfo]) -> list[dict]:
             "Batch": s.get("batch_size"),
             "LR": s.get("lr"),
             "Weight decay": s.get("weight_decay"),
-            "Started": dt.datetime.fromtimestamp(run.started_at) if run.started_at else None,
+            "Started": _moment(run.started_at),
             "Detail": run.detail or "",
         })
     return rows
+
+
+def _duration(seconds: float | None) -> dt.timedelta | None:
+    """A time span for the table; None when unknown or beyond a calendar (a damaged file's 1e300)."""
+    if seconds is None or not 0 <= seconds < 1e10:
+        return None
+    return dt.timedelta(seconds=round(seconds))
+
+
+def _moment(timestamp: float | None) -> dt.datetime | None:
+    try:
+        return dt.datetime.fromtimestamp(timestamp) if timestamp else None
+    except (OverflowError, OSError, ValueError):
+        return None
 
 
 def _short_dataset(spec: str | None) -> str | None:
