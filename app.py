@@ -11,5 +11,6 @@ st.set_page_config(page_title="ViT Attention Explorer", page_icon=":material/vis
 navigation = st.navigation([
     st.Page("pages/explorer.py", title="Explore attention", icon=":material/visibility:", default=True),
     st.Page("pages/training.py", title="Train", icon=":material/model_training:"),
+    st.Page("pages/analyze.py", title="Analyse a dataset", icon=":material/query_stats:"),
 ])
 navigation.run()

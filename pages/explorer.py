@@ -3,7 +3,8 @@
 The model runs once per (checkpoint, image); changing a layer, head, query or overlay setting
 only redraws. The computations are plain functions in ``vit/`` (mostly ``vit.explorer``).
 Other pages open a checkpoint here by setting ``st.session_state["explorer_checkpoint"]``
-to its path before ``st.switch_page("pages/explorer.py")``.
+to its path before ``st.switch_page("pages/explorer.py")``, and an image file by setting
+``st.session_state["explorer_image"]`` to its path.
 """
 
 import math
@@ -79,6 +80,12 @@ def class_relevance(fingerprint: tuple, digest: str, class_index: int, checkpoin
     return byte_cache("relevance", RELEVANCE_CACHE_BYTES).get_or_compute((fingerprint, digest, class_index), run)
 
 
+@st.cache_resource(max_entries=64, show_spinner="Computing the map (attention flow: seconds, minutes on ViT-B)…")
+def method_map(fingerprint: tuple, digest: str, kind: str, class_index: int, query: int, end_layer: int, fusion: str,
+               _checkpoint: Checkpoint, _image: Image.Image):
+    return explorer.model_method_map(_checkpoint, _image, kind, class_index, query, end_layer, fusion)
+
+
 def pick_query(query_key: str, num_prefix_tokens: int) -> None:
     """A click on the image made a patch the query."""
     token = explorer.token_from_selection(st.session_state["patch_picker"].selection, num_prefix_tokens)
@@ -144,14 +151,26 @@ model_key = explorer.image_digest(choice.encode())[:10]  # widgets whose range d
 st.sidebar.header("Image")
 uploaded = st.sidebar.file_uploader("Upload an image", type=UPLOAD_TYPES,
                                     help="jpg, png, webp, bmp or gif; any size and aspect ratio.")
+if "explorer_image" in st.session_state:  # a file another page (Analyse a dataset) asked for
+    st.session_state["explorer_opened_image"] = st.session_state.pop("explorer_image")
+opened_image = st.session_state.get("explorer_opened_image")
+if opened_image is not None and st.sidebar.button(f"Close {Path(opened_image).name}",
+                                                  help="Back to the sample images."):
+    opened_image = st.session_state["explorer_opened_image"] = None
 samples = catalog.sample_images(entry, list(entries.values()))
 sample = None
-if samples:
+if samples and opened_image is None:
     sample = st.sidebar.selectbox("…or a sample image", samples, format_func=explorer.sample_label,
                                   key=f"sample-{model_key}", disabled=uploaded is not None,
                                   help="Remove the upload to use the samples again.")
 if uploaded is not None:
     data, image_name = uploaded.getvalue(), uploaded.name
+elif opened_image is not None:
+    try:
+        data, image_name = Path(opened_image).read_bytes(), Path(opened_image).name
+    except OSError as e:
+        st.error(f"Cannot read {opened_image}: {e.strerror or e}")
+        st.stop()
 elif sample is not None:
     data, image_name = sample.read_bytes(), sample.name
 else:
@@ -174,7 +193,15 @@ names = analysis.prefix_names  # CLS, DIST, REG 1…R
 with st.sidebar:
     st.header("Attention map")
     kinds = [k for k in explorer.MAP_KINDS if class_names or k != "class"]  # a feature model has no classes
-    kind = st.radio("Map", kinds, format_func=explorer.MAP_KINDS.get, key="map_kind")
+    # The newer methods share one entry (a second picker), which keeps the sidebar short.
+    choices = [k for k in kinds if k not in explorer.METHOD_MAP_KINDS] + [explorer.MORE_METHODS]
+    kind = st.radio("Map", choices, key="map_kind",
+                    format_func=lambda k: explorer.MAP_KINDS.get(k, explorer.MORE_METHODS_LABEL))
+    if kind == explorer.MORE_METHODS:
+        methods = [k for k in explorer.METHOD_MAP_KINDS if class_names or k not in explorer.CLASS_MAP_KINDS]
+        kind = st.selectbox("Method", methods, format_func=explorer.MAP_KINDS.get, key="method_kind",
+                            help="LeGrad, LRP and AttnLRP explain a class; attention flow, like rollout, "
+                                 "follows attention and the residual, as a max-flow (slow).")
     query_key = f"query-{model_key}"
     st.session_state.setdefault(query_key, 0)
     query = st.selectbox("Query token", range(T), key=query_key,
@@ -190,7 +217,7 @@ with st.sidebar:
     fusion = st.radio("Head fusion", HEAD_FUSIONS, horizontal=True, key="fusion",
                       help="How heads combine: for 'all heads, fused' and in the rollout.")
     discard_ratio, end_layer, class_index = 0.0, L, None
-    if kind in ("rollout", "class"):
+    if kind in ("rollout", "class", "lrp", "flow"):
         st.session_state.setdefault(f"end-{model_key}", L)
         end_layer = st.select_slider("Up to layer", range(1, L + 1), key=f"end-{model_key}",
                                      help="Roll out from layer 1 through this layer.")
@@ -198,7 +225,7 @@ with st.sidebar:
         discard_ratio = st.slider("Discard ratio", 0.0, 0.95, 0.0, 0.05, key="discard_ratio",
                                   help="Share of each row's weakest patch attentions set to zero before "
                                        "rolling out; higher values keep only the strongest paths.")
-    if kind == "class":
+    if kind in explorer.CLASS_MAP_KINDS:
         class_index = st.selectbox(
             "Class", [None, *range(len(class_names))], key=f"class-{model_key}",
             format_func=lambda c: f"predicted: {class_names[prediction.class_index]}" if c is None else class_names[c])
@@ -215,7 +242,16 @@ settings = explorer.MapSettings(kind=kind, layer=layer - 1, head=head, fusion=fu
 relevance = None
 if kind == "class":
     relevance = class_relevance(fingerprint, digest, explorer.resolved_class(settings, analysis), checkpoint, image)
-map2d = explorer.attention_map(analysis, settings, relevance)
+method_map2d = None
+if kind in explorer.METHOD_MAP_KINDS:
+    try:
+        method_map2d = method_map(fingerprint, digest, kind, explorer.resolved_class(settings, analysis), query,
+                                  end_layer - 1, fusion, checkpoint, image)
+    except ValueError as e:  # a model option the method does not support, too many tokens for a max-flow
+        st.error(str(e))
+        st.stop()
+map2d = explorer.attention_map(analysis, settings, relevance, method_map2d)
+map_colormap, vmin, vmax = explorer.map_colours(kind, map2d, colormap)
 outline = explorer.patch_of(query, prefix)
 
 # -- image, overlay and prediction ----------------------------------------------------------------------------------
@@ -232,8 +268,8 @@ with col_image:
                f"patches of {analysis.patch_size} px.")
 with col_overlay:
     st.subheader("Attention")
-    st.image(overlay(shown, map2d, opacity, colormap, mode, show_grid=show_grid, outline_patch=outline),
-             output_format="PNG")
+    st.image(overlay(shown, map2d, opacity, map_colormap, mode, show_grid=show_grid, outline_patch=outline,
+                     vmin=vmin, vmax=vmax), output_format="PNG")
     st.caption(explorer.describe_map(settings, analysis, class_names) + " " + explorer.describe_range(map2d))
     stem = Path(image_name).stem
     download_png, download_npz = st.columns(2)
@@ -246,6 +282,13 @@ with col_overlay:
         "Attentions (.npz)", on_click="ignore", mime="application/octet-stream", file_name=f"{stem}-attentions.npz",
         data=partial(explorer.attentions_npz, analysis, class_names),
         help="layer_0 … layer_N: heads × tokens × tokens (token 0 is CLS), with logits and class names.")
+    if st.toggle("Deletion and insertion curves", key="faithfulness_curves",
+                 help="Is this map faithful? Patches are blurred away (deletion) or restored onto a blurred image "
+                      "(insertion), most relevant first, and the class probability is tracked: a faithful map "
+                      "makes deletion fall and insertion rise fast."):
+        st.plotly_chart(explorer.faithfulness_figure(checkpoint, image, map2d,
+                                                     explorer.resolved_class(settings, analysis)),
+                        config={"displayModeBar": False})
 with col_prediction:
     st.subheader("Prediction")
     if class_names:

@@ -32,6 +32,10 @@ MAP_KINDS = {
     "attention": "Attention of one layer",
     "rollout": "Attention rollout",
     "class": "Class-specific (gradient rollout)",
+    "legrad": "LeGrad (class-specific)",
+    "lrp": "LRP transformer attribution (class-specific)",
+    "attnlrp": "AttnLRP (class-specific, signed)",
+    "flow": "Attention flow (max-flow, slow)",
 }
 # Colour maps that matplotlib (overlays) and Plotly (heatmaps) both know by the same name.
 COLORMAPS = ("inferno", "viridis", "magma", "plasma", "cividis", "turbo", "jet")
@@ -134,12 +138,18 @@ def layer_attention(analysis: Analysis, layer: int, head: int | None, fusion: st
     return attn[:, head]  # (1, T, T)
 
 
-def attention_map(analysis: Analysis, settings: MapSettings, relevance: ClassRelevance | None = None) -> np.ndarray:
+def attention_map(analysis: Analysis, settings: MapSettings, relevance: ClassRelevance | None = None,
+                  method_map: np.ndarray | None = None) -> np.ndarray:
     """The ``(gh, gw)`` map to draw: row ``settings.query`` of the chosen token-by-token matrix, patch keys only.
 
-    The class-specific map needs ``relevance`` for ``resolved_class(settings, analysis)``.
+    The class-specific map needs ``relevance`` for ``resolved_class(settings, analysis)``; the kinds
+    of ``METHOD_MAP_KINDS`` need ``method_map``, from ``model_method_map`` (which the page caches).
     """
     s, prefix = settings, analysis.num_prefix_tokens
+    if s.kind in METHOD_MAP_KINDS:
+        if method_map is None:
+            raise ValueError(f"the {MAP_KINDS[s.kind]} map must be computed with model_method_map first")
+        return method_map
     if s.kind == "attention":
         matrix = layer_attention(analysis, s.layer, s.head, s.fusion)
     elif s.kind == "rollout":
@@ -228,6 +238,8 @@ def describe_map(settings: MapSettings, analysis: Analysis, class_names: list[st
         if s.query == 0 and layer == L - 1:
             text += " The classifier reads the CLS token after this layer, so bright patches fed the prediction."
         return text
+    if s.kind in METHOD_MAP_KINDS:
+        return describe_method_map(settings, analysis, class_names)
     end = s.end_layer % L
     if s.kind == "rollout":
         dropped = f", the lowest {s.discard_ratio:.0%} of each row dropped" if s.discard_ratio > 0 else ""
@@ -391,3 +403,99 @@ def overlay_png(image: Image.Image, map2d: np.ndarray, opacity: float, colormap:
     """The overlay at the image's own resolution, as PNG (for the download)."""
     return to_png_bytes(overlay(image, map2d, opacity, colormap, mode, show_grid=show_grid,
                                 outline_patch=outline_patch))
+
+
+# -- maps that need the model (LeGrad, LRP, AttnLRP) or a max-flow (attention flow) ----------------------------------
+
+METHOD_MAP_KINDS = ("legrad", "lrp", "attnlrp", "flow")  # computed by model_method_map, cached by the page
+MORE_METHODS = "methods"  # the page's one "Map" choice for all of METHOD_MAP_KINDS (a second picker names which)
+MORE_METHODS_LABEL = "More: LeGrad, LRP, AttnLRP, flow"
+CLASS_MAP_KINDS = ("class", "legrad", "lrp", "attnlrp")  # explain one class: the page shows a class picker
+SIGNED_MAP_KINDS = ("attnlrp",)  # negative = evidence against the class: a diverging colour map around 0
+DIVERGING_COLORMAP = "RdBu_r"  # blue negative, white 0, red positive; matplotlib and Plotly both know it
+
+
+def model_method_map(checkpoint: Checkpoint, image: Image.Image, kind: str, class_index: int, query: int = 0,
+                     end_layer: int = -1, fusion: str = "mean") -> np.ndarray:
+    """The ``(gh, gw)`` map of a ``METHOD_MAP_KINDS`` kind for one image (seconds for ``flow``).
+
+    ``class_index`` is the explained class (LeGrad, LRP, AttnLRP); ``query`` the token whose
+    relevance or flow is shown (LRP, flow; LeGrad and AttnLRP explain the classifier's CLS).
+    Raises ValueError (e.g. ``UnsupportedModelError``, ``TooManyTokensError``) with a message to show.
+    """
+    from vit.attention_flow import attention_flow
+    from vit.relevance import attnlrp, legrad, patch_sums, transformer_attribution
+
+    model = checkpoint.model
+    device = next(model.parameters()).device
+    x = preprocess([image], checkpoint.preprocessing).to(device)  # (1, C, S, S)
+    grid, prefix = model.patch_grid(x.shape[2], x.shape[3]), model.num_prefix_tokens
+    if kind == "legrad":
+        result = legrad(model, x, class_index)
+    elif kind == "lrp":
+        result = token_map(transformer_attribution(model, x, class_index, end_layer), query, grid, prefix)
+    elif kind == "attnlrp":
+        result = patch_sums(attnlrp(model, x, class_index), grid)
+    elif kind == "flow":
+        with torch.no_grad():
+            _, attentions = model(x, output_attentions=True)
+        result = attention_flow(attentions, query, fusion, end_layer)[:, prefix:].reshape(1, *grid)
+    else:
+        raise ValueError(f"{kind!r} is not one of {', '.join(METHOD_MAP_KINDS)}")
+    return result[0].float().cpu().numpy()  # (gh, gw)
+
+
+def map_colours(kind: str, map2d: np.ndarray, colormap: str) -> tuple[str, float | None, float | None]:
+    """``(colour map, vmin, vmax)`` for the overlay: signed maps get a diverging map symmetric around 0."""
+    if kind in SIGNED_MAP_KINDS:
+        bound = float(np.abs(map2d).max()) or 1.0
+        return DIVERGING_COLORMAP, -bound, bound
+    return colormap, None, None
+
+
+def describe_method_map(settings: MapSettings, analysis: Analysis, class_names: list[str]) -> str:
+    """The caption of a ``METHOD_MAP_KINDS`` map."""
+    s = settings
+    query = token_label(s.query, analysis.grid, analysis.num_prefix_tokens)
+    who = "the CLS token" if s.query == 0 else f"the query {query} (outlined)"
+    if s.kind == "flow":
+        return (f"**Attention flow through layers 1–{s.end_layer % analysis.num_layers + 1}** (heads fused by "
+                f"{s.fusion}): the maximum flow from {who} down to each input patch, when every layer's attention "
+                "plus the residual is a capacity (Abnar & Zuidema, 2020). Unlike rollout, a path counts only "
+                "as much as its narrowest layer.")
+    name = class_names[resolved_class(s, analysis)]
+    which = "the predicted class" if s.class_index is None else "the chosen class"
+    if s.kind == "legrad":
+        return (f"**LeGrad for “{name}”** ({which}): at each of the last two layers, the gradient of the "
+                f"“{name}” score read at that layer with respect to that layer's attention, positive parts "
+                "averaged over heads and queries, summed (Bousselham et al., 2024).")
+    if s.kind == "lrp":
+        return (f"**LRP transformer attribution for “{name}”** ({which}): each layer's attention relevance "
+                f"(layer-wise relevance propagation) times its gradient, positive parts, rolled out, read by {who} "
+                "(Chefer, Gur & Wolf, 2021).")
+    return (f"**AttnLRP for “{name}”** ({which}): relevance propagated back to the pixels, summed per patch "
+            f"(Achtibat et al., 2024). Red patches are evidence for “{name}”, blue ones against it; white is "
+            "neutral.")
+
+
+def faithfulness_figure(checkpoint: Checkpoint, image: Image.Image, map2d: np.ndarray, class_index: int,
+                        replacement: str = "blur") -> go.Figure:
+    """Deletion and insertion curves of ``map2d`` for one image, with their areas in the legend."""
+    from vit.faithfulness import auc, perturbation_curves
+
+    model = checkpoint.model
+    device = next(model.parameters()).device
+    x = preprocess([image], checkpoint.preprocessing).to(device)
+    maps = torch.as_tensor(np.asarray(map2d, dtype=np.float32))[None].to(device)  # (1, gh, gw)
+    fractions, deletion, insertion = perturbation_curves(model, x, maps, torch.tensor([class_index], device=device),
+                                                         replacement)
+    fig = go.Figure()
+    for name, curve, colour in (("deletion", deletion[0], "#d62728"), ("insertion", insertion[0], "#1f77b4")):
+        fig.add_trace(go.Scatter(x=fractions, y=curve, mode="lines", line=dict(color=colour),
+                                 name=f"{name} (AUC {float(auc(fractions, curve)):.3f})",
+                                 hovertemplate=f"{name}: %{{x:.0%}} of patches → p = %{{y:.3f}}<extra></extra>"))
+    fig.update_xaxes(title="fraction of patches removed / inserted, most relevant first", tickformat=".0%",
+                     range=[0, 1])
+    fig.update_yaxes(title=f"p({checkpoint.class_names[class_index]})", range=[0, 1])
+    fig.update_layout(height=300, margin=dict(l=0, r=0, t=10, b=0), legend=dict(x=0.45, y=0.98))
+    return fig

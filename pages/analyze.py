@@ -1,0 +1,88 @@
+"""Analyse a dataset: attention statistics, per-class maps, the confusion matrix and the most confident mistakes.
+
+A short script over ``vit.analyze`` (the same computation as ``python -m vit.analyze``). A
+mistake opens in the explorer through ``st.session_state["explorer_checkpoint"]`` and
+``["explorer_image"]`` (a file path), then ``st.switch_page``.
+"""
+
+from pathlib import Path
+
+import streamlit as st
+
+from vit import analyze, catalog
+from vit.checkpoint import CheckpointError, load_checkpoint
+from vit.evaluate import labelled_files
+from vit.faithfulness import sample_files
+from vit.images import ImageError, open_image
+from vit.predict import UsageError
+
+EXPLORER_PAGE = "pages/explorer.py"
+SHOWN_MISTAKES = 12
+
+st.title("Analyse a dataset")
+st.caption("Every image of a folder through one checkpoint: how far and how evenly each head attends (the ViT "
+           "paper's Fig. 7), the mean CLS attention and rollout per class, the confusion matrix and the mistakes "
+           "the model is most sure of.")
+
+entries = [e for e in catalog.list_checkpoints() if e.ok]
+if not entries:
+    st.info(f"No checkpoints yet: put a `.pt` file in `{catalog.default_checkpoints_dir()}` or train one.")
+    st.stop()
+labels = {str(e.path): e.label for e in entries}
+default = catalog.default_entry(entries)
+choice = st.selectbox("Checkpoint", list(labels), format_func=labels.get, key="analyze_checkpoint",
+                      index=list(labels).index(str(default.path)) if default else 0)
+folder = st.text_input("Image folder", key="analyze_folder", placeholder="data/cifar10/val",
+                       help="One subfolder per class, named as the checkpoint names its classes.")
+limit = st.number_input("Images (0 = all of them)", min_value=0, value=500, step=100, key="analyze_limit",
+                        help="A seeded random sample of the folder, so every class is represented.")
+
+if st.button("Analyse", type="primary", disabled=not folder.strip()):
+    try:
+        checkpoint = load_checkpoint(choice)
+        files = sample_files(labelled_files(Path(folder.strip()), checkpoint.class_names), limit or None, seed=0)
+        bar = st.progress(0.0, text=f"0 of {len(files)} images")
+        step = max(1, len(files) // 100)
+
+        def report(done: int, total: int) -> None:
+            if done % step == 0 or done == total:
+                bar.progress(done / total, text=f"{done} of {total} images")
+
+        st.session_state["analyze_result"] = (choice, analyze.analyze_files(checkpoint, files, progress=report))
+    except (UsageError, CheckpointError, ValueError) as e:
+        st.error(str(e))
+
+result = st.session_state.get("analyze_result")
+if result is None:
+    st.stop()
+checkpoint_path, analysis = result
+accuracy = f"{analysis.accuracy:.1%}" if analysis.accuracy is not None else "–"
+left, middle, right = st.columns(3)
+left.metric("Images", analysis.count)
+middle.metric("Accuracy", accuracy)
+right.metric("Unreadable", len(analysis.skipped))
+
+figures = analyze.figures(analysis)
+left, right = st.columns(2)
+left.plotly_chart(figures["distance"])
+right.plotly_chart(figures["entropy"])
+st.plotly_chart(figures["class_attention"])
+st.plotly_chart(figures["class_rollout"])
+st.plotly_chart(figures["confusion"])
+
+st.subheader("Most confident mistakes")
+if not analysis.mistakes:
+    st.write("No mistakes.")
+columns = st.columns(4)
+for i, mistake in enumerate(analysis.mistakes[:SHOWN_MISTAKES]):
+    with columns[i % 4]:
+        try:
+            st.image(open_image(mistake.path), width=128)
+        except ImageError as e:
+            st.text(str(e))
+        st.text(f"{Path(mistake.path).name}\ntrue: {mistake.label}\npredicted: {mistake.predicted} "
+                f"({mistake.confidence:.0%})")
+        if st.button("Open in the explorer", key=f"mistake-{i}"):
+            st.session_state["explorer_checkpoint"] = checkpoint_path
+            st.session_state["explorer_image"] = mistake.path
+            st.switch_page(EXPLORER_PAGE)

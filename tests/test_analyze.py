@@ -1,0 +1,110 @@
+"""Whole-dataset analysis: statistics on a model whose answers are known, the CLI's files, the page."""
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from streamlit.testing.v1 import AppTest
+
+from tests.test_app import dirs  # noqa: F401  (fixture)
+from vit import analyze
+from vit.checkpoint import load_checkpoint, save_checkpoint
+from vit.evaluate import labelled_files
+from vit.model import ViT, ViTConfig
+
+CONFIG = ViTConfig(image_size=16, patch_size=4, hidden_size=16, num_layers=2, num_heads=2, mlp_size=32, num_classes=3)
+CLASSES = ["cat", "dog", "ship"]
+APP = str(Path(__file__).resolve().parent.parent / "app.py")
+
+
+def always(index: int, probability_logit: float = 10.0) -> ViT:
+    """A model that answers class ``index`` whatever the image, with uniform attention (zero query/key weights)."""
+    torch.manual_seed(0)
+    model = ViT(CONFIG).eval()
+    with torch.no_grad():
+        model.head.weight.zero_()
+        model.head.bias.zero_()
+        model.head.bias[index] = probability_logit
+        for block in model.blocks:
+            block.attn.qkv.weight[: 2 * CONFIG.hidden_size].zero_()  # q = k = bias: every score equal
+            block.attn.qkv.bias[: 2 * CONFIG.hidden_size].zero_()
+    return model
+
+
+@pytest.fixture
+def world(tmp_path):
+    save_checkpoint(tmp_path / "cat.pt", always(0), CLASSES)
+    rng = np.random.default_rng(0)
+    for name, count in (("cat", 3), ("dog", 2), ("ship", 1)):
+        (tmp_path / "data" / name).mkdir(parents=True)
+        for i in range(count):
+            pixels = rng.integers(0, 256, (16, 16, 3), dtype=np.uint8)
+            Image.fromarray(pixels).save(tmp_path / "data" / name / f"{i}.png")
+    (tmp_path / "data" / "dog" / "broken.png").write_text("not an image")
+    return tmp_path
+
+
+def test_an_always_cat_model_with_uniform_attention_by_hand(world):
+    checkpoint = load_checkpoint(world / "cat.pt")
+    files = labelled_files(world / "data", CLASSES)
+    calls = []
+    result = analyze.analyze_files(checkpoint, files, batch_size=4, progress=lambda d, t: calls.append((d, t)))
+    assert result.count == 6 and len(result.skipped) == 1 and "broken.png" in result.skipped[0]
+    assert calls[-1] == (7, 7)
+    np.testing.assert_array_equal(result.confusion, [[3, 0, 0], [2, 0, 0], [1, 0, 0]])
+    assert result.accuracy == pytest.approx(0.5)
+    np.testing.assert_array_equal(result.class_counts, [3, 2, 1])
+    # Uniform attention over 17 tokens: every patch gets 1/17, entropy ln 17, rollout keeps it flat.
+    np.testing.assert_allclose(result.class_attention, np.full((3, 4, 4), 1 / 17), rtol=1e-5)
+    np.testing.assert_allclose(result.entropy, np.full((2, 2), np.log(17)), rtol=1e-5)
+    assert np.ptp(result.class_rollout) < 1e-6
+    # Mean distance of uniform attention on a 4x4 grid of 4-px patches: the mean pairwise centre distance.
+    centres = np.array([(r, c) for r in range(4) for c in range(4)]) * 4.0
+    pairwise = np.linalg.norm(centres[:, None] - centres[None], axis=-1).mean()
+    np.testing.assert_allclose(result.distance, np.full((2, 2), pairwise), rtol=1e-5)
+    assert [m.label for m in result.mistakes] == ["dog", "dog", "ship"]
+    assert all(m.predicted == "cat" and m.confidence > 0.99 for m in result.mistakes)
+
+
+def test_cli_writes_json_pngs_and_one_html_report(world, capsys):
+    code = analyze.main([str(world / "cat.pt"), "--data", str(world / "data"), "--out", str(world / "out"),
+                         "--limit", "7"])
+    out = capsys.readouterr()
+    assert code == 1  # one unreadable image, named on stderr
+    assert "skipped" in out.err and "broken.png" in out.err and "analysing" in out.err
+    summary = json.loads(out.out)
+    assert summary["count"] == 6
+    saved = json.loads((world / "out" / "analysis.json").read_text())
+    assert saved["confusion"] == [[3, 0, 0], [2, 0, 0], [1, 0, 0]]
+    assert len(saved["most_confident_mistakes"]) == 3
+    assert np.array(saved["mean_attention_distance"]).shape == (2, 2)
+    for name in ("distance", "entropy", "class_attention", "class_rollout", "confusion"):
+        assert (world / "out" / f"{name}.png").read_bytes()[:4] == b"\x89PNG"
+    assert (world / "out" / "report.html").read_text().count("plotly-graph-div") >= 5
+
+
+@pytest.mark.slow
+def test_page_analyses_a_folder_and_opens_a_mistake_in_the_explorer(world, dirs):  # noqa: F811
+    checkpoints, _ = dirs
+    save_checkpoint(checkpoints / "cat.pt", always(0), CLASSES)
+    at = AppTest.from_file(APP, default_timeout=180)
+    at.switch_page("pages/analyze.py")
+    at.run()
+    assert not at.exception
+    at.text_input(key="analyze_folder").set_value(str(world / "data"))
+    at.run()  # the button is enabled once a folder is given
+    at.button[0].click()
+    at.run()
+    assert not at.exception, [e.message for e in at.exception]
+    assert [m.value for m in at.metric] == ["6", "50.0%", "1"]
+    assert len(at.get("plotly_chart")) == 5
+    open_buttons = [b for b in at.button if b.label == "Open in the explorer"]
+    assert len(open_buttons) == 3
+    open_buttons[0].click()
+    at.run()
+    assert not at.exception, [e.message for e in at.exception]
+    assert any("Close " in b.label for b in at.sidebar.button)  # the explorer shows the opened file
+    assert any(".png, 16×16 px" in c.value for c in at.main.caption)

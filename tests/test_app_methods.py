@@ -1,0 +1,88 @@
+"""The explorer's newer map kinds (LeGrad, LRP, AttnLRP, attention flow) and the one-image faithfulness curves."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from tests.test_app import (  # noqa: F401  (default_world and dirs: fixtures the tests use)
+    default_world,
+    dirs,
+    overlay_caption,
+    run_app,
+    sidebar_widget,
+    write_checkpoint,
+)
+from vit import explorer
+from vit.checkpoint import load_checkpoint
+
+pytestmark = pytest.mark.slow  # each AppTest run imports the app
+
+
+@pytest.mark.parametrize("kind, caption", [("legrad", "LeGrad for"), ("lrp", "LRP transformer attribution for"),
+                                           ("attnlrp", "against it"), ("flow", "Attention flow through layers 1–3")])
+@pytest.mark.usefixtures("default_world")
+def test_each_new_map_kind_draws_with_its_caption(kind, caption):
+    at = run_app()
+    sidebar_widget(at, "radio", "Map").set_value(explorer.MORE_METHODS)
+    at.run()
+    sidebar_widget(at, "selectbox", "Method").set_value(kind)
+    at.run()
+    assert not at.exception and not at.error, [e.message for e in at.exception]
+    assert caption in overlay_caption(at)
+    assert any(w.label == "Class" for w in at.sidebar.selectbox) == (kind != "flow")
+
+
+@pytest.mark.usefixtures("default_world")
+def test_faithfulness_curves_are_drawn_next_to_the_map():
+    at = run_app()
+    sidebar_widget(at, "radio", "Map").set_value(explorer.MORE_METHODS)
+    at.run()  # LeGrad, the first of the methods
+    [toggle] = [t for t in at.toggle if t.label == "Deletion and insertion curves"]
+    toggle.set_value(True)
+    at.run()
+    assert not at.exception
+    figures = [json.loads(chart.proto.spec) for chart in at.get("plotly_chart")]
+    names = [trace.get("name", "") for fig in figures for trace in fig["data"]]
+    assert any(n.startswith("deletion (AUC") for n in names) and any(n.startswith("insertion (AUC") for n in names)
+
+
+# -- the plain functions behind them --------------------------------------------------------------------------
+
+@pytest.fixture
+def checkpoint(tmp_path):
+    return load_checkpoint(write_checkpoint(tmp_path / "m.pt"))
+
+
+def test_model_method_maps_have_the_grid_shape(checkpoint):
+    image = Image.fromarray(np.random.default_rng(0).integers(0, 256, (20, 30, 3), dtype=np.uint8))
+    for kind in explorer.METHOD_MAP_KINDS:
+        m = explorer.model_method_map(checkpoint, image, kind, class_index=1, query=0)
+        assert m.shape == (4, 4) and np.isfinite(m).all(), kind
+
+
+def test_attention_map_of_a_method_kind_needs_the_precomputed_map(checkpoint):
+    image = Image.new("RGB", (16, 16))
+    analysis = explorer.analyse(checkpoint, image)
+    settings = explorer.MapSettings(kind="legrad")
+    with pytest.raises(ValueError, match="model_method_map"):
+        explorer.attention_map(analysis, settings)
+    given = np.ones((4, 4), dtype=np.float32)
+    assert explorer.attention_map(analysis, settings, method_map=given) is given
+
+
+def test_signed_maps_get_a_diverging_colour_scale_symmetric_around_zero():
+    m = np.array([[-1.0, 0.5], [0.25, 0.0]])
+    assert explorer.map_colours("attnlrp", m, "inferno") == (explorer.DIVERGING_COLORMAP, -1.0, 1.0)
+    assert explorer.map_colours("legrad", m, "inferno") == ("inferno", None, None)
+
+
+def test_faithfulness_figure_has_both_curves_from_one_to_the_baseline(checkpoint):
+    image = Image.new("RGB", (16, 16), (200, 30, 30))
+    torch.manual_seed(0)
+    fig = explorer.faithfulness_figure(checkpoint, image, np.random.rand(4, 4), class_index=0)
+    deletion, insertion = fig.data
+    assert len(deletion.x) == 17 and deletion.x[0] == 0 and deletion.x[-1] == 1
+    assert deletion.y[0] == pytest.approx(insertion.y[-1], abs=1e-6)  # both: the untouched image

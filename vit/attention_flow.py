@@ -1,0 +1,86 @@
+"""Attention flow (Abnar & Zuidema 2020): the maximum flow from an output token to each input token.
+
+The layers form a graph: node ``(l, t)`` is token ``t`` after ``l`` layers, and the edge from
+``(l, i)`` down to ``(l - 1, j)`` has capacity ``Â_{l-1}[i, j]``, the heads' mean attention plus
+the residual, rows renormalised (as in rollout). The flow map of a query token is the max-flow
+value from its node at the top to every input node, normalised to sum to 1, as in the
+reference (samiraabnar/attention_flow ``attention_graph_util.py``: ``get_adjmat``,
+``compute_flows``). One max-flow problem per input token over ``L * T^2`` edges makes it slow:
+``MAX_FLOW_TOKENS`` bounds the models it accepts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import networkx as nx
+import numpy as np
+import torch
+from networkx.algorithms.flow import build_residual_network, preflow_push
+from torch import Tensor
+
+from vit.attention import _layers_up_to, fuse_heads
+
+# A 14x14 grid (ViT-B/16 at 224 px) has 197 tokens; above a few hundred one map takes minutes.
+MAX_FLOW_TOKENS = 260
+
+
+class TooManyTokensError(ValueError):
+    """Attention flow over this many tokens would take too long."""
+
+
+def flow_graph(matrices: np.ndarray, query: int) -> nx.DiGraph:
+    """The layered graph of ``matrices (L, T, T)`` (row-stochastic, residual included) seen from ``query`` at the top.
+
+    Node ``l * T + t`` is token ``t`` after ``l`` layers; only the query's node of the top layer
+    is kept (the others carry no flow from it). Zero capacities get no edge, as in the
+    reference's ``from_numpy_matrix``.
+    """
+    L, T, _ = matrices.shape
+    G = nx.DiGraph()
+    G.add_nodes_from(range((L + 1) * T - T))
+    G.add_node(L * T + query)
+    for layer in range(L, 0, -1):
+        sources = [query] if layer == L else range(T)
+        for i in sources:
+            row = matrices[layer - 1, i]
+            G.add_edges_from((layer * T + i, (layer - 1) * T + j, {"capacity": float(row[j])})
+                             for j in np.flatnonzero(row))
+    return G
+
+
+def _flow_row(matrices: np.ndarray, query: int) -> np.ndarray:
+    L, T, _ = matrices.shape
+    G = flow_graph(matrices, query)
+    residual = build_residual_network(G, "capacity")  # built once, reset by every call below
+    source = L * T + query
+    values = np.array([preflow_push(G, source, t, residual=residual, value_only=True).graph["flow_value"]
+                       for t in range(T)])
+    return values / values.sum()
+
+
+def attention_flow(attentions: Sequence[Tensor], query: int = 0, head_fusion: str = "mean",
+                   end_layer: int | None = None, max_tokens: int = MAX_FLOW_TOKENS) -> Tensor:
+    """Attention flow from output token ``query`` (after ``end_layer``) to every input token: ``(B, T)``, rows sum to 1.
+
+    ``attentions`` holds one ``(B, H, T, T)`` tensor per layer (any prefix tokens: take the
+    patch part of the result with ``[:, num_prefix_tokens:]``). Raises ``TooManyTokensError``
+    above ``max_tokens`` tokens.
+    """
+    layers = _layers_up_to(attentions, end_layer)
+    B, _, T, _ = layers[0].shape
+    if T > max_tokens:
+        raise TooManyTokensError(f"attention flow solves {T} max-flow problems over {len(layers)} x {T}^2 edges per "
+                                 f"image; {T} tokens is above the limit of {max_tokens}. Use rollout instead, "
+                                 "or a smaller input")
+    if not 0 <= query < T:
+        raise ValueError(f"query token {query} is out of range for {T} tokens")
+    eye = torch.eye(T, dtype=torch.float64)
+    rows = []
+    for b in range(B):
+        mats = []
+        for attn in layers:
+            a = fuse_heads(attn[b:b + 1].detach().to("cpu", torch.float64), head_fusion)[0] + eye  # (T, T)
+            mats.append(a / a.sum(dim=-1, keepdim=True))
+        rows.append(torch.from_numpy(_flow_row(torch.stack(mats).numpy(), query)))
+    return torch.stack(rows).to(layers[0].device)  # (B, T)
