@@ -154,7 +154,7 @@ uploaded = st.sidebar.file_uploader("Upload an image", type=UPLOAD_TYPES,
 if "explorer_image" in st.session_state:  # a file another page (Analyse a dataset) asked for
     st.session_state["explorer_opened_image"] = st.session_state.pop("explorer_image")
 opened_image = st.session_state.get("explorer_opened_image")
-if opened_image is not None and st.sidebar.button(f"Close {Path(opened_image).name}",
+if opened_image is not None and st.sidebar.button(f"Close {escape_markdown(Path(opened_image).name)}",
                                                   help="Back to the sample images."):
     opened_image = st.session_state["explorer_opened_image"] = None
 samples = catalog.sample_images(entry, list(entries.values()))
