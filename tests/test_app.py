@@ -16,6 +16,7 @@ import pytest
 import streamlit as st
 import torch
 from helpers import displayed
+from markdown_it import MarkdownIt
 from PIL import Image
 from streamlit.testing.v1 import AppTest
 
@@ -610,3 +611,14 @@ def test_on_a_network_no_server_path_can_be_opened(default_world, tmp_path):
     picker = sidebar_widget(at, "selectbox", "Checkpoint")
     assert picker.value != str(other) and not any("secret" in option for option in picker.options)
     assert not at.error  # nothing was read, so nothing says whether the path exists
+
+
+@pytest.mark.parametrize("kind", ["class", "legrad", "lrp", "attnlrp"])
+def test_captions_show_a_class_name_as_written(kind):
+    a = hand_analysis()
+    names = ["a", "![x](http://example.invalid/x.png) <b>b</b>"]
+    describe = explorer.describe_map if kind == "class" else explorer.describe_method_map
+    caption = describe(explorer.MapSettings(kind=kind), a, names)
+    rendered = MarkdownIt("commonmark").render(caption)
+    assert "<img" not in rendered and "<b>" not in rendered
+    assert f"“{names[1]}”" in displayed(caption)

@@ -463,7 +463,7 @@ def describe_method_map(settings: MapSettings, analysis: Analysis, class_names: 
                 f"{s.fusion}): the maximum flow from {who} down to each input patch, when every layer's attention "
                 "plus the residual is a capacity (Abnar & Zuidema, 2020). Unlike rollout, a path counts only "
                 "as much as its narrowest layer.")
-    name = class_names[resolved_class(s, analysis)]
+    name = escape_markdown(class_names[resolved_class(s, analysis)])  # the caption is Markdown; names are data
     which = "the predicted class" if s.class_index is None else "the chosen class"
     if s.kind == "legrad":
         return (f"**LeGrad for “{name}”** ({which}): at each of the last two layers, the gradient of the "
@@ -496,6 +496,6 @@ def faithfulness_figure(checkpoint: Checkpoint, image: Image.Image, map2d: np.nd
                                  hovertemplate=f"{name}: %{{x:.0%}} of patches → p = %{{y:.3f}}<extra></extra>"))
     fig.update_xaxes(title="fraction of patches removed / inserted, most relevant first", tickformat=".0%",
                      range=[0, 1])
-    fig.update_yaxes(title=f"p({checkpoint.class_names[class_index]})", range=[0, 1])
+    fig.update_yaxes(title=f"p({escape_plotly(checkpoint.class_names[class_index])})", range=[0, 1])
     fig.update_layout(height=300, margin=dict(l=0, r=0, t=10, b=0), legend=dict(x=0.45, y=0.98))
     return fig
