@@ -14,51 +14,70 @@ from pathlib import Path
 import streamlit as st
 from PIL import Image
 
-from vit import catalog, compare, explorer, snapshots
+from vit import access, catalog, compare, explorer, snapshots
 from vit.attention import HEAD_FUSIONS
+from vit.cache import ByteCache
 from vit.checkpoint import Checkpoint, CheckpointError
-from vit.images import ImageError, open_image
+from vit.images import MAX_SIDE, UPLOAD_MAX_PIXELS, ImageError, open_image
 from vit.overlay import UPSAMPLE_MODES, overlay
-from vit.plaintext import escape_markdown
 from vit.sources import open_source
+from vit.text import escape_markdown
 
 UPLOAD_TYPES = ["jpg", "jpeg", "png", "webp", "bmp", "gif"]
 PICKER_CONFIG = {"displayModeBar": False, "scrollZoom": False, "doubleClick": False}
 
 
 # -- caches: the model once per checkpoint file, the forward pass once per (checkpoint, image) ----------------
+# Server-wide and bounded by bytes, not entries: one entry may be a 2-MB model or a 1-GB one.
+MODEL_CACHE_BYTES = 1536 * 2**20
+IMAGE_CACHE_BYTES = 256 * 2**20  # decoded images are at most 2048 px on their long side (12 MB)
+ANALYSIS_CACHE_BYTES = 512 * 2**20
+RELEVANCE_CACHE_BYTES = 256 * 2**20
+
+
+@st.cache_resource(show_spinner=False)
+def byte_cache(name: str, max_bytes: int) -> ByteCache:
+    return ByteCache(max_bytes)
+
 
 @st.cache_data(show_spinner=False, max_entries=256)
 def describe_checkpoint(path: str, source: str, name: str, fingerprint: tuple) -> catalog.CatalogEntry:
     return catalog.describe(catalog.Candidate(Path(path), source, name))
 
 
-@st.cache_resource(max_entries=3, show_spinner="Loading the checkpoint…")
 def load_model(path: str, fingerprint: tuple) -> Checkpoint:
-    return open_source(path)  # our .pt files, HF / timm folders, timm / torchvision weights
+    def load() -> Checkpoint:
+        with st.spinner("Loading the checkpoint…"):
+            return open_source(path)  # our .pt files, HF / timm folders, timm / torchvision weights
+    return byte_cache("models", MODEL_CACHE_BYTES).get_or_compute((path, fingerprint), load)
 
 
-@st.cache_resource(max_entries=8, show_spinner=False)
-def decode_image(digest: str, name: str, _data: bytes) -> Image.Image:
-    return open_image(_data, name=name)
+def decode_image(digest: str, name: str, data: bytes) -> Image.Image:
+    return byte_cache("images", IMAGE_CACHE_BYTES).get_or_compute(
+        ("decoded", digest, name), lambda: open_image(data, name=name, max_pixels=UPLOAD_MAX_PIXELS))
 
 
-@st.cache_resource(max_entries=8, show_spinner=False)
-def display_images(digest: str, _image: Image.Image) -> tuple[Image.Image, str, Image.Image]:
+def display_images(digest: str, image: Image.Image) -> tuple[Image.Image, str, Image.Image]:
     """The image at display size (and as a data URI for the patch picker), and small for the heads grid."""
-    shown = explorer.display_image(_image)
-    return shown, explorer.png_data_uri(shown), explorer.display_image(_image, min_side=96, max_side=144)
+    def make() -> tuple[Image.Image, str, Image.Image]:
+        shown = explorer.display_image(image)
+        return shown, explorer.png_data_uri(shown), explorer.display_image(image, min_side=96, max_side=144)
+    return byte_cache("images", IMAGE_CACHE_BYTES).get_or_compute(("display", digest), make)
 
 
-@st.cache_resource(max_entries=16, show_spinner="Running the model…")
-def analyse(fingerprint: tuple, digest: str, _checkpoint: Checkpoint, _image: Image.Image) -> explorer.Analysis:
-    return explorer.analyse(_checkpoint, _image)
+def analyse(fingerprint: tuple, digest: str, checkpoint: Checkpoint, image: Image.Image) -> explorer.Analysis:
+    def run() -> explorer.Analysis:
+        with st.spinner("Running the model…"):
+            return explorer.analyse(checkpoint, image)
+    return byte_cache("analyses", ANALYSIS_CACHE_BYTES).get_or_compute((fingerprint, digest), run)
 
 
-@st.cache_resource(max_entries=64, show_spinner="Computing the class-specific map (one backward pass)…")
-def class_relevance(fingerprint: tuple, digest: str, class_index: int, _checkpoint: Checkpoint,
-                    _image: Image.Image) -> explorer.ClassRelevance:
-    return explorer.class_relevance(_checkpoint, _image, class_index)
+def class_relevance(fingerprint: tuple, digest: str, class_index: int, checkpoint: Checkpoint,
+                    image: Image.Image) -> explorer.ClassRelevance:
+    def run() -> explorer.ClassRelevance:
+        with st.spinner("Computing the class-specific map (one backward pass)…"):
+            return explorer.class_relevance(checkpoint, image, class_index)
+    return byte_cache("relevance", RELEVANCE_CACHE_BYTES).get_or_compute((fingerprint, digest, class_index), run)
 
 
 @st.cache_resource(max_entries=64, show_spinner="Computing the map (attention flow: seconds, minutes on ViT-B)…")
@@ -81,6 +100,8 @@ extra = st.session_state.setdefault("explorer_extra_checkpoints", [])  # opened 
 opened = st.sidebar.text_input("Open a path", key="explorer_open_path", placeholder="/path/to/model folder or file",
                                help="A file or folder on the server: one of our .pt checkpoints, a Hugging Face "
                                     "or timm model folder, or timm / torchvision weights.").strip()
+if not access.is_local_address(st.get_option("server.address")):
+    opened = ""  # a visitor from the network may not read files of the server by path
 requested = st.session_state.pop("explorer_checkpoint", None) or (opened if opened != st.session_state.get(
     "explorer_opened_path") else None)
 st.session_state["explorer_opened_path"] = opened
@@ -95,8 +116,8 @@ entries = {str(c.path): describe_checkpoint(str(c.path), c.source, c.name, c.fin
 st.sidebar.header("Checkpoint")
 if not entries:
     st.title("ViT Attention Explorer")
-    st.info(f"No checkpoints yet: put a `.pt` file in `{catalog.default_checkpoints_dir()}` or train a model "
-            "on the Train page.")
+    st.info(f"No checkpoints yet: put a .pt file in {escape_markdown(catalog.default_checkpoints_dir())} or train "
+            "a model on the Train page.")
     st.stop()
 default = catalog.default_entry(list(entries.values())) or next(iter(entries.values()))
 if st.session_state.get("explorer_checkpoint_choice") not in entries:
@@ -114,13 +135,13 @@ st.sidebar.caption(entry.description)
 
 st.title("ViT Attention Explorer")
 if not entry.ok:
-    st.error(f"This checkpoint cannot be loaded: {entry.error}")
+    st.error(f"This checkpoint cannot be loaded: {escape_markdown(entry.error)}")
     st.stop()
 fingerprint = catalog.Candidate(entry.path, entry.source, entry.name).fingerprint
 try:
     checkpoint = load_model(choice, fingerprint)
 except CheckpointError as e:
-    st.error(f"This checkpoint cannot be loaded: {e}")
+    st.error(f"This checkpoint cannot be loaded: {escape_markdown(e)}")
     st.stop()
 class_names = checkpoint.class_names
 model_key = explorer.image_digest(choice.encode())[:10]  # widgets whose range depends on the model
@@ -133,7 +154,7 @@ uploaded = st.sidebar.file_uploader("Upload an image", type=UPLOAD_TYPES,
 if "explorer_image" in st.session_state:  # a file another page (Analyse a dataset) asked for
     st.session_state["explorer_opened_image"] = st.session_state.pop("explorer_image")
 opened_image = st.session_state.get("explorer_opened_image")
-if opened_image is not None and st.sidebar.button(f"Close {Path(opened_image).name}",
+if opened_image is not None and st.sidebar.button(f"Close {escape_markdown(Path(opened_image).name)}",
                                                   help="Back to the sample images."):
     opened_image = st.session_state["explorer_opened_image"] = None
 samples = catalog.sample_images(entry, list(entries.values()))
@@ -159,7 +180,7 @@ digest = explorer.image_digest(data)
 try:
     image = decode_image(digest, image_name, data)
 except ImageError as e:
-    st.error(f"Cannot use this upload: {e}")
+    st.error(f"Cannot use this upload: {escape_markdown(e)}")
     st.stop()
 
 analysis = analyse(fingerprint, digest, checkpoint, image)
@@ -242,9 +263,9 @@ with col_image:
     st.plotly_chart(explorer.patch_picker_figure(shown.size, shown_uri, grid, query, prefix), key="patch_picker",
                     on_select=partial(pick_query, query_key, prefix), selection_mode="points",
                     config=PICKER_CONFIG, width="content")
-    st.caption(f"**Click a patch** to make it the query. {image_name}, {image.width}×{image.height} px; the model "
-               f"sees it as {analysis.image_size}×{analysis.image_size} px in {grid[0]}×{grid[1]} patches of "
-               f"{analysis.patch_size} px.")
+    st.caption(f"**Click a patch** to make it the query. {escape_markdown(image_name)}, {image.width}×{image.height} "
+               f"px; the model sees it as {analysis.image_size}×{analysis.image_size} px in {grid[0]}×{grid[1]} "
+               f"patches of {analysis.patch_size} px.")
 with col_overlay:
     st.subheader("Attention")
     st.image(overlay(shown, map2d, opacity, map_colormap, mode, show_grid=show_grid, outline_patch=outline,
@@ -255,7 +276,8 @@ with col_overlay:
     download_png.download_button(
         "Overlay (PNG)", on_click="ignore", mime="image/png", file_name=f"{stem}-{kind}-overlay.png",
         data=partial(explorer.overlay_png, image, map2d, opacity, colormap, mode, show_grid, outline),
-        help=f"At the image's own size, {image.width}×{image.height} px.")
+        help=f"At the image's size as decoded (at most {MAX_SIDE:,} px on its long side), "
+             f"{image.width}×{image.height} px.")
     download_npz.download_button(
         "Attentions (.npz)", on_click="ignore", mime="application/octet-stream", file_name=f"{stem}-attentions.npz",
         data=partial(explorer.attentions_npz, analysis, class_names),

@@ -6,21 +6,52 @@ folder every few seconds (which also starts queued runs whose device has become 
 re-runs the form.
 """
 
+import os
+import time
+
 import pandas as pd
 import plotly.express as px
 import streamlit as st
 
-from vit import compare, devices, launch, runs, snapshots
+from vit import access, compare, devices, launch, runs, snapshots
 from vit.attention import HEAD_FUSIONS
 from vit.data import AUGMENTATIONS, BUILTIN_DATASETS
 from vit.explorer import COLORMAPS
 from vit.model import PRESETS
 from vit.overlay import UPSAMPLE_MODES
-from vit.plaintext import escape_markdown
+from vit.text import escape_markdown, escape_plotly
 from vit.train import RECIPES
 
 REFRESH_SECONDS = 3
 EXPLORER_PAGE = "pages/explorer.py"
+
+
+# -- who may use this page: anyone on this machine; from the network only with the token (see vit.access) -----
+
+def configured_token() -> str | None:
+    try:
+        return os.environ.get(access.TOKEN_ENV) or st.secrets.get(access.TOKEN_SECRET)
+    except Exception:  # no secrets.toml, or an unreadable one: no token
+        return None
+
+
+gate = access.train_access(st.get_option("server.address"), configured_token())
+if gate.mode == "disabled":
+    st.title("Train a Vision Transformer")
+    st.warning(gate.message)
+    st.stop()
+if gate.mode == "token" and not st.session_state.get("train_unlocked"):
+    st.title("Train a Vision Transformer")
+    st.info(gate.message)
+    with st.form("unlock"):
+        given = st.text_input("Training token", type="password", key="train_token_input")
+        if st.form_submit_button("Unlock"):
+            if gate.accepts(given):
+                st.session_state["train_unlocked"] = True
+                st.rerun()
+            time.sleep(1.0)  # slows guessing down
+            st.error("That is not the training token.")
+    st.stop()
 
 manager = runs.RunManager()
 
@@ -38,7 +69,7 @@ def device_options(users: dict[str, list[str]]) -> list[tuple[tuple[str, ...], s
 def error_for(field: str) -> None:
     message = st.session_state.get("train_errors", {}).get(field)
     if message:
-        st.error(message, icon=":material/error:")
+        st.error(escape_markdown(message), icon=":material/error:")
 
 
 def recipe_hint(field: str) -> str:
@@ -186,8 +217,10 @@ if st.session_state.get("train_errors"):
 # -- the runs: polled every few seconds, without re-running the form ------------------------------------------
 
 def run_controls(info: runs.RunInfo) -> None:
-    state = f"**{info.name}** · {info.state}" + (f" · {info.detail}" if info.detail else "")
-    if info.state in ("failed", "crashed"):
+    # Names and details (which quote log lines) are shown as written, never as Markdown.
+    state = f"**{escape_markdown(info.name)}** · {info.state}"
+    state += f" · {escape_markdown(info.detail)}" if info.detail else ""
+    if info.state in ("failed", "crashed", "damaged"):
         st.error(state)
     else:
         st.markdown(state)
@@ -202,7 +235,7 @@ def run_controls(info: runs.RunInfo) -> None:
         st.session_state["explorer_checkpoint"] = str(info.best_checkpoint)
         st.switch_page(EXPLORER_PAGE)
     with delete.popover("Delete", disabled=info.state == "running"):
-        st.write(f"Delete {info.name} and its checkpoints? This cannot be undone.")
+        st.markdown(f"Delete {escape_markdown(info.name)} and its checkpoints? This cannot be undone.")
         st.button("Delete for good", key=f"delete-{info.name}", type="primary", on_click=runs_action,
                   args=(manager.delete, info.name))
     st.code(manager.log_tail(info.name, lines=15) or "(no output yet)", language=None)
@@ -222,13 +255,13 @@ def runs_panel() -> None:
     all_runs = manager.poll()
     # Here, not above the fragment: it redraws after a delete, so a deleted run's notice goes with it.
     if st.session_state.get("train_notice") and st.session_state.get("train_notice_run") in {r.name for r in all_runs}:
-        st.success(st.session_state["train_notice"])
+        st.success(escape_markdown(st.session_state["train_notice"]))
     st.subheader("Runs")
     if not all_runs:
-        st.info(f"No runs yet in {manager.runs_dir}.")
+        st.info(f"No runs yet in {escape_markdown(manager.runs_dir)}.")
         return
     if st.session_state.get("runs_message"):
-        st.warning(st.session_state["runs_message"])
+        st.warning(escape_markdown(st.session_state["runs_message"]))
     st.dataframe(
         pd.DataFrame(runs.table_rows(all_runs)), hide_index=True, width="stretch", placeholder="",
         column_config={
@@ -248,7 +281,8 @@ def runs_panel() -> None:
     for i, (chart, rows) in enumerate(charts.items()):
         with columns[i % 2]:
             if rows:
-                figure = px.line(pd.DataFrame(rows), x="epoch", y="value", color="run", line_dash="split",
+                curves = pd.DataFrame(rows).assign(run=lambda d: d["run"].map(escape_plotly))  # legend: no HTML
+                figure = px.line(curves, x="epoch", y="value", color="run", line_dash="split",
                                  markers=True, title=chart.capitalize(), labels={"value": chart})
                 figure.update_layout(height=300, margin=dict(l=10, r=10, t=40, b=10))
                 st.plotly_chart(figure, key=f"chart-{chart}")

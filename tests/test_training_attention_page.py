@@ -60,7 +60,7 @@ def runs_dir(tmp_path, monkeypatch) -> Path:
 
 
 def shown_text(markdown: str) -> str:
-    """What a reader sees of Markdown whose punctuation the page escaped (vit.plaintext)."""
+    """What a reader sees of Markdown whose punctuation the page escaped (vit.text)."""
     return re.sub(r"\\(.)", r"\1", markdown)
 
 

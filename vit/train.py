@@ -51,6 +51,7 @@ from vit.runfiles import (
     now_iso,
     read_json,
     record_resume,
+    remove_stray_temp_files,
     seconds_since,
     write_json,
     write_metrics,
@@ -179,6 +180,29 @@ def _float_in(low: float, high: float):
     return parse
 
 
+# torch's thread pools crash far above this (--threads 100000 segfaulted); more threads than cores only slow down.
+MAX_THREADS = 4 * (os.cpu_count() or 1)
+MAX_LR = 10.0  # AdamW diverges long before; 1e300 used to pass
+
+
+def _threads(text: str) -> int:
+    value = _positive_int(text)
+    if value > MAX_THREADS:
+        raise argparse.ArgumentTypeError(f"expected at most {MAX_THREADS} threads (4 per CPU core of this machine), "
+                                         f"got {text!r}")
+    return value
+
+
+def _learning_rate(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
+    if not 0 < value <= MAX_LR:  # also false for NaN
+        raise argparse.ArgumentTypeError(f"expected a positive number of at most {MAX_LR:g}, got {text!r}")
+    return value
+
+
 def _positive_float(text: str) -> float:
     try:
         value = float(text)
@@ -240,7 +264,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--epochs", type=_positive_int, help="epochs to train in total (ours and seed: 100)")
     g.add_argument("--batch-size", type=_positive_int, help="global batch size (256); at most the number of "
                    "training images")
-    g.add_argument("--lr", type=_positive_float, help="peak learning rate (ours 2e-3, seed 1e-2)")
+    g.add_argument("--lr", type=_learning_rate, help=f"peak learning rate (ours 2e-3, seed 1e-2; at most {MAX_LR:g})")
     g.add_argument("--min-lr", type=_float_in(0.0, 1.0),
                    help="learning rate at the end of the cosine (ours 1e-5); at most --lr")
     g.add_argument("--weight-decay", type=_float_in(0.0, 10.0),
@@ -296,7 +320,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--checkpoint-seconds", type=_float_in(0.0, 1e9), default=60.0,
                    help="write last.pt at an epoch end at most this often (default 60; 0 = every epoch); "
                    "always after the first and last epoch and when stopped")
-    g.add_argument("--threads", type=_positive_int, help="CPU threads per process (default: torch's choice)")
+    g.add_argument("--threads", type=_threads, help="CPU threads per process (default: torch's choice; at most "
+                   f"{MAX_THREADS}, 4 per core)")
     g.add_argument("--eval-batch-size", type=_positive_int, default=500,
                    help="batch size for validation (default 500)")
     g.add_argument("--log-every", type=_positive_float, default=30.0,
@@ -561,6 +586,8 @@ def _open_run(args: argparse.Namespace, argv: list[str], run_dir: Path, trainer:
         created = not run_dir.exists()
         run_dir.mkdir(parents=True, exist_ok=True)
     written: list[Path] = []
+    for stray in remove_stray_temp_files(run_dir):  # a killed session's half-written files; nothing else writes here
+        log.info("removed %s, left by an interrupted write", stray.name)
     try:
         file = logging.FileHandler(run_dir / LOG_FILE)
         written.append(run_dir / LOG_FILE)
