@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -424,9 +425,9 @@ def test_learning_rate_is_bounded(images, cache, tmp_path, capsys, lr):
 def test_resume_removes_temporary_files_a_killed_write_left(completed_run, tmp_path):
     run = tmp_path / "killed"
     run.mkdir()
-    for path in completed_run.iterdir():
-        (run / path.name).write_bytes(path.read_bytes())
-    strays = [run / ".last.pt.k2j3h4.tmp", run / ".status.json.4242.139.tmp", run / ".metrics.jsonl.1.2.tmp"]
+    shutil.copytree(completed_run, run, dirs_exist_ok=True)
+    strays = [run / ".last.pt.k2j3h4.tmp", run / ".status.json.4242.139.tmp", run / ".metrics.jsonl.1.2.tmp",
+              run / "attention" / ".epoch_0003.npz.x1y2.tmp"]
     for stray in strays:
         stray.write_bytes(b"half a file")
     assert main(["--resume", str(run), "--epochs", "3"]) == 0

@@ -5,14 +5,15 @@ text under the form, a form that forgot its values on another page, a launch not
 from __future__ import annotations
 
 import json
-import os
 import socket
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
 from streamlit.testing.v1 import AppTest
-from test_training_attention_page import fake_run
+from test_training_attention_page import fake_run, shown_text
 from test_training_page import fill_tiny_run, submit
 
 from vit import launch
@@ -30,31 +31,47 @@ def folders(tmp_path, monkeypatch):
     monkeypatch.setenv("VIT_RUNS_DIR", str(tmp_path / "runs"))
     monkeypatch.setenv("VIT_DATA_DIR", str(tmp_path / "data"))
     monkeypatch.setenv("VIT_CHECKPOINTS_DIR", str(tmp_path / "checkpoints"))
+    monkeypatch.setenv("VIT_DATA_ROOTS", str(tmp_path))  # the generated image folder lives here
+    monkeypatch.delenv("VIT_TRAIN_TOKEN", raising=False)  # a developer's token would lock the page
     (tmp_path / "runs").mkdir()
     return tmp_path / "runs"
 
 
-def running_run(runs_dir: Path, name: str) -> None:
-    """A CLI run folder whose process (this test) is alive and beating on the CPU."""
-    run = runs_dir / name
-    run.mkdir()
-    (run / "config.json").write_text(json.dumps({"args": {"dataset": "cifar10", "epochs": 5, "device": "cpu"}}))
-    (run / "status.json").write_text(json.dumps({
-        "state": "running", "epoch": 1, "total_epochs": 5, "progress": 0.2, "pid": os.getpid(),
-        "host": socket.gethostname(), "start_time": now_iso(), "updated_time": now_iso(), "device": "cpu",
-        "world_size": 1}))
+@pytest.fixture
+def running_run(folders):
+    """Make ``runs/NAME`` a CLI run folder whose training process is alive and beating on the CPU: a sleeping
+    stand-in started with the command line the run manager checks (``vit.train --out RUN_DIR``)."""
+    started = []
+
+    def make(name: str) -> None:
+        run = folders / name
+        run.mkdir()
+        process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)", "vit.train", "--out",
+                                    str(run)])
+        started.append(process)
+        time.sleep(0.1)  # its start time must not be later than the status's
+        (run / "config.json").write_text(json.dumps({"args": {"dataset": "cifar10", "epochs": 5, "device": "cpu"}}))
+        (run / "status.json").write_text(json.dumps({
+            "state": "running", "epoch": 1, "total_epochs": 5, "progress": 0.2, "pid": process.pid,
+            "host": socket.gethostname(), "start_time": now_iso(), "updated_time": now_iso(), "device": "cpu",
+            "world_size": 1}))
+
+    yield make
+    for process in started:
+        process.kill()
+        process.wait()
 
 
-def test_device_options_keep_their_text_when_a_run_starts_using_the_device(folders):
+def test_device_options_keep_their_text_when_a_run_starts_using_the_device(folders, running_run):
     # The browser sends back the option's text; the old labels grew "· used by ..." once a run started,
     # so the next submit got the stale text as its value and reported "a device is listed twice".
     at = AppTest.from_file(PAGE, default_timeout=TIMEOUT).run()
     before = at.selectbox(key="train_devices").options
-    running_run(folders, "busy")
+    running_run("busy")
     at = at.run()
     assert not at.exception
     assert at.selectbox(key="train_devices").options == before
-    assert any("used by busy" in c.value for c in at.caption)  # the live state is still shown, beside it
+    assert any("used by busy" in shown_text(c.value) for c in at.caption)  # the live state is still shown, beside it
 
 
 def test_the_form_keeps_its_values_across_a_visit_to_another_page(folders):
@@ -85,7 +102,7 @@ def test_the_launch_notice_goes_when_its_run_is_deleted(folders):
     at.session_state["train_notice"] = "Started alpha on the CPU."
     at.session_state["train_notice_run"] = "alpha"
     at = at.run()
-    assert [s.value for s in at.success] == ["Started alpha on the CPU."]
+    assert [shown_text(s.value) for s in at.success] == ["Started alpha on the CPU."]
     at.button(key="delete-alpha").click()
     at = at.run()
     assert not at.exception
@@ -93,8 +110,8 @@ def test_the_launch_notice_goes_when_its_run_is_deleted(folders):
     assert [s.value for s in at.success] == []
 
 
-def test_empty_table_cells_are_empty_not_none(folders):
-    running_run(folders, "busy")  # no best accuracy, ETA, preset or batch size yet
+def test_empty_table_cells_are_empty_not_none(folders, running_run):
+    running_run("busy")  # no best accuracy, ETA, preset or batch size yet
     at = AppTest.from_file(PAGE, default_timeout=TIMEOUT).run()
     table = at.dataframe[0]
     assert table.value["Best val acc"].isna().all()  # numbers stay numbers (they sort) ...

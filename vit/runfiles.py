@@ -45,6 +45,8 @@ LAST_CHECKPOINT = "last.pt"
 BEST_CHECKPOINT = "best.pt"
 LOG_FILE = "train.log"
 EPOCH_CHECKPOINT_DIR = "checkpoints"
+PROBE_DIR = "probe"  # the attention snapshots' probe images (vit.snapshots)
+ATTENTION_DIR = "attention"  # one attention snapshot per epoch (vit.snapshots)
 LAUNCH_DIR = ".launch"  # the manager's folder beside the run folders
 LAUNCH_FILE = "launch.json"
 OUTPUT_FILE = "output.log"
@@ -148,12 +150,13 @@ def remove_stray_temp_files(run_dir: Path) -> list[Path]:
     run): a live writer's temporary file is about to be renamed into place.
     """
     removed = []
-    with contextlib.suppress(OSError):
-        for path in run_dir.glob(".*.tmp"):
-            with contextlib.suppress(OSError):
-                if path.is_file() and not path.is_symlink():
-                    path.unlink()
-                    removed.append(path)
+    for folder in (run_dir, *(run_dir / sub for sub in (EPOCH_CHECKPOINT_DIR, PROBE_DIR, ATTENTION_DIR))):
+        with contextlib.suppress(OSError):
+            for path in folder.glob(".*.tmp"):
+                with contextlib.suppress(OSError):
+                    if path.is_file() and not path.is_symlink():
+                        path.unlink()
+                        removed.append(path)
     return removed
 
 

@@ -39,10 +39,9 @@ import torch
 from PIL import Image
 
 from vit.attention import HEAD_FUSIONS, layer_stats, rollout, token_map
+from vit.runfiles import ATTENTION_DIR, PROBE_DIR
 
-PROBE_DIR = "probe"
 PROBE_FILE = "probe.json"
-ATTENTION_DIR = "attention"
 PROBE_SIZE = 8  # images shown per epoch on the Train page
 SAMPLE_SIZE = 256  # validation images behind each epoch's distance and entropy
 _EPOCH_FILE = re.compile(r"^epoch_(\d{4,})\.npz$")
