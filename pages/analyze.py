@@ -9,12 +9,14 @@ from pathlib import Path
 
 import streamlit as st
 
-from vit import analyze, catalog
+from vit import access, analyze, catalog
 from vit.checkpoint import CheckpointError, load_checkpoint
 from vit.evaluate import labelled_files
 from vit.faithfulness import sample_files
 from vit.images import ImageError, open_image
+from vit.launch import default_data_roots, folder_problem
 from vit.predict import UsageError
+from vit.text import escape_markdown
 
 EXPLORER_PAGE = "pages/explorer.py"
 SHOWN_MISTAKES = 12
@@ -26,7 +28,7 @@ st.caption("Every image of a folder through one checkpoint: how far and how even
 
 entries = [e for e in catalog.list_checkpoints() if e.ok]
 if not entries:
-    st.info(f"No checkpoints yet: put a `.pt` file in `{catalog.default_checkpoints_dir()}` or train one.")
+    st.info(f"No checkpoints yet: put a .pt file in {escape_markdown(catalog.default_checkpoints_dir())} or train one.")
     st.stop()
 labels = {str(e.path): e.label for e in entries}
 default = catalog.default_entry(entries)
@@ -39,6 +41,11 @@ limit = st.number_input("Images (0 = all of them)", min_value=0, value=500, step
 
 if st.button("Analyse", type="primary", disabled=not folder.strip()):
     try:
+        if not access.is_local_address(st.get_option("server.address")):
+            # A visitor from the network may read images from the data roots only (as the Train page's datasets).
+            problem = folder_problem(f"folder:{folder.strip()}", default_data_roots())
+            if problem:
+                raise ValueError(problem.replace("folder datasets", "image folders"))
         checkpoint = load_checkpoint(choice)
         files = sample_files(labelled_files(Path(folder.strip()), checkpoint.class_names), limit or None, seed=0)
         bar = st.progress(0.0, text=f"0 of {len(files)} images")
@@ -50,7 +57,7 @@ if st.button("Analyse", type="primary", disabled=not folder.strip()):
 
         st.session_state["analyze_result"] = (choice, analyze.analyze_files(checkpoint, files, progress=report))
     except (UsageError, CheckpointError, ValueError) as e:
-        st.error(str(e))
+        st.error(escape_markdown(e))
 
 result = st.session_state.get("analyze_result")
 if result is None:

@@ -14,13 +14,15 @@ from pathlib import Path
 import streamlit as st
 from PIL import Image
 
-from vit import catalog, explorer
+from vit import access, catalog, compare, explorer, snapshots
 from vit.attention import HEAD_FUSIONS
+from vit.cache import ByteCache
 from vit.checkpoint import Checkpoint, CheckpointError
-from vit.images import ImageError, open_image
+from vit.images import MAX_SIDE, UPLOAD_MAX_PIXELS, ImageError, open_image
 from vit.inference import MAX_INPUT_SIDE, InputSize
 from vit.overlay import UPSAMPLE_MODES, draw_mask_contours, overlay
 from vit.sources import open_source
+from vit.text import escape_markdown
 
 # Everything open_image reads (its error message lists these), so the uploader never refuses a format it names.
 UPLOAD_TYPES = ["jpg", "jpeg", "png", "webp", "bmp", "gif", "tif", "tiff"]
@@ -38,41 +40,61 @@ for _key in list(st.session_state):
 
 
 # -- caches: the model once per checkpoint file, the forward pass once per (checkpoint, image, size) ----------
-# An analysis holds at most explorer.ANALYSIS_MEMORY_LIMIT (1 GB by default), so 4 of them stay under 4 GB.
+# Server-wide and bounded by bytes, not entries: one entry may be a 2-MB model or a 1-GB one. An analysis
+# also keeps what its views recompute within explorer.LAYER_CACHE_BYTES, under explorer.ANALYSIS_MEMORY_LIMIT.
+MODEL_CACHE_BYTES = 1536 * 2**20
+IMAGE_CACHE_BYTES = 256 * 2**20  # decoded images are at most 2048 px on their long side (12 MB)
+ANALYSIS_CACHE_BYTES = 512 * 2**20
+RELEVANCE_CACHE_BYTES = 256 * 2**20
+
+
+@st.cache_resource(show_spinner=False)
+def byte_cache(name: str, max_bytes: int) -> ByteCache:
+    return ByteCache(max_bytes)
+
 
 @st.cache_data(show_spinner=False, max_entries=256)
 def describe_checkpoint(path: str, source: str, name: str, fingerprint: tuple) -> catalog.CatalogEntry:
     return catalog.describe(catalog.Candidate(Path(path), source, name))
 
 
-@st.cache_resource(max_entries=3, show_spinner="Loading the checkpoint…")
 def load_model(path: str, fingerprint: tuple) -> Checkpoint:
-    return open_source(path)  # our .pt files, HF / timm folders, timm / torchvision weights
+    def load() -> Checkpoint:
+        with st.spinner("Loading the checkpoint…"):
+            return open_source(path)  # our .pt files, HF / timm folders, timm / torchvision weights
+    return byte_cache("models", MODEL_CACHE_BYTES).get_or_compute((path, fingerprint), load)
 
 
-@st.cache_resource(max_entries=8, show_spinner=False)
-def decode_image(digest: str, name: str, invert: bool, _data: bytes) -> Image.Image:
-    image = open_image(_data, name=name)
-    return explorer.invert_image(image) if invert else image
+def decode_image(digest: str, name: str, invert: bool, data: bytes) -> Image.Image:
+    def decode() -> Image.Image:
+        image = open_image(data, name=name, max_pixels=UPLOAD_MAX_PIXELS)
+        return explorer.invert_image(image) if invert else image
+    return byte_cache("images", IMAGE_CACHE_BYTES).get_or_compute(("decoded", digest, name, invert), decode)
 
 
-@st.cache_resource(max_entries=8, show_spinner=False)
-def display_images(digest: str, _image: Image.Image) -> tuple[Image.Image, str, Image.Image]:
+def display_images(digest: str, image: Image.Image) -> tuple[Image.Image, str, Image.Image]:
     """The image at display size (and as a data URI for the patch picker), and small for the heads grid."""
-    shown = explorer.display_image(_image, max_side=480)
-    return shown, explorer.jpeg_data_uri(shown), explorer.display_image(_image, min_side=72, max_side=112)
+    def make() -> tuple[Image.Image, str, Image.Image]:
+        shown = explorer.display_image(image, max_side=480)
+        return shown, explorer.jpeg_data_uri(shown), explorer.display_image(image, min_side=72, max_side=112)
+    return byte_cache("images", IMAGE_CACHE_BYTES).get_or_compute(("display", digest), make)
 
 
-@st.cache_resource(max_entries=4, show_spinner="Running the model…")
-def analyse(fingerprint: tuple, digest: str, size: InputSize, _checkpoint: Checkpoint,
-            _image: Image.Image) -> explorer.Analysis:
-    return explorer.analyse(_checkpoint, _image, size)
+def analyse(fingerprint: tuple, digest: str, size: InputSize, checkpoint: Checkpoint,
+            image: Image.Image) -> explorer.Analysis:
+    def run() -> explorer.Analysis:
+        with st.spinner("Running the model…"):
+            return explorer.analyse(checkpoint, image, size)
+    return byte_cache("analyses", ANALYSIS_CACHE_BYTES).get_or_compute((fingerprint, digest, size), run)
 
 
-@st.cache_resource(max_entries=8, show_spinner="Computing the class-specific map (one backward pass)…")
-def class_relevance(fingerprint: tuple, digest: str, size: InputSize, class_index: int, _checkpoint: Checkpoint,
-                    _image: Image.Image) -> explorer.ClassRelevance:
-    return explorer.class_relevance(_checkpoint, _image, class_index, size)
+def class_relevance(fingerprint: tuple, digest: str, size: InputSize, class_index: int, checkpoint: Checkpoint,
+                    image: Image.Image) -> explorer.ClassRelevance:
+    def run() -> explorer.ClassRelevance:
+        with st.spinner("Computing the class-specific map (one backward pass)…"):
+            return explorer.class_relevance(checkpoint, image, class_index, size)
+    return byte_cache("relevance", RELEVANCE_CACHE_BYTES).get_or_compute((fingerprint, digest, size, class_index),
+                                                                          run)
 
 
 @st.cache_resource(max_entries=16, show_spinner="Computing the map (attention flow: seconds, minutes on ViT-B)…")
@@ -103,6 +125,8 @@ extra = st.session_state.setdefault("explorer_extra_checkpoints", [])  # opened 
 opened = st.sidebar.text_input("Open a path", key="explorer_open_path", placeholder="/path/to/model folder or file",
                                help="A file or folder on the server: one of our .pt checkpoints, a Hugging Face "
                                     "or timm model folder, or timm / torchvision weights.").strip()
+if not access.is_local_address(st.get_option("server.address")):
+    opened = ""  # a visitor from the network may not read files of the server by path
 requested = st.session_state.pop("explorer_checkpoint", None) or (opened if opened != st.session_state.get(
     "explorer_opened_path") else None)
 st.session_state["explorer_opened_path"] = opened
@@ -117,8 +141,8 @@ entries = {str(c.path): describe_checkpoint(str(c.path), c.source, c.name, c.fin
 st.sidebar.header("Checkpoint")
 if not entries:
     st.title("ViT Attention Explorer")
-    st.info(f"No checkpoints yet: put a `.pt` file in `{catalog.default_checkpoints_dir()}` or train a model "
-            "on the Train page.")
+    st.info(f"No checkpoints yet: put a .pt file in {escape_markdown(catalog.default_checkpoints_dir())} or train "
+            "a model on the Train page.")
     st.stop()
 default = catalog.default_entry(list(entries.values())) or next(iter(entries.values()))
 if st.session_state.get("explorer_checkpoint_choice") not in entries:
@@ -136,13 +160,13 @@ st.sidebar.caption(entry.description)
 
 st.title("ViT Attention Explorer")
 if not entry.ok:
-    st.error(f"This checkpoint cannot be loaded: {entry.error}")
+    st.error(f"This checkpoint cannot be loaded: {escape_markdown(entry.error)}")
     st.stop()
 fingerprint = catalog.Candidate(entry.path, entry.source, entry.name).fingerprint
 try:
     checkpoint = load_model(choice, fingerprint)
 except CheckpointError as e:
-    st.error(f"This checkpoint cannot be loaded: {e}")
+    st.error(f"This checkpoint cannot be loaded: {escape_markdown(e)}")
     st.stop()
 class_names = checkpoint.class_names
 model_key = explorer.image_digest(choice.encode())[:10]  # widgets whose range depends on the model
@@ -155,7 +179,7 @@ uploaded = st.sidebar.file_uploader("Upload an image", type=UPLOAD_TYPES,
 if "explorer_image" in st.session_state:  # a file another page (Analyse a dataset) asked for
     st.session_state["explorer_opened_image"] = st.session_state.pop("explorer_image")
 opened_image = st.session_state.get("explorer_opened_image")
-if opened_image is not None and st.sidebar.button(f"Close {Path(opened_image).name}",
+if opened_image is not None and st.sidebar.button(f"Close {escape_markdown(Path(opened_image).name)}",
                                                   help="Back to the sample images."):
     opened_image = st.session_state["explorer_opened_image"] = None
 samples = catalog.sample_images(entry, list(entries.values()))
@@ -196,7 +220,7 @@ digest = explorer.image_digest(data)
 try:
     image = decode_image(digest, image_name, invert, data)
 except ImageError as e:
-    st.error(f"Cannot use this upload: {e}")
+    st.error(f"Cannot use this upload: {escape_markdown(e)}")
     st.stop()
 if explorer.looks_inverted(image, pre):
     st.sidebar.warning("This image is light where the training images were dark: try "
@@ -332,7 +356,8 @@ with col_image:
     st.plotly_chart(explorer.patch_picker_figure(shown.size, shown_uri, grid, query, prefix), key="patch_picker",
                     on_select=partial(pick_query, "patch_picker", query_key, prefix), selection_mode="points",
                     config=PICKER_CONFIG, width="stretch")
-    st.caption(f"**Click a patch** to make it the query. {image_name}, {image.width}×{image.height} px; "
+    st.caption(f"**Click a patch** to make it the query. {escape_markdown(image_name)}, {image.width}×{image.height} "
+               "px; "
                + explorer.describe_input(analysis, image.size))
 with col_overlay:
     st.subheader("Attention")
@@ -352,7 +377,8 @@ with col_overlay:
         file_name=explorer.map_file_name(stem, settings, analysis, "overlay.png"),
         data=partial(explorer.overlay_png, image, map2d, opacity, map_colormap, mode, show_grid, outline, vmin, vmax,
                      mask),
-        help=f"At the image's own size, {image.width}×{image.height} px.")
+        help=f"At the image's size as decoded (at most {MAX_SIDE:,} px on its long side), "
+             f"{image.width}×{image.height} px.")
     with download_npz.popover("Attentions (.npz)"):
         npz_layers = st.radio("Layers", ["all", "this"], key="npz_layers", horizontal=True,
                               format_func=lambda v: "every layer" if v == "all" else f"layer {layer} only")
@@ -436,6 +462,72 @@ if stats_tab.open:
         right.caption(f"Per head, the entropy of each token's attention averaged over all {T} tokens: 0 when every "
                       f"token attends to one token only, ln {T} ≈ {math.log(T):.2f} when attention is "
                       "spread evenly.")
+
+# -- compare two checkpoints; the run's attention snapshots at any epoch (issue 12) -------------------------------
+
+compare_entries = {p: e for p, e in entries.items() if p != choice}
+for c in catalog.epoch_candidates():  # per-epoch checkpoints of runs trained with --save-every
+    if str(c.path) != choice:
+        compare_entries[str(c.path)] = describe_checkpoint(str(c.path), c.source, c.name, c.fingerprint)
+if st.session_state.get("compare_with") not in compare_entries:
+    st.session_state["compare_with"] = None
+other = st.sidebar.selectbox(
+    "Compare with", [None, *compare_entries], key="compare_with",
+    format_func=lambda p: "nothing: one checkpoint" if p is None else compare_entries[p].label,
+    help="Another checkpoint (another run, or another epoch of this one saved with --save-every) on the same "
+         "image with the same settings, and the difference of the two maps.")
+if other is not None:
+    st.subheader("Compare")
+    entry_b = compare_entries[other]
+    try:
+        if not entry_b.ok:
+            raise CheckpointError(entry_b.error)
+        fingerprint_b = catalog.Candidate(entry_b.path, entry_b.source, entry_b.name).fingerprint
+        checkpoint_b = load_model(other, fingerprint_b)
+        analysis_b = analyse(fingerprint_b, image_key, size, checkpoint_b, image)
+        settings_b = compare.settings_for_other(settings, analysis, analysis_b, class_names, checkpoint_b.class_names)
+        relevance_b = None
+        if kind == "class":
+            relevance_b = class_relevance(fingerprint_b, image_key, size,
+                                          explorer.resolved_class(settings_b, analysis_b), checkpoint_b, image)
+        map_b = explorer.attention_map(analysis_b, settings_b, relevance_b)
+    except (CheckpointError, ValueError) as e:
+        st.warning(f"B cannot show this map: {escape_markdown(e)}")
+    else:
+        col_a, col_b, col_diff = st.columns(3)
+        for column, label, one_entry, one_analysis, one_map in ((col_a, "A", entry, analysis, map2d),
+                                                                (col_b, "B", entry_b, analysis_b, map_b)):
+            top = one_analysis.prediction.top_k[0]
+            column.image(overlay(shown, one_map, opacity, colormap, mode, show_grid=show_grid, outline_patch=outline),
+                         output_format="PNG")
+            column.caption(f"{label}: {escape_markdown(one_entry.label)}. Predicts {escape_markdown(top[0])} "
+                           f"({top[1]:.0%}). "
+                           + explorer.describe_range(one_map))
+        col_diff.image(compare.difference_overlay(shown, map2d, map_b, opacity, mode), output_format="PNG")
+        col_diff.caption(compare.describe_difference(map2d, map_b, (shown.height, shown.width), mode))
+
+snapshot_run = catalog.run_folder(entry.path) if entry.source == "run" else None
+snapshot_epochs = snapshots.snapshot_epochs(snapshot_run) if snapshot_run is not None else []
+if snapshot_epochs:
+    st.subheader("The run's probe images during training")
+    if st.session_state.get("explorer_snap_epoch") not in snapshot_epochs:
+        st.session_state["explorer_snap_epoch"] = snapshot_epochs[-1]
+    snap_epoch = st.select_slider("Epoch", snapshot_epochs, key="explorer_snap_epoch",
+                                  help="Stored while the run trained: no checkpoint of that epoch is needed.")
+    snap_kind = "rollout" if kind == "rollout" else "attention"
+    try:
+        probes = snapshots.probe_overlays(snapshot_run, snap_epoch, snap_kind, layer - 1, head, fusion, opacity,
+                                          colormap, mode, size=128)
+    except (snapshots.SnapshotError, ValueError) as e:
+        st.warning(escape_markdown(e))
+    else:
+        st.image([p for p, _ in probes], caption=[escape_markdown(c) for _, c in probes], width=128,
+                 output_format="PNG")
+        st.caption("The CLS token's " + ("rollout (mean over heads)" if snap_kind == "rollout" else
+                                         f"attention in layer {layer}") + f" at epoch {snap_epoch} on the run's "
+                   "fixed validation images, with the sidebar's layer, head and overlay settings; under each, "
+                   "true class → predicted class. Snapshots keep the CLS query only.")
+
 # Room below the tabs: while a newly opened tab is computed its old content is gone, and a page that
 # shrank for that moment made the browser jump up (clicking a tab seemed to scroll to the top).
 st.html('<div style="height: 70vh"></div>')

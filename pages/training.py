@@ -6,17 +6,52 @@ folder every few seconds (which also starts queued runs whose device has become 
 re-runs the form.
 """
 
+import os
+import time
+
 import pandas as pd
 import plotly.express as px
 import streamlit as st
 
-from vit import devices, launch, runs
+from vit import access, compare, devices, launch, runs, snapshots
+from vit.attention import HEAD_FUSIONS
 from vit.data import AUGMENTATIONS, BUILTIN_DATASETS
+from vit.explorer import COLORMAPS
 from vit.model import PRESETS
+from vit.overlay import UPSAMPLE_MODES
+from vit.text import escape_markdown, escape_plotly
 from vit.train import RECIPES
 
 REFRESH_SECONDS = 3
 EXPLORER_PAGE = "pages/explorer.py"
+
+
+# -- who may use this page: anyone on this machine; from the network only with the token (see vit.access) -----
+
+def configured_token() -> str | None:
+    try:
+        return os.environ.get(access.TOKEN_ENV) or st.secrets.get(access.TOKEN_SECRET)
+    except Exception:  # no secrets.toml, or an unreadable one: no token
+        return None
+
+
+gate = access.train_access(st.get_option("server.address"), configured_token())
+if gate.mode == "disabled":
+    st.title("Train a Vision Transformer")
+    st.warning(gate.message)
+    st.stop()
+if gate.mode == "token" and not st.session_state.get("train_unlocked"):
+    st.title("Train a Vision Transformer")
+    st.info(gate.message)
+    with st.form("unlock"):
+        given = st.text_input("Training token", type="password", key="train_token_input")
+        if st.form_submit_button("Unlock"):
+            if gate.accepts(given):
+                st.session_state["train_unlocked"] = True
+                st.rerun()
+            time.sleep(1.0)  # slows guessing down
+            st.error("That is not the training token.")
+    st.stop()
 
 manager = runs.RunManager()
 
@@ -34,7 +69,7 @@ def device_options(users: dict[str, list[str]]) -> list[tuple[tuple[str, ...], s
 def error_for(field: str) -> None:
     message = st.session_state.get("train_errors", {}).get(field)
     if message:
-        st.error(message, icon=":material/error:")
+        st.error(escape_markdown(message), icon=":material/error:")
 
 
 def recipe_hint(field: str) -> str:
@@ -53,7 +88,25 @@ def params_from_form() -> launch.RunParams:
         weight_decay=s["train_weight_decay"], warmup_epochs=s["train_warmup_epochs"],
         label_smoothing=s["train_label_smoothing"], augment=s["train_augment"],
         aug_magnitude=s["train_aug_magnitude"], ema=s["train_ema"], seed=s["train_seed"],
-        devices=s["train_devices"])
+        devices=tuple(s["train_devices"]), threads=s["train_threads"] or machine_threads())
+
+
+@st.cache_data(ttl=60, show_spinner=False)
+def machine_threads() -> int:
+    return launch.default_threads()
+
+
+# The form's values outlive a visit to another page: Streamlit drops a widget's state when a run does
+# not draw it, so a plain copy (not a widget key) is kept and put back before the widgets are drawn.
+FORM_KEYS = ("train_preset", *(f"train_{f}" for f in launch.MODEL_SIZE_FIELDS), "train_dataset", "train_folder",
+             "train_recipe", "train_epochs", "train_batch_size", "train_lr", "train_weight_decay",
+             "train_warmup_epochs", "train_label_smoothing", "train_augment", "train_aug_magnitude", "train_ema",
+             "train_seed", "train_threads", "train_name", "train_devices", "train_share")
+FORM_MEMORY = "train_form_memory"
+for key, value in st.session_state.get(FORM_MEMORY, {}).items():
+    if key not in st.session_state:
+        st.session_state[key] = value
+st.session_state.setdefault("train_seed", 0)
 
 
 # -- launching: on the rerun the submit button causes, before the form is drawn again -------------------------
@@ -68,6 +121,7 @@ if st.session_state.get("train_submit"):
         gpus = sum(1 for choice, _ in device_options({}) if len(choice) == 1 and choice[0] != "cpu")
         st.session_state["train_errors"] = {}
         st.session_state["train_notice"] = runs.launch_notice(info, gpus)
+        st.session_state["train_notice_run"] = info.name
         st.session_state["selected_runs"] = [info.name]
 
 st.title("Train a Vision Transformer")
@@ -75,6 +129,8 @@ st.title("Train a Vision Transformer")
 choices = device_options(manager.device_users())
 if choices == [choices[-1]] and choices[-1][0] == ("cpu",):
     st.caption("No CUDA GPU on this machine: runs train on the CPU.")
+if st.session_state.get("train_devices") not in [c[0] for c in choices]:
+    st.session_state.pop("train_devices", None)  # e.g. a GPU that has gone since
 
 with st.form("launch"):
     left, middle, right = st.columns(3)
@@ -132,30 +188,39 @@ with st.form("launch"):
         st.number_input("EMA decay of the weights", value=None, step=0.001, format="%g", key="train_ema",
                         placeholder="0 = off")
         error_for("ema")
-        st.number_input("Seed", value=0, step=1, key="train_seed")
+        st.number_input("Seed", step=1, key="train_seed")
         error_for("seed")
+        st.number_input("Training threads", value=None, min_value=1, step=1, key="train_threads",
+                        placeholder=f"this machine: {machine_threads()}",
+                        help="CPU threads of the training process. Empty: 1 on two cores or fewer, else the "
+                        "idle cores minus one (at most 8); threads waiting for a busy core slow every step.")
+        error_for("threads")
         st.markdown("**Run**")
         st.text_input("Run name", key="train_name", placeholder="dataset-preset-date when empty")
         error_for("name")
-        st.selectbox("Device", [c[0] for c in choices], key="train_devices",
-                     format_func=dict(choices).get)
+        # The options' text must not change while the page is open (memory in use, runs using the device):
+        # the browser sends the text back, and text it no longer finds came back as the value itself.
+        st.selectbox("Device", [c[0] for c in choices], key="train_devices", format_func=devices.device_label)
+        st.caption("  \n".join(label for _, label in choices))
         error_for("devices")
         st.checkbox("Share the device with running runs", key="train_share",
                     help="Otherwise the run waits (queued) until no other run of ours uses its device")
     error_for("form")
     st.form_submit_button("Launch", type="primary", key="train_submit")
 
+st.session_state[FORM_MEMORY] = {key: st.session_state[key] for key in FORM_KEYS if key in st.session_state}
+
 if st.session_state.get("train_errors"):
     st.error("The run was not launched: fix the fields marked above.")
-if st.session_state.get("train_notice"):
-    st.success(st.session_state["train_notice"])
 
 
 # -- the runs: polled every few seconds, without re-running the form ------------------------------------------
 
 def run_controls(info: runs.RunInfo) -> None:
-    state = f"**{info.name}** · {info.state}" + (f" · {info.detail}" if info.detail else "")
-    if info.state in ("failed", "crashed"):
+    # Names and details (which quote log lines) are shown as written, never as Markdown.
+    state = f"**{escape_markdown(info.name)}** · {info.state}"
+    state += f" · {escape_markdown(info.detail)}" if info.detail else ""
+    if info.state in ("failed", "crashed", "damaged"):
         st.error(state)
     else:
         st.markdown(state)
@@ -170,7 +235,7 @@ def run_controls(info: runs.RunInfo) -> None:
         st.session_state["explorer_checkpoint"] = str(info.best_checkpoint)
         st.switch_page(EXPLORER_PAGE)
     with delete.popover("Delete", disabled=info.state == "running"):
-        st.write(f"Delete {info.name} and its checkpoints? This cannot be undone.")
+        st.markdown(f"Delete {escape_markdown(info.name)} and its checkpoints? This cannot be undone.")
         st.button("Delete for good", key=f"delete-{info.name}", type="primary", on_click=runs_action,
                   args=(manager.delete, info.name))
     st.code(manager.log_tail(info.name, lines=15) or "(no output yet)", language=None)
@@ -188,14 +253,17 @@ def runs_action(action, name: str) -> None:
 @st.fragment(run_every=REFRESH_SECONDS)
 def runs_panel() -> None:
     all_runs = manager.poll()
+    # Here, not above the fragment: it redraws after a delete, so a deleted run's notice goes with it.
+    if st.session_state.get("train_notice") and st.session_state.get("train_notice_run") in {r.name for r in all_runs}:
+        st.success(escape_markdown(st.session_state["train_notice"]))
     st.subheader("Runs")
     if not all_runs:
-        st.info(f"No runs yet in {manager.runs_dir}.")
+        st.info(f"No runs yet in {escape_markdown(manager.runs_dir)}.")
         return
     if st.session_state.get("runs_message"):
-        st.warning(st.session_state["runs_message"])
+        st.warning(escape_markdown(st.session_state["runs_message"]))
     st.dataframe(
-        pd.DataFrame(runs.table_rows(all_runs)), hide_index=True, width="stretch",
+        pd.DataFrame(runs.table_rows(all_runs)), hide_index=True, width="stretch", placeholder="",
         column_config={
             "Progress": st.column_config.ProgressColumn("Progress", min_value=0.0, max_value=1.0, format="percent"),
             "Best val acc": st.column_config.NumberColumn("Best val acc", format="percent"),
@@ -213,16 +281,119 @@ def runs_panel() -> None:
     for i, (chart, rows) in enumerate(charts.items()):
         with columns[i % 2]:
             if rows:
-                figure = px.line(pd.DataFrame(rows), x="epoch", y="value", color="run", line_dash="split",
+                curves = pd.DataFrame(rows).assign(run=lambda d: d["run"].map(escape_plotly))  # legend: no HTML
+                figure = px.line(curves, x="epoch", y="value", color="run", line_dash="split",
                                  markers=True, title=chart.capitalize(), labels={"value": chart})
                 figure.update_layout(height=300, margin=dict(l=10, r=10, t=40, b=10))
                 st.plotly_chart(figure, key=f"chart-{chart}")
             else:
                 st.caption(f"{chart.capitalize()}: no finished epoch yet.")
     by_name = {r.name: r for r in all_runs}
+    if len(selected) > 1:  # issue 12: what differs between the compared runs
+        diff = compare.config_diff({name: by_name[name].settings for name in selected})
+        st.markdown("**Settings that differ**")
+        if diff:
+            st.dataframe(pd.DataFrame(diff), hide_index=True, width="stretch", key="config_diff")
+        else:
+            st.caption("The selected runs have the same settings.")
     for name in selected:
         with st.container(border=True):
             run_controls(by_name[name])
 
 
 runs_panel()
+
+
+# -- attention during training: the probe images per epoch, head statistics over epochs (issue 12) -------------
+
+SNAPSHOT_KINDS = {"attention": "One layer's attention (CLS)", "rollout": "Attention rollout"}
+
+
+def snapshot_section(runs_with_snapshots: list[str]) -> None:
+    """The chosen run's snapshots: probe maps at one epoch (slider, play), statistics over epochs, GIF export."""
+    s = st.session_state
+    if s.get("snap_run") not in runs_with_snapshots:
+        s.pop("snap_run", None)  # deleted or unselected since
+    name = st.selectbox("Run", runs_with_snapshots, key="snap_run")
+    run_dir = manager.run_dir(name)
+    epochs = snapshots.snapshot_epochs(run_dir)
+    if not epochs:
+        st.caption("No snapshot yet: the first is taken before the first step.")
+        return
+    try:
+        first = snapshots.load_snapshot(run_dir, epochs[-1])
+    except snapshots.SnapshotError as e:
+        st.warning(escape_markdown(e))
+        return
+    L, H = first.num_layers, first.num_heads
+    controls, maps = st.columns([1, 3])
+    with controls:
+        kind = st.radio("Map", list(SNAPSHOT_KINDS), format_func=SNAPSHOT_KINDS.get, key="snap_kind")
+        if s.get("snap_layer", L) > L:  # another run with fewer layers was chosen
+            s["snap_layer"] = L
+        s.setdefault("snap_layer", L)
+        layer = st.select_slider("Layer", range(1, L + 1), key="snap_layer", disabled=kind != "attention")
+        head = st.selectbox("Head", [None, *range(H)], key="snap_head", disabled=kind != "attention",
+                            format_func=lambda h: "all heads, fused" if h is None else f"head {h + 1}")
+        fusion = st.radio("Head fusion", HEAD_FUSIONS, horizontal=True, key="snap_fusion",
+                          disabled=kind != "attention" or head is not None)
+        opacity = st.slider("Opacity", 0.0, 1.0, 0.6, 0.05, key="snap_opacity")
+        colormap = st.selectbox("Colour map", COLORMAPS, key="snap_colormap")
+        mode = st.radio("Upsampling", UPSAMPLE_MODES[::-1], horizontal=True, key="snap_upsample")
+    if s.get("snap_epoch") not in epochs:
+        s["snap_epoch"] = epochs[-1]
+    if s.get("snap_play"):  # each refresh of the fragment shows the next epoch, round and round
+        s["snap_epoch"] = epochs[(epochs.index(s["snap_epoch"]) + 1) % len(epochs)]
+    with maps:
+        slider, play = st.columns([5, 1], vertical_alignment="bottom")
+        epoch = slider.select_slider("Epoch", epochs, key="snap_epoch",
+                                     help="0 is the initialisation; new epochs appear while the run trains.")
+        play.toggle("Play", key="snap_play", help="Step through the epochs, one per second.")
+        head_index = None if kind != "attention" else head
+        try:
+            shown = snapshots.probe_overlays(run_dir, epoch, kind, layer - 1, head_index, fusion, opacity,
+                                             colormap, mode, size=128)
+        except (snapshots.SnapshotError, ValueError) as e:
+            st.warning(escape_markdown(e))
+            return
+        st.image([image for image, _ in shown], caption=[escape_markdown(caption) for _, caption in shown], width=128,
+                 output_format="PNG")
+        what = f"rollout over {L} layers" if kind == "rollout" else (
+            f"layer {layer}, " + (f"head {head + 1}" if head is not None else f"{fusion} over heads"))
+        st.caption(f"Epoch {epoch} of {escape_markdown(name)}: CLS attention ({what}) on the run's {len(shown)} "
+                   "probe images (fixed validation images); under each, true class → predicted class and its "
+                   "probability.")
+        probe_index = st.selectbox("Export one probe image across epochs", range(len(shown)), key="snap_probe",
+                                   format_func=lambda i: f"image {i + 1}: {shown[i][1].split(' → ')[0]}")
+        st.download_button(
+            "Animated GIF", on_click="ignore", mime="image/gif", file_name=f"{name}-probe{probe_index + 1}-{kind}.gif",
+            data=lambda: snapshots.gif_bytes(snapshots.animation_frames(
+                run_dir, probe_index, kind, layer - 1, head_index, fusion, opacity, colormap, mode, size=256)),
+            help="One frame per snapshotted epoch, half a second each, with the sidebar's overlay settings.")
+    stat_head = st.selectbox("Statistics of", [None, *range(H)], key="snap_stat_head",
+                             format_func=lambda h: "the mean over heads" if h is None else f"head {h + 1}")
+    left, right = st.columns(2)
+    for column, statistic in ((left, "distance"), (right, "entropy")):
+        stat_epochs, values = snapshots.statistics_over_epochs(run_dir, statistic, stat_head)
+        column.plotly_chart(snapshots.statistics_figure(stat_epochs, values, statistic),
+                            key=f"snap-stat-{statistic}")
+    st.caption(f"Per layer and epoch, over {first.sample_size} fixed validation images: mean attention distance "
+               "(pixels between a patch and the patches it attends to) and attention entropy (nats; 0 when "
+               "each token attends to one token).")
+
+
+def attention_panel(playing: bool) -> None:
+    if bool(st.session_state.get("snap_play")) != playing:
+        st.rerun()  # the whole page: the panel's refresh interval follows the Play toggle
+    names = [n for n in st.session_state.get("selected_runs", []) if snapshots.snapshot_epochs(manager.run_dir(n))]
+    st.subheader("Attention during training")
+    if not names:
+        st.caption("Select a run with attention snapshots above (runs take one every epoch unless launched with "
+                   "--attention-every 0).")
+        return
+    snapshot_section(names)
+
+
+# Refreshes on its own: every 5 s to pick up new epochs, every second while playing.
+playing = bool(st.session_state.get("snap_play"))
+st.fragment(run_every=1 if playing else 5)(attention_panel)(playing)

@@ -3,6 +3,8 @@ plumbing of the real-browser tests."""
 
 from __future__ import annotations
 
+import html
+import re
 import socket
 import subprocess
 import time
@@ -11,6 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
+from markdown_it import MarkdownIt
 from PIL import Image
 
 # A colour per class, far apart so that even a tiny model separates them in a few steps.
@@ -35,6 +38,13 @@ def make_image_folder(root: str | Path, classes: Sequence[str] = ("cat", "dog"),
                 image = Image.fromarray(np.clip(pixels, 0, 255).astype(np.uint8), "RGB")
                 (image.convert("L") if mode == "L" else image).save(folder / f"{i}.png")
     return root
+
+
+def displayed(markdown: str) -> str:
+    """The text a Markdown body (``st.markdown``, ``st.caption``, ``st.error``, ...) shows, as a CommonMark
+    parser renders it: escapes resolved, formatting and tags dropped, invisible word joiners removed."""
+    rendered = MarkdownIt("commonmark").render(markdown)
+    return html.unescape(re.sub(r"<[^>]+>", "", rendered)).replace("\u2060", "").strip()
 
 
 # -- real-browser tests: Debian's Chromium driven by Playwright against `streamlit run` -------

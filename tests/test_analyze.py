@@ -108,3 +108,36 @@ def test_page_analyses_a_folder_and_opens_a_mistake_in_the_explorer(world, dirs)
     assert not at.exception, [e.message for e in at.exception]
     assert any("Close " in b.label for b in at.sidebar.button)  # the explorer shows the opened file
     assert any(".png, 16×16 px" in c.value for c in at.main.caption)
+
+
+def test_class_names_in_the_figures_are_text_not_html():
+    names = ["<b>x</b>", "<a href='http://example.invalid'>y</a>"]
+    confusion = analyze.confusion_figure(np.eye(2), names)
+    assert list(confusion.data[0].x) == ["&lt;b&gt;x&lt;/b&gt;", "&lt;a href='http://example.invalid'&gt;y&lt;/a&gt;"]
+    maps = analyze.class_maps_figure(np.zeros((2, 2, 2)), names, "maps")
+    titles = [a.text for a in maps.layout.annotations]
+    assert titles == list(confusion.data[0].x) and not any("<" in t for t in titles)
+
+
+@pytest.mark.slow
+def test_on_a_network_the_page_reads_no_folder_outside_the_data_roots(world, dirs, monkeypatch):  # noqa: F811
+    from streamlit import config
+
+    checkpoints, _ = dirs
+    save_checkpoint(checkpoints / "cat.pt", always(0), CLASSES)
+    monkeypatch.setenv("VIT_DATA_ROOTS", str(world / "elsewhere"))
+    before = config.get_option("server.address")
+    config.set_option("server.address", "0.0.0.0")
+    try:
+        at = AppTest.from_file(APP, default_timeout=180)
+        at.switch_page("pages/analyze.py")
+        at.run()
+        at.text_input(key="analyze_folder").set_value(str(world / "data"))
+        at.run()
+        at.button[0].click()
+        at.run()
+    finally:
+        config.set_option("server.address", before)
+    assert not at.exception
+    assert not at.metric, "nothing was analysed"
+    assert any("image folders must be inside" in e.value.replace("\\", "") for e in at.error)

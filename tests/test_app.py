@@ -15,6 +15,8 @@ import numpy as np
 import pytest
 import streamlit as st
 import torch
+from helpers import displayed
+from markdown_it import MarkdownIt
 from PIL import Image
 from streamlit.testing.v1 import AppTest
 
@@ -168,7 +170,7 @@ def test_uploaded_image_replaces_the_sample_and_is_predicted(default_world, forw
     at = run_app()
     upload(at, "wide.png", png_bytes(width=90, height=30, seed=9))
     assert sorted(predicted_labels(at)) == sorted(CLASSES)
-    assert any("wide.png, 90×30 px" in c.value for c in at.main.caption)
+    assert any("wide.png, 90×30 px" in displayed(c.value) for c in at.main.caption)
     assert forwards.call_count == 2  # the sample, then the upload
 
 
@@ -183,17 +185,19 @@ def test_same_image_again_does_not_rerun_the_model(default_world, forwards):
     ("notes.png", b"this is not an image", "not an image"),
     ("empty.png", b"", "empty"),
     ("cut.png", png_bytes(64, 64)[:200], "truncated or corrupt"),
-    ("bomb.png", None, "too large to decode safely"),
+    ("bomb.png", (10_000, 10_000), "too large to decode safely"),
+    # Under PIL's limit (89 M pixels) but over the app's for uploads: one such PNG is 126 MB decoded in RGB.
+    ("poster.png", (7_000, 6_000), "poster.png is too large (7,000×6,000 px; at most 40,000,000 pixels)"),
 ])
 def test_bad_upload_shows_one_error_and_the_page_recovers(default_world, name, data, message):
-    if data is None:  # 100 M pixels of zeros: a few kB on disk, gigabytes decoded
+    if isinstance(data, tuple):  # that many pixels of zeros: a few kB on disk, up to gigabytes decoded
         buffer = io.BytesIO()
-        Image.new("1", (10_000, 10_000)).save(buffer, format="PNG")
+        Image.new("1", data).save(buffer, format="PNG")
         data = buffer.getvalue()
     at = run_app()
     upload(at, name, data)
     assert len(at.error) == 1
-    assert name in at.error[0].value and message in at.error[0].value
+    assert name in displayed(at.error[0].value) and message in displayed(at.error[0].value)
     assert "Traceback" not in at.error[0].value
     at.sidebar.file_uploader[0].clear()
     at.run()
@@ -286,7 +290,7 @@ def test_a_checkpoint_that_fails_to_load_is_reported_and_the_others_still_work(d
     picker.set_value(str(checkpoints / "broken.pt"))
     at.run()
     assert not at.exception
-    assert len(at.error) == 1 and "broken.pt" in at.error[0].value
+    assert len(at.error) == 1 and "broken.pt" in displayed(at.error[0].value)
     sidebar_widget(at, "selectbox", "Checkpoint").set_value(str(checkpoints / DEFAULT_CHECKPOINT))
     at.run()
     assert not at.error and sorted(predicted_labels(at)) == sorted(CLASSES)
@@ -825,3 +829,77 @@ def test_heatmap_colours_avoid_the_hex_strings_streamlit_replaces(colormap):
                 explorer.colorbar_figure(0.0, 1.0, colormap)):
         colours = [color.lower() for _, color in fig.data[0].colorscale]  # (the template's placeholders are meant)
         assert not {f"#0000{i:02d}" for i in range(1, 21)} & set(colours), colormap
+
+
+# -- user-provided text is shown as written ----------------------------------------------------------------------
+
+HOSTILE_CLASSES = ["![x](http://example.invalid/x.png)", "<b>x</b>", "[click](http://example.invalid)"]
+
+
+def markdown_bodies(at: AppTest) -> list[str]:
+    """Every element body Streamlit renders as Markdown."""
+    return [e.value for kind in ("markdown", "caption", "error", "warning", "info", "success") for e in at.get(kind)]
+
+
+def test_class_names_dataset_and_file_names_are_shown_as_plain_text(dirs):
+    from markdown_it import MarkdownIt
+
+    checkpoints, _ = dirs
+    write_checkpoint(checkpoints / DEFAULT_CHECKPOINT, classes=HOSTILE_CLASSES, dataset="cifar <i>10</i>")
+    at = run_app()
+    upload(at, "![y](http://example.invalid/y.png).png", png_bytes())
+    at.radio(key="map_kind").set_value("class").run()  # its caption names the class
+    assert not at.exception
+    bodies = markdown_bodies(at)
+    for body in bodies:
+        rendered = MarkdownIt("commonmark").render(body)
+        assert "<img" not in rendered and "<a " not in rendered, body
+        assert "<b>" not in rendered and "<i>" not in rendered, body
+    shown = "\n".join(displayed(body) for body in bodies)
+    for name in HOSTILE_CLASSES:
+        assert name in shown  # in the checkpoint's description, literally
+    assert "cifar <i>10</i>" in shown
+    assert "![y](http://example.invalid/y.png).png, 24×16 px" in shown
+    # Plotly reads <b>, <a href> and <br> in labels: the bars carry the names with < and & escaped.
+    labels = predicted_labels(at)
+    assert "&lt;b&gt;x&lt;/b&gt;" in labels and not any("<" in label for label in labels)
+
+
+def test_page_loads_describe_each_checkpoint_file_once(default_world):
+    checkpoints, _ = default_world
+    write_checkpoint(checkpoints / "another.pt", seed=1)
+    from vit import catalog
+
+    with mock.patch.object(catalog, "describe", autospec=True, side_effect=catalog.describe) as described:
+        run_app()
+        run_app()  # a second visitor, or a reload
+    assert described.call_count == 2, "each file is read once, then described from the cache by its fingerprint"
+
+
+def test_on_a_network_no_server_path_can_be_opened(default_world, tmp_path):
+    from streamlit import config
+
+    other = write_checkpoint(tmp_path / "elsewhere" / "secret.pt", seed=3)
+    before = config.get_option("server.address")
+    config.set_option("server.address", "0.0.0.0")
+    try:
+        at = run_app()
+        sidebar_widget(at, "text_input", "Open a path").set_value(str(other))
+        at.run()
+    finally:
+        config.set_option("server.address", before)
+    assert not at.exception
+    picker = sidebar_widget(at, "selectbox", "Checkpoint")
+    assert picker.value != str(other) and not any("secret" in option for option in picker.options)
+    assert not at.error  # nothing was read, so nothing says whether the path exists
+
+
+@pytest.mark.parametrize("kind", ["class", "legrad", "lrp", "attnlrp"])
+def test_captions_show_a_class_name_as_written(kind):
+    a = hand_analysis()
+    names = ["a", "![x](http://example.invalid/x.png) <b>b</b>"]
+    describe = explorer.describe_map if kind == "class" else explorer.describe_method_map
+    caption = describe(explorer.MapSettings(kind=kind), a, names)
+    rendered = MarkdownIt("commonmark").render(caption)
+    assert "<img" not in rendered and "<b>" not in rendered
+    assert f"“{names[1]}”" in displayed(caption)

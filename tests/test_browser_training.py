@@ -31,7 +31,7 @@ def app_url(tmp_path):
         pytest.skip("app.py (the app's navigation) is not in the repository yet")
     port = free_port()
     env = {**os.environ, "VIT_RUNS_DIR": str(tmp_path / "runs"), "VIT_DATA_DIR": str(tmp_path / "data"),
-           "OMP_NUM_THREADS": "1"}
+           "VIT_DATA_ROOTS": str(tmp_path), "OMP_NUM_THREADS": "1"}
     log = open(tmp_path / "streamlit.log", "wb")
     server = subprocess.Popen(
         [sys.executable, "-m", "streamlit", "run", "app.py", "--server.port", str(port), "--server.headless", "true",

@@ -4,6 +4,7 @@ import json
 from pathlib import Path
 
 import pytest
+from helpers import displayed
 
 from vit.catalog import (
     Candidate,
@@ -82,7 +83,7 @@ def test_unreadable_file_becomes_an_entry_with_a_one_line_error(dirs, content):
     assert not entry.ok
     assert "broken.pt" in entry.error and "\n" not in entry.error
     assert entry.label == "broken.pt · cannot be loaded"
-    assert entry.error in entry.description
+    assert entry.error in displayed(entry.description)
 
 
 def test_listing_puts_the_default_first_and_keeps_broken_files(dirs):
@@ -186,3 +187,60 @@ def test_dataset_label(spec, label):
                                              (460_906, "0.46 M params"), (86_567_656, "86.6 M params")])
 def test_format_parameters(count, text):
     assert format_parameters(count) == text
+
+
+def test_absurd_config_is_listed_as_cannot_be_loaded(dirs):
+    from vit.checkpoint import atomic_torch_save, read_checkpoint_payload
+
+    checkpoints, _ = dirs
+    path = write_checkpoint(checkpoints / "absurd.pt")
+    payload = read_checkpoint_payload(path)
+    payload["config"] = {**payload["config"], "num_layers": 10**5}
+    atomic_torch_save(payload, path)
+    entry = describe(Candidate(path, "checkpoint", "absurd"))
+    assert not entry.ok
+    assert "declares 100,000 layers" in entry.error
+    assert entry.label == "absurd.pt · cannot be loaded"
+
+
+def test_preprocessing_that_disagrees_with_the_model_is_listed_as_cannot_be_loaded(dirs):
+    from vit.checkpoint import atomic_torch_save, read_checkpoint_payload
+
+    checkpoints, _ = dirs
+    path = write_checkpoint(checkpoints / "wide.pt")
+    payload = read_checkpoint_payload(path)
+    payload["preprocessing"] = {**payload["preprocessing"], "image_size": 512}
+    atomic_torch_save(payload, path)
+    entry = describe(Candidate(path, "checkpoint", "wide"))
+    assert "invalid preprocessing" in entry.error
+
+
+def test_pickle_bomb_is_listed_as_cannot_be_loaded_without_unpickling(dirs, monkeypatch):
+    import zipfile
+
+    import torch
+
+    checkpoints, _ = dirs
+    path = checkpoints / "bomb.pt"
+    with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_DEFLATED) as archive:
+        archive.writestr("archive/data.pkl", b"\x80\x02]" + b"Na" * 4_000_000 + b".")
+    monkeypatch.setattr(torch, "load", lambda *a, **k: pytest.fail("the bomb was unpickled"))
+    [entry] = list_checkpoints(checkpoints, dirs[1])
+    assert "refused to load" in entry.error
+
+
+def test_describing_a_checkpoint_does_not_read_its_weights(dirs, monkeypatch):
+    import torch
+
+    checkpoints, _ = dirs
+    path = write_checkpoint(checkpoints / "a.pt")
+    real_load = torch.load
+    seen = []
+
+    def spy(*args, **kwargs):
+        seen.append(kwargs.get("mmap"))
+        return real_load(*args, **kwargs)
+
+    monkeypatch.setattr(torch, "load", spy)
+    assert describe(Candidate(path, "checkpoint", "a")).ok
+    assert seen == [True], "the weights are memory-mapped, not read, to describe a checkpoint"

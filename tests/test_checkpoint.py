@@ -301,3 +301,184 @@ def test_saved_checkpoint_is_readable_by_others_as_the_umask_allows(saved):
     umask = os.umask(0)
     os.umask(umask)
     assert saved.stat().st_mode & 0o777 == 0o666 & ~umask
+
+
+# ---------------------------------------------------------------------------------------------
+# Hostile files cost milliseconds: shapes are checked before anything is allocated, pickles are
+# sized before anything is unpickled
+
+
+@pytest.fixture
+def built_only_on_meta(monkeypatch):
+    """Fails the test if a real (allocating) model is built before the weights were checked."""
+    import vit.checkpoint as module
+
+    real = module.ViT
+
+    def only_on_meta(config):
+        if torch.get_default_device().type != "meta":
+            assert config.num_layers == CONFIG.num_layers and config.hidden_size == CONFIG.hidden_size, \
+                "a model of the stored config was built before its weights were checked"
+        return real(config)
+
+    monkeypatch.setattr(module, "ViT", only_on_meta)
+
+
+@pytest.mark.parametrize("field, value", [("hidden_size", 10**6), ("num_layers", 10**5), ("mlp_size", 10**9),
+                                          ("image_size", 10**6)])
+def test_absurd_config_sizes_are_refused_before_anything_is_allocated(saved, built_only_on_meta, field, value):
+    payload = read_checkpoint_payload(saved)
+    edited(saved, config={**payload["config"], field: value})
+    message = load_error(saved)
+    assert "do not fit its stored config" in message
+    assert len(message) < 400
+
+
+def test_absurd_layer_count_names_the_limit(saved, built_only_on_meta):
+    payload = read_checkpoint_payload(saved)
+    edited(saved, config={**payload["config"], "num_layers": 10**5})
+    assert "declares 100,000 layers" in load_error(saved)
+
+
+def test_weights_of_the_wrong_shape_are_named_with_both_shapes(saved, built_only_on_meta):
+    payload = read_checkpoint_payload(saved)
+    edited(saved, config={**payload["config"], "mlp_size": 64})
+    assert "size mismatch for blocks.0.mlp.fc1.weight: (32, 16) stored, (64, 16) in the config" in load_error(saved)
+
+
+def test_a_weight_that_is_not_a_tensor_is_refused(saved):
+    payload = read_checkpoint_payload(saved)
+    edited(saved, state_dict={**payload["state_dict"], "head.bias": [0.0, 0.0, 0.0]})
+    assert "'head.bias' is a list, not a tensor" in load_error(saved)
+
+
+@pytest.mark.parametrize("entry, value", [("metadata", [1, 2]), ("training_state", "resume me")])
+def test_malformed_metadata_or_training_state_is_a_checkpoint_error(saved, entry, value):
+    edited(saved, **{entry: value})
+    assert "malformed metadata or training state" in load_error(saved)
+
+
+def test_preprocessing_larger_than_the_model_is_refused(saved):
+    # 512 px on a 16-px model with 4-px patches would be 16,385 tokens per image.
+    edited(saved, preprocessing={"image_size": 512, "num_channels": 3, "mean": [0.5] * 3, "std": [0.5] * 3})
+    message = load_error(saved)
+    assert "invalid preprocessing" in message
+    assert "larger than the model's own 16 px and gives 16,385 tokens per image (at most 4,096 patches)" in message
+
+
+def test_preprocessing_somewhat_larger_than_the_model_is_accepted(saved):
+    # A tiny imported model with its family's default 224-px preprocessing: 56 x 56 = 3,136 patches.
+    edited(saved, preprocessing={"image_size": 224, "num_channels": 3, "mean": [0.5] * 3, "std": [0.5] * 3})
+    assert load_checkpoint(saved).preprocessing.image_size == 224
+
+
+def test_preprocessing_smaller_than_the_model_is_accepted(saved):
+    # DINOv2 is built for 518 px and documented with 224-px inputs: fewer tokens are always safe.
+    edited(saved, preprocessing={"image_size": 8, "num_channels": 3, "mean": [0.5] * 3, "std": [0.5] * 3})
+    assert load_checkpoint(saved).preprocessing.image_size == 8
+
+
+def pickle_bomb(path, opcodes: int, compression: int) -> None:
+    """A torch-style zip whose data.pkl is ``opcodes`` (NONE, APPEND) pairs: slow to unpickle, tiny zipped."""
+    import zipfile
+
+    body = b"\x80\x02]" + b"Na" * opcodes + b"."  # PROTO 2, EMPTY_LIST, opcodes x (NONE, APPEND), STOP
+    with zipfile.ZipFile(path, "w", compression=compression) as archive:
+        archive.writestr("archive/data.pkl", body)
+        archive.writestr("archive/byteorder", "little")
+        archive.writestr("archive/version", "3\n")
+
+
+@pytest.fixture
+def never_unpickled(monkeypatch):
+    def refuse(*args, **kwargs):
+        raise AssertionError("torch.load was called on a file that should have been refused before it")
+
+    monkeypatch.setattr(torch, "load", refuse)
+
+
+def test_compressed_pickle_bomb_is_refused_before_unpickling(tmp_path, never_unpickled):
+    import zipfile
+
+    path = tmp_path / "bomb.pt"
+    pickle_bomb(path, 4_000_000, zipfile.ZIP_DEFLATED)  # 8 MB of opcodes in ~16 KB
+    assert path.stat().st_size < 40_000
+    message = load_error(path)
+    assert "refused to load" in message
+    assert "'archive/data.pkl' is compressed" in message
+
+
+def test_oversized_pickle_is_refused_before_unpickling(tmp_path, never_unpickled):
+    import zipfile
+
+    path = tmp_path / "bomb.pt"
+    pickle_bomb(path, 600_000, zipfile.ZIP_STORED)  # 1.2 MB of pickle and not one tensor
+    message = load_error(path)
+    assert "refused to load" in message
+    assert "its pickle is 1,200,004 bytes for 0 tensors" in message
+
+
+def test_legacy_torch_files_are_refused_without_unpickling(tmp_path, model, never_unpickled):
+    path = tmp_path / "old.pt"
+    with open(path, "wb") as f:
+        torch.serialization.save({"a": 1}, f, _use_new_zipfile_serialization=False)
+    assert "legacy (pre-1.6) format" in load_error(path)
+
+
+def test_a_thousand_classes_and_a_long_history_are_not_mistaken_for_a_bomb(tmp_path):
+    config = ViTConfig(image_size=16, patch_size=4, hidden_size=16, num_layers=2, num_heads=2, mlp_size=32,
+                       num_classes=1000)
+    names = [f"a fairly long ImageNet-style class name number {i}" for i in range(1000)]
+    history = [{"epoch": i, "train_loss": 1.0 / (i + 1), "val_acc": 0.5, "lr": 1e-3, "seconds": 1.5}
+               for i in range(1000)]
+    path = save_checkpoint(tmp_path / "big.pt", ViT(config), names, metadata={"history": history},
+                           training_state={"metrics": history})
+    assert load_checkpoint(path).class_names == names
+
+
+# ---------------------------------------------------------------------------------------------
+# A full disk is named as such
+
+
+def test_a_full_disk_is_reported_as_no_space_left_not_as_torchs_write_check(tmp_path, model, monkeypatch):
+    import errno
+
+    real_fdopen = os.fdopen
+    monkeypatch.setattr(os, "fdopen", lambda fd, mode="r", *a, **k: (os.close(fd), real_fdopen(
+        os.open("/dev/full", os.O_WRONLY), mode))[1])  # every write fails with ENOSPC, as on a full disk
+    with pytest.raises(OSError) as info:
+        save_checkpoint(tmp_path / "best.pt", model, CLASSES)
+    assert info.value.errno == errno.ENOSPC
+    assert str(info.value).startswith(f"[Errno 28] No space left on the disk to write {tmp_path / 'best.pt'} (")
+    assert "unexpected pos" not in str(info.value)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_torchs_cut_short_write_on_a_nearly_full_disk_is_no_space_left(tmp_path, model, monkeypatch):
+    import shutil
+    from collections import namedtuple
+
+    def cut_short(obj, f, *args, **kwargs):
+        raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 51840 vs 51728")
+
+    monkeypatch.setattr(torch, "save", cut_short)
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(10**9, 10**9 - 4096, 4096))
+    with pytest.raises(OSError, match="No space left on the disk to write .* \\(0 MiB free\\)"):
+        save_checkpoint(tmp_path / "last.pt", model, CLASSES)
+
+
+def test_other_save_errors_pass_through_unchanged(tmp_path, model, monkeypatch):
+    def broken(obj, f, *args, **kwargs):
+        raise RuntimeError("cannot pickle this tensor subclass")
+
+    monkeypatch.setattr(torch, "save", broken)
+    with pytest.raises(RuntimeError, match="cannot pickle this tensor subclass"):
+        save_checkpoint(tmp_path / "x.pt", model, CLASSES)
+
+
+@pytest.mark.parametrize("field, value", [("image_size", 4 * 10**12), ("hidden_size", 2**62), ("mlp_size", 2**63 - 1)])
+def test_sizes_past_what_torch_can_count_are_a_checkpoint_error(saved, field, value):
+    payload = read_checkpoint_payload(saved)
+    edited(saved, config={**payload["config"], field: value})
+    assert "do not fit its stored config" in load_error(saved)

@@ -10,10 +10,12 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 from helpers import make_image_folder
 
 from vit.checkpoint import load_checkpoint, read_checkpoint_payload
+from vit.snapshots import load_snapshot, snapshot_epochs
 from vit.train import main
 
 REPO = Path(__file__).resolve().parent.parent
@@ -62,7 +64,7 @@ def test_two_gloo_processes_train_like_one_process_with_the_whole_batch(images, 
     assert proc.returncode == 0, f"{out}\n{err}"
 
     assert {p.name for p in ddp.iterdir()} == {"config.json", "metrics.jsonl", "status.json", "last.pt",
-                                               "best.pt", "train.log"}
+                                               "best.pt", "train.log", "probe", "attention"}
     status = read_json(ddp / "status.json")
     assert status["state"] == "completed" and status["world_size"] == 2 and status["step"] == 10
     assert read_json(ddp / "config.json")["world_size"] == 2
@@ -73,6 +75,12 @@ def test_two_gloo_processes_train_like_one_process_with_the_whole_batch(images, 
     for a, b in zip(read_metrics(ddp), read_metrics(single), strict=True):
         for key in ("train_loss", "train_acc", "val_loss", "val_acc", "lr"):
             assert a[key] == pytest.approx(b[key], abs=1e-4), key
+    # Rank 0 alone takes the attention snapshots, of the same weights one process trains.
+    assert snapshot_epochs(ddp) == snapshot_epochs(single) and snapshot_epochs(ddp)
+    for epoch in snapshot_epochs(ddp):
+        a, b = load_snapshot(ddp, epoch), load_snapshot(single, epoch)
+        np.testing.assert_allclose(a.cls_attention, b.cls_attention, atol=1e-4)
+        np.testing.assert_allclose(a.distance, b.distance, atol=1e-3)
 
 
 def read_payload_rng(run: Path) -> list:

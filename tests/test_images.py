@@ -8,7 +8,7 @@ import pytest
 import torch
 from PIL import Image
 
-from vit.images import ImageError, normalize, open_image, to_mode, to_uint8
+from vit.images import MAX_SIDE, UPLOAD_MAX_PIXELS, ImageError, normalize, open_image, to_mode, to_uint8
 
 RED, BLUE, WHITE = (255, 0, 0), (0, 0, 255), (255, 255, 255)
 
@@ -249,3 +249,63 @@ def test_normalize_builds_its_channel_tensors_once_per_statistics_and_device():
     assert _channel_tensors.cache_info().hits == hits + 1
     assert torch.equal(first, again)
     assert torch.allclose(again[:, 0], torch.full((2, 2, 2), (0.2 - 0.1) / 0.5))
+
+
+# ---------------------------------------------------------------------------------------------
+# Big images cost what display and model need, not what the file declares
+
+
+def test_large_images_are_reduced_to_max_side_at_decode():
+    decoded = open_image(encode(Image.new("RGB", (3000, 1500), RED), "PNG"))
+    assert decoded.size == (MAX_SIDE, MAX_SIDE // 2)
+    assert decoded.getpixel((100, 100)) == RED
+
+
+def test_images_up_to_max_side_keep_their_size():
+    assert open_image(encode(Image.new("RGB", (MAX_SIDE, 700)), "PNG")).size == (MAX_SIDE, 700)
+
+
+def test_max_side_is_enough_for_a_1024_px_model_input():
+    assert MAX_SIDE >= 2048
+
+
+def test_large_jpegs_are_decoded_at_a_reduced_scale(monkeypatch):
+    from PIL import JpegImagePlugin
+
+    loaded = []
+    real_load = JpegImagePlugin.JpegImageFile.load
+
+    def spy(self):
+        loaded.append(self.size)  # the size the decoder fills, after draft()
+        return real_load(self)
+
+    monkeypatch.setattr(JpegImagePlugin.JpegImageFile, "load", spy)
+    decoded = open_image(encode(Image.new("RGB", (8192, 4096), BLUE), "JPEG"))
+    assert loaded and loaded[0] == (2048, 1024), "decoded at a quarter of its size by the JPEG decoder"
+    assert decoded.size == (MAX_SIDE, MAX_SIDE // 2)
+
+
+def test_exif_orientation_survives_the_reduction():
+    image = Image.new("RGB", (4000, 2000), BLUE)
+    image.paste(RED, (0, 0, 2000, 2000))  # left half red
+    exif = image.getexif()
+    exif[0x0112] = 6  # "rotate 90 CW to display"
+    decoded = open_image(encode(image, "JPEG", exif=exif.tobytes(), quality=95))
+    assert decoded.size == (MAX_SIDE // 2, MAX_SIDE)
+    top, bottom = decoded.getpixel((500, 100)), decoded.getpixel((500, 1900))
+    assert top[0] > 200 and top[2] < 60
+    assert bottom[2] > 200 and bottom[0] < 60
+
+
+def test_pixel_limit_refuses_an_image_before_decoding_it(monkeypatch):
+    from PIL import ImageFile
+
+    data = encode(Image.new("RGB", (100, 60)), "PNG")
+    monkeypatch.setattr(ImageFile.ImageFile, "load", lambda self: pytest.fail("the image was decoded"))
+    message = error_of(data, name="poster.png", max_pixels=5_000)
+    assert "poster.png is too large (100×60 px; at most 5,000 pixels)" in message
+
+
+def test_upload_pixel_limit_is_well_under_pils_own():
+    # PIL refuses at 2 x 89 M pixels and only warns from 89 M: a 9,400 x 9,400 PNG (265 MB decoded) passed.
+    assert UPLOAD_MAX_PIXELS <= 40_000_000 < 9_400 * 9_400

@@ -144,6 +144,16 @@ def test_predict_with_a_corrupt_checkpoint_exits_2(files, tmp_path, capsys):
     assert "truncated or corrupt" in one_line(capsys.readouterr().err)
 
 
+def test_predict_with_an_absurd_config_exits_2_without_allocating(files, tmp_path, capsys):
+    from vit.checkpoint import atomic_torch_save, read_checkpoint_payload
+
+    payload = read_checkpoint_payload(files["checkpoint"])
+    payload["config"] = {**payload["config"], "hidden_size": 10**6}  # 10^12 weights in one qkv matrix
+    absurd = atomic_torch_save(payload, tmp_path / "absurd.pt")
+    assert predict_cli.main([str(absurd), str(files["wide"])]) == 2
+    assert "do not fit its stored config" in one_line(capsys.readouterr().err)
+
+
 def test_predict_without_images_is_a_usage_error(files, capsys):
     assert predict_cli.main([str(files["checkpoint"])]) == 2
     assert "IMAGE" in one_line(capsys.readouterr().err)

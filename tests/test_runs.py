@@ -13,6 +13,7 @@ import json
 import os
 import signal
 import socket
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -45,7 +46,7 @@ def make_image_folder(root: Path, classes: tuple[str, ...] = ("cat", "dog"), per
 def make_manager(root: Path, **env: str) -> RunManager:
     """A manager on ROOT/runs whose training processes are niced and single-threaded."""
     return RunManager(root / "runs", root / "data", nice=19, env={"OMP_NUM_THREADS": "1", **env},
-                      stop_grace_seconds=60)
+                      stop_grace_seconds=60, data_roots=(root.parent,))  # tests keep images beside the runs
 
 
 def tiny_params(run_name: str, folder: Path, **changes) -> RunParams:
@@ -103,7 +104,7 @@ def test_valid_parameters_have_no_errors(tmp_path, dataset):
     (dict(name=""), "name", "give the run a name"),
     (dict(name="../escape"), "name", "letters, digits"),
     (dict(dataset="imagenet"), "dataset", "unknown dataset"),
-    (dict(dataset="folder:/no/such/folder"), "dataset", "does not exist"),
+    (dict(dataset="folder:/no/such/folder"), "dataset", "folder datasets must be inside"),
     (dict(preset="vit-tiny"), "preset", "unknown preset"),
     (dict(epochs=0), "epochs", "positive integer"),
     (dict(batch_size=-4), "batch_size", "positive integer"),
@@ -344,9 +345,9 @@ def scenarios(tmp_path_factory):
     s["launched"] = {"first": s["queue"].launch(tiny_params("first", data)).state,
                      "second": s["queue"].launch(tiny_params("second", data)).state}  # same CPU, no sharing
     s["stop"] = make_manager(root / "stop")
-    s["stop"].launch(tiny_params("long", data, epochs=100_000))
+    s["stop"].launch(tiny_params("long", data, epochs=1000))
     s["kill"] = make_manager(root / "kill")
-    s["kill"].launch(tiny_params("victim", data, epochs=100_000))
+    s["kill"].launch(tiny_params("victim", data, epochs=1000))
     s["fault"] = make_manager(root / "fault", VIT_TRAIN_FAULT_AT_STEP="3")
     s["fault"].launch(tiny_params("faulty", data))
     s["usage"] = make_manager(root / "usage")
@@ -428,3 +429,306 @@ def test_a_cli_usage_error_before_status_is_failed_with_its_line(scenarios):
     info, _ = wait_for(scenarios["usage"], "too-big-batch", finished)
     assert info.state == "failed"
     assert info.detail.startswith("--batch-size 64 is larger than the 18 training images")
+
+
+# ---------------------------------------------------------------------------------------------
+# Damaged run files: one bad folder is one row saying why, never an error for the whole list
+
+GOOD_LAUNCH = {"name": "bad", "params": {}, "devices": ["cpu"], "state": "queued", "queued_at": 1.0,
+               "queue_reason": None, "sessions": []}
+CORRUPTIONS = [  # (file, content, words of the reason)
+    ("status.json", "[1, 2]", "status.json holds a JSON list, not an object"),
+    ("status.json", '"running"', "holds a JSON str"),
+    ("status.json", "42", "holds a JSON int"),
+    ("status.json", "{not json", "status.json is not valid JSON"),
+    ("status.json", '{"state": 5}', "'state' is 5, not text"),
+    ("status.json", '{"state": "exploded"}', "state 'exploded' is not one of"),
+    ("status.json", '{"pid": 12}', "status.json lacks 'state'"),
+    ("status.json", '{"state": "running", "pid": "4242"}', "'pid' is \"4242\", not a whole number"),
+    ("status.json", '{"state": "running", "pid": true}', "'pid' is true, not a whole number"),
+    ("status.json", '{"state": "running", "updated_time": 17}', "'updated_time' is 17, not text"),
+    ("status.json", '{"state": "running", "progress": "half"}', "'progress' is \"half\", not a number"),
+    ("status.json", '{"state": "running", "progress": NaN}', "'progress' is NaN, not a number"),
+    ("status.json", '{"state": "failed", "error": ["boom"]}', "'error' is list, not text"),
+    ("status.json", '{"state": "running", "device": 0}', "'device' is 0, not text"),
+    ("status.json", '{"state": "running", "world_size": "2"}', "'world_size' is \"2\", not a whole number"),
+    ("config.json", "[]", "config.json holds a JSON list"),
+    ("config.json", '{"args": "epochs=3"}', "'args' is \"epochs=3\", not an object"),
+    ("config.json", '{"args": {"epochs": "ten"}}', "config.json args: 'epochs' is \"ten\", not a whole number"),
+    ("config.json", '{"args": {"dataset": 5}}', "'dataset' is 5, not text"),
+    ("config.json", '{"args": {"lr": "fast"}}', "'lr' is \"fast\", not a number"),
+    ("launch.json", "null", "launch.json holds a JSON NoneType"),
+    ("launch.json", {**GOOD_LAUNCH, "sessions": "none"}, "'sessions' is \"none\", not a list"),
+    ("launch.json", {**GOOD_LAUNCH, "state": "started"}, "a started run without a session"),
+    ("launch.json", {**GOOD_LAUNCH, "sessions": [5]}, "session 1 is not an object"),
+    ("launch.json", {**GOOD_LAUNCH, "state": "started", "sessions": [{"pid": "1", "started_at": 1.0}]},
+     "session 1: 'pid' is \"1\", not a whole number"),
+    ("launch.json", {**GOOD_LAUNCH, "devices": "cpu"}, "'devices' is \"cpu\", not a list"),
+    ("launch.json", {**GOOD_LAUNCH, "devices": [0]}, "devices must be a list of device names"),
+    ("launch.json", {**GOOD_LAUNCH, "queued_at": "yesterday"}, "'queued_at' is \"yesterday\", not a number"),
+    ("launch.json", {**GOOD_LAUNCH, "params": {"epochs": [3]}}, "launch.json params: 'epochs' is list"),
+    ("launch.json", {k: v for k, v in GOOD_LAUNCH.items() if k != "name"}, "launch.json lacks 'name'"),
+]
+
+
+@pytest.mark.parametrize("file, content", [
+    ("status.json", {"state": "running", "eta_seconds": 1e300, "host": "another-machine", "updated_time": "now",
+                     "start_time": "1970-01-01T00:00:00+00:00"}),
+    ("status.json", {"state": "completed", "start_time": "9999-12-31T23:59:59+00:00", "epoch": 10**30}),
+    ("launch.json", {**GOOD_LAUNCH, "queued_at": 1e300}),
+    ("launch.json", {**GOOD_LAUNCH, "queued_at": -1e300}),
+])
+def test_absurd_numbers_in_run_files_still_give_a_table(tmp_path, file, content):
+    manager = make_manager(tmp_path)
+    write_good_run(manager.runs_dir)
+    if content.get("updated_time") == "now":  # a live heartbeat from another machine: shown as running
+        content = {**content, "updated_time": dt.datetime.now(dt.UTC).isoformat()}
+    write_damaged(manager, file, content)
+    runs = manager.poll()
+    rows = {row["Name"]: row for row in table_rows(runs)}
+    assert set(rows) == {"good", "bad"}
+
+
+def write_good_run(runs: Path, name: str = "good") -> None:
+    folder = runs / name
+    folder.mkdir(parents=True)
+    (folder / "status.json").write_text(json.dumps({"state": "completed", "updated_time": "2026-01-01T00:00:00+00:00",
+                                                   "epoch": 2, "total_epochs": 2}))
+    (folder / "config.json").write_text(json.dumps({"args": {"epochs": 2, "dataset": "cifar10", "lr": 0.001}}))
+    (folder / "metrics.jsonl").write_text('{"epoch": 1, "train_loss": 2.0}\n{"epoch": 2, "train_loss": 1.0}\n')
+
+
+def write_damaged(manager: RunManager, file: str, content) -> None:
+    text = content if isinstance(content, str) else json.dumps(content)
+    if file == "launch.json":
+        folder = manager.launch_root / "bad"
+    else:
+        folder = manager.run_dir("bad")
+        other = "config.json" if file == "status.json" else "status.json"
+        folder.mkdir(parents=True)
+        (folder / other).write_text('{"state": "failed", "error": "x"}' if other == "status.json" else '{"args": {}}')
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / file).write_text(text)
+
+
+@pytest.mark.parametrize("file, content, words", CORRUPTIONS, ids=[f"{f}-{i}" for i, (f, _, _) in
+                                                                   enumerate(CORRUPTIONS)])
+def test_a_damaged_run_file_makes_one_damaged_row_and_the_others_stay(tmp_path, file, content, words):
+    manager = make_manager(tmp_path)
+    write_good_run(manager.runs_dir)
+    write_damaged(manager, file, content)
+    runs = {run.name: run for run in manager.poll()}  # never raises
+    assert set(runs) == {"good", "bad"}
+    assert runs["good"].state == "completed"
+    assert runs["bad"].state == "damaged" and words in runs["bad"].detail, runs["bad"].detail
+    rows = {row["Name"]: row for row in table_rows(list(runs.values()))}
+    assert rows["bad"]["State"] == "damaged" and words in rows["bad"]["Detail"]
+    assert manager.curves(["good", "bad"])["loss"]  # the good run's curve is still drawn
+    assert not runs["bad"].can_resume
+    with pytest.raises(RunError, match="damaged"):
+        manager.resume("bad")
+    manager.delete("bad")  # and it can be cleaned up
+    assert [run.name for run in manager.poll()] == ["good"]
+
+
+@pytest.mark.parametrize("line", ["5", "[1, 2]", '"epoch 3"', "null", '{"epoch": "three", "train_loss": "low"}',
+                                  '{"epoch": 3, "train_loss": NaN}', '{"epoch": true, "train_loss": 1.0}'])
+def test_metrics_lines_that_are_not_epoch_objects_are_skipped(tmp_path, line):
+    manager = make_manager(tmp_path)
+    write_good_run(manager.runs_dir)
+    with open(manager.run_dir("good") / "metrics.jsonl", "a") as f:
+        f.write(line + "\n")
+    assert manager.poll()[0].state == "completed"
+    assert [row["epoch"] for row in manager.curves(["good"])["loss"]] == [1, 2]
+    assert all(isinstance(row, dict) for row in manager.metrics("good"))
+
+
+# ---------------------------------------------------------------------------------------------
+# Stop signals only the run's own process, whatever status.json or launch.json say
+
+
+@pytest.fixture
+def bystander():
+    """An unrelated process (what a forged or reused pid would name), in its own process group."""
+    process = subprocess.Popen(["sleep", "120"], start_new_session=True)
+    yield process
+    process.kill()
+    process.wait()
+
+
+def fake_cli(run_dir: Path) -> subprocess.Popen:
+    """A process whose command line is a vit.train on ``run_dir`` (it just sleeps)."""
+    process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)", "vit.train", "--out",
+                                str(run_dir)], start_new_session=True)
+    deadline = time.monotonic() + 30
+    while "vit.train" not in Path(f"/proc/{process.pid}/cmdline").read_bytes().decode() and time.monotonic() < deadline:
+        time.sleep(0.05)  # until the forked child has exec()ed Python
+    return process
+
+
+def running_status(run_dir: Path, pid: int, start: float) -> None:
+    run_dir.mkdir(parents=True, exist_ok=True)
+    now = dt.datetime.now(dt.UTC)
+    (run_dir / "status.json").write_text(json.dumps({
+        "state": "running", "pid": pid, "host": socket.gethostname(), "updated_time": now.isoformat(),
+        "start_time": dt.datetime.fromtimestamp(start, dt.UTC).isoformat()}))
+
+
+def test_stop_refuses_a_pid_from_status_json_that_is_not_a_training_process(tmp_path, bystander):
+    manager = make_manager(tmp_path)
+    running_status(manager.run_dir("forged"), bystander.pid, time.time())
+    assert manager.get("forged").state == "crashed"
+    assert f"process {bystander.pid} is not a vit.train process" in manager.get("forged").detail
+    with pytest.raises(RunError, match="not running; there is nothing to stop"):
+        manager.stop("forged")
+    time.sleep(0.2)
+    assert bystander.poll() is None, "the unrelated process was signalled"
+
+
+def test_stop_refuses_a_training_process_that_started_after_the_runs_status(tmp_path):
+    manager = make_manager(tmp_path)
+    process = fake_cli(manager.run_dir("reused"))
+    try:
+        time.sleep(0.5)
+        running_status(manager.run_dir("reused"), process.pid, time.time() - 3600)  # written an hour ago
+        assert "its pid was reused" in manager.get("reused").detail
+        with pytest.raises(RunError, match="nothing to stop"):
+            manager.stop("reused")
+        assert process.poll() is None
+    finally:
+        process.kill()
+        process.wait()
+
+
+def test_stop_refuses_a_training_process_of_another_run_folder(tmp_path):
+    manager = make_manager(tmp_path)
+    process = fake_cli(tmp_path / "elsewhere")
+    try:
+        running_status(manager.run_dir("mine"), process.pid, time.time() + 5)
+        assert "trains another run folder" in manager.get("mine").detail
+        with pytest.raises(RunError, match="nothing to stop"):
+            manager.stop("mine")
+        assert process.poll() is None
+    finally:
+        process.kill()
+        process.wait()
+
+
+def test_stop_signals_the_runs_own_training_process(tmp_path):
+    manager = make_manager(tmp_path)
+    process = fake_cli(manager.run_dir("cli-run"))
+    try:
+        running_status(manager.run_dir("cli-run"), process.pid, time.time() + 5)
+        manager.stop("cli-run")
+        assert process.wait(timeout=30) == -signal.SIGTERM
+    finally:
+        process.kill()
+        process.wait()
+
+
+def test_stop_refuses_a_launch_record_whose_process_group_is_not_ours(tmp_path, bystander):
+    manager = make_manager(tmp_path)
+    folder = manager.launch_root / "forged"
+    folder.mkdir(parents=True)
+    session = {"pid": bystander.pid, "pgid": bystander.pid, "started_at": time.time() - 5, "host": socket.gethostname(),
+               "command": [sys.executable, "-m", "vit.train", "--out", str(manager.run_dir("forged"))]}
+    (folder / "launch.json").write_text(json.dumps({
+        "name": "forged", "params": {}, "devices": ["cpu"], "state": "started", "queued_at": 1.0,
+        "sessions": [session]}))
+    running_status(manager.run_dir("forged"), bystander.pid, time.time())
+    assert manager.get("forged").state == "running"
+    with pytest.raises(RunError, match="runs another command than the one started for this run"):
+        manager.stop("forged")
+    time.sleep(0.2)
+    assert bystander.poll() is None
+
+
+# ---------------------------------------------------------------------------------------------
+# Leftovers and bounds
+
+
+def test_poll_removes_temporary_files_a_killed_process_left_in_finished_runs(tmp_path):
+    manager = make_manager(tmp_path)
+    write_good_run(manager.runs_dir)  # completed
+    stray = manager.run_dir("good") / ".last.pt.x8d7.tmp"
+    stray.write_bytes(b"half a checkpoint")
+    running = manager.run_dir("busy")
+    process = fake_cli(running)
+    try:
+        running_status(running, process.pid, time.time() + 5)
+        live = running / ".status.json.1.2.tmp"
+        live.write_text("{}")
+        assert [run.state for run in manager.poll() if run.name == "busy"] == ["running"]
+        assert not stray.exists()
+        assert live.exists(), "a temporary file of a run that may still write is kept"
+    finally:
+        process.kill()
+        process.wait()
+
+
+def test_the_form_refuses_an_absurd_learning_rate(tmp_path, dataset):
+    manager = make_manager(tmp_path)
+    errors = manager.validate(tiny_params("fast", dataset, lr=1e300))
+    assert "at most 10" in errors["lr"]
+
+
+# ---------------------------------------------------------------------------------------------
+# What the page may launch: bounded runs, from the data roots only
+
+
+@pytest.mark.parametrize("change, field, words", [
+    (dict(epochs=5000), "epochs", "at most 1000 epochs"),
+    (dict(batch_size=100_000), "batch_size", "at most 4096 images per batch"),
+    (dict(image_size=1024, patch_size=4), "image_size", "65,536 patches per image; at most 4,096"),
+    (dict(hidden_size=8192, num_heads=8, mlp_size=32768, num_layers=8), "form", "M parameters; at most 350 M"),
+    (dict(hidden_size=10**6, num_heads=1, mlp_size=10**9), "form", "M parameters; at most 350 M"),
+    (dict(num_layers=100_000), "num_layers", "at most 256 layers"),
+    (dict(hidden_size=2**62, num_heads=1), "form", "more parameters than can be counted; at most 350 M"),
+])
+def test_the_page_launches_only_bounded_runs(tmp_path, dataset, change, field, words):
+    errors = make_manager(tmp_path).validate(tiny_params("big", dataset, **change))
+    assert words in errors.get(field, ""), errors
+
+
+@pytest.mark.parametrize("folder", ["/", "/proc/self", "/root", "/etc", "/no/such/folder"])
+def test_folder_datasets_outside_the_data_roots_are_refused_without_saying_whether_they_exist(tmp_path, folder):
+    manager = make_manager(tmp_path)
+    errors = manager.validate(tiny_params("outside", tmp_path, dataset=f"folder:{folder}"))
+    assert errors["dataset"] == (f"folder datasets must be inside {tmp_path.parent.resolve()}; put the images there "
+                                 "(or set VIT_DATA_ROOTS when starting the app)")
+
+
+def test_a_link_inside_a_data_root_to_a_folder_outside_is_refused(tmp_path):
+    root, outside = tmp_path / "data", tmp_path / "elsewhere"
+    make_image_folder(outside)
+    root.mkdir()
+    (root / "innocent").symlink_to(outside, target_is_directory=True)
+    manager = RunManager(tmp_path / "runs", root, data_roots=(root,))
+    assert "must be inside" in manager.validate(tiny_params("linked", root / "innocent"))["dataset"]
+    assert manager.validate(tiny_params("direct", make_image_folder(root / "real"))) == {}
+
+
+def test_the_filesystem_root_and_proc_are_never_data_roots(tmp_path, monkeypatch):
+    from vit.launch import default_data_roots
+
+    monkeypatch.setenv("VIT_DATA_ROOTS", os.pathsep.join(["/", "/proc", "/proc/self", str(tmp_path)]))
+    assert default_data_roots() == (tmp_path.resolve(),)
+
+
+def test_launches_beyond_the_queued_and_running_limit_are_refused(tmp_path, dataset):
+    manager = RunManager(tmp_path / "runs", tmp_path / "data", data_roots=(tmp_path,), max_active=2)
+    for name in ("a", "b"):
+        queue_record(manager, name, ["cpu"], time.time())
+    with pytest.raises(ValidationError, match="2 runs are already queued or running \\(at most 2\\)"):
+        manager.launch(tiny_params("c", dataset))
+    assert not (manager.launch_root / "c").exists()
+
+
+def test_no_more_than_max_running_runs_train_at_once(fake_starts):
+    manager, started = fake_starts
+    manager.max_running = 1
+    for i, name in enumerate(("one", "two")):
+        queue_record(manager, name, ["cpu"], 1.0 + i, share=True)
+    manager.poll()
+    assert started == ["one"]
+    assert manager.get("two").detail == "waiting: 1 runs are training, the most at once"

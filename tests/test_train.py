@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -78,7 +79,8 @@ def completed_run(images, cache, tmp_path_factory) -> Path:
 
 def test_short_run_writes_every_run_file(completed_run, images):
     files = {p.name for p in completed_run.iterdir()}
-    assert files == {"config.json", "metrics.jsonl", "status.json", "last.pt", "best.pt", "train.log"}
+    assert files == {"config.json", "metrics.jsonl", "status.json", "last.pt", "best.pt", "train.log", "probe",
+                     "attention"}  # the last two: attention snapshots, on by default
 
     config = read_json(completed_run / "config.json")
     parser_dests = {a.dest for a in build_parser()._actions if a.dest != "help"}
@@ -403,3 +405,31 @@ def test_eta_leaves_out_the_first_step_and_validation():
     clock.step_done(116.0)
     assert clock.seconds_per_step() == 2.0
     assert clock.eta(remaining_steps=10, remaining_evals=2, eval_seconds=3.0) == 26.0
+
+
+# -- caps and leftovers ---------------------------------------------------------------------------
+
+
+def test_threads_are_capped_at_four_per_core(images, cache, tmp_path, capsys):
+    assert main(cli(images, cache, tmp_path / "run", "--threads", "100000")) == 2  # segfaulted inside torch
+    assert f"expected at most {4 * (os.cpu_count() or 1)} threads" in one_line_error(capsys)
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("lr", ["1e300", "11", "inf", "nan", "0"])
+def test_learning_rate_is_bounded(images, cache, tmp_path, capsys, lr):
+    assert main(cli(images, cache, tmp_path / "run", "--lr", lr)) == 2
+    assert "--lr: expected a positive number of at most 10, got" in one_line_error(capsys)
+
+
+def test_resume_removes_temporary_files_a_killed_write_left(completed_run, tmp_path):
+    run = tmp_path / "killed"
+    run.mkdir()
+    shutil.copytree(completed_run, run, dirs_exist_ok=True)
+    strays = [run / ".last.pt.k2j3h4.tmp", run / ".status.json.4242.139.tmp", run / ".metrics.jsonl.1.2.tmp",
+              run / "attention" / ".epoch_0003.npz.x1y2.tmp"]
+    for stray in strays:
+        stray.write_bytes(b"half a file")
+    assert main(["--resume", str(run), "--epochs", "3"]) == 0
+    assert not any(stray.exists() for stray in strays)
+    assert not list(run.glob(".*.tmp"))

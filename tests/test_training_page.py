@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers import displayed
 from streamlit.testing.v1 import AppTest
 from test_runs import make_image_folder
 
@@ -23,6 +24,8 @@ TIMEOUT = 300  # the first run imports torch; on two busy cores that takes a whi
 def folders(tmp_path, monkeypatch):
     monkeypatch.setenv("VIT_RUNS_DIR", str(tmp_path / "runs"))
     monkeypatch.setenv("VIT_DATA_DIR", str(tmp_path / "data"))
+    monkeypatch.setenv("VIT_DATA_ROOTS", str(tmp_path))  # the generated image folder lives here
+    monkeypatch.delenv("VIT_TRAIN_TOKEN", raising=False)  # a developer's token would lock the page
     return make_image_folder(tmp_path / "images"), tmp_path / "runs"
 
 
@@ -42,7 +45,7 @@ def submit(at: AppTest) -> AppTest:
 
 
 def errors(at: AppTest) -> list[str]:
-    return [e.value for e in at.error]
+    return [displayed(e.value) for e in at.error]
 
 
 def test_the_page_opens_with_an_empty_runs_folder(folders):
@@ -75,7 +78,7 @@ def test_launch_creates_a_run_the_table_shows_and_stop_cancels_it(folders):
     at = submit(at)
     assert not at.exception
     assert errors(at) == [], errors(at)
-    notice = at.success[0].value
+    notice = displayed(at.success[0].value)
     assert notice.startswith("Started from-the-page on ") and ("CPU" in notice or "GPU" in notice)
     table = at.dataframe[0].value
     assert list(table["Name"]) == ["from-the-page"]
@@ -92,3 +95,86 @@ def test_launch_creates_a_run_the_table_shows_and_stop_cancels_it(folders):
     assert manager.get("from-the-page").state == "cancelled"
     at = at.run(timeout=TIMEOUT)
     assert at.dataframe[0].value["State"][0] == "cancelled"
+
+
+def test_run_names_errors_and_logs_are_shown_as_plain_text(folders):
+    import json
+
+    from markdown_it import MarkdownIt
+
+    from vit.runfiles import now_iso
+
+    _, runs_dir = folders
+    run = runs_dir / "![x](http:example.invalid) <b>x<b>"
+    run.mkdir(parents=True)
+    (run / "status.json").write_text(json.dumps({
+        "state": "failed", "updated_time": now_iso(),
+        "error": "ValueError: [click](http://example.invalid) <b>bad</b> ![y](http://example.invalid/y.png)"}))
+    at = AppTest.from_file(PAGE).run(timeout=TIMEOUT)
+    assert not at.exception
+    bodies = [e.value for kind in ("markdown", "caption", "error", "warning", "info", "success") for e in at.get(kind)]
+    for body in bodies:
+        rendered = MarkdownIt("commonmark").render(body)
+        assert "<img" not in rendered and "<a " not in rendered and "<b>" not in rendered, body
+    shown = "\n".join(displayed(body) for body in bodies)
+    assert ("![x](http:example.invalid) <b>x<b> · failed · ValueError: [click](http://example.invalid) <b>bad</b>"
+            in shown)
+
+
+def test_a_damaged_run_is_its_own_row_and_the_other_runs_keep_their_buttons(folders):
+    _, runs_dir = folders
+    good, bad = runs_dir / "good", runs_dir / "bad"
+    good.mkdir(parents=True)
+    (good / "status.json").write_text('{"state": "completed", "updated_time": "2026-01-01T00:00:00+00:00"}')
+    bad.mkdir()
+    (bad / "status.json").write_text('{"state": "running", "pid": "4242"}')
+    at = AppTest.from_file(PAGE).run(timeout=TIMEOUT)
+    assert not at.exception
+    table = at.dataframe[0].value
+    states = dict(zip(table["Name"], table["State"], strict=True))
+    assert states == {"good": "completed", "bad": "damaged"}
+    at.multiselect(key="selected_runs").set_value(["good", "bad"])
+    at = at.run(timeout=TIMEOUT)
+    assert not at.exception
+    assert at.button(key="resume-good") and at.button(key="delete-bad")
+    assert any("'pid' is \"4242\", not a whole number" in e for e in errors(at))
+
+
+@pytest.fixture
+def networked(monkeypatch):
+    """The server as `streamlit run app.py --server.address 0.0.0.0` starts it."""
+    from streamlit import config
+
+    before = config.get_option("server.address")
+    config.set_option("server.address", "0.0.0.0")
+    yield
+    config.set_option("server.address", before)
+
+
+def test_on_a_network_without_a_token_the_page_is_disabled(folders, networked, monkeypatch):
+    monkeypatch.delenv("VIT_TRAIN_TOKEN", raising=False)
+    at = AppTest.from_file(PAGE).run(timeout=TIMEOUT)
+    assert not at.exception
+    assert any("Training is disabled" in w.value and "VIT_TRAIN_TOKEN" in w.value for w in at.warning)
+    assert not at.button and not at.dataframe and not at.text_input  # no form, no runs, no logs
+
+
+def test_on_a_network_the_page_opens_only_with_the_token(folders, networked, monkeypatch):
+    monkeypatch.setenv("VIT_TRAIN_TOKEN", "correct-horse-battery-staple")
+    at = AppTest.from_file(PAGE).run(timeout=TIMEOUT)
+    assert [t.label for t in at.text_input] == ["Training token"]
+    assert not at.selectbox and not at.dataframe
+    at.text_input(key="train_token_input").set_value("guess")
+    at = submit_unlock(at)
+    assert any("not the training token" in e.value for e in at.error)
+    assert not at.selectbox
+    at.text_input(key="train_token_input").set_value("correct-horse-battery-staple")
+    at = submit_unlock(at)
+    assert not at.exception
+    assert at.selectbox(key="train_preset") is not None  # the form
+    assert any("No runs yet" in i.value for i in at.info)
+
+
+def submit_unlock(at: AppTest) -> AppTest:
+    next(b for b in at.button if b.label == "Unlock").click()
+    return at.run(timeout=TIMEOUT)

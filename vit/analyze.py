@@ -27,6 +27,7 @@ from plotly.subplots import make_subplots
 from vit.attention import fuse_heads, layer_stats, rollout, token_map
 from vit.checkpoint import Checkpoint
 from vit.inference import predict_files
+from vit.text import escape_plotly
 
 PROG = "vit.analyze"
 
@@ -126,6 +127,7 @@ def head_scatter_figure(values: np.ndarray, y_title: str, title: str) -> go.Figu
 def confusion_figure(confusion: np.ndarray, class_names: list[str]) -> go.Figure:
     """Rows: true class; columns: predicted; each row as shares of that class, counts on hover."""
     shares = confusion / np.maximum(confusion.sum(axis=1, keepdims=True), 1)
+    class_names = [escape_plotly(name) for name in class_names]  # Plotly reads HTML tags in labels
     fig = go.Figure(go.Heatmap(z=shares, x=class_names, y=class_names, colorscale="Blues", zmin=0, zmax=1,
                                customdata=confusion, colorbar=dict(title="share"),
                                hovertemplate="true %{y} → predicted %{x}: %{customdata} (%{z:.1%})<extra></extra>"))
@@ -138,6 +140,7 @@ def confusion_figure(confusion: np.ndarray, class_names: list[str]) -> go.Figure
 def class_maps_figure(maps: np.ndarray, class_names: list[str], title: str, colormap: str = "inferno") -> go.Figure:
     """One heatmap per class of ``maps (K, gh, gw)``, each on its own scale."""
     K = len(class_names)
+    class_names = [escape_plotly(name) for name in class_names]  # Plotly reads HTML tags in titles
     cols = min(K, 5)
     rows = -(-K // cols)
     fig = make_subplots(rows=rows, cols=cols, subplot_titles=class_names, horizontal_spacing=0.02,

@@ -13,8 +13,17 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from vit.checkpoint import CheckpointError, ForeignCheckpointError, read_checkpoint_payload
-from vit.runfiles import BEST_CHECKPOINT, LAST_CHECKPOINT, STATUS_FILE, default_runs_dir, read_json
+from vit.checkpoint import CheckpointError, ForeignCheckpointError, check_payload, read_checkpoint_payload
+from vit.runfiles import (
+    BEST_CHECKPOINT,
+    CONFIG_FILE,
+    LAST_CHECKPOINT,
+    STATUS_FILE,
+    default_runs_dir,
+    epoch_checkpoints,
+    read_json,
+)
+from vit.text import escape_markdown
 
 DEFAULT_CHECKPOINT = "cifar10-cifar-s.pt"  # what the app opens on
 SAMPLE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".webp", ".bmp", ".gif")
@@ -90,9 +99,9 @@ class CatalogEntry:
 
     @property
     def description(self) -> str:
-        """A few lines of Markdown for under the picker."""
+        """A few lines of Markdown for under the picker; the file's own text (class names, dataset, path) is escaped."""
         if self.error is not None:
-            return f"This checkpoint cannot be loaded: {self.error}"
+            return f"This checkpoint cannot be loaded: {escape_markdown(self.error)}"
         gh = self.image_size // self.patch_size
         lines = [
             f"**Model** {self.num_layers} layers × {self.num_heads} heads, "
@@ -102,22 +111,22 @@ class CatalogEntry:
         ]
         if self.metadata.get("architecture"):
             shown = ", ".join(self.class_names[:10]) + (", …" if len(self.class_names) > 10 else "")
-            lines.append(f"**Imported** {self.metadata['architecture']}; "
-                         + (f"{len(self.class_names)} classes: {shown}" if self.class_names
+            lines.append(f"**Imported** {escape_markdown(self.metadata['architecture'])}; "
+                         + (f"{len(self.class_names)} classes: {escape_markdown(shown)}" if self.class_names
                             else "no classifier (a feature model: maps, no prediction)"))
         else:
-            lines.append(f"**Data** {self.dataset or 'unknown'}; {len(self.class_names)} classes: "
-                         f"{', '.join(self.class_names)}")
+            lines.append(f"**Data** {escape_markdown(self.dataset or 'unknown')}; {len(self.class_names)} classes: "
+                         f"{escape_markdown(', '.join(self.class_names))}")
         trained = []
         if self.val_acc is not None:
             trained.append(f"validation accuracy {self.val_acc:.1%}")
         if self.epochs is not None:
             trained.append(f"{self.epochs} epochs")
         if self.metadata.get("date"):
-            trained.append(f"saved {str(self.metadata['date'])[:10]}")
+            trained.append(f"saved {escape_markdown(str(self.metadata['date'])[:10])}")
         if trained:
             lines.append("**Training** " + ", ".join(trained))
-        lines.append(f"`{self.path}`")
+        lines.append(escape_markdown(self.path))
         return "  \n".join(lines)
 
 
@@ -173,43 +182,39 @@ def run_state(run_dir: Path) -> str | None:
 
 
 def describe(candidate: Candidate) -> CatalogEntry:
-    """Read a checkpoint's stored config and metadata (no model is built); errors become the entry's ``error``.
+    """Check a checkpoint as loading it would, without reading its weights (they are memory-mapped) or
+    building a model; errors become the entry's ``error``, so such a file is listed as "cannot be loaded".
 
     Imported models are described from their config.json (folders) or by opening them (weights files).
     """
     try:
         if candidate.path.is_dir() or candidate.path.suffix != ".pt":
             return describe_import(candidate)
-        payload = read_checkpoint_payload(candidate.path)
+        payload = read_checkpoint_payload(candidate.path, mmap=True)
+        config, _, class_names = check_payload(candidate.path, payload)
     except ForeignCheckpointError:
         return describe_import(candidate)
     except CheckpointError as e:
         return CatalogEntry(candidate.path, candidate.source, candidate.name, error=str(e))
-    try:
-        config = payload["config"]
-        metadata = dict(payload.get("metadata") or {})
-        parameters = metadata.get("parameters")
-        if not isinstance(parameters, int):
-            parameters = sum(int(t.numel()) for t in payload["state_dict"].values())
-        val_acc = metadata.get("val_acc")
-        if not isinstance(val_acc, (int, float)):
-            val_acc = metadata.get("best_val_acc")
-        epochs = metadata.get("epochs")
-        return CatalogEntry(
-            path=candidate.path, source=candidate.source, name=candidate.name,
-            dataset=dataset_label(metadata.get("dataset")),
-            class_names=tuple(str(c) for c in payload["class_names"]),
-            parameters=parameters,
-            val_acc=float(val_acc) if isinstance(val_acc, (int, float)) else None,
-            image_size=int(config["image_size"]), patch_size=int(config["patch_size"]),
-            num_channels=int(config["num_channels"]), num_layers=int(config["num_layers"]),
-            num_heads=int(config["num_heads"]),
-            epochs=epochs if isinstance(epochs, int) else None,
-            metadata=metadata,
-        )
-    except (KeyError, TypeError, ValueError, AttributeError) as e:
-        return CatalogEntry(candidate.path, candidate.source, candidate.name,
-                            error=f"{candidate.path} has an invalid config or metadata ({e!r})")
+    metadata = dict(payload.get("metadata") or {})
+    parameters = metadata.get("parameters")
+    if isinstance(parameters, bool) or not isinstance(parameters, int):
+        parameters = sum(int(t.numel()) for t in payload["state_dict"].values())
+    val_acc = metadata.get("val_acc")
+    if isinstance(val_acc, bool) or not isinstance(val_acc, (int, float)):
+        val_acc = metadata.get("best_val_acc")
+    epochs = metadata.get("epochs")
+    return CatalogEntry(
+        path=candidate.path, source=candidate.source, name=candidate.name,
+        dataset=dataset_label(metadata.get("dataset")),
+        class_names=tuple(class_names),
+        parameters=parameters,
+        val_acc=float(val_acc) if isinstance(val_acc, (int, float)) and not isinstance(val_acc, bool) else None,
+        image_size=config.image_size, patch_size=config.patch_size, num_channels=config.num_channels,
+        num_layers=config.num_layers, num_heads=config.num_heads,
+        epochs=epochs if isinstance(epochs, int) and not isinstance(epochs, bool) else None,
+        metadata=metadata,
+    )
 
 
 def describe_import(candidate: Candidate) -> CatalogEntry:
@@ -248,8 +253,12 @@ def count_parameters_of(config) -> int:
     """The parameter count of a model of ``config``, built on the meta device (no memory, no weights read)."""
     import torch
 
+    from vit.checkpoint import MAX_LAYERS
     from vit.model import ViT
 
+    if config.num_layers > MAX_LAYERS:  # building even an empty model costs ~3 ms a layer
+        raise ValueError(f"its config declares {config.num_layers:,} layers, more than the {MAX_LAYERS} this "
+                         "program builds")
     with torch.device("meta"):
         return sum(p.numel() for p in ViT(config).parameters())
 
@@ -377,3 +386,23 @@ def _images_in(folder: Path) -> list[Path]:
     if not folder.is_dir():
         return []
     return sorted(p for p in folder.iterdir() if p.is_file() and p.suffix.lower() in SAMPLE_EXTENSIONS)
+
+
+def epoch_candidates(runs_dir: str | os.PathLike | None = None) -> list[Candidate]:
+    """Every run's per-epoch checkpoints (``--save-every``), finished or not, oldest epoch first per run."""
+    runs_dir = Path(runs_dir) if runs_dir is not None else default_runs_dir()
+    found = []
+    if runs_dir.is_dir():
+        for run in sorted(p for p in runs_dir.iterdir() if p.is_dir() and not p.name.startswith(".")):
+            found += [Candidate(path, "run", f"{run.name} epoch {epoch}")
+                      for epoch, path in epoch_checkpoints(run).items()]
+    return found
+
+
+def run_folder(path: str | os.PathLike) -> Path | None:
+    """The run folder a run's checkpoint belongs to (``best.pt``, ``last.pt`` or a per-epoch one), else None."""
+    path = Path(path)
+    for folder in (path.parent, path.parent.parent):
+        if (folder / CONFIG_FILE).is_file() or (folder / STATUS_FILE).is_file():
+            return folder
+    return None

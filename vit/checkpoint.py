@@ -7,8 +7,10 @@ temporary file that is renamed into place, so a crash never leaves a half-writte
 
 from __future__ import annotations
 
+import errno
 import os
 import pickle
+import shutil
 import tempfile
 import zipfile
 from dataclasses import dataclass, field
@@ -20,6 +22,14 @@ from vit.model import ViT, ViTConfig
 
 FORMAT = "vit-attention-explorer-checkpoint"
 FORMAT_VERSION = 1
+# Bounds checked before anything is unpickled or built, so a hostile file costs milliseconds, not minutes.
+MAX_PREPROCESSING_PATCHES = 4096  # a 64 x 64 grid; larger than the model's own input needs no more
+MAX_LAYERS = 256  # far beyond any published ViT (ViT-22B has 48); building the empty model costs ~3 ms a layer
+PICKLE_BASE_BYTES = 1024 * 1024  # config, class names (ImageNet: 25 KB), metadata, metrics (150 KB per 1,000 epochs)
+PICKLE_BYTES_PER_TENSOR = 512  # a tensor's key and rebuild call take ~150 bytes of pickle
+MAX_PICKLE_BYTES = 4 * 1024 * 1024  # the weights-only unpickler reads ~1 MB of opcodes a second
+_ZIP_MAGIC = b"PK\x03\x04"
+_LEGACY_MAGIC = b"\x80\x02\x8a\x0a"  # torch's pre-1.6 format: a pickled magic number, then pickles
 _UMASK = os.umask(0)  # read once at import, before any thread could race on it
 os.umask(_UMASK)
 _FILE_MODE = 0o666 & ~_UMASK
@@ -103,6 +113,12 @@ def preprocessing_problem(preprocessing: Preprocessing, config: ViTConfig) -> st
         return f"std must be positive, got {list(p.std)}"
     if p.image_size <= 0 or p.image_size % config.patch_size:
         return f"image size {p.image_size} is not a positive multiple of the patch size {config.patch_size}"
+    patches = (p.image_size // config.patch_size) ** 2
+    if p.image_size > config.image_size and patches > MAX_PREPROCESSING_PATCHES:
+        # Every input would get more tokens than the model was built for; attention grows with their square.
+        return (f"image size {p.image_size} is larger than the model's own {config.image_size} px and gives "
+                f"{patches + 1:,} tokens per image (at most {MAX_PREPROCESSING_PATCHES:,} patches); store the "
+                "model's size")
     if p.resize_size is not None and not p.image_size <= p.resize_size <= 16 * p.image_size:
         return f"resize size {p.resize_size} must be between the crop size {p.image_size} and 16 times it"
     if p.resize_mode not in RESIZE_MODES:
@@ -110,6 +126,41 @@ def preprocessing_problem(preprocessing: Preprocessing, config: ViTConfig) -> st
     if p.resample not in RESAMPLE_FILTERS:
         return f"resample filter {p.resample!r} is not one of {', '.join(RESAMPLE_FILTERS)}"
     return None
+
+
+def weights_problem(config: ViTConfig, state_dict: dict) -> str | None:
+    """What keeps ``state_dict`` from loading into ``ViT(config)``, or None when every name and shape fits.
+
+    The model is built on the ``meta`` device (shapes only, no memory), so a config that declares
+    terabytes of weights is refused before anything is allocated.
+    """
+    if config.num_layers > MAX_LAYERS:
+        return f"its config declares {config.num_layers:,} layers, more than the {MAX_LAYERS} this program builds"
+    stored = {}
+    for key, value in state_dict.items():
+        if not isinstance(value, torch.Tensor):
+            return f"weight {str(key)[:80]!r} is a {type(value).__name__}, not a tensor"
+        stored[_clean_key(str(key))] = value
+    try:
+        with torch.device("meta"):
+            expected = {k: tuple(v.shape) for k, v in ViT(config).state_dict().items()}
+    except (RuntimeError, ValueError, TypeError, OverflowError, MemoryError) as e:  # sizes past int64, say
+        return f"its config declares sizes no model can have ({_first_line(e)})"
+    mismatches = [f"size mismatch for {k}: {tuple(stored[k].shape)} stored, {shape} in the config"
+                  for k, shape in expected.items() if k in stored and tuple(stored[k].shape) != shape]
+    problems = mismatches[:2] + ([f"{len(mismatches) - 2} more size mismatches"] if len(mismatches) > 2 else [])
+    missing = [k for k in expected if k not in stored]
+    unexpected = [k for k in stored if k not in expected]
+    if missing:
+        problems.append(f"missing {_some(missing)}")
+    if unexpected:
+        problems.append(f"unexpected {_some(unexpected)}")
+    return "; ".join(problems) or None
+
+
+def _some(names: list[str], shown: int = 3) -> str:
+    more = f" and {len(names) - shown:,} more" if len(names) > shown else ""
+    return ", ".join(names[:shown]) + more
 
 
 def _clean_key(key: str) -> str:
@@ -158,14 +209,67 @@ def atomic_torch_save(payload: object, path: str | os.PathLike) -> Path:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         Path(tmp).unlink(missing_ok=True)
+        if isinstance(e, (OSError, RuntimeError)):
+            problem = _write_problem(path, e)
+            if problem is not None:
+                raise problem from e
         raise
     return path
 
 
-def read_checkpoint_payload(path: str | os.PathLike, map_location: str | torch.device = "cpu") -> dict:
-    """The checked raw contents of a checkpoint file; raises CheckpointError with one line."""
+def _write_problem(path: Path, error: BaseException) -> OSError | None:
+    """A full or failing disk as one clear OSError; torch reports it as 'unexpected pos 51840 vs 51728'."""
+    os_error = next((e for e in (error, error.__context__, error.__cause__) if isinstance(e, OSError)), None)
+    if os_error is None and "unexpected pos" not in str(error) and "write" not in str(error).lower():
+        return None  # not a failed write: let it through unchanged
+    try:
+        free = shutil.disk_usage(path.parent).free
+    except OSError:
+        free = None
+    space = f"{free / 2**20:,.0f} MiB free" if free is not None else "free space unknown"
+    if (os_error is not None and os_error.errno in (errno.ENOSPC, errno.EDQUOT)) or (free is not None and
+                                                                                   free < 64 * 2**20):
+        return OSError(errno.ENOSPC, f"No space left on the disk to write {path} ({space}); free some space, "
+                                     "then save again (a training run resumes from its last.pt)")
+    if os_error is not None:
+        return OSError(os_error.errno, f"cannot write {path}: {os_error.strerror or os_error} ({space})")
+    return OSError(errno.EIO, f"cannot write {path}: the write was cut short ({space}); the disk may be full or "
+                              "failing")
+
+
+def check_archive(path: Path) -> None:
+    """Refuse, before unpickling anything, a torch zip archive whose pickle could keep the unpickler busy.
+
+    ``torch.save`` stores every entry uncompressed and writes a pickle (``data.pkl``) of ~150 bytes
+    per tensor plus the plain data; a crafted file can pack millions of opcodes into kilobytes
+    (compressed) or inflate the pickle far beyond its tensors, which takes minutes to read.
+    """
+    try:
+        with zipfile.ZipFile(path) as archive:
+            entries = archive.infolist()
+    except (zipfile.BadZipFile, OSError, ValueError, EOFError) as e:
+        raise CheckpointError(f"{path} is truncated or corrupt ({_first_line(e)}); re-copy or re-create it") from None
+    compressed = next((e.filename for e in entries if e.compress_type != zipfile.ZIP_STORED), None)
+    if compressed is not None:
+        raise CheckpointError(f"refused to load {path}: its entry {compressed[:80]!r} is compressed, which torch.save "
+                              "never does; the file was altered or not written by torch")
+    pickles = [e for e in entries if e.filename.endswith("/data.pkl") and e.filename.count("/") == 1]
+    tensors = sum(1 for e in entries if e.filename.count("/") == 2 and e.filename.split("/")[1] == "data")
+    limit = min(MAX_PICKLE_BYTES, PICKLE_BASE_BYTES + PICKLE_BYTES_PER_TENSOR * tensors)
+    for entry in pickles:
+        if entry.file_size > limit:
+            raise CheckpointError(f"refused to load {path}: its pickle is {entry.file_size:,} bytes for {tensors:,} "
+                                  f"tensors (weights need at most {limit:,}); it may be built to stall the reader")
+
+
+def read_checkpoint_payload(path: str | os.PathLike, map_location: str | torch.device = "cpu",
+                            mmap: bool = False) -> dict:
+    """The checked raw contents of a checkpoint file; raises CheckpointError with one line.
+
+    ``mmap`` maps the tensors instead of reading them: enough to describe a checkpoint cheaply.
+    """
     path = Path(path)
     if not path.exists():
         raise CheckpointError(f"checkpoint not found: {path}")
@@ -175,24 +279,26 @@ def read_checkpoint_payload(path: str | os.PathLike, map_location: str | torch.d
         raise CheckpointError(f"{path} is empty; it is not a checkpoint")
     try:
         with open(path, "rb") as f:
-            is_zip = f.read(4) == b"PK\x03\x04"  # torch.save's format; a cut-off one has no central directory
+            magic = f.read(4)
     except OSError as e:
         raise CheckpointError(f"cannot read {path} ({e.strerror or type(e).__name__})") from None
+    if magic == _LEGACY_MAGIC:
+        # Its pickles run to the end of the file and cannot be sized beforehand; this program never writes it.
+        raise CheckpointError(f"refused to load {path}: it is in torch's legacy (pre-1.6) format, whose pickles "
+                              "could run code or take minutes to read; only load checkpoints written by this program")
+    if magic != _ZIP_MAGIC:
+        raise CheckpointError(f"{path} is not a checkpoint (not a torch archive)")
+    check_archive(path)
     try:
-        payload = torch.load(path, map_location=map_location, weights_only=True)
-    except pickle.UnpicklingError as e:
-        # torch wraps every weights-only failure in this error; only a blocked GLOBAL means the file
-        # asked for Python objects, anything else is a file that was never a torch pickle.
-        if "GLOBAL" in str(e) or zipfile.is_zipfile(path):
-            raise CheckpointError(
-                f"refused to load {path}: it contains Python objects other than tensors and plain "
-                "data, which could run code; only load checkpoints written by this program") from None
-        raise CheckpointError(f"{path} is not a checkpoint (not a torch archive)") from None
+        payload = torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
+    except pickle.UnpicklingError:
+        # torch wraps every weights-only refusal (a GLOBAL for a class or function) in this error.
+        raise CheckpointError(
+            f"refused to load {path}: it contains Python objects other than tensors and plain "
+            "data, which could run code; only load checkpoints written by this program") from None
     except Exception as e:  # the weights-only unpickler raises KeyError, IndexError, ... on garbage
-        if is_zip or "zip" in str(e).lower():
-            raise CheckpointError(f"{path} is truncated or corrupt ({_first_line(e)}); "
-                                  "re-copy or re-create it") from None
-        raise CheckpointError(f"{path} is not a checkpoint (not a torch archive)") from None
+        raise CheckpointError(f"{path} is truncated or corrupt ({_first_line(e)}); "
+                              "re-copy or re-create it") from None
     if not isinstance(payload, dict) or payload.get("format") != FORMAT:
         raise ForeignCheckpointError(f"{path} is a torch file but not a ViT Attention Explorer checkpoint")
     version = payload.get("format_version")
@@ -205,24 +311,40 @@ def read_checkpoint_payload(path: str | os.PathLike, map_location: str | torch.d
     return payload
 
 
-def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = "cpu") -> Checkpoint:
-    """Load a checkpoint safely (no code runs from the file) into an eval-mode ``ViT``."""
-    payload = read_checkpoint_payload(path, map_location)
+def check_payload(path: str | os.PathLike, payload: dict) -> tuple[ViTConfig, Preprocessing, list[str]]:
+    """The config, preprocessing and class names of a payload whose every part fits together.
+
+    Checks types, the preprocessing against the config and every stored weight's name and shape
+    against the config, all before a model is built; raises CheckpointError with one line.
+    """
     try:
         config = ViTConfig.from_dict(payload["config"])
         preprocessing = Preprocessing.from_dict(payload["preprocessing"])
-    except (ValueError, TypeError, KeyError, AttributeError) as e:
+    except (ValueError, TypeError, KeyError, AttributeError, OverflowError) as e:
         raise CheckpointError(f"{path} has an invalid config: {_first_line(e)}") from None
     problem = preprocessing_problem(preprocessing, config)
     if problem:
         raise CheckpointError(f"{path} has invalid preprocessing: {problem}")
     if not isinstance(payload["class_names"], (list, tuple)) or not isinstance(payload["state_dict"], dict):
         raise CheckpointError(f"{path} has malformed class names or weights; the file is damaged")
+    if not isinstance(payload.get("metadata") or {}, dict) or not isinstance(payload.get("training_state") or {},
+                                                                             dict):
+        raise CheckpointError(f"{path} has malformed metadata or training state; the file is damaged")
     class_names = [str(name) for name in payload["class_names"]]
     if len(class_names) != config.num_classes:
         raise CheckpointError(f"{path} names {len(class_names)} classes but its model has "
                               f"{config.num_classes}")
-    model = ViT(config)
+    problem = weights_problem(config, payload["state_dict"])
+    if problem:
+        raise CheckpointError(f"the weights in {path} do not fit its stored config: {_clip(problem)}")
+    return config, preprocessing, class_names
+
+
+def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = "cpu") -> Checkpoint:
+    """Load a checkpoint safely (no code runs from the file) into an eval-mode ``ViT``."""
+    payload = read_checkpoint_payload(path, map_location)
+    config, preprocessing, class_names = check_payload(path, payload)
+    model = ViT(config)  # every stored shape fits the config, so this allocates no more than the file holds
     state_dict = {_clean_key(str(k)): v for k, v in payload["state_dict"].items()}
     try:
         model.load_state_dict(state_dict, strict=True)
@@ -245,5 +367,8 @@ def _first_line(error: BaseException) -> str:
 
 def _mismatch_summary(error: RuntimeError) -> str:
     lines = [line.strip() for line in str(error).splitlines()[1:] if line.strip()]
-    summary = "; ".join(lines) or _first_line(error)
-    return summary if len(summary) < 300 else summary[:297] + "..."
+    return _clip("; ".join(lines) or _first_line(error))
+
+
+def _clip(text: str, limit: int = 300) -> str:
+    return text if len(text) < limit else text[:limit - 3] + "..."

@@ -39,6 +39,7 @@ from vit.hidden import ByteBudgetCache, LayerAttentions, forward_with_hidden_sta
 from vit.images import to_mode, to_uint8
 from vit.inference import TRAINING_SIZE, InputSize, Prediction, input_shape, predictions_from_logits, preprocess
 from vit.overlay import attentions_npz_bytes, draw_mask_contours, overlay, to_png_bytes
+from vit.text import escape_markdown, escape_plotly
 
 MAP_KINDS = {
     "attention": "Attention of one layer",
@@ -526,7 +527,7 @@ def describe_map(settings: MapSettings, analysis: Analysis, class_names: list[st
         return (f"**Attention rollout through layers 1–{end + 1}** (heads fused by {s.fusion}{dropped}): "
                 f"how much of {who}'s representation after layer {end + 1} flows from each input patch, "
                 "following attention and the residual connections (Abnar & Zuidema, 2020).")
-    name = class_names[resolved_class(s, analysis)]
+    name = escape_markdown(class_names[resolved_class(s, analysis)])  # the caption is Markdown; names are data
     which = "the predicted class" if s.class_index is None else "the chosen class"
     return (f"**Relevance for “{name}”** ({which}) through layers 1–{end + 1}: attention weighted by its gradient "
             f"for the “{name}” score, positive parts only, rolled out (Chefer et al., 2021). Bright patches "
@@ -704,7 +705,7 @@ def patch_picker_figure(image_size: tuple[int, int], image_source: str, grid: tu
 
 def predictions_figure(prediction: Prediction) -> go.Figure:
     """The top-k classes as horizontal bars with their probabilities, the most probable on top."""
-    labels = [label for label, _ in prediction.top_k]
+    labels = [escape_plotly(label) for label, _ in prediction.top_k]  # Plotly reads HTML tags in labels
     probs = [p for _, p in prediction.top_k]
     colors = ["#ff4b4b"] + ["#8fa3bf"] * (len(probs) - 1)
     fig = go.Figure(go.Bar(x=probs, y=labels, orientation="h", marker_color=colors,
@@ -915,7 +916,7 @@ def describe_method_map(settings: MapSettings, analysis: Analysis, class_names: 
                 f"{s.fusion}): the maximum flow from {who} down to each input patch, when every layer's attention "
                 "plus the residual is a capacity (Abnar & Zuidema, 2020). Unlike rollout, a path counts only "
                 "as much as its narrowest layer.")
-    name = class_names[resolved_class(s, analysis)]
+    name = escape_markdown(class_names[resolved_class(s, analysis)])  # the caption is Markdown; names are data
     which = "the predicted class" if s.class_index is None else "the chosen class"
     if s.kind == "legrad":
         return (f"**LeGrad for “{name}”** ({which}): at each of the last two layers, the gradient of the "
@@ -948,6 +949,6 @@ def faithfulness_figure(checkpoint: Checkpoint, image: Image.Image, map2d: np.nd
                                  hovertemplate=f"{name}: %{{x:.0%}} of patches → p = %{{y:.3f}}<extra></extra>"))
     fig.update_xaxes(title="fraction of patches removed / inserted, most relevant first", tickformat=".0%",
                      range=[0, 1])
-    fig.update_yaxes(title=f"p({checkpoint.class_names[class_index]})", range=[0, 1])
+    fig.update_yaxes(title=f"p({escape_plotly(checkpoint.class_names[class_index])})", range=[0, 1])
     fig.update_layout(height=300, margin=dict(l=0, r=0, t=10, b=0), legend=dict(x=0.45, y=0.98))
     return fig

@@ -1,7 +1,8 @@
 """Turning any image a user brings into the model's input, identically at training and inference.
 
 ``open_image`` decodes files and uploads (one error type for everything that cannot be
-used); ``to_uint8`` applies the evaluation transform shared by the data cache, the CLIs
+used), reduced at decode to ``MAX_SIDE`` so that no photo costs more memory than display and
+model need; ``to_uint8`` applies the evaluation transform shared by the data cache, the CLIs
 and the app: EXIF orientation, first frame, transparency composited on white, colour or
 greyscale per the model, and a resize to the model's square input.
 """
@@ -10,7 +11,9 @@ from __future__ import annotations
 
 import functools
 import io
+import math
 import os
+import threading
 import warnings
 from pathlib import Path
 from typing import BinaryIO
@@ -19,13 +22,27 @@ import numpy as np
 import torch
 from PIL import Image, ImageOps, UnidentifiedImageError
 
+# Decoded images keep at most this long side: twice the largest model input (1,024 px), three times
+# the largest display. A 48-MP photo then holds 2048 x 1536 px (9 MB) instead of 144 MB.
+MAX_SIDE = 2048
+# Uploads to the app: at most this many pixels once decoded (JPEGs are decoded already reduced by up to
+# 8x, so even 100-MP photos pass); a PNG this size still costs 160 MB while it is decoded.
+UPLOAD_MAX_PIXELS = 40_000_000
+# Full-size decodes running at once: five users uploading big images hold two of them, not five.
+_DECODE_SLOTS = threading.BoundedSemaphore(2)
+
 
 class ImageError(ValueError):
     """An input that cannot be used as an image; the message says why."""
 
 
-def open_image(source: str | os.PathLike | bytes | BinaryIO, name: str | None = None) -> Image.Image:
-    """Decode an image fully (first frame, EXIF orientation applied) or raise ``ImageError``."""
+def open_image(source: str | os.PathLike | bytes | BinaryIO, name: str | None = None,
+               max_pixels: int | None = None, max_side: int = MAX_SIDE) -> Image.Image:
+    """Decode an image (first frame, EXIF orientation applied, long side at most ``max_side``) or raise ``ImageError``.
+
+    ``max_pixels`` refuses images with more pixels once decoded (PIL's own bomb limit applies
+    besides); JPEGs are decoded directly at a reduced scale when they are larger than ``max_side``.
+    """
     if isinstance(source, (str, os.PathLike)):
         name = name or str(source)
         if not Path(source).exists():
@@ -48,18 +65,31 @@ def open_image(source: str | os.PathLike | bytes | BinaryIO, name: str | None = 
         warnings.simplefilter("ignore")
         # Between PIL's pixel limit and twice it PIL only warns; refuse those too.
         warnings.simplefilter("error", Image.DecompressionBombWarning)
-        image = _decode(data, name)
+        image = _decode(data, name, max_pixels, max_side)
         try:
             return ImageOps.exif_transpose(image)
         except Exception:  # a malformed EXIF block should not lose an otherwise good image
             return image
 
 
-def _decode(data: bytes, name: str) -> Image.Image:
+def _decode(data: bytes, name: str, max_pixels: int | None, max_side: int) -> Image.Image:
     try:
         image = Image.open(io.BytesIO(data))
         image.seek(0)
-        image.load()
+        if max(image.size) > max_side:
+            # JPEG's DCT scaling decodes at 1/2, 1/4 or 1/8 size directly; other formats ignore it.
+            scale = max_side / max(image.size)
+            image.draft(None, (math.ceil(image.width * scale), math.ceil(image.height * scale)))
+        if max_pixels is not None and image.width * image.height > max_pixels:
+            raise ImageError(f"{name} is too large ({image.width:,}×{image.height:,} px; at most "
+                             f"{max_pixels:,} pixels); downscale it first")
+        with _DECODE_SLOTS:
+            image.load()
+            if max(image.size) > max_side:
+                # In place, so the EXIF orientation stays with the image; reduce() first, then Lanczos.
+                image.thumbnail((max_side, max_side), Image.Resampling.LANCZOS, reducing_gap=3.0)
+    except ImageError:
+        raise
     except (Image.DecompressionBombError, Image.DecompressionBombWarning):
         raise ImageError(f"{name} is too large to decode safely (over {Image.MAX_IMAGE_PIXELS:,} "
                          "pixels); downscale it first") from None

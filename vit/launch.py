@@ -21,6 +21,14 @@ from vit.runfiles import LAUNCH_DIR, ROOT
 
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 
+# Bounds of what the page may launch (the CLI itself is not bounded): the page may face a network.
+MAX_EPOCHS = 1000
+MAX_BATCH_SIZE = 4096
+MAX_PARAMETERS = 350_000_000  # ViT-L/16 (304 M) still fits
+MAX_PATCHES = 4096  # a 64 x 64 patch grid; attention memory grows with its square
+DATA_ROOTS_ENV = "VIT_DATA_ROOTS"  # folders (os.pathsep-separated) that folder: datasets may come from
+_SYSTEM_FOLDERS = (Path("/proc"), Path("/sys"), Path("/dev"))
+
 # Figures the seed reproduces with a preset; shown next to it in the form.
 PRESET_FIGURES = {
     "tintn-cifar10": "75.5 % CIFAR-10 (seed blog)",
@@ -74,14 +82,42 @@ class RunParams:
     ema: float | None = None
     seed: int = 0
     devices: tuple[str, ...] = ("cpu",)  # ("cpu",), ("cuda:N",) or several GPUs for torchrun
+    threads: int | None = None  # CPU threads per training process; None: the CLI's (torch's) choice
 
 
 # RunParams fields passed to the CLI as --field-name VALUE.
 CLI_FIELDS = ("preset", "image_size", "patch_size", "hidden_size", "num_layers", "num_heads", "mlp_size",
               "recipe", "epochs", "batch_size", "lr", "weight_decay", "warmup_epochs", "label_smoothing",
-              "augment", "aug_magnitude", "ema", "seed")
+              "augment", "aug_magnitude", "ema", "seed", "threads")
 MODEL_SIZE_FIELDS = ("image_size", "patch_size", "hidden_size", "num_layers", "num_heads", "mlp_size")
 CROSS_FIELDS = (*MODEL_SIZE_FIELDS, "warmup_epochs")  # fields whose validity depends on others
+
+
+def default_data_roots(data_dir: Path | None = None) -> tuple[Path, ...]:
+    """Where the page's folder: datasets may come from: $VIT_DATA_ROOTS, else the data folder and the
+    repository's data/. The filesystem root and system folders (/proc, /sys, /dev) are never roots."""
+    env = os.environ.get(DATA_ROOTS_ENV)
+    candidates = [Path(p).expanduser() for p in env.split(os.pathsep) if p.strip()] if env else \
+        [data_dir if data_dir is not None else default_data_dir(), ROOT / "data"]
+    roots: list[Path] = []
+    for candidate in candidates:
+        root = Path(os.path.realpath(candidate))
+        if root == Path(root.anchor) or any(root == s or s in root.parents for s in _SYSTEM_FOLDERS):
+            continue
+        if root not in roots:
+            roots.append(root)
+    return tuple(roots)
+
+
+def folder_problem(spec: str, roots: tuple[Path, ...]) -> str | None:
+    """Why a ``folder:`` dataset may not be used from the page, or None; links are resolved first, and the
+    message is the same whether or not a path outside the roots exists."""
+    path = Path(os.path.realpath(resolve_dataset(spec)[len("folder:"):]))
+    if any(path == root or root in path.parents for root in roots):
+        return None
+    allowed = ", ".join(str(r) for r in roots) or "no folder"
+    return (f"folder datasets must be inside {allowed}; put the images there (or set {DATA_ROOTS_ENV} when "
+            "starting the app)")
 
 
 def _flag(name: str) -> str:
@@ -152,12 +188,14 @@ def _field_of_flag(flag: str) -> str | None:
 
 
 def validate_params(params: RunParams, runs_dir: Path, data_dir: Path,
-                    gpu_count: int | None = None) -> dict[str, str]:
+                    gpu_count: int | None = None, data_roots: tuple[Path, ...] | None = None) -> dict[str, str]:
     """Every problem the CLI would report for ``params``, as {field: message}; empty when fine.
 
     Each field is checked alone through ``vit.train.parse_args`` (the CLI's own rules and
     messages), then all together for rules that span fields (warmup below epochs, patch size
-    dividing image size, ...), plus what only we know: the run name and the devices.
+    dividing image size, ...), plus what only we know: the run name, the devices, the page's
+    bounds (epochs, batch size, model size) and that folder datasets lie inside ``data_roots``
+    (default ``default_data_roots(data_dir)``).
     """
     from vit.data import DataError, check_dataset
     from vit.train import parse_args
@@ -173,11 +211,14 @@ def validate_params(params: RunParams, runs_dir: Path, data_dir: Path,
         errors["name"] = f"a run named {name!r} already exists; choose another name"
 
     dataset = resolve_dataset(params.dataset or "")
+    classes = None
     if not dataset:
         errors["dataset"] = "choose a dataset"
+    elif dataset.startswith("folder:") and folder_problem(dataset, data_roots or default_data_roots(data_dir)):
+        errors["dataset"] = folder_problem(dataset, data_roots or default_data_roots(data_dir))
     else:
         try:
-            check_dataset(dataset, data_dir)
+            classes = check_dataset(dataset, data_dir)
         except DataError as e:
             errors["dataset"] = str(e)
 
@@ -201,12 +242,45 @@ def validate_params(params: RunParams, runs_dir: Path, data_dir: Path,
         return errors
     try:
         argv = cli_args(params, Path(out), data_dir)
-        parse_args([*argv, "--device", "cpu"])
+        args = parse_args([*argv, "--device", "cpu"])
     except UsageError as e:
         field_, message = _usage_message(str(e))
         if field_ is None and "preset" in str(e):
             field_ = "preset"
         errors[field_ if field_ in {f.name for f in fields(RunParams)} else "form"] = message
+        return errors
+    return _bounds_problems(args, len(classes) if classes else 100)
+
+
+def _bounds_problems(args, num_classes: int) -> dict[str, str]:
+    """The page's bounds on a run the CLI accepts: epochs, batch size, patches per image and parameters."""
+    import torch
+
+    from vit.checkpoint import MAX_LAYERS
+    from vit.model import ViT, count_parameters
+    from vit.train import model_config
+
+    errors: dict[str, str] = {}
+    if args.epochs > MAX_EPOCHS:
+        errors["epochs"] = f"at most {MAX_EPOCHS} epochs from this page"
+    if args.batch_size > MAX_BATCH_SIZE:
+        errors["batch_size"] = f"at most {MAX_BATCH_SIZE} images per batch from this page"
+    config = model_config(args, num_channels=3, num_classes=num_classes)
+    if config.num_patches > MAX_PATCHES:
+        errors["image_size"] = (f"{config.image_size} px in {config.patch_size}-px patches is {config.num_patches:,} "
+                                f"patches per image; at most {MAX_PATCHES:,} from this page")
+    if config.num_layers > MAX_LAYERS:
+        errors["num_layers"] = f"at most {MAX_LAYERS} layers"
+    else:
+        try:
+            with torch.device("meta"):  # counts without allocating, whatever the sizes
+                parameters = count_parameters(ViT(config))
+        except (RuntimeError, ValueError, TypeError, OverflowError):  # sizes past what torch can count
+            parameters = None
+        if parameters is None or parameters > MAX_PARAMETERS:
+            size = "more parameters than can be counted" if parameters is None else \
+                f"{parameters / 1e6:,.0f} M parameters"
+            errors["form"] = f"this model has {size}; at most {MAX_PARAMETERS / 1e6:,.0f} M from this page"
     return errors
 
 
@@ -230,6 +304,22 @@ def _device_problem(devices: tuple[str, ...], gpu_count: int | None) -> str | No
                 return "this machine has no CUDA GPU; train on the CPU"
             return f"{device} does not exist; this machine has {gpu_count} GPU(s), cuda:0 to cuda:{gpu_count - 1}"
     return None
+
+
+def default_threads(cores: int | None = None, load: float | None = None) -> int:
+    """CPU threads for a new run on this machine: 1 on two cores or fewer, else the cores the 1-minute load
+    average leaves idle minus one (for the app and whatever else runs), between 1 and 8.
+
+    On a shared two-core machine 2 threads fell to 8-13 images/s where 1 thread kept 170-195: threads
+    that wait for a busy core stall every step, so only idle cores are counted.
+    """
+    if cores is None:
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    if load is None:
+        load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
+    if cores <= 2:
+        return 1
+    return max(1, min(8, cores - 1 - round(load)))
 
 
 def preset_summary(name: str) -> str:

@@ -9,10 +9,17 @@ run manager (``vit.runs``), the checkpoint catalog (``vit.catalog``) and the tra
     runs/NAME/last.pt          the latest weights with everything needed to resume
     runs/NAME/best.pt          the weights with the best validation accuracy so far
     runs/NAME/train.log        the log, with the traceback when training failed
+    runs/NAME/checkpoints/     epoch_0003.pt …: per-epoch checkpoints (--save-every), the K most
+                               recent and the best epoch's kept (--keep)
+    runs/NAME/probe/           the attention snapshots' probe images (see ``vit.snapshots``)
+    runs/NAME/attention/       epoch_0003.npz …: one attention snapshot per epoch (``vit.snapshots``)
     runs/.launch/NAME/         the manager's launch.json and output.log (see ``vit.runs``)
 
 Every JSON and JSONL file is replaced atomically (train.log is appended to), so a reader sees
-the old file or the new one, never half of one, and a SIGKILL leaves every file readable.
+the old file or the new one, never half of one, and a SIGKILL leaves every file readable. The
+readers ``read_status``, ``read_config`` and ``read_launch`` check every field's type and raise
+``RunFileError`` naming the file and the field, so one damaged (or forged) file makes one damaged
+run, never an exception in the code that lists every run.
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ import contextlib
 import datetime as dt
 import json
 import logging
+import math
 import os
 import threading
 import traceback
@@ -36,6 +44,9 @@ STATUS_FILE = "status.json"
 LAST_CHECKPOINT = "last.pt"
 BEST_CHECKPOINT = "best.pt"
 LOG_FILE = "train.log"
+EPOCH_CHECKPOINT_DIR = "checkpoints"
+PROBE_DIR = "probe"  # the attention snapshots' probe images (vit.snapshots)
+ATTENTION_DIR = "attention"  # one attention snapshot per epoch (vit.snapshots)
 LAUNCH_DIR = ".launch"  # the manager's folder beside the run folders
 LAUNCH_FILE = "launch.json"
 OUTPUT_FILE = "output.log"
@@ -51,6 +62,32 @@ def default_runs_dir() -> Path:
     if env:
         return Path(env).expanduser()
     return ROOT / "runs"
+
+
+def epoch_checkpoint_path(run_dir: Path, epoch: int) -> Path:
+    """Where ``--save-every`` keeps the checkpoint of ``epoch``."""
+    return Path(run_dir) / EPOCH_CHECKPOINT_DIR / f"epoch_{epoch:04d}.pt"
+
+
+def epoch_checkpoints(run_dir: Path) -> dict[int, Path]:
+    """{epoch: path} of a run's per-epoch checkpoints, in increasing epoch order."""
+    folder = Path(run_dir) / EPOCH_CHECKPOINT_DIR
+    if not folder.is_dir():
+        return {}
+    found = {}
+    for path in folder.glob("epoch_*.pt"):
+        number = path.stem[len("epoch_"):]
+        if number.isdigit() and path.is_file():
+            found[int(number)] = path
+    return dict(sorted(found.items()))
+
+
+def epochs_to_prune(epochs: list[int], keep: int, best_epoch: int | None) -> list[int]:
+    """The saved epochs ``--keep K`` deletes: all but the K most recent and ``best_epoch``; none when K is 0."""
+    if keep <= 0:
+        return []
+    kept = set(sorted(epochs)[-keep:]) | ({best_epoch} if best_epoch is not None else set())
+    return [e for e in sorted(epochs) if e not in kept]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -104,6 +141,23 @@ def atomic_write_text(path: Path, text: str) -> None:
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+def remove_stray_temp_files(run_dir: Path) -> list[Path]:
+    """Delete the ``.NAME.*.tmp`` files an atomic write leaves when its process is killed mid-write.
+
+    Call it only when no process writes to ``run_dir`` (a run being started or resumed, a finished
+    run): a live writer's temporary file is about to be renamed into place.
+    """
+    removed = []
+    for folder in (run_dir, *(run_dir / sub for sub in (EPOCH_CHECKPOINT_DIR, PROBE_DIR, ATTENTION_DIR))):
+        with contextlib.suppress(OSError):
+            for path in folder.glob(".*.tmp"):
+                with contextlib.suppress(OSError):
+                    if path.is_file() and not path.is_symlink():
+                        path.unlink()
+                        removed.append(path)
+    return removed
 
 
 def write_json(path: Path, value: dict) -> None:
@@ -172,6 +226,125 @@ class Status:
 # Reading
 
 
+class RunFileError(ValueError):
+    """A run file that is there but damaged: not a JSON object, or a field of the wrong type."""
+
+
+_NUMBER = (int, float)
+# Field -> accepted type(s); None is accepted for every field, a missing field is None.
+STATUS_FIELDS: dict[str, type | tuple[type, ...]] = {
+    "state": str, "epoch": int, "step": int, "total_epochs": int, "total_steps": int, "progress": _NUMBER,
+    "pid": int, "host": str, "start_time": str, "updated_time": str, "eta_seconds": _NUMBER,
+    "elapsed_seconds": _NUMBER, "best_val_acc": _NUMBER, "device": str, "world_size": int, "error": str}
+CONFIG_FIELDS: dict[str, type | tuple[type, ...]] = {
+    "args": dict, "model": dict, "parameters": int, "dataset": dict, "world_size": int, "device": str,
+    "created": str, "command": list, "resumes": list}
+# The run arguments the manager and the table read (config.json's args, launch.json's params).
+ARGS_FIELDS: dict[str, type | tuple[type, ...]] = {
+    "dataset": str, "preset": str, "recipe": str, "epochs": int, "batch_size": int, "lr": _NUMBER,
+    "weight_decay": _NUMBER, "device": str}
+LAUNCH_FIELDS: dict[str, type | tuple[type, ...]] = {
+    "name": str, "params": dict, "devices": list, "allow_sharing": bool, "state": str, "queued_at": _NUMBER,
+    "queue_reason": str, "resume": bool, "resume_epochs": int, "stop_requested_at": _NUMBER, "start_error": str,
+    "sessions": list}
+SESSION_FIELDS: dict[str, type | tuple[type, ...]] = {
+    "pid": int, "pgid": int, "command": list, "env": dict, "devices": list, "started_at": _NUMBER, "host": str,
+    "boot_id": str, "proc_start": int, "resume": bool, "log_offset": int, "seconds": _NUMBER,
+    "killed_at": _NUMBER}
+LAUNCH_STATES = ("queued", "started", "cancelled", "error")  # launch.json's state
+
+
+_TYPE_NAMES = {int: "a whole number", float: "a number", str: "text", dict: "an object", list: "a list",
+               bool: "true or false"}
+
+
+def _type_name(types: type | tuple[type, ...]) -> str:
+    types = types if isinstance(types, tuple) else (types,)
+    return _TYPE_NAMES[float] if float in types else _TYPE_NAMES[types[0]]
+
+
+def check_fields(values: dict, fields: dict[str, type | tuple[type, ...]], where: str,
+                 required: tuple[str, ...] = ()) -> dict:
+    """``values`` when each field in ``fields`` is absent, None or of its type; else RunFileError naming it.
+
+    ``True`` is not an integer here (JSON's booleans are not counts), and numbers must be finite.
+    """
+    for key in required:
+        if values.get(key) is None:
+            raise RunFileError(f"{where} lacks {key!r}")
+    for key, types in fields.items():
+        value = values.get(key)
+        if value is None:
+            continue
+        wanted = types if isinstance(types, tuple) else (types,)
+        ok = isinstance(value, wanted) and not (isinstance(value, bool) and bool not in wanted)
+        if ok and isinstance(value, float) and not math.isfinite(value):
+            ok = False
+        if not ok:
+            shown = json.dumps(value)[:40] if not isinstance(value, (dict, list)) else type(value).__name__
+            raise RunFileError(f"{where}: {key!r} is {shown}, not {_type_name(types)}")
+    return values
+
+
+def _read_object(path: Path) -> dict | None:
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return None
+    except (OSError, UnicodeDecodeError) as e:
+        raise RunFileError(f"{path.name} cannot be read ({getattr(e, 'strerror', None) or type(e).__name__})") \
+            from None
+    try:
+        value = json.loads(text)
+    except ValueError:
+        raise RunFileError(f"{path.name} is not valid JSON") from None
+    if not isinstance(value, dict):
+        raise RunFileError(f"{path.name} holds a JSON {type(value).__name__}, not an object")
+    return value
+
+
+def read_status(path: Path) -> dict | None:
+    """status.json with every field checked; None when missing, RunFileError when damaged."""
+    status = _read_object(path)
+    if status is None:
+        return None
+    check_fields(status, STATUS_FIELDS, path.name, required=("state",))
+    if status["state"] not in STATES:
+        raise RunFileError(f"{path.name}: state {status['state'][:40]!r} is not one of {', '.join(STATES)}")
+    return status
+
+
+def read_config(path: Path) -> dict | None:
+    """config.json with its fields and the run arguments the manager reads checked; None when missing."""
+    config = _read_object(path)
+    if config is None:
+        return None
+    check_fields(config, CONFIG_FIELDS, path.name)
+    check_fields(config.get("args") or {}, ARGS_FIELDS, f"{path.name} args")
+    return config
+
+
+def read_launch(path: Path) -> dict | None:
+    """The manager's launch.json with every field and session checked; None when missing."""
+    record = _read_object(path)
+    if record is None:
+        return None
+    check_fields(record, LAUNCH_FIELDS, path.name, required=("name", "params", "devices", "state", "queued_at",
+                                                              "sessions"))
+    check_fields(record["params"], ARGS_FIELDS, f"{path.name} params")
+    if record["state"] not in LAUNCH_STATES:
+        raise RunFileError(f"{path.name}: state {record['state'][:40]!r} is not one of {', '.join(LAUNCH_STATES)}")
+    if not record["devices"] or not all(isinstance(d, str) for d in record["devices"]):
+        raise RunFileError(f"{path.name}: devices must be a list of device names")
+    for i, session in enumerate(record["sessions"]):
+        if not isinstance(session, dict):
+            raise RunFileError(f"{path.name}: session {i + 1} is not an object")
+        check_fields(session, SESSION_FIELDS, f"{path.name} session {i + 1}", required=("pid", "started_at"))
+    if record["state"] == "started" and not record["sessions"]:
+        raise RunFileError(f"{path.name}: a started run without a session")
+    return record
+
+
 def read_json(path: Path) -> dict | None:
     """A JSON object file; None when missing, unreadable or not an object."""
     try:
@@ -182,12 +355,14 @@ def read_json(path: Path) -> dict | None:
 
 
 def read_metrics(path: Path) -> list[dict]:
-    """metrics.jsonl's rows (one per finished epoch); unreadable lines and a missing file give none."""
+    """metrics.jsonl's rows (one per finished epoch); lines that are not JSON objects and a missing file give none."""
     rows = []
-    with contextlib.suppress(OSError):
+    with contextlib.suppress(OSError, UnicodeDecodeError):
         for line in path.read_text().splitlines():
             with contextlib.suppress(ValueError):
-                rows.append(json.loads(line))
+                row = json.loads(line)
+                if isinstance(row, dict):
+                    rows.append(row)
     return rows
 
 

@@ -29,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import fcntl
+import math
 import os
 import shutil
 import signal
@@ -43,10 +44,12 @@ from pathlib import Path
 from vit.devices import device_label, devices_overlap
 from vit.launch import (
     CLI_FIELDS,
+    MAX_EPOCHS,
     RunParams,
     ValidationError,
     cli_args,
     default_data_dir,
+    default_data_roots,
     launch_command,
     validate_params,
 )
@@ -62,17 +65,32 @@ from vit.runfiles import (
     ROOT,
     STALE_SECONDS,
     STATUS_FILE,
+    RunFileError,
     default_runs_dir,
     iso,
-    read_json,
+    read_config,
+    read_launch,
     read_metrics,
+    read_status,
     read_tail,
+    remove_stray_temp_files,
     timestamp,
     write_json,
 )
-from vit.runstate import ACTIVE_STATES, boot_id, proc_start, process_alive, reconcile, remember_child
+from vit.runstate import (
+    ACTIVE_STATES,
+    boot_id,
+    cli_process_problem,
+    proc_start,
+    process_alive,
+    reconcile,
+    remember_child,
+    session_problem,
+)
 
 STOP_GRACE_SECONDS = 30.0  # the CLI finishes its step and saves last.pt; a step is far shorter
+MAX_RUNNING = 4  # runs training at once, shared devices or not
+MAX_ACTIVE = 16  # runs queued or running: a launch beyond is refused
 
 
 class RunError(ValueError):
@@ -118,7 +136,7 @@ class RunInfo:
     @property
     def can_resume(self) -> bool:
         """From last.pt, or from scratch for a launched run that ended before saving one."""
-        return not self.active and self.state != "completed" and (self.resumable or self.managed)
+        return not self.active and self.state not in ("completed", "damaged") and (self.resumable or self.managed)
 
     @property
     def can_open(self) -> bool:
@@ -148,8 +166,8 @@ def table_rows(runs: list[RunInfo]) -> list[dict]:
             "Progress": run.progress,
             "Epoch": f"{run.epoch}/{run.total_epochs}" if run.total_epochs else str(run.epoch or ""),
             "Best val acc": run.best_val_acc,
-            "Elapsed": dt.timedelta(seconds=round(run.elapsed_seconds)) if run.elapsed_seconds is not None else None,
-            "ETA": dt.timedelta(seconds=round(run.eta_seconds)) if run.eta_seconds is not None else None,
+            "Elapsed": _duration(run.elapsed_seconds),
+            "ETA": _duration(run.eta_seconds),
             "Device": device_label(run.devices),
             "Preset": s.get("preset"),
             "Dataset": _short_dataset(s.get("dataset")),
@@ -157,10 +175,24 @@ def table_rows(runs: list[RunInfo]) -> list[dict]:
             "Batch": s.get("batch_size"),
             "LR": s.get("lr"),
             "Weight decay": s.get("weight_decay"),
-            "Started": dt.datetime.fromtimestamp(run.started_at) if run.started_at else None,
+            "Started": _moment(run.started_at),
             "Detail": run.detail or "",
         })
     return rows
+
+
+def _duration(seconds: float | None) -> dt.timedelta | None:
+    """A time span for the table; None when unknown or beyond a calendar (a damaged file's 1e300)."""
+    if seconds is None or not 0 <= seconds < 1e10:
+        return None
+    return dt.timedelta(seconds=round(seconds))
+
+
+def _moment(timestamp: float | None) -> dt.datetime | None:
+    try:
+        return dt.datetime.fromtimestamp(timestamp) if timestamp else None
+    except (OverflowError, OSError, ValueError):
+        return None
 
 
 def _short_dataset(spec: str | None) -> str | None:
@@ -186,9 +218,14 @@ def curve_rows(metrics: dict[str, list[dict]]) -> dict[str, list[dict]]:
         for row in rows:
             for chart, series in METRIC_CURVES.items():
                 for split, key in series:
-                    if row.get(key) is not None and row.get("epoch") is not None:
-                        charts[chart].append({"run": run, "epoch": row["epoch"], "split": split, "value": row[key]})
+                    epoch, value = row.get("epoch"), row.get(key)
+                    if _is_number(epoch) and _is_number(value):  # a damaged line plots nothing, not an error
+                        charts[chart].append({"run": run, "epoch": epoch, "split": split, "value": value})
     return charts
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -199,14 +236,21 @@ class RunManager:
     """Launch, list, stop, resume and delete the runs of one runs folder.
 
     ``nice`` starts the training processes at that niceness; ``env`` adds environment
-    variables to them (e.g. OMP_NUM_THREADS). Cheap to create: it holds no run state.
+    variables to them (e.g. OMP_NUM_THREADS). ``data_roots`` are the folders ``folder:`` datasets
+    may come from (default ``vit.launch.default_data_roots``); at most ``max_running`` runs train at
+    once and ``max_active`` are queued or running. Cheap to create: it holds no run state.
     """
 
     def __init__(self, runs_dir: str | os.PathLike | None = None, data_dir: str | os.PathLike | None = None,
                  nice: int = 0, env: dict[str, str] | None = None, stale_seconds: float = STALE_SECONDS,
-                 stop_grace_seconds: float = STOP_GRACE_SECONDS) -> None:
+                 stop_grace_seconds: float = STOP_GRACE_SECONDS,
+                 data_roots: tuple[str | os.PathLike, ...] | None = None, max_running: int = MAX_RUNNING,
+                 max_active: int = MAX_ACTIVE) -> None:
         self.runs_dir = Path(runs_dir) if runs_dir is not None else default_runs_dir()
         self.data_dir = Path(data_dir) if data_dir is not None else default_data_dir()
+        self.data_roots = (tuple(Path(os.path.realpath(r)) for r in data_roots) if data_roots is not None
+                           else default_data_roots(self.data_dir))
+        self.max_running, self.max_active = max_running, max_active
         self.nice, self.env = nice, dict(env or {})
         self.stale_seconds, self.stop_grace_seconds = stale_seconds, stop_grace_seconds
 
@@ -226,7 +270,8 @@ class RunManager:
         return self.launch_root / name / OUTPUT_FILE
 
     def _record(self, name: str) -> dict | None:
-        return read_json(self._record_path(name))
+        """launch.json, checked; None when there is none, RunFileError when it is damaged."""
+        return read_launch(self._record_path(name))
 
     def _save_record(self, record: dict) -> None:
         path = self._record_path(record["name"])
@@ -258,22 +303,46 @@ class RunManager:
     # -- reading ---------------------------------------------------------------------------------
 
     def get(self, name: str) -> RunInfo:
-        """One run's reconciled state; RunError if there is no such run."""
-        record = self._record(name)
+        """One run's reconciled state; RunError if there is no such run.
+
+        A run whose files are damaged (a field of the wrong type, not JSON, contradictory) is
+        returned in the state ``damaged`` with the reason as its detail: it can be deleted.
+        """
         run_dir = self.run_dir(name)
-        status = read_json(run_dir / STATUS_FILE)
-        config = read_json(run_dir / CONFIG_FILE)
+        try:
+            record = self._record(name)
+            status = read_status(run_dir / STATUS_FILE)
+            config = read_config(run_dir / CONFIG_FILE)
+        except RunFileError as e:
+            return self._damaged(name, str(e))
         if record is None and status is None and config is None:
             raise RunError(f"there is no run named {name!r} in {self.runs_dir}")
+        try:
+            return self._info(name, record, status, config)
+        except (LookupError, TypeError, ValueError, AttributeError, OverflowError) as e:
+            # Every field has its type; what is left is files that contradict each other.
+            return self._damaged(name, f"its files do not fit together ({type(e).__name__}: {e})")
+
+    def _damaged(self, name: str, reason: str) -> RunInfo:
+        return RunInfo(name=name, state="damaged", detail=reason[:300], run_dir=self.run_dir(name), devices=(),
+                       managed=self._record_path(name).is_file())
+
+    def _info(self, name: str, record: dict | None, status: dict | None, config: dict | None) -> RunInfo:
+        run_dir = self.run_dir(name)
         now = time.time()
-        alive, exit_code, output = None, None, ""
+        alive, exit_code, output, problem = None, None, "", None
         if record is not None and record.get("sessions") and record.get("state") == "started":
             session = record["sessions"][-1]
             alive, exit_code = process_alive(session)
             output = read_tail(self.output_path(name), 20, offset=session.get("log_offset", 0))
         elif record is None and status is not None and status.get("host") == socket.gethostname():
-            alive = status.get("state") == "running" and proc_start(status.get("pid") or 0) is not None
+            if status.get("state") == "running":
+                # A reused or forged pid is not this run's process: the run is gone, whatever runs there now.
+                problem = cli_process_problem(status.get("pid"), run_dir, timestamp(status.get("start_time")))
+                alive = problem is None
         state, detail = reconcile(record, status, alive, exit_code, output, now, self.stale_seconds)
+        if state == "crashed" and problem:
+            detail = f"{problem}; the run ended without a final state"
 
         settings = dict((config or {}).get("args") or {})
         if not settings and record is not None:
@@ -362,7 +431,7 @@ class RunManager:
 
     def validate(self, params: RunParams) -> dict[str, str]:
         """{field: message} for everything wrong with ``params``; empty when it can be launched."""
-        return validate_params(params, self.runs_dir, self.data_dir)
+        return validate_params(params, self.runs_dir, self.data_dir, data_roots=self.data_roots)
 
     def launch(self, params: RunParams, allow_sharing: bool = False) -> RunInfo:
         """Validate, then start the run (or queue it behind the runs using its device).
@@ -374,6 +443,7 @@ class RunManager:
             raise ValidationError(errors)
         name = params.name.strip()
         with self._locked():
+            self._check_room()
             if self._record(name) is not None or self.run_dir(name).exists():
                 raise ValidationError({"name": f"a run named {name!r} already exists; choose another name"})
             record = {"name": name, "params": {**asdict(params), "name": name, "devices": list(params.devices)},
@@ -384,12 +454,27 @@ class RunManager:
             self._dispatch()
         return self.get(name)
 
+    def _check_room(self) -> None:
+        active = sum(1 for run in self.list_runs() if run.active)
+        if active >= self.max_active:
+            raise ValidationError({"form": f"{active} runs are already queued or running (at most {self.max_active}); "
+                                           "wait for one to finish, or stop one"})
+
     def poll(self) -> list[RunInfo]:
-        """Start queued runs whose devices are free, finish overdue stops, then list every run."""
+        """Start queued runs whose devices are free, finish overdue stops, then list every run.
+
+        Finished runs lose the temporary files a killed process left behind (no process writes there).
+        """
         with self._locked():
             self._escalate_stops()
             self._dispatch()
-        return self.list_runs()
+            runs = self.list_runs()
+            for run in runs:
+                # A crashed run's process is gone, unless it only stopped beating (hung): it may still write.
+                gone = run.state == "crashed" and not (run.detail or "").startswith("no heartbeat")
+                if run.state in ("completed", "failed", "cancelled") or gone:
+                    remove_stray_temp_files(run.run_dir)
+        return runs
 
     def stop(self, name: str) -> RunInfo:
         """Ask a running run to stop (SIGTERM to its process group; SIGKILL after the grace period).
@@ -407,11 +492,18 @@ class RunManager:
             if info.state != "running":
                 raise RunError(f"{name} is {info.state}, not running; there is nothing to stop")
             if record is None:
-                if info.pid:
-                    with contextlib.suppress(ProcessLookupError):
-                        os.kill(info.pid, signal.SIGTERM)
+                # A pid from status.json may be forged or reused: signal only this run's own training process.
+                status = read_status(self.run_dir(name) / STATUS_FILE) or {}
+                problem = cli_process_problem(info.pid, self.run_dir(name), timestamp(status.get("start_time")))
+                if problem:
+                    raise RunError(f"not stopping {name}: {problem}; nothing was signalled")
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(info.pid, signal.SIGTERM)
                 return self.get(name)
             session = record["sessions"][-1]
+            problem = session_problem(session)
+            if problem:
+                raise RunError(f"not stopping {name}: {problem}; nothing was signalled")
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(session["pgid"], signal.SIGTERM)
             record["stop_requested_at"] = time.time()
@@ -428,13 +520,16 @@ class RunManager:
     def _escalate_stops(self) -> None:
         now = time.time()
         for name in self.names():
-            record = self._record(name)
+            try:
+                record = self._record(name)
+            except RunFileError:  # listed as damaged; nothing of it to signal
+                continue
             if not record or record.get("state") != "started" or record.get("stop_requested_at") is None:
                 continue
             session = record["sessions"][-1]
             if now - record["stop_requested_at"] < self.stop_grace_seconds or session.get("killed_at"):
                 continue
-            if process_alive(session)[0]:
+            if process_alive(session)[0] and session_problem(session) is None:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.killpg(session["pgid"], signal.SIGKILL)
                 session["killed_at"] = now
@@ -445,8 +540,16 @@ class RunManager:
         total), or from scratch when it stopped before saving one. Queued like a launch."""
         with self._locked():
             info = self.get(name)
+            if info.state == "damaged":
+                raise RunError(f"{name} is damaged ({info.detail}); delete it, or repair its files")
             if info.active:
                 raise RunError(f"{name} is {info.state}; stop it before resuming")
+            if epochs is not None and epochs > MAX_EPOCHS:
+                raise RunError(f"at most {MAX_EPOCHS} epochs from this page")
+            try:
+                self._check_room()
+            except ValidationError as e:
+                raise RunError(e.errors["form"]) from None
             done = len(self.metrics(name))
             total = epochs or info.total_epochs or info.settings.get("epochs")
             if info.state == "completed" and (epochs is None or epochs <= done):
@@ -490,15 +593,24 @@ class RunManager:
         runs = self.list_runs()
         running = [(r.devices, r.name) for r in runs if r.state == "running"]
         waiting: list[tuple[str, ...]] = []  # devices of earlier queued runs still waiting
-        queued = [record for r in runs if r.state == "queued"
-                  if (record := self._record(r.name)) is not None and record.get("state") == "queued"]
+        queued = []
+        for run in runs:
+            if run.state == "queued":
+                with contextlib.suppress(RunFileError):  # damaged meanwhile: listed as such
+                    record = self._record(run.name)
+                    if record is not None and record.get("state") == "queued":
+                        queued.append(record)
         for record in sorted(queued, key=lambda r: r["queued_at"]):
             devices = tuple(record["devices"])
             users = [name for used, name in running if devices_overlap(used, devices)]
             behind = any(devices_overlap(w, devices) for w in waiting)
-            if (users or behind) and not record.get("allow_sharing"):
-                reason = (f"waiting for {device_label(devices)}: in use by {', '.join(users)}" if users
-                          else f"waiting for {device_label(devices)}: earlier queued runs go first")
+            full = len(running) >= self.max_running
+            if full or ((users or behind) and not record.get("allow_sharing")):
+                if full:
+                    reason = f"waiting: {len(running)} runs are training, the most at once"
+                else:
+                    reason = (f"waiting for {device_label(devices)}: in use by {', '.join(users)}" if users
+                              else f"waiting for {device_label(devices)}: earlier queued runs go first")
                 if record.get("queue_reason") != reason:
                     record["queue_reason"] = reason
                     self._save_record(record)
@@ -525,7 +637,10 @@ class RunManager:
                 if (run_dir / LAST_CHECKPOINT).exists() or (run_dir / BEST_CHECKPOINT).exists():
                     raise RunError(f"{run_dir} holds checkpoints; resume it instead of starting it again")
                 shutil.rmtree(run_dir)
-            params = RunParams(**{**record["params"], "devices": devices})
+            try:
+                params = RunParams(**{**record["params"], "devices": devices})
+            except TypeError as e:
+                raise RunError(f"its launch.json holds parameters this version does not know ({e})") from None
             argv = cli_args(params, run_dir, self.data_dir)
         command, extra_env = launch_command(argv, devices, self.nice)
         env = {**os.environ, **self.env, **extra_env, "PYTHONUNBUFFERED": "1"}
@@ -535,8 +650,9 @@ class RunManager:
             previous = record["sessions"][-1]
             previous.setdefault("seconds", None)
             if previous["seconds"] is None:
-                previous["seconds"] = self._session_end(name, previous, read_json(run_dir / STATUS_FILE)) \
-                    - previous["started_at"]
+                with contextlib.suppress(RunFileError):
+                    previous["seconds"] = self._session_end(name, previous, read_status(run_dir / STATUS_FILE)) \
+                        - previous["started_at"]
         with open(output, "ab") as log:
             offset = log.tell()
             started = time.time()

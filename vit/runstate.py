@@ -2,8 +2,9 @@
 
 States: ``queued`` (waiting for its device, persisted in launch.json), ``running``,
 ``completed``, ``failed`` (status.json's error, or the CLI's one-line usage error when it
-exited before writing status.json), ``cancelled`` (stopped by the user) and ``crashed`` (the
-process is gone, or its heartbeat is stale, without a final state: SIGKILL, OOM, reboot).
+exited before writing status.json), ``cancelled`` (stopped by the user), ``crashed`` (the
+process is gone, or its heartbeat is stale, without a final state: SIGKILL, OOM, reboot) and
+``damaged`` (its files cannot be read as run files; the manager says which and why).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from pathlib import Path
 
 from vit.runfiles import STALE_SECONDS, timestamp
 
-STATES = ("queued", "running", "completed", "failed", "cancelled", "crashed")
+STATES = ("queued", "running", "completed", "failed", "cancelled", "crashed", "damaged")
 ACTIVE_STATES = ("queued", "running")
 
 
@@ -42,6 +43,94 @@ def proc_start(pid: int) -> tuple[str, int] | None:
         return None
     rest = text[text.rindex(")") + 2:].split()  # the command name may hold spaces and parentheses
     return rest[0], int(rest[19])
+
+
+def proc_cmdline(pid: int) -> list[str] | None:
+    """A process's command line from /proc; None if it is gone (or a zombie, whose is empty)."""
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return None
+    args = raw.decode("utf-8", errors="replace").split("\0")
+    return args[:-1] if args and args[-1] == "" else (args or None)
+
+
+def proc_start_time(pid: int) -> float | None:
+    """When a process started, in seconds since the epoch (boot time + its start in clock ticks)."""
+    info = proc_start(pid)
+    if info is None:
+        return None
+    try:
+        boot = next(int(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines()
+                    if line.startswith("btime "))
+    except (OSError, StopIteration, ValueError):
+        return None
+    return boot + info[1] / os.sysconf("SC_CLK_TCK")
+
+
+def _pgrp(pid: int) -> int | None:
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return int(text[text.rindex(")") + 2:].split()[2])
+
+
+def cli_process_problem(pid: object, run_dir: Path, started_by: float | None) -> str | None:
+    """Why ``pid`` (from a run's status.json) is not that run's training process, or None when it is.
+
+    It must be alive, run ``vit.train`` on this run folder (its --out or --resume, resolved from the
+    process's own working directory) and have started no later than ``started_by``, the status
+    file's start time: a reused pid belongs to a process started after the run wrote its status.
+    """
+    if isinstance(pid, bool) or not isinstance(pid, int) or pid <= 1:
+        return f"status.json names no usable process ({pid!r})"
+    args = proc_cmdline(pid)
+    info = proc_start(pid)
+    if not args or info is None or info[0] in ("Z", "X"):
+        return f"process {pid} is gone"
+    if "vit.train" not in args and not any(a.endswith(("vit/train.py", "vit\\train.py")) for a in args):
+        return f"process {pid} is not a vit.train process"
+    try:
+        cwd = Path(os.readlink(f"/proc/{pid}/cwd"))
+    except OSError:
+        return f"process {pid} cannot be inspected"
+    target = run_dir.resolve()
+    values = [a.split("=", 1)[1] if a.startswith("--") and "=" in a else a for a in args[1:]]  # --out=DIR too
+    if not any(_same_path(cwd / a, target) for a in values if a and not a.startswith("-")):
+        return f"process {pid} trains another run folder"
+    started = proc_start_time(pid)
+    if started_by is not None and (started is None or started > started_by + 2.0):  # 2 s: clock tick rounding
+        return f"process {pid} started after this run's status was written (its pid was reused)"
+    return None
+
+
+def _same_path(a: Path, b: Path) -> bool:
+    try:
+        return a.resolve() == b
+    except (OSError, RuntimeError, ValueError):
+        return False
+
+
+def session_problem(session: dict) -> str | None:
+    """Why a launched session's process group may not be signalled, or None: its leader must be the
+    process we started (same start time in clock ticks, same command line, leading its own group)."""
+    pid, pgid = session.get("pid"), session.get("pgid")
+    if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 1 or pgid != pid:
+        return f"launch.json names no process group of ours ({pgid!r})"
+    info, args = proc_start(pid), proc_cmdline(pid)
+    if info is None or not args or info[0] in ("Z", "X"):
+        return f"process {pid} is gone"
+    if session.get("proc_start") is not None and info[1] != session["proc_start"]:
+        return f"process {pid} is not the one started for this run (its pid was reused)"
+    command = session.get("command")
+    ours = pid in _children and _children[pid].poll() is None  # started by this server (maybe not exec()ed yet)
+    # nice exec()s the command it runs, so the process shows the recorded command without nice's prefix.
+    if not ours and (not isinstance(command, list) or len(args) < 2 or command[len(command) - len(args):] != args):
+        return f"process {pid} runs another command than the one started for this run"
+    if _pgrp(pid) != pgid:
+        return f"process {pid} no longer leads its process group"
+    return None
 
 
 # The launched processes of this server, so that they are reaped (a zombie looks alive) and

@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import zipfile
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -32,6 +33,7 @@ from vit.checkpoint import (
     CheckpointError,
     ForeignCheckpointError,
     Preprocessing,
+    check_archive,
     load_checkpoint,
     preprocessing_problem,
 )
@@ -87,6 +89,8 @@ def read_weights(path: Path) -> dict[str, torch.Tensor]:
         except (SafetensorError, OSError, ValueError, RuntimeError) as e:
             raise SourceError(f"{path} is not a readable safetensors file ({_one_line(e)})") from None
     else:
+        if zipfile.is_zipfile(path):
+            check_archive(path)  # a pickle far larger than its tensors (a pickle bomb) is refused before unpickling
         try:
             state = torch.load(path, map_location="cpu", weights_only=True)
         except pickle.UnpicklingError as e:

@@ -51,6 +51,7 @@ from vit.runfiles import (
     now_iso,
     read_json,
     record_resume,
+    remove_stray_temp_files,
     seconds_since,
     write_json,
     write_metrics,
@@ -75,7 +76,7 @@ MODEL_FIELDS = ("image_size", "patch_size", "hidden_size", "num_layers", "num_he
                 "dropout", "attention_dropout", "drop_path")
 # The only options a resumed run may change: how and where it runs, never what it trains.
 RESUME_OPTIONS = ("epochs", "device", "threads", "compile", "compile_mode", "sync_every", "checkpoint_seconds",
-                  "eval_batch_size", "log_every", "data_dir", "cache_dir")
+                  "eval_batch_size", "log_every", "data_dir", "cache_dir", "attention_every", "save_every", "keep")
 
 EPILOG = """\
 run folder (--out RUN_DIR); each file is replaced atomically (train.log is appended to), so a SIGKILL
@@ -89,6 +90,16 @@ leaves every one readable:
   last.pt        the latest weights with optimizer, schedule position, EMA and RNG state
   best.pt        the weights with the best validation accuracy so far
   train.log      the log, with the traceback when training failed
+  probe/         the attention snapshots' probe set: 8 validation images (stratified, fixed by
+                 --seed) as PNGs, and probe.json (their labels, and the 256 validation images
+                 behind the head statistics)
+  attention/     epoch_0003.npz ...: per snapshotted epoch (0 = the initial weights) the probe
+                 images' logits, every layer's and head's CLS attention over the patches, the
+                 rollout map, and each head's mean attention distance and entropy (see
+                 vit/snapshots.py); readable while the run writes
+  checkpoints/   epoch_0003.pt ...: with --save-every N, the weights of every Nth epoch in the
+                 usual checkpoint format (no training state); --keep K keeps the K most recent
+                 and the best epoch's
 
 data: each dataset is decoded once into a uint8 tensor cache (--cache-dir) that later runs
   reuse; augmentation runs on whole batches of tensors (on the GPU when training there).
@@ -100,9 +111,11 @@ stopping and resuming:
   schedule, EMA, random state, epoch and step). With --epochs N it trains a finished run
   further; the learning-rate schedule is then planned for N epochs. Only --epochs, --device,
   --threads, --compile, --compile-mode, --sync-every, --checkpoint-seconds, --eval-batch-size,
-  --log-every, --data-dir and --cache-dir may be given with --resume; everything else stays
-  the run's own. last.pt is written at most every --checkpoint-seconds at epoch ends, so a
-  SIGKILL (not SIGTERM) loses at most that much training.
+  --log-every, --data-dir, --cache-dir, --attention-every, --save-every and --keep may be
+  given with --resume; everything else stays the run's own. last.pt is written at most every
+  --checkpoint-seconds at epoch ends, so a SIGKILL (not SIGTERM) loses at most that much
+  training. Attention snapshots continue exactly: epochs trained again after a SIGKILL rewrite
+  theirs with the same values, and an epoch whose snapshot a kill cut off is taken again.
 
 several GPUs (or CPU processes):
   torchrun --standalone --nproc_per_node=N -m vit.train ...
@@ -167,6 +180,29 @@ def _float_in(low: float, high: float):
     return parse
 
 
+# torch's thread pools crash far above this (--threads 100000 segfaulted); more threads than cores only slow down.
+MAX_THREADS = 4 * (os.cpu_count() or 1)
+MAX_LR = 10.0  # AdamW diverges long before; 1e300 used to pass
+
+
+def _threads(text: str) -> int:
+    value = _positive_int(text)
+    if value > MAX_THREADS:
+        raise argparse.ArgumentTypeError(f"expected at most {MAX_THREADS} threads (4 per CPU core of this machine), "
+                                         f"got {text!r}")
+    return value
+
+
+def _learning_rate(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
+    if not 0 < value <= MAX_LR:  # also false for NaN
+        raise argparse.ArgumentTypeError(f"expected a positive number of at most {MAX_LR:g}, got {text!r}")
+    return value
+
+
 def _positive_float(text: str) -> float:
     try:
         value = float(text)
@@ -228,7 +264,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--epochs", type=_positive_int, help="epochs to train in total (ours and seed: 100)")
     g.add_argument("--batch-size", type=_positive_int, help="global batch size (256); at most the number of "
                    "training images")
-    g.add_argument("--lr", type=_positive_float, help="peak learning rate (ours 2e-3, seed 1e-2)")
+    g.add_argument("--lr", type=_learning_rate, help=f"peak learning rate (ours 2e-3, seed 1e-2; at most {MAX_LR:g})")
     g.add_argument("--min-lr", type=_float_in(0.0, 1.0),
                    help="learning rate at the end of the cosine (ours 1e-5); at most --lr")
     g.add_argument("--weight-decay", type=_float_in(0.0, 10.0),
@@ -255,6 +291,18 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--cutmix", type=_float_in(0.0, 1e3), help="cutmix alpha, 0 = off (default); with "
                    "--mixup too, each batch uses one of the two")
 
+    g = p.add_argument_group("attention snapshots and per-epoch checkpoints")
+    g.add_argument("--attention-every", type=_non_negative_int, default=1, metavar="N",
+                   help="record the probe images' attention maps and every head's mean attention distance and "
+                   "entropy every N epochs, at the last epoch and before training (default 1; 0 = off); "
+                   "see attention/ below")
+    g.add_argument("--save-every", type=_non_negative_int, default=0, metavar="N",
+                   help="also keep the weights of every Nth epoch as checkpoints/epoch_NNNN.pt, to compare "
+                   "epochs in the explorer (default 0 = off)")
+    g.add_argument("--keep", type=_non_negative_int, default=0, metavar="K",
+                   help="with --save-every: keep only the K most recent epoch checkpoints plus the best "
+                   "epoch's (default 0 = keep all)")
+
     g = p.add_argument_group("speed")
     g.add_argument("--precision", choices=("auto", "fp32", "bf16"), default="auto",
                    help="auto (default): bf16 autocast on CUDA, fp32 on CPU")
@@ -272,7 +320,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--checkpoint-seconds", type=_float_in(0.0, 1e9), default=60.0,
                    help="write last.pt at an epoch end at most this often (default 60; 0 = every epoch); "
                    "always after the first and last epoch and when stopped")
-    g.add_argument("--threads", type=_positive_int, help="CPU threads per process (default: torch's choice)")
+    g.add_argument("--threads", type=_threads, help="CPU threads per process (default: torch's choice; at most "
+                   f"{MAX_THREADS}, 4 per core)")
     g.add_argument("--eval-batch-size", type=_positive_int, default=500,
                    help="batch size for validation (default 500)")
     g.add_argument("--log-every", type=_positive_float, default=30.0,
@@ -537,6 +586,8 @@ def _open_run(args: argparse.Namespace, argv: list[str], run_dir: Path, trainer:
         created = not run_dir.exists()
         run_dir.mkdir(parents=True, exist_ok=True)
     written: list[Path] = []
+    for stray in remove_stray_temp_files(run_dir):  # a killed session's half-written files; nothing else writes here
+        log.info("removed %s, left by an interrupted write", stray.name)
     try:
         file = logging.FileHandler(run_dir / LOG_FILE)
         written.append(run_dir / LOG_FILE)

@@ -29,7 +29,26 @@ from vit.checkpoint import CheckpointError, Preprocessing, save_checkpoint
 from vit.data import BatchAugment, DataError, Dataset
 from vit.images import normalize
 from vit.model import ViT, ViTConfig, count_parameters
-from vit.runfiles import BEST_CHECKPOINT, LAST_CHECKPOINT, METRICS_FILE, Status, now_iso, write_metrics
+from vit.runfiles import (
+    BEST_CHECKPOINT,
+    LAST_CHECKPOINT,
+    METRICS_FILE,
+    Status,
+    epoch_checkpoint_path,
+    epoch_checkpoints,
+    epochs_to_prune,
+    now_iso,
+    write_metrics,
+)
+from vit.snapshots import (
+    has_probe,
+    load_probe,
+    make_probe,
+    save_probe,
+    snapshot_path,
+    take_snapshot,
+    write_snapshot,
+)
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +93,9 @@ class TrainSettings:
     eval_batch_size: int = 500
     log_every: float = 30.0  # seconds between progress lines when not on a terminal
     init: str | None = None  # fine-tune this model (vit.finetune) instead of a random initialisation
+    attention_every: int = 1  # attention snapshot every N epochs, the last and the initial weights too; 0 = off
+    save_every: int = 0  # a checkpoint of every Nth epoch in checkpoints/ (epochs, not time); 0 = off
+    keep: int = 0  # of those, the K most recent plus the best epoch's are kept; 0 = all
 
 
 class EtaClock:
@@ -250,6 +272,7 @@ class Trainer:
         self.session_start = time.time()
         self.elapsed_before = self.progress.elapsed
         self.last_saved: float | None = None  # when this session last wrote last.pt
+        self.snapshot_inputs: tuple[torch.Tensor, torch.Tensor] | None = None  # (probe, sample), set by fit
 
     def _param_groups(self) -> list[dict]:
         # No weight decay on biases, norms, the CLS token and position embeddings (timm's rule),
@@ -319,6 +342,10 @@ class Trainer:
         self.session_start, self.elapsed_before = time.time(), p.elapsed
         clock = EtaClock()
         last_status = last_log = 0.0
+        if self._snapshots_on():
+            self._prepare_snapshots()
+            if p.step_in_epoch == 0 and not snapshot_path(self.run_dir, p.epoch).is_file():
+                self._snapshot()  # the initial weights, or an epoch whose snapshot a kill cut off
         while p.epoch < settings.epochs:
             order = self.epoch_order(p.epoch)
             if self.train.images.device.type == "cuda":  # one pinned copy per epoch, none per step
@@ -510,15 +537,64 @@ class Trainer:
                      row["train_acc"], row["val_loss"], row["val_acc"], row["lr"], row["epoch_seconds"],
                      row["images_per_second"])
             write_metrics(self.run_dir / METRICS_FILE, self.metrics)
+        if self._snapshots_on():  # before last.pt: a kill in between retrains this epoch and rewrites it
+            self._snapshot()
         if self._last_due():
             self._save_last()
         if self.is_main and improved:
             self._save_model(self.run_dir / BEST_CHECKPOINT, val_acc)
+        if self.is_main and self.run_dir is not None and self.settings.save_every > 0 \
+                and p.epoch % self.settings.save_every == 0:
+            self._save_epoch_checkpoint(val_acc)
         if status is not None:
             status.update(epoch=p.epoch, step=p.global_step, progress=round(p.global_step / self.total_steps, 5),
                           best_val_acc=p.best_val_acc, elapsed_seconds=round(p.elapsed, 3))
 
+    # -- attention snapshots (see vit.snapshots) -------------------------------------------------
+
+    def _snapshots_on(self) -> bool:
+        return self.is_main and self.run_dir is not None and self.settings.attention_every > 0
+
+    def _prepare_snapshots(self) -> None:
+        """The probe set (chosen once from the validation split, then read back from the run folder) and
+        the statistics sample, as normalised inputs on the training device."""
+        if not has_probe(self.run_dir):
+            save_probe(self.run_dir, make_probe(self.val.images, self.val.labels, self.data.class_names,
+                                                seed=self.settings.seed))
+        probe = load_probe(self.run_dir)
+        sample = torch.tensor([i for i in probe.sample_indices if i < len(self.val)], dtype=torch.long)
+        mean, std = self.data.mean, self.data.std
+        self.snapshot_inputs = (normalize(probe.images.to(self.device), mean, std),
+                                normalize(self.val.images[sample.to(self.val.images.device)].to(self.device), mean,
+                                          std))
+
+    def _snapshot(self) -> None:
+        """Record the attention of the weights that get saved (EMA ones when enabled) if this epoch is due."""
+        p, every = self.progress, self.settings.attention_every
+        if not (p.epoch % every == 0 or p.epoch == self.settings.epochs):
+            return
+        start = time.time()
+        model = self.ema.module if self.ema is not None else self.model
+        probe, sample = self.snapshot_inputs
+        arrays = take_snapshot(model, probe, sample, self.config.patch_size, model.num_prefix_tokens,
+                               batch_size=min(self.settings.eval_batch_size, 64))
+        seconds = time.time() - start
+        write_snapshot(self.run_dir, p.epoch, arrays, seconds=seconds)
+        train_seconds = self.metrics[-1]["epoch_seconds"] if p.epoch > 0 and self.metrics else None
+        share = f" ({100 * seconds / train_seconds:.1f} % of the epoch's training)" if train_seconds else ""
+        log.info("attention snapshot of epoch %d in %.2f s%s", p.epoch, seconds, share)
+
     # -- checkpoints ---------------------------------------------------------------------------
+
+    def _save_epoch_checkpoint(self, val_acc: float) -> None:
+        """checkpoints/epoch_N.pt (--save-every), then the older ones --keep does not keep."""
+        self._save_model(epoch_checkpoint_path(self.run_dir, self.progress.epoch), val_acc)
+        accuracies = {row["epoch"]: row["val_acc"] for row in self.metrics}
+        saved = epoch_checkpoints(self.run_dir)
+        # The best saved epoch: the first to reach the highest accuracy, as best.pt picks it.
+        best = max(saved, key=lambda e: (accuracies.get(e, -1.0), -e), default=None)
+        for epoch in epochs_to_prune(list(saved), self.settings.keep, best):
+            saved[epoch].unlink(missing_ok=True)
 
     def _metadata(self, val_acc: float | None) -> dict:
         p = self.progress

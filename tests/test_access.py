@@ -1,0 +1,51 @@
+"""The Train page's gate: open on a loopback address, token-only (or disabled) once the server listens on a network."""
+
+import pytest
+
+from vit.access import MIN_TOKEN_LENGTH, TOKEN_ENV, is_local_address, train_access
+
+TOKEN = "correct-horse-battery-staple"
+
+
+@pytest.mark.parametrize("address, local", [
+    ("localhost", True), ("LOCALHOST", True), ("127.0.0.1", True), ("127.0.1.1", True), ("::1", True),
+    ("[::1]", True), ("0.0.0.0", False), ("::", False), ("", False), (None, False), ("192.168.1.20", False),
+    ("example.org", False), ("10.0.0.1", False),
+])
+def test_only_loopback_addresses_are_local(address, local):
+    # Streamlit listens on every interface when server.address is empty.
+    assert is_local_address(address) is local
+
+
+def test_a_local_server_needs_no_token():
+    assert train_access("localhost", None).mode == "open"
+
+
+def test_a_networked_server_without_a_token_disables_training_and_says_how_to_enable_it():
+    gate = train_access("0.0.0.0", None)
+    assert gate.mode == "disabled"
+    assert "listens on 0.0.0.0" in gate.message and TOKEN_ENV in gate.message
+    assert train_access("", None).message.count("every network interface") == 1
+
+
+def test_a_short_token_is_refused_as_too_easy_to_guess():
+    gate = train_access("0.0.0.0", "x" * (MIN_TOKEN_LENGTH - 1))
+    assert gate.mode == "disabled" and "shorter than" in gate.message
+
+
+def test_a_networked_server_with_a_token_accepts_only_that_token():
+    gate = train_access("0.0.0.0", TOKEN)
+    assert gate.mode == "token"
+    assert gate.accepts(TOKEN)
+    assert not gate.accepts(TOKEN[:-1]) and not gate.accepts("") and not gate.accepts(None)
+    assert TOKEN not in repr(gate), "the token never shows up in a repr (logs, tracebacks)"
+
+
+def test_a_configured_token_is_asked_for_on_localhost_too():
+    # Behind a reverse proxy on this machine the server listens on localhost yet serves the network.
+    gate = train_access("localhost", TOKEN)
+    assert gate.mode == "token" and gate.accepts(TOKEN) and not gate.accepts("guess")
+
+
+def test_an_open_gate_accepts_no_token():
+    assert not train_access("localhost", None).accepts(TOKEN)

@@ -1,0 +1,77 @@
+"""End to end in headless Chromium: launch a 3-epoch run from the Train page and scrub its attention
+snapshots epoch by epoch. Screenshots go to test-artifacts/.
+
+Runs the real app (``streamlit run app.py``) on a free port with its own runs and data folders.
+"""
+
+from __future__ import annotations
+
+import pytest
+from helpers import ARTIFACTS, CHROMIUM, CHROMIUM_ARGS
+from test_browser_training import SLOW_MS, app_url  # noqa: F401 (app_url: the fixture that serves the app)
+
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
+
+
+def step_left(page, slider, to: int) -> None:
+    """One arrow key to the left, as a user would; again if the panel's own refresh redrew the slider
+    (and took the focus) before the key arrived."""
+    from playwright.sync_api import Error, expect
+
+    for _ in range(20):
+        slider.focus()
+        slider.press("ArrowLeft")
+        try:
+            expect(slider).to_have_attribute("aria-valuetext", str(to), timeout=10_000)
+            return
+        except (AssertionError, Error):
+            if int(slider.get_attribute("aria-valuetext")) < to:
+                raise AssertionError(f"the slider went past epoch {to}") from None
+    raise AssertionError(f"the slider did not reach epoch {to}")
+
+
+def test_a_launched_run_shows_its_probe_images_at_every_epoch(app_url):  # noqa: F811
+    from playwright.sync_api import expect, sync_playwright
+
+    url, images = app_url
+    ARTIFACTS.mkdir(exist_ok=True)
+    name = "browser-snapshots"
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS)
+        page = browser.new_page(viewport={"width": 1400, "height": 2400})
+        page.set_default_timeout(SLOW_MS)
+        expect.set_options(timeout=SLOW_MS)
+        try:
+            page.goto(url)
+            page.get_by_role("link", name="Train").click()
+            expect(page.get_by_role("button", name="Launch")).to_be_visible()
+            page.get_by_text("Custom sizes (override the preset)").click()
+            for label, value in [("Image size", "16"), ("Patch size", "4"), ("Hidden size", "16"),
+                                 ("Num layers", "2"), ("Num heads", "2"), ("Mlp size", "32"), ("Epochs", "3"),
+                                 ("Batch size", "4"), ("Warmup epochs", "0"), ("Run name", name),
+                                 ("Folder (for an image folder)", str(images))]:
+                field = page.get_by_label(label, exact=True)
+                field.fill(value)
+                field.press("Tab")
+            page.get_by_role("combobox", name="Dataset").click()
+            page.get_by_role("option", name="Image folder…").click()
+            page.get_by_role("button", name="Launch").click()
+            expect(page.get_by_text(f"{name} · completed")).to_be_visible()
+
+            # The snapshot panel refreshes on its own: the last epoch shows once the run is done.
+            expect(page.get_by_text("Attention during training")).to_be_visible()
+            expect(page.get_by_text(f"Epoch 3 of {name}:", exact=False)).to_be_visible()
+            page.screenshot(path=ARTIFACTS / "snapshots-epoch-3.png", full_page=True)
+            slider = page.get_by_role("slider", name="Epoch")
+            expect(slider).to_have_attribute("aria-valuetext", "3")
+            for epoch in (2, 1, 0):  # scrub back to the initial weights, one epoch at a time
+                step_left(page, slider, to=epoch)
+                expect(page.get_by_text(f"Epoch {epoch} of {name}:", exact=False)).to_be_visible()
+                expect(page.get_by_role("img").first).to_be_visible()
+            page.screenshot(path=ARTIFACTS / "snapshots-epoch-0.png", full_page=True)
+            assert page.get_by_text("→").count() >= 1  # the probe images' predictions
+        except Exception:
+            page.screenshot(path=ARTIFACTS / "snapshots-failure.png", full_page=True)
+            raise
+        finally:
+            browser.close()

@@ -1,0 +1,104 @@
+"""The explorer's compare mode and its epoch selector for runs with attention snapshots (issue 12), through AppTest."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+import streamlit as st
+import torch
+from PIL import Image
+from test_app import TINY, run_app, write_checkpoint
+from test_training_attention_page import fake_run, shown_text
+
+from vit.attention import token_map
+from vit.catalog import DEFAULT_CHECKPOINT
+from vit.compare import difference
+from vit.explorer import display_image
+from vit.inference import preprocess
+from vit.model import ViT
+
+
+@pytest.fixture
+def two_checkpoints(tmp_path, monkeypatch):
+    checkpoints, runs = tmp_path / "checkpoints", tmp_path / "runs"
+    runs.mkdir()
+    monkeypatch.setenv("VIT_CHECKPOINTS_DIR", str(checkpoints))
+    monkeypatch.setenv("VIT_RUNS_DIR", str(runs))
+    st.cache_data.clear()
+    st.cache_resource.clear()
+    a = write_checkpoint(checkpoints / DEFAULT_CHECKPOINT, seed=0)
+    b = write_checkpoint(checkpoints / "other.pt", seed=1)
+    shallow = write_checkpoint(checkpoints / "shallow.pt", config=replace(TINY, num_layers=1), seed=2)
+    samples = checkpoints / "samples" / a.stem
+    samples.mkdir(parents=True)
+    Image.fromarray(np.random.default_rng(3).integers(0, 256, (16, 16, 3), dtype=np.uint8)).save(samples / "cat_1.png")
+    return a, b, shallow, samples / "cat_1.png", runs
+
+
+def last_layer_cls_map(path, image: Image.Image) -> np.ndarray:
+    """The reference: CLS row of the last layer, mean over heads, straight from the model."""
+    payload = torch.load(path, weights_only=True)
+    model = ViT(TINY)
+    model.load_state_dict(payload["state_dict"])
+    model.eval()
+    from vit.checkpoint import Preprocessing
+
+    x = preprocess([image], Preprocessing.from_dict(payload["preprocessing"]))
+    with torch.no_grad():
+        _, attentions = model(x, output_attentions=True)
+    return token_map(attentions[-1].mean(dim=1), 0, (4, 4))[0].numpy()
+
+
+def test_compare_mode_shows_both_maps_and_their_difference(two_checkpoints):
+    a, b, _, sample, _ = two_checkpoints
+    at = run_app()
+    assert at.selectbox(key="compare_with").value is None
+    at = at.selectbox(key="compare_with").set_value(str(b)).run()
+    assert not at.exception, [e.message for e in at.exception]
+    assert any(s.value == "Compare" for s in at.subheader)
+    captions = [shown_text(c.value) for c in at.caption]
+    assert any(c.startswith("A: cifar10-cifar-s.pt") for c in captions)
+    assert any(c.startswith("B: other.pt") for c in captions)
+    # The difference caption's range is that of the two models' own maps, computed here independently.
+    image = Image.open(sample).convert("RGB")
+    shown = display_image(image)
+    expected = difference(last_layer_cls_map(a, image), last_layer_cls_map(b, image), (shown.height, shown.width))
+    line = next(c for c in captions if c.startswith("Difference A − B"))
+    low, high = float(line.split("from ")[1].split(" ")[0]), float(line.split("to ")[1].split(" ")[0])
+    np.testing.assert_allclose([low, high], [expected.min(), expected.max()], rtol=1e-3)
+
+
+def test_compare_mode_says_why_a_shallower_checkpoint_cannot_show_the_layer(two_checkpoints):
+    _, _, shallow, _, _ = two_checkpoints
+    at = run_app()
+    at = at.selectbox(key="compare_with").set_value(str(shallow)).run()
+    assert not at.exception
+    assert any("B has 1 layers, so it has no layer 3" in shown_text(w.value) for w in at.warning)
+
+
+def test_per_epoch_checkpoints_of_a_run_can_be_compared(two_checkpoints):
+    *_, runs = two_checkpoints
+    run = fake_run(runs, "grow", lr=0.001)
+    for epoch in (1, 2):
+        write_checkpoint(run / "checkpoints" / f"epoch_{epoch:04d}.pt", seed=epoch)
+    at = run_app()
+    options = at.selectbox(key="compare_with").options
+    assert any(o.startswith("run grow epoch 1 ·") for o in options)
+    assert any(o.startswith("run grow epoch 2 ·") for o in options)
+
+
+def test_the_epoch_selector_shows_a_runs_probe_images_without_a_checkpoint_of_that_epoch(two_checkpoints):
+    *_, runs = two_checkpoints
+    run = fake_run(runs, "grow", lr=0.001)  # snapshots of epochs 0..3
+    best = write_checkpoint(run / "best.pt", config=replace(TINY, num_layers=2, hidden_size=12, num_heads=3), seed=4)
+    at = run_app(explorer_checkpoint=str(best))
+    assert not at.exception
+    slider = at.select_slider(key="explorer_snap_epoch")
+    assert slider.options == ["0", "1", "2", "3"] and slider.value == 3
+    images = at.get("image")[-1].proto.imgs
+    assert [shown_text(i.caption) for i in images] == ["cat → dog 88% ✗", "dog → dog 88% ✓"] * 2
+    at = at.select_slider(key="explorer_snap_epoch").set_value(0).run()
+    captions = [shown_text(i.caption) for i in at.get("image")[-1].proto.imgs]
+    assert captions == ["cat → cat 88% ✓", "dog → cat 88% ✗"] * 2

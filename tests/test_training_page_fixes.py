@@ -1,0 +1,168 @@
+"""What a new user hit on the Train page (issue 12), each through AppTest: device options that changed their
+text under the form, a form that forgot its values on another page, a launch notice that outlived its run,
+"None" in empty table cells, and training threads missing from the form."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from streamlit.testing.v1 import AppTest
+from test_training_attention_page import fake_run, shown_text
+from test_training_page import fill_tiny_run, submit
+
+from vit import launch
+from vit.runfiles import now_iso
+from vit.runs import RunManager
+
+ROOT = Path(__file__).resolve().parent.parent
+PAGE = str(ROOT / "pages" / "training.py")
+APP = str(ROOT / "app.py")
+TIMEOUT = 300
+
+
+@pytest.fixture
+def folders(tmp_path, monkeypatch):
+    monkeypatch.setenv("VIT_RUNS_DIR", str(tmp_path / "runs"))
+    monkeypatch.setenv("VIT_DATA_DIR", str(tmp_path / "data"))
+    monkeypatch.setenv("VIT_CHECKPOINTS_DIR", str(tmp_path / "checkpoints"))
+    monkeypatch.setenv("VIT_DATA_ROOTS", str(tmp_path))  # the generated image folder lives here
+    monkeypatch.delenv("VIT_TRAIN_TOKEN", raising=False)  # a developer's token would lock the page
+    (tmp_path / "runs").mkdir()
+    return tmp_path / "runs"
+
+
+@pytest.fixture
+def running_run(folders):
+    """Make ``runs/NAME`` a CLI run folder whose training process is alive and beating on the CPU: a sleeping
+    stand-in started with the command line the run manager checks (``vit.train --out RUN_DIR``)."""
+    started = []
+
+    def make(name: str) -> None:
+        run = folders / name
+        run.mkdir()
+        process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)", "vit.train", "--out",
+                                    str(run)])
+        started.append(process)
+        time.sleep(0.1)  # its start time must not be later than the status's
+        (run / "config.json").write_text(json.dumps({"args": {"dataset": "cifar10", "epochs": 5, "device": "cpu"}}))
+        (run / "status.json").write_text(json.dumps({
+            "state": "running", "epoch": 1, "total_epochs": 5, "progress": 0.2, "pid": process.pid,
+            "host": socket.gethostname(), "start_time": now_iso(), "updated_time": now_iso(), "device": "cpu",
+            "world_size": 1}))
+
+    yield make
+    for process in started:
+        process.kill()
+        process.wait()
+
+
+def test_device_options_keep_their_text_when_a_run_starts_using_the_device(folders, running_run):
+    # The browser sends back the option's text; the old labels grew "· used by ..." once a run started,
+    # so the next submit got the stale text as its value and reported "a device is listed twice".
+    at = AppTest.from_file(PAGE, default_timeout=TIMEOUT).run()
+    before = at.selectbox(key="train_devices").options
+    running_run("busy")
+    at = at.run()
+    assert not at.exception
+    assert at.selectbox(key="train_devices").options == before
+    assert any("used by busy" in shown_text(c.value) for c in at.caption)  # the live state is still shown, beside it
+
+
+def test_the_form_keeps_its_values_across_a_visit_to_another_page(folders):
+    at = AppTest.from_file(APP, default_timeout=TIMEOUT).run()
+    at.switch_page("pages/training.py").run()
+    at.text_input(key="train_name").set_value("keep-me")
+    at.number_input(key="train_epochs").set_value(7)
+    at.number_input(key="train_threads").set_value(3)
+    at.selectbox(key="train_recipe").set_value("seed")
+    at.selectbox(key="train_dataset").set_value("folder")
+    at.text_input(key="train_folder").set_value("no/such/folder")  # so the submit launches nothing
+    at = submit(at)  # a form's values reach the server only when it is submitted
+    assert any("not launched" in e.value for e in at.error)
+    at.switch_page("pages/explorer.py").run()
+    assert not at.exception
+    at.switch_page("pages/training.py").run()
+    assert not at.exception
+    assert at.text_input(key="train_name").value == "keep-me"
+    assert at.number_input(key="train_epochs").value == 7
+    assert at.number_input(key="train_threads").value == 3
+    assert at.selectbox(key="train_recipe").value == "seed"
+    assert at.text_input(key="train_folder").value == "no/such/folder"
+
+
+def test_the_launch_notice_goes_when_its_run_is_deleted(folders):
+    fake_run(folders, "alpha", lr=0.001)
+    at = AppTest.from_file(PAGE, default_timeout=TIMEOUT)
+    at.session_state["train_notice"] = "Started alpha on the CPU."
+    at.session_state["train_notice_run"] = "alpha"
+    at = at.run()
+    assert [shown_text(s.value) for s in at.success] == ["Started alpha on the CPU."]
+    at.button(key="delete-alpha").click()
+    at = at.run()
+    assert not at.exception
+    assert RunManager(folders).names() == []
+    assert [s.value for s in at.success] == []
+
+
+def test_empty_table_cells_are_empty_not_none(folders, running_run):
+    running_run("busy")  # no best accuracy, ETA, preset or batch size yet
+    at = AppTest.from_file(PAGE, default_timeout=TIMEOUT).run()
+    table = at.dataframe[0]
+    assert table.value["Best val acc"].isna().all()  # numbers stay numbers (they sort) ...
+    assert table.proto.HasField("placeholder") and table.proto.placeholder == ""  # ... and read as blanks
+
+
+def test_default_threads_follow_the_machine():
+    assert launch.default_threads(cores=2, load=0.0) == 1  # the shared two-core case of the issue
+    assert launch.default_threads(cores=1, load=0.0) == 1
+    assert launch.default_threads(cores=8, load=0.0) == 7  # one core left for the app
+    assert launch.default_threads(cores=8, load=5.2) == 2  # only idle cores count
+    assert launch.default_threads(cores=8, load=12.0) == 1
+    assert launch.default_threads(cores=64, load=0.0) == 8
+    assert 1 <= launch.default_threads() <= 8
+
+
+def test_threads_reach_the_command_line():
+    params = launch.RunParams(name="t", dataset="cifar10", threads=3)
+    argv = launch.cli_args(params, Path("runs/t"), Path("data"))
+    assert argv[argv.index("--threads") + 1] == "3"
+
+
+@pytest.mark.slow
+def test_a_second_launch_after_the_first_is_accepted_and_both_get_the_machine_threads(folders, tmp_path):
+    from helpers import make_image_folder
+
+    images = make_image_folder(tmp_path / "images")
+    at = AppTest.from_file(PAGE, default_timeout=TIMEOUT).run()
+    placeholder = at.number_input(key="train_threads").placeholder
+    assert placeholder.startswith("this machine: ")
+    machine = int(placeholder.removeprefix("this machine: "))
+    fill_tiny_run(at, images, "first")
+    at = submit(at)
+    fill_tiny_run(at, images, "second")
+    at = submit(at)
+    assert not at.exception
+    assert [e.value for e in at.error] == []  # no "a device is listed twice"
+    manager = RunManager(folders)
+    try:
+        for name in ("first", "second"):
+            record = json.loads((folders / ".launch" / name / "launch.json").read_text())
+            assert record["params"]["threads"] == machine  # the field left empty: the machine's default
+            for session in record["sessions"]:  # the second run may still wait in the queue for the CPU
+                command = session["command"]
+                assert command[command.index("--threads") + 1] == str(machine)
+            assert record["devices"] == ["cpu"]
+    finally:
+        for name in ("second", "first"):
+            info = manager.get(name)
+            if info.active:
+                manager.stop(name)
+        deadline = time.time() + TIMEOUT
+        while any(manager.get(n).state == "running" for n in ("first", "second")) and time.time() < deadline:
+            time.sleep(0.5)

@@ -1,0 +1,39 @@
+"""User-provided text (class names, run names, dataset labels, file names, log lines, error messages that
+quote them) made safe to show as plain text in the two places that would otherwise interpret it.
+
+Streamlit renders the body of ``st.markdown``, ``st.caption``, ``st.error`` and friends as Markdown, so a
+class name ``![x](http://host/x.png)`` would make every visitor's browser fetch that URL; Plotly reads
+a subset of HTML (``<b>``, ``<a href>``, ``<br>``) in its labels and hover texts.
+"""
+
+from __future__ import annotations
+
+import html
+import re
+import string
+
+# CommonMark lets a backslash escape any ASCII punctuation character; escaping all of them means no link,
+# image, emphasis, code span, HTML tag, heading or list can start, nor Streamlit's :colour[...] or $math$.
+_MARKDOWN_SPECIAL = re.compile("([" + re.escape(string.punctuation) + "])")
+_LINE_BREAKS = re.compile(r"[\r\n]+")
+# GFM's autolink literals (http://…, www.…, name@host.tld) are found in the text *after* escapes are
+# resolved (Streamlit uses mdast-util-gfm-autolink-literal), so escapes cannot stop them; an invisible
+# word joiner (U+2060) after "http:" and "www" and before "@" does.
+_WORD_JOINER = "\u2060"
+_AUTOLINK_TRIGGERS = re.compile(r"(?i)(https?:)(?=//)|(www)(?=\.)|(?=@)")
+
+
+def escape_markdown(text: object) -> str:
+    """``text`` for a Markdown body, shown exactly as written (line breaks become spaces).
+
+    Leading blanks are dropped (four would start a code block; HTML would not show them anyway), and
+    URLs and e-mail addresses carry an invisible word joiner so that they stay text, not links.
+    """
+    text = _LINE_BREAKS.sub(" ", str(text)).lstrip()
+    text = _AUTOLINK_TRIGGERS.sub(lambda m: (m.group(1) or m.group(2) or "") + _WORD_JOINER, text)
+    return _MARKDOWN_SPECIAL.sub(r"\\\1", text)
+
+
+def escape_plotly(text: object) -> str:
+    """``text`` for a Plotly label, legend entry or hover text, shown exactly as written."""
+    return html.escape(str(text), quote=False)
