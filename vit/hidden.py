@@ -17,38 +17,20 @@ import torch
 from torch import Tensor, nn
 
 
-def forward_with_hidden_states(model: nn.Module, images: Tensor) -> tuple[Tensor, Tensor]:
-    """Logits ``(B, classes)`` and hidden states ``(B, L + 1, T, D)``: the input of every block, then the
-    last block's output, from one fast forward pass (no attention probabilities are materialised).
+def forward_with_hidden_states(model: nn.Module, images: Tensor) -> tuple[Tensor | None, Tensor]:
+    """Logits ``(B, classes)`` (None without a classifier) and hidden states ``(B, L + 1, T, D)``: the input
+    of every block, then the last block's output, from one fast forward pass (no attention probabilities
+    are materialised).
 
-    The blocks' inputs are recorded with forward hooks rather than by re-running the embedding
-    here: the embedding (CLS, register and distillation tokens, position resampling) belongs to
-    ``vit.model`` and differs per model family, and the hooks see exactly what each block got.
+    The pass is the model's own, step by step: ``model.embed``, each block, ``model.classify`` — what
+    ``ViT.forward`` runs, so the states are exactly what each block got.
     """
-    states: list[Tensor] = []
-    # The model is shared (the app serves many sessions from one cached model): another thread's
-    # forward pass fires these hooks too, so each records only its own thread's pass.
-    owner = threading.get_ident()
-
-    def record_input(module: nn.Module, args: tuple) -> None:
-        if threading.get_ident() == owner:
-            states.append(args[0].detach())
-
-    def record_output(module: nn.Module, args: tuple, output) -> None:
-        if threading.get_ident() == owner:
-            states.append((output[0] if isinstance(output, tuple) else output).detach())
-
-    blocks = list(model.blocks)
-    handles = [block.register_forward_pre_hook(record_input) for block in blocks]
-    handles.append(blocks[-1].register_forward_hook(record_output))
-    try:
-        logits, _ = model(images, output_attentions=False)
-    finally:
-        for handle in handles:
-            handle.remove()
-    if len(states) != len(blocks) + 1:
-        raise RuntimeError(f"expected {len(blocks) + 1} hidden states from {len(blocks)} blocks, got {len(states)}")
-    return logits, torch.stack(states, dim=1)  # (B, L + 1, T, D)
+    x = model.pos_dropout(model.embed(images))  # (B, T, D)
+    states = [x]
+    for block in model.blocks:
+        x, _ = block(x)
+        states.append(x)
+    return model.classify(x), torch.stack(states, dim=1)  # (B, L + 1, T, D)
 
 
 def block_attention(model: nn.Module, layer: int, block_input: Tensor) -> Tensor:

@@ -299,10 +299,11 @@ class ViT(nn.Module):
                              f"resize it to a multiple of {p}")
         return height // p, width // p
 
-    def forward(self, images: torch.Tensor, output_attentions: bool = False
-                ) -> tuple[torch.Tensor | None, tuple[torch.Tensor, ...] | None]:
-        """``images`` (B, C, H, W) -> logits (B, classes) (None without a head), attentions (per layer
-        (B, nh, T, T)) or None."""
+    def embed(self, images: torch.Tensor) -> torch.Tensor:
+        """``images`` (B, C, H, W) -> the first block's input ``(B, T, D)``: patches, prefix tokens, positions.
+
+        Positions are resampled to the input's patch grid; dropout is left to ``forward``.
+        """
         if images.dim() != 4 or images.shape[1] != self.config.num_channels:
             raise ValueError(f"expected images of shape (batch, {self.config.num_channels}, height, "
                              f"width), got {tuple(images.shape)}")
@@ -319,19 +320,18 @@ class ViT(nn.Module):
         x = torch.cat([prefix[:, :positioned], x], dim=1) + pos  # (B, positioned + gh*gw, D)
         if positioned < self.num_prefix_tokens:
             x = torch.cat([x[:, :positioned], prefix[:, positioned:], x[:, positioned:]], dim=1)  # (B, P + gh*gw, D)
-        x = self.pos_dropout(x)
-        attentions = []
-        for block in self.blocks:
-            x, probs = block(x, output_attentions)
-            attentions.append(probs)
-        attentions = tuple(attentions) if output_attentions else None
+        return x
+
+    def classify(self, x: torch.Tensor) -> torch.Tensor | None:
+        """The last block's output ``(B, T, D)`` -> logits ``(B, classes)``: final norm, pooling, fc_norm and
+        head(s); None for a model without a classifier."""
         if self.head is None:
-            return None, attentions
+            return None
         x = self.norm(x)
         patches = x[:, self.num_prefix_tokens:]  # (B, gh*gw, D)
-        if c.pooling == "cls":
+        if self.config.pooling == "cls":
             pooled = x[:, 0]  # (B, D)
-        elif c.pooling == "avg":
+        elif self.config.pooling == "avg":
             pooled = patches.mean(dim=1)  # (B, D)
         else:  # "cls+avg"
             pooled = torch.cat([x[:, 0], patches.mean(dim=1)], dim=-1)  # (B, 2D)
@@ -340,7 +340,18 @@ class ViT(nn.Module):
         logits = self.head(pooled)  # (B, classes)
         if self.head_dist is not None:  # DeiT at inference: the mean of the class and distillation heads
             logits = (logits + self.head_dist(x[:, 1])) / 2
-        return logits, attentions
+        return logits
+
+    def forward(self, images: torch.Tensor, output_attentions: bool = False
+                ) -> tuple[torch.Tensor | None, tuple[torch.Tensor, ...] | None]:
+        """``images`` (B, C, H, W) -> logits (B, classes) (None without a head), attentions (per layer
+        (B, nh, T, T)) or None."""
+        x = self.pos_dropout(self.embed(images))  # (B, T, D)
+        attentions = []
+        for block in self.blocks:
+            x, probs = block(x, output_attentions)
+            attentions.append(probs)
+        return self.classify(x), tuple(attentions) if output_attentions else None
 
 
 def _init_weights(module: nn.Module) -> None:

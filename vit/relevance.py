@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from vit.attention import gradient_rollout
-from vit.model import ViT, ViTConfig, resample_pos_embed
+from vit.model import ViT, ViTConfig
 
 # ViTConfig fields the walk reproduces; a field added later counts only at its default value.
 _KNOWN_FIELDS = {"image_size", "patch_size", "num_channels", "num_classes", "hidden_size", "num_layers",
@@ -127,21 +127,6 @@ class Walk:
     logits: Tensor  # (B, classes)
 
 
-def embed(model: ViT, images: Tensor) -> Tensor:
-    """Patch embedding, prefix tokens (CLS, DIST, registers), resampled positions: ``(B, C, H, W)`` -> ``(B, T, D)``."""
-    c = model.config
-    grid = model.patch_grid(images.shape[2], images.shape[3])
-    x = model.patch_embed(images).flatten(2).transpose(1, 2)  # (B, gh*gw, D)
-    positioned = c.num_positioned_prefix_tokens
-    pos = resample_pos_embed(model.pos_embed, grid, c.grid_size, positioned, c.pos_embed_antialias)
-    prefix = [t for t in (model.cls_token, model.dist_token, model.reg_token) if t is not None]
-    prefix = torch.cat(prefix, dim=1).expand(x.shape[0], -1, -1)  # (B, P, D)
-    x = torch.cat([prefix[:, :positioned], x], dim=1) + pos  # (B, positioned + gh*gw, D)
-    if positioned < model.num_prefix_tokens:  # prefix tokens without a position go after the positioned ones
-        x = torch.cat([x[:, :positioned], prefix[:, positioned:], x[:, positioned:]], dim=1)
-    return x  # (B, T, D)
-
-
 def classify(model: ViT, x: Tensor, norm=None) -> tuple[Tensor, Tensor]:
     """The model's classifier on tokens ``(B, T, D)``: final norm, pooling, fc_norm, head(s) -> (normed, logits).
 
@@ -184,7 +169,7 @@ def walk(model: ViT, images: Tensor, rules: Literal["none", "attnlrp", "cp"] = "
     def norm(x: Tensor, layer: torch.nn.LayerNorm) -> Tensor:
         return _lrp_layer_norm(x, layer) if lrp else layer(x)
 
-    x = embed(model, images)
+    x = model.embed(images)  # (B, T, D)
     tokens, traces = x, []
     for block in model.blocks:
         attn = block.attn
