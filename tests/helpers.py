@@ -4,12 +4,15 @@ plumbing of the real-browser tests."""
 from __future__ import annotations
 
 import html
+import os
 import re
 import socket
 import subprocess
+import sys
 import time
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -50,6 +53,7 @@ def displayed(markdown: str) -> str:
 # -- real-browser tests: Debian's Chromium driven by Playwright against `streamlit run` -------
 
 CHROMIUM = Path("/usr/bin/chromium")
+ROOT = Path(__file__).resolve().parent.parent
 ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts"  # screenshots, git-ignored
 # Without the background-networking flags Chromium keeps dialling out on this closed network.
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
@@ -76,3 +80,31 @@ def wait_for_health(url: str, server: subprocess.Popen, timeout: float = 180.0) 
             pass
         time.sleep(0.5)
     raise TimeoutError(f"streamlit did not answer at {url} within {timeout:.0f} s")
+
+
+@contextmanager
+def streamlit_app(env: dict[str, str], log: Path | None = None, timeout: float = 180.0
+                  ) -> Iterator[tuple[str, subprocess.Popen]]:
+    """``streamlit run app.py`` on a free loopback port with ``env`` added to the environment and the
+    repository's own config (no file watcher); yields ``(url, process)`` once it is healthy, stops it after.
+    Output goes to ``log`` when given."""
+    port = free_port()
+    output = log.open("wb") if log is not None else subprocess.DEVNULL
+    process = subprocess.Popen(
+        [sys.executable, "-m", "streamlit", "run", "app.py", "--server.port", str(port), "--server.headless", "true",
+         "--server.address", "127.0.0.1", "--browser.gatherUsageStats", "false"],
+        cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1", **env}, stdout=output, stderr=subprocess.STDOUT,
+        start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_for_health(url, process, timeout)
+        yield url, process
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(timeout=15)
+        if log is not None:
+            output.close()

@@ -6,15 +6,13 @@ missing. Screenshots go to test-artifacts/ (git-ignored).
 
 import io
 import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-from helpers import ARTIFACTS, CHROMIUM, CHROMIUM_ARGS, free_port, wait_for_health
+from helpers import ARTIFACTS, CHROMIUM, CHROMIUM_ARGS, streamlit_app
 from PIL import Image
 
 from vit.catalog import DEFAULT_CHECKPOINT
@@ -56,23 +54,8 @@ def world(tmp_path):
 @pytest.fixture
 def server(world):
     checkpoints, runs, _ = world
-    port = free_port()
-    env = {**os.environ, "VIT_CHECKPOINTS_DIR": str(checkpoints), "VIT_RUNS_DIR": str(runs), "OMP_NUM_THREADS": "1"}
-    process = subprocess.Popen(
-        [sys.executable, "-m", "streamlit", "run", "app.py", "--server.port", str(port), "--server.headless", "true",
-         "--server.fileWatcherType", "none", "--browser.gatherUsageStats", "false"],
-        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://localhost:{port}"
-    try:
-        wait_for_health(url, process)
+    with streamlit_app({"VIT_CHECKPOINTS_DIR": str(checkpoints), "VIT_RUNS_DIR": str(runs)}) as (url, _):
         yield url
-    finally:
-        process.terminate()
-        try:
-            process.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(timeout=15)
 
 
 @pytest.fixture
@@ -170,23 +153,9 @@ def base_server(tmp_path):
     torch.manual_seed(0)
     config = ViTConfig.from_preset("vit-base-16")
     save_checkpoint(checkpoints / DEFAULT_CHECKPOINT, ViT(config), [f"class {i}" for i in range(1000)])
-    port = free_port()
-    env = {**os.environ, "VIT_CHECKPOINTS_DIR": str(checkpoints), "VIT_RUNS_DIR": str(runs)}
-    process = subprocess.Popen(
-        [sys.executable, "-m", "streamlit", "run", "app.py", "--server.port", str(port), "--server.headless", "true",
-         "--browser.gatherUsageStats", "false"],  # the repository's config: no file watcher
-        cwd=ROOT, env=env, stdout=(tmp_path / "server.log").open("w"), stderr=subprocess.STDOUT)
-    url = f"http://localhost:{port}"
-    try:
-        wait_for_health(url, process)
+    env = {"VIT_CHECKPOINTS_DIR": str(checkpoints), "VIT_RUNS_DIR": str(runs)}
+    with streamlit_app(env, log=tmp_path / "server.log") as (url, _):
         yield url, tmp_path
-    finally:
-        process.terminate()
-        try:
-            process.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(timeout=15)
 
 
 OVERLAY_HREF = """() => {

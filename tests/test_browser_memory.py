@@ -11,15 +11,12 @@ built at full size.
 """
 
 import io
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-from helpers import CHROMIUM, CHROMIUM_ARGS, free_port, wait_for_health
+from helpers import CHROMIUM, CHROMIUM_ARGS, streamlit_app
 from PIL import Image
 
 from vit.catalog import DEFAULT_CHECKPOINT
@@ -75,23 +72,8 @@ def server(tmp_path):
     runs.mkdir()
     torch.manual_seed(0)
     save_checkpoint(checkpoints / DEFAULT_CHECKPOINT, ViT(TINY), ["airplane", "cat", "dog"])
-    port = free_port()
-    env = {**os.environ, "VIT_CHECKPOINTS_DIR": str(checkpoints), "VIT_RUNS_DIR": str(runs), "OMP_NUM_THREADS": "1"}
-    process = subprocess.Popen(
-        [sys.executable, "-m", "streamlit", "run", "app.py", "--server.port", str(port), "--server.headless", "true",
-         "--server.fileWatcherType", "none", "--browser.gatherUsageStats", "false"],
-        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://localhost:{port}"
-    try:
-        wait_for_health(url, process)
+    with streamlit_app({"VIT_CHECKPOINTS_DIR": str(checkpoints), "VIT_RUNS_DIR": str(runs)}) as (url, process):
         yield url, process
-    finally:
-        process.terminate()
-        try:
-            process.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(timeout=15)
 
 
 def test_five_concurrent_large_uploads_keep_server_memory_bounded(server, uploads, tmp_path):

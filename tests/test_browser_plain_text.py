@@ -4,14 +4,11 @@ A checkpoint whose class names are Markdown and HTML is opened by ``streamlit ru
 headless Chromium; every request the page makes is recorded.
 """
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
-from helpers import CHROMIUM, CHROMIUM_ARGS, free_port, wait_for_health
+from helpers import CHROMIUM, CHROMIUM_ARGS, streamlit_app
 
 from vit.catalog import DEFAULT_CHECKPOINT
 from vit.checkpoint import save_checkpoint
@@ -37,23 +34,8 @@ def server(tmp_path):
     from PIL import Image
 
     Image.new("RGB", (32, 32), (200, 30, 30)).save(samples / "red.png")
-    port = free_port()
-    env = {**os.environ, "VIT_CHECKPOINTS_DIR": str(checkpoints), "VIT_RUNS_DIR": str(runs), "OMP_NUM_THREADS": "1"}
-    process = subprocess.Popen(
-        [sys.executable, "-m", "streamlit", "run", "app.py", "--server.port", str(port), "--server.headless", "true",
-         "--server.fileWatcherType", "none", "--browser.gatherUsageStats", "false"],
-        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://localhost:{port}"
-    try:
-        wait_for_health(url, process)
+    with streamlit_app({"VIT_CHECKPOINTS_DIR": str(checkpoints), "VIT_RUNS_DIR": str(runs)}) as (url, _):
         yield url
-    finally:
-        process.terminate()
-        try:
-            process.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(timeout=15)
 
 
 def test_class_names_are_text_in_the_browser_and_fetch_nothing(server):

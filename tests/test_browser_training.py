@@ -6,14 +6,11 @@ Runs the real app (``streamlit run app.py``) on a free port with its own runs an
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from helpers import ARTIFACTS, CHROMIUM, CHROMIUM_ARGS, free_port, wait_for_health
+from helpers import ARTIFACTS, CHROMIUM, CHROMIUM_ARGS, streamlit_app
 from test_runs import make_image_folder
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -29,25 +26,10 @@ def app_url(tmp_path):
     pytest.importorskip("playwright.sync_api", reason="the playwright Python package is not installed")
     if not (ROOT / "app.py").is_file():
         pytest.skip("app.py (the app's navigation) is not in the repository yet")
-    port = free_port()
-    env = {**os.environ, "VIT_RUNS_DIR": str(tmp_path / "runs"), "VIT_DATA_DIR": str(tmp_path / "data"),
-           "VIT_DATA_ROOTS": str(tmp_path), "OMP_NUM_THREADS": "1"}
-    log = open(tmp_path / "streamlit.log", "wb")
-    server = subprocess.Popen(
-        [sys.executable, "-m", "streamlit", "run", "app.py", "--server.port", str(port), "--server.headless", "true",
-         "--server.address", "127.0.0.1", "--browser.gatherUsageStats", "false"],
-        cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_for_health(url, server, timeout=300)
+    env = {"VIT_RUNS_DIR": str(tmp_path / "runs"), "VIT_DATA_DIR": str(tmp_path / "data"),
+           "VIT_DATA_ROOTS": str(tmp_path)}
+    with streamlit_app(env, log=tmp_path / "streamlit.log", timeout=300) as (url, _):
         yield url, make_image_folder(tmp_path / "images")
-    finally:
-        server.terminate()
-        try:
-            server.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            server.kill()
-        log.close()
 
 
 def test_a_run_launched_from_the_page_completes_and_opens_in_the_explorer(app_url):
