@@ -547,7 +547,8 @@ def test_analyse_runs_the_model_once_and_keeps_every_layer(tmp_path, forwards):
 def test_attention_matrix_rows_are_queries_and_ticks_mark_cls_and_grid_rows():
     matrix = np.arange(17 * 17, dtype=float).reshape(17, 17)
     fig = explorer.attention_matrix_figure(matrix, (4, 4), query=6)
-    assert list(fig.layout.xaxis.tickvals) == ["0", "5", "9", "13"]
+    # 4x4 grid after CLS: rows start at tokens 1, 5, 9, 13; token 1 sits next to CLS and gets no tick.
+    assert list(fig.layout.xaxis.tickvals) == ["0 · CLS", "5 · r2 c1", "9 · r3 c1", "13 · r4 c1"]
     assert list(fig.layout.xaxis.ticktext) == ["CLS", "5", "9", "13"]
     assert fig.layout.yaxis.autorange == "reversed"  # query 0 (CLS) on top, like the matrix is written
     [row] = fig.layout.shapes
@@ -806,7 +807,18 @@ def test_register_tokens_can_be_hidden_from_the_query_list_and_the_matrix():
     assert explorer.visible_tokens(7, 3, hide_registers=True) == [0, 3, 4, 5, 6]
     assert explorer.visible_tokens(7, 3, hide_registers=False) == list(range(7))
     fig = explorer.attention_matrix_figure(np.eye(7), (2, 2), num_prefix_tokens=3, tokens=[0, 3, 4, 5, 6])
-    assert np.asarray(fig.data[0].z).shape == (5, 5) and list(fig.data[0].x) == ["0", "3", "4", "5", "6"]
+    assert np.asarray(fig.data[0].z).shape == (5, 5)
+    assert list(fig.data[0].x) == ["0 · CLS", "3 · r1 c1", "4 · r1 c2", "5 · r2 c1", "6 · r2 c2"]
+
+
+def test_matrix_names_every_prefix_token_in_its_ticks_and_hover_text():
+    # CLS, DIST and two registers before a 2x2 grid: the hover text reads the category names.
+    names = ("CLS", "DIST", "REG 1", "REG 2")
+    fig = explorer.attention_matrix_figure(np.eye(8), (2, 2), num_prefix_tokens=4, prefix_names=names)
+    assert list(fig.data[0].y) == ["0 · CLS", "1 · DIST", "2 · REG 1", "3 · REG 2", "4 · r1 c1", "5 · r1 c2",
+                                   "6 · r2 c1", "7 · r2 c2"]
+    assert list(fig.layout.xaxis.ticktext) == ["CLS", "DIST", "REG 1", "REG 2", "6"]
+    assert "%{y}" in fig.data[0].hovertemplate and "%{x}" in fig.data[0].hovertemplate
 
 
 def test_memory_per_image_stays_under_the_limit_or_the_input_is_refused():

@@ -468,6 +468,15 @@ def token_label(token: int, grid: tuple[int, int], num_prefix_tokens: int = 1,
     return f"patch row {row + 1}, col {col + 1}"
 
 
+def short_token_label(token: int, grid: tuple[int, int], num_prefix_tokens: int = 1,
+                      prefix_names: Sequence[str] = ()) -> str:
+    """``token_label`` in a few characters for dense views: 'CLS', 'REG 2', 'r2 c3' (patch row 2, column 3)."""
+    if token < num_prefix_tokens:
+        return token_label(token, grid, num_prefix_tokens, prefix_names)
+    row, col = divmod(token - num_prefix_tokens, grid[1])
+    return f"r{row + 1} c{col + 1}"
+
+
 def token_option(token: int, grid: tuple[int, int], num_prefix_tokens: int = 1,
                  prefix_names: Sequence[str] = ()) -> str:
     """The query picker's text for a token: '0 · CLS', '2 · REG 1', '10 · patch row 2, col 2'."""
@@ -764,21 +773,25 @@ def attention_matrix_figure(matrix: np.ndarray, grid: tuple[int, int], num_prefi
     n = pooled.shape[0]
     first = [tokens[i * size] for i in range(n)]
     last = [tokens[min((i + 1) * size, len(tokens)) - 1] for i in range(n)]
-    names = [str(a) if a == b else f"{a}–{b}" for a, b in zip(first, last, strict=True)]
+    # One token per cell: its number and what it is ('2 · REG 1', '9 · r2 c3'), which the hover text shows;
+    # pooled cells: the range of tokens they average.
+    names = ([f"{a} · {short_token_label(a, grid, num_prefix_tokens, prefix_names)}" for a in first] if size == 1
+             else [str(a) if a == b else f"{a}–{b}" for a, b in zip(first, last, strict=True)])
     hover = (("query %{y} → key %{x}: %{z:.4f}" if size == 1 else "queries %{y} → keys %{x}: mean %{z:.4f}")
              + "<extra></extra>")
     fig = go.Figure(go.Heatmap(z=pooled, x=names, y=names, colorscale=plotly_colorscale(colormap),
                                hovertemplate=hover,
                                colorbar=dict(title="attention" if size == 1 else f"mean of {size}×{size}")))
-    # Ticks: CLS and the first token of each grid row, at most ~20 of them.
-    # (the first patch row's start sits next to CLS and would overlap its label)
-    row_starts = [0] + list(range(num_prefix_tokens + grid[1], matrix.shape[-1], grid[1]))
+    # Ticks: every named prefix token (up to a few) and the first token of each grid row, at most ~20 of
+    # the latter (the first patch row's start sits next to the prefix tokens and would overlap their labels).
+    row_starts = list(range(num_prefix_tokens + grid[1], matrix.shape[-1], grid[1]))
     step = max(1, math.ceil(len(row_starts) / 20))
-    wanted = row_starts[::step]
+    prefixes = list(range(min(num_prefix_tokens, 6 if size == 1 else 1)))
+    wanted = prefixes + row_starts[::step]
     positions = sorted({i for i, (a, b) in enumerate(zip(first, last, strict=True))
                         for t in wanted if a <= t <= b})
-    cls_name = prefix_names[0] if prefix_names else "CLS"
-    text = [cls_name if first[i] == 0 else str(first[i]) for i in positions]
+    text = [token_label(first[i], grid, num_prefix_tokens, prefix_names) if first[i] < num_prefix_tokens
+            else str(first[i]) for i in positions]
     ticks = [names[i] for i in positions]
     fig.update_xaxes(title=dict(text="key token (attended to)", standoff=8), tickvals=ticks, ticktext=text,
                      type="category", constrain="domain", automargin=True, tickangle=-45, side="bottom")
