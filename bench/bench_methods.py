@@ -14,13 +14,16 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import time
 from pathlib import Path
 
 import torch
 
-from vit.faithfulness import method_maps
-from vit.model import ViT, ViTConfig
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # run as a script too: python bench/bench_methods.py
+from vit.faithfulness import method_maps  # noqa: E402
+from vit.model import ViT, ViTConfig  # noqa: E402
 
 METHODS = ["rollout", "attention", "class", "legrad", "transformer_attribution", "attnlrp", "flow"]
 SHIPPED = Path(__file__).resolve().parent.parent / "checkpoints" / "cifar10-cifar-s.pt"
