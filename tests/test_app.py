@@ -1,8 +1,9 @@
 """The app driven through Streamlit's AppTest: checkpoints, uploads, settings, caching and errors.
 
 Each test points the app at its own checkpoints and runs folders (VIT_CHECKPOINTS_DIR,
-VIT_RUNS_DIR) holding tiny random models, and counts ``ViT.forward`` calls to check that only
-a new checkpoint, image or class runs the model.
+VIT_RUNS_DIR) holding tiny random models, and counts passes through the model (``ViT.embed``, where
+every pass starts: ``forward`` and the explorer's layer-by-layer walk alike) to check that only a
+new checkpoint, image or class runs the model.
 """
 
 import base64
@@ -78,9 +79,9 @@ def default_world(dirs):
 
 @pytest.fixture
 def forwards():
-    """Counts ViT.forward calls (the real forward still runs)."""
-    original = ViT.forward
-    with mock.patch.object(ViT, "forward", autospec=True, side_effect=original) as counted:
+    """Counts passes through the model: ViT.embed calls, which every pass starts with (the real one still runs)."""
+    original = ViT.embed
+    with mock.patch.object(ViT, "embed", autospec=True, side_effect=original) as counted:
         yield counted
 
 
