@@ -127,13 +127,13 @@ class Walk:
     logits: Tensor  # (B, classes)
 
 
-def classify(model: ViT, x: Tensor, norm=None) -> tuple[Tensor, Tensor]:
-    """The model's classifier on tokens ``(B, T, D)``: final norm, pooling, fc_norm, head(s) -> (normed, logits).
+def _classify(model: ViT, x: Tensor, norm) -> tuple[Tensor, Tensor]:
+    """``ViT.classify`` on tokens ``(B, T, D)`` with ``norm(x, layer)`` applying each LayerNorm -> (normed, logits).
 
-    ``norm(x, layer)`` applies a LayerNorm (default: the layer itself).
+    A copy of ``ViT.classify``'s steps because AttnLRP needs its own LayerNorm rule there
+    and Chefer's LRP the normalised tokens; the walk's logits check catches any drift.
     """
     c = model.config
-    norm = norm or (lambda t, layer: layer(t))
     if isinstance(model.norm, torch.nn.LayerNorm):
         x = norm(x, model.norm)
     patches = x[:, model.num_prefix_tokens:]  # (B, gh*gw, D)
@@ -197,7 +197,7 @@ def walk(model: ViT, images: Tensor, rules: Literal["none", "attnlrp", "cp"] = "
         out = mid + mlp_out
         traces.append(BlockTrace(x, n1, q, k, v, probs, context, attn_out, mid, n2, hidden, mlp_out, out))
         x = out
-    normed, logits = classify(model, x, norm)
+    normed, logits = _classify(model, x, norm)
     with torch.no_grad():  # a model change the field checks cannot see must not give a wrong map silently
         expected = model(images.detach())[0]
     if not torch.allclose(logits.detach(), expected, rtol=1e-3, atol=1e-4 * float(expected.abs().max()) + 1e-6):
@@ -277,7 +277,7 @@ def legrad(model: ViT, images: Tensor, class_index: int | Tensor | None = None, 
         index = _class_indices(w.logits.detach(), class_index)
         gradients = []
         for layer in range(first, L):
-            _, logits = classify(model, w.blocks[layer].out)  # (B, classes): the class read at this layer
+            logits = model.classify(w.blocks[layer].out)  # (B, classes): the class read at this layer
             score = logits.gather(1, index[:, None]).sum()  # images are independent: sum = per-image grads
             [grad] = torch.autograd.grad(score, w.blocks[layer].probs, retain_graph=True)
             gradients.append(grad.detach())
