@@ -19,7 +19,7 @@ import torch
 from networkx.algorithms.flow import build_residual_network, preflow_push
 from torch import Tensor
 
-from vit.attention import _layers_up_to, fuse_heads
+from vit.attention import _layers_up_to, rollout_factor
 
 # A 14x14 grid (ViT-B/16 at 224 px) has 197 tokens; above a few hundred one map takes minutes.
 MAX_FLOW_TOKENS = 260
@@ -75,12 +75,8 @@ def attention_flow(attentions: Sequence[Tensor], query: int = 0, head_fusion: st
                                  "or a smaller input")
     if not 0 <= query < T:
         raise ValueError(f"query token {query} is out of range for {T} tokens")
-    eye = torch.eye(T, dtype=torch.float64)
-    rows = []
-    for b in range(B):
-        mats = []
-        for attn in layers:
-            a = fuse_heads(attn[b:b + 1].detach().to("cpu", torch.float64), head_fusion)[0] + eye  # (T, T)
-            mats.append(a / a.sum(dim=-1, keepdim=True))
-        rows.append(torch.from_numpy(_flow_row(torch.stack(mats).numpy(), query)))
+    # Rollout's factors (heads fused, residual added, rows renormalised) are the edge capacities.
+    factors = torch.stack([rollout_factor(attn.detach().to("cpu", torch.float64), head_fusion, num_prefix_tokens=0)
+                           for attn in layers], dim=1)  # (B, L, T, T)
+    rows = [torch.from_numpy(_flow_row(factors[b].numpy(), query)) for b in range(B)]
     return torch.stack(rows).to(layers[0].device)  # (B, T)
