@@ -56,12 +56,16 @@ def test_steps_group_patches_and_ties_keep_row_major_order():
 
 
 def test_mean_replacement_and_a_larger_patch_by_hand():
-    image = torch.arange(16.0).reshape(1, 1, 4, 4)  # 2x2 grid of 2x2 patches; mean 7.5
-    m = torch.tensor([[[1.0, 0.0], [0.0, 0.0]]])  # top-left patch (0 + 1 + 4 + 5 = 10) first
-    _, deletion, _ = perturbation_curves(SumModel(), image, m, torch.tensor([0]), "mean", steps=1)
-    np.testing.assert_allclose(deletion[0], [sigmoid(120), sigmoid(0.0 + 7.5 * 16)], rtol=1e-6)
+    # Pixel sums stay small so that sigmoid does not saturate to 1 and hide which patch was replaced.
+    image = torch.arange(16.0).reshape(1, 1, 4, 4) / 16  # 2x2 grid of 2x2 patches; sum 7.5, mean 0.46875
+    m = torch.tensor([[[1.0, 0.0], [0.0, 0.0]]])  # top-left patch first, then ties in row-major order
+    # Patch sums: top-left (0+1+4+5)/16 = 0.625, top-right 1.125, bottom-left 2.625, bottom-right 3.125;
+    # each replaced patch becomes 4 pixels of the mean, 1.875.
     _, deletion, _ = perturbation_curves(SumModel(), image, m, torch.tensor([0]), "mean", steps=4)
-    assert deletion[0, 1] == pytest.approx(sigmoid(120 - 10 + 4 * 7.5))
+    sums = [7.5, 7.5 - 0.625 + 1.875, 8.75 - 1.125 + 1.875, 9.5 - 2.625 + 1.875, 8.75 - 3.125 + 1.875]
+    np.testing.assert_allclose(deletion[0], [sigmoid(v) for v in sums], rtol=1e-6)
+    _, deletion, _ = perturbation_curves(SumModel(), image, m, torch.tensor([0]), "mean", steps=1)
+    np.testing.assert_allclose(deletion[0], [sigmoid(7.5), sigmoid(0.46875 * 16)], rtol=1e-6)
 
 
 def test_baselines():
