@@ -55,21 +55,22 @@ if st.button("Analyse", type="primary", disabled=not folder.strip()):
             if done % step == 0 or done == total:
                 bar.progress(done / total, text=f"{done} of {total} images")
 
-        st.session_state["analyze_result"] = (choice, analyze.analyze_files(checkpoint, files, progress=report))
+        analysis = analyze.analyze_files(checkpoint, files, progress=report)
+        # Figures once per analysis, not on every rerun (each mistake's button reruns the page).
+        st.session_state["analyze_result"] = (choice, analysis, analyze.figures(analysis))
     except (UsageError, CheckpointError, ValueError) as e:
         st.error(escape_markdown(e))
 
 result = st.session_state.get("analyze_result")
 if result is None:
     st.stop()
-checkpoint_path, analysis = result
+checkpoint_path, analysis, figures = result
 accuracy = f"{analysis.accuracy:.1%}" if analysis.accuracy is not None else "–"
 left, middle, right = st.columns(3)
 left.metric("Images", analysis.count)
 middle.metric("Accuracy", accuracy)
 right.metric("Unreadable", len(analysis.skipped))
 
-figures = analyze.figures(analysis)
 left, right = st.columns(2)
 left.plotly_chart(figures["distance"])
 right.plotly_chart(figures["entropy"])
