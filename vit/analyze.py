@@ -117,13 +117,6 @@ def analyze_files(checkpoint: Checkpoint, files: Sequence[tuple[Path, int]], bat
 
 # --- figures ------------------------------------------------------------------------------------
 
-def head_scatter_figure(values: np.ndarray, y_title: str, title: str) -> go.Figure:
-    """``(L, H)`` per-head values as the ViT paper's Fig. 7: x = layer, one point per head."""
-    from vit.explorer import layer_stats_figure
-
-    return layer_stats_figure(values, y_title, title)
-
-
 def confusion_figure(confusion: np.ndarray, class_names: list[str]) -> go.Figure:
     """Rows: true class; columns: predicted; each row as shares of that class, counts on hover."""
     shares = confusion / np.maximum(confusion.sum(axis=1, keepdims=True), 1)
@@ -157,10 +150,12 @@ def class_maps_figure(maps: np.ndarray, class_names: list[str], title: str, colo
 
 def figures(analysis: DatasetAnalysis) -> dict[str, go.Figure]:
     """Every plot of the analysis by file stem."""
+    from vit.explorer import layer_stats_figure  # the explorer's per-image version of the ViT paper's Fig. 7
+
     a = analysis
     return {
-        "distance": head_scatter_figure(a.distance, "mean attention distance (px)", "Mean attention distance per head"),
-        "entropy": head_scatter_figure(a.entropy, "attention entropy (nats)", "Attention entropy per head"),
+        "distance": layer_stats_figure(a.distance, "mean attention distance (px)", "Mean attention distance per head"),
+        "entropy": layer_stats_figure(a.entropy, "attention entropy (nats)", "Attention entropy per head"),
         "class_attention": class_maps_figure(a.class_attention, a.class_names,
                                              "Mean CLS attention of the last layer, per true class"),
         "class_rollout": class_maps_figure(a.class_rollout, a.class_names, "Mean CLS rollout, per true class"),
