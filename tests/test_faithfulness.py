@@ -68,6 +68,15 @@ def test_mean_replacement_and_a_larger_patch_by_hand():
     np.testing.assert_allclose(deletion[0], [sigmoid(7.5), sigmoid(0.46875 * 16)], rtol=1e-6)
 
 
+@pytest.mark.cuda
+def test_curves_on_the_gpu_equal_the_hand_computed_ones():
+    model = SumModel().cuda()
+    fractions, deletion, insertion = perturbation_curves(model, IMAGE.cuda(), MAP.cuda(), torch.tensor([0]).cuda(),
+                                                         "zero")
+    np.testing.assert_allclose(deletion[0], [sigmoid(v) for v in (10, 8, 5, 1, 0)], rtol=1e-6)
+    np.testing.assert_allclose(insertion[0], [sigmoid(v) for v in (0, 2, 5, 9, 10)], rtol=1e-6)
+
+
 def test_baselines():
     x = torch.randn(2, 3, 8, 8)
     assert torch.equal(baseline(x, "zero"), torch.zeros_like(x))

@@ -86,9 +86,10 @@ def perturbation_curves(model: torch.nn.Module, images: Tensor, maps: Tensor, cl
         raise ValueError(f"maps of shape {tuple(maps.shape)} do not fit images of shape {tuple(images.shape)}")
     counts = step_counts(gh * gw, steps)
     base = baseline(images, replacement)
-    order = torch.sort(maps.reshape(B, -1).float(), dim=1, descending=True, stable=True).indices  # (B, N)
-    ranks = torch.empty_like(order).scatter_(1, order, torch.arange(gh * gw).expand(B, -1))  # rank of each patch
-    counts_t = torch.tensor(counts)
+    device = images.device  # every helper tensor on the model's device: CUDA refuses to mix in CPU ones
+    order = torch.sort(maps.to(device).reshape(B, -1).float(), dim=1, descending=True, stable=True).indices  # (B, N)
+    ranks = torch.empty_like(order).scatter_(1, order, torch.arange(gh * gw, device=device).expand(B, -1))  # rank
+    counts_t = torch.tensor(counts, device=device)
     changed = (ranks[:, None, :] < counts_t[None, :, None]).float()  # (B, S, N): 1 where the patch is changed
     changed = changed.reshape(B, len(counts), gh, gw)
     changed = changed.repeat_interleave(H // gh, dim=2).repeat_interleave(W // gw, dim=3)[:, :, None]  # (B,S,1,H,W)
