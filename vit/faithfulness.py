@@ -90,21 +90,22 @@ def perturbation_curves(model: torch.nn.Module, images: Tensor, maps: Tensor, cl
     order = torch.sort(maps.to(device).reshape(B, -1).float(), dim=1, descending=True, stable=True).indices  # (B, N)
     ranks = torch.empty_like(order).scatter_(1, order, torch.arange(gh * gw, device=device).expand(B, -1))  # rank
     counts_t = torch.tensor(counts, device=device)
-    changed = (ranks[:, None, :] < counts_t[None, :, None]).float()  # (B, S, N): 1 where the patch is changed
-    changed = changed.reshape(B, len(counts), gh, gw)
-    changed = changed.repeat_interleave(H // gh, dim=2).repeat_interleave(W // gw, dim=3)[:, :, None]  # (B,S,1,H,W)
-    x, b0 = images[:, None], base[:, None]  # (B, 1, C, H, W)
+    S = len(counts)
+    changed = (ranks[:, None, :] < counts_t[None, :, None]).reshape(B * S, gh, gw)  # True where step s changes a patch
     curves = []
-    for first, second in ((x, b0), (b0, x)):  # deletion: image -> baseline; insertion: baseline -> image
-        variants = (first * (1 - changed) + second * changed).reshape(-1, *images.shape[1:])  # (B*S, C, H, W)
+    for first, second in ((images, base), (base, images)):  # deletion: image -> baseline; insertion: baseline -> image
         probs = []
         with torch.no_grad():
-            for chunk in variants.split(batch_size):
-                out = model(chunk)
+            # The B*S variants are built one model batch at a time: all at once they take GBs at 224 px.
+            for rows in torch.arange(B * S, device=device).split(batch_size):  # row = image * S + step
+                mask = changed[rows].float()
+                mask = mask.repeat_interleave(H // gh, dim=1).repeat_interleave(W // gw, dim=2)[:, None]  # (n,1,H,W)
+                image = rows // S
+                out = model(first[image] * (1 - mask) + second[image] * mask)  # (n, C, H, W) in
                 logits = out[0] if isinstance(out, tuple) else out
                 probs.append(logits.float().softmax(dim=-1))
-        probs = torch.cat(probs).reshape(B, len(counts), -1)
-        curves.append(probs.gather(2, class_index.reshape(B, 1, 1).expand(B, len(counts), 1))[..., 0].cpu().numpy())
+        probs = torch.cat(probs).reshape(B, S, -1)
+        curves.append(probs.gather(2, class_index.reshape(B, 1, 1).expand(B, S, 1))[..., 0].cpu().numpy())
     return np.array(counts) / (gh * gw), curves[0], curves[1]
 
 
