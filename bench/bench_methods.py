@@ -26,7 +26,7 @@ from vit.faithfulness import method_maps  # noqa: E402
 from vit.model import ViT, ViTConfig  # noqa: E402
 
 METHODS = ["rollout", "attention", "class", "legrad", "transformer_attribution", "attnlrp", "flow"]
-SHIPPED = Path(__file__).resolve().parent.parent / "checkpoints" / "cifar10-cifar-s.pt"
+SHIPPED = ROOT / "checkpoints" / "cifar10-cifar-s.pt"
 
 
 def models() -> list[tuple[str, ViT]]:
