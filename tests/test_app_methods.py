@@ -63,6 +63,22 @@ def test_model_method_maps_have_the_grid_shape(checkpoint):
         assert m.shape == (4, 4) and np.isfinite(m).all(), kind
 
 
+def test_model_method_maps_explain_the_class_and_query_they_are_given(checkpoint):
+    from vit.attention import token_map
+    from vit.inference import TRAINING_SIZE, preprocess
+    from vit.relevance import attnlrp, legrad, patch_sums, transformer_attribution
+
+    image = Image.fromarray(np.random.default_rng(0).integers(0, 256, (20, 30, 3), dtype=np.uint8))
+    model = checkpoint.model
+    x = preprocess([image], checkpoint.preprocessing, TRAINING_SIZE, model.config.patch_size)
+    grid = model.patch_grid(x.shape[2], x.shape[3])
+    expected = {"legrad": legrad(model, x, 2), "attnlrp": patch_sums(attnlrp(model, x, 2), grid),
+                "lrp": token_map(transformer_attribution(model, x, 2), 5, grid, model.num_prefix_tokens)}
+    for kind, want in expected.items():
+        got = explorer.model_method_map(checkpoint, image, kind, class_index=2, query=5)
+        np.testing.assert_allclose(got, want[0].numpy(), rtol=1e-5, atol=1e-7, err_msg=kind)
+
+
 def test_attention_map_of_a_method_kind_needs_the_precomputed_map(checkpoint):
     image = Image.new("RGB", (16, 16))
     analysis = explorer.analyse(checkpoint, image)
