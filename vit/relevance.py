@@ -161,15 +161,12 @@ def walk(model: ViT, images: Tensor, rules: Literal["none", "attnlrp", "cp"] = "
     check_supported(model)
     if rules not in ("none", "attnlrp", "cp"):
         raise ValueError(f"unknown rules {rules!r}; choose none, attnlrp or cp")
-    if images.dim() != 4 or images.shape[1] != model.config.num_channels:
-        raise ValueError(f"expected images of shape (batch, {model.config.num_channels}, height, width), "
-                         f"got {tuple(images.shape)}")
     lrp = rules != "none"
 
     def norm(x: Tensor, layer: torch.nn.LayerNorm) -> Tensor:
         return _lrp_layer_norm(x, layer) if lrp else layer(x)
 
-    x = model.embed(images)  # (B, T, D)
+    x = model.embed(images)  # (B, T, D); checks the images' shape
     tokens, traces = x, []
     for block in model.blocks:
         attn = block.attn
