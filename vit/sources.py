@@ -36,6 +36,7 @@ from vit.checkpoint import (
     check_archive,
     load_checkpoint,
     preprocessing_problem,
+    weights_problem,
 )
 from vit.model import ViT, ViTConfig
 
@@ -151,29 +152,11 @@ def describe_timm_folder(folder: Path, config_json: Mapping) -> tuple[ViTConfig,
 def build_model(config: ViTConfig, state: Mapping[str, torch.Tensor], origin: str,
                 map_location: str | torch.device = "cpu") -> ViT:
     """Our ``ViT`` holding ``state``, after checking every key and shape against ``config`` on the meta device."""
-    # The sizes that decide every shape, checked first: even the meta device cannot describe a 2**62-element tensor.
-    declared = {"patch_embed.weight": (0, config.hidden_size), "blocks.0.mlp.fc1.weight": (0, config.mlp_size),
-                "pos_embed": (1, config.num_positioned_prefix_tokens + config.num_patches)}
-    for key, (dim, size) in declared.items():
-        if key in state and state[key].dim() > dim and state[key].shape[dim] != size:
-            raise SourceError(f"the weights of {origin} do not fit its config: {key} has shape "
-                              f"{tuple(state[key].shape)}, the config declares size {size} in dimension {dim}")
-    try:
-        with torch.device("meta"):
-            skeleton = ViT(config)  # no memory: shapes only
-    except RuntimeError as e:
-        raise SourceError(f"the config of {origin} declares sizes too large to build ({_one_line(e)})") from None
-    expected = {k: tuple(v.shape) for k, v in skeleton.state_dict().items()}
-    missing = sorted(set(expected) - set(state))
-    extra = sorted(set(state) - set(expected))
-    if missing or extra:
-        parts = ([f"missing {', '.join(missing[:3])}"] if missing else []) + (
-            [f"unexpected {', '.join(extra[:3])}"] if extra else [])
-        raise SourceError(f"the weights of {origin} do not fit its config: {'; '.join(parts)}")
-    for key, shape in expected.items():
-        if tuple(state[key].shape) != shape:
-            raise SourceError(f"the weights of {origin} do not fit its config: {key} has shape "
-                              f"{tuple(state[key].shape)}, the config declares {shape}")
+    problem = weights_problem(config, dict(state))  # the same check our own checkpoints get, before any allocation
+    if problem:
+        raise SourceError(f"the weights of {origin} do not fit its config: {problem}")
+    with torch.device("meta"):
+        skeleton = ViT(config)  # no memory: shapes only; the weights are assigned below
     skeleton.load_state_dict({k: v.contiguous() for k, v in state.items()}, strict=True, assign=True)
     return skeleton.to(map_location).eval()
 
