@@ -140,7 +140,7 @@ def weights_problem(config: ViTConfig, state_dict: dict) -> str | None:
     for key, value in state_dict.items():
         if not isinstance(value, torch.Tensor):
             return f"weight {str(key)[:80]!r} is a {type(value).__name__}, not a tensor"
-        stored[_clean_key(str(key))] = value
+        stored[clean_key(str(key))] = value
     try:
         with torch.device("meta"):
             expected = {k: tuple(v.shape) for k, v in ViT(config).state_dict().items()}
@@ -163,8 +163,8 @@ def _some(names: list[str], shown: int = 3) -> str:
     return ", ".join(names[:shown]) + more
 
 
-def _clean_key(key: str) -> str:
-    # Weights saved from DDP or torch.compile carry wrapper prefixes.
+def clean_key(key: str) -> str:
+    """A weight name without the wrapper prefixes (``module.``, ``_orig_mod.``) of DDP and torch.compile."""
     for prefix in ("module.", "_orig_mod."):
         while key.startswith(prefix):
             key = key[len(prefix):]
@@ -190,7 +190,7 @@ def save_checkpoint(path: str | os.PathLike, model: ViT, class_names: list[str],
         "class_names": [str(name) for name in class_names],
         "preprocessing": preprocessing.to_dict(),
         "metadata": dict(metadata or {}),
-        "state_dict": {_clean_key(k): v.detach().cpu() for k, v in model.state_dict().items()},
+        "state_dict": {clean_key(k): v.detach().cpu() for k, v in model.state_dict().items()},
     }
     if training_state is not None:
         payload["training_state"] = training_state
@@ -345,7 +345,7 @@ def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
     payload = read_checkpoint_payload(path, map_location)
     config, preprocessing, class_names = check_payload(path, payload)
     model = ViT(config)  # every stored shape fits the config, so this allocates no more than the file holds
-    state_dict = {_clean_key(str(k)): v for k, v in payload["state_dict"].items()}
+    state_dict = {clean_key(str(k)): v for k, v in payload["state_dict"].items()}
     try:
         model.load_state_dict(state_dict, strict=True)
     except (RuntimeError, TypeError, AttributeError) as e:

@@ -34,6 +34,7 @@ from vit.checkpoint import (
     ForeignCheckpointError,
     Preprocessing,
     check_archive,
+    clean_key,
     load_checkpoint,
     preprocessing_problem,
     weights_problem,
@@ -108,13 +109,7 @@ def read_weights(path: Path) -> dict[str, torch.Tensor]:
     if not isinstance(state, Mapping) or not state or not all(
             isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in state.items()):
         raise SourceError(f"{path} does not hold a state dict of named tensors")
-    out = {}
-    for key, value in state.items():
-        for prefix in ("module.", "_orig_mod."):
-            while key.startswith(prefix):
-                key = key[len(prefix):]
-        out[key] = value.float() if value.is_floating_point() else value
-    return out
+    return {clean_key(key): value.float() if value.is_floating_point() else value for key, value in state.items()}
 
 
 def read_shapes(path: Path) -> dict[str, torch.Tensor]:
