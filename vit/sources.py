@@ -29,6 +29,8 @@ import torch
 
 from vit import hf, import_timm, import_torchvision
 from vit.checkpoint import (
+    IMAGENET_MEAN,
+    IMAGENET_STD,
     Checkpoint,
     CheckpointError,
     ForeignCheckpointError,
@@ -47,7 +49,6 @@ HF_WEIGHTS = ("model.safetensors", "pytorch_model.bin")
 WEIGHT_SUFFIXES = (".safetensors", ".pth", ".pt", ".bin")
 MAX_INPUT_SIZE = 2048  # the largest published ViTs take 518 px (DINOv2) to 1024 px
 MAX_JSON_BYTES = 4 * 1024 * 1024  # config files are a few kB; refuse to parse a huge one
-IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 _PIL_FILTERS = {0: "nearest", 1: "lanczos", 2: "bilinear", 3: "bicubic"}  # HF stores PIL's enum values
 
 
