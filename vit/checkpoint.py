@@ -241,12 +241,25 @@ def _write_problem(path: Path, error: BaseException) -> OSError | None:
 
 
 def check_archive(path: Path) -> None:
-    """Refuse, before unpickling anything, a torch zip archive whose pickle could keep the unpickler busy.
+    """Refuse, before unpickling anything, a file that is not a torch zip archive or whose pickle could keep the
+    unpickler busy; every torch file this program reads (checkpoints and imported weights) passes here first.
 
-    ``torch.save`` stores every entry uncompressed and writes a pickle (``data.pkl``) of ~150 bytes
-    per tensor plus the plain data; a crafted file can pack millions of opcodes into kilobytes
+    A bare pickle, or torch's legacy format (pickles), runs to the end of the file and cannot be sized
+    beforehand. ``torch.save`` stores every entry uncompressed and writes a pickle (``data.pkl``) of
+    ~150 bytes per tensor plus the plain data; a crafted file can pack millions of opcodes into kilobytes
     (compressed) or inflate the pickle far beyond its tensors, which takes minutes to read.
     """
+    try:
+        with open(path, "rb") as f:
+            magic = f.read(4)
+    except OSError as e:
+        raise CheckpointError(f"cannot read {path} ({e.strerror or type(e).__name__})") from None
+    if magic[:1] == _LEGACY_MAGIC[:1]:  # a pickle's PROTO opcode: torch's pre-1.6 format or a bare pickle
+        raise CheckpointError(f"refused to load {path}: it is in torch's legacy (pre-1.6) format or a bare pickle, "
+                              "whose pickles could run code or take minutes to read; only torch.save archives "
+                              "(torch 1.6 or later) are read")
+    if magic != _ZIP_MAGIC:
+        raise CheckpointError(f"{path} is not a checkpoint or weights file (not a torch archive)")
     try:
         with zipfile.ZipFile(path) as archive:
             entries = archive.infolist()
@@ -278,17 +291,6 @@ def read_checkpoint_payload(path: str | os.PathLike, map_location: str | torch.d
         raise CheckpointError(f"{path} is not a file; give the path of a .pt checkpoint")
     if path.stat().st_size == 0:
         raise CheckpointError(f"{path} is empty; it is not a checkpoint")
-    try:
-        with open(path, "rb") as f:
-            magic = f.read(4)
-    except OSError as e:
-        raise CheckpointError(f"cannot read {path} ({e.strerror or type(e).__name__})") from None
-    if magic == _LEGACY_MAGIC:
-        # Its pickles run to the end of the file and cannot be sized beforehand; this program never writes it.
-        raise CheckpointError(f"refused to load {path}: it is in torch's legacy (pre-1.6) format, whose pickles "
-                              "could run code or take minutes to read; only load checkpoints written by this program")
-    if magic != _ZIP_MAGIC:
-        raise CheckpointError(f"{path} is not a checkpoint (not a torch archive)")
     check_archive(path)
     try:
         payload = torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
