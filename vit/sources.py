@@ -38,6 +38,7 @@ from vit.checkpoint import (
     clean_key,
     load_checkpoint,
     preprocessing_problem,
+    read_checkpoint_payload,
     weights_problem,
 )
 from vit.model import ViT, ViTConfig
@@ -388,9 +389,11 @@ def open_source(path: str | os.PathLike, arch: str | None = None, map_location: 
         return open_hf_folder(path, config_json, map_location)
     if path.suffix != ".safetensors":
         try:
-            return load_checkpoint(path, map_location)
+            read_checkpoint_payload(path, mmap=True)  # which kind of torch file: the pickle only, tensors mapped
         except ForeignCheckpointError:
-            pass  # a torch file, but a plain state dict: read below
+            pass  # a plain state dict: read once, below
+        else:
+            return load_checkpoint(path, map_location)
     state = read_weights(path)
     if library == "torchvision" or (library is None and import_torchvision.is_torchvision_state_dict(state)):
         return open_torchvision(path, state, name, map_location)
