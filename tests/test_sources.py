@@ -111,6 +111,17 @@ def test_a_malicious_pickle_in_a_model_folder_is_refused_and_never_run(tmp_path,
     assert not Path(MARKER).exists()
 
 
+def test_legacy_format_weights_in_a_model_folder_are_refused_before_unpickling(tmp_path, monkeypatch):
+    folder = hf_folder(tmp_path / "vit")
+    (folder / "model.safetensors").unlink()
+    torch.save({"classifier.weight": torch.zeros(3, 16)}, folder / "pytorch_model.bin",
+               _use_new_zipfile_serialization=False)  # torch's pre-1.6 format: pickles that cannot be sized
+    monkeypatch.setattr(torch, "load", lambda *a, **k: pytest.fail("the legacy file was unpickled"))
+    with pytest.raises(CheckpointError, match=r"refused to load .*legacy \(pre-1\.6\) format") as error:
+        open_source(folder)
+    assert "\n" not in str(error.value)
+
+
 def test_a_config_declaring_absurd_sizes_fails_in_one_line_before_allocating(tmp_path):
     folder = hf_folder(tmp_path / "vit")
     config = json.loads((folder / "config.json").read_text())

@@ -43,6 +43,7 @@ class ForeignCheckpointError(CheckpointError):
     """A safe torch file that is not one of ours (e.g. a timm or torchvision state dict): ``vit.sources`` reads it."""
 
 
+IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)  # DeiT, DINOv2, torchvision
 RESIZE_MODES = ("square", "shortest_edge")
 RESAMPLE_FILTERS = ("nearest", "bilinear", "bicubic", "lanczos")
 
@@ -140,7 +141,7 @@ def weights_problem(config: ViTConfig, state_dict: dict) -> str | None:
     for key, value in state_dict.items():
         if not isinstance(value, torch.Tensor):
             return f"weight {str(key)[:80]!r} is a {type(value).__name__}, not a tensor"
-        stored[_clean_key(str(key))] = value
+        stored[clean_key(str(key))] = value
     try:
         with torch.device("meta"):
             expected = {k: tuple(v.shape) for k, v in ViT(config).state_dict().items()}
@@ -163,8 +164,8 @@ def _some(names: list[str], shown: int = 3) -> str:
     return ", ".join(names[:shown]) + more
 
 
-def _clean_key(key: str) -> str:
-    # Weights saved from DDP or torch.compile carry wrapper prefixes.
+def clean_key(key: str) -> str:
+    """A weight name without the wrapper prefixes (``module.``, ``_orig_mod.``) of DDP and torch.compile."""
     for prefix in ("module.", "_orig_mod."):
         while key.startswith(prefix):
             key = key[len(prefix):]
@@ -190,7 +191,7 @@ def save_checkpoint(path: str | os.PathLike, model: ViT, class_names: list[str],
         "class_names": [str(name) for name in class_names],
         "preprocessing": preprocessing.to_dict(),
         "metadata": dict(metadata or {}),
-        "state_dict": {_clean_key(k): v.detach().cpu() for k, v in model.state_dict().items()},
+        "state_dict": {clean_key(k): v.detach().cpu() for k, v in model.state_dict().items()},
     }
     if training_state is not None:
         payload["training_state"] = training_state
@@ -240,12 +241,25 @@ def _write_problem(path: Path, error: BaseException) -> OSError | None:
 
 
 def check_archive(path: Path) -> None:
-    """Refuse, before unpickling anything, a torch zip archive whose pickle could keep the unpickler busy.
+    """Refuse, before unpickling anything, a file that is not a torch zip archive or whose pickle could keep the
+    unpickler busy; every torch file this program reads (checkpoints and imported weights) passes here first.
 
-    ``torch.save`` stores every entry uncompressed and writes a pickle (``data.pkl``) of ~150 bytes
-    per tensor plus the plain data; a crafted file can pack millions of opcodes into kilobytes
+    A bare pickle, or torch's legacy format (pickles), runs to the end of the file and cannot be sized
+    beforehand. ``torch.save`` stores every entry uncompressed and writes a pickle (``data.pkl``) of
+    ~150 bytes per tensor plus the plain data; a crafted file can pack millions of opcodes into kilobytes
     (compressed) or inflate the pickle far beyond its tensors, which takes minutes to read.
     """
+    try:
+        with open(path, "rb") as f:
+            magic = f.read(4)
+    except OSError as e:
+        raise CheckpointError(f"cannot read {path} ({e.strerror or type(e).__name__})") from None
+    if magic[:1] == _LEGACY_MAGIC[:1]:  # a pickle's PROTO opcode: torch's pre-1.6 format or a bare pickle
+        raise CheckpointError(f"refused to load {path}: it is in torch's legacy (pre-1.6) format or a bare pickle, "
+                              "whose pickles could run code or take minutes to read; only torch.save archives "
+                              "(torch 1.6 or later) are read")
+    if magic != _ZIP_MAGIC:
+        raise CheckpointError(f"{path} is not a checkpoint or weights file (not a torch archive)")
     try:
         with zipfile.ZipFile(path) as archive:
             entries = archive.infolist()
@@ -277,17 +291,6 @@ def read_checkpoint_payload(path: str | os.PathLike, map_location: str | torch.d
         raise CheckpointError(f"{path} is not a file; give the path of a .pt checkpoint")
     if path.stat().st_size == 0:
         raise CheckpointError(f"{path} is empty; it is not a checkpoint")
-    try:
-        with open(path, "rb") as f:
-            magic = f.read(4)
-    except OSError as e:
-        raise CheckpointError(f"cannot read {path} ({e.strerror or type(e).__name__})") from None
-    if magic == _LEGACY_MAGIC:
-        # Its pickles run to the end of the file and cannot be sized beforehand; this program never writes it.
-        raise CheckpointError(f"refused to load {path}: it is in torch's legacy (pre-1.6) format, whose pickles "
-                              "could run code or take minutes to read; only load checkpoints written by this program")
-    if magic != _ZIP_MAGIC:
-        raise CheckpointError(f"{path} is not a checkpoint (not a torch archive)")
     check_archive(path)
     try:
         payload = torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
@@ -345,7 +348,7 @@ def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
     payload = read_checkpoint_payload(path, map_location)
     config, preprocessing, class_names = check_payload(path, payload)
     model = ViT(config)  # every stored shape fits the config, so this allocates no more than the file holds
-    state_dict = {_clean_key(str(k)): v for k, v in payload["state_dict"].items()}
+    state_dict = {clean_key(str(k)): v for k, v in payload["state_dict"].items()}
     try:
         model.load_state_dict(state_dict, strict=True)
     except (RuntimeError, TypeError, AttributeError) as e:

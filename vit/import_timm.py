@@ -19,14 +19,13 @@ from collections.abc import Mapping
 
 import torch
 
-from vit.checkpoint import Preprocessing
+from vit.checkpoint import IMAGENET_MEAN, IMAGENET_STD, Preprocessing
 from vit.model import ViTConfig
 
 SUPPORTED = "timm vit_* (class token; reg_token, no_embed_class, layer scale, fc_norm/avg pooling), deit_* " \
             "(also distilled) and the DINOv2 ports vit_*_dinov2 / vit_*_reg4_dinov2"
 # timm's widths and their head counts (timm/models/vision_transformer.py model definitions).
 HEADS_BY_WIDTH = {192: 3, 384: 6, 512: 8, 640: 10, 768: 12, 1024: 16, 1280: 16, 1408: 16, 1536: 24, 1664: 16}
-IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 INCEPTION_MEAN = INCEPTION_STD = (0.5, 0.5, 0.5)
 _OURS_BY_TIMM = {"patch_embed.proj.weight": "patch_embed.weight", "patch_embed.proj.bias": "patch_embed.bias"}
 _BLOCK_KEY = re.compile(r"^blocks\.(\d+)\.(.+)$")

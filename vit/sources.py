@@ -21,7 +21,6 @@ from __future__ import annotations
 import json
 import os
 import pickle
-import zipfile
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -29,13 +28,18 @@ import torch
 
 from vit import hf, import_timm, import_torchvision
 from vit.checkpoint import (
+    IMAGENET_MEAN,
+    IMAGENET_STD,
     Checkpoint,
     CheckpointError,
     ForeignCheckpointError,
     Preprocessing,
     check_archive,
+    clean_key,
     load_checkpoint,
     preprocessing_problem,
+    read_checkpoint_payload,
+    weights_problem,
 )
 from vit.model import ViT, ViTConfig
 
@@ -45,7 +49,6 @@ HF_WEIGHTS = ("model.safetensors", "pytorch_model.bin")
 WEIGHT_SUFFIXES = (".safetensors", ".pth", ".pt", ".bin")
 MAX_INPUT_SIZE = 2048  # the largest published ViTs take 518 px (DINOv2) to 1024 px
 MAX_JSON_BYTES = 4 * 1024 * 1024  # config files are a few kB; refuse to parse a huge one
-IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 _PIL_FILTERS = {0: "nearest", 1: "lanczos", 2: "bilinear", 3: "bicubic"}  # HF stores PIL's enum values
 
 
@@ -89,8 +92,7 @@ def read_weights(path: Path) -> dict[str, torch.Tensor]:
         except (SafetensorError, OSError, ValueError, RuntimeError) as e:
             raise SourceError(f"{path} is not a readable safetensors file ({_one_line(e)})") from None
     else:
-        if zipfile.is_zipfile(path):
-            check_archive(path)  # a pickle far larger than its tensors (a pickle bomb) is refused before unpickling
+        check_archive(path)  # what our checkpoints get: no legacy or bare pickle, no pickle bomb, before unpickling
         try:
             state = torch.load(path, map_location="cpu", weights_only=True)
         except pickle.UnpicklingError as e:
@@ -107,13 +109,7 @@ def read_weights(path: Path) -> dict[str, torch.Tensor]:
     if not isinstance(state, Mapping) or not state or not all(
             isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in state.items()):
         raise SourceError(f"{path} does not hold a state dict of named tensors")
-    out = {}
-    for key, value in state.items():
-        for prefix in ("module.", "_orig_mod."):
-            while key.startswith(prefix):
-                key = key[len(prefix):]
-        out[key] = value.float() if value.is_floating_point() else value
-    return out
+    return {clean_key(key): value.float() if value.is_floating_point() else value for key, value in state.items()}
 
 
 def read_shapes(path: Path) -> dict[str, torch.Tensor]:
@@ -151,29 +147,11 @@ def describe_timm_folder(folder: Path, config_json: Mapping) -> tuple[ViTConfig,
 def build_model(config: ViTConfig, state: Mapping[str, torch.Tensor], origin: str,
                 map_location: str | torch.device = "cpu") -> ViT:
     """Our ``ViT`` holding ``state``, after checking every key and shape against ``config`` on the meta device."""
-    # The sizes that decide every shape, checked first: even the meta device cannot describe a 2**62-element tensor.
-    declared = {"patch_embed.weight": (0, config.hidden_size), "blocks.0.mlp.fc1.weight": (0, config.mlp_size),
-                "pos_embed": (1, config.num_positioned_prefix_tokens + config.num_patches)}
-    for key, (dim, size) in declared.items():
-        if key in state and state[key].dim() > dim and state[key].shape[dim] != size:
-            raise SourceError(f"the weights of {origin} do not fit its config: {key} has shape "
-                              f"{tuple(state[key].shape)}, the config declares size {size} in dimension {dim}")
-    try:
-        with torch.device("meta"):
-            skeleton = ViT(config)  # no memory: shapes only
-    except RuntimeError as e:
-        raise SourceError(f"the config of {origin} declares sizes too large to build ({_one_line(e)})") from None
-    expected = {k: tuple(v.shape) for k, v in skeleton.state_dict().items()}
-    missing = sorted(set(expected) - set(state))
-    extra = sorted(set(state) - set(expected))
-    if missing or extra:
-        parts = ([f"missing {', '.join(missing[:3])}"] if missing else []) + (
-            [f"unexpected {', '.join(extra[:3])}"] if extra else [])
-        raise SourceError(f"the weights of {origin} do not fit its config: {'; '.join(parts)}")
-    for key, shape in expected.items():
-        if tuple(state[key].shape) != shape:
-            raise SourceError(f"the weights of {origin} do not fit its config: {key} has shape "
-                              f"{tuple(state[key].shape)}, the config declares {shape}")
+    problem = weights_problem(config, dict(state))  # the same check our own checkpoints get, before any allocation
+    if problem:
+        raise SourceError(f"the weights of {origin} do not fit its config: {problem}")
+    with torch.device("meta"):
+        skeleton = ViT(config)  # no memory: shapes only; the weights are assigned below
     skeleton.load_state_dict({k: v.contiguous() for k, v in state.items()}, strict=True, assign=True)
     return skeleton.to(map_location).eval()
 
@@ -411,9 +389,11 @@ def open_source(path: str | os.PathLike, arch: str | None = None, map_location: 
         return open_hf_folder(path, config_json, map_location)
     if path.suffix != ".safetensors":
         try:
-            return load_checkpoint(path, map_location)
+            read_checkpoint_payload(path, mmap=True)  # which kind of torch file: the pickle only, tensors mapped
         except ForeignCheckpointError:
-            pass  # a torch file, but a plain state dict: read below
+            pass  # a plain state dict: read once, below
+        else:
+            return load_checkpoint(path, map_location)
     state = read_weights(path)
     if library == "torchvision" or (library is None and import_torchvision.is_torchvision_state_dict(state)):
         return open_torchvision(path, state, name, map_location)
