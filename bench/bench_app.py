@@ -138,7 +138,7 @@ def bench(name: str, checkpoint: Checkpoint, data: bytes, size: InputSize,
     height, width = analysis.input_size
     print(f"\n{name}: {L} layers x {H} heads, {T:,} tokens ({width}x{height} px input), "
           f"{count_parameters(checkpoint.model) / 1e6:.1f} M params, image {image.width}x{image.height}; "
-          f"layer cache {analysis.cache.nbytes / 2**20:.0f} MB of {explorer.LAYER_CACHE_BYTES / 2**20:.0f}")
+          f"layer cache {analysis.cache.bytes / 2**20:.0f} MB of {explorer.LAYER_CACHE_BYTES / 2**20:.0f}")
     print(f"  {'':<40} {'wall s':>8} {'cpu s':>8}")
     for what, (wall, cpu) in results.items():
         note = "   refused: over the memory bound" if np.isnan(wall) else ""

@@ -34,8 +34,9 @@ from vit.attention import (
     rollout_rows,
     token_map,
 )
+from vit.cache import ByteCache
 from vit.checkpoint import Checkpoint, Preprocessing
-from vit.hidden import ByteBudgetCache, LayerAttentions, forward_with_hidden_states
+from vit.hidden import LayerAttentions, forward_with_hidden_states
 from vit.images import to_mode, to_uint8
 from vit.inference import TRAINING_SIZE, InputSize, Prediction, input_shape, predictions_from_logits, preprocess
 from vit.overlay import attentions_npz_bytes, draw_mask_contours, overlay, to_png_bytes
@@ -140,7 +141,7 @@ class Analysis:
     num_prefix_tokens: int
     hidden: torch.Tensor | None = None  # (L + 1, T, D): every block's input, then the last block's output
     training_size: int | None = None  # the checkpoint's square input side
-    cache: ByteBudgetCache = field(default_factory=lambda: ByteBudgetCache(LAYER_CACHE_BYTES), repr=False)
+    cache: ByteCache = field(default_factory=lambda: ByteCache(LAYER_CACHE_BYTES), repr=False)
     prefix_names: tuple[str, ...] = ()  # ('CLS', 'DIST', 'REG 1', ...); empty: CLS then numbered prefix tokens
 
     @property
@@ -172,7 +173,7 @@ class Analysis:
                 st = layer_stats([attn], self.grid, self.patch_size, self.num_prefix_tokens)
                 rows.append(torch.stack([st["distance"][0, 0], st["entropy"][0, 0]]).float())  # (2, H)
             return torch.stack(rows, dim=1)  # (2, L, H)
-        both = self.cache.get(("stats",), compute)
+        both = self.cache.get_or_compute(("stats",), compute)
         return both[0].numpy(), both[1].numpy()
 
     @property
@@ -203,7 +204,7 @@ def analyse(checkpoint: Checkpoint, image: Image.Image, size: InputSize = TRAINI
         logits = x.new_zeros(x.shape[0], 0)
     [prediction] = predictions_from_logits(logits, checkpoint.class_names, top_k)
     hidden = hidden[0].float().cpu()
-    cache = ByteBudgetCache(LAYER_CACHE_BYTES)
+    cache = ByteCache(LAYER_CACHE_BYTES)
     layers = LayerAttentions(model, hidden, cache)
     return Analysis(prediction=prediction, attentions=layers, grid=grid, patch_size=patch_size, input_size=shape,
                     num_prefix_tokens=model.num_prefix_tokens, hidden=hidden, training_size=p.image_size,
@@ -271,7 +272,7 @@ def query_rows(analysis: Analysis, query: int) -> torch.Tensor:
             return analysis.attentions.rows(query)
         return torch.stack([a[0, :, query].float() for a in analysis.attentions])
 
-    return analysis.cache.get(("rows", query), compute)
+    return analysis.cache.get_or_compute(("rows", query), compute)
 
 
 def layer_attention(analysis: Analysis, layer: int, head: int | None, fusion: str = "mean") -> torch.Tensor:
@@ -294,7 +295,7 @@ def _rollout_factors(analysis: Analysis, fusion: str, discard_ratio: float, end_
     def factor(i: int) -> torch.Tensor:
         return rollout_factor(analysis.attentions[i], fusion, discard_ratio, analysis.num_prefix_tokens).to(dtype)
 
-    return [analysis.cache.get(("factor", i, fusion, discard_ratio), lambda i=i: factor(i))
+    return [analysis.cache.get_or_compute(("factor", i, fusion, discard_ratio), lambda i=i: factor(i))
             for i in range(end_layer % L + 1)]
 
 
