@@ -80,6 +80,14 @@ def display_images(digest: str, image: Image.Image) -> tuple[Image.Image, str, I
     return byte_cache("images", IMAGE_CACHE_BYTES).get_or_compute(("display", digest), make)
 
 
+def model_input_preview(fingerprint: tuple, digest: str, size: InputSize, checkpoint: Checkpoint,
+                        image: Image.Image) -> Image.Image:
+    """The image as the model sees it, small: resized once per (checkpoint, image, size), not on every rerun."""
+    def make() -> Image.Image:
+        return explorer.display_image(explorer.model_input_image(image, checkpoint, size), min_side=96, max_side=160)
+    return byte_cache("images", IMAGE_CACHE_BYTES).get_or_compute(("model input", fingerprint, digest, size), make)
+
+
 def analyse(fingerprint: tuple, digest: str, size: InputSize, checkpoint: Checkpoint,
             image: Image.Image) -> explorer.Analysis:
     def run() -> explorer.Analysis:
@@ -407,8 +415,7 @@ with col_prediction:
     note = explorer.prediction_note(analysis)
     if note and class_names:
         st.caption(f":orange[{note}]")
-    st.image(explorer.display_image(explorer.model_input_image(image, checkpoint, size), min_side=96, max_side=160),
-             output_format="PNG")
+    st.image(model_input_preview(fingerprint, image_key, size, checkpoint, image), output_format="PNG")
     st.caption("The model's input" + (", greyscale" if pre.num_channels == 1 else "")
                + (", inverted." if invert else "."))
 
