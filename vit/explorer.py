@@ -657,11 +657,6 @@ def model_input_image(image: Image.Image, checkpoint: Checkpoint, size: InputSiz
     return Image.fromarray(array[:, :, 0] if array.shape[2] == 1 else array)
 
 
-def png_data_uri(image: Image.Image) -> str:
-    """The image as a ``data:`` URI for a Plotly layout image (encode it once per image, not per redraw)."""
-    return "data:image/png;base64," + base64.b64encode(to_png_bytes(image)).decode("ascii")
-
-
 def jpeg_data_uri(image: Image.Image, quality: int = 90) -> str:
     """A ``data:`` URI in JPEG: ~30x faster to encode than PNG at its default level, for images redrawn often."""
     buffer = io.BytesIO()
@@ -671,7 +666,7 @@ def jpeg_data_uri(image: Image.Image, quality: int = 90) -> str:
 
 def patch_picker_figure(image_size: tuple[int, int], image_source: str, grid: tuple[int, int], query: int,
                         num_prefix_tokens: int = 1, show_grid: bool = True, fit_width: int = 300) -> go.Figure:
-    """The image (``image_source``, e.g. ``png_data_uri``, shown at ``image_size = (width, height)``) with its
+    """The image (``image_source``, e.g. ``jpeg_data_uri``, shown at ``image_size = (width, height)``) with its
     patch grid and the query outlined; a click near a patch centre selects that patch.
 
     The patch centres are invisible points in row-major order (point ``i`` is patch ``i``), and
