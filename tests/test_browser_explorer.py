@@ -35,14 +35,21 @@ def png(width: int, height: int, seed: int) -> bytes:
     return buffer.getvalue()
 
 
-@pytest.fixture
-def world(tmp_path):
-    """A tiny random model under the default name with one sample, and an image to upload."""
+def ship_default(tmp_path: Path, config: ViTConfig, class_names: list[str],
+                 metadata: dict | None = None) -> tuple[Path, Path]:
+    """A random model (seed 0) saved under the default checkpoint name; the checkpoints and (empty) runs folders."""
     checkpoints, runs = tmp_path / "checkpoints", tmp_path / "runs"
     runs.mkdir()
     torch.manual_seed(0)
-    save_checkpoint(checkpoints / DEFAULT_CHECKPOINT, ViT(TINY), ["airplane", "cat", "dog"],
-                    metadata={"dataset": "folder:data/tiny", "val_acc": 0.5})
+    save_checkpoint(checkpoints / DEFAULT_CHECKPOINT, ViT(config), class_names, metadata=metadata)
+    return checkpoints, runs
+
+
+@pytest.fixture
+def world(tmp_path):
+    """A tiny random model under the default name with one sample, and an image to upload."""
+    checkpoints, runs = ship_default(tmp_path, TINY, ["airplane", "cat", "dog"],
+                                     metadata={"dataset": "folder:data/tiny", "val_acc": 0.5})
     samples = checkpoints / "samples" / Path(DEFAULT_CHECKPOINT).stem
     samples.mkdir(parents=True)
     (samples / "cat_1.png").write_bytes(png(32, 32, seed=1))
@@ -148,11 +155,8 @@ def photo(width: int, height: int, seed: int) -> bytes:
 @pytest.fixture
 def base_server(tmp_path):
     """The app on a random ViT-B/16 (our own format, 12 layers x 12 heads) shipped under the default name."""
-    checkpoints, runs = tmp_path / "checkpoints", tmp_path / "runs"
-    runs.mkdir()
-    torch.manual_seed(0)
-    config = ViTConfig.from_preset("vit-base-16")
-    save_checkpoint(checkpoints / DEFAULT_CHECKPOINT, ViT(config), [f"class {i}" for i in range(1000)])
+    checkpoints, runs = ship_default(tmp_path, ViTConfig.from_preset("vit-base-16"),
+                                     [f"class {i}" for i in range(1000)])
     env = {"VIT_CHECKPOINTS_DIR": str(checkpoints), "VIT_RUNS_DIR": str(runs)}
     with streamlit_app(env, log=tmp_path / "server.log") as (url, _):
         yield url, tmp_path
