@@ -908,6 +908,14 @@ def test_on_a_network_no_server_path_can_be_opened(default_world, tmp_path):
     assert not at.error  # nothing was read, so nothing says whether the path exists
 
 
+@pytest.mark.parametrize("kind", ["attention", "rollout", "lrp", "flow"])
+def test_captions_name_a_register_query_as_a_prefix_token_not_an_outlined_patch(kind):
+    a = hand_analysis()
+    a.num_prefix_tokens, a.grid, a.prefix_names = 2, (1, 1), ("CLS", "REG 1")  # still T = 3 tokens
+    caption = explorer.describe_map(explorer.MapSettings(kind=kind, query=1), a, ["a", "b"])
+    assert "the REG 1 token" in caption and "outlined" not in caption
+
+
 @pytest.mark.parametrize("kind", ["class", "legrad", "lrp", "attnlrp"])
 def test_captions_show_a_class_name_as_written(kind):
     a = hand_analysis()

@@ -506,16 +506,18 @@ def token_from_selection(selection, num_prefix_tokens: int = 1) -> int | None:
     return int(indices[-1]) + num_prefix_tokens
 
 
+def _query_phrase(query: int, analysis: Analysis) -> str:
+    """'the CLS token', 'the REG 1 token' or 'the query patch row 2, col 3 (outlined)', for the captions."""
+    if query == 0:
+        return "the CLS token"
+    label = token_label(query, analysis.grid, analysis.num_prefix_tokens, analysis.prefix_names)
+    return f"the {label} token" if query < analysis.num_prefix_tokens else f"the query {label} (outlined)"
+
+
 def describe_map(settings: MapSettings, analysis: Analysis, class_names: list[str]) -> str:
     """A caption that says what the drawn map means."""
     s, L, H = settings, analysis.num_layers, analysis.num_heads
-    query = token_label(s.query, analysis.grid, analysis.num_prefix_tokens, analysis.prefix_names)
-    if s.query == 0:
-        who = "the CLS token"
-    elif s.query < analysis.num_prefix_tokens:
-        who = f"the {query} token"
-    else:
-        who = f"the query {query} (outlined)"
+    who = _query_phrase(s.query, analysis)
     if s.kind == "attention":
         layer = s.layer % L
         heads = f"head {s.head + 1}" if s.head is not None else f"the {s.fusion} over its {H} heads"
@@ -918,8 +920,7 @@ def map_colours(kind: str, map2d: np.ndarray, colormap: str) -> tuple[str, float
 def describe_method_map(settings: MapSettings, analysis: Analysis, class_names: list[str]) -> str:
     """The caption of a ``METHOD_MAP_KINDS`` map."""
     s = settings
-    query = token_label(s.query, analysis.grid, analysis.num_prefix_tokens)
-    who = "the CLS token" if s.query == 0 else f"the query {query} (outlined)"
+    who = _query_phrase(s.query, analysis)
     if s.kind == "flow":
         return (f"**Attention flow through layers 1–{s.end_layer % analysis.num_layers + 1}** (heads fused by "
                 f"{s.fusion}): the maximum flow from {who} down to each input patch, when every layer's attention "
