@@ -105,6 +105,21 @@ def class_relevance(fingerprint: tuple, digest: str, size: InputSize, class_inde
                                                                           run)
 
 
+def probe_overlays(run: Path, epoch: int, kind: str, layer: int, head: int | None, fusion: str, opacity: float,
+                   colormap: str, mode: str) -> list[tuple[Image.Image, str]]:
+    """The run's probe overlays of ``epoch``, read and drawn once per settings, not on every rerun; keyed by the
+    snapshot file's stat so that a rewritten snapshot is read again."""
+    try:
+        stat = snapshots.snapshot_path(run, epoch).stat()
+        version = (stat.st_mtime_ns, stat.st_size)
+    except OSError:
+        version = None  # missing: probe_overlays says so
+    settings = (kind, layer, head, fusion, opacity, colormap, mode)
+    return byte_cache("images", IMAGE_CACHE_BYTES).get_or_compute(
+        ("probes", str(run), epoch, version, *settings),
+        lambda: snapshots.probe_overlays(run, epoch, *settings, size=128))
+
+
 @st.cache_resource(max_entries=16, show_spinner="Computing the map (attention flow: seconds, minutes on ViT-B)…")
 def method_map(fingerprint: tuple, digest: str, size: InputSize, kind: str, class_index: int, query: int,
                end_layer: int, fusion: str, _checkpoint: Checkpoint, _image: Image.Image):
@@ -523,8 +538,7 @@ if snapshot_epochs:
                                   help="Stored while the run trained: no checkpoint of that epoch is needed.")
     snap_kind = "rollout" if kind == "rollout" else "attention"
     try:
-        probes = snapshots.probe_overlays(snapshot_run, snap_epoch, snap_kind, layer - 1, head, fusion, opacity,
-                                          colormap, mode, size=128)
+        probes = probe_overlays(snapshot_run, snap_epoch, snap_kind, layer - 1, head, fusion, opacity, colormap, mode)
     except (snapshots.SnapshotError, ValueError) as e:
         st.warning(escape_markdown(e))
     else:
