@@ -16,8 +16,13 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
+import torch
 from markdown_it import MarkdownIt
 from PIL import Image
+
+from vit.catalog import DEFAULT_CHECKPOINT
+from vit.checkpoint import save_checkpoint
+from vit.model import ViT, ViTConfig
 
 # A colour per class, far apart so that even a tiny model separates them in a few steps.
 CLASS_COLOURS = [(220, 40, 40), (40, 200, 60), (50, 60, 230), (230, 210, 40), (200, 50, 210), (40, 210, 210)]
@@ -58,6 +63,17 @@ ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts"  # screens
 # Without the background-networking flags Chromium keeps dialling out on this closed network.
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
                  "--disable-sync", "--no-first-run"]
+
+
+def ship_default(tmp_path: Path, config: ViTConfig, class_names: list[str],
+                 metadata: dict | None = None) -> tuple[Path, Path]:
+    """A random model (seed 0) saved under the default checkpoint name, as the app's shipped model; returns the
+    checkpoints and (empty) runs folders to point ``VIT_CHECKPOINTS_DIR`` and ``VIT_RUNS_DIR`` at."""
+    checkpoints, runs = tmp_path / "checkpoints", tmp_path / "runs"
+    runs.mkdir()
+    torch.manual_seed(0)
+    save_checkpoint(checkpoints / DEFAULT_CHECKPOINT, ViT(config), class_names, metadata=metadata)
+    return checkpoints, runs
 
 
 def free_port() -> int:

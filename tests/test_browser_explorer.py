@@ -12,12 +12,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from helpers import ARTIFACTS, CHROMIUM, CHROMIUM_ARGS, streamlit_app
+from helpers import ARTIFACTS, CHROMIUM, CHROMIUM_ARGS, ship_default, streamlit_app
 from PIL import Image
 
 from vit.catalog import DEFAULT_CHECKPOINT
-from vit.checkpoint import save_checkpoint
-from vit.model import ViT, ViTConfig
+from vit.model import ViTConfig
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -33,16 +32,6 @@ def png(width: int, height: int, seed: int) -> bytes:
     buffer = io.BytesIO()
     Image.fromarray(pixels).save(buffer, format="PNG")
     return buffer.getvalue()
-
-
-def ship_default(tmp_path: Path, config: ViTConfig, class_names: list[str],
-                 metadata: dict | None = None) -> tuple[Path, Path]:
-    """A random model (seed 0) saved under the default checkpoint name; the checkpoints and (empty) runs folders."""
-    checkpoints, runs = tmp_path / "checkpoints", tmp_path / "runs"
-    runs.mkdir()
-    torch.manual_seed(0)
-    save_checkpoint(checkpoints / DEFAULT_CHECKPOINT, ViT(config), class_names, metadata=metadata)
-    return checkpoints, runs
 
 
 @pytest.fixture
