@@ -74,10 +74,8 @@ def decode_image(digest: str, name: str, invert: bool, data: bytes) -> Image.Ima
 
 def display_images(digest: str, image: Image.Image) -> tuple[Image.Image, str, Image.Image]:
     """The image at display size (and as a data URI for the patch picker), and small for the heads grid."""
-    def make() -> tuple[Image.Image, str, Image.Image]:
-        shown = explorer.display_image(image, max_side=480)
-        return shown, explorer.jpeg_data_uri(shown), explorer.display_image(image, min_side=72, max_side=112)
-    return byte_cache("images", IMAGE_CACHE_BYTES).get_or_compute(("display", digest), make)
+    return byte_cache("images", IMAGE_CACHE_BYTES).get_or_compute(("display", digest),
+                                                                  partial(explorer.display_images, image))
 
 
 def model_input_preview(fingerprint: tuple, digest: str, size: InputSize, checkpoint: Checkpoint,

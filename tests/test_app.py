@@ -499,6 +499,13 @@ def test_display_size_enlarges_small_images_by_a_whole_factor_and_shrinks_large_
     assert explorer.display_image(Image.new("L", size)).size == shown
 
 
+def test_display_images_are_the_picker_image_its_jpeg_and_the_heads_grid_thumbnail():
+    shown, uri, small = explorer.display_images(Image.new("RGB", (4000, 3000), (10, 20, 30)))
+    assert shown.size == (480, 360) and small.size == (112, 84)
+    assert uri.startswith("data:image/jpeg;base64,")
+    assert Image.open(io.BytesIO(base64.b64decode(uri.split(",", 1)[1]))).size == shown.size
+
+
 def test_captions_say_what_the_map_is():
     a = hand_analysis()
     cls_last = explorer.describe_map(explorer.MapSettings(), a, ["a", "b"])

@@ -647,6 +647,13 @@ def display_image(image: Image.Image, min_side: int = 320, max_side: int = 640) 
     return image.resize(size, method)
 
 
+def display_images(image: Image.Image) -> tuple[Image.Image, str, Image.Image]:
+    """What the explorer shows of an image, prepared once per image: the image at display size, it as a JPEG
+    data URI (the patch picker's background), and the heads grid's thumbnail size."""
+    shown = display_image(image, max_side=480)
+    return shown, jpeg_data_uri(shown), display_image(image, min_side=72, max_side=112)
+
+
 def model_input_image(image: Image.Image, checkpoint: Checkpoint, size: InputSize = TRAINING_SIZE) -> Image.Image:
     """The image as the model sees it (resized to its input size, greyscale for greyscale models)."""
     p = checkpoint.preprocessing
