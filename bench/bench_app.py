@@ -72,12 +72,6 @@ def photo_png(width: int = 640, height: int = 480, seed: int = 0) -> bytes:
     return buffer.getvalue()
 
 
-def display(image: Image.Image) -> tuple[Image.Image, str, Image.Image]:
-    """What the page prepares once per image: the display-size image, its data URI, the heads-grid size."""
-    shown = explorer.display_image(image, max_side=480)
-    return shown, explorer.jpeg_data_uri(shown), explorer.display_image(image, min_side=72, max_side=112)
-
-
 def heads_grid(analysis: explorer.Analysis, small: Image.Image, query: int, layers: list[int]) -> None:
     """The heads tab: thumbnails of ``layers``, composed into one JPEG, and its clickable figure."""
     maps = explorer.head_maps(analysis, query)[layers]  # (layers, H, gh, gw)
@@ -108,7 +102,7 @@ def bench(name: str, checkpoint: Checkpoint, data: bytes, size: InputSize,
           repeats: int) -> dict[str, tuple[float, float]]:
     image = open_image(data, name="upload.png")
     analysis = explorer.analyse(checkpoint, image, size)  # warm-up (first-call allocations)
-    shown = display(image)
+    shown = explorer.display_images(image)
     L, H, T = analysis.num_layers, analysis.num_heads, analysis.num_tokens
     queries = iter(range(1, T))  # every change a query not seen before: nothing cached helps
     changes = (explorer.MapSettings(layer=i % L, head=(None if i % 2 else i % H), query=next(queries))
@@ -118,7 +112,7 @@ def bench(name: str, checkpoint: Checkpoint, data: bytes, size: InputSize,
 
     def upload() -> None:
         fresh = explorer.analyse(checkpoint, open_image(data, name="upload.png"), size)
-        draw(fresh, *display(image), explorer.MapSettings())
+        draw(fresh, *explorer.display_images(image), explorer.MapSettings())
 
     def class_map() -> None:
         relevance = explorer.class_relevance(checkpoint, image, other_class, size)
@@ -138,7 +132,7 @@ def bench(name: str, checkpoint: Checkpoint, data: bytes, size: InputSize,
     height, width = analysis.input_size
     print(f"\n{name}: {L} layers x {H} heads, {T:,} tokens ({width}x{height} px input), "
           f"{count_parameters(checkpoint.model) / 1e6:.1f} M params, image {image.width}x{image.height}; "
-          f"layer cache {analysis.cache.nbytes / 2**20:.0f} MB of {explorer.LAYER_CACHE_BYTES / 2**20:.0f}")
+          f"layer cache {analysis.cache.bytes / 2**20:.0f} MB of {explorer.LAYER_CACHE_BYTES / 2**20:.0f}")
     print(f"  {'':<40} {'wall s':>8} {'cpu s':>8}")
     for what, (wall, cpu) in results.items():
         note = "   refused: over the memory bound" if np.isnan(wall) else ""

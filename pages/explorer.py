@@ -74,10 +74,16 @@ def decode_image(digest: str, name: str, invert: bool, data: bytes) -> Image.Ima
 
 def display_images(digest: str, image: Image.Image) -> tuple[Image.Image, str, Image.Image]:
     """The image at display size (and as a data URI for the patch picker), and small for the heads grid."""
-    def make() -> tuple[Image.Image, str, Image.Image]:
-        shown = explorer.display_image(image, max_side=480)
-        return shown, explorer.jpeg_data_uri(shown), explorer.display_image(image, min_side=72, max_side=112)
-    return byte_cache("images", IMAGE_CACHE_BYTES).get_or_compute(("display", digest), make)
+    return byte_cache("images", IMAGE_CACHE_BYTES).get_or_compute(("display", digest),
+                                                                  partial(explorer.display_images, image))
+
+
+def model_input_preview(fingerprint: tuple, digest: str, size: InputSize, checkpoint: Checkpoint,
+                        image: Image.Image) -> Image.Image:
+    """The image as the model sees it, small: resized once per (checkpoint, image, size), not on every rerun."""
+    def make() -> Image.Image:
+        return explorer.display_image(explorer.model_input_image(image, checkpoint, size), min_side=96, max_side=160)
+    return byte_cache("images", IMAGE_CACHE_BYTES).get_or_compute(("model input", fingerprint, digest, size), make)
 
 
 def analyse(fingerprint: tuple, digest: str, size: InputSize, checkpoint: Checkpoint,
@@ -95,6 +101,21 @@ def class_relevance(fingerprint: tuple, digest: str, size: InputSize, class_inde
             return explorer.class_relevance(checkpoint, image, class_index, size)
     return byte_cache("relevance", RELEVANCE_CACHE_BYTES).get_or_compute((fingerprint, digest, size, class_index),
                                                                           run)
+
+
+def probe_overlays(run: Path, epoch: int, kind: str, layer: int, head: int | None, fusion: str, opacity: float,
+                   colormap: str, mode: str) -> list[tuple[Image.Image, str]]:
+    """The run's probe overlays of ``epoch``, read and drawn once per settings, not on every rerun; keyed by the
+    snapshot file's stat so that a rewritten snapshot is read again."""
+    try:
+        stat = snapshots.snapshot_path(run, epoch).stat()
+        version = (stat.st_mtime_ns, stat.st_size)
+    except OSError:
+        version = None  # missing: probe_overlays says so
+    settings = (kind, layer, head, fusion, opacity, colormap, mode)
+    return byte_cache("images", IMAGE_CACHE_BYTES).get_or_compute(
+        ("probes", str(run), epoch, version, *settings),
+        lambda: snapshots.probe_overlays(run, epoch, *settings, size=128))
 
 
 @st.cache_resource(max_entries=16, show_spinner="Computing the map (attention flow: seconds, minutes on ViT-B)…")
@@ -407,8 +428,7 @@ with col_prediction:
     note = explorer.prediction_note(analysis)
     if note and class_names:
         st.caption(f":orange[{note}]")
-    st.image(explorer.display_image(explorer.model_input_image(image, checkpoint, size), min_side=96, max_side=160),
-             output_format="PNG")
+    st.image(model_input_preview(fingerprint, image_key, size, checkpoint, image), output_format="PNG")
     st.caption("The model's input" + (", greyscale" if pre.num_channels == 1 else "")
                + (", inverted." if invert else "."))
 
@@ -516,8 +536,7 @@ if snapshot_epochs:
                                   help="Stored while the run trained: no checkpoint of that epoch is needed.")
     snap_kind = "rollout" if kind == "rollout" else "attention"
     try:
-        probes = snapshots.probe_overlays(snapshot_run, snap_epoch, snap_kind, layer - 1, head, fusion, opacity,
-                                          colormap, mode, size=128)
+        probes = probe_overlays(snapshot_run, snap_epoch, snap_kind, layer - 1, head, fusion, opacity, colormap, mode)
     except (snapshots.SnapshotError, ValueError) as e:
         st.warning(escape_markdown(e))
     else:

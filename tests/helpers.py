@@ -14,10 +14,14 @@ import urllib.request
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 from markdown_it import MarkdownIt
 from PIL import Image
+
+if TYPE_CHECKING:
+    from vit.model import ViTConfig
 
 # A colour per class, far apart so that even a tiny model separates them in a few steps.
 CLASS_COLOURS = [(220, 40, 40), (40, 200, 60), (50, 60, 230), (230, 210, 40), (200, 50, 210), (40, 210, 210)]
@@ -60,6 +64,23 @@ CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networki
                  "--disable-sync", "--no-first-run"]
 
 
+def ship_default(tmp_path: Path, config: ViTConfig, class_names: list[str],
+                 metadata: dict | None = None) -> tuple[Path, Path]:
+    """A random model (seed 0) saved under the default checkpoint name, as the app's shipped model; returns the
+    checkpoints and (empty) runs folders to point ``VIT_CHECKPOINTS_DIR`` and ``VIT_RUNS_DIR`` at."""
+    import torch  # here, not at the top: scripts/screenshots.py imports this module without the package
+
+    from vit.catalog import DEFAULT_CHECKPOINT
+    from vit.checkpoint import save_checkpoint
+    from vit.model import ViT
+
+    checkpoints, runs = tmp_path / "checkpoints", tmp_path / "runs"
+    runs.mkdir()
+    torch.manual_seed(0)
+    save_checkpoint(checkpoints / DEFAULT_CHECKPOINT, ViT(config), class_names, metadata=metadata)
+    return checkpoints, runs
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -83,17 +104,18 @@ def wait_for_health(url: str, server: subprocess.Popen, timeout: float = 180.0) 
 
 
 @contextmanager
-def streamlit_app(env: dict[str, str], log: Path | None = None, timeout: float = 180.0
-                  ) -> Iterator[tuple[str, subprocess.Popen]]:
-    """``streamlit run app.py`` on a free loopback port with ``env`` added to the environment and the
-    repository's own config (no file watcher); yields ``(url, process)`` once it is healthy, stops it after.
-    Output goes to ``log`` when given."""
+def streamlit_app(env: dict[str, str], log: Path | None = None, timeout: float = 180.0,
+                  unset: Sequence[str] = ()) -> Iterator[tuple[str, subprocess.Popen]]:
+    """``streamlit run app.py`` on a free loopback port with ``env`` added to the environment (and the
+    variables named in ``unset`` removed) and the repository's own config (no file watcher); yields
+    ``(url, process)`` once it is healthy, stops it after. Output goes to ``log`` when given."""
     port = free_port()
+    inherited = {key: value for key, value in os.environ.items() if key not in unset}
     output = log.open("wb") if log is not None else subprocess.DEVNULL
     process = subprocess.Popen(
         [sys.executable, "-m", "streamlit", "run", "app.py", "--server.port", str(port), "--server.headless", "true",
          "--server.address", "127.0.0.1", "--browser.gatherUsageStats", "false"],
-        cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1", **env}, stdout=output, stderr=subprocess.STDOUT,
+        cwd=ROOT, env={**inherited, "OMP_NUM_THREADS": "1", **env}, stdout=output, stderr=subprocess.STDOUT,
         start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     try:

@@ -483,12 +483,13 @@ def test_patch_picker_puts_patch_i_at_the_centre_of_its_cell_and_outlines_the_qu
     assert not cls_fig.layout.shapes
 
 
-def test_png_data_uri_round_trips():
-    image = Image.new("RGB", (3, 2), (10, 20, 30))
-    uri = explorer.png_data_uri(image)
-    assert uri.startswith("data:image/png;base64,")
+def test_jpeg_data_uri_round_trips_in_rgb():
+    image = Image.new("L", (3, 2), 200)  # greyscale in: the picker's layout image is always RGB
+    uri = explorer.jpeg_data_uri(image)
+    assert uri.startswith("data:image/jpeg;base64,")
     decoded = Image.open(io.BytesIO(base64.b64decode(uri.split(",", 1)[1])))
-    assert decoded.size == (3, 2) and decoded.getpixel((0, 0)) == (10, 20, 30)
+    assert decoded.size == (3, 2) and decoded.mode == "RGB"
+    assert all(abs(c - 200) <= 2 for c in decoded.getpixel((0, 0)))  # JPEG is lossy, a flat image nearly exact
 
 
 @pytest.mark.parametrize(("size", "shown"), [((32, 32), (320, 320)), ((28, 28), (336, 336)), ((30, 10), (330, 110)),
@@ -496,6 +497,13 @@ def test_png_data_uri_round_trips():
 def test_display_size_enlarges_small_images_by_a_whole_factor_and_shrinks_large_ones(size, shown):
     assert explorer.display_size(size) == shown
     assert explorer.display_image(Image.new("L", size)).size == shown
+
+
+def test_display_images_are_the_picker_image_its_jpeg_and_the_heads_grid_thumbnail():
+    shown, uri, small = explorer.display_images(Image.new("RGB", (4000, 3000), (10, 20, 30)))
+    assert shown.size == (480, 360) and small.size == (112, 84)
+    assert uri.startswith("data:image/jpeg;base64,")
+    assert Image.open(io.BytesIO(base64.b64decode(uri.split(",", 1)[1]))).size == shown.size
 
 
 def test_captions_say_what_the_map_is():
@@ -905,6 +913,14 @@ def test_on_a_network_no_server_path_can_be_opened(default_world, tmp_path):
     picker = sidebar_widget(at, "selectbox", "Checkpoint")
     assert picker.value != str(other) and not any("secret" in option for option in picker.options)
     assert not at.error  # nothing was read, so nothing says whether the path exists
+
+
+@pytest.mark.parametrize("kind", ["attention", "rollout", "lrp", "flow"])
+def test_captions_name_a_register_query_as_a_prefix_token_not_an_outlined_patch(kind):
+    a = hand_analysis()
+    a.num_prefix_tokens, a.grid, a.prefix_names = 2, (1, 1), ("CLS", "REG 1")  # still T = 3 tokens
+    caption = explorer.describe_map(explorer.MapSettings(kind=kind, query=1), a, ["a", "b"])
+    assert "the REG 1 token" in caption and "outlined" not in caption
 
 
 @pytest.mark.parametrize("kind", ["class", "legrad", "lrp", "attnlrp"])

@@ -12,12 +12,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from helpers import ARTIFACTS, CHROMIUM, CHROMIUM_ARGS, streamlit_app
+from helpers import ARTIFACTS, CHROMIUM, CHROMIUM_ARGS, ship_default, streamlit_app
 from PIL import Image
 
 from vit.catalog import DEFAULT_CHECKPOINT
-from vit.checkpoint import save_checkpoint
-from vit.model import ViT, ViTConfig
+from vit.model import ViTConfig
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -38,11 +37,8 @@ def png(width: int, height: int, seed: int) -> bytes:
 @pytest.fixture
 def world(tmp_path):
     """A tiny random model under the default name with one sample, and an image to upload."""
-    checkpoints, runs = tmp_path / "checkpoints", tmp_path / "runs"
-    runs.mkdir()
-    torch.manual_seed(0)
-    save_checkpoint(checkpoints / DEFAULT_CHECKPOINT, ViT(TINY), ["airplane", "cat", "dog"],
-                    metadata={"dataset": "folder:data/tiny", "val_acc": 0.5})
+    checkpoints, runs = ship_default(tmp_path, TINY, ["airplane", "cat", "dog"],
+                                     metadata={"dataset": "folder:data/tiny", "val_acc": 0.5})
     samples = checkpoints / "samples" / Path(DEFAULT_CHECKPOINT).stem
     samples.mkdir(parents=True)
     (samples / "cat_1.png").write_bytes(png(32, 32, seed=1))
@@ -148,11 +144,8 @@ def photo(width: int, height: int, seed: int) -> bytes:
 @pytest.fixture
 def base_server(tmp_path):
     """The app on a random ViT-B/16 (our own format, 12 layers x 12 heads) shipped under the default name."""
-    checkpoints, runs = tmp_path / "checkpoints", tmp_path / "runs"
-    runs.mkdir()
-    torch.manual_seed(0)
-    config = ViTConfig.from_preset("vit-base-16")
-    save_checkpoint(checkpoints / DEFAULT_CHECKPOINT, ViT(config), [f"class {i}" for i in range(1000)])
+    checkpoints, runs = ship_default(tmp_path, ViTConfig.from_preset("vit-base-16"),
+                                     [f"class {i}" for i in range(1000)])
     env = {"VIT_CHECKPOINTS_DIR": str(checkpoints), "VIT_RUNS_DIR": str(runs)}
     with streamlit_app(env, log=tmp_path / "server.log") as (url, _):
         yield url, tmp_path

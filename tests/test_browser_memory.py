@@ -15,13 +15,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
-from helpers import CHROMIUM, CHROMIUM_ARGS, streamlit_app
+from helpers import CHROMIUM, CHROMIUM_ARGS, ship_default, streamlit_app
 from PIL import Image
 
-from vit.catalog import DEFAULT_CHECKPOINT
-from vit.checkpoint import save_checkpoint
-from vit.model import ViT, ViTConfig
+from vit.model import ViTConfig
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -68,10 +65,7 @@ def uploads(tmp_path):
 
 @pytest.fixture
 def server(tmp_path):
-    checkpoints, runs = tmp_path / "checkpoints", tmp_path / "runs"
-    runs.mkdir()
-    torch.manual_seed(0)
-    save_checkpoint(checkpoints / DEFAULT_CHECKPOINT, ViT(TINY), ["airplane", "cat", "dog"])
+    checkpoints, runs = ship_default(tmp_path, TINY, ["airplane", "cat", "dog"])
     with streamlit_app({"VIT_CHECKPOINTS_DIR": str(checkpoints), "VIT_RUNS_DIR": str(runs)}) as (url, process):
         yield url, process
 

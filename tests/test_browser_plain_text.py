@@ -7,12 +7,10 @@ headless Chromium; every request the page makes is recorded.
 from pathlib import Path
 
 import pytest
-import torch
-from helpers import CHROMIUM, CHROMIUM_ARGS, streamlit_app
+from helpers import CHROMIUM, CHROMIUM_ARGS, ship_default, streamlit_app
 
 from vit.catalog import DEFAULT_CHECKPOINT
-from vit.checkpoint import save_checkpoint
-from vit.model import ViT, ViTConfig
+from vit.model import ViTConfig
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -25,10 +23,7 @@ CLASSES = ["![x](http://example.invalid/x.png)", "<b>bold</b>", "[link](http://e
 
 @pytest.fixture
 def server(tmp_path):
-    checkpoints, runs = tmp_path / "checkpoints", tmp_path / "runs"
-    runs.mkdir()
-    torch.manual_seed(0)
-    save_checkpoint(checkpoints / DEFAULT_CHECKPOINT, ViT(TINY), CLASSES, metadata={"dataset": "<i>tiny</i>"})
+    checkpoints, runs = ship_default(tmp_path, TINY, CLASSES, metadata={"dataset": "<i>tiny</i>"})
     samples = checkpoints / "samples" / Path(DEFAULT_CHECKPOINT).stem
     samples.mkdir(parents=True)
     from PIL import Image

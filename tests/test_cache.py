@@ -64,6 +64,13 @@ def test_a_value_larger_than_the_budget_is_returned_but_not_kept():
     assert "big" not in cache and cache.bytes == 0
 
 
+def test_a_value_over_its_max_share_is_returned_but_not_kept():
+    cache = ByteCache(8 * MB)
+    cache.get_or_compute("small", lambda: block(1))
+    assert len(cache.get_or_compute("big", lambda: block(2), max_share=0.125)) == 2 * MB
+    assert "big" not in cache and "small" in cache and cache.bytes == MB
+
+
 def test_errors_are_not_cached():
     cache = ByteCache(MB)
     try:

@@ -15,7 +15,7 @@ from test_training_attention_page import fake_run, shown_text
 from vit.attention import token_map
 from vit.catalog import DEFAULT_CHECKPOINT
 from vit.compare import difference
-from vit.explorer import display_image
+from vit.explorer import display_images
 from vit.inference import preprocess
 from vit.model import ViT
 
@@ -63,7 +63,7 @@ def test_compare_mode_shows_both_maps_and_their_difference(two_checkpoints):
     assert any(c.startswith("B: other.pt") for c in captions)
     # The difference caption's range is that of the two models' own maps, computed here independently.
     image = Image.open(sample).convert("RGB")
-    shown = display_image(image)
+    shown, _, _ = display_images(image)  # the size the page shows the maps at
     expected = difference(last_layer_cls_map(a, image), last_layer_cls_map(b, image), (shown.height, shown.width))
     line = next(c for c in captions if c.startswith("Difference A − B"))
     low, high = float(line.split("from ")[1].split(" ")[0]), float(line.split("to ")[1].split(" ")[0])

@@ -3,8 +3,9 @@
 import pytest
 import torch
 
+from vit.cache import ByteCache
 from vit.hf import config_from_hf, state_dict_from_hf
-from vit.hidden import ByteBudgetCache, LayerAttentions, forward_with_hidden_states
+from vit.hidden import LayerAttentions, forward_with_hidden_states
 from vit.model import ViT, ViTConfig
 
 TINY = ViTConfig(image_size=16, patch_size=4, num_channels=3, num_classes=3, hidden_size=16, num_layers=3,
@@ -35,7 +36,7 @@ def test_hidden_states_and_layer_attentions_match_hf_at_a_non_square_size():
     assert hidden.shape == (1, 4, 61, 48)
     for i, theirs in enumerate(expected.hidden_states):  # embeddings, then each layer's output
         torch.testing.assert_close(hidden[:, i], theirs, rtol=0, atol=1e-5)
-    layers = LayerAttentions(ours, hidden[0], ByteBudgetCache(2**20))
+    layers = LayerAttentions(ours, hidden[0], ByteCache(2**20))
     assert len(layers) == 3
     for mine, theirs in zip(layers, expected.attentions, strict=True):
         torch.testing.assert_close(mine, theirs, rtol=0, atol=1e-5)
@@ -45,40 +46,23 @@ def test_layers_are_computed_when_read_and_kept_while_small():
     model = tiny_model()
     _, hidden = forward_with_hidden_states(model, torch.randn(1, 3, 16, 16))
     one_layer = 2 * 17 * 17 * 4  # bytes of (1, 2 heads, 17, 17) float32
-    cache = ByteBudgetCache(8 * one_layer)
+    cache = ByteCache(8 * one_layer)
     layers = LayerAttentions(model, hidden[0], cache)
-    assert cache.nbytes == 0  # nothing computed yet
+    assert cache.bytes == 0  # nothing computed yet
     first = layers[0]
-    assert layers[0] is first and cache.nbytes == one_layer
+    assert layers[0] is first and cache.bytes == one_layer
     assert layers[-1].shape == (1, 2, 17, 17)
     with pytest.raises(IndexError):
         layers[3]
     # A layer over an eighth of the budget is recomputed each time instead of evicting the rest.
-    tight = LayerAttentions(model, hidden[0], ByteBudgetCache(4 * one_layer))
+    tight = LayerAttentions(model, hidden[0], ByteCache(4 * one_layer))
     assert tight[0] is not tight[0] and torch.equal(tight[0], first)
-
-
-def test_the_least_recently_used_values_go_first_when_over_budget():
-    cache = ByteBudgetCache(3 * 4 * 10)  # three float32 (10,) tensors
-    for key in "abc":
-        cache.get(key, lambda: torch.zeros(10))
-    a = cache.get("a", lambda: torch.ones(10))  # a hit: "a" becomes the most recent
-    cache.get("d", lambda: torch.zeros(10))  # evicts "b", the least recently used
-    assert cache.get("a", lambda: torch.ones(10)) is a and torch.equal(a, torch.zeros(10))
-    assert torch.equal(cache.get("b", lambda: torch.ones(10)), torch.ones(10))  # recomputed
-    assert cache.nbytes == 3 * 4 * 10
-
-
-def test_a_value_bigger_than_the_budget_is_returned_but_not_kept():
-    cache = ByteBudgetCache(10)
-    value = cache.get("big", lambda: torch.zeros(100))
-    assert value.shape == (100,) and cache.nbytes == 0
 
 
 def test_one_querys_rows_from_queries_and_keys_equal_the_full_attention_rows():
     model = tiny_model()
     _, hidden = forward_with_hidden_states(model, torch.randn(1, 3, 12, 20))  # a 3 x 5 grid
-    layers = LayerAttentions(model, hidden[0], ByteBudgetCache(2**20))
+    layers = LayerAttentions(model, hidden[0], ByteCache(2**20))
     rows = layers.rows(7)  # (L, H, T)
     assert rows.shape == (3, 2, 16)
     for layer in range(3):

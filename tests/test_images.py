@@ -122,17 +122,25 @@ def test_16_bit_greyscale_is_scaled_not_clipped():
     assert pixels(to_mode(decoded, 3))[0][2] == [128, 128, 128]
 
 
-def test_exif_orientation_is_applied():
-    image = Image.new("RGB", (8, 4), BLUE)
-    image.paste(RED, (0, 0, 4, 4))  # left half red
+def rotated_jpeg(width: int, height: int) -> bytes:
+    """A JPEG stored ``width`` x ``height``, left half red and right half blue, whose EXIF says rotate 90° CW."""
+    image = Image.new("RGB", (width, height), BLUE)
+    image.paste(RED, (0, 0, width // 2, height))
     exif = image.getexif()
     exif[0x0112] = 6  # "rotate 90 CW to display"
-    decoded = open_image(encode(image, "JPEG", exif=exif.tobytes(), quality=95))
-    assert decoded.size == (4, 8)
-    # the left half of the stored image is the top half once displayed
-    top, bottom = decoded.getpixel((2, 1)), decoded.getpixel((2, 6))
+    return encode(image, "JPEG", exif=exif.tobytes(), quality=95)
+
+
+def assert_red_above_blue(top: tuple, bottom: tuple) -> None:
+    """The stored left (red) half is the top half once displayed."""
     assert top[0] > 200 and top[2] < 60
     assert bottom[2] > 200 and bottom[0] < 60
+
+
+def test_exif_orientation_is_applied():
+    decoded = open_image(rotated_jpeg(8, 4))
+    assert decoded.size == (4, 8)
+    assert_red_above_blue(decoded.getpixel((2, 1)), decoded.getpixel((2, 6)))
 
 
 @pytest.mark.parametrize("fmt,options", [("WEBP", {"lossless": True}), ("BMP", {}), ("TIFF", {})])
@@ -286,15 +294,9 @@ def test_large_jpegs_are_decoded_at_a_reduced_scale(monkeypatch):
 
 
 def test_exif_orientation_survives_the_reduction():
-    image = Image.new("RGB", (4000, 2000), BLUE)
-    image.paste(RED, (0, 0, 2000, 2000))  # left half red
-    exif = image.getexif()
-    exif[0x0112] = 6  # "rotate 90 CW to display"
-    decoded = open_image(encode(image, "JPEG", exif=exif.tobytes(), quality=95))
+    decoded = open_image(rotated_jpeg(4000, 2000))
     assert decoded.size == (MAX_SIDE // 2, MAX_SIDE)
-    top, bottom = decoded.getpixel((500, 100)), decoded.getpixel((500, 1900))
-    assert top[0] > 200 and top[2] < 60
-    assert bottom[2] > 200 and bottom[0] < 60
+    assert_red_above_blue(decoded.getpixel((500, 100)), decoded.getpixel((500, 1900)))
 
 
 def test_pixel_limit_refuses_an_image_before_decoding_it(monkeypatch):

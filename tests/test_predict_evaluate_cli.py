@@ -286,6 +286,17 @@ def test_predict_refuses_a_size_over_the_limit_on_one_line(files, capsys):
     assert "at most 1024 px" in one_line(capsys.readouterr().err)
 
 
-def test_evaluate_at_another_square_size(files, capsys):
+def test_evaluate_at_another_square_size(files, capsys, monkeypatch):
+    import vit.inference
+
+    shapes, real_preprocess = [], vit.inference.preprocess
+
+    def recording(*args, **kwargs):  # records what the model is given, changes nothing
+        x = real_preprocess(*args, **kwargs)
+        shapes.append(tuple(x.shape[2:]))
+        return x
+
+    monkeypatch.setattr(vit.inference, "preprocess", recording)
     assert evaluate_cli.main([str(files["checkpoint"]), "--data", str(files["data"]), "--size", "32"]) == 0
     assert json.loads(capsys.readouterr().out)["count"] == 3
+    assert shapes and set(shapes) == {(32, 32)}  # not the checkpoint's 16 px

@@ -84,8 +84,11 @@ class ByteCache:
     def __contains__(self, key: Hashable) -> bool:
         return key in self._values
 
-    def get_or_compute(self, key: Hashable, compute: Callable[[], T]) -> T:
-        """The cached value for ``key``, else ``compute()``, kept if it fits; exceptions are not cached."""
+    def get_or_compute(self, key: Hashable, compute: Callable[[], T], max_share: float = 1.0) -> T:
+        """The cached value for ``key``, else ``compute()``, kept if it fits; exceptions are not cached.
+
+        A value over ``max_share`` of the budget is returned without being kept, so one huge value does
+        not evict many small ones."""
         with self._lock:
             if key in self._values:
                 self._values.move_to_end(key)
@@ -95,7 +98,7 @@ class ByteCache:
         with self._lock:
             if key in self._values:  # computed meanwhile by another session: keep one copy
                 self._bytes -= self._values.pop(key)[1]
-            if size <= self.max_bytes:
+            if size <= max_share * self.max_bytes:
                 self._values[key] = (value, size)
                 self._bytes += size
                 while self._bytes > self.max_bytes:

@@ -34,8 +34,9 @@ from vit.attention import (
     rollout_rows,
     token_map,
 )
+from vit.cache import ByteCache
 from vit.checkpoint import Checkpoint, Preprocessing
-from vit.hidden import ByteBudgetCache, LayerAttentions, forward_with_hidden_states
+from vit.hidden import LayerAttentions, forward_with_hidden_states
 from vit.images import to_mode, to_uint8
 from vit.inference import TRAINING_SIZE, InputSize, Prediction, input_shape, predictions_from_logits, preprocess
 from vit.overlay import attentions_npz_bytes, draw_mask_contours, overlay, to_png_bytes
@@ -140,7 +141,7 @@ class Analysis:
     num_prefix_tokens: int
     hidden: torch.Tensor | None = None  # (L + 1, T, D): every block's input, then the last block's output
     training_size: int | None = None  # the checkpoint's square input side
-    cache: ByteBudgetCache = field(default_factory=lambda: ByteBudgetCache(LAYER_CACHE_BYTES), repr=False)
+    cache: ByteCache = field(default_factory=lambda: ByteCache(LAYER_CACHE_BYTES), repr=False)
     prefix_names: tuple[str, ...] = ()  # ('CLS', 'DIST', 'REG 1', ...); empty: CLS then numbered prefix tokens
 
     @property
@@ -172,7 +173,7 @@ class Analysis:
                 st = layer_stats([attn], self.grid, self.patch_size, self.num_prefix_tokens)
                 rows.append(torch.stack([st["distance"][0, 0], st["entropy"][0, 0]]).float())  # (2, H)
             return torch.stack(rows, dim=1)  # (2, L, H)
-        both = self.cache.get(("stats",), compute)
+        both = self.cache.get_or_compute(("stats",), compute)
         return both[0].numpy(), both[1].numpy()
 
     @property
@@ -203,7 +204,7 @@ def analyse(checkpoint: Checkpoint, image: Image.Image, size: InputSize = TRAINI
         logits = x.new_zeros(x.shape[0], 0)
     [prediction] = predictions_from_logits(logits, checkpoint.class_names, top_k)
     hidden = hidden[0].float().cpu()
-    cache = ByteBudgetCache(LAYER_CACHE_BYTES)
+    cache = ByteCache(LAYER_CACHE_BYTES)
     layers = LayerAttentions(model, hidden, cache)
     return Analysis(prediction=prediction, attentions=layers, grid=grid, patch_size=patch_size, input_size=shape,
                     num_prefix_tokens=model.num_prefix_tokens, hidden=hidden, training_size=p.image_size,
@@ -271,7 +272,7 @@ def query_rows(analysis: Analysis, query: int) -> torch.Tensor:
             return analysis.attentions.rows(query)
         return torch.stack([a[0, :, query].float() for a in analysis.attentions])
 
-    return analysis.cache.get(("rows", query), compute)
+    return analysis.cache.get_or_compute(("rows", query), compute)
 
 
 def layer_attention(analysis: Analysis, layer: int, head: int | None, fusion: str = "mean") -> torch.Tensor:
@@ -294,7 +295,7 @@ def _rollout_factors(analysis: Analysis, fusion: str, discard_ratio: float, end_
     def factor(i: int) -> torch.Tensor:
         return rollout_factor(analysis.attentions[i], fusion, discard_ratio, analysis.num_prefix_tokens).to(dtype)
 
-    return [analysis.cache.get(("factor", i, fusion, discard_ratio), lambda i=i: factor(i))
+    return [analysis.cache.get_or_compute(("factor", i, fusion, discard_ratio), lambda i=i: factor(i))
             for i in range(end_layer % L + 1)]
 
 
@@ -505,16 +506,18 @@ def token_from_selection(selection, num_prefix_tokens: int = 1) -> int | None:
     return int(indices[-1]) + num_prefix_tokens
 
 
+def _query_phrase(query: int, analysis: Analysis) -> str:
+    """'the CLS token', 'the REG 1 token' or 'the query patch row 2, col 3 (outlined)', for the captions."""
+    if query == 0:
+        return "the CLS token"
+    label = token_label(query, analysis.grid, analysis.num_prefix_tokens, analysis.prefix_names)
+    return f"the {label} token" if query < analysis.num_prefix_tokens else f"the query {label} (outlined)"
+
+
 def describe_map(settings: MapSettings, analysis: Analysis, class_names: list[str]) -> str:
     """A caption that says what the drawn map means."""
     s, L, H = settings, analysis.num_layers, analysis.num_heads
-    query = token_label(s.query, analysis.grid, analysis.num_prefix_tokens, analysis.prefix_names)
-    if s.query == 0:
-        who = "the CLS token"
-    elif s.query < analysis.num_prefix_tokens:
-        who = f"the {query} token"
-    else:
-        who = f"the query {query} (outlined)"
+    who = _query_phrase(s.query, analysis)
     if s.kind == "attention":
         layer = s.layer % L
         heads = f"head {s.head + 1}" if s.head is not None else f"the {s.fusion} over its {H} heads"
@@ -644,6 +647,13 @@ def display_image(image: Image.Image, min_side: int = 320, max_side: int = 640) 
     return image.resize(size, method)
 
 
+def display_images(image: Image.Image) -> tuple[Image.Image, str, Image.Image]:
+    """What the explorer shows of an image, prepared once per image: the image at display size, it as a JPEG
+    data URI (the patch picker's background), and the heads grid's thumbnail size."""
+    shown = display_image(image, max_side=480)
+    return shown, jpeg_data_uri(shown), display_image(image, min_side=72, max_side=112)
+
+
 def model_input_image(image: Image.Image, checkpoint: Checkpoint, size: InputSize = TRAINING_SIZE) -> Image.Image:
     """The image as the model sees it (resized to its input size, greyscale for greyscale models)."""
     p = checkpoint.preprocessing
@@ -656,11 +666,6 @@ def model_input_image(image: Image.Image, checkpoint: Checkpoint, size: InputSiz
     return Image.fromarray(array[:, :, 0] if array.shape[2] == 1 else array)
 
 
-def png_data_uri(image: Image.Image) -> str:
-    """The image as a ``data:`` URI for a Plotly layout image (encode it once per image, not per redraw)."""
-    return "data:image/png;base64," + base64.b64encode(to_png_bytes(image)).decode("ascii")
-
-
 def jpeg_data_uri(image: Image.Image, quality: int = 90) -> str:
     """A ``data:`` URI in JPEG: ~30x faster to encode than PNG at its default level, for images redrawn often."""
     buffer = io.BytesIO()
@@ -670,7 +675,7 @@ def jpeg_data_uri(image: Image.Image, quality: int = 90) -> str:
 
 def patch_picker_figure(image_size: tuple[int, int], image_source: str, grid: tuple[int, int], query: int,
                         num_prefix_tokens: int = 1, show_grid: bool = True, fit_width: int = 300) -> go.Figure:
-    """The image (``image_source``, e.g. ``png_data_uri``, shown at ``image_size = (width, height)``) with its
+    """The image (``image_source``, e.g. ``jpeg_data_uri``, shown at ``image_size = (width, height)``) with its
     patch grid and the query outlined; a click near a patch centre selects that patch.
 
     The patch centres are invisible points in row-major order (point ``i`` is patch ``i``), and
@@ -922,8 +927,7 @@ def map_colours(kind: str, map2d: np.ndarray, colormap: str) -> tuple[str, float
 def describe_method_map(settings: MapSettings, analysis: Analysis, class_names: list[str]) -> str:
     """The caption of a ``METHOD_MAP_KINDS`` map."""
     s = settings
-    query = token_label(s.query, analysis.grid, analysis.num_prefix_tokens)
-    who = "the CLS token" if s.query == 0 else f"the query {query} (outlined)"
+    who = _query_phrase(s.query, analysis)
     if s.kind == "flow":
         return (f"**Attention flow through layers 1–{s.end_layer % analysis.num_layers + 1}** (heads fused by "
                 f"{s.fusion}): the maximum flow from {who} down to each input patch, when every layer's attention "

@@ -9,12 +9,12 @@ that block's own attention module run again on its input: the same numbers the m
 
 from __future__ import annotations
 
-import threading
-from collections import OrderedDict
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Sequence
 
 import torch
 from torch import Tensor, nn
+
+from vit.cache import ByteCache
 
 
 def forward_with_hidden_states(model: nn.Module, images: Tensor) -> tuple[Tensor | None, Tensor]:
@@ -55,48 +55,12 @@ def queries_and_keys(model: nn.Module, layer: int, block_input: Tensor) -> tuple
     return q * attn.head_dim ** -0.5, k
 
 
-class ByteBudgetCache:
-    """A thread-safe least-recently-used cache of tensors holding at most ``budget_bytes`` in all.
-
-    A value larger than the whole budget is returned but not kept.
-    """
-
-    def __init__(self, budget_bytes: int) -> None:
-        self.budget_bytes = int(budget_bytes)
-        self._items: OrderedDict[Hashable, Tensor] = OrderedDict()
-        self._lock = threading.Lock()
-
-    @property
-    def nbytes(self) -> int:
-        with self._lock:
-            return sum(t.element_size() * t.nelement() for t in self._items.values())
-
-    def get(self, key: Hashable, compute: Callable[[], Tensor], max_share: float = 1.0) -> Tensor:
-        """The value under ``key``, computed and kept when missing; values over ``max_share`` of the budget
-        are returned without being kept (so one huge value does not evict many small ones)."""
-        with self._lock:
-            if key in self._items:
-                self._items.move_to_end(key)
-                return self._items[key]
-        value = compute()  # outside the lock: other sessions keep reading meanwhile
-        size = value.element_size() * value.nelement()
-        with self._lock:
-            if size <= max_share * self.budget_bytes:
-                self._items[key] = value
-                self._items.move_to_end(key)
-                used = sum(t.element_size() * t.nelement() for t in self._items.values())
-                while used > self.budget_bytes:
-                    _, dropped = self._items.popitem(last=False)
-                    used -= dropped.element_size() * dropped.nelement()
-        return value
-
-
 class LayerAttentions(Sequence[Tensor]):
     """Every layer's attention of one image, ``(1, H, T, T)`` float32 each, computed from the hidden states
     when read and kept in ``cache`` while it fits. Reads like a tuple of the model's ``output_attentions``.
     """
 
-    def __init__(self, model: nn.Module, hidden: Tensor, cache: ByteBudgetCache) -> None:
+    def __init__(self, model: nn.Module, hidden: Tensor, cache: ByteCache) -> None:
         if hidden.dim() != 3:
             raise ValueError(f"expected hidden states of one image (L + 1, T, D), got {tuple(hidden.shape)}")
         self.model, self.hidden, self.cache = model, hidden, cache  # hidden: (L + 1, T, D)
@@ -112,7 +76,7 @@ class LayerAttentions(Sequence[Tensor]):
         layer = index % len(self)
         # A full layer at thousands of tokens is recomputed when needed again rather than crowding out
         # the small things (queries and keys, rollout factors) that make every redraw fast.
-        return self.cache.get(("layer", layer), lambda: self._compute(layer), max_share=0.125)
+        return self.cache.get_or_compute(("layer", layer), lambda: self._compute(layer), max_share=0.125)
 
     @property
     def num_heads(self) -> int:
@@ -125,7 +89,8 @@ class LayerAttentions(Sequence[Tensor]):
             raise ValueError(f"query token {query} is out of range for {T} tokens")
         rows = []
         for layer in range(len(self)):
-            q, k = self.cache.get(("qk", layer), lambda layer=layer: self._queries_and_keys(layer))  # (2, H, T, hd)
+            qk = self.cache.get_or_compute(("qk", layer), lambda layer=layer: self._queries_and_keys(layer))
+            q, k = qk  # (H, T, hd) each
             rows.append((q[:, query:query + 1] @ k.transpose(-2, -1))[:, 0].softmax(dim=-1))  # (H, T)
         return torch.stack(rows)  # (L, H, T)
 
