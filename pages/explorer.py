@@ -48,14 +48,15 @@ ANALYSIS_CACHE_BYTES = 512 * 2**20
 RELEVANCE_CACHE_BYTES = 256 * 2**20
 
 
+@st.cache_data(ttl=30, show_spinner=False)
+def hf_cache_models(cache_dirs: tuple[str, ...]) -> list[catalog.Candidate]:
+    """The HF cache's supported models; its config files are read at most every 30 s, not on every rerun."""
+    return catalog.find_hf_cache_models([Path(d) for d in cache_dirs])
+
+
 @st.cache_resource(show_spinner=False)
 def byte_cache(name: str, max_bytes: int) -> ByteCache:
     return ByteCache(max_bytes)
-
-
-@st.cache_data(show_spinner=False, max_entries=256)
-def describe_checkpoint(path: str, source: str, name: str, fingerprint: tuple) -> catalog.CatalogEntry:
-    return catalog.describe(catalog.Candidate(Path(path), source, name))
 
 
 def load_model(path: str, fingerprint: tuple) -> Checkpoint:
@@ -141,7 +142,7 @@ def pick_head(layers: list[int], num_heads: int, layer_key: str, head_key: str) 
 
 # -- checkpoint -----------------------------------------------------------------------------------------------
 
-candidates = catalog.find_checkpoints() + catalog.find_hf_cache_models()
+candidates = catalog.find_checkpoints() + hf_cache_models(tuple(str(d) for d in catalog.hf_cache_dirs()))
 extra = st.session_state.setdefault("explorer_extra_checkpoints", [])  # opened by path here or from another page
 opened = st.sidebar.text_input("Open a path", key="explorer_open_path", placeholder="/path/to/model folder or file",
                                help="A file or folder on the server: one of our .pt checkpoints, a Hugging Face "
@@ -157,7 +158,7 @@ if requested:
         extra.append(wanted)
     st.session_state["explorer_checkpoint_choice"] = str(wanted.path)
 candidates = candidates + [c for c in extra if c not in candidates]
-entries = {str(c.path): describe_checkpoint(str(c.path), c.source, c.name, c.fingerprint) for c in candidates}
+entries = {str(c.path): catalog.describe_current(c) for c in candidates}
 
 st.sidebar.header("Checkpoint")
 if not entries:
@@ -488,7 +489,7 @@ if stats_tab.open:
 compare_entries = {p: e for p, e in entries.items() if p != choice}
 for c in catalog.epoch_candidates():  # per-epoch checkpoints of runs trained with --save-every
     if str(c.path) != choice:
-        compare_entries[str(c.path)] = describe_checkpoint(str(c.path), c.source, c.name, c.fingerprint)
+        compare_entries[str(c.path)] = catalog.describe_current(c)
 if st.session_state.get("compare_with") not in compare_entries:
     st.session_state["compare_with"] = None
 other = st.sidebar.selectbox(

@@ -9,6 +9,7 @@ file never hides the others. Sample images for ``checkpoints/X.pt`` live in
 
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -329,10 +330,21 @@ def find_hf_cache_models(cache_dirs: list[Path] | None = None) -> list[Candidate
     return found
 
 
+@functools.lru_cache(maxsize=256)
+def _describe_version(candidate: Candidate, fingerprint: tuple[str, int, int]) -> CatalogEntry:
+    return describe(candidate)
+
+
+def describe_current(candidate: Candidate) -> CatalogEntry:
+    """``describe(candidate)``, read once per version of the file (its fingerprint: path, mtime, size), so a
+    page that lists the checkpoints on every rerun does not read every file each time."""
+    return _describe_version(candidate, candidate.fingerprint)
+
+
 def list_checkpoints(checkpoints_dir: str | os.PathLike | None = None,
                      runs_dir: str | os.PathLike | None = None) -> list[CatalogEntry]:
     """Every shipped checkpoint and completed run, described; unreadable ones carry their error."""
-    return [describe(c) for c in find_checkpoints(checkpoints_dir, runs_dir)]
+    return [describe_current(c) for c in find_checkpoints(checkpoints_dir, runs_dir)]
 
 
 def default_entry(entries: list[CatalogEntry]) -> CatalogEntry | None:
