@@ -239,7 +239,10 @@ def test_probe_map_picks_a_head_fuses_heads_or_gives_the_rollout(tmp_path):
     np.testing.assert_array_equal(probe_map(snap, 2, "attention", layer=1, head=0), arrays["cls_attention"][1, 2, 0])
     np.testing.assert_allclose(probe_map(snap, 2, layer=-1, fusion="mean"), arrays["cls_attention"][1, 2].mean(0))
     np.testing.assert_array_equal(probe_map(snap, 2, layer=0, fusion="max"), arrays["cls_attention"][0, 2].max(0))
+    np.testing.assert_array_equal(probe_map(snap, 1, layer=0, fusion="min"), arrays["cls_attention"][0, 1].min(0))
     np.testing.assert_array_equal(probe_map(snap, 0, "rollout"), arrays["rollout"][0])
+    with pytest.raises(ValueError, match="unknown head fusion"):
+        probe_map(snap, 0, fusion="median")
     with pytest.raises(ValueError, match="out of range"):
         probe_map(snap, 3)
     with pytest.raises(ValueError, match="head 5"):

@@ -38,7 +38,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from vit.attention import HEAD_FUSIONS, layer_stats, rollout, token_map
+from vit.attention import fuse_heads, layer_stats, rollout, token_map
 from vit.runfiles import ATTENTION_DIR, PROBE_DIR
 
 PROBE_FILE = "probe.json"
@@ -350,13 +350,7 @@ def probe_map(snapshot: Snapshot, probe_index: int, kind: str = "attention", lay
         if not 0 <= head < maps.shape[0]:
             raise ValueError(f"head {head} is out of range for {maps.shape[0]} heads")
         return maps[head]
-    if fusion == "mean":
-        return maps.mean(axis=0)
-    if fusion == "max":
-        return maps.max(axis=0)
-    if fusion == "min":
-        return maps.min(axis=0)
-    raise ValueError(f"unknown head fusion {fusion!r}; choose one of: {', '.join(HEAD_FUSIONS)}")
+    return fuse_heads(torch.from_numpy(maps)[None], fusion)[0].numpy()  # (1, H, gh, gw) -> (gh, gw)
 
 
 def prediction_caption(probe: Probe, snapshot: Snapshot, probe_index: int) -> str:
