@@ -192,6 +192,22 @@ def test_statistics_over_epochs_is_layers_by_epochs_per_head_or_averaged(tmp_pat
         statistics_over_epochs(tmp_path, "gini")
 
 
+def test_statistics_over_epochs_reads_each_file_once_until_it_is_rewritten(tmp_path, monkeypatch):
+    write_snapshot(tmp_path, 0, fake_arrays(seed=0))
+    first = statistics_over_epochs(tmp_path, "distance", head=0)[1]
+
+    def no_reading(*args, **kwargs):
+        raise AssertionError("an unchanged snapshot file was read again")
+
+    monkeypatch.setattr(np, "load", no_reading)
+    np.testing.assert_array_equal(statistics_over_epochs(tmp_path, "distance", head=0)[1], first)
+    monkeypatch.undo()
+    rewritten = fake_arrays(seed=7)
+    write_snapshot(tmp_path, 0, rewritten)  # as a resumed run rewrites an epoch a kill cut off
+    np.testing.assert_array_equal(statistics_over_epochs(tmp_path, "distance", head=0)[1][:, 0],
+                                  rewritten["distance"][:, 0])
+
+
 def test_a_missing_or_damaged_snapshot_is_a_one_line_error(tmp_path):
     write_snapshot(tmp_path, 1, fake_arrays())
     with pytest.raises(SnapshotError, match="epochs with one: 1"):

@@ -24,6 +24,7 @@ the grid follows from the input's height and width and the patch size.
 
 from __future__ import annotations
 
+import functools
 import io
 import json
 import os
@@ -312,9 +313,10 @@ def statistics_over_epochs(run_dir: str | os.PathLike, statistic: str = "distanc
         raise ValueError(f"unknown statistic {statistic!r}; choose one of: {', '.join(STATISTICS)}")
     epochs, columns = [], []
     for epoch in snapshot_epochs(run_dir):
+        path = snapshot_path(run_dir, epoch)
         try:
-            with np.load(snapshot_path(run_dir, epoch), allow_pickle=False) as npz:
-                values = np.asarray(npz[statistic], dtype=np.float32)  # (L, H)
+            stat = path.stat()
+            values = _statistic_of_file(str(path), stat.st_ino, stat.st_mtime_ns, stat.st_size, statistic)  # (L, H)
         except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile):
             continue
         if head is not None and not 0 <= head < values.shape[1]:
@@ -324,6 +326,16 @@ def statistics_over_epochs(run_dir: str | os.PathLike, statistic: str = "distanc
     if not columns:
         return [], np.zeros((0, 0), dtype=np.float32)
     return epochs, np.stack(columns, axis=1)  # (L, E)
+
+
+# The Train page redraws these curves every few seconds while a run adds one file per epoch: each file
+# is read once, and again only when rewritten (a rename gives it a new inode and mtime).
+@functools.lru_cache(maxsize=4096)
+def _statistic_of_file(path: str, inode: int, mtime_ns: int, size: int, statistic: str) -> np.ndarray:
+    with np.load(path, allow_pickle=False) as npz:
+        values = np.asarray(npz[statistic], dtype=np.float32)  # (L, H)
+    values.flags.writeable = False  # shared by every later call
+    return values
 
 
 # ---------------------------------------------------------------------------------------------
