@@ -208,6 +208,17 @@ def test_statistics_over_epochs_reads_each_file_once_until_it_is_rewritten(tmp_p
                                   rewritten["distance"][:, 0])
 
 
+def test_load_snapshot_decompresses_a_file_once_until_it_is_rewritten(tmp_path, monkeypatch):
+    write_snapshot(tmp_path, 2, fake_arrays(seed=0))
+    first = load_snapshot(tmp_path, 2)
+    monkeypatch.setattr(np, "load", lambda *args, **kwargs: pytest.fail("an unchanged snapshot was read again"))
+    np.testing.assert_array_equal(load_snapshot(tmp_path, 2).cls_attention, first.cls_attention)
+    monkeypatch.undo()
+    rewritten = fake_arrays(seed=7)
+    write_snapshot(tmp_path, 2, rewritten)
+    np.testing.assert_array_equal(load_snapshot(tmp_path, 2).cls_attention, rewritten["cls_attention"])
+
+
 def test_a_missing_or_damaged_snapshot_is_a_one_line_error(tmp_path):
     write_snapshot(tmp_path, 1, fake_arrays())
     with pytest.raises(SnapshotError, match="epochs with one: 1"):

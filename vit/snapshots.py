@@ -285,18 +285,27 @@ def load_snapshot(run_dir: str | os.PathLike, epoch: int) -> Snapshot:
     """The snapshot of ``epoch``; SnapshotError when it is missing or not a snapshot."""
     path = snapshot_path(run_dir, epoch)
     try:
-        with np.load(path, allow_pickle=False) as npz:  # no pickles: a run folder may come from anyone
-            seconds = float(npz["seconds"]) if "seconds" in npz.files else None
-            return Snapshot(epoch=int(npz["epoch"]), logits=npz["logits"], cls_attention=npz["cls_attention"],
-                            rollout=npz["rollout"], distance=npz["distance"], entropy=npz["entropy"],
-                            sample_size=int(npz["sample_size"]), patch_size=int(npz["patch_size"]),
-                            num_prefix_tokens=int(npz["num_prefix_tokens"]), seconds=seconds)
+        stat = path.stat()
+        return _read_snapshot(str(path), stat.st_ino, stat.st_mtime_ns, stat.st_size)
     except FileNotFoundError:
         raise SnapshotError(f"no attention snapshot of epoch {epoch} in {Path(run_dir)}; "
                             f"epochs with one: {_epochs_text(run_dir)}") from None
     except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as e:
         raise SnapshotError(f"{path} is not a readable attention snapshot ({type(e).__name__}); "
                             "delete it and resume the run to write it again") from None
+
+
+# The Train page and the explorer redraw a snapshot every second while playing and every few seconds
+# otherwise: each file is decompressed once, and again only when rewritten (new inode and mtime).
+@functools.lru_cache(maxsize=16)
+def _read_snapshot(path: str, inode: int, mtime_ns: int, size: int) -> Snapshot:
+    with np.load(path, allow_pickle=False) as npz:  # no pickles: a run folder may come from anyone
+        arrays = {key: npz[key] for key in ("logits", "cls_attention", "rollout", "distance", "entropy")}
+        seconds = float(npz["seconds"]) if "seconds" in npz.files else None
+        scalars = {key: int(npz[key]) for key in ("epoch", "sample_size", "patch_size", "num_prefix_tokens")}
+    for array in arrays.values():
+        array.flags.writeable = False  # shared by every later call
+    return Snapshot(**scalars, **arrays, seconds=seconds)
 
 
 def _epochs_text(run_dir: str | os.PathLike) -> str:
@@ -352,7 +361,7 @@ def probe_map(snapshot: Snapshot, probe_index: int, kind: str = "attention", lay
     if not 0 <= probe_index < snapshot.logits.shape[0]:
         raise ValueError(f"probe image {probe_index} is out of range for {snapshot.logits.shape[0]} images")
     if kind == "rollout":
-        return snapshot.rollout[probe_index]
+        return snapshot.rollout[probe_index].copy()  # the snapshot's arrays are cached and read-only
     if kind != "attention":
         raise ValueError(f"unknown map kind {kind!r}; choose one of: {', '.join(MAP_CHOICES)}")
     if not -snapshot.num_layers <= layer < snapshot.num_layers:
@@ -361,8 +370,8 @@ def probe_map(snapshot: Snapshot, probe_index: int, kind: str = "attention", lay
     if head is not None:
         if not 0 <= head < maps.shape[0]:
             raise ValueError(f"head {head} is out of range for {maps.shape[0]} heads")
-        return maps[head]
-    return fuse_heads(torch.from_numpy(maps)[None], fusion)[0].numpy()  # (1, H, gh, gw) -> (gh, gw)
+        return maps[head].copy()
+    return fuse_heads(torch.tensor(maps)[None], fusion)[0].numpy()  # (1, H, gh, gw) -> (gh, gw)
 
 
 def prediction_caption(probe: Probe, snapshot: Snapshot, probe_index: int) -> str:
