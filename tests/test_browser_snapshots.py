@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 from helpers import ARTIFACTS, CHROMIUM, CHROMIUM_ARGS
-from test_browser_training import SLOW_MS, app_url  # noqa: F401 (app_url: the fixture that serves the app)
+from test_browser_training import SLOW_MS, app_url, fill_tiny_run  # noqa: F401 (app_url: the fixture that serves the app)
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -45,16 +45,7 @@ def test_a_launched_run_shows_its_probe_images_at_every_epoch(app_url):  # noqa:
             page.goto(url)
             page.get_by_role("link", name="Train").click()
             expect(page.get_by_role("button", name="Launch")).to_be_visible()
-            page.get_by_text("Custom sizes (override the preset)").click()
-            for label, value in [("Image size", "16"), ("Patch size", "4"), ("Hidden size", "16"),
-                                 ("Num layers", "2"), ("Num heads", "2"), ("Mlp size", "32"), ("Epochs", "3"),
-                                 ("Batch size", "4"), ("Warmup epochs", "0"), ("Run name", name),
-                                 ("Folder (for an image folder)", str(images))]:
-                field = page.get_by_label(label, exact=True)
-                field.fill(value)
-                field.press("Tab")
-            page.get_by_role("combobox", name="Dataset").click()
-            page.get_by_role("option", name="Image folder…").click()
+            fill_tiny_run(page, name, images, num_layers=2, epochs=3)
             page.get_by_role("button", name="Launch").click()
             expect(page.get_by_text(f"{name} · completed")).to_be_visible()
 

@@ -32,6 +32,20 @@ def app_url(tmp_path):
         yield url, make_image_folder(tmp_path / "images")
 
 
+def fill_tiny_run(page, name: str, images: Path, num_layers: int, epochs: int) -> None:
+    """Fill the launch form, as a user types it, for a tiny 16 px model on the image folder ``images``."""
+    page.get_by_text("Custom sizes (override the preset)").click()
+    for label, value in [("Image size", "16"), ("Patch size", "4"), ("Hidden size", "16"),
+                         ("Num layers", str(num_layers)), ("Num heads", "2"), ("Mlp size", "32"),
+                         ("Epochs", str(epochs)), ("Batch size", "4"), ("Warmup epochs", "0"), ("Run name", name),
+                         ("Folder (for an image folder)", str(images))]:
+        field = page.get_by_label(label, exact=True)
+        field.fill(value)
+        field.press("Tab")
+    page.get_by_role("combobox", name="Dataset").click()
+    page.get_by_role("option", name="Image folder…").click()
+
+
 def test_a_run_launched_from_the_page_completes_and_opens_in_the_explorer(app_url):
     from playwright.sync_api import expect, sync_playwright
 
@@ -48,16 +62,7 @@ def test_a_run_launched_from_the_page_completes_and_opens_in_the_explorer(app_ur
             page.get_by_role("link", name="Train").click()
             expect(page.get_by_role("button", name="Launch")).to_be_visible()
 
-            page.get_by_text("Custom sizes (override the preset)").click()
-            for label, value in [("Image size", "16"), ("Patch size", "4"), ("Hidden size", "16"),
-                                 ("Num layers", "1"), ("Num heads", "2"), ("Mlp size", "32"), ("Epochs", "1"),
-                                 ("Batch size", "4"), ("Warmup epochs", "0"), ("Run name", name),
-                                 ("Folder (for an image folder)", str(images))]:
-                field = page.get_by_label(label, exact=True)
-                field.fill(value)
-                field.press("Tab")
-            page.get_by_role("combobox", name="Dataset").click()
-            page.get_by_role("option", name="Image folder…").click()
+            fill_tiny_run(page, name, images, num_layers=1, epochs=1)
             page.screenshot(path=ARTIFACTS / "training-form.png", full_page=True)
             page.get_by_role("button", name="Launch").click()
 

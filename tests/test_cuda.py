@@ -18,6 +18,8 @@ from pathlib import Path
 import pytest
 import torch
 from helpers import make_image_folder
+from test_distributed import read_json
+from test_runs import wait_for
 from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 
 import vit.train as train
@@ -46,13 +48,6 @@ def images(tmp_path_factory) -> Path:
 def cli(images: Path, out: Path, *extra: str) -> list[str]:
     return ["--dataset", f"folder:{images}", "--out", str(out), "--cache-dir", str(images.parent / "cache"),
             "--batch-size", "8", "--device", "cuda", *TINY, *extra]
-
-
-def read_json(path: Path) -> dict:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
 
 
 def read_metrics(run: Path) -> list[dict]:
@@ -216,19 +211,6 @@ def test_list_devices_names_the_gpu_with_its_memory_and_use():
     assert gpu.key == "cuda:0" and gpu.name == torch.cuda.get_device_name(0)
     assert gpu.total_bytes > 2**30 and 0 <= gpu.free_bytes <= gpu.total_bytes
     assert gpu.name in gpu.label and "GiB in use" in gpu.label
-
-
-def wait_for(manager: RunManager, name: str, done, timeout: float = TIMEOUT):
-    seen, deadline = [], time.time() + timeout
-    while True:
-        manager.poll()
-        info = manager.get(name)
-        if not seen or seen[-1] != info.state:
-            seen.append(info.state)
-        if done(info):
-            return info, seen
-        assert time.time() < deadline, f"{name} still {info.state} after {timeout} s: {manager.log_tail(name)}"
-        time.sleep(0.2)
 
 
 def test_run_manager_launches_on_cuda0_stops_and_resumes(images, tmp_path):

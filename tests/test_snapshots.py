@@ -192,6 +192,33 @@ def test_statistics_over_epochs_is_layers_by_epochs_per_head_or_averaged(tmp_pat
         statistics_over_epochs(tmp_path, "gini")
 
 
+def test_statistics_over_epochs_reads_each_file_once_until_it_is_rewritten(tmp_path, monkeypatch):
+    write_snapshot(tmp_path, 0, fake_arrays(seed=0))
+    first = statistics_over_epochs(tmp_path, "distance", head=0)[1]
+
+    def no_reading(*args, **kwargs):
+        raise AssertionError("an unchanged snapshot file was read again")
+
+    monkeypatch.setattr(np, "load", no_reading)
+    np.testing.assert_array_equal(statistics_over_epochs(tmp_path, "distance", head=0)[1], first)
+    monkeypatch.undo()
+    rewritten = fake_arrays(seed=7)
+    write_snapshot(tmp_path, 0, rewritten)  # as a resumed run rewrites an epoch a kill cut off
+    np.testing.assert_array_equal(statistics_over_epochs(tmp_path, "distance", head=0)[1][:, 0],
+                                  rewritten["distance"][:, 0])
+
+
+def test_load_snapshot_decompresses_a_file_once_until_it_is_rewritten(tmp_path, monkeypatch):
+    write_snapshot(tmp_path, 2, fake_arrays(seed=0))
+    first = load_snapshot(tmp_path, 2)
+    monkeypatch.setattr(np, "load", lambda *args, **kwargs: pytest.fail("an unchanged snapshot was read again"))
+    np.testing.assert_array_equal(load_snapshot(tmp_path, 2).cls_attention, first.cls_attention)
+    monkeypatch.undo()
+    rewritten = fake_arrays(seed=7)
+    write_snapshot(tmp_path, 2, rewritten)
+    np.testing.assert_array_equal(load_snapshot(tmp_path, 2).cls_attention, rewritten["cls_attention"])
+
+
 def test_a_missing_or_damaged_snapshot_is_a_one_line_error(tmp_path):
     write_snapshot(tmp_path, 1, fake_arrays())
     with pytest.raises(SnapshotError, match="epochs with one: 1"):
@@ -239,7 +266,10 @@ def test_probe_map_picks_a_head_fuses_heads_or_gives_the_rollout(tmp_path):
     np.testing.assert_array_equal(probe_map(snap, 2, "attention", layer=1, head=0), arrays["cls_attention"][1, 2, 0])
     np.testing.assert_allclose(probe_map(snap, 2, layer=-1, fusion="mean"), arrays["cls_attention"][1, 2].mean(0))
     np.testing.assert_array_equal(probe_map(snap, 2, layer=0, fusion="max"), arrays["cls_attention"][0, 2].max(0))
+    np.testing.assert_array_equal(probe_map(snap, 1, layer=0, fusion="min"), arrays["cls_attention"][0, 1].min(0))
     np.testing.assert_array_equal(probe_map(snap, 0, "rollout"), arrays["rollout"][0])
+    with pytest.raises(ValueError, match="unknown head fusion"):
+        probe_map(snap, 0, fusion="median")
     with pytest.raises(ValueError, match="out of range"):
         probe_map(snap, 3)
     with pytest.raises(ValueError, match="head 5"):

@@ -13,8 +13,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 from PIL import Image
 
-from vit.images import to_mode
-from vit.overlay import colorize, upsample
+from vit.overlay import overlay, upsample
 
 # Settings that name the run rather than what it trains; they differ between any two runs.
 NOT_COMPARED = ("out", "resume")
@@ -97,13 +96,10 @@ def difference_overlay(image: Image.Image, map_a, map_b, opacity: float = 0.6, m
     """``map_a - map_b`` over ``image`` at its own size in a diverging colour map with zero at its centre; RGB."""
     if not 0.0 <= opacity <= 1.0:
         raise ValueError(f"opacity must be in [0, 1], got {opacity}")
-    image = to_mode(image, 3)
     diff = difference(map_a, map_b, (image.height, image.width), mode)  # (H, W)
     limit = symmetric_limit(diff)
-    heat = colorize(diff, colormap, vmin=-limit, vmax=limit).astype(np.float32)  # (H, W, 3)
-    base = np.asarray(image, dtype=np.float32)
-    blended = np.clip(np.rint((1.0 - opacity) * base + opacity * heat), 0, 255).astype(np.uint8)
-    return Image.fromarray(blended, "RGB")
+    # Already at the image's size, so overlay's nearest upsampling leaves it as it is.
+    return overlay(image, diff, opacity, colormap, "nearest", vmin=-limit, vmax=limit)
 
 
 def describe_difference(map_a, map_b, size: tuple[int, int], mode: str = "bilinear") -> str:

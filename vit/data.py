@@ -9,7 +9,6 @@ one, which keeps two CPU cores busy with the model rather than with image decodi
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import math
 import os
@@ -590,9 +589,3 @@ class BatchAugment:
                 op, magnitude = draw_ops(space, len(images), images.device, self.magnitude_bin)
                 images = apply_ops(images, space, op, magnitude)
         return images
-
-
-def dataset_summary(dataset: Dataset) -> str:
-    return json.dumps({"dataset": dataset.name, "classes": len(dataset.class_names),
-                       "train": len(dataset.train), "val": len(dataset.val),
-                       "image_shape": list(dataset.train.images.shape[1:])})

@@ -85,10 +85,9 @@ class RunParams:
     threads: int | None = None  # CPU threads per training process; None: the CLI's (torch's) choice
 
 
-# RunParams fields passed to the CLI as --field-name VALUE.
-CLI_FIELDS = ("preset", "image_size", "patch_size", "hidden_size", "num_layers", "num_heads", "mlp_size",
-              "recipe", "epochs", "batch_size", "lr", "weight_decay", "warmup_epochs", "label_smoothing",
-              "augment", "aug_magnitude", "ema", "seed", "threads")
+# RunParams fields passed to the CLI as --field-name VALUE: all but the name, the dataset (resolved
+# first) and the devices (which choose between a process and torchrun).
+CLI_FIELDS = tuple(f.name for f in fields(RunParams) if f.name not in ("name", "dataset", "devices"))
 MODEL_SIZE_FIELDS = ("image_size", "patch_size", "hidden_size", "num_layers", "num_heads", "mlp_size")
 CROSS_FIELDS = (*MODEL_SIZE_FIELDS, "warmup_epochs")  # fields whose validity depends on others
 

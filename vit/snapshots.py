@@ -24,6 +24,7 @@ the grid follows from the input's height and width and the patch size.
 
 from __future__ import annotations
 
+import functools
 import io
 import json
 import os
@@ -38,7 +39,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from vit.attention import HEAD_FUSIONS, layer_stats, rollout, token_map
+from vit.attention import fuse_heads, layer_stats, rollout, token_map
 from vit.runfiles import ATTENTION_DIR, PROBE_DIR
 
 PROBE_FILE = "probe.json"
@@ -284,18 +285,27 @@ def load_snapshot(run_dir: str | os.PathLike, epoch: int) -> Snapshot:
     """The snapshot of ``epoch``; SnapshotError when it is missing or not a snapshot."""
     path = snapshot_path(run_dir, epoch)
     try:
-        with np.load(path, allow_pickle=False) as npz:  # no pickles: a run folder may come from anyone
-            seconds = float(npz["seconds"]) if "seconds" in npz.files else None
-            return Snapshot(epoch=int(npz["epoch"]), logits=npz["logits"], cls_attention=npz["cls_attention"],
-                            rollout=npz["rollout"], distance=npz["distance"], entropy=npz["entropy"],
-                            sample_size=int(npz["sample_size"]), patch_size=int(npz["patch_size"]),
-                            num_prefix_tokens=int(npz["num_prefix_tokens"]), seconds=seconds)
+        stat = path.stat()
+        return _read_snapshot(str(path), stat.st_ino, stat.st_mtime_ns, stat.st_size)
     except FileNotFoundError:
         raise SnapshotError(f"no attention snapshot of epoch {epoch} in {Path(run_dir)}; "
                             f"epochs with one: {_epochs_text(run_dir)}") from None
     except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as e:
         raise SnapshotError(f"{path} is not a readable attention snapshot ({type(e).__name__}); "
                             "delete it and resume the run to write it again") from None
+
+
+# The Train page and the explorer redraw a snapshot every second while playing and every few seconds
+# otherwise: each file is decompressed once, and again only when rewritten (new inode and mtime).
+@functools.lru_cache(maxsize=16)
+def _read_snapshot(path: str, inode: int, mtime_ns: int, size: int) -> Snapshot:
+    with np.load(path, allow_pickle=False) as npz:  # no pickles: a run folder may come from anyone
+        arrays = {key: npz[key] for key in ("logits", "cls_attention", "rollout", "distance", "entropy")}
+        seconds = float(npz["seconds"]) if "seconds" in npz.files else None
+        scalars = {key: int(npz[key]) for key in ("epoch", "sample_size", "patch_size", "num_prefix_tokens")}
+    for array in arrays.values():
+        array.flags.writeable = False  # shared by every later call
+    return Snapshot(**scalars, **arrays, seconds=seconds)
 
 
 def _epochs_text(run_dir: str | os.PathLike) -> str:
@@ -312,9 +322,10 @@ def statistics_over_epochs(run_dir: str | os.PathLike, statistic: str = "distanc
         raise ValueError(f"unknown statistic {statistic!r}; choose one of: {', '.join(STATISTICS)}")
     epochs, columns = [], []
     for epoch in snapshot_epochs(run_dir):
+        path = snapshot_path(run_dir, epoch)
         try:
-            with np.load(snapshot_path(run_dir, epoch), allow_pickle=False) as npz:
-                values = np.asarray(npz[statistic], dtype=np.float32)  # (L, H)
+            stat = path.stat()
+            values = _statistic_of_file(str(path), stat.st_ino, stat.st_mtime_ns, stat.st_size, statistic)  # (L, H)
         except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile):
             continue
         if head is not None and not 0 <= head < values.shape[1]:
@@ -324,6 +335,16 @@ def statistics_over_epochs(run_dir: str | os.PathLike, statistic: str = "distanc
     if not columns:
         return [], np.zeros((0, 0), dtype=np.float32)
     return epochs, np.stack(columns, axis=1)  # (L, E)
+
+
+# The Train page redraws these curves every few seconds while a run adds one file per epoch: each file
+# is read once, and again only when rewritten (a rename gives it a new inode and mtime).
+@functools.lru_cache(maxsize=4096)
+def _statistic_of_file(path: str, inode: int, mtime_ns: int, size: int, statistic: str) -> np.ndarray:
+    with np.load(path, allow_pickle=False) as npz:
+        values = np.asarray(npz[statistic], dtype=np.float32)  # (L, H)
+    values.flags.writeable = False  # shared by every later call
+    return values
 
 
 # ---------------------------------------------------------------------------------------------
@@ -340,7 +361,7 @@ def probe_map(snapshot: Snapshot, probe_index: int, kind: str = "attention", lay
     if not 0 <= probe_index < snapshot.logits.shape[0]:
         raise ValueError(f"probe image {probe_index} is out of range for {snapshot.logits.shape[0]} images")
     if kind == "rollout":
-        return snapshot.rollout[probe_index]
+        return snapshot.rollout[probe_index].copy()  # the snapshot's arrays are cached and read-only
     if kind != "attention":
         raise ValueError(f"unknown map kind {kind!r}; choose one of: {', '.join(MAP_CHOICES)}")
     if not -snapshot.num_layers <= layer < snapshot.num_layers:
@@ -349,14 +370,8 @@ def probe_map(snapshot: Snapshot, probe_index: int, kind: str = "attention", lay
     if head is not None:
         if not 0 <= head < maps.shape[0]:
             raise ValueError(f"head {head} is out of range for {maps.shape[0]} heads")
-        return maps[head]
-    if fusion == "mean":
-        return maps.mean(axis=0)
-    if fusion == "max":
-        return maps.max(axis=0)
-    if fusion == "min":
-        return maps.min(axis=0)
-    raise ValueError(f"unknown head fusion {fusion!r}; choose one of: {', '.join(HEAD_FUSIONS)}")
+        return maps[head].copy()
+    return fuse_heads(torch.tensor(maps)[None], fusion)[0].numpy()  # (1, H, gh, gw) -> (gh, gw)
 
 
 def prediction_caption(probe: Probe, snapshot: Snapshot, probe_index: int) -> str:

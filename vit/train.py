@@ -136,53 +136,37 @@ class OneLineParser(argparse.ArgumentParser):
         raise UsageError(message)
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return value
+def _checked(convert, accept, expected: str, not_a_number: str | None = None):
+    """An argparse type: ``convert`` the text, then ``accept`` the value, else 'expected …, got …'."""
+    def parse(text: str):
+        try:
+            value = convert(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {not_a_number or expected}, got {text!r}") from None
+        if not accept(value):  # comparisons are also false for NaN
+            raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}")
+        return value
+    return parse
 
 
 def _int_in(low: int, high: int):
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected an integer in {low}..{high}, got {text!r}") from None
-        if not low <= value <= high:
-            raise argparse.ArgumentTypeError(f"expected an integer in {low}..{high}, got {text!r}")
-        return value
-    return parse
-
-
-def _non_negative_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}")
-    return value
+    return _checked(int, lambda v: low <= v <= high, f"an integer in {low}..{high}")
 
 
 def _float_in(low: float, high: float):
-    def parse(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-        if not low <= value < high:  # also false for NaN
-            raise argparse.ArgumentTypeError(f"expected a number in [{low:g}, {high:g}), got {text!r}")
-        return value
-    return parse
+    return _checked(float, lambda v: low <= v < high, f"a number in [{low:g}, {high:g})", "a number")
 
+
+_positive_int = _checked(int, lambda v: v > 0, "a positive integer")
+_non_negative_int = _checked(int, lambda v: v >= 0, "an integer >= 0")
+_positive_float = _checked(float, lambda v: v > 0 and not math.isinf(v), "a positive number")
 
 # torch's thread pools crash far above this (--threads 100000 segfaulted); more threads than cores only slow down.
 MAX_THREADS = 4 * (os.cpu_count() or 1)
 MAX_LR = 10.0  # AdamW diverges long before; 1e300 used to pass
+
+_learning_rate = _checked(float, lambda v: 0 < v <= MAX_LR, f"a positive number of at most {MAX_LR:g}",
+                          "a positive number")
 
 
 def _threads(text: str) -> int:
@@ -190,26 +174,6 @@ def _threads(text: str) -> int:
     if value > MAX_THREADS:
         raise argparse.ArgumentTypeError(f"expected at most {MAX_THREADS} threads (4 per CPU core of this machine), "
                                          f"got {text!r}")
-    return value
-
-
-def _learning_rate(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
-    if not 0 < value <= MAX_LR:  # also false for NaN
-        raise argparse.ArgumentTypeError(f"expected a positive number of at most {MAX_LR:g}, got {text!r}")
-    return value
-
-
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
-    if not value > 0 or math.isinf(value):
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
     return value
 
 
