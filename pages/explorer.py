@@ -507,11 +507,14 @@ if other is not None:
         checkpoint_b = load_model(other, fingerprint_b)
         analysis_b = analyse(fingerprint_b, image_key, size, checkpoint_b, image)
         settings_b = compare.settings_for_other(settings, analysis, analysis_b, class_names, checkpoint_b.class_names)
-        relevance_b = None
+        relevance_b = method_map_b = None
+        class_b = explorer.resolved_class(settings_b, analysis_b)
         if kind == "class":
-            relevance_b = class_relevance(fingerprint_b, image_key, size,
-                                          explorer.resolved_class(settings_b, analysis_b), checkpoint_b, image)
-        map_b = explorer.attention_map(analysis_b, settings_b, relevance_b)
+            relevance_b = class_relevance(fingerprint_b, image_key, size, class_b, checkpoint_b, image)
+        if kind in explorer.METHOD_MAP_KINDS:
+            method_map_b = method_map(fingerprint_b, image_key, size, kind, class_b, settings_b.query,
+                                      settings_b.end_layer, fusion, checkpoint_b, image)
+        map_b = explorer.attention_map(analysis_b, settings_b, relevance_b, method_map_b)
     except (CheckpointError, ValueError) as e:
         st.warning(f"B cannot show this map: {escape_markdown(e)}")
     else:

@@ -76,6 +76,8 @@ def test_settings_for_the_other_checkpoint_keep_layer_numbers_and_find_classes_b
     assert s.layer == 3  # layer 4 of A is layer 4 of B, not B's last
     s = settings_for_other(MapSettings(kind="class", class_index=1), a, deeper, ["x", "y"], ["y", "x"])
     assert s.class_index == 0
+    s = settings_for_other(MapSettings(kind="legrad", class_index=1), a, deeper, ["x", "y"], ["y", "x"])
+    assert s.class_index == 0  # every class-explaining map finds the class by name
     with pytest.raises(ValueError, match="no head 3"):
         settings_for_other(MapSettings(head=2), a, coarse, [], [])
     with pytest.raises(ValueError, match="only the CLS query"):

@@ -15,7 +15,7 @@ from test_training_attention_page import fake_run, shown_text
 from vit.attention import token_map
 from vit.catalog import DEFAULT_CHECKPOINT
 from vit.compare import difference
-from vit.explorer import display_images
+from vit.explorer import MORE_METHODS, display_images
 from vit.inference import preprocess
 from vit.model import ViT
 
@@ -68,6 +68,19 @@ def test_compare_mode_shows_both_maps_and_their_difference(two_checkpoints):
     line = next(c for c in captions if c.startswith("Difference A − B"))
     low, high = float(line.split("from ")[1].split(" ")[0]), float(line.split("to ")[1].split(" ")[0])
     np.testing.assert_allclose([low, high], [expected.min(), expected.max()], rtol=1e-3)
+
+
+@pytest.mark.parametrize("method", ["legrad", "attnlrp", "flow"])
+def test_compare_mode_draws_the_newer_methods_for_b_too(two_checkpoints, method):
+    # B's map is computed with B's own model: the difference caption appears instead of a warning.
+    _, b, _, _, _ = two_checkpoints
+    at = run_app()
+    at = at.radio(key="map_kind").set_value(MORE_METHODS).run()
+    at = at.selectbox(key="method_kind").set_value(method).run()
+    at = at.selectbox(key="compare_with").set_value(str(b)).run()
+    assert not at.exception, [e.message for e in at.exception]
+    assert not [w.value for w in at.warning if "cannot show" in w.value]
+    assert any(shown_text(c.value).startswith("Difference A − B") for c in at.caption)
 
 
 def test_compare_mode_says_why_a_shallower_checkpoint_cannot_show_the_layer(two_checkpoints):

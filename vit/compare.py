@@ -134,7 +134,7 @@ def settings_for_other(settings, analysis_a, analysis_b, class_names_a: Sequence
         raise ValueError(f"B's tokens differ from A's ({analysis_b.grid[0]}×{analysis_b.grid[1]} patches, "
                          f"{analysis_b.num_prefix_tokens} prefix); only the CLS query (token 0) compares")
     class_index = s.class_index
-    if s.kind == "class" and class_index is not None:
+    if class_index is not None:  # any map that explains a chosen class: "class", LeGrad, LRP, AttnLRP
         name = class_names_a[class_index]
         if name not in class_names_b:
             raise ValueError(f"B has no class named {name!r}; compare the predicted classes instead")
