@@ -27,7 +27,6 @@ TIMEOUT_MS = 300_000  # five full-size decodes on a busy two-core machine
 USERS = 5
 SIZE = (7_000, 5_000)  # 35 M pixels, under the app's 40 M upload limit: 105 MB decoded in RGB
 PEAK_BOUND_MB = 1_500
-DOWNLOAD_OVERLAYS = True
 TINY = ViTConfig(image_size=16, patch_size=4, num_channels=3, num_classes=3, hidden_size=16, num_layers=2,
                  num_heads=2, mlp_size=32)
 
@@ -93,17 +92,16 @@ def test_five_concurrent_large_uploads_keep_server_memory_bounded(server, upload
             for page, path in zip(pages, uploads, strict=True):
                 page.get_by_text(f"{path.name}, ").wait_for()
                 assert not page.locator('[data-testid="stException"]').count()
-            if DOWNLOAD_OVERLAYS:
-                for page in pages:
-                    with page.expect_download() as download:
-                        page.get_by_role("button", name="Overlay (PNG)").click()
-                    saved = tmp_path / download.value.suggested_filename
-                    download.value.save_as(saved)
-                    with Image.open(saved) as overlay:
-                        assert max(overlay.size) <= 2048
+            for page in pages:
+                with page.expect_download() as download:
+                    page.get_by_role("button", name="Overlay (PNG)").click()
+                saved = tmp_path / download.value.suggested_filename
+                download.value.save_as(saved)
+                with Image.open(saved) as overlay:
+                    assert max(overlay.size) <= 2048
             peak = peak_rss_mb(process.pid)
         finally:
             browser.close()
     print(f"server peak RSS: {before:.0f} MB idle with five tabs, {peak:.0f} MB after five concurrent "
-          f"{SIZE[0]}x{SIZE[1]} uploads{' and overlay downloads' if DOWNLOAD_OVERLAYS else ''}")
+          f"{SIZE[0]}x{SIZE[1]} uploads and overlay downloads")
     assert peak < PEAK_BOUND_MB, f"the server peaked at {peak:.0f} MB (bound {PEAK_BOUND_MB} MB)"

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -27,6 +26,7 @@ from plotly.subplots import make_subplots
 from vit.attention import fuse_heads, layer_stats, rollout, token_map
 from vit.checkpoint import Checkpoint
 from vit.inference import predict_files
+from vit.runfiles import atomic_write_text
 from vit.text import escape_plotly
 
 PROG = "vit.analyze"
@@ -206,18 +206,12 @@ def _png(analysis: DatasetAnalysis, stem: str, path: Path) -> None:
     plt.close(fig)
 
 
-def _atomic_write(path: Path, data: bytes) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
-
-
 def write_outputs(analysis: DatasetAnalysis, out: Path, extra: dict | None = None) -> list[Path]:
     """``analysis.json``, one PNG per plot and a self-contained ``report.html`` in ``out``; returns the paths."""
     out.mkdir(parents=True, exist_ok=True)
     written = []
     path = out / "analysis.json"
-    _atomic_write(path, json.dumps({**(extra or {}), **analysis.to_json()}, indent=2).encode())
+    atomic_write_text(path, json.dumps({**(extra or {}), **analysis.to_json()}, indent=2))
     written.append(path)
     html = []
     for i, (stem, fig) in enumerate(figures(analysis).items()):
@@ -226,8 +220,8 @@ def write_outputs(analysis: DatasetAnalysis, out: Path, extra: dict | None = Non
         written.append(png)
         html.append(fig.to_html(full_html=False, include_plotlyjs=i == 0))  # plotly.js once, offline
     path = out / "report.html"
-    _atomic_write(path, ("<!DOCTYPE html><html><head><meta charset='utf-8'><title>Dataset analysis</title>"
-                         "</head><body>" + "\n".join(html) + "</body></html>").encode())
+    atomic_write_text(path, "<!DOCTYPE html><html><head><meta charset='utf-8'><title>Dataset analysis</title>"
+                      "</head><body>" + "\n".join(html) + "</body></html>")
     written.append(path)
     return written
 

@@ -30,7 +30,7 @@ def _check_tokens(attn: Tensor, grid: tuple[int, int], num_prefix_tokens: int) -
                          f"with {num_prefix_tokens} prefix token(s) ({num_prefix_tokens + gh * gw} tokens)")
 
 
-def _layers_up_to(attentions: Sequence[Tensor], end_layer: int | None) -> list[Tensor]:
+def layers_up_to(attentions: Sequence[Tensor], end_layer: int | None) -> list[Tensor]:
     """The layers 0..end_layer (inclusive; negative counts from the end), checked for equal shapes."""
     layers = list(attentions)
     if not layers:
@@ -133,7 +133,7 @@ def rollout(attentions: Sequence[Tensor], head_fusion: str = "mean", discard_rat
     """
     if not 0.0 <= discard_ratio < 1.0:
         raise ValueError(f"discard_ratio must be in [0, 1), got {discard_ratio}")
-    layers = _layers_up_to(attentions, end_layer)
+    layers = layers_up_to(attentions, end_layer)
     result = None
     for attn in layers:
         a = rollout_factor(attn, head_fusion, discard_ratio, num_prefix_tokens)  # (B, T, T)
@@ -195,7 +195,7 @@ def gradient_rollout(attentions: Sequence[Tensor], gradients: Sequence[Tensor],
     order does ``R = R + Ā @ R``. Returns ``R``, ``(B, T, T)``; ``token_map(R, 0, grid)``
     is the class-specific map of the paper.
     """
-    layers = _layers_up_to(attentions, end_layer)
+    layers = layers_up_to(attentions, end_layer)
     grads = list(gradients)
     if len(grads) != len(attentions):
         raise ValueError(f"{len(grads)} gradient tensors for {len(attentions)} attention layers")
@@ -296,7 +296,7 @@ def attention_entropy(attn: Tensor) -> Tensor:
 def layer_stats(attentions: Sequence[Tensor], grid: tuple[int, int], patch_size: int,
                 num_prefix_tokens: int = 1) -> dict[str, Tensor]:
     """Mean attention distance and entropy for every layer: ``{"distance", "entropy"}``, each ``(L, B, H)``."""
-    layers = _layers_up_to(attentions, None)
+    layers = layers_up_to(attentions, None)
     return {
         "distance": torch.stack([mean_attention_distance(a, grid, patch_size, num_prefix_tokens) for a in layers]),
         "entropy": torch.stack([attention_entropy(a) for a in layers]),

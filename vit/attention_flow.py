@@ -19,7 +19,7 @@ import torch
 from networkx.algorithms.flow import build_residual_network, preflow_push
 from torch import Tensor
 
-from vit.attention import _layers_up_to, rollout_factor
+from vit.attention import layers_up_to, rollout_factor
 
 # A 14x14 grid (ViT-B/16 at 224 px) has 197 tokens; above a few hundred one map takes minutes.
 MAX_FLOW_TOKENS = 260
@@ -67,7 +67,7 @@ def attention_flow(attentions: Sequence[Tensor], query: int = 0, head_fusion: st
     patch part of the result with ``[:, num_prefix_tokens:]``). Raises ``TooManyTokensError``
     above ``max_tokens`` tokens.
     """
-    layers = _layers_up_to(attentions, end_layer)
+    layers = layers_up_to(attentions, end_layer)
     B, _, T, _ = layers[0].shape
     if T > max_tokens:
         raise TooManyTokensError(f"attention flow solves {T} max-flow problems over {len(layers)} x {T}^2 edges per "

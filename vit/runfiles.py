@@ -133,7 +133,7 @@ def atomic_write_text(path: Path, text: str) -> None:
     """Write to a temporary file beside ``path``, fsync, then rename over it."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
     try:
-        with open(tmp, "w") as f:
+        with open(tmp, "w", encoding="utf-8") as f:
             f.write(text)
             f.flush()
             os.fsync(f.fileno())
