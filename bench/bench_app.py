@@ -37,12 +37,12 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from PIL import Image  # noqa: E402
 
-from vit import catalog, explorer  # noqa: E402
+from vit.app import catalog, drawing, explorer  # noqa: E402
 from vit.checkpoint import Checkpoint, Preprocessing, load_checkpoint  # noqa: E402
+from vit.explain.overlay import overlay  # noqa: E402
 from vit.images import open_image  # noqa: E402
 from vit.inference import TRAINING_SIZE, InputSize  # noqa: E402
 from vit.model import ViT, ViTConfig, count_parameters  # noqa: E402
-from vit.overlay import overlay  # noqa: E402
 
 OVERLAY = dict(opacity=0.6, colormap="inferno", mode="bilinear")
 VIT_S8 = ViTConfig(image_size=224, patch_size=8, num_channels=3, num_classes=1000, hidden_size=384, num_layers=12,
@@ -76,10 +76,10 @@ def heads_grid(analysis: explorer.Analysis, small: Image.Image, query: int, laye
     """The heads tab: thumbnails of ``layers``, composed into one JPEG, and its clickable figure."""
     maps = explorer.head_maps(analysis, query)[layers]  # (layers, H, gh, gw)
     outline = explorer.patch_of(query, analysis.num_prefix_tokens)
-    cells = explorer.small_multiples(small, maps.reshape(-1, *analysis.grid), OVERLAY["opacity"],
+    cells = drawing.small_multiples(small, maps.reshape(-1, *analysis.grid), OVERLAY["opacity"],
                                      OVERLAY["colormap"], OVERLAY["mode"], outline)
-    sheet = explorer.heads_grid_image(cells, columns=analysis.num_heads)
-    explorer.heads_grid_figure(explorer.jpeg_data_uri(sheet, quality=85), sheet.size, layers,
+    sheet = drawing.heads_grid_image(cells, columns=analysis.num_heads)
+    drawing.heads_grid_figure(drawing.jpeg_data_uri(sheet, quality=85), sheet.size, layers,
                                analysis.num_heads).to_json()
 
 
@@ -90,11 +90,11 @@ def draw(analysis: explorer.Analysis, shown: Image.Image, shown_uri: str, small:
     outline = explorer.patch_of(settings.query, analysis.num_prefix_tokens)
     drawn = overlay(shown, map2d, OVERLAY["opacity"], OVERLAY["colormap"], OVERLAY["mode"], outline_patch=outline)
     grid, prefix = analysis.grid, analysis.num_prefix_tokens
-    explorer.patch_picker_figure(shown.size, shown_uri, grid, settings.query, prefix).to_json()
-    explorer.patch_picker_figure(shown.size, explorer.jpeg_data_uri(drawn), grid, settings.query, prefix,
+    drawing.patch_picker_figure(shown.size, shown_uri, grid, settings.query, prefix).to_json()
+    drawing.patch_picker_figure(shown.size, drawing.jpeg_data_uri(drawn), grid, settings.query, prefix,
                                  show_grid=False).to_json()
-    explorer.colorbar_figure(*explorer.map_range(map2d, None, None), OVERLAY["colormap"]).to_json()
-    explorer.predictions_figure(analysis.prediction).to_json()
+    drawing.colorbar_figure(*drawing.map_range(map2d, None, None), OVERLAY["colormap"]).to_json()
+    drawing.predictions_figure(analysis.prediction).to_json()
     heads_grid(analysis, small, settings.query, [settings.layer % analysis.num_layers])
 
 
@@ -102,7 +102,7 @@ def bench(name: str, checkpoint: Checkpoint, data: bytes, size: InputSize,
           repeats: int) -> dict[str, tuple[float, float]]:
     image = open_image(data, name="upload.png")
     analysis = explorer.analyse(checkpoint, image, size)  # warm-up (first-call allocations)
-    shown = explorer.display_images(image)
+    shown = drawing.display_images(image)
     L, H, T = analysis.num_layers, analysis.num_heads, analysis.num_tokens
     queries = iter(range(1, T))  # every change a query not seen before: nothing cached helps
     changes = (explorer.MapSettings(layer=i % L, head=(None if i % 2 else i % H), query=next(queries))
@@ -112,7 +112,7 @@ def bench(name: str, checkpoint: Checkpoint, data: bytes, size: InputSize,
 
     def upload() -> None:
         fresh = explorer.analyse(checkpoint, open_image(data, name="upload.png"), size)
-        draw(fresh, *explorer.display_images(image), explorer.MapSettings())
+        draw(fresh, *drawing.display_images(image), explorer.MapSettings())
 
     def class_map() -> None:
         relevance = explorer.class_relevance(checkpoint, image, other_class, size)

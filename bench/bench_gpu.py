@@ -39,10 +39,10 @@ from torchvision.transforms import v2
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script from anywhere
 
-from vit.data import BatchAugment, Dataset, Split, channel_stats, load_dataset  # noqa: E402
 from vit.model import PRESETS, ViT, count_parameters  # noqa: E402
-from vit.train import parse_args, resolve_model, settings_from_args  # noqa: E402
-from vit.trainer import Trainer  # noqa: E402
+from vit.training.data import BatchAugment, Dataset, Split, channel_stats, load_dataset  # noqa: E402
+from vit.training.options import parse_args, resolve_model, settings_from_args  # noqa: E402
+from vit.training.trainer import Trainer  # noqa: E402
 
 # Dense bf16 tensor-core peaks (no sparsity), TFLOP/s, from the vendors' datasheets; matched as
 # substrings of torch.cuda.get_device_name, first match wins.

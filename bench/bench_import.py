@@ -4,7 +4,7 @@ A ``ViTForImageClassification`` with the ViT-B/16 config (86 M parameters, rando
 nothing downloaded) is written with ``save_pretrained``. Timed, alternating over ``--repeats``
 rounds so background load hits both alike, medians shown:
 
-- ours: ``vit.sources.open_source(folder)`` (safetensors read, key mapping, shape checks on
+- ours: ``vit.sources.open.open_source(folder)`` (safetensors read, key mapping, shape checks on
   the meta device) and the explorer's first map (``vit.explorer.analyse``: preprocessing and one
   forward pass keeping every layer's input, then ``attention_map``: the last layer's CLS map
   recomputed from it, on a 640x480 image);
@@ -31,9 +31,9 @@ from PIL import Image
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # run as a script too: python bench/bench_import.py
-from vit.explorer import MapSettings, analyse, attention_map  # noqa: E402
+from vit.app.explorer import MapSettings, analyse, attention_map  # noqa: E402
 from vit.inference import preprocess  # noqa: E402
-from vit.sources import open_source  # noqa: E402
+from vit.sources.open import open_source  # noqa: E402
 
 
 def main() -> None:

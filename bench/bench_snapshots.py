@@ -26,11 +26,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script from anywhere
 
-from vit.data import Dataset, Split, channel_stats  # noqa: E402
 from vit.runfiles import read_metrics  # noqa: E402
-from vit.snapshots import load_snapshot  # noqa: E402
-from vit.train import parse_args, resolve_model, settings_from_args  # noqa: E402
-from vit.trainer import Trainer  # noqa: E402
+from vit.training.data import Dataset, Split, channel_stats  # noqa: E402
+from vit.training.options import parse_args, resolve_model, settings_from_args  # noqa: E402
+from vit.training.snapshots import load_snapshot  # noqa: E402
+from vit.training.trainer import Trainer  # noqa: E402
 
 # preset: (train images, val images, image size, channels, batch, the shipped run's other options)
 PRESETS = {

@@ -9,13 +9,15 @@ from pathlib import Path
 
 import streamlit as st
 
-from vit import access, analyze, catalog
+from vit.app import catalog
 from vit.checkpoint import CheckpointError, load_checkpoint
 from vit.evaluate import labelled_files
-from vit.faithfulness import sample_files
+from vit.explain import dataset
+from vit.explain.dataset import sample_files
 from vit.images import ImageError, open_image
-from vit.launch import default_data_roots, folder_problem
 from vit.predict import UsageError
+from vit.runs import access
+from vit.runs.launch import default_data_roots, folder_problem
 from vit.text import escape_markdown
 
 EXPLORER_PAGE = "pages/explorer.py"
@@ -55,9 +57,9 @@ if st.button("Analyse", type="primary", disabled=not folder.strip()):
             if done % step == 0 or done == total:
                 bar.progress(done / total, text=f"{done} of {total} images")
 
-        analysis = analyze.analyze_files(checkpoint, files, progress=report)
+        analysis = dataset.analyze_files(checkpoint, files, progress=report)
         # Figures once per analysis, not on every rerun (each mistake's button reruns the page).
-        st.session_state["analyze_result"] = (choice, analysis, analyze.figures(analysis))
+        st.session_state["analyze_result"] = (choice, analysis, dataset.figures(analysis))
     except (UsageError, CheckpointError, ValueError) as e:
         st.error(escape_markdown(e))
 

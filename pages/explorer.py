@@ -14,15 +14,18 @@ from pathlib import Path
 import streamlit as st
 from PIL import Image
 
-from vit import access, catalog, compare, explorer, snapshots
-from vit.attention import HEAD_FUSIONS
+from vit.app import catalog, drawing, explorer
 from vit.cache import ByteCache
 from vit.checkpoint import Checkpoint, CheckpointError
+from vit.explain import compare, figures
+from vit.explain.attention import HEAD_FUSIONS
+from vit.explain.overlay import UPSAMPLE_MODES, draw_mask_contours, overlay
 from vit.images import MAX_SIDE, UPLOAD_MAX_PIXELS, ImageError, open_image
 from vit.inference import MAX_INPUT_SIDE, InputSize
-from vit.overlay import UPSAMPLE_MODES, draw_mask_contours, overlay
-from vit.sources import open_source
+from vit.runs import access
+from vit.sources.open import open_source
 from vit.text import escape_markdown
+from vit.training import snapshots
 
 # Everything open_image reads (its error message lists these), so the uploader never refuses a format it names.
 UPLOAD_TYPES = ["jpg", "jpeg", "png", "webp", "bmp", "gif", "tif", "tiff"]
@@ -76,14 +79,14 @@ def decode_image(digest: str, name: str, invert: bool, data: bytes) -> Image.Ima
 def display_images(digest: str, image: Image.Image) -> tuple[Image.Image, str, Image.Image]:
     """The image at display size (and as a data URI for the patch picker), and small for the heads grid."""
     return byte_cache("images", IMAGE_CACHE_BYTES).get_or_compute(("display", digest),
-                                                                  partial(explorer.display_images, image))
+                                                                  partial(drawing.display_images, image))
 
 
 def model_input_preview(fingerprint: tuple, digest: str, size: InputSize, checkpoint: Checkpoint,
                         image: Image.Image) -> Image.Image:
     """The image as the model sees it, small: resized once per (checkpoint, image, size), not on every rerun."""
     def make() -> Image.Image:
-        return explorer.display_image(explorer.model_input_image(image, checkpoint, size), min_side=96, max_side=160)
+        return drawing.display_image(drawing.model_input_image(image, checkpoint, size), min_side=96, max_side=160)
     return byte_cache("images", IMAGE_CACHE_BYTES).get_or_compute(("model input", fingerprint, digest, size), make)
 
 
@@ -127,14 +130,14 @@ def method_map(fingerprint: tuple, digest: str, size: InputSize, kind: str, clas
 
 def pick_query(chart_key: str, query_key: str, num_prefix_tokens: int) -> None:
     """A click on the image or the overlay made a patch the query."""
-    token = explorer.token_from_selection(st.session_state[chart_key].selection, num_prefix_tokens)
+    token = drawing.token_from_selection(st.session_state[chart_key].selection, num_prefix_tokens)
     if token is not None:
         st.session_state[query_key] = token
 
 
 def pick_head(layers: list[int], num_heads: int, layer_key: str, head_key: str) -> None:
     """A click on a head thumbnail shows that layer and head as the one-layer map."""
-    cell = explorer.cell_from_selection(st.session_state["heads_grid"].selection, layers, num_heads)
+    cell = drawing.cell_from_selection(st.session_state["heads_grid"].selection, layers, num_heads)
     if cell is not None:
         st.session_state[layer_key], st.session_state[head_key] = cell[0] + 1, cell[1]
         st.session_state["map_kind"] = "attention"
@@ -294,7 +297,7 @@ with st.sidebar:
     if "query" in controls:
         query = st.selectbox("Query token" + (" (for the class map)" if kind in explorer.CLASS_MAP_KINDS else ""),
                              tokens,
-                             key=query_key, format_func=lambda t: explorer.token_option(t, grid, prefix, names),
+                             key=query_key, format_func=lambda t: drawing.token_option(t, grid, prefix, names),
                              help="Whose attention to show: CLS (token 0), another prefix token (DIST, REG) or a "
                                   "patch, numbered row by row. "
                                   "Clicking a patch on the image selects it too.")
@@ -324,8 +327,8 @@ with st.sidebar:
     st.header("Overlay")
     st.session_state.setdefault("opacity", 0.6)
     opacity = st.slider("Opacity", 0.0, 1.0, step=0.05, key="opacity")
-    colormap = st.selectbox("Colour map", explorer.COLORMAPS, key="colormap")
-    scale = st.radio("Colour scale", list(explorer.COLOUR_SCALES), format_func=explorer.COLOUR_SCALES.get,
+    colormap = st.selectbox("Colour map", drawing.COLORMAPS, key="colormap")
+    scale = st.radio("Colour scale", list(drawing.COLOUR_SCALES), format_func=drawing.COLOUR_SCALES.get,
                      key="colour_scale", help="Each map stretched to its own range makes a near-uniform map look "
                                               "structured; 0 to max, or one range for all heads, compares them.")
     mode = st.radio("Upsampling", UPSAMPLE_MODES[::-1], horizontal=True, key="upsample",
@@ -357,12 +360,12 @@ if kind in explorer.METHOD_MAP_KINDS:
         st.stop()
 map2d = explorer.attention_map(analysis, settings, relevance, method_map2d)
 outline = explorer.patch_of(query, prefix) if "query" in controls else None
-map_colormap, vmin, vmax = explorer.map_colours(kind, map2d, colormap)  # signed maps: diverging, around 0
-signed = kind in explorer.SIGNED_MAP_KINDS  # their symmetric range is kept whatever the colour scale
+map_colormap, vmin, vmax = drawing.map_colours(kind, map2d, colormap)  # signed maps: diverging, around 0
+signed = kind in drawing.SIGNED_MAP_KINDS  # their symmetric range is kept whatever the colour scale
 if scale == "zero" and not signed:
-    vmin, vmax = explorer.colour_range(map2d, scale)
+    vmin, vmax = drawing.colour_range(map2d, scale)
 elif scale == "shared" and kind == "attention":  # the range of this layer's heads, as in the heads grid
-    vmin, vmax = explorer.colour_range(explorer.head_maps(analysis, query, layer=layer - 1), scale)
+    vmin, vmax = drawing.colour_range(explorer.head_maps(analysis, query, layer=layer - 1), scale)
 mask = explorer.map_mask(map2d, share) if masked else None
 
 # -- image, overlay and prediction ----------------------------------------------------------------------------------
@@ -375,29 +378,29 @@ if mask is not None:
 col_image, col_overlay, col_prediction = st.columns([1, 1, 0.8], gap="medium")
 with col_image:
     st.subheader("Image")
-    st.plotly_chart(explorer.patch_picker_figure(shown.size, shown_uri, grid, query, prefix), key="patch_picker",
+    st.plotly_chart(drawing.patch_picker_figure(shown.size, shown_uri, grid, query, prefix), key="patch_picker",
                     on_select=partial(pick_query, "patch_picker", query_key, prefix), selection_mode="points",
                     config=PICKER_CONFIG, width="stretch")
     st.caption(f"**Click a patch** to make it the query. {escape_markdown(image_name)}, {image.width}×{image.height} "
                "px; "
-               + explorer.describe_input(analysis, image.size))
+               + drawing.describe_input(analysis, image.size))
 with col_overlay:
     st.subheader("Attention")
-    st.plotly_chart(explorer.patch_picker_figure(shown.size, explorer.jpeg_data_uri(drawn), grid, query, prefix,
+    st.plotly_chart(drawing.patch_picker_figure(shown.size, drawing.jpeg_data_uri(drawn), grid, query, prefix,
                                                  show_grid=False),
                     key="overlay_picker", on_select=partial(pick_query, "overlay_picker", query_key, prefix),
                     selection_mode="points", config=PICKER_CONFIG, width="stretch")
-    low, high = explorer.map_range(map2d, vmin, vmax)
-    st.plotly_chart(explorer.colorbar_figure(low, high, map_colormap), config={"displayModeBar": False},
+    low, high = drawing.map_range(map2d, vmin, vmax)
+    st.plotly_chart(drawing.colorbar_figure(low, high, map_colormap), config={"displayModeBar": False},
                     theme=None, key="colorbar")
-    st.caption(explorer.describe_map(settings, analysis, class_names) + " " + explorer.describe_range(map2d, vmin,
+    st.caption(drawing.describe_map(settings, analysis, class_names) + " " + drawing.describe_range(map2d, vmin,
                                                                                                     vmax))
     stem = Path(image_name).stem
     download_png, download_npz = st.columns(2)
     download_png.download_button(
         "Overlay (PNG)", on_click="ignore", mime="image/png",
-        file_name=explorer.map_file_name(stem, settings, analysis, "overlay.png"),
-        data=partial(explorer.overlay_png, image, map2d, opacity, map_colormap, mode, show_grid, outline, vmin, vmax,
+        file_name=drawing.map_file_name(stem, settings, analysis, "overlay.png"),
+        data=partial(drawing.overlay_png, image, map2d, opacity, map_colormap, mode, show_grid, outline, vmin, vmax,
                      mask),
         help=f"At the image's size as decoded (at most {MAX_SIDE:,} px on its long side), "
              f"{image.width}×{image.height} px.")
@@ -416,17 +419,17 @@ with col_overlay:
                  help="Is this map faithful? Patches are blurred away (deletion) or restored onto a blurred image "
                       "(insertion), most relevant first, and the class probability is tracked: a faithful map "
                       "makes deletion fall and insertion rise fast."):
-        st.plotly_chart(explorer.faithfulness_figure(checkpoint, image, map2d,
+        st.plotly_chart(drawing.faithfulness_figure(checkpoint, image, map2d,
                                                      explorer.resolved_class(settings, analysis), size=size),
                         config={"displayModeBar": False})
 with col_prediction:
     st.subheader("Prediction")
     if class_names:
-        st.plotly_chart(explorer.predictions_figure(prediction), config={"displayModeBar": False})
+        st.plotly_chart(drawing.predictions_figure(prediction), config={"displayModeBar": False})
     else:
         st.info("No prediction: this model has no classifier (a feature model such as DINO). Its attention maps "
                 "are shown all the same.")
-    note = explorer.prediction_note(analysis)
+    note = drawing.prediction_note(analysis)
     if note and class_names:
         st.caption(f":orange[{note}]")
     st.image(model_input_preview(fingerprint, image_key, size, checkpoint, image), output_format="PNG")
@@ -437,18 +440,18 @@ with col_prediction:
 
 heads_tab, matrix_tab, stats_tab = st.tabs(["Heads", "Attention matrix", "Distance & entropy"], key="analysis_tab",
                                            on_change="rerun")
-query_text = explorer.token_label(query, grid, prefix, names)
+query_text = drawing.token_label(query, grid, prefix, names)
 if heads_tab.open:
     with heads_tab:
         every = st.toggle(f"Every layer ({L} × {H} = {L * H} maps)", key="every_layer",
                           help="Off: the heads of the layer chosen in the sidebar.")
         shown_layers = list(range(L)) if every else [layer - 1]
         maps = explorer.head_maps(analysis, query)[shown_layers]  # (layers, H, gh, gw)
-        cells = explorer.small_multiples(small, maps.reshape(-1, *grid), opacity, colormap, mode, outline,
+        cells = drawing.small_multiples(small, maps.reshape(-1, *grid), opacity, colormap, mode, outline,
                                          scale=scale, mask_share=share if masked else None)
-        sheet = explorer.heads_grid_image(cells, columns=H)
+        sheet = drawing.heads_grid_image(cells, columns=H)
         selected = (layer - 1, head) if kind == "attention" and head is not None else None
-        st.plotly_chart(explorer.heads_grid_figure(explorer.jpeg_data_uri(sheet, quality=85), sheet.size,
+        st.plotly_chart(drawing.heads_grid_figure(drawing.jpeg_data_uri(sheet, quality=85), sheet.size,
                                                    shown_layers, H, selected),
                         key="heads_grid", on_select=partial(pick_head, shown_layers, H, f"layer-{model_key}",
                                                             f"head-{model_key}"),
@@ -461,25 +464,25 @@ if matrix_tab.open:
     with matrix_tab:
         heads_text = f"head {head + 1}" if head is not None else f"{fusion} over heads"
         matrix = explorer.layer_attention(analysis, layer - 1, head, fusion)[0].numpy()  # (T, T)
-        st.plotly_chart(explorer.attention_matrix_figure(matrix, grid, prefix, colormap, query=query, tokens=tokens,
+        st.plotly_chart(drawing.attention_matrix_figure(matrix, grid, prefix, colormap, query=query, tokens=tokens,
                                                          title=f"Layer {layer}, {heads_text}", prefix_names=names),
                         theme=None)  # Streamlit's chart theme recolours the low end of the colour scale
-        pooled = len(tokens) > explorer.MATRIX_MAX_CELLS
+        pooled = len(tokens) > drawing.MATRIX_MAX_CELLS
         st.caption(f"Row i is what token i attends to (each row sums to 1); "
-                   f"{explorer.tokens_caption(grid, prefix, names)}. The outlined row is the query, {query_text}."
+                   f"{drawing.tokens_caption(grid, prefix, names)}. The outlined row is the query, {query_text}."
                    + (f" {len(tokens):,} tokens are shown as block averages; hover for the token ranges."
                       if pooled else ""))
 if stats_tab.open:
     with stats_tab:
         distance, entropy = analysis.stats()
         left, right = st.columns(2)
-        left.plotly_chart(explorer.layer_stats_figure(distance, "mean attention distance (px)",
+        left.plotly_chart(figures.layer_stats_figure(distance, "mean attention distance (px)",
                                                       "Mean attention distance"))
         left.caption(f"Per head, the attention-weighted distance between a patch and the patches it attends to, "
                      f"in pixels of the {analysis.input_size[1]}×{analysis.input_size[0]}-px input, averaged over "
                      "patch queries (ViT paper, Fig. 7). Low: local heads, like convolutions; high: heads that "
                      "integrate the whole image.")
-        right.plotly_chart(explorer.layer_stats_figure(entropy, "attention entropy (nats)", "Attention entropy"))
+        right.plotly_chart(figures.layer_stats_figure(entropy, "attention entropy (nats)", "Attention entropy"))
         right.caption(f"Per head, the entropy of each token's attention averaged over all {T} tokens: 0 when every "
                       f"token attends to one token only, ln {T} ≈ {math.log(T):.2f} when attention is "
                       "spread evenly.")
@@ -526,7 +529,7 @@ if other is not None:
                          output_format="PNG")
             column.caption(f"{label}: {escape_markdown(one_entry.label)}. Predicts {escape_markdown(top[0])} "
                            f"({top[1]:.0%}). "
-                           + explorer.describe_range(one_map))
+                           + drawing.describe_range(one_map))
         col_diff.image(compare.difference_overlay(shown, map2d, map_b, opacity, mode), output_format="PNG")
         col_diff.caption(compare.describe_difference(map2d, map_b, (shown.height, shown.width), mode))
 

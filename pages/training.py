@@ -1,7 +1,7 @@
 """Train: launch Vision Transformer runs, follow them live, stop, resume, compare and open them.
 
 Widgets and layout only; launching, validation, states, table rows and curve data live in
-``vit.runs``, ``vit.launch`` and ``vit.devices``. The runs panel is a fragment that polls the runs
+``vit.runs.manager``, ``vit.runs.launch`` and ``vit.runs.devices``. The runs panel is a fragment that polls the runs
 folder every few seconds (which also starts queued runs whose device has become free), so it never
 re-runs the form.
 """
@@ -13,14 +13,17 @@ import pandas as pd
 import plotly.express as px
 import streamlit as st
 
-from vit import access, compare, devices, launch, runs, snapshots
-from vit.attention import HEAD_FUSIONS
-from vit.data import AUGMENTATIONS, BUILTIN_DATASETS
-from vit.explorer import COLORMAPS
+from vit.app.drawing import COLORMAPS
+from vit.explain import compare
+from vit.explain.attention import HEAD_FUSIONS
+from vit.explain.overlay import UPSAMPLE_MODES
 from vit.model import PRESETS
-from vit.overlay import UPSAMPLE_MODES
+from vit.runs import access, devices, launch
+from vit.runs import manager as runs
 from vit.text import escape_markdown, escape_plotly
-from vit.train import RECIPES
+from vit.training import snapshots
+from vit.training.data import AUGMENTATIONS, BUILTIN_DATASETS
+from vit.training.options import RECIPES
 
 REFRESH_SECONDS = 3
 EXPLORER_PAGE = "pages/explorer.py"

@@ -68,7 +68,7 @@ setup() {
         tar -xzf data/shared/cifar10/train.tar.gz -C data/cifar10
     fi
     # Decode the 50,000 JPEGs once into data/cache (uint8 tensors); later runs and tests reuse it.
-    $PY -c "from vit.data import load_dataset; d = load_dataset('folder:data/cifar10/train', 32, 3); \
+    $PY -c "from vit.training.data import load_dataset; d = load_dataset('folder:data/cifar10/train', 32, 3); \
 print('cifar10 cache:', len(d.train), 'train,', len(d.val), 'val,', 'from cache' if d.from_cache else 'built')"
 }
 

@@ -70,7 +70,7 @@ def ship_default(tmp_path: Path, config: ViTConfig, class_names: list[str],
     checkpoints and (empty) runs folders to point ``VIT_CHECKPOINTS_DIR`` and ``VIT_RUNS_DIR`` at."""
     import torch  # here, not at the top: scripts/screenshots.py imports this module without the package
 
-    from vit.catalog import DEFAULT_CHECKPOINT
+    from vit.app.catalog import DEFAULT_CHECKPOINT
     from vit.checkpoint import save_checkpoint
     from vit.model import ViT
 

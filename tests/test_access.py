@@ -2,7 +2,7 @@
 
 import pytest
 
-from vit.access import MIN_TOKEN_LENGTH, TOKEN_ENV, is_local_address, train_access
+from vit.runs.access import MIN_TOKEN_LENGTH, TOKEN_ENV, is_local_address, train_access
 
 TOKEN = "correct-horse-battery-staple"
 

@@ -13,6 +13,7 @@ from tests.test_app import dirs  # noqa: F401  (fixture)
 from vit import analyze
 from vit.checkpoint import load_checkpoint, save_checkpoint
 from vit.evaluate import labelled_files
+from vit.explain import dataset
 from vit.model import ViT, ViTConfig
 
 CONFIG = ViTConfig(image_size=16, patch_size=4, hidden_size=16, num_layers=2, num_heads=2, mlp_size=32, num_classes=3)
@@ -51,7 +52,7 @@ def test_an_always_cat_model_with_uniform_attention_by_hand(world):
     checkpoint = load_checkpoint(world / "cat.pt")
     files = labelled_files(world / "data", CLASSES)
     calls = []
-    result = analyze.analyze_files(checkpoint, files, batch_size=4, progress=lambda d, t: calls.append((d, t)))
+    result = dataset.analyze_files(checkpoint, files, batch_size=4, progress=lambda d, t: calls.append((d, t)))
     assert result.count == 6 and len(result.skipped) == 1 and "broken.png" in result.skipped[0]
     assert calls[-1] == (7, 7)
     np.testing.assert_array_equal(result.confusion, [[3, 0, 0], [2, 0, 0], [1, 0, 0]])
@@ -113,9 +114,9 @@ def test_page_analyses_a_folder_and_opens_a_mistake_in_the_explorer(world, dirs)
 
 def test_class_names_in_the_figures_are_text_not_html():
     names = ["<b>x</b>", "<a href='http://example.invalid'>y</a>"]
-    confusion = analyze.confusion_figure(np.eye(2), names)
+    confusion = dataset.confusion_figure(np.eye(2), names)
     assert list(confusion.data[0].x) == ["&lt;b&gt;x&lt;/b&gt;", "&lt;a href='http://example.invalid'&gt;y&lt;/a&gt;"]
-    maps = analyze.class_maps_figure(np.zeros((2, 2, 2)), names, "maps")
+    maps = dataset.class_maps_figure(np.zeros((2, 2, 2)), names, "maps")
     titles = [a.text for a in maps.layout.annotations]
     assert titles == list(confusion.data[0].x) and not any("<" in t for t in titles)
 

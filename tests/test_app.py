@@ -21,8 +21,8 @@ from markdown_it import MarkdownIt
 from PIL import Image
 from streamlit.testing.v1 import AppTest
 
-from vit import explorer
-from vit.catalog import DEFAULT_CHECKPOINT, default_checkpoints_dir
+from vit.app import drawing, explorer
+from vit.app.catalog import DEFAULT_CHECKPOINT, default_checkpoints_dir
 from vit.checkpoint import save_checkpoint
 from vit.model import ViT, ViTConfig
 
@@ -451,24 +451,24 @@ def test_head_maps_give_every_heads_query_row():
 
 def test_tokens_are_named_by_their_place_in_the_grid():
     grid = (3, 4)
-    assert explorer.token_label(0, grid) == "CLS"
-    assert explorer.token_label(1, grid) == "patch row 1, col 1"
-    assert explorer.token_label(5, grid) == "patch row 2, col 1"
-    assert explorer.token_option(12, grid) == "12 · patch row 3, col 4"
+    assert drawing.token_label(0, grid) == "CLS"
+    assert drawing.token_label(1, grid) == "patch row 1, col 1"
+    assert drawing.token_label(5, grid) == "patch row 2, col 1"
+    assert drawing.token_option(12, grid) == "12 · patch row 3, col 4"
     assert (explorer.patch_of(0), explorer.patch_of(6)) == (None, 5)
     with pytest.raises(ValueError):
-        explorer.token_label(13, grid)
+        drawing.token_label(13, grid)
 
 
 def test_a_click_on_the_picker_becomes_the_token_of_that_patch():
-    assert explorer.token_from_selection({"points": [{}], "point_indices": [5]}) == 6
-    assert explorer.token_from_selection({"point_indices": [2, 7]}, num_prefix_tokens=2) == 9
-    assert explorer.token_from_selection({"points": [], "point_indices": []}) is None
-    assert explorer.token_from_selection(None) is None
+    assert drawing.token_from_selection({"points": [{}], "point_indices": [5]}) == 6
+    assert drawing.token_from_selection({"point_indices": [2, 7]}, num_prefix_tokens=2) == 9
+    assert drawing.token_from_selection({"points": [], "point_indices": []}) is None
+    assert drawing.token_from_selection(None) is None
 
 
 def test_patch_picker_puts_patch_i_at_the_centre_of_its_cell_and_outlines_the_query():
-    fig = explorer.patch_picker_figure((300, 100), "data:image/png;base64,AAAA", grid=(2, 3), query=5)
+    fig = drawing.patch_picker_figure((300, 100), "data:image/png;base64,AAAA", grid=(2, 3), query=5)
     points = fig.data[0]
     np.testing.assert_allclose(points.x, [50, 150, 250, 50, 150, 250])
     np.testing.assert_allclose(points.y, [25, 25, 25, 75, 75, 75])
@@ -479,13 +479,13 @@ def test_patch_picker_puts_patch_i_at_the_centre_of_its_cell_and_outlines_the_qu
     assert grid.path == "M100.00,0L100.00,100M200.00,0L200.00,100M0,50.00L300,50.00"
     assert fig.layout.images[0].source == "data:image/png;base64,AAAA"
     assert fig.layout.yaxis.range == (100, 0) and fig.layout.hoverdistance == -1
-    cls_fig = explorer.patch_picker_figure((300, 100), "x", grid=(2, 3), query=0, show_grid=False)
+    cls_fig = drawing.patch_picker_figure((300, 100), "x", grid=(2, 3), query=0, show_grid=False)
     assert not cls_fig.layout.shapes
 
 
 def test_jpeg_data_uri_round_trips_in_rgb():
     image = Image.new("L", (3, 2), 200)  # greyscale in: the picker's layout image is always RGB
-    uri = explorer.jpeg_data_uri(image)
+    uri = drawing.jpeg_data_uri(image)
     assert uri.startswith("data:image/jpeg;base64,")
     decoded = Image.open(io.BytesIO(base64.b64decode(uri.split(",", 1)[1])))
     assert decoded.size == (3, 2) and decoded.mode == "RGB"
@@ -495,12 +495,12 @@ def test_jpeg_data_uri_round_trips_in_rgb():
 @pytest.mark.parametrize(("size", "shown"), [((32, 32), (320, 320)), ((28, 28), (336, 336)), ((30, 10), (330, 110)),
                                              ((500, 400), (500, 400)), ((4000, 3000), (640, 480))])
 def test_display_size_enlarges_small_images_by_a_whole_factor_and_shrinks_large_ones(size, shown):
-    assert explorer.display_size(size) == shown
-    assert explorer.display_image(Image.new("L", size)).size == shown
+    assert drawing.display_size(size) == shown
+    assert drawing.display_image(Image.new("L", size)).size == shown
 
 
 def test_display_images_are_the_picker_image_its_jpeg_and_the_heads_grid_thumbnail():
-    shown, uri, small = explorer.display_images(Image.new("RGB", (4000, 3000), (10, 20, 30)))
+    shown, uri, small = drawing.display_images(Image.new("RGB", (4000, 3000), (10, 20, 30)))
     assert shown.size == (480, 360) and small.size == (112, 84)
     assert uri.startswith("data:image/jpeg;base64,")
     assert Image.open(io.BytesIO(base64.b64decode(uri.split(",", 1)[1]))).size == shown.size
@@ -508,15 +508,15 @@ def test_display_images_are_the_picker_image_its_jpeg_and_the_heads_grid_thumbna
 
 def test_captions_say_what_the_map_is():
     a = hand_analysis()
-    cls_last = explorer.describe_map(explorer.MapSettings(), a, ["a", "b"])
+    cls_last = drawing.describe_map(explorer.MapSettings(), a, ["a", "b"])
     assert "Layer 2 of 2, the mean over its 2 heads" in cls_last and "classifier reads the CLS token" in cls_last
-    patch = explorer.describe_map(explorer.MapSettings(layer=0, head=0, query=2), a, ["a", "b"])
+    patch = drawing.describe_map(explorer.MapSettings(layer=0, head=0, query=2), a, ["a", "b"])
     assert "Layer 1 of 2, head 1" in patch and "patch row 1, col 2 (outlined)" in patch
-    roll = explorer.describe_map(explorer.MapSettings(kind="rollout", discard_ratio=0.9, fusion="max"), a, ["a", "b"])
+    roll = drawing.describe_map(explorer.MapSettings(kind="rollout", discard_ratio=0.9, fusion="max"), a, ["a", "b"])
     assert "rollout through layers 1–2" in roll and "max" in roll and "lowest 90%" in roll
-    cls = explorer.describe_map(explorer.MapSettings(kind="class"), a, ["a", "b"])
+    cls = drawing.describe_map(explorer.MapSettings(kind="class"), a, ["a", "b"])
     assert "“b”" in cls and "predicted class" in cls
-    assert explorer.describe_range(np.array([[0.001, 0.5]])) == "Colours span 0.001 (dark) to 0.5 (bright) on this map."
+    assert drawing.describe_range(np.array([[0.001, 0.5]])) == "Colours span 0.001 (dark) to 0.5 (bright) on this map."
 
 
 def test_npz_download_holds_every_layer_and_the_context():
@@ -529,7 +529,7 @@ def test_npz_download_holds_every_layer_and_the_context():
 
 
 def test_overlay_png_is_at_the_images_own_size():
-    png = explorer.overlay_png(Image.new("RGB", (90, 30)), np.array([[0.0, 1.0]]), 0.5, "inferno", "nearest",
+    png = drawing.overlay_png(Image.new("RGB", (90, 30)), np.array([[0.0, 1.0]]), 0.5, "inferno", "nearest",
                                show_grid=True, outline_patch=1)
     assert Image.open(io.BytesIO(png)).size == (90, 30)
 
@@ -543,7 +543,7 @@ def test_analyse_runs_the_model_once_and_keeps_every_layer(tmp_path, forwards):
     assert forwards.call_count == 1
     assert (a.num_layers, a.num_heads, a.num_tokens, a.grid) == (3, 2, 17, (4, 4))
     assert a.distance.shape == a.entropy.shape == (3, 2)
-    assert len(a.prediction.top_k) == 3 and explorer.model_input_image(image, checkpoint).size == (16, 16)
+    assert len(a.prediction.top_k) == 3 and drawing.model_input_image(image, checkpoint).size == (16, 16)
     relevance = explorer.class_relevance(checkpoint, image, 2)
     assert relevance.class_index == 2 and len(relevance.terms) == 3
     # Every layer computed from the stored hidden states equals the model's own output_attentions.
@@ -555,7 +555,7 @@ def test_analyse_runs_the_model_once_and_keeps_every_layer(tmp_path, forwards):
 
 def test_attention_matrix_rows_are_queries_and_ticks_mark_cls_and_grid_rows():
     matrix = np.arange(17 * 17, dtype=float).reshape(17, 17)
-    fig = explorer.attention_matrix_figure(matrix, (4, 4), query=6)
+    fig = drawing.attention_matrix_figure(matrix, (4, 4), query=6)
     # 4x4 grid after CLS: rows start at tokens 1, 5, 9, 13; token 1 sits next to CLS and gets no tick.
     assert list(fig.layout.xaxis.tickvals) == ["0 · CLS", "5 · r2 c1", "9 · r3 c1", "13 · r4 c1"]
     assert list(fig.layout.xaxis.ticktext) == ["CLS", "5", "9", "13"]
@@ -719,7 +719,7 @@ def test_every_layer_stays_on_after_visiting_another_tab(default_world):
 
 def test_matrix_tick_labels_and_axis_title_have_room_below_the_rows():
     # Rough edge 7: with no bottom margin the x tick labels were clipped and the title sat on the last rows.
-    fig = explorer.attention_matrix_figure(np.eye(17), (4, 4))
+    fig = drawing.attention_matrix_figure(np.eye(17), (4, 4))
     assert fig.layout.margin.b >= 60 and fig.layout.xaxis.automargin is True
     assert fig.layout.xaxis.showticklabels is not False and list(fig.layout.xaxis.ticktext)[0] == "CLS"
     assert fig.layout.xaxis.title.standoff is not None
@@ -727,7 +727,7 @@ def test_matrix_tick_labels_and_axis_title_have_room_below_the_rows():
 
 def test_big_matrices_are_drawn_as_block_averages_with_token_ranges():
     matrix = np.random.default_rng(0).random((1 + 40 * 30, 1 + 40 * 30)).astype(np.float32)
-    fig = explorer.attention_matrix_figure(matrix, (40, 30), max_cells=401)
+    fig = drawing.attention_matrix_figure(matrix, (40, 30), max_cells=401)
     z = np.asarray(fig.data[0].z)
     assert z.shape == (401, 401)  # bins of 3 tokens
     assert fig.data[0].x[1] == "3–5" and "mean" in fig.data[0].hovertemplate
@@ -736,15 +736,15 @@ def test_big_matrices_are_drawn_as_block_averages_with_token_ranges():
 
 def test_pool_matrix_averages_blocks_by_hand():
     m = np.arange(25, dtype=np.float32).reshape(5, 5)
-    pooled, size = explorer.pool_matrix(m, max_cells=3)
+    pooled, size = drawing.pool_matrix(m, max_cells=3)
     assert size == 2 and pooled.shape == (3, 3)
     assert pooled[0, 0] == (0 + 1 + 5 + 6) / 4 and pooled[2, 2] == 24 and pooled[0, 2] == (4 + 9) / 2
 
 
 def test_clicking_a_head_thumbnail_selects_that_layer_and_head_and_outlines_it(default_world):
     # Rough edge 8: the grid is one clickable figure; a point per head, row-major.
-    assert explorer.cell_from_selection({"point_indices": [5]}, layers=[0, 1, 2], num_heads=2) == (2, 1)
-    assert explorer.cell_from_selection({"point_indices": []}, layers=[0], num_heads=2) is None
+    assert drawing.cell_from_selection({"point_indices": [5]}, layers=[0, 1, 2], num_heads=2) == (2, 1)
+    assert drawing.cell_from_selection({"point_indices": []}, layers=[0], num_heads=2) is None
     at = run_app()
     sidebar_widget(at, "selectbox", "Head").set_value(1)
     at.run()
@@ -756,9 +756,9 @@ def test_downloads_are_named_after_the_map_and_the_uploader_takes_every_format_i
     # Rough edge 9.
     a = hand_analysis()
     settings = explorer.MapSettings(layer=0, head=1, query=2)
-    assert explorer.map_file_name("photo", settings, a) == "photo-attention-L1-h2-q2-overlay.png"
+    assert drawing.map_file_name("photo", settings, a) == "photo-attention-L1-h2-q2-overlay.png"
     rollout = explorer.MapSettings(kind="rollout", fusion="max", discard_ratio=0.5)
-    assert explorer.map_file_name("photo", rollout, a) == "photo-rollout-L1-2-max-discard50-cls-overlay.png"
+    assert drawing.map_file_name("photo", rollout, a) == "photo-rollout-L1-2-max-discard50-cls-overlay.png"
     from vit.images import ImageError, open_image
 
     with pytest.raises(ImageError) as error:
@@ -815,7 +815,7 @@ def test_token_norms_are_the_norms_of_each_layers_output(tmp_path):
 def test_register_tokens_can_be_hidden_from_the_query_list_and_the_matrix():
     assert explorer.visible_tokens(7, 3, hide_registers=True) == [0, 3, 4, 5, 6]
     assert explorer.visible_tokens(7, 3, hide_registers=False) == list(range(7))
-    fig = explorer.attention_matrix_figure(np.eye(7), (2, 2), num_prefix_tokens=3, tokens=[0, 3, 4, 5, 6])
+    fig = drawing.attention_matrix_figure(np.eye(7), (2, 2), num_prefix_tokens=3, tokens=[0, 3, 4, 5, 6])
     assert np.asarray(fig.data[0].z).shape == (5, 5)
     assert list(fig.data[0].x) == ["0 · CLS", "3 · r1 c1", "4 · r1 c2", "5 · r2 c1", "6 · r2 c2"]
 
@@ -823,7 +823,7 @@ def test_register_tokens_can_be_hidden_from_the_query_list_and_the_matrix():
 def test_matrix_names_every_prefix_token_in_its_ticks_and_hover_text():
     # CLS, DIST and two registers before a 2x2 grid: the hover text reads the category names.
     names = ("CLS", "DIST", "REG 1", "REG 2")
-    fig = explorer.attention_matrix_figure(np.eye(8), (2, 2), num_prefix_tokens=4, prefix_names=names)
+    fig = drawing.attention_matrix_figure(np.eye(8), (2, 2), num_prefix_tokens=4, prefix_names=names)
     assert list(fig.data[0].y) == ["0 · CLS", "1 · DIST", "2 · REG 1", "3 · REG 2", "4 · r1 c1", "5 · r1 c2",
                                    "6 · r2 c1", "7 · r2 c2"]
     assert list(fig.layout.xaxis.ticktext) == ["CLS", "DIST", "REG 1", "REG 2", "6"]
@@ -843,11 +843,11 @@ def test_memory_per_image_stays_under_the_limit_or_the_input_is_refused():
         explorer.check_input_fits(checkpoint, (60, 80))  # 4,801 tokens
 
 
-@pytest.mark.parametrize("colormap", explorer.COLORMAPS)
+@pytest.mark.parametrize("colormap", drawing.COLORMAPS)
 def test_heatmap_colours_avoid_the_hex_strings_streamlit_replaces(colormap):
     # Streamlit swaps "#000001".."#000020" for theme colours in any chart: inferno's black became purple.
-    for fig in (explorer.attention_matrix_figure(np.eye(5), (2, 2), colormap=colormap),
-                explorer.colorbar_figure(0.0, 1.0, colormap)):
+    for fig in (drawing.attention_matrix_figure(np.eye(5), (2, 2), colormap=colormap),
+                drawing.colorbar_figure(0.0, 1.0, colormap)):
         colours = [color.lower() for _, color in fig.data[0].colorscale]  # (the template's placeholders are meant)
         assert not {f"#0000{i:02d}" for i in range(1, 21)} & set(colours), colormap
 
@@ -889,7 +889,7 @@ def test_class_names_dataset_and_file_names_are_shown_as_plain_text(dirs):
 def test_page_loads_describe_each_checkpoint_file_once(default_world):
     checkpoints, _ = default_world
     write_checkpoint(checkpoints / "another.pt", seed=1)
-    from vit import catalog
+    from vit.app import catalog
 
     with mock.patch.object(catalog, "describe", autospec=True, side_effect=catalog.describe) as described:
         run_app()
@@ -919,7 +919,7 @@ def test_on_a_network_no_server_path_can_be_opened(default_world, tmp_path):
 def test_captions_name_a_register_query_as_a_prefix_token_not_an_outlined_patch(kind):
     a = hand_analysis()
     a.num_prefix_tokens, a.grid, a.prefix_names = 2, (1, 1), ("CLS", "REG 1")  # still T = 3 tokens
-    caption = explorer.describe_map(explorer.MapSettings(kind=kind, query=1), a, ["a", "b"])
+    caption = drawing.describe_map(explorer.MapSettings(kind=kind, query=1), a, ["a", "b"])
     assert "the REG 1 token" in caption and "outlined" not in caption
 
 
@@ -927,7 +927,7 @@ def test_captions_name_a_register_query_as_a_prefix_token_not_an_outlined_patch(
 def test_captions_show_a_class_name_as_written(kind):
     a = hand_analysis()
     names = ["a", "![x](http://example.invalid/x.png) <b>b</b>"]
-    describe = explorer.describe_map if kind == "class" else explorer.describe_method_map
+    describe = drawing.describe_map if kind == "class" else drawing.describe_method_map
     caption = describe(explorer.MapSettings(kind=kind), a, names)
     rendered = MarkdownIt("commonmark").render(caption)
     assert "<img" not in rendered and "<b>" not in rendered

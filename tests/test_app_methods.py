@@ -15,7 +15,7 @@ from tests.test_app import (  # noqa: F401  (default_world and dirs: fixtures th
     sidebar_widget,
     write_checkpoint,
 )
-from vit import explorer
+from vit.app import drawing, explorer
 from vit.checkpoint import load_checkpoint
 
 pytestmark = pytest.mark.slow  # each AppTest run imports the app
@@ -64,9 +64,9 @@ def test_model_method_maps_have_the_grid_shape(checkpoint):
 
 
 def test_model_method_maps_explain_the_class_and_query_they_are_given(checkpoint):
-    from vit.attention import token_map
+    from vit.explain.attention import token_map
+    from vit.explain.relevance import attnlrp, legrad, patch_sums, transformer_attribution
     from vit.inference import TRAINING_SIZE, preprocess
-    from vit.relevance import attnlrp, legrad, patch_sums, transformer_attribution
 
     image = Image.fromarray(np.random.default_rng(0).integers(0, 256, (20, 30, 3), dtype=np.uint8))
     model = checkpoint.model
@@ -91,14 +91,14 @@ def test_attention_map_of_a_method_kind_needs_the_precomputed_map(checkpoint):
 
 def test_signed_maps_get_a_diverging_colour_scale_symmetric_around_zero():
     m = np.array([[-1.0, 0.5], [0.25, 0.0]])
-    assert explorer.map_colours("attnlrp", m, "inferno") == (explorer.DIVERGING_COLORMAP, -1.0, 1.0)
-    assert explorer.map_colours("legrad", m, "inferno") == ("inferno", None, None)
+    assert drawing.map_colours("attnlrp", m, "inferno") == (drawing.DIVERGING_COLORMAP, -1.0, 1.0)
+    assert drawing.map_colours("legrad", m, "inferno") == ("inferno", None, None)
 
 
 def test_faithfulness_figure_has_both_curves_from_one_to_the_baseline(checkpoint):
     image = Image.new("RGB", (16, 16), (200, 30, 30))
     torch.manual_seed(0)
-    fig = explorer.faithfulness_figure(checkpoint, image, np.random.rand(4, 4), class_index=0)
+    fig = drawing.faithfulness_figure(checkpoint, image, np.random.rand(4, 4), class_index=0)
     deletion, insertion = fig.data
     assert len(deletion.x) == 17 and deletion.x[0] == 0 and deletion.x[-1] == 1
     assert deletion.y[0] == pytest.approx(insertion.y[-1], abs=1e-6)  # both: the untouched image

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from vit.attention import (
+from vit.explain.attention import (
     attention_entropy,
     class_gradients,
     fuse_heads,

@@ -15,7 +15,7 @@ import torch
 from helpers import ARTIFACTS, CHROMIUM, CHROMIUM_ARGS, ship_default, streamlit_app
 from PIL import Image
 
-from vit.catalog import DEFAULT_CHECKPOINT
+from vit.app.catalog import DEFAULT_CHECKPOINT
 from vit.model import ViTConfig
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]

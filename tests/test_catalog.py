@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 from helpers import displayed
 
-from vit.catalog import (
+from vit.app.catalog import (
     Candidate,
     candidate_for,
     dataset_label,

@@ -7,7 +7,15 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from vit.compare import ABSENT, config_diff, difference, difference_overlay, flatten, format_setting, symmetric_limit
+from vit.explain.compare import (
+    ABSENT,
+    config_diff,
+    difference,
+    difference_overlay,
+    flatten,
+    format_setting,
+    symmetric_limit,
+)
 
 
 def test_config_diff_shows_only_the_parameters_that_differ():
@@ -65,12 +73,12 @@ def test_difference_overlay_puts_zero_at_the_centre_of_the_diverging_colour_map(
 def test_settings_for_the_other_checkpoint_keep_layer_numbers_and_find_classes_by_name():
     from types import SimpleNamespace
 
-    from vit.explorer import MapSettings
+    from vit.app.explorer import MapSettings
 
     a = SimpleNamespace(num_layers=4, num_heads=4, grid=(8, 8), num_prefix_tokens=1)
     deeper = SimpleNamespace(num_layers=6, num_heads=4, grid=(8, 8), num_prefix_tokens=1)
     coarse = SimpleNamespace(num_layers=4, num_heads=2, grid=(4, 4), num_prefix_tokens=1)
-    from vit.compare import settings_for_other
+    from vit.explain.compare import settings_for_other
 
     s = settings_for_other(MapSettings(layer=-1), a, deeper, ["x", "y"], ["x", "y"])
     assert s.layer == 3  # layer 4 of A is layer 4 of B, not B's last

@@ -22,14 +22,14 @@ from test_distributed import read_json
 from test_runs import wait_for
 from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 
-import vit.train as train
 from vit.checkpoint import load_checkpoint, read_checkpoint_payload
-from vit.data import BatchAugment, Dataset, Split, apply_ops, draw_ops, op_space
-from vit.devices import list_devices
-from vit.launch import RunParams
-from vit.runs import RunManager
+from vit.runs.devices import list_devices
+from vit.runs.launch import RunParams
+from vit.runs.manager import RunManager
 from vit.train import main
-from vit.trainer import Trainer
+from vit.training import options
+from vit.training.data import BatchAugment, Dataset, Split, apply_ops, draw_ops, op_space
+from vit.training.trainer import Trainer
 
 pytestmark = pytest.mark.cuda
 
@@ -64,14 +64,14 @@ def assert_close_metrics(a: list[dict], b: list[dict], tolerance: float = 1e-3) 
 
 
 def cuda_trainer(*extra: str, batch: int = 8) -> Trainer:
-    args = train.parse_args(["--dataset", "folder:unused", "--out", "unused", *TINY, "--batch-size", str(batch),
+    args = options.parse_args(["--dataset", "folder:unused", "--out", "unused", *TINY, "--batch-size", str(batch),
                              "--device", "cuda", *extra], check_out=False)
-    train.resolve_model(args, num_classes=2)
+    options.resolve_model(args, num_classes=2)
     generator = torch.Generator().manual_seed(0)
     images = torch.randint(0, 256, (64, 3, 16, 16), dtype=torch.uint8, generator=generator)
     split = Split(images, torch.arange(64) % 2)
     data = Dataset("tiny", ["a", "b"], split, split, (0.5,) * 3, (0.25,) * 3, True)
-    return Trainer(train.settings_from_args(args), data, None, device="cuda")
+    return Trainer(options.settings_from_args(args), data, None, device="cuda")
 
 
 # -- the training step --------------------------------------------------------------------------

@@ -10,8 +10,8 @@ import torch
 from helpers import make_image_folder
 from torchvision.transforms import v2
 
-import vit.data as data
-from vit.data import (
+import vit.training.data as data
+from vit.training.data import (
     AUGMENTATIONS,
     BatchAugment,
     DataError,

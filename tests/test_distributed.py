@@ -15,8 +15,8 @@ import pytest
 from helpers import make_image_folder
 
 from vit.checkpoint import load_checkpoint, read_checkpoint_payload
-from vit.snapshots import load_snapshot, snapshot_epochs
 from vit.train import main
+from vit.training.snapshots import load_snapshot, snapshot_epochs
 
 REPO = Path(__file__).resolve().parent.parent
 TINY = ["--image-size", "8", "--patch-size", "4", "--hidden-size", "8", "--num-layers", "1", "--num-heads", "2",

@@ -12,10 +12,11 @@ from PIL import Image
 from test_app import TINY, run_app, write_checkpoint
 from test_training_attention_page import fake_run, shown_text
 
-from vit.attention import token_map
-from vit.catalog import DEFAULT_CHECKPOINT
-from vit.compare import difference
-from vit.explorer import MORE_METHODS, display_images
+from vit.app.catalog import DEFAULT_CHECKPOINT
+from vit.app.drawing import display_images
+from vit.app.explorer import MORE_METHODS
+from vit.explain.attention import token_map
+from vit.explain.compare import difference
 from vit.inference import preprocess
 from vit.model import ViT
 

@@ -10,7 +10,8 @@ from PIL import Image
 
 from vit import faithfulness
 from vit.checkpoint import save_checkpoint
-from vit.faithfulness import METHODS, auc, baseline, method_maps, perturbation_curves, sample_files, step_counts
+from vit.explain.dataset import sample_files
+from vit.explain.faithfulness import METHODS, auc, baseline, method_maps, perturbation_curves, step_counts
 from vit.model import ViT, ViTConfig
 
 

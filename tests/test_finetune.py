@@ -10,10 +10,10 @@ import torch
 from helpers import make_image_folder
 
 from vit.checkpoint import load_checkpoint, save_checkpoint
-from vit.finetune import prepare_init
 from vit.model import ViT, ViTConfig
-from vit.sources import open_source
+from vit.sources.open import open_source
 from vit.train import main
+from vit.training.finetune import prepare_init
 
 transformers = pytest.importorskip("transformers")
 pytestmark = pytest.mark.slow

@@ -4,9 +4,9 @@ import pytest
 import torch
 
 from vit.cache import ByteCache
-from vit.hf import config_from_hf, state_dict_from_hf
-from vit.hidden import LayerAttentions, forward_with_hidden_states
+from vit.explain.hidden import LayerAttentions, forward_with_hidden_states
 from vit.model import ViT, ViTConfig
+from vit.sources.hf import config_from_hf, state_dict_from_hf
 
 TINY = ViTConfig(image_size=16, patch_size=4, num_channels=3, num_classes=3, hidden_size=16, num_layers=3,
                  num_heads=2, mlp_size=32)

@@ -1,7 +1,7 @@
 """Imported models match their own library: logits and every layer's attention to 1e-5.
 
 Each reference is a tiny randomly initialised model built by the library itself (transformers,
-timm, torchvision), saved in its native format and opened through ``vit.sources.open_source``.
+timm, torchvision), saved in its native format and opened through ``vit.sources.open.open_source``.
 Random biases, norms, layer scales and tokens make a wrong mapping visible.
 """
 
@@ -12,7 +12,7 @@ import torch
 from safetensors.torch import save_file
 
 from vit.model import ViT
-from vit.sources import open_source
+from vit.sources.open import open_source
 
 transformers = pytest.importorskip("transformers")
 timm = pytest.importorskip("timm")
@@ -204,7 +204,7 @@ def test_torchvision_vision_transformer_matches_torchvision():
     model = randomize(VisionTransformer(image_size=48, patch_size=16, num_layers=2, num_heads=2, hidden_dim=16,
                                         mlp_dim=40, num_classes=5))
     # A tiny model is none of the named architectures; its mapping is the one vit_b_16 uses.
-    import vit.import_torchvision as tv
+    import vit.sources.import_torchvision as tv
 
     config = tv.config_from_torchvision("vit_b_16", model.state_dict())
     config = type(config)(**{**config.to_dict(), "hidden_size": 16, "num_layers": 2, "num_heads": 2, "mlp_size": 40})
@@ -218,7 +218,7 @@ def test_torchvision_vision_transformer_matches_torchvision():
 
 @pytest.mark.parametrize("name", ["vit_b_16", "vit_b_32", "vit_l_16", "vit_l_32", "vit_h_14"])
 def test_named_torchvision_architectures_map_key_for_key_and_shape_for_shape(name):
-    import vit.import_torchvision as tv
+    import vit.sources.import_torchvision as tv
 
     with torch.device("meta"):
         reference = getattr(torchvision.models, name)()
@@ -247,7 +247,7 @@ def test_torchvision_file_is_recognised_and_named_with_imagenet_classes(tmp_path
 def test_in_memory_and_saved_hf_key_names_map_to_the_same_weights(tmp_path, architecture):
     from safetensors.torch import load_file
 
-    from vit.hf import state_dict_from_hf
+    from vit.sources.hf import state_dict_from_hf
 
     hf, folder = hf_folder(tmp_path, architecture)
     saved = state_dict_from_hf(load_file(folder / "model.safetensors"), 2, architecture)  # the Hub's layout

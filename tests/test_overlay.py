@@ -7,7 +7,7 @@ import pytest
 import torch
 from PIL import Image
 
-from vit.overlay import (
+from vit.explain.overlay import (
     attentions_npz_bytes,
     colorize,
     draw_mask_contours,

@@ -20,10 +20,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from vit.attention import token_map
-from vit.attention_flow import TooManyTokensError, attention_flow, flow_graph
-from vit.model import ViT, ViTConfig
-from vit.relevance import (
+from vit.explain.attention import token_map
+from vit.explain.attention_flow import TooManyTokensError, attention_flow, flow_graph
+from vit.explain.relevance import (
     UnsupportedModelError,
     attnlrp,
     legrad,
@@ -32,6 +31,7 @@ from vit.relevance import (
     transformer_attribution,
     walk,
 )
+from vit.model import ViT, ViTConfig
 
 CONFIG = ViTConfig(image_size=16, patch_size=4, num_channels=3, num_classes=5, hidden_size=32, num_layers=3,
                    num_heads=4, mlp_size=64)
@@ -176,7 +176,7 @@ transformers = pytest.importorskip("transformers")
 
 
 def hf_and_ours(seed: int = 0):
-    from vit.hf import config_from_hf, state_dict_from_hf
+    from vit.sources.hf import config_from_hf, state_dict_from_hf
 
     torch.manual_seed(seed)
     config = transformers.ViTConfig(image_size=16, patch_size=4, num_channels=3, hidden_size=32, num_hidden_layers=3,

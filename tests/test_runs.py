@@ -22,11 +22,11 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from vit.devices import DeviceInfo, device_choices
-from vit.launch import RunParams, ValidationError, launch_command, preset_summary
 from vit.runfiles import LAUNCH_DIR, default_runs_dir
-from vit.runs import RunError, RunInfo, RunManager, curve_rows, table_rows
-from vit.runstate import reconcile
+from vit.runs.devices import DeviceInfo, device_choices
+from vit.runs.launch import RunParams, ValidationError, launch_command, preset_summary
+from vit.runs.manager import RunError, RunInfo, RunManager, curve_rows, table_rows
+from vit.runs.state import reconcile
 
 WAIT_SECONDS = 900  # generous: on two shared cores a niced Python needs minutes to import torch
 TINY = dict(image_size=16, patch_size=4, hidden_size=16, num_layers=1, num_heads=2, mlp_size=32,
@@ -709,7 +709,7 @@ def test_a_link_inside_a_data_root_to_a_folder_outside_is_refused(tmp_path):
 
 
 def test_the_filesystem_root_and_proc_are_never_data_roots(tmp_path, monkeypatch):
-    from vit.launch import default_data_roots
+    from vit.runs.launch import default_data_roots
 
     monkeypatch.setenv("VIT_DATA_ROOTS", os.pathsep.join(["/", "/proc", "/proc/self", str(tmp_path)]))
     assert default_data_roots() == (tmp_path.resolve(),)

@@ -14,10 +14,10 @@ import torch
 from PIL import Image
 from torch import nn
 
-from vit import snapshots
-from vit.attention import mean_attention_distance, rollout
+from vit.explain.attention import mean_attention_distance, rollout
 from vit.model import ViT, ViTConfig
-from vit.snapshots import (
+from vit.training import snapshots
+from vit.training.snapshots import (
     Probe,
     SnapshotError,
     choose_probe,
@@ -241,7 +241,7 @@ def test_a_writer_killed_mid_write_leaves_the_earlier_snapshots_intact(tmp_path)
     # A child process starts writing a large snapshot of epoch 1 and is SIGKILLed while it writes.
     script = textwrap.dedent(f"""
         import os, signal, numpy as np
-        from vit import snapshots
+        from vit.training import snapshots
         real = snapshots._atomic_write_bytes
         def dying(path, data):
             fd = os.open(str(path.parent / ('.' + path.name + '.x.tmp')), os.O_WRONLY | os.O_CREAT)
@@ -277,7 +277,7 @@ def test_probe_map_picks_a_head_fuses_heads_or_gives_the_rollout(tmp_path):
 
 
 def test_fusing_cls_maps_equals_the_cls_row_of_fused_heads():
-    from vit.attention import fuse_heads, token_map
+    from vit.explain.attention import fuse_heads, token_map
 
     attn = softmax_attention(3, 1 + 6, seed=1)
     maps = token_map(attn, 0, (2, 3))[0]  # (H, 2, 3)

@@ -14,9 +14,9 @@ from PIL import Image
 from safetensors.torch import save_file
 
 from vit import convert, evaluate, predict
-from vit.catalog import describe, find_hf_cache_models
+from vit.app.catalog import describe, find_hf_cache_models
 from vit.checkpoint import CheckpointError, load_checkpoint
-from vit.sources import open_source
+from vit.sources.open import open_source
 
 transformers = pytest.importorskip("transformers")
 pytestmark = pytest.mark.slow  # importing transformers takes seconds
@@ -213,7 +213,7 @@ def test_a_timm_folder_is_described_from_its_config_and_header_without_reading_w
     (folder.parent.parent / "refs" / "main").write_text("r1")
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
     [candidate] = find_hf_cache_models()
-    monkeypatch.setattr("vit.sources.read_weights", lambda path: pytest.fail("weights were read"))
+    monkeypatch.setattr("vit.sources.open.read_weights", lambda path: pytest.fail("weights were read"))
     entry = describe(candidate)
     assert entry.ok and entry.label == "timm/vit_small_patch14_reg4_dinov2 · timm:vit_small_patch14_reg4_dinov2 · " \
                                        "no classifier"

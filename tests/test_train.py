@@ -17,12 +17,13 @@ import torch
 from helpers import make_image_folder
 
 import vit.runfiles as runfiles
-import vit.train as train
 from vit.checkpoint import load_checkpoint, read_checkpoint_payload
-from vit.data import Dataset, Split
 from vit.runfiles import Status
-from vit.train import build_parser, main
-from vit.trainer import FAULT_ENV, EtaClock, Trainer
+from vit.train import main
+from vit.training import options
+from vit.training.data import Dataset, Split
+from vit.training.options import build_parser
+from vit.training.trainer import FAULT_ENV, EtaClock, Trainer
 
 REPO = Path(__file__).resolve().parent.parent
 TINY = ["--image-size", "8", "--patch-size", "4", "--hidden-size", "8", "--num-layers", "1", "--num-heads", "2",
@@ -79,7 +80,7 @@ def completed_run(images, cache, tmp_path_factory) -> Path:
 
 def test_short_run_writes_every_run_file(completed_run, images):
     files = {p.name for p in completed_run.iterdir()}
-    assert files == {"config.json", "metrics.jsonl", "status.json", "last.pt", "best.pt", "train.log", "probe",
+    assert files == {"config.json", "metrics.jsonl", "status.json", "last.pt", "best.pt", "run.log", "probe",
                      "attention"}  # the last two: attention snapshots, on by default
 
     config = read_json(completed_run / "config.json")
@@ -113,7 +114,7 @@ def test_short_run_writes_every_run_file(completed_run, images):
         assert checkpoint.preprocessing.mean == tuple(config["dataset"]["mean"])
         assert checkpoint.metadata["dataset"] == f"folder:{images}"
     assert load_checkpoint(completed_run / "last.pt").metadata["epochs"] == 2
-    assert "completed after 2 epochs" in (completed_run / "train.log").read_text()
+    assert "completed after 2 epochs" in (completed_run / "run.log").read_text()
 
 
 def test_greyscale_folder_trains_a_3_channel_model(tmp_path, cache):
@@ -127,14 +128,14 @@ def test_greyscale_folder_trains_a_3_channel_model(tmp_path, cache):
 
 def tiny_trainer(*extra: str) -> Trainer:
     """A Trainer on 16 random 8x8 images, built as the CLI builds it."""
-    args = train.parse_args(["--dataset", "folder:unused", "--out", "unused-run", *TINY, "--batch-size", "4",
+    args = options.parse_args(["--dataset", "folder:unused", "--out", "unused-run", *TINY, "--batch-size", "4",
                              *extra])
-    train.resolve_model(args, num_classes=2)
+    options.resolve_model(args, num_classes=2)
     images = torch.randint(0, 256, (16, 3, 8, 8), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
     labels = torch.arange(16) % 2
     split = Split(images, labels)
     data = Dataset("tiny", ["a", "b"], split, split, (0.5,) * 3, (0.25,) * 3, True)
-    return Trainer(train.settings_from_args(args), data, None)
+    return Trainer(options.settings_from_args(args), data, None)
 
 
 def test_seed_recipe_is_the_blogs_constant_adamw_on_every_parameter():
@@ -249,7 +250,7 @@ def test_sigterm_cancels_after_the_step_and_the_resumed_run_matches_an_uninterru
     assert status["state"] == "cancelled" and status["error"] is None
     state = read_checkpoint_payload(stopped / "last.pt")["training_state"]["progress"]
     assert 1 <= state["global_step"] < 44 and state["global_step"] == status["step"]
-    assert "cancelled by SIGTERM" in (stopped / "train.log").read_text()
+    assert "cancelled by SIGTERM" in (stopped / "run.log").read_text()
 
     assert main(["--resume", str(stopped)]) == 0
     assert read_json(stopped / "status.json")["state"] == "completed"
@@ -286,14 +287,14 @@ def test_a_crash_marks_the_run_failed_with_its_message(images, cache, tmp_path, 
     assert "injected fault at step 3" in err and "Traceback" not in err
     status = read_json(out / "status.json")
     assert status["state"] == "failed" and "injected fault at step 3" in status["error"]
-    assert "Traceback" in (out / "train.log").read_text()
+    assert "Traceback" in (out / "run.log").read_text()
 
 
 def test_a_failure_after_loading_the_data_leaves_no_run_folder(images, cache, tmp_path, monkeypatch, capsys):
     def broken(config):
         raise RuntimeError("cannot build this model")
 
-    monkeypatch.setattr("vit.trainer.ViT", broken)
+    monkeypatch.setattr("vit.training.trainer.ViT", broken)
     out = tmp_path / "never"
     assert main(cli(images, cache, out, "--epochs", "1")) == 1
     assert "cannot build this model" in capsys.readouterr().err
@@ -370,7 +371,7 @@ def test_help_explains_every_option(capsys):
         assert action.help, f"{action.option_strings} has no help"
         for option in action.option_strings:
             assert option in text
-    for word in ("config.json", "metrics.jsonl", "status.json", "last.pt", "best.pt", "train.log", "SIGTERM",
+    for word in ("config.json", "metrics.jsonl", "status.json", "last.pt", "best.pt", "run.log", "SIGTERM",
                  "torchrun", "--resume", "images_per_second", "eta_seconds", "exit status"):
         assert word in text
 

@@ -18,14 +18,14 @@ import pytest
 import torch
 from helpers import make_image_folder
 
-from vit.attention import layer_stats, rollout, token_map
 from vit.checkpoint import load_checkpoint
-from vit.data import load_dataset
+from vit.explain.attention import layer_stats, rollout, token_map
 from vit.images import normalize
 from vit.inference import preprocess
 from vit.runfiles import epoch_checkpoint_path, epoch_checkpoints, read_metrics
-from vit.snapshots import load_probe, load_snapshot, snapshot_epochs
 from vit.train import main
+from vit.training.data import load_dataset
+from vit.training.snapshots import load_probe, load_snapshot, snapshot_epochs
 
 REPO = Path(__file__).resolve().parent.parent
 MODEL = ["--image-size", "8", "--patch-size", "4", "--hidden-size", "8", "--num-layers", "2", "--num-heads", "2",

@@ -11,11 +11,11 @@ import torch
 from helpers import make_image_folder
 from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 
-import vit.train as train
 from vit.checkpoint import read_checkpoint_payload
-from vit.data import Dataset, Split
 from vit.train import main
-from vit.trainer import Trainer, global_batch
+from vit.training import options
+from vit.training.data import Dataset, Split
+from vit.training.trainer import Trainer, global_batch
 
 TINY = ["--image-size", "8", "--patch-size", "4", "--hidden-size", "8", "--num-layers", "1", "--num-heads", "2",
         "--mlp-size", "16", "--threads", "1"]
@@ -52,12 +52,12 @@ def test_syncing_the_statistics_every_few_steps_gives_the_same_run(images, tmp_p
 
 
 def tiny_trainer(*extra: str) -> Trainer:
-    args = train.parse_args(["--dataset", "folder:unused", "--out", "unused-run", *TINY, "--batch-size", "4",
+    args = options.parse_args(["--dataset", "folder:unused", "--out", "unused-run", *TINY, "--batch-size", "4",
                              *extra], check_out=False)
-    train.resolve_model(args, num_classes=2)
+    options.resolve_model(args, num_classes=2)
     images = torch.randint(0, 256, (16, 3, 8, 8), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
     split = Split(images, torch.arange(16) % 2)
-    return Trainer(train.settings_from_args(args), Dataset("tiny", ["a", "b"], split, split, (0.5,) * 3,
+    return Trainer(options.settings_from_args(args), Dataset("tiny", ["a", "b"], split, split, (0.5,) * 3,
                                                            (0.25,) * 3, True), None)
 
 
@@ -104,8 +104,8 @@ def test_scale_batch_multiplies_the_batch_by_the_processes_and_the_rates_by_thei
 
 
 def test_compile_mode_and_speed_options_may_change_on_resume_but_not_scale_batch():
-    assert {"compile_mode", "sync_every", "checkpoint_seconds"} <= set(train.RESUME_OPTIONS)
-    assert "scale_batch" not in train.RESUME_OPTIONS
+    assert {"compile_mode", "sync_every", "checkpoint_seconds"} <= set(options.RESUME_OPTIONS)
+    assert "scale_batch" not in options.RESUME_OPTIONS
 
 
 def test_compile_mode_without_compile_is_refused_with_one_line(images, tmp_path, capsys):

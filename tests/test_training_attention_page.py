@@ -13,7 +13,7 @@ import pytest
 import torch
 from streamlit.testing.v1 import AppTest
 
-from vit import snapshots
+from vit.training import snapshots
 
 PAGE = str(Path(__file__).resolve().parent.parent / "pages" / "training.py")
 TIMEOUT = 300

@@ -14,7 +14,7 @@ from helpers import displayed
 from streamlit.testing.v1 import AppTest
 from test_runs import make_image_folder
 
-from vit.runs import RunManager
+from vit.runs.manager import RunManager
 
 PAGE = str(Path(__file__).resolve().parent.parent / "pages" / "training.py")
 TIMEOUT = 300  # the first run imports torch; on two busy cores that takes a while

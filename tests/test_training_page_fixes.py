@@ -16,9 +16,9 @@ from streamlit.testing.v1 import AppTest
 from test_training_attention_page import fake_run, shown_text
 from test_training_page import fill_tiny_run, submit
 
-from vit import launch
 from vit.runfiles import now_iso
-from vit.runs import RunManager
+from vit.runs import launch
+from vit.runs.manager import RunManager
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGE = str(ROOT / "pages" / "training.py")

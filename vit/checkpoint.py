@@ -40,7 +40,8 @@ class CheckpointError(ValueError):
 
 
 class ForeignCheckpointError(CheckpointError):
-    """A safe torch file that is not one of ours (e.g. a timm or torchvision state dict): ``vit.sources`` reads it."""
+    """A safe torch file that is not one of ours (e.g. a timm or torchvision state dict): ``vit.sources.open`` reads
+    it."""
 
 
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)  # DeiT, DINOv2, torchvision

@@ -2,7 +2,7 @@
 
 SOURCE is a Hugging Face model folder (also a snapshot in the HF cache), a timm folder or
 weights file, a torchvision ``vit_*`` state dict, or one of our checkpoints (see
-``vit.sources``). The written file holds the weights, config, class names, preprocessing and
+``vit.sources.open``). The written file holds the weights, config, class names, preprocessing and
 where it came from, and loads safely (``torch.load(weights_only=True)``). Prints one JSON
 object: ``{"architecture", "parameters", "classes", "image_size", "patch_size",
 "prefix_tokens"}``. Exit status: 0; 2 for a source that cannot be opened or invalid
@@ -17,7 +17,7 @@ import sys
 
 from vit.checkpoint import CheckpointError, save_checkpoint
 from vit.predict import OneLineParser, UsageError, run_cli
-from vit.sources import open_source
+from vit.sources.open import open_source
 
 PROG = "vit.convert"
 

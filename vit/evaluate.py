@@ -18,7 +18,6 @@ import sys
 from pathlib import Path
 
 from vit.checkpoint import Checkpoint
-from vit.data import IMAGE_EXTENSIONS, list_class_folders
 from vit.inference import TRAINING_SIZE, InputSize, predict_files
 from vit.predict import (
     OneLineParser,
@@ -30,6 +29,7 @@ from vit.predict import (
     resolve_device,
     run_cli,
 )
+from vit.training.data import IMAGE_EXTENSIONS, list_class_folders
 
 PROG = "vit.evaluate"
 

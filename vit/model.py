@@ -8,7 +8,7 @@ holding the post-softmax probabilities (the meaning HF ``transformers`` gives th
 such as DINO, whose attention is what one studies).
 
 The defaults are the original ViT that this project trains; the other fields express the
-published variants imported from HF ``transformers``, timm and torchvision (``vit.sources``):
+published variants imported from HF ``transformers``, timm and torchvision (``vit.sources.open``):
 DeiT's distillation token, DINOv2's layer scale and register tokens, timm's average pooling
 with ``fc_norm`` and position tables without prefix entries. Tokens are always ordered
 ``[CLS, DIST?, REG 1..R, patches row by row]``.

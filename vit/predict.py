@@ -29,10 +29,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from vit.attention import fuse_heads, rollout, token_map
 from vit.checkpoint import Checkpoint, CheckpointError
+from vit.explain.attention import fuse_heads, rollout, token_map
+from vit.explain.overlay import attentions_npz_bytes, overlay
 from vit.inference import MAX_INPUT_SIDE, TRAINING_SIZE, FileResult, InputSize, input_shape, predict_files
-from vit.overlay import attentions_npz_bytes, overlay
 
 PROG = "vit.predict"
 
@@ -67,8 +67,8 @@ def resolve_device(spec: str) -> torch.device:
 
 
 def open_checkpoint(path: str, device: torch.device, arch: str | None = None) -> Checkpoint:
-    """Any model ``vit.sources.open_source`` reads (our .pt, HF/timm folders, timm/torchvision weights)."""
-    from vit.sources import open_source  # imported here: it pulls in the HF/timm/torchvision mappings
+    """Any model ``vit.sources.open.open_source`` reads (our .pt, HF/timm folders, timm/torchvision weights)."""
+    from vit.sources.open import open_source  # imported here: it pulls in the HF/timm/torchvision mappings
 
     try:
         return open_source(path, arch, map_location=device)

@@ -1,7 +1,7 @@
 """The runs folder's files: their names, atomic writes, readers and the status heartbeat.
 
 One run folder per training run, written by the training CLI (``vit.train``) and read by the
-run manager (``vit.runs``), the checkpoint catalog (``vit.catalog``) and the training page::
+run manager (``vit.runs.manager``), the checkpoint catalog (``vit.app.catalog``) and the training page::
 
     runs/NAME/config.json      every argument, the model config, the dataset and its class names
     runs/NAME/metrics.jsonl    one line per finished epoch
@@ -11,9 +11,9 @@ run manager (``vit.runs``), the checkpoint catalog (``vit.catalog``) and the tra
     runs/NAME/train.log        the log, with the traceback when training failed
     runs/NAME/checkpoints/     epoch_0003.pt …: per-epoch checkpoints (--save-every), the K most
                                recent and the best epoch's kept (--keep)
-    runs/NAME/probe/           the attention snapshots' probe images (see ``vit.snapshots``)
-    runs/NAME/attention/       epoch_0003.npz …: one attention snapshot per epoch (``vit.snapshots``)
-    runs/.launch/NAME/         the manager's launch.json and output.log (see ``vit.runs``)
+    runs/NAME/probe/           the attention snapshots' probe images (see ``vit.training.snapshots``)
+    runs/NAME/attention/       epoch_0003.npz …: one attention snapshot per epoch (``vit.training.snapshots``)
+    runs/.launch/NAME/         the manager's launch.json and output.log (see ``vit.runs.manager``)
 
 Every JSON and JSONL file is replaced atomically (train.log is appended to), so a reader sees
 the old file or the new one, never half of one, and a SIGKILL leaves every file readable. The

@@ -1,6 +1,6 @@
 """Starting a training run from a model the user has (``vit.train --init FILE_OR_FOLDER``).
 
-The source is opened with ``vit.sources`` (our checkpoints, HF / timm folders, timm /
+The source is opened with ``vit.sources.open`` (our checkpoints, HF / timm folders, timm /
 torchvision weights). Training runs at the source's own input size unless another is asked
 for; the position table is then resampled once, the way the model itself resamples it (as
 timm does when fine-tuning at a new resolution). The classifier is kept when the dataset has
@@ -17,7 +17,7 @@ import torch
 
 from vit.checkpoint import Checkpoint, Preprocessing
 from vit.model import ViT, ViTConfig, resample_pos_embed
-from vit.sources import open_source
+from vit.sources.open import open_source
 
 HEAD_KEYS = ("head.weight", "head.bias", "head_dist.weight", "head_dist.bias")
 

@@ -2,7 +2,7 @@
 
 ``Trainer`` knows nothing of the command line (``vit.train`` builds its settings from the
 arguments) nor of the run folder's format beyond writing metrics and checkpoints at epoch ends
-through ``vit.runfiles`` and ``vit.checkpoint``. Under several processes (``vit.distributed``)
+through ``vit.runfiles`` and ``vit.checkpoint``. Under several processes (``vit.training.distributed``)
 every rank trains on its shard of each global batch and only rank 0 writes.
 """
 
@@ -26,7 +26,6 @@ from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 from torchvision.transforms import v2
 
 from vit.checkpoint import CheckpointError, Preprocessing, save_checkpoint
-from vit.data import BatchAugment, DataError, Dataset
 from vit.images import normalize
 from vit.model import ViT, ViTConfig, count_parameters
 from vit.runfiles import (
@@ -40,7 +39,8 @@ from vit.runfiles import (
     now_iso,
     write_metrics,
 )
-from vit.snapshots import (
+from vit.training.data import BatchAugment, DataError, Dataset
+from vit.training.snapshots import (
     has_probe,
     load_probe,
     make_probe,
@@ -78,7 +78,7 @@ class TrainSettings:
     label_smoothing: float
     grad_clip: float  # max gradient norm, 0 = off
     ema: float  # EMA decay per step, 0 = off
-    augment: str  # a vit.data.AUGMENTATIONS policy
+    augment: str  # a vit.training.data.AUGMENTATIONS policy
     aug_magnitude: int
     aug_ops: int
     mixup: float  # alpha, 0 = off
@@ -230,7 +230,7 @@ class Trainer:
         self.config = settings.model
         self.model = ViT(self.config)
         if settings.init and resume_payload is None:  # a resumed run's weights come from its last.pt
-            from vit.finetune import load_init, prepare_init
+            from vit.training.finetune import load_init, prepare_init
 
             load_init(self.model, prepare_init(settings.init, settings.num_classes, data.class_names,
                                                self.config.image_size))

@@ -1,5 +1,5 @@
 """The checkpoints a user can explore: shipped ``.pt`` files, completed training runs, the supported
-models of the local Hugging Face cache, and any model opened by path (``vit.sources``).
+models of the local Hugging Face cache, and any model opened by path (``vit.sources.open``).
 
 Entries are described from the checkpoint's stored config and metadata (no model is built),
 and a file that cannot be read becomes an entry carrying its error message, so one bad
@@ -220,7 +220,8 @@ def describe(candidate: Candidate) -> CatalogEntry:
 
 def describe_import(candidate: Candidate) -> CatalogEntry:
     """An HF or timm folder from its config.json alone (no weights read); a weights file by opening it."""
-    from vit import hf, sources  # the import mappings are only needed for imported models
+    from vit.sources import hf  # the import mappings are only needed for imported models
+    from vit.sources import open as sources
 
     path = candidate.path
     try:
@@ -297,7 +298,8 @@ def hf_snapshot(model_dir: Path) -> Path | None:
 
 def find_hf_cache_models(cache_dirs: list[Path] | None = None) -> list[Candidate]:
     """The supported ViTs in the local HF cache (``models--ORG--NAME``), by hub name; reads only config.json."""
-    from vit import hf, import_timm, sources
+    from vit.sources import hf, import_timm
+    from vit.sources import open as sources
 
     found: list[Candidate] = []
     for cache in cache_dirs if cache_dirs is not None else hf_cache_dirs():

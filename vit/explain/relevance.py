@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from vit.attention import gradient_rollout
+from vit.explain.attention import gradient_rollout
 from vit.model import ViT, ViTConfig
 
 # ViTConfig fields the walk reproduces; a field added later counts only at its default value.

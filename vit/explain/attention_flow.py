@@ -19,7 +19,7 @@ import torch
 from networkx.algorithms.flow import build_residual_network, preflow_push
 from torch import Tensor
 
-from vit.attention import layers_up_to, rollout_factor
+from vit.explain.attention import layers_up_to, rollout_factor
 
 # A 14x14 grid (ViT-B/16 at 224 px) has 197 tokens; above a few hundred one map takes minutes.
 MAX_FLOW_TOKENS = 260

@@ -26,7 +26,6 @@ from pathlib import Path
 
 import torch
 
-from vit import hf, import_timm, import_torchvision
 from vit.checkpoint import (
     IMAGENET_MEAN,
     IMAGENET_STD,
@@ -42,6 +41,7 @@ from vit.checkpoint import (
     weights_problem,
 )
 from vit.model import ViT, ViTConfig
+from vit.sources import hf, import_timm, import_torchvision
 
 SUPPORTED = ("our .pt checkpoints; Hugging Face folders of " + hf.SUPPORTED + "; " + import_timm.SUPPORTED + "; "
              + import_torchvision.SUPPORTED)

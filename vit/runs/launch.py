@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass, fields
 from pathlib import Path
 
-from vit.devices import count_gpus
+from vit.runs.devices import count_gpus
 from vit.runfiles import LAUNCH_DIR, ROOT
 
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
@@ -190,15 +190,15 @@ def validate_params(params: RunParams, runs_dir: Path, data_dir: Path,
                     gpu_count: int | None = None, data_roots: tuple[Path, ...] | None = None) -> dict[str, str]:
     """Every problem the CLI would report for ``params``, as {field: message}; empty when fine.
 
-    Each field is checked alone through ``vit.train.parse_args`` (the CLI's own rules and
+    Each field is checked alone through ``vit.training.options.parse_args`` (the CLI's own rules and
     messages), then all together for rules that span fields (warmup below epochs, patch size
     dividing image size, ...), plus what only we know: the run name, the devices, the page's
     bounds (epochs, batch size, model size) and that folder datasets lie inside ``data_roots``
     (default ``default_data_roots(data_dir)``).
     """
-    from vit.data import DataError, check_dataset
-    from vit.train import parse_args
-    from vit.trainer import UsageError
+    from vit.training.data import DataError, check_dataset
+    from vit.training.options import parse_args
+    from vit.training.trainer import UsageError
 
     errors: dict[str, str] = {}
     name = (params.name or "").strip()
@@ -257,7 +257,7 @@ def _bounds_problems(args, num_classes: int) -> dict[str, str]:
 
     from vit.checkpoint import MAX_LAYERS
     from vit.model import ViT, count_parameters
-    from vit.train import model_config
+    from vit.training.options import model_config
 
     errors: dict[str, str] = {}
     if args.epochs > MAX_EPOCHS:

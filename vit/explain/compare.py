@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 from PIL import Image
 
-from vit.overlay import overlay, upsample
+from vit.explain.overlay import overlay, upsample
 
 # Settings that name the run rather than what it trains; they differ between any two runs.
 NOT_COMPARED = ("out", "resume")

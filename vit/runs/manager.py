@@ -12,9 +12,9 @@ Our files live beside the run folder rather than in it because the CLI refuses a
 folder that already holds files, and output.log must be open before the process starts.
 Run folders made by the CLI outside the app (no launch.json) are listed too.
 
-Its neighbours: ``vit.runfiles`` (the run folder's files), ``vit.runstate`` (the states and how a
-run's files are weighed against its process), ``vit.launch`` (the form's parameters, their
-validation and the command line) and ``vit.devices`` (the devices a run can use).
+Its neighbours: ``vit.runfiles`` (the run folder's files), ``vit.runs.state`` (the states and how a
+run's files are weighed against its process), ``vit.runs.launch`` (the form's parameters, their
+validation and the command line) and ``vit.runs.devices`` (the devices a run can use).
 
 Devices: a run asks for ``cpu``, one GPU ``cuda:N`` or several GPUs (started under torchrun).
 A run whose device is used by another running run of this runs folder, or wanted by an earlier
@@ -41,18 +41,8 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
-from vit.devices import device_label, devices_overlap
-from vit.launch import (
-    CLI_FIELDS,
-    MAX_EPOCHS,
-    RunParams,
-    ValidationError,
-    cli_args,
-    default_data_dir,
-    default_data_roots,
-    launch_command,
-    validate_params,
-)
+from vit.runs.devices import device_label, devices_overlap
+from vit.runs.launch import CLI_FIELDS, MAX_EPOCHS, RunParams, ValidationError, cli_args, default_data_dir, default_data_roots, launch_command, validate_params
 from vit.runfiles import (
     BEST_CHECKPOINT,
     CONFIG_FILE,
@@ -77,16 +67,7 @@ from vit.runfiles import (
     timestamp,
     write_json,
 )
-from vit.runstate import (
-    ACTIVE_STATES,
-    boot_id,
-    cli_process_problem,
-    proc_start,
-    process_alive,
-    reconcile,
-    remember_child,
-    session_problem,
-)
+from vit.runs.state import ACTIVE_STATES, boot_id, cli_process_problem, proc_start, process_alive, reconcile, remember_child, session_problem
 
 STOP_GRACE_SECONDS = 30.0  # the CLI finishes its step and saves last.pt; a step is far shorter
 MAX_RUNNING = 4  # runs training at once, shared devices or not
@@ -237,7 +218,7 @@ class RunManager:
 
     ``nice`` starts the training processes at that niceness; ``env`` adds environment
     variables to them (e.g. OMP_NUM_THREADS). ``data_roots`` are the folders ``folder:`` datasets
-    may come from (default ``vit.launch.default_data_roots``); at most ``max_running`` runs train at
+    may come from (default ``vit.runs.launch.default_data_roots``); at most ``max_running`` runs train at
     once and ``max_active`` are queued or running. Cheap to create: it holds no run state.
     """
 

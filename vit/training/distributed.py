@@ -13,7 +13,7 @@ from collections.abc import Iterator
 import torch
 import torch.distributed as dist
 
-from vit.trainer import UsageError
+from vit.training.trainer import UsageError
 
 
 def parse_device(spec: str) -> torch.device:

@@ -1,0 +1,94 @@
+"""The folder layout of ``vit/`` is its architecture: each wing imports only what sits below it.
+
+core (``vit/*.py`` but the commands) <- ``sources``, ``explain`` <- ``training`` <- ``runs`` <- ``app``;
+the commands (``python -m vit.…``) may use the core and any wing but ``app``; only the pages use ``app``.
+"""
+
+import ast
+from pathlib import Path
+
+import pytest
+
+VIT = Path(__file__).resolve().parent.parent / "vit"
+COMMANDS = {"predict", "evaluate", "convert", "train", "faithfulness", "analyze"}
+WINGS = {"sources", "explain", "training", "runs", "app"}
+# What each layer may import besides itself ("core" is every top-level module but the commands).
+ALLOWED = {
+    "core": {"core"},
+    "sources": {"core"},
+    "explain": {"core"},
+    "training": {"core", "explain", "sources"},
+    "runs": {"core", "explain", "sources", "training"},
+    "app": {"core", "explain", "sources", "training", "runs"},
+    "commands": {"core", "explain", "sources", "training", "runs"},
+}
+
+
+def layer_of(module: str) -> str:
+    """The layer of a dotted ``vit`` module name (``vit.explain.attention`` -> ``explain``)."""
+    parts = module.split(".")
+    if len(parts) > 2 and parts[1] in WINGS or len(parts) == 2 and parts[1] in WINGS:
+        return parts[1]
+    return "commands" if len(parts) > 1 and parts[1] in COMMANDS else "core"
+
+
+def vit_imports(path: Path) -> list[tuple[int, str]]:
+    """``(line, module)`` for every import of a ``vit`` module in ``path``, inside functions too."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, a.name) for a in node.names if a.name.split(".")[0] == "vit"]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            if node.module == "vit":  # from vit import x, y: each name is a module
+                found += [(node.lineno, f"vit.{a.name}") for a in node.names]
+            elif node.module.split(".")[0] == "vit":
+                found.append((node.lineno, node.module))
+        elif isinstance(node, ast.ImportFrom) and node.level:
+            found.append((node.lineno, "relative import"))
+    return found
+
+
+def module_name(path: Path, root: Path = VIT) -> str:
+    return ".".join(("vit", *path.relative_to(root).with_suffix("").parts)).removesuffix(".__init__")
+
+
+def violations(root: Path = VIT) -> list[str]:
+    problems = []
+    for path in sorted(root.rglob("*.py")):
+        name = module_name(path, root)
+        layer = layer_of(name)
+        for line, imported in vit_imports(path):
+            if imported == "relative import":
+                problems.append(f"{name}:{line} uses a relative import; write the full vit.… path")
+                continue
+            target = layer_of(imported)
+            if target != layer and target not in ALLOWED[layer]:
+                problems.append(f"{name}:{line} ({layer}) imports {imported} ({target})")
+    return problems
+
+
+def test_every_module_imports_only_the_layers_below_it():
+    assert violations() == []
+
+
+def test_the_check_catches_an_upward_import(tmp_path):
+    (tmp_path / "explain").mkdir()
+    (tmp_path / "explain" / "attention.py").write_text("def f():\n    from vit.app import explorer\n")
+    (tmp_path / "model.py").write_text("from vit.training.data import Dataset\n")
+    (tmp_path / "predict.py").write_text("from vit.app.catalog import list_checkpoints\n")
+    found = violations(tmp_path)
+    assert len(found) == 3 and all("imports" in p for p in found)
+
+
+@pytest.mark.parametrize("module, layer", [("vit.model", "core"), ("vit.train", "commands"),
+                                           ("vit.explain.attention", "explain"), ("vit.app", "app"),
+                                           ("vit.runs.manager", "runs")])
+def test_layer_of(module, layer):
+    assert layer_of(module) == layer
+
+
+def test_wing_packages_are_empty():
+    """No star re-exports or registries: a wing's ``__init__`` holds at most a docstring."""
+    for wing in WINGS:
+        body = ast.parse((VIT / wing / "__init__.py").read_text()).body
+        assert all(isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant) for n in body), wing

@@ -1,0 +1,442 @@
+"""The data behind the explorer page, as plain functions: one forward pass per image, the chosen map, its
+settings and limits, the ``.npz`` download. How it is drawn (figures, images, captions) is ``vit.app.drawing``.
+
+The page caches ``analyse`` per (checkpoint, image) and ``class_relevance`` per (checkpoint,
+image, class); everything else here is cheap and redone on every interaction. Layers, heads
+and patches are 0-based here (as in the arrays and the ``.npz`` download); the UI shows
+layers and heads from 1, like the ViT paper. Tokens keep their indices: 0 is CLS, patch
+``p`` (row-major) is token ``p + num_prefix_tokens``, as in the attention matrix.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image, ImageOps
+
+from vit.cache import ByteCache
+from vit.checkpoint import Checkpoint, Preprocessing
+from vit.explain.attention import (
+    class_gradients,
+    fuse_heads,
+    layer_stats,
+    mass_mask,
+    positive_gradient_attention,
+    relevance_rollout,
+    rollout_factor,
+    rollout_rows,
+    token_map,
+)
+from vit.explain.hidden import LayerAttentions, forward_with_hidden_states
+from vit.explain.overlay import attentions_npz_bytes
+from vit.images import to_mode, to_uint8
+from vit.inference import TRAINING_SIZE, InputSize, Prediction, input_shape, predictions_from_logits, preprocess
+
+MAP_KINDS = {
+    "attention": "Attention of one layer",
+    "rollout": "Attention rollout",
+    "class": "Class-specific (gradient rollout)",
+    "legrad": "LeGrad (class-specific)",
+    "lrp": "LRP transformer attribution (class-specific)",
+    "attnlrp": "AttnLRP (class-specific, signed)",
+    "flow": "Attention flow (max-flow, slow)",
+    "norms": "Token norms (one layer's output)",
+}
+# The controls each map kind reads; the page shows only these (a control that does nothing misleads).
+MAP_CONTROLS = {
+    "attention": ("query", "layer", "head", "fusion"),
+    "rollout": ("query", "end_layer", "fusion", "discard_ratio"),
+    "class": ("class", "end_layer", "query"),
+    "norms": ("layer",),
+    "legrad": ("class",),  # explains the classifier's CLS at the last layers
+    "lrp": ("class", "end_layer", "query"),
+    "attnlrp": ("class",),
+    "flow": ("query", "end_layer", "fusion"),
+}
+TOP_K = 5
+# Memory per analysed image: hidden states + cached layers + one layer being computed stays under
+# this (env VIT_ANALYSIS_MEMORY_MB), and inputs with more tokens than VIT_MAX_TOKENS are refused.
+ANALYSIS_MEMORY_LIMIT = 1024 * 2**20
+MAX_TOKENS = 5000
+LAYER_CACHE_BYTES = 320 * 2**20  # computed layers, queries and keys, rollout factors kept per image
+HALF_PRECISION_TOKENS = 1024  # rollout factors above this many tokens are kept in float16
+
+
+class TooManyTokens(ValueError):
+    """An input too big for the explorer's memory bound; the message says how to make it fit."""
+
+
+def analysis_limits() -> tuple[int, int]:
+    """``(max tokens, memory limit in bytes)`` from VIT_MAX_TOKENS and VIT_ANALYSIS_MEMORY_MB, else the defaults."""
+    tokens = int(os.environ.get("VIT_MAX_TOKENS") or MAX_TOKENS)
+    memory = int(float(os.environ.get("VIT_ANALYSIS_MEMORY_MB") or ANALYSIS_MEMORY_LIMIT / 2**20) * 2**20)
+    return tokens, memory
+
+
+def analysis_memory(num_layers: int, num_heads: int, hidden_size: int, tokens: int,
+                    cache_bytes: int = LAYER_CACHE_BYTES) -> int:
+    """Bytes one analysed image can hold at most: hidden states, the layer cache and one layer being computed
+    (its scores, probabilities and the softmax's temporary: 3 x heads x T² floats)."""
+    hidden = (num_layers + 1) * tokens * hidden_size * 4
+    return hidden + cache_bytes + 3 * num_heads * tokens * tokens * 4
+
+
+def check_input_fits(checkpoint: Checkpoint, grid: tuple[int, int], what: str = "This input") -> None:
+    """Raise ``TooManyTokens`` when an input of ``grid`` patches is over the token or memory limit."""
+    config, prefix = checkpoint.model.config, checkpoint.model.num_prefix_tokens
+    tokens = prefix + grid[0] * grid[1]
+    max_tokens, limit = analysis_limits()
+    if tokens > max_tokens:
+        raise TooManyTokens(f"{what} gives {tokens:,} tokens ({grid[0]}×{grid[1]} patches + {prefix}); the explorer "
+                            f"analyses at most {max_tokens:,} (VIT_MAX_TOKENS). Choose a smaller input size.")
+    need = analysis_memory(config.num_layers, config.num_heads, config.hidden_size, tokens)
+    if need > limit:
+        raise TooManyTokens(f"{what} gives {tokens:,} tokens, which needs about {need / 2**20:,.0f} MB for "
+                            f"{config.num_layers} layers × {config.num_heads} heads, over the "
+                            f"{limit / 2**20:,.0f} MB limit per image (VIT_ANALYSIS_MEMORY_MB). "
+                            "Choose a smaller input size.")
+
+
+def image_digest(data: bytes) -> str:
+    """A short content hash: the cache key of an uploaded or sample image."""
+    return hashlib.sha256(data).hexdigest()[:20]
+
+
+def sample_label(path: Path) -> str:
+    """'cat_1.png' -> 'cat 1'."""
+    return Path(path).stem.replace("_", " ")
+
+
+@dataclass
+class Analysis:
+    """One image through one checkpoint: the prediction, and every layer's attention when read.
+
+    ``attentions`` reads like the model's ``output_attentions`` tuple (per layer ``(1, H, T, T)``);
+    from ``analyse`` it computes each layer from the stored hidden states when first read and
+    keeps it in ``cache`` within a byte budget, so memory stays bounded at thousands of tokens.
+    """
+
+    prediction: Prediction
+    attentions: Sequence[torch.Tensor]  # per layer (1, H, T, T) float32
+    grid: tuple[int, int]  # patch grid of the model input (gh, gw), non-square with keep-aspect sizes
+    patch_size: int
+    input_size: tuple[int, int]  # (height, width) of the model input in pixels
+    num_prefix_tokens: int
+    hidden: torch.Tensor | None = None  # (L + 1, T, D): every block's input, then the last block's output
+    training_size: int | None = None  # the checkpoint's square input side
+    cache: ByteCache = field(default_factory=lambda: ByteCache(LAYER_CACHE_BYTES), repr=False)
+    prefix_names: tuple[str, ...] = ()  # ('CLS', 'DIST', 'REG 1', ...); empty: CLS then numbered prefix tokens
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.attentions)
+
+    @property
+    def num_heads(self) -> int:
+        return getattr(self.attentions, "num_heads", None) or self.attentions[0].shape[1]
+
+    @property
+    def num_tokens(self) -> int:
+        return self.num_prefix_tokens + self.grid[0] * self.grid[1]
+
+    @property
+    def image_size(self) -> int:
+        """The long side of the model input (its side when square)."""
+        return max(self.input_size)
+
+    @property
+    def at_training_size(self) -> bool:
+        return self.training_size is None or self.input_size == (self.training_size, self.training_size)
+
+    def stats(self) -> tuple[np.ndarray, np.ndarray]:
+        """Per-head mean attention distance (px) and entropy (nats), each ``(L, H)``; computed once, layer by layer."""
+        def compute() -> torch.Tensor:
+            rows = []
+            for attn in self.attentions:
+                st = layer_stats([attn], self.grid, self.patch_size, self.num_prefix_tokens)
+                rows.append(torch.stack([st["distance"][0, 0], st["entropy"][0, 0]]).float())  # (2, H)
+            return torch.stack(rows, dim=1)  # (2, L, H)
+        both = self.cache.get_or_compute(("stats",), compute)
+        return both[0].numpy(), both[1].numpy()
+
+    @property
+    def distance(self) -> np.ndarray:
+        return self.stats()[0]
+
+    @property
+    def entropy(self) -> np.ndarray:
+        return self.stats()[1]
+
+
+def analyse(checkpoint: Checkpoint, image: Image.Image, size: InputSize = TRAINING_SIZE,
+            top_k: int = TOP_K) -> Analysis:
+    """Run the model once on ``image`` at ``size``; layers' attentions are computed when first read.
+
+    Raises ``TooManyTokens`` before running anything when the input is over the limits.
+    """
+    model, p = checkpoint.model, checkpoint.preprocessing
+    patch_size = model.config.patch_size
+    shape = input_shape(image, p, patch_size, size)  # (height, width)
+    grid = model.patch_grid(*shape)
+    check_input_fits(checkpoint, grid, f"A {shape[1]}×{shape[0]} px input")
+    device = next(model.parameters()).device
+    x = preprocess([image], p, size, patch_size).to(device)  # (1, C, H, W)
+    with torch.inference_mode():
+        logits, hidden = forward_with_hidden_states(model, x)  # (1, classes), (1, L + 1, T, D)
+    if logits is None:  # a feature model without a classifier (e.g. DINO): maps, no prediction
+        logits = x.new_zeros(x.shape[0], 0)
+    [prediction] = predictions_from_logits(logits, checkpoint.class_names, top_k)
+    hidden = hidden[0].float().cpu()
+    cache = ByteCache(LAYER_CACHE_BYTES)
+    layers = LayerAttentions(model, hidden, cache)
+    return Analysis(prediction=prediction, attentions=layers, grid=grid, patch_size=patch_size, input_size=shape,
+                    num_prefix_tokens=model.num_prefix_tokens, hidden=hidden, training_size=p.image_size,
+                    cache=cache, prefix_names=tuple(model.config.prefix_token_names))
+
+
+@dataclass
+class ClassRelevance:
+    """Per layer Chefer et al.'s positive gradient-weighted attention ``(1, T, T)``, for one class's map."""
+
+    class_index: int
+    terms: tuple[torch.Tensor, ...]  # per layer (1, T, T)
+
+
+def class_relevance(checkpoint: Checkpoint, image: Image.Image, class_index: int,
+                    size: InputSize = TRAINING_SIZE) -> ClassRelevance:
+    """One forward and backward pass for ``class_index`` (the page caches it per checkpoint, image and class).
+
+    The backward pass keeps every layer's attention and its gradient at once, so it has its own
+    token bound: ``TooManyTokens`` when that would be over the memory limit.
+    """
+    model, p = checkpoint.model, checkpoint.preprocessing
+    shape = input_shape(image, p, model.config.patch_size, size)
+    grid = model.patch_grid(*shape)
+    tokens = model.num_prefix_tokens + grid[0] * grid[1]
+    config = model.config
+    need = 4 * config.num_layers * config.num_heads * tokens * tokens * 4  # attentions, gradients, autograd copies
+    _, limit = analysis_limits()
+    if need > limit:
+        raise TooManyTokens(f"The class-specific map keeps every layer's attention and gradient: about "
+                            f"{need / 2**20:,.0f} MB at {tokens:,} tokens, over the {limit / 2**20:,.0f} MB limit. "
+                            "Choose a smaller input size, or another map.")
+    device = next(model.parameters()).device
+    x = preprocess([image], p, size, model.config.patch_size).to(device)  # (1, C, H, W)
+    _, attentions, gradients = class_gradients(model, x, class_index)
+    terms = tuple(positive_gradient_attention(a, g).float().cpu() for a, g in zip(attentions, gradients, strict=True))
+    return ClassRelevance(class_index, terms)
+
+
+@dataclass(frozen=True)
+class MapSettings:
+    """Which attention map to draw. Defaults: the seed blog's figure (last layer, CLS query, mean over heads)."""
+
+    kind: str = "attention"  # a key of MAP_KINDS
+    layer: int = -1  # 0-based, negative from the end; for kind "attention"
+    head: int | None = None  # 0-based; None fuses the heads with ``fusion``
+    fusion: str = "mean"  # mean, max or min over heads (kind "attention" with head None, and "rollout")
+    query: int = 0  # the token whose attention is shown; 0 is CLS
+    discard_ratio: float = 0.0  # rollout: share of each row's lowest patch attentions dropped
+    end_layer: int = -1  # rollout and class maps: last layer included, 0-based, negative from the end
+    class_index: int | None = None  # class map: None means the predicted class
+
+
+def resolved_class(settings: MapSettings, analysis: Analysis) -> int:
+    """The class of the class-specific map: the chosen one, else the predicted one."""
+    return analysis.prediction.class_index if settings.class_index is None else settings.class_index
+
+
+def query_rows(analysis: Analysis, query: int) -> torch.Tensor:
+    """What ``query`` attends to in every layer and head: ``(L, H, T)`` (cached per query)."""
+    if not 0 <= query < analysis.num_tokens:
+        raise ValueError(f"query token {query} is out of range for {analysis.num_tokens} tokens")
+    def compute() -> torch.Tensor:
+        if isinstance(analysis.attentions, LayerAttentions):  # cheap: no full matrix needed
+            return analysis.attentions.rows(query)
+        return torch.stack([a[0, :, query].float() for a in analysis.attentions])
+
+    return analysis.cache.get_or_compute(("rows", query), compute)
+
+
+def layer_attention(analysis: Analysis, layer: int, head: int | None, fusion: str = "mean") -> torch.Tensor:
+    """One layer's ``(1, T, T)`` attention: one head's, or the heads fused by mean, max or min."""
+    attn = analysis.attentions[layer]  # (1, H, T, T)
+    if head is None:
+        return fuse_heads(attn, fusion)
+    if not 0 <= head < attn.shape[1]:
+        raise ValueError(f"head {head} is out of range for {attn.shape[1]} heads")
+    return attn[:, head]  # (1, T, T)
+
+
+def _rollout_factors(analysis: Analysis, fusion: str, discard_ratio: float, end_layer: int) -> list[torch.Tensor]:
+    """``rollout_factor`` of layers 0..end_layer, cached per image (float16 above HALF_PRECISION_TOKENS tokens)."""
+    L = analysis.num_layers
+    if not -L <= end_layer < L:
+        raise ValueError(f"end_layer {end_layer} is out of range for {L} layers")
+    dtype = torch.float16 if analysis.num_tokens > HALF_PRECISION_TOKENS else torch.float32
+
+    def factor(i: int) -> torch.Tensor:
+        return rollout_factor(analysis.attentions[i], fusion, discard_ratio, analysis.num_prefix_tokens).to(dtype)
+
+    return [analysis.cache.get_or_compute(("factor", i, fusion, discard_ratio), lambda i=i: factor(i))
+            for i in range(end_layer % L + 1)]
+
+
+def token_norms(analysis: Analysis, layer: int) -> torch.Tensor:
+    """The L2 norm of every token after layer ``layer`` (0-based, negative from the end): ``(T,)``.
+
+    High-norm patch tokens are the "artifacts" of Darcet et al. (2023), which register tokens remove.
+    """
+    if analysis.hidden is None:
+        raise ValueError("this analysis has no hidden states; run explorer.analyse")
+    L = analysis.num_layers
+    if not -L <= layer < L:
+        raise ValueError(f"layer {layer} is out of range for {L} layers")
+    return analysis.hidden[layer % L + 1].float().norm(dim=-1)  # (T,)
+
+
+def _patch_map(row: torch.Tensor, analysis: Analysis) -> np.ndarray:
+    """A ``(T,)`` row -> the ``(gh, gw)`` map of its patch entries."""
+    return row[analysis.num_prefix_tokens:].reshape(analysis.grid).float().numpy()
+
+
+def attention_map(analysis: Analysis, settings: MapSettings, relevance: ClassRelevance | None = None,
+                  method_map: np.ndarray | None = None) -> np.ndarray:
+    """The ``(gh, gw)`` map to draw: row ``settings.query`` of the chosen token-by-token matrix, patch keys only
+    (for the token-norm map: each patch token's norm after the layer).
+
+    The class-specific map needs ``relevance`` for ``resolved_class(settings, analysis)``; the kinds
+    of ``METHOD_MAP_KINDS`` need ``method_map``, from ``model_method_map`` (which the page caches).
+    """
+    s = settings
+    if s.kind in METHOD_MAP_KINDS:
+        if method_map is None:
+            raise ValueError(f"the {MAP_KINDS[s.kind]} map must be computed with model_method_map first")
+        return method_map
+    if s.kind == "attention":
+        rows = query_rows(analysis, s.query)[s.layer]  # (H, T)
+        if s.head is not None:
+            if not 0 <= s.head < rows.shape[0]:
+                raise ValueError(f"head {s.head} is out of range for {rows.shape[0]} heads")
+            return _patch_map(rows[s.head], analysis)
+        return _patch_map(fuse_heads(rows[None, :, None], s.fusion)[0, 0], analysis)  # fusing rows = row of fusion
+    if s.kind == "rollout":
+        factors = _rollout_factors(analysis, s.fusion, s.discard_ratio, s.end_layer)
+        return _patch_map(rollout_rows(factors, s.query)[0], analysis)
+    if s.kind == "class":
+        wanted = resolved_class(s, analysis)
+        if relevance is None or relevance.class_index != wanted:
+            raise ValueError(f"the class-specific map needs the gradients of class {wanted}")
+        matrix = relevance_rollout(relevance.terms, s.end_layer)  # (1, T, T)
+        return token_map(matrix, s.query, analysis.grid, analysis.num_prefix_tokens)[0].float().numpy()
+    if s.kind == "norms":
+        return _patch_map(token_norms(analysis, s.layer), analysis)
+    raise ValueError(f"unknown map kind {s.kind!r}; choose one of: {', '.join(MAP_KINDS)}")
+
+
+def head_maps(analysis: Analysis, query: int, layer: int | None = None) -> np.ndarray:
+    """Every head's map for ``query``: ``(H, gh, gw)`` for one layer, ``(L, H, gh, gw)`` when ``layer`` is None."""
+    rows = query_rows(analysis, query)[:, :, analysis.num_prefix_tokens:]  # (L, H, gh*gw)
+    maps = rows.reshape(*rows.shape[:2], *analysis.grid).numpy()  # (L, H, gh, gw)
+    return maps if layer is None else maps[layer]
+
+
+def map_mask(map2d: np.ndarray, share: float) -> np.ndarray:
+    """DINO's mask of a ``(gh, gw)`` map: the patches holding ``share`` of its mass (see ``mass_mask``)."""
+    return mass_mask(torch.from_numpy(np.ascontiguousarray(map2d, dtype=np.float32)), share).numpy()
+
+
+def patch_of(token: int, num_prefix_tokens: int = 1) -> int | None:
+    """The row-major patch index of a token, None for a prefix (CLS) token."""
+    return token - num_prefix_tokens if token >= num_prefix_tokens else None
+
+
+def visible_tokens(num_tokens: int, num_prefix_tokens: int, hide_registers: bool) -> list[int]:
+    """Token indices to offer and draw: all, or without the prefix tokens after CLS (registers, distillation)."""
+    if not hide_registers:
+        return list(range(num_tokens))
+    return [0] + list(range(num_prefix_tokens, num_tokens))
+
+
+def invert_image(image: Image.Image) -> Image.Image:
+    """The greyscale image with black and white swapped (for digits written dark on light)."""
+    return ImageOps.invert(to_mode(image, 1))
+
+
+def looks_inverted(image: Image.Image, preprocessing: Preprocessing) -> bool:
+    """Whether a 1-channel model's input is nearer the training data's mean brightness once inverted.
+
+    Only meaningful when the training mean is far from mid-grey (MNIST's is 0.13); otherwise False.
+    """
+    if preprocessing.num_channels != 1 or abs(preprocessing.mean[0] - 0.5) < 0.15:
+        return False
+    brightness = float(to_uint8(image, preprocessing.image_size, 1).float().mean()) / 255.0
+    mean = preprocessing.mean[0]
+    return abs((1.0 - brightness) - mean) < abs(brightness - mean)
+
+
+NPZ_PRECISIONS = ("float32", "float16")
+
+
+def attentions_npz(analysis: Analysis, class_names: list[str], layers: Sequence[int] | None = None,
+                   precision: str = "float32") -> bytes:
+    """Attentions (``layer_i``: heads x tokens x tokens) of ``layers`` (default every layer) with the logits,
+    classes and geometry; ``float16`` halves the file, for big inputs."""
+    if precision not in NPZ_PRECISIONS:
+        raise ValueError(f"unknown precision {precision!r}; choose one of: {', '.join(NPZ_PRECISIONS)}")
+    p = analysis.prediction
+    chosen = range(analysis.num_layers) if layers is None else layers
+    arrays = {f"layer_{i}": analysis.attentions[i][0].numpy().astype(precision) for i in chosen}
+    distance, entropy = analysis.stats()
+    return attentions_npz_bytes([], **arrays, logits=p.logits, probabilities=p.probabilities,
+                                class_names=np.array(class_names), grid=np.array(analysis.grid),
+                                patch_size=np.array(analysis.patch_size),
+                                input_size=np.array(analysis.input_size),
+                                num_prefix_tokens=np.array(analysis.num_prefix_tokens),
+                                mean_attention_distance=distance, attention_entropy=entropy)
+
+
+# -- maps that need the model (LeGrad, LRP, AttnLRP) or a max-flow (attention flow) ----------------------------------
+
+METHOD_MAP_KINDS = ("legrad", "lrp", "attnlrp", "flow")  # computed by model_method_map, cached by the page
+MORE_METHODS = "methods"  # the page's one "Map" choice for all of METHOD_MAP_KINDS (a second picker names which)
+MORE_METHODS_LABEL = "More: LeGrad, LRP, AttnLRP, flow"
+CLASS_MAP_KINDS = ("class", "legrad", "lrp", "attnlrp")  # explain one class: the page shows a class picker
+
+
+def model_method_map(checkpoint: Checkpoint, image: Image.Image, kind: str, class_index: int, query: int = 0,
+                     end_layer: int = -1, fusion: str = "mean", size: InputSize = TRAINING_SIZE) -> np.ndarray:
+    """The ``(gh, gw)`` map of a ``METHOD_MAP_KINDS`` kind for one image (seconds for ``flow``).
+
+    ``class_index`` is the explained class (LeGrad, LRP, AttnLRP); ``query`` the token whose
+    relevance or flow is shown (LRP, flow; LeGrad and AttnLRP explain the classifier's CLS).
+    Raises ValueError (e.g. ``UnsupportedModelError``, ``TooManyTokensError``) with a message to show.
+    """
+    from vit.explain.attention_flow import attention_flow
+    from vit.explain.relevance import attnlrp, legrad, patch_sums, transformer_attribution
+
+    model = checkpoint.model
+    device = next(model.parameters()).device
+    x = preprocess([image], checkpoint.preprocessing, size, model.config.patch_size).to(device)  # (1, C, H, W)
+    grid, prefix = model.patch_grid(x.shape[2], x.shape[3]), model.num_prefix_tokens
+    if kind == "legrad":
+        result = legrad(model, x, class_index)
+    elif kind == "lrp":
+        result = token_map(transformer_attribution(model, x, class_index, end_layer), query, grid, prefix)
+    elif kind == "attnlrp":
+        result = patch_sums(attnlrp(model, x, class_index), grid)
+    elif kind == "flow":
+        with torch.no_grad():
+            _, attentions = model(x, output_attentions=True)
+        result = attention_flow(attentions, query, fusion, end_layer)[:, prefix:].reshape(1, *grid)
+    else:
+        raise ValueError(f"{kind!r} is not one of {', '.join(METHOD_MAP_KINDS)}")
+    return result[0].float().cpu().numpy()  # (gh, gw)
+
+

@@ -1,0 +1,232 @@
+"""Attention over a whole dataset, and its report (the command is ``python -m vit.analyze``).
+
+For every image of ``DIR`` (one subfolder per class, as for ``vit.evaluate``; ``--limit N``
+takes N images after a seeded shuffle): the mean attention distance and entropy of every
+head by layer (the ViT paper's Fig. 7), averaged over the images; per true class, the mean
+CLS attention of the last layer (heads averaged) and the mean CLS rollout map; the confusion
+matrix; and the most confident mistakes. Writes ``analysis.json``, PNG plots and one
+self-contained ``report.html`` into ``--out`` (default ``analysis/<checkpoint name>``) and
+prints the JSON's path. A progress bar is drawn on stderr.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import plotly.graph_objects as go
+import torch
+from plotly.subplots import make_subplots
+
+from vit.checkpoint import Checkpoint
+from vit.explain.attention import fuse_heads, layer_stats, rollout, token_map
+from vit.inference import predict_files
+from vit.runfiles import atomic_write_text
+from vit.text import escape_plotly
+
+
+@dataclass
+class Mistake:
+    path: str
+    label: str  # the true class
+    predicted: str
+    confidence: float  # probability of the predicted class
+
+
+@dataclass
+class DatasetAnalysis:
+    """Dataset-level statistics; arrays are NumPy. ``K`` classes, ``L`` layers, ``H`` heads."""
+
+    class_names: list[str]
+    count: int  # images analysed
+    skipped: list[str]  # one line per unreadable file
+    distance: np.ndarray  # (L, H) mean attention distance in input pixels, averaged over images
+    entropy: np.ndarray  # (L, H) mean attention entropy in nats
+    class_counts: np.ndarray  # (K,) images per true class
+    class_attention: np.ndarray  # (K, gh, gw) mean last-layer CLS attention (heads averaged) per true class
+    class_rollout: np.ndarray  # (K, gh, gw) mean CLS rollout map per true class
+    confusion: np.ndarray  # (K, K) counts: row = true class, column = predicted
+    mistakes: list[Mistake] = field(default_factory=list)  # most confident first
+
+    @property
+    def accuracy(self) -> float | None:
+        total = self.confusion.sum()
+        return float(np.trace(self.confusion) / total) if total else None
+
+    def to_json(self) -> dict:
+        return {"count": self.count, "accuracy": self.accuracy, "skipped": len(self.skipped),
+                "class_names": self.class_names, "class_counts": self.class_counts.tolist(),
+                "mean_attention_distance": self.distance.tolist(), "attention_entropy": self.entropy.tolist(),
+                "class_cls_attention": self.class_attention.tolist(), "class_rollout": self.class_rollout.tolist(),
+                "confusion": self.confusion.tolist(),
+                "most_confident_mistakes": [vars(m) for m in self.mistakes]}
+
+
+def analyze_files(checkpoint: Checkpoint, files: Sequence[tuple[Path, int]], batch_size: int = 64,
+                  top_mistakes: int = 20, progress: Callable[[int, int], None] | None = None) -> DatasetAnalysis:
+    """Analyse ``(image file, true class)`` pairs; ``progress(done, total)`` is called after each file."""
+    names = checkpoint.class_names
+    model = checkpoint.model
+    size = checkpoint.preprocessing.image_size
+    grid, prefix, patch = model.patch_grid(size, size), model.num_prefix_tokens, model.config.patch_size
+    K = len(names)
+    distance = entropy = None
+    class_attention = np.zeros((K, *grid))
+    class_rollout = np.zeros((K, *grid))
+    class_counts = np.zeros(K, dtype=np.int64)
+    confusion = np.zeros((K, K), dtype=np.int64)
+    mistakes: list[Mistake] = []
+    skipped: list[str] = []
+    count = 0
+    results = predict_files(checkpoint, [path for path, _ in files], top_k=1, output_attentions=True,
+                            batch_size=batch_size)
+    for done, ((path, label), result) in enumerate(zip(files, results, strict=True), start=1):
+        if result.prediction is None:
+            skipped.append(result.error)
+        else:
+            p = result.prediction
+            attentions = [torch.from_numpy(a)[None] for a in p.attentions]  # per layer (1, H, T, T)
+            stats = layer_stats(attentions, grid, patch, prefix)  # each (L, 1, H)
+            d, e = stats["distance"][:, 0].numpy(), stats["entropy"][:, 0].numpy()
+            distance = d if distance is None else distance + d
+            entropy = e if entropy is None else entropy + e
+            class_attention[label] += token_map(fuse_heads(attentions[-1]), 0, grid, prefix)[0].numpy()
+            class_rollout[label] += token_map(rollout(attentions, num_prefix_tokens=prefix), 0, grid, prefix)[0].numpy()
+            class_counts[label] += 1
+            confusion[label, p.class_index] += 1
+            if p.class_index != label:
+                mistakes.append(Mistake(str(path), names[label], names[p.class_index],
+                                        float(p.probabilities[p.class_index])))
+            count += 1
+        if progress is not None:
+            progress(done, len(files))
+    if count == 0:
+        raise ValueError(f"none of the {len(files)} images could be read")
+    seen = np.maximum(class_counts, 1)[:, None, None]
+    mistakes.sort(key=lambda m: -m.confidence)
+    return DatasetAnalysis(names, count, skipped, distance / count, entropy / count, class_counts,
+                           class_attention / seen, class_rollout / seen, confusion, mistakes[:top_mistakes])
+
+
+# --- figures ------------------------------------------------------------------------------------
+
+def confusion_figure(confusion: np.ndarray, class_names: list[str]) -> go.Figure:
+    """Rows: true class; columns: predicted; each row as shares of that class, counts on hover."""
+    shares = confusion / np.maximum(confusion.sum(axis=1, keepdims=True), 1)
+    class_names = [escape_plotly(name) for name in class_names]  # Plotly reads HTML tags in labels
+    fig = go.Figure(go.Heatmap(z=shares, x=class_names, y=class_names, colorscale="Blues", zmin=0, zmax=1,
+                               customdata=confusion, colorbar=dict(title="share"),
+                               hovertemplate="true %{y} → predicted %{x}: %{customdata} (%{z:.1%})<extra></extra>"))
+    fig.update_xaxes(title="predicted class", type="category")
+    fig.update_yaxes(title="true class", autorange="reversed", type="category")
+    fig.update_layout(title="Confusion matrix", height=520, margin=dict(l=0, r=0, t=40, b=0))
+    return fig
+
+
+def class_maps_figure(maps: np.ndarray, class_names: list[str], title: str, colormap: str = "inferno") -> go.Figure:
+    """One heatmap per class of ``maps (K, gh, gw)``, each on its own scale."""
+    K = len(class_names)
+    class_names = [escape_plotly(name) for name in class_names]  # Plotly reads HTML tags in titles
+    cols = min(K, 5)
+    rows = -(-K // cols)
+    fig = make_subplots(rows=rows, cols=cols, subplot_titles=class_names, horizontal_spacing=0.02,
+                        vertical_spacing=0.08)
+    for k in range(K):
+        fig.add_trace(go.Heatmap(z=maps[k], colorscale=colormap, showscale=False,
+                                 hovertemplate=f"{class_names[k]}: row %{{y}}, col %{{x}}: %{{z:.4f}}<extra></extra>"),
+                      row=k // cols + 1, col=k % cols + 1)
+    fig.update_yaxes(autorange="reversed", showticklabels=False, scaleanchor="x")
+    fig.update_xaxes(showticklabels=False)
+    fig.update_layout(title=title, height=40 + 200 * rows, margin=dict(l=0, r=0, t=60, b=0))
+    return fig
+
+
+def figures(analysis: DatasetAnalysis) -> dict[str, go.Figure]:
+    """Every plot of the analysis by file stem."""
+    from vit.explain.figures import layer_stats_figure  # the explorer's per-image version of the ViT paper's Fig. 7
+
+    a = analysis
+    return {
+        "distance": layer_stats_figure(a.distance, "mean attention distance (px)", "Mean attention distance per head"),
+        "entropy": layer_stats_figure(a.entropy, "attention entropy (nats)", "Attention entropy per head"),
+        "class_attention": class_maps_figure(a.class_attention, a.class_names,
+                                             "Mean CLS attention of the last layer, per true class"),
+        "class_rollout": class_maps_figure(a.class_rollout, a.class_names, "Mean CLS rollout, per true class"),
+        "confusion": confusion_figure(a.confusion, a.class_names),
+    }
+
+
+def _png(analysis: DatasetAnalysis, stem: str, path: Path) -> None:
+    """The matplotlib version of one plot (static, for papers and READMEs)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    a = analysis
+    if stem in ("distance", "entropy"):
+        values = a.distance if stem == "distance" else a.entropy
+        fig, ax = plt.subplots(figsize=(6, 4))
+        L, H = values.shape
+        for h in range(H):
+            ax.scatter(np.arange(1, L + 1), values[:, h], s=14)
+        ax.plot(np.arange(1, L + 1), values.mean(axis=1), "k--", lw=1, label="mean over heads")
+        ax.set_xlabel("layer")
+        ax.set_ylabel("mean attention distance (px)" if stem == "distance" else "attention entropy (nats)")
+        ax.legend()
+    elif stem == "confusion":
+        fig, ax = plt.subplots(figsize=(6, 5))
+        shares = a.confusion / np.maximum(a.confusion.sum(axis=1, keepdims=True), 1)
+        image = ax.imshow(shares, cmap="Blues", vmin=0, vmax=1)
+        ax.set_xticks(range(len(a.class_names)), a.class_names, rotation=90)
+        ax.set_yticks(range(len(a.class_names)), a.class_names)
+        ax.set_xlabel("predicted")
+        ax.set_ylabel("true")
+        fig.colorbar(image)
+    else:
+        maps = a.class_attention if stem == "class_attention" else a.class_rollout
+        K = len(a.class_names)
+        cols = min(K, 5)
+        rows = -(-K // cols)
+        fig, axes = plt.subplots(rows, cols, figsize=(2 * cols, 2.2 * rows), squeeze=False)
+        for k, ax in enumerate(axes.flat):
+            ax.axis("off")
+            if k < K:
+                ax.imshow(maps[k], cmap="inferno")
+                ax.set_title(a.class_names[k], fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def write_outputs(analysis: DatasetAnalysis, out: Path, extra: dict | None = None) -> list[Path]:
+    """``analysis.json``, one PNG per plot and a self-contained ``report.html`` in ``out``; returns the paths."""
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    path = out / "analysis.json"
+    atomic_write_text(path, json.dumps({**(extra or {}), **analysis.to_json()}, indent=2))
+    written.append(path)
+    html = []
+    for i, (stem, fig) in enumerate(figures(analysis).items()):
+        png = out / f"{stem}.png"
+        _png(analysis, stem, png)
+        written.append(png)
+        html.append(fig.to_html(full_html=False, include_plotlyjs=i == 0))  # plotly.js once, offline
+    path = out / "report.html"
+    atomic_write_text(path, "<!DOCTYPE html><html><head><meta charset='utf-8'><title>Dataset analysis</title>"
+                      "</head><body>" + "\n".join(html) + "</body></html>")
+    written.append(path)
+    return written
+
+
+
+
+def sample_files(files: list, limit: int | None, seed: int) -> list:
+    """``limit`` items of ``files`` after a seeded shuffle (all of them, shuffled, without a limit)."""
+    files = list(files)
+    random.Random(seed).shuffle(files)
+    return files if limit is None else files[:limit]

@@ -1,0 +1,137 @@
+"""Is a map faithful? Deletion and insertion curves (the command is ``python -m vit.faithfulness``).
+
+Patches are ranked by a map, most relevant first. Deletion replaces the top-ranked patches of
+the image, one step at a time, by a baseline and tracks the probability of the explained
+class (each image's predicted class); a faithful map makes it fall fast (low area under the
+curve). Insertion starts from the baseline and puts the top-ranked patches back; a faithful
+map makes it rise fast (high area). Areas use the trapezoid rule over the fraction of patches
+changed, in [0, 1] (Petsiuk et al. 2018, RISE; the perturbation tests of Chefer et al. 2021).
+
+Replacement (``--replacement``), always in the model's normalised input space:
+``blur`` a Gaussian blur of the image (sigma = 1/8 of its side, so objects lose their detail
+but keep their colours; the RISE choice for insertion); ``mean`` each channel's mean over this
+image; ``zero`` a normalised value of 0, which is the training data's mean colour.
+
+``DIR`` holds one subfolder per class as for ``vit.evaluate``. ``--limit N`` takes N images
+after a seeded shuffle, so a limit samples every class. Prints JSON: per method,
+``deletion_auc`` and ``insertion_auc`` as ``{"mean", "std"}`` over the images, with a
+progress bar on stderr.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch import Tensor
+from torchvision.transforms.functional import gaussian_blur
+
+from vit.explain.attention import class_gradients, fuse_heads, gradient_rollout, rollout, token_map
+from vit.explain.attention_flow import attention_flow
+from vit.explain.relevance import attnlrp, legrad, patch_sums, transformer_attribution
+
+REPLACEMENTS = ("blur", "mean", "zero")
+METHODS = {
+    "random": "random patch order (the baseline every map should beat)",
+    "attention": "last layer's CLS attention, mean over heads",
+    "rollout": "attention rollout (mean over heads)",
+    "class": "gradient rollout (Chefer et al. 2021b)",
+    "legrad": "LeGrad (Bousselham et al. 2024)",
+    "transformer_attribution": "LRP transformer attribution (Chefer et al. 2021a)",
+    "attnlrp": "AttnLRP (Achtibat et al. 2024), patch sums",
+    "flow": "attention flow (Abnar & Zuidema 2020; slow)",
+}
+DEFAULT_METHODS = [m for m in METHODS if m != "flow"]  # flow takes seconds per image on a CPU
+
+
+def baseline(images: Tensor, replacement: str = "blur") -> Tensor:
+    """What removed patches become: ``(B, C, H, W)`` -> same shape (see the module docstring)."""
+    if replacement == "zero":
+        return torch.zeros_like(images)
+    if replacement == "mean":
+        return images.mean(dim=(2, 3), keepdim=True).expand_as(images).clone()
+    if replacement == "blur":
+        side = min(images.shape[-2:])
+        sigma = max(side / 8, 0.5)
+        kernel = 2 * int(2 * sigma) + 1  # covers +-2 sigma
+        return gaussian_blur(images, [kernel, kernel], [sigma, sigma])
+    raise ValueError(f"unknown replacement {replacement!r}; choose one of: {', '.join(REPLACEMENTS)}")
+
+
+def step_counts(num_patches: int, steps: int | None = None) -> list[int]:
+    """How many patches are changed at each point of a curve: 0 .. num_patches in ``steps`` (default: one each)."""
+    steps = num_patches if steps is None else steps
+    if steps < 1:
+        raise ValueError(f"steps must be at least 1, got {steps}")
+    return sorted({round(i * num_patches / steps) for i in range(steps + 1)})
+
+
+def perturbation_curves(model: torch.nn.Module, images: Tensor, maps: Tensor, class_index: Tensor,
+                        replacement: str = "blur", steps: int | None = None, batch_size: int = 256
+                        ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Deletion and insertion curves of ``images (B, C, H, W)`` ranked by ``maps (B, gh, gw)``.
+
+    ``model(x)`` returns logits or ``(logits, ...)``. Returns ``(fractions (S,), deletion (B, S),
+    insertion (B, S))``: the fraction of patches changed and the probability of
+    ``class_index[b]`` at each step. Ties in a map keep row-major order.
+    """
+    B, _, H, W = images.shape
+    gh, gw = maps.shape[-2:]
+    if maps.shape[0] != B or H % gh or W % gw:
+        raise ValueError(f"maps of shape {tuple(maps.shape)} do not fit images of shape {tuple(images.shape)}")
+    counts = step_counts(gh * gw, steps)
+    base = baseline(images, replacement)
+    device = images.device  # every helper tensor on the model's device: CUDA refuses to mix in CPU ones
+    order = torch.sort(maps.to(device).reshape(B, -1).float(), dim=1, descending=True, stable=True).indices  # (B, N)
+    ranks = torch.empty_like(order).scatter_(1, order, torch.arange(gh * gw, device=device).expand(B, -1))  # rank
+    counts_t = torch.tensor(counts, device=device)
+    S = len(counts)
+    changed = (ranks[:, None, :] < counts_t[None, :, None]).reshape(B * S, gh, gw)  # True where step s changes a patch
+    curves = []
+    for first, second in ((images, base), (base, images)):  # deletion: image -> baseline; insertion: baseline -> image
+        probs = []
+        with torch.no_grad():
+            # The B*S variants are built one model batch at a time: all at once they take GBs at 224 px.
+            for rows in torch.arange(B * S, device=device).split(batch_size):  # row = image * S + step
+                mask = changed[rows].float()
+                mask = mask.repeat_interleave(H // gh, dim=1).repeat_interleave(W // gw, dim=2)[:, None]  # (n,1,H,W)
+                image = rows // S
+                out = model(first[image] * (1 - mask) + second[image] * mask)  # (n, C, H, W) in
+                logits = out[0] if isinstance(out, tuple) else out
+                probs.append(logits.float().softmax(dim=-1))
+        probs = torch.cat(probs).reshape(B, S, -1)
+        curves.append(probs.gather(2, class_index.reshape(B, 1, 1).expand(B, S, 1))[..., 0].cpu().numpy())
+    return np.array(counts) / (gh * gw), curves[0], curves[1]
+
+
+def auc(fractions: np.ndarray, curve: np.ndarray) -> np.ndarray:
+    """Area under each curve ``(..., S)`` over ``fractions (S,)`` by the trapezoid rule."""
+    return np.trapezoid(curve, fractions, axis=-1)
+
+
+def method_maps(model: torch.nn.Module, images: Tensor, method: str, class_index: Tensor,
+                generator: torch.Generator | None = None) -> Tensor:
+    """The ``(B, gh, gw)`` map of ``method`` (a key of ``METHODS``) for each image's class; CLS is the query."""
+    grid = model.patch_grid(images.shape[2], images.shape[3])
+    prefix = model.num_prefix_tokens
+    if method == "random":
+        return torch.rand(images.shape[0], *grid, generator=generator).to(images.device)
+    if method in ("attention", "rollout", "flow"):
+        with torch.no_grad():
+            _, attentions = model(images, output_attentions=True)
+        if method == "attention":
+            return token_map(fuse_heads(attentions[-1]), 0, grid, prefix)
+        if method == "rollout":
+            return token_map(rollout(attentions, num_prefix_tokens=prefix), 0, grid, prefix)
+        return attention_flow(attentions, query=0)[:, prefix:].reshape(-1, *grid)
+    if method == "class":
+        _, attentions, gradients = class_gradients(model, images, class_index)
+        return token_map(gradient_rollout(attentions, gradients), 0, grid, prefix)
+    if method == "legrad":
+        return legrad(model, images, class_index)
+    if method == "transformer_attribution":
+        return token_map(transformer_attribution(model, images, class_index), 0, grid, prefix)
+    if method == "attnlrp":
+        return patch_sums(attnlrp(model, images, class_index), grid)
+    raise ValueError(f"unknown method {method!r}; choose from: {', '.join(METHODS)}")
+
+
