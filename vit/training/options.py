@@ -336,13 +336,13 @@ def parse_args(argv: list[str] | None = None, check_out: bool = True) -> argpars
     if args.min_lr > args.lr:
         raise UsageError(f"--min-lr ({args.min_lr:g}) must not exceed --lr ({args.lr:g})")
     if check_out:
-        check_out(Path(args.out))
+        check_run_folder(Path(args.out))
     parse_device(args.device)
     return args
 
 
 
-def check_out(out: Path) -> None:
+def check_run_folder(out: Path) -> None:
     """Refuse an --out that is a file, holds files already, or cannot be created."""
     if out.exists() and not out.is_dir():
         raise UsageError(f"--out {out} is a file; give a folder for the run")

@@ -53,7 +53,7 @@ from vit.training.options import (
     RECIPES,
     RESUME_OPTIONS,
     build_parser,
-    check_out,
+    check_run_folder,
     given_options,
     load_run_data,
     parse_args,
@@ -191,7 +191,7 @@ def _open_run(args: argparse.Namespace, argv: list[str], run_dir: Path, trainer:
     log lines, config.json, metrics.jsonl and a running status.json with its heartbeat."""
     created = False
     if not resumed:
-        check_out(run_dir)
+        check_run_folder(run_dir)
         created = not run_dir.exists()
         run_dir.mkdir(parents=True, exist_ok=True)
     written: list[Path] = []
