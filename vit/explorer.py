@@ -205,7 +205,7 @@ def analyse(checkpoint: Checkpoint, image: Image.Image, size: InputSize = TRAINI
     [prediction] = predictions_from_logits(logits, checkpoint.class_names, top_k)
     hidden = hidden[0].float().cpu()
     cache = ByteCache(LAYER_CACHE_BYTES)
-    layers = LayerAttentions(model, hidden, cache)
+    layers = LayerAttentions(model, hidden, cache, grid)
     return Analysis(prediction=prediction, attentions=layers, grid=grid, patch_size=patch_size, input_size=shape,
                     num_prefix_tokens=model.num_prefix_tokens, hidden=hidden, training_size=p.image_size,
                     cache=cache, prefix_names=tuple(model.config.prefix_token_names))
