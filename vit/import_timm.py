@@ -133,10 +133,10 @@ def preprocessing_from_timm(name: str, config: ViTConfig, pretrained_cfg: Mappin
     image_size = int(image_size)
     if image_size % config.patch_size:
         image_size = config.image_size
-    imagenet = name.startswith("deit") or "dinov2" in name
+    imagenet = name.startswith("deit") or "dinov2" in name or "dinov3" in name
     mean = tuple(cfg.get("mean") or (IMAGENET_MEAN if imagenet else INCEPTION_MEAN))
     std = tuple(cfg.get("std") or (IMAGENET_STD if imagenet else INCEPTION_STD))
-    crop_pct = float(cfg.get("crop_pct") or (1.0 if "dinov2" in name else 0.875))
+    crop_pct = float(cfg.get("crop_pct") or (1.0 if "dinov2" in name or "dinov3" in name else 0.875))
     interpolation = cfg.get("interpolation") or "bicubic"
     if interpolation not in ("bicubic", "bilinear", "nearest", "lanczos"):
         interpolation = "bicubic"

@@ -7,7 +7,9 @@
   ``model.safetensors`` or ``pytorch_model.bin``), e.g. a snapshot in the HF cache;
 - a timm folder (``config.json`` with ``architecture``, ``pretrained_cfg``, ``label_names``)
   or a timm state dict file (``.safetensors``, ``.pth``) with ``arch="timm:NAME"``;
-- a torchvision ``vit_*`` state dict file (recognised from its keys, or ``arch="torchvision:NAME"``).
+- a torchvision ``vit_*`` state dict file (recognised from its keys, or ``arch="torchvision:NAME"``);
+- DINOv3 (``vit.import_dinov3``): HF ``dinov3_vit`` folders, timm ``vit_*_dinov3*`` weights, original
+  ``facebookresearch/dinov3`` backbones (recognised from ``storage_tokens``, or ``arch="dinov3:NAME"``).
 
 Nothing from a model folder is executed: safetensors files are read with the ``safetensors``
 package, pickles only with ``torch.load(weights_only=True)``, ``config.json`` as JSON, and a
@@ -26,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-from vit import hf, import_timm, import_torchvision
+from vit import hf, import_dinov3, import_timm, import_torchvision
 from vit.checkpoint import (
     IMAGENET_MEAN,
     IMAGENET_STD,
@@ -44,7 +46,7 @@ from vit.checkpoint import (
 from vit.model import ViT, ViTConfig
 
 SUPPORTED = ("our .pt checkpoints; Hugging Face folders of " + hf.SUPPORTED + "; " + import_timm.SUPPORTED + "; "
-             + import_torchvision.SUPPORTED)
+             + import_torchvision.SUPPORTED + "; " + import_dinov3.SUPPORTED)
 HF_WEIGHTS = ("model.safetensors", "pytorch_model.bin")
 WEIGHT_SUFFIXES = (".safetensors", ".pth", ".pt", ".bin")
 MAX_INPUT_SIZE = 2048  # the largest published ViTs take 518 px (DINOv2) to 1024 px
@@ -227,6 +229,9 @@ def hf_preprocessing(processor: Mapping | None, config: ViTConfig, architecture:
         crop = 224 if 224 % config.patch_size == 0 else side
         return Preprocessing(crop, channels, IMAGENET_MEAN[:channels], IMAGENET_STD[:channels],
                              resize_size=crop * 256 // 224, resize_mode="shortest_edge", resample="bicubic")
+    if architecture.startswith("DINOv3"):  # DINOv3ViTImageProcessor: 224 square, bilinear, ImageNet statistics
+        return Preprocessing(224 - 224 % config.patch_size, channels, IMAGENET_MEAN[:channels],
+                             IMAGENET_STD[:channels], resample="bilinear")
     if architecture.startswith("DeiT"):
         return Preprocessing(side, channels, IMAGENET_MEAN[:channels], IMAGENET_STD[:channels],
                              resize_size=side * 256 // 224, resize_mode="square", resample="bicubic")
@@ -288,8 +293,36 @@ def hf_architecture(config_json: Mapping, state: Mapping[str, torch.Tensor] | No
     return types[1] if "classifier.weight" in state else types[0]
 
 
+# model_type -> (the module that reads it, the architectures it opens)
+_HF_FAMILIES = {"dinov3_vit": (import_dinov3, ("DINOv3ViTModel",))}
+
+
+def open_hf_family(folder: Path, config_json: dict, map_location: str | torch.device = "cpu") -> Checkpoint:
+    """An HF folder of a 2025-26 family (``_HF_FAMILIES``): its module maps config and weights."""
+    model_type = str(config_json.get("model_type"))
+    module, architectures = _HF_FAMILIES[model_type]
+    architecture = hf_architecture(config_json) or architectures[0]
+    if architecture not in architectures:
+        raise SourceError(f"HF architecture {architecture} ({folder}) is not supported; supported: "
+                          f"{', '.join(architectures)} for {model_type}")
+    origin = f"{folder} ({architecture})"
+    config = _config(origin, lambda: module.config_from_hf(config_json))
+    state = read_hf_weights(folder)
+    try:
+        ours = module.state_dict_from_hf(state, config)
+    except (ValueError, KeyError) as e:
+        raise SourceError(f"{origin}: {_one_line(e)}") from None
+    model = build_model(config, ours, origin, map_location)
+    processor_path = folder / "preprocessor_config.json"
+    processor = read_json(processor_path) if processor_path.is_file() else None
+    return _finish(model, default_class_names(0), hf_preprocessing(processor, config, architecture), folder, "hf",
+                   f"hf:{architecture}")
+
+
 def open_hf_folder(folder: Path, config_json: dict, map_location: str | torch.device = "cpu") -> Checkpoint:
     """An HF ``save_pretrained`` folder of a supported architecture."""
+    if config_json.get("model_type") in _HF_FAMILIES:
+        return open_hf_family(folder, config_json, map_location)
     architecture = hf_architecture(config_json)
     if architecture is None and config_json.get("model_type") not in _HF_MODEL_TYPES:
         raise SourceError(f"HF model type {config_json.get('model_type')!r} ({folder}) is not supported; "
@@ -317,10 +350,18 @@ def open_timm(path: Path, state: Mapping[str, torch.Tensor], name: str | None, c
     config_json = dict(config_json or {})
     model_args = timm_model_args(config_json)
     pretrained_cfg = config_json.get("pretrained_cfg") if isinstance(config_json.get("pretrained_cfg"), Mapping) else {}
-    name = name or "vit"  # a bare state dict: heads and pooling from timm's conventions for its width
+    name = name or ("vit_dinov3" if import_dinov3.is_timm_state_dict(state) else "vit")  # a bare state dict
     origin = f"{path} (timm {name})"
-    config = _config(origin, lambda: import_timm.config_from_timm(name, state, model_args))
-    model = build_model(config, import_timm.state_dict_from_timm(state), origin, map_location)
+    if "dinov3" in name:
+        config = _config(origin, lambda: import_dinov3.config_from_timm(name, state, model_args))
+        try:
+            ours = import_dinov3.state_dict_from_timm(state, config)
+        except (ValueError, KeyError) as e:
+            raise SourceError(f"{origin}: {_one_line(e)}") from None
+    else:
+        config = _config(origin, lambda: import_timm.config_from_timm(name, state, model_args))
+        ours = import_timm.state_dict_from_timm(state)
+    model = build_model(config, ours, origin, map_location)
     labels = config_json.get("label_names") or pretrained_cfg.get("label_names")
     if isinstance(labels, list) and len(labels) == config.num_classes:
         class_names = [str(label) for label in labels]
@@ -345,14 +386,32 @@ def open_torchvision(path: Path, state: Mapping[str, torch.Tensor], name: str | 
                    "torchvision", f"torchvision:{name}")
 
 
+def open_dinov3_original(path: Path, state: Mapping[str, torch.Tensor], name: str | None,
+                         map_location: str | torch.device = "cpu") -> Checkpoint:
+    """An original ``facebookresearch/dinov3`` backbone (``dinov3_vitl16_pretrain_*.pth``)."""
+    origin = f"{path} (DINOv3 {name or 'backbone'})"
+    config = _config(origin, lambda: import_dinov3.config_from_original(state, name))
+    try:
+        ours = import_dinov3.state_dict_from_original(state, config)
+    except (ValueError, KeyError) as e:
+        raise SourceError(f"{origin}: {_one_line(e)}") from None
+    model = build_model(config, ours, origin, map_location)
+    preprocessing = Preprocessing(config.image_size, config.num_channels, IMAGENET_MEAN, IMAGENET_STD,
+                                  resample="bilinear")  # dinov3's make_transform: 224 square, bilinear
+    return _finish(model, default_class_names(0), preprocessing, path, "dinov3", f"dinov3:{name or 'backbone'}")
+
+
+ARCH_LIBRARIES = ("timm", "torchvision", "dinov3")
+
+
 def parse_arch(arch: str | None) -> tuple[str | None, str | None]:
     """'timm:vit_small_patch14_dinov2' -> ('timm', 'vit_small_patch14_dinov2'); None -> (None, None)."""
     if not arch:
         return None, None
     library, _, name = arch.partition(":")
-    if library not in ("timm", "torchvision") or not name:
-        raise SourceError(f"--arch {arch!r} must be timm:NAME or torchvision:NAME (e.g. timm:vit_base_patch16_224, "
-                          "torchvision:vit_b_16)")
+    if library not in ARCH_LIBRARIES or not name:
+        raise SourceError(f"--arch {arch!r} must be timm:NAME, torchvision:NAME or dinov3:NAME (e.g. "
+                          "timm:vit_base_patch16_224, torchvision:vit_b_16, dinov3:vitl16)")
     return library, name
 
 
@@ -395,6 +454,8 @@ def open_source(path: str | os.PathLike, arch: str | None = None, map_location: 
         else:
             return load_checkpoint(path, map_location)
     state = read_weights(path)
+    if library == "dinov3" or (library is None and import_dinov3.is_original_state_dict(state)):
+        return open_dinov3_original(path, state, name, map_location)
     if library == "torchvision" or (library is None and import_torchvision.is_torchvision_state_dict(state)):
         return open_torchvision(path, state, name, map_location)
     if library == "timm" or import_timm.is_timm_state_dict(state):
