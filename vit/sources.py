@@ -8,6 +8,8 @@
 - a timm folder (``config.json`` with ``architecture``, ``pretrained_cfg``, ``label_names``)
   or a timm state dict file (``.safetensors``, ``.pth``) with ``arch="timm:NAME"``;
 - a torchvision ``vit_*`` state dict file (recognised from its keys, or ``arch="torchvision:NAME"``);
+- CLIP (``vit.import_clip``): open_clip state dicts and folders (``open_clip_config.json``), OpenAI's layout,
+  HF ``clip`` / ``clip_vision_model`` folders; SigLIP (``vit.import_siglip``): HF ``siglip`` folders;
 - DINOv3 (``vit.import_dinov3``): HF ``dinov3_vit`` folders, timm ``vit_*_dinov3*`` weights, original
   ``facebookresearch/dinov3`` backbones (recognised from ``storage_tokens``, or ``arch="dinov3:NAME"``).
 
@@ -28,7 +30,7 @@ from pathlib import Path
 
 import torch
 
-from vit import hf, import_dinov3, import_timm, import_torchvision
+from vit import hf, import_clip, import_dinov3, import_siglip, import_timm, import_torchvision
 from vit.checkpoint import (
     IMAGENET_MEAN,
     IMAGENET_STD,
@@ -46,8 +48,11 @@ from vit.checkpoint import (
 from vit.model import ViT, ViTConfig
 
 SUPPORTED = ("our .pt checkpoints; Hugging Face folders of " + hf.SUPPORTED + "; " + import_timm.SUPPORTED + "; "
-             + import_torchvision.SUPPORTED + "; " + import_dinov3.SUPPORTED)
+             + import_torchvision.SUPPORTED + "; " + import_dinov3.SUPPORTED + "; " + import_clip.SUPPORTED + "; "
+             + import_siglip.SUPPORTED)
 HF_WEIGHTS = ("model.safetensors", "pytorch_model.bin")
+OPEN_CLIP_CONFIG = "open_clip_config.json"
+OPEN_CLIP_WEIGHTS = ("open_clip_model.safetensors", "open_clip_pytorch_model.bin")
 WEIGHT_SUFFIXES = (".safetensors", ".pth", ".pt", ".bin")
 MAX_INPUT_SIZE = 2048  # the largest published ViTs take 518 px (DINOv2) to 1024 px
 MAX_JSON_BYTES = 4 * 1024 * 1024  # config files are a few kB; refuse to parse a huge one
@@ -232,6 +237,11 @@ def hf_preprocessing(processor: Mapping | None, config: ViTConfig, architecture:
     if architecture.startswith("DINOv3"):  # DINOv3ViTImageProcessor: 224 square, bilinear, ImageNet statistics
         return Preprocessing(224 - 224 % config.patch_size, channels, IMAGENET_MEAN[:channels],
                              IMAGENET_STD[:channels], resample="bilinear")
+    if architecture.startswith("CLIP"):  # CLIPImageProcessor: shorter side 224, centre crop, bicubic, OpenAI statistics
+        return Preprocessing(side, channels, import_clip.OPENAI_MEAN[:channels], import_clip.OPENAI_STD[:channels],
+                             resize_size=side, resize_mode="shortest_edge", resample="bicubic")
+    if architecture.startswith("Siglip"):  # SiglipImageProcessor: 224 square, bilinear, mean/std 0.5
+        return Preprocessing(side, channels, (0.5,) * channels, (0.5,) * channels, resample="bilinear")
     if architecture.startswith("DeiT"):
         return Preprocessing(side, channels, IMAGENET_MEAN[:channels], IMAGENET_STD[:channels],
                              resize_size=side * 256 // 224, resize_mode="square", resample="bicubic")
@@ -294,7 +304,15 @@ def hf_architecture(config_json: Mapping, state: Mapping[str, torch.Tensor] | No
 
 
 # model_type -> (the module that reads it, the architectures it opens)
-_HF_FAMILIES = {"dinov3_vit": (import_dinov3, ("DINOv3ViTModel",))}
+_HF_FAMILIES = {"dinov3_vit": (import_dinov3, ("DINOv3ViTModel",)),
+                "clip": (import_clip, ("CLIPModel",)),
+                "clip_vision_model": (import_clip, ("CLIPVisionModel", "CLIPVisionModelWithProjection")),
+                "siglip": (import_siglip, ("SiglipModel",)),
+                "siglip_vision_model": (import_siglip, ("SiglipVisionModel",))}
+_HF_REFUSED = {"siglip2": "SigLIP 2's NaFlex variable-resolution models (Siglip2Model) are not supported yet; its "
+                          "fixed-resolution checkpoints (SiglipModel folders) are",
+               "siglip2_vision_model": "SigLIP 2's NaFlex variable-resolution models are not supported yet; its "
+                                       "fixed-resolution checkpoints (SiglipModel folders) are"}
 
 
 def open_hf_family(folder: Path, config_json: dict, map_location: str | torch.device = "cpu") -> Checkpoint:
@@ -323,6 +341,8 @@ def open_hf_folder(folder: Path, config_json: dict, map_location: str | torch.de
     """An HF ``save_pretrained`` folder of a supported architecture."""
     if config_json.get("model_type") in _HF_FAMILIES:
         return open_hf_family(folder, config_json, map_location)
+    if config_json.get("model_type") in _HF_REFUSED:
+        raise SourceError(f"{folder}: {_HF_REFUSED[config_json['model_type']]}")
     architecture = hf_architecture(config_json)
     if architecture is None and config_json.get("model_type") not in _HF_MODEL_TYPES:
         raise SourceError(f"HF model type {config_json.get('model_type')!r} ({folder}) is not supported; "
@@ -401,7 +421,33 @@ def open_dinov3_original(path: Path, state: Mapping[str, torch.Tensor], name: st
     return _finish(model, default_class_names(0), preprocessing, path, "dinov3", f"dinov3:{name or 'backbone'}")
 
 
-ARCH_LIBRARIES = ("timm", "torchvision", "dinov3")
+def open_open_clip(path: Path, state: Mapping[str, torch.Tensor], name: str | None, config_json: Mapping | None,
+                   map_location: str | torch.device = "cpu") -> Checkpoint:
+    """open_clip weights (``visual.*``), with ``open_clip_config.json`` when there is one; ``name`` is
+    ``quickgelu`` or ``gelu`` (or an open_clip model name, QuickGELU when it ends in ``-quickgelu``)."""
+    config_json = dict(config_json or {})
+    model_cfg = config_json.get("model_cfg") if isinstance(config_json.get("model_cfg"), Mapping) else None
+    quick = None if name is None else (name == "quickgelu" or name.endswith("-quickgelu"))
+    origin = f"{path} (open_clip)"
+    config = _config(origin, lambda: import_clip.config_from_open_clip(state, model_cfg, quick))
+    try:
+        ours = import_clip.state_dict_from_open_clip(state, config)
+    except (ValueError, KeyError) as e:
+        raise SourceError(f"{origin}: {_one_line(e)}") from None
+    model = build_model(config, ours, origin, map_location)
+    pre = config_json.get("preprocess_cfg") if isinstance(config_json.get("preprocess_cfg"), Mapping) else {}
+    channels = config.num_channels
+    mean, std = tuple(pre.get("mean") or import_clip.OPENAI_MEAN), tuple(pre.get("std") or import_clip.OPENAI_STD)
+    resample = pre.get("interpolation") if pre.get("interpolation") in ("bicubic", "bilinear") else "bicubic"
+    squash = pre.get("resize_mode") == "squash"
+    preprocessing = Preprocessing(config.image_size, channels, mean[:channels], std[:channels],
+                                  resize_size=config.image_size, resize_mode="square" if squash else "shortest_edge",
+                                  resample=resample)  # open_clip's image_transform: resize, centre crop
+    activation = "quickgelu" if config.activation == "quick_gelu" else "gelu"
+    return _finish(model, default_class_names(0), preprocessing, path, "open_clip", f"open_clip:{activation}")
+
+
+ARCH_LIBRARIES = ("timm", "torchvision", "dinov3", "open_clip")
 
 
 def parse_arch(arch: str | None) -> tuple[str | None, str | None]:
@@ -410,8 +456,8 @@ def parse_arch(arch: str | None) -> tuple[str | None, str | None]:
         return None, None
     library, _, name = arch.partition(":")
     if library not in ARCH_LIBRARIES or not name:
-        raise SourceError(f"--arch {arch!r} must be timm:NAME, torchvision:NAME or dinov3:NAME (e.g. "
-                          "timm:vit_base_patch16_224, torchvision:vit_b_16, dinov3:vitl16)")
+        raise SourceError(f"--arch {arch!r} must be timm:NAME, torchvision:NAME, dinov3:NAME or "
+                          "open_clip:quickgelu|gelu (e.g. timm:vit_base_patch16_224, dinov3:vitl16)")
     return library, name
 
 
@@ -428,6 +474,12 @@ def open_source(path: str | os.PathLike, arch: str | None = None, map_location: 
         raise SourceError(f"checkpoint not found: {path}")
     if path.is_dir():
         config_path = path / "config.json"
+        if not config_path.is_file() and (path / OPEN_CLIP_CONFIG).is_file():
+            weights = next((path / f for f in OPEN_CLIP_WEIGHTS if (path / f).is_file()), None)
+            if weights is None:
+                raise SourceError(f"{path} has an open_clip_config.json but no {' or '.join(OPEN_CLIP_WEIGHTS)}")
+            return open_open_clip(weights, read_weights(weights), name, read_json(path / OPEN_CLIP_CONFIG),
+                                  map_location)
         if not config_path.is_file():
             files = [p for p in sorted(path.iterdir()) if p.is_file() and p.suffix in WEIGHT_SUFFIXES]
             if len(files) != 1:
@@ -454,6 +506,9 @@ def open_source(path: str | os.PathLike, arch: str | None = None, map_location: 
         else:
             return load_checkpoint(path, map_location)
     state = read_weights(path)
+    if library == "open_clip" or (library is None and import_clip.is_open_clip_state_dict(state)):
+        sidecar = path.parent / OPEN_CLIP_CONFIG
+        return open_open_clip(path, state, name, read_json(sidecar) if sidecar.is_file() else None, map_location)
     if library == "dinov3" or (library is None and import_dinov3.is_original_state_dict(state)):
         return open_dinov3_original(path, state, name, map_location)
     if library == "torchvision" or (library is None and import_torchvision.is_torchvision_state_dict(state)):
