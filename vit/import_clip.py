@@ -11,8 +11,8 @@ joint image-text embedding (``proj`` / ``visual_projection``: our ``projection``
 side (``vit.import_clip`` reads only the image tower).
 
 A state dict cannot tell QuickGELU from GELU: the activation comes from ``open_clip_config.json``
-(``model_cfg.quick_gelu``) beside the weights, or from ``--arch open_clip:quickgelu`` /
-``open_clip:gelu`` (OpenAI's released weights are QuickGELU).
+(``model_cfg.quick_gelu``, false when absent, as open_clip builds it) beside the weights, or from
+``--arch open_clip:quickgelu`` / ``open_clip:gelu`` (OpenAI's released weights are QuickGELU).
 """
 
 from __future__ import annotations
@@ -31,7 +31,8 @@ OPENAI_MEAN = (0.48145466, 0.4578275, 0.40821073)
 OPENAI_STD = (0.26862954, 0.26130258, 0.27577711)
 # Keys of a CLIP checkpoint's text side (open_clip's old flat layout and its ``text.`` one), read by the text tower.
 TEXT_PREFIXES = ("token_embedding.", "positional_embedding", "transformer.", "ln_final.", "text_projection",
-                 "logit_scale", "logit_bias", "text.", "attn_mask")
+                 "logit_scale", "logit_bias", "text.", "attn_mask",
+                 "input_resolution", "context_length", "vocab_size")  # the last three: OpenAI's metadata
 
 # open_clip's CLIPVisionCfg: honoured, without effect on an eval forward, or fixed at the value our model has.
 VISION_HONOURED = {"layers", "width", "head_width", "mlp_ratio", "patch_size", "image_size", "ls_init_value",
@@ -72,8 +73,8 @@ def config_from_open_clip(state: Mapping[str, torch.Tensor], model_cfg: Mapping 
                 raise ValueError(f"open_clip vision_cfg.{key}={value!r} is not supported")
         elif key not in VISION_HONOURED | VISION_INERT:
             raise ValueError(f"open_clip vision_cfg.{key} is not supported by this program's CLIP")
-    if "quick_gelu" in cfg:
-        quick_gelu = bool(cfg["quick_gelu"])
+    if model_cfg is not None and quick_gelu is None:
+        quick_gelu = bool(cfg.get("quick_gelu", False))  # what open_clip builds from this config
     if quick_gelu is None:
         raise ValueError("an open_clip state dict does not say its activation; put its open_clip_config.json beside "
                          "it, or pass --arch open_clip:quickgelu (OpenAI's weights) or open_clip:gelu")
