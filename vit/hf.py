@@ -37,6 +37,9 @@ ARCHITECTURES: dict[str, tuple[dict, tuple[str, str] | None]] = {
     "Dinov2WithRegistersForImageClassification": (dict(pooling="cls+avg", prefix_positions="cls",
                                                        pos_embed_antialias=True), ("classifier", "")),
     "Dinov2WithRegistersModel": (dict(prefix_positions="cls", pos_embed_antialias=True), None),
+    # MAE's encoder is a ViT; its pre-training masking (mask_ratio, a random shuffle even at 0) is left out: the
+    # explorer shows every patch, in order, which is ViTMAEModel with mask_ratio=0 and noise=arange(patches).
+    "ViTMAEModel": ({}, None),
 }
 SUPPORTED = ", ".join(ARCHITECTURES)
 
@@ -122,7 +125,7 @@ _BLOCK_NAMES = {
     "norm1": ("layernorm_before", "norm1"),
     "norm2": ("layernorm_after", "norm2"),
 }
-_BASES = ("vit.", "deit.", "dinov2.", "dinov2_with_registers.", "")
+_BASES = ("vit.", "deit.", "dinov2.", "dinov2_with_registers.", "")  # ViTMAEModel's keys have no base
 
 
 def state_dict_from_hf(hf_state_dict: Mapping[str, torch.Tensor], num_layers: int,

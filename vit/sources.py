@@ -287,7 +287,8 @@ _HF_MODEL_TYPES = {"vit": ("ViTModel", "ViTForImageClassification", None),
                    "deit": ("DeiTModel", "DeiTForImageClassification", "DeiTForImageClassificationWithTeacher"),
                    "dinov2": ("Dinov2Model", "Dinov2ForImageClassification", None),
                    "dinov2_with_registers": ("Dinov2WithRegistersModel", "Dinov2WithRegistersForImageClassification",
-                                             None)}
+                                             None),
+                   "vit_mae": ("ViTMAEModel", "ViTMAEModel", None)}
 
 
 def hf_architecture(config_json: Mapping, state: Mapping[str, torch.Tensor] | None = None) -> str | None:
