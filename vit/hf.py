@@ -42,6 +42,15 @@ ARCHITECTURES: dict[str, tuple[dict, tuple[str, str] | None]] = {
     "ViTMAEModel": ({}, None),
 }
 SUPPORTED = ", ".join(ARCHITECTURES)
+# HF ViTConfig / ViTMAEConfig fields (DINOv2's read the same way): what config_from_hf honours (or refuses, such as
+# another hidden_act), and what has no effect on an image's forward pass through the encoder.
+HF_HONOURED = {"image_size", "patch_size", "num_channels", "hidden_size", "num_hidden_layers", "num_attention_heads",
+               "intermediate_size", "hidden_act", "hidden_dropout_prob", "attention_probs_dropout_prob", "qkv_bias",
+               "layer_norm_eps"}
+HF_INERT = {"initializer_range", "encoder_stride",  # ViTForMaskedImageModeling's decoder
+            "pooler_act", "pooler_output_size",  # the tanh pooler, which is dropped
+            "mask_ratio", "norm_pix_loss", "decoder_hidden_size", "decoder_intermediate_size",  # MAE pre-training:
+            "decoder_num_attention_heads", "decoder_num_hidden_layers"}  # masking and the pixel decoder
 
 
 def _square(value, name: str) -> int:
