@@ -51,6 +51,7 @@ def test_gradient_rollout_runs_on_every_family_with_the_models_own_logits(family
 def test_the_walk_of_a_plain_encoder_is_its_forward_bit_for_bit():
     model, images = family_model("mae"), torch.randn(2, 3, 16, 20)
     with torch.no_grad():
-        expected, _ = model(images)
-        walked = relevance.walk(model, images).logits
-    assert torch.equal(walked, expected)
+        expected, attentions = model(images, output_attentions=True)
+        walked = relevance.walk(model, images)
+    assert torch.equal(walked.logits, expected)
+    assert all(torch.equal(t.probs, a) for t, a in zip(walked.blocks, attentions, strict=True))
