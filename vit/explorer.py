@@ -32,6 +32,7 @@ from vit.attention import (
     relevance_rollout,
     rollout_factor,
     rollout_rows,
+    rollout_vector,
     token_map,
 )
 from vit.cache import ByteCache
@@ -39,6 +40,7 @@ from vit.checkpoint import Checkpoint, Preprocessing
 from vit.hidden import LayerAttentions, forward_with_hidden_states
 from vit.images import to_mode, to_uint8
 from vit.inference import TRAINING_SIZE, InputSize, Prediction, input_shape, predictions_from_logits, preprocess
+from vit.model import ViT
 from vit.overlay import attentions_npz_bytes, draw_mask_contours, overlay, to_png_bytes
 from vit.text import escape_markdown, escape_plotly
 
@@ -51,7 +53,11 @@ MAP_KINDS = {
     "attnlrp": "AttnLRP (class-specific, signed)",
     "flow": "Attention flow (max-flow, slow)",
     "norms": "Token norms (one layer's output)",
+    "probe": "Pooling probe (what the embedding reads)",
+    "probe_rollout": "Attention rollout from the pooling probe",
 }
+# Map kinds of models with an attention-pooling head (SigLIP): its learned probe's attention replaces the CLS row.
+PROBE_MAP_KINDS = ("probe", "probe_rollout")
 # The controls each map kind reads; the page shows only these (a control that does nothing misleads).
 MAP_CONTROLS = {
     "attention": ("query", "layer", "head", "fusion"),
@@ -62,6 +68,8 @@ MAP_CONTROLS = {
     "lrp": ("class", "end_layer", "query"),
     "attnlrp": ("class",),
     "flow": ("query", "end_layer", "fusion"),
+    "probe": ("head", "fusion"),
+    "probe_rollout": ("end_layer", "fusion", "discard_ratio"),
 }
 COLOUR_SCALES = {
     "own": "each map's min–max",
@@ -143,6 +151,13 @@ class Analysis:
     training_size: int | None = None  # the checkpoint's square input side
     cache: ByteCache = field(default_factory=lambda: ByteCache(LAYER_CACHE_BYTES), repr=False)
     prefix_names: tuple[str, ...] = ()  # ('CLS', 'DIST', 'REG 1', ...); empty: CLS then numbered prefix tokens
+    probe: torch.Tensor | None = None  # (H, T): the attention-pooling probe's attention (SigLIP), else None
+    embedding: torch.Tensor | None = None  # (E,): a feature model's pooled (CLIP: projected) embedding
+
+    @property
+    def has_cls(self) -> bool:
+        """Whether token 0 is a CLS token (a SigLIP tower has none: token 0 is its first patch)."""
+        return self.num_prefix_tokens > 0 and (not self.prefix_names or self.prefix_names[0] == "CLS")
 
     @property
     def num_layers(self) -> int:
@@ -206,9 +221,34 @@ def analyse(checkpoint: Checkpoint, image: Image.Image, size: InputSize = TRAINI
     hidden = hidden[0].float().cpu()
     cache = ByteCache(LAYER_CACHE_BYTES)
     layers = LayerAttentions(model, hidden, cache, grid)
+    probe = embedding = None
+    if isinstance(model, ViT):
+        with torch.inference_mode():
+            pooled, probe = model.pool(hidden[-1][None].to(device, next(model.parameters()).dtype))  # (1, H, 1, T)
+            if model.head is None:
+                embedding = (model.projection(pooled) if model.projection is not None else pooled)[0].float().cpu()
+        probe = probe[0, :, 0].float().cpu() if probe is not None else None  # (H, T)
     return Analysis(prediction=prediction, attentions=layers, grid=grid, patch_size=patch_size, input_size=shape,
                     num_prefix_tokens=model.num_prefix_tokens, hidden=hidden, training_size=p.image_size,
-                    cache=cache, prefix_names=tuple(model.config.prefix_token_names))
+                    cache=cache, prefix_names=tuple(model.config.prefix_token_names), probe=probe,
+                    embedding=embedding)
+
+
+def describe_embedding(analysis: Analysis) -> str:
+    """' Its image embedding (512 numbers) has norm 12.3.' for a feature model, else ''."""
+    if analysis.embedding is None:
+        return ""
+    return (f" Its image embedding ({analysis.embedding.numel():,} numbers) has norm "
+            f"{float(analysis.embedding.norm()):.4g}.")
+
+
+def map_kinds(analysis: Analysis, has_classes: bool) -> list[str]:
+    """The map kinds this analysis can draw, the default first: the pooling probe's for a model without CLS."""
+    kinds = [k for k in MAP_KINDS if (has_classes or k != "class") and (analysis.probe is not None
+                                                                         or k not in PROBE_MAP_KINDS)]
+    if analysis.probe is not None and not analysis.has_cls:
+        kinds = list(PROBE_MAP_KINDS) + [k for k in kinds if k not in PROBE_MAP_KINDS]
+    return kinds
 
 
 @dataclass
@@ -348,6 +388,19 @@ def attention_map(analysis: Analysis, settings: MapSettings, relevance: ClassRel
         return token_map(matrix, s.query, analysis.grid, analysis.num_prefix_tokens)[0].float().numpy()
     if s.kind == "norms":
         return _patch_map(token_norms(analysis, s.layer), analysis)
+    if s.kind in PROBE_MAP_KINDS:
+        if analysis.probe is None:
+            raise ValueError("this model has no attention-pooling probe; choose another map")
+        probe = analysis.probe  # (H, T)
+        if s.kind == "probe":
+            if s.head is not None:
+                if not 0 <= s.head < probe.shape[0]:
+                    raise ValueError(f"head {s.head} is out of range for {probe.shape[0]} heads")
+                return _patch_map(probe[s.head], analysis)
+            return _patch_map(fuse_heads(probe[None, :, None], s.fusion)[0, 0], analysis)
+        factors = _rollout_factors(analysis, s.fusion, s.discard_ratio, s.end_layer)
+        row = fuse_heads(probe[None, :, None], s.fusion)[:, 0]  # (1, T)
+        return _patch_map(rollout_vector(factors, row)[0], analysis)
     raise ValueError(f"unknown map kind {s.kind!r}; choose one of: {', '.join(MAP_KINDS)}")
 
 
@@ -508,7 +561,7 @@ def token_from_selection(selection, num_prefix_tokens: int = 1) -> int | None:
 
 def _query_phrase(query: int, analysis: Analysis) -> str:
     """'the CLS token', 'the REG 1 token' or 'the query patch row 2, col 3 (outlined)', for the captions."""
-    if query == 0:
+    if query == 0 and analysis.has_cls:
         return "the CLS token"
     label = token_label(query, analysis.grid, analysis.num_prefix_tokens, analysis.prefix_names)
     return f"the {label} token" if query < analysis.num_prefix_tokens else f"the query {label} (outlined)"
@@ -521,9 +574,10 @@ def describe_map(settings: MapSettings, analysis: Analysis, class_names: list[st
     if s.kind == "attention":
         layer = s.layer % L
         heads = f"head {s.head + 1}" if s.head is not None else f"the {s.fusion} over its {H} heads"
+        keys = "the CLS key" if analysis.has_cls else "the prefix keys" if analysis.num_prefix_tokens else "no key"
         text = (f"**Layer {layer + 1} of {L}, {heads}**: how much {who} attends to each patch in this layer "
-                "(one row of the attention matrix, the CLS key left out).")
-        if s.query == 0 and layer == L - 1:
+                f"(one row of the attention matrix, {keys} left out).")
+        if s.query == 0 and layer == L - 1 and analysis.has_cls:
             text += " The classifier reads the CLS token after this layer, so bright patches fed the prediction."
         return text
     if s.kind == "norms":
@@ -533,7 +587,18 @@ def describe_map(settings: MapSettings, analysis: Analysis, class_names: list[st
                 "(2023), which register tokens remove.")
     if s.kind in METHOD_MAP_KINDS:
         return describe_method_map(settings, analysis, class_names)
+    if s.kind == "probe":
+        heads = f"head {s.head + 1}" if s.head is not None else f"the {s.fusion} over its {H} heads"
+        return (f"**Attention-pooling probe, {heads}**: this model has no CLS token; its embedding is what a learned "
+                "probe reads from the last layer's tokens (SigLIP's MAP head). Bright patches are those the probe "
+                "attends to: the map the CLS row gives for other models.")
     end = s.end_layer % L
+    if s.kind == "probe_rollout":
+        dropped = f", the lowest {s.discard_ratio:.0%} of each row dropped" if s.discard_ratio > 0 else ""
+        return (f"**Attention rollout through layers 1–{end + 1}, ending with the pooling probe** (heads fused by "
+                f"{s.fusion}{dropped}): how much of the pooled embedding flows from each input patch, following the "
+                "probe's attention, then attention and the residual connections down the layers (Abnar & Zuidema, "
+                "2020). This model has no CLS token; the probe is what its embedding reads.")
     if s.kind == "rollout":
         dropped = f", the lowest {s.discard_ratio:.0%} of each row dropped" if s.discard_ratio > 0 else ""
         return (f"**Attention rollout through layers 1–{end + 1}** (heads fused by {s.fusion}{dropped}): "
