@@ -305,27 +305,33 @@ def hf_architecture(config_json: Mapping, state: Mapping[str, torch.Tensor] | No
 
 
 # model_type -> (the module that reads it, the architectures it opens)
-_HF_FAMILIES = {"dinov3_vit": (import_dinov3, ("DINOv3ViTModel",)),
+HF_FAMILIES = {"dinov3_vit": (import_dinov3, ("DINOv3ViTModel",)),
                 "clip": (import_clip, ("CLIPModel",)),
                 "clip_vision_model": (import_clip, ("CLIPVisionModel", "CLIPVisionModelWithProjection")),
                 "siglip": (import_siglip, ("SiglipModel",)),
                 "siglip_vision_model": (import_siglip, ("SiglipVisionModel",))}
-_HF_REFUSED = {"siglip2": "SigLIP 2's NaFlex variable-resolution models (Siglip2Model) are not supported yet; its "
+HF_REFUSED = {"siglip2": "SigLIP 2's NaFlex variable-resolution models (Siglip2Model) are not supported yet; its "
                           "fixed-resolution checkpoints (SiglipModel folders) are",
                "siglip2_vision_model": "SigLIP 2's NaFlex variable-resolution models are not supported yet; its "
                                        "fixed-resolution checkpoints (SiglipModel folders) are"}
 
 
-def open_hf_family(folder: Path, config_json: dict, map_location: str | torch.device = "cpu") -> Checkpoint:
-    """An HF folder of a 2025-26 family (``_HF_FAMILIES``): its module maps config and weights."""
+def hf_family_config(folder: Path, config_json: Mapping) -> tuple[ViTConfig, str]:
+    """Our config and the architecture of an HF folder of a 2025-26 family (``HF_FAMILIES``), from config.json."""
     model_type = str(config_json.get("model_type"))
-    module, architectures = _HF_FAMILIES[model_type]
+    module, architectures = HF_FAMILIES[model_type]
     architecture = hf_architecture(config_json) or architectures[0]
     if architecture not in architectures:
         raise SourceError(f"HF architecture {architecture} ({folder}) is not supported; supported: "
                           f"{', '.join(architectures)} for {model_type}")
+    return _config(f"{folder} ({architecture})", lambda: module.config_from_hf(config_json)), architecture
+
+
+def open_hf_family(folder: Path, config_json: dict, map_location: str | torch.device = "cpu") -> Checkpoint:
+    """An HF folder of a 2025-26 family (``HF_FAMILIES``): its module maps config and weights."""
+    config, architecture = hf_family_config(folder, config_json)
+    module = HF_FAMILIES[str(config_json.get("model_type"))][0]
     origin = f"{folder} ({architecture})"
-    config = _config(origin, lambda: module.config_from_hf(config_json))
     state = read_hf_weights(folder)
     try:
         ours = module.state_dict_from_hf(state, config)
@@ -340,10 +346,10 @@ def open_hf_family(folder: Path, config_json: dict, map_location: str | torch.de
 
 def open_hf_folder(folder: Path, config_json: dict, map_location: str | torch.device = "cpu") -> Checkpoint:
     """An HF ``save_pretrained`` folder of a supported architecture."""
-    if config_json.get("model_type") in _HF_FAMILIES:
+    if config_json.get("model_type") in HF_FAMILIES:
         return open_hf_family(folder, config_json, map_location)
-    if config_json.get("model_type") in _HF_REFUSED:
-        raise SourceError(f"{folder}: {_HF_REFUSED[config_json['model_type']]}")
+    if config_json.get("model_type") in HF_REFUSED:
+        raise SourceError(f"{folder}: {HF_REFUSED[config_json['model_type']]}")
     architecture = hf_architecture(config_json)
     if architecture is None and config_json.get("model_type") not in _HF_MODEL_TYPES:
         raise SourceError(f"HF model type {config_json.get('model_type')!r} ({folder}) is not supported; "
