@@ -118,3 +118,14 @@ def test_an_unknown_timm_model_arg_in_a_folder_is_refused_in_one_line(tmp_path):
     with pytest.raises(SourceError, match="qk_norm") as error:
         open_source(tmp_path / "timm")
     assert "\n" not in str(error.value)
+
+
+def test_every_timm_eva_argument_for_eva02_is_honoured_or_refused():
+    from vit import import_eva
+
+    params = set(inspect.signature(timm.models.eva.Eva.__init__).parameters) - SKIP
+    state = timm.create_model("eva02_tiny_patch14_224", pretrained=False, img_size=32, patch_size=8, embed_dim=32,
+                              depth=1, num_heads=2).state_dict()
+    for key in sorted(params - import_eva.MODEL_ARGS_HONOURED - import_eva.MODEL_ARGS_INERT):
+        with pytest.raises(ValueError, match=key):
+            import_eva.config_from_timm("eva02_tiny_patch14_224", state, {"num_heads": 2, key: "x"})

@@ -57,8 +57,10 @@ class ViTConfig:
     # 2025-26 families (DINOv3, CLIP, SigLIP, MAE); the defaults are the plain ViT.
     class_token: bool = True  # SigLIP has none: its attention-pooling probe reads the tokens instead
     pos_embed: bool = True  # a learned position table; DINOv3 has none (RoPE only)
-    rope: str = "none"  # rotary positions on the patch tokens' q/k: "none" or "dinov3" (normalised axial coords)
-    rope_theta: float = 100.0  # DINOv3's base period
+    rope: str = "none"  # rotary positions on the patch tokens' q/k: "none", "dinov3" (normalised axial coords) or
+    # "eva" (EVA-02: patch-index coords, interleaved channel pairs, beside the learned table)
+    rope_theta: float = 100.0  # the base period: DINOv3's 100, EVA-02's 10000
+    rope_ref_grid: int = 0  # EVA-02: coords rescaled so any grid spans this many patches (its pre-training grid)
     key_bias: bool = True  # False holds the key's share of the qkv bias at zero (DINOv3's bias_mask, EVA)
     pre_norm: bool = False  # CLIP's ln_pre: a LayerNorm on the embeddings before the first block
     activation: str = "gelu"  # of the MLPs: "gelu" (exact), "gelu_tanh" (SigLIP), "quick_gelu" (OpenAI CLIP), "silu"
@@ -72,7 +74,7 @@ class ViTConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise ValueError(f"ViTConfig.{name} must be a positive integer, got {value!r}")
-        for name in ("num_classes", "num_register_tokens", "projection_dim"):
+        for name in ("num_classes", "num_register_tokens", "projection_dim", "rope_ref_grid"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ValueError(f"ViTConfig.{name} must be a whole number of at least 0, got {value!r}")
@@ -169,7 +171,7 @@ class ViTConfig:
 
 POOLINGS = ("cls", "avg", "cls+avg", "map")  # map: the attention-pooling probe (SigLIP, timm global_pool="map")
 PREFIX_POSITIONS = ("all", "cls", "none")
-ROPES = ("none", "dinov3")
+ROPES = ("none", "dinov3", "eva")
 ACTIVATIONS = ("gelu", "gelu_tanh", "quick_gelu", "silu")
 
 PRESETS: dict[str, ViTConfig] = {
@@ -249,17 +251,41 @@ def dinov3_rope(grid: tuple[int, int], head_dim: int, theta: float, device: torc
     return torch.cos(angles), torch.sin(angles)
 
 
+def eva_rope(grid: tuple[int, int], head_dim: int, theta: float, ref_grid: int = 0,
+             device: torch.device | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """EVA-02's axial rotary embedding (timm ``RotaryEmbeddingCat``, ``in_pixels=False``): ``(cos, sin)``, each
+    ``(gh*gw, head_dim)``, for interleaved channel pairs. Coordinates are patch indices, rescaled to ``ref_grid``
+    patches per side when given (timm's ``ref_feat_shape``); frequencies ``theta ** -(i / (head_dim / 4))``."""
+    gh, gw = grid
+    n = head_dim // 4
+    bands = 1.0 / (theta ** (torch.arange(0, n, 1, dtype=torch.int64).to(torch.float32) / n))  # (hd/4,)
+    ys = torch.arange(gh, dtype=torch.int64).to(torch.float32)
+    xs = torch.arange(gw, dtype=torch.int64).to(torch.float32)
+    if ref_grid:
+        ys, xs = ys / gh * ref_grid, xs / gw * ref_grid
+    coords = torch.stack(torch.meshgrid(ys, xs, indexing="ij"), dim=-1)  # (gh, gw, 2)
+    angles = (coords.unsqueeze(-1) * bands).flatten(-2).flatten(0, -2)  # (gh*gw, hd/2): y bands, then x bands
+    angles = angles.repeat_interleave(2, -1).to(device)  # (gh*gw, hd): each angle for a channel pair
+    return torch.cos(angles), torch.sin(angles)
+
+
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
     x1, x2 = x.chunk(2, dim=-1)
     return torch.cat((-x2, x1), dim=-1)
 
 
-def apply_rope(x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+def rotate_pairs(x: torch.Tensor) -> torch.Tensor:
+    """[x0, x1, x2, x3, ...] -> [-x1, x0, -x3, x2, ...] (interleaved rotation, EVA-02)."""
+    return torch.stack([-x[..., 1::2], x[..., ::2]], -1).reshape(x.shape)
+
+
+def apply_rope(x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], interleaved: bool = False) -> torch.Tensor:
     """Rotate the last ``gh*gw`` tokens of ``x`` (B, nh, T, hd); the prefix tokens (CLS, registers) stay as they are."""
     cos, sin = rope
     n = cos.shape[0]
     prefix, patches = x[:, :, :-n], x[:, :, -n:]  # (B, nh, P, hd), (B, nh, gh*gw, hd)
-    patches = patches * cos.to(x.dtype) + rotate_half(patches) * sin.to(x.dtype)
+    turned = rotate_pairs(patches) if interleaved else rotate_half(patches)
+    patches = patches * cos.to(x.dtype) + turned * sin.to(x.dtype)
     return torch.cat([prefix, patches], dim=2)
 
 
@@ -279,6 +305,7 @@ class Attention(nn.Module):
         self.head_dim = config.hidden_size // config.num_heads
         self.qkv = nn.Linear(config.hidden_size, 3 * config.hidden_size, bias=config.qkv_bias)
         self.key_bias = config.key_bias
+        self.rope_interleaved = config.rope == "eva"
         self.proj = nn.Linear(config.hidden_size, config.hidden_size)
         self.attention_dropout = config.attention_dropout
         self.proj_dropout = nn.Dropout(config.dropout)
@@ -299,7 +326,7 @@ class Attention(nn.Module):
         qkv = qkv.view(B, N, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)  # (3, B, nh, N, hd)
         q, k, v = qkv.unbind(0)  # each (B, nh, N, hd)
         if rope is not None:
-            q, k = apply_rope(q, rope), apply_rope(k, rope)
+            q, k = apply_rope(q, rope, self.rope_interleaved), apply_rope(k, rope, self.rope_interleaved)
         return q, k, v
 
     def forward(self, x: torch.Tensor, output_attentions: bool = False,
@@ -467,6 +494,8 @@ class ViT(nn.Module):
         if self.config.rope == "none":
             return None
         c = self.config
+        if c.rope == "eva":
+            return eva_rope(grid, c.hidden_size // c.num_heads, float(c.rope_theta), c.rope_ref_grid, device)
         return dinov3_rope(grid, c.hidden_size // c.num_heads, float(c.rope_theta), device)
 
     def embed(self, images: torch.Tensor) -> torch.Tensor:

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import torch
 
-from vit import hf, import_clip, import_dinov3, import_siglip, import_timm, import_torchvision
+from vit import hf, import_clip, import_dinov3, import_eva, import_siglip, import_timm, import_torchvision
 from vit.checkpoint import (
     IMAGENET_MEAN,
     IMAGENET_STD,
@@ -49,7 +49,7 @@ from vit.model import ViT, ViTConfig
 
 SUPPORTED = ("our .pt checkpoints; Hugging Face folders of " + hf.SUPPORTED + "; " + import_timm.SUPPORTED + "; "
              + import_torchvision.SUPPORTED + "; " + import_dinov3.SUPPORTED + "; " + import_clip.SUPPORTED + "; "
-             + import_siglip.SUPPORTED)
+             + import_siglip.SUPPORTED + "; " + import_eva.SUPPORTED)
 HF_WEIGHTS = ("model.safetensors", "pytorch_model.bin")
 OPEN_CLIP_CONFIG = "open_clip_config.json"
 OPEN_CLIP_WEIGHTS = ("open_clip_model.safetensors", "open_clip_pytorch_model.bin")
@@ -379,10 +379,11 @@ def open_timm(path: Path, state: Mapping[str, torch.Tensor], name: str | None, c
     pretrained_cfg = config_json.get("pretrained_cfg") if isinstance(config_json.get("pretrained_cfg"), Mapping) else {}
     name = name or ("vit_dinov3" if import_dinov3.is_timm_state_dict(state) else "vit")  # a bare state dict
     origin = f"{path} (timm {name})"
-    if "dinov3" in name:
-        config = _config(origin, lambda: import_dinov3.config_from_timm(name, state, model_args))
+    family = import_dinov3 if "dinov3" in name else import_eva if import_eva.is_eva_name(name) else None
+    if family is not None:
+        config = _config(origin, lambda: family.config_from_timm(name, state, model_args))
         try:
-            ours = import_dinov3.state_dict_from_timm(state, config)
+            ours = family.state_dict_from_timm(state, config)
         except (ValueError, KeyError) as e:
             raise SourceError(f"{origin}: {_one_line(e)}") from None
     else:
