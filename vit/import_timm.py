@@ -65,7 +65,8 @@ def is_timm_state_dict(state: Mapping[str, torch.Tensor]) -> bool:
 def check_name(name: str) -> None:
     """Raise ValueError unless ``name`` is a timm ViT architecture this project can express."""
     if not re.match(r"^(vit|deit|deit3)(_|$)", name):
-        raise ValueError(f"timm architecture {name!r} is not supported; supported: {SUPPORTED}")
+        raise ValueError(f"timm architecture {name!r} is not supported; supported: {SUPPORTED}, eva02_* and "
+                         "vit_*_dinov3*")
 
 
 def _shape(state: Mapping[str, torch.Tensor], key: str) -> tuple[int, ...]:
