@@ -63,6 +63,7 @@ def test_a_dinov3_like_model_is_exact_at_a_non_square_size_and_names_its_storage
     analysis = explorer.analyse(ckpt, image(), size)
     assert analysis.grid == (4, 6) and analysis.prefix_names == ("CLS", "REG 1", "REG 2", "REG 3", "REG 4")
     assert explorer.token_label(3, analysis.grid, 5, analysis.prefix_names) == "REG 3"
+    assert "rotary positions take any size" in explorer.describe_input(analysis, (30, 20))
     x = preprocess([image()], ckpt.preprocessing, size, 4)
     with torch.no_grad():
         _, attentions = ckpt.model(x, output_attentions=True)

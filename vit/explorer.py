@@ -153,6 +153,7 @@ class Analysis:
     prefix_names: tuple[str, ...] = ()  # ('CLS', 'DIST', 'REG 1', ...); empty: CLS then numbered prefix tokens
     probe: torch.Tensor | None = None  # (H, T): the attention-pooling probe's attention (SigLIP), else None
     embedding: torch.Tensor | None = None  # (E,): a feature model's pooled (CLIP: projected) embedding
+    position_table: bool = True  # False for rotary-only models (DINOv3): nothing is interpolated at other sizes
 
     @property
     def has_cls(self) -> bool:
@@ -231,7 +232,7 @@ def analyse(checkpoint: Checkpoint, image: Image.Image, size: InputSize = TRAINI
     return Analysis(prediction=prediction, attentions=layers, grid=grid, patch_size=patch_size, input_size=shape,
                     num_prefix_tokens=model.num_prefix_tokens, hidden=hidden, training_size=p.image_size,
                     cache=cache, prefix_names=tuple(model.config.prefix_token_names), probe=probe,
-                    embedding=embedding)
+                    embedding=embedding, position_table=getattr(model.config, "pos_embed", True))
 
 
 def describe_embedding(analysis: Analysis) -> str:
@@ -626,8 +627,9 @@ def describe_input(analysis: Analysis, image_size: tuple[int, int]) -> str:
     text = (f"the model sees it as {width}×{height} px in {gh}×{gw} patches of {analysis.patch_size} px "
             f"({analysis.num_tokens:,} tokens)")
     if not analysis.at_training_size:
-        text += (f", not its {analysis.training_size}×{analysis.training_size}-px training size: positions are "
-                 "interpolated")
+        how = "positions are interpolated" if analysis.position_table else \
+            "its rotary positions take any size without interpolation"
+        text += f", not its {analysis.training_size}×{analysis.training_size}-px training size: {how}"
     iw, ih = image_size
     if width * ih != height * iw:
         text += "; the image is stretched to that shape" if abs(width / height - iw / ih) > 0.02 else ""
