@@ -104,7 +104,7 @@ HF_VISION = dict(image_size=32, patch_size=8, hidden_size=32, intermediate_size=
                  num_attention_heads=2, projection_dim=16)
 
 
-@pytest.mark.parametrize("architecture", ["CLIPVisionModelWithProjection", "CLIPModel"])
+@pytest.mark.parametrize("architecture", ["CLIPVisionModel", "CLIPVisionModelWithProjection", "CLIPModel"])
 def test_hf_clip_matches_transformers(tmp_path, architecture):
     if architecture == "CLIPModel":
         config = transformers.CLIPConfig(vision_config=HF_VISION, projection_dim=16, text_config=dict(
@@ -117,12 +117,13 @@ def test_hf_clip_matches_transformers(tmp_path, architecture):
     model = randomize(getattr(transformers, architecture)(config))
     model.save_pretrained(tmp_path / "clip")
     checkpoint = open_source(tmp_path / "clip")
-    vision = model.vision_model
+    vision = getattr(model, "vision_model", model)  # CLIPVisionModel is the tower itself in transformers 5
     for label, size, interpolate in (("native", (32, 32), False), ("40x24", (40, 24), True)):
         images = torch.randn(2, 3, *size)
         with torch.no_grad():
             out = vision(pixel_values=images, output_attentions=True, interpolate_pos_encoding=interpolate)
-            expected = model.visual_projection(out.pooler_output)
+            projection = getattr(model, "visual_projection", None)  # CLIPVisionModel: the normed CLS, unprojected
+            expected = projection(out.pooler_output) if projection is not None else out.pooler_output
             ours = checkpoint.model.encode(images, output_attentions=True)
         assert_parity(f"CLIP | HF {architecture} | {label}", ours.embedding, expected, ours.attentions,
                       out.attentions)

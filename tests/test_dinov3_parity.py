@@ -80,7 +80,7 @@ def test_timm_dinov3_matches_timm(tmp_path, pool):
 def original_from_timm(state: dict, head_dim: int) -> dict:
     """timm's eva.checkpoint_filter_fn for DINOv3, run backwards: gamma_1 -> ls1.gamma, reg_token ->
     storage_tokens, q_bias/v_bias -> qkv.bias with a zero key third and its bias_mask, plus the pieces timm drops
-    (mask_token, rope_embed.periods)."""
+    (mask_token, rope_embed.periods, the 7B's local_cls_norm)."""
     out = {}
     for key, value in state.items():
         if key.endswith("attn.q_bias"):
@@ -94,6 +94,8 @@ def original_from_timm(state: dict, head_dim: int) -> dict:
         key = key.replace("gamma_1", "ls1.gamma").replace("gamma_2", "ls2.gamma").replace("reg_token", "storage_tokens")
         out[key] = value
     out["mask_token"] = torch.zeros(1, state["cls_token"].shape[-1])
+    width = state["cls_token"].shape[-1]
+    out["local_cls_norm.weight"], out["local_cls_norm.bias"] = torch.ones(width), torch.zeros(width)  # 7B pre-training
     out["rope_embed.periods"] = 100.0 ** (2 * torch.arange(head_dim // 4, dtype=torch.float32) / (head_dim // 2))
     return out
 
