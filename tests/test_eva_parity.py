@@ -50,3 +50,19 @@ def test_an_eva_clip_tower_is_refused_in_one_line(tmp_path):
     with pytest.raises(SourceError, match="scale_attn_inner") as error:
         open_source(tmp_path / "eva")
     assert "\n" not in str(error.value)
+
+
+def test_timm_eva02_and_dinov3_folders_of_the_hf_cache_are_listed_and_described(tmp_path):
+    from vit.catalog import describe, find_hf_cache_models
+
+    for name in ("vit_small_patch16_dinov3_qkvb", "eva02_tiny_patch14_224"):
+        model = timm.create_model(name, pretrained=False, img_size=32, patch_size=8, embed_dim=32, depth=1,
+                                  num_heads=2)
+        repo = tmp_path / f"models--timm--{name}"
+        timm.models.save_for_hf(model, repo / "snapshots" / "rev1", model_args=dict(num_heads=2, img_size=32),
+                                safe_serialization=True)
+        (repo / "refs").mkdir()
+        (repo / "refs" / "main").write_text("rev1")
+    entries = {c.name: describe(c) for c in find_hf_cache_models([tmp_path])}
+    assert set(entries) == {"timm/vit_small_patch16_dinov3_qkvb", "timm/eva02_tiny_patch14_224"}
+    assert all(e.error is None and e.num_layers == 1 for e in entries.values())

@@ -331,7 +331,8 @@ def find_hf_cache_models(cache_dirs: list[Path] | None = None) -> list[Candidate
                 pass
             elif isinstance(timm_name, str):
                 try:
-                    import_timm.check_name(timm_name)
+                    if not timm_name.startswith("eva02_"):  # EVA-02 is read by vit.import_eva
+                        import_timm.check_name(timm_name)
                 except ValueError:
                     continue
             else:

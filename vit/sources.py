@@ -139,12 +139,18 @@ def timm_model_args(config_json: Mapping) -> dict:
     return args
 
 
+def timm_family(name: str):
+    """The module that reads timm architecture ``name``: DINOv3 and EVA-02 (timm's Eva class) or the ViTs."""
+    return import_dinov3 if "dinov3" in name else import_eva if import_eva.is_eva_name(name) else import_timm
+
+
 def describe_timm_folder(folder: Path, config_json: Mapping) -> tuple[ViTConfig, list[str]]:
     """The config and class names of a timm folder from its config.json and safetensors header alone."""
     name = str(config_json.get("architecture"))
     model_args = timm_model_args(config_json)
     state = read_shapes(folder / "model.safetensors")
-    config = _config(f"{folder} (timm {name})", lambda: import_timm.config_from_timm(name, state, model_args))
+    family = timm_family(name)
+    config = _config(f"{folder} (timm {name})", lambda: family.config_from_timm(name, state, model_args))
     labels = config_json.get("label_names")
     names = [str(x) for x in labels] if isinstance(labels, list) and len(labels) == config.num_classes \
         else default_class_names(config.num_classes)
@@ -379,8 +385,8 @@ def open_timm(path: Path, state: Mapping[str, torch.Tensor], name: str | None, c
     pretrained_cfg = config_json.get("pretrained_cfg") if isinstance(config_json.get("pretrained_cfg"), Mapping) else {}
     name = name or ("vit_dinov3" if import_dinov3.is_timm_state_dict(state) else "vit")  # a bare state dict
     origin = f"{path} (timm {name})"
-    family = import_dinov3 if "dinov3" in name else import_eva if import_eva.is_eva_name(name) else None
-    if family is not None:
+    family = timm_family(name)
+    if family is not import_timm:
         config = _config(origin, lambda: family.config_from_timm(name, state, model_args))
         try:
             ours = family.state_dict_from_timm(state, config)
