@@ -264,7 +264,7 @@ names = analysis.prefix_names  # CLS, DIST, REG 1…R
 
 with st.sidebar:
     st.header("Attention map")
-    kinds = [k for k in explorer.MAP_KINDS if class_names or k != "class"]  # a feature model has no classes
+    kinds = explorer.map_kinds(analysis, bool(class_names))  # no class map without classes; the probe's for SigLIP
     # The newer methods share one entry (a second picker), which keeps the sidebar short.
     choices = [k for k in kinds if k not in explorer.METHOD_MAP_KINDS] + [explorer.MORE_METHODS]
     if st.session_state.get("map_kind") not in choices:
@@ -309,7 +309,7 @@ with st.sidebar:
         head = st.selectbox("Head", [-1, *range(H)], key=f"head-{model_key}",
                             format_func=lambda h: "all heads, fused" if h == -1 else f"head {h + 1}")
         head = None if head == -1 else head
-    if "fusion" in controls and (kind != "attention" or head is None):
+    if "fusion" in controls and (kind not in ("attention", "probe") or head is None):
         fusion = st.radio("Head fusion", HEAD_FUSIONS, horizontal=True, key="fusion",
                           help="How heads combine: for 'all heads, fused' and in the rollout.")
     if "end_layer" in controls:
@@ -428,7 +428,7 @@ with col_prediction:
         st.plotly_chart(drawing.predictions_figure(prediction), config={"displayModeBar": False})
     else:
         st.info("No prediction: this model has no classifier (a feature model such as DINO). Its attention maps "
-                "are shown all the same.")
+                "are shown all the same." + drawing.describe_embedding(analysis))
     note = drawing.prediction_note(analysis)
     if note and class_names:
         st.caption(f":orange[{note}]")

@@ -155,7 +155,7 @@ def test_unsupported_models_get_one_line_naming_what_is_supported(tmp_path, caps
 def test_convert_cli_runs_as_a_module_and_refuses_an_unknown_arch_prefix(tmp_path):
     result = subprocess.run([sys.executable, "-m", "vit.convert", str(tmp_path), "--out", str(tmp_path / "x.pt"),
                              "--arch", "keras:vit"], capture_output=True, text=True, cwd=ROOT)
-    assert result.returncode == 2 and "must be timm:NAME or torchvision:NAME" in result.stderr
+    assert result.returncode == 2 and "must be timm:NAME, torchvision:NAME" in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
 
 

@@ -29,7 +29,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("source", help="a model folder or weights file")
     p.add_argument("--out", required=True, metavar="FILE.pt", help="where to write our checkpoint")
     p.add_argument("--arch", metavar="LIB:NAME",
-                   help="architecture of a bare state dict: timm:NAME or torchvision:NAME")
+                   help="architecture of a bare state dict: timm:NAME, torchvision:NAME, dinov3:NAME or "
+                        "open_clip:quickgelu|gelu")
     return p
 
 

@@ -40,7 +40,8 @@ def build_parser() -> argparse.ArgumentParser:
                       formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("checkpoint", help="a .pt checkpoint, a Hugging Face or timm model folder, or timm / torchvision "
                                       "weights")
-    p.add_argument("--arch", metavar="LIB:NAME", help="architecture of bare weights: timm:NAME or torchvision:NAME")
+    p.add_argument("--arch", metavar="LIB:NAME", help="architecture of bare weights: timm:NAME, torchvision:NAME, "
+                   "dinov3:NAME or open_clip:quickgelu|gelu")
     p.add_argument("--data", required=True, metavar="DIR", help="a folder with one subfolder of images per class")
     p.add_argument("--batch-size", type=positive_int, default=64, help="images per forward pass (default 64)")
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",

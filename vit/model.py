@@ -8,10 +8,16 @@ holding the post-softmax probabilities (the meaning HF ``transformers`` gives th
 such as DINO, whose attention is what one studies).
 
 The defaults are the original ViT that this project trains; the other fields express the
-published variants imported from HF ``transformers``, timm and torchvision (``vit.sources.open``):
+published variants imported from HF ``transformers``, timm, torchvision and open_clip (``vit.sources.open``):
 DeiT's distillation token, DINOv2's layer scale and register tokens, timm's average pooling
-with ``fc_norm`` and position tables without prefix entries. Tokens are always ordered
-``[CLS, DIST?, REG 1..R, patches row by row]``.
+with ``fc_norm`` and position tables without prefix entries; DINOv3's rotary positions (on the
+patch tokens' queries and keys only), storage tokens and masked key bias; CLIP's ``ln_pre``,
+QuickGELU and projection to the joint embedding; SigLIP's missing class token and
+attention-pooling ("MAP") head; SwiGLU MLPs. Tokens are always ordered
+``[CLS?, DIST?, REG 1..R, patches row by row]``.
+
+``ViT.encode`` returns everything one pass computes (logits, the pooled or projected
+embedding, every layer's attention and the pooling probe's); ``forward`` is its seed-contract view.
 """
 
 from __future__ import annotations
@@ -48,6 +54,19 @@ class ViTConfig:
     fc_norm: bool = False  # timm's avg-pool models normalise the pooled vector instead of every token
     prefix_positions: str = "all"  # prefix tokens with a position: "all", "cls" (HF DINOv2 registers) or "none"
     pos_embed_antialias: bool = False  # timm and HF DINOv2-registers resample positions with antialias=True
+    # 2025-26 families (DINOv3, CLIP, SigLIP, MAE); the defaults are the plain ViT.
+    class_token: bool = True  # SigLIP has none: its attention-pooling probe reads the tokens instead
+    pos_embed: bool = True  # a learned position table; DINOv3 has none (RoPE only)
+    rope: str = "none"  # rotary positions on the patch tokens' q/k: "none", "dinov3" (normalised axial coords) or
+    # "eva" (EVA-02: patch-index coords, interleaved channel pairs, beside the learned table)
+    rope_theta: float = 100.0  # the base period: DINOv3's 100, EVA-02's 10000
+    rope_ref_grid: int = 0  # EVA-02: coords rescaled so any grid spans this many patches (its pre-training grid)
+    key_bias: bool = True  # False holds the key's share of the qkv bias at zero (DINOv3's bias_mask, EVA)
+    pre_norm: bool = False  # CLIP's ln_pre: a LayerNorm on the embeddings before the first block
+    activation: str = "gelu"  # of the MLPs: "gelu" (exact), "gelu_tanh" (SigLIP), "quick_gelu" (OpenAI CLIP), "silu"
+    gated_mlp: bool = False  # SwiGLU: act(fc1_g(x)) * fc1(x), then fc2 (DINOv3 7B / H+, EVA-02)
+    mlp_norm: bool = False  # EVA-02's LayerNorm inside the MLP, before fc2
+    projection_dim: int = 0  # CLIP / SigLIP-free: a bias-free projection of the pooled vector to the joint embedding
 
     def __post_init__(self) -> None:
         for name in ("image_size", "patch_size", "num_channels", "hidden_size", "num_layers", "num_heads",
@@ -55,7 +74,7 @@ class ViTConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise ValueError(f"ViTConfig.{name} must be a positive integer, got {value!r}")
-        for name in ("num_classes", "num_register_tokens"):
+        for name in ("num_classes", "num_register_tokens", "projection_dim", "rope_ref_grid"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ValueError(f"ViTConfig.{name} must be a whole number of at least 0, got {value!r}")
@@ -73,7 +92,8 @@ class ViTConfig:
             raise ValueError(f"ViTConfig.qkv_bias must be true or false, got {self.qkv_bias!r}")
         if not isinstance(self.layer_norm_eps, (int, float)) or not self.layer_norm_eps > 0:
             raise ValueError(f"ViTConfig.layer_norm_eps must be positive, got {self.layer_norm_eps!r}")
-        for name in ("distillation_token", "distillation_head", "fc_norm", "pos_embed_antialias"):
+        for name in ("distillation_token", "distillation_head", "fc_norm", "pos_embed_antialias", "class_token",
+                     "pos_embed", "key_bias", "pre_norm", "gated_mlp", "mlp_norm"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"ViTConfig.{name} must be true or false, got {getattr(self, name)!r}")
         if self.distillation_head and not (self.distillation_token and self.num_classes):
@@ -86,6 +106,23 @@ class ViTConfig:
         if self.prefix_positions not in PREFIX_POSITIONS:
             raise ValueError(f"ViTConfig.prefix_positions must be one of {', '.join(PREFIX_POSITIONS)}, "
                              f"got {self.prefix_positions!r}")
+        if self.rope not in ROPES:
+            raise ValueError(f"ViTConfig.rope must be one of {', '.join(ROPES)}, got {self.rope!r}")
+        if self.activation not in ACTIVATIONS:
+            raise ValueError(f"ViTConfig.activation must be one of {', '.join(ACTIVATIONS)}, got {self.activation!r}")
+        if isinstance(self.rope_theta, bool) or not isinstance(self.rope_theta, (int, float)) or self.rope_theta <= 0:
+            raise ValueError(f"ViTConfig.rope_theta must be positive, got {self.rope_theta!r}")
+        if self.rope != "none" and (self.hidden_size // self.num_heads) % 4:
+            raise ValueError(f"ViTConfig.rope needs a head size divisible by 4, got "
+                             f"{self.hidden_size // self.num_heads}")
+        if not self.class_token and self.pooling in ("cls", "cls+avg"):
+            raise ValueError(f"ViTConfig.pooling {self.pooling!r} needs the class token; use avg or map")
+        if not self.class_token and self.distillation_token:
+            raise ValueError("ViTConfig.distillation_token needs the class token")
+        if self.projection_dim and self.num_classes:
+            raise ValueError("ViTConfig.projection_dim is for feature models (num_classes=0)")
+        if self.prefix_positions == "cls" and not self.class_token:
+            raise ValueError("ViTConfig.prefix_positions 'cls' needs the class token")
 
     @property
     def grid_size(self) -> tuple[int, int]:
@@ -99,18 +136,18 @@ class ViTConfig:
     @property
     def num_prefix_tokens(self) -> int:
         """CLS, the distillation token and the registers, in that order before the patches."""
-        return 1 + int(self.distillation_token) + self.num_register_tokens
+        return int(self.class_token) + int(self.distillation_token) + self.num_register_tokens
 
     @property
     def prefix_token_names(self) -> tuple[str, ...]:
         """Display names of the prefix tokens in order: ('CLS', 'DIST', 'REG 1', ...)."""
-        return (("CLS",) + (("DIST",) if self.distillation_token else ())
+        return ((("CLS",) if self.class_token else ()) + (("DIST",) if self.distillation_token else ())
                 + tuple(f"REG {i + 1}" for i in range(self.num_register_tokens)))
 
     @property
     def num_positioned_prefix_tokens(self) -> int:
         """How many of the prefix tokens have an entry in the position table (the first ones)."""
-        return {"all": self.num_prefix_tokens, "cls": 1, "none": 0}[self.prefix_positions]
+        return {"all": self.num_prefix_tokens, "cls": 1, "none": 0}[self.prefix_positions] if self.pos_embed else 0
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -132,8 +169,10 @@ class ViTConfig:
         return replace(PRESETS[name], **overrides)
 
 
-POOLINGS = ("cls", "avg", "cls+avg")
+POOLINGS = ("cls", "avg", "cls+avg", "map")  # map: the attention-pooling probe (SigLIP, timm global_pool="map")
 PREFIX_POSITIONS = ("all", "cls", "none")
+ROPES = ("none", "dinov3", "eva")
+ACTIVATIONS = ("gelu", "gelu_tanh", "quick_gelu", "silu")
 
 PRESETS: dict[str, ViTConfig] = {
     # Seed blog (tintn, "ViT from scratch"): 0.12 M parameters, 75.5 % on CIFAR-10.
@@ -182,12 +221,82 @@ def resample_pos_embed(pos_embed: torch.Tensor, new_grid: tuple[int, int],
     return torch.cat([prefix, grid], dim=1)
 
 
+def activate(x: torch.Tensor, name: str) -> torch.Tensor:
+    """One of ``ACTIVATIONS``: exact GELU, tanh-approximated GELU, OpenAI's QuickGELU ``x * sigmoid(1.702 x)``, SiLU."""
+    if name == "gelu":
+        return F.gelu(x)
+    if name == "gelu_tanh":
+        return F.gelu(x, approximate="tanh")
+    if name == "quick_gelu":
+        return x * torch.sigmoid(1.702 * x)
+    return F.silu(x)
+
+
+def dinov3_rope(grid: tuple[int, int], head_dim: int, theta: float, device: torch.device | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+    """DINOv3's axial rotary embedding for a patch grid: ``(cos, sin)``, each ``(gh*gw, head_dim)``.
+
+    Patch centres are normalised per axis to [-1, 1], so any H x W is covered without
+    interpolation; a quarter of the head's channels rotate with y, a quarter with x, at
+    periods ``theta ** (4i / head_dim)``, laid out for ``rotate_half`` (HF ``DINOv3ViTRopePositionEmbedding``).
+    """
+    gh, gw = grid
+    inv_freq = 1 / theta ** torch.arange(0, 1, 4 / head_dim, dtype=torch.float32, device=device)  # (hd/4,)
+    ys = torch.arange(0.5, gh, dtype=torch.float32, device=device) / gh
+    xs = torch.arange(0.5, gw, dtype=torch.float32, device=device) / gw
+    coords = torch.stack(torch.meshgrid(ys, xs, indexing="ij"), dim=-1).flatten(0, 1)  # (gh*gw, 2), row-major
+    coords = 2.0 * coords - 1.0
+    angles = (2 * math.pi * coords[:, :, None] * inv_freq[None, None, :]).flatten(1, 2)  # (gh*gw, hd/2)
+    angles = angles.tile(2)  # (gh*gw, hd)
+    return torch.cos(angles), torch.sin(angles)
+
+
+def eva_rope(grid: tuple[int, int], head_dim: int, theta: float, ref_grid: int = 0,
+             device: torch.device | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """EVA-02's axial rotary embedding (timm ``RotaryEmbeddingCat``, ``in_pixels=False``): ``(cos, sin)``, each
+    ``(gh*gw, head_dim)``, for interleaved channel pairs. Coordinates are patch indices, rescaled to ``ref_grid``
+    patches per side when given (timm's ``ref_feat_shape``); frequencies ``theta ** -(i / (head_dim / 4))``."""
+    gh, gw = grid
+    n = head_dim // 4
+    bands = 1.0 / (theta ** (torch.arange(0, n, 1, dtype=torch.int64).to(torch.float32) / n))  # (hd/4,)
+    ys = torch.arange(gh, dtype=torch.int64).to(torch.float32)
+    xs = torch.arange(gw, dtype=torch.int64).to(torch.float32)
+    if ref_grid:
+        ys, xs = ys / gh * ref_grid, xs / gw * ref_grid
+    coords = torch.stack(torch.meshgrid(ys, xs, indexing="ij"), dim=-1)  # (gh, gw, 2)
+    angles = (coords.unsqueeze(-1) * bands).flatten(-2).flatten(0, -2)  # (gh*gw, hd/2): y bands, then x bands
+    angles = angles.repeat_interleave(2, -1).to(device)  # (gh*gw, hd): each angle for a channel pair
+    return torch.cos(angles), torch.sin(angles)
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def rotate_pairs(x: torch.Tensor) -> torch.Tensor:
+    """[x0, x1, x2, x3, ...] -> [-x1, x0, -x3, x2, ...] (interleaved rotation, EVA-02)."""
+    return torch.stack([-x[..., 1::2], x[..., ::2]], -1).reshape(x.shape)
+
+
+def apply_rope(x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], interleaved: bool = False) -> torch.Tensor:
+    """Rotate the last ``gh*gw`` tokens of ``x`` (B, nh, T, hd); the prefix tokens (CLS, registers) stay as they are."""
+    cos, sin = rope
+    n = cos.shape[0]
+    prefix, patches = x[:, :, :-n], x[:, :, -n:]  # (B, nh, P, hd), (B, nh, gh*gw, hd)
+    turned = rotate_pairs(patches) if interleaved else rotate_half(patches)
+    patches = patches * cos.to(x.dtype) + turned * sin.to(x.dtype)
+    return torch.cat([prefix, patches], dim=2)
+
+
 class Attention(nn.Module):
     """Multi-head self-attention with one fused qkv projection and two paths.
 
     Without ``output_attentions`` it calls ``scaled_dot_product_attention`` (fast, never
     materialises the probabilities); with it, the explicit softmax, whose probabilities
-    are returned and stay in the autograd graph for gradient-weighted maps.
+    are returned and stay in the autograd graph for gradient-weighted maps. Rotary
+    positions, when given, turn q and k before either path, so the probabilities are the
+    ones the model computed.
     """
 
     def __init__(self, config: ViTConfig) -> None:
@@ -195,15 +304,36 @@ class Attention(nn.Module):
         self.num_heads = config.num_heads
         self.head_dim = config.hidden_size // config.num_heads
         self.qkv = nn.Linear(config.hidden_size, 3 * config.hidden_size, bias=config.qkv_bias)
+        self.key_bias = config.key_bias
+        self.rope_interleaved = config.rope == "eva"
         self.proj = nn.Linear(config.hidden_size, config.hidden_size)
         self.attention_dropout = config.attention_dropout
         self.proj_dropout = nn.Dropout(config.dropout)
 
-    def forward(self, x: torch.Tensor, output_attentions: bool = False
+    def qkv_bias(self) -> torch.Tensor | None:
+        """The qkv bias as used: the key's third zeroed when ``key_bias`` is off (DINOv3's ``bias_mask``)."""
+        bias = self.qkv.bias
+        if bias is None or self.key_bias:
+            return bias
+        q, _, v = bias.chunk(3)
+        return torch.cat([q, torch.zeros_like(q), v])
+
+    def queries_keys_values(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None = None
+                            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``x`` (B, N, C) -> q, k, v (B, nh, N, hd) each, unscaled, with rotary positions applied to q and k."""
+        B, N, C = x.shape
+        qkv = F.linear(x, self.qkv.weight, self.qkv_bias())
+        qkv = qkv.view(B, N, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)  # (3, B, nh, N, hd)
+        q, k, v = qkv.unbind(0)  # each (B, nh, N, hd)
+        if rope is not None:
+            q, k = apply_rope(q, rope, self.rope_interleaved), apply_rope(k, rope, self.rope_interleaved)
+        return q, k, v
+
+    def forward(self, x: torch.Tensor, output_attentions: bool = False,
+                rope: tuple[torch.Tensor, torch.Tensor] | None = None
                 ) -> tuple[torch.Tensor, torch.Tensor | None]:
         B, N, C = x.shape
-        qkv = self.qkv(x).view(B, N, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)  # (3, B, nh, N, hd)
-        q, k, v = qkv.unbind(0)  # each (B, nh, N, hd)
+        q, k, v = self.queries_keys_values(x, rope)  # each (B, nh, N, hd)
         dropout_p = self.attention_dropout if self.training else 0.0
         if output_attentions:
             scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(self.head_dim))  # (B, nh, N, N)
@@ -217,14 +347,56 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
+    """fc1, activation, fc2; gated (SwiGLU: ``act(fc1_g(x)) * fc1(x)``) and with EVA's inner norm when configured."""
+
     def __init__(self, config: ViTConfig) -> None:
         super().__init__()
+        self.activation = config.activation
+        self.fc1_g = nn.Linear(config.hidden_size, config.mlp_size) if config.gated_mlp else None
         self.fc1 = nn.Linear(config.hidden_size, config.mlp_size)
+        self.norm = nn.LayerNorm(config.mlp_size, eps=config.layer_norm_eps) if config.mlp_norm else None
         self.fc2 = nn.Linear(config.mlp_size, config.hidden_size)
         self.dropout = nn.Dropout(config.dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.dropout(self.fc2(self.dropout(F.gelu(self.fc1(x)))))
+        if self.fc1_g is None:
+            h = activate(self.fc1(x), self.activation)
+        else:
+            h = activate(self.fc1_g(x), self.activation) * self.fc1(x)
+        if self.norm is not None:
+            h = self.norm(h)
+        return self.dropout(self.fc2(self.dropout(h)))
+
+
+class AttentionPool(nn.Module):
+    """Multi-head attention pooling ("MAP", SigLIP's head; timm ``AttentionPoolLatent``): a learned probe
+    attends to every token, then ``x + mlp(norm(x))``. Its attention is returned like a layer's,
+    ``(B, nh, 1, T)``: the map of what the model reads for its embedding, where others have a CLS row."""
+
+    def __init__(self, config: ViTConfig) -> None:
+        super().__init__()
+        d = config.hidden_size
+        self.num_heads = config.num_heads
+        self.head_dim = d // config.num_heads
+        self.latent = nn.Parameter(torch.zeros(1, 1, d))
+        self.q = nn.Linear(d, d)
+        self.kv = nn.Linear(d, 2 * d)
+        self.proj = nn.Linear(d, d)
+        self.norm = nn.LayerNorm(d, eps=config.layer_norm_eps)
+        self.mlp = MLP(config)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``x`` (B, T, D) -> pooled (B, D), probe attention (B, nh, 1, T)."""
+        B, N, C = x.shape
+        q = self.q(self.latent).view(1, 1, self.num_heads, self.head_dim).transpose(1, 2)  # (1, nh, 1, hd)
+        kv = self.kv(x).view(B, N, 2, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)  # (2, B, nh, N, hd)
+        k, v = kv.unbind(0)  # each (B, nh, N, hd)
+        scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(self.head_dim))  # (B, nh, 1, N)
+        probs = scores.softmax(dim=-1)
+        y = (probs @ v).transpose(1, 2).reshape(B, 1, C)  # (B, 1, C)
+        y = self.proj(y)
+        y = y + self.mlp(self.norm(y))
+        return y[:, 0], probs
 
 
 def drop_path(x: torch.Tensor, rate: float, training: bool) -> torch.Tensor:
@@ -250,9 +422,9 @@ class Block(nn.Module):
         self.ls1 = nn.Parameter(torch.full((config.hidden_size,), float(scale))) if scale is not None else None
         self.ls2 = nn.Parameter(torch.full((config.hidden_size,), float(scale))) if scale is not None else None
 
-    def forward(self, x: torch.Tensor, output_attentions: bool = False
-                ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        y, probs = self.attn(self.norm1(x), output_attentions)
+    def forward(self, x: torch.Tensor, output_attentions: bool = False,
+                rope: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        y, probs = self.attn(self.norm1(x), output_attentions, rope)
         if self.ls1 is not None:
             y = y * self.ls1
         x = x + drop_path(y, self.drop_path_rate, self.training)
@@ -263,8 +435,19 @@ class Block(nn.Module):
         return x, probs
 
 
+@dataclass
+class Encoding:
+    """Everything one pass computes (``ViT.encode``); tensors keep the autograd graph when it was on."""
+
+    logits: torch.Tensor | None  # (B, classes), None without a classifier
+    embedding: torch.Tensor  # (B, E): the pooled vector, projected to the joint embedding when the model has one
+    attentions: tuple[torch.Tensor, ...] | None  # per layer (B, nh, T, T), when asked for
+    pool_attention: torch.Tensor | None  # (B, nh, 1, T): the attention-pooling probe's, for pooling "map"
+
+
 class ViT(nn.Module):
-    """Patch embedding, prefix tokens, learned positions, pre-norm blocks, a classifier on the pooled tokens."""
+    """Patch embedding, prefix tokens, positions (a learned table and/or rotary), pre-norm blocks, pooling,
+    and a classifier or a projection to a joint embedding."""
 
     def __init__(self, config: ViTConfig) -> None:
         super().__init__()
@@ -272,24 +455,30 @@ class ViT(nn.Module):
         self.num_prefix_tokens = config.num_prefix_tokens  # CLS (+ DIST) (+ registers)
         d = config.hidden_size
         self.patch_embed = nn.Conv2d(config.num_channels, d, config.patch_size, config.patch_size)
-        self.cls_token = nn.Parameter(torch.zeros(1, 1, d))
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, d)) if config.class_token else None
         self.dist_token = nn.Parameter(torch.zeros(1, 1, d)) if config.distillation_token else None
         self.reg_token = (nn.Parameter(torch.zeros(1, config.num_register_tokens, d))
                           if config.num_register_tokens else None)
-        self.pos_embed = nn.Parameter(torch.zeros(1, config.num_positioned_prefix_tokens + config.num_patches, d))
+        self.pos_embed = (nn.Parameter(torch.zeros(1, config.num_positioned_prefix_tokens + config.num_patches, d))
+                          if config.pos_embed else None)
+        self.norm_pre = nn.LayerNorm(d, eps=config.layer_norm_eps) if config.pre_norm else None
         self.pos_dropout = nn.Dropout(config.dropout)
         rates = [config.drop_path * i / max(config.num_layers - 1, 1) for i in range(config.num_layers)]
         self.blocks = nn.ModuleList(Block(config, rate) for rate in rates)
         # timm's avg-pool models normalise the pooled vector (fc_norm) instead of every token (norm).
         self.norm = nn.Identity() if config.fc_norm else nn.LayerNorm(d, eps=config.layer_norm_eps)
         self.fc_norm = nn.LayerNorm(d, eps=config.layer_norm_eps) if config.fc_norm else None
+        self.attn_pool = AttentionPool(config) if config.pooling == "map" else None
         head_in = 2 * d if config.pooling == "cls+avg" else d
         self.head = nn.Linear(head_in, config.num_classes) if config.num_classes else None
         self.head_dist = nn.Linear(d, config.num_classes) if config.distillation_head else None
+        self.projection = nn.Linear(head_in, config.projection_dim, bias=False) if config.projection_dim else None
         self.apply(_init_weights)
         for token in (self.pos_embed, self.cls_token, self.dist_token, self.reg_token):
             if token is not None:
                 nn.init.trunc_normal_(token, std=0.02)
+        if self.attn_pool is not None:
+            nn.init.trunc_normal_(self.attn_pool.latent, std=0.02)
 
     def patch_grid(self, height: int, width: int) -> tuple[int, int]:
         """The patch grid of an input of this size; raises ValueError when it does not tile."""
@@ -299,8 +488,19 @@ class ViT(nn.Module):
                              f"resize it to a multiple of {p}")
         return height // p, width // p
 
+    def rotary(self, grid: tuple[int, int], device: torch.device | None = None
+               ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The rotary embedding ``(cos, sin)`` (each ``(gh*gw, head_dim)``) every block uses on this grid, or None."""
+        if self.config.rope == "none":
+            return None
+        c = self.config
+        if c.rope == "eva":
+            return eva_rope(grid, c.hidden_size // c.num_heads, float(c.rope_theta), c.rope_ref_grid, device)
+        return dinov3_rope(grid, c.hidden_size // c.num_heads, float(c.rope_theta), device)
+
     def embed(self, images: torch.Tensor) -> torch.Tensor:
-        """``images`` (B, C, H, W) -> the first block's input ``(B, T, D)``: patches, prefix tokens, positions.
+        """``images`` (B, C, H, W) -> the first block's input ``(B, T, D)``: patches, prefix tokens, positions,
+        ``ln_pre`` when the model has one.
 
         Positions are resampled to the input's patch grid; dropout is left to ``forward``.
         """
@@ -312,46 +512,80 @@ class ViT(nn.Module):
         grid = self.patch_grid(images.shape[2], images.shape[3])
         x = self.patch_embed(images).flatten(2).transpose(1, 2)  # (B, gh*gw, D)
         positioned = c.num_positioned_prefix_tokens
-        pos = resample_pos_embed(self.pos_embed, grid, c.grid_size, positioned, c.pos_embed_antialias)
         prefix = [t for t in (self.cls_token, self.dist_token, self.reg_token) if t is not None]
-        prefix = torch.cat(prefix, dim=1).expand(B, -1, -1)  # (B, P, D)
-        # The first `positioned` prefix tokens get their table entries, the others none (registers
-        # in HF DINOv2, every prefix token in timm's no_embed_class models).
-        x = torch.cat([prefix[:, :positioned], x], dim=1) + pos  # (B, positioned + gh*gw, D)
-        if positioned < self.num_prefix_tokens:
-            x = torch.cat([x[:, :positioned], prefix[:, positioned:], x[:, positioned:]], dim=1)  # (B, P + gh*gw, D)
+        prefix = torch.cat(prefix, dim=1).expand(B, -1, -1) if prefix else x[:, :0]  # (B, P, D)
+        if self.pos_embed is None:
+            x = torch.cat([prefix, x], dim=1)  # (B, P + gh*gw, D)
+        else:
+            pos = resample_pos_embed(self.pos_embed, grid, c.grid_size, positioned, c.pos_embed_antialias)
+            # The first `positioned` prefix tokens get their table entries, the others none (registers
+            # in HF DINOv2, every prefix token in timm's no_embed_class models).
+            x = torch.cat([prefix[:, :positioned], x], dim=1) + pos  # (B, positioned + gh*gw, D)
+            if positioned < self.num_prefix_tokens:
+                x = torch.cat([x[:, :positioned], prefix[:, positioned:], x[:, positioned:]], dim=1)  # (B, T, D)
+        if self.norm_pre is not None:
+            x = self.norm_pre(x)
         return x
+
+    def tokens(self, images: torch.Tensor, output_attentions: bool = False
+               ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...] | None]:
+        """``images`` (B, C, H, W) -> the last block's output (B, T, D) and, when asked for, every layer's
+        attention (B, nh, T, T)."""
+        x = self.pos_dropout(self.embed(images))  # (B, T, D)
+        rope = self.rotary(self.patch_grid(images.shape[2], images.shape[3]), images.device)
+        attentions = []
+        for block in self.blocks:
+            x, probs = block(x, output_attentions, rope)
+            attentions.append(probs)
+        return x, tuple(attentions) if output_attentions else None
+
+    def pool(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The last block's output ``(B, T, D)`` -> the pooled vector (B, D) (2D for cls+avg) after the final
+        norm, pooling and fc_norm, and the pooling probe's attention (B, nh, 1, T) for pooling "map" (else None)."""
+        x = self.norm(x)
+        patches = x[:, self.num_prefix_tokens:]  # (B, gh*gw, D)
+        probe = None
+        if self.config.pooling == "cls":
+            pooled = x[:, 0]  # (B, D)
+        elif self.config.pooling == "avg":
+            pooled = patches.mean(dim=1)  # (B, D)
+        elif self.config.pooling == "map":
+            pooled, probe = self.attn_pool(x)  # (B, D), (B, nh, 1, T)
+        else:  # "cls+avg"
+            pooled = torch.cat([x[:, 0], patches.mean(dim=1)], dim=-1)  # (B, 2D)
+        if self.fc_norm is not None:
+            pooled = self.fc_norm(pooled)
+        return pooled, probe
+
+    def _logits(self, x: torch.Tensor, pooled: torch.Tensor) -> torch.Tensor | None:
+        if self.head is None:
+            return None
+        logits = self.head(pooled)  # (B, classes)
+        if self.head_dist is not None:  # DeiT at inference: the mean of the class and distillation heads
+            logits = (logits + self.head_dist(self.norm(x)[:, 1])) / 2
+        return logits
 
     def classify(self, x: torch.Tensor) -> torch.Tensor | None:
         """The last block's output ``(B, T, D)`` -> logits ``(B, classes)``: final norm, pooling, fc_norm and
         head(s); None for a model without a classifier."""
         if self.head is None:
             return None
-        x = self.norm(x)
-        patches = x[:, self.num_prefix_tokens:]  # (B, gh*gw, D)
-        if self.config.pooling == "cls":
-            pooled = x[:, 0]  # (B, D)
-        elif self.config.pooling == "avg":
-            pooled = patches.mean(dim=1)  # (B, D)
-        else:  # "cls+avg"
-            pooled = torch.cat([x[:, 0], patches.mean(dim=1)], dim=-1)  # (B, 2D)
-        if self.fc_norm is not None:
-            pooled = self.fc_norm(pooled)
-        logits = self.head(pooled)  # (B, classes)
-        if self.head_dist is not None:  # DeiT at inference: the mean of the class and distillation heads
-            logits = (logits + self.head_dist(x[:, 1])) / 2
-        return logits
+        return self._logits(x, self.pool(x)[0])
+
+    def encode(self, images: torch.Tensor, output_attentions: bool = False) -> Encoding:
+        """One pass over ``images`` (B, C, H, W): logits, the (projected) embedding, and when asked for every
+        layer's attention and the pooling probe's (see ``Encoding``)."""
+        x, attentions = self.tokens(images, output_attentions)
+        pooled, probe = self.pool(x)
+        embedding = self.projection(pooled) if self.projection is not None else pooled  # (B, E)
+        return Encoding(self._logits(x, pooled), embedding, attentions, probe if output_attentions else None)
 
     def forward(self, images: torch.Tensor, output_attentions: bool = False
                 ) -> tuple[torch.Tensor | None, tuple[torch.Tensor, ...] | None]:
         """``images`` (B, C, H, W) -> logits (B, classes) (None without a head), attentions (per layer
         (B, nh, T, T)) or None."""
-        x = self.pos_dropout(self.embed(images))  # (B, T, D)
-        attentions = []
-        for block in self.blocks:
-            x, probs = block(x, output_attentions)
-            attentions.append(probs)
-        return self.classify(x), tuple(attentions) if output_attentions else None
+        x, attentions = self.tokens(images, output_attentions)
+        return self.classify(x), attentions
 
 
 def _init_weights(module: nn.Module) -> None:

@@ -234,6 +234,10 @@ def describe_import(candidate: Candidate) -> CatalogEntry:
             class_names = sources.hf_class_names(config_json, config.num_classes)
             metadata = {"architecture": f"hf:{architectures[0]}"}
             parameters = count_parameters_of(config)
+        elif config_json and "auto_map" not in config_json and config_json.get("model_type") in sources.HF_FAMILIES:
+            config, architecture = sources.hf_family_config(path, config_json)  # DINOv3, CLIP, SigLIP
+            class_names, metadata = [], {"architecture": f"hf:{architecture}"}
+            parameters = count_parameters_of(config)
         elif config_json and isinstance(config_json.get("architecture"), str) \
                 and (path / "model.safetensors").is_file():  # timm: shapes from the safetensors header only
             config, class_names = sources.describe_timm_folder(path, config_json)
@@ -307,6 +311,12 @@ def find_hf_cache_models(cache_dirs: list[Path] | None = None) -> list[Candidate
             continue
         for model_dir in sorted(p for p in cache.iterdir() if p.is_dir() and p.name.startswith("models--")):
             snapshot = hf_snapshot(model_dir)
+            if snapshot is not None and not (snapshot / "config.json").is_file() \
+                    and (snapshot / sources.OPEN_CLIP_CONFIG).is_file():  # an open_clip model (open_clip_config.json)
+                name = model_dir.name[len("models--"):].replace("--", "/")
+                if all(c.name != name for c in found):
+                    found.append(Candidate(snapshot, "hf-cache", name))
+                continue
             if snapshot is None or not (snapshot / "config.json").is_file():
                 continue
             try:
@@ -319,9 +329,12 @@ def find_hf_cache_models(cache_dirs: list[Path] | None = None) -> list[Candidate
             timm_name = config_json.get("architecture")
             if isinstance(architectures, list) and architectures and architectures[0] in hf.ARCHITECTURES:
                 pass
+            elif config_json.get("model_type") in sources.HF_FAMILIES:  # DINOv3, CLIP, SigLIP
+                pass
             elif isinstance(timm_name, str):
                 try:
-                    import_timm.check_name(timm_name)
+                    if not timm_name.startswith("eva02_"):  # EVA-02 is read by vit.import_eva
+                        import_timm.check_name(timm_name)
                 except ValueError:
                     continue
             else:

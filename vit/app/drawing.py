@@ -188,7 +188,7 @@ def token_from_selection(selection, num_prefix_tokens: int = 1) -> int | None:
 
 def _query_phrase(query: int, analysis: Analysis) -> str:
     """'the CLS token', 'the REG 1 token' or 'the query patch row 2, col 3 (outlined)', for the captions."""
-    if query == 0:
+    if query == 0 and analysis.has_cls:
         return "the CLS token"
     label = token_label(query, analysis.grid, analysis.num_prefix_tokens, analysis.prefix_names)
     return f"the {label} token" if query < analysis.num_prefix_tokens else f"the query {label} (outlined)"
@@ -202,9 +202,10 @@ def describe_map(settings: MapSettings, analysis: Analysis, class_names: list[st
     if s.kind == "attention":
         layer = s.layer % L
         heads = f"head {s.head + 1}" if s.head is not None else f"the {s.fusion} over its {H} heads"
+        keys = "the CLS key" if analysis.has_cls else "the prefix keys" if analysis.num_prefix_tokens else "no key"
         text = (f"**Layer {layer + 1} of {L}, {heads}**: how much {who} attends to each patch in this layer "
-                "(one row of the attention matrix, the CLS key left out).")
-        if s.query == 0 and layer == L - 1:
+                f"(one row of the attention matrix, {keys} left out).")
+        if s.query == 0 and layer == L - 1 and analysis.has_cls:
             text += " The classifier reads the CLS token after this layer, so bright patches fed the prediction."
         return text
     if s.kind == "norms":
@@ -214,7 +215,18 @@ def describe_map(settings: MapSettings, analysis: Analysis, class_names: list[st
                 "(2023), which register tokens remove.")
     if s.kind in METHOD_MAP_KINDS:
         return describe_method_map(settings, analysis, class_names)
+    if s.kind == "probe":
+        heads = f"head {s.head + 1}" if s.head is not None else f"the {s.fusion} over its {H} heads"
+        return (f"**Attention-pooling probe, {heads}**: this model has no CLS token; its embedding is what a learned "
+                "probe reads from the last layer's tokens (SigLIP's MAP head). Bright patches are those the probe "
+                "attends to: the map the CLS row gives for other models.")
     end = s.end_layer % L
+    if s.kind == "probe_rollout":
+        dropped = f", the lowest {s.discard_ratio:.0%} of each row dropped" if s.discard_ratio > 0 else ""
+        return (f"**Attention rollout through layers 1–{end + 1}, ending with the pooling probe** (heads fused by "
+                f"{s.fusion}{dropped}): how much of the pooled embedding flows from each input patch, following the "
+                "probe's attention, then attention and the residual connections down the layers (Abnar & Zuidema, "
+                "2020). This model has no CLS token; the probe is what its embedding reads.")
     if s.kind == "rollout":
         dropped = f", the lowest {s.discard_ratio:.0%} of each row dropped" if s.discard_ratio > 0 else ""
         return (f"**Attention rollout through layers 1–{end + 1}** (heads fused by {s.fusion}{dropped}): "
@@ -226,6 +238,14 @@ def describe_map(settings: MapSettings, analysis: Analysis, class_names: list[st
             f"for the “{name}” score, positive parts only, rolled out (Chefer et al., 2021). Bright patches "
             f"are evidence for “{name}” as read by {who}.")
 
+
+
+def describe_embedding(analysis: Analysis) -> str:
+    """' Its image embedding (512 numbers) has norm 12.3.' for a feature model, else ''."""
+    if analysis.embedding is None:
+        return ""
+    return (f" Its image embedding ({analysis.embedding.numel():,} numbers) has norm "
+            f"{float(analysis.embedding.norm()):.4g}.")
 
 
 def describe_range(map2d: np.ndarray, vmin: float | None = None, vmax: float | None = None) -> str:
@@ -244,8 +264,9 @@ def describe_input(analysis: Analysis, image_size: tuple[int, int]) -> str:
     text = (f"the model sees it as {width}×{height} px in {gh}×{gw} patches of {analysis.patch_size} px "
             f"({analysis.num_tokens:,} tokens)")
     if not analysis.at_training_size:
-        text += (f", not its {analysis.training_size}×{analysis.training_size}-px training size: positions are "
-                 "interpolated")
+        how = "positions are interpolated" if analysis.position_table else \
+            "its rotary positions take any size without interpolation"
+        text += f", not its {analysis.training_size}×{analysis.training_size}-px training size: {how}"
     iw, ih = image_size
     if width * ih != height * iw:
         text += "; the image is stretched to that shape" if abs(width / height - iw / ih) > 0.02 else ""

@@ -31,12 +31,14 @@ from vit.explain.attention import (
     relevance_rollout,
     rollout_factor,
     rollout_rows,
+    rollout_vector,
     token_map,
 )
 from vit.explain.hidden import LayerAttentions, forward_with_hidden_states
 from vit.explain.overlay import attentions_npz_bytes
 from vit.images import to_mode, to_uint8
 from vit.inference import TRAINING_SIZE, InputSize, Prediction, input_shape, predictions_from_logits, preprocess
+from vit.model import ViT
 
 MAP_KINDS = {
     "attention": "Attention of one layer",
@@ -47,7 +49,11 @@ MAP_KINDS = {
     "attnlrp": "AttnLRP (class-specific, signed)",
     "flow": "Attention flow (max-flow, slow)",
     "norms": "Token norms (one layer's output)",
+    "probe": "Pooling probe (what the embedding reads)",
+    "probe_rollout": "Attention rollout from the pooling probe",
 }
+# Map kinds of models with an attention-pooling head (SigLIP): its learned probe's attention replaces the CLS row.
+PROBE_MAP_KINDS = ("probe", "probe_rollout")
 # The controls each map kind reads; the page shows only these (a control that does nothing misleads).
 MAP_CONTROLS = {
     "attention": ("query", "layer", "head", "fusion"),
@@ -58,6 +64,8 @@ MAP_CONTROLS = {
     "lrp": ("class", "end_layer", "query"),
     "attnlrp": ("class",),
     "flow": ("query", "end_layer", "fusion"),
+    "probe": ("head", "fusion"),
+    "probe_rollout": ("end_layer", "fusion", "discard_ratio"),
 }
 TOP_K = 5
 # Memory per analysed image: hidden states + cached layers + one layer being computed stays under
@@ -132,6 +140,14 @@ class Analysis:
     training_size: int | None = None  # the checkpoint's square input side
     cache: ByteCache = field(default_factory=lambda: ByteCache(LAYER_CACHE_BYTES), repr=False)
     prefix_names: tuple[str, ...] = ()  # ('CLS', 'DIST', 'REG 1', ...); empty: CLS then numbered prefix tokens
+    probe: torch.Tensor | None = None  # (H, T): the attention-pooling probe's attention (SigLIP), else None
+    embedding: torch.Tensor | None = None  # (E,): a feature model's pooled (CLIP: projected) embedding
+    position_table: bool = True  # False for rotary-only models (DINOv3): nothing is interpolated at other sizes
+
+    @property
+    def has_cls(self) -> bool:
+        """Whether token 0 is a CLS token (a SigLIP tower has none: token 0 is its first patch)."""
+        return self.num_prefix_tokens > 0 and (not self.prefix_names or self.prefix_names[0] == "CLS")
 
     @property
     def num_layers(self) -> int:
@@ -194,10 +210,27 @@ def analyse(checkpoint: Checkpoint, image: Image.Image, size: InputSize = TRAINI
     [prediction] = predictions_from_logits(logits, checkpoint.class_names, top_k)
     hidden = hidden[0].float().cpu()
     cache = ByteCache(LAYER_CACHE_BYTES)
-    layers = LayerAttentions(model, hidden, cache)
+    layers = LayerAttentions(model, hidden, cache, grid)
+    probe = embedding = None
+    if isinstance(model, ViT):
+        with torch.inference_mode():
+            pooled, probe = model.pool(hidden[-1][None].to(device, next(model.parameters()).dtype))  # (1, H, 1, T)
+            if model.head is None:
+                embedding = (model.projection(pooled) if model.projection is not None else pooled)[0].float().cpu()
+        probe = probe[0, :, 0].float().cpu() if probe is not None else None  # (H, T)
     return Analysis(prediction=prediction, attentions=layers, grid=grid, patch_size=patch_size, input_size=shape,
                     num_prefix_tokens=model.num_prefix_tokens, hidden=hidden, training_size=p.image_size,
-                    cache=cache, prefix_names=tuple(model.config.prefix_token_names))
+                    cache=cache, prefix_names=tuple(model.config.prefix_token_names), probe=probe,
+                    embedding=embedding, position_table=getattr(model.config, "pos_embed", True))
+
+
+def map_kinds(analysis: Analysis, has_classes: bool) -> list[str]:
+    """The map kinds this analysis can draw, the default first: the pooling probe's for a model without CLS."""
+    kinds = [k for k in MAP_KINDS if (has_classes or k != "class") and (analysis.probe is not None
+                                                                         or k not in PROBE_MAP_KINDS)]
+    if analysis.probe is not None and not analysis.has_cls:
+        kinds = list(PROBE_MAP_KINDS) + [k for k in kinds if k not in PROBE_MAP_KINDS]
+    return kinds
 
 
 @dataclass
@@ -337,6 +370,19 @@ def attention_map(analysis: Analysis, settings: MapSettings, relevance: ClassRel
         return token_map(matrix, s.query, analysis.grid, analysis.num_prefix_tokens)[0].float().numpy()
     if s.kind == "norms":
         return _patch_map(token_norms(analysis, s.layer), analysis)
+    if s.kind in PROBE_MAP_KINDS:
+        if analysis.probe is None:
+            raise ValueError("this model has no attention-pooling probe; choose another map")
+        probe = analysis.probe  # (H, T)
+        if s.kind == "probe":
+            if s.head is not None:
+                if not 0 <= s.head < probe.shape[0]:
+                    raise ValueError(f"head {s.head} is out of range for {probe.shape[0]} heads")
+                return _patch_map(probe[s.head], analysis)
+            return _patch_map(fuse_heads(probe[None, :, None], s.fusion)[0, 0], analysis)
+        factors = _rollout_factors(analysis, s.fusion, s.discard_ratio, s.end_layer)
+        row = fuse_heads(probe[None, :, None], s.fusion)[:, 0]  # (1, T)
+        return _patch_map(rollout_vector(factors, row)[0], analysis)
     raise ValueError(f"unknown map kind {s.kind!r}; choose one of: {', '.join(MAP_KINDS)}")
 
 

@@ -159,6 +159,21 @@ def rollout_rows(factors: Sequence[Tensor], query: int) -> Tensor:
     return row
 
 
+def rollout_vector(factors: Sequence[Tensor], row: Tensor) -> Tensor:
+    """``row @ factors[-1] @ ... @ factors[0]`` for a ``(B, T)`` row of weights over the last layer's tokens:
+    ``(B, T)``. With the attention-pooling probe's attention as ``row`` (a model without CLS, e.g. SigLIP), the
+    rollout ends with what the pooled embedding reads, as the CLS row ends it for other models."""
+    factors = list(factors)
+    if not factors:
+        raise ValueError("no rollout factors given")
+    if row.shape[-1] != factors[-1].shape[-1]:
+        raise ValueError(f"a row of {row.shape[-1]} weights does not fit {factors[-1].shape[-1]} tokens")
+    row = row.float()
+    for a in reversed(factors):
+        row = (row[:, None, :] @ a.float())[:, 0]  # (B, T)
+    return row
+
+
 def positive_gradient_attention(attn: Tensor, grad: Tensor) -> Tensor:
     """Chefer et al.'s per-layer term ``Ā = mean_heads((grad * attn).clamp(min=0))``: ``(B, H, T, T)`` -> ``(B, T, T)``.
     """

@@ -26,21 +26,25 @@ def forward_with_hidden_states(model: nn.Module, images: Tensor) -> tuple[Tensor
     ``ViT.forward`` runs, so the states are exactly what each block got.
     """
     x = model.pos_dropout(model.embed(images))  # (B, T, D)
+    rope = model.rotary(model.patch_grid(images.shape[2], images.shape[3]), images.device)
     states = [x]
     for block in model.blocks:
-        x, _ = block(x)
+        x, _ = block(x, False, rope)
         states.append(x)
     return model.classify(x), torch.stack(states, dim=1)  # (B, L + 1, T, D)
 
 
-def block_attention(model: nn.Module, layer: int, block_input: Tensor) -> Tensor:
-    """Layer ``layer``'s post-softmax attention ``(B, H, T, T)`` from that block's input ``(B, T, D)``."""
+def block_attention(model: nn.Module, layer: int, block_input: Tensor, rope: tuple[Tensor, Tensor] | None = None
+                    ) -> Tensor:
+    """Layer ``layer``'s post-softmax attention ``(B, H, T, T)`` from that block's input ``(B, T, D)``
+    (``rope``: ``model.rotary(grid)`` for a model with rotary positions)."""
     block = model.blocks[layer]
-    _, probs = block.attn(block.norm1(block_input), output_attentions=True)
+    _, probs = block.attn(block.norm1(block_input), True, rope)
     return probs
 
 
-def queries_and_keys(model: nn.Module, layer: int, block_input: Tensor) -> tuple[Tensor, Tensor]:
+def queries_and_keys(model: nn.Module, layer: int, block_input: Tensor, rope: tuple[Tensor, Tensor] | None = None
+                     ) -> tuple[Tensor, Tensor]:
     """Layer ``layer``'s scaled queries and keys ``(B, H, T, hd)`` each, from that block's input ``(B, T, D)``.
 
     ``softmax(q @ k.T)`` is the layer's attention; one query's row from them costs ``H x T x hd``
@@ -49,9 +53,7 @@ def queries_and_keys(model: nn.Module, layer: int, block_input: Tensor) -> tuple
     """
     block = model.blocks[layer]
     attn = block.attn
-    B, T, _ = block_input.shape
-    qkv = attn.qkv(block.norm1(block_input)).view(B, T, 3, attn.num_heads, attn.head_dim)
-    q, k, _ = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # each (B, H, T, hd)
+    q, k, _ = attn.queries_keys_values(block.norm1(block_input), rope)  # each (B, H, T, hd)
     return q * attn.head_dim ** -0.5, k
 
 
@@ -60,10 +62,14 @@ class LayerAttentions(Sequence[Tensor]):
     when read and kept in ``cache`` while it fits. Reads like a tuple of the model's ``output_attentions``.
     """
 
-    def __init__(self, model: nn.Module, hidden: Tensor, cache: ByteCache) -> None:
+    def __init__(self, model: nn.Module, hidden: Tensor, cache: ByteCache, grid: tuple[int, int] | None = None
+                 ) -> None:
         if hidden.dim() != 3:
             raise ValueError(f"expected hidden states of one image (L + 1, T, D), got {tuple(hidden.shape)}")
+        if grid is None and getattr(model.config, "rope", "none") != "none":
+            raise ValueError("a model with rotary positions needs the patch grid of its hidden states")
         self.model, self.hidden, self.cache = model, hidden, cache  # hidden: (L + 1, T, D)
+        self.grid = grid
 
     def __len__(self) -> int:
         return self.hidden.shape[0] - 1
@@ -97,11 +103,15 @@ class LayerAttentions(Sequence[Tensor]):
     def _queries_and_keys(self, layer: int) -> Tensor:
         device = next(self.model.parameters()).device
         with torch.inference_mode():
-            q, k = queries_and_keys(self.model, layer, self.hidden[layer][None].to(device))
+            q, k = queries_and_keys(self.model, layer, self.hidden[layer][None].to(device), self._rope(device))
         return torch.stack([q[0], k[0]]).float().cpu()  # (2, H, T, hd)
 
     def _compute(self, layer: int) -> Tensor:
         device = next(self.model.parameters()).device
         with torch.inference_mode():
-            probs = block_attention(self.model, layer, self.hidden[layer][None].to(device))  # (1, H, T, T)
+            probs = block_attention(self.model, layer, self.hidden[layer][None].to(device),
+                                    self._rope(device))  # (1, H, T, T)
         return probs.float().cpu()
+
+    def _rope(self, device: torch.device) -> tuple[Tensor, Tensor] | None:
+        return self.model.rotary(self.grid, device) if self.grid is not None else None

@@ -37,8 +37,20 @@ ARCHITECTURES: dict[str, tuple[dict, tuple[str, str] | None]] = {
     "Dinov2WithRegistersForImageClassification": (dict(pooling="cls+avg", prefix_positions="cls",
                                                        pos_embed_antialias=True), ("classifier", "")),
     "Dinov2WithRegistersModel": (dict(prefix_positions="cls", pos_embed_antialias=True), None),
+    # MAE's encoder is a ViT; its pre-training masking (mask_ratio, a random shuffle even at 0) is left out: the
+    # explorer shows every patch, in order, which is ViTMAEModel with mask_ratio=0 and noise=arange(patches).
+    "ViTMAEModel": ({}, None),
 }
 SUPPORTED = ", ".join(ARCHITECTURES)
+# HF ViTConfig / ViTMAEConfig fields (DINOv2's read the same way): what config_from_hf honours (or refuses, such as
+# another hidden_act), and what has no effect on an image's forward pass through the encoder.
+HF_HONOURED = {"image_size", "patch_size", "num_channels", "hidden_size", "num_hidden_layers", "num_attention_heads",
+               "intermediate_size", "hidden_act", "hidden_dropout_prob", "attention_probs_dropout_prob", "qkv_bias",
+               "layer_norm_eps"}
+HF_INERT = {"initializer_range", "encoder_stride",  # ViTForMaskedImageModeling's decoder
+            "pooler_act", "pooler_output_size",  # the tanh pooler, which is dropped
+            "mask_ratio", "norm_pix_loss", "decoder_hidden_size", "decoder_intermediate_size",  # MAE pre-training:
+            "decoder_num_attention_heads", "decoder_num_hidden_layers"}  # masking and the pixel decoder
 
 
 def _square(value, name: str) -> int:
@@ -122,7 +134,7 @@ _BLOCK_NAMES = {
     "norm1": ("layernorm_before", "norm1"),
     "norm2": ("layernorm_after", "norm2"),
 }
-_BASES = ("vit.", "deit.", "dinov2.", "dinov2_with_registers.", "")
+_BASES = ("vit.", "deit.", "dinov2.", "dinov2_with_registers.", "")  # ViTMAEModel's keys have no base
 
 
 def state_dict_from_hf(hf_state_dict: Mapping[str, torch.Tensor], num_layers: int,

@@ -8,7 +8,14 @@ from the architecture name or timm's ``config.json`` ``model_args`` for what wei
 say: the number of heads and the pooling. Supported: ``vit_*`` with a class token (optional
 ``reg_token``, ``no_embed_class``, layer scale, ``fc_norm`` / average pooling, with or without
 qkv bias), ``deit_*`` including the distilled ones, and the DINOv2 ports (``vit_*_dinov2``,
-``vit_*_reg4_dinov2``). Positions are resampled as timm does (bicubic, ``antialias=True``).
+``vit_*_reg4_dinov2``), the SigLIP towers (``vit_*_siglip_*``: no class token, ``global_pool='map'``,
+``attn_pool.{latent,q,kv,proj,norm,mlp}``), the CLIP towers (``vit_*_clip_*``: ``norm_pre``, LayerNorm eps
+1e-5, QuickGELU for ``*_quickgelu_*``) and MAE encoders (``vit_*.mae``). Positions are resampled as timm
+does (bicubic, ``antialias=True``).
+
+Every ``model_args`` key of timm's ``VisionTransformer`` is either honoured (``MODEL_ARGS_HONOURED``),
+without effect on an eval forward (``MODEL_ARGS_INERT``), or must keep timm's default
+(``MODEL_ARGS_FIXED``); anything else is refused with one line rather than silently ignored.
 """
 
 from __future__ import annotations
@@ -22,8 +29,8 @@ import torch
 from vit.checkpoint import IMAGENET_MEAN, IMAGENET_STD, Preprocessing
 from vit.model import ViTConfig
 
-SUPPORTED = "timm vit_* (class token; reg_token, no_embed_class, layer scale, fc_norm/avg pooling), deit_* " \
-            "(also distilled) and the DINOv2 ports vit_*_dinov2 / vit_*_reg4_dinov2"
+SUPPORTED = "timm vit_* (reg_token, no_embed_class, layer scale, fc_norm/avg/map pooling), deit_* " \
+            "(also distilled), the DINOv2 ports vit_*_dinov2 / vit_*_reg4_dinov2, vit_*_siglip_*, vit_*_clip_*, *.mae"
 # timm's widths and their head counts (timm/models/vision_transformer.py model definitions).
 HEADS_BY_WIDTH = {192: 3, 384: 6, 512: 8, 640: 10, 768: 12, 1024: 16, 1280: 16, 1408: 16, 1536: 24, 1664: 16}
 INCEPTION_MEAN = INCEPTION_STD = (0.5, 0.5, 0.5)
@@ -33,7 +40,21 @@ _BLOCK_PARTS = {"norm1.weight", "norm1.bias", "attn.qkv.weight", "attn.qkv.bias"
                 "attn.proj.bias", "norm2.weight", "norm2.bias", "mlp.fc1.weight", "mlp.fc1.bias",
                 "mlp.fc2.weight", "mlp.fc2.bias", "ls1.gamma", "ls2.gamma"}
 _TOP_KEYS = {"cls_token", "dist_token", "reg_token", "pos_embed", "norm.weight", "norm.bias", "fc_norm.weight",
-             "fc_norm.bias", "head.weight", "head.bias", "head_dist.weight", "head_dist.bias"}
+             "fc_norm.bias", "head.weight", "head.bias", "head_dist.weight", "head_dist.bias", "norm_pre.weight",
+             "norm_pre.bias", "attn_pool.latent"}
+_TOP_KEYS |= {f"attn_pool.{m}.{p}" for m in ("q", "kv", "proj", "norm", "mlp.fc1", "mlp.fc2")
+              for p in ("weight", "bias")}
+_ACTIVATIONS = {"gelu": "gelu", "gelu_tanh": "gelu_tanh", "quick_gelu": "quick_gelu", "silu": "silu", "swish": "silu"}
+# timm VisionTransformer.__init__ arguments as a config.json's model_args may carry them.
+MODEL_ARGS_HONOURED = {"img_size", "patch_size", "in_chans", "num_classes", "global_pool", "embed_dim", "depth",
+                       "num_heads", "mlp_ratio", "qkv_bias", "init_values", "class_token", "no_embed_class",
+                       "reg_tokens", "pre_norm", "fc_norm", "dynamic_img_size", "act_layer", "pos_embed"}
+MODEL_ARGS_INERT = {"drop_rate", "pos_drop_rate", "patch_drop_rate", "proj_drop_rate", "attn_drop_rate",
+                    "drop_path_rate", "weight_init", "fix_init", "device", "dtype"}
+MODEL_ARGS_FIXED = {"qk_norm": False, "scale_attn_norm": False, "scale_mlp_norm": False, "proj_bias": True,
+                    "final_norm": True, "pool_include_prefix": False, "dynamic_img_pad": False, "embed_layer": None,
+                    "embed_norm_layer": None, "norm_layer": None, "block_fn": None, "mlp_layer": None,
+                    "attn_layer": None}
 
 
 def is_timm_state_dict(state: Mapping[str, torch.Tensor]) -> bool:
@@ -44,7 +65,8 @@ def is_timm_state_dict(state: Mapping[str, torch.Tensor]) -> bool:
 def check_name(name: str) -> None:
     """Raise ValueError unless ``name`` is a timm ViT architecture this project can express."""
     if not re.match(r"^(vit|deit|deit3)(_|$)", name):
-        raise ValueError(f"timm architecture {name!r} is not supported; supported: {SUPPORTED}")
+        raise ValueError(f"timm architecture {name!r} is not supported; supported: {SUPPORTED}, eva02_* and "
+                         "vit_*_dinov3*")
 
 
 def _shape(state: Mapping[str, torch.Tensor], key: str) -> tuple[int, ...]:
@@ -56,14 +78,24 @@ def config_from_timm(name: str, state: Mapping[str, torch.Tensor], model_args: M
     (``num_heads``, ``global_pool``, ``no_embed_class``, ...) as its ``config.json`` stores them."""
     check_name(name)
     args = dict(model_args or {})
+    for key, value in args.items():
+        if key in MODEL_ARGS_FIXED:
+            if value is not None and value != MODEL_ARGS_FIXED[key]:
+                raise ValueError(f"timm model_args.{key}={value!r} of {name} is not supported (this program's model "
+                                 f"has {MODEL_ARGS_FIXED[key]!r})")
+        elif key not in MODEL_ARGS_HONOURED | MODEL_ARGS_INERT:
+            raise ValueError(f"timm model_args.{key} of {name} is not supported; it would change the model")
     unknown = sorted(k for k in state if k not in _TOP_KEYS and k not in _OURS_BY_TIMM
                      and not (_BLOCK_KEY.match(k) and _BLOCK_KEY.match(k).group(2) in _BLOCK_PARTS))
     if unknown:
         shown = ", ".join(unknown[:4]) + (" ..." if len(unknown) > 4 else "")
         raise ValueError(f"timm weights of {name} have parts this model does not have ({shown}); "
                          f"supported: {SUPPORTED}")
-    if "patch_embed.proj.weight" not in state or "cls_token" not in state:
-        raise ValueError(f"timm weights of {name} lack a patch embedding or class token; supported: {SUPPORTED}")
+    class_token = "cls_token" in state
+    if args.get("class_token") is False and class_token or args.get("class_token") is True and not class_token:
+        raise ValueError(f"timm model_args.class_token of {name} does not match its weights")
+    if "patch_embed.proj.weight" not in state:
+        raise ValueError(f"timm weights of {name} lack a patch embedding; supported: {SUPPORTED}")
     width, channels, patch, patch_w = _shape(state, "patch_embed.proj.weight")
     if patch != patch_w:
         raise ValueError(f"timm weights of {name} have non-square {patch}x{patch_w} patches")
@@ -76,32 +108,51 @@ def config_from_timm(name: str, state: Mapping[str, torch.Tensor], model_args: M
                          "in the folder's config.json")
     registers = _shape(state, "reg_token")[1] if "reg_token" in state else 0
     distilled = "dist_token" in state
-    prefix = 1 + int(distilled) + registers
-    positions = _shape(state, "pos_embed")[1]
-    no_embed_class = args.get("no_embed_class")
-    if no_embed_class is None:
-        # The table has one entry per patch of a square grid, plus one per prefix token unless no_embed_class.
-        no_embed_class = not _is_square(positions - prefix) and _is_square(positions)
-    grid = math.isqrt(positions - (0 if no_embed_class else prefix))
-    if grid * grid != positions - (0 if no_embed_class else prefix) or grid == 0:
-        raise ValueError(f"timm weights of {name} have a position table of {positions} entries, not a square grid")
+    prefix = int(class_token) + int(distilled) + registers
+    if args.get("pos_embed", "learn") not in ("learn", "none", ""):
+        raise ValueError(f"timm model_args.pos_embed={args['pos_embed']!r} of {name} is not supported")
+    has_table = "pos_embed" in state
+    grid = None
+    no_embed_class = bool(args.get("no_embed_class")) or prefix == 0
+    if has_table:
+        positions = _shape(state, "pos_embed")[1]
+        if args.get("no_embed_class") is None and prefix:
+            # The table has one entry per patch of a square grid, plus one per prefix token unless no_embed_class.
+            no_embed_class = not _is_square(positions - prefix) and _is_square(positions)
+        grid = math.isqrt(positions - (0 if no_embed_class else prefix))
+        if grid * grid != positions - (0 if no_embed_class else prefix) or grid == 0:
+            raise ValueError(f"timm weights of {name} have a position table of {positions} entries, not a square grid")
+    else:
+        img = args.get("img_size") or 224
+        grid = (img[0] if isinstance(img, (list, tuple)) else int(img)) // patch or 1
     fc_norm = "fc_norm.weight" in state
-    pool = args.get("global_pool") or ("avg" if fc_norm or "_gap" in name else "token")
-    if pool not in ("token", "avg"):
-        raise ValueError(f"timm global_pool {pool!r} of {name} is not supported; supported: token, avg")
-    if args.get("class_token") is False:
-        raise ValueError(f"timm model {name} has no class token; supported: {SUPPORTED}")
+    attn_pool = "attn_pool.latent" in state
+    pool = args.get("global_pool") or ("map" if attn_pool else "avg" if fc_norm or "_gap" in name or not class_token
+                                       else "token")
+    if pool not in ("token", "avg", "map"):
+        raise ValueError(f"timm global_pool {pool!r} of {name} is not supported; supported: token, avg, map")
+    if (pool == "map") != attn_pool:
+        raise ValueError(f"timm weights of {name} {'lack' if pool == 'map' else 'have'} an attn_pool for "
+                         f"global_pool {pool!r}")
+    if pool == "token" and not class_token:
+        raise ValueError(f"timm model {name} has no class token to pool; use global_pool avg or map")
+    act = args.get("act_layer") or ("quick_gelu" if "quickgelu" in name else "gelu")
+    if act not in _ACTIVATIONS:
+        raise ValueError(f"timm model_args.act_layer={act!r} of {name} is not supported; supported: "
+                         f"{', '.join(_ACTIVATIONS)}")
     return ViTConfig(
         image_size=grid * patch, patch_size=patch, num_channels=channels,
         num_classes=_shape(state, "head.weight")[0] if "head.weight" in state else 0,
         hidden_size=width, num_layers=depth, num_heads=int(heads),
         mlp_size=_shape(state, "blocks.0.mlp.fc1.weight")[0],
-        qkv_bias="blocks.0.attn.qkv.bias" in state, layer_norm_eps=1e-6,
+        qkv_bias="blocks.0.attn.qkv.bias" in state, layer_norm_eps=1e-5 if "_clip_" in name else 1e-6,
         distillation_token=distilled, distillation_head="head_dist.weight" in state,
         num_register_tokens=registers,
         layer_scale=float(args.get("init_values") or 1e-5) if "blocks.0.ls1.gamma" in state else None,
-        pooling="avg" if pool == "avg" else "cls", fc_norm=fc_norm,
+        pooling={"avg": "avg", "map": "map"}.get(pool, "cls"), fc_norm=fc_norm,
         prefix_positions="none" if no_embed_class else "all", pos_embed_antialias=True,
+        class_token=class_token, pos_embed=has_table, pre_norm="norm_pre.weight" in state,
+        activation=_ACTIVATIONS[act],
     )
 
 
@@ -110,8 +161,11 @@ def _is_square(n: int) -> bool:
 
 
 def state_dict_from_timm(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Our key names for timm's: the patch embedding and the layer-scale gains differ, the rest is the same."""
+    """Our key names for timm's: the patch embedding and the layer-scale gains differ, the rest is the same
+    (a CLIP tower's bias-free patch embedding gets a zero bias)."""
     ours = {}
+    if "patch_embed.proj.bias" not in state and "patch_embed.proj.weight" in state:
+        ours["patch_embed.bias"] = torch.zeros(state["patch_embed.proj.weight"].shape[0])
     for key, value in state.items():
         key = _OURS_BY_TIMM.get(key, key)
         if key.endswith(".gamma"):
@@ -133,10 +187,10 @@ def preprocessing_from_timm(name: str, config: ViTConfig, pretrained_cfg: Mappin
     image_size = int(image_size)
     if image_size % config.patch_size:
         image_size = config.image_size
-    imagenet = name.startswith("deit") or "dinov2" in name
+    imagenet = name.startswith("deit") or "dinov2" in name or "dinov3" in name
     mean = tuple(cfg.get("mean") or (IMAGENET_MEAN if imagenet else INCEPTION_MEAN))
     std = tuple(cfg.get("std") or (IMAGENET_STD if imagenet else INCEPTION_STD))
-    crop_pct = float(cfg.get("crop_pct") or (1.0 if "dinov2" in name else 0.875))
+    crop_pct = float(cfg.get("crop_pct") or (1.0 if "dinov2" in name or "dinov3" in name else 0.875))
     interpolation = cfg.get("interpolation") or "bicubic"
     if interpolation not in ("bicubic", "bilinear", "nearest", "lanczos"):
         interpolation = "bicubic"

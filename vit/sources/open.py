@@ -7,7 +7,11 @@
   ``model.safetensors`` or ``pytorch_model.bin``), e.g. a snapshot in the HF cache;
 - a timm folder (``config.json`` with ``architecture``, ``pretrained_cfg``, ``label_names``)
   or a timm state dict file (``.safetensors``, ``.pth``) with ``arch="timm:NAME"``;
-- a torchvision ``vit_*`` state dict file (recognised from its keys, or ``arch="torchvision:NAME"``).
+- a torchvision ``vit_*`` state dict file (recognised from its keys, or ``arch="torchvision:NAME"``);
+- CLIP (``vit.import_clip``): open_clip state dicts and folders (``open_clip_config.json``), OpenAI's layout,
+  HF ``clip`` / ``clip_vision_model`` folders; SigLIP (``vit.import_siglip``): HF ``siglip`` folders;
+- DINOv3 (``vit.import_dinov3``): HF ``dinov3_vit`` folders, timm ``vit_*_dinov3*`` weights, original
+  ``facebookresearch/dinov3`` backbones (recognised from ``storage_tokens``, or ``arch="dinov3:NAME"``).
 
 Nothing from a model folder is executed: safetensors files are read with the ``safetensors``
 package, pickles only with ``torch.load(weights_only=True)``, ``config.json`` as JSON, and a
@@ -41,11 +45,14 @@ from vit.checkpoint import (
     weights_problem,
 )
 from vit.model import ViT, ViTConfig
-from vit.sources import hf, import_timm, import_torchvision
+from vit.sources import hf, import_clip, import_dinov3, import_eva, import_siglip, import_timm, import_torchvision
 
 SUPPORTED = ("our .pt checkpoints; Hugging Face folders of " + hf.SUPPORTED + "; " + import_timm.SUPPORTED + "; "
-             + import_torchvision.SUPPORTED)
+             + import_torchvision.SUPPORTED + "; " + import_dinov3.SUPPORTED + "; " + import_clip.SUPPORTED + "; "
+             + import_siglip.SUPPORTED + "; " + import_eva.SUPPORTED)
 HF_WEIGHTS = ("model.safetensors", "pytorch_model.bin")
+OPEN_CLIP_CONFIG = "open_clip_config.json"
+OPEN_CLIP_WEIGHTS = ("open_clip_model.safetensors", "open_clip_pytorch_model.bin")
 WEIGHT_SUFFIXES = (".safetensors", ".pth", ".pt", ".bin")
 MAX_INPUT_SIZE = 2048  # the largest published ViTs take 518 px (DINOv2) to 1024 px
 MAX_JSON_BYTES = 4 * 1024 * 1024  # config files are a few kB; refuse to parse a huge one
@@ -132,12 +139,18 @@ def timm_model_args(config_json: Mapping) -> dict:
     return args
 
 
+def timm_family(name: str):
+    """The module that reads timm architecture ``name``: DINOv3 and EVA-02 (timm's Eva class) or the ViTs."""
+    return import_dinov3 if "dinov3" in name else import_eva if import_eva.is_eva_name(name) else import_timm
+
+
 def describe_timm_folder(folder: Path, config_json: Mapping) -> tuple[ViTConfig, list[str]]:
     """The config and class names of a timm folder from its config.json and safetensors header alone."""
     name = str(config_json.get("architecture"))
     model_args = timm_model_args(config_json)
     state = read_shapes(folder / "model.safetensors")
-    config = _config(f"{folder} (timm {name})", lambda: import_timm.config_from_timm(name, state, model_args))
+    family = timm_family(name)
+    config = _config(f"{folder} (timm {name})", lambda: family.config_from_timm(name, state, model_args))
     labels = config_json.get("label_names")
     names = [str(x) for x in labels] if isinstance(labels, list) and len(labels) == config.num_classes \
         else default_class_names(config.num_classes)
@@ -227,6 +240,14 @@ def hf_preprocessing(processor: Mapping | None, config: ViTConfig, architecture:
         crop = 224 if 224 % config.patch_size == 0 else side
         return Preprocessing(crop, channels, IMAGENET_MEAN[:channels], IMAGENET_STD[:channels],
                              resize_size=crop * 256 // 224, resize_mode="shortest_edge", resample="bicubic")
+    if architecture.startswith("DINOv3"):  # DINOv3ViTImageProcessor: 224 square, bilinear, ImageNet statistics
+        return Preprocessing(224 - 224 % config.patch_size, channels, IMAGENET_MEAN[:channels],
+                             IMAGENET_STD[:channels], resample="bilinear")
+    if architecture.startswith("CLIP"):  # CLIPImageProcessor: shorter side 224, centre crop, bicubic, OpenAI statistics
+        return Preprocessing(side, channels, import_clip.OPENAI_MEAN[:channels], import_clip.OPENAI_STD[:channels],
+                             resize_size=side, resize_mode="shortest_edge", resample="bicubic")
+    if architecture.startswith("Siglip"):  # SiglipImageProcessor: 224 square, bilinear, mean/std 0.5
+        return Preprocessing(side, channels, (0.5,) * channels, (0.5,) * channels, resample="bilinear")
     if architecture.startswith("DeiT"):
         return Preprocessing(side, channels, IMAGENET_MEAN[:channels], IMAGENET_STD[:channels],
                              resize_size=side * 256 // 224, resize_mode="square", resample="bicubic")
@@ -272,7 +293,8 @@ _HF_MODEL_TYPES = {"vit": ("ViTModel", "ViTForImageClassification", None),
                    "deit": ("DeiTModel", "DeiTForImageClassification", "DeiTForImageClassificationWithTeacher"),
                    "dinov2": ("Dinov2Model", "Dinov2ForImageClassification", None),
                    "dinov2_with_registers": ("Dinov2WithRegistersModel", "Dinov2WithRegistersForImageClassification",
-                                             None)}
+                                             None),
+                   "vit_mae": ("ViTMAEModel", "ViTMAEModel", None)}
 
 
 def hf_architecture(config_json: Mapping, state: Mapping[str, torch.Tensor] | None = None) -> str | None:
@@ -288,8 +310,52 @@ def hf_architecture(config_json: Mapping, state: Mapping[str, torch.Tensor] | No
     return types[1] if "classifier.weight" in state else types[0]
 
 
+# model_type -> (the module that reads it, the architectures it opens)
+HF_FAMILIES = {"dinov3_vit": (import_dinov3, ("DINOv3ViTModel",)),
+                "clip": (import_clip, ("CLIPModel",)),
+                "clip_vision_model": (import_clip, ("CLIPVisionModel", "CLIPVisionModelWithProjection")),
+                "siglip": (import_siglip, ("SiglipModel",)),
+                "siglip_vision_model": (import_siglip, ("SiglipVisionModel",))}
+HF_REFUSED = {"siglip2": "SigLIP 2's NaFlex variable-resolution models (Siglip2Model) are not supported yet; its "
+                          "fixed-resolution checkpoints (SiglipModel folders) are",
+               "siglip2_vision_model": "SigLIP 2's NaFlex variable-resolution models are not supported yet; its "
+                                       "fixed-resolution checkpoints (SiglipModel folders) are"}
+
+
+def hf_family_config(folder: Path, config_json: Mapping) -> tuple[ViTConfig, str]:
+    """Our config and the architecture of an HF folder of a 2025-26 family (``HF_FAMILIES``), from config.json."""
+    model_type = str(config_json.get("model_type"))
+    module, architectures = HF_FAMILIES[model_type]
+    architecture = hf_architecture(config_json) or architectures[0]
+    if architecture not in architectures:
+        raise SourceError(f"HF architecture {architecture} ({folder}) is not supported; supported: "
+                          f"{', '.join(architectures)} for {model_type}")
+    return _config(f"{folder} ({architecture})", lambda: module.config_from_hf(config_json)), architecture
+
+
+def open_hf_family(folder: Path, config_json: dict, map_location: str | torch.device = "cpu") -> Checkpoint:
+    """An HF folder of a 2025-26 family (``HF_FAMILIES``): its module maps config and weights."""
+    config, architecture = hf_family_config(folder, config_json)
+    module = HF_FAMILIES[str(config_json.get("model_type"))][0]
+    origin = f"{folder} ({architecture})"
+    state = read_hf_weights(folder)
+    try:
+        ours = module.state_dict_from_hf(state, config)
+    except (ValueError, KeyError) as e:
+        raise SourceError(f"{origin}: {_one_line(e)}") from None
+    model = build_model(config, ours, origin, map_location)
+    processor_path = folder / "preprocessor_config.json"
+    processor = read_json(processor_path) if processor_path.is_file() else None
+    return _finish(model, default_class_names(0), hf_preprocessing(processor, config, architecture), folder, "hf",
+                   f"hf:{architecture}")
+
+
 def open_hf_folder(folder: Path, config_json: dict, map_location: str | torch.device = "cpu") -> Checkpoint:
     """An HF ``save_pretrained`` folder of a supported architecture."""
+    if config_json.get("model_type") in HF_FAMILIES:
+        return open_hf_family(folder, config_json, map_location)
+    if config_json.get("model_type") in HF_REFUSED:
+        raise SourceError(f"{folder}: {HF_REFUSED[config_json['model_type']]}")
     architecture = hf_architecture(config_json)
     if architecture is None and config_json.get("model_type") not in _HF_MODEL_TYPES:
         raise SourceError(f"HF model type {config_json.get('model_type')!r} ({folder}) is not supported; "
@@ -317,10 +383,19 @@ def open_timm(path: Path, state: Mapping[str, torch.Tensor], name: str | None, c
     config_json = dict(config_json or {})
     model_args = timm_model_args(config_json)
     pretrained_cfg = config_json.get("pretrained_cfg") if isinstance(config_json.get("pretrained_cfg"), Mapping) else {}
-    name = name or "vit"  # a bare state dict: heads and pooling from timm's conventions for its width
+    name = name or ("vit_dinov3" if import_dinov3.is_timm_state_dict(state) else "vit")  # a bare state dict
     origin = f"{path} (timm {name})"
-    config = _config(origin, lambda: import_timm.config_from_timm(name, state, model_args))
-    model = build_model(config, import_timm.state_dict_from_timm(state), origin, map_location)
+    family = timm_family(name)
+    if family is not import_timm:
+        config = _config(origin, lambda: family.config_from_timm(name, state, model_args))
+        try:
+            ours = family.state_dict_from_timm(state, config)
+        except (ValueError, KeyError) as e:
+            raise SourceError(f"{origin}: {_one_line(e)}") from None
+    else:
+        config = _config(origin, lambda: import_timm.config_from_timm(name, state, model_args))
+        ours = import_timm.state_dict_from_timm(state)
+    model = build_model(config, ours, origin, map_location)
     labels = config_json.get("label_names") or pretrained_cfg.get("label_names")
     if isinstance(labels, list) and len(labels) == config.num_classes:
         class_names = [str(label) for label in labels]
@@ -345,14 +420,58 @@ def open_torchvision(path: Path, state: Mapping[str, torch.Tensor], name: str | 
                    "torchvision", f"torchvision:{name}")
 
 
+def open_dinov3_original(path: Path, state: Mapping[str, torch.Tensor], name: str | None,
+                         map_location: str | torch.device = "cpu") -> Checkpoint:
+    """An original ``facebookresearch/dinov3`` backbone (``dinov3_vitl16_pretrain_*.pth``)."""
+    origin = f"{path} (DINOv3 {name or 'backbone'})"
+    config = _config(origin, lambda: import_dinov3.config_from_original(state, name))
+    try:
+        ours = import_dinov3.state_dict_from_original(state, config)
+    except (ValueError, KeyError) as e:
+        raise SourceError(f"{origin}: {_one_line(e)}") from None
+    model = build_model(config, ours, origin, map_location)
+    preprocessing = Preprocessing(config.image_size, config.num_channels, IMAGENET_MEAN, IMAGENET_STD,
+                                  resample="bilinear")  # dinov3's make_transform: 224 square, bilinear
+    return _finish(model, default_class_names(0), preprocessing, path, "dinov3", f"dinov3:{name or 'backbone'}")
+
+
+def open_open_clip(path: Path, state: Mapping[str, torch.Tensor], name: str | None, config_json: Mapping | None,
+                   map_location: str | torch.device = "cpu") -> Checkpoint:
+    """open_clip weights (``visual.*``), with ``open_clip_config.json`` when there is one; ``name`` is
+    ``quickgelu`` or ``gelu`` (or an open_clip model name, QuickGELU when it ends in ``-quickgelu``)."""
+    config_json = dict(config_json or {})
+    model_cfg = config_json.get("model_cfg") if isinstance(config_json.get("model_cfg"), Mapping) else None
+    quick = None if name is None else (name == "quickgelu" or name.endswith("-quickgelu"))
+    origin = f"{path} (open_clip)"
+    config = _config(origin, lambda: import_clip.config_from_open_clip(state, model_cfg, quick))
+    try:
+        ours = import_clip.state_dict_from_open_clip(state, config)
+    except (ValueError, KeyError) as e:
+        raise SourceError(f"{origin}: {_one_line(e)}") from None
+    model = build_model(config, ours, origin, map_location)
+    pre = config_json.get("preprocess_cfg") if isinstance(config_json.get("preprocess_cfg"), Mapping) else {}
+    channels = config.num_channels
+    mean, std = tuple(pre.get("mean") or import_clip.OPENAI_MEAN), tuple(pre.get("std") or import_clip.OPENAI_STD)
+    resample = pre.get("interpolation") if pre.get("interpolation") in ("bicubic", "bilinear") else "bicubic"
+    squash = pre.get("resize_mode") == "squash"
+    preprocessing = Preprocessing(config.image_size, channels, mean[:channels], std[:channels],
+                                  resize_size=config.image_size, resize_mode="square" if squash else "shortest_edge",
+                                  resample=resample)  # open_clip's image_transform: resize, centre crop
+    activation = "quickgelu" if config.activation == "quick_gelu" else "gelu"
+    return _finish(model, default_class_names(0), preprocessing, path, "open_clip", f"open_clip:{activation}")
+
+
+ARCH_LIBRARIES = ("timm", "torchvision", "dinov3", "open_clip")
+
+
 def parse_arch(arch: str | None) -> tuple[str | None, str | None]:
     """'timm:vit_small_patch14_dinov2' -> ('timm', 'vit_small_patch14_dinov2'); None -> (None, None)."""
     if not arch:
         return None, None
     library, _, name = arch.partition(":")
-    if library not in ("timm", "torchvision") or not name:
-        raise SourceError(f"--arch {arch!r} must be timm:NAME or torchvision:NAME (e.g. timm:vit_base_patch16_224, "
-                          "torchvision:vit_b_16)")
+    if library not in ARCH_LIBRARIES or not name:
+        raise SourceError(f"--arch {arch!r} must be timm:NAME, torchvision:NAME, dinov3:NAME or "
+                          "open_clip:quickgelu|gelu (e.g. timm:vit_base_patch16_224, dinov3:vitl16)")
     return library, name
 
 
@@ -369,6 +488,12 @@ def open_source(path: str | os.PathLike, arch: str | None = None, map_location: 
         raise SourceError(f"checkpoint not found: {path}")
     if path.is_dir():
         config_path = path / "config.json"
+        if not config_path.is_file() and (path / OPEN_CLIP_CONFIG).is_file():
+            weights = next((path / f for f in OPEN_CLIP_WEIGHTS if (path / f).is_file()), None)
+            if weights is None:
+                raise SourceError(f"{path} has an open_clip_config.json but no {' or '.join(OPEN_CLIP_WEIGHTS)}")
+            return open_open_clip(weights, read_weights(weights), name, read_json(path / OPEN_CLIP_CONFIG),
+                                  map_location)
         if not config_path.is_file():
             files = [p for p in sorted(path.iterdir()) if p.is_file() and p.suffix in WEIGHT_SUFFIXES]
             if len(files) != 1:
@@ -395,6 +520,11 @@ def open_source(path: str | os.PathLike, arch: str | None = None, map_location: 
         else:
             return load_checkpoint(path, map_location)
     state = read_weights(path)
+    if library == "open_clip" or (library is None and import_clip.is_open_clip_state_dict(state)):
+        sidecar = path.parent / OPEN_CLIP_CONFIG
+        return open_open_clip(path, state, name, read_json(sidecar) if sidecar.is_file() else None, map_location)
+    if library == "dinov3" or (library is None and import_dinov3.is_original_state_dict(state)):
+        return open_dinov3_original(path, state, name, map_location)
     if library == "torchvision" or (library is None and import_torchvision.is_torchvision_state_dict(state)):
         return open_torchvision(path, state, name, map_location)
     if library == "timm" or import_timm.is_timm_state_dict(state):

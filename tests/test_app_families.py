@@ -1,0 +1,121 @@
+"""The explorer opens the 2025-26 families from the picker (the HF cache) and by path: a DINOv3 HF folder (its 4
+storage tokens labelled), a SigLIP 2 fixed-resolution HF folder (the pooling probe's map first) and an open_clip
+model (its folder in the cache; its weights file by path)."""
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import save_file
+from test_app import dirs, png_bytes, run_app, sidebar_widget, upload  # noqa: F401 (a fixture)
+
+transformers = pytest.importorskip("transformers")
+open_clip = pytest.importorskip("open_clip")
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("dirs")]  # the app's own empty world
+
+DINOV3_OPTIONS = ["0 · CLS", "1 · REG 1", "2 · REG 2", "3 · REG 3", "4 · REG 4", "5 · patch row 1, col 1"]
+
+
+def dinov3_folder(folder):
+    config = transformers.DINOv3ViTConfig(image_size=16, patch_size=4, hidden_size=16, intermediate_size=16,
+                                          num_hidden_layers=2, num_attention_heads=2, num_register_tokens=4)
+    torch.manual_seed(0)
+    transformers.DINOv3ViTModel(config).save_pretrained(folder)
+    return folder
+
+
+def siglip2_folder(folder):
+    """SigLIP 2's fixed-resolution checkpoints are SiglipModel folders."""
+    config = transformers.SiglipConfig(
+        vision_config=dict(image_size=16, patch_size=4, hidden_size=8, intermediate_size=16, num_hidden_layers=2,
+                           num_attention_heads=2),
+        text_config=dict(hidden_size=8, intermediate_size=16, num_hidden_layers=1, num_attention_heads=2,
+                         vocab_size=32, max_position_embeddings=8))
+    torch.manual_seed(0)
+    transformers.SiglipModel(config).save_pretrained(folder)
+    return folder
+
+
+def open_clip_folder(folder):
+    model_cfg = dict(embed_dim=8, vision_cfg=dict(image_size=16, patch_size=4, width=16, layers=2, head_width=8),
+                     text_cfg=dict(context_length=8, vocab_size=32, width=16, heads=2, layers=1), quick_gelu=True)
+    torch.manual_seed(0)
+    model = open_clip.model.CLIP(**model_cfg)
+    folder.mkdir(parents=True)
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, folder / "open_clip_model.safetensors")
+    (folder / "open_clip_config.json").write_text(json.dumps({"model_cfg": model_cfg, "preprocess_cfg": {
+        "mean": list(open_clip.OPENAI_DATASET_MEAN), "std": list(open_clip.OPENAI_DATASET_STD)}}))
+    return folder
+
+
+def in_hf_cache(tmp_path, hub_name: str, make):
+    model_dir = tmp_path / "hf-cache" / f"models--{hub_name.replace('/', '--')}"  # dirs: HF_HUB_CACHE is here
+    snapshot = make(model_dir / "snapshots" / "rev1")
+    (model_dir / "refs").mkdir()
+    (model_dir / "refs" / "main").write_text("rev1")
+    return snapshot
+
+
+def open_by_path(path):
+    at = run_app()
+    sidebar_widget(at, "text_input", "Open a path").set_value(str(path))
+    at.run()
+    assert not at.exception, [e.message for e in at.exception]
+    upload(at, "photo.png", png_bytes(40, 30))
+    assert not at.exception, [e.message for e in at.exception]
+    return at
+
+
+def open_from_picker(label: str, snapshot):
+    at = run_app()
+    picker = sidebar_widget(at, "selectbox", "Checkpoint")
+    assert any(option.startswith(label) for option in picker.options), picker.options
+    picker.set_value(str(snapshot))
+    at.run()
+    upload(at, "photo.png", png_bytes(40, 30))
+    assert not at.exception, [e.message for e in at.exception]
+    return at
+
+
+def assert_dinov3_view(at):
+    assert sidebar_widget(at, "selectbox", "Query token").options[:6] == DINOV3_OPTIONS
+    assert any("no classifier" in info.value for info in at.main.info)
+    assert [c.value for c in at.main.caption if "Colours span" in c.value]  # the overlay is drawn
+
+
+def assert_siglip_view(at):
+    kinds = sidebar_widget(at, "radio", "Map").options
+    assert kinds[0].startswith("Pooling probe"), kinds
+    assert any("no CLS token" in c.value for c in [*at.main.markdown, *at.main.caption])
+    assert any("embedding" in info.value and "norm" in info.value for info in at.main.info)
+
+
+def test_a_dinov3_folder_opens_by_path(tmp_path):
+    assert_dinov3_view(open_by_path(dinov3_folder(tmp_path / "dinov3")))
+
+
+def test_a_dinov3_model_of_the_hf_cache_opens_from_the_picker(tmp_path):
+    snapshot = in_hf_cache(tmp_path, "facebook/dinov3-tiny", dinov3_folder)
+    assert_dinov3_view(open_from_picker("facebook/dinov3-tiny · hf:DINOv3ViTModel", snapshot))
+
+
+def test_a_siglip2_folder_opens_by_path_with_the_probe_map_first(tmp_path):
+    assert_siglip_view(open_by_path(siglip2_folder(tmp_path / "siglip2")))
+
+
+def test_a_siglip2_model_of_the_hf_cache_opens_from_the_picker(tmp_path):
+    snapshot = in_hf_cache(tmp_path, "google/siglip2-tiny", siglip2_folder)
+    assert_siglip_view(open_from_picker("google/siglip2-tiny · hf:SiglipModel", snapshot))
+
+
+def test_an_open_clip_weights_file_opens_by_path(tmp_path):
+    folder = open_clip_folder(tmp_path / "clip")
+    at = open_by_path(folder / "open_clip_model.safetensors")
+    assert sidebar_widget(at, "selectbox", "Query token").options[0] == "0 · CLS"
+    assert any("embedding (8 numbers)" in info.value for info in at.main.info)
+
+
+def test_an_open_clip_model_of_the_hf_cache_opens_from_the_picker(tmp_path):
+    snapshot = in_hf_cache(tmp_path, "laion/clip-tiny", open_clip_folder)
+    at = open_from_picker("laion/clip-tiny", snapshot)
+    assert any("embedding (8 numbers)" in info.value for info in at.main.info)

@@ -1,0 +1,129 @@
+"""CLIP image towers opened through ``vit.sources`` match their own library: the image embedding (open_clip's
+``encode_image``, HF's ``image_embeds``) and every layer's attention to 1e-5.
+
+- open_clip: a tiny random ``open_clip.model.CLIP`` saved as open_clip saves for the Hub (``open_clip_config.json`` +
+  ``open_clip_model.safetensors``); attentions read from its ``nn.MultiheadAttention`` with ``need_weights=True,
+  average_attn_weights=False``. open_clip does not resample positions, so only its native size is compared.
+- OpenAI's layout: a flat state dict (``visual.*`` beside the text tower's keys) read by open_clip's own
+  ``build_model_from_openai_state_dict`` (QuickGELU) as the reference, opened with ``--arch open_clip:quickgelu``.
+- HF: tiny random ``CLIPVisionModelWithProjection`` and ``CLIPModel`` (eager attention), at the native size and at
+  a non-square one with ``interpolate_pos_encoding=True``.
+"""
+
+
+import pytest
+import torch
+from parity_helpers import assert_parity, randomize
+from safetensors.torch import save_file
+
+from vit.sources.open import SourceError, open_source
+
+open_clip = pytest.importorskip("open_clip")
+open_clip_hub = pytest.importorskip("open_clip.push_to_hf_hub")
+transformers = pytest.importorskip("transformers")
+pytestmark = pytest.mark.slow  # importing open_clip and transformers takes seconds
+
+TEXT_CFG = dict(context_length=8, vocab_size=64, width=64, heads=1, layers=1)
+
+
+def open_clip_attentions(model, images):
+    """open_clip's encode_image and each block's attention probabilities, asked of its own nn.MultiheadAttention."""
+    captured, originals = [], []
+    for block in model.visual.transformer.resblocks:
+        attn = block.attn
+        original = attn.forward
+
+        def forward(*args, original=original, **kwargs):
+            kwargs.update(need_weights=True, average_attn_weights=False)
+            out, weights = original(*args, **kwargs)
+            captured.append(weights)
+            return out, weights
+
+        attn.forward = forward
+        originals.append((attn, original))
+    try:
+        with torch.no_grad():
+            embedding = model.encode_image(images)
+    finally:
+        for attn, original in originals:
+            attn.forward = original
+    return embedding, captured
+
+
+VISION_CASES = {
+    "tok": dict(image_size=32, patch_size=8, width=32, layers=2, head_width=16),
+    "avg-ln-after-pool-layer-scale": dict(image_size=32, patch_size=8, width=32, layers=2, head_width=16,
+                                          pool_type="avg", final_ln_after_pool=True, ls_init_value=0.5),
+}
+
+
+@pytest.mark.parametrize("case", list(VISION_CASES))
+def test_open_clip_folder_matches_open_clip(tmp_path, case):
+    model_cfg = dict(embed_dim=16, vision_cfg=VISION_CASES[case], text_cfg=TEXT_CFG)
+    torch.manual_seed(0)
+    model = randomize(open_clip.model.CLIP(**model_cfg))
+    folder = tmp_path / "open_clip"
+    folder.mkdir()
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, folder / "open_clip_model.safetensors")
+    model.visual.image_mean, model.visual.image_std = open_clip.OPENAI_DATASET_MEAN, open_clip.OPENAI_DATASET_STD
+    open_clip_hub.save_config_for_hf(model, folder / "open_clip_config.json", model_config=model_cfg)
+    checkpoint = open_source(folder)
+    assert checkpoint.metadata["architecture"] == "open_clip:gelu"
+    assert checkpoint.preprocessing.mean == tuple(open_clip.OPENAI_DATASET_MEAN)
+    images = torch.randn(2, 3, 32, 32)
+    expected, attentions = open_clip_attentions(model, images)
+    with torch.no_grad():
+        ours = checkpoint.model.encode(images, output_attentions=True)
+    assert_parity(f"CLIP | open_clip folder ({case}) | native", ours.embedding, expected, ours.attentions, attentions)
+
+
+def test_openai_layout_with_quickgelu_matches_open_clips_openai_loader(tmp_path):
+    torch.manual_seed(0)
+    model = randomize(open_clip.model.CLIP(embed_dim=16, vision_cfg=dict(image_size=32, patch_size=8, width=128,
+                                                                           layers=2), text_cfg=TEXT_CFG,
+                                           quick_gelu=True))
+    # OpenAI's release is float16; round-tripping keeps the reference (which converts to float16) exact.
+    state = {k: v.half().float() for k, v in model.state_dict().items()}
+    state.update(input_resolution=torch.tensor(32), context_length=torch.tensor(8), vocab_size=torch.tensor(64))
+    torch.save(state, tmp_path / "ViT-B-16.pt")
+    reference = open_clip.model.build_model_from_openai_state_dict(dict(state), quick_gelu=True).float().eval()
+    with pytest.raises(SourceError, match="does not say its activation") as error:
+        open_source(tmp_path / "ViT-B-16.pt")
+    assert "\n" not in str(error.value)
+    checkpoint = open_source(tmp_path / "ViT-B-16.pt", arch="open_clip:quickgelu")
+    assert checkpoint.config.activation == "quick_gelu" and checkpoint.config.num_heads == 2
+    images = torch.randn(2, 3, 32, 32)
+    expected, attentions = open_clip_attentions(reference, images)
+    with torch.no_grad():
+        ours = checkpoint.model.encode(images, output_attentions=True)
+    assert_parity("CLIP | OpenAI layout .pt (QuickGELU) | native", ours.embedding, expected, ours.attentions,
+                  attentions)
+
+
+HF_VISION = dict(image_size=32, patch_size=8, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                 num_attention_heads=2, projection_dim=16)
+
+
+@pytest.mark.parametrize("architecture", ["CLIPVisionModel", "CLIPVisionModelWithProjection", "CLIPModel"])
+def test_hf_clip_matches_transformers(tmp_path, architecture):
+    if architecture == "CLIPModel":
+        config = transformers.CLIPConfig(vision_config=HF_VISION, projection_dim=16, text_config=dict(
+            hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2, vocab_size=64,
+            max_position_embeddings=8))
+    else:
+        config = transformers.CLIPVisionConfig(**HF_VISION)
+    config._attn_implementation = "eager"
+    torch.manual_seed(0)
+    model = randomize(getattr(transformers, architecture)(config))
+    model.save_pretrained(tmp_path / "clip")
+    checkpoint = open_source(tmp_path / "clip")
+    vision = getattr(model, "vision_model", model)  # CLIPVisionModel is the tower itself in transformers 5
+    for label, size, interpolate in (("native", (32, 32), False), ("40x24", (40, 24), True)):
+        images = torch.randn(2, 3, *size)
+        with torch.no_grad():
+            out = vision(pixel_values=images, output_attentions=True, interpolate_pos_encoding=interpolate)
+            projection = getattr(model, "visual_projection", None)  # CLIPVisionModel: the normed CLS, unprojected
+            expected = projection(out.pooler_output) if projection is not None else out.pooler_output
+            ours = checkpoint.model.encode(images, output_attentions=True)
+        assert_parity(f"CLIP | HF {architecture} | {label}", ours.embedding, expected, ours.attentions,
+                      out.attentions)

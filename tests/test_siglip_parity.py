@@ -1,0 +1,103 @@
+"""SigLIP image towers opened through ``vit.sources`` match their own library: the pooled embedding, every layer's
+attention and the pooling probe's attention to 1e-5.
+
+- HF: tiny random ``SiglipVisionModel`` / ``SiglipModel`` (eager attention); SigLIP 2's fixed-resolution
+  checkpoints are ``SiglipModel`` folders. The probe's attention is recomputed from the reference's own ``head``
+  (its ``nn.MultiheadAttention`` with ``need_weights=True, average_attn_weights=False``).
+- timm: a tiny random ``vit_base_patch16_siglip_224`` (``global_pool='map'``, fused attention off); the probe's
+  attention is recomputed from the reference's own ``attn_pool`` weights on the tokens it received.
+"""
+
+import pytest
+import torch
+from parity_helpers import assert_parity, capture_inputs, randomize
+
+from vit.sources.open import SourceError, open_source
+
+transformers = pytest.importorskip("transformers")
+timm = pytest.importorskip("timm")
+pytestmark = pytest.mark.slow  # importing transformers and timm takes seconds
+
+HF_VISION = dict(image_size=32, patch_size=8, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                 num_attention_heads=2)
+
+
+def hf_probe_attention(head, tokens: torch.Tensor) -> torch.Tensor:
+    probe = head.probe.expand(tokens.shape[0], -1, -1)
+    return head.attention(probe, tokens, tokens, need_weights=True, average_attn_weights=False)[1]  # (B, nh, 1, T)
+
+
+@pytest.mark.parametrize("architecture", ["SiglipVisionModel", "SiglipModel"])
+def test_hf_siglip_matches_transformers(tmp_path, architecture):
+    if architecture == "SiglipModel":
+        config = transformers.SiglipConfig(vision_config=HF_VISION, text_config=dict(
+            hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2, vocab_size=64,
+            max_position_embeddings=8))
+    else:
+        config = transformers.SiglipVisionConfig(**HF_VISION)
+    config._attn_implementation = "eager"
+    torch.manual_seed(0)
+    model = randomize(getattr(transformers, architecture)(config))
+    model.save_pretrained(tmp_path / "siglip")
+    checkpoint = open_source(tmp_path / "siglip")
+    assert checkpoint.model.num_prefix_tokens == 0 and checkpoint.config.pooling == "map"
+    vision = getattr(model, "vision_model", model)  # SiglipVisionModel is the tower itself in transformers 5
+    for label, size, interpolate in (("native", (32, 32), False), ("40x24", (40, 24), True)):
+        images = torch.randn(2, 3, *size)
+        with torch.no_grad():
+            out = vision(pixel_values=images, output_attentions=True, interpolate_pos_encoding=interpolate)
+            probe = hf_probe_attention(vision.head, out.last_hidden_state)
+            ours = checkpoint.model.encode(images, output_attentions=True)
+        assert_parity(f"SigLIP | HF {architecture} | {label}", ours.embedding, out.pooler_output, ours.attentions,
+                      out.attentions)
+        assert_parity(f"SigLIP | HF {architecture} probe attention | {label}", ours.embedding, out.pooler_output,
+                      [ours.pool_attention], [probe])
+
+
+def test_siglip2_naflex_folder_is_refused_in_one_line(tmp_path):
+    config = transformers.Siglip2VisionConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                              num_attention_heads=2, patch_size=8, num_patches=16)
+    transformers.Siglip2VisionModel(config).save_pretrained(tmp_path / "siglip2")
+    with pytest.raises(SourceError, match="NaFlex") as error:
+        open_source(tmp_path / "siglip2")
+    assert "\n" not in str(error.value)
+
+
+def timm_siglip(dynamic: bool = False):
+    timm.layers.set_fused_attn(False)
+    try:
+        torch.manual_seed(0)
+        model = timm.create_model("vit_base_patch16_siglip_224", pretrained=False, img_size=32, patch_size=8,
+                                  embed_dim=32, depth=2, num_heads=2, num_classes=0, dynamic_img_size=dynamic)
+    finally:
+        timm.layers.set_fused_attn(True)
+    return randomize(model)
+
+
+def timm_probe_attention(pool, tokens: torch.Tensor) -> torch.Tensor:
+    """softmax(q k^T / sqrt(hd)) of timm's AttentionPoolLatent, from its own q / kv weights."""
+    B, N, C = tokens.shape
+    q = pool.q(pool.latent.expand(B, -1, -1)).reshape(B, 1, pool.num_heads, pool.head_dim).transpose(1, 2)
+    k = pool.kv(tokens).reshape(B, N, 2, pool.num_heads, pool.head_dim).permute(2, 0, 3, 1, 4)[0]
+    return ((q * pool.scale) @ k.transpose(-2, -1)).softmax(dim=-1)
+
+
+def test_timm_siglip_with_map_pooling_matches_timm(tmp_path):
+    model = timm_siglip()
+    dynamic = timm_siglip(dynamic=True)
+    dynamic.load_state_dict(model.state_dict())
+    timm.models.save_for_hf(model, tmp_path / "timm", model_args=dict(num_heads=2, img_size=32),
+                            safe_serialization=True)
+    checkpoint = open_source(tmp_path / "timm")
+    assert checkpoint.config.pooling == "map" and not checkpoint.config.class_token
+    for label, reference, size in (("native", model, (32, 32)), ("40x24", dynamic, (40, 24))):
+        images = torch.randn(2, 3, *size)
+        modules = [b.attn.attn_drop for b in reference.blocks] + [reference.attn_pool]
+        expected, captured = capture_inputs(modules, lambda reference=reference, images=images: reference(images))
+        with torch.no_grad():
+            probe = timm_probe_attention(reference.attn_pool, captured[-1])
+            ours = checkpoint.model.encode(images, output_attentions=True)
+        assert_parity(f"SigLIP | timm vit_*_siglip_* (map) | {label}", ours.embedding, expected, ours.attentions,
+                      captured[:-1])
+        assert_parity(f"SigLIP | timm attn_pool probe attention | {label}", ours.embedding, expected,
+                      [ours.pool_attention], [probe])
