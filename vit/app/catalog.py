@@ -333,7 +333,7 @@ def find_hf_cache_models(cache_dirs: list[Path] | None = None) -> list[Candidate
                 pass
             elif isinstance(timm_name, str):
                 try:
-                    if not timm_name.startswith("eva02_"):  # EVA-02 is read by vit.import_eva
+                    if not timm_name.startswith("eva02_"):  # EVA-02 is read by vit.sources.import_eva
                         import_timm.check_name(timm_name)
                 except ValueError:
                     continue

@@ -17,8 +17,8 @@ from collections.abc import Mapping
 
 import torch
 
-from vit.import_dinov3 import _linear, _Taker
 from vit.model import ViTConfig
+from vit.sources.import_dinov3 import _linear, _Taker
 
 SUPPORTED = "EVA-02: timm eva02_* weights (not the EVA-CLIP towers)"
 HEADS_BY_WIDTH = {192: 3, 384: 6, 768: 12, 1024: 16}

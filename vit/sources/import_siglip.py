@@ -16,9 +16,9 @@ from collections.abc import Mapping
 
 import torch
 
-from vit.import_dinov3 import _linear, _Taker, activation
 from vit.model import ViTConfig
 from vit.sources.import_clip import _one, _vision_prefix, vision_config
+from vit.sources.import_dinov3 import _linear, _Taker, activation
 
 SUPPORTED = "SigLIP / SigLIP 2 (fixed resolution): HF SiglipVisionModel / SiglipModel folders"
 HF_HONOURED = {"hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_channels",

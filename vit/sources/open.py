@@ -8,9 +8,9 @@
 - a timm folder (``config.json`` with ``architecture``, ``pretrained_cfg``, ``label_names``)
   or a timm state dict file (``.safetensors``, ``.pth``) with ``arch="timm:NAME"``;
 - a torchvision ``vit_*`` state dict file (recognised from its keys, or ``arch="torchvision:NAME"``);
-- CLIP (``vit.import_clip``): open_clip state dicts and folders (``open_clip_config.json``), OpenAI's layout,
-  HF ``clip`` / ``clip_vision_model`` folders; SigLIP (``vit.import_siglip``): HF ``siglip`` folders;
-- DINOv3 (``vit.import_dinov3``): HF ``dinov3_vit`` folders, timm ``vit_*_dinov3*`` weights, original
+- CLIP (``vit.sources.import_clip``): open_clip state dicts and folders (``open_clip_config.json``), OpenAI's layout,
+  HF ``clip`` / ``clip_vision_model`` folders; SigLIP (``vit.sources.import_siglip``): HF ``siglip`` folders;
+- DINOv3 (``vit.sources.import_dinov3``): HF ``dinov3_vit`` folders, timm ``vit_*_dinov3*`` weights, original
   ``facebookresearch/dinov3`` backbones (recognised from ``storage_tokens``, or ``arch="dinov3:NAME"``).
 
 Nothing from a model folder is executed: safetensors files are read with the ``safetensors``
