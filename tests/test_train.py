@@ -80,7 +80,7 @@ def completed_run(images, cache, tmp_path_factory) -> Path:
 
 def test_short_run_writes_every_run_file(completed_run, images):
     files = {p.name for p in completed_run.iterdir()}
-    assert files == {"config.json", "metrics.jsonl", "status.json", "last.pt", "best.pt", "run.log", "probe",
+    assert files == {"config.json", "metrics.jsonl", "status.json", "last.pt", "best.pt", "train.log", "probe",
                      "attention"}  # the last two: attention snapshots, on by default
 
     config = read_json(completed_run / "config.json")
@@ -114,7 +114,7 @@ def test_short_run_writes_every_run_file(completed_run, images):
         assert checkpoint.preprocessing.mean == tuple(config["dataset"]["mean"])
         assert checkpoint.metadata["dataset"] == f"folder:{images}"
     assert load_checkpoint(completed_run / "last.pt").metadata["epochs"] == 2
-    assert "completed after 2 epochs" in (completed_run / "run.log").read_text()
+    assert "completed after 2 epochs" in (completed_run / "train.log").read_text()
 
 
 def test_greyscale_folder_trains_a_3_channel_model(tmp_path, cache):
@@ -250,7 +250,7 @@ def test_sigterm_cancels_after_the_step_and_the_resumed_run_matches_an_uninterru
     assert status["state"] == "cancelled" and status["error"] is None
     state = read_checkpoint_payload(stopped / "last.pt")["training_state"]["progress"]
     assert 1 <= state["global_step"] < 44 and state["global_step"] == status["step"]
-    assert "cancelled by SIGTERM" in (stopped / "run.log").read_text()
+    assert "cancelled by SIGTERM" in (stopped / "train.log").read_text()
 
     assert main(["--resume", str(stopped)]) == 0
     assert read_json(stopped / "status.json")["state"] == "completed"
@@ -287,7 +287,7 @@ def test_a_crash_marks_the_run_failed_with_its_message(images, cache, tmp_path, 
     assert "injected fault at step 3" in err and "Traceback" not in err
     status = read_json(out / "status.json")
     assert status["state"] == "failed" and "injected fault at step 3" in status["error"]
-    assert "Traceback" in (out / "run.log").read_text()
+    assert "Traceback" in (out / "train.log").read_text()
 
 
 def test_a_failure_after_loading_the_data_leaves_no_run_folder(images, cache, tmp_path, monkeypatch, capsys):
@@ -371,7 +371,7 @@ def test_help_explains_every_option(capsys):
         assert action.help, f"{action.option_strings} has no help"
         for option in action.option_strings:
             assert option in text
-    for word in ("config.json", "metrics.jsonl", "status.json", "last.pt", "best.pt", "run.log", "SIGTERM",
+    for word in ("config.json", "metrics.jsonl", "status.json", "last.pt", "best.pt", "train.log", "SIGTERM",
                  "torchrun", "--resume", "images_per_second", "eta_seconds", "exit status"):
         assert word in text
 
