@@ -21,7 +21,7 @@ from vit.explain import compare, figures
 from vit.explain.attention import HEAD_FUSIONS
 from vit.explain.overlay import UPSAMPLE_MODES, draw_mask_contours, overlay
 from vit.images import MAX_SIDE, UPLOAD_MAX_PIXELS, ImageError, open_image
-from vit.inference import MAX_INPUT_SIDE, InputSize
+from vit.inference import MAX_INPUT_SIDE, InputSize, input_box, seen_region
 from vit.runs import access
 from vit.sources.open import open_source
 from vit.text import escape_markdown
@@ -370,7 +370,10 @@ mask = explorer.map_mask(map2d, share) if masked else None
 
 # -- image, overlay and prediction ----------------------------------------------------------------------------------
 
-shown, shown_uri, small = display_images(image_key, image)
+# A model whose preprocessing crops (DINOv2, timm's crop_pct) sees only the centre: everything is drawn over that.
+box = input_box(image.size, pre, size)
+seen = seen_region(image, pre, size)
+shown, shown_uri, small = display_images(f"{image_key}-{tuple(round(v) for v in box)}", seen)
 drawn = overlay(shown, map2d, opacity, map_colormap, mode, show_grid=show_grid, outline_patch=outline, vmin=vmin,
                 vmax=vmax)
 if mask is not None:
@@ -383,7 +386,7 @@ with col_image:
                     config=PICKER_CONFIG, width="stretch")
     st.caption(f"**Click a patch** to make it the query. {escape_markdown(image_name)}, {image.width}×{image.height} "
                "px; "
-               + drawing.describe_input(analysis, image.size))
+               + drawing.describe_input(analysis, image.size, box))
 with col_overlay:
     st.subheader("Attention")
     st.plotly_chart(drawing.patch_picker_figure(shown.size, drawing.jpeg_data_uri(drawn), grid, query, prefix,
@@ -400,10 +403,10 @@ with col_overlay:
     download_png.download_button(
         "Overlay (PNG)", on_click="ignore", mime="image/png",
         file_name=drawing.map_file_name(stem, settings, analysis, "overlay.png"),
-        data=partial(drawing.overlay_png, image, map2d, opacity, map_colormap, mode, show_grid, outline, vmin, vmax,
+        data=partial(drawing.overlay_png, seen, map2d, opacity, map_colormap, mode, show_grid, outline, vmin, vmax,
                      mask),
-        help=f"At the image's size as decoded (at most {MAX_SIDE:,} px on its long side), "
-             f"{image.width}×{image.height} px.")
+        help=f"At the image's size as decoded (at most {MAX_SIDE:,} px on its long side), over the part the model "
+             f"sees: {seen.width}×{seen.height} px.")
     with download_npz.popover("Attentions (.npz)"):
         npz_layers = st.radio("Layers", ["all", "this"], key="npz_layers", horizontal=True,
                               format_func=lambda v: "every layer" if v == "all" else f"layer {layer} only")

@@ -119,3 +119,21 @@ def test_an_open_clip_model_of_the_hf_cache_opens_from_the_picker(tmp_path):
     snapshot = in_hf_cache(tmp_path, "laion/clip-tiny", open_clip_folder)
     at = open_from_picker("laion/clip-tiny", snapshot)
     assert any("embedding (8 numbers)" in info.value for info in at.main.info)
+
+
+def test_a_cropping_dinov2_folder_draws_over_the_centre_the_model_saw(tmp_path):
+    """HF DINOv2 resizes the short side to 256 and crops 224: on a 640x480 upload it sees x 109-529 only."""
+    config = transformers.Dinov2Config(image_size=224, patch_size=56, hidden_size=8, intermediate_size=16,
+                                       num_hidden_layers=1, num_attention_heads=2)
+    folder = tmp_path / "dinov2"
+    torch.manual_seed(0)
+    transformers.Dinov2Model(config).save_pretrained(folder)
+    transformers.BitImageProcessor(size={"shortest_edge": 256}, crop_size={"height": 224, "width": 224},
+                                   do_center_crop=True).save_pretrained(folder)
+    at = run_app()
+    sidebar_widget(at, "text_input", "Open a path").set_value(str(folder))
+    at.run()
+    upload(at, "photo.png", png_bytes(640, 480))
+    assert not at.exception, [e.message for e in at.exception]
+    [caption] = [c.value for c in at.main.caption if "Click a patch" in c.value]
+    assert "sees only x 109–529, y 30–450 of the image" in caption and "stretched" not in caption

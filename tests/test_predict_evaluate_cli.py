@@ -91,7 +91,10 @@ def test_predict_prints_a_json_list_of_top_k_labels_and_saves_maps(files, tmp_pa
 
     for stem, source in (("wide", files["wide"]), ("tall", files["tall"])):
         with np.load(maps / f"{stem}.npz", allow_pickle=False) as npz:
-            assert sorted(npz.files) == ["class_names", "layer_0", "layer_1", "logits", "probabilities"]
+            assert sorted(npz.files) == ["class_names", "grid", "input_box", "input_size", "layer_0", "layer_1",
+                                         "logits", "patch_size", "prefix_tokens", "probabilities"]
+            width, height = Image.open(source).size
+            assert npz["input_box"].tolist() == [0, 0, width, height]  # our checkpoints resize, never crop
             assert npz["layer_0"].shape == npz["layer_1"].shape == (2, TOKENS, TOKENS)
             assert npz["probabilities"].shape == (3,)
             assert npz["class_names"].tolist() == CLASSES

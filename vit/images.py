@@ -120,6 +120,16 @@ def to_mode(image: Image.Image, num_channels: int) -> Image.Image:
     return image.convert("RGB" if num_channels == 3 else "L")
 
 
+def resized_size(image_size: tuple[int, int], resize_size: int, resize_mode: str) -> tuple[int, int]:
+    """``(width, height)`` an image is resized to before the centre crop (``vit.images.to_uint8``'s rule)."""
+    width, height = image_size
+    if resize_mode != "shortest_edge":
+        return resize_size, resize_size
+    short, long = min(width, height), max(width, height)
+    new_long = int(resize_size * long / short)
+    return (resize_size, new_long) if width <= height else (new_long, resize_size)
+
+
 def to_uint8(image: Image.Image, image_size: int | tuple[int, int], num_channels: int, resize_size: int | None = None,
              resize_mode: str = "square", resample: str = "bicubic") -> torch.Tensor:
     """The evaluation transform up to normalisation: a ``(C, S, S)`` uint8 tensor.
@@ -136,13 +146,7 @@ def to_uint8(image: Image.Image, image_size: int | tuple[int, int], num_channels
         if image.size != (width, height):
             image = image.resize((width, height), filter_)
     else:
-        width, height = image.size
-        if resize_mode == "shortest_edge":
-            short, long = min(width, height), max(width, height)
-            new_long = int(resize_size * long / short)
-            size = (resize_size, new_long) if width <= height else (new_long, resize_size)
-        else:
-            size = (resize_size, resize_size)
+        size = resized_size(image.size, resize_size, resize_mode)
         if image.size != size:
             image = image.resize(size, filter_)
         left = int(round((size[0] - image_size) / 2.0))  # torchvision's center_crop rounding

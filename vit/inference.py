@@ -17,7 +17,7 @@ import torch
 from PIL import Image
 
 from vit.checkpoint import Checkpoint, Preprocessing
-from vit.images import ImageError, normalize, open_image, to_uint8
+from vit.images import ImageError, normalize, open_image, resized_size, to_uint8
 
 MAX_INPUT_SIDE = 1024  # px; beyond this even ViT-S/16 has over 4,000 tokens
 
@@ -61,6 +61,34 @@ def input_shape(image: Image.Image, preprocessing: Preprocessing, patch_size: in
     if size == TRAINING_SIZE:
         return preprocessing.image_size, preprocessing.image_size
     return size.shape(image.size, preprocessing, patch_size)
+
+
+def input_box(image_size: tuple[int, int], preprocessing: Preprocessing,
+              size: InputSize = TRAINING_SIZE) -> tuple[float, float, float, float]:
+    """``(x0, y0, x1, y1)``: the part of an image of ``image_size = (width, height)`` that the model sees.
+
+    A checkpoint whose evaluation transform resizes and centre-crops (HF DINOv2: shortest edge 256,
+    crop 224; timm: ``crop_pct``) sees only the middle of the image, so every map of it belongs over
+    this box, not over the whole image. The same arithmetic as ``vit.images.to_uint8``: the crop's
+    offsets in the resized image, scaled back to the original's pixels. Other input sizes, and
+    checkpoints that only resize, see the whole image.
+    """
+    width, height = image_size
+    p = preprocessing
+    if size != TRAINING_SIZE or p.resize_size is None:
+        return 0.0, 0.0, float(width), float(height)
+    resized = resized_size(image_size, p.resize_size, p.resize_mode)
+    left = int(round((resized[0] - p.image_size) / 2.0))  # torchvision's center_crop rounding, as to_uint8
+    top = int(round((resized[1] - p.image_size) / 2.0))
+    sx, sy = width / resized[0], height / resized[1]
+    return left * sx, top * sy, (left + p.image_size) * sx, (top + p.image_size) * sy
+
+
+def seen_region(image: Image.Image, preprocessing: Preprocessing, size: InputSize = TRAINING_SIZE) -> Image.Image:
+    """The part of ``image`` the model sees (``input_box`` rounded to whole pixels): what maps are drawn over."""
+    x0, y0, x1, y1 = input_box(image.size, preprocessing, size)
+    box = (round(x0), round(y0), round(x1), round(y1))
+    return image if box == (0, 0, image.width, image.height) else image.crop(box)
 
 
 def preprocess(images: Sequence[Image.Image], preprocessing: Preprocessing, size: InputSize = TRAINING_SIZE,

@@ -7,9 +7,13 @@ each image also gets, named after its file (``photo.jpg`` -> ``photo``; a second
 
   DIR/<stem>.npz          raw attentions ``layer_0`` .. ``layer_{L-1}``, each (heads, T, T),
                           with ``probabilities``, ``logits`` and ``class_names`` when the
-                          model has a classifier (feature models such as DINO have none)
-  DIR/<stem>_cls.png      the last layer's CLS attention averaged over heads, over the image
-  DIR/<stem>_rollout.png  attention rollout over all layers (mean over heads), over the image
+                          model has a classifier (feature models such as DINO have none), and the
+                          geometry: ``grid`` (rows, cols), ``patch_size``, ``prefix_tokens``,
+                          ``input_size`` (height, width) and ``input_box`` (x0, y0, x1, y1: the
+                          part of the original image the model saw; a centre crop for
+                          preprocessing that crops, as HF DINOv2's and timm's ``crop_pct``)
+  DIR/<stem>_cls.png      the last layer's CLS attention averaged over heads, over that part
+  DIR/<stem>_rollout.png  attention rollout over all layers (mean over heads), over that part
 
 Both overlays are at the image's own resolution. ``--size N`` runs the model on an N-px square
 instead of its training size (``--keep-aspect``: the long side at N px, the other in proportion),
@@ -32,7 +36,16 @@ import torch
 from vit.checkpoint import Checkpoint, CheckpointError
 from vit.explain.attention import fuse_heads, rollout, token_map
 from vit.explain.overlay import attentions_npz_bytes, overlay
-from vit.inference import MAX_INPUT_SIDE, TRAINING_SIZE, FileResult, InputSize, input_shape, predict_files
+from vit.inference import (
+    MAX_INPUT_SIDE,
+    TRAINING_SIZE,
+    FileResult,
+    InputSize,
+    input_box,
+    input_shape,
+    predict_files,
+    seen_region,
+)
 
 PROG = "vit.predict"
 
@@ -146,9 +159,14 @@ def save_maps(result: FileResult, checkpoint: Checkpoint, folder: Path, stem: st
     if checkpoint.class_names:  # a model without a head has no logits to keep
         extra = dict(probabilities=prediction.probabilities, logits=prediction.logits,
                      class_names=np.array(checkpoint.class_names))
-    files["npz"].write_bytes(attentions_npz_bytes(prediction.attentions, **extra))
-    overlay(result.image, cls_map.numpy()).save(files["cls"], format="PNG")
-    overlay(result.image, rollout_map.numpy()).save(files["rollout"], format="PNG")
+    box = input_box(result.image.size, checkpoint.preprocessing, size)  # what the model saw (a crop, for some)
+    files["npz"].write_bytes(attentions_npz_bytes(prediction.attentions, **extra, grid=np.array(grid),
+                                                  patch_size=np.array(checkpoint.model.config.patch_size),
+                                                  prefix_tokens=np.array(prefix), input_size=np.array(shape),
+                                                  input_box=np.array(box, dtype=np.float64)))
+    seen = seen_region(result.image, checkpoint.preprocessing, size)  # maps go over exactly those pixels
+    overlay(seen, cls_map.numpy()).save(files["cls"], format="PNG")
+    overlay(seen, rollout_map.numpy()).save(files["rollout"], format="PNG")
     return {kind: str(path) for kind, path in files.items()}
 
 

@@ -257,8 +257,12 @@ def describe_range(map2d: np.ndarray, vmin: float | None = None, vmax: float | N
 
 
 
-def describe_input(analysis: Analysis, image_size: tuple[int, int]) -> str:
-    """What the model saw: '... sees it as 480×360 px in 45×60 patches of 8 px (not its 224-px training size)'."""
+def describe_input(analysis: Analysis, image_size: tuple[int, int],
+                   box: tuple[float, float, float, float] | None = None) -> str:
+    """What the model saw: '... sees it as 480×360 px in 45×60 patches of 8 px (not its 224-px training size)'.
+
+    ``box`` is ``vit.inference.input_box``: when the preprocessing crops, only that part is seen (and shown).
+    """
     height, width = analysis.input_size
     gh, gw = analysis.grid
     text = (f"the model sees it as {width}×{height} px in {gh}×{gw} patches of {analysis.patch_size} px "
@@ -268,6 +272,11 @@ def describe_input(analysis: Analysis, image_size: tuple[int, int]) -> str:
             "its rotary positions take any size without interpolation"
         text += f", not its {analysis.training_size}×{analysis.training_size}-px training size: {how}"
     iw, ih = image_size
+    if box is not None and (round(box[0]), round(box[1]), round(box[2]), round(box[3])) != (0, 0, iw, ih):
+        x0, y0, x1, y1 = (round(v) for v in box)
+        text += (f". Its preprocessing resizes and crops the centre, so it sees only x {x0}–{x1}, y {y0}–{y1} "
+                 "of the image: that region is what is shown, and every map, patch and click lies over it")
+        iw, ih = x1 - x0, y1 - y0
     if width * ih != height * iw:
         text += "; the image is stretched to that shape" if abs(width / height - iw / ih) > 0.02 else ""
     return text + "."

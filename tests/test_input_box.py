@@ -1,0 +1,131 @@
+"""Maps belong over the pixels the model saw: ``input_box`` against the reference libraries' own transforms.
+
+Each image is a horizontal (or vertical) ramp, value = k * (pixel index); resampling keeps a
+linear function linear, so a straight-line fit across the middle of the reference library's
+output tells which original coordinates its first and last columns came from.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from vit.checkpoint import IMAGENET_MEAN, IMAGENET_STD, Preprocessing
+from vit.inference import TRAINING_SIZE, InputSize, input_box, preprocess, seen_region
+from vit.model import ViTConfig
+from vit.sources.import_timm import preprocessing_from_timm
+
+
+def ramp_image(width: int, height: int, axis: int) -> Image.Image:
+    """RGB ramp along ``axis`` (0: x, 1: y), 0 at the first pixel centre, 250 at the last."""
+    n = width if axis == 0 else height
+    line = np.linspace(0, 250, n)
+    values = np.tile(line, (height, 1)) if axis == 0 else np.tile(line[:, None], (1, width))
+    return Image.fromarray(np.repeat(values[:, :, None], 3, axis=2).round().astype(np.uint8))
+
+
+def span_from_output(output: np.ndarray, n: int, axis: int) -> tuple[float, float]:
+    """``(start, end)`` in original pixel coordinates of an ``(S, S)`` reference output of a ramp over ``n``."""
+    profile = output.mean(axis=0) if axis == 0 else output.mean(axis=1)  # (S,)
+    S = profile.shape[0]
+    i = np.arange(S)[S // 8: -S // 8]  # away from the borders, where resampling sees the edge
+    slope, intercept = np.polyfit(i + 0.5, profile[S // 8: -S // 8], 1)
+    k = 250 / (n - 1)  # value per original pixel; value = k * (u - 0.5) at continuous coordinate u
+    start = intercept / k + 0.5
+    return start, start + S * slope / k
+
+
+def hf_reference(image: Image.Image) -> np.ndarray:
+    """HF DINOv2's processor (BitImageProcessor: shortest edge 256, centre crop 224), unnormalised."""
+    from transformers import BitImageProcessor
+
+    processor = BitImageProcessor(size={"shortest_edge": 256}, crop_size={"height": 224, "width": 224},
+                                  do_center_crop=True, do_rescale=False, do_normalize=False,
+                                  do_convert_rgb=True, resample=3)
+    return np.asarray(processor(image, return_tensors="np")["pixel_values"][0, 0], dtype=np.float64)
+
+
+def timm_reference(image: Image.Image, crop_pct: float) -> np.ndarray:
+    timm_data = pytest.importorskip("timm.data")
+    transform = timm_data.create_transform(input_size=(3, 224, 224), crop_pct=crop_pct, interpolation="bicubic",
+                                           mean=(0, 0, 0), std=(1, 1, 1))
+    return transform(image)[0].numpy().astype(np.float64) * 255
+
+
+@pytest.mark.parametrize("width, height", [(640, 480), (480, 640), (300, 300)])
+@pytest.mark.parametrize("axis", [0, 1])
+def test_the_box_of_an_hf_dinov2_crop_is_where_the_hf_processor_takes_its_pixels(width, height, axis):
+    pre = Preprocessing(224, 3, IMAGENET_MEAN, IMAGENET_STD, resize_size=256, resize_mode="shortest_edge")
+    image = ramp_image(width, height, axis)
+    start, end = span_from_output(hf_reference(image), width if axis == 0 else height, axis)
+    x0, y0, x1, y1 = input_box(image.size, pre)
+    ours = (x0, x1) if axis == 0 else (y0, y1)
+    assert ours == pytest.approx((start, end), abs=0.6)
+
+
+@pytest.mark.parametrize("crop_pct", [0.875, 0.9, 1.0])
+@pytest.mark.parametrize("axis", [0, 1])
+def test_the_box_of_a_timm_crop_pct_is_where_the_timm_transform_takes_its_pixels(crop_pct, axis):
+    pre = preprocessing_from_timm("vit_tiny_patch16_224", ViTConfig(image_size=224, patch_size=16),
+                                  {"crop_pct": crop_pct, "input_size": (3, 224, 224)})
+    image = ramp_image(640, 480, axis)
+    start, end = span_from_output(timm_reference(image, crop_pct), 640 if axis == 0 else 480, axis)
+    x0, y0, x1, y1 = input_box(image.size, pre)
+    ours = (x0, x1) if axis == 0 else (y0, y1)
+    assert ours == pytest.approx((start, end), abs=0.6)
+
+
+def test_a_640x480_image_under_dinov2_preprocessing_is_seen_from_x_110_to_530():
+    pre = Preprocessing(224, 3, IMAGENET_MEAN, IMAGENET_STD, resize_size=256, resize_mode="shortest_edge")
+    x0, y0, x1, y1 = input_box((640, 480), pre)
+    # resized to 341 x 256, the crop starts at round(58.5) = 58 (Python rounds half to even): x 108.9 .. 529.3
+    assert (x0, y0, x1, y1) == pytest.approx((58 * 640 / 341, 16 * 480 / 256, 282 * 640 / 341, 240 * 480 / 256))
+    assert seen_region(Image.new("RGB", (640, 480)), pre).size == (round(x1) - round(x0), round(y1) - round(y0))
+
+
+def test_models_that_only_resize_and_other_input_sizes_see_the_whole_image():
+    cropping = Preprocessing(224, 3, IMAGENET_MEAN, IMAGENET_STD, resize_size=256, resize_mode="shortest_edge")
+    plain = Preprocessing(32, 3, (0.5,) * 3, (0.5,) * 3)
+    assert input_box((640, 480), plain) == (0, 0, 640, 480)
+    assert input_box((640, 480), cropping, InputSize(224, keep_aspect=True)) == (0, 0, 640, 480)
+    image = Image.new("RGB", (640, 480))
+    assert seen_region(image, plain) is image
+
+
+def test_the_seen_region_resized_is_the_model_input_up_to_resampling():
+    """Cropping the box and resizing it gives the model's input back (what the explorer draws under a map)."""
+    pre = Preprocessing(224, 3, (0.0,) * 3, (1.0,) * 3, resize_size=256, resize_mode="shortest_edge")
+    rng = np.random.default_rng(0)
+    smooth = torch.nn.functional.interpolate(torch.from_numpy(rng.random((1, 3, 12, 16))), size=(480, 640),
+                                             mode="bilinear", align_corners=False)[0]
+    image = Image.fromarray((smooth.permute(1, 2, 0).numpy() * 255).astype(np.uint8))
+    model_input = preprocess([image], pre, TRAINING_SIZE)[0]  # (3, 224, 224) in [0, 1]
+    redrawn = preprocess([seen_region(image, pre)], Preprocessing(224, 3, (0.0,) * 3, (1.0,) * 3))[0]
+    assert (model_input - redrawn).abs().mean() < 0.01
+
+
+def test_predict_save_maps_draws_over_the_crop_and_records_the_geometry(tmp_path, capsys):
+    """``vit.predict --save-maps`` on HF DINOv2 (resize 256, crop 224): overlays of the seen region, and the
+    .npz says where it lies in the original image."""
+    transformers = pytest.importorskip("transformers")
+    from vit import predict
+
+    config = transformers.Dinov2Config(image_size=224, patch_size=56, hidden_size=8, intermediate_size=16,
+                                       num_hidden_layers=1, num_attention_heads=2)
+    folder = tmp_path / "dinov2"
+    torch.manual_seed(0)
+    transformers.Dinov2Model(config).save_pretrained(folder)
+    transformers.BitImageProcessor(size={"shortest_edge": 256}, crop_size={"height": 224, "width": 224},
+                                   do_center_crop=True).save_pretrained(folder)
+    photo = tmp_path / "photo.png"
+    ramp_image(640, 480, 0).save(photo)
+    assert predict.main([str(folder), str(photo), "--save-maps", str(tmp_path / "maps"), "--device", "cpu"]) == 0
+    capsys.readouterr()
+    maps = np.load(tmp_path / "maps" / "photo.npz")
+    assert maps["grid"].tolist() == [4, 4] and int(maps["patch_size"]) == 56 and int(maps["prefix_tokens"]) == 1
+    assert maps["input_size"].tolist() == [224, 224]
+    start, end = span_from_output(hf_reference(ramp_image(640, 480, 0)), 640, 0)
+    assert maps["input_box"][[0, 2]] == pytest.approx([start, end], abs=0.6)
+    assert Image.open(tmp_path / "maps" / "photo_cls.png").size == (420, 420)  # x 109-529, y 30-450 of 640x480
