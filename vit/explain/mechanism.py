@@ -506,3 +506,99 @@ def patch_residuals(model: ViT, clean: Tensor, corrupted: Tensor, a: Tensor | in
                     logits = model.classify(final)  # (n, classes)
                     out[i, layer, start:start + len(positions)] = logits[:, a[i]] - logits[:, b[i]]
     return Patching(out, clean_d, corrupt_d)
+
+
+# --- phenomena: high-norm tokens, massive activations, attention sinks ----------------------------
+
+def token_norms(states: Tensor) -> Tensor:
+    """The L2 norm of every token in every layer: hidden states ``(B, L + 1, T, D)`` -> ``(B, L + 1, T)``."""
+    return states.float().norm(dim=-1)
+
+
+def high_norm_rate(norms: Tensor, threshold: float, num_prefix_tokens: int) -> tuple[Tensor, Tensor]:
+    """Share of patch tokens over ``threshold`` per layer ``(B, L + 1)``, and the mask ``(B, L + 1, T)`` of every
+    token over it (Darcet et al. 2023's artefacts are the patches among them)."""
+    mask = norms > threshold
+    return mask[..., num_prefix_tokens:].float().mean(dim=-1), mask
+
+
+def massive_activations(states: Tensor) -> Tensor:
+    """Per image and block ``(B, L, 4)``: the top 3 of |block output| over all tokens and channels, then their
+    median (locuslab/massive-activations ``main_vit.py --exp2``, before its mean over images)."""
+    outputs = states[:, 1:].abs().flatten(2)  # (B, L, T*D): each block's output
+    top = outputs.topk(3, dim=-1).values  # (B, L, 3)
+    return torch.cat([top, outputs.median(dim=-1).values[..., None]], dim=-1)
+
+
+@dataclass
+class Sinks:
+    """Per image, layer and head: the key token that receives the most attention (averaged over queries), the
+    share of attention it receives, and the norm of its value vector in that head."""
+
+    token: Tensor  # (B, L, H) long
+    mass: Tensor  # (B, L, H) in [0, 1]
+    value_norm: Tensor  # (B, L, H)
+
+
+def sink_stats(model: ViT, states: Tensor) -> Sinks:
+    """Attention sinks from the hidden states ``(B, L + 1, T, D)``: one layer's ``B x H x T x T`` attention at a
+    time."""
+    check_supported(model)
+    B, S, T, D = states.shape
+    L, H, hd = _dims(model)
+    check_budget(2 * B * H * T * T, "one layer's attention")
+    tokens, masses, norms = [], [], []
+    with torch.no_grad():
+        for layer in range(L):
+            _, probs, v = head_contexts(model, layer, states[:, layer], need_probs=True)
+            received = probs.mean(dim=2)  # (B, H, T): attention each key gets, averaged over queries
+            mass, token = received.max(dim=-1)  # (B, H)
+            value_norm = v.norm(dim=-1).gather(-1, token[..., None])[..., 0]  # (B, H)
+            tokens.append(token), masses.append(mass), norms.append(value_norm)
+    return Sinks(torch.stack(tokens, 1), torch.stack(masses, 1), torch.stack(norms, 1))
+
+
+def register_neuron_scores(model: ViT, images: Tensor, threshold: float, detect_layer: int = -1
+                           ) -> tuple[Tensor, int]:
+    """Jiang et al. 2025's register-neuron scores ``(L, mlp)`` and how many images had outliers.
+
+    As nickjiang2378/test-time-registers ``shared/algorithms.py`` ``find_register_neurons`` (no sparsity
+    filter): per image, the outlier positions are the tokens whose norm after block ``detect_layer`` is over
+    ``threshold``; each MLP neuron scores its mean |post-GELU activation| there; images without outliers are
+    skipped and the scores are averaged over the others. Refuses a model whose MLP is not fc1-GELU-fc2.
+    """
+    check_supported(model)
+    if any(not (hasattr(b.mlp, "fc1") and hasattr(b.mlp, "fc2")) for b in model.blocks):
+        raise MechanismError("register neurons need an fc1-GELU-fc2 MLP; this model's MLP is another kind")
+    L = len(model.blocks)
+    scores, used = torch.zeros(L, model.config.mlp_size), 0
+    with torch.no_grad():
+        for image in images.split(1):
+            x, acts, outputs = model.embed(image), [], []
+            check_budget(L * x.shape[1] * model.config.mlp_size, "keeping every layer's MLP activations")
+            for layer, block in enumerate(model.blocks):
+                context, _, _ = head_contexts(model, layer, x)
+                y = block.attn.proj(context.flatten(2))
+                mid = x + (y * block.ls1 if block.ls1 is not None else y)
+                hidden = F.gelu(block.mlp.fc1(block.norm2(mid)))  # (1, T, mlp)
+                y = block.mlp.fc2(hidden)
+                x = mid + (y * block.ls2 if block.ls2 is not None else y)
+                acts.append(hidden[0])
+                outputs.append(x[0])
+            where = outputs[detect_layer].norm(dim=-1) > threshold  # (T,)
+            if not bool(where.any()):
+                continue
+            scores += torch.stack([a[where].abs().mean(dim=0) for a in acts]).float().cpu()
+            used += 1
+    if used == 0:
+        raise MechanismError(f"no token's norm exceeds {threshold:g} in any image; lower the threshold")
+    return scores / used, used
+
+
+def find_register_neurons(model: ViT, images: Tensor, threshold: float, detect_layer: int = -1,
+                          top_k: int = 10) -> list[tuple[int, int, float]]:
+    """The ``top_k`` register neurons ``(layer, neuron, score)`` (from 0), best first."""
+    scores, _ = register_neuron_scores(model, images, threshold, detect_layer)
+    values, order = scores.flatten().sort(descending=True)
+    width = scores.shape[1]
+    return [(int(i) // width, int(i) % width, float(v)) for v, i in zip(values[:top_k], order[:top_k], strict=True)]
