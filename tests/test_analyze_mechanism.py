@@ -1,0 +1,59 @@
+"""``vit.analyze --mechanism``: head attribution, ablation, high-norm tokens, massive activations and sinks over
+a dataset, on a model whose answers are known by hand (it always says "cat" with uniform attention)."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from test_analyze import CLASSES, always, world  # noqa: F401 (world is a fixture)
+
+from vit import analyze
+from vit.checkpoint import load_checkpoint
+from vit.evaluate import labelled_files
+from vit.explain import dataset, mechanism
+
+
+def test_mechanism_of_an_always_cat_model_by_hand(world):  # noqa: F811
+    checkpoint = load_checkpoint(world / "cat.pt")
+    files = labelled_files(world / "data", CLASSES)
+    stats = dataset.analyze_mechanism(checkpoint, files, norm_threshold=0.0)
+    np.testing.assert_array_equal(stats.class_counts, [3, 2, 1])  # the broken file is skipped
+    # The head reads nothing (zero weights): every component's direct attribution and every ablation is 0.
+    np.testing.assert_array_equal(stats.dla_heads, np.zeros((3, 2, 2)))
+    np.testing.assert_allclose(stats.ablation, np.zeros((2, 2)), atol=1e-6)
+    # Uniform attention over 17 tokens: every key gets 1/17 of it.
+    np.testing.assert_allclose(stats.sink_mass, np.full((2, 2), 1 / 17), rtol=1e-5)
+    assert (stats.sink_value_norm > 0).all()
+    np.testing.assert_array_equal(stats.high_norm_rate, np.ones(3))  # every token's norm is over 0
+    assert stats.high_norm_positions.shape == (4, 4) and stats.prefix_high_norm_rate.tolist() == [1.0]
+    assert stats.massive.shape == (2, 4) and (stats.massive[:, 0] >= stats.massive[:, 2]).all()
+
+
+def test_the_default_threshold_is_twice_the_median_patch_norm(world):  # noqa: F811
+    checkpoint = load_checkpoint(world / "cat.pt")
+    files = labelled_files(world / "data", CLASSES)
+    stats = dataset.analyze_mechanism(checkpoint, files, ablation=False)
+    assert stats.ablation is None
+    from vit.images import open_image
+    from vit.inference import preprocess
+
+    norms = []
+    for path, _ in files:
+        if path.name != "broken.png":
+            x = preprocess([open_image(path.read_bytes(), name=path.name)], checkpoint.preprocessing)
+            with torch.no_grad():
+                norms.append(mechanism.hidden_states(checkpoint.model, x)[0, -1, 1:].norm(dim=-1))
+    assert stats.norm_threshold == pytest.approx(2 * float(np.median(torch.cat(norms).numpy())), rel=1e-4)
+
+
+def test_cli_mechanism_adds_json_pngs_and_report_sections(world, capsys):  # noqa: F811
+    code = analyze.main([str(world / "cat.pt"), "--data", str(world / "data"), "--out", str(world / "out"),
+                         "--mechanism", "--norm-threshold", "1.5"])
+    out = capsys.readouterr()
+    assert code == 1 and "broken.png" in out.err
+    saved = json.loads((world / "out" / "analysis.json").read_text())["mechanism"]
+    assert saved["norm_threshold"] == 1.5 and np.array(saved["dla_heads"]).shape == (3, 2, 2)
+    for stem in ("dla", "ablation", "high_norm_rate", "high_norm_positions", "massive", "sinks"):
+        assert (world / "out" / f"mechanism_{stem}.png").read_bytes()[:4] == b"\x89PNG"
+    assert (world / "out" / "report.html").read_text().count("plotly-graph-div") >= 11
