@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import torch
 from test_analyze import CLASSES, always, world  # noqa: F401 (world is a fixture)
+from test_app import dirs  # noqa: F401 (a fixture)
 
 from vit import analyze
 from vit.checkpoint import load_checkpoint
@@ -57,3 +58,36 @@ def test_cli_mechanism_adds_json_pngs_and_report_sections(world, capsys):  # noq
     for stem in ("dla", "ablation", "high_norm_rate", "high_norm_positions", "massive", "sinks"):
         assert (world / "out" / f"mechanism_{stem}.png").read_bytes()[:4] == b"\x89PNG"
     assert (world / "out" / "report.html").read_text().count("plotly-graph-div") >= 11
+
+
+def test_class_names_in_the_mechanism_figures_are_text_not_html():
+    stats = dataset.MechanismStats(
+        class_counts=np.array([1, 1]), dla_heads=np.ones((2, 1, 1)), dla_mlps=np.zeros((2, 1)),
+        ablation=None, norm_threshold=1.0, high_norm_rate=np.zeros(2), high_norm_positions=np.zeros((2, 2)),
+        prefix_high_norm_rate=np.zeros(1), massive=np.ones((1, 4)), sink_mass=np.ones((1, 1)),
+        sink_value_norm=np.ones((1, 1)), sink_on_prefix=np.zeros((1, 1)))
+    fig = dataset.mechanism_figures(stats, ["<b>x</b>", "y"])["mechanism_dla"]
+    assert [a.text for a in fig.layout.annotations] == ["&lt;b&gt;x&lt;/b&gt;", "y"]
+
+
+@pytest.mark.slow
+def test_page_adds_the_mechanism_when_asked(world, dirs):  # noqa: F811
+    from streamlit.testing.v1 import AppTest
+    from test_analyze import APP
+
+    from vit.checkpoint import save_checkpoint
+
+    checkpoints, _ = dirs
+    save_checkpoint(checkpoints / "cat.pt", always(0), CLASSES)
+    at = AppTest.from_file(APP, default_timeout=180)
+    at.switch_page("pages/analyze.py")
+    at.run()
+    at.text_input(key="analyze_folder").set_value(str(world / "data"))
+    at.checkbox(key="analyze_mechanism").check()
+    at.run()
+    at.button[0].click()
+    at.run()
+    assert not at.exception, [e.message for e in at.exception]
+    titles = [json.loads(c.proto.spec)["layout"].get("title", {}).get("text", "") for c in at.get("plotly_chart")]
+    assert len(titles) == 5 + 6 and "Massive activations (mean over images)" in titles
+    assert any("High-norm tokens: norm over" in c.value for c in at.caption)
