@@ -509,6 +509,12 @@ def reference_means(fingerprint: tuple, size: InputSize, paths: tuple[str, ...],
                                                   for p in paths], size)
 
 
+@st.cache_resource(max_entries=4, show_spinner="Patching the clean image's activations into the corrupted one…")
+def patching(fingerprint: tuple, digest: str, corrupted: str, size: InputSize, residual: bool,
+             _checkpoint: Checkpoint, _image: Image.Image, _corrupted_image: Image.Image):
+    return explorer.patching_view(_checkpoint, _image, _corrupted_image, size, residual)
+
+
 if st.toggle("Mechanism: logit lens, head attribution, ablation, phenomena", key="mechanism_view",
              help="Which component does what: each layer read through the model's own head, each head's direct "
                   "contribution to the class logit, heads switched off, high-norm tokens, massive activations "
@@ -520,8 +526,9 @@ if st.toggle("Mechanism: logit lens, head attribution, ablation, phenomena", key
         st.warning(f"The mechanism view cannot analyse this model: {escape_markdown(e)}")
     else:
         names_mech = [f"{i + 1}.{h + 1}" for i in range(L) for h in range(H)]
-        lens_tab, dla_tab, ablation_tab, phenomena_tab = st.tabs(
-            ["Logit lens", "Head attribution", "Ablation", "Phenomena"], key="mechanism_tab", on_change="rerun")
+        lens_tab, dla_tab, ablation_tab, patching_tab, phenomena_tab = st.tabs(
+            ["Logit lens", "Head attribution", "Ablation", "Patching", "Phenomena"], key="mechanism_tab",
+            on_change="rerun")
         class_label = escape_markdown(class_names[view.class_index]) if class_names else ""
         if lens_tab.open:
             with lens_tab:
@@ -593,6 +600,37 @@ if st.toggle("Mechanism: logit lens, head attribution, ablation, phenomena", key
                                        f"ablated ({ablation_mode}); negative: the head helped this class.")
                     except (ValueError, ImageError) as e:
                         st.warning(escape_markdown(e))
+        if patching_tab.open:
+            with patching_tab:
+                others = [p for p in (samples or []) if p != sample]
+                if not class_names or not others:
+                    st.info("Patching needs a classifier and a second image: the checkpoint's other sample images "
+                            "are offered here.")
+                else:
+                    corrupted_path = st.selectbox("Corrupted image (this image is the clean one)", others,
+                                                  format_func=explorer.sample_label, key=f"corrupted-{model_key}")
+                    every_position = st.toggle(f"Every layer and token too ({L} × {T} passes)",
+                                               key="patch_positions")
+                    try:
+                        corrupted_image = open_image(Path(corrupted_path).read_bytes(), name=Path(corrupted_path).name)
+                        patched = patching(fingerprint, image_key, str(corrupted_path), size, every_position,
+                                           checkpoint, image, corrupted_image)
+                    except (ValueError, ImageError, OSError) as e:
+                        st.warning(escape_markdown(e))
+                    else:
+                        a, b = class_names[patched.clean_class], class_names[patched.corrupted_class]
+                        st.plotly_chart(figures.layer_head_figure(patched.heads, "Recovered by patching one head",
+                                                                  "recovered"), theme=None, key="patch_heads")
+                        if patched.residual is not None:
+                            labels = [drawing.short_token_label(t, grid, prefix, names) for t in range(T)]
+                            st.plotly_chart(figures.layer_token_figure(patched.residual, labels, "Recovered by "
+                                                                       "patching one token of one layer's input",
+                                                                       "recovered"), theme=None,
+                                            key="patch_residual")
+                        st.caption(f"Logit difference {escape_markdown(a)} − {escape_markdown(b)}: "
+                                   f"{patched.clean_difference:.3g} on this image, {patched.corrupted_difference:.3g}"
+                                   " on the corrupted one. Each cell: the share of that difference restored when "
+                                   "this image's activation replaces the corrupted image's there (1 = all of it).")
         if phenomena_tab.open:
             with phenomena_tab:
                 layer_norms = view.norms[layer]  # after the sidebar's layer

@@ -106,3 +106,16 @@ def test_a_feature_model_gets_the_phenomena_and_no_class_views(dirs):
     at.run()
     assert not at.exception
     assert "Attention sinks" in [fig["layout"].get("title", {}).get("text") for fig in charts(at)]
+
+
+def test_patching_shows_the_recovered_share_per_head_and_per_token(default_world):
+    at = open_mechanism(run_app(), "Patching")
+    assert not at.exception
+    [grid] = heatmaps(at, "Recovered by patching one head")
+    assert array_shape(grid["z"]) == (3, 2)
+    assert any("on the corrupted one" in c.value for c in at.caption)
+    at.toggle(key="patch_positions").set_value(True)
+    at.run()
+    assert not at.exception
+    [tokens] = heatmaps(at, "Recovered by patching one token of one layer's input")
+    assert array_shape(tokens["z"]) == (3, 17)  # CLS + 4 x 4 patches

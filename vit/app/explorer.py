@@ -536,3 +536,30 @@ def ablation_effects(checkpoint: Checkpoint, image: Image.Image, class_index: in
     x = _model_input(checkpoint, image, size)
     with torch.inference_mode():
         return mechanism.ablation_grid(checkpoint.model, x, class_index, mode, means)[0].cpu().numpy()
+
+
+@dataclass
+class PatchingView:
+    """Activation patching of the clean image's activations into the corrupted one (0-based layers, heads)."""
+
+    clean_class: int  # a: the clean image's predicted class
+    corrupted_class: int  # b: the corrupted image's
+    clean_difference: float  # logit[a] - logit[b] on the clean image
+    corrupted_difference: float
+    heads: np.ndarray  # (L, H) share of the difference recovered by patching each head's output
+    residual: np.ndarray | None  # (L, T) by patching each layer input at each token position
+
+
+def patching_view(checkpoint: Checkpoint, clean: Image.Image, corrupted: Image.Image,
+                  size: InputSize = TRAINING_SIZE, residual: bool = False) -> PatchingView:
+    """Patch each head output (and with ``residual`` each (layer, position) of the residual stream) of ``clean``
+    into ``corrupted``; the logit difference between their predicted classes, as the share recovered."""
+    x_clean, x_corrupted = _model_input(checkpoint, clean, size), _model_input(checkpoint, corrupted, size)
+    model = checkpoint.model
+    with torch.inference_mode():
+        heads = mechanism.patch_heads(model, x_clean, x_corrupted)
+        a = int(model.classify(mechanism.hidden_states(model, x_clean)[:, -1]).argmax(-1)[0])
+        b = int(model.classify(mechanism.hidden_states(model, x_corrupted)[:, -1]).argmax(-1)[0])
+        tokens = mechanism.patch_residuals(model, x_clean, x_corrupted, a, b) if residual else None
+    return PatchingView(a, b, float(heads.clean[0]), float(heads.corrupted[0]), heads.recovered()[0].cpu().numpy(),
+                        tokens.recovered()[0].cpu().numpy() if tokens is not None else None)

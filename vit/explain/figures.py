@@ -67,3 +67,16 @@ def norm_histogram_figure(norms: np.ndarray, threshold: float, title: str = "") 
     fig.update_yaxes(title="tokens")
     fig.update_layout(title=title, height=300, margin=dict(l=0, r=0, t=40 if title else 10, b=0), bargap=0.05)
     return fig
+
+
+def layer_token_figure(values: np.ndarray, token_labels: list[str], title: str, value_title: str) -> go.Figure:
+    """A layers x tokens heatmap ``(L, T)`` on a diverging scale around 0 (layer 1 on top)."""
+    bound = float(np.nanmax(np.abs(values))) if np.isfinite(values).any() else 1.0
+    fig = go.Figure(go.Heatmap(z=values, x=token_labels, y=[f"layer {i + 1}" for i in range(values.shape[0])],
+                               colorscale="RdBu", reversescale=True, zmid=0, zmin=-bound, zmax=bound,
+                               colorbar=dict(title=value_title),
+                               hovertemplate="%{y} input, %{x}: %{z:.3g}<extra></extra>"))
+    fig.update_yaxes(autorange="reversed", type="category")
+    fig.update_xaxes(type="category", showticklabels=len(token_labels) <= 40)
+    fig.update_layout(title=title, height=max(220, 60 + 26 * values.shape[0]), margin=dict(l=0, r=0, t=40, b=0))
+    return fig
