@@ -5,7 +5,9 @@ References, run on timm's own ``VisionTransformer`` with the same random weights
   output kept as ``feat``) and ``main_vit.py --exp2`` (top 3 of |feat| and its median per layer), re-typed below
   as hooks on timm's blocks.
 - nickjiang2378/test-time-registers @ 248dbaa0, ``shared/algorithms.py`` ``find_register_neurons`` (without the
-  sparsity filter), re-typed below on activations captured from timm's ``mlp.act`` and block outputs.
+  sparsity filter), re-typed below on activations captured from timm's ``mlp.act`` and block outputs; and
+  @ fd81fd22 ``shared/hook_fn.py`` ``activate_on_registers`` and ``shared/utils.py`` ``sign_max``, re-typed below as
+  hooks on timm's ``mlp.act`` with the extra tokens appended after the patches.
 """
 
 import pytest
@@ -19,6 +21,7 @@ from vit.explain.mechanism import (
     massive_activations,
     sink_stats,
     token_norms,
+    with_test_time_registers,
 )
 from vit.model import ViT
 from vit.sources.import_timm import config_from_timm, state_dict_from_timm
@@ -141,3 +144,52 @@ def test_sink_stats_find_the_key_most_attended_and_its_value_norm(pair):
         v = qkv.view(2, qkv.shape[1], 3, 2, 8)[:, :, 2]  # (B, T, H, hd)
         expected = v.norm(dim=-1).gather(1, sinks.token[:, layer][:, None, :])[:, 0]  # (B, H)
         torch.testing.assert_close(sinks.value_norm[:, layer], expected, rtol=0, atol=1e-5)
+
+
+def sign_max(tensor):  # test-time-registers shared/utils.py @ fd81fd22
+    pos_max = torch.max(tensor)
+    neg_max = torch.min(tensor)
+    return pos_max if abs(pos_max) > abs(neg_max) else neg_max
+
+
+def activate_on_registers(module, input, output, num_registers, neuron_indices, scale=1.0):
+    """test-time-registers shared/hook_fn.py @ fd81fd22 with normal_values="zero", as a forward hook on mlp.act."""
+    output[0, -num_registers:, neuron_indices] = scale * sign_max(output[0, :, neuron_indices]).unsqueeze(0).expand(
+        num_registers, -1)
+    output[0, 1:-num_registers, neuron_indices] = 0
+
+
+def test_test_time_registers_match_the_authors_hooks_on_timm():
+    torch.manual_seed(0)
+    args = {k: v for k, v in ARGS.items() if k != "reg_tokens"}  # CLS only: their hook zeroes tokens 1:-R
+    reference = timm.create_model("vit_base_patch16_224", pretrained=False, **args).eval()
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in reference.parameters():
+            p.add_(torch.randn(p.shape, generator=generator) * 0.3)
+    for block in reference.blocks:
+        block.attn.fused_attn = False
+    state = reference.state_dict()
+    ours = ViT(config_from_timm("vit_base_patch16_224", state, {"num_heads": 2, "img_size": 32}))
+    ours.load_state_dict(state_dict_from_timm(state), strict=True)
+    ours.eval()
+    neurons, R = {0: [3, 17], 2: [40]}, 2
+    x = images(1, seed=3)
+    hooks = [reference.blocks[layer].mlp.act.register_forward_hook(
+        lambda m, i, o, idx=idx: activate_on_registers(m, i, o, R, idx)) for layer, idx in neurons.items()]
+    attentions = []
+    hooks += [b.attn.attn_drop.register_forward_hook(lambda m, i, o: attentions.append(i[0])) for b in reference.blocks]
+    with torch.no_grad():
+        tokens = reference.norm_pre(reference._pos_embed(reference.patch_embed(x)))
+        tokens = torch.cat([tokens, tokens.new_zeros(1, R, tokens.shape[-1])], dim=1)
+        for block in reference.blocks:
+            tokens = block(tokens)
+        expected_logits = reference.forward_head(reference.norm(tokens)[:, :-R])
+        logits, mine, final = with_test_time_registers(ours, x, neurons, R, output_attentions=True)
+    for h in hooks:
+        h.remove()
+    torch.testing.assert_close(final, tokens, rtol=0, atol=1e-4)
+    torch.testing.assert_close(logits, expected_logits, rtol=0, atol=1e-4)
+    for a, b in zip(mine, attentions, strict=True):
+        assert a.shape == (1, 2, 1 + 16 + R, 1 + 16 + R)
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-5)

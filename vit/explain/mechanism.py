@@ -558,6 +558,12 @@ def sink_stats(model: ViT, states: Tensor) -> Sinks:
     return Sinks(torch.stack(tokens, 1), torch.stack(masses, 1), torch.stack(norms, 1))
 
 
+def _check_plain_mlp(model: ViT) -> None:
+    check_supported(model)
+    if any(not (hasattr(b.mlp, "fc1") and hasattr(b.mlp, "fc2")) for b in model.blocks):
+        raise MechanismError("register neurons need an fc1-GELU-fc2 MLP; this model's MLP is another kind")
+
+
 def register_neuron_scores(model: ViT, images: Tensor, threshold: float, detect_layer: int = -1
                            ) -> tuple[Tensor, int]:
     """Jiang et al. 2025's register-neuron scores ``(L, mlp)`` and how many images had outliers.
@@ -567,9 +573,7 @@ def register_neuron_scores(model: ViT, images: Tensor, threshold: float, detect_
     ``threshold``; each MLP neuron scores its mean |post-GELU activation| there; images without outliers are
     skipped and the scores are averaged over the others. Refuses a model whose MLP is not fc1-GELU-fc2.
     """
-    check_supported(model)
-    if any(not (hasattr(b.mlp, "fc1") and hasattr(b.mlp, "fc2")) for b in model.blocks):
-        raise MechanismError("register neurons need an fc1-GELU-fc2 MLP; this model's MLP is another kind")
+    _check_plain_mlp(model)
     L = len(model.blocks)
     scores, used = torch.zeros(L, model.config.mlp_size), 0
     with torch.no_grad():
@@ -602,3 +606,48 @@ def find_register_neurons(model: ViT, images: Tensor, threshold: float, detect_l
     values, order = scores.flatten().sort(descending=True)
     width = scores.shape[1]
     return [(int(i) // width, int(i) % width, float(v)) for v, i in zip(values[:top_k], order[:top_k], strict=True)]
+
+
+def _sign_max(values: Tensor) -> Tensor:
+    """test-time-registers' ``sign_max`` per image: the entry of largest magnitude over all but the batch axis."""
+    flat = values.flatten(1)
+    top, bottom = flat.max(dim=1).values, flat.min(dim=1).values
+    return torch.where(top.abs() > bottom.abs(), top, bottom)
+
+
+def with_test_time_registers(model: ViT, images: Tensor, neurons: dict[int, Sequence[int]], num_registers: int = 1,
+                             output_attentions: bool = False
+                             ) -> tuple[Tensor | None, tuple[Tensor, ...] | None, Tensor]:
+    """``model(images)`` with Jiang et al.'s test-time registers: ``num_registers`` zero tokens appended after the
+    patches, and in each layer's MLP the register neurons ``neurons[layer]`` (from ``find_register_neurons``)
+    zeroed on the patches and set on the new tokens to the signed maximum of their activations (their
+    ``activate_on_registers`` with ``normal_values="zero"``). Returns the logits (read without the new tokens),
+    the attentions ``(B, H, T + R, T + R)`` when asked, and the last block's output ``(B, T + R, D)``.
+    """
+    _check_plain_mlp(model)
+    if isinstance(num_registers, bool) or not isinstance(num_registers, int) or num_registers < 1:
+        raise MechanismError(f"give at least one test-time register, got {num_registers!r}")
+    L, R, P = len(model.blocks), num_registers, model.num_prefix_tokens
+    for layer, chosen in neurons.items():
+        if not 0 <= layer < L or any(not 0 <= n < model.config.mlp_size for n in chosen):
+            raise MechanismError(f"register neuron(s) {list(chosen)} of layer {layer + 1} do not exist: the model has "
+                                 f"{L} layers of {model.config.mlp_size} MLP neurons")
+    x = model.embed(images)
+    x = torch.cat([x, x.new_zeros(x.shape[0], R, x.shape[2])], dim=1)  # (B, T + R, D)
+    attentions = []
+    for layer, block in enumerate(model.blocks):
+        context, probs, _ = head_contexts(model, layer, x, need_probs=output_attentions)
+        y = block.attn.proj(context.flatten(2))
+        mid = x + (y * block.ls1 if block.ls1 is not None else y)
+        hidden = F.gelu(block.mlp.fc1(block.norm2(mid)))  # (B, T + R, mlp)
+        if neurons.get(layer):
+            idx = list(neurons[layer])
+            value = _sign_max(hidden[:, :, idx])  # (B,)
+            hidden = hidden.clone()
+            hidden[:, -R:, idx] = value[:, None, None].to(hidden.dtype)
+            hidden[:, P:-R, idx] = 0
+        y = block.mlp.fc2(hidden)
+        x = mid + (y * block.ls2 if block.ls2 is not None else y)
+        if output_attentions:
+            attentions.append(probs)
+    return model.classify(x[:, :-R]), tuple(attentions) if output_attentions else None, x
