@@ -664,6 +664,30 @@ if st.toggle("Mechanism: logit lens, head attribution, ablation, phenomena", key
                 st.caption("Per head, the share of attention (averaged over queries) that its most attended key "
                            "token receives; hover for that token and the norm of its value vector, which is small "
                            "for a sink that only soaks up attention.")
+                if class_names and st.toggle("Test-time register (Jiang et al. 2025)", key="tt_register",
+                                             help="Find the register neurons (outliers: last-layer norms over the "
+                                                  "threshold above, on this image and the samples), add one extra "
+                                                  "token and move those neurons' activations onto it."):
+                    top_k = st.number_input("Register neurons", 1, 200, 10, key="tt_register_neurons")
+                    try:
+                        references = [open_image(Path(p).read_bytes(), name=Path(p).name) for p in (samples or [])]
+                        registers = explorer.registers_view(checkpoint, image, references, threshold,
+                                                                 int(top_k), size)
+                    except (ValueError, ImageError, OSError) as e:
+                        st.warning(escape_markdown(e))
+                    else:
+                        cells = drawing.small_multiples(small, np.stack([registers.attention_before,
+                                                                         registers.attention_after,
+                                                                         registers.norms_before,
+                                                                         registers.norms_after]),
+                                                        opacity, colormap, mode)
+                        st.image(drawing.heads_grid_image(cells, columns=4), output_format="PNG")
+                        shown_neurons = ", ".join(f"{layer + 1}.{neuron}" for layer, neuron, _ in
+                                                  registers.neurons[:10])
+                        st.caption("Left to right: the last layer's CLS attention before and after the test-time "
+                                   "register, then the patch norms after the last layer before and after. "
+                                   f"Register neurons (layer.neuron): {shown_neurons}"
+                                   + (" …" if len(registers.neurons) > 10 else "") + ".")
 
 # -- compare two checkpoints; the run's attention snapshots at any epoch (issue 12) -------------------------------
 

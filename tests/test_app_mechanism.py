@@ -119,3 +119,14 @@ def test_patching_shows_the_recovered_share_per_head_and_per_token(default_world
     assert not at.exception
     [tokens] = heatmaps(at, "Recovered by patching one token of one layer's input")
     assert array_shape(tokens["z"]) == (3, 17)  # CLS + 4 x 4 patches
+
+
+def test_a_test_time_register_shows_the_last_layer_before_and_after(default_world):
+    at = open_mechanism(run_app(), "Phenomena")
+    at.slider(key="norm_threshold").set_value(0.0)  # every token an outlier: some neurons are found
+    at.toggle(key="tt_register").set_value(True)
+    at.run()
+    assert not at.exception, [e.message for e in at.exception]
+    [caption] = [c.value for c in at.caption if "Register neurons (layer.neuron)" in c.value]
+    assert "before and after the test-time register" in caption
+    assert len([n for n in caption.split(": ")[-1].split(", ")]) == 10

@@ -563,3 +563,40 @@ def patching_view(checkpoint: Checkpoint, clean: Image.Image, corrupted: Image.I
         tokens = mechanism.patch_residuals(model, x_clean, x_corrupted, a, b) if residual else None
     return PatchingView(a, b, float(heads.clean[0]), float(heads.corrupted[0]), heads.recovered()[0].cpu().numpy(),
                         tokens.recovered()[0].cpu().numpy() if tokens is not None else None)
+
+
+@dataclass
+class RegisterView:
+    """Test-time registers on one image: the neurons found, and the last layer before and after (``(gh, gw)``)."""
+
+    neurons: list[tuple[int, int, float]]  # (layer, neuron, score), 0-based, best first
+    attention_before: np.ndarray  # the last layer's CLS attention to the patches, heads averaged
+    attention_after: np.ndarray
+    norms_before: np.ndarray  # the patch tokens' norms after the last layer
+    norms_after: np.ndarray
+
+
+def registers_view(checkpoint: Checkpoint, image: Image.Image, references: Sequence[Image.Image],
+                        threshold: float, top_k: int = 10, size: InputSize = TRAINING_SIZE) -> RegisterView:
+    """Find the register neurons on ``references`` and this image (at the checkpoint's size; outliers: last-layer
+    norms over ``threshold``), then add one test-time register to this image at ``size``."""
+    model = checkpoint.model
+    found = torch.cat([_model_input(checkpoint, im, TRAINING_SIZE) for im in [image, *references]])
+    x = _model_input(checkpoint, image, size)
+    grid, P = model.patch_grid(*x.shape[-2:]), model.num_prefix_tokens
+    with torch.inference_mode():
+        neurons = mechanism.find_register_neurons(model, found, threshold, top_k=top_k)
+        chosen: dict[int, list[int]] = {}
+        for layer, neuron, _ in neurons:
+            chosen.setdefault(layer, []).append(neuron)
+        logits, before = model(x, output_attentions=True)
+        states = mechanism.hidden_states(model, x)
+        _, after, final = mechanism.with_test_time_registers(model, x, chosen, 1, output_attentions=True)
+    n = grid[0] * grid[1]
+
+    def cls_map(attentions) -> np.ndarray:
+        return attentions[-1][0].mean(0)[0, P:P + n].reshape(grid).float().cpu().numpy()
+
+    return RegisterView(neurons, cls_map(before), cls_map(after),
+                        states[0, -1, P:].norm(dim=-1).reshape(grid).float().cpu().numpy(),
+                        final[0, P:P + n].norm(dim=-1).reshape(grid).float().cpu().numpy())
