@@ -275,3 +275,21 @@ def test_residual_patching_matches_hf_hooks(pair):
         torch.testing.assert_close(result.patched[0, layer, position], logits[0, 1] - logits[0, 2],
                                    rtol=0, atol=1e-5)
     assert result.recovered().shape == (1, 3, 17)
+
+
+def test_work_past_the_memory_bound_is_refused_before_it_starts(monkeypatch):
+    import vit.explain.mechanism as mechanism
+
+    model = random_vit()
+    monkeypatch.setattr(mechanism, "MAX_ELEMENTS", 1000)
+    for run in (lambda: direct_logit_attribution(model, images(2)), lambda: ablation_grid(model, images(2)),
+                lambda: hidden_states(model, images(2))):
+        with pytest.raises(MechanismError, match="GiB bound\\); use fewer images or a smaller input size"):
+            run()
+
+
+def test_models_the_walk_cannot_reproduce_are_refused_in_one_line():
+    with pytest.raises(MechanismError, match="this project's ViT"):
+        hidden_states(torch.nn.Linear(2, 2), images())
+    with pytest.raises(MechanismError, match="call model.eval"):
+        hidden_states(random_vit().train(), images())
