@@ -54,8 +54,15 @@ def test_switching_a_head_off_on_a_real_photo_changes_the_prediction(server, pag
     page.keyboard.press("Enter")
     page.get_by_text("cat_1.png, 32×32 px").wait_for()
     page.get_by_text("Mechanism: logit lens, head attribution, ablation, phenomena").click()
-    page.get_by_role("tab", name="Ablation").click()
+    page.get_by_text("Each patch's probability of").wait_for()  # the first tab, drawn
     heads = page.get_by_role("combobox", name="Switch heads off (layer.head)", exact=True)
+    for _ in range(5):  # a click during a rerun can be lost: click the tab again until it shows
+        page.get_by_role("tab", name="Ablation").click()
+        try:
+            heads.wait_for(timeout=10_000)
+            break
+        except Exception:  # playwright's TimeoutError
+            pass
     heads.click()
     page.keyboard.type("4.3")
     page.keyboard.press("Enter")
