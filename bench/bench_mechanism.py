@@ -7,6 +7,10 @@ the logit lens. Model: a random ViT-B/16 at 224 px (our ``vit-base-16`` preset).
 baseline so that background load slows all alike; the table shows medians. Run from the repository root::
 
     python -m bench.bench_mechanism --threads 2
+
+Measured 2026-11-22 on this project's 2-core CPU machine (shared with other jobs, torch 2.14, 2 threads), one
+224-px image: forward 0.45 s, logit lens 0.23 s, direct logit attribution 0.29 s, ablation grid 16.9 s, head
+patching grid 29.2 s, residual patching grid (12 layers x 197 positions) 296 s (one run).
 """
 
 from __future__ import annotations
