@@ -590,6 +590,13 @@ if st.toggle("Mechanism: logit lens, head attribution, ablation, phenomena", key
                                                config={"displayModeBar": False}, key="ablation_after")
                             after.caption(f"Heads {', '.join(chosen_heads)} off ({ablation_mode} ablation): "
                                           f"predicts {escape_markdown(ablated.label)}.")
+                            on_map, off_map = explorer.ablated_rollouts(checkpoint, image,
+                                                                        explorer.parse_head_labels(chosen_heads),
+                                                                        ablation_mode, means, size)
+                            before.image(overlay(shown, on_map, opacity, colormap, mode), output_format="PNG")
+                            before.caption("The CLS rollout with all heads on.")
+                            after.image(overlay(shown, off_map, opacity, colormap, mode), output_format="PNG")
+                            after.caption("The CLS rollout with those heads off: later layers attend differently.")
                         if st.toggle(f"Each head alone ({L} passes)", key="ablation_grid"):
                             effects = ablation_effects(fingerprint, image_key, size, view.class_index,
                                                        ablation_mode, checkpoint, image, means)

@@ -3,11 +3,13 @@
 import re
 from pathlib import Path
 
+import numpy as np
 import pytest
 import test_app
 import torch
 from test_app import CLASSES, TINY, array_shape, charts, png_bytes, run_app, write_checkpoint
 
+from vit.app import explorer
 from vit.app.catalog import DEFAULT_CHECKPOINT
 from vit.checkpoint import load_checkpoint
 from vit.explain.mechanism import ablate_heads, direct_logit_attribution
@@ -32,6 +34,10 @@ def open_mechanism(at, tab: str):
     at.run()
     assert not at.exception, [e.message for e in at.exception]
     return at
+
+
+def sample_bytes(checkpoints: Path) -> bytes:
+    return sorted((checkpoints / "samples" / Path(DEFAULT_CHECKPOINT).stem).iterdir())[0].read_bytes()
 
 
 def sample_input(checkpoints: Path):
@@ -76,6 +82,10 @@ def test_switching_heads_off_shows_the_ablated_prediction_and_the_grid(default_w
     for name, p in shown.items():
         assert p == pytest.approx(float(expected[CLASSES.index(name)]), abs=1e-6)
     assert any("Heads 1.1, 3.2 off" in c.value for c in at.caption)
+    assert any("rollout with those heads off" in c.value for c in at.caption)
+    on_map, off_map = explorer.ablated_rollouts(checkpoint, open_image(sample_bytes(checkpoints), name="x.png"),
+                                                [(0, 0), (2, 1)])
+    assert on_map.shape == off_map.shape == (4, 4) and not np.allclose(on_map, off_map)
     at.toggle(key="ablation_grid").set_value(True)
     at.run()
     assert [array_shape(h["z"]) for h in heatmaps(at, "Logit change when one head is ablated")] == [(3, 2)]

@@ -600,3 +600,22 @@ def registers_view(checkpoint: Checkpoint, image: Image.Image, references: Seque
     return RegisterView(neurons, cls_map(before), cls_map(after),
                         states[0, -1, P:].norm(dim=-1).reshape(grid).float().cpu().numpy(),
                         final[0, P:P + n].norm(dim=-1).reshape(grid).float().cpu().numpy())
+
+
+def ablated_rollouts(checkpoint: Checkpoint, image: Image.Image, heads: Sequence[tuple[int, int]],
+                     mode: str = "zero", means: torch.Tensor | None = None, size: InputSize = TRAINING_SIZE
+                     ) -> tuple[np.ndarray, np.ndarray]:
+    """The CLS rollout (heads averaged) ``(gh, gw)`` with all heads on and with ``heads`` ablated: ablating a head
+    changes every later layer's attention."""
+    from vit.explain.attention import rollout
+
+    model = checkpoint.model
+    x = _model_input(checkpoint, image, size)
+    grid, P = model.patch_grid(*x.shape[-2:]), model.num_prefix_tokens
+    maps = []
+    with torch.inference_mode():
+        for chosen in ([], heads):
+            _, attentions = mechanism.ablate_heads(model, x, chosen, mode, means, output_attentions=True)
+            maps.append(token_map(rollout(list(attentions), "mean", num_prefix_tokens=P), 0, grid, P)[0]
+                        .float().cpu().numpy())
+    return maps[0], maps[1]
