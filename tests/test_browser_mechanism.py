@@ -67,7 +67,7 @@ def test_switching_a_head_off_on_a_real_photo_changes_the_prediction(server, pag
     page.keyboard.type("4.3")
     page.keyboard.press("Enter")
     page.get_by_text("Heads 4.3 off (zero ablation): predicts cat.").wait_for()
-    page.get_by_text("All heads on.").wait_for()
+    page.get_by_text("All heads on.", exact=True).wait_for()
     # Before: airplane on top; after: cat on top (the sidebar's prediction chart comes first).
     page.wait_for_function("document.querySelectorAll('[data-testid=\"stPlotlyChart\"] .bars').length >= 3")
     tops = page.evaluate("""() => Array.from(document.querySelectorAll('[data-testid="stPlotlyChart"] .js-plotly-plot'))
