@@ -40,6 +40,9 @@ folder = st.text_input("Image folder", key="analyze_folder", placeholder="data/c
                        help="One subfolder per class, named as the checkpoint names its classes.")
 limit = st.number_input("Images (0 = all of them)", min_value=0, value=500, step=100, key="analyze_limit",
                         help="A seeded random sample of the folder, so every class is represented.")
+with_mechanism = st.checkbox("Also the mechanism: head attribution, ablation, high-norm tokens, sinks (slower)",
+                             key="analyze_mechanism",
+                             help="Runs each layer again per image to ablate its heads one at a time.")
 
 if st.button("Analyse", type="primary", disabled=not folder.strip()):
     try:
@@ -58,6 +61,9 @@ if st.button("Analyse", type="primary", disabled=not folder.strip()):
                 bar.progress(done / total, text=f"{done} of {total} images")
 
         analysis = dataset.analyze_files(checkpoint, files, progress=report)
+        if with_mechanism:
+            bar.progress(0.0, text=f"the mechanism: 0 of {len(files)} images")
+            analysis.mechanism = dataset.analyze_mechanism(checkpoint, files, progress=report)
         # Figures once per analysis, not on every rerun (each mistake's button reruns the page).
         st.session_state["analyze_result"] = (choice, analysis, dataset.figures(analysis))
     except (UsageError, CheckpointError, ValueError) as e:
@@ -79,6 +85,11 @@ right.plotly_chart(figures["entropy"])
 st.plotly_chart(figures["class_attention"])
 st.plotly_chart(figures["class_rollout"])
 st.plotly_chart(figures["confusion"])
+for stem in [s for s in figures if s.startswith("mechanism_")]:  # with "Also the mechanism"
+    st.plotly_chart(figures[stem], theme=None, key=stem)
+if analysis.mechanism is not None:
+    st.caption(f"High-norm tokens: norm over {analysis.mechanism.norm_threshold:.3g} (twice the median patch norm "
+               "after the last layer). Attribution and ablation are for each image's true class.")
 
 st.subheader("Most confident mistakes")
 if not analysis.mistakes:

@@ -11,6 +11,7 @@ import math
 from functools import partial
 from pathlib import Path
 
+import numpy as np
 import streamlit as st
 from PIL import Image
 
@@ -489,6 +490,214 @@ if stats_tab.open:
         right.caption(f"Per head, the entropy of each token's attention averaged over all {T} tokens: 0 when every "
                       f"token attends to one token only, ln {T} ≈ {math.log(T):.2f} when attention is "
                       "spread evenly.")
+
+# -- mechanism: logit lens, head attribution, ablation, phenomena (issue 24) ------------------------------------
+
+
+@st.cache_resource(max_entries=8, show_spinner="Looking inside the mechanism…")
+def mechanism_view(fingerprint: tuple, digest: str, size: InputSize, class_index: int | None,
+                   _checkpoint: Checkpoint, _image: Image.Image) -> explorer.MechanismView:
+    return explorer.mechanism_view(_checkpoint, _image, class_index, size)
+
+
+@st.cache_resource(max_entries=8, show_spinner="Ablating each head in turn (one pass per layer)…")
+def ablation_effects(fingerprint: tuple, digest: str, size: InputSize, class_index: int, mode: str,
+                     _checkpoint: Checkpoint, _image: Image.Image, _means):
+    return explorer.ablation_effects(_checkpoint, _image, class_index, mode, _means, size)
+
+
+@st.cache_resource(max_entries=4, show_spinner="Averaging the heads over the sample images…")
+def reference_means(fingerprint: tuple, size: InputSize, paths: tuple[str, ...], _checkpoint: Checkpoint):
+    return explorer.reference_means(_checkpoint, [open_image(Path(p).read_bytes(), name=Path(p).name)
+                                                  for p in paths], size)
+
+
+@st.cache_resource(max_entries=4, show_spinner="Patching the clean image's activations into the corrupted one…")
+def patching(fingerprint: tuple, digest: str, corrupted: str, size: InputSize, residual: bool,
+             _checkpoint: Checkpoint, _image: Image.Image, _corrupted_image: Image.Image):
+    return explorer.patching_view(_checkpoint, _image, _corrupted_image, size, residual)
+
+
+if st.toggle("Mechanism: logit lens, head attribution, ablation, phenomena", key="mechanism_view",
+             help="Which component does what: each layer read through the model's own head, each head's direct "
+                  "contribution to the class logit, heads switched off, high-norm tokens, massive activations "
+                  "and attention sinks."):
+    mechanism_class = class_index if class_names else None
+    try:
+        view = mechanism_view(fingerprint, image_key, size, mechanism_class, checkpoint, image)
+    except (ValueError, explorer.TooManyTokens) as e:  # MechanismError: a model option the walk does not know
+        st.warning(f"The mechanism view cannot analyse this model: {escape_markdown(e)}")
+    else:
+        names_mech = [f"{i + 1}.{h + 1}" for i in range(L) for h in range(H)]
+        lens_tab, dla_tab, ablation_tab, patching_tab, phenomena_tab = st.tabs(
+            ["Logit lens", "Head attribution", "Ablation", "Patching", "Phenomena"], key="mechanism_tab",
+            on_change="rerun")
+        class_label = escape_markdown(class_names[view.class_index]) if class_names else ""
+        if lens_tab.open:
+            with lens_tab:
+                if not class_names:
+                    st.info("This model has no classifier, so there is no class to read from its tokens.")
+                else:
+                    cells = drawing.small_multiples(small, view.lens_maps, opacity, colormap, mode, scale="zero")
+                    st.image(drawing.heads_grid_image(cells, columns=min(len(cells), 7)), output_format="PNG")
+                    st.caption(f"Each patch's probability of {class_label} when the model's final norm and head read "
+                               "it directly: after the embedding, then after each of the "
+                               f"{L} layers (row by row), each map from 0 to its own maximum.")
+                    st.dataframe({"after": ["embedding"] + [f"layer {i + 1}" for i in range(L)],
+                                  **{f"top {k + 1}": [f"{class_names[row[k][0]]} ({row[k][1]:.1%})"
+                                                      if k < len(row) else "" for row in view.lens_top]
+                                     for k in range(3)}}, hide_index=True)
+                    st.caption("The pooled read-out (what the classifier reads) of each layer's tokens: its top 3.")
+        if dla_tab.open:
+            with dla_tab:
+                if not class_names:
+                    st.info("This model has no classifier, so there is no logit to attribute.")
+                else:
+                    st.plotly_chart(figures.layer_head_figure(view.dla_heads, "Direct logit attribution",
+                                                              "logit", view.dla_mlps), theme=None,
+                                    key="dla_figure")
+                    parts = view.dla_heads.sum() + view.dla_mlps.sum() + sum(view.dla_rest.values())
+                    st.caption(f"Each head's and MLP's direct contribution to the logit of {class_label} "
+                               f"({view.logit:.4g}), through the final norm with its scale fixed at the last "
+                               "layer (TransformerLens's apply_ln_to_stack). Heads "
+                               f"({view.dla_heads.sum():.4g}) + MLPs ({view.dla_mlps.sum():.4g}) + "
+                               + " + ".join(f"{k} ({v:.4g})" for k, v in view.dla_rest.items())
+                               + f" = {parts:.4g}, the logit.")
+        if ablation_tab.open:
+            with ablation_tab:
+                if not class_names:
+                    st.info("This model has no classifier, so ablating heads changes no prediction.")
+                else:
+                    samples_here = tuple(str(p) for p in samples) if samples else ()
+                    ablation_mode = st.radio("Ablation", ["zero", "mean"], horizontal=True, key="ablation_mode",
+                                             disabled=not samples_here,
+                                             format_func={"zero": "zero the head's output",
+                                                          "mean": "its mean over the sample images"}.get,
+                                             help="Mean ablation replaces a head's output by its average over "
+                                                  "the checkpoint's sample images at this input size.")
+                    means = None
+                    try:
+                        if ablation_mode == "mean" and samples_here:
+                            means = reference_means(fingerprint, size, samples_here, checkpoint)
+                        chosen_heads = st.multiselect("Switch heads off (layer.head)", names_mech,
+                                                      key=f"ablate-{model_key}")
+                        if chosen_heads:
+                            ablated = explorer.ablated_prediction(checkpoint, image,
+                                                                  explorer.parse_head_labels(chosen_heads),
+                                                                  ablation_mode, means, size)
+                            before, after = st.columns(2)
+                            before.plotly_chart(drawing.predictions_figure(prediction),
+                                                config={"displayModeBar": False}, key="ablation_before")
+                            before.caption("All heads on.")
+                            after.plotly_chart(drawing.predictions_figure(ablated),
+                                               config={"displayModeBar": False}, key="ablation_after")
+                            after.caption(f"Heads {', '.join(chosen_heads)} off ({ablation_mode} ablation): "
+                                          f"predicts {escape_markdown(ablated.label)}.")
+                            on_map, off_map = explorer.ablated_rollouts(checkpoint, image,
+                                                                        explorer.parse_head_labels(chosen_heads),
+                                                                        ablation_mode, means, size)
+                            before.image(overlay(shown, on_map, opacity, colormap, mode), output_format="PNG")
+                            before.caption("The CLS rollout with all heads on.")
+                            after.image(overlay(shown, off_map, opacity, colormap, mode), output_format="PNG")
+                            after.caption("The CLS rollout with those heads off: later layers attend differently.")
+                        if st.toggle(f"Each head alone ({L} passes)", key="ablation_grid"):
+                            effects = ablation_effects(fingerprint, image_key, size, view.class_index,
+                                                       ablation_mode, checkpoint, image, means)
+                            st.plotly_chart(figures.layer_head_figure(effects, "Logit change when one head is "
+                                                                      "ablated", "Δ logit"), theme=None,
+                                            key="ablation_figure")
+                            st.caption(f"The change of the logit of {class_label} when each head alone is "
+                                       f"ablated ({ablation_mode}); negative: the head helped this class.")
+                    except (ValueError, ImageError) as e:
+                        st.warning(escape_markdown(e))
+        if patching_tab.open:
+            with patching_tab:
+                others = [p for p in (samples or []) if p != sample]
+                if not class_names or not others:
+                    st.info("Patching needs a classifier and a second image: the checkpoint's other sample images "
+                            "are offered here.")
+                else:
+                    corrupted_path = st.selectbox("Corrupted image (this image is the clean one)", others,
+                                                  format_func=explorer.sample_label, key=f"corrupted-{model_key}")
+                    every_position = st.toggle(f"Every layer and token too ({L} × {T} passes)",
+                                               key="patch_positions")
+                    try:
+                        corrupted_image = open_image(Path(corrupted_path).read_bytes(), name=Path(corrupted_path).name)
+                        patched = patching(fingerprint, image_key, str(corrupted_path), size, every_position,
+                                           checkpoint, image, corrupted_image)
+                    except (ValueError, ImageError, OSError) as e:
+                        st.warning(escape_markdown(e))
+                    else:
+                        a, b = class_names[patched.clean_class], class_names[patched.corrupted_class]
+                        st.plotly_chart(figures.layer_head_figure(patched.heads, "Recovered by patching one head",
+                                                                  "recovered"), theme=None, key="patch_heads")
+                        if patched.residual is not None:
+                            labels = [drawing.short_token_label(t, grid, prefix, names) for t in range(T)]
+                            st.plotly_chart(figures.layer_token_figure(patched.residual, labels, "Recovered by "
+                                                                       "patching one token of one layer's input",
+                                                                       "recovered"), theme=None,
+                                            key="patch_residual")
+                        st.caption(f"Logit difference {escape_markdown(a)} − {escape_markdown(b)}: "
+                                   f"{patched.clean_difference:.3g} on this image, {patched.corrupted_difference:.3g}"
+                                   " on the corrupted one. Each cell: the share of that difference restored when "
+                                   "this image's activation replaces the corrupted image's there (1 = all of it).")
+        if phenomena_tab.open:
+            with phenomena_tab:
+                layer_norms = view.norms[layer]  # after the sidebar's layer
+                top_norm = float(view.norms.max()) * 1.05 + 1e-6
+                if not 0.0 <= st.session_state.get("norm_threshold", -1.0) <= top_norm:  # new image or model
+                    st.session_state["norm_threshold"] = top_norm / 2
+                threshold = st.slider("High-norm threshold", 0.0, top_norm, key="norm_threshold",
+                                      help="Tokens whose norm is over it count as high-norm (Darcet et al. 2023).")
+                high = layer_norms > threshold
+                left, right = st.columns(2)
+                left.plotly_chart(figures.norm_histogram_figure(layer_norms, threshold, f"Token norms after layer "
+                                                                                     f"{layer}"),
+                                  theme=None, key="norm_histogram")
+                patches_high = high[prefix:].reshape(grid).astype(np.float32)
+                right.image(overlay(shown, patches_high, opacity, colormap, "nearest", show_grid=show_grid,
+                                    vmin=0.0, vmax=1.0), output_format="PNG")
+                prefix_high = [names[i] for i in range(prefix) if high[i]]
+                right.caption(f"{int(high[prefix:].sum())} of {grid[0] * grid[1]} patches over {threshold:.3g} "
+                              f"after layer {layer} (lit)" + (f"; prefix tokens over it: {', '.join(prefix_high)}"
+                                                              if prefix_high else "") + ".")
+                st.plotly_chart(figures.massive_activations_figure(view.massive, "Massive activations"),
+                                theme=None, key="massive_figure")
+                st.caption("Per layer, the three largest |activations| of the block output over all tokens and "
+                           "channels, and their median (Sun et al. 2024).")
+                hover = np.array([[f"<br>strongest sink: {drawing.short_token_label(int(t), grid, prefix, names)}"
+                                   f"<br>its value norm: {v:.3g}" for t, v in zip(tr, vr, strict=True)]
+                                  for tr, vr in zip(view.sink_token, view.sink_value_norm, strict=True)])
+                st.plotly_chart(figures.layer_head_figure(view.sink_mass, "Attention sinks", "mass",
+                                                          signed=False, hover=hover), theme=None,
+                                key="sink_figure")
+                st.caption("Per head, the share of attention (averaged over queries) that its most attended key "
+                           "token receives; hover for that token and the norm of its value vector, which is small "
+                           "for a sink that only soaks up attention.")
+                if class_names and st.toggle("Test-time register (Jiang et al. 2025)", key="tt_register",
+                                             help="Find the register neurons (outliers: last-layer norms over the "
+                                                  "threshold above, on this image and the samples), add one extra "
+                                                  "token and move those neurons' activations onto it."):
+                    top_k = st.number_input("Register neurons", 1, 200, 10, key="tt_register_neurons")
+                    try:
+                        references = [open_image(Path(p).read_bytes(), name=Path(p).name) for p in (samples or [])]
+                        registers = explorer.registers_view(checkpoint, image, references, threshold,
+                                                                 int(top_k), size)
+                    except (ValueError, ImageError, OSError) as e:
+                        st.warning(escape_markdown(e))
+                    else:
+                        cells = drawing.small_multiples(small, np.stack([registers.attention_before,
+                                                                         registers.attention_after,
+                                                                         registers.norms_before,
+                                                                         registers.norms_after]),
+                                                        opacity, colormap, mode)
+                        st.image(drawing.heads_grid_image(cells, columns=4), output_format="PNG")
+                        shown_neurons = ", ".join(f"{layer + 1}.{neuron}" for layer, neuron, _ in
+                                                  registers.neurons[:10])
+                        st.caption("Left to right: the last layer's CLS attention before and after the test-time "
+                                   "register, then the patch norms after the last layer before and after. "
+                                   f"Register neurons (layer.neuron): {shown_neurons}"
+                                   + (" …" if len(registers.neurons) > 10 else "") + ".")
 
 # -- compare two checkpoints; the run's attention snapshots at any epoch (issue 12) -------------------------------
 

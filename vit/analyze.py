@@ -4,7 +4,10 @@ For every image of ``DIR`` (one subfolder per class, as for ``vit.evaluate``; ``
 takes N images after a seeded shuffle): the mean attention distance and entropy of every
 head by layer (the ViT paper's Fig. 7), averaged over the images; per true class, the mean
 CLS attention of the last layer (heads averaged) and the mean CLS rollout map; the confusion
-matrix; and the most confident mistakes. Writes ``analysis.json``, PNG plots and one
+matrix; and the most confident mistakes. ``--mechanism`` adds, per true class, the mean direct logit
+attribution of every head, the logit change when each head alone is zeroed (averaged over images), the
+high-norm token rate per layer and position (``--norm-threshold``), massive activations per layer and attention
+sinks per head (``vit.explain.mechanism``). Writes ``analysis.json``, PNG plots and one
 self-contained ``report.html`` into ``--out`` (default ``analysis/<checkpoint name>``) and
 prints the JSON's path. A progress bar is drawn on stderr.
 """
@@ -36,6 +39,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=positive_int, default=64, help="images per forward pass (default 64)")
     p.add_argument("--seed", type=int, default=0, help="for the --limit shuffle (default 0)")
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto", help="where the model runs")
+    p.add_argument("--mechanism", action="store_true",
+                   help="also head attribution, ablation, high-norm tokens, massive activations and sinks (slower)")
+    p.add_argument("--norm-threshold", type=float, default=None, metavar="T",
+                   help="with --mechanism: a token norm over T is high (default: twice the median patch norm)")
     return p
 
 
@@ -57,6 +64,17 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(str(e)) from None
     finally:
         bar.close()
+    if args.mechanism:
+        from vit.explain.dataset import analyze_mechanism
+
+        bar = tqdm(total=len(files), unit="img", desc="mechanism", file=sys.stderr, dynamic_ncols=True)
+        try:
+            analysis.mechanism = analyze_mechanism(checkpoint, files, args.norm_threshold,
+                                                   progress=lambda done, total: bar.update(1))
+        except ValueError as e:  # MechanismError: a model option the analyses do not support
+            raise UsageError(f"--mechanism: {e}") from None
+        finally:
+            bar.close()
     for error in analysis.skipped:
         print(f"{PROG}: skipped: {error}", file=sys.stderr)
     out = Path(args.out) if args.out else Path("analysis") / Path(args.checkpoint).stem

@@ -15,7 +15,9 @@ each image also gets, named after its file (``photo.jpg`` -> ``photo``; a second
   DIR/<stem>_cls.png      the last layer's CLS attention averaged over heads, over that part
   DIR/<stem>_rollout.png  attention rollout over all layers (mean over heads), over that part
 
-Both overlays are at the image's own resolution. ``--size N`` runs the model on an N-px square
+Both overlays are at the image's own resolution. ``--ablate 2.3,4.1`` zero-ablates those heads
+(LAYER.HEAD, counted from 1) for everything above: their outputs are zeroed before the output projection.
+``--size N`` runs the model on an N-px square
 instead of its training size (``--keep-aspect``: the long side at N px, the other in proportion),
 rounded to whole patches with the position embeddings interpolated. Exit status: 0 when every image was
 classified; 1 when some could not be read (each is named on stderr, one line, and the
@@ -104,8 +106,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=positive_int, default=64, help="images per forward pass (default 64)")
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
                    help="where the model runs (default auto: a GPU when there is one)")
+    p.add_argument("--ablate", metavar="L.H,...",
+                   help="zero-ablate these heads (layer.head counted from 1, e.g. 2.3,4.1) before predicting")
     add_size_arguments(p, keep_aspect=True)
     return p
+
+
+def ablated(checkpoint: Checkpoint, heads: str) -> Checkpoint:
+    """``checkpoint`` whose model runs with ``heads`` (``--ablate``'s text) zero-ablated; UsageError when unusable."""
+    from dataclasses import replace
+
+    from vit.explain.mechanism import HeadAblated, MechanismError, parse_heads
+
+    model = checkpoint.model
+    try:
+        chosen = parse_heads(heads, len(model.blocks), model.blocks[0].attn.num_heads)
+        return replace(checkpoint, model=HeadAblated(model, chosen))
+    except MechanismError as e:
+        raise UsageError(f"--ablate: {e}") from None
 
 
 def input_side(text: str) -> int:
@@ -172,6 +190,8 @@ def save_maps(result: FileResult, checkpoint: Checkpoint, folder: Path, stem: st
 
 def run(args: argparse.Namespace) -> int:
     checkpoint = open_checkpoint(args.checkpoint, resolve_device(args.device), args.arch)
+    if args.ablate is not None:
+        checkpoint = ablated(checkpoint, args.ablate)
     maps_dir = Path(args.save_maps) if args.save_maps else None
     if maps_dir is not None:
         try:

@@ -22,6 +22,7 @@ from PIL import Image, ImageOps
 
 from vit.cache import ByteCache
 from vit.checkpoint import Checkpoint, Preprocessing
+from vit.explain import mechanism
 from vit.explain.attention import (
     class_gradients,
     fuse_heads,
@@ -486,3 +487,181 @@ def model_method_map(checkpoint: Checkpoint, image: Image.Image, kind: str, clas
     return result[0].float().cpu().numpy()  # (gh, gw)
 
 
+
+
+# -- the Mechanism view (issue 24): logit lens, head attribution, ablation, phenomena ---------------------------
+
+@dataclass
+class MechanismView:
+    """What the Mechanism view shows for one image and class (layers and heads 0-based)."""
+
+    class_index: int
+    lens_maps: np.ndarray  # (L + 1, gh, gw): each patch's probability of the class, after the embedding, each layer
+    lens_top: list[list[tuple[int, float]]]  # per row of lens_maps, the pooled read-out's top 3 (class, probability)
+    dla_heads: np.ndarray  # (L, H) direct contribution of each head to the class logit
+    dla_mlps: np.ndarray  # (L,)
+    dla_rest: dict[str, float]  # embedding, attention biases, final biases
+    logit: float
+    norms: np.ndarray  # (L + 1, T) token norms
+    massive: np.ndarray  # (L, 4) top 1-3 and median |block output|
+    sink_token: np.ndarray  # (L, H)
+    sink_mass: np.ndarray  # (L, H)
+    sink_value_norm: np.ndarray  # (L, H)
+
+
+def _model_input(checkpoint: Checkpoint, image: Image.Image, size: InputSize) -> torch.Tensor:
+    model, p = checkpoint.model, checkpoint.preprocessing
+    shape = input_shape(image, p, model.config.patch_size, size)
+    check_input_fits(checkpoint, model.patch_grid(*shape), f"A {shape[1]}×{shape[0]} px input")
+    return preprocess([image], p, size, model.config.patch_size).to(next(model.parameters()).device)
+
+
+def mechanism_view(checkpoint: Checkpoint, image: Image.Image, class_index: int | None,
+                   size: InputSize = TRAINING_SIZE) -> MechanismView:
+    """Logit lens, direct logit attribution and the phenomena of one image (``class_index`` None: predicted).
+
+    A model without a classifier gets the phenomena only (empty lens and attribution). Raises
+    ``mechanism.MechanismError`` for a model the analyses do not support and ``TooManyTokens`` for too big an input.
+    """
+    model = checkpoint.model
+    x = _model_input(checkpoint, image, size)
+    with torch.inference_mode():
+        states = mechanism.hidden_states(model, x)  # (1, L + 1, T, D)
+        sinks = mechanism.sink_stats(model, states)
+        norms = mechanism.token_norms(states)[0].cpu().numpy()
+        massive = mechanism.massive_activations(states)[0].float().cpu().numpy()
+    L, H = len(model.blocks), model.blocks[0].attn.num_heads
+    lens_maps, lens_top = np.zeros((0, 1, 1), np.float32), []
+    dla_heads, dla_mlps, rest, logit, chosen = np.zeros((L, H)), np.zeros(L), {}, 0.0, -1
+    if model.head is not None:
+        with torch.inference_mode():
+            lens = mechanism.logit_lens(model, x, class_index)
+            dla = mechanism.direct_logit_attribution(model, x, lens.classes)
+        grid, prefix = model.patch_grid(*x.shape[-2:]), model.num_prefix_tokens
+        lens_maps = lens.token_probs[0, :, prefix:].reshape(-1, *grid).float().cpu().numpy()
+        top = lens.pooled_logits[0].softmax(-1).topk(min(3, lens.pooled_logits.shape[-1]), dim=-1)
+        lens_top = [[(int(i), float(p)) for p, i in zip(ps, idx, strict=True)]
+                    for ps, idx in zip(top.values, top.indices, strict=True)]
+        dla_heads, dla_mlps = dla.heads[0].cpu().numpy(), dla.mlps[0].cpu().numpy()
+        rest = {"embedding": float(dla.embed[0]), "attention biases": float(dla.attn_biases[0].sum()),
+                "final norm and head biases": float(dla.bias[0])}
+        logit, chosen = float(dla.logit[0]), int(lens.classes[0])
+    return MechanismView(chosen, lens_maps, lens_top, dla_heads, dla_mlps, rest, logit, norms, massive,
+                         sinks.token[0].cpu().numpy(), sinks.mass[0].float().cpu().numpy(),
+                         sinks.value_norm[0].float().cpu().numpy())
+
+
+def parse_head_labels(labels: Sequence[str]) -> list[tuple[int, int]]:
+    """``["2.3", ...]`` (layer.head from 1, as the page lists them) -> ``[(1, 2), ...]`` from 0."""
+    return [(int(a) - 1, int(b) - 1) for a, _, b in (label.partition(".") for label in labels)]
+
+
+def reference_means(checkpoint: Checkpoint, images: Sequence[Image.Image], size: InputSize = TRAINING_SIZE
+                    ) -> torch.Tensor:
+    """Per-head mean contexts over reference images (mean ablation), all at the checkpoint's square size unless
+    ``size`` is square too; ``mechanism.MechanismError`` when their token counts differ from the image's."""
+    x = torch.cat([_model_input(checkpoint, image, size) for image in images])
+    with torch.inference_mode():
+        return mechanism.mean_contexts(checkpoint.model, x)
+
+
+def ablated_prediction(checkpoint: Checkpoint, image: Image.Image, heads: Sequence[tuple[int, int]],
+                       mode: str = "zero", means: torch.Tensor | None = None, size: InputSize = TRAINING_SIZE,
+                       top_k: int = TOP_K) -> Prediction:
+    """The prediction with ``heads`` (layer, head from 0) ablated."""
+    x = _model_input(checkpoint, image, size)
+    with torch.inference_mode():
+        logits, _ = mechanism.ablate_heads(checkpoint.model, x, heads, mode, means)
+    [prediction] = predictions_from_logits(logits, checkpoint.class_names, top_k)
+    return prediction
+
+
+def ablation_effects(checkpoint: Checkpoint, image: Image.Image, class_index: int, mode: str = "zero",
+                     means: torch.Tensor | None = None, size: InputSize = TRAINING_SIZE) -> np.ndarray:
+    """``(L, H)``: the change of the class logit when each head alone is ablated (one pass per layer)."""
+    x = _model_input(checkpoint, image, size)
+    with torch.inference_mode():
+        return mechanism.ablation_grid(checkpoint.model, x, class_index, mode, means)[0].cpu().numpy()
+
+
+@dataclass
+class PatchingView:
+    """Activation patching of the clean image's activations into the corrupted one (0-based layers, heads)."""
+
+    clean_class: int  # a: the clean image's predicted class
+    corrupted_class: int  # b: the corrupted image's
+    clean_difference: float  # logit[a] - logit[b] on the clean image
+    corrupted_difference: float
+    heads: np.ndarray  # (L, H) share of the difference recovered by patching each head's output
+    residual: np.ndarray | None  # (L, T) by patching each layer input at each token position
+
+
+def patching_view(checkpoint: Checkpoint, clean: Image.Image, corrupted: Image.Image,
+                  size: InputSize = TRAINING_SIZE, residual: bool = False) -> PatchingView:
+    """Patch each head output (and with ``residual`` each (layer, position) of the residual stream) of ``clean``
+    into ``corrupted``; the logit difference between their predicted classes, as the share recovered."""
+    x_clean, x_corrupted = _model_input(checkpoint, clean, size), _model_input(checkpoint, corrupted, size)
+    model = checkpoint.model
+    with torch.inference_mode():
+        heads = mechanism.patch_heads(model, x_clean, x_corrupted)
+        a = int(model.classify(mechanism.hidden_states(model, x_clean)[:, -1]).argmax(-1)[0])
+        b = int(model.classify(mechanism.hidden_states(model, x_corrupted)[:, -1]).argmax(-1)[0])
+        tokens = mechanism.patch_residuals(model, x_clean, x_corrupted, a, b) if residual else None
+    return PatchingView(a, b, float(heads.clean[0]), float(heads.corrupted[0]), heads.recovered()[0].cpu().numpy(),
+                        tokens.recovered()[0].cpu().numpy() if tokens is not None else None)
+
+
+@dataclass
+class RegisterView:
+    """Test-time registers on one image: the neurons found, and the last layer before and after (``(gh, gw)``)."""
+
+    neurons: list[tuple[int, int, float]]  # (layer, neuron, score), 0-based, best first
+    attention_before: np.ndarray  # the last layer's CLS attention to the patches, heads averaged
+    attention_after: np.ndarray
+    norms_before: np.ndarray  # the patch tokens' norms after the last layer
+    norms_after: np.ndarray
+
+
+def registers_view(checkpoint: Checkpoint, image: Image.Image, references: Sequence[Image.Image],
+                        threshold: float, top_k: int = 10, size: InputSize = TRAINING_SIZE) -> RegisterView:
+    """Find the register neurons on ``references`` and this image (at the checkpoint's size; outliers: last-layer
+    norms over ``threshold``), then add one test-time register to this image at ``size``."""
+    model = checkpoint.model
+    found = torch.cat([_model_input(checkpoint, im, TRAINING_SIZE) for im in [image, *references]])
+    x = _model_input(checkpoint, image, size)
+    grid, P = model.patch_grid(*x.shape[-2:]), model.num_prefix_tokens
+    with torch.inference_mode():
+        neurons = mechanism.find_register_neurons(model, found, threshold, top_k=top_k)
+        chosen: dict[int, list[int]] = {}
+        for layer, neuron, _ in neurons:
+            chosen.setdefault(layer, []).append(neuron)
+        logits, before = model(x, output_attentions=True)
+        states = mechanism.hidden_states(model, x)
+        _, after, final = mechanism.with_test_time_registers(model, x, chosen, 1, output_attentions=True)
+    n = grid[0] * grid[1]
+
+    def cls_map(attentions) -> np.ndarray:
+        return attentions[-1][0].mean(0)[0, P:P + n].reshape(grid).float().cpu().numpy()
+
+    return RegisterView(neurons, cls_map(before), cls_map(after),
+                        states[0, -1, P:].norm(dim=-1).reshape(grid).float().cpu().numpy(),
+                        final[0, P:P + n].norm(dim=-1).reshape(grid).float().cpu().numpy())
+
+
+def ablated_rollouts(checkpoint: Checkpoint, image: Image.Image, heads: Sequence[tuple[int, int]],
+                     mode: str = "zero", means: torch.Tensor | None = None, size: InputSize = TRAINING_SIZE
+                     ) -> tuple[np.ndarray, np.ndarray]:
+    """The CLS rollout (heads averaged) ``(gh, gw)`` with all heads on and with ``heads`` ablated: ablating a head
+    changes every later layer's attention."""
+    from vit.explain.attention import rollout
+
+    model = checkpoint.model
+    x = _model_input(checkpoint, image, size)
+    grid, P = model.patch_grid(*x.shape[-2:]), model.num_prefix_tokens
+    maps = []
+    with torch.inference_mode():
+        for chosen in ([], heads):
+            _, attentions = mechanism.ablate_heads(model, x, chosen, mode, means, output_attentions=True)
+            maps.append(token_map(rollout(list(attentions), "mean", num_prefix_tokens=P), 0, grid, P)[0]
+                        .float().cpu().numpy())
+    return maps[0], maps[1]

@@ -51,6 +51,7 @@ class DatasetAnalysis:
     class_rollout: np.ndarray  # (K, gh, gw) mean CLS rollout map per true class
     confusion: np.ndarray  # (K, K) counts: row = true class, column = predicted
     mistakes: list[Mistake] = field(default_factory=list)  # most confident first
+    mechanism: MechanismStats | None = None  # with ``vit.analyze --mechanism``
 
     @property
     def accuracy(self) -> float | None:
@@ -63,7 +64,8 @@ class DatasetAnalysis:
                 "mean_attention_distance": self.distance.tolist(), "attention_entropy": self.entropy.tolist(),
                 "class_cls_attention": self.class_attention.tolist(), "class_rollout": self.class_rollout.tolist(),
                 "confusion": self.confusion.tolist(),
-                "most_confident_mistakes": [vars(m) for m in self.mistakes]}
+                "most_confident_mistakes": [vars(m) for m in self.mistakes],
+                **({"mechanism": self.mechanism.to_json()} if self.mechanism is not None else {})}
 
 
 def analyze_files(checkpoint: Checkpoint, files: Sequence[tuple[Path, int]], batch_size: int = 64,
@@ -157,6 +159,7 @@ def figures(analysis: DatasetAnalysis) -> dict[str, go.Figure]:
                                              "Mean CLS attention of the last layer, per true class"),
         "class_rollout": class_maps_figure(a.class_rollout, a.class_names, "Mean CLS rollout, per true class"),
         "confusion": confusion_figure(a.confusion, a.class_names),
+        **(mechanism_figures(a.mechanism, a.class_names) if a.mechanism is not None else {}),
     }
 
 
@@ -168,6 +171,8 @@ def _png(analysis: DatasetAnalysis, stem: str, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     a = analysis
+    if stem.startswith("mechanism_"):
+        return _mechanism_png(mechanism_figures(a.mechanism, a.class_names)[stem], stem, path)
     if stem in ("distance", "entropy"):
         values = a.distance if stem == "distance" else a.entropy
         fig, ax = plt.subplots(figsize=(6, 4))
@@ -230,3 +235,164 @@ def sample_files(files: list, limit: int | None, seed: int) -> list:
     files = list(files)
     random.Random(seed).shuffle(files)
     return files if limit is None else files[:limit]
+
+
+# --- the mechanism over a dataset (issue 24) ------------------------------------------------------
+
+@dataclass
+class MechanismStats:
+    """Dataset versions of the explorer's Mechanism view; ``K`` classes, ``L`` layers, ``H`` heads."""
+
+    class_counts: np.ndarray  # (K,) images per true class
+    dla_heads: np.ndarray  # (K, L, H) mean direct logit attribution of each head to the true class's logit
+    dla_mlps: np.ndarray  # (K, L)
+    ablation: np.ndarray | None  # (L, H) mean change of the true class's logit when each head alone is zeroed
+    norm_threshold: float  # what counts as a high-norm token
+    high_norm_rate: np.ndarray  # (L + 1,) share of patch tokens over the threshold, after the embedding and each layer
+    high_norm_positions: np.ndarray  # (gh, gw) share of images whose patch is over it after the last layer
+    prefix_high_norm_rate: np.ndarray  # (P,) the same for each prefix token (CLS, DIST, REG ...)
+    massive: np.ndarray  # (L, 4) mean over images of the top 1-3 and median |block output|
+    sink_mass: np.ndarray  # (L, H) mean share of attention on each head's strongest key
+    sink_value_norm: np.ndarray  # (L, H) mean value norm of that key
+    sink_on_prefix: np.ndarray  # (L, H) share of images whose strongest key is a prefix token
+
+    def to_json(self) -> dict:
+        return {key: (value.tolist() if isinstance(value, np.ndarray) else value) for key, value in vars(self).items()}
+
+
+def analyze_mechanism(checkpoint: Checkpoint, files: Sequence[tuple[Path, int]], norm_threshold: float | None = None,
+                      ablation: bool = True, progress: Callable[[int, int], None] | None = None) -> MechanismStats:
+    """The mechanism statistics of ``(image file, true class)`` pairs, one image at a time at the checkpoint's size.
+
+    ``norm_threshold`` None: twice the median patch-token norm after the last layer over the images (the
+    artefact tokens of Darcet et al. are far above it; give a value to compare models on one scale).
+    ``ablation`` runs one pass of the remaining layers per layer and image (the slow part).
+    Unreadable images are skipped (``analyze_files`` names them).
+    """
+    from vit.explain import mechanism
+    from vit.images import ImageError, open_image
+    from vit.inference import preprocess
+
+    model, names = checkpoint.model, checkpoint.class_names
+    mechanism.check_supported(model, needs_head=True)
+    size = checkpoint.preprocessing.image_size
+    grid, prefix = model.patch_grid(size, size), model.num_prefix_tokens
+    L, H = len(model.blocks), model.blocks[0].attn.num_heads
+    K = len(names)
+    counts = np.zeros(K, dtype=np.int64)
+    dla_heads, dla_mlps = np.zeros((K, L, H)), np.zeros((K, L))
+    ablation_sum = np.zeros((L, H))
+    massive, sink_mass, sink_norm, sink_prefix = np.zeros((L, 4)), np.zeros((L, H)), np.zeros((L, H)), np.zeros((L, H))
+    norms: list[np.ndarray] = []  # per image (L + 1, T): small, kept to choose the threshold after the pass
+    device = next(model.parameters()).device
+    for done, (path, label) in enumerate(files, start=1):
+        try:
+            image = open_image(Path(path).read_bytes(), name=Path(path).name)
+        except (OSError, ImageError):
+            image = None
+        if image is not None:
+            x = preprocess([image], checkpoint.preprocessing).to(device)
+            target = torch.tensor([label], device=device)
+            with torch.inference_mode():
+                states = mechanism.hidden_states(model, x)
+                dla = mechanism.direct_logit_attribution(model, x, target)
+                sinks = mechanism.sink_stats(model, states)
+                if ablation:
+                    ablation_sum += mechanism.ablation_grid(model, x, target)[0].double().cpu().numpy()
+                massive += mechanism.massive_activations(states)[0].double().cpu().numpy()
+                norms.append(mechanism.token_norms(states)[0].cpu().numpy())
+            counts[label] += 1
+            dla_heads[label] += dla.heads[0].double().cpu().numpy()
+            dla_mlps[label] += dla.mlps[0].double().cpu().numpy()
+            sink_mass += sinks.mass[0].double().cpu().numpy()
+            sink_norm += sinks.value_norm[0].double().cpu().numpy()
+            sink_prefix += (sinks.token[0] < prefix).cpu().numpy()
+        if progress is not None:
+            progress(done, len(files))
+    n = int(counts.sum())
+    if n == 0:
+        raise ValueError(f"none of the {len(files)} images could be read")
+    all_norms = np.stack(norms)  # (N, L + 1, T)
+    if norm_threshold is None:
+        norm_threshold = float(2 * np.median(all_norms[:, -1, prefix:]))
+    high = all_norms > norm_threshold
+    seen = np.maximum(counts, 1)
+    return MechanismStats(
+        class_counts=counts, dla_heads=dla_heads / seen[:, None, None], dla_mlps=dla_mlps / seen[:, None],
+        ablation=ablation_sum / n if ablation else None, norm_threshold=norm_threshold,
+        high_norm_rate=high[:, :, prefix:].mean(axis=(0, 2)),
+        high_norm_positions=high[:, -1, prefix:].mean(axis=0).reshape(grid),
+        prefix_high_norm_rate=high[:, -1, :prefix].mean(axis=0),
+        massive=massive / n, sink_mass=sink_mass / n, sink_value_norm=sink_norm / n, sink_on_prefix=sink_prefix / n)
+
+
+def mechanism_figures(stats: MechanismStats, class_names: list[str]) -> dict[str, go.Figure]:
+    """The mechanism plots by file stem."""
+    from vit.explain.figures import layer_head_figure, massive_activations_figure
+
+    shown = [k for k in range(len(class_names)) if stats.class_counts[k]]
+    figs = {}
+    if shown:
+        cols = min(len(shown), 4)
+        rows = -(-len(shown) // cols)
+        bound = float(np.abs(stats.dla_heads[shown]).max()) or 1.0
+        titles = [escape_plotly(class_names[k]) for k in shown]  # Plotly reads HTML tags in titles
+        fig = make_subplots(rows=rows, cols=cols, subplot_titles=titles, horizontal_spacing=0.03,
+                            vertical_spacing=0.1)
+        L, H = stats.dla_heads.shape[1:]
+        for i, k in enumerate(shown):
+            fig.add_trace(go.Heatmap(z=stats.dla_heads[k], x=list(range(1, H + 1)), y=list(range(1, L + 1)),
+                                     colorscale="RdBu", reversescale=True, zmid=0, zmin=-bound, zmax=bound,
+                                     showscale=i == 0,
+                                     hovertemplate=f"{titles[i]}: layer %{{y}}, head %{{x}}: %{{z:.4g}}"
+                                                   "<extra></extra>"),
+                          row=i // cols + 1, col=i % cols + 1)
+        fig.update_yaxes(autorange="reversed")
+        fig.update_layout(title="Mean direct logit attribution of each head to the true class, per class",
+                          height=60 + 240 * rows, margin=dict(l=0, r=0, t=70, b=0))
+        figs["mechanism_dla"] = fig
+    if stats.ablation is not None:
+        figs["mechanism_ablation"] = layer_head_figure(stats.ablation, "Mean logit change of the true class when "
+                                                       "each head alone is zeroed", "Δ logit")
+    layers = ["embedding"] + [f"layer {i + 1}" for i in range(len(stats.high_norm_rate) - 1)]
+    rate = go.Figure(go.Bar(x=layers, y=stats.high_norm_rate, marker_color="#8fa3bf",
+                            hovertemplate="%{x}: %{y:.2%} of patch tokens<extra></extra>"))
+    rate.update_yaxes(title=f"share of patch tokens with norm > {stats.norm_threshold:.3g}", tickformat=".0%")
+    rate.update_layout(title="High-norm patch tokens per layer", height=360, margin=dict(l=0, r=0, t=40, b=0))
+    figs["mechanism_high_norm_rate"] = rate
+    where = go.Figure(go.Heatmap(z=stats.high_norm_positions, colorscale="Reds", zmin=0,
+                                 hovertemplate="patch row %{y}, column %{x}: %{z:.1%} of images<extra></extra>"))
+    where.update_yaxes(autorange="reversed", scaleanchor="x")
+    where.update_layout(title="Where high-norm patches sit after the last layer", height=420,
+                        margin=dict(l=0, r=0, t=40, b=0))
+    figs["mechanism_high_norm_positions"] = where
+    figs["mechanism_massive"] = massive_activations_figure(stats.massive, "Massive activations (mean over images)")
+    figs["mechanism_sinks"] = layer_head_figure(stats.sink_mass, "Attention on each head's strongest key (mean "
+                                                "over images)", "mass", signed=False)
+    return figs
+
+
+def _mechanism_png(fig: go.Figure, stem: str, path: Path) -> None:
+    """A static version of a mechanism plot: the first trace's heatmap, bars or lines with matplotlib."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, ax = plt.subplots(figsize=(6, 4))
+    for trace in fig.data:
+        if trace.type == "heatmap":
+            image = ax.imshow(np.asarray(trace.z, dtype=float), cmap="RdBu_r" if trace.zmid == 0 else "Reds")
+            figure.colorbar(image)
+            break
+        if trace.type == "bar":
+            ax.bar(range(len(trace.y)), trace.y)
+        elif trace.type == "scatter":
+            ax.plot(np.asarray(trace.x), np.asarray(trace.y), marker="o", label=trace.name)
+    if any(t.type == "scatter" for t in fig.data):
+        ax.legend()
+    ax.set_title(fig.layout.title.text or stem, fontsize=8)
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+

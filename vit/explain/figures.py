@@ -23,3 +23,60 @@ def layer_stats_figure(values: np.ndarray, y_title: str, title: str = "") -> go.
     fig.update_layout(title=title, height=420, margin=dict(l=0, r=0, t=40 if title else 10, b=0),
                       showlegend=H <= 16)
     return fig
+
+
+def layer_head_figure(values: np.ndarray, title: str, value_title: str, extra: np.ndarray | None = None,
+                      extra_name: str = "MLP", signed: bool = True, hover: np.ndarray | None = None) -> go.Figure:
+    """A layers x heads heatmap ``(L, H)`` (layer 1 on top), with an optional extra column ``(L,)`` such as the
+    MLPs; ``signed`` centres a diverging scale on 0. ``hover`` ``(L, H + extra)`` adds a line per cell."""
+    L, H = values.shape
+    z = values if extra is None else np.concatenate([values, extra[:, None]], axis=1)
+    x = [f"head {h + 1}" for h in range(H)] + ([extra_name] if extra is not None else [])
+    y = [f"layer {i + 1}" for i in range(L)]
+    bound = float(np.nanmax(np.abs(z))) if np.isfinite(z).any() else 1.0
+    scale = dict(colorscale="RdBu", reversescale=True, zmid=0, zmin=-bound, zmax=bound) if signed else \
+        dict(colorscale=[[0, "rgb(255, 255, 255)"], [1, "rgb(180, 30, 30)"]])
+    customdata = hover if hover is not None else np.full(z.shape, "")
+    fig = go.Figure(go.Heatmap(z=z, x=x, y=y, **scale, customdata=customdata, colorbar=dict(title=value_title),
+                               hovertemplate="%{y}, %{x}: %{z:.4g}%{customdata}<extra></extra>"))
+    fig.update_yaxes(autorange="reversed", type="category")
+    fig.update_xaxes(type="category")
+    fig.update_layout(title=title, height=max(220, 60 + 26 * L), margin=dict(l=0, r=0, t=40, b=0))
+    return fig
+
+
+def massive_activations_figure(stats: np.ndarray, title: str = "") -> go.Figure:
+    """Per layer ``(L, 4)``: the top 1, 2, 3 |activation| and the median, as locuslab/massive-activations plots."""
+    layers = np.arange(1, stats.shape[0] + 1)
+    fig = go.Figure()
+    for i, name in enumerate(("top 1", "top 2", "top 3", "median")):
+        fig.add_trace(go.Scatter(x=layers, y=stats[:, i], mode="lines+markers", name=name,
+                                 hovertemplate=f"layer %{{x}}, {name}: %{{y:.4g}}<extra></extra>"))
+    fig.update_xaxes(title="layer", tickvals=list(layers))
+    fig.update_yaxes(title="|activation| of the block output", rangemode="tozero")
+    fig.update_layout(title=title, height=360, margin=dict(l=0, r=0, t=40 if title else 10, b=0))
+    return fig
+
+
+def norm_histogram_figure(norms: np.ndarray, threshold: float, title: str = "") -> go.Figure:
+    """A histogram of token norms ``(N,)`` with the high-norm threshold as a vertical line."""
+    fig = go.Figure(go.Histogram(x=norms, nbinsx=60, marker_color="#8fa3bf",
+                                 hovertemplate="norm %{x}: %{y} tokens<extra></extra>"))
+    fig.add_vline(x=threshold, line=dict(color="#d62728", dash="dash"))
+    fig.update_xaxes(title="token norm")
+    fig.update_yaxes(title="tokens")
+    fig.update_layout(title=title, height=300, margin=dict(l=0, r=0, t=40 if title else 10, b=0), bargap=0.05)
+    return fig
+
+
+def layer_token_figure(values: np.ndarray, token_labels: list[str], title: str, value_title: str) -> go.Figure:
+    """A layers x tokens heatmap ``(L, T)`` on a diverging scale around 0 (layer 1 on top)."""
+    bound = float(np.nanmax(np.abs(values))) if np.isfinite(values).any() else 1.0
+    fig = go.Figure(go.Heatmap(z=values, x=token_labels, y=[f"layer {i + 1}" for i in range(values.shape[0])],
+                               colorscale="RdBu", reversescale=True, zmid=0, zmin=-bound, zmax=bound,
+                               colorbar=dict(title=value_title),
+                               hovertemplate="%{y} input, %{x}: %{z:.3g}<extra></extra>"))
+    fig.update_yaxes(autorange="reversed", type="category")
+    fig.update_xaxes(type="category", showticklabels=len(token_labels) <= 40)
+    fig.update_layout(title=title, height=max(220, 60 + 26 * values.shape[0]), margin=dict(l=0, r=0, t=40, b=0))
+    return fig

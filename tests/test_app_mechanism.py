@@ -1,0 +1,142 @@
+"""The explorer's Mechanism view through Streamlit's AppTest: logit lens, head attribution, ablation, phenomena."""
+
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+import test_app
+import torch
+from test_app import CLASSES, TINY, array_shape, charts, png_bytes, run_app, write_checkpoint
+
+from vit.app import explorer
+from vit.app.catalog import DEFAULT_CHECKPOINT
+from vit.checkpoint import load_checkpoint
+from vit.explain.mechanism import ablate_heads, direct_logit_attribution
+from vit.images import open_image
+from vit.inference import preprocess
+from vit.model import ViTConfig
+
+pytest.importorskip("streamlit")
+pytestmark = pytest.mark.slow  # each test starts the app
+dirs, default_world = test_app.dirs, test_app.default_world  # the app tests' fixtures
+
+
+def heatmaps(at, title: str) -> list[dict]:
+    """The heatmaps of the figures titled ``title``."""
+    return [t for fig in charts(at) if fig["layout"].get("title", {}).get("text") == title
+            for t in fig["data"] if t["type"] == "heatmap"]
+
+
+def open_mechanism(at, tab: str):
+    at.toggle(key="mechanism_view").set_value(True)
+    at.session_state["mechanism_tab"] = tab
+    at.run()
+    assert not at.exception, [e.message for e in at.exception]
+    return at
+
+
+def sample_bytes(checkpoints: Path) -> bytes:
+    return sorted((checkpoints / "samples" / Path(DEFAULT_CHECKPOINT).stem).iterdir())[0].read_bytes()
+
+
+def sample_input(checkpoints: Path):
+    checkpoint = load_checkpoint(checkpoints / DEFAULT_CHECKPOINT)
+    sample = sorted((checkpoints / "samples" / Path(DEFAULT_CHECKPOINT).stem).iterdir())[0]
+    image = open_image(sample.read_bytes(), name=sample.name)
+    return checkpoint, preprocess([image], checkpoint.preprocessing)
+
+
+def test_logit_lens_shows_every_layer_and_the_pooled_top_3(default_world):
+    at = open_mechanism(run_app(), "Logit lens")
+    [table] = at.dataframe
+    assert list(table.value["after"]) == ["embedding", "layer 1", "layer 2", "layer 3"]
+    assert all(any(c in cell for c in CLASSES) for cell in table.value["top 1"])
+    assert any("after the embedding" in c.value for c in at.caption)
+
+
+def test_head_attribution_grid_sums_to_the_logit_in_its_caption(default_world):
+    checkpoints, _ = default_world
+    at = open_mechanism(run_app(), "Head attribution")
+    [grid] = heatmaps(at, "Direct logit attribution")
+    assert array_shape(grid["z"]) == (3, 3)  # 3 layers x (2 heads + the MLP column)
+    checkpoint, x = sample_input(checkpoints)
+    dla = direct_logit_attribution(checkpoint.model, x)
+    [caption] = [c.value for c in at.caption if "apply_ln_to_stack" in c.value]
+    assert f"({float(dla.logit[0]):.4g})" in caption and caption.endswith(f"= {float(dla.total()[0]):.4g}, the logit.")
+
+
+def test_switching_heads_off_shows_the_ablated_prediction_and_the_grid(default_world):
+    checkpoints, _ = default_world
+    at = open_mechanism(run_app(), "Ablation")
+    key = next(w.key for w in at.multiselect if w.label.startswith("Switch heads off"))
+    at.multiselect(key=key).set_value(["1.1", "3.2"])
+    at.run()
+    assert not at.exception
+    bars = [t for fig in charts(at) for t in fig["data"] if t.get("type") == "bar"]
+    assert len(bars) == 3  # the sidebar's prediction, then before and after
+    checkpoint, x = sample_input(checkpoints)
+    with torch.no_grad():
+        expected = ablate_heads(checkpoint.model, x, [(0, 0), (2, 1)])[0].softmax(-1)[0]
+    shown = dict(zip(bars[2]["y"], bars[2]["x"], strict=True))
+    for name, p in shown.items():
+        assert p == pytest.approx(float(expected[CLASSES.index(name)]), abs=1e-6)
+    assert any("Heads 1.1, 3.2 off" in c.value for c in at.caption)
+    assert any("rollout with those heads off" in c.value for c in at.caption)
+    on_map, off_map = explorer.ablated_rollouts(checkpoint, open_image(sample_bytes(checkpoints), name="x.png"),
+                                                [(0, 0), (2, 1)])
+    assert on_map.shape == off_map.shape == (4, 4) and not np.allclose(on_map, off_map)
+    at.toggle(key="ablation_grid").set_value(True)
+    at.run()
+    assert [array_shape(h["z"]) for h in heatmaps(at, "Logit change when one head is ablated")] == [(3, 2)]
+
+
+def test_phenomena_draw_norms_massive_activations_and_sinks(default_world):
+    at = open_mechanism(run_app(), "Phenomena")
+    titles = [fig["layout"].get("title", {}).get("text") for fig in charts(at)]
+    assert {"Token norms after layer 3", "Massive activations", "Attention sinks"} <= set(titles)
+    [sinks] = heatmaps(at, "Attention sinks")
+    assert array_shape(sinks["z"]) == (3, 2)
+    assert re.search(r"\d+ of 16 patches over", " ".join(c.value for c in at.caption))
+    at.slider(key="norm_threshold").set_value(0.0)
+    at.run()
+    assert any("16 of 16 patches over" in c.value for c in at.caption)
+
+
+def test_a_feature_model_gets_the_phenomena_and_no_class_views(dirs):
+    checkpoints, _ = dirs
+    write_checkpoint(checkpoints / DEFAULT_CHECKPOINT, config=ViTConfig(**{**TINY.to_dict(), "num_classes": 0}),
+                     classes=[])
+    samples = checkpoints / "samples" / Path(DEFAULT_CHECKPOINT).stem
+    samples.mkdir(parents=True)
+    (samples / "x_1.png").write_bytes(png_bytes(seed=1))
+    at = open_mechanism(run_app(), "Logit lens")
+    assert any("no classifier" in i.value for i in at.info)
+    at.session_state["mechanism_tab"] = "Phenomena"
+    at.run()
+    assert not at.exception
+    assert "Attention sinks" in [fig["layout"].get("title", {}).get("text") for fig in charts(at)]
+
+
+def test_patching_shows_the_recovered_share_per_head_and_per_token(default_world):
+    at = open_mechanism(run_app(), "Patching")
+    assert not at.exception
+    [grid] = heatmaps(at, "Recovered by patching one head")
+    assert array_shape(grid["z"]) == (3, 2)
+    assert any("on the corrupted one" in c.value for c in at.caption)
+    at.toggle(key="patch_positions").set_value(True)
+    at.run()
+    assert not at.exception
+    [tokens] = heatmaps(at, "Recovered by patching one token of one layer's input")
+    assert array_shape(tokens["z"]) == (3, 17)  # CLS + 4 x 4 patches
+
+
+def test_a_test_time_register_shows_the_last_layer_before_and_after(default_world):
+    at = open_mechanism(run_app(), "Phenomena")
+    at.slider(key="norm_threshold").set_value(0.0)  # every token an outlier: some neurons are found
+    at.toggle(key="tt_register").set_value(True)
+    at.run()
+    assert not at.exception, [e.message for e in at.exception]
+    [caption] = [c.value for c in at.caption if "Register neurons (layer.neuron)" in c.value]
+    assert "before and after the test-time register" in caption
+    assert len([n for n in caption.split(": ")[-1].split(", ")]) == 10

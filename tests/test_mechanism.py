@@ -1,0 +1,295 @@
+"""Logit lens, direct logit attribution, head ablation and activation patching (vit.explain.mechanism).
+
+References: a decomposition computed by hand in the test; HF transformers' own ViT (eager attention) with
+each head's output zeroed, replaced by a mean or patched through forward hooks written here on its
+``attention.o_proj`` input (transformers 5 dropped ``head_mask``; zeroing a head's slice of the projection's
+input is what it did); residual patching through a pre-hook on HF's ``ViTLayer``.
+"""
+
+import dataclasses
+
+import pytest
+import torch
+
+from vit.explain.mechanism import (
+    HeadAblated,
+    MechanismError,
+    ablate_heads,
+    ablation_grid,
+    direct_logit_attribution,
+    hidden_states,
+    logit_lens,
+    mean_contexts,
+    parse_heads,
+    patch_heads,
+    patch_residuals,
+)
+from vit.model import ViT, ViTConfig
+
+CONFIG = ViTConfig(image_size=16, patch_size=4, num_channels=3, num_classes=5, hidden_size=32, num_layers=3,
+                   num_heads=4, mlp_size=64)
+EVERY_OPTION = dataclasses.replace(CONFIG, distillation_token=True, distillation_head=True, num_register_tokens=2,
+                                   layer_scale=0.5, pooling="cls+avg", prefix_positions="cls")
+AVG_POOLED = dataclasses.replace(CONFIG, num_register_tokens=3, pooling="avg", fc_norm=True, prefix_positions="none")
+
+
+def random_vit(config: ViTConfig = CONFIG, seed: int = 0) -> ViT:
+    torch.manual_seed(seed)
+    model = ViT(config).eval()
+    with torch.no_grad():  # zero biases and unit norms would hide mistakes
+        for name, p in model.named_parameters():
+            if name.endswith("bias") or "norm" in name or ".ls" in name:
+                p.add_(torch.randn_like(p) * 0.1)
+    return model
+
+
+def images(batch: int = 1, size: tuple[int, int] = (16, 16), seed: int = 1) -> torch.Tensor:
+    return torch.randn(batch, 3, *size, generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.mark.parametrize("config", [CONFIG, EVERY_OPTION, AVG_POOLED])
+def test_the_walk_gives_the_models_own_logits(config):
+    model = random_vit(config)
+    x = images(2, (12, 16))
+    with torch.no_grad():
+        states = hidden_states(model, x)
+        torch.testing.assert_close(model.classify(states[:, -1]), model(x)[0], rtol=0, atol=1e-5)
+        logits, attentions = ablate_heads(model, x, [], output_attentions=True)
+        expected_logits, expected = model(x, output_attentions=True)
+    torch.testing.assert_close(logits, expected_logits, rtol=0, atol=1e-5)
+    for mine, theirs in zip(attentions, expected, strict=True):
+        torch.testing.assert_close(mine, theirs, rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("config", [CONFIG, EVERY_OPTION, AVG_POOLED])
+def test_direct_logit_attribution_sums_to_the_logit(config):
+    model = random_vit(config)
+    x = images(3, (12, 16))
+    dla = direct_logit_attribution(model, x, torch.tensor([0, 3, 4]))
+    assert dla.heads.shape == (3, 3, 4) and dla.mlps.shape == (3, 3)
+    torch.testing.assert_close(dla.logit, model(x)[0][torch.arange(3), torch.tensor([0, 3, 4])])
+    torch.testing.assert_close(dla.total(), dla.logit, rtol=0, atol=1e-5)
+
+
+def test_direct_logit_attribution_matches_a_hand_computed_decomposition():
+    """One layer, CLS pooling: each head's output at CLS, centred, divided by the final residual's scale,
+    times the norm weight and the class row of the head, computed here step by step."""
+    model = random_vit(dataclasses.replace(CONFIG, num_layers=1))
+    x = images(1)
+    dla = direct_logit_attribution(model, x, 2)
+    block = model.blocks[0]
+    with torch.no_grad():
+        tokens = model.embed(x)[0]  # (T, D)
+        n1 = torch.nn.functional.layer_norm(tokens, (32,), block.norm1.weight, block.norm1.bias, block.norm1.eps)
+        qkv = n1 @ block.attn.qkv.weight.T + block.attn.qkv.bias
+        q, k, v = qkv[:, :32], qkv[:, 32:64], qkv[:, 64:]
+        head_outputs = []
+        for h in range(4):
+            s = slice(8 * h, 8 * h + 8)
+            attn = torch.softmax(q[:, s] @ k[:, s].T / 8 ** 0.5, dim=-1)
+            head_outputs.append((attn @ v[:, s]) @ block.attn.proj.weight[:, s].T)  # (T, D)
+        mid = tokens + sum(head_outputs) + block.attn.proj.bias
+        final = mid + block.mlp(block.norm2(mid))
+        cls = final[0]
+        scale = (cls.var(unbiased=False) + model.norm.eps).sqrt()
+        row = model.head.weight[2] * model.norm.weight
+
+        def direct(vector):
+            return ((vector - vector.mean()) / scale * row).sum()
+
+        expected = torch.stack([direct(h[0]) for h in head_outputs])
+    torch.testing.assert_close(dla.heads[0, 0], expected, rtol=0, atol=1e-5)
+    torch.testing.assert_close(dla.embed[0], direct(tokens[0]), rtol=0, atol=1e-5)
+
+
+def test_logit_lens_reads_the_last_layer_as_the_model_does():
+    model = random_vit()
+    x = images(2, (12, 16))
+    lens = logit_lens(model, x)
+    logits = model(x)[0]
+    assert lens.token_probs.shape == (2, 4, 1 + 12) and lens.pooled_logits.shape == (2, 4, 5)
+    torch.testing.assert_close(lens.pooled_logits[:, -1], logits)
+    # CLS pooling: the CLS token's read-out after the last layer is the model's own probability.
+    torch.testing.assert_close(lens.token_probs[:, -1, 0], logits.softmax(-1)[torch.arange(2), logits.argmax(-1)])
+
+
+def test_parse_heads_counts_from_one_and_names_bad_input():
+    assert parse_heads("2.3, 1.1", 3, 4) == [(0, 0), (1, 2)]
+    with pytest.raises(MechanismError, match="layers 1-3 and heads 1-4"):
+        parse_heads("4.1", 3, 4)
+    with pytest.raises(MechanismError, match="LAYER.HEAD"):
+        parse_heads("2-3", 3, 4)
+
+
+def test_refusals_are_one_line():
+    with pytest.raises(MechanismError, match="classifier head"):
+        logit_lens(random_vit(dataclasses.replace(CONFIG, num_classes=0)), images())
+    model = random_vit()
+    with pytest.raises(MechanismError, match="same shape"):
+        patch_heads(model, images(1), images(1, (12, 16)))
+    with pytest.raises(MechanismError, match="same input size"):
+        ablate_heads(model, images(1, (12, 16)), [(0, 0)], "mean", mean_contexts(model, images(2)))
+
+
+# --- against HF transformers' ViT with hooks written here ----------------------------------------------
+
+transformers = pytest.importorskip("transformers")
+
+
+def hf_pair():
+    from vit.sources.hf import config_from_hf, state_dict_from_hf
+
+    torch.manual_seed(0)
+    config = transformers.ViTConfig(image_size=16, patch_size=4, num_channels=3, hidden_size=32, num_hidden_layers=3,
+                                    num_attention_heads=4, intermediate_size=64, num_labels=5, qkv_bias=True,
+                                    layer_norm_eps=1e-12)
+    config._attn_implementation = "eager"
+    hf = transformers.ViTForImageClassification(config).eval()
+    with torch.no_grad():
+        for name, p in hf.named_parameters():
+            if name.endswith("bias") or "layernorm" in name:
+                p.add_(torch.randn_like(p) * 0.1)
+    ours = ViT(config_from_hf(hf.config))
+    ours.load_state_dict(state_dict_from_hf(hf.state_dict(), ours.config.num_layers), strict=True)
+    return hf, ours.eval()
+
+
+@pytest.fixture(scope="module")
+def pair():
+    return hf_pair()
+
+
+def hf_logits(hf, x, replace_heads=None, replace_tokens=None):
+    """HF's logits with ``replace_heads[layer] = fn(o_proj input (B, T, H*hd)) -> edited`` and
+    ``replace_tokens[layer] = fn(layer input) -> edited``, as forward pre-hooks."""
+    handles = []
+    for layer, fn in (replace_heads or {}).items():
+        handles.append(hf.vit.layers[layer].attention.o_proj.register_forward_pre_hook(
+            lambda module, args, fn=fn: (fn(args[0]),) + args[1:]))
+    for layer, fn in (replace_tokens or {}).items():
+        handles.append(hf.vit.layers[layer].register_forward_pre_hook(
+            lambda module, args, fn=fn: (fn(args[0]),) + args[1:]))
+    try:
+        with torch.no_grad():
+            return hf(pixel_values=x).logits
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def hf_o_proj_inputs(hf, x):
+    """Each layer's o_proj input ``(B, T, H*hd)`` on ``x``, captured by hooks."""
+    seen = {}
+    handles = [layer.attention.o_proj.register_forward_pre_hook(
+        lambda module, args, i=i: seen.__setitem__(i, args[0].clone())) for i, layer in enumerate(hf.vit.layers)]
+    with torch.no_grad():
+        hf(pixel_values=x)
+    for handle in handles:
+        handle.remove()
+    return seen
+
+
+def zero_heads(heads, hd=8):
+    def fn(inp):
+        inp = inp.clone()
+        for h in heads:
+            inp[..., h * hd:(h + 1) * hd] = 0
+        return inp
+    return fn
+
+
+def test_zero_ablation_matches_hf_with_the_heads_outputs_zeroed(pair):
+    hf, ours = pair
+    x = images(2)
+    expected = hf_logits(hf, x, {1: zero_heads([2]), 2: zero_heads([0, 3])})
+    logits, _ = ablate_heads(ours, x, [(1, 2), (2, 0), (2, 3)])
+    torch.testing.assert_close(logits, expected, rtol=0, atol=1e-5)
+    torch.testing.assert_close(HeadAblated(ours, [(1, 2), (2, 0), (2, 3)])(x)[0], expected, rtol=0, atol=1e-5)
+    assert not torch.allclose(logits, hf_logits(hf, x), atol=1e-4)
+
+
+def test_ablation_grids_match_hf_one_head_at_a_time(pair):
+    hf, ours = pair
+    x, reference = images(2), images(3, seed=7)
+    base = hf_logits(hf, x)
+    classes = torch.tensor([1, 4])
+    means = hf_o_proj_inputs(hf, reference)
+    zero = ablation_grid(ours, x, classes)
+    mean = ablation_grid(ours, x, classes, "mean", mean_contexts(ours, reference))
+    for layer in range(3):
+        for head in range(4):
+            s = slice(8 * head, 8 * head + 8)
+
+            def with_mean(inp, layer=layer, s=s):
+                inp = inp.clone()
+                inp[..., s] = means[layer].mean(0)[..., s]
+                return inp
+
+            for grid, fn in ((zero, zero_heads([head])), (mean, with_mean)):
+                expected = (hf_logits(hf, x, {layer: fn}) - base)[torch.arange(2), classes]
+                torch.testing.assert_close(grid[:, layer, head], expected, rtol=0, atol=1e-5)
+
+
+def test_head_patching_matches_hf_hooks(pair):
+    hf, ours = pair
+    clean, corrupted = images(2, seed=3), images(2, seed=4)
+    a, b = torch.tensor([0, 1]), torch.tensor([2, 3])
+    result = patch_heads(ours, clean, corrupted, a, b)
+    clean_inputs = hf_o_proj_inputs(hf, clean)
+    for layer in range(3):
+        for head in range(4):
+            s = slice(8 * head, 8 * head + 8)
+
+            def patch(inp, layer=layer, s=s):
+                inp = inp.clone()
+                inp[..., s] = clean_inputs[layer][..., s]
+                return inp
+
+            logits = hf_logits(hf, corrupted, {layer: patch})
+            expected = logits[torch.arange(2), a] - logits[torch.arange(2), b]
+            torch.testing.assert_close(result.patched[:, layer, head], expected, rtol=0, atol=1e-5)
+    clean_logits = hf_logits(hf, clean)
+    torch.testing.assert_close(result.clean, clean_logits[torch.arange(2), a] - clean_logits[torch.arange(2), b])
+    # Patching every head of the last layer is not the clean run, but the recovered fraction is well defined.
+    assert result.recovered().shape == (2, 3, 4)
+
+
+def test_residual_patching_matches_hf_hooks(pair):
+    hf, ours = pair
+    clean, corrupted = images(1, seed=5), images(1, seed=6)
+    result = patch_residuals(ours, clean, corrupted, 1, 2)
+    assert result.patched.shape == (1, 3, 17)
+    clean_inputs = {}
+    handles = [layer.register_forward_pre_hook(lambda m, args, i=i: clean_inputs.__setitem__(i, args[0].clone()))
+               for i, layer in enumerate(hf.vit.layers)]
+    hf_logits(hf, clean)
+    for handle in handles:
+        handle.remove()
+    for layer, position in [(0, 0), (0, 5), (1, 16), (2, 0), (2, 9)]:
+        def patch(inp, layer=layer, position=position):
+            inp = inp.clone()
+            inp[:, position] = clean_inputs[layer][:, position]
+            return inp
+
+        logits = hf_logits(hf, corrupted, replace_tokens={layer: patch})
+        torch.testing.assert_close(result.patched[0, layer, position], logits[0, 1] - logits[0, 2],
+                                   rtol=0, atol=1e-5)
+    assert result.recovered().shape == (1, 3, 17)
+
+
+def test_work_past_the_memory_bound_is_refused_before_it_starts(monkeypatch):
+    import vit.explain.mechanism as mechanism
+
+    model = random_vit()
+    monkeypatch.setattr(mechanism, "MAX_ELEMENTS", 1000)
+    for run in (lambda: direct_logit_attribution(model, images(2)), lambda: ablation_grid(model, images(2)),
+                lambda: hidden_states(model, images(2))):
+        with pytest.raises(MechanismError, match="GiB bound\\); use fewer images or a smaller input size"):
+            run()
+
+
+def test_models_the_walk_cannot_reproduce_are_refused_in_one_line():
+    with pytest.raises(MechanismError, match="this project's ViT"):
+        hidden_states(torch.nn.Linear(2, 2), images())
+    with pytest.raises(MechanismError, match="call model.eval"):
+        hidden_states(random_vit().train(), images())

@@ -1,0 +1,653 @@
+"""Which component does what: logit lens, direct logit attribution, head ablation, activation patching, and the
+high-norm / massive-activation / sink phenomena.
+
+Like ``vit.explain.relevance``, every function walks our ``ViT``'s own modules (``embed`` -> each block's
+``norm1``, ``attn.qkv``, the softmax, ``attn.proj``, ``ls1``, ``norm2``, ``mlp``, ``ls2`` -> ``classify``) so
+that a head's output can be read, zeroed, replaced or patched between the attention and its output projection
+without changing ``vit/model.py``. A block's MLP is called as the module it is (a gated MLP added later works
+as is); the attention is recomputed from its fused ``qkv`` layout, so an attention option the walk does not
+know (RoPE, q/k norms) is refused in one line by ``check_supported`` instead of giving wrong numbers.
+
+Shapes: images ``(B, C, H, W)``; ``T = prefix + gh * gw`` tokens; ``L`` layers, ``H`` heads, ``D`` width.
+Layers and heads are counted from 0 here; the CLI and the app show them from 1.
+
+Memory: the walk keeps at most one layer's per-head outputs, ``B x H x T x D`` floats, next to the hidden
+states ``B x (L + 1) x T x D``; the grids run ``chunk`` copies of one image through the remaining layers at a
+time. ``check_budget`` refuses work past ``MAX_ELEMENTS`` floats (2 GiB of float32) in one line.
+
+References: TransformerLens ``ActivationCache.apply_ln_to_stack`` (the final norm linearised at the final
+residual: centre each component, divide by the final residual's scale), the "head_mask" that HF transformers
+applied to the attention probabilities before v5 (equivalently a head's context zeroed before the output
+projection), locuslab/massive-activations ``main_vit.py`` (top-3 and median of |block output|), and
+nickjiang2378/test-time-registers (register neurons).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, fields
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from vit.model import Attention, ViT, ViTConfig
+
+MAX_ELEMENTS = 2**29  # floats one step may hold (2 GiB of float32); past it a function refuses
+
+# ViTConfig fields the walk reproduces; a field added later (RoPE, attention pooling...) counts only at its default.
+_KNOWN_FIELDS = {"image_size", "patch_size", "num_channels", "num_classes", "hidden_size", "num_layers",
+                 "num_heads", "mlp_size", "dropout", "attention_dropout", "drop_path", "qkv_bias", "layer_norm_eps",
+                 "distillation_token", "distillation_head", "num_register_tokens", "layer_scale", "pooling",
+                 "fc_norm", "prefix_positions", "pos_embed_antialias"}
+
+ABLATION_MODES = ("zero", "mean")
+
+
+class MechanismError(ValueError):
+    """The model, the input or the request is one these analyses cannot handle; the message says what to do."""
+
+
+def check_supported(model: nn.Module, needs_head: bool = False) -> None:
+    """Raise ``MechanismError`` unless ``model`` is our ``ViT`` in eval mode with options the walk reproduces."""
+    if not isinstance(model, ViT):
+        raise MechanismError(f"mechanism analyses need this project's ViT, got {type(model).__name__}")
+    if model.training:
+        raise MechanismError("the model is in training mode (dropout makes results random); call model.eval()")
+    config = model.config
+    for f in fields(ViTConfig):
+        if f.name not in _KNOWN_FIELDS and getattr(config, f.name) != f.default:
+            raise MechanismError(f"mechanism analyses do not support the model option {f.name}="
+                                 f"{getattr(config, f.name)!r} yet; use the attention maps")
+    if any(type(block.attn) is not Attention for block in model.blocks):
+        raise MechanismError("the model's attention is not the plain fused-qkv attention the walk recomputes")
+    if needs_head and model.head is None:
+        raise MechanismError("the model has no classifier head, so there are no class logits to analyse; "
+                             "pick a classification model")
+
+
+def check_budget(elements: int, what: str) -> None:
+    """Refuse a step that would hold more than ``MAX_ELEMENTS`` floats, saying how to make it smaller."""
+    if elements > MAX_ELEMENTS:
+        raise MechanismError(f"{what} needs {elements * 4 / 2**30:.1f} GiB (over the "
+                             f"{MAX_ELEMENTS * 4 / 2**30:.0f} GiB bound); use fewer images or a smaller input size")
+
+
+def _dims(model: ViT) -> tuple[int, int, int]:
+    attn = model.blocks[0].attn
+    return len(model.blocks), attn.num_heads, attn.head_dim
+
+
+# --- the walk ------------------------------------------------------------------------------------
+
+def head_contexts(model: ViT, layer: int, x: Tensor, need_probs: bool = False
+                  ) -> tuple[Tensor, Tensor | None, Tensor]:
+    """Layer ``layer``'s per-head context ``(B, T, H, hd)`` (the input of ``attn.proj``, heads apart), its
+    attention ``(B, H, T, T)`` when ``need_probs`` (else None) and its values ``(B, H, T, hd)``, from the block
+    input ``x`` ``(B, T, D)``."""
+    block = model.blocks[layer]
+    attn = block.attn
+    B, T, _ = x.shape
+    qkv = attn.qkv(block.norm1(x)).view(B, T, 3, attn.num_heads, attn.head_dim).permute(2, 0, 3, 1, 4)
+    q, k, v = qkv.unbind(0)  # each (B, H, T, hd)
+    if need_probs:
+        probs = ((q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(attn.head_dim))).softmax(dim=-1)  # (B, H, T, T)
+        context = probs @ v
+    else:
+        probs, context = None, F.scaled_dot_product_attention(q, k, v)  # (B, H, T, hd)
+    return context.transpose(1, 2), probs, v  # (B, T, H, hd)
+
+
+def finish_block(model: ViT, layer: int, x: Tensor, context: Tensor) -> Tensor:
+    """The rest of block ``layer`` after its heads: ``x + ls1 * proj(context)``, then ``+ ls2 * mlp(norm2(.))``."""
+    block = model.blocks[layer]
+    B, T, H, hd = context.shape
+    y = block.attn.proj(context.reshape(B, T, H * hd))  # (B, T, D)
+    if block.ls1 is not None:
+        y = y * block.ls1
+    x = x + y
+    y = block.mlp(block.norm2(x))
+    if block.ls2 is not None:
+        y = y * block.ls2
+    return x + y
+
+
+ContextEdit = Callable[[int, Tensor], Tensor]  # (layer, context (B, T, H, hd)) -> edited context
+
+
+def run_layers(model: ViT, x: Tensor, start: int = 0, edit: ContextEdit | None = None,
+               output_attentions: bool = False) -> tuple[Tensor, list[Tensor]]:
+    """Run blocks ``start``.. on the block input ``x`` ``(B, T, D)`` with each layer's head context passed
+    through ``edit`` (None: unchanged). Returns the last block's output and the attentions (when asked)."""
+    attentions = []
+    for layer in range(start, len(model.blocks)):
+        context, probs, _ = head_contexts(model, layer, x, need_probs=output_attentions)
+        if edit is not None:
+            context = edit(layer, context)
+        x = finish_block(model, layer, x, context)
+        if output_attentions:
+            attentions.append(probs)
+    return x, attentions
+
+
+def hidden_states(model: ViT, images: Tensor) -> Tensor:
+    """Block inputs, then the last block's output: ``(B, L + 1, T, D)``."""
+    check_supported(model)
+    x = model.embed(images)
+    B, T, D = x.shape
+    check_budget(B * (len(model.blocks) + 1) * T * D, "keeping every layer's tokens")
+    states = [x]
+    for layer in range(len(model.blocks)):
+        context, _, _ = head_contexts(model, layer, x)
+        x = finish_block(model, layer, x, context)
+        states.append(x)
+    return torch.stack(states, dim=1)
+
+
+# --- logit lens -----------------------------------------------------------------------------------
+
+def token_readout(model: ViT, tokens: Tensor) -> Tensor:
+    """The model's final norm and head on every token ``(..., T, D)`` -> logits ``(..., T, classes)``: what the
+    model would output if every token equalled this one (so avg, cls+avg, fc_norm and DeiT's two heads all read
+    it the way they read the pooled vector)."""
+    x = model.norm(tokens)
+    pooled = torch.cat([x, x], dim=-1) if model.config.pooling == "cls+avg" else x
+    if model.fc_norm is not None:
+        pooled = model.fc_norm(pooled)
+    logits = model.head(pooled)
+    if model.head_dist is not None:
+        logits = (logits + model.head_dist(x)) / 2
+    return logits
+
+
+@dataclass
+class LogitLens:
+    """The logit lens of a batch: per layer (0: the embedding, l: after block l) each token's probability of
+    its image's class, and the pooled read-out's logits."""
+
+    token_probs: Tensor  # (B, L + 1, T) probability of ``classes[b]`` read from each token
+    pooled_logits: Tensor  # (B, L + 1, classes): model.classify on each layer's tokens
+    classes: Tensor  # (B,)
+
+
+def logit_lens(model: ViT, images: Tensor, classes: Tensor | int | None = None) -> LogitLens:
+    """The final norm and head applied to every token after every layer (``classes`` default: the predicted)."""
+    check_supported(model, needs_head=True)
+    states = hidden_states(model, images)  # (B, L + 1, T, D)
+    B, S, T, D = states.shape
+    num_classes = model.head.out_features
+    check_budget(B * T * num_classes, "reading every token through the head")
+    pooled = torch.stack([model.classify(states[:, i]) for i in range(S)], dim=1)  # (B, L + 1, classes)
+    classes = class_indices(pooled[:, -1], classes)
+    token_probs = torch.stack([token_readout(model, states[:, i]).softmax(dim=-1)
+                               .gather(-1, classes[:, None, None].expand(B, T, 1))[..., 0]
+                               for i in range(S)], dim=1)  # (B, L + 1, T)
+    return LogitLens(token_probs, pooled, classes)
+
+
+def class_indices(logits: Tensor, classes: Tensor | int | None) -> Tensor:
+    """One class per image: the predicted one (None), one for all, or a ``(B,)`` tensor; checked."""
+    B, num_classes = logits.shape
+    if classes is None:
+        return logits.argmax(dim=-1)
+    index = torch.as_tensor(classes, device=logits.device).long()
+    if index.dim() == 0:
+        index = index.expand(B)
+    if index.shape != (B,):
+        raise MechanismError(f"give one class or one per image ({B}), got shape {tuple(index.shape)}")
+    if bool(((index < 0) | (index >= num_classes)).any()):
+        raise MechanismError(f"class {index.tolist()} is out of range for {num_classes} classes")
+    return index
+
+
+# --- direct logit attribution ---------------------------------------------------------------------
+
+def _linear_readout(model: ViT, final: Tensor) -> Callable[[Tensor, bool], Tensor]:
+    """``classify`` with every LayerNorm frozen at its scale on the final residual ``final`` ``(B, T, D)``.
+
+    The returned ``readout(component (..., B, T, D), with_bias)`` -> ``(..., B, classes)`` is linear in the
+    component when ``with_bias`` is False: each norm centres the component and divides by the scale the final
+    residual had there (TransformerLens's ``apply_ln_to_stack``), then multiplies by its weight. The biases
+    (norm offsets, head biases) come in once, through ``readout(zeros, True)``.
+    """
+    def scale(x: Tensor, norm: nn.LayerNorm) -> Tensor:
+        return (x.var(dim=-1, unbiased=False, keepdim=True) + norm.eps).sqrt()
+
+    def frozen(x: Tensor, norm: nn.Module, s: Tensor | None, bias: bool) -> Tensor:
+        if not isinstance(norm, nn.LayerNorm):  # nn.Identity when fc_norm replaces the token norm
+            return x
+        x = (x - x.mean(dim=-1, keepdim=True)) / s * norm.weight
+        return x + norm.bias if bias else x
+
+    p = model.num_prefix_tokens
+    pooling = model.config.pooling
+    s_norm = scale(final, model.norm) if isinstance(model.norm, nn.LayerNorm) else None  # (B, T, 1)
+
+    def pool(x: Tensor) -> Tensor:
+        if pooling == "cls":
+            return x[..., 0, :]
+        if pooling == "avg":
+            return x[..., p:, :].mean(dim=-2)
+        return torch.cat([x[..., 0, :], x[..., p:, :].mean(dim=-2)], dim=-1)
+
+    normed_final = model.norm(final)
+    s_fc = scale(pool(normed_final), model.fc_norm) if model.fc_norm is not None else None  # (B, 1)
+
+    def readout(component: Tensor, with_bias: bool) -> Tensor:
+        x = frozen(component, model.norm, s_norm, with_bias)
+        pooled = pool(x)
+        if model.fc_norm is not None:
+            pooled = frozen(pooled, model.fc_norm, s_fc, with_bias)
+        logits = F.linear(pooled, model.head.weight, model.head.bias if with_bias else None)
+        if model.head_dist is not None:
+            logits = (logits + F.linear(x[..., 1, :], model.head_dist.weight,
+                                        model.head_dist.bias if with_bias else None)) / 2
+        return logits
+
+    return readout
+
+
+@dataclass
+class DirectLogitAttribution:
+    """Each component's direct contribution to one class logit per image; the parts sum to ``logit``."""
+
+    heads: Tensor  # (B, L, H): each head's output (times layer scale) through the frozen final norm and head
+    attn_biases: Tensor  # (B, L): each attention output projection's bias (times layer scale)
+    mlps: Tensor  # (B, L): each MLP's output (times layer scale)
+    embed: Tensor  # (B,): the token embedding with positions
+    bias: Tensor  # (B,): the final norms' offsets and the head bias
+    logit: Tensor  # (B,): the model's logit for the class
+    classes: Tensor  # (B,)
+
+    def total(self) -> Tensor:
+        return self.heads.sum((1, 2)) + self.attn_biases.sum(1) + self.mlps.sum(1) + self.embed + self.bias
+
+
+def direct_logit_attribution(model: ViT, images: Tensor, classes: Tensor | int | None = None
+                             ) -> DirectLogitAttribution:
+    """Split each image's class logit (default: the predicted class) into heads, MLPs, embedding and biases.
+
+    Exact: the final norm is linear once its scale is fixed at the final residual, so the parts sum to the
+    logit (up to float rounding). Peak memory: one layer's ``B x H x T x D`` head outputs.
+    """
+    check_supported(model, needs_head=True)
+    with torch.no_grad():
+        x = model.embed(images)  # (B, T, D)
+        B, T, D = x.shape
+        L, H, hd = _dims(model)
+        check_budget(4 * B * H * T * D, "splitting a layer into its heads")
+        pieces: list[tuple[Tensor, Tensor, Tensor]] = []  # per layer: heads (H, B, T, D), bias (B, T, D), mlp
+        embed = x
+        for layer, block in enumerate(model.blocks):
+            context, _, _ = head_contexts(model, layer, x)  # (B, T, H, hd)
+            w = block.attn.proj.weight.view(D, H, hd)  # columns of proj grouped by head
+            per_head = torch.einsum("bthe,dhe->hbtd", context, w)  # (H, B, T, D)
+            bias = block.attn.proj.bias.expand(B, T, D)
+            if block.ls1 is not None:
+                per_head, bias = per_head * block.ls1, bias * block.ls1
+            mid = x + per_head.sum(0) + bias
+            mlp = block.mlp(block.norm2(mid))
+            if block.ls2 is not None:
+                mlp = mlp * block.ls2
+            x = mid + mlp
+            pieces.append((per_head, bias, mlp))
+        readout = _linear_readout(model, x)
+        logits = model.classify(x)
+        classes = class_indices(logits, classes)
+
+        def pick(values: Tensor) -> Tensor:  # (..., B, classes) -> (..., B)
+            return values.gather(-1, classes.view(*([1] * (values.dim() - 2)), B, 1)
+                                 .expand(*values.shape[:-1], 1))[..., 0]
+
+        heads = torch.stack([pick(readout(h, False)) for h, _, _ in pieces], dim=0)  # (L, H, B)
+        return DirectLogitAttribution(
+            heads=heads.permute(2, 0, 1),
+            attn_biases=torch.stack([pick(readout(b, False)) for _, b, _ in pieces], dim=1),
+            mlps=torch.stack([pick(readout(m, False)) for _, _, m in pieces], dim=1),
+            embed=pick(readout(embed, False)),
+            bias=pick(readout(torch.zeros_like(x), True)),
+            logit=pick(logits), classes=classes)
+
+
+# --- ablation -------------------------------------------------------------------------------------
+
+def parse_heads(text: str, num_layers: int, num_heads: int) -> list[tuple[int, int]]:
+    """``"2.3,4.1"`` (layer.head counted from 1, as the app shows them) -> ``[(1, 2), (3, 0)]`` from 0."""
+    heads = []
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        layer, dot, head = item.partition(".")
+        if not (dot and layer.isdigit() and head.isdigit()):
+            raise MechanismError(f"cannot read head {item!r}: write LAYER.HEAD counted from 1, e.g. 2.3,4.1")
+        layer_i, head_i = int(layer), int(head)
+        if not (1 <= layer_i <= num_layers and 1 <= head_i <= num_heads):
+            raise MechanismError(f"head {item} does not exist: the model has layers 1-{num_layers} and heads "
+                                 f"1-{num_heads}")
+        heads.append((layer_i - 1, head_i - 1))
+    if not heads:
+        raise MechanismError("no heads given: write LAYER.HEAD counted from 1, e.g. 2.3,4.1")
+    return sorted(set(heads))
+
+
+def mean_contexts(model: ViT, images: Tensor) -> Tensor:
+    """Each layer's per-head context averaged over ``images``: ``(L, T, H, hd)``, per token position (what
+    mean ablation puts in place of a head's output)."""
+    check_supported(model)
+    with torch.no_grad():
+        x = model.embed(images)
+        means = []
+        for layer in range(len(model.blocks)):
+            context, _, _ = head_contexts(model, layer, x)
+            means.append(context.mean(dim=0))
+            x = finish_block(model, layer, x, context)
+    return torch.stack(means)
+
+
+def _replacement(mode: str, means: Tensor | None, layer: int, context: Tensor) -> Tensor:
+    """What an ablated head's context becomes: zeros, or the reference images' mean ``(T, H, hd)``."""
+    if mode not in ABLATION_MODES:
+        raise MechanismError(f"unknown ablation {mode!r}; choose zero or mean")
+    if mode == "zero":
+        return torch.zeros_like(context)
+    if means is None:
+        raise MechanismError("mean ablation needs the reference images' mean_contexts")
+    if means.shape[1:] != context.shape[1:]:
+        raise MechanismError(f"the reference means are for {means.shape[1]} tokens but this input has "
+                             f"{context.shape[1]}; compute them at the same input size")
+    return means[layer].to(context).expand_as(context)
+
+
+def ablate_heads(model: ViT, images: Tensor, heads: Sequence[tuple[int, int]], mode: str = "zero",
+                 means: Tensor | None = None, output_attentions: bool = False
+                 ) -> tuple[Tensor | None, tuple[Tensor, ...] | None]:
+    """``model(images, output_attentions)`` with the heads ``(layer, head)`` (from 0) ablated: their context
+    set to zero before the output projection, or (``mode="mean"``) to ``means`` from ``mean_contexts``."""
+    check_supported(model)
+    L, H, _ = _dims(model)
+    chosen: dict[int, list[int]] = {}
+    for layer, head in heads:
+        if not (0 <= layer < L and 0 <= head < H):
+            raise MechanismError(f"head {layer + 1}.{head + 1} does not exist: the model has {L} layers of {H} heads")
+        chosen.setdefault(layer, []).append(head)
+    if mode not in ABLATION_MODES:
+        raise MechanismError(f"unknown ablation {mode!r}; choose zero or mean")
+
+    def edit(layer: int, context: Tensor) -> Tensor:
+        if layer not in chosen:
+            return context
+        context = context.clone()
+        idx = chosen[layer]
+        context[:, :, idx] = _replacement(mode, means, layer, context)[:, :, idx]
+        return context
+
+    x, attentions = run_layers(model, model.embed(images), 0, edit, output_attentions)
+    return model.classify(x), tuple(attentions) if output_attentions else None
+
+
+class HeadAblated(nn.Module):
+    """A ``ViT`` with some heads ablated that keeps the ``(logits, attentions)`` forward contract, for code
+    that calls a model (``vit.predict --ablate``). ``config`` and ``patch_grid`` are the model's own."""
+
+    def __init__(self, model: ViT, heads: Sequence[tuple[int, int]], mode: str = "zero",
+                 means: Tensor | None = None) -> None:
+        super().__init__()
+        check_supported(model)
+        self.model, self.heads, self.mode, self.means = model, list(heads), mode, means
+        self.config, self.num_prefix_tokens, self.patch_grid = model.config, model.num_prefix_tokens, model.patch_grid
+
+    def forward(self, images: Tensor, output_attentions: bool = False):
+        return ablate_heads(self.model, images, self.heads, self.mode, self.means, output_attentions)
+
+
+def _chunks(total: int, per_copy: int) -> int:
+    """How many copies of one image to run at once so that one step stays within ``MAX_ELEMENTS`` / 8."""
+    return max(1, min(total, MAX_ELEMENTS // 8 // max(per_copy, 1)))
+
+
+def ablation_grid(model: ViT, images: Tensor, classes: Tensor | int | None = None, mode: str = "zero",
+                  means: Tensor | None = None) -> Tensor:
+    """``(B, L, H)``: the change of each image's class logit (default: predicted) when each head alone is
+    ablated. One pass of the remaining layers per layer, all heads of that layer batched together."""
+    check_supported(model, needs_head=True)
+    with torch.no_grad():
+        states = hidden_states(model, images)  # (B, L + 1, T, D)
+        B, S, T, D = states.shape
+        L, H, hd = _dims(model)
+        base = model.classify(states[:, -1])
+        classes = class_indices(base, classes)
+        check_budget(B * H * T * max(D, model.config.mlp_size), "the ablation grid")
+        grid = torch.empty(B, L, H)
+        eye = torch.eye(H, dtype=torch.bool, device=states.device)
+        for layer in range(L):
+            x = states[:, layer].repeat_interleave(H, dim=0)  # (B*H, T, D): copy h ablates head h
+            context, _, _ = head_contexts(model, layer, x)  # (B*H, T, H, hd)
+            mask = eye.repeat(B, 1)[:, None, :, None]  # (B*H, 1, H, 1)
+            context = torch.where(mask, _replacement(mode, means, layer, context), context)
+            out, _ = run_layers(model, finish_block(model, layer, x, context), layer + 1)
+            logits = model.classify(out).view(B, H, -1)
+            grid[:, layer] = (logits - base[:, None]).gather(-1, classes[:, None, None].expand(B, H, 1))[..., 0]
+    return grid
+
+
+# --- activation patching --------------------------------------------------------------------------
+
+@dataclass
+class Patching:
+    """Logit difference ``logit[a] - logit[b]`` of the corrupted run with one clean activation patched in."""
+
+    patched: Tensor  # (B, L, H) for heads, (B, L, T) for residual positions
+    clean: Tensor  # (B,) logit difference of the clean run
+    corrupted: Tensor  # (B,) of the corrupted run
+
+    def recovered(self) -> Tensor:
+        """The fraction of the clean-corrupted difference the patch restores: 0 nothing, 1 all (nan if equal)."""
+        extra = (1,) * (self.patched.dim() - 1)
+        return (self.patched - self.corrupted.view(-1, *extra)) / (self.clean - self.corrupted).view(-1, *extra)
+
+
+def _patching_setup(model: ViT, clean: Tensor, corrupted: Tensor, a: Tensor | int | None, b: Tensor | int | None):
+    check_supported(model, needs_head=True)
+    if clean.shape != corrupted.shape:
+        raise MechanismError(f"clean {tuple(clean.shape)} and corrupted {tuple(corrupted.shape)} images must have "
+                             "the same shape; resize them to the same size")
+    clean_states, corrupt_states = hidden_states(model, clean), hidden_states(model, corrupted)
+    clean_logits, corrupt_logits = model.classify(clean_states[:, -1]), model.classify(corrupt_states[:, -1])
+    a = class_indices(clean_logits, a)
+    b = class_indices(corrupt_logits, b)
+
+    def diff(logits: Tensor) -> Tensor:  # (..., B, classes) with B last but one
+        return logits.gather(-1, a.view(-1, 1)).squeeze(-1) - logits.gather(-1, b.view(-1, 1)).squeeze(-1)
+
+    return clean_states, corrupt_states, diff(clean_logits), diff(corrupt_logits), a, b
+
+
+def patch_heads(model: ViT, clean: Tensor, corrupted: Tensor, a: Tensor | int | None = None,
+                b: Tensor | int | None = None) -> Patching:
+    """Patch each (layer, head)'s context of the clean run into the corrupted run; the logit difference
+    ``logit[a] - logit[b]`` (defaults: the clean and the corrupted predictions) for each. One pass of the
+    remaining layers per layer, its heads batched."""
+    with torch.no_grad():
+        clean_s, corrupt_s, clean_d, corrupt_d, a, b = _patching_setup(model, clean, corrupted, a, b)
+        B, S, T, D = clean_s.shape
+        L, H, hd = _dims(model)
+        check_budget(B * H * T * max(D, model.config.mlp_size), "the head patching grid")
+        out = torch.empty(B, L, H)
+        eye = torch.eye(H, dtype=torch.bool, device=clean_s.device)
+        for layer in range(L):
+            clean_context, _, _ = head_contexts(model, layer, clean_s[:, layer])  # (B, T, H, hd)
+            x = corrupt_s[:, layer].repeat_interleave(H, dim=0)  # (B*H, T, D)
+            context, _, _ = head_contexts(model, layer, x)
+            mask = eye.repeat(B, 1)[:, None, :, None]  # (B*H, 1, H, 1): copy h takes head h from the clean run
+            context = torch.where(mask, clean_context.repeat_interleave(H, dim=0), context)
+            final, _ = run_layers(model, finish_block(model, layer, x, context), layer + 1)
+            logits = model.classify(final).view(B, H, -1)
+            out[:, layer] = (logits.gather(-1, a.view(B, 1, 1).expand(B, H, 1))
+                             - logits.gather(-1, b.view(B, 1, 1).expand(B, H, 1)))[..., 0]
+    return Patching(out, clean_d, corrupt_d)
+
+
+def patch_residuals(model: ViT, clean: Tensor, corrupted: Tensor, a: Tensor | int | None = None,
+                    b: Tensor | int | None = None) -> Patching:
+    """Patch the clean run's residual stream at each (layer input, token position) into the corrupted run:
+    ``patched`` is ``(B, L, T)``. Positions run in chunks that keep one step within the memory bound."""
+    with torch.no_grad():
+        clean_s, corrupt_s, clean_d, corrupt_d, a, b = _patching_setup(model, clean, corrupted, a, b)
+        B, S, T, D = clean_s.shape
+        L = len(model.blocks)
+        out = torch.empty(B, L, T)
+        chunk = _chunks(T, T * max(D, model.config.mlp_size, T * model.blocks[0].attn.num_heads))
+        for i in range(B):
+            for layer in range(L):
+                for start in range(0, T, chunk):
+                    positions = torch.arange(start, min(start + chunk, T), device=clean_s.device)
+                    x = corrupt_s[i, layer].repeat(len(positions), 1, 1)  # (n, T, D): copy j patches positions[j]
+                    x[torch.arange(len(positions)), positions] = clean_s[i, layer, positions]
+                    final, _ = run_layers(model, x, layer)
+                    logits = model.classify(final)  # (n, classes)
+                    out[i, layer, start:start + len(positions)] = logits[:, a[i]] - logits[:, b[i]]
+    return Patching(out, clean_d, corrupt_d)
+
+
+# --- phenomena: high-norm tokens, massive activations, attention sinks ----------------------------
+
+def token_norms(states: Tensor) -> Tensor:
+    """The L2 norm of every token in every layer: hidden states ``(B, L + 1, T, D)`` -> ``(B, L + 1, T)``."""
+    return states.float().norm(dim=-1)
+
+
+def high_norm_rate(norms: Tensor, threshold: float, num_prefix_tokens: int) -> tuple[Tensor, Tensor]:
+    """Share of patch tokens over ``threshold`` per layer ``(B, L + 1)``, and the mask ``(B, L + 1, T)`` of every
+    token over it (Darcet et al. 2023's artefacts are the patches among them)."""
+    mask = norms > threshold
+    return mask[..., num_prefix_tokens:].float().mean(dim=-1), mask
+
+
+def massive_activations(states: Tensor) -> Tensor:
+    """Per image and block ``(B, L, 4)``: the top 3 of |block output| over all tokens and channels, then their
+    median (locuslab/massive-activations ``main_vit.py --exp2``, before its mean over images)."""
+    outputs = states[:, 1:].abs().flatten(2)  # (B, L, T*D): each block's output
+    top = outputs.topk(3, dim=-1).values  # (B, L, 3)
+    return torch.cat([top, outputs.median(dim=-1).values[..., None]], dim=-1)
+
+
+@dataclass
+class Sinks:
+    """Per image, layer and head: the key token that receives the most attention (averaged over queries), the
+    share of attention it receives, and the norm of its value vector in that head."""
+
+    token: Tensor  # (B, L, H) long
+    mass: Tensor  # (B, L, H) in [0, 1]
+    value_norm: Tensor  # (B, L, H)
+
+
+def sink_stats(model: ViT, states: Tensor) -> Sinks:
+    """Attention sinks from the hidden states ``(B, L + 1, T, D)``: one layer's ``B x H x T x T`` attention at a
+    time."""
+    check_supported(model)
+    B, S, T, D = states.shape
+    L, H, hd = _dims(model)
+    check_budget(2 * B * H * T * T, "one layer's attention")
+    tokens, masses, norms = [], [], []
+    with torch.no_grad():
+        for layer in range(L):
+            _, probs, v = head_contexts(model, layer, states[:, layer], need_probs=True)
+            received = probs.mean(dim=2)  # (B, H, T): attention each key gets, averaged over queries
+            mass, token = received.max(dim=-1)  # (B, H)
+            value_norm = v.norm(dim=-1).gather(-1, token[..., None])[..., 0]  # (B, H)
+            tokens.append(token), masses.append(mass), norms.append(value_norm)
+    return Sinks(torch.stack(tokens, 1), torch.stack(masses, 1), torch.stack(norms, 1))
+
+
+def _check_plain_mlp(model: ViT) -> None:
+    check_supported(model)
+    if any(not (hasattr(b.mlp, "fc1") and hasattr(b.mlp, "fc2")) for b in model.blocks):
+        raise MechanismError("register neurons need an fc1-GELU-fc2 MLP; this model's MLP is another kind")
+
+
+def register_neuron_scores(model: ViT, images: Tensor, threshold: float, detect_layer: int = -1
+                           ) -> tuple[Tensor, int]:
+    """Jiang et al. 2025's register-neuron scores ``(L, mlp)`` and how many images had outliers.
+
+    As nickjiang2378/test-time-registers ``shared/algorithms.py`` ``find_register_neurons`` (no sparsity
+    filter): per image, the outlier positions are the tokens whose norm after block ``detect_layer`` is over
+    ``threshold``; each MLP neuron scores its mean |post-GELU activation| there; images without outliers are
+    skipped and the scores are averaged over the others. Refuses a model whose MLP is not fc1-GELU-fc2.
+    """
+    _check_plain_mlp(model)
+    L = len(model.blocks)
+    scores, used = torch.zeros(L, model.config.mlp_size), 0
+    with torch.no_grad():
+        for image in images.split(1):
+            x, acts, outputs = model.embed(image), [], []
+            check_budget(L * x.shape[1] * model.config.mlp_size, "keeping every layer's MLP activations")
+            for layer, block in enumerate(model.blocks):
+                context, _, _ = head_contexts(model, layer, x)
+                y = block.attn.proj(context.flatten(2))
+                mid = x + (y * block.ls1 if block.ls1 is not None else y)
+                hidden = F.gelu(block.mlp.fc1(block.norm2(mid)))  # (1, T, mlp)
+                y = block.mlp.fc2(hidden)
+                x = mid + (y * block.ls2 if block.ls2 is not None else y)
+                acts.append(hidden[0])
+                outputs.append(x[0])
+            where = outputs[detect_layer].norm(dim=-1) > threshold  # (T,)
+            if not bool(where.any()):
+                continue
+            scores += torch.stack([a[where].abs().mean(dim=0) for a in acts]).float().cpu()
+            used += 1
+    if used == 0:
+        raise MechanismError(f"no token's norm exceeds {threshold:g} in any image; lower the threshold")
+    return scores / used, used
+
+
+def find_register_neurons(model: ViT, images: Tensor, threshold: float, detect_layer: int = -1,
+                          top_k: int = 10) -> list[tuple[int, int, float]]:
+    """The ``top_k`` register neurons ``(layer, neuron, score)`` (from 0), best first."""
+    scores, _ = register_neuron_scores(model, images, threshold, detect_layer)
+    values, order = scores.flatten().sort(descending=True)
+    width = scores.shape[1]
+    return [(int(i) // width, int(i) % width, float(v)) for v, i in zip(values[:top_k], order[:top_k], strict=True)]
+
+
+def _sign_max(values: Tensor) -> Tensor:
+    """test-time-registers' ``sign_max`` per image: the entry of largest magnitude over all but the batch axis."""
+    flat = values.flatten(1)
+    top, bottom = flat.max(dim=1).values, flat.min(dim=1).values
+    return torch.where(top.abs() > bottom.abs(), top, bottom)
+
+
+def with_test_time_registers(model: ViT, images: Tensor, neurons: dict[int, Sequence[int]], num_registers: int = 1,
+                             output_attentions: bool = False
+                             ) -> tuple[Tensor | None, tuple[Tensor, ...] | None, Tensor]:
+    """``model(images)`` with Jiang et al.'s test-time registers: ``num_registers`` zero tokens appended after the
+    patches, and in each layer's MLP the register neurons ``neurons[layer]`` (from ``find_register_neurons``)
+    zeroed on the patches and set on the new tokens to the signed maximum of their activations (their
+    ``activate_on_registers`` with ``normal_values="zero"``). Returns the logits (read without the new tokens),
+    the attentions ``(B, H, T + R, T + R)`` when asked, and the last block's output ``(B, T + R, D)``.
+    """
+    _check_plain_mlp(model)
+    if isinstance(num_registers, bool) or not isinstance(num_registers, int) or num_registers < 1:
+        raise MechanismError(f"give at least one test-time register, got {num_registers!r}")
+    L, R, P = len(model.blocks), num_registers, model.num_prefix_tokens
+    for layer, chosen in neurons.items():
+        if not 0 <= layer < L or any(not 0 <= n < model.config.mlp_size for n in chosen):
+            raise MechanismError(f"register neuron(s) {list(chosen)} of layer {layer + 1} do not exist: the model has "
+                                 f"{L} layers of {model.config.mlp_size} MLP neurons")
+    x = model.embed(images)
+    x = torch.cat([x, x.new_zeros(x.shape[0], R, x.shape[2])], dim=1)  # (B, T + R, D)
+    attentions = []
+    for layer, block in enumerate(model.blocks):
+        context, probs, _ = head_contexts(model, layer, x, need_probs=output_attentions)
+        y = block.attn.proj(context.flatten(2))
+        mid = x + (y * block.ls1 if block.ls1 is not None else y)
+        hidden = F.gelu(block.mlp.fc1(block.norm2(mid)))  # (B, T + R, mlp)
+        if neurons.get(layer):
+            idx = list(neurons[layer])
+            value = _sign_max(hidden[:, :, idx])  # (B,)
+            hidden = hidden.clone()
+            hidden[:, -R:, idx] = value[:, None, None].to(hidden.dtype)
+            hidden[:, P:-R, idx] = 0
+        y = block.mlp.fc2(hidden)
+        x = mid + (y * block.ls2 if block.ls2 is not None else y)
+        if output_attentions:
+            attentions.append(probs)
+    return model.classify(x[:, :-R]), tuple(attentions) if output_attentions else None, x
