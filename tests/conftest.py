@@ -1,4 +1,15 @@
+import atexit
 import os
+import shutil
+import tempfile
+
+# Hermetic: no test reads the user's real home, Hugging Face cache or XDG cache (a model in the real
+# ~/.cache/huggingface once made three tests fail). Subprocesses (servers, CLIs) inherit this.
+_HOME = tempfile.mkdtemp(prefix="vit-tests-home-")
+atexit.register(shutil.rmtree, _HOME, ignore_errors=True)
+os.environ.update(HOME=_HOME, HF_HOME=os.path.join(_HOME, "hf"), HF_HUB_CACHE=os.path.join(_HOME, "hf", "hub"),
+                  XDG_CACHE_HOME=os.path.join(_HOME, ".cache"))
+os.environ.pop("HUGGINGFACE_HUB_CACHE", None)
 
 # Tests share two cores with whatever else runs; one thread each keeps them predictable.
 os.environ.setdefault("OMP_NUM_THREADS", "1")

@@ -1,11 +1,13 @@
 """The checkpoint catalog: what the explorer's picker lists, read without building models."""
 
 import json
+import os
 from pathlib import Path
 
 import pytest
 from helpers import displayed
 
+from vit.app import catalog
 from vit.app.catalog import (
     Candidate,
     candidate_for,
@@ -244,3 +246,41 @@ def test_describing_a_checkpoint_does_not_read_its_weights(dirs, monkeypatch):
     monkeypatch.setattr(torch, "load", spy)
     assert describe(Candidate(path, "checkpoint", "a")).ok
     assert seen == [True], "the weights are memory-mapped, not read, to describe a checkpoint"
+
+
+@pytest.mark.parametrize("env", [
+    {"HF_HUB_CACHE": "{tmp}/hub-cache", "HF_HOME": "{tmp}/hf-home"},
+    {"HF_HOME": "{tmp}/hf-home"},
+    {"XDG_CACHE_HOME": "{tmp}/xdg"},
+    {"HUGGINGFACE_HUB_CACHE": "{tmp}/legacy", "HF_HOME": "{tmp}/hf-home"},
+    {},
+])
+def test_the_hf_cache_folder_is_the_one_huggingface_hub_itself_uses(tmp_path, env):
+    """Against huggingface_hub's own constants, read in a fresh process with exactly this environment."""
+    import subprocess
+    import sys
+
+    values = {k: v.format(tmp=tmp_path) for k, v in env.items()}
+    clean = {k: v for k, v in os.environ.items()
+             if k not in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "HF_HOME", "XDG_CACHE_HOME")}
+    full = {**clean, "HOME": str(tmp_path / "home"), **values}
+    reference = subprocess.run([sys.executable, "-c", "from huggingface_hub import constants; "
+                                "print(constants.HF_HUB_CACHE)"], env=full, capture_output=True, text=True,
+                               check=True).stdout.strip()
+    with pytest.MonkeyPatch.context() as mp:
+        for key in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "HF_HOME", "XDG_CACHE_HOME"):
+            mp.delenv(key, raising=False)
+        mp.setenv("HOME", str(tmp_path / "home"))
+        for key, value in values.items():
+            mp.setenv(key, value)
+        assert catalog.hf_cache_dirs() == [Path(reference)]
+
+
+def test_the_suite_never_sees_the_users_real_caches():
+    """conftest points HOME and the Hugging Face cache at a temporary folder for every test and subprocess."""
+    import pwd
+
+    real_home = Path(pwd.getpwuid(os.getuid()).pw_dir)
+    [cache] = catalog.hf_cache_dirs()
+    assert Path(os.environ["HOME"]) != real_home and real_home not in cache.parents
+    assert Path(os.environ["HOME"]) in cache.parents

@@ -270,18 +270,16 @@ def count_parameters_of(config) -> int:
 
 
 def hf_cache_dirs() -> list[Path]:
-    """Where ``huggingface_hub`` keeps downloaded models: $HF_HUB_CACHE, $HF_HOME/hub, ~/.cache/huggingface/hub."""
-    found = []
-    if os.environ.get("HF_HUB_CACHE"):
-        found.append(Path(os.environ["HF_HUB_CACHE"]).expanduser())
-    if os.environ.get("HF_HOME"):
-        found.append(Path(os.environ["HF_HOME"]).expanduser() / "hub")
-    found.append(Path("~/.cache/huggingface/hub").expanduser())
-    unique = []
-    for path in found:
-        if path not in unique:
-            unique.append(path)
-    return unique
+    """The one folder ``huggingface_hub`` keeps downloaded models in, by its own precedence: ``$HF_HUB_CACHE``
+    (or the older ``$HUGGINGFACE_HUB_CACHE``), else ``$HF_HOME/hub``, else ``$XDG_CACHE_HOME/huggingface/hub``,
+    else ``~/.cache/huggingface/hub``. Only that one: a model in another folder is not what this user's
+    ``from_pretrained`` would load either."""
+    env = os.environ
+    cache = env.get("HF_HUB_CACHE") or env.get("HUGGINGFACE_HUB_CACHE")
+    if cache:
+        return [Path(cache).expanduser()]
+    home = env.get("HF_HOME") or str(Path(env.get("XDG_CACHE_HOME") or "~/.cache") / "huggingface")
+    return [Path(home).expanduser() / "hub"]
 
 
 def hf_snapshot(model_dir: Path) -> Path | None:
