@@ -254,8 +254,8 @@ if explorer.looks_inverted(image, pre):
 image_key = f"{digest}-inverted" if invert else digest
 try:
     analysis = analyse(fingerprint, image_key, size, checkpoint, image)
-except explorer.TooManyTokens as e:
-    st.error(str(e))
+except (explorer.TooManyTokens, ImageError) as e:
+    st.error(escape_markdown(e))
     st.stop()
 prediction, grid, prefix = analysis.prediction, analysis.grid, analysis.num_prefix_tokens
 L, H, T = analysis.num_layers, analysis.num_heads, analysis.num_tokens

@@ -189,6 +189,8 @@ def test_same_image_again_does_not_rerun_the_model(default_world, forwards):
     ("bomb.png", (10_000, 10_000), "too large to decode safely"),
     # Under PIL's limit (89 M pixels) but over the app's for uploads: one such PNG is 126 MB decoded in RGB.
     ("poster.png", (7_000, 6_000), "poster.png is too large (7,000×6,000 px; at most 40,000,000 pixels)"),
+    # 197 bytes that cost +550 MB per upload once resized to a 256-px short side; and Plotly cannot draw 1 px.
+    ("line.png", (40_000, 1), "line.png is 40,000×1 px, more than 64 times as long as it is wide"),
 ])
 def test_bad_upload_shows_one_error_and_the_page_recovers(default_world, name, data, message):
     if isinstance(data, tuple):  # that many pixels of zeros: a few kB on disk, up to gigabytes decoded
@@ -932,3 +934,11 @@ def test_captions_show_a_class_name_as_written(kind):
     rendered = MarkdownIt("commonmark").render(caption)
     assert "<img" not in rendered and "<b>" not in rendered
     assert f"“{names[1]}”" in displayed(caption)
+
+
+@pytest.mark.parametrize("size", [(1, 1), (64, 1), (1, 64), (3, 2)])
+def test_images_with_one_pixel_sides_show_every_view(default_world, size):
+    at = run_app()
+    upload(at, "tiny.png", png_bytes(*size))
+    assert not at.exception and not at.error, [e.message for e in at.exception]
+    assert sorted(predicted_labels(at)) == sorted(CLASSES)

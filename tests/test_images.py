@@ -311,3 +311,37 @@ def test_pixel_limit_refuses_an_image_before_decoding_it(monkeypatch):
 def test_upload_pixel_limit_is_well_under_pils_own():
     # PIL refuses at 2 x 89 M pixels and only warns from 89 M: a 9,400 x 9,400 PNG (265 MB decoded) passed.
     assert UPLOAD_MAX_PIXELS <= 40_000_000 < 9_400 * 9_400
+
+
+def test_a_197_byte_40000x1_png_is_refused_before_it_is_decoded(monkeypatch):
+    """Its shape, not its size, is the bomb: resized to a 256-px short side it would be 10 G pixels."""
+    import io
+
+    from vit.images import MAX_ASPECT, ImageError, open_image
+
+    buffer = io.BytesIO()
+    Image.new("L", (40000, 1)).save(buffer, format="PNG", optimize=True)
+    assert len(buffer.getvalue()) < 1000
+    monkeypatch.setattr(Image.Image, "load", lambda self: pytest.fail("the pixels were decoded"))
+    with pytest.raises(ImageError, match=f"more than {MAX_ASPECT} times as long as it is wide") as error:
+        open_image(buffer.getvalue(), name="bomb.png")
+    assert "\n" not in str(error.value)
+
+
+def test_shapes_up_to_the_aspect_limit_and_single_pixels_open():
+    import io
+
+    from vit.images import MAX_ASPECT, open_image
+
+    for size in ((MAX_ASPECT, 1), (1, 1), (3, 2)):
+        buffer = io.BytesIO()
+        Image.new("RGB", size).save(buffer, format="PNG")
+        assert open_image(buffer.getvalue()).size == size
+
+
+def test_a_resize_that_would_exceed_the_pixel_bound_is_refused_before_resizing():
+    from vit.images import MAX_RESIZED_PIXELS, ImageError, resized_size
+
+    assert resized_size((640, 480), 256, "shortest_edge") == (341, 256)
+    with pytest.raises(ImageError, match=f"at most {MAX_RESIZED_PIXELS:,} pixels"):
+        resized_size((2048, 32), 1024, "shortest_edge")  # would be 65,536 x 1,024

@@ -28,6 +28,11 @@ MAX_SIDE = 2048
 # Uploads to the app: at most this many pixels once decoded (JPEGs are decoded already reduced by up to
 # 8x, so even 100-MP photos pass); a PNG this size still costs 160 MB while it is decoded.
 UPLOAD_MAX_PIXELS = 40_000_000
+# Longest side over shortest side: a 197-byte 40000x1 PNG resized to a 256-px short side would be 10 G pixels.
+# Panoramas stay far below; beyond this the image is refused before it is decoded.
+MAX_ASPECT = 64
+# Pixels an evaluation transform may resize an image to before its centre crop (64 MB of RGB).
+MAX_RESIZED_PIXELS = 4096 * 4096
 # Full-size decodes running at once: five users uploading big images hold two of them, not five.
 _DECODE_SLOTS = threading.BoundedSemaphore(2)
 
@@ -76,6 +81,10 @@ def _decode(data: bytes, name: str, max_pixels: int | None, max_side: int) -> Im
     try:
         image = Image.open(io.BytesIO(data))
         image.seek(0)
+        width, height = image.size
+        if width and height and max(width, height) > MAX_ASPECT * min(width, height):
+            raise ImageError(f"{name} is {width:,}×{height:,} px, more than {MAX_ASPECT} times as long as it is "
+                             "wide; crop it to a less extreme shape")
         if max(image.size) > max_side:
             # JPEG's DCT scaling decodes at 1/2, 1/4 or 1/8 size directly; other formats ignore it.
             scale = max_side / max(image.size)
@@ -127,6 +136,10 @@ def resized_size(image_size: tuple[int, int], resize_size: int, resize_mode: str
         return resize_size, resize_size
     short, long = min(width, height), max(width, height)
     new_long = int(resize_size * long / short)
+    if new_long * resize_size > MAX_RESIZED_PIXELS:  # checked before any pixel is resized
+        raise ImageError(f"a {width:,}×{height:,}-px image resized to a {resize_size}-px short side would be "
+                         f"{new_long:,}×{resize_size} px (at most {MAX_RESIZED_PIXELS:,} pixels); crop it to a "
+                         "less extreme shape")
     return (resize_size, new_long) if width <= height else (new_long, resize_size)
 
 

@@ -404,7 +404,9 @@ def patch_picker_figure(image_size: tuple[int, int], image_source: str, grid: tu
     # The same layout for the clickable image and the overlay, so both draw at one size and top.
     # The page stretches it to the column: its height fits a column of about ``fit_width`` px, and the
     # image keeps its aspect ratio, anchored top left.
-    layout = dict(width=width, height=round(height * min(1.0, fit_width / width)), margin=dict(l=0, r=0, t=0, b=0),
+    # Plotly refuses sides under 10 px (a 64x1 image is drawn 320x5): the figure, not the image, gets at least that.
+    layout = dict(width=max(10, width), height=max(10, round(height * min(1.0, fit_width / width))),
+                  margin=dict(l=0, r=0, t=0, b=0),
                   hovermode="closest", hoverdistance=-1, plot_bgcolor="rgba(0,0,0,0)", paper_bgcolor="rgba(0,0,0,0)",
                   images=[image], shapes=shapes, dragmode=False,
                   xaxis=dict(range=[0, width], visible=False, fixedrange=True, constrain="domain",
