@@ -127,7 +127,7 @@ def test_a_config_declaring_absurd_sizes_fails_in_one_line_before_allocating(tmp
     config = json.loads((folder / "config.json").read_text())
     config.update(hidden_size=2**30, intermediate_size=2**32)  # 4 G x 1 G floats if anything were allocated
     (folder / "config.json").write_text(json.dumps(config))
-    with pytest.raises(CheckpointError, match="do not fit its config") as error:
+    with pytest.raises(CheckpointError, match="above the 16,384 this program accepts") as error:
         open_source(folder)
     assert "\n" not in str(error.value)
 
@@ -262,3 +262,67 @@ def test_convert_and_predict_take_a_bare_timm_file_with_its_arch(tmp_path, capsy
     assert predict.main([str(tmp_path / "deit.pth"), str(photo), "--arch", arch, "--top-k", "1"]) == 0
     [record] = json.loads(capsys.readouterr().out)
     assert record["predictions"][0]["label"].startswith("class ")
+
+
+@pytest.mark.parametrize("change, expected", [
+    ({"num_labels": 10**12, "id2label": None}, "num_classes is 1,000,000,000,000, above the 100,000"),
+    ({"num_hidden_layers": 10**6}, "num_layers is 1,000,000, above the 256"),
+    ({"image_size": 10**7}, "image_size is 10,000,000, above the 8,192"),
+])
+def test_a_config_declaring_absurd_numbers_is_refused_before_anything_is_built(tmp_path, change, expected,
+                                                                               monkeypatch):
+    """num_labels 10**12 without id2label once built 10**12 class names: sizes are bounded as the config is read."""
+    from vit.sources import open as sources
+
+    monkeypatch.setattr(sources, "default_class_names", lambda n: pytest.fail("class names were built"))
+    folder = hf_folder(tmp_path / "vit")
+    config = json.loads((folder / "config.json").read_text())
+    config.update(change)
+    config = {k: v for k, v in config.items() if v is not None}
+    (folder / "config.json").write_text(json.dumps(config))
+    with pytest.raises(CheckpointError, match=expected) as error:
+        open_source(folder)
+    assert "\n" not in str(error.value)
+
+
+@pytest.mark.parametrize("config_text, expected", [
+    ('{"model_type": "dinov2", "architectures": ["Dinov2Model"], "mlp_ratio": 1e308, "hidden_size": 8}',
+     "mlp_ratio must be a number in"),
+    ("[" * 100_000 + "]" * 100_000, "nested too deeply"),
+])
+def test_hostile_configs_in_the_hf_cache_get_one_line_and_the_healthy_model_beside_them_still_lists(
+        tmp_path, config_text, expected):
+    from vit.app.catalog import describe_import, find_hf_cache_models
+    from vit.sources import open as sources
+
+    cache = tmp_path / "hub"
+    for name, text in (("bad", config_text), ("good", None)):
+        snapshot = cache / f"models--org--{name}" / "snapshots" / "rev1"
+        if text is None:
+            hf_folder(snapshot)
+        else:
+            snapshot.mkdir(parents=True)
+            (snapshot / "config.json").write_text(text)
+            (snapshot / "model.safetensors").write_bytes(b"")
+        (cache / f"models--org--{name}" / "refs").mkdir()
+        (cache / f"models--org--{name}" / "refs" / "main").write_text("rev1")
+    entries = {e.name: e for e in (describe_import(c) for c in find_hf_cache_models([cache]))}
+    assert entries["org/good"].error is None
+    if "org/bad" in entries:  # listed with its one line (a config that cannot even be parsed is not listed)
+        assert expected in entries["org/bad"].error and "\n" not in entries["org/bad"].error
+    else:
+        with pytest.raises(CheckpointError, match=expected):
+            sources.read_json(cache / "models--org--bad" / "snapshots" / "rev1" / "config.json")
+
+
+@pytest.mark.parametrize("processor, expected", [
+    ({"image_mean": "abc"}, "image_mean must be a list of numbers"),
+    ({"resample": [1]}, "resample must be a PIL filter number"),
+    ({"image_std": [0, 0, 0]}, "image_std must be positive"),
+])
+def test_a_hostile_preprocessor_config_is_refused_in_one_line(tmp_path, processor, expected):
+    folder = hf_folder(tmp_path / "vit")
+    (folder / "preprocessor_config.json").write_text(json.dumps({"do_resize": True, "size": 32, **processor}))
+    with pytest.raises(CheckpointError, match=expected) as error:
+        open_source(folder)
+    assert "\n" not in str(error.value) and "preprocessor_config.json" in str(error.value)

@@ -29,6 +29,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+# Upper bounds of every size a config may declare: far beyond published ViTs (ViT-22B: hidden 6144, 48 layers,
+# 48 heads, MLP 24576; ImageNet-21k: 21,843 classes), so only absurd or hostile configs meet them.
+CONFIG_BOUNDS = {"image_size": 8192, "patch_size": 1024, "num_channels": 16, "hidden_size": 16384, "num_layers": 256,
+                 "num_heads": 256, "mlp_size": 131072, "num_classes": 100_000, "num_register_tokens": 256,
+                 "projection_dim": 16384, "rope_ref_grid": 1024}
+
 
 @dataclass(frozen=True)
 class ViTConfig:
@@ -78,6 +84,12 @@ class ViTConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ValueError(f"ViTConfig.{name} must be a whole number of at least 0, got {value!r}")
+        # Every size a config file may declare is bounded here, before anything is built from it (a config.json
+        # with num_labels 10**12 once made the picker build 10**12 class names).
+        for name, bound in CONFIG_BOUNDS.items():
+            if getattr(self, name) > bound:
+                raise ValueError(f"ViTConfig.{name} is {getattr(self, name):,}, above the {bound:,} this program "
+                                 "accepts; this is not a ViT it can open")
         if self.image_size % self.patch_size:
             raise ValueError(f"ViTConfig.image_size ({self.image_size}) must be divisible by "
                              f"patch_size ({self.patch_size})")

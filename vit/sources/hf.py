@@ -85,7 +85,9 @@ def config_from_hf(hf_config, architecture: str = "ViTForImageClassification") -
     hidden = get("hidden_size")
     if dinov2:
         ratio = get("mlp_ratio", 4)
-        mlp_size = int(hidden * ratio) if isinstance(hidden, int) and isinstance(ratio, (int, float)) else None
+        if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not 0 < ratio <= 64:
+            raise ValueError(f"HF config mlp_ratio must be a number in (0, 64], got {str(ratio)[:40]}")
+        mlp_size = int(hidden * ratio) if isinstance(hidden, int) else None
     else:
         mlp_size = get("intermediate_size")
     num_classes = 0

@@ -23,6 +23,7 @@ model, so an absurd config fails with one line instead of exhausting memory.
 from __future__ import annotations
 
 import json
+import math
 import os
 import pickle
 from collections.abc import Mapping
@@ -74,6 +75,8 @@ def read_json(path: Path) -> dict:
         if path.stat().st_size > MAX_JSON_BYTES:
             raise SourceError(f"{path} is larger than {MAX_JSON_BYTES // 2**20} MiB; not a model config")
         value = json.loads(path.read_text(encoding="utf-8"))
+    except RecursionError:  # nesting deeper than the parser's stack: bounded by MAX_JSON_BYTES, refused in one line
+        raise SourceError(f"cannot read {path} as JSON (nested too deeply); not a model config") from None
     except (OSError, ValueError) as e:
         raise SourceError(f"cannot read {path} as JSON ({_one_line(e)})") from None
     if not isinstance(value, dict):
@@ -172,7 +175,7 @@ def build_model(config: ViTConfig, state: Mapping[str, torch.Tensor], origin: st
 def _config(origin: str, make) -> ViTConfig:
     try:
         return make()
-    except (ValueError, TypeError, KeyError, AttributeError) as e:
+    except (ValueError, TypeError, KeyError, AttributeError, ArithmeticError) as e:
         raise SourceError(f"{origin}: {_one_line(e)}") from None
 
 
@@ -221,21 +224,52 @@ def hf_preprocessing(processor: Mapping | None, config: ViTConfig, architecture:
     """HF's image processor settings (``preprocessor_config.json``), else the family's documented defaults:
     ViT resizes to its size bilinearly with mean/std 0.5; DeiT resizes to 256/224 of it and crops, bicubic,
     ImageNet statistics; DINOv2 resizes the shorter side to 256 and crops 224, bicubic, ImageNet statistics."""
-    channels = config.num_channels
     if processor:
-        mean = processor.get("image_mean", (0.5,) * channels) if processor.get("do_normalize", True) else (0.0,) * 3
-        std = processor.get("image_std", (0.5,) * channels) if processor.get("do_normalize", True) else (1.0,) * 3
-        size = _side(processor.get("size")) or config.image_size
-        shortest = isinstance(processor.get("size"), Mapping) and "shortest_edge" in processor["size"]
-        crop = _side(processor.get("crop_size")) if processor.get("do_center_crop") else None
-        resample = _PIL_FILTERS.get(processor.get("resample"), "bilinear")
-        if not processor.get("do_resize", True):
-            size, shortest = crop or config.image_size, False
-        if crop:
-            return Preprocessing(crop, channels, tuple(mean)[:channels], tuple(std)[:channels], resize_size=size,
-                                 resize_mode="shortest_edge" if shortest else "square", resample=resample)
-        return Preprocessing(size, channels, tuple(mean)[:channels], tuple(std)[:channels], resample=resample)
-    side = config.image_size
+        try:
+            return _processor_preprocessing(processor, config)
+        except (ValueError, TypeError, KeyError, ArithmeticError) as e:
+            raise SourceError(f"preprocessor_config.json cannot be used ({_one_line(e)}); fix or remove it") from None
+    return _default_preprocessing(config, architecture)
+
+
+def _numbers(value, name: str, channels: int) -> tuple[float, ...]:
+    """A per-channel statistic: a list of finite numbers (at least one per channel), or one number for all."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        value = [value] * channels
+    if not isinstance(value, (list, tuple)) or not 1 <= len(value) <= 16 \
+            or not all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in value):
+        raise ValueError(f"{name} must be a list of numbers, got {str(value)[:40]}")
+    if len(value) < channels:
+        raise ValueError(f"{name} has {len(value)} values for {channels} channels")
+    return tuple(float(v) for v in value)[:channels]
+
+
+def _processor_preprocessing(processor: Mapping, config: ViTConfig) -> Preprocessing:
+    """``preprocessor_config.json``'s settings, every value checked before use."""
+    channels = config.num_channels
+    mean = processor.get("image_mean", (0.5,) * channels) if processor.get("do_normalize", True) else (0.0,) * 3
+    std = processor.get("image_std", (0.5,) * channels) if processor.get("do_normalize", True) else (1.0,) * 3
+    mean, std = _numbers(mean, "image_mean", channels), _numbers(std, "image_std", channels)
+    if not all(s > 0 for s in std):
+        raise ValueError("image_std must be positive")
+    size = _side(processor.get("size")) or config.image_size
+    shortest = isinstance(processor.get("size"), Mapping) and "shortest_edge" in processor["size"]
+    crop = _side(processor.get("crop_size")) if processor.get("do_center_crop") else None
+    resample = processor.get("resample")
+    if isinstance(resample, bool) or not isinstance(resample, (int, str, type(None))):
+        raise ValueError(f"resample must be a PIL filter number, got {str(resample)[:40]}")
+    resample = _PIL_FILTERS.get(resample, "bilinear")
+    if not processor.get("do_resize", True):
+        size, shortest = crop or config.image_size, False
+    if crop:
+        return Preprocessing(crop, channels, tuple(mean)[:channels], tuple(std)[:channels], resize_size=size,
+                             resize_mode="shortest_edge" if shortest else "square", resample=resample)
+    return Preprocessing(size, channels, tuple(mean)[:channels], tuple(std)[:channels], resample=resample)
+
+
+def _default_preprocessing(config: ViTConfig, architecture: str) -> Preprocessing:
+    """The family's documented defaults, for a folder without ``preprocessor_config.json``."""
+    channels, side = config.num_channels, config.image_size
     if architecture.startswith("Dinov2"):
         crop = 224 if 224 % config.patch_size == 0 else side
         return Preprocessing(crop, channels, IMAGENET_MEAN[:channels], IMAGENET_STD[:channels],
