@@ -201,7 +201,7 @@ def test_absurd_config_is_listed_as_cannot_be_loaded(dirs):
     atomic_torch_save(payload, path)
     entry = describe(Candidate(path, "checkpoint", "absurd"))
     assert not entry.ok
-    assert "num_layers is 100,000, above the 256" in entry.error
+    assert "num_layers is 100,000; at most 256" in entry.error
     assert entry.label == "absurd.pt · cannot be loaded"
 
 

@@ -88,8 +88,8 @@ class ViTConfig:
         # with num_labels 10**12 once made the picker build 10**12 class names).
         for name, bound in CONFIG_BOUNDS.items():
             if getattr(self, name) > bound:
-                raise ValueError(f"ViTConfig.{name} is {getattr(self, name):,}, above the {bound:,} this program "
-                                 "accepts; this is not a ViT it can open")
+                raise ValueError(f"ViTConfig.{name} is {getattr(self, name):,}; at most {bound:,} (far beyond any "
+                                 "published ViT)")
         if self.image_size % self.patch_size:
             raise ValueError(f"ViTConfig.image_size ({self.image_size}) must be divisible by "
                              f"patch_size ({self.patch_size})")

@@ -170,9 +170,40 @@ def write_metrics(path: Path, rows: list[dict]) -> None:
     atomic_write_text(path, "".join(json.dumps(row) + "\n" for row in rows))
 
 
+MAX_RUN_FILE_BYTES = 64 * 2**20  # metrics.jsonl of 1,000 epochs is ~1 MB; config and status are a few kB
+MAX_JSON_DEPTH = 32  # our run files nest 4 deep; deeper is not ours, and deep nesting breaks whoever walks it
+
+
+def parse_json(text: str) -> object:
+    """``json.loads`` with bounds, the one parser every run-file reader goes through: ValueError past
+    ``MAX_RUN_FILE_BYTES`` or ``MAX_JSON_DEPTH`` (200 kB of nested lists raised RecursionError in the page)."""
+    if len(text) > MAX_RUN_FILE_BYTES:
+        raise ValueError(f"larger than {MAX_RUN_FILE_BYTES // 2**20} MiB")
+    try:
+        value = json.loads(text)
+    except RecursionError:
+        raise ValueError(f"nested deeper than {MAX_JSON_DEPTH} levels") from None
+    stack = [(value, 1)]
+    while stack:  # iterative: the check itself must not recurse
+        item, depth = stack.pop()
+        if isinstance(item, (dict, list)):
+            if depth > MAX_JSON_DEPTH:
+                raise ValueError(f"nested deeper than {MAX_JSON_DEPTH} levels")
+            stack.extend((child, depth + 1) for child in (item.values() if isinstance(item, dict) else item))
+    return value
+
+
+def read_text_bounded(path: Path, limit: int = MAX_RUN_FILE_BYTES) -> str:
+    """A run file's text; ValueError past ``limit`` bytes (checked before reading), OSError as open() raises."""
+    with open(path, "rb") as file:
+        if os.fstat(file.fileno()).st_size > limit:
+            raise ValueError(f"{path.name} is larger than {limit // 2**20} MiB")
+        return file.read(limit + 1).decode("utf-8")
+
+
 def record_resume(config_file: Path, args: dict, resume: dict) -> None:
     """config.json keeps the run's arguments current (``args`` updates them) and lists every resume."""
-    record = json.loads(config_file.read_text())
+    record = parse_json(read_text_bounded(config_file))
     record["args"].update(args)
     record.setdefault("resumes", []).append(resume)
     write_json(config_file, record)
@@ -288,16 +319,18 @@ def check_fields(values: dict, fields: dict[str, type | tuple[type, ...]], where
 
 def _read_object(path: Path) -> dict | None:
     try:
-        text = path.read_text()
+        text = read_text_bounded(path)
     except FileNotFoundError:
         return None
     except (OSError, UnicodeDecodeError) as e:
         raise RunFileError(f"{path.name} cannot be read ({getattr(e, 'strerror', None) or type(e).__name__})") \
             from None
+    except ValueError as e:
+        raise RunFileError(str(e)) from None
     try:
-        value = json.loads(text)
-    except ValueError:
-        raise RunFileError(f"{path.name} is not valid JSON") from None
+        value = parse_json(text)
+    except ValueError as e:
+        raise RunFileError(f"{path.name} is not valid JSON ({e})") from None
     if not isinstance(value, dict):
         raise RunFileError(f"{path.name} holds a JSON {type(value).__name__}, not an object")
     return value
@@ -348,8 +381,8 @@ def read_launch(path: Path) -> dict | None:
 def read_json(path: Path) -> dict | None:
     """A JSON object file; None when missing, unreadable or not an object."""
     try:
-        value = json.loads(path.read_text())
-    except (OSError, ValueError):  # missing, or caught mid-write on a non-atomic filesystem
+        value = parse_json(read_text_bounded(path))
+    except (OSError, ValueError):  # missing, caught mid-write on a non-atomic filesystem, or not ours (too big, deep)
         return None
     return value if isinstance(value, dict) else None
 
@@ -357,10 +390,10 @@ def read_json(path: Path) -> dict | None:
 def read_metrics(path: Path) -> list[dict]:
     """metrics.jsonl's rows (one per finished epoch); lines that are not JSON objects and a missing file give none."""
     rows = []
-    with contextlib.suppress(OSError, UnicodeDecodeError):
-        for line in path.read_text().splitlines():
+    with contextlib.suppress(OSError, ValueError):  # UnicodeDecodeError and a file past the bound are ValueErrors
+        for line in read_text_bounded(path).splitlines():
             with contextlib.suppress(ValueError):
-                row = json.loads(line)
+                row = parse_json(line)
                 if isinstance(row, dict):
                     rows.append(row)
     return rows

@@ -40,7 +40,7 @@ import torch
 from PIL import Image
 
 from vit.explain.attention import fuse_heads, layer_stats, rollout, token_map
-from vit.runfiles import ATTENTION_DIR, PROBE_DIR
+from vit.runfiles import ATTENTION_DIR, PROBE_DIR, parse_json, read_text_bounded
 
 PROBE_FILE = "probe.json"
 PROBE_SIZE = 8  # images shown per epoch on the Train page
@@ -137,7 +137,7 @@ def load_probe(run_dir: str | os.PathLike) -> Probe:
     """The probe set stored in a run folder; SnapshotError when it is missing or damaged."""
     folder = Path(run_dir) / PROBE_DIR
     try:
-        record = json.loads((folder / PROBE_FILE).read_text())
+        record = parse_json(read_text_bounded(folder / PROBE_FILE))
         files, labels = list(record["files"]), [int(v) for v in record["labels"]]
         images = []
         for name in files:
