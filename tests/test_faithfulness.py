@@ -134,3 +134,25 @@ def test_cli_rejects_an_unknown_method_in_one_line(tmp_path, capsys):
     code = faithfulness.main([str(tmp_path / "none.pt"), "--data", str(tmp_path), "--methods", "magic"])
     err = capsys.readouterr().err
     assert code == 2 and "unknown method(s) magic" in err and "Traceback" not in err
+
+
+def test_the_cli_defaults_to_a_fixed_number_of_curve_points(tmp_path, monkeypatch, capsys):
+    """One point per patch made ViT-S/16 take 196 steps x 14 curves per image: 20 steps whatever the grid."""
+    torch.manual_seed(0)
+    config = ViTConfig(image_size=32, patch_size=2, hidden_size=8, num_layers=1, num_heads=2, mlp_size=16,
+                       num_classes=2)  # 256 patches
+    save_checkpoint(tmp_path / "m.pt", ViT(config).eval(), ["cat", "dog"])
+    for name in ("cat", "dog"):
+        (tmp_path / "data" / name).mkdir(parents=True)
+        Image.fromarray(np.zeros((32, 32, 3), dtype=np.uint8)).save(tmp_path / "data" / name / "0.png")
+    seen = []
+    real = faithfulness.perturbation_curves
+
+    def counting(model, x, maps, cls, replacement, steps=None):
+        seen.append(steps)
+        return real(model, x, maps, cls, replacement, steps)
+
+    monkeypatch.setattr(faithfulness, "perturbation_curves", counting)
+    assert faithfulness.main([str(tmp_path / "m.pt"), "--data", str(tmp_path / "data"), "--methods", "random"]) == 0
+    capsys.readouterr()
+    assert seen == [faithfulness.DEFAULT_STEPS] == [20]

@@ -373,3 +373,25 @@ def test_flow_graph_keeps_only_the_query_at_the_top():
     assert G.out_degree(2 * 3 + 1) == 3 and 2 * 3 + 0 not in G
     assert G.number_of_edges() == 3 + 9
     assert math.isclose(G[7][3]["capacity"], 1 / 3)
+
+
+def test_the_sparse_capacities_are_the_flow_graph():
+    from vit.explain.attention_flow import flow_capacities
+
+    g = torch.Generator().manual_seed(3)
+    matrices = torch.randn(3, 5, 5, generator=g).softmax(-1).double().numpy()
+    matrices[1, 2, 4] = 0.0  # a zero capacity has no edge in either
+    G = flow_graph(matrices, query=2)
+    dense = flow_capacities(matrices, query=2).toarray()
+    assert np.count_nonzero(dense) == G.number_of_edges()
+    for u, v, data in G.edges(data=True):
+        assert dense[u, v] == data["capacity"]
+
+
+def test_attention_flow_over_261_tokens_is_no_longer_refused():
+    """DINOv2 with 4 registers at its own 224 px has 261 tokens, above the old limit of 260 (flow refused it)."""
+    g = torch.Generator().manual_seed(11)
+    attentions = [torch.randn(1, 1, 261, 261, generator=g).mul(3).softmax(-1)]
+    flow = attention_flow(attentions, query=0)
+    assert flow.shape == (1, 261)
+    torch.testing.assert_close(flow.sum(-1), torch.ones(1, dtype=torch.float64))

@@ -32,6 +32,9 @@ from vit.explain.dataset import sample_files
 from vit.explain.faithfulness import DEFAULT_METHODS, METHODS, REPLACEMENTS, auc, method_maps, perturbation_curves
 
 PROG = "vit.faithfulness"
+# A fixed number of curve points whatever the patch grid: Chefer et al. (2021)'s perturbation tests remove the
+# patches in 10 % steps; 5 % steps here draw the curve twice as finely at a cost that does not grow with the grid.
+DEFAULT_STEPS = 20
 
 
 
@@ -47,7 +50,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"maps to score (default: all but flow); any of: {', '.join(METHODS)}")
     p.add_argument("--limit", type=positive_int, default=None, metavar="N", help="score N images (seeded shuffle)")
     p.add_argument("--replacement", choices=REPLACEMENTS, default="blur", help="what removed patches become")
-    p.add_argument("--steps", type=positive_int, default=None, help="points per curve (default: one per patch)")
+    p.add_argument("--steps", type=positive_int, default=DEFAULT_STEPS,
+                   help=f"steps per curve, each changing an equal share of the patches (default {DEFAULT_STEPS}: "
+                        "5 %% each, whatever the grid; one per patch made ViT-S/16 take 196 steps x 14 curves per "
+                        "image)")
     p.add_argument("--batch-size", type=positive_int, default=16, help="images per step (default 16)")
     p.add_argument("--seed", type=int, default=0, help="for the shuffle and the random baseline (default 0)")
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto", help="where the model runs")
@@ -79,7 +85,9 @@ def run(args: argparse.Namespace) -> int:
     generator = torch.Generator().manual_seed(args.seed)
     scores = {m: {"deletion": [], "insertion": []} for m in args.methods}
     skipped = 0
-    bar = tqdm(total=len(files), unit="img", desc="faithfulness", file=sys.stderr, dynamic_ncols=True)
+    # Progress per image and method (a batch of 16 ViT-B images can take minutes per method).
+    bar = tqdm(total=len(files) * len(args.methods), unit="map", desc="faithfulness", file=sys.stderr,
+               dynamic_ncols=True)
     for start in range(0, len(files), args.batch_size):
         chunk, images = files[start:start + args.batch_size], []
         for path, _ in chunk:
@@ -98,7 +106,8 @@ def run(args: argparse.Namespace) -> int:
                                                                      args.steps)
                 scores[method]["deletion"] += auc(fractions, deletion).tolist()
                 scores[method]["insertion"] += auc(fractions, insertion).tolist()
-        bar.update(len(chunk))
+                bar.update(len(images))
+        bar.update((len(chunk) - len(images)) * len(args.methods))  # skipped images
     bar.close()
     count = len(files) - skipped
     if count == 0:

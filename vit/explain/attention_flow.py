@@ -5,8 +5,14 @@ The layers form a graph: node ``(l, t)`` is token ``t`` after ``l`` layers, and 
 the residual, rows renormalised (as in rollout). The flow map of a query token is the max-flow
 value from its node at the top to every input node, normalised to sum to 1, as in the
 reference (samiraabnar/attention_flow ``attention_graph_util.py``: ``get_adjmat``,
-``compute_flows``). One max-flow problem per input token over ``L * T^2`` edges makes it slow:
-``MAX_FLOW_TOKENS`` bounds the models it accepts.
+``compute_flows``).
+
+One max-flow problem per input token over ``L * T^2`` edges: each is solved by scipy's Dinic
+(``scipy.sparse.csgraph.maximum_flow``) on the capacities scaled to integers, and its value is then
+read exactly, as the real capacity of the minimum cut that flow finds (max-flow = min-cut). That
+equals the real-valued max flow whenever no other cut is within ``L * T / FLOW_SCALE`` of the
+minimum (ties give the same value either way); the reference's Edmonds-Karp agrees to 1e-9 in
+the tests. ViT-B/16 at 224 px (197 tokens) takes seconds instead of minutes (``bench/bench_flow.py``).
 """
 
 from __future__ import annotations
@@ -16,13 +22,15 @@ from collections.abc import Sequence
 import networkx as nx
 import numpy as np
 import torch
-from networkx.algorithms.flow import build_residual_network, preflow_push
+from scipy import sparse
+from scipy.sparse import csgraph
 from torch import Tensor
 
 from vit.explain.attention import layers_up_to, rollout_factor
 
-# A 14x14 grid (ViT-B/16 at 224 px) has 197 tokens; above a few hundred one map takes minutes.
-MAX_FLOW_TOKENS = 260
+# Time grows ~T^3: 197 tokens ~4 s, 261 ~10 s on 2 busy cores (bench/bench_flow.py), 400 ~40 s; beyond, refuse.
+MAX_FLOW_TOKENS = 400
+FLOW_SCALE = 2**28  # capacities (each <= 1, rows summing to 1) as integers; flows stay below 2**29 < int32's max
 
 
 class TooManyTokensError(ValueError):
@@ -49,13 +57,40 @@ def flow_graph(matrices: np.ndarray, query: int) -> nx.DiGraph:
     return G
 
 
+def flow_capacities(matrices: np.ndarray, query: int) -> sparse.csr_matrix:
+    """``flow_graph`` as a sparse ``((L+1)T, (L+1)T)`` capacity matrix, built without networkx (466k edges for
+    ViT-B/16 at 224 px): row ``l * T + i``, column ``(l - 1) * T + j`` holds ``matrices[l - 1, i, j]``."""
+    L, T, _ = matrices.shape
+    n = (L + 1) * T
+    rows, cols, values = [], [], []
+    for layer in range(L, 0, -1):
+        sources = np.array([query]) if layer == L else np.arange(T)
+        block = matrices[layer - 1][sources]  # (S, T)
+        i, j = np.nonzero(block)  # zero capacities get no edge, as in the reference
+        rows.append(layer * T + sources[i])
+        cols.append((layer - 1) * T + j)
+        values.append(block[i, j])
+    return sparse.csr_matrix((np.concatenate(values), (np.concatenate(rows), np.concatenate(cols))), shape=(n, n))
+
+
 def _flow_row(matrices: np.ndarray, query: int) -> np.ndarray:
     L, T, _ = matrices.shape
-    G = flow_graph(matrices, query)
-    residual = build_residual_network(G, "capacity")  # built once, reset by every call below
+    n = (L + 1) * T
+    capacity = flow_capacities(matrices, query)
+    scaled = capacity.copy()
+    scaled.data = np.rint(scaled.data * FLOW_SCALE).astype(np.int32)
+    scaled.eliminate_zeros()
     source = L * T + query
-    values = np.array([preflow_push(G, source, t, residual=residual, value_only=True).graph["flow_value"]
-                       for t in range(T)])
+    values = np.empty(T)
+    for t in range(T):
+        flow = csgraph.maximum_flow(scaled, source, t).flow  # (n, n), antisymmetric
+        residual = (scaled - flow).tocsr()
+        residual.data = (residual.data > 0).astype(np.int8)  # edges with room left, and back along any flow
+        residual.eliminate_zeros()
+        reached = np.zeros(n, dtype=bool)
+        reached[csgraph.breadth_first_order(residual, source, directed=True, return_predecessors=False)] = True
+        # The minimum cut's real capacity: every edge from the source's side to the other.
+        values[t] = capacity[reached][:, ~reached].sum()
     return values / values.sum()
 
 
