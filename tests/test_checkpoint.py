@@ -482,3 +482,31 @@ def test_sizes_past_what_torch_can_count_are_a_checkpoint_error(saved, field, va
     payload = read_checkpoint_payload(saved)
     edited(saved, config={**payload["config"], field: value})
     assert "far beyond any published ViT" in load_error(saved)
+
+
+def test_self_referencing_class_names_are_refused_without_expanding_them(saved):
+    """L(i+1) = [L(i), L(i)]: str() of depth 60 never ends; the check looks at types only."""
+    nested: list = ["x"]
+    for _ in range(60):
+        nested = [nested, nested]
+    names = [nested] + list(CLASSES[1:])
+    edited(saved, class_names=names)
+    message = load_error(saved)
+    assert "class name 0 is a list, not text" in message
+
+
+@pytest.mark.parametrize("names, expected", [
+    (["a" * 201, "b", "c"], "class name 0 is 201 characters long; at most 200"),
+    ([1, "b", "c"], "class name 0 is a int, not text"),
+])
+def test_class_names_are_flat_strings_of_bounded_length(saved, names, expected):
+    edited(saved, class_names=names[:len(CLASSES)] + list(CLASSES[len(names):]))
+    assert expected in load_error(saved)
+
+
+def test_every_format_checks_class_names_as_a_checkpoint_is_made(model):
+    from vit.checkpoint import Checkpoint
+
+    with pytest.raises(CheckpointError, match="at most 200"):
+        Checkpoint(model=model, class_names=["x" * 1000] * model.config.num_classes,
+                   preprocessing=Preprocessing(16, 3, (0.5,) * 3, (0.5,) * 3))

@@ -88,6 +88,23 @@ class Preprocessing:
                    (0.5,) * config.num_channels)
 
 
+MAX_CLASS_NAME_CHARS = 200  # ImageNet-21k's longest synset names are under 100
+
+
+def class_names_problem(names: object) -> str | None:
+    """Why ``names`` cannot be a model's class names, or None: a list of flat strings, each at most
+    ``MAX_CLASS_NAME_CHARS`` long. Checked without ``str()``, which would expand a self-referencing list
+    (a 1.9 MB pickle of ``L(i+1) = [L(i), L(i)]`` took 80 s and 1.6 GB at depth 23)."""
+    if not isinstance(names, (list, tuple)):
+        return f"class names must be a list, not {type(names).__name__}"
+    for i, name in enumerate(names):
+        if not isinstance(name, str):
+            return f"class name {i} is a {type(name).__name__}, not text; the file is damaged or not ours"
+        if len(name) > MAX_CLASS_NAME_CHARS:
+            return f"class name {i} is {len(name):,} characters long; at most {MAX_CLASS_NAME_CHARS}"
+    return None
+
+
 @dataclass
 class Checkpoint:
     """A loaded checkpoint; ``model`` is in eval mode on the requested device."""
@@ -98,6 +115,11 @@ class Checkpoint:
     metadata: dict = field(default_factory=dict)
     training_state: dict | None = None  # optimizer, scheduler, EMA, RNG: only for resuming
     path: Path | None = None
+
+    def __post_init__(self) -> None:
+        problem = class_names_problem(self.class_names)
+        if problem:
+            raise CheckpointError(f"{self.path or 'this model'}: {problem}")
 
     @property
     def config(self) -> ViTConfig:
@@ -334,7 +356,10 @@ def check_payload(path: str | os.PathLike, payload: dict) -> tuple[ViTConfig, Pr
     if not isinstance(payload.get("metadata") or {}, dict) or not isinstance(payload.get("training_state") or {},
                                                                              dict):
         raise CheckpointError(f"{path} has malformed metadata or training state; the file is damaged")
-    class_names = [str(name) for name in payload["class_names"]]
+    problem = class_names_problem(payload["class_names"])
+    if problem:
+        raise CheckpointError(f"{path}: {problem}")
+    class_names = list(payload["class_names"])
     if len(class_names) != config.num_classes:
         raise CheckpointError(f"{path} names {len(class_names)} classes but its model has "
                               f"{config.num_classes}")
