@@ -154,7 +154,7 @@ def test_predict_with_an_absurd_config_exits_2_without_allocating(files, tmp_pat
     payload["config"] = {**payload["config"], "hidden_size": 10**6}  # 10^12 weights in one qkv matrix
     absurd = atomic_torch_save(payload, tmp_path / "absurd.pt")
     assert predict_cli.main([str(absurd), str(files["wide"])]) == 2
-    assert "do not fit its stored config" in one_line(capsys.readouterr().err)
+    assert "hidden_size is 1,000,000; at most 16,384" in one_line(capsys.readouterr().err)  # refused by ViTConfig
 
 
 def test_predict_without_images_is_a_usage_error(files, capsys):
