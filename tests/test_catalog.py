@@ -284,3 +284,11 @@ def test_the_suite_never_sees_the_users_real_caches():
     [cache] = catalog.hf_cache_dirs()
     assert Path(os.environ["HOME"]) != real_home and real_home not in cache.parents
     assert Path(os.environ["HOME"]) in cache.parents
+
+
+def test_the_shipped_checkpoints_folder_is_the_repositorys(monkeypatch):
+    """After vit/ gained wings the picker looked in vit/checkpoints/ and the app opened on nothing."""
+    monkeypatch.delenv("VIT_CHECKPOINTS_DIR", raising=False)
+    repository = Path(__file__).resolve().parent.parent
+    assert catalog.default_checkpoints_dir() == repository / "checkpoints"
+    assert (catalog.default_checkpoints_dir() / catalog.DEFAULT_CHECKPOINT).is_file()

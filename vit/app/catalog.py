@@ -19,6 +19,7 @@ from vit.runfiles import (
     BEST_CHECKPOINT,
     CONFIG_FILE,
     LAST_CHECKPOINT,
+    ROOT,
     STATUS_FILE,
     default_runs_dir,
     epoch_checkpoints,
@@ -36,7 +37,7 @@ def default_checkpoints_dir() -> Path:
     env = os.environ.get("VIT_CHECKPOINTS_DIR")
     if env:
         return Path(env).expanduser()
-    return Path(__file__).resolve().parent.parent / "checkpoints"
+    return ROOT / "checkpoints"
 
 
 @dataclass(frozen=True)
