@@ -708,7 +708,7 @@ for c in catalog.epoch_candidates():  # per-epoch checkpoints of runs trained wi
 if st.session_state.get("compare_with") not in compare_entries:
     st.session_state["compare_with"] = None
 other = st.sidebar.selectbox(
-    "Compare with", [None, *compare_entries], key="compare_with",
+    "Compare with (a second checkpoint)", [None, *compare_entries], key="compare_with",
     format_func=lambda p: "nothing: one checkpoint" if p is None else compare_entries[p].label,
     help="Another checkpoint (another run, or another epoch of this one saved with --save-every) on the same "
          "image with the same settings, and the difference of the two maps.")
@@ -723,6 +723,9 @@ if other is not None:
         analysis_b = analyse(fingerprint_b, image_key, size, checkpoint_b, image)
         settings_b = compare.settings_for_other(settings, analysis, analysis_b, class_names, checkpoint_b.class_names)
         relevance_b = method_map_b = None
+        if kind in explorer.CLASS_MAP_KINDS and not checkpoint_b.class_names:
+            raise ValueError("it has no classifier (a feature model), so it has no class-specific map; its "
+                             "attention, rollout, token-norm and flow maps compare")
         class_b = explorer.resolved_class(settings_b, analysis_b)
         if kind == "class":
             relevance_b = class_relevance(fingerprint_b, image_key, size, class_b, checkpoint_b, image)
@@ -736,11 +739,13 @@ if other is not None:
         col_a, col_b, col_diff = st.columns(3)
         for column, label, one_entry, one_analysis, one_map in ((col_a, "A", entry, analysis, map2d),
                                                                 (col_b, "B", entry_b, analysis_b, map_b)):
-            top = one_analysis.prediction.top_k[0]
+            top_k = one_analysis.prediction.top_k
             column.image(overlay(shown, one_map, opacity, colormap, mode, show_grid=show_grid, outline_patch=outline),
                          output_format="PNG")
-            column.caption(f"{label}: {escape_markdown(one_entry.label)}. Predicts {escape_markdown(top[0])} "
-                           f"({top[1]:.0%}). "
+            predicts = (f"Predicts {escape_markdown(top_k[0][0])} ({top_k[0][1]:.0%}). " if top_k
+                        else "No classifier (a feature model). ")
+            depth = compare.depth_note(settings, settings_b, L, analysis_b.num_layers) if label == "B" else ""
+            column.caption(f"{label}: {escape_markdown(one_entry.label)}. {predicts}{depth} "
                            + drawing.describe_range(one_map))
         col_diff.image(compare.difference_overlay(shown, map2d, map_b, opacity, mode), output_format="PNG")
         col_diff.caption(compare.describe_difference(map2d, map_b, (shown.height, shown.width), mode))

@@ -70,7 +70,7 @@ def test_difference_overlay_puts_zero_at_the_centre_of_the_diverging_colour_map(
         difference_overlay(image, a, b, opacity=2.0)
 
 
-def test_settings_for_the_other_checkpoint_keep_layer_numbers_and_find_classes_by_name():
+def test_settings_for_the_other_checkpoint_match_relative_depth_and_find_classes_by_name():
     from types import SimpleNamespace
 
     from vit.app.explorer import MapSettings
@@ -81,7 +81,9 @@ def test_settings_for_the_other_checkpoint_keep_layer_numbers_and_find_classes_b
     from vit.explain.compare import settings_for_other
 
     s = settings_for_other(MapSettings(layer=-1), a, deeper, ["x", "y"], ["x", "y"])
-    assert s.layer == 3  # layer 4 of A is layer 4 of B, not B's last
+    assert s.layer == 5  # A's last layer (4 of 4) is B's last (6 of 6): the same relative depth
+    s = settings_for_other(MapSettings(layer=1), a, deeper, ["x", "y"], ["x", "y"])
+    assert s.layer == 2  # layer 2 of 4 (half way) is layer 3 of 6
     s = settings_for_other(MapSettings(kind="class", class_index=1), a, deeper, ["x", "y"], ["y", "x"])
     assert s.class_index == 0
     s = settings_for_other(MapSettings(kind="legrad", class_index=1), a, deeper, ["x", "y"], ["y", "x"])
@@ -92,3 +94,20 @@ def test_settings_for_the_other_checkpoint_keep_layer_numbers_and_find_classes_b
         settings_for_other(MapSettings(query=5), a, coarse, [], [])
     with pytest.raises(ValueError, match="no class named 'y'"):
         settings_for_other(MapSettings(kind="class", class_index=1), a, deeper, ["x", "y"], ["x", "z"])
+
+
+@pytest.mark.parametrize("layer, L_a, L_b, expected", [(3, 4, 6, 5), (3, 6, 12, 7), (11, 12, 6, 5), (0, 12, 6, 0),
+                                                       (5, 6, 4, 3), (2, 4, 4, 2), (0, 1, 12, 11)])
+def test_same_depth_matches_the_share_of_the_network(layer, L_a, L_b, expected):
+    from vit.explain.compare import same_depth
+
+    assert same_depth(layer, L_a, L_b) == expected
+
+
+def test_the_depth_note_names_both_layers():
+    from vit.app.explorer import MapSettings
+    from vit.explain.compare import depth_note
+
+    assert depth_note(MapSettings(layer=3), MapSettings(layer=7), 6, 12) == \
+        "A's layer 4 of 6 is compared with B's layer 8 of 12 (the same relative depth)."
+    assert depth_note(MapSettings(layer=3), MapSettings(layer=3), 6, 6) == ""

@@ -84,12 +84,13 @@ def test_compare_mode_draws_the_newer_methods_for_b_too(two_checkpoints, method)
     assert any(shown_text(c.value).startswith("Difference A − B") for c in at.caption)
 
 
-def test_compare_mode_says_why_a_shallower_checkpoint_cannot_show_the_layer(two_checkpoints):
+def test_compare_mode_matches_a_shallower_checkpoint_by_relative_depth_and_says_both_layers(two_checkpoints):
     _, _, shallow, _, _ = two_checkpoints
     at = run_app()
     at = at.selectbox(key="compare_with").set_value(str(shallow)).run()
-    assert not at.exception
-    assert any("B has 1 layers, so it has no layer 3" in shown_text(w.value) for w in at.warning)
+    assert not at.exception and not [w.value for w in at.warning if "cannot show" in w.value]
+    assert any("is compared with B's layer 1 of 1 (the same relative depth)" in shown_text(c.value)
+               for c in at.caption)
 
 
 def test_per_epoch_checkpoints_of_a_run_can_be_compared(two_checkpoints):
@@ -116,3 +117,18 @@ def test_the_epoch_selector_shows_a_runs_probe_images_without_a_checkpoint_of_th
     at = at.select_slider(key="explorer_snap_epoch").set_value(0).run()
     captions = [shown_text(i.caption) for i in at.get("image")[-1].proto.imgs]
     assert captions == ["cat → cat 88% ✓", "dog → cat 88% ✗"] * 2
+
+
+def test_compare_with_a_feature_model_shows_its_maps_and_says_why_class_maps_are_not_available(two_checkpoints):
+    """B without a classifier crashed compare with an IndexError (its top-k is empty)."""
+    a, *_ = two_checkpoints
+    features = write_checkpoint(a.parent / "features.pt", config=replace(TINY, num_classes=0), classes=[], seed=4)
+    at = run_app()
+    at = at.selectbox(key="compare_with").set_value(str(features)).run()
+    assert not at.exception, [e.message for e in at.exception]
+    assert any("No classifier (a feature model)" in shown_text(c.value) for c in at.caption)
+    assert any(shown_text(c.value).startswith("Difference A − B") for c in at.caption)
+    at = at.radio(key="map_kind").set_value("class").run()
+    assert not at.exception, [e.message for e in at.exception]
+    assert any("no classifier (a feature model), so it has no class-specific map" in shown_text(w.value)
+               for w in at.warning)

@@ -109,24 +109,37 @@ def describe_difference(map_a, map_b, size: tuple[int, int], mode: str = "biline
             f"(red: A attends more); mean |A − B| {float(np.abs(diff).mean()):.4g}.")
 
 
+def same_depth(layer: int, num_layers_a: int, num_layers_b: int) -> int:
+    """B's layer (0-based) at the relative depth of A's ``layer``: the one whose end, as a share of B's depth,
+    is nearest A's (layer 4 of 6 -> 8 of 12; the last layer -> the last; 1 of 12 -> 1 of 6)."""
+    return min(num_layers_b - 1, max(0, round((layer + 1) * num_layers_b / num_layers_a) - 1))
+
+
+def depth_note(settings_a, settings_b, num_layers_a: int, num_layers_b: int) -> str:
+    """'A's layer 4 of 6 is compared with B's layer 8 of 12 (the same relative depth).', or '' for equal depths."""
+    if num_layers_a == num_layers_b:
+        return ""
+    a = (settings_a.layer if settings_a.kind == "attention" else settings_a.end_layer) % num_layers_a
+    b = settings_b.layer if settings_a.kind == "attention" else settings_b.end_layer
+    return (f"A's layer {a + 1} of {num_layers_a} is compared with B's layer {b + 1} of {num_layers_b} "
+            "(the same relative depth).")
+
+
 def settings_for_other(settings, analysis_a, analysis_b, class_names_a: Sequence[str],
                        class_names_b: Sequence[str]):
     """The explorer's ``MapSettings`` of checkpoint A made to mean the same in checkpoint B.
 
-    Layers (and the rollout's last layer) keep their numbers and must exist in B; a head must
-    exist in B; a patch query needs B's token layout to be A's (the CLS query always compares);
-    a chosen class is found in B by its name. Raises ValueError saying why when B cannot show the
-    same map.
+    Layers (and the rollout's last layer) are matched by relative depth, as models of different
+    depths are compared (``same_depth``): layer 4 of 6 is layer 8 of 12, and the last layer is the
+    last; a head must exist in B; a patch query needs B's token layout to be A's (the CLS query
+    always compares); a chosen class is found in B by its name. Raises ValueError saying why when B
+    cannot show the same map.
     """
     from dataclasses import replace
 
     s = settings
     L_a, L_b = analysis_a.num_layers, analysis_b.num_layers
-    layer, end = s.layer % L_a, s.end_layer % L_a
-    if s.kind == "attention" and layer >= L_b:
-        raise ValueError(f"B has {L_b} layers, so it has no layer {layer + 1}; choose a layer up to {L_b}")
-    if s.kind != "attention" and end >= L_b:
-        raise ValueError(f"B has {L_b} layers; roll out up to layer {L_b} at most to compare")
+    layer, end = same_depth(s.layer % L_a, L_a, L_b), same_depth(s.end_layer % L_a, L_a, L_b)
     if s.kind == "attention" and s.head is not None and s.head >= analysis_b.num_heads:
         raise ValueError(f"B has {analysis_b.num_heads} heads, so it has no head {s.head + 1}")
     same_tokens = (analysis_a.grid, analysis_a.num_prefix_tokens) == (analysis_b.grid, analysis_b.num_prefix_tokens)
