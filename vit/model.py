@@ -510,9 +510,9 @@ class ViT(nn.Module):
             return eva_rope(grid, c.hidden_size // c.num_heads, float(c.rope_theta), c.rope_ref_grid, device)
         return dinov3_rope(grid, c.hidden_size // c.num_heads, float(c.rope_theta), device)
 
-    def embed(self, images: torch.Tensor) -> torch.Tensor:
+    def embed(self, images: torch.Tensor, pre_norm: bool = True) -> torch.Tensor:
         """``images`` (B, C, H, W) -> the first block's input ``(B, T, D)``: patches, prefix tokens, positions,
-        ``ln_pre`` when the model has one.
+        ``ln_pre`` when the model has one (``pre_norm=False`` leaves it to the caller: relevance rules).
 
         Positions are resampled to the input's patch grid; dropout is left to ``forward``.
         """
@@ -535,7 +535,7 @@ class ViT(nn.Module):
             x = torch.cat([prefix[:, :positioned], x], dim=1) + pos  # (B, positioned + gh*gw, D)
             if positioned < self.num_prefix_tokens:
                 x = torch.cat([x[:, :positioned], prefix[:, positioned:], x[:, positioned:]], dim=1)  # (B, T, D)
-        if self.norm_pre is not None:
+        if self.norm_pre is not None and pre_norm:
             x = self.norm_pre(x)
         return x
 

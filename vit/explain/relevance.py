@@ -21,6 +21,7 @@ prefix tokens. References (ported, and checked against in ``tests/test_relevance
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, fields
 from typing import Literal
@@ -30,13 +31,14 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from vit.explain.attention import gradient_rollout
-from vit.model import ViT, ViTConfig
+from vit.model import ViT, ViTConfig, activate
 
 # ViTConfig fields the walk reproduces; a field added later counts only at its default value.
 _KNOWN_FIELDS = {"image_size", "patch_size", "num_channels", "num_classes", "hidden_size", "num_layers",
                  "num_heads", "mlp_size", "dropout", "attention_dropout", "drop_path", "qkv_bias", "layer_norm_eps",
                  "distillation_token", "distillation_head", "num_register_tokens", "layer_scale", "pooling",
-                 "fc_norm", "prefix_positions", "pos_embed_antialias"}
+                 "fc_norm", "prefix_positions", "pos_embed_antialias", "class_token", "pre_norm", "activation",
+                 "projection_dim"}
 # Options Chefer et al.'s LRP defines no rule for (their ViT reads CLS through one norm and one head).
 _LRP_DEFAULTS = {"layer_scale": None, "pooling": "cls", "fc_norm": False, "distillation_head": False}
 
@@ -127,7 +129,7 @@ class Walk:
     logits: Tensor  # (B, classes)
 
 
-def _classify(model: ViT, x: Tensor, norm) -> tuple[Tensor, Tensor]:
+def _classify(model: ViT, x: Tensor, norm, lrp: bool = False) -> tuple[Tensor, Tensor]:
     """``ViT.classify`` on tokens ``(B, T, D)`` with ``norm(x, layer)`` applying each LayerNorm -> (normed, logits).
 
     A copy of ``ViT.classify``'s steps because AttnLRP needs its own LayerNorm rule there
@@ -141,11 +143,14 @@ def _classify(model: ViT, x: Tensor, norm) -> tuple[Tensor, Tensor]:
         pooled = x[:, 0]
     elif c.pooling == "avg":
         pooled = patches.mean(dim=1)
+    elif c.pooling == "map":  # SigLIP's attention-pooling probe, walked as the model computes it
+        pooled = model.attn_pool(x)[0]
     else:  # "cls+avg"
         pooled = torch.cat([x[:, 0], patches.mean(dim=1)], dim=-1)
     if model.fc_norm is not None:
         pooled = norm(pooled, model.fc_norm)
-    logits = model.head(pooled)  # (B, classes)
+    # A head with its own relevance rule (the prompt head's L2 norm, vit.explain.prompts) is told to use it.
+    logits = model.head(pooled, lrp=True) if lrp and getattr(model.head, "has_lrp_rule", False) else model.head(pooled)
     if model.head_dist is not None:
         logits = (logits + model.head_dist(x[:, 1])) / 2
     return x, logits
@@ -166,8 +171,13 @@ def walk(model: ViT, images: Tensor, rules: Literal["none", "attnlrp", "cp"] = "
     def norm(x: Tensor, layer: torch.nn.LayerNorm) -> Tensor:
         return _lrp_layer_norm(x, layer) if lrp else layer(x)
 
-    x = model.embed(images)  # (B, T, D); checks the images' shape
+    if lrp and model.config.pooling == "map":
+        raise UnsupportedModelError("AttnLRP has no rule for attention pooling (SigLIP's pooling=\"map\") yet; use LeGrad")
+    x = model.embed(images, pre_norm=False)  # (B, T, D); checks the images' shape
+    if model.norm_pre is not None:  # CLIP's ln_pre, under the LayerNorm rule like every other norm
+        x = norm(x, model.norm_pre)
     tokens, traces = x, []
+    act = functools.partial(activate, name=model.config.activation)
     for block in model.blocks:
         attn = block.attn
         B, N, C = x.shape
@@ -187,14 +197,14 @@ def walk(model: ViT, images: Tensor, rules: Literal["none", "attnlrp", "cp"] = "
         mid = x + attn_out
         n2 = norm(mid, block.norm2)
         pre = block.mlp.fc1(n2)
-        hidden = _IdentityRule.apply(pre, F.gelu) if lrp else F.gelu(pre)  # (B, N, mlp)
+        hidden = _IdentityRule.apply(pre, act) if lrp else act(pre)  # (B, N, mlp)
         mlp_out = block.mlp.fc2(hidden)
         if block.ls2 is not None:
             mlp_out = mlp_out * block.ls2
         out = mid + mlp_out
         traces.append(BlockTrace(x, n1, q, k, v, probs, context, attn_out, mid, n2, hidden, mlp_out, out))
         x = out
-    normed, logits = _classify(model, x, norm)
+    normed, logits = _classify(model, x, norm, lrp)
     with torch.no_grad():  # a model change the field checks cannot see must not give a wrong map silently
         expected = model(images.detach())[0]
     if not torch.allclose(logits.detach(), expected, rtol=1e-3, atol=1e-4 * float(expected.abs().max()) + 1e-6):

@@ -1,0 +1,309 @@
+"""Asking CLIP and SigLIP in words, against the libraries and the authors' code (issue 22).
+
+References, each on tiny random models built by the library itself and saved natively:
+
+- zero-shot: open_clip's ``encode_image`` / ``encode_text`` (normalised, ``logit_scale.exp()``, softmax) and
+  transformers' ``CLIPModel`` / ``SiglipModel`` forward (``logits_per_image``; softmax / sigmoid);
+- gradient rollout: Transformer-MM-Explainability @ 58eaea85 ``CLIP_explainability.ipynb`` ``interpret`` on the
+  repository's own hooked CLIP (``tests/reference/chefer_clip``);
+- LeGrad: WalBouss/LeGrad @ a9edb031 ``compute_legrad_clip`` (``tests/reference/legrad``), its readout line
+  ``ln_post(feat.mean(dim=0)) @ proj`` on sequence-first features;
+- Grad-ECLIP: Cyang-Zhao/Grad-Eclip @ 5c1b5cc1 ``generate_emap.py`` ``clip_encode_dense`` + ``grad_eclip``
+  (``tests/reference/grad_eclip``).
+"""
+
+import json
+
+import pytest
+import torch
+import torch.nn.functional as F
+from parity_helpers import randomize
+from safetensors.torch import save_file
+
+from vit.explain import prompts
+from vit.explain.relevance import attnlrp
+from vit.sources.open import open_source
+from vit.sources.text_tower import TextTowerError, check_labels, open_text_tower, split_labels
+
+open_clip = pytest.importorskip("open_clip")
+open_clip_hub = pytest.importorskip("open_clip.push_to_hf_hub")
+transformers = pytest.importorskip("transformers")
+pytestmark = pytest.mark.slow  # open_clip and transformers take seconds to import
+
+LABELS = ["a dog", "a cat", "a red ball"]
+TEXT_CFG = dict(context_length=16, vocab_size=49408, width=64, heads=1, layers=1)  # the bundled BPE's ids
+
+
+def save_open_clip(folder, quick_gelu=True, seed=0):
+    """A tiny random OpenAI-layout CLIP saved as open_clip saves for the Hub; (model, folder)."""
+    model_cfg = dict(embed_dim=16, quick_gelu=quick_gelu, text_cfg=TEXT_CFG,
+                     vision_cfg=dict(image_size=32, patch_size=8, width=128, layers=3))
+    torch.manual_seed(seed)
+    model = open_clip.model.CLIP(**model_cfg)
+    randomize(model, seed)
+    with torch.no_grad():
+        model.logit_scale.fill_(2.0)  # a finite scale: the default log(1/0.07) too, but check it is read
+    folder.mkdir(parents=True)
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, folder / "open_clip_model.safetensors")
+    model.visual.image_mean, model.visual.image_std = open_clip.OPENAI_DATASET_MEAN, open_clip.OPENAI_DATASET_STD
+    open_clip_hub.save_config_for_hf(model, folder / "open_clip_config.json", model_config=model_cfg)
+    return model.eval(), folder
+
+
+@pytest.fixture(scope="module")
+def clip_folder(tmp_path_factory):
+    return save_open_clip(tmp_path_factory.mktemp("clip") / "open_clip")
+
+
+def image_batch(n=1, size=32, seed=1):
+    return torch.randn(n, 3, size, size, generator=torch.Generator().manual_seed(seed))
+
+
+# --- the text side and zero-shot scores -----------------------------------------------------------------------
+
+def test_open_clip_zero_shot_equals_open_clips_own_pipeline(clip_folder):
+    model, folder = clip_folder
+    checkpoint = open_source(folder)
+    tower = open_text_tower(checkpoint)
+    assert tower.kind == "softmax" and tower.library == "open_clip"
+    texts = [prompts.fill(prompts.DEFAULT_TEMPLATE, label) for label in LABELS]
+    x = image_batch(2)
+    with torch.no_grad():
+        tokenizer = open_clip.get_tokenizer(f"local-dir:{folder}")
+        image = model.encode_image(x, normalize=True)
+        text = model.encode_text(tokenizer(texts), normalize=True)
+        expected_logits = model.logit_scale.exp() * image @ text.T
+    logits, probs = prompts.zero_shot(checkpoint.model, x, tower.encode(texts), tower.logit_scale,
+                                      tower.logit_bias, tower.kind)
+    torch.testing.assert_close(logits, expected_logits, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(probs, expected_logits.softmax(dim=-1), rtol=1e-5, atol=1e-5)
+
+
+def test_the_imagenet_ensemble_is_open_clips_zero_shot_classifier(clip_folder):
+    model, folder = clip_folder
+    tower = open_text_tower(open_source(folder))
+    templates = prompts.imagenet_templates()
+    assert len(templates) == 80 and templates[0] == "a bad photo of a {}."
+    from open_clip.zero_shot_classifier import build_zero_shot_classifier
+    from open_clip.zero_shot_metadata import OPENAI_IMAGENET_TEMPLATES
+
+    with torch.no_grad():
+        expected = build_zero_shot_classifier(model, open_clip.get_tokenizer(f"local-dir:{folder}"), LABELS,
+                                              OPENAI_IMAGENET_TEMPLATES)  # (E, n)
+    ours = prompts.prompt_embeddings(tower.encode, LABELS, templates)
+    torch.testing.assert_close(ours, expected.T, rtol=1e-5, atol=1e-6)
+
+
+def bpe_tokenizer_files(folder):
+    """open_clip's bundled BPE vocabulary written as HF CLIPTokenizer files (nothing can be downloaded)."""
+    bpe = open_clip.tokenizer.SimpleTokenizer()
+    renamed = {"<start_of_text>": "<|startoftext|>", "<end_of_text>": "<|endoftext|>"}  # HF's names of the two
+    (folder / "vocab.json").write_text(json.dumps({renamed.get(k, k): v for k, v in bpe.encoder.items()}))
+    merges = sorted(bpe.bpe_ranks, key=bpe.bpe_ranks.get)
+    (folder / "merges.txt").write_text("#version: 0.2\n" + "\n".join(" ".join(m) for m in merges) + "\n")
+    tokenizer = transformers.CLIPTokenizer(str(folder / "vocab.json"), str(folder / "merges.txt"))
+    (folder / "vocab.json").unlink()
+    (folder / "merges.txt").unlink()
+    tokenizer.save_pretrained(folder)
+
+
+HF_TEXT = dict(hidden_size=32, intermediate_size=48, num_hidden_layers=1, num_attention_heads=2, vocab_size=49408,
+               max_position_embeddings=16)
+HF_VISION = dict(image_size=32, patch_size=8, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                 num_attention_heads=2)
+
+
+@pytest.mark.parametrize("architecture", ["CLIPModel", "SiglipModel"])
+def test_hf_zero_shot_equals_the_models_own_forward(tmp_path, architecture):
+    if architecture == "CLIPModel":
+        config = transformers.CLIPConfig(vision_config=HF_VISION, text_config=HF_TEXT, projection_dim=16)
+    else:
+        config = transformers.SiglipConfig(vision_config=HF_VISION, text_config=dict(HF_TEXT, projection_size=32))
+    torch.manual_seed(0)
+    model = randomize(getattr(transformers, architecture)(config)).eval()
+    model.save_pretrained(tmp_path / "m")
+    checkpoint = open_source(tmp_path / "m")
+    with pytest.raises(TextTowerError, match="no usable tokenizer files") as error:
+        open_text_tower(checkpoint)
+    assert "\n" not in str(error.value)
+    bpe_tokenizer_files(tmp_path / "m")
+    tower = open_text_tower(checkpoint)
+    assert tower.kind == ("softmax" if architecture == "CLIPModel" else "sigmoid")
+    x = image_batch(2)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(str(tmp_path / "m"))
+    padding = True if architecture == "CLIPModel" else "max_length"
+    tokens = tokenizer(LABELS, padding=padding, max_length=16, truncation=True, return_tensors="pt")
+    with torch.no_grad():
+        expected = model(pixel_values=x, **tokens).logits_per_image  # (images, texts)
+    logits, probs = prompts.zero_shot(checkpoint.model, x, tower.encode(LABELS), tower.logit_scale,
+                                      tower.logit_bias, tower.kind)
+    torch.testing.assert_close(logits, expected, rtol=1e-5, atol=1e-5)
+    reference = expected.softmax(-1) if architecture == "CLIPModel" else expected.sigmoid()
+    torch.testing.assert_close(probs, reference, rtol=1e-5, atol=1e-5)
+
+
+def test_a_vision_only_model_has_no_text_tower(tmp_path):
+    model = transformers.CLIPVisionModelWithProjection(transformers.CLIPVisionConfig(**HF_VISION))
+    model.save_pretrained(tmp_path / "v")
+    with pytest.raises(TextTowerError, match="has no text tower"):
+        open_text_tower(open_source(tmp_path / "v"))
+
+
+def test_labels_and_templates_are_plain_bounded_text():
+    assert split_labels(" a dog, a cat ;a ball\n") == ["a dog", "a cat", "a ball"]
+    assert prompts.fill("a photo of {}", "{0.__class__}") == "a photo of {0.__class__}"  # never str.format
+    for bad, message in ((",, ,", "at least one label"), (",".join(map(str, range(65))), "at most 64"),
+                         ("x" * 301, "at most 300"), ("a, a", "twice")):
+        with pytest.raises(ValueError, match=message):
+            split_labels(bad)
+    with pytest.raises(ValueError, match="exactly once"):
+        prompts.check_template("a photo")
+    assert check_labels(["<b>x</b>"]) == ["<b>x</b>"]
+
+
+def test_text_embeddings_are_cached_per_text(clip_folder):
+    tower = open_text_tower(open_source(clip_folder[1]))
+    calls = []
+    encode = tower.encode_batch
+    tower.encode_batch = lambda texts: calls.append(list(texts)) or encode(texts)
+    first = tower.encode(["a", "b"])
+    again = tower.encode(["b", "c", "a"])
+    assert calls == [["a", "b"], ["c"]]
+    torch.testing.assert_close(again[[2, 0]], first)
+
+
+# --- maps for words, against the authors' code ------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def chefer_clip(clip_folder):
+    """The same weights in the authors' hooked CLIP (Transformer-MM-Explainability's CLIP/clip/model.py)."""
+    from tests.reference.chefer_clip.model import build_model
+
+    model, _ = clip_folder
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    reference = build_model(dict(state)).float()  # build_model converts to float16: load float32 again
+    reference.load_state_dict(state)
+    return reference.eval()
+
+
+def tokens_for(folder, labels):
+    return open_clip.get_tokenizer(f"local-dir:{folder}")(labels)
+
+
+@pytest.mark.parametrize("start_layer", [-1, 1])
+def test_prompt_rollout_equals_the_notebooks_interpret(clip_folder, chefer_clip, start_layer):
+    from tests.reference.chefer_clip.interpret import interpret
+
+    _, folder = clip_folder
+    checkpoint = open_source(folder)
+    tower = open_text_tower(checkpoint)
+    x = image_batch(1)
+    _, expected = interpret(x, tokens_for(folder, LABELS), chefer_clip, "cpu", start_layer=start_layer)
+    ours = torch.stack([prompts.prompt_rollout(checkpoint.model, x, tower.encode(LABELS), tower.logit_scale, i,
+                                               start_layer=start_layer)[0] for i in range(len(LABELS))])
+    torch.testing.assert_close(ours.reshape(len(LABELS), -1), expected.float(), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("start_layer", [-2, 0])
+def test_prompt_legrad_equals_the_authors_clip_readout(clip_folder, chefer_clip, start_layer):
+    from tests.reference.legrad.legrad_reference import compute_legrad, min_max
+
+    model, folder = clip_folder
+    checkpoint = open_source(folder)
+    tower = open_text_tower(checkpoint)
+    text = tower.encode(LABELS)  # LeGrad's text_embedding: encode_text(normalize=True)
+    x = image_batch(1).repeat(len(LABELS), 1, 1, 1)  # the wrapper repeats the image once per prompt
+    with torch.enable_grad():
+        feats, attns, h = [], [], checkpoint.model.embed(x.requires_grad_(True))
+        for block in checkpoint.model.blocks:  # each layer's output and attention, as the wrapper's hooks keep
+            h, probs = block(h, True)
+            feats.append(h)
+            attns.append(probs)
+        visual = model.visual
+
+        def score_of_feat(feat):  # compute_legrad_clip's lines, on sequence-first features as it expects them
+            intermediate_feat = feat.permute(1, 0, 2)  # [num_patch, batch, dim]
+            intermediate_feat = visual.ln_post(intermediate_feat.mean(dim=0)) @ visual.proj
+            intermediate_feat = F.normalize(intermediate_feat, dim=-1)
+            return text @ intermediate_feat.transpose(-1, -2)
+
+        expected = compute_legrad(feats, attns, score_of_feat, num_prompts=len(LABELS), patch_size=8,
+                                  starting_depth=start_layer % 3)
+    ours = prompts.prompt_legrad(checkpoint.model, image_batch(1).repeat(len(LABELS), 1, 1, 1), text,
+                                 torch.arange(len(LABELS)), start_layer=start_layer)
+    upsampled = min_max(F.interpolate(ours[None], scale_factor=8, mode="bilinear"))
+    torch.testing.assert_close(upsampled, expected.detach(), rtol=1e-4, atol=1e-5)
+
+
+def test_grad_eclip_equals_generate_emap(clip_folder, chefer_clip):
+    from tests.reference.grad_eclip import emap
+
+    _, folder = clip_folder
+    checkpoint = open_source(folder)
+    tower = open_text_tower(checkpoint)
+    text = tower.encode(LABELS)
+    x = image_batch(1)
+    emap.clipmodel = chefer_clip
+    with torch.enable_grad():
+        outputs, _, _, v, q_out, k_out, _, att_output, map_size = emap.clip_encode_dense(x)
+        cosines = (F.normalize(outputs[:, 0], dim=-1) @ text.T)[0]
+        expected = [emap.grad_eclip(c, q_out, k_out, v, att_output, map_size) for c in cosines]
+    for i in range(len(LABELS)):
+        ours = prompts.grad_eclip(checkpoint.model, x, text, i)[0]
+        torch.testing.assert_close(ours, expected[i].float(), rtol=1e-4, atol=1e-6)
+
+
+def test_attnlrp_for_a_prompt_equals_lxts_rules_on_hf_clip(tmp_path, monkeypatch):
+    """lxt's AttnLRP rules (LayerNorm, element-wise activation, attention) patched into transformers' CLIPModel,
+    its ``logits_per_image`` as the target. The L2 norm of the image embedding gets the rule lxt gives
+    LayerNorm's scale (a constant in the backward pass): ``_get_vector_norm`` detached, as ``PromptHead`` does."""
+    import transformers.models.clip.modeling_clip as modeling_clip
+    from transformers.activations import QuickGELUActivation
+
+    from tests.reference.lxt.patches import layer_norm_forward, non_linear_forward, wrap_attention_forward
+
+    config = transformers.CLIPConfig(vision_config=HF_VISION, text_config=HF_TEXT, projection_dim=16)
+    config._attn_implementation = "eager"
+    torch.manual_seed(0)
+    model = randomize(transformers.CLIPModel(config)).eval()
+    model.save_pretrained(tmp_path / "m")
+    bpe_tokenizer_files(tmp_path / "m")
+    checkpoint = open_source(tmp_path / "m")
+    tower = open_text_tower(checkpoint)
+    tokens = transformers.AutoTokenizer.from_pretrained(str(tmp_path / "m"))(LABELS, padding=True,
+                                                                            return_tensors="pt")
+    x = image_batch(1, seed=4)
+    expected = {}
+    with monkeypatch.context() as m:  # lxt patches classes; undone before anything else runs
+        m.setattr(torch.nn.LayerNorm, "forward", layer_norm_forward)
+        m.setattr(QuickGELUActivation, "original_forward", QuickGELUActivation.forward, raising=False)
+        m.setattr(QuickGELUActivation, "forward", non_linear_forward)
+        m.setattr(modeling_clip, "eager_attention_forward",
+                  wrap_attention_forward(modeling_clip.eager_attention_forward))
+        m.setattr(modeling_clip, "_get_vector_norm", lambda t: t.norm(p=2, dim=-1, keepdim=True).detach())
+        for c in (0, 2):
+            xr = x.clone().requires_grad_(True)
+            model(pixel_values=xr, **tokens).logits_per_image[0, c].backward()
+            expected[c] = (xr * xr.grad).sum(1).detach()
+    wrapped = prompts.prompt_model(checkpoint.model, tower.encode(LABELS), tower.logit_scale)
+    for c in (0, 2):
+        scale = expected[c].abs().max()
+        torch.testing.assert_close(attnlrp(wrapped, x, c) / scale, expected[c] / scale, rtol=1e-5, atol=1e-5)
+
+
+def test_the_prompt_model_leaves_the_image_tower_as_it_was(clip_folder):
+    checkpoint = open_source(clip_folder[1])
+    model = checkpoint.model
+    before = model.encode(image_batch(1)).embedding
+    wrapped = prompts.prompt_model(model, torch.nn.functional.normalize(torch.randn(2, 16), dim=-1), 3.0)
+    assert wrapped.config.num_classes == 2 and model.head is None and model.projection is not None
+    torch.testing.assert_close(model.encode(image_batch(1)).embedding, before)
+    with pytest.raises(prompts.PromptError, match="another model"):
+        prompts.prompt_model(model, torch.randn(2, 7), 1.0)
+
+
+def test_map_difference_is_of_normalised_maps():
+    a = torch.tensor([[[0.0, 2.0], [4.0, 2.0]]])
+    b = torch.tensor([[[1.0, 1.0], [1.0, 3.0]]])
+    torch.testing.assert_close(prompts.map_difference(a, b), torch.tensor([[[0.0, 0.5], [1.0, -0.5]]]))
+

@@ -1,0 +1,285 @@
+"""Ask a CLIP or SigLIP in words: zero-shot scores, and maps whose target is a prompt's similarity.
+
+The text side gives constants: one L2-normalised embedding per prompt (``vit.sources.text_tower``),
+the model's ``exp(logit_scale)`` and SigLIP's bias. ``prompt_model`` turns our image tower into a
+classifier over the prompts by giving it a ``PromptHead`` — projection, L2 norm, cosine with each
+prompt, scale (+ bias) — so that every class-map method (gradient rollout, AttnLRP, deletion and
+insertion curves) explains a prompt exactly as it explains a class, walking the same modules.
+The methods whose authors read CLIP differently have their own functions here, ported from their code:
+
+- Chefer et al. 2021b on CLIP (hila-chefer/Transformer-MM-Explainability ``CLIP_explainability.ipynb``,
+  ``interpret``): gradient rollout of ``logits_per_image`` from ``start_layer`` (default the last layer only);
+- LeGrad (WalBouss/LeGrad ``legrad/wrapper.py``): CLIP reads ``ln_post`` of the *mean over all tokens* at
+  every layer (``compute_legrad_clip``); SigLIP applies the attention-pooling head to each layer's tokens and
+  takes the gradient of its probe's attention, with the "empty prompt" correction (``compute_legrad_siglip``);
+- Grad-ECLIP (Cyang-Zhao/Grad-Eclip ``generate_emap.py``, ``clip_encode_dense`` + ``grad_eclip``): the last
+  block recomputed with one attention head over the full width, as the authors do; the map is
+  ``relu(sum_c(dcos/d(attn_output)[CLS] * v * minmax(cos(q_out[CLS], k_out))))`` over the patches.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections.abc import Sequence
+from dataclasses import replace
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from vit.explain.attention import gradient_rollout
+from vit.model import ViT
+
+DEFAULT_TEMPLATE = "a photo of a {}."
+MAX_TEMPLATE_CHARS = 200
+
+
+class PromptError(ValueError):
+    """Prompts or a model the prompt maps cannot use; the message says what to do."""
+
+
+# --- prompts and scores -----------------------------------------------------------------------------------
+
+def imagenet_templates() -> list[str]:
+    """The 80 templates open_clip (after OpenAI's notebook) ensembles for ImageNet, as ``{}`` strings."""
+    from open_clip.zero_shot_metadata import OPENAI_IMAGENET_TEMPLATES
+
+    return [template("{}") for template in OPENAI_IMAGENET_TEMPLATES]
+
+
+def check_template(template: str) -> str:
+    """A template with exactly one ``{}`` where the label goes; ValueError (one line) otherwise."""
+    if len(template) > MAX_TEMPLATE_CHARS:
+        raise PromptError(f"the template is {len(template)} characters long; at most {MAX_TEMPLATE_CHARS}")
+    if template.count("{}") != 1:
+        raise PromptError(f"the template must hold '{{}}' exactly once, where the label goes (e.g. "
+                          f"'{DEFAULT_TEMPLATE}', or '{{}}' for the labels as typed)")
+    return template
+
+
+def fill(template: str, label: str) -> str:
+    """The template with the label in place of ``{}`` (never ``str.format``: user text is not a format spec)."""
+    return template.replace("{}", label)
+
+
+def prompt_embeddings(encode, labels: Sequence[str], templates: Sequence[str]) -> Tensor:
+    """``(n, E)`` normalised embeddings, one per label: with several templates, each label's template embeddings
+    (normalised) are averaged and normalised again, as open_clip's ``build_zero_shot_classifier`` does.
+    ``encode(texts) -> (len(texts), E)`` normalised embeddings (``TextTower.encode``)."""
+    templates = [check_template(t) for t in templates]
+    if not templates:
+        raise PromptError("give at least one template")
+    texts = [fill(t, label) for label in labels for t in templates]
+    embeddings = encode(texts).reshape(len(labels), len(templates), -1).mean(dim=1)  # (n, E)
+    return embeddings / embeddings.norm(dim=-1, keepdim=True)
+
+
+class PromptHead(nn.Module):
+    """The pooled vector -> one logit per prompt: ``scale * cos(projection(pooled), prompt) + bias``.
+
+    ``lrp=True`` treats the L2 norm's factor as a constant in the backward pass, as AttnLRP's rule for
+    LayerNorm treats its scale, so relevance flows through the cosine unchanged."""
+
+    has_lrp_rule = True  # the relevance walk passes lrp=True under AttnLRP
+
+    def __init__(self, projection: nn.Module | None, prompts: Tensor, scale: float, bias: float) -> None:
+        super().__init__()
+        self.projection = projection
+        self.register_buffer("prompts", prompts.float())  # (n, E), L2-normalised
+        self.scale, self.bias = float(scale), float(bias)
+
+    def forward(self, pooled: Tensor, lrp: bool = False) -> Tensor:
+        embedding = self.projection(pooled) if self.projection is not None else pooled  # (B, E)
+        norm = embedding.norm(dim=-1, keepdim=True)
+        embedding = embedding / (norm.detach() if lrp else norm)
+        return self.scale * embedding @ self.prompts.to(embedding.dtype).T + self.bias  # (B, n)
+
+
+def prompt_model(model: ViT, prompts: Tensor, scale: float, bias: float = 0.0) -> ViT:
+    """``model`` as a classifier over ``prompts`` ``(n, E)`` (normalised text embeddings): its logits are the
+    image-text logits CLIP (``bias=0``) or SigLIP reads. Shares every weight with ``model`` (not copied)."""
+    if model.head is not None and model.projection is None:
+        raise PromptError("this model is a classifier without a joint image-text embedding; asking in words "
+                          "needs a CLIP or SigLIP")
+    width = model.config.projection_dim or model.config.hidden_size
+    if prompts.dim() != 2 or prompts.shape[1] != width:
+        raise PromptError(f"text embeddings of shape {tuple(prompts.shape)} do not fit this image tower's "
+                          f"{width}-d embedding: the text side belongs to another model")
+    wrapped = copy.copy(model)
+    wrapped._modules = dict(model._modules)  # a copy of the module table, so the original keeps its own head
+    wrapped.config = replace(model.config, num_classes=prompts.shape[0], projection_dim=0, distillation_head=False)
+    wrapped.head = PromptHead(model.projection, prompts.to(next(model.parameters()).device), scale, bias)
+    wrapped.projection = None
+    wrapped.head_dist = None
+    return wrapped
+
+
+def zero_shot(model: ViT, images: Tensor, prompts: Tensor, scale: float, bias: float, kind: str
+              ) -> tuple[Tensor, Tensor]:
+    """``(logits, probabilities)``, each ``(B, n)``: softmax over the prompts for CLIP (``kind="softmax"``),
+    each prompt's own sigmoid for SigLIP (``"sigmoid"``)."""
+    if kind not in ("softmax", "sigmoid"):
+        raise ValueError(f"kind must be softmax or sigmoid, got {kind!r}")
+    with torch.inference_mode():
+        logits = prompt_model(model, prompts, scale, bias)(images)[0].float()
+    return logits, logits.softmax(dim=-1) if kind == "softmax" else logits.sigmoid()
+
+
+def _grad_context():
+    return torch.inference_mode(False), torch.enable_grad()
+
+
+def _index(index: int | Tensor, batch: int, n: int) -> Tensor:
+    index = torch.as_tensor(index).long()
+    index = index.expand(batch) if index.dim() == 0 else index
+    if index.shape != (batch,) or bool(((index < 0) | (index >= n)).any()):
+        raise ValueError(f"prompt index {index.tolist()} is out of range for {n} prompts")
+    return index
+
+
+def _need_class_token(model: ViT, method: str) -> None:
+    if not model.config.class_token or model.config.pooling != "cls":
+        raise PromptError(f"{method} reads the CLS token, which this model does not pool (SigLIP reads its tokens "
+                          "through an attention-pooling head); use LeGrad or the attention-pooling map")
+
+
+# --- Chefer et al. 2021b on CLIP -------------------------------------------------------------------------------
+
+def prompt_rollout(model: ViT, images: Tensor, prompts: Tensor, scale: float, index: int | Tensor,
+                   start_layer: int = -1, bias: float = 0.0) -> Tensor:
+    """Gradient rollout of the prompt's logit (``interpret`` of Transformer-MM-Explainability's CLIP notebook):
+    layers before ``start_layer`` are skipped (-1: the last layer only, the notebook's default).
+    Returns ``(B, gh, gw)``: ``R[:, 0, 1:]`` over the patch grid."""
+    _need_class_token(model, "gradient rollout")
+    L = len(model.blocks)
+    first = L - 1 if start_layer == -1 else start_layer
+    if not 0 <= first < L:
+        raise ValueError(f"start_layer {start_layer} is out of range for {L} layers")
+    wrapped = prompt_model(model, prompts, scale, bias)
+    inference, grad_mode = _grad_context()
+    with inference, grad_mode:
+        x = images.detach().clone().requires_grad_(True)
+        logits, attentions = wrapped(x, output_attentions=True)
+        idx = _index(index, x.shape[0], prompts.shape[0])
+        score = logits.gather(1, idx[:, None]).sum()
+        gradients = torch.autograd.grad(score, attentions[first:])
+    R = gradient_rollout([a.detach() for a in attentions[first:]], [g.detach() for g in gradients])  # (B, T, T)
+    grid = model.patch_grid(images.shape[2], images.shape[3])
+    return R[:, 0, model.num_prefix_tokens:].reshape(-1, *grid)
+
+
+# --- LeGrad ----------------------------------------------------------------------------------------------------
+
+def _min_max(maps: Tensor) -> Tensor:
+    """LeGrad's ``min_max`` per map over its last two dimensions."""
+    flat = maps.reshape(maps.shape[0], -1)
+    low, high = flat.min(dim=-1)[0], flat.max(dim=-1)[0]
+    return (maps - low[:, None, None]) / (high - low)[:, None, None]
+
+
+def prompt_legrad(model: ViT, images: Tensor, prompts: Tensor, index: int | Tensor, start_layer: int = -2,
+                  empty: Tensor | None = None, correction_threshold: float = 0.8) -> Tensor:
+    """LeGrad for a prompt, with the authors' CLIP or SigLIP readout (see the module docstring): ``(B, gh, gw)``
+    min-max normalised as ``compute_legrad`` returns it (before its bilinear upsampling).
+
+    ``empty`` (the normalised embedding of 'a photo of a') switches on SigLIP's correction: patches whose
+    map for the empty prompt exceeds ``correction_threshold`` are zeroed (the authors' default)."""
+    L = len(model.blocks)
+    if not -L <= start_layer < L:
+        raise ValueError(f"start_layer {start_layer} is out of range for {L} layers")
+    first = start_layer % L
+    siglip = model.config.pooling == "map"
+    if not siglip and (model.config.pooling != "cls" or not model.config.class_token or model.projection is None):
+        raise PromptError("LeGrad's CLIP readout needs a CLIP image tower (CLS token, ln_post and projection)")
+    grid = model.patch_grid(images.shape[2], images.shape[3])
+    inference, grad_mode = _grad_context()
+    with inference, grad_mode:
+        x = images.detach().clone().requires_grad_(True)
+        B = x.shape[0]
+        idx = _index(index, B, prompts.shape[0])
+        target = prompts[idx].to(x.dtype)  # (B, E)
+        h = model.embed(x)
+        rope = model.rotary(grid, x.device)
+        maps, empty_maps = 0, 0
+        for i, block in enumerate(model.blocks):
+            h, probs = block(h, i >= first, rope)
+            if i < first:
+                continue
+            if siglip:  # the pooling head on this layer's tokens, no final norm (compute_legrad_siglip)
+                pooled, probe = model.attn_pool(h)  # (B, D), (B, nh, 1, T)
+                feature = F.normalize(pooled, dim=-1)
+                wrt = probe
+            else:  # ln_post of the mean over every token, then proj (compute_legrad_clip)
+                feature = F.normalize(model.projection(model.norm(h.mean(dim=1))), dim=-1)
+                wrt = probs
+            [grad] = torch.autograd.grad((feature * target).sum(), [wrt], retain_graph=True)
+            grad = grad.clamp(min=0)
+            relevance = grad.mean(dim=1)[:, 0] if siglip else grad.mean(dim=1).mean(dim=1)  # (B, T)
+            maps = maps + relevance[:, model.num_prefix_tokens:].reshape(B, *grid).detach()
+            if siglip and empty is not None:
+                [grad_empty] = torch.autograd.grad((feature @ empty.to(x.dtype).reshape(-1, 1)).sum(), [wrt],
+                                                   retain_graph=True)
+                empty_maps = empty_maps + grad_empty.clamp(min=0).mean(dim=1)[:, 0].reshape(B, *grid).detach()
+    if siglip and empty is not None:
+        maps = maps.masked_fill(_min_max(empty_maps) > correction_threshold, 0.0)
+    return _min_max(maps)
+
+
+# --- Grad-ECLIP ------------------------------------------------------------------------------------------------
+
+def grad_eclip(model: ViT, images: Tensor, prompts: Tensor, index: int | Tensor) -> Tensor:
+    """Grad-ECLIP (Zhao et al. 2024) for a prompt: ``(B, gh, gw)``, not normalised (the authors min-max it
+    for display). The last block is recomputed with one attention head over the full width, as in the
+    authors' ``clip_encode_dense``; the cosine between its CLS embedding and the prompt is the target."""
+    _need_class_token(model, "Grad-ECLIP")
+    if model.projection is None:
+        raise PromptError("Grad-ECLIP needs a CLIP image tower with its projection to the joint embedding")
+    c = model.config
+    if c.rope != "none" or c.gated_mlp or c.mlp_norm or not c.key_bias:
+        raise PromptError("Grad-ECLIP is defined for CLIP's plain blocks; this model's blocks differ")
+    grid = model.patch_grid(images.shape[2], images.shape[3])
+    inference, grad_mode = _grad_context()
+    with inference, grad_mode:
+        x = images.detach()
+        B = x.shape[0]
+        idx = _index(index, B, prompts.shape[0])
+        with torch.no_grad():
+            h = model.embed(x)
+            for block in model.blocks[:-1]:
+                h, _ = block(h)
+        last = model.blocks[-1]
+        attn = last.attn
+        n1 = last.norm1(h)
+        q, k, v = attn.qkv(n1).chunk(3, dim=-1)  # each (B, T, D)
+        D = q.shape[-1]
+        scores = (q * (1.0 / math.sqrt(D))) @ k.transpose(-2, -1)  # (B, T, T): one head over all D channels
+        attn_output = scores.softmax(dim=-1) @ v  # (B, T, D)
+        attn_output.retain_grad()
+        mid = h + (last.ls1 * attn.proj(attn_output) if last.ls1 is not None else attn.proj(attn_output))
+        out = mid + (last.ls2 * last.mlp(last.norm2(mid)) if last.ls2 is not None else last.mlp(last.norm2(mid)))
+        embedding = F.normalize(model.projection(model.norm(out)[:, 0]), dim=-1)  # (B, E)
+        cosine = (embedding * prompts[idx].to(embedding.dtype)).sum()
+        [grad] = torch.autograd.grad(cosine, [attn_output])
+        with torch.no_grad():  # q_out, k_out: q and k through out_proj, as clip_encode_dense computes them
+            q_out, k_out = attn.proj(q), attn.proj(k)
+            q_cls = F.normalize(q_out[:, :1], dim=-1)  # (B, 1, D)
+            k_patch = F.normalize(k_out[:, 1:], dim=-1)  # (B, N, D)
+            cosine_qk = (q_cls * k_patch).sum(-1)  # (B, N)
+            low, high = cosine_qk.min(dim=-1, keepdim=True)[0], cosine_qk.max(dim=-1, keepdim=True)[0]
+            cosine_qk = (cosine_qk - low) / (high - low)
+            emap = F.relu((grad[:, :1] * v[:, 1:] * cosine_qk[..., None]).sum(-1))  # (B, N)
+    return emap.reshape(B, *grid).detach()
+
+
+def map_difference(a: Tensor, b: Tensor) -> Tensor:
+    """Two prompts' maps, each min-max normalised to [0, 1], subtracted: ``(..., gh, gw)`` in [-1, 1]
+    (positive where the first prompt's map is the stronger)."""
+    def unit(m: Tensor) -> Tensor:
+        flat = m.reshape(*m.shape[:-2], -1).float()
+        low, high = flat.min(dim=-1)[0][..., None, None], flat.max(dim=-1)[0][..., None, None]
+        return (m.float() - low) / (high - low).clamp_min(torch.finfo(torch.float32).tiny)
+
+    if a.shape != b.shape:
+        raise ValueError(f"maps of shapes {tuple(a.shape)} and {tuple(b.shape)} cannot be compared")
+    return unit(a) - unit(b)

@@ -1,0 +1,220 @@
+"""The text side of CLIP and SigLIP: the model's own tokenizer and text transformer, from its own library.
+
+The image tower is ours (``vit.sources.import_clip`` / ``import_siglip``), so every map walks our
+modules; a text embedding is a constant for the image side's gradients, so it is computed exactly
+by the library that defines it: ``transformers`` for HF ``CLIPModel`` / ``SiglipModel`` folders
+(``get_text_features`` after the folder's own tokenizer), ``open_clip`` for open_clip weights
+(``encode_text`` after its bundled BPE tokenizer, or the one ``open_clip_config.json`` names).
+Nothing is downloaded: tokenizer files come from the model's folder or the library's bundled
+vocabulary, and a folder without them gets one line saying what is missing.
+
+How a label's score is read, after both embeddings are L2-normalised (``cos`` below):
+
+- CLIP (``kind="softmax"``): ``logit = exp(logit_scale) * cos``, probabilities a softmax over the labels;
+- SigLIP (``kind="sigmoid"``): ``logit = exp(logit_scale) * cos + logit_bias``, each label's probability its
+  own sigmoid (SigLIP was trained with a per-pair sigmoid loss, so the labels do not compete).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from vit.checkpoint import Checkpoint, CheckpointError
+
+MAX_LABELS = 64  # a prompt list beyond this is a dataset: use vit.evaluate --zero-shot
+MAX_LABEL_CHARS = 300  # CLIP reads 77 tokens, SigLIP 64: longer text would be truncated anyway
+CACHE_ENTRIES = 4096  # text embeddings kept per tower (a ViT-L embedding is 3 kB)
+
+
+class TextTowerError(CheckpointError):
+    """A model whose text side cannot be opened; the message says why and what to do."""
+
+
+@dataclass
+class TextTower:
+    """A model's text encoder and the scale (and bias) its image-text logits use."""
+
+    kind: str  # "softmax" (CLIP) or "sigmoid" (SigLIP)
+    logit_scale: float  # exp(logit_scale) of the model: the factor on the cosine
+    logit_bias: float  # SigLIP's bias; 0 for CLIP
+    library: str  # "transformers" or "open_clip": who computes the embedding
+    encode_batch: Callable[[list[str]], Tensor]  # texts -> (n, E) unnormalised features
+    _cache: dict[str, Tensor] = field(default_factory=dict, repr=False)
+
+    def encode(self, texts: Sequence[str]) -> Tensor:
+        """``(n, E)`` float32 L2-normalised text embeddings, one per text; cached per text."""
+        missing = list(dict.fromkeys(t for t in texts if t not in self._cache))
+        if missing:
+            with torch.inference_mode():
+                features = self.encode_batch(missing).float()
+            features = features / features.norm(dim=-1, keepdim=True)
+            if len(self._cache) + len(missing) > CACHE_ENTRIES:
+                self._cache.clear()
+            self._cache.update(zip(missing, features.unbind(0), strict=True))
+        return torch.stack([self._cache[t] for t in texts]) if texts else torch.zeros(0)
+
+
+# -- transformers ---------------------------------------------------------------------------------------------------
+
+# transformers 5 builds a tokenizer with an empty vocabulary from config.json alone: require the files.
+TOKENIZER_FILES = (("tokenizer.json",), ("vocab.json", "merges.txt"), ("spiece.model",), ("tokenizer.model",))
+_HF_TEXT = {"hf:CLIPModel": ("CLIPModel", "softmax"), "hf:SiglipModel": ("SiglipModel", "sigmoid")}
+
+
+@contextlib.contextmanager
+def _offline():
+    """Nothing is downloaded: the libraries may only read local files while a tower opens."""
+    saved = {k: os.environ.get(k) for k in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")}
+    os.environ.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def _one_line(error: BaseException) -> str:
+    text = str(error).strip().splitlines()
+    return text[0] if text else type(error).__name__
+
+
+def _open_hf(folder: Path, architecture: str) -> TextTower:
+    import transformers
+
+    class_name, kind = _HF_TEXT[architecture]
+    if not any(all((folder / name).is_file() for name in names) for names in TOKENIZER_FILES):
+        raise TextTowerError(f"{folder} has no usable tokenizer files (tokenizer.json, or vocab.json and merges.txt "
+                             "for CLIP, spiece.model for SigLIP); copy them from the model's Hub repository into "
+                             "the folder")
+    with _offline():
+        try:
+            tokenizer = transformers.AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+        except Exception as e:  # noqa: BLE001 - the libraries raise many types for a missing or broken file
+            raise TextTowerError(f"{folder} has no usable tokenizer files (tokenizer.json, or vocab.json and "
+                                 f"merges.txt for CLIP, spiece.model for SigLIP): {_one_line(e)}; copy them from "
+                                 "the model's Hub repository into the folder") from None
+        try:
+            model = getattr(transformers, class_name).from_pretrained(str(folder), local_files_only=True)
+        except Exception as e:  # noqa: BLE001
+            raise TextTowerError(f"{folder}: transformers cannot open its text tower ({_one_line(e)})") from None
+    model.vision_model = None  # the image side is ours; free its memory
+    model.eval()
+    max_length = int(model.config.text_config.max_position_embeddings)
+    # SigLIP was trained on texts padded to the full length (its model card and processor say so).
+    padding = "max_length" if kind == "sigmoid" else True
+
+    def encode_batch(texts: list[str]) -> Tensor:
+        tokens = tokenizer(texts, padding=padding, truncation=True, max_length=max_length, return_tensors="pt")
+        return model.get_text_features(**tokens).pooler_output
+
+    bias = float(model.logit_bias.item()) if getattr(model, "logit_bias", None) is not None else 0.0
+    return TextTower(kind, float(model.logit_scale.exp().item()), bias, "transformers", encode_batch)
+
+
+# -- open_clip -------------------------------------------------------------------------------------------------------
+
+def _open_open_clip(weights: Path, state: dict[str, Tensor]) -> TextTower:
+    import open_clip
+
+    if "token_embedding.weight" not in state and "text.token_embedding.weight" not in state:
+        raise TextTowerError(f"{weights} holds only an image tower (no token_embedding): there is no text side "
+                             "to ask in words; use the file with the whole model")
+    config_path = weights.parent / "open_clip_config.json"
+    with _offline():
+        if config_path.is_file():
+            from vit.sources.open import read_json
+
+            model_cfg = read_json(config_path).get("model_cfg")
+            if not isinstance(model_cfg, dict):
+                raise TextTowerError(f"{config_path} has no model_cfg")
+            text_cfg = model_cfg.get("text_cfg") if isinstance(model_cfg.get("text_cfg"), dict) else {}
+            if model_cfg.get("custom_text") or text_cfg.get("hf_model_name"):
+                raise TextTowerError(f"{weights}: its text tower is a Hugging Face model open_clip would download "
+                                     "(hf_model_name); only open_clip's own text transformer is supported")
+            cfg = {k: v for k, v in model_cfg.items() if k != "custom_text"}
+            try:
+                model = open_clip.model.CLIP(**cfg)
+                tokenizer = open_clip.get_tokenizer(f"local-dir:{weights.parent}")
+            except Exception as e:  # noqa: BLE001
+                raise TextTowerError(f"{config_path}: open_clip cannot build this model ({_one_line(e)})") from None
+        else:  # OpenAI's flat layout: open_clip's own reader, QuickGELU, the bundled BPE vocabulary
+            try:
+                model = open_clip.model.build_model_from_openai_state_dict(dict(state))
+            except Exception as e:  # noqa: BLE001
+                raise TextTowerError(f"{weights}: open_clip cannot read it as OpenAI CLIP weights "
+                                     f"({_one_line(e)}); put its open_clip_config.json beside it") from None
+            tokenizer = open_clip.tokenizer.SimpleTokenizer(context_length=model.context_length)
+    if config_path.is_file():
+        try:
+            model.load_state_dict(state, strict=True)
+        except RuntimeError as e:
+            raise TextTowerError(f"{weights} does not match its open_clip_config.json ({_one_line(e)})") from None
+    model.visual = None  # the image side is ours; free its memory
+    model.eval()
+    bias = getattr(model, "logit_bias", None)
+    kind = "sigmoid" if bias is not None else "softmax"
+
+    def encode_batch(texts: list[str]) -> Tensor:
+        return model.encode_text(tokenizer(texts))
+
+    return TextTower(kind, float(model.logit_scale.exp().item()), float(bias.item()) if bias is not None else 0.0,
+                     "open_clip", encode_batch)
+
+
+def has_text_tower(checkpoint: Checkpoint) -> bool:
+    """Whether ``checkpoint`` came from a source that can hold a text side (opening it may still fail)."""
+    source = checkpoint.metadata.get("source") or {}
+    return source.get("architecture") in _HF_TEXT or source.get("kind") == "open_clip"
+
+
+def open_text_tower(checkpoint: Checkpoint) -> TextTower:
+    """The text side of the model ``checkpoint`` was opened from; ``TextTowerError`` (one line) when it has none."""
+    source = checkpoint.metadata.get("source") or {}
+    path, architecture = Path(str(source.get("path", ""))), source.get("architecture")
+    if architecture in _HF_TEXT:
+        return _open_hf(path, architecture)
+    if source.get("kind") == "open_clip":
+        from vit.sources.open import read_weights
+
+        return _open_open_clip(path, read_weights(path))
+    raise TextTowerError(f"{checkpoint.path or 'this model'} has no text tower: asking in words needs a CLIP or "
+                         "SigLIP model with its text weights (an HF CLIPModel / SiglipModel folder or open_clip "
+                         "weights)")
+
+
+def check_labels(labels: Sequence[str]) -> list[str]:
+    """The labels as typed, stripped, empty ones dropped; ValueError (one line) past the bounds."""
+    cleaned = [str(label).strip() for label in labels]
+    cleaned = [label for label in cleaned if label]
+    if not cleaned:
+        raise ValueError("type at least one label, e.g. 'a dog, a cat'")
+    if len(cleaned) > MAX_LABELS:
+        raise ValueError(f"{len(cleaned)} labels given; at most {MAX_LABELS} at once (for a dataset use "
+                         "vit.evaluate --zero-shot)")
+    long = next((label for label in cleaned if len(label) > MAX_LABEL_CHARS), None)
+    if long is not None:
+        raise ValueError(f"a label of {len(long)} characters; at most {MAX_LABEL_CHARS} (the text tower reads "
+                         "only its first 64-77 tokens)")
+    if len(set(cleaned)) != len(cleaned):
+        raise ValueError("a label is given twice; give each label once")
+    return cleaned
+
+
+def split_labels(text: str) -> list[str]:
+    """'a dog, a cat;a ball' -> ['a dog', 'a cat', 'a ball'] (commas, semicolons or line breaks), checked."""
+    if len(text) > MAX_LABELS * (MAX_LABEL_CHARS + 2):
+        raise ValueError(f"the labels text is {len(text)} characters long; at most {MAX_LABELS} labels of "
+                         f"{MAX_LABEL_CHARS} characters")
+    for separator in (";", "\n"):
+        text = text.replace(separator, ",")
+    return check_labels(text.split(","))
