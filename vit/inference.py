@@ -122,7 +122,7 @@ class Prediction:
     """One image's answer; arrays are NumPy on the CPU."""
 
     top_k: list[tuple[str, float]]  # (label, probability), most probable first
-    probabilities: np.ndarray  # (classes,) softmax of the logits
+    probabilities: np.ndarray  # (classes,) softmax of the logits (a sigmoid each for SigLIP's prompts)
     logits: np.ndarray  # (classes,)
     attentions: tuple[np.ndarray, ...] | None  # per layer (heads, T, T) float32, when asked for
     class_index: int  # argmax of probabilities; -1 for a model without a classifier
@@ -157,17 +157,24 @@ def predict(checkpoint: Checkpoint, images: Sequence[Image.Image], top_k: int = 
             if logits is None:  # a feature model without a classifier (e.g. DINO): maps, no prediction
                 logits = x.new_zeros(x.shape[0], 0)
             layers = [a.float().cpu().numpy() for a in attentions] if attentions is not None else None
-            for i, prediction in enumerate(predictions_from_logits(logits, names, k)):
+            kind = checkpoint.metadata.get("probabilities", "softmax")  # "sigmoid": SigLIP's prompts
+            for i, prediction in enumerate(predictions_from_logits(logits, names, k, kind)):
                 # copies, so one kept prediction does not keep its whole batch alive
                 prediction.attentions = tuple(layer[i].copy() for layer in layers) if layers is not None else None
                 results.append(prediction)
     return results
 
 
-def predictions_from_logits(logits: torch.Tensor, class_names: Sequence[str], top_k: int) -> list[Prediction]:
-    """One ``Prediction`` (without attentions) per row of ``logits (B, classes)``; ``top_k`` at most the classes."""
+def predictions_from_logits(logits: torch.Tensor, class_names: Sequence[str], top_k: int,
+                            kind: str = "softmax") -> list[Prediction]:
+    """One ``Prediction`` (without attentions) per row of ``logits (B, classes)``; ``top_k`` at most the classes.
+
+    Probabilities are a softmax over the classes, or with ``kind="sigmoid"`` each logit's own sigmoid (SigLIP's
+    zero-shot labels, which do not compete)."""
+    if kind not in ("softmax", "sigmoid"):
+        raise ValueError(f"kind must be softmax or sigmoid, got {kind!r}")
     logits = logits.detach().float()
-    probs = logits.softmax(dim=-1)  # (B, classes)
+    probs = logits.softmax(dim=-1) if kind == "softmax" else logits.sigmoid()  # (B, classes)
     top_p, top_i = probs.topk(min(top_k, logits.shape[-1]), dim=-1)  # (B, k) each, descending
     logits_np, probs_np = logits.cpu().numpy(), probs.cpu().numpy()
     top_p, top_i = top_p.cpu().tolist(), top_i.cpu().tolist()

@@ -15,7 +15,18 @@ each image also gets, named after its file (``photo.jpg`` -> ``photo``; a second
   DIR/<stem>_cls.png      the last layer's CLS attention averaged over heads, over that part
   DIR/<stem>_rollout.png  attention rollout over all layers (mean over heads), over that part
 
-Both overlays are at the image's own resolution. ``--ablate 2.3,4.1`` zero-ablates those heads
+Both overlays are at the image's own resolution.
+
+Asking a CLIP or SigLIP in words: ``--labels "a dog,a cat"`` (commas, semicolons or line breaks between
+labels) prints the zero-shot predictions in the same shape, ``label`` being the typed label; each label is
+filled into ``--template`` (default "a photo of a {}."; "{}" uses the labels verbatim; "imagenet" averages
+open_clip's 80 ImageNet templates). CLIP's probabilities are a softmax over the labels, SigLIP's each label's
+own sigmoid. With ``--save-maps`` the ``.npz`` also holds ``prompt_<method>`` (labels, rows, cols): every
+label's map by each method that applies (rollout, legrad, attnlrp, grad_eclip; the similarity is the target),
+with ``class_names`` the labels and ``probability_kind``; each map is also drawn as
+``<stem>_<method>_<i>.png`` (i: the label's place, from 0), listed under ``"maps"`` → ``"prompts"``.
+
+``--ablate 2.3,4.1`` zero-ablates those heads
 (LAYER.HEAD, counted from 1) for everything above: their outputs are zeroed before the output projection.
 ``--size N`` runs the model on an N-px square
 instead of its training size (``--keep-aspect``: the long side at N px, the other in proportion),
@@ -46,6 +57,7 @@ from vit.inference import (
     input_box,
     input_shape,
     predict_files,
+    preprocess,
     seen_region,
 )
 
@@ -106,6 +118,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=positive_int, default=64, help="images per forward pass (default 64)")
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
                    help="where the model runs (default auto: a GPU when there is one)")
+    p.add_argument("--labels", metavar="TEXT",
+                   help="zero-shot labels for a CLIP or SigLIP, e.g. 'a dog,a cat' (at most 64, each at most 200 "
+                        "characters)")
+    p.add_argument("--template", metavar="TEXT",
+                   help="with --labels: where each label goes, '{}' marking it (default 'a photo of a {}.'; "
+                        "'{}' for the labels as typed; 'imagenet' for open_clip's 80-template ensemble)")
     p.add_argument("--ablate", metavar="L.H,...",
                    help="zero-ablate these heads (layer.head counted from 1, e.g. 2.3,4.1) before predicting")
     add_size_arguments(p, keep_aspect=True)
@@ -124,6 +142,54 @@ def ablated(checkpoint: Checkpoint, heads: str) -> Checkpoint:
         return replace(checkpoint, model=HeadAblated(model, chosen))
     except MechanismError as e:
         raise UsageError(f"--ablate: {e}") from None
+
+
+def templates(text: str | None) -> list[str]:
+    """``--template``'s templates: the default, the ImageNet ensemble ('imagenet'), or the one given."""
+    from vit.explain.prompts import DEFAULT_TEMPLATE, check_template, imagenet_templates
+
+    if text is None:
+        return [DEFAULT_TEMPLATE]
+    if text.strip().lower() == "imagenet":
+        return imagenet_templates()
+    return [check_template(text)]
+
+
+def asked(checkpoint: Checkpoint, labels: str, template: str | None):
+    """``checkpoint`` as a classifier over ``labels`` (``--labels``' text) and the prompts; UsageError when the
+    model has no text side or the text is out of bounds."""
+    from vit.explain.prompts import PromptError, ask, prompt_checkpoint
+    from vit.sources.text_tower import open_text_tower, split_labels
+
+    try:
+        prompts = ask(open_text_tower(checkpoint), split_labels(labels), templates(template))
+    except (CheckpointError, PromptError) as e:
+        raise UsageError(str(e)) from None
+    except ValueError as e:
+        raise UsageError(f"--labels: {e}") from None
+    return prompt_checkpoint(checkpoint, prompts), prompts
+
+
+def save_prompt_maps(result: FileResult, checkpoint: Checkpoint, prompts, folder: Path, stem: str,
+                     size: InputSize) -> tuple[dict[str, np.ndarray], list[dict[str, str]]]:
+    """Every label's map of ``result``'s image by each method that applies, drawn into ``folder``: the arrays
+    for the ``.npz`` (``prompt_<method>``: (labels, rows, cols)) and the PNG paths per label. ``checkpoint`` is
+    the image tower's own (not the one ``prompt_checkpoint`` made)."""
+    from vit.explain.prompts import methods_for, prompt_maps
+
+    model = checkpoint.model
+    x = preprocess([result.image], checkpoint.preprocessing, size, model.config.patch_size)
+    x = x.to(next(model.parameters()).device)  # (1, C, H, W)
+    seen = seen_region(result.image, checkpoint.preprocessing, size)
+    arrays, files = {}, [{"label": label} for label in prompts.labels]
+    for method in methods_for(model):
+        maps = prompt_maps(model, x, prompts, method).float().cpu()  # (n, gh, gw)
+        arrays[f"prompt_{method}"] = maps.numpy()
+        for i, map2d in enumerate(maps):
+            path = folder / f"{stem}_{method}_{i}.png"
+            overlay(seen, map2d.numpy()).save(path, format="PNG")
+            files[i][method] = str(path)
+    return arrays, files
 
 
 def input_side(text: str) -> int:
@@ -161,8 +227,9 @@ def unique_stem(path: Path, taken: set[str]) -> str:
 
 
 def save_maps(result: FileResult, checkpoint: Checkpoint, folder: Path, stem: str,
-              size: InputSize = TRAINING_SIZE) -> dict[str, str]:
-    """Write ``result``'s attention arrays and its CLS and rollout overlays; returns the files by kind."""
+              size: InputSize = TRAINING_SIZE, prompts=None, tower: Checkpoint | None = None) -> dict:
+    """Write ``result``'s attention arrays and its CLS and rollout overlays (and with ``prompts`` each label's
+    maps, computed on ``tower``, the image tower ``checkpoint`` was asked through); returns the files by kind."""
     prediction = result.prediction
     layers = [torch.from_numpy(a)[None] for a in prediction.attentions]  # each (1, heads, T, T)
     shape = input_shape(result.image, checkpoint.preprocessing, checkpoint.model.config.patch_size, size)
@@ -177,6 +244,11 @@ def save_maps(result: FileResult, checkpoint: Checkpoint, folder: Path, stem: st
     if checkpoint.class_names:  # a model without a head has no logits to keep
         extra = dict(probabilities=prediction.probabilities, logits=prediction.logits,
                      class_names=np.array(checkpoint.class_names))
+    listed = {}
+    if prompts is not None:
+        prompt_arrays, listed["prompts"] = save_prompt_maps(result, tower, prompts, folder, stem, size)
+        extra.update(prompt_arrays, probability_kind=np.array(prompts.kind),
+                     templates=np.array(prompts.templates))
     box = input_box(result.image.size, checkpoint.preprocessing, size)  # what the model saw (a crop, for some)
     files["npz"].write_bytes(attentions_npz_bytes(prediction.attentions, **extra, grid=np.array(grid),
                                                   patch_size=np.array(checkpoint.model.config.patch_size),
@@ -185,11 +257,18 @@ def save_maps(result: FileResult, checkpoint: Checkpoint, folder: Path, stem: st
     seen = seen_region(result.image, checkpoint.preprocessing, size)  # maps go over exactly those pixels
     overlay(seen, cls_map.numpy()).save(files["cls"], format="PNG")
     overlay(seen, rollout_map.numpy()).save(files["rollout"], format="PNG")
-    return {kind: str(path) for kind, path in files.items()}
+    return {**{kind: str(path) for kind, path in files.items()}, **listed}
 
 
 def run(args: argparse.Namespace) -> int:
     checkpoint = open_checkpoint(args.checkpoint, resolve_device(args.device), args.arch)
+    prompts, tower = None, checkpoint
+    if args.labels is not None:
+        if args.ablate is not None and args.save_maps:
+            raise UsageError("prompt maps of an ablated model are not drawn; drop --ablate or --save-maps")
+        checkpoint, prompts = asked(checkpoint, args.labels, args.template)
+    elif args.template is not None:
+        raise UsageError("--template goes with --labels (the labels to fill into it)")
     if args.ablate is not None:
         checkpoint = ablated(checkpoint, args.ablate)
     maps_dir = Path(args.save_maps) if args.save_maps else None
@@ -208,7 +287,8 @@ def run(args: argparse.Namespace) -> int:
             continue
         record = result.to_dict()
         if maps_dir is not None:
-            record["maps"] = save_maps(result, checkpoint, maps_dir, unique_stem(result.path, taken), size)
+            record["maps"] = save_maps(result, checkpoint, maps_dir, unique_stem(result.path, taken), size,
+                                       prompts, tower)
         records.append(record)
     print(json.dumps(records, indent=2))
     return 1 if failed else 0

@@ -22,13 +22,15 @@ from __future__ import annotations
 import copy
 import math
 from collections.abc import Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from vit.checkpoint import Checkpoint
 from vit.explain.attention import gradient_rollout
+from vit.explain.relevance import attnlrp, patch_sums
 from vit.model import ViT
 
 DEFAULT_TEMPLATE = "a photo of a {}."
@@ -283,3 +285,73 @@ def map_difference(a: Tensor, b: Tensor) -> Tensor:
     if a.shape != b.shape:
         raise ValueError(f"maps of shapes {tuple(a.shape)} and {tuple(b.shape)} cannot be compared")
     return unit(a) - unit(b)
+
+
+# --- one entry point for the CLIs and the app ------------------------------------------------------------------
+
+# Each method's name as the app and the .npz files show it; the order is the menu's.
+PROMPT_METHODS = {"rollout": "gradient rollout (Chefer et al. 2021b)", "legrad": "LeGrad",
+                  "attnlrp": "AttnLRP", "grad_eclip": "Grad-ECLIP"}
+EMPTY_PROMPT = "a photo of a"  # LeGrad's SigLIP correction compares every map with this prompt's
+
+
+@dataclass
+class Prompts:
+    """Typed labels made into the constants a prompt map needs (``ask``)."""
+
+    labels: list[str]  # as typed: the prediction's label
+    templates: list[str]
+    embeddings: Tensor  # (n, E) normalised, one per label (templates ensembled)
+    scale: float
+    bias: float
+    kind: str  # "softmax" (CLIP) or "sigmoid" (SigLIP): how probabilities are read
+    empty: Tensor | None = None  # (E,) the empty prompt's embedding, for LeGrad's SigLIP correction
+
+
+def ask(tower, labels: Sequence[str], templates: Sequence[str] = (DEFAULT_TEMPLATE,)) -> Prompts:
+    """``labels`` through ``tower`` (a ``vit.sources.text_tower.TextTower``), each filled into every template."""
+    embeddings = prompt_embeddings(tower.encode, labels, templates)
+    empty = tower.encode([EMPTY_PROMPT])[0] if tower.kind == "sigmoid" else None
+    return Prompts(list(labels), list(templates), embeddings, tower.logit_scale, tower.logit_bias, tower.kind, empty)
+
+
+def prompt_checkpoint(checkpoint: Checkpoint, prompts: Prompts) -> Checkpoint:
+    """``checkpoint`` as a classifier over the typed labels: everything that predicts, explains or scores a
+    checkpoint (``vit.inference.predict``, the class maps, deletion/insertion curves) then does so for the
+    prompts, with SigLIP's probabilities read per label (``metadata["probabilities"] = "sigmoid"``)."""
+    model = prompt_model(checkpoint.model, prompts.embeddings, prompts.scale, prompts.bias)
+    return replace(checkpoint, model=model, class_names=list(prompts.labels), training_state=None,
+                   metadata={**checkpoint.metadata, "probabilities": prompts.kind})
+
+
+def methods_for(model: ViT) -> dict[str, str]:
+    """The prompt-map methods that apply to ``model``, by key: rollout and Grad-ECLIP read the CLS token,
+    AttnLRP has no rule for SigLIP's attention pooling; LeGrad reads both."""
+    cls = model.config.class_token and model.config.pooling == "cls"
+    keep = {"rollout": cls, "legrad": True, "attnlrp": model.config.pooling != "map", "grad_eclip": cls}
+    return {key: name for key, name in PROMPT_METHODS.items() if keep[key]}
+
+
+def prompt_maps(model: ViT, image: Tensor, prompts: Prompts, method: str, chunk: int = 8) -> Tensor:
+    """``(n, gh, gw)``: every prompt's map of one image ``(1, C, H, W)``, ``chunk`` prompts per backward pass."""
+    n = len(prompts.labels)
+    return torch.cat([prompt_map(model, image.expand(len(part), -1, -1, -1), prompts, part, method)
+                      for part in torch.arange(n).split(chunk)])
+
+
+def prompt_map(model: ViT, images: Tensor, prompts: Prompts, index: int | Tensor, method: str) -> Tensor:
+    """``(B, gh, gw)``: the map of prompt ``index`` by ``method`` (a key of ``PROMPT_METHODS``), each as its
+    authors compute it (rollout from the last layer as the notebook, LeGrad with its readout and, for SigLIP,
+    its correction; AttnLRP's pixel relevances summed per patch)."""
+    if method not in methods_for(model):
+        raise PromptError(f"{PROMPT_METHODS.get(method, method)} does not apply to this model; use one of "
+                          f"{', '.join(methods_for(model).values())}")
+    e, s, b = prompts.embeddings, prompts.scale, prompts.bias
+    if method == "rollout":
+        return prompt_rollout(model, images, e, s, index, bias=b)
+    if method == "legrad":
+        return prompt_legrad(model, images, e, index, empty=prompts.empty)
+    if method == "grad_eclip":
+        return grad_eclip(model, images, e, index)
+    pixels = attnlrp(prompt_model(model, e, s, b), images, _index(index, images.shape[0], e.shape[0]))  # (B, H, W)
+    return patch_sums(pixels, model.patch_grid(images.shape[2], images.shape[3]))

@@ -172,7 +172,8 @@ def walk(model: ViT, images: Tensor, rules: Literal["none", "attnlrp", "cp"] = "
         return _lrp_layer_norm(x, layer) if lrp else layer(x)
 
     if lrp and model.config.pooling == "map":
-        raise UnsupportedModelError("AttnLRP has no rule for attention pooling (SigLIP's pooling=\"map\") yet; use LeGrad")
+        raise UnsupportedModelError("AttnLRP has no rule for attention pooling (SigLIP's pooling=\"map\") yet; "
+                                    "use LeGrad")
     x = model.embed(images, pre_norm=False)  # (B, T, D); checks the images' shape
     if model.norm_pre is not None:  # CLIP's ln_pre, under the LayerNorm rule like every other norm
         x = norm(x, model.norm_pre)

@@ -29,7 +29,7 @@ from torch import Tensor
 from vit.checkpoint import Checkpoint, CheckpointError
 
 MAX_LABELS = 64  # a prompt list beyond this is a dataset: use vit.evaluate --zero-shot
-MAX_LABEL_CHARS = 300  # CLIP reads 77 tokens, SigLIP 64: longer text would be truncated anyway
+MAX_LABEL_CHARS = 200  # as class names; CLIP reads 77 tokens, SigLIP 64: longer text is truncated anyway
 CACHE_ENTRIES = 4096  # text embeddings kept per tower (a ViT-L embedding is 3 kB)
 
 
