@@ -419,3 +419,52 @@ def test_predict_labels_on_a_model_without_text_is_one_line(tmp_path, capsys):
     model.save_pretrained(tmp_path / "v")
     status, _, err = predict_json(capsys, tmp_path / "v", image_file(tmp_path / "x.png"), "--labels", "a dog")
     assert status == 2 and "has no text tower" in err and err.count("\n") == 1
+
+
+# --- vit.evaluate --zero-shot ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("template", [None, "imagenet"])
+def test_evaluate_zero_shot_is_open_clips_zero_shot_accuracy(clip_folder, tmp_path, capsys, template):
+    from open_clip.zero_shot_classifier import build_zero_shot_classifier
+    from open_clip.zero_shot_metadata import OPENAI_IMAGENET_TEMPLATES
+
+    from vit import evaluate as evaluate_cli
+
+    model, folder = clip_folder
+    folders = ["a_cat", "dog", "red_ball"]  # sorted, as the subfolders are read
+    files = []
+    for c, name in enumerate(folders):
+        (tmp_path / "data" / name).mkdir(parents=True)
+        files += [(image_file(tmp_path / "data" / name / f"{i}.png", seed=10 * c + i), c) for i in range(4)]
+    templates = OPENAI_IMAGENET_TEMPLATES if template else ["a photo of a {}."]
+    with torch.no_grad():
+        classifier = build_zero_shot_classifier(model, open_clip.get_tokenizer(f"local-dir:{folder}"),
+                                                [n.replace("_", " ") for n in folders], templates)
+        images = torch.cat([open_clip_input(path) for path, _ in files])
+        predicted = (model.encode_image(images, normalize=True) @ classifier).argmax(dim=-1)
+    right = [int(predicted[i]) == c for i, (_, c) in enumerate(files)]
+    capsys.readouterr()
+    status = evaluate_cli.main([str(folder), "--data", str(tmp_path / "data"), "--zero-shot"]
+                               + (["--template", template] if template else []))
+    result = json.loads(capsys.readouterr().out)
+    assert status == 0 and result["count"] == 12
+    assert result["accuracy"] == pytest.approx(sum(right) / 12)
+    for c, name in enumerate(folders):
+        got = result["per_class"][name]["accuracy"]
+        assert got == pytest.approx(sum(r for r, (_, k) in zip(right, files, strict=True) if k == c) / 4)
+
+
+def test_evaluate_zero_shot_needs_a_text_tower_and_its_flag(clip_folder, tmp_path, capsys):
+    from vit import evaluate as evaluate_cli
+
+    (tmp_path / "data" / "dog").mkdir(parents=True)
+    image_file(tmp_path / "data" / "dog" / "0.png")
+    capsys.readouterr()
+    assert evaluate_cli.main([str(clip_folder[1]), "--data", str(tmp_path / "data"), "--template", "{}"]) == 2
+    assert "goes with --zero-shot" in capsys.readouterr().err
+    model = transformers.CLIPVisionModelWithProjection(transformers.CLIPVisionConfig(**HF_VISION))
+    model.save_pretrained(tmp_path / "v")
+    capsys.readouterr()
+    assert evaluate_cli.main([str(tmp_path / "v"), "--data", str(tmp_path / "data"), "--zero-shot"]) == 2
+    err = capsys.readouterr().err
+    assert "has no text tower" in err and err.count("\n") == 1

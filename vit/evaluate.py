@@ -5,7 +5,14 @@ sit in nested folders below it); classes the folder lacks are simply not counted
 JSON: ``{"accuracy": 0-1, "count": N, "per_class": {name: {"accuracy", "count"}},
 "skipped": N, "checkpoint": PATH, "data": DIR}``. ``--size N`` evaluates on N-px squares instead of
 the training size (position embeddings interpolated). A progress bar is drawn when stderr is a
-terminal. Exit status: 0; 1 when some images could not be read (each is named on stderr,
+terminal.
+
+``--zero-shot`` asks a CLIP or SigLIP in words instead: the class names are the subfolders' names
+(underscores read as spaces), each filled into ``--template`` (default "a photo of a {}."; "imagenet":
+open_clip's 80-template ensemble), and an image counts as right when its own folder's name scores highest —
+the accuracy open_clip's zero-shot classifier gives on the same images and templates.
+
+Exit status: 0; 1 when some images could not be read (each is named on stderr,
 the JSON covers the rest); 2 for invalid arguments, a missing or damaged checkpoint, an
 unknown class folder or a folder without images.
 """
@@ -15,9 +22,10 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 
-from vit.checkpoint import Checkpoint
+from vit.checkpoint import Checkpoint, CheckpointError
 from vit.inference import TRAINING_SIZE, InputSize, predict_files
 from vit.predict import (
     OneLineParser,
@@ -28,6 +36,7 @@ from vit.predict import (
     positive_int,
     resolve_device,
     run_cli,
+    templates,
 )
 from vit.training.data import IMAGE_EXTENSIONS, list_class_folders
 
@@ -46,6 +55,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=positive_int, default=64, help="images per forward pass (default 64)")
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
                    help="where the model runs (default auto: a GPU when there is one)")
+    p.add_argument("--zero-shot", action="store_true",
+                   help="a CLIP or SigLIP: classify by the subfolders' names in words instead of a classifier")
+    p.add_argument("--template", metavar="TEXT",
+                   help="with --zero-shot: where each class name goes, '{}' marking it (default 'a photo of a "
+                        "{}.'; 'imagenet' for open_clip's 80-template ensemble)")
     add_size_arguments(p, keep_aspect=False)  # one shape per batch: a square size only
     return p
 
@@ -107,8 +121,33 @@ def evaluate(checkpoint: Checkpoint, files: list[tuple[Path, int]], batch_size: 
     return summary, errors
 
 
+def zero_shot_checkpoint(checkpoint: Checkpoint, root: Path, template: str | None) -> Checkpoint:
+    """``checkpoint`` as a classifier over ``root``'s subfolder names in words (``--zero-shot``)."""
+    from vit.explain.prompts import PromptError, ask, prompt_checkpoint
+    from vit.sources.text_tower import MAX_DATASET_CLASSES, check_labels, open_text_tower
+
+    if not root.is_dir():
+        raise UsageError(f"--data {root} is not a folder; give a folder with one subfolder per class")
+    folders = list_class_folders(root)
+    try:
+        labels = check_labels([name.replace("_", " ") for name in folders], MAX_DATASET_CLASSES)
+        if len(labels) != len(folders):
+            raise ValueError("two class folders read as the same name (or one as none)")
+        prompts = ask(open_text_tower(checkpoint), labels, templates(template))
+    except (CheckpointError, PromptError) as e:
+        raise UsageError(str(e)) from None
+    except ValueError as e:
+        raise UsageError(f"--zero-shot: the class folders of {root}: {e}") from None
+    # counted by folder: the words were only what the text tower read
+    return replace(prompt_checkpoint(checkpoint, prompts), class_names=folders)
+
+
 def run(args: argparse.Namespace) -> int:
     checkpoint = open_checkpoint(args.checkpoint, resolve_device(args.device), args.arch)
+    if args.zero_shot:
+        checkpoint = zero_shot_checkpoint(checkpoint, Path(args.data), args.template)
+    elif args.template is not None:
+        raise UsageError("--template goes with --zero-shot")
     if not checkpoint.class_names:
         raise UsageError(f"{args.checkpoint} has no classifier (a feature model); there is no accuracy to measure")
     files = labelled_files(Path(args.data), checkpoint.class_names)

@@ -35,6 +35,7 @@ from vit.model import ViT
 
 DEFAULT_TEMPLATE = "a photo of a {}."
 MAX_TEMPLATE_CHARS = 200
+TEXTS_PER_CALL = 1024  # texts encoded at once (a batch of 77 tokens each)
 
 
 class PromptError(ValueError):
@@ -72,8 +73,13 @@ def prompt_embeddings(encode, labels: Sequence[str], templates: Sequence[str]) -
     templates = [check_template(t) for t in templates]
     if not templates:
         raise PromptError("give at least one template")
-    texts = [fill(t, label) for label in labels for t in templates]
-    embeddings = encode(texts).reshape(len(labels), len(templates), -1).mean(dim=1)  # (n, E)
+    per_call = max(1, TEXTS_PER_CALL // len(templates))  # labels per text-tower call: a dataset's may be many
+    parts = []
+    for start in range(0, len(labels), per_call):
+        chunk = labels[start:start + per_call]
+        texts = [fill(t, label) for label in chunk for t in templates]
+        parts.append(encode(texts).reshape(len(chunk), len(templates), -1).mean(dim=1))  # (chunk, E)
+    embeddings = torch.cat(parts)  # (n, E)
     return embeddings / embeddings.norm(dim=-1, keepdim=True)
 
 

@@ -30,6 +30,7 @@ from vit.checkpoint import Checkpoint, CheckpointError
 
 MAX_LABELS = 64  # a prompt list beyond this is a dataset: use vit.evaluate --zero-shot
 MAX_LABEL_CHARS = 200  # as class names; CLIP reads 77 tokens, SigLIP 64: longer text is truncated anyway
+MAX_DATASET_CLASSES = 21843  # vit.evaluate --zero-shot: ImageNet-21k's classes at most
 CACHE_ENTRIES = 4096  # text embeddings kept per tower (a ViT-L embedding is 3 kB)
 
 
@@ -192,15 +193,16 @@ def open_text_tower(checkpoint: Checkpoint) -> TextTower:
                          "weights)")
 
 
-def check_labels(labels: Sequence[str]) -> list[str]:
-    """The labels as typed, stripped, empty ones dropped; ValueError (one line) past the bounds."""
+def check_labels(labels: Sequence[str], limit: int = MAX_LABELS) -> list[str]:
+    """The labels as typed, stripped, empty ones dropped; ValueError (one line) past the bounds (``limit``
+    labels: ``MAX_LABELS`` typed, ``MAX_DATASET_CLASSES`` from a dataset's folders)."""
     cleaned = [str(label).strip() for label in labels]
     cleaned = [label for label in cleaned if label]
     if not cleaned:
         raise ValueError("type at least one label, e.g. 'a dog, a cat'")
-    if len(cleaned) > MAX_LABELS:
-        raise ValueError(f"{len(cleaned)} labels given; at most {MAX_LABELS} at once (for a dataset use "
-                         "vit.evaluate --zero-shot)")
+    if len(cleaned) > limit:
+        hint = " (for a dataset use vit.evaluate --zero-shot)" if limit == MAX_LABELS else ""
+        raise ValueError(f"{len(cleaned)} labels given; at most {limit} at once{hint}")
     long = next((label for label in cleaned if len(label) > MAX_LABEL_CHARS), None)
     if long is not None:
         raise ValueError(f"a label of {len(long)} characters; at most {MAX_LABEL_CHARS} (the text tower reads "
