@@ -468,3 +468,24 @@ def test_evaluate_zero_shot_needs_a_text_tower_and_its_flag(clip_folder, tmp_pat
     assert evaluate_cli.main([str(tmp_path / "v"), "--data", str(tmp_path / "data"), "--zero-shot"]) == 2
     err = capsys.readouterr().err
     assert "has no text tower" in err and err.count("\n") == 1
+
+
+def test_deletion_and_insertion_score_the_prompts_similarity(clip_folder):
+    model, folder = clip_folder
+    checkpoint = open_source(folder)
+    asked = prompts.ask(open_text_tower(checkpoint), LABELS)
+    x, map2d = image_batch(1), torch.rand(1, 4, 4, generator=torch.Generator().manual_seed(5))
+    fractions, deletion, insertion = prompts.prompt_curves(checkpoint.model, x, asked, map2d, 2, "zero", steps=2)
+    top = torch.zeros(16)
+    top[map2d.flatten().argsort(descending=True)[:8]] = 1  # the most relevant half, by hand
+    mask = top.reshape(4, 4).repeat_interleave(8, 0).repeat_interleave(8, 1)  # (32, 32)
+    steps_deleted = torch.cat([x, x * (1 - mask), torch.zeros_like(x)])  # 0, 8, 16 patches at 0
+    steps_inserted = torch.cat([torch.zeros_like(x), x * mask, x])
+    with torch.no_grad():
+        text = model.encode_text(tokens_for(folder, [prompts.fill(prompts.DEFAULT_TEMPLATE, LABELS[2])]),
+                                 normalize=True)[0]
+        expected_deletion = model.encode_image(steps_deleted, normalize=True) @ text
+        expected_insertion = model.encode_image(steps_inserted, normalize=True) @ text
+    assert fractions.tolist() == [0.0, 0.5, 1.0]
+    np.testing.assert_allclose(deletion[0], expected_deletion.numpy(), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(insertion[0], expected_insertion.numpy(), rtol=1e-5, atol=1e-6)

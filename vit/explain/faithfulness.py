@@ -20,6 +20,8 @@ progress bar on stderr.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import torch
 from torch import Tensor
@@ -66,14 +68,17 @@ def step_counts(num_patches: int, steps: int | None = None) -> list[int]:
 
 
 def perturbation_curves(model: torch.nn.Module, images: Tensor, maps: Tensor, class_index: Tensor,
-                        replacement: str = "blur", steps: int | None = None, batch_size: int = 256
+                        replacement: str = "blur", steps: int | None = None, batch_size: int = 256,
+                        score: Callable[[Tensor], Tensor] | None = None
                         ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Deletion and insertion curves of ``images (B, C, H, W)`` ranked by ``maps (B, gh, gw)``.
 
     ``model(x)`` returns logits or ``(logits, ...)``. Returns ``(fractions (S,), deletion (B, S),
     insertion (B, S))``: the fraction of patches changed and the probability of
-    ``class_index[b]`` at each step. Ties in a map keep row-major order.
+    ``class_index[b]`` at each step (``score(logits)`` instead of the softmax when given: a prompt's
+    similarity, ``vit.explain.prompts.prompt_curves``). Ties in a map keep row-major order.
     """
+    score = score if score is not None else (lambda logits: logits.softmax(dim=-1))
     B, _, H, W = images.shape
     gh, gw = maps.shape[-2:]
     if maps.shape[0] != B or H % gh or W % gw:
@@ -97,7 +102,7 @@ def perturbation_curves(model: torch.nn.Module, images: Tensor, maps: Tensor, cl
                 image = rows // S
                 out = model(first[image] * (1 - mask) + second[image] * mask)  # (n, C, H, W) in
                 logits = out[0] if isinstance(out, tuple) else out
-                probs.append(logits.float().softmax(dim=-1))
+                probs.append(score(logits.float()))
         probs = torch.cat(probs).reshape(B, S, -1)
         curves.append(probs.gather(2, class_index.reshape(B, 1, 1).expand(B, S, 1))[..., 0].cpu().numpy())
     return np.array(counts) / (gh * gw), curves[0], curves[1]

@@ -30,6 +30,7 @@ from torch import Tensor, nn
 
 from vit.checkpoint import Checkpoint
 from vit.explain.attention import gradient_rollout
+from vit.explain.faithfulness import perturbation_curves
 from vit.explain.relevance import attnlrp, patch_sums
 from vit.model import ViT
 
@@ -336,6 +337,16 @@ def methods_for(model: ViT) -> dict[str, str]:
     cls = model.config.class_token and model.config.pooling == "cls"
     keep = {"rollout": cls, "legrad": True, "attnlrp": model.config.pooling != "map", "grad_eclip": cls}
     return {key: name for key, name in PROMPT_METHODS.items() if keep[key]}
+
+
+def prompt_curves(model: ViT, images: Tensor, prompts: Prompts, maps: Tensor, index: int | Tensor,
+                  replacement: str = "blur", steps: int | None = None) -> tuple:
+    """Deletion and insertion curves of each image's prompt ``index`` ranked by ``maps (B, gh, gw)``, scoring the
+    cosine similarity of image and prompt (what every prompt map explains) instead of a class probability:
+    ``(fractions (S,), deletion (B, S), insertion (B, S))`` as ``perturbation_curves`` returns them."""
+    cosine = prompt_model(model, prompts.embeddings, 1.0, 0.0)  # scale 1, no bias: the logits are the cosines
+    index = _index(index, images.shape[0], prompts.embeddings.shape[0]).to(images.device)
+    return perturbation_curves(cosine, images, maps, index, replacement, steps, score=lambda logits: logits)
 
 
 def prompt_maps(model: ViT, image: Tensor, prompts: Prompts, method: str, chunk: int = 8) -> Tensor:
