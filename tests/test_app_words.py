@@ -1,0 +1,125 @@
+"""The explorer's "Ask in words" box on an open_clip CLIP (issue 22): zero-shot scores equal open_clip's own on
+the image the model saw, a map for each label by every method that applies, the difference of two labels, the
+curves, plain-text labels, and one-line errors past the bounds; models without a text side show no box."""
+
+import io
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from test_app import charts, dirs, png_bytes, run_app, sidebar_widget, upload  # noqa: F401 (a fixture)
+from test_prompts import save_open_clip
+
+from vit.text import escape_markdown
+
+open_clip = pytest.importorskip("open_clip")
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("dirs")]
+
+LABELS = ["a dog", "a cat", "<b>bold</b> *star*"]
+
+
+@pytest.fixture
+def clip(tmp_path):
+    return save_open_clip(tmp_path / "open_clip")
+
+
+def open_clip_app(folder, image: bytes):
+    at = run_app()
+    sidebar_widget(at, "text_input", "Open a path").set_value(str(folder))
+    at.run()
+    upload(at, "photo.png", image)
+    assert not at.exception, [e.message for e in at.exception]
+    return at
+
+
+def ask(at, text):
+    [area] = [w for w in at.main.text_area if w.label == "Labels"]
+    area.set_value(text)
+    at.run()
+    assert not at.exception, [e.message for e in at.exception]
+
+
+def score_bars(at):
+    bars = [t for fig in charts(at) for t in fig["data"] if t.get("type") == "bar"]
+    assert len(bars) == 1
+    return bars[0]
+
+
+def test_ask_in_words_scores_and_maps_every_label(clip):
+    model, folder = clip
+    image = png_bytes(32, 32, seed=4)  # the model's own size: every pipeline leaves it as it is
+    at = open_clip_app(folder, image)
+    assert "Ask in words" in [h.value for h in at.main.subheader]
+    ask(at, ", ".join(LABELS))
+    bars = score_bars(at)
+    transform = open_clip.image_transform(32, is_train=False, mean=open_clip.OPENAI_DATASET_MEAN,
+                                          std=open_clip.OPENAI_DATASET_STD)
+    tokens = open_clip.get_tokenizer(f"local-dir:{folder}")([f"a photo of a {label}." for label in LABELS])
+    with torch.no_grad():
+        x = transform(Image.open(io.BytesIO(image)))[None]
+        expected = (model.logit_scale.exp() * model.encode_image(x, normalize=True)
+                    @ model.encode_text(tokens, normalize=True).T).softmax(dim=-1)[0]
+    escaped = ["a dog", "a cat", "&lt;b&gt;bold&lt;/b&gt; *star*"]  # Plotly reads tags: shown as typed
+    got = dict(zip(bars["y"], bars["x"], strict=True))
+    assert sorted(got) == sorted(escaped)
+    assert [got[e] for e in escaped] == pytest.approx(expected.tolist(), abs=1e-5)
+    assert any("softmax" in c.value for c in at.main.caption)
+
+    [method] = [w for w in at.main.selectbox if w.label == "Method"]
+    assert method.options == ["gradient rollout (Chefer et al. 2021b)", "LeGrad", "AttnLRP", "Grad-ECLIP"]
+    for key, name in (("rollout", "gradient rollout"), ("legrad", "LeGrad"), ("attnlrp", "AttnLRP"),
+                      ("grad_eclip", "Grad-ECLIP")):
+        [method] = [w for w in at.main.selectbox if w.label == "Method"]
+        method.set_value(key)
+        at.run()
+        assert not at.exception, [e.message for e in at.exception]
+        assert any(c.value.startswith(f"**{name}") and "for “a dog”" in c.value for c in at.main.caption)
+    [label] = [w for w in at.main.selectbox if w.label == "Map for"]
+    assert label.options == LABELS  # plain text: the options show the labels as typed
+    label.set_value(2)
+    [minus] = [w for w in at.main.selectbox if w.label == "Minus (optional)"]
+    minus.set_value(0)
+    at.run()
+    assert not at.exception, [e.message for e in at.exception]
+    difference = [c.value for c in at.main.caption if "minus" in c.value]
+    assert difference and f"“{escape_markdown(LABELS[2])}” minus “a dog”" in difference[0]  # shown as typed
+
+
+def test_ask_in_words_curves_track_the_similarity(clip):
+    _, folder = clip
+    at = open_clip_app(folder, png_bytes(32, 32, seed=4))
+    ask(at, "a dog, a cat")
+    [toggle] = [t for t in at.main.toggle if t.key == "words_curves"]
+    toggle.set_value(True)
+    at.run()
+    assert not at.exception, [e.message for e in at.exception]
+    curves = [fig for fig in charts(at) if any(t.get("name", "").startswith("deletion") for t in fig["data"])]
+    assert curves and "cos(image" in curves[0]["layout"]["yaxis"]["title"]["text"]
+
+
+@pytest.mark.parametrize("text, template, message", [
+    (",".join(str(i) for i in range(65)), None, "at most 64"),
+    ("a dog, a dog", None, "twice"),
+    ("a dog", "no slot", "exactly once"),
+])
+def test_ask_in_words_refuses_in_one_line(clip, text, template, message):
+    _, folder = clip
+    at = open_clip_app(folder, png_bytes(32, 32))
+    if template is not None:
+        [box] = [w for w in at.main.text_input if w.label == "Template"]
+        box.set_value(template)
+    ask(at, text)
+    errors = [e.value for e in at.main.error]
+    assert any(message in e and "\n" not in e for e in errors), errors
+
+
+def test_a_model_without_text_shows_no_box(tmp_path):
+    import transformers
+
+    transformers.CLIPVisionModelWithProjection(transformers.CLIPVisionConfig(
+        image_size=32, patch_size=8, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+        num_attention_heads=2)).save_pretrained(tmp_path / "v")
+    at = open_clip_app(tmp_path / "v", png_bytes(32, 32))
+    assert "Ask in words" not in [h.value for h in at.main.subheader]
+    assert np.all([w.label != "Labels" for w in at.main.text_area])
