@@ -1,0 +1,66 @@
+"""Asking a CLIP in words in a real browser (issue 22): an open_clip model in the HF cache is opened by
+``streamlit run app.py`` in headless Chromium, labels with Markdown and HTML are typed, and the page shows the
+zero-shot bars and a label's map with the labels as text, fetching nothing they name."""
+
+from pathlib import Path
+
+import pytest
+from helpers import CHROMIUM, CHROMIUM_ARGS, streamlit_app
+from PIL import Image
+from test_prompts import save_open_clip
+
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
+pytest.importorskip("open_clip")
+
+TIMEOUT_MS = 300_000
+LABELS = ["<b>bold</b>", "![x](http://example.invalid/x.png)", "a cat"]
+
+
+@pytest.fixture
+def server(tmp_path):
+    checkpoints, runs = tmp_path / "checkpoints", tmp_path / "runs"
+    checkpoints.mkdir()
+    runs.mkdir()
+    model_dir = tmp_path / "hf-cache" / "models--someone--tiny-clip"
+    save_open_clip(model_dir / "snapshots" / "rev1")
+    (model_dir / "refs").mkdir()
+    (model_dir / "refs" / "main").write_text("rev1")
+    Image.new("RGB", (32, 32), (200, 30, 30)).save(tmp_path / "red.png")
+    env = {"VIT_CHECKPOINTS_DIR": str(checkpoints), "VIT_RUNS_DIR": str(runs), "HOME": str(tmp_path),
+           "HF_HOME": str(tmp_path / "hf"), "HF_HUB_CACHE": str(tmp_path / "hf-cache")}
+    with streamlit_app(env) as (url, _):
+        yield url, tmp_path / "red.png"
+
+
+def test_labels_are_asked_and_shown_as_text(server):
+    if not Path(CHROMIUM).is_file():
+        pytest.skip(f"{CHROMIUM} is missing: install it with `apt-get install -y chromium`")
+    sync_api = pytest.importorskip("playwright.sync_api", reason="the playwright package is not installed")
+    url, image = server
+    requested: list[str] = []
+    with sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_context(viewport={"width": 1400, "height": 1000}).new_page()
+            page.set_default_timeout(TIMEOUT_MS)
+            page.on("request", lambda request: requested.append(request.url))
+            page.goto(url)
+            page.locator('[data-testid="stSidebar"] input[type="file"]').set_input_files(str(image))
+            page.get_by_text("Ask in words").wait_for()
+            area = page.get_by_role("textbox", name="Labels")
+            area.fill(", ".join(LABELS))
+            area.press("Control+Enter")
+            page.get_by_text("softmax").first.wait_for()
+            page.get_by_text("Drawn over the part of the image the model saw").wait_for()
+            labels = page.locator('[data-testid="stPlotlyChart"] .ytick text').all_text_contents()
+            for label in LABELS:
+                assert label in labels, labels
+            app = page.locator('[data-testid="stApp"]')
+            assert app.locator('img[src*="example.invalid"]').count() == 0
+            assert app.locator('a[href*="example.invalid"]').count() == 0
+            assert page.locator('[data-testid="stPlotlyChart"] .ytick text b').count() == 0
+            caption = page.get_by_text("gradient rollout (Chefer et al. 2021b) for").inner_text()
+            assert "“<b>bold</b>”" in caption  # the first label, as typed
+        finally:
+            browser.close()
+    assert not [u for u in requested if "example.invalid" in u], "the page fetched a URL a label gave"
