@@ -489,3 +489,34 @@ def test_deletion_and_insertion_score_the_prompts_similarity(clip_folder):
     assert fractions.tolist() == [0.0, 0.5, 1.0]
     np.testing.assert_allclose(deletion[0], expected_deletion.numpy(), rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(insertion[0], expected_insertion.numpy(), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("correction", [True, False])
+def test_prompt_legrad_equals_the_authors_siglip_readout(tmp_path, correction):
+    """LeGrad's ``compute_legrad_siglip`` on a hooked timm SigLIP, against ours on the same weights opened from
+    the timm folder. One prompt: with several, the reference sums their similarities into one map."""
+    import types
+
+    from test_siglip_parity import timm_siglip
+
+    from tests.reference.legrad import siglip_reference as ref
+
+    trunk = timm_siglip()
+    timm_module = pytest.importorskip("timm")
+    timm_module.models.save_for_hf(trunk, tmp_path / "timm", model_args=dict(num_heads=2, img_size=32),
+                                   safe_serialization=True)
+    checkpoint = open_source(tmp_path / "timm")
+    generator = torch.Generator().manual_seed(7)
+    text = F.normalize(torch.randn(1, 32, generator=generator), dim=-1)
+    empty = F.normalize(torch.randn(32, generator=generator), dim=-1)
+    x = image_batch(1)
+    for block in trunk.blocks:
+        block.forward = types.MethodType(ref.hooked_resblock_timm_forward, block)
+    trunk.attn_pool.forward = types.MethodType(ref.hooked_attentional_pooler_timm_forward, trunk.attn_pool)
+    wrapper = types.SimpleNamespace(visual=types.SimpleNamespace(trunk=trunk), starting_depth=len(trunk.blocks) - 2,
+                                    patch_size=8, zero_grad=trunk.zero_grad, encode_image=trunk,
+                                    empty_embedding=empty[:, None], _init_empty_embedding=lambda: None)
+    expected = ref.compute_legrad_siglip(wrapper, text, x, apply_correction=correction)  # (1, 1, 32, 32)
+    ours = prompts.prompt_legrad(checkpoint.model, x, text, 0, start_layer=-2, empty=empty if correction else None)
+    upsampled = F.interpolate(ours[:, None], scale_factor=8, mode="bilinear")
+    torch.testing.assert_close(upsampled, expected.detach(), rtol=1e-4, atol=1e-5)
