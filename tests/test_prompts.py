@@ -6,13 +6,17 @@ References, each on tiny random models built by the library itself and saved nat
   transformers' ``CLIPModel`` / ``SiglipModel`` forward (``logits_per_image``; softmax / sigmoid);
 - gradient rollout: Transformer-MM-Explainability @ 58eaea85 ``CLIP_explainability.ipynb`` ``interpret`` on the
   repository's own hooked CLIP (``tests/reference/chefer_clip``);
-- LeGrad: WalBouss/LeGrad @ a9edb031 ``compute_legrad_clip`` (``tests/reference/legrad``), its readout line
-  ``ln_post(feat.mean(dim=0)) @ proj`` on sequence-first features;
+- LeGrad: WalBouss/LeGrad wrapper.py @ 8c2ca901 / utils.py @ c5c7b20d: ``compute_legrad_clip`` with its hooks on
+  the open_clip model (``tests/reference/legrad/clip_reference.py``; its hooked attention's return wrapped in a
+  tuple, without which the hooked model no longer computes the model: see ``hook_legrad``) and
+  ``compute_legrad_siglip`` with its timm hooks on a timm SigLIP (``siglip_reference.py``);
+- AttnLRP: lxt's rules patched onto transformers' ``CLIPModel`` (eager attention);
 - Grad-ECLIP: Cyang-Zhao/Grad-Eclip @ 5c1b5cc1 ``generate_emap.py`` ``clip_encode_dense`` + ``grad_eclip``
   (``tests/reference/grad_eclip``).
 """
 
 import json
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -206,34 +210,59 @@ def test_prompt_rollout_equals_the_notebooks_interpret(clip_folder, chefer_clip,
     torch.testing.assert_close(ours.reshape(len(LABELS), -1), expected.float(), rtol=1e-5, atol=1e-6)
 
 
+def hook_legrad(model, ref, as_tuple=True):
+    """LeGrad's ``_activate_self_attention_hooks`` on an open_clip model, on open_clip 3's sequence-first switch.
+
+    LeGrad's hooked attention returns a tensor where open_clip's ``ResidualAttentionBlock.attention`` takes ``[0]``
+    of ``nn.MultiheadAttention``'s tuple (in open_clip 2.23, which LeGrad pins, as in 3.x): verbatim, every token
+    then gets the CLS token's attention output. ``as_tuple`` wraps the hook's return in a tuple, the one change."""
+    import types
+
+    visual = model.visual
+    visual.transformer.batch_first = False  # the blocks see (L, N, D), as LeGrad's hooks expect
+    for block in visual.transformer.resblocks:
+        if as_tuple:
+            block.attn.forward = types.MethodType(
+                lambda self, *args, **kwargs: (ref.hooked_attention_forward(self, *args, **kwargs), None), block.attn)
+        else:
+            block.attn.forward = types.MethodType(ref.hooked_attention_forward, block.attn)
+        block.forward = types.MethodType(ref.hooked_resblock_forward, block)
+
+
+def test_legrads_verbatim_hooks_change_open_clips_forward():
+    """Why the wrapper's hook is wrapped: verbatim, the hooked model no longer computes the model."""
+    from tests.reference.legrad import clip_reference as ref
+
+    model, _ = save_open_clip(Path(tempfile.mkdtemp()) / "open_clip")
+    x = image_batch(2)
+    with torch.no_grad():
+        expected = model.encode_image(x)
+        hook_legrad(model, ref, as_tuple=True)
+        wrapped = model.encode_image(x)
+        hook_legrad(model, ref, as_tuple=False)
+        verbatim = model.encode_image(x)
+    torch.testing.assert_close(wrapped, expected, rtol=1e-5, atol=1e-5)
+    assert (verbatim - expected).abs().max() > 0.1
+
+
 @pytest.mark.parametrize("start_layer", [-2, 0])
-def test_prompt_legrad_equals_the_authors_clip_readout(clip_folder, chefer_clip, start_layer):
-    from tests.reference.legrad.legrad_reference import compute_legrad, min_max
+def test_prompt_legrad_equals_the_authors_clip_wrapper(start_layer):
+    """LeGrad's own ``compute_legrad_clip`` with its hooks on the open_clip model (see ``hook_legrad``), the image
+    repeated once per prompt as its README does."""
+    import types
 
-    model, folder = clip_folder
+    from tests.reference.legrad import clip_reference as ref
+
+    model, folder = save_open_clip(Path(tempfile.mkdtemp()) / "open_clip")  # hooked below: a model of its own
     checkpoint = open_source(folder)
-    tower = open_text_tower(checkpoint)
-    text = tower.encode(LABELS)  # LeGrad's text_embedding: encode_text(normalize=True)
-    x = image_batch(1).repeat(len(LABELS), 1, 1, 1)  # the wrapper repeats the image once per prompt
-    with torch.enable_grad():
-        feats, attns, h = [], [], checkpoint.model.embed(x.requires_grad_(True))
-        for block in checkpoint.model.blocks:  # each layer's output and attention, as the wrapper's hooks keep
-            h, probs = block(h, True)
-            feats.append(h)
-            attns.append(probs)
-        visual = model.visual
-
-        def score_of_feat(feat):  # compute_legrad_clip's lines, on sequence-first features as it expects them
-            intermediate_feat = feat.permute(1, 0, 2)  # [num_patch, batch, dim]
-            intermediate_feat = visual.ln_post(intermediate_feat.mean(dim=0)) @ visual.proj
-            intermediate_feat = F.normalize(intermediate_feat, dim=-1)
-            return text @ intermediate_feat.transpose(-1, -2)
-
-        expected = compute_legrad(feats, attns, score_of_feat, num_prompts=len(LABELS), patch_size=8,
-                                  starting_depth=start_layer % 3)
-    ours = prompts.prompt_legrad(checkpoint.model, image_batch(1).repeat(len(LABELS), 1, 1, 1), text,
-                                 torch.arange(len(LABELS)), start_layer=start_layer)
-    upsampled = min_max(F.interpolate(ours[None], scale_factor=8, mode="bilinear"))
+    text = open_text_tower(checkpoint).encode(LABELS)  # LeGrad's text_embedding: encode_text(normalize=True)
+    x = image_batch(1).repeat(len(LABELS), 1, 1, 1)
+    hook_legrad(model, ref)
+    wrapper = types.SimpleNamespace(visual=model.visual, starting_depth=start_layer % 3, patch_size=8,
+                                    encode_image=model.encode_image)
+    expected = ref.compute_legrad_clip(wrapper, text, x)  # (1, prompts, 32, 32)
+    ours = prompts.prompt_legrad(checkpoint.model, x, text, torch.arange(len(LABELS)), start_layer=start_layer)
+    upsampled = ref.min_max(F.interpolate(ours[None], scale_factor=8, mode="bilinear"))
     torch.testing.assert_close(upsampled, expected.detach(), rtol=1e-4, atol=1e-5)
 
 
