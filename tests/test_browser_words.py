@@ -1,18 +1,19 @@
 """Asking a CLIP in words in a real browser (issue 22): an open_clip model in the HF cache is opened by
-``streamlit run app.py`` in headless Chromium, labels with Markdown and HTML are typed, and the page shows the
-zero-shot bars and a label's map with the labels as text, fetching nothing they name."""
+``streamlit run app.py`` in headless Chromium on a real photo (the shipped cat sample), labels with Markdown and
+HTML are typed, and the page shows the zero-shot bars, two labels' maps and their difference, with the labels as
+text, fetching nothing they name."""
 
 from pathlib import Path
 
 import pytest
 from helpers import CHROMIUM, CHROMIUM_ARGS, streamlit_app
-from PIL import Image
 from test_prompts import save_open_clip
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 pytest.importorskip("open_clip")
 
 TIMEOUT_MS = 300_000
+ROOT = Path(__file__).resolve().parent.parent
 LABELS = ["<b>bold</b>", "![x](http://example.invalid/x.png)", "a cat"]
 
 
@@ -25,11 +26,32 @@ def server(tmp_path):
     save_open_clip(model_dir / "snapshots" / "rev1")
     (model_dir / "refs").mkdir()
     (model_dir / "refs" / "main").write_text("rev1")
-    Image.new("RGB", (32, 32), (200, 30, 30)).save(tmp_path / "red.png")
     env = {"VIT_CHECKPOINTS_DIR": str(checkpoints), "VIT_RUNS_DIR": str(runs), "HOME": str(tmp_path),
            "HF_HOME": str(tmp_path / "hf"), "HF_HUB_CACHE": str(tmp_path / "hf-cache")}
     with streamlit_app(env) as (url, _):
-        yield url, tmp_path / "red.png"
+        yield url, ROOT / "checkpoints" / "samples" / "cifar10-cifar-s" / "cat_1.png"
+
+
+# The "Ask in words" map: the last image of the page's last horizontal block that holds the "Map for" selectbox.
+MAP_SRC = """() => {
+  const box = [...document.querySelectorAll('[data-testid="stSelectbox"]')]
+      .find(b => b.innerText.includes("Map for"));
+  const column = box && box.closest('[data-testid="stColumn"]');
+  const images = column ? column.querySelectorAll('[data-testid="stImage"] img') : [];
+  return images.length ? images[images.length - 1].src : "";
+}"""
+
+
+def map_image(page) -> str:
+    page.wait_for_function(f"() => ({MAP_SRC})() !== ''")
+    return page.evaluate(MAP_SRC)
+
+
+def choose(page, label: str, option: str) -> None:
+    """Pick ``option`` in the selectbox labelled ``label`` by typing it, as a keyboard user would."""
+    page.get_by_role("combobox", name=label, exact=True).click()
+    page.keyboard.type(option)
+    page.keyboard.press("Enter")
 
 
 def test_labels_are_asked_and_shown_as_text(server):
@@ -61,6 +83,15 @@ def test_labels_are_asked_and_shown_as_text(server):
             assert page.locator('[data-testid="stPlotlyChart"] .ytick text b').count() == 0
             caption = page.get_by_text("gradient rollout (Chefer et al. 2021b) for").inner_text()
             assert "“<b>bold</b>”" in caption  # the first label, as typed
+            first = map_image(page)
+            choose(page, "Map for", "a cat")
+            page.get_by_text("gradient rollout (Chefer et al. 2021b) for “a cat”").wait_for()
+            page.wait_for_function(f"(before) => ({MAP_SRC})() !== before", arg=first)
+            second = map_image(page)
+            choose(page, "Minus (optional)", "<b>bold</b>")
+            page.get_by_text("“a cat” minus “<b>bold</b>”").wait_for()
+            page.wait_for_function(f"(before) => ({MAP_SRC})() !== before", arg=second)
+            assert len({first, second, map_image(page)}) == 3  # two labels' maps and their difference
         finally:
             browser.close()
     assert not [u for u in requested if "example.invalid" in u], "the page fetched a URL a label gave"
