@@ -8,6 +8,7 @@ temporary file that is renamed into place, so a crash never leaves a half-writte
 from __future__ import annotations
 
 import errno
+import json
 import os
 import pickle
 import shutil
@@ -28,6 +29,13 @@ MAX_LAYERS = 256  # far beyond any published ViT (ViT-22B has 48); building the 
 PICKLE_BASE_BYTES = 1024 * 1024  # config, class names (ImageNet: 25 KB), metadata, metrics (150 KB per 1,000 epochs)
 PICKLE_BYTES_PER_TENSOR = 512  # a tensor's key and rebuild call take ~150 bytes of pickle
 MAX_PICKLE_BYTES = 4 * 1024 * 1024  # the weights-only unpickler reads ~1 MB of opcodes a second
+MAX_TENSORS = 16_384  # per file; a whole CLIP or ViT-22B has under 1,000 (a file of a million took 48 s to list)
+MAX_SAFETENSORS_HEADER_BYTES = 8 * 2**20  # ~100 bytes a tensor: ViT-B/16's header is 20 kB
+MAX_TENSOR_DIMS = 8
+SAFETENSORS_DTYPES = {"BOOL": torch.bool, "U8": torch.uint8, "I8": torch.int8, "U16": torch.uint16, "I16": torch.int16,
+                      "U32": torch.uint32, "I32": torch.int32, "U64": torch.uint64, "I64": torch.int64,
+                      "F16": torch.float16, "BF16": torch.bfloat16, "F32": torch.float32, "F64": torch.float64,
+                      "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2}
 _ZIP_MAGIC = b"PK\x03\x04"
 _LEGACY_MAGIC = b"\x80\x02\x8a\x0a"  # torch's pre-1.6 format: a pickled magic number, then pickles
 _UMASK = os.umask(0)  # read once at import, before any thread could race on it
@@ -294,11 +302,77 @@ def check_archive(path: Path) -> None:
                               "never does; the file was altered or not written by torch")
     pickles = [e for e in entries if e.filename.endswith("/data.pkl") and e.filename.count("/") == 1]
     tensors = sum(1 for e in entries if e.filename.count("/") == 2 and e.filename.split("/")[1] == "data")
+    if tensors > MAX_TENSORS:
+        raise CheckpointError(f"refused to load {path}: it holds {tensors:,} tensors, more than the {MAX_TENSORS:,} "
+                              "any model this program opens has")
     limit = min(MAX_PICKLE_BYTES, PICKLE_BASE_BYTES + PICKLE_BYTES_PER_TENSOR * tensors)
     for entry in pickles:
         if entry.file_size > limit:
             raise CheckpointError(f"refused to load {path}: its pickle is {entry.file_size:,} bytes for {tensors:,} "
                                   f"tensors (weights need at most {limit:,}); it may be built to stall the reader")
+
+
+def safetensors_shapes(path: str | os.PathLike) -> dict[str, torch.Tensor]:
+    """Every tensor of a ``.safetensors`` file as a ``meta`` tensor (name, dtype, shape), from its header alone.
+
+    The header is checked before anything else is read: at most ``MAX_SAFETENSORS_HEADER_BYTES`` and
+    ``MAX_TENSORS`` entries, known dtypes, at most ``MAX_TENSOR_DIMS`` dimensions, and each tensor's bytes
+    exactly where the header says, inside the file. Callers compare these names and shapes with the model
+    before reading any data, so a file declaring a 3 GB tensor the model has no place for costs nothing.
+    Raises CheckpointError with one line.
+    """
+    path = Path(path)
+    try:
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            prefix = f.read(8)
+            length = int.from_bytes(prefix, "little") if len(prefix) == 8 else -1
+            if not 2 <= length <= min(MAX_SAFETENSORS_HEADER_BYTES, size - 8):
+                raise CheckpointError(
+                    f"{path} is not a readable safetensors file (its header declares {length:,} bytes; a file of "
+                    f"{size:,} bytes holds at most {min(MAX_SAFETENSORS_HEADER_BYTES, max(size - 8, 0)):,})")
+            text = f.read(length)
+    except OSError as e:
+        raise CheckpointError(f"cannot read {path} ({e.strerror or type(e).__name__})") from None
+    try:
+        header = json.loads(text.decode("utf-8"))
+    except RecursionError:
+        raise CheckpointError(f"{path} is not a readable safetensors file (its header is nested too deeply)") from None
+    except ValueError as e:  # also UnicodeDecodeError
+        raise CheckpointError(f"{path} is not a readable safetensors file (its header is not JSON: "
+                              f"{_first_line(e)})") from None
+    if not isinstance(header, dict):
+        raise CheckpointError(f"{path} is not a readable safetensors file (its header is not a JSON object)")
+    header.pop("__metadata__", None)
+    if len(header) > MAX_TENSORS:
+        raise CheckpointError(f"refused to load {path}: it lists {len(header):,} tensors, more than the "
+                              f"{MAX_TENSORS:,} any model this program opens has")
+    data_bytes = size - 8 - length
+    shapes = {}
+    for name, entry in header.items():
+        problem = _safetensors_entry_problem(entry, data_bytes)
+        if problem:
+            raise CheckpointError(f"{path} is not a readable safetensors file (tensor {name[:80]!r}: {problem})")
+        shapes[name] = torch.empty(entry["shape"], dtype=SAFETENSORS_DTYPES[entry["dtype"]], device="meta")
+    return shapes
+
+
+def _safetensors_entry_problem(entry: object, data_bytes: int) -> str | None:
+    if not isinstance(entry, dict) or entry.get("dtype") not in SAFETENSORS_DTYPES:
+        return "not a tensor of a known dtype"
+    shape, offsets = entry.get("shape"), entry.get("data_offsets")
+    if not isinstance(shape, list) or len(shape) > MAX_TENSOR_DIMS or not all(
+            type(n) is int and n >= 0 for n in shape):
+        return f"its shape must be at most {MAX_TENSOR_DIMS} sizes >= 0"
+    if not isinstance(offsets, list) or len(offsets) != 2 or not all(type(n) is int for n in offsets):
+        return "its data offsets must be two numbers"
+    begin, end = offsets
+    numel = 1
+    for n in shape:
+        numel *= n
+    if not 0 <= begin <= end <= data_bytes or end - begin != numel * SAFETENSORS_DTYPES[entry["dtype"]].itemsize:
+        return f"its data ({begin:,} to {end:,}) does not match its shape {shape} or lies outside the file"
+    return None
 
 
 def read_checkpoint_payload(path: str | os.PathLike, map_location: str | torch.device = "cpu",
@@ -370,13 +444,23 @@ def check_payload(path: str | os.PathLike, payload: dict) -> tuple[ViTConfig, Pr
 
 
 def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = "cpu") -> Checkpoint:
-    """Load a checkpoint safely (no code runs from the file) into an eval-mode ``ViT``."""
-    payload = read_checkpoint_payload(path, map_location)
+    """Load a checkpoint safely (no code runs from the file) into an eval-mode ``ViT``.
+
+    The tensors are mapped, not read, until every name and shape has been checked against the stored config,
+    so a file declaring gigabytes the model has no place for is refused at once. ``map_location="meta"``
+    checks the whole file and builds the model without reading or allocating any weights.
+    """
+    payload = read_checkpoint_payload(path, mmap=True)
     config, preprocessing, class_names = check_payload(path, payload)
-    model = ViT(config)  # every stored shape fits the config, so this allocates no more than the file holds
     state_dict = {clean_key(str(k)): v for k, v in payload["state_dict"].items()}
+    if torch.device(map_location).type == "meta":
+        with torch.device("meta"):
+            model = ViT(config)
+        state_dict = {k: v.to("meta") for k, v in state_dict.items()}
+    else:
+        model = ViT(config)  # every stored shape fits the config, so this allocates no more than the file holds
     try:
-        model.load_state_dict(state_dict, strict=True)
+        model.load_state_dict(state_dict, strict=True)  # copies from the mapping: the file's pages are read here
     except (RuntimeError, TypeError, AttributeError) as e:
         raise CheckpointError(f"the weights in {path} do not fit its stored config: "
                               f"{_mismatch_summary(e)}") from None

@@ -113,7 +113,7 @@ def state_dict_from_open_clip(state: Mapping[str, torch.Tensor], config: ViTConf
     take.skip(*(k for k in state if k.startswith(TEXT_PREFIXES)))
     d = config.hidden_size
     conv = take("visual.conv1.weight")
-    ours = {"patch_embed.weight": conv, "patch_embed.bias": torch.zeros(d, dtype=conv.dtype),
+    ours = {"patch_embed.weight": conv, "patch_embed.bias": torch.zeros(d, dtype=conv.dtype, device=conv.device),
             "cls_token": take("visual.class_embedding").reshape(1, 1, d),
             "pos_embed": take("visual.positional_embedding").unsqueeze(0)}
     norm = "fc_norm" if config.fc_norm else "norm"
@@ -175,7 +175,7 @@ def state_dict_from_hf(state: Mapping[str, torch.Tensor], config: ViTConfig) -> 
     base = _vision_prefix(state, "embeddings.class_embedding")
     d, emb = config.hidden_size, f"{base}embeddings"
     conv = take(f"{emb}.patch_embedding.weight")
-    ours = {"patch_embed.weight": conv, "patch_embed.bias": torch.zeros(d, dtype=conv.dtype),
+    ours = {"patch_embed.weight": conv, "patch_embed.bias": torch.zeros(d, dtype=conv.dtype, device=conv.device),
             "cls_token": take(f"{emb}.class_embedding").reshape(1, 1, d),
             "pos_embed": take(f"{emb}.position_embedding.weight").unsqueeze(0),
             **_linear(take, "norm_pre", f"{base}pre_layrnorm"), **_linear(take, "norm", f"{base}post_layernorm")}

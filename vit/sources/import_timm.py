@@ -165,7 +165,8 @@ def state_dict_from_timm(state: Mapping[str, torch.Tensor]) -> dict[str, torch.T
     (a CLIP tower's bias-free patch embedding gets a zero bias)."""
     ours = {}
     if "patch_embed.proj.bias" not in state and "patch_embed.proj.weight" in state:
-        ours["patch_embed.bias"] = torch.zeros(state["patch_embed.proj.weight"].shape[0])
+        ours["patch_embed.bias"] = torch.zeros(state["patch_embed.proj.weight"].shape[0],
+                                               device=state["patch_embed.proj.weight"].device)
     for key, value in state.items():
         key = _OURS_BY_TIMM.get(key, key)
         if key.endswith(".gamma"):

@@ -43,6 +43,7 @@ from vit.checkpoint import (
     load_checkpoint,
     preprocessing_problem,
     read_checkpoint_payload,
+    safetensors_shapes,
     weights_problem,
 )
 from vit.model import ViT, ViTConfig
@@ -84,27 +85,30 @@ def read_json(path: Path) -> dict:
     return value
 
 
-def read_weights(path: Path) -> dict[str, torch.Tensor]:
+def read_weights(path: Path, map_location: str | torch.device = "cpu") -> dict[str, torch.Tensor]:
     """A flat ``{name: tensor}`` from a ``.safetensors`` file or a torch pickle read with ``weights_only=True``.
 
     Wrapper prefixes (``module.``, ``_orig_mod.``) are removed and a training checkpoint's
     ``state_dict`` / ``model`` entry is unwrapped; floating tensors become float32 (maps are
-    compared at 1e-5).
+    compared at 1e-5). With ``map_location="meta"`` only names, dtypes and shapes are read (the
+    safetensors header, the torch pickle); otherwise the tensors land on the CPU.
     """
     if not path.is_file():
         raise SourceError(f"weights file not found: {path}")
+    meta = torch.device(map_location).type == "meta"
     if path.suffix == ".safetensors":
         from safetensors import SafetensorError
         from safetensors.torch import load_file
 
+        shapes = safetensors_shapes(path)  # the header checked (counts, dtypes, sizes, offsets) before any data
         try:
-            state = load_file(str(path))
+            state = shapes if meta else load_file(str(path))
         except (SafetensorError, OSError, ValueError, RuntimeError) as e:
             raise SourceError(f"{path} is not a readable safetensors file ({_one_line(e)})") from None
     else:
         check_archive(path)  # what our checkpoints get: no legacy or bare pickle, no pickle bomb, before unpickling
         try:
-            state = torch.load(path, map_location="cpu", weights_only=True)
+            state = torch.load(path, map_location="meta" if meta else "cpu", weights_only=True)
         except pickle.UnpicklingError as e:
             if "GLOBAL" in str(e) or "weights_only" in str(e).lower():
                 raise SourceError(f"refused to load {path}: it contains Python objects other than tensors and plain "
@@ -123,14 +127,9 @@ def read_weights(path: Path) -> dict[str, torch.Tensor]:
 
 
 def read_shapes(path: Path) -> dict[str, torch.Tensor]:
-    """The tensors of a ``.safetensors`` file as meta tensors (names and shapes from its header, no data read)."""
-    from safetensors import SafetensorError, safe_open
-
-    try:
-        with safe_open(str(path), framework="pt") as f:
-            return {k: torch.empty(f.get_slice(k).get_shape(), device="meta") for k in f.keys()}
-    except (SafetensorError, OSError, ValueError, RuntimeError) as e:
-        raise SourceError(f"{path} is not a readable safetensors file ({_one_line(e)})") from None
+    """The tensors of a ``.safetensors`` file as float32 meta tensors (names and shapes from its header, no data
+    read)."""
+    return {k: v.float() if v.is_floating_point() else v for k, v in safetensors_shapes(path).items()}
 
 
 def timm_model_args(config_json: Mapping) -> dict:
@@ -302,11 +301,11 @@ def _finish(model: ViT, class_names: list[str], preprocessing: Preprocessing, pa
     return Checkpoint(model=model, class_names=class_names, preprocessing=preprocessing, metadata=metadata, path=path)
 
 
-def read_hf_weights(folder: Path) -> dict[str, torch.Tensor]:
+def read_hf_weights(folder: Path, map_location: str | torch.device = "cpu") -> dict[str, torch.Tensor]:
     """The weights of an HF folder: model.safetensors, else pytorch_model.bin, else their sharded forms."""
     for name in HF_WEIGHTS:
         if (folder / name).is_file():
-            return read_weights(folder / name)
+            return read_weights(folder / name, map_location)
     for index in ("model.safetensors.index.json", "pytorch_model.bin.index.json"):
         if (folder / index).is_file():
             weight_map = read_json(folder / index).get("weight_map")
@@ -316,7 +315,7 @@ def read_hf_weights(folder: Path) -> dict[str, torch.Tensor]:
             for shard in sorted(set(map(str, weight_map.values()))):
                 if Path(shard).name != shard:  # shards sit next to the index; never follow a path out of the folder
                     raise SourceError(f"{folder / index} names a shard outside the folder: {shard}")
-                state.update(read_weights(folder / shard))
+                state.update(read_weights(folder / shard, map_location))
             return state
     raise SourceError(f"{folder} has a config.json but no model.safetensors or pytorch_model.bin")
 
@@ -372,7 +371,7 @@ def open_hf_family(folder: Path, config_json: dict, map_location: str | torch.de
     config, architecture = hf_family_config(folder, config_json)
     module = HF_FAMILIES[str(config_json.get("model_type"))][0]
     origin = f"{folder} ({architecture})"
-    state = read_hf_weights(folder)
+    state = read_hf_weights(folder, map_location)
     try:
         ours = module.state_dict_from_hf(state, config)
     except (ValueError, KeyError) as e:
@@ -396,7 +395,7 @@ def open_hf_folder(folder: Path, config_json: dict, map_location: str | torch.de
                           f"supported: {SUPPORTED}")
     if architecture is not None and architecture not in hf.ARCHITECTURES:
         raise SourceError(f"HF architecture {architecture} ({folder}) is not supported; supported: {SUPPORTED}")
-    state = read_hf_weights(folder)
+    state = read_hf_weights(folder, map_location)
     architecture = architecture or hf_architecture(config_json, state)
     origin = f"{folder} ({architecture})"
     config = _config(origin, lambda: hf.config_from_hf(config_json, architecture))
@@ -515,7 +514,14 @@ def open_source(path: str | os.PathLike, arch: str | None = None, map_location: 
 
     ``arch`` names the architecture of a bare state dict: ``timm:NAME`` or ``torchvision:NAME``.
     Raises ``CheckpointError`` (``SourceError``) with a one-line message for anything it cannot open.
+    The whole opening runs first on the ``meta`` device, from the files' headers alone, so weights whose
+    names, shapes or counts do not fit are refused before any tensor data is read.
     """
+    _open(path, arch, "meta")
+    return _open(path, arch, map_location)
+
+
+def _open(path: str | os.PathLike, arch: str | None, map_location: str | torch.device) -> Checkpoint:
     path = Path(path).expanduser()
     library, name = parse_arch(arch)
     if not path.exists():
@@ -526,14 +532,14 @@ def open_source(path: str | os.PathLike, arch: str | None = None, map_location: 
             weights = next((path / f for f in OPEN_CLIP_WEIGHTS if (path / f).is_file()), None)
             if weights is None:
                 raise SourceError(f"{path} has an open_clip_config.json but no {' or '.join(OPEN_CLIP_WEIGHTS)}")
-            return open_open_clip(weights, read_weights(weights), name, read_json(path / OPEN_CLIP_CONFIG),
-                                  map_location)
+            return open_open_clip(weights, read_weights(weights, map_location), name,
+                                  read_json(path / OPEN_CLIP_CONFIG), map_location)
         if not config_path.is_file():
             files = [p for p in sorted(path.iterdir()) if p.is_file() and p.suffix in WEIGHT_SUFFIXES]
             if len(files) != 1:
                 raise SourceError(f"{path} has no config.json; open a Hugging Face or timm model folder, or a weights "
                                   f"file. Supported: {SUPPORTED}")
-            return open_source(files[0], arch, map_location)
+            return _open(files[0], arch, map_location)
         config_json = read_json(config_path)
         if "auto_map" in config_json or config_json.get("trust_remote_code"):
             raise SourceError(f"{path} asks for custom model code (auto_map / trust_remote_code), which this program "
@@ -544,7 +550,7 @@ def open_source(path: str | os.PathLike, arch: str | None = None, map_location: 
                            None)
             if weights is None:
                 raise SourceError(f"{path} has a timm config.json but no model.safetensors or pytorch_model.bin")
-            return open_timm(path, read_weights(weights), name, config_json, map_location)
+            return open_timm(path, read_weights(weights, map_location), name, config_json, map_location)
         return open_hf_folder(path, config_json, map_location)
     if path.suffix != ".safetensors":
         try:
@@ -553,7 +559,7 @@ def open_source(path: str | os.PathLike, arch: str | None = None, map_location: 
             pass  # a plain state dict: read once, below
         else:
             return load_checkpoint(path, map_location)
-    state = read_weights(path)
+    state = read_weights(path, map_location)
     if library == "open_clip" or (library is None and import_clip.is_open_clip_state_dict(state)):
         sidecar = path.parent / OPEN_CLIP_CONFIG
         return open_open_clip(path, state, name, read_json(sidecar) if sidecar.is_file() else None, map_location)
