@@ -35,7 +35,12 @@ def parse_device(spec: str) -> torch.device:
 
 
 def init_distributed(device_spec: str) -> tuple[int, int]:
-    """(rank, world size): joins torchrun's process group when WORLD_SIZE > 1, else (0, 1)."""
+    """(rank, world size): joins torchrun's process group when WORLD_SIZE > 1, else (0, 1).
+
+    A group that already exists (Ray Train sets one up before it calls the training function)
+    is used as it is."""
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world <= 1:
         return 0, 1

@@ -266,8 +266,11 @@ def _usage_error(error: Exception) -> int:
     return 2
 
 
-def main(argv: list[str] | None = None) -> int:
-    """The command line; returns the exit status (see ``--help``)."""
+def main(argv: list[str] | None = None, stop: StopRequest | None = None) -> int:
+    """The command line; returns the exit status (see ``--help``).
+
+    ``stop`` lets a caller that is not the main thread (a Ray Train worker) request the stop
+    that SIGTERM requests here; by default the signals are the only way."""
     argv = [str(a) for a in (sys.argv[1:] if argv is None else argv)]
     is_main = int(os.environ.get("RANK", "0")) == 0
     try:
@@ -277,7 +280,7 @@ def main(argv: list[str] | None = None) -> int:
         return _usage_error(e)
     resumed = payload is not None
     logger, buffer = _setup_logging(is_main)
-    stop = StopRequest()
+    stop = stop or StopRequest()
     previous_handlers = {}
     if threading.current_thread() is threading.main_thread():
         for sig in (signal.SIGTERM, signal.SIGINT):

@@ -1,0 +1,228 @@
+"""Runs on a Ray cluster, from the client's side: submit one as a Ray job, follow its logs, stop it.
+
+``python -m vit.train … --ray ADDRESS --workers N [--gpus-per-worker G]`` submits the run as a
+job whose ``submission_id`` is the run's id (its folder's name; a resume gets a suffix), whose
+``working_dir`` is the project's code only, and whose entrypoint is ``vit.runs.ray_train``. The
+run folder must lie on storage every node sees: paths are made absolute before submitting.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import fnmatch
+import os
+import re
+import shlex
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from vit.runfiles import ROOT, now_iso
+from vit.training.options import parse_args
+from vit.training.trainer import UsageError
+
+# Ray's default is 3 s between SIGTERM and SIGKILL: too short for a checkpoint of a large model.
+STOP_WAIT_SECONDS = 120
+MAX_UPLOAD_BYTES = 20 * 2**20  # the project's code is ~2 MB; more means something large slipped in
+# What the job does not need: environments, data, run folders, checkpoints, caches, git. Ray reads
+# these as .gitignore lines: "/runs" is the top folder only ("runs" would drop vit/runs too).
+EXCLUDES = ["/.venv", "/venv", "/runs", "/data", "/checkpoints", "/analysis", "/test-artifacts", "/.git",
+            "/.github", "/docs", "**/__pycache__", ".pytest_cache", ".ruff_cache", "*.pt", "*.pth", "*.safetensors",
+            "*.npz", "*.egg-info"]
+TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")
+# Options whose value is a path: the job runs in an unpacked copy of the code elsewhere.
+PATH_OPTIONS = ("--out", "--resume", "--data-dir", "--cache-dir", "--init")
+
+
+class RayRunError(UsageError):
+    """Something about the cluster the user can fix; the message says what."""
+
+
+def ray_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(add_help=False)
+    p.add_argument("--ray", metavar="ADDRESS")
+    p.add_argument("--workers", type=int, default=1)
+    p.add_argument("--gpus-per-worker", type=float, default=0.0)
+    return p
+
+
+def upload_size(root: Path = ROOT) -> int:
+    """Bytes of the files the job's working_dir uploads (what EXCLUDES leaves)."""
+    total = 0
+    for folder, dirs, files in os.walk(root):
+        rel = Path(folder).relative_to(root)
+        dirs[:] = [d for d in dirs if not _excluded(rel / d)]
+        total += sum((Path(folder) / f).stat().st_size for f in files
+                     if not _excluded(rel / f) and (Path(folder) / f).is_file())
+    return total
+
+
+def _excluded(rel: Path) -> bool:
+    return any(fnmatch.fnmatch(rel.name, pattern.removeprefix("**/")) if "*" in pattern
+               else rel.as_posix() == pattern.lstrip("/") for pattern in EXCLUDES)
+
+
+def runtime_env(root: Path = ROOT, limit: int = MAX_UPLOAD_BYTES) -> dict:
+    """The job's runtime_env: the code as working_dir, and the stop grace; refused over ``limit``."""
+    size = upload_size(root)
+    if size > limit:
+        raise RayRunError(f"the code to upload to the cluster is {size / 2**20:.1f} MB, over the "
+                          f"{limit / 2**20:.0f} MB limit: move large files out of {root} (data, runs and "
+                          "checkpoints belong in their own folders, which are not uploaded)")
+    return {"working_dir": str(root), "excludes": list(EXCLUDES),
+            "env_vars": {"RAY_JOB_STOP_WAIT_TIME_S": str(STOP_WAIT_SECONDS), "OMP_NUM_THREADS": "1",
+                         "PYTHONUNBUFFERED": "1"}}
+
+
+def absolute_paths(argv: list[str]) -> list[str]:
+    """``argv`` with every path option and ``folder:PATH`` dataset made absolute."""
+    out, i = [], 0
+    while i < len(argv):
+        arg = argv[i]
+        name, eq, value = arg.partition("=")
+        if name in PATH_OPTIONS + ("--dataset",) and (eq or i + 1 < len(argv)):
+            if not eq:
+                i += 1
+                value = argv[i]
+            out += [name, _absolute(name, value)]
+        else:
+            out.append(arg)
+        i += 1
+    return out
+
+
+def _absolute(option: str, value: str) -> str:
+    if option == "--dataset":
+        return f"folder:{Path(value[7:]).expanduser().resolve()}" if value.startswith("folder:") else value
+    if value.startswith("s3://") or "://" in value:
+        raise RayRunError(f"{option} {value}: runs on a cluster need a folder that every node mounts (a shared "
+                          "filesystem path); object stores such as S3 are not supported yet")
+    return str(Path(value).expanduser().resolve())
+
+
+def job_id(run_dir: Path, resume: bool) -> str:
+    """The run's id as a Ray submission id; a resume is a new job, so it gets the time as a suffix."""
+    name = re.sub(r"[^A-Za-z0-9_.-]", "-", run_dir.name) or "run"
+    return f"{name}-resume-{now_iso().replace(':', '').replace('+0000', '')}" if resume else name
+
+
+def client(address: str):
+    """A JobSubmissionClient, or RayRunError in one line when the head cannot be reached."""
+    from ray.job_submission import JobSubmissionClient
+
+    try:
+        return JobSubmissionClient(address)
+    except Exception as e:  # noqa: BLE001 - Ray raises ConnectionError, ValueError, RuntimeError …
+        raise RayRunError(f"cannot reach the Ray cluster at {address} ({_first_line(e)}); check the address "
+                          "(http://HEAD:8265) and that the head is running") from None
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0][:200] if text else type(error).__name__
+
+
+def submit(address: str, argv: list[str], workers: int, gpus_per_worker: float) -> tuple[object, str]:
+    """Submit the run of ``argv`` (vit.train's arguments); returns (client, submission id)."""
+    if workers < 1:
+        raise RayRunError(f"--workers must be 1 or more (got {workers})")
+    if gpus_per_worker < 0:
+        raise RayRunError(f"--gpus-per-worker must be 0 or more (got {gpus_per_worker:g})")
+    args = parse_args(argv)  # the same checks as a local run, before anything reaches the cluster
+    argv = absolute_paths(argv)
+    if not args.resume and "--data-dir" not in argv:  # "data" would mean the job's copy of the code
+        argv += ["--data-dir", str(Path(args.data_dir).resolve())]
+    if "--device" not in argv:  # the workers' devices are what Ray gives them
+        argv += ["--device", "cuda" if gpus_per_worker > 0 else "cpu"]
+    run_dir = Path(args.resume or args.out).expanduser().resolve()
+    sid = job_id(run_dir, bool(args.resume))
+    entrypoint = shlex.join(["python", "-m", "vit.runs.ray_train", "--workers", str(workers),
+                             "--gpus-per-worker", f"{gpus_per_worker:g}", "--name", sid, "--", *argv])
+    env = runtime_env()
+    jobs = client(address)
+    try:
+        jobs.submit_job(entrypoint=entrypoint, submission_id=sid, runtime_env=env,
+                        metadata={"vit_run": str(run_dir)})
+    except Exception as e:  # noqa: BLE001
+        text = _first_line(e)
+        if "already exists" in text:
+            raise RayRunError(f"the cluster already has a job {sid}: choose another --out name") from None
+        raise RayRunError(f"the cluster refused the run: {text}") from None
+    return jobs, sid
+
+
+def follow(jobs, sid: str, write: Callable[[str], object], poll: float = 1.0) -> str:
+    """Print the job's log until it ends; returns its final status (SUCCEEDED, FAILED, STOPPED).
+
+    ``tail_job_logs`` may end silently when the connection drops: the status is checked again
+    and, once the job has ended, the rest of the full log is printed."""
+    printed = 0
+
+    async def tail() -> None:
+        nonlocal printed
+        seen = 0
+        async for chunk in jobs.tail_job_logs(sid):  # from the start of the log each time
+            new = chunk[max(0, printed - seen):] if seen + len(chunk) > printed else ""
+            seen += len(chunk)
+            if new:
+                write(new)
+                printed = seen
+
+    while True:
+        try:
+            asyncio.run(tail())
+        except Exception:  # noqa: BLE001 - a dropped stream: the status below decides
+            pass
+        status = str(jobs.get_job_status(sid).value)
+        if status in TERMINAL:
+            rest = jobs.get_job_logs(sid)[printed:]
+            if rest:
+                write(rest)
+            return status
+        time.sleep(poll)
+
+
+def job_error(jobs, sid: str) -> str:
+    """The one-line error of a failed job: the last ``vit.train:`` line of its log, else Ray's message."""
+    lines = [line for line in jobs.get_job_logs(sid).splitlines() if "vit.train:" in line]
+    if lines:
+        return lines[-1][lines[-1].index("vit.train:"):]
+    message = jobs.get_job_info(sid).message or "no message"
+    return f"vit.train: the job failed: {message.strip().splitlines()[-1] if message.strip() else message}"
+
+
+def main(argv: list[str]) -> int:
+    """``vit.train … --ray ADDRESS``: submit, follow until the end; Ctrl-C stops the job gracefully."""
+    ray_args, rest = ray_parser().parse_known_args(argv)
+    try:
+        jobs, sid = submit(ray_args.ray, rest, ray_args.workers, ray_args.gpus_per_worker)
+    except UsageError as e:
+        print(f"vit.train: error: {e}", file=sys.stderr)
+        return 2
+    print(f"vit.train: submitted job {sid} to {ray_args.ray} ({ray_args.workers} worker(s)); Ctrl-C stops it",
+          flush=True)
+
+    def write(text: str) -> None:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+
+    stopping = False
+    while True:
+        try:
+            status = follow(jobs, sid, write)
+            break
+        except KeyboardInterrupt:
+            if stopping:
+                print(f"vit.train: still stopping; the job {sid} goes on without this command", file=sys.stderr)
+                return 130
+            stopping = True
+            print(f"vit.train: stopping job {sid}: the run writes last.pt and ends cancelled (Ctrl-C again "
+                  "to leave it)", file=sys.stderr, flush=True)
+            jobs.stop_job(sid)
+    if status == "FAILED":
+        print(job_error(jobs, sid), file=sys.stderr)
+        return 1
+    print(f"vit.train: job {sid} {status.lower()}", flush=True)
+    return 0 if status == "SUCCEEDED" else 130

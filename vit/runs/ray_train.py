@@ -1,0 +1,152 @@
+"""The entrypoint of a run submitted to a Ray cluster (``vit.runs.ray_jobs`` submits it):
+``python -m vit.runs.ray_train --workers N --gpus-per-worker G -- TRAIN_ARGS…``.
+
+It starts a Ray Train ``TorchTrainer`` whose N workers each run ``vit.training.run.main`` (the
+same code as ``python -m vit.train``) with the process group Ray Train has set up: gloo on
+CPUs, NCCL on GPUs. Rank 0 writes the run folder, as under torchrun.
+
+Stopping: the job's SIGTERM (``ray job stop``) reaches this driver only, so it sets a flag in a
+small actor that every worker polls; the workers then stop as on their own SIGTERM (finish the
+step, write last.pt, end ``cancelled``). ``fit`` runs in a second thread because Ray Train
+aborts the workers at once on a SIGINT in the main thread, before last.pt could be written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import signal
+import sys
+import threading
+
+import ray
+from ray.train import RunConfig, ScalingConfig
+from ray.train.torch import TorchTrainer
+
+from vit.training import run
+from vit.training.trainer import StopRequest
+
+POLL_SECONDS = 0.5  # how often a worker looks at the stop flag
+
+
+@ray.remote(num_cpus=0)
+class StopFlag:
+    """Set once by the driver on SIGTERM/SIGINT; read by every worker."""
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+
+    def request(self, signum: int) -> None:
+        self.signum = self.signum or signum
+
+    def requested(self) -> int | None:
+        return self.signum
+
+
+class WorkerError(RuntimeError):
+    """A worker's ``vit.train`` ended with a non-zero status; the message is its one-line error."""
+
+
+class _Tee(io.TextIOBase):
+    """Writes to the real stream and keeps the last ``vit.train:`` line (the one-line error)."""
+
+    def __init__(self, stream) -> None:
+        self.stream, self.last = stream, ""
+
+    def write(self, text: str) -> int:
+        for line in text.splitlines():
+            if line.startswith("vit.train:"):
+                self.last = line
+        return self.stream.write(text)
+
+    def flush(self) -> None:
+        self.stream.flush()
+
+
+def _watch(flag, stop: StopRequest, done: threading.Event) -> None:
+    while not done.wait(POLL_SECONDS):
+        try:
+            signum = ray.get(flag.requested.remote(), timeout=10)
+        except Exception:  # noqa: BLE001 - the driver may be gone; the job then ends anyway
+            continue
+        if signum:
+            stop.signum = signum  # as the signal handler records it, without its KeyboardInterrupt
+            return
+
+
+def train_worker(config: dict) -> None:
+    """One Ray Train worker: ``vit.train`` with the given arguments; raises WorkerError on failure."""
+    stop, done = StopRequest(), threading.Event()
+    watcher = threading.Thread(target=_watch, args=(config["stop"], stop, done), daemon=True)
+    watcher.start()
+    tee = _Tee(sys.stderr)
+    previous, sys.stderr = sys.stderr, tee
+    try:
+        status = run.main(list(config["argv"]), stop=stop)
+    finally:
+        sys.stderr = previous
+        done.set()
+    if status != 0:
+        raise WorkerError(tee.last or f"vit.train ended with status {status}")
+
+
+def _one_line(error: BaseException) -> str:
+    """The worker's ``vit.train:`` line inside Ray's wrapped error, else its last line."""
+    text = str(error)
+    for line in text.splitlines():
+        if "vit.train:" in line:
+            return line[line.index("vit.train:"):].strip()
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return f"vit.train: {lines[-1] if lines else type(error).__name__}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m vit.runs.ray_train")
+    parser.add_argument("--workers", type=int, required=True)
+    parser.add_argument("--gpus-per-worker", type=float, default=0.0)
+    parser.add_argument("--name", required=True)
+    parser.add_argument("train_args", nargs=argparse.REMAINDER)
+    args = parser.parse_args(argv)
+    train_args = args.train_args[1:] if args.train_args[:1] == ["--"] else args.train_args
+    ray.init(log_to_driver=True)
+    flag = StopFlag.remote()
+    use_gpu = args.gpus_per_worker > 0
+    resources = {"CPU": 1, "GPU": args.gpus_per_worker} if use_gpu else {"CPU": 1}
+    trainer = TorchTrainer(train_worker, train_loop_config={"argv": train_args, "stop": flag},
+                           scaling_config=ScalingConfig(num_workers=args.workers, use_gpu=use_gpu,
+                                                        resources_per_worker=resources),
+                           run_config=RunConfig(name=args.name))
+    requested = threading.Event()
+    signals: list[int] = []
+
+    def on_signal(signum: int, frame: object) -> None:
+        signals.append(signum)
+        requested.set()
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, on_signal)
+    outcome: dict = {}
+
+    def fit() -> None:
+        try:
+            trainer.fit()
+        except BaseException as e:  # noqa: BLE001 - reported below as one line
+            outcome["error"] = e
+
+    thread = threading.Thread(target=fit, name="ray-train-fit")
+    thread.start()
+    while thread.is_alive():
+        if requested.is_set():
+            requested.clear()
+            print(f"vit.train: stopping on {signal.Signals(signals[-1]).name}: the workers finish their step "
+                  "and write last.pt", flush=True)
+            flag.request.remote(int(signals[-1]))
+        thread.join(0.2)
+    if "error" in outcome:
+        print(_one_line(outcome["error"]), file=sys.stderr, flush=True)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
