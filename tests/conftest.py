@@ -29,3 +29,22 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "cuda" in item.keywords:
             item.add_marker(skip)
+
+
+# ---------------------------------------------------------------------------------------------
+# A real local Ray cluster for the tests that ask for it (tests/ray_cluster.py): started once.
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def ray_cluster(tmp_path_factory):
+    """A head and a second worker node on 127.0.0.1 (1 CPU each); yields the job address."""
+    from ray_cluster import RayCluster
+
+    cluster = RayCluster(tmp_path_factory.mktemp("ray"))
+    try:
+        cluster.start()
+        yield cluster
+    finally:
+        cluster.stop()

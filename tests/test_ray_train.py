@@ -1,0 +1,134 @@
+"""Training on a real local Ray cluster (two nodes, one CPU each): ``vit.train --ray``."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from helpers import free_port, make_image_folder
+from test_distributed import DETERMINISTIC, PROCESS_TIMEOUT, TINY, read_json, read_metrics, torchrun
+
+from vit.checkpoint import load_checkpoint, read_checkpoint_payload
+
+REPO = Path(__file__).resolve().parent.parent
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def images(tmp_path_factory) -> Path:
+    return make_image_folder(tmp_path_factory.mktemp("data") / "colours", per_class=12)
+
+
+def args(images: Path, out: Path, *extra: str) -> list[str]:
+    return ["--dataset", f"folder:{images}", "--out", str(out), "--cache-dir", str(images.parent / "cache"),
+            *TINY, *extra]
+
+
+def train(*argv: str, **kwargs) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    return subprocess.Popen([sys.executable, "-m", "vit.train", *argv], cwd=REPO, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, **kwargs)
+
+
+def finish(proc: subprocess.Popen) -> tuple[int, str, str]:
+    out, err = proc.communicate(timeout=PROCESS_TIMEOUT)
+    return proc.returncode, out, err
+
+
+def test_an_unreachable_address_is_one_line_and_writes_nothing(images, tmp_path):
+    # A closed port on this machine: nothing listens there.
+    rc, out, err = finish(train(*args(images, tmp_path / "run", "--epochs", "1"), "--ray",
+                                f"http://127.0.0.1:{free_port()}", "--workers", "2"))
+    assert rc == 2
+    lines = [line for line in err.splitlines() if line.startswith("vit.train:")]
+    assert len(lines) == 1 and "cannot reach the Ray cluster" in lines[0], err
+    assert "Traceback" not in err and not (tmp_path / "run").exists()
+
+
+def test_two_ray_workers_train_like_two_torchrun_processes(ray_cluster, images, tmp_path):
+    ray_run, ddp = tmp_path / "ray", tmp_path / "ddp"
+    began = time.monotonic()
+    rc, out, err = finish(train(*args(images, ray_run, *DETERMINISTIC), "--ray", ray_cluster.address,
+                                "--workers", "2"))
+    ray_seconds = time.monotonic() - began
+    assert rc == 0, f"{out}\n{err}"
+    assert "job ray succeeded" in out
+    assert {p.name for p in ray_run.iterdir()} == {"config.json", "metrics.jsonl", "status.json", "last.pt",
+                                                   "best.pt", "train.log", "probe", "attention"}
+    status = read_json(ray_run / "status.json")
+    assert status["state"] == "completed" and status["world_size"] == 2 and status["step"] == 10
+
+    proc = torchrun(*args(images, ddp, *DETERMINISTIC))
+    out, err = proc.communicate(timeout=PROCESS_TIMEOUT)
+    assert proc.returncode == 0, f"{out}\n{err}"
+    # Same seed, same shards, same gloo all-reduce of two ranks: the same numbers.
+    for a, b in zip(read_metrics(ray_run), read_metrics(ddp), strict=True):
+        for key in ("train_loss", "train_acc", "val_loss", "val_acc", "lr"):
+            assert a[key] == pytest.approx(b[key], abs=1e-6), key
+    wa, wb = (load_checkpoint(r / "last.pt").model.state_dict() for r in (ray_run, ddp))
+    worst = max((wa[k].float() - wb[k].float()).abs().max().item() for k in wa)
+    print(f"ray run {ray_seconds:.1f} s (cluster started in {ray_cluster.start_seconds:.1f} s); "
+          f"largest weight difference ray vs torchrun {worst:.2e}")
+    assert worst <= 1e-6
+
+
+def test_a_bad_dataset_fails_the_job_with_its_one_line_error(ray_cluster, images, tmp_path):
+    empty = tmp_path / "empty"
+    (empty / "train").mkdir(parents=True)
+    rc, out, err = finish(train("--dataset", f"folder:{empty}", "--out", str(tmp_path / "run"), *TINY,
+                                "--epochs", "1", "--ray", ray_cluster.address, "--workers", "1"))
+    assert rc == 1, f"{out}\n{err}"
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("vit.train: error:") and str(empty) in last, err
+    assert not (tmp_path / "run").exists()
+
+
+def test_stopping_the_job_keeps_a_whole_last_pt_and_a_new_job_resumes_it(ray_cluster, images, tmp_path):
+    from vit.runs import ray_jobs
+
+    run = tmp_path / "stopped"
+    jobs, sid = ray_jobs.submit(ray_cluster.address, args(images, run, "--epochs", "40", "--batch-size", "2"), 2, 0)
+    deadline = time.time() + PROCESS_TIMEOUT
+    while not (read_json(run / "status.json").get("state") == "running"
+               and read_json(run / "status.json").get("step", 0) >= 1):
+        assert str(jobs.get_job_status(sid).value) not in ray_jobs.TERMINAL, jobs.get_job_logs(sid)
+        assert time.time() < deadline, "the job did not start training"
+        time.sleep(0.1)
+    jobs.stop_job(sid)
+    assert ray_jobs.follow(jobs, sid, lambda text: None) == "STOPPED"
+
+    status = read_json(run / "status.json")
+    assert status["state"] == "cancelled", jobs.get_job_logs(sid)
+    progress = read_checkpoint_payload(run / "last.pt")["training_state"]["progress"]
+    assert progress["global_step"] == status["step"] >= 1
+    assert "cancelled by SIGTERM" in (run / "train.log").read_text()
+
+    done = progress["epoch"]
+    rc, out, err = finish(train("--resume", str(run), "--epochs", str(done + 1), "--ray", ray_cluster.address,
+                                "--workers", "2"))
+    assert rc == 0, f"{out}\n{err}"
+    assert read_json(run / "status.json")["state"] == "completed"
+    assert len(read_metrics(run)) == done + 1
+    assert read_json(run / "config.json")["resumes"][-1]["from_step"] == progress["global_step"]
+
+
+def test_ctrl_c_stops_the_job_and_the_command_reports_it(ray_cluster, images, tmp_path):
+    run = tmp_path / "interrupted"
+    proc = train(*args(images, run, "--epochs", "40", "--batch-size", "2"), "--ray", ray_cluster.address,
+                 "--workers", "1")
+    deadline = time.time() + PROCESS_TIMEOUT
+    while read_json(run / "status.json").get("step", 0) < 1:
+        assert proc.poll() is None, proc.communicate()
+        assert time.time() < deadline
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGINT)
+    rc, out, err = finish(proc)
+    assert rc == 130 and "job interrupted stopped" in out, f"{out}\n{err}"
+    assert read_json(run / "status.json")["state"] == "cancelled"
+    torch.load(run / "last.pt", weights_only=False)  # whole
