@@ -35,9 +35,13 @@ class RayCluster:
         temp = self.root / name  # ray wants a short temp path (unix sockets)
         temp.mkdir(parents=True, exist_ok=True)
         log = open(self.root / f"{name}.log", "w")  # noqa: SIM115 - kept open for the process's life
+        # Every port free, not Ray's defaults: another cluster on this machine must not clash with ours.
+        ports = [f"--{name}={free_port()}" for name in ("dashboard-agent-listen-port", "dashboard-agent-grpc-port",
+                                                        "metrics-export-port", "runtime-env-agent-port",
+                                                        "node-manager-port", "object-manager-port")]
         self.processes.append(subprocess.Popen(
             [str(RAY), "start", "--block", "--disable-usage-stats", "--num-cpus", str(self.cpus), "--num-gpus", "0",
-             "--temp-dir", str(temp), *args], stdout=log, stderr=subprocess.STDOUT, env=self._env(),
+             "--temp-dir", str(temp), *ports, *args], stdout=log, stderr=subprocess.STDOUT, env=self._env(),
             start_new_session=True))
 
     def start(self, timeout: float = 180.0) -> None:

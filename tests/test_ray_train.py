@@ -132,3 +132,34 @@ def test_ctrl_c_stops_the_job_and_the_command_reports_it(ray_cluster, images, tm
     assert rc == 130 and "job interrupted stopped" in out, f"{out}\n{err}"
     assert read_json(run / "status.json")["state"] == "cancelled"
     torch.load(run / "last.pt", weights_only=False)  # whole
+
+
+def test_a_run_asking_for_more_than_the_cluster_has_is_pending_and_says_what_it_needs(ray_cluster, images, tmp_path):
+    from vit.runs import ray_jobs
+
+    jobs, sid = ray_jobs.submit(ray_cluster.address, args(images, tmp_path / "big", "--epochs", "1"), 5, 0)
+    try:
+        deadline = time.time() + 120
+        while True:
+            state, detail = ray_jobs.run_state(ray_cluster.address, sid, None)
+            if state == "pending" and "needs 5 CPU(s)" in detail:
+                break
+            assert time.time() < deadline, (state, detail)
+            time.sleep(0.5)
+    finally:
+        jobs.stop_job(sid)
+    assert ray_jobs.follow(jobs, sid, lambda text: None) == "STOPPED"
+    assert ray_jobs.run_state(ray_cluster.address, sid, None)[0] == "stopped"
+    assert ray_jobs.run_state(ray_cluster.address, "no-such-job", None)[0] == "lost"
+    assert ray_jobs.run_state(ray_cluster.address, "no-such-job", "completed")[0] == "completed"
+
+
+def test_a_head_that_cannot_be_reached_is_a_state_not_an_error():
+    state, detail = ray_jobs_module().run_state(f"http://127.0.0.1:{free_port()}", "any", "running")
+    assert state == "unreachable" and "cannot reach the Ray cluster" in detail
+
+
+def ray_jobs_module():
+    from vit.runs import ray_jobs
+
+    return ray_jobs

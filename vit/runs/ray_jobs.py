@@ -31,6 +31,7 @@ MAX_UPLOAD_BYTES = 20 * 2**20  # the project's code is ~2 MB; more means somethi
 EXCLUDES = ["/.venv", "/venv", "/runs", "/data", "/checkpoints", "/analysis", "/test-artifacts", "/.git",
             "/.github", "/docs", "**/__pycache__", ".pytest_cache", ".ruff_cache", "*.pt", "*.pth", "*.safetensors",
             "*.npz", "*.egg-info"]
+AGENT_WAIT_SECONDS = 60  # a head that has just started answers "No available agent" for a few seconds
 TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")
 # Options whose value is a path: the job runs in an unpacked copy of the code elsewhere.
 PATH_OPTIONS = ("--out", "--resume", "--data-dir", "--cache-dir", "--init")
@@ -142,15 +143,21 @@ def submit(address: str, argv: list[str], workers: int, gpus_per_worker: float) 
                              "--gpus-per-worker", f"{gpus_per_worker:g}", "--name", sid, "--", *argv])
     env = runtime_env()
     jobs = client(address)
-    try:
-        jobs.submit_job(entrypoint=entrypoint, submission_id=sid, runtime_env=env,
-                        metadata={"vit_run": str(run_dir)})
-    except Exception as e:  # noqa: BLE001
-        text = _first_line(e)
-        if "already exists" in text:
-            raise RayRunError(f"the cluster already has a job {sid}: choose another --out name") from None
-        raise RayRunError(f"the cluster refused the run: {text}") from None
-    return jobs, sid
+    deadline = time.monotonic() + AGENT_WAIT_SECONDS
+    while True:
+        try:
+            jobs.submit_job(entrypoint=entrypoint, submission_id=sid, runtime_env=env,
+                            metadata={"vit_run": str(run_dir), "vit_workers": str(workers),
+                                      "vit_gpus_per_worker": f"{gpus_per_worker:g}"})
+            return jobs, sid
+        except Exception as e:  # noqa: BLE001
+            text = _first_line(e)
+            if "No available agent" in text and time.monotonic() < deadline:  # a head that has just started
+                time.sleep(1.0)
+                continue
+            if "already exists" in text:
+                raise RayRunError(f"the cluster already has a job {sid}: choose another --out name") from None
+            raise RayRunError(f"the cluster refused the run: {text}") from None
 
 
 def follow(jobs, sid: str, write: Callable[[str], object], poll: float = 1.0) -> str:
@@ -226,3 +233,74 @@ def main(argv: list[str]) -> int:
         return 1
     print(f"vit.train: job {sid} {status.lower()}", flush=True)
     return 0 if status == "SUCCEEDED" else 130
+
+
+# ---------------------------------------------------------------------------------------------
+# What the cluster has, and a Ray run's state: Ray's job status merged with the run files
+
+
+def cluster_resources(address: str, timeout: float = 5.0) -> dict:
+    """{"nodes": n, "CPU": (used, total), "GPU": (used, total)} read from the dashboard; RayRunError
+    when the head cannot be reached."""
+    import json
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"{address.rstrip('/')}/api/cluster_status", timeout=timeout) as response:
+            data = json.loads(response.read(4 * 2**20))["data"]["clusterStatus"]
+        usage = data["loadMetricsReport"]["usage"]
+        nodes = sum((data["autoscalerReport"].get("activeNodes") or {}).values())
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise RayRunError(f"cannot read the Ray cluster's resources at {address} ({_first_line(e)}); check "
+                          "that the head is running") from None
+    return {"nodes": nodes, **{name: tuple(usage.get(name, (0.0, 0.0))) for name in ("CPU", "GPU")}}
+
+
+def pending_reason(address: str, workers: int, gpus_per_worker: float) -> str:
+    """Why a PENDING job may wait: what the run asks for against what the cluster has free."""
+    try:
+        have = cluster_resources(address)
+    except RayRunError as e:
+        return str(e)
+    free_cpu = have["CPU"][1] - have["CPU"][0]
+    free_gpu = have["GPU"][1] - have["GPU"][0]
+    need_cpu, need_gpu = workers, workers * gpus_per_worker  # 1 CPU per worker; the driver takes none
+    if need_cpu > free_cpu or need_gpu > free_gpu:
+        return (f"waiting for resources: the run needs {need_cpu} CPU(s) and {need_gpu:g} GPU(s), the cluster has "
+                f"{free_cpu:g} CPU(s) and {free_gpu:g} GPU(s) free of {have['CPU'][1]:g} and {have['GPU'][1]:g}")
+    return "waiting for Ray to start the job"
+
+
+def run_state(address: str, sid: str, file_state: str | None) -> tuple[str, str]:
+    """(state, detail) of a Ray run from its job and ``file_state`` (status.json's state, if any).
+
+    States: pending, running, completed, failed, cancelled (the run files), stopped (Ray stopped the
+    job before the run wrote its end), lost (Ray no longer knows the job: the head restarted) and
+    unreachable (the head cannot be reached: nothing is lost, the files say where the run stood)."""
+    try:
+        jobs = client(address)
+        info = jobs.get_job_info(sid)
+    except RayRunError as e:
+        return "unreachable", str(e)
+    except Exception as e:  # noqa: BLE001 - Ray raises RuntimeError for an unknown job
+        if "does not exist" in str(e) or "404" in str(e):
+            return (file_state, "Ray no longer knows the job") if file_state in ("completed", "failed", "cancelled") \
+                else ("lost", f"Ray no longer knows job {sid} (the head restarted?); resume the run")
+        return "unreachable", f"cannot read job {sid}: {_first_line(e)}"
+    status = str(info.status.value)
+    if status == "PENDING":
+        meta = info.metadata or {}
+        return "pending", pending_reason(address, int(meta.get("vit_workers", 1)),
+                                         float(meta.get("vit_gpus_per_worker", 0)))
+    if status == "RUNNING":
+        if file_state is None:  # Ray Train waits for its workers' resources with the job RUNNING
+            meta = info.metadata or {}
+            reason = pending_reason(address, int(meta.get("vit_workers", 1)), float(meta.get("vit_gpus_per_worker", 0)))
+            if reason.startswith("waiting for resources"):
+                return "pending", reason
+        return "running", f"job {sid} running"
+    if status == "SUCCEEDED":
+        return file_state or "completed", f"job {sid} succeeded"
+    if status == "FAILED":
+        return "failed", job_error(jobs, sid)
+    return ("cancelled" if file_state == "cancelled" else "stopped"), f"job {sid} stopped"
