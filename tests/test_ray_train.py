@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -107,7 +108,8 @@ def test_stopping_the_job_keeps_a_whole_last_pt_and_a_new_job_resumes_it(ray_clu
     assert status["state"] == "cancelled", jobs.get_job_logs(sid)
     progress = read_checkpoint_payload(run / "last.pt")["training_state"]["progress"]
     assert progress["global_step"] == status["step"] >= 1
-    assert "cancelled by SIGTERM" in (run / "train.log").read_text()
+    # rank 0 names the signal when its own poll of the stop flag came first, else another rank's stop reached it
+    assert re.search(r"cancelled by (SIGTERM|another process's signal)", (run / "train.log").read_text())
 
     done = progress["epoch"]
     rc, out, err = finish(train("--resume", str(run), "--epochs", str(done + 1), "--ray", ray_cluster.address,
