@@ -65,8 +65,12 @@ def preset_label(name: str) -> str:
 
 
 @st.cache_data(ttl=10, show_spinner=False)
-def device_options(users: dict[str, list[str]]) -> list[tuple[tuple[str, ...], str]]:
-    return devices.device_choices(devices.list_devices(), users)
+def device_options(users: dict[str, list[str]], ray_address: str | None = None
+                   ) -> list[tuple[tuple[str, ...], str]]:
+    choices = devices.device_choices(devices.list_devices(), users)
+    if ray_address:  # $VIT_RAY_ADDRESS, set by whoever started the server; a visitor never gives an address
+        choices.append((launch.RAY, runs.ray_cluster_label(ray_address, users.get("ray"))))
+    return choices
 
 
 def error_for(field: str) -> None:
@@ -91,7 +95,9 @@ def params_from_form() -> launch.RunParams:
         weight_decay=s["train_weight_decay"], warmup_epochs=s["train_warmup_epochs"],
         label_smoothing=s["train_label_smoothing"], augment=s["train_augment"],
         aug_magnitude=s["train_aug_magnitude"], ema=s["train_ema"], seed=s["train_seed"],
-        devices=tuple(s["train_devices"]), threads=s["train_threads"] or machine_threads())
+        devices=tuple(s["train_devices"]), threads=s["train_threads"] or machine_threads(),
+        **({"workers": s["train_workers"], "gpus_per_worker": s["train_gpus_per_worker"]}
+           if tuple(s["train_devices"]) == launch.RAY else {}))
 
 
 @st.cache_data(ttl=60, show_spinner=False)
@@ -104,12 +110,15 @@ def machine_threads() -> int:
 FORM_KEYS = ("train_preset", *(f"train_{f}" for f in launch.MODEL_SIZE_FIELDS), "train_dataset", "train_folder",
              "train_recipe", "train_epochs", "train_batch_size", "train_lr", "train_weight_decay",
              "train_warmup_epochs", "train_label_smoothing", "train_augment", "train_aug_magnitude", "train_ema",
-             "train_seed", "train_threads", "train_name", "train_devices", "train_share")
+             "train_seed", "train_threads", "train_name", "train_devices", "train_share", "train_workers",
+             "train_gpus_per_worker")
 FORM_MEMORY = "train_form_memory"
 for key, value in st.session_state.get(FORM_MEMORY, {}).items():
     if key not in st.session_state:
         st.session_state[key] = value
 st.session_state.setdefault("train_seed", 0)
+st.session_state.setdefault("train_workers", 2)
+st.session_state.setdefault("train_gpus_per_worker", 0.0)
 
 
 # -- launching: on the rerun the submit button causes, before the form is drawn again -------------------------
@@ -129,7 +138,7 @@ if st.session_state.get("train_submit"):
 
 st.title("Train a Vision Transformer")
 
-choices = device_options(manager.device_users())
+choices = device_options(manager.device_users(), launch.ray_address())
 if choices == [choices[-1]] and choices[-1][0] == ("cpu",):
     st.caption("No CUDA GPU on this machine: runs train on the CPU.")
 if st.session_state.get("train_devices") not in [c[0] for c in choices]:
@@ -206,6 +215,16 @@ with st.form("launch"):
         st.selectbox("Device", [c[0] for c in choices], key="train_devices", format_func=devices.device_label)
         st.caption("  \n".join(label for _, label in choices))
         error_for("devices")
+        if launch.ray_address():
+            ray_left, ray_right = st.columns(2)
+            ray_left.number_input("Ray workers", min_value=1, max_value=launch.MAX_RAY_WORKERS, step=1,
+                                  key="train_workers", help="With the Ray cluster as the device: Ray Train workers, "
+                                  "one CPU each; the run's folder must be on storage every node sees.")
+            ray_right.number_input("GPUs per worker", min_value=0.0, max_value=float(launch.MAX_GPUS_PER_WORKER),
+                                   step=1.0, key="train_gpus_per_worker",
+                                   help="0 trains on the workers' CPUs (gloo); more uses NCCL on the GPUs.")
+            error_for("workers")
+            error_for("gpus_per_worker")
         st.checkbox("Share the device with running runs", key="train_share",
                     help="Otherwise the run waits (queued) until no other run of ours uses its device")
     error_for("form")

@@ -165,3 +165,58 @@ def ray_jobs_module():
     from vit.runs import ray_jobs
 
     return ray_jobs
+
+
+# --- the Train page's path: RunManager launching, watching, stopping and resuming a run on the cluster -----------
+
+def ray_manager(tmp_path, images, monkeypatch):
+    from vit.runs import launch
+    from vit.runs.manager import RunManager
+
+    monkeypatch.setenv(launch.RAY_ADDRESS_ENV, "")  # set per test below, after the cluster is up
+    return RunManager(tmp_path / "runs", tmp_path / "data", env={"OMP_NUM_THREADS": "1"}, stop_grace_seconds=120,
+                      data_roots=(images.parent,))
+
+
+def page_params(name, images, **changes):
+    from test_runs import TINY as PAGE_TINY
+
+    from vit.runs.launch import RAY, RunParams
+
+    return RunParams(**{"name": name, "dataset": f"folder:{images}", **PAGE_TINY, "epochs": 1, "threads": 1,
+                        "devices": RAY, "workers": 2, **changes})
+
+
+def test_the_train_page_runs_stops_and_resumes_a_run_on_the_cluster(ray_cluster, images, tmp_path, monkeypatch):
+    from test_runs import wait_for
+
+    manager = ray_manager(tmp_path, images, monkeypatch)
+    monkeypatch.setenv("VIT_RAY_ADDRESS", ray_cluster.address)
+    info = manager.launch(page_params("on-ray", images, epochs=40, batch_size=2))
+    assert info.devices == ("ray",)
+    info, seen = wait_for(manager, "on-ray", lambda i: i.state == "running" and i.epoch >= 1, PROCESS_TIMEOUT)
+    manager.stop("on-ray")
+    info, _ = wait_for(manager, "on-ray", lambda i: i.state not in ("running",), PROCESS_TIMEOUT)
+    assert info.state == "cancelled", (info.detail, manager.log_tail("on-ray"))
+    assert "submitted job on-ray to" in manager.log_tail("on-ray", 400)
+    done = len(manager.metrics("on-ray"))
+    progress = read_checkpoint_payload(info.run_dir / "last.pt")["training_state"]["progress"]
+    manager.resume("on-ray", epochs=done + 1)
+    info, _ = wait_for(manager, "on-ray", lambda i: i.state not in ("queued", "running"), PROCESS_TIMEOUT)
+    assert info.state == "completed", (info.detail, manager.log_tail("on-ray"))
+    assert len(manager.metrics("on-ray")) == done + 1
+    assert read_json(info.run_dir / "config.json")["resumes"][-1]["from_step"] == progress["global_step"]
+
+
+def test_a_page_run_waiting_for_the_clusters_resources_says_what_it_needs(ray_cluster, images, tmp_path,
+                                                                           monkeypatch):
+    from test_runs import wait_for
+
+    manager = ray_manager(tmp_path, images, monkeypatch)
+    monkeypatch.setenv("VIT_RAY_ADDRESS", ray_cluster.address)
+    manager.launch(page_params("too-big", images, workers=5))
+    info, _ = wait_for(manager, "too-big", lambda i: "needs 5 CPU(s)" in (i.detail or ""), PROCESS_TIMEOUT)
+    assert info.state == "running"  # submitted: Ray holds it until the resources are there
+    manager.stop("too-big")
+    info, _ = wait_for(manager, "too-big", lambda i: i.state != "running", PROCESS_TIMEOUT)
+    assert info.state == "cancelled", (info.detail, manager.log_tail("too-big"))

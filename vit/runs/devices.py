@@ -73,6 +73,8 @@ def devices_overlap(a: tuple[str, ...], b: tuple[str, ...]) -> bool:
 def device_label(devices: tuple[str, ...]) -> str:
     if devices == ("cpu",):
         return "CPU"
+    if devices == ("ray",):
+        return "the Ray cluster"
     if len(devices) == 1:
         return devices[0].replace("cuda:", "GPU ")
     return f"{len(devices)} GPUs (" + ", ".join(d.split(":")[1] for d in devices) + ")"

@@ -81,13 +81,20 @@ class RunParams:
     aug_magnitude: int | None = None
     ema: float | None = None
     seed: int = 0
-    devices: tuple[str, ...] = ("cpu",)  # ("cpu",), ("cuda:N",) or several GPUs for torchrun
+    devices: tuple[str, ...] = ("cpu",)  # ("cpu",), ("cuda:N",), several GPUs for torchrun, or ("ray",)
     threads: int | None = None  # CPU threads per training process; None: the CLI's (torch's) choice
+    workers: int | None = None  # ("ray",) only: Ray Train workers (one CPU each)
+    gpus_per_worker: float | None = None  # ("ray",) only: GPUs per worker (0: train on the workers' CPUs)
 
 
 # RunParams fields passed to the CLI as --field-name VALUE: all but the name, the dataset (resolved
 # first) and the devices (which choose between a process and torchrun).
-CLI_FIELDS = tuple(f.name for f in fields(RunParams) if f.name not in ("name", "dataset", "devices"))
+CLI_FIELDS = tuple(f.name for f in fields(RunParams)
+                   if f.name not in ("name", "dataset", "devices", "workers", "gpus_per_worker"))
+RAY = ("ray",)  # the devices of a run on the Ray cluster at $VIT_RAY_ADDRESS
+RAY_ADDRESS_ENV = "VIT_RAY_ADDRESS"  # set by whoever starts the server: a visitor never gives an address
+MAX_RAY_WORKERS = 64
+MAX_GPUS_PER_WORKER = 8
 MODEL_SIZE_FIELDS = ("image_size", "patch_size", "hidden_size", "num_layers", "num_heads", "mlp_size")
 CROSS_FIELDS = (*MODEL_SIZE_FIELDS, "warmup_epochs")  # fields whose validity depends on others
 
@@ -144,14 +151,31 @@ def cli_args(params: RunParams, out: Path, data_dir: Path) -> list[str]:
     return argv
 
 
+def ray_address() -> str | None:
+    """The Ray cluster the Train page may launch on: $VIT_RAY_ADDRESS (a job-submission address such as
+    http://127.0.0.1:8265), or None when the server was started without one."""
+    address = os.environ.get(RAY_ADDRESS_ENV, "").strip()
+    return address or None
+
+
+def ray_arguments(workers: int | None, gpus_per_worker: float | None) -> list[str]:
+    """``vit.train``'s Ray flags for the page's cluster; RunError-free: the address was checked at validation."""
+    return ["--ray", ray_address() or "", "--workers", str(workers or 1),
+            "--gpus-per-worker", f"{gpus_per_worker or 0:g}", "--device", "cuda" if gpus_per_worker else "cpu"]
+
+
 def device_argument(devices: tuple[str, ...]) -> str:
     """The CLI's --device: cpu, cuda:N, or cuda when torchrun gives each rank its GPU."""
     return devices[0] if len(devices) == 1 else "cuda"
 
 
-def launch_command(argv: list[str], devices: tuple[str, ...], nice: int = 0) -> tuple[list[str], dict[str, str]]:
-    """(command, extra environment) starting ``vit.train argv``: torchrun for several GPUs."""
+def launch_command(argv: list[str], devices: tuple[str, ...], nice: int = 0, workers: int | None = None,
+                   gpus_per_worker: float | None = None) -> tuple[list[str], dict[str, str]]:
+    """(command, extra environment) starting ``vit.train argv``: torchrun for several GPUs; for ``RAY`` the
+    command that submits the run to the cluster and follows it (SIGTERM stops the job gracefully)."""
     prefix = ["nice", "-n", str(nice)] if nice > 0 and shutil.which("nice") else []
+    if devices == RAY:
+        return [*prefix, sys.executable, "-m", "vit.train", *argv, *ray_arguments(workers, gpus_per_worker)], {}
     argv = [*argv, "--device", device_argument(devices)]
     if len(devices) == 1:
         return [*prefix, sys.executable, "-m", "vit.train", *argv], {}
@@ -224,6 +248,7 @@ def validate_params(params: RunParams, runs_dir: Path, data_dir: Path,
     device_error = _device_problem(tuple(params.devices), gpu_count)
     if device_error:
         errors["devices"] = device_error
+    errors.update(_ray_problems(params))
 
     out = str(runs_dir / LAUNCH_DIR / ".validate-nonexistent")  # parse_args only checks it is empty
     base = ["--dataset", "cifar10", "--out", out, "--device", "cpu"]
@@ -283,9 +308,29 @@ def _bounds_problems(args, num_classes: int) -> dict[str, str]:
     return errors
 
 
+def _ray_problems(params: RunParams) -> dict[str, str]:
+    """The Ray fields: set for a Ray run only, and within the page's bounds."""
+    errors: dict[str, str] = {}
+    if tuple(params.devices) != RAY:
+        if params.workers is not None or params.gpus_per_worker is not None:
+            errors["workers"] = "workers and GPUs per worker are for runs on a Ray cluster"
+        return errors
+    workers, gpus = params.workers if params.workers is not None else 1, params.gpus_per_worker or 0
+    if isinstance(workers, bool) or not isinstance(workers, int) or not 1 <= workers <= MAX_RAY_WORKERS:
+        errors["workers"] = f"from 1 to {MAX_RAY_WORKERS} workers"
+    if isinstance(gpus, bool) or not isinstance(gpus, (int, float)) or not 0 <= gpus <= MAX_GPUS_PER_WORKER:
+        errors["gpus_per_worker"] = f"from 0 to {MAX_GPUS_PER_WORKER} GPUs per worker"
+    return errors
+
+
 def _device_problem(devices: tuple[str, ...], gpu_count: int | None) -> str | None:
     if not devices:
         return "choose a device"
+    if devices == RAY:
+        return None if ray_address() else (f"no Ray cluster: start the app with {RAY_ADDRESS_ENV} set to the "
+                                           "cluster's address (e.g. http://127.0.0.1:8265)")
+    if "ray" in devices:
+        return "a run goes to the Ray cluster or to this machine's devices, not both"
     if len(set(devices)) != len(devices):
         return "a device is listed twice"
     if devices == ("cpu",):

@@ -31,6 +31,7 @@ import datetime as dt
 import fcntl
 import math
 import os
+import re
 import shutil
 import signal
 import socket
@@ -42,7 +43,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 from vit.runs.devices import device_label, devices_overlap
-from vit.runs.launch import CLI_FIELDS, MAX_EPOCHS, RunParams, ValidationError, cli_args, default_data_dir, default_data_roots, launch_command, validate_params
+from vit.runs.launch import CLI_FIELDS, MAX_EPOCHS, RAY, RunParams, ValidationError, cli_args, default_data_dir, default_data_roots, launch_command, ray_address, validate_params
 from vit.runfiles import (
     BEST_CHECKPOINT,
     CONFIG_FILE,
@@ -72,6 +73,7 @@ from vit.runs.state import ACTIVE_STATES, boot_id, cli_process_problem, proc_sta
 STOP_GRACE_SECONDS = 30.0  # the CLI finishes its step and saves last.pt; a step is far shorter
 MAX_RUNNING = 4  # runs training at once, shared devices or not
 MAX_ACTIVE = 16  # runs queued or running: a launch beyond is refused
+JOB_LINE = re.compile(r"vit\.train: submitted job (\S+) to ")  # what a Ray run's follower prints first
 
 
 class RunError(ValueError):
@@ -134,6 +136,23 @@ def launch_notice(info: RunInfo, gpu_count: int) -> str:
     if info.state == "running":
         return f"Started {info.name} on {where}."
     return f"{info.name} is {info.state}: {info.detail}"
+
+
+def ray_cluster_label(address: str, users: list[str] | None = None) -> str:
+    """The Ray cluster as the form's device list shows it: nodes, CPUs and GPUs free of the total (read from
+    Ray's dashboard), or why they cannot be read; and the page's runs on it. The address is not shown: it is
+    the server's, and whoever reaches it owns the cluster."""
+    from vit.runs import ray_jobs
+
+    try:
+        have = ray_jobs.cluster_resources(address, timeout=2.0)
+    except ray_jobs.RayRunError:
+        text = "the Ray cluster: cannot reach it now (runs launched on it wait in Ray until it is back)"
+    else:
+        (cpu_used, cpus), (gpu_used, gpus) = have["CPU"], have["GPU"]
+        text = (f"the Ray cluster: {have['nodes']} node(s), {cpus - cpu_used:g} of {cpus:g} CPUs and "
+                f"{gpus - gpu_used:g} of {gpus:g} GPUs free")
+    return f"{text} · used by {', '.join(users)}" if users else text
 
 
 def table_rows(runs: list[RunInfo]) -> list[dict]:
@@ -324,6 +343,9 @@ class RunManager:
         state, detail = reconcile(record, status, alive, exit_code, output, now, self.stale_seconds)
         if state == "crashed" and problem:
             detail = f"{problem}; the run ended without a final state"
+        if record is not None and tuple(record["devices"]) == RAY and record.get("sessions") and (
+                state == "crashed" or (state == "running" and detail == "starting")):
+            state, detail = self._ray_state(name, record["sessions"][-1], status, state, detail)
 
         settings = dict((config or {}).get("args") or {})
         if not settings and record is not None:
@@ -356,6 +378,35 @@ class RunManager:
             info.started_at = start
             info.elapsed_seconds = max(0.0, end - start) if start and end else None
         return info
+
+    def _job_id(self, name: str, session: dict) -> str | None:
+        """The Ray job a Ray session's follower submitted, from the line it printed first."""
+        with contextlib.suppress(OSError), open(self.output_path(name), "rb") as f:
+            f.seek(session.get("log_offset", 0))
+            match = JOB_LINE.search(f.read(16_384).decode("utf-8", errors="replace"))
+            return match.group(1) if match else None
+        return None
+
+    def _ray_state(self, name: str, session: dict, status: dict | None, state: str,
+                   detail: str | None) -> tuple[str, str | None]:
+        """A Ray run's state where the local follower cannot tell: before training starts (pending on the
+        cluster: for what) and after the follower ended without a final state (the job may run on)."""
+        from vit.runs import ray_jobs
+
+        address, sid = ray_address(), self._job_id(name, session)
+        if address is None or sid is None:
+            return state, detail
+        file_state = (status or {}).get("state")
+        ray_state, ray_detail = ray_jobs.run_state(address, sid, file_state)
+        if state == "running":  # starting: say what the cluster is waiting for
+            return state, ray_detail if ray_state == "pending" else detail
+        if ray_state in ("pending", "running"):
+            return "running", f"{ray_detail}; the job runs on the cluster without this page's follower"
+        if ray_state in ("completed", "failed", "cancelled"):
+            return ray_state, ray_detail
+        if ray_state == "stopped":
+            return "cancelled", f"{ray_detail} before the run wrote its end; resume it"
+        return state, f"{detail}; {ray_detail}"  # lost or unreachable: the files say where it stood
 
     def _elapsed(self, record: dict, status: dict | None, state: str, now: float) -> float | None:
         if not record.get("sessions"):
@@ -482,6 +533,8 @@ class RunManager:
                     os.kill(info.pid, signal.SIGTERM)
                 return self.get(name)
             session = record["sessions"][-1]
+            if tuple(record["devices"]) == RAY and not process_alive(session)[0]:
+                return self._stop_ray_job(name, session)
             problem = session_problem(session)
             if problem:
                 raise RunError(f"not stopping {name}: {problem}; nothing was signalled")
@@ -492,6 +545,19 @@ class RunManager:
         timer = threading.Timer(self.stop_grace_seconds + 0.5, self._escalate_later)
         timer.daemon = True  # escalates even when no page polls; poll() does it too
         timer.start()
+        return self.get(name)
+
+    def _stop_ray_job(self, name: str, session: dict) -> RunInfo:
+        """Stop a Ray run whose follower has ended: the job itself, through the cluster's job API."""
+        from vit.runs import ray_jobs
+
+        address, sid = ray_address(), self._job_id(name, session)
+        if address is None or sid is None:
+            raise RunError(f"not stopping {name}: its Ray job is not known here; stop it with `ray job stop`")
+        try:
+            ray_jobs.client(address).stop_job(sid)
+        except Exception as e:  # noqa: BLE001 - one line, whatever Ray raises
+            raise RunError(f"could not stop Ray job {sid}: {ray_jobs._first_line(e)}") from None
         return self.get(name)
 
     def _escalate_later(self) -> None:
@@ -583,8 +649,9 @@ class RunManager:
                         queued.append(record)
         for record in sorted(queued, key=lambda r: r["queued_at"]):
             devices = tuple(record["devices"])
-            users = [name for used, name in running if devices_overlap(used, devices)]
-            behind = any(devices_overlap(w, devices) for w in waiting)
+            shared = devices == RAY  # the cluster's own scheduler queues its jobs (pending: for what)
+            users = [] if shared else [name for used, name in running if devices_overlap(used, devices)]
+            behind = not shared and any(devices_overlap(w, devices) for w in waiting)
             full = len(running) >= self.max_running
             if full or ((users or behind) and not record.get("allow_sharing")):
                 if full:
@@ -623,7 +690,9 @@ class RunManager:
             except TypeError as e:
                 raise RunError(f"its launch.json holds parameters this version does not know ({e})") from None
             argv = cli_args(params, run_dir, self.data_dir)
-        command, extra_env = launch_command(argv, devices, self.nice)
+        params = record["params"]
+        command, extra_env = launch_command(argv, devices, self.nice, params.get("workers"),
+                                            params.get("gpus_per_worker"))
         env = {**os.environ, **self.env, **extra_env, "PYTHONUNBUFFERED": "1"}
         output = self.output_path(name)
         output.parent.mkdir(parents=True, exist_ok=True)

@@ -14,6 +14,7 @@ import fnmatch
 import os
 import re
 import shlex
+import signal
 import sys
 import time
 from collections.abc import Callable
@@ -201,7 +202,7 @@ def job_error(jobs, sid: str) -> str:
 
 
 def main(argv: list[str]) -> int:
-    """``vit.train … --ray ADDRESS``: submit, follow until the end; Ctrl-C stops the job gracefully."""
+    """``vit.train … --ray ADDRESS``: submit, follow until the end; Ctrl-C (or SIGTERM) stops the job gracefully."""
     ray_args, rest = ray_parser().parse_known_args(argv)
     try:
         jobs, sid = submit(ray_args.ray, rest, ray_args.workers, ray_args.gpus_per_worker)
@@ -210,6 +211,7 @@ def main(argv: list[str]) -> int:
         return 2
     print(f"vit.train: submitted job {sid} to {ray_args.ray} ({ray_args.workers} worker(s)); Ctrl-C stops it",
           flush=True)
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # the Train page's Stop: as Ctrl-C, stop the job
 
     def write(text: str) -> None:
         sys.stdout.write(text)
