@@ -96,6 +96,7 @@ def params_from_form() -> launch.RunParams:
         label_smoothing=s["train_label_smoothing"], augment=s["train_augment"],
         aug_magnitude=s["train_aug_magnitude"], ema=s["train_ema"], seed=s["train_seed"],
         devices=tuple(s["train_devices"]), threads=s["train_threads"] or machine_threads(),
+        save_every=s.get("train_save_every"), attention_every=s.get("train_attention_every"),
         **({"workers": s["train_workers"], "gpus_per_worker": s["train_gpus_per_worker"]}
            if tuple(s["train_devices"]) == launch.RAY else {}))
 
@@ -111,6 +112,7 @@ FORM_KEYS = ("train_preset", *(f"train_{f}" for f in launch.MODEL_SIZE_FIELDS), 
              "train_recipe", "train_epochs", "train_batch_size", "train_lr", "train_weight_decay",
              "train_warmup_epochs", "train_label_smoothing", "train_augment", "train_aug_magnitude", "train_ema",
              "train_seed", "train_threads", "train_name", "train_devices", "train_share", "train_workers",
+             "train_save_every", "train_attention_every",
              "train_gpus_per_worker")
 FORM_MEMORY = "train_form_memory"
 for key, value in st.session_state.get(FORM_MEMORY, {}).items():
@@ -207,6 +209,17 @@ with st.form("launch"):
                         help="CPU threads of the training process. Empty: 1 on two cores or fewer, else the "
                         "idle cores minus one (at most 8); threads waiting for a busy core slow every step.")
         error_for("threads")
+        snap_left, snap_right = st.columns(2)
+        snap_left.number_input("Attention every N epochs", value=None, min_value=0, step=1,
+                               key="train_attention_every", placeholder="1",
+                               help="The probe images' attention maps and every head's distance and entropy, "
+                               "recorded every N epochs (and before training and at the end); 0 = off.")
+        snap_right.number_input("Keep weights every N epochs", value=None, min_value=0, step=1,
+                                key="train_save_every", placeholder="0 = off",
+                                help="Keeps checkpoints/epoch_NNNN.pt every N epochs, to compare epochs in the "
+                                "explorer.")
+        error_for("attention_every")
+        error_for("save_every")
         st.markdown("**Run**")
         st.text_input("Run name", key="train_name", placeholder="dataset-preset-date when empty")
         error_for("name")
@@ -298,6 +311,13 @@ def runs_panel() -> None:
     selected = st.multiselect("Selected runs (curves overlaid)", names, key="selected_runs")
     if not selected:
         return
+    steps = manager.step_curves(selected)
+    if steps:  # every few seconds of training: the curve moves before the first epoch ends
+        live = pd.DataFrame(steps).assign(run=lambda d: d["run"].map(escape_plotly))  # legend: no HTML
+        figure = px.line(live, x="epoch", y="value", color="run", title="Training loss, every few seconds",
+                         labels={"value": "train loss", "epoch": "epoch (fractional)"})
+        figure.update_layout(height=260, margin=dict(l=10, r=10, t=40, b=10))
+        st.plotly_chart(figure, key="chart-steps")
     charts = manager.curves(selected)
     columns = st.columns(2)
     for i, (chart, rows) in enumerate(charts.items()):

@@ -755,3 +755,11 @@ def test_parse_json_bounds_depth_and_size():
         parse_json("[" * (MAX_JSON_DEPTH + 1) + "]" * (MAX_JSON_DEPTH + 1))
     with pytest.raises(ValueError, match="nested deeper"):
         parse_json("[" * 100_000 + "]" * 100_000)
+
+
+def test_step_curves_read_each_runs_live_loss_and_skip_torn_lines(tmp_path):
+    manager = RunManager(tmp_path / "runs", tmp_path / "data")
+    (tmp_path / "runs" / "a").mkdir(parents=True)
+    (tmp_path / "runs" / "a" / "steps.jsonl").write_text(
+        '{"step": 3, "epoch": 0.25, "train_loss": 2.1}\n{"step": 6, "epoch": 0.5, "train_loss": "x"}\n{"step": 9, "ep')
+    assert manager.step_curves(["a", "missing"]) == [{"run": "a", "epoch": 0.25, "value": 2.1}]

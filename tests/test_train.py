@@ -29,7 +29,7 @@ REPO = Path(__file__).resolve().parent.parent
 TINY = ["--image-size", "8", "--patch-size", "4", "--hidden-size", "8", "--num-layers", "1", "--num-heads", "2",
         "--mlp-size", "16", "--threads", "1"]
 METRIC_KEYS = {"epoch", "train_loss", "train_acc", "val_loss", "val_acc", "lr", "epoch_seconds", "images_per_second"}
-TIMING_KEYS = {"epoch_seconds", "images_per_second"}
+TIMING_KEYS = {"epoch_seconds", "images_per_second", "elapsed_seconds"}
 STATUS_KEYS = {"state", "epoch", "step", "total_epochs", "total_steps", "progress", "pid", "host", "start_time",
                "updated_time", "eta_seconds", "elapsed_seconds", "best_val_acc", "device", "world_size", "error"}
 
@@ -60,6 +60,32 @@ def read_metrics(run: Path) -> list[dict]:
 
 def without_timing(rows: list[dict]) -> list[dict]:
     return [{k: v for k, v in row.items() if k not in TIMING_KEYS} for row in rows]
+
+
+def read_steps(run: Path) -> list[dict]:
+    return [json.loads(line) for line in (run / "steps.jsonl").read_text().splitlines()]
+
+
+def test_steps_jsonl_holds_the_training_loss_between_rows_and_stays_bounded(images, cache, tmp_path, monkeypatch):
+    """The live curve: each row's loss is the mean over its images since the previous row, so the rows of an
+    epoch weighted by their images give the epoch's train_loss; past MAX_STEP_ROWS every other row goes."""
+    monkeypatch.setattr("vit.training.trainer.STEP_ROW_SECONDS", 0.0)
+    run = tmp_path / "steps"
+    assert main(cli(images, cache, run, "--epochs", "2", "--batch-size", "4")) == 0
+    steps, metrics = read_steps(run), read_metrics(run)
+    for epoch in (1, 2):
+        rows = [r for r in steps if epoch - 1 < r["epoch"] <= epoch]
+        assert len(rows) > 2 and rows[-1]["epoch"] == epoch
+        mean = sum(r["train_loss"] * r["images"] for r in rows) / sum(r["images"] for r in rows)
+        assert mean == pytest.approx(metrics[epoch - 1]["train_loss"], abs=1e-6)  # metrics keep 6 decimals
+    assert [r["step"] for r in steps] == sorted({r["step"] for r in steps})
+
+    monkeypatch.setattr("vit.training.trainer.MAX_STEP_ROWS", 4)
+    bounded = tmp_path / "bounded"
+    assert main(cli(images, cache, bounded, "--epochs", "2", "--batch-size", "4")) == 0
+    rows = read_steps(bounded)
+    assert 2 <= len(rows) <= 4 and rows == read_checkpoint_payload(bounded / "last.pt")["training_state"]["steps"]
+    assert rows[-1]["step"] == read_json(bounded / "status.json")["step"]  # thinned, still up to the end
 
 
 def one_line_error(capsys) -> str:
@@ -154,9 +180,10 @@ def test_seed_recipe_is_the_blogs_constant_adamw_on_every_parameter():
 # -- resume -----------------------------------------------------------------------------------
 
 
-def test_resume_after_one_epoch_gives_the_metrics_of_two_straight_epochs(images, cache, tmp_path):
+def test_resume_after_one_epoch_gives_the_metrics_of_two_straight_epochs(images, cache, tmp_path, monkeypatch):
     # A constant rate so that a 1-epoch and a 2-epoch run share their first epoch; EMA and mixup
-    # so that their state and random draws must be restored too.
+    # so that their state and random draws must be restored too. A steps.jsonl row at every sync, not by time.
+    monkeypatch.setattr("vit.training.trainer.STEP_ROW_SECONDS", 0.0)
     recipe = ["--schedule", "constant", "--warmup-epochs", "0", "--ema", "0.9", "--mixup", "0.4"]
     straight, split = tmp_path / "straight", tmp_path / "split"
     assert main(cli(images, cache, straight, "--epochs", "2", *recipe)) == 0
@@ -165,6 +192,7 @@ def test_resume_after_one_epoch_gives_the_metrics_of_two_straight_epochs(images,
     assert main(["--resume", str(split), "--epochs", "2"]) == 0
 
     assert without_timing(read_metrics(split)) == without_timing(read_metrics(straight))
+    assert without_timing(read_steps(split)) == without_timing(read_steps(straight))  # the live curve too
     a, b = read_checkpoint_payload(straight / "last.pt"), read_checkpoint_payload(split / "last.pt")
     assert all(torch.equal(a["state_dict"][k], b["state_dict"][k]) for k in a["state_dict"])
     status = read_json(split / "status.json")

@@ -166,3 +166,36 @@ def test_a_second_launch_after_the_first_is_accepted_and_both_get_the_machine_th
         deadline = time.time() + TIMEOUT
         while any(manager.get(n).state == "running" for n in ("first", "second")) and time.time() < deadline:
             time.sleep(0.5)
+
+
+def test_the_form_passes_snapshot_and_checkpoint_intervals_to_the_cli(tmp_path):
+    from vit.runs.launch import RunParams, cli_args
+
+    argv = cli_args(RunParams(name="r", dataset="cifar10", save_every=5, attention_every=0), tmp_path / "r",
+                    tmp_path / "data")
+    assert argv[argv.index("--save-every") + 1] == "5" and argv[argv.index("--attention-every") + 1] == "0"
+    assert "--save-every" not in cli_args(RunParams(name="r", dataset="cifar10"), tmp_path / "r", tmp_path / "data")
+
+
+def test_the_live_loss_curve_is_drawn_from_steps_jsonl(tmp_path, monkeypatch):
+    """A run's training loss every few seconds is charted before (and besides) the per-epoch curves."""
+    from helpers import make_image_folder as make_folder
+    from streamlit.testing.v1 import AppTest
+    from test_training_page import PAGE, TIMEOUT
+
+    from vit.train import main
+
+    monkeypatch.setenv("VIT_RUNS_DIR", str(tmp_path / "runs"))
+    monkeypatch.setenv("VIT_DATA_DIR", str(tmp_path / "data"))
+    monkeypatch.delenv("VIT_TRAIN_TOKEN", raising=False)
+    monkeypatch.delenv("VIT_RAY_ADDRESS", raising=False)
+    monkeypatch.setattr("vit.training.trainer.STEP_ROW_SECONDS", 0.0)
+    images = make_folder(tmp_path / "images", per_class=6)
+    assert main(["--dataset", f"folder:{images}", "--out", str(tmp_path / "runs" / "live"), "--cache-dir",
+                 str(tmp_path / "cache"), "--image-size", "8", "--patch-size", "4", "--hidden-size", "8",
+                 "--num-layers", "1", "--num-heads", "2", "--mlp-size", "16", "--epochs", "1", "--batch-size", "2",
+                 "--attention-every", "0"]) == 0
+    at = AppTest.from_file(PAGE).run(timeout=TIMEOUT)
+    assert not at.exception, [e.message for e in at.exception]
+    titles = [__import__("json").loads(c.proto.spec)["layout"]["title"]["text"] for c in at.get("plotly_chart")]
+    assert "Training loss, every few seconds" in titles

@@ -40,6 +40,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 CONFIG_FILE = "config.json"
 METRICS_FILE = "metrics.jsonl"
+STEPS_FILE = "steps.jsonl"  # the training loss every few seconds, for live curves before an epoch ends
 STATUS_FILE = "status.json"
 LAST_CHECKPOINT = "last.pt"
 BEST_CHECKPOINT = "best.pt"

@@ -83,6 +83,8 @@ class RunParams:
     seed: int = 0
     devices: tuple[str, ...] = ("cpu",)  # ("cpu",), ("cuda:N",), several GPUs for torchrun, or ("ray",)
     threads: int | None = None  # CPU threads per training process; None: the CLI's (torch's) choice
+    save_every: int | None = None  # keep every Nth epoch's weights to compare in the explorer (None: off)
+    attention_every: int | None = None  # attention snapshots every N epochs (None: the CLI's default, 1)
     workers: int | None = None  # ("ray",) only: Ray Train workers (one CPU each)
     gpus_per_worker: float | None = None  # ("ray",) only: GPUs per worker (0: train on the workers' CPUs)
 

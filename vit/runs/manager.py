@@ -52,6 +52,7 @@ from vit.runfiles import (
     LAUNCH_FILE,
     LOG_FILE,
     METRICS_FILE,
+    STEPS_FILE,
     OUTPUT_FILE,
     ROOT,
     STALE_SECONDS,
@@ -449,6 +450,17 @@ class RunManager:
     def curves(self, names: list[str]) -> dict[str, list[dict]]:
         """Chart rows for several runs overlaid; see ``curve_rows``."""
         return curve_rows({name: self.metrics(name) for name in names})
+
+    def step_curves(self, names: list[str]) -> list[dict]:
+        """Long-format rows ({run, epoch, value}) of each run's training loss every few seconds (steps.jsonl),
+        so a curve moves before the first epoch ends."""
+        rows = []
+        for name in names:
+            for row in read_metrics(self.run_dir(name) / STEPS_FILE):
+                epoch, loss = row.get("epoch"), row.get("train_loss")
+                if _is_number(epoch) and _is_number(loss):  # a torn or damaged line plots nothing
+                    rows.append({"run": name, "epoch": epoch, "value": loss})
+        return rows
 
     def device_users(self, runs: list[RunInfo] | None = None) -> dict[str, list[str]]:
         """{device key: names of the running runs on it}."""

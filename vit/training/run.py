@@ -33,6 +33,7 @@ from vit.runfiles import (
     METRICS_FILE,
     STALE_SECONDS,
     STATUS_FILE,
+    STEPS_FILE,
     Status,
     append_traceback,
     now_iso,
@@ -209,6 +210,7 @@ def _open_run(args: argparse.Namespace, argv: list[str], run_dir: Path, trainer:
         if resumed:
             _record_resume(run_dir / CONFIG_FILE, args, argv, trainer)
             write_metrics(run_dir / METRICS_FILE, trainer.metrics)
+            write_metrics(run_dir / STEPS_FILE, trainer.steps)  # rows past last.pt's step are gone
         else:
             written.append(run_dir / CONFIG_FILE)
             write_json(run_dir / CONFIG_FILE, _config_record(args, argv, trainer))

@@ -8,6 +8,7 @@ every rank trains on its shard of each global batch and only rank 0 writes.
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import os
@@ -32,6 +33,7 @@ from vit.runfiles import (
     BEST_CHECKPOINT,
     LAST_CHECKPOINT,
     METRICS_FILE,
+    STEPS_FILE,
     Status,
     epoch_checkpoint_path,
     epoch_checkpoints,
@@ -53,6 +55,9 @@ from vit.training.snapshots import (
 log = logging.getLogger(__name__)
 
 FAULT_ENV = "VIT_TRAIN_FAULT_AT_STEP"  # test hook: raise inside training at this global step
+
+STEP_ROW_SECONDS = 2.0  # steps.jsonl: a row at most this often (and at each epoch's end)
+MAX_STEP_ROWS = 20_000  # then every other row goes and the interval doubles: ~11 h at 2 s before the first thinning
 
 
 class UsageError(ValueError):
@@ -244,6 +249,8 @@ class Trainer:
                                            fused=True if on_gpu else None)
         self.progress = Progress()
         self.metrics: list[dict] = []
+        self.steps: list[dict] = []  # steps.jsonl: the training loss every few seconds (rank 0)
+        self.step_seconds = STEP_ROW_SECONDS  # doubled each time the rows are thinned to stay bounded
         self.rng_state: dict | None = None
         if resume_payload is not None:
             self._restore(resume_payload)
@@ -327,6 +334,8 @@ class Trainer:
                                   ) from None
         self.progress = Progress.from_dict(state["progress"])
         self.metrics = list(state["metrics"])
+        self.steps = [row for row in state.get("steps") or [] if row.get("step", 0) <= self.progress.global_step]
+        self.step_seconds = float(state.get("step_seconds") or STEP_ROW_SECONDS)
         rng = state.get("rng") or []
         if self.settings.scale_batch and len(rng) not in (0, self.world):
             raise CheckpointError(f"the run trained with --scale-batch under {len(rng)} process(es); resume it "
@@ -358,6 +367,7 @@ class Trainer:
             sums = torch.tensor([p.loss_sum, p.correct], dtype=torch.float64, device=self.device)
             synced = sums.clone()
             stopping = False
+            last_row = (time.time(), p.loss_sum, p.correct, p.seen)  # the training loss since: steps.jsonl
             while p.step_in_epoch < self.steps_per_epoch:
                 idx = order[p.step_in_epoch * self.local_batch:(p.step_in_epoch + 1) * self.local_batch]
                 stats = self.step(idx)  # (mean loss, hits) of this rank's share
@@ -373,6 +383,8 @@ class Trainer:
                     stopping = self.stop.requested  # a host flag: checked every step
                 if sync or stopping:
                     stopping = self._sync_stats(sums, synced) or stopping
+                    if now - last_row[0] >= self.step_seconds or p.step_in_epoch == self.steps_per_epoch:
+                        last_row = self._step_row(last_row, now)
                 if bar is not None:
                     bar.update(1)
                     if sync:
@@ -428,6 +440,27 @@ class Trainer:
         order = torch.randperm(len(self.train), generator=generator)
         order = order[:self.steps_per_epoch * self.batch_size]
         return order.view(self.steps_per_epoch, self.batch_size)[:, self.rank::self.world].reshape(-1)
+
+    def _step_row(self, since: tuple[float, float, float, int], now: float) -> tuple[float, float, float, int]:
+        """Append the training loss and accuracy since ``since`` (time, loss sum, hits, images seen) to
+        steps.jsonl (rank 0); returns the new mark. Past ``MAX_STEP_ROWS`` every other row is dropped and the
+        interval doubled, so a run of any length keeps a bounded file."""
+        p = self.progress
+        images = p.seen - since[3]
+        if not self.is_main or self.run_dir is None or images <= 0:
+            return now, p.loss_sum, p.correct, p.seen
+        row = {"step": p.global_step, "epoch": round(p.epoch + p.step_in_epoch / self.steps_per_epoch, 5),
+               "train_loss": (p.loss_sum - since[1]) / images, "train_acc": (p.correct - since[2]) / images,
+               "images": images, "lr": self.lr(), "elapsed_seconds": round(self._elapsed(), 3)}
+        self.steps.append(row)
+        if len(self.steps) > MAX_STEP_ROWS:
+            self.steps = self.steps[(len(self.steps) - 1) % 2::2]  # every other row, the newest kept
+            self.step_seconds *= 2
+            write_metrics(self.run_dir / STEPS_FILE, self.steps)
+        else:
+            with open(self.run_dir / STEPS_FILE, "a") as f:  # a torn last line is skipped by every reader
+                f.write(json.dumps(row) + "\n")
+        return now, p.loss_sum, p.correct, p.seen
 
     def _sync_stats(self, sums: torch.Tensor, synced: torch.Tensor) -> bool:
         """Fold the device's running sums into ``progress``; under DDP sum every rank's share and
@@ -637,7 +670,8 @@ class Trainer:
         p = self.progress
         state = {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
                  "ema": self.ema.state_dict() if self.ema is not None else None,
-                 "progress": vars(p).copy(), "metrics": self.metrics, "rng": states}
+                 "progress": vars(p).copy(), "metrics": self.metrics, "rng": states, "steps": self.steps,
+                 "step_seconds": self.step_seconds}
         last_acc = self.metrics[-1]["val_acc"] if self.metrics else None
         self._save_model(self.run_dir / LAST_CHECKPOINT, last_acc, training_state=state)
 
