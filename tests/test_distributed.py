@@ -63,7 +63,7 @@ def test_two_gloo_processes_train_like_one_process_with_the_whole_batch(images, 
     out, err = proc.communicate(timeout=PROCESS_TIMEOUT)
     assert proc.returncode == 0, f"{out}\n{err}"
 
-    assert {p.name for p in ddp.iterdir()} == {"config.json", "metrics.jsonl", "status.json", "last.pt",
+    assert {p.name for p in ddp.iterdir()} == {"config.json", "metrics.jsonl", "steps.jsonl", "status.json", "last.pt",
                                                "best.pt", "train.log", "probe", "attention"}
     status = read_json(ddp / "status.json")
     assert status["state"] == "completed" and status["world_size"] == 2 and status["step"] == 10

@@ -60,8 +60,8 @@ def test_two_ray_workers_train_like_two_torchrun_processes(ray_cluster, images, 
     ray_seconds = time.monotonic() - began
     assert rc == 0, f"{out}\n{err}"
     assert "job ray succeeded" in out
-    assert {p.name for p in ray_run.iterdir()} == {"config.json", "metrics.jsonl", "status.json", "last.pt",
-                                                   "best.pt", "train.log", "probe", "attention"}
+    assert {p.name for p in ray_run.iterdir()} == {"config.json", "metrics.jsonl", "steps.jsonl", "status.json",
+                                                   "last.pt", "best.pt", "train.log", "probe", "attention"}
     status = read_json(ray_run / "status.json")
     assert status["state"] == "completed" and status["world_size"] == 2 and status["step"] == 10
 

@@ -106,8 +106,8 @@ def completed_run(images, cache, tmp_path_factory) -> Path:
 
 def test_short_run_writes_every_run_file(completed_run, images):
     files = {p.name for p in completed_run.iterdir()}
-    assert files == {"config.json", "metrics.jsonl", "status.json", "last.pt", "best.pt", "train.log", "probe",
-                     "attention"}  # the last two: attention snapshots, on by default
+    assert files == {"config.json", "metrics.jsonl", "steps.jsonl", "status.json", "last.pt", "best.pt", "train.log",
+                     "probe", "attention"}  # the last two: attention snapshots, on by default
 
     config = read_json(completed_run / "config.json")
     parser_dests = {a.dest for a in build_parser()._actions if a.dest != "help"}
