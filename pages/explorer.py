@@ -289,6 +289,11 @@ with st.sidebar:
     # another map would make it a self-blob.
     query_key = f"class-query-{model_key}" if kind in explorer.CLASS_MAP_KINDS else f"query-{model_key}"
     st.session_state.setdefault(query_key, 0)
+    grid_key = f"{query_key}-grid"  # the grid the query was picked on: keep its place when the grid changes
+    if st.session_state.get(grid_key) not in (None, tuple(grid)):
+        st.session_state[query_key] = explorer.remap_query(st.session_state[query_key], st.session_state[grid_key],
+                                                           tuple(grid), prefix)
+    st.session_state[grid_key] = tuple(grid)
     if st.session_state[query_key] not in tokens:
         st.session_state[query_key] = 0
     query, layer, head, fusion, discard_ratio, end_layer, class_index = 0, L, None, "mean", 0.0, L, None

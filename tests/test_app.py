@@ -942,3 +942,28 @@ def test_images_with_one_pixel_sides_show_every_view(default_world, size):
     upload(at, "tiny.png", png_bytes(*size))
     assert not at.exception and not at.error, [e.message for e in at.exception]
     assert sorted(predicted_labels(at)) == sorted(CLASSES)
+
+
+def test_the_query_keeps_its_place_in_the_image_when_the_grid_changes(default_world):
+    """Issue 19, item 2: row 2, col 4 of a 4x4 grid is the same place as row 3-4, col 7-8 of an 8x8 one."""
+    at = run_app()
+    upload(at, "photo.png", png_bytes(width=16, height=16, seed=4))
+    sidebar_widget(at, "selectbox", "Query token").set_value(1 + 1 * 4 + 3)  # row 2, col 4 of 4x4
+    at.run()
+    assert "patch row 2, col 4" in overlay_caption(at)
+    sidebar_widget(at, "selectbox", "Input size").set_value(32)  # 8x8 patches
+    at.run()
+    assert not at.exception and not at.error
+    # The centre of patch (2, 4) of 4x4, (1.5/4, 3.5/4) of the image, lies in patch (4, 8) of 8x8 (from 1).
+    assert sidebar_widget(at, "selectbox", "Query token").value == 1 + 3 * 8 + 7
+    assert "patch row 4, col 8" in overlay_caption(at)
+    sidebar_widget(at, "selectbox", "Input size").set_value(0)  # back to the model's 4x4
+    at.run()
+    assert "patch row 2, col 4" in overlay_caption(at)
+
+
+def test_remap_query_by_hand():
+    assert explorer.remap_query(0, (4, 4), (8, 8), 1) == 0  # CLS stays
+    assert explorer.remap_query(1 + 4 * 0 + 0, (4, 4), (2, 2), 1) == 1  # top-left stays top-left
+    assert explorer.remap_query(1 + 15, (4, 4), (5, 8), 1) == 1 + 4 * 8 + 7  # bottom-right stays bottom-right
+    assert explorer.remap_query(5 + 6, (4, 4), (4, 4), 5) == 11  # same grid: unchanged (registers counted)

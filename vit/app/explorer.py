@@ -665,3 +665,17 @@ def ablated_rollouts(checkpoint: Checkpoint, image: Image.Image, heads: Sequence
             maps.append(token_map(rollout(list(attentions), "mean", num_prefix_tokens=P), 0, grid, P)[0]
                         .float().cpu().numpy())
     return maps[0], maps[1]
+
+
+def remap_query(token: int, old_grid: tuple[int, int], new_grid: tuple[int, int], num_prefix_tokens: int) -> int:
+    """The query token at the same place in the image when the patch grid changes (another input size or the
+    aspect kept): a patch goes to the patch of the new grid that holds its centre; prefix tokens stay."""
+    if token < num_prefix_tokens or tuple(old_grid) == tuple(new_grid):
+        return token
+    (gh, gw), (nh, nw) = old_grid, new_grid
+    row, col = divmod(token - num_prefix_tokens, gw)
+    if row >= gh:  # not a patch of the old grid: start again from CLS
+        return 0
+    new_row = min(nh - 1, int((row + 0.5) * nh / gh))
+    new_col = min(nw - 1, int((col + 0.5) * nw / gw))
+    return num_prefix_tokens + new_row * nw + new_col
