@@ -10,7 +10,7 @@ from pathlib import Path
 import streamlit as st
 
 from vit.app import catalog
-from vit.checkpoint import CheckpointError, load_checkpoint
+from vit.checkpoint import CheckpointError
 from vit.evaluate import labelled_files
 from vit.explain import dataset
 from vit.explain.dataset import sample_files
@@ -18,6 +18,7 @@ from vit.images import ImageError, open_image
 from vit.predict import UsageError
 from vit.runs import access
 from vit.runs.launch import default_data_roots, folder_problem
+from vit.sources.open import open_source
 from vit.text import escape_markdown
 
 EXPLORER_PAGE = "pages/explorer.py"
@@ -28,14 +29,31 @@ st.caption("Every image of a folder through one checkpoint: how far and how even
            "paper's Fig. 7), the mean CLS attention and rollout per class, the confusion matrix and the mistakes "
            "the model is most sure of.")
 
-entries = [e for e in catalog.list_checkpoints() if e.ok]
+# The explorer's choice of models: shipped checkpoints and runs, the HF cache, and a path on the server.
+candidates = catalog.find_checkpoints() + catalog.find_hf_cache_models()
+opened = ""
+if access.is_local_address(st.get_option("server.address")):  # a network visitor may not read files by path
+    opened = st.text_input("Or open a path", key="analyze_open_path", placeholder="/path/to/model folder or file",
+                           help="A model file or folder on the server: our .pt, an HF or timm folder, timm / "
+                                "torchvision weights.").strip()
+described = {str(c.path): catalog.describe_current(c) for c in candidates}
+if opened:
+    wanted = catalog.candidate_for(opened, candidates)
+    described.setdefault(str(wanted.path), catalog.describe_current(wanted))
+    if not described[str(wanted.path)].ok:
+        st.error(escape_markdown(described[str(wanted.path)].error))
+    elif opened != st.session_state.get("analyze_opened"):
+        st.session_state["analyze_checkpoint"] = str(wanted.path)  # what was just opened is what is analysed
+st.session_state["analyze_opened"] = opened
+entries = [e for e in described.values() if e.ok]
 if not entries:
     st.info(f"No checkpoints yet: put a .pt file in {escape_markdown(catalog.default_checkpoints_dir())} or train one.")
     st.stop()
 labels = {str(e.path): e.label for e in entries}
-default = catalog.default_entry(entries)
-choice = st.selectbox("Checkpoint", list(labels), format_func=labels.get, key="analyze_checkpoint",
-                      index=list(labels).index(str(default.path)) if default else 0)
+if st.session_state.get("analyze_checkpoint") not in labels:
+    default = catalog.default_entry(entries)
+    st.session_state["analyze_checkpoint"] = str(default.path) if default else next(iter(labels))
+choice = st.selectbox("Checkpoint", list(labels), format_func=labels.get, key="analyze_checkpoint")
 folder = st.text_input("Image folder", key="analyze_folder", placeholder="data/cifar10/val",
                        help="One subfolder per class, named as the checkpoint names its classes.")
 limit = st.number_input("Images (0 = all of them)", min_value=0, value=500, step=100, key="analyze_limit",
@@ -51,7 +69,9 @@ if st.button("Analyse", type="primary", disabled=not folder.strip()):
             problem = folder_problem(f"folder:{folder.strip()}", default_data_roots())
             if problem:
                 raise ValueError(problem.replace("folder datasets", "image folders"))
-        checkpoint = load_checkpoint(choice)
+        checkpoint = open_source(choice)  # our .pt files and every format the explorer opens
+        if not checkpoint.class_names:
+            raise ValueError("this model has no classifier (a feature model): there are no classes to analyse")
         files = sample_files(labelled_files(Path(folder.strip()), checkpoint.class_names), limit or None, seed=0)
         bar = st.progress(0.0, text=f"0 of {len(files)} images")
         step = max(1, len(files) // 100)
@@ -80,11 +100,12 @@ middle.metric("Accuracy", accuracy)
 right.metric("Unreadable", len(analysis.skipped))
 
 left, right = st.columns(2)
-left.plotly_chart(figures["distance"])
-right.plotly_chart(figures["entropy"])
-st.plotly_chart(figures["class_attention"])
-st.plotly_chart(figures["class_rollout"])
-st.plotly_chart(figures["confusion"])
+# theme=None: Streamlit's theme recolours Plotly's colour scales (the maps' lowest values came out pink).
+left.plotly_chart(figures["distance"], theme=None)
+right.plotly_chart(figures["entropy"], theme=None)
+st.plotly_chart(figures["class_attention"], theme=None)
+st.plotly_chart(figures["class_rollout"], theme=None)
+st.plotly_chart(figures["confusion"], theme=None)
 for stem in [s for s in figures if s.startswith("mechanism_")]:  # with "Also the mechanism"
     st.plotly_chart(figures[stem], theme=None, key=stem)
 if analysis.mechanism is not None:

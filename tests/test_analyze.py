@@ -143,3 +143,23 @@ def test_on_a_network_the_page_reads_no_folder_outside_the_data_roots(world, dir
     assert not at.exception
     assert not at.metric, "nothing was analysed"
     assert any("image folders must be inside" in e.value.replace("\\", "") for e in at.error)
+
+
+def test_page_opens_a_model_by_path_and_draws_its_maps_without_the_theme(world, dirs):  # noqa: F811
+    """Issue 19, item 7: any openable model, not only shipped ones; Plotly's own colours (no pink low end)."""
+    at = AppTest.from_file(APP, default_timeout=180)
+    at.switch_page("pages/analyze.py")
+    at.run()
+    assert any("No checkpoints yet" in i.value for i in at.info)  # the app's checkpoints folder is empty
+    at.text_input(key="analyze_open_path").set_value(str(world / "cat.pt"))  # a file outside it
+    at.run()
+    assert at.selectbox(key="analyze_checkpoint").value == str(world / "cat.pt")
+    at.text_input(key="analyze_folder").set_value(str(world / "data"))
+    at.run()
+    [analyse] = [b for b in at.button if b.label == "Analyse"]
+    analyse.click()
+    at.run()
+    assert not at.exception, [e.message for e in at.exception]
+    assert [m.value for m in at.metric] == ["6", "50.0%", "1"]
+    charts = at.get("plotly_chart")
+    assert len(charts) == 5 and all(c.proto.theme == "" for c in charts)
