@@ -250,6 +250,10 @@ try:
 except ImageError as e:
     st.error(f"Cannot use this upload: {escape_markdown(e)}")
     st.stop()
+patch_px = checkpoint.model.config.patch_size
+if min(image.size) < patch_px:  # e.g. a 1x1 upload: accepted (the views handle it), but said
+    st.sidebar.warning(f"This image is {image.width}×{image.height} px, less than one {patch_px}-px patch on a "
+                       "side: the model sees it enlarged, and its maps say little about it.")
 if explorer.looks_inverted(image, pre):
     st.sidebar.warning("This image is light where the training images were dark: try "
                        + ("turning Invert off." if invert else "Invert."))
@@ -432,7 +436,7 @@ with col_overlay:
                       "makes deletion fall and insertion rise fast."):
         st.plotly_chart(drawing.faithfulness_figure(checkpoint, image, map2d,
                                                      explorer.resolved_class(settings, analysis), size=size),
-                        config={"displayModeBar": False})
+                        config={"displayModeBar": False}, width="stretch")  # the column's width: never clipped
 with col_prediction:
     st.subheader("Prediction")
     if class_names:
@@ -531,7 +535,7 @@ if has_text_tower(checkpoint):
                                                     "(deletion) or restored (insertion), and the image-text cosine "
                                                     "similarity is tracked."):
                     st.plotly_chart(words.curves_figure(checkpoint, asked, image, map_a, chosen, size),
-                                    config={"displayModeBar": False})
+                                    config={"displayModeBar": False}, width="stretch")
 
 # -- analyses (only the open tab is computed) -------------------------------------------------------------------
 

@@ -967,3 +967,18 @@ def test_remap_query_by_hand():
     assert explorer.remap_query(1 + 4 * 0 + 0, (4, 4), (2, 2), 1) == 1  # top-left stays top-left
     assert explorer.remap_query(1 + 15, (4, 4), (5, 8), 1) == 1 + 4 * 8 + 7  # bottom-right stays bottom-right
     assert explorer.remap_query(5 + 6, (4, 4), (4, 4), 5) == 11  # same grid: unchanged (registers counted)
+
+
+def test_a_tiny_upload_is_said_and_a_feature_models_caption_names_no_classifier(default_world):
+    """Issue 19, item 8: a 1x1 image is accepted with a word; the CLS caption of a model without a head says
+    'embedding', not 'classifier'."""
+    at = run_app()
+    upload(at, "dot.png", png_bytes(width=1, height=1))
+    assert not at.exception and any("1×1 px, less than one 4-px patch" in w.value for w in at.sidebar.warning)
+    assert "The classifier reads the CLS token" in overlay_caption(at)
+    from vit.checkpoint import load_checkpoint
+
+    settings = explorer.MapSettings(kind="attention", layer=-1, head=None, fusion="mean", query=0)
+    analysis = explorer.analyse(load_checkpoint(default_world[0] / DEFAULT_CHECKPOINT), Image.new("RGB", (16, 16)))
+    caption = drawing.describe_map(settings, analysis, [])
+    assert "image embedding" in caption and "classifier" not in caption

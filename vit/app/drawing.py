@@ -206,7 +206,10 @@ def describe_map(settings: MapSettings, analysis: Analysis, class_names: list[st
         text = (f"**Layer {layer + 1} of {L}, {heads}**: how much {who} attends to each patch in this layer "
                 f"(one row of the attention matrix, {keys} left out).")
         if s.query == 0 and layer == L - 1 and analysis.has_cls:
-            text += " The classifier reads the CLS token after this layer, so bright patches fed the prediction."
+            if class_names:
+                text += " The classifier reads the CLS token after this layer, so bright patches fed the prediction."
+            else:  # a feature model (DINO): no classifier to feed
+                text += " The CLS token after this layer is the model's image embedding, so bright patches shaped it."
         return text
     if s.kind == "norms":
         layer = s.layer % L
@@ -604,5 +607,7 @@ def faithfulness_figure(checkpoint: Checkpoint, image: Image.Image, map2d: np.nd
     fig.update_xaxes(title="fraction of patches removed / inserted, most relevant first", tickformat=".0%",
                      range=[0, 1])
     fig.update_yaxes(title=f"p({escape_plotly(checkpoint.class_names[class_index])})", range=[0, 1])
-    fig.update_layout(height=300, margin=dict(l=0, r=0, t=10, b=0), legend=dict(x=0.45, y=0.98))
+    # The legend above the plot, not on the curves; the width follows the column (never clipped).
+    fig.update_layout(height=320, margin=dict(l=0, r=0, t=30, b=0), autosize=True,
+                      legend=dict(orientation="h", x=0, y=1.02, xanchor="left", yanchor="bottom"))
     return fig

@@ -138,5 +138,6 @@ def curves_figure(checkpoint: Checkpoint, asked: Answer, image: Image.Image, map
     fig.update_xaxes(title="fraction of patches removed / inserted, most relevant first", tickformat=".0%",
                      range=[0, 1])
     fig.update_yaxes(title=f"cos(image, “{escape_plotly(asked.labels[index])}”)")
-    fig.update_layout(height=300, margin=dict(l=0, r=0, t=10, b=0), legend=dict(x=0.45, y=0.98))
+    fig.update_layout(height=320, margin=dict(l=0, r=0, t=30, b=0), autosize=True,
+                      legend=dict(orientation="h", x=0, y=1.02, xanchor="left", yanchor="bottom"))
     return fig
