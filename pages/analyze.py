@@ -5,6 +5,7 @@ mistake opens in the explorer through ``st.session_state["explorer_checkpoint"]`
 ``["explorer_image"]`` (a file path), then ``st.switch_page``.
 """
 
+import os
 from pathlib import Path
 
 import streamlit as st
@@ -23,6 +24,8 @@ from vit.text import escape_markdown
 
 EXPLORER_PAGE = "pages/explorer.py"
 SHOWN_MISTAKES = 12
+# One page's analysis holds a core for minutes at most (100,000 images took ~10 minutes); the CLI has no cap.
+MAX_PAGE_IMAGES = int(os.environ.get("VIT_ANALYSE_MAX_IMAGES", "20000"))
 
 st.title("Analyse a dataset")
 st.caption("Every image of a folder through one checkpoint: how far and how evenly each head attends (the ViT "
@@ -56,7 +59,8 @@ if st.session_state.get("analyze_checkpoint") not in labels:
 choice = st.selectbox("Checkpoint", list(labels), format_func=labels.get, key="analyze_checkpoint")
 folder = st.text_input("Image folder", key="analyze_folder", placeholder="data/cifar10/val",
                        help="One subfolder per class, named as the checkpoint names its classes.")
-limit = st.number_input("Images (0 = all of them)", min_value=0, value=500, step=100, key="analyze_limit",
+limit = st.number_input(f"Images (0 = all of them, at most {MAX_PAGE_IMAGES:,} here)", min_value=0, value=500,
+                        step=100, key="analyze_limit",
                         help="A seeded random sample of the folder, so every class is represented.")
 with_mechanism = st.checkbox("Also the mechanism: head attribution, ablation, high-norm tokens, sinks (slower)",
                              key="analyze_mechanism",
@@ -72,7 +76,11 @@ if st.button("Analyse", type="primary", disabled=not folder.strip()):
         checkpoint = open_source(choice)  # our .pt files and every format the explorer opens
         if not checkpoint.class_names:
             raise ValueError("this model has no classifier (a feature model): there are no classes to analyse")
-        files = sample_files(labelled_files(Path(folder.strip()), checkpoint.class_names), limit or None, seed=0)
+        everything = labelled_files(Path(folder.strip()), checkpoint.class_names)
+        if len(everything) > MAX_PAGE_IMAGES and (not limit or limit > MAX_PAGE_IMAGES):
+            st.info(f"The folder has {len(everything):,} images; this page analyses a seeded sample of "
+                    f"{MAX_PAGE_IMAGES:,} (python -m vit.analyze takes them all).")
+        files = sample_files(everything, min(limit or MAX_PAGE_IMAGES, MAX_PAGE_IMAGES), seed=0)
         bar = st.progress(0.0, text=f"0 of {len(files)} images")
         step = max(1, len(files) // 100)
 

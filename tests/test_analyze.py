@@ -163,3 +163,23 @@ def test_page_opens_a_model_by_path_and_draws_its_maps_without_the_theme(world, 
     assert [m.value for m in at.metric] == ["6", "50.0%", "1"]
     charts = at.get("plotly_chart")
     assert len(charts) == 5 and all(c.proto.theme == "" for c in charts)
+
+
+def test_the_page_caps_how_many_images_it_analyses(world, dirs, monkeypatch):  # noqa: F811
+    """Issue 20, item 9: 'all of them' on a huge folder is a seeded sample of at most the page's cap, said."""
+    checkpoints, _ = dirs
+    save_checkpoint(checkpoints / "cat.pt", always(0), CLASSES)
+    monkeypatch.setenv("VIT_ANALYSE_MAX_IMAGES", "4")  # the folder has 7 files
+    at = AppTest.from_file(APP, default_timeout=180)
+    at.switch_page("pages/analyze.py")
+    at.run()
+    at.number_input(key="analyze_limit").set_value(0)
+    at.text_input(key="analyze_folder").set_value(str(world / "data"))
+    at.run()
+    [analyse] = [b for b in at.button if b.label == "Analyse"]
+    analyse.click()
+    at.run()
+    assert not at.exception, [e.message for e in at.exception]
+    assert any("has 7 images; this page analyses a seeded sample of 4" in i.value for i in at.info)
+    images, _, unreadable = (m.value for m in at.metric)
+    assert int(images) + int(unreadable) == 4

@@ -763,3 +763,20 @@ def test_step_curves_read_each_runs_live_loss_and_skip_torn_lines(tmp_path):
     (tmp_path / "runs" / "a" / "steps.jsonl").write_text(
         '{"step": 3, "epoch": 0.25, "train_loss": 2.1}\n{"step": 6, "epoch": 0.5, "train_loss": "x"}\n{"step": 9, "ep')
     assert manager.step_curves(["a", "missing"]) == [{"run": "a", "epoch": 0.25, "value": 2.1}]
+
+
+def test_stray_temp_cleanup_never_follows_a_link_out_of_the_run(tmp_path):
+    """Issue 20, item 9: a run's probe/ (or the run folder itself) linking elsewhere loses nothing there."""
+    from vit.runfiles import remove_stray_temp_files
+
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / ".keep.abc.tmp").write_text("someone else's")
+    run = tmp_path / "runs" / "r"
+    run.mkdir(parents=True)
+    (run / "probe").symlink_to(elsewhere)
+    (run / ".status.json.x.tmp").write_text("ours")
+    (tmp_path / "runs" / "linked").symlink_to(elsewhere)
+    assert remove_stray_temp_files(run) == [run / ".status.json.x.tmp"]
+    assert remove_stray_temp_files(tmp_path / "runs" / "linked") == []
+    assert (elsewhere / ".keep.abc.tmp").is_file()

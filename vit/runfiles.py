@@ -152,6 +152,8 @@ def remove_stray_temp_files(run_dir: Path) -> list[Path]:
     """
     removed = []
     for folder in (run_dir, *(run_dir / sub for sub in (EPOCH_CHECKPOINT_DIR, PROBE_DIR, ATTENTION_DIR))):
+        if folder.is_symlink():  # a link out of the runs folder: never delete where it points
+            continue
         with contextlib.suppress(OSError):
             for path in folder.glob(".*.tmp"):
                 with contextlib.suppress(OSError):
