@@ -68,50 +68,102 @@ class DatasetAnalysis:
                 **({"mechanism": self.mechanism.to_json()} if self.mechanism is not None else {})}
 
 
-def analyze_files(checkpoint: Checkpoint, files: Sequence[tuple[Path, int]], batch_size: int = 64,
-                  top_mistakes: int = 20, progress: Callable[[int, int], None] | None = None) -> DatasetAnalysis:
-    """Analyse ``(image file, true class)`` pairs; ``progress(done, total)`` is called after each file."""
-    names = checkpoint.class_names
+def image_summaries(checkpoint: Checkpoint, paths: Sequence[str | Path]) -> dict[str, np.ndarray]:
+    """Everything ``aggregate`` needs of each image of one batch of files, never a whole attention matrix.
+
+    One forward pass of all ``paths`` (the batch), then per image: ``read (N,)`` bool, ``error (N,)`` str
+    (empty when read), ``predicted (N,)`` int, ``confidence (N,)`` float (its probability), ``distance`` and
+    ``entropy (N, L, H)``, ``cls_attention`` and ``cls_rollout (N, gh, gw)``. An unreadable image is zeros and
+    its error. The local analysis and the Ray one (``vit.runs.ray_analyze``) both call this on the same batches,
+    so their summaries are the same numbers.
+    """
     model = checkpoint.model
     size = checkpoint.preprocessing.image_size
     grid, prefix, patch = model.patch_grid(size, size), model.num_prefix_tokens, model.config.patch_size
-    K = len(names)
-    distance = entropy = None
-    class_attention = np.zeros((K, *grid))
-    class_rollout = np.zeros((K, *grid))
-    class_counts = np.zeros(K, dtype=np.int64)
-    confusion = np.zeros((K, K), dtype=np.int64)
-    mistakes: list[Mistake] = []
-    skipped: list[str] = []
-    count = 0
-    results = predict_files(checkpoint, [path for path, _ in files], top_k=1, output_attentions=True,
-                            batch_size=batch_size)
-    for done, ((path, label), result) in enumerate(zip(files, results, strict=True), start=1):
+    L, H, N = len(model.blocks), model.blocks[0].attn.num_heads, len(paths)
+    errors = [""] * N
+    out = {"read": np.zeros(N, dtype=bool), "predicted": np.full(N, -1, dtype=np.int64), "confidence": np.zeros(N),
+           "distance": np.zeros((N, L, H), dtype=np.float32), "entropy": np.zeros((N, L, H), dtype=np.float32),
+           "cls_attention": np.zeros((N, *grid), dtype=np.float32),
+           "cls_rollout": np.zeros((N, *grid), dtype=np.float32)}
+    results = predict_files(checkpoint, paths, top_k=1, output_attentions=True, batch_size=max(N, 1))
+    for i, result in enumerate(results):
         if result.prediction is None:
-            skipped.append(result.error)
-        else:
-            p = result.prediction
-            attentions = [torch.from_numpy(a)[None] for a in p.attentions]  # per layer (1, H, T, T)
-            stats = layer_stats(attentions, grid, patch, prefix)  # each (L, 1, H)
-            d, e = stats["distance"][:, 0].numpy(), stats["entropy"][:, 0].numpy()
-            distance = d if distance is None else distance + d
-            entropy = e if entropy is None else entropy + e
-            class_attention[label] += token_map(fuse_heads(attentions[-1]), 0, grid, prefix)[0].numpy()
-            class_rollout[label] += token_map(rollout(attentions, num_prefix_tokens=prefix), 0, grid, prefix)[0].numpy()
-            class_counts[label] += 1
-            confusion[label, p.class_index] += 1
-            if p.class_index != label:
-                mistakes.append(Mistake(str(path), names[label], names[p.class_index],
-                                        float(p.probabilities[p.class_index])))
-            count += 1
-        if progress is not None:
-            progress(done, len(files))
+            errors[i] = result.error
+            continue
+        p = result.prediction
+        attentions = [torch.from_numpy(a)[None] for a in p.attentions]  # per layer (1, H, T, T)
+        stats = layer_stats(attentions, grid, patch, prefix)  # each (L, 1, H)
+        out["read"][i] = True
+        out["predicted"][i] = p.class_index
+        out["confidence"][i] = float(p.probabilities[p.class_index])
+        out["distance"][i], out["entropy"][i] = stats["distance"][:, 0].numpy(), stats["entropy"][:, 0].numpy()
+        out["cls_attention"][i] = token_map(fuse_heads(attentions[-1]), 0, grid, prefix)[0].numpy()
+        out["cls_rollout"][i] = token_map(rollout(attentions, num_prefix_tokens=prefix), 0, grid, prefix)[0].numpy()
+    out["error"] = np.array(errors, dtype=str)
+    return out
+
+
+def concatenate(batches: Sequence[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    """Per-image summaries of consecutive batches as one: each column joined along the images."""
+    return {key: np.concatenate([batch[key] for batch in batches]) for key in batches[0]}
+
+
+def aggregate(class_names: list[str], files: Sequence[tuple[Path, int]], summaries: dict[str, np.ndarray],
+              top_mistakes: int = 20) -> DatasetAnalysis:
+    """The dataset statistics of ``image_summaries`` of ``files`` (in their order): sums in float64, means after.
+
+    Raises ValueError when no image could be read."""
+    labels = np.array([label for _, label in files], dtype=np.int64)
+    read = summaries["read"]
+    if len(labels) != len(read):
+        raise ValueError(f"{len(read)} image summaries for {len(labels)} files")
+    count = int(read.sum())
     if count == 0:
         raise ValueError(f"none of the {len(files)} images could be read")
+    K = len(class_names)
+    grid = summaries["cls_attention"].shape[1:]
+    seen_labels, predicted = labels[read], summaries["predicted"][read]
+    class_counts = np.bincount(seen_labels, minlength=K).astype(np.int64)
+    confusion = np.zeros((K, K), dtype=np.int64)
+    np.add.at(confusion, (seen_labels, predicted), 1)
+    class_attention, class_rollout = np.zeros((K, *grid)), np.zeros((K, *grid))
+    np.add.at(class_attention, seen_labels, summaries["cls_attention"][read].astype(np.float64))
+    np.add.at(class_rollout, seen_labels, summaries["cls_rollout"][read].astype(np.float64))
+    wrong = np.flatnonzero(read & (summaries["predicted"] != labels))
+    # most confident first; equal confidences keep file order (a stable sort), as in any run of the same files
+    wrong = wrong[np.argsort(-summaries["confidence"][wrong], kind="stable")][:top_mistakes]
+    mistakes = [Mistake(str(files[i][0]), class_names[labels[i]], class_names[summaries["predicted"][i]],
+                        float(summaries["confidence"][i])) for i in wrong]
     seen = np.maximum(class_counts, 1)[:, None, None]
-    mistakes.sort(key=lambda m: -m.confidence)
-    return DatasetAnalysis(names, count, skipped, distance / count, entropy / count, class_counts,
-                           class_attention / seen, class_rollout / seen, confusion, mistakes[:top_mistakes])
+    return DatasetAnalysis(class_names, count, [str(e) for e in summaries["error"][~read]],
+                           summaries["distance"][read].astype(np.float64).sum(axis=0) / count,
+                           summaries["entropy"][read].astype(np.float64).sum(axis=0) / count, class_counts,
+                           class_attention / seen, class_rollout / seen, confusion, mistakes)
+
+
+def check_batch_size(batch_size: int) -> None:
+    """ValueError unless ``batch_size`` is a whole number of at least 1."""
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size must be a whole number of at least 1, got {batch_size!r}")
+
+
+def analyze_files(checkpoint: Checkpoint, files: Sequence[tuple[Path, int]], batch_size: int = 64,
+                  top_mistakes: int = 20, progress: Callable[[int, int], None] | None = None) -> DatasetAnalysis:
+    """Analyse ``(image file, true class)`` pairs; ``progress(done, total)`` is called after each file.
+
+    ``image_summaries`` of each run of ``batch_size`` files, then ``aggregate``."""
+    check_batch_size(batch_size)
+    batches = []
+    for start in range(0, len(files), batch_size):
+        chunk = files[start:start + batch_size]
+        batches.append(image_summaries(checkpoint, [path for path, _ in chunk]))
+        if progress is not None:
+            for done in range(start + 1, start + len(chunk) + 1):
+                progress(done, len(files))
+    if not batches:
+        raise ValueError("no images to analyse")
+    return aggregate(checkpoint.class_names, files, concatenate(batches), top_mistakes)
 
 
 # --- figures ------------------------------------------------------------------------------------
@@ -260,6 +312,92 @@ class MechanismStats:
         return {key: (value.tolist() if isinstance(value, np.ndarray) else value) for key, value in vars(self).items()}
 
 
+def mechanism_summaries(checkpoint: Checkpoint, files: Sequence[tuple[Path, int]],
+                        ablation: bool = True) -> dict[str, np.ndarray]:
+    """What ``aggregate_mechanism`` needs of each ``(image file, true class)``, one image at a time at the
+    checkpoint's size.
+
+    Per image: ``read (N,)`` bool; ``dla_heads (N, L, H)`` and ``dla_mlps (N, L)`` (attribution to the true
+    class's logit); ``ablation (N, L, H)`` (zeros without ``ablation``); ``massive (N, L, 4)``; ``norms
+    (N, L + 1, T)`` (every token's norm after the embedding and each layer); ``sink_mass``, ``sink_value_norm``
+    and ``sink_on_prefix (N, L, H)``. An unreadable image is zeros (``image_summaries`` names it).
+    Raises MechanismError (a ValueError) for a model the analyses do not support.
+    """
+    from vit.explain import mechanism
+    from vit.images import ImageError, open_image
+    from vit.inference import preprocess
+
+    model = checkpoint.model
+    mechanism.check_supported(model, needs_head=True)
+    size = checkpoint.preprocessing.image_size
+    grid, prefix = model.patch_grid(size, size), model.num_prefix_tokens
+    L, H, T, N = len(model.blocks), model.blocks[0].attn.num_heads, prefix + grid[0] * grid[1], len(files)
+    out = {"read": np.zeros(N, dtype=bool), "dla_heads": np.zeros((N, L, H)), "dla_mlps": np.zeros((N, L)),
+           "ablation": np.zeros((N, L, H)), "massive": np.zeros((N, L, 4)),
+           "norms": np.zeros((N, L + 1, T), dtype=np.float32), "sink_mass": np.zeros((N, L, H)),
+           "sink_value_norm": np.zeros((N, L, H)), "sink_on_prefix": np.zeros((N, L, H), dtype=bool)}
+    device = next(model.parameters()).device
+    for i, (path, label) in enumerate(files):
+        try:
+            image = open_image(Path(path).read_bytes(), name=Path(path).name)
+        except (OSError, ImageError):
+            continue
+        x = preprocess([image], checkpoint.preprocessing).to(device)
+        target = torch.tensor([label], device=device)
+        with torch.inference_mode():
+            states = mechanism.hidden_states(model, x)
+            dla = mechanism.direct_logit_attribution(model, x, target)
+            sinks = mechanism.sink_stats(model, states)
+            if ablation:
+                out["ablation"][i] = mechanism.ablation_grid(model, x, target)[0].double().cpu().numpy()
+            out["massive"][i] = mechanism.massive_activations(states)[0].double().cpu().numpy()
+            out["norms"][i] = mechanism.token_norms(states)[0].cpu().numpy()
+        out["read"][i] = True
+        out["dla_heads"][i] = dla.heads[0].double().cpu().numpy()
+        out["dla_mlps"][i] = dla.mlps[0].double().cpu().numpy()
+        out["sink_mass"][i] = sinks.mass[0].double().cpu().numpy()
+        out["sink_value_norm"][i] = sinks.value_norm[0].double().cpu().numpy()
+        out["sink_on_prefix"][i] = (sinks.token[0] < prefix).cpu().numpy()
+    return out
+
+
+def aggregate_mechanism(checkpoint: Checkpoint, files: Sequence[tuple[Path, int]], summaries: dict[str, np.ndarray],
+                        norm_threshold: float | None = None, ablation: bool = True) -> MechanismStats:
+    """The mechanism statistics of ``mechanism_summaries`` of ``files`` (in their order); see ``analyze_mechanism``.
+
+    Raises ValueError when no image could be read."""
+    model = checkpoint.model
+    size = checkpoint.preprocessing.image_size
+    grid, prefix = model.patch_grid(size, size), model.num_prefix_tokens
+    labels = np.array([label for _, label in files], dtype=np.int64)
+    read = summaries["read"]
+    if len(labels) != len(read):
+        raise ValueError(f"{len(read)} image summaries for {len(labels)} files")
+    n = int(read.sum())
+    if n == 0:
+        raise ValueError(f"none of the {len(files)} images could be read")
+    s = {key: value[read] for key, value in summaries.items()}
+    seen_labels = labels[read]
+    K, (L, H) = len(checkpoint.class_names), s["dla_heads"].shape[1:]
+    counts = np.bincount(seen_labels, minlength=K).astype(np.int64)
+    dla_heads, dla_mlps = np.zeros((K, L, H)), np.zeros((K, L))
+    np.add.at(dla_heads, seen_labels, s["dla_heads"])
+    np.add.at(dla_mlps, seen_labels, s["dla_mlps"])
+    all_norms = s["norms"]  # (n, L + 1, T)
+    if norm_threshold is None:
+        norm_threshold = float(2 * np.median(all_norms[:, -1, prefix:]))
+    high = all_norms > norm_threshold
+    seen = np.maximum(counts, 1)
+    return MechanismStats(
+        class_counts=counts, dla_heads=dla_heads / seen[:, None, None], dla_mlps=dla_mlps / seen[:, None],
+        ablation=s["ablation"].sum(axis=0) / n if ablation else None, norm_threshold=norm_threshold,
+        high_norm_rate=high[:, :, prefix:].mean(axis=(0, 2)),
+        high_norm_positions=high[:, -1, prefix:].mean(axis=0).reshape(grid),
+        prefix_high_norm_rate=high[:, -1, :prefix].mean(axis=0),
+        massive=s["massive"].sum(axis=0) / n, sink_mass=s["sink_mass"].sum(axis=0) / n,
+        sink_value_norm=s["sink_value_norm"].sum(axis=0) / n, sink_on_prefix=s["sink_on_prefix"].sum(axis=0) / n)
+
+
 def analyze_mechanism(checkpoint: Checkpoint, files: Sequence[tuple[Path, int]], norm_threshold: float | None = None,
                       ablation: bool = True, progress: Callable[[int, int], None] | None = None) -> MechanismStats:
     """The mechanism statistics of ``(image file, true class)`` pairs, one image at a time at the checkpoint's size.
@@ -270,60 +408,16 @@ def analyze_mechanism(checkpoint: Checkpoint, files: Sequence[tuple[Path, int]],
     Unreadable images are skipped (``analyze_files`` names them).
     """
     from vit.explain import mechanism
-    from vit.images import ImageError, open_image
-    from vit.inference import preprocess
 
-    model, names = checkpoint.model, checkpoint.class_names
-    mechanism.check_supported(model, needs_head=True)
-    size = checkpoint.preprocessing.image_size
-    grid, prefix = model.patch_grid(size, size), model.num_prefix_tokens
-    L, H = len(model.blocks), model.blocks[0].attn.num_heads
-    K = len(names)
-    counts = np.zeros(K, dtype=np.int64)
-    dla_heads, dla_mlps = np.zeros((K, L, H)), np.zeros((K, L))
-    ablation_sum = np.zeros((L, H))
-    massive, sink_mass, sink_norm, sink_prefix = np.zeros((L, 4)), np.zeros((L, H)), np.zeros((L, H)), np.zeros((L, H))
-    norms: list[np.ndarray] = []  # per image (L + 1, T): small, kept to choose the threshold after the pass
-    device = next(model.parameters()).device
-    for done, (path, label) in enumerate(files, start=1):
-        try:
-            image = open_image(Path(path).read_bytes(), name=Path(path).name)
-        except (OSError, ImageError):
-            image = None
-        if image is not None:
-            x = preprocess([image], checkpoint.preprocessing).to(device)
-            target = torch.tensor([label], device=device)
-            with torch.inference_mode():
-                states = mechanism.hidden_states(model, x)
-                dla = mechanism.direct_logit_attribution(model, x, target)
-                sinks = mechanism.sink_stats(model, states)
-                if ablation:
-                    ablation_sum += mechanism.ablation_grid(model, x, target)[0].double().cpu().numpy()
-                massive += mechanism.massive_activations(states)[0].double().cpu().numpy()
-                norms.append(mechanism.token_norms(states)[0].cpu().numpy())
-            counts[label] += 1
-            dla_heads[label] += dla.heads[0].double().cpu().numpy()
-            dla_mlps[label] += dla.mlps[0].double().cpu().numpy()
-            sink_mass += sinks.mass[0].double().cpu().numpy()
-            sink_norm += sinks.value_norm[0].double().cpu().numpy()
-            sink_prefix += (sinks.token[0] < prefix).cpu().numpy()
+    mechanism.check_supported(checkpoint.model, needs_head=True)  # before the first image, not after it
+    if not files:
+        raise ValueError("no images to analyse")
+    batches = []
+    for done, file in enumerate(files, start=1):
+        batches.append(mechanism_summaries(checkpoint, [file], ablation))
         if progress is not None:
             progress(done, len(files))
-    n = int(counts.sum())
-    if n == 0:
-        raise ValueError(f"none of the {len(files)} images could be read")
-    all_norms = np.stack(norms)  # (N, L + 1, T)
-    if norm_threshold is None:
-        norm_threshold = float(2 * np.median(all_norms[:, -1, prefix:]))
-    high = all_norms > norm_threshold
-    seen = np.maximum(counts, 1)
-    return MechanismStats(
-        class_counts=counts, dla_heads=dla_heads / seen[:, None, None], dla_mlps=dla_mlps / seen[:, None],
-        ablation=ablation_sum / n if ablation else None, norm_threshold=norm_threshold,
-        high_norm_rate=high[:, :, prefix:].mean(axis=(0, 2)),
-        high_norm_positions=high[:, -1, prefix:].mean(axis=0).reshape(grid),
-        prefix_high_norm_rate=high[:, -1, :prefix].mean(axis=0),
-        massive=massive / n, sink_mass=sink_mass / n, sink_value_norm=sink_norm / n, sink_on_prefix=sink_prefix / n)
+    return aggregate_mechanism(checkpoint, files, concatenate(batches), norm_threshold, ablation)
 
 
 def mechanism_figures(stats: MechanismStats, class_names: list[str]) -> dict[str, go.Figure]:
