@@ -115,8 +115,15 @@ def job_id(run_dir: Path, resume: bool) -> str:
 
 def client(address: str):
     """A JobSubmissionClient, or RayRunError in one line when the head cannot be reached."""
+    import logging
+
     from ray.job_submission import JobSubmissionClient
 
+    # Ray's client logs each file it skips while packing the code, the upload, the log stream's end ... on
+    # stderr: a command's own lines are what the user reads there (the job's log comes on stdout). Two of
+    # its modules set their own level, so the package's alone would not quiet them.
+    for name in ("ray", "ray.dashboard.modules.dashboard_sdk", "ray.dashboard.modules.job.sdk"):
+        logging.getLogger(name).setLevel(logging.ERROR)
     try:
         return JobSubmissionClient(address)
     except Exception as e:  # noqa: BLE001 - Ray raises ConnectionError, ValueError, RuntimeError …
