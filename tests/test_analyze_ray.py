@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -15,7 +17,7 @@ from helpers import free_port, make_image_folder
 from vit.analyze import build_parser, command_line
 from vit.checkpoint import save_checkpoint
 from vit.model import ViT, ViTConfig
-from vit.runs.ray_analyze import plan_actors
+from vit.runs.ray_analyze import cause_line, plan_actors
 from vit.runs.ray_jobs import RayRunError
 
 REPO = Path(__file__).resolve().parent.parent
@@ -77,6 +79,39 @@ def test_on_ray_the_analysis_equals_the_local_one(ray_cluster, world, tmp_path):
 
 
 @pytest.mark.slow
+def test_an_unreadable_image_is_skipped_as_locally_and_the_job_fails_in_one_line(ray_cluster, world, tmp_path):
+    data = make_image_folder(tmp_path / "data", classes=CLASSES, per_class=2)
+    (data / "dog" / "broken.png").write_text("not an image")
+    done = analyze(str(world / "model.pt"), "--data", str(data), "--out", str(tmp_path / "out"), "--ray",
+                   ray_cluster.address)
+    assert done.returncode == 1, f"{done.stdout}\n{done.stderr}"  # as a local run with an unreadable image
+    assert re.search(r"vit.analyze: skipped: .*broken.png", done.stdout)  # in the job's log
+    assert done.stderr.splitlines() == [f"vit.analyze: 1 of 7 images could not be read (named above); the analysis "
+                                        f"in {tmp_path / 'out'} covers the other 6"]
+    saved = json.loads((tmp_path / "out" / "analysis.json").read_text())
+    assert saved["count"] == 6 and saved["skipped"] == 1
+
+
+@pytest.mark.slow
+def test_ctrl_c_stops_the_job_and_the_command_reports_it(ray_cluster, world, tmp_path):
+    proc = subprocess.Popen([sys.executable, "-m", "vit.analyze", str(world / "model.pt"), "--data",
+                             str(world / "data"), "--out", str(tmp_path / "out"), "--ray", ray_cluster.address],
+                            cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    seen = ""
+    while "Running entrypoint for job" not in seen:  # the job has started: its first log line
+        line = proc.stdout.readline()
+        assert line, f"the command ended first: {seen}{proc.communicate()}"
+        seen += line
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=TIMEOUT)
+    assert proc.returncode == 130, f"{seen}{out}\n{err}"
+    assert re.search(r"vit.analyze: job analyze-out-\w+ stopped", out)
+    assert err.startswith("vit.analyze: stopping job analyze-out-")
+    assert not (tmp_path / "out" / "report.html").exists()
+
+
+@pytest.mark.slow
 def test_an_unreachable_address_is_one_line_and_writes_nothing(world, tmp_path):
     done = analyze(str(world / "model.pt"), "--data", str(world / "data"), "--out", str(tmp_path / "out"),
                    "--ray", f"http://127.0.0.1:{free_port()}")  # a closed port: nothing listens there
@@ -124,3 +159,13 @@ def test_asking_for_more_than_the_cluster_has_is_refused_before_any_actor_starts
         plan_actors({"CPU": 2.0}, "auto", 3, batches=10)
     with pytest.raises(RayRunError, match="no GPU"):
         plan_actors({"CPU": 2.0}, "cuda", None, batches=10)
+
+
+def test_an_actors_error_is_the_line_that_names_it_in_rays_wrapped_error():
+    wrapped = ("\x1b[36mray::MapWorker(MapBatches(Summarizer)).submit()\x1b[39m (pid=1, ip=10.0.0.1)\n"
+               '  File "vit/explain/dataset.py", line 90, in image_summaries\n'
+               "ValueError: batch_size must be a whole number of at least 1, got 0\n\n"
+               "The above exception was the direct cause of the following exception:\n\n"
+               "ray.exceptions.UserCodeException: UDF failed to process a data block.\n")
+    assert cause_line(RuntimeError(wrapped)) == "ValueError: batch_size must be a whole number of at least 1, got 0"
+    assert cause_line(RuntimeError("\nno named error\nhere")) == "no named error"

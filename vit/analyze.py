@@ -110,7 +110,11 @@ def run(args: argparse.Namespace) -> int:
     written = write_outputs(analysis, out, {"checkpoint": str(args.checkpoint), "data": str(args.data)})
     print(json.dumps({"count": analysis.count, "accuracy": analysis.accuracy, "out": str(out),
                       "files": [p.name for p in written]}, indent=2))
-    return 1 if analysis.skipped else 0
+    if analysis.skipped:  # last, so that it is the line the client of a Ray job shows
+        print(f"{PROG}: {len(analysis.skipped)} of {len(files)} images could not be read (named above); the "
+              f"analysis in {out} covers the other {analysis.count}", file=sys.stderr)
+        return 1
+    return 0
 
 
 def default_out(checkpoint: str) -> Path:

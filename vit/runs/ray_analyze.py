@@ -59,6 +59,21 @@ def plan_actors(resources: dict, device: str, workers: int | None, batches: int)
     return min(workers or have, batches), use_gpu
 
 
+class ClusterError(RuntimeError):
+    """The Ray Data pipeline failed; the message is one line, the actor's own error where Ray gives it."""
+
+
+def cause_line(error: BaseException) -> str:
+    """The line of Ray's wrapped error that names what went wrong in the actor (``ValueError: …``): the last
+    ``SomethingError: message`` line that is not one of Ray's own, else its first line."""
+    lines = [re.sub(r"\x1b\[[0-9;]*m", "", line).strip() for line in str(error).splitlines()]
+    named = [line for line in lines if re.match(r"[A-Za-z_][\w.]*(Error|Exception): ", line)
+             and not line.startswith("ray.")]
+    if named:
+        return named[-1][:300]
+    return next((line[:300] for line in lines if line), type(error).__name__)
+
+
 class Summarizer:
     """A Ray Data actor: opens the model once, then turns each batch of rows into per-image summaries."""
 
@@ -112,11 +127,14 @@ def analyze_on_cluster(checkpoint_path: str, checkpoint: Checkpoint, files: Sequ
                                "mechanism": mechanism},
         **({"num_gpus": 1} if use_gpu else {"num_cpus": 1}))
     parts, done = [], 0
-    for part in summaries.iter_batches(batch_size=None, batch_format="numpy"):
-        parts.append(part)
-        done += len(part["index"])
-        if progress is not None:
-            progress(done, len(files))
+    try:
+        for part in summaries.iter_batches(batch_size=None, batch_format="numpy"):
+            parts.append(part)
+            done += len(part["index"])
+            if progress is not None:
+                progress(done, len(files))
+    except Exception as e:  # noqa: BLE001 - Ray wraps an actor's error in its own types, over many lines
+        raise ClusterError(f"the analysis failed on the cluster: {cause_line(e)}") from None
     columns = {key: np.concatenate([part[key] for part in parts]) for key in parts[0]}
     index = columns.pop("index")
     order = np.argsort(index, kind="stable")
