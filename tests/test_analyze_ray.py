@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from helpers import free_port, make_image_folder
@@ -169,3 +170,18 @@ def test_an_actors_error_is_the_line_that_names_it_in_rays_wrapped_error():
                "ray.exceptions.UserCodeException: UDF failed to process a data block.\n")
     assert cause_line(RuntimeError(wrapped)) == "ValueError: batch_size must be a whole number of at least 1, got 0"
     assert cause_line(RuntimeError("\nno named error\nhere")) == "no named error"
+
+
+def test_summaries_that_come_in_any_order_and_split_go_on_in_file_order():
+    from vit.runs.ray_analyze import in_file_order
+
+    def part(*indices: int) -> dict:
+        return {"index": np.array(indices), "value": np.array(indices) * 10}
+
+    runs = list(in_file_order([part(4, 5), part(7, 6), part(0, 1, 2), part(3)], total=8))
+    assert [run["index"].tolist() for run in runs] == [[0, 1, 2], [3], [4, 5], [6, 7]]
+    assert np.concatenate([run["value"] for run in runs]).tolist() == [0, 10, 20, 30, 40, 50, 60, 70]
+    with pytest.raises(RuntimeError, match="for 2 of 3 files"):
+        list(in_file_order([part(0, 1)], total=3))
+    with pytest.raises(RuntimeError, match="file 1 twice"):
+        list(in_file_order([part(0, 1), part(1)], total=2))

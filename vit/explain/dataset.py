@@ -69,7 +69,7 @@ class DatasetAnalysis:
 
 
 def image_summaries(checkpoint: Checkpoint, paths: Sequence[str | Path]) -> dict[str, np.ndarray]:
-    """Everything ``aggregate`` needs of each image of one batch of files, never a whole attention matrix.
+    """Everything ``Aggregator`` needs of each image of one batch of files, never a whole attention matrix.
 
     One forward pass of all ``paths`` (the batch), then per image: ``read (N,)`` bool, ``error (N,)`` str
     (empty when read), ``predicted (N,)`` int, ``confidence (N,)`` float (its probability), ``distance`` and
@@ -104,42 +104,67 @@ def image_summaries(checkpoint: Checkpoint, paths: Sequence[str | Path]) -> dict
     return out
 
 
-def concatenate(batches: Sequence[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
-    """Per-image summaries of consecutive batches as one: each column joined along the images."""
-    return {key: np.concatenate([batch[key] for batch in batches]) for key in batches[0]}
+def _add_rows(total: np.ndarray, rows: np.ndarray) -> None:
+    """``total += row`` for each row in order, in float64: the same digits however the rows were batched."""
+    for row in rows:
+        total += row
 
 
-def aggregate(class_names: list[str], files: Sequence[tuple[Path, int]], summaries: dict[str, np.ndarray],
-              top_mistakes: int = 20) -> DatasetAnalysis:
-    """The dataset statistics of ``image_summaries`` of ``files`` (in their order): sums in float64, means after.
+class Aggregator:
+    """Running sums of ``image_summaries`` of ``files``, fed a batch at a time in file order; ``result()`` is the
+    ``DatasetAnalysis``. Adds go image by image in float64, so any split of the files into batches gives the same
+    numbers, and only the ``top_mistakes`` most confident mistakes are kept: memory does not grow with the files.
+    """
 
-    Raises ValueError when no image could be read."""
-    labels = np.array([label for _, label in files], dtype=np.int64)
-    read = summaries["read"]
-    if len(labels) != len(read):
-        raise ValueError(f"{len(read)} image summaries for {len(labels)} files")
-    count = int(read.sum())
-    if count == 0:
-        raise ValueError(f"none of the {len(files)} images could be read")
-    K = len(class_names)
-    grid = summaries["cls_attention"].shape[1:]
-    seen_labels, predicted = labels[read], summaries["predicted"][read]
-    class_counts = np.bincount(seen_labels, minlength=K).astype(np.int64)
-    confusion = np.zeros((K, K), dtype=np.int64)
-    np.add.at(confusion, (seen_labels, predicted), 1)
-    class_attention, class_rollout = np.zeros((K, *grid)), np.zeros((K, *grid))
-    np.add.at(class_attention, seen_labels, summaries["cls_attention"][read].astype(np.float64))
-    np.add.at(class_rollout, seen_labels, summaries["cls_rollout"][read].astype(np.float64))
-    wrong = np.flatnonzero(read & (summaries["predicted"] != labels))
-    # most confident first; equal confidences keep file order (a stable sort), as in any run of the same files
-    wrong = wrong[np.argsort(-summaries["confidence"][wrong], kind="stable")][:top_mistakes]
-    mistakes = [Mistake(str(files[i][0]), class_names[labels[i]], class_names[summaries["predicted"][i]],
-                        float(summaries["confidence"][i])) for i in wrong]
-    seen = np.maximum(class_counts, 1)[:, None, None]
-    return DatasetAnalysis(class_names, count, [str(e) for e in summaries["error"][~read]],
-                           summaries["distance"][read].astype(np.float64).sum(axis=0) / count,
-                           summaries["entropy"][read].astype(np.float64).sum(axis=0) / count, class_counts,
-                           class_attention / seen, class_rollout / seen, confusion, mistakes)
+    def __init__(self, class_names: list[str], files: Sequence[tuple[Path, int]], top_mistakes: int = 20) -> None:
+        K = len(class_names)
+        self.class_names, self.files, self.top_mistakes = class_names, files, top_mistakes
+        self.labels = np.array([label for _, label in files], dtype=np.int64)
+        self.done = self.count = 0  # files added, images read
+        self.skipped: list[str] = []
+        self.class_counts = np.zeros(K, dtype=np.int64)
+        self.confusion = np.zeros((K, K), dtype=np.int64)
+        self.sums: dict[str, np.ndarray] = {}  # distance, entropy (L, H); class maps (K, gh, gw): made on the first add
+        self.mistakes: list[tuple[float, int, int]] = []  # (-confidence, file index, predicted), best first
+
+    def add(self, summaries: dict[str, np.ndarray]) -> None:
+        """The next ``len(summaries["read"])`` files' summaries."""
+        read = summaries["read"]
+        start, end = self.done, self.done + len(read)
+        if end > len(self.files):
+            raise ValueError(f"image summaries for {end} files; there are {len(self.files)}")
+        labels, predicted, confidence = self.labels[start:end], summaries["predicted"], summaries["confidence"]
+        if not self.sums:
+            K, (L, H) = len(self.class_names), summaries["distance"].shape[1:]
+            grid = summaries["cls_attention"].shape[1:]
+            self.sums = {"distance": np.zeros((L, H)), "entropy": np.zeros((L, H)),
+                         "cls_attention": np.zeros((K, *grid)), "cls_rollout": np.zeros((K, *grid))}
+        for key in ("distance", "entropy"):
+            _add_rows(self.sums[key], summaries[key][read].astype(np.float64))
+        for key in ("cls_attention", "cls_rollout"):  # per true class, image by image (np.add.at goes in order)
+            np.add.at(self.sums[key], labels[read], summaries[key][read].astype(np.float64))
+        np.add.at(self.class_counts, labels[read], 1)
+        np.add.at(self.confusion, (labels[read], predicted[read]), 1)
+        self.skipped += [str(error) for error in summaries["error"][~read]]
+        wrong = np.flatnonzero(read & (predicted != labels))
+        # most confident first; equal confidences in file order, as one sort of all the files would give
+        self.mistakes = sorted(self.mistakes + [(-float(confidence[i]), start + int(i), int(predicted[i]))
+                                                for i in wrong])[:self.top_mistakes]
+        self.done, self.count = end, self.count + int(read.sum())
+
+    def result(self) -> DatasetAnalysis:
+        """The analysis of all the files; ValueError when some were not added or none could be read."""
+        if self.done != len(self.files):
+            raise ValueError(f"image summaries for {self.done} of {len(self.files)} files")
+        if self.count == 0:
+            raise ValueError(f"none of the {len(self.files)} images could be read")
+        names, seen = self.class_names, np.maximum(self.class_counts, 1)[:, None, None]
+        mistakes = [Mistake(str(self.files[i][0]), names[self.labels[i]], names[predicted], -negative)
+                    for negative, i, predicted in self.mistakes]
+        return DatasetAnalysis(names, self.count, self.skipped, self.sums["distance"] / self.count,
+                               self.sums["entropy"] / self.count, self.class_counts,
+                               self.sums["cls_attention"] / seen, self.sums["cls_rollout"] / seen, self.confusion,
+                               mistakes)
 
 
 def check_batch_size(batch_size: int) -> None:
@@ -152,18 +177,18 @@ def analyze_files(checkpoint: Checkpoint, files: Sequence[tuple[Path, int]], bat
                   top_mistakes: int = 20, progress: Callable[[int, int], None] | None = None) -> DatasetAnalysis:
     """Analyse ``(image file, true class)`` pairs; ``progress(done, total)`` is called after each file.
 
-    ``image_summaries`` of each run of ``batch_size`` files, then ``aggregate``."""
+    ``image_summaries`` of each run of ``batch_size`` files, added to an ``Aggregator``."""
     check_batch_size(batch_size)
-    batches = []
+    if not files:
+        raise ValueError("no images to analyse")
+    total = Aggregator(checkpoint.class_names, files, top_mistakes)
     for start in range(0, len(files), batch_size):
         chunk = files[start:start + batch_size]
-        batches.append(image_summaries(checkpoint, [path for path, _ in chunk]))
+        total.add(image_summaries(checkpoint, [path for path, _ in chunk]))
         if progress is not None:
             for done in range(start + 1, start + len(chunk) + 1):
                 progress(done, len(files))
-    if not batches:
-        raise ValueError("no images to analyse")
-    return aggregate(checkpoint.class_names, files, concatenate(batches), top_mistakes)
+    return total.result()
 
 
 # --- figures ------------------------------------------------------------------------------------
@@ -361,41 +386,63 @@ def mechanism_summaries(checkpoint: Checkpoint, files: Sequence[tuple[Path, int]
     return out
 
 
-def aggregate_mechanism(checkpoint: Checkpoint, files: Sequence[tuple[Path, int]], summaries: dict[str, np.ndarray],
-                        norm_threshold: float | None = None, ablation: bool = True) -> MechanismStats:
-    """The mechanism statistics of ``mechanism_summaries`` of ``files`` (in their order); see ``analyze_mechanism``.
+class MechanismAggregator:
+    """Running sums of ``mechanism_summaries`` of ``files``, fed in file order, image by image in float64 (see
+    ``Aggregator``); ``result()`` is the ``MechanismStats``. Every read image's token norms are kept (small:
+    ``(L + 1, T)`` floats each) to choose the default threshold after the pass."""
 
-    Raises ValueError when no image could be read."""
-    model = checkpoint.model
-    size = checkpoint.preprocessing.image_size
-    grid, prefix = model.patch_grid(size, size), model.num_prefix_tokens
-    labels = np.array([label for _, label in files], dtype=np.int64)
-    read = summaries["read"]
-    if len(labels) != len(read):
-        raise ValueError(f"{len(read)} image summaries for {len(labels)} files")
-    n = int(read.sum())
-    if n == 0:
-        raise ValueError(f"none of the {len(files)} images could be read")
-    s = {key: value[read] for key, value in summaries.items()}
-    seen_labels = labels[read]
-    K, (L, H) = len(checkpoint.class_names), s["dla_heads"].shape[1:]
-    counts = np.bincount(seen_labels, minlength=K).astype(np.int64)
-    dla_heads, dla_mlps = np.zeros((K, L, H)), np.zeros((K, L))
-    np.add.at(dla_heads, seen_labels, s["dla_heads"])
-    np.add.at(dla_mlps, seen_labels, s["dla_mlps"])
-    all_norms = s["norms"]  # (n, L + 1, T)
-    if norm_threshold is None:
-        norm_threshold = float(2 * np.median(all_norms[:, -1, prefix:]))
-    high = all_norms > norm_threshold
-    seen = np.maximum(counts, 1)
-    return MechanismStats(
-        class_counts=counts, dla_heads=dla_heads / seen[:, None, None], dla_mlps=dla_mlps / seen[:, None],
-        ablation=s["ablation"].sum(axis=0) / n if ablation else None, norm_threshold=norm_threshold,
-        high_norm_rate=high[:, :, prefix:].mean(axis=(0, 2)),
-        high_norm_positions=high[:, -1, prefix:].mean(axis=0).reshape(grid),
-        prefix_high_norm_rate=high[:, -1, :prefix].mean(axis=0),
-        massive=s["massive"].sum(axis=0) / n, sink_mass=s["sink_mass"].sum(axis=0) / n,
-        sink_value_norm=s["sink_value_norm"].sum(axis=0) / n, sink_on_prefix=s["sink_on_prefix"].sum(axis=0) / n)
+    def __init__(self, checkpoint: Checkpoint, files: Sequence[tuple[Path, int]], norm_threshold: float | None = None,
+                 ablation: bool = True) -> None:
+        model = checkpoint.model
+        size = checkpoint.preprocessing.image_size
+        self.grid, self.prefix = model.patch_grid(size, size), model.num_prefix_tokens
+        self.files, self.norm_threshold, self.ablation = files, norm_threshold, ablation
+        self.labels = np.array([label for _, label in files], dtype=np.int64)
+        K, L, H = len(checkpoint.class_names), len(model.blocks), model.blocks[0].attn.num_heads
+        self.done = 0
+        self.counts = np.zeros(K, dtype=np.int64)
+        self.per_class = {"dla_heads": np.zeros((K, L, H)), "dla_mlps": np.zeros((K, L))}
+        self.sums = {"ablation": np.zeros((L, H)), "massive": np.zeros((L, 4)), "sink_mass": np.zeros((L, H)),
+                     "sink_value_norm": np.zeros((L, H)), "sink_on_prefix": np.zeros((L, H))}
+        self.norms: list[np.ndarray] = []  # per read image (L + 1, T)
+
+    def add(self, summaries: dict[str, np.ndarray]) -> None:
+        """The next ``len(summaries["read"])`` files' summaries."""
+        read = summaries["read"]
+        start, end = self.done, self.done + len(read)
+        if end > len(self.files):
+            raise ValueError(f"mechanism summaries for {end} files; there are {len(self.files)}")
+        labels = self.labels[start:end][read]
+        np.add.at(self.counts, labels, 1)
+        for key, total in self.per_class.items():
+            np.add.at(total, labels, summaries[key][read].astype(np.float64))
+        for key, total in self.sums.items():
+            _add_rows(total, summaries[key][read].astype(np.float64))
+        self.norms += list(summaries["norms"][read])
+        self.done = end
+
+    def result(self) -> MechanismStats:
+        """The statistics of all the files; ValueError when some were not added or none could be read."""
+        if self.done != len(self.files):
+            raise ValueError(f"mechanism summaries for {self.done} of {len(self.files)} files")
+        n, prefix = len(self.norms), self.prefix
+        if n == 0:
+            raise ValueError(f"none of the {len(self.files)} images could be read")
+        all_norms = np.stack(self.norms)  # (n, L + 1, T)
+        threshold = self.norm_threshold
+        if threshold is None:
+            threshold = float(2 * np.median(all_norms[:, -1, prefix:]))
+        high = all_norms > threshold
+        seen = np.maximum(self.counts, 1)
+        return MechanismStats(
+            class_counts=self.counts, dla_heads=self.per_class["dla_heads"] / seen[:, None, None],
+            dla_mlps=self.per_class["dla_mlps"] / seen[:, None],
+            ablation=self.sums["ablation"] / n if self.ablation else None, norm_threshold=threshold,
+            high_norm_rate=high[:, :, prefix:].mean(axis=(0, 2)),
+            high_norm_positions=high[:, -1, prefix:].mean(axis=0).reshape(self.grid),
+            prefix_high_norm_rate=high[:, -1, :prefix].mean(axis=0), massive=self.sums["massive"] / n,
+            sink_mass=self.sums["sink_mass"] / n, sink_value_norm=self.sums["sink_value_norm"] / n,
+            sink_on_prefix=self.sums["sink_on_prefix"] / n)
 
 
 def analyze_mechanism(checkpoint: Checkpoint, files: Sequence[tuple[Path, int]], norm_threshold: float | None = None,
@@ -412,12 +459,12 @@ def analyze_mechanism(checkpoint: Checkpoint, files: Sequence[tuple[Path, int]],
     mechanism.check_supported(checkpoint.model, needs_head=True)  # before the first image, not after it
     if not files:
         raise ValueError("no images to analyse")
-    batches = []
+    total = MechanismAggregator(checkpoint, files, norm_threshold, ablation)
     for done, file in enumerate(files, start=1):
-        batches.append(mechanism_summaries(checkpoint, [file], ablation))
+        total.add(mechanism_summaries(checkpoint, [file], ablation))
         if progress is not None:
             progress(done, len(files))
-    return aggregate_mechanism(checkpoint, files, concatenate(batches), norm_threshold, ablation)
+    return total.result()
 
 
 def mechanism_figures(stats: MechanismStats, class_names: list[str]) -> dict[str, go.Figure]:

@@ -15,16 +15,16 @@ from __future__ import annotations
 import math
 import re
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
 
 from vit.checkpoint import Checkpoint
 from vit.explain.dataset import (
+    Aggregator,
     DatasetAnalysis,
-    aggregate,
-    aggregate_mechanism,
+    MechanismAggregator,
     check_batch_size,
     image_summaries,
     mechanism_summaries,
@@ -126,26 +126,47 @@ def analyze_on_cluster(checkpoint_path: str, checkpoint: Checkpoint, files: Sequ
         fn_constructor_kwargs={"checkpoint": checkpoint_path, "device": "cuda" if use_gpu else "cpu",
                                "mechanism": mechanism},
         **({"num_gpus": 1} if use_gpu else {"num_cpus": 1}))
-    parts, done = [], 0
+    images = Aggregator(checkpoint.class_names, files, top_mistakes)
+    heads = MechanismAggregator(checkpoint, files, norm_threshold) if mechanism else None
+    for run in in_file_order(_batches(summaries), len(files)):
+        images.add(run)
+        if heads is not None:
+            heads.add({key.removeprefix(MECHANISM): value for key, value in run.items() if key.startswith(MECHANISM)})
+        if progress is not None:
+            progress(images.done, len(files))
+    analysis = images.result()
+    if heads is not None:
+        analysis.mechanism = heads.result()
+    return analysis
+
+
+def _batches(dataset) -> Iterator[dict[str, np.ndarray]]:
+    """The dataset's blocks as they come; an actor's error as a ClusterError in one line."""
     try:
-        for part in summaries.iter_batches(batch_size=None, batch_format="numpy"):
-            parts.append(part)
-            done += len(part["index"])
-            if progress is not None:
-                progress(done, len(files))
+        yield from dataset.iter_batches(batch_size=None, batch_format="numpy")
     except Exception as e:  # noqa: BLE001 - Ray wraps an actor's error in its own types, over many lines
         raise ClusterError(f"the analysis failed on the cluster: {cause_line(e)}") from None
-    columns = {key: np.concatenate([part[key] for part in parts]) for key in parts[0]}
-    index = columns.pop("index")
-    order = np.argsort(index, kind="stable")
-    if not np.array_equal(index[order], np.arange(len(files))):  # each file once: a lost or doubled batch
-        raise RuntimeError(f"the cluster returned {len(index)} image summaries for {len(files)} files")
-    columns = {key: value[order] for key, value in columns.items()}  # back in file order
-    analysis = aggregate(checkpoint.class_names, files,
-                         {key: value for key, value in columns.items() if not key.startswith(MECHANISM)},
-                         top_mistakes)
-    if mechanism:
-        analysis.mechanism = aggregate_mechanism(
-            checkpoint, files, {key.removeprefix(MECHANISM): value for key, value in columns.items()
-                                if key.startswith(MECHANISM)}, norm_threshold)
-    return analysis
+
+
+def in_file_order(parts: Iterable[dict[str, np.ndarray]], total: int) -> Iterator[dict[str, np.ndarray]]:
+    """The rows of ``parts`` (columns of per-image summaries with an ``index``: the file's position; in any order,
+    split anyhow) as runs of consecutive files from the first, each as soon as the files before it have come:
+    what an ``Aggregator`` takes. Only the runs that arrive early wait. RuntimeError when a file is missing or
+    came twice."""
+    waiting: dict[int, dict[str, np.ndarray]] = {}  # first file of a run -> the run
+    following = 0  # the next file to hand on
+    for part in parts:
+        order = np.argsort(part["index"], kind="stable")
+        part = {key: np.asarray(value)[order] for key, value in part.items()}
+        index = part["index"]
+        for rows in np.split(np.arange(len(index)), np.flatnonzero(np.diff(index) != 1) + 1):
+            if len(rows) and int(index[rows[0]]) >= following and int(index[rows[0]]) not in waiting:
+                waiting[int(index[rows[0]])] = {key: value[rows] for key, value in part.items()}
+            elif len(rows):
+                raise RuntimeError(f"the cluster returned the summary of file {int(index[rows[0]])} twice")
+        while following in waiting:
+            run = waiting.pop(following)
+            following += len(run["index"])
+            yield run
+    if following != total or waiting:
+        raise RuntimeError(f"the cluster returned image summaries for {following} of {total} files in order")
