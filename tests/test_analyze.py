@@ -183,3 +183,20 @@ def test_the_page_caps_how_many_images_it_analyses(world, dirs, monkeypatch):  #
     assert any("has 7 images; this page analyses a seeded sample of 4" in i.value for i in at.info)
     images, _, unreadable = (m.value for m in at.metric)
     assert int(images) + int(unreadable) == 4
+
+
+def test_the_aggregate_does_not_depend_on_how_the_files_were_batched(world):
+    checkpoint = load_checkpoint(world / "cat.pt")
+    files = labelled_files(world / "data", CLASSES)
+    summaries = dataset.image_summaries(checkpoint, [path for path, _ in files])  # one batch, broken.png too
+    whole = dataset.Aggregator(CLASSES, files)
+    whole.add(summaries)
+    pieces = dataset.Aggregator(CLASSES, files)
+    for rows in (slice(0, 3), slice(3, 4), slice(4, None)):
+        pieces.add({key: value[rows] for key, value in summaries.items()})
+    assert pieces.result().to_json() == whole.result().to_json()  # the same digits: image by image in file order
+    assert whole.result().count == 6 and len(whole.result().skipped) == 1
+    with pytest.raises(ValueError, match="for 3 of 7 files"):
+        short = dataset.Aggregator(CLASSES, files)
+        short.add({key: value[:3] for key, value in summaries.items()})
+        short.result()

@@ -10,6 +10,12 @@ high-norm token rate per layer and position (``--norm-threshold``), massive acti
 sinks per head (``vit.explain.mechanism``). Writes ``analysis.json``, PNG plots and one
 self-contained ``report.html`` into ``--out`` (default ``analysis/<checkpoint name>``) and
 prints the JSON's path. A progress bar is drawn on stderr.
+
+With ``--ray ADDRESS`` (a Ray dashboard, http://HEAD:8265) the analysis is submitted to a Ray cluster as
+a job and its log followed until it ends; Ctrl-C stops it. Inside the cluster Ray Data maps batches of
+``--batch-size`` images through ``--workers`` actors that each load the model once (a GPU each when the
+cluster has GPUs) and return per-image summaries; the job writes the same files as a local run. The
+checkpoint, ``--data`` and ``--out`` must be on storage every node mounts (``vit.runs.ray_analyze``).
 """
 
 from __future__ import annotations
@@ -43,46 +49,121 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also head attribution, ablation, high-norm tokens, massive activations and sinks (slower)")
     p.add_argument("--norm-threshold", type=float, default=None, metavar="T",
                    help="with --mechanism: a token norm over T is high (default: twice the median patch norm)")
+    p.add_argument("--ray", metavar="ADDRESS", help="run on a Ray cluster: submit the analysis as a job to its "
+                   "dashboard address (http://HEAD:8265) and follow it")
+    p.add_argument("--workers", type=positive_int, default=None, metavar="N", help="with --ray: N actors, each "
+                   "loading the model once (default: one per GPU of the cluster, else one per CPU)")
+    p.add_argument("--ray-job", action="store_true", help=argparse.SUPPRESS)  # this command inside the Ray job
     return p
 
 
 
 def run(args: argparse.Namespace) -> int:
+    import torch
     from tqdm import tqdm
 
     from vit.evaluate import labelled_files
     from vit.explain.dataset import sample_files
     from vit.predict import UsageError, open_checkpoint, resolve_device
 
-    checkpoint = open_checkpoint(args.checkpoint, resolve_device(args.device))
+    if args.ray:
+        return submit_and_follow(args)
+    if args.workers is not None and not args.ray_job:
+        raise UsageError("--workers needs --ray ADDRESS: locally the analysis runs in this process")
+    # In the cluster's job this process only lists files and aggregates: the actors run the model.
+    checkpoint = open_checkpoint(args.checkpoint, torch.device("cpu") if args.ray_job else resolve_device(args.device))
+    if args.mechanism:
+        from vit.explain.mechanism import check_supported
+
+        try:
+            check_supported(checkpoint.model, needs_head=True)  # before the first image, not after the pass
+        except ValueError as e:  # MechanismError: a model option the analyses do not support
+            raise UsageError(f"--mechanism: {e}") from None
     files = sample_files(labelled_files(Path(args.data), checkpoint.class_names), args.limit, args.seed)
     bar = tqdm(total=len(files), unit="img", desc="analysing", file=sys.stderr, dynamic_ncols=True)
     try:
-        analysis = analyze_files(checkpoint, files, args.batch_size, args.top_mistakes,
-                                 progress=lambda done, total: bar.update(1))
+        if args.ray_job:
+            from vit.runs.ray_analyze import analyze_on_cluster
+
+            analysis = analyze_on_cluster(args.checkpoint, checkpoint, files, args.batch_size, args.top_mistakes,
+                                          args.mechanism, args.norm_threshold, args.workers, args.device,
+                                          progress=lambda done, total: bar.update(done - bar.n))
+        else:
+            analysis = analyze_files(checkpoint, files, args.batch_size, args.top_mistakes,
+                                     progress=lambda done, total: bar.update(1))
     except ValueError as e:
         raise UsageError(str(e)) from None
     finally:
         bar.close()
-    if args.mechanism:
+    if args.mechanism and not args.ray_job:
         from vit.explain.dataset import analyze_mechanism
 
         bar = tqdm(total=len(files), unit="img", desc="mechanism", file=sys.stderr, dynamic_ncols=True)
         try:
             analysis.mechanism = analyze_mechanism(checkpoint, files, args.norm_threshold,
                                                    progress=lambda done, total: bar.update(1))
-        except ValueError as e:  # MechanismError: a model option the analyses do not support
-            raise UsageError(f"--mechanism: {e}") from None
         finally:
             bar.close()
     for error in analysis.skipped:
         print(f"{PROG}: skipped: {error}", file=sys.stderr)
-    out = Path(args.out) if args.out else Path("analysis") / Path(args.checkpoint).stem
+    out = Path(args.out) if args.out else default_out(args.checkpoint)
     written = write_outputs(analysis, out, {"checkpoint": str(args.checkpoint), "data": str(args.data)})
     print(json.dumps({"count": analysis.count, "accuracy": analysis.accuracy, "out": str(out),
                       "files": [p.name for p in written]}, indent=2))
-    return 1 if analysis.skipped else 0
+    if analysis.skipped:  # last, so that it is the line the client of a Ray job shows
+        print(f"{PROG}: {len(analysis.skipped)} of {len(files)} images could not be read (named above); the "
+              f"analysis in {out} covers the other {analysis.count}", file=sys.stderr)
+        return 1
+    return 0
 
+
+def default_out(checkpoint: str) -> Path:
+    """Where the files go without ``--out``."""
+    return Path("analysis") / Path(checkpoint).stem
+
+
+def submit_and_follow(args: argparse.Namespace) -> int:
+    """``--ray ADDRESS``: this command with absolute paths, run as a Ray job; its log followed until it ends."""
+    import shlex
+
+    from vit.predict import UsageError
+    from vit.runs import ray_analyze, ray_jobs
+
+    if args.ray_job:
+        raise UsageError("--ray and --ray-job exclude each other")
+    # The job runs in a copy of the code elsewhere: every path absolute, checked here before submitting.
+    checkpoint, data = Path(args.checkpoint).expanduser().resolve(), Path(args.data).expanduser().resolve()
+    out = Path(args.out or default_out(args.checkpoint)).expanduser().resolve()
+    if not checkpoint.exists():
+        raise UsageError(f"{args.checkpoint} does not exist")
+    if not data.is_dir():
+        raise UsageError(f"--data {args.data} is not a folder; give a folder with one subfolder per class")
+    job = argparse.Namespace(**{**vars(args), "checkpoint": str(checkpoint), "data": str(data), "out": str(out),
+                                "ray": None, "ray_job": True})
+    sid = ray_analyze.job_id(out)
+    entrypoint = shlex.join(["python", "-m", PROG, *command_line(build_parser(), job)])
+    try:
+        jobs = ray_jobs.submit_job(args.ray, entrypoint, sid, {"vit_analysis": str(out)}, what="analysis")
+    except ray_jobs.RayRunError as e:
+        raise UsageError(str(e)) from None
+    print(f"{PROG}: submitted job {sid} to {args.ray}; Ctrl-C stops it", flush=True)
+    return ray_jobs.follow_to_the_end(jobs, sid, PROG, "the analysis ends without writing its report")
+
+
+def command_line(parser: argparse.ArgumentParser, args: argparse.Namespace) -> list[str]:
+    """The arguments that ``parser`` reads back as ``args`` (every option it has, but the ones left at None)."""
+    argv: list[str] = []
+    for action in parser._actions:
+        value = getattr(args, action.dest, None)
+        if value is None or value is False:  # also --help, which has no value
+            continue
+        if not action.option_strings:
+            argv.append(str(value))
+        elif value is True and action.nargs == 0:
+            argv.append(action.option_strings[-1])
+        else:
+            argv += [action.option_strings[-1], str(value)]
+    return argv
 
 
 def main(argv: list[str] | None = None) -> int:

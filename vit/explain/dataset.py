@@ -68,50 +68,127 @@ class DatasetAnalysis:
                 **({"mechanism": self.mechanism.to_json()} if self.mechanism is not None else {})}
 
 
-def analyze_files(checkpoint: Checkpoint, files: Sequence[tuple[Path, int]], batch_size: int = 64,
-                  top_mistakes: int = 20, progress: Callable[[int, int], None] | None = None) -> DatasetAnalysis:
-    """Analyse ``(image file, true class)`` pairs; ``progress(done, total)`` is called after each file."""
-    names = checkpoint.class_names
+def image_summaries(checkpoint: Checkpoint, paths: Sequence[str | Path]) -> dict[str, np.ndarray]:
+    """Everything ``Aggregator`` needs of each image of one batch of files, never a whole attention matrix.
+
+    One forward pass of all ``paths`` (the batch), then per image: ``read (N,)`` bool, ``error (N,)`` str
+    (empty when read), ``predicted (N,)`` int, ``confidence (N,)`` float (its probability), ``distance`` and
+    ``entropy (N, L, H)``, ``cls_attention`` and ``cls_rollout (N, gh, gw)``. An unreadable image is zeros and
+    its error. The local analysis and the Ray one (``vit.runs.ray_analyze``) both call this on the same batches,
+    so their summaries are the same numbers.
+    """
     model = checkpoint.model
     size = checkpoint.preprocessing.image_size
     grid, prefix, patch = model.patch_grid(size, size), model.num_prefix_tokens, model.config.patch_size
-    K = len(names)
-    distance = entropy = None
-    class_attention = np.zeros((K, *grid))
-    class_rollout = np.zeros((K, *grid))
-    class_counts = np.zeros(K, dtype=np.int64)
-    confusion = np.zeros((K, K), dtype=np.int64)
-    mistakes: list[Mistake] = []
-    skipped: list[str] = []
-    count = 0
-    results = predict_files(checkpoint, [path for path, _ in files], top_k=1, output_attentions=True,
-                            batch_size=batch_size)
-    for done, ((path, label), result) in enumerate(zip(files, results, strict=True), start=1):
+    L, H, N = len(model.blocks), model.blocks[0].attn.num_heads, len(paths)
+    errors = [""] * N
+    out = {"read": np.zeros(N, dtype=bool), "predicted": np.full(N, -1, dtype=np.int64), "confidence": np.zeros(N),
+           "distance": np.zeros((N, L, H), dtype=np.float32), "entropy": np.zeros((N, L, H), dtype=np.float32),
+           "cls_attention": np.zeros((N, *grid), dtype=np.float32),
+           "cls_rollout": np.zeros((N, *grid), dtype=np.float32)}
+    results = predict_files(checkpoint, paths, top_k=1, output_attentions=True, batch_size=max(N, 1))
+    for i, result in enumerate(results):
         if result.prediction is None:
-            skipped.append(result.error)
-        else:
-            p = result.prediction
-            attentions = [torch.from_numpy(a)[None] for a in p.attentions]  # per layer (1, H, T, T)
-            stats = layer_stats(attentions, grid, patch, prefix)  # each (L, 1, H)
-            d, e = stats["distance"][:, 0].numpy(), stats["entropy"][:, 0].numpy()
-            distance = d if distance is None else distance + d
-            entropy = e if entropy is None else entropy + e
-            class_attention[label] += token_map(fuse_heads(attentions[-1]), 0, grid, prefix)[0].numpy()
-            class_rollout[label] += token_map(rollout(attentions, num_prefix_tokens=prefix), 0, grid, prefix)[0].numpy()
-            class_counts[label] += 1
-            confusion[label, p.class_index] += 1
-            if p.class_index != label:
-                mistakes.append(Mistake(str(path), names[label], names[p.class_index],
-                                        float(p.probabilities[p.class_index])))
-            count += 1
+            errors[i] = result.error
+            continue
+        p = result.prediction
+        attentions = [torch.from_numpy(a)[None] for a in p.attentions]  # per layer (1, H, T, T)
+        stats = layer_stats(attentions, grid, patch, prefix)  # each (L, 1, H)
+        out["read"][i] = True
+        out["predicted"][i] = p.class_index
+        out["confidence"][i] = float(p.probabilities[p.class_index])
+        out["distance"][i], out["entropy"][i] = stats["distance"][:, 0].numpy(), stats["entropy"][:, 0].numpy()
+        out["cls_attention"][i] = token_map(fuse_heads(attentions[-1]), 0, grid, prefix)[0].numpy()
+        out["cls_rollout"][i] = token_map(rollout(attentions, num_prefix_tokens=prefix), 0, grid, prefix)[0].numpy()
+    out["error"] = np.array(errors, dtype=str)
+    return out
+
+
+def _add_rows(total: np.ndarray, rows: np.ndarray) -> None:
+    """``total += row`` for each row in order, in float64: the same digits however the rows were batched."""
+    for row in rows:
+        total += row
+
+
+class Aggregator:
+    """Running sums of ``image_summaries`` of ``files``, fed a batch at a time in file order; ``result()`` is the
+    ``DatasetAnalysis``. Adds go image by image in float64, so any split of the files into batches gives the same
+    numbers, and only the ``top_mistakes`` most confident mistakes are kept: memory does not grow with the files.
+    """
+
+    def __init__(self, class_names: list[str], files: Sequence[tuple[Path, int]], top_mistakes: int = 20) -> None:
+        K = len(class_names)
+        self.class_names, self.files, self.top_mistakes = class_names, files, top_mistakes
+        self.labels = np.array([label for _, label in files], dtype=np.int64)
+        self.done = self.count = 0  # files added, images read
+        self.skipped: list[str] = []
+        self.class_counts = np.zeros(K, dtype=np.int64)
+        self.confusion = np.zeros((K, K), dtype=np.int64)
+        self.sums: dict[str, np.ndarray] = {}  # distance, entropy (L, H); class maps (K, gh, gw): made on the first add
+        self.mistakes: list[tuple[float, int, int]] = []  # (-confidence, file index, predicted), best first
+
+    def add(self, summaries: dict[str, np.ndarray]) -> None:
+        """The next ``len(summaries["read"])`` files' summaries."""
+        read = summaries["read"]
+        start, end = self.done, self.done + len(read)
+        if end > len(self.files):
+            raise ValueError(f"image summaries for {end} files; there are {len(self.files)}")
+        labels, predicted, confidence = self.labels[start:end], summaries["predicted"], summaries["confidence"]
+        if not self.sums:
+            K, (L, H) = len(self.class_names), summaries["distance"].shape[1:]
+            grid = summaries["cls_attention"].shape[1:]
+            self.sums = {"distance": np.zeros((L, H)), "entropy": np.zeros((L, H)),
+                         "cls_attention": np.zeros((K, *grid)), "cls_rollout": np.zeros((K, *grid))}
+        for key in ("distance", "entropy"):
+            _add_rows(self.sums[key], summaries[key][read].astype(np.float64))
+        for key in ("cls_attention", "cls_rollout"):  # per true class, image by image (np.add.at goes in order)
+            np.add.at(self.sums[key], labels[read], summaries[key][read].astype(np.float64))
+        np.add.at(self.class_counts, labels[read], 1)
+        np.add.at(self.confusion, (labels[read], predicted[read]), 1)
+        self.skipped += [str(error) for error in summaries["error"][~read]]
+        wrong = np.flatnonzero(read & (predicted != labels))
+        # most confident first; equal confidences in file order, as one sort of all the files would give
+        self.mistakes = sorted(self.mistakes + [(-float(confidence[i]), start + int(i), int(predicted[i]))
+                                                for i in wrong])[:self.top_mistakes]
+        self.done, self.count = end, self.count + int(read.sum())
+
+    def result(self) -> DatasetAnalysis:
+        """The analysis of all the files; ValueError when some were not added or none could be read."""
+        if self.done != len(self.files):
+            raise ValueError(f"image summaries for {self.done} of {len(self.files)} files")
+        if self.count == 0:
+            raise ValueError(f"none of the {len(self.files)} images could be read")
+        names, seen = self.class_names, np.maximum(self.class_counts, 1)[:, None, None]
+        mistakes = [Mistake(str(self.files[i][0]), names[self.labels[i]], names[predicted], -negative)
+                    for negative, i, predicted in self.mistakes]
+        return DatasetAnalysis(names, self.count, self.skipped, self.sums["distance"] / self.count,
+                               self.sums["entropy"] / self.count, self.class_counts,
+                               self.sums["cls_attention"] / seen, self.sums["cls_rollout"] / seen, self.confusion,
+                               mistakes)
+
+
+def check_batch_size(batch_size: int) -> None:
+    """ValueError unless ``batch_size`` is a whole number of at least 1."""
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size must be a whole number of at least 1, got {batch_size!r}")
+
+
+def analyze_files(checkpoint: Checkpoint, files: Sequence[tuple[Path, int]], batch_size: int = 64,
+                  top_mistakes: int = 20, progress: Callable[[int, int], None] | None = None) -> DatasetAnalysis:
+    """Analyse ``(image file, true class)`` pairs; ``progress(done, total)`` is called after each file.
+
+    ``image_summaries`` of each run of ``batch_size`` files, added to an ``Aggregator``."""
+    check_batch_size(batch_size)
+    if not files:
+        raise ValueError("no images to analyse")
+    total = Aggregator(checkpoint.class_names, files, top_mistakes)
+    for start in range(0, len(files), batch_size):
+        chunk = files[start:start + batch_size]
+        total.add(image_summaries(checkpoint, [path for path, _ in chunk]))
         if progress is not None:
-            progress(done, len(files))
-    if count == 0:
-        raise ValueError(f"none of the {len(files)} images could be read")
-    seen = np.maximum(class_counts, 1)[:, None, None]
-    mistakes.sort(key=lambda m: -m.confidence)
-    return DatasetAnalysis(names, count, skipped, distance / count, entropy / count, class_counts,
-                           class_attention / seen, class_rollout / seen, confusion, mistakes[:top_mistakes])
+            for done in range(start + 1, start + len(chunk) + 1):
+                progress(done, len(files))
+    return total.result()
 
 
 # --- figures ------------------------------------------------------------------------------------
@@ -260,6 +337,114 @@ class MechanismStats:
         return {key: (value.tolist() if isinstance(value, np.ndarray) else value) for key, value in vars(self).items()}
 
 
+def mechanism_summaries(checkpoint: Checkpoint, files: Sequence[tuple[Path, int]],
+                        ablation: bool = True) -> dict[str, np.ndarray]:
+    """What ``aggregate_mechanism`` needs of each ``(image file, true class)``, one image at a time at the
+    checkpoint's size.
+
+    Per image: ``read (N,)`` bool; ``dla_heads (N, L, H)`` and ``dla_mlps (N, L)`` (attribution to the true
+    class's logit); ``ablation (N, L, H)`` (zeros without ``ablation``); ``massive (N, L, 4)``; ``norms
+    (N, L + 1, T)`` (every token's norm after the embedding and each layer); ``sink_mass``, ``sink_value_norm``
+    and ``sink_on_prefix (N, L, H)``. An unreadable image is zeros (``image_summaries`` names it).
+    Raises MechanismError (a ValueError) for a model the analyses do not support.
+    """
+    from vit.explain import mechanism
+    from vit.images import ImageError, open_image
+    from vit.inference import preprocess
+
+    model = checkpoint.model
+    mechanism.check_supported(model, needs_head=True)
+    size = checkpoint.preprocessing.image_size
+    grid, prefix = model.patch_grid(size, size), model.num_prefix_tokens
+    L, H, T, N = len(model.blocks), model.blocks[0].attn.num_heads, prefix + grid[0] * grid[1], len(files)
+    out = {"read": np.zeros(N, dtype=bool), "dla_heads": np.zeros((N, L, H)), "dla_mlps": np.zeros((N, L)),
+           "ablation": np.zeros((N, L, H)), "massive": np.zeros((N, L, 4)),
+           "norms": np.zeros((N, L + 1, T), dtype=np.float32), "sink_mass": np.zeros((N, L, H)),
+           "sink_value_norm": np.zeros((N, L, H)), "sink_on_prefix": np.zeros((N, L, H), dtype=bool)}
+    device = next(model.parameters()).device
+    for i, (path, label) in enumerate(files):
+        try:
+            image = open_image(Path(path).read_bytes(), name=Path(path).name)
+        except (OSError, ImageError):
+            continue
+        x = preprocess([image], checkpoint.preprocessing).to(device)
+        target = torch.tensor([label], device=device)
+        with torch.inference_mode():
+            states = mechanism.hidden_states(model, x)
+            dla = mechanism.direct_logit_attribution(model, x, target)
+            sinks = mechanism.sink_stats(model, states)
+            if ablation:
+                out["ablation"][i] = mechanism.ablation_grid(model, x, target)[0].double().cpu().numpy()
+            out["massive"][i] = mechanism.massive_activations(states)[0].double().cpu().numpy()
+            out["norms"][i] = mechanism.token_norms(states)[0].cpu().numpy()
+        out["read"][i] = True
+        out["dla_heads"][i] = dla.heads[0].double().cpu().numpy()
+        out["dla_mlps"][i] = dla.mlps[0].double().cpu().numpy()
+        out["sink_mass"][i] = sinks.mass[0].double().cpu().numpy()
+        out["sink_value_norm"][i] = sinks.value_norm[0].double().cpu().numpy()
+        out["sink_on_prefix"][i] = (sinks.token[0] < prefix).cpu().numpy()
+    return out
+
+
+class MechanismAggregator:
+    """Running sums of ``mechanism_summaries`` of ``files``, fed in file order, image by image in float64 (see
+    ``Aggregator``); ``result()`` is the ``MechanismStats``. Every read image's token norms are kept (small:
+    ``(L + 1, T)`` floats each) to choose the default threshold after the pass."""
+
+    def __init__(self, checkpoint: Checkpoint, files: Sequence[tuple[Path, int]], norm_threshold: float | None = None,
+                 ablation: bool = True) -> None:
+        model = checkpoint.model
+        size = checkpoint.preprocessing.image_size
+        self.grid, self.prefix = model.patch_grid(size, size), model.num_prefix_tokens
+        self.files, self.norm_threshold, self.ablation = files, norm_threshold, ablation
+        self.labels = np.array([label for _, label in files], dtype=np.int64)
+        K, L, H = len(checkpoint.class_names), len(model.blocks), model.blocks[0].attn.num_heads
+        self.done = 0
+        self.counts = np.zeros(K, dtype=np.int64)
+        self.per_class = {"dla_heads": np.zeros((K, L, H)), "dla_mlps": np.zeros((K, L))}
+        self.sums = {"ablation": np.zeros((L, H)), "massive": np.zeros((L, 4)), "sink_mass": np.zeros((L, H)),
+                     "sink_value_norm": np.zeros((L, H)), "sink_on_prefix": np.zeros((L, H))}
+        self.norms: list[np.ndarray] = []  # per read image (L + 1, T)
+
+    def add(self, summaries: dict[str, np.ndarray]) -> None:
+        """The next ``len(summaries["read"])`` files' summaries."""
+        read = summaries["read"]
+        start, end = self.done, self.done + len(read)
+        if end > len(self.files):
+            raise ValueError(f"mechanism summaries for {end} files; there are {len(self.files)}")
+        labels = self.labels[start:end][read]
+        np.add.at(self.counts, labels, 1)
+        for key, total in self.per_class.items():
+            np.add.at(total, labels, summaries[key][read].astype(np.float64))
+        for key, total in self.sums.items():
+            _add_rows(total, summaries[key][read].astype(np.float64))
+        self.norms += list(summaries["norms"][read])
+        self.done = end
+
+    def result(self) -> MechanismStats:
+        """The statistics of all the files; ValueError when some were not added or none could be read."""
+        if self.done != len(self.files):
+            raise ValueError(f"mechanism summaries for {self.done} of {len(self.files)} files")
+        n, prefix = len(self.norms), self.prefix
+        if n == 0:
+            raise ValueError(f"none of the {len(self.files)} images could be read")
+        all_norms = np.stack(self.norms)  # (n, L + 1, T)
+        threshold = self.norm_threshold
+        if threshold is None:
+            threshold = float(2 * np.median(all_norms[:, -1, prefix:]))
+        high = all_norms > threshold
+        seen = np.maximum(self.counts, 1)
+        return MechanismStats(
+            class_counts=self.counts, dla_heads=self.per_class["dla_heads"] / seen[:, None, None],
+            dla_mlps=self.per_class["dla_mlps"] / seen[:, None],
+            ablation=self.sums["ablation"] / n if self.ablation else None, norm_threshold=threshold,
+            high_norm_rate=high[:, :, prefix:].mean(axis=(0, 2)),
+            high_norm_positions=high[:, -1, prefix:].mean(axis=0).reshape(self.grid),
+            prefix_high_norm_rate=high[:, -1, :prefix].mean(axis=0), massive=self.sums["massive"] / n,
+            sink_mass=self.sums["sink_mass"] / n, sink_value_norm=self.sums["sink_value_norm"] / n,
+            sink_on_prefix=self.sums["sink_on_prefix"] / n)
+
+
 def analyze_mechanism(checkpoint: Checkpoint, files: Sequence[tuple[Path, int]], norm_threshold: float | None = None,
                       ablation: bool = True, progress: Callable[[int, int], None] | None = None) -> MechanismStats:
     """The mechanism statistics of ``(image file, true class)`` pairs, one image at a time at the checkpoint's size.
@@ -270,60 +455,16 @@ def analyze_mechanism(checkpoint: Checkpoint, files: Sequence[tuple[Path, int]],
     Unreadable images are skipped (``analyze_files`` names them).
     """
     from vit.explain import mechanism
-    from vit.images import ImageError, open_image
-    from vit.inference import preprocess
 
-    model, names = checkpoint.model, checkpoint.class_names
-    mechanism.check_supported(model, needs_head=True)
-    size = checkpoint.preprocessing.image_size
-    grid, prefix = model.patch_grid(size, size), model.num_prefix_tokens
-    L, H = len(model.blocks), model.blocks[0].attn.num_heads
-    K = len(names)
-    counts = np.zeros(K, dtype=np.int64)
-    dla_heads, dla_mlps = np.zeros((K, L, H)), np.zeros((K, L))
-    ablation_sum = np.zeros((L, H))
-    massive, sink_mass, sink_norm, sink_prefix = np.zeros((L, 4)), np.zeros((L, H)), np.zeros((L, H)), np.zeros((L, H))
-    norms: list[np.ndarray] = []  # per image (L + 1, T): small, kept to choose the threshold after the pass
-    device = next(model.parameters()).device
-    for done, (path, label) in enumerate(files, start=1):
-        try:
-            image = open_image(Path(path).read_bytes(), name=Path(path).name)
-        except (OSError, ImageError):
-            image = None
-        if image is not None:
-            x = preprocess([image], checkpoint.preprocessing).to(device)
-            target = torch.tensor([label], device=device)
-            with torch.inference_mode():
-                states = mechanism.hidden_states(model, x)
-                dla = mechanism.direct_logit_attribution(model, x, target)
-                sinks = mechanism.sink_stats(model, states)
-                if ablation:
-                    ablation_sum += mechanism.ablation_grid(model, x, target)[0].double().cpu().numpy()
-                massive += mechanism.massive_activations(states)[0].double().cpu().numpy()
-                norms.append(mechanism.token_norms(states)[0].cpu().numpy())
-            counts[label] += 1
-            dla_heads[label] += dla.heads[0].double().cpu().numpy()
-            dla_mlps[label] += dla.mlps[0].double().cpu().numpy()
-            sink_mass += sinks.mass[0].double().cpu().numpy()
-            sink_norm += sinks.value_norm[0].double().cpu().numpy()
-            sink_prefix += (sinks.token[0] < prefix).cpu().numpy()
+    mechanism.check_supported(checkpoint.model, needs_head=True)  # before the first image, not after it
+    if not files:
+        raise ValueError("no images to analyse")
+    total = MechanismAggregator(checkpoint, files, norm_threshold, ablation)
+    for done, file in enumerate(files, start=1):
+        total.add(mechanism_summaries(checkpoint, [file], ablation))
         if progress is not None:
             progress(done, len(files))
-    n = int(counts.sum())
-    if n == 0:
-        raise ValueError(f"none of the {len(files)} images could be read")
-    all_norms = np.stack(norms)  # (N, L + 1, T)
-    if norm_threshold is None:
-        norm_threshold = float(2 * np.median(all_norms[:, -1, prefix:]))
-    high = all_norms > norm_threshold
-    seen = np.maximum(counts, 1)
-    return MechanismStats(
-        class_counts=counts, dla_heads=dla_heads / seen[:, None, None], dla_mlps=dla_mlps / seen[:, None],
-        ablation=ablation_sum / n if ablation else None, norm_threshold=norm_threshold,
-        high_norm_rate=high[:, :, prefix:].mean(axis=(0, 2)),
-        high_norm_positions=high[:, -1, prefix:].mean(axis=0).reshape(grid),
-        prefix_high_norm_rate=high[:, -1, :prefix].mean(axis=0),
-        massive=massive / n, sink_mass=sink_mass / n, sink_value_norm=sink_norm / n, sink_on_prefix=sink_prefix / n)
+    return total.result()
 
 
 def mechanism_figures(stats: MechanismStats, class_names: list[str]) -> dict[str, go.Figure]:

@@ -1,5 +1,9 @@
 """Runs on a Ray cluster, from the client's side: submit one as a Ray job, follow its logs, stop it.
 
+``submit_job`` and ``follow_to_the_end`` are what every command with ``--ray`` shares (``vit.train``,
+``vit.analyze``): the code-only ``runtime_env`` with its upload limit, the retried submission, the
+followed log, Ctrl-C as a job stop and the failed job's one-line error.
+
 ``python -m vit.train … --ray ADDRESS --workers N [--gpus-per-worker G]`` submits the run as a
 job whose ``submission_id`` is the run's id (its folder's name; a resume gets a suffix), whose
 ``working_dir`` is the project's code only, and whose entrypoint is ``vit.runs.ray_train``. The
@@ -112,8 +116,15 @@ def job_id(run_dir: Path, resume: bool) -> str:
 
 def client(address: str):
     """A JobSubmissionClient, or RayRunError in one line when the head cannot be reached."""
+    import logging
+
     from ray.job_submission import JobSubmissionClient
 
+    # Ray's client logs each file it skips while packing the code, the upload, the log stream's end ... on
+    # stderr: a command's own lines are what the user reads there (the job's log comes on stdout). Two of
+    # its modules set their own level, so the package's alone would not quiet them.
+    for name in ("ray", "ray.dashboard.modules.dashboard_sdk", "ray.dashboard.modules.job.sdk"):
+        logging.getLogger(name).setLevel(logging.ERROR)
     try:
         return JobSubmissionClient(address)
     except Exception as e:  # noqa: BLE001 - Ray raises ConnectionError, ValueError, RuntimeError …
@@ -142,15 +153,23 @@ def submit(address: str, argv: list[str], workers: int, gpus_per_worker: float) 
     sid = job_id(run_dir, bool(args.resume))
     entrypoint = shlex.join(["python", "-m", "vit.runs.ray_train", "--workers", str(workers),
                              "--gpus-per-worker", f"{gpus_per_worker:g}", "--name", sid, "--", *argv])
+    jobs = submit_job(address, entrypoint, sid, {"vit_run": str(run_dir), "vit_workers": str(workers),
+                                                 "vit_gpus_per_worker": f"{gpus_per_worker:g}"}, what="run")
+    return jobs, sid
+
+
+def submit_job(address: str, entrypoint: str, sid: str, metadata: dict[str, str], what: str):
+    """Submit ``entrypoint`` (run in the project's code, ``runtime_env``) as job ``sid``; returns the client.
+
+    The upload size is checked before the cluster is contacted; a head that has just started is retried
+    while it has no agent. RayRunError in one line (``what``: "run", "analysis") when the cluster refuses."""
     env = runtime_env()
     jobs = client(address)
     deadline = time.monotonic() + AGENT_WAIT_SECONDS
     while True:
         try:
-            jobs.submit_job(entrypoint=entrypoint, submission_id=sid, runtime_env=env,
-                            metadata={"vit_run": str(run_dir), "vit_workers": str(workers),
-                                      "vit_gpus_per_worker": f"{gpus_per_worker:g}"})
-            return jobs, sid
+            jobs.submit_job(entrypoint=entrypoint, submission_id=sid, runtime_env=env, metadata=metadata)
+            return jobs
         except Exception as e:  # noqa: BLE001
             text = _first_line(e)
             if "No available agent" in text and time.monotonic() < deadline:  # a head that has just started
@@ -158,7 +177,7 @@ def submit(address: str, argv: list[str], workers: int, gpus_per_worker: float) 
                 continue
             if "already exists" in text:
                 raise RayRunError(f"the cluster already has a job {sid}: choose another --out name") from None
-            raise RayRunError(f"the cluster refused the run: {text}") from None
+            raise RayRunError(f"the cluster refused the {what}: {text}") from None
 
 
 def follow(jobs, sid: str, write: Callable[[str], object], poll: float = 1.0) -> str:
@@ -192,26 +211,20 @@ def follow(jobs, sid: str, write: Callable[[str], object], poll: float = 1.0) ->
         time.sleep(poll)
 
 
-def job_error(jobs, sid: str) -> str:
-    """The one-line error of a failed job: the last ``vit.train:`` line of its log, else Ray's message."""
-    lines = [line for line in jobs.get_job_logs(sid).splitlines() if "vit.train:" in line]
+def job_error(jobs, sid: str, prog: str = "vit.train") -> str:
+    """The one-line error of a failed job: the last ``PROG:`` line of its log, else Ray's message."""
+    lines = [line for line in jobs.get_job_logs(sid).splitlines() if f"{prog}:" in line]
     if lines:
-        return lines[-1][lines[-1].index("vit.train:"):]
+        return lines[-1][lines[-1].index(f"{prog}:"):]
     message = jobs.get_job_info(sid).message or "no message"
-    return f"vit.train: the job failed: {message.strip().splitlines()[-1] if message.strip() else message}"
+    return f"{prog}: the job failed: {message.strip().splitlines()[-1] if message.strip() else message}"
 
 
-def main(argv: list[str]) -> int:
-    """``vit.train … --ray ADDRESS``: submit, follow until the end; Ctrl-C (or SIGTERM) stops the job gracefully."""
-    ray_args, rest = ray_parser().parse_known_args(argv)
-    try:
-        jobs, sid = submit(ray_args.ray, rest, ray_args.workers, ray_args.gpus_per_worker)
-    except UsageError as e:
-        print(f"vit.train: error: {e}", file=sys.stderr)
-        return 2
-    print(f"vit.train: submitted job {sid} to {ray_args.ray} ({ray_args.workers} worker(s)); Ctrl-C stops it",
-          flush=True)
-    signal.signal(signal.SIGTERM, signal.default_int_handler)  # the Train page's Stop: as Ctrl-C, stop the job
+def follow_to_the_end(jobs, sid: str, prog: str, on_stop: str) -> int:
+    """Print the job's log until it ends, as a command does: 0 succeeded, 1 failed (its one-line error on
+    stderr), 130 stopped. The first Ctrl-C stops the job (``on_stop`` says what the job then does), a second
+    leaves it running without this command. SIGTERM (the Train page's Stop) counts as a Ctrl-C."""
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
 
     def write(text: str) -> None:
         sys.stdout.write(text)
@@ -224,17 +237,29 @@ def main(argv: list[str]) -> int:
             break
         except KeyboardInterrupt:
             if stopping:
-                print(f"vit.train: still stopping; the job {sid} goes on without this command", file=sys.stderr)
+                print(f"{prog}: still stopping; the job {sid} goes on without this command", file=sys.stderr)
                 return 130
             stopping = True
-            print(f"vit.train: stopping job {sid}: the run writes last.pt and ends cancelled (Ctrl-C again "
-                  "to leave it)", file=sys.stderr, flush=True)
+            print(f"{prog}: stopping job {sid}: {on_stop} (Ctrl-C again to leave it)", file=sys.stderr, flush=True)
             jobs.stop_job(sid)
     if status == "FAILED":
-        print(job_error(jobs, sid), file=sys.stderr)
+        print(job_error(jobs, sid, prog), file=sys.stderr)
         return 1
-    print(f"vit.train: job {sid} {status.lower()}", flush=True)
+    print(f"{prog}: job {sid} {status.lower()}", flush=True)
     return 0 if status == "SUCCEEDED" else 130
+
+
+def main(argv: list[str]) -> int:
+    """``vit.train … --ray ADDRESS``: submit, follow until the end; Ctrl-C (or SIGTERM) stops the job gracefully."""
+    ray_args, rest = ray_parser().parse_known_args(argv)
+    try:
+        jobs, sid = submit(ray_args.ray, rest, ray_args.workers, ray_args.gpus_per_worker)
+    except UsageError as e:
+        print(f"vit.train: error: {e}", file=sys.stderr)
+        return 2
+    print(f"vit.train: submitted job {sid} to {ray_args.ray} ({ray_args.workers} worker(s)); Ctrl-C stops it",
+          flush=True)
+    return follow_to_the_end(jobs, sid, "vit.train", "the run writes last.pt and ends cancelled")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,0 +1,187 @@
+"""The dataset analysis on a real local Ray cluster (two nodes, one CPU each): ``vit.analyze --ray``."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from helpers import free_port, make_image_folder
+
+from vit.analyze import build_parser, command_line
+from vit.checkpoint import save_checkpoint
+from vit.model import ViT, ViTConfig
+from vit.runs.ray_analyze import cause_line, plan_actors
+from vit.runs.ray_jobs import RayRunError
+
+REPO = Path(__file__).resolve().parent.parent
+CONFIG = ViTConfig(image_size=16, patch_size=4, hidden_size=16, num_layers=2, num_heads=2, mlp_size=32, num_classes=3)
+CLASSES = ["cat", "dog", "ship"]
+TIMEOUT = 300
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("analyze-ray")
+    make_image_folder(root / "data", classes=CLASSES, per_class=10)
+    torch.manual_seed(0)
+    save_checkpoint(root / "model.pt", ViT(CONFIG).eval(), CLASSES)  # random: mistakes and spread-out maps
+    return root
+
+
+def analyze(*argv: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    return subprocess.run([sys.executable, "-m", "vit.analyze", *argv], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=TIMEOUT)
+
+
+def assert_close(a: object, b: object, where: str = "") -> None:
+    """The same JSON: equal keys, lists and strings; numbers to 1e-6."""
+    if isinstance(a, dict):
+        assert isinstance(b, dict) and a.keys() == b.keys(), where
+        for key in a:
+            assert_close(a[key], b[key], f"{where}.{key}")
+    elif isinstance(a, list):
+        assert isinstance(b, list) and len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            assert_close(x, y, f"{where}[{i}]")
+    elif isinstance(a, float) or isinstance(b, float):
+        assert a == pytest.approx(b, abs=1e-6, rel=1e-6), where
+    else:
+        assert a == b, where
+
+
+@pytest.mark.slow
+def test_on_ray_the_analysis_equals_the_local_one(ray_cluster, world, tmp_path):
+    # 25 of 30 images after the seeded shuffle, in batches of 8: 4 batches (the last one short) over 2 actors,
+    # returned in any order; the mechanism too (token norms, head attribution, ablation, sinks).
+    common = [str(world / "model.pt"), "--data", str(world / "data"), "--limit", "25", "--batch-size", "8",
+              "--mechanism"]
+    local = analyze(*common, "--out", str(tmp_path / "local"))
+    assert local.returncode == 0, local.stderr
+    on_ray = analyze(*common, "--out", str(tmp_path / "ray"), "--ray", ray_cluster.address)
+    assert on_ray.returncode == 0, f"{on_ray.stdout}\n{on_ray.stderr}"
+    assert "vit.analyze: job analyze-ray-" in on_ray.stdout and "succeeded" in on_ray.stdout
+
+    names = [sorted(p.name for p in (tmp_path / name).iterdir()) for name in ("local", "ray")]
+    assert names[0] == names[1]
+    mine, theirs = (json.loads((tmp_path / name / "analysis.json").read_text()) for name in ("local", "ray"))
+    assert mine["count"] == 25 and mine["most_confident_mistakes"] and "mechanism" in mine
+    assert_close(mine, theirs)
+    reports = [(tmp_path / name / "report.html").read_text().count("plotly-graph-div") for name in ("local", "ray")]
+    assert reports[0] == reports[1] >= 11
+
+
+@pytest.mark.slow
+def test_an_unreadable_image_is_skipped_as_locally_and_the_job_fails_in_one_line(ray_cluster, world, tmp_path):
+    data = make_image_folder(tmp_path / "data", classes=CLASSES, per_class=2)
+    (data / "dog" / "broken.png").write_text("not an image")
+    done = analyze(str(world / "model.pt"), "--data", str(data), "--out", str(tmp_path / "out"), "--ray",
+                   ray_cluster.address)
+    assert done.returncode == 1, f"{done.stdout}\n{done.stderr}"  # as a local run with an unreadable image
+    assert re.search(r"vit.analyze: skipped: .*broken.png", done.stdout)  # in the job's log
+    assert done.stderr.splitlines() == [f"vit.analyze: 1 of 7 images could not be read (named above); the analysis "
+                                        f"in {tmp_path / 'out'} covers the other 6"]
+    saved = json.loads((tmp_path / "out" / "analysis.json").read_text())
+    assert saved["count"] == 6 and saved["skipped"] == 1
+
+
+@pytest.mark.slow
+def test_ctrl_c_stops_the_job_and_the_command_reports_it(ray_cluster, world, tmp_path):
+    proc = subprocess.Popen([sys.executable, "-m", "vit.analyze", str(world / "model.pt"), "--data",
+                             str(world / "data"), "--out", str(tmp_path / "out"), "--ray", ray_cluster.address],
+                            cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    seen = ""
+    while "Running entrypoint for job" not in seen:  # the job has started: its first log line
+        line = proc.stdout.readline()
+        assert line, f"the command ended first: {seen}{proc.communicate()}"
+        seen += line
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=TIMEOUT)
+    assert proc.returncode == 130, f"{seen}{out}\n{err}"
+    assert re.search(r"vit.analyze: job analyze-out-\w+ stopped", out)
+    assert err.startswith("vit.analyze: stopping job analyze-out-")
+    assert not (tmp_path / "out" / "report.html").exists()
+
+
+@pytest.mark.slow
+def test_an_unreachable_address_is_one_line_and_writes_nothing(world, tmp_path):
+    done = analyze(str(world / "model.pt"), "--data", str(world / "data"), "--out", str(tmp_path / "out"),
+                   "--ray", f"http://127.0.0.1:{free_port()}")  # a closed port: nothing listens there
+    assert done.returncode == 2
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("vit.analyze: error: cannot reach the Ray cluster"), done.stderr
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.slow
+def test_a_data_folder_without_images_fails_the_job_in_one_line(ray_cluster, world, tmp_path):
+    (tmp_path / "empty" / "cat").mkdir(parents=True)
+    done = analyze(str(world / "model.pt"), "--data", str(tmp_path / "empty"), "--out", str(tmp_path / "out"),
+                   "--ray", ray_cluster.address)
+    assert done.returncode == 1, f"{done.stdout}\n{done.stderr}"
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0] == f"vit.analyze: error: no images in {tmp_path / 'empty'}; lay it out as " \
+                                           f"{tmp_path / 'empty'}/<class>/<image>", done.stderr
+    assert "Traceback" not in done.stderr and not (tmp_path / "out").exists()
+
+
+def test_a_missing_data_folder_is_refused_before_anything_is_submitted(world, tmp_path):
+    done = analyze(str(world / "model.pt"), "--data", str(tmp_path / "nowhere"), "--ray", "http://127.0.0.1:1")
+    assert done.returncode == 2
+    assert done.stderr.strip() == (f"vit.analyze: error: --data {tmp_path / 'nowhere'} is not a folder; give a "
+                                   "folder with one subfolder per class")
+
+
+def test_the_job_reads_back_the_arguments_it_was_given():
+    parser = build_parser()
+    args = parser.parse_args(["/m.pt", "--data", "/d", "--limit", "5", "--mechanism", "--norm-threshold", "0.1",
+                              "--workers", "3", "--ray-job"])
+    assert parser.parse_args(command_line(parser, args)) == args
+
+
+def test_one_actor_per_cpu_or_gpu_and_never_more_than_batches():
+    assert plan_actors({"CPU": 2.0}, "auto", None, batches=10) == (2, False)
+    assert plan_actors({"CPU": 16.0, "GPU": 4.0}, "auto", None, batches=10) == (4, True)
+    assert plan_actors({"CPU": 16.0, "GPU": 4.0}, "cpu", None, batches=10) == (10, False)
+    assert plan_actors({"CPU": 16.0}, "auto", 8, batches=3) == (3, False)
+
+
+def test_asking_for_more_than_the_cluster_has_is_refused_before_any_actor_starts():
+    with pytest.raises(RayRunError, match="--workers 3 needs 3 CPU"):
+        plan_actors({"CPU": 2.0}, "auto", 3, batches=10)
+    with pytest.raises(RayRunError, match="no GPU"):
+        plan_actors({"CPU": 2.0}, "cuda", None, batches=10)
+
+
+def test_an_actors_error_is_the_line_that_names_it_in_rays_wrapped_error():
+    wrapped = ("\x1b[36mray::MapWorker(MapBatches(Summarizer)).submit()\x1b[39m (pid=1, ip=10.0.0.1)\n"
+               '  File "vit/explain/dataset.py", line 90, in image_summaries\n'
+               "ValueError: batch_size must be a whole number of at least 1, got 0\n\n"
+               "The above exception was the direct cause of the following exception:\n\n"
+               "ray.exceptions.UserCodeException: UDF failed to process a data block.\n")
+    assert cause_line(RuntimeError(wrapped)) == "ValueError: batch_size must be a whole number of at least 1, got 0"
+    assert cause_line(RuntimeError("\nno named error\nhere")) == "no named error"
+
+
+def test_summaries_that_come_in_any_order_and_split_go_on_in_file_order():
+    from vit.runs.ray_analyze import in_file_order
+
+    def part(*indices: int) -> dict:
+        return {"index": np.array(indices), "value": np.array(indices) * 10}
+
+    runs = list(in_file_order([part(4, 5), part(7, 6), part(0, 1, 2), part(3)], total=8))
+    assert [run["index"].tolist() for run in runs] == [[0, 1, 2], [3], [4, 5], [6, 7]]
+    assert np.concatenate([run["value"] for run in runs]).tolist() == [0, 10, 20, 30, 40, 50, 60, 70]
+    with pytest.raises(RuntimeError, match="for 2 of 3 files"):
+        list(in_file_order([part(0, 1)], total=3))
+    with pytest.raises(RuntimeError, match="file 1 twice"):
+        list(in_file_order([part(0, 1), part(1)], total=2))
