@@ -79,12 +79,15 @@ def main() -> None:
         sys.exit("--images, --batch-size and --cpus-per-node must be 1 or more")
     with tempfile.TemporaryDirectory(prefix="bench-analyze-ray-") as tmp:
         tmp = Path(tmp)
+        # A home of its own, as the tests have: Ray turns token authentication on when it finds ~/.ray/auth_token
+        # (another cluster's), and the cluster's own readiness check would then be refused.
+        os.environ["HOME"] = str(tmp / "home")
         data = make_images(tmp / "data", args.images)
         common = [str(CHECKPOINT), "--data", str(data), "--batch-size", str(args.batch_size), "--device", "cpu",
                   *(["--mechanism"] if args.mechanism else [])]
         cluster = RayCluster(tmp / "ray", cpus_per_node=args.cpus_per_node)
-        cluster.start()
         try:
+            cluster.start()
             local = timed([*common, "--out", str(tmp / "local")])
             on_ray = timed([*common, "--out", str(tmp / "ray"), "--ray", cluster.address])
         finally:
