@@ -95,8 +95,11 @@ def test_an_unreadable_image_is_skipped_as_locally_and_the_job_fails_in_one_line
 
 @pytest.mark.slow
 def test_ctrl_c_stops_the_job_and_the_command_reports_it(ray_cluster, world, tmp_path):
+    # Enough images that the stop always comes first: on an idle machine 30 images were done before it.
+    data = make_image_folder(tmp_path / "many", classes=CLASSES, per_class=400)
     proc = subprocess.Popen([sys.executable, "-m", "vit.analyze", str(world / "model.pt"), "--data",
-                             str(world / "data"), "--out", str(tmp_path / "out"), "--ray", ray_cluster.address],
+                             str(data), "--out", str(tmp_path / "out"), "--ray", ray_cluster.address,
+                             "--batch-size", "8"],
                             cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     seen = ""
