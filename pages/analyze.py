@@ -6,6 +6,9 @@ mistake opens in the explorer through ``st.session_state["explorer_checkpoint"]`
 """
 
 import os
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import streamlit as st
@@ -17,7 +20,8 @@ from vit.explain import dataset
 from vit.explain.dataset import sample_files
 from vit.images import ImageError, open_image
 from vit.predict import UsageError
-from vit.runs import access
+from vit.runfiles import ROOT, default_runs_dir, parse_json, read_text_bounded
+from vit.runs import access, launch
 from vit.runs.launch import default_data_roots, folder_problem
 from vit.sources.open import open_source
 from vit.text import escape_markdown
@@ -26,6 +30,7 @@ EXPLORER_PAGE = "pages/explorer.py"
 SHOWN_MISTAKES = 12
 # One page's analysis holds a core for minutes at most (100,000 images took ~10 minutes); the CLI has no cap.
 MAX_PAGE_IMAGES = int(os.environ.get("VIT_ANALYSE_MAX_IMAGES", "20000"))
+RAY_TIMEOUT_SECONDS = 3600
 
 st.title("Analyse a dataset")
 st.caption("Every image of a folder through one checkpoint: how far and how evenly each head attends (the ViT "
@@ -62,9 +67,29 @@ folder = st.text_input("Image folder", key="analyze_folder", placeholder="data/c
 limit = st.number_input(f"Images (0 = all of them, at most {MAX_PAGE_IMAGES:,} here)", min_value=0, value=500,
                         step=100, key="analyze_limit",
                         help="A seeded random sample of the folder, so every class is represented.")
+ray_address = launch.ray_address()  # $VIT_RAY_ADDRESS, set by whoever started the server, never by a visitor
+on_ray = bool(ray_address) and st.checkbox(
+    "Run on the Ray cluster", key="analyze_on_ray",
+    help="python -m vit.analyze --ray: Ray Data maps the images over actors on the cluster's nodes, each loading the "
+         "model once; the model, the folder and the runs folder must be on storage every node mounts.")
 with_mechanism = st.checkbox("Also the mechanism: head attribution, ablation, high-norm tokens, sinks (slower)",
-                             key="analyze_mechanism",
-                             help="Runs each layer again per image to ablate its heads one at a time.")
+                             key="analyze_mechanism", disabled=on_ray,
+                             help="Runs each layer again per image to ablate its heads one at a time (on this "
+                                  "machine only: not on the cluster from this page).") and not on_ray
+
+
+def analyze_on_ray(model: str, data: Path, limit: int) -> dataset.DatasetAnalysis:
+    """``python -m vit.analyze --ray`` into a folder of the runs folder (storage the nodes share), read back."""
+    out = default_runs_dir() / ".analyses" / f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
+    command = [sys.executable, "-m", "vit.analyze", model, "--data", str(data), "--out", str(out), "--ray",
+               ray_address, "--limit", str(limit)]
+    with st.spinner(f"Analysing {limit:,} images at most on the Ray cluster (the job's start takes ~20 s)…"):
+        done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=RAY_TIMEOUT_SECONDS,
+                              stdin=subprocess.DEVNULL)
+    if done.returncode != 0:
+        lines = [line for line in done.stderr.splitlines() if line.strip()]
+        raise ValueError(lines[-1] if lines else f"vit.analyze --ray ended with status {done.returncode}")
+    return dataset.DatasetAnalysis.from_json(parse_json(read_text_bounded(out / "analysis.json")))
 
 if st.button("Analyse", type="primary", disabled=not folder.strip()):
     try:
@@ -88,7 +113,10 @@ if st.button("Analyse", type="primary", disabled=not folder.strip()):
             if done % step == 0 or done == total:
                 bar.progress(done / total, text=f"{done} of {total} images")
 
-        analysis = dataset.analyze_files(checkpoint, files, progress=report)
+        if on_ray:
+            analysis = analyze_on_ray(choice, Path(folder.strip()), len(files))
+        else:
+            analysis = dataset.analyze_files(checkpoint, files, progress=report)
         if with_mechanism:
             bar.progress(0.0, text=f"the mechanism: 0 of {len(files)} images")
             analysis.mechanism = dataset.analyze_mechanism(checkpoint, files, progress=report)

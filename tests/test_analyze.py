@@ -200,3 +200,15 @@ def test_the_aggregate_does_not_depend_on_how_the_files_were_batched(world):
         short = dataset.Aggregator(CLASSES, files)
         short.add({key: value[:3] for key, value in summaries.items()})
         short.result()
+
+
+def test_an_analysis_reads_back_from_its_json_and_refuses_what_is_not_one(world):
+    checkpoint = load_checkpoint(world / "cat.pt")
+    analysis = dataset.analyze_files(checkpoint, labelled_files(world / "data", CLASSES))
+    back = dataset.DatasetAnalysis.from_json(json.loads(json.dumps(analysis.to_json())))
+    assert json.dumps(back.to_json()) == json.dumps(analysis.to_json())
+    for damaged in ({}, {**analysis.to_json(), "confusion": [[1]]}, {**analysis.to_json(), "class_names": "cat"},
+                    {**analysis.to_json(), "mean_attention_distance": [[float("nan")]]}):
+        with pytest.raises(ValueError) as error:
+            dataset.DatasetAnalysis.from_json(damaged)
+        assert "\n" not in str(error.value)

@@ -188,3 +188,38 @@ def test_summaries_that_come_in_any_order_and_split_go_on_in_file_order():
         list(in_file_order([part(0, 1)], total=3))
     with pytest.raises(RuntimeError, match="file 1 twice"):
         list(in_file_order([part(0, 1), part(1)], total=2))
+
+
+@pytest.mark.slow
+def test_the_analyse_page_runs_on_the_cluster_and_shows_what_a_local_run_shows(ray_cluster, world, tmp_path,
+                                                                               monkeypatch):
+    """The "Analyse a dataset" page with VIT_RAY_ADDRESS: "Run on the Ray cluster" gives the local numbers."""
+    from streamlit.testing.v1 import AppTest
+
+    monkeypatch.setenv("VIT_CHECKPOINTS_DIR", str(tmp_path / "checkpoints"))
+    monkeypatch.setenv("VIT_RUNS_DIR", str(tmp_path / "runs"))
+    (tmp_path / "checkpoints").mkdir()
+    (tmp_path / "checkpoints" / "model.pt").write_bytes((world / "model.pt").read_bytes())  # what the page lists
+
+    def page(on_ray: bool) -> list[str]:
+        if on_ray:
+            monkeypatch.setenv("VIT_RAY_ADDRESS", ray_cluster.address)
+        else:
+            monkeypatch.delenv("VIT_RAY_ADDRESS", raising=False)
+        at = AppTest.from_file(str(REPO / "app.py"), default_timeout=TIMEOUT)
+        at.switch_page("pages/analyze.py")
+        at.run()
+        at.text_input(key="analyze_folder").set_value(str(world / "data"))
+        at.run()
+        if on_ray:
+            at.checkbox(key="analyze_on_ray").check()
+        [analyse] = [b for b in at.button if b.label == "Analyse"]
+        analyse.click()
+        at.run()
+        assert not at.exception, [e.message for e in at.exception]
+        assert not at.error, [e.value for e in at.error]
+        assert len(at.get("plotly_chart")) == 5
+        return [m.value for m in at.metric]
+
+    assert page(on_ray=True) == page(on_ray=False)
+    assert list((tmp_path / "runs" / ".analyses").glob("*/analysis.json"))  # written on the shared runs folder

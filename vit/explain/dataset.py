@@ -67,6 +67,37 @@ class DatasetAnalysis:
                 "most_confident_mistakes": [vars(m) for m in self.mistakes],
                 **({"mechanism": self.mechanism.to_json()} if self.mechanism is not None else {})}
 
+    @classmethod
+    def from_json(cls, data: object) -> DatasetAnalysis:
+        """The analysis ``to_json`` wrote (``analysis.json`` of a run elsewhere, e.g. on a Ray cluster), checked:
+        ValueError (one line) for anything that is not such a file. The unreadable files come back as a count,
+        the mechanism is not read back."""
+        try:
+            names = data["class_names"]
+            K = len(names)
+            if not isinstance(names, list) or not all(isinstance(n, str) for n in names) or not 0 < K <= 100_000:
+                raise ValueError("class_names is not a list of names")
+
+            def array(key: str, dims: int, leading: tuple[int, ...] = ()) -> np.ndarray:
+                value = np.asarray(data[key], dtype=np.float64)
+                if value.ndim != dims or value.shape[:len(leading)] != leading or not np.isfinite(value).all():
+                    raise ValueError(f"{key} has the shape {value.shape}")
+                return value
+
+            distance = array("mean_attention_distance", 2)
+            mistakes = [Mistake(str(m["path"]), str(m["label"]), str(m["predicted"]), float(m["confidence"]))
+                        for m in data["most_confident_mistakes"][:1000]]
+            skipped = int(data["skipped"])
+            return cls(class_names=names, count=int(data["count"]),
+                       skipped=[f"{skipped} unreadable file(s); see the job's log"] if skipped else [],
+                       distance=distance, entropy=array("attention_entropy", 2, distance.shape),
+                       class_counts=array("class_counts", 1, (K,)).astype(np.int64),
+                       class_attention=array("class_cls_attention", 3, (K,)),
+                       class_rollout=array("class_rollout", 3, (K,)),
+                       confusion=array("confusion", 2, (K, K)).astype(np.int64), mistakes=mistakes)
+        except (KeyError, TypeError, IndexError, OverflowError) as e:
+            raise ValueError(f"not an analysis.json of this project ({type(e).__name__}: {e})") from None
+
 
 def image_summaries(checkpoint: Checkpoint, paths: Sequence[str | Path]) -> dict[str, np.ndarray]:
     """Everything ``Aggregator`` needs of each image of one batch of files, never a whole attention matrix.
