@@ -309,3 +309,54 @@ def test_probe_overlays_show_each_probe_image_with_its_prediction(tmp_path):
     shown = snapshots.probe_overlays(tmp_path, 5, "attention", layer=0, head=1, size=32)
     assert [caption for _, caption in shown] == ["a → a 70% ✓", "b → a 70% ✗", "c → c 80% ✓"]
     assert all(image.size == (32, 32) and image.mode == "RGB" for image, _ in shown)
+
+
+# --- issue 20, item 6: a run folder's snapshots and probe images are bounded before they are read ---------------
+
+def npz_declaring(path, arrays: dict[str, np.ndarray], declared: dict[str, tuple[int, ...]]) -> None:
+    """An .npz whose members ``declared`` only claim their shape in the header (their data is a few bytes):
+    a reader that decompressed before checking would allocate what they claim."""
+    import io
+    import zipfile
+
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as z:
+        for key, value in arrays.items():
+            buffer = io.BytesIO()
+            if key in declared:
+                np.lib.format.write_array_header_1_0(buffer, {"descr": "<f4", "fortran_order": False,
+                                                              "shape": declared[key]})
+                buffer.write(b"\0" * 64)
+            else:
+                np.lib.format.write_array(buffer, np.asarray(value))
+            z.writestr(f"{key}.npy", buffer.getvalue())
+
+
+def test_a_snapshot_declaring_a_gigabyte_is_refused_from_its_header(tmp_path, monkeypatch):
+    arrays = {**fake_arrays(), "epoch": np.int64(0)}
+    (tmp_path / "attention").mkdir()
+    npz_declaring(snapshots.snapshot_path(tmp_path, 0), arrays, {"cls_attention": (24, 8, 16, 1024, 1024)})
+    with monkeypatch.context() as m:
+        m.setattr(np.lib.format, "read_array", lambda *a, **k: pytest.fail("data read before the check"))
+        with pytest.raises(snapshots.SnapshotError, match="not a readable attention snapshot") as error:
+            load_snapshot(tmp_path, 0)
+    assert "\n" not in str(error.value)
+    npz_declaring(snapshots.snapshot_path(tmp_path, 1), {**arrays, "epoch": np.int64(1)},
+                  {"distance": (10**6, 10**3)})  # the statistics curve reads this one array
+    assert statistics_over_epochs(tmp_path, "distance")[0] == [0]  # epoch 1 skipped, as an unreadable file
+
+
+def test_snapshot_arrays_must_fit_each_other(tmp_path):
+    arrays = fake_arrays()
+    arrays["distance"] = np.zeros((3, 2), dtype=np.float32)  # 3 layers where cls_attention has 2
+    write_snapshot(tmp_path, 0, arrays)
+    with pytest.raises(snapshots.SnapshotError):
+        load_snapshot(tmp_path, 0)
+
+
+def test_probe_images_are_decoded_with_the_upload_bounds(tmp_path):
+    probe = snapshots.make_probe(torch.zeros(4, 3, 8, 8, dtype=torch.uint8), torch.arange(4) % 2, ["a", "b"], seed=0)
+    save_probe(tmp_path, probe)
+    Image.new("L", (4000, 4000)).save(tmp_path / "probe" / "00.png")  # ~50 kB on disk, 16 MP decoded
+    with pytest.raises(snapshots.SnapshotError, match="damaged") as error:
+        load_probe(tmp_path)
+    assert "\n" not in str(error.value)

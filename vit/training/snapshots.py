@@ -27,6 +27,7 @@ from __future__ import annotations
 import functools
 import io
 import json
+import math
 import os
 import re
 import tempfile
@@ -40,6 +41,7 @@ import torch
 from PIL import Image
 
 from vit.explain.attention import fuse_heads, layer_stats, rollout, token_map
+from vit.images import ImageError, open_image
 from vit.runfiles import ATTENTION_DIR, PROBE_DIR, parse_json, read_text_bounded
 
 PROBE_FILE = "probe.json"
@@ -47,6 +49,13 @@ PROBE_SIZE = 8  # images shown per epoch on the Train page
 SAMPLE_SIZE = 256  # validation images behind each epoch's distance and entropy
 _EPOCH_FILE = re.compile(r"^epoch_(\d{4,})\.npz$")
 STATISTICS = {"distance": "mean attention distance (px)", "entropy": "attention entropy (nats)"}
+SNAPSHOT_ARRAYS = ("logits", "cls_attention", "rollout", "distance", "entropy")
+# Bounds on what a run folder may make a reader decompress or decode (it may come from anyone). A ViT-L/14 at
+# 518 px with 8 probe images declares 24 x 8 x 16 x 37 x 37 = 4.2 M values; the cache keeps 16 files.
+MAX_SNAPSHOT_ELEMENTS = 16 * 2**20
+MAX_SNAPSHOT_LAYERS, MAX_SNAPSHOT_HEADS = 256, 256  # ViTConfig's own bounds
+MAX_PROBE_IMAGES = 64
+MAX_PROBE_SIDE, MAX_PROBE_PIXELS = 1024, 1024 * 1024  # probe images are stored at the model's input size
 
 
 class SnapshotError(ValueError):
@@ -143,8 +152,11 @@ def load_probe(run_dir: str | os.PathLike) -> Probe:
         for name in files:
             if Path(name).name != name:  # never read outside the probe folder
                 raise ValueError(f"bad file name {name!r}")
-            with Image.open(folder / name) as image:
-                array = np.asarray(image.convert("L") if image.mode not in ("L", "RGB") else image, dtype=np.uint8)
+            if len(images) >= MAX_PROBE_IMAGES:
+                raise ValueError(f"more than {MAX_PROBE_IMAGES} probe images")
+            # The upload path's decoder and bounds: a probe PNG comes from a run folder, which may come from anyone.
+            image = open_image(folder / name, max_pixels=MAX_PROBE_PIXELS, max_side=MAX_PROBE_SIDE)
+            array = np.asarray(image.convert("L") if image.mode not in ("L", "RGB") else image, dtype=np.uint8)
             images.append(torch.from_numpy(array.copy()).reshape(array.shape[0], array.shape[1], -1).permute(2, 0, 1))
         return Probe(images=torch.stack(images) if images else torch.empty(0, 1, 1, 1, dtype=torch.uint8),
                      labels=labels, indices=[int(v) for v in record["indices"]],
@@ -152,7 +164,7 @@ def load_probe(run_dir: str | os.PathLike) -> Probe:
                      sample_indices=[int(v) for v in record.get("sample_indices", [])])
     except FileNotFoundError:
         raise SnapshotError(f"{folder} holds no probe set; the run was trained without attention snapshots") from None
-    except (OSError, ValueError, KeyError, TypeError, RuntimeError) as e:
+    except (OSError, ValueError, KeyError, TypeError, RuntimeError, ImageError) as e:
         raise SnapshotError(f"the probe set in {folder} is damaged ({type(e).__name__}: {e}); "
                             "delete the folder and resume the run to write it again") from None
 
@@ -300,12 +312,46 @@ def load_snapshot(run_dir: str | os.PathLike, epoch: int) -> Snapshot:
 @functools.lru_cache(maxsize=16)
 def _read_snapshot(path: str, inode: int, mtime_ns: int, size: int) -> Snapshot:
     with np.load(path, allow_pickle=False) as npz:  # no pickles: a run folder may come from anyone
-        arrays = {key: npz[key] for key in ("logits", "cls_attention", "rollout", "distance", "entropy")}
+        shapes = _declared_shapes(npz, SNAPSHOT_ARRAYS)  # from the headers: nothing decompressed yet
+        L, B, H, gh, gw = _snapshot_dims(shapes)
+        expected = {"logits": (B, None), "cls_attention": (L, B, H, gh, gw), "rollout": (B, gh, gw),
+                    "distance": (L, H), "entropy": (L, H)}
+        for key, want in expected.items():
+            got = shapes[key]
+            if len(got) != len(want) or any(w is not None and g != w for g, w in zip(got, want, strict=True)):
+                raise ValueError(f"{key} has the shape {got}, which does not fit the others")
+        arrays = {key: npz[key] for key in SNAPSHOT_ARRAYS}
         seconds = float(npz["seconds"]) if "seconds" in npz.files else None
         scalars = {key: int(npz[key]) for key in ("epoch", "sample_size", "patch_size", "num_prefix_tokens")}
     for array in arrays.values():
         array.flags.writeable = False  # shared by every later call
     return Snapshot(**scalars, **arrays, seconds=seconds)
+
+
+def _declared_shapes(npz, keys: Sequence[str]) -> dict[str, tuple[int, ...]]:
+    """Each member's shape from its .npy header, checked before anything is decompressed: ValueError past
+    ``MAX_SNAPSHOT_ELEMENTS`` in all (a 1 MB file decompressed to 1 GB) or for a member that is not a number
+    array."""
+    shapes, total = {}, 0
+    for key in keys:
+        with npz.zip.open(f"{key}.npy") as member:
+            major, _ = np.lib.format.read_magic(member)
+            read_header = np.lib.format.read_array_header_1_0 if major == 1 else np.lib.format.read_array_header_2_0
+            shape, _, dtype = read_header(member)  # numpy bounds the header's own length
+        if dtype.hasobject or dtype.kind not in "fiub":
+            raise ValueError(f"{key} holds {dtype}, not numbers")
+        shapes[key] = tuple(int(n) for n in shape)
+        total += math.prod(shapes[key])
+        if total > MAX_SNAPSHOT_ELEMENTS:
+            raise ValueError(f"its arrays declare more than {MAX_SNAPSHOT_ELEMENTS:,} values")
+    return shapes
+
+
+def _snapshot_dims(shapes: dict[str, tuple[int, ...]]) -> tuple[int, int, int, int, int]:
+    """(layers, probe images, heads, grid rows, grid cols) that ``cls_attention`` declares."""
+    if len(shapes["cls_attention"]) != 5:
+        raise ValueError(f"cls_attention has the shape {shapes['cls_attention']}, not (L, B, H, gh, gw)")
+    return shapes["cls_attention"]
 
 
 def _epochs_text(run_dir: str | os.PathLike) -> str:
@@ -342,6 +388,9 @@ def statistics_over_epochs(run_dir: str | os.PathLike, statistic: str = "distanc
 @functools.lru_cache(maxsize=4096)
 def _statistic_of_file(path: str, inode: int, mtime_ns: int, size: int, statistic: str) -> np.ndarray:
     with np.load(path, allow_pickle=False) as npz:
+        shape = _declared_shapes(npz, [statistic])[statistic]
+        if len(shape) != 2 or shape[0] > MAX_SNAPSHOT_LAYERS or shape[1] > MAX_SNAPSHOT_HEADS:
+            raise ValueError(f"{statistic} has the shape {shape}, not (layers, heads)")
         values = np.asarray(npz[statistic], dtype=np.float32)  # (L, H)
     values.flags.writeable = False  # shared by every later call
     return values
