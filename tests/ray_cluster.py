@@ -6,9 +6,11 @@ whatever the cluster's PATH finds."""
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from pathlib import Path
@@ -19,21 +21,34 @@ BIN = Path(sys.executable).parent
 RAY = BIN / "ray"
 
 
+class RayClusterError(RuntimeError):
+    """The cluster did not start; the message ends with the tail of the node's log."""
+
+
 class RayCluster:
-    def __init__(self, root: Path, cpus_per_node: int = 1) -> None:
-        self.root, self.cpus = root, cpus_per_node
+    def __init__(self, root: Path, cpus_per_node: int = 1, object_store_bytes: int = 200 * 2**20) -> None:
+        self.root, self.cpus, self.object_store = root, cpus_per_node, object_store_bytes
         self.processes: list[subprocess.Popen] = []
+        self.temp: Path | None = None
+        self.start_seconds: float | None = None
+        self._ports()
+
+    def _ports(self) -> None:
         self.port, self.dashboard = free_port(), free_port()
         self.address = f"http://127.0.0.1:{self.dashboard}"
-        self.start_seconds: float | None = None
 
     def _env(self) -> dict:
         return {**os.environ, "PATH": f"{BIN}:{os.environ.get('PATH', '')}", "RAY_USAGE_STATS_ENABLED": "0",
                 "OMP_NUM_THREADS": "1"}
 
     def _start(self, name: str, *args: str) -> None:
-        temp = self.root / name  # ray wants a short temp path (unix sockets)
+        # Ray's unix sockets live under its temp dir (session_<date>_<pid>/sockets/...), and a socket path
+        # has 107 bytes at most: a pytest basetemp is too deep for it on some machines, /tmp/vray-XXXX is not.
+        if self.temp is None:
+            self.temp = Path(tempfile.mkdtemp(prefix="vray-", dir="/tmp" if os.path.isdir("/tmp") else None))
+        temp = self.temp / name
         temp.mkdir(parents=True, exist_ok=True)
+        self.root.mkdir(parents=True, exist_ok=True)
         log = open(self.root / f"{name}.log", "w")  # noqa: SIM115 - kept open for the process's life
         # Every port free, not Ray's defaults: another cluster on this machine must not clash with ours.
         ports = [f"--{name}={free_port()}" for name in ("dashboard-agent-listen-port", "dashboard-agent-grpc-port",
@@ -41,18 +56,33 @@ class RayCluster:
                                                         "node-manager-port", "object-manager-port")]
         self.processes.append(subprocess.Popen(
             [str(RAY), "start", "--block", "--disable-usage-stats", "--num-cpus", str(self.cpus), "--num-gpus", "0",
-             "--temp-dir", str(temp), *ports, *args], stdout=log, stderr=subprocess.STDOUT, env=self._env(),
+             "--object-store-memory", str(self.object_store), "--temp-dir", str(temp), *ports, *args],
+            stdout=log, stderr=subprocess.STDOUT, env=self._env(),
             start_new_session=True))
 
-    def start(self, timeout: float = 180.0) -> None:
+    def start(self, timeout: float = 180.0, attempts: int = 3) -> None:
+        """Start the head and the second node; a node that exits is retried on new ports (a port picked
+        free can be taken before Ray binds it), and the last failure raises with its log's tail."""
         began = time.monotonic()
+        for attempt in range(attempts):
+            try:
+                self._start_once(timeout)
+                break
+            except RayClusterError:
+                self.stop()
+                if attempt == attempts - 1:
+                    raise
+                self.processes, self.temp = [], None
+                self._ports()
+        self.start_seconds = time.monotonic() - began
+
+    def _start_once(self, timeout: float) -> None:
         self._start("head", "--head", "--node-ip-address", "127.0.0.1", "--port", str(self.port),
                     "--dashboard-host", "127.0.0.1", "--dashboard-port", str(self.dashboard),
                     "--ray-client-server-port", str(free_port()), "--include-dashboard", "true")
         self._wait(lambda: self._nodes() >= 1, timeout, "the Ray head")
         self._start("worker", "--address", f"127.0.0.1:{self.port}", "--node-ip-address", "127.0.0.1")
         self._wait(lambda: self._nodes() >= 2, timeout, "the second Ray node")
-        self.start_seconds = time.monotonic() - began
 
     def _nodes(self) -> int:
         import json
@@ -72,18 +102,55 @@ class RayCluster:
                 return
             dead = [p for p in self.processes if p.poll() is not None]
             if dead:
-                raise RuntimeError(f"{what} exited; see {self.root}/*.log")
+                raise RayClusterError(f"{what} exited with code {dead[0].returncode}{self._log_tail()}")
             time.sleep(0.5)
-        raise RuntimeError(f"{what} did not start within {timeout:.0f} s; see {self.root}/*.log")
+        raise RayClusterError(f"{what} did not start within {timeout:.0f} s{self._log_tail()}")
+
+    def _log_tail(self, lines: int = 25) -> str:
+        """The last lines of every node's log and of Ray's own session logs that name an error."""
+        parts = []
+        for log in sorted(self.root.glob("*.log")):
+            text = log.read_text(errors="replace").strip().splitlines()[-lines:]
+            parts.append(f"--- {log.name}:\n" + "\n".join(text))
+        if self.temp is not None:
+            logs = sorted(self.temp.glob("*/session_*/logs/*.err")) + sorted(self.temp.glob("*/session_*/logs/*.out"))
+            for log in logs:
+                text = log.read_text(errors="replace")
+                if any(word in text for word in ("Error", "error", "FATAL", "Traceback")):
+                    parts.append(f"--- {log.name}:\n" + "\n".join(text.strip().splitlines()[-10:]))
+        return ("\n" + "\n".join(parts)) if parts else ""
 
     def stop(self) -> None:
+        """SIGTERM to each node's process group, even where its leader has exited (Ray's processes it
+        started are in that group and outlive it), then SIGKILL to what is left after a minute."""
         for process in reversed(self.processes):
-            if process.poll() is None:
-                os.killpg(process.pid, signal.SIGTERM)
+            _signal_group(process.pid, signal.SIGTERM)
         deadline = time.monotonic() + 60
         for process in self.processes:
             try:
                 process.wait(max(1.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
-                os.killpg(process.pid, signal.SIGKILL)
+                _signal_group(process.pid, signal.SIGKILL)
                 process.wait()
+        settle = min(deadline, time.monotonic() + 15)  # a zombie nobody reaps would count as alive for ever
+        while time.monotonic() < settle and any(_group_alive(p.pid) for p in self.processes):
+            time.sleep(0.5)
+        for process in self.processes:
+            _signal_group(process.pid, signal.SIGKILL)
+        if self.temp is not None:
+            shutil.rmtree(self.temp, ignore_errors=True)
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+        return True
+    except (ProcessLookupError, PermissionError):
+        return False

@@ -551,6 +551,9 @@ def test_metrics_lines_that_are_not_epoch_objects_are_skipped(tmp_path, line):
 def bystander():
     """An unrelated process (what a forged or reused pid would name), in its own process group."""
     process = subprocess.Popen(["sleep", "120"], start_new_session=True)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and "sleep" not in Path(f"/proc/{process.pid}/cmdline").read_bytes().decode():
+        time.sleep(0.05)  # until the forked child has exec()ed sleep
     yield process
     process.kill()
     process.wait()
@@ -577,8 +580,9 @@ def running_status(run_dir: Path, pid: int, start: float) -> None:
 def test_stop_refuses_a_pid_from_status_json_that_is_not_a_training_process(tmp_path, bystander):
     manager = make_manager(tmp_path)
     running_status(manager.run_dir("forged"), bystander.pid, time.time())
-    assert manager.get("forged").state == "crashed"
-    assert f"process {bystander.pid} is not a vit.train process" in manager.get("forged").detail
+    info = manager.get("forged")
+    assert (info.state, f"process {bystander.pid} is not a vit.train process" in (info.detail or "")) == (
+        "crashed", True), (info.state, info.detail, Path(f"/proc/{bystander.pid}/cmdline").read_bytes())
     with pytest.raises(RunError, match="not running; there is nothing to stop"):
         manager.stop("forged")
     time.sleep(0.2)
