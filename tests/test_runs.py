@@ -647,6 +647,80 @@ def test_stop_refuses_a_launch_record_whose_process_group_is_not_ours(tmp_path, 
     assert bystander.poll() is None
 
 
+def started_process(run_dir: Path, **env: str) -> tuple[subprocess.Popen, dict]:
+    """A process leading its own group whose command line is a vit.train on ``run_dir``, and the launch
+    session that copies its pid, start time and command line from /proc (all a forger can read)."""
+    process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)", "vit.train", "--out",
+                                str(run_dir)], start_new_session=True, env={**os.environ, **env})
+    deadline = time.monotonic() + 30
+    while "vit.train" not in Path(f"/proc/{process.pid}/cmdline").read_bytes().decode() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    command = Path(f"/proc/{process.pid}/cmdline").read_bytes().decode().split("\0")[:-1]
+    ticks = int(Path(f"/proc/{process.pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
+    return process, {"pid": process.pid, "pgid": process.pid, "started_at": time.time() - 5, "proc_start": ticks,
+                     "host": socket.gethostname(), "command": command}
+
+
+def write_launch(manager: RunManager, name: str, session: dict) -> None:
+    folder = manager.launch_root / name
+    folder.mkdir(parents=True)
+    (folder / "launch.json").write_text(json.dumps({
+        "name": name, "params": {}, "devices": ["cpu"], "state": "started", "queued_at": 1.0, "sessions": [session]}))
+    running_status(manager.run_dir(name), session["pid"], time.time())
+
+
+def test_stop_refuses_a_forged_launch_record_that_copies_a_process_identity_from_proc(tmp_path):
+    """Issue 20, item 7: pid, start time and command line copied from /proc used to be enough to get SIGTERM sent."""
+    manager = make_manager(tmp_path)
+    process, session = started_process(manager.run_dir("forged"))
+    try:
+        write_launch(manager, "forged", session)
+        with pytest.raises(RunError, match="was not launched by this server for this run"):
+            manager.stop("forged")
+        time.sleep(0.2)
+        assert process.poll() is None, "another process was signalled"
+    finally:
+        process.kill()
+        process.wait()
+
+
+def test_after_a_restart_stop_verifies_the_launch_by_its_secret_and_a_copied_record_does_not_verify(tmp_path):
+    from vit.runs.state import LAUNCH_SECRET_ENV, launch_secret_hash
+
+    manager = make_manager(tmp_path)
+    process, session = started_process(manager.run_dir("real"), **{LAUNCH_SECRET_ENV: "s3cret"})
+    try:
+        session["secret_hash"] = launch_secret_hash("real", "s3cret")  # what the launch wrote; not in _children
+        write_launch(manager, "copy", session)  # the same record under another run's name
+        with pytest.raises(RunError, match="lacks the launch's secret"):
+            manager.stop("copy")
+        assert process.poll() is None
+        write_launch(manager, "real", session)
+        manager.stop("real")
+        process.wait(timeout=30)  # ended by the signal (the manager may have reaped it: then its code reads 0)
+    finally:
+        process.kill()
+        process.wait()
+
+
+def test_a_launch_gives_its_process_a_secret_that_launch_json_keeps_only_as_a_hash(tmp_path, dataset):
+    from vit.runs.state import LAUNCH_SECRET_ENV, launch_secret_hash
+
+    manager = make_manager(tmp_path)
+    info = manager.launch(tiny_params("keyed", dataset, epochs=50))
+    try:
+        record = json.loads((manager.launch_root / "keyed" / "launch.json").read_text())
+        session = record["sessions"][-1]
+        environ = dict(entry.split("=", 1) for entry in Path(f"/proc/{info.pid}/environ").read_bytes().decode(
+            errors="replace").split("\0") if "=" in entry)
+        secret = environ[LAUNCH_SECRET_ENV]
+        assert session["secret_hash"] == launch_secret_hash("keyed", secret)
+        assert secret not in json.dumps(record)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(info.pid, signal.SIGKILL)
+
+
 # ---------------------------------------------------------------------------------------------
 # Leftovers and bounds
 

@@ -284,7 +284,7 @@ LAUNCH_FIELDS: dict[str, type | tuple[type, ...]] = {
 SESSION_FIELDS: dict[str, type | tuple[type, ...]] = {
     "pid": int, "pgid": int, "command": list, "env": dict, "devices": list, "started_at": _NUMBER, "host": str,
     "boot_id": str, "proc_start": int, "resume": bool, "log_offset": int, "seconds": _NUMBER,
-    "killed_at": _NUMBER}
+    "killed_at": _NUMBER, "secret_hash": str}
 LAUNCH_STATES = ("queued", "started", "cancelled", "error")  # launch.json's state
 
 

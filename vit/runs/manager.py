@@ -32,6 +32,7 @@ import fcntl
 import math
 import os
 import re
+import secrets
 import shutil
 import signal
 import socket
@@ -69,7 +70,18 @@ from vit.runfiles import (
     timestamp,
     write_json,
 )
-from vit.runs.state import ACTIVE_STATES, boot_id, cli_process_problem, proc_start, process_alive, reconcile, remember_child, session_problem
+from vit.runs.state import (
+    ACTIVE_STATES,
+    LAUNCH_SECRET_ENV,
+    boot_id,
+    cli_process_problem,
+    launch_secret_hash,
+    proc_start,
+    process_alive,
+    reconcile,
+    remember_child,
+    session_problem,
+)
 
 STOP_GRACE_SECONDS = 30.0  # the CLI finishes its step and saves last.pt; a step is far shorter
 MAX_RUNNING = 4  # runs training at once, shared devices or not
@@ -547,7 +559,7 @@ class RunManager:
             session = record["sessions"][-1]
             if tuple(record["devices"]) == RAY and not process_alive(session)[0]:
                 return self._stop_ray_job(name, session)
-            problem = session_problem(session)
+            problem = session_problem(session, name)
             if problem:
                 raise RunError(f"not stopping {name}: {problem}; nothing was signalled")
             with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -588,7 +600,7 @@ class RunManager:
             session = record["sessions"][-1]
             if now - record["stop_requested_at"] < self.stop_grace_seconds or session.get("killed_at"):
                 continue
-            if process_alive(session)[0] and session_problem(session) is None:
+            if process_alive(session)[0] and session_problem(session, name) is None:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.killpg(session["pgid"], signal.SIGKILL)
                 session["killed_at"] = now
@@ -705,7 +717,8 @@ class RunManager:
         params = record["params"]
         command, extra_env = launch_command(argv, devices, self.nice, params.get("workers"),
                                             params.get("gpus_per_worker"))
-        env = {**os.environ, **self.env, **extra_env, "PYTHONUNBUFFERED": "1"}
+        secret = secrets.token_hex(16)  # only the child's environment holds it; launch.json keeps its hash
+        env = {**os.environ, **self.env, **extra_env, "PYTHONUNBUFFERED": "1", LAUNCH_SECRET_ENV: secret}
         output = self.output_path(name)
         output.parent.mkdir(parents=True, exist_ok=True)
         if record["sessions"]:
@@ -729,7 +742,8 @@ class RunManager:
             "pid": process.pid, "pgid": process.pid,  # start_new_session: the process leads its own group
             "command": command, "env": extra_env, "devices": list(devices), "started_at": started,
             "host": socket.gethostname(), "boot_id": boot_id(), "proc_start": proc[1] if proc else None,
-            "resume": bool(record.get("resume")), "log_offset": offset, "seconds": None})
+            "resume": bool(record.get("resume")), "log_offset": offset, "seconds": None,
+            "secret_hash": launch_secret_hash(name, secret)})
         record.update(state="started", queue_reason=None, stop_requested_at=None)
         self._save_record(record)
 

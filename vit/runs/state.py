@@ -10,6 +10,8 @@ process is gone, or its heartbeat is stale, without a final state: SIGKILL, OOM,
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import hmac
 import os
 import signal
 import socket
@@ -112,9 +114,36 @@ def _same_path(a: Path, b: Path) -> bool:
         return False
 
 
-def session_problem(session: dict) -> str | None:
+# A launched process carries a secret in its environment that only its launcher knew; launch.json keeps a
+# hash of it bound to the run's name. Everything else a launch record holds (pid, start time, command line)
+# can be copied from /proc into a forged record; the secret cannot, and /proc/PID/environ of another
+# user's process is not readable at all.
+LAUNCH_SECRET_ENV = "VIT_LAUNCH_SECRET"
+
+
+def launch_secret_hash(run_name: str, secret: str) -> str:
+    """What launch.json keeps of a launch's secret: a hash bound to the run's name (a record copied
+    under another name does not verify)."""
+    return hashlib.sha256(f"{run_name}\0{secret}".encode()).hexdigest()
+
+
+def _environ_value(pid: int, key: str) -> str | None:
+    """One variable of a process's initial environment; None when it has none or cannot be read."""
+    try:
+        raw = Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return None
+    prefix = f"{key}=".encode()
+    for entry in raw.split(b"\0"):
+        if entry.startswith(prefix):
+            return entry[len(prefix):].decode("utf-8", errors="replace")
+    return None
+
+
+def session_problem(session: dict, run_name: str) -> str | None:
     """Why a launched session's process group may not be signalled, or None: its leader must be the
-    process we started (same start time in clock ticks, same command line, leading its own group)."""
+    process this server (or an earlier run of it) started for ``run_name`` — same start time in clock
+    ticks, same command line, leading its own group, and holding the launch's secret in its environment."""
     pid, pgid = session.get("pid"), session.get("pgid")
     if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 1 or pgid != pid:
         return f"launch.json names no process group of ours ({pgid!r})"
@@ -128,6 +157,11 @@ def session_problem(session: dict) -> str | None:
     # nice exec()s the command it runs, so the process shows the recorded command without nice's prefix.
     if not ours and (not isinstance(command, list) or len(args) < 2 or command[len(command) - len(args):] != args):
         return f"process {pid} runs another command than the one started for this run"
+    if not ours:
+        secret, recorded = _environ_value(pid, LAUNCH_SECRET_ENV), session.get("secret_hash")
+        if secret is None or not isinstance(recorded, str) or not hmac.compare_digest(
+                launch_secret_hash(run_name, secret), recorded):
+            return f"process {pid} was not launched by this server for this run (it lacks the launch's secret)"
     if _pgrp(pid) != pgid:
         return f"process {pid} no longer leads its process group"
     return None
