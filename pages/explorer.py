@@ -199,6 +199,28 @@ except CheckpointError as e:
 class_names = checkpoint.class_names
 model_key = explorer.image_digest(choice.encode())[:10]  # widgets whose range depends on the model
 
+
+@st.cache_resource(max_entries=2, show_spinner="Switching the heads off…")
+def ablated_checkpoint(fingerprint: tuple, heads: tuple[tuple[int, int], ...], _checkpoint: Checkpoint) -> Checkpoint:
+    return explorer.ablated_checkpoint(_checkpoint, list(heads))
+
+
+# Heads switched off under Mechanism → Ablation, with "every map" on: the whole page is drawn from a copy of the
+# model with those heads zero-ablated in its weights; the Ablation tab keeps comparing with the full model.
+full_checkpoint, full_fingerprint = checkpoint, fingerprint
+heads_off_labels = list(st.session_state.get(f"ablate-{model_key}") or [])
+if (heads_off_labels and st.session_state.get("mechanism_view") and st.session_state.get("ablate_everywhere")
+        and st.session_state.get("ablation_mode", "zero") == "zero"):
+    try:
+        heads_off = tuple(explorer.parse_head_labels(heads_off_labels))
+        checkpoint = ablated_checkpoint(fingerprint, heads_off, checkpoint)
+    except ValueError as e:
+        st.warning(escape_markdown(e))
+    else:
+        fingerprint = (fingerprint, "zero-ablated", heads_off)
+        st.info(f"Heads {escape_markdown(', '.join(heads_off_labels))} are switched off (zero ablation) in the "
+                "prediction and in every map on this page. Switch them on again under Mechanism → Ablation.")
+
 # -- image ----------------------------------------------------------------------------------------------------
 
 st.sidebar.header("Image")
@@ -675,22 +697,29 @@ if st.toggle("Mechanism: logit lens, head attribution, ablation, phenomena", key
                     means = None
                     try:
                         if ablation_mode == "mean" and samples_here:
-                            means = reference_means(fingerprint, size, samples_here, checkpoint)
+                            means = reference_means(full_fingerprint, size, samples_here, full_checkpoint)
                         chosen_heads = st.multiselect("Switch heads off (layer.head)", names_mech,
                                                       key=f"ablate-{model_key}")
+                        st.toggle("Every map on this page with these heads off", key="ablate_everywhere",
+                                  disabled=ablation_mode != "zero",
+                                  help="The prediction, the attention maps, rollout, class maps, LeGrad, AttnLRP "
+                                       "and flow all computed by the model with the chosen heads' outputs zeroed "
+                                       "(zero ablation only: a mean is a per-image reference, not a model).")
                         if chosen_heads:
-                            ablated = explorer.ablated_prediction(checkpoint, image,
+                            ablated = explorer.ablated_prediction(full_checkpoint, image,
                                                                   explorer.parse_head_labels(chosen_heads),
                                                                   ablation_mode, means, size)
+                            full_prediction = prediction if checkpoint is full_checkpoint else analyse(
+                                full_fingerprint, image_key, size, full_checkpoint, image).prediction
                             before, after = st.columns(2)
-                            before.plotly_chart(drawing.predictions_figure(prediction),
+                            before.plotly_chart(drawing.predictions_figure(full_prediction),
                                                 config={"displayModeBar": False}, key="ablation_before")
                             before.caption("All heads on.")
                             after.plotly_chart(drawing.predictions_figure(ablated),
                                                config={"displayModeBar": False}, key="ablation_after")
                             after.caption(f"Heads {', '.join(chosen_heads)} off ({ablation_mode} ablation): "
                                           f"predicts {escape_markdown(ablated.label)}.")
-                            on_map, off_map = explorer.ablated_rollouts(checkpoint, image,
+                            on_map, off_map = explorer.ablated_rollouts(full_checkpoint, image,
                                                                         explorer.parse_head_labels(chosen_heads),
                                                                         ablation_mode, means, size)
                             before.image(overlay(shown, on_map, opacity, colormap, mode), output_format="PNG")
@@ -698,8 +727,8 @@ if st.toggle("Mechanism: logit lens, head attribution, ablation, phenomena", key
                             after.image(overlay(shown, off_map, opacity, colormap, mode), output_format="PNG")
                             after.caption("The CLS rollout with those heads off: later layers attend differently.")
                         if st.toggle(f"Each head alone ({L} passes)", key="ablation_grid"):
-                            effects = ablation_effects(fingerprint, image_key, size, view.class_index,
-                                                       ablation_mode, checkpoint, image, means)
+                            effects = ablation_effects(full_fingerprint, image_key, size, view.class_index,
+                                                       ablation_mode, full_checkpoint, image, means)
                             st.plotly_chart(figures.layer_head_figure(effects, "Logit change when one head is "
                                                                       "ablated", "Δ logit"), theme=None,
                                             key="ablation_figure")

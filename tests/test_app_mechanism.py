@@ -91,6 +91,44 @@ def test_switching_heads_off_shows_the_ablated_prediction_and_the_grid(default_w
     assert [array_shape(h["z"]) for h in heatmaps(at, "Logit change when one head is ablated")] == [(3, 2)]
 
 
+def maps_shown(at) -> list[str]:
+    """Every figure on the page but the prediction bars, whole (the main map, first, is an image in its layout)."""
+    import json
+
+    return [json.dumps(fig, sort_keys=True) for fig in charts(at)
+            if not any(t.get("type") == "bar" for t in fig["data"])]
+
+
+def test_every_map_and_the_prediction_follow_the_heads_switched_off(default_world):
+    """Issue 24: switch heads off and watch the prediction and every map update (zero ablation, in the weights)."""
+    checkpoints, _ = default_world
+    at = open_mechanism(run_app(), "Ablation")
+    full_maps = maps_shown(at)
+    key = next(w.key for w in at.multiselect if w.label.startswith("Switch heads off"))
+    at.multiselect(key=key).set_value(["1.1", "3.2"])
+    at.run()
+    at.toggle(key="ablate_everywhere").set_value(True)
+    at.run()
+    assert not at.exception, [e.message for e in at.exception]
+    assert any("are switched off (zero ablation)" in i.value for i in at.info), [i.value for i in at.info]
+    checkpoint, x = sample_input(checkpoints)
+    with torch.no_grad():
+        full = checkpoint.model(x)[0].softmax(-1)[0]
+        expected = ablate_heads(checkpoint.model, x, [(0, 0), (2, 1)])[0].softmax(-1)[0]
+    bars = [t for fig in charts(at) for t in fig["data"] if t.get("type") == "bar"]
+    sidebar, before, after = (dict(zip(b["y"], b["x"], strict=True)) for b in bars[:3])
+    for shown, reference in ((sidebar, expected), (before, full), (after, expected)):
+        for name, p in shown.items():
+            assert p == pytest.approx(float(reference[CLASSES.index(name)]), abs=1e-6)
+    changed = [a != b for a, b in zip(full_maps, maps_shown(at), strict=True)]
+    # The image itself, then the overlay, the heads grid, the attention matrix and the layer statistics.
+    assert changed == [False] + [True] * (len(full_maps) - 1), changed
+    at.toggle(key="ablate_everywhere").set_value(False)
+    at.run()
+    assert not at.info or not any("switched off" in i.value for i in at.info)
+    assert maps_shown(at) == full_maps
+
+
 def test_phenomena_draw_norms_massive_activations_and_sinks(default_world):
     at = open_mechanism(run_app(), "Phenomena")
     titles = [fig["layout"].get("title", {}).get("text") for fig in charts(at)]

@@ -23,6 +23,7 @@ from vit.explain.mechanism import (
     parse_heads,
     patch_heads,
     patch_residuals,
+    zero_ablated,
 )
 from vit.model import ViT, ViTConfig
 
@@ -206,6 +207,26 @@ def test_zero_ablation_matches_hf_with_the_heads_outputs_zeroed(pair):
     torch.testing.assert_close(logits, expected, rtol=0, atol=1e-5)
     torch.testing.assert_close(HeadAblated(ours, [(1, 2), (2, 0), (2, 3)])(x)[0], expected, rtol=0, atol=1e-5)
     assert not torch.allclose(logits, hf_logits(hf, x), atol=1e-4)
+
+
+def test_a_zero_ablated_copy_is_hf_with_the_heads_outputs_zeroed_and_leaves_the_model_alone(pair):
+    """What the explorer draws every map with when heads are switched off (zero_ablated): the same logits as HF
+    with those heads' o_proj inputs zeroed, and the same attentions as ablate_heads."""
+    hf, ours = pair
+    x = images(2)
+    heads = [(1, 2), (2, 0), (2, 3)]
+    expected = hf_logits(hf, x, {1: zero_heads([2]), 2: zero_heads([0, 3])})
+    before = {k: v.clone() for k, v in ours.state_dict().items()}
+    ablated = zero_ablated(ours, heads)
+    with torch.no_grad():
+        logits, attentions = ablated(x, output_attentions=True)
+        _, walked = ablate_heads(ours, x, heads, output_attentions=True)
+    torch.testing.assert_close(logits, expected, rtol=0, atol=1e-5)
+    for mine, theirs in zip(attentions, walked, strict=True):
+        torch.testing.assert_close(mine, theirs, rtol=0, atol=1e-6)
+    assert all(torch.equal(v, before[k]) for k, v in ours.state_dict().items()), "the original model was changed"
+    with pytest.raises(MechanismError, match="head 4.1 does not exist"):
+        zero_ablated(ours, [(3, 0)])
 
 
 def test_ablation_grids_match_hf_one_head_at_a_time(pair):

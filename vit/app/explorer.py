@@ -13,7 +13,7 @@ from __future__ import annotations
 import hashlib
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -646,6 +646,12 @@ def registers_view(checkpoint: Checkpoint, image: Image.Image, references: Seque
     return RegisterView(neurons, cls_map(before), cls_map(after),
                         states[0, -1, P:].norm(dim=-1).reshape(grid).float().cpu().numpy(),
                         final[0, P:P + n].norm(dim=-1).reshape(grid).float().cpu().numpy())
+
+
+def ablated_checkpoint(checkpoint: Checkpoint, heads: Sequence[tuple[int, int]]) -> Checkpoint:
+    """``checkpoint`` with a copy of its model in which ``heads`` (layer, head from 0) are zero-ablated in the
+    weights (``mechanism.zero_ablated``): the page draws every map and its prediction from it."""
+    return replace(checkpoint, model=mechanism.zero_ablated(checkpoint.model, heads))
 
 
 def ablated_rollouts(checkpoint: Checkpoint, image: Image.Image, heads: Sequence[tuple[int, int]],

@@ -24,6 +24,7 @@ nickjiang2378/test-time-registers (register neurons).
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields
@@ -382,6 +383,26 @@ def ablate_heads(model: ViT, images: Tensor, heads: Sequence[tuple[int, int]], m
 
     x, attentions = run_layers(model, model.embed(images), 0, edit, output_attentions)
     return model.classify(x), tuple(attentions) if output_attentions else None
+
+
+def zero_ablated(model: ViT, heads: Sequence[tuple[int, int]]) -> ViT:
+    """A copy of ``model`` in which the heads ``(layer, head)`` (from 0) are zero-ablated in the weights: their
+    input columns of ``attn.proj`` are zero. ``proj`` of a context whose head slice is zero equals ``proj`` with
+    that slice's columns zero, so this is ``ablate_heads(..., "zero")`` for every pass over the copy — the
+    forward, its attentions, and every gradient or relevance walk the page draws (rollout, class maps, LeGrad,
+    AttnLRP, flow), on every family (RoPE ones too: the heads' outputs meet only at ``proj``)."""
+    if not isinstance(model, ViT):
+        raise MechanismError(f"head ablation needs this project's ViT, got {type(model).__name__}")
+    L, H = len(model.blocks), model.config.num_heads
+    for layer, head in heads:
+        if not (0 <= layer < L and 0 <= head < H):
+            raise MechanismError(f"head {layer + 1}.{head + 1} does not exist: the model has {L} layers of {H} heads")
+    ablated = copy.deepcopy(model)
+    hd = model.config.hidden_size // H
+    with torch.no_grad():
+        for layer, head in heads:
+            ablated.blocks[layer].attn.proj.weight[:, head * hd:(head + 1) * hd] = 0
+    return ablated
 
 
 class HeadAblated(nn.Module):
