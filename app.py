@@ -4,6 +4,11 @@ Page setup and navigation only; each page is a short script in ``pages/``. The e
 the default page, so the app opens on the shipped checkpoint.
 """
 
+# pandas whole before any page runs. plotly tells pandas objects apart by reading sys.modules without importing
+# (get_module("pandas", should_load=False)): while one script thread was still importing pandas (Streamlit's
+# tables import it lazily), a figure built in another thread got the half-initialised module and the page died
+# ("partially initialized module 'pandas' has no attribute 'Series'"). An import statement waits for it.
+import pandas  # noqa: F401
 import streamlit as st
 
 st.set_page_config(page_title="ViT Attention Explorer", page_icon=":material/visibility:", layout="wide")

@@ -982,3 +982,17 @@ def test_a_tiny_upload_is_said_and_a_feature_models_caption_names_no_classifier(
     analysis = explorer.analyse(load_checkpoint(default_world[0] / DEFAULT_CHECKPOINT), Image.new("RGB", (16, 16)))
     caption = drawing.describe_map(settings, analysis, [])
     assert "image embedding" in caption and "classifier" not in caption
+
+
+def test_the_entry_script_imports_pandas_whole_before_any_page_runs():
+    """plotly reads pandas from sys.modules without importing it; a page whose figure was built while another
+    script thread was still importing pandas crashed (seen in the browser test of the Mechanism view). The entry
+    script imports it first, so every thread waits for the whole module before its page runs."""
+    import ast
+
+    tree = ast.parse((Path(__file__).resolve().parent.parent / "app.py").read_text())
+    statements = tree.body
+    imports = [i for i, node in enumerate(statements) if isinstance(node, ast.Import)
+               and any(alias.name == "pandas" for alias in node.names)]
+    runs = [i for i, node in enumerate(statements) if "navigation.run" in ast.unparse(node)]
+    assert imports and runs and imports[0] < runs[0]

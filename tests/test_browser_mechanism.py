@@ -24,7 +24,8 @@ def server(tmp_path):
     runs.mkdir()
     env = {"VIT_CHECKPOINTS_DIR": str(ROOT / "checkpoints"), "VIT_RUNS_DIR": str(runs),
            "HF_HUB_CACHE": str(tmp_path / "hf-cache"), "HF_HOME": str(tmp_path / "hf-home")}
-    with streamlit_app(env) as (url, _):
+    ARTIFACTS.mkdir(exist_ok=True)
+    with streamlit_app(env, log=ARTIFACTS / "explorer-mechanism-server.log") as (url, _):
         yield url
 
 
