@@ -527,7 +527,7 @@ def mechanism_view(checkpoint: Checkpoint, image: Image.Image, class_index: int 
     x = _model_input(checkpoint, image, size)
     with torch.inference_mode():
         states = mechanism.hidden_states(model, x)  # (1, L + 1, T, D)
-        sinks = mechanism.sink_stats(model, states)
+        sinks = mechanism.sink_stats(model, states, model.patch_grid(*x.shape[-2:]))
         norms = mechanism.token_norms(states)[0].cpu().numpy()
         massive = mechanism.massive_activations(states)[0].float().cpu().numpy()
     L, H = len(model.blocks), model.blocks[0].attn.num_heads

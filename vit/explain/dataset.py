@@ -403,7 +403,7 @@ def mechanism_summaries(checkpoint: Checkpoint, files: Sequence[tuple[Path, int]
         with torch.inference_mode():
             states = mechanism.hidden_states(model, x)
             dla = mechanism.direct_logit_attribution(model, x, target)
-            sinks = mechanism.sink_stats(model, states)
+            sinks = mechanism.sink_stats(model, states, model.patch_grid(*x.shape[-2:]))
             if ablation:
                 out["ablation"][i] = mechanism.ablation_grid(model, x, target)[0].double().cpu().numpy()
             out["massive"][i] = mechanism.massive_activations(states)[0].double().cpu().numpy()

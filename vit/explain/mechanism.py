@@ -41,7 +41,12 @@ MAX_ELEMENTS = 2**29  # floats one step may hold (2 GiB of float32); past it a f
 _KNOWN_FIELDS = {"image_size", "patch_size", "num_channels", "num_classes", "hidden_size", "num_layers",
                  "num_heads", "mlp_size", "dropout", "attention_dropout", "drop_path", "qkv_bias", "layer_norm_eps",
                  "distillation_token", "distillation_head", "num_register_tokens", "layer_scale", "pooling",
-                 "fc_norm", "prefix_positions", "pos_embed_antialias"}
+                 "fc_norm", "prefix_positions", "pos_embed_antialias",
+                 # The 2025-26 families (DINOv3, EVA-02, SigLIP 2, CLIP): q/k/v come from the attention's own
+                 # queries_keys_values (rotary positions, DINOv3's masked key bias), the embedding from model.embed
+                 # (no CLS, no position table, ln_pre) and the MLP from the block's own module (SwiGLU, its norm).
+                 "class_token", "pos_embed", "rope", "rope_theta", "rope_ref_grid", "key_bias", "pre_norm",
+                 "activation", "gated_mlp", "mlp_norm", "projection_dim"}
 
 ABLATION_MODES = ("zero", "mean")
 
@@ -82,16 +87,33 @@ def _dims(model: ViT) -> tuple[int, int, int]:
 
 # --- the walk ------------------------------------------------------------------------------------
 
-def head_contexts(model: ViT, layer: int, x: Tensor, need_probs: bool = False
+Rope = tuple[Tensor, Tensor] | None  # the model's rotary (cos, sin) on the input's patch grid (ViT.rotary)
+
+
+def rope_for(model: ViT, images: Tensor) -> Rope:
+    """The rotary positions every block uses on ``images`` ``(B, C, H, W)``; None for a model without them."""
+    return model.rotary(model.patch_grid(images.shape[-2], images.shape[-1]), images.device)
+
+
+def rope_for_grid(model: ViT, grid: tuple[int, int] | None, device: torch.device | None = None) -> Rope:
+    """The rotary positions on a patch grid; a model with them needs the grid (token counts do not give it)."""
+    if model.config.rope == "none":
+        return None
+    if grid is None:
+        raise MechanismError("this model turns q and k by rotary positions, so the patch grid must be given")
+    return model.rotary(tuple(grid), device)
+
+
+def head_contexts(model: ViT, layer: int, x: Tensor, need_probs: bool = False, rope: Rope = None
                   ) -> tuple[Tensor, Tensor | None, Tensor]:
     """Layer ``layer``'s per-head context ``(B, T, H, hd)`` (the input of ``attn.proj``, heads apart), its
     attention ``(B, H, T, T)`` when ``need_probs`` (else None) and its values ``(B, H, T, hd)``, from the block
-    input ``x`` ``(B, T, D)``."""
+    input ``x`` ``(B, T, D)``; ``rope`` from ``rope_for`` for a model with rotary positions."""
     block = model.blocks[layer]
     attn = block.attn
-    B, T, _ = x.shape
-    qkv = attn.qkv(block.norm1(x)).view(B, T, 3, attn.num_heads, attn.head_dim).permute(2, 0, 3, 1, 4)
-    q, k, v = qkv.unbind(0)  # each (B, H, T, hd)
+    if model.config.rope != "none" and rope is None:
+        raise MechanismError("this model turns q and k by rotary positions; pass rope_for(model, images)")
+    q, k, v = attn.queries_keys_values(block.norm1(x), rope)  # each (B, H, T, hd), as the model's own forward
     if need_probs:
         probs = ((q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(attn.head_dim))).softmax(dim=-1)  # (B, H, T, T)
         context = probs @ v
@@ -118,12 +140,12 @@ ContextEdit = Callable[[int, Tensor], Tensor]  # (layer, context (B, T, H, hd)) 
 
 
 def run_layers(model: ViT, x: Tensor, start: int = 0, edit: ContextEdit | None = None,
-               output_attentions: bool = False) -> tuple[Tensor, list[Tensor]]:
+               output_attentions: bool = False, rope: Rope = None) -> tuple[Tensor, list[Tensor]]:
     """Run blocks ``start``.. on the block input ``x`` ``(B, T, D)`` with each layer's head context passed
     through ``edit`` (None: unchanged). Returns the last block's output and the attentions (when asked)."""
     attentions = []
     for layer in range(start, len(model.blocks)):
-        context, probs, _ = head_contexts(model, layer, x, need_probs=output_attentions)
+        context, probs, _ = head_contexts(model, layer, x, need_probs=output_attentions, rope=rope)
         if edit is not None:
             context = edit(layer, context)
         x = finish_block(model, layer, x, context)
@@ -135,12 +157,12 @@ def run_layers(model: ViT, x: Tensor, start: int = 0, edit: ContextEdit | None =
 def hidden_states(model: ViT, images: Tensor) -> Tensor:
     """Block inputs, then the last block's output: ``(B, L + 1, T, D)``."""
     check_supported(model)
-    x = model.embed(images)
+    x, rope = model.embed(images), rope_for(model, images)
     B, T, D = x.shape
     check_budget(B * (len(model.blocks) + 1) * T * D, "keeping every layer's tokens")
     states = [x]
     for layer in range(len(model.blocks)):
-        context, _, _ = head_contexts(model, layer, x)
+        context, _, _ = head_contexts(model, layer, x, rope=rope)
         x = finish_block(model, layer, x, context)
         states.append(x)
     return torch.stack(states, dim=1)
@@ -148,10 +170,18 @@ def hidden_states(model: ViT, images: Tensor) -> Tensor:
 
 # --- logit lens -----------------------------------------------------------------------------------
 
+def _check_linear_pooling(model: ViT, what: str) -> None:
+    """The lens and the attribution read tokens through the pooling as a linear map: CLS, mean, or both."""
+    if model.config.pooling == "map":
+        raise MechanismError(f"{what} reads tokens through the pooling, and this model pools by attention (MAP), "
+                             "which is not linear in its tokens; ablation, patching and the phenomena still apply")
+
+
 def token_readout(model: ViT, tokens: Tensor) -> Tensor:
     """The model's final norm and head on every token ``(..., T, D)`` -> logits ``(..., T, classes)``: what the
     model would output if every token equalled this one (so avg, cls+avg, fc_norm and DeiT's two heads all read
     it the way they read the pooled vector)."""
+    _check_linear_pooling(model, "the logit lens")
     x = model.norm(tokens)
     pooled = torch.cat([x, x], dim=-1) if model.config.pooling == "cls+avg" else x
     if model.fc_norm is not None:
@@ -221,6 +251,7 @@ def _linear_readout(model: ViT, final: Tensor) -> Callable[[Tensor, bool], Tenso
         x = (x - x.mean(dim=-1, keepdim=True)) / s * norm.weight
         return x + norm.bias if bias else x
 
+    _check_linear_pooling(model, "direct logit attribution")
     p = model.num_prefix_tokens
     pooling = model.config.pooling
     s_norm = scale(final, model.norm) if isinstance(model.norm, nn.LayerNorm) else None  # (B, T, 1)
@@ -274,14 +305,14 @@ def direct_logit_attribution(model: ViT, images: Tensor, classes: Tensor | int |
     """
     check_supported(model, needs_head=True)
     with torch.no_grad():
-        x = model.embed(images)  # (B, T, D)
+        x, rope = model.embed(images), rope_for(model, images)  # (B, T, D)
         B, T, D = x.shape
         L, H, hd = _dims(model)
         check_budget(4 * B * H * T * D, "splitting a layer into its heads")
         pieces: list[tuple[Tensor, Tensor, Tensor]] = []  # per layer: heads (H, B, T, D), bias (B, T, D), mlp
         embed = x
         for layer, block in enumerate(model.blocks):
-            context, _, _ = head_contexts(model, layer, x)  # (B, T, H, hd)
+            context, _, _ = head_contexts(model, layer, x, rope=rope)  # (B, T, H, hd)
             w = block.attn.proj.weight.view(D, H, hd)  # columns of proj grouped by head
             per_head = torch.einsum("bthe,dhe->hbtd", context, w)  # (H, B, T, D)
             bias = block.attn.proj.bias.expand(B, T, D)
@@ -335,10 +366,10 @@ def mean_contexts(model: ViT, images: Tensor) -> Tensor:
     mean ablation puts in place of a head's output)."""
     check_supported(model)
     with torch.no_grad():
-        x = model.embed(images)
+        x, rope = model.embed(images), rope_for(model, images)
         means = []
         for layer in range(len(model.blocks)):
-            context, _, _ = head_contexts(model, layer, x)
+            context, _, _ = head_contexts(model, layer, x, rope=rope)
             means.append(context.mean(dim=0))
             x = finish_block(model, layer, x, context)
     return torch.stack(means)
@@ -381,7 +412,7 @@ def ablate_heads(model: ViT, images: Tensor, heads: Sequence[tuple[int, int]], m
         context[:, :, idx] = _replacement(mode, means, layer, context)[:, :, idx]
         return context
 
-    x, attentions = run_layers(model, model.embed(images), 0, edit, output_attentions)
+    x, attentions = run_layers(model, model.embed(images), 0, edit, output_attentions, rope_for(model, images))
     return model.classify(x), tuple(attentions) if output_attentions else None
 
 
@@ -431,7 +462,7 @@ def ablation_grid(model: ViT, images: Tensor, classes: Tensor | int | None = Non
     ablated. One pass of the remaining layers per layer, all heads of that layer batched together."""
     check_supported(model, needs_head=True)
     with torch.no_grad():
-        states = hidden_states(model, images)  # (B, L + 1, T, D)
+        states, rope = hidden_states(model, images), rope_for(model, images)  # (B, L + 1, T, D)
         B, S, T, D = states.shape
         L, H, hd = _dims(model)
         base = model.classify(states[:, -1])
@@ -441,10 +472,10 @@ def ablation_grid(model: ViT, images: Tensor, classes: Tensor | int | None = Non
         eye = torch.eye(H, dtype=torch.bool, device=states.device)
         for layer in range(L):
             x = states[:, layer].repeat_interleave(H, dim=0)  # (B*H, T, D): copy h ablates head h
-            context, _, _ = head_contexts(model, layer, x)  # (B*H, T, H, hd)
+            context, _, _ = head_contexts(model, layer, x, rope=rope)  # (B*H, T, H, hd)
             mask = eye.repeat(B, 1)[:, None, :, None]  # (B*H, 1, H, 1)
             context = torch.where(mask, _replacement(mode, means, layer, context), context)
-            out, _ = run_layers(model, finish_block(model, layer, x, context), layer + 1)
+            out, _ = run_layers(model, finish_block(model, layer, x, context), layer + 1, rope=rope)
             logits = model.classify(out).view(B, H, -1)
             grid[:, layer] = (logits - base[:, None]).gather(-1, classes[:, None, None].expand(B, H, 1))[..., 0]
     return grid
@@ -479,7 +510,7 @@ def _patching_setup(model: ViT, clean: Tensor, corrupted: Tensor, a: Tensor | in
     def diff(logits: Tensor) -> Tensor:  # (..., B, classes) with B last but one
         return logits.gather(-1, a.view(-1, 1)).squeeze(-1) - logits.gather(-1, b.view(-1, 1)).squeeze(-1)
 
-    return clean_states, corrupt_states, diff(clean_logits), diff(corrupt_logits), a, b
+    return clean_states, corrupt_states, diff(clean_logits), diff(corrupt_logits), a, b, rope_for(model, clean)
 
 
 def patch_heads(model: ViT, clean: Tensor, corrupted: Tensor, a: Tensor | int | None = None,
@@ -488,19 +519,19 @@ def patch_heads(model: ViT, clean: Tensor, corrupted: Tensor, a: Tensor | int | 
     ``logit[a] - logit[b]`` (defaults: the clean and the corrupted predictions) for each. One pass of the
     remaining layers per layer, its heads batched."""
     with torch.no_grad():
-        clean_s, corrupt_s, clean_d, corrupt_d, a, b = _patching_setup(model, clean, corrupted, a, b)
+        clean_s, corrupt_s, clean_d, corrupt_d, a, b, rope = _patching_setup(model, clean, corrupted, a, b)
         B, S, T, D = clean_s.shape
         L, H, hd = _dims(model)
         check_budget(B * H * T * max(D, model.config.mlp_size), "the head patching grid")
         out = torch.empty(B, L, H)
         eye = torch.eye(H, dtype=torch.bool, device=clean_s.device)
         for layer in range(L):
-            clean_context, _, _ = head_contexts(model, layer, clean_s[:, layer])  # (B, T, H, hd)
+            clean_context, _, _ = head_contexts(model, layer, clean_s[:, layer], rope=rope)  # (B, T, H, hd)
             x = corrupt_s[:, layer].repeat_interleave(H, dim=0)  # (B*H, T, D)
-            context, _, _ = head_contexts(model, layer, x)
+            context, _, _ = head_contexts(model, layer, x, rope=rope)
             mask = eye.repeat(B, 1)[:, None, :, None]  # (B*H, 1, H, 1): copy h takes head h from the clean run
             context = torch.where(mask, clean_context.repeat_interleave(H, dim=0), context)
-            final, _ = run_layers(model, finish_block(model, layer, x, context), layer + 1)
+            final, _ = run_layers(model, finish_block(model, layer, x, context), layer + 1, rope=rope)
             logits = model.classify(final).view(B, H, -1)
             out[:, layer] = (logits.gather(-1, a.view(B, 1, 1).expand(B, H, 1))
                              - logits.gather(-1, b.view(B, 1, 1).expand(B, H, 1)))[..., 0]
@@ -512,7 +543,7 @@ def patch_residuals(model: ViT, clean: Tensor, corrupted: Tensor, a: Tensor | in
     """Patch the clean run's residual stream at each (layer input, token position) into the corrupted run:
     ``patched`` is ``(B, L, T)``. Positions run in chunks that keep one step within the memory bound."""
     with torch.no_grad():
-        clean_s, corrupt_s, clean_d, corrupt_d, a, b = _patching_setup(model, clean, corrupted, a, b)
+        clean_s, corrupt_s, clean_d, corrupt_d, a, b, rope = _patching_setup(model, clean, corrupted, a, b)
         B, S, T, D = clean_s.shape
         L = len(model.blocks)
         out = torch.empty(B, L, T)
@@ -523,7 +554,7 @@ def patch_residuals(model: ViT, clean: Tensor, corrupted: Tensor, a: Tensor | in
                     positions = torch.arange(start, min(start + chunk, T), device=clean_s.device)
                     x = corrupt_s[i, layer].repeat(len(positions), 1, 1)  # (n, T, D): copy j patches positions[j]
                     x[torch.arange(len(positions)), positions] = clean_s[i, layer, positions]
-                    final, _ = run_layers(model, x, layer)
+                    final, _ = run_layers(model, x, layer, rope=rope)
                     logits = model.classify(final)  # (n, classes)
                     out[i, layer, start:start + len(positions)] = logits[:, a[i]] - logits[:, b[i]]
     return Patching(out, clean_d, corrupt_d)
@@ -561,17 +592,18 @@ class Sinks:
     value_norm: Tensor  # (B, L, H)
 
 
-def sink_stats(model: ViT, states: Tensor) -> Sinks:
-    """Attention sinks from the hidden states ``(B, L + 1, T, D)``: one layer's ``B x H x T x T`` attention at a
-    time."""
+def sink_stats(model: ViT, states: Tensor, grid: tuple[int, int] | None = None) -> Sinks:
+    """Attention sinks from the hidden states ``(B, L + 1, T, D)`` on the patch ``grid`` (needed by models with
+    rotary positions): one layer's ``B x H x T x T`` attention at a time."""
     check_supported(model)
+    rope = rope_for_grid(model, grid, states.device)
     B, S, T, D = states.shape
     L, H, hd = _dims(model)
     check_budget(2 * B * H * T * T, "one layer's attention")
     tokens, masses, norms = [], [], []
     with torch.no_grad():
         for layer in range(L):
-            _, probs, v = head_contexts(model, layer, states[:, layer], need_probs=True)
+            _, probs, v = head_contexts(model, layer, states[:, layer], need_probs=True, rope=rope)
             received = probs.mean(dim=2)  # (B, H, T): attention each key gets, averaged over queries
             mass, token = received.max(dim=-1)  # (B, H)
             value_norm = v.norm(dim=-1).gather(-1, token[..., None])[..., 0]  # (B, H)
@@ -581,8 +613,13 @@ def sink_stats(model: ViT, states: Tensor) -> Sinks:
 
 def _check_plain_mlp(model: ViT) -> None:
     check_supported(model)
-    if any(not (hasattr(b.mlp, "fc1") and hasattr(b.mlp, "fc2")) for b in model.blocks):
+    c = model.config
+    if c.gated_mlp or c.mlp_norm or c.activation != "gelu" or any(
+            not (hasattr(b.mlp, "fc1") and hasattr(b.mlp, "fc2")) for b in model.blocks):
         raise MechanismError("register neurons need an fc1-GELU-fc2 MLP; this model's MLP is another kind")
+    if c.rope != "none":
+        raise MechanismError("test-time registers are tokens appended after the patches, where rotary positions "
+                             "would turn them as patches; this model has rotary positions")
 
 
 def register_neuron_scores(model: ViT, images: Tensor, threshold: float, detect_layer: int = -1
