@@ -15,8 +15,7 @@ from vit.model import ViT
 from vit.sources.import_timm import config_from_timm, state_dict_from_timm
 
 timm = pytest.importorskip("timm")
-pytest.importorskip("vit_prisma", reason="install with: pip install --no-deps vit-prisma==0.1.4 jaxtyping "
-                                         "fancy_einsum einops wadler_lindig")
+pytest.importorskip("vit_prisma", reason="install it with: pip install --no-deps -r requirements-test-nodeps.txt")
 pytestmark = pytest.mark.slow  # importing Prisma (and transformers under it) takes seconds
 
 
