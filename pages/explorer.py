@@ -497,6 +497,7 @@ def word_map(fingerprint: tuple, digest: str, size: InputSize, labels: tuple[str
     return words.word_map(_checkpoint, asked, _image, index, method, size)
 
 
+asked = None  # the labels typed into "Ask in words" (a CLIP's logit lens reads them too)
 if has_text_tower(checkpoint):
     st.subheader("Ask in words")
     col_ask, col_scores, col_map = st.columns([0.8, 0.8, 1], gap="medium")
@@ -614,9 +615,9 @@ if stats_tab.open:
 
 
 @st.cache_resource(max_entries=8, show_spinner="Looking inside the mechanism…")
-def mechanism_view(fingerprint: tuple, digest: str, size: InputSize, class_index: int | None,
-                   _checkpoint: Checkpoint, _image: Image.Image) -> explorer.MechanismView:
-    return explorer.mechanism_view(_checkpoint, _image, class_index, size)
+def mechanism_view(fingerprint: tuple, digest: str, size: InputSize, class_index: int | None, words_key: tuple | None,
+                   _checkpoint: Checkpoint, _image: Image.Image, _asked) -> explorer.MechanismView:
+    return explorer.mechanism_view(_checkpoint, _image, class_index, size, _asked)
 
 
 @st.cache_resource(max_entries=8, show_spinner="Ablating each head in turn (one pass per layer)…")
@@ -642,8 +643,11 @@ if st.toggle("Mechanism: logit lens, head attribution, ablation, phenomena", key
                   "contribution to the class logit, heads switched off, high-norm tokens, massive activations "
                   "and attention sinks."):
     mechanism_class = class_index if class_names else None
+    lens_prompts = asked.prompts if asked is not None and not class_names else None
+    words_key = (tuple(lens_prompts.labels), tuple(lens_prompts.templates)) if lens_prompts is not None else None
     try:
-        view = mechanism_view(fingerprint, image_key, size, mechanism_class, checkpoint, image)
+        view = mechanism_view(fingerprint, image_key, size, mechanism_class, words_key, checkpoint, image,
+                              lens_prompts)
     except (ValueError, explorer.TooManyTokens) as e:  # MechanismError: a model option the walk does not know
         st.warning(f"The mechanism view cannot analyse this model: {escape_markdown(e)}")
     else:
@@ -654,19 +658,26 @@ if st.toggle("Mechanism: logit lens, head attribution, ablation, phenomena", key
         class_label = escape_markdown(class_names[view.class_index]) if class_names else ""
         if lens_tab.open:
             with lens_tab:
-                if not class_names:
-                    st.info("This model has no classifier, so there is no class to read from its tokens.")
+                lens_names = class_names or view.lens_labels
+                if not lens_names:
+                    st.info("This model has no classifier, so there is no class to read from its tokens"
+                            + (": type labels under “Ask in words” and the lens reads them." if
+                               has_text_tower(checkpoint) else "."))
                 else:
+                    lens_label = escape_markdown(lens_names[view.class_index])
+                    reader = ("final norm and head" if class_names else
+                              "final norm, projection and cosine to the typed labels (the zero-shot read-out)")
                     cells = drawing.small_multiples(small, view.lens_maps, opacity, colormap, mode, scale="zero")
                     st.image(drawing.heads_grid_image(cells, columns=min(len(cells), 7)), output_format="PNG")
-                    st.caption(f"Each patch's probability of {class_label} when the model's final norm and head read "
-                               "it directly: after the embedding, then after each of the "
+                    st.caption(f"Each patch's probability of {lens_label} when the model's {reader} read it "
+                               "directly: after the embedding, then after each of the "
                                f"{L} layers (row by row), each map from 0 to its own maximum.")
                     st.dataframe({"after": ["embedding"] + [f"layer {i + 1}" for i in range(L)],
-                                  **{f"top {k + 1}": [f"{class_names[row[k][0]]} ({row[k][1]:.1%})"
+                                  **{f"top {k + 1}": [f"{lens_names[row[k][0]]} ({row[k][1]:.1%})"
                                                       if k < len(row) else "" for row in view.lens_top]
                                      for k in range(3)}}, hide_index=True)
-                    st.caption("The pooled read-out (what the classifier reads) of each layer's tokens: its top 3.")
+                    st.caption("The pooled read-out (what the " + ("classifier" if class_names else "zero-shot "
+                               "classifier over the typed labels") + " reads) of each layer's tokens: its top 3.")
         if dla_tab.open:
             with dla_tab:
                 if not class_names:

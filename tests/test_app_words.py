@@ -123,3 +123,32 @@ def test_a_model_without_text_shows_no_box(tmp_path):
     at = open_clip_app(tmp_path / "v", png_bytes(32, 32))
     assert "Ask in words" not in [h.value for h in at.main.subheader]
     assert np.all([w.label != "Labels" for w in at.main.text_area])
+
+
+def test_a_clips_logit_lens_reads_the_typed_labels(clip):
+    """Issue 24: for a feature model the logit lens reads the labels typed under "Ask in words": each token through
+    ln_post, the projection and the cosine to the labels. After the last layer the CLS token's read-out is what
+    open_clip's own zero-shot pipeline gives the image, so its top row equals open_clip's probabilities."""
+    model, folder = clip
+    image = png_bytes(32, 32, seed=4)
+    at = open_clip_app(folder, image)
+    ask(at, ", ".join(LABELS))
+    at.toggle(key="mechanism_view").set_value(True)
+    at.session_state["mechanism_tab"] = "Logit lens"
+    at.run()
+    assert not at.exception, [e.message for e in at.exception]
+    transform = open_clip.image_transform(32, is_train=False, mean=open_clip.OPENAI_DATASET_MEAN,
+                                          std=open_clip.OPENAI_DATASET_STD)
+    tokens = open_clip.get_tokenizer(f"local-dir:{folder}")([f"a photo of a {label}." for label in LABELS])
+    with torch.no_grad():
+        x = transform(Image.open(io.BytesIO(image)))[None]
+        expected = (model.logit_scale.exp() * model.encode_image(x, normalize=True)
+                    @ model.encode_text(tokens, normalize=True).T).softmax(-1)[0]
+    [table] = at.dataframe
+    order = expected.argsort(descending=True)
+    assert list(table.value["top 1"])[-1] == f"{LABELS[order[0]]} ({float(expected[order[0]]):.1%})"
+    assert list(table.value["top 2"])[-1] == f"{LABELS[order[1]]} ({float(expected[order[1]]):.1%})"
+    assert any("cosine to the typed labels" in c.value for c in at.caption)
+    # Without labels the tab says where they come from.
+    ask(at, "")
+    assert any("type labels under" in i.value for i in at.info)

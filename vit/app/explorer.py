@@ -507,6 +507,7 @@ class MechanismView:
     sink_token: np.ndarray  # (L, H)
     sink_mass: np.ndarray  # (L, H)
     sink_value_norm: np.ndarray  # (L, H)
+    lens_labels: list[str] | None = None  # a feature model's lens reads these typed labels (no attribution then)
 
 
 def _model_input(checkpoint: Checkpoint, image: Image.Image, size: InputSize) -> torch.Tensor:
@@ -517,12 +518,19 @@ def _model_input(checkpoint: Checkpoint, image: Image.Image, size: InputSize) ->
 
 
 def mechanism_view(checkpoint: Checkpoint, image: Image.Image, class_index: int | None,
-                   size: InputSize = TRAINING_SIZE) -> MechanismView:
+                   size: InputSize = TRAINING_SIZE, asked=None) -> MechanismView:
     """Logit lens, direct logit attribution and the phenomena of one image (``class_index`` None: predicted).
 
-    A model without a classifier gets the phenomena only (empty lens and attribution). Raises
+    A model without a classifier gets the phenomena only (empty lens and attribution), or, given ``asked``
+    (``prompts.Prompts`` of labels typed for a CLIP), the lens over those labels: each token read through the
+    final norm, the projection and the cosine to each label, as the model reads its pooled vector. Raises
     ``mechanism.MechanismError`` for a model the analyses do not support and ``TooManyTokens`` for too big an input.
     """
+    from vit.explain import prompts
+
+    lens_labels = None
+    if checkpoint.model.head is None and asked is not None:
+        checkpoint, lens_labels = prompts.prompt_checkpoint(checkpoint, asked), list(asked.labels)
     model = checkpoint.model
     x = _model_input(checkpoint, image, size)
     with torch.inference_mode():
@@ -536,19 +544,21 @@ def mechanism_view(checkpoint: Checkpoint, image: Image.Image, class_index: int 
     if model.head is not None:
         with torch.inference_mode():
             lens = mechanism.logit_lens(model, x, class_index)
-            dla = mechanism.direct_logit_attribution(model, x, lens.classes)
+            dla = None if lens_labels else mechanism.direct_logit_attribution(model, x, lens.classes)
         grid, prefix = model.patch_grid(*x.shape[-2:]), model.num_prefix_tokens
         lens_maps = lens.token_probs[0, :, prefix:].reshape(-1, *grid).float().cpu().numpy()
         top = lens.pooled_logits[0].softmax(-1).topk(min(3, lens.pooled_logits.shape[-1]), dim=-1)
         lens_top = [[(int(i), float(p)) for p, i in zip(ps, idx, strict=True)]
                     for ps, idx in zip(top.values, top.indices, strict=True)]
-        dla_heads, dla_mlps = dla.heads[0].cpu().numpy(), dla.mlps[0].cpu().numpy()
-        rest = {"embedding": float(dla.embed[0]), "attention biases": float(dla.attn_biases[0].sum()),
-                "final norm and head biases": float(dla.bias[0])}
-        logit, chosen = float(dla.logit[0]), int(lens.classes[0])
+        chosen = int(lens.classes[0])
+        if dla is not None:
+            dla_heads, dla_mlps = dla.heads[0].cpu().numpy(), dla.mlps[0].cpu().numpy()
+            rest = {"embedding": float(dla.embed[0]), "attention biases": float(dla.attn_biases[0].sum()),
+                    "final norm and head biases": float(dla.bias[0])}
+            logit = float(dla.logit[0])
     return MechanismView(chosen, lens_maps, lens_top, dla_heads, dla_mlps, rest, logit, norms, massive,
                          sinks.token[0].cpu().numpy(), sinks.mass[0].float().cpu().numpy(),
-                         sinks.value_norm[0].float().cpu().numpy())
+                         sinks.value_norm[0].float().cpu().numpy(), lens_labels)
 
 
 def parse_head_labels(labels: Sequence[str]) -> list[tuple[int, int]]:

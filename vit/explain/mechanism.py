@@ -207,7 +207,7 @@ def logit_lens(model: ViT, images: Tensor, classes: Tensor | int | None = None) 
     check_supported(model, needs_head=True)
     states = hidden_states(model, images)  # (B, L + 1, T, D)
     B, S, T, D = states.shape
-    num_classes = model.head.out_features
+    num_classes = model.config.num_classes  # the head's outputs (typed labels for a prompt head)
     check_budget(B * T * num_classes, "reading every token through the head")
     pooled = torch.stack([model.classify(states[:, i]) for i in range(S)], dim=1)  # (B, L + 1, classes)
     classes = class_indices(pooled[:, -1], classes)
@@ -252,6 +252,9 @@ def _linear_readout(model: ViT, final: Tensor) -> Callable[[Tensor, bool], Tenso
         return x + norm.bias if bias else x
 
     _check_linear_pooling(model, "direct logit attribution")
+    if not isinstance(model.head, nn.Linear):
+        raise MechanismError("direct logit attribution splits a linear head; this model's head is not linear "
+                             "(a cosine to typed labels)")
     p = model.num_prefix_tokens
     pooling = model.config.pooling
     s_norm = scale(final, model.norm) if isinstance(model.norm, nn.LayerNorm) else None  # (B, T, 1)
