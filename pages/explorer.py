@@ -750,17 +750,32 @@ if st.toggle("Mechanism: logit lens, head attribution, ablation, phenomena", key
         if patching_tab.open:
             with patching_tab:
                 others = [p for p in (samples or []) if p != sample]
-                if not class_names or not others:
-                    st.info("Patching needs a classifier and a second image: the checkpoint's other sample images "
-                            "are offered here.")
+                corrupted_upload = None
+                if class_names:
+                    corrupted_upload = st.file_uploader(
+                        "Corrupted image (this image is the clean one): upload one", type=UPLOAD_TYPES,
+                        key="corrupted_upload", help="Any image; it is seen at the same input size as this one.")
+                if not class_names or not (others or corrupted_upload):
+                    st.info("Patching needs a classifier and a second image: upload one above"
+                            + (", or pick one of the checkpoint's other sample images." if class_names and others
+                               else "." if class_names else "."))
                 else:
-                    corrupted_path = st.selectbox("Corrupted image (this image is the clean one)", others,
-                                                  format_func=explorer.sample_label, key=f"corrupted-{model_key}")
+                    corrupted_path = None
+                    if corrupted_upload is None:
+                        corrupted_path = st.selectbox("…or one of the sample images", others,
+                                                      format_func=explorer.sample_label, key=f"corrupted-{model_key}")
                     every_position = st.toggle(f"Every layer and token too ({L} × {T} passes)",
                                                key="patch_positions")
                     try:
-                        corrupted_image = open_image(Path(corrupted_path).read_bytes(), name=Path(corrupted_path).name)
-                        patched = patching(fingerprint, image_key, str(corrupted_path), size, every_position,
+                        if corrupted_upload is not None:
+                            data_b = corrupted_upload.getvalue()
+                            corrupted_key = f"upload-{explorer.image_digest(data_b)}"
+                            corrupted_image = decode_image(corrupted_key, corrupted_upload.name, invert, data_b)
+                        else:
+                            corrupted_key = str(corrupted_path)
+                            corrupted_image = open_image(Path(corrupted_path).read_bytes(),
+                                                         name=Path(corrupted_path).name)
+                        patched = patching(fingerprint, image_key, corrupted_key, size, every_position,
                                            checkpoint, image, corrupted_image)
                     except (ValueError, ImageError, OSError) as e:
                         st.warning(escape_markdown(e))

@@ -1,5 +1,6 @@
 """The explorer's Mechanism view through Streamlit's AppTest: logit lens, head attribution, ablation, phenomena."""
 
+import base64
 import re
 from pathlib import Path
 
@@ -167,6 +168,26 @@ def test_patching_shows_the_recovered_share_per_head_and_per_token(default_world
     assert not at.exception
     [tokens] = heatmaps(at, "Recovered by patching one token of one layer's input")
     assert array_shape(tokens["z"]) == (3, 17)  # CLS + 4 x 4 patches
+
+
+def test_patching_takes_an_uploaded_corrupted_image(default_world):
+    """A model without sample images (any HF or timm model) can be patched too: the corrupted image is uploaded."""
+    checkpoints, _ = default_world
+    at = open_mechanism(run_app(), "Patching")
+    corrupted = png_bytes(40, 24, seed=9)
+    [uploader] = [u for u in at.main.get("file_uploader") if "Corrupted image" in u.label]
+    uploader.set_value(("dog.png", corrupted, "image/png"))
+    at.run()
+    assert not at.exception, [e.message for e in at.exception]
+    assert not [s for s in at.main.selectbox if s.label.startswith("…or one of the sample images")]
+    checkpoint = load_checkpoint(checkpoints / DEFAULT_CHECKPOINT)
+    expected = explorer.patching_view(checkpoint, open_image(sample_bytes(checkpoints), name="x.png"),
+                                      open_image(corrupted, name="dog.png"))
+    [grid] = heatmaps(at, "Recovered by patching one head")
+    z = grid["z"]
+    if isinstance(z, dict):  # Plotly 6's base64 typed array
+        z = np.frombuffer(base64.b64decode(z["bdata"]), dtype=np.dtype(z["dtype"])).reshape(array_shape(z))
+    np.testing.assert_allclose(np.array(z, dtype=float), expected.heads, atol=1e-6)
 
 
 def test_a_test_time_register_shows_the_last_layer_before_and_after(default_world):
