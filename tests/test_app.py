@@ -996,3 +996,17 @@ def test_the_entry_script_imports_pandas_whole_before_any_page_runs():
                and any(alias.name == "pandas" for alias in node.names)]
     runs = [i for i, node in enumerate(statements) if "navigation.run" in ast.unparse(node)]
     assert imports and runs and imports[0] < runs[0]
+
+
+def test_matrix_ticks_of_a_register_model_keep_a_labels_height_apart():
+    """Issue 19, item 8: a DINOv2 with 4 registers at 224 px (261 tokens) printed CLS, REG 1-4 on top of each
+    other (~2 px apart); ticks now keep a label's height apart and the first names the prefix tokens it covers."""
+    names = ("CLS", "REG 1", "REG 2", "REG 3", "REG 4")
+    fig = drawing.attention_matrix_figure(np.eye(261), (16, 16), num_prefix_tokens=5, prefix_names=names)
+    rows = [list(fig.data[0].y).index(t) for t in fig.layout.yaxis.tickvals]
+    pitch = drawing.MATRIX_PLOT_PX / 261
+    assert all((b - a) * pitch >= drawing.MATRIX_LABEL_PX for a, b in zip(rows, rows[1:], strict=False)), rows
+    assert list(fig.layout.xaxis.ticktext)[0] == "CLS…REG 4"
+    # A small matrix keeps every prefix token's own tick.
+    small = drawing.attention_matrix_figure(np.eye(9), (2, 2), num_prefix_tokens=5, prefix_names=names)
+    assert list(small.layout.xaxis.ticktext)[:5] == list(names)

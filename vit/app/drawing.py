@@ -466,6 +466,8 @@ def pool_matrix(matrix: np.ndarray, max_cells: int) -> tuple[np.ndarray, int]:
 
 
 MATRIX_MAX_CELLS = 400  # rows and columns drawn at most; beyond, blocks of tokens are averaged
+MATRIX_PLOT_PX = 500  # the matrix's drawn side in a 620-px-high figure, less title, ticks and margins
+MATRIX_LABEL_PX = 14  # a tick label's height: closer ticks would print on top of each other
 
 
 
@@ -502,9 +504,27 @@ def attention_matrix_figure(matrix: np.ndarray, grid: tuple[int, int], num_prefi
     wanted = prefixes + row_starts[::step]
     positions = sorted({i for i, (a, b) in enumerate(zip(first, last, strict=True))
                         for t in wanted if a <= t <= b})
-    text = [token_label(first[i], grid, num_prefix_tokens, prefix_names) if first[i] < num_prefix_tokens
-            else str(first[i]) for i in positions]
-    ticks = [names[i] for i in positions]
+    # Labels closer than a line of text overlap (a DINOv2's CLS and 4 registers among 261 rows sit ~2 px apart):
+    # a tick is kept only a label's height after the last one, and a first prefix label that stands for
+    # several prefix tokens says so ('CLS…REG 4').
+    gap = max(1, math.ceil(MATRIX_LABEL_PX / (MATRIX_PLOT_PX / n)))
+    kept: list[int] = []
+    for i in positions:
+        if not kept or i - kept[-1] >= gap:
+            kept.append(i)
+    merged = [i for i in positions if i not in kept and first[i] < num_prefix_tokens]
+
+    def label(i: int) -> str:
+        if first[i] >= num_prefix_tokens:
+            return str(first[i])
+        text = token_label(first[i], grid, num_prefix_tokens, prefix_names)
+        hidden = [j for j in merged if j > i and (not [k for k in kept if i < k <= j])]
+        if hidden:
+            text += "…" + token_label(last[hidden[-1]], grid, num_prefix_tokens, prefix_names)
+        return text
+
+    text = [label(i) for i in kept]
+    ticks = [names[i] for i in kept]
     fig.update_xaxes(title=dict(text="key token (attended to)", standoff=8), tickvals=ticks, ticktext=text,
                      type="category", constrain="domain", automargin=True, tickangle=-45, side="bottom")
     fig.update_yaxes(title="query token (attending)", tickvals=ticks, ticktext=text, autorange="reversed",
