@@ -198,6 +198,8 @@ except CheckpointError as e:
     st.stop()
 class_names = checkpoint.class_names
 model_key = explorer.image_digest(choice.encode())[:10]  # widgets whose range depends on the model
+if checkpoint.metadata.get("preprocessing_guessed"):  # bare weights: say what the images are prepared with
+    st.sidebar.warning(escape_markdown(checkpoint.metadata["preprocessing_guessed"]))
 
 
 @st.cache_resource(max_entries=2, show_spinner="Switching the heads off…")

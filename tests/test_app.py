@@ -1010,3 +1010,15 @@ def test_matrix_ticks_of_a_register_model_keep_a_labels_height_apart():
     # A small matrix keeps every prefix token's own tick.
     small = drawing.attention_matrix_figure(np.eye(9), (2, 2), num_prefix_tokens=5, prefix_names=names)
     assert list(small.layout.xaxis.ticktext)[:5] == list(names)
+
+
+def test_an_hf_folder_without_its_preprocessor_config_says_what_the_images_are_prepared_with(tmp_path, dirs):
+    from test_sources import hf_folder
+
+    folder = hf_folder(tmp_path / "vit")
+    (folder / "preprocessor_config.json").unlink(missing_ok=True)
+    at = run_app()
+    sidebar_widget(at, "text_input", "Open a path").set_value(str(folder))
+    at.run()
+    assert not at.exception, [e.message for e in at.exception]
+    assert any(w.value.startswith("No preprocessor") and "assumed defaults" in w.value for w in at.sidebar.warning)

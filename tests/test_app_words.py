@@ -152,3 +152,4 @@ def test_a_clips_logit_lens_reads_the_typed_labels(clip):
     # Without labels the tab says where they come from.
     ask(at, "")
     assert any("type labels under" in i.value for i in at.info)
+

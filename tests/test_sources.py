@@ -326,3 +326,22 @@ def test_a_hostile_preprocessor_config_is_refused_in_one_line(tmp_path, processo
     with pytest.raises(CheckpointError, match=expected) as error:
         open_source(folder)
     assert "\n" not in str(error.value) and "preprocessor_config.json" in str(error.value)
+
+
+def test_weights_without_a_preprocessing_config_say_what_is_assumed(tmp_path):
+    """Issue 19, item 8: bare timm weights (and an HF folder without preprocessor_config.json) opened silently with
+    family defaults; the checkpoint now carries a line saying which defaults, which the explorer shows."""
+    timm = pytest.importorskip("timm")
+    torch.manual_seed(0)
+    model = timm.create_model("deit_tiny_patch16_224", pretrained=False, img_size=32, patch_size=8, depth=1,
+                              num_classes=4)
+    torch.save(model.state_dict(), tmp_path / "deit.pth")
+    bare = open_source(tmp_path / "deit.pth", "timm:deit_tiny_patch16_224")
+    guessed = bare.metadata["preprocessing_guessed"]
+    assert guessed.startswith("No timm pretrained_cfg (mean, std) came with these weights")
+    assert "mean (0.485, 0.456, 0.406)" in guessed and "centre 32 px" in guessed
+    timm.models.save_for_hf(model, tmp_path / "with-config", model_args=dict(img_size=32, patch_size=8, depth=1))
+    assert "preprocessing_guessed" not in open_source(tmp_path / "with-config").metadata
+    folder = hf_folder(tmp_path / "hf")
+    (folder / "preprocessor_config.json").unlink(missing_ok=True)
+    assert "No preprocessor_config.json" in open_source(folder).metadata["preprocessing_guessed"]

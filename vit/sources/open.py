@@ -290,7 +290,7 @@ def _default_preprocessing(config: ViTConfig, architecture: str) -> Preprocessin
 # -- the sources ------------------------------------------------------------------------------------------------------
 
 def _finish(model: ViT, class_names: list[str], preprocessing: Preprocessing, path: Path, kind: str,
-            architecture: str) -> Checkpoint:
+            architecture: str, guessed_from: str | None = None) -> Checkpoint:
     problem = preprocessing_problem(preprocessing, model.config)
     if preprocessing.image_size > MAX_INPUT_SIZE:  # every image would be resized to this: bound the memory
         problem = f"an input of {preprocessing.image_size} px (at most {MAX_INPUT_SIZE} px are supported)"
@@ -298,6 +298,13 @@ def _finish(model: ViT, class_names: list[str], preprocessing: Preprocessing, pa
         raise SourceError(f"{path} has unusable preprocessing settings: {problem}")
     metadata = {"source": {"kind": kind, "path": str(path), "architecture": architecture},
                 "architecture": architecture, "parameters": sum(p.numel() for p in model.parameters())}
+    if guessed_from:  # no preprocessing config came with the weights: say what was assumed, and from what
+        p = preprocessing
+        metadata["preprocessing_guessed"] = (
+            f"No {guessed_from} came with these weights, so the images are prepared with assumed defaults: "
+            f"resize to {p.resize_size or p.image_size} px ({p.resize_mode}, {p.resample}), centre {p.image_size} px, "
+            f"mean {tuple(round(v, 4) for v in p.mean)}, std {tuple(round(v, 4) for v in p.std)}. If the model was "
+            "trained otherwise, its predictions and maps are off.")
     return Checkpoint(model=model, class_names=class_names, preprocessing=preprocessing, metadata=metadata, path=path)
 
 
@@ -407,7 +414,8 @@ def open_hf_folder(folder: Path, config_json: dict, map_location: str | torch.de
     processor_path = folder / "preprocessor_config.json"
     processor = read_json(processor_path) if processor_path.is_file() else None
     return _finish(model, hf_class_names(config_json, config.num_classes),
-                   hf_preprocessing(processor, config, architecture), folder, "hf", f"hf:{architecture}")
+                   hf_preprocessing(processor, config, architecture), folder, "hf", f"hf:{architecture}",
+                   None if processor is not None else "preprocessor_config.json")
 
 
 def open_timm(path: Path, state: Mapping[str, torch.Tensor], name: str | None, config_json: Mapping | None,
@@ -435,7 +443,8 @@ def open_timm(path: Path, state: Mapping[str, torch.Tensor], name: str | None, c
     else:
         class_names = default_class_names(config.num_classes)
     preprocessing = import_timm.preprocessing_from_timm(name, config, pretrained_cfg, model_args)
-    return _finish(model, class_names, preprocessing, path, "timm", f"timm:{name}")
+    guessed = None if pretrained_cfg.get("mean") and pretrained_cfg.get("std") else "timm pretrained_cfg (mean, std)"
+    return _finish(model, class_names, preprocessing, path, "timm", f"timm:{name}", guessed)
 
 
 def open_torchvision(path: Path, state: Mapping[str, torch.Tensor], name: str | None,
