@@ -414,21 +414,30 @@ drawn = overlay(shown, map2d, opacity, map_colormap, mode, show_grid=show_grid, 
                 vmax=vmax)
 if mask is not None:
     drawn = draw_mask_contours(drawn, mask)
-col_image, col_overlay, col_prediction = st.columns([1, 1, 0.8], gap="medium")
+# Enlarged: the image and the map share the page's width (the prediction goes below) and zoom with the wheel,
+# so a patch of a 34 x 46 grid is more than the ~6 px it is in the three-column layout.
+enlarge = st.toggle("Enlarge the image and the map (wheel to zoom, drag to pan, double-click for the whole image)",
+                    key="enlarge_view")
+picker_config = drawing.ZOOM_CONFIG if enlarge else PICKER_CONFIG
+picker = partial(drawing.patch_picker_figure, fit_width=520 if enlarge else 300, zoomable=enlarge)
+if enlarge:
+    col_image, col_overlay = st.columns(2, gap="medium")
+    col_prediction = st.container()
+else:
+    col_image, col_overlay, col_prediction = st.columns([1, 1, 0.8], gap="medium")
 with col_image:
     st.subheader("Image")
-    st.plotly_chart(drawing.patch_picker_figure(shown.size, shown_uri, grid, query, prefix), key="patch_picker",
+    st.plotly_chart(picker(shown.size, shown_uri, grid, query, prefix), key="patch_picker",
                     on_select=partial(pick_query, "patch_picker", query_key, prefix), selection_mode="points",
-                    config=PICKER_CONFIG, width="stretch")
+                    config=picker_config, width="stretch")
     st.caption(f"**Click a patch** to make it the query. {escape_markdown(image_name)}, {image.width}×{image.height} "
                "px; "
                + drawing.describe_input(analysis, image.size, box))
 with col_overlay:
     st.subheader("Attention")
-    st.plotly_chart(drawing.patch_picker_figure(shown.size, drawing.jpeg_data_uri(drawn), grid, query, prefix,
-                                                 show_grid=False),
+    st.plotly_chart(picker(shown.size, drawing.jpeg_data_uri(drawn), grid, query, prefix, show_grid=False),
                     key="overlay_picker", on_select=partial(pick_query, "overlay_picker", query_key, prefix),
-                    selection_mode="points", config=PICKER_CONFIG, width="stretch")
+                    selection_mode="points", config=picker_config, width="stretch")
     low, high = drawing.map_range(map2d, vmin, vmax)
     st.plotly_chart(drawing.colorbar_figure(low, high, map_colormap), config={"displayModeBar": False},
                     theme=None, key="colorbar")

@@ -1022,3 +1022,22 @@ def test_an_hf_folder_without_its_preprocessor_config_says_what_the_images_are_p
     at.run()
     assert not at.exception, [e.message for e in at.exception]
     assert any(w.value.startswith("No preprocessor") and "assumed defaults" in w.value for w in at.sidebar.warning)
+
+
+def test_the_image_and_map_can_be_enlarged_and_zoomed_to_pick_a_fine_grids_patch(default_world):
+    """Issue 19, item 9: a 34 x 46 grid left ~6 px patches in a 300-px column; enlarged, the image and the map share
+    the page's width, the wheel zooms and a drag pans, and a click still picks the patch under it."""
+    at = run_app()
+    small = figure_with(at, "patch_picker")
+    assert small["layout"]["xaxis"]["fixedrange"] is True
+    at.toggle(key="enlarge_view").set_value(True)
+    at.run()
+    assert not at.exception, [e.message for e in at.exception]
+    for key in ("patch_picker", "overlay_picker"):
+        fig = figure_with(at, key)
+        assert fig["layout"]["xaxis"]["fixedrange"] is False and fig["layout"]["yaxis"]["fixedrange"] is False
+        assert fig["layout"]["dragmode"] == "pan"
+        assert fig["layout"]["height"] > small["layout"]["height"]
+    [chart] = [c for c in at.get("plotly_chart") if c.proto.id.endswith("patch_picker")]
+    config = json.loads(chart.proto.config)
+    assert config["scrollZoom"] is True and config["doubleClick"] == "reset"

@@ -199,6 +199,32 @@ def wait_for_new_overlay(page, before: str, timeout_ms: float | None = None) -> 
     return time.perf_counter() - start
 
 
+def test_an_enlarged_zoomed_picker_picks_the_patch_under_the_cursor(server, page):
+    """Issue 19, item 9: enlarged, the wheel zooms the image around the cursor and a click still picks the patch
+    under it (a pan, not a box selection, is what a drag does)."""
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.goto(server)
+    page.get_by_text("cat_1.png, 32×32 px").wait_for()
+    page.get_by_text("Enlarge the image and the map").click()
+    page.wait_for_function("document.querySelectorAll('[data-testid=\"stPlotlyChart\"] .modebar').length >= 2")
+    time.sleep(1)  # the rerun's layout settles
+    plot = page.locator('[data-testid="stPlotlyChart"]').first
+    box = plot.locator(".nsewdrag").first.bounding_box()
+    x, y = box["x"] + box["width"] * 2.5 / 4, box["y"] + box["height"] * 1.5 / 4
+    span = """() => { const r = document.querySelector('[data-testid="stPlotlyChart"] .js-plotly-plot')
+        .layout.xaxis.range; return r[1] - r[0]; }"""
+    whole = page.evaluate(span)
+    page.mouse.move(x, y)
+    for _ in range(4):  # zoom in around the cursor (~10 % a notch): the point under it stays where it is
+        page.mouse.wheel(0, -400)
+        time.sleep(0.3)
+    page.wait_for_function(f"() => ({span})() < 0.8 * {whole}")
+    page.mouse.click(x, y)
+    page.get_by_text("the query patch row 2, col 3 (outlined)").wait_for()
+    assert query_selectbox_text(page).startswith("7 · patch row 2, col 3")
+    page.screenshot(path=str(ARTIFACTS / "explorer-enlarged-zoomed.png"), full_page=True)
+
+
 def test_vit_base_at_a_keep_aspect_size_in_a_real_browser(base_server, page):
     try:
         check_vit_base_at_a_keep_aspect_size(base_server, page)

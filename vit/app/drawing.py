@@ -373,10 +373,18 @@ def jpeg_data_uri(image: Image.Image, quality: int = 90) -> str:
 
 
 
+# Plotly's config for a zoomable picker: the wheel zooms, a drag pans, a double click goes back to the whole image,
+# and the mode bar keeps only zoom in/out and reset (no box or lasso selection, which would not pick a patch).
+ZOOM_CONFIG = {"displayModeBar": True, "scrollZoom": True, "doubleClick": "reset", "displaylogo": False,
+               "modeBarButtonsToRemove": ["select2d", "lasso2d", "toImage", "autoScale2d", "zoom2d"]}
+
+
 def patch_picker_figure(image_size: tuple[int, int], image_source: str, grid: tuple[int, int], query: int,
-                        num_prefix_tokens: int = 1, show_grid: bool = True, fit_width: int = 300) -> go.Figure:
+                        num_prefix_tokens: int = 1, show_grid: bool = True, fit_width: int = 300,
+                        zoomable: bool = False) -> go.Figure:
     """The image (``image_source``, e.g. ``jpeg_data_uri``, shown at ``image_size = (width, height)``) with its
-    patch grid and the query outlined; a click near a patch centre selects that patch.
+    patch grid and the query outlined; a click near a patch centre selects that patch. ``zoomable``: the wheel
+    zooms and a drag pans (with ``ZOOM_CONFIG``), so patches of a fine grid can be picked one by one.
 
     The patch centres are invisible points in row-major order (point ``i`` is patch ``i``), and
     ``hoverdistance=-1`` lets a click anywhere pick the nearest one. The figure is built in one
@@ -408,13 +416,15 @@ def patch_picker_figure(image_size: tuple[int, int], image_source: str, grid: tu
     # The page stretches it to the column: its height fits a column of about ``fit_width`` px, and the
     # image keeps its aspect ratio, anchored top left.
     # Plotly refuses sides under 10 px (a 64x1 image is drawn 320x5): the figure, not the image, gets at least that.
-    layout = dict(width=max(10, width), height=max(10, round(height * min(1.0, fit_width / width))),
+    # Zoomable (enlarged): drawn ``fit_width`` px wide whatever the display image's size, patches grow with it.
+    scale = fit_width / width if zoomable else min(1.0, fit_width / width)
+    layout = dict(width=max(10, round(width * scale) if zoomable else width), height=max(10, round(height * scale)),
                   margin=dict(l=0, r=0, t=0, b=0),
                   hovermode="closest", hoverdistance=-1, plot_bgcolor="rgba(0,0,0,0)", paper_bgcolor="rgba(0,0,0,0)",
-                  images=[image], shapes=shapes, dragmode=False,
-                  xaxis=dict(range=[0, width], visible=False, fixedrange=True, constrain="domain",
+                  images=[image], shapes=shapes, dragmode="pan" if zoomable else False,
+                  xaxis=dict(range=[0, width], visible=False, fixedrange=not zoomable, constrain="domain",
                              constraintoward="left"),
-                  yaxis=dict(range=[height, 0], visible=False, fixedrange=True, scaleanchor="x",
+                  yaxis=dict(range=[height, 0], visible=False, fixedrange=not zoomable, scaleanchor="x",
                              constrain="domain", constraintoward="top"))
     return go.Figure(data=[points], layout=layout)
 
