@@ -130,11 +130,15 @@ def test_the_allowed_calls_that_hash_or_allocate_from_a_few_bytes_are_refused(tm
     assert seconds < 1.0
 
 
-def test_a_pickle_filling_more_entries_than_weights_need_is_refused(tmp_path, never_unpickled):
-    # 250,000 SETITEMS of one memoised name with the value None: 3 bytes each, under the 1 MB cap
-    body = b"\x80\x02}(X\x01\x00\x00\x00aq\x00N" + b"h\x00N" * 250_000 + b"u."
+@pytest.mark.parametrize("body", [
+    b"\x80\x02}(X\x01\x00\x00\x00aq\x00N" + b"h\x00N" * 300_000 + b"u.",  # one memoised name set to None: 3 bytes each
+    b"\x80\x02" + b"]" * 1_000_000 + b".",  # a million empty lists: 4.8 s and 300 MB for torch.load at 4 MB
+], ids=["entries", "containers"])
+def test_a_pickle_building_more_than_a_quarter_item_a_byte_is_refused(tmp_path, body, never_unpickled):
+    # Real pickles spend 9 bytes or more on each dict entry or container; the cap for no tensors is 1 MB.
     message, _ = refusal(torch_archive(tmp_path / "many.pt", body), read_checkpoint_payload)
-    assert "its pickle fills over 200,000 dictionary entries, more than weights and checkpoints need" in message
+    assert ("its pickle builds over 262,144 dictionary entries and containers, more than weights and checkpoints of "
+            "its size hold") in message
 
 
 @pytest.mark.parametrize("body", [

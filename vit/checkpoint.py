@@ -31,8 +31,9 @@ MAX_LAYERS = 256  # far beyond any published ViT (ViT-22B has 48); building the 
 PICKLE_BASE_BYTES = 1024 * 1024  # config, class names (ImageNet: 25 KB), metadata, metrics (150 KB per 1,000 epochs)
 PICKLE_BYTES_PER_TENSOR = 512  # a tensor's key and rebuild call take ~150 bytes of pickle
 MAX_PICKLE_BYTES = 4 * 1024 * 1024  # the weights-only unpickler reads ~1 MB of opcodes a second
-PICKLE_BASE_ENTRIES = 200_000  # dict entries: 20,000 training-step rows of 7 fields, plus per-epoch metrics
-PICKLE_ENTRIES_PER_TENSOR = 8  # a weight, its optimizer state (step, 2 moments) and its module's metadata
+# Dict entries and containers a pickle may build per byte of its size limit: real ones spend 9 or more bytes on each
+# (a last.pt with 20,000 step rows: 194,000 in 1.75 MB; timm, torchvision, open_clip, HF weights: 1 per 10-17 bytes)
+PICKLE_BYTES_PER_ITEM = 4
 MAX_PICKLE_KEY = 2**31  # int keys are an optimizer's parameter indices; ints beyond can be chosen to share a hash
 MAX_TENSORS = 16_384  # per file; a whole CLIP or ViT-22B has under 1,000 (a file of a million took 48 s to list)
 MAX_SAFETENSORS_HEADER_BYTES = 8 * 2**20  # ~100 bytes a tensor: ViT-B/16's header is 20 kB
@@ -316,10 +317,10 @@ def check_archive(path: Path) -> None:
         if entry.file_size > limit:
             raise CheckpointError(f"refused to load {path}: its pickle is {entry.file_size:,} bytes for {tensors:,} "
                                   f"tensors (weights need at most {limit:,}); it may be built to stall the reader")
-    max_entries = PICKLE_BASE_ENTRIES + PICKLE_ENTRIES_PER_TENSOR * tensors
+    max_items = limit // PICKLE_BYTES_PER_ITEM
     try:
         with zipfile.ZipFile(path) as archive:
-            problems = (_pickle_problem(archive.read(entry), max_entries) for entry in pickles)
+            problems = (_pickle_problem(archive.read(entry), max_items) for entry in pickles)
             problem = next((p for p in problems if p), None)
     except (zipfile.BadZipFile, OSError, EOFError, ValueError, IndexError, KeyError, TypeError) as e:
         raise CheckpointError(f"{path} is truncated or corrupt ({_first_line(e)}); re-copy or re-create it") from None
@@ -426,7 +427,7 @@ def _pop(stack: list, count: int) -> list:
     return items
 
 
-def _pickle_problem(data: bytes, max_entries: int) -> str | None:
+def _pickle_problem(data: bytes, max_items: int) -> str | None:
     """Why unpickling ``data`` could stall the reader, or None; read before anything is unpickled.
 
     A dictionary or set whose keys share one hash takes quadratic time to fill: Python hashes ints, floats and
@@ -434,14 +435,15 @@ def _pickle_problem(data: bytes, max_entries: int) -> str | None:
     weights-only unpickler 87 s. The opcodes are walked with ``pickletools.genops`` (nothing is built or run)
     over a stack of what each item is, the way ``pickletools.dis`` tracks it, and every key that would be hashed,
     by SETITEMS or by a call to ``set``, ``Counter`` or ``OrderedDict`` or a BUILD, must be text or a small int.
-    The entries filled are counted, and the two allowed calls that do unbounded work from a few bytes are refused:
-    ``bytearray(n)`` and ``_codecs.encode`` with a slow codec (punycode is quadratic). Malformed opcodes raise
-    ValueError, IndexError or KeyError.
+    The dict entries and containers built are counted (at most ``max_items``: a flood of them costs the unpickler
+    seconds and memory), and the allowed calls that do unbounded work from a few bytes are refused: ``bytearray(n)``
+    and text encoded with a slow codec (punycode is quadratic). Malformed opcodes raise ValueError, IndexError or
+    KeyError.
     """
     stack: list = []
     marks: list[list] = []
     memo: dict = {}
-    entries = 0
+    built = 0  # dict entries and containers
     for opcode, arg, _ in pickletools.genops(data):
         group, problem = _OPCODE_GROUPS[opcode.name], None
         if group == "get":
@@ -449,8 +451,14 @@ def _pickle_problem(data: bytes, max_entries: int) -> str | None:
         elif group == "put":
             memo[arg if arg is not None else len(memo)] = stack[-1]  # MEMOIZE takes the next index
         elif group == "value":  # text and ints are kept as they are; keys and codec names are read from them
-            stack.append(arg if type(arg) in (int, str) else _Item(opcode.stack_after[0].name))
+            stack.append(arg if type(arg) in (int, str) else _SHARED_ITEMS[opcode.name])
+        elif group == "push":  # one item of a known type: containers are followed as they fill, the rest shared
+            shared = _SHARED_ITEMS.get(opcode.name)
+            if shared is None:
+                built += 1
+            stack.append(shared or _Item(opcode.stack_after[0].name, mapping=opcode.name == "EMPTY_DICT"))
         elif group == "mark":
+            built += 1
             marks.append(stack)
             stack = []
         elif group == "setitems":
@@ -458,17 +466,19 @@ def _pickle_problem(data: bytes, max_entries: int) -> str | None:
             items, stack = (_pop(stack, 2), stack) if name == "SETITEM" else (stack, marks.pop())
             is_set = name in ("ADDITEMS", "FROZENSET")
             keys = items if is_set else items[::2]
-            entries += len(keys)
+            built += len(keys)
             problem = _first(_key_type, keys)
             if problem:
                 return f"has a {'set element' if is_set else 'dictionary key'} of type {problem}{_WHY_KEYS}"
             if name in ("DICT", "FROZENSET"):
+                built += 1
                 stack.append(_Item(opcode.stack_after[0].name, mapping=name == "DICT"))
-            if isinstance(stack[-1], _Item):
+            if isinstance(stack[-1], _Item) and (stack[-1].mapping or stack[-1].type == "set"):
                 stack[-1].size += len(keys)
         elif group == "append":
             items, stack = (_pop(stack, 1), stack) if opcode.name == "APPEND" else (stack, marks.pop())
             if opcode.name == "LIST":
+                built += 1
                 stack.append(_Item("list"))
             target = stack[-1]
             if isinstance(target, _Item) and target.type == "list":
@@ -478,6 +488,7 @@ def _pickle_problem(data: bytes, max_entries: int) -> str | None:
         elif group == "tuple":
             items, stack = (stack, marks.pop()) if opcode.name == "TUPLE" else (
                 _pop(stack, len(opcode.stack_before)), stack)
+            built += 1
             stack.append(tuple(items))
         elif group == "global":
             module, attribute = arg.split(" ", 1) if opcode.name == "GLOBAL" else map(str, _pop(stack, 2))
@@ -489,30 +500,26 @@ def _pickle_problem(data: bytes, max_entries: int) -> str | None:
         elif group == "call":
             function, args = _pop(stack, len(opcode.stack_before))[:2]
             problem, filled = _call_problem(function, args)
-            entries += filled
+            built += filled + 1
             called = function.name if isinstance(function, _Item) else ""
             stack.append(_Item(called.rpartition(".")[2] or "object", called,
                                mapping=called in ("collections.OrderedDict", "collections.Counter")))
         elif group == "build":
             state = _pop(stack, 1)[0]
             problem = _state_problem(state)
-            entries += _size(state)
-        else:  # the rest only pop and push: what they push is known by its type
+            built += _size(state)
+        else:  # the rest pop and push items the walk does not follow
             before = opcode.stack_before
             if group == "marked":
                 stack = marks.pop()
                 before = before[:before.index(pickletools.markobject)]
-            popped = _pop(stack, len(before)) if before else ()
-            if opcode.name == "DUP":
-                stack += popped * 2
-            else:
-                for pushed in opcode.stack_after:
-                    stack.append(_Item(pushed.name, mapping=pushed.name == "dict"))
+            popped = _pop(stack, len(before))
+            stack += popped * 2 if opcode.name == "DUP" else [_SHARED_ITEMS["any"]] * len(opcode.stack_after)
         if problem:
             return problem
-        if entries > max_entries:
-            return (f"fills over {max_entries:,} dictionary entries, more than weights and checkpoints need; it may "
-                    "be built to stall the reader")
+        if built > max_items:
+            return (f"builds over {max_items:,} dictionary entries and containers, more than weights and checkpoints "
+                    "of its size hold; it may be built to stall the reader")
     return None
 
 
@@ -523,13 +530,20 @@ def _opcode_group(opcode: pickletools.OpcodeInfo) -> str:
                          ("global", "GLOBAL STACK_GLOBAL"), ("call", "REDUCE NEWOBJ NEWOBJ_EX"), ("build", "BUILD")):
         if opcode.name in names.split():
             return group
-    if not opcode.stack_before and [a.name for a in opcode.stack_after] in (
-            ["int"], ["int_or_bool"], ["str"], ["bytes_or_str"]):
+    pushes = [a.name for a in opcode.stack_after]
+    if not opcode.stack_before and pushes in (["int"], ["int_or_bool"], ["str"], ["bytes_or_str"]):
         return "value"
+    if not opcode.stack_before and len(pushes) == 1:
+        return "push"
     return "marked" if pickletools.markobject in opcode.stack_before else "other"
 
 
 _OPCODE_GROUPS = {opcode.name: _opcode_group(opcode) for opcode in pickletools.opcodes}
+# One item for every push of a type the walk does not follow (a float, None, a persistent id...): millions of
+# one-byte opcodes then cost no allocation. Lists, dicts and sets get their own, as they are filled.
+_SHARED_ITEMS = {opcode.name: _Item(opcode.stack_after[0].name) for opcode in pickletools.opcodes
+                 if _OPCODE_GROUPS[opcode.name] in ("value", "push")
+                 and opcode.stack_after[0].name not in ("list", "dict", "set")} | {"any": _Item("any")}
 
 
 def safetensors_shapes(path: str | os.PathLike) -> dict[str, torch.Tensor]:
