@@ -38,7 +38,7 @@ st.caption("Every image of a folder through one checkpoint: how far and how even
            "the model is most sure of.")
 
 # The explorer's choice of models: shipped checkpoints and runs, the HF cache, and a path on the server.
-candidates = catalog.find_checkpoints() + catalog.find_hf_cache_models()
+candidates = catalog.model_candidates()
 opened = ""
 if access.is_local_address(st.get_option("server.address")):  # a network visitor may not read files by path
     opened = st.text_input("Or open a path", key="analyze_open_path", placeholder="/path/to/model folder or file",

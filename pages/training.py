@@ -13,6 +13,7 @@ import pandas as pd
 import plotly.express as px
 import streamlit as st
 
+from vit.app import catalog
 from vit.app.drawing import COLORMAPS
 from vit.explain import compare
 from vit.explain.attention import HEAD_FUSIONS
@@ -23,7 +24,7 @@ from vit.runs import manager as runs
 from vit.text import escape_markdown, escape_plotly
 from vit.training import snapshots
 from vit.training.data import AUGMENTATIONS, BUILTIN_DATASETS
-from vit.training.options import RECIPES
+from vit.training.options import FINETUNE_MODES, RECIPES
 
 REFRESH_SECONDS = 3
 EXPLORER_PAGE = "pages/explorer.py"
@@ -84,13 +85,41 @@ def recipe_hint(field: str) -> str:
     return f"{recipe}: {RECIPES[recipe][field]:g}" if field in RECIPES[recipe] else "preset"
 
 
-def params_from_form() -> launch.RunParams:
+START_FROM = {"preset": "a preset (random weights)", "import": "an imported model"}
+FINETUNE_LABELS = {"full": "full: every weight trains", "linear-probe": "linear probe: the classifier alone"}
+LOCAL = access.is_local_address(st.get_option("server.address"))  # a network visitor may not give paths
+
+
+def importable_models() -> dict[str, catalog.CatalogEntry]:
+    """What a run can start from: the explorer's list (shipped checkpoints, completed runs, the HF cache),
+    as the Analyse page offers it, less the files that cannot be opened."""
+    entries = (catalog.describe_current(c) for c in catalog.model_candidates())
+    return {str(e.path): e for e in entries if e.ok}
+
+
+def start_model(models: dict[str, catalog.CatalogEntry]) -> tuple[str | None, str]:
+    """(--init path or None for a preset, a short name for the run's default name); "" when none is chosen."""
+    s = st.session_state
+    if s.get("train_start") != "import":
+        return None, s["train_preset"]
+    typed = (s.get("train_init_path") or "").strip() if LOCAL else ""
+    if typed:
+        return typed, os.path.basename(typed.rstrip("/")) or "model"
+    chosen = s.get("train_init") or ""
+    return chosen, models[chosen].name if chosen in models else "model"
+
+
+def params_from_form(models: dict[str, catalog.CatalogEntry]) -> launch.RunParams:
     s = st.session_state
     dataset = launch.dataset_spec(s["train_dataset"], s["train_folder"])
-    name = (s["train_name"] or "").strip() or launch.suggest_name(dataset, s["train_preset"])
+    init, model_name = start_model(models)
+    name = (s["train_name"] or "").strip() or launch.suggest_name(dataset, model_name)
     sizes = {f: s[f"train_{f}"] for f in launch.MODEL_SIZE_FIELDS}
+    imported = init is not None
     return launch.RunParams(
-        name=name, dataset=dataset, preset=s["train_preset"], **sizes, recipe=s["train_recipe"],
+        name=name, dataset=dataset, preset=None if imported else s["train_preset"], init=init,
+        finetune=s.get("train_finetune") if imported else None,
+        layer_decay=s.get("train_layer_decay") if imported else None, **sizes, recipe=s["train_recipe"],
         epochs=s["train_epochs"], batch_size=s["train_batch_size"], lr=s["train_lr"],
         weight_decay=s["train_weight_decay"], warmup_epochs=s["train_warmup_epochs"],
         label_smoothing=s["train_label_smoothing"], augment=s["train_augment"],
@@ -108,7 +137,8 @@ def machine_threads() -> int:
 
 # The form's values outlive a visit to another page: Streamlit drops a widget's state when a run does
 # not draw it, so a plain copy (not a widget key) is kept and put back before the widgets are drawn.
-FORM_KEYS = ("train_preset", *(f"train_{f}" for f in launch.MODEL_SIZE_FIELDS), "train_dataset", "train_folder",
+FORM_KEYS = ("train_start", "train_preset", "train_init", "train_init_path", "train_finetune", "train_layer_decay",
+             *(f"train_{f}" for f in launch.MODEL_SIZE_FIELDS), "train_dataset", "train_folder",
              "train_recipe", "train_epochs", "train_batch_size", "train_lr", "train_weight_decay",
              "train_warmup_epochs", "train_label_smoothing", "train_augment", "train_aug_magnitude", "train_ema",
              "train_seed", "train_threads", "train_name", "train_devices", "train_share", "train_workers",
@@ -125,9 +155,13 @@ st.session_state.setdefault("train_gpus_per_worker", 0.0)
 
 # -- launching: on the rerun the submit button causes, before the form is drawn again -------------------------
 
+models = importable_models()
+if st.session_state.get("train_init") not in models:
+    st.session_state.pop("train_init", None)  # deleted since, or never chosen: the first one listed
+
 if st.session_state.get("train_submit"):
     try:
-        info = manager.launch(params_from_form(), allow_sharing=st.session_state["train_share"])
+        info = manager.launch(params_from_form(models), allow_sharing=st.session_state["train_share"])
     except launch.ValidationError as e:
         st.session_state["train_errors"] = e.errors
         st.session_state.pop("train_notice", None)
@@ -150,6 +184,10 @@ with st.form("launch"):
     left, middle, right = st.columns(3)
     with left:
         st.markdown("**Model**")
+        st.radio("Start from", list(START_FROM), key="train_start", format_func=START_FROM.get, horizontal=True,
+                 help="A preset trains from random weights; an imported model is fine-tuned (python -m vit.train "
+                 "--init): its classifier is kept when the dataset has its classes, else replaced, and images are "
+                 "normalised with its own mean and std.")
         st.selectbox("Preset", list(PRESETS), key="train_preset", format_func=preset_label,
                      help="Classes and channels follow the dataset. The seed figures are what the seed "
                      "reached with its own recipe.")
@@ -159,6 +197,26 @@ with st.form("launch"):
                 st.number_input(field.replace("_", " ").capitalize(), value=None, step=1, key=f"train_{field}",
                                 placeholder="preset")
                 error_for(field)
+        st.selectbox("Imported model", list(models), key="train_init", format_func=lambda p: models[p].label,
+                     placeholder="no model found: give a path", help="With 'an imported model': the explorer's "
+                     "list: shipped checkpoints, completed runs and the supported models of the local Hugging Face "
+                     "cache. Only the image size (custom sizes) and dropout may change.")
+        if LOCAL:
+            st.text_input("Or a path on the server", key="train_init_path", placeholder="/path/to/model folder or file",
+                          help="Used instead of the list when given: our .pt, an HF or timm folder, timm / "
+                          "torchvision weights; relative to the repository.")
+        error_for("init")
+        st.radio("Fine-tune", FINETUNE_MODES, key="train_finetune", format_func=FINETUNE_LABELS.get,
+                 help="With an imported model. A linear probe trains the classifier alone on the frozen model's "
+                 "features (as MAE's and DINO's linear evaluation); the frozen part runs without dropout.")
+        error_for("finetune")
+        st.number_input("Layer-wise LR decay", value=None, step=0.05, format="%g", key="train_layer_decay",
+                        placeholder="off (1); MAE's ViT-B: 0.65",
+                        help="Full fine-tuning of an imported model (BEiT, MAE): of L blocks, block i trains at "
+                        "the learning rate × decay^(L − i), the embeddings at decay^(L + 1), the final norm and "
+                        "classifier at the full rate. Empty: off. MAE's FINETUNE.md uses 0.65 for ViT-B and 0.75 for "
+                        "ViT-L/H; BEiT 0.65 for ViT-B.")
+        error_for("layer_decay")
         st.markdown("**Data**")
         st.selectbox("Dataset", [*BUILTIN_DATASETS, "folder"], key="train_dataset",
                      format_func=lambda d: "Image folder…" if d == "folder" else d)

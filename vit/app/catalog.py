@@ -344,6 +344,12 @@ def find_hf_cache_models(cache_dirs: list[Path] | None = None) -> list[Candidate
     return found
 
 
+def model_candidates() -> list[Candidate]:
+    """Every model the explorer lists without a path: shipped checkpoints, completed runs, then the supported
+    models of the local HF cache (the Analyse and Train pages offer the same list, plus a path field)."""
+    return find_checkpoints() + find_hf_cache_models()
+
+
 @functools.lru_cache(maxsize=256)
 def _describe_version(candidate: Candidate, fingerprint: tuple[str, int, int]) -> CatalogEntry:
     return describe(candidate)

@@ -63,7 +63,10 @@ class RunParams:
 
     name: str
     dataset: str  # cifar10, cifar100, mnist, fashion-mnist or folder:PATH (relative to the repository)
-    preset: str = "tintn-cifar10"
+    preset: str | None = "tintn-cifar10"  # not passed when the run starts from init
+    init: str | None = None  # start from this model (file or folder, relative to the repository) instead
+    finetune: str | None = None  # with init: "full" or "linear-probe" (None: the CLI's, full)
+    layer_decay: float | None = None  # with init and full fine-tuning: layer-wise lr decay (None: the CLI's, off)
     image_size: int | None = None
     patch_size: int | None = None
     hidden_size: int | None = None
@@ -98,7 +101,7 @@ RAY_ADDRESS_ENV = "VIT_RAY_ADDRESS"  # set by whoever starts the server: a visit
 MAX_RAY_WORKERS = 64
 MAX_GPUS_PER_WORKER = 8
 MODEL_SIZE_FIELDS = ("image_size", "patch_size", "hidden_size", "num_layers", "num_heads", "mlp_size")
-CROSS_FIELDS = (*MODEL_SIZE_FIELDS, "warmup_epochs")  # fields whose validity depends on others
+CROSS_FIELDS = (*MODEL_SIZE_FIELDS, "warmup_epochs", "finetune", "layer_decay")  # validity depends on others
 
 
 def default_data_roots(data_dir: Path | None = None) -> tuple[Path, ...]:
@@ -143,13 +146,29 @@ def resolve_dataset(spec: str) -> str:
     return spec
 
 
+def resolve_path(path: str) -> str:
+    """A path from the form made absolute, relative to the repository as the training process sees it."""
+    resolved = Path(path.strip()).expanduser()
+    return str(resolved if resolved.is_absolute() else ROOT / resolved)
+
+
+def cli_values(params: RunParams) -> list[tuple[str, object]]:
+    """(field, value) of every ``CLI_FIELDS`` entry the command line gets: those set, the preset only without
+    --init (the model is then the imported one), the --init path made absolute."""
+    values = []
+    for name in CLI_FIELDS:
+        value = getattr(params, name)
+        if value is None or (name == "preset" and params.init):
+            continue
+        values.append((name, resolve_path(value) if name == "init" else value))
+    return values
+
+
 def cli_args(params: RunParams, out: Path, data_dir: Path) -> list[str]:
     """The ``vit.train`` arguments of a new run (device arguments excluded)."""
     argv = ["--dataset", resolve_dataset(params.dataset), "--out", str(out), "--data-dir", str(data_dir)]
-    for name in CLI_FIELDS:
-        value = getattr(params, name)
-        if value is not None:
-            argv += [_flag(name), str(value)]
+    for name, value in cli_values(params):
+        argv += [_flag(name), str(value)]
     return argv
 
 
@@ -223,7 +242,7 @@ def validate_params(params: RunParams, runs_dir: Path, data_dir: Path,
     (default ``default_data_roots(data_dir)``).
     """
     from vit.training.data import DataError, check_dataset
-    from vit.training.options import parse_args
+    from vit.training.options import model_config, parse_args, resolve_model
     from vit.training.trainer import UsageError
 
     errors: dict[str, str] = {}
@@ -247,6 +266,9 @@ def validate_params(params: RunParams, runs_dir: Path, data_dir: Path,
         except DataError as e:
             errors["dataset"] = str(e)
 
+    if params.init is not None and not params.init.strip():
+        errors["init"] = "choose a model to start from, or give its path"
+
     device_error = _device_problem(tuple(params.devices), gpu_count)
     if device_error:
         errors["devices"] = device_error
@@ -254,10 +276,7 @@ def validate_params(params: RunParams, runs_dir: Path, data_dir: Path,
 
     out = str(runs_dir / LAUNCH_DIR / ".validate-nonexistent")  # parse_args only checks it is empty
     base = ["--dataset", "cifar10", "--out", out, "--device", "cpu"]
-    for name_ in CLI_FIELDS:
-        value = getattr(params, name_)
-        if value is None:
-            continue
+    for name_, value in cli_values(params):
         try:
             parse_args([*base, _flag(name_), str(value)])
         except UsageError as e:
@@ -275,23 +294,30 @@ def validate_params(params: RunParams, runs_dir: Path, data_dir: Path,
             field_ = "preset"
         errors[field_ if field_ in {f.name for f in fields(RunParams)} else "form"] = message
         return errors
-    return _bounds_problems(args, len(classes) if classes else 100)
+    num_classes = len(classes) if classes else 100 if dataset == "cifar100" else 10
+    if args.init:  # the imported model opens as the training process will open it (its weights are read)
+        try:
+            config = resolve_model(args, num_classes, classes)
+        except UsageError as e:
+            return {"init": str(e)}
+    else:
+        config = model_config(args, num_channels=3, num_classes=num_classes)
+    return _bounds_problems(args, config)
 
 
-def _bounds_problems(args, num_classes: int) -> dict[str, str]:
-    """The page's bounds on a run the CLI accepts: epochs, batch size, patches per image and parameters."""
+def _bounds_problems(args, config) -> dict[str, str]:
+    """The page's bounds on a run the CLI accepts (its model's ``config``): epochs, batch size, patches per
+    image and parameters."""
     import torch
 
     from vit.checkpoint import MAX_LAYERS
     from vit.model import ViT, count_parameters
-    from vit.training.options import model_config
 
     errors: dict[str, str] = {}
     if args.epochs > MAX_EPOCHS:
         errors["epochs"] = f"at most {MAX_EPOCHS} epochs from this page"
     if args.batch_size > MAX_BATCH_SIZE:
         errors["batch_size"] = f"at most {MAX_BATCH_SIZE} images per batch from this page"
-    config = model_config(args, num_channels=3, num_classes=num_classes)
     if config.num_patches > MAX_PATCHES:
         errors["image_size"] = (f"{config.image_size} px in {config.patch_size}-px patches is {config.num_patches:,} "
                                 f"patches per image; at most {MAX_PATCHES:,} from this page")

@@ -7,6 +7,9 @@ timm does when fine-tuning at a new resolution). The classifier is kept when the
 the source's classes, and replaced by a freshly initialised one otherwise (also for feature
 models, which have none). Images are normalised with the source's own mean and std: the
 statistics its weights were trained with.
+
+``--finetune linear-probe`` trains the classifier alone on the frozen model's features (MAE's
+``main_linprobe``, DINO's ``eval_linear``); ``--layer-decay`` is the trainer's (``param_groups``).
 """
 
 from __future__ import annotations
@@ -71,3 +74,10 @@ def load_init(model: ViT, init: Init) -> None:
     if unexpected or set(missing) - allowed:
         raise ValueError(f"the --init weights do not fit the run's model: missing {sorted(set(missing) - allowed)}, "
                          f"unexpected {sorted(unexpected)}")
+
+
+def freeze_all_but_head(model: ViT) -> None:
+    """A linear probe: every parameter but the classifier's stops training (``requires_grad`` False, so the
+    optimizer never holds it and weight decay never touches it); the frozen weights stay bit-identical."""
+    for name, param in model.named_parameters():
+        param.requires_grad_(name in HEAD_KEYS)

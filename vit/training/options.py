@@ -144,6 +144,11 @@ _non_negative_int = _checked(int, lambda v: v >= 0, "an integer >= 0")
 _positive_float = _checked(float, lambda v: v > 0 and not math.isinf(v), "a positive number")
 
 
+_layer_decay = _checked(float, lambda v: 0 < v <= 1, "a number in (0, 1]", "a number")
+FINETUNE_MODES = ("full", "linear-probe")
+DROPOUT_FIELDS = ("dropout", "attention_dropout", "drop_path")
+
+
 _learning_rate = _checked(float, lambda v: 0 < v <= MAX_LR, f"a positive number of at most {MAX_LR:g}",
                           "a positive number")
 
@@ -188,6 +193,15 @@ def build_parser() -> argparse.ArgumentParser:
                    "of our .pt checkpoints, a Hugging Face or timm folder, or timm / torchvision weights (see "
                    "vit.convert). Its classifier is kept when the dataset has its classes, else replaced; images "
                    "are normalised with its own mean and std. Only --image-size and the dropout rates may change")
+    g.add_argument("--finetune", choices=FINETUNE_MODES, default="full",
+                   help="with --init: full (default: every weight trains) or linear-probe (only the classifier "
+                   "trains, on the frozen model's features, as MAE's and DINO's linear evaluation; the frozen "
+                   "part runs without dropout or stochastic depth, so it gives the features it gives at inference)")
+    g.add_argument("--layer-decay", type=_layer_decay, default=1.0, metavar="DECAY",
+                   help="with --init and --finetune full: layer-wise learning-rate decay (BEiT, MAE), in (0, 1]. "
+                   "Of L blocks, block i trains at --lr x DECAY^(L - i), the embeddings at DECAY^(L + 1), the "
+                   "final norm and classifier at --lr. Default 1 (off); MAE's FINETUNE.md fine-tunes ViT-B with "
+                   "0.65 and ViT-L/H with 0.75 (BEiT: 0.65 for ViT-B)")
     g.add_argument("--image-size", type=_positive_int, help="input side in pixels; images are resized to it")
     g.add_argument("--patch-size", type=_positive_int, help="patch side in pixels; must divide --image-size")
     g.add_argument("--hidden-size", type=_positive_int, help="token width; must be divisible by --num-heads")
@@ -324,6 +338,7 @@ def parse_args(argv: list[str] | None = None, check_out: bool = True) -> argpars
                              "is the one you start from (only --image-size and the dropout rates may change)")
     elif args.preset not in PRESETS:
         raise UsageError(f"unknown preset {args.preset!r}; choose one of: {', '.join(PRESETS)}")
+    _check_finetune(args)
     try:
         parse_dataset(args.dataset)
         if not args.init:
@@ -339,6 +354,24 @@ def parse_args(argv: list[str] | None = None, check_out: bool = True) -> argpars
         check_run_folder(Path(args.out))
     parse_device(args.device)
     return args
+
+
+
+def _check_finetune(args: argparse.Namespace) -> None:
+    """--finetune and --layer-decay: fine-tuning options, for a run that starts from --init."""
+    probe = args.finetune == "linear-probe"
+    if probe and not args.init:
+        raise UsageError("--finetune linear-probe needs --init FILE_OR_FOLDER: a probe trains a classifier on a "
+                         "trained model's features, and a preset's are random")
+    if args.layer_decay != 1.0 and not args.init:
+        raise UsageError("--layer-decay needs --init FILE_OR_FOLDER: it keeps a trained model's lower layers near "
+                         "their weights, and a preset has none to keep (leave it at 1)")
+    if args.layer_decay != 1.0 and probe:
+        raise UsageError("--layer-decay has no effect with --finetune linear-probe: only the classifier trains")
+    dropouts = [name for name in DROPOUT_FIELDS if getattr(args, name) is not None]
+    if probe and dropouts:
+        raise UsageError(f"{', '.join(_flag(name) for name in dropouts)} cannot be given with --finetune "
+                         "linear-probe: the frozen model runs without dropout, so it gives its inference features")
 
 
 
@@ -379,8 +412,9 @@ def _resolve_init(args: argparse.Namespace, num_classes: int, class_names: list[
 
     try:
         init = prepare_init(args.init, num_classes, class_names, args.image_size)
-        dropouts = {k: getattr(args, k) for k in ("dropout", "attention_dropout", "drop_path")
-                    if getattr(args, k) is not None}
+        dropouts = {k: getattr(args, k) for k in DROPOUT_FIELDS if getattr(args, k) is not None}
+        if getattr(args, "finetune", "full") == "linear-probe":  # frozen features: the same in training as after
+            dropouts = dict.fromkeys(DROPOUT_FIELDS, 0.0)
         config = ViTConfig.from_dict({**init.config.to_dict(), **dropouts})
     except (CheckpointError, ValueError) as e:
         raise UsageError(f"--init {args.init}: {e}") from None

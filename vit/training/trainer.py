@@ -8,6 +8,7 @@ every rank trains on its shard of each global batch and only rank 0 writes.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import math
@@ -98,6 +99,8 @@ class TrainSettings:
     eval_batch_size: int = 500
     log_every: float = 30.0  # seconds between progress lines when not on a terminal
     init: str | None = None  # fine-tune this model (vit.finetune) instead of a random initialisation
+    finetune: str = "full"  # with init: "full", or "linear-probe" (only the classifier trains)
+    layer_decay: float = 1.0  # layer-wise lr decay (BEiT / MAE): layer l of L+1 trains at lr x decay^(L+1-l); 1 = off
     attention_every: int = 1  # attention snapshot every N epochs, the last and the initial weights too; 0 = off
     save_every: int = 0  # a checkpoint of every Nth epoch in checkpoints/ (epochs, not time); 0 = off
     keep: int = 0  # of those, the K most recent plus the best epoch's are kept; 0 = all
@@ -234,17 +237,23 @@ class Trainer:
         torch.manual_seed(settings.seed)
         self.config = settings.model
         self.model = ViT(self.config)
-        if settings.init and resume_payload is None:  # a resumed run's weights come from its last.pt
-            from vit.training.finetune import load_init, prepare_init
+        if settings.init:
+            from vit.training.finetune import freeze_all_but_head, load_init, prepare_init
 
-            load_init(self.model, prepare_init(settings.init, settings.num_classes, data.class_names,
-                                               self.config.image_size))
+            if resume_payload is None:  # a resumed run's weights come from its last.pt
+                load_init(self.model, prepare_init(settings.init, settings.num_classes, data.class_names,
+                                                   self.config.image_size))
+            if settings.finetune == "linear-probe":
+                freeze_all_but_head(self.model)
         self.model = self.model.to(self.device)
         # The EMA's step counter lives on the device; _update_ema keeps its own count on the host.
         self.ema = (AveragedModel(self.model, device=self.device, multi_avg_fn=get_ema_multi_avg_fn(settings.ema))
                     if settings.ema > 0 else None)
+        groups = param_groups(self.model, settings.weight_decay, decay_everything=settings.recipe == "seed",
+                              layer_decay=settings.layer_decay)
+        self.lr_scales = [group.pop("lr_scale") for group in groups]  # kept here: a resume reloads the groups
         # Fused AdamW on a GPU: one kernel per step instead of a dozen per parameter group.
-        self.optimizer = torch.optim.AdamW(self._param_groups(), lr=settings.lr * self.lr_factor,
+        self.optimizer = torch.optim.AdamW(groups, lr=settings.lr * self.lr_factor,
                                            weight_decay=settings.weight_decay, betas=(0.9, 0.999),
                                            fused=True if on_gpu else None)
         self.progress = Progress()
@@ -281,39 +290,22 @@ class Trainer:
         self.last_saved: float | None = None  # when this session last wrote last.pt
         self.snapshot_inputs: tuple[torch.Tensor, torch.Tensor] | None = None  # (probe, sample), set by fit
 
-    def _param_groups(self) -> list[dict]:
-        # No weight decay on biases, norms, the CLS token and position embeddings (timm's rule),
-        # except in the seed recipe: the blog's AdamW decays every parameter. Two groups either
-        # way, so that a checkpoint's optimizer state always fits.
-        decay, no_decay = [], []
-        for name, param in self.model.named_parameters():
-            no_decay_names = ("cls_token", "pos_embed", "dist_token", "reg_token")
-            (no_decay if param.ndim <= 1 or name in no_decay_names else decay).append(param)
-        no_decay_wd = self.settings.weight_decay if self.settings.recipe == "seed" else 0.0
-        return [{"params": decay}, {"params": no_decay, "weight_decay": no_decay_wd}]
-
     def _scheduler(self) -> torch.optim.lr_scheduler.LRScheduler:
         """Linear warmup then cosine (or constant), per step, fast-forwarded when resuming.
 
-        Replaying the steps gives bit-identical rates to an uninterrupted run with the same
-        --epochs, and re-plans the schedule for a run extended with a larger --epochs.
+        One factor of the step for every group, each group's rate being its share of the peak (its
+        layer-wise scale), as MAE's ``lr_sched.adjust_learning_rate`` does: the cosine's floor
+        --min-lr is scaled with it. Replaying the steps gives the rates of an uninterrupted run with
+        the same --epochs, and re-plans the schedule for a run extended with a larger --epochs.
         """
         settings = self.settings
-        for group in self.optimizer.param_groups:
-            group["lr"] = settings.lr * self.lr_factor
+        for group, scale in zip(self.optimizer.param_groups, self.lr_scales, strict=True):
+            group["lr"] = settings.lr * self.lr_factor * scale
             group.pop("initial_lr", None)
         warmup = int(round(settings.warmup_epochs * self.steps_per_epoch))
-        sched = torch.optim.lr_scheduler
-        if settings.schedule == "cosine":
-            after = sched.CosineAnnealingLR(self.optimizer, T_max=max(self.total_steps - warmup, 1),
-                                            eta_min=settings.min_lr * self.lr_factor)
-        else:
-            after = sched.ConstantLR(self.optimizer, factor=1.0, total_iters=0)
-        if warmup > 0:
-            first = sched.LinearLR(self.optimizer, start_factor=1e-3, end_factor=1.0, total_iters=warmup)
-            scheduler = sched.SequentialLR(self.optimizer, [first, after], milestones=[warmup])
-        else:
-            scheduler = after
+        factor = functools.partial(schedule_factor, warmup=warmup, total=self.total_steps,
+                                   schedule=settings.schedule, floor=settings.min_lr / settings.lr)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, factor)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # "scheduler.step() before optimizer.step()"
             for _ in range(self.progress.global_step):
@@ -524,7 +516,8 @@ class Trainer:
         self.ema_updates += 1
 
     def lr(self) -> float:
-        return self.optimizer.param_groups[0]["lr"]
+        """The learning rate of the top layers (the classifier's): the others' are its layer-wise share."""
+        return max(group["lr"] for group in self.optimizer.param_groups)
 
     @torch.no_grad()
     def evaluate(self) -> tuple[float, float]:
@@ -674,6 +667,66 @@ class Trainer:
                  "step_seconds": self.step_seconds}
         last_acc = self.metrics[-1]["val_acc"] if self.metrics else None
         self._save_model(self.run_dir / LAST_CHECKPOINT, last_acc, training_state=state)
+
+
+WARMUP_START = 1e-3  # the warmup's first step trains at this share of the peak
+
+
+def schedule_factor(step: int, warmup: int, total: int, schedule: str, floor: float) -> float:
+    """The learning rate after ``step`` optimizer steps as a share of the peak: linear from ``WARMUP_START`` over
+    ``warmup`` steps, then constant or a half cosine down to ``floor`` (--min-lr / --lr) at step ``total``."""
+    if step < warmup:
+        return WARMUP_START + (1.0 - WARMUP_START) * step / warmup
+    if schedule == "constant":
+        return 1.0
+    progress = (step - warmup) / max(total - warmup, 1)
+    return floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+# Never decayed (timm's rule, with every parameter of one dimension: biases, norms, layer scales).
+NO_DECAY_NAMES = ("cls_token", "pos_embed", "dist_token", "reg_token")
+EMBEDDING_NAMES = ("cls_token", "dist_token", "reg_token", "pos_embed")
+
+
+def layer_id(name: str, num_layers: int) -> int:
+    """A parameter's depth for layer-wise lr decay, as MAE's ``util/lr_decay.get_layer_id_for_vit`` (after BEiT):
+    0 for the embeddings (patches, positions, CLS / distillation / register tokens, and ``norm_pre``, which
+    normalises them), i + 1 for block i, ``num_layers`` + 1 for everything after the blocks (final norm,
+    pooling, classifier). timm's ``param_groups_layer_decay`` differs in one place: it puts the final norm
+    with the last block."""
+    if name in EMBEDDING_NAMES or name.split(".")[0] in ("patch_embed", "norm_pre"):
+        return 0
+    if name.startswith("blocks."):
+        return int(name.split(".")[1]) + 1
+    return num_layers + 1
+
+
+def param_groups(model: ViT, weight_decay: float, decay_everything: bool = False,
+                 layer_decay: float = 1.0) -> list[dict]:
+    """AdamW parameter groups of the parameters that train (``requires_grad``), each with its ``lr_scale``.
+
+    No weight decay on biases, norms, the CLS token and position embeddings (timm's rule), except with
+    ``decay_everything`` (the seed recipe: the blog's AdamW decays every parameter). With ``layer_decay`` < 1
+    the groups are split by depth (``layer_id``) and scaled ``layer_decay ** (L + 1 - layer)`` for L blocks, as
+    MAE's ``param_groups_lrd``; otherwise there are two groups, decayed first, so that a checkpoint's optimizer
+    state always fits.
+    """
+    num_layers = len(model.blocks)
+    no_decay_wd = weight_decay if decay_everything else 0.0
+    groups: dict[tuple[int, bool], dict] = {}
+    if layer_decay == 1.0:
+        groups = {(0, True): {"params": [], "weight_decay": weight_decay, "lr_scale": 1.0},
+                  (0, False): {"params": [], "weight_decay": no_decay_wd, "lr_scale": 1.0}}
+    for name, param in model.named_parameters():
+        if not param.requires_grad:
+            continue
+        decays = not (param.ndim <= 1 or name in NO_DECAY_NAMES)
+        layer = layer_id(name, num_layers) if layer_decay != 1.0 else 0
+        group = groups.setdefault((layer, decays), {
+            "params": [], "weight_decay": weight_decay if decays else no_decay_wd,
+            "lr_scale": layer_decay ** (num_layers + 1 - layer)})
+        group["params"].append(param)
+    return list(groups.values())
 
 
 def _mix(*numbers: int) -> int:
