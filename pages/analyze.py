@@ -38,10 +38,18 @@ st.caption("Every image of a folder through one checkpoint: how far and how even
            "the model is most sure of.")
 
 # The explorer's choice of models: shipped checkpoints and runs, the HF cache, and a path on the server.
-candidates = catalog.find_checkpoints() + catalog.find_hf_cache_models()
+HF_FILTER, OPEN_PATH = "Find in the HF cache", "Or open a path"
+hf_filter = ""
+if len(catalog.hf_cache_folders()) > catalog.MAX_HF_CACHE_EXAMINED:  # folder names only: cheap
+    hf_filter = st.text_input(HF_FILTER, key="analyze_hf_filter", placeholder="part of a model's name",
+                              help="The Hugging Face cache holds more models than the picker lists: only those "
+                                   "whose name holds this are looked at.")
+hf_listing = catalog.hf_cache_listing(contains=hf_filter)
+candidates = catalog.find_checkpoints() + list(hf_listing.candidates)
 opened = ""
-if access.is_local_address(st.get_option("server.address")):  # a network visitor may not read files by path
-    opened = st.text_input("Or open a path", key="analyze_open_path", placeholder="/path/to/model folder or file",
+may_open = access.is_local_address(st.get_option("server.address"))  # a network visitor may not read files by path
+if may_open:
+    opened = st.text_input(OPEN_PATH, key="analyze_open_path", placeholder="/path/to/model folder or file",
                            help="A model file or folder on the server: our .pt, an HF or timm folder, timm / "
                                 "torchvision weights.").strip()
 described = {str(c.path): catalog.describe_current(c) for c in candidates}
@@ -62,6 +70,9 @@ if st.session_state.get("analyze_checkpoint") not in labels:
     default = catalog.default_entry(entries)
     st.session_state["analyze_checkpoint"] = str(default.path) if default else next(iter(labels))
 choice = st.selectbox("Checkpoint", list(labels), format_func=labels.get, key="analyze_checkpoint")
+hf_note = catalog.hf_cache_note(hf_listing, HF_FILTER, OPEN_PATH if may_open else None)
+if hf_note:
+    st.caption(escape_markdown(hf_note))
 folder = st.text_input("Image folder", key="analyze_folder", placeholder="data/cifar10/val",
                        help="One subfolder per class, named as the checkpoint names its classes.")
 limit = st.number_input(f"Images (0 = all of them, at most {MAX_PAGE_IMAGES:,} here)", min_value=0, value=500,

@@ -185,6 +185,24 @@ def test_the_page_caps_how_many_images_it_analyses(world, dirs, monkeypatch):  #
     assert int(images) + int(unreadable) == 4
 
 
+def test_the_page_lists_a_bounded_part_of_a_large_hf_cache_and_finds_the_rest_by_name(world, dirs):  # noqa: F811
+    """Issue 20, item 9: the picker looks into at most MAX_HF_CACHE_EXAMINED of the HF cache's models."""
+    from tests.test_catalog import tiny_hf_cache
+    from vit.app import catalog
+
+    count = catalog.MAX_HF_CACHE_EXAMINED + 5
+    tiny_hf_cache(dirs[0].parent / "hf-cache", count)  # the dirs fixture points HF_HUB_CACHE here
+    at = AppTest.from_file(APP, default_timeout=180)
+    at.switch_page("pages/analyze.py")
+    at.run()
+    assert len(at.selectbox(key="analyze_checkpoint").options) == catalog.MAX_HF_CACHE_EXAMINED
+    assert any(f"{count:,} models in the Hugging Face cache match" in c.value for c in at.caption)
+    at.text_input(key="analyze_hf_filter").set_value(f"vit-{count - 1:04d}")
+    at.run()
+    assert not at.exception, [e.message for e in at.exception]
+    assert [o.split(" · ")[0] for o in at.selectbox(key="analyze_checkpoint").options] == [f"org/vit-{count - 1:04d}"]
+
+
 def test_the_aggregate_does_not_depend_on_how_the_files_were_batched(world):
     checkpoint = load_checkpoint(world / "cat.pt")
     files = labelled_files(world / "data", CLASSES)
