@@ -22,7 +22,7 @@ from vit.images import ImageError, open_image
 from vit.predict import UsageError
 from vit.runfiles import ROOT, default_runs_dir, parse_json, read_text_bounded
 from vit.runs import access, launch
-from vit.runs.launch import default_data_roots, folder_problem
+from vit.runs.launch import default_data_roots, folder_problem, hide_data_roots
 from vit.sources.open import open_source
 from vit.text import escape_markdown
 
@@ -102,9 +102,14 @@ def analyze_on_ray(model: str, data: Path, limit: int) -> dataset.DatasetAnalysi
         raise ValueError(lines[-1] if lines else f"vit.analyze --ray ended with status {done.returncode}")
     return dataset.DatasetAnalysis.from_json(parse_json(read_text_bounded(out / "analysis.json")))
 
+def shown(text: str) -> str:
+    """Text as this visitor may see it: from the network, the data roots by name only, not where they are."""
+    return text if may_open else hide_data_roots(text, default_data_roots())
+
+
 if st.button("Analyse", type="primary", disabled=not folder.strip()):
     try:
-        if not access.is_local_address(st.get_option("server.address")):
+        if not may_open:
             # A visitor from the network may read images from the data roots only (as the Train page's datasets).
             problem = folder_problem(f"folder:{folder.strip()}", default_data_roots())
             if problem:
@@ -134,7 +139,7 @@ if st.button("Analyse", type="primary", disabled=not folder.strip()):
         # Figures once per analysis, not on every rerun (each mistake's button reruns the page).
         st.session_state["analyze_result"] = (choice, analysis, dataset.figures(analysis))
     except (UsageError, CheckpointError, ValueError) as e:
-        st.error(escape_markdown(e))
+        st.error(escape_markdown(shown(str(e))))
 
 result = st.session_state.get("analyze_result")
 if result is None:
@@ -168,7 +173,7 @@ for i, mistake in enumerate(analysis.mistakes[:SHOWN_MISTAKES]):
         try:
             st.image(open_image(mistake.path), width=128)
         except ImageError as e:
-            st.text(str(e))
+            st.text(shown(str(e)))
         st.text(f"{Path(mistake.path).name}\ntrue: {mistake.label}\npredicted: {mistake.predicted} "
                 f"({mistake.confidence:.0%})")
         if st.button("Open in the explorer", key=f"mistake-{i}"):

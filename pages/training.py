@@ -12,6 +12,7 @@ import time
 import pandas as pd
 import plotly.express as px
 import streamlit as st
+from streamlit.logger import get_logger
 
 from vit.app.drawing import COLORMAPS
 from vit.explain import compare
@@ -57,6 +58,13 @@ if gate.mode == "token" and not st.session_state.get("train_unlocked"):
     st.stop()
 
 manager = runs.RunManager()
+LOG = get_logger(__name__)
+
+
+def shown(text: str) -> str:
+    """Text as this visitor may see it: behind a token (a visitor from the network) the data roots by name only,
+    not where the server keeps them."""
+    return launch.hide_data_roots(text, manager.data_roots) if gate.mode == "token" else text
 
 
 @st.cache_data(show_spinner=False)
@@ -76,7 +84,7 @@ def device_options(users: dict[str, list[str]], ray_address: str | None = None
 def error_for(field: str) -> None:
     message = st.session_state.get("train_errors", {}).get(field)
     if message:
-        st.error(escape_markdown(message), icon=":material/error:")
+        st.error(escape_markdown(shown(message)), icon=":material/error:")
 
 
 def recipe_hint(field: str) -> str:
@@ -129,6 +137,7 @@ if st.session_state.get("train_submit"):
     try:
         info = manager.launch(params_from_form(), allow_sharing=st.session_state["train_share"])
     except launch.ValidationError as e:
+        LOG.info("a launch was refused: %s", e)  # the whole messages, data roots included, for the server's owner
         st.session_state["train_errors"] = e.errors
         st.session_state.pop("train_notice", None)
     else:
@@ -254,7 +263,7 @@ if st.session_state.get("train_errors"):
 def run_controls(info: runs.RunInfo) -> None:
     # Names and details (which quote log lines) are shown as written, never as Markdown.
     state = f"**{escape_markdown(info.name)}** · {info.state}"
-    state += f" · {escape_markdown(info.detail)}" if info.detail else ""
+    state += f" · {escape_markdown(shown(info.detail))}" if info.detail else ""
     if info.state in ("failed", "crashed", "damaged"):
         st.error(state)
     else:
@@ -273,7 +282,7 @@ def run_controls(info: runs.RunInfo) -> None:
         st.markdown(f"Delete {escape_markdown(info.name)} and its checkpoints? This cannot be undone.")
         st.button("Delete for good", key=f"delete-{info.name}", type="primary", on_click=runs_action,
                   args=(manager.delete, info.name))
-    st.code(manager.log_tail(info.name, lines=15) or "(no output yet)", language=None)
+    st.code(shown(manager.log_tail(info.name, lines=15)) or "(no output yet)", language=None)
 
 
 def runs_action(action, name: str) -> None:
@@ -290,13 +299,13 @@ def runs_panel() -> None:
     all_runs = manager.poll()
     # Here, not above the fragment: it redraws after a delete, so a deleted run's notice goes with it.
     if st.session_state.get("train_notice") and st.session_state.get("train_notice_run") in {r.name for r in all_runs}:
-        st.success(escape_markdown(st.session_state["train_notice"]))
+        st.success(escape_markdown(shown(st.session_state["train_notice"])))
     st.subheader("Runs")
     if not all_runs:
         st.info(f"No runs yet in {escape_markdown(manager.runs_dir)}.")
         return
     if st.session_state.get("runs_message"):
-        st.warning(escape_markdown(st.session_state["runs_message"]))
+        st.warning(escape_markdown(shown(st.session_state["runs_message"])))
     st.dataframe(
         pd.DataFrame(runs.table_rows(all_runs)), hide_index=True, width="stretch", placeholder="",
         column_config={

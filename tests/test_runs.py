@@ -776,6 +776,27 @@ def test_folder_datasets_outside_the_data_roots_are_refused_without_saying_wheth
                                  "(or set VIT_DATA_ROOTS when starting the app)")
 
 
+def test_a_network_visitor_sees_the_data_roots_by_name_and_not_where_they_are(tmp_path):
+    """Issue 20, item 9: the page's messages named the data roots' absolute paths (/home/owner/...) to anyone."""
+    from vit.runs.launch import hide_data_roots
+
+    data, images = tmp_path / "home" / "owner" / "data", tmp_path / "srv" / "imagenet"
+    data.mkdir(parents=True)
+    images.mkdir(parents=True)
+    (tmp_path / "link").symlink_to(images, target_is_directory=True)
+    manager = RunManager(tmp_path / "runs", data, data_roots=(data, tmp_path / "link"))
+    errors = manager.validate(tiny_params("outside", tmp_path, dataset="folder:/etc"))
+    assert hide_data_roots(errors["dataset"], manager.data_roots) == (
+        "folder datasets must be inside data, imagenet; put the images there (or set VIT_DATA_ROOTS when starting "
+        "the app)")
+    missing = manager.validate(tiny_params("missing", data / "cats"))["dataset"]
+    assert str(data) in missing  # the server's own message (and log) keeps the path
+    assert hide_data_roots(missing, manager.data_roots) == missing.replace(str(data), "data")
+    assert "/" + "data/cats" not in hide_data_roots(missing, manager.data_roots)
+    assert hide_data_roots(f"{tmp_path}/link/a, {images}/b.", (tmp_path / "link",)) == "link/a, imagenet/b."
+    assert hide_data_roots(f"{data}base and {data}.old", (data,)) == f"{data}base and {data}.old"  # other folders
+
+
 def test_a_link_inside_a_data_root_to_a_folder_outside_is_refused(tmp_path):
     root, outside = tmp_path / "data", tmp_path / "elsewhere"
     make_image_folder(outside)

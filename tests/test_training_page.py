@@ -178,3 +178,21 @@ def test_on_a_network_the_page_opens_only_with_the_token(folders, networked, mon
 def submit_unlock(at: AppTest) -> AppTest:
     next(b for b in at.button if b.label == "Unlock").click()
     return at.run(timeout=TIMEOUT)
+
+
+def test_behind_the_token_the_page_names_the_data_roots_without_their_paths(folders, networked, monkeypatch, tmp_path):
+    """Issue 20, item 9: a network visitor was shown where the server keeps its data (absolute paths)."""
+    images, runs_dir = folders
+    monkeypatch.setenv("VIT_TRAIN_TOKEN", "correct-horse-battery-staple")
+    at = AppTest.from_file(PAGE)
+    at.session_state["train_unlocked"] = True
+    at = at.run(timeout=TIMEOUT)
+    fill_tiny_run(at, images, "outside")
+    at.text_input(key="train_folder").set_value("/etc")
+    at = submit(at)
+    assert any(f"folder datasets must be inside {tmp_path.name};" in e for e in errors(at)), errors(at)
+    at.text_input(key="train_folder").set_value(str(images / "missing"))
+    at = submit(at)
+    assert any(f"{tmp_path.name}/images/missing" in e for e in errors(at)), errors(at)
+    assert not any(str(tmp_path) in e for e in errors(at)), errors(at)
+    assert RunManager(runs_dir).names() == []

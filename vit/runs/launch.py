@@ -128,6 +128,20 @@ def folder_problem(spec: str, roots: tuple[Path, ...]) -> str | None:
             "starting the app)")
 
 
+def hide_data_roots(message: str, roots: tuple[Path, ...]) -> str:
+    """``message`` with each data root's absolute path replaced by the root's folder name, for a visitor from the
+    network: '/srv/me/data/cats does not exist' -> 'data/cats does not exist'. Where the server keeps its data
+    is the server log's to say, not the page's. A longer root is replaced first (one may lie inside another),
+    and only whole path components ('/srv/me/database' is not the root '/srv/me/data')."""
+    for root in sorted({Path(os.path.realpath(r)) for r in roots} | set(map(Path, roots)),
+                       key=lambda r: len(str(r)), reverse=True):
+        if root == Path(root.anchor):
+            continue
+        name = root.name or str(root)
+        message = re.sub(re.escape(str(root)) + r"(?=[/\\\s'\",;:)\]]|\.(?:\s|$)|$)", lambda _: name, message)
+    return message
+
+
 def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
