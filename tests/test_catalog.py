@@ -355,3 +355,15 @@ def test_the_note_under_a_cut_short_hf_listing_says_how_to_reach_the_others():
         'For another one, type part of its name in "Find" or give its folder to "Open a path".')
     assert catalog.hf_cache_note(listing, "Find", None).endswith('type part of its name in "Find".')
     assert catalog.hf_cache_note(catalog.HfCacheListing((), 3, 3), "Find", "Open a path") is None
+
+
+def test_a_run_named_with_a_right_to_left_override_is_labelled_with_it_visible(dirs):
+    """Issue 20, item 9: the explorer's picker showed a run folder's U+202E raw, turning the label around."""
+    checkpoints, runs = dirs
+    write_run(runs, "cats\u202egpj.exe", "completed", dataset="folder:data/\u2066birds")
+    write_checkpoint(checkpoints / "model\u202ett.pt")
+    labels = [e.label for e in list_checkpoints(checkpoints, runs)]
+    assert labels[0].startswith("model\\u202ett.pt · ")
+    assert labels[1].startswith("run cats\\u202egpj.exe · \\u2066birds · 3 classes")
+    assert not any(c in label for label in labels for c in "\u202e\u2066")
+    assert "\\\\u202e" in describe(find_checkpoints(checkpoints, runs)[1]).description  # the path, Markdown-escaped

@@ -243,6 +243,22 @@ def test_table_rows_keep_numbers_sortable(tmp_path):
     assert row["Device"] == "GPU 0" and row["Dataset"] == "folder:birds" and row["LR"] == 0.002
 
 
+def test_a_run_folder_named_with_a_right_to_left_override_shows_it_in_the_table(tmp_path):
+    """Issue 20, item 9: run names are folder names; U+202E in one turned the rest of the name around."""
+    (tmp_path / "runs" / "evil\u202egpj.exe").mkdir(parents=True)
+    (tmp_path / "runs" / "evil\u202egpj.exe" / "status.json").write_text(
+        json.dumps({"state": "failed", "error": "ValueError: folder:/x/\u202ebad"}))
+    [row] = table_rows(RunManager(tmp_path / "runs", tmp_path / "data").poll())
+    assert row["Name"] == "evil\\u202egpj.exe"
+    assert "\u202e" not in row["Detail"] and "\\u202ebad" in row["Detail"]
+
+
+@pytest.mark.parametrize("name", ["evil\u202egpj.exe", "a\u2066b", "run\x1b[31m", "zero\u200bwidth", "caf\u00e9"])
+def test_a_run_name_the_page_creates_is_refused_with_control_or_non_ascii_characters(tmp_path, name):
+    errors = make_manager(tmp_path).validate(tiny_params(name, make_image_folder(tmp_path / "images")))
+    assert errors["name"].startswith("use letters, digits")
+
+
 def test_curve_rows_overlay_runs_per_chart():
     charts = curve_rows({"a": [{"epoch": 1, "train_loss": 2.0, "val_loss": 1.5, "lr": 0.1}],
                          "b": [{"epoch": 1, "train_loss": 3.0, "val_loss": None}]})

@@ -25,7 +25,7 @@ from vit.runfiles import (
     epoch_checkpoints,
     read_json,
 )
-from vit.text import escape_markdown
+from vit.text import escape_markdown, visible
 
 DEFAULT_CHECKPOINT = "cifar10-cifar-s.pt"  # what the app opens on
 SAMPLE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".webp", ".bmp", ".gif")
@@ -84,16 +84,17 @@ class CatalogEntry:
 
     @property
     def label(self) -> str:
-        """One line: name, dataset, classes, size and validation accuracy (or that it failed)."""
-        head = f"run {self.name}" if self.source == "run" else self.path.name
+        """One line: name, dataset, classes, size and validation accuracy (or that it failed); the name, a run
+        folder's or a file's, with its control characters made visible (U+202E would turn the rest around)."""
+        head = f"run {visible(self.name)}" if self.source == "run" else visible(self.path.name)
         if self.source == "hf-cache" or self.path.is_dir():
-            head = self.name
+            head = visible(self.name)
         if self.error is not None:
             return f"{head} · cannot be loaded"
         if self.metadata.get("architecture"):  # an imported model: its library and architecture
             classes = f"{len(self.class_names)} classes" if self.class_names else "no classifier"
             return " · ".join([head, str(self.metadata["architecture"]), classes])
-        parts = [head, self.dataset or "unknown dataset", f"{len(self.class_names)} classes"]
+        parts = [head, visible(self.dataset or "unknown dataset"), f"{len(self.class_names)} classes"]
         if self.parameters is not None:
             parts.append(format_parameters(self.parameters))
         parts.append(f"val {self.val_acc:.1%}" if self.val_acc is not None else "val n/a")
@@ -128,7 +129,7 @@ class CatalogEntry:
             trained.append(f"saved {escape_markdown(str(self.metadata['date'])[:10])}")
         if trained:
             lines.append("**Training** " + ", ".join(trained))
-        lines.append(escape_markdown(self.path))
+        lines.append(escape_markdown(visible(self.path)))
         return "  \n".join(lines)
 
 

@@ -19,7 +19,7 @@ from pathlib import Path
 from vit.runs.devices import count_gpus
 from vit.runfiles import LAUNCH_DIR, ROOT
 
-NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
+NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")  # whole names only (fullmatch): ASCII, no controls
 
 # Bounds of what the page may launch (the CLI itself is not bounded): the page may face a network.
 MAX_EPOCHS = 1000
@@ -244,7 +244,7 @@ def validate_params(params: RunParams, runs_dir: Path, data_dir: Path,
     name = (params.name or "").strip()
     if not name:
         errors["name"] = "give the run a name"
-    elif not NAME_PATTERN.match(name):
+    elif not NAME_PATTERN.fullmatch(name):
         errors["name"] = "use letters, digits, '.', '_' and '-' only, starting with a letter or digit (at most 100)"
     elif (runs_dir / name).exists() or (runs_dir / LAUNCH_DIR / name).exists():
         errors["name"] = f"a run named {name!r} already exists; choose another name"
