@@ -23,7 +23,7 @@ from vit.explain.attention import HEAD_FUSIONS
 from vit.explain.overlay import UPSAMPLE_MODES, draw_mask_contours, overlay
 from vit.explain.prompts import DEFAULT_TEMPLATE
 from vit.images import MAX_SIDE, UPLOAD_MAX_PIXELS, ImageError, open_image
-from vit.inference import MAX_INPUT_SIDE, InputSize, input_box, seen_region
+from vit.inference import MAX_INPUT_SIDE, InputSize, NonFiniteOutput, input_box, seen_region
 from vit.runs import access
 from vit.sources.open import open_source
 from vit.sources.text_tower import MAX_LABEL_CHARS, MAX_LABELS, has_text_tower, open_text_tower, split_labels
@@ -300,7 +300,7 @@ if explorer.looks_inverted(image, pre):
 image_key = f"{digest}-inverted" if invert else digest
 try:
     analysis = analyse(fingerprint, image_key, size, checkpoint, image)
-except (explorer.TooManyTokens, ImageError) as e:
+except (explorer.TooManyTokens, ImageError, NonFiniteOutput) as e:
     st.error(escape_markdown(e))
     st.stop()
 prediction, grid, prefix = analysis.prediction, analysis.grid, analysis.num_prefix_tokens
