@@ -159,7 +159,7 @@ if len(catalog.hf_cache_folders(hf_dirs)) > catalog.MAX_HF_CACHE_EXAMINED:  # fo
 hf_listing = hf_cache_models(tuple(str(d) for d in hf_dirs), hf_filter)
 candidates = catalog.find_checkpoints() + list(hf_listing.candidates)
 hf_chosen = st.session_state.get("explorer_hf_choice")  # kept in the picker when the name filter changes
-if hf_chosen is not None and hf_chosen not in candidates:
+if hf_chosen is not None and hf_chosen not in candidates and hf_chosen.path.is_dir():  # unless deleted since
     candidates.append(hf_chosen)
 extra = st.session_state.setdefault("explorer_extra_checkpoints", [])  # opened by path here or from another page
 may_open = access.is_local_address(st.get_option("server.address"))
