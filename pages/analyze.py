@@ -22,7 +22,7 @@ from vit.images import ImageError, open_image
 from vit.predict import UsageError
 from vit.runfiles import ROOT, default_runs_dir, parse_json, read_text_bounded
 from vit.runs import access, launch
-from vit.runs.launch import default_data_roots, folder_problem
+from vit.runs.launch import default_data_roots, folder_problem, hide_data_roots
 from vit.sources.open import open_source
 from vit.text import escape_markdown
 
@@ -38,10 +38,18 @@ st.caption("Every image of a folder through one checkpoint: how far and how even
            "the model is most sure of.")
 
 # The explorer's choice of models: shipped checkpoints and runs, the HF cache, and a path on the server.
-candidates = catalog.model_candidates()
+HF_FILTER, OPEN_PATH = "Find in the HF cache", "Or open a path"
+hf_filter = ""
+if len(catalog.hf_cache_folders()) > catalog.MAX_HF_CACHE_EXAMINED:  # folder names only: cheap
+    hf_filter = st.text_input(HF_FILTER, key="analyze_hf_filter", placeholder="part of a model's name",
+                              help="The Hugging Face cache holds more models than the picker lists: only those "
+                                   "whose name holds this are looked at.")
+hf_listing = catalog.hf_cache_listing(contains=hf_filter)
+candidates = catalog.find_checkpoints() + list(hf_listing.candidates)
 opened = ""
-if access.is_local_address(st.get_option("server.address")):  # a network visitor may not read files by path
-    opened = st.text_input("Or open a path", key="analyze_open_path", placeholder="/path/to/model folder or file",
+may_open = access.is_local_address(st.get_option("server.address"))  # a network visitor may not read files by path
+if may_open:
+    opened = st.text_input(OPEN_PATH, key="analyze_open_path", placeholder="/path/to/model folder or file",
                            help="A model file or folder on the server: our .pt, an HF or timm folder, timm / "
                                 "torchvision weights.").strip()
 described = {str(c.path): catalog.describe_current(c) for c in candidates}
@@ -62,6 +70,9 @@ if st.session_state.get("analyze_checkpoint") not in labels:
     default = catalog.default_entry(entries)
     st.session_state["analyze_checkpoint"] = str(default.path) if default else next(iter(labels))
 choice = st.selectbox("Checkpoint", list(labels), format_func=labels.get, key="analyze_checkpoint")
+hf_note = catalog.hf_cache_note(hf_listing, HF_FILTER, OPEN_PATH if may_open else None)
+if hf_note:
+    st.caption(escape_markdown(hf_note))
 folder = st.text_input("Image folder", key="analyze_folder", placeholder="data/cifar10/val",
                        help="One subfolder per class, named as the checkpoint names its classes.")
 limit = st.number_input(f"Images (0 = all of them, at most {MAX_PAGE_IMAGES:,} here)", min_value=0, value=500,
@@ -91,9 +102,14 @@ def analyze_on_ray(model: str, data: Path, limit: int) -> dataset.DatasetAnalysi
         raise ValueError(lines[-1] if lines else f"vit.analyze --ray ended with status {done.returncode}")
     return dataset.DatasetAnalysis.from_json(parse_json(read_text_bounded(out / "analysis.json")))
 
+def shown(text: str) -> str:
+    """Text as this visitor may see it: from the network, the data roots by name only, not where they are."""
+    return text if may_open else hide_data_roots(text, default_data_roots())
+
+
 if st.button("Analyse", type="primary", disabled=not folder.strip()):
     try:
-        if not access.is_local_address(st.get_option("server.address")):
+        if not may_open:
             # A visitor from the network may read images from the data roots only (as the Train page's datasets).
             problem = folder_problem(f"folder:{folder.strip()}", default_data_roots())
             if problem:
@@ -123,7 +139,7 @@ if st.button("Analyse", type="primary", disabled=not folder.strip()):
         # Figures once per analysis, not on every rerun (each mistake's button reruns the page).
         st.session_state["analyze_result"] = (choice, analysis, dataset.figures(analysis))
     except (UsageError, CheckpointError, ValueError) as e:
-        st.error(escape_markdown(e))
+        st.error(escape_markdown(shown(str(e))))
 
 result = st.session_state.get("analyze_result")
 if result is None:
@@ -157,7 +173,7 @@ for i, mistake in enumerate(analysis.mistakes[:SHOWN_MISTAKES]):
         try:
             st.image(open_image(mistake.path), width=128)
         except ImageError as e:
-            st.text(str(e))
+            st.text(shown(str(e)))
         st.text(f"{Path(mistake.path).name}\ntrue: {mistake.label}\npredicted: {mistake.predicted} "
                 f"({mistake.confidence:.0%})")
         if st.button("Open in the explorer", key=f"mistake-{i}"):

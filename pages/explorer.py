@@ -23,7 +23,7 @@ from vit.explain.attention import HEAD_FUSIONS
 from vit.explain.overlay import UPSAMPLE_MODES, draw_mask_contours, overlay
 from vit.explain.prompts import DEFAULT_TEMPLATE
 from vit.images import MAX_SIDE, UPLOAD_MAX_PIXELS, ImageError, open_image
-from vit.inference import MAX_INPUT_SIDE, InputSize, input_box, seen_region
+from vit.inference import MAX_INPUT_SIDE, InputSize, NonFiniteOutput, input_box, seen_region
 from vit.runs import access
 from vit.sources.open import open_source
 from vit.sources.text_tower import MAX_LABEL_CHARS, MAX_LABELS, has_text_tower, open_text_tower, split_labels
@@ -55,9 +55,10 @@ RELEVANCE_CACHE_BYTES = 256 * 2**20
 
 
 @st.cache_data(ttl=30, show_spinner=False)
-def hf_cache_models(cache_dirs: tuple[str, ...]) -> list[catalog.Candidate]:
-    """The HF cache's supported models; its config files are read at most every 30 s, not on every rerun."""
-    return catalog.find_hf_cache_models([Path(d) for d in cache_dirs])
+def hf_cache_models(cache_dirs: tuple[str, ...], contains: str) -> catalog.HfCacheListing:
+    """The supported models of a bounded first part of the HF cache; its config files are read at most every 30 s,
+    not on every rerun."""
+    return catalog.hf_cache_listing([Path(d) for d in cache_dirs], contains)
 
 
 @st.cache_resource(show_spinner=False)
@@ -148,12 +149,24 @@ def pick_head(layers: list[int], num_heads: int, layer_key: str, head_key: str) 
 
 # -- checkpoint -----------------------------------------------------------------------------------------------
 
-candidates = catalog.find_checkpoints() + hf_cache_models(tuple(str(d) for d in catalog.hf_cache_dirs()))
+HF_FILTER, OPEN_PATH = "Find in the HF cache", "Open a path"
+hf_dirs = catalog.hf_cache_dirs()
+hf_filter = ""
+if len(catalog.hf_cache_folders(hf_dirs)) > catalog.MAX_HF_CACHE_EXAMINED:  # folder names only: cheap
+    hf_filter = st.sidebar.text_input(HF_FILTER, key="explorer_hf_filter", placeholder="part of a model's name",
+                                      help="The Hugging Face cache holds more models than the picker lists: only "
+                                           "those whose name holds this are looked at.")
+hf_listing = hf_cache_models(tuple(str(d) for d in hf_dirs), hf_filter)
+candidates = catalog.find_checkpoints() + list(hf_listing.candidates)
+hf_chosen = st.session_state.get("explorer_hf_choice")  # kept in the picker when the name filter changes
+if hf_chosen is not None and hf_chosen not in candidates and hf_chosen.path.is_dir():  # unless deleted since
+    candidates.append(hf_chosen)
 extra = st.session_state.setdefault("explorer_extra_checkpoints", [])  # opened by path here or from another page
-opened = st.sidebar.text_input("Open a path", key="explorer_open_path", placeholder="/path/to/model folder or file",
+may_open = access.is_local_address(st.get_option("server.address"))
+opened = st.sidebar.text_input(OPEN_PATH, key="explorer_open_path", placeholder="/path/to/model folder or file",
                                help="A file or folder on the server: one of our .pt checkpoints, a Hugging Face "
                                     "or timm model folder, or timm / torchvision weights.").strip()
-if not access.is_local_address(st.get_option("server.address")):
+if not may_open:
     opened = ""  # a visitor from the network may not read files of the server by path
 requested = st.session_state.pop("explorer_checkpoint", None) or (opened if opened != st.session_state.get(
     "explorer_opened_path") else None)
@@ -185,6 +198,11 @@ choice = st.sidebar.selectbox("Checkpoint", list(entries), format_func=lambda p:
 st.session_state["explorer_last_checkpoint"] = choice
 entry = entries[choice]
 st.sidebar.caption(entry.description)
+hf_note = catalog.hf_cache_note(hf_listing, HF_FILTER, OPEN_PATH if may_open else None)
+if hf_note:
+    st.sidebar.caption(escape_markdown(hf_note))
+if entry.source == "hf-cache":
+    st.session_state["explorer_hf_choice"] = next(c for c in candidates if str(c.path) == choice)
 
 st.title("ViT Attention Explorer")
 if not entry.ok:
@@ -284,7 +302,7 @@ if explorer.looks_inverted(image, pre):
 image_key = f"{digest}-inverted" if invert else digest
 try:
     analysis = analyse(fingerprint, image_key, size, checkpoint, image)
-except (explorer.TooManyTokens, ImageError) as e:
+except (explorer.TooManyTokens, ImageError, NonFiniteOutput) as e:
     st.error(escape_markdown(e))
     st.stop()
 prediction, grid, prefix = analysis.prediction, analysis.grid, analysis.num_prefix_tokens

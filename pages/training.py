@@ -12,6 +12,7 @@ import time
 import pandas as pd
 import plotly.express as px
 import streamlit as st
+from streamlit.logger import get_logger
 
 from vit.app import catalog
 from vit.app.drawing import COLORMAPS
@@ -21,7 +22,7 @@ from vit.explain.overlay import UPSAMPLE_MODES
 from vit.model import PRESETS
 from vit.runs import access, devices, launch
 from vit.runs import manager as runs
-from vit.text import escape_markdown, escape_plotly
+from vit.text import escape_markdown, escape_plotly, visible, visible_lines
 from vit.training import snapshots
 from vit.training.data import AUGMENTATIONS, BUILTIN_DATASETS
 from vit.training.options import FINETUNE_MODES, RECIPES
@@ -58,6 +59,18 @@ if gate.mode == "token" and not st.session_state.get("train_unlocked"):
     st.stop()
 
 manager = runs.RunManager()
+LOG = get_logger(__name__)
+
+
+def private(text: str) -> str:
+    """Text as this visitor may see it: behind a token (a visitor from the network) the data roots by name only,
+    not where the server keeps them."""
+    return launch.hide_data_roots(text, manager.data_roots) if gate.mode == "token" else text
+
+
+def for_visitor(text: str) -> str:
+    """A one-line message as this visitor may see it, run and folder names' control characters made visible."""
+    return visible(private(text))
 
 
 @st.cache_data(show_spinner=False)
@@ -77,7 +90,7 @@ def device_options(users: dict[str, list[str]], ray_address: str | None = None
 def error_for(field: str) -> None:
     message = st.session_state.get("train_errors", {}).get(field)
     if message:
-        st.error(escape_markdown(message), icon=":material/error:")
+        st.error(escape_markdown(for_visitor(message)), icon=":material/error:")
 
 
 def recipe_hint(field: str) -> str:
@@ -163,6 +176,7 @@ if st.session_state.get("train_submit"):
     try:
         info = manager.launch(params_from_form(models), allow_sharing=st.session_state["train_share"])
     except launch.ValidationError as e:
+        LOG.info("a launch was refused: %s", e)  # the whole messages, data roots included, for the server's owner
         st.session_state["train_errors"] = e.errors
         st.session_state.pop("train_notice", None)
     else:
@@ -311,8 +325,8 @@ if st.session_state.get("train_errors"):
 
 def run_controls(info: runs.RunInfo) -> None:
     # Names and details (which quote log lines) are shown as written, never as Markdown.
-    state = f"**{escape_markdown(info.name)}** · {info.state}"
-    state += f" · {escape_markdown(info.detail)}" if info.detail else ""
+    state = f"**{escape_markdown(visible(info.name))}** · {info.state}"
+    state += f" · {escape_markdown(for_visitor(info.detail))}" if info.detail else ""
     if info.state in ("failed", "crashed", "damaged"):
         st.error(state)
     else:
@@ -328,10 +342,15 @@ def run_controls(info: runs.RunInfo) -> None:
         st.session_state["explorer_checkpoint"] = str(info.best_checkpoint)
         st.switch_page(EXPLORER_PAGE)
     with delete.popover("Delete", disabled=info.state == "running"):
-        st.markdown(f"Delete {escape_markdown(info.name)} and its checkpoints? This cannot be undone.")
+        st.markdown(f"Delete {escape_markdown(visible(info.name))} and its checkpoints? This cannot be undone.")
         st.button("Delete for good", key=f"delete-{info.name}", type="primary", on_click=runs_action,
                   args=(manager.delete, info.name))
-    st.code(manager.log_tail(info.name, lines=15) or "(no output yet)", language=None)
+    st.code(visible_lines(private(manager.log_tail(info.name, lines=15))) or "(no output yet)", language=None)
+
+
+def legend(run: str) -> str:
+    """A run's name in a chart legend: no HTML, no invisible characters."""
+    return escape_plotly(visible(run))
 
 
 def runs_action(action, name: str) -> None:
@@ -348,13 +367,13 @@ def runs_panel() -> None:
     all_runs = manager.poll()
     # Here, not above the fragment: it redraws after a delete, so a deleted run's notice goes with it.
     if st.session_state.get("train_notice") and st.session_state.get("train_notice_run") in {r.name for r in all_runs}:
-        st.success(escape_markdown(st.session_state["train_notice"]))
+        st.success(escape_markdown(for_visitor(st.session_state["train_notice"])))
     st.subheader("Runs")
     if not all_runs:
         st.info(f"No runs yet in {escape_markdown(manager.runs_dir)}.")
         return
     if st.session_state.get("runs_message"):
-        st.warning(escape_markdown(st.session_state["runs_message"]))
+        st.warning(escape_markdown(for_visitor(st.session_state["runs_message"])))
     st.dataframe(
         pd.DataFrame(runs.table_rows(all_runs)), hide_index=True, width="stretch", placeholder="",
         column_config={
@@ -366,12 +385,12 @@ def runs_panel() -> None:
     names = [r.name for r in all_runs]
     selected = [n for n in st.session_state.get("selected_runs", names[:1]) if n in names]
     st.session_state["selected_runs"] = selected
-    selected = st.multiselect("Selected runs (curves overlaid)", names, key="selected_runs")
+    selected = st.multiselect("Selected runs (curves overlaid)", names, key="selected_runs", format_func=visible)
     if not selected:
         return
     steps = manager.step_curves(selected)
     if steps:  # every few seconds of training: the curve moves before the first epoch ends
-        live = pd.DataFrame(steps).assign(run=lambda d: d["run"].map(escape_plotly))  # legend: no HTML
+        live = pd.DataFrame(steps).assign(run=lambda d: d["run"].map(legend))
         figure = px.line(live, x="epoch", y="value", color="run", title="Training loss, every few seconds",
                          labels={"value": "train loss", "epoch": "epoch (fractional)"})
         figure.update_layout(height=260, margin=dict(l=10, r=10, t=40, b=10))
@@ -381,7 +400,7 @@ def runs_panel() -> None:
     for i, (chart, rows) in enumerate(charts.items()):
         with columns[i % 2]:
             if rows:
-                curves = pd.DataFrame(rows).assign(run=lambda d: d["run"].map(escape_plotly))  # legend: no HTML
+                curves = pd.DataFrame(rows).assign(run=lambda d: d["run"].map(legend))
                 figure = px.line(curves, x="epoch", y="value", color="run", line_dash="split",
                                  markers=True, title=chart.capitalize(), labels={"value": chart})
                 figure.update_layout(height=300, margin=dict(l=10, r=10, t=40, b=10))
@@ -390,7 +409,7 @@ def runs_panel() -> None:
                 st.caption(f"{chart.capitalize()}: no finished epoch yet.")
     by_name = {r.name: r for r in all_runs}
     if len(selected) > 1:  # issue 12: what differs between the compared runs
-        diff = compare.config_diff({name: by_name[name].settings for name in selected})
+        diff = compare.config_diff({visible(name): by_name[name].settings for name in selected})
         st.markdown("**Settings that differ**")
         if diff:
             st.dataframe(pd.DataFrame(diff), hide_index=True, width="stretch", key="config_diff")
@@ -414,7 +433,7 @@ def snapshot_section(runs_with_snapshots: list[str]) -> None:
     s = st.session_state
     if s.get("snap_run") not in runs_with_snapshots:
         s.pop("snap_run", None)  # deleted or unselected since
-    name = st.selectbox("Run", runs_with_snapshots, key="snap_run")
+    name = st.selectbox("Run", runs_with_snapshots, key="snap_run", format_func=visible)
     run_dir = manager.run_dir(name)
     epochs = snapshots.snapshot_epochs(run_dir)
     if not epochs:
@@ -460,9 +479,9 @@ def snapshot_section(runs_with_snapshots: list[str]) -> None:
                  output_format="PNG")
         what = f"rollout over {L} layers" if kind == "rollout" else (
             f"layer {layer}, " + (f"head {head + 1}" if head is not None else f"{fusion} over heads"))
-        st.caption(f"Epoch {epoch} of {escape_markdown(name)}: CLS attention ({what}) on the run's {len(shown)} "
-                   "probe images (fixed validation images); under each, true class → predicted class and its "
-                   "probability.")
+        st.caption(f"Epoch {epoch} of {escape_markdown(visible(name))}: CLS attention ({what}) on the run's "
+                   f"{len(shown)} probe images (fixed validation images); under each, true class → predicted class "
+                   "and its probability.")
         probe_index = st.selectbox("Export one probe image across epochs", range(len(shown)), key="snap_probe",
                                    format_func=lambda i: f"image {i + 1}: {shown[i][1].split(' → ')[0]}")
         st.download_button(

@@ -143,6 +143,7 @@ def test_on_a_network_the_page_reads_no_folder_outside_the_data_roots(world, dir
     assert not at.exception
     assert not at.metric, "nothing was analysed"
     assert any("image folders must be inside" in e.value.replace("\\", "") for e in at.error)
+    assert not any(str(world) in e.value.replace("\\", "") for e in at.error)  # the roots by name, not where
 
 
 def test_page_opens_a_model_by_path_and_draws_its_maps_without_the_theme(world, dirs):  # noqa: F811
@@ -183,6 +184,24 @@ def test_the_page_caps_how_many_images_it_analyses(world, dirs, monkeypatch):  #
     assert any("has 7 images; this page analyses a seeded sample of 4" in i.value for i in at.info)
     images, _, unreadable = (m.value for m in at.metric)
     assert int(images) + int(unreadable) == 4
+
+
+def test_the_page_lists_a_bounded_part_of_a_large_hf_cache_and_finds_the_rest_by_name(world, dirs):  # noqa: F811
+    """Issue 20, item 9: the picker looks into at most MAX_HF_CACHE_EXAMINED of the HF cache's models."""
+    from tests.test_catalog import tiny_hf_cache
+    from vit.app import catalog
+
+    count = catalog.MAX_HF_CACHE_EXAMINED + 5
+    tiny_hf_cache(dirs[0].parent / "hf-cache", count)  # the dirs fixture points HF_HUB_CACHE here
+    at = AppTest.from_file(APP, default_timeout=180)
+    at.switch_page("pages/analyze.py")
+    at.run()
+    assert len(at.selectbox(key="analyze_checkpoint").options) == catalog.MAX_HF_CACHE_EXAMINED
+    assert any(f"{count:,} models in the Hugging Face cache match" in c.value for c in at.caption)
+    at.text_input(key="analyze_hf_filter").set_value(f"vit-{count - 1:04d}")
+    at.run()
+    assert not at.exception, [e.message for e in at.exception]
+    assert [o.split(" · ")[0] for o in at.selectbox(key="analyze_checkpoint").options] == [f"org/vit-{count - 1:04d}"]
 
 
 def test_the_aggregate_does_not_depend_on_how_the_files_were_batched(world):

@@ -208,6 +208,22 @@ def test_bad_upload_shows_one_error_and_the_page_recovers(default_world, name, d
     assert sorted(predicted_labels(at)) == sorted(CLASSES)
 
 
+def test_a_checkpoint_with_nan_weights_says_so_in_one_line_instead_of_nan_probabilities(dirs):
+    """Issue 20, item 9: NaN weights gave NaN probabilities, shown silently as a prediction."""
+    checkpoints, _ = dirs
+    torch.manual_seed(0)
+    model = ViT(TINY)
+    with torch.no_grad():
+        model.head.bias[1] = float("nan")
+    save_checkpoint(checkpoints / DEFAULT_CHECKPOINT, model, CLASSES)
+    at = run_app()
+    upload(at, "photo.png", png_bytes())
+    assert [displayed(e.value) for e in at.error] == [
+        "the model's output is not finite: its weights hold NaN or infinite values (1 tensor, e.g. head.bias), as "
+        "after a training run that diverged; use another checkpoint"]
+    assert not at.get("plotly_chart")  # no prediction chart, no maps
+
+
 # -- settings only redraw ------------------------------------------------------------------------------------------
 
 def test_layer_head_query_fusion_rollout_and_overlay_changes_never_rerun_the_model(default_world, forwards):

@@ -5,7 +5,11 @@ import json
 import pytest
 import torch
 from safetensors.torch import save_file
-from test_app import dirs, png_bytes, run_app, sidebar_widget, upload  # noqa: F401 (a fixture)
+from test_app import dirs, png_bytes, run_app, sidebar_widget, upload, write_checkpoint  # noqa: F401 (a fixture)
+from test_catalog import tiny_hf_cache
+
+from vit.app import catalog
+from vit.sources import open as sources
 
 transformers = pytest.importorskip("transformers")
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("dirs")]  # the app's own empty world
@@ -72,3 +76,30 @@ def test_a_model_of_the_hf_cache_is_listed_by_hub_name_and_opens(tmp_path):
     upload(at, "photo.png", png_bytes(24, 24))
     assert not at.exception
     assert sidebar_widget(at, "selectbox", "Query token").options[1] == "1 · REG 1"
+
+
+def test_a_large_hf_cache_costs_the_picker_a_bounded_number_of_config_files(tmp_path, monkeypatch):
+    """10,000 cached models once took 51 s a page load: the picker lists the first MAX_HF_CACHE_EXAMINED folders,
+    says how many there are, and a name filter reaches the others."""
+    checkpoints = tmp_path / "checkpoints"  # the dirs fixture's
+    write_checkpoint(checkpoints / catalog.DEFAULT_CHECKPOINT)
+    count = catalog.MAX_HF_CACHE_EXAMINED + 10
+    tiny_hf_cache(tmp_path / "hf-cache", count)  # the dirs fixture points HF_HUB_CACHE here
+    reads, read_json = [], sources.read_json
+    monkeypatch.setattr(sources, "read_json", lambda path: reads.append(path) or read_json(path))
+    at = run_app()
+    assert len(reads) <= 2 * catalog.MAX_HF_CACHE_EXAMINED  # listed, then described
+    picker = sidebar_widget(at, "selectbox", "Checkpoint")
+    assert len(picker.options) == 1 + catalog.MAX_HF_CACHE_EXAMINED
+    assert any(f"{count:,} models in the Hugging Face cache match" in c.value for c in at.sidebar.caption)
+    sidebar_widget(at, "text_input", "Find in the HF cache").set_value(f"vit-{count - 1:04d}")
+    at.run()
+    last = tmp_path / "hf-cache" / f"models--org--vit-{count - 1:04d}" / "snapshots" / "rev1"
+    assert sidebar_widget(at, "selectbox", "Checkpoint").options[-1] == f"org/vit-{count - 1:04d} · " \
+                                                                          "hf:ViTForImageClassification · 2 classes"
+    sidebar_widget(at, "selectbox", "Checkpoint").set_value(str(last))
+    at.run()
+    assert not at.exception
+    sidebar_widget(at, "text_input", "Find in the HF cache").set_value("vit-0001")
+    at.run()  # the model chosen stays chosen when the filter no longer matches it
+    assert sidebar_widget(at, "selectbox", "Checkpoint").value == str(last)

@@ -292,3 +292,78 @@ def test_the_shipped_checkpoints_folder_is_the_repositorys(monkeypatch):
     repository = Path(__file__).resolve().parent.parent
     assert catalog.default_checkpoints_dir() == repository / "checkpoints"
     assert (catalog.default_checkpoints_dir() / catalog.DEFAULT_CHECKPOINT).is_file()
+
+
+def tiny_hf_cache(root: Path, count: int) -> Path:
+    """``count`` supported models (a tiny ViT config.json each) laid out as huggingface_hub does."""
+    config = json.dumps({"architectures": ["ViTForImageClassification"], "model_type": "vit", "image_size": 16,
+                         "patch_size": 4, "hidden_size": 8, "num_hidden_layers": 1, "num_attention_heads": 2,
+                         "intermediate_size": 16})
+    for i in range(count):
+        snapshot = root / f"models--org--vit-{i:04d}" / "snapshots" / "rev1"
+        snapshot.mkdir(parents=True)
+        (snapshot / "config.json").write_text(config)
+        (snapshot.parent.parent / "refs").mkdir()
+        (snapshot.parent.parent / "refs" / "main").write_text("rev1")
+    return root
+
+
+@pytest.fixture
+def config_reads(monkeypatch):
+    """The config.json files read through vit.sources.open.read_json, as the catalog reads them."""
+    from vit.sources import open as sources
+
+    reads, read_json = [], sources.read_json
+    monkeypatch.setattr(sources, "read_json", lambda path: reads.append(path) or read_json(path))
+    return reads
+
+
+def test_a_large_hf_cache_is_listed_from_a_bounded_number_of_config_files(tmp_path, config_reads):
+    """10,000 cached models once meant 10,000 config.json read per page load (51 s): a listing looks into at most
+    MAX_HF_CACHE_EXAMINED folders, in name order, and counts the others by name alone."""
+    cache = tiny_hf_cache(tmp_path / "hub", catalog.MAX_HF_CACHE_EXAMINED * 3)
+    listing = catalog.hf_cache_listing([cache])
+    assert len(config_reads) <= catalog.MAX_HF_CACHE_EXAMINED
+    assert (listing.folders, listing.examined) == (catalog.MAX_HF_CACHE_EXAMINED * 3, catalog.MAX_HF_CACHE_EXAMINED)
+    assert [c.name for c in listing.candidates] == [f"org/vit-{i:04d}" for i in range(catalog.MAX_HF_CACHE_EXAMINED)]
+    assert not listing.complete
+
+
+def test_a_name_filter_reaches_the_hf_cache_models_past_the_first_page(tmp_path, config_reads):
+    cache = tiny_hf_cache(tmp_path / "hub", catalog.MAX_HF_CACHE_EXAMINED * 3)
+    listing = catalog.hf_cache_listing([cache], contains="VIT-0149")
+    assert [c.name for c in listing.candidates] == ["org/vit-0149"] and listing.complete
+    assert len(config_reads) == 1
+
+
+def test_the_hf_cache_folder_names_are_read_again_only_when_the_cache_changes(tmp_path, monkeypatch):
+    cache = tiny_hf_cache(tmp_path / "hub", 3)
+    assert len(catalog.hf_cache_folders([cache])) == 3
+    scans = []
+    scandir = os.scandir
+    monkeypatch.setattr(os, "scandir", lambda path: scans.append(path) or scandir(path))
+    assert len(catalog.hf_cache_folders([cache])) == 3 and scans == []
+    tiny_hf_cache(tmp_path / "more", 1).joinpath("models--org--vit-0000").rename(cache / "models--org--new")
+    os.utime(cache, ns=(0, cache.stat().st_mtime_ns + 10**9))  # a coarse clock must not hide the change
+    assert [name for name, _ in catalog.hf_cache_folders([cache])][0] == "org/new" and len(scans) == 1
+
+
+def test_the_note_under_a_cut_short_hf_listing_says_how_to_reach_the_others():
+    listing = catalog.HfCacheListing((), folders=10_000, examined=50)
+    assert catalog.hf_cache_note(listing, "Find", "Open a path") == (
+        "10,000 models in the Hugging Face cache match; the supported ones among the first 50 by name are listed. "
+        'For another one, type part of its name in "Find" or give its folder to "Open a path".')
+    assert catalog.hf_cache_note(listing, "Find", None).endswith('type part of its name in "Find".')
+    assert catalog.hf_cache_note(catalog.HfCacheListing((), 3, 3), "Find", "Open a path") is None
+
+
+def test_a_run_named_with_a_right_to_left_override_is_labelled_with_it_visible(dirs):
+    """Issue 20, item 9: the explorer's picker showed a run folder's U+202E raw, turning the label around."""
+    checkpoints, runs = dirs
+    write_run(runs, "cats\u202egpj.exe", "completed", dataset="folder:data/\u2066birds")
+    write_checkpoint(checkpoints / "model\u202ett.pt")
+    labels = [e.label for e in list_checkpoints(checkpoints, runs)]
+    assert labels[0].startswith("model\\u202ett.pt · ")
+    assert labels[1].startswith("run cats\\u202egpj.exe · \\u2066birds · 3 classes")
+    assert not any(c in label for label in labels for c in "\u202e\u2066")
+    assert "\\\\u202e" in describe(find_checkpoints(checkpoints, runs)[1]).description  # the path, Markdown-escaped

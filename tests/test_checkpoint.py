@@ -454,6 +454,27 @@ def test_a_full_disk_is_reported_as_no_space_left_not_as_torchs_write_check(tmp_
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.parametrize("existing, saved, hint", [
+    ((), "best.pt", ""),  # a first save: there is no last.pt to resume from
+    ((), "last.pt", ""),
+    (("last.pt",), "best.pt", " (the run resumes from its last.pt)"),
+    (("last.pt",), "checkpoints/epoch_3.pt", " (the run resumes from its last.pt)"),
+    (("last.pt",), "last.pt", " (the run's previous last.pt is intact: it resumes from there)"),
+])
+def test_the_full_disk_message_promises_a_last_pt_only_when_there_is_one(tmp_path, model, existing, saved, hint,
+                                                                         monkeypatch):
+    """Issue 20, item 9: 'a training run resumes from its last.pt' was said of runs that had none yet."""
+    for name in existing:
+        save_checkpoint(tmp_path / name, model, CLASSES)
+    (tmp_path / "checkpoints").mkdir()
+    real_fdopen = os.fdopen
+    monkeypatch.setattr(os, "fdopen", lambda fd, mode="r", *a, **k: (os.close(fd), real_fdopen(
+        os.open("/dev/full", os.O_WRONLY), mode))[1])
+    with pytest.raises(OSError) as info:
+        save_checkpoint(tmp_path / saved, model, CLASSES)
+    assert str(info.value).endswith(f"free some space, then save again{hint}")
+
+
 def test_torchs_cut_short_write_on_a_nearly_full_disk_is_no_space_left(tmp_path, model, monkeypatch):
     import shutil
     from collections import namedtuple

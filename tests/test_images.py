@@ -219,6 +219,22 @@ def test_decompression_bomb_in_pils_error_range(monkeypatch):
     assert "too large to decode safely" in error_of(data, name="huge.png")
 
 
+def test_a_jpeg_in_pils_warning_range_passes_when_its_reduced_decode_is_under_the_limit(monkeypatch):
+    """Issue 20, item 9: a comment said 100-MP JPEGs pass (they are decoded reduced), yet PIL's warning for 89 to
+    179 M pixels refused them before any reduction; the limit now applies to the pixels actually decoded."""
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 1000)
+    data = encode(Image.new("RGB", (40, 40), BLUE), "JPEG")  # 1600 px: over the limit, under twice it
+    assert open_image(data, max_side=16).size == (16, 16)  # decoded at half size: 400 px
+    assert "too large to decode safely (over 1,000 pixels)" in error_of(data, name="big.jpg")  # decoded whole
+    assert "too large to decode safely (over 2,000 pixels)" in error_of(  # PIL's hard limit, for JPEGs too
+        encode(Image.new("RGB", (50, 50)), "JPEG"), name="huge.jpg")
+
+
+def test_a_108_megapixel_photo_uploads():
+    data = encode(Image.new("L", (12_000, 9_000), 128), "JPEG")  # a phone's 108-MP sensor: 1.3 MB
+    assert open_image(data, name="phone.jpg", max_pixels=UPLOAD_MAX_PIXELS).size == (2048, 1536)
+
+
 def test_image_under_the_pixel_limit_is_fine(monkeypatch):
     monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 1000)
     assert open_image(encode(Image.new("RGB", (30, 30)), "PNG")).size == (30, 30)

@@ -157,6 +157,32 @@ def test_predict_with_an_absurd_config_exits_2_without_allocating(files, tmp_pat
     assert "hidden_size is 1,000,000; at most 16,384" in one_line(capsys.readouterr().err)  # refused by ViTConfig
 
 
+def test_predict_with_nan_weights_says_so_in_one_line_instead_of_nan_probabilities(files, tmp_path, capsys):
+    """Issue 20, item 9: a checkpoint with a NaN weight printed NaN probabilities as if they were an answer."""
+    torch.manual_seed(0)
+    model = ViT(CONFIG).eval()
+    with torch.no_grad():
+        model.blocks[1].mlp.fc1.weight[0, 0] = float("nan")
+    save_checkpoint(tmp_path / "nan.pt", model, CLASSES)
+    assert predict_cli.main([str(tmp_path / "nan.pt"), str(files["wide"])]) == 1
+    captured = capsys.readouterr()
+    assert one_line(captured.err) == (
+        "vit.predict: error: the model's output is not finite: its weights hold NaN or infinite values (1 tensor, "
+        "e.g. blocks.1.mlp.fc1.weight), as after a training run that diverged; use another checkpoint")
+    assert captured.out == ""
+
+
+def test_an_overflow_with_finite_weights_is_named_as_such():
+    from vit.inference import NonFiniteOutput, predictions_from_logits
+
+    model = ViT(CONFIG).eval()
+    with pytest.raises(NonFiniteOutput, match="although its weights are finite: the numbers overflowed"):
+        predictions_from_logits(torch.tensor([[float("inf"), 0.0, 0.0]]), CLASSES, 1, model=model)
+    with pytest.raises(NonFiniteOutput, match="not finite \\(NaN or infinite logits\\)"):
+        predictions_from_logits(torch.tensor([[float("nan"), 0.0, 0.0]]), CLASSES, 1)
+    assert predictions_from_logits(torch.zeros(2, 0), [], 1)[0].class_index == -1  # no classifier: nothing to check
+
+
 def test_predict_without_images_is_a_usage_error(files, capsys):
     assert predict_cli.main([str(files["checkpoint"])]) == 2
     assert "IMAGE" in one_line(capsys.readouterr().err)

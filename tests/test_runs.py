@@ -243,6 +243,22 @@ def test_table_rows_keep_numbers_sortable(tmp_path):
     assert row["Device"] == "GPU 0" and row["Dataset"] == "folder:birds" and row["LR"] == 0.002
 
 
+def test_a_run_folder_named_with_a_right_to_left_override_shows_it_in_the_table(tmp_path):
+    """Issue 20, item 9: run names are folder names; U+202E in one turned the rest of the name around."""
+    (tmp_path / "runs" / "evil\u202egpj.exe").mkdir(parents=True)
+    (tmp_path / "runs" / "evil\u202egpj.exe" / "status.json").write_text(
+        json.dumps({"state": "failed", "error": "ValueError: folder:/x/\u202ebad"}))
+    [row] = table_rows(RunManager(tmp_path / "runs", tmp_path / "data").poll())
+    assert row["Name"] == "evil\\u202egpj.exe"
+    assert "\u202e" not in row["Detail"] and "\\u202ebad" in row["Detail"]
+
+
+@pytest.mark.parametrize("name", ["evil\u202egpj.exe", "a\u2066b", "run\x1b[31m", "zero\u200bwidth", "caf\u00e9"])
+def test_a_run_name_the_page_creates_is_refused_with_control_or_non_ascii_characters(tmp_path, name):
+    errors = make_manager(tmp_path).validate(tiny_params(name, make_image_folder(tmp_path / "images")))
+    assert errors["name"].startswith("use letters, digits")
+
+
 def test_curve_rows_overlay_runs_per_chart():
     charts = curve_rows({"a": [{"epoch": 1, "train_loss": 2.0, "val_loss": 1.5, "lr": 0.1}],
                          "b": [{"epoch": 1, "train_loss": 3.0, "val_loss": None}]})
@@ -774,6 +790,27 @@ def test_folder_datasets_outside_the_data_roots_are_refused_without_saying_wheth
     errors = manager.validate(tiny_params("outside", tmp_path, dataset=f"folder:{folder}"))
     assert errors["dataset"] == (f"folder datasets must be inside {tmp_path.parent.resolve()}; put the images there "
                                  "(or set VIT_DATA_ROOTS when starting the app)")
+
+
+def test_a_network_visitor_sees_the_data_roots_by_name_and_not_where_they_are(tmp_path):
+    """Issue 20, item 9: the page's messages named the data roots' absolute paths (/home/owner/...) to anyone."""
+    from vit.runs.launch import hide_data_roots
+
+    data, images = tmp_path / "home" / "owner" / "data", tmp_path / "srv" / "imagenet"
+    data.mkdir(parents=True)
+    images.mkdir(parents=True)
+    (tmp_path / "link").symlink_to(images, target_is_directory=True)
+    manager = RunManager(tmp_path / "runs", data, data_roots=(data, tmp_path / "link"))
+    errors = manager.validate(tiny_params("outside", tmp_path, dataset="folder:/etc"))
+    assert hide_data_roots(errors["dataset"], manager.data_roots) == (
+        "folder datasets must be inside data, imagenet; put the images there (or set VIT_DATA_ROOTS when starting "
+        "the app)")
+    missing = manager.validate(tiny_params("missing", data / "cats"))["dataset"]
+    assert str(data) in missing  # the server's own message (and log) keeps the path
+    assert hide_data_roots(missing, manager.data_roots) == missing.replace(str(data), "data")
+    assert "/" + "data/cats" not in hide_data_roots(missing, manager.data_roots)
+    assert hide_data_roots(f"{tmp_path}/link/a, {images}/b.", (tmp_path / "link",)) == "link/a, imagenet/b."
+    assert hide_data_roots(f"{data}base and {data}.old", (data,)) == f"{data}base and {data}.old"  # other folders
 
 
 def test_a_link_inside_a_data_root_to_a_folder_outside_is_refused(tmp_path):

@@ -9,7 +9,7 @@ import re
 import pytest
 from markdown_it import MarkdownIt
 
-from vit.text import escape_markdown, escape_plotly
+from vit.text import escape_markdown, escape_plotly, visible, visible_lines
 
 HOSTILE = [
     "![x](http://example.invalid/x.png)",
@@ -69,3 +69,12 @@ def test_urls_and_addresses_are_not_turned_into_links_after_escapes_resolve(text
     visible = rendered.replace(WORD_JOINER, "")
     assert GFM_URL.search(visible) or GFM_EMAIL.search(visible), "the reference regexes find the original"
     assert not GFM_URL.search(rendered) and not GFM_EMAIL.search(rendered)
+
+
+def test_control_and_format_characters_of_a_name_are_made_visible():
+    """Issue 20, item 9: U+202E RIGHT-TO-LEFT OVERRIDE in a run folder's name showed 'evil\u202egpj.exe' as
+    'evilexe.jpg'; such characters are written as their escapes, printable ones (accents, CJK) as they are."""
+    assert visible("evil\u202egpj.exe") == "evil\\u202egpj.exe"
+    assert visible("a\u2066b\u200fc\u061cd\x1b[31m\ne\u00a0f") == "a\\u2066b\\u200fc\\u061cd\\x1b[31m\\ne\\xa0f"
+    assert visible("café 日本 run-1") == "café 日本 run-1"
+    assert visible_lines("one\u202e\ntwo") == "one\\u202e\ntwo"

@@ -178,3 +178,36 @@ def test_on_a_network_the_page_opens_only_with_the_token(folders, networked, mon
 def submit_unlock(at: AppTest) -> AppTest:
     next(b for b in at.button if b.label == "Unlock").click()
     return at.run(timeout=TIMEOUT)
+
+
+def test_behind_the_token_the_page_names_the_data_roots_without_their_paths(folders, networked, monkeypatch, tmp_path):
+    """Issue 20, item 9: a network visitor was shown where the server keeps its data (absolute paths)."""
+    images, runs_dir = folders
+    monkeypatch.setenv("VIT_TRAIN_TOKEN", "correct-horse-battery-staple")
+    at = AppTest.from_file(PAGE)
+    at.session_state["train_unlocked"] = True
+    at = at.run(timeout=TIMEOUT)
+    fill_tiny_run(at, images, "outside")
+    at.text_input(key="train_folder").set_value("/etc")
+    at = submit(at)
+    assert any(f"folder datasets must be inside {tmp_path.name};" in e for e in errors(at)), errors(at)
+    at.text_input(key="train_folder").set_value(str(images / "missing"))
+    at = submit(at)
+    assert any(f"{tmp_path.name}/images/missing" in e for e in errors(at)), errors(at)
+    assert not any(str(tmp_path) in e for e in errors(at)), errors(at)
+    assert RunManager(runs_dir).names() == []
+
+
+def test_a_run_folder_named_with_a_right_to_left_override_is_shown_with_it_visible(folders):
+    """Issue 20, item 9: U+202E in a run folder's name showed 'evil\u202egpj.exe' as 'evilexe.jpg'."""
+    _, runs_dir = folders
+    run = runs_dir / "evil\u202egpj.exe"
+    run.mkdir(parents=True)
+    (run / "status.json").write_text('{"state": "completed", "updated_time": "2026-01-01T00:00:00+00:00"}')
+    at = AppTest.from_file(PAGE).run(timeout=TIMEOUT)
+    assert not at.exception
+    assert list(at.dataframe[0].value["Name"]) == ["evil\\u202egpj.exe"]
+    assert at.multiselect(key="selected_runs").options == ["evil\\u202egpj.exe"]
+    bodies = [displayed(e.value) for kind in ("markdown", "error", "caption") for e in at.get(kind)]
+    assert any(b.startswith("evil\\u202egpj.exe · completed") for b in bodies), bodies
+    assert not any("\u202e" in b for b in bodies)

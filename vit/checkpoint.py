@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 
 from vit.model import ViT, ViTConfig
+from vit.runfiles import EPOCH_CHECKPOINT_DIR, LAST_CHECKPOINT
 
 FORMAT = "vit-attention-explorer-checkpoint"
 FORMAT_VERSION = 1
@@ -270,11 +271,22 @@ def _write_problem(path: Path, error: BaseException) -> OSError | None:
     if (os_error is not None and os_error.errno in (errno.ENOSPC, errno.EDQUOT)) or (free is not None and
                                                                                    free < 64 * 2**20):
         return OSError(errno.ENOSPC, f"No space left on the disk to write {path} ({space}); free some space, "
-                                     "then save again (a training run resumes from its last.pt)")
+                                     f"then save again{_resume_hint(path)}")
     if os_error is not None:
         return OSError(os_error.errno, f"cannot write {path}: {os_error.strerror or os_error} ({space})")
     return OSError(errno.EIO, f"cannot write {path}: the write was cut short ({space}); the disk may be full or "
                               "failing")
+
+
+def _resume_hint(path: Path) -> str:
+    """Where a training run can go on from after a failed save: its last.pt, only when one is on disk (a failed
+    atomic save leaves the previous one whole); nothing when it has none yet, e.g. a first save failed."""
+    run = path.parent.parent if path.parent.name == EPOCH_CHECKPOINT_DIR else path.parent
+    if not (run / LAST_CHECKPOINT).is_file():
+        return ""
+    if path.name == LAST_CHECKPOINT and path.parent == run:
+        return " (the run's previous last.pt is intact: it resumes from there)"
+    return " (the run resumes from its last.pt)"
 
 
 def check_archive(path: Path) -> None:

@@ -25,8 +25,10 @@ from PIL import Image, ImageOps, UnidentifiedImageError
 # Decoded images keep at most this long side: twice the largest model input (1,024 px), three times
 # the largest display. A 48-MP photo then holds 2048 x 1536 px (9 MB) instead of 144 MB.
 MAX_SIDE = 2048
-# Uploads to the app: at most this many pixels once decoded (JPEGs are decoded already reduced by up to
-# 8x, so even 100-MP photos pass); a PNG this size still costs 160 MB while it is decoded.
+# Uploads to the app: at most this many pixels once decoded; a PNG this size still costs 160 MB while it is
+# decoded. JPEGs larger than MAX_SIDE are decoded already reduced (1/2 to 1/8 a side), so photos up to PIL's
+# hard limit pass (twice Image.MAX_IMAGE_PIXELS: 179 M pixels; a 200-MP photo does not); what is decoded
+# never exceeds Image.MAX_IMAGE_PIXELS (89 M pixels), whatever the format.
 UPLOAD_MAX_PIXELS = 40_000_000
 # Longest side over shortest side: a 197-byte 40000x1 PNG resized to a 256-px short side would be 10 G pixels.
 # Panoramas stay far below; beyond this the image is refused before it is decoded.
@@ -45,8 +47,8 @@ def open_image(source: str | os.PathLike | bytes | BinaryIO, name: str | None = 
                max_pixels: int | None = None, max_side: int = MAX_SIDE) -> Image.Image:
     """Decode an image (first frame, EXIF orientation applied, long side at most ``max_side``) or raise ``ImageError``.
 
-    ``max_pixels`` refuses images with more pixels once decoded (PIL's own bomb limit applies
-    besides); JPEGs are decoded directly at a reduced scale when they are larger than ``max_side``.
+    ``max_pixels`` refuses images with more pixels once decoded; PIL's own bomb limit applies besides, to
+    the pixels decoded: JPEGs are decoded directly at a reduced scale when they are larger than ``max_side``.
     """
     if isinstance(source, (str, os.PathLike)):
         name = name or str(source)
@@ -66,10 +68,9 @@ def open_image(source: str | os.PathLike | bytes | BinaryIO, name: str | None = 
     if not data:
         raise ImageError(f"{name} is empty (0 bytes); choose an image file")
     with warnings.catch_warnings():
-        # PIL warns about damaged metadata it skips; users see our one-line errors, not those.
+        # PIL warns about damaged metadata it skips; users see our one-line errors, not those. Its warning for
+        # images between its pixel limit and twice it is judged in _decode, after a JPEG's reduced decode.
         warnings.simplefilter("ignore")
-        # Between PIL's pixel limit and twice it PIL only warns; refuse those too.
-        warnings.simplefilter("error", Image.DecompressionBombWarning)
         image = _decode(data, name, max_pixels, max_side)
         try:
             return ImageOps.exif_transpose(image)
@@ -89,6 +90,9 @@ def _decode(data: bytes, name: str, max_pixels: int | None, max_side: int) -> Im
             # JPEG's DCT scaling decodes at 1/2, 1/4 or 1/8 size directly; other formats ignore it.
             scale = max_side / max(image.size)
             image.draft(None, (math.ceil(image.width * scale), math.ceil(image.height * scale)))
+        limit = Image.MAX_IMAGE_PIXELS  # over twice it, Image.open has refused already
+        if limit is not None and image.width * image.height > limit:  # what is decoded, after draft()
+            raise ImageError(f"{name} is too large to decode safely (over {limit:,} pixels); downscale it first")
         if max_pixels is not None and image.width * image.height > max_pixels:
             raise ImageError(f"{name} is too large ({image.width:,}×{image.height:,} px; at most "
                              f"{max_pixels:,} pixels); downscale it first")
@@ -99,8 +103,8 @@ def _decode(data: bytes, name: str, max_pixels: int | None, max_side: int) -> Im
                 image.thumbnail((max_side, max_side), Image.Resampling.LANCZOS, reducing_gap=3.0)
     except ImageError:
         raise
-    except (Image.DecompressionBombError, Image.DecompressionBombWarning):
-        raise ImageError(f"{name} is too large to decode safely (over {Image.MAX_IMAGE_PIXELS:,} "
+    except Image.DecompressionBombError:
+        raise ImageError(f"{name} is too large to decode safely (over {2 * Image.MAX_IMAGE_PIXELS:,} "
                          "pixels); downscale it first") from None
     except UnidentifiedImageError:
         raise ImageError(f"{name} is not an image this program can read (jpg, png, webp, bmp, "

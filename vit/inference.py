@@ -158,22 +158,44 @@ def predict(checkpoint: Checkpoint, images: Sequence[Image.Image], top_k: int = 
                 logits = x.new_zeros(x.shape[0], 0)
             layers = [a.float().cpu().numpy() for a in attentions] if attentions is not None else None
             kind = checkpoint.metadata.get("probabilities", "softmax")  # "sigmoid": SigLIP's prompts
-            for i, prediction in enumerate(predictions_from_logits(logits, names, k, kind)):
+            for i, prediction in enumerate(predictions_from_logits(logits, names, k, kind, model)):
                 # copies, so one kept prediction does not keep its whole batch alive
                 prediction.attentions = tuple(layer[i].copy() for layer in layers) if layers is not None else None
                 results.append(prediction)
     return results
 
 
+class NonFiniteOutput(ValueError):
+    """The model's logits hold NaN or infinite values, so it has no probabilities to give; the message says why
+    when the model is known (its weights, or an overflow)."""
+
+
+def non_finite_message(model: torch.nn.Module | None = None) -> str:
+    """One line on why a model's output is not finite: which of its weights hold NaN or infinite values, if any."""
+    if model is None:
+        return "the model's output is not finite (NaN or infinite logits), so it has no probabilities to show"
+    bad = [name for name, t in (*model.named_parameters(), *model.named_buffers())
+           if t.is_floating_point() and not bool(torch.isfinite(t).all())]
+    if bad:
+        return (f"the model's output is not finite: its weights hold NaN or infinite values ({len(bad)} "
+                f"tensor{'s' if len(bad) > 1 else ''}, e.g. {bad[0]}), as after a training run that diverged; "
+                "use another checkpoint")
+    return ("the model's output is not finite (NaN or infinite logits) although its weights are finite: the "
+            "numbers overflowed, e.g. in half precision; try float32")
+
+
 def predictions_from_logits(logits: torch.Tensor, class_names: Sequence[str], top_k: int,
-                            kind: str = "softmax") -> list[Prediction]:
+                            kind: str = "softmax", model: torch.nn.Module | None = None) -> list[Prediction]:
     """One ``Prediction`` (without attentions) per row of ``logits (B, classes)``; ``top_k`` at most the classes.
 
     Probabilities are a softmax over the classes, or with ``kind="sigmoid"`` each logit's own sigmoid (SigLIP's
-    zero-shot labels, which do not compete)."""
+    zero-shot labels, which do not compete). ``NonFiniteOutput`` when a logit is NaN or infinite (NaN
+    probabilities would look like an answer); ``model``, the one that gave them, lets its message say why."""
     if kind not in ("softmax", "sigmoid"):
         raise ValueError(f"kind must be softmax or sigmoid, got {kind!r}")
     logits = logits.detach().float()
+    if not bool(torch.isfinite(logits).all()):
+        raise NonFiniteOutput(non_finite_message(model))
     probs = logits.softmax(dim=-1) if kind == "softmax" else logits.sigmoid()  # (B, classes)
     top_p, top_i = probs.topk(min(top_k, logits.shape[-1]), dim=-1)  # (B, k) each, descending
     logits_np, probs_np = logits.cpu().numpy(), probs.cpu().numpy()

@@ -54,6 +54,7 @@ from vit.inference import (
     TRAINING_SIZE,
     FileResult,
     InputSize,
+    NonFiniteOutput,
     input_box,
     input_shape,
     predict_files,
@@ -306,6 +307,9 @@ def run_cli(prog: str, parser: argparse.ArgumentParser, run: Callable[[argparse.
     except UsageError as e:
         print(f"{prog}: error: {e}", file=sys.stderr)
         return 2
+    except NonFiniteOutput as e:  # the model's fault, not the command line's
+        print(f"{prog}: error: {e}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print(f"{prog}: interrupted", file=sys.stderr)
         return 130

@@ -37,3 +37,16 @@ def escape_markdown(text: object) -> str:
 def escape_plotly(text: object) -> str:
     """``text`` for a Plotly label, legend entry or hover text, shown exactly as written."""
     return html.escape(str(text), quote=False)
+
+
+def visible(text: object) -> str:
+    """``text`` with every character that is not shown as itself written as its escape, as Python's ``repr``
+    writes it: control characters, and format ones such as U+202E RIGHT-TO-LEFT OVERRIDE, which would show a
+    run folder named 'run-\\u202egpj.exe' as 'run-exe.jpg' ('\\n' -> '\\\\n', U+202E -> '\\\\u202e'). For
+    names that come from files and folders (run names), before they are escaped for where they are shown."""
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in str(text))
+
+
+def visible_lines(text: str) -> str:
+    """``visible`` for each line of ``text`` (a log's tail), its line breaks kept."""
+    return "\n".join(visible(line) for line in text.split("\n"))

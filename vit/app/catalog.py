@@ -25,7 +25,7 @@ from vit.runfiles import (
     epoch_checkpoints,
     read_json,
 )
-from vit.text import escape_markdown
+from vit.text import escape_markdown, visible
 
 DEFAULT_CHECKPOINT = "cifar10-cifar-s.pt"  # what the app opens on
 SAMPLE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".webp", ".bmp", ".gif")
@@ -84,16 +84,17 @@ class CatalogEntry:
 
     @property
     def label(self) -> str:
-        """One line: name, dataset, classes, size and validation accuracy (or that it failed)."""
-        head = f"run {self.name}" if self.source == "run" else self.path.name
+        """One line: name, dataset, classes, size and validation accuracy (or that it failed); the name, a run
+        folder's or a file's, with its control characters made visible (U+202E would turn the rest around)."""
+        head = f"run {visible(self.name)}" if self.source == "run" else visible(self.path.name)
         if self.source == "hf-cache" or self.path.is_dir():
-            head = self.name
+            head = visible(self.name)
         if self.error is not None:
             return f"{head} · cannot be loaded"
         if self.metadata.get("architecture"):  # an imported model: its library and architecture
             classes = f"{len(self.class_names)} classes" if self.class_names else "no classifier"
             return " · ".join([head, str(self.metadata["architecture"]), classes])
-        parts = [head, self.dataset or "unknown dataset", f"{len(self.class_names)} classes"]
+        parts = [head, visible(self.dataset or "unknown dataset"), f"{len(self.class_names)} classes"]
         if self.parameters is not None:
             parts.append(format_parameters(self.parameters))
         parts.append(f"val {self.val_acc:.1%}" if self.val_acc is not None else "val n/a")
@@ -128,7 +129,7 @@ class CatalogEntry:
             trained.append(f"saved {escape_markdown(str(self.metadata['date'])[:10])}")
         if trained:
             lines.append("**Training** " + ", ".join(trained))
-        lines.append(escape_markdown(self.path))
+        lines.append(escape_markdown(visible(self.path)))
         return "  \n".join(lines)
 
 
@@ -299,55 +300,118 @@ def hf_snapshot(model_dir: Path) -> Path | None:
     return max(folders, key=lambda p: p.stat().st_mtime, default=None)
 
 
+# Model folders of the HF cache one listing looks into (reads their config.json): a page load costs the same for
+# a cache of 50 models and one of 10,000 (every config.json of 10,000 took 51 s a load and 44 s a rerun). The
+# others are a name filter (``contains``) or a path away.
+MAX_HF_CACHE_EXAMINED = 50
+
+
+@dataclass(frozen=True)
+class HfCacheListing:
+    """The supported models among the first ``examined`` of the ``folders`` model folders whose name matched."""
+
+    candidates: tuple[Candidate, ...]
+    folders: int  # models--ORG--NAME folders whose hub name matched the filter
+    examined: int  # of which the listing looked into, in name order
+
+    @property
+    def complete(self) -> bool:
+        return self.examined == self.folders
+
+
+def hf_cache_folders(cache_dirs: list[Path] | None = None) -> list[tuple[str, Path]]:
+    """Every ``models--ORG--NAME`` folder of the caches as (hub name 'ORG/NAME', folder), in name order, from the
+    folder names alone (nothing inside is read); the first of a name wins. Read again only when a cache folder's
+    modification time changes (a model downloaded or deleted)."""
+    found: dict[str, Path] = {}
+    for cache in cache_dirs if cache_dirs is not None else hf_cache_dirs():
+        try:
+            version = cache.stat().st_mtime_ns
+        except OSError:
+            continue
+        for name, folder in _model_folders(str(cache), version):
+            found.setdefault(name, folder)
+    return sorted(found.items())
+
+
+@functools.lru_cache(maxsize=8)
+def _model_folders(cache: str, version: int) -> tuple[tuple[str, Path], ...]:
+    try:
+        with os.scandir(cache) as it:
+            names = sorted(e.name for e in it if e.name.startswith("models--") and e.is_dir())
+    except OSError:
+        return ()
+    return tuple((n[len("models--"):].replace("--", "/"), Path(cache) / n) for n in names)
+
+
+def hf_cache_listing(cache_dirs: list[Path] | None = None, contains: str = "",
+                     limit: int | None = MAX_HF_CACHE_EXAMINED) -> HfCacheListing:
+    """The supported ViTs among the first ``limit`` model folders of the local HF cache whose hub name holds
+    ``contains`` (any case), by hub name; reads only those folders' config.json (``limit`` None: every one)."""
+    wanted = contains.strip().casefold()
+    folders = [(name, folder) for name, folder in hf_cache_folders(cache_dirs) if wanted in name.casefold()]
+    examined = folders if limit is None else folders[:limit]
+    found = [Candidate(snapshot, "hf-cache", name) for name, folder in examined
+             if (snapshot := supported_snapshot(folder)) is not None]
+    return HfCacheListing(tuple(found), len(folders), len(examined))
+
+
+def hf_cache_note(listing: HfCacheListing, filter_field: str | None, open_field: str | None) -> str | None:
+    """One line under a picker whose HF-cache part is cut short: how many folders match and how to reach the
+    others (the page's name filter, its field for a path where the visitor may use one); None when complete."""
+    if listing.complete:
+        return None
+    ways = ([f'type part of its name in "{filter_field}"'] if filter_field else []) \
+        + ([f'give its folder to "{open_field}"'] if open_field else [])
+    where = " or ".join(ways) if ways else "ask the server's owner to open it"
+    return (f"{listing.folders:,} models in the Hugging Face cache match; the supported ones among the first "
+            f"{listing.examined:,} by name are listed. For another one, {where}.")
+
+
 def find_hf_cache_models(cache_dirs: list[Path] | None = None) -> list[Candidate]:
-    """The supported ViTs in the local HF cache (``models--ORG--NAME``), by hub name; reads only config.json."""
+    """Every supported ViT in the local HF cache (``models--ORG--NAME``), by hub name; reads only config.json.
+    A page lists a bounded first part instead (``hf_cache_listing``)."""
+    return list(hf_cache_listing(cache_dirs, limit=None).candidates)
+
+
+def supported_snapshot(model_dir: Path) -> Path | None:
+    """The snapshot of an HF cache model folder when it holds a model this program opens, judged by its
+    config.json alone (or an open_clip_config.json); None otherwise, e.g. for custom code (``auto_map``)."""
     from vit.sources import hf, import_timm
     from vit.sources import open as sources
 
-    found: list[Candidate] = []
-    for cache in cache_dirs if cache_dirs is not None else hf_cache_dirs():
-        if not cache.is_dir():
-            continue
-        for model_dir in sorted(p for p in cache.iterdir() if p.is_dir() and p.name.startswith("models--")):
-            snapshot = hf_snapshot(model_dir)
-            if snapshot is not None and not (snapshot / "config.json").is_file() \
-                    and (snapshot / sources.OPEN_CLIP_CONFIG).is_file():  # an open_clip model (open_clip_config.json)
-                name = model_dir.name[len("models--"):].replace("--", "/")
-                if all(c.name != name for c in found):
-                    found.append(Candidate(snapshot, "hf-cache", name))
-                continue
-            if snapshot is None or not (snapshot / "config.json").is_file():
-                continue
-            try:
-                config_json = sources.read_json(snapshot / "config.json")
-            except CheckpointError:
-                continue
-            if "auto_map" in config_json:
-                continue  # custom code: never run, so never listed
-            architectures = config_json.get("architectures")
-            timm_name = config_json.get("architecture")
-            if isinstance(architectures, list) and architectures and architectures[0] in hf.ARCHITECTURES:
-                pass
-            elif config_json.get("model_type") in sources.HF_FAMILIES:  # DINOv3, CLIP, SigLIP
-                pass
-            elif isinstance(timm_name, str):
-                try:
-                    if not timm_name.startswith("eva02_"):  # EVA-02 is read by vit.sources.import_eva
-                        import_timm.check_name(timm_name)
-                except ValueError:
-                    continue
-            else:
-                continue
-            name = model_dir.name[len("models--"):].replace("--", "/")
-            if all(c.name != name for c in found):
-                found.append(Candidate(snapshot, "hf-cache", name))
-    return found
+    snapshot = hf_snapshot(model_dir)
+    if snapshot is None:
+        return None
+    if not (snapshot / "config.json").is_file():
+        return snapshot if (snapshot / sources.OPEN_CLIP_CONFIG).is_file() else None  # an open_clip model
+    try:
+        config_json = sources.read_json(snapshot / "config.json")
+    except CheckpointError:
+        return None
+    if "auto_map" in config_json:
+        return None  # custom code: never run, so never listed
+    architectures = config_json.get("architectures")
+    timm_name = config_json.get("architecture")
+    if isinstance(architectures, list) and architectures and architectures[0] in hf.ARCHITECTURES:
+        return snapshot
+    if config_json.get("model_type") in sources.HF_FAMILIES:  # DINOv3, CLIP, SigLIP
+        return snapshot
+    if isinstance(timm_name, str):
+        try:
+            if not timm_name.startswith("eva02_"):  # EVA-02 is read by vit.sources.import_eva
+                import_timm.check_name(timm_name)
+        except ValueError:
+            return None
+        return snapshot
+    return None
 
 
-def model_candidates() -> list[Candidate]:
-    """Every model the explorer lists without a path: shipped checkpoints, completed runs, then the supported
-    models of the local HF cache (the Analyse and Train pages offer the same list, plus a path field)."""
-    return find_checkpoints() + find_hf_cache_models()
+def model_candidates(contains: str = "") -> list[Candidate]:
+    """The models a page lists without a path: shipped checkpoints, completed runs, then the supported models
+    among the first ``MAX_HF_CACHE_EXAMINED`` folders of the local HF cache whose name holds ``contains`` (a
+    cache of thousands of models would otherwise cost every page load seconds)."""
+    return find_checkpoints() + list(hf_cache_listing(contains=contains).candidates)
 
 
 @functools.lru_cache(maxsize=256)

@@ -208,7 +208,7 @@ def analyse(checkpoint: Checkpoint, image: Image.Image, size: InputSize = TRAINI
         logits, hidden = forward_with_hidden_states(model, x)  # (1, classes), (1, L + 1, T, D)
     if logits is None:  # a feature model without a classifier (e.g. DINO): maps, no prediction
         logits = x.new_zeros(x.shape[0], 0)
-    [prediction] = predictions_from_logits(logits, checkpoint.class_names, top_k)
+    [prediction] = predictions_from_logits(logits, checkpoint.class_names, top_k, model=model)
     hidden = hidden[0].float().cpu()
     cache = ByteCache(LAYER_CACHE_BYTES)
     layers = LayerAttentions(model, hidden, cache, grid)
@@ -582,7 +582,7 @@ def ablated_prediction(checkpoint: Checkpoint, image: Image.Image, heads: Sequen
     x = _model_input(checkpoint, image, size)
     with torch.inference_mode():
         logits, _ = mechanism.ablate_heads(checkpoint.model, x, heads, mode, means)
-    [prediction] = predictions_from_logits(logits, checkpoint.class_names, top_k)
+    [prediction] = predictions_from_logits(logits, checkpoint.class_names, top_k, model=checkpoint.model)
     return prediction
 
 

@@ -19,7 +19,7 @@ from pathlib import Path
 from vit.runs.devices import count_gpus
 from vit.runfiles import LAUNCH_DIR, ROOT
 
-NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
+NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")  # whole names only (fullmatch): ASCII, no controls
 
 # Bounds of what the page may launch (the CLI itself is not bounded): the page may face a network.
 MAX_EPOCHS = 1000
@@ -129,6 +129,20 @@ def folder_problem(spec: str, roots: tuple[Path, ...]) -> str | None:
     allowed = ", ".join(str(r) for r in roots) or "no folder"
     return (f"folder datasets must be inside {allowed}; put the images there (or set {DATA_ROOTS_ENV} when "
             "starting the app)")
+
+
+def hide_data_roots(message: str, roots: tuple[Path, ...]) -> str:
+    """``message`` with each data root's absolute path replaced by the root's folder name, for a visitor from the
+    network: '/srv/me/data/cats does not exist' -> 'data/cats does not exist'. Where the server keeps its data
+    is the server log's to say, not the page's. A longer root is replaced first (one may lie inside another),
+    and only whole path components ('/srv/me/database' is not the root '/srv/me/data')."""
+    for root in sorted({Path(os.path.realpath(r)) for r in roots} | set(map(Path, roots)),
+                       key=lambda r: len(str(r)), reverse=True):
+        if root == Path(root.anchor):
+            continue
+        name = root.name or str(root)
+        message = re.sub(re.escape(str(root)) + r"(?=[/\\\s'\",;:)\]]|\.(?:\s|$)|$)", lambda _: name, message)
+    return message
 
 
 def _flag(name: str) -> str:
@@ -249,7 +263,7 @@ def validate_params(params: RunParams, runs_dir: Path, data_dir: Path,
     name = (params.name or "").strip()
     if not name:
         errors["name"] = "give the run a name"
-    elif not NAME_PATTERN.match(name):
+    elif not NAME_PATTERN.fullmatch(name):
         errors["name"] = "use letters, digits, '.', '_' and '-' only, starting with a letter or digit (at most 100)"
     elif (runs_dir / name).exists() or (runs_dir / LAUNCH_DIR / name).exists():
         errors["name"] = f"a run named {name!r} already exists; choose another name"

@@ -82,6 +82,7 @@ from vit.runs.state import (
     remember_child,
     session_problem,
 )
+from vit.text import visible
 
 STOP_GRACE_SECONDS = 30.0  # the CLI finishes its step and saves last.pt; a step is far shorter
 MAX_RUNNING = 4  # runs training at once, shared devices or not
@@ -169,12 +170,14 @@ def ray_cluster_label(address: str, users: list[str] | None = None) -> str:
 
 
 def table_rows(runs: list[RunInfo]) -> list[dict]:
-    """Rows for the runs table: numbers stay numbers (progress in [0, 1], times as timedelta) so it sorts."""
+    """Rows for the runs table: numbers stay numbers (progress in [0, 1], times as timedelta) so it sorts; names
+    from folders (the run's, its dataset's) and the detail show their control characters (``vit.text.visible``)."""
     rows = []
     for run in runs:
         s = run.settings
+        dataset = _short_dataset(s.get("dataset"))
         rows.append({
-            "Name": run.name,
+            "Name": visible(run.name),
             "State": run.state,
             "Progress": run.progress,
             "Epoch": f"{run.epoch}/{run.total_epochs}" if run.total_epochs else str(run.epoch or ""),
@@ -183,13 +186,13 @@ def table_rows(runs: list[RunInfo]) -> list[dict]:
             "ETA": _duration(run.eta_seconds),
             "Device": device_label(run.devices),
             "Preset": s.get("preset"),
-            "Dataset": _short_dataset(s.get("dataset")),
+            "Dataset": visible(dataset) if dataset is not None else None,
             "Epochs": s.get("epochs"),
             "Batch": s.get("batch_size"),
             "LR": s.get("lr"),
             "Weight decay": s.get("weight_decay"),
             "Started": _moment(run.started_at),
-            "Detail": run.detail or "",
+            "Detail": visible(run.detail or ""),
         })
     return rows
 
