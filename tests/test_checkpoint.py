@@ -412,10 +412,10 @@ def test_oversized_pickle_is_refused_before_unpickling(tmp_path, never_unpickled
     import zipfile
 
     path = tmp_path / "bomb.pt"
-    pickle_bomb(path, 600_000, zipfile.ZIP_STORED)  # 1.2 MB of pickle and not one tensor
+    pickle_bomb(path, 1_700_000, zipfile.ZIP_STORED)  # 3.4 MB of pickle and not one tensor
     message = load_error(path)
     assert "refused to load" in message
-    assert "its pickle is 1,200,004 bytes for 0 tensors" in message
+    assert "its pickle is 3,400,004 bytes for 0 tensors" in message
 
 
 def test_legacy_torch_files_are_refused_without_unpickling(tmp_path, model, never_unpickled):

@@ -131,14 +131,16 @@ def test_the_allowed_calls_that_hash_or_allocate_from_a_few_bytes_are_refused(tm
 
 
 @pytest.mark.parametrize("body", [
-    b"\x80\x02}(X\x01\x00\x00\x00aq\x00N" + b"h\x00N" * 300_000 + b"u.",  # one memoised name set to None: 3 bytes each
+    b"\x80\x02}(X\x01\x00\x00\x00aq\x00N" + b"h\x00N" * 1_000_000 + b"u.",  # one memoised name set to None: 3 B each
     b"\x80\x02" + b"]" * 1_000_000 + b".",  # a million empty lists: 4.8 s and 300 MB for torch.load at 4 MB
 ], ids=["entries", "containers"])
 def test_a_pickle_building_more_than_a_quarter_item_a_byte_is_refused(tmp_path, body, never_unpickled):
-    # Real pickles spend 9 bytes or more on each dict entry or container; the cap for no tensors is 1 MB.
+    # Real pickles spend 9 bytes or more on each dict entry or container; the cap for no tensors is 3 MiB.
+    from vit.checkpoint import PICKLE_BASE_BYTES
+
     message, _ = refusal(torch_archive(tmp_path / "many.pt", body), read_checkpoint_payload)
-    assert ("its pickle builds over 262,144 dictionary entries and containers, more than weights and checkpoints of "
-            "its size hold") in message
+    assert (f"its pickle builds over {PICKLE_BASE_BYTES // 4:,} dictionary entries and containers, more than weights "
+            "and checkpoints of its size hold") in message
 
 
 @pytest.mark.parametrize("body", [
@@ -201,3 +203,24 @@ def test_timm_torchvision_open_clip_and_hf_state_dicts_read(tmp_path):
         path = tmp_path / f"{name}.pt"
         torch.save(model.state_dict(), path)
         assert read_weights(path).keys() == model.state_dict().keys(), name
+
+
+def test_the_last_pt_of_a_long_run_still_loads(tmp_path):
+    """A run keeps at most MAX_STEP_ROWS rows of its loss curve in last.pt (and 1,000 epochs of metrics): that
+    file must pass the pickle bounds, or a long run could never be resumed (20,000 rows were 1.75 MB against a
+    1.19 MB cap)."""
+    from vit.checkpoint import load_checkpoint, save_checkpoint
+    from vit.model import ViT, ViTConfig
+    from vit.training.trainer import MAX_STEP_ROWS
+
+    config = ViTConfig(image_size=16, patch_size=4, num_channels=3, num_classes=3, hidden_size=16, num_layers=2,
+                       num_heads=2, mlp_size=32)
+    steps = [{"step": i * 7, "epoch": round(i / 97.0, 5), "train_loss": 2.302585 - i * 1e-5,
+              "train_acc": 0.1234567 + i * 1e-6, "images": 128, "lr": 0.000987654321, "elapsed_seconds": i * 2.013}
+             for i in range(MAX_STEP_ROWS)]
+    metrics = [{"epoch": e, "train_loss": 1.2345678, "train_acc": 0.5432109, "val_loss": 1.3456789,
+                "val_acc": 0.5123456, "lr": 0.00091234, "epoch_seconds": 12.345678, "images_per_second": 4321.1234}
+               for e in range(1, 1001)]
+    path = save_checkpoint(tmp_path / "last.pt", ViT(config), ["a", "b", "c"],
+                           training_state={"steps": steps, "metrics": metrics, "progress": {"epoch": 1000}})
+    assert load_checkpoint(path).training_state["steps"][-1]["step"] == (MAX_STEP_ROWS - 1) * 7

@@ -29,7 +29,8 @@ FORMAT_VERSION = 1
 # Bounds checked before anything is unpickled or built, so a hostile file costs milliseconds, not minutes.
 MAX_PREPROCESSING_PATCHES = 4096  # a 64 x 64 grid; larger than the model's own input needs no more
 MAX_LAYERS = 256  # far beyond any published ViT (ViT-22B has 48); building the empty model costs ~3 ms a layer
-PICKLE_BASE_BYTES = 1024 * 1024  # config, class names (ImageNet: 25 KB), metadata, metrics (150 KB per 1,000 epochs)
+PICKLE_BASE_BYTES = 3 * 1024 * 1024  # config, class names (ImageNet: 25 KB), metrics (150 KB per 1,000 epochs), a
+# long run's loss curve (MAX_STEP_ROWS = 20,000 rows: 1.8 MB); the opcode walk bounds the work within it
 PICKLE_BYTES_PER_TENSOR = 512  # a tensor's key and rebuild call take ~150 bytes of pickle
 MAX_PICKLE_BYTES = 4 * 1024 * 1024  # the weights-only unpickler reads ~1 MB of opcodes a second
 # Dict entries and containers a pickle may build per byte of its size limit: real ones spend 9 or more bytes on each
