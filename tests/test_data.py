@@ -106,6 +106,22 @@ def test_cache_is_per_image_size_and_rebuilt_when_damaged(tmp_path):
     assert load_dataset(f"folder:{root}", 8, 3, cache_dir=cache).from_cache
 
 
+def test_a_planted_cache_file_is_checked_like_every_torch_file_and_rebuilt(tmp_path, monkeypatch):
+    """The data cache went straight to torch.load: a pickle of colliding keys (minutes to read) planted there would
+    stall every training run on that folder. It passes check_archive first and is rebuilt when refused."""
+    root = make_image_folder(tmp_path / "d", per_class=4)
+    cache = tmp_path / "cache"
+    load_dataset(f"folder:{root}", 8, 3, cache_dir=cache)
+    [file] = cache.glob("*.pt")
+    torch.save({k * (2**61 - 1): 0 for k in range(1, 2000)}, file)  # int keys that all share one hash
+
+    loads = []
+    monkeypatch.setattr(data.torch, "load", lambda *args, **kwargs: loads.append(args))  # (a failure is swallowed)
+    again = load_dataset(f"folder:{root}", 8, 3, cache_dir=cache)
+    assert not loads, "torch.load ran on a cache file check_archive refuses"
+    assert not again.from_cache and again.train.images.shape[1:] == (3, 8, 8)
+
+
 def test_offline_torchvision_dataset_fails_naming_the_folder(tmp_path, monkeypatch):
     def offline(*args, **kwargs):
         raise OSError("network is unreachable (test)")

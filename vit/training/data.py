@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torchvision.transforms import v2
 
-from vit.checkpoint import atomic_torch_save
+from vit.checkpoint import atomic_torch_save, check_archive
 from vit.images import ImageError, open_image, to_uint8
 
 log = logging.getLogger(__name__)
@@ -244,6 +244,7 @@ def _read_cache(path: Path, image_size: int, num_channels: int) -> dict | None:
     if not path.exists():
         return None
     try:
+        check_archive(path)  # the same bounds as every torch file read: a planted cache never stalls the reader
         cached = torch.load(path, weights_only=True)
         shape = (num_channels, image_size, image_size)
         for name in ("train", "val"):
