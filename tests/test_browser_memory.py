@@ -3,11 +3,12 @@
 A real ``streamlit run app.py`` server and five headless-Chromium tabs upload five different
 35-megapixel PNGs (the largest kind the app still accepts; PNGs cannot be decoded at reduced
 scale as JPEGs are) at the same moment, wait for their maps and download the full-size overlay.
-The server's peak resident memory (``VmHWM`` in ``/proc/PID/status``) must stay under
-``PEAK_BOUND_MB``; 1.1 to 1.3 GB were measured on two cores, 0.6 GB of it the idle server. Before
-the hardening the same run peaked at 3.7 GB (the closing report of issue 11): each upload was
-decoded at full size, copied three times, cached eight at a time, and the overlay download was
-built at full size.
+The server's peak resident memory (``VmHWM`` in ``/proc/PID/status``) must grow by less than
+``GROWTH_BOUND_MB`` over the idle server with its five tabs, and stay under ``PEAK_BOUND_MB`` in all.
+Measured on two cores (2026-11-23): 0.83 GB idle (0.77 GB before app.py imported pandas up front),
++0.55 GB with the machine otherwise idle and +0.69 GB under a CI run's load. Before the hardening the
+same run peaked at 3.7 GB (the closing report of issue 11): each upload was decoded at full size,
+copied three times, cached eight at a time, and the overlay download was built at full size.
 """
 
 import io
@@ -26,7 +27,8 @@ ROOT = Path(__file__).resolve().parent.parent
 TIMEOUT_MS = 300_000  # five full-size decodes on a busy two-core machine
 USERS = 5
 SIZE = (7_000, 5_000)  # 35 M pixels, under the app's 40 M upload limit: 105 MB decoded in RGB
-PEAK_BOUND_MB = 1_500
+GROWTH_BOUND_MB = 1_000  # five decoded 105 MB images at once are 525 MB; the idle server is what it imports
+PEAK_BOUND_MB = 2_000
 TINY = ViTConfig(image_size=16, patch_size=4, num_channels=3, num_classes=3, hidden_size=16, num_layers=2,
                  num_heads=2, mlp_size=32)
 
@@ -104,4 +106,6 @@ def test_five_concurrent_large_uploads_keep_server_memory_bounded(server, upload
             browser.close()
     print(f"server peak RSS: {before:.0f} MB idle with five tabs, {peak:.0f} MB after five concurrent "
           f"{SIZE[0]}x{SIZE[1]} uploads and overlay downloads")
+    assert peak - before < GROWTH_BOUND_MB, f"the uploads took the server {peak - before:.0f} MB over idle " \
+                                            f"(bound {GROWTH_BOUND_MB} MB)"
     assert peak < PEAK_BOUND_MB, f"the server peaked at {peak:.0f} MB (bound {PEAK_BOUND_MB} MB)"
