@@ -40,6 +40,17 @@ def ask(at, text):
     assert not at.exception, [e.message for e in at.exception]
 
 
+def open_clip_probabilities(model, folder, image: bytes) -> torch.Tensor:
+    """open_clip's own zero-shot pipeline on ``image``: its eval transform, tokenizer and encoders, ``(labels,)``."""
+    transform = open_clip.image_transform(32, is_train=False, mean=open_clip.OPENAI_DATASET_MEAN,
+                                          std=open_clip.OPENAI_DATASET_STD)
+    tokens = open_clip.get_tokenizer(f"local-dir:{folder}")([f"a photo of a {label}." for label in LABELS])
+    with torch.no_grad():
+        x = transform(Image.open(io.BytesIO(image)))[None]
+        return (model.logit_scale.exp() * model.encode_image(x, normalize=True)
+                @ model.encode_text(tokens, normalize=True).T).softmax(dim=-1)[0]
+
+
 def score_bars(at):
     bars = [t for fig in charts(at) for t in fig["data"] if t.get("type") == "bar"]
     assert len(bars) == 1
@@ -53,13 +64,7 @@ def test_ask_in_words_scores_and_maps_every_label(clip):
     assert "Ask in words" in [h.value for h in at.main.subheader]
     ask(at, ", ".join(LABELS))
     bars = score_bars(at)
-    transform = open_clip.image_transform(32, is_train=False, mean=open_clip.OPENAI_DATASET_MEAN,
-                                          std=open_clip.OPENAI_DATASET_STD)
-    tokens = open_clip.get_tokenizer(f"local-dir:{folder}")([f"a photo of a {label}." for label in LABELS])
-    with torch.no_grad():
-        x = transform(Image.open(io.BytesIO(image)))[None]
-        expected = (model.logit_scale.exp() * model.encode_image(x, normalize=True)
-                    @ model.encode_text(tokens, normalize=True).T).softmax(dim=-1)[0]
+    expected = open_clip_probabilities(model, folder, image)
     escaped = ["a dog", "a cat", "&lt;b&gt;bold&lt;/b&gt; *star*"]  # Plotly reads tags: shown as typed
     got = dict(zip(bars["y"], bars["x"], strict=True))
     assert sorted(got) == sorted(escaped)
@@ -137,13 +142,7 @@ def test_a_clips_logit_lens_reads_the_typed_labels(clip):
     at.session_state["mechanism_tab"] = "Logit lens"
     at.run()
     assert not at.exception, [e.message for e in at.exception]
-    transform = open_clip.image_transform(32, is_train=False, mean=open_clip.OPENAI_DATASET_MEAN,
-                                          std=open_clip.OPENAI_DATASET_STD)
-    tokens = open_clip.get_tokenizer(f"local-dir:{folder}")([f"a photo of a {label}." for label in LABELS])
-    with torch.no_grad():
-        x = transform(Image.open(io.BytesIO(image)))[None]
-        expected = (model.logit_scale.exp() * model.encode_image(x, normalize=True)
-                    @ model.encode_text(tokens, normalize=True).T).softmax(-1)[0]
+    expected = open_clip_probabilities(model, folder, image)
     [table] = at.dataframe
     order = expected.argsort(descending=True)
     assert list(table.value["top 1"])[-1] == f"{LABELS[order[0]]} ({float(expected[order[0]]):.1%})"
