@@ -26,7 +26,7 @@ from vit.runfiles import LAUNCH_DIR, default_runs_dir
 from vit.runs.devices import DeviceInfo, device_choices
 from vit.runs.launch import RunParams, ValidationError, launch_command, preset_summary
 from vit.runs.manager import RunError, RunInfo, RunManager, curve_rows, table_rows
-from vit.runs.state import reconcile
+from vit.runs.state import proc_cmdline, proc_start, reconcile
 
 WAIT_SECONDS = 900  # generous: on two shared cores a niced Python needs minutes to import torch
 TINY = dict(image_size=16, patch_size=4, hidden_size=16, num_layers=1, num_heads=2, mlp_size=32,
@@ -566,23 +566,25 @@ def test_metrics_lines_that_are_not_epoch_objects_are_skipped(tmp_path, line):
 @pytest.fixture
 def bystander():
     """An unrelated process (what a forged or reused pid would name), in its own process group."""
-    process = subprocess.Popen(["sleep", "120"], start_new_session=True)
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline and "sleep" not in Path(f"/proc/{process.pid}/cmdline").read_bytes().decode():
-        time.sleep(0.05)  # until the forked child has exec()ed sleep
+    process = wait_for_exec(subprocess.Popen(["sleep", "120"], start_new_session=True), "sleep")
     yield process
     process.kill()
     process.wait()
 
 
-def fake_cli(run_dir: Path) -> subprocess.Popen:
-    """A process whose command line is a vit.train on ``run_dir`` (it just sleeps)."""
-    process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)", "vit.train", "--out",
-                                str(run_dir)], start_new_session=True)
+def wait_for_exec(process: subprocess.Popen, word: str) -> subprocess.Popen:
+    """``process`` once its command line shows ``word``: the forked child has exec()ed its program."""
     deadline = time.monotonic() + 30
-    while "vit.train" not in Path(f"/proc/{process.pid}/cmdline").read_bytes().decode() and time.monotonic() < deadline:
-        time.sleep(0.05)  # until the forked child has exec()ed Python
+    while word not in Path(f"/proc/{process.pid}/cmdline").read_bytes().decode() and time.monotonic() < deadline:
+        time.sleep(0.05)
     return process
+
+
+def fake_cli(run_dir: Path, **env: str) -> subprocess.Popen:
+    """A process leading its own group whose command line is a vit.train on ``run_dir`` (it just sleeps)."""
+    return wait_for_exec(subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)", "vit.train", "--out",
+                                           str(run_dir)], start_new_session=True, env={**os.environ, **env}),
+                         "vit.train")
 
 
 def running_status(run_dir: Path, pid: int, start: float) -> None:
@@ -664,17 +666,12 @@ def test_stop_refuses_a_launch_record_whose_process_group_is_not_ours(tmp_path, 
 
 
 def started_process(run_dir: Path, **env: str) -> tuple[subprocess.Popen, dict]:
-    """A process leading its own group whose command line is a vit.train on ``run_dir``, and the launch
-    session that copies its pid, start time and command line from /proc (all a forger can read)."""
-    process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)", "vit.train", "--out",
-                                str(run_dir)], start_new_session=True, env={**os.environ, **env})
-    deadline = time.monotonic() + 30
-    while "vit.train" not in Path(f"/proc/{process.pid}/cmdline").read_bytes().decode() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    command = Path(f"/proc/{process.pid}/cmdline").read_bytes().decode().split("\0")[:-1]
-    ticks = int(Path(f"/proc/{process.pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
-    return process, {"pid": process.pid, "pgid": process.pid, "started_at": time.time() - 5, "proc_start": ticks,
-                     "host": socket.gethostname(), "command": command}
+    """``fake_cli(run_dir)`` and the launch session that copies its pid, start time and command line from /proc
+    (all a forger can read)."""
+    process = fake_cli(run_dir, **env)
+    return process, {"pid": process.pid, "pgid": process.pid, "started_at": time.time() - 5,
+                     "proc_start": proc_start(process.pid)[1], "host": socket.gethostname(),
+                     "command": proc_cmdline(process.pid)}
 
 
 def write_launch(manager: RunManager, name: str, session: dict) -> None:
@@ -720,20 +717,18 @@ def test_after_a_restart_stop_verifies_the_launch_by_its_secret_and_a_copied_rec
 
 
 def test_a_launch_gives_its_process_a_secret_that_launch_json_keeps_only_as_a_hash(tmp_path, dataset):
-    from vit.runs.state import LAUNCH_SECRET_ENV, launch_secret_hash
+    from vit.runs.state import LAUNCH_SECRET_ENV, environ_value, launch_secret_hash
 
     manager = make_manager(tmp_path)
     info = manager.launch(tiny_params("keyed", dataset, epochs=50))
     try:
         record = json.loads((manager.launch_root / "keyed" / "launch.json").read_text())
         session = record["sessions"][-1]
-        environ: dict[str, str] = {}
-        deadline = time.monotonic() + 30
-        while LAUNCH_SECRET_ENV not in environ and time.monotonic() < deadline:  # nice exec()s python: while the
-            environ = dict(entry.split("=", 1) for entry in Path(f"/proc/{info.pid}/environ").read_bytes().decode(
-                errors="replace").split("\0") if "=" in entry)  # new image is set up, environ reads empty
+        secret, deadline = None, time.monotonic() + 30
+        while secret is None and time.monotonic() < deadline:  # nice exec()s python; meanwhile environ reads empty
+            secret = environ_value(info.pid, LAUNCH_SECRET_ENV)
             time.sleep(0.05)
-        secret = environ[LAUNCH_SECRET_ENV]
+        assert secret is not None, "the launched process has no launch secret in its environment"
         assert session["secret_hash"] == launch_secret_hash("keyed", secret)
         assert secret not in json.dumps(record)
     finally:

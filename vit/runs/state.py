@@ -127,7 +127,7 @@ def launch_secret_hash(run_name: str, secret: str) -> str:
     return hashlib.sha256(f"{run_name}\0{secret}".encode()).hexdigest()
 
 
-def _environ_value(pid: int, key: str) -> str | None:
+def environ_value(pid: int, key: str) -> str | None:
     """One variable of a process's initial environment; None when it has none or cannot be read."""
     try:
         raw = Path(f"/proc/{pid}/environ").read_bytes()
@@ -158,7 +158,7 @@ def session_problem(session: dict, run_name: str) -> str | None:
     if not ours and (not isinstance(command, list) or len(args) < 2 or command[len(command) - len(args):] != args):
         return f"process {pid} runs another command than the one started for this run"
     if not ours:
-        secret, recorded = _environ_value(pid, LAUNCH_SECRET_ENV), session.get("secret_hash")
+        secret, recorded = environ_value(pid, LAUNCH_SECRET_ENV), session.get("secret_hash")
         if secret is None or not isinstance(recorded, str) or not hmac.compare_digest(
                 launch_secret_hash(run_name, secret), recorded):
             return f"process {pid} was not launched by this server for this run (it lacks the launch's secret)"
