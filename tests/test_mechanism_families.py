@@ -80,9 +80,11 @@ def test_zero_ablation_and_its_grid_equal_timm_with_the_heads_outputs_zeroed(pai
     x = images(48, 24)
     with torch.no_grad():
         logits, _ = mechanism.ablate_heads(ours, x, [(0, 1), (2, 0)])
+        in_weights, _ = mechanism.zero_ablated(ours, [(0, 1), (2, 0)])(x)  # what the explorer draws every map with
         grid = mechanism.ablation_grid(ours, x, torch.tensor([1, 3]))
     expected = timm_logits(reference, x, {0: zero_head(1), 2: zero_head(0)})
     torch.testing.assert_close(logits, expected, rtol=0, atol=1e-5)
+    torch.testing.assert_close(in_weights, expected, rtol=0, atol=1e-5)
     base = timm_logits(reference, x)
     for layer in range(3):
         for head in range(2):
