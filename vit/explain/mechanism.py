@@ -92,7 +92,7 @@ Rope = tuple[Tensor, Tensor] | None  # the model's rotary (cos, sin) on the inpu
 
 def rope_for(model: ViT, images: Tensor) -> Rope:
     """The rotary positions every block uses on ``images`` ``(B, C, H, W)``; None for a model without them."""
-    return model.rotary(model.patch_grid(images.shape[-2], images.shape[-1]), images.device)
+    return rope_for_grid(model, model.patch_grid(images.shape[-2], images.shape[-1]), images.device)
 
 
 def rope_for_grid(model: ViT, grid: tuple[int, int] | None, device: torch.device | None = None) -> Rope:
@@ -398,12 +398,7 @@ def ablate_heads(model: ViT, images: Tensor, heads: Sequence[tuple[int, int]], m
     """``model(images, output_attentions)`` with the heads ``(layer, head)`` (from 0) ablated: their context
     set to zero before the output projection, or (``mode="mean"``) to ``means`` from ``mean_contexts``."""
     check_supported(model)
-    L, H, _ = _dims(model)
-    chosen: dict[int, list[int]] = {}
-    for layer, head in heads:
-        if not (0 <= layer < L and 0 <= head < H):
-            raise MechanismError(f"head {layer + 1}.{head + 1} does not exist: the model has {L} layers of {H} heads")
-        chosen.setdefault(layer, []).append(head)
+    chosen = _heads_by_layer(model, heads)
     if mode not in ABLATION_MODES:
         raise MechanismError(f"unknown ablation {mode!r}; choose zero or mean")
 
@@ -419,6 +414,17 @@ def ablate_heads(model: ViT, images: Tensor, heads: Sequence[tuple[int, int]], m
     return model.classify(x), tuple(attentions) if output_attentions else None
 
 
+def _heads_by_layer(model: ViT, heads: Sequence[tuple[int, int]]) -> dict[int, list[int]]:
+    """``heads`` ``(layer, head)`` (from 0) grouped by layer; MechanismError naming one the model lacks."""
+    L, H = len(model.blocks), model.config.num_heads
+    chosen: dict[int, list[int]] = {}
+    for layer, head in heads:
+        if not (0 <= layer < L and 0 <= head < H):
+            raise MechanismError(f"head {layer + 1}.{head + 1} does not exist: the model has {L} layers of {H} heads")
+        chosen.setdefault(layer, []).append(head)
+    return chosen
+
+
 def zero_ablated(model: ViT, heads: Sequence[tuple[int, int]]) -> ViT:
     """A copy of ``model`` in which the heads ``(layer, head)`` (from 0) are zero-ablated in the weights: their
     input columns of ``attn.proj`` are zero. ``proj`` of a context whose head slice is zero equals ``proj`` with
@@ -427,15 +433,13 @@ def zero_ablated(model: ViT, heads: Sequence[tuple[int, int]]) -> ViT:
     AttnLRP, flow), on every family (RoPE ones too: the heads' outputs meet only at ``proj``)."""
     if not isinstance(model, ViT):
         raise MechanismError(f"head ablation needs this project's ViT, got {type(model).__name__}")
-    L, H = len(model.blocks), model.config.num_heads
-    for layer, head in heads:
-        if not (0 <= layer < L and 0 <= head < H):
-            raise MechanismError(f"head {layer + 1}.{head + 1} does not exist: the model has {L} layers of {H} heads")
+    chosen = _heads_by_layer(model, heads)
     ablated = copy.deepcopy(model)
-    hd = model.config.hidden_size // H
     with torch.no_grad():
-        for layer, head in heads:
-            ablated.blocks[layer].attn.proj.weight[:, head * hd:(head + 1) * hd] = 0
+        for layer, idx in chosen.items():
+            attn = ablated.blocks[layer].attn
+            weight = attn.proj.weight.view(attn.proj.out_features, attn.num_heads, attn.head_dim)  # columns by head
+            weight[:, idx] = 0
     return ablated
 
 
