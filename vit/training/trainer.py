@@ -683,9 +683,9 @@ def schedule_factor(step: int, warmup: int, total: int, schedule: str, floor: fl
     return floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
-# Never decayed (timm's rule, with every parameter of one dimension: biases, norms, layer scales).
-NO_DECAY_NAMES = ("cls_token", "pos_embed", "dist_token", "reg_token")
-EMBEDDING_NAMES = ("cls_token", "dist_token", "reg_token", "pos_embed")
+# The prefix tokens and the position table: never weight-decayed (timm's rule, with every parameter of one
+# dimension: biases, norms, layer scales), and at depth 0 for layer-wise lr decay, with the patch embedding.
+TOKEN_TABLES = ("cls_token", "pos_embed", "dist_token", "reg_token")
 
 
 def layer_id(name: str, num_layers: int) -> int:
@@ -694,7 +694,7 @@ def layer_id(name: str, num_layers: int) -> int:
     normalises them), i + 1 for block i, ``num_layers`` + 1 for everything after the blocks (final norm,
     pooling, classifier). timm's ``param_groups_layer_decay`` differs in one place: it puts the final norm
     with the last block."""
-    if name in EMBEDDING_NAMES or name.split(".")[0] in ("patch_embed", "norm_pre"):
+    if name in TOKEN_TABLES or name.split(".")[0] in ("patch_embed", "norm_pre"):
         return 0
     if name.startswith("blocks."):
         return int(name.split(".")[1]) + 1
@@ -720,7 +720,7 @@ def param_groups(model: ViT, weight_decay: float, decay_everything: bool = False
     for name, param in model.named_parameters():
         if not param.requires_grad:
             continue
-        decays = not (param.ndim <= 1 or name in NO_DECAY_NAMES)
+        decays = not (param.ndim <= 1 or name in TOKEN_TABLES)
         layer = layer_id(name, num_layers) if layer_decay != 1.0 else 0
         group = groups.setdefault((layer, decays), {
             "params": [], "weight_decay": weight_decay if decays else no_decay_wd,
