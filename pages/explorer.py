@@ -23,7 +23,7 @@ from vit.explain.attention import HEAD_FUSIONS
 from vit.explain.overlay import UPSAMPLE_MODES, draw_mask_contours, overlay
 from vit.explain.prompts import DEFAULT_TEMPLATE
 from vit.images import MAX_SIDE, UPLOAD_MAX_PIXELS, ImageError, open_image
-from vit.inference import MAX_INPUT_SIDE, InputSize, NonFiniteOutput, input_box, seen_region
+from vit.inference import MAX_INPUT_SIDE, InputSize, NonFiniteOutput, input_box, input_shape, seen_region
 from vit.runs import access
 from vit.sources.open import open_source
 from vit.sources.text_tower import MAX_LABEL_CHARS, MAX_LABELS, has_text_tower, open_text_tower, split_labels
@@ -221,25 +221,12 @@ if checkpoint.metadata.get("preprocessing_guessed"):  # bare weights: say what t
 
 
 @st.cache_resource(max_entries=2, show_spinner="Switching the heads off…")
-def ablated_checkpoint(fingerprint: tuple, heads: tuple[tuple[int, int], ...], _checkpoint: Checkpoint) -> Checkpoint:
-    return explorer.ablated_checkpoint(_checkpoint, list(heads))
+def ablated_checkpoint(fingerprint: tuple, heads: tuple[tuple[int, int], ...], mode: str, means_key: tuple | None,
+                       _checkpoint: Checkpoint, _means) -> Checkpoint:
+    return explorer.ablated_checkpoint(_checkpoint, list(heads), mode, _means)
 
 
-# Heads switched off under Mechanism → Ablation, with "every map" on: the whole page is drawn from a copy of the
-# model with those heads zero-ablated in its weights; the Ablation tab keeps comparing with the full model.
 full_checkpoint, full_fingerprint = checkpoint, fingerprint
-heads_off_labels = list(st.session_state.get(f"ablate-{model_key}") or [])
-if (heads_off_labels and st.session_state.get("mechanism_view") and st.session_state.get("ablate_everywhere")
-        and st.session_state.get("ablation_mode", "zero") == "zero"):
-    try:
-        heads_off = tuple(explorer.parse_head_labels(heads_off_labels))
-        checkpoint = ablated_checkpoint(fingerprint, heads_off, checkpoint)
-    except ValueError as e:
-        st.warning(escape_markdown(e))
-    else:
-        fingerprint = (fingerprint, "zero-ablated", heads_off)
-        st.info(f"Heads {escape_markdown(', '.join(heads_off_labels))} are switched off (zero ablation) in the "
-                "prediction and in every map on this page. Switch them on again under Mechanism → Ablation.")
 
 # -- image ----------------------------------------------------------------------------------------------------
 
@@ -300,6 +287,66 @@ if explorer.looks_inverted(image, pre):
     st.sidebar.warning("This image is light where the training images were dark: try "
                        + ("turning Invert off." if invert else "Invert."))
 image_key = f"{digest}-inverted" if invert else digest
+
+# Mean ablation and test-time registers average over reference images: the ones uploaded here, else the samples.
+reference_uploads = []
+if st.session_state.get("mechanism_view"):
+    reference_uploads = st.sidebar.file_uploader(
+        "Reference images (mean ablation, test-time registers)", type=UPLOAD_TYPES, accept_multiple_files=True,
+        key="reference_uploads", help=f"Up to {explorer.MAX_REFERENCE_IMAGES} images a head's mean output is taken "
+                                      "over; without them, the checkpoint's sample images.") or []
+if reference_uploads:
+    reference_keys = tuple(f"upload-{explorer.image_digest(f.getvalue())}" for f in reference_uploads)
+    reference_label = f"the {len(reference_uploads)} uploaded reference images"
+else:
+    reference_keys = tuple(str(p) for p in (samples or [])[:explorer.MAX_REFERENCE_IMAGES])
+    reference_label = f"the {len(reference_keys)} sample images"
+
+
+def reference_images():
+    """The reference images, decoded one at a time as they are read (at most REFERENCE_CHUNK held at once)."""
+    if len(reference_uploads) > explorer.MAX_REFERENCE_IMAGES:
+        raise ValueError(f"{len(reference_uploads)} reference images are uploaded; at most "
+                         f"{explorer.MAX_REFERENCE_IMAGES} are averaged: remove some")
+    for key, upload in zip(reference_keys, reference_uploads, strict=True):
+        yield decode_image(key, upload.name, invert, upload.getvalue())
+    if not reference_uploads:
+        for path in reference_keys:
+            data = Path(path).read_bytes()
+            yield decode_image(explorer.image_digest(data), Path(path).name, invert, data)
+
+
+@st.cache_resource(max_entries=4, show_spinner="Averaging the heads over the reference images…")
+def reference_means(fingerprint: tuple, key: tuple, _checkpoint: Checkpoint, _image: Image.Image):
+    return explorer.reference_means(_checkpoint, reference_images(), _image, size)
+
+
+def means_for_image(mode: str):
+    """(cache key, means) of the reference set on this image's grid for mean ablation; (None, None) for zero."""
+    if mode != "mean":
+        return None, None
+    key = (size, input_shape(image, pre, patch_px, size), invert, reference_keys)  # what the means depend on
+    return key, reference_means(full_fingerprint, key, full_checkpoint, image)
+
+
+# Heads switched off under Mechanism → Ablation, with "every map" on: the whole page is drawn from a copy of the
+# model with those heads ablated in its weights; the Ablation tab keeps comparing with the full model.
+heads_off_labels = list(st.session_state.get(f"ablate-{model_key}") or [])
+everywhere_mode = st.session_state.get("ablation_mode", "zero")
+if heads_off_labels and st.session_state.get("mechanism_view") and st.session_state.get("ablate_everywhere"):
+    try:
+        heads_off = tuple(explorer.parse_head_labels(heads_off_labels))
+        means_key, means_off = means_for_image(everywhere_mode)
+        checkpoint = ablated_checkpoint(fingerprint, heads_off, everywhere_mode, means_key, checkpoint, means_off)
+    except (ValueError, ImageError, OSError, explorer.TooManyTokens) as e:
+        st.warning(escape_markdown(e))
+    else:
+        fingerprint = (fingerprint, f"{everywhere_mode}-ablated", heads_off, means_key)
+        over = f" over {reference_label}" if everywhere_mode == "mean" else ""
+        st.info(f"Heads {escape_markdown(', '.join(heads_off_labels))} are switched off ({everywhere_mode} "
+                f"ablation{escape_markdown(over)}) in the prediction and in every map on this page. Switch them "
+                "on again under Mechanism → Ablation.")
+
 try:
     analysis = analyse(fingerprint, image_key, size, checkpoint, image)
 except (explorer.TooManyTokens, ImageError, NonFiniteOutput) as e:
@@ -651,14 +698,8 @@ def mechanism_view(fingerprint: tuple, digest: str, size: InputSize, class_index
 
 @st.cache_resource(max_entries=8, show_spinner="Ablating each head in turn (one pass per layer)…")
 def ablation_effects(fingerprint: tuple, digest: str, size: InputSize, class_index: int, mode: str,
-                     _checkpoint: Checkpoint, _image: Image.Image, _means):
+                     means_key: tuple | None, _checkpoint: Checkpoint, _image: Image.Image, _means):
     return explorer.ablation_effects(_checkpoint, _image, class_index, mode, _means, size)
-
-
-@st.cache_resource(max_entries=4, show_spinner="Averaging the heads over the sample images…")
-def reference_means(fingerprint: tuple, size: InputSize, paths: tuple[str, ...], _checkpoint: Checkpoint):
-    return explorer.reference_means(_checkpoint, [open_image(Path(p).read_bytes(), name=Path(p).name)
-                                                  for p in paths], size)
 
 
 @st.cache_resource(max_entries=4, show_spinner="Patching the clean image's activations into the corrupted one…")
@@ -727,24 +768,27 @@ if st.toggle("Mechanism: logit lens, head attribution, ablation, phenomena", key
                 if not class_names:
                     st.info("This model has no classifier, so ablating heads changes no prediction.")
                 else:
-                    samples_here = tuple(str(p) for p in samples) if samples else ()
                     ablation_mode = st.radio("Ablation", ["zero", "mean"], horizontal=True, key="ablation_mode",
-                                             disabled=not samples_here,
+                                             disabled=not reference_keys,
                                              format_func={"zero": "zero the head's output",
-                                                          "mean": "its mean over the sample images"}.get,
-                                             help="Mean ablation replaces a head's output by its average over "
-                                                  "the checkpoint's sample images at this input size.")
-                    means = None
+                                                          "mean": "its mean over reference images"}.get,
+                                             help="Mean ablation replaces a head's output, at each token "
+                                                  "position, by its average over the reference images (sidebar; "
+                                                  "without uploads, the checkpoint's sample images) at this "
+                                                  "input size.")
+                    if ablation_mode == "mean":
+                        st.caption(f"Means over {escape_markdown(reference_label)}, each at this image's "
+                                   "input size.")
+                    elif not reference_keys:
+                        st.caption("Upload reference images in the sidebar to ablate heads to their mean.")
                     try:
-                        if ablation_mode == "mean" and samples_here:
-                            means = reference_means(full_fingerprint, size, samples_here, full_checkpoint)
+                        means_key, means = means_for_image(ablation_mode)
                         chosen_heads = st.multiselect("Switch heads off (layer.head)", names_mech,
                                                       key=f"ablate-{model_key}")
                         st.toggle("Every map on this page with these heads off", key="ablate_everywhere",
-                                  disabled=ablation_mode != "zero",
                                   help="The prediction, the attention maps, rollout, class maps, LeGrad, AttnLRP "
                                        "and flow all computed by the model with the chosen heads' outputs zeroed "
-                                       "(zero ablation only: a mean is a per-image reference, not a model).")
+                                       "or replaced by their means.")
                         if chosen_heads:
                             ablated = explorer.ablated_prediction(full_checkpoint, image,
                                                                   explorer.parse_head_labels(chosen_heads),
@@ -768,7 +812,7 @@ if st.toggle("Mechanism: logit lens, head attribution, ablation, phenomena", key
                             after.caption("The CLS rollout with those heads off: later layers attend differently.")
                         if st.toggle(f"Each head alone ({L} passes)", key="ablation_grid"):
                             effects = ablation_effects(full_fingerprint, image_key, size, view.class_index,
-                                                       ablation_mode, full_checkpoint, image, means)
+                                                       ablation_mode, means_key, full_checkpoint, image, means)
                             st.plotly_chart(figures.layer_head_figure(effects, "Logit change when one head is "
                                                                       "ablated", "Δ logit"), theme=None,
                                             key="ablation_figure")
@@ -857,12 +901,11 @@ if st.toggle("Mechanism: logit lens, head attribution, ablation, phenomena", key
                            "for a sink that only soaks up attention.")
                 if class_names and st.toggle("Test-time register (Jiang et al. 2025)", key="tt_register",
                                              help="Find the register neurons (outliers: last-layer norms over the "
-                                                  "threshold above, on this image and the samples), add one extra "
-                                                  "token and move those neurons' activations onto it."):
+                                                  "threshold above, on this image and the reference images), add "
+                                                  "one extra token and move those neurons' activations onto it."):
                     top_k = st.number_input("Register neurons", 1, 200, 10, key="tt_register_neurons")
                     try:
-                        references = [open_image(Path(p).read_bytes(), name=Path(p).name) for p in (samples or [])]
-                        registers = explorer.registers_view(checkpoint, image, references, threshold,
+                        registers = explorer.registers_view(checkpoint, image, reference_images(), threshold,
                                                                  int(top_k), size)
                     except (ValueError, ImageError, OSError) as e:
                         st.warning(escape_markdown(e))

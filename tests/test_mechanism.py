@@ -6,6 +6,7 @@ each head's output zeroed, replaced by a mean or patched through forward hooks w
 input is what it did); residual patching through a pre-hook on HF's ``ViTLayer``.
 """
 
+import contextlib
 import dataclasses
 
 import pytest
@@ -15,6 +16,7 @@ from vit.explain.mechanism import (
     HeadAblated,
     MechanismError,
     ablate_heads,
+    ablated_copy,
     ablation_grid,
     direct_logit_attribution,
     hidden_states,
@@ -23,7 +25,6 @@ from vit.explain.mechanism import (
     parse_heads,
     patch_heads,
     patch_residuals,
-    zero_ablated,
 )
 from vit.model import ViT, ViTConfig
 
@@ -160,9 +161,10 @@ def pair():
     return hf_pair()
 
 
-def hf_logits(hf, x, replace_heads=None, replace_tokens=None):
-    """HF's logits with ``replace_heads[layer] = fn(o_proj input (B, T, H*hd)) -> edited`` and
-    ``replace_tokens[layer] = fn(layer input) -> edited``, as forward pre-hooks."""
+@contextlib.contextmanager
+def hf_hooked(hf, replace_heads=None, replace_tokens=None):
+    """HF's model with ``replace_heads[layer] = fn(o_proj input (B, T, H*hd)) -> edited`` and
+    ``replace_tokens[layer] = fn(layer input) -> edited``, as forward pre-hooks, for the ``with`` block."""
     handles = []
     for layer, fn in (replace_heads or {}).items():
         handles.append(hf.vit.layers[layer].attention.o_proj.register_forward_pre_hook(
@@ -171,11 +173,16 @@ def hf_logits(hf, x, replace_heads=None, replace_tokens=None):
         handles.append(hf.vit.layers[layer].register_forward_pre_hook(
             lambda module, args, fn=fn: (fn(args[0]),) + args[1:]))
     try:
-        with torch.no_grad():
-            return hf(pixel_values=x).logits
+        yield hf
     finally:
         for handle in handles:
             handle.remove()
+
+
+def hf_logits(hf, x, replace_heads=None, replace_tokens=None):
+    """HF's logits with ``hf_hooked``'s edits."""
+    with hf_hooked(hf, replace_heads, replace_tokens), torch.no_grad():
+        return hf(pixel_values=x).logits
 
 
 def hf_o_proj_inputs(hf, x):
@@ -210,14 +217,14 @@ def test_zero_ablation_matches_hf_with_the_heads_outputs_zeroed(pair):
 
 
 def test_a_zero_ablated_copy_is_hf_with_the_heads_outputs_zeroed_and_leaves_the_model_alone(pair):
-    """What the explorer draws every map with when heads are switched off (zero_ablated): the same logits as HF
+    """What the explorer draws every map with when heads are switched off (ablated_copy): the same logits as HF
     with those heads' o_proj inputs zeroed, and the same attentions as ablate_heads."""
     hf, ours = pair
     x = images(2)
     heads = [(1, 2), (2, 0), (2, 3)]
     expected = hf_logits(hf, x, {1: zero_heads([2]), 2: zero_heads([0, 3])})
     before = {k: v.clone() for k, v in ours.state_dict().items()}
-    ablated = zero_ablated(ours, heads)
+    ablated = ablated_copy(ours, heads)
     with torch.no_grad():
         logits, attentions = ablated(x, output_attentions=True)
         _, walked = ablate_heads(ours, x, heads, output_attentions=True)
@@ -226,7 +233,70 @@ def test_a_zero_ablated_copy_is_hf_with_the_heads_outputs_zeroed_and_leaves_the_
         torch.testing.assert_close(mine, theirs, rtol=0, atol=1e-6)
     assert all(torch.equal(v, before[k]) for k, v in ours.state_dict().items()), "the original model was changed"
     with pytest.raises(MechanismError, match="head 4.1 does not exist"):
-        zero_ablated(ours, [(3, 0)])
+        ablated_copy(ours, [(3, 0)])
+
+
+def mean_heads(means, heads, hd=8):
+    """Set the heads' slices of an o_proj input to ``means`` (T, H*hd), their mean over reference images."""
+    def fn(inp):
+        inp = inp.clone()
+        for h in heads:
+            inp[..., h * hd:(h + 1) * hd] = means[..., h * hd:(h + 1) * hd]
+        return inp
+    return fn
+
+
+def test_a_mean_ablated_copy_is_hf_with_the_heads_outputs_set_to_their_means(pair):
+    """What the explorer draws every map with under mean ablation: HF's logits, and the input gradient that every
+    gradient map starts from, with those heads' o_proj inputs replaced per position by their mean over reference
+    images (the means captured from HF itself); the same attentions as ablate_heads."""
+    hf, ours = pair
+    x, reference = images(2), images(3, seed=7)
+    heads = [(1, 2), (2, 0), (2, 3)]
+    seen = hf_o_proj_inputs(hf, reference)
+    edits = {1: mean_heads(seen[1].mean(0), [2]), 2: mean_heads(seen[2].mean(0), [0, 3])}
+    means = mean_contexts(ours, reference)
+    ablated = ablated_copy(ours, heads, "mean", means)
+    with torch.no_grad():
+        logits, attentions = ablated(x, output_attentions=True)
+        _, walked = ablate_heads(ours, x, heads, "mean", means, output_attentions=True)
+    expected = hf_logits(hf, x, edits)
+    torch.testing.assert_close(logits, expected, rtol=0, atol=1e-5)
+    assert not torch.allclose(logits, hf_logits(hf, x, {1: zero_heads([2]), 2: zero_heads([0, 3])}), atol=1e-4)
+    for mine, theirs in zip(attentions, walked, strict=True):
+        torch.testing.assert_close(mine, theirs, rtol=0, atol=1e-6)
+
+    x_ours, x_hf = x.clone().requires_grad_(), x.clone().requires_grad_()
+    ablated(x_ours)[0][:, 3].sum().backward()
+    with hf_hooked(hf, edits):
+        hf(pixel_values=x_hf).logits[:, 3].sum().backward()
+    torch.testing.assert_close(x_ours.grad, x_hf.grad, rtol=0, atol=1e-5)
+
+
+def test_a_mean_ablated_copys_head_attribution_still_sums_to_its_logit(pair):
+    """The means enter as a per-position bias of the attention output: direct logit attribution counts them there."""
+    _, ours = pair
+    ablated = ablated_copy(ours, [(0, 1), (2, 2)], "mean", mean_contexts(ours, images(3, seed=7)))
+    dla = direct_logit_attribution(ablated, images(2), torch.tensor([0, 4]))
+    with torch.no_grad():
+        logits = ablated(images(2))[0][torch.arange(2), torch.tensor([0, 4])]
+    torch.testing.assert_close(dla.logit, logits, rtol=0, atol=1e-5)
+    torch.testing.assert_close(dla.total(), logits, rtol=0, atol=1e-4)
+    assert torch.all(dla.heads[:, 0, 1] == 0) and torch.all(dla.heads[:, 2, 2] == 0)  # the ablated heads' columns
+
+
+def test_a_mean_ablated_copy_refuses_another_input_size_and_wrong_means():
+    model = random_vit()
+    means = mean_contexts(model, images(2))  # 17 tokens
+    ablated = ablated_copy(model, [(0, 0)], "mean", means)
+    with pytest.raises(MechanismError, match="means for 17 tokens but this input has 13"):
+        ablated(images(1, (12, 16)))
+    with pytest.raises(MechanismError, match="mean_contexts"):
+        ablated_copy(model, [(0, 0)], "mean")
+    with pytest.raises(MechanismError, match="mean_contexts"):
+        ablated_copy(model, [(0, 0)], "mean", means[:, :, :2])
+    with pytest.raises(MechanismError, match="unknown ablation"):
+        ablated_copy(model, [(0, 0)], "random")
 
 
 def test_ablation_grids_match_hf_one_head_at_a_time(pair):

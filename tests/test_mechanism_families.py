@@ -80,7 +80,7 @@ def test_zero_ablation_and_its_grid_equal_timm_with_the_heads_outputs_zeroed(pai
     x = images(48, 24)
     with torch.no_grad():
         logits, _ = mechanism.ablate_heads(ours, x, [(0, 1), (2, 0)])
-        in_weights, _ = mechanism.zero_ablated(ours, [(0, 1), (2, 0)])(x)  # what the explorer draws every map with
+        in_weights, _ = mechanism.ablated_copy(ours, [(0, 1), (2, 0)])(x)  # what the explorer draws every map with
         grid = mechanism.ablation_grid(ours, x, torch.tensor([1, 3]))
     expected = timm_logits(reference, x, {0: zero_head(1), 2: zero_head(0)})
     torch.testing.assert_close(logits, expected, rtol=0, atol=1e-5)
@@ -90,6 +90,29 @@ def test_zero_ablation_and_its_grid_equal_timm_with_the_heads_outputs_zeroed(pai
         for head in range(2):
             change = (timm_logits(reference, x, {layer: zero_head(head)}) - base)[torch.arange(2), torch.tensor([1, 3])]
             torch.testing.assert_close(grid[:, layer, head], change, rtol=0, atol=1e-5)
+
+
+def test_a_mean_ablated_copy_equals_timm_with_the_heads_outputs_set_to_their_means(pair):
+    """Mean ablation in the weights (what the explorer draws every map with) on rotary models at a non-square
+    size: timm with those heads' proj inputs replaced, per position, by their mean over reference images."""
+    reference, ours = pair
+    x, references = images(48, 24), torch.cat([images(48, 24, seed=5), images(48, 24, seed=6)])
+    seen = proj_inputs(reference, references)
+
+    def to_mean(layer, head):
+        def fn(inp):
+            inp = inp.clone()
+            inp[..., head * HD:(head + 1) * HD] = seen[layer].mean(0)[..., head * HD:(head + 1) * HD]
+            return inp
+        return fn
+
+    means = mechanism.mean_contexts(ours, references)
+    with torch.no_grad():
+        in_weights, _ = mechanism.ablated_copy(ours, [(0, 1), (2, 0)], "mean", means)(x)
+        walked, _ = mechanism.ablate_heads(ours, x, [(0, 1), (2, 0)], "mean", means)
+    expected = timm_logits(reference, x, {0: to_mean(0, 1), 2: to_mean(2, 0)})
+    torch.testing.assert_close(in_weights, expected, rtol=0, atol=1e-5)
+    torch.testing.assert_close(walked, expected, rtol=0, atol=1e-5)
 
 
 def test_direct_logit_attribution_sums_to_timms_logit(pair):

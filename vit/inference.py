@@ -108,12 +108,19 @@ def preprocess(images: Sequence[Image.Image], preprocessing: Preprocessing, size
     if patch_size is None:
         raise ValueError("an input size other than the checkpoint's needs the model's patch_size")
     # Another size: the whole image resized to it (no crop), as DINO's visualisation does.
-    shapes = [input_shape(image, p, patch_size, size) for image in images]
-    if len(set(shapes)) > 1:
-        raise ValueError(f"images come out at different input sizes {sorted(set(shapes))}; "
+    shapes = {input_shape(image, p, patch_size, size) for image in images}
+    if len(shapes) > 1:
+        raise ValueError(f"images come out at different input sizes {sorted(shapes)}; "
                          "preprocess them one at a time")
+    return preprocess_at(images, p, shapes.pop())
+
+
+def preprocess_at(images: Sequence[Image.Image], preprocessing: Preprocessing, shape: tuple[int, int]) -> torch.Tensor:
+    """Every image resized to exactly ``shape = (height, width)`` (no crop) -> normalised ``(B, C, H, W)``: e.g.
+    reference images brought to the grid of the image they are compared with, whatever their own aspect."""
+    p = preprocessing
     batch = torch.stack([to_uint8(image, shape, p.num_channels, resample=p.resample)
-                         for image, shape in zip(images, shapes, strict=True)])  # (B, C, H, W)
+                         for image in images])  # (B, C, H, W)
     return normalize(batch, p.mean, p.std)
 
 

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
+from itertools import chain, islice
 from pathlib import Path
 
 import numpy as np
@@ -38,7 +39,15 @@ from vit.explain.attention import (
 from vit.explain.hidden import LayerAttentions, forward_with_hidden_states
 from vit.explain.overlay import attentions_npz_bytes
 from vit.images import to_mode, to_uint8
-from vit.inference import TRAINING_SIZE, InputSize, Prediction, input_shape, predictions_from_logits, preprocess
+from vit.inference import (
+    TRAINING_SIZE,
+    InputSize,
+    Prediction,
+    input_shape,
+    predictions_from_logits,
+    preprocess,
+    preprocess_at,
+)
 from vit.model import ViT
 
 MAP_KINDS = {
@@ -69,6 +78,8 @@ MAP_CONTROLS = {
     "probe_rollout": ("end_layer", "fusion", "discard_ratio"),
 }
 TOP_K = 5
+MAX_REFERENCE_IMAGES = 32  # mean ablation's reference set: ~1 s a image for a ViT-B/16 at 224 on 2 cores
+REFERENCE_CHUNK = 8  # reference images run at once: one chunk's activations are held, not the whole set's
 # Memory per analysed image: hidden states + cached layers + one layer being computed stays under
 # this (env VIT_ANALYSIS_MEMORY_MB), and inputs with more tokens than VIT_MAX_TOKENS are refused.
 ANALYSIS_MEMORY_LIMIT = 1024 * 2**20
@@ -566,13 +577,30 @@ def parse_head_labels(labels: Sequence[str]) -> list[tuple[int, int]]:
     return [(int(a) - 1, int(b) - 1) for a, _, b in (label.partition(".") for label in labels)]
 
 
-def reference_means(checkpoint: Checkpoint, images: Sequence[Image.Image], size: InputSize = TRAINING_SIZE
-                    ) -> torch.Tensor:
-    """Per-head mean contexts over reference images (mean ablation), all at the checkpoint's square size unless
-    ``size`` is square too; ``mechanism.MechanismError`` when their token counts differ from the image's."""
-    x = torch.cat([_model_input(checkpoint, image, size) for image in images])
+def reference_means(checkpoint: Checkpoint, references: Iterable[Image.Image], image: Image.Image,
+                    size: InputSize = TRAINING_SIZE) -> torch.Tensor:
+    """Per-head mean contexts ``(L, T, H, hd)`` over ``references`` (mean ablation) on ``image``'s token grid:
+    each reference is prepared as the checkpoint prepares an image at ``size``, or, for another size, resized to
+    exactly ``image``'s input shape (means are per position, whatever a reference's own aspect). References are
+    read ``REFERENCE_CHUNK`` at a time, so a lazy iterable holds no more decoded images than that; ValueError
+    for none or more than ``MAX_REFERENCE_IMAGES``."""
+    p, model = checkpoint.preprocessing, checkpoint.model
+    shape = input_shape(image, p, model.config.patch_size, size)
+    check_input_fits(checkpoint, model.patch_grid(*shape), f"A {shape[1]}×{shape[0]} px input")
+    device = next(model.parameters()).device
+    references, total, count = iter(references), None, 0
     with torch.inference_mode():
-        return mechanism.mean_contexts(checkpoint.model, x)
+        while chunk := list(islice(references, REFERENCE_CHUNK)):
+            count += len(chunk)
+            if count > MAX_REFERENCE_IMAGES:
+                break
+            x = preprocess(chunk, p) if size == TRAINING_SIZE else preprocess_at(chunk, p, shape)
+            part = mechanism.mean_contexts(model, x.to(device)) * len(chunk)  # (L, T, H, hd) summed over the chunk
+            total = part if total is None else total + part
+    if not 1 <= count <= MAX_REFERENCE_IMAGES:
+        raise ValueError(f"mean ablation averages over 1 to {MAX_REFERENCE_IMAGES} reference images; "
+                         + ("add some" if not count else "remove some"))
+    return total / count
 
 
 def ablated_prediction(checkpoint: Checkpoint, image: Image.Image, heads: Sequence[tuple[int, int]],
@@ -632,12 +660,12 @@ class RegisterView:
     norms_after: np.ndarray
 
 
-def registers_view(checkpoint: Checkpoint, image: Image.Image, references: Sequence[Image.Image],
+def registers_view(checkpoint: Checkpoint, image: Image.Image, references: Iterable[Image.Image],
                         threshold: float, top_k: int = 10, size: InputSize = TRAINING_SIZE) -> RegisterView:
     """Find the register neurons on ``references`` and this image (at the checkpoint's size; outliers: last-layer
     norms over ``threshold``), then add one test-time register to this image at ``size``."""
     model = checkpoint.model
-    found = torch.cat([_model_input(checkpoint, im, TRAINING_SIZE) for im in [image, *references]])
+    found = torch.cat([_model_input(checkpoint, im, TRAINING_SIZE) for im in chain([image], references)])
     x = _model_input(checkpoint, image, size)
     grid, P = model.patch_grid(*x.shape[-2:]), model.num_prefix_tokens
     with torch.inference_mode():
@@ -658,10 +686,12 @@ def registers_view(checkpoint: Checkpoint, image: Image.Image, references: Seque
                         final[0, P:P + n].norm(dim=-1).reshape(grid).float().cpu().numpy())
 
 
-def ablated_checkpoint(checkpoint: Checkpoint, heads: Sequence[tuple[int, int]]) -> Checkpoint:
-    """``checkpoint`` with a copy of its model in which ``heads`` (layer, head from 0) are zero-ablated in the
-    weights (``mechanism.zero_ablated``): the page draws every map and its prediction from it."""
-    return replace(checkpoint, model=mechanism.zero_ablated(checkpoint.model, heads))
+def ablated_checkpoint(checkpoint: Checkpoint, heads: Sequence[tuple[int, int]], mode: str = "zero",
+                       means: torch.Tensor | None = None) -> Checkpoint:
+    """``checkpoint`` with a copy of its model in which ``heads`` (layer, head from 0) are ablated in the weights
+    (``mechanism.ablated_copy``; ``means`` from ``reference_means`` for ``mode="mean"``): the page draws every
+    map and its prediction from it."""
+    return replace(checkpoint, model=mechanism.ablated_copy(checkpoint.model, heads, mode, means))
 
 
 def ablated_rollouts(checkpoint: Checkpoint, image: Image.Image, heads: Sequence[tuple[int, int]],

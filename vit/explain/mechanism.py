@@ -318,7 +318,7 @@ def direct_logit_attribution(model: ViT, images: Tensor, classes: Tensor | int |
             context, _, _ = head_contexts(model, layer, x, rope=rope)  # (B, T, H, hd)
             w = block.attn.proj.weight.view(D, H, hd)  # columns of proj grouped by head
             per_head = torch.einsum("bthe,dhe->hbtd", context, w)  # (H, B, T, D)
-            bias = block.attn.proj.bias.expand(B, T, D)
+            bias = block.attn.proj(context.new_zeros(B, T, H * hd))  # its bias (and a mean-ablated copy's means)
             if block.ls1 is not None:
                 per_head, bias = per_head * block.ls1, bias * block.ls1
             mid = x + per_head.sum(0) + bias
@@ -425,20 +425,52 @@ def _heads_by_layer(model: ViT, heads: Sequence[tuple[int, int]]) -> dict[int, l
     return chosen
 
 
-def zero_ablated(model: ViT, heads: Sequence[tuple[int, int]]) -> ViT:
-    """A copy of ``model`` in which the heads ``(layer, head)`` (from 0) are zero-ablated in the weights: their
-    input columns of ``attn.proj`` are zero. ``proj`` of a context whose head slice is zero equals ``proj`` with
-    that slice's columns zero, so this is ``ablate_heads(..., "zero")`` for every pass over the copy — the
-    forward, its attentions, and every gradient or relevance walk the page draws (rollout, class maps, LeGrad,
-    AttnLRP, flow), on every family (RoPE ones too: the heads' outputs meet only at ``proj``)."""
+class MeanAblatedProj(nn.Linear):
+    """``attn.proj`` of a mean-ablated copy: the ablated heads' input columns are zero and ``offset`` ``(T, D)``,
+    what those columns make of the reference means at each token position, is added. A linear map splits by its
+    input, so this equals ``proj`` of a context whose ablated head slices hold the means: every walk that calls
+    ``attn.proj`` (the forward, its attentions, gradients, relevance) sees the ablation. The means belong to one
+    token count; another is refused in one line."""
+
+    def __init__(self, proj: nn.Linear, offset: Tensor) -> None:
+        super().__init__(proj.in_features, proj.out_features, bias=proj.bias is not None,
+                         device=proj.weight.device, dtype=proj.weight.dtype)
+        self.weight, self.bias = proj.weight, proj.bias  # shared with the copy, not new parameters
+        self.register_buffer("offset", offset, persistent=False)  # (T, D)
+
+    def forward(self, x: Tensor) -> Tensor:
+        if x.shape[-2] != self.offset.shape[0]:
+            raise MechanismError(f"the heads are mean-ablated with means for {self.offset.shape[0]} tokens but this "
+                                 f"input has {x.shape[-2]}; compute the means at this input size")
+        return super().forward(x) + self.offset
+
+
+def ablated_copy(model: ViT, heads: Sequence[tuple[int, int]], mode: str = "zero", means: Tensor | None = None
+                 ) -> ViT:
+    """A copy of ``model`` in which the heads ``(layer, head)`` (from 0) are ablated in the weights: their input
+    columns of ``attn.proj`` are zero, and with ``mode="mean"`` their mean output (``means`` from
+    ``mean_contexts``) is added per token position (``MeanAblatedProj``). ``proj`` of a context whose head slice
+    is zero equals ``proj`` with that slice's columns zero, so this is ``ablate_heads(..., mode, means)`` for
+    every pass over the copy — the forward, its attentions, and every gradient or relevance walk the page draws
+    (rollout, class maps, LeGrad, AttnLRP, flow), on every family (RoPE ones too: the heads' outputs meet only
+    at ``proj``). The model itself is left alone."""
     if not isinstance(model, ViT):
         raise MechanismError(f"head ablation needs this project's ViT, got {type(model).__name__}")
     chosen = _heads_by_layer(model, heads)
+    if mode not in ABLATION_MODES:
+        raise MechanismError(f"unknown ablation {mode!r}; choose zero or mean")
+    L, H, hd = _dims(model)
+    if mode == "mean" and (means is None or means.dim() != 4 or means.shape[0] != L or means.shape[2:] != (H, hd)):
+        raise MechanismError(f"mean ablation needs the reference images' mean_contexts, (layers {L}, tokens, "
+                             f"heads {H}, {hd}) for this model")
     ablated = copy.deepcopy(model)
     with torch.no_grad():
         for layer, idx in chosen.items():
             attn = ablated.blocks[layer].attn
-            weight = attn.proj.weight.view(attn.proj.out_features, attn.num_heads, attn.head_dim)  # columns by head
+            weight = attn.proj.weight.view(attn.proj.out_features, H, hd)  # columns by head
+            if mode == "mean":
+                offset = torch.einsum("the,dhe->td", means[layer][:, idx].to(weight), weight[:, idx])  # (T, D)
+                attn.proj = MeanAblatedProj(attn.proj, offset)
             weight[:, idx] = 0
     return ablated
 
