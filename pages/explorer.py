@@ -308,12 +308,13 @@ def reference_images():
     if len(reference_uploads) > explorer.MAX_REFERENCE_IMAGES:
         raise ValueError(f"{len(reference_uploads)} reference images are uploaded; at most "
                          f"{explorer.MAX_REFERENCE_IMAGES} are averaged: remove some")
-    for key, upload in zip(reference_keys, reference_uploads, strict=True):
-        yield decode_image(key, upload.name, invert, upload.getvalue())
-    if not reference_uploads:
-        for path in reference_keys:
-            data = Path(path).read_bytes()
-            yield decode_image(explorer.image_digest(data), Path(path).name, invert, data)
+    if reference_uploads:
+        for key, upload in zip(reference_keys, reference_uploads, strict=True):
+            yield decode_image(key, upload.name, invert, upload.getvalue())
+        return
+    for path in reference_keys:
+        data = Path(path).read_bytes()
+        yield decode_image(explorer.image_digest(data), Path(path).name, invert, data)
 
 
 @st.cache_resource(max_entries=4, show_spinner="Averaging the heads over the reference images…")
@@ -342,10 +343,10 @@ if heads_off_labels and st.session_state.get("mechanism_view") and st.session_st
         st.warning(escape_markdown(e))
     else:
         fingerprint = (fingerprint, f"{everywhere_mode}-ablated", heads_off, means_key)
-        over = f" over {reference_label}" if everywhere_mode == "mean" else ""
+        over = f" over {escape_markdown(reference_label)}" if everywhere_mode == "mean" else ""
         st.info(f"Heads {escape_markdown(', '.join(heads_off_labels))} are switched off ({everywhere_mode} "
-                f"ablation{escape_markdown(over)}) in the prediction and in every map on this page. Switch them "
-                "on again under Mechanism → Ablation.")
+                f"ablation{over}) in the prediction and in every map on this page. Switch them on again under "
+                "Mechanism → Ablation.")
 
 try:
     analysis = analyse(fingerprint, image_key, size, checkpoint, image)

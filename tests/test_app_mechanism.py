@@ -13,9 +13,9 @@ from test_app import CLASSES, TINY, array_shape, charts, png_bytes, run_app, wri
 from vit.app import explorer
 from vit.app.catalog import DEFAULT_CHECKPOINT
 from vit.checkpoint import load_checkpoint
-from vit.explain.mechanism import ablate_heads, direct_logit_attribution
+from vit.explain.mechanism import ablate_heads, direct_logit_attribution, mean_contexts
 from vit.images import open_image
-from vit.inference import preprocess
+from vit.inference import InputSize, input_shape, preprocess, preprocess_at
 from vit.model import ViTConfig
 
 pytest.importorskip("streamlit")
@@ -128,6 +128,129 @@ def test_every_map_and_the_prediction_follow_the_heads_switched_off(default_worl
     at.run()
     assert not at.info or not any("switched off" in i.value for i in at.info)
     assert maps_shown(at) == full_maps
+
+
+def upload_references(at, *images: bytes):
+    [uploader] = [u for u in at.sidebar.get("file_uploader") if u.label.startswith("Reference images")]
+    uploader.set_value([(f"ref_{i}.png", data, "image/png") for i, data in enumerate(images)])
+    at.run()
+    assert not at.exception, [e.message for e in at.exception]
+    return at
+
+
+def test_mean_ablation_over_uploaded_references_switches_every_map(dirs):
+    """A model without sample images (any HF or timm model) mean-ablates over reference images uploaded in the
+    sidebar, and every map on the page follows, as it does for zero ablation."""
+    checkpoints, _ = dirs
+    write_checkpoint(checkpoints / DEFAULT_CHECKPOINT)  # no samples
+    at = run_app()
+    image = png_bytes(40, 24, seed=3)
+    test_app.upload(at, "cat.png", image)
+    at = open_mechanism(at, "Ablation")
+    assert at.radio(key="ablation_mode").disabled  # nothing to average over yet
+    references = [png_bytes(24, 40, seed=5), png_bytes(16, 16, seed=6), png_bytes(50, 20, seed=7)]
+    upload_references(at, *references)
+    assert not at.radio(key="ablation_mode").disabled
+    full_maps = maps_shown(at)
+    at.radio(key="ablation_mode").set_value("mean")
+    key = next(w.key for w in at.multiselect if w.label.startswith("Switch heads off"))
+    at.multiselect(key=key).set_value(["1.1", "3.2"])
+    at.run()
+    assert any("Means over the 3 uploaded reference images" in c.value for c in at.caption)
+    at.toggle(key="ablate_everywhere").set_value(True)
+    at.run()
+    assert not at.exception, [e.message for e in at.exception]
+    assert any("(mean ablation over the 3 uploaded reference images)" in i.value for i in at.info), \
+        [i.value for i in at.info]
+
+    checkpoint = load_checkpoint(checkpoints / DEFAULT_CHECKPOINT)
+    x = preprocess([open_image(image, name="cat.png")], checkpoint.preprocessing)
+    refs = preprocess([open_image(r, name="r.png") for r in references], checkpoint.preprocessing)
+    with torch.no_grad():
+        expected = ablate_heads(checkpoint.model, x, [(0, 0), (2, 1)], "mean",
+                                mean_contexts(checkpoint.model, refs))[0].softmax(-1)[0]
+        zeroed = ablate_heads(checkpoint.model, x, [(0, 0), (2, 1)])[0].softmax(-1)[0]
+    assert not torch.allclose(expected, zeroed, atol=1e-4)
+    bars = [t for fig in charts(at) for t in fig["data"] if t.get("type") == "bar"]
+    sidebar, _, after = (dict(zip(b["y"], b["x"], strict=True)) for b in bars[:3])
+    for shown in (sidebar, after):
+        for name, p in shown.items():
+            assert p == pytest.approx(float(expected[CLASSES.index(name)]), abs=1e-6)
+    mean_maps = maps_shown(at)
+    assert [a != b for a, b in zip(full_maps, mean_maps, strict=True)] == [False] + [True] * (len(full_maps) - 1)
+    at.radio(key="ablation_mode").set_value("zero")
+    at.run()
+    assert any("(zero ablation)" in i.value for i in at.info)
+    zero_maps = maps_shown(at)
+    assert [a != b for a, b in zip(zero_maps, mean_maps, strict=True)] == [False] + [True] * (len(full_maps) - 1)
+
+
+def test_without_uploads_mean_ablation_averages_over_the_sample_images(default_world):
+    checkpoints, _ = default_world
+    at = open_mechanism(run_app(), "Ablation")
+    at.radio(key="ablation_mode").set_value("mean")
+    key = next(w.key for w in at.multiselect if w.label.startswith("Switch heads off"))
+    at.multiselect(key=key).set_value(["2.1"])
+    at.run()
+    assert not at.exception, [e.message for e in at.exception]
+    assert any("Means over the 2 sample images" in c.value for c in at.caption)
+    checkpoint, x = sample_input(checkpoints)
+    samples = sorted((checkpoints / "samples" / Path(DEFAULT_CHECKPOINT).stem).iterdir())
+    refs = preprocess([open_image(p.read_bytes(), name=p.name) for p in samples], checkpoint.preprocessing)
+    with torch.no_grad():
+        expected = ablate_heads(checkpoint.model, x, [(1, 0)], "mean",
+                                mean_contexts(checkpoint.model, refs))[0].softmax(-1)[0]
+    bars = [t for fig in charts(at) for t in fig["data"] if t.get("type") == "bar"]
+    for name, p in dict(zip(bars[2]["y"], bars[2]["x"], strict=True)).items():
+        assert p == pytest.approx(float(expected[CLASSES.index(name)]), abs=1e-6)
+
+
+def test_more_reference_images_than_averaged_are_refused_in_one_line(default_world):
+    at = open_mechanism(run_app(), "Ablation")
+    upload_references(at, *[png_bytes(8, 8, seed=i) for i in range(explorer.MAX_REFERENCE_IMAGES + 1)])
+    at.radio(key="ablation_mode").set_value("mean")
+    at.run()
+    assert not at.exception, [e.message for e in at.exception]
+    assert any(f"{explorer.MAX_REFERENCE_IMAGES + 1} reference images are uploaded; at most "
+               f"{explorer.MAX_REFERENCE_IMAGES} are averaged: remove some" in w.value.replace("\\", "")
+               for w in at.warning)
+
+
+def test_reference_means_take_the_images_grid_whatever_the_references_aspect(tmp_path):
+    """With the aspect kept, each reference is resized to exactly the analysed image's input shape (means are per
+    token position), read a chunk at a time: the mean is the one over the whole set at once."""
+    checkpoint = load_checkpoint(write_checkpoint(tmp_path / "m.pt"))
+    image = open_image(png_bytes(40, 24, seed=3), name="x.png")
+    size = InputSize(32, keep_aspect=True)
+    references = [open_image(png_bytes(w, h, seed=i), name="r.png")
+                  for i, (w, h) in enumerate([(24, 40), (16, 16), (50, 20)] * 4)]  # 12: two chunks
+    means = explorer.reference_means(checkpoint, references, image, size)
+    shape = input_shape(image, checkpoint.preprocessing, 4, size)
+    assert shape == (20, 32)  # long side 32, short side in proportion, whole patches
+    with torch.no_grad():
+        expected = mean_contexts(checkpoint.model, preprocess_at(references, checkpoint.preprocessing, shape))
+    assert means.shape == (3, 1 + 5 * 8, 2, 8)
+    torch.testing.assert_close(means, expected, rtol=0, atol=1e-6)
+    # preprocess_at prepares an image of the analysed aspect exactly as the image itself is prepared
+    torch.testing.assert_close(preprocess_at([image], checkpoint.preprocessing, shape),
+                               preprocess([image], checkpoint.preprocessing, size, 4), rtol=0, atol=0)
+
+
+def test_reference_means_read_no_more_references_than_they_average(tmp_path):
+    checkpoint = load_checkpoint(write_checkpoint(tmp_path / "m.pt"))
+    image = open_image(png_bytes(seed=3), name="x.png")
+    read = []
+
+    def endless():
+        while True:
+            read.append(1)
+            yield image
+
+    with pytest.raises(ValueError, match=f"1 to {explorer.MAX_REFERENCE_IMAGES} reference images; remove some"):
+        explorer.reference_means(checkpoint, endless(), image)
+    assert len(read) <= explorer.MAX_REFERENCE_IMAGES + explorer.REFERENCE_CHUNK
+    with pytest.raises(ValueError, match="add some"):
+        explorer.reference_means(checkpoint, [], image)
 
 
 def test_phenomena_draw_norms_massive_activations_and_sinks(default_world):
