@@ -27,6 +27,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # run as a script too: python bench/bench_mechanism.py
+from vit.app.explorer import REFERENCE_CHUNK  # noqa: E402  (reference images run at once)
 from vit.explain import mechanism  # noqa: E402
 from vit.model import ViT, ViTConfig  # noqa: E402
 
@@ -41,7 +42,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--repeats", type=int, default=3, help="repeats of the fast calls")
-    p.add_argument("--residual-repeats", type=int, default=1, help="repeats of the residual patching grid")
+    p.add_argument("--residual-repeats", type=int, default=1,
+                   help="repeats of the residual patching grid (0: skip it, ~5 min on 2 cores)")
     p.add_argument("--preset", default="vit-base-16")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -49,13 +51,18 @@ def main(argv: list[str] | None = None) -> int:
     model = ViT(ViTConfig.from_preset(args.preset)).eval()
     c = model.config
     clean, corrupted = torch.randn(2, 1, c.num_channels, c.image_size, c.image_size)
+    references = torch.randn(REFERENCE_CHUNK, c.num_channels, c.image_size, c.image_size)
     calls = {
         "forward (baseline)": lambda: model(clean),
         "logit lens": lambda: mechanism.logit_lens(model, clean),
         "direct logit attribution": lambda: mechanism.direct_logit_attribution(model, clean),
         "ablation grid (zero)": lambda: mechanism.ablation_grid(model, clean),
         "head patching grid": lambda: mechanism.patch_heads(model, clean, corrupted),
+        f"mean contexts ({len(references)} images)": lambda: mechanism.mean_contexts(model, references),
+        "mean-ablated copy, 1 head": lambda: mechanism.ablated_copy(model, [(5, 3)], "mean", means),
     }
+    with torch.inference_mode():
+        means = mechanism.mean_contexts(model, references)
     with torch.inference_mode():
         for fn in calls.values():  # warm-up
             fn()
@@ -65,7 +72,8 @@ def main(argv: list[str] | None = None) -> int:
                 times[name].append(time_call(fn))
         residual = [time_call(lambda: mechanism.patch_residuals(model, clean, corrupted))
                     for _ in range(args.residual_repeats)]
-        times["residual patching grid"] = residual
+        if residual:
+            times["residual patching grid"] = residual
         times["forward (baseline)"].append(time_call(calls["forward (baseline)"]))
     base = statistics.median(times["forward (baseline)"])
     tokens = c.num_patches + model.num_prefix_tokens
