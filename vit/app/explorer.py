@@ -78,7 +78,7 @@ MAP_CONTROLS = {
     "probe_rollout": ("end_layer", "fusion", "discard_ratio"),
 }
 TOP_K = 5
-MAX_REFERENCE_IMAGES = 32  # mean ablation's reference set: ~1 s a image for a ViT-B/16 at 224 on 2 cores
+MAX_REFERENCE_IMAGES = 32  # mean ablation's reference set: ViT-B/16 at 224 on 2 cores, 1.8 s per 8 (bench_mechanism)
 REFERENCE_CHUNK = 8  # reference images run at once: one chunk's activations are held, not the whole set's
 # Memory per analysed image: hidden states + cached layers + one layer being computed stays under
 # this (env VIT_ANALYSIS_MEMORY_MB), and inputs with more tokens than VIT_MAX_TOKENS are refused.
