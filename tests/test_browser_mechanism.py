@@ -1,4 +1,5 @@
-"""The explorer's Mechanism view in a real browser: switch a head off on a real photo and see the prediction change.
+"""The explorer's Mechanism view in a real browser: switch a head off on a real photo and see the prediction change,
+zeroed, then set to its mean over uploaded reference photos in every map.
 
 The shipped CIFAR-10 model calls its sample photo cat_1.png an airplane (44 %); with head 4.3 zero-ablated it says
 cat (50 %), as ``python -m vit.predict checkpoints/cifar10-cifar-s.pt checkpoints/samples/cifar10-cifar-s/cat_1.png
@@ -81,3 +82,19 @@ def test_switching_a_head_off_on_a_real_photo_changes_the_prediction(server, pag
         .filter(p => p.data && p.data[0].type === 'bar').map(p => p.data[0].y[0])""")  # most probable first
     assert tops[-2:] == ["airplane", "cat"], tops
     page.screenshot(path=str(ARTIFACTS / "explorer-mechanism-ablation.png"), full_page=True)
+
+    # Mean ablation over three photos uploaded as references (what an HF or timm model, with no samples, has),
+    # then in every map: the sidebar's prediction follows (4.3 set to its mean over them: cat, 40 %).
+    samples = ROOT / "checkpoints" / "samples" / "cifar10-cifar-s"
+    page.locator('[data-testid="stFileUploader"]').filter(has_text="Reference images").locator(
+        '[data-testid="stFileUploaderDropzoneInput"]').set_input_files(
+        [str(samples / f"{name}_1.png") for name in ("airplane", "automobile", "bird")])
+    page.get_by_text("its mean over reference images").click()
+    page.get_by_text("Means over the 3 uploaded reference images").wait_for()
+    page.get_by_text("Heads 4.3 off (mean ablation): predicts cat.").wait_for()
+    page.get_by_text("Every map on this page with these heads off").click()
+    page.get_by_text("(mean ablation over the 3 uploaded reference images) in the prediction").wait_for()
+    page.wait_for_function("""() => { const bars = Array.from(document.querySelectorAll(
+        '[data-testid="stPlotlyChart"] .js-plotly-plot')).filter(p => p.data && p.data[0].type === 'bar');
+        return bars.length >= 3 && bars[0].data[0].y[0] === 'cat'; }""")
+    page.screenshot(path=str(ARTIFACTS / "explorer-mechanism-mean-ablation.png"), full_page=True)
