@@ -216,6 +216,13 @@ except CheckpointError as e:
     st.stop()
 class_names = checkpoint.class_names
 model_key = explorer.image_digest(choice.encode())[:10]  # widgets whose range depends on the model
+# Streamlit forgets a widget's value in a run that does not draw it, and a closed Mechanism tab draws none of its
+# widgets: heads switched off "in every map" came back on at the next click after opening another tab. Setting
+# these through the Session State API keeps them (Streamlit's documented way to stop that clean-up).
+for kept in ("ablation_mode", f"ablate-{model_key}", "ablate_everywhere", "ablation_grid", f"corrupted-{model_key}",
+             "patch_positions", "norm_threshold", "tt_register", "tt_register_neurons"):
+    if kept in st.session_state:
+        st.session_state[kept] = st.session_state[kept]
 if checkpoint.metadata.get("preprocessing_guessed"):  # bare weights: say what the images are prepared with
     st.sidebar.warning(escape_markdown(checkpoint.metadata["preprocessing_guessed"]))
 

@@ -253,6 +253,24 @@ def test_reference_means_read_no_more_references_than_they_average(tmp_path):
         explorer.reference_means(checkpoint, [], image)
 
 
+def test_heads_switched_off_stay_off_while_another_mechanism_tab_is_open(default_world):
+    """A closed tab draws none of its widgets and Streamlit forgets such widgets' values: heads switched off in
+    every map came back on at the next click after opening another tab."""
+    at = open_mechanism(run_app(), "Ablation")
+    key = next(w.key for w in at.multiselect if w.label.startswith("Switch heads off"))
+    at.multiselect(key=key).set_value(["1.1", "3.2"])
+    at.run()
+    at.toggle(key="ablate_everywhere").set_value(True)
+    at.run()
+    at.session_state["mechanism_tab"] = "Head attribution"
+    at.run()
+    at.run()  # the next click, with the Ablation tab closed
+    assert any("are switched off (zero ablation)" in i.value for i in at.info), [i.value for i in at.info]
+    at.session_state["mechanism_tab"] = "Ablation"
+    at.run()
+    assert at.multiselect(key=key).value == ["1.1", "3.2"] and at.toggle(key="ablate_everywhere").value
+
+
 def test_phenomena_draw_norms_massive_activations_and_sinks(default_world):
     at = open_mechanism(run_app(), "Phenomena")
     titles = [fig["layout"].get("title", {}).get("text") for fig in charts(at)]

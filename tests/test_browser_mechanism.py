@@ -98,3 +98,9 @@ def test_switching_a_head_off_on_a_real_photo_changes_the_prediction(server, pag
         '[data-testid="stPlotlyChart"] .js-plotly-plot')).filter(p => p.data && p.data[0].type === 'bar');
         return bars.length >= 3 && bars[0].data[0].y[0] === 'cat'; }""")
     page.screenshot(path=str(ARTIFACTS / "explorer-mechanism-mean-ablation.png"), full_page=True)
+    # Another Mechanism tab, then another click there: the heads stay off (a closed tab draws none of its widgets).
+    page.get_by_role("tab", name="Head attribution", exact=True).click()
+    page.get_by_text("TransformerLens's apply_ln_to_stack").wait_for()
+    page.get_by_role("tab", name="Logit lens", exact=True).click()
+    page.get_by_text("Each patch's probability of").wait_for()
+    page.get_by_text("(mean ablation over the 3 uploaded reference images) in the prediction").wait_for()
