@@ -1,14 +1,17 @@
 """High-norm tokens, massive activations, attention sinks and test-time register neurons on a timm model.
 
 References, run on timm's own ``VisionTransformer`` with the same random weights:
-- locuslab/massive-activations @ 7e5e64cb, ``monkey_patch/modify_vit.py`` ``vit_custom_block_forward`` (the block
-  output kept as ``feat``) and ``main_vit.py --exp2`` (top 3 of |feat| and its median per layer), re-typed below
-  as hooks on timm's blocks.
+- locuslab/massive-activations @ 6521c05e, ``monkey_patch/modify_vit.py`` (MIT, vendored verbatim in
+  ``tests/reference/massive_activations``): ``enable_vit_custom_block`` puts the authors' block forward on each of
+  timm's blocks, which keeps its output as ``feat``; ``main_vit.py --exp2``'s statistic (top 3 of |feat| and its
+  median per layer, four lines of a script) is copied below.
 - nickjiang2378/test-time-registers @ 248dbaa0, ``shared/algorithms.py`` ``find_register_neurons`` (without the
   sparsity filter), re-typed below on activations captured from timm's ``mlp.act`` and block outputs; and
   @ fd81fd22 ``shared/hook_fn.py`` ``activate_on_registers`` and ``shared/utils.py`` ``sign_max``, re-typed below as
   hooks on timm's ``mlp.act`` with the extra tokens appended after the patches.
 """
+
+import copy
 
 import pytest
 import torch
@@ -65,17 +68,23 @@ def timm_captures(model, x):
 
 
 def test_massive_activations_match_the_authors_statistics(pair):
+    from reference.massive_activations.modify_vit import enable_vit_custom_block
+
     reference, ours = pair
     x = images(2)
     with torch.no_grad():
         mine = massive_activations(hidden_states(ours, x))  # (B, L, 4)
+    authors = copy.deepcopy(reference)
+    for layer_id, layer in enumerate(authors.blocks):
+        enable_vit_custom_block(layer, layer_id)
     for b in range(2):
-        feats, _ = timm_captures(reference, x[b:b + 1])
-        for layer, feat in enumerate(feats):  # main_vit.py --exp2, one image
-            feat_abs = feat.abs()
+        with torch.no_grad():
+            authors(x[b:b + 1])
+        for layer_id in range(len(authors.blocks)):  # main_vit.py --exp2, one image
+            feat_abs = authors.blocks[layer_id].feat.abs()
             top = torch.sort(feat_abs.flatten(), descending=True).values[:3]
-            torch.testing.assert_close(mine[b, layer, :3].double(), top, rtol=1e-5, atol=1e-5)
-            torch.testing.assert_close(mine[b, layer, 3].double(), torch.median(feat_abs), rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(mine[b, layer_id, :3].double(), top, rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(mine[b, layer_id, 3].double(), torch.median(feat_abs), rtol=1e-5, atol=1e-5)
 
 
 def reference_register_neurons(model, xs, threshold, detect_outliers_layer=-1):
