@@ -232,6 +232,9 @@ def test_a_zero_ablated_copy_is_hf_with_the_heads_outputs_zeroed_and_leaves_the_
     for mine, theirs in zip(attentions, walked, strict=True):
         torch.testing.assert_close(mine, theirs, rtol=0, atol=1e-6)
     assert all(torch.equal(v, before[k]) for k, v in ours.state_dict().items()), "the original model was changed"
+    mine, theirs = dict(ablated.named_parameters()), dict(ours.named_parameters())
+    new = {name for name, p in mine.items() if p.data_ptr() != theirs[name].data_ptr()}
+    assert new == {"blocks.1.attn.proj.weight", "blocks.2.attn.proj.weight"}  # the rest is shared, not copied
     with pytest.raises(MechanismError, match="head 4.1 does not exist"):
         ablated_copy(ours, [(3, 0)])
 
