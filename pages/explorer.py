@@ -39,7 +39,10 @@ INPUT_SIDES = (224, 256, 320, 384, 448, 480, 518, 640, 768, 1024)
 KEPT_SETTINGS = ("map_kind", "fusion", "opacity", "colormap", "upsample", "show_grid", "every_layer", "discard_ratio",
                  "colour_scale", "mass_mask", "mask_share", "hide_registers", "invert", "input_side", "keep_aspect",
                  "npz_precision", "npz_layers", "method_kind", "faithfulness_curves", "layer-", "head-", "query-",
-                 "class-query-", "end-", "class-", "sample-", "words_")
+                 "class-query-", "end-", "class-", "sample-", "words_",
+                 # the Mechanism tabs': heads switched off "in every map" came back on after opening another tab
+                 "ablation_mode", "ablation_grid", "ablate", "corrupted-", "patch_positions", "norm_threshold",
+                 "tt_register")
 for _key in list(st.session_state):
     if isinstance(_key, str) and _key.startswith(KEPT_SETTINGS):
         st.session_state[_key] = st.session_state[_key]
@@ -216,13 +219,6 @@ except CheckpointError as e:
     st.stop()
 class_names = checkpoint.class_names
 model_key = explorer.image_digest(choice.encode())[:10]  # widgets whose range depends on the model
-# Streamlit forgets a widget's value in a run that does not draw it, and a closed Mechanism tab draws none of its
-# widgets: heads switched off "in every map" came back on at the next click after opening another tab. Setting
-# these through the Session State API keeps them (Streamlit's documented way to stop that clean-up).
-for kept in ("ablation_mode", f"ablate-{model_key}", "ablate_everywhere", "ablation_grid", f"corrupted-{model_key}",
-             "patch_positions", "norm_threshold", "tt_register", "tt_register_neurons"):
-    if kept in st.session_state:
-        st.session_state[kept] = st.session_state[kept]
 if checkpoint.metadata.get("preprocessing_guessed"):  # bare weights: say what the images are prepared with
     st.sidebar.warning(escape_markdown(checkpoint.metadata["preprocessing_guessed"]))
 
