@@ -299,7 +299,7 @@ if st.session_state.get("mechanism_view"):
         key="reference_uploads", help=f"Up to {explorer.MAX_REFERENCE_IMAGES} images a head's mean output is taken "
                                       "over; without them, the checkpoint's sample images.") or []
 if reference_uploads:
-    reference_keys = tuple(f"upload-{explorer.image_digest(f.getvalue())}" for f in reference_uploads)
+    reference_keys = tuple(f"upload-{f.file_id}" for f in reference_uploads)  # not hashed again on every rerun
     reference_label = f"the {len(reference_uploads)} uploaded reference images"
 else:
     reference_keys = tuple(str(p) for p in (samples or [])[:explorer.MAX_REFERENCE_IMAGES])
