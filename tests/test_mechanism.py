@@ -292,7 +292,7 @@ def test_a_mean_ablated_copy_refuses_another_input_size_and_wrong_means():
     model = random_vit()
     means = mean_contexts(model, images(2))  # 17 tokens
     ablated = ablated_copy(model, [(0, 0)], "mean", means)
-    with pytest.raises(MechanismError, match="means for 17 tokens but this input has 13"):
+    with pytest.raises(MechanismError, match="mean-ablated at 17 token positions cannot run on 13 tokens"):
         ablated(images(1, (12, 16)))
     with pytest.raises(MechanismError, match="mean_contexts"):
         ablated_copy(model, [(0, 0)], "mean")

@@ -440,8 +440,9 @@ class MeanAblatedProj(nn.Linear):
 
     def forward(self, x: Tensor) -> Tensor:
         if x.shape[-2] != self.offset.shape[0]:
-            raise MechanismError(f"the heads are mean-ablated with means for {self.offset.shape[0]} tokens but this "
-                                 f"input has {x.shape[-2]}; compute the means at this input size")
+            raise MechanismError(f"heads mean-ablated at {self.offset.shape[0]} token positions cannot run on "
+                                 f"{x.shape[-2]} tokens (another input size, or added register tokens); compute the "
+                                 "means at this size, or zero-ablate them")
         return super().forward(x) + self.offset
 
 
