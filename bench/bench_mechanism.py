@@ -13,6 +13,10 @@ Measured 2026-11-22 on this project's 2-core CPU machine (shared with other jobs
 patching grid 29.2 s, residual patching grid (12 layers x 197 positions) 296 s (one run). Later, with the
 machine idle (3 runs each): forward 0.145 s, logit lens 0.167 s, attribution 0.183 s, ablation grid 9.2 s (63x);
 the grids scale with L x H (or L x T) passes of the remaining layers, about L x H x (L + 1) / 2 / L forwards.
+2026-11-23, the same machine (slower that day: forward 0.295 s): logit lens 0.368 s, attribution 0.410 s, ablation
+grid 18.7 s (63x), head patching grid 18.8 s (64x), residual patching grid 378 s (1284x, one run), mean contexts of
+8 reference images 1.88 s, a mean-ablated copy with one head off 0.013 s (its parameters shared with the model;
+a whole deep copy took 0.10 s).
 """
 
 from __future__ import annotations
