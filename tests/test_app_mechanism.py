@@ -13,7 +13,7 @@ from test_app import CLASSES, TINY, array_shape, charts, png_bytes, run_app, wri
 from vit.app import explorer
 from vit.app.catalog import DEFAULT_CHECKPOINT
 from vit.checkpoint import load_checkpoint
-from vit.explain.mechanism import ablate_heads, direct_logit_attribution, mean_contexts
+from vit.explain.mechanism import ablate_heads, direct_logit_attribution, find_register_neurons, mean_contexts
 from vit.images import open_image
 from vit.inference import InputSize, input_shape, preprocess, preprocess_at
 from vit.model import ViTConfig
@@ -214,6 +214,33 @@ def test_more_reference_images_than_averaged_are_refused_in_one_line(default_wor
     assert any(f"{explorer.MAX_REFERENCE_IMAGES + 1} reference images are uploaded; at most "
                f"{explorer.MAX_REFERENCE_IMAGES} are averaged: remove some" in w.value.replace("\\", "")
                for w in at.warning)
+
+
+def test_a_test_time_register_finds_its_neurons_on_the_uploaded_references(dirs):
+    """Without samples (an HF or timm model) the register neurons are found on this image and the references
+    uploaded in the sidebar, not on this image alone."""
+    checkpoints, _ = dirs
+    write_checkpoint(checkpoints / DEFAULT_CHECKPOINT)  # no samples
+    at = run_app()
+    image = png_bytes(40, 24, seed=3)
+    test_app.upload(at, "cat.png", image)
+    at = open_mechanism(at, "Phenomena")
+    references = [png_bytes(24, 40, seed=5), png_bytes(16, 16, seed=6)]
+    upload_references(at, *references)
+    at.slider(key="norm_threshold").set_value(0.0)  # every token an outlier: every image counts
+    at.toggle(key="tt_register").set_value(True)
+    at.run()
+    assert not at.exception, [e.message for e in at.exception]
+    [caption] = [c.value for c in at.caption if "Register neurons (layer.neuron)" in c.value]
+    checkpoint = load_checkpoint(checkpoints / DEFAULT_CHECKPOINT)
+    opened = [open_image(data, name="x.png") for data in (image, *references)]
+    with torch.no_grad():
+        found = find_register_neurons(checkpoint.model, preprocess(opened, checkpoint.preprocessing), 0.0, top_k=10)
+        alone = find_register_neurons(checkpoint.model, preprocess(opened[:1], checkpoint.preprocessing), 0.0,
+                                      top_k=10)
+    assert [(a, b) for a, b, _ in found] != [(a, b) for a, b, _ in alone]
+    shown = caption.replace("\\", "").split("(layer.neuron): ")[-1].rstrip(".")
+    assert shown == ", ".join(f"{layer + 1}.{neuron}" for layer, neuron, _ in found)
 
 
 def test_reference_means_take_the_images_grid_whatever_the_references_aspect(tmp_path):
