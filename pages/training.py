@@ -370,7 +370,8 @@ def runs_panel() -> None:
         st.success(escape_markdown(for_visitor(st.session_state["train_notice"])))
     st.subheader("Runs")
     if not all_runs:
-        st.info(f"No runs yet in {escape_markdown(manager.runs_dir)}.")
+        # Where the server keeps its runs is for its own visitors only, as the data roots' paths are.
+        st.info("No runs yet." if gate.mode == "token" else f"No runs yet in {escape_markdown(manager.runs_dir)}.")
         return
     if st.session_state.get("runs_message"):
         st.warning(escape_markdown(for_visitor(st.session_state["runs_message"])))
