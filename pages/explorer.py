@@ -8,6 +8,7 @@ to its path before ``st.switch_page("pages/explorer.py")``, and an image file by
 """
 
 import math
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
 
@@ -27,7 +28,7 @@ from vit.inference import MAX_INPUT_SIDE, InputSize, NonFiniteOutput, input_box,
 from vit.runs import access
 from vit.sources.open import open_source
 from vit.sources.text_tower import MAX_LABEL_CHARS, MAX_LABELS, has_text_tower, open_text_tower, split_labels
-from vit.text import escape_markdown
+from vit.text import escape_markdown, visible
 from vit.training import snapshots
 
 # Everything open_image reads (its error message lists these), so the uploader never refuses a format it names.
@@ -72,7 +73,10 @@ def byte_cache(name: str, max_bytes: int) -> ByteCache:
 def load_model(path: str, fingerprint: tuple) -> Checkpoint:
     def load() -> Checkpoint:
         with st.spinner("Loading the checkpoint…"):
-            return open_source(path)  # our .pt files, HF / timm folders, timm / torchvision weights
+            checkpoint = open_source(path)  # our .pt files, HF / timm folders, timm / torchvision weights
+        # Class names come from the file: one with U+202E would turn every label and caption showing it around.
+        # This page only shows them, so it holds them with such characters written as their escapes.
+        return replace(checkpoint, class_names=[visible(name) for name in checkpoint.class_names])
     return byte_cache("models", MODEL_CACHE_BYTES).get_or_compute((path, fingerprint), load)
 
 

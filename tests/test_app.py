@@ -1057,3 +1057,15 @@ def test_the_image_and_map_can_be_enlarged_and_zoomed_to_pick_a_fine_grids_patch
     [chart] = [c for c in at.get("plotly_chart") if c.proto.id.endswith("patch_picker")]
     config = json.loads(chart.proto.config)
     assert config["scrollZoom"] is True and config["doubleClick"] == "reset"
+
+
+def test_class_names_from_the_file_show_their_control_characters(dirs):
+    """A checkpoint's class names are the file's: U+202E in one turned every label and caption showing it around
+    (the run names' fix, issue 20 item 9, had left them raw)."""
+    checkpoints, _ = dirs
+    write_checkpoint(checkpoints / DEFAULT_CHECKPOINT, classes=["air\u202eplane", "cat", "dog\u2066"])
+    at = upload(run_app(), "x.png", png_bytes())
+    bars = [t for fig in charts(at) for t in fig["data"] if t.get("type") == "bar"]
+    assert set(bars[0]["y"]) == {"air\\u202eplane", "cat", "dog\\u2066"}
+    shown = [e.value for e in [*at.caption, *at.markdown, *at.info]] + [json.dumps(f) for f in charts(at)]
+    assert not any(c in text for text in shown for c in "\u202e\u2066")

@@ -114,19 +114,19 @@ class CatalogEntry:
         ]
         if self.metadata.get("architecture"):
             shown = ", ".join(self.class_names[:10]) + (", …" if len(self.class_names) > 10 else "")
-            lines.append(f"**Imported** {escape_markdown(self.metadata['architecture'])}; "
-                         + (f"{len(self.class_names)} classes: {escape_markdown(shown)}" if self.class_names
+            lines.append(f"**Imported** {escape_markdown(visible(self.metadata['architecture']))}; "
+                         + (f"{len(self.class_names)} classes: {escape_markdown(visible(shown))}" if self.class_names
                             else "no classifier (a feature model: maps, no prediction)"))
         else:
-            lines.append(f"**Data** {escape_markdown(self.dataset or 'unknown')}; {len(self.class_names)} classes: "
-                         f"{escape_markdown(', '.join(self.class_names))}")
+            lines.append(f"**Data** {escape_markdown(visible(self.dataset or 'unknown'))}; {len(self.class_names)} "
+                         f"classes: {escape_markdown(visible(', '.join(self.class_names)))}")
         trained = []
         if self.val_acc is not None:
             trained.append(f"validation accuracy {self.val_acc:.1%}")
         if self.epochs is not None:
             trained.append(f"{self.epochs} epochs")
         if self.metadata.get("date"):
-            trained.append(f"saved {escape_markdown(str(self.metadata['date'])[:10])}")
+            trained.append(f"saved {escape_markdown(visible(str(self.metadata['date'])[:10]))}")
         if trained:
             lines.append("**Training** " + ", ".join(trained))
         lines.append(escape_markdown(visible(self.path)))
