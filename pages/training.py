@@ -350,7 +350,7 @@ def run_controls(info: runs.RunInfo) -> None:
 
 def legend(run: str) -> str:
     """A run's name in a chart legend: no HTML, no invisible characters."""
-    return escape_plotly(visible(run))
+    return escape_plotly(run)
 
 
 def runs_action(action, name: str) -> None:

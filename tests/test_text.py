@@ -54,6 +54,7 @@ def test_plotly_text_escapes_tags_and_entities():
     assert escape_plotly("<b>x</b> & <a href='http://example.invalid'>y</a>") == \
         "&lt;b&gt;x&lt;/b&gt; &amp; &lt;a href='http://example.invalid'&gt;y&lt;/a&gt;"
     assert escape_plotly("airplane") == "airplane"
+    assert escape_plotly("cat\u202egod <i>") == "cat\\u202egod &lt;i&gt;"  # shown as written, not turned around
 
 
 # GFM's autolink literals as Streamlit's Markdown renderer finds them: in text nodes, after escapes are

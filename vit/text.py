@@ -35,8 +35,10 @@ def escape_markdown(text: object) -> str:
 
 
 def escape_plotly(text: object) -> str:
-    """``text`` for a Plotly label, legend entry or hover text, shown exactly as written."""
-    return html.escape(str(text), quote=False)
+    """``text`` for a Plotly label, legend entry or hover text, shown exactly as written: its tags as text, its
+    control characters as their escapes (``visible``; class names come from files, and U+202E in one turned a
+    report's axis labels around)."""
+    return html.escape(visible(text), quote=False)
 
 
 def visible(text: object) -> str:
