@@ -152,3 +152,20 @@ def test_a_clips_logit_lens_reads_the_typed_labels(clip):
     ask(at, "")
     assert any("type labels under" in i.value for i in at.info)
 
+
+
+@pytest.mark.parametrize("broken, side", [("token_embedding.weight", "the text model's embeddings of these labels"),
+                                          ("visual.proj", "its weights hold NaN or infinite values")])
+def test_nan_weights_are_named_instead_of_nan_scores(clip, broken, side):
+    """A CLIP whose weights hold NaN gave NaN zero-shot scores without a word (noticed in the last note)."""
+    from safetensors.torch import load_file, save_file
+
+    _, folder = clip
+    state = load_file(folder / "open_clip_model.safetensors")
+    state[broken] = torch.full_like(state[broken], float("nan"))
+    save_file(state, folder / "open_clip_model.safetensors")
+    at = open_clip_app(folder, png_bytes(32, 32, seed=4))
+    ask(at, "a dog, a cat")
+    assert not [t for fig in charts(at) for t in fig["data"] if t.get("type") == "bar" and "a dog" in t["y"]]
+    errors = [e.value.replace("\\", "") for e in at.main.error]
+    assert any(side in e and "not finite" in e for e in errors), errors

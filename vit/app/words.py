@@ -17,7 +17,7 @@ from PIL import Image
 from vit.checkpoint import Checkpoint
 from vit.explain import prompts
 from vit.explain.faithfulness import auc
-from vit.inference import TRAINING_SIZE, InputSize, preprocess
+from vit.inference import TRAINING_SIZE, InputSize, NonFiniteOutput, non_finite_message, preprocess
 from vit.text import escape_markdown, escape_plotly
 
 ENSEMBLE = "imagenet"  # the template choice that averages open_clip's 80 ImageNet templates
@@ -60,6 +60,11 @@ def answer(checkpoint: Checkpoint, tower, image: Image.Image, labels: list[str],
     asked = prompts.ask(tower, labels, templates)
     logits, probabilities = prompts.zero_shot(checkpoint.model, model_input(checkpoint, image, size),
                                               asked.embeddings, asked.scale, asked.bias, asked.kind)
+    if not bool(torch.isfinite(logits).all()):  # NaN scores would look like an answer: say which side broke
+        if bool(torch.isfinite(asked.embeddings).all()):
+            raise NonFiniteOutput(non_finite_message(checkpoint.model))
+        raise NonFiniteOutput("the text model's embeddings of these labels are not finite (NaN or infinite): its "
+                              "weights hold NaN or infinite values, or the numbers overflowed; use another checkpoint")
     return Answer(asked, logits[0].cpu().numpy(), probabilities[0].cpu().numpy())
 
 
