@@ -24,7 +24,7 @@ from vit.runfiles import ROOT, default_runs_dir, parse_json, read_text_bounded
 from vit.runs import access, launch
 from vit.runs.launch import default_data_roots, folder_problem, hide_data_roots
 from vit.sources.open import open_source
-from vit.text import escape_markdown
+from vit.text import escape_markdown, visible
 
 EXPLORER_PAGE = "pages/explorer.py"
 SHOWN_MISTAKES = 12
@@ -174,8 +174,9 @@ for i, mistake in enumerate(analysis.mistakes[:SHOWN_MISTAKES]):
             st.image(open_image(mistake.path), width=128)
         except ImageError as e:
             st.text(shown(str(e)))
-        st.text(f"{Path(mistake.path).name}\ntrue: {mistake.label}\npredicted: {mistake.predicted} "
-                f"({mistake.confidence:.0%})")
+        # File and class names come from the folder and the checkpoint: their control characters as escapes.
+        st.text(f"{visible(Path(mistake.path).name)}\ntrue: {visible(mistake.label)}\n"
+                f"predicted: {visible(mistake.predicted)} ({mistake.confidence:.0%})")
         if st.button("Open in the explorer", key=f"mistake-{i}"):
             st.session_state["explorer_checkpoint"] = checkpoint_path
             st.session_state["explorer_image"] = mistake.path

@@ -112,6 +112,24 @@ def test_page_analyses_a_folder_and_opens_a_mistake_in_the_explorer(world, dirs)
     assert any(".png, 16×16 px" in c.value for c in at.main.caption)
 
 
+def test_page_shows_a_mistakes_file_name_with_its_control_characters(world, dirs):  # noqa: F811
+    """A file named 'photo\u202egnp.exe' showed as 'photoexe.png' among the mistakes."""
+    checkpoints, _ = dirs
+    save_checkpoint(checkpoints / "cat.pt", always(0), CLASSES)
+    (world / "data" / "ship" / "0.png").rename(world / "data" / "ship" / "x\u202egnp.exe.png")
+    at = AppTest.from_file(APP, default_timeout=180)
+    at.switch_page("pages/analyze.py")
+    at.run()
+    at.text_input(key="analyze_folder").set_value(str(world / "data"))
+    at.run()
+    at.button[0].click()
+    at.run()
+    assert not at.exception, [e.message for e in at.exception]
+    texts = [t.value for t in at.text]
+    assert any(t.startswith("x\\u202egnp.exe.png\ntrue: ship") for t in texts), texts
+    assert not any("\u202e" in t for t in texts)
+
+
 def test_class_names_in_the_figures_are_text_not_html():
     names = ["<b>x</b>", "<a href='http://example.invalid'>y</a>"]
     confusion = dataset.confusion_figure(np.eye(2), names)
