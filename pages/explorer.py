@@ -570,8 +570,9 @@ def text_tower(fingerprint: tuple, _checkpoint: Checkpoint):
 @st.cache_resource(max_entries=16, show_spinner="Asking the model…")
 def ask_in_words(fingerprint: tuple, digest: str, size: InputSize, labels: tuple[str, ...],
                  templates: tuple[str, ...], _checkpoint: Checkpoint, _image: Image.Image) -> words.Answer:
-    return words.answer(_checkpoint, text_tower(fingerprint, _checkpoint), _image, list(labels), list(templates),
-                        size)
+    # The text side does not change with the image's heads switched off: the full model's tower, opened once.
+    return words.answer(_checkpoint, text_tower(full_fingerprint, full_checkpoint), _image, list(labels),
+                        list(templates), size)
 
 
 @st.cache_resource(max_entries=32, show_spinner="Computing the map for the label (one backward pass)…")
@@ -774,60 +775,61 @@ if st.toggle("Mechanism: logit lens, head attribution, ablation, phenomena", key
         if ablation_tab.open:
             with ablation_tab:
                 if not class_names:
-                    st.info("This model has no classifier, so ablating heads changes no prediction.")
-                else:
-                    ablation_mode = st.radio("Ablation", ["zero", "mean"], horizontal=True, key="ablation_mode",
-                                             disabled=not reference_keys,
-                                             format_func={"zero": "zero the head's output",
-                                                          "mean": "its mean over reference images"}.get,
-                                             help="Mean ablation replaces a head's output, at each token "
-                                                  "position, by its average over the reference images (sidebar; "
-                                                  "without uploads, the checkpoint's sample images) at this "
-                                                  "input size.")
-                    if ablation_mode == "mean":
-                        st.caption(f"Means over {escape_markdown(reference_label)}, each at this image's "
-                                   "input size.")
-                    elif not reference_keys:
-                        st.caption("Upload reference images in the sidebar to ablate heads to their mean.")
-                    try:
-                        means_key, means = means_for_image(ablation_mode)
-                        chosen_heads = st.multiselect("Switch heads off (layer.head)", names_mech,
-                                                      key=f"ablate-{model_key}")
-                        st.toggle("Every map on this page with these heads off", key="ablate_everywhere",
-                                  help="The prediction, the attention maps, rollout, class maps, LeGrad, AttnLRP "
-                                       "and flow all computed by the model with the chosen heads' outputs zeroed "
-                                       "or replaced by their means.")
-                        if chosen_heads:
-                            ablated = explorer.ablated_prediction(full_checkpoint, image,
-                                                                  explorer.parse_head_labels(chosen_heads),
-                                                                  ablation_mode, means, size)
-                            full_prediction = prediction if checkpoint is full_checkpoint else analyse(
-                                full_fingerprint, image_key, size, full_checkpoint, image).prediction
-                            before, after = st.columns(2)
-                            before.plotly_chart(drawing.predictions_figure(full_prediction),
-                                                config={"displayModeBar": False}, key="ablation_before")
-                            before.caption("All heads on.")
-                            after.plotly_chart(drawing.predictions_figure(ablated),
-                                               config={"displayModeBar": False}, key="ablation_after")
-                            after.caption(f"Heads {', '.join(chosen_heads)} off ({ablation_mode} ablation): "
-                                          f"predicts {escape_markdown(ablated.label)}.")
-                            on_map, off_map = explorer.ablated_rollouts(full_checkpoint, image,
-                                                                        explorer.parse_head_labels(chosen_heads),
-                                                                        ablation_mode, means, size)
-                            before.image(overlay(shown, on_map, opacity, colormap, mode), output_format="PNG")
-                            before.caption("The CLS rollout with all heads on.")
-                            after.image(overlay(shown, off_map, opacity, colormap, mode), output_format="PNG")
-                            after.caption("The CLS rollout with those heads off: later layers attend differently.")
-                        if st.toggle(f"Each head alone ({L} passes)", key="ablation_grid"):
-                            effects = ablation_effects(full_fingerprint, image_key, size, view.class_index,
-                                                       ablation_mode, means_key, full_checkpoint, image, means)
-                            st.plotly_chart(figures.layer_head_figure(effects, "Logit change when one head is "
-                                                                      "ablated", "Δ logit"), theme=None,
-                                            key="ablation_figure")
-                            st.caption(f"The change of the logit of {class_label} when each head alone is "
-                                       f"ablated ({ablation_mode}); negative: the head helped this class.")
-                    except (ValueError, ImageError) as e:
-                        st.warning(escape_markdown(e))
+                    st.info("This model has no classifier: heads switched off here change every map on this page"
+                            + (" and the scores and maps of the labels asked in words" if has_text_tower(checkpoint)
+                               else "") + ", with “Every map on this page” on.")
+                ablation_mode = st.radio("Ablation", ["zero", "mean"], horizontal=True, key="ablation_mode",
+                                         disabled=not reference_keys,
+                                         format_func={"zero": "zero the head's output",
+                                                      "mean": "its mean over reference images"}.get,
+                                         help="Mean ablation replaces a head's output, at each token "
+                                              "position, by its average over the reference images (sidebar; "
+                                              "without uploads, the checkpoint's sample images) at this "
+                                              "input size.")
+                if ablation_mode == "mean":
+                    st.caption(f"Means over {escape_markdown(reference_label)}, each at this image's "
+                               "input size.")
+                elif not reference_keys:
+                    st.caption("Upload reference images in the sidebar to ablate heads to their mean.")
+                try:
+                    means_key, means = means_for_image(ablation_mode)
+                    chosen_heads = st.multiselect("Switch heads off (layer.head)", names_mech,
+                                                  key=f"ablate-{model_key}")
+                    st.toggle("Every map on this page with these heads off", key="ablate_everywhere",
+                              help="The prediction (or the labels asked in words), the attention maps, rollout, "
+                                   "class maps, LeGrad, AttnLRP and flow all computed by the model with the "
+                                   "chosen heads' outputs zeroed or replaced by their means.")
+                    if chosen_heads and class_names:
+                        ablated = explorer.ablated_prediction(full_checkpoint, image,
+                                                              explorer.parse_head_labels(chosen_heads),
+                                                              ablation_mode, means, size)
+                        full_prediction = prediction if checkpoint is full_checkpoint else analyse(
+                            full_fingerprint, image_key, size, full_checkpoint, image).prediction
+                        before, after = st.columns(2)
+                        before.plotly_chart(drawing.predictions_figure(full_prediction),
+                                            config={"displayModeBar": False}, key="ablation_before")
+                        before.caption("All heads on.")
+                        after.plotly_chart(drawing.predictions_figure(ablated),
+                                           config={"displayModeBar": False}, key="ablation_after")
+                        after.caption(f"Heads {', '.join(chosen_heads)} off ({ablation_mode} ablation): "
+                                      f"predicts {escape_markdown(ablated.label)}.")
+                        on_map, off_map = explorer.ablated_rollouts(full_checkpoint, image,
+                                                                    explorer.parse_head_labels(chosen_heads),
+                                                                    ablation_mode, means, size)
+                        before.image(overlay(shown, on_map, opacity, colormap, mode), output_format="PNG")
+                        before.caption("The CLS rollout with all heads on.")
+                        after.image(overlay(shown, off_map, opacity, colormap, mode), output_format="PNG")
+                        after.caption("The CLS rollout with those heads off: later layers attend differently.")
+                    if class_names and st.toggle(f"Each head alone ({L} passes)", key="ablation_grid"):
+                        effects = ablation_effects(full_fingerprint, image_key, size, view.class_index,
+                                                   ablation_mode, means_key, full_checkpoint, image, means)
+                        st.plotly_chart(figures.layer_head_figure(effects, "Logit change when one head is "
+                                                                  "ablated", "Δ logit"), theme=None,
+                                        key="ablation_figure")
+                        st.caption(f"The change of the logit of {class_label} when each head alone is "
+                                   f"ablated ({ablation_mode}); negative: the head helped this class.")
+                except (ValueError, ImageError) as e:
+                    st.warning(escape_markdown(e))
         if patching_tab.open:
             with patching_tab:
                 others = [p for p in (samples or []) if p != sample]

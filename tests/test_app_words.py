@@ -169,3 +169,38 @@ def test_nan_weights_are_named_instead_of_nan_scores(clip, broken, side):
     assert not [t for fig in charts(at) for t in fig["data"] if t.get("type") == "bar" and "a dog" in t["y"]]
     errors = [e.value.replace("\\", "") for e in at.main.error]
     assert any(side in e and "not finite" in e for e in errors), errors
+
+
+def test_heads_switched_off_in_every_map_change_the_words_scores_as_open_clip_with_those_heads_zeroed(clip):
+    """A feature model has no prediction to ablate, but its heads can be switched off in every map: the scores of
+    the labels asked in words are then open_clip's own with those heads' outputs zeroed (their columns of
+    ``out_proj``, which nn.MultiheadAttention reads directly)."""
+    import copy
+
+    model, folder = clip
+    image = png_bytes(32, 32, seed=4)
+    at = open_clip_app(folder, image)
+    ask(at, ", ".join(LABELS))
+    full = dict(zip(score_bars(at)["y"], score_bars(at)["x"], strict=True))
+    at.toggle(key="mechanism_view").set_value(True)
+    at.session_state["mechanism_tab"] = "Ablation"
+    at.run()
+    assert any("no classifier: heads switched off here change every map" in i.value for i in at.info)
+    key = next(w.key for w in at.multiselect if w.label.startswith("Switch heads off"))
+    at.multiselect(key=key).set_value(["1.2", "3.1"])
+    at.run()
+    at.toggle(key="ablate_everywhere").set_value(True)
+    at.run()
+    assert not at.exception, [e.message for e in at.exception]
+    assert any("are switched off (zero ablation)" in i.value for i in at.info), [i.value for i in at.info]
+
+    ablated = copy.deepcopy(model)
+    hd = ablated.visual.transformer.resblocks[0].attn.head_dim
+    with torch.no_grad():
+        ablated.visual.transformer.resblocks[0].attn.out_proj.weight[:, hd:2 * hd] = 0  # head 1.2
+        ablated.visual.transformer.resblocks[2].attn.out_proj.weight[:, :hd] = 0  # head 3.1
+    expected = open_clip_probabilities(ablated, folder, image)
+    escaped = ["a dog", "a cat", "&lt;b&gt;bold&lt;/b&gt; *star*"]
+    got = dict(zip(score_bars(at)["y"], score_bars(at)["x"], strict=True))
+    assert [got[e] for e in escaped] == pytest.approx(expected.tolist(), abs=1e-5)
+    assert [got[e] for e in escaped] != pytest.approx([full[e] for e in escaped], abs=1e-4)
