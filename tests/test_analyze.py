@@ -89,7 +89,8 @@ def test_cli_writes_json_pngs_and_one_html_report(world, capsys):
 
 
 @pytest.mark.slow
-def test_page_analyses_a_folder_and_opens_a_mistake_in_the_explorer(world, dirs):  # noqa: F811
+def analyse_on_page(world, dirs) -> AppTest:  # noqa: F811
+    """The Analyse page run on ``world``'s data folder with the always-cat model."""
     checkpoints, _ = dirs
     save_checkpoint(checkpoints / "cat.pt", always(0), CLASSES)
     at = AppTest.from_file(APP, default_timeout=180)
@@ -101,6 +102,11 @@ def test_page_analyses_a_folder_and_opens_a_mistake_in_the_explorer(world, dirs)
     at.button[0].click()
     at.run()
     assert not at.exception, [e.message for e in at.exception]
+    return at
+
+
+def test_page_analyses_a_folder_and_opens_a_mistake_in_the_explorer(world, dirs):  # noqa: F811
+    at = analyse_on_page(world, dirs)
     assert [m.value for m in at.metric] == ["6", "50.0%", "1"]
     assert len(at.get("plotly_chart")) == 5
     open_buttons = [b for b in at.button if b.label == "Open in the explorer"]
@@ -114,17 +120,8 @@ def test_page_analyses_a_folder_and_opens_a_mistake_in_the_explorer(world, dirs)
 
 def test_page_shows_a_mistakes_file_name_with_its_control_characters(world, dirs):  # noqa: F811
     """A file named 'photo\u202egnp.exe' showed as 'photoexe.png' among the mistakes."""
-    checkpoints, _ = dirs
-    save_checkpoint(checkpoints / "cat.pt", always(0), CLASSES)
     (world / "data" / "ship" / "0.png").rename(world / "data" / "ship" / "x\u202egnp.exe.png")
-    at = AppTest.from_file(APP, default_timeout=180)
-    at.switch_page("pages/analyze.py")
-    at.run()
-    at.text_input(key="analyze_folder").set_value(str(world / "data"))
-    at.run()
-    at.button[0].click()
-    at.run()
-    assert not at.exception, [e.message for e in at.exception]
+    at = analyse_on_page(world, dirs)
     texts = [t.value for t in at.text]
     assert any(t.startswith("x\\u202egnp.exe.png\ntrue: ship") for t in texts), texts
     assert not any("\u202e" in t for t in texts)

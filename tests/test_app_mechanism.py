@@ -37,6 +37,28 @@ def open_mechanism(at, tab: str):
     return at
 
 
+def switch_heads_off(at, heads: list[str], everywhere: bool = False):
+    """Pick ``heads`` ('layer.head') in the Ablation tab, and with ``everywhere`` switch them off in every map."""
+    key = next(w.key for w in at.multiselect if w.label.startswith("Switch heads off"))
+    at.multiselect(key=key).set_value(heads)
+    at.run()
+    if everywhere:
+        at.toggle(key="ablate_everywhere").set_value(True)
+        at.run()
+    assert not at.exception, [e.message for e in at.exception]
+    return at
+
+
+def sampleless_app(dirs, tab: str):
+    """The app on a model without sample images (as any HF or timm model), a 40x24 upload, ``tab`` open."""
+    checkpoints, _ = dirs
+    write_checkpoint(checkpoints / DEFAULT_CHECKPOINT)
+    at = run_app()
+    image = png_bytes(40, 24, seed=3)
+    test_app.upload(at, "cat.png", image)
+    return open_mechanism(at, tab), checkpoints, image
+
+
 def sample_bytes(checkpoints: Path) -> bytes:
     return sorted((checkpoints / "samples" / Path(DEFAULT_CHECKPOINT).stem).iterdir())[0].read_bytes()
 
@@ -69,11 +91,7 @@ def test_head_attribution_grid_sums_to_the_logit_in_its_caption(default_world):
 
 def test_switching_heads_off_shows_the_ablated_prediction_and_the_grid(default_world):
     checkpoints, _ = default_world
-    at = open_mechanism(run_app(), "Ablation")
-    key = next(w.key for w in at.multiselect if w.label.startswith("Switch heads off"))
-    at.multiselect(key=key).set_value(["1.1", "3.2"])
-    at.run()
-    assert not at.exception
+    at = switch_heads_off(open_mechanism(run_app(), "Ablation"), ["1.1", "3.2"])
     bars = [t for fig in charts(at) for t in fig["data"] if t.get("type") == "bar"]
     assert len(bars) == 3  # the sidebar's prediction, then before and after
     checkpoint, x = sample_input(checkpoints)
@@ -105,12 +123,7 @@ def test_every_map_and_the_prediction_follow_the_heads_switched_off(default_worl
     checkpoints, _ = default_world
     at = open_mechanism(run_app(), "Ablation")
     full_maps = maps_shown(at)
-    key = next(w.key for w in at.multiselect if w.label.startswith("Switch heads off"))
-    at.multiselect(key=key).set_value(["1.1", "3.2"])
-    at.run()
-    at.toggle(key="ablate_everywhere").set_value(True)
-    at.run()
-    assert not at.exception, [e.message for e in at.exception]
+    switch_heads_off(at, ["1.1", "3.2"], everywhere=True)
     assert any("are switched off (zero ablation)" in i.value for i in at.info), [i.value for i in at.info]
     checkpoint, x = sample_input(checkpoints)
     with torch.no_grad():
@@ -141,21 +154,14 @@ def upload_references(at, *images: bytes):
 def test_mean_ablation_over_uploaded_references_switches_every_map(dirs):
     """A model without sample images (any HF or timm model) mean-ablates over reference images uploaded in the
     sidebar, and every map on the page follows, as it does for zero ablation."""
-    checkpoints, _ = dirs
-    write_checkpoint(checkpoints / DEFAULT_CHECKPOINT)  # no samples
-    at = run_app()
-    image = png_bytes(40, 24, seed=3)
-    test_app.upload(at, "cat.png", image)
-    at = open_mechanism(at, "Ablation")
+    at, checkpoints, image = sampleless_app(dirs, "Ablation")
     assert at.radio(key="ablation_mode").disabled  # nothing to average over yet
     references = [png_bytes(24, 40, seed=5), png_bytes(16, 16, seed=6), png_bytes(50, 20, seed=7)]
     upload_references(at, *references)
     assert not at.radio(key="ablation_mode").disabled
     full_maps = maps_shown(at)
     at.radio(key="ablation_mode").set_value("mean")
-    key = next(w.key for w in at.multiselect if w.label.startswith("Switch heads off"))
-    at.multiselect(key=key).set_value(["1.1", "3.2"])
-    at.run()
+    switch_heads_off(at, ["1.1", "3.2"])
     assert any("Means over the 3 uploaded reference images" in c.value for c in at.caption)
     at.toggle(key="ablate_everywhere").set_value(True)
     at.run()
@@ -189,10 +195,7 @@ def test_without_uploads_mean_ablation_averages_over_the_sample_images(default_w
     checkpoints, _ = default_world
     at = open_mechanism(run_app(), "Ablation")
     at.radio(key="ablation_mode").set_value("mean")
-    key = next(w.key for w in at.multiselect if w.label.startswith("Switch heads off"))
-    at.multiselect(key=key).set_value(["2.1"])
-    at.run()
-    assert not at.exception, [e.message for e in at.exception]
+    switch_heads_off(at, ["2.1"])
     assert any("Means over the 2 sample images" in c.value for c in at.caption)
     checkpoint, x = sample_input(checkpoints)
     samples = sorted((checkpoints / "samples" / Path(DEFAULT_CHECKPOINT).stem).iterdir())
@@ -219,12 +222,7 @@ def test_more_reference_images_than_averaged_are_refused_in_one_line(default_wor
 def test_a_test_time_register_finds_its_neurons_on_the_uploaded_references(dirs):
     """Without samples (an HF or timm model) the register neurons are found on this image and the references
     uploaded in the sidebar, not on this image alone."""
-    checkpoints, _ = dirs
-    write_checkpoint(checkpoints / DEFAULT_CHECKPOINT)  # no samples
-    at = run_app()
-    image = png_bytes(40, 24, seed=3)
-    test_app.upload(at, "cat.png", image)
-    at = open_mechanism(at, "Phenomena")
+    at, checkpoints, image = sampleless_app(dirs, "Phenomena")
     references = [png_bytes(24, 40, seed=5), png_bytes(16, 16, seed=6)]
     upload_references(at, *references)
     at.slider(key="norm_threshold").set_value(0.0)  # every token an outlier: every image counts
@@ -283,19 +281,15 @@ def test_reference_means_read_no_more_references_than_they_average(tmp_path):
 def test_heads_switched_off_stay_off_while_another_mechanism_tab_is_open(default_world):
     """A closed tab draws none of its widgets and Streamlit forgets such widgets' values: heads switched off in
     every map came back on at the next click after opening another tab."""
-    at = open_mechanism(run_app(), "Ablation")
-    key = next(w.key for w in at.multiselect if w.label.startswith("Switch heads off"))
-    at.multiselect(key=key).set_value(["1.1", "3.2"])
-    at.run()
-    at.toggle(key="ablate_everywhere").set_value(True)
-    at.run()
+    at = switch_heads_off(open_mechanism(run_app(), "Ablation"), ["1.1", "3.2"], everywhere=True)
     at.session_state["mechanism_tab"] = "Head attribution"
     at.run()
     at.run()  # the next click, with the Ablation tab closed
     assert any("are switched off (zero ablation)" in i.value for i in at.info), [i.value for i in at.info]
     at.session_state["mechanism_tab"] = "Ablation"
     at.run()
-    assert at.multiselect(key=key).value == ["1.1", "3.2"] and at.toggle(key="ablate_everywhere").value
+    [heads] = [w for w in at.multiselect if w.label.startswith("Switch heads off")]
+    assert heads.value == ["1.1", "3.2"] and at.toggle(key="ablate_everywhere").value
 
 
 def test_phenomena_draw_norms_massive_activations_and_sinks(default_world):

@@ -9,6 +9,7 @@ import pytest
 import torch
 from PIL import Image
 from test_app import charts, dirs, png_bytes, run_app, sidebar_widget, upload  # noqa: F401 (a fixture)
+from test_app_mechanism import switch_heads_off
 from test_prompts import save_open_clip
 
 from vit.text import escape_markdown
@@ -186,12 +187,7 @@ def test_heads_switched_off_in_every_map_change_the_words_scores_as_open_clip_wi
     at.session_state["mechanism_tab"] = "Ablation"
     at.run()
     assert any("no classifier: heads switched off here change every map" in i.value for i in at.info)
-    key = next(w.key for w in at.multiselect if w.label.startswith("Switch heads off"))
-    at.multiselect(key=key).set_value(["1.2", "3.1"])
-    at.run()
-    at.toggle(key="ablate_everywhere").set_value(True)
-    at.run()
-    assert not at.exception, [e.message for e in at.exception]
+    switch_heads_off(at, ["1.2", "3.1"], everywhere=True)
     assert any("are switched off (zero ablation)" in i.value for i in at.info), [i.value for i in at.info]
 
     ablated = copy.deepcopy(model)
