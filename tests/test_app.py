@@ -1063,9 +1063,12 @@ def test_class_names_from_the_file_show_their_control_characters(dirs):
     """A checkpoint's class names are the file's: U+202E in one turned every label and caption showing it around
     (the run names' fix, issue 20 item 9, had left them raw)."""
     checkpoints, _ = dirs
-    write_checkpoint(checkpoints / DEFAULT_CHECKPOINT, classes=["air\u202eplane", "cat", "dog\u2066"])
-    at = upload(run_app(), "x.png", png_bytes())
+    write_checkpoint(checkpoints / DEFAULT_CHECKPOINT, classes=["air\u202eplane", "c\u2066at", "dog\u2066"])
+    at = upload(run_app(map_kind="class"), "x.png", png_bytes())  # a class map: the class picker and its caption
     bars = [t for fig in charts(at) for t in fig["data"] if t.get("type") == "bar"]
-    assert set(bars[0]["y"]) == {"air\\u202eplane", "cat", "dog\\u2066"}
-    shown = [e.value for e in [*at.caption, *at.markdown, *at.info]] + [json.dumps(f) for f in charts(at)]
-    assert not any(c in text for text in shown for c in "\u202e\u2066")
+    assert set(bars[0]["y"]) == {"air\\u202eplane", "c\\u2066at", "dog\\u2066"}
+    [picker] = [s for s in at.sidebar.selectbox if s.label == "Class"]
+    assert picker.options[1:] == ["air\\u202eplane", "c\\u2066at", "dog\\u2066"]
+    shown = ([e.value for e in [*at.caption, *at.markdown, *at.info, *at.sidebar.selectbox]] + picker.options
+             + [json.dumps(f) for f in charts(at)])
+    assert not any(c in str(text) for text in shown for c in "\u202e\u2066")
