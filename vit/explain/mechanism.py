@@ -378,14 +378,22 @@ def mean_contexts(model: ViT, images: Tensor) -> Tensor:
     return torch.stack(means)
 
 
-def _replacement(mode: str, means: Tensor | None, layer: int, context: Tensor) -> Tensor:
-    """What an ablated head's context becomes: zeros, or the reference images' mean ``(T, H, hd)``."""
+def _check_ablation(model: ViT, mode: str, means: Tensor | None) -> None:
+    """MechanismError unless ``mode`` is an ablation and, for ``"mean"``, ``means`` are ``mean_contexts`` of this
+    model's shape ``(L, T, H, hd)``; the token count ``T`` is checked against the input where it is used."""
     if mode not in ABLATION_MODES:
         raise MechanismError(f"unknown ablation {mode!r}; choose zero or mean")
+    L, H, hd = _dims(model)
+    if mode == "mean" and (means is None or means.dim() != 4 or means.shape[0] != L or means.shape[2:] != (H, hd)):
+        raise MechanismError(f"mean ablation needs the reference images' mean_contexts, (layers {L}, tokens, "
+                             f"heads {H}, {hd}) for this model")
+
+
+def _replacement(mode: str, means: Tensor | None, layer: int, context: Tensor) -> Tensor:
+    """What an ablated head's context becomes (``_check_ablation`` first): zeros, or the reference images' mean
+    ``(T, H, hd)``."""
     if mode == "zero":
         return torch.zeros_like(context)
-    if means is None:
-        raise MechanismError("mean ablation needs the reference images' mean_contexts")
     if means.shape[1:] != context.shape[1:]:
         raise MechanismError(f"the reference means are for {means.shape[1]} tokens but this input has "
                              f"{context.shape[1]}; compute them at the same input size")
@@ -399,8 +407,7 @@ def ablate_heads(model: ViT, images: Tensor, heads: Sequence[tuple[int, int]], m
     set to zero before the output projection, or (``mode="mean"``) to ``means`` from ``mean_contexts``."""
     check_supported(model)
     chosen = _heads_by_layer(model, heads)
-    if mode not in ABLATION_MODES:
-        raise MechanismError(f"unknown ablation {mode!r}; choose zero or mean")
+    _check_ablation(model, mode, means)
 
     def edit(layer: int, context: Tensor) -> Tensor:
         if layer not in chosen:
@@ -433,9 +440,8 @@ class MeanAblatedProj(nn.Linear):
     token count; another is refused in one line."""
 
     def __init__(self, proj: nn.Linear, offset: Tensor) -> None:
-        super().__init__(proj.in_features, proj.out_features, bias=proj.bias is not None,
-                         device=proj.weight.device, dtype=proj.weight.dtype)
-        self.weight, self.bias = proj.weight, proj.bias  # shared with the copy, not new parameters
+        super().__init__(proj.in_features, proj.out_features, bias=proj.bias is not None, device="meta")
+        self.weight, self.bias = proj.weight, proj.bias  # the copy's own, not new ones (nothing allocated above)
         self.register_buffer("offset", offset, persistent=False)  # (T, D)
 
     def forward(self, x: Tensor) -> Tensor:
@@ -458,12 +464,8 @@ def ablated_copy(model: ViT, heads: Sequence[tuple[int, int]], mode: str = "zero
     if not isinstance(model, ViT):
         raise MechanismError(f"head ablation needs this project's ViT, got {type(model).__name__}")
     chosen = _heads_by_layer(model, heads)
-    if mode not in ABLATION_MODES:
-        raise MechanismError(f"unknown ablation {mode!r}; choose zero or mean")
-    L, H, hd = _dims(model)
-    if mode == "mean" and (means is None or means.dim() != 4 or means.shape[0] != L or means.shape[2:] != (H, hd)):
-        raise MechanismError(f"mean ablation needs the reference images' mean_contexts, (layers {L}, tokens, "
-                             f"heads {H}, {hd}) for this model")
+    _check_ablation(model, mode, means)
+    _, H, hd = _dims(model)
     # Only the ablated layers' proj weights are new; every other parameter and buffer is shared with the model, so
     # a copy costs those weights (a ViT-B/16 layer: 2.4 MB), not the whole model (350 MB).
     changed = {f"blocks.{layer}.attn.proj.weight" for layer in chosen}
@@ -505,6 +507,7 @@ def ablation_grid(model: ViT, images: Tensor, classes: Tensor | int | None = Non
     """``(B, L, H)``: the change of each image's class logit (default: predicted) when each head alone is
     ablated. One pass of the remaining layers per layer, all heads of that layer batched together."""
     check_supported(model, needs_head=True)
+    _check_ablation(model, mode, means)
     with torch.no_grad():
         states, rope = hidden_states(model, images), rope_for(model, images)  # (B, L + 1, T, D)
         B, S, T, D = states.shape
