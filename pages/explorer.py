@@ -705,6 +705,18 @@ def mechanism_view(fingerprint: tuple, digest: str, size: InputSize, class_index
     return explorer.mechanism_view(_checkpoint, _image, class_index, size, _asked)
 
 
+@st.cache_resource(max_entries=8, show_spinner="Switching the heads off…")
+def ablation_view(fingerprint: tuple, digest: str, size: InputSize, heads: tuple[tuple[int, int], ...], mode: str,
+                  means_key: tuple | None, _checkpoint: Checkpoint, _image: Image.Image, _means):
+    return explorer.ablation_view(_checkpoint, _image, list(heads), mode, _means, size)
+
+
+@st.cache_resource(max_entries=4, show_spinner="Finding the register neurons…")
+def registers_view(fingerprint: tuple, digest: str, size: InputSize, threshold: float, top_k: int,
+                   references_key: tuple, _checkpoint: Checkpoint, _image: Image.Image):
+    return explorer.registers_view(_checkpoint, _image, reference_images(), threshold, top_k, size)
+
+
 @st.cache_resource(max_entries=8, show_spinner="Ablating each head in turn (one pass per layer)…")
 def ablation_effects(fingerprint: tuple, digest: str, size: InputSize, class_index: int, mode: str,
                      means_key: tuple | None, _checkpoint: Checkpoint, _image: Image.Image, _means):
@@ -800,25 +812,23 @@ if st.toggle("Mechanism: logit lens, head attribution, ablation, phenomena", key
                                    "class maps, LeGrad, AttnLRP and flow all computed by the model with the "
                                    "chosen heads' outputs zeroed or replaced by their means.")
                     if chosen_heads and class_names:
-                        ablated = explorer.ablated_prediction(full_checkpoint, image,
-                                                              explorer.parse_head_labels(chosen_heads),
-                                                              ablation_mode, means, size)
+                        ablated = ablation_view(full_fingerprint, image_key, size,
+                                                tuple(explorer.parse_head_labels(chosen_heads)), ablation_mode,
+                                                means_key, full_checkpoint, image, means)
                         full_prediction = prediction if checkpoint is full_checkpoint else analyse(
                             full_fingerprint, image_key, size, full_checkpoint, image).prediction
                         before, after = st.columns(2)
                         before.plotly_chart(drawing.predictions_figure(full_prediction),
                                             config={"displayModeBar": False}, key="ablation_before")
                         before.caption("All heads on.")
-                        after.plotly_chart(drawing.predictions_figure(ablated),
+                        after.plotly_chart(drawing.predictions_figure(ablated.prediction),
                                            config={"displayModeBar": False}, key="ablation_after")
                         after.caption(f"Heads {', '.join(chosen_heads)} off ({ablation_mode} ablation): "
-                                      f"predicts {escape_markdown(ablated.label)}.")
-                        on_map, off_map = explorer.ablated_rollouts(full_checkpoint, image,
-                                                                    explorer.parse_head_labels(chosen_heads),
-                                                                    ablation_mode, means, size)
-                        before.image(overlay(shown, on_map, opacity, colormap, mode), output_format="PNG")
+                                      f"predicts {escape_markdown(ablated.prediction.label)}.")
+                        before.image(overlay(shown, ablated.rollout_on, opacity, colormap, mode), output_format="PNG")
                         before.caption("The CLS rollout with all heads on.")
-                        after.image(overlay(shown, off_map, opacity, colormap, mode), output_format="PNG")
+                        after.image(overlay(shown, ablated.rollout_off, opacity, colormap, mode),
+                                    output_format="PNG")
                         after.caption("The CLS rollout with those heads off: later layers attend differently.")
                     if class_names and st.toggle(f"Each head alone ({L} passes)", key="ablation_grid"):
                         effects = ablation_effects(full_fingerprint, image_key, size, view.class_index,
@@ -915,8 +925,8 @@ if st.toggle("Mechanism: logit lens, head attribution, ablation, phenomena", key
                                                   "one extra token and move those neurons' activations onto it."):
                     top_k = st.number_input("Register neurons", 1, 200, 10, key="tt_register_neurons")
                     try:
-                        registers = explorer.registers_view(checkpoint, image, reference_images(), threshold,
-                                                                 int(top_k), size)
+                        registers = registers_view(fingerprint, image_key, size, threshold, int(top_k),
+                                                   (invert, reference_keys), checkpoint, image)
                     except (ValueError, ImageError, OSError) as e:
                         st.warning(escape_markdown(e))
                     else:

@@ -13,6 +13,7 @@ from test_app import CLASSES, TINY, array_shape, charts, png_bytes, run_app, wri
 from vit.app import explorer
 from vit.app.catalog import DEFAULT_CHECKPOINT
 from vit.checkpoint import load_checkpoint
+from vit.explain.attention import rollout
 from vit.explain.mechanism import ablate_heads, direct_logit_attribution, find_register_neurons, mean_contexts
 from vit.images import open_image
 from vit.inference import InputSize, input_shape, preprocess, preprocess_at
@@ -20,7 +21,7 @@ from vit.model import ViTConfig
 
 pytest.importorskip("streamlit")
 pytestmark = pytest.mark.slow  # each test starts the app
-dirs, default_world = test_app.dirs, test_app.default_world  # the app tests' fixtures
+dirs, default_world, forwards = test_app.dirs, test_app.default_world, test_app.forwards  # fixtures
 
 
 def heatmaps(at, title: str) -> list[dict]:
@@ -102,9 +103,12 @@ def test_switching_heads_off_shows_the_ablated_prediction_and_the_grid(default_w
         assert p == pytest.approx(float(expected[CLASSES.index(name)]), abs=1e-6)
     assert any("Heads 1.1, 3.2 off" in c.value for c in at.caption)
     assert any("rollout with those heads off" in c.value for c in at.caption)
-    on_map, off_map = explorer.ablated_rollouts(checkpoint, open_image(sample_bytes(checkpoints), name="x.png"),
-                                                [(0, 0), (2, 1)])
-    assert on_map.shape == off_map.shape == (4, 4) and not np.allclose(on_map, off_map)
+    view = explorer.ablation_view(checkpoint, open_image(sample_bytes(checkpoints), name="x.png"), [(0, 0), (2, 1)])
+    with torch.no_grad():
+        _, attentions = ablate_heads(checkpoint.model, x, [(0, 0), (2, 1)], output_attentions=True)
+    expected_off = rollout(list(attentions), "mean")[0, 0, 1:].reshape(4, 4)  # the CLS row, the CLS key left out
+    np.testing.assert_allclose(view.rollout_off, expected_off.numpy(), atol=1e-6)
+    assert view.rollout_on.shape == (4, 4) and not np.allclose(view.rollout_on, view.rollout_off)
     at.toggle(key="ablation_grid").set_value(True)
     at.run()
     assert [array_shape(h["z"]) for h in heatmaps(at, "Logit change when one head is ablated")] == [(3, 2)]
@@ -290,6 +294,24 @@ def test_heads_switched_off_stay_off_while_another_mechanism_tab_is_open(default
     at.run()
     [heads] = [w for w in at.multiselect if w.label.startswith("Switch heads off")]
     assert heads.value == ["1.1", "3.2"] and at.toggle(key="ablate_everywhere").value
+
+
+def test_a_rerun_runs_no_pass_for_the_ablation_and_the_test_time_register(default_world, forwards):
+    """The before/after ablation view and the test-time register are cached: a click elsewhere on the page
+    (any rerun) ran both again, three and four passes of the model."""
+    at = switch_heads_off(open_mechanism(run_app(), "Ablation"), ["1.1", "3.2"])
+    passes = forwards.call_count
+    at.run()
+    assert forwards.call_count == passes
+    at.session_state["mechanism_tab"] = "Phenomena"
+    at.run()
+    at.slider(key="norm_threshold").set_value(0.0)
+    at.toggle(key="tt_register").set_value(True)
+    at.run()
+    assert not at.exception, [e.message for e in at.exception]
+    passes = forwards.call_count
+    at.run()
+    assert forwards.call_count == passes
 
 
 def test_phenomena_draw_norms_massive_activations_and_sinks(default_world):

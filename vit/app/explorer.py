@@ -603,17 +603,6 @@ def reference_means(checkpoint: Checkpoint, references: Iterable[Image.Image], i
     return total / count
 
 
-def ablated_prediction(checkpoint: Checkpoint, image: Image.Image, heads: Sequence[tuple[int, int]],
-                       mode: str = "zero", means: torch.Tensor | None = None, size: InputSize = TRAINING_SIZE,
-                       top_k: int = TOP_K) -> Prediction:
-    """The prediction with ``heads`` (layer, head from 0) ablated."""
-    x = _model_input(checkpoint, image, size)
-    with torch.inference_mode():
-        logits, _ = mechanism.ablate_heads(checkpoint.model, x, heads, mode, means)
-    [prediction] = predictions_from_logits(logits, checkpoint.class_names, top_k, model=checkpoint.model)
-    return prediction
-
-
 def ablation_effects(checkpoint: Checkpoint, image: Image.Image, class_index: int, mode: str = "zero",
                      means: torch.Tensor | None = None, size: InputSize = TRAINING_SIZE) -> np.ndarray:
     """``(L, H)``: the change of the class logit when each head alone is ablated (one pass per layer)."""
@@ -694,23 +683,32 @@ def ablated_checkpoint(checkpoint: Checkpoint, heads: Sequence[tuple[int, int]],
     return replace(checkpoint, model=mechanism.ablated_copy(checkpoint.model, heads, mode, means))
 
 
-def ablated_rollouts(checkpoint: Checkpoint, image: Image.Image, heads: Sequence[tuple[int, int]],
-                     mode: str = "zero", means: torch.Tensor | None = None, size: InputSize = TRAINING_SIZE
-                     ) -> tuple[np.ndarray, np.ndarray]:
-    """The CLS rollout (heads averaged) ``(gh, gw)`` with all heads on and with ``heads`` ablated: ablating a head
-    changes every later layer's attention."""
+@dataclass
+class AblationView:
+    """One image with some heads ablated, next to all heads on."""
+
+    prediction: Prediction  # with the heads ablated
+    rollout_on: np.ndarray  # (gh, gw) the CLS rollout (heads averaged) with all heads on
+    rollout_off: np.ndarray  # with the heads ablated: ablating a head changes every later layer's attention
+
+
+def ablation_view(checkpoint: Checkpoint, image: Image.Image, heads: Sequence[tuple[int, int]], mode: str = "zero",
+                  means: torch.Tensor | None = None, size: InputSize = TRAINING_SIZE, top_k: int = TOP_K
+                  ) -> AblationView:
+    """The prediction and the CLS rollout with ``heads`` (layer, head from 0) ablated, and the rollout with all
+    heads on: two passes."""
     from vit.explain.attention import rollout
 
     model = checkpoint.model
     x = _model_input(checkpoint, image, size)
     grid, P = model.patch_grid(*x.shape[-2:]), model.num_prefix_tokens
-    maps = []
     with torch.inference_mode():
-        for chosen in ([], heads):
-            _, attentions = mechanism.ablate_heads(model, x, chosen, mode, means, output_attentions=True)
-            maps.append(token_map(rollout(list(attentions), "mean", num_prefix_tokens=P), 0, grid, P)[0]
-                        .float().cpu().numpy())
-    return maps[0], maps[1]
+        _, full = mechanism.ablate_heads(model, x, [], output_attentions=True)
+        logits, ablated = mechanism.ablate_heads(model, x, heads, mode, means, output_attentions=True)
+    [prediction] = predictions_from_logits(logits, checkpoint.class_names, top_k, model=model)
+    on, off = (token_map(rollout(list(a), "mean", num_prefix_tokens=P), 0, grid, P)[0].float().cpu().numpy()
+               for a in (full, ablated))
+    return AblationView(prediction, on, off)
 
 
 def remap_query(token: int, old_grid: tuple[int, int], new_grid: tuple[int, int], num_prefix_tokens: int) -> int:
