@@ -31,28 +31,21 @@ REFRESH_SECONDS = 3
 EXPLORER_PAGE = "pages/explorer.py"
 
 
-# -- who may use this page: anyone on this machine; from the network only with the token (see vit.access) -----
+# -- who may use this page: vit.runs.access's one rule; the token entered here unlocks every page ------------
 
-def configured_token() -> str | None:
-    try:
-        return os.environ.get(access.TOKEN_ENV) or st.secrets.get(access.TOKEN_SECRET)
-    except Exception:  # no secrets.toml, or an unreadable one: no token
-        return None
-
-
-gate = access.train_access(st.get_option("server.address"), configured_token())
+gate = access.server_access(st.get_option("server.address"), access.configured_token(st.secrets.get))
 if gate.mode == "disabled":
     st.title("Train a Vision Transformer")
     st.warning(gate.message)
     st.stop()
-if gate.mode == "token" and not st.session_state.get("train_unlocked"):
+if not gate.allows(st.session_state.get(access.UNLOCKED)):
     st.title("Train a Vision Transformer")
     st.info(gate.message)
     with st.form("unlock"):
         given = st.text_input("Training token", type="password", key="train_token_input")
         if st.form_submit_button("Unlock"):
             if gate.accepts(given):
-                st.session_state["train_unlocked"] = True
+                st.session_state[access.UNLOCKED] = True
                 st.rerun()
             time.sleep(1.0)  # slows guessing down
             st.error("That is not the training token.")
@@ -100,7 +93,7 @@ def recipe_hint(field: str) -> str:
 
 START_FROM = {"preset": "a preset (random weights)", "import": "an imported model"}
 FINETUNE_LABELS = {"full": "full: every weight trains", "linear-probe": "linear probe: the classifier alone"}
-LOCAL = access.is_local_address(st.get_option("server.address"))  # a network visitor may not give paths
+LOCAL = gate.allows(st.session_state.get(access.UNLOCKED))  # past the gate: this visitor may give paths
 
 
 def importable_models() -> dict[str, catalog.CatalogEntry]:
