@@ -10,7 +10,7 @@ import pytest
 from streamlit.testing.v1 import AppTest
 from test_analyze import CLASSES as ANALYSE_CLASSES
 from test_analyze import always, world  # noqa: F401  (world: a fixture)
-from test_app import APP, TIMEOUT, default_world, dirs, write_checkpoint  # noqa: F401  (fixtures)
+from test_app import APP, TIMEOUT, default_world, dirs, run_app, write_checkpoint  # noqa: F401  (fixtures)
 
 from vit.checkpoint import save_checkpoint
 from vit.runs import access
@@ -30,15 +30,6 @@ def proxied(monkeypatch):
     config.set_option("server.address", before)
 
 
-def explorer_with(**state) -> AppTest:
-    at = AppTest.from_file(APP, default_timeout=TIMEOUT)
-    for key, value in state.items():
-        at.session_state[key] = value
-    at.run()
-    assert not at.exception, [e.message for e in at.exception]
-    return at
-
-
 def shown(at: AppTest) -> list[str]:
     """Everything the page says, and the checkpoint picker's options."""
     said = [e.value for kind in ("error", "warning", "info", "caption", "markdown") for e in getattr(at, kind)]
@@ -49,7 +40,7 @@ def test_behind_a_token_the_explorer_opens_no_model_by_path_before_the_token_is_
                                                                                        tmp_path):
     """Attack (a): a model folder outside every root, typed as a path, was opened and its predictions shown."""
     other = write_checkpoint(tmp_path / "elsewhere" / "secret.pt", seed=3)
-    at = explorer_with(explorer_open_path=str(other))
+    at = run_app(explorer_open_path=str(other))
     assert not [t for t in at.sidebar.text_input if t.label == "Open a path"]
     assert not any("secret" in line for line in shown(at))
     assert any("needs the token: enter it on the Train page" in c.value for c in at.sidebar.caption)
@@ -59,7 +50,7 @@ def test_behind_a_token_a_path_gets_the_same_answer_whether_it_exists_or_not(def
     """Attack (b): '/etc/shadow is not a checkpoint' but '~/.ssh/id_rsa: checkpoint not found' told which exist."""
     existing = tmp_path / "shadow"
     existing.write_text("root:*:19000:0:99999:7:::\n")
-    answers = [shown(explorer_with(explorer_open_path=str(path))) for path in (existing, tmp_path / "id_rsa")]
+    answers = [shown(run_app(explorer_open_path=str(path))) for path in (existing, tmp_path / "id_rsa")]
     assert answers[0] == answers[1]
 
 
