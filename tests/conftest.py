@@ -11,6 +11,22 @@ os.environ.update(HOME=_HOME, HF_HOME=os.path.join(_HOME, "hf"), HF_HUB_CACHE=os
                   XDG_CACHE_HOME=os.path.join(_HOME, ".cache"))
 os.environ.pop("HUGGINGFACE_HUB_CACHE", None)
 
+
+def _reserve_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# The Hub is a local server (tests/hub_server.py, the ``fake_hub`` fixture) on a port chosen now: huggingface_hub
+# reads HF_ENDPOINT once, when first imported, so it is set before anything imports it. No test reaches the real Hub.
+HUB_PORT = _reserve_port()
+os.environ["HF_ENDPOINT"] = f"http://127.0.0.1:{HUB_PORT}"
+for _name in ("HF_TOKEN", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "VIT_MAX_DOWNLOAD_GB"):
+    os.environ.pop(_name, None)
+
 # Tests share two cores with whatever else runs; one thread each keeps them predictable.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
@@ -57,3 +73,27 @@ def ray_cluster(tmp_path_factory):
         yield cluster
     finally:
         cluster.stop()
+
+
+@pytest.fixture(scope="session")
+def _hub_server():
+    from hub_server import FakeHub, serve
+
+    hub = FakeHub()
+    server, _ = serve(hub, HUB_PORT)
+    yield hub
+    server.shutdown()
+
+
+@pytest.fixture
+def fake_hub(_hub_server, tmp_path, monkeypatch):
+    """The local Hub at HF_ENDPOINT, emptied, with a fresh HF cache for this test; yields its ``FakeHub``."""
+    from huggingface_hub import constants
+
+    _hub_server.repos.clear()
+    _hub_server.requests.clear()
+    _hub_server.cut_once.clear()
+    cache = tmp_path / "hf-cache"
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    yield _hub_server
