@@ -23,6 +23,7 @@ from vit.predict import UsageError
 from vit.runfiles import ROOT, default_runs_dir, parse_json, read_text_bounded
 from vit.runs import access, launch
 from vit.runs.launch import default_data_roots, folder_problem, hide_data_roots
+from vit.sources import hub
 from vit.sources.open import open_source
 from vit.text import escape_markdown, visible
 
@@ -37,7 +38,41 @@ st.caption("Every image of a folder through one checkpoint: how far and how even
            "paper's Fig. 7), the mean CLS attention and rollout per class, the confusion matrix and the mistakes "
            "the model is most sure of.")
 
-# The explorer's choice of models: shipped checkpoints and runs, the HF cache, and a path on the server.
+
+
+def configured_token() -> str | None:
+    try:
+        return os.environ.get(access.TOKEN_ENV) or st.secrets.get(access.TOKEN_SECRET)
+    except Exception:  # no secrets.toml, or an unreadable one: no token
+        return os.environ.get(access.TOKEN_ENV)
+
+
+def open_from_hub(text: str, may_download: bool) -> catalog.Candidate | None:
+    """The explorer's "Open from the Hub": from the HF cache, else (for a visitor who may) downloaded with a
+    progress bar once its size is shown and the button pressed; None, with the reason shown, until it is there."""
+    try:
+        found = catalog.hub_candidate(text)
+        if found is not None and catalog.describe_current(found).ok:
+            return found
+        if not may_download:
+            st.info("This model is not in the server's Hugging Face cache, and downloading it takes the training "
+                    "token: enter it on the Train page.")
+            return None
+        wanted = hub.plan(hub.parse_name(text))
+        st.caption(escape_markdown(wanted.summary))
+        if not st.button(f"Download {hub.format_bytes(wanted.size)}", key="analyze_hub_download"):
+            return None
+        hub.check_size(wanted)
+        bar = st.progress(0.0, text="Downloading…")
+        hub.download(wanted, lambda done, total: bar.progress(min(done / max(total, 1), 1.0), text=(
+            f"{hub.format_bytes(done)} of {hub.format_bytes(total)}")))
+        return catalog.hub_candidate(text)
+    except CheckpointError as e:
+        st.error(escape_markdown(e))
+        return None
+
+
+# The explorer's choice of models: shipped checkpoints and runs, the HF cache, a path on the server, the Hub.
 HF_FILTER, OPEN_PATH = "Find in the HF cache", "Or open a path"
 hf_filter = ""
 if len(catalog.hf_cache_folders()) > catalog.MAX_HF_CACHE_EXAMINED:  # folder names only: cheap
@@ -52,6 +87,17 @@ if may_open:
     opened = st.text_input(OPEN_PATH, key="analyze_open_path", placeholder="/path/to/model folder or file",
                            help="A model file or folder on the server: our .pt, an HF or timm folder, timm / "
                                 "torchvision weights.").strip()
+hub_text = st.text_input("Or open from the Hub", key="analyze_open_hub", placeholder="google/vit-base-patch16-224",
+                         help="ORG/NAME[@REVISION], hf-hub:ORG/NAME or a timm model name; downloaded into the Hugging "
+                              "Face cache (its safetensors and configs, never code) when it is not there yet.").strip()
+from_hub = open_from_hub(hub_text, access.may_download(st.get_option("server.address"), configured_token(),
+                                                       st.session_state.get("train_unlocked", False))) \
+    if hub_text else None
+if from_hub is not None:
+    candidates.append(from_hub)
+    if str(from_hub.path) != st.session_state.get("analyze_opened_hub"):
+        st.session_state["analyze_checkpoint"] = str(from_hub.path)  # what was just opened is what is analysed
+st.session_state["analyze_opened_hub"] = str(from_hub.path) if from_hub is not None else None
 described = {str(c.path): catalog.describe_current(c) for c in candidates}
 if opened:
     wanted = catalog.candidate_for(opened, candidates)

@@ -8,6 +8,7 @@ to its path before ``st.switch_page("pages/explorer.py")``, and an image file by
 """
 
 import math
+import os
 from dataclasses import replace
 from functools import partial
 from pathlib import Path
@@ -26,6 +27,7 @@ from vit.explain.prompts import DEFAULT_TEMPLATE
 from vit.images import MAX_SIDE, UPLOAD_MAX_PIXELS, ImageError, open_image
 from vit.inference import MAX_INPUT_SIDE, InputSize, NonFiniteOutput, input_box, input_shape, seen_region
 from vit.runs import access
+from vit.sources import hub
 from vit.sources.open import open_source
 from vit.sources.text_tower import MAX_LABEL_CHARS, MAX_LABELS, has_text_tower, open_text_tower, split_labels
 from vit.text import escape_markdown, visible
@@ -156,7 +158,44 @@ def pick_head(layers: list[int], num_heads: int, layer_key: str, head_key: str) 
 
 # -- checkpoint -----------------------------------------------------------------------------------------------
 
-HF_FILTER, OPEN_PATH = "Find in the HF cache", "Open a path"
+def configured_token() -> str | None:
+    try:
+        return os.environ.get(access.TOKEN_ENV) or st.secrets.get(access.TOKEN_SECRET)
+    except Exception:  # no secrets.toml, or an unreadable one: no token
+        return os.environ.get(access.TOKEN_ENV)
+
+
+@st.cache_data(ttl=300, show_spinner="Reading the model's file list on the Hub…")
+def hub_plan(text: str) -> hub.Download:
+    return hub.plan(hub.parse_name(text))
+
+
+def open_from_hub(text: str, may_download: bool) -> catalog.Candidate | None:
+    """The Hub model ``text`` names: from the HF cache, else (for a visitor who may) downloaded with a progress
+    bar once its size is shown and the button pressed; None, with the reason shown, until it is there."""
+    try:
+        found = catalog.hub_candidate(text)
+        if found is not None and catalog.describe_current(found).ok:
+            return found
+        if not may_download:
+            st.sidebar.info("This model is not in the server's Hugging Face cache, and downloading it takes the "
+                            "training token: enter it on the Train page.")
+            return None
+        wanted = hub_plan(text)
+        st.sidebar.caption(escape_markdown(wanted.summary))
+        if not st.sidebar.button(f"Download {hub.format_bytes(wanted.size)}", key="explorer_hub_download"):
+            return None
+        hub.check_size(wanted)
+        bar = st.sidebar.progress(0.0, text="Downloading…")
+        hub.download(wanted, lambda done, total: bar.progress(min(done / max(total, 1), 1.0), text=(
+            f"{hub.format_bytes(done)} of {hub.format_bytes(total)}")))
+        return catalog.hub_candidate(text)
+    except CheckpointError as e:
+        st.sidebar.error(escape_markdown(e))
+        return None
+
+
+HF_FILTER, OPEN_PATH, OPEN_HUB = "Find in the HF cache", "Open a path", "Open from the Hub"
 hf_dirs = catalog.hf_cache_dirs()
 hf_filter = ""
 if len(catalog.hf_cache_folders(hf_dirs)) > catalog.MAX_HF_CACHE_EXAMINED:  # folder names only: cheap
@@ -175,6 +214,18 @@ opened = st.sidebar.text_input(OPEN_PATH, key="explorer_open_path", placeholder=
                                     "or timm model folder, or timm / torchvision weights.").strip()
 if not may_open:
     opened = ""  # a visitor from the network may not read files of the server by path
+hub_text = st.sidebar.text_input(OPEN_HUB, key="explorer_open_hub", placeholder="google/vit-base-patch16-224",
+                                 help="A model on the Hugging Face Hub: ORG/NAME[@REVISION], hf-hub:ORG/NAME or a "
+                                      "timm model name. Downloaded into the Hugging Face cache (its safetensors and "
+                                      "configs, never code) when it is not there yet.").strip()
+from_hub = open_from_hub(hub_text, access.may_download(
+    st.get_option("server.address"), configured_token(), st.session_state.get("train_unlocked", False))) \
+    if hub_text else None
+if from_hub is not None and str(from_hub.path) != st.session_state.get("explorer_opened_hub"):
+    if from_hub not in candidates + extra:
+        extra.append(from_hub)
+    st.session_state["explorer_checkpoint_choice"] = str(from_hub.path)  # what was just opened is shown
+st.session_state["explorer_opened_hub"] = str(from_hub.path) if from_hub is not None else None
 requested = st.session_state.pop("explorer_checkpoint", None) or (opened if opened != st.session_state.get(
     "explorer_opened_path") else None)
 st.session_state["explorer_opened_path"] = opened

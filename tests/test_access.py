@@ -49,3 +49,13 @@ def test_a_configured_token_is_asked_for_on_localhost_too():
 
 def test_an_open_gate_accepts_no_token():
     assert not train_access("localhost", None).accepts(TOKEN)
+
+
+def test_downloads_are_for_local_servers_and_visitors_holding_the_training_token():
+    from vit.runs.access import may_download
+
+    assert may_download("localhost", None, unlocked=False)
+    assert not may_download("0.0.0.0", None, unlocked=True)  # no token configured: nobody from the network
+    assert not may_download("0.0.0.0", TOKEN, unlocked=False)
+    assert may_download("0.0.0.0", TOKEN, unlocked=True)
+    assert not may_download("localhost", TOKEN, unlocked=False)  # a token set is asked for on localhost too

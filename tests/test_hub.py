@@ -2,6 +2,7 @@
 protocol (tests/hub_server.py, at HF_ENDPOINT), with tiny models built with random weights by transformers."""
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -16,6 +17,7 @@ from vit.training.finetune import prepare_init
 
 transformers = pytest.importorskip("transformers")
 pytestmark = pytest.mark.slow  # importing transformers takes seconds
+ROOT = Path(__file__).resolve().parent.parent
 CLASSES = ["cat", "dog", "fox"]
 EVIL = b"import os\nos.system('touch /tmp/pwned')\n"
 
@@ -171,3 +173,80 @@ def test_timm_and_open_clip_names_resolve_through_their_own_registries():
                                                                            "google/vit-base-patch16-224@v1")
     assert hub.parse_name("not_a_model_anywhere") is None
     assert not hub.looks_like_name("runs/best.pt")  # a missing weights file stays "not found"
+
+
+# -- the explorer's "Open from the Hub" -------------------------------------------------------------------------
+
+@pytest.fixture
+def app_world(tmp_path, monkeypatch, fake_hub):
+    """The app with no shipped checkpoints or runs, its HF cache the fake Hub's."""
+    import streamlit as st
+
+    for name in ("checkpoints", "runs"):
+        (tmp_path / name).mkdir()
+    monkeypatch.setenv("VIT_CHECKPOINTS_DIR", str(tmp_path / "checkpoints"))
+    monkeypatch.setenv("VIT_RUNS_DIR", str(tmp_path / "runs"))
+    st.cache_data.clear()
+    st.cache_resource.clear()
+    yield
+    st.cache_data.clear()
+    st.cache_resource.clear()
+
+
+def explorer_with_hub_id(text: str, address: str = "localhost"):
+    from streamlit import config
+    from streamlit.testing.v1 import AppTest
+
+    before = config.get_option("server.address")
+    config.set_option("server.address", address)
+    try:
+        at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=180)
+        at.run()
+        next(w for w in at.sidebar.text_input if w.label == "Open from the Hub").set_value(text)
+        at.run()
+        buttons = [b for b in at.sidebar.button if b.label.startswith("Download")]
+        if buttons:
+            buttons[0].click()
+            at.run()
+    finally:
+        config.set_option("server.address", before)
+    assert not at.exception, [e.message for e in at.exception]
+    return at, buttons
+
+
+def test_the_explorer_shows_a_hub_models_size_then_downloads_and_opens_it(app_world, repo, fake_hub):
+    at, buttons = explorer_with_hub_id(repo)
+    size = sum(len(fake_hub.repos[repo].files[f]) for f in ("config.json", "model.safetensors"))
+    assert [b.label for b in buttons] == [f"Download {hub.format_bytes(size)}"]
+    assert sorted(fake_hub.fetched("GET")) == ["config.json", "model.safetensors"]
+    picker = next(w for w in at.sidebar.selectbox if w.label == "Checkpoint")
+    assert picker.value == str(hub.cached_snapshot(hub.parse_name(repo)))
+    assert not at.error
+
+
+def test_a_network_visitor_without_the_training_token_cannot_start_a_download(app_world, repo, fake_hub):
+    at, buttons = explorer_with_hub_id(repo, address="0.0.0.0")
+    assert buttons == [] and fake_hub.fetched("GET") == [] and fake_hub.requests == []
+    assert any("training token" in i.value for i in at.sidebar.info)
+
+
+def test_the_train_page_starts_from_a_hub_model_it_downloads(app_world, repo, fake_hub, monkeypatch):
+    from streamlit.testing.v1 import AppTest
+
+    monkeypatch.delenv("VIT_TRAIN_TOKEN", raising=False)
+    at = AppTest.from_file(str(ROOT / "pages" / "training.py"), default_timeout=180).run()
+    at.text_input(key="train_open_hub").set_value(repo).run()
+    at.button(key="train_hub_download").click().run()
+    assert not at.exception, [e.message for e in at.exception]
+    snapshot = str(hub.cached_snapshot(hub.parse_name(repo)))
+    assert at.radio(key="train_start").value == "import" and at.selectbox(key="train_init").value == snapshot
+
+
+def test_the_analyse_page_opens_a_hub_model_from_the_cache(app_world, repo, fake_hub):
+    from streamlit.testing.v1 import AppTest
+
+    open_source(repo)  # in the HF cache now
+    at = AppTest.from_file(str(ROOT / "pages" / "analyze.py"), default_timeout=180).run()
+    at.text_input(key="analyze_open_hub").set_value(repo).run()
+    assert not at.exception, [e.message for e in at.exception]
+    assert at.selectbox(key="analyze_checkpoint").value == str(hub.cached_snapshot(hub.parse_name(repo)))

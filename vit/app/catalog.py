@@ -502,3 +502,17 @@ def run_folder(path: str | os.PathLike) -> Path | None:
         if (folder / CONFIG_FILE).is_file() or (folder / STATUS_FILE).is_file():
             return folder
     return None
+
+
+def hub_candidate(text: str) -> Candidate | None:
+    """The HF-cache snapshot of the Hub model ``text`` names (``ORG/NAME[@REV]``, ``hf-hub:``, a timm or open_clip
+    name) as a candidate named after its repository, when the cache holds it (no network); None when it does not.
+    ``hub.HubError`` when ``text`` names no Hub model."""
+    from vit.sources import hub
+
+    name = hub.parse_name(text)
+    if name is None:
+        raise hub.HubError(f"{text.strip()!r} is not a Hub id: give ORG/NAME[@REVISION], hf-hub:ORG/NAME or a timm "
+                           "model name")
+    snapshot = hub.cached_snapshot(name)
+    return Candidate(snapshot, "hf-cache", str(name)) if snapshot is not None else None

@@ -72,3 +72,11 @@ def train_access(address: str | None, token: str | None) -> TrainAccess:
             f"to guess for a server that listens {where}. Set a longer one and restart the server."))
     return TrainAccess("token", f"This server listens {where} and a training token is set: enter it to start, "
                                 "stop or delete runs and read their logs.", token)
+
+
+def may_download(address: str | None, token: str | None, unlocked: bool) -> bool:
+    """Whether a visitor may start a model download from the Hub (disk and bandwidth on the server): by the Train
+    page's rule, anyone on a local server without a token, else only a visitor who entered the training token
+    (``unlocked``). Opening a model the HF cache already holds needs no download."""
+    gate = train_access(address, token)
+    return gate.mode == "open" or (gate.mode == "token" and unlocked)

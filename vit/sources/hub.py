@@ -74,9 +74,8 @@ class Download:
 
     @property
     def summary(self) -> str:
-        """One line for before the download: which model, how many files and bytes, where they go."""
-        return (f"{self.name}: {len(self.files)} files, {format_bytes(self.size)} into the Hugging Face cache "
-                f"({cache_dir()})")
+        """One line for before the download: which model, how many files and bytes."""
+        return f"{self.name}: {len(self.files)} files, {format_bytes(self.size)}"
 
 
 def format_bytes(count: int) -> str:
@@ -327,7 +326,7 @@ def fetch(name: HubName, report: Callable[[str], None] | None = None,
     missing = [f for f, _ in wanted.files if not (cache_dir() / ("models--" + name.repo_id.replace("/", "--"))
                                                   / "snapshots" / wanted.commit / f).is_file()]
     if missing:
-        (report or _to_stderr)(f"downloading {wanted.summary}")
+        (report or _to_stderr)(f"downloading {wanted.summary} into the Hugging Face cache ({cache_dir()})")
     return download(wanted, progress)
 
 
