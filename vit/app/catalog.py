@@ -19,8 +19,8 @@ from vit.runfiles import (
     BEST_CHECKPOINT,
     CONFIG_FILE,
     LAST_CHECKPOINT,
-    ROOT,
     STATUS_FILE,
+    app_root,
     default_runs_dir,
     epoch_checkpoints,
     read_json,
@@ -33,11 +33,12 @@ RUN_CHECKPOINTS = (BEST_CHECKPOINT, LAST_CHECKPOINT)  # a run's checkpoint, in o
 
 
 def default_checkpoints_dir() -> Path:
-    """The shipped checkpoints: $VIT_CHECKPOINTS_DIR when set, else the repository's checkpoints/."""
+    """The shipped checkpoints: $VIT_CHECKPOINTS_DIR when set, else the repository's (or the installed
+    package's) checkpoints/."""
     env = os.environ.get("VIT_CHECKPOINTS_DIR")
     if env:
         return Path(env).expanduser()
-    return ROOT / "checkpoints"
+    return app_root() / "checkpoints"
 
 
 @dataclass(frozen=True)
