@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 VIT = Path(__file__).resolve().parent.parent / "vit"
-COMMANDS = {"predict", "evaluate", "convert", "train", "faithfulness", "analyze"}
+COMMANDS = {"predict", "evaluate", "convert", "train", "faithfulness", "analyze", "explorer"}
 WINGS = {"sources", "explain", "training", "runs", "app"}
 API = {"vit", "vit.api"}  # what ``import vit`` exposes to notebooks
 # What each layer may import besides itself ("core" is every top-level module but the commands).
