@@ -120,3 +120,9 @@ def test_ask_gives_open_clips_own_zero_shot_probabilities(tmp_path):
                     @ model.encode_text(tokens, normalize=True).T).softmax(dim=-1)[0]
     assert [answer.scores[label] for label in ("a dog", "a cat")] == pytest.approx(expected.tolist(), abs=1e-5)
     assert answer.explain("a cat", "legrad").map.shape == (4, 4)
+
+
+def test_the_commands_stay_modules_of_vit():
+    from vit import predict, train
+
+    assert callable(predict.main) and callable(train.command)

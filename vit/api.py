@@ -263,8 +263,3 @@ def patching(checkpoint: Checkpoint, clean: ImageLike, corrupted: ImageLike, res
     into ``corrupted``: the share of the logit difference between their predicted classes each recovers."""
     return explorer.patching_view(checkpoint, _image(clean), _image(corrupted), _size(size), residual)
 
-
-def predict(checkpoint: Checkpoint, image: ImageLike, top_k: int = 5, size: int | InputSize | None = None
-            ) -> Prediction:
-    """The model's top ``top_k`` classes for ``image`` (``Prediction.top_k``: (label, probability) pairs)."""
-    return explorer.analyse(checkpoint, _image(image), _size(size), top_k).prediction
