@@ -48,25 +48,16 @@ def configured_token() -> str | None:
 
 
 def open_from_hub(text: str, may_download: bool) -> catalog.Candidate | None:
-    """The explorer's "Open from the Hub": from the HF cache, else (for a visitor who may) downloaded with a
-    progress bar once its size is shown and the button pressed; None, with the reason shown, until it is there."""
+    """The Hub model ``text`` names: the cached copy, else (for a visitor who may) its size on a Download
+    button and, once pressed, the download with a progress bar; None, with the reason shown, until it is there."""
     try:
-        found = catalog.hub_candidate(text)
-        if found is not None and catalog.describe_current(found).ok:
-            return found
-        if not may_download:
-            st.info("This model is not in the server's Hugging Face cache, and downloading it takes the training "
-                    "token: enter it on the Train page.")
-            return None
-        wanted = hub.plan(hub.parse_name(text))
-        st.caption(escape_markdown(wanted.summary))
-        if not st.button(f"Download {hub.format_bytes(wanted.size)}", key="analyze_hub_download"):
-            return None
-        hub.check_size(wanted)
-        bar = st.progress(0.0, text="Downloading…")
-        hub.download(wanted, lambda done, total: bar.progress(min(done / max(total, 1), 1.0), text=(
-            f"{hub.format_bytes(done)} of {hub.format_bytes(total)}")))
-        return catalog.hub_candidate(text)
+        found, wanted = catalog.open_from_hub(text, may_download)
+        if wanted is not None:
+            st.caption(escape_markdown(wanted.summary))
+            if st.button(f"Download {hub.format_bytes(wanted.size)}", key="analyze_hub_download"):
+                bar = st.progress(0.0, text="Downloading…")
+                found = catalog.download_from_hub(wanted, lambda share, text: bar.progress(share, text=text))
+        return found
     except CheckpointError as e:
         st.error(escape_markdown(e))
         return None

@@ -201,21 +201,16 @@ if st.session_state.get("train_devices") not in [c[0] for c in choices]:
 
 
 def open_from_hub(text: str) -> catalog.Candidate | None:
-    """The explorer's "Open from the Hub" (whoever reaches this form may download): from the HF cache, else
-    downloaded with a progress bar once its size is shown and the button pressed; None until it is there."""
+    """The explorer's "Open from the Hub" (whoever reaches this form may download): the cached copy, else
+    the size on a Download button and, once pressed, the download with a progress bar; None until it is there."""
     try:
-        found = catalog.hub_candidate(text)
-        if found is not None and catalog.describe_current(found).ok:
-            return found
-        wanted = hub.plan(hub.parse_name(text))
-        st.caption(escape_markdown(wanted.summary))
-        if not st.button(f"Download {hub.format_bytes(wanted.size)}", key="train_hub_download"):
-            return None
-        hub.check_size(wanted)
-        bar = st.progress(0.0, text="Downloading…")
-        hub.download(wanted, lambda done, total: bar.progress(min(done / max(total, 1), 1.0), text=(
-            f"{hub.format_bytes(done)} of {hub.format_bytes(total)}")))
-        return catalog.hub_candidate(text)
+        found, wanted = catalog.open_from_hub(text, True)
+        if wanted is not None:
+            st.caption(escape_markdown(wanted.summary))
+            if st.button(f"Download {hub.format_bytes(wanted.size)}", key="train_hub_download"):
+                bar = st.progress(0.0, text="Downloading…")
+                found = catalog.download_from_hub(wanted, lambda share, text: bar.progress(share, text=text))
+        return found
     except CheckpointError as e:
         st.error(escape_markdown(e))
         return None

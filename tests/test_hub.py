@@ -11,6 +11,7 @@ from PIL import Image
 from safetensors.torch import load_file
 
 from vit import predict
+from vit.app import catalog
 from vit.sources import hub
 from vit.sources.open import open_source
 from vit.training.finetune import prepare_init
@@ -188,6 +189,7 @@ def app_world(tmp_path, monkeypatch, fake_hub):
     monkeypatch.setenv("VIT_RUNS_DIR", str(tmp_path / "runs"))
     st.cache_data.clear()
     st.cache_resource.clear()
+    catalog._planned.cache_clear()  # file lists read from another test's Hub
     yield
     st.cache_data.clear()
     st.cache_resource.clear()
@@ -218,6 +220,7 @@ def test_the_explorer_shows_a_hub_models_size_then_downloads_and_opens_it(app_wo
     at, buttons = explorer_with_hub_id(repo)
     size = sum(len(fake_hub.repos[repo].files[f]) for f in ("config.json", "model.safetensors"))
     assert [b.label for b in buttons] == [f"Download {hub.format_bytes(size)}"]
+    assert at.sidebar.get("progress"), "the download shows a progress bar"
     assert sorted(fake_hub.fetched("GET")) == ["config.json", "model.safetensors"]
     picker = next(w for w in at.sidebar.selectbox if w.label == "Checkpoint")
     assert picker.value == str(hub.cached_snapshot(hub.parse_name(repo)))
@@ -227,7 +230,16 @@ def test_the_explorer_shows_a_hub_models_size_then_downloads_and_opens_it(app_wo
 def test_a_network_visitor_without_the_training_token_cannot_start_a_download(app_world, repo, fake_hub):
     at, buttons = explorer_with_hub_id(repo, address="0.0.0.0")
     assert buttons == [] and fake_hub.fetched("GET") == [] and fake_hub.requests == []
-    assert any("training token" in i.value for i in at.sidebar.info)
+    assert any("training token" in e.value for e in at.sidebar.error)
+
+
+def test_a_network_visitor_opens_what_the_cache_holds_without_the_hub(app_world, repo, fake_hub):
+    open_source(repo)
+    seen = len(fake_hub.requests)
+    at, buttons = explorer_with_hub_id(repo, address="0.0.0.0")
+    picker = next(w for w in at.sidebar.selectbox if w.label == "Checkpoint")
+    assert picker.value == str(hub.cached_snapshot(hub.parse_name(repo))) and buttons == []
+    assert len(fake_hub.requests) == seen
 
 
 def test_the_train_page_starts_from_a_hub_model_it_downloads(app_world, repo, fake_hub, monkeypatch):
