@@ -70,6 +70,12 @@ def test_predict_takes_a_hub_id_and_says_how_much_it_downloads_first(repo, fake_
     assert json.loads(out)[0]["predictions"][0]["label"] in CLASSES
 
 
+def test_predict_says_in_one_line_when_a_hub_model_cannot_be_opened(fake_hub, capsys):
+    assert predict.main(["acme/nothing-here", "photo.png"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("vit.predict: error: acme/nothing-here is neither") and err.count("\n") == 1
+
+
 def test_train_init_takes_a_hub_id(repo):
     init = prepare_init(repo, num_classes=3, class_names=CLASSES)
     assert not init.head_replaced and init.config.num_layers == 2
@@ -98,7 +104,8 @@ def test_a_cached_model_opens_when_the_hub_cannot_be_reached(repo, fake_hub, mon
     open_source(repo)
     monkeypatch.setattr(constants, "ENDPOINT", "http://127.0.0.1:9")  # nothing listens there: connection refused
     assert open_source(repo).class_names == CLASSES
-    with pytest.raises(hub.HubError, match="^acme/elsewhere is not in the Hugging Face cache and the Hub cannot"):
+    with pytest.raises(hub.HubError, match="^acme/elsewhere is neither a file or folder here nor in the Hugging "
+                                           "Face cache, and the Hub cannot be reached"):
         open_source("acme/elsewhere")
 
 
@@ -125,7 +132,8 @@ def test_a_gated_model_says_to_accept_its_licence_and_set_hf_token(fake_hub, tin
 
 
 def test_a_model_that_is_not_on_the_hub_is_one_line(fake_hub):
-    with pytest.raises(hub.HubError, match="^acme/nothing-here is not a model on the Hub"):
+    with pytest.raises(hub.HubError, match="^acme/nothing-here is neither a file or folder here nor a model on the "
+                                           "Hub"):
         open_source("acme/nothing-here")
     assert fake_hub.requests[0].path == "/api/models/acme/nothing-here"
 

@@ -181,10 +181,11 @@ def _hub_error(name: HubName, error: Exception) -> HubError:
         return HubError(f"{name} is gated: accept its licence on https://huggingface.co/{name.repo_id} and set "
                         "HF_TOKEN to a token of that account")
     if isinstance(error, RepositoryNotFoundError):
-        return HubError(f"{name} is not a model on the Hub (a private one needs HF_TOKEN)")
+        return HubError(f"{name} is neither a file or folder here nor a model on the Hub (a private one needs "
+                        "HF_TOKEN)")
     if isinstance(error, OfflineModeIsEnabled) or _is_connection_error(error):
-        return HubUnreachable(f"{name} is not in the Hugging Face cache and the Hub cannot be reached "
-                        "(offline); connect, or unset HF_HUB_OFFLINE, to download it")
+        return HubUnreachable(f"{name} is neither a file or folder here nor in the Hugging Face cache, and the Hub "
+                              "cannot be reached (offline); connect to download it")
     if isinstance(error, HfHubHTTPError):
         return HubError(f"the Hub answered {status} for {name}: {_first_line(error)}")
     return HubError(f"cannot fetch {name} from the Hub: {_first_line(error)}")
@@ -313,8 +314,8 @@ def fetch(name: HubName, report: Callable[[str], None] | None = None,
     cached = cached_snapshot(name)
     if _offline() or (cached is not None and name.revision and re.fullmatch(r"[0-9a-f]{40}", name.revision)):
         if cached is None:
-            raise HubError(f"{name} is not in the Hugging Face cache ({cache_dir()}) and HF_HUB_OFFLINE is set; "
-                           "unset it to download the model")
+            raise HubError(f"{name} is neither a file or folder here nor in the Hugging Face cache "
+                           f"({cache_dir()}), and HF_HUB_OFFLINE is set; unset it to download the model")
         return cached
     try:
         wanted = plan(name)
