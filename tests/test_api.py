@@ -1,6 +1,7 @@
 """The notebook API (``import vit``): vit.load, vit.explain and its Explanation, vit.methods, vit.ask, the mechanism;
 ``import vit`` itself loads nothing else, and ``vit.explain`` stays the package for imports."""
 
+import io
 import subprocess
 import sys
 from pathlib import Path
@@ -87,7 +88,9 @@ def test_the_overlay_covers_exactly_the_pixels_the_model_saw(tiny, photo):
     width, height = e.seen.size
     assert (width, height) in ((24, 24), (25, 24)) and e.overlay().size == e.seen.size
     assert e.overlay(alpha=0.0).tobytes() == e.seen.convert("RGB").tobytes()
-    assert e._repr_png_().startswith(b"\x89PNG") and e.figure().layout.images[0].sizex == width
+    factor = -(-320 // max(width, height))  # in a notebook: enlarged by a whole factor to 320 px, as the explorer
+    shown = Image.open(io.BytesIO(e._repr_png_()))
+    assert shown.size == (width * factor, height * factor) and e.figure().layout.images[0].sizex == width * factor
 
 
 def test_an_argument_the_method_does_not_read_is_refused(tiny, photo):

@@ -112,20 +112,30 @@ class Explanation:
     description: str = field(default="", repr=False)
 
     def overlay(self, alpha: float = 0.6, colormap: str = "inferno") -> Image.Image:
-        """The map blended over the pixels the model saw; signed maps (AttnLRP) on a diverging scale around 0."""
+        """The map blended over the pixels the model saw, at the image's own resolution; signed maps (AttnLRP) on
+        a diverging scale around 0."""
+        return self._overlay(self.seen, alpha, colormap)
+
+    def _overlay(self, image: Image.Image, alpha: float, colormap: str) -> Image.Image:
         cmap, vmin, vmax = drawing.map_colours(self.method if self.method in drawing.SIGNED_MAP_KINDS else "",
                                                self.map, colormap)
-        return draw_overlay(self.seen, self.map, opacity=alpha, colormap=cmap, vmin=vmin, vmax=vmax)
+        return draw_overlay(image, self.map, opacity=alpha, colormap=cmap, vmin=vmin, vmax=vmax)
+
+    def _shown(self, alpha: float = 0.6, colormap: str = "inferno") -> Image.Image:
+        """The overlay as the explorer shows it: drawn over the seen pixels at display size (small images enlarged
+        by a whole factor, large ones reduced)."""
+        return self._overlay(drawing.display_image(self.seen), alpha, colormap)
 
     def figure(self, alpha: float = 0.6, colormap: str = "inferno"):
-        """A Plotly figure of the overlay with the patch grid; hovering names each patch (row, column, token)."""
-        shown = self.overlay(alpha, colormap)
+        """A Plotly figure of the overlay (zoom with the wheel); hovering names each patch (row, column, token)."""
+        shown = self._shown(alpha, colormap)
         return drawing.patch_picker_figure(shown.size, drawing.jpeg_data_uri(shown), self.grid, self.query,
-                                           self.num_prefix_tokens, show_grid=False, fit_width=shown.size[0])
+                                           self.num_prefix_tokens, show_grid=False, fit_width=shown.size[0],
+                                           zoomable=True)
 
     def _repr_png_(self) -> bytes:
         buffer = io.BytesIO()
-        self.overlay().save(buffer, format="PNG")
+        self._shown().save(buffer, format="PNG")
         return buffer.getvalue()
 
 
