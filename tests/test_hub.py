@@ -146,6 +146,14 @@ def test_a_model_over_the_download_bound_is_refused_before_any_download(repo, fa
     assert fake_hub.fetched("GET") == [] and fake_hub.fetched("HEAD") == []
 
 
+def test_only_what_is_still_to_download_counts_against_the_bound(repo, fake_hub, monkeypatch):
+    open_source(repo)
+    fetched = fake_hub.fetched("GET")
+    monkeypatch.setenv("VIT_MAX_DOWNLOAD_GB", "0.000001")
+    assert open_source(repo).class_names == CLASSES  # online, the Hub asked, nothing fetched again
+    assert fake_hub.fetched("GET") == fetched
+
+
 def test_an_interrupted_download_resumes_where_it_stopped(repo, fake_hub, tiny_vit, monkeypatch):
     from huggingface_hub import constants
 

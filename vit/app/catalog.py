@@ -533,7 +533,10 @@ def open_from_hub(text: str, may_download: bool):
     if not may_download:
         raise hub.HubError("This model is not in the server's Hugging Face cache, and downloading it takes the "
                            "training token: enter it on the Train page.")
-    return None, _planned(hub.parse_name(text), int(time.monotonic() // PLAN_SECONDS))
+    wanted = _planned(hub.parse_name(text), int(time.monotonic() // PLAN_SECONDS))
+    if found is not None and not wanted.files:  # all there, and it does not open: say why
+        raise hub.HubError(describe_current(found).error or f"{text.strip()} cannot be opened")
+    return None, wanted
 
 
 PLAN_SECONDS = 300  # a page reruns on every click: the Hub's file list is read again after this long at most

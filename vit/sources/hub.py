@@ -62,11 +62,12 @@ class HubName:
 
 @dataclass(frozen=True)
 class Download:
-    """What fetching a model means, from the repository's file list: the files and their sizes at ``commit``."""
+    """What fetching a model means, from the repository's file list: the files still missing from the HF cache
+    and their sizes, at ``commit``."""
 
     name: HubName
     commit: str
-    files: tuple[tuple[str, int], ...]  # (path in the repository, bytes)
+    files: tuple[tuple[str, int], ...]  # (path in the repository, bytes), not yet in the cache
 
     @property
     def size(self) -> int:
@@ -210,6 +211,11 @@ def _offline() -> bool:
     return constants.is_offline_mode()
 
 
+def snapshot_folder(repo_id: str, commit: str) -> Path:
+    """Where huggingface_hub keeps the files of ``repo_id`` at ``commit`` (there or not)."""
+    return cache_dir() / ("models--" + repo_id.replace("/", "--")) / "snapshots" / commit
+
+
 def cached_snapshot(name: HubName) -> Path | None:
     """The snapshot of ``name`` in the HF cache (its revision, else ``main``), without the network; None if absent."""
     folder = cache_dir() / ("models--" + name.repo_id.replace("/", "--"))
@@ -225,8 +231,8 @@ def cached_snapshot(name: HubName) -> Path | None:
 
 
 def plan(name: HubName) -> Download:
-    """The files of ``name`` that opening needs and their sizes, from the Hub's model info and file tree (no
-    download). HubError (one line) for a gated, missing or unreachable model."""
+    """The files of ``name`` that opening needs and the cache does not hold yet, with their sizes, from the Hub's
+    model info and file tree (no download). HubError (one line) for a gated, missing or unreachable model."""
     from huggingface_hub import HfApi
     from huggingface_hub.errors import HfHubHTTPError, OfflineModeIsEnabled
 
@@ -246,7 +252,8 @@ def plan(name: HubName) -> Download:
     if not any(p.endswith(ext) for p in files for ext in (".safetensors", ".bin", ".pth", ".pt")):
         raise HubError(f"{name} holds no weights this program reads (safetensors, or a torch pickle when it has "
                        "none)")
-    return Download(name, commit, tuple(files.items()))
+    snapshot = snapshot_folder(name.repo_id, commit)
+    return Download(name, commit, tuple((f, size) for f, size in files.items() if not (snapshot / f).is_file()))
 
 
 def check_size(download: Download) -> None:
@@ -258,13 +265,15 @@ def check_size(download: Download) -> None:
 
 
 def download(plan_: Download, progress: Callable[[int, int], None] | None = None) -> Path:
-    """Fetch ``plan_``'s files into the HF cache (files already there are not fetched again; an interrupted
-    transfer resumes where it stopped) and return the snapshot folder. ``progress(done, total)`` is called with
+    """Fetch ``plan_``'s files into the HF cache (an interrupted transfer resumes where it stopped) and return the
+    snapshot folder. ``progress(done, total)`` is called with
     bytes as they arrive; without it huggingface_hub's own tqdm bars show on stderr."""
     from huggingface_hub import hf_hub_download
     from huggingface_hub.errors import HfHubHTTPError, OfflineModeIsEnabled
 
     check_size(plan_)
+    if not plan_.files:
+        return snapshot_folder(plan_.name.repo_id, plan_.commit)
     done, total = 0, plan_.size
     tqdm_class = None if progress is None else _progress_tqdm(lambda n: progress(done + n, total))
     path = None
@@ -323,10 +332,8 @@ def fetch(name: HubName, report: Callable[[str], None] | None = None,
         if cached is not None:
             return cached  # no network: the copy we have
         raise
-    check_size(wanted)
-    missing = [f for f, _ in wanted.files if not (cache_dir() / ("models--" + name.repo_id.replace("/", "--"))
-                                                  / "snapshots" / wanted.commit / f).is_file()]
-    if missing:
+    if wanted.files:
+        check_size(wanted)  # only what is still to fetch counts against the bound
         (report or _to_stderr)(f"downloading {wanted.summary} into the Hugging Face cache ({cache_dir()})")
     return download(wanted, progress)
 
