@@ -39,10 +39,10 @@ def photo():
 
 
 def test_import_vit_loads_no_wing_until_a_function_is_used():
-    code = ("import sys, vit; before = sorted(m for m in sys.modules if m.startswith('vit')); vit.methods(); "
-            "print(before, 'vit.api' in sys.modules)")
+    code = "import sys, vit; print(sorted(m for m in sys.modules if m.startswith('vit')), 'torch' in sys.modules)"
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
-    assert done.stdout.strip() == "['vit'] True"
+    assert done.stdout.strip() == "['vit'] False"
+    assert vit.methods is vit.api.methods  # the first use loads vit.api
 
 
 def test_vit_explain_is_the_function_when_called_and_the_package_for_imports():
@@ -105,6 +105,7 @@ def test_the_mechanism_is_the_explorers_mechanism_view(tiny, photo):
     assert view.class_index == 2 and view.dla_heads.shape == (2, 2)
     np.testing.assert_array_equal(vit.head_effects(tiny, photo, target=2),
                                   explorer.ablation_effects(tiny, photo, 2))
+    assert vit.registers(tiny, photo, [photo], threshold=0.0, top_k=2).attention_before.shape == (4, 4)
 
 
 @pytest.mark.slow

@@ -15,7 +15,7 @@ import sys
 import types
 
 API = ("load", "explain", "methods", "shipped", "samples", "ask", "ask_methods", "mechanism", "head_effects",
-       "ablate", "patching", "Explanation", "Answer")  # no name of a module: vit.predict is the command
+       "ablate", "patching", "registers", "Explanation", "Answer")  # no name of a module: vit.predict is the command
 
 
 def __getattr__(name: str):

@@ -273,3 +273,11 @@ def patching(checkpoint: Checkpoint, clean: ImageLike, corrupted: ImageLike, res
     into ``corrupted``: the share of the logit difference between their predicted classes each recovers."""
     return explorer.patching_view(checkpoint, _image(clean), _image(corrupted), _size(size), residual)
 
+
+def registers(checkpoint: Checkpoint, image: ImageLike, references: Sequence[ImageLike], threshold: float,
+              top_k: int = 10, size: int | InputSize | None = None) -> explorer.RegisterView:
+    """Test-time registers (Jiang et al. 2025): the register neurons found on ``references`` and ``image`` (tokens
+    whose last-layer norm is over ``threshold``), and the last layer's CLS attention and patch norms before and
+    after one register is added to ``image``."""
+    return explorer.registers_view(checkpoint, _image(image), [_image(r) for r in references], threshold, top_k,
+                                   _size(size))
