@@ -12,18 +12,14 @@ os.environ.update(HOME=_HOME, HF_HOME=os.path.join(_HOME, "hf"), HF_HUB_CACHE=os
 os.environ.pop("HUGGINGFACE_HUB_CACHE", None)
 
 
-def _reserve_port() -> int:
-    import socket
+# The Hub is a local server (tests/hub_server.py, the ``fake_hub`` fixture) whose port is bound now, before anything
+# imports huggingface_hub (it reads HF_ENDPOINT once, then); it answers only once a test asks for it, and refuses
+# connections before. No test reaches the real Hub.
+from hub_server import FakeHub, bind  # noqa: E402
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-# The Hub is a local server (tests/hub_server.py, the ``fake_hub`` fixture) on a port chosen now: huggingface_hub
-# reads HF_ENDPOINT once, when first imported, so it is set before anything imports it. No test reaches the real Hub.
-HUB_PORT = _reserve_port()
-os.environ["HF_ENDPOINT"] = f"http://127.0.0.1:{HUB_PORT}"
+FAKE_HUB = FakeHub()
+HUB_SERVER = bind(FAKE_HUB)
+os.environ["HF_ENDPOINT"] = f"http://127.0.0.1:{HUB_SERVER.server_address[1]}"
 for _name in ("HF_TOKEN", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "VIT_MAX_DOWNLOAD_GB"):
     os.environ.pop(_name, None)
 
@@ -77,12 +73,11 @@ def ray_cluster(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def _hub_server():
-    from hub_server import FakeHub, serve
+    from hub_server import serve
 
-    hub = FakeHub()
-    server, _ = serve(hub, HUB_PORT)
-    yield hub
-    server.shutdown()
+    serve(HUB_SERVER)
+    yield FAKE_HUB
+    HUB_SERVER.shutdown()
 
 
 @pytest.fixture

@@ -63,8 +63,9 @@ class FakeHub:
                 if r.method == method and "/resolve/" in r.path]
 
 
-def serve(hub: FakeHub, port: int = 0) -> tuple[ThreadingHTTPServer, str]:
-    """Start serving ``hub`` on 127.0.0.1:``port`` in a daemon thread; returns the server and its URL."""
+def bind(hub: FakeHub, port: int = 0) -> ThreadingHTTPServer:
+    """A server for ``hub`` bound to 127.0.0.1:``port`` (0: a free one) but not listening yet: until ``serve``,
+    connections are refused, as by a machine without the Hub."""
 
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
@@ -180,7 +181,14 @@ def serve(hub: FakeHub, port: int = 0) -> tuple[ThreadingHTTPServer, str]:
                 return
             self.wfile.write(data[start:])
 
-    server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
+    server = ThreadingHTTPServer(("127.0.0.1", port), Handler, bind_and_activate=False)
     server.daemon_threads = True
+    server.server_bind()
+    return server
+
+
+def serve(server: ThreadingHTTPServer) -> str:
+    """Start answering on ``server`` (from ``bind``) in a daemon thread; its URL."""
+    server.server_activate()
     threading.Thread(target=server.serve_forever, daemon=True).start()
-    return server, f"http://127.0.0.1:{server.server_address[1]}"
+    return f"http://127.0.0.1:{server.server_address[1]}"
