@@ -26,6 +26,7 @@ from vit.explain.prompts import DEFAULT_TEMPLATE
 from vit.images import MAX_SIDE, UPLOAD_MAX_PIXELS, ImageError, open_image
 from vit.inference import MAX_INPUT_SIDE, InputSize, NonFiniteOutput, input_box, input_shape, seen_region
 from vit.runs import access
+from vit.sources import hub
 from vit.sources.open import open_source
 from vit.sources.text_tower import MAX_LABEL_CHARS, MAX_LABELS, has_text_tower, open_text_tower, split_labels
 from vit.text import escape_markdown, visible
@@ -156,7 +157,23 @@ def pick_head(layers: list[int], num_heads: int, layer_key: str, head_key: str) 
 
 # -- checkpoint -----------------------------------------------------------------------------------------------
 
-HF_FILTER, OPEN_PATH = "Find in the HF cache", "Open a path"
+def open_from_hub(text: str, may_download: bool) -> catalog.Candidate | None:
+    """The Hub model ``text`` names: the cached copy, else (for a visitor who may) its size on a Download
+    button and, once pressed, the download with a progress bar; None, with the reason shown, until it is there."""
+    try:
+        found, wanted = catalog.open_from_hub(text, may_download)
+        if wanted is not None:
+            st.sidebar.caption(escape_markdown(wanted.summary))
+            if st.sidebar.button(f"Download {hub.format_bytes(wanted.size)}", key="explorer_hub_download"):
+                bar = st.sidebar.progress(0.0, text="Downloading…")
+                found = catalog.download_from_hub(wanted, lambda share, text: bar.progress(share, text=text))
+        return found
+    except CheckpointError as e:
+        st.sidebar.error(escape_markdown(e))
+        return None
+
+
+HF_FILTER, OPEN_PATH, OPEN_HUB = "Find in the HF cache", "Open a path", "Open from the Hub"
 hf_dirs = catalog.hf_cache_dirs()
 hf_filter = ""
 if len(catalog.hf_cache_folders(hf_dirs)) > catalog.MAX_HF_CACHE_EXAMINED:  # folder names only: cheap
@@ -178,6 +195,17 @@ if may_open:
                                         "or timm model folder, or timm / torchvision weights.").strip()
 elif gate.mode == "token":
     st.sidebar.caption("Opening a model by its path on the server needs the token: enter it on the Train page.")
+hub_text = st.sidebar.text_input(OPEN_HUB, key="explorer_open_hub", placeholder="google/vit-base-patch16-224",
+                                 help="A model on the Hugging Face Hub: ORG/NAME[@REVISION], hf-hub:ORG/NAME or a "
+                                      "timm model name. Downloaded into the Hugging Face cache (its safetensors and "
+                                      "configs, never code) when it is not there yet.").strip()
+from_hub = open_from_hub(hub_text, may_open) \
+    if hub_text else None
+if from_hub is not None and str(from_hub.path) != st.session_state.get("explorer_opened_hub"):
+    if from_hub not in candidates + extra:
+        extra.append(from_hub)
+    st.session_state["explorer_checkpoint_choice"] = str(from_hub.path)  # what was just opened is shown
+st.session_state["explorer_opened_hub"] = str(from_hub.path) if from_hub is not None else None
 requested = st.session_state.pop("explorer_checkpoint", None) or (opened if opened != st.session_state.get(
     "explorer_opened_path") else None)
 st.session_state["explorer_opened_path"] = opened

@@ -11,6 +11,18 @@ os.environ.update(HOME=_HOME, HF_HOME=os.path.join(_HOME, "hf"), HF_HUB_CACHE=os
                   XDG_CACHE_HOME=os.path.join(_HOME, ".cache"))
 os.environ.pop("HUGGINGFACE_HUB_CACHE", None)
 
+
+# The Hub is a local server (tests/hub_server.py, the ``fake_hub`` fixture) whose port is bound now, before anything
+# imports huggingface_hub (it reads HF_ENDPOINT once, then); it answers only once a test asks for it, and refuses
+# connections before. No test reaches the real Hub.
+from hub_server import FakeHub, bind  # noqa: E402
+
+FAKE_HUB = FakeHub()
+HUB_SERVER = bind(FAKE_HUB)
+os.environ["HF_ENDPOINT"] = f"http://127.0.0.1:{HUB_SERVER.server_address[1]}"
+for _name in ("HF_TOKEN", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "VIT_MAX_DOWNLOAD_GB"):
+    os.environ.pop(_name, None)
+
 # Tests share two cores with whatever else runs; one thread each keeps them predictable.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
@@ -57,3 +69,26 @@ def ray_cluster(tmp_path_factory):
         yield cluster
     finally:
         cluster.stop()
+
+
+@pytest.fixture(scope="session")
+def _hub_server():
+    from hub_server import serve
+
+    serve(HUB_SERVER)
+    yield FAKE_HUB
+    HUB_SERVER.shutdown()
+
+
+@pytest.fixture
+def fake_hub(_hub_server, tmp_path, monkeypatch):
+    """The local Hub at HF_ENDPOINT, emptied, with a fresh HF cache for this test; yields its ``FakeHub``."""
+    from huggingface_hub import constants
+
+    _hub_server.repos.clear()
+    _hub_server.requests.clear()
+    _hub_server.cut_once.clear()
+    cache = tmp_path / "hf-cache"
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    yield _hub_server

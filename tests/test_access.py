@@ -77,3 +77,13 @@ def test_the_token_comes_from_the_environment_before_the_secrets_and_an_unreadab
     assert configured_token({"train_token": TOKEN}.get) == TOKEN
     monkeypatch.setenv(TOKEN_ENV, "from-the-environment")
     assert configured_token(broken) == "from-the-environment"
+
+
+def test_downloads_are_for_local_servers_and_visitors_holding_the_training_token():
+    from vit.runs.access import may_download
+
+    assert may_download("localhost", None, unlocked=False)
+    assert not may_download("0.0.0.0", None, unlocked=True)  # no token configured: nobody from the network
+    assert not may_download("0.0.0.0", TOKEN, unlocked=False)
+    assert may_download("0.0.0.0", TOKEN, unlocked=True)
+    assert not may_download("localhost", TOKEN, unlocked=False)  # a token set is asked for on localhost too

@@ -1,0 +1,74 @@
+"""ViT Attention Explorer's engine. In a notebook: ``import vit``, then
+
+    checkpoint = vit.load("google/vit-base-patch16-224")  # a path, a folder, an HF-cache name or a Hub id
+    vit.explain(checkpoint, "photo.jpg", "rollout")       # an Explanation: .map, .overlay(), .figure()
+    vit.methods()                                         # every map, with the models it applies to
+    vit.ask(clip, "photo.jpg", ["a dog", "a cat"])        # CLIP / SigLIP zero-shot scores and maps
+
+``import vit`` imports nothing else: these names load ``vit.api`` (which uses the explorer's own functions) when
+first used, so the core and the commands never pay for it. ``vit.explain`` stays the ``vit.explain`` package for
+imports (``from vit.explain.attention import rollout``) and is ``vit.api.explain`` when called.
+"""
+
+import importlib
+import sys
+import types
+
+API = ("load", "explain", "methods", "shipped", "samples", "ask", "ask_methods", "mechanism", "head_effects",
+       "ablate", "patching", "registers", "Explanation", "Answer")  # no name of a module: vit.predict is the command
+
+
+def __getattr__(name: str):
+    if name in API:
+        from vit import api
+
+        return getattr(api, name)
+    raise AttributeError(f"module 'vit' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(API))
+
+
+class _Explain:
+    """``vit.explain(checkpoint, image, method="rollout", ...)``: see ``vit.api.explain``. As a package
+    (``vit.explain.attention``), the ``vit.explain`` wing."""
+
+    def __call__(self, *args, **kwargs):
+        from vit import api
+
+        return api.explain(*args, **kwargs)
+
+    def __getattr__(self, name: str):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        package = importlib.import_module("vit.explain")
+        try:
+            return getattr(package, name)
+        except AttributeError:
+            try:
+                return importlib.import_module(f"vit.explain.{name}")  # a submodule not imported yet
+            except ModuleNotFoundError:
+                raise AttributeError(f"module 'vit.explain' has no attribute {name!r}") from None
+
+    @property
+    def __signature__(self):
+        import inspect
+
+        from vit import api
+
+        return inspect.signature(api.explain)
+
+    def __repr__(self) -> str:
+        return "<function vit.explain(checkpoint, image, method='rollout', ...) and package vit.explain>"
+
+
+class _Package(types.ModuleType):
+    """The ``vit`` module's type: its ``explain`` attribute is ``_Explain`` whatever the import system sets there
+    when it loads the ``vit.explain`` package (it does, as for every subpackage)."""
+
+    explain = property(lambda self: _EXPLAIN, lambda self, package: None)
+
+
+_EXPLAIN = _Explain()
+sys.modules[__name__].__class__ = _Package

@@ -37,7 +37,8 @@ def build_parser() -> argparse.ArgumentParser:
     summary, details = __doc__.split("\n\n", 1)
     p = OneLineParser(prog=f"python -m {PROG}", description=summary, epilog=details,
                       formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("checkpoint", help="a .pt checkpoint written by vit.train")
+    p.add_argument("checkpoint", help="a .pt checkpoint written by vit.train, any model vit.convert opens,"
+                                      " or a Hub id: ORG/NAME[@REV], hf-hub:ORG/NAME, a timm name")
     p.add_argument("--data", required=True, metavar="DIR", help="a folder with one subfolder of images per class")
     p.add_argument("--limit", type=positive_int, default=None, metavar="N", help="analyse N images (seeded shuffle)")
     p.add_argument("--out", default=None, metavar="DIR", help="output folder (default analysis/<checkpoint name>)")
@@ -132,9 +133,13 @@ def submit_and_follow(args: argparse.Namespace) -> int:
     if args.ray_job:
         raise UsageError("--ray and --ray-job exclude each other")
     # The job runs in a copy of the code elsewhere: every path absolute, checked here before submitting.
+    from vit.sources.hub import looks_like_name
+
     checkpoint, data = Path(args.checkpoint).expanduser().resolve(), Path(args.data).expanduser().resolve()
     out = Path(args.out or default_out(args.checkpoint)).expanduser().resolve()
-    if not checkpoint.exists():
+    if looks_like_name(args.checkpoint):
+        checkpoint = args.checkpoint  # a Hub id: the job fetches it into the cluster's HF cache
+    elif not checkpoint.exists():
         raise UsageError(f"{args.checkpoint} does not exist")
     if not data.is_dir():
         raise UsageError(f"--data {args.data} is not a folder; give a folder with one subfolder per class")

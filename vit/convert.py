@@ -1,6 +1,6 @@
 """Convert a model you have into our checkpoint: ``python -m vit.convert SOURCE --out FILE.pt [--arch timm:NAME]``.
 
-SOURCE is a Hugging Face model folder (also a snapshot in the HF cache), a timm folder or
+SOURCE is a Hugging Face model folder (also a snapshot in the HF cache) or Hub id, a timm folder or
 weights file, a torchvision ``vit_*`` state dict, or one of our checkpoints (see
 ``vit.sources.open``). The written file holds the weights, config, class names, preprocessing and
 where it came from, and loads safely (``torch.load(weights_only=True)``). Prints one JSON
@@ -26,7 +26,8 @@ def build_parser() -> argparse.ArgumentParser:
     summary, details = __doc__.split("\n\n", 1)
     p = OneLineParser(prog=f"python -m {PROG}", description=summary, epilog=details,
                       formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("source", help="a model folder or weights file")
+    p.add_argument("source", help="a model folder or weights file, or a Hub id: ORG/NAME[@REV], hf-hub:ORG/NAME, "
+                                  "a timm name")
     p.add_argument("--out", required=True, metavar="FILE.pt", help="where to write our checkpoint")
     p.add_argument("--arch", metavar="LIB:NAME",
                    help="architecture of a bare state dict: timm:NAME, torchvision:NAME, dinov3:NAME or "

@@ -48,8 +48,8 @@ def build_parser() -> argparse.ArgumentParser:
     summary, details = __doc__.split("\n\n", 1)
     p = OneLineParser(prog=f"python -m {PROG}", description=summary, epilog=details,
                       formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("checkpoint", help="a .pt checkpoint, a Hugging Face or timm model folder, or timm / torchvision "
-                                      "weights")
+    p.add_argument("checkpoint", help="a .pt checkpoint, a Hugging Face or timm model folder, timm / torchvision "
+                                      "weights, or a Hub id: ORG/NAME[@REV], hf-hub:ORG/NAME, a timm name")
     p.add_argument("--arch", metavar="LIB:NAME", help="architecture of bare weights: timm:NAME, torchvision:NAME, "
                    "dinov3:NAME or open_clip:quickgelu|gelu")
     p.add_argument("--data", required=True, metavar="DIR", help="a folder with one subfolder of images per class")

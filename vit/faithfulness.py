@@ -44,7 +44,8 @@ def build_parser() -> argparse.ArgumentParser:
     summary, details = __doc__.split("\n\n", 1)
     p = OneLineParser(prog=f"python -m {PROG}", description=summary, epilog=details,
                       formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("checkpoint", help="a .pt checkpoint written by vit.train")
+    p.add_argument("checkpoint", help="a .pt checkpoint written by vit.train, any model vit.convert opens,"
+                                      " or a Hub id: ORG/NAME[@REV], hf-hub:ORG/NAME, a timm name")
     p.add_argument("--data", required=True, metavar="DIR", help="a folder with one subfolder of images per class")
     p.add_argument("--methods", nargs="+", default=DEFAULT_METHODS, metavar="METHOD",
                    help=f"maps to score (default: all but flow); any of: {', '.join(METHODS)}")

@@ -109,7 +109,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = OneLineParser(prog=f"python -m {PROG}", description=summary, epilog=details,
                       formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("checkpoint", help="a .pt checkpoint (vit.train, vit.convert), a Hugging Face or timm model folder, "
-                                      "or timm / torchvision weights")
+                                      "timm / torchvision weights, or a Hub id (ORG/NAME[@REVISION], hf-hub:ORG/NAME, "
+                                      "a timm name), downloaded into the HF cache when needed")
     p.add_argument("--arch", metavar="LIB:NAME", help="architecture of bare weights: timm:NAME, torchvision:NAME, "
                    "dinov3:NAME or open_clip:quickgelu|gelu")
     p.add_argument("images", nargs="+", metavar="IMAGE", help="image files (jpg, png, webp, bmp, gif, tiff)")

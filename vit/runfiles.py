@@ -37,6 +37,19 @@ from pathlib import Path
 log = logging.getLogger("vit.train")
 
 ROOT = Path(__file__).resolve().parent.parent
+APP_PACKAGE = "vit_explorer"  # where ``pip install`` puts app.py, pages/ and checkpoints/ (pyproject.toml)
+
+
+def app_root() -> Path:
+    """The folder of ``app.py``, ``pages/`` and ``checkpoints/``: the repository in a checkout, else the installed
+    ``vit_explorer`` package data (after ``pip install``, ``ROOT`` is site-packages)."""
+    if (ROOT / "app.py").is_file():
+        return ROOT
+    import importlib.util
+
+    spec = importlib.util.find_spec(APP_PACKAGE)
+    locations = list(spec.submodule_search_locations or []) if spec is not None else []
+    return Path(locations[0]) if locations else ROOT
 
 CONFIG_FILE = "config.json"
 METRICS_FILE = "metrics.jsonl"

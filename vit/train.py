@@ -30,3 +30,8 @@ def cli(argv: list[str]) -> int:
 
 if __name__ == "__main__":
     sys.exit(cli(sys.argv[1:]))
+
+
+def command() -> int:
+    """The ``vit-train`` console command (pyproject.toml)."""
+    return cli(sys.argv[1:])

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import os
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -19,8 +20,8 @@ from vit.runfiles import (
     BEST_CHECKPOINT,
     CONFIG_FILE,
     LAST_CHECKPOINT,
-    ROOT,
     STATUS_FILE,
+    app_root,
     default_runs_dir,
     epoch_checkpoints,
     read_json,
@@ -33,11 +34,12 @@ RUN_CHECKPOINTS = (BEST_CHECKPOINT, LAST_CHECKPOINT)  # a run's checkpoint, in o
 
 
 def default_checkpoints_dir() -> Path:
-    """The shipped checkpoints: $VIT_CHECKPOINTS_DIR when set, else the repository's checkpoints/."""
+    """The shipped checkpoints: $VIT_CHECKPOINTS_DIR when set, else the repository's (or the installed
+    package's) checkpoints/."""
     env = os.environ.get("VIT_CHECKPOINTS_DIR")
     if env:
         return Path(env).expanduser()
-    return ROOT / "checkpoints"
+    return app_root() / "checkpoints"
 
 
 @dataclass(frozen=True)
@@ -502,3 +504,56 @@ def run_folder(path: str | os.PathLike) -> Path | None:
         if (folder / CONFIG_FILE).is_file() or (folder / STATUS_FILE).is_file():
             return folder
     return None
+
+
+
+def hub_candidate(text: str) -> Candidate | None:
+    """The HF-cache snapshot of the Hub model ``text`` names (``ORG/NAME[@REV]``, ``hf-hub:``, a timm or open_clip
+    name) as a candidate named after its repository, when the cache holds it (no network); None when it does not.
+    ``hub.HubError`` when ``text`` names no Hub model."""
+    from vit.sources import hub
+
+    name = hub.parse_name(text)
+    if name is None:
+        raise hub.HubError(f"{text.strip()!r} is not a Hub id: give ORG/NAME[@REVISION], hf-hub:ORG/NAME or a timm "
+                           "model name")
+    snapshot = hub.cached_snapshot(name)
+    return Candidate(snapshot, "hf-cache", str(name)) if snapshot is not None else None
+
+
+def open_from_hub(text: str, may_download: bool):
+    """What a page's "Open from the Hub" field does with ``text``: ``(candidate, None)`` when the HF cache holds a
+    copy that opens, else ``(None, download)``, the files and size to show before a download button. ``HubError``
+    (one line) for a name that is no Hub model, one the Hub refuses, and for a visitor who may not download."""
+    from vit.sources import hub
+
+    found = hub_candidate(text)
+    if found is not None and describe_current(found).ok:
+        return found, None
+    if not may_download:
+        raise hub.HubError("This model is not in the server's Hugging Face cache, and downloading it takes the "
+                           "training token: enter it on the Train page.")
+    wanted = _planned(hub.parse_name(text), int(time.monotonic() // PLAN_SECONDS))
+    if found is not None and not wanted.files:  # all there, and it does not open: say why
+        raise hub.HubError(describe_current(found).error or f"{text.strip()} cannot be opened")
+    return None, wanted
+
+
+PLAN_SECONDS = 300  # a page reruns on every click: the Hub's file list is read again after this long at most
+
+
+@functools.lru_cache(maxsize=16)
+def _planned(name, period: int):
+    from vit.sources import hub
+
+    return hub.plan(name)
+
+
+def download_from_hub(download, progress) -> Candidate:
+    """Fetch ``download`` (from ``open_from_hub``) into the HF cache, calling ``progress(fraction, text)`` as bytes
+    arrive; the candidate of the snapshot. ``HubError`` above ``VIT_MAX_DOWNLOAD_GB`` or when the Hub fails."""
+    from vit.sources import hub
+
+    hub.download(download, lambda done, total: progress(
+        min(done / max(total, 1), 1.0), f"{hub.format_bytes(done)} of {hub.format_bytes(total)}"))
+    return hub_candidate(download.name.text)

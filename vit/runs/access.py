@@ -101,3 +101,9 @@ def server_access(address: str | None, token: str | None) -> Access:
             f"that listens {where}: {GUARDED} are disabled. Set a longer one and restart the server."))
     return Access("token", f"This server listens {where} and a token is set: enter it to use {GUARDED} (once "
                            "per visit, for every page).", token)
+
+
+def may_download(address: str | None, token: str | None, unlocked: bool) -> bool:
+    """Whether a visitor may start a model download from the Hub (disk and bandwidth on the server): the one rule
+    of every page (``server_access``). Opening a model the HF cache already holds needs no download."""
+    return server_access(address, token).allows(unlocked)

@@ -11,7 +11,9 @@
 - CLIP (``vit.sources.import_clip``): open_clip state dicts and folders (``open_clip_config.json``), OpenAI's layout,
   HF ``clip`` / ``clip_vision_model`` folders; SigLIP (``vit.sources.import_siglip``): HF ``siglip`` folders;
 - DINOv3 (``vit.sources.import_dinov3``): HF ``dinov3_vit`` folders, timm ``vit_*_dinov3*`` weights, original
-  ``facebookresearch/dinov3`` backbones (recognised from ``storage_tokens``, or ``arch="dinov3:NAME"``).
+  ``facebookresearch/dinov3`` backbones (recognised from ``storage_tokens``, or ``arch="dinov3:NAME"``);
+- a Hub id (``ORG/NAME[@REVISION]``, ``hf-hub:ORG/NAME``, a timm or open_clip model name) that is no path here:
+  its snapshot in the Hugging Face cache, downloaded first when needed (``vit.sources.hub``).
 
 Nothing from a model folder is executed: safetensors files are read with the ``safetensors``
 package, pickles only with ``torch.load(weights_only=True)``, ``config.json`` as JSON, and a
@@ -47,7 +49,7 @@ from vit.checkpoint import (
     weights_problem,
 )
 from vit.model import ViT, ViTConfig
-from vit.sources import hf, import_clip, import_dinov3, import_eva, import_siglip, import_timm, import_torchvision
+from vit.sources import hf, hub, import_clip, import_dinov3, import_eva, import_siglip, import_timm, import_torchvision
 
 SUPPORTED = ("our .pt checkpoints; Hugging Face folders of " + hf.SUPPORTED + "; " + import_timm.SUPPORTED + "; "
              + import_torchvision.SUPPORTED + "; " + import_dinov3.SUPPORTED + "; " + import_clip.SUPPORTED + "; "
@@ -524,8 +526,10 @@ def open_source(path: str | os.PathLike, arch: str | None = None, map_location: 
     ``arch`` names the architecture of a bare state dict: ``timm:NAME`` or ``torchvision:NAME``.
     Raises ``CheckpointError`` (``SourceError``) with a one-line message for anything it cannot open.
     The whole opening runs first on the ``meta`` device, from the files' headers alone, so weights whose
-    names, shapes or counts do not fit are refused before any tensor data is read.
+    names, shapes or counts do not fit are refused before any tensor data is read. A Hub id is downloaded
+    first (its size on stderr, then huggingface_hub's progress bars) unless the HF cache has it.
     """
+    path = hub.resolve(path)
     _open(path, arch, "meta")
     return _open(path, arch, map_location)
 

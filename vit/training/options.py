@@ -191,7 +191,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "channels the preset (greyscale images are expanded for a 3-channel model)")
     g.add_argument("--init", metavar="FILE_OR_FOLDER", help="fine-tune a model you have instead of a preset: one "
                    "of our .pt checkpoints, a Hugging Face or timm folder, or timm / torchvision weights (see "
-                   "vit.convert). Its classifier is kept when the dataset has its classes, else replaced; images "
+                   "vit.convert), or a Hub id (ORG/NAME[@REV], a timm name). Its classifier is kept when the dataset "
+                   "has its classes, else replaced; images "
                    "are normalised with its own mean and std. Only --image-size and the dropout rates may change")
     g.add_argument("--finetune", choices=FINETUNE_MODES, default="full",
                    help="with --init: full (default: every weight trains) or linear-probe (only the classifier "

@@ -1,0 +1,194 @@
+"""A local server that speaks the Hugging Face Hub's HTTP protocol, for the real ``huggingface_hub`` client.
+
+What the client (huggingface_hub 2.x: ``HfApi.model_info``, ``list_repo_tree``, ``hf_hub_download``) asks:
+
+- ``GET /api/models/ORG/NAME[/revision/REV]``: model info (``id``, ``sha``, ``siblings``);
+- ``GET /api/models/ORG/NAME/tree/REV?recursive=...``: the file list with sizes (``lfs`` for weights);
+- ``HEAD|GET /ORG/NAME/resolve/REV/FILE``: the file, with ``ETag``, ``X-Repo-Commit``, ``Content-Length`` and
+  ``Range`` requests answered with 206;
+- errors as the Hub sends them: ``X-Error-Code`` ``RepoNotFound`` / ``RevisionNotFound`` / ``EntryNotFound``
+  (404) and ``GatedRepo`` (401 without the right ``Authorization: Bearer`` token).
+
+Every request is recorded (method, path, headers), so a test can say what was never fetched.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from urllib.parse import unquote, urlsplit
+
+
+@dataclass
+class Repo:
+    files: dict[str, bytes]
+    sha: str
+    gated: bool = False
+
+
+@dataclass
+class Request:
+    method: str
+    path: str
+    headers: dict[str, str]  # names in lower case
+
+
+@dataclass
+class FakeHub:
+    """The repositories served and the requests seen; ``token`` opens gated ones; the first GET of each file in
+    ``cut_once`` stops halfway (the connection closes), as a dropped download does."""
+
+    repos: dict[str, Repo] = field(default_factory=dict)
+    requests: list[Request] = field(default_factory=list)
+    token: str = "hf_test_token_for_gated"
+    cut_once: set[str] = field(default_factory=set)
+
+    def add(self, repo_id: str, files: dict[str, bytes], gated: bool = False) -> Repo:
+        sha = hashlib.sha1(repo_id.encode() + b"".join(sorted(files.values()))).hexdigest()
+        self.repos[repo_id] = Repo(dict(files), sha, gated)
+        return self.repos[repo_id]
+
+    def add_folder(self, repo_id: str, folder: Path, extra: dict[str, bytes] | None = None, gated: bool = False
+                   ) -> Repo:
+        files = {p.name: p.read_bytes() for p in Path(folder).iterdir() if p.is_file()}
+        return self.add(repo_id, {**files, **(extra or {})}, gated)
+
+    def fetched(self, method: str = "GET") -> list[str]:
+        """The files fetched with ``method`` (path in the repository), in order."""
+        return [r.path.split("/resolve/", 1)[1].split("/", 1)[1] for r in self.requests
+                if r.method == method and "/resolve/" in r.path]
+
+
+def bind(hub: FakeHub, port: int = 0) -> ThreadingHTTPServer:
+    """A server for ``hub`` bound to 127.0.0.1:``port`` (0: a free one) but not listening yet: until ``serve``,
+    connections are refused, as by a machine without the Hub."""
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *args):  # quiet
+            pass
+
+        def do_HEAD(self):
+            self.answer(head=True)
+
+        def do_GET(self):
+            self.answer(head=False)
+
+        def error(self, status: int, code: str, message: str = "") -> None:
+            body = json.dumps({"error": message or code}).encode()
+            self.send_response(status)
+            self.send_header("X-Error-Code", code)
+            self.send_header("X-Error-Message", message or code)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            if self.command != "HEAD":
+                self.wfile.write(body)
+
+        def json(self, value) -> None:
+            body = json.dumps(value).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def repo(self, repo_id: str) -> Repo | None:
+            repo = hub.repos.get(repo_id)
+            if repo is None:
+                self.error(404, "RepoNotFound", f"Repository Not Found for url: {self.path}.")
+                return None
+            if repo.gated and self.headers.get("Authorization") != f"Bearer {hub.token}":
+                self.error(401, "GatedRepo", f"Access to model {repo_id} is restricted. You must have access to it "
+                                             "and be authenticated to access it.")
+                return None
+            return repo
+
+        def revision(self, repo: Repo, revision: str) -> bool:
+            if revision not in ("main", repo.sha):
+                self.error(404, "RevisionNotFound", f"Invalid rev id: {revision}")
+                return False
+            return True
+
+        def answer(self, head: bool) -> None:
+            path = unquote(urlsplit(self.path).path)
+            hub.requests.append(Request(self.command, path, {k.lower(): v for k, v in self.headers.items()}))
+            parts = path.strip("/").split("/")
+            if parts[:2] == ["api", "models"] and len(parts) >= 4:
+                repo_id = "/".join(parts[2:4])
+                rest = parts[4:]
+                repo = self.repo(repo_id)
+                if repo is None:
+                    return
+                if rest[:1] == ["tree"] and len(rest) >= 2:
+                    if self.revision(repo, rest[1]):
+                        self.json([self.entry(name, data) for name, data in sorted(repo.files.items())])
+                    return
+                if not rest or (rest[0] == "revision" and len(rest) == 2 and self.revision(repo, rest[1])):
+                    self.json({"id": repo_id, "modelId": repo_id, "sha": repo.sha, "private": False,
+                               "gated": "manual" if repo.gated else False,
+                               "siblings": [{"rfilename": name} for name in sorted(repo.files)]})
+                elif rest and rest[0] != "revision":
+                    self.error(404, "NotFound")
+                return
+            if len(parts) >= 5 and parts[2] == "resolve":
+                repo = self.repo("/".join(parts[:2]))
+                if repo is None or not self.revision(repo, parts[3]):
+                    return
+                name = "/".join(parts[4:])
+                if name not in repo.files:
+                    self.error(404, "EntryNotFound", f"{name} does not exist")
+                    return
+                self.file(repo, name, head)
+                return
+            self.error(404, "NotFound")
+
+        @staticmethod
+        def entry(name: str, data: bytes) -> dict:
+            oid = hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+            item = {"type": "file", "oid": oid, "size": len(data), "path": name}
+            if name.endswith((".safetensors", ".bin", ".pth", ".pt")):
+                item["lfs"] = {"oid": hashlib.sha256(data).hexdigest(), "size": len(data), "pointerSize": 134}
+            return item
+
+        def file(self, repo: Repo, name: str, head: bool) -> None:
+            data = repo.files[name]
+            start = 0
+            wanted = self.headers.get("Range", "")
+            if wanted.startswith("bytes=") and not head:
+                start = int(wanted[len("bytes="):].split("-")[0] or 0)
+            self.send_response(206 if start else 200)
+            self.send_header("ETag", f'"{hashlib.sha256(data).hexdigest()}"')
+            self.send_header("X-Repo-Commit", repo.sha)
+            self.send_header("Accept-Ranges", "bytes")
+            self.send_header("Content-Type", "application/octet-stream")
+            self.send_header("Content-Length", str(len(data) - start))
+            if start:
+                self.send_header("Content-Range", f"bytes {start}-{len(data) - 1}/{len(data)}")
+            self.end_headers()
+            if head:
+                return
+            if name in hub.cut_once:
+                hub.cut_once.discard(name)
+                self.wfile.write(data[start:start + (len(data) - start) // 2])
+                self.wfile.flush()
+                self.close_connection = True
+                return
+            self.wfile.write(data[start:])
+
+    server = ThreadingHTTPServer(("127.0.0.1", port), Handler, bind_and_activate=False)
+    server.daemon_threads = True
+    server.server_bind()
+    return server
+
+
+def serve(server: ThreadingHTTPServer) -> str:
+    """Start answering on ``server`` (from ``bind``) in a daemon thread; its URL."""
+    server.server_activate()
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return f"http://127.0.0.1:{server.server_address[1]}"

@@ -1,0 +1,280 @@
+"""Opening a model by its Hub id: the real huggingface_hub client against a local server that speaks the Hub's
+protocol (tests/hub_server.py, at HF_ENDPOINT), with tiny models built with random weights by transformers."""
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from safetensors.torch import load_file
+
+from vit import predict
+from vit.app import catalog
+from vit.sources import hub
+from vit.sources.open import open_source
+from vit.training.finetune import prepare_init
+
+transformers = pytest.importorskip("transformers")
+pytestmark = pytest.mark.slow  # importing transformers takes seconds
+ROOT = Path(__file__).resolve().parent.parent
+CLASSES = ["cat", "dog", "fox"]
+EVIL = b"import os\nos.system('touch /tmp/pwned')\n"
+
+
+@pytest.fixture(scope="module")
+def tiny_vit(tmp_path_factory):
+    """A tiny random HF ViT classifier saved with save_pretrained (config.json, model.safetensors)."""
+    folder = tmp_path_factory.mktemp("tiny-vit")
+    torch.manual_seed(0)
+    config = transformers.ViTConfig(image_size=32, patch_size=8, hidden_size=16, num_hidden_layers=2,
+                                    num_attention_heads=2, intermediate_size=32, id2label=dict(enumerate(CLASSES)),
+                                    label2id={c: i for i, c in enumerate(CLASSES)})
+    transformers.ViTForImageClassification(config).save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture
+def repo(fake_hub, tiny_vit):
+    """``acme/tiny-vit``: the model, plus what opening never needs (code, a pickle copy, docs, ONNX)."""
+    pickle_copy = tiny_vit.parent / "pickle.bin"
+    torch.save(load_file(tiny_vit / "model.safetensors"), pickle_copy)
+    fake_hub.add_folder("acme/tiny-vit", tiny_vit, {"modeling_evil.py": EVIL, "pytorch_model.bin":
+                                                    pickle_copy.read_bytes(), "README.md": b"# tiny",
+                                                    "onnx/model.onnx": b"\0" * 64})
+    return "acme/tiny-vit"
+
+
+def same_outputs(a, b) -> None:
+    x = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        torch.testing.assert_close(a.model(x)[0], b.model(x)[0], rtol=0, atol=0)
+
+
+def test_a_hub_id_opens_the_model_fetching_only_its_config_and_safetensors(repo, fake_hub, tiny_vit):
+    checkpoint = open_source(repo)
+    assert sorted(fake_hub.fetched("GET")) == ["config.json", "model.safetensors"]
+    assert not any("modeling_evil.py" in r.path for r in fake_hub.requests)  # code is never even asked for
+    assert checkpoint.class_names == CLASSES
+    same_outputs(checkpoint, open_source(tiny_vit))
+
+
+def test_predict_takes_a_hub_id_and_says_how_much_it_downloads_first(repo, fake_hub, tmp_path, capsys):
+    image = tmp_path / "photo.png"
+    Image.fromarray(np.random.default_rng(0).integers(0, 256, (40, 56, 3), dtype=np.uint8)).save(image)
+    assert predict.main([repo, str(image), "--device", "cpu"]) == 0
+    out, err = capsys.readouterr()
+    size = sum(len(fake_hub.repos[repo].files[f]) for f in ("config.json", "model.safetensors"))
+    assert f"downloading {repo}: 2 files, {hub.format_bytes(size)}" in err
+    assert json.loads(out)[0]["predictions"][0]["label"] in CLASSES
+
+
+def test_predict_says_in_one_line_when_a_hub_model_cannot_be_opened(fake_hub, capsys):
+    assert predict.main(["acme/nothing-here", "photo.png"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("vit.predict: error: acme/nothing-here is neither") and err.count("\n") == 1
+
+
+def test_train_init_takes_a_hub_id(repo):
+    init = prepare_init(repo, num_classes=3, class_names=CLASSES)
+    assert not init.head_replaced and init.config.num_layers == 2
+
+
+def test_a_revision_after_at_is_the_one_opened_and_an_unknown_one_is_one_line(repo, fake_hub):
+    sha = fake_hub.repos[repo].sha
+    assert open_source(f"{repo}@{sha}").class_names == CLASSES
+    with pytest.raises(hub.HubError, match=f"^{repo} has no revision 'v9'"):
+        open_source(f"{repo}@v9")
+
+
+def test_a_cached_model_opens_offline_without_asking_the_hub(repo, fake_hub, monkeypatch):
+    from huggingface_hub import constants
+
+    open_source(repo)
+    seen = len(fake_hub.requests)
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    assert open_source(repo).class_names == CLASSES
+    assert len(fake_hub.requests) == seen
+
+
+def test_a_cached_model_opens_when_the_hub_cannot_be_reached(repo, fake_hub, monkeypatch):
+    from huggingface_hub import constants
+
+    open_source(repo)
+    monkeypatch.setattr(constants, "ENDPOINT", "http://127.0.0.1:9")  # nothing listens there: connection refused
+    assert open_source(repo).class_names == CLASSES
+    with pytest.raises(hub.HubError, match="^acme/elsewhere is neither a file or folder here nor in the Hugging "
+                                           "Face cache, and the Hub cannot be reached"):
+        open_source("acme/elsewhere")
+
+
+def test_offline_with_nothing_cached_is_one_line_naming_the_model(fake_hub, monkeypatch):
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    with pytest.raises(hub.HubError) as caught:
+        open_source("acme/never-downloaded")
+    message = str(caught.value)
+    assert "acme/never-downloaded" in message and "HF_HUB_OFFLINE" in message and "\n" not in message
+    assert fake_hub.requests == []
+
+
+def test_a_gated_model_says_to_accept_its_licence_and_set_hf_token(fake_hub, tiny_vit, monkeypatch):
+    fake_hub.add_folder("meta/gated-vit", tiny_vit, gated=True)
+    with pytest.raises(hub.HubError) as caught:
+        open_source("meta/gated-vit")
+    message = str(caught.value)
+    assert "accept its licence" in message and "https://huggingface.co/meta/gated-vit" in message
+    assert "HF_TOKEN" in message and "\n" not in message
+    monkeypatch.setenv("HF_TOKEN", fake_hub.token)
+    assert open_source("meta/gated-vit").class_names == CLASSES
+
+
+def test_a_model_that_is_not_on_the_hub_is_one_line(fake_hub):
+    with pytest.raises(hub.HubError, match="^acme/nothing-here is neither a file or folder here nor a model on the "
+                                           "Hub"):
+        open_source("acme/nothing-here")
+    assert fake_hub.requests[0].path == "/api/models/acme/nothing-here"
+
+
+def test_a_model_over_the_download_bound_is_refused_before_any_download(repo, fake_hub, monkeypatch):
+    monkeypatch.setenv("VIT_MAX_DOWNLOAD_GB", "0.000001")  # 1 kB
+    with pytest.raises(hub.HubError) as caught:
+        open_source(repo)
+    assert "VIT_MAX_DOWNLOAD_GB" in str(caught.value) and "1.0 kB" in str(caught.value)
+    assert fake_hub.fetched("GET") == [] and fake_hub.fetched("HEAD") == []
+
+
+def test_only_what_is_still_to_download_counts_against_the_bound(repo, fake_hub, monkeypatch):
+    open_source(repo)
+    fetched = fake_hub.fetched("GET")
+    monkeypatch.setenv("VIT_MAX_DOWNLOAD_GB", "0.000001")
+    assert open_source(repo).class_names == CLASSES  # online, the Hub asked, nothing fetched again
+    assert fake_hub.fetched("GET") == fetched
+
+
+def test_an_interrupted_download_resumes_where_it_stopped(repo, fake_hub, tiny_vit, monkeypatch):
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "DOWNLOAD_CHUNK_SIZE", 4096)  # written to disk in 4 kB chunks (10 MB by default)
+    fake_hub.cut_once.add("model.safetensors")
+    checkpoint = open_source(repo)
+    gets = [r for r in fake_hub.requests if r.method == "GET" and r.path.endswith("/model.safetensors")]
+    size = len(fake_hub.repos[repo].files["model.safetensors"])
+    assert len(gets) == 2 and "range" not in gets[0].headers
+    resumed_at = int(gets[1].headers["range"].removeprefix("bytes=").removesuffix("-"))
+    assert size // 2 - 4096 < resumed_at <= size // 2  # what had arrived is not fetched again
+    same_outputs(checkpoint, open_source(tiny_vit))
+
+
+def test_a_pickle_is_fetched_only_when_there_are_no_safetensors(fake_hub, tiny_vit):
+    state = load_file(tiny_vit / "model.safetensors")
+    pickle_copy = tiny_vit.parent / "only.bin"
+    torch.save(state, pickle_copy)
+    fake_hub.add("acme/pickle-vit", {"config.json": (tiny_vit / "config.json").read_bytes(),
+                                     "pytorch_model.bin": pickle_copy.read_bytes(), "training_args.bin": b"x"})
+    checkpoint = open_source("acme/pickle-vit")
+    assert sorted(fake_hub.fetched("GET")) == ["config.json", "pytorch_model.bin"]
+    same_outputs(checkpoint, open_source(tiny_vit))
+
+
+def test_timm_and_open_clip_names_resolve_through_their_own_registries():
+    import open_clip
+
+    assert hub.parse_name("vit_base_patch16_224.augreg_in21k").repo_id == "timm/vit_base_patch16_224.augreg_in21k"
+    assert hub.parse_name("ViT-B-16-SigLIP2").repo_id == "timm/ViT-B-16-SigLIP2"
+    assert hub.HF_HUB_PREFIX == open_clip.factory.HF_HUB_PREFIX
+    assert hub.parse_name("hf-hub:timm/ViT-B-16-SigLIP2").repo_id == "timm/ViT-B-16-SigLIP2"
+    assert hub.parse_name("google/vit-base-patch16-224@v1") == hub.HubName("google/vit-base-patch16-224", "v1",
+                                                                           "google/vit-base-patch16-224@v1")
+    assert hub.parse_name("not_a_model_anywhere") is None
+    assert not hub.looks_like_name("runs/best.pt")  # a missing weights file stays "not found"
+
+
+# -- the explorer's "Open from the Hub" -------------------------------------------------------------------------
+
+@pytest.fixture
+def app_world(tmp_path, monkeypatch, fake_hub):
+    """The app with no shipped checkpoints or runs, its HF cache the fake Hub's."""
+    import streamlit as st
+
+    for name in ("checkpoints", "runs"):
+        (tmp_path / name).mkdir()
+    monkeypatch.setenv("VIT_CHECKPOINTS_DIR", str(tmp_path / "checkpoints"))
+    monkeypatch.setenv("VIT_RUNS_DIR", str(tmp_path / "runs"))
+    st.cache_data.clear()
+    st.cache_resource.clear()
+    catalog._planned.cache_clear()  # file lists read from another test's Hub
+    yield
+    st.cache_data.clear()
+    st.cache_resource.clear()
+
+
+def explorer_with_hub_id(text: str, address: str = "localhost"):
+    from streamlit import config
+    from streamlit.testing.v1 import AppTest
+
+    before = config.get_option("server.address")
+    config.set_option("server.address", address)
+    try:
+        at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=180)
+        at.run()
+        next(w for w in at.sidebar.text_input if w.label == "Open from the Hub").set_value(text)
+        at.run()
+        buttons = [b for b in at.sidebar.button if b.label.startswith("Download")]
+        if buttons:
+            buttons[0].click()
+            at.run()
+    finally:
+        config.set_option("server.address", before)
+    assert not at.exception, [e.message for e in at.exception]
+    return at, buttons
+
+
+def test_the_explorer_shows_a_hub_models_size_then_downloads_and_opens_it(app_world, repo, fake_hub):
+    at, buttons = explorer_with_hub_id(repo)
+    size = sum(len(fake_hub.repos[repo].files[f]) for f in ("config.json", "model.safetensors"))
+    assert [b.label for b in buttons] == [f"Download {hub.format_bytes(size)}"]
+    assert at.sidebar.get("progress"), "the download shows a progress bar"
+    assert sorted(fake_hub.fetched("GET")) == ["config.json", "model.safetensors"]
+    picker = next(w for w in at.sidebar.selectbox if w.label == "Checkpoint")
+    assert picker.value == str(hub.cached_snapshot(hub.parse_name(repo)))
+    assert not at.error
+
+
+def test_a_network_visitor_without_the_training_token_cannot_start_a_download(app_world, repo, fake_hub):
+    at, buttons = explorer_with_hub_id(repo, address="0.0.0.0")
+    assert buttons == [] and fake_hub.fetched("GET") == [] and fake_hub.requests == []
+    assert any("training token" in e.value for e in at.sidebar.error)
+
+
+def test_a_network_visitor_opens_what_the_cache_holds_without_the_hub(app_world, repo, fake_hub):
+    open_source(repo)
+    seen = len(fake_hub.requests)
+    at, buttons = explorer_with_hub_id(repo, address="0.0.0.0")
+    picker = next(w for w in at.sidebar.selectbox if w.label == "Checkpoint")
+    assert picker.value == str(hub.cached_snapshot(hub.parse_name(repo))) and buttons == []
+    assert len(fake_hub.requests) == seen
+
+
+def test_the_train_page_starts_from_a_hub_model_it_downloads(app_world, repo, fake_hub, monkeypatch):
+    from streamlit.testing.v1 import AppTest
+
+    monkeypatch.delenv("VIT_TRAIN_TOKEN", raising=False)
+    at = AppTest.from_file(str(ROOT / "pages" / "training.py"), default_timeout=180).run()
+    at.text_input(key="train_open_hub").set_value(repo).run()
+    at.button(key="train_hub_download").click().run()
+    assert not at.exception, [e.message for e in at.exception]
+    snapshot = str(hub.cached_snapshot(hub.parse_name(repo)))
+    assert at.radio(key="train_start").value == "import" and at.selectbox(key="train_init").value == snapshot
+
+
+def test_the_analyse_page_opens_a_hub_model_from_the_cache(app_world, repo, fake_hub):
+    from streamlit.testing.v1 import AppTest
+
+    open_source(repo)  # in the HF cache now
+    at = AppTest.from_file(str(ROOT / "pages" / "analyze.py"), default_timeout=180).run()
+    at.text_input(key="analyze_open_hub").set_value(repo).run()
+    assert not at.exception, [e.message for e in at.exception]
+    assert at.selectbox(key="analyze_checkpoint").value == str(hub.cached_snapshot(hub.parse_name(repo)))

@@ -1,0 +1,115 @@
+"""``pip install`` of the project: pyproject.toml declares requirements.txt's dependencies, every package, the app's
+files and the console commands; the built wheel, installed into a fresh environment, works from another folder."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+import tomllib
+from pathlib import Path
+
+import pytest
+from helpers import free_port, wait_for_health
+
+from vit import explorer
+
+ROOT = Path(__file__).resolve().parent.parent
+PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
+COMMANDS = ("predict", "train", "evaluate", "convert", "analyze", "faithfulness")
+
+
+def requirement_lines(path: Path) -> set[str]:
+    lines = (line.split("#", 1)[0].strip() for line in path.read_text().splitlines())
+    return {line for line in lines if line and not line.startswith("-r")}
+
+
+def test_the_dependencies_are_requirements_txt_with_ray_as_an_extra():
+    project = PYPROJECT["project"]
+    assert set(project["dependencies"]) | set(project["optional-dependencies"]["ray"]) \
+        == requirement_lines(ROOT / "requirements.txt")
+    assert requirement_lines(ROOT / "requirements-test.txt") - set(project["optional-dependencies"]["test"]) \
+        <= set(project["dependencies"])
+
+
+def test_every_package_of_vit_is_installed():
+    found = {".".join(p.parent.relative_to(ROOT).parts) for p in (ROOT / "vit").rglob("__init__.py")}
+    assert found <= set(PYPROJECT["tool"]["setuptools"]["packages"])
+
+
+def test_every_command_has_a_console_script():
+    scripts = PYPROJECT["project"]["scripts"]
+    assert set(scripts) == {"vit-explorer", *(f"vit-{c}" for c in COMMANDS)}
+    for name, target in scripts.items():
+        module, function = target.split(":")
+        assert callable(getattr(__import__(module, fromlist=[function]), function)), name
+
+
+def test_vit_explorer_runs_the_app_with_its_server_defaults_unless_overridden():
+    args = explorer.streamlit_args(["--server.address", "0.0.0.0", "--server.port=8600"], ROOT)
+    assert args[:2] == ["run", str(ROOT / "app.py")]
+    assert "--server.fileWatcherType=none" in args and "--client.showErrorDetails=none" in args
+    assert not any(a.startswith("--server.address=") for a in args)  # the user's address, not the default
+    assert args[-3:] == ["--server.address", "0.0.0.0", "--server.port=8600"]
+
+
+@pytest.mark.slow
+def test_the_wheel_installs_and_runs_from_another_folder(tmp_path):
+    source = tmp_path / "source"  # built from a copy: the build leaves nothing in the repository
+    local = {".git", ".venv", "runs", "data", "build", "dist", "test-artifacts", "analysis", ".pytest_cache",
+             ".ruff_cache"}  # this checkout's own folders, at its top level only (vit/runs is a package)
+    shutil.copytree(ROOT, source, ignore=lambda folder, names: [
+        n for n in names if (Path(folder) == ROOT and n in local) or n == "__pycache__" or n.endswith(".egg-info")])
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
+                    str(tmp_path / "dist"), str(source)], check=True, capture_output=True)
+    [wheel] = (tmp_path / "dist").glob("*.whl")
+    env_dir = tmp_path / "env"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(env_dir)], check=True)
+    python = env_dir / "bin" / "python"
+    site = Path(subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                               check=True, capture_output=True, text=True).stdout.strip())
+    # The dependencies are this environment's (torch, streamlit, ...): seen through a .pth, never downloaded.
+    (site / "shared-deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "--no-deps", "-q", str(wheel)],
+                   check=True, capture_output=True)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | {"OMP_NUM_THREADS": "1"}
+
+    def run(*command: str) -> subprocess.CompletedProcess:
+        return subprocess.run(command, cwd=elsewhere, env=env, capture_output=True, text=True, timeout=300)
+
+    bin_dir = env_dir / "bin"
+    done = run(str(bin_dir / "vit-explorer"), "--help")
+    assert done.returncode == 0 and "streamlit run" in done.stdout, done.stderr
+
+    shipped = site / "vit_explorer" / "checkpoints"
+    done = run(str(bin_dir / "vit-predict"), str(shipped / "cifar10-cifar-s.pt"),
+               str(shipped / "samples" / "cifar10-cifar-s" / "cat_1.png"), "--device", "cpu")
+    assert done.returncode == 0, done.stderr
+    checkout = subprocess.run([sys.executable, "-m", "vit.predict", "checkpoints/cifar10-cifar-s.pt",
+                               "checkpoints/samples/cifar10-cifar-s/cat_1.png", "--device", "cpu"], cwd=ROOT, env=env,
+                              capture_output=True, text=True, check=True)
+    assert json.loads(done.stdout)[0]["predictions"] == json.loads(checkout.stdout)[0]["predictions"]
+
+    done = run(str(python), "-c", "import vit; c = vit.load(vit.shipped()); print(vit.__file__, len(c.class_names))")
+    assert done.returncode == 0, done.stderr
+    where, classes = done.stdout.split()
+    assert Path(where).is_relative_to(site) and classes == "10"
+
+    done = run(str(python), "-c", "from streamlit.testing.v1 import AppTest; import vit.runfiles as r; "
+               "at = AppTest.from_file(str(r.app_root() / 'app.py'), default_timeout=240).run(); "
+               "print(len(at.exception), [s.label for s in at.sidebar.selectbox][:1], at.title[0].value)")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split("\n")[0] == "0 ['Checkpoint'] ViT Attention Explorer", done.stdout
+
+    port = free_port()
+    server = subprocess.Popen([str(bin_dir / "vit-explorer"), "--server.port", str(port), "--server.headless",
+                               "true"], cwd=elsewhere, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                              start_new_session=True)
+    try:
+        wait_for_health(f"http://127.0.0.1:{port}", server, timeout=180)  # on localhost: the app's default address
+    finally:
+        server.terminate()
+        server.wait(timeout=30)

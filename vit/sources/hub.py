@@ -1,0 +1,355 @@
+"""Models named by their Hub id, downloaded with ``huggingface_hub`` into the standard Hugging Face cache.
+
+A name is one of:
+
+- ``ORG/NAME[@REVISION]``: a Hugging Face model repository (a branch, tag or commit after ``@``);
+- ``hf-hub:ORG/NAME``: open_clip's spelling of the same (its ``HF_HUB_PREFIX``);
+- a timm model name (``vit_base_patch16_224.augreg_in21k``; without a tag, timm's default one), resolved to its
+  repository by timm's own registry (``pretrained_cfg.hf_hub_id``), or an open_clip model name
+  (``ViT-B-16-SigLIP2``) by open_clip's (``get_pretrained_cfg(...)["hf_hub"]``).
+
+Only what opening needs is fetched: the top-level safetensors and json/txt/tokenizer files; a pickle
+(``.bin`` / ``.pth`` / ``.pt``) only when the repository holds no safetensors (``vit.sources.open`` then reads it
+with ``torch.load(weights_only=True)``), and never a ``.py``. The size comes from the repository's file list and
+is checked against ``VIT_MAX_DOWNLOAD_GB`` (default 5) before a byte is downloaded. ``HF_TOKEN`` is used when set
+(``huggingface_hub`` reads it). Offline (``HF_HUB_OFFLINE=1`` or no network) a cached copy opens; nothing cached is
+one line naming the model.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+import re
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from vit.checkpoint import CheckpointError
+
+MAX_DOWNLOAD_ENV = "VIT_MAX_DOWNLOAD_GB"
+DEFAULT_MAX_DOWNLOAD_GB = 5.0
+HF_HUB_PREFIX = "hf-hub:"  # open_clip's (open_clip.factory.HF_HUB_PREFIX); a test checks they agree
+# What opening a model reads (vit.sources.open and the text towers' tokenizers); nothing else is fetched.
+WANTED = ("*.safetensors", "*.json", "*.txt", "*.model", "*.tiktoken")
+PICKLES = ("*.bin", "*.pth", "*.pt")  # weights as torch pickles: only when there are no safetensors
+NOT_WEIGHTS = ("training_args.bin", "optimizer.pt", "scheduler.pt", "rng_state*.pth")  # trainer state, not a model
+WEIGHT_FILES = (".pt", ".pth", ".bin", ".safetensors", ".npz")
+_REPO = re.compile(r"[A-Za-z0-9][\w.-]{0,95}/[A-Za-z0-9][\w.-]{0,95}")
+_TIMM_OR_OPEN_CLIP = re.compile(r"[A-Za-z][\w.-]{1,150}")
+
+
+class HubError(CheckpointError):
+    """A Hub model that cannot be fetched; the message is one line saying why and what to do."""
+
+
+class HubUnreachable(HubError):
+    """Offline (``HF_HUB_OFFLINE``) or no connection to the Hub: a cached copy may still open."""
+
+
+@dataclass(frozen=True)
+class HubName:
+    """A Hub model: its repository, the revision asked for and what the user typed."""
+
+    repo_id: str
+    revision: str | None
+    text: str
+
+    def __str__(self) -> str:
+        return self.repo_id + (f"@{self.revision}" if self.revision else "")
+
+
+@dataclass(frozen=True)
+class Download:
+    """What fetching a model means, from the repository's file list: the files still missing from the HF cache
+    and their sizes, at ``commit``."""
+
+    name: HubName
+    commit: str
+    files: tuple[tuple[str, int], ...]  # (path in the repository, bytes), not yet in the cache
+
+    @property
+    def size(self) -> int:
+        return sum(size for _, size in self.files)
+
+    @property
+    def summary(self) -> str:
+        """One line for before the download: which model, how many files and bytes."""
+        return f"{self.name}: {len(self.files)} files, {format_bytes(self.size)}"
+
+
+def format_bytes(count: int) -> str:
+    """1_234_567 -> '1.2 MB' (decimal units, as the Hub shows sizes)."""
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if count >= scale:
+            return f"{count / scale:.1f} {unit}"
+    return f"{count} B"
+
+
+def cache_dir() -> Path:
+    """The folder huggingface_hub downloads into (``HF_HUB_CACHE``, else ``HF_HOME/hub``, ...)."""
+    from huggingface_hub import constants
+
+    return Path(constants.HF_HUB_CACHE)
+
+
+def max_download_bytes() -> int:
+    """``VIT_MAX_DOWNLOAD_GB`` (default 5) in bytes; HubError for a value that is not a positive number."""
+    text = os.environ.get(MAX_DOWNLOAD_ENV, "").strip()
+    try:
+        gigabytes = float(text) if text else DEFAULT_MAX_DOWNLOAD_GB
+    except ValueError:
+        gigabytes = -1.0
+    if not gigabytes > 0:
+        raise HubError(f"{MAX_DOWNLOAD_ENV}={text!r} is not a positive number of gigabytes")
+    return int(gigabytes * 1e9)
+
+
+def parse_name(text: str) -> HubName | None:
+    """The Hub model ``text`` names (``ORG/NAME[@REV]``, ``hf-hub:ORG/NAME``, a timm or open_clip model name), or
+    None when it names none. A timm or open_clip name is looked up in that library's registry."""
+    text = str(text).strip()
+    if text.lower().endswith(WEIGHT_FILES):
+        return None
+    if text.startswith(HF_HUB_PREFIX):
+        text = text[len(HF_HUB_PREFIX):]
+    repo, _, revision = text.partition("@")
+    if _REPO.fullmatch(repo) and ".." not in repo:
+        return HubName(repo, revision or None, text)
+    if "/" not in text and _TIMM_OR_OPEN_CLIP.fullmatch(text):
+        repo = registry_repo(text)
+        if repo:
+            return HubName(repo, None, text)
+    return None
+
+
+def registry_repo(name: str) -> str | None:
+    """The repository timm's registry (``vit_base_patch16_224.augreg_in21k``) or open_clip's
+    (``ViT-B-16-SigLIP2``) gives for a model name, else None."""
+    import timm.models
+
+    try:
+        cfg = timm.models.get_pretrained_cfg(name)
+    except RuntimeError:  # a known architecture with an unknown tag
+        cfg = None
+    if cfg is not None and cfg.hf_hub_id:
+        return cfg.hf_hub_id
+    import open_clip
+
+    for tag in open_clip.list_pretrained_tags_by_model(name):
+        hub = (open_clip.get_pretrained_cfg(name, tag) or {}).get("hf_hub")
+        if hub:
+            return hub.strip("/")
+    return None
+
+
+def looks_like_name(source: str | os.PathLike) -> bool:
+    """Whether ``source`` should be fetched from the Hub: it is no file or folder here and reads as a Hub id
+    (the registries are not consulted: a cheap test for pages)."""
+    text = str(source).strip()
+    if not text or Path(text).expanduser().exists() or text.lower().endswith(WEIGHT_FILES):
+        return False  # a weights file's name is a path that is missing, not a model on the Hub
+    repo = text.removeprefix(HF_HUB_PREFIX).partition("@")[0]
+    return bool(_REPO.fullmatch(repo)) or ("/" not in text and bool(_TIMM_OR_OPEN_CLIP.fullmatch(text)))
+
+
+def chosen_files(files: dict[str, int]) -> dict[str, int]:
+    """Of a repository's ``{path: size}``, what opening needs: top-level safetensors and json/txt/tokenizer files,
+    torch pickles only where there are no safetensors; never code."""
+    top = {p: s for p, s in files.items() if "/" not in p and not p.endswith(".py")}
+    wanted = {p: s for p, s in top.items() if any(fnmatch.fnmatch(p, w) for w in WANTED)}
+    if not any(p.endswith(".safetensors") for p in wanted):
+        wanted.update({p: s for p, s in top.items() if any(fnmatch.fnmatch(p, w) for w in PICKLES)
+                       and not any(fnmatch.fnmatch(p, n) for n in NOT_WEIGHTS)})
+    return dict(sorted(wanted.items()))
+
+
+def _hub_error(name: HubName, error: Exception) -> HubError:
+    """huggingface_hub's exception as one line that says what to do."""
+    from huggingface_hub.errors import (
+        GatedRepoError,
+        HfHubHTTPError,
+        OfflineModeIsEnabled,
+        RepositoryNotFoundError,
+        RevisionNotFoundError,
+    )
+
+    status = getattr(getattr(error, "response", None), "status_code", None)
+    if isinstance(error, RevisionNotFoundError):
+        return HubError(f"{name.repo_id} has no revision {name.revision!r} on the Hub")
+    if isinstance(error, GatedRepoError) or (status in (401, 403) and not isinstance(error, RepositoryNotFoundError)):
+        return HubError(f"{name} is gated: accept its licence on https://huggingface.co/{name.repo_id} and set "
+                        "HF_TOKEN to a token of that account")
+    if isinstance(error, RepositoryNotFoundError):
+        return HubError(f"{name} is neither a file or folder here nor a model on the Hub (a private one needs "
+                        "HF_TOKEN)")
+    if isinstance(error, OfflineModeIsEnabled) or _is_connection_error(error):
+        return HubUnreachable(f"{name} is neither a file or folder here nor in the Hugging Face cache, and the Hub "
+                              "cannot be reached (offline); connect to download it")
+    if isinstance(error, HfHubHTTPError):
+        return HubError(f"the Hub answered {status} for {name}: {_first_line(error)}")
+    return HubError(f"cannot fetch {name} from the Hub: {_first_line(error)}")
+
+
+def _first_line(error: BaseException) -> str:
+    lines = [line for line in str(error).splitlines() if line.strip()]
+    return lines[0][:200] if lines else type(error).__name__
+
+
+def _is_connection_error(error: BaseException) -> bool:
+    try:  # the HTTP client huggingface_hub uses: httpx2 (2.x), httpx before
+        import httpx2 as http
+    except ImportError:
+        import httpx as http
+    return isinstance(error, (http.ConnectError, http.TimeoutException, ConnectionError))
+
+
+def _offline() -> bool:
+    from huggingface_hub import constants
+
+    return constants.is_offline_mode()
+
+
+def snapshot_folder(repo_id: str, commit: str) -> Path:
+    """Where huggingface_hub keeps the files of ``repo_id`` at ``commit`` (there or not)."""
+    return cache_dir() / ("models--" + repo_id.replace("/", "--")) / "snapshots" / commit
+
+
+def cached_snapshot(name: HubName) -> Path | None:
+    """The snapshot of ``name`` in the HF cache (its revision, else ``main``), without the network; None if absent."""
+    folder = cache_dir() / ("models--" + name.repo_id.replace("/", "--"))
+    revision = name.revision or "main"
+    commit = revision
+    if not re.fullmatch(r"[0-9a-f]{40}", revision):
+        try:
+            commit = (folder / "refs" / revision).read_text().strip()
+        except OSError:
+            return None
+    snapshot = folder / "snapshots" / commit
+    return snapshot if snapshot.is_dir() and any(snapshot.iterdir()) else None
+
+
+def plan(name: HubName) -> Download:
+    """The files of ``name`` that opening needs and the cache does not hold yet, with their sizes, from the Hub's
+    model info and file tree (no download). HubError (one line) for a gated, missing or unreachable model."""
+    from huggingface_hub import HfApi
+    from huggingface_hub.errors import HfHubHTTPError, OfflineModeIsEnabled
+
+    api = HfApi()
+    try:
+        info = api.model_info(name.repo_id, revision=name.revision)
+        commit = info.sha or name.revision or "main"
+        tree = {f.path: int(f.size or 0) for f in api.list_repo_tree(name.repo_id, revision=commit, recursive=True)
+                if hasattr(f, "size")}
+    except (HfHubHTTPError, OfflineModeIsEnabled, OSError, ValueError) as e:
+        raise _hub_error(name, e) from None
+    except Exception as e:  # httpx's connection errors
+        if _is_connection_error(e):
+            raise _hub_error(name, e) from None
+        raise
+    files = chosen_files(tree)
+    if not any(p.endswith(ext) for p in files for ext in (".safetensors", ".bin", ".pth", ".pt")):
+        raise HubError(f"{name} holds no weights this program reads (safetensors, or a torch pickle when it has "
+                       "none)")
+    snapshot = snapshot_folder(name.repo_id, commit)
+    return Download(name, commit, tuple((f, size) for f, size in files.items() if not (snapshot / f).is_file()))
+
+
+def check_size(download: Download) -> None:
+    """HubError when ``download`` is larger than ``VIT_MAX_DOWNLOAD_GB``."""
+    bound = max_download_bytes()
+    if download.size > bound:
+        raise HubError(f"{download.name} is {format_bytes(download.size)}, over the {format_bytes(bound)} download "
+                       f"bound ({MAX_DOWNLOAD_ENV}); raise it to download this model")
+
+
+def download(plan_: Download, progress: Callable[[int, int], None] | None = None) -> Path:
+    """Fetch ``plan_``'s files into the HF cache (an interrupted transfer resumes where it stopped) and return the
+    snapshot folder. ``progress(done, total)`` is called with
+    bytes as they arrive; without it huggingface_hub's own tqdm bars show on stderr."""
+    from huggingface_hub import hf_hub_download
+    from huggingface_hub.errors import HfHubHTTPError, OfflineModeIsEnabled
+
+    check_size(plan_)
+    if not plan_.files:
+        return snapshot_folder(plan_.name.repo_id, plan_.commit)
+    done, total = 0, plan_.size
+    tqdm_class = None if progress is None else _progress_tqdm(lambda n: progress(done + n, total))
+    path = None
+    for filename, size in plan_.files:
+        try:
+            # by the revision asked for, so the cache records where it points (refs/main) for offline use
+            path = hf_hub_download(plan_.name.repo_id, filename, revision=plan_.name.revision or "main",
+                                   tqdm_class=tqdm_class)
+        except (HfHubHTTPError, OfflineModeIsEnabled, OSError, ValueError) as e:
+            raise _hub_error(plan_.name, e) from None
+        except Exception as e:
+            if _is_connection_error(e):
+                raise _hub_error(plan_.name, e) from None
+            raise
+        done += size
+        if progress is not None:
+            progress(done, total)
+    return Path(path).parent
+
+
+def _progress_tqdm(report: Callable[[int], None]):
+    """A tqdm class that draws nothing and reports the bytes of the file in progress to ``report``."""
+    from tqdm.auto import tqdm
+
+    class Reporting(tqdm):
+        def __init__(self, *args, **kwargs):
+            kwargs["disable"] = False
+            kwargs["file"] = open(os.devnull, "w")  # noqa: SIM115 (closed with the bar)
+            super().__init__(*args, **kwargs)
+
+        def update(self, n=1):
+            super().update(n)
+            report(self.n)
+
+        def close(self):
+            super().close()
+            if self.fp and not self.fp.closed:
+                self.fp.close()
+
+    return Reporting
+
+
+def fetch(name: HubName, report: Callable[[str], None] | None = None,
+          progress: Callable[[int, int], None] | None = None) -> Path:
+    """The snapshot folder of ``name``: the cached one offline (or for a pinned commit), else downloaded after
+    ``report`` (default: stderr) was told its size. HubError (one line) for anything that stops it."""
+    cached = cached_snapshot(name)
+    if _offline() or (cached is not None and name.revision and re.fullmatch(r"[0-9a-f]{40}", name.revision)):
+        if cached is None:
+            raise HubError(f"{name} is neither a file or folder here nor in the Hugging Face cache "
+                           f"({cache_dir()}), and HF_HUB_OFFLINE is set; unset it to download the model")
+        return cached
+    try:
+        wanted = plan(name)
+    except HubUnreachable:
+        if cached is not None:
+            return cached  # no network: the copy we have
+        raise
+    if wanted.files:
+        check_size(wanted)  # only what is still to fetch counts against the bound
+        (report or _to_stderr)(f"downloading {wanted.summary} into the Hugging Face cache ({cache_dir()})")
+    return download(wanted, progress)
+
+
+def _to_stderr(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def resolve(source: str | os.PathLike, report: Callable[[str], None] | None = None,
+            progress: Callable[[int, int], None] | None = None) -> Path:
+    """``source`` as a local path: itself when it exists (or names no Hub model), else the Hub model's snapshot in
+    the HF cache, downloaded when needed."""
+    path = Path(source).expanduser()
+    if path.exists() or not looks_like_name(source):
+        return path
+    name = parse_name(str(source))
+    if name is None:
+        return path  # open_source says it is not found
+    return fetch(name, report, progress)
