@@ -26,6 +26,7 @@ import json
 import math
 import os
 import pickle
+import re
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -47,11 +48,20 @@ from vit.checkpoint import (
     weights_problem,
 )
 from vit.model import ViT, ViTConfig
-from vit.sources import hf, import_clip, import_dinov3, import_eva, import_siglip, import_timm, import_torchvision
+from vit.sources import (
+    hf,
+    import_clip,
+    import_dinov3,
+    import_eva,
+    import_scratch,
+    import_siglip,
+    import_timm,
+    import_torchvision,
+)
 
 SUPPORTED = ("our .pt checkpoints; Hugging Face folders of " + hf.SUPPORTED + "; " + import_timm.SUPPORTED + "; "
              + import_torchvision.SUPPORTED + "; " + import_dinov3.SUPPORTED + "; " + import_clip.SUPPORTED + "; "
-             + import_siglip.SUPPORTED + "; " + import_eva.SUPPORTED)
+             + import_siglip.SUPPORTED + "; " + import_eva.SUPPORTED + "; " + import_scratch.SUPPORTED)
 HF_WEIGHTS = ("model.safetensors", "pytorch_model.bin")
 OPEN_CLIP_CONFIG = "open_clip_config.json"
 OPEN_CLIP_WEIGHTS = ("open_clip_model.safetensors", "open_clip_pytorch_model.bin")
@@ -503,7 +513,60 @@ def open_open_clip(path: Path, state: Mapping[str, torch.Tensor], name: str | No
     return _finish(model, default_class_names(0), preprocessing, path, "open_clip", f"open_clip:{activation}")
 
 
-ARCH_LIBRARIES = ("timm", "torchvision", "dinov3", "open_clip")
+def open_scratch(path: Path, state: Mapping[str, torch.Tensor], layout: str, arguments: Mapping,
+                 map_location: str | torch.device = "cpu") -> Checkpoint:
+    """A from-scratch ViT of a known ``layout`` (``vit.sources.import_scratch``). ``arguments`` are the constructor
+    arguments given with ``--arch scratch:key=value,...`` over those of a ``config.json`` beside the weights
+    (for tintn's experiments, its own config); that file's ``mean``, ``std`` and ``class_names`` say how images were
+    prepared and what the classes are."""
+    sidecar = scratch_sidecar(path)
+    origin = f"{path} (from-scratch {layout})"
+    try:
+        config, ours = import_scratch.convert(layout, state, sidecar if layout == "tintn" else None,
+                                              {**(sidecar or {}), **arguments})
+    except (ValueError, KeyError, TypeError) as e:
+        raise SourceError(f"{path}: {_one_line(e)}" if layout == "annotated" else f"{origin}: {_one_line(e)}") from None
+    model = build_model(config, ours, origin, map_location)
+    return _finish_scratch(model, sidecar, path, f"scratch:{layout}")
+
+
+def scratch_sidecar(path: Path) -> dict | None:
+    """The ``config.json`` beside a from-scratch model's weights (its constructor arguments), or None."""
+    sidecar = path.parent / "config.json"
+    return read_json(sidecar) if sidecar.is_file() else None
+
+
+def _finish_scratch(model: ViT, sidecar: Mapping | None, path: Path, architecture: str) -> Checkpoint:
+    """A from-scratch model's checkpoint: mean and std from the config.json beside it, else the tutorials' own
+    ``Normalize(0.5, 0.5)`` with the note that it was assumed; class names from its ``class_names``."""
+    sidecar = sidecar or {}
+    config, channels = model.config, model.config.num_channels
+    try:
+        mean = _numbers(sidecar["mean"], "mean", channels) if "mean" in sidecar else (0.5,) * channels
+        std = _numbers(sidecar["std"], "std", channels) if "std" in sidecar else (0.5,) * channels
+    except ValueError as e:
+        raise SourceError(f"{path.parent / 'config.json'}: {_one_line(e)}") from None
+    names = sidecar.get("class_names")
+    class_names = [str(n) for n in names] if isinstance(names, list) and len(names) == config.num_classes \
+        else default_class_names(config.num_classes)
+    preprocessing = Preprocessing(config.image_size, channels, mean, std, resample="bilinear")
+    guessed = None if "mean" in sidecar and "std" in sidecar else "mean and std (in a config.json beside them)"
+    return _finish(model, class_names, preprocessing, path, "scratch", architecture, guessed)
+
+
+def scratch_weights(folder: Path) -> Path | None:
+    """The weights a from-scratch experiment folder holds: ``model_final.pt`` (tintn's ``save_experiment``), else its
+    only weights file, else the ``model_N.pt`` of the latest epoch; None when it holds none."""
+    files = [p for p in sorted(folder.iterdir()) if p.is_file() and p.suffix in WEIGHT_SUFFIXES]
+    if (folder / "model_final.pt").is_file():
+        return folder / "model_final.pt"
+    if len(files) == 1:
+        return files[0]
+    epochs = {int(m.group(1)): p for p in files if (m := re.fullmatch(r"model_(\d+)\.pt", p.name))}
+    return epochs[max(epochs)] if epochs else None
+
+
+ARCH_LIBRARIES = ("timm", "torchvision", "dinov3", "open_clip", "scratch")
 
 
 def parse_arch(arch: str | None) -> tuple[str | None, str | None]:
@@ -512,8 +575,9 @@ def parse_arch(arch: str | None) -> tuple[str | None, str | None]:
         return None, None
     library, _, name = arch.partition(":")
     if library not in ARCH_LIBRARIES or not name:
-        raise SourceError(f"--arch {arch!r} must be timm:NAME, torchvision:NAME, dinov3:NAME or "
-                          "open_clip:quickgelu|gelu (e.g. timm:vit_base_patch16_224, dinov3:vitl16)")
+        raise SourceError(f"--arch {arch!r} must be timm:NAME, torchvision:NAME, dinov3:NAME, "
+                          "open_clip:quickgelu|gelu or scratch:key=value,... (e.g. timm:vit_base_patch16_224, "
+                          "dinov3:vitl16, scratch:num_heads=8)")
     return library, name
 
 
@@ -550,6 +614,9 @@ def _open(path: str | os.PathLike, arch: str | None, map_location: str | torch.d
                                   f"file. Supported: {SUPPORTED}")
             return _open(files[0], arch, map_location)
         config_json = read_json(config_path)
+        if not {"model_type", "architectures", "architecture"} & set(config_json) \
+                and (weights := scratch_weights(path)) is not None:  # a from-scratch model's constructor arguments
+            return _open(weights, arch, map_location)
         if "auto_map" in config_json or config_json.get("trust_remote_code"):
             raise SourceError(f"{path} asks for custom model code (auto_map / trust_remote_code), which this program "
                               f"never runs; supported: {SUPPORTED}")
@@ -569,6 +636,16 @@ def _open(path: str | os.PathLike, arch: str | None, map_location: str | torch.d
         else:
             return load_checkpoint(path, map_location)
     state = read_weights(path, map_location)
+    layout = import_scratch.layout_of(state)
+    if library == "scratch" or (library is None and layout is not None):
+        try:
+            arguments = import_scratch.parse_arguments(name or "")
+        except ValueError as e:
+            raise SourceError(f"--arch {arch}: {_one_line(e)}") from None
+        if layout is None:
+            raise SourceError(f"{path} is none of the from-scratch layouts this program knows; supported: "
+                              f"{import_scratch.SUPPORTED}")
+        return open_scratch(path, state, layout, arguments, map_location)
     if library == "open_clip" or (library is None and import_clip.is_open_clip_state_dict(state)):
         sidecar = path.parent / OPEN_CLIP_CONFIG
         return open_open_clip(path, state, name, read_json(sidecar) if sidecar.is_file() else None, map_location)
