@@ -57,11 +57,13 @@ from vit.sources import (
     import_siglip,
     import_timm,
     import_torchvision,
+    import_vit_pytorch,
 )
 
 SUPPORTED = ("our .pt checkpoints; Hugging Face folders of " + hf.SUPPORTED + "; " + import_timm.SUPPORTED + "; "
              + import_torchvision.SUPPORTED + "; " + import_dinov3.SUPPORTED + "; " + import_clip.SUPPORTED + "; "
-             + import_siglip.SUPPORTED + "; " + import_eva.SUPPORTED + "; " + import_scratch.SUPPORTED)
+             + import_siglip.SUPPORTED + "; " + import_eva.SUPPORTED + "; " + import_scratch.SUPPORTED + "; "
+             + import_vit_pytorch.SUPPORTED)
 HF_WEIGHTS = ("model.safetensors", "pytorch_model.bin")
 OPEN_CLIP_CONFIG = "open_clip_config.json"
 OPEN_CLIP_WEIGHTS = ("open_clip_model.safetensors", "open_clip_pytorch_model.bin")
@@ -530,6 +532,22 @@ def open_scratch(path: Path, state: Mapping[str, torch.Tensor], layout: str, arg
     return _finish_scratch(model, sidecar, path, f"scratch:{layout}")
 
 
+def open_vit_pytorch(path: Path, state: Mapping[str, torch.Tensor], arguments: Mapping,
+                     map_location: str | torch.device = "cpu") -> Checkpoint:
+    """A vit-pytorch ``ViT`` / ``SimpleViT`` state dict; its constructor arguments from ``--arch vit_pytorch:...``
+    over those of a ``config.json`` beside the weights."""
+    sidecar = scratch_sidecar(path)
+    kind = import_vit_pytorch.kind_of(state)
+    origin = f"{path} (vit-pytorch {kind})"
+    try:
+        config = import_vit_pytorch.config_from_vit_pytorch(state, {**(sidecar or {}), **arguments})
+        ours = import_vit_pytorch.state_dict_from_vit_pytorch(state, config)
+    except (ValueError, KeyError, TypeError) as e:
+        raise SourceError(f"{origin}: {_one_line(e)}") from None
+    model = build_model(config, ours, origin, map_location)
+    return _finish_scratch(model, sidecar, path, f"vit_pytorch:{kind}")
+
+
 def scratch_sidecar(path: Path) -> dict | None:
     """The ``config.json`` beside a from-scratch model's weights (its constructor arguments), or None."""
     sidecar = path.parent / "config.json"
@@ -566,7 +584,7 @@ def scratch_weights(folder: Path) -> Path | None:
     return epochs[max(epochs)] if epochs else None
 
 
-ARCH_LIBRARIES = ("timm", "torchvision", "dinov3", "open_clip", "scratch")
+ARCH_LIBRARIES = ("timm", "torchvision", "dinov3", "open_clip", "scratch", "vit_pytorch")
 
 
 def parse_arch(arch: str | None) -> tuple[str | None, str | None]:
@@ -576,8 +594,8 @@ def parse_arch(arch: str | None) -> tuple[str | None, str | None]:
     library, _, name = arch.partition(":")
     if library not in ARCH_LIBRARIES or not name:
         raise SourceError(f"--arch {arch!r} must be timm:NAME, torchvision:NAME, dinov3:NAME, "
-                          "open_clip:quickgelu|gelu or scratch:key=value,... (e.g. timm:vit_base_patch16_224, "
-                          "dinov3:vitl16, scratch:num_heads=8)")
+                          "open_clip:quickgelu|gelu, scratch:key=value,... or vit_pytorch:key=value,... (e.g. "
+                          "timm:vit_base_patch16_224, dinov3:vitl16, scratch:num_heads=8, vit_pytorch:heads=8)")
     return library, name
 
 
@@ -637,11 +655,17 @@ def _open(path: str | os.PathLike, arch: str | None, map_location: str | torch.d
             return load_checkpoint(path, map_location)
     state = read_weights(path, map_location)
     layout = import_scratch.layout_of(state)
-    if library == "scratch" or (library is None and layout is not None):
+    if library in ("scratch", "vit_pytorch") or (library is None and layout is not None) \
+            or (library is None and import_vit_pytorch.is_vit_pytorch_state_dict(state)):
         try:
             arguments = import_scratch.parse_arguments(name or "")
         except ValueError as e:
             raise SourceError(f"--arch {arch}: {_one_line(e)}") from None
+        if library == "vit_pytorch" or (library is None and layout is None):
+            if not import_vit_pytorch.is_vit_pytorch_state_dict(state):
+                raise SourceError(f"{path} is not a vit-pytorch ViT or SimpleViT state dict (no "
+                                  "to_patch_embedding.2 / transformer.layers.0.0.to_qkv)")
+            return open_vit_pytorch(path, state, arguments, map_location)
         if layout is None:
             raise SourceError(f"{path} is none of the from-scratch layouts this program knows; supported: "
                               f"{import_scratch.SUPPORTED}")
