@@ -76,11 +76,23 @@ def config_from_vit_pytorch(state: Mapping[str, torch.Tensor], arguments: Mappin
         raise ValueError(f"heads={heads} and dim_head={arguments['dim_head']} do not make to_qkv's {inner} channels")
     simple = kind_of(state) == "SimpleViT"
     if simple:
-        side = _positive(arguments, "image_size", "the image size (SimpleViT stores no positions)") // patch
+        size = _positive(arguments, "image_size", "the image size (SimpleViT stores no positions)")
+        if size % patch:
+            raise ValueError(f"image_size={size} is not a multiple of the {patch}-px patches")
+        side = size // patch
         with_cls = False
+    elif state["cls_token"].dim() == 3:  # older releases: a (1, 1, dim) class token even with pool='mean'
+        pool = arguments.get("pool")
+        if pool != "cls":
+            raise ValueError("this vit-pytorch release keeps a class token with either pooling: pass pool=cls (its "
+                             "pool='mean', which averages the class token with the patches, is not supported)"
+                             if pool is None else f"pool={pool!r} of this vit-pytorch release (the class token "
+                             "averaged with the patches) is not supported; only pool=cls")
+        with_cls = True
     else:
         with_cls = state["cls_token"].shape[0] == 1
-        positions = state["pos_embedding"].shape[0] - int(with_cls)
+    if not simple:
+        positions = state["pos_embedding"].shape[-2] - int(with_cls)
         side = math.isqrt(positions)
         if side * side != positions:
             raise ValueError(f"vit-pytorch's pos_embedding has {positions} patch positions, not a square grid")
