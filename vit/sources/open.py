@@ -58,6 +58,7 @@ from vit.sources import (
     import_timm,
     import_torchvision,
     import_vit_pytorch,
+    mapping,
 )
 
 SUPPORTED = ("our .pt checkpoints; Hugging Face folders of " + hf.SUPPORTED + "; " + import_timm.SUPPORTED + "; "
@@ -584,6 +585,21 @@ def scratch_weights(folder: Path) -> Path | None:
     return epochs[max(epochs)] if epochs else None
 
 
+def open_mapped(path: str | os.PathLike, mapping_path: str | os.PathLike) -> Checkpoint:
+    """Weights of any layout mapped onto ours by a mapping file (``vit.sources.mapping``; ``vit.convert --map``)."""
+    path, mapping_path = Path(path).expanduser(), Path(mapping_path).expanduser()
+    rules = read_json(mapping_path)
+    for map_location in ("meta", "cpu"):  # every key and shape checked from the header before any data is read
+        state = read_weights(path, map_location)
+        try:
+            config, ours = mapping.apply_mapping(state, rules)
+        except (ValueError, TypeError) as e:
+            raise SourceError(f"{mapping_path}: {_one_line(e)}") from None
+        model = build_model(config, ours, f"{path} (mapped by {mapping_path.name})", map_location)
+    sidecar = rules.get("preprocessing") if isinstance(rules.get("preprocessing"), Mapping) else None
+    return _finish_scratch(model, sidecar, path, f"mapped:{mapping_path.name}")
+
+
 ARCH_LIBRARIES = ("timm", "torchvision", "dinov3", "open_clip", "scratch", "vit_pytorch")
 
 
@@ -687,4 +703,5 @@ def _open(path: str | os.PathLike, arch: str | None, map_location: str | torch.d
         return open_timm(path, state, name, config_json, map_location)
     if any(k.endswith("embeddings.cls_token") for k in state):
         raise SourceError(f"{path} looks like Hugging Face weights; open the folder that holds it with its config.json")
-    raise SourceError(f"{path} holds weights of an architecture this program cannot recognise; supported: {SUPPORTED}")
+    raise SourceError(f"{path} holds {mapping.describe(state)}, which this program does not recognise; to map it "
+                      f"onto ours: python -m vit.convert {path} --inspect")
