@@ -236,3 +236,24 @@ def test_annotated_vit_is_refused_saying_its_code_does_not_compute_a_vit(tmp_pat
     with pytest.raises(SourceError, match="does not compute a ViT.*batch_first") as error:
         open_source(tmp_path / "annotated.pt")
     assert "\n" not in str(error.value)
+
+
+def test_explorer_analysis_of_the_post_norm_tutorial_shows_the_attention_its_code_computes(tmp_path):
+    """The explorer recomputes each layer's attention from the stored token states: for post-norm blocks the
+    attention reads the block's input itself, not a LayerNorm of it."""
+    from PIL import Image
+
+    from vit.app import explorer
+
+    folder, model = mnist_tutorial(tmp_path)
+    pixels = torch.randint(0, 256, (28, 28), generator=torch.Generator().manual_seed(2), dtype=torch.uint8)
+    image = Image.fromarray(pixels.numpy(), mode="L")
+    analysis = explorer.analyse(open_source(folder), image)
+    images = ((pixels.float() / 255 - 0.5) / 0.5)[None, None]  # the assumed Normalize(0.5, 0.5)
+    attentions, hooks = encoder_attentions(model.transformer_encoder.layers)
+    with torch.no_grad():
+        model(images)
+    for hook in hooks:
+        hook.remove()
+    for layer, expected in enumerate(attentions):
+        torch.testing.assert_close(analysis.attentions[layer], expected, rtol=0, atol=ATOL)
