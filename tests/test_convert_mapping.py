@@ -107,3 +107,15 @@ def test_verify_compares_with_the_users_own_class(tmp_path, capsys, monkeypatch)
     report = json.loads(capsys.readouterr().out)["verify"]
     assert report["max_logit_difference"] < 1e-5
     assert report["max_attention_difference"] is None  # the notebook's forward returns no attentions
+
+
+def test_verify_compares_attentions_when_the_users_forward_returns_them(tmp_path, capsys, monkeypatch):
+    from tests.test_scratch_parity import TINTN_CONFIG, tintn_experiment
+
+    folder, _ = tintn_experiment(tmp_path, faster=True)
+    monkeypatch.chdir(SEEDS)
+    config = {**TINTN_CONFIG, "use_faster_attention": True}
+    assert main([str(folder), "--out", str(tmp_path / "ours.pt"), "--verify", "seed000_tintn_vit:ViTForClassfication",
+                 "--verify-args", json.dumps({"config": config})]) == 0
+    report = json.loads(capsys.readouterr().out)["verify"]
+    assert report["max_logit_difference"] < 1e-5 and report["max_attention_difference"] < 1e-5
