@@ -11,8 +11,8 @@ import json
 
 import pytest
 import torch
+from test_scratch_parity import SEEDS, assert_same, pytestmark, randomize, seed  # noqa: F401
 
-from tests.test_scratch_parity import SEEDS, assert_same, pytestmark, randomize, seed  # noqa: F401
 from vit.checkpoint import load_checkpoint
 from vit.convert import main
 from vit.sources.open import SourceError, open_source
@@ -110,7 +110,7 @@ def test_verify_compares_with_the_users_own_class(tmp_path, capsys, monkeypatch)
 
 
 def test_verify_compares_attentions_when_the_users_forward_returns_them(tmp_path, capsys, monkeypatch):
-    from tests.test_scratch_parity import TINTN_CONFIG, tintn_experiment
+    from test_scratch_parity import TINTN_CONFIG, tintn_experiment
 
     folder, _ = tintn_experiment(tmp_path, faster=True)
     monkeypatch.chdir(SEEDS)

@@ -127,3 +127,30 @@ def test_simple_vit_starts_a_run_with_vit_train_init_exactly(tmp_path):
     images = torch.randn(2, 3, 32, 32)
     with torch.no_grad():
         assert_same(ours.eval()(images, output_attentions=True), *simple_vit_attentions(model, images))
+
+
+def test_vit_pytorch_1_0_prenorm_layout_opens_exactly(tmp_path):
+    """Releases around 1.0 (tests/reference/vit_pytorch_1_0, that release's vit.py): PreNorm wrappers, and
+    mlp_head = LayerNorm + Linear; their class token is stored with either pooling, so pool=cls is asked for."""
+    from reference.vit_pytorch_1_0.vit import ViT as ViT_1_0
+
+    arguments = dict(image_size=32, patch_size=8, num_classes=10, dim=32, depth=2, heads=4, mlp_dim=48, dim_head=16)
+    model = randomize(ViT_1_0(**arguments))
+    path = save(tmp_path, model, None)
+    with pytest.raises(SourceError, match="pass pool=cls"):
+        open_source(path, arch="vit_pytorch:heads=4")
+    images = torch.randn(2, 3, 32, 32)
+    recorded = []
+    for module in model.modules():
+        if hasattr(module, "attend"):
+            module.attend.register_forward_hook(lambda _, __, out: recorded.append(out))
+    with torch.no_grad():
+        logits = model(images)
+        checkpoint = open_source(path, arch="vit_pytorch:heads=4,pool=cls")
+        assert_same(checkpoint.model(images, output_attentions=True), logits, torch.stack(recorded, dim=1))
+
+
+def test_layer_decay_puts_vit_pytorchs_patch_norms_with_the_embeddings():
+    from vit.training.trainer import layer_id
+
+    assert layer_id("patch_norm.weight", 6) == layer_id("embed_norm.bias", 6) == layer_id("patch_embed.weight", 6) == 0

@@ -5,6 +5,10 @@ the patch embedding is ``Rearrange('b c (h p1) (w p2) -> b (h w) (p1 p2 c)')``, 
 ``Linear``, ``LayerNorm(dim)`` (``patch_norm``; the linear layer is our convolution with its weight permuted);
 ``to_qkv`` has no bias; each head is ``dim_head`` wide (64 by default), independent of ``dim`` (``head_dim``);
 a final ``LayerNorm`` closes the transformer. ``pool='mean'`` builds no class token and averages the patches.
+Releases around 1.0 wrap each layer's attention and MLP in ``PreNorm`` and end with ``mlp_head = LayerNorm +
+Linear`` instead of the transformer's final norm (the same computation on the class token); their class token
+is there with either pooling, and their ``pool='mean'`` (the class token averaged with the patches) is not
+supported.
 ``SimpleViT`` adds fixed 2D sin-cos positions (stored here as the position table of its grid, where they are
 exact: vit-pytorch runs it at that size only), a bias-free ``to_out`` and mean pooling.
 
@@ -31,8 +35,16 @@ _LAYER = re.compile(r"^transformer\.layers\.(\d+)\.([01])\.(.+)$")
 
 
 def is_vit_pytorch_state_dict(state: Mapping[str, torch.Tensor]) -> bool:
-    """Whether these keys look like vit-pytorch's ``ViT`` or ``SimpleViT`` (1.x: the norms inside the layers)."""
-    return "to_patch_embedding.2.weight" in state and "transformer.layers.0.0.to_qkv.weight" in state
+    """Whether these keys look like vit-pytorch's ``ViT`` or ``SimpleViT`` (the norms inside the layers, or the
+    ``PreNorm`` wrappers of releases around 1.0)."""
+    return "to_patch_embedding.2.weight" in state and (
+        "transformer.layers.0.0.to_qkv.weight" in state or "transformer.layers.0.0.fn.to_qkv.weight" in state)
+
+
+def _prenorm(state: Mapping[str, torch.Tensor]) -> bool:
+    """Releases around 1.0: ``PreNorm(dim, fn)`` wrappers (``layers.i.0.fn.to_qkv``) and a ``mlp_head`` of
+    ``LayerNorm`` + ``Linear``, which on the class token is our final norm and head."""
+    return "transformer.layers.0.0.fn.to_qkv.weight" in state
 
 
 def kind_of(state: Mapping[str, torch.Tensor]) -> str:
@@ -67,7 +79,8 @@ def config_from_vit_pytorch(state: Mapping[str, torch.Tensor], arguments: Mappin
     if not isinstance(patch, int) or channels * patch * patch != patch_dim:
         raise ValueError(f"the patch embedding takes {patch_dim} values, not {channels} channels of square patches "
                          f"(patch_size={patch!r}); pass channels=C and patch_size=P")
-    inner = state["transformer.layers.0.0.to_qkv.weight"].shape[0] // 3
+    prenorm = _prenorm(state)
+    inner = state[f"transformer.layers.0.0.{'fn.' if prenorm else ''}to_qkv.weight"].shape[0] // 3
     guess = f" (vit-pytorch's default dim_head=64 would make it {inner // 64})" if inner % 64 == 0 else ""
     heads = _positive(arguments, "heads", "how many heads to_qkv splits into" + guess)
     if inner % heads:
@@ -99,12 +112,13 @@ def config_from_vit_pytorch(state: Mapping[str, torch.Tensor], arguments: Mappin
     if arguments.get("pool", "cls" if with_cls else "mean") != ("cls" if with_cls else "mean"):
         raise ValueError(f"pool={arguments['pool']!r} does not fit the weights ("
                          f"{'a' if with_cls else 'no'} class token)")
-    head = state.get("linear_head.weight" if simple else "mlp_head.weight")
+    head = state.get("linear_head.weight" if simple else "mlp_head.1.weight" if prenorm else "mlp_head.weight")
+    mlp = state[f"transformer.layers.0.1.{'fn.net.0' if prenorm else 'net.1'}.weight"]
     dropout = float(arguments.get("dropout", 0.0))
     return ViTConfig(image_size=side * patch, patch_size=patch, num_channels=channels,
                      num_classes=head.shape[0] if head is not None else 0, hidden_size=dim,
                      num_layers=1 + max(int(m.group(1)) for k in state if (m := _LAYER.match(k))),
-                     num_heads=heads, mlp_size=state["transformer.layers.0.1.net.1.weight"].shape[0],
+                     num_heads=heads, mlp_size=mlp.shape[0],
                      dropout=dropout, attention_dropout=dropout, qkv_bias=False, layer_norm_eps=_EPS,
                      class_token=with_cls, pooling="cls" if with_cls else "avg",
                      head_dim=inner // heads if inner != dim else 0, patch_norm=True)
@@ -137,6 +151,9 @@ def state_dict_from_vit_pytorch(state: Mapping[str, torch.Tensor], config: ViTCo
     fc2 = "net.3" if simple else "net.4"
     parts = {"0.norm": "norm1", "0.to_qkv": "attn.qkv", "0.to_out.0": "attn.proj", "0.to_out": "attn.proj",
              "1.net.0": "norm2", "1.net.1": "mlp.fc1", f"1.{fc2}": "mlp.fc2"}
+    if _prenorm(state):
+        parts = {"0.norm": "norm1", "0.fn.to_qkv": "attn.qkv", "0.fn.to_out.0": "attn.proj", "1.norm": "norm2",
+                 "1.fn.net.0": "mlp.fc1", "1.fn.net.3": "mlp.fc2"}
     for key, value in state.items():
         if key in ("to_patch_embedding.1.weight", "to_patch_embedding.1.bias"):
             ours[f"patch_norm.{key.rsplit('.', 1)[1]}"] = _patch_order(value, config)
@@ -155,6 +172,8 @@ def state_dict_from_vit_pytorch(state: Mapping[str, torch.Tensor], config: ViTCo
             ours[f"norm.{key.rsplit('.', 1)[1]}"] = value
         elif key.startswith(("mlp_head.", "linear_head.")) and key.count(".") == 1:
             ours[f"head.{key.rsplit('.', 1)[1]}"] = value
+        elif _prenorm(state) and key.startswith(("mlp_head.0.", "mlp_head.1.")):  # LayerNorm, then Linear
+            ours[f"{'norm' if key[9] == '0' else 'head'}.{key.rsplit('.', 1)[1]}"] = value
         elif (m := _LAYER.match(key)) and (part := f"{m.group(2)}.{m.group(3).rpartition('.')[0]}") in parts:
             ours[f"blocks.{m.group(1)}.{parts[part]}.{key.rsplit('.', 1)[1]}"] = value
         else:
