@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from parity_helpers import ATOL, assert_parity, randomize
 
 from vit.model import ViT
 from vit.sources.open import SourceError, open_source
 
-ATOL = 1e-5
 _REPO = Path(__file__).resolve().parents[1]
 _SEED_PLACES = [p for p in (os.environ.get("VIT_SEED_MODELS"), _REPO.parent / "shared" / "seed-models",
                             "/work/shared/seed-models") if p]
@@ -39,20 +39,9 @@ def seed(name: str):
     return module
 
 
-def randomize(model: torch.nn.Module, seed_value: int = 0) -> torch.nn.Module:
-    generator = torch.Generator().manual_seed(seed_value)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(torch.randn(p.shape, generator=generator) * 0.1)
-    return model.eval()
-
-
-def assert_same(ours, logits: torch.Tensor, attentions: list[torch.Tensor]) -> None:
+def assert_same(ours, logits: torch.Tensor, attentions: list[torch.Tensor], row: str = "from-scratch") -> None:
     our_logits, our_attentions = ours
-    torch.testing.assert_close(our_logits, logits, rtol=0, atol=ATOL)
-    assert len(our_attentions) == len(attentions)
-    for mine, theirs in zip(our_attentions, attentions, strict=True):
-        torch.testing.assert_close(mine, theirs, rtol=0, atol=ATOL)
+    assert_parity(row, our_logits, logits, our_attentions, attentions)
 
 
 def tintn_experiment(tmp_path: Path, faster: bool) -> tuple[Path, torch.nn.Module]:

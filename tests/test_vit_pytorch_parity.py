@@ -5,6 +5,7 @@ import json
 
 import pytest
 import torch
+from parity_helpers import assert_parity, randomize
 
 from vit.model import ViT
 from vit.sources.open import SourceError, open_source
@@ -12,16 +13,6 @@ from vit.sources.open import SourceError, open_source
 vit_pytorch = pytest.importorskip("vit_pytorch")
 from vit_pytorch.recorder import Recorder  # noqa: E402
 from vit_pytorch.simple_vit import SimpleViT, posemb_sincos_2d  # noqa: E402
-
-ATOL = 1e-5
-
-
-def randomize(model: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(torch.randn(p.shape, generator=generator) * 0.1)
-    return model.eval()
 
 
 def save(tmp_path, model, arguments: dict | None) -> object:
@@ -32,11 +23,9 @@ def save(tmp_path, model, arguments: dict | None) -> object:
 
 
 def assert_same(ours, logits, attentions) -> None:
+    """``attentions``: vit-pytorch's Recorder's (B, layers, H, T, T)."""
     our_logits, our_attentions = ours
-    torch.testing.assert_close(our_logits, logits, rtol=0, atol=ATOL)
-    assert len(our_attentions) == attentions.shape[1]
-    for layer, mine in enumerate(our_attentions):
-        torch.testing.assert_close(mine, attentions[:, layer], rtol=0, atol=ATOL)
+    assert_parity("vit-pytorch", our_logits, logits, our_attentions, list(attentions.unbind(1)))
 
 
 VIT_CASES = {  # constructor arguments; dim_head apart from dim / heads, mean pooling, one head without to_out

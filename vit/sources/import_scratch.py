@@ -77,13 +77,15 @@ def _count(state: Mapping[str, torch.Tensor], pattern: str) -> int:
     return 1 + max((int(m.group(1)) for k in state if (m := regex.match(k))), default=-1)
 
 
-def _int(arguments: Mapping, name: str, why: str) -> int:
+def required_argument(arguments: Mapping, name: str, why: str, arch: str = "scratch") -> int:
+    """The positive whole number ``arguments[name]``; ValueError naming the argument and where to give it when the
+    user gave none (``why``: what the weights cannot tell) or something else."""
     value = arguments.get(name)
     if value is None:
-        raise ValueError(f"the weights do not say {why}: pass {name}=N (--arch scratch:{name}=N, or "
+        raise ValueError(f"the weights do not say {why}: pass {name}=N (--arch {arch}:{name}=N, or "
                          f'{{"{name}": N}} in a config.json beside the weights)')
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ValueError(f"{name} must be a positive whole number, got {value!r}")
+        raise ValueError(f"{name} must be a positive whole number, got {str(value)[:40]}")
     return value
 
 
@@ -117,7 +119,7 @@ def config_from_tintn(state: Mapping[str, torch.Tensor], tintn_config: Mapping |
         if per_head:
             heads = _count(state, r"^encoder\.blocks\.0\.attention\.heads\.(\d+)\.query\.weight$")
         else:
-            heads = _int(arguments, "num_heads", "how many heads the fused qkv_projection splits into")
+            heads = required_argument(arguments, "num_heads", "how many heads the fused qkv_projection splits into")
         values = {"image_size": side * patch.shape[-1], "patch_size": patch.shape[-1], "num_channels": patch.shape[1],
                   "num_classes": state["classifier.weight"].shape[0], "hidden_size": patch.shape[0],
                   "num_layers": _count(state, r"^encoder\.blocks\.(\d+)\."), "num_heads": heads,
@@ -200,7 +202,7 @@ def config_from_torch_encoder(state: Mapping[str, torch.Tensor], arguments: Mapp
     d_model, patch_dim = state["patch_embedding.weight"].shape
     channels, patch = _channels_and_patch(patch_dim, arguments)
     side = _side(state["position_embedding"].shape[1] - 1, "the position table")
-    heads = _int(arguments, "num_heads", "how many heads nn.TransformerEncoderLayer splits attention into")
+    heads = required_argument(arguments, "num_heads", "how many heads nn.TransformerEncoderLayer splits attention into")
     return ViTConfig(image_size=side * patch, patch_size=patch, num_channels=channels,
                      num_classes=state["fc.weight"].shape[0], hidden_size=d_model,
                      num_layers=_count(state, r"^transformer_encoder\.layers\.(\d+)\."), num_heads=heads,
@@ -242,7 +244,7 @@ def config_from_notebook(state: Mapping[str, torch.Tensor], arguments: Mapping) 
     dropout 0.1 throughout; ``num_heads`` is asked for."""
     patch = state["patch_embedding.projection.weight"]
     side = _side(state["pos_embedding"].shape[1] - 1, "the position table")
-    heads = _int(arguments, "num_heads", "how many heads the attention splits into")
+    heads = required_argument(arguments, "num_heads", "how many heads the attention splits into")
     return ViTConfig(image_size=side * patch.shape[-1], patch_size=patch.shape[-1], num_channels=patch.shape[1],
                      num_classes=state["mlp_head.0.weight"].shape[0], hidden_size=patch.shape[0],
                      num_layers=_count(state, r"^encoder\.(\d+)\."), num_heads=heads,

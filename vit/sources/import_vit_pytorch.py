@@ -26,6 +26,7 @@ from collections.abc import Mapping
 import torch
 
 from vit.model import ViTConfig
+from vit.sources.import_scratch import required_argument
 
 SUPPORTED = "vit-pytorch ViT and SimpleViT state dicts (vit_pytorch:heads=N,... or their config.json)"
 ARGUMENTS = {"image_size", "patch_size", "num_classes", "dim", "depth", "heads", "mlp_dim", "pool", "channels",
@@ -52,16 +53,6 @@ def kind_of(state: Mapping[str, torch.Tensor]) -> str:
     return "SimpleViT" if "pos_embedding" not in state else "ViT"
 
 
-def _positive(arguments: Mapping, name: str, why: str) -> int:
-    value = arguments.get(name)
-    if value is None:
-        raise ValueError(f"the weights do not say {why}: pass {name}=N (--arch vit_pytorch:{name}=N, or "
-                         f'{{"{name}": N}} in a config.json beside the weights)')
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ValueError(f"vit-pytorch's {name} must be a positive whole number here, got {str(value)[:40]}")
-    return value
-
-
 def config_from_vit_pytorch(state: Mapping[str, torch.Tensor], arguments: Mapping) -> ViTConfig:
     """Our config for a vit-pytorch ``ViT`` / ``SimpleViT`` from its weights and constructor ``arguments``."""
     unknown = sorted(set(arguments) - ARGUMENTS - {"mean", "std", "class_names"})
@@ -82,14 +73,15 @@ def config_from_vit_pytorch(state: Mapping[str, torch.Tensor], arguments: Mappin
     prenorm = _prenorm(state)
     inner = state[f"transformer.layers.0.0.{'fn.' if prenorm else ''}to_qkv.weight"].shape[0] // 3
     guess = f" (vit-pytorch's default dim_head=64 would make it {inner // 64})" if inner % 64 == 0 else ""
-    heads = _positive(arguments, "heads", "how many heads to_qkv splits into" + guess)
+    heads = required_argument(arguments, "heads", "how many heads to_qkv splits into" + guess, "vit_pytorch")
     if inner % heads:
         raise ValueError(f"heads={heads} does not divide to_qkv's {inner} channels per q, k and v")
     if arguments.get("dim_head") not in (None, inner // heads):
         raise ValueError(f"heads={heads} and dim_head={arguments['dim_head']} do not make to_qkv's {inner} channels")
     simple = kind_of(state) == "SimpleViT"
     if simple:
-        size = _positive(arguments, "image_size", "the image size (SimpleViT stores no positions)")
+        size = required_argument(arguments, "image_size", "the image size (SimpleViT stores no positions)",
+                                 "vit_pytorch")
         if size % patch:
             raise ValueError(f"image_size={size} is not a multiple of the {patch}-px patches")
         side = size // patch
