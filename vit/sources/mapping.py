@@ -217,7 +217,10 @@ def apply_mapping(state: Mapping[str, torch.Tensor], mapping: Mapping) -> tuple[
         regex, target = rule
         if target is None:
             continue
-        name = regex.fullmatch(key).expand(target)
+        try:
+            name = regex.fullmatch(key).expand(target)
+        except (re.error, IndexError) as e:
+            raise ValueError(f"rule {regex.pattern!r} cannot fill {target!r} from {key} ({e})") from None
         if name == UNKNOWN or name not in expected:
             raise ValueError(f"{key} is mapped to {name!r}, which is not one of this model's weights "
                              f"(e.g. {', '.join(list(expected)[:4])}, ...)")
