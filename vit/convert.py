@@ -36,7 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("source", help="a model folder or weights file")
     p.add_argument("--out", metavar="FILE.pt", help="where to write our checkpoint")
     p.add_argument("--arch", metavar="LIB:NAME",
-                   help="architecture of a bare state dict: timm:NAME, torchvision:NAME, dinov3:NAME or "
+                   help="architecture of a bare state dict: timm:NAME, torchvision:NAME, dinov3:NAME, "
                         "open_clip:quickgelu|gelu, scratch:num_heads=N or vit_pytorch:heads=N,...")
     p.add_argument("--inspect", action="store_true",
                    help="print the weights' structure and a draft mapping (JSON on stdout) instead of converting")
