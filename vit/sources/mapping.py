@@ -166,6 +166,9 @@ def draft_mapping(state: Mapping[str, torch.Tensor]) -> dict:
             config["image_size"] = math.isqrt(tokens) * config["patch_size"]
     head = by_target.get("head.weight")
     config["num_classes"] = head.shape[0] if head is not None else 0
+    qkv = by_target.get("attn.qkv.weight")
+    if qkv is not None and qkv.shape[0] != 3 * width:  # heads x head width is not the model's width
+        config["head_dim"] = UNKNOWN
     if "mlp.fc1.weight" in by_target:
         config["mlp_size"] = by_target["mlp.fc1.weight"].shape[0]
     config["qkv_bias"] = "attn.qkv.bias" in by_target
@@ -174,9 +177,10 @@ def draft_mapping(state: Mapping[str, torch.Tensor]) -> dict:
         config.update(class_token=False, pooling="avg")
     channels = config.get("num_channels", 3)
     return {"about": "Draft by vit.convert --inspect: check every entry and replace each '?' (num_heads: how many "
-                     "heads the attention splits into; patch_order: 'c p1 p2' or 'p1 p2 c'); map a key to null to "
-                     "drop it; post-norm blocks need \"post_norm\": true and their norms mapped to post_norm1 / "
-                     "post_norm2. Then: python -m vit.convert WEIGHTS --map THIS.json --out model.pt",
+                     "heads the attention splits into; head_dim: the width of each; patch_order: 'c p1 p2' or "
+                     "'p1 p2 c'); map a key to null to drop it; post-norm blocks need \"post_norm\": true and their "
+                     "norms mapped to post_norm1 / post_norm2. Then: python -m vit.convert WEIGHTS --map THIS.json "
+                     "--out model.pt",
             "config": config, **draft, "keys": rules,
             "preprocessing": {"mean": [0.5] * channels, "std": [0.5] * channels}}
 
