@@ -172,7 +172,8 @@ extra = st.session_state.setdefault("explorer_extra_checkpoints", [])  # opened 
 may_open = access.is_local_address(st.get_option("server.address"))
 opened = st.sidebar.text_input(OPEN_PATH, key="explorer_open_path", placeholder="/path/to/model folder or file",
                                help="A file or folder on the server: one of our .pt checkpoints, a Hugging Face "
-                                    "or timm model folder, or timm / torchvision weights.").strip()
+                                    "or timm model folder, timm / torchvision weights, or a from-scratch ViT "
+                                    "(a tutorial's experiment folder, vit-pytorch weights).").strip()
 if not may_open:
     opened = ""  # a visitor from the network may not read files of the server by path
 requested = st.session_state.pop("explorer_checkpoint", None) or (opened if opened != st.session_state.get(
