@@ -67,6 +67,12 @@ def test_tintn_experiment_opens_as_folder_and_as_its_pt_exactly(tmp_path, faster
             assert_same(checkpoint.model(images, output_attentions=True), logits, attentions)
 
 
+def test_tintn_folder_without_model_final_opens_its_latest_epoch(tmp_path):
+    folder, model = tintn_experiment(tmp_path, faster=True)
+    (folder / "model_final.pt").rename(folder / "model_10.pt")
+    assert open_source(folder).path == folder / "model_10.pt"  # not model_3.pt, nor model_10 < model_3 as text
+
+
 def test_tintn_default_preprocessing_is_its_normalize_half_with_the_assumed_note(tmp_path):
     folder, _ = tintn_experiment(tmp_path, faster=True)
     checkpoint = open_source(folder)
