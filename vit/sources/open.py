@@ -12,6 +12,11 @@
   HF ``clip`` / ``clip_vision_model`` folders; SigLIP (``vit.sources.import_siglip``): HF ``siglip`` folders;
 - DINOv3 (``vit.sources.import_dinov3``): HF ``dinov3_vit`` folders, timm ``vit_*_dinov3*`` weights, original
   ``facebookresearch/dinov3`` backbones (recognised from ``storage_tokens``, or ``arch="dinov3:NAME"``).
+- from-scratch ViTs (``vit.sources.import_scratch``, ``vit.sources.import_vit_pytorch``): the tutorials' models
+  (tintn's ``experiments/NAME/`` folders, the MNIST tutorial's, the CIFAR-10 notebook's) and vit-pytorch's ``ViT`` /
+  ``SimpleViT``, recognised from their keys, with the constructor arguments the weights cannot tell from a
+  ``config.json`` beside them or ``arch="scratch:num_heads=8"`` / ``"vit_pytorch:heads=8,..."``; any other state
+  dict is refused with what it looks like and the ``vit.convert --inspect`` command that maps it (``open_mapped``).
 
 Nothing from a model folder is executed: safetensors files are read with the ``safetensors``
 package, pickles only with ``torch.load(weights_only=True)``, ``config.json`` as JSON, and a
