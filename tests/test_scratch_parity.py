@@ -252,3 +252,10 @@ def test_explorer_analysis_of_the_post_norm_tutorial_shows_the_attention_its_cod
         hook.remove()
     for layer, expected in enumerate(attentions):
         torch.testing.assert_close(analysis.attentions[layer], expected, rtol=0, atol=ATOL)
+
+
+def test_a_config_json_without_any_model_type_or_weights_is_refused_briefly(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps(TINTN_CONFIG))
+    with pytest.raises(SourceError, match="no Hugging Face or timm config") as error:
+        open_source(tmp_path)
+    assert len(str(error.value)) < 300

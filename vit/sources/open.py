@@ -415,6 +415,10 @@ def open_hf_folder(folder: Path, config_json: dict, map_location: str | torch.de
     if config_json.get("model_type") in HF_REFUSED:
         raise SourceError(f"{folder}: {HF_REFUSED[config_json['model_type']]}")
     architecture = hf_architecture(config_json)
+    if architecture is None and "model_type" not in config_json:  # a from-scratch config without its weights
+        raise SourceError(f"{folder}: its config.json is no Hugging Face or timm config (no model_type, "
+                          "architectures or architecture) and the folder holds no single weights file to open with "
+                          "it; open the weights file itself")
     if architecture is None and config_json.get("model_type") not in _HF_MODEL_TYPES:
         raise SourceError(f"HF model type {config_json.get('model_type')!r} ({folder}) is not supported; "
                           f"supported: {SUPPORTED}")
