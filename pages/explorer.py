@@ -192,7 +192,8 @@ opened = ""  # a visitor the rule does not allow reads no file of the server by 
 if may_open:
     opened = st.sidebar.text_input(OPEN_PATH, key="explorer_open_path", placeholder="/path/to/model folder or file",
                                    help="A file or folder on the server: one of our .pt checkpoints, a Hugging Face "
-                                        "or timm model folder, or timm / torchvision weights.").strip()
+                                        "or timm model folder, timm / torchvision weights, or a from-scratch ViT "
+                                        "(a tutorial's experiment folder, vit-pytorch weights).").strip()
 elif gate.mode == "token":
     st.sidebar.caption("Opening a model by its path on the server needs the token: enter it on the Train page.")
 hub_text = st.sidebar.text_input(OPEN_HUB, key="explorer_open_hub", placeholder="google/vit-base-patch16-224",

@@ -7,6 +7,13 @@ where it came from, and loads safely (``torch.load(weights_only=True)``). Prints
 object: ``{"architecture", "parameters", "classes", "image_size", "patch_size",
 "prefix_tokens"}``. Exit status: 0; 2 for a source that cannot be opened or invalid
 arguments (one line on stderr).
+
+Weights of a from-scratch ViT this program does not recognise: ``--inspect`` prints their structure and a draft
+mapping (JSON: regular expressions from their keys to ours, the config fields their shapes tell, '?' for what
+they cannot); save it, complete it, and convert with ``--map mapping.json --out FILE.pt``. With the model's own
+code at hand, ``--verify module:Class --verify-args '{"dim": 64}'`` builds that class with those arguments, loads
+the weights into it and prints how far our logits (and attentions, if its forward takes ``output_attentions``)
+are from its own on random images. It imports and runs that module: use it on your own code only.
 """
 
 from __future__ import annotations
@@ -17,7 +24,7 @@ import sys
 
 from vit.checkpoint import CheckpointError, save_checkpoint
 from vit.predict import OneLineParser, UsageError, run_cli
-from vit.sources.open import open_source
+from vit.sources.open import open_mapped, open_source, read_weights
 
 PROG = "vit.convert"
 
@@ -28,10 +35,16 @@ def build_parser() -> argparse.ArgumentParser:
                       formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("source", help="a model folder or weights file, or a Hub id: ORG/NAME[@REV], hf-hub:ORG/NAME, "
                                   "a timm name")
-    p.add_argument("--out", required=True, metavar="FILE.pt", help="where to write our checkpoint")
+    p.add_argument("--out", metavar="FILE.pt", help="where to write our checkpoint")
     p.add_argument("--arch", metavar="LIB:NAME",
-                   help="architecture of a bare state dict: timm:NAME, torchvision:NAME, dinov3:NAME or "
-                        "open_clip:quickgelu|gelu")
+                   help="architecture of a bare state dict: timm:NAME, torchvision:NAME, dinov3:NAME, "
+                        "open_clip:quickgelu|gelu, scratch:num_heads=N or vit_pytorch:heads=N,...")
+    p.add_argument("--inspect", action="store_true",
+                   help="print the weights' structure and a draft mapping (JSON on stdout) instead of converting")
+    p.add_argument("--map", metavar="MAPPING.json", help="convert by this mapping (from --inspect, completed)")
+    p.add_argument("--verify", metavar="MODULE:CLASS",
+                   help="compare with your model class (imported from the current folder): runs its code")
+    p.add_argument("--verify-args", metavar="JSON", default="{}", help="keyword arguments for --verify's class")
     return p
 
 
@@ -45,14 +58,79 @@ def summary(checkpoint) -> dict:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.inspect:
+        return inspect(args.source)
+    if not args.out:
+        raise UsageError("--out FILE.pt is required (or --inspect to see the weights' structure)")
     try:
-        checkpoint = open_source(args.source, args.arch)
+        checkpoint = open_mapped(args.source, args.map) if args.map else open_source(args.source, args.arch)
     except CheckpointError as e:
         raise UsageError(str(e)) from None
+    weights = str(checkpoint.path or args.source)  # a folder's weights file, as opened
+    checked = verify(checkpoint, weights, args.verify, args.verify_args) if args.verify else None
     metadata = {**checkpoint.metadata, "converted_from": str(args.source)}
     save_checkpoint(args.out, checkpoint.model, checkpoint.class_names, checkpoint.preprocessing, metadata=metadata)
-    print(json.dumps(summary(checkpoint)))
+    print(json.dumps(summary(checkpoint) | ({"verify": checked} if checked is not None else {})))
     return 0
+
+
+def inspect(source: str) -> int:
+    """Print one line describing the weights on stderr and the draft mapping (JSON) on stdout."""
+    from pathlib import Path
+
+    from vit.sources.mapping import describe, draft_mapping
+
+    try:
+        state = read_weights(Path(source).expanduser(), "meta")  # names and shapes only
+    except CheckpointError as e:
+        raise UsageError(str(e)) from None
+    print(f"{source}: {describe(state)}", file=sys.stderr)
+    print(json.dumps(draft_mapping(state), indent=2))
+    return 0
+
+
+def verify(checkpoint, source: str, target: str, arguments: str) -> dict:
+    """Build the user's ``module:Class(**arguments)``, load the source weights into it strictly and compare its
+    logits (and attentions, when its forward takes ``output_attentions``) with ours on random images."""
+    import importlib
+    import inspect as pyinspect
+    import os
+    from pathlib import Path
+
+    import torch
+
+    module_name, _, class_name = target.partition(":")
+    try:
+        kwargs = json.loads(arguments)
+        if not isinstance(kwargs, dict):
+            raise ValueError("not a JSON object")
+    except ValueError as e:
+        raise UsageError(f"--verify-args is not a JSON object of keyword arguments ({e})") from None
+    sys.path.insert(0, os.getcwd())
+    try:
+        cls = getattr(importlib.import_module(module_name), class_name)
+        reference = cls(**kwargs).eval()
+        reference.load_state_dict(read_weights(Path(source).expanduser()), strict=True)
+    except Exception as e:  # the user's code: any failure is reported in one line
+        raise UsageError(f"--verify {target}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from None
+    finally:
+        sys.path.pop(0)
+    config = checkpoint.config
+    images = torch.randn(2, config.num_channels, config.image_size, config.image_size,
+                         generator=torch.Generator().manual_seed(0))
+    takes_attentions = "output_attentions" in pyinspect.signature(reference.forward).parameters
+    with torch.no_grad():
+        theirs = reference(images, output_attentions=True) if takes_attentions else reference(images)
+        logits, attentions = checkpoint.model(images, output_attentions=True)
+    their_logits = theirs[0] if isinstance(theirs, (tuple, list)) else theirs
+    report = {"max_logit_difference": float((logits - their_logits).abs().max())}
+    their_attentions = theirs[1] if takes_attentions and isinstance(theirs, (tuple, list)) else None
+    if their_attentions is not None and len(their_attentions) == len(attentions):
+        report["max_attention_difference"] = max(float((a - b).abs().max())
+                                                 for a, b in zip(attentions, their_attentions, strict=True))
+    else:
+        report["max_attention_difference"] = None  # its forward does not return them
+    return report
 
 
 def main(argv: list[str] | None = None) -> int:

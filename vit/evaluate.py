@@ -51,7 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("checkpoint", help="a .pt checkpoint, a Hugging Face or timm model folder, timm / torchvision "
                                       "weights, or a Hub id: ORG/NAME[@REV], hf-hub:ORG/NAME, a timm name")
     p.add_argument("--arch", metavar="LIB:NAME", help="architecture of bare weights: timm:NAME, torchvision:NAME, "
-                   "dinov3:NAME or open_clip:quickgelu|gelu")
+                   "dinov3:NAME, open_clip:quickgelu|gelu, scratch:num_heads=N or vit_pytorch:heads=N,...")
     p.add_argument("--data", required=True, metavar="DIR", help="a folder with one subfolder of images per class")
     p.add_argument("--batch-size", type=positive_int, default=64, help="images per forward pass (default 64)")
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",

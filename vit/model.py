@@ -33,7 +33,7 @@ from torch import nn
 # 48 heads, MLP 24576; ImageNet-21k: 21,843 classes), so only absurd or hostile configs meet them.
 CONFIG_BOUNDS = {"image_size": 8192, "patch_size": 1024, "num_channels": 16, "hidden_size": 16384, "num_layers": 256,
                  "num_heads": 256, "mlp_size": 131072, "num_classes": 100_000, "num_register_tokens": 256,
-                 "projection_dim": 16384, "rope_ref_grid": 1024}
+                 "projection_dim": 16384, "rope_ref_grid": 1024, "head_dim": 16384}
 MAX_LAYER_SCALE = 1e3  # layer scale starts at 1e-5 to 1 (CaiT, DINOv2/v3); 1e308 overflows the first block
 MAX_ROPE_THETA = 1e9  # DINOv3's period is 100, EVA-02's 10,000
 
@@ -75,6 +75,11 @@ class ViTConfig:
     gated_mlp: bool = False  # SwiGLU: act(fc1_g(x)) * fc1(x), then fc2 (DINOv3 7B / H+, EVA-02)
     mlp_norm: bool = False  # EVA-02's LayerNorm inside the MLP, before fc2
     projection_dim: int = 0  # CLIP / SigLIP-free: a bias-free projection of the pooled vector to the joint embedding
+    # From-scratch ViTs (tutorials, vit-pytorch); the defaults are the plain ViT.
+    post_norm: bool = False  # nn.TransformerEncoderLayer's default (norm_first=False): LN after each residual sum
+    final_norm: bool = True  # False: the head reads the last block's output as it is (tintn's, the MNIST tutorial's)
+    head_dim: int = 0  # width of each head; 0 is hidden_size / num_heads (vit-pytorch's dim_head sets its own)
+    patch_norm: bool = False  # vit-pytorch: a LayerNorm on each flattened patch before its projection and one after
 
     def __post_init__(self) -> None:
         for name in ("image_size", "patch_size", "num_channels", "hidden_size", "num_layers", "num_heads",
@@ -82,7 +87,7 @@ class ViTConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise ValueError(f"ViTConfig.{name} must be a positive integer, got {value!r}")
-        for name in ("num_classes", "num_register_tokens", "projection_dim", "rope_ref_grid"):
+        for name in ("num_classes", "num_register_tokens", "projection_dim", "rope_ref_grid", "head_dim"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ValueError(f"ViTConfig.{name} must be a whole number of at least 0, got {value!r}")
@@ -95,7 +100,7 @@ class ViTConfig:
         if self.image_size % self.patch_size:
             raise ValueError(f"ViTConfig.image_size ({self.image_size}) must be divisible by "
                              f"patch_size ({self.patch_size})")
-        if self.hidden_size % self.num_heads:
+        if self.hidden_size % self.num_heads and not self.head_dim:
             raise ValueError(f"ViTConfig.hidden_size ({self.hidden_size}) must be divisible by "
                              f"num_heads ({self.num_heads})")
         for name in ("dropout", "attention_dropout", "drop_path"):
@@ -107,7 +112,8 @@ class ViTConfig:
         if not isinstance(self.layer_norm_eps, (int, float)) or not 0 < self.layer_norm_eps < 1:
             raise ValueError(f"ViTConfig.layer_norm_eps must be positive and below 1, got {self.layer_norm_eps!r}")
         for name in ("distillation_token", "distillation_head", "fc_norm", "pos_embed_antialias", "class_token",
-                     "pos_embed", "key_bias", "pre_norm", "gated_mlp", "mlp_norm"):
+                     "pos_embed", "key_bias", "pre_norm", "gated_mlp", "mlp_norm", "post_norm", "final_norm",
+                     "patch_norm"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"ViTConfig.{name} must be true or false, got {getattr(self, name)!r}")
         if self.distillation_head and not (self.distillation_token and self.num_classes):
@@ -191,7 +197,7 @@ class ViTConfig:
 POOLINGS = ("cls", "avg", "cls+avg", "map")  # map: the attention-pooling probe (SigLIP, timm global_pool="map")
 PREFIX_POSITIONS = ("all", "cls", "none")
 ROPES = ("none", "dinov3", "eva")
-ACTIVATIONS = ("gelu", "gelu_tanh", "quick_gelu", "silu")
+ACTIVATIONS = ("gelu", "gelu_tanh", "quick_gelu", "silu", "relu")  # relu: nn.TransformerEncoderLayer's default
 
 PRESETS: dict[str, ViTConfig] = {
     # Seed blog (tintn, "ViT from scratch"): 0.12 M parameters, 75.5 % on CIFAR-10.
@@ -241,13 +247,16 @@ def resample_pos_embed(pos_embed: torch.Tensor, new_grid: tuple[int, int],
 
 
 def activate(x: torch.Tensor, name: str) -> torch.Tensor:
-    """One of ``ACTIVATIONS``: exact GELU, tanh-approximated GELU, OpenAI's QuickGELU ``x * sigmoid(1.702 x)``, SiLU."""
+    """One of ``ACTIVATIONS``: exact GELU, tanh-approximated GELU, OpenAI's QuickGELU ``x * sigmoid(1.702 x)``, SiLU,
+    ReLU."""
     if name == "gelu":
         return F.gelu(x)
     if name == "gelu_tanh":
         return F.gelu(x, approximate="tanh")
     if name == "quick_gelu":
         return x * torch.sigmoid(1.702 * x)
+    if name == "relu":
+        return F.relu(x)
     return F.silu(x)
 
 
@@ -321,11 +330,12 @@ class Attention(nn.Module):
     def __init__(self, config: ViTConfig) -> None:
         super().__init__()
         self.num_heads = config.num_heads
-        self.head_dim = config.hidden_size // config.num_heads
-        self.qkv = nn.Linear(config.hidden_size, 3 * config.hidden_size, bias=config.qkv_bias)
+        self.head_dim = config.head_dim or config.hidden_size // config.num_heads
+        inner = self.num_heads * self.head_dim  # hidden_size unless head_dim is set apart
+        self.qkv = nn.Linear(config.hidden_size, 3 * inner, bias=config.qkv_bias)
         self.key_bias = config.key_bias
         self.rope_interleaved = config.rope == "eva"
-        self.proj = nn.Linear(config.hidden_size, config.hidden_size)
+        self.proj = nn.Linear(inner, config.hidden_size)
         self.attention_dropout = config.attention_dropout
         self.proj_dropout = nn.Dropout(config.dropout)
 
@@ -361,7 +371,7 @@ class Attention(nn.Module):
         else:
             probs = None
             y = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p)  # (B, nh, N, hd)
-        y = y.transpose(1, 2).reshape(B, N, C)  # (B, N, C)
+        y = y.transpose(1, 2).reshape(B, N, -1)  # (B, N, nh*hd)
         return self.proj_dropout(self.proj(y)), probs
 
 
@@ -427,14 +437,21 @@ def drop_path(x: torch.Tensor, rate: float, training: bool) -> torch.Tensor:
 
 
 class Block(nn.Module):
-    """Pre-norm encoder block: x + MSA(LN(x)), then x + MLP(LN(x)) (each branch times its layer scale, if any)."""
+    """Pre-norm encoder block: x + MSA(LN(x)), then x + MLP(LN(x)) (each branch times its layer scale, if any);
+    with ``post_norm``: LN(x + MSA(x)), then LN(x + MLP(x))."""
 
     def __init__(self, config: ViTConfig, drop_path_rate: float = 0.0) -> None:
         super().__init__()
-        self.norm1 = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        # Post-norm blocks normalise the residual stream after each sum instead (post_norm1/2); norm1 and norm2
+        # are then identities, so norm1(x) is still what the attention reads.
+        norm = nn.Identity if config.post_norm else nn.LayerNorm
+        self.norm1 = norm(config.hidden_size, eps=config.layer_norm_eps)
         self.attn = Attention(config)
-        self.norm2 = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.norm2 = norm(config.hidden_size, eps=config.layer_norm_eps)
         self.mlp = MLP(config)
+        post = config.post_norm
+        self.post_norm1 = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps) if post else None
+        self.post_norm2 = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps) if post else None
         self.drop_path_rate = drop_path_rate
         # Layer scale (CaiT, DINOv2): a learned per-channel gain on each residual branch.
         scale = config.layer_scale
@@ -447,10 +464,14 @@ class Block(nn.Module):
         if self.ls1 is not None:
             y = y * self.ls1
         x = x + drop_path(y, self.drop_path_rate, self.training)
+        if self.post_norm1 is not None:
+            x = self.post_norm1(x)
         y = self.mlp(self.norm2(x))
         if self.ls2 is not None:
             y = y * self.ls2
         x = x + drop_path(y, self.drop_path_rate, self.training)
+        if self.post_norm2 is not None:
+            x = self.post_norm2(x)
         return x, probs
 
 
@@ -474,6 +495,9 @@ class ViT(nn.Module):
         self.num_prefix_tokens = config.num_prefix_tokens  # CLS (+ DIST) (+ registers)
         d = config.hidden_size
         self.patch_embed = nn.Conv2d(config.num_channels, d, config.patch_size, config.patch_size)
+        patch_dim = config.num_channels * config.patch_size ** 2
+        self.patch_norm = nn.LayerNorm(patch_dim, eps=config.layer_norm_eps) if config.patch_norm else None
+        self.embed_norm = nn.LayerNorm(d, eps=config.layer_norm_eps) if config.patch_norm else None
         self.cls_token = nn.Parameter(torch.zeros(1, 1, d)) if config.class_token else None
         self.dist_token = nn.Parameter(torch.zeros(1, 1, d)) if config.distillation_token else None
         self.reg_token = (nn.Parameter(torch.zeros(1, config.num_register_tokens, d))
@@ -485,7 +509,8 @@ class ViT(nn.Module):
         rates = [config.drop_path * i / max(config.num_layers - 1, 1) for i in range(config.num_layers)]
         self.blocks = nn.ModuleList(Block(config, rate) for rate in rates)
         # timm's avg-pool models normalise the pooled vector (fc_norm) instead of every token (norm).
-        self.norm = nn.Identity() if config.fc_norm else nn.LayerNorm(d, eps=config.layer_norm_eps)
+        final = config.final_norm and not config.fc_norm
+        self.norm = nn.LayerNorm(d, eps=config.layer_norm_eps) if final else nn.Identity()
         self.fc_norm = nn.LayerNorm(d, eps=config.layer_norm_eps) if config.fc_norm else None
         self.attn_pool = AttentionPool(config) if config.pooling == "map" else None
         head_in = 2 * d if config.pooling == "cls+avg" else d
@@ -529,7 +554,12 @@ class ViT(nn.Module):
         c = self.config
         B = images.shape[0]
         grid = self.patch_grid(images.shape[2], images.shape[3])
-        x = self.patch_embed(images).flatten(2).transpose(1, 2)  # (B, gh*gw, D)
+        if self.patch_norm is None:
+            x = self.patch_embed(images).flatten(2).transpose(1, 2)  # (B, gh*gw, D)
+        else:  # the convolution as a linear map of each flattened patch, between vit-pytorch's two LayerNorms
+            patches = F.unfold(images, c.patch_size, stride=c.patch_size).transpose(1, 2)  # (B, gh*gw, C*P*P)
+            x = F.linear(self.patch_norm(patches), self.patch_embed.weight.flatten(1), self.patch_embed.bias)
+            x = self.embed_norm(x)  # (B, gh*gw, D)
         positioned = c.num_positioned_prefix_tokens
         prefix = [t for t in (self.cls_token, self.dist_token, self.reg_token) if t is not None]
         prefix = torch.cat(prefix, dim=1).expand(B, -1, -1) if prefix else x[:, :0]  # (B, P, D)

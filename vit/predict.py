@@ -112,7 +112,7 @@ def build_parser() -> argparse.ArgumentParser:
                                       "timm / torchvision weights, or a Hub id (ORG/NAME[@REVISION], hf-hub:ORG/NAME, "
                                       "a timm name), downloaded into the HF cache when needed")
     p.add_argument("--arch", metavar="LIB:NAME", help="architecture of bare weights: timm:NAME, torchvision:NAME, "
-                   "dinov3:NAME or open_clip:quickgelu|gelu")
+                   "dinov3:NAME, open_clip:quickgelu|gelu, scratch:num_heads=N or vit_pytorch:heads=N,...")
     p.add_argument("images", nargs="+", metavar="IMAGE", help="image files (jpg, png, webp, bmp, gif, tiff)")
     p.add_argument("--top-k", type=positive_int, default=5,
                    help="how many labels to list per image (default 5; at most the number of classes)")

@@ -12,6 +12,11 @@
   HF ``clip`` / ``clip_vision_model`` folders; SigLIP (``vit.sources.import_siglip``): HF ``siglip`` folders;
 - DINOv3 (``vit.sources.import_dinov3``): HF ``dinov3_vit`` folders, timm ``vit_*_dinov3*`` weights, original
   ``facebookresearch/dinov3`` backbones (recognised from ``storage_tokens``, or ``arch="dinov3:NAME"``);
+- from-scratch ViTs (``vit.sources.import_scratch``, ``vit.sources.import_vit_pytorch``): the tutorials' models
+  (tintn's ``experiments/NAME/`` folders, the MNIST tutorial's, the CIFAR-10 notebook's) and vit-pytorch's ``ViT`` /
+  ``SimpleViT``, recognised from their keys, with the constructor arguments the weights cannot tell from a
+  ``config.json`` beside them or ``arch="scratch:num_heads=8"`` / ``"vit_pytorch:heads=8,..."``; any other state
+  dict is refused with what it looks like and the ``vit.convert --inspect`` command that maps it (``open_mapped``);
 - a Hub id (``ORG/NAME[@REVISION]``, ``hf-hub:ORG/NAME``, a timm or open_clip model name) that is no path here:
   its snapshot in the Hugging Face cache, downloaded first when needed (``vit.sources.hub``).
 
@@ -28,6 +33,7 @@ import json
 import math
 import os
 import pickle
+import re
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -49,11 +55,24 @@ from vit.checkpoint import (
     weights_problem,
 )
 from vit.model import ViT, ViTConfig
-from vit.sources import hf, hub, import_clip, import_dinov3, import_eva, import_siglip, import_timm, import_torchvision
+from vit.sources import (
+    hf,
+    hub,
+    import_clip,
+    import_dinov3,
+    import_eva,
+    import_scratch,
+    import_siglip,
+    import_timm,
+    import_torchvision,
+    import_vit_pytorch,
+    mapping,
+)
 
 SUPPORTED = ("our .pt checkpoints; Hugging Face folders of " + hf.SUPPORTED + "; " + import_timm.SUPPORTED + "; "
              + import_torchvision.SUPPORTED + "; " + import_dinov3.SUPPORTED + "; " + import_clip.SUPPORTED + "; "
-             + import_siglip.SUPPORTED + "; " + import_eva.SUPPORTED)
+             + import_siglip.SUPPORTED + "; " + import_eva.SUPPORTED + "; " + import_scratch.SUPPORTED + "; "
+             + import_vit_pytorch.SUPPORTED)
 HF_WEIGHTS = ("model.safetensors", "pytorch_model.bin")
 OPEN_CLIP_CONFIG = "open_clip_config.json"
 OPEN_CLIP_WEIGHTS = ("open_clip_model.safetensors", "open_clip_pytorch_model.bin")
@@ -399,6 +418,10 @@ def open_hf_folder(folder: Path, config_json: dict, map_location: str | torch.de
     if config_json.get("model_type") in HF_REFUSED:
         raise SourceError(f"{folder}: {HF_REFUSED[config_json['model_type']]}")
     architecture = hf_architecture(config_json)
+    if architecture is None and "model_type" not in config_json:  # a from-scratch config without its weights
+        raise SourceError(f"{folder}: its config.json is no Hugging Face or timm config (no model_type, "
+                          "architectures or architecture) and the folder holds no single weights file to open with "
+                          "it; open the weights file itself")
     if architecture is None and config_json.get("model_type") not in _HF_MODEL_TYPES:
         raise SourceError(f"HF model type {config_json.get('model_type')!r} ({folder}) is not supported; "
                           f"supported: {SUPPORTED}")
@@ -505,7 +528,91 @@ def open_open_clip(path: Path, state: Mapping[str, torch.Tensor], name: str | No
     return _finish(model, default_class_names(0), preprocessing, path, "open_clip", f"open_clip:{activation}")
 
 
-ARCH_LIBRARIES = ("timm", "torchvision", "dinov3", "open_clip")
+def open_scratch(path: Path, state: Mapping[str, torch.Tensor], layout: str, arguments: Mapping,
+                 map_location: str | torch.device = "cpu") -> Checkpoint:
+    """A from-scratch ViT of a known ``layout`` (``vit.sources.import_scratch``). ``arguments`` are the constructor
+    arguments given with ``--arch scratch:key=value,...`` over those of a ``config.json`` beside the weights
+    (for tintn's experiments, its own config); that file's ``mean``, ``std`` and ``class_names`` say how images were
+    prepared and what the classes are."""
+    sidecar = scratch_sidecar(path)
+    origin = f"{path} (from-scratch {layout})"
+    try:
+        config, ours = import_scratch.convert(layout, state, sidecar if layout == "tintn" else None,
+                                              {**(sidecar or {}), **arguments})
+    except (ValueError, KeyError, TypeError) as e:
+        raise SourceError(f"{path}: {_one_line(e)}" if layout == "annotated" else f"{origin}: {_one_line(e)}") from None
+    model = build_model(config, ours, origin, map_location)
+    return _finish_scratch(model, sidecar, path, f"scratch:{layout}")
+
+
+def open_vit_pytorch(path: Path, state: Mapping[str, torch.Tensor], arguments: Mapping,
+                     map_location: str | torch.device = "cpu") -> Checkpoint:
+    """A vit-pytorch ``ViT`` / ``SimpleViT`` state dict; its constructor arguments from ``--arch vit_pytorch:...``
+    over those of a ``config.json`` beside the weights."""
+    sidecar = scratch_sidecar(path)
+    kind = import_vit_pytorch.kind_of(state)
+    origin = f"{path} (vit-pytorch {kind})"
+    try:
+        config = import_vit_pytorch.config_from_vit_pytorch(state, {**(sidecar or {}), **arguments})
+        ours = import_vit_pytorch.state_dict_from_vit_pytorch(state, config)
+    except (ValueError, KeyError, TypeError) as e:
+        raise SourceError(f"{origin}: {_one_line(e)}") from None
+    model = build_model(config, ours, origin, map_location)
+    return _finish_scratch(model, sidecar, path, f"vit_pytorch:{kind}")
+
+
+def scratch_sidecar(path: Path) -> dict | None:
+    """The ``config.json`` beside a from-scratch model's weights (its constructor arguments), or None."""
+    sidecar = path.parent / "config.json"
+    return read_json(sidecar) if sidecar.is_file() else None
+
+
+def _finish_scratch(model: ViT, sidecar: Mapping | None, path: Path, architecture: str) -> Checkpoint:
+    """A from-scratch model's checkpoint: mean and std from the config.json beside it, else the tutorials' own
+    ``Normalize(0.5, 0.5)`` with the note that it was assumed; class names from its ``class_names``."""
+    sidecar = sidecar or {}
+    config, channels = model.config, model.config.num_channels
+    try:
+        mean = _numbers(sidecar["mean"], "mean", channels) if "mean" in sidecar else (0.5,) * channels
+        std = _numbers(sidecar["std"], "std", channels) if "std" in sidecar else (0.5,) * channels
+    except ValueError as e:
+        raise SourceError(f"{path.parent / 'config.json'}: {_one_line(e)}") from None
+    names = sidecar.get("class_names")
+    class_names = [str(n) for n in names] if isinstance(names, list) and len(names) == config.num_classes \
+        else default_class_names(config.num_classes)
+    preprocessing = Preprocessing(config.image_size, channels, mean, std, resample="bilinear")
+    guessed = None if "mean" in sidecar and "std" in sidecar else "mean and std (in a config.json beside them)"
+    return _finish(model, class_names, preprocessing, path, "scratch", architecture, guessed)
+
+
+def scratch_weights(folder: Path) -> Path | None:
+    """The weights a from-scratch experiment folder holds: ``model_final.pt`` (tintn's ``save_experiment``), else its
+    only weights file, else the ``model_N.pt`` of the latest epoch; None when it holds none."""
+    files = [p for p in sorted(folder.iterdir()) if p.is_file() and p.suffix in WEIGHT_SUFFIXES]
+    if (folder / "model_final.pt").is_file():
+        return folder / "model_final.pt"
+    if len(files) == 1:
+        return files[0]
+    epochs = {int(m.group(1)): p for p in files if (m := re.fullmatch(r"model_(\d+)\.pt", p.name))}
+    return epochs[max(epochs)] if epochs else None
+
+
+def open_mapped(path: str | os.PathLike, mapping_path: str | os.PathLike) -> Checkpoint:
+    """Weights of any layout mapped onto ours by a mapping file (``vit.sources.mapping``; ``vit.convert --map``)."""
+    path, mapping_path = Path(path).expanduser(), Path(mapping_path).expanduser()
+    rules = read_json(mapping_path)
+    for map_location in ("meta", "cpu"):  # every key and shape checked from the header before any data is read
+        state = read_weights(path, map_location)
+        try:
+            config, ours = mapping.apply_mapping(state, rules)
+        except (ValueError, TypeError) as e:
+            raise SourceError(f"{mapping_path}: {_one_line(e)}") from None
+        model = build_model(config, ours, f"{path} (mapped by {mapping_path.name})", map_location)
+    sidecar = rules.get("preprocessing") if isinstance(rules.get("preprocessing"), Mapping) else None
+    return _finish_scratch(model, sidecar, path, f"mapped:{mapping_path.name}")
+
+
+ARCH_LIBRARIES = ("timm", "torchvision", "dinov3", "open_clip", "scratch", "vit_pytorch")
 
 
 def parse_arch(arch: str | None) -> tuple[str | None, str | None]:
@@ -514,8 +621,9 @@ def parse_arch(arch: str | None) -> tuple[str | None, str | None]:
         return None, None
     library, _, name = arch.partition(":")
     if library not in ARCH_LIBRARIES or not name:
-        raise SourceError(f"--arch {arch!r} must be timm:NAME, torchvision:NAME, dinov3:NAME or "
-                          "open_clip:quickgelu|gelu (e.g. timm:vit_base_patch16_224, dinov3:vitl16)")
+        raise SourceError(f"--arch {arch!r} must be timm:NAME, torchvision:NAME, dinov3:NAME, "
+                          "open_clip:quickgelu|gelu, scratch:key=value,... or vit_pytorch:key=value,... (e.g. "
+                          "timm:vit_base_patch16_224, dinov3:vitl16, scratch:num_heads=8, vit_pytorch:heads=8)")
     return library, name
 
 
@@ -554,6 +662,9 @@ def _open(path: str | os.PathLike, arch: str | None, map_location: str | torch.d
                                   f"file. Supported: {SUPPORTED}")
             return _open(files[0], arch, map_location)
         config_json = read_json(config_path)
+        if not {"model_type", "architectures", "architecture"} & set(config_json) \
+                and (weights := scratch_weights(path)) is not None:  # a from-scratch model's constructor arguments
+            return _open(weights, arch, map_location)
         if "auto_map" in config_json or config_json.get("trust_remote_code"):
             raise SourceError(f"{path} asks for custom model code (auto_map / trust_remote_code), which this program "
                               f"never runs; supported: {SUPPORTED}")
@@ -573,6 +684,22 @@ def _open(path: str | os.PathLike, arch: str | None, map_location: str | torch.d
         else:
             return load_checkpoint(path, map_location)
     state = read_weights(path, map_location)
+    layout = import_scratch.layout_of(state)
+    if library in ("scratch", "vit_pytorch") or (library is None and layout is not None) \
+            or (library is None and import_vit_pytorch.is_vit_pytorch_state_dict(state)):
+        try:
+            arguments = import_scratch.parse_arguments(name or "")
+        except ValueError as e:
+            raise SourceError(f"--arch {arch}: {_one_line(e)}") from None
+        if library == "vit_pytorch" or (library is None and layout is None):
+            if not import_vit_pytorch.is_vit_pytorch_state_dict(state):
+                raise SourceError(f"{path} is not a vit-pytorch ViT or SimpleViT state dict (no "
+                                  "to_patch_embedding.2 / transformer.layers.0.0.to_qkv)")
+            return open_vit_pytorch(path, state, arguments, map_location)
+        if layout is None:
+            raise SourceError(f"{path} is none of the from-scratch layouts this program knows; supported: "
+                              f"{import_scratch.SUPPORTED}")
+        return open_scratch(path, state, layout, arguments, map_location)
     if library == "open_clip" or (library is None and import_clip.is_open_clip_state_dict(state)):
         sidecar = path.parent / OPEN_CLIP_CONFIG
         return open_open_clip(path, state, name, read_json(sidecar) if sidecar.is_file() else None, map_location)
@@ -590,4 +717,5 @@ def _open(path: str | os.PathLike, arch: str | None, map_location: str | torch.d
         return open_timm(path, state, name, config_json, map_location)
     if any(k.endswith("embeddings.cls_token") for k in state):
         raise SourceError(f"{path} looks like Hugging Face weights; open the folder that holds it with its config.json")
-    raise SourceError(f"{path} holds weights of an architecture this program cannot recognise; supported: {SUPPORTED}")
+    raise SourceError(f"{path} holds {mapping.describe(state)}, which this program does not recognise; to map it "
+                      f"onto ours: python -m vit.convert {path} --inspect")

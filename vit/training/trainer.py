@@ -690,11 +690,11 @@ TOKEN_TABLES = ("cls_token", "pos_embed", "dist_token", "reg_token")
 
 def layer_id(name: str, num_layers: int) -> int:
     """A parameter's depth for layer-wise lr decay, as MAE's ``util/lr_decay.get_layer_id_for_vit`` (after BEiT):
-    0 for the embeddings (patches, positions, CLS / distillation / register tokens, and ``norm_pre``, which
-    normalises them), i + 1 for block i, ``num_layers`` + 1 for everything after the blocks (final norm,
-    pooling, classifier). timm's ``param_groups_layer_decay`` differs in one place: it puts the final norm
-    with the last block."""
-    if name in TOKEN_TABLES or name.split(".")[0] in ("patch_embed", "norm_pre"):
+    0 for the embeddings (patches and vit-pytorch's norms around them, positions, CLS / distillation / register
+    tokens, and ``norm_pre``, which normalises them), i + 1 for block i, ``num_layers`` + 1 for everything after
+    the blocks (final norm, pooling, classifier). timm's ``param_groups_layer_decay`` differs in one place: it
+    puts the final norm with the last block."""
+    if name in TOKEN_TABLES or name.split(".")[0] in ("patch_embed", "norm_pre", "patch_norm", "embed_norm"):
         return 0
     if name.startswith("blocks."):
         return int(name.split(".")[1]) + 1

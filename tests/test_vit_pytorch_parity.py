@@ -1,0 +1,145 @@
+"""lucidrains' vit-pytorch ViT and SimpleViT state dicts open exactly: logits and every layer's attention equal to
+the vit-pytorch package's own (its ``Recorder``, or a hook on each ``attend`` softmax), to 1e-5."""
+
+import json
+
+import pytest
+import torch
+from parity_helpers import assert_parity, randomize
+
+from vit.model import ViT
+from vit.sources.open import SourceError, open_source
+
+vit_pytorch = pytest.importorskip("vit_pytorch")
+from vit_pytorch.recorder import Recorder  # noqa: E402
+from vit_pytorch.simple_vit import SimpleViT, posemb_sincos_2d  # noqa: E402
+
+
+def save(tmp_path, model, arguments: dict | None) -> object:
+    torch.save(model.state_dict(), tmp_path / "vit.pt")
+    if arguments is not None:
+        (tmp_path / "config.json").write_text(json.dumps(arguments))
+    return tmp_path / "vit.pt"
+
+
+def assert_same(ours, logits, attentions) -> None:
+    """``attentions``: vit-pytorch's Recorder's (B, layers, H, T, T)."""
+    our_logits, our_attentions = ours
+    assert_parity("vit-pytorch", our_logits, logits, our_attentions, list(attentions.unbind(1)))
+
+
+VIT_CASES = {  # constructor arguments; dim_head apart from dim / heads, mean pooling, one head without to_out
+    "cls-dim_head": dict(image_size=32, patch_size=8, num_classes=10, dim=32, depth=2, heads=4, mlp_dim=48,
+                         dim_head=16),
+    "mean-pool": dict(image_size=32, patch_size=4, num_classes=7, dim=32, depth=2, heads=2, mlp_dim=40,
+                      pool="mean", dim_head=64),
+    "one-head-identity": dict(image_size=28, patch_size=7, num_classes=10, dim=24, depth=2, heads=1, mlp_dim=32,
+                              dim_head=24, channels=1),
+}
+
+
+@pytest.mark.parametrize("case", list(VIT_CASES))
+def test_vit_pytorch_vit_opens_exactly_with_its_config_json(tmp_path, case):
+    arguments = VIT_CASES[case]
+    model = randomize(vit_pytorch.ViT(**arguments))
+    path = save(tmp_path, model, arguments)
+    channels = arguments.get("channels", 3)
+    images = torch.randn(2, channels, arguments["image_size"], arguments["image_size"])
+    with torch.no_grad():
+        logits, attentions = Recorder(model)(images)
+        for source in (path, tmp_path):
+            checkpoint = open_source(source)
+            assert_same(checkpoint.model(images, output_attentions=True), logits, attentions)
+
+
+def simple_vit_attentions(model: torch.nn.Module, images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """SimpleViT's logits and each layer's attention: the output of its own ``attend`` softmax, as Recorder reads."""
+    recorded = []
+    hooks = [m.attend.register_forward_hook(lambda _, __, out: recorded.append(out))
+             for m in model.transformer.modules() if hasattr(m, "attend")]
+    logits = model(images)
+    for hook in hooks:
+        hook.remove()
+    return logits, torch.stack(recorded, dim=1)
+
+
+def test_simple_vit_opens_exactly_with_its_sincos_positions(tmp_path):
+    arguments = dict(image_size=32, patch_size=4, num_classes=10, dim=32, depth=2, heads=4, mlp_dim=48, dim_head=8)
+    model = randomize(SimpleViT(**arguments))
+    path = save(tmp_path, model, arguments)
+    images = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        checkpoint = open_source(path)
+        assert_same(checkpoint.model(images, output_attentions=True), *simple_vit_attentions(model, images))
+    assert checkpoint.config.pooling == "avg" and not checkpoint.config.class_token
+
+
+def test_simple_vit_positions_are_vit_pytorchs():
+    from vit.sources.import_vit_pytorch import posemb_sincos_2d as ours
+
+    torch.testing.assert_close(ours((4, 6), 32), posemb_sincos_2d(4, 6, 32), rtol=0, atol=0)
+
+
+def test_arch_arguments_open_a_bare_state_dict(tmp_path):
+    arguments = VIT_CASES["mean-pool"]
+    model = randomize(vit_pytorch.ViT(**arguments))
+    path = save(tmp_path, model, None)
+    images = torch.randn(1, 3, 32, 32)
+    with torch.no_grad():
+        checkpoint = open_source(path, arch="vit_pytorch:heads=2")
+        assert_same(checkpoint.model(images, output_attentions=True), *Recorder(model)(images))
+
+
+def test_heads_the_weights_cannot_tell_are_asked_for_in_one_line(tmp_path):
+    path = save(tmp_path, vit_pytorch.ViT(**VIT_CASES["cls-dim_head"]), None)
+    with pytest.raises(SourceError, match=r"how many heads.*pass heads=N \(--arch vit_pytorch:heads=N") as error:
+        open_source(path)
+    assert "\n" not in str(error.value)
+
+
+def test_simple_vit_image_size_is_asked_for_in_one_line(tmp_path):
+    path = save(tmp_path, SimpleViT(image_size=32, patch_size=4, num_classes=10, dim=32, depth=1, heads=4,
+                                    mlp_dim=48), None)
+    with pytest.raises(SourceError, match="image_size=N"):
+        open_source(path, arch="vit_pytorch:heads=4")
+
+
+def test_simple_vit_starts_a_run_with_vit_train_init_exactly(tmp_path):
+    from vit.training.finetune import load_init, prepare_init
+
+    arguments = dict(image_size=32, patch_size=8, num_classes=10, dim=32, depth=2, heads=2, mlp_dim=48, dim_head=16)
+    model = randomize(SimpleViT(**arguments))
+    save(tmp_path, model, arguments)
+    init = prepare_init(str(tmp_path), num_classes=10)
+    ours = ViT(init.config)
+    load_init(ours, init)
+    images = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        assert_same(ours.eval()(images, output_attentions=True), *simple_vit_attentions(model, images))
+
+
+def test_vit_pytorch_1_0_prenorm_layout_opens_exactly(tmp_path):
+    """Releases around 1.0 (tests/reference/vit_pytorch_1_0, that release's vit.py): PreNorm wrappers, and
+    mlp_head = LayerNorm + Linear; their class token is stored with either pooling, so pool=cls is asked for."""
+    from reference.vit_pytorch_1_0.vit import ViT as ViT_1_0
+
+    arguments = dict(image_size=32, patch_size=8, num_classes=10, dim=32, depth=2, heads=4, mlp_dim=48, dim_head=16)
+    model = randomize(ViT_1_0(**arguments))
+    path = save(tmp_path, model, None)
+    with pytest.raises(SourceError, match="pass pool=cls"):
+        open_source(path, arch="vit_pytorch:heads=4")
+    images = torch.randn(2, 3, 32, 32)
+    recorded = []
+    for module in model.modules():
+        if hasattr(module, "attend"):
+            module.attend.register_forward_hook(lambda _, __, out: recorded.append(out))
+    with torch.no_grad():
+        logits = model(images)
+        checkpoint = open_source(path, arch="vit_pytorch:heads=4,pool=cls")
+        assert_same(checkpoint.model(images, output_attentions=True), logits, torch.stack(recorded, dim=1))
+
+
+def test_layer_decay_puts_vit_pytorchs_patch_norms_with_the_embeddings():
+    from vit.training.trainer import layer_id
+
+    assert layer_id("patch_norm.weight", 6) == layer_id("embed_norm.bias", 6) == layer_id("patch_embed.weight", 6) == 0

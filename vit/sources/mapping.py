@@ -1,0 +1,251 @@
+"""Any other from-scratch ViT: describe its state dict, draft a key mapping, apply a mapping strictly.
+
+``vit.convert WEIGHTS --inspect`` prints ``draft_mapping``: a small JSON object with regular expressions from the
+file's keys to ours (``keys``), the config fields its shapes tell (``config``; what they cannot tell, such as the
+number of heads, is ``"?"``), and the preprocessing to record. The user checks and completes it;
+``vit.convert WEIGHTS --map mapping.json --out model.pt`` then applies it with ``apply_mapping``: every key must
+be matched by a rule (or a rule mapping it to ``null``, to drop it), every one of our weights must be filled and
+every shape must fit, else one line names the first key that does not.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections import Counter
+from collections.abc import Mapping
+
+import torch
+
+from vit.model import ViT, ViTConfig
+
+UNKNOWN = "?"
+PATCH_ORDERS = ("c p1 p2", "p1 p2 c")  # a linear patch embedding's input: channel-major (a conv's) or channel-last
+MAX_RULES = 1000
+MAX_KEY_SHOWN = 100
+_INDEX = re.compile(r"(?<=\.)(\d+)(?=\.)")
+
+
+def block_prefix(state: Mapping[str, torch.Tensor]) -> tuple[str | None, int]:
+    """The key prefix of the numbered blocks (``transformer.layers``) and how many there are: the numbered
+    segment that the most keys share, with indices 0..L-1."""
+    counts: Counter = Counter()
+    indices: dict[str, set[int]] = {}
+    for key in state:
+        for match in _INDEX.finditer(key):
+            prefix = key[:match.start() - 1]
+            counts[prefix] += 1
+            indices.setdefault(prefix, set()).add(int(match.group(1)))
+    for prefix, _ in counts.most_common():
+        if indices[prefix] == set(range(len(indices[prefix]))):
+            return prefix, len(indices[prefix])
+    return None, 0
+
+
+def model_width(state: Mapping[str, torch.Tensor], prefix: str | None) -> int | None:
+    """The residual width: the most common length of the blocks' 1-D tensors (norms, output biases)."""
+    lengths = Counter(v.shape[0] for k, v in state.items() if v.dim() == 1 and (prefix is None or k.startswith(prefix)))
+    return lengths.most_common(1)[0][0] if lengths else None
+
+
+def describe(state: Mapping[str, torch.Tensor]) -> str:
+    """What a state dict looks like, in one line: 'a state dict of 52 tensors, a ViT with 6 blocks of width 256,
+    keys like `transformer.layers.0.0.fn.to_qkv.weight`'."""
+    prefix, blocks = block_prefix(state)
+    keys = list(state)
+    if prefix is None:
+        return f"a state dict of {len(state):,} tensors without numbered blocks, keys like `{keys[0][:80]}`"
+    first = [k for k in keys if k.startswith(f"{prefix}.0.")]
+    example = next((k for k in first if re.search(r"qkv|query|in_proj|attn|attention", k)), first[0])[:MAX_KEY_SHOWN]
+    width = model_width(state, prefix)
+    return f"a state dict of {len(state):,} tensors, a ViT with {blocks} blocks of width {width}, keys like `{example}`"
+
+
+# -- the draft ------------------------------------------------------------------------------------------------------
+
+def _module(key: str) -> str:
+    return key.rpartition(".")[0]
+
+
+def _block_targets(state: Mapping[str, torch.Tensor], prefix: str, width: int) -> dict[str, str]:
+    """Block 0's parameter suffixes -> our block parameter names, guessed from names and shapes ('?' when unsure)."""
+    first = {k[len(prefix) + 3:]: v for k, v in state.items() if k.startswith(f"{prefix}.0.")}
+    modules: dict[str, str] = {}
+    norms = 0
+    for suffix, value in first.items():
+        module, name = _module(suffix), suffix.rpartition(".")[2]
+        if module in modules:
+            continue
+        if value.dim() == 2:
+            rows, cols = value.shape
+            lowered = suffix.lower()
+            if re.search(r"query|\bkey\b|value|\.q\.|\.k\.|\.v\.", lowered):
+                modules[module] = UNKNOWN  # separate q, k, v layers: stack them into qkv by hand
+            elif cols == width and rows % 3 == 0 and re.search(r"qkv|in_proj", lowered + name):
+                modules[module] = "attn.qkv"
+            elif rows == width and re.search(r"out|proj|\bo\b", lowered):
+                modules[module] = "attn.proj"
+            elif cols == width and rows != width:
+                modules[module] = "mlp.fc1"
+            elif rows == width and cols != width:
+                modules[module] = "mlp.fc2"
+            else:
+                modules[module] = UNKNOWN
+        elif value.dim() == 1 and value.shape[0] == width and f"{module}.weight" in first \
+                and first[f"{module}.weight"].dim() == 1:
+            norms += 1
+            modules[module] = {1: "norm1", 2: "norm2"}.get(norms, UNKNOWN)
+    if "in_proj_weight" in "".join(first):  # nn.MultiheadAttention's parameters have no module of their own
+        for suffix in first:
+            if suffix.endswith(("in_proj_weight", "in_proj_bias")):
+                modules[suffix] = "attn.qkv." + ("weight" if suffix.endswith("weight") else "bias")
+    targets = {}
+    for suffix in first:
+        module, name = _module(suffix), suffix.rpartition(".")[2]
+        if suffix in modules:
+            targets[suffix] = modules[suffix]
+        elif modules.get(module, UNKNOWN) == UNKNOWN or name not in ("weight", "bias"):
+            targets[suffix] = UNKNOWN
+        else:
+            targets[suffix] = f"{modules[module]}.{name}"
+    return targets
+
+
+def _top_targets(state: Mapping[str, torch.Tensor], prefix: str | None, width: int) -> dict[str, str]:
+    """The keys outside the blocks -> ours: patch embedding, class token, positions, final norm, head."""
+    top = {k: v for k, v in state.items() if prefix is None or not k.startswith(f"{prefix}.")}
+    targets: dict[str, str] = {}
+    modules: dict[str, str] = {}
+    for key, value in top.items():
+        module, name, lowered = _module(key), key.rpartition(".")[2], key.lower()
+        if value.dim() == 4 and value.shape[0] == width:
+            modules[module] = "patch_embed"
+        elif value.dim() == 2 and value.shape[0] == width and "patch" in lowered:
+            modules[module] = "patch_embed"
+        elif "cls" in lowered or "class_token" in lowered:
+            targets[key] = "cls_token"
+        elif "pos" in lowered and value.shape[-1] == width and value.dim() >= 2:
+            targets[key] = "pos_embed"
+        elif value.dim() == 2 and value.shape[1] == width:
+            modules[module] = "head"
+        elif value.dim() == 1 and value.shape[0] == width and name == "weight" and f"{module}.bias" in top:
+            modules[module] = "norm"
+    for key in top:
+        if key in targets:
+            continue
+        module, name = _module(key), key.rpartition(".")[2]
+        targets[key] = f"{modules[module]}.{name}" if module in modules and name in ("weight", "bias") else UNKNOWN
+    return targets
+
+
+def draft_mapping(state: Mapping[str, torch.Tensor]) -> dict:
+    """A mapping to check and complete (see the module docstring), read from names and shapes alone."""
+    prefix, blocks = block_prefix(state)
+    width = model_width(state, prefix) or 0
+    top = _top_targets(state, prefix, width)
+    block = _block_targets(state, prefix, width) if prefix is not None else {}
+    rules = {f"^{re.escape(key)}$": target for key, target in top.items()}
+    for suffix, target in block.items():
+        rules[f"^{re.escape(prefix)}\\.(\\d+)\\.{re.escape(suffix)}$"] = \
+            target if target == UNKNOWN else f"blocks.\\1.{target}"
+    by_target = {t: state[k] for k, t in top.items()} | {t: state[f"{prefix}.0.{s}"] for s, t in block.items()}
+    config: dict = {"hidden_size": width, "num_layers": blocks, "num_heads": UNKNOWN, "layer_norm_eps": 1e-5}
+    draft: dict = {}
+    patch = by_target.get("patch_embed.weight")
+    if patch is not None and patch.dim() == 4:
+        config.update(num_channels=patch.shape[1], patch_size=patch.shape[-1])
+    elif patch is not None:
+        fits = [c for c in (1, 3) if math.isqrt(patch.shape[1] // c) ** 2 * c == patch.shape[1]]
+        if fits:
+            config.update(num_channels=fits[0], patch_size=math.isqrt(patch.shape[1] // fits[0]))
+        draft["patch_order"] = UNKNOWN  # 'c p1 p2' (a convolution's order) or 'p1 p2 c' (einops, unfold + permute)
+    pos = by_target.get("pos_embed")
+    if pos is not None and "patch_size" in config:
+        tokens = pos.shape[-2] - int("cls_token" in by_target)
+        if math.isqrt(tokens) ** 2 == tokens:
+            config["image_size"] = math.isqrt(tokens) * config["patch_size"]
+    head = by_target.get("head.weight")
+    config["num_classes"] = head.shape[0] if head is not None else 0
+    qkv = by_target.get("attn.qkv.weight")
+    if qkv is not None and qkv.shape[0] != 3 * width:  # heads x head width is not the model's width
+        config["head_dim"] = UNKNOWN
+    if "mlp.fc1.weight" in by_target:
+        config["mlp_size"] = by_target["mlp.fc1.weight"].shape[0]
+    config["qkv_bias"] = "attn.qkv.bias" in by_target
+    config["final_norm"] = "norm.weight" in by_target
+    if "cls_token" not in by_target:
+        config.update(class_token=False, pooling="avg")
+    channels = config.get("num_channels", 3)
+    return {"about": "Draft by vit.convert --inspect: check every entry and replace each '?' (num_heads: how many "
+                     "heads the attention splits into; head_dim: the width of each; patch_order: 'c p1 p2' or "
+                     "'p1 p2 c'); map a key to null to drop it; post-norm blocks need \"post_norm\": true and their "
+                     "norms mapped to post_norm1 / post_norm2. Then: python -m vit.convert WEIGHTS --map THIS.json "
+                     "--out model.pt",
+            "config": config, **draft, "keys": rules,
+            "preprocessing": {"mean": [0.5] * channels, "std": [0.5] * channels}}
+
+
+# -- applying a mapping ---------------------------------------------------------------------------------------------
+
+def apply_mapping(state: Mapping[str, torch.Tensor], mapping: Mapping) -> tuple[ViTConfig, dict[str, torch.Tensor]]:
+    """Our config and state dict from ``state`` by ``mapping`` (``draft_mapping``'s form), strictly: ValueError
+    with one line naming the first key without a rule, the first of our weights left empty, or a misfit shape."""
+    values = mapping.get("config")
+    if not isinstance(values, Mapping):
+        raise ValueError("the mapping has no \"config\" object")
+    unfilled = [name for name, value in values.items() if value == UNKNOWN]
+    if unfilled:
+        raise ValueError(f"the mapping's config still has '?' for {', '.join(unfilled)}: fill it in")
+    config = ViTConfig.from_dict(dict(values))
+    rules = mapping.get("keys")
+    if not isinstance(rules, Mapping) or not rules or len(rules) > MAX_RULES:
+        raise ValueError(f"the mapping needs a \"keys\" object of 1 to {MAX_RULES} rules")
+    compiled = []
+    for pattern, target in rules.items():
+        if target is not None and not isinstance(target, str):
+            raise ValueError(f"rule {pattern!r} maps to {target!r}, not a key name or null")
+        try:
+            compiled.append((re.compile(pattern), target))
+        except re.error as e:
+            raise ValueError(f"rule {pattern!r} is not a regular expression ({e})") from None
+    order = mapping.get("patch_order", "c p1 p2")
+    if order not in PATCH_ORDERS:
+        raise ValueError(f"patch_order must be 'c p1 p2' or 'p1 p2 c', got {str(order)[:60]!r}")
+    with torch.device("meta"):
+        expected = {k: tuple(v.shape) for k, v in ViT(config).state_dict().items()}
+    ours: dict[str, torch.Tensor] = {}
+    for key, value in state.items():
+        rule = next(((regex, target) for regex, target in compiled if regex.fullmatch(key)), None)
+        if rule is None:
+            raise ValueError(f"{key} is matched by no rule; add one to \"keys\" (or map it to null to drop it)")
+        regex, target = rule
+        if target is None:
+            continue
+        try:
+            name = regex.fullmatch(key).expand(target)
+        except (re.error, IndexError) as e:
+            raise ValueError(f"rule {regex.pattern!r} cannot fill {target!r} from {key} ({e})") from None
+        if name == UNKNOWN or name not in expected:
+            raise ValueError(f"{key} is mapped to {name!r}, which is not one of this model's weights "
+                             f"(e.g. {', '.join(list(expected)[:4])}, ...)")
+        if name in ours:
+            raise ValueError(f"{key} is mapped to {name}, which another key already fills")
+        ours[name] = _fit(key, value, name, expected[name], config, order)
+    missing = [k for k in expected if k not in ours]
+    if missing:
+        more = f" (nor to {len(missing) - 1} more)" if missing[1:] else ""
+        raise ValueError(f"no key is mapped to {missing[0]}{more}; add a rule for the key that holds it")
+    return config, ours
+
+
+def _fit(key: str, value: torch.Tensor, name: str, shape: tuple, config: ViTConfig, order: str) -> torch.Tensor:
+    """``value`` in the shape of our weight ``name``: as it is, a linear patch embedding as our convolution, or a
+    token table with its batch axis added; ValueError naming both shapes otherwise."""
+    if tuple(value.shape) == shape:
+        return value
+    if name == "patch_embed.weight" and value.dim() == 2 and value.numel() == math.prod(shape):
+        d, c, p = shape[0], config.num_channels, config.patch_size
+        return value.reshape(d, p, p, c).permute(0, 3, 1, 2) if order == "p1 p2 c" else value.reshape(shape)
+    if name in ("cls_token", "pos_embed", "reg_token") and value.numel() == math.prod(shape):
+        return value.reshape(shape)
+    raise ValueError(f"{key} has shape {tuple(value.shape)}, which does not fit {name} {shape} of the mapping's config")
