@@ -356,7 +356,8 @@ def model_input_image(image: Image.Image, checkpoint: Checkpoint, size: InputSiz
     """The image as the model sees it (resized to its input size, greyscale for greyscale models)."""
     p = checkpoint.preprocessing
     if size == TRAINING_SIZE:  # the checkpoint's own transform, with its crop for imported models
-        array = to_uint8(image, p.image_size, p.num_channels, p.resize_size, p.resize_mode, p.resample)
+        array = to_uint8(image, p.image_size, p.num_channels, p.resize_size, p.resize_mode, p.resample,
+                         p.crop_rule)
     else:
         shape = input_shape(image, p, checkpoint.model.config.patch_size, size)
         array = to_uint8(image, shape, p.num_channels, resample=p.resample)
