@@ -351,6 +351,8 @@ def hf_architecture(config_json: Mapping, state: Mapping[str, torch.Tensor] | No
         return None
     if types[2] and "distillation_classifier.weight" in state:
         return types[2]
+    if types[0] == "ViTMAEModel" and any(k.startswith("decoder.") for k in state):
+        return "ViTMAEForPreTraining"
     return types[1] if "classifier.weight" in state else types[0]
 
 
