@@ -7,7 +7,7 @@ class names and preprocessing) and ``train.log``. ``--resume RUN_DIR`` continues
 ``last.pt``; SIGTERM/SIGINT stop after the current step as ``cancelled``. Under
 ``torchrun`` it trains with DistributedDataParallel and only rank 0 writes.
 
-With ``--ray ADDRESS --workers N [--gpus-per-worker G]`` the run is submitted to a Ray cluster
+With ``--ray ADDRESS --workers N [--gpus-per-worker G]`` (options of this one parser) the run is submitted to a Ray cluster
 as a job and followed until it ends (``vit.runs.ray_jobs``); Ctrl-C stops the job gracefully.
 
 The options are ``vit.training.options``; a run's lifecycle (folder, logging, signals, the

@@ -286,7 +286,33 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--log-every", type=_positive_float, default=30.0,
                    help="seconds between progress lines when not on a terminal (default 30); on a "
                    "terminal a progress bar shows instead")
+
+    g = p.add_argument_group("on a Ray cluster (the run becomes a Ray job, followed here until it ends)")
+    g.add_argument("--ray", metavar="ADDRESS", help="the cluster's dashboard address (http://HEAD:8265). Every node "
+                   "runs the job with the python on its PATH, which must be this project's environment: start "
+                   "them as PATH=/path/to/.venv/bin:$PATH ray start ... The run folder and data must be on storage "
+                   "every node sees; Ctrl-C stops the job gracefully")
+    g.add_argument("--workers", type=_positive_int, default=1, metavar="N",
+                   help="with --ray: training processes (Ray Train workers, DistributedDataParallel; default 1)")
+    g.add_argument("--gpus-per-worker", type=_float_in(0.0, 1e3), default=0.0, metavar="G",
+                   help="with --ray: GPUs each worker asks for (default 0: CPU workers)")
     return p
+
+
+RAY_OPTIONS = ("--ray", "--workers", "--gpus-per-worker")
+
+
+def without_ray_options(argv: list[str]) -> list[str]:
+    """``argv`` less ``RAY_OPTIONS`` and their values: the run's own arguments, as the job's workers get them."""
+    out, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg in RAY_OPTIONS:
+            skip = True
+        elif not arg.startswith(tuple(f"{o}=" for o in RAY_OPTIONS)):
+            out.append(arg)
+    return out
 
 
 
@@ -311,6 +337,11 @@ def parse_args(argv: list[str] | None = None, check_out: bool = True) -> argpars
     """
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
+    if args.ray is None and {"workers", "gpus_per_worker"} & given_options(argv):
+        raise UsageError("--workers and --gpus-per-worker go with --ray ADDRESS (a local run uses torchrun for "
+                         "several processes)")
+    if args.ray is not None:  # vit.runs.ray_jobs hands the rest to the job; these are not the run's own
+        argv = without_ray_options(argv)
     if args.compile_mode != "default" and not args.compile:
         raise UsageError(f"--compile-mode {args.compile_mode} needs --compile")
     if args.resume:
