@@ -15,9 +15,7 @@ import argparse
 import json
 import sys
 
-from vit.checkpoint import CheckpointError, save_checkpoint
-from vit.predict import OneLineParser, UsageError, run_cli
-from vit.sources.open import open_source
+from vit.predict import OneLineParser, UsageError, run_cli  # light: torch loads in run(), after parsing
 
 PROG = "vit.convert"
 
@@ -44,6 +42,9 @@ def summary(checkpoint) -> dict:
 
 
 def run(args: argparse.Namespace) -> int:
+    from vit.checkpoint import CheckpointError, save_checkpoint
+    from vit.sources.open import open_source
+
     try:
         checkpoint = open_source(args.source, args.arch)
     except CheckpointError as e:

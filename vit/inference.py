@@ -17,9 +17,8 @@ import torch
 from PIL import Image
 
 from vit.checkpoint import Checkpoint, Preprocessing
+from vit.cli import MAX_INPUT_SIDE
 from vit.images import ImageError, crop_start, normalize, open_image, resized_size, to_uint8
-
-MAX_INPUT_SIDE = 1024  # px; beyond this even ViT-S/16 has over 4,000 tokens
 
 
 @dataclass(frozen=True)
