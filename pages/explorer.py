@@ -371,8 +371,10 @@ with st.sidebar:
     kinds = explorer.map_kinds(analysis, bool(class_names))  # no class map without classes; the probe's for SigLIP
     # The newer methods share one entry (a second picker), which keeps the sidebar short.
     choices = [k for k in kinds if k not in explorer.METHOD_MAP_KINDS] + [explorer.MORE_METHODS]
-    if st.session_state.get("map_kind") not in choices:
-        st.session_state["map_kind"] = choices[0]
+    st.session_state["map_kind"] = explorer.map_choice(  # a model change resets what no longer fits
+        st.session_state.get("map_kind"), st.session_state.get("map_default"), choices,
+        st.session_state.get("map_model") != model_key)
+    st.session_state["map_model"], st.session_state["map_default"] = model_key, choices[0]
     kind = st.radio("Map", choices, key="map_kind",
                     format_func=lambda k: explorer.MAP_KINDS.get(k, explorer.MORE_METHODS_LABEL))
     if kind == explorer.MORE_METHODS:

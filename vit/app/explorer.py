@@ -245,6 +245,15 @@ def map_kinds(analysis: Analysis, has_classes: bool) -> list[str]:
     return kinds
 
 
+def map_choice(chosen: str | None, previous_default: str | None, choices: list[str], model_changed: bool) -> str:
+    """The map to show of ``choices`` (the model's default first): the one ``chosen`` while it fits; after a model
+    change, the new model's default when ``chosen`` was only the previous model's default (a session starts on
+    the default checkpoint's CLS attention; SigLIP then opens on its pooling probe, not on a patch's attention)."""
+    if chosen not in choices or model_changed and chosen == previous_default:
+        return choices[0]
+    return chosen
+
+
 @dataclass
 class ClassRelevance:
     """Per layer Chefer et al.'s positive gradient-weighted attention ``(1, T, T)``, for one class's map."""
