@@ -547,11 +547,12 @@ with col_overlay:
                         config={"displayModeBar": False}, width="stretch")  # the column's width: never clipped
 with col_prediction:
     st.subheader("Prediction")
+    prediction_box = st.empty()  # a CLIP's: the labels asked in words, which are read further down the page
     if class_names:
-        st.plotly_chart(drawing.predictions_figure(prediction), config={"displayModeBar": False})
+        prediction_box.plotly_chart(drawing.predictions_figure(prediction), config={"displayModeBar": False})
     else:
-        st.info("No prediction: this model has no classifier (a feature model such as DINO). Its attention maps "
-                "are shown all the same." + drawing.describe_embedding(analysis))
+        prediction_box.info("No prediction: this model has no classifier (a feature model such as DINO). Its "
+                            "attention maps are shown all the same." + drawing.describe_embedding(analysis))
     note = drawing.prediction_note(analysis)
     if note and class_names:
         st.caption(f":orange[{note}]")
@@ -608,6 +609,8 @@ if has_text_tower(checkpoint):
             asked = ask_in_words(fingerprint, image_key, size, tuple(labels), tuple(templates), checkpoint, image)
     except (ValueError, CheckpointError) as e:  # bounds, a template without {}, a folder without tokenizer files
         col_ask.error(escape_markdown(e))
+    if asked is not None and not class_names:  # scored labels are this model's prediction: not "no classifier"
+        prediction_box.markdown(words.describe_prediction(asked))
     if asked is None:
         col_scores.caption("Type labels to see how this model scores them and where it sees each.")
     else:

@@ -636,9 +636,10 @@ def faithfulness_figure(checkpoint: Checkpoint, image: Image.Image, map2d: np.nd
                                  name=f"{name} (AUC {float(auc(fractions, curve)):.3f})",
                                  hovertemplate=f"{name}: %{{x:.0%}} of patches → p = %{{y:.3f}}<extra></extra>"))
     fig.update_xaxes(title="fraction of patches removed / inserted, most relevant first", tickformat=".0%",
-                     range=[0, 1])
-    fig.update_yaxes(title=f"p({escape_plotly(checkpoint.class_names[class_index])})", range=[0, 1])
-    # The legend above the plot, not on the curves; the width follows the column (never clipped).
-    fig.update_layout(height=320, margin=dict(l=0, r=0, t=30, b=0), autosize=True,
+                     range=[0, 1], automargin=True)
+    fig.update_yaxes(title=f"p({escape_plotly(checkpoint.class_names[class_index])})", range=[0, 1], automargin=True)
+    # The legend above the plot, not on the curves; the width follows the column (never clipped); the bottom margin
+    # holds the ticks and the x-axis title (with none, the title fell below the figure's edge).
+    fig.update_layout(height=340, margin=dict(l=0, r=0, t=30, b=56), autosize=True,
                       legend=dict(orientation="h", x=0, y=1.02, xanchor="left", yanchor="bottom"))
     return fig
