@@ -341,6 +341,7 @@ def means_for_image(mode: str):
 # model with those heads ablated in its weights; the Ablation tab keeps comparing with the full model.
 heads_off_labels = list(st.session_state.get(f"ablate-{model_key}") or [])
 everywhere_mode = st.session_state.get("ablation_mode", "zero")
+mean_ablated = None  # (the full checkpoint, the heads) while heads are mean-ablated everywhere
 if heads_off_labels and st.session_state.get("mechanism_view") and st.session_state.get("ablate_everywhere"):
     try:
         heads_off = tuple(explorer.parse_head_labels(heads_off_labels))
@@ -350,6 +351,7 @@ if heads_off_labels and st.session_state.get("mechanism_view") and st.session_st
         st.warning(escape_markdown(e))
     else:
         fingerprint = (fingerprint, f"{everywhere_mode}-ablated", heads_off, means_key)
+        mean_ablated = (full_checkpoint, heads_off) if everywhere_mode == "mean" else None
         over = f" over {escape_markdown(reference_label)}" if everywhere_mode == "mean" else ""
         st.info(f"Heads {escape_markdown(', '.join(heads_off_labels))} are switched off ({everywhere_mode} "
                 f"ablation{over}) in the prediction and in every map on this page. Switch them on again under "
@@ -718,8 +720,8 @@ def ablation_view(fingerprint: tuple, digest: str, size: InputSize, heads: tuple
 
 @st.cache_resource(max_entries=4, show_spinner="Finding the register neurons…")
 def registers_view(fingerprint: tuple, digest: str, size: InputSize, threshold: float, top_k: int,
-                   references_key: tuple, _checkpoint: Checkpoint, _image: Image.Image):
-    return explorer.registers_view(_checkpoint, _image, reference_images(), threshold, top_k, size)
+                   references_key: tuple, _checkpoint: Checkpoint, _image: Image.Image, _mean_ablated=None):
+    return explorer.registers_view(_checkpoint, _image, reference_images(), threshold, top_k, size, _mean_ablated)
 
 
 @st.cache_resource(max_entries=8, show_spinner="Ablating each head in turn (one pass per layer)…")
@@ -931,7 +933,7 @@ if st.toggle("Mechanism: logit lens, head attribution, ablation, phenomena", key
                     top_k = st.number_input("Register neurons", 1, 200, 10, key="tt_register_neurons")
                     try:
                         registers = registers_view(fingerprint, image_key, size, threshold, int(top_k),
-                                                   (invert, reference_keys), checkpoint, image)
+                                                   (invert, reference_keys), checkpoint, image, mean_ablated)
                     except (ValueError, ImageError, OSError) as e:
                         st.warning(escape_markdown(e))
                     else:
