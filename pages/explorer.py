@@ -27,7 +27,7 @@ from vit.images import MAX_SIDE, UPLOAD_MAX_PIXELS, ImageError, open_image
 from vit.inference import MAX_INPUT_SIDE, InputSize, NonFiniteOutput, input_box, input_shape, seen_region
 from vit.runs import access
 from vit.sources.open import open_source
-from vit.sources.text_tower import MAX_LABEL_CHARS, MAX_LABELS, has_text_tower, open_text_tower, split_labels
+from vit.sources.text_tower import MAX_LABELS, has_text_tower, open_text_tower, split_labels
 from vit.text import escape_markdown, visible
 from vit.training import snapshots
 
@@ -592,8 +592,8 @@ if has_text_tower(checkpoint):
     st.subheader("Ask in words")
     col_ask, col_scores, col_map = st.columns([0.8, 0.8, 1], gap="medium")
     with col_ask:
+        # No max_chars: Streamlit would show a "47/12928" counter; split_labels bounds the text (one line if over).
         labels_text = st.text_area("Labels", key="words_labels", placeholder="a dog, a cat, a ball",
-                                   max_chars=MAX_LABELS * (MAX_LABEL_CHARS + 2),
                                    help=f"Up to {MAX_LABELS} labels or whole prompts, separated by commas, semicolons "
                                         "or line breaks. They are read as plain text.")
         ensemble = st.checkbox("Average open_clip's 80 ImageNet templates", key="words_ensemble",

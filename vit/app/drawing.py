@@ -113,11 +113,16 @@ def heads_grid_figure(sheet_uri: str, sheet_size: tuple[int, int], layers: Seque
     layout = dict(height=min(900, 60 + 110 * rows), margin=dict(l=44, r=0, t=22, b=0), hovermode="closest",
                   hoverdistance=-1, plot_bgcolor="rgba(0,0,0,0)", paper_bgcolor="rgba(0,0,0,0)",
                   images=[image], shapes=shapes, clickmode="event+select", dragmode=False,
+                  # Both axes shrink their domain toward the top left to keep the sheet's aspect: had the x range
+                  # grown instead (a tall sheet in a wide column), the sheet would sit mid-plot, far from its
+                  # row labels at the plot's left edge.
                   xaxis=dict(range=[0, width], fixedrange=True, side="top", showgrid=False, zeroline=False,
+                             constrain="domain", constraintoward="left",
                              tickvals=[(h + 0.5) * cell_w for h in range(num_heads)],
                              ticktext=[f"head {h + 1}" for h in range(num_heads)]),
                   yaxis=dict(range=[height, 0], fixedrange=True, scaleanchor="x", constrain="domain",
-                             showgrid=False, zeroline=False, tickvals=[(i + 0.5) * cell_h for i in range(rows)],
+                             constraintoward="top", showgrid=False, zeroline=False,
+                             tickvals=[(i + 0.5) * cell_h for i in range(rows)],
                              ticktext=[f"L{layer + 1}" for layer in layers]))
     return go.Figure(data=[points], layout=layout)
 
