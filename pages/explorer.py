@@ -28,7 +28,7 @@ from vit.inference import MAX_INPUT_SIDE, InputSize, NonFiniteOutput, input_box,
 from vit.runs import access
 from vit.sources import hub
 from vit.sources.open import open_source
-from vit.sources.text_tower import MAX_LABEL_CHARS, MAX_LABELS, has_text_tower, open_text_tower, split_labels
+from vit.sources.text_tower import MAX_LABELS, has_text_tower, open_text_tower, split_labels
 from vit.text import escape_markdown, visible
 from vit.training import snapshots
 
@@ -380,6 +380,7 @@ def means_for_image(mode: str):
 # model with those heads ablated in its weights; the Ablation tab keeps comparing with the full model.
 heads_off_labels = list(st.session_state.get(f"ablate-{model_key}") or [])
 everywhere_mode = st.session_state.get("ablation_mode", "zero")
+mean_ablated = None  # (the full checkpoint, the heads) while heads are mean-ablated everywhere
 if heads_off_labels and st.session_state.get("mechanism_view") and st.session_state.get("ablate_everywhere"):
     try:
         heads_off = tuple(explorer.parse_head_labels(heads_off_labels))
@@ -389,6 +390,7 @@ if heads_off_labels and st.session_state.get("mechanism_view") and st.session_st
         st.warning(escape_markdown(e))
     else:
         fingerprint = (fingerprint, f"{everywhere_mode}-ablated", heads_off, means_key)
+        mean_ablated = (full_checkpoint, heads_off) if everywhere_mode == "mean" else None
         over = f" over {escape_markdown(reference_label)}" if everywhere_mode == "mean" else ""
         st.info(f"Heads {escape_markdown(', '.join(heads_off_labels))} are switched off ({everywhere_mode} "
                 f"ablation{over}) in the prediction and in every map on this page. Switch them on again under "
@@ -410,8 +412,10 @@ with st.sidebar:
     kinds = explorer.map_kinds(analysis, bool(class_names))  # no class map without classes; the probe's for SigLIP
     # The newer methods share one entry (a second picker), which keeps the sidebar short.
     choices = [k for k in kinds if k not in explorer.METHOD_MAP_KINDS] + [explorer.MORE_METHODS]
-    if st.session_state.get("map_kind") not in choices:
-        st.session_state["map_kind"] = choices[0]
+    st.session_state["map_kind"] = explorer.map_choice(  # a model change resets what no longer fits
+        st.session_state.get("map_kind"), st.session_state.get("map_default"), choices,
+        st.session_state.get("map_model") != model_key)
+    st.session_state["map_model"], st.session_state["map_default"] = model_key, choices[0]
     kind = st.radio("Map", choices, key="map_kind",
                     format_func=lambda k: explorer.MAP_KINDS.get(k, explorer.MORE_METHODS_LABEL))
     if kind == explorer.MORE_METHODS:
@@ -584,11 +588,12 @@ with col_overlay:
                         config={"displayModeBar": False}, width="stretch")  # the column's width: never clipped
 with col_prediction:
     st.subheader("Prediction")
+    prediction_box = st.empty()  # a CLIP's: the labels asked in words, which are read further down the page
     if class_names:
-        st.plotly_chart(drawing.predictions_figure(prediction), config={"displayModeBar": False})
+        prediction_box.plotly_chart(drawing.predictions_figure(prediction), config={"displayModeBar": False})
     else:
-        st.info("No prediction: this model has no classifier (a feature model such as DINO). Its attention maps "
-                "are shown all the same." + drawing.describe_embedding(analysis))
+        prediction_box.info("No prediction: this model has no classifier (a feature model such as DINO). Its "
+                            "attention maps are shown all the same." + drawing.describe_embedding(analysis))
     note = drawing.prediction_note(analysis)
     if note and class_names:
         st.caption(f":orange[{note}]")
@@ -626,8 +631,8 @@ if has_text_tower(checkpoint):
     st.subheader("Ask in words")
     col_ask, col_scores, col_map = st.columns([0.8, 0.8, 1], gap="medium")
     with col_ask:
+        # No max_chars: Streamlit would show a "47/12928" counter; split_labels bounds the text (one line if over).
         labels_text = st.text_area("Labels", key="words_labels", placeholder="a dog, a cat, a ball",
-                                   max_chars=MAX_LABELS * (MAX_LABEL_CHARS + 2),
                                    help=f"Up to {MAX_LABELS} labels or whole prompts, separated by commas, semicolons "
                                         "or line breaks. They are read as plain text.")
         ensemble = st.checkbox("Average open_clip's 80 ImageNet templates", key="words_ensemble",
@@ -645,6 +650,8 @@ if has_text_tower(checkpoint):
             asked = ask_in_words(fingerprint, image_key, size, tuple(labels), tuple(templates), checkpoint, image)
     except (ValueError, CheckpointError) as e:  # bounds, a template without {}, a folder without tokenizer files
         col_ask.error(escape_markdown(e))
+    if asked is not None and not class_names:  # scored labels are this model's prediction: not "no classifier"
+        prediction_box.markdown(words.describe_prediction(asked))
     if asked is None:
         col_scores.caption("Type labels to see how this model scores them and where it sees each.")
     else:
@@ -752,8 +759,8 @@ def ablation_view(fingerprint: tuple, digest: str, size: InputSize, heads: tuple
 
 @st.cache_resource(max_entries=4, show_spinner="Finding the register neurons…")
 def registers_view(fingerprint: tuple, digest: str, size: InputSize, threshold: float, top_k: int,
-                   references_key: tuple, _checkpoint: Checkpoint, _image: Image.Image):
-    return explorer.registers_view(_checkpoint, _image, reference_images(), threshold, top_k, size)
+                   references_key: tuple, _checkpoint: Checkpoint, _image: Image.Image, _mean_ablated=None):
+    return explorer.registers_view(_checkpoint, _image, reference_images(), threshold, top_k, size, _mean_ablated)
 
 
 @st.cache_resource(max_entries=8, show_spinner="Ablating each head in turn (one pass per layer)…")
@@ -965,7 +972,7 @@ if st.toggle("Mechanism: logit lens, head attribution, ablation, phenomena", key
                     top_k = st.number_input("Register neurons", 1, 200, 10, key="tt_register_neurons")
                     try:
                         registers = registers_view(fingerprint, image_key, size, threshold, int(top_k),
-                                                   (invert, reference_keys), checkpoint, image)
+                                                   (invert, reference_keys), checkpoint, image, mean_ablated)
                     except (ValueError, ImageError, OSError) as e:
                         st.warning(escape_markdown(e))
                     else:

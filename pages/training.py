@@ -30,6 +30,10 @@ from vit.training.data import AUGMENTATIONS, BUILTIN_DATASETS
 from vit.training.options import FINETUNE_MODES, RECIPES
 
 REFRESH_SECONDS = 3
+# The runs table's columns in order and their widths (px): 940 in all, the page's main column at a 1400-px window
+# with the sidebar open (hovering a cell shows what a narrow one cuts short).
+RUNS_TABLE_WIDTHS = {"Name": 104, "State": 76, "Detail": 120, "Progress": 64, "Epoch": 52, "Best val acc": 64,
+                     "Elapsed": 56, "ETA": 52, "Device": 52, "Preset": 88, "Dataset": 76, "LR": 52, "Started": 84}
 EXPLORER_PAGE = "pages/explorer.py"
 
 
@@ -401,13 +405,22 @@ def runs_panel() -> None:
         return
     if st.session_state.get("runs_message"):
         st.warning(escape_markdown(for_visitor(st.session_state["runs_message"])))
+    # Every column at a set width, and only what tells runs apart (the duplicate "Epochs", batch size and weight
+    # decay stay in "Settings that differ" below): all of it fits the page's 940 px at a 1400-px window, where the
+    # table was cut off after "LR"; what went wrong (Detail) comes right after the state.
     st.dataframe(
         pd.DataFrame(runs.table_rows(all_runs)), hide_index=True, width="stretch", placeholder="",
+        column_order=list(RUNS_TABLE_WIDTHS),
         column_config={
-            "Progress": st.column_config.ProgressColumn("Progress", min_value=0.0, max_value=1.0, format="percent"),
-            "Best val acc": st.column_config.NumberColumn("Best val acc", format="percent"),
-            "LR": st.column_config.NumberColumn("LR", format="%g"),
-            "Started": st.column_config.DatetimeColumn("Started", format="YYYY-MM-DD HH:mm"),
+            **{name: st.column_config.Column(name, width=px) for name, px in RUNS_TABLE_WIDTHS.items()},
+            "Progress": st.column_config.ProgressColumn("Progress", min_value=0.0, max_value=1.0, format="percent",
+                                                        width=RUNS_TABLE_WIDTHS["Progress"]),
+            "Best val acc": st.column_config.NumberColumn("Best acc", format="percent",
+                                                          width=RUNS_TABLE_WIDTHS["Best val acc"],
+                                                          help="best validation accuracy"),
+            "LR": st.column_config.NumberColumn("LR", format="%g", width=RUNS_TABLE_WIDTHS["LR"]),
+            "Started": st.column_config.DatetimeColumn("Started", format="MM-DD HH:mm",
+                                                       width=RUNS_TABLE_WIDTHS["Started"]),
         })
     names = [r.name for r in all_runs]
     selected = [n for n in st.session_state.get("selected_runs", names[:1]) if n in names]

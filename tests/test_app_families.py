@@ -137,3 +137,26 @@ def test_a_cropping_dinov2_folder_draws_over_the_centre_the_model_saw(tmp_path):
     assert not at.exception, [e.message for e in at.exception]
     [caption] = [c.value for c in at.main.caption if "Click a patch" in c.value]
     assert "sees only x 109–529, y 30–450 of the image" in caption and "stretched" not in caption
+
+
+def test_a_model_change_opens_siglip_on_its_probe_map_and_keeps_a_choice_that_fits(tmp_path):
+    """Issue 33, item 5: a session starts on a classifier's CLS attention; that default survived the switch, so a
+    SigLIP showed its top-left patch's attention instead of the pooling probe's map. A map picked by hand (here
+    rollout), which SigLIP also draws, stays."""
+    from vit.checkpoint import save_checkpoint
+    from vit.model import ViT, ViTConfig
+
+    config = ViTConfig(image_size=16, patch_size=4, hidden_size=8, num_layers=1, num_heads=2, mlp_size=16,
+                       num_classes=2)
+    save_checkpoint(tmp_path / "vit.pt", ViT(config), ["cat", "dog"])
+    siglip = siglip2_folder(tmp_path / "siglip2")
+    for picked, expected in ((None, "probe"), ("rollout", "rollout")):
+        at = open_by_path(tmp_path / "vit.pt")
+        assert sidebar_widget(at, "radio", "Map").value == "attention"
+        if picked:
+            sidebar_widget(at, "radio", "Map").set_value(picked)
+            at.run()
+        sidebar_widget(at, "text_input", "Open a path").set_value(str(siglip))
+        at.run()
+        assert not at.exception, [e.message for e in at.exception]
+        assert sidebar_widget(at, "radio", "Map").value == expected

@@ -383,3 +383,32 @@ def test_a_test_time_register_shows_the_last_layer_before_and_after(default_worl
     [caption] = [c.value for c in at.caption if "Register neurons (layer.neuron)" in c.value]
     assert "before and after the test-time register" in caption
     assert len([n for n in caption.split(": ")[-1].split(", ")]) == 10
+
+
+def test_a_test_time_register_of_a_mean_ablated_model_takes_the_means_with_the_register(tmp_path):
+    """Issue 33, item 7: the means of mean-ablated heads hold for the image's tokens; the register adds one, and the
+    page refused with advice it could not follow. With the image as its only reference, mean ablation puts back
+    each head's own output, so the view must equal the full model's."""
+    checkpoint = load_checkpoint(write_checkpoint(tmp_path / "m.pt"))
+    image = open_image(png_bytes(seed=3), name="x.png")
+    heads = [(0, 1), (1, 0)]
+    ablated = explorer.ablated_checkpoint(checkpoint, heads, "mean",
+                                          explorer.reference_means(checkpoint, [image], image))
+    view = explorer.registers_view(ablated, image, [image], 0.0, mean_ablated=(checkpoint, heads))
+    full = explorer.registers_view(checkpoint, image, [image], 0.0)
+    assert [(layer, neuron) for layer, neuron, _ in view.neurons] == [(a, b) for a, b, _ in full.neurons]
+    for name in ("attention_before", "attention_after", "norms_before", "norms_after"):
+        np.testing.assert_allclose(getattr(view, name), getattr(full, name), rtol=1e-5, atol=1e-5)
+
+
+def test_the_test_time_register_runs_while_heads_are_mean_ablated_everywhere(default_world):
+    at = open_mechanism(run_app(), "Ablation")
+    at.radio(key="ablation_mode").set_value("mean")
+    switch_heads_off(at, ["2.1"], everywhere=True)
+    at.session_state["mechanism_tab"] = "Phenomena"
+    at.run()
+    at.toggle(key="tt_register").set_value(True)
+    at.run()
+    assert not at.exception, [e.message for e in at.exception]
+    assert not [w.value for w in at.warning if "token positions" in w.value]
+    assert [c.value for c in at.caption if "Register neurons (layer.neuron)" in c.value]

@@ -102,3 +102,11 @@ def test_faithfulness_figure_has_both_curves_from_one_to_the_baseline(checkpoint
     deletion, insertion = fig.data
     assert len(deletion.x) == 17 and deletion.x[0] == 0 and deletion.x[-1] == 1
     assert deletion.y[0] == pytest.approx(insertion.y[-1], abs=1e-6)  # both: the untouched image
+
+
+def test_faithfulness_figure_keeps_room_for_its_x_axis_title(checkpoint):
+    """Issue 33, item 6: with a bottom margin of 0 the x-axis title fell below the figure's edge."""
+    torch.manual_seed(0)
+    fig = drawing.faithfulness_figure(checkpoint, Image.new("RGB", (16, 16)), np.random.rand(4, 4), class_index=0)
+    assert fig.layout.xaxis.title.text.startswith("fraction of patches")
+    assert fig.layout.xaxis.automargin and fig.layout.margin.b >= 50

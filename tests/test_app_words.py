@@ -200,3 +200,26 @@ def test_heads_switched_off_in_every_map_change_the_words_scores_as_open_clip_wi
     got = dict(zip(score_bars(at)["y"], score_bars(at)["x"], strict=True))
     assert [got[e] for e in escaped] == pytest.approx(expected.tolist(), abs=1e-5)
     assert [got[e] for e in escaped] != pytest.approx([full[e] for e in escaped], abs=1e-4)
+
+
+def test_the_prediction_box_reads_the_labels_once_they_are_scored(clip):
+    """Issue 33, item 6: a CLIP's Prediction box said "no classifier" even after labels were typed and scored."""
+    _, folder = clip
+    at = open_clip_app(folder, png_bytes(32, 32, seed=4))
+    assert any("no classifier" in info.value for info in at.main.info)
+    ask(at, "a dog, a cat")
+    assert not any("no classifier" in info.value for info in at.main.info)
+    assert any(m.value.startswith("Of the 2 label(s) asked in words below, most probable: **“a ")
+               for m in at.main.markdown)
+    assert len(score_bars(at)["y"]) == 2  # the scores chart is not drawn twice
+
+
+def test_the_label_box_shows_no_character_counter_and_still_bounds_the_text(clip):
+    """Issue 33, item 10: max_chars made Streamlit show a "47/12928" counter under the labels; the bound stays,
+    as one line, from split_labels."""
+    _, folder = clip
+    at = open_clip_app(folder, png_bytes(32, 32, seed=4))
+    [area] = [w for w in at.main.text_area if w.label == "Labels"]
+    assert not area.proto.max_chars
+    ask(at, "a dog, " * 3000)
+    assert any("characters long" in e.value for e in at.main.error)

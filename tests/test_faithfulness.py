@@ -146,13 +146,15 @@ def test_the_cli_defaults_to_a_fixed_number_of_curve_points(tmp_path, monkeypatc
         (tmp_path / "data" / name).mkdir(parents=True)
         Image.fromarray(np.zeros((32, 32, 3), dtype=np.uint8)).save(tmp_path / "data" / name / "0.png")
     seen = []
-    real = faithfulness.perturbation_curves
+    from vit.explain import faithfulness as scores  # what the command runs (imported after parsing)
+
+    real = scores.perturbation_curves
 
     def counting(model, x, maps, cls, replacement, steps=None):
         seen.append(steps)
         return real(model, x, maps, cls, replacement, steps)
 
-    monkeypatch.setattr(faithfulness, "perturbation_curves", counting)
+    monkeypatch.setattr(scores, "perturbation_curves", counting)
     assert faithfulness.main([str(tmp_path / "m.pt"), "--data", str(tmp_path / "data"), "--methods", "random"]) == 0
     capsys.readouterr()
     assert seen == [faithfulness.DEFAULT_STEPS] == [20]

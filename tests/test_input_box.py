@@ -129,3 +129,49 @@ def test_predict_save_maps_draws_over_the_crop_and_records_the_geometry(tmp_path
     start, end = span_from_output(hf_reference(ramp_image(640, 480, 0)), 640, 0)
     assert maps["input_box"][[0, 2]] == pytest.approx([start, end], abs=0.6)
     assert Image.open(tmp_path / "maps" / "photo_cls.png").size == (420, 420)  # x 109-529, y 30-450 of 640x480
+
+
+def noise_image(width: int, height: int) -> Image.Image:
+    return Image.fromarray(np.random.default_rng(0).integers(0, 256, (height, width, 3), dtype=np.uint8))
+
+
+HF_CROPS = {  # (model, its config, processor settings, image size, the crop's left and top in the resized image)
+    # DINOv2's BitImageProcessor: 255x200 -> 163x128, a 112 crop starts at int(51 / 2) = 25 (torchvision: 26)
+    "dinov2": ("Dinov2Model", dict(image_size=112, patch_size=14, hidden_size=16, num_hidden_layers=1,
+                                   num_attention_heads=2, intermediate_size=32),
+               dict(size={"shortest_edge": 128}, crop_size={"height": 112, "width": 112}, resample=3,
+                    image_mean=list(IMAGENET_MEAN), image_std=list(IMAGENET_STD)), (255, 200), (25, 8)),
+    # CLIP's CLIPImageProcessor: 321x240 -> 299x224, a 224 crop starts at int(75 / 2) = 37 (torchvision: 38)
+    "clip": ("CLIPVisionModel", dict(image_size=224, patch_size=32, hidden_size=16, num_hidden_layers=1,
+                                     num_attention_heads=2, intermediate_size=32),
+             dict(size={"shortest_edge": 224}, crop_size={"height": 224, "width": 224}, resample=3), (321, 240),
+             (37, 0)),
+}
+
+
+@pytest.mark.parametrize("case", list(HF_CROPS))
+def test_an_hf_folder_sees_the_window_of_transformers_own_pil_processor(tmp_path, case):
+    """Issue 33, item 3: transformers crops at int((size - crop) / 2), torchvision rounds; with an odd margin the
+    model saw a window one resized pixel off. The PIL backend's output is matched bit for bit (up to float32)."""
+    transformers = pytest.importorskip("transformers")
+    from vit.sources.open import open_source
+
+    architecture, config, processor_settings, (width, height), (left, top) = HF_CROPS[case]
+    model_class = getattr(transformers, architecture)
+    model_class(model_class.config_class(**config)).save_pretrained(tmp_path / case)
+    pil_processor = {"dinov2": transformers.BitImageProcessorPil, "clip": transformers.CLIPImageProcessorPil}[case]
+    pil_processor(**processor_settings).save_pretrained(tmp_path / case)
+    reference = transformers.AutoImageProcessor.from_pretrained(tmp_path / case, backend="pil")
+    assert "Pil" in type(reference).__name__
+    image = noise_image(width, height)
+    expected = torch.as_tensor(reference(image, return_tensors="np")["pixel_values"])
+    checkpoint = open_source(tmp_path / case)
+    ours = preprocess([image], checkpoint.preprocessing)
+    torch.testing.assert_close(ours, expected, rtol=0, atol=1e-6)
+    short = min(width, height)
+    resized = (width * processor_settings["size"]["shortest_edge"] // short,
+               height * processor_settings["size"]["shortest_edge"] // short)
+    crop = processor_settings["crop_size"]["width"]
+    sx, sy = width / resized[0], height / resized[1]
+    assert input_box(image.size, checkpoint.preprocessing) == pytest.approx(
+        (left * sx, top * sy, (left + crop) * sx, (top + crop) * sy))

@@ -61,3 +61,28 @@ def test_timm_mae_matches_timm(tmp_path):
         with torch.no_grad():
             ours = checkpoint.model.encode(images, output_attentions=True)
         assert_parity(f"MAE | timm vit_*.mae | {label}", ours.embedding, expected, ours.attentions, attentions)
+
+
+def test_hf_vit_mae_for_pretraining_opens_its_encoder_as_vit_mae_model(tmp_path):
+    """Issue 33, item 4: MAE's checkpoints are published as ViTMAEForPreTraining (encoder + pixel decoder); the
+    encoder opens with every patch in order, as ViTMAEModel with mask_ratio=0 and noise=arange(patches)."""
+    config = transformers.ViTMAEConfig(image_size=32, patch_size=8, hidden_size=32, intermediate_size=48,
+                                       num_hidden_layers=2, num_attention_heads=2, decoder_hidden_size=16,
+                                       decoder_num_hidden_layers=1, decoder_num_attention_heads=2,
+                                       decoder_intermediate_size=32, mask_ratio=0.75)
+    config._attn_implementation = "eager"
+    torch.manual_seed(0)
+    model = randomize(transformers.ViTMAEForPreTraining(config))
+    model.save_pretrained(tmp_path / "mae")
+    checkpoint = open_source(tmp_path / "mae")
+    assert checkpoint.metadata["architecture"] == "hf:ViTMAEForPreTraining"
+    encoder = model.vit
+    encoder.config.mask_ratio = 0.0
+    images = torch.randn(2, 3, 32, 32)
+    noise = torch.arange(16, dtype=torch.float32).expand(2, -1)
+    with torch.no_grad():
+        out = encoder(pixel_values=images, noise=noise, output_attentions=True)
+        ours = checkpoint.model.encode(images, output_attentions=True)
+    assert out.last_hidden_state.shape[1] == 17  # every patch kept
+    assert_parity("MAE | HF ViTMAEForPreTraining encoder (mask off, order fixed) | native", ours.embedding,
+                  out.last_hidden_state[:, 0], ours.attentions, out.attentions)

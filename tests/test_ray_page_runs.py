@@ -4,6 +4,7 @@ follower command that submits the job, listed beside local runs without queueing
 it only when the server has an address."""
 
 import sys
+from pathlib import Path
 
 import pytest
 from test_runs import make_image_folder, tiny_params
@@ -72,3 +73,59 @@ def test_the_form_offers_the_cluster_only_with_an_address(monkeypatch):
     assert "the Ray cluster" in device.options
     captions = " ".join(c.value for c in at.caption)
     assert "the Ray cluster: cannot reach it now" in captions and "127.0.0.1:9" not in captions
+
+
+# -- issue 33, item 8: Ray as users meet it ---------------------------------------------------------------------------
+
+def test_train_help_lists_the_ray_options():
+    import subprocess
+
+    help_text = subprocess.run([sys.executable, "-m", "vit.train", "--help"], capture_output=True, text=True,
+                               check=True).stdout
+    for option in ("--ray ADDRESS", "--workers N", "--gpus-per-worker G"):
+        assert option in help_text
+
+
+def test_workers_without_ray_is_a_usage_error():
+    from vit.training.options import parse_args
+    from vit.training.trainer import UsageError
+
+    with pytest.raises(UsageError, match="--workers and --gpus-per-worker go with --ray"):
+        parse_args(["--dataset", "cifar10", "--out", "/nonexistent/run", "--workers", "2"], check_out=False)
+
+
+def test_the_ray_options_are_not_passed_on_to_the_job():
+    from vit.training.options import without_ray_options
+
+    assert without_ray_options(["--dataset", "cifar10", "--ray", "http://h:8265", "--workers=2", "--epochs", "3",
+                                "--gpus-per-worker", "1"]) == ["--dataset", "cifar10", "--epochs", "3"]
+
+
+class FailedJob:
+    """What Ray's JobSubmissionClient answers for a job whose node ran a Python without ray."""
+
+    def get_job_logs(self, sid):
+        return ("Traceback (most recent call last):\n  File \"<frozen runpy>\", line 198, in _run_module_as_main\n"
+                "ModuleNotFoundError: No module named 'ray'\n")
+
+    def get_job_info(self, sid):
+        raise AssertionError("the log says it all")
+
+
+def test_a_job_whose_cluster_runs_another_python_says_how_to_start_ray_with_ours():
+    from vit.runs.ray_jobs import job_error
+
+    error = job_error(FailedJob(), "run")
+    assert error.startswith("vit.train: the cluster's Python has no module 'ray'")
+    assert f"PATH={Path(sys.executable).parent}:$PATH ray start --head" in error and "\n" not in error
+
+
+def test_the_train_page_shows_a_ray_jobs_log_without_colour_codes(tmp_path):
+    from vit.runfiles import LOG_FILE
+    from vit.runs.manager import RunManager
+
+    manager = RunManager(tmp_path / "runs", tmp_path / "data")
+    manager.run_dir("ray").mkdir(parents=True)
+    (manager.run_dir("ray") / LOG_FILE).write_text(
+        "\x1b[36m(RayTrainWorker pid=1)\x1b[0m epoch 1\n\x1b[1m\x1b[31mwarning\x1b[39m\x1b[22m done\n")
+    assert manager.log_tail("ray") == "(RayTrainWorker pid=1) epoch 1\nwarning done"

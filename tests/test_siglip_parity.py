@@ -101,3 +101,41 @@ def test_timm_siglip_with_map_pooling_matches_timm(tmp_path):
                       captured[:-1])
         assert_parity(f"SigLIP | timm attn_pool probe attention | {label}", ours.embedding, expected,
                       [ours.pool_attention], [probe])
+
+
+# timm's SigLIP 2 ports: their model functions fix act_layer='gelu_tanh' inside themselves, so neither config.json
+# nor model_args names it (issue 33, item 2).
+SIGLIP2_TIMM_NAMES = [
+    "vit_base_patch32_siglip_256", "vit_base_patch32_siglip_gap_256",
+    "vit_large_patch16_siglip_512", "vit_large_patch16_siglip_gap_512",
+    "vit_so400m_patch16_siglip_256", "vit_so400m_patch16_siglip_384", "vit_so400m_patch16_siglip_512",
+    "vit_so400m_patch16_siglip_gap_256", "vit_so400m_patch16_siglip_gap_384", "vit_so400m_patch16_siglip_gap_512",
+    "vit_giantopt_patch16_siglip_256", "vit_giantopt_patch16_siglip_384",
+    "vit_giantopt_patch16_siglip_gap_256", "vit_giantopt_patch16_siglip_gap_384",
+]
+
+
+@pytest.mark.parametrize("name", SIGLIP2_TIMM_NAMES)
+def test_timm_siglip2_port_opens_with_the_activation_its_model_function_fixes(tmp_path, name):
+    sizes = dict(img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=2, mlp_ratio=1.5)
+    torch.manual_seed(0)
+    model = randomize(timm.create_model(name, pretrained=False, num_classes=0, **sizes)).eval()
+    timm.models.save_for_hf(model, tmp_path / "timm", model_args=sizes, safe_serialization=True)
+    checkpoint = open_source(tmp_path / "timm")
+    assert checkpoint.config.activation == "gelu_tanh"
+    images = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        expected = model(images)
+        ours = checkpoint.model.encode(images).embedding
+    torch.testing.assert_close(ours, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_timm_architecture_the_registry_does_not_know_is_refused_in_one_line(tmp_path):
+    model = timm_siglip()
+    timm.models.save_for_hf(model, tmp_path / "timm", model_args=dict(num_heads=2, img_size=32),
+                            safe_serialization=True)
+    config = tmp_path / "timm" / "config.json"
+    config.write_text(config.read_text().replace("vit_base_patch16_siglip_224", "vit_base_patch16_siglip3_224"))
+    with pytest.raises(SourceError, match="timm does not know the architecture 'vit_base_patch16_siglip3_224'") as e:
+        open_source(tmp_path / "timm")
+    assert "\n" not in str(e.value)

@@ -199,3 +199,23 @@ def test_the_live_loss_curve_is_drawn_from_steps_jsonl(tmp_path, monkeypatch):
     assert not at.exception, [e.message for e in at.exception]
     titles = [__import__("json").loads(c.proto.spec)["layout"]["title"]["text"] for c in at.get("plotly_chart")]
     assert "Training loss, every few seconds" in titles
+
+
+def test_the_runs_table_fits_the_page_at_a_1400_px_window(tmp_path, monkeypatch):
+    """Issue 33, item 10: at 1400 px the table was cut off after "LR" (Weight decay, Started and Detail out of
+    sight). Every column it shows has a set width, all within the page's 940-px main column, what went wrong first."""
+    monkeypatch.setenv("VIT_RUNS_DIR", str(tmp_path / "runs"))
+    monkeypatch.setenv("VIT_DATA_DIR", str(tmp_path / "data"))
+    monkeypatch.delenv("VIT_TRAIN_TOKEN", raising=False)
+    run = tmp_path / "runs" / "failed-run"
+    run.mkdir(parents=True)
+    (run / "status.json").write_text(json.dumps({"state": "failed", "error": "ValueError: no images"}))
+    at = AppTest.from_file(PAGE).run(timeout=TIMEOUT)
+    assert not at.exception, [e.message for e in at.exception]
+    table = at.dataframe[0].proto
+    columns = json.loads(table.columns)
+    shown = list(table.column_order)
+    assert shown[:3] == ["Name", "State", "Detail"]
+    assert set(shown) <= set(at.dataframe[0].value.columns)
+    widths = [columns[name]["width"] for name in shown]
+    assert all(isinstance(w, int) for w in widths) and sum(widths) <= 940

@@ -25,8 +25,6 @@ import json
 import sys
 from pathlib import Path
 
-from vit.explain.dataset import analyze_files, write_outputs
-
 PROG = "vit.analyze"
 
 
@@ -64,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from vit.evaluate import labelled_files
-    from vit.explain.dataset import sample_files
+    from vit.explain.dataset import analyze_files, sample_files, write_outputs
     from vit.predict import UsageError, open_checkpoint, resolve_device
 
     if args.ray:

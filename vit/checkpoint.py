@@ -63,6 +63,7 @@ class ForeignCheckpointError(CheckpointError):
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)  # DeiT, DINOv2, torchvision
 RESIZE_MODES = ("square", "shortest_edge")
 RESAMPLE_FILTERS = ("nearest", "bilinear", "bicubic", "lanczos")
+CROP_RULES = ("torchvision", "transformers")  # where an odd crop margin's extra pixel goes (vit.images.crop_start)
 
 
 @dataclass(frozen=True)
@@ -81,11 +82,12 @@ class Preprocessing:
     resize_size: int | None = None  # None: no crop, resize straight to image_size
     resize_mode: str = "square"  # "square" stretches to resize_size²; "shortest_edge" keeps the aspect ratio
     resample: str = "bicubic"  # the PIL filter of the resize
+    crop_rule: str = "torchvision"  # the crop's offset: torchvision's round() (timm, open_clip) or HF's int()
 
     def to_dict(self) -> dict:
         return {"image_size": self.image_size, "num_channels": self.num_channels,
                 "mean": list(self.mean), "std": list(self.std), "resize_size": self.resize_size,
-                "resize_mode": self.resize_mode, "resample": self.resample}
+                "resize_mode": self.resize_mode, "resample": self.resample, "crop_rule": self.crop_rule}
 
     @classmethod
     def from_dict(cls, values: dict) -> Preprocessing:
@@ -95,7 +97,8 @@ class Preprocessing:
                    tuple(float(m) for m in values["mean"]), tuple(float(s) for s in values["std"]),
                    resize_size=int(resize) if resize is not None else None,
                    resize_mode=str(values.get("resize_mode", "square")),
-                   resample=str(values.get("resample", "bicubic")))
+                   resample=str(values.get("resample", "bicubic")),
+                   crop_rule=str(values.get("crop_rule", "torchvision")))
 
     @classmethod
     def default_for(cls, config: ViTConfig) -> Preprocessing:
@@ -165,6 +168,8 @@ def preprocessing_problem(preprocessing: Preprocessing, config: ViTConfig) -> st
         return f"resize mode {p.resize_mode!r} is not one of {', '.join(RESIZE_MODES)}"
     if p.resample not in RESAMPLE_FILTERS:
         return f"resample filter {p.resample!r} is not one of {', '.join(RESAMPLE_FILTERS)}"
+    if p.crop_rule not in CROP_RULES:
+        return f"crop rule {p.crop_rule!r} is not one of {', '.join(CROP_RULES)}"
     return None
 
 

@@ -22,9 +22,7 @@ import argparse
 import json
 import sys
 
-from vit.checkpoint import CheckpointError, save_checkpoint
-from vit.predict import OneLineParser, UsageError, run_cli
-from vit.sources.open import open_mapped, open_source, read_weights
+from vit.predict import OneLineParser, UsageError, run_cli  # light: torch loads in run(), after parsing
 
 PROG = "vit.convert"
 
@@ -58,6 +56,9 @@ def summary(checkpoint) -> dict:
 
 
 def run(args: argparse.Namespace) -> int:
+    from vit.checkpoint import CheckpointError, save_checkpoint
+    from vit.sources.open import open_mapped, open_source
+
     if args.inspect:
         return inspect(args.source)
     if not args.out:
@@ -78,7 +79,9 @@ def inspect(source: str) -> int:
     """Print one line describing the weights on stderr and the draft mapping (JSON) on stdout."""
     from pathlib import Path
 
+    from vit.checkpoint import CheckpointError
     from vit.sources.mapping import describe, draft_mapping
+    from vit.sources.open import read_weights
 
     try:
         state = read_weights(Path(source).expanduser(), "meta")  # names and shapes only
@@ -98,6 +101,8 @@ def verify(checkpoint, source: str, target: str, arguments: str) -> dict:
     from pathlib import Path
 
     import torch
+
+    from vit.sources.open import read_weights
 
     module_name, _, class_name = target.partition(":")
     try:

@@ -22,11 +22,10 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from vit.checkpoint import Checkpoint, CheckpointError
-from vit.inference import TRAINING_SIZE, InputSize, predict_files
+# Only what parsing needs: torch and the rest load once the arguments are read (--help answers at once).
 from vit.predict import (
     OneLineParser,
     UsageError,
@@ -38,8 +37,10 @@ from vit.predict import (
     run_cli,
     templates,
 )
-from vit.runfiles import lies_inside
-from vit.training.data import IMAGE_EXTENSIONS, list_class_folders
+
+if TYPE_CHECKING:
+    from vit.checkpoint import Checkpoint
+    from vit.inference import InputSize
 
 PROG = "vit.evaluate"
 
@@ -71,6 +72,9 @@ def labelled_files(root: Path, class_names: list[str]) -> list[tuple[Path, int]]
     Raises UsageError for a missing folder, a class folder the checkpoint does not know, or
     no images at all.
     """
+    from vit.runfiles import lies_inside
+    from vit.training.data import IMAGE_EXTENSIONS, list_class_folders
+
     if not root.is_dir():
         raise UsageError(f"--data {root} is not a folder; give a folder with one subfolder per class")
     folders = list_class_folders(root)
@@ -92,8 +96,12 @@ def labelled_files(root: Path, class_names: list[str]) -> list[tuple[Path, int]]
 
 
 def evaluate(checkpoint: Checkpoint, files: list[tuple[Path, int]], batch_size: int = 64,
-             progress: bool = False, size: InputSize = TRAINING_SIZE) -> tuple[dict, list[str]]:
-    """Accuracy overall and per class of ``(file, class index)`` pairs; also the unreadable files' errors."""
+             progress: bool = False, size: InputSize | None = None) -> tuple[dict, list[str]]:
+    """Accuracy overall and per class of ``(file, class index)`` pairs (at ``size``, None: the checkpoint's own);
+    also the unreadable files' errors."""
+    from vit.inference import TRAINING_SIZE, predict_files
+
+    size = TRAINING_SIZE if size is None else size
     names = checkpoint.class_names
     correct, count = [0] * len(names), [0] * len(names)
     errors: list[str] = []
@@ -127,8 +135,12 @@ def evaluate(checkpoint: Checkpoint, files: list[tuple[Path, int]], batch_size: 
 
 def zero_shot_checkpoint(checkpoint: Checkpoint, root: Path, template: str | None) -> Checkpoint:
     """``checkpoint`` as a classifier over ``root``'s subfolder names in words (``--zero-shot``)."""
+    from dataclasses import replace
+
+    from vit.checkpoint import CheckpointError
     from vit.explain.prompts import PromptError, ask, prompt_checkpoint
     from vit.sources.text_tower import MAX_DATASET_CLASSES, check_labels, open_text_tower
+    from vit.training.data import list_class_folders
 
     if not root.is_dir():
         raise UsageError(f"--data {root} is not a folder; give a folder with one subfolder per class")

@@ -25,13 +25,11 @@ import json
 import sys
 from pathlib import Path
 
-import numpy as np
-import torch
-
-from vit.explain.dataset import sample_files
-from vit.explain.faithfulness import DEFAULT_METHODS, METHODS, REPLACEMENTS, auc, method_maps, perturbation_curves
-
 PROG = "vit.faithfulness"
+# vit.explain.faithfulness's METHODS and REPLACEMENTS by name, for --help without torch (tests/test_faithfulness.py
+# checks they are the same); the run checks the methods against METHODS itself.
+METHOD_NAMES = ("random", "attention", "rollout", "class", "legrad", "transformer_attribution", "attnlrp", "flow")
+REPLACEMENTS = ("blur", "mean", "zero")
 # A fixed number of curve points whatever the patch grid: Chefer et al. (2021)'s perturbation tests remove the
 # patches in 10 % steps; 5 % steps here draw the curve twice as finely at a cost that does not grow with the grid.
 DEFAULT_STEPS = 20
@@ -47,8 +45,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("checkpoint", help="a .pt checkpoint written by vit.train, any model vit.convert opens,"
                                       " or a Hub id: ORG/NAME[@REV], hf-hub:ORG/NAME, a timm name")
     p.add_argument("--data", required=True, metavar="DIR", help="a folder with one subfolder of images per class")
-    p.add_argument("--methods", nargs="+", default=DEFAULT_METHODS, metavar="METHOD",
-                   help=f"maps to score (default: all but flow); any of: {', '.join(METHODS)}")
+    p.add_argument("--methods", nargs="+", default=None, metavar="METHOD",
+                   help=f"maps to score (default: all but flow); any of: {', '.join(METHOD_NAMES)}")
     p.add_argument("--limit", type=positive_int, default=None, metavar="N", help="score N images (seeded shuffle)")
     p.add_argument("--replacement", choices=REPLACEMENTS, default="blur", help="what removed patches become")
     p.add_argument("--steps", type=positive_int, default=DEFAULT_STEPS,
@@ -63,18 +61,26 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _summary(values: list[float]) -> dict:
+    import numpy as np
+
     array = np.asarray(values, dtype=np.float64)
     return {"mean": float(array.mean()), "std": float(array.std())}
 
 
 
 def run(args: argparse.Namespace) -> int:
+    import torch
     from tqdm import tqdm
 
     from vit.evaluate import labelled_files
+    from vit.explain.dataset import sample_files
+    from vit.explain.faithfulness import DEFAULT_METHODS, METHODS, auc, method_maps, perturbation_curves
     from vit.images import ImageError, open_image
     from vit.inference import preprocess
     from vit.predict import UsageError, open_checkpoint, resolve_device
+
+    if args.methods is None:
+        args.methods = list(DEFAULT_METHODS)
 
     unknown = [m for m in args.methods if m not in METHODS]
     if unknown:

@@ -147,14 +147,24 @@ def resized_size(image_size: tuple[int, int], resize_size: int, resize_mode: str
     return (resize_size, new_long) if width <= height else (new_long, resize_size)
 
 
+def crop_start(resized: int, crop: int, rule: str = "torchvision") -> int:
+    """Where a centre crop of ``crop`` px starts in a side of ``resized`` px. When the margin is odd the libraries
+    differ by one pixel: torchvision's ``center_crop`` rounds half the margin (to even: 25.5 -> 26, 24.5 -> 24), as
+    timm and open_clip use it; transformers' image processors truncate it (``int((size - crop) / 2)``)."""
+    if rule == "transformers":
+        return int((resized - crop) / 2)
+    return int(round((resized - crop) / 2.0))
+
+
 def to_uint8(image: Image.Image, image_size: int | tuple[int, int], num_channels: int, resize_size: int | None = None,
-             resize_mode: str = "square", resample: str = "bicubic") -> torch.Tensor:
+             resize_mode: str = "square", resample: str = "bicubic", crop_rule: str = "torchvision") -> torch.Tensor:
     """The evaluation transform up to normalisation: a ``(C, S, S)`` uint8 tensor.
 
     Without ``resize_size``: resized straight to ``image_size`` square, or to ``(height, width)``
     when ``image_size`` is a pair (the explorer's other input sizes). With it: resized to
     ``resize_size`` (``"square"``, or ``"shortest_edge"`` keeping the aspect ratio, as
-    torchvision's ``Resize(int)``), then the centre ``image_size`` square is cropped.
+    torchvision's ``Resize(int)``), then the centre ``image_size`` square is cropped, where ``crop_start``
+    places it by ``crop_rule``.
     """
     image = to_mode(image, num_channels)
     filter_ = Image.Resampling[resample.upper()]
@@ -166,8 +176,7 @@ def to_uint8(image: Image.Image, image_size: int | tuple[int, int], num_channels
         size = resized_size(image.size, resize_size, resize_mode)
         if image.size != size:
             image = image.resize(size, filter_)
-        left = int(round((size[0] - image_size) / 2.0))  # torchvision's center_crop rounding
-        top = int(round((size[1] - image_size) / 2.0))
+        left, top = crop_start(size[0], image_size, crop_rule), crop_start(size[1], image_size, crop_rule)
         image = image.crop((left, top, left + image_size, top + image_size))
     array = np.asarray(image, dtype=np.uint8)
     if array.ndim == 2:

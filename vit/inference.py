@@ -17,9 +17,8 @@ import torch
 from PIL import Image
 
 from vit.checkpoint import Checkpoint, Preprocessing
-from vit.images import ImageError, normalize, open_image, resized_size, to_uint8
-
-MAX_INPUT_SIDE = 1024  # px; beyond this even ViT-S/16 has over 4,000 tokens
+from vit.cli import MAX_INPUT_SIDE
+from vit.images import ImageError, crop_start, normalize, open_image, resized_size, to_uint8
 
 
 @dataclass(frozen=True)
@@ -78,8 +77,7 @@ def input_box(image_size: tuple[int, int], preprocessing: Preprocessing,
     if size != TRAINING_SIZE or p.resize_size is None:
         return 0.0, 0.0, float(width), float(height)
     resized = resized_size(image_size, p.resize_size, p.resize_mode)
-    left = int(round((resized[0] - p.image_size) / 2.0))  # torchvision's center_crop rounding, as to_uint8
-    top = int(round((resized[1] - p.image_size) / 2.0))
+    left, top = crop_start(resized[0], p.image_size, p.crop_rule), crop_start(resized[1], p.image_size, p.crop_rule)
     sx, sy = width / resized[0], height / resized[1]
     return left * sx, top * sy, (left + p.image_size) * sx, (top + p.image_size) * sy
 
@@ -102,8 +100,8 @@ def preprocess(images: Sequence[Image.Image], preprocessing: Preprocessing, size
     if not images:
         return torch.empty(0, p.num_channels, p.image_size, p.image_size)
     if size == TRAINING_SIZE:  # the checkpoint's own evaluation transform (with its crop, for imported models)
-        batch = torch.stack([to_uint8(image, p.image_size, p.num_channels, p.resize_size, p.resize_mode, p.resample)
-                             for image in images])  # (B, C, S, S)
+        batch = torch.stack([to_uint8(image, p.image_size, p.num_channels, p.resize_size, p.resize_mode, p.resample,
+                                      p.crop_rule) for image in images])  # (B, C, S, S)
         return normalize(batch, p.mean, p.std)
     if patch_size is None:
         raise ValueError("an input size other than the checkpoint's needs the model's patch_size")

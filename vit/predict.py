@@ -40,53 +40,35 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import numpy as np
-import torch
-
-from vit.checkpoint import Checkpoint, CheckpointError
-from vit.explain.attention import fuse_heads, rollout, token_map
-from vit.explain.overlay import attentions_npz_bytes, overlay
-from vit.inference import (
+# Only what parsing needs: torch and the rest load in run(), after the arguments are read (--help answers at once).
+from vit.cli import (  # noqa: F401 (the other commands import the shared pieces from here too)
     MAX_INPUT_SIDE,
-    TRAINING_SIZE,
-    FileResult,
-    InputSize,
-    NonFiniteOutput,
-    input_box,
-    input_shape,
-    predict_files,
-    preprocess,
-    seen_region,
+    OneLineParser,
+    UsageError,
+    add_size_arguments,
+    input_side,
+    one_line,
+    positive_int,
+    run_cli,
 )
+
+if TYPE_CHECKING:
+    import numpy as np
+    import torch
+
+    from vit.checkpoint import Checkpoint
+    from vit.inference import FileResult, InputSize
 
 PROG = "vit.predict"
 
 
-class UsageError(ValueError):
-    """Invalid arguments or an unusable checkpoint: one line on stderr, exit status 2."""
-
-
-class OneLineParser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # argparse prints usage + error over several lines; we want one
-        raise UsageError(message)
-
-
-def positive_int(text: str) -> int:
-    """argparse type: a whole number of at least 1."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number of at least 1, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a whole number of at least 1, got {text!r}")
-    return value
-
-
 def resolve_device(spec: str) -> torch.device:
     """``auto`` (a GPU when there is one), ``cpu`` or ``cuda``; UsageError for a GPU that is not there."""
+    import torch
+
     if spec == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if spec == "cuda" and not torch.cuda.is_available():
@@ -96,6 +78,7 @@ def resolve_device(spec: str) -> torch.device:
 
 def open_checkpoint(path: str, device: torch.device, arch: str | None = None) -> Checkpoint:
     """Any model ``vit.sources.open.open_source`` reads (our .pt, HF/timm folders, timm/torchvision weights)."""
+    from vit.checkpoint import CheckpointError
     from vit.sources.open import open_source  # imported here: it pulls in the HF/timm/torchvision mappings
 
     try:
@@ -160,6 +143,7 @@ def templates(text: str | None) -> list[str]:
 def asked(checkpoint: Checkpoint, labels: str, template: str | None):
     """``checkpoint`` as a classifier over ``labels`` (``--labels``' text) and the prompts; UsageError when the
     model has no text side or the text is out of bounds."""
+    from vit.checkpoint import CheckpointError
     from vit.explain.prompts import PromptError, ask, prompt_checkpoint
     from vit.sources.text_tower import open_text_tower, split_labels
 
@@ -177,7 +161,9 @@ def save_prompt_maps(result: FileResult, checkpoint: Checkpoint, prompts, folder
     """Every label's map of ``result``'s image by each method that applies, drawn into ``folder``: the arrays
     for the ``.npz`` (``prompt_<method>``: (labels, rows, cols)) and the PNG paths per label. ``checkpoint`` is
     the image tower's own (not the one ``prompt_checkpoint`` made)."""
+    from vit.explain.overlay import overlay
     from vit.explain.prompts import methods_for, prompt_maps
+    from vit.inference import preprocess, seen_region
 
     model = checkpoint.model
     x = preprocess([result.image], checkpoint.preprocessing, size, model.config.patch_size)
@@ -194,27 +180,10 @@ def save_prompt_maps(result: FileResult, checkpoint: Checkpoint, prompts, folder
     return arrays, files
 
 
-def input_side(text: str) -> int:
-    """argparse type: an input side in pixels, 1 to MAX_INPUT_SIDE."""
-    value = positive_int(text)
-    if value > MAX_INPUT_SIDE:
-        raise argparse.ArgumentTypeError(f"at most {MAX_INPUT_SIDE} px, got {value}")
-    return value
-
-
-def add_size_arguments(parser: argparse.ArgumentParser, keep_aspect: bool) -> None:
-    """``--size N`` (and ``--keep-aspect``): the input size the model sees, shared by predict and evaluate."""
-    parser.add_argument("--size", type=input_side, metavar="N",
-                        help="run the model on an N-px square instead of its training size (rounded to whole "
-                             f"patches, position embeddings interpolated; at most {MAX_INPUT_SIDE})")
-    if keep_aspect:
-        parser.add_argument("--keep-aspect", action="store_true",
-                            help="with --size: the long side at N px and the short side in proportion "
-                                 "(without --size: the training size as the long side)")
-
-
 def input_size(args: argparse.Namespace) -> InputSize:
     """The ``InputSize`` that ``--size`` and ``--keep-aspect`` ask for."""
+    from vit.inference import InputSize
+
     return InputSize(args.size, getattr(args, "keep_aspect", False))
 
 
@@ -229,9 +198,18 @@ def unique_stem(path: Path, taken: set[str]) -> str:
 
 
 def save_maps(result: FileResult, checkpoint: Checkpoint, folder: Path, stem: str,
-              size: InputSize = TRAINING_SIZE, prompts=None, tower: Checkpoint | None = None) -> dict:
+              size: InputSize | None = None, prompts=None, tower: Checkpoint | None = None) -> dict:
     """Write ``result``'s attention arrays and its CLS and rollout overlays (and with ``prompts`` each label's
-    maps, computed on ``tower``, the image tower ``checkpoint`` was asked through); returns the files by kind."""
+    maps, computed on ``tower``, the image tower ``checkpoint`` was asked through); returns the files by kind.
+    ``size`` None is the checkpoint's own input size."""
+    import numpy as np
+    import torch
+
+    from vit.explain.attention import fuse_heads, rollout, token_map
+    from vit.explain.overlay import attentions_npz_bytes, overlay
+    from vit.inference import TRAINING_SIZE, input_box, input_shape, seen_region
+
+    size = TRAINING_SIZE if size is None else size
     prediction = result.prediction
     layers = [torch.from_numpy(a)[None] for a in prediction.attentions]  # each (1, heads, T, T)
     shape = input_shape(result.image, checkpoint.preprocessing, checkpoint.model.config.patch_size, size)
@@ -263,6 +241,8 @@ def save_maps(result: FileResult, checkpoint: Checkpoint, folder: Path, stem: st
 
 
 def run(args: argparse.Namespace) -> int:
+    from vit.inference import predict_files
+
     checkpoint = open_checkpoint(args.checkpoint, resolve_device(args.device), args.arch)
     prompts, tower = None, checkpoint
     if args.labels is not None:
@@ -298,31 +278,6 @@ def run(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     return run_cli(PROG, build_parser(), run, argv)
-
-
-def run_cli(prog: str, parser: argparse.ArgumentParser, run: Callable[[argparse.Namespace], int],
-            argv: list[str] | None) -> int:
-    """Run a CLI's ``run(args)`` so any failure is one line on stderr: usage 2, failure 1, ^C 130."""
-    try:
-        return run(parser.parse_args(argv))
-    except UsageError as e:
-        print(f"{prog}: error: {e}", file=sys.stderr)
-        return 2
-    except NonFiniteOutput as e:  # the model's fault, not the command line's
-        print(f"{prog}: error: {e}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        print(f"{prog}: interrupted", file=sys.stderr)
-        return 130
-    except Exception as e:  # a CLI shows one line, never a traceback
-        print(f"{prog}: failed: {one_line(e)}", file=sys.stderr)
-        return 1
-
-
-def one_line(error: BaseException) -> str:
-    """``Type: first line of the message``, for errors nobody anticipated."""
-    lines = str(error).strip().splitlines()
-    return f"{type(error).__name__}: {lines[0]}" if lines else type(error).__name__
 
 
 if __name__ == "__main__":

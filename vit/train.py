@@ -7,8 +7,8 @@ class names and preprocessing) and ``train.log``. ``--resume RUN_DIR`` continues
 ``last.pt``; SIGTERM/SIGINT stop after the current step as ``cancelled``. Under
 ``torchrun`` it trains with DistributedDataParallel and only rank 0 writes.
 
-With ``--ray ADDRESS --workers N [--gpus-per-worker G]`` the run is submitted to a Ray cluster
-as a job and followed until it ends (``vit.runs.ray_jobs``); Ctrl-C stops the job gracefully.
+With ``--ray ADDRESS --workers N [--gpus-per-worker G]`` (options of the one parser) the run is submitted to a
+Ray cluster as a job and followed until it ends (``vit.runs.ray_jobs``); Ctrl-C stops the job gracefully.
 
 The options are ``vit.training.options``; a run's lifecycle (folder, logging, signals, the
 training itself) is ``vit.training.run``.
@@ -16,12 +16,25 @@ training itself) is ``vit.training.run``.
 
 import sys
 
-from vit.training.run import main
+from vit.cli import UsageError
+from vit.training.options import build_parser  # the parser alone: torch loads after it has read the arguments
+
+
+def main(argv: list[str] | None = None, stop=None) -> int:
+    """A local run: ``vit.training.run.main`` (see there), imported when called."""
+    from vit.training.run import main as run_main
+
+    return run_main(argv, stop)
 
 
 def cli(argv: list[str]) -> int:
     """The command: a local run, or with ``--ray`` a run submitted to a Ray cluster."""
-    if any(a == "--ray" or a.startswith("--ray=") for a in argv):
+    try:
+        args = build_parser().parse_args(argv)  # --help and malformed arguments answer here, at once
+    except UsageError as e:
+        print(f"vit.train: error: {e}", file=sys.stderr)
+        return 2
+    if args.ray is not None:
         from vit.runs.ray_jobs import main as submit_and_follow
 
         return submit_and_follow(argv)

@@ -113,11 +113,16 @@ def heads_grid_figure(sheet_uri: str, sheet_size: tuple[int, int], layers: Seque
     layout = dict(height=min(900, 60 + 110 * rows), margin=dict(l=44, r=0, t=22, b=0), hovermode="closest",
                   hoverdistance=-1, plot_bgcolor="rgba(0,0,0,0)", paper_bgcolor="rgba(0,0,0,0)",
                   images=[image], shapes=shapes, clickmode="event+select", dragmode=False,
+                  # Both axes shrink their domain toward the top left to keep the sheet's aspect: had the x range
+                  # grown instead (a tall sheet in a wide column), the sheet would sit mid-plot, far from its
+                  # row labels at the plot's left edge.
                   xaxis=dict(range=[0, width], fixedrange=True, side="top", showgrid=False, zeroline=False,
+                             constrain="domain", constraintoward="left",
                              tickvals=[(h + 0.5) * cell_w for h in range(num_heads)],
                              ticktext=[f"head {h + 1}" for h in range(num_heads)]),
                   yaxis=dict(range=[height, 0], fixedrange=True, scaleanchor="x", constrain="domain",
-                             showgrid=False, zeroline=False, tickvals=[(i + 0.5) * cell_h for i in range(rows)],
+                             constraintoward="top", showgrid=False, zeroline=False,
+                             tickvals=[(i + 0.5) * cell_h for i in range(rows)],
                              ticktext=[f"L{layer + 1}" for layer in layers]))
     return go.Figure(data=[points], layout=layout)
 
@@ -356,7 +361,8 @@ def model_input_image(image: Image.Image, checkpoint: Checkpoint, size: InputSiz
     """The image as the model sees it (resized to its input size, greyscale for greyscale models)."""
     p = checkpoint.preprocessing
     if size == TRAINING_SIZE:  # the checkpoint's own transform, with its crop for imported models
-        array = to_uint8(image, p.image_size, p.num_channels, p.resize_size, p.resize_mode, p.resample)
+        array = to_uint8(image, p.image_size, p.num_channels, p.resize_size, p.resize_mode, p.resample,
+                         p.crop_rule)
     else:
         shape = input_shape(image, p, checkpoint.model.config.patch_size, size)
         array = to_uint8(image, shape, p.num_channels, resample=p.resample)
@@ -635,9 +641,10 @@ def faithfulness_figure(checkpoint: Checkpoint, image: Image.Image, map2d: np.nd
                                  name=f"{name} (AUC {float(auc(fractions, curve)):.3f})",
                                  hovertemplate=f"{name}: %{{x:.0%}} of patches → p = %{{y:.3f}}<extra></extra>"))
     fig.update_xaxes(title="fraction of patches removed / inserted, most relevant first", tickformat=".0%",
-                     range=[0, 1])
-    fig.update_yaxes(title=f"p({escape_plotly(checkpoint.class_names[class_index])})", range=[0, 1])
-    # The legend above the plot, not on the curves; the width follows the column (never clipped).
-    fig.update_layout(height=320, margin=dict(l=0, r=0, t=30, b=0), autosize=True,
+                     range=[0, 1], automargin=True)
+    fig.update_yaxes(title=f"p({escape_plotly(checkpoint.class_names[class_index])})", range=[0, 1], automargin=True)
+    # The legend above the plot, not on the curves; the width follows the column (never clipped); the bottom margin
+    # holds the ticks and the x-axis title (with none, the title fell below the figure's edge).
+    fig.update_layout(height=340, margin=dict(l=0, r=0, t=30, b=56), autosize=True,
                       legend=dict(orientation="h", x=0, y=1.02, xanchor="left", yanchor="bottom"))
     return fig

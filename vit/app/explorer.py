@@ -272,6 +272,15 @@ def map_kinds(analysis: Analysis, has_classes: bool) -> list[str]:
     return kinds
 
 
+def map_choice(chosen: str | None, previous_default: str | None, choices: list[str], model_changed: bool) -> str:
+    """The map to show of ``choices`` (the model's default first): the one ``chosen`` while it fits; after a model
+    change, the new model's default when ``chosen`` was only the previous model's default (a session starts on
+    the default checkpoint's CLS attention; SigLIP then opens on its pooling probe, not on a patch's attention)."""
+    if chosen not in choices or model_changed and chosen == previous_default:
+        return choices[0]
+    return chosen
+
+
 @dataclass
 class ClassRelevance:
     """Per layer Chefer et al.'s positive gradient-weighted attention ``(1, T, T)``, for one class's map."""
@@ -605,12 +614,13 @@ def parse_head_labels(labels: Sequence[str]) -> list[tuple[int, int]]:
 
 
 def reference_means(checkpoint: Checkpoint, references: Iterable[Image.Image], image: Image.Image,
-                    size: InputSize = TRAINING_SIZE) -> torch.Tensor:
+                    size: InputSize = TRAINING_SIZE, registers: dict[int, list[int]] | None = None) -> torch.Tensor:
     """Per-head mean contexts ``(L, T, H, hd)`` over ``references`` (mean ablation) on ``image``'s token grid:
     each reference is prepared as the checkpoint prepares an image at ``size``, or, for another size, resized to
-    exactly ``image``'s input shape (means are per position, whatever a reference's own aspect). References are
-    read ``REFERENCE_CHUNK`` at a time, so a lazy iterable holds no more decoded images than that; ValueError
-    for none or more than ``MAX_REFERENCE_IMAGES``."""
+    exactly ``image``'s input shape (means are per position, whatever a reference's own aspect). With
+    ``registers`` (layer -> register neurons) the references run with one test-time register, as the image will:
+    ``(L, T + 1, H, hd)``. References are read ``REFERENCE_CHUNK`` at a time, so a lazy iterable holds no more
+    decoded images than that; ValueError for none or more than ``MAX_REFERENCE_IMAGES``."""
     p, model = checkpoint.preprocessing, checkpoint.model
     shape = input_shape(image, p, model.config.patch_size, size)
     check_input_fits(checkpoint, model.patch_grid(*shape), f"A {shape[1]}×{shape[0]} px input")
@@ -622,7 +632,13 @@ def reference_means(checkpoint: Checkpoint, references: Iterable[Image.Image], i
             if count > MAX_REFERENCE_IMAGES:
                 break
             x = preprocess(chunk, p) if size == TRAINING_SIZE else preprocess_at(chunk, p, shape)
-            part = mechanism.mean_contexts(model, x.to(device)) * len(chunk)  # (L, T, H, hd) summed over the chunk
+            if registers is None:
+                part = mechanism.mean_contexts(model, x.to(device))  # (L, T, H, hd)
+            else:
+                contexts: list[torch.Tensor] = []  # per layer (B, T + 1, H, hd)
+                mechanism.with_test_time_registers(model, x.to(device), registers, 1, contexts=contexts)
+                part = torch.stack([c.mean(dim=0) for c in contexts])  # (L, T + 1, H, hd)
+            part = part * len(chunk)  # summed over the chunk
             total = part if total is None else total + part
     if not 1 <= count <= MAX_REFERENCE_IMAGES:
         raise ValueError(f"mean ablation averages over 1 to {MAX_REFERENCE_IMAGES} reference images; "
@@ -677,9 +693,15 @@ class RegisterView:
 
 
 def registers_view(checkpoint: Checkpoint, image: Image.Image, references: Iterable[Image.Image],
-                        threshold: float, top_k: int = 10, size: InputSize = TRAINING_SIZE) -> RegisterView:
+                   threshold: float, top_k: int = 10, size: InputSize = TRAINING_SIZE,
+                   mean_ablated: tuple[Checkpoint, Sequence[tuple[int, int]]] | None = None) -> RegisterView:
     """Find the register neurons on ``references`` and this image (at the checkpoint's size; outliers: last-layer
-    norms over ``threshold``), then add one test-time register to this image at ``size``."""
+    norms over ``threshold``), then add one test-time register to this image at ``size``.
+
+    ``mean_ablated`` (the full checkpoint, the heads) says ``checkpoint`` is its copy with those heads mean-ablated:
+    their means hold for the image's tokens only, so the register pass runs on a copy whose means are the
+    references' with the register too (one more token)."""
+    references = list(references)
     model = checkpoint.model
     found = torch.cat([_model_input(checkpoint, im, TRAINING_SIZE) for im in chain([image], references)])
     x = _model_input(checkpoint, image, size)
@@ -691,7 +713,13 @@ def registers_view(checkpoint: Checkpoint, image: Image.Image, references: Itera
             chosen.setdefault(layer, []).append(neuron)
         logits, before = model(x, output_attentions=True)
         states = mechanism.hidden_states(model, x)
-        _, after, final = mechanism.with_test_time_registers(model, x, chosen, 1, output_attentions=True)
+    registered = model
+    if mean_ablated is not None:
+        full, heads = mean_ablated
+        means = reference_means(full, references, image, size, registers=chosen)  # (L, T + 1, H, hd)
+        registered = ablated_checkpoint(full, heads, "mean", means).model
+    with torch.inference_mode():
+        _, after, final = mechanism.with_test_time_registers(registered, x, chosen, 1, output_attentions=True)
     n = grid[0] * grid[1]
 
     def cls_map(attentions) -> np.ndarray:

@@ -94,6 +94,17 @@ def describe_scores(asked: Answer, ensemble: bool) -> str:
     return f"Each label is read through {template}. {how}."
 
 
+def describe_prediction(asked: Answer, shown: int = 3) -> str:
+    """The Prediction box of a model without a classifier once labels were asked in words, as Markdown (the labels
+    escaped: typed text): the most probable label and the next ones."""
+    ranked = asked.ranked()
+    kind = "softmax over the labels" if asked.prompts.kind == "softmax" else "each label's own sigmoid"
+    rest = ", ".join(f"“{escape_markdown(label)}” {p:.1%}" for label, p in ranked[1:shown])
+    more = f" ({len(ranked) - shown} more below)" if len(ranked) > shown else ""
+    return (f"Of the {len(ranked)} label(s) asked in words below, most probable: **“{escape_markdown(ranked[0][0])}”** "
+            f"{ranked[0][1]:.1%} ({kind})" + (f"; then {rest}{more}." if rest else "."))
+
+
 def describe_method(method: str, label: str, other: str | None = None) -> str:
     """The map's caption, as Markdown (labels escaped)."""
     label = escape_markdown(label)

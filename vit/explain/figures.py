@@ -25,10 +25,19 @@ def layer_stats_figure(values: np.ndarray, y_title: str, title: str = "") -> go.
     return fig
 
 
+def _label_every_cell(fig: go.Figure, x: list[str], y: list[str], x_title: str) -> None:
+    """Axis titles, and every row's and column's label (Plotly thins crowded category ticks, so a reader could not
+    tell which row is which layer, or find the MLP column), with the room the labels need."""
+    fig.update_yaxes(title="layer (1 = first block, on top)", tickmode="array", tickvals=y, ticktext=y,
+                     automargin=True)
+    fig.update_xaxes(title=x_title, tickmode="array", tickvals=x, ticktext=x, automargin=True, side="bottom")
+
+
 def layer_head_figure(values: np.ndarray, title: str, value_title: str, extra: np.ndarray | None = None,
                       extra_name: str = "MLP", signed: bool = True, hover: np.ndarray | None = None) -> go.Figure:
     """A layers x heads heatmap ``(L, H)`` (layer 1 on top), with an optional extra column ``(L,)`` such as the
-    MLPs; ``signed`` centres a diverging scale on 0. ``hover`` ``(L, H + extra)`` adds a line per cell."""
+    MLPs; ``signed`` centres a diverging scale on 0. ``hover`` ``(L, H + extra)`` adds a line per cell. Every row
+    and column is labelled, the axes titled."""
     L, H = values.shape
     z = values if extra is None else np.concatenate([values, extra[:, None]], axis=1)
     x = [f"head {h + 1}" for h in range(H)] + ([extra_name] if extra is not None else [])
@@ -41,7 +50,9 @@ def layer_head_figure(values: np.ndarray, title: str, value_title: str, extra: n
                                hovertemplate="%{y}, %{x}: %{z:.4g}%{customdata}<extra></extra>"))
     fig.update_yaxes(autorange="reversed", type="category")
     fig.update_xaxes(type="category")
-    fig.update_layout(title=title, height=max(220, 60 + 26 * L), margin=dict(l=0, r=0, t=40, b=0))
+    _label_every_cell(fig, x, y, "attention head" + (f" (last column: the {extra_name})" if extra is not None
+                                                       else ""))
+    fig.update_layout(title=title, height=max(260, 110 + 26 * L), margin=dict(l=0, r=0, t=40, b=0))
     return fig
 
 
@@ -70,13 +81,16 @@ def norm_histogram_figure(norms: np.ndarray, threshold: float, title: str = "") 
 
 
 def layer_token_figure(values: np.ndarray, token_labels: list[str], title: str, value_title: str) -> go.Figure:
-    """A layers x tokens heatmap ``(L, T)`` on a diverging scale around 0 (layer 1 on top)."""
+    """A layers x tokens heatmap ``(L, T)`` on a diverging scale around 0 (layer 1 on top), the axes titled; every
+    layer labelled, and every token while there are at most 40."""
     bound = float(np.nanmax(np.abs(values))) if np.isfinite(values).any() else 1.0
     fig = go.Figure(go.Heatmap(z=values, x=token_labels, y=[f"layer {i + 1}" for i in range(values.shape[0])],
                                colorscale="RdBu", reversescale=True, zmid=0, zmin=-bound, zmax=bound,
                                colorbar=dict(title=value_title),
                                hovertemplate="%{y} input, %{x}: %{z:.3g}<extra></extra>"))
     fig.update_yaxes(autorange="reversed", type="category")
-    fig.update_xaxes(type="category", showticklabels=len(token_labels) <= 40)
-    fig.update_layout(title=title, height=max(220, 60 + 26 * values.shape[0]), margin=dict(l=0, r=0, t=40, b=0))
+    fig.update_xaxes(type="category")
+    _label_every_cell(fig, list(token_labels), [f"layer {i + 1}" for i in range(values.shape[0])], "token")
+    fig.update_xaxes(showticklabels=len(token_labels) <= 40)
+    fig.update_layout(title=title, height=max(260, 110 + 26 * values.shape[0]), margin=dict(l=0, r=0, t=40, b=0))
     return fig

@@ -721,13 +721,14 @@ def _sign_max(values: Tensor) -> Tensor:
 
 
 def with_test_time_registers(model: ViT, images: Tensor, neurons: dict[int, Sequence[int]], num_registers: int = 1,
-                             output_attentions: bool = False
+                             output_attentions: bool = False, contexts: list[Tensor] | None = None
                              ) -> tuple[Tensor | None, tuple[Tensor, ...] | None, Tensor]:
     """``model(images)`` with Jiang et al.'s test-time registers: ``num_registers`` zero tokens appended after the
     patches, and in each layer's MLP the register neurons ``neurons[layer]`` (from ``find_register_neurons``)
     zeroed on the patches and set on the new tokens to the signed maximum of their activations (their
     ``activate_on_registers`` with ``normal_values="zero"``). Returns the logits (read without the new tokens),
-    the attentions ``(B, H, T + R, T + R)`` when asked, and the last block's output ``(B, T + R, D)``.
+    the attentions ``(B, H, T + R, T + R)`` when asked, and the last block's output ``(B, T + R, D)``. A
+    ``contexts`` list receives each layer's per-head context ``(B, T + R, H, hd)`` (what mean ablation averages).
     """
     _check_plain_mlp(model)
     if isinstance(num_registers, bool) or not isinstance(num_registers, int) or num_registers < 1:
@@ -742,6 +743,8 @@ def with_test_time_registers(model: ViT, images: Tensor, neurons: dict[int, Sequ
     attentions = []
     for layer, block in enumerate(model.blocks):
         context, probs, _ = head_contexts(model, layer, x, need_probs=output_attentions)
+        if contexts is not None:
+            contexts.append(context)
         y = block.attn.proj(context.flatten(2))
         mid = x + (y * block.ls1 if block.ls1 is not None else y)
         hidden = F.gelu(block.mlp.fc1(block.norm2(mid)))  # (B, T + R, mlp)

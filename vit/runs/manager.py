@@ -88,6 +88,8 @@ STOP_GRACE_SECONDS = 30.0  # the CLI finishes its step and saves last.pt; a step
 MAX_RUNNING = 4  # runs training at once, shared devices or not
 MAX_ACTIVE = 16  # runs queued or running: a launch beyond is refused
 JOB_LINE = re.compile(r"vit\.train: submitted job (\S+) to ")  # what a Ray run's follower prints first
+# Terminal escape sequences (ECMA-48 CSI such as Ray's colours "\x1b[36m", OSC, and two-character ones).
+ANSI_ESCAPE = re.compile(r"\x1b(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)|[@-Z\\-_])")
 
 
 class RunError(ValueError):
@@ -454,9 +456,10 @@ class RunManager:
         return sorted(runs, key=lambda r: (r.started_at or 0.0, r.name), reverse=True)
 
     def log_tail(self, name: str, lines: int = 40) -> str:
-        """The last lines the run's processes printed (all sessions), else the CLI's train.log."""
+        """The last lines the run's processes printed (all sessions), else the CLI's train.log; without terminal
+        escape codes (Ray colours its job logs), which a page would show as raw text."""
         text = read_tail(self.output_path(name), lines)
-        return text or read_tail(self.run_dir(name) / LOG_FILE, lines)
+        return ANSI_ESCAPE.sub("", text or read_tail(self.run_dir(name) / LOG_FILE, lines))
 
     def metrics(self, name: str) -> list[dict]:
         """The run's metrics.jsonl rows (one per finished epoch)."""

@@ -17,7 +17,6 @@ run folder must lie on storage every node sees: paths are made absolute before s
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import re
@@ -31,7 +30,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from vit.runfiles import ROOT, lies_inside, now_iso
-from vit.training.options import parse_args
+from vit.training.options import parse_args, without_ray_options
 from vit.training.trainer import UsageError
 
 # Ray's default is 3 s between SIGTERM and SIGKILL: too short for a checkpoint of a large model.
@@ -47,14 +46,6 @@ PATH_OPTIONS = ("--out", "--resume", "--data-dir", "--cache-dir", "--init")
 
 class RayRunError(UsageError):
     """Something about the cluster the user can fix; the message says what."""
-
-
-def ray_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(add_help=False)
-    p.add_argument("--ray", metavar="ADDRESS")
-    p.add_argument("--workers", type=int, default=1)
-    p.add_argument("--gpus-per-worker", type=float, default=0.0)
-    return p
 
 
 def package_files(root: Path = ROOT) -> list[Path]:
@@ -215,10 +206,18 @@ def follow(jobs, sid: str, write: Callable[[str], object], poll: float = 1.0) ->
 
 
 def job_error(jobs, sid: str, prog: str = "vit.train") -> str:
-    """The one-line error of a failed job: the last ``PROG:`` line of its log, else Ray's message."""
-    lines = [line for line in jobs.get_job_logs(sid).splitlines() if f"{prog}:" in line]
+    """The one-line error of a failed job: the last ``PROG:`` line of its log, else what a node's Python lacks (the
+    cluster runs another environment), else Ray's message."""
+    log = jobs.get_job_logs(sid)
+    lines = [line for line in log.splitlines() if f"{prog}:" in line]
     if lines:
         return lines[-1][lines[-1].index(f"{prog}:"):]
+    missing = re.findall(r"No module named '([\w.]+)'", log)
+    if missing:
+        here = Path(sys.executable).parent
+        return (f"{prog}: the cluster's Python has no module {missing[-1]!r}: its nodes run the job with the python "
+                f"on their PATH, which must be this project's environment; start every node with it, e.g. "
+                f"PATH={here}:$PATH ray start --head (and ... ray start --address HEAD:6379 on the others)")
     message = jobs.get_job_info(sid).message or "no message"
     return f"{prog}: the job failed: {message.strip().splitlines()[-1] if message.strip() else message}"
 
@@ -254,9 +253,9 @@ def follow_to_the_end(jobs, sid: str, prog: str, on_stop: str) -> int:
 
 def main(argv: list[str]) -> int:
     """``vit.train … --ray ADDRESS``: submit, follow until the end; Ctrl-C (or SIGTERM) stops the job gracefully."""
-    ray_args, rest = ray_parser().parse_known_args(argv)
     try:
-        jobs, sid = submit(ray_args.ray, rest, ray_args.workers, ray_args.gpus_per_worker)
+        ray_args = parse_args(argv)  # vit.train's one parser: --ray, --workers and --gpus-per-worker are its own
+        jobs, sid = submit(ray_args.ray, without_ray_options(argv), ray_args.workers, ray_args.gpus_per_worker)
     except UsageError as e:
         print(f"vit.train: error: {e}", file=sys.stderr)
         return 2

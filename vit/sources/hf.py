@@ -11,7 +11,8 @@ transformers 5 in memory (``vit.layers.{i}.attention.q_proj``) and 4, which is a
 ``save_pretrained`` and the Hub store (``vit.encoder.layer.{i}.attention.attention.query``).
 The mapping is strict: a key it does not use, or one it misses, is an error, never skipped.
 Only the pieces no forward pass of ours needs are dropped, by name: DINOv2's ``mask_token``
-(masked pre-training) and the tanh ``pooler`` of head-less ``ViTModel`` / ``DeiTModel``.
+(masked pre-training), the tanh ``pooler`` of head-less ``ViTModel`` / ``DeiTModel`` and the pixel
+``decoder`` of ``ViTMAEForPreTraining`` (whose encoder opens as ``ViTMAEModel`` does).
 """
 
 from __future__ import annotations
@@ -41,6 +42,8 @@ ARCHITECTURES: dict[str, tuple[dict, tuple[str, str] | None]] = {
     # MAE's encoder is a ViT; its pre-training masking (mask_ratio, a random shuffle even at 0) is left out: the
     # explorer shows every patch, in order, which is ViTMAEModel with mask_ratio=0 and noise=arange(patches).
     "ViTMAEModel": ({}, None),
+    # The layout MAE's checkpoints are published in: the same encoder under "vit.", plus the pixel decoder (dropped).
+    "ViTMAEForPreTraining": ({}, None),
 }
 SUPPORTED = ", ".join(ARCHITECTURES)
 # HF ViTConfig / ViTMAEConfig fields (DINOv2's read the same way): what config_from_hf honours (or refuses, such as
@@ -190,6 +193,8 @@ def state_dict_from_hf(hf_state_dict: Mapping[str, torch.Tensor], num_layers: in
     if f"{emb}.register_tokens" in source:
         ours["reg_token"] = take(f"{emb}.register_tokens")
     used.add(f"{emb}.mask_token")  # masked pre-training only; never part of a forward pass on images
+    if architecture == "ViTMAEForPreTraining":  # MAE's pixel decoder: pre-training only, never part of the encoder
+        used.update(k for k in source if k.startswith("decoder."))
     if head is None:
         used.update({f"{base}pooler.dense.weight", f"{base}pooler.dense.bias"})  # HF's tanh pooler: no maps, no logits
     else:

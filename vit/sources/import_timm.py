@@ -1,11 +1,14 @@
-"""timm ``VisionTransformer`` / ``VisionTransformerDistilled`` weights in our ``ViT``, without importing timm.
+"""timm ``VisionTransformer`` / ``VisionTransformerDistilled`` weights in our ``ViT``.
 
 timm's key names are nearly ours (``blocks.{i}.attn.qkv`` is already fused, q then k then v),
 so the mapping renames the patch embedding and the layer-scale gains (``ls1.gamma``) and
 checks every key. The config is read from the weights (width, depth, MLP size, qkv bias,
-register / distillation tokens, layer scale, ``fc_norm``, the position table's length) and
-from the architecture name or timm's ``config.json`` ``model_args`` for what weights cannot
-say: the number of heads and the pooling. Supported: ``vit_*`` with a class token (optional
+register / distillation tokens, layer scale, ``fc_norm``, the position table's length), from
+timm's ``config.json`` ``model_args``, and for what neither says -- what timm's model function
+fixes inside itself, such as the SigLIP 2 ports' ``act_layer='gelu_tanh'`` or the CLIP towers'
+LayerNorm eps -- from timm's own registry: the named model is built on the meta device (no
+memory, no download) and its first block read (``registry_facts``); a name timm does not know, or
+a block this model cannot express, is refused. Supported: ``vit_*`` with a class token (optional
 ``reg_token``, ``no_embed_class``, layer scale, ``fc_norm`` / average pooling, with or without
 qkv bias), ``deit_*`` including the distilled ones, and the DINOv2 ports (``vit_*_dinov2``,
 ``vit_*_reg4_dinov2``), the SigLIP towers (``vit_*_siglip_*``: no class token, ``global_pool='map'``,
@@ -20,19 +23,20 @@ without effect on an eval forward (``MODEL_ARGS_INERT``), or must keep timm's de
 
 from __future__ import annotations
 
+import functools
+import json
 import math
 import re
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 import torch
 
 from vit.checkpoint import IMAGENET_MEAN, IMAGENET_STD, Preprocessing
-from vit.model import ViTConfig
+from vit.model import CONFIG_BOUNDS, ViTConfig
 
 SUPPORTED = "timm vit_* (reg_token, no_embed_class, layer scale, fc_norm/avg/map pooling), deit_* " \
             "(also distilled), the DINOv2 ports vit_*_dinov2 / vit_*_reg4_dinov2, vit_*_siglip_*, vit_*_clip_*, *.mae"
-# timm's widths and their head counts (timm/models/vision_transformer.py model definitions).
-HEADS_BY_WIDTH = {192: 3, 384: 6, 512: 8, 640: 10, 768: 12, 1024: 16, 1280: 16, 1408: 16, 1536: 24, 1664: 16}
 INCEPTION_MEAN = INCEPTION_STD = (0.5, 0.5, 0.5)
 _OURS_BY_TIMM = {"patch_embed.proj.weight": "patch_embed.weight", "patch_embed.proj.bias": "patch_embed.bias"}
 _BLOCK_KEY = re.compile(r"^blocks\.(\d+)\.(.+)$")
@@ -44,7 +48,7 @@ _TOP_KEYS = {"cls_token", "dist_token", "reg_token", "pos_embed", "norm.weight",
              "norm_pre.bias", "attn_pool.latent"}
 _TOP_KEYS |= {f"attn_pool.{m}.{p}" for m in ("q", "kv", "proj", "norm", "mlp.fc1", "mlp.fc2")
               for p in ("weight", "bias")}
-_ACTIVATIONS = {"gelu": "gelu", "gelu_tanh": "gelu_tanh", "quick_gelu": "quick_gelu", "silu": "silu", "swish": "silu"}
+_ACTIVATIONS = ("gelu", "gelu_tanh", "quick_gelu", "silu", "swish")  # the act_layer names model_args may give
 # timm VisionTransformer.__init__ arguments as a config.json's model_args may carry them.
 MODEL_ARGS_HONOURED = {"img_size", "patch_size", "in_chans", "num_classes", "global_pool", "embed_dim", "depth",
                        "num_heads", "mlp_ratio", "qkv_bias", "init_values", "class_token", "no_embed_class",
@@ -67,6 +71,77 @@ def check_name(name: str) -> None:
     if not re.match(r"^(vit|deit|deit3)(_|$)", name):
         raise ValueError(f"timm architecture {name!r} is not supported; supported: {SUPPORTED}, eva02_* and "
                          "vit_*_dinov3*")
+
+
+@dataclass(frozen=True)
+class RegistryFacts:
+    """What timm's model function builds for a name and its model_args, read from the built (meta) model."""
+
+    width: int  # embed_dim of the built model: its heads only hold for weights of this width
+    num_heads: int
+    activation: str  # our ViTConfig.activation
+    layer_norm_eps: float
+
+
+def _activation(module: torch.nn.Module) -> str | None:
+    """Our name for an MLP activation module of torch or timm, None for one this model does not have."""
+    from timm.layers import activations
+
+    if type(module) is torch.nn.GELU:
+        return {"none": "gelu", "tanh": "gelu_tanh"}.get(module.approximate)
+    return {activations.GELU: "gelu", activations.GELUTanh: "gelu_tanh", activations.QuickGELU: "quick_gelu",
+            activations.Swish: "silu", torch.nn.SiLU: "silu"}.get(type(module))
+
+
+@functools.lru_cache(maxsize=64)
+def _registry_facts(name: str, args_json: str) -> RegistryFacts:
+    try:
+        import timm
+        from timm.layers import AttentionPoolLatent
+        from timm.models.vision_transformer import Attention, Block, Mlp
+    except ImportError:
+        raise ValueError(f"reading timm architecture {name} needs timm (pip install timm)") from None
+    if not timm.is_model(name):
+        raise ValueError(f"timm does not know the architecture {name!r} (timm {timm.__version__}); "
+                         f"supported: {SUPPORTED}")
+    args = json.loads(args_json)
+    try:
+        with torch.device("meta"):  # shapes only: no memory, whatever img_size or width model_args declare
+            model = timm.create_model(name, pretrained=False, **{**args, "depth": 1})  # one block tells them all
+    except Exception as e:  # timm raises many types on arguments its model function rejects
+        raise ValueError(f"timm cannot build {name} with model_args {args_json[:80]} ({type(e).__name__}: "
+                         f"{str(e).splitlines()[0][:80] if str(e) else ''})") from None
+    block = getattr(model, "blocks", [None])[0]
+    attn, mlp = getattr(block, "attn", None), getattr(block, "mlp", None)
+    problem = None
+    if type(block) is not Block or type(attn) is not Attention or type(mlp) is not Mlp:
+        problem = f"its blocks are timm {type(block).__name__} / {type(attn).__name__} / {type(mlp).__name__}"
+    elif not all(isinstance(m, torch.nn.Identity) for m in (attn.q_norm, attn.k_norm, attn.norm, mlp.norm)):
+        problem = "it normalises inside attention or the MLP (qk_norm / scale_attn_norm / scale_mlp_norm)"
+    elif not all(type(m) in (torch.nn.LayerNorm, timm.layers.LayerNorm) for m in (block.norm1, block.norm2)):
+        problem = f"its blocks normalise with {type(block.norm1).__name__}"
+    elif _activation(mlp.act) is None:
+        problem = f"its MLP activation is {type(mlp.act).__name__}"
+    elif isinstance(getattr(model, "attn_pool", None), AttentionPoolLatent) and (
+            model.attn_pool.num_heads != attn.num_heads or model.attn_pool.latent_len != 1):
+        problem = "its attention-pooling probe has its own heads or several latents"
+    if problem:
+        raise ValueError(f"timm {name} cannot be expressed by this program's model: {problem}")
+    return RegistryFacts(width=block.norm1.normalized_shape[0], num_heads=attn.num_heads,
+                         activation=_activation(mlp.act), layer_norm_eps=float(block.norm1.eps))
+
+
+def registry_facts(name: str, model_args: Mapping | None = None) -> RegistryFacts:
+    """What timm's model function for ``name`` fixes inside itself (heads, MLP activation, LayerNorm eps), read by
+    building that model with ``model_args`` on the meta device; ValueError for a name timm does not know or a
+    block this program's model cannot express."""
+    check_name(name)
+    args = {k: v for k, v in (model_args or {}).items() if k not in MODEL_ARGS_INERT}
+    for key in ("embed_dim", "num_heads"):  # the only sizes that make the one meta block cost time
+        bound = CONFIG_BOUNDS["hidden_size" if key == "embed_dim" else key]
+        if key in args and not (isinstance(args[key], int) and 0 < args[key] <= bound):
+            raise ValueError(f"timm model_args.{key}={args[key]!r} of {name} is not a size up to {bound:,}")
+    return _registry_facts(name, json.dumps(args, sort_keys=True, default=str))
 
 
 def _shape(state: Mapping[str, torch.Tensor], key: str) -> tuple[int, ...]:
@@ -102,10 +177,15 @@ def config_from_timm(name: str, state: Mapping[str, torch.Tensor], model_args: M
     depth = 1 + max((int(_BLOCK_KEY.match(k).group(1)) for k in state if _BLOCK_KEY.match(k)), default=-1)
     if depth == 0:
         raise ValueError(f"timm weights of {name} have no transformer blocks")
-    heads = args.get("num_heads") or HEADS_BY_WIDTH.get(width)
+    act = args.get("act_layer")
+    if act is not None and act not in _ACTIVATIONS:
+        raise ValueError(f"timm model_args.act_layer={act!r} of {name} is not supported; supported: "
+                         f"{', '.join(_ACTIVATIONS)}")
+    facts = registry_facts(name, args)
+    heads = args.get("num_heads") or (facts.num_heads if facts.width == width else None)
     if not heads:
-        raise ValueError(f"cannot tell the number of heads of {name} (width {width}); give it as model_args.num_heads "
-                         "in the folder's config.json")
+        raise ValueError(f"cannot tell the number of heads of {name}: timm builds it {facts.width} wide, these weights "
+                         f"are {width}; give it as model_args.num_heads in the folder's config.json")
     registers = _shape(state, "reg_token")[1] if "reg_token" in state else 0
     distilled = "dist_token" in state
     prefix = int(class_token) + int(distilled) + registers
@@ -136,23 +216,19 @@ def config_from_timm(name: str, state: Mapping[str, torch.Tensor], model_args: M
                          f"global_pool {pool!r}")
     if pool == "token" and not class_token:
         raise ValueError(f"timm model {name} has no class token to pool; use global_pool avg or map")
-    act = args.get("act_layer") or ("quick_gelu" if "quickgelu" in name else "gelu")
-    if act not in _ACTIVATIONS:
-        raise ValueError(f"timm model_args.act_layer={act!r} of {name} is not supported; supported: "
-                         f"{', '.join(_ACTIVATIONS)}")
     return ViTConfig(
         image_size=grid * patch, patch_size=patch, num_channels=channels,
         num_classes=_shape(state, "head.weight")[0] if "head.weight" in state else 0,
         hidden_size=width, num_layers=depth, num_heads=int(heads),
         mlp_size=_shape(state, "blocks.0.mlp.fc1.weight")[0],
-        qkv_bias="blocks.0.attn.qkv.bias" in state, layer_norm_eps=1e-5 if "_clip_" in name else 1e-6,
+        qkv_bias="blocks.0.attn.qkv.bias" in state, layer_norm_eps=facts.layer_norm_eps,
         distillation_token=distilled, distillation_head="head_dist.weight" in state,
         num_register_tokens=registers,
         layer_scale=float(args.get("init_values") or 1e-5) if "blocks.0.ls1.gamma" in state else None,
         pooling={"avg": "avg", "map": "map"}.get(pool, "cls"), fc_norm=fc_norm,
         prefix_positions="none" if no_embed_class else "all", pos_embed_antialias=True,
         class_token=class_token, pos_embed=has_table, pre_norm="norm_pre.weight" in state,
-        activation=_ACTIVATIONS[act],
+        activation=facts.activation,
     )
 
 

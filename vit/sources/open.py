@@ -283,7 +283,8 @@ def _processor_preprocessing(processor: Mapping, config: ViTConfig) -> Preproces
         size, shortest = crop or config.image_size, False
     if crop:
         return Preprocessing(crop, channels, tuple(mean)[:channels], tuple(std)[:channels], resize_size=size,
-                             resize_mode="shortest_edge" if shortest else "square", resample=resample)
+                             resize_mode="shortest_edge" if shortest else "square", resample=resample,
+                             crop_rule="transformers")
     return Preprocessing(size, channels, tuple(mean)[:channels], tuple(std)[:channels], resample=resample)
 
 
@@ -293,18 +294,21 @@ def _default_preprocessing(config: ViTConfig, architecture: str) -> Preprocessin
     if architecture.startswith("Dinov2"):
         crop = 224 if 224 % config.patch_size == 0 else side
         return Preprocessing(crop, channels, IMAGENET_MEAN[:channels], IMAGENET_STD[:channels],
-                             resize_size=crop * 256 // 224, resize_mode="shortest_edge", resample="bicubic")
+                             resize_size=crop * 256 // 224, resize_mode="shortest_edge", resample="bicubic",
+                             crop_rule="transformers")
     if architecture.startswith("DINOv3"):  # DINOv3ViTImageProcessor: 224 square, bilinear, ImageNet statistics
         return Preprocessing(224 - 224 % config.patch_size, channels, IMAGENET_MEAN[:channels],
                              IMAGENET_STD[:channels], resample="bilinear")
     if architecture.startswith("CLIP"):  # CLIPImageProcessor: shorter side 224, centre crop, bicubic, OpenAI statistics
         return Preprocessing(side, channels, import_clip.OPENAI_MEAN[:channels], import_clip.OPENAI_STD[:channels],
-                             resize_size=side, resize_mode="shortest_edge", resample="bicubic")
+                             resize_size=side, resize_mode="shortest_edge", resample="bicubic",
+                             crop_rule="transformers")
     if architecture.startswith("Siglip"):  # SiglipImageProcessor: 224 square, bilinear, mean/std 0.5
         return Preprocessing(side, channels, (0.5,) * channels, (0.5,) * channels, resample="bilinear")
     if architecture.startswith("DeiT"):
         return Preprocessing(side, channels, IMAGENET_MEAN[:channels], IMAGENET_STD[:channels],
-                             resize_size=side * 256 // 224, resize_mode="square", resample="bicubic")
+                             resize_size=side * 256 // 224, resize_mode="square", resample="bicubic",
+                             crop_rule="transformers")
     return Preprocessing(side, channels, (0.5,) * channels, (0.5,) * channels, resample="bilinear")
 
 
@@ -368,6 +372,8 @@ def hf_architecture(config_json: Mapping, state: Mapping[str, torch.Tensor] | No
         return None
     if types[2] and "distillation_classifier.weight" in state:
         return types[2]
+    if types[0] == "ViTMAEModel" and any(k.startswith("decoder.") for k in state):
+        return "ViTMAEForPreTraining"
     return types[1] if "classifier.weight" in state else types[0]
 
 

@@ -21,6 +21,7 @@ from torchvision.transforms import v2
 
 from vit.checkpoint import atomic_torch_save, check_archive
 from vit.images import ImageError, open_image, to_uint8
+from vit.training.options import AUGMENTATIONS, MAX_MAGNITUDE  # noqa: F401 (the Train page reads them here too)
 
 log = logging.getLogger(__name__)
 
@@ -353,8 +354,7 @@ def random_resized_crop(images: torch.Tensor, scale: tuple[float, float] = (0.8,
     return out.round().clamp(0, 255).to(images.dtype)
 
 
-AUGMENTATIONS = ("none", "crop", "flip-crop", "trivialaugment", "randaugment", "seed")
-MAX_MAGNITUDE = 30  # RandAugment's default 31 magnitude bins are 0..30
+# The policies' names and RandAugment's largest magnitude are vit.train's options (vit.training.options).
 
 
 # TrivialAugment Wide and RandAugment, vectorised: every image draws its own op and magnitude

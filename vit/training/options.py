@@ -1,5 +1,8 @@
 """The options of ``python -m vit.train``: the parser, the recipes, and what a run's model, settings
-and data follow from them (shared by the command and the Train page's launch checks)."""
+and data follow from them (shared by the command and the Train page's launch checks).
+
+The parser needs neither torch nor the rest of the wing: ``vit.train`` parses first, so ``--help`` and
+usage errors answer at once; what a run needs beyond its arguments is imported where it is used."""
 
 from __future__ import annotations
 
@@ -8,20 +11,21 @@ import dataclasses
 import math
 import os
 import sys
-from dataclasses import fields
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from vit.checkpoint import CheckpointError
-from vit.model import PRESETS, ViTConfig
-from vit.training.data import (
-    AUGMENTATIONS,
-    MAX_MAGNITUDE,
-    Dataset,
-    load_dataset,
-    parse_dataset,
-)
-from vit.training.distributed import main_rank_first, parse_device
-from vit.training.trainer import TrainSettings, UsageError
+from vit.cli import UsageError
+
+if TYPE_CHECKING:
+    from vit.model import ViTConfig
+    from vit.training.data import Dataset
+    from vit.training.trainer import TrainSettings
+
+# The names of vit.model.PRESETS, for --help without torch (tests/test_train.py checks they are the same).
+PRESET_NAMES = ("tintn-cifar10", "cifar10-p8", "mnist-p7", "cifar-s", "cifar-m", "mnist-p4", "vit-base-16",
+                "vit-large-16", "vit-huge-14")
+AUGMENTATIONS = ("none", "crop", "flip-crop", "trivialaugment", "randaugment", "seed")  # vit.training.data's policies
+MAX_MAGNITUDE = 30  # RandAugment's default 31 magnitude bins are 0..30
 
 # What "--recipe" fills in for every option left unset on the command line.
 RECIPES: dict[str, dict] = {
@@ -186,7 +190,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="seed for initialisation, validation split, data order and augmentation (default 0)")
 
     g = p.add_argument_group("model (a preset, optionally with fields changed)")
-    g.add_argument("--preset", default="tintn-cifar10", help=f"one of: {', '.join(PRESETS)} "
+    g.add_argument("--preset", default="tintn-cifar10", help=f"one of: {', '.join(PRESET_NAMES)} "
                    "(default tintn-cifar10). The number of classes follows the dataset, the number of "
                    "channels the preset (greyscale images are expanded for a 3-channel model)")
     g.add_argument("--init", metavar="FILE_OR_FOLDER", help="fine-tune a model you have instead of a preset: one "
@@ -287,7 +291,33 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--log-every", type=_positive_float, default=30.0,
                    help="seconds between progress lines when not on a terminal (default 30); on a "
                    "terminal a progress bar shows instead")
+
+    g = p.add_argument_group("on a Ray cluster (the run becomes a Ray job, followed here until it ends)")
+    g.add_argument("--ray", metavar="ADDRESS", help="the cluster's dashboard address (http://HEAD:8265). Every node "
+                   "runs the job with the python on its PATH, which must be this project's environment: start "
+                   "them as PATH=/path/to/.venv/bin:$PATH ray start ... The run folder and data must be on storage "
+                   "every node sees; Ctrl-C stops the job gracefully")
+    g.add_argument("--workers", type=_positive_int, default=1, metavar="N",
+                   help="with --ray: training processes (Ray Train workers, DistributedDataParallel; default 1)")
+    g.add_argument("--gpus-per-worker", type=_float_in(0.0, 1e3), default=0.0, metavar="G",
+                   help="with --ray: GPUs each worker asks for (default 0: CPU workers)")
     return p
+
+
+RAY_OPTIONS = ("--ray", "--workers", "--gpus-per-worker")
+
+
+def without_ray_options(argv: list[str]) -> list[str]:
+    """``argv`` less ``RAY_OPTIONS`` and their values: the run's own arguments, as the job's workers get them."""
+    out, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg in RAY_OPTIONS:
+            skip = True
+        elif not arg.startswith(tuple(f"{o}=" for o in RAY_OPTIONS)):
+            out.append(arg)
+    return out
 
 
 
@@ -310,8 +340,17 @@ def parse_args(argv: list[str] | None = None, check_out: bool = True) -> argpars
 
     ``check_out`` is False on the ranks other than 0 of a distributed run, which never write.
     """
+    from vit.model import PRESETS
+    from vit.training.data import parse_dataset
+    from vit.training.distributed import parse_device
+
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
+    if args.ray is None and {"workers", "gpus_per_worker"} & given_options(argv):
+        raise UsageError("--workers and --gpus-per-worker go with --ray ADDRESS (a local run uses torchrun for "
+                         "several processes)")
+    if args.ray is not None:  # vit.runs.ray_jobs hands the rest to the job; these are not the run's own
+        argv = without_ray_options(argv)
     if args.compile_mode != "default" and not args.compile:
         raise UsageError(f"--compile-mode {args.compile_mode} needs --compile")
     if args.resume:
@@ -389,6 +428,8 @@ def check_run_folder(out: Path) -> None:
 
 
 def model_config(args: argparse.Namespace, num_channels: int, num_classes: int) -> ViTConfig:
+    from vit.model import ViTConfig
+
     overrides = {k: getattr(args, k) for k in MODEL_FIELDS if getattr(args, k) is not None}
     return ViTConfig.from_preset(args.preset, num_channels=num_channels, num_classes=num_classes, **overrides)
 
@@ -397,6 +438,8 @@ def model_config(args: argparse.Namespace, num_channels: int, num_classes: int) 
 def resolve_model(args: argparse.Namespace, num_classes: int, class_names: list[str] | None = None) -> ViTConfig:
     """Fix the model of a new run: the preset's channels, the dataset's classes, the overrides;
     with ``--init`` the imported model's (its classifier replaced when the classes differ)."""
+    from vit.model import PRESETS
+
     args.num_classes = num_classes
     if getattr(args, "init", None):
         return _resolve_init(args, num_classes, class_names)
@@ -409,6 +452,8 @@ def resolve_model(args: argparse.Namespace, num_classes: int, class_names: list[
 
 
 def _resolve_init(args: argparse.Namespace, num_classes: int, class_names: list[str] | None) -> ViTConfig:
+    from vit.checkpoint import CheckpointError
+    from vit.model import ViTConfig
     from vit.training.finetune import prepare_init  # opens HF / timm / torchvision sources only when asked
 
     try:
@@ -430,6 +475,11 @@ def _resolve_init(args: argparse.Namespace, num_classes: int, class_names: list[
 
 def settings_from_args(args: argparse.Namespace) -> TrainSettings:
     """The Trainer's settings from parsed (and for a new run, resolved) arguments."""
+    from dataclasses import fields
+
+    from vit.model import ViTConfig
+    from vit.training.trainer import TrainSettings
+
     values = {f.name: getattr(args, f.name) for f in fields(TrainSettings)}
     return TrainSettings(**{**values, "model": ViTConfig.from_dict(args.model)})
 
@@ -438,6 +488,9 @@ def settings_from_args(args: argparse.Namespace) -> TrainSettings:
 def load_run_data(args: argparse.Namespace, rank: int = 0, world: int = 1) -> Dataset:
     """The run's dataset. Under several processes rank 0 decodes and caches it first, then the
     others read that cache instead of all decoding at once."""
+    from vit.training.data import load_dataset
+    from vit.training.distributed import main_rank_first
+
     with main_rank_first(rank, world):
         data = load_dataset(args.dataset, args.image_size_resolved, args.channels, data_dir=args.data_dir,
                             cache_dir=args.cache_dir, val_fraction=args.val_fraction, seed=args.seed)

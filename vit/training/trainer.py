@@ -28,6 +28,7 @@ from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 from torchvision.transforms import v2
 
 from vit.checkpoint import CheckpointError, Preprocessing, save_checkpoint
+from vit.cli import UsageError  # noqa: F401 (invalid arguments or settings: one line before anything is written)
 from vit.images import normalize
 from vit.model import ViT, ViTConfig, count_parameters
 from vit.runfiles import (
@@ -59,10 +60,6 @@ FAULT_ENV = "VIT_TRAIN_FAULT_AT_STEP"  # test hook: raise inside training at thi
 
 STEP_ROW_SECONDS = 2.0  # steps.jsonl: a row at most this often (and at each epoch's end)
 MAX_STEP_ROWS = 20_000  # then every other row goes and the interval doubles: ~11 h at 2 s before the first thinning
-
-
-class UsageError(ValueError):
-    """Invalid arguments or settings; the CLI reports them as one line before anything is written."""
 
 
 @dataclass(frozen=True)

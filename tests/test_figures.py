@@ -1,0 +1,32 @@
+"""The mechanism heatmaps say which row is which layer and which column the MLP (issue 33, item 6): Plotly thinned
+the crowded category ticks and the axes had no titles."""
+
+import numpy as np
+
+from vit.explain.figures import layer_head_figure, layer_token_figure
+
+
+def test_a_layers_by_heads_heatmap_labels_every_row_and_column_and_titles_its_axes():
+    fig = layer_head_figure(np.zeros((13, 12)), "Logit change", "Δ logit", extra=np.zeros(13))
+    x, y = fig.layout.xaxis, fig.layout.yaxis
+    assert list(y.tickvals) == [f"layer {i}" for i in range(1, 14)] and y.tickmode == "array"
+    assert list(x.tickvals) == [f"head {h}" for h in range(1, 13)] + ["MLP"] and x.tickmode == "array"
+    assert "layer" in y.title.text and "MLP" in x.title.text
+    assert x.automargin and y.automargin  # room for the labels: the margins are 0 otherwise
+
+
+def test_a_layers_by_tokens_heatmap_labels_every_layer_and_titles_its_axes():
+    fig = layer_token_figure(np.zeros((13, 5)), ["CLS", "p1", "p2", "p3", "p4"], "Recovered", "share")
+    assert list(fig.layout.yaxis.tickvals) == [f"layer {i}" for i in range(1, 14)]
+    assert fig.layout.yaxis.title.text.startswith("layer") and fig.layout.xaxis.title.text == "token"
+
+
+def test_the_heads_grid_keeps_its_row_labels_next_to_the_thumbnails():
+    """Issue 33, item 10: a tall sheet in a wide column grew the x range, so the sheet sat mid-plot, far from its
+    row labels at the plot's left edge; both axes now shrink their domain toward the top left."""
+    from vit.app.drawing import heads_grid_figure
+
+    fig = heads_grid_figure("data:image/png;base64,", (400, 1200), list(range(12)), 4)
+    assert (fig.layout.xaxis.constrain, fig.layout.xaxis.constraintoward) == ("domain", "left")
+    assert (fig.layout.yaxis.constrain, fig.layout.yaxis.constraintoward) == ("domain", "top")
+    assert list(fig.layout.xaxis.range) == [0, 400]
