@@ -32,7 +32,7 @@ from vit.checkpoint import Checkpoint
 from vit.explain.attention import gradient_rollout
 from vit.explain.faithfulness import perturbation_curves
 from vit.explain.relevance import attnlrp, patch_sums
-from vit.model import ViT
+from vit.model import ViT, current_rules
 
 DEFAULT_TEMPLATE = "a photo of a {}."
 MAX_TEMPLATE_CHARS = 200
@@ -87,10 +87,9 @@ def prompt_embeddings(encode, labels: Sequence[str], templates: Sequence[str]) -
 class PromptHead(nn.Module):
     """The pooled vector -> one logit per prompt: ``scale * cos(projection(pooled), prompt) + bias``.
 
-    ``lrp=True`` treats the L2 norm's factor as a constant in the backward pass, as AttnLRP's rule for
-    LayerNorm treats its scale, so relevance flows through the cosine unchanged."""
-
-    has_lrp_rule = True  # the relevance walk passes lrp=True under AttnLRP
+    Its L2 norm runs under the current relevance rules (``Rules.divide_by_norm``): AttnLRP treats the norm's factor
+    as a constant in the backward pass, as its rule for LayerNorm treats the scale, so relevance flows through the
+    cosine unchanged."""
 
     def __init__(self, projection: nn.Module | None, prompts: Tensor, scale: float, bias: float) -> None:
         super().__init__()
@@ -98,10 +97,9 @@ class PromptHead(nn.Module):
         self.register_buffer("prompts", prompts.float())  # (n, E), L2-normalised
         self.scale, self.bias = float(scale), float(bias)
 
-    def forward(self, pooled: Tensor, lrp: bool = False) -> Tensor:
+    def forward(self, pooled: Tensor) -> Tensor:
         embedding = self.projection(pooled) if self.projection is not None else pooled  # (B, E)
-        norm = embedding.norm(dim=-1, keepdim=True)
-        embedding = embedding / (norm.detach() if lrp else norm)
+        embedding = current_rules().divide_by_norm(embedding, embedding.norm(dim=-1, keepdim=True))
         return self.scale * embedding @ self.prompts.to(embedding.dtype).T + self.bias  # (B, n)
 
 
