@@ -712,9 +712,21 @@ class ViT(nn.Module):
         """``images`` (B, C, H, W) -> the last block's output (B, T, D) and, when asked for, every layer's
         attention (B, nh, T, T)."""
         x = self.pos_dropout(self.embed(images))  # (B, T, D)
-        rope = self.rotary(self.patch_grid(images.shape[2], images.shape[3]), images.device)
+        return self.run_blocks(x, self.patch_grid(images.shape[2], images.shape[3]), 0, None, output_attentions)
+
+    def run_blocks(self, x: torch.Tensor, grid: tuple[int, int] | None, start: int = 0, stop: int | None = None,
+                   output_attentions: bool = False) -> tuple[torch.Tensor, tuple[torch.Tensor, ...] | None]:
+        """Blocks ``start`` to ``stop`` (exclusive; None: the last) on the residual stream ``x`` (B, T, D) of an
+        input whose patch grid is ``grid`` (needed by rotary positions; None for a model without them), with
+        their hook points: TransformerLens's ``start_at_layer`` / ``stop_at_layer``, so an intervention on layer
+        ``l`` runs only the layers after it. Returns the last one's output and their attentions when asked."""
+        rope = None
+        if self.config.rope != "none":
+            if grid is None:
+                raise ValueError("this model turns q and k by rotary positions, so the patch grid must be given")
+            rope = self.rotary(tuple(grid), x.device)
         attentions = []
-        for block in self.blocks:
+        for block in self.blocks[start:stop]:
             x, probs = block(x, output_attentions, rope)
             attentions.append(probs)
         return x, tuple(attentions) if output_attentions else None
