@@ -3,11 +3,10 @@
 The hook points (``vit.model.HookPoint``) are identity modules on the one forward; with no hooks set they must
 cost nothing measurable. This script times ``model(images)`` (the fused attention path) and
 ``model(images, output_attentions=True)`` and prints the medians; run it with ``PYTHONPATH`` set to each
-checkout, alternating, under ``farm-bench --vs`` (whole-process ratio) and read the printed medians (the forward
-alone)::
+checkout, alternating the two several times (each run also timed as a whole process, e.g. ``/usr/bin/time -v``),
+and compare the printed medians (the forward alone)::
 
-    farm-bench --runs 5 --vs 'env PYTHONPATH=/work/main python bench/bench_hooks.py' \\
-        -- env PYTHONPATH=. python bench/bench_hooks.py
+    PYTHONPATH=../baseline python bench/bench_hooks.py; PYTHONPATH=. python bench/bench_hooks.py  # repeat, in turn
 
 Model: a random ViT-B/16 at 224 px (``--preset vit-base-16``) or the CIFAR preset for the per-call overhead.
 """

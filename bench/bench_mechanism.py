@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))  # run as a script too: python bench/bench_mechanism.py
+sys.path.append(str(ROOT))  # run as a script too; PYTHONPATH=<another checkout> times that checkout's code
 from vit.app.explorer import REFERENCE_CHUNK  # noqa: E402  (reference images run at once)
 from vit.explain import mechanism  # noqa: E402
 from vit.model import ViT, ViTConfig  # noqa: E402
@@ -49,13 +49,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--residual-repeats", type=int, default=1,
                    help="repeats of the residual patching grid (0: skip it, ~5 min on 2 cores)")
     p.add_argument("--preset", default="vit-base-16")
+    p.add_argument("--size", type=int, default=0, help="input side in px (default: the preset's)")
+    p.add_argument("--only", default="", help="comma-separated names of the calls to time (default: all)")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     model = ViT(ViTConfig.from_preset(args.preset)).eval()
     c = model.config
-    clean, corrupted = torch.randn(2, 1, c.num_channels, c.image_size, c.image_size)
-    references = torch.randn(REFERENCE_CHUNK, c.num_channels, c.image_size, c.image_size)
+    side = args.size or c.image_size
+    clean, corrupted = torch.randn(2, 1, c.num_channels, side, side)
+    references = torch.randn(REFERENCE_CHUNK, c.num_channels, side, side)
     calls = {
         "forward (baseline)": lambda: model(clean),
         "logit lens": lambda: mechanism.logit_lens(model, clean),
@@ -65,6 +68,9 @@ def main(argv: list[str] | None = None) -> int:
         f"mean contexts ({len(references)} images)": lambda: mechanism.mean_contexts(model, references),
         "mean-ablated copy, 1 head": lambda: mechanism.ablated_copy(model, [(5, 3)], "mean", means),
     }
+    if args.only:
+        calls = {name: fn for name, fn in calls.items()
+                 if name == "forward (baseline)" or any(w.strip() in name for w in args.only.split(","))}
     with torch.inference_mode():
         means = mechanism.mean_contexts(model, references)
     with torch.inference_mode():
@@ -80,8 +86,8 @@ def main(argv: list[str] | None = None) -> int:
             times["residual patching grid"] = residual
         times["forward (baseline)"].append(time_call(calls["forward (baseline)"]))
     base = statistics.median(times["forward (baseline)"])
-    tokens = c.num_patches + model.num_prefix_tokens
-    print(f"{args.preset}, {c.image_size} px ({tokens} tokens, {c.num_layers} layers x {c.num_heads} heads), "
+    tokens = (side // c.patch_size) ** 2 + model.num_prefix_tokens
+    print(f"{args.preset}, {side} px ({tokens} tokens, {c.num_layers} layers x {c.num_heads} heads), "
           f"{args.threads} thread(s), torch {torch.__version__}")
     print(f"{'what':28s} {'median s':>10s} {'x forward':>10s}  runs")
     for name, values in times.items():
