@@ -99,10 +99,11 @@ def _heads_replaced(layer: int, replace: Callable[[Tensor], Tensor]) -> list[tup
 # --- logit lens -----------------------------------------------------------------------------------
 
 def _check_linear_pooling(model: ViT, what: str) -> None:
-    """The lens and the attribution read tokens through the pooling as a linear map: CLS, mean, or both."""
+    """Direct logit attribution reads tokens through the pooling as a linear map: CLS, mean, or both."""
     if model.config.pooling == "map":
         raise MechanismError(f"{what} reads tokens through the pooling, and this model pools by attention (MAP), "
-                             "which is not linear in its tokens; ablation, patching and the phenomena still apply")
+                             "which is not linear in its tokens; the logit lens, ablation, patching and the "
+                             "phenomena still apply")
 
 
 def token_readout(model: ViT, tokens: Tensor) -> Tensor:
