@@ -1,49 +1,70 @@
-"""Inference with no hooks set, as the model's forward runs it: one checkout against another, side by side.
+"""Inference with no hooks set, against another checkout's ``vit/model.py``, interleaved in one process.
 
 The hook points (``vit.model.HookPoint``) are identity modules on the one forward; with no hooks set they must
-cost nothing measurable. This script times ``model(images)`` (the fused attention path) and
-``model(images, output_attentions=True)`` and prints the medians; run it with ``PYTHONPATH`` set to each
-checkout, alternating the two several times (each run also timed as a whole process, e.g. ``/usr/bin/time -v``),
-and compare the printed medians (the forward alone)::
+cost nothing measurable. This script loads the other checkout's ``model.py`` beside ours (it imports only torch),
+gives both models the same weights, checks they compute the same logits, and times ``model(images)`` (the fused
+path) and ``model(images, output_attentions=True)`` in turn, A B A B, so that background load slows both alike;
+it prints each median and the median of the pairwise ratios (ours / theirs)::
 
-    PYTHONPATH=../baseline python bench/bench_hooks.py; PYTHONPATH=. python bench/bench_hooks.py  # repeat, in turn
+    python bench/bench_hooks.py --baseline ../baseline/vit/model.py --preset vit-base-16 --repeats 20
+    python bench/bench_hooks.py --baseline ../baseline/vit/model.py --preset cifar-s --batch 1 --repeats 200
 
-Model: a random ViT-B/16 at 224 px (``--preset vit-base-16``) or the CIFAR preset for the per-call overhead.
+ViT-B/16 at 224 px shows the cost at scale; the CIFAR preset on one image the per-call overhead of the hook
+points (65 of them), where Python's share of the forward is largest.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import torch
 
-from vit.model import ViT, ViTConfig
+sys.path.append(str(Path(__file__).resolve().parent.parent))  # run as a script too
+from vit.model import ViT, ViTConfig  # noqa: E402
+
+
+def load_baseline(path: Path):
+    spec = importlib.util.spec_from_file_location("baseline_model", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["baseline_model"] = module  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--baseline", type=Path, required=True, help="the other checkout's vit/model.py")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--preset", default="vit-base-16")
     p.add_argument("--batch", type=int, default=1)
-    p.add_argument("--repeats", type=int, default=10)
+    p.add_argument("--repeats", type=int, default=20)
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    model = ViT(ViTConfig.from_preset(args.preset)).eval()
-    c = model.config
+    ours = ViT(ViTConfig.from_preset(args.preset)).eval()
+    base = load_baseline(args.baseline)
+    theirs = base.ViT(base.ViTConfig(**ours.config.to_dict())).eval()
+    theirs.load_state_dict(ours.state_dict())
+    c = ours.config
     images = torch.randn(args.batch, c.num_channels, c.image_size, c.image_size)
-    for attentions in (False, True):
-        times = []
-        with torch.inference_mode():
-            model(images, output_attentions=attentions)  # warm-up
+    with torch.inference_mode():
+        assert torch.equal(ours(images)[0], theirs(images)[0]), "the two models compute different logits"
+        for attentions in (False, True):
+            times = {"ours": [], "theirs": []}
             for _ in range(args.repeats):
-                start = time.perf_counter()
-                model(images, output_attentions=attentions)
-                times.append(time.perf_counter() - start)
-        print(f"{args.preset} batch {args.batch} output_attentions={attentions}: "
-              f"median {statistics.median(times) * 1e3:.2f} ms over {args.repeats}")
+                for name, model in (("ours", ours), ("theirs", theirs)):
+                    start = time.perf_counter()
+                    model(images, output_attentions=attentions)
+                    times[name].append(time.perf_counter() - start)
+            ratio = statistics.median(a / b for a, b in zip(times["ours"], times["theirs"], strict=True))
+            a, b = (statistics.median(times[name]) * 1e3 for name in ("ours", "theirs"))
+            print(f"{args.preset} batch {args.batch} output_attentions={attentions}: ours {a:.2f} ms, theirs "
+                  f"{b:.2f} ms, median ratio ours/theirs {ratio:.3f} over {args.repeats} pairs")
     return 0
 
 

@@ -336,6 +336,10 @@ class HookPoint(nn.Module):
                     x = out
         return x
 
+    # Called directly, without nn.Module's call machinery (its global-hook checks cost more than the identity):
+    # with no hooks set a point costs one ContextVar lookup. torch's own module hooks are not used here.
+    __call__ = forward
+
 
 _hooks: ContextVar[Mapping[HookPoint, tuple[Hook, ...]]] = ContextVar("vit_hooks", default=MappingProxyType({}))
 
@@ -476,7 +480,8 @@ class MLP(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rules = _rules.get()
         if self.fc1_g is None:
-            h = rules.activation(self.hook_pre(self.fc1(x)), self.activation)
+            pre = self.hook_pre(self.fc1(x))
+            h = activate(pre, self.activation) if rules is PLAIN_RULES else rules.activation(pre, self.activation)
         else:
             h = rules.product(rules.activation(self.hook_pre(self.fc1_g(x)), self.activation),
                               self.hook_pre_linear(self.fc1(x)))
