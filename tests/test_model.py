@@ -329,3 +329,23 @@ def test_hooks_last_only_for_their_block_and_unknown_names_are_refused(model):
     assert torch.equal(model(x)[0], before)
     with pytest.raises(ValueError, match="no hook point 'blocks.9.hook_resid_post'"):
         model.run_with_hooks(x, [("blocks.9.hook_resid_post", lambda t, hook: None)])
+
+
+def test_hooks_and_rules_apply_in_their_own_thread_only(model):
+    import threading
+
+    from vit.model import Rules, current_rules, use_rules
+
+    x = torch.randn(1, 3, 32, 32)
+    before, seen = model(x)[0], {}
+
+    def elsewhere():  # another session's page, running while this one has hooks and rules set
+        seen["logits"], seen["rules"] = model(x)[0], current_rules()
+
+    rules = Rules()
+    with model.hooks([("hook_logits", lambda t, hook: t * 0)]), use_rules(rules):
+        assert not model(x)[0].any() and current_rules() is rules
+        thread = threading.Thread(target=elsewhere)
+        thread.start()
+        thread.join()
+    assert torch.equal(seen["logits"], before) and seen["rules"] is not rules
