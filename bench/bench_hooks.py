@@ -11,6 +11,12 @@ it prints each median and the median of the pairwise ratios (ours / theirs)::
 
 ViT-B/16 at 224 px shows the cost at scale; the CIFAR preset on one image the per-call overhead of the hook
 points (65 of them), where Python's share of the forward is largest.
+
+Measured 2026-11-23 on the 2-core machine under heavy load from other jobs (a ViT-B/16 forward took 1.6-1.9 s
+instead of ~0.3 s), against the checkout before the hook points: ViT-B/16, 8 pairs: median ratio 0.958 (fused) and
+0.997 (``output_attentions``); cifar-s, 1 thread, 100 pairs: 1.131 and 0.993 (another 30: 0.986 and 1.272), i.e.
+noise of +-15 %. Measured alone (``timeit``), a hook point with no hooks set costs 0.64 us (``nn.Identity``: 3.6 us):
+65 of them are ~42 us of a cifar-s forward (~15 ms here), ~0.3 %.
 """
 
 from __future__ import annotations
