@@ -731,8 +731,8 @@ class ViT(nn.Module):
                 raise ValueError("this model turns q and k by rotary positions, so the patch grid must be given")
             rope = self.rotary(tuple(grid), x.device)
         attentions = []
-        for block in self.blocks[start:stop]:
-            x, probs = block(x, output_attentions, rope)
+        for i in range(len(self.blocks))[start:stop]:  # not self.blocks[start:stop]: that builds a ModuleList
+            x, probs = self.blocks[i](x, output_attentions, rope)
             attentions.append(probs)
         return x, tuple(attentions) if output_attentions else None
 
