@@ -1,48 +1,71 @@
-"""Relevance methods on the 2025-26 families: each runs, or refuses with one line naming the option it cannot
-reproduce, and what runs computes the model's own forward pass (bit-identical logits)."""
+"""Relevance methods on every family: AttnLRP, CP-LRP and LeGrad run on each (the rules sit on the model's own
+elementary operations, so a family's options need no map of their own); Chefer et al.'s LRP refuses in one line
+where its paper has no rule. CP-LRP's defining property: with no bias to absorb any, the relevance of the first
+block's input sums to the explained logit. Parity with lxt's own rules patched into timm's models of each family
+is in test_family_relevance_timm.py."""
 
 import pytest
 import torch
 
 from vit.explain import relevance
 from vit.explain.attention import class_gradients
-from vit.model import ViT, ViTConfig
+from vit.model import ViT, ViTConfig, use_rules
 
 BASE = dict(image_size=16, patch_size=4, num_classes=3, hidden_size=16, num_layers=2, num_heads=2, mlp_size=24)
 FAMILIES = {
     "dinov3": dict(num_register_tokens=4, layer_scale=0.5, pos_embed=False, rope="dinov3", key_bias=False,
                    layer_norm_eps=1e-5),
     "dinov3-swiglu": dict(pos_embed=False, rope="dinov3", gated_mlp=True, activation="silu"),
+    "eva02": dict(rope="eva", rope_theta=10000.0, rope_ref_grid=4, gated_mlp=True, mlp_norm=True, activation="silu",
+                  key_bias=False, pooling="avg", fc_norm=True),
     "clip": dict(pre_norm=True, activation="quick_gelu", layer_norm_eps=1e-5),
     "siglip": dict(class_token=False, pooling="map", activation="gelu_tanh"),
-    "mae": dict(),
+    "mae": dict(pooling="avg", fc_norm=True),
+    "deit-distilled": dict(distillation_token=True, distillation_head=True),
+    "dinov2-registers": dict(layer_scale=0.5, num_register_tokens=4, pooling="cls+avg"),
 }
 METHODS = {"legrad": relevance.legrad, "transformer_attribution": relevance.transformer_attribution,
            "attnlrp": relevance.attnlrp}
+# Chefer et al.'s LRP: CLS through one norm and one head, plain GELU MLPs, learned positions.
+CHEFER_REFUSAL = {"dinov3": "layer_scale", "dinov3-swiglu": "rope", "eva02": "pooling", "siglip": "pooling",
+                  "mae": "pooling", "deit-distilled": "distillation_head", "dinov2-registers": "layer_scale"}
 
 
-def family_model(name: str) -> ViT:
+def family_model(name: str, biases: bool = True) -> ViT:
     torch.manual_seed(0)
-    return ViT(ViTConfig(**{**BASE, **FAMILIES[name]})).eval()
-
-
-# What runs where: CLIP's ln_pre and QuickGELU are covered by each method's own LayerNorm and element-wise rules
-# (AttnLRP on a CLIP is checked against lxt in test_prompts); SigLIP's attention-pooling probe has an LRP rule in
-# neither paper, so only LeGrad (whose authors read SigLIP through it) runs there.
-RUNS = {("mae", m) for m in METHODS} | {("clip", m) for m in METHODS} | {("siglip", "legrad")}
-REFUSAL = {"dinov3": "model option", "dinov3-swiglu": "model option", "siglip": "pooling"}
+    model = ViT(ViTConfig(**{**BASE, **FAMILIES[name]})).eval()
+    with torch.no_grad():  # random norms and biases, or none at all: zero biases absorb no relevance
+        for key, p in model.named_parameters():
+            if key.endswith("bias"):
+                p.copy_(torch.randn_like(p) * 0.1 if biases else torch.zeros_like(p))
+            elif "norm" in key or key.split(".")[-1] in ("ls1", "ls2"):
+                p.add_(torch.randn_like(p) * 0.1)
+    return model
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))
 @pytest.mark.parametrize("method", list(METHODS))
-def test_relevance_methods_run_or_refuse_in_one_line(family, method):
-    model, images = family_model(family), torch.randn(1, 3, 16, 20)
-    if (family, method) in RUNS:
-        assert torch.isfinite(METHODS[method](model, images, 0)).all()
+def test_relevance_methods_run_on_every_family_or_refuse_in_one_line(family, method):
+    model, images = family_model(family), torch.randn(2, 3, 16, 20)
+    if method == "transformer_attribution" and family in CHEFER_REFUSAL:
+        with pytest.raises(relevance.UnsupportedModelError, match=CHEFER_REFUSAL[family]) as error:
+            METHODS[method](model, images, 0)
+        assert "\n" not in str(error.value) and "AttnLRP" in str(error.value)
         return
-    with pytest.raises(relevance.UnsupportedModelError, match=REFUSAL[family]) as error:
-        METHODS[method](model, images, 0)
-    assert "\n" not in str(error.value)
+    maps = METHODS[method](model, images, torch.tensor([0, 2]))
+    assert torch.isfinite(maps).all() and maps.abs().sum() > 0
+    torch.testing.assert_close(maps[1:], METHODS[method](model, images[1:], 2), rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_cp_lrp_relevance_of_the_embedding_sums_to_the_logit_on_every_family(family):
+    model, images = family_model(family, biases=False), torch.randn(2, 3, 16, 20)
+    with torch.enable_grad(), use_rules(relevance.AttnLRPRules(cp=True)):
+        encoding, cache = model.run_with_cache(images.requires_grad_(True), ["hook_embed"])
+        logit = encoding.logits[:, 1]
+        [grad] = torch.autograd.grad(logit.sum(), cache["hook_embed"])
+    total = (cache["hook_embed"] * grad).sum(dim=(1, 2))  # (B,)
+    torch.testing.assert_close(total, logit.detach(), rtol=1e-3, atol=1e-5 * float(logit.detach().abs().max()))
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))
@@ -53,12 +76,3 @@ def test_gradient_rollout_runs_on_every_family_with_the_models_own_logits(family
         expected, expected_attentions = model(images, output_attentions=True)  # the explicit path it walks
     assert torch.equal(logits, expected) and torch.equal(attentions[-1], expected_attentions[-1])
     assert len(attentions) == len(gradients) == 2 and gradients[0].shape == attentions[0].shape
-
-
-def test_the_walk_of_a_plain_encoder_is_its_forward_bit_for_bit():
-    model, images = family_model("mae"), torch.randn(2, 3, 16, 20)
-    with torch.no_grad():
-        expected, attentions = model(images, output_attentions=True)
-        walked = relevance.walk(model, images)
-    assert torch.equal(walked.logits, expected)
-    assert all(torch.equal(t.probs, a) for t, a in zip(walked.blocks, attentions, strict=True))

@@ -387,3 +387,25 @@ def test_models_the_walk_cannot_reproduce_are_refused_in_one_line():
         hidden_states(torch.nn.Linear(2, 2), images())
     with pytest.raises(MechanismError, match="call model.eval"):
         hidden_states(random_vit().train(), images())
+
+
+def test_the_logit_lens_of_an_attention_pooled_model_reads_each_token_through_its_probe():
+    model = random_vit(dataclasses.replace(CONFIG, class_token=False, pooling="map", prefix_positions="none"))
+    x = images(2, (12, 16))
+    lens = logit_lens(model, x, torch.tensor([1, 3]))
+    states = hidden_states(model, x)  # (B, L + 1, T, D)
+    b, layer, t = 1, 2, 5
+    T = states.shape[2]
+    with torch.no_grad():  # what the model outputs when every token equals token t: the probe's softmax is uniform
+        expected = model.classify(states[b, layer, t].expand(1, T, -1)).softmax(-1)[0, 3]
+    torch.testing.assert_close(lens.token_probs[b, layer, t], expected, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(lens.pooled_logits[:, -1], model(x)[0], rtol=1e-5, atol=1e-5)
+
+
+def test_direct_logit_attribution_refuses_post_norm_blocks_whose_stream_is_no_sum_of_parts():
+    # The MNIST tutorial's blocks (nn.TransformerEncoderLayer, norm_first=False) normalise after each sum.
+    model = random_vit(dataclasses.replace(CONFIG, post_norm=True, activation="relu", final_norm=False))
+    with pytest.raises(MechanismError, match="post-norm"):
+        direct_logit_attribution(model, images())
+    lens = logit_lens(model, images())  # reads the stream as it is: still exact at the last layer
+    assert torch.allclose(lens.pooled_logits[:, -1], model(images())[0], atol=1e-5)

@@ -262,3 +262,90 @@ def test_interpolation_keeps_all_prefix_tokens_and_matches_bicubic_resizing():
     image = pos[:, 2:].reshape(1, 4, 4, D).permute(0, 3, 1, 2)  # (1, D, 4, 4)
     expected = F.interpolate(image, size=(8, 6), mode="bicubic", align_corners=False)
     torch.testing.assert_close(resized[:, 2:], expected.permute(0, 2, 3, 1).reshape(1, 48, D))
+
+
+# --- hook points ------------------------------------------------------------------------------
+
+def test_hook_points_hold_the_pieces_of_the_written_out_equations_on_a_non_square_input(model):
+    x = torch.randn(2, 3, 24, 36, generator=torch.Generator().manual_seed(3))  # a 6 x 9 grid
+    wanted = ("blocks.1.", "blocks.3.hook_resid_post", "hook_")
+    enc, cache = model.run_with_cache(x, lambda name: name.startswith(wanted))
+    logits, attentions = model(x, output_attentions=True)
+    torch.testing.assert_close(enc.logits, logits, rtol=0, atol=1e-5)
+    c, block = model.config, model.blocks[1]
+    d, nh = c.hidden_size, c.num_heads
+    hd = d // nh
+    resid = cache["blocks.1.hook_resid_pre"]
+    h = F.layer_norm(resid, (d,), block.norm1.weight, block.norm1.bias, c.layer_norm_eps)
+    torch.testing.assert_close(cache["blocks.1.hook_attn_in"], h)
+    q, k, v = F.linear(h, block.attn.qkv.weight, block.attn.qkv.bias).split(d, dim=-1)  # each (B, T, D)
+    q, k, v = (t.reshape(2, -1, nh, hd).transpose(1, 2) for t in (q, k, v))  # (B, nh, T, hd)
+    for name, expected in (("q", q), ("k", k), ("v", v)):
+        torch.testing.assert_close(cache[f"blocks.1.attn.hook_{name}"], expected)
+    a = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(hd), dim=-1)  # (B, nh, T, T)
+    torch.testing.assert_close(cache["blocks.1.attn.hook_pattern"], a)
+    torch.testing.assert_close(cache["blocks.1.attn.hook_pattern"], attentions[1])
+    torch.testing.assert_close(cache["blocks.1.attn.hook_z"], (a @ v).transpose(1, 2))  # (B, T, nh, hd)
+    attn_out = block.attn.proj((a @ v).transpose(1, 2).reshape(2, -1, d))
+    torch.testing.assert_close(cache["blocks.1.hook_attn_out"], attn_out)
+    mid = resid + attn_out
+    torch.testing.assert_close(cache["blocks.1.hook_resid_mid"], mid)
+    pre = block.mlp.fc1(F.layer_norm(mid, (d,), block.norm2.weight, block.norm2.bias, c.layer_norm_eps))
+    torch.testing.assert_close(cache["blocks.1.mlp.hook_pre"], pre)
+    torch.testing.assert_close(cache["blocks.1.mlp.hook_post"], F.gelu(pre))
+    torch.testing.assert_close(cache["blocks.1.hook_resid_post"], mid + block.mlp.fc2(F.gelu(pre)))
+    normed = F.layer_norm(cache["blocks.3.hook_resid_post"], (d,), model.norm.weight, model.norm.bias,
+                          c.layer_norm_eps)
+    torch.testing.assert_close(cache["hook_normed"], normed)
+    torch.testing.assert_close(cache["hook_pooled"], normed[:, 0])
+    torch.testing.assert_close(cache["hook_logits"], model.head(normed[:, 0]))
+
+
+def test_replacing_a_heads_context_is_zeroing_its_columns_of_the_projection(model):
+    x = torch.randn(2, 3, 32, 32)
+
+    def drop_head_2(z, hook):
+        z = z.clone()
+        z[:, :, 2] = 0  # (B, T, nh, hd)
+        return z
+
+    hooked = model.run_with_hooks(x, [("blocks.0.attn.hook_z", drop_head_2)]).logits
+    torch.manual_seed(0)
+    edited = ViT(model.config).eval()
+    edited.load_state_dict(model.state_dict())
+    with torch.no_grad():
+        edited.blocks[0].attn.proj.weight[:, 24:36] = 0  # head 2's 12 input columns
+    torch.testing.assert_close(hooked, edited(x)[0], rtol=0, atol=1e-6)
+    assert not torch.allclose(hooked, model(x)[0])
+
+
+def test_hooks_last_only_for_their_block_and_unknown_names_are_refused(model):
+    x = torch.randn(1, 3, 32, 32)
+    before = model(x)[0]
+    with model.hooks([("blocks.3.hook_resid_post", lambda t, hook: t * 0)]):
+        assert torch.equal(model(x)[0], model.head(model.norm.bias.expand(1, -1)))  # norm of zeros: its bias
+        assert model.blocks[3].hook_resid_post.fns
+    assert not model.blocks[3].hook_resid_post.fns
+    assert torch.equal(model(x)[0], before)
+    with pytest.raises(ValueError, match="no hook point 'blocks.9.hook_resid_post'"):
+        model.run_with_hooks(x, [("blocks.9.hook_resid_post", lambda t, hook: None)])
+
+
+def test_hooks_and_rules_apply_in_their_own_thread_only(model):
+    import threading
+
+    from vit.model import Rules, current_rules, use_rules
+
+    x = torch.randn(1, 3, 32, 32)
+    before, seen = model(x)[0], {}
+
+    def elsewhere():  # another session's page, running while this one has hooks and rules set
+        seen["logits"], seen["rules"] = model(x)[0], current_rules()
+
+    rules = Rules()
+    with model.hooks([("hook_logits", lambda t, hook: t * 0)]), use_rules(rules):
+        assert not model(x)[0].any() and current_rules() is rules
+        thread = threading.Thread(target=elsewhere)
+        thread.start()
+        thread.join()
+    assert torch.equal(seen["logits"], before) and seen["rules"] is not rules

@@ -430,7 +430,7 @@ def test_predict_labels_of_a_siglip_are_sigmoids(tmp_path, capsys):
     got = {p["label"]: p["probability"] for p in records[0]["predictions"]}
     assert [got[label] for label in LABELS] == pytest.approx(expected.tolist(), abs=1e-5)
     assert sum(got.values()) != pytest.approx(1.0)  # per label, not a softmax
-    assert set(records[0]["maps"]["prompts"][0]) == {"label", "legrad"}  # what reads SigLIP's pooling
+    assert set(records[0]["maps"]["prompts"][0]) == {"label", "legrad", "attnlrp"}  # what reads SigLIP's pooling
 
 
 @pytest.mark.parametrize("argv, message", [

@@ -23,15 +23,15 @@ import torch.nn.functional as F
 from vit.explain.attention import token_map
 from vit.explain.attention_flow import TooManyTokensError, attention_flow, flow_graph
 from vit.explain.relevance import (
+    AttnLRPRules,
     UnsupportedModelError,
     attnlrp,
     legrad,
     legrad_from_gradients,
     patch_sums,
     transformer_attribution,
-    walk,
 )
-from vit.model import ViT, ViTConfig
+from vit.model import ViT, ViTConfig, use_rules
 
 CONFIG = ViTConfig(image_size=16, patch_size=4, num_channels=3, num_classes=5, hidden_size=32, num_layers=3,
                    num_heads=4, mlp_size=64)
@@ -56,21 +56,23 @@ def images(batch: int = 1, size: tuple[int, int] = (16, 16), seed: int = 1) -> t
     return torch.randn(batch, 3, *size, generator=torch.Generator().manual_seed(seed))
 
 
-# --- the walk ------------------------------------------------------------------------------------
+# --- the rules context ------------------------------------------------------------------------------
 
-def test_walk_recomputes_the_model_exactly_on_a_non_square_batch(model):
-    x = images(3, (12, 16))
-    logits, attentions = model(x, output_attentions=True)
-    w = walk(model, x)
-    assert torch.equal(w.logits, logits)
-    for trace, attn in zip(w.blocks, attentions, strict=True):
-        assert torch.equal(trace.probs, attn)
+@pytest.mark.parametrize("cp", [False, True])
+def test_lrp_rules_keep_the_forward_values_and_change_the_gradients_only_within_their_block(model, cp):
+    x = images(2, (12, 16))
 
+    def logits_and_gradient():
+        xr = x.clone().requires_grad_(True)
+        logits = model(xr)[0]
+        return logits.detach(), torch.autograd.grad(logits[:, 0].sum(), xr)[0]
 
-def test_walk_with_lrp_rules_keeps_the_forward_values(model):
-    x = images(2)
-    for rules in ("attnlrp", "cp"):
-        torch.testing.assert_close(walk(model, x, rules).logits, model(x)[0], rtol=1e-5, atol=1e-5)
+    plain_logits, plain_gradient = logits_and_gradient()
+    with use_rules(AttnLRPRules(cp)):
+        logits, gradient = logits_and_gradient()
+    torch.testing.assert_close(logits, plain_logits, rtol=1e-5, atol=1e-6)
+    assert not torch.allclose(gradient, plain_gradient, rtol=1e-3, atol=1e-6)
+    assert torch.equal(logits_and_gradient()[1], plain_gradient)
 
 
 EVERY_OPTION = dataclasses.replace(CONFIG, distillation_token=True, distillation_head=True, num_register_tokens=2,
@@ -79,22 +81,12 @@ AVG_POOLED = dataclasses.replace(CONFIG, num_register_tokens=3, pooling="avg", f
                                  pos_embed_antialias=True)
 
 
-@pytest.mark.parametrize("config", [EVERY_OPTION, AVG_POOLED])
-def test_walk_recomputes_every_model_option_exactly(config):
-    model = random_vit(config)
-    x = images(2, (12, 16))
-    logits, attentions = model(x, output_attentions=True)
-    w = walk(model, x)
-    assert w.tokens.shape[1] == 4 + 12
-    assert torch.equal(w.logits, logits)
-    assert all(torch.equal(t.probs, a) for t, a in zip(w.blocks, attentions, strict=True))
-
-
 def test_legrad_and_attnlrp_work_with_four_prefix_tokens_and_every_option():
     model = random_vit(EVERY_OPTION)
     x = images(2, (12, 16))
     assert legrad(model, x, torch.tensor([0, 1]), start_layer=0).shape == (2, 3, 4)
     assert attnlrp(model, x, 1).shape == (2, 12, 16)
+    assert attnlrp(random_vit(AVG_POOLED), x, 1, cp=True).shape == (2, 12, 16)
     registers = random_vit(dataclasses.replace(CONFIG, num_register_tokens=3))
     assert token_map(transformer_attribution(registers, x, 0), 0, (3, 4), 4).shape == (2, 3, 4)
 
@@ -108,17 +100,6 @@ def test_unsupported_models_raise_a_clear_error(model):
         transformer_attribution(random_vit(dataclasses.replace(CONFIG, pooling="avg")), images())
     with pytest.raises(UnsupportedModelError, match="this project's ViT"):
         attnlrp(torch.nn.Identity(), images())
-
-
-def test_a_model_whose_forward_the_walk_does_not_reproduce_is_refused():
-    class LayerScaled(ViT):  # e.g. an option added to the model later, invisible in the config
-        def forward(self, images, output_attentions=False):
-            logits, attentions = super().forward(images, output_attentions)
-            return logits * 2, attentions
-
-    model = LayerScaled(CONFIG).eval()
-    with pytest.raises(UnsupportedModelError, match="does not give its own logits"):
-        legrad(model, images())
 
 
 # --- Chefer et al. 2021a ------------------------------------------------------------------------------

@@ -22,8 +22,12 @@ embedding, every layer's attention and the pooling probe's); ``forward`` is its 
 
 from __future__ import annotations
 
+import contextlib
 import math
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextvars import ContextVar
 from dataclasses import asdict, dataclass, fields, replace
+from types import MappingProxyType
 
 import torch
 import torch.nn.functional as F
@@ -317,6 +321,97 @@ def apply_rope(x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], interle
     return torch.cat([prefix, patches], dim=2)
 
 
+# --- hook points and relevance rules --------------------------------------------------------------
+
+Hook = Callable[[torch.Tensor, "HookPoint"], "torch.Tensor | None"]  # (tensor, hook point) -> replacement or None
+
+
+class HookPoint(nn.Module):
+    """A named place in the forward (TransformerLens's ``HookPoint``): the identity, unless hooks are set.
+
+    Each hook ``fn(tensor, hook)`` reads the tensor and may return a replacement (None keeps it). ``ViT.hooks``
+    sets them for the length of a ``with`` block and for this thread only, so a model shared by several pages
+    (``st.cache_resource``) runs unhooked everywhere else; ``name`` is the point's path in the model
+    (``blocks.3.attn.hook_pattern``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.name = ""
+
+    @property
+    def fns(self) -> tuple[Hook, ...]:
+        """The hooks set on this point in this thread (empty: the point is the identity)."""
+        return _hooks.get().get(self, ())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        active = _hooks.get()
+        if active:
+            for fn in active.get(self, ()):
+                out = fn(x, self)
+                if out is not None:
+                    x = out
+        return x
+
+    # Called directly, without nn.Module's call machinery (its global-hook checks cost more than the identity):
+    # with no hooks set a point costs one ContextVar lookup. torch's own module hooks are not used here.
+    __call__ = forward
+
+
+_hooks: ContextVar[Mapping[HookPoint, tuple[Hook, ...]]] = ContextVar("vit_hooks", default=MappingProxyType({}))
+
+
+class Rules:
+    """The elementary operations whose backward a relevance method replaces (lxt's approach), as their plain
+    versions. ``vit.explain.relevance`` subclasses it (AttnLRP, CP-LRP) and makes it current for a ``with``
+    block (``use_rules``); the forward values stay the model's own, only the gradients change."""
+
+    def layer_norm(self, x: torch.Tensor, norm: nn.LayerNorm) -> torch.Tensor:
+        return F.layer_norm(x, norm.normalized_shape, norm.weight, norm.bias, norm.eps)
+
+    def activation(self, x: torch.Tensor, name: str) -> torch.Tensor:
+        return activate(x, name)
+
+    def product(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        """An element-wise product of two activations (SwiGLU's gate)."""
+        return a * b
+
+    def attention_inputs(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+                         ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q, k (after rotary positions) and v ``(B, nh, T, hd)`` as the two attention matmuls take them."""
+        return q, k, v
+
+    def divide_by_norm(self, x: torch.Tensor, norm: torch.Tensor) -> torch.Tensor:
+        """An L2 normalisation ``x / norm`` (a prompt head's cosine)."""
+        return x / norm
+
+
+PLAIN_RULES = Rules()
+_rules: ContextVar[Rules] = ContextVar("vit_rules", default=PLAIN_RULES)  # per thread: a page's other runs unaffected
+
+
+def current_rules() -> Rules:
+    """The rules in effect in this thread: ``PLAIN_RULES`` outside a ``use_rules`` block."""
+    return _rules.get()
+
+
+@contextlib.contextmanager
+def use_rules(rules: Rules) -> Iterator[Rules]:
+    """Every ``ViT`` forward in this ``with`` block (in this thread) runs its elementary operations by ``rules``."""
+    token = _rules.set(rules)
+    try:
+        yield rules
+    finally:
+        _rules.reset(token)
+
+
+class LayerNorm(nn.LayerNorm):
+    """``nn.LayerNorm`` (same parameters and state-dict keys) that runs under the current relevance rules."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rules = _rules.get()
+        return super().forward(x) if rules is PLAIN_RULES else rules.layer_norm(x, self)
+
+
 class Attention(nn.Module):
     """Multi-head self-attention with one fused qkv projection and two paths.
 
@@ -338,6 +433,11 @@ class Attention(nn.Module):
         self.proj = nn.Linear(inner, config.hidden_size)
         self.attention_dropout = config.attention_dropout
         self.proj_dropout = nn.Dropout(config.dropout)
+        # (B, nh, T, hd) each, q and k after rotary positions; the pattern (B, nh, T, T) exists only when it is
+        # asked for or hooked (else the fused path runs); z (B, T, nh, hd) is each head's context.
+        self.hook_q, self.hook_k, self.hook_v = HookPoint(), HookPoint(), HookPoint()
+        self.hook_pattern = HookPoint()
+        self.hook_z = HookPoint()
 
     def qkv_bias(self) -> torch.Tensor | None:
         """The qkv bias as used: the key's third zeroed when ``key_bias`` is off (DINOv3's ``bias_mask``)."""
@@ -363,16 +463,20 @@ class Attention(nn.Module):
                 ) -> tuple[torch.Tensor, torch.Tensor | None]:
         B, N, C = x.shape
         q, k, v = self.queries_keys_values(x, rope)  # each (B, nh, N, hd)
+        q, k, v = self.hook_q(q), self.hook_k(k), self.hook_v(v)
+        rules = _rules.get()
+        if rules is not PLAIN_RULES:
+            q, k, v = rules.attention_inputs(q, k, v)
         dropout_p = self.attention_dropout if self.training else 0.0
-        if output_attentions:
+        if output_attentions or self.hook_pattern.fns:  # the probabilities are asked for, or hooked
             scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(self.head_dim))  # (B, nh, N, N)
-            probs = scores.softmax(dim=-1)
+            probs = self.hook_pattern(scores.softmax(dim=-1))
             y = F.dropout(probs, dropout_p, self.training) @ v  # (B, nh, N, hd)
         else:
             probs = None
             y = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p)  # (B, nh, N, hd)
-        y = y.transpose(1, 2).reshape(B, N, -1)  # (B, N, nh*hd)
-        return self.proj_dropout(self.proj(y)), probs
+        z = self.hook_z(y.transpose(1, 2))  # (B, N, nh, hd): each head's context, before the projection
+        return self.proj_dropout(self.proj(z.reshape(B, N, -1))), probs if output_attentions else None
 
 
 class MLP(nn.Module):
@@ -383,15 +487,22 @@ class MLP(nn.Module):
         self.activation = config.activation
         self.fc1_g = nn.Linear(config.hidden_size, config.mlp_size) if config.gated_mlp else None
         self.fc1 = nn.Linear(config.hidden_size, config.mlp_size)
-        self.norm = nn.LayerNorm(config.mlp_size, eps=config.layer_norm_eps) if config.mlp_norm else None
+        self.norm = LayerNorm(config.mlp_size, eps=config.layer_norm_eps) if config.mlp_norm else None
         self.fc2 = nn.Linear(config.mlp_size, config.hidden_size)
         self.dropout = nn.Dropout(config.dropout)
+        self.hook_pre = HookPoint()  # (B, T, mlp): what the activation reads (the gate's, for SwiGLU)
+        self.hook_pre_linear = HookPoint()  # SwiGLU's ungated branch fc1(x)
+        self.hook_post = HookPoint()  # the activations (gated), before EVA's norm and fc2
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rules = _rules.get()
         if self.fc1_g is None:
-            h = activate(self.fc1(x), self.activation)
+            pre = self.hook_pre(self.fc1(x))
+            h = activate(pre, self.activation) if rules is PLAIN_RULES else rules.activation(pre, self.activation)
         else:
-            h = activate(self.fc1_g(x), self.activation) * self.fc1(x)
+            h = rules.product(rules.activation(self.hook_pre(self.fc1_g(x)), self.activation),
+                              self.hook_pre_linear(self.fc1(x)))
+        h = self.hook_post(h)
         if self.norm is not None:
             h = self.norm(h)
         return self.dropout(self.fc2(self.dropout(h)))
@@ -411,8 +522,10 @@ class AttentionPool(nn.Module):
         self.q = nn.Linear(d, d)
         self.kv = nn.Linear(d, 2 * d)
         self.proj = nn.Linear(d, d)
-        self.norm = nn.LayerNorm(d, eps=config.layer_norm_eps)
+        self.norm = LayerNorm(d, eps=config.layer_norm_eps)
         self.mlp = MLP(config)
+        self.hook_k, self.hook_v = HookPoint(), HookPoint()  # (B, nh, T, hd)
+        self.hook_pattern = HookPoint()  # (B, nh, 1, T): the probe's attention
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``x`` (B, T, D) -> pooled (B, D), probe attention (B, nh, 1, T)."""
@@ -420,8 +533,12 @@ class AttentionPool(nn.Module):
         q = self.q(self.latent).view(1, 1, self.num_heads, self.head_dim).transpose(1, 2)  # (1, nh, 1, hd)
         kv = self.kv(x).view(B, N, 2, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)  # (2, B, nh, N, hd)
         k, v = kv.unbind(0)  # each (B, nh, N, hd)
+        k, v = self.hook_k(k), self.hook_v(v)
+        rules = _rules.get()
+        if rules is not PLAIN_RULES:  # the probe's two matmuls take the attention rules, as in a layer
+            q, k, v = rules.attention_inputs(q, k, v)
         scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(self.head_dim))  # (B, nh, 1, N)
-        probs = scores.softmax(dim=-1)
+        probs = self.hook_pattern(scores.softmax(dim=-1))
         y = (probs @ v).transpose(1, 2).reshape(B, 1, C)  # (B, 1, C)
         y = self.proj(y)
         y = y + self.mlp(self.norm(y))
@@ -444,35 +561,42 @@ class Block(nn.Module):
         super().__init__()
         # Post-norm blocks normalise the residual stream after each sum instead (post_norm1/2); norm1 and norm2
         # are then identities, so norm1(x) is still what the attention reads.
-        norm = nn.Identity if config.post_norm else nn.LayerNorm
+        norm = nn.Identity if config.post_norm else LayerNorm
         self.norm1 = norm(config.hidden_size, eps=config.layer_norm_eps)
         self.attn = Attention(config)
         self.norm2 = norm(config.hidden_size, eps=config.layer_norm_eps)
         self.mlp = MLP(config)
         post = config.post_norm
-        self.post_norm1 = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps) if post else None
-        self.post_norm2 = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps) if post else None
+        self.post_norm1 = LayerNorm(config.hidden_size, eps=config.layer_norm_eps) if post else None
+        self.post_norm2 = LayerNorm(config.hidden_size, eps=config.layer_norm_eps) if post else None
         self.drop_path_rate = drop_path_rate
         # Layer scale (CaiT, DINOv2): a learned per-channel gain on each residual branch.
         scale = config.layer_scale
         self.ls1 = nn.Parameter(torch.full((config.hidden_size,), float(scale))) if scale is not None else None
         self.ls2 = nn.Parameter(torch.full((config.hidden_size,), float(scale))) if scale is not None else None
+        # Each (B, T, D): the block's input, norm1(x), the attention branch as added (after layer scale), the
+        # stream between the branches, norm2(mid), the MLP branch as added, the block's output.
+        self.hook_resid_pre, self.hook_attn_in, self.hook_attn_out = HookPoint(), HookPoint(), HookPoint()
+        self.hook_resid_mid, self.hook_mlp_in, self.hook_mlp_out = HookPoint(), HookPoint(), HookPoint()
+        self.hook_resid_post = HookPoint()
 
     def forward(self, x: torch.Tensor, output_attentions: bool = False,
                 rope: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
-        y, probs = self.attn(self.norm1(x), output_attentions, rope)
+        x = self.hook_resid_pre(x)
+        y, probs = self.attn(self.hook_attn_in(self.norm1(x)), output_attentions, rope)
         if self.ls1 is not None:
             y = y * self.ls1
-        x = x + drop_path(y, self.drop_path_rate, self.training)
+        x = x + drop_path(self.hook_attn_out(y), self.drop_path_rate, self.training)
         if self.post_norm1 is not None:
             x = self.post_norm1(x)
-        y = self.mlp(self.norm2(x))
+        x = self.hook_resid_mid(x)
+        y = self.mlp(self.hook_mlp_in(self.norm2(x)))
         if self.ls2 is not None:
             y = y * self.ls2
-        x = x + drop_path(y, self.drop_path_rate, self.training)
+        x = x + drop_path(self.hook_mlp_out(y), self.drop_path_rate, self.training)
         if self.post_norm2 is not None:
             x = self.post_norm2(x)
-        return x, probs
+        return self.hook_resid_post(x), probs
 
 
 @dataclass
@@ -496,22 +620,22 @@ class ViT(nn.Module):
         d = config.hidden_size
         self.patch_embed = nn.Conv2d(config.num_channels, d, config.patch_size, config.patch_size)
         patch_dim = config.num_channels * config.patch_size ** 2
-        self.patch_norm = nn.LayerNorm(patch_dim, eps=config.layer_norm_eps) if config.patch_norm else None
-        self.embed_norm = nn.LayerNorm(d, eps=config.layer_norm_eps) if config.patch_norm else None
+        self.patch_norm = LayerNorm(patch_dim, eps=config.layer_norm_eps) if config.patch_norm else None
+        self.embed_norm = LayerNorm(d, eps=config.layer_norm_eps) if config.patch_norm else None
         self.cls_token = nn.Parameter(torch.zeros(1, 1, d)) if config.class_token else None
         self.dist_token = nn.Parameter(torch.zeros(1, 1, d)) if config.distillation_token else None
         self.reg_token = (nn.Parameter(torch.zeros(1, config.num_register_tokens, d))
                           if config.num_register_tokens else None)
         self.pos_embed = (nn.Parameter(torch.zeros(1, config.num_positioned_prefix_tokens + config.num_patches, d))
                           if config.pos_embed else None)
-        self.norm_pre = nn.LayerNorm(d, eps=config.layer_norm_eps) if config.pre_norm else None
+        self.norm_pre = LayerNorm(d, eps=config.layer_norm_eps) if config.pre_norm else None
         self.pos_dropout = nn.Dropout(config.dropout)
         rates = [config.drop_path * i / max(config.num_layers - 1, 1) for i in range(config.num_layers)]
         self.blocks = nn.ModuleList(Block(config, rate) for rate in rates)
         # timm's avg-pool models normalise the pooled vector (fc_norm) instead of every token (norm).
         final = config.final_norm and not config.fc_norm
-        self.norm = nn.LayerNorm(d, eps=config.layer_norm_eps) if final else nn.Identity()
-        self.fc_norm = nn.LayerNorm(d, eps=config.layer_norm_eps) if config.fc_norm else None
+        self.norm = LayerNorm(d, eps=config.layer_norm_eps) if final else nn.Identity()
+        self.fc_norm = LayerNorm(d, eps=config.layer_norm_eps) if config.fc_norm else None
         self.attn_pool = AttentionPool(config) if config.pooling == "map" else None
         head_in = 2 * d if config.pooling == "cls+avg" else d
         self.head = nn.Linear(head_in, config.num_classes) if config.num_classes else None
@@ -523,6 +647,55 @@ class ViT(nn.Module):
                 nn.init.trunc_normal_(token, std=0.02)
         if self.attn_pool is not None:
             nn.init.trunc_normal_(self.attn_pool.latent, std=0.02)
+        # The embedding before ln_pre (B, T, D); the last block's output after the final norm (B, T, D); the pooled
+        # vector after fc_norm (B, D); the logits (B, classes); the (projected) embedding (B, E).
+        self.hook_embed, self.hook_normed, self.hook_pooled = HookPoint(), HookPoint(), HookPoint()
+        self.hook_logits, self.hook_embedding = HookPoint(), HookPoint()
+        for name, module in self.named_modules():
+            if isinstance(module, HookPoint):
+                module.name = name
+
+    def hook_points(self) -> dict[str, HookPoint]:
+        """Every hook point by name (``blocks.0.attn.hook_q``, ..., ``hook_logits``); the shapes are in the comments
+        where each is made (``Attention``, ``MLP``, ``Block``, ``ViT.__init__``)."""
+        return {name: m for name, m in self.named_modules() if isinstance(m, HookPoint)}
+
+    @contextlib.contextmanager
+    def hooks(self, hooks: Iterable[tuple[str, Hook]]) -> Iterator[ViT]:
+        """Set ``hooks`` ``(name, fn)`` for the length of a ``with`` block, in this thread (TransformerLens's
+        ``hooks``); several on one point run in the order given. An unknown name raises ValueError."""
+        points = self.hook_points()
+        active = {point: list(fns) for point, fns in _hooks.get().items()}
+        for name, fn in hooks:
+            if name not in points:
+                raise ValueError(f"the model has no hook point {name!r}; see ViT.hook_points()")
+            active.setdefault(points[name], []).append(fn)
+        token = _hooks.set({point: tuple(fns) for point, fns in active.items()})
+        try:
+            yield self
+        finally:
+            _hooks.reset(token)
+
+    def run_with_hooks(self, images: torch.Tensor, hooks: Iterable[tuple[str, Hook]],
+                       output_attentions: bool = False) -> Encoding:
+        """``encode(images)`` with ``hooks`` ``(name, fn)`` set: each reads its tensor and may replace it."""
+        with self.hooks(hooks):
+            return self.encode(images, output_attentions)
+
+    def run_with_cache(self, images: torch.Tensor, names: Sequence[str] | Callable[[str], bool],
+                       output_attentions: bool = False) -> tuple[Encoding, dict[str, torch.Tensor]]:
+        """``encode(images)`` and the tensors at the hook points ``names`` (or those a filter accepts), as the
+        forward computed them: still in the autograd graph when gradients are on (gradients with respect to a
+        cached ``hook_pattern`` are the attention's)."""
+        points = self.hook_points()
+        chosen = [n for n in points if names(n)] if callable(names) else list(names)
+        cache: dict[str, torch.Tensor] = {}
+
+        def keep(x: torch.Tensor, hook: HookPoint) -> None:
+            cache[hook.name] = x
+
+        encoding = self.run_with_hooks(images, [(name, keep) for name in chosen], output_attentions)
+        return encoding, cache
 
     def patch_grid(self, height: int, width: int) -> tuple[int, int]:
         """The patch grid of an input of this size; raises ValueError when it does not tile."""
@@ -542,9 +715,9 @@ class ViT(nn.Module):
             return eva_rope(grid, c.hidden_size // c.num_heads, float(c.rope_theta), c.rope_ref_grid, device)
         return dinov3_rope(grid, c.hidden_size // c.num_heads, float(c.rope_theta), device)
 
-    def embed(self, images: torch.Tensor, pre_norm: bool = True) -> torch.Tensor:
-        """``images`` (B, C, H, W) -> the first block's input ``(B, T, D)``: patches, prefix tokens, positions,
-        ``ln_pre`` when the model has one (``pre_norm=False`` leaves it to the caller: relevance rules).
+    def embed(self, images: torch.Tensor) -> torch.Tensor:
+        """``images`` (B, C, H, W) -> the first block's input ``(B, T, D)``: patches, prefix tokens, positions
+        (``hook_embed``), then ``ln_pre`` when the model has one.
 
         Positions are resampled to the input's patch grid; dropout is left to ``forward``.
         """
@@ -572,7 +745,8 @@ class ViT(nn.Module):
             x = torch.cat([prefix[:, :positioned], x], dim=1) + pos  # (B, positioned + gh*gw, D)
             if positioned < self.num_prefix_tokens:
                 x = torch.cat([x[:, :positioned], prefix[:, positioned:], x[:, positioned:]], dim=1)  # (B, T, D)
-        if self.norm_pre is not None and pre_norm:
+        x = self.hook_embed(x)
+        if self.norm_pre is not None:
             x = self.norm_pre(x)
         return x
 
@@ -581,17 +755,29 @@ class ViT(nn.Module):
         """``images`` (B, C, H, W) -> the last block's output (B, T, D) and, when asked for, every layer's
         attention (B, nh, T, T)."""
         x = self.pos_dropout(self.embed(images))  # (B, T, D)
-        rope = self.rotary(self.patch_grid(images.shape[2], images.shape[3]), images.device)
+        return self.run_blocks(x, self.patch_grid(images.shape[2], images.shape[3]), 0, None, output_attentions)
+
+    def run_blocks(self, x: torch.Tensor, grid: tuple[int, int] | None, start: int = 0, stop: int | None = None,
+                   output_attentions: bool = False) -> tuple[torch.Tensor, tuple[torch.Tensor, ...] | None]:
+        """Blocks ``start`` to ``stop`` (exclusive; None: the last) on the residual stream ``x`` (B, T, D) of an
+        input whose patch grid is ``grid`` (needed by rotary positions; None for a model without them), with
+        their hook points: TransformerLens's ``start_at_layer`` / ``stop_at_layer``, so an intervention on layer
+        ``l`` runs only the layers after it. Returns the last one's output and their attentions when asked."""
+        rope = None
+        if self.config.rope != "none":
+            if grid is None:
+                raise ValueError("this model turns q and k by rotary positions, so the patch grid must be given")
+            rope = self.rotary(tuple(grid), x.device)
         attentions = []
-        for block in self.blocks:
-            x, probs = block(x, output_attentions, rope)
+        for i in range(len(self.blocks))[start:stop]:  # not self.blocks[start:stop]: that builds a ModuleList
+            x, probs = self.blocks[i](x, output_attentions, rope)
             attentions.append(probs)
         return x, tuple(attentions) if output_attentions else None
 
     def pool(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The last block's output ``(B, T, D)`` -> the pooled vector (B, D) (2D for cls+avg) after the final
         norm, pooling and fc_norm, and the pooling probe's attention (B, nh, 1, T) for pooling "map" (else None)."""
-        x = self.norm(x)
+        x = self.hook_normed(self.norm(x))
         patches = x[:, self.num_prefix_tokens:]  # (B, gh*gw, D)
         probe = None
         if self.config.pooling == "cls":
@@ -604,7 +790,7 @@ class ViT(nn.Module):
             pooled = torch.cat([x[:, 0], patches.mean(dim=1)], dim=-1)  # (B, 2D)
         if self.fc_norm is not None:
             pooled = self.fc_norm(pooled)
-        return pooled, probe
+        return self.hook_pooled(pooled), probe
 
     def _logits(self, x: torch.Tensor, pooled: torch.Tensor) -> torch.Tensor | None:
         if self.head is None:
@@ -612,7 +798,7 @@ class ViT(nn.Module):
         logits = self.head(pooled)  # (B, classes)
         if self.head_dist is not None:  # DeiT at inference: the mean of the class and distillation heads
             logits = (logits + self.head_dist(self.norm(x)[:, 1])) / 2
-        return logits
+        return self.hook_logits(logits)
 
     def classify(self, x: torch.Tensor) -> torch.Tensor | None:
         """The last block's output ``(B, T, D)`` -> logits ``(B, classes)``: final norm, pooling, fc_norm and
@@ -626,7 +812,7 @@ class ViT(nn.Module):
         layer's attention and the pooling probe's (see ``Encoding``)."""
         x, attentions = self.tokens(images, output_attentions)
         pooled, probe = self.pool(x)
-        embedding = self.projection(pooled) if self.projection is not None else pooled  # (B, E)
+        embedding = self.hook_embedding(self.projection(pooled) if self.projection is not None else pooled)  # (B, E)
         return Encoding(self._logits(x, pooled), embedding, attentions, probe if output_attentions else None)
 
     def forward(self, images: torch.Tensor, output_attentions: bool = False

@@ -2,8 +2,8 @@
 
 Keeping every layer's attention of a big input costs gigabytes: ViT-S/8 with its long side at
 640 px has 4,801 tokens, and 12 layers x 6 heads x 4,801² float32 values are 6.6 GB. The
-hidden states cost only ``(L + 1) x T x D`` floats (tens of MB), and one layer's attention is
-that block's own attention module run again on its input: the same numbers the model's
+hidden states cost only ``(L + 1) x T x D`` floats (tens of MB), read at the model's hook points, and one
+layer's attention is that block run again on its input (``ViT.run_blocks``): the same numbers the model's
 ``output_attentions`` gives, one layer at a time, within a memory budget.
 """
 
@@ -17,44 +17,55 @@ from torch import Tensor, nn
 from vit.cache import ByteCache
 
 
+def residual_names(num_layers: int) -> list[str]:
+    """The hook points of the hidden states: every block's input, then the last block's output."""
+    return [f"blocks.{i}.hook_resid_pre" for i in range(num_layers)] + [f"blocks.{num_layers - 1}.hook_resid_post"]
+
+
 def forward_with_hidden_states(model: nn.Module, images: Tensor) -> tuple[Tensor | None, Tensor]:
     """Logits ``(B, classes)`` (None without a classifier) and hidden states ``(B, L + 1, T, D)``: the input
-    of every block, then the last block's output, from one fast forward pass (no attention probabilities
-    are materialised).
-
-    The pass is the model's own, step by step: ``model.embed``, each block, ``model.classify`` — what
-    ``ViT.forward`` runs, so the states are exactly what each block got.
-    """
-    x = model.pos_dropout(model.embed(images))  # (B, T, D)
-    rope = model.rotary(model.patch_grid(images.shape[2], images.shape[3]), images.device)
-    states = [x]
-    for block in model.blocks:
-        x, _ = block(x, False, rope)
-        states.append(x)
-    return model.classify(x), torch.stack(states, dim=1)  # (B, L + 1, T, D)
+    of every block, then the last block's output, read at the hook points of one fast forward pass (no
+    attention probabilities are materialised)."""
+    names = residual_names(len(model.blocks))
+    encoding, cache = model.run_with_cache(images, names)
+    return encoding.logits, torch.stack([cache[name] for name in names], dim=1)  # (B, L + 1, T, D)
 
 
-def block_attention(model: nn.Module, layer: int, block_input: Tensor, rope: tuple[Tensor, Tensor] | None = None
+def block_attention(model: nn.Module, layer: int, block_input: Tensor, grid: tuple[int, int] | None = None
                     ) -> Tensor:
-    """Layer ``layer``'s post-softmax attention ``(B, H, T, T)`` from that block's input ``(B, T, D)``
-    (``rope``: ``model.rotary(grid)`` for a model with rotary positions)."""
-    block = model.blocks[layer]
-    _, probs = block.attn(block.norm1(block_input), True, rope)
+    """Layer ``layer``'s post-softmax attention ``(B, H, T, T)``: that block run on its input ``(B, T, D)``
+    (``grid``: the input's patch grid, for a model with rotary positions)."""
+    _, (probs,) = model.run_blocks(block_input, grid, layer, layer + 1, output_attentions=True)
     return probs
 
 
-def queries_and_keys(model: nn.Module, layer: int, block_input: Tensor, rope: tuple[Tensor, Tensor] | None = None
+class _Enough(Exception):
+    """Raised by a hook once it has what it reads, so that the block stops there."""
+
+
+def queries_and_keys(model: nn.Module, layer: int, block_input: Tensor, grid: tuple[int, int] | None = None
                      ) -> tuple[Tensor, Tensor]:
     """Layer ``layer``'s scaled queries and keys ``(B, H, T, hd)`` each, from that block's input ``(B, T, D)``.
 
     ``softmax(q @ k.T)`` is the layer's attention; one query's row from them costs ``H x T x hd``
-    instead of the whole ``H x T²`` matrix. Mirrors ``vit.model.Attention``'s fused qkv layout
-    (a test checks the rows against the module's own probabilities).
+    instead of the whole ``H x T²`` matrix. Read at the block's ``attn.hook_q`` / ``hook_k`` (after rotary
+    positions); the block stops at ``hook_v``, before its attention.
     """
-    block = model.blocks[layer]
-    attn = block.attn
-    q, k, _ = attn.queries_keys_values(block.norm1(block_input), rope)  # each (B, H, T, hd)
-    return q * attn.head_dim ** -0.5, k
+    cache: dict[str, Tensor] = {}
+
+    def keep(x: Tensor, hook) -> None:
+        cache[hook.name] = x
+
+    def stop(x: Tensor, hook) -> None:
+        raise _Enough
+
+    prefix = f"blocks.{layer}.attn."
+    try:
+        with model.hooks([(prefix + "hook_q", keep), (prefix + "hook_k", keep), (prefix + "hook_v", stop)]):
+            model.run_blocks(block_input, grid, layer, layer + 1)
+    except _Enough:
+        pass
+    return cache[prefix + "hook_q"] * model.blocks[layer].attn.head_dim ** -0.5, cache[prefix + "hook_k"]
 
 
 class LayerAttentions(Sequence[Tensor]):
@@ -103,15 +114,11 @@ class LayerAttentions(Sequence[Tensor]):
     def _queries_and_keys(self, layer: int) -> Tensor:
         device = next(self.model.parameters()).device
         with torch.inference_mode():
-            q, k = queries_and_keys(self.model, layer, self.hidden[layer][None].to(device), self._rope(device))
+            q, k = queries_and_keys(self.model, layer, self.hidden[layer][None].to(device), self.grid)
         return torch.stack([q[0], k[0]]).float().cpu()  # (2, H, T, hd)
 
     def _compute(self, layer: int) -> Tensor:
         device = next(self.model.parameters()).device
         with torch.inference_mode():
-            probs = block_attention(self.model, layer, self.hidden[layer][None].to(device),
-                                    self._rope(device))  # (1, H, T, T)
+            probs = block_attention(self.model, layer, self.hidden[layer][None].to(device), self.grid)  # (1, H, T, T)
         return probs.float().cpu()
-
-    def _rope(self, device: torch.device) -> tuple[Tensor, Tensor] | None:
-        return self.model.rotary(self.grid, device) if self.grid is not None else None

@@ -1,17 +1,16 @@
 """Which component does what: logit lens, direct logit attribution, head ablation, activation patching, and the
 high-norm / massive-activation / sink phenomena.
 
-Like ``vit.explain.relevance``, every function walks our ``ViT``'s own modules (``embed`` -> each block's
-``norm1``, ``attn.qkv``, the softmax, ``attn.proj``, ``ls1``, ``norm2``, ``mlp``, ``ls2`` -> ``classify``) so
-that a head's output can be read, zeroed, replaced or patched between the attention and its output projection
-without changing ``vit/model.py``. A block's MLP is called as the module it is (a gated MLP added later works
-as is); the attention is recomputed from its fused ``qkv`` layout, so an attention option the walk does not
-know (RoPE, q/k norms) is refused in one line by ``check_supported`` instead of giving wrong numbers.
+Every function runs the model's own forward and reads or edits it at its hook points (``vit.model.HookPoint``):
+a head's output is ``blocks.{l}.attn.hook_z`` (its context before the output projection), read, zeroed, replaced
+or patched there; an intervention at layer ``l`` runs only the layers after it (``ViT.run_blocks``) from the
+hidden states, with the interventions in the batch dimension. Nothing here writes the block again, so every
+family the model expresses (RoPE, SwiGLU, layer scale, attention pooling) is analysed by the same code.
 
 Shapes: images ``(B, C, H, W)``; ``T = prefix + gh * gw`` tokens; ``L`` layers, ``H`` heads, ``D`` width.
 Layers and heads are counted from 0 here; the CLI and the app show them from 1.
 
-Memory: the walk keeps at most one layer's per-head outputs, ``B x H x T x D`` floats, next to the hidden
+Memory: a function keeps at most one layer's per-head outputs, ``B x H x T x D`` floats, next to the hidden
 states ``B x (L + 1) x T x D``; the grids run ``chunk`` copies of one image through the remaining layers at a
 time. ``check_budget`` refuses work past ``MAX_ELEMENTS`` floats (2 GiB of float32) in one line.
 
@@ -25,28 +24,19 @@ nickjiang2378/test-time-registers (register neurons).
 from __future__ import annotations
 
 import copy
+import functools
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from vit.model import Attention, ViT, ViTConfig
+from vit.explain.hidden import forward_with_hidden_states
+from vit.model import ViT
 
 MAX_ELEMENTS = 2**29  # floats one step may hold (2 GiB of float32); past it a function refuses
-
-# ViTConfig fields the walk reproduces; a field added later (RoPE, attention pooling...) counts only at its default.
-_KNOWN_FIELDS = {"image_size", "patch_size", "num_channels", "num_classes", "hidden_size", "num_layers",
-                 "num_heads", "mlp_size", "dropout", "attention_dropout", "drop_path", "qkv_bias", "layer_norm_eps",
-                 "distillation_token", "distillation_head", "num_register_tokens", "layer_scale", "pooling",
-                 "fc_norm", "prefix_positions", "pos_embed_antialias",
-                 # The 2025-26 families (DINOv3, EVA-02, SigLIP 2, CLIP): q/k/v come from the attention's own
-                 # queries_keys_values (rotary positions, DINOv3's masked key bias), the embedding from model.embed
-                 # (no CLS, no position table, ln_pre) and the MLP from the block's own module (SwiGLU, its norm).
-                 "class_token", "pos_embed", "rope", "rope_theta", "rope_ref_grid", "key_bias", "pre_norm",
-                 "activation", "gated_mlp", "mlp_norm", "projection_dim"}
 
 ABLATION_MODES = ("zero", "mean")
 
@@ -56,18 +46,11 @@ class MechanismError(ValueError):
 
 
 def check_supported(model: nn.Module, needs_head: bool = False) -> None:
-    """Raise ``MechanismError`` unless ``model`` is our ``ViT`` in eval mode with options the walk reproduces."""
+    """Raise ``MechanismError`` unless ``model`` is our ``ViT`` in eval mode (with a classifier if ``needs_head``)."""
     if not isinstance(model, ViT):
         raise MechanismError(f"mechanism analyses need this project's ViT, got {type(model).__name__}")
     if model.training:
         raise MechanismError("the model is in training mode (dropout makes results random); call model.eval()")
-    config = model.config
-    for f in fields(ViTConfig):
-        if f.name not in _KNOWN_FIELDS and getattr(config, f.name) != f.default:
-            raise MechanismError(f"mechanism analyses do not support the model option {f.name}="
-                                 f"{getattr(config, f.name)!r} yet; use the attention maps")
-    if any(type(block.attn) is not Attention for block in model.blocks):
-        raise MechanismError("the model's attention is not the plain fused-qkv attention the walk recomputes")
     if needs_head and model.head is None:
         raise MechanismError("the model has no classifier head, so there are no class logits to analyse; "
                              "pick a classification model")
@@ -85,103 +68,51 @@ def _dims(model: ViT) -> tuple[int, int, int]:
     return len(model.blocks), attn.num_heads, attn.head_dim
 
 
-# --- the walk ------------------------------------------------------------------------------------
+# --- the forward, read at its hook points ----------------------------------------------------------
 
-Rope = tuple[Tensor, Tensor] | None  # the model's rotary (cos, sin) on the input's patch grid (ViT.rotary)
-
-
-def rope_for(model: ViT, images: Tensor) -> Rope:
-    """The rotary positions every block uses on ``images`` ``(B, C, H, W)``; None for a model without them."""
-    return rope_for_grid(model, model.patch_grid(images.shape[-2], images.shape[-1]), images.device)
+def grid_of(model: ViT, images: Tensor) -> tuple[int, int]:
+    """The patch grid of ``images`` ``(B, C, H, W)`` (what ``ViT.run_blocks`` needs for rotary positions)."""
+    return model.patch_grid(images.shape[-2], images.shape[-1])
 
 
-def rope_for_grid(model: ViT, grid: tuple[int, int] | None, device: torch.device | None = None) -> Rope:
-    """The rotary positions on a patch grid; a model with them needs the grid (token counts do not give it)."""
-    if model.config.rope == "none":
-        return None
-    if grid is None:
-        raise MechanismError("this model turns q and k by rotary positions, so the patch grid must be given")
-    return model.rotary(tuple(grid), device)
-
-
-def head_contexts(model: ViT, layer: int, x: Tensor, need_probs: bool = False, rope: Rope = None
-                  ) -> tuple[Tensor, Tensor | None, Tensor]:
-    """Layer ``layer``'s per-head context ``(B, T, H, hd)`` (the input of ``attn.proj``, heads apart), its
-    attention ``(B, H, T, T)`` when ``need_probs`` (else None) and its values ``(B, H, T, hd)``, from the block
-    input ``x`` ``(B, T, D)``; ``rope`` from ``rope_for`` for a model with rotary positions."""
-    block = model.blocks[layer]
-    attn = block.attn
-    if model.config.rope != "none" and rope is None:
-        raise MechanismError("this model turns q and k by rotary positions; pass rope_for(model, images)")
-    q, k, v = attn.queries_keys_values(block.norm1(x), rope)  # each (B, H, T, hd), as the model's own forward
-    if need_probs:
-        probs = ((q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(attn.head_dim))).softmax(dim=-1)  # (B, H, T, T)
-        context = probs @ v
-    else:
-        probs, context = None, F.scaled_dot_product_attention(q, k, v)  # (B, H, T, hd)
-    return context.transpose(1, 2), probs, v  # (B, T, H, hd)
-
-
-def finish_block(model: ViT, layer: int, x: Tensor, context: Tensor) -> Tensor:
-    """The rest of block ``layer`` after its heads: ``x + ls1 * proj(context)``, then ``+ ls2 * mlp(norm2(.))``."""
-    block = model.blocks[layer]
-    B, T, H, hd = context.shape
-    y = block.attn.proj(context.reshape(B, T, H * hd))  # (B, T, D)
-    if block.ls1 is not None:
-        y = y * block.ls1
-    x = x + y
-    y = block.mlp(block.norm2(x))
-    if block.ls2 is not None:
-        y = y * block.ls2
-    return x + y
-
-
-ContextEdit = Callable[[int, Tensor], Tensor]  # (layer, context (B, T, H, hd)) -> edited context
-
-
-def run_layers(model: ViT, x: Tensor, start: int = 0, edit: ContextEdit | None = None,
-               output_attentions: bool = False, rope: Rope = None) -> tuple[Tensor, list[Tensor]]:
-    """Run blocks ``start``.. on the block input ``x`` ``(B, T, D)`` with each layer's head context passed
-    through ``edit`` (None: unchanged). Returns the last block's output and the attentions (when asked)."""
-    attentions = []
-    for layer in range(start, len(model.blocks)):
-        context, probs, _ = head_contexts(model, layer, x, need_probs=output_attentions, rope=rope)
-        if edit is not None:
-            context = edit(layer, context)
-        x = finish_block(model, layer, x, context)
-        if output_attentions:
-            attentions.append(probs)
-    return x, attentions
+def _keep(cache: dict[str, Tensor]):
+    """A hook that stores its tensor in ``cache`` under the hook point's name."""
+    def keep(x: Tensor, hook) -> None:
+        cache[hook.name] = x
+    return keep
 
 
 def hidden_states(model: ViT, images: Tensor) -> Tensor:
-    """Block inputs, then the last block's output: ``(B, L + 1, T, D)``."""
+    """Block inputs, then the last block's output: ``(B, L + 1, T, D)``, read at the hook points of one pass."""
     check_supported(model)
-    x, rope = model.embed(images), rope_for(model, images)
-    B, T, D = x.shape
-    check_budget(B * (len(model.blocks) + 1) * T * D, "keeping every layer's tokens")
-    states = [x]
-    for layer in range(len(model.blocks)):
-        context, _, _ = head_contexts(model, layer, x, rope=rope)
-        x = finish_block(model, layer, x, context)
-        states.append(x)
-    return torch.stack(states, dim=1)
+    B, L = images.shape[0], len(model.blocks)
+    T = model.num_prefix_tokens + math.prod(grid_of(model, images))
+    check_budget(B * (L + 1) * T * model.config.hidden_size, "keeping every layer's tokens")
+    return forward_with_hidden_states(model, images)[1]
+
+
+def _heads_replaced(layer: int, replace: Callable[[Tensor], Tensor]) -> list[tuple[str, Callable]]:
+    """A hook on layer ``layer``'s per-head contexts ``(B, T, H, hd)``: ``replace(context)`` takes their place."""
+    return [(f"blocks.{layer}.attn.hook_z", lambda z, hook: replace(z))]
 
 
 # --- logit lens -----------------------------------------------------------------------------------
 
 def _check_linear_pooling(model: ViT, what: str) -> None:
-    """The lens and the attribution read tokens through the pooling as a linear map: CLS, mean, or both."""
+    """Direct logit attribution reads tokens through the pooling as a linear map: CLS, mean, or both."""
     if model.config.pooling == "map":
         raise MechanismError(f"{what} reads tokens through the pooling, and this model pools by attention (MAP), "
-                             "which is not linear in its tokens; ablation, patching and the phenomena still apply")
+                             "which is not linear in its tokens; the logit lens, ablation, patching and the "
+                             "phenomena still apply")
 
 
 def token_readout(model: ViT, tokens: Tensor) -> Tensor:
     """The model's final norm and head on every token ``(..., T, D)`` -> logits ``(..., T, classes)``: what the
-    model would output if every token equalled this one (so avg, cls+avg, fc_norm and DeiT's two heads all read
-    it the way they read the pooled vector)."""
-    _check_linear_pooling(model, "the logit lens")
+    model would output if every token equalled this one (so avg, cls+avg, fc_norm, DeiT's two heads and an
+    attention-pooling probe all read it the way they read the pooled vector)."""
+    if model.config.pooling == "map":  # the probe over one token reads that token (its softmax is 1)
+        D = tokens.shape[-1]
+        return model.classify(tokens.reshape(-1, 1, D)).reshape(*tokens.shape[:-1], -1)
     x = model.norm(tokens)
     pooled = torch.cat([x, x], dim=-1) if model.config.pooling == "cls+avg" else x
     if model.fc_norm is not None:
@@ -307,26 +238,34 @@ def direct_logit_attribution(model: ViT, images: Tensor, classes: Tensor | int |
     logit (up to float rounding). Peak memory: one layer's ``B x H x T x D`` head outputs.
     """
     check_supported(model, needs_head=True)
+    _check_linear_pooling(model, "direct logit attribution")
+    if model.config.post_norm:
+        raise MechanismError("direct logit attribution splits the last residual stream into the sum of what each "
+                             "head and MLP wrote, and this model's post-norm blocks normalise that sum after every "
+                             "block; the logit lens, ablation, patching and the phenomena still apply")
     with torch.no_grad():
-        x, rope = model.embed(images), rope_for(model, images)  # (B, T, D)
-        B, T, D = x.shape
         L, H, hd = _dims(model)
+        names = ["blocks.0.hook_resid_pre", f"blocks.{L - 1}.hook_resid_post"] + [
+            f"blocks.{layer}.{point}" for layer in range(L)
+            for point in ("attn.hook_z", "hook_attn_out", "hook_mlp_out")]
+        cache: dict[str, Tensor] = {}
+        B, T = images.shape[0], model.num_prefix_tokens + math.prod(grid_of(model, images))
+        D = model.config.hidden_size
         check_budget(4 * B * H * T * D, "splitting a layer into its heads")
+        check_budget(B * L * T * (2 * D + H * hd), "keeping every layer's head contexts")
+        with model.hooks([(name, _keep(cache)) for name in names]):
+            model.tokens(images)
+        embed, x = cache["blocks.0.hook_resid_pre"], cache[f"blocks.{L - 1}.hook_resid_post"]
         pieces: list[tuple[Tensor, Tensor, Tensor]] = []  # per layer: heads (H, B, T, D), bias (B, T, D), mlp
-        embed = x
         for layer, block in enumerate(model.blocks):
-            context, _, _ = head_contexts(model, layer, x, rope=rope)  # (B, T, H, hd)
+            context = cache[f"blocks.{layer}.attn.hook_z"]  # (B, T, H, hd)
             w = block.attn.proj.weight.view(D, H, hd)  # columns of proj grouped by head
             per_head = torch.einsum("bthe,dhe->hbtd", context, w)  # (H, B, T, D)
-            bias = block.attn.proj(context.new_zeros(B, T, H * hd))  # its bias (and a mean-ablated copy's means)
             if block.ls1 is not None:
-                per_head, bias = per_head * block.ls1, bias * block.ls1
-            mid = x + per_head.sum(0) + bias
-            mlp = block.mlp(block.norm2(mid))
-            if block.ls2 is not None:
-                mlp = mlp * block.ls2
-            x = mid + mlp
-            pieces.append((per_head, bias, mlp))
+                per_head = per_head * block.ls1
+            # What the branch added beyond its heads: proj's bias (and a mean-ablated copy's means), times ls1.
+            bias = cache[f"blocks.{layer}.hook_attn_out"] - per_head.sum(0)
+            pieces.append((per_head, bias, cache[f"blocks.{layer}.hook_mlp_out"]))
         readout = _linear_readout(model, x)
         logits = model.classify(x)
         classes = class_indices(logits, classes)
@@ -368,14 +307,11 @@ def mean_contexts(model: ViT, images: Tensor) -> Tensor:
     """Each layer's per-head context averaged over ``images``: ``(L, T, H, hd)``, per token position (what
     mean ablation puts in place of a head's output)."""
     check_supported(model)
-    with torch.no_grad():
-        x, rope = model.embed(images), rope_for(model, images)
-        means = []
-        for layer in range(len(model.blocks)):
-            context, _, _ = head_contexts(model, layer, x, rope=rope)
-            means.append(context.mean(dim=0))
-            x = finish_block(model, layer, x, context)
-    return torch.stack(means)
+    L = len(model.blocks)
+    cache: dict[str, Tensor] = {}
+    with torch.no_grad(), model.hooks([(f"blocks.{layer}.attn.hook_z", _keep(cache)) for layer in range(L)]):
+        model.tokens(images)
+    return torch.stack([cache[f"blocks.{layer}.attn.hook_z"].mean(dim=0) for layer in range(L)])
 
 
 def _check_ablation(model: ViT, mode: str, means: Tensor | None) -> None:
@@ -410,15 +346,14 @@ def ablate_heads(model: ViT, images: Tensor, heads: Sequence[tuple[int, int]], m
     _check_ablation(model, mode, means)
 
     def edit(layer: int, context: Tensor) -> Tensor:
-        if layer not in chosen:
-            return context
         context = context.clone()
         idx = chosen[layer]
         context[:, :, idx] = _replacement(mode, means, layer, context)[:, :, idx]
         return context
 
-    x, attentions = run_layers(model, model.embed(images), 0, edit, output_attentions, rope_for(model, images))
-    return model.classify(x), tuple(attentions) if output_attentions else None
+    hooks = [hook for layer in chosen for hook in _heads_replaced(layer, functools.partial(edit, layer))]
+    encoding = model.run_with_hooks(images, hooks, output_attentions)
+    return encoding.logits, encoding.attentions
 
 
 def _heads_by_layer(model: ViT, heads: Sequence[tuple[int, int]]) -> dict[int, list[int]]:
@@ -509,23 +444,25 @@ def ablation_grid(model: ViT, images: Tensor, classes: Tensor | int | None = Non
     check_supported(model, needs_head=True)
     _check_ablation(model, mode, means)
     with torch.no_grad():
-        states, rope = hidden_states(model, images), rope_for(model, images)  # (B, L + 1, T, D)
+        states, grid = hidden_states(model, images), grid_of(model, images)  # (B, L + 1, T, D)
         B, S, T, D = states.shape
         L, H, hd = _dims(model)
         base = model.classify(states[:, -1])
         classes = class_indices(base, classes)
         check_budget(B * H * T * max(D, model.config.mlp_size), "the ablation grid")
-        grid = torch.empty(B, L, H)
-        eye = torch.eye(H, dtype=torch.bool, device=states.device)
+        grid_out = torch.empty(B, L, H)
+        mask = torch.eye(H, dtype=torch.bool, device=states.device).repeat(B, 1)[:, None, :, None]  # (B*H, 1, H, 1)
         for layer in range(L):
             x = states[:, layer].repeat_interleave(H, dim=0)  # (B*H, T, D): copy h ablates head h
-            context, _, _ = head_contexts(model, layer, x, rope=rope)  # (B*H, T, H, hd)
-            mask = eye.repeat(B, 1)[:, None, :, None]  # (B*H, 1, H, 1)
-            context = torch.where(mask, _replacement(mode, means, layer, context), context)
-            out, _ = run_layers(model, finish_block(model, layer, x, context), layer + 1, rope=rope)
+
+            def ablate(context: Tensor, layer: int = layer) -> Tensor:
+                return torch.where(mask, _replacement(mode, means, layer, context), context)
+
+            with model.hooks(_heads_replaced(layer, ablate)):
+                out, _ = model.run_blocks(x, grid, layer)
             logits = model.classify(out).view(B, H, -1)
-            grid[:, layer] = (logits - base[:, None]).gather(-1, classes[:, None, None].expand(B, H, 1))[..., 0]
-    return grid
+            grid_out[:, layer] = (logits - base[:, None]).gather(-1, classes[:, None, None].expand(B, H, 1))[..., 0]
+    return grid_out
 
 
 # --- activation patching --------------------------------------------------------------------------
@@ -544,20 +481,34 @@ class Patching:
         return (self.patched - self.corrupted.view(-1, *extra)) / (self.clean - self.corrupted).view(-1, *extra)
 
 
-def _patching_setup(model: ViT, clean: Tensor, corrupted: Tensor, a: Tensor | int | None, b: Tensor | int | None):
+def _patching_setup(model: ViT, clean: Tensor, corrupted: Tensor, a: Tensor | int | None, b: Tensor | int | None,
+                    heads: bool = False):
+    """Both runs' hidden states and logit differences, the classes, the clean run's head contexts (``heads``)."""
     check_supported(model, needs_head=True)
     if clean.shape != corrupted.shape:
         raise MechanismError(f"clean {tuple(clean.shape)} and corrupted {tuple(corrupted.shape)} images must have "
                              "the same shape; resize them to the same size")
-    clean_states, corrupt_states = hidden_states(model, clean), hidden_states(model, corrupted)
-    clean_logits, corrupt_logits = model.classify(clean_states[:, -1]), model.classify(corrupt_states[:, -1])
+    names = [f"blocks.{layer}.attn.hook_z" for layer in range(len(model.blocks))] if heads else []
+    clean_logits, clean_states, clean_contexts = _states_and_contexts(model, clean, names)
+    corrupt_logits, corrupt_states, _ = _states_and_contexts(model, corrupted, [])
     a = class_indices(clean_logits, a)
     b = class_indices(corrupt_logits, b)
 
     def diff(logits: Tensor) -> Tensor:  # (..., B, classes) with B last but one
         return logits.gather(-1, a.view(-1, 1)).squeeze(-1) - logits.gather(-1, b.view(-1, 1)).squeeze(-1)
 
-    return clean_states, corrupt_states, diff(clean_logits), diff(corrupt_logits), a, b, rope_for(model, clean)
+    return (clean_states, corrupt_states, diff(clean_logits), diff(corrupt_logits), a, b, clean_contexts,
+            grid_of(model, clean))
+
+
+def _states_and_contexts(model: ViT, images: Tensor, names: list[str]) -> tuple[Tensor, Tensor, list[Tensor]]:
+    """One pass: logits, hidden states ``(B, L + 1, T, D)`` and the tensors at the hook points ``names``."""
+    L = len(model.blocks)
+    resid = [f"blocks.{i}.hook_resid_pre" for i in range(L)] + [f"blocks.{L - 1}.hook_resid_post"]
+    B, T = images.shape[0], model.num_prefix_tokens + math.prod(grid_of(model, images))
+    check_budget(B * (L + 1) * T * model.config.hidden_size * (2 if names else 1), "keeping every layer's tokens")
+    encoding, cache = model.run_with_cache(images, resid + names)
+    return encoding.logits, torch.stack([cache[n] for n in resid], dim=1), [cache[n] for n in names]
 
 
 def patch_heads(model: ViT, clean: Tensor, corrupted: Tensor, a: Tensor | int | None = None,
@@ -566,19 +517,18 @@ def patch_heads(model: ViT, clean: Tensor, corrupted: Tensor, a: Tensor | int | 
     ``logit[a] - logit[b]`` (defaults: the clean and the corrupted predictions) for each. One pass of the
     remaining layers per layer, its heads batched."""
     with torch.no_grad():
-        clean_s, corrupt_s, clean_d, corrupt_d, a, b, rope = _patching_setup(model, clean, corrupted, a, b)
+        clean_s, corrupt_s, clean_d, corrupt_d, a, b, contexts, grid = _patching_setup(model, clean, corrupted, a, b,
+                                                                                       heads=True)
         B, S, T, D = clean_s.shape
         L, H, hd = _dims(model)
         check_budget(B * H * T * max(D, model.config.mlp_size), "the head patching grid")
         out = torch.empty(B, L, H)
-        eye = torch.eye(H, dtype=torch.bool, device=clean_s.device)
+        mask = torch.eye(H, dtype=torch.bool, device=clean_s.device).repeat(B, 1)[:, None, :, None]  # (B*H, 1, H, 1)
         for layer in range(L):
-            clean_context, _, _ = head_contexts(model, layer, clean_s[:, layer], rope=rope)  # (B, T, H, hd)
-            x = corrupt_s[:, layer].repeat_interleave(H, dim=0)  # (B*H, T, D)
-            context, _, _ = head_contexts(model, layer, x, rope=rope)
-            mask = eye.repeat(B, 1)[:, None, :, None]  # (B*H, 1, H, 1): copy h takes head h from the clean run
-            context = torch.where(mask, clean_context.repeat_interleave(H, dim=0), context)
-            final, _ = run_layers(model, finish_block(model, layer, x, context), layer + 1, rope=rope)
+            x = corrupt_s[:, layer].repeat_interleave(H, dim=0)  # (B*H, T, D): copy h takes head h from the clean run
+            clean_context = contexts[layer].repeat_interleave(H, dim=0)  # (B*H, T, H, hd)
+            with model.hooks(_heads_replaced(layer, lambda context, c=clean_context: torch.where(mask, c, context))):
+                final, _ = model.run_blocks(x, grid, layer)
             logits = model.classify(final).view(B, H, -1)
             out[:, layer] = (logits.gather(-1, a.view(B, 1, 1).expand(B, H, 1))
                              - logits.gather(-1, b.view(B, 1, 1).expand(B, H, 1)))[..., 0]
@@ -590,7 +540,7 @@ def patch_residuals(model: ViT, clean: Tensor, corrupted: Tensor, a: Tensor | in
     """Patch the clean run's residual stream at each (layer input, token position) into the corrupted run:
     ``patched`` is ``(B, L, T)``. Positions run in chunks that keep one step within the memory bound."""
     with torch.no_grad():
-        clean_s, corrupt_s, clean_d, corrupt_d, a, b, rope = _patching_setup(model, clean, corrupted, a, b)
+        clean_s, corrupt_s, clean_d, corrupt_d, a, b, _, grid = _patching_setup(model, clean, corrupted, a, b)
         B, S, T, D = clean_s.shape
         L = len(model.blocks)
         out = torch.empty(B, L, T)
@@ -601,7 +551,7 @@ def patch_residuals(model: ViT, clean: Tensor, corrupted: Tensor, a: Tensor | in
                     positions = torch.arange(start, min(start + chunk, T), device=clean_s.device)
                     x = corrupt_s[i, layer].repeat(len(positions), 1, 1)  # (n, T, D): copy j patches positions[j]
                     x[torch.arange(len(positions)), positions] = clean_s[i, layer, positions]
-                    final, _ = run_layers(model, x, layer, rope=rope)
+                    final, _ = model.run_blocks(x, grid, layer)
                     logits = model.classify(final)  # (n, classes)
                     out[i, layer, start:start + len(positions)] = logits[:, a[i]] - logits[:, b[i]]
     return Patching(out, clean_d, corrupt_d)
@@ -643,16 +593,20 @@ def sink_stats(model: ViT, states: Tensor, grid: tuple[int, int] | None = None) 
     """Attention sinks from the hidden states ``(B, L + 1, T, D)`` on the patch ``grid`` (needed by models with
     rotary positions): one layer's ``B x H x T x T`` attention at a time."""
     check_supported(model)
-    rope = rope_for_grid(model, grid, states.device)
+    if grid is None and model.config.rope != "none":
+        raise MechanismError("this model turns q and k by rotary positions, so the patch grid must be given")
     B, S, T, D = states.shape
     L, H, hd = _dims(model)
     check_budget(2 * B * H * T * T, "one layer's attention")
     tokens, masses, norms = [], [], []
     with torch.no_grad():
         for layer in range(L):
-            _, probs, v = head_contexts(model, layer, states[:, layer], need_probs=True, rope=rope)
+            cache: dict[str, Tensor] = {}
+            with model.hooks([(f"blocks.{layer}.attn.hook_v", _keep(cache))]):
+                _, (probs,) = model.run_blocks(states[:, layer], grid, layer, layer + 1, output_attentions=True)
             received = probs.mean(dim=2)  # (B, H, T): attention each key gets, averaged over queries
             mass, token = received.max(dim=-1)  # (B, H)
+            v = cache[f"blocks.{layer}.attn.hook_v"]  # (B, H, T, hd)
             value_norm = v.norm(dim=-1).gather(-1, token[..., None])[..., 0]  # (B, H)
             tokens.append(token), masses.append(mass), norms.append(value_norm)
     return Sinks(torch.stack(tokens, 1), torch.stack(masses, 1), torch.stack(norms, 1))
@@ -681,19 +635,14 @@ def register_neuron_scores(model: ViT, images: Tensor, threshold: float, detect_
     _check_plain_mlp(model)
     L = len(model.blocks)
     scores, used = torch.zeros(L, model.config.mlp_size), 0
+    names = [f"blocks.{layer}.{point}" for layer in range(L) for point in ("mlp.hook_post", "hook_resid_post")]
     with torch.no_grad():
         for image in images.split(1):
-            x, acts, outputs = model.embed(image), [], []
-            check_budget(L * x.shape[1] * model.config.mlp_size, "keeping every layer's MLP activations")
-            for layer, block in enumerate(model.blocks):
-                context, _, _ = head_contexts(model, layer, x)
-                y = block.attn.proj(context.flatten(2))
-                mid = x + (y * block.ls1 if block.ls1 is not None else y)
-                hidden = F.gelu(block.mlp.fc1(block.norm2(mid)))  # (1, T, mlp)
-                y = block.mlp.fc2(hidden)
-                x = mid + (y * block.ls2 if block.ls2 is not None else y)
-                acts.append(hidden[0])
-                outputs.append(x[0])
+            T = model.num_prefix_tokens + math.prod(grid_of(model, image))
+            check_budget(L * T * model.config.mlp_size, "keeping every layer's MLP activations")
+            _, cache = model.run_with_cache(image, names)
+            acts = [cache[f"blocks.{layer}.mlp.hook_post"][0] for layer in range(L)]  # each (T, mlp): post-GELU
+            outputs = [cache[f"blocks.{layer}.hook_resid_post"][0] for layer in range(L)]  # each (T, D)
             where = outputs[detect_layer].norm(dim=-1) > threshold  # (T,)
             if not bool(where.any()):
                 continue
@@ -738,24 +687,20 @@ def with_test_time_registers(model: ViT, images: Tensor, neurons: dict[int, Sequ
         if not 0 <= layer < L or any(not 0 <= n < model.config.mlp_size for n in chosen):
             raise MechanismError(f"register neuron(s) {list(chosen)} of layer {layer + 1} do not exist: the model has "
                                  f"{L} layers of {model.config.mlp_size} MLP neurons")
+
+    def registers_on(hidden: Tensor, hook, idx: list[int]) -> Tensor:  # (B, T + R, mlp)
+        value = _sign_max(hidden[:, :, idx])  # (B,)
+        hidden = hidden.clone()
+        hidden[:, -R:, idx] = value[:, None, None].to(hidden.dtype)
+        hidden[:, P:-R, idx] = 0
+        return hidden
+
     x = model.embed(images)
     x = torch.cat([x, x.new_zeros(x.shape[0], R, x.shape[2])], dim=1)  # (B, T + R, D)
-    attentions = []
-    for layer, block in enumerate(model.blocks):
-        context, probs, _ = head_contexts(model, layer, x, need_probs=output_attentions)
-        if contexts is not None:
-            contexts.append(context)
-        y = block.attn.proj(context.flatten(2))
-        mid = x + (y * block.ls1 if block.ls1 is not None else y)
-        hidden = F.gelu(block.mlp.fc1(block.norm2(mid)))  # (B, T + R, mlp)
-        if neurons.get(layer):
-            idx = list(neurons[layer])
-            value = _sign_max(hidden[:, :, idx])  # (B,)
-            hidden = hidden.clone()
-            hidden[:, -R:, idx] = value[:, None, None].to(hidden.dtype)
-            hidden[:, P:-R, idx] = 0
-        y = block.mlp.fc2(hidden)
-        x = mid + (y * block.ls2 if block.ls2 is not None else y)
-        if output_attentions:
-            attentions.append(probs)
-    return model.classify(x[:, :-R]), tuple(attentions) if output_attentions else None, x
+    hooks = [(f"blocks.{layer}.mlp.hook_post", functools.partial(registers_on, idx=list(chosen)))
+             for layer, chosen in neurons.items() if chosen]
+    if contexts is not None:  # each layer's per-head context, in layer order: what mean ablation averages
+        hooks += [(f"blocks.{layer}.attn.hook_z", lambda z, hook: contexts.append(z)) for layer in range(L)]
+    with model.hooks(hooks):
+        x, attentions = model.run_blocks(x, None, 0, None, output_attentions)
+    return model.classify(x[:, :-R]), attentions, x

@@ -4,7 +4,7 @@ The text side gives constants: one L2-normalised embedding per prompt (``vit.sou
 the model's ``exp(logit_scale)`` and SigLIP's bias. ``prompt_model`` turns our image tower into a
 classifier over the prompts by giving it a ``PromptHead`` — projection, L2 norm, cosine with each
 prompt, scale (+ bias) — so that every class-map method (gradient rollout, AttnLRP, deletion and
-insertion curves) explains a prompt exactly as it explains a class, walking the same modules.
+insertion curves) explains a prompt exactly as it explains a class, on the same forward.
 The methods whose authors read CLIP differently have their own functions here, ported from their code:
 
 - Chefer et al. 2021b on CLIP (hila-chefer/Transformer-MM-Explainability ``CLIP_explainability.ipynb``,
@@ -13,7 +13,7 @@ The methods whose authors read CLIP differently have their own functions here, p
   every layer (``compute_legrad_clip``); SigLIP applies the attention-pooling head to each layer's tokens and
   takes the gradient of its probe's attention, with the "empty prompt" correction (``compute_legrad_siglip``);
 - Grad-ECLIP (Cyang-Zhao/Grad-Eclip ``generate_emap.py``, ``clip_encode_dense`` + ``grad_eclip``): the last
-  block recomputed with one attention head over the full width, as the authors do; the map is
+  block's attention replaced at its hook point by one head over the full width, as the authors do; the map is
   ``relu(sum_c(dcos/d(attn_output)[CLS] * v * minmax(cos(q_out[CLS], k_out))))`` over the patches.
 """
 
@@ -32,7 +32,7 @@ from vit.checkpoint import Checkpoint
 from vit.explain.attention import gradient_rollout
 from vit.explain.faithfulness import perturbation_curves
 from vit.explain.relevance import attnlrp, patch_sums
-from vit.model import ViT
+from vit.model import ViT, current_rules
 
 DEFAULT_TEMPLATE = "a photo of a {}."
 MAX_TEMPLATE_CHARS = 200
@@ -87,10 +87,9 @@ def prompt_embeddings(encode, labels: Sequence[str], templates: Sequence[str]) -
 class PromptHead(nn.Module):
     """The pooled vector -> one logit per prompt: ``scale * cos(projection(pooled), prompt) + bias``.
 
-    ``lrp=True`` treats the L2 norm's factor as a constant in the backward pass, as AttnLRP's rule for
-    LayerNorm treats its scale, so relevance flows through the cosine unchanged."""
-
-    has_lrp_rule = True  # the relevance walk passes lrp=True under AttnLRP
+    Its L2 norm runs under the current relevance rules (``Rules.divide_by_norm``): AttnLRP treats the norm's factor
+    as a constant in the backward pass, as its rule for LayerNorm treats the scale, so relevance flows through the
+    cosine unchanged."""
 
     def __init__(self, projection: nn.Module | None, prompts: Tensor, scale: float, bias: float) -> None:
         super().__init__()
@@ -98,10 +97,9 @@ class PromptHead(nn.Module):
         self.register_buffer("prompts", prompts.float())  # (n, E), L2-normalised
         self.scale, self.bias = float(scale), float(bias)
 
-    def forward(self, pooled: Tensor, lrp: bool = False) -> Tensor:
+    def forward(self, pooled: Tensor) -> Tensor:
         embedding = self.projection(pooled) if self.projection is not None else pooled  # (B, E)
-        norm = embedding.norm(dim=-1, keepdim=True)
-        embedding = embedding / (norm.detach() if lrp else norm)
+        embedding = current_rules().divide_by_norm(embedding, embedding.norm(dim=-1, keepdim=True))
         return self.scale * embedding @ self.prompts.to(embedding.dtype).T + self.bias  # (B, n)
 
 
@@ -208,13 +206,11 @@ def prompt_legrad(model: ViT, images: Tensor, prompts: Tensor, index: int | Tens
         B = x.shape[0]
         idx = _index(index, B, prompts.shape[0])
         target = prompts[idx].to(x.dtype)  # (B, E)
-        h = model.embed(x)
-        rope = model.rotary(grid, x.device)
+        names = [f"blocks.{i}.{point}" for i in range(first, L) for point in ("hook_resid_post", "attn.hook_pattern")]
+        _, cache = model.run_with_cache(x, names)
         maps, empty_maps = 0, 0
-        for i, block in enumerate(model.blocks):
-            h, probs = block(h, i >= first, rope)
-            if i < first:
-                continue
+        for i in range(first, L):
+            h, probs = cache[f"blocks.{i}.hook_resid_post"], cache[f"blocks.{i}.attn.hook_pattern"]
             if siglip:  # the pooling head on this layer's tokens, no final norm (compute_legrad_siglip)
                 pooled, probe = model.attn_pool(h)  # (B, D), (B, nh, 1, T)
                 feature = F.normalize(pooled, dim=-1)
@@ -239,8 +235,9 @@ def prompt_legrad(model: ViT, images: Tensor, prompts: Tensor, index: int | Tens
 
 def grad_eclip(model: ViT, images: Tensor, prompts: Tensor, index: int | Tensor) -> Tensor:
     """Grad-ECLIP (Zhao et al. 2024) for a prompt: ``(B, gh, gw)``, not normalised (the authors min-max it
-    for display). The last block is recomputed with one attention head over the full width, as in the
-    authors' ``clip_encode_dense``; the cosine between its CLS embedding and the prompt is the target."""
+    for display). The last block's attention is replaced, at its ``attn.hook_z``, by one head over the full width
+    computed from its ``hook_q/k/v``, as in the authors' ``clip_encode_dense``; the cosine between the model's
+    (projected CLS) embedding and the prompt is the target."""
     _need_class_token(model, "Grad-ECLIP")
     if model.projection is None:
         raise PromptError("Grad-ECLIP needs a CLIP image tower with its projection to the joint embedding")
@@ -253,25 +250,29 @@ def grad_eclip(model: ViT, images: Tensor, prompts: Tensor, index: int | Tensor)
         x = images.detach()
         B = x.shape[0]
         idx = _index(index, B, prompts.shape[0])
-        with torch.no_grad():
-            h = model.embed(x)
-            for block in model.blocks[:-1]:
-                h, _ = block(h)
-        last = model.blocks[-1]
-        attn = last.attn
-        n1 = last.norm1(h)
-        q, k, v = attn.qkv(n1).chunk(3, dim=-1)  # each (B, T, D)
-        D = q.shape[-1]
-        scores = (q * (1.0 / math.sqrt(D))) @ k.transpose(-2, -1)  # (B, T, T): one head over all D channels
-        attn_output = scores.softmax(dim=-1) @ v  # (B, T, D)
-        attn_output.retain_grad()
-        mid = h + (last.ls1 * attn.proj(attn_output) if last.ls1 is not None else attn.proj(attn_output))
-        out = mid + (last.ls2 * last.mlp(last.norm2(mid)) if last.ls2 is not None else last.mlp(last.norm2(mid)))
-        embedding = F.normalize(model.projection(model.norm(out)[:, 0]), dim=-1)  # (B, E)
+        last = f"blocks.{len(model.blocks) - 1}.attn."
+        attn = model.blocks[-1].attn
+        cache: dict[str, Tensor] = {}
+
+        def keep(t: Tensor, hook) -> None:
+            cache[hook.name] = t.detach()
+
+        def one_head(z: Tensor, hook) -> Tensor:
+            # The authors' clip_encode_dense: the last block's attention with one head over all D channels.
+            q, k, v = (cache[last + f"hook_{n}"].transpose(1, 2).flatten(2) for n in "qkv")  # each (B, T, D)
+            scores = (q * (1.0 / math.sqrt(q.shape[-1]))) @ k.transpose(-2, -1)  # (B, T, T)
+            cache["attn_output"] = scores.softmax(dim=-1) @ v  # (B, T, D)
+            cache["attn_output"].requires_grad_(True)
+            cache["q"], cache["k"], cache["v"] = q, k, v
+            return cache["attn_output"].view_as(z)  # (B, T, H, hd)
+
+        hooks = [(last + "hook_q", keep), (last + "hook_k", keep), (last + "hook_v", keep), (last + "hook_z", one_head)]
+        embedding = F.normalize(model.run_with_hooks(x, hooks).embedding, dim=-1)  # (B, E): projection of CLS
         cosine = (embedding * prompts[idx].to(embedding.dtype)).sum()
-        [grad] = torch.autograd.grad(cosine, [attn_output])
+        [grad] = torch.autograd.grad(cosine, [cache["attn_output"]])
+        q, k, v = cache["q"], cache["k"], cache["v"]
         with torch.no_grad():  # q_out, k_out: q and k through out_proj, as clip_encode_dense computes them
-            q_out, k_out = attn.proj(q), attn.proj(k)
+            q_out, k_out = F.linear(q, attn.proj.weight, attn.proj.bias), F.linear(k, attn.proj.weight, attn.proj.bias)
             q_cls = F.normalize(q_out[:, :1], dim=-1)  # (B, 1, D)
             k_patch = F.normalize(k_out[:, 1:], dim=-1)  # (B, N, D)
             cosine_qk = (q_cls * k_patch).sum(-1)  # (B, N)
@@ -332,10 +333,10 @@ def prompt_checkpoint(checkpoint: Checkpoint, prompts: Prompts) -> Checkpoint:
 
 
 def methods_for(model: ViT) -> dict[str, str]:
-    """The prompt-map methods that apply to ``model``, by key: rollout and Grad-ECLIP read the CLS token,
-    AttnLRP has no rule for SigLIP's attention pooling; LeGrad reads both."""
+    """The prompt-map methods that apply to ``model``, by key: rollout and Grad-ECLIP read the CLS token;
+    LeGrad and AttnLRP (its attention rules on SigLIP's pooling probe too) read every model."""
     cls = model.config.class_token and model.config.pooling == "cls"
-    keep = {"rollout": cls, "legrad": True, "attnlrp": model.config.pooling != "map", "grad_eclip": cls}
+    keep = {"rollout": cls, "legrad": True, "attnlrp": True, "grad_eclip": cls}
     return {key: name for key, name in PROMPT_METHODS.items() if keep[key]}
 
 

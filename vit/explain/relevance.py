@@ -1,11 +1,12 @@
 """Class-specific maps that need the model, not only its attentions: LeGrad, Chefer's LRP, AttnLRP.
 
-Each method walks our ``ViT``'s own modules (``patch_embed`` -> CLS + positions -> every
-block's ``norm1``, ``attn.qkv``/``attn.proj``, ``norm2``, ``mlp.fc1``/GELU/``mlp.fc2`` ->
-``norm`` -> ``head`` on CLS) and recomputes what each does, so that relevance rules can be
-applied between the layers without changing ``vit/model.py``. The walk equals
-``model(x)`` (tests check it); a model with an option the walk does not know raises
-``UnsupportedModelError`` instead of silently explaining a different network.
+Every method runs the model's own forward (``vit/model.py``, written once) and reads what it needs at its hook
+points, or under relevance rules: AttnLRP and CP-LRP make their ``Rules`` current for a ``with`` block (the
+approach of lxt), so that the model's elementary operations — each LayerNorm, the MLP activation, SwiGLU's
+product, the two attention matmuls (of every layer and of SigLIP's pooling probe) and a prompt head's L2
+norm — carry their rule while the forward computes its own values. Every other operation of every family is
+linear (rotary positions, layer scale, pooling by CLS or mean, the distillation head's mean, the
+projections) and takes the epsilon rule, which in the gradient x input framework is the plain gradient.
 
 Shapes: images ``(B, C, H, W)``; ``T = prefix + gh * gw`` tokens, patches row-major after the
 prefix tokens. References (ported, and checked against in ``tests/test_relevance.py``):
@@ -14,33 +15,26 @@ prefix tokens. References (ported, and checked against in ``tests/test_relevance
 - Transformer attribution: Chefer, Gur & Wolf 2021a, hila-chefer/Transformer-Explainability
   ``baselines/ViT/ViT_LRP.py`` + ``modules/layers_ours.py`` (``method="transformer_attribution"``).
 - AttnLRP: Achtibat et al. 2024, rachtibat/LRP-eXplains-Transformers ``lxt/efficient``
-  (identity rule on GELU and on LayerNorm's scaling, uniform rule on the attention matmuls,
-  epsilon rule = plain gradient elsewhere; ``cp=True`` gives their ViT default, CP-LRP,
+  (identity rule on GELU and on LayerNorm's scaling, uniform rule on the attention matmuls and on
+  SwiGLU's product, epsilon rule = plain gradient elsewhere; ``cp=True`` gives their ViT default, CP-LRP,
   which treats the attention weights as constants).
 """
 
 from __future__ import annotations
 
 import functools
-import math
-from dataclasses import dataclass, fields
-from typing import Literal
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from vit.explain.attention import gradient_rollout
-from vit.model import ViT, ViTConfig, activate
+from vit.model import Rules, ViT, activate, use_rules
 
-# ViTConfig fields the walk reproduces; a field added later counts only at its default value.
-_KNOWN_FIELDS = {"image_size", "patch_size", "num_channels", "num_classes", "hidden_size", "num_layers",
-                 "num_heads", "mlp_size", "dropout", "attention_dropout", "drop_path", "qkv_bias", "layer_norm_eps",
-                 "distillation_token", "distillation_head", "num_register_tokens", "layer_scale", "pooling",
-                 "fc_norm", "prefix_positions", "pos_embed_antialias", "class_token", "pre_norm", "activation",
-                 "projection_dim"}
-# Options Chefer et al.'s LRP defines no rule for (their ViT reads CLS through one norm and one head).
-_LRP_DEFAULTS = {"layer_scale": None, "pooling": "cls", "fc_norm": False, "distillation_head": False}
+# Options Chefer et al.'s LRP defines no rule for (their ViT reads CLS through one norm and one head, with plain
+# GELU MLPs and learned positions only).
+_LRP_DEFAULTS = {"layer_scale": None, "pooling": "cls", "fc_norm": False, "distillation_head": False,
+                 "rope": "none", "gated_mlp": False, "mlp_norm": False}
 
 
 class UnsupportedModelError(ValueError):
@@ -48,21 +42,16 @@ class UnsupportedModelError(ValueError):
 
 
 def check_supported(model: torch.nn.Module) -> None:
-    """Raise ``UnsupportedModelError`` unless ``model`` is a ``ViT`` in eval mode whose every option the walk knows."""
+    """Raise ``UnsupportedModelError`` unless ``model`` is a ``ViT`` in eval mode with a classifier."""
     if not isinstance(model, ViT):
         raise UnsupportedModelError(f"relevance maps need this project's ViT, got {type(model).__name__}")
     if model.training:
         raise UnsupportedModelError("the model is in training mode (dropout makes maps random); call model.eval()")
-    config = model.config
-    for f in fields(ViTConfig):
-        if f.name not in _KNOWN_FIELDS and getattr(config, f.name) != f.default:
-            raise UnsupportedModelError(f"relevance maps do not support the model option {f.name}="
-                                        f"{getattr(config, f.name)!r} yet; use attention, rollout or the class map")
     if getattr(model, "head", None) is None:
         raise UnsupportedModelError("the model has no classifier head, so there is no class to explain")
 
 
-# --- the forward walk ---------------------------------------------------------------------------
+# --- AttnLRP's rules ------------------------------------------------------------------------------
 
 class _IdentityRule(torch.autograd.Function):
     """AttnLRP's identity rule for an element-wise function in the gradient x input framework:
@@ -93,125 +82,32 @@ class _DivideGradient(torch.autograd.Function):
         return grad / ctx.factor, None
 
 
-def _lrp_layer_norm(x: Tensor, norm: torch.nn.LayerNorm) -> Tensor:
-    """LayerNorm with its scale (1 / std) held constant for the backward pass: AttnLRP's identity rule."""
-    mean = x.mean(dim=-1, keepdim=True)
-    std = ((x - mean) ** 2).mean(dim=-1, keepdim=True).add(norm.eps).sqrt()
-    return (x - mean) / std.detach() * norm.weight + norm.bias
+class AttnLRPRules(Rules):
+    """lxt's efficient AttnLRP (``cp=False``) or CP-LRP (``cp=True``) as the model's elementary operations."""
 
+    def __init__(self, cp: bool = False) -> None:
+        self.cp = cp
 
-@dataclass
-class BlockTrace:
-    """What one block computed, for the backward relevance rules: each ``(B, T, ·)`` unless noted."""
+    def layer_norm(self, x: Tensor, norm: torch.nn.LayerNorm) -> Tensor:
+        """LayerNorm with its scale (1 / std) held constant for the backward pass: the identity rule."""
+        mean = x.mean(dim=-1, keepdim=True)
+        std = ((x - mean) ** 2).mean(dim=-1, keepdim=True).add(norm.eps).sqrt()
+        return (x - mean) / std.detach() * norm.weight + norm.bias
 
-    x: Tensor  # block input (B, T, D)
-    n1: Tensor  # norm1(x)
-    q: Tensor  # (B, nh, T, hd)
-    k: Tensor
-    v: Tensor
-    probs: Tensor  # attention (B, nh, T, T)
-    context: Tensor  # probs @ v with the heads merged, the input of attn.proj (B, T, D)
-    attn_out: Tensor  # attn.proj(context)
-    mid: Tensor  # x + attn_out
-    n2: Tensor  # norm2(mid)
-    hidden: Tensor  # GELU(fc1(n2)) (B, T, mlp)
-    mlp_out: Tensor  # fc2(hidden)
-    out: Tensor  # mid + mlp_out
+    def activation(self, x: Tensor, name: str) -> Tensor:
+        return _IdentityRule.apply(x, functools.partial(activate, name=name))
 
+    def product(self, a: Tensor, b: Tensor) -> Tensor:
+        return _DivideGradient.apply(a * b, 2.0)  # lxt's gated_mlp_forward: the uniform rule, half to each factor
 
-@dataclass
-class Walk:
-    """The whole forward pass: the token embedding, each block's trace, the final normalised tokens and the logits."""
+    def attention_inputs(self, q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        if self.cp:  # CP-LRP: no relevance through the attention weights
+            return q.detach(), k.detach(), v
+        # The uniform rule on both matmuls: q and k get 1/2 of the scores' 1/2, v 1/2 of the output's.
+        return _DivideGradient.apply(q, 4.0), _DivideGradient.apply(k, 4.0), _DivideGradient.apply(v, 2.0)
 
-    tokens: Tensor  # (B, T, D), the input of block 0
-    blocks: list[BlockTrace]
-    normed: Tensor  # norm(last block output) (B, T, D)
-    logits: Tensor  # (B, classes)
-
-
-def _classify(model: ViT, x: Tensor, norm, lrp: bool = False) -> tuple[Tensor, Tensor]:
-    """``ViT.classify`` on tokens ``(B, T, D)`` with ``norm(x, layer)`` applying each LayerNorm -> (normed, logits).
-
-    A copy of ``ViT.classify``'s steps because AttnLRP needs its own LayerNorm rule there
-    and Chefer's LRP the normalised tokens; the walk's logits check catches any drift.
-    """
-    c = model.config
-    if isinstance(model.norm, torch.nn.LayerNorm):
-        x = norm(x, model.norm)
-    patches = x[:, model.num_prefix_tokens:]  # (B, gh*gw, D)
-    if c.pooling == "cls":
-        pooled = x[:, 0]
-    elif c.pooling == "avg":
-        pooled = patches.mean(dim=1)
-    elif c.pooling == "map":  # SigLIP's attention-pooling probe, walked as the model computes it
-        pooled = model.attn_pool(x)[0]
-    else:  # "cls+avg"
-        pooled = torch.cat([x[:, 0], patches.mean(dim=1)], dim=-1)
-    if model.fc_norm is not None:
-        pooled = norm(pooled, model.fc_norm)
-    # A head with its own relevance rule (the prompt head's L2 norm, vit.explain.prompts) is told to use it.
-    logits = model.head(pooled, lrp=True) if lrp and getattr(model.head, "has_lrp_rule", False) else model.head(pooled)
-    if model.head_dist is not None:
-        logits = (logits + model.head_dist(x[:, 1])) / 2
-    return x, logits
-
-
-def walk(model: ViT, images: Tensor, rules: Literal["none", "attnlrp", "cp"] = "none") -> Walk:
-    """Recompute ``model(images)`` layer by layer, keeping every intermediate tensor.
-
-    ``rules="none"`` is the model's own computation (equal to ``model(images)``);
-    ``"attnlrp"`` and ``"cp"`` insert AttnLRP's backward rules (the forward values stay the
-    same up to float rounding), so that ``input * grad`` is the LRP relevance.
-    """
-    check_supported(model)
-    if rules not in ("none", "attnlrp", "cp"):
-        raise ValueError(f"unknown rules {rules!r}; choose none, attnlrp or cp")
-    lrp = rules != "none"
-
-    def norm(x: Tensor, layer: torch.nn.LayerNorm) -> Tensor:
-        return _lrp_layer_norm(x, layer) if lrp else layer(x)
-
-    if lrp and model.config.pooling == "map":
-        raise UnsupportedModelError("AttnLRP has no rule for attention pooling (SigLIP's pooling=\"map\") yet; "
-                                    "use LeGrad")
-    x = model.embed(images, pre_norm=False)  # (B, T, D); checks the images' shape
-    if model.norm_pre is not None:  # CLIP's ln_pre, under the LayerNorm rule like every other norm
-        x = norm(x, model.norm_pre)
-    tokens, traces = x, []
-    act = functools.partial(activate, name=model.config.activation)
-    for block in model.blocks:
-        attn = block.attn
-        B, N, C = x.shape
-        n1 = norm(x, block.norm1)
-        qkv = attn.qkv(n1).view(B, N, 3, attn.num_heads, attn.head_dim).permute(2, 0, 3, 1, 4)  # (3, B, nh, N, hd)
-        q, k, v = qkv.unbind(0)  # each (B, nh, N, hd)
-        if rules == "attnlrp":  # uniform rule on both matmuls: q and k get 1/2 of 1/2, v 1/2
-            q, k, v = _DivideGradient.apply(q, 4.0), _DivideGradient.apply(k, 4.0), _DivideGradient.apply(v, 2.0)
-        elif rules == "cp":  # CP-LRP: no relevance through the attention weights
-            q, k = q.detach(), k.detach()
-        scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(attn.head_dim))  # (B, nh, N, N)
-        probs = scores.softmax(dim=-1)
-        context = (probs @ v).transpose(1, 2).reshape(B, N, C)  # (B, N, C)
-        attn_out = attn.proj(context)
-        if block.ls1 is not None:
-            attn_out = attn_out * block.ls1
-        mid = x + attn_out
-        n2 = norm(mid, block.norm2)
-        pre = block.mlp.fc1(n2)
-        hidden = _IdentityRule.apply(pre, act) if lrp else act(pre)  # (B, N, mlp)
-        mlp_out = block.mlp.fc2(hidden)
-        if block.ls2 is not None:
-            mlp_out = mlp_out * block.ls2
-        out = mid + mlp_out
-        traces.append(BlockTrace(x, n1, q, k, v, probs, context, attn_out, mid, n2, hidden, mlp_out, out))
-        x = out
-    normed, logits = _classify(model, x, norm, lrp)
-    with torch.no_grad():  # a model change the field checks cannot see must not give a wrong map silently
-        expected = model(images.detach())[0]
-    if not torch.allclose(logits.detach(), expected, rtol=1e-3, atol=1e-4 * float(expected.abs().max()) + 1e-6):
-        raise UnsupportedModelError("recomputing this model layer by layer does not give its own logits: it has "
-                                    "an option relevance maps do not reproduce yet; use attention or rollout")
-    return Walk(tokens, traces, normed, logits)
+    def divide_by_norm(self, x: Tensor, norm: Tensor) -> Tensor:
+        return x / norm.detach()  # a prompt head's cosine: its norm held constant, as LayerNorm's scale
 
 
 def _class_indices(logits: Tensor, class_index: int | Tensor | None) -> Tensor:
@@ -275,19 +171,22 @@ def legrad(model: ViT, images: Tensor, class_index: int | Tensor | None = None, 
     to that layer's attention gives the layer's map. The reference scores CLIP's image-text
     similarity; here the score is the class logit, the classifier's equivalent.
     """
+    check_supported(model)
     L = len(model.blocks)
     if not -L <= start_layer < L:
         raise ValueError(f"start_layer {start_layer} is out of range for {L} layers")
     first = start_layer % L
+    names = [f"blocks.{layer}.{point}" for layer in range(first, L)
+             for point in ("hook_resid_post", "attn.hook_pattern")]
     inference, grad_mode = _grad_context()
     with inference, grad_mode:
-        w = walk(model, _leaf(images))
-        index = _class_indices(w.logits.detach(), class_index)
+        encoding, cache = model.run_with_cache(_leaf(images), names)
+        index = _class_indices(encoding.logits.detach(), class_index)
         gradients = []
         for layer in range(first, L):
-            logits = model.classify(w.blocks[layer].out)  # (B, classes): the class read at this layer
+            logits = model.classify(cache[f"blocks.{layer}.hook_resid_post"])  # (B, classes): the class read here
             score = logits.gather(1, index[:, None]).sum()  # images are independent: sum = per-image grads
-            [grad] = torch.autograd.grad(score, w.blocks[layer].probs, retain_graph=True)
+            [grad] = torch.autograd.grad(score, cache[f"blocks.{layer}.attn.hook_pattern"], retain_graph=True)
             gradients.append(grad.detach())
     grid = model.patch_grid(images.shape[2], images.shape[3])
     return legrad_from_gradients(gradients, grid, model.num_prefix_tokens)
@@ -339,36 +238,43 @@ def _clone_relprop(r1: Tensor, r2: Tensor, x: Tensor) -> Tensor:
     return x * (_safe_divide(r1, x) + _safe_divide(r2, x))
 
 
-def _attention_relevances(model: ViT, w: Walk, index: Tensor) -> list[Tensor]:
-    """Each layer's LRP relevance of its attention probabilities ``(B, H, T, T)`` for the classes ``index``."""
-    B = w.logits.shape[0]
-    relevance = F.one_hot(index, w.logits.shape[-1]).to(w.logits.dtype)  # (B, classes): the reference's one_hot
-    cls = _linear_relprop(relevance, w.normed[:, 0], model.head.weight)  # (B, D)
-    r = torch.zeros_like(w.normed)
-    r[:, 0] = w.normed[:, 0] * _safe_divide(cls, w.normed[:, 0])  # index-select (pooling) relprop; norm: identity
+_TRACED = ("hook_resid_pre", "hook_attn_in", "attn.hook_q", "attn.hook_k", "attn.hook_v", "attn.hook_pattern",
+           "attn.hook_z", "hook_attn_out", "hook_resid_mid", "hook_mlp_in", "mlp.hook_post", "hook_mlp_out")
+
+
+def _attention_relevances(model: ViT, cache: dict[str, Tensor], logits: Tensor, index: Tensor) -> list[Tensor]:
+    """Each layer's LRP relevance of its attention probabilities ``(B, H, T, T)`` for the classes ``index``, from
+    the forward's tensors at the hook points ``_TRACED`` of every block and ``hook_normed``."""
+    relevance = F.one_hot(index, logits.shape[-1]).to(logits.dtype)  # (B, classes): the reference's one_hot
+    normed = cache["hook_normed"]
+    cls = _linear_relprop(relevance, normed[:, 0], model.head.weight)  # (B, D)
+    r = torch.zeros_like(normed)
+    r[:, 0] = normed[:, 0] * _safe_divide(cls, normed[:, 0])  # index-select (pooling) relprop; norm: identity
     cams: list[Tensor] = []
-    for block, t in zip(reversed(model.blocks), reversed(w.blocks), strict=True):
+    for layer in reversed(range(len(model.blocks))):
+        block = model.blocks[layer]
+        t = {name: cache[f"blocks.{layer}.{name}"] for name in _TRACED}
+        B, T, D = t["hook_resid_pre"].shape
         nh, hd = block.attn.num_heads, block.attn.head_dim
-        T, D = t.x.shape[1], t.x.shape[2]
         # x_out = mid + mlp(norm2(mid))
-        r_mid, r_mlp = _add_relprop(r, t.mid, t.mlp_out)
-        r_mlp = _linear_relprop(r_mlp, t.hidden, block.mlp.fc2.weight)  # GELU and norm2: identity
-        r_mlp = _linear_relprop(r_mlp, t.n2, block.mlp.fc1.weight)
-        r = _clone_relprop(r_mid, r_mlp, t.mid)
+        r_mid, r_mlp = _add_relprop(r, t["hook_resid_mid"], t["hook_mlp_out"])
+        r_mlp = _linear_relprop(r_mlp, t["mlp.hook_post"], block.mlp.fc2.weight)  # GELU and norm2: identity
+        r_mlp = _linear_relprop(r_mlp, t["hook_mlp_in"], block.mlp.fc1.weight)
+        r = _clone_relprop(r_mid, r_mlp, t["hook_resid_mid"])
         # mid = x + attn(norm1(x))
-        r_x, r_attn = _add_relprop(r, t.x, t.attn_out)
-        r_attn = _linear_relprop(r_attn, t.context, block.attn.proj.weight)
+        r_x, r_attn = _add_relprop(r, t["hook_resid_pre"], t["hook_attn_out"])
+        r_attn = _linear_relprop(r_attn, t["attn.hook_z"].reshape(B, T, D), block.attn.proj.weight)
         r_attn = r_attn.view(B, T, nh, hd).transpose(1, 2)  # (B, nh, T, hd)
-        r_probs, r_v = _matmul_relprop(r_attn, t.probs, t.v)
+        r_probs, r_v = _matmul_relprop(r_attn, t["attn.hook_pattern"], t["attn.hook_v"])
         r_probs, r_v = r_probs / 2, r_v / 2
         cams.append(r_probs)
-        if len(cams) == len(w.blocks):
+        if layer == 0:
             break  # layer 0's input relevance is not needed
-        r_q, r_k = _matmul_relprop(r_probs, t.q, t.k.transpose(-2, -1))  # softmax: identity; scores unscaled
+        r_q, r_k = _matmul_relprop(r_probs, t["attn.hook_q"], t["attn.hook_k"].transpose(-2, -1))  # softmax: identity
         r_q, r_k = r_q / 2, r_k.transpose(-2, -1) / 2
         r_qkv = torch.stack([r_q, r_k, r_v]).permute(1, 3, 0, 2, 4).reshape(B, T, 3 * D)  # (B, T, 3D) as qkv's output
-        r_n1 = _linear_relprop(r_qkv, t.n1, block.attn.qkv.weight)  # norm1: identity
-        r = _clone_relprop(r_x, r_n1, t.x)
+        r_n1 = _linear_relprop(r_qkv, t["hook_attn_in"], block.attn.qkv.weight)  # norm1: identity
+        r = _clone_relprop(r_x, r_n1, t["hook_resid_pre"])
     return cams[::-1]
 
 
@@ -384,15 +290,17 @@ def transformer_attribution(model: ViT, images: Tensor, class_index: int | Tenso
     for name, default in _LRP_DEFAULTS.items():
         if getattr(model.config, name) != default:
             raise UnsupportedModelError(f"Chefer et al.'s LRP has no rule for {name}={getattr(model.config, name)!r}; "
-                                        "use LeGrad, AttnLRP or the gradient-rollout class map")
+                                        "use AttnLRP, LeGrad or the gradient-rollout class map")
+    names = [f"blocks.{layer}.{name}" for layer in range(len(model.blocks)) for name in _TRACED] + ["hook_normed"]
     inference, grad_mode = _grad_context()
     with inference, grad_mode:
-        w = walk(model, _leaf(images))
-        index = _class_indices(w.logits.detach(), class_index)
-        score = w.logits.gather(1, index[:, None]).sum()
-        gradients = torch.autograd.grad(score, [t.probs for t in w.blocks])
+        encoding, cache = model.run_with_cache(_leaf(images), names)
+        index = _class_indices(encoding.logits.detach(), class_index)
+        score = encoding.logits.gather(1, index[:, None]).sum()
+        patterns = [cache[f"blocks.{layer}.attn.hook_pattern"] for layer in range(len(model.blocks))]
+        gradients = torch.autograd.grad(score, patterns)
         with torch.no_grad():
-            cams = _attention_relevances(model, w, index)
+            cams = _attention_relevances(model, {k: v.detach() for k, v in cache.items()}, encoding.logits, index)
     return gradient_rollout(cams, [g.detach() for g in gradients], end_layer)
 
 
@@ -406,12 +314,14 @@ def attnlrp(model: ViT, images: Tensor, class_index: int | Tensor | None = None,
     gives CP-LRP (no relevance through the attention weights), ``lxt``'s choice for ViTs.
     Positive: evidence for the class; negative: against. Use ``patch_sums`` for the patch grid.
     """
+    check_supported(model)
     inference, grad_mode = _grad_context()
     with inference, grad_mode:
         x = _leaf(images)
-        w = walk(model, x, "cp" if cp else "attnlrp")
-        index = _class_indices(w.logits.detach(), class_index)
-        score = w.logits.gather(1, index[:, None]).sum()
+        with use_rules(AttnLRPRules(cp)):
+            logits = model(x)[0]
+        index = _class_indices(logits.detach(), class_index)
+        score = logits.gather(1, index[:, None]).sum()
         [grad] = torch.autograd.grad(score, x)
     return (x.detach() * grad).sum(dim=1)  # (B, H, W)
 
