@@ -13,7 +13,7 @@ from pathlib import Path
 
 import streamlit as st
 
-from vit.app import catalog
+from vit.app import catalog, explorer
 from vit.checkpoint import CheckpointError
 from vit.evaluate import labelled_files
 from vit.explain import dataset
@@ -22,7 +22,7 @@ from vit.images import ImageError, open_image
 from vit.predict import UsageError
 from vit.runfiles import ROOT, default_runs_dir, parse_json, read_text_bounded
 from vit.runs import access, launch
-from vit.runs.launch import default_data_roots, folder_problem, hide_data_roots
+from vit.runs.launch import default_data_roots, folder_problem, hide_data_roots, resolve_dataset
 from vit.sources.open import open_source
 from vit.text import escape_markdown, visible
 
@@ -37,6 +37,12 @@ st.caption("Every image of a folder through one checkpoint: how far and how even
            "paper's Fig. 7), the mean CLS attention and rollout per class, the confusion matrix and the mistakes "
            "the model is most sure of.")
 
+# Reading the server's folders (and models by path, and the Ray cluster) follows vit.runs.access's one rule.
+gate = access.server_access(st.get_option("server.address"), access.configured_token(st.secrets.get))
+if not gate.allows(st.session_state.get(access.UNLOCKED)):
+    st.warning(gate.message + (" Enter the token on the Train page." if gate.mode == "token" else ""))
+    st.stop()
+
 # The explorer's choice of models: shipped checkpoints and runs, the HF cache, and a path on the server.
 HF_FILTER, OPEN_PATH = "Find in the HF cache", "Or open a path"
 hf_filter = ""
@@ -46,12 +52,9 @@ if len(catalog.hf_cache_folders()) > catalog.MAX_HF_CACHE_EXAMINED:  # folder na
                                    "whose name holds this are looked at.")
 hf_listing = catalog.hf_cache_listing(contains=hf_filter)
 candidates = catalog.find_checkpoints() + list(hf_listing.candidates)
-opened = ""
-may_open = access.is_local_address(st.get_option("server.address"))  # a network visitor may not read files by path
-if may_open:
-    opened = st.text_input(OPEN_PATH, key="analyze_open_path", placeholder="/path/to/model folder or file",
-                           help="A model file or folder on the server: our .pt, an HF or timm folder, timm / "
-                                "torchvision weights.").strip()
+opened = st.text_input(OPEN_PATH, key="analyze_open_path", placeholder="/path/to/model folder or file",
+                       help="A model file or folder on the server: our .pt, an HF or timm folder, timm / "
+                            "torchvision weights.").strip()
 described = {str(c.path): catalog.describe_current(c) for c in candidates}
 if opened:
     wanted = catalog.candidate_for(opened, candidates)
@@ -70,11 +73,12 @@ if st.session_state.get("analyze_checkpoint") not in labels:
     default = catalog.default_entry(entries)
     st.session_state["analyze_checkpoint"] = str(default.path) if default else next(iter(labels))
 choice = st.selectbox("Checkpoint", list(labels), format_func=labels.get, key="analyze_checkpoint")
-hf_note = catalog.hf_cache_note(hf_listing, HF_FILTER, OPEN_PATH if may_open else None)
+hf_note = catalog.hf_cache_note(hf_listing, HF_FILTER, OPEN_PATH)
 if hf_note:
     st.caption(escape_markdown(hf_note))
 folder = st.text_input("Image folder", key="analyze_folder", placeholder="data/cifar10/val",
-                       help="One subfolder per class, named as the checkpoint names its classes.")
+                       help="One subfolder per class, named as the checkpoint names its classes, inside the data "
+                            "folders (as the Train page's folder datasets); relative to the repository.")
 limit = st.number_input(f"Images (0 = all of them, at most {MAX_PAGE_IMAGES:,} here)", min_value=0, value=500,
                         step=100, key="analyze_limit",
                         help="A seeded random sample of the folder, so every class is represented.")
@@ -100,24 +104,34 @@ def analyze_on_ray(model: str, data: Path, limit: int) -> dataset.DatasetAnalysi
     if done.returncode != 0:
         lines = [line for line in done.stderr.splitlines() if line.strip()]
         raise ValueError(lines[-1] if lines else f"vit.analyze --ray ended with status {done.returncode}")
-    return dataset.DatasetAnalysis.from_json(parse_json(read_text_bounded(out / "analysis.json")))
+    # Its mistakes must lie in the folder: the file is written on shared storage, and each opens in the explorer.
+    return dataset.DatasetAnalysis.from_json(parse_json(read_text_bounded(out / "analysis.json")), folder=data)
+
 
 def shown(text: str) -> str:
-    """Text as this visitor may see it: from the network, the data roots by name only, not where they are."""
-    return text if may_open else hide_data_roots(text, default_data_roots())
+    """Text as this visitor may see it: behind the token (maybe from the network), the data roots by name only."""
+    return hide_data_roots(text, default_data_roots()) if gate.mode == "token" else text
+
+
+def mistake_image(path: str, data: str):
+    """A mistake's image: a regular file inside the analysed folder, read with the uploads' bound."""
+    return open_image(explorer.read_image_file(path, data, st.get_option("server.maxUploadSize") * 2**20),
+                      name=Path(path).name)
 
 
 if st.button("Analyse", type="primary", disabled=not folder.strip()):
     try:
-        if not may_open:
-            # A visitor from the network may read images from the data roots only (as the Train page's datasets).
-            problem = folder_problem(f"folder:{folder.strip()}", default_data_roots())
-            if problem:
-                raise ValueError(problem.replace("folder datasets", "image folders"))
+        # Images from the data roots only, links resolved, as the Train page's datasets; the same answer
+        # for a folder outside them whether or not it exists.
+        spec = resolve_dataset(f"folder:{folder.strip()}")
+        problem = folder_problem(spec, default_data_roots())
+        if problem:
+            raise ValueError(problem.replace("folder datasets", "image folders"))
+        data_folder = Path(spec[len("folder:"):])
         checkpoint = open_source(choice)  # our .pt files and every format the explorer opens
         if not checkpoint.class_names:
             raise ValueError("this model has no classifier (a feature model): there are no classes to analyse")
-        everything = labelled_files(Path(folder.strip()), checkpoint.class_names)
+        everything = labelled_files(data_folder, checkpoint.class_names)
         if len(everything) > MAX_PAGE_IMAGES and (not limit or limit > MAX_PAGE_IMAGES):
             st.info(f"The folder has {len(everything):,} images; this page analyses a seeded sample of "
                     f"{MAX_PAGE_IMAGES:,} (python -m vit.analyze takes them all).")
@@ -130,21 +144,21 @@ if st.button("Analyse", type="primary", disabled=not folder.strip()):
                 bar.progress(done / total, text=f"{done} of {total} images")
 
         if on_ray:
-            analysis = analyze_on_ray(choice, Path(folder.strip()), len(files))
+            analysis = analyze_on_ray(choice, data_folder, len(files))
         else:
             analysis = dataset.analyze_files(checkpoint, files, progress=report)
         if with_mechanism:
             bar.progress(0.0, text=f"the mechanism: 0 of {len(files)} images")
             analysis.mechanism = dataset.analyze_mechanism(checkpoint, files, progress=report)
         # Figures once per analysis, not on every rerun (each mistake's button reruns the page).
-        st.session_state["analyze_result"] = (choice, analysis, dataset.figures(analysis))
+        st.session_state["analyze_result"] = (choice, str(data_folder), analysis, dataset.figures(analysis))
     except (UsageError, CheckpointError, ValueError) as e:
         st.error(escape_markdown(shown(str(e))))
 
 result = st.session_state.get("analyze_result")
 if result is None:
     st.stop()
-checkpoint_path, analysis, figures = result
+checkpoint_path, analysed_folder, analysis, figures = result
 accuracy = f"{analysis.accuracy:.1%}" if analysis.accuracy is not None else "–"
 left, middle, right = st.columns(3)
 left.metric("Images", analysis.count)
@@ -171,7 +185,7 @@ columns = st.columns(4)
 for i, mistake in enumerate(analysis.mistakes[:SHOWN_MISTAKES]):
     with columns[i % 4]:
         try:
-            st.image(open_image(mistake.path), width=128)
+            st.image(mistake_image(mistake.path, analysed_folder), width=128)
         except ImageError as e:
             st.text(shown(str(e)))
         # File and class names come from the folder and the checkpoint: their control characters as escapes.
@@ -180,4 +194,5 @@ for i, mistake in enumerate(analysis.mistakes[:SHOWN_MISTAKES]):
         if st.button("Open in the explorer", key=f"mistake-{i}"):
             st.session_state["explorer_checkpoint"] = checkpoint_path
             st.session_state["explorer_image"] = mistake.path
+            st.session_state["explorer_image_folder"] = analysed_folder  # the explorer checks it lies inside
             st.switch_page(EXPLORER_PAGE)

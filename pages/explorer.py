@@ -169,12 +169,15 @@ hf_chosen = st.session_state.get("explorer_hf_choice")  # kept in the picker whe
 if hf_chosen is not None and hf_chosen not in candidates and hf_chosen.path.is_dir():  # unless deleted since
     candidates.append(hf_chosen)
 extra = st.session_state.setdefault("explorer_extra_checkpoints", [])  # opened by path here or from another page
-may_open = access.is_local_address(st.get_option("server.address"))
-opened = st.sidebar.text_input(OPEN_PATH, key="explorer_open_path", placeholder="/path/to/model folder or file",
-                               help="A file or folder on the server: one of our .pt checkpoints, a Hugging Face "
-                                    "or timm model folder, or timm / torchvision weights.").strip()
-if not may_open:
-    opened = ""  # a visitor from the network may not read files of the server by path
+gate = access.server_access(st.get_option("server.address"), access.configured_token(st.secrets.get))
+may_open = gate.allows(st.session_state.get(access.UNLOCKED))  # vit.runs.access: the one rule of every page
+opened = ""  # a visitor the rule does not allow reads no file of the server by path: no field, nothing read
+if may_open:
+    opened = st.sidebar.text_input(OPEN_PATH, key="explorer_open_path", placeholder="/path/to/model folder or file",
+                                   help="A file or folder on the server: one of our .pt checkpoints, a Hugging Face "
+                                        "or timm model folder, or timm / torchvision weights.").strip()
+elif gate.mode == "token":
+    st.sidebar.caption("Opening a model by its path on the server needs the token: enter it on the Train page.")
 requested = st.session_state.pop("explorer_checkpoint", None) or (opened if opened != st.session_state.get(
     "explorer_opened_path") else None)
 st.session_state["explorer_opened_path"] = opened
@@ -240,8 +243,9 @@ full_checkpoint, full_fingerprint = checkpoint, fingerprint
 st.sidebar.header("Image")
 uploaded = st.sidebar.file_uploader("Upload an image", type=UPLOAD_TYPES,
                                     help="jpg, png, webp, bmp, gif or tiff; any size and aspect ratio.")
-if "explorer_image" in st.session_state:  # a file another page (Analyse a dataset) asked for
+if "explorer_image" in st.session_state:  # a file another page (Analyse a dataset) asked for, and its folder
     st.session_state["explorer_opened_image"] = st.session_state.pop("explorer_image")
+    st.session_state["explorer_opened_image_folder"] = st.session_state.pop("explorer_image_folder", None)
 opened_image = st.session_state.get("explorer_opened_image")
 if opened_image is not None and st.sidebar.button(f"Close {escape_markdown(Path(opened_image).name)}",
                                                   help="Back to the sample images."):
@@ -270,11 +274,17 @@ if pre.num_channels == 1:
 if uploaded is not None:
     data, image_name = uploaded.getvalue(), uploaded.name
 elif opened_image is not None:
+    # A path from an analysis.json: read only by a visitor the access rule allows, only a regular file inside the
+    # analysed folder, and no more of it than an upload may hold (a mistake named /dev/zero filled the memory).
+    folder = st.session_state.get("explorer_opened_image_folder")
     try:
-        data, image_name = Path(opened_image).read_bytes(), Path(opened_image).name
-    except OSError as e:
-        st.error(f"Cannot read {opened_image}: {e.strerror or e}")
+        if not may_open or not folder:
+            raise ImageError(f"{Path(opened_image).name} is not an image of a folder this visit analysed")
+        data = explorer.read_image_file(opened_image, folder, st.get_option("server.maxUploadSize") * 2**20)
+    except ImageError as e:
+        st.error(f"Cannot open this image: {escape_markdown(visible(str(e)))}")
         st.stop()
+    image_name = Path(opened_image).name
 elif sample is not None:
     data, image_name = sample.read_bytes(), sample.name
 else:

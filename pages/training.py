@@ -31,28 +31,21 @@ REFRESH_SECONDS = 3
 EXPLORER_PAGE = "pages/explorer.py"
 
 
-# -- who may use this page: anyone on this machine; from the network only with the token (see vit.access) -----
+# -- who may use this page: vit.runs.access's one rule; the token entered here unlocks every page ------------
 
-def configured_token() -> str | None:
-    try:
-        return os.environ.get(access.TOKEN_ENV) or st.secrets.get(access.TOKEN_SECRET)
-    except Exception:  # no secrets.toml, or an unreadable one: no token
-        return None
-
-
-gate = access.train_access(st.get_option("server.address"), configured_token())
+gate = access.server_access(st.get_option("server.address"), access.configured_token(st.secrets.get))
 if gate.mode == "disabled":
     st.title("Train a Vision Transformer")
     st.warning(gate.message)
     st.stop()
-if gate.mode == "token" and not st.session_state.get("train_unlocked"):
+if not gate.allows(st.session_state.get(access.UNLOCKED)):
     st.title("Train a Vision Transformer")
     st.info(gate.message)
     with st.form("unlock"):
         given = st.text_input("Training token", type="password", key="train_token_input")
         if st.form_submit_button("Unlock"):
             if gate.accepts(given):
-                st.session_state["train_unlocked"] = True
+                st.session_state[access.UNLOCKED] = True
                 st.rerun()
             time.sleep(1.0)  # slows guessing down
             st.error("That is not the training token.")
@@ -100,7 +93,6 @@ def recipe_hint(field: str) -> str:
 
 START_FROM = {"preset": "a preset (random weights)", "import": "an imported model"}
 FINETUNE_LABELS = {"full": "full: every weight trains", "linear-probe": "linear probe: the classifier alone"}
-LOCAL = access.is_local_address(st.get_option("server.address"))  # a network visitor may not give paths
 
 
 def importable_models() -> dict[str, catalog.CatalogEntry]:
@@ -115,7 +107,7 @@ def start_model(models: dict[str, catalog.CatalogEntry]) -> tuple[str | None, st
     s = st.session_state
     if s.get("train_start") != "import":
         return None, s["train_preset"]
-    typed = (s.get("train_init_path") or "").strip() if LOCAL else ""
+    typed = (s.get("train_init_path") or "").strip()  # past the gate, a visitor may give a path
     if typed:
         return typed, os.path.basename(typed.rstrip("/")) or "model"
     chosen = s.get("train_init") or ""
@@ -215,10 +207,9 @@ with st.form("launch"):
                      placeholder="no model found: give a path", help="With 'an imported model': the explorer's "
                      "list: shipped checkpoints, completed runs and the supported models of the local Hugging Face "
                      "cache. Only the image size (custom sizes) and dropout may change.")
-        if LOCAL:
-            st.text_input("Or a path on the server", key="train_init_path", placeholder="/path/to/model folder or file",
-                          help="Used instead of the list when given: our .pt, an HF or timm folder, timm / "
-                          "torchvision weights; relative to the repository.")
+        st.text_input("Or a path on the server", key="train_init_path", placeholder="/path/to/model folder or file",
+                      help="Used instead of the list when given: our .pt, an HF or timm folder, timm / "
+                      "torchvision weights; relative to the repository.")
         error_for("init")
         st.radio("Fine-tune", FINETUNE_MODES, key="train_finetune", format_func=FINETUNE_LABELS.get,
                  help="With an imported model. A linear probe trains the classifier alone on the frozen model's "

@@ -198,6 +198,7 @@ def test_the_analyse_page_runs_on_the_cluster_and_shows_what_a_local_run_shows(r
 
     monkeypatch.setenv("VIT_CHECKPOINTS_DIR", str(tmp_path / "checkpoints"))
     monkeypatch.setenv("VIT_RUNS_DIR", str(tmp_path / "runs"))
+    monkeypatch.setenv("VIT_DATA_ROOTS", str(world))  # the page analyses folders inside the data roots only
     (tmp_path / "checkpoints").mkdir()
     (tmp_path / "checkpoints" / "model.pt").write_bytes((world / "model.pt").read_bytes())  # what the page lists
 

@@ -9,6 +9,7 @@ new checkpoint, image or class runs the model.
 import base64
 import io
 import json
+import os
 from pathlib import Path
 from unittest import mock
 
@@ -24,6 +25,7 @@ from streamlit.testing.v1 import AppTest
 from vit.app import drawing, explorer
 from vit.app.catalog import DEFAULT_CHECKPOINT, default_checkpoints_dir
 from vit.checkpoint import save_checkpoint
+from vit.images import ImageError
 from vit.model import ViT, ViTConfig
 
 APP = str(Path(__file__).resolve().parent.parent / "app.py")
@@ -58,6 +60,8 @@ def dirs(tmp_path, monkeypatch):
     monkeypatch.setenv("VIT_RUNS_DIR", str(runs))
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf-cache"))  # never list the machine's own HF cache
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
+    monkeypatch.setenv("VIT_DATA_ROOTS", str(tmp_path))  # the Analyse page reads image folders from here only
+    monkeypatch.delenv("VIT_TRAIN_TOKEN", raising=False)  # a developer's token would lock what reads by path
     st.cache_data.clear()
     st.cache_resource.clear()
     yield checkpoints, runs
@@ -922,15 +926,14 @@ def test_on_a_network_no_server_path_can_be_opened(default_world, tmp_path):
     before = config.get_option("server.address")
     config.set_option("server.address", "0.0.0.0")
     try:
-        at = run_app()
-        sidebar_widget(at, "text_input", "Open a path").set_value(str(other))
-        at.run()
+        at = run_app(explorer_open_path=str(other))  # the field is not drawn: its key, as a crafted message sets it
     finally:
         config.set_option("server.address", before)
     assert not at.exception
     picker = sidebar_widget(at, "selectbox", "Checkpoint")
     assert picker.value != str(other) and not any("secret" in option for option in picker.options)
     assert not at.error  # nothing was read, so nothing says whether the path exists
+    assert not [t for t in at.sidebar.text_input if t.label == "Open a path"]
 
 
 @pytest.mark.parametrize("kind", ["attention", "rollout", "lrp", "flow"])
@@ -1072,3 +1075,31 @@ def test_class_names_from_the_file_show_their_control_characters(dirs):
     shown = ([e.value for e in [*at.caption, *at.markdown, *at.info, *at.sidebar.selectbox]] + picker.options
              + [json.dumps(f) for f in charts(at)])
     assert not any(c in str(text) for text in shown for c in "\u202e\u2066")
+
+
+def test_an_image_another_page_names_is_read_only_inside_its_folder_as_a_regular_file_within_the_upload_bound(
+        tmp_path):
+    """Issue 39, item 4: 'Open in the explorer' read /dev/zero (3 GB in 10 s) and a PNG outside every data root."""
+    folder = tmp_path / "data"
+    (folder / "cat").mkdir(parents=True)
+    image = folder / "cat" / "0.png"
+    image.write_bytes(png_bytes())
+    (tmp_path / "outside.png").write_bytes(png_bytes(seed=1))
+    (folder / "cat" / "link.png").symlink_to(tmp_path / "outside.png")
+    os.mkfifo(folder / "cat" / "fifo.png")
+    assert explorer.read_image_file(image, folder, 2**20) == image.read_bytes()
+    refused = {"/dev/zero": "not inside", str(tmp_path / "outside.png"): "not inside",
+               str(folder / "cat" / "link.png"): "not inside", str(folder / "cat" / "fifo.png"): "not a regular file",
+               str(folder / "cat"): "not a regular file"}
+    for path, reason in refused.items():
+        with pytest.raises(ImageError, match=reason):
+            explorer.read_image_file(path, folder, 2**20)
+    with pytest.raises(ImageError, match="over the 0 MB"):
+        explorer.read_image_file(image, folder, 100)
+
+
+def test_the_explorer_refuses_an_image_named_outside_the_folder_it_was_analysed_in(default_world, tmp_path):
+    at = run_app(explorer_image="/dev/zero", explorer_image_folder=str(tmp_path))
+    assert any("Cannot open this image: zero is not inside the analysed folder" in e.value for e in at.error)
+    at = run_app(explorer_image=str(tmp_path / "x.png"))  # no folder handed over: not an analysed image
+    assert any("not an image of a folder this visit analysed" in e.value for e in at.error)

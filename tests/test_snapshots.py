@@ -360,3 +360,17 @@ def test_probe_images_are_decoded_with_the_upload_bounds(tmp_path):
     with pytest.raises(snapshots.SnapshotError, match="damaged") as error:
         load_probe(tmp_path)
     assert "\n" not in str(error.value)
+
+
+def test_read_snapshots_are_kept_by_the_bytes_their_arrays_hold_not_by_their_count(tmp_path, monkeypatch):
+    """Issue 39, item 5a: float64 arrays doubled what a count of 16 files allowed; 16 small files held 2.5 GB."""
+    from vit.cache import ByteCache
+
+    cache = ByteCache(3 * 2**20)
+    monkeypatch.setattr(snapshots, "_SNAPSHOTS", cache)
+    arrays = {**fake_arrays(L=8, P=8, H=8, grid=(16, 16)), "cls_attention": np.zeros((8, 8, 8, 16, 16))}  # 1 MB f64
+    for epoch in range(8):
+        write_snapshot(tmp_path, epoch, arrays)
+        assert load_snapshot(tmp_path, epoch).cls_attention.dtype == np.float64
+        assert cache.bytes <= 3 * 2**20
+    assert len(cache) == 2, "two 1-MB-and-a-bit snapshots fit in 3 MB, not 16"

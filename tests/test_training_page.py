@@ -14,6 +14,7 @@ from helpers import displayed
 from streamlit.testing.v1 import AppTest
 from test_runs import make_image_folder
 
+from vit.runs import access
 from vit.runs.manager import RunManager
 
 PAGE = str(Path(__file__).resolve().parent.parent / "pages" / "training.py")
@@ -155,7 +156,8 @@ def test_on_a_network_without_a_token_the_page_is_disabled(folders, networked, m
     monkeypatch.delenv("VIT_TRAIN_TOKEN", raising=False)
     at = AppTest.from_file(PAGE).run(timeout=TIMEOUT)
     assert not at.exception
-    assert any("Training is disabled" in w.value and "VIT_TRAIN_TOKEN" in w.value for w in at.warning)
+    assert any("training, " in w.value and "are disabled" in w.value and "VIT_TRAIN_TOKEN" in w.value
+               for w in at.warning)
     assert not at.button and not at.dataframe and not at.text_input  # no form, no runs, no logs
 
 
@@ -185,7 +187,7 @@ def test_behind_the_token_the_page_names_the_data_roots_without_their_paths(fold
     images, runs_dir = folders
     monkeypatch.setenv("VIT_TRAIN_TOKEN", "correct-horse-battery-staple")
     at = AppTest.from_file(PAGE)
-    at.session_state["train_unlocked"] = True
+    at.session_state[access.UNLOCKED] = True
     at = at.run(timeout=TIMEOUT)
     fill_tiny_run(at, images, "outside")
     at.text_input(key="train_folder").set_value("/etc")

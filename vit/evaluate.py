@@ -38,6 +38,7 @@ from vit.predict import (
     run_cli,
     templates,
 )
+from vit.runfiles import lies_inside
 from vit.training.data import IMAGE_EXTENSIONS, list_class_folders
 
 PROG = "vit.evaluate"
@@ -80,8 +81,11 @@ def labelled_files(root: Path, class_names: list[str]) -> list[tuple[Path, int]]
         known = ", ".join(class_names[:20]) + (", ..." if len(class_names) > 20 else "")
         raise UsageError(f"{root} has class folder(s) the checkpoint does not know: {', '.join(unknown)} "
                          f"(its classes: {known}){hint}")
+    # A file (or class folder) linked from inside the folder to one outside it is not the folder's: an image
+    # folder limited to the data roots would otherwise read anything a link points at.
     files = [(path, class_names.index(name)) for name in folders
-             for path in sorted((root / name).rglob("*")) if path.suffix.lower() in IMAGE_EXTENSIONS and path.is_file()]
+             for path in sorted((root / name).rglob("*"))
+             if path.suffix.lower() in IMAGE_EXTENSIONS and path.is_file() and lies_inside(path, root)]
     if not files:
         raise UsageError(f"no images in {root}; lay it out as {root}/<class>/<image>")
     return files

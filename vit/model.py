@@ -38,6 +38,8 @@ from torch import nn
 CONFIG_BOUNDS = {"image_size": 8192, "patch_size": 1024, "num_channels": 16, "hidden_size": 16384, "num_layers": 256,
                  "num_heads": 256, "mlp_size": 131072, "num_classes": 100_000, "num_register_tokens": 256,
                  "projection_dim": 16384, "rope_ref_grid": 1024}
+MAX_LAYER_SCALE = 1e3  # layer scale starts at 1e-5 to 1 (CaiT, DINOv2/v3); 1e308 overflows the first block
+MAX_ROPE_THETA = 1e9  # DINOv3's period is 100, EVA-02's 10,000
 
 
 @dataclass(frozen=True)
@@ -106,8 +108,8 @@ class ViTConfig:
                 raise ValueError(f"ViTConfig.{name} must be in [0, 1), got {value!r}")
         if not isinstance(self.qkv_bias, bool):
             raise ValueError(f"ViTConfig.qkv_bias must be true or false, got {self.qkv_bias!r}")
-        if not isinstance(self.layer_norm_eps, (int, float)) or not self.layer_norm_eps > 0:
-            raise ValueError(f"ViTConfig.layer_norm_eps must be positive, got {self.layer_norm_eps!r}")
+        if not isinstance(self.layer_norm_eps, (int, float)) or not 0 < self.layer_norm_eps < 1:
+            raise ValueError(f"ViTConfig.layer_norm_eps must be positive and below 1, got {self.layer_norm_eps!r}")
         for name in ("distillation_token", "distillation_head", "fc_norm", "pos_embed_antialias", "class_token",
                      "pos_embed", "key_bias", "pre_norm", "gated_mlp", "mlp_norm"):
             if not isinstance(getattr(self, name), bool):
@@ -117,6 +119,9 @@ class ViTConfig:
         if self.layer_scale is not None and (isinstance(self.layer_scale, bool)
                                              or not isinstance(self.layer_scale, (int, float))):
             raise ValueError(f"ViTConfig.layer_scale must be a number or null, got {self.layer_scale!r}")
+        if self.layer_scale is not None and not abs(self.layer_scale) <= MAX_LAYER_SCALE:  # NaN fails too
+            raise ValueError(f"ViTConfig.layer_scale must be a finite number of at most {MAX_LAYER_SCALE:g} in "
+                             f"magnitude, got {self.layer_scale!r}")
         if self.pooling not in POOLINGS:
             raise ValueError(f"ViTConfig.pooling must be one of {', '.join(POOLINGS)}, got {self.pooling!r}")
         if self.prefix_positions not in PREFIX_POSITIONS:
@@ -126,8 +131,10 @@ class ViTConfig:
             raise ValueError(f"ViTConfig.rope must be one of {', '.join(ROPES)}, got {self.rope!r}")
         if self.activation not in ACTIVATIONS:
             raise ValueError(f"ViTConfig.activation must be one of {', '.join(ACTIVATIONS)}, got {self.activation!r}")
-        if isinstance(self.rope_theta, bool) or not isinstance(self.rope_theta, (int, float)) or self.rope_theta <= 0:
-            raise ValueError(f"ViTConfig.rope_theta must be positive, got {self.rope_theta!r}")
+        if isinstance(self.rope_theta, bool) or not isinstance(self.rope_theta, (int, float)) \
+                or not 0 < self.rope_theta <= MAX_ROPE_THETA:  # NaN and inf fail too
+            raise ValueError(f"ViTConfig.rope_theta must be a positive finite number of at most {MAX_ROPE_THETA:g}, "
+                             f"got {self.rope_theta!r}")
         if self.rope != "none" and (self.hidden_size // self.num_heads) % 4:
             raise ValueError(f"ViTConfig.rope needs a head size divisible by 4, got "
                              f"{self.hidden_size // self.num_heads}")

@@ -204,6 +204,13 @@ def read_text_bounded(path: Path, limit: int = MAX_RUN_FILE_BYTES) -> str:
         return file.read(limit + 1).decode("utf-8")
 
 
+def lies_inside(path: str | os.PathLike, folder: str | os.PathLike) -> bool:
+    """Whether ``path`` is ``folder`` or lies inside it once links are resolved: a link from inside the folder to
+    a file elsewhere does not lie inside it."""
+    real, root = Path(os.path.realpath(path)), Path(os.path.realpath(folder))
+    return real == root or root in real.parents
+
+
 def record_resume(config_file: Path, args: dict, resume: dict) -> None:
     """config.json keeps the run's arguments current (``args`` updates them) and lists every resume."""
     record = parse_json(read_text_bounded(config_file))

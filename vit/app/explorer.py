@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import stat
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from itertools import chain, islice
@@ -38,7 +39,7 @@ from vit.explain.attention import (
 )
 from vit.explain.hidden import LayerAttentions, forward_with_hidden_states
 from vit.explain.overlay import attentions_npz_bytes
-from vit.images import to_mode, to_uint8
+from vit.images import ImageError, to_mode, to_uint8
 from vit.inference import (
     TRAINING_SIZE,
     InputSize,
@@ -49,6 +50,7 @@ from vit.inference import (
     preprocess_at,
 )
 from vit.model import ViT
+from vit.runfiles import lies_inside
 
 MAP_KINDS = {
     "attention": "Attention of one layer",
@@ -126,6 +128,31 @@ def check_input_fits(checkpoint: Checkpoint, grid: tuple[int, int], what: str = 
 def image_digest(data: bytes) -> str:
     """A short content hash: the cache key of an uploaded or sample image."""
     return hashlib.sha256(data).hexdigest()[:20]
+
+
+def read_image_file(path: str | os.PathLike, folder: str | os.PathLike, max_bytes: int) -> bytes:
+    """The bytes of an image file another page names (the Analyse page's mistakes, from an ``analysis.json`` that
+    may be written elsewhere): ImageError (one line) unless it is a regular file inside ``folder``, links resolved,
+    of at most ``max_bytes`` (the uploads' bound); a device, a FIFO or a file elsewhere is never read."""
+    name = Path(path).name
+    if not lies_inside(path, folder):
+        raise ImageError(f"{name} is not inside the analysed folder")
+    try:
+        fd = os.open(os.path.realpath(path), os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))  # a FIFO does not block
+    except OSError as e:
+        raise ImageError(f"cannot read {name}: {e.strerror or e}") from None
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode):
+        os.close(fd)
+        raise ImageError(f"{name} is not a regular file")
+    with os.fdopen(fd, "rb") as file:
+        if info.st_size > max_bytes:
+            raise ImageError(f"{name} is {info.st_size / 2**20:.1f} MB, over the {max_bytes / 2**20:.0f} MB uploads "
+                             "may have")
+        data = file.read(max_bytes + 1)
+    if len(data) > max_bytes:  # grew while read
+        raise ImageError(f"{name} is over the {max_bytes / 2**20:.0f} MB uploads may have")
+    return data
 
 
 def sample_label(path: Path) -> str:

@@ -12,6 +12,7 @@ prints the JSON's path. A progress bar is drawn on stderr.
 from __future__ import annotations
 
 import json
+import os
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -25,7 +26,7 @@ from plotly.subplots import make_subplots
 from vit.checkpoint import Checkpoint
 from vit.explain.attention import fuse_heads, layer_stats, rollout, token_map
 from vit.inference import predict_files
-from vit.runfiles import atomic_write_text
+from vit.runfiles import atomic_write_text, lies_inside
 from vit.text import escape_plotly
 
 
@@ -68,10 +69,11 @@ class DatasetAnalysis:
                 **({"mechanism": self.mechanism.to_json()} if self.mechanism is not None else {})}
 
     @classmethod
-    def from_json(cls, data: object) -> DatasetAnalysis:
+    def from_json(cls, data: object, folder: str | os.PathLike | None = None) -> DatasetAnalysis:
         """The analysis ``to_json`` wrote (``analysis.json`` of a run elsewhere, e.g. on a Ray cluster), checked:
         ValueError (one line) for anything that is not such a file. The unreadable files come back as a count,
-        the mechanism is not read back."""
+        the mechanism is not read back. With ``folder`` (the analysed image folder), every mistake must lie inside
+        it, links resolved: the file is written elsewhere, and a page opens its mistakes."""
         try:
             names = data["class_names"]
             K = len(names)
@@ -87,6 +89,8 @@ class DatasetAnalysis:
             distance = array("mean_attention_distance", 2)
             mistakes = [Mistake(str(m["path"]), str(m["label"]), str(m["predicted"]), float(m["confidence"]))
                         for m in data["most_confident_mistakes"][:1000]]
+            if folder is not None and not all(lies_inside(m.path, folder) for m in mistakes):
+                raise ValueError("a mistake it lists lies outside the analysed folder")
             skipped = int(data["skipped"])
             return cls(class_names=names, count=int(data["count"]),
                        skipped=[f"{skipped} unreadable file(s); see the job's log"] if skipped else [],

@@ -1,12 +1,17 @@
 """Runs on a Ray cluster, from the client's side: submit one as a Ray job, follow its logs, stop it.
 
 ``submit_job`` and ``follow_to_the_end`` are what every command with ``--ray`` shares (``vit.train``,
-``vit.analyze``): the code-only ``runtime_env`` with its upload limit, the retried submission, the
+``vit.analyze``): the allow-listed code with its upload limit, the retried submission, the
 followed log, Ctrl-C as a job stop and the failed job's one-line error.
+
+What a job uploads is an allow-list, never the repository minus exceptions: ``code_package`` copies the ``vit``
+package's Python files (``PACKAGE``, ``UPLOADED``) into a fresh folder, and that folder is the job's
+``working_dir``. Secrets beside the code (``.streamlit/secrets.toml`` with the training token, ``.env``), data,
+weights and anything else a checkout gathers stay on this machine.
 
 ``python -m vit.train … --ray ADDRESS --workers N [--gpus-per-worker G]`` submits the run as a
 job whose ``submission_id`` is the run's id (its folder's name; a resume gets a suffix), whose
-``working_dir`` is the project's code only, and whose entrypoint is ``vit.runs.ray_train``. The
+``working_dir`` is the allow-listed code, and whose entrypoint is ``vit.runs.ray_train``. The
 run folder must lie on storage every node sees: paths are made absolute before submitting.
 """
 
@@ -14,28 +19,26 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import fnmatch
-import os
+import contextlib
 import re
 import shlex
+import shutil
 import signal
 import sys
+import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from vit.runfiles import ROOT, now_iso
+from vit.runfiles import ROOT, lies_inside, now_iso
 from vit.training.options import parse_args
 from vit.training.trainer import UsageError
 
 # Ray's default is 3 s between SIGTERM and SIGKILL: too short for a checkpoint of a large model.
 STOP_WAIT_SECONDS = 120
-MAX_UPLOAD_BYTES = 20 * 2**20  # the project's code is ~2 MB; more means something large slipped in
-# What the job does not need: environments, data, run folders, checkpoints, caches, git. Ray reads
-# these as .gitignore lines: "/runs" is the top folder only ("runs" would drop vit/runs too).
-EXCLUDES = ["/.venv", "/venv", "/runs", "/data", "/checkpoints", "/analysis", "/test-artifacts", "/.git",
-            "/.github", "/docs", "**/__pycache__", ".pytest_cache", ".ruff_cache", "*.pt", "*.pth", "*.safetensors",
-            "*.npz", "*.egg-info"]
+MAX_UPLOAD_BYTES = 20 * 2**20  # the package is ~2 MB; more means something large slipped in
+PACKAGE = "vit"  # everything a job runs (python -m vit.runs.ray_train, vit.analyze) is in it
+UPLOADED = "*.py"  # the package holds no other file a job reads
 AGENT_WAIT_SECONDS = 60  # a head that has just started answers "No available agent" for a few seconds
 TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")
 # Options whose value is a path: the job runs in an unpacked copy of the code elsewhere.
@@ -54,32 +57,32 @@ def ray_parser() -> argparse.ArgumentParser:
     return p
 
 
-def upload_size(root: Path = ROOT) -> int:
-    """Bytes of the files the job's working_dir uploads (what EXCLUDES leaves)."""
-    total = 0
-    for folder, dirs, files in os.walk(root):
-        rel = Path(folder).relative_to(root)
-        dirs[:] = [d for d in dirs if not _excluded(rel / d)]
-        total += sum((Path(folder) / f).stat().st_size for f in files
-                     if not _excluded(rel / f) and (Path(folder) / f).is_file())
-    return total
+def package_files(root: Path = ROOT) -> list[Path]:
+    """The files a job uploads, relative to ``root``: the ``vit`` package's Python files, no links (one could
+    point anywhere) and no ``__pycache__``."""
+    package = root / PACKAGE
+    return sorted(path.relative_to(root) for path in package.rglob(UPLOADED)
+                  if path.is_file() and not path.is_symlink() and "__pycache__" not in path.parts
+                  and lies_inside(path, package))
 
 
-def _excluded(rel: Path) -> bool:
-    return any(fnmatch.fnmatch(rel.name, pattern.removeprefix("**/")) if "*" in pattern
-               else rel.as_posix() == pattern.lstrip("/") for pattern in EXCLUDES)
-
-
-def runtime_env(root: Path = ROOT, limit: int = MAX_UPLOAD_BYTES) -> dict:
-    """The job's runtime_env: the code as working_dir, and the stop grace; refused over ``limit``."""
-    size = upload_size(root)
+@contextlib.contextmanager
+def code_package(root: Path = ROOT, limit: int = MAX_UPLOAD_BYTES) -> Iterator[dict]:
+    """The job's runtime_env while the ``with`` lasts: a fresh folder holding ``package_files`` as working_dir,
+    and the stop grace; RayRunError over ``limit`` bytes. Ray packs and uploads the folder when the job is
+    submitted, so submit inside the ``with``."""
+    files = package_files(root)
+    size = sum((root / f).stat().st_size for f in files)
     if size > limit:
         raise RayRunError(f"the code to upload to the cluster is {size / 2**20:.1f} MB, over the "
-                          f"{limit / 2**20:.0f} MB limit: move large files out of {root} (data, runs and "
-                          "checkpoints belong in their own folders, which are not uploaded)")
-    return {"working_dir": str(root), "excludes": list(EXCLUDES),
-            "env_vars": {"RAY_JOB_STOP_WAIT_TIME_S": str(STOP_WAIT_SECONDS), "OMP_NUM_THREADS": "1",
-                         "PYTHONUNBUFFERED": "1"}}
+                          f"{limit / 2**20:.0f} MB limit: move large files out of {root / PACKAGE}")
+    with tempfile.TemporaryDirectory(prefix="vit-job-code-") as folder:
+        for file in files:
+            (Path(folder) / file).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(root / file, Path(folder) / file)
+        yield {"working_dir": folder,
+               "env_vars": {"RAY_JOB_STOP_WAIT_TIME_S": str(STOP_WAIT_SECONDS), "OMP_NUM_THREADS": "1",
+                            "PYTHONUNBUFFERED": "1"}}
 
 
 def absolute_paths(argv: list[str]) -> list[str]:
@@ -159,25 +162,25 @@ def submit(address: str, argv: list[str], workers: int, gpus_per_worker: float) 
 
 
 def submit_job(address: str, entrypoint: str, sid: str, metadata: dict[str, str], what: str):
-    """Submit ``entrypoint`` (run in the project's code, ``runtime_env``) as job ``sid``; returns the client.
+    """Submit ``entrypoint`` (run in the allow-listed code, ``code_package``) as job ``sid``; returns the client.
 
     The upload size is checked before the cluster is contacted; a head that has just started is retried
     while it has no agent. RayRunError in one line (``what``: "run", "analysis") when the cluster refuses."""
-    env = runtime_env()
-    jobs = client(address)
-    deadline = time.monotonic() + AGENT_WAIT_SECONDS
-    while True:
-        try:
-            jobs.submit_job(entrypoint=entrypoint, submission_id=sid, runtime_env=env, metadata=metadata)
-            return jobs
-        except Exception as e:  # noqa: BLE001
-            text = _first_line(e)
-            if "No available agent" in text and time.monotonic() < deadline:  # a head that has just started
-                time.sleep(1.0)
-                continue
-            if "already exists" in text:
-                raise RayRunError(f"the cluster already has a job {sid}: choose another --out name") from None
-            raise RayRunError(f"the cluster refused the {what}: {text}") from None
+    with code_package() as env:
+        jobs = client(address)
+        deadline = time.monotonic() + AGENT_WAIT_SECONDS
+        while True:
+            try:
+                jobs.submit_job(entrypoint=entrypoint, submission_id=sid, runtime_env=dict(env), metadata=metadata)
+                return jobs
+            except Exception as e:  # noqa: BLE001
+                text = _first_line(e)
+                if "No available agent" in text and time.monotonic() < deadline:  # a head that has just started
+                    time.sleep(1.0)
+                    continue
+                if "already exists" in text:
+                    raise RayRunError(f"the cluster already has a job {sid}: choose another --out name") from None
+                raise RayRunError(f"the cluster refused the {what}: {text}") from None
 
 
 def follow(jobs, sid: str, write: Callable[[str], object], poll: float = 1.0) -> str:

@@ -16,6 +16,7 @@ Only the pieces no forward pass of ours needs are dropped, by name: DINOv2's ``m
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 
 import torch
@@ -63,6 +64,16 @@ def _square(value, name: str) -> int:
     return value
 
 
+def check_number(value, name: str, low: float, high: float, high_open: bool = False) -> None:
+    """ValueError naming config field ``name`` unless ``value`` is a finite number in [low, high] (or [low, high)):
+    fields the forward pass never reads are checked too, so a file that declares NaN or 1e308 is refused whole."""
+    ok = not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value) \
+        and low <= value and (value < high if high_open else value <= high)
+    if not ok:
+        raise ValueError(f"config {name} must be a finite number in [{low:g}, {high:g}{')' if high_open else ']'}, "
+                         f"got {str(value)[:40]}")
+
+
 def config_from_hf(hf_config, architecture: str = "ViTForImageClassification") -> ViTConfig:
     """Our ``ViTConfig`` for an HF config (a ``transformers`` config object, or its config.json as a dict).
 
@@ -82,6 +93,10 @@ def config_from_hf(hf_config, architecture: str = "ViTForImageClassification") -
     dinov2 = architecture.startswith("Dinov2")
     if dinov2 and get("use_swiglu_ffn", False):
         raise ValueError("HF DINOv2 config uses a SwiGLU MLP (the giant models); this model has a GELU MLP only")
+    if architecture.startswith("ViTMAE"):  # pre-training only, but a file declaring NaN is not MAE's
+        check_number(get("mask_ratio", 0.75), "mask_ratio", 0, 1, high_open=True)
+    if dinov2:
+        check_number(get("layerscale_value", 1.0), "layerscale_value", 0, 1e3)
     hidden = get("hidden_size")
     if dinov2:
         ratio = get("mlp_ratio", 4)

@@ -30,6 +30,7 @@ from collections.abc import Mapping
 import torch
 
 from vit.model import ViTConfig
+from vit.sources.hf import check_number
 
 SUPPORTED = ("DINOv3: HF DINOv3ViTModel folders, timm vit_*_patch16_dinov3* weights, original facebookresearch/dinov3 "
              "backbones (.pth)")
@@ -75,6 +76,9 @@ def activation(name) -> str:
 def config_from_hf(hf_config: Mapping) -> ViTConfig:
     """Our config for an HF ``DINOv3ViTConfig`` (object or config.json dict): a feature model pooling CLS."""
     get = lambda name, default=None: _get(hf_config, name, default)  # noqa: E731
+    _check_rope_numbers({name: get(name) for name in ("pos_embed_shift", "pos_embed_jitter", "pos_embed_rescale")})
+    check_number(get("rope_theta", 100.0), "rope_theta", 1e-6, 1e9)
+    check_number(get("layerscale_value", 1.0), "layerscale_value", 0, 1e3)
     image = _square(get("image_size", 224), "image_size")
     patch = _square(get("patch_size", 16), "patch_size")
     q, k, v = (bool(get(f"{n}_bias", d)) for n, d in (("query", True), ("key", False), ("value", True)))
@@ -87,6 +91,14 @@ def config_from_hf(hf_config: Mapping) -> ViTConfig:
         layer_scale=float(get("layerscale_value", 1.0)), pooling="cls", pos_embed=False, rope="dinov3",
         rope_theta=float(get("rope_theta", 100.0)), activation=activation(get("hidden_act", "gelu")),
         gated_mlp=bool(get("use_gated_mlp", False)))
+
+
+def _check_rope_numbers(values: Mapping[str, object]) -> None:
+    """RoPE's training-time augmentation (shift, jitter, rescale of the coordinates): inert in eval, but null or a
+    finite number in [0, 100] (DINOv3 trains with null, null and 2), never NaN or 1e308."""
+    for name, value in values.items():
+        if value is not None:
+            check_number(value, name, 0, 100)
 
 
 def _zeros_for(weight: torch.Tensor) -> torch.Tensor:
@@ -190,6 +202,9 @@ def config_from_timm(name: str, state: Mapping[str, torch.Tensor], model_args: M
                              f"{TIMM_FIXED[key]!r})")
         if key not in TIMM_HONOURED | TIMM_INERT | set(TIMM_FIXED):
             raise ValueError(f"timm model_args.{key} of {name} is not supported by this program's DINOv3")
+    _check_rope_numbers({f"model_args.{name}": args.get(name)
+                         for name in ("rope_shift_coords", "rope_jitter_coords", "rope_rescale_coords")})
+    check_number(args.get("rope_temperature", 100.0), "model_args.rope_temperature", 1e-6, 1e9)
     if args.get("rope_type", "dinov3") != "dinov3" or args.get("rope_rotate_half", True) is not True \
             or args.get("use_abs_pos_emb", False) or args.get("use_rot_pos_emb", True) is not True:
         raise ValueError(f"timm {name}: only DINOv3's rotary embedding (rope_type='dinov3', rotate_half) is supported")

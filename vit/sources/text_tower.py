@@ -18,8 +18,9 @@ How a label's score is read, after both embeddings are L2-normalised (``cos`` be
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -31,6 +32,8 @@ from vit.checkpoint import Checkpoint, CheckpointError
 MAX_LABELS = 64  # a prompt list beyond this is a dataset: use vit.evaluate --zero-shot
 MAX_LABEL_CHARS = 200  # as class names; CLIP reads 77 tokens, SigLIP 64: longer text is truncated anyway
 MAX_DATASET_CLASSES = 21843  # vit.evaluate --zero-shot: ImageNet-21k's classes at most
+MAX_TEXT_PARAMETERS = 2_000_000_000  # the largest published text towers (ViT-bigG's, SigLIP 2 g's) hold ~0.7-1.1 B
+MAX_TOKENIZER_BYTES = 40 * 2**20  # SigLIP 2's Gemma tokenizer.json is 34 MB, CLIP's 2 MB
 CACHE_ENTRIES = 4096  # text embeddings kept per tower (a ViT-L embedding is 3 kB)
 
 
@@ -85,27 +88,111 @@ def _offline():
 
 
 def _one_line(error: BaseException) -> str:
-    text = str(error).strip().splitlines()
-    return text[0] if text else type(error).__name__
+    """The error on one line, with its reason: torch's 'Error(s) in loading state_dict for CLIP:' says why only
+    on the lines after it."""
+    lines = [line.strip() for line in str(error).strip().splitlines() if line.strip()]
+    text = " ".join(lines) if lines and lines[0].endswith(":") else lines[0] if lines else type(error).__name__
+    return text if len(text) <= 400 else text[:400] + "…"
+
+
+def check_declared_model(skeleton: torch.nn.Module, state: Mapping[str, Tensor], vision_prefix: str,
+                         origin: str) -> None:
+    """Refuse a model before any memory is allocated for it: ``skeleton`` is the model its config declares, built on
+    the meta device, ``state`` the weights file's tensors (shapes are enough). TextTowerError (one line) when the
+    declared text side (every tensor not under ``vision_prefix``) is over ``MAX_TEXT_PARAMETERS``, or a declared
+    tensor is not in the file at the same shape: building it would allocate what the file does not hold."""
+    declared = skeleton.state_dict()
+    text = sum(t.numel() for name, t in declared.items() if not name.startswith(vision_prefix))
+    if text > MAX_TEXT_PARAMETERS:
+        raise TextTowerError(f"{origin} declares a text tower of {text:,} parameters, over the {MAX_TEXT_PARAMETERS:,} "
+                             "this program opens; its config is not that of a published model")
+    wrong = [name for name, t in declared.items() if name not in state or state[name].shape != t.shape]
+    if wrong:
+        name = wrong[0]
+        held = f"holds {tuple(state[name].shape)}" if name in state else "does not hold it"
+        raise TextTowerError(f"{origin} declares {name} of shape {tuple(declared[name].shape)} but the weights file "
+                             f"{held} ({len(wrong)} tensor(s) differ): the config does not describe these weights")
+
+
+TOKENIZER_SIDE_FILES = ("tokenizer_config.json", "special_tokens_map.json", "added_tokens.json")
+
+
+def _tokenizer_version(folder: Path) -> tuple:
+    """The folder's tokenizer files as (name, size, mtime), each checked within ``MAX_TOKENIZER_BYTES``: a 60 MB
+    tokenizer.json of 3 M entries took 28 s and 2 GB to read. A tokenizer is read once per version of them."""
+    version = []
+    for name in sorted({name for names in TOKENIZER_FILES for name in names} | set(TOKENIZER_SIDE_FILES)):
+        path = folder / name
+        if path.is_file():
+            stat = path.stat()
+            if stat.st_size > MAX_TOKENIZER_BYTES:
+                raise TextTowerError(f"{path} is {stat.st_size / 2**20:.0f} MB, over the "
+                                     f"{MAX_TOKENIZER_BYTES // 2**20} MB a tokenizer file may have (SigLIP 2's is "
+                                     "34 MB)")
+            version.append((name, stat.st_size, stat.st_mtime_ns))
+    return tuple(version)
+
+
+@functools.lru_cache(maxsize=4)
+def _load_tokenizer(library: str, folder: str, version: tuple):
+    """The model's own tokenizer from ``folder``, once per model (its files' ``version``), not each time a tower
+    opens: the explorer opens one per model and page cache, the commands one per run."""
+    with _offline():
+        if library == "transformers":
+            import transformers
+
+            return transformers.AutoTokenizer.from_pretrained(folder, local_files_only=True)
+        import open_clip
+
+        return open_clip.get_tokenizer(f"local-dir:{folder}")
+
+
+@contextlib.contextmanager
+def _quiet_transformers():
+    """transformers prints a multi-line loading report (missing and unexpected keys) on its logger: our one line
+    says what matters, so it is kept at errors while a tower opens."""
+    import transformers
+
+    level = transformers.logging.get_verbosity()
+    transformers.logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        transformers.logging.set_verbosity(level)
 
 
 def _open_hf(folder: Path, architecture: str) -> TextTower:
     import transformers
+
+    from vit.sources.open import HF_WEIGHTS, read_weights
 
     class_name, kind = _HF_TEXT[architecture]
     if not any(all((folder / name).is_file() for name in names) for names in TOKENIZER_FILES):
         raise TextTowerError(f"{folder} has no usable tokenizer files (tokenizer.json, or vocab.json and merges.txt "
                              "for CLIP, spiece.model for SigLIP); copy them from the model's Hub repository into "
                              "the folder")
-    with _offline():
+    version = _tokenizer_version(folder)
+    weights = next((folder / name for name in HF_WEIGHTS if (folder / name).is_file()), None)
+    if weights is None:
+        raise TextTowerError(f"{folder} has no {' or '.join(HF_WEIGHTS)}")
+    model_class = getattr(transformers, class_name)
+    with _offline(), _quiet_transformers():
+        try:  # the declared model on the meta device, compared with the file before from_pretrained allocates it
+            config = model_class.config_class.from_pretrained(str(folder), local_files_only=True)
+            with torch.device("meta"):
+                skeleton = model_class(config)
+        except Exception as e:  # noqa: BLE001
+            raise TextTowerError(f"{folder}: transformers cannot read its config ({_one_line(e)})") from None
+        check_declared_model(skeleton, read_weights(weights, "meta"), "vision_model.", str(folder / "config.json"))
+        del skeleton
         try:
-            tokenizer = transformers.AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+            tokenizer = _load_tokenizer("transformers", str(folder), version)
         except Exception as e:  # noqa: BLE001 - the libraries raise many types for a missing or broken file
             raise TextTowerError(f"{folder} has no usable tokenizer files (tokenizer.json, or vocab.json and "
                                  f"merges.txt for CLIP, spiece.model for SigLIP): {_one_line(e)}; copy them from "
                                  "the model's Hub repository into the folder") from None
         try:
-            model = getattr(transformers, class_name).from_pretrained(str(folder), local_files_only=True)
+            model = model_class.from_pretrained(str(folder), local_files_only=True)
         except Exception as e:  # noqa: BLE001
             raise TextTowerError(f"{folder}: transformers cannot open its text tower ({_one_line(e)})") from None
     model.vision_model = None  # the image side is ours; free its memory
@@ -143,14 +230,32 @@ def _open_open_clip(weights: Path, state: dict[str, Tensor]) -> TextTower:
                 raise TextTowerError(f"{weights}: its text tower is a Hugging Face model open_clip would download "
                                      "(hf_model_name); only open_clip's own text transformer is supported")
             cfg = {k: v for k, v in model_cfg.items() if k != "custom_text"}
+            try:  # the declared model on the meta device first: its size is checked before it is allocated
+                with torch.device("meta"):
+                    skeleton = open_clip.model.CLIP(**cfg)
+            except Exception as e:  # noqa: BLE001
+                raise TextTowerError(f"{config_path}: open_clip cannot build this model ({_one_line(e)})") from None
+            check_declared_model(skeleton, state, "visual.", str(config_path))
+            del skeleton
+            version = _tokenizer_version(weights.parent)
             try:
                 model = open_clip.model.CLIP(**cfg)
-                tokenizer = open_clip.get_tokenizer(f"local-dir:{weights.parent}")
+                tokenizer = _load_tokenizer("open_clip", str(weights.parent), version)
             except Exception as e:  # noqa: BLE001
                 raise TextTowerError(f"{config_path}: open_clip cannot build this model ({_one_line(e)})") from None
         else:  # OpenAI's flat layout: open_clip's own reader, QuickGELU, the bundled BPE vocabulary
+            # The reader takes the sizes from the tensors' shapes (the width from ln_final, the depth from the
+            # block names): a 2.8 MB file declared a 4096-wide, 64-layer tower. It runs on the meta device first,
+            # where its strict load compares every declared tensor with the file's, then for real.
             try:
+                with torch.device("meta"):
+                    skeleton = open_clip.model.build_model_from_openai_state_dict(
+                        {k: v.to("meta") for k, v in state.items()})
+                check_declared_model(skeleton, state, "visual.", str(weights))
+                del skeleton
                 model = open_clip.model.build_model_from_openai_state_dict(dict(state))
+            except TextTowerError:
+                raise
             except Exception as e:  # noqa: BLE001
                 raise TextTowerError(f"{weights}: open_clip cannot read it as OpenAI CLIP weights "
                                      f"({_one_line(e)}); put its open_clip_config.json beside it") from None

@@ -24,7 +24,6 @@ the grid follows from the input's height and width and the patch size.
 
 from __future__ import annotations
 
-import functools
 import io
 import json
 import math
@@ -34,12 +33,14 @@ import tempfile
 import zipfile
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import numpy as np
 import torch
 from PIL import Image
 
+from vit.cache import ByteCache
 from vit.explain.attention import fuse_heads, layer_stats, rollout, token_map
 from vit.images import ImageError, open_image
 from vit.runfiles import ATTENTION_DIR, PROBE_DIR, parse_json, read_text_bounded
@@ -51,8 +52,14 @@ _EPOCH_FILE = re.compile(r"^epoch_(\d{4,})\.npz$")
 STATISTICS = {"distance": "mean attention distance (px)", "entropy": "attention entropy (nats)"}
 SNAPSHOT_ARRAYS = ("logits", "cls_attention", "rollout", "distance", "entropy")
 # Bounds on what a run folder may make a reader decompress or decode (it may come from anyone). A ViT-L/14 at
-# 518 px with 8 probe images declares 24 x 8 x 16 x 37 x 37 = 4.2 M values; the cache keeps 16 files.
+# 518 px with 8 probe images declares 24 x 8 x 16 x 37 x 37 = 4.2 M values.
 MAX_SNAPSHOT_ELEMENTS = 16 * 2**20
+# Read files are kept by the bytes their arrays hold, not by count: a file may hold 16 M float64 values (128 MB),
+# and 16 kept epochs of 129 KB files held 2.5 GB.
+SNAPSHOT_CACHE_BYTES = 256 * 2**20
+STATISTICS_CACHE_BYTES = 32 * 2**20  # (L, H) per file: 1 kB for a ViT-B, 256 kB at ViTConfig's bounds
+_SNAPSHOTS = ByteCache(SNAPSHOT_CACHE_BYTES)
+_STATISTICS = ByteCache(STATISTICS_CACHE_BYTES)
 MAX_SNAPSHOT_LAYERS, MAX_SNAPSHOT_HEADS = 256, 256  # ViTConfig's own bounds
 MAX_PROBE_IMAGES = 64
 MAX_PROBE_SIDE, MAX_PROBE_PIXELS = 1024, 1024 * 1024  # probe images are stored at the model's input size
@@ -298,7 +305,8 @@ def load_snapshot(run_dir: str | os.PathLike, epoch: int) -> Snapshot:
     path = snapshot_path(run_dir, epoch)
     try:
         stat = path.stat()
-        return _read_snapshot(str(path), stat.st_ino, stat.st_mtime_ns, stat.st_size)
+        return _SNAPSHOTS.get_or_compute((str(path), stat.st_ino, stat.st_mtime_ns, stat.st_size),
+                                         lambda: _read_snapshot(str(path)))
     except FileNotFoundError:
         raise SnapshotError(f"no attention snapshot of epoch {epoch} in {Path(run_dir)}; "
                             f"epochs with one: {_epochs_text(run_dir)}") from None
@@ -308,9 +316,9 @@ def load_snapshot(run_dir: str | os.PathLike, epoch: int) -> Snapshot:
 
 
 # The Train page and the explorer redraw a snapshot every second while playing and every few seconds
-# otherwise: each file is decompressed once, and again only when rewritten (new inode and mtime).
-@functools.lru_cache(maxsize=16)
-def _read_snapshot(path: str, inode: int, mtime_ns: int, size: int) -> Snapshot:
+# otherwise: each file is decompressed once (load_snapshot keeps it in _SNAPSHOTS), and again only when
+# rewritten (new inode and mtime).
+def _read_snapshot(path: str) -> Snapshot:
     with np.load(path, allow_pickle=False) as npz:  # no pickles: a run folder may come from anyone
         shapes = _declared_shapes(npz, SNAPSHOT_ARRAYS)  # from the headers: nothing decompressed yet
         L, B, H, gh, gw = _snapshot_dims(shapes)
@@ -371,7 +379,8 @@ def statistics_over_epochs(run_dir: str | os.PathLike, statistic: str = "distanc
         path = snapshot_path(run_dir, epoch)
         try:
             stat = path.stat()
-            values = _statistic_of_file(str(path), stat.st_ino, stat.st_mtime_ns, stat.st_size, statistic)  # (L, H)
+            values = _STATISTICS.get_or_compute((str(path), stat.st_ino, stat.st_mtime_ns, stat.st_size, statistic),
+                                                partial(_statistic_of_file, str(path), statistic))  # (L, H)
         except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile):
             continue
         if head is not None and not 0 <= head < values.shape[1]:
@@ -384,9 +393,8 @@ def statistics_over_epochs(run_dir: str | os.PathLike, statistic: str = "distanc
 
 
 # The Train page redraws these curves every few seconds while a run adds one file per epoch: each file
-# is read once, and again only when rewritten (a rename gives it a new inode and mtime).
-@functools.lru_cache(maxsize=4096)
-def _statistic_of_file(path: str, inode: int, mtime_ns: int, size: int, statistic: str) -> np.ndarray:
+# is read once (kept in _STATISTICS), and again only when rewritten (a rename gives it a new inode and mtime).
+def _statistic_of_file(path: str, statistic: str) -> np.ndarray:
     with np.load(path, allow_pickle=False) as npz:
         shape = _declared_shapes(npz, [statistic])[statistic]
         if len(shape) != 2 or shape[0] > MAX_SNAPSHOT_LAYERS or shape[1] > MAX_SNAPSHOT_HEADS:
