@@ -19,7 +19,7 @@ from PIL import Image
 from vit.checkpoint import Checkpoint, Preprocessing
 from vit.images import ImageError, normalize, open_image, resized_size, to_uint8
 
-MAX_INPUT_SIDE = 1024  # px; beyond this even ViT-S/16 has over 4,000 tokens
+MAX_INPUT_SIDE = 4096  # px: ViT-B/16 has 65,537 tokens there; maps are computed in chunks (vit.explain.chunked)
 
 
 @dataclass(frozen=True)
