@@ -4,7 +4,7 @@ row-vector rollout equals the full rollout, at chunk sizes that do not divide th
 import pytest
 import torch
 
-from vit.explain.attention import fuse_heads, rollout
+from vit.explain.attention import fuse_heads, layer_stats, rollout, rollout_factor
 from vit.explain.chunked import LayerInputs, attention_chunks, chunk_sizes
 from vit.explain.hidden import forward_with_hidden_states
 from vit.model import ViT, ViTConfig
@@ -72,6 +72,19 @@ def test_row_vector_rollout_of_weights_is_those_weights_times_the_full_rollout()
     torch.testing.assert_close(inputs.rollout_row(row=weights, num_prefix_tokens=3), expected, rtol=0, atol=1e-6)
 
 
+@pytest.mark.parametrize(("head_chunk", "query_chunk"), CHUNKS)
+def test_chunked_factor_and_stats_equal_the_whole_layers(head_chunk, query_chunk):
+    model, hidden, attentions, grid = run(REGISTERS, batch=2)
+    inputs = LayerInputs(model, hidden, grid, head_chunk=head_chunk, query_chunk=query_chunk)
+    for layer, full in enumerate(attentions):
+        torch.testing.assert_close(inputs.factor(layer, "max", 0.3, 3), rollout_factor(full, "max", 0.3, 3),
+                                   rtol=0, atol=1e-6)
+        expected = layer_stats([full], grid, 4, 3)
+        distance, entropy = inputs.stats(layer, grid, 4, 3)
+        torch.testing.assert_close(distance, expected["distance"][0], rtol=1e-6, atol=1e-5)
+        torch.testing.assert_close(entropy, expected["entropy"][0], rtol=0, atol=1e-6)
+
+
 def test_token_norms_are_the_norms_of_each_layers_output():
     torch.manual_seed(0)
     model, images = ViT(REGISTERS).eval(), torch.randn(1, 3, 20, 28)
@@ -111,3 +124,49 @@ def test_out_of_range_layers_queries_and_heads_are_refused():
         inputs.rollout_row(38)
     with pytest.raises(ValueError, match="head fusion"):
         inputs.rollout_row(0, fusion="median")
+
+
+def test_the_explorers_maps_past_the_factor_cache_equal_the_whole_attentions(monkeypatch):
+    from PIL import Image
+
+    from vit.app import explorer
+    from vit.checkpoint import Checkpoint, Preprocessing
+    from vit.inference import InputSize
+
+    monkeypatch.setattr(explorer, "LAYER_CACHE_BYTES", 4096)  # too small for the factors: row vectors instead
+    torch.manual_seed(0)
+    model = ViT(REGISTERS).eval()
+    checkpoint = Checkpoint(model, ["a", "b", "c"], Preprocessing.default_for(REGISTERS))
+    image = Image.new("RGB", (28, 20), (200, 30, 90))
+    analysis = explorer.analyse(checkpoint, image, InputSize(28, keep_aspect=True))  # 28 x 20 px: 5 x 7 patches
+    assert not explorer.factors_fit(analysis)
+    x = explorer._model_input(checkpoint, image, InputSize(28, keep_aspect=True))
+    with torch.no_grad():
+        _, attentions = model(x, output_attentions=True)
+    full = rollout(attentions, "max", 0.2, -2, 3)
+    settings = explorer.MapSettings(kind="rollout", query=5, fusion="max", discard_ratio=0.2, end_layer=-2)
+    torch.testing.assert_close(torch.from_numpy(explorer.attention_map(analysis, settings)),
+                               full[0, 5, 3:].reshape(5, 7), rtol=0, atol=1e-6)
+    torch.testing.assert_close(explorer.layer_attention(analysis, 1, None, "min"), fuse_heads(attentions[1], "min"),
+                               rtol=0, atol=1e-6)
+    torch.testing.assert_close(explorer.layer_attention(analysis, 1, 2), attentions[1][:, 2], rtol=0, atol=1e-6)
+    expected = layer_stats(attentions, (5, 7), 4, 3)
+    distance, entropy = analysis.stats()
+    torch.testing.assert_close(torch.from_numpy(entropy), expected["entropy"][:, 0], rtol=0, atol=1e-6)
+    torch.testing.assert_close(torch.from_numpy(distance), expected["distance"][:, 0], rtol=1e-6, atol=1e-5)
+
+
+def test_a_whole_matrix_over_the_memory_limit_is_refused_naming_the_cli(monkeypatch):
+    from PIL import Image
+
+    from vit.app import explorer
+    from vit.checkpoint import Checkpoint, Preprocessing
+
+    torch.manual_seed(0)
+    checkpoint = Checkpoint(ViT(REGISTERS).eval(), ["a", "b", "c"], Preprocessing.default_for(REGISTERS))
+    analysis = explorer.analyse(checkpoint, Image.new("RGB", (16, 16)))
+    monkeypatch.setenv("VIT_ANALYSIS_MEMORY_MB", "0.001")  # 1 KB: under even one 19 x 19 matrix
+    with pytest.raises(explorer.TooManyTokens, match="vit.predict --save-maps"):
+        explorer.layer_attention(analysis, 0, None)
+    with pytest.raises(explorer.TooManyTokens, match="VIT_ANALYSIS_MEMORY_MB"):
+        explorer.attentions_npz(analysis, ["a", "b", "c"])

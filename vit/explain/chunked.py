@@ -20,7 +20,7 @@ from collections.abc import Iterator, Sequence
 import torch
 from torch import Tensor, nn
 
-from vit.explain.attention import _check_fusion, rollout_factor_rows
+from vit.explain.attention import _check_fusion, patch_centres, rollout_factor_rows
 from vit.explain.hidden import queries_and_keys
 
 CHUNK_BYTES = 256 * 2**20  # one chunk of scores: ViT-B/16 at 1,024 px takes 455 queries x 12 heads at a time
@@ -146,6 +146,35 @@ class LayerInputs:
         """The heads' fused map of one query in layer ``layer``: ``(B, T)``."""
         [(_, rows)] = list(self.fused_rows(layer, [query], fusion))
         return rows[:, 0]
+
+    def factor(self, layer: int, fusion: str = "mean", discard_ratio: float = 0.0, num_prefix_tokens: int = 1,
+               dtype: torch.dtype = torch.float32) -> Tensor:
+        """Layer ``layer``'s whole rollout factor ``(B, T, T)`` (``attention.rollout_factor``), built from fused
+        query chunks: ``T²`` values held, never ``H x T²``."""
+        B, T = self.hidden.shape[0], self.num_tokens
+        out = torch.empty(B, T, T, dtype=dtype)
+        for ts, fused in self.fused_rows(layer, None, fusion):
+            out[:, ts] = rollout_factor_rows(fused.cpu(), ts.start, discard_ratio, num_prefix_tokens).to(dtype)
+        return out
+
+    def stats(self, layer: int, grid: tuple[int, int], patch_size: int, num_prefix_tokens: int = 1
+              ) -> tuple[Tensor, Tensor]:
+        """Layer ``layer``'s per-head mean attention distance in px and entropy in nats, ``(B, H)`` each, as
+        ``attention.mean_attention_distance`` and ``attention_entropy`` compute them, summed chunk by chunk."""
+        p, (B, H) = num_prefix_tokens, (self.hidden.shape[0], self.num_heads)
+        centres = patch_centres(grid, patch_size)  # (N, 2)
+        distance, entropy = torch.zeros(B, H, dtype=torch.float64), torch.zeros(B, H, dtype=torch.float64)
+        for hs, ts, probs in self.chunks(layer):  # probs (B, h, t, T); queries[ts] are tokens ts.start..
+            probs = probs.cpu()
+            entropy[:, hs] -= torch.special.xlogy(probs, probs).sum(dim=(-1, -2)).double()
+            first = max(ts.start, p)  # patch queries only
+            if first < ts.stop:
+                a = probs[:, :, first - ts.start:, p:]  # (B, h, t', N)
+                a = a / a.sum(dim=-1, keepdim=True).clamp_min(torch.finfo(a.dtype).tiny)
+                d = torch.cdist(centres[first - p:ts.stop - p], centres).to(a.dtype)  # (t', N)
+                distance[:, hs] += (a * d).sum(dim=(-1, -2)).double()
+        N = grid[0] * grid[1]
+        return (distance / N).float(), (entropy / self.num_tokens).float()
 
     def token_norms(self, layer: int) -> Tensor:
         """The L2 norm of every token after layer ``layer``: ``(B, T)``."""
