@@ -170,3 +170,20 @@ def test_a_whole_matrix_over_the_memory_limit_is_refused_naming_the_cli(monkeypa
         explorer.layer_attention(analysis, 0, None)
     with pytest.raises(explorer.TooManyTokens, match="VIT_ANALYSIS_MEMORY_MB"):
         explorer.attentions_npz(analysis, ["a", "b", "c"])
+
+
+def test_gradient_maps_past_the_memory_limit_are_refused_up_front_with_the_largest_size_that_fits(monkeypatch):
+    from PIL import Image
+
+    from vit.app import explorer
+    from vit.checkpoint import Checkpoint, Preprocessing
+
+    torch.manual_seed(0)
+    checkpoint = Checkpoint(ViT(REGISTERS).eval(), ["a", "b", "c"], Preprocessing.default_for(REGISTERS))
+    # 3 layers x 3 heads x 19² tokens x 16 bytes = 52 KB over 0.04 MB (41,943 bytes), which fits 17 tokens:
+    # 14 patches, a 3 x 3 grid at most, 12 px. LeGrad's two layers need 35 KB: it runs.
+    monkeypatch.setenv("VIT_ANALYSIS_MEMORY_MB", "0.04")
+    for kind in ("lrp", "attnlrp"):
+        with pytest.raises(explorer.TooManyTokens, match="largest square input that fits is 12 px"):
+            explorer.model_method_map(checkpoint, Image.new("RGB", (16, 16)), kind, 0)
+    assert explorer.model_method_map(checkpoint, Image.new("RGB", (16, 16)), "legrad", 0).shape == (4, 4)

@@ -11,6 +11,7 @@ layers and heads from 1, like the ViT paper. Tokens keep their indices: 0 is CLS
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 import stat
 from collections.abc import Iterable, Sequence
@@ -129,6 +130,23 @@ def check_matrix_fits(analysis: Analysis, matrices: int, what: str) -> None:
         raise TooManyTokens(f"{what} at {T:,} tokens needs about {need / 2**20:,.0f} MB, over the "
                             f"{limit / 2**20:,.0f} MB limit per image (VIT_ANALYSIS_MEMORY_MB). Choose a smaller "
                             "input size, or use python -m vit.predict --save-maps, which writes it layer by layer.")
+
+
+def check_gradient_fits(model, tokens: int, what: str, layers: int | None = None) -> None:
+    """``TooManyTokens`` for a gradient method (class-specific map, LeGrad, LRP, AttnLRP) whose backward pass
+    keeps its layers' attention and gradient, ``4 x layers x H x T²`` floats (``layers``: default all), over the
+    memory limit; the message names the largest square input that fits. Checked before any work."""
+    config = model.config
+    layers = config.num_layers if layers is None else layers
+    per_token_squared = 4 * layers * config.num_heads * 4  # attentions, gradients, autograd copies
+    need = per_token_squared * tokens * tokens
+    _, limit = analysis_limits()
+    if need > limit:
+        side = math.isqrt(max(math.isqrt(limit // per_token_squared) - model.num_prefix_tokens, 1))
+        raise TooManyTokens(f"{what} keeps every layer's attention and gradient: about {need / 2**20:,.0f} MB at "
+                            f"{tokens:,} tokens, over the {limit / 2**20:,.0f} MB limit (VIT_ANALYSIS_MEMORY_MB); "
+                            f"the largest square input that fits is {side * config.patch_size} px. Choose a "
+                            "smaller input size, or another map.")
 
 
 def check_input_fits(checkpoint: Checkpoint, grid: tuple[int, int], what: str = "This input") -> None:
@@ -317,13 +335,7 @@ def class_relevance(checkpoint: Checkpoint, image: Image.Image, class_index: int
     shape = input_shape(image, p, model.config.patch_size, size)
     grid = model.patch_grid(*shape)
     tokens = model.num_prefix_tokens + grid[0] * grid[1]
-    config = model.config
-    need = 4 * config.num_layers * config.num_heads * tokens * tokens * 4  # attentions, gradients, autograd copies
-    _, limit = analysis_limits()
-    if need > limit:
-        raise TooManyTokens(f"The class-specific map keeps every layer's attention and gradient: about "
-                            f"{need / 2**20:,.0f} MB at {tokens:,} tokens, over the {limit / 2**20:,.0f} MB limit. "
-                            "Choose a smaller input size, or another map.")
+    check_gradient_fits(model, tokens, "The class-specific map")
     device = next(model.parameters()).device
     x = preprocess([image], p, size, model.config.patch_size).to(device)  # (1, C, H, W)
     _, attentions, gradients = class_gradients(model, x, class_index)
@@ -568,6 +580,9 @@ def model_method_map(checkpoint: Checkpoint, image: Image.Image, kind: str, clas
     device = next(model.parameters()).device
     x = preprocess([image], checkpoint.preprocessing, size, model.config.patch_size).to(device)  # (1, C, H, W)
     grid, prefix = model.patch_grid(x.shape[2], x.shape[3]), model.num_prefix_tokens
+    if kind in ("legrad", "lrp", "attnlrp"):
+        check_gradient_fits(model, prefix + grid[0] * grid[1], MAP_KINDS[kind].split(" (")[0],
+                            2 if kind == "legrad" else None)  # LeGrad reads the last two layers (its default)
     if kind == "legrad":
         result = legrad(model, x, class_index)
     elif kind == "lrp":
