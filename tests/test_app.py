@@ -852,17 +852,27 @@ def test_matrix_names_every_prefix_token_in_its_ticks_and_hover_text():
     assert "%{y}" in fig.data[0].hovertemplate and "%{x}" in fig.data[0].hovertemplate
 
 
-def test_memory_per_image_stays_under_the_limit_or_the_input_is_refused():
-    from vit.checkpoint import Checkpoint, Preprocessing
+def test_memory_per_image_follows_the_chunked_model_and_the_token_gate(monkeypatch):
+    from types import SimpleNamespace
 
-    small = ViTConfig(image_size=224, patch_size=8, num_channels=3, num_classes=3, hidden_size=48, num_layers=12,
-                      num_heads=6, mlp_size=64)  # ViT-S/8's geometry
-    checkpoint = Checkpoint(ViT(small).eval(), CLASSES, Preprocessing.default_for(small))
-    # 480 px keep-aspect on a 4:3 photo: 60 x 45 patches, 2,701 tokens: fits the 1 GB bound.
-    explorer.check_input_fits(checkpoint, (45, 60))
-    assert explorer.analysis_memory(12, 6, 384, 2701) < explorer.ANALYSIS_MEMORY_LIMIT
+    def vit(hidden_size: int, num_layers: int, num_heads: int):  # the geometry is all the gate reads
+        config = ViTConfig(image_size=224, patch_size=16, hidden_size=hidden_size, num_layers=num_layers,
+                           num_heads=num_heads, mlp_size=4 * hidden_size)
+        return SimpleNamespace(model=SimpleNamespace(config=config, num_prefix_tokens=1))
+
+    base, large = vit(768, 12, 12), vit(1024, 24, 16)
+    # 1,024 px: 64 x 64 patches, 4,097 tokens. The whole attentions were 9 GB (ViT-B) and 19 GB (ViT-L); the
+    # hidden states, the cache, one layer's queries and keys and one chunk fit 1 GB.
+    explorer.check_input_fits(base, (64, 64))
+    explorer.check_input_fits(large, (64, 64))
+    assert explorer.analysis_memory(24, 16, 1024, 4097) < explorer.ANALYSIS_MEMORY_LIMIT
+    with pytest.raises(explorer.TooManyTokens, match="at most 16,384"):
+        explorer.check_input_fits(base, (128, 128))  # 2,048 px: 16,385 tokens
+    monkeypatch.setenv("VIT_MAX_TOKENS", "20000")
     with pytest.raises(explorer.TooManyTokens, match="over the 1,024 MB limit"):
-        explorer.check_input_fits(checkpoint, (60, 80))  # 4,801 tokens
+        explorer.check_input_fits(base, (128, 128))  # its hidden states alone are 654 MB
+    monkeypatch.setenv("VIT_ANALYSIS_MEMORY_MB", "2048")
+    explorer.check_input_fits(base, (128, 128))
 
 
 @pytest.mark.parametrize("colormap", drawing.COLORMAPS)

@@ -80,7 +80,8 @@ def test_predict_prints_a_json_list_of_top_k_labels_and_saves_maps(files, tmp_pa
     done = run_cli("vit.predict", files["checkpoint"], files["wide"], files["tall"], "--top-k", 2,
                    "--save-maps", maps)
     assert done.returncode == 0, done.stderr
-    assert done.stderr == ""
+    assert done.stderr.splitlines() == [f"vit.predict: writing {maps / stem}.npz: 0.0 MB (2 layers x 2 heads x "
+                                        f"{TOKENS}² float32)" for stem in ("wide", "tall")]
     records = json.loads(done.stdout)
     assert [r["image"] for r in records] == [str(files["wide"]), str(files["tall"])]
     for record in records:
@@ -218,6 +219,80 @@ def test_saved_maps_hold_the_same_attention_as_the_model(files, tmp_path, capsys
         np.testing.assert_allclose(npz["probabilities"], prediction.probabilities, atol=1e-6)
 
 
+def test_saved_maps_in_float16_are_the_models_attention_rounded(files, tmp_path, capsys):
+    maps = tmp_path / "maps"
+    argv = [str(files["checkpoint"]), str(files["wide"]), "--save-maps", str(maps), "--maps-dtype", "float16"]
+    assert predict_cli.main(argv) == 0
+    from vit.checkpoint import load_checkpoint
+    from vit.inference import predict
+
+    [prediction] = predict(load_checkpoint(files["checkpoint"]), [Image.open(files["wide"])])
+    with np.load(maps / "wide.npz") as npz:
+        for i, layer in enumerate(prediction.attentions):
+            assert npz[f"layer_{i}"].dtype == np.float16
+            np.testing.assert_array_equal(npz[f"layer_{i}"], layer.astype(np.float16))
+
+
+def test_the_overlays_draw_the_full_rollouts_and_last_layers_cls_rows(files, tmp_path, capsys, monkeypatch):
+    import vit.explain.overlay as overlays  # vit.predict imports it when it draws, after parsing
+
+    drawn = []
+    real_overlay = overlays.overlay
+    monkeypatch.setattr(overlays, "overlay", lambda image, map2d: drawn.append(map2d) or real_overlay(image, map2d))
+    maps = tmp_path / "maps"
+    assert predict_cli.main([str(files["checkpoint"]), str(files["wide"]), "--size", "24", "--keep-aspect",
+                             "--save-maps", str(maps)]) == 0
+    from vit.checkpoint import load_checkpoint
+    from vit.explain.attention import fuse_heads, rollout, token_map
+    from vit.inference import InputSize, predict
+
+    checkpoint, image = load_checkpoint(files["checkpoint"]), Image.open(files["wide"])
+    [prediction] = predict(checkpoint, [image], size=InputSize(24, True))
+    layers = [torch.from_numpy(a)[None] for a in prediction.attentions]
+    grid = (2, 6)  # 48 x 20 px -> 24 x 8 px
+    cls, rolled = drawn
+    np.testing.assert_allclose(cls, token_map(fuse_heads(layers[-1]), 0, grid)[0].numpy(), rtol=0, atol=1e-6)
+    np.testing.assert_allclose(rolled, token_map(rollout(layers), 0, grid)[0].numpy(), rtol=0, atol=1e-6)
+
+
+def test_maps_over_the_disk_limit_are_refused_before_any_work_naming_how_to_raise_it(files, tmp_path, capsys):
+    maps = tmp_path / "maps"
+    argv = [str(files["checkpoint"]), str(files["wide"]), "--size", "64", "--save-maps", str(maps)]
+    # 2 layers x 2 heads x 257² float32 = 1.06 MB
+    assert predict_cli.main([*argv, "--max-maps-mb", "1"]) == 2
+    message = one_line(capsys.readouterr().err)
+    assert "1 MB limit" in message and "--max-maps-mb" in message and "VIT_MAX_MAPS_MB" in message
+    assert "float16" in message
+    assert not maps.exists()
+
+
+def test_the_maps_limit_can_be_raised_by_the_environment(files, tmp_path, capsys, monkeypatch):
+    maps = tmp_path / "maps"
+    argv = [str(files["checkpoint"]), str(files["wide"]), "--size", "64", "--save-maps", str(maps)]
+    monkeypatch.setenv("VIT_MAX_MAPS_MB", "1")
+    assert predict_cli.main(argv) == 2
+    capsys.readouterr()
+    monkeypatch.setenv("VIT_MAX_MAPS_MB", "2")
+    assert predict_cli.main(argv) == 0
+    assert "writing" in capsys.readouterr().err
+    with np.load(maps / "wide.npz") as npz:
+        assert npz["layer_1"].shape == (2, 257, 257)
+
+
+def test_a_crash_while_writing_maps_leaves_no_npz(files, tmp_path, capsys, monkeypatch):
+    import vit.explain.chunked as chunked
+
+    def broken(*args, **kwargs):
+        yield from ()
+        raise RuntimeError("disk gone")
+
+    monkeypatch.setattr(chunked, "attention_chunks", broken)
+    maps = tmp_path / "maps"
+    assert predict_cli.main([str(files["checkpoint"]), str(files["wide"]), "--save-maps", str(maps)]) == 1
+    assert "disk gone" in capsys.readouterr().err
+    assert list(maps.iterdir()) == []
+
+
 # ---------------------------------------------------------------------------------------------
 # evaluate
 
@@ -312,7 +387,7 @@ def test_predict_keep_aspect_saves_maps_on_the_non_square_grid(files, tmp_path, 
 
 def test_predict_refuses_a_size_over_the_limit_on_one_line(files, capsys):
     assert predict_cli.main([str(files["checkpoint"]), str(files["wide"]), "--size", "5000"]) == 2
-    assert "at most 1024 px" in one_line(capsys.readouterr().err)
+    assert "at most 4096 px" in one_line(capsys.readouterr().err)
 
 
 def test_evaluate_at_another_square_size(files, capsys, monkeypatch):

@@ -8,7 +8,9 @@ import argparse
 import sys
 from collections.abc import Callable
 
-MAX_INPUT_SIDE = 1024  # px (``--size``, the explorer's input sizes); beyond this even ViT-S/16 has over 4,000 tokens
+# px (--size, the explorer's input sizes): ViT-B/16 has 65,537 tokens there; maps are computed in chunks
+# (vit.explain.chunked)
+MAX_INPUT_SIDE = 4096
 
 
 class UsageError(ValueError):

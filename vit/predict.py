@@ -15,7 +15,10 @@ each image also gets, named after its file (``photo.jpg`` -> ``photo``; a second
   DIR/<stem>_cls.png      the last layer's CLS attention averaged over heads, over that part
   DIR/<stem>_rollout.png  attention rollout over all layers (mean over heads), over that part
 
-Both overlays are at the image's own resolution.
+Both overlays are at the image's own resolution. The ``.npz`` is written layer by layer (uncompressed, so its
+size is known before: it is printed on stderr first), each layer's attention computed in chunks from the
+layer's input, so memory stays bounded at any ``--size``; ``--maps-dtype float16`` halves the file. An image
+whose maps would exceed ``--max-maps-mb`` (default 4096, or env VIT_MAX_MAPS_MB) is refused before any work.
 
 Asking a CLIP or SigLIP in words: ``--labels "a dog,a cat"`` (commas, semicolons or line breaks between
 labels) prints the zero-shot predictions in the same shape, ``label`` being the typed label; each label is
@@ -28,7 +31,7 @@ with ``class_names`` the labels and ``probability_kind``; each map is also drawn
 
 ``--ablate 2.3,4.1`` zero-ablates those heads
 (LAYER.HEAD, counted from 1) for everything above: their outputs are zeroed before the output projection.
-``--size N`` runs the model on an N-px square
+``--size N`` (at most 4096) runs the model on an N-px square
 instead of its training size (``--keep-aspect``: the long side at N px, the other in proportion),
 rounded to whole patches with the position embeddings interpolated. Exit status: 0 when every image was
 classified; 1 when some could not be read (each is named on stderr, one line, and the
@@ -39,6 +42,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -63,6 +67,9 @@ if TYPE_CHECKING:
     from vit.inference import FileResult, InputSize
 
 PROG = "vit.predict"
+MAPS_DTYPES = ("float32", "float16")
+MAX_MAPS_MB = 4096  # one image's .npz: ViT-B/16 at 448 px (785 tokens) is 355 MB in float32, at 1,024 px 9.7 GB
+MAX_MAPS_ENV = "VIT_MAX_MAPS_MB"
 
 
 def resolve_device(spec: str) -> torch.device:
@@ -100,6 +107,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--top-k", type=positive_int, default=5,
                    help="how many labels to list per image (default 5; at most the number of classes)")
     p.add_argument("--save-maps", metavar="DIR", help="also write attention arrays and overlays into DIR")
+    p.add_argument("--maps-dtype", choices=MAPS_DTYPES, default="float32",
+                   help="with --save-maps: the .npz's attention precision (float16 halves the file)")
+    p.add_argument("--max-maps-mb", type=positive_int, metavar="MB",
+                   help=f"with --save-maps: refuse an image whose .npz would be larger (default {MAX_MAPS_MB}, or "
+                        f"env {MAX_MAPS_ENV})")
     p.add_argument("--batch-size", type=positive_int, default=64, help="images per forward pass (default 64)")
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
                    help="where the model runs (default auto: a GPU when there is one)")
@@ -197,29 +209,95 @@ def unique_stem(path: Path, taken: set[str]) -> str:
     return name
 
 
+def maps_limit_mb(args: argparse.Namespace) -> int:
+    """``--max-maps-mb``, else env VIT_MAX_MAPS_MB, else ``MAX_MAPS_MB``."""
+    if args.max_maps_mb is not None:
+        return args.max_maps_mb
+    text = os.environ.get(MAX_MAPS_ENV)
+    if not text:
+        return MAX_MAPS_MB
+    try:
+        return positive_int(text)
+    except argparse.ArgumentTypeError as e:
+        raise UsageError(f"{MAX_MAPS_ENV}: {e}") from None
+
+
+def maps_bytes(num_layers: int, num_heads: int, tokens: int, dtype: str) -> int:
+    """Bytes of the ``layer_i`` arrays of one image's ``.npz``: ``L x H x T²`` values of ``dtype``."""
+    from vit.explain.overlay import npz_array_bytes
+
+    return num_layers * npz_array_bytes((num_heads, tokens, tokens), dtype)
+
+
+def check_maps_fit(checkpoint: Checkpoint, size: InputSize, dtype: str, limit_mb: int) -> None:
+    """UsageError, before any work, when one image's ``.npz`` could exceed ``limit_mb``: the square of ``size``'s
+    side bounds every image (``--keep-aspect`` only shortens a side)."""
+    from vit.inference import InputSize
+
+    model, config = checkpoint.model, checkpoint.model.config
+    side = size.side or checkpoint.preprocessing.image_size
+    grid = model.patch_grid(*InputSize(side).shape((side, side), checkpoint.preprocessing, config.patch_size))
+    tokens = model.num_prefix_tokens + grid[0] * grid[1]
+    need = maps_bytes(config.num_layers, config.num_heads, tokens, dtype)
+    if need > limit_mb * 2**20:
+        half = "" if dtype == "float16" else ", --maps-dtype float16 (half)"
+        raise UsageError(f"--save-maps at {side} px would write up to {need / 2**20:,.0f} MB per image "
+                         f"({config.num_layers} layers x {config.num_heads} heads x {tokens:,}² {dtype}), over the "
+                         f"{limit_mb:,} MB limit; raise --max-maps-mb (or env {MAX_MAPS_ENV}), or use a smaller "
+                         f"--size{half}")
+
+
 def save_maps(result: FileResult, checkpoint: Checkpoint, folder: Path, stem: str,
-              size: InputSize | None = None, prompts=None, tower: Checkpoint | None = None) -> dict:
+              size: InputSize | None = None, prompts=None, tower: Checkpoint | None = None,
+              dtype: str = "float32") -> dict:
     """Write ``result``'s attention arrays and its CLS and rollout overlays (and with ``prompts`` each label's
     maps, computed on ``tower``, the image tower ``checkpoint`` was asked through); returns the files by kind.
-    ``size`` None is the checkpoint's own input size."""
+
+    For our ``ViT`` the arrays are computed layer by layer in chunks from the layer inputs of one more forward
+    pass, and the rollout overlay is the rollout's CLS row by row vector (``vit.explain.chunked``): memory
+    stays bounded at any size. A wrapped model (``--ablate``) gives its attentions whole. ``size`` None is the
+    checkpoint's own input size."""
     import numpy as np
     import torch
 
-    from vit.explain.attention import fuse_heads, rollout, token_map
-    from vit.explain.overlay import attentions_npz_bytes, overlay
-    from vit.inference import TRAINING_SIZE, input_box, input_shape, seen_region
+    from vit.explain.attention import fuse_heads, rollout
+    from vit.explain.chunked import LayerInputs, attention_chunks
+    from vit.explain.hidden import forward_with_hidden_states
+    from vit.explain.overlay import overlay, write_npz_streamed
+    from vit.inference import TRAINING_SIZE, input_box, input_shape, preprocess, seen_region
+    from vit.model import ViT
 
     size = TRAINING_SIZE if size is None else size
-    prediction = result.prediction
-    layers = [torch.from_numpy(a)[None] for a in prediction.attentions]  # each (1, heads, T, T)
-    shape = input_shape(result.image, checkpoint.preprocessing, checkpoint.model.config.patch_size, size)
-    grid = checkpoint.model.patch_grid(*shape)
-    prefix = checkpoint.model.num_prefix_tokens
-    cls_map = token_map(fuse_heads(layers[-1], "mean"), 0, grid, num_prefix_tokens=prefix)[0]  # (gh, gw)
-    rollout_map = token_map(rollout(layers, "mean", num_prefix_tokens=prefix), 0, grid,
-                            num_prefix_tokens=prefix)[0]  # (gh, gw)
+    prediction, model = result.prediction, checkpoint.model
+    shape = input_shape(result.image, checkpoint.preprocessing, model.config.patch_size, size)
+    grid = model.patch_grid(*shape)
+    prefix = model.num_prefix_tokens
+    if isinstance(model, ViT):
+        x = preprocess([result.image], checkpoint.preprocessing, size, model.config.patch_size)
+        with torch.inference_mode():
+            _, hidden = forward_with_hidden_states(model, x.to(next(model.parameters()).device))  # (1, L+1, T, D)
+        inputs = LayerInputs(model, hidden.float(), grid)
+        cls_row = inputs.fused(-1, 0)[0]  # (T,)
+        rollout_row = inputs.rollout_row(0, num_prefix_tokens=prefix)[0]  # (T,)
+        L, H, T = inputs.num_layers, inputs.num_heads, inputs.num_tokens
+
+        def pieces(layer: int):  # (H, T, T) in C order: head by head, a chunk of queries at a time
+            q, k = inputs.queries_and_keys(layer)
+            for h in range(H):
+                for _, _, probs in attention_chunks(q, k, heads=[h]):
+                    yield probs[0, 0].cpu().numpy()
+    else:
+        layers = [torch.from_numpy(a)[None] for a in prediction.attentions]  # each (1, heads, T, T)
+        cls_row = fuse_heads(layers[-1], "mean")[0, 0]
+        rollout_row = rollout(layers, "mean", num_prefix_tokens=prefix)[0, 0]
+        L, (H, T, _) = len(layers), prediction.attentions[0].shape
+
+        def pieces(layer: int):
+            yield prediction.attentions[layer]
     files = {"npz": folder / f"{stem}.npz", "cls": folder / f"{stem}_cls.png",
              "rollout": folder / f"{stem}_rollout.png"}
+    print(f"{PROG}: writing {files['npz']}: {maps_bytes(L, H, T, dtype) / 2**20:,.1f} MB "
+          f"({L} layers x {H} heads x {T:,}² {dtype})", file=sys.stderr, flush=True)
     extra = {}
     if checkpoint.class_names:  # a model without a head has no logits to keep
         extra = dict(probabilities=prediction.probabilities, logits=prediction.logits,
@@ -230,13 +308,13 @@ def save_maps(result: FileResult, checkpoint: Checkpoint, folder: Path, stem: st
         extra.update(prompt_arrays, probability_kind=np.array(prompts.kind),
                      templates=np.array(prompts.templates))
     box = input_box(result.image.size, checkpoint.preprocessing, size)  # what the model saw (a crop, for some)
-    files["npz"].write_bytes(attentions_npz_bytes(prediction.attentions, **extra, grid=np.array(grid),
-                                                  patch_size=np.array(checkpoint.model.config.patch_size),
-                                                  prefix_tokens=np.array(prefix), input_size=np.array(shape),
-                                                  input_box=np.array(box, dtype=np.float64)))
+    write_npz_streamed(files["npz"], ((f"layer_{i}", (H, T, T), dtype, pieces(i)) for i in range(L)), **extra,
+                       grid=np.array(grid), patch_size=np.array(model.config.patch_size),
+                       prefix_tokens=np.array(prefix), input_size=np.array(shape),
+                       input_box=np.array(box, dtype=np.float64))
     seen = seen_region(result.image, checkpoint.preprocessing, size)  # maps go over exactly those pixels
-    overlay(seen, cls_map.numpy()).save(files["cls"], format="PNG")
-    overlay(seen, rollout_map.numpy()).save(files["rollout"], format="PNG")
+    overlay(seen, cls_row[prefix:].reshape(grid).float().numpy()).save(files["cls"], format="PNG")
+    overlay(seen, rollout_row[prefix:].reshape(grid).float().numpy()).save(files["rollout"], format="PNG")
     return {**{kind: str(path) for kind, path in files.items()}, **listed}
 
 
@@ -254,14 +332,18 @@ def run(args: argparse.Namespace) -> int:
     if args.ablate is not None:
         checkpoint = ablated(checkpoint, args.ablate)
     maps_dir = Path(args.save_maps) if args.save_maps else None
+    size = input_size(args)
     if maps_dir is not None:
+        check_maps_fit(checkpoint, size, args.maps_dtype, maps_limit_mb(args))
         try:
             maps_dir.mkdir(parents=True, exist_ok=True)
         except OSError as e:
             raise UsageError(f"cannot create --save-maps folder {maps_dir} ({e.strerror or e})") from None
     records, failed, taken = [], 0, set()
-    size = input_size(args)
-    for result in predict_files(checkpoint, args.images, args.top_k, output_attentions=maps_dir is not None,
+    from vit.model import ViT  # our ViT's maps are computed in chunks by save_maps; a wrapped model's come whole
+
+    whole = maps_dir is not None and not isinstance(checkpoint.model, ViT)
+    for result in predict_files(checkpoint, args.images, args.top_k, output_attentions=whole,
                                 batch_size=args.batch_size, size=size):
         if result.prediction is None:
             print(f"{PROG}: skipped: {result.error}", file=sys.stderr)
@@ -270,7 +352,7 @@ def run(args: argparse.Namespace) -> int:
         record = result.to_dict()
         if maps_dir is not None:
             record["maps"] = save_maps(result, checkpoint, maps_dir, unique_stem(result.path, taken), size,
-                                       prompts, tower)
+                                       prompts, tower, args.maps_dtype)
         records.append(record)
     print(json.dumps(records, indent=2))
     return 1 if failed else 0

@@ -11,6 +11,7 @@ layers and heads from 1, like the ViT paper. Tokens keep their indices: 0 is CLS
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 import stat
 from collections.abc import Iterable, Sequence
@@ -37,6 +38,7 @@ from vit.explain.attention import (
     rollout_vector,
     token_map,
 )
+from vit.explain.chunked import LayerInputs
 from vit.explain.hidden import LayerAttentions, forward_with_hidden_states
 from vit.explain.overlay import attentions_npz_bytes
 from vit.images import ImageError, to_mode, to_uint8
@@ -82,10 +84,11 @@ MAP_CONTROLS = {
 TOP_K = 5
 MAX_REFERENCE_IMAGES = 32  # mean ablation's reference set: ViT-B/16 at 224 on 2 cores, 1.8 s per 8 (bench_mechanism)
 REFERENCE_CHUNK = 8  # reference images run at once: one chunk's activations are held, not the whole set's
-# Memory per analysed image: hidden states + cached layers + one layer being computed stays under
-# this (env VIT_ANALYSIS_MEMORY_MB), and inputs with more tokens than VIT_MAX_TOKENS are refused.
+# Memory per analysed image: hidden states + cache + one layer's queries and keys + one chunk of attention stays
+# under this (env VIT_ANALYSIS_MEMORY_MB), and inputs with more tokens than VIT_MAX_TOKENS are refused.
 ANALYSIS_MEMORY_LIMIT = 1024 * 2**20
-MAX_TOKENS = 5000
+MAX_TOKENS = 16384  # ViT-B/16 at 2,048 px (16,385) needs VIT_ANALYSIS_MEMORY_MB raised: its hidden states are 654 MB
+CHUNK_BYTES = 64 * 2**20  # one chunk of attention scores (vit.explain.chunked): every map is built from such chunks
 LAYER_CACHE_BYTES = 320 * 2**20  # computed layers, queries and keys, rollout factors kept per image
 HALF_PRECISION_TOKENS = 1024  # rollout factors above this many tokens are kept in float16
 
@@ -103,10 +106,47 @@ def analysis_limits() -> tuple[int, int]:
 
 def analysis_memory(num_layers: int, num_heads: int, hidden_size: int, tokens: int,
                     cache_bytes: int = LAYER_CACHE_BYTES) -> int:
-    """Bytes one analysed image can hold at most: hidden states, the layer cache and one layer being computed
-    (its scores, probabilities and the softmax's temporary: 3 x heads x T² floats)."""
+    """Bytes one analysed image can hold at most: hidden states, the cache, one layer's queries and keys and
+    one chunk of attention (``CHUNK_BYTES``): every view is built from chunks, so no ``heads x T²`` term."""
     hidden = (num_layers + 1) * tokens * hidden_size * 4
-    return hidden + cache_bytes + 3 * num_heads * tokens * tokens * 4
+    return hidden + cache_bytes + 2 * tokens * hidden_size * 4 + CHUNK_BYTES
+
+
+def _inputs(analysis: Analysis) -> LayerInputs | None:
+    """The analysis's layer inputs for chunked attention (None for attentions given whole)."""
+    layers = analysis.attentions
+    if not isinstance(layers, LayerAttentions):
+        return None
+    return LayerInputs(layers.model, layers.hidden[None], layers.grid, budget=CHUNK_BYTES)
+
+
+def check_matrix_fits(analysis: Analysis, matrices: int, what: str) -> None:
+    """``TooManyTokens`` when ``matrices`` float32 ``T x T`` matrices (a view that shows them whole) with the
+    hidden states would be over the memory limit per image."""
+    T = analysis.num_tokens
+    _, limit = analysis_limits()
+    need = matrices * T * T * 4 + (0 if analysis.hidden is None else analysis.hidden.numel() * 4)
+    if need > limit:
+        raise TooManyTokens(f"{what} at {T:,} tokens needs about {need / 2**20:,.0f} MB, over the "
+                            f"{limit / 2**20:,.0f} MB limit per image (VIT_ANALYSIS_MEMORY_MB). Choose a smaller "
+                            "input size, or use python -m vit.predict --save-maps, which writes it layer by layer.")
+
+
+def check_gradient_fits(model, tokens: int, what: str, layers: int | None = None) -> None:
+    """``TooManyTokens`` for a gradient method (class-specific map, LeGrad, LRP, AttnLRP) whose backward pass
+    keeps its layers' attention and gradient, ``4 x layers x H x T²`` floats (``layers``: default all), over the
+    memory limit; the message names the largest square input that fits. Checked before any work."""
+    config = model.config
+    layers = config.num_layers if layers is None else layers
+    per_token_squared = 4 * layers * config.num_heads * 4  # attentions, gradients, autograd copies
+    need = per_token_squared * tokens * tokens
+    _, limit = analysis_limits()
+    if need > limit:
+        side = math.isqrt(max(math.isqrt(limit // per_token_squared) - model.num_prefix_tokens, 1))
+        raise TooManyTokens(f"{what} keeps every layer's attention and gradient: about {need / 2**20:,.0f} MB at "
+                            f"{tokens:,} tokens, over the {limit / 2**20:,.0f} MB limit (VIT_ANALYSIS_MEMORY_MB); "
+                            f"the largest square input that fits is {side * config.patch_size} px. Choose a "
+                            "smaller input size, or another map.")
 
 
 def check_input_fits(checkpoint: Checkpoint, grid: tuple[int, int], what: str = "This input") -> None:
@@ -212,10 +252,14 @@ class Analysis:
     def stats(self) -> tuple[np.ndarray, np.ndarray]:
         """Per-head mean attention distance (px) and entropy (nats), each ``(L, H)``; computed once, layer by layer."""
         def compute() -> torch.Tensor:
-            rows = []
-            for attn in self.attentions:
-                st = layer_stats([attn], self.grid, self.patch_size, self.num_prefix_tokens)
-                rows.append(torch.stack([st["distance"][0, 0], st["entropy"][0, 0]]).float())  # (2, H)
+            rows, inputs = [], _inputs(self)
+            for i, attn in enumerate(self.attentions if inputs is None else range(self.num_layers)):
+                if inputs is None:
+                    st = layer_stats([attn], self.grid, self.patch_size, self.num_prefix_tokens)
+                    distance, entropy = st["distance"][0], st["entropy"][0]  # (1, H) each
+                else:  # chunk by chunk: never a whole layer
+                    distance, entropy = inputs.stats(i, self.grid, self.patch_size, self.num_prefix_tokens)
+                rows.append(torch.stack([distance[0], entropy[0]]).float())  # (2, H)
             return torch.stack(rows, dim=1)  # (2, L, H)
         both = self.cache.get_or_compute(("stats",), compute)
         return both[0].numpy(), both[1].numpy()
@@ -300,13 +344,7 @@ def class_relevance(checkpoint: Checkpoint, image: Image.Image, class_index: int
     shape = input_shape(image, p, model.config.patch_size, size)
     grid = model.patch_grid(*shape)
     tokens = model.num_prefix_tokens + grid[0] * grid[1]
-    config = model.config
-    need = 4 * config.num_layers * config.num_heads * tokens * tokens * 4  # attentions, gradients, autograd copies
-    _, limit = analysis_limits()
-    if need > limit:
-        raise TooManyTokens(f"The class-specific map keeps every layer's attention and gradient: about "
-                            f"{need / 2**20:,.0f} MB at {tokens:,} tokens, over the {limit / 2**20:,.0f} MB limit. "
-                            "Choose a smaller input size, or another map.")
+    check_gradient_fits(model, tokens, "The class-specific map")
     device = next(model.parameters()).device
     x = preprocess([image], p, size, model.config.patch_size).to(device)  # (1, C, H, W)
     _, attentions, gradients = class_gradients(model, x, class_index)
@@ -346,27 +384,57 @@ def query_rows(analysis: Analysis, query: int) -> torch.Tensor:
 
 
 def layer_attention(analysis: Analysis, layer: int, head: int | None, fusion: str = "mean") -> torch.Tensor:
-    """One layer's ``(1, T, T)`` attention: one head's, or the heads fused by mean, max or min."""
-    attn = analysis.attentions[layer]  # (1, H, T, T)
-    if head is None:
-        return fuse_heads(attn, fusion)
-    if not 0 <= head < attn.shape[1]:
-        raise ValueError(f"head {head} is out of range for {attn.shape[1]} heads")
-    return attn[:, head]  # (1, T, T)
+    """One layer's ``(1, T, T)`` attention: one head's, or the heads fused by mean, max or min (from chunks:
+    ``TooManyTokens`` when even the one ``T x T`` matrix is over the memory limit)."""
+    H, inputs = analysis.num_heads, _inputs(analysis)
+    if head is not None and not 0 <= head < H:
+        raise ValueError(f"head {head} is out of range for {H} heads")
+    if inputs is None:
+        attn = analysis.attentions[layer]  # (1, H, T, T)
+        return fuse_heads(attn, fusion) if head is None else attn[:, head]
+    check_matrix_fits(analysis, 2, "The token-by-token matrix")
+    if head is not None:
+        return inputs.rows(layer, range(analysis.num_tokens), heads=[head])[:, 0]  # (1, T, T)
+    return torch.cat([rows.cpu() for _, rows in inputs.fused_rows(layer, None, fusion)], dim=1)  # (1, T, T)
 
 
 def _rollout_factors(analysis: Analysis, fusion: str, discard_ratio: float, end_layer: int) -> list[torch.Tensor]:
-    """``rollout_factor`` of layers 0..end_layer, cached per image (float16 above HALF_PRECISION_TOKENS tokens)."""
+    """``rollout_factor`` of layers 0..end_layer, cached per image (float16 above HALF_PRECISION_TOKENS tokens),
+    each built from chunks of its layer."""
     L = analysis.num_layers
     if not -L <= end_layer < L:
         raise ValueError(f"end_layer {end_layer} is out of range for {L} layers")
     dtype = torch.float16 if analysis.num_tokens > HALF_PRECISION_TOKENS else torch.float32
+    inputs = _inputs(analysis)
 
     def factor(i: int) -> torch.Tensor:
+        if inputs is not None:
+            return inputs.factor(i, fusion, discard_ratio, analysis.num_prefix_tokens, dtype)  # (1, T, T)
         return rollout_factor(analysis.attentions[i], fusion, discard_ratio, analysis.num_prefix_tokens).to(dtype)
 
     return [analysis.cache.get_or_compute(("factor", i, fusion, discard_ratio), lambda i=i: factor(i))
             for i in range(end_layer % L + 1)]
+
+
+def factors_fit(analysis: Analysis) -> bool:
+    """Whether every layer's rollout factor fits in half the cache (then they are kept and a new query is one
+    vector product per layer); above, each rollout row is a row vector through chunks (``LayerInputs``)."""
+    itemsize = 2 if analysis.num_tokens > HALF_PRECISION_TOKENS else 4
+    return _inputs(analysis) is None or analysis.num_layers * analysis.num_tokens ** 2 * itemsize <= \
+        analysis.cache.max_bytes // 2
+
+
+def rollout_row(analysis: Analysis, fusion: str, discard_ratio: float, end_layer: int, query: int | None = None,
+                row: torch.Tensor | None = None) -> torch.Tensor:
+    """The rollout's row for ``query`` (or ``row (1, T) @`` the rollout), ``(1, T)``: from the cached factors
+    while they fit, else by row vector from the last layer down, each layer recomputed in chunks."""
+    if factors_fit(analysis):
+        factors = _rollout_factors(analysis, fusion, discard_ratio, end_layer)
+        return rollout_rows(factors, query) if row is None else rollout_vector(factors, row)
+    inputs = _inputs(analysis)
+    key = ("rollout_row", query if row is None else tuple(row.flatten().tolist()), fusion, discard_ratio, end_layer)
+    return analysis.cache.get_or_compute(key, lambda: inputs.rollout_row(query, row, fusion, discard_ratio, end_layer,
+                                                                         analysis.num_prefix_tokens))
 
 
 def token_norms(analysis: Analysis, layer: int) -> torch.Tensor:
@@ -408,8 +476,9 @@ def attention_map(analysis: Analysis, settings: MapSettings, relevance: ClassRel
             return _patch_map(rows[s.head], analysis)
         return _patch_map(fuse_heads(rows[None, :, None], s.fusion)[0, 0], analysis)  # fusing rows = row of fusion
     if s.kind == "rollout":
-        factors = _rollout_factors(analysis, s.fusion, s.discard_ratio, s.end_layer)
-        return _patch_map(rollout_rows(factors, s.query)[0], analysis)
+        if not 0 <= s.query < analysis.num_tokens:
+            raise ValueError(f"query token {s.query} is out of range for {analysis.num_tokens} tokens")
+        return _patch_map(rollout_row(analysis, s.fusion, s.discard_ratio, s.end_layer, s.query)[0], analysis)
     if s.kind == "class":
         wanted = resolved_class(s, analysis)
         if relevance is None or relevance.class_index != wanted:
@@ -428,9 +497,8 @@ def attention_map(analysis: Analysis, settings: MapSettings, relevance: ClassRel
                     raise ValueError(f"head {s.head} is out of range for {probe.shape[0]} heads")
                 return _patch_map(probe[s.head], analysis)
             return _patch_map(fuse_heads(probe[None, :, None], s.fusion)[0, 0], analysis)
-        factors = _rollout_factors(analysis, s.fusion, s.discard_ratio, s.end_layer)
         row = fuse_heads(probe[None, :, None], s.fusion)[:, 0]  # (1, T)
-        return _patch_map(rollout_vector(factors, row)[0], analysis)
+        return _patch_map(rollout_row(analysis, s.fusion, s.discard_ratio, s.end_layer, row=row)[0], analysis)
     raise ValueError(f"unknown map kind {s.kind!r}; choose one of: {', '.join(MAP_KINDS)}")
 
 
@@ -486,6 +554,8 @@ def attentions_npz(analysis: Analysis, class_names: list[str], layers: Sequence[
         raise ValueError(f"unknown precision {precision!r}; choose one of: {', '.join(NPZ_PRECISIONS)}")
     p = analysis.prediction
     chosen = range(analysis.num_layers) if layers is None else layers
+    check_matrix_fits(analysis, len(chosen) * analysis.num_heads * (4 if precision == "float32" else 3) // 2,
+                      "This .npz (every head of the chosen layers, held to be downloaded)")
     arrays = {f"layer_{i}": analysis.attentions[i][0].numpy().astype(precision) for i in chosen}
     distance, entropy = analysis.stats()
     return attentions_npz_bytes([], **arrays, logits=p.logits, probabilities=p.probabilities,
@@ -519,6 +589,9 @@ def model_method_map(checkpoint: Checkpoint, image: Image.Image, kind: str, clas
     device = next(model.parameters()).device
     x = preprocess([image], checkpoint.preprocessing, size, model.config.patch_size).to(device)  # (1, C, H, W)
     grid, prefix = model.patch_grid(x.shape[2], x.shape[3]), model.num_prefix_tokens
+    if kind in ("legrad", "lrp", "attnlrp"):
+        check_gradient_fits(model, prefix + grid[0] * grid[1], MAP_KINDS[kind].split(" (")[0],
+                            2 if kind == "legrad" else None)  # LeGrad reads the last two layers (its default)
     if kind == "legrad":
         result = legrad(model, x, class_index)
     elif kind == "lrp":

@@ -54,10 +54,16 @@ def _compute_dtype(attn: Tensor) -> torch.dtype:
     return torch.promote_types(attn.dtype, torch.float32)
 
 
+def _check_fusion(how: str) -> None:
+    if how not in HEAD_FUSIONS:
+        raise ValueError(f"unknown head fusion {how!r}; choose one of: {', '.join(HEAD_FUSIONS)}")
+
+
 def fuse_heads(attn: Tensor, how: str = "mean") -> Tensor:
     """Combine the heads of one layer: ``(B, H, T, T)`` -> ``(B, T, T)`` by mean, max or min."""
     if attn.dim() != 4:
         raise ValueError(f"expected attention of shape (batch, heads, tokens, tokens), got {tuple(attn.shape)}")
+    _check_fusion(how)
     if how == "mean":
         return attn.mean(dim=1)
     if how == "max":
@@ -107,16 +113,28 @@ def rollout_factor(attn: Tensor, head_fusion: str = "mean", discard_ratio: float
     The heads are fused, the lowest ``discard_ratio`` of each row's patch entries zeroed
     (prefix columns are kept) and the residual added as identity; see ``rollout``.
     """
+    return rollout_factor_rows(fuse_heads(attn.to(_compute_dtype(attn)), head_fusion), 0, discard_ratio,
+                               num_prefix_tokens)
+
+
+def rollout_factor_rows(fused: Tensor, first_query: int, discard_ratio: float = 0.0, num_prefix_tokens: int = 1
+                        ) -> Tensor:
+    """Rows ``first_query .. first_query + t`` of ``rollout_factor`` from the same rows of the fused attention
+    ``(B, t, T)``: each row's discard, residual and normalisation need only that row, so a factor can be formed
+    in query chunks (``vit.explain.chunked``)."""
     if not 0.0 <= discard_ratio < 1.0:
         raise ValueError(f"discard_ratio must be in [0, 1), got {discard_ratio}")
-    T = attn.shape[-1]
+    t, T = fused.shape[-2:]
     if not 0 <= num_prefix_tokens < T:
         raise ValueError(f"num_prefix_tokens must be in [0, {T}), got {num_prefix_tokens}")
-    dtype = _compute_dtype(attn)
-    a = fuse_heads(attn.to(dtype), head_fusion)  # (B, T, T)
+    dtype = _compute_dtype(fused)
+    a = fused.to(dtype)
     if discard_ratio > 0:
         a = _discard_lowest(a, discard_ratio, num_prefix_tokens)
-    a = a + torch.eye(T, dtype=dtype, device=attn.device)
+    rows = torch.arange(t, device=a.device)
+    residual = torch.zeros(t, T, dtype=dtype, device=a.device)
+    residual[rows, rows + first_query] = 1.0  # the identity's rows first_query .. first_query + t
+    a = a + residual
     return a / a.sum(dim=-1, keepdim=True)
 
 

@@ -13,7 +13,10 @@ Sizes follow each library's habit and are named in the signatures: ``upsample`` 
 from __future__ import annotations
 
 import io
-from collections.abc import Sequence
+import os
+import zipfile
+from collections.abc import Iterable, Sequence
+from pathlib import Path
 
 import matplotlib
 import numpy as np
@@ -206,3 +209,40 @@ def attentions_npz_bytes(attentions: Sequence[torch.Tensor | np.ndarray], **extr
     buffer = io.BytesIO()
     np.savez_compressed(buffer, **arrays)
     return buffer.getvalue()
+
+
+def npz_array_bytes(shape: Sequence[int], dtype: np.dtype | str) -> int:
+    """Bytes one array takes in an uncompressed ``.npz`` (its data; the header and zip entry add under 200)."""
+    return int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+
+
+def write_npz_streamed(path: str | os.PathLike, streamed: Iterable[tuple[str, tuple[int, ...], np.dtype,
+                                                                        Iterable[np.ndarray]]],
+                       **arrays: np.ndarray) -> None:
+    """Write an uncompressed ``.npz`` that ``np.load`` reads, one array at a time: each of ``streamed`` is
+    ``(name, shape, dtype, pieces)`` whose pieces, concatenated in C order, are the array, so no whole array is
+    ever held; ``arrays`` are written whole after them. The file appears only once complete (written beside
+    it, then renamed), so a crash or ^C leaves no half file."""
+    path = Path(path)
+    part = path.with_name(path.name + ".part")
+    try:
+        with zipfile.ZipFile(part, "w", zipfile.ZIP_STORED, allowZip64=True) as archive:
+            for name, shape, dtype, pieces in streamed:
+                dtype = np.dtype(dtype)
+                with archive.open(f"{name}.npy", "w", force_zip64=True) as f:
+                    np.lib.format.write_array_header_2_0(
+                        f, {"descr": np.lib.format.dtype_to_descr(dtype), "fortran_order": False,
+                            "shape": tuple(shape)})
+                    written = 0
+                    for piece in pieces:
+                        piece = np.ascontiguousarray(piece, dtype=dtype)
+                        f.write(piece.data)
+                        written += piece.size
+                    if written != int(np.prod(shape, dtype=np.int64)):
+                        raise ValueError(f"{name}: {written} values written for shape {tuple(shape)}")
+            for name, value in arrays.items():
+                with archive.open(f"{name}.npy", "w", force_zip64=True) as f:
+                    np.lib.format.write_array(f, np.asanyarray(value), allow_pickle=False)
+        os.replace(part, path)
+    finally:
+        part.unlink(missing_ok=True)

@@ -1,0 +1,144 @@
+"""High-resolution maps within a memory bound: ours (chunked, from the layer inputs) next to HF eager
+``output_attentions`` on the same ViT-B/16 weights (random), at one input size.
+
+Three maps, each measured in its own fresh process (so each peak is its own): one head's map of one query in
+one layer (``head``), the mean over heads of that query's row (``mean``) and the CLS rollout row over all layers
+(``rollout``). HF computes its whole attentions and reads the map from them (its rollout row: each layer's
+factor, then the row vector through them, not the L x T³ product). Each process reports its wall time from
+the image tensor to the map, its whole peak resident memory (``resource.getrusage`` maxrss) and its working
+memory: the peak from the image tensor on minus the memory then (VmHWM reset through /proc/self/clear_refs,
+so building the model, ours from HF's weights, does not hide it). The two run in turn, A B A B, and are
+checked to give the same map. Run from the repository root::
+
+    python -m bench.bench_highres --size 512 --threads 1
+    python -m bench.bench_highres --size 1024 --threads 1 --maps head,mean,rollout
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # run as a script too
+from vit.model import ViT, ViTConfig  # noqa: E402
+from vit.sources.hf import hf_config_kwargs, state_dict_from_hf  # noqa: E402
+
+LAYER, HEAD, QUERY = 6, 5, 0  # a middle layer, one head, the CLS query
+
+
+def rss_mb() -> float:
+    """The process's peak resident memory so far, MB (Linux: maxrss in KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def status_mb(field: str) -> float:
+    """``VmRSS`` (now) or ``VmHWM`` (peak since the last reset) from /proc/self/status, MB."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) / 1024
+    raise RuntimeError(f"no {field} in /proc/self/status")
+
+
+def reset_peak() -> None:
+    """Start the peak (VmHWM) afresh from the current resident memory (Linux >= 4.0), so the model's
+    building does not hide the map's own peak."""
+    Path("/proc/self/clear_refs").write_text("5")
+
+
+def build(impl: str, size: int):
+    import transformers  # only the benchmark needs it here
+
+    torch.manual_seed(0)
+    config = ViTConfig.from_preset("vit-base-16", layer_norm_eps=1e-12, drop_path=0.0)
+    hf_config = transformers.ViTConfig(**hf_config_kwargs(config))
+    hf_config._attn_implementation = "eager"
+    hf = transformers.ViTForImageClassification(hf_config).eval()
+    if impl == "hf":
+        return hf
+    ours = ViT(config)
+    ours.load_state_dict(state_dict_from_hf(hf.state_dict(), config.num_layers), strict=True)
+    del hf
+    return ours.eval()
+
+
+def measure(impl: str, what: str, size: int) -> dict:
+    """One map by one implementation in this process: its wall time, peak and the map."""
+    from vit.explain.attention import rollout_factor, rollout_rows
+
+    model = build(impl, size)
+    torch.manual_seed(1)
+    images = torch.randn(1, 3, size, size)
+    gc.collect()
+    reset_peak()
+    base = status_mb("VmRSS")
+    start = time.perf_counter()
+    with torch.inference_mode():
+        if impl == "hf":
+            attentions = model(pixel_values=images, output_attentions=True, interpolate_pos_encoding=True).attentions
+            if what == "head":
+                row = attentions[LAYER][0, HEAD, QUERY]
+            elif what == "mean":
+                row = attentions[LAYER][0, :, QUERY].mean(dim=0)
+            else:
+                row = rollout_rows([rollout_factor(a) for a in attentions], QUERY)[0]
+        else:
+            from vit.explain.chunked import LayerInputs
+            from vit.explain.hidden import forward_with_hidden_states
+
+            _, hidden = forward_with_hidden_states(model, images)
+            inputs = LayerInputs(model, hidden, model.patch_grid(size, size), budget=64 * 2**20)
+            if what == "head":
+                row = inputs.rows(LAYER, [QUERY], heads=[HEAD])[0, 0, 0]
+            elif what == "mean":
+                row = inputs.fused(LAYER, QUERY)[0]
+            else:
+                row = inputs.rollout_row(QUERY)[0]
+    seconds = time.perf_counter() - start
+    return {"impl": impl, "what": what, "seconds": seconds, "peak_mb": rss_mb(), "work_mb": status_mb("VmHWM") - base,
+            "row": row.float().tolist()}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--size", type=int, default=512)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--maps", default="head,mean,rollout")
+    parser.add_argument("--repeats", type=int, default=1, help="A B pairs per map")
+    parser.add_argument("--one", nargs=2, metavar=("IMPL", "MAP"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    if args.one:
+        print(json.dumps(measure(args.one[0], args.one[1], args.size)))
+        return
+    tokens = 1 + (args.size // 16) ** 2
+    print(f"ViT-B/16 (random weights) at {args.size} px: {tokens:,} tokens, {args.threads} thread(s); "
+          f"layer {LAYER}, head {HEAD}, query {QUERY}")
+    print(f"{'map':8} {'ours s':>8} {'HF s':>8} {'time ratio':>10} {'ours peak MB':>13} {'HF peak MB':>11} "
+          f"{'ours work MB':>13} {'HF work MB':>11} {'work ratio':>10} {'max |diff|':>10}")
+    for what in args.maps.split(","):
+        runs = {"ours": [], "hf": []}
+        for _ in range(args.repeats):
+            for impl in ("ours", "hf"):
+                done = subprocess.run([sys.executable, "-m", "bench.bench_highres", "--size", str(args.size),
+                                       "--threads", str(args.threads), "--one", impl, what],
+                                      cwd=ROOT, capture_output=True, text=True, check=True)
+                runs[impl].append(json.loads(done.stdout.strip().splitlines()[-1]))
+        ours, hf = (min(runs[k], key=lambda r: r["seconds"]) for k in ("ours", "hf"))
+        diff = max(abs(a - b) for a, b in zip(ours["row"], hf["row"], strict=True))
+        work = {k: r["work_mb"] for k, r in (("ours", ours), ("hf", hf))}
+        print(f"{what:8} {ours['seconds']:8.2f} {hf['seconds']:8.2f} {ours['seconds'] / hf['seconds']:10.3f} "
+              f"{ours['peak_mb']:13.0f} {hf['peak_mb']:11.0f} {work['ours']:13.0f} {work['hf']:11.0f} "
+              f"{work['ours'] / max(work['hf'], 1):10.3f} {diff:10.2e}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

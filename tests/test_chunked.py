@@ -1,0 +1,189 @@
+"""Attention in head and query chunks from the stored block inputs equals the model's whole attention, and the
+row-vector rollout equals the full rollout, at chunk sizes that do not divide the heads or tokens evenly."""
+
+import pytest
+import torch
+
+from vit.explain.attention import fuse_heads, layer_stats, rollout, rollout_factor
+from vit.explain.chunked import LayerInputs, attention_chunks, chunk_sizes
+from vit.explain.hidden import forward_with_hidden_states
+from vit.model import ViT, ViTConfig
+
+# 3 heads, 1 CLS + 2 registers + a 5 x 7 grid = 38 tokens: chunks of 2 heads or 5 queries leave a remainder.
+REGISTERS = ViTConfig(image_size=16, patch_size=4, num_classes=3, hidden_size=24, num_layers=3, num_heads=3,
+                      mlp_size=48, num_register_tokens=2)
+ROTARY = ViTConfig(image_size=16, patch_size=4, num_classes=3, hidden_size=24, num_layers=2, num_heads=3,
+                   mlp_size=48, pos_embed=False, rope="dinov3")
+CHUNKS = [(1, 1), (2, 5), (3, 7), (2, 38), (None, None)]
+
+
+def run(config: ViTConfig, batch: int = 1):
+    torch.manual_seed(0)
+    model = ViT(config).eval()
+    images = torch.randn(batch, 3, 20, 28)  # a 5 x 7 grid: non-square, positions interpolated
+    with torch.no_grad():
+        _, attentions = model(images, output_attentions=True)  # the unchunked reference, (B, H, T, T) per layer
+        _, hidden = forward_with_hidden_states(model, images)  # (B, L + 1, T, D)
+    return model, hidden, attentions, model.patch_grid(20, 28)
+
+
+@pytest.mark.parametrize("config", [REGISTERS, ROTARY], ids=["registers", "rotary"])
+@pytest.mark.parametrize(("head_chunk", "query_chunk"), CHUNKS)
+def test_chunked_rows_equal_the_models_attention(config, head_chunk, query_chunk):
+    model, hidden, attentions, grid = run(config, batch=2)
+    inputs = LayerInputs(model, hidden, grid, head_chunk=head_chunk, query_chunk=query_chunk)
+    T = hidden.shape[2]
+    for layer, full in enumerate(attentions):
+        torch.testing.assert_close(inputs.rows(layer, range(T)), full, rtol=0, atol=1e-6)
+        torch.testing.assert_close(inputs.rows(layer, [9, 0], heads=[2]), full[:, [2]][:, :, [9, 0]], rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize(("head_chunk", "query_chunk"), CHUNKS)
+@pytest.mark.parametrize("fusion", ["mean", "max", "min"])
+def test_chunked_fused_rows_equal_the_fused_attention(head_chunk, query_chunk, fusion):
+    model, hidden, attentions, grid = run(REGISTERS)
+    inputs = LayerInputs(model, hidden, grid, head_chunk=head_chunk, query_chunk=query_chunk)
+    for layer, full in enumerate(attentions):
+        fused = torch.cat([rows for _, rows in inputs.fused_rows(layer, fusion=fusion)], dim=1)  # (1, T, T)
+        torch.testing.assert_close(fused, fuse_heads(full, fusion), rtol=0, atol=1e-6)
+        torch.testing.assert_close(inputs.fused(layer, 4, fusion), fuse_heads(full, fusion)[:, 4], rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("config", [REGISTERS, ROTARY], ids=["registers", "rotary"])
+@pytest.mark.parametrize(("head_chunk", "query_chunk"), CHUNKS)
+@pytest.mark.parametrize(("fusion", "discard_ratio"), [("mean", 0.0), ("max", 0.0), ("mean", 0.3), ("min", 0.5)])
+def test_row_vector_rollout_equals_a_row_of_the_full_rollout(config, head_chunk, query_chunk, fusion, discard_ratio):
+    model, hidden, attentions, grid = run(config, batch=2)
+    prefix = model.num_prefix_tokens
+    inputs = LayerInputs(model, hidden, grid, head_chunk=head_chunk, query_chunk=query_chunk)
+    for end_layer in (-1, 0):
+        full = rollout(attentions, fusion, discard_ratio, end_layer, prefix)  # (B, T, T)
+        for query in (0, prefix + 6):
+            row = inputs.rollout_row(query, fusion=fusion, discard_ratio=discard_ratio, end_layer=end_layer,
+                                     num_prefix_tokens=prefix)
+            torch.testing.assert_close(row, full[:, query], rtol=0, atol=1e-6)
+
+
+def test_row_vector_rollout_of_weights_is_those_weights_times_the_full_rollout():
+    model, hidden, attentions, grid = run(REGISTERS)
+    weights = torch.rand(1, hidden.shape[2])
+    inputs = LayerInputs(model, hidden, grid, query_chunk=4)
+    expected = (weights[:, None] @ rollout(attentions, num_prefix_tokens=3))[:, 0]
+    torch.testing.assert_close(inputs.rollout_row(row=weights, num_prefix_tokens=3), expected, rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize(("head_chunk", "query_chunk"), CHUNKS)
+def test_chunked_factor_and_stats_equal_the_whole_layers(head_chunk, query_chunk):
+    model, hidden, attentions, grid = run(REGISTERS, batch=2)
+    inputs = LayerInputs(model, hidden, grid, head_chunk=head_chunk, query_chunk=query_chunk)
+    for layer, full in enumerate(attentions):
+        torch.testing.assert_close(inputs.factor(layer, "max", 0.3, 3), rollout_factor(full, "max", 0.3, 3),
+                                   rtol=0, atol=1e-6)
+        expected = layer_stats([full], grid, 4, 3)
+        distance, entropy = inputs.stats(layer, grid, 4, 3)
+        torch.testing.assert_close(distance, expected["distance"][0], rtol=1e-6, atol=1e-5)
+        torch.testing.assert_close(entropy, expected["entropy"][0], rtol=0, atol=1e-6)
+
+
+def test_token_norms_are_the_norms_of_each_layers_output():
+    torch.manual_seed(0)
+    model, images = ViT(REGISTERS).eval(), torch.randn(1, 3, 20, 28)
+    with torch.no_grad():
+        first, _ = model.run_blocks(model.embed(images), (5, 7), 0, 1)  # (1, T, D) after layer 0
+        _, hidden = forward_with_hidden_states(model, images)
+    torch.testing.assert_close(LayerInputs(model, hidden, (5, 7)).token_norms(0), first.norm(dim=-1), rtol=0, atol=1e-6)
+
+
+def test_chunk_sizes_stay_within_the_budget_and_never_split_a_row():
+    T, H = 4097, 12
+    heads, queries = chunk_sizes(H, T, 256 * 2**20)
+    assert heads == H and 3 * 4 * heads * queries * T <= 256 * 2**20 < 3 * 4 * heads * (queries + 1) * T
+    assert chunk_sizes(H, T, 1) == (1, 1)  # the least a row needs
+    assert chunk_sizes(H, T, 3 * 4 * T * 5) == (5, 1)  # not one query of every head: fewer heads
+
+
+def test_chunks_cover_every_head_and_query_exactly_once():
+    q, k = torch.randn(1, 3, 11, 4), torch.randn(1, 3, 11, 4)
+    seen = torch.zeros(3, 11)
+    for hs, ts, probs in attention_chunks(q, k, head_chunk=2, query_chunk=4):
+        assert probs.shape == (1, hs.stop - hs.start, ts.stop - ts.start, 11)
+        seen[hs, ts] += 1
+    assert torch.equal(seen, torch.ones(3, 11))
+
+
+def test_out_of_range_layers_queries_and_heads_are_refused():
+    model, hidden, _, grid = run(REGISTERS)
+    inputs = LayerInputs(model, hidden, grid)
+    with pytest.raises(ValueError, match="layer 3"):
+        inputs.rows(3, [0])
+    with pytest.raises(ValueError, match="out of range"):
+        inputs.rows(0, [38])
+    with pytest.raises(ValueError, match="heads"):
+        inputs.rows(0, [0], heads=[3])
+    with pytest.raises(ValueError, match="query token 38"):
+        inputs.rollout_row(38)
+    with pytest.raises(ValueError, match="head fusion"):
+        inputs.rollout_row(0, fusion="median")
+
+
+def test_the_explorers_maps_past_the_factor_cache_equal_the_whole_attentions(monkeypatch):
+    from PIL import Image
+
+    from vit.app import explorer
+    from vit.checkpoint import Checkpoint, Preprocessing
+    from vit.inference import InputSize
+
+    monkeypatch.setattr(explorer, "LAYER_CACHE_BYTES", 4096)  # too small for the factors: row vectors instead
+    torch.manual_seed(0)
+    model = ViT(REGISTERS).eval()
+    checkpoint = Checkpoint(model, ["a", "b", "c"], Preprocessing.default_for(REGISTERS))
+    image = Image.new("RGB", (28, 20), (200, 30, 90))
+    analysis = explorer.analyse(checkpoint, image, InputSize(28, keep_aspect=True))  # 28 x 20 px: 5 x 7 patches
+    assert not explorer.factors_fit(analysis)
+    x = explorer._model_input(checkpoint, image, InputSize(28, keep_aspect=True))
+    with torch.no_grad():
+        _, attentions = model(x, output_attentions=True)
+    full = rollout(attentions, "max", 0.2, -2, 3)
+    settings = explorer.MapSettings(kind="rollout", query=5, fusion="max", discard_ratio=0.2, end_layer=-2)
+    torch.testing.assert_close(torch.from_numpy(explorer.attention_map(analysis, settings)),
+                               full[0, 5, 3:].reshape(5, 7), rtol=0, atol=1e-6)
+    torch.testing.assert_close(explorer.layer_attention(analysis, 1, None, "min"), fuse_heads(attentions[1], "min"),
+                               rtol=0, atol=1e-6)
+    torch.testing.assert_close(explorer.layer_attention(analysis, 1, 2), attentions[1][:, 2], rtol=0, atol=1e-6)
+    expected = layer_stats(attentions, (5, 7), 4, 3)
+    distance, entropy = analysis.stats()
+    torch.testing.assert_close(torch.from_numpy(entropy), expected["entropy"][:, 0], rtol=0, atol=1e-6)
+    torch.testing.assert_close(torch.from_numpy(distance), expected["distance"][:, 0], rtol=1e-6, atol=1e-5)
+
+
+def test_a_whole_matrix_over_the_memory_limit_is_refused_naming_the_cli(monkeypatch):
+    from PIL import Image
+
+    from vit.app import explorer
+    from vit.checkpoint import Checkpoint, Preprocessing
+
+    torch.manual_seed(0)
+    checkpoint = Checkpoint(ViT(REGISTERS).eval(), ["a", "b", "c"], Preprocessing.default_for(REGISTERS))
+    analysis = explorer.analyse(checkpoint, Image.new("RGB", (16, 16)))
+    monkeypatch.setenv("VIT_ANALYSIS_MEMORY_MB", "0.001")  # 1 KB: under even one 19 x 19 matrix
+    with pytest.raises(explorer.TooManyTokens, match="vit.predict --save-maps"):
+        explorer.layer_attention(analysis, 0, None)
+    with pytest.raises(explorer.TooManyTokens, match="VIT_ANALYSIS_MEMORY_MB"):
+        explorer.attentions_npz(analysis, ["a", "b", "c"])
+
+
+def test_gradient_maps_past_the_memory_limit_are_refused_up_front_with_the_largest_size_that_fits(monkeypatch):
+    from PIL import Image
+
+    from vit.app import explorer
+    from vit.checkpoint import Checkpoint, Preprocessing
+
+    torch.manual_seed(0)
+    checkpoint = Checkpoint(ViT(REGISTERS).eval(), ["a", "b", "c"], Preprocessing.default_for(REGISTERS))
+    # 3 layers x 3 heads x 19² tokens x 16 bytes = 52 KB over 0.04 MB (41,943 bytes), which fits 17 tokens:
+    # 14 patches, a 3 x 3 grid at most, 12 px. LeGrad's two layers need 35 KB: it runs.
+    monkeypatch.setenv("VIT_ANALYSIS_MEMORY_MB", "0.04")
+    for kind in ("lrp", "attnlrp"):
+        with pytest.raises(explorer.TooManyTokens, match="largest square input that fits is 12 px"):
+            explorer.model_method_map(checkpoint, Image.new("RGB", (16, 16)), kind, 0)
+    assert explorer.model_method_map(checkpoint, Image.new("RGB", (16, 16)), "legrad", 0).shape == (4, 4)

@@ -1,0 +1,225 @@
+"""Attention at thousands of tokens within a fixed memory bound: computed in head and query chunks.
+
+A layer's whole attention ``(B, H, T, T)`` costs ``H x T²`` floats: 805 MB for ViT-B/16 at 1,024 px, times
+12 layers. Everything a map needs is derived from chunks instead: the layer's scaled queries and keys
+``(B, H, T, hd)`` are read at the block's hook points from its stored input (``hidden.queries_and_keys``), and
+``softmax(q @ k.T)`` is formed for a few heads and queries at a time, each chunk held at most ``budget``
+bytes (its scores, probabilities and the softmax's temporary). Softmax runs along the keys, which a chunk
+always holds whole, so every chunk is exactly the rows of the full matrix.
+
+The rollout's CLS row (or any query's) is a row vector times each layer's factor, from the last layer down
+(``rollout_row``): ``O(L x T²)`` work and ``O(T)`` memory besides one chunk, where the full product costs
+``L x T³`` and ``T²`` memory.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Sequence
+
+import torch
+from torch import Tensor, nn
+
+from vit.explain.attention import _check_fusion, patch_centres, rollout_factor_rows
+from vit.explain.hidden import queries_and_keys
+
+CHUNK_BYTES = 256 * 2**20  # one chunk of scores: ViT-B/16 at 1,024 px takes 455 queries x 12 heads at a time
+_COPIES = 3  # scores, probabilities and the softmax's temporary are alive at once
+
+
+def chunk_sizes(num_heads: int, tokens: int, budget: int = CHUNK_BYTES, batch: int = 1) -> tuple[int, int]:
+    """``(heads, queries)`` per chunk so that ``batch x heads x queries x tokens`` float32 scores, held
+    ``_COPIES`` times, stay within ``budget`` bytes: every head when a query of every head fits, else one query
+    of as many heads as fit (at least one head and one query: a row cannot be split)."""
+    row = _COPIES * 4 * batch * tokens  # bytes of one query's row of one head
+    per_query = row * num_heads
+    if per_query <= budget:
+        return num_heads, max(1, min(tokens, budget // per_query))
+    return max(1, budget // row), 1
+
+
+def attention_chunks(q: Tensor, k: Tensor, heads: Sequence[int] | None = None, queries: Sequence[int] | None = None,
+                     head_chunk: int | None = None, query_chunk: int | None = None, budget: int = CHUNK_BYTES
+                     ) -> Iterator[tuple[slice, slice, Tensor]]:
+    """Post-softmax attention of scaled queries and keys ``(B, H, T, hd)`` in chunks covering ``heads`` x
+    ``queries`` (default: all, in order), query chunks outermost: yields ``(hs, ts, probs (B, h, t, T))``, where
+    ``heads[hs]`` and ``queries[ts]`` are the chunk's heads and queries. Chunk sizes default to
+    ``chunk_sizes(..., budget)``."""
+    B, H, T, _ = q.shape
+    heads = list(range(H)) if heads is None else [int(h) for h in heads]
+    queries = list(range(T)) if queries is None else [int(t) for t in queries]
+    if not all(0 <= h < H for h in heads):
+        raise ValueError(f"head indices {heads} are out of range for {H} heads")
+    if not all(0 <= t < T for t in queries):
+        raise ValueError(f"query tokens out of range for {T} tokens")
+    auto_h, auto_t = chunk_sizes(len(heads), T, budget, B)
+    head_chunk, query_chunk = head_chunk or auto_h, query_chunk or auto_t
+    for t0 in range(0, len(queries), query_chunk):
+        ts = slice(t0, min(t0 + query_chunk, len(queries)))
+        t = torch.tensor(queries[ts], device=q.device)
+        for h0 in range(0, len(heads), head_chunk):
+            hs = slice(h0, min(h0 + head_chunk, len(heads)))
+            h = torch.tensor(heads[hs], device=q.device)
+            qc = q[:, h][:, :, t]  # (B, h, t, hd)
+            yield hs, ts, (qc @ k[:, h].transpose(-2, -1)).float().softmax(dim=-1)  # (B, h, t, T)
+
+
+class LayerInputs:
+    """The stored inputs of a model's blocks and what is computed from them within a chunk budget.
+
+    ``hidden`` is ``(B, L + 1, T, D)`` (``hidden.forward_with_hidden_states``); ``grid`` the input's patch grid
+    (needed for rotary positions). Each layer's queries and keys ``(B, H, T, hd)`` are computed when a method
+    asks and dropped after it (``2 x T x D`` floats, megabytes).
+    """
+
+    def __init__(self, model: nn.Module, hidden: Tensor, grid: tuple[int, int] | None = None,
+                 budget: int = CHUNK_BYTES, head_chunk: int | None = None, query_chunk: int | None = None) -> None:
+        if hidden.dim() != 4:
+            raise ValueError(f"expected hidden states (B, L + 1, T, D), got {tuple(hidden.shape)}")
+        self.model, self.hidden, self.grid = model, hidden, grid
+        self.budget, self.head_chunk, self.query_chunk = budget, head_chunk, query_chunk
+
+    @property
+    def num_layers(self) -> int:
+        return self.hidden.shape[1] - 1
+
+    @property
+    def num_heads(self) -> int:
+        return self.model.blocks[0].attn.num_heads
+
+    @property
+    def num_tokens(self) -> int:
+        return self.hidden.shape[2]
+
+    def _layer(self, layer: int) -> int:
+        L = self.num_layers
+        if not -L <= layer < L:
+            raise ValueError(f"layer {layer} is out of range for {L} layers")
+        return layer % L
+
+    def queries_and_keys(self, layer: int) -> tuple[Tensor, Tensor]:
+        """Layer ``layer``'s scaled queries and keys, ``(B, H, T, hd)`` each."""
+        param = next(self.model.parameters())
+        with torch.inference_mode():
+            x = self.hidden[:, self._layer(layer)].to(param.device, param.dtype)  # (B, T, D)
+            return queries_and_keys(self.model, self._layer(layer), x, self.grid)
+
+    def chunks(self, layer: int, heads: Sequence[int] | None = None, queries: Sequence[int] | None = None
+               ) -> Iterator[tuple[Tensor, Tensor, Tensor]]:
+        """``attention_chunks`` of layer ``layer``."""
+        q, k = self.queries_and_keys(layer)
+        yield from attention_chunks(q, k, heads, queries, self.head_chunk, self.query_chunk, self.budget)
+
+    def rows(self, layer: int, queries: Sequence[int], heads: Sequence[int] | None = None) -> Tensor:
+        """What each of ``queries`` attends to in layer ``layer``: ``(B, heads, queries, T)`` float32 (one head's
+        map of any query; ``queries=[0]`` is the CLS row)."""
+        H = len(heads) if heads is not None else self.num_heads
+        out = torch.empty(self.hidden.shape[0], H, len(queries), self.num_tokens)
+        for hs, ts, probs in self.chunks(layer, heads, queries):
+            out[:, hs, ts] = probs.cpu()
+        return out
+
+    def fused_rows(self, layer: int, queries: Sequence[int] | None = None, fusion: str = "mean"
+                   ) -> Iterator[tuple[slice, Tensor]]:
+        """Layer ``layer``'s heads fused by ``fusion`` (mean, max, min) in query chunks: yields
+        ``(ts, fused rows (B, t, T))`` where ``queries[ts]`` (default all tokens) are the chunk's queries."""
+        _check_fusion(fusion)
+        acc, current = None, None
+        for _, ts, probs in self.chunks(layer, None, queries):
+            if current is not None and ts != current:
+                yield current, acc / self.num_heads if fusion == "mean" else acc
+                acc = None
+            current = ts
+            if fusion == "mean":
+                part = probs.sum(dim=1)  # (B, t, T)
+                acc = part if acc is None else acc + part
+            elif fusion == "max":
+                part = probs.amax(dim=1)
+                acc = part if acc is None else torch.maximum(acc, part)
+            else:
+                part = probs.amin(dim=1)
+                acc = part if acc is None else torch.minimum(acc, part)
+        if current is not None:
+            yield current, acc / self.num_heads if fusion == "mean" else acc
+
+    def fused(self, layer: int, query: int, fusion: str = "mean") -> Tensor:
+        """The heads' fused map of one query in layer ``layer``: ``(B, T)``."""
+        [(_, rows)] = list(self.fused_rows(layer, [query], fusion))
+        return rows[:, 0]
+
+    def factor(self, layer: int, fusion: str = "mean", discard_ratio: float = 0.0, num_prefix_tokens: int = 1,
+               dtype: torch.dtype = torch.float32) -> Tensor:
+        """Layer ``layer``'s whole rollout factor ``(B, T, T)`` (``attention.rollout_factor``), built from fused
+        query chunks: ``T²`` values held, never ``H x T²``."""
+        B, T = self.hidden.shape[0], self.num_tokens
+        out = torch.empty(B, T, T, dtype=dtype)
+        for ts, fused in self.fused_rows(layer, None, fusion):
+            out[:, ts] = rollout_factor_rows(fused.cpu(), ts.start, discard_ratio, num_prefix_tokens).to(dtype)
+        return out
+
+    def stats(self, layer: int, grid: tuple[int, int], patch_size: int, num_prefix_tokens: int = 1
+              ) -> tuple[Tensor, Tensor]:
+        """Layer ``layer``'s per-head mean attention distance in px and entropy in nats, ``(B, H)`` each, as
+        ``attention.mean_attention_distance`` and ``attention_entropy`` compute them, summed chunk by chunk."""
+        p, (B, H) = num_prefix_tokens, (self.hidden.shape[0], self.num_heads)
+        centres = patch_centres(grid, patch_size)  # (N, 2)
+        distance, entropy = torch.zeros(B, H, dtype=torch.float64), torch.zeros(B, H, dtype=torch.float64)
+        for hs, ts, probs in self.chunks(layer):  # probs (B, h, t, T); queries[ts] are tokens ts.start..
+            probs = probs.cpu()
+            entropy[:, hs] -= torch.special.xlogy(probs, probs).sum(dim=(-1, -2)).double()
+            first = max(ts.start, p)  # patch queries only
+            if first < ts.stop:
+                a = probs[:, :, first - ts.start:, p:]  # (B, h, t', N)
+                a = a / a.sum(dim=-1, keepdim=True).clamp_min(torch.finfo(a.dtype).tiny)
+                d = torch.cdist(centres[first - p:ts.stop - p], centres).to(a.dtype)  # (t', N)
+                distance[:, hs] += (a * d).sum(dim=(-1, -2)).double()
+        N = grid[0] * grid[1]
+        return (distance / N).float(), (entropy / self.num_tokens).float()
+
+    def token_norms(self, layer: int) -> Tensor:
+        """The L2 norm of every token after layer ``layer``: ``(B, T)``."""
+        return self.hidden[:, self._layer(layer) + 1].float().norm(dim=-1)
+
+    def rollout_row(self, query: int | None = None, row: Tensor | None = None, fusion: str = "mean",
+                    discard_ratio: float = 0.0, end_layer: int = -1, num_prefix_tokens: int = 1) -> Tensor:
+        """Row ``query`` of ``attention.rollout(...)`` (or ``row (B, T) @`` the rollout's product), ``(B, T)``,
+        with the same head fusion, discard and residual: from layer ``end_layer`` down to 0, ``v = v @ Â_l``,
+        each ``Â_l`` formed query chunk by query chunk (``v @ Â = sum over chunks v[t] @ Â[t]``)."""
+        if (query is None) == (row is None):
+            raise ValueError("give either a query token or a row of weights")
+        B, T = self.hidden.shape[0], self.num_tokens
+        if row is None:
+            if not 0 <= query < T:
+                raise ValueError(f"query token {query} is out of range for {T} tokens")
+            row = torch.zeros(B, T)
+            row[:, query] = 1.0
+        if row.shape[-1] != T:
+            raise ValueError(f"a row of {row.shape[-1]} weights does not fit {T} tokens")
+        v = row.float().cpu().expand(B, T)
+        for layer in range(self._layer(end_layer), -1, -1):
+            out = torch.zeros(B, T)
+            for ts, fused in self.fused_rows(layer, None, fusion):  # queries[ts] are tokens ts.start..
+                factor = rollout_factor_rows(fused.cpu(), ts.start, discard_ratio, num_prefix_tokens)  # (B, t, T)
+                out += (v[:, None, ts] @ factor)[:, 0]  # (B, T)
+            v = out
+        return v
+
+
+def layer_bytes(num_heads: int, tokens: int) -> int:
+    """Bytes of one layer's whole float32 attention ``(H, T, T)`` (what the chunks avoid holding)."""
+    return 4 * num_heads * tokens * tokens
+
+
+def chunked_bytes(num_layers: int, hidden_size: int, tokens: int, budget: int = CHUNK_BYTES) -> int:
+    """The memory model of a chunked analysis: hidden states ``(L + 1) x T x D``, one layer's queries and keys
+    (``2 x T x D``), the rollout's vectors and one chunk."""
+    return 4 * (num_layers + 3) * tokens * hidden_size + 8 * tokens + budget
+
+
+def largest_tokens(limit: int, per_token: int, per_token_squared: int) -> int:
+    """The most tokens ``T`` with ``per_token x T + per_token_squared x T² <= limit`` (for refusals that name
+    the largest input that fits)."""
+    if per_token_squared == 0:
+        return limit // max(per_token, 1)
+    a, b = per_token_squared, per_token
+    return int((-b + math.sqrt(b * b + 4 * a * limit)) / (2 * a))
