@@ -41,12 +41,12 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--images", type=positive_int, default=2000, help="training images (default 2,000)")
     t.add_argument("--holdout", type=positive_int, default=500, help="held-out images for metrics.json and "
                    "features.npz (default 500; a fifth of DIR when it is smaller)")
-    t.add_argument("--batch-size", type=positive_int, default=1024, help="tokens per step (default 1,024)")
+    t.add_argument("--batch-size", type=positive_int, default=512, help="tokens per step (default 512)")
     t.add_argument("--image-batch", type=positive_int, default=64, help="images per forward (default 64)")
     t.add_argument("--buffer-tokens", type=positive_int, default=65536,
                    help="rows of the shuffle buffer (default 65,536)")
     t.add_argument("--lr", type=float, default=None,
-                   help="Adam's rate (default Gao et al.'s 2e-4 / sqrt(width / 2^14))")
+                   help="Adam's rate (default 6e-3 / sqrt(width / 768))")
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--out", required=True, metavar="OUT", help="the SAE folder to write")
     t.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto", help="where the model and SAE run")
@@ -111,7 +111,7 @@ def run(args: argparse.Namespace) -> int:
                             dead=f"{record.dead_fraction:.3f}")
 
     try:
-        sae = train_sae(epoch_batches, d_in, settings, device, on_step)
+        sae = train_sae(epoch_batches, d_in, settings, device, on_step, total_steps=per_epoch * settings.epochs)
     finally:
         bar.close()
     train_seconds = time.monotonic() - started

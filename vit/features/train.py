@@ -1,9 +1,11 @@
 """Training a TopK SAE on a layer's residual stream, and the held-out pass that measures and describes it.
 
 The recipe is Gao et al. 2024's ("Scaling and evaluating sparse autoencoders"): the decoder bias starts at the
-activations' mean, the encoder as the decoder's transpose; Adam with their learning rate scaled by the width; after
-each step the decoder rows go back to unit norm, the gradient along them removed first; the AuxK loss (weight 1/32)
-makes the latents that have not fired for ``dead_tokens`` tokens reconstruct what the live ones miss.
+activations' mean, the encoder as the decoder's transpose; Adam with the learning rate scaled by 1/sqrt(width) as
+theirs (but higher: our runs are short), falling linearly to zero over the last fifth of the steps (SAELens's
+``lr_decay_steps``); after each step the decoder rows go back to unit norm, the gradient along them removed first; the
+AuxK loss (weight 1/32) makes the latents that have not fired for ``dead_tokens`` tokens reconstruct what the live
+ones miss.
 """
 
 from __future__ import annotations
@@ -32,16 +34,19 @@ class SAESettings:
     width: int  # latents (d_sae); --expansion E gives E x the model's width
     k: int = 16  # latents kept per token
     epochs: int = 5
-    batch_size: int = 1024  # tokens per step
-    lr: float | None = None  # None: Gao et al.'s 2e-4 / sqrt(width / 2**14)
+    batch_size: int = 512  # tokens per step: 1,270 steps in the default recipe (EV 0.855 against 0.845 at 1,024)
+    lr: float | None = None  # None: 6e-3 / sqrt(width / 768), Gao et al.'s width scaling anchored where we measured
     buffer_tokens: int = 65536  # rows in the shuffle buffer (64 batches' worth: tokens of ~1,000 cifar images)
     aux_coefficient: float = 1 / 32  # Gao et al.'s AuxK weight
     dead_tokens: int = 50_000  # a latent that has not fired for this many training tokens counts as dead
+    decay: float = 0.2  # the share of steps at the end over which the rate falls linearly to zero
     seed: int = 0
 
     @property
     def learning_rate(self) -> float:
-        return self.lr if self.lr is not None else 2e-4 / math.sqrt(self.width / 2**14)
+        # Gao et al.'s 2e-4 / sqrt(width / 2**14) is 9e-4 at 768 latents: tuned for billions of tokens, it left
+        # cifar-s's default at EV 0.80 after 5 epochs, where 6e-3 (and the decay) reach 0.86.
+        return self.lr if self.lr is not None else 6e-3 / math.sqrt(self.width / 768)
 
 
 def memory_needed(d_in: int, width: int, batch_size: int, buffer_tokens: int) -> int:
@@ -97,13 +102,21 @@ class StepRecord:
 
 
 def train_sae(batches: Callable[[int], Iterable[Tensor]], d_in: int, settings: SAESettings,
-              device: torch.device, on_step: Callable[[StepRecord], None] | None = None) -> SparseAutoencoder:
-    """An SAE trained on ``batches(epoch)``, the shuffled ``(rows, d_in)`` activations of one epoch each time."""
+              device: torch.device, on_step: Callable[[StepRecord], None] | None = None,
+              total_steps: int | None = None) -> SparseAutoencoder:
+    """An SAE trained on ``batches(epoch)``, the shuffled ``(rows, d_in)`` activations of one epoch each time;
+    with ``total_steps`` the rate decays linearly to zero over the last ``settings.decay`` of them."""
     s = settings
     torch.manual_seed(s.seed)
     sae = SparseAutoencoder(d_in, s.width, s.k).to(device)
     sae.normalize_decoder()
     optimizer = torch.optim.Adam(sae.parameters(), lr=s.learning_rate)
+    decay_steps = max(1, round(s.decay * total_steps)) if total_steps and s.decay else None
+
+    def rate(step: int) -> float:  # SAELens's lr_decay_steps: constant, then a linear fall to zero
+        return min(1.0, max(total_steps - step, 0) / decay_steps) if decay_steps else 1.0
+
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, rate)
     since_fired = torch.zeros(s.width, dtype=torch.long, device=device)  # training tokens since each last fired
     step, initialised = 0, False
     for epoch in range(1, s.epochs + 1):
@@ -123,6 +136,7 @@ def train_sae(batches: Callable[[int], Iterable[Tensor]], d_in: int, settings: S
             (mse + aux).backward()
             sae.remove_parallel_gradient()
             optimizer.step()
+            scheduler.step()
             sae.normalize_decoder()
             step += 1
             with torch.no_grad():
