@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-COMMANDS = ("predict", "evaluate", "convert", "train", "faithfulness", "analyze")
+COMMANDS = ("predict", "evaluate", "convert", "train", "faithfulness", "analyze", "sae")
 # Runs the command as ``python -m vit.NAME ARGS`` would, then prints which heavy packages it had imported.
 PROBE = """
 import runpy, sys

@@ -1,6 +1,6 @@
 """The folder layout of ``vit/`` is its architecture: each wing imports only what sits below it.
 
-core (``vit/*.py`` but the commands) <- ``sources``, ``explain`` <- ``training`` <- ``runs`` <- ``app``;
+core (``vit/*.py`` but the commands) <- ``sources``, ``explain`` <- ``training`` <- ``features``, ``runs`` <- ``app``;
 the commands (``python -m vit.…``) may use the core and any wing but ``app``; only the pages and the notebook API
 use ``app``. The notebook API is ``vit/__init__.py`` (its names load ``vit.api`` when first used, so ``import vit``
 imports no wing) and ``vit/api.py``; nothing in ``vit/`` imports it.
@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 VIT = Path(__file__).resolve().parent.parent / "vit"
-COMMANDS = {"predict", "evaluate", "convert", "train", "faithfulness", "analyze", "explorer"}
-WINGS = {"sources", "explain", "training", "runs", "app"}
+COMMANDS = {"predict", "evaluate", "convert", "train", "faithfulness", "analyze", "explorer", "sae"}
+WINGS = {"sources", "explain", "training", "features", "runs", "app"}
 API = {"vit", "vit.api"}  # what ``import vit`` exposes to notebooks
 # What each layer may import besides itself ("core" is every top-level module but the commands).
 ALLOWED = {
@@ -21,10 +21,11 @@ ALLOWED = {
     "sources": {"core"},
     "explain": {"core"},
     "training": {"core", "explain", "sources"},
-    "runs": {"core", "explain", "sources", "training"},
-    "app": {"core", "explain", "sources", "training", "runs"},
-    "commands": {"core", "explain", "sources", "training", "runs"},
-    "api": {"core", "explain", "sources", "training", "runs", "app"},
+    "features": {"core", "explain", "sources", "training"},
+    "runs": {"core", "explain", "sources", "training", "features"},
+    "app": {"core", "explain", "sources", "training", "features", "runs"},
+    "commands": {"core", "explain", "sources", "training", "features", "runs"},
+    "api": {"core", "explain", "sources", "training", "features", "runs", "app"},
 }
 
 
@@ -89,7 +90,8 @@ def test_the_check_catches_an_upward_import(tmp_path):
 
 @pytest.mark.parametrize("module, layer", [("vit.model", "core"), ("vit.train", "commands"),
                                            ("vit.explain.attention", "explain"), ("vit.app", "app"),
-                                           ("vit.runs.manager", "runs"), ("vit", "api"), ("vit.api", "api")])
+                                           ("vit.runs.manager", "runs"), ("vit", "api"), ("vit.api", "api"),
+                                           ("vit.features.sae", "features"), ("vit.sae", "commands")])
 def test_layer_of(module, layer):
     assert layer_of(module) == layer
 

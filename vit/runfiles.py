@@ -145,10 +145,15 @@ def seconds_since(text: object) -> float | None:
 
 def atomic_write_text(path: Path, text: str) -> None:
     """Write to a temporary file beside ``path``, fsync, then rename over it."""
+    atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """``atomic_write_text`` for bytes (safetensors, .npz): a reader sees the old file or the new one."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
     try:
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(text)
+        with open(tmp, "wb") as f:
+            f.write(data)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)

@@ -1,0 +1,269 @@
+"""A sparse autoencoder over one hook point's activations, and its files in SAELens's on-disk format.
+
+``SparseAutoencoder`` computes what SAELens's ``TopKSAE`` and ``StandardSAE`` compute (sae-lens 6, checked
+against their code in ``tests/test_sae.py``): ``sae_in = x - b_dec`` (when ``apply_b_dec_to_input``),
+``pre = sae_in @ W_enc + b_enc`` (times the decoder row norms with ``rescale_acts_by_decoder_norm``), then the
+``k`` largest pre-activations kept through a ReLU ("topk", Gao et al. 2024) or a plain ReLU ("standard");
+``x_hat = z @ W_dec + b_dec``. Its AuxK loss is Gao et al.'s: the top ``d_in / 2`` dead latents reconstruct the
+live latents' residual (SAELens's ``calculate_topk_aux_loss``).
+
+A folder holds ``cfg.json`` (SAELens 6's keys: ``d_in``, ``d_sae``, ``architecture``, ``k``,
+``apply_b_dec_to_input``, ``metadata.model_name``, ``metadata.hook_name`` ...) and ``sae_weights.safetensors``
+(``W_enc (d_in, d_sae)``, ``b_enc``, ``W_dec (d_sae, d_in)``, ``b_dec``), so SAELens's ``SAE.load_from_disk``
+reads what ``save_sae`` writes and ``load_sae`` reads SAELens's folders (pre-6 configs too).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from torch import Tensor, nn
+
+from vit.runfiles import atomic_write_bytes, atomic_write_text
+
+CFG_FILE = "cfg.json"  # SAELens's SAE_CFG_FILENAME
+WEIGHTS_FILE = "sae_weights.safetensors"  # SAELens's SAE_WEIGHTS_FILENAME
+SAE_LENS_FORMAT = "6.0.0"  # the sae-lens version whose cfg.json layout we write (metadata holds model and hook)
+ARCHITECTURES = ("topk", "standard")
+MAX_D_SAE = 2**20  # a million latents: the largest published SAEs (Gao et al.'s 16M aside) stay below
+MAX_D_IN = 16384  # ViTConfig's bound on hidden_size
+
+
+class SAEError(ValueError):
+    """An SAE folder that cannot be used (missing, damaged, of another model or layer); one line saying why."""
+
+
+@dataclass
+class SAEInfo:
+    """What a folder says about its SAE besides the weights: which model and hook point it reads."""
+
+    model_name: str | None = None
+    hook_name: str | None = None
+    model_fingerprint: str | None = None  # ours: ``model_fingerprint(model)``, to refuse another model's SAE exactly
+    extra: dict = field(default_factory=dict)  # the rest of cfg.json's metadata, kept when saving again
+
+
+class SparseAutoencoder(nn.Module):
+    """``W_enc (d_in, d_sae)``, ``b_enc (d_sae)``, ``W_dec (d_sae, d_in)``, ``b_dec (d_in)`` and how they encode."""
+
+    def __init__(self, d_in: int, d_sae: int, k: int | None = None, architecture: str = "topk",
+                 apply_b_dec_to_input: bool = True, rescale_acts_by_decoder_norm: bool = False,
+                 info: SAEInfo | None = None) -> None:
+        super().__init__()
+        check_sizes(d_in, d_sae, k, architecture)
+        self.d_in, self.d_sae, self.k, self.architecture = d_in, d_sae, k, architecture
+        self.apply_b_dec_to_input = apply_b_dec_to_input
+        self.rescale_acts_by_decoder_norm = rescale_acts_by_decoder_norm
+        self.info = info or SAEInfo()
+        # SAELens's initialisation (and Gao et al.'s): the encoder starts as the decoder's transpose.
+        W_dec = nn.init.kaiming_uniform_(torch.empty(d_sae, d_in))
+        self.W_dec = nn.Parameter(W_dec)
+        self.W_enc = nn.Parameter(W_dec.T.clone().contiguous())
+        self.b_enc = nn.Parameter(torch.zeros(d_sae))
+        self.b_dec = nn.Parameter(torch.zeros(d_in))
+
+    def pre_activations(self, x: Tensor) -> Tensor:
+        """``x (..., d_in)`` -> the latents before the activation ``(..., d_sae)`` (SAELens's ``hidden_pre``)."""
+        sae_in = x.to(self.W_enc.dtype) - self.b_dec * self.apply_b_dec_to_input
+        pre = sae_in @ self.W_enc + self.b_enc  # (..., d_sae)
+        if self.rescale_acts_by_decoder_norm:
+            pre = pre * self.W_dec.norm(dim=-1)
+        return pre
+
+    def activate(self, pre: Tensor) -> Tensor:
+        """Pre-activations -> latents: the ``k`` largest kept through a ReLU, the rest zero (or a ReLU)."""
+        if self.architecture == "standard":
+            return pre.relu()
+        values, indices = pre.topk(self.k, dim=-1, sorted=False)  # (..., k)
+        return torch.zeros_like(pre).scatter(-1, indices, values.relu())
+
+    def encode(self, x: Tensor) -> Tensor:
+        """``x (..., d_in)`` -> latents ``(..., d_sae)``."""
+        return self.activate(self.pre_activations(x))
+
+    def decode(self, z: Tensor) -> Tensor:
+        """Latents ``(..., d_sae)`` -> the reconstruction ``(..., d_in)``."""
+        if self.rescale_acts_by_decoder_norm:
+            z = z / self.W_dec.norm(dim=-1)
+        return z @ self.W_dec + self.b_dec
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.decode(self.encode(x))
+
+    def aux_k_loss(self, x: Tensor, x_hat: Tensor, pre: Tensor, dead: Tensor, coefficient: float = 1.0) -> Tensor:
+        """Gao et al.'s AuxK: the top ``d_in // 2`` dead latents (``dead (d_sae,)`` bool) reconstruct the residual
+        ``x - x_hat`` (detached) through the decoder without bias, scaled down while few latents are dead; the
+        squared error summed over the width and averaged over rows. Zero when none is dead."""
+        num_dead = int(dead.sum())
+        if num_dead == 0:
+            return x_hat.new_zeros(())
+        residual = (x - x_hat).detach()
+        k_aux = x.shape[-1] // 2
+        scale = min(num_dead / k_aux, 1.0)
+        k_aux = min(k_aux, num_dead)
+        values, indices = torch.where(dead, pre, -torch.inf).topk(k_aux, dim=-1, sorted=False)
+        aux = torch.zeros_like(pre).scatter(-1, indices, values)
+        if self.rescale_acts_by_decoder_norm:
+            aux = aux / self.W_dec.norm(dim=-1)
+        return coefficient * scale * (aux @ self.W_dec - residual).pow(2).sum(dim=-1).mean()
+
+    @torch.no_grad()
+    def normalize_decoder(self) -> None:
+        """Scale every decoder row to unit norm, as Gao et al. do after each step (the encoder is left as it is:
+        folding the norms into it would change which latents a TopK keeps)."""
+        self.W_dec.div_(self.W_dec.norm(dim=-1, keepdim=True).clamp(min=1e-8))
+
+    @torch.no_grad()
+    def remove_parallel_gradient(self) -> None:
+        """Drop the part of the decoder's gradient along each row (Gao et al.'s projection), so that the step
+        moves the directions and the renormalisation after it only undoes Adam's drift."""
+        if self.W_dec.grad is not None:
+            rows = self.W_dec / self.W_dec.norm(dim=-1, keepdim=True).clamp(min=1e-8)
+            self.W_dec.grad -= (self.W_dec.grad * rows).sum(dim=-1, keepdim=True) * rows
+
+
+def resid_hook_name(layer: int) -> str:
+    """The hook point of the residual stream after block ``layer`` (counted from 1, as ``--ablate`` counts)."""
+    return f"blocks.{layer - 1}.hook_resid_post"
+
+
+def hook_layer(hook_name: str) -> int | None:
+    """The block (from 1) whose output ``hook_name`` reads, or None for another hook point."""
+    parts = hook_name.split(".")
+    if len(parts) == 3 and parts[0] == "blocks" and parts[1].isdigit() and parts[2] == "hook_resid_post":
+        return int(parts[1]) + 1
+    return None
+
+
+def check_fits(sae: SparseAutoencoder, model: nn.Module) -> int:
+    """The block (from 1) whose output ``sae`` reads in ``model``; SAEError in one line when it was trained on
+    another model (its weights' fingerprint), another width or a hook point this project does not read."""
+    layer = hook_layer(sae.info.hook_name or "")
+    if layer is None:
+        raise SAEError(f"this SAE reads {sae.info.hook_name!r}; only a block's output (blocks.N.hook_resid_post) "
+                       "is supported")
+    if not 1 <= layer <= model.config.num_layers:
+        raise SAEError(f"this SAE reads block {layer}'s output; the model has {model.config.num_layers} blocks")
+    if sae.d_in != model.config.hidden_size:
+        raise SAEError(f"this SAE reads {sae.d_in}-wide activations; the model's width is {model.config.hidden_size}")
+    if sae.info.model_fingerprint and sae.info.model_fingerprint != model_fingerprint(model):
+        raise SAEError(f"this SAE was trained on another model ({sae.info.model_name or 'unnamed'}): its weights "
+                       "differ from the open model's")
+    return layer
+
+
+def check_sizes(d_in: int, d_sae: int, k: int | None, architecture: str) -> None:
+    """SAEError unless the sizes make an SAE this module can hold."""
+    if architecture not in ARCHITECTURES:
+        raise SAEError(f"architecture {architecture!r} is not supported; this reads {', '.join(ARCHITECTURES)}")
+    for name, value, bound in (("d_in", d_in, MAX_D_IN), ("d_sae", d_sae, MAX_D_SAE)):
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= bound:
+            raise SAEError(f"{name} must be a whole number from 1 to {bound:,}, got {value!r}")
+    if architecture == "topk" and (isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= d_sae):
+        raise SAEError(f"k must be a whole number from 1 to d_sae ({d_sae:,}), got {k!r}")
+
+
+def model_fingerprint(model: nn.Module) -> str:
+    """A short hash of the model's weights, so an SAE refuses any other model exactly (a renamed file too)."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    for name, tensor in sorted(model.state_dict().items()):
+        digest.update(name.encode())
+        digest.update(tensor.detach().to("cpu", torch.float32).contiguous().numpy().tobytes())
+    return digest.hexdigest()[:16]
+
+
+def sae_config(sae: SparseAutoencoder) -> dict:
+    """cfg.json as SAELens 6 writes it (``SAEConfig.to_dict``) for ``sae``."""
+    metadata = {**sae.info.extra, "sae_lens_version": SAE_LENS_FORMAT, "sae_lens_training_version": SAE_LENS_FORMAT,
+                "model_name": sae.info.model_name, "hook_name": sae.info.hook_name, "hook_head_index": None,
+                "prepend_bos": False, "model_fingerprint": sae.info.model_fingerprint}
+    cfg = {"d_in": sae.d_in, "d_sae": sae.d_sae, "dtype": "float32", "device": "cpu",
+           "apply_b_dec_to_input": sae.apply_b_dec_to_input, "normalize_activations": "none",
+           "reshape_activations": "none", "metadata": metadata, "architecture": sae.architecture}
+    if sae.architecture == "topk":
+        cfg.update(k=sae.k, rescale_acts_by_decoder_norm=sae.rescale_acts_by_decoder_norm)
+    return cfg
+
+
+def save_sae(sae: SparseAutoencoder, folder: Path) -> None:
+    """Write ``cfg.json`` and ``sae_weights.safetensors`` into ``folder``, each file atomically."""
+    from safetensors.torch import save
+
+    folder.mkdir(parents=True, exist_ok=True)
+    weights = {name: getattr(sae, name).detach().to("cpu", torch.float32).contiguous()
+               for name in ("W_enc", "b_enc", "W_dec", "b_dec")}
+    atomic_write_bytes(folder / WEIGHTS_FILE, save(weights))
+    atomic_write_text(folder / CFG_FILE, json.dumps(sae_config(sae), indent=2) + "\n")
+
+
+def _config_value(cfg: dict, key: str, types: type | tuple[type, ...], default: object = None) -> object:
+    value = cfg.get(key, default)
+    if value is not None and (not isinstance(value, types) or isinstance(value, bool) and bool not in (
+            types if isinstance(types, tuple) else (types,))):
+        raise SAEError(f"{CFG_FILE}: {key!r} is {json.dumps(value)[:40]}, not the expected type")
+    return value
+
+
+def load_sae(folder: str | Path, device: str | torch.device = "cpu") -> SparseAutoencoder:
+    """An SAE from a SAELens-format folder (SAELens 6 or earlier); SAEError in one line for anything else.
+
+    Every size cfg.json declares is checked against the bounds and against the weights file's header before a
+    tensor is read; normalised or reshaped activations (SAELens options this project does not apply) are refused.
+    """
+    from vit.sources.open import SourceError, read_json, read_weights
+
+    folder = Path(folder)
+    if not (folder / CFG_FILE).is_file() or not (folder / WEIGHTS_FILE).is_file():
+        raise SAEError(f"{folder} is not an SAE folder: it needs {CFG_FILE} and {WEIGHTS_FILE} (SAELens's format)")
+    try:
+        cfg = read_json(folder / CFG_FILE)
+    except SourceError as e:
+        raise SAEError(str(e)) from None
+    metadata = cfg.get("metadata") if isinstance(cfg.get("metadata"), dict) else {}
+    # Pre-6 configs keep model and hook at the top level (hook_point before 5), and topk in activation_fn.
+    architecture = _config_value(cfg, "architecture", str)
+    if architecture is None:
+        kwargs = cfg.get("activation_fn_kwargs") if isinstance(cfg.get("activation_fn_kwargs"), dict) else {}
+        if cfg.get("activation_fn", cfg.get("activation_fn_str")) == "topk" and kwargs.get("k") is not None:
+            architecture, cfg = "topk", {**cfg, "k": kwargs["k"]}
+        else:
+            architecture = "standard"
+    d_in, d_sae = _config_value(cfg, "d_in", int), _config_value(cfg, "d_sae", int)
+    k = _config_value(cfg, "k", int) if architecture == "topk" else None
+    check_sizes(d_in, d_sae, k, architecture)
+    normalize = _config_value(cfg, "normalize_activations", (str, bool), "none")
+    if normalize not in ("none", False):
+        raise SAEError(f"{folder.name}: normalize_activations {normalize!r} is not supported; only 'none'")
+    if _config_value(cfg, "reshape_activations", str, "none") != "none":
+        raise SAEError(f"{folder.name}: reshaped activations (hook_z) are not supported; this reads the residual "
+                       "stream")
+    info = SAEInfo(
+        model_name=_config_value(metadata, "model_name", str) or _config_value(cfg, "model_name", str),
+        hook_name=(_config_value(metadata, "hook_name", str) or _config_value(cfg, "hook_name", str)
+                   or _config_value(cfg, "hook_point", str)),
+        model_fingerprint=_config_value(metadata, "model_fingerprint", str),
+        extra={key: value for key, value in metadata.items()
+               if key not in ("model_name", "hook_name", "model_fingerprint")})
+    expected = {"W_enc": (d_in, d_sae), "b_enc": (d_sae,), "W_dec": (d_sae, d_in), "b_dec": (d_in,)}
+    try:
+        shapes = read_weights(folder / WEIGHTS_FILE, "meta")  # the header only: sizes checked before the data
+        if {name: tuple(shapes[name].shape) for name in expected if name in shapes} != expected:
+            found = ", ".join(f"{n} {tuple(t.shape)}" for n, t in sorted(shapes.items()))
+            raise SAEError(f"{folder.name}: {WEIGHTS_FILE} holds {found[:200]}, not the shapes {CFG_FILE} declares "
+                           f"(d_in {d_in}, d_sae {d_sae})")
+        weights = read_weights(folder / WEIGHTS_FILE)
+    except SourceError as e:
+        raise SAEError(str(e)) from None
+    if not all(bool(torch.isfinite(weights[name]).all()) for name in expected):
+        raise SAEError(f"{folder.name}: {WEIGHTS_FILE} holds NaN or infinite weights")
+    sae = SparseAutoencoder(d_in, d_sae, k, architecture, bool(_config_value(cfg, "apply_b_dec_to_input", bool, True)),
+                            bool(_config_value(cfg, "rescale_acts_by_decoder_norm", bool, False)), info)
+    with torch.no_grad():
+        for name in expected:
+            getattr(sae, name).copy_(weights[name])
+    return sae.to(device).eval().requires_grad_(False)
