@@ -7,7 +7,6 @@ to its path before ``st.switch_page("pages/explorer.py")``, and an image file by
 ``st.session_state["explorer_image"]`` to its path.
 """
 
-import math
 from dataclasses import replace
 from functools import partial
 from pathlib import Path
@@ -16,6 +15,8 @@ import numpy as np
 import streamlit as st
 from PIL import Image
 
+from pages.explorer_sections.analyses import analyses
+from pages.explorer_sections.state import Shown
 from vit.app import catalog, drawing, explorer, words
 from vit.cache import ByteCache
 from vit.checkpoint import Checkpoint, CheckpointError
@@ -145,14 +146,6 @@ def pick_query(chart_key: str, query_key: str, num_prefix_tokens: int) -> None:
     token = drawing.token_from_selection(st.session_state[chart_key].selection, num_prefix_tokens)
     if token is not None:
         st.session_state[query_key] = token
-
-
-def pick_head(layers: list[int], num_heads: int, layer_key: str, head_key: str) -> None:
-    """A click on a head thumbnail shows that layer and head as the one-layer map."""
-    cell = drawing.cell_from_selection(st.session_state["heads_grid"].selection, layers, num_heads)
-    if cell is not None:
-        st.session_state[layer_key], st.session_state[head_key] = cell[0] + 1, cell[1]
-        st.session_state["map_kind"] = "attention"
 
 
 # -- checkpoint -----------------------------------------------------------------------------------------------
@@ -526,6 +519,11 @@ mask = explorer.map_mask(map2d, share) if masked else None
 box = input_box(image.size, pre, size)
 seen = seen_region(image, pre, size)
 shown, shown_uri, small = display_images(f"{image_key}-{tuple(round(v) for v in box)}", seen)
+state = Shown(checkpoint=checkpoint, fingerprint=fingerprint, full_checkpoint=full_checkpoint,
+              full_fingerprint=full_fingerprint, model_key=model_key, image=image, image_key=image_key, size=size,
+              analysis=analysis, settings=settings, layer=layer, tokens=tokens, outline=outline, shown=shown,
+              small=small, opacity=opacity, colormap=colormap, mode=mode, show_grid=show_grid, scale=scale,
+              mask_share=share if masked else None)
 drawn = overlay(shown, map2d, opacity, map_colormap, mode, show_grid=show_grid, outline_patch=outline, vmin=vmin,
                 vmax=vmax)
 if mask is not None:
@@ -693,54 +691,7 @@ if has_text_tower(checkpoint):
 
 # -- analyses (only the open tab is computed) -------------------------------------------------------------------
 
-heads_tab, matrix_tab, stats_tab = st.tabs(["Heads", "Attention matrix", "Distance & entropy"], key="analysis_tab",
-                                           on_change="rerun")
-query_text = drawing.token_label(query, grid, prefix, names)
-if heads_tab.open:
-    with heads_tab:
-        every = st.toggle(f"Every layer ({L} × {H} = {L * H} maps)", key="every_layer",
-                          help="Off: the heads of the layer chosen in the sidebar.")
-        shown_layers = list(range(L)) if every else [layer - 1]
-        maps = explorer.head_maps(analysis, query)[shown_layers]  # (layers, H, gh, gw)
-        cells = drawing.small_multiples(small, maps.reshape(-1, *grid), opacity, colormap, mode, outline,
-                                         scale=scale, mask_share=share if masked else None)
-        sheet = drawing.heads_grid_image(cells, columns=H)
-        selected = (layer - 1, head) if kind == "attention" and head is not None else None
-        st.plotly_chart(drawing.heads_grid_figure(drawing.jpeg_data_uri(sheet, quality=85), sheet.size,
-                                                   shown_layers, H, selected),
-                        key="heads_grid", on_select=partial(pick_head, shown_layers, H, f"layer-{model_key}",
-                                                            f"head-{model_key}"),
-                        selection_mode="points", config=PICKER_CONFIG, width="stretch", theme=None)
-        scale_text = {"own": "each map on its own colour scale", "zero": "each from 0 to its own max",
-                      "shared": "all on one colour scale"}[scale]
-        st.caption(f"What {query_text} attends to in each head, {scale_text}. **Click a head** to show it "
-                   "above (outlined when shown).")
-if matrix_tab.open:
-    with matrix_tab:
-        heads_text = f"head {head + 1}" if head is not None else f"{fusion} over heads"
-        matrix = explorer.layer_attention(analysis, layer - 1, head, fusion)[0].numpy()  # (T, T)
-        st.plotly_chart(drawing.attention_matrix_figure(matrix, grid, prefix, colormap, query=query, tokens=tokens,
-                                                         title=f"Layer {layer}, {heads_text}", prefix_names=names),
-                        theme=None)  # Streamlit's chart theme recolours the low end of the colour scale
-        pooled = len(tokens) > drawing.MATRIX_MAX_CELLS
-        st.caption(f"Row i is what token i attends to (each row sums to 1); "
-                   f"{drawing.tokens_caption(grid, prefix, names)}. The outlined row is the query, {query_text}."
-                   + (f" {len(tokens):,} tokens are shown as block averages; hover for the token ranges."
-                      if pooled else ""))
-if stats_tab.open:
-    with stats_tab:
-        distance, entropy = analysis.stats()
-        left, right = st.columns(2)
-        left.plotly_chart(figures.layer_stats_figure(distance, "mean attention distance (px)",
-                                                      "Mean attention distance"))
-        left.caption(f"Per head, the attention-weighted distance between a patch and the patches it attends to, "
-                     f"in pixels of the {analysis.input_size[1]}×{analysis.input_size[0]}-px input, averaged over "
-                     "patch queries (ViT paper, Fig. 7). Low: local heads, like convolutions; high: heads that "
-                     "integrate the whole image.")
-        right.plotly_chart(figures.layer_stats_figure(entropy, "attention entropy (nats)", "Attention entropy"))
-        right.caption(f"Per head, the entropy of each token's attention averaged over all {T} tokens: 0 when every "
-                      f"token attends to one token only, ln {T} ≈ {math.log(T):.2f} when attention is "
-                      "spread evenly.")
+analyses(state)
 
 # -- mechanism: logit lens, head attribution, ablation, phenomena (issue 24) ------------------------------------
 
