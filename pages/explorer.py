@@ -15,6 +15,7 @@ import numpy as np
 import streamlit as st
 from PIL import Image
 
+from pages.explorer_sections import ask_in_words
 from pages.explorer_sections.analyses import analyses
 from pages.explorer_sections.state import Shown
 from vit.app import catalog, drawing, explorer, words
@@ -23,13 +24,12 @@ from vit.checkpoint import Checkpoint, CheckpointError
 from vit.explain import compare, figures
 from vit.explain.attention import HEAD_FUSIONS
 from vit.explain.overlay import UPSAMPLE_MODES, draw_mask_contours, overlay
-from vit.explain.prompts import DEFAULT_TEMPLATE
 from vit.images import MAX_SIDE, UPLOAD_MAX_PIXELS, ImageError, open_image
 from vit.inference import MAX_INPUT_SIDE, InputSize, NonFiniteOutput, input_box, input_shape, seen_region
 from vit.runs import access
 from vit.sources import hub
 from vit.sources.open import open_source
-from vit.sources.text_tower import MAX_LABELS, has_text_tower, open_text_tower, split_labels
+from vit.sources.text_tower import has_text_tower
 from vit.text import escape_markdown, visible
 from vit.training import snapshots
 
@@ -602,92 +602,12 @@ with col_prediction:
 # -- ask a CLIP or SigLIP in words (issue 22) ----------------------------------------------------------------------
 
 
-@st.cache_resource(max_entries=2, show_spinner="Loading the text tower…")
-def text_tower(fingerprint: tuple, _checkpoint: Checkpoint):
-    """The model's text side (tokenizer and text transformer, from its own library), once per model; it caches
-    the embedding of every text it has read."""
-    return open_text_tower(_checkpoint)
-
-
-@st.cache_resource(max_entries=16, show_spinner="Asking the model…")
-def ask_in_words(fingerprint: tuple, digest: str, size: InputSize, labels: tuple[str, ...],
-                 templates: tuple[str, ...], _checkpoint: Checkpoint, _image: Image.Image) -> words.Answer:
-    # The text side does not change with the image's heads switched off: the full model's tower, opened once.
-    return words.answer(_checkpoint, text_tower(full_fingerprint, full_checkpoint), _image, list(labels),
-                        list(templates), size)
-
-
-@st.cache_resource(max_entries=32, show_spinner="Computing the map for the label (one backward pass)…")
-def word_map(fingerprint: tuple, digest: str, size: InputSize, labels: tuple[str, ...], templates: tuple[str, ...],
-             index: int, method: str, _checkpoint: Checkpoint, _image: Image.Image) -> np.ndarray:
-    asked = ask_in_words(fingerprint, digest, size, labels, templates, _checkpoint, _image)
-    return words.word_map(_checkpoint, asked, _image, index, method, size)
-
-
 asked = None  # the labels typed into "Ask in words" (a CLIP's logit lens reads them too)
 if has_text_tower(checkpoint):
-    st.subheader("Ask in words")
-    col_ask, col_scores, col_map = st.columns([0.8, 0.8, 1], gap="medium")
-    with col_ask:
-        # No max_chars: Streamlit would show a "47/12928" counter; split_labels bounds the text (one line if over).
-        labels_text = st.text_area("Labels", key="words_labels", placeholder="a dog, a cat, a ball",
-                                   help=f"Up to {MAX_LABELS} labels or whole prompts, separated by commas, semicolons "
-                                        "or line breaks. They are read as plain text.")
-        ensemble = st.checkbox("Average open_clip's 80 ImageNet templates", key="words_ensemble",
-                               help="As OpenAI's and open_clip's zero-shot ImageNet classifiers: each label in 80 "
-                                    "templates, the normalised embeddings averaged.")
-        st.session_state.setdefault("words_template", DEFAULT_TEMPLATE)
-        template = st.text_input("Template", key="words_template", max_chars=200,
-                                 disabled=ensemble,
-                                 help="Where each label goes, marked by {}; \"{}\" alone uses the labels as typed.")
-    asked = None
-    try:
-        labels = split_labels(labels_text) if labels_text.strip() else []
-        templates = words.templates_for(template, ensemble)
-        if labels:
-            asked = ask_in_words(fingerprint, image_key, size, tuple(labels), tuple(templates), checkpoint, image)
-    except (ValueError, CheckpointError) as e:  # bounds, a template without {}, a folder without tokenizer files
-        col_ask.error(escape_markdown(e))
+    st.session_state.pop(ask_in_words.DRAWN_KEY, None)  # drawn below: the section compares what it asks with it
+    asked = ask_in_words.ask_in_words(state)
     if asked is not None and not class_names:  # scored labels are this model's prediction: not "no classifier"
         prediction_box.markdown(words.describe_prediction(asked))
-    if asked is None:
-        col_scores.caption("Type labels to see how this model scores them and where it sees each.")
-    else:
-        with col_scores:
-            st.plotly_chart(words.scores_figure(asked), config={"displayModeBar": False})
-            st.caption(words.describe_scores(asked, ensemble))
-        with col_map:
-            methods = words.prompts.methods_for(checkpoint.model)
-            chosen = st.selectbox("Map for", range(len(labels)), key="words_label",
-                                  format_func=lambda i: labels[i])
-            minus = st.selectbox("Minus (optional)", [None, *range(len(labels))], key="words_minus",
-                                 format_func=lambda i: "nothing: this label's own map" if i is None else labels[i])
-            method = st.selectbox("Method", list(methods), format_func=methods.get, key="words_method")
-            try:
-                map_a = word_map(fingerprint, image_key, size, tuple(labels), tuple(templates), chosen, method,
-                                 checkpoint, image)
-                other = None if minus is None or minus == chosen else minus
-                if other is None:
-                    shown_map = map_a
-                    signed = method == "attnlrp"
-                else:
-                    map_b = word_map(fingerprint, image_key, size, tuple(labels), tuple(templates), other, method,
-                                     checkpoint, image)
-                    shown_map, signed = words.difference(map_a, map_b), True
-            except ValueError as e:  # a method the model's layout does not support, too many tokens
-                st.error(escape_markdown(e))
-            else:
-                cmap, low, high = drawing.map_colours("attnlrp" if signed else "", shown_map, colormap)
-                st.image(overlay(shown, shown_map, opacity, cmap, mode, show_grid=show_grid, vmin=low, vmax=high),
-                         output_format="PNG")
-                st.caption(words.describe_method(method, labels[chosen], None if other is None else labels[other])
-                           + " Drawn over the part of the image the model saw. " + drawing.describe_range(shown_map))
-                if other is None and st.toggle("Deletion and insertion curves", key="words_curves",
-                                               help="Patches most relevant for the label are blurred away "
-                                                    "(deletion) or restored (insertion), and the image-text cosine "
-                                                    "similarity is tracked."):
-                    st.plotly_chart(words.curves_figure(checkpoint, asked, image, map_a, chosen, size),
-                                    config={"displayModeBar": False}, width="stretch")
 
 # -- analyses (only the open tab is computed) -------------------------------------------------------------------
 
