@@ -20,6 +20,8 @@ from vit.sources.open import open_source
 from vit.text import visible
 from vit.training import snapshots
 
+# Everything open_image reads (its error message lists these), so the uploader never refuses a format it names.
+UPLOAD_TYPES = ["jpg", "jpeg", "png", "webp", "bmp", "gif", "tif", "tiff"]
 MODEL_CACHE_BYTES = 1536 * 2**20
 IMAGE_CACHE_BYTES = 256 * 2**20  # decoded images are at most 2048 px on their long side (12 MB)
 ANALYSIS_CACHE_BYTES = 512 * 2**20
