@@ -24,12 +24,12 @@ from pages.explorer_sections.caches import (
     load_model,
     method_map,
     model_input_preview,
-    probe_overlays,
 )
+from pages.explorer_sections.compare_checkpoints import compare_checkpoints
+from pages.explorer_sections.probe_snapshots import probe_snapshots
 from pages.explorer_sections.state import Shown
 from vit.app import catalog, drawing, explorer, words
 from vit.checkpoint import Checkpoint, CheckpointError
-from vit.explain import compare
 from vit.explain.attention import HEAD_FUSIONS
 from vit.explain.overlay import UPSAMPLE_MODES, draw_mask_contours, overlay
 from vit.images import MAX_SIDE, ImageError
@@ -38,7 +38,6 @@ from vit.runs import access
 from vit.sources import hub
 from vit.sources.text_tower import has_text_tower
 from vit.text import escape_markdown, visible
-from vit.training import snapshots
 
 PICKER_CONFIG = {"displayModeBar": False, "scrollZoom": False, "doubleClick": False}
 INPUT_SIDES = (224, 256, 320, 384, 448, 480, 518, 640, 768, 1024)
@@ -507,75 +506,8 @@ if st.toggle("Mechanism: logit lens, head attribution, ablation, phenomena", key
 
 # -- compare two checkpoints; the run's attention snapshots at any epoch (issue 12) -------------------------------
 
-compare_entries = {p: e for p, e in entries.items() if p != choice}
-for c in catalog.epoch_candidates():  # per-epoch checkpoints of runs trained with --save-every
-    if str(c.path) != choice:
-        compare_entries[str(c.path)] = catalog.describe_current(c)
-if st.session_state.get("compare_with") not in compare_entries:
-    st.session_state["compare_with"] = None
-other = st.sidebar.selectbox(
-    "Compare with (a second checkpoint)", [None, *compare_entries], key="compare_with",
-    format_func=lambda p: "nothing: one checkpoint" if p is None else compare_entries[p].label,
-    help="Another checkpoint (another run, or another epoch of this one saved with --save-every) on the same "
-         "image with the same settings, and the difference of the two maps.")
-if other is not None:
-    st.subheader("Compare")
-    entry_b = compare_entries[other]
-    try:
-        if not entry_b.ok:
-            raise CheckpointError(entry_b.error)
-        fingerprint_b = catalog.Candidate(entry_b.path, entry_b.source, entry_b.name).fingerprint
-        checkpoint_b = load_model(other, fingerprint_b)
-        analysis_b = analyse(fingerprint_b, image_key, size, checkpoint_b, image)
-        settings_b = compare.settings_for_other(settings, analysis, analysis_b, class_names, checkpoint_b.class_names)
-        relevance_b = method_map_b = None
-        if kind in explorer.CLASS_MAP_KINDS and not checkpoint_b.class_names:
-            raise ValueError("it has no classifier (a feature model), so it has no class-specific map; its "
-                             "attention, rollout, token-norm and flow maps compare")
-        class_b = explorer.resolved_class(settings_b, analysis_b)
-        if kind == "class":
-            relevance_b = class_relevance(fingerprint_b, image_key, size, class_b, checkpoint_b, image)
-        if kind in explorer.METHOD_MAP_KINDS:
-            method_map_b = method_map(fingerprint_b, image_key, size, kind, class_b, settings_b.query,
-                                      settings_b.end_layer, fusion, checkpoint_b, image)
-        map_b = explorer.attention_map(analysis_b, settings_b, relevance_b, method_map_b)
-    except (CheckpointError, ValueError) as e:
-        st.warning(f"B cannot show this map: {escape_markdown(e)}")
-    else:
-        col_a, col_b, col_diff = st.columns(3)
-        for column, label, one_entry, one_analysis, one_map in ((col_a, "A", entry, analysis, map2d),
-                                                                (col_b, "B", entry_b, analysis_b, map_b)):
-            top_k = one_analysis.prediction.top_k
-            column.image(overlay(shown, one_map, opacity, colormap, mode, show_grid=show_grid, outline_patch=outline),
-                         output_format="PNG")
-            predicts = (f"Predicts {escape_markdown(top_k[0][0])} ({top_k[0][1]:.0%}). " if top_k
-                        else "No classifier (a feature model). ")
-            depth = compare.depth_note(settings, settings_b, L, analysis_b.num_layers) if label == "B" else ""
-            column.caption(f"{label}: {escape_markdown(one_entry.label)}. {predicts}{depth} "
-                           + drawing.describe_range(one_map))
-        col_diff.image(compare.difference_overlay(shown, map2d, map_b, opacity, mode), output_format="PNG")
-        col_diff.caption(compare.describe_difference(map2d, map_b, (shown.height, shown.width), mode))
-
-snapshot_run = catalog.run_folder(entry.path) if entry.source == "run" else None
-snapshot_epochs = snapshots.snapshot_epochs(snapshot_run) if snapshot_run is not None else []
-if snapshot_epochs:
-    st.subheader("The run's probe images during training")
-    if st.session_state.get("explorer_snap_epoch") not in snapshot_epochs:
-        st.session_state["explorer_snap_epoch"] = snapshot_epochs[-1]
-    snap_epoch = st.select_slider("Epoch", snapshot_epochs, key="explorer_snap_epoch",
-                                  help="Stored while the run trained: no checkpoint of that epoch is needed.")
-    snap_kind = "rollout" if kind == "rollout" else "attention"
-    try:
-        probes = probe_overlays(snapshot_run, snap_epoch, snap_kind, layer - 1, head, fusion, opacity, colormap, mode)
-    except (snapshots.SnapshotError, ValueError) as e:
-        st.warning(escape_markdown(e))
-    else:
-        st.image([p for p, _ in probes], caption=[escape_markdown(c) for _, c in probes], width=128,
-                 output_format="PNG")
-        st.caption("The CLS token's " + ("rollout (mean over heads)" if snap_kind == "rollout" else
-                                         f"attention in layer {layer}") + f" at epoch {snap_epoch} on the run's "
-                   "fixed validation images, with the sidebar's layer, head and overlay settings; under each, "
-                   "true class → predicted class. Snapshots keep the CLS query only.")
+compare_checkpoints(state, entries, choice, map2d)
+probe_snapshots(state, entry)
 
 # Room below the tabs: while a newly opened tab is computed its old content is gone, and a page that
 # shrank for that moment made the browser jump up (clicking a tab seemed to scroll to the top).
