@@ -18,7 +18,6 @@ from pages.explorer_sections.caches import (
     UPLOAD_TYPES,
     analyse,
     class_relevance,
-    decode_image,
     display_images,
     load_model,
     method_map,
@@ -26,6 +25,7 @@ from pages.explorer_sections.caches import (
 )
 from pages.explorer_sections.checkpoint_picker import pick_checkpoint
 from pages.explorer_sections.compare_checkpoints import compare_checkpoints
+from pages.explorer_sections.image_picker import pick_image
 from pages.explorer_sections.probe_snapshots import probe_snapshots
 from pages.explorer_sections.state import Shown
 from vit.app import catalog, drawing, explorer, words
@@ -33,12 +33,11 @@ from vit.checkpoint import Checkpoint, CheckpointError
 from vit.explain.attention import HEAD_FUSIONS
 from vit.explain.overlay import UPSAMPLE_MODES, draw_mask_contours, overlay
 from vit.images import MAX_SIDE, ImageError
-from vit.inference import MAX_INPUT_SIDE, InputSize, NonFiniteOutput, input_box, seen_region
+from vit.inference import NonFiniteOutput, input_box, seen_region
 from vit.sources.text_tower import has_text_tower
-from vit.text import escape_markdown, visible
+from vit.text import escape_markdown
 
 PICKER_CONFIG = {"displayModeBar": False, "scrollZoom": False, "doubleClick": False}
-INPUT_SIDES = (224, 256, 320, 384, 448, 480, 518, 640, 768, 1024)
 # Settings that must survive a run in which their widget is not drawn (a rejected upload stops the page
 # early; a closed tab hides its toggle): Streamlit forgets such widget state unless it is written back.
 KEPT_SETTINGS = ("map_kind", "fusion", "opacity", "colormap", "upsample", "show_grid", "every_layer", "discard_ratio",
@@ -90,70 +89,9 @@ full_checkpoint, full_fingerprint = checkpoint, fingerprint
 
 # -- image ----------------------------------------------------------------------------------------------------
 
-st.sidebar.header("Image")
-uploaded = st.sidebar.file_uploader("Upload an image", type=UPLOAD_TYPES,
-                                    help="jpg, png, webp, bmp, gif or tiff; any size and aspect ratio.")
-if "explorer_image" in st.session_state:  # a file another page (Analyse a dataset) asked for, and its folder
-    st.session_state["explorer_opened_image"] = st.session_state.pop("explorer_image")
-    st.session_state["explorer_opened_image_folder"] = st.session_state.pop("explorer_image_folder", None)
-opened_image = st.session_state.get("explorer_opened_image")
-if opened_image is not None and st.sidebar.button(f"Close {escape_markdown(Path(opened_image).name)}",
-                                                  help="Back to the sample images."):
-    opened_image = st.session_state["explorer_opened_image"] = None
-samples = catalog.sample_images(entry, list(entries.values()))
-sample = None
-if samples and opened_image is None:
-    sample = st.sidebar.selectbox("…or a sample image", samples, format_func=explorer.sample_label,
-                                  key=f"sample-{model_key}", disabled=uploaded is not None,
-                                  help="Remove the upload to use the samples again.")
-config, pre = checkpoint.config, checkpoint.preprocessing
-sides = sorted(s for s in {pre.image_size, 2 * pre.image_size, 4 * pre.image_size, *INPUT_SIDES} if s <= MAX_INPUT_SIDE)
-# Options are never None: Streamlit shows a None option as an empty "Choose an option" box.
-side = st.sidebar.selectbox(
-    "Input size", [0, *sides], key="input_side",
-    format_func=lambda s: f"the model's size ({pre.image_size} px)" if s == 0 else f"{s} px",
-    help="The size the model sees the image at. Other sizes than the training size interpolate the position "
-         "embeddings (as DINO's visualisation does): finer maps, but the predictions may change.")
-keep_aspect = st.sidebar.checkbox("Keep the aspect ratio (long side at that size)", key="keep_aspect",
-                                  help="Off: the image is resized to a square, as in training.")
-size = InputSize(side or None, keep_aspect)
-invert = False
-if pre.num_channels == 1:
-    invert = st.sidebar.checkbox("Invert (for dark strokes on a light background)", key="invert",
-                                 help="Greyscale models trained on light digits on black (MNIST) need them that way.")
-if uploaded is not None:
-    data, image_name = uploaded.getvalue(), uploaded.name
-elif opened_image is not None:
-    # A path from an analysis.json: read only by a visitor the access rule allows, only a regular file inside the
-    # analysed folder, and no more of it than an upload may hold (a mistake named /dev/zero filled the memory).
-    folder = st.session_state.get("explorer_opened_image_folder")
-    try:
-        if not may_open or not folder:
-            raise ImageError(f"{Path(opened_image).name} is not an image of a folder this visit analysed")
-        data = explorer.read_image_file(opened_image, folder, st.get_option("server.maxUploadSize") * 2**20)
-    except ImageError as e:
-        st.error(f"Cannot open this image: {escape_markdown(visible(str(e)))}")
-        st.stop()
-    image_name = Path(opened_image).name
-elif sample is not None:
-    data, image_name = sample.read_bytes(), sample.name
-else:
-    st.info("Upload an image in the sidebar to see what the model attends to.")
-    st.stop()
-digest = explorer.image_digest(data)
-try:
-    image = decode_image(digest, image_name, invert, data)
-except ImageError as e:
-    st.error(f"Cannot use this upload: {escape_markdown(e)}")
-    st.stop()
-patch_px = checkpoint.model.config.patch_size
-if min(image.size) < patch_px:  # e.g. a 1x1 upload: accepted (the views handle it), but said
-    st.sidebar.warning(f"This image is {image.width}×{image.height} px, less than one {patch_px}-px patch on a "
-                       "side: the model sees it enlarged, and its maps say little about it.")
-if explorer.looks_inverted(image, pre):
-    st.sidebar.warning("This image is light where the training images were dark: try "
-                       + ("turning Invert off." if invert else "Invert."))
-image_key = f"{digest}-inverted" if invert else digest
+chosen = pick_image(entry, entries, checkpoint, model_key, may_open)
+image, image_name, image_key, size, invert = chosen.image, chosen.name, chosen.key, chosen.size, chosen.invert
+samples, sample, pre = chosen.samples, chosen.sample, checkpoint.preprocessing
 
 # Mean ablation and test-time registers average over reference images: the ones uploaded here, else the samples.
 reference_uploads = []
