@@ -9,13 +9,13 @@ from functools import partial
 
 import streamlit as st
 
+from pages.explorer_sections.main_view import PICKER_CONFIG
 from pages.explorer_sections.state import Shown
 from vit.app import drawing, explorer
 from vit.explain import figures
 
 TABS_KEY, EVERY_LAYER_KEY, GRID_KEY = "analysis_tab", "every_layer", "heads_grid"
 TABS = ("Heads", "Attention matrix", "Distance & entropy")
-PICKER_CONFIG = {"displayModeBar": False, "scrollZoom": False, "doubleClick": False}
 _PICKED = "heads_grid_picked"  # set by a thumbnail click: the page, not this fragment, must rerun
 
 
