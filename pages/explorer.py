@@ -7,32 +7,25 @@ to its path before ``st.switch_page("pages/explorer.py")``, and an image file by
 ``st.session_state["explorer_image"]`` to its path.
 """
 
-
 import streamlit as st
 
 from pages.explorer_sections import ask_in_words, mechanism
 from pages.explorer_sections.analyses import analyses
-from pages.explorer_sections.caches import (
-    UPLOAD_TYPES,
-    analyse,
-    display_images,
-    load_model,
-)
+from pages.explorer_sections.caches import analyse, display_images, load_model
 from pages.explorer_sections.checkpoint_picker import pick_checkpoint
 from pages.explorer_sections.compare_checkpoints import compare_checkpoints
 from pages.explorer_sections.image_picker import pick_image
 from pages.explorer_sections.main_view import main_view
 from pages.explorer_sections.map_settings import choose_map, main_map
 from pages.explorer_sections.probe_snapshots import probe_snapshots
-from pages.explorer_sections.state import Shown
+from pages.explorer_sections.state import Shown, keep_settings
 from vit.app import catalog, explorer, words
-from vit.checkpoint import Checkpoint, CheckpointError
+from vit.checkpoint import CheckpointError
 from vit.images import ImageError
 from vit.inference import NonFiniteOutput, input_box, seen_region
 from vit.sources.text_tower import has_text_tower
 from vit.text import escape_markdown
 
-PICKER_CONFIG = {"displayModeBar": False, "scrollZoom": False, "doubleClick": False}
 # Settings that must survive a run in which their widget is not drawn (a rejected upload stops the page
 # early; a closed tab hides its toggle): Streamlit forgets such widget state unless it is written back.
 KEPT_SETTINGS = ("map_kind", "fusion", "opacity", "colormap", "upsample", "show_grid", "every_layer", "discard_ratio",
@@ -42,9 +35,7 @@ KEPT_SETTINGS = ("map_kind", "fusion", "opacity", "colormap", "upsample", "show_
                  # the Mechanism tabs': heads switched off "in every map" came back on after opening another tab
                  "ablation_mode", "ablation_grid", "ablate", "corrupted-", "patch_positions", "norm_threshold",
                  "tt_register")
-for _key in list(st.session_state):
-    if isinstance(_key, str) and _key.startswith(KEPT_SETTINGS):
-        st.session_state[_key] = st.session_state[_key]
+keep_settings(KEPT_SETTINGS)
 
 
 # -- checkpoint -----------------------------------------------------------------------------------------------
@@ -67,12 +58,6 @@ if checkpoint.metadata.get("preprocessing_guessed"):  # bare weights: say what t
     st.sidebar.warning(escape_markdown(checkpoint.metadata["preprocessing_guessed"]))
 
 
-@st.cache_resource(max_entries=2, show_spinner="Switching the heads off…")
-def ablated_checkpoint(fingerprint: tuple, heads: tuple[tuple[int, int], ...], mode: str, means_key: tuple | None,
-                       _checkpoint: Checkpoint, _means) -> Checkpoint:
-    return explorer.ablated_checkpoint(_checkpoint, list(heads), mode, _means)
-
-
 full_checkpoint, full_fingerprint = checkpoint, fingerprint
 
 # -- image ----------------------------------------------------------------------------------------------------
@@ -82,44 +67,18 @@ image, image_name, image_key, size, invert = chosen.image, chosen.name, chosen.k
 samples, sample, pre = chosen.samples, chosen.sample, checkpoint.preprocessing
 
 # Mean ablation and test-time registers average over reference images: the ones uploaded here, else the samples.
-reference_uploads = []
-if st.session_state.get(mechanism.TOGGLE_KEY):
-    reference_uploads = st.sidebar.file_uploader(
-        "Reference images (mean ablation, test-time registers)", type=UPLOAD_TYPES, accept_multiple_files=True,
-        key=mechanism.REFERENCES_KEY,
-        help=f"Up to {explorer.MAX_REFERENCE_IMAGES} images a head's mean output is taken over; without them, the "
-             "checkpoint's sample images.") or []
-refs = mechanism.references(reference_uploads, samples, invert)
-
+refs = mechanism.pick_references(samples, invert)
 # Heads switched off under Mechanism → Ablation, with "every map" on: the whole page is drawn from a copy of the
 # model with those heads ablated in its weights; the Ablation tab keeps comparing with the full model.
 everywhere = mechanism.heads_off_everywhere(model_key)
-mean_ablated = None  # (the full checkpoint, the heads) while heads are mean-ablated everywhere
-if everywhere is not None:
-    heads_off_labels, everywhere_mode = everywhere
-    try:
-        heads_off = tuple(explorer.parse_head_labels(heads_off_labels))
-        means_key, means_off = mechanism.means_for(everywhere_mode, full_fingerprint, full_checkpoint, image, size,
-                                                   refs)
-        checkpoint = ablated_checkpoint(fingerprint, heads_off, everywhere_mode, means_key, checkpoint, means_off)
-    except (ValueError, ImageError, OSError, explorer.TooManyTokens) as e:
-        st.warning(escape_markdown(e))
-    else:
-        fingerprint = (fingerprint, f"{everywhere_mode}-ablated", heads_off, means_key)
-        mean_ablated = (full_checkpoint, heads_off) if everywhere_mode == "mean" else None
-        over = f" over {escape_markdown(refs.label)}" if everywhere_mode == "mean" else ""
-        st.info(f"Heads {escape_markdown(', '.join(heads_off_labels))} are switched off ({everywhere_mode} "
-                f"ablation{over}) in the prediction and in every map on this page. Switch them on again under "
-                "Mechanism → Ablation.")
+checkpoint, fingerprint, mean_ablated = mechanism.with_heads_off(everywhere, full_checkpoint, full_fingerprint, image,
+                                                                 size, refs)
 
 try:
     analysis = analyse(fingerprint, image_key, size, checkpoint, image)
 except (explorer.TooManyTokens, ImageError, NonFiniteOutput) as e:
     st.error(escape_markdown(e))
     st.stop()
-prediction, grid, prefix = analysis.prediction, analysis.grid, analysis.num_prefix_tokens
-L, H, T = analysis.num_layers, analysis.num_heads, analysis.num_tokens
-names = analysis.prefix_names  # CLS, DIST, REG 1…R
 
 # -- map settings (only the controls the chosen map uses) ---------------------------------------------------------
 
@@ -141,7 +100,6 @@ state = Shown(checkpoint=checkpoint, fingerprint=fingerprint, full_checkpoint=fu
 prediction_box = main_view(state, main, map_choice.query_key, image_name, seen, shown_uri, box, invert)
 
 # -- ask a CLIP or SigLIP in words (issue 22) ----------------------------------------------------------------------
-
 
 asked = None  # the labels typed into "Ask in words" (a CLIP's logit lens reads them too)
 if has_text_tower(checkpoint):

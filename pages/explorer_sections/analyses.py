@@ -10,7 +10,7 @@ from functools import partial
 import streamlit as st
 
 from pages.explorer_sections.main_view import PICKER_CONFIG
-from pages.explorer_sections.state import Shown
+from pages.explorer_sections.state import Shown, keep_settings
 from vit.app import drawing, explorer
 from vit.explain import figures
 
@@ -33,6 +33,7 @@ def analyses(view: Shown) -> None:
     """The three analysis tabs of the page's layer (``view.layer``) and query."""
     if st.session_state.pop(_PICKED, False):
         st.rerun(scope="app")  # the sidebar's layer and head changed: every section shows them
+    keep_settings((EVERY_LAYER_KEY,))  # drawn in the Heads tab only
     analysis, settings = view.analysis, view.settings
     grid, prefix, names = analysis.grid, analysis.num_prefix_tokens, analysis.prefix_names
     L, H, T = analysis.num_layers, analysis.num_heads, analysis.num_tokens

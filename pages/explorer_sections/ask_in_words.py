@@ -8,7 +8,7 @@ import numpy as np
 import streamlit as st
 from PIL import Image
 
-from pages.explorer_sections.state import Shown
+from pages.explorer_sections.state import Shown, keep_settings
 from vit.app import drawing, words
 from vit.checkpoint import Checkpoint, CheckpointError
 from vit.explain.overlay import overlay
@@ -49,6 +49,7 @@ def word_map(fingerprint: tuple, digest: str, size: InputSize, labels: tuple[str
 @st.fragment
 def ask_in_words(view: Shown) -> words.Answer | None:
     """The section, for a model with a text tower; the answer to the labels typed (None without labels)."""
+    keep_settings(("words_",))  # the map's controls are drawn only while labels are asked
     checkpoint, image, size = view.checkpoint, view.image, view.size
     model = (view.fingerprint, view.image_key, size)
     full = (view.full_fingerprint, checkpoint, view.full_checkpoint, image)

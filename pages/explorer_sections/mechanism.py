@@ -12,7 +12,7 @@ import streamlit as st
 from PIL import Image
 
 from pages.explorer_sections.caches import UPLOAD_TYPES, analyse, decode_image
-from pages.explorer_sections.state import Shown
+from pages.explorer_sections.state import Shown, keep_settings
 from vit.app import drawing, explorer
 from vit.checkpoint import Checkpoint
 from vit.explain import figures
@@ -24,6 +24,8 @@ from vit.text import escape_markdown
 
 TOGGLE_KEY, TABS_KEY, MODE_KEY, EVERYWHERE_KEY = "mechanism_view", "mechanism_tab", "ablation_mode", "ablate_everywhere"
 REFERENCES_KEY = "reference_uploads"
+# Drawn in one tab only: kept while another tab is open (heads switched off "in every map" came back on).
+KEPT = ("ablation_mode", "ablation_grid", "ablate", "corrupted-", "patch_positions", "norm_threshold", "tt_register")
 
 
 def ablate_key(model_key: str) -> str:
@@ -83,6 +85,47 @@ def means_for_image(mode: str, view: Shown, refs: References):
     return means_for(mode, view.full_fingerprint, view.full_checkpoint, view.image, view.size, refs)
 
 
+@st.cache_resource(max_entries=2, show_spinner="Switching the heads off…")
+def ablated_checkpoint(fingerprint: tuple, heads: tuple[tuple[int, int], ...], mode: str, means_key: tuple | None,
+                       _checkpoint: Checkpoint, _means) -> Checkpoint:
+    return explorer.ablated_checkpoint(_checkpoint, list(heads), mode, _means)
+
+
+def pick_references(samples: list[Path] | None, invert: bool) -> References:
+    """The sidebar's uploader of reference images, shown while Mechanism is open; without uploads, the samples."""
+    uploads = []
+    if st.session_state.get(TOGGLE_KEY):
+        uploads = st.sidebar.file_uploader(
+            "Reference images (mean ablation, test-time registers)", type=UPLOAD_TYPES, accept_multiple_files=True,
+            key=REFERENCES_KEY,
+            help=f"Up to {explorer.MAX_REFERENCE_IMAGES} images a head's mean output is taken over; without them, "
+                 "the checkpoint's sample images.") or []
+    return references(uploads, samples, invert)
+
+
+def with_heads_off(everywhere: tuple[tuple[str, ...], str] | None, checkpoint: Checkpoint, fingerprint: tuple,
+                   image: Image.Image, size: InputSize, refs: References) -> tuple[Checkpoint, tuple, tuple | None]:
+    """(checkpoint, fingerprint, mean_ablated) the page is drawn with: the model with the heads of ``everywhere``
+    ablated in its weights, said on the page, else the model as loaded. ``mean_ablated``: (the full checkpoint,
+    the heads) while heads are mean-ablated."""
+    if everywhere is None:
+        return checkpoint, fingerprint, None
+    heads_off_labels, everywhere_mode = everywhere
+    try:
+        heads_off = tuple(explorer.parse_head_labels(heads_off_labels))
+        means_key, means_off = means_for(everywhere_mode, fingerprint, checkpoint, image, size, refs)
+        ablated = ablated_checkpoint(fingerprint, heads_off, everywhere_mode, means_key, checkpoint, means_off)
+    except (ValueError, ImageError, OSError, explorer.TooManyTokens) as e:
+        st.warning(escape_markdown(e))
+        return checkpoint, fingerprint, None
+    over = f" over {escape_markdown(refs.label)}" if everywhere_mode == "mean" else ""
+    st.info(f"Heads {escape_markdown(', '.join(heads_off_labels))} are switched off ({everywhere_mode} "
+            f"ablation{over}) in the prediction and in every map on this page. Switch them on again under "
+            "Mechanism → Ablation.")
+    return (ablated, (fingerprint, f"{everywhere_mode}-ablated", heads_off, means_key),
+            (checkpoint, heads_off) if everywhere_mode == "mean" else None)
+
+
 def heads_off_everywhere(model_key: str) -> tuple[tuple[str, ...], str] | None:
     """(head labels, ablation mode) while heads are switched off in every map on the page; else None."""
     heads = tuple(st.session_state.get(ablate_key(model_key)) or [])
@@ -127,6 +170,7 @@ def mechanism(view: Shown, refs: References, samples: list[Path] | None, sample:
               everywhere: tuple[tuple[str, ...], str] | None, mean_ablated, asked) -> None:
     """The Mechanism tabs. ``everywhere``: the heads the page was drawn with switched off (``heads_off_everywhere``);
     ``mean_ablated``: (the full checkpoint, those heads) under mean ablation; ``asked``: the labels asked in words."""
+    keep_settings(KEPT)
     checkpoint, fingerprint, image, image_key, size = (view.checkpoint, view.fingerprint, view.image, view.image_key,
                                                        view.size)
     full_checkpoint, full_fingerprint, model_key = view.full_checkpoint, view.full_fingerprint, view.model_key

@@ -2,6 +2,7 @@
 
 from dataclasses import dataclass
 
+import streamlit as st
 from PIL import Image
 
 from vit.app import explorer
@@ -42,3 +43,12 @@ class Shown:
     @property
     def class_names(self) -> list[str]:
         return self.checkpoint.class_names
+
+
+def keep_settings(prefixes: tuple[str, ...]) -> None:
+    """Writes back the widget state under keys starting with ``prefixes``: Streamlit forgets the state of a widget
+    a run does not draw (a closed tab's toggle, a page stopped early by a rejected upload), and a fragment's own
+    rerun forgets its undrawn widgets the same way, so each fragment keeps its own."""
+    for key in list(st.session_state):
+        if isinstance(key, str) and key.startswith(prefixes):
+            st.session_state[key] = st.session_state[key]
