@@ -7,35 +7,25 @@ to its path before ``st.switch_page("pages/explorer.py")``, and an image file by
 ``st.session_state["explorer_image"]`` to its path.
 """
 
-import math
-from dataclasses import replace
-from functools import partial
-from pathlib import Path
-
-import numpy as np
 import streamlit as st
-from PIL import Image
 
-from vit.app import catalog, drawing, explorer, words
-from vit.cache import ByteCache
-from vit.checkpoint import Checkpoint, CheckpointError
-from vit.explain import compare, figures
-from vit.explain.attention import HEAD_FUSIONS
-from vit.explain.overlay import UPSAMPLE_MODES, draw_mask_contours, overlay
-from vit.explain.prompts import DEFAULT_TEMPLATE
-from vit.images import MAX_SIDE, UPLOAD_MAX_PIXELS, ImageError, open_image
-from vit.inference import MAX_INPUT_SIDE, InputSize, NonFiniteOutput, input_box, input_shape, seen_region
-from vit.runs import access
-from vit.sources import hub
-from vit.sources.open import open_source
-from vit.sources.text_tower import MAX_LABELS, has_text_tower, open_text_tower, split_labels
-from vit.text import escape_markdown, visible
-from vit.training import snapshots
+from pages.explorer_sections import ask_in_words, mechanism
+from pages.explorer_sections.analyses import analyses
+from pages.explorer_sections.caches import analyse, display_images, load_model
+from pages.explorer_sections.checkpoint_picker import pick_checkpoint
+from pages.explorer_sections.compare_checkpoints import compare_checkpoints
+from pages.explorer_sections.image_picker import pick_image
+from pages.explorer_sections.main_view import main_view
+from pages.explorer_sections.map_settings import choose_map, main_map
+from pages.explorer_sections.probe_snapshots import probe_snapshots
+from pages.explorer_sections.state import Shown, keep_settings
+from vit.app import catalog, explorer, words
+from vit.checkpoint import CheckpointError
+from vit.images import ImageError
+from vit.inference import NonFiniteOutput, input_box, seen_region
+from vit.sources.text_tower import has_text_tower
+from vit.text import escape_markdown
 
-# Everything open_image reads (its error message lists these), so the uploader never refuses a format it names.
-UPLOAD_TYPES = ["jpg", "jpeg", "png", "webp", "bmp", "gif", "tif", "tiff"]
-PICKER_CONFIG = {"displayModeBar": False, "scrollZoom": False, "doubleClick": False}
-INPUT_SIDES = (224, 256, 320, 384, 448, 480, 518, 640, 768, 1024)
 # Settings that must survive a run in which their widget is not drawn (a rejected upload stops the page
 # early; a closed tab hides its toggle): Streamlit forgets such widget state unless it is written back.
 KEPT_SETTINGS = ("map_kind", "fusion", "opacity", "colormap", "upsample", "show_grid", "every_layer", "discard_ratio",
@@ -45,204 +35,13 @@ KEPT_SETTINGS = ("map_kind", "fusion", "opacity", "colormap", "upsample", "show_
                  # the Mechanism tabs': heads switched off "in every map" came back on after opening another tab
                  "ablation_mode", "ablation_grid", "ablate", "corrupted-", "patch_positions", "norm_threshold",
                  "tt_register")
-for _key in list(st.session_state):
-    if isinstance(_key, str) and _key.startswith(KEPT_SETTINGS):
-        st.session_state[_key] = st.session_state[_key]
-
-
-# -- caches: the model once per checkpoint file, the forward pass once per (checkpoint, image, size) ----------
-# Server-wide and bounded by bytes, not entries: one entry may be a 2-MB model or a 1-GB one. An analysis
-# also keeps what its views recompute within explorer.LAYER_CACHE_BYTES, under explorer.ANALYSIS_MEMORY_LIMIT.
-MODEL_CACHE_BYTES = 1536 * 2**20
-IMAGE_CACHE_BYTES = 256 * 2**20  # decoded images are at most 2048 px on their long side (12 MB)
-ANALYSIS_CACHE_BYTES = 512 * 2**20
-RELEVANCE_CACHE_BYTES = 256 * 2**20
-
-
-@st.cache_data(ttl=30, show_spinner=False)
-def hf_cache_models(cache_dirs: tuple[str, ...], contains: str) -> catalog.HfCacheListing:
-    """The supported models of a bounded first part of the HF cache; its config files are read at most every 30 s,
-    not on every rerun."""
-    return catalog.hf_cache_listing([Path(d) for d in cache_dirs], contains)
-
-
-@st.cache_resource(show_spinner=False)
-def byte_cache(name: str, max_bytes: int) -> ByteCache:
-    return ByteCache(max_bytes)
-
-
-def load_model(path: str, fingerprint: tuple) -> Checkpoint:
-    def load() -> Checkpoint:
-        with st.spinner("Loading the checkpoint…"):
-            checkpoint = open_source(path)  # our .pt files, HF / timm folders, timm / torchvision weights
-        # Class names come from the file: one with U+202E would turn every label and caption showing it around.
-        # This page only shows them, so it holds them with such characters written as their escapes.
-        return replace(checkpoint, class_names=[visible(name) for name in checkpoint.class_names])
-    return byte_cache("models", MODEL_CACHE_BYTES).get_or_compute((path, fingerprint), load)
-
-
-def decode_image(digest: str, name: str, invert: bool, data: bytes) -> Image.Image:
-    def decode() -> Image.Image:
-        image = open_image(data, name=name, max_pixels=UPLOAD_MAX_PIXELS)
-        return explorer.invert_image(image) if invert else image
-    return byte_cache("images", IMAGE_CACHE_BYTES).get_or_compute(("decoded", digest, name, invert), decode)
-
-
-def display_images(digest: str, image: Image.Image) -> tuple[Image.Image, str, Image.Image]:
-    """The image at display size (and as a data URI for the patch picker), and small for the heads grid."""
-    return byte_cache("images", IMAGE_CACHE_BYTES).get_or_compute(("display", digest),
-                                                                  partial(drawing.display_images, image))
-
-
-def model_input_preview(fingerprint: tuple, digest: str, size: InputSize, checkpoint: Checkpoint,
-                        image: Image.Image) -> Image.Image:
-    """The image as the model sees it, small: resized once per (checkpoint, image, size), not on every rerun."""
-    def make() -> Image.Image:
-        return drawing.display_image(drawing.model_input_image(image, checkpoint, size), min_side=96, max_side=160)
-    return byte_cache("images", IMAGE_CACHE_BYTES).get_or_compute(("model input", fingerprint, digest, size), make)
-
-
-def analyse(fingerprint: tuple, digest: str, size: InputSize, checkpoint: Checkpoint,
-            image: Image.Image) -> explorer.Analysis:
-    def run() -> explorer.Analysis:
-        with st.spinner("Running the model…"):
-            return explorer.analyse(checkpoint, image, size)
-    return byte_cache("analyses", ANALYSIS_CACHE_BYTES).get_or_compute((fingerprint, digest, size), run)
-
-
-def class_relevance(fingerprint: tuple, digest: str, size: InputSize, class_index: int, checkpoint: Checkpoint,
-                    image: Image.Image) -> explorer.ClassRelevance:
-    def run() -> explorer.ClassRelevance:
-        with st.spinner("Computing the class-specific map (one backward pass)…"):
-            return explorer.class_relevance(checkpoint, image, class_index, size)
-    return byte_cache("relevance", RELEVANCE_CACHE_BYTES).get_or_compute((fingerprint, digest, size, class_index),
-                                                                          run)
-
-
-def probe_overlays(run: Path, epoch: int, kind: str, layer: int, head: int | None, fusion: str, opacity: float,
-                   colormap: str, mode: str) -> list[tuple[Image.Image, str]]:
-    """The run's probe overlays of ``epoch``, read and drawn once per settings, not on every rerun; keyed by the
-    snapshot file's stat so that a rewritten snapshot is read again."""
-    try:
-        stat = snapshots.snapshot_path(run, epoch).stat()
-        version = (stat.st_mtime_ns, stat.st_size)
-    except OSError:
-        version = None  # missing: probe_overlays says so
-    settings = (kind, layer, head, fusion, opacity, colormap, mode)
-    return byte_cache("images", IMAGE_CACHE_BYTES).get_or_compute(
-        ("probes", str(run), epoch, version, *settings),
-        lambda: snapshots.probe_overlays(run, epoch, *settings, size=128))
-
-
-@st.cache_resource(max_entries=16, show_spinner="Computing the map (attention flow: seconds, minutes on ViT-B)…")
-def method_map(fingerprint: tuple, digest: str, size: InputSize, kind: str, class_index: int, query: int,
-               end_layer: int, fusion: str, _checkpoint: Checkpoint, _image: Image.Image):
-    return explorer.model_method_map(_checkpoint, _image, kind, class_index, query, end_layer, fusion, size)
-
-
-def pick_query(chart_key: str, query_key: str, num_prefix_tokens: int) -> None:
-    """A click on the image or the overlay made a patch the query."""
-    token = drawing.token_from_selection(st.session_state[chart_key].selection, num_prefix_tokens)
-    if token is not None:
-        st.session_state[query_key] = token
-
-
-def pick_head(layers: list[int], num_heads: int, layer_key: str, head_key: str) -> None:
-    """A click on a head thumbnail shows that layer and head as the one-layer map."""
-    cell = drawing.cell_from_selection(st.session_state["heads_grid"].selection, layers, num_heads)
-    if cell is not None:
-        st.session_state[layer_key], st.session_state[head_key] = cell[0] + 1, cell[1]
-        st.session_state["map_kind"] = "attention"
+keep_settings(KEPT_SETTINGS)
 
 
 # -- checkpoint -----------------------------------------------------------------------------------------------
 
-def open_from_hub(text: str, may_download: bool) -> catalog.Candidate | None:
-    """The Hub model ``text`` names: the cached copy, else (for a visitor who may) its size on a Download
-    button and, once pressed, the download with a progress bar; None, with the reason shown, until it is there."""
-    try:
-        found, wanted = catalog.open_from_hub(text, may_download)
-        if wanted is not None:
-            st.sidebar.caption(escape_markdown(wanted.summary))
-            if st.sidebar.button(f"Download {hub.format_bytes(wanted.size)}", key="explorer_hub_download"):
-                bar = st.sidebar.progress(0.0, text="Downloading…")
-                found = catalog.download_from_hub(wanted, lambda share, text: bar.progress(share, text=text))
-        return found
-    except CheckpointError as e:
-        st.sidebar.error(escape_markdown(e))
-        return None
-
-
-HF_FILTER, OPEN_PATH, OPEN_HUB = "Find in the HF cache", "Open a path", "Open from the Hub"
-hf_dirs = catalog.hf_cache_dirs()
-hf_filter = ""
-if len(catalog.hf_cache_folders(hf_dirs)) > catalog.MAX_HF_CACHE_EXAMINED:  # folder names only: cheap
-    hf_filter = st.sidebar.text_input(HF_FILTER, key="explorer_hf_filter", placeholder="part of a model's name",
-                                      help="The Hugging Face cache holds more models than the picker lists: only "
-                                           "those whose name holds this are looked at.")
-hf_listing = hf_cache_models(tuple(str(d) for d in hf_dirs), hf_filter)
-candidates = catalog.find_checkpoints() + list(hf_listing.candidates)
-hf_chosen = st.session_state.get("explorer_hf_choice")  # kept in the picker when the name filter changes
-if hf_chosen is not None and hf_chosen not in candidates and hf_chosen.path.is_dir():  # unless deleted since
-    candidates.append(hf_chosen)
-extra = st.session_state.setdefault("explorer_extra_checkpoints", [])  # opened by path here or from another page
-gate = access.server_access(st.get_option("server.address"), access.configured_token(st.secrets.get))
-may_open = gate.allows(st.session_state.get(access.UNLOCKED))  # vit.runs.access: the one rule of every page
-opened = ""  # a visitor the rule does not allow reads no file of the server by path: no field, nothing read
-if may_open:
-    opened = st.sidebar.text_input(OPEN_PATH, key="explorer_open_path", placeholder="/path/to/model folder or file",
-                                   help="A file or folder on the server: one of our .pt checkpoints, a Hugging Face "
-                                        "or timm model folder, timm / torchvision weights, or a from-scratch ViT "
-                                        "(a tutorial's experiment folder, vit-pytorch weights).").strip()
-elif gate.mode == "token":
-    st.sidebar.caption("Opening a model by its path on the server needs the token: enter it on the Train page.")
-hub_text = st.sidebar.text_input(OPEN_HUB, key="explorer_open_hub", placeholder="google/vit-base-patch16-224",
-                                 help="A model on the Hugging Face Hub: ORG/NAME[@REVISION], hf-hub:ORG/NAME or a "
-                                      "timm model name. Downloaded into the Hugging Face cache (its safetensors and "
-                                      "configs, never code) when it is not there yet.").strip()
-from_hub = open_from_hub(hub_text, may_open) \
-    if hub_text else None
-if from_hub is not None and str(from_hub.path) != st.session_state.get("explorer_opened_hub"):
-    if from_hub not in candidates + extra:
-        extra.append(from_hub)
-    st.session_state["explorer_checkpoint_choice"] = str(from_hub.path)  # what was just opened is shown
-st.session_state["explorer_opened_hub"] = str(from_hub.path) if from_hub is not None else None
-requested = st.session_state.pop("explorer_checkpoint", None) or (opened if opened != st.session_state.get(
-    "explorer_opened_path") else None)
-st.session_state["explorer_opened_path"] = opened
-if requested:
-    wanted = catalog.candidate_for(requested, candidates + extra)
-    if wanted not in candidates + extra:
-        extra.append(wanted)
-    st.session_state["explorer_checkpoint_choice"] = str(wanted.path)
-candidates = candidates + [c for c in extra if c not in candidates]
-entries = {str(c.path): catalog.describe_current(c) for c in candidates}
-
-st.sidebar.header("Checkpoint")
-if not entries:
-    st.title("ViT Attention Explorer")
-    st.info(f"No checkpoints yet: put a .pt file in {escape_markdown(catalog.default_checkpoints_dir())} or train "
-            "a model on the Train page.")
-    st.stop()
-default = catalog.default_entry(list(entries.values())) or next(iter(entries.values()))
-if st.session_state.get("explorer_checkpoint_choice") not in entries:
-    # Remembered across pages (widget state is not) and reset when its file disappears.
-    st.session_state["explorer_checkpoint_choice"] = st.session_state.get("explorer_last_checkpoint", "")
-    if st.session_state["explorer_checkpoint_choice"] not in entries:
-        st.session_state["explorer_checkpoint_choice"] = str(default.path)
-choice = st.sidebar.selectbox("Checkpoint", list(entries), format_func=lambda p: entries[p].label,
-                              key="explorer_checkpoint_choice",
-                              help="Shipped checkpoints, completed training runs, the supported models of the "
-                                   "local Hugging Face cache and models opened by path.")
-st.session_state["explorer_last_checkpoint"] = choice
+entries, choice, may_open = pick_checkpoint()
 entry = entries[choice]
-st.sidebar.caption(entry.description)
-hf_note = catalog.hf_cache_note(hf_listing, HF_FILTER, OPEN_PATH if may_open else None)
-if hf_note:
-    st.sidebar.caption(escape_markdown(hf_note))
-if entry.source == "hf-cache":
-    st.session_state["explorer_hf_choice"] = next(c for c in candidates if str(c.path) == choice)
-
 st.title("ViT Attention Explorer")
 if not entry.ok:
     st.error(f"This checkpoint cannot be loaded: {escape_markdown(entry.error)}")
@@ -259,266 +58,32 @@ if checkpoint.metadata.get("preprocessing_guessed"):  # bare weights: say what t
     st.sidebar.warning(escape_markdown(checkpoint.metadata["preprocessing_guessed"]))
 
 
-@st.cache_resource(max_entries=2, show_spinner="Switching the heads off…")
-def ablated_checkpoint(fingerprint: tuple, heads: tuple[tuple[int, int], ...], mode: str, means_key: tuple | None,
-                       _checkpoint: Checkpoint, _means) -> Checkpoint:
-    return explorer.ablated_checkpoint(_checkpoint, list(heads), mode, _means)
-
-
 full_checkpoint, full_fingerprint = checkpoint, fingerprint
 
 # -- image ----------------------------------------------------------------------------------------------------
 
-st.sidebar.header("Image")
-uploaded = st.sidebar.file_uploader("Upload an image", type=UPLOAD_TYPES,
-                                    help="jpg, png, webp, bmp, gif or tiff; any size and aspect ratio.")
-if "explorer_image" in st.session_state:  # a file another page (Analyse a dataset) asked for, and its folder
-    st.session_state["explorer_opened_image"] = st.session_state.pop("explorer_image")
-    st.session_state["explorer_opened_image_folder"] = st.session_state.pop("explorer_image_folder", None)
-opened_image = st.session_state.get("explorer_opened_image")
-if opened_image is not None and st.sidebar.button(f"Close {escape_markdown(Path(opened_image).name)}",
-                                                  help="Back to the sample images."):
-    opened_image = st.session_state["explorer_opened_image"] = None
-samples = catalog.sample_images(entry, list(entries.values()))
-sample = None
-if samples and opened_image is None:
-    sample = st.sidebar.selectbox("…or a sample image", samples, format_func=explorer.sample_label,
-                                  key=f"sample-{model_key}", disabled=uploaded is not None,
-                                  help="Remove the upload to use the samples again.")
-config, pre = checkpoint.config, checkpoint.preprocessing
-sides = sorted(s for s in {pre.image_size, 2 * pre.image_size, 4 * pre.image_size, *INPUT_SIDES} if s <= MAX_INPUT_SIDE)
-# Options are never None: Streamlit shows a None option as an empty "Choose an option" box.
-side = st.sidebar.selectbox(
-    "Input size", [0, *sides], key="input_side",
-    format_func=lambda s: f"the model's size ({pre.image_size} px)" if s == 0 else f"{s} px",
-    help="The size the model sees the image at. Other sizes than the training size interpolate the position "
-         "embeddings (as DINO's visualisation does): finer maps, but the predictions may change.")
-keep_aspect = st.sidebar.checkbox("Keep the aspect ratio (long side at that size)", key="keep_aspect",
-                                  help="Off: the image is resized to a square, as in training.")
-size = InputSize(side or None, keep_aspect)
-invert = False
-if pre.num_channels == 1:
-    invert = st.sidebar.checkbox("Invert (for dark strokes on a light background)", key="invert",
-                                 help="Greyscale models trained on light digits on black (MNIST) need them that way.")
-if uploaded is not None:
-    data, image_name = uploaded.getvalue(), uploaded.name
-elif opened_image is not None:
-    # A path from an analysis.json: read only by a visitor the access rule allows, only a regular file inside the
-    # analysed folder, and no more of it than an upload may hold (a mistake named /dev/zero filled the memory).
-    folder = st.session_state.get("explorer_opened_image_folder")
-    try:
-        if not may_open or not folder:
-            raise ImageError(f"{Path(opened_image).name} is not an image of a folder this visit analysed")
-        data = explorer.read_image_file(opened_image, folder, st.get_option("server.maxUploadSize") * 2**20)
-    except ImageError as e:
-        st.error(f"Cannot open this image: {escape_markdown(visible(str(e)))}")
-        st.stop()
-    image_name = Path(opened_image).name
-elif sample is not None:
-    data, image_name = sample.read_bytes(), sample.name
-else:
-    st.info("Upload an image in the sidebar to see what the model attends to.")
-    st.stop()
-digest = explorer.image_digest(data)
-try:
-    image = decode_image(digest, image_name, invert, data)
-except ImageError as e:
-    st.error(f"Cannot use this upload: {escape_markdown(e)}")
-    st.stop()
-patch_px = checkpoint.model.config.patch_size
-if min(image.size) < patch_px:  # e.g. a 1x1 upload: accepted (the views handle it), but said
-    st.sidebar.warning(f"This image is {image.width}×{image.height} px, less than one {patch_px}-px patch on a "
-                       "side: the model sees it enlarged, and its maps say little about it.")
-if explorer.looks_inverted(image, pre):
-    st.sidebar.warning("This image is light where the training images were dark: try "
-                       + ("turning Invert off." if invert else "Invert."))
-image_key = f"{digest}-inverted" if invert else digest
+chosen = pick_image(entry, entries, checkpoint, model_key, may_open)
+image, image_name, image_key, size, invert = chosen.image, chosen.name, chosen.key, chosen.size, chosen.invert
+samples, sample, pre = chosen.samples, chosen.sample, checkpoint.preprocessing
 
 # Mean ablation and test-time registers average over reference images: the ones uploaded here, else the samples.
-reference_uploads = []
-if st.session_state.get("mechanism_view"):
-    reference_uploads = st.sidebar.file_uploader(
-        "Reference images (mean ablation, test-time registers)", type=UPLOAD_TYPES, accept_multiple_files=True,
-        key="reference_uploads", help=f"Up to {explorer.MAX_REFERENCE_IMAGES} images a head's mean output is taken "
-                                      "over; without them, the checkpoint's sample images.") or []
-if reference_uploads:
-    reference_keys = tuple(f"upload-{f.file_id}" for f in reference_uploads)  # not hashed again on every rerun
-    reference_label = f"the {len(reference_uploads)} uploaded reference images"
-else:
-    reference_keys = tuple(str(p) for p in (samples or [])[:explorer.MAX_REFERENCE_IMAGES])
-    reference_label = f"the {len(reference_keys)} sample images"
-
-
-def reference_images():
-    """The reference images, decoded one at a time as they are read (at most REFERENCE_CHUNK held at once)."""
-    if len(reference_uploads) > explorer.MAX_REFERENCE_IMAGES:
-        raise ValueError(f"{len(reference_uploads)} reference images are uploaded; at most "
-                         f"{explorer.MAX_REFERENCE_IMAGES} are averaged: remove some")
-    if reference_uploads:
-        for key, upload in zip(reference_keys, reference_uploads, strict=True):
-            yield decode_image(key, upload.name, invert, upload.getvalue())
-        return
-    for path in reference_keys:
-        data = Path(path).read_bytes()
-        yield decode_image(explorer.image_digest(data), Path(path).name, invert, data)
-
-
-@st.cache_resource(max_entries=4, show_spinner="Averaging the heads over the reference images…")
-def reference_means(fingerprint: tuple, key: tuple, _checkpoint: Checkpoint, _image: Image.Image):
-    return explorer.reference_means(_checkpoint, reference_images(), _image, size)
-
-
-def means_for_image(mode: str):
-    """(cache key, means) of the reference set on this image's grid for mean ablation; (None, None) for zero."""
-    if mode != "mean":
-        return None, None
-    key = (size, input_shape(image, pre, patch_px, size), invert, reference_keys)  # what the means depend on
-    return key, reference_means(full_fingerprint, key, full_checkpoint, image)
-
-
+refs = mechanism.pick_references(samples, invert)
 # Heads switched off under Mechanism → Ablation, with "every map" on: the whole page is drawn from a copy of the
 # model with those heads ablated in its weights; the Ablation tab keeps comparing with the full model.
-heads_off_labels = list(st.session_state.get(f"ablate-{model_key}") or [])
-everywhere_mode = st.session_state.get("ablation_mode", "zero")
-mean_ablated = None  # (the full checkpoint, the heads) while heads are mean-ablated everywhere
-if heads_off_labels and st.session_state.get("mechanism_view") and st.session_state.get("ablate_everywhere"):
-    try:
-        heads_off = tuple(explorer.parse_head_labels(heads_off_labels))
-        means_key, means_off = means_for_image(everywhere_mode)
-        checkpoint = ablated_checkpoint(fingerprint, heads_off, everywhere_mode, means_key, checkpoint, means_off)
-    except (ValueError, ImageError, OSError, explorer.TooManyTokens) as e:
-        st.warning(escape_markdown(e))
-    else:
-        fingerprint = (fingerprint, f"{everywhere_mode}-ablated", heads_off, means_key)
-        mean_ablated = (full_checkpoint, heads_off) if everywhere_mode == "mean" else None
-        over = f" over {escape_markdown(reference_label)}" if everywhere_mode == "mean" else ""
-        st.info(f"Heads {escape_markdown(', '.join(heads_off_labels))} are switched off ({everywhere_mode} "
-                f"ablation{over}) in the prediction and in every map on this page. Switch them on again under "
-                "Mechanism → Ablation.")
+everywhere = mechanism.heads_off_everywhere(model_key)
+checkpoint, fingerprint, mean_ablated = mechanism.with_heads_off(everywhere, full_checkpoint, full_fingerprint, image,
+                                                                 size, refs)
 
 try:
     analysis = analyse(fingerprint, image_key, size, checkpoint, image)
 except (explorer.TooManyTokens, ImageError, NonFiniteOutput) as e:
     st.error(escape_markdown(e))
     st.stop()
-prediction, grid, prefix = analysis.prediction, analysis.grid, analysis.num_prefix_tokens
-L, H, T = analysis.num_layers, analysis.num_heads, analysis.num_tokens
-names = analysis.prefix_names  # CLS, DIST, REG 1…R
 
 # -- map settings (only the controls the chosen map uses) ---------------------------------------------------------
 
-with st.sidebar:
-    st.header("Attention map")
-    kinds = explorer.map_kinds(analysis, bool(class_names))  # no class map without classes; the probe's for SigLIP
-    # The newer methods share one entry (a second picker), which keeps the sidebar short.
-    choices = [k for k in kinds if k not in explorer.METHOD_MAP_KINDS] + [explorer.MORE_METHODS]
-    st.session_state["map_kind"] = explorer.map_choice(  # a model change resets what no longer fits
-        st.session_state.get("map_kind"), st.session_state.get("map_default"), choices,
-        st.session_state.get("map_model") != model_key)
-    st.session_state["map_model"], st.session_state["map_default"] = model_key, choices[0]
-    kind = st.radio("Map", choices, key="map_kind",
-                    format_func=lambda k: explorer.MAP_KINDS.get(k, explorer.MORE_METHODS_LABEL))
-    if kind == explorer.MORE_METHODS:
-        methods = [k for k in explorer.METHOD_MAP_KINDS if class_names or k not in explorer.CLASS_MAP_KINDS]
-        kind = st.selectbox("Method", methods, format_func=explorer.MAP_KINDS.get, key="method_kind",
-                            help="LeGrad, LRP and AttnLRP explain a class; attention flow, like rollout, "
-                                 "follows attention and the residual, as a max-flow (slow).")
-    controls = explorer.MAP_CONTROLS[kind]
-    hide_registers = False
-    if prefix > 1:
-        hide_registers = st.checkbox(f"Hide the {prefix - 1} register/extra prefix token(s)", key="hide_registers",
-                                     help="Leaves them out of the query list and the attention matrix.")
-    tokens = explorer.visible_tokens(T, prefix, hide_registers)
-    # The class-specific map reads from CLS unless a query is picked for it here: a patch clicked for
-    # another map would make it a self-blob.
-    query_key = f"class-query-{model_key}" if kind in explorer.CLASS_MAP_KINDS else f"query-{model_key}"
-    st.session_state.setdefault(query_key, 0)
-    grid_key = f"{query_key}-grid"  # the grid the query was picked on: keep its place when the grid changes
-    if st.session_state.get(grid_key) not in (None, tuple(grid)):
-        st.session_state[query_key] = explorer.remap_query(st.session_state[query_key], st.session_state[grid_key],
-                                                           tuple(grid), prefix)
-    st.session_state[grid_key] = tuple(grid)
-    if st.session_state[query_key] not in tokens:
-        st.session_state[query_key] = 0
-    query, layer, head, fusion, discard_ratio, end_layer, class_index = 0, L, None, "mean", 0.0, L, None
-    if "class" in controls:
-        class_index = st.selectbox(
-            "Class", [-1, *range(len(class_names))], key=f"class-{model_key}",
-            format_func=lambda c: f"predicted: {class_names[prediction.class_index]}" if c == -1 else class_names[c])
-        class_index = None if class_index == -1 else class_index
-    if "query" in controls:
-        query = st.selectbox("Query token" + (" (for the class map)" if kind in explorer.CLASS_MAP_KINDS else ""),
-                             tokens,
-                             key=query_key, format_func=lambda t: drawing.token_option(t, grid, prefix, names),
-                             help="Whose attention to show: CLS (token 0), another prefix token (DIST, REG) or a "
-                                  "patch, numbered row by row. "
-                                  "Clicking a patch on the image selects it too.")
-    if "layer" in controls:
-        st.session_state.setdefault(f"layer-{model_key}", L)
-        layer = st.select_slider("Layer", range(1, L + 1), key=f"layer-{model_key}",
-                                 help="1 is the first block. Also for the heads grid and the matrix.")
-    if "head" in controls:
-        head = st.selectbox("Head", [-1, *range(H)], key=f"head-{model_key}",
-                            format_func=lambda h: "all heads, fused" if h == -1 else f"head {h + 1}")
-        head = None if head == -1 else head
-    if "fusion" in controls and (kind not in ("attention", "probe") or head is None):
-        fusion = st.radio("Head fusion", HEAD_FUSIONS, horizontal=True, key="fusion",
-                          help="How heads combine: for 'all heads, fused' and in the rollout.")
-    if "end_layer" in controls:
-        st.session_state.setdefault(f"end-{model_key}", L)
-        end_layer = st.select_slider("Up to layer", range(1, L + 1), key=f"end-{model_key}",
-                                     help="Roll out from layer 1 through this layer.")
-    if "discard_ratio" in controls:
-        st.session_state.setdefault("discard_ratio", 0.0)
-        discard_ratio = st.slider("Discard ratio", 0.0, 0.95, step=0.05, key="discard_ratio",
-                                  help="Share of each row's weakest patch attentions set to zero before "
-                                       "rolling out; higher values keep only the strongest paths.")
-    if "layer" not in controls:  # the heads grid and the matrix still need a layer
-        layer = st.session_state.get(f"layer-{model_key}", L)
-
-    st.header("Overlay")
-    st.session_state.setdefault("opacity", 0.6)
-    opacity = st.slider("Opacity", 0.0, 1.0, step=0.05, key="opacity")
-    colormap = st.selectbox("Colour map", drawing.COLORMAPS, key="colormap")
-    scale = st.radio("Colour scale", list(drawing.COLOUR_SCALES), format_func=drawing.COLOUR_SCALES.get,
-                     key="colour_scale", help="Each map stretched to its own range makes a near-uniform map look "
-                                              "structured; 0 to max, or one range for all heads, compares them.")
-    mode = st.radio("Upsampling", UPSAMPLE_MODES[::-1], horizontal=True, key="upsample",
-                    help="bilinear: smooth between patch centres; nearest: one flat block per patch (exact values).")
-    show_grid = st.checkbox("Show the patch grid", key="show_grid")
-    masked = st.checkbox("Attention-mass contour (DINO)", key="mass_mask",
-                         help="Outline the patches that hold the chosen share of the map's mass, per head in the "
-                              "heads grid (Caron et al. 2021).")
-    st.session_state.setdefault("mask_share", 0.6)
-    share = st.slider("Share of the mass", 0.05, 0.95, step=0.05, key="mask_share", disabled=not masked)
-
-settings = explorer.MapSettings(kind=kind, layer=layer - 1, head=head, fusion=fusion, query=query,
-                                discard_ratio=discard_ratio, end_layer=end_layer - 1, class_index=class_index)
-relevance = None
-if kind == "class":
-    try:
-        relevance = class_relevance(fingerprint, image_key, size, explorer.resolved_class(settings, analysis),
-                                    checkpoint, image)
-    except explorer.TooManyTokens as e:
-        st.error(str(e))
-        st.stop()
-method_map2d = None
-if kind in explorer.METHOD_MAP_KINDS:
-    try:
-        method_map2d = method_map(fingerprint, image_key, size, kind, explorer.resolved_class(settings, analysis),
-                                  query, end_layer - 1, fusion, checkpoint, image)
-    except ValueError as e:  # a model option the method does not support, too many tokens for a max-flow
-        st.error(str(e))
-        st.stop()
-map2d = explorer.attention_map(analysis, settings, relevance, method_map2d)
-outline = explorer.patch_of(query, prefix) if "query" in controls else None
-map_colormap, vmin, vmax = drawing.map_colours(kind, map2d, colormap)  # signed maps: diverging, around 0
-signed = kind in drawing.SIGNED_MAP_KINDS  # their symmetric range is kept whatever the colour scale
-if scale == "zero" and not signed:
-    vmin, vmax = drawing.colour_range(map2d, scale)
-elif scale == "shared" and kind == "attention":  # the range of this layer's heads, as in the heads grid
-    vmin, vmax = drawing.colour_range(explorer.head_maps(analysis, query, layer=layer - 1), scale)
-mask = explorer.map_mask(map2d, share) if masked else None
+map_choice = choose_map(analysis, class_names, model_key)
+main = main_map(checkpoint, fingerprint, image, image_key, size, analysis, map_choice)
 
 # -- image, overlay and prediction ----------------------------------------------------------------------------------
 
@@ -526,540 +91,39 @@ mask = explorer.map_mask(map2d, share) if masked else None
 box = input_box(image.size, pre, size)
 seen = seen_region(image, pre, size)
 shown, shown_uri, small = display_images(f"{image_key}-{tuple(round(v) for v in box)}", seen)
-drawn = overlay(shown, map2d, opacity, map_colormap, mode, show_grid=show_grid, outline_patch=outline, vmin=vmin,
-                vmax=vmax)
-if mask is not None:
-    drawn = draw_mask_contours(drawn, mask)
-# Enlarged: the image and the map share the page's width (the prediction goes below) and zoom with the wheel,
-# so a patch of a 34 x 46 grid is more than the ~6 px it is in the three-column layout.
-enlarge = st.toggle("Enlarge the image and the map (wheel to zoom, drag to pan, double-click for the whole image)",
-                    key="enlarge_view")
-picker_config = drawing.ZOOM_CONFIG if enlarge else PICKER_CONFIG
-picker = partial(drawing.patch_picker_figure, fit_width=520 if enlarge else 300, zoomable=enlarge)
-if enlarge:
-    col_image, col_overlay = st.columns(2, gap="medium")
-    col_prediction = st.container()
-else:
-    col_image, col_overlay, col_prediction = st.columns([1, 1, 0.8], gap="medium")
-with col_image:
-    st.subheader("Image")
-    st.plotly_chart(picker(shown.size, shown_uri, grid, query, prefix), key="patch_picker",
-                    on_select=partial(pick_query, "patch_picker", query_key, prefix), selection_mode="points",
-                    config=picker_config, width="stretch")
-    st.caption(f"**Click a patch** to make it the query. {escape_markdown(image_name)}, {image.width}×{image.height} "
-               "px; "
-               + drawing.describe_input(analysis, image.size, box))
-with col_overlay:
-    st.subheader("Attention")
-    st.plotly_chart(picker(shown.size, drawing.jpeg_data_uri(drawn), grid, query, prefix, show_grid=False),
-                    key="overlay_picker", on_select=partial(pick_query, "overlay_picker", query_key, prefix),
-                    selection_mode="points", config=picker_config, width="stretch")
-    low, high = drawing.map_range(map2d, vmin, vmax)
-    st.plotly_chart(drawing.colorbar_figure(low, high, map_colormap), config={"displayModeBar": False},
-                    theme=None, key="colorbar")
-    st.caption(drawing.describe_map(settings, analysis, class_names) + " " + drawing.describe_range(map2d, vmin,
-                                                                                                    vmax))
-    stem = Path(image_name).stem
-    download_png, download_npz = st.columns(2)
-    download_png.download_button(
-        "Overlay (PNG)", on_click="ignore", mime="image/png",
-        file_name=drawing.map_file_name(stem, settings, analysis, "overlay.png"),
-        data=partial(drawing.overlay_png, seen, map2d, opacity, map_colormap, mode, show_grid, outline, vmin, vmax,
-                     mask),
-        help=f"At the image's size as decoded (at most {MAX_SIDE:,} px on its long side), over the part the model "
-             f"sees: {seen.width}×{seen.height} px.")
-    with download_npz.popover("Attentions (.npz)"):
-        npz_layers = st.radio("Layers", ["all", "this"], key="npz_layers", horizontal=True,
-                              format_func=lambda v: "every layer" if v == "all" else f"layer {layer} only")
-        precision = st.radio("Precision", explorer.NPZ_PRECISIONS, key="npz_precision", horizontal=True)
-        chosen_layers = None if npz_layers == "all" else [layer - 1]
-        mb = (L if chosen_layers is None else 1) * H * T * T * (4 if precision == "float32" else 2) / 2**20
-        st.download_button(
-            f"Download (~{mb:,.1f} MB raw)", on_click="ignore", mime="application/octet-stream",
-            file_name=f"{stem}-attentions-{'all' if chosen_layers is None else f'L{layer}'}-{precision}.npz",
-            data=partial(explorer.attentions_npz, analysis, class_names, chosen_layers, precision),
-            help="layer_i: heads × tokens × tokens (token 0 is CLS), with logits and class names.")
-    if st.toggle("Deletion and insertion curves", key="faithfulness_curves",
-                 help="Is this map faithful? Patches are blurred away (deletion) or restored onto a blurred image "
-                      "(insertion), most relevant first, and the class probability is tracked: a faithful map "
-                      "makes deletion fall and insertion rise fast."):
-        st.plotly_chart(drawing.faithfulness_figure(checkpoint, image, map2d,
-                                                     explorer.resolved_class(settings, analysis), size=size),
-                        config={"displayModeBar": False}, width="stretch")  # the column's width: never clipped
-with col_prediction:
-    st.subheader("Prediction")
-    prediction_box = st.empty()  # a CLIP's: the labels asked in words, which are read further down the page
-    if class_names:
-        prediction_box.plotly_chart(drawing.predictions_figure(prediction), config={"displayModeBar": False})
-    else:
-        prediction_box.info("No prediction: this model has no classifier (a feature model such as DINO). Its "
-                            "attention maps are shown all the same." + drawing.describe_embedding(analysis))
-    note = drawing.prediction_note(analysis)
-    if note and class_names:
-        st.caption(f":orange[{note}]")
-    st.image(model_input_preview(fingerprint, image_key, size, checkpoint, image), output_format="PNG")
-    st.caption("The model's input" + (", greyscale" if pre.num_channels == 1 else "")
-               + (", inverted." if invert else "."))
+state = Shown(checkpoint=checkpoint, fingerprint=fingerprint, full_checkpoint=full_checkpoint,
+              full_fingerprint=full_fingerprint, model_key=model_key, image=image, image_key=image_key, size=size,
+              analysis=analysis, settings=map_choice.settings, layer=map_choice.layer, tokens=map_choice.tokens,
+              outline=map_choice.outline, shown=shown, small=small, opacity=map_choice.opacity,
+              colormap=map_choice.colormap, mode=map_choice.mode, show_grid=map_choice.show_grid,
+              scale=map_choice.scale, mask_share=map_choice.mask_share)
+prediction_box = main_view(state, main, map_choice.query_key, image_name, seen, shown_uri, box, invert)
 
 # -- ask a CLIP or SigLIP in words (issue 22) ----------------------------------------------------------------------
 
-
-@st.cache_resource(max_entries=2, show_spinner="Loading the text tower…")
-def text_tower(fingerprint: tuple, _checkpoint: Checkpoint):
-    """The model's text side (tokenizer and text transformer, from its own library), once per model; it caches
-    the embedding of every text it has read."""
-    return open_text_tower(_checkpoint)
-
-
-@st.cache_resource(max_entries=16, show_spinner="Asking the model…")
-def ask_in_words(fingerprint: tuple, digest: str, size: InputSize, labels: tuple[str, ...],
-                 templates: tuple[str, ...], _checkpoint: Checkpoint, _image: Image.Image) -> words.Answer:
-    # The text side does not change with the image's heads switched off: the full model's tower, opened once.
-    return words.answer(_checkpoint, text_tower(full_fingerprint, full_checkpoint), _image, list(labels),
-                        list(templates), size)
-
-
-@st.cache_resource(max_entries=32, show_spinner="Computing the map for the label (one backward pass)…")
-def word_map(fingerprint: tuple, digest: str, size: InputSize, labels: tuple[str, ...], templates: tuple[str, ...],
-             index: int, method: str, _checkpoint: Checkpoint, _image: Image.Image) -> np.ndarray:
-    asked = ask_in_words(fingerprint, digest, size, labels, templates, _checkpoint, _image)
-    return words.word_map(_checkpoint, asked, _image, index, method, size)
-
-
 asked = None  # the labels typed into "Ask in words" (a CLIP's logit lens reads them too)
 if has_text_tower(checkpoint):
-    st.subheader("Ask in words")
-    col_ask, col_scores, col_map = st.columns([0.8, 0.8, 1], gap="medium")
-    with col_ask:
-        # No max_chars: Streamlit would show a "47/12928" counter; split_labels bounds the text (one line if over).
-        labels_text = st.text_area("Labels", key="words_labels", placeholder="a dog, a cat, a ball",
-                                   help=f"Up to {MAX_LABELS} labels or whole prompts, separated by commas, semicolons "
-                                        "or line breaks. They are read as plain text.")
-        ensemble = st.checkbox("Average open_clip's 80 ImageNet templates", key="words_ensemble",
-                               help="As OpenAI's and open_clip's zero-shot ImageNet classifiers: each label in 80 "
-                                    "templates, the normalised embeddings averaged.")
-        st.session_state.setdefault("words_template", DEFAULT_TEMPLATE)
-        template = st.text_input("Template", key="words_template", max_chars=200,
-                                 disabled=ensemble,
-                                 help="Where each label goes, marked by {}; \"{}\" alone uses the labels as typed.")
-    asked = None
-    try:
-        labels = split_labels(labels_text) if labels_text.strip() else []
-        templates = words.templates_for(template, ensemble)
-        if labels:
-            asked = ask_in_words(fingerprint, image_key, size, tuple(labels), tuple(templates), checkpoint, image)
-    except (ValueError, CheckpointError) as e:  # bounds, a template without {}, a folder without tokenizer files
-        col_ask.error(escape_markdown(e))
+    st.session_state.pop(ask_in_words.DRAWN_KEY, None)  # drawn below: the section compares what it asks with it
+    asked = ask_in_words.ask_in_words(state)
     if asked is not None and not class_names:  # scored labels are this model's prediction: not "no classifier"
         prediction_box.markdown(words.describe_prediction(asked))
-    if asked is None:
-        col_scores.caption("Type labels to see how this model scores them and where it sees each.")
-    else:
-        with col_scores:
-            st.plotly_chart(words.scores_figure(asked), config={"displayModeBar": False})
-            st.caption(words.describe_scores(asked, ensemble))
-        with col_map:
-            methods = words.prompts.methods_for(checkpoint.model)
-            chosen = st.selectbox("Map for", range(len(labels)), key="words_label",
-                                  format_func=lambda i: labels[i])
-            minus = st.selectbox("Minus (optional)", [None, *range(len(labels))], key="words_minus",
-                                 format_func=lambda i: "nothing: this label's own map" if i is None else labels[i])
-            method = st.selectbox("Method", list(methods), format_func=methods.get, key="words_method")
-            try:
-                map_a = word_map(fingerprint, image_key, size, tuple(labels), tuple(templates), chosen, method,
-                                 checkpoint, image)
-                other = None if minus is None or minus == chosen else minus
-                if other is None:
-                    shown_map = map_a
-                    signed = method == "attnlrp"
-                else:
-                    map_b = word_map(fingerprint, image_key, size, tuple(labels), tuple(templates), other, method,
-                                     checkpoint, image)
-                    shown_map, signed = words.difference(map_a, map_b), True
-            except ValueError as e:  # a method the model's layout does not support, too many tokens
-                st.error(escape_markdown(e))
-            else:
-                cmap, low, high = drawing.map_colours("attnlrp" if signed else "", shown_map, colormap)
-                st.image(overlay(shown, shown_map, opacity, cmap, mode, show_grid=show_grid, vmin=low, vmax=high),
-                         output_format="PNG")
-                st.caption(words.describe_method(method, labels[chosen], None if other is None else labels[other])
-                           + " Drawn over the part of the image the model saw. " + drawing.describe_range(shown_map))
-                if other is None and st.toggle("Deletion and insertion curves", key="words_curves",
-                                               help="Patches most relevant for the label are blurred away "
-                                                    "(deletion) or restored (insertion), and the image-text cosine "
-                                                    "similarity is tracked."):
-                    st.plotly_chart(words.curves_figure(checkpoint, asked, image, map_a, chosen, size),
-                                    config={"displayModeBar": False}, width="stretch")
 
 # -- analyses (only the open tab is computed) -------------------------------------------------------------------
 
-heads_tab, matrix_tab, stats_tab = st.tabs(["Heads", "Attention matrix", "Distance & entropy"], key="analysis_tab",
-                                           on_change="rerun")
-query_text = drawing.token_label(query, grid, prefix, names)
-if heads_tab.open:
-    with heads_tab:
-        every = st.toggle(f"Every layer ({L} × {H} = {L * H} maps)", key="every_layer",
-                          help="Off: the heads of the layer chosen in the sidebar.")
-        shown_layers = list(range(L)) if every else [layer - 1]
-        maps = explorer.head_maps(analysis, query)[shown_layers]  # (layers, H, gh, gw)
-        cells = drawing.small_multiples(small, maps.reshape(-1, *grid), opacity, colormap, mode, outline,
-                                         scale=scale, mask_share=share if masked else None)
-        sheet = drawing.heads_grid_image(cells, columns=H)
-        selected = (layer - 1, head) if kind == "attention" and head is not None else None
-        st.plotly_chart(drawing.heads_grid_figure(drawing.jpeg_data_uri(sheet, quality=85), sheet.size,
-                                                   shown_layers, H, selected),
-                        key="heads_grid", on_select=partial(pick_head, shown_layers, H, f"layer-{model_key}",
-                                                            f"head-{model_key}"),
-                        selection_mode="points", config=PICKER_CONFIG, width="stretch", theme=None)
-        scale_text = {"own": "each map on its own colour scale", "zero": "each from 0 to its own max",
-                      "shared": "all on one colour scale"}[scale]
-        st.caption(f"What {query_text} attends to in each head, {scale_text}. **Click a head** to show it "
-                   "above (outlined when shown).")
-if matrix_tab.open:
-    with matrix_tab:
-        heads_text = f"head {head + 1}" if head is not None else f"{fusion} over heads"
-        matrix = explorer.layer_attention(analysis, layer - 1, head, fusion)[0].numpy()  # (T, T)
-        st.plotly_chart(drawing.attention_matrix_figure(matrix, grid, prefix, colormap, query=query, tokens=tokens,
-                                                         title=f"Layer {layer}, {heads_text}", prefix_names=names),
-                        theme=None)  # Streamlit's chart theme recolours the low end of the colour scale
-        pooled = len(tokens) > drawing.MATRIX_MAX_CELLS
-        st.caption(f"Row i is what token i attends to (each row sums to 1); "
-                   f"{drawing.tokens_caption(grid, prefix, names)}. The outlined row is the query, {query_text}."
-                   + (f" {len(tokens):,} tokens are shown as block averages; hover for the token ranges."
-                      if pooled else ""))
-if stats_tab.open:
-    with stats_tab:
-        distance, entropy = analysis.stats()
-        left, right = st.columns(2)
-        left.plotly_chart(figures.layer_stats_figure(distance, "mean attention distance (px)",
-                                                      "Mean attention distance"))
-        left.caption(f"Per head, the attention-weighted distance between a patch and the patches it attends to, "
-                     f"in pixels of the {analysis.input_size[1]}×{analysis.input_size[0]}-px input, averaged over "
-                     "patch queries (ViT paper, Fig. 7). Low: local heads, like convolutions; high: heads that "
-                     "integrate the whole image.")
-        right.plotly_chart(figures.layer_stats_figure(entropy, "attention entropy (nats)", "Attention entropy"))
-        right.caption(f"Per head, the entropy of each token's attention averaged over all {T} tokens: 0 when every "
-                      f"token attends to one token only, ln {T} ≈ {math.log(T):.2f} when attention is "
-                      "spread evenly.")
+analyses(state)
 
 # -- mechanism: logit lens, head attribution, ablation, phenomena (issue 24) ------------------------------------
 
-
-@st.cache_resource(max_entries=8, show_spinner="Looking inside the mechanism…")
-def mechanism_view(fingerprint: tuple, digest: str, size: InputSize, class_index: int | None, words_key: tuple | None,
-                   _checkpoint: Checkpoint, _image: Image.Image, _asked) -> explorer.MechanismView:
-    return explorer.mechanism_view(_checkpoint, _image, class_index, size, _asked)
-
-
-@st.cache_resource(max_entries=8, show_spinner="Switching the heads off…")
-def ablation_view(fingerprint: tuple, digest: str, size: InputSize, heads: tuple[tuple[int, int], ...], mode: str,
-                  means_key: tuple | None, _checkpoint: Checkpoint, _image: Image.Image, _means):
-    return explorer.ablation_view(_checkpoint, _image, list(heads), mode, _means, size)
-
-
-@st.cache_resource(max_entries=4, show_spinner="Finding the register neurons…")
-def registers_view(fingerprint: tuple, digest: str, size: InputSize, threshold: float, top_k: int,
-                   references_key: tuple, _checkpoint: Checkpoint, _image: Image.Image, _mean_ablated=None):
-    return explorer.registers_view(_checkpoint, _image, reference_images(), threshold, top_k, size, _mean_ablated)
-
-
-@st.cache_resource(max_entries=8, show_spinner="Ablating each head in turn (one pass per layer)…")
-def ablation_effects(fingerprint: tuple, digest: str, size: InputSize, class_index: int, mode: str,
-                     means_key: tuple | None, _checkpoint: Checkpoint, _image: Image.Image, _means):
-    return explorer.ablation_effects(_checkpoint, _image, class_index, mode, _means, size)
-
-
-@st.cache_resource(max_entries=4, show_spinner="Patching the clean image's activations into the corrupted one…")
-def patching(fingerprint: tuple, digest: str, corrupted: str, size: InputSize, residual: bool,
-             _checkpoint: Checkpoint, _image: Image.Image, _corrupted_image: Image.Image):
-    return explorer.patching_view(_checkpoint, _image, _corrupted_image, size, residual)
-
-
-if st.toggle("Mechanism: logit lens, head attribution, ablation, phenomena", key="mechanism_view",
+if st.toggle("Mechanism: logit lens, head attribution, ablation, phenomena", key=mechanism.TOGGLE_KEY,
              help="Which component does what: each layer read through the model's own head, each head's direct "
                   "contribution to the class logit, heads switched off, high-norm tokens, massive activations "
                   "and attention sinks."):
-    mechanism_class = class_index if class_names else None
-    lens_prompts = asked.prompts if asked is not None and not class_names else None
-    words_key = (tuple(lens_prompts.labels), tuple(lens_prompts.templates)) if lens_prompts is not None else None
-    try:
-        view = mechanism_view(fingerprint, image_key, size, mechanism_class, words_key, checkpoint, image,
-                              lens_prompts)
-    except (ValueError, explorer.TooManyTokens) as e:  # MechanismError: a model option the walk does not know
-        st.warning(f"The mechanism view cannot analyse this model: {escape_markdown(e)}")
-    else:
-        names_mech = [f"{i + 1}.{h + 1}" for i in range(L) for h in range(H)]
-        lens_tab, dla_tab, ablation_tab, patching_tab, phenomena_tab = st.tabs(
-            ["Logit lens", "Head attribution", "Ablation", "Patching", "Phenomena"], key="mechanism_tab",
-            on_change="rerun")
-        class_label = escape_markdown(class_names[view.class_index]) if class_names else ""
-        if lens_tab.open:
-            with lens_tab:
-                lens_names = class_names or view.lens_labels
-                if not lens_names:
-                    st.info("This model has no classifier, so there is no class to read from its tokens"
-                            + (": type labels under “Ask in words” and the lens reads them." if
-                               has_text_tower(checkpoint) else "."))
-                else:
-                    lens_label = escape_markdown(lens_names[view.class_index])
-                    reader = ("final norm and head" if class_names else
-                              "final norm, projection and cosine to the typed labels (the zero-shot read-out)")
-                    cells = drawing.small_multiples(small, view.lens_maps, opacity, colormap, mode, scale="zero")
-                    st.image(drawing.heads_grid_image(cells, columns=min(len(cells), 7)), output_format="PNG")
-                    st.caption(f"Each patch's probability of {lens_label} when the model's {reader} read it "
-                               "directly: after the embedding, then after each of the "
-                               f"{L} layers (row by row), each map from 0 to its own maximum.")
-                    st.dataframe({"after": ["embedding"] + [f"layer {i + 1}" for i in range(L)],
-                                  **{f"top {k + 1}": [f"{lens_names[row[k][0]]} ({row[k][1]:.1%})"
-                                                      if k < len(row) else "" for row in view.lens_top]
-                                     for k in range(3)}}, hide_index=True)
-                    st.caption("The pooled read-out (what the " + ("classifier" if class_names else "zero-shot "
-                               "classifier over the typed labels") + " reads) of each layer's tokens: its top 3.")
-        if dla_tab.open:
-            with dla_tab:
-                if not class_names:
-                    st.info("This model has no classifier, so there is no logit to attribute.")
-                else:
-                    st.plotly_chart(figures.layer_head_figure(view.dla_heads, "Direct logit attribution",
-                                                              "logit", view.dla_mlps), theme=None,
-                                    key="dla_figure")
-                    parts = view.dla_heads.sum() + view.dla_mlps.sum() + sum(view.dla_rest.values())
-                    st.caption(f"Each head's and MLP's direct contribution to the logit of {class_label} "
-                               f"({view.logit:.4g}), through the final norm with its scale fixed at the last "
-                               "layer (TransformerLens's apply_ln_to_stack). Heads "
-                               f"({view.dla_heads.sum():.4g}) + MLPs ({view.dla_mlps.sum():.4g}) + "
-                               + " + ".join(f"{k} ({v:.4g})" for k, v in view.dla_rest.items())
-                               + f" = {parts:.4g}, the logit.")
-        if ablation_tab.open:
-            with ablation_tab:
-                if not class_names:
-                    st.info("This model has no classifier: heads switched off here change every map on this page"
-                            + (" and the scores and maps of the labels asked in words" if has_text_tower(checkpoint)
-                               else "") + ", with “Every map on this page” on.")
-                ablation_mode = st.radio("Ablation", ["zero", "mean"], horizontal=True, key="ablation_mode",
-                                         disabled=not reference_keys,
-                                         format_func={"zero": "zero the head's output",
-                                                      "mean": "its mean over reference images"}.get,
-                                         help="Mean ablation replaces a head's output, at each token "
-                                              "position, by its average over the reference images (sidebar; "
-                                              "without uploads, the checkpoint's sample images) at this "
-                                              "input size.")
-                if ablation_mode == "mean":
-                    st.caption(f"Means over {escape_markdown(reference_label)}, each at this image's "
-                               "input size.")
-                elif not reference_keys:
-                    st.caption("Upload reference images in the sidebar to ablate heads to their mean.")
-                try:
-                    means_key, means = means_for_image(ablation_mode)
-                    chosen_heads = st.multiselect("Switch heads off (layer.head)", names_mech,
-                                                  key=f"ablate-{model_key}")
-                    st.toggle("Every map on this page with these heads off", key="ablate_everywhere",
-                              help="The prediction (or the labels asked in words), the attention maps, rollout, "
-                                   "class maps, LeGrad, AttnLRP and flow all computed by the model with the "
-                                   "chosen heads' outputs zeroed or replaced by their means.")
-                    if chosen_heads and class_names:
-                        ablated = ablation_view(full_fingerprint, image_key, size,
-                                                tuple(explorer.parse_head_labels(chosen_heads)), ablation_mode,
-                                                means_key, full_checkpoint, image, means)
-                        full_prediction = prediction if checkpoint is full_checkpoint else analyse(
-                            full_fingerprint, image_key, size, full_checkpoint, image).prediction
-                        before, after = st.columns(2)
-                        before.plotly_chart(drawing.predictions_figure(full_prediction),
-                                            config={"displayModeBar": False}, key="ablation_before")
-                        before.caption("All heads on.")
-                        after.plotly_chart(drawing.predictions_figure(ablated.prediction),
-                                           config={"displayModeBar": False}, key="ablation_after")
-                        after.caption(f"Heads {', '.join(chosen_heads)} off ({ablation_mode} ablation): "
-                                      f"predicts {escape_markdown(ablated.prediction.label)}.")
-                        before.image(overlay(shown, ablated.rollout_on, opacity, colormap, mode), output_format="PNG")
-                        before.caption("The CLS rollout with all heads on.")
-                        after.image(overlay(shown, ablated.rollout_off, opacity, colormap, mode),
-                                    output_format="PNG")
-                        after.caption("The CLS rollout with those heads off: later layers attend differently.")
-                    if class_names and st.toggle(f"Each head alone ({L} passes)", key="ablation_grid"):
-                        effects = ablation_effects(full_fingerprint, image_key, size, view.class_index,
-                                                   ablation_mode, means_key, full_checkpoint, image, means)
-                        st.plotly_chart(figures.layer_head_figure(effects, "Logit change when one head is "
-                                                                  "ablated", "Δ logit"), theme=None,
-                                        key="ablation_figure")
-                        st.caption(f"The change of the logit of {class_label} when each head alone is "
-                                   f"ablated ({ablation_mode}); negative: the head helped this class.")
-                except (ValueError, ImageError) as e:
-                    st.warning(escape_markdown(e))
-        if patching_tab.open:
-            with patching_tab:
-                others = [p for p in (samples or []) if p != sample]
-                corrupted_upload = None
-                if class_names:
-                    corrupted_upload = st.file_uploader(
-                        "Corrupted image (this image is the clean one): upload one", type=UPLOAD_TYPES,
-                        key="corrupted_upload", help="Any image; it is seen at the same input size as this one.")
-                if not class_names or not (others or corrupted_upload):
-                    st.info("Patching needs a classifier and a second image: upload one above"
-                            + (", or pick one of the checkpoint's other sample images." if class_names and others
-                               else "." if class_names else "."))
-                else:
-                    corrupted_path = None
-                    if corrupted_upload is None:
-                        corrupted_path = st.selectbox("…or one of the sample images", others,
-                                                      format_func=explorer.sample_label, key=f"corrupted-{model_key}")
-                    every_position = st.toggle(f"Every layer and token too ({L} × {T} passes)",
-                                               key="patch_positions")
-                    try:
-                        if corrupted_upload is not None:
-                            data_b = corrupted_upload.getvalue()
-                            corrupted_key = f"upload-{explorer.image_digest(data_b)}"
-                            corrupted_image = decode_image(corrupted_key, corrupted_upload.name, invert, data_b)
-                        else:
-                            corrupted_key = str(corrupted_path)
-                            corrupted_image = open_image(Path(corrupted_path).read_bytes(),
-                                                         name=Path(corrupted_path).name)
-                        patched = patching(fingerprint, image_key, corrupted_key, size, every_position,
-                                           checkpoint, image, corrupted_image)
-                    except (ValueError, ImageError, OSError) as e:
-                        st.warning(escape_markdown(e))
-                    else:
-                        a, b = class_names[patched.clean_class], class_names[patched.corrupted_class]
-                        st.plotly_chart(figures.layer_head_figure(patched.heads, "Recovered by patching one head",
-                                                                  "recovered"), theme=None, key="patch_heads")
-                        if patched.residual is not None:
-                            labels = [drawing.short_token_label(t, grid, prefix, names) for t in range(T)]
-                            st.plotly_chart(figures.layer_token_figure(patched.residual, labels, "Recovered by "
-                                                                       "patching one token of one layer's input",
-                                                                       "recovered"), theme=None,
-                                            key="patch_residual")
-                        st.caption(f"Logit difference {escape_markdown(a)} − {escape_markdown(b)}: "
-                                   f"{patched.clean_difference:.3g} on this image, {patched.corrupted_difference:.3g}"
-                                   " on the corrupted one. Each cell: the share of that difference restored when "
-                                   "this image's activation replaces the corrupted image's there (1 = all of it).")
-        if phenomena_tab.open:
-            with phenomena_tab:
-                layer_norms = view.norms[layer]  # after the sidebar's layer
-                top_norm = float(view.norms.max()) * 1.05 + 1e-6
-                if not 0.0 <= st.session_state.get("norm_threshold", -1.0) <= top_norm:  # new image or model
-                    st.session_state["norm_threshold"] = top_norm / 2
-                threshold = st.slider("High-norm threshold", 0.0, top_norm, key="norm_threshold",
-                                      help="Tokens whose norm is over it count as high-norm (Darcet et al. 2023).")
-                high = layer_norms > threshold
-                left, right = st.columns(2)
-                left.plotly_chart(figures.norm_histogram_figure(layer_norms, threshold, f"Token norms after layer "
-                                                                                     f"{layer}"),
-                                  theme=None, key="norm_histogram")
-                patches_high = high[prefix:].reshape(grid).astype(np.float32)
-                right.image(overlay(shown, patches_high, opacity, colormap, "nearest", show_grid=show_grid,
-                                    vmin=0.0, vmax=1.0), output_format="PNG")
-                prefix_high = [names[i] for i in range(prefix) if high[i]]
-                right.caption(f"{int(high[prefix:].sum())} of {grid[0] * grid[1]} patches over {threshold:.3g} "
-                              f"after layer {layer} (lit)" + (f"; prefix tokens over it: {', '.join(prefix_high)}"
-                                                              if prefix_high else "") + ".")
-                st.plotly_chart(figures.massive_activations_figure(view.massive, "Massive activations"),
-                                theme=None, key="massive_figure")
-                st.caption("Per layer, the three largest |activations| of the block output over all tokens and "
-                           "channels, and their median (Sun et al. 2024).")
-                hover = np.array([[f"<br>strongest sink: {drawing.short_token_label(int(t), grid, prefix, names)}"
-                                   f"<br>its value norm: {v:.3g}" for t, v in zip(tr, vr, strict=True)]
-                                  for tr, vr in zip(view.sink_token, view.sink_value_norm, strict=True)])
-                st.plotly_chart(figures.layer_head_figure(view.sink_mass, "Attention sinks", "mass",
-                                                          signed=False, hover=hover), theme=None,
-                                key="sink_figure")
-                st.caption("Per head, the share of attention (averaged over queries) that its most attended key "
-                           "token receives; hover for that token and the norm of its value vector, which is small "
-                           "for a sink that only soaks up attention.")
-                if class_names and st.toggle("Test-time register (Jiang et al. 2025)", key="tt_register",
-                                             help="Find the register neurons (outliers: last-layer norms over the "
-                                                  "threshold above, on this image and the reference images), add "
-                                                  "one extra token and move those neurons' activations onto it."):
-                    top_k = st.number_input("Register neurons", 1, 200, 10, key="tt_register_neurons")
-                    try:
-                        registers = registers_view(fingerprint, image_key, size, threshold, int(top_k),
-                                                   (invert, reference_keys), checkpoint, image, mean_ablated)
-                    except (ValueError, ImageError, OSError) as e:
-                        st.warning(escape_markdown(e))
-                    else:
-                        cells = drawing.small_multiples(small, np.stack([registers.attention_before,
-                                                                         registers.attention_after,
-                                                                         registers.norms_before,
-                                                                         registers.norms_after]),
-                                                        opacity, colormap, mode)
-                        st.image(drawing.heads_grid_image(cells, columns=4), output_format="PNG")
-                        shown_neurons = ", ".join(f"{layer + 1}.{neuron}" for layer, neuron, _ in
-                                                  registers.neurons[:10])
-                        st.caption("Left to right: the last layer's CLS attention before and after the test-time "
-                                   "register, then the patch norms after the last layer before and after. "
-                                   f"Register neurons (layer.neuron): {shown_neurons}"
-                                   + (" …" if len(registers.neurons) > 10 else "") + ".")
+    mechanism.mechanism(state, refs, samples, sample, everywhere, mean_ablated, asked)
 
 # -- compare two checkpoints; the run's attention snapshots at any epoch (issue 12) -------------------------------
 
-compare_entries = {p: e for p, e in entries.items() if p != choice}
-for c in catalog.epoch_candidates():  # per-epoch checkpoints of runs trained with --save-every
-    if str(c.path) != choice:
-        compare_entries[str(c.path)] = catalog.describe_current(c)
-if st.session_state.get("compare_with") not in compare_entries:
-    st.session_state["compare_with"] = None
-other = st.sidebar.selectbox(
-    "Compare with (a second checkpoint)", [None, *compare_entries], key="compare_with",
-    format_func=lambda p: "nothing: one checkpoint" if p is None else compare_entries[p].label,
-    help="Another checkpoint (another run, or another epoch of this one saved with --save-every) on the same "
-         "image with the same settings, and the difference of the two maps.")
-if other is not None:
-    st.subheader("Compare")
-    entry_b = compare_entries[other]
-    try:
-        if not entry_b.ok:
-            raise CheckpointError(entry_b.error)
-        fingerprint_b = catalog.Candidate(entry_b.path, entry_b.source, entry_b.name).fingerprint
-        checkpoint_b = load_model(other, fingerprint_b)
-        analysis_b = analyse(fingerprint_b, image_key, size, checkpoint_b, image)
-        settings_b = compare.settings_for_other(settings, analysis, analysis_b, class_names, checkpoint_b.class_names)
-        relevance_b = method_map_b = None
-        if kind in explorer.CLASS_MAP_KINDS and not checkpoint_b.class_names:
-            raise ValueError("it has no classifier (a feature model), so it has no class-specific map; its "
-                             "attention, rollout, token-norm and flow maps compare")
-        class_b = explorer.resolved_class(settings_b, analysis_b)
-        if kind == "class":
-            relevance_b = class_relevance(fingerprint_b, image_key, size, class_b, checkpoint_b, image)
-        if kind in explorer.METHOD_MAP_KINDS:
-            method_map_b = method_map(fingerprint_b, image_key, size, kind, class_b, settings_b.query,
-                                      settings_b.end_layer, fusion, checkpoint_b, image)
-        map_b = explorer.attention_map(analysis_b, settings_b, relevance_b, method_map_b)
-    except (CheckpointError, ValueError) as e:
-        st.warning(f"B cannot show this map: {escape_markdown(e)}")
-    else:
-        col_a, col_b, col_diff = st.columns(3)
-        for column, label, one_entry, one_analysis, one_map in ((col_a, "A", entry, analysis, map2d),
-                                                                (col_b, "B", entry_b, analysis_b, map_b)):
-            top_k = one_analysis.prediction.top_k
-            column.image(overlay(shown, one_map, opacity, colormap, mode, show_grid=show_grid, outline_patch=outline),
-                         output_format="PNG")
-            predicts = (f"Predicts {escape_markdown(top_k[0][0])} ({top_k[0][1]:.0%}). " if top_k
-                        else "No classifier (a feature model). ")
-            depth = compare.depth_note(settings, settings_b, L, analysis_b.num_layers) if label == "B" else ""
-            column.caption(f"{label}: {escape_markdown(one_entry.label)}. {predicts}{depth} "
-                           + drawing.describe_range(one_map))
-        col_diff.image(compare.difference_overlay(shown, map2d, map_b, opacity, mode), output_format="PNG")
-        col_diff.caption(compare.describe_difference(map2d, map_b, (shown.height, shown.width), mode))
-
-snapshot_run = catalog.run_folder(entry.path) if entry.source == "run" else None
-snapshot_epochs = snapshots.snapshot_epochs(snapshot_run) if snapshot_run is not None else []
-if snapshot_epochs:
-    st.subheader("The run's probe images during training")
-    if st.session_state.get("explorer_snap_epoch") not in snapshot_epochs:
-        st.session_state["explorer_snap_epoch"] = snapshot_epochs[-1]
-    snap_epoch = st.select_slider("Epoch", snapshot_epochs, key="explorer_snap_epoch",
-                                  help="Stored while the run trained: no checkpoint of that epoch is needed.")
-    snap_kind = "rollout" if kind == "rollout" else "attention"
-    try:
-        probes = probe_overlays(snapshot_run, snap_epoch, snap_kind, layer - 1, head, fusion, opacity, colormap, mode)
-    except (snapshots.SnapshotError, ValueError) as e:
-        st.warning(escape_markdown(e))
-    else:
-        st.image([p for p, _ in probes], caption=[escape_markdown(c) for _, c in probes], width=128,
-                 output_format="PNG")
-        st.caption("The CLS token's " + ("rollout (mean over heads)" if snap_kind == "rollout" else
-                                         f"attention in layer {layer}") + f" at epoch {snap_epoch} on the run's "
-                   "fixed validation images, with the sidebar's layer, head and overlay settings; under each, "
-                   "true class → predicted class. Snapshots keep the CLS query only.")
+compare_checkpoints(state, entries, choice, main.map2d)
+probe_snapshots(state, entry)
 
 # Room below the tabs: while a newly opened tab is computed its old content is gone, and a page that
 # shrank for that moment made the browser jump up (clicking a tab seemed to scroll to the top).

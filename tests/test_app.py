@@ -787,9 +787,9 @@ def test_downloads_are_named_after_the_map_and_the_uploader_takes_every_format_i
         open_image(b"not an image", name="x")
     named = error.value.args[0].split("(")[-1].rstrip(")").split(", ")
     at = AppTest.from_file(APP, default_timeout=TIMEOUT)
-    source = Path(APP).parent / "pages" / "explorer.py"
-    uploader_types = {t for t in str(source.read_text()).split("UPLOAD_TYPES = [")[1].split("]")[0]
-                      .replace('"', "").replace(" ", "").split(",")}
+    from pages.explorer_sections.caches import UPLOAD_TYPES
+
+    uploader_types = set(UPLOAD_TYPES)
     assert set(named) <= uploader_types
     del at
 

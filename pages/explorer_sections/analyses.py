@@ -1,0 +1,88 @@
+"""Heads / Attention matrix / Distance & entropy: three tabs over the model's attentions, only the open one drawn.
+
+A fragment: switching tabs or showing every layer reruns these tabs alone. A click on a head thumbnail picks the
+sidebar's layer and head (what the main map shows), so it reruns the whole page.
+"""
+
+import math
+from functools import partial
+
+import streamlit as st
+
+from pages.explorer_sections.main_view import PICKER_CONFIG
+from pages.explorer_sections.state import Shown, keep_settings
+from vit.app import drawing, explorer
+from vit.explain import figures
+
+TABS_KEY, EVERY_LAYER_KEY, GRID_KEY = "analysis_tab", "every_layer", "heads_grid"
+TABS = ("Heads", "Attention matrix", "Distance & entropy")
+_PICKED = "heads_grid_picked"  # set by a thumbnail click: the page, not this fragment, must rerun
+
+
+def pick_head(layers: list[int], num_heads: int, layer_key: str, head_key: str) -> None:
+    """A click on a head thumbnail shows that layer and head as the one-layer map."""
+    cell = drawing.cell_from_selection(st.session_state[GRID_KEY].selection, layers, num_heads)
+    if cell is not None:
+        st.session_state[layer_key], st.session_state[head_key] = cell[0] + 1, cell[1]
+        st.session_state["map_kind"] = "attention"
+        st.session_state[_PICKED] = True
+
+
+@st.fragment
+def analyses(view: Shown) -> None:
+    """The three analysis tabs of the page's layer (``view.layer``) and query."""
+    if st.session_state.pop(_PICKED, False):
+        st.rerun(scope="app")  # the sidebar's layer and head changed: every section shows them
+    keep_settings((EVERY_LAYER_KEY,))  # drawn in the Heads tab only
+    analysis, settings = view.analysis, view.settings
+    grid, prefix, names = analysis.grid, analysis.num_prefix_tokens, analysis.prefix_names
+    L, H, T = analysis.num_layers, analysis.num_heads, analysis.num_tokens
+    layer, head, query = view.layer, settings.head, settings.query
+    heads_tab, matrix_tab, stats_tab = st.tabs(list(TABS), key=TABS_KEY, on_change="rerun")
+    query_text = drawing.token_label(query, grid, prefix, names)
+    if heads_tab.open:
+        with heads_tab:
+            every = st.toggle(f"Every layer ({L} × {H} = {L * H} maps)", key=EVERY_LAYER_KEY,
+                              help="Off: the heads of the layer chosen in the sidebar.")
+            shown_layers = list(range(L)) if every else [layer - 1]
+            maps = explorer.head_maps(analysis, query)[shown_layers]  # (layers, H, gh, gw)
+            cells = drawing.small_multiples(view.small, maps.reshape(-1, *grid), view.opacity, view.colormap,
+                                             view.mode, view.outline, scale=view.scale, mask_share=view.mask_share)
+            sheet = drawing.heads_grid_image(cells, columns=H)
+            selected = (layer - 1, head) if settings.kind == "attention" and head is not None else None
+            st.plotly_chart(drawing.heads_grid_figure(drawing.jpeg_data_uri(sheet, quality=85), sheet.size,
+                                                       shown_layers, H, selected),
+                            key=GRID_KEY, on_select=partial(pick_head, shown_layers, H, f"layer-{view.model_key}",
+                                                            f"head-{view.model_key}"),
+                            selection_mode="points", config=PICKER_CONFIG, width="stretch", theme=None)
+            scale_text = {"own": "each map on its own colour scale", "zero": "each from 0 to its own max",
+                          "shared": "all on one colour scale"}[view.scale]
+            st.caption(f"What {query_text} attends to in each head, {scale_text}. **Click a head** to show it "
+                       "above (outlined when shown).")
+    if matrix_tab.open:
+        with matrix_tab:
+            heads_text = f"head {head + 1}" if head is not None else f"{settings.fusion} over heads"
+            matrix = explorer.layer_attention(analysis, layer - 1, head, settings.fusion)[0].numpy()  # (T, T)
+            st.plotly_chart(drawing.attention_matrix_figure(matrix, grid, prefix, view.colormap, query=query,
+                                                             tokens=view.tokens, title=f"Layer {layer}, {heads_text}",
+                                                             prefix_names=names),
+                            theme=None)  # Streamlit's chart theme recolours the low end of the colour scale
+            pooled = len(view.tokens) > drawing.MATRIX_MAX_CELLS
+            st.caption(f"Row i is what token i attends to (each row sums to 1); "
+                       f"{drawing.tokens_caption(grid, prefix, names)}. The outlined row is the query, {query_text}."
+                       + (f" {len(view.tokens):,} tokens are shown as block averages; hover for the token ranges."
+                          if pooled else ""))
+    if stats_tab.open:
+        with stats_tab:
+            distance, entropy = analysis.stats()
+            left, right = st.columns(2)
+            left.plotly_chart(figures.layer_stats_figure(distance, "mean attention distance (px)",
+                                                          "Mean attention distance"))
+            left.caption(f"Per head, the attention-weighted distance between a patch and the patches it attends "
+                         f"to, in pixels of the {analysis.input_size[1]}×{analysis.input_size[0]}-px input, averaged "
+                         "over patch queries (ViT paper, Fig. 7). Low: local heads, like convolutions; high: heads "
+                         "that integrate the whole image.")
+            right.plotly_chart(figures.layer_stats_figure(entropy, "attention entropy (nats)", "Attention entropy"))
+            right.caption(f"Per head, the entropy of each token's attention averaged over all {T} tokens: 0 when "
+                          f"every token attends to one token only, ln {T} ≈ {math.log(T):.2f} when attention is "
+                          "spread evenly.")

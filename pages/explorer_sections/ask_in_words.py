@@ -1,0 +1,119 @@
+"""Ask in words: a CLIP's or SigLIP's scores for labels typed here, and the map of where it sees each (issue 22).
+
+A fragment: typing labels or picking a label's map reruns this section alone. For a model without a classifier the
+labels are its prediction (the Prediction box) and what its logit lens reads, so new labels rerun the whole page.
+"""
+
+import numpy as np
+import streamlit as st
+from PIL import Image
+
+from pages.explorer_sections.state import Shown, keep_settings
+from vit.app import drawing, words
+from vit.checkpoint import Checkpoint, CheckpointError
+from vit.explain.overlay import overlay
+from vit.explain.prompts import DEFAULT_TEMPLATE
+from vit.inference import InputSize
+from vit.sources.text_tower import MAX_LABELS, open_text_tower, split_labels
+from vit.text import escape_markdown
+
+LABELS_KEY, ENSEMBLE_KEY, TEMPLATE_KEY = "words_labels", "words_ensemble", "words_template"
+LABEL_KEY, MINUS_KEY, METHOD_KEY, CURVES_KEY = "words_label", "words_minus", "words_method", "words_curves"
+DRAWN_KEY = "words_asked_drawn"  # the labels the rest of the page was last drawn with
+
+
+@st.cache_resource(max_entries=2, show_spinner="Loading the text tower…")
+def text_tower(fingerprint: tuple, _checkpoint: Checkpoint):
+    """The model's text side (tokenizer and text transformer, from its own library), once per model; it caches
+    the embedding of every text it has read."""
+    return open_text_tower(_checkpoint)
+
+
+@st.cache_resource(max_entries=16, show_spinner="Asking the model…")
+def ask(fingerprint: tuple, digest: str, size: InputSize, labels: tuple[str, ...], templates: tuple[str, ...],
+        full_fingerprint: tuple, _checkpoint: Checkpoint, _full_checkpoint: Checkpoint,
+        _image: Image.Image) -> words.Answer:
+    # The text side does not change with the image's heads switched off: the full model's tower, opened once.
+    return words.answer(_checkpoint, text_tower(full_fingerprint, _full_checkpoint), _image, list(labels),
+                        list(templates), size)
+
+
+@st.cache_resource(max_entries=32, show_spinner="Computing the map for the label (one backward pass)…")
+def word_map(fingerprint: tuple, digest: str, size: InputSize, labels: tuple[str, ...], templates: tuple[str, ...],
+             index: int, method: str, full_fingerprint: tuple, _checkpoint: Checkpoint, _full_checkpoint: Checkpoint,
+             _image: Image.Image) -> np.ndarray:
+    asked = ask(fingerprint, digest, size, labels, templates, full_fingerprint, _checkpoint, _full_checkpoint, _image)
+    return words.word_map(_checkpoint, asked, _image, index, method, size)
+
+
+@st.fragment
+def ask_in_words(view: Shown) -> words.Answer | None:
+    """The section, for a model with a text tower; the answer to the labels typed (None without labels)."""
+    keep_settings(("words_",))  # the map's controls are drawn only while labels are asked
+    checkpoint, image, size = view.checkpoint, view.image, view.size
+    model = (view.fingerprint, view.image_key, size)
+    full = (view.full_fingerprint, checkpoint, view.full_checkpoint, image)
+    st.subheader("Ask in words")
+    col_ask, col_scores, col_map = st.columns([0.8, 0.8, 1], gap="medium")
+    with col_ask:
+        # No max_chars: Streamlit would show a "47/12928" counter; split_labels bounds the text (one line if over).
+        labels_text = st.text_area("Labels", key=LABELS_KEY, placeholder="a dog, a cat, a ball",
+                                   help=f"Up to {MAX_LABELS} labels or whole prompts, separated by commas, semicolons "
+                                        "or line breaks. They are read as plain text.")
+        ensemble = st.checkbox("Average open_clip's 80 ImageNet templates", key=ENSEMBLE_KEY,
+                               help="As OpenAI's and open_clip's zero-shot ImageNet classifiers: each label in 80 "
+                                    "templates, the normalised embeddings averaged.")
+        st.session_state.setdefault(TEMPLATE_KEY, DEFAULT_TEMPLATE)
+        template = st.text_input("Template", key=TEMPLATE_KEY, max_chars=200,
+                                 disabled=ensemble,
+                                 help="Where each label goes, marked by {}; \"{}\" alone uses the labels as typed.")
+    asked = None
+    try:
+        labels = split_labels(labels_text) if labels_text.strip() else []
+        templates = words.templates_for(template, ensemble)
+        if labels:
+            asked = ask(*model, tuple(labels), tuple(templates), *full)
+    except (ValueError, CheckpointError) as e:  # bounds, a template without {}, a folder without tokenizer files
+        col_ask.error(escape_markdown(e))
+    if not view.class_names:  # the labels are the prediction and what the logit lens reads: redraw the page
+        asked_key = None if asked is None else (tuple(labels), tuple(templates))
+        if DRAWN_KEY in st.session_state and st.session_state[DRAWN_KEY] != asked_key:
+            st.rerun(scope="app")
+        st.session_state[DRAWN_KEY] = asked_key
+    if asked is None:
+        col_scores.caption("Type labels to see how this model scores them and where it sees each.")
+        return None
+    with col_scores:
+        st.plotly_chart(words.scores_figure(asked), config={"displayModeBar": False})
+        st.caption(words.describe_scores(asked, ensemble))
+    with col_map:
+        methods = words.prompts.methods_for(checkpoint.model)
+        chosen = st.selectbox("Map for", range(len(labels)), key=LABEL_KEY,
+                              format_func=lambda i: labels[i])
+        minus = st.selectbox("Minus (optional)", [None, *range(len(labels))], key=MINUS_KEY,
+                             format_func=lambda i: "nothing: this label's own map" if i is None else labels[i])
+        method = st.selectbox("Method", list(methods), format_func=methods.get, key=METHOD_KEY)
+        try:
+            map_a = word_map(*model, tuple(labels), tuple(templates), chosen, method, *full)
+            other = None if minus is None or minus == chosen else minus
+            if other is None:
+                shown_map = map_a
+                signed = method == "attnlrp"
+            else:
+                map_b = word_map(*model, tuple(labels), tuple(templates), other, method, *full)
+                shown_map, signed = words.difference(map_a, map_b), True
+        except ValueError as e:  # a method the model's layout does not support, too many tokens
+            st.error(escape_markdown(e))
+        else:
+            cmap, low, high = drawing.map_colours("attnlrp" if signed else "", shown_map, view.colormap)
+            st.image(overlay(view.shown, shown_map, view.opacity, cmap, view.mode, show_grid=view.show_grid,
+                             vmin=low, vmax=high), output_format="PNG")
+            st.caption(words.describe_method(method, labels[chosen], None if other is None else labels[other])
+                       + " Drawn over the part of the image the model saw. " + drawing.describe_range(shown_map))
+            if other is None and st.toggle("Deletion and insertion curves", key=CURVES_KEY,
+                                           help="Patches most relevant for the label are blurred away "
+                                                "(deletion) or restored (insertion), and the image-text cosine "
+                                                "similarity is tracked."):
+                st.plotly_chart(words.curves_figure(checkpoint, asked, image, map_a, chosen, size),
+                                config={"displayModeBar": False}, width="stretch")
+    return asked

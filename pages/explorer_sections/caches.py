@@ -1,0 +1,109 @@
+"""The explorer's caches: the model once per checkpoint file, the forward pass once per (checkpoint, image, size).
+
+Server-wide and bounded by bytes, not entries: one entry may be a 2-MB model or a 1-GB one. An analysis also keeps
+what its views recompute within explorer.LAYER_CACHE_BYTES, under explorer.ANALYSIS_MEMORY_LIMIT.
+"""
+
+from dataclasses import replace
+from functools import partial
+from pathlib import Path
+
+import streamlit as st
+from PIL import Image
+
+from vit.app import catalog, drawing, explorer
+from vit.cache import ByteCache
+from vit.checkpoint import Checkpoint
+from vit.images import UPLOAD_MAX_PIXELS, open_image
+from vit.inference import InputSize
+from vit.sources.open import open_source
+from vit.text import visible
+from vit.training import snapshots
+
+# Everything open_image reads (its error message lists these), so the uploader never refuses a format it names.
+UPLOAD_TYPES = ["jpg", "jpeg", "png", "webp", "bmp", "gif", "tif", "tiff"]
+MODEL_CACHE_BYTES = 1536 * 2**20
+IMAGE_CACHE_BYTES = 256 * 2**20  # decoded images are at most 2048 px on their long side (12 MB)
+ANALYSIS_CACHE_BYTES = 512 * 2**20
+RELEVANCE_CACHE_BYTES = 256 * 2**20
+
+
+@st.cache_data(ttl=30, show_spinner=False)
+def hf_cache_models(cache_dirs: tuple[str, ...], contains: str) -> catalog.HfCacheListing:
+    """The supported models of a bounded first part of the HF cache; its config files are read at most every 30 s,
+    not on every rerun."""
+    return catalog.hf_cache_listing([Path(d) for d in cache_dirs], contains)
+
+
+@st.cache_resource(show_spinner=False)
+def byte_cache(name: str, max_bytes: int) -> ByteCache:
+    return ByteCache(max_bytes)
+
+
+def load_model(path: str, fingerprint: tuple) -> Checkpoint:
+    def load() -> Checkpoint:
+        with st.spinner("Loading the checkpoint…"):
+            checkpoint = open_source(path)  # our .pt files, HF / timm folders, timm / torchvision weights
+        # Class names come from the file: one with U+202E would turn every label and caption showing it around.
+        # This page only shows them, so it holds them with such characters written as their escapes.
+        return replace(checkpoint, class_names=[visible(name) for name in checkpoint.class_names])
+    return byte_cache("models", MODEL_CACHE_BYTES).get_or_compute((path, fingerprint), load)
+
+
+def decode_image(digest: str, name: str, invert: bool, data: bytes) -> Image.Image:
+    def decode() -> Image.Image:
+        image = open_image(data, name=name, max_pixels=UPLOAD_MAX_PIXELS)
+        return explorer.invert_image(image) if invert else image
+    return byte_cache("images", IMAGE_CACHE_BYTES).get_or_compute(("decoded", digest, name, invert), decode)
+
+
+def display_images(digest: str, image: Image.Image) -> tuple[Image.Image, str, Image.Image]:
+    """The image at display size (and as a data URI for the patch picker), and small for the heads grid."""
+    return byte_cache("images", IMAGE_CACHE_BYTES).get_or_compute(("display", digest),
+                                                                  partial(drawing.display_images, image))
+
+
+def model_input_preview(fingerprint: tuple, digest: str, size: InputSize, checkpoint: Checkpoint,
+                        image: Image.Image) -> Image.Image:
+    """The image as the model sees it, small: resized once per (checkpoint, image, size), not on every rerun."""
+    def make() -> Image.Image:
+        return drawing.display_image(drawing.model_input_image(image, checkpoint, size), min_side=96, max_side=160)
+    return byte_cache("images", IMAGE_CACHE_BYTES).get_or_compute(("model input", fingerprint, digest, size), make)
+
+
+def analyse(fingerprint: tuple, digest: str, size: InputSize, checkpoint: Checkpoint,
+            image: Image.Image) -> explorer.Analysis:
+    def run() -> explorer.Analysis:
+        with st.spinner("Running the model…"):
+            return explorer.analyse(checkpoint, image, size)
+    return byte_cache("analyses", ANALYSIS_CACHE_BYTES).get_or_compute((fingerprint, digest, size), run)
+
+
+def class_relevance(fingerprint: tuple, digest: str, size: InputSize, class_index: int, checkpoint: Checkpoint,
+                    image: Image.Image) -> explorer.ClassRelevance:
+    def run() -> explorer.ClassRelevance:
+        with st.spinner("Computing the class-specific map (one backward pass)…"):
+            return explorer.class_relevance(checkpoint, image, class_index, size)
+    return byte_cache("relevance", RELEVANCE_CACHE_BYTES).get_or_compute((fingerprint, digest, size, class_index),
+                                                                          run)
+
+
+def probe_overlays(run: Path, epoch: int, kind: str, layer: int, head: int | None, fusion: str, opacity: float,
+                   colormap: str, mode: str) -> list[tuple[Image.Image, str]]:
+    """The run's probe overlays of ``epoch``, read and drawn once per settings, not on every rerun; keyed by the
+    snapshot file's stat so that a rewritten snapshot is read again."""
+    try:
+        stat = snapshots.snapshot_path(run, epoch).stat()
+        version = (stat.st_mtime_ns, stat.st_size)
+    except OSError:
+        version = None  # missing: probe_overlays says so
+    settings = (kind, layer, head, fusion, opacity, colormap, mode)
+    return byte_cache("images", IMAGE_CACHE_BYTES).get_or_compute(
+        ("probes", str(run), epoch, version, *settings),
+        lambda: snapshots.probe_overlays(run, epoch, *settings, size=128))
+
+
+@st.cache_resource(max_entries=16, show_spinner="Computing the map (attention flow: seconds, minutes on ViT-B)…")
+def method_map(fingerprint: tuple, digest: str, size: InputSize, kind: str, class_index: int, query: int,
+               end_layer: int, fusion: str, _checkpoint: Checkpoint, _image: Image.Image):
+    return explorer.model_method_map(_checkpoint, _image, kind, class_index, query, end_layer, fusion, size)

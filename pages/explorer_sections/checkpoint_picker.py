@@ -1,0 +1,105 @@
+"""The sidebar's checkpoint: the picker of shipped checkpoints, runs and the HF cache's models, and the fields that
+open one by path or from the Hub."""
+
+import streamlit as st
+
+from pages.explorer_sections.caches import hf_cache_models
+from vit.app import catalog
+from vit.checkpoint import CheckpointError
+from vit.runs import access
+from vit.sources import hub
+from vit.text import escape_markdown
+
+HF_FILTER, OPEN_PATH, OPEN_HUB = "Find in the HF cache", "Open a path", "Open from the Hub"
+CHOICE_KEY = "explorer_checkpoint_choice"
+
+
+def open_from_hub(text: str, may_download: bool) -> catalog.Candidate | None:
+    """The Hub model ``text`` names: the cached copy, else (for a visitor who may) its size on a Download
+    button and, once pressed, the download with a progress bar; None, with the reason shown, until it is there."""
+    try:
+        found, wanted = catalog.open_from_hub(text, may_download)
+        if wanted is not None:
+            st.sidebar.caption(escape_markdown(wanted.summary))
+            if st.sidebar.button(f"Download {hub.format_bytes(wanted.size)}", key="explorer_hub_download"):
+                bar = st.sidebar.progress(0.0, text="Downloading…")
+                found = catalog.download_from_hub(wanted, lambda share, text: bar.progress(share, text=text))
+        return found
+    except CheckpointError as e:
+        st.sidebar.error(escape_markdown(e))
+        return None
+
+
+def pick_checkpoint() -> tuple[dict[str, catalog.CatalogEntry], str, bool]:
+    """(every checkpoint offered by path, the one chosen, whether this visitor may read the server's files by
+    path); stops the page, saying what to do, when there is none."""
+    hf_dirs = catalog.hf_cache_dirs()
+    hf_filter = ""
+    if len(catalog.hf_cache_folders(hf_dirs)) > catalog.MAX_HF_CACHE_EXAMINED:  # folder names only: cheap
+        hf_filter = st.sidebar.text_input(HF_FILTER, key="explorer_hf_filter", placeholder="part of a model's name",
+                                          help="The Hugging Face cache holds more models than the picker lists: only "
+                                               "those whose name holds this are looked at.")
+    hf_listing = hf_cache_models(tuple(str(d) for d in hf_dirs), hf_filter)
+    candidates = catalog.find_checkpoints() + list(hf_listing.candidates)
+    hf_chosen = st.session_state.get("explorer_hf_choice")  # kept in the picker when the name filter changes
+    if hf_chosen is not None and hf_chosen not in candidates and hf_chosen.path.is_dir():  # unless deleted since
+        candidates.append(hf_chosen)
+    extra = st.session_state.setdefault("explorer_extra_checkpoints", [])  # opened by path here or from another page
+    gate = access.server_access(st.get_option("server.address"), access.configured_token(st.secrets.get))
+    may_open = gate.allows(st.session_state.get(access.UNLOCKED))  # vit.runs.access: the one rule of every page
+    opened = ""  # a visitor the rule does not allow reads no file of the server by path: no field, nothing read
+    if may_open:
+        opened = st.sidebar.text_input(
+            OPEN_PATH, key="explorer_open_path", placeholder="/path/to/model folder or file",
+            help="A file or folder on the server: one of our .pt checkpoints, a Hugging Face or timm model folder, "
+                 "timm / torchvision weights, or a from-scratch ViT (a tutorial's experiment folder, vit-pytorch "
+                 "weights).").strip()
+    elif gate.mode == "token":
+        st.sidebar.caption("Opening a model by its path on the server needs the token: enter it on the Train page.")
+    hub_text = st.sidebar.text_input(
+        OPEN_HUB, key="explorer_open_hub", placeholder="google/vit-base-patch16-224",
+        help="A model on the Hugging Face Hub: ORG/NAME[@REVISION], hf-hub:ORG/NAME or a timm model name. Downloaded "
+             "into the Hugging Face cache (its safetensors and configs, never code) when it is not there yet.").strip()
+    from_hub = open_from_hub(hub_text, may_open) \
+        if hub_text else None
+    if from_hub is not None and str(from_hub.path) != st.session_state.get("explorer_opened_hub"):
+        if from_hub not in candidates + extra:
+            extra.append(from_hub)
+        st.session_state["explorer_checkpoint_choice"] = str(from_hub.path)  # what was just opened is shown
+    st.session_state["explorer_opened_hub"] = str(from_hub.path) if from_hub is not None else None
+    requested = st.session_state.pop("explorer_checkpoint", None) or (opened if opened != st.session_state.get(
+        "explorer_opened_path") else None)
+    st.session_state["explorer_opened_path"] = opened
+    if requested:
+        wanted = catalog.candidate_for(requested, candidates + extra)
+        if wanted not in candidates + extra:
+            extra.append(wanted)
+        st.session_state["explorer_checkpoint_choice"] = str(wanted.path)
+    candidates = candidates + [c for c in extra if c not in candidates]
+    entries = {str(c.path): catalog.describe_current(c) for c in candidates}
+
+    st.sidebar.header("Checkpoint")
+    if not entries:
+        st.title("ViT Attention Explorer")
+        st.info(f"No checkpoints yet: put a .pt file in {escape_markdown(catalog.default_checkpoints_dir())} or train "
+                "a model on the Train page.")
+        st.stop()
+    default = catalog.default_entry(list(entries.values())) or next(iter(entries.values()))
+    if st.session_state.get("explorer_checkpoint_choice") not in entries:
+        # Remembered across pages (widget state is not) and reset when its file disappears.
+        st.session_state["explorer_checkpoint_choice"] = st.session_state.get("explorer_last_checkpoint", "")
+        if st.session_state["explorer_checkpoint_choice"] not in entries:
+            st.session_state["explorer_checkpoint_choice"] = str(default.path)
+    choice = st.sidebar.selectbox("Checkpoint", list(entries), format_func=lambda p: entries[p].label,
+                                  key="explorer_checkpoint_choice",
+                                  help="Shipped checkpoints, completed training runs, the supported models of the "
+                                       "local Hugging Face cache and models opened by path.")
+    st.session_state["explorer_last_checkpoint"] = choice
+    entry = entries[choice]
+    st.sidebar.caption(entry.description)
+    hf_note = catalog.hf_cache_note(hf_listing, HF_FILTER, OPEN_PATH if may_open else None)
+    if hf_note:
+        st.sidebar.caption(escape_markdown(hf_note))
+    if entry.source == "hf-cache":
+        st.session_state["explorer_hf_choice"] = next(c for c in candidates if str(c.path) == choice)
+    return entries, choice, may_open

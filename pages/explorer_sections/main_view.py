@@ -1,0 +1,114 @@
+"""The main view: the image (click a patch to make it the query), the map over it with its downloads and
+curves, and the prediction."""
+
+from functools import partial
+from pathlib import Path
+
+import streamlit as st
+from PIL import Image
+
+from pages.explorer_sections.caches import model_input_preview
+from pages.explorer_sections.map_settings import MainMap
+from pages.explorer_sections.state import Shown
+from vit.app import drawing, explorer
+from vit.explain.overlay import draw_mask_contours, overlay
+from vit.images import MAX_SIDE
+from vit.text import escape_markdown
+
+PICKER_CONFIG = {"displayModeBar": False, "scrollZoom": False, "doubleClick": False}
+ENLARGE_KEY = "enlarge_view"
+
+
+def pick_query(chart_key: str, query_key: str, num_prefix_tokens: int) -> None:
+    """A click on the image or the overlay made a patch the query."""
+    token = drawing.token_from_selection(st.session_state[chart_key].selection, num_prefix_tokens)
+    if token is not None:
+        st.session_state[query_key] = token
+
+
+def main_view(view: Shown, main: MainMap, query_key: str, image_name: str, seen: Image.Image, shown_uri: str,
+              box: tuple[float, ...], invert: bool):
+    """Draws the view; returns the Prediction box, which a CLIP's labels asked in words fill further down."""
+    checkpoint, fingerprint, image, image_key, size = (view.checkpoint, view.fingerprint, view.image, view.image_key,
+                                                       view.size)
+    analysis, settings, class_names, layer = view.analysis, view.settings, view.class_names, view.layer
+    prediction, grid, prefix = analysis.prediction, analysis.grid, analysis.num_prefix_tokens
+    L, H, T = analysis.num_layers, analysis.num_heads, analysis.num_tokens
+    shown, opacity, mode, show_grid, outline, query = (view.shown, view.opacity, view.mode, view.show_grid,
+                                                       view.outline, settings.query)
+    map2d, map_colormap, vmin, vmax, mask = main.map2d, main.colormap, main.vmin, main.vmax, main.mask
+    pre = checkpoint.preprocessing
+    drawn = overlay(shown, map2d, opacity, map_colormap, mode, show_grid=show_grid, outline_patch=outline, vmin=vmin,
+                    vmax=vmax)
+    if mask is not None:
+        drawn = draw_mask_contours(drawn, mask)
+    # Enlarged: the image and the map share the page's width (the prediction goes below) and zoom with the wheel,
+    # so a patch of a 34 x 46 grid is more than the ~6 px it is in the three-column layout.
+    enlarge = st.toggle("Enlarge the image and the map (wheel to zoom, drag to pan, double-click for the whole image)",
+                        key=ENLARGE_KEY)
+    picker_config = drawing.ZOOM_CONFIG if enlarge else PICKER_CONFIG
+    picker = partial(drawing.patch_picker_figure, fit_width=520 if enlarge else 300, zoomable=enlarge)
+    if enlarge:
+        col_image, col_overlay = st.columns(2, gap="medium")
+        col_prediction = st.container()
+    else:
+        col_image, col_overlay, col_prediction = st.columns([1, 1, 0.8], gap="medium")
+    with col_image:
+        st.subheader("Image")
+        st.plotly_chart(picker(shown.size, shown_uri, grid, query, prefix), key="patch_picker",
+                        on_select=partial(pick_query, "patch_picker", query_key, prefix), selection_mode="points",
+                        config=picker_config, width="stretch")
+        st.caption(f"**Click a patch** to make it the query. {escape_markdown(image_name)}, "
+                   f"{image.width}×{image.height} px; " + drawing.describe_input(analysis, image.size, box))
+    with col_overlay:
+        st.subheader("Attention")
+        st.plotly_chart(picker(shown.size, drawing.jpeg_data_uri(drawn), grid, query, prefix, show_grid=False),
+                        key="overlay_picker", on_select=partial(pick_query, "overlay_picker", query_key, prefix),
+                        selection_mode="points", config=picker_config, width="stretch")
+        low, high = drawing.map_range(map2d, vmin, vmax)
+        st.plotly_chart(drawing.colorbar_figure(low, high, map_colormap), config={"displayModeBar": False},
+                        theme=None, key="colorbar")
+        st.caption(drawing.describe_map(settings, analysis, class_names) + " " + drawing.describe_range(map2d, vmin,
+                                                                                                        vmax))
+        stem = Path(image_name).stem
+        download_png, download_npz = st.columns(2)
+        download_png.download_button(
+            "Overlay (PNG)", on_click="ignore", mime="image/png",
+            file_name=drawing.map_file_name(stem, settings, analysis, "overlay.png"),
+            data=partial(drawing.overlay_png, seen, map2d, opacity, map_colormap, mode, show_grid, outline, vmin, vmax,
+                         mask),
+            help=f"At the image's size as decoded (at most {MAX_SIDE:,} px on its long side), over the part the model "
+                 f"sees: {seen.width}×{seen.height} px.")
+        with download_npz.popover("Attentions (.npz)"):
+            npz_layers = st.radio("Layers", ["all", "this"], key="npz_layers", horizontal=True,
+                                  format_func=lambda v: "every layer" if v == "all" else f"layer {layer} only")
+            precision = st.radio("Precision", explorer.NPZ_PRECISIONS, key="npz_precision", horizontal=True)
+            chosen_layers = None if npz_layers == "all" else [layer - 1]
+            mb = (L if chosen_layers is None else 1) * H * T * T * (4 if precision == "float32" else 2) / 2**20
+            st.download_button(
+                f"Download (~{mb:,.1f} MB raw)", on_click="ignore", mime="application/octet-stream",
+                file_name=f"{stem}-attentions-{'all' if chosen_layers is None else f'L{layer}'}-{precision}.npz",
+                data=partial(explorer.attentions_npz, analysis, class_names, chosen_layers, precision),
+                help="layer_i: heads × tokens × tokens (token 0 is CLS), with logits and class names.")
+        if st.toggle("Deletion and insertion curves", key="faithfulness_curves",
+                     help="Is this map faithful? Patches are blurred away (deletion) or restored onto a blurred image "
+                          "(insertion), most relevant first, and the class probability is tracked: a faithful map "
+                          "makes deletion fall and insertion rise fast."):
+            st.plotly_chart(drawing.faithfulness_figure(checkpoint, image, map2d,
+                                                         explorer.resolved_class(settings, analysis), size=size),
+                            config={"displayModeBar": False}, width="stretch")  # the column's width: never clipped
+    with col_prediction:
+        st.subheader("Prediction")
+        prediction_box = st.empty()  # a CLIP's: the labels asked in words, which are read further down the page
+        if class_names:
+            prediction_box.plotly_chart(drawing.predictions_figure(prediction), config={"displayModeBar": False})
+        else:
+            prediction_box.info("No prediction: this model has no classifier (a feature model such as DINO). Its "
+                                "attention maps are shown all the same." + drawing.describe_embedding(analysis))
+        note = drawing.prediction_note(analysis)
+        if note and class_names:
+            st.caption(f":orange[{note}]")
+        st.image(model_input_preview(fingerprint, image_key, size, checkpoint, image), output_format="PNG")
+        st.caption("The model's input" + (", greyscale" if pre.num_channels == 1 else "")
+                   + (", inverted." if invert else "."))
+    return prediction_box

@@ -1,0 +1,174 @@
+"""The sidebar's attention map and overlay settings (only the controls the chosen map uses), and the main map."""
+
+from dataclasses import dataclass
+
+import numpy as np
+import streamlit as st
+from PIL import Image
+
+from pages.explorer_sections.caches import class_relevance, method_map
+from vit.app import drawing, explorer
+from vit.checkpoint import Checkpoint
+from vit.explain.attention import HEAD_FUSIONS
+from vit.explain.overlay import UPSAMPLE_MODES
+from vit.inference import InputSize
+
+
+@dataclass(frozen=True, eq=False)
+class MapChoice:
+    """What the sidebar set: the map (``settings``, 0-based layer) and how every map is drawn."""
+
+    settings: explorer.MapSettings
+    layer: int  # 1-based, as the sidebar shows it; the heads grid and the matrix read it for every map
+    tokens: list[int]  # the query tokens offered (registers hidden or not)
+    query_key: str  # the query's widget key: a click on a patch sets it
+    outline: int | None  # the query's patch, outlined, where the map has a query
+    opacity: float
+    colormap: str
+    scale: str
+    mode: str
+    show_grid: bool
+    mask_share: float | None  # the attention-mass contour's share, None when off
+
+
+@dataclass(frozen=True, eq=False)
+class MainMap:
+    """The main map (grid_h, grid_w) and its colours: signed maps diverge around 0."""
+
+    map2d: np.ndarray
+    colormap: str
+    vmin: float | None
+    vmax: float | None
+    mask: np.ndarray | None
+
+
+def choose_map(analysis: explorer.Analysis, class_names: list[str], model_key: str) -> MapChoice:
+    """The sidebar's "Attention map" and "Overlay" controls."""
+    prediction, grid, prefix = analysis.prediction, analysis.grid, analysis.num_prefix_tokens
+    L, H, T = analysis.num_layers, analysis.num_heads, analysis.num_tokens
+    names = analysis.prefix_names  # CLS, DIST, REG 1…R
+    with st.sidebar:
+        st.header("Attention map")
+        kinds = explorer.map_kinds(analysis, bool(class_names))  # no class map without classes; the probe's for SigLIP
+        # The newer methods share one entry (a second picker), which keeps the sidebar short.
+        choices = [k for k in kinds if k not in explorer.METHOD_MAP_KINDS] + [explorer.MORE_METHODS]
+        st.session_state["map_kind"] = explorer.map_choice(  # a model change resets what no longer fits
+            st.session_state.get("map_kind"), st.session_state.get("map_default"), choices,
+            st.session_state.get("map_model") != model_key)
+        st.session_state["map_model"], st.session_state["map_default"] = model_key, choices[0]
+        kind = st.radio("Map", choices, key="map_kind",
+                        format_func=lambda k: explorer.MAP_KINDS.get(k, explorer.MORE_METHODS_LABEL))
+        if kind == explorer.MORE_METHODS:
+            methods = [k for k in explorer.METHOD_MAP_KINDS if class_names or k not in explorer.CLASS_MAP_KINDS]
+            kind = st.selectbox("Method", methods, format_func=explorer.MAP_KINDS.get, key="method_kind",
+                                help="LeGrad, LRP and AttnLRP explain a class; attention flow, like rollout, "
+                                     "follows attention and the residual, as a max-flow (slow).")
+        controls = explorer.MAP_CONTROLS[kind]
+        hide_registers = False
+        if prefix > 1:
+            hide_registers = st.checkbox(f"Hide the {prefix - 1} register/extra prefix token(s)", key="hide_registers",
+                                         help="Leaves them out of the query list and the attention matrix.")
+        tokens = explorer.visible_tokens(T, prefix, hide_registers)
+        # The class-specific map reads from CLS unless a query is picked for it here: a patch clicked for
+        # another map would make it a self-blob.
+        query_key = f"class-query-{model_key}" if kind in explorer.CLASS_MAP_KINDS else f"query-{model_key}"
+        st.session_state.setdefault(query_key, 0)
+        grid_key = f"{query_key}-grid"  # the grid the query was picked on: keep its place when the grid changes
+        if st.session_state.get(grid_key) not in (None, tuple(grid)):
+            st.session_state[query_key] = explorer.remap_query(st.session_state[query_key], st.session_state[grid_key],
+                                                               tuple(grid), prefix)
+        st.session_state[grid_key] = tuple(grid)
+        if st.session_state[query_key] not in tokens:
+            st.session_state[query_key] = 0
+        query, layer, head, fusion, discard_ratio, end_layer, class_index = 0, L, None, "mean", 0.0, L, None
+        if "class" in controls:
+            class_index = st.selectbox(
+                "Class", [-1, *range(len(class_names))], key=f"class-{model_key}",
+                format_func=lambda c: f"predicted: {class_names[prediction.class_index]}" if c == -1
+                else class_names[c])
+            class_index = None if class_index == -1 else class_index
+        if "query" in controls:
+            query = st.selectbox("Query token" + (" (for the class map)" if kind in explorer.CLASS_MAP_KINDS else ""),
+                                 tokens,
+                                 key=query_key, format_func=lambda t: drawing.token_option(t, grid, prefix, names),
+                                 help="Whose attention to show: CLS (token 0), another prefix token (DIST, REG) or a "
+                                      "patch, numbered row by row. "
+                                      "Clicking a patch on the image selects it too.")
+        if "layer" in controls:
+            st.session_state.setdefault(f"layer-{model_key}", L)
+            layer = st.select_slider("Layer", range(1, L + 1), key=f"layer-{model_key}",
+                                     help="1 is the first block. Also for the heads grid and the matrix.")
+        if "head" in controls:
+            head = st.selectbox("Head", [-1, *range(H)], key=f"head-{model_key}",
+                                format_func=lambda h: "all heads, fused" if h == -1 else f"head {h + 1}")
+            head = None if head == -1 else head
+        if "fusion" in controls and (kind not in ("attention", "probe") or head is None):
+            fusion = st.radio("Head fusion", HEAD_FUSIONS, horizontal=True, key="fusion",
+                              help="How heads combine: for 'all heads, fused' and in the rollout.")
+        if "end_layer" in controls:
+            st.session_state.setdefault(f"end-{model_key}", L)
+            end_layer = st.select_slider("Up to layer", range(1, L + 1), key=f"end-{model_key}",
+                                         help="Roll out from layer 1 through this layer.")
+        if "discard_ratio" in controls:
+            st.session_state.setdefault("discard_ratio", 0.0)
+            discard_ratio = st.slider("Discard ratio", 0.0, 0.95, step=0.05, key="discard_ratio",
+                                      help="Share of each row's weakest patch attentions set to zero before "
+                                           "rolling out; higher values keep only the strongest paths.")
+        if "layer" not in controls:  # the heads grid and the matrix still need a layer
+            layer = st.session_state.get(f"layer-{model_key}", L)
+
+        st.header("Overlay")
+        st.session_state.setdefault("opacity", 0.6)
+        opacity = st.slider("Opacity", 0.0, 1.0, step=0.05, key="opacity")
+        colormap = st.selectbox("Colour map", drawing.COLORMAPS, key="colormap")
+        scale = st.radio("Colour scale", list(drawing.COLOUR_SCALES), format_func=drawing.COLOUR_SCALES.get,
+                         key="colour_scale", help="Each map stretched to its own range makes a near-uniform map look "
+                                                  "structured; 0 to max, or one range for all heads, compares them.")
+        mode = st.radio("Upsampling", UPSAMPLE_MODES[::-1], horizontal=True, key="upsample",
+                        help="bilinear: smooth between patch centres; nearest: one flat block per patch (exact "
+                             "values).")
+        show_grid = st.checkbox("Show the patch grid", key="show_grid")
+        masked = st.checkbox("Attention-mass contour (DINO)", key="mass_mask",
+                             help="Outline the patches that hold the chosen share of the map's mass, per head in the "
+                                  "heads grid (Caron et al. 2021).")
+        st.session_state.setdefault("mask_share", 0.6)
+        share = st.slider("Share of the mass", 0.05, 0.95, step=0.05, key="mask_share", disabled=not masked)
+    settings = explorer.MapSettings(kind=kind, layer=layer - 1, head=head, fusion=fusion, query=query,
+                                    discard_ratio=discard_ratio, end_layer=end_layer - 1, class_index=class_index)
+    outline = explorer.patch_of(query, prefix) if "query" in controls else None
+    return MapChoice(settings, layer, tokens, query_key, outline, opacity, colormap, scale, mode, show_grid,
+                     share if masked else None)
+
+
+def main_map(checkpoint: Checkpoint, fingerprint: tuple, image: Image.Image, image_key: str, size: InputSize,
+             analysis: explorer.Analysis, choice: MapChoice) -> MainMap:
+    """The map the sidebar chose, computed (a class map or a method's, once per settings); stops the page with
+    the reason when the model cannot give it."""
+    settings, colormap, scale = choice.settings, choice.colormap, choice.scale
+    kind, query, fusion, layer, end_layer = (settings.kind, settings.query, settings.fusion, choice.layer,
+                                             settings.end_layer + 1)
+    relevance = None
+    if kind == "class":
+        try:
+            relevance = class_relevance(fingerprint, image_key, size, explorer.resolved_class(settings, analysis),
+                                        checkpoint, image)
+        except explorer.TooManyTokens as e:
+            st.error(str(e))
+            st.stop()
+    method_map2d = None
+    if kind in explorer.METHOD_MAP_KINDS:
+        try:
+            method_map2d = method_map(fingerprint, image_key, size, kind, explorer.resolved_class(settings, analysis),
+                                      query, end_layer - 1, fusion, checkpoint, image)
+        except ValueError as e:  # a model option the method does not support, too many tokens for a max-flow
+            st.error(str(e))
+            st.stop()
+    map2d = explorer.attention_map(analysis, settings, relevance, method_map2d)
+    map_colormap, vmin, vmax = drawing.map_colours(kind, map2d, colormap)  # signed maps: diverging, around 0
+    signed = kind in drawing.SIGNED_MAP_KINDS  # their symmetric range is kept whatever the colour scale
+    if scale == "zero" and not signed:
+        vmin, vmax = drawing.colour_range(map2d, scale)
+    elif scale == "shared" and kind == "attention":  # the range of this layer's heads, as in the heads grid
+        vmin, vmax = drawing.colour_range(explorer.head_maps(analysis, query, layer=layer - 1), scale)
+    mask = explorer.map_mask(map2d, choice.mask_share) if choice.mask_share is not None else None
+    return MainMap(map2d, map_colormap, vmin, vmax, mask)

@@ -1,0 +1,394 @@
+"""Mechanism: logit lens, head attribution, ablation, patching and phenomena, as tabs (issue 24).
+
+A fragment: a tab, a slider or a head switched off for the Ablation tab alone reruns this section only. Heads
+switched off "in every map on this page" change what every section shows, so a change of them reruns the page.
+"""
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import streamlit as st
+from PIL import Image
+
+from pages.explorer_sections.caches import UPLOAD_TYPES, analyse, decode_image
+from pages.explorer_sections.state import Shown, keep_settings
+from vit.app import drawing, explorer
+from vit.checkpoint import Checkpoint
+from vit.explain import figures
+from vit.explain.overlay import overlay
+from vit.images import ImageError, open_image
+from vit.inference import InputSize, input_shape
+from vit.sources.text_tower import has_text_tower
+from vit.text import escape_markdown
+
+TOGGLE_KEY, TABS_KEY, MODE_KEY, EVERYWHERE_KEY = "mechanism_view", "mechanism_tab", "ablation_mode", "ablate_everywhere"
+REFERENCES_KEY = "reference_uploads"
+# Drawn in one tab only: kept while another tab is open (heads switched off "in every map" came back on).
+KEPT = ("ablation_mode", "ablation_grid", "ablate", "corrupted-", "patch_positions", "norm_threshold", "tt_register")
+
+
+def ablate_key(model_key: str) -> str:
+    """The key of the heads switched off, per model (their labels depend on its layers and heads)."""
+    return f"ablate-{model_key}"
+
+
+@dataclass(frozen=True, eq=False)
+class References:
+    """The images mean ablation and test-time registers average over: the ones uploaded, else the samples."""
+
+    uploads: tuple  # Streamlit's uploaded files
+    keys: tuple[str, ...]  # what the means depend on: the uploads' ids or the samples' paths
+    label: str
+    invert: bool
+
+    def images(self):
+        """The reference images, decoded one at a time as they are read (at most REFERENCE_CHUNK held at once)."""
+        if len(self.uploads) > explorer.MAX_REFERENCE_IMAGES:
+            raise ValueError(f"{len(self.uploads)} reference images are uploaded; at most "
+                             f"{explorer.MAX_REFERENCE_IMAGES} are averaged: remove some")
+        if self.uploads:
+            for key, upload in zip(self.keys, self.uploads, strict=True):
+                yield decode_image(key, upload.name, self.invert, upload.getvalue())
+            return
+        for path in self.keys:
+            data = Path(path).read_bytes()
+            yield decode_image(explorer.image_digest(data), Path(path).name, self.invert, data)
+
+
+def references(uploads: list, samples: list[Path] | None, invert: bool) -> References:
+    if uploads:
+        return References(tuple(uploads), tuple(f"upload-{f.file_id}" for f in uploads),  # not hashed every rerun
+                          f"the {len(uploads)} uploaded reference images", invert)
+    keys = tuple(str(p) for p in (samples or [])[:explorer.MAX_REFERENCE_IMAGES])
+    return References((), keys, f"the {len(keys)} sample images", invert)
+
+
+@st.cache_resource(max_entries=4, show_spinner="Averaging the heads over the reference images…")
+def reference_means(fingerprint: tuple, key: tuple, _checkpoint: Checkpoint, _image: Image.Image,
+                    _references: References, _size: InputSize):
+    return explorer.reference_means(_checkpoint, _references.images(), _image, _size)
+
+
+def means_for(mode: str, full_fingerprint: tuple, full_checkpoint: Checkpoint, image: Image.Image, size: InputSize,
+              refs: References):
+    """(cache key, means) of the reference set on this image's grid for mean ablation; (None, None) for zero."""
+    if mode != "mean":
+        return None, None
+    pre = full_checkpoint.preprocessing
+    shape = input_shape(image, pre, full_checkpoint.model.config.patch_size, size)
+    key = (size, shape, refs.invert, refs.keys)  # what the means depend on
+    return key, reference_means(full_fingerprint, key, full_checkpoint, image, refs, size)
+
+
+def means_for_image(mode: str, view: Shown, refs: References):
+    return means_for(mode, view.full_fingerprint, view.full_checkpoint, view.image, view.size, refs)
+
+
+@st.cache_resource(max_entries=2, show_spinner="Switching the heads off…")
+def ablated_checkpoint(fingerprint: tuple, heads: tuple[tuple[int, int], ...], mode: str, means_key: tuple | None,
+                       _checkpoint: Checkpoint, _means) -> Checkpoint:
+    return explorer.ablated_checkpoint(_checkpoint, list(heads), mode, _means)
+
+
+def pick_references(samples: list[Path] | None, invert: bool) -> References:
+    """The sidebar's uploader of reference images, shown while Mechanism is open; without uploads, the samples."""
+    uploads = []
+    if st.session_state.get(TOGGLE_KEY):
+        uploads = st.sidebar.file_uploader(
+            "Reference images (mean ablation, test-time registers)", type=UPLOAD_TYPES, accept_multiple_files=True,
+            key=REFERENCES_KEY,
+            help=f"Up to {explorer.MAX_REFERENCE_IMAGES} images a head's mean output is taken over; without them, "
+                 "the checkpoint's sample images.") or []
+    return references(uploads, samples, invert)
+
+
+def with_heads_off(everywhere: tuple[tuple[str, ...], str] | None, checkpoint: Checkpoint, fingerprint: tuple,
+                   image: Image.Image, size: InputSize, refs: References) -> tuple[Checkpoint, tuple, tuple | None]:
+    """(checkpoint, fingerprint, mean_ablated) the page is drawn with: the model with the heads of ``everywhere``
+    ablated in its weights, said on the page, else the model as loaded. ``mean_ablated``: (the full checkpoint,
+    the heads) while heads are mean-ablated."""
+    if everywhere is None:
+        return checkpoint, fingerprint, None
+    heads_off_labels, everywhere_mode = everywhere
+    try:
+        heads_off = tuple(explorer.parse_head_labels(heads_off_labels))
+        means_key, means_off = means_for(everywhere_mode, fingerprint, checkpoint, image, size, refs)
+        ablated = ablated_checkpoint(fingerprint, heads_off, everywhere_mode, means_key, checkpoint, means_off)
+    except (ValueError, ImageError, OSError, explorer.TooManyTokens) as e:
+        st.warning(escape_markdown(e))
+        return checkpoint, fingerprint, None
+    over = f" over {escape_markdown(refs.label)}" if everywhere_mode == "mean" else ""
+    st.info(f"Heads {escape_markdown(', '.join(heads_off_labels))} are switched off ({everywhere_mode} "
+            f"ablation{over}) in the prediction and in every map on this page. Switch them on again under "
+            "Mechanism → Ablation.")
+    return (ablated, (fingerprint, f"{everywhere_mode}-ablated", heads_off, means_key),
+            (checkpoint, heads_off) if everywhere_mode == "mean" else None)
+
+
+def heads_off_everywhere(model_key: str) -> tuple[tuple[str, ...], str] | None:
+    """(head labels, ablation mode) while heads are switched off in every map on the page; else None."""
+    heads = tuple(st.session_state.get(ablate_key(model_key)) or [])
+    if heads and st.session_state.get(TOGGLE_KEY) and st.session_state.get(EVERYWHERE_KEY):
+        return heads, st.session_state.get(MODE_KEY, "zero")
+    return None
+
+
+@st.cache_resource(max_entries=8, show_spinner="Looking inside the mechanism…")
+def mechanism_view(fingerprint: tuple, digest: str, size: InputSize, class_index: int | None, words_key: tuple | None,
+                   _checkpoint: Checkpoint, _image: Image.Image, _asked) -> explorer.MechanismView:
+    return explorer.mechanism_view(_checkpoint, _image, class_index, size, _asked)
+
+
+@st.cache_resource(max_entries=8, show_spinner="Switching the heads off…")
+def ablation_view(fingerprint: tuple, digest: str, size: InputSize, heads: tuple[tuple[int, int], ...], mode: str,
+                  means_key: tuple | None, _checkpoint: Checkpoint, _image: Image.Image, _means):
+    return explorer.ablation_view(_checkpoint, _image, list(heads), mode, _means, size)
+
+
+@st.cache_resource(max_entries=4, show_spinner="Finding the register neurons…")
+def registers_view(fingerprint: tuple, digest: str, size: InputSize, threshold: float, top_k: int,
+                   references_key: tuple, _checkpoint: Checkpoint, _image: Image.Image, _references: References,
+                   _mean_ablated=None):
+    return explorer.registers_view(_checkpoint, _image, _references.images(), threshold, top_k, size, _mean_ablated)
+
+
+@st.cache_resource(max_entries=8, show_spinner="Ablating each head in turn (one pass per layer)…")
+def ablation_effects(fingerprint: tuple, digest: str, size: InputSize, class_index: int, mode: str,
+                     means_key: tuple | None, _checkpoint: Checkpoint, _image: Image.Image, _means):
+    return explorer.ablation_effects(_checkpoint, _image, class_index, mode, _means, size)
+
+
+@st.cache_resource(max_entries=4, show_spinner="Patching the clean image's activations into the corrupted one…")
+def patching(fingerprint: tuple, digest: str, corrupted: str, size: InputSize, residual: bool,
+             _checkpoint: Checkpoint, _image: Image.Image, _corrupted_image: Image.Image):
+    return explorer.patching_view(_checkpoint, _image, _corrupted_image, size, residual)
+
+
+@st.fragment
+def mechanism(view: Shown, refs: References, samples: list[Path] | None, sample: Path | None,
+              everywhere: tuple[tuple[str, ...], str] | None, mean_ablated, asked) -> None:
+    """The Mechanism tabs. ``everywhere``: the heads the page was drawn with switched off (``heads_off_everywhere``);
+    ``mean_ablated``: (the full checkpoint, those heads) under mean ablation; ``asked``: the labels asked in words."""
+    keep_settings(KEPT)
+    checkpoint, fingerprint, image, image_key, size = (view.checkpoint, view.fingerprint, view.image, view.image_key,
+                                                       view.size)
+    full_checkpoint, full_fingerprint, model_key = view.full_checkpoint, view.full_fingerprint, view.model_key
+    analysis, class_names, class_index, layer = view.analysis, view.class_names, view.settings.class_index, view.layer
+    prediction, grid, prefix, names = (analysis.prediction, analysis.grid, analysis.num_prefix_tokens,
+                                       analysis.prefix_names)
+    L, H, T = analysis.num_layers, analysis.num_heads, analysis.num_tokens
+    small, shown, opacity, colormap, mode, show_grid = (view.small, view.shown, view.opacity, view.colormap,
+                                                         view.mode, view.show_grid)
+    mechanism_class = class_index if class_names else None
+    lens_prompts = asked.prompts if asked is not None and not class_names else None
+    words_key = (tuple(lens_prompts.labels), tuple(lens_prompts.templates)) if lens_prompts is not None else None
+    try:
+        mech = mechanism_view(fingerprint, image_key, size, mechanism_class, words_key, checkpoint, image,
+                              lens_prompts)
+    except (ValueError, explorer.TooManyTokens) as e:  # MechanismError: a model option the walk does not know
+        st.warning(f"The mechanism view cannot analyse this model: {escape_markdown(e)}")
+    else:
+        names_mech = [f"{i + 1}.{h + 1}" for i in range(L) for h in range(H)]
+        lens_tab, dla_tab, ablation_tab, patching_tab, phenomena_tab = st.tabs(
+            ["Logit lens", "Head attribution", "Ablation", "Patching", "Phenomena"], key="mechanism_tab",
+            on_change="rerun")
+        class_label = escape_markdown(class_names[mech.class_index]) if class_names else ""
+        if lens_tab.open:
+            with lens_tab:
+                lens_names = class_names or mech.lens_labels
+                if not lens_names:
+                    st.info("This model has no classifier, so there is no class to read from its tokens"
+                            + (": type labels under “Ask in words” and the lens reads them." if
+                               has_text_tower(checkpoint) else "."))
+                else:
+                    lens_label = escape_markdown(lens_names[mech.class_index])
+                    reader = ("final norm and head" if class_names else
+                              "final norm, projection and cosine to the typed labels (the zero-shot read-out)")
+                    cells = drawing.small_multiples(small, mech.lens_maps, opacity, colormap, mode, scale="zero")
+                    st.image(drawing.heads_grid_image(cells, columns=min(len(cells), 7)), output_format="PNG")
+                    st.caption(f"Each patch's probability of {lens_label} when the model's {reader} read it "
+                               "directly: after the embedding, then after each of the "
+                               f"{L} layers (row by row), each map from 0 to its own maximum.")
+                    st.dataframe({"after": ["embedding"] + [f"layer {i + 1}" for i in range(L)],
+                                  **{f"top {k + 1}": [f"{lens_names[row[k][0]]} ({row[k][1]:.1%})"
+                                                      if k < len(row) else "" for row in mech.lens_top]
+                                     for k in range(3)}}, hide_index=True)
+                    st.caption("The pooled read-out (what the " + ("classifier" if class_names else "zero-shot "
+                               "classifier over the typed labels") + " reads) of each layer's tokens: its top 3.")
+        if dla_tab.open:
+            with dla_tab:
+                if not class_names:
+                    st.info("This model has no classifier, so there is no logit to attribute.")
+                else:
+                    st.plotly_chart(figures.layer_head_figure(mech.dla_heads, "Direct logit attribution",
+                                                              "logit", mech.dla_mlps), theme=None,
+                                    key="dla_figure")
+                    parts = mech.dla_heads.sum() + mech.dla_mlps.sum() + sum(mech.dla_rest.values())
+                    st.caption(f"Each head's and MLP's direct contribution to the logit of {class_label} "
+                               f"({mech.logit:.4g}), through the final norm with its scale fixed at the last "
+                               "layer (TransformerLens's apply_ln_to_stack). Heads "
+                               f"({mech.dla_heads.sum():.4g}) + MLPs ({mech.dla_mlps.sum():.4g}) + "
+                               + " + ".join(f"{k} ({v:.4g})" for k, v in mech.dla_rest.items())
+                               + f" = {parts:.4g}, the logit.")
+        if ablation_tab.open:
+            with ablation_tab:
+                if not class_names:
+                    st.info("This model has no classifier: heads switched off here change every map on this page"
+                            + (" and the scores and maps of the labels asked in words" if has_text_tower(checkpoint)
+                               else "") + ", with “Every map on this page” on.")
+                ablation_mode = st.radio("Ablation", ["zero", "mean"], horizontal=True, key="ablation_mode",
+                                         disabled=not refs.keys,
+                                         format_func={"zero": "zero the head's output",
+                                                      "mean": "its mean over reference images"}.get,
+                                         help="Mean ablation replaces a head's output, at each token "
+                                              "position, by its average over the reference images (sidebar; "
+                                              "without uploads, the checkpoint's sample images) at this "
+                                              "input size.")
+                if ablation_mode == "mean":
+                    st.caption(f"Means over {escape_markdown(refs.label)}, each at this image's "
+                               "input size.")
+                elif not refs.keys:
+                    st.caption("Upload reference images in the sidebar to ablate heads to their mean.")
+                try:
+                    means_key, means = means_for_image(ablation_mode, view, refs)
+                    chosen_heads = st.multiselect("Switch heads off (layer.head)", names_mech,
+                                                  key=f"ablate-{model_key}")
+                    st.toggle("Every map on this page with these heads off", key="ablate_everywhere",
+                              help="The prediction (or the labels asked in words), the attention maps, rollout, "
+                                   "class maps, LeGrad, AttnLRP and flow all computed by the model with the "
+                                   "chosen heads' outputs zeroed or replaced by their means.")
+                    if heads_off_everywhere(model_key) != everywhere:  # what every section shows changed
+                        st.rerun(scope="app")
+                    if chosen_heads and class_names:
+                        ablated = ablation_view(full_fingerprint, image_key, size,
+                                                tuple(explorer.parse_head_labels(chosen_heads)), ablation_mode,
+                                                means_key, full_checkpoint, image, means)
+                        full_prediction = prediction if checkpoint is full_checkpoint else analyse(
+                            full_fingerprint, image_key, size, full_checkpoint, image).prediction
+                        before, after = st.columns(2)
+                        before.plotly_chart(drawing.predictions_figure(full_prediction),
+                                            config={"displayModeBar": False}, key="ablation_before")
+                        before.caption("All heads on.")
+                        after.plotly_chart(drawing.predictions_figure(ablated.prediction),
+                                           config={"displayModeBar": False}, key="ablation_after")
+                        after.caption(f"Heads {', '.join(chosen_heads)} off ({ablation_mode} ablation): "
+                                      f"predicts {escape_markdown(ablated.prediction.label)}.")
+                        before.image(overlay(shown, ablated.rollout_on, opacity, colormap, mode), output_format="PNG")
+                        before.caption("The CLS rollout with all heads on.")
+                        after.image(overlay(shown, ablated.rollout_off, opacity, colormap, mode),
+                                    output_format="PNG")
+                        after.caption("The CLS rollout with those heads off: later layers attend differently.")
+                    if class_names and st.toggle(f"Each head alone ({L} passes)", key="ablation_grid"):
+                        effects = ablation_effects(full_fingerprint, image_key, size, mech.class_index,
+                                                   ablation_mode, means_key, full_checkpoint, image, means)
+                        st.plotly_chart(figures.layer_head_figure(effects, "Logit change when one head is "
+                                                                  "ablated", "Δ logit"), theme=None,
+                                        key="ablation_figure")
+                        st.caption(f"The change of the logit of {class_label} when each head alone is "
+                                   f"ablated ({ablation_mode}); negative: the head helped this class.")
+                except (ValueError, ImageError) as e:
+                    st.warning(escape_markdown(e))
+        if patching_tab.open:
+            with patching_tab:
+                others = [p for p in (samples or []) if p != sample]
+                corrupted_upload = None
+                if class_names:
+                    corrupted_upload = st.file_uploader(
+                        "Corrupted image (this image is the clean one): upload one", type=UPLOAD_TYPES,
+                        key="corrupted_upload", help="Any image; it is seen at the same input size as this one.")
+                if not class_names or not (others or corrupted_upload):
+                    st.info("Patching needs a classifier and a second image: upload one above"
+                            + (", or pick one of the checkpoint's other sample images." if class_names and others
+                               else "." if class_names else "."))
+                else:
+                    corrupted_path = None
+                    if corrupted_upload is None:
+                        corrupted_path = st.selectbox("…or one of the sample images", others,
+                                                      format_func=explorer.sample_label, key=f"corrupted-{model_key}")
+                    every_position = st.toggle(f"Every layer and token too ({L} × {T} passes)",
+                                               key="patch_positions")
+                    try:
+                        if corrupted_upload is not None:
+                            data_b = corrupted_upload.getvalue()
+                            corrupted_key = f"upload-{explorer.image_digest(data_b)}"
+                            corrupted_image = decode_image(corrupted_key, corrupted_upload.name, refs.invert, data_b)
+                        else:
+                            corrupted_key = str(corrupted_path)
+                            corrupted_image = open_image(Path(corrupted_path).read_bytes(),
+                                                         name=Path(corrupted_path).name)
+                        patched = patching(fingerprint, image_key, corrupted_key, size, every_position,
+                                           checkpoint, image, corrupted_image)
+                    except (ValueError, ImageError, OSError) as e:
+                        st.warning(escape_markdown(e))
+                    else:
+                        a, b = class_names[patched.clean_class], class_names[patched.corrupted_class]
+                        st.plotly_chart(figures.layer_head_figure(patched.heads, "Recovered by patching one head",
+                                                                  "recovered"), theme=None, key="patch_heads")
+                        if patched.residual is not None:
+                            labels = [drawing.short_token_label(t, grid, prefix, names) for t in range(T)]
+                            st.plotly_chart(figures.layer_token_figure(patched.residual, labels, "Recovered by "
+                                                                       "patching one token of one layer's input",
+                                                                       "recovered"), theme=None,
+                                            key="patch_residual")
+                        st.caption(f"Logit difference {escape_markdown(a)} − {escape_markdown(b)}: "
+                                   f"{patched.clean_difference:.3g} on this image, {patched.corrupted_difference:.3g}"
+                                   " on the corrupted one. Each cell: the share of that difference restored when "
+                                   "this image's activation replaces the corrupted image's there (1 = all of it).")
+        if phenomena_tab.open:
+            with phenomena_tab:
+                layer_norms = mech.norms[layer]  # after the sidebar's layer
+                top_norm = float(mech.norms.max()) * 1.05 + 1e-6
+                if not 0.0 <= st.session_state.get("norm_threshold", -1.0) <= top_norm:  # new image or model
+                    st.session_state["norm_threshold"] = top_norm / 2
+                threshold = st.slider("High-norm threshold", 0.0, top_norm, key="norm_threshold",
+                                      help="Tokens whose norm is over it count as high-norm (Darcet et al. 2023).")
+                high = layer_norms > threshold
+                left, right = st.columns(2)
+                left.plotly_chart(figures.norm_histogram_figure(layer_norms, threshold, f"Token norms after layer "
+                                                                                     f"{layer}"),
+                                  theme=None, key="norm_histogram")
+                patches_high = high[prefix:].reshape(grid).astype(np.float32)
+                right.image(overlay(shown, patches_high, opacity, colormap, "nearest", show_grid=show_grid,
+                                    vmin=0.0, vmax=1.0), output_format="PNG")
+                prefix_high = [names[i] for i in range(prefix) if high[i]]
+                right.caption(f"{int(high[prefix:].sum())} of {grid[0] * grid[1]} patches over {threshold:.3g} "
+                              f"after layer {layer} (lit)" + (f"; prefix tokens over it: {', '.join(prefix_high)}"
+                                                              if prefix_high else "") + ".")
+                st.plotly_chart(figures.massive_activations_figure(mech.massive, "Massive activations"),
+                                theme=None, key="massive_figure")
+                st.caption("Per layer, the three largest |activations| of the block output over all tokens and "
+                           "channels, and their median (Sun et al. 2024).")
+                hover = np.array([[f"<br>strongest sink: {drawing.short_token_label(int(t), grid, prefix, names)}"
+                                   f"<br>its value norm: {v:.3g}" for t, v in zip(tr, vr, strict=True)]
+                                  for tr, vr in zip(mech.sink_token, mech.sink_value_norm, strict=True)])
+                st.plotly_chart(figures.layer_head_figure(mech.sink_mass, "Attention sinks", "mass",
+                                                          signed=False, hover=hover), theme=None,
+                                key="sink_figure")
+                st.caption("Per head, the share of attention (averaged over queries) that its most attended key "
+                           "token receives; hover for that token and the norm of its value vector, which is small "
+                           "for a sink that only soaks up attention.")
+                if class_names and st.toggle("Test-time register (Jiang et al. 2025)", key="tt_register",
+                                             help="Find the register neurons (outliers: last-layer norms over the "
+                                                  "threshold above, on this image and the reference images), add "
+                                                  "one extra token and move those neurons' activations onto it."):
+                    top_k = st.number_input("Register neurons", 1, 200, 10, key="tt_register_neurons")
+                    try:
+                        registers = registers_view(fingerprint, image_key, size, threshold, int(top_k),
+                                                   (refs.invert, refs.keys), checkpoint, image, refs,
+                                                   mean_ablated)
+                    except (ValueError, ImageError, OSError) as e:
+                        st.warning(escape_markdown(e))
+                    else:
+                        cells = drawing.small_multiples(small, np.stack([registers.attention_before,
+                                                                         registers.attention_after,
+                                                                         registers.norms_before,
+                                                                         registers.norms_after]),
+                                                        opacity, colormap, mode)
+                        st.image(drawing.heads_grid_image(cells, columns=4), output_format="PNG")
+                        shown_neurons = ", ".join(f"{layer + 1}.{neuron}" for layer, neuron, _ in
+                                                  registers.neurons[:10])
+                        st.caption("Left to right: the last layer's CLS attention before and after the test-time "
+                                   "register, then the patch norms after the last layer before and after. "
+                                   f"Register neurons (layer.neuron): {shown_neurons}"
+                                   + (" …" if len(registers.neurons) > 10 else "") + ".")
