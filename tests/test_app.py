@@ -1113,3 +1113,20 @@ def test_the_explorer_refuses_an_image_named_outside_the_folder_it_was_analysed_
     assert any("Cannot open this image: zero is not inside the analysed folder" in e.value for e in at.error)
     at = run_app(explorer_image=str(tmp_path / "x.png"))  # no folder handed over: not an analysed image
     assert any("not an image of a folder this visit analysed" in e.value for e in at.error)
+
+
+def test_the_matrix_and_the_npz_past_the_memory_bound_are_refused_on_the_page_not_raised(default_world, monkeypatch):
+    # At high resolution the gate lets inputs through whose whole T x T matrices do not fit (maps come in chunks):
+    # the matrix tab and the .npz download must say so, not raise.
+    def too_big(analysis, matrices, what):
+        raise explorer.TooManyTokens(f"{what} is over the limit (VIT_ANALYSIS_MEMORY_MB)")
+
+    monkeypatch.setattr(explorer, "check_matrix_fits", too_big)
+    at = run_app()
+    assert not at.exception
+    assert any("every head of the chosen layers" in c.value for c in at.caption)  # shown escaped, as plain text
+    assert not [b for b in at.get("download_button") if "Attentions" in b.label or "raw" in b.label]
+    at.session_state["analysis_tab"] = "Attention matrix"
+    at.run()
+    assert not at.exception
+    assert any("over the limit" in w.value for w in at.warning)

@@ -13,6 +13,7 @@ from pages.explorer_sections.main_view import PICKER_CONFIG
 from pages.explorer_sections.state import Shown, keep_settings
 from vit.app import drawing, explorer
 from vit.explain import figures
+from vit.text import escape_markdown
 
 TABS_KEY, EVERY_LAYER_KEY, GRID_KEY = "analysis_tab", "every_layer", "heads_grid"
 TABS = ("Heads", "Attention matrix", "Distance & entropy")
@@ -62,16 +63,21 @@ def analyses(view: Shown) -> None:
     if matrix_tab.open:
         with matrix_tab:
             heads_text = f"head {head + 1}" if head is not None else f"{settings.fusion} over heads"
-            matrix = explorer.layer_attention(analysis, layer - 1, head, settings.fusion)[0].numpy()  # (T, T)
-            st.plotly_chart(drawing.attention_matrix_figure(matrix, grid, prefix, view.colormap, query=query,
-                                                             tokens=view.tokens, title=f"Layer {layer}, {heads_text}",
-                                                             prefix_names=names),
-                            theme=None)  # Streamlit's chart theme recolours the low end of the colour scale
-            pooled = len(view.tokens) > drawing.MATRIX_MAX_CELLS
-            st.caption(f"Row i is what token i attends to (each row sums to 1); "
-                       f"{drawing.tokens_caption(grid, prefix, names)}. The outlined row is the query, {query_text}."
-                       + (f" {len(view.tokens):,} tokens are shown as block averages; hover for the token ranges."
-                          if pooled else ""))
+            try:
+                matrix = explorer.layer_attention(analysis, layer - 1, head, settings.fusion)[0].numpy()  # (T, T)
+            except explorer.TooManyTokens as e:  # past the memory bound even one T x T matrix is not drawn
+                st.warning(escape_markdown(e))
+                matrix = None
+            if matrix is not None:
+                figure = drawing.attention_matrix_figure(matrix, grid, prefix, view.colormap, query=query,
+                                                         tokens=view.tokens, title=f"Layer {layer}, {heads_text}",
+                                                         prefix_names=names)
+                st.plotly_chart(figure, theme=None)  # Streamlit's chart theme recolours the low end of the colour scale
+                pooled = len(view.tokens) > drawing.MATRIX_MAX_CELLS
+                st.caption(f"Row i is what token i attends to (each row sums to 1); "
+                           f"{drawing.tokens_caption(grid, prefix, names)}. The outlined row is the query, "
+                           f"{query_text}." + (f" {len(view.tokens):,} tokens are shown as block averages; hover for "
+                                               "the token ranges." if pooled else ""))
     if stats_tab.open:
         with stats_tab:
             distance, entropy = analysis.stats()

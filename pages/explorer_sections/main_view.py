@@ -85,11 +85,16 @@ def main_view(view: Shown, main: MainMap, query_key: str, image_name: str, seen:
             precision = st.radio("Precision", explorer.NPZ_PRECISIONS, key="npz_precision", horizontal=True)
             chosen_layers = None if npz_layers == "all" else [layer - 1]
             mb = (L if chosen_layers is None else 1) * H * T * T * (4 if precision == "float32" else 2) / 2**20
-            st.download_button(
-                f"Download (~{mb:,.1f} MB raw)", on_click="ignore", mime="application/octet-stream",
-                file_name=f"{stem}-attentions-{'all' if chosen_layers is None else f'L{layer}'}-{precision}.npz",
-                data=partial(explorer.attentions_npz, analysis, class_names, chosen_layers, precision),
-                help="layer_i: heads × tokens × tokens (token 0 is CLS), with logits and class names.")
+            try:
+                explorer.check_npz_fits(analysis, chosen_layers, precision)
+            except explorer.TooManyTokens as e:  # refused before the button, not when its data is built
+                st.caption(escape_markdown(e))
+            else:
+                st.download_button(
+                    f"Download (~{mb:,.1f} MB raw)", on_click="ignore", mime="application/octet-stream",
+                    file_name=f"{stem}-attentions-{'all' if chosen_layers is None else f'L{layer}'}-{precision}.npz",
+                    data=partial(explorer.attentions_npz, analysis, class_names, chosen_layers, precision),
+                    help="layer_i: heads × tokens × tokens (token 0 is CLS), with logits and class names.")
         if st.toggle("Deletion and insertion curves", key="faithfulness_curves",
                      help="Is this map faithful? Patches are blurred away (deletion) or restored onto a blurred image "
                           "(insertion), most relevant first, and the class probability is tracked: a faithful map "

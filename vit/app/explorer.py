@@ -546,16 +546,23 @@ def looks_inverted(image: Image.Image, preprocessing: Preprocessing) -> bool:
 NPZ_PRECISIONS = ("float32", "float16")
 
 
+def check_npz_fits(analysis: Analysis, layers: Sequence[int] | None = None, precision: str = "float32") -> None:
+    """``TooManyTokens`` when ``attentions_npz`` of these layers would be over the memory limit per image: the page
+    asks before it offers the download, whose data is built only when it is clicked."""
+    if precision not in NPZ_PRECISIONS:
+        raise ValueError(f"unknown precision {precision!r}; choose one of: {', '.join(NPZ_PRECISIONS)}")
+    count = analysis.num_layers if layers is None else len(layers)
+    check_matrix_fits(analysis, count * analysis.num_heads * (4 if precision == "float32" else 3) // 2,
+                      "This .npz (every head of the chosen layers, held to be downloaded)")
+
+
 def attentions_npz(analysis: Analysis, class_names: list[str], layers: Sequence[int] | None = None,
                    precision: str = "float32") -> bytes:
     """Attentions (``layer_i``: heads x tokens x tokens) of ``layers`` (default every layer) with the logits,
     classes and geometry; ``float16`` halves the file, for big inputs."""
-    if precision not in NPZ_PRECISIONS:
-        raise ValueError(f"unknown precision {precision!r}; choose one of: {', '.join(NPZ_PRECISIONS)}")
+    check_npz_fits(analysis, layers, precision)
     p = analysis.prediction
     chosen = range(analysis.num_layers) if layers is None else layers
-    check_matrix_fits(analysis, len(chosen) * analysis.num_heads * (4 if precision == "float32" else 3) // 2,
-                      "This .npz (every head of the chosen layers, held to be downloaded)")
     arrays = {f"layer_{i}": analysis.attentions[i][0].numpy().astype(precision) for i in chosen}
     distance, entropy = analysis.stats()
     return attentions_npz_bytes([], **arrays, logits=p.logits, probabilities=p.probabilities,
