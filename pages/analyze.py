@@ -13,6 +13,7 @@ from pathlib import Path
 
 import streamlit as st
 
+from pages.explorer_sections.checkpoint_picker import open_from_hub
 from vit.app import catalog, explorer
 from vit.checkpoint import CheckpointError
 from vit.evaluate import labelled_files
@@ -23,7 +24,6 @@ from vit.predict import UsageError
 from vit.runfiles import ROOT, default_runs_dir, parse_json, read_text_bounded
 from vit.runs import access, launch
 from vit.runs.launch import default_data_roots, folder_problem, hide_data_roots, resolve_dataset
-from vit.sources import hub
 from vit.sources.open import open_source
 from vit.text import escape_markdown, visible
 
@@ -45,22 +45,6 @@ if not gate.allows(st.session_state.get(access.UNLOCKED)):
     st.stop()
 
 
-def open_from_hub(text: str, may_download: bool) -> catalog.Candidate | None:
-    """The Hub model ``text`` names: the cached copy, else (for a visitor who may) its size on a Download
-    button and, once pressed, the download with a progress bar; None, with the reason shown, until it is there."""
-    try:
-        found, wanted = catalog.open_from_hub(text, may_download)
-        if wanted is not None:
-            st.caption(escape_markdown(wanted.summary))
-            if st.button(f"Download {hub.format_bytes(wanted.size)}", key="analyze_hub_download"):
-                bar = st.progress(0.0, text="Downloading…")
-                found = catalog.download_from_hub(wanted, lambda share, text: bar.progress(share, text=text))
-        return found
-    except CheckpointError as e:
-        st.error(escape_markdown(e))
-        return None
-
-
 # The explorer's choice of models: shipped checkpoints and runs, the HF cache, a path on the server, the Hub.
 HF_FILTER, OPEN_PATH = "Find in the HF cache", "Or open a path"
 hf_filter = ""
@@ -76,7 +60,7 @@ opened = st.text_input(OPEN_PATH, key="analyze_open_path", placeholder="/path/to
 hub_text = st.text_input("Or open from the Hub", key="analyze_open_hub", placeholder="google/vit-base-patch16-224",
                          help="ORG/NAME[@REVISION], hf-hub:ORG/NAME or a timm model name; downloaded into the Hugging "
                               "Face cache (its safetensors and configs, never code) when it is not there yet.").strip()
-from_hub = open_from_hub(hub_text, True) if hub_text else None  # past the gate: may download
+from_hub = open_from_hub(hub_text, True, st, "analyze_hub_download") if hub_text else None  # past the gate
 if from_hub is not None:
     candidates.append(from_hub)
     if str(from_hub.path) != st.session_state.get("analyze_opened_hub"):

@@ -14,16 +14,15 @@ import plotly.express as px
 import streamlit as st
 from streamlit.logger import get_logger
 
+from pages.explorer_sections.checkpoint_picker import open_from_hub
 from vit.app import catalog
 from vit.app.drawing import COLORMAPS
-from vit.checkpoint import CheckpointError
 from vit.explain import compare
 from vit.explain.attention import HEAD_FUSIONS
 from vit.explain.overlay import UPSAMPLE_MODES
 from vit.model import PRESETS
 from vit.runs import access, devices, launch
 from vit.runs import manager as runs
-from vit.sources import hub
 from vit.text import escape_markdown, escape_plotly, visible, visible_lines
 from vit.training import snapshots
 from vit.training.data import AUGMENTATIONS, BUILTIN_DATASETS
@@ -196,28 +195,12 @@ if st.session_state.get("train_devices") not in [c[0] for c in choices]:
 
 
 
-def open_from_hub(text: str) -> catalog.Candidate | None:
-    """The explorer's "Open from the Hub" (whoever reaches this form may download): the cached copy, else
-    the size on a Download button and, once pressed, the download with a progress bar; None until it is there."""
-    try:
-        found, wanted = catalog.open_from_hub(text, True)
-        if wanted is not None:
-            st.caption(escape_markdown(wanted.summary))
-            if st.button(f"Download {hub.format_bytes(wanted.size)}", key="train_hub_download"):
-                bar = st.progress(0.0, text="Downloading…")
-                found = catalog.download_from_hub(wanted, lambda share, text: bar.progress(share, text=text))
-        return found
-    except CheckpointError as e:
-        st.error(escape_markdown(e))
-        return None
-
-
 hub_text = st.text_input("Start from a model on the Hub", key="train_open_hub",
                          placeholder="google/vit-base-patch16-224",
                          help="ORG/NAME[@REVISION], hf-hub:ORG/NAME or a timm model name: downloaded into the Hugging "
                               "Face cache (its safetensors and configs, never code) when it is not there yet, then "
                               "chosen as the imported model below.").strip()
-from_hub = open_from_hub(hub_text) if hub_text else None
+from_hub = open_from_hub(hub_text, True, st, "train_hub_download") if hub_text else None  # past the gate
 if from_hub is not None and str(from_hub.path) not in models:
     st.session_state.setdefault("train_hub_models", []).append(from_hub)
     models[str(from_hub.path)] = catalog.describe_current(from_hub)

@@ -14,19 +14,21 @@ HF_FILTER, OPEN_PATH, OPEN_HUB = "Find in the HF cache", "Open a path", "Open fr
 CHOICE_KEY = "explorer_checkpoint_choice"
 
 
-def open_from_hub(text: str, may_download: bool) -> catalog.Candidate | None:
-    """The Hub model ``text`` names: the cached copy, else (for a visitor who may) its size on a Download
-    button and, once pressed, the download with a progress bar; None, with the reason shown, until it is there."""
+def open_from_hub(text: str, may_download: bool, place=st.sidebar, key: str = "explorer_hub_download"
+                  ) -> catalog.Candidate | None:
+    """The Hub model ``text`` names, drawn in ``place`` (the sidebar, or ``st`` for a page's body): the cached copy,
+    else (for a visitor who may) its size on a Download button and, once pressed, the download with a progress
+    bar; None, with the reason shown, until it is there. The explorer, the Analyse and the Train page share it."""
     try:
         found, wanted = catalog.open_from_hub(text, may_download)
         if wanted is not None:
-            st.sidebar.caption(escape_markdown(wanted.summary))
-            if st.sidebar.button(f"Download {hub.format_bytes(wanted.size)}", key="explorer_hub_download"):
-                bar = st.sidebar.progress(0.0, text="Downloading…")
+            place.caption(escape_markdown(wanted.summary))
+            if place.button(f"Download {hub.format_bytes(wanted.size)}", key=key):
+                bar = place.progress(0.0, text="Downloading…")
                 found = catalog.download_from_hub(wanted, lambda share, text: bar.progress(share, text=text))
         return found
     except CheckpointError as e:
-        st.sidebar.error(escape_markdown(e))
+        place.error(escape_markdown(e))
         return None
 
 
