@@ -17,7 +17,7 @@ from vit import explorer
 
 ROOT = Path(__file__).resolve().parent.parent
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
-COMMANDS = ("predict", "train", "evaluate", "convert", "analyze", "faithfulness")
+COMMANDS = ("predict", "train", "evaluate", "convert", "analyze", "faithfulness", "sae")
 
 
 def requirement_lines(path: Path) -> set[str]:
