@@ -134,6 +134,16 @@ def head_captions(at: AppTest) -> list[str]:
     return [text for fig in grids for trace in fig["data"] for text in trace.get("text", [])]
 
 
+def open_by_path(at: AppTest, folder: Path) -> AppTest:
+    """Type ``folder`` into the sidebar's "Open a path", upload a photo, and check that the model it names is shown."""
+    sidebar_widget(at, "text_input", "Open a path").set_value(str(folder))
+    at.run()
+    assert not at.exception, [e.message for e in at.exception]
+    upload(at, "photo.png", png_bytes(40, 30))
+    assert sidebar_widget(at, "selectbox", "Checkpoint").value == str(folder)
+    return at
+
+
 def upload(at: AppTest, name: str, data: bytes, mime: str = "image/png") -> AppTest:
     at.sidebar.file_uploader[0].set_value((name, data, mime))
     at.run()

@@ -5,7 +5,7 @@ import json
 import pytest
 import torch
 from safetensors.torch import save_file
-from test_app import dirs, png_bytes, run_app, sidebar_widget, upload, write_checkpoint  # noqa: F401 (a fixture)
+from test_app import dirs, open_by_path, png_bytes, run_app, sidebar_widget, upload, write_checkpoint  # noqa: F401 (a fixture)
 from test_catalog import tiny_hf_cache
 
 from vit.app import catalog
@@ -30,11 +30,7 @@ def hf_registers_folder(folder):
 def test_an_hf_folder_opened_by_path_shows_maps_with_register_labels_and_no_prediction(tmp_path):
     folder = hf_registers_folder(tmp_path / "dino-reg")
     at = run_app()
-    sidebar_widget(at, "text_input", "Open a path").set_value(str(folder))
-    at.run()
-    assert not at.exception, [e.message for e in at.exception]
-    upload(at, "photo.png", png_bytes(40, 30))
-    assert sidebar_widget(at, "selectbox", "Checkpoint").value == str(folder)
+    open_by_path(at, folder)
     options = sidebar_widget(at, "selectbox", "Query token").options
     assert options[:4] == ["0 · CLS", "1 · REG 1", "2 · REG 2", "3 · patch row 1, col 1"]
     assert any("no classifier" in info.value for info in at.main.info)

@@ -3,7 +3,7 @@
 import pytest
 import torch
 from helpers import displayed
-from test_app import dirs, png_bytes, run_app, sidebar_widget, upload  # noqa: F401 (a fixture)
+from test_app import dirs, open_by_path, png_bytes, run_app, sidebar_widget, upload  # noqa: F401 (a fixture)
 from test_convert_mapping import Wrapper, notebook_model
 from test_scratch_parity import tintn_experiment
 
@@ -13,11 +13,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("dirs")]  # the app's ow
 def test_a_tintn_experiment_folder_opened_by_path_predicts_and_says_its_preprocessing_was_assumed(tmp_path):
     folder, _ = tintn_experiment(tmp_path, faster=False)
     at = run_app()
-    sidebar_widget(at, "text_input", "Open a path").set_value(str(folder))
-    at.run()
-    assert not at.exception, [e.message for e in at.exception]
-    upload(at, "photo.png", png_bytes(40, 30))
-    assert sidebar_widget(at, "selectbox", "Checkpoint").value == str(folder)
+    open_by_path(at, folder)
     assert any("assumed defaults" in displayed(w.value) and "mean (0.5, 0.5, 0.5)" in displayed(w.value)
                for w in at.sidebar.warning)
     assert not at.main.error, [e.value for e in at.main.error]
