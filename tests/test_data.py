@@ -76,6 +76,16 @@ def test_greyscale_folder_for_a_3_channel_model_is_expanded_and_resized(tmp_path
     assert torch.equal(images[:, 0], images[:, 1]) and torch.equal(images[:, 0], images[:, 2])
 
 
+def test_a_training_folder_never_reads_through_links_out_of_it(tmp_path):
+    root = make_image_folder(tmp_path / "d", per_class=3)
+    outside = make_image_folder(tmp_path / "elsewhere", per_class=4)
+    (root / "cat" / "leak.png").symlink_to(outside / "cat" / "0.png")  # a file linked out of the folder
+    (root / "dog" / "more").symlink_to(outside / "dog", target_is_directory=True)  # a folder linked out of it
+    (root / "cat" / "again.png").symlink_to(root / "cat" / "0.png")  # a link inside it: kept
+    ds = load_dataset(f"folder:{root}", 8, 3, cache_dir=tmp_path / "cache")
+    assert len(ds.train) + len(ds.val) == 7
+
+
 def test_second_load_comes_from_the_cache_without_decoding(tmp_path, monkeypatch):
     root = make_image_folder(tmp_path / "d", per_class=5)
     first = load_dataset(f"folder:{root}", 8, 3, cache_dir=tmp_path / "cache")

@@ -72,8 +72,7 @@ def labelled_files(root: Path, class_names: list[str]) -> list[tuple[Path, int]]
     Raises UsageError for a missing folder, a class folder the checkpoint does not know, or
     no images at all.
     """
-    from vit.runfiles import lies_inside
-    from vit.training.data import IMAGE_EXTENSIONS, list_class_folders
+    from vit.training.data import image_files, list_class_folders
 
     if not root.is_dir():
         raise UsageError(f"--data {root} is not a folder; give a folder with one subfolder per class")
@@ -85,11 +84,7 @@ def labelled_files(root: Path, class_names: list[str]) -> list[tuple[Path, int]]
         known = ", ".join(class_names[:20]) + (", ..." if len(class_names) > 20 else "")
         raise UsageError(f"{root} has class folder(s) the checkpoint does not know: {', '.join(unknown)} "
                          f"(its classes: {known}){hint}")
-    # A file (or class folder) linked from inside the folder to one outside it is not the folder's: an image
-    # folder limited to the data roots would otherwise read anything a link points at.
-    files = [(path, class_names.index(name)) for name in folders
-             for path in sorted((root / name).rglob("*"))
-             if path.suffix.lower() in IMAGE_EXTENSIONS and path.is_file() and lies_inside(path, root)]
+    files = [(path, class_names.index(name)) for name in folders for path in image_files(root / name, root)]
     if not files:
         raise UsageError(f"no images in {root}; lay it out as {root}/<class>/<image>")
     return files

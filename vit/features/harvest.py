@@ -19,7 +19,7 @@ from torch import Tensor
 from vit.checkpoint import Checkpoint
 from vit.images import open_image
 from vit.inference import preprocess
-from vit.training.data import IMAGE_EXTENSIONS
+from vit.training.data import image_files as data_image_files
 
 MAX_IMAGE_PIXELS = 40_000_000  # as the explorer's uploads: a decompression bomb in the folder is one line
 
@@ -28,7 +28,7 @@ def image_files(root: Path) -> list[Path]:
     """Every image file under ``root`` (any depth), sorted; ValueError when there is none."""
     if not root.is_dir():
         raise ValueError(f"--data {root} is not a folder; give a folder of images (any depth)")
-    files = sorted(p for p in root.rglob("*") if p.suffix.lower() in IMAGE_EXTENSIONS and p.is_file())
+    files = data_image_files(root)
     if not files:
         raise ValueError(f"no images under {root}; give a folder of .jpg/.png images")
     return files

@@ -21,6 +21,7 @@ from torchvision.transforms import v2
 
 from vit.checkpoint import atomic_torch_save, check_archive
 from vit.images import ImageError, open_image, to_uint8
+from vit.runfiles import lies_inside
 from vit.training.options import AUGMENTATIONS, MAX_MAGNITUDE  # noqa: F401 (the Train page reads them here too)
 
 log = logging.getLogger(__name__)
@@ -73,8 +74,13 @@ def list_class_folders(root: Path) -> list[str]:
     return sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
 
 
-def _image_files(folder: Path) -> list[Path]:
-    return sorted(p for p in folder.rglob("*") if p.suffix.lower() in IMAGE_EXTENSIONS and p.is_file())
+def image_files(folder: Path, root: Path | None = None) -> list[Path]:
+    """Every image file under ``folder`` (any depth), sorted, that lies inside ``root`` (default ``folder``) once
+    links are resolved: a file or folder linked from inside a data root to one outside it is not the root's, or a
+    folder limited to the data roots would read anything a link points at."""
+    root = folder if root is None else root
+    return sorted(p for p in folder.rglob("*")
+                  if p.suffix.lower() in IMAGE_EXTENSIONS and p.is_file() and lies_inside(p, root))
 
 
 def folder_layout(path: str | os.PathLike) -> tuple[Path, Path | None, list[str]]:
@@ -116,7 +122,7 @@ def check_dataset(spec: str, data_dir: str | os.PathLike = "data") -> list[str] 
 def _decode_folder(root: Path, classes: list[str], image_size: int, num_channels: int) -> Split:
     images, labels, bad = [], [], []
     for label, name in enumerate(classes):
-        for file in _image_files(root / name):
+        for file in image_files(root / name, root):
             try:
                 images.append(to_uint8(open_image(file), image_size, num_channels))
                 labels.append(label)
@@ -133,7 +139,7 @@ def _folder_fingerprint(roots: list[Path]) -> str:
     digest = hashlib.sha1()
     for root in roots:
         digest.update(str(root.resolve()).encode())
-        for file in _image_files(root):
+        for file in image_files(root):
             stat = file.stat()
             digest.update(f"{file.relative_to(root)}:{stat.st_size}:{stat.st_mtime_ns}".encode())
     return digest.hexdigest()
