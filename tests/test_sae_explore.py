@@ -123,6 +123,7 @@ def test_an_edited_copy_leaves_the_model_alone_and_shares_its_weights():
         copy = edited_copy(model, sae, {0: 0.0, 5: 0.0})
         assert copy.blocks[0].attn.qkv.weight is model.blocks[0].attn.qkv.weight
         assert "blocks.1.hook_resid_post" in copy.hook_points()  # still a hook point: caches and hooks reach it
+        assert model_fingerprint(copy) == model_fingerprint(model)  # the SAE is no part of its weights
         copy(images)
         torch.testing.assert_close(model(images)[0], clean, rtol=0, atol=0)
 
@@ -196,3 +197,30 @@ def test_an_exemplar_is_cropped_from_the_pixels_the_model_saw():
     assert none is None
     around, patch = exemplar_crop(image, pre, (2, 2), 1, 1 + 3, context=1)
     assert around.size == (26, 26) and patch == (13, 13, 26, 26)
+
+
+@pytest.mark.slow  # open_clip takes seconds to import
+def test_nearest_words_read_the_decoder_through_clips_final_norm_and_projection(tmp_path):
+    open_clip = pytest.importorskip("open_clip")
+    from test_prompts import save_open_clip
+
+    from vit.features.explore import nearest_words
+    from vit.sources.open import open_source
+
+    reference, folder = save_open_clip(tmp_path / "open_clip")
+    model = open_source(folder).model
+    sae = SparseAutoencoder(128, 20, 4, info=SAEInfo(hook_name="blocks.1.hook_resid_post",
+                                                     model_fingerprint=model_fingerprint(model)))
+    words = ["a dog", "a cat", "a red ball", "a tree", "the sea"]
+    with torch.no_grad():
+        text = reference.encode_text(open_clip.get_tokenizer(f"local-dir:{folder}")(words), normalize=True)
+        # by hand, on open_clip's own modules: a direction through ln_post without its bias (centred, times its
+        # weight; the division by the scale does not change a cosine), then the projection
+        ln = reference.visual.ln_post
+        direction = (sae.W_dec - sae.W_dec.mean(dim=-1, keepdim=True)) * ln.weight
+        cosines = torch.nn.functional.normalize(direction @ reference.visual.proj, dim=-1) @ text.T  # (20, 5)
+    found = nearest_words(model, sae, text, [3, 11, 0], count=2)
+    for latent in (3, 11, 0):
+        values, index = cosines[latent].topk(2)
+        assert [i for i, _ in found[latent]] == index.tolist()
+        assert [c for _, c in found[latent]] == pytest.approx(values.tolist(), abs=1e-5)

@@ -1,6 +1,8 @@
 """What the explorer's "Features" view shows for one image and an SAE that fits the model (``check_fits``): its
-strongest features with their activation maps on the patch grid, the features active at a token, and an
-intervention that zeroes or scales features and runs the rest of the model on the edited stream.
+strongest features with their activation maps on the patch grid, the features active at a token, an intervention
+that zeroes or scales features and runs the rest of the model on the edited stream (one pass with a hook, or a copy
+of the model that edits every pass: ``edited_copy``), a CLIP's nearest words to each feature, and the exemplars and
+browser orders of ``features.npz``.
 
 Everything is read from or written to the model's one forward at the SAE's hook point
 (``blocks.{l}.hook_resid_post``); the edit replaces the layer's output by the reconstruction with the latents
@@ -56,9 +58,13 @@ class ImageFeatures:
 
 
 @torch.no_grad()
-def image_features(model: nn.Module, sae: SparseAutoencoder, image: Tensor) -> ImageFeatures:
-    """``image`` ``(1, C, H, W)`` (any size that tiles into patches) -> its latents at the SAE's layer."""
-    layer = check_fits(sae, model)
+def image_features(model: nn.Module, sae: SparseAutoencoder, image: Tensor, fits: nn.Module | None = None
+                   ) -> ImageFeatures:
+    """``image`` ``(1, C, H, W)`` (any size that tiles into patches) -> its latents at the SAE's layer.
+
+    ``fits``, here and below: the model the SAE is checked against (``check_fits``), when ``model`` is a copy of it
+    with heads switched off (``ablated_copy``), whose weights are no longer the ones the SAE was trained on."""
+    layer = check_fits(sae, model if fits is None else fits)
     name = resid_hook_name(layer)
     _, cache = model.run_with_cache(image, [name])
     return ImageFeatures(sae.encode(cache[name][0]), model.patch_grid(image.shape[2], image.shape[3]),
@@ -92,10 +98,10 @@ def check_scales(sae: SparseAutoencoder, scales: Mapping[int, float]) -> None:
 
 @torch.no_grad()
 def intervene(model: nn.Module, sae: SparseAutoencoder, images: Tensor, scales: Mapping[int, float],
-              output_attentions: bool = True) -> Encoding:
+              output_attentions: bool = True, fits: nn.Module | None = None) -> Encoding:
     """The model's pass over ``images`` with the SAE's latents ``scales`` ``{latent: factor}`` scaled at its layer
     (``edit_hook``): logits, embedding and every layer's attention, as ablation gives them for heads."""
-    layer = check_fits(sae, model)
+    layer = check_fits(sae, model if fits is None else fits)
     check_scales(sae, scales)
     return model.run_with_hooks(images, [(resid_hook_name(layer), edit_hook(sae, scales))], output_attentions)
 
@@ -107,7 +113,6 @@ class EditedStream(HookPoint):
     def __init__(self, point: HookPoint, sae: SparseAutoencoder, scales: Mapping[int, float]) -> None:
         super().__init__()
         self.name = point.name
-        self.sae = sae
         self.edit = edit_hook(sae, scales)
 
     def forward(self, x: Tensor) -> Tensor:
@@ -116,13 +121,14 @@ class EditedStream(HookPoint):
     __call__ = forward
 
 
-def edited_copy(model: nn.Module, sae: SparseAutoencoder, scales: Mapping[int, float]) -> nn.Module:
+def edited_copy(model: nn.Module, sae: SparseAutoencoder, scales: Mapping[int, float], fits: nn.Module | None = None
+                ) -> nn.Module:
     """A copy of ``model`` whose every pass has the SAE's latents ``scales`` scaled at its layer (``edit_hook``):
     the forward, its attentions and every gradient or relevance walk the explorer draws, as ``ablated_copy`` does
     for heads. The copy shares every parameter and buffer with ``model``; the model itself is left alone."""
-    layer = check_fits(sae, model)
+    layer = check_fits(sae, model if fits is None else fits)
     check_scales(sae, scales)
-    shared = {id(t): t for t in [*model.parameters(), *model.buffers(), *sae.parameters()]}
+    shared = {id(t): t for t in [*model.parameters(), *model.buffers()]}
     edited = copy.deepcopy(model, memo=shared)
     block = edited.blocks[layer - 1]
     block.hook_resid_post = EditedStream(block.hook_resid_post, sae, scales)
@@ -140,10 +146,14 @@ class InterventionView:
     rollout_before: Tensor  # (gh, gw): attention rollout from the CLS token, heads averaged
     rollout_after: Tensor
 
+    def rollouts(self) -> np.ndarray:
+        """``(2, gh, gw)``: the rollout before and after, for a grid of two maps."""
+        return torch.stack([self.rollout_before, self.rollout_after]).cpu().numpy()
+
 
 @torch.no_grad()
-def intervention_view(model: nn.Module, sae: SparseAutoencoder, image: Tensor, scales: Mapping[int, float]
-                      ) -> InterventionView:
+def intervention_view(model: nn.Module, sae: SparseAutoencoder, image: Tensor, scales: Mapping[int, float],
+                      fits: nn.Module | None = None) -> InterventionView:
     """``image`` ``(1, C, H, W)`` with and without ``scales``: two passes, their logits and CLS rollouts (the
     layers after the SAE's attend differently once the stream is edited)."""
     from vit.explain.attention import rollout, token_map
@@ -151,7 +161,7 @@ def intervention_view(model: nn.Module, sae: SparseAutoencoder, image: Tensor, s
     P = model.config.num_prefix_tokens
     grid = model.patch_grid(image.shape[2], image.shape[3])
     clean = model.encode(image, output_attentions=True)
-    edited = intervene(model, sae, image, scales)
+    edited = intervene(model, sae, image, scales, fits=fits)
 
     def cls_rollout(attentions) -> Tensor:
         return token_map(rollout(list(attentions), "mean", num_prefix_tokens=P), 0, grid, P)[0].float()
@@ -195,10 +205,10 @@ def decoder_embeddings(model: nn.Module, sae: SparseAutoencoder, latents: Sequen
 
 
 def nearest_words(model: nn.Module, sae: SparseAutoencoder, text_embeddings: Tensor, latents: Sequence[int],
-                  count: int = 5) -> dict[int, list[tuple[int, float]]]:
+                  count: int = 5, fits: nn.Module | None = None) -> dict[int, list[tuple[int, float]]]:
     """For each of ``latents``, the ``count`` texts of ``text_embeddings`` ``(n, E)`` whose cosine with its
     ``decoder_embeddings`` is largest: ``{latent: [(text index, cosine), ...]}``, largest first."""
-    check_fits(sae, model)
+    check_fits(sae, model if fits is None else fits)
     if text_embeddings.ndim != 2 or text_embeddings.shape[0] == 0:
         raise ValueError("give at least one text embedding, (n, E)")
     directions = decoder_embeddings(model, sae, latents)  # (m, E)
@@ -344,3 +354,19 @@ def exemplar_crop(image: Image.Image, preprocessing, grid: tuple[int, int], num_
     patch = (round(col * pw) - box[0], round(row * ph) - box[1], round((col + 1) * pw) - box[0],
              round((row + 1) * ph) - box[1])
     return crop, patch
+
+
+def exemplar_thumbnail(image: Image.Image, preprocessing, grid: tuple[int, int], num_prefix_tokens: int, token: int,
+                       side: int = 96, context: int = 1) -> Image.Image:
+    """``exemplar_crop`` at ``side`` px on its long side, the exemplar's patch outlined (a prefix token's: the
+    whole image the model saw, unmarked)."""
+    from PIL import ImageDraw
+
+    crop, patch = exemplar_crop(image, preprocessing, grid, num_prefix_tokens, token, context)
+    scale = side / max(crop.size)
+    thumb = crop.convert("RGB").resize((max(1, round(crop.width * scale)), max(1, round(crop.height * scale))),
+                                       Image.Resampling.NEAREST if scale > 1 else Image.Resampling.BICUBIC)
+    if patch is not None:
+        box = [round(v * scale) for v in patch]
+        ImageDraw.Draw(thumb).rectangle([box[0], box[1], box[2] - 1, box[3] - 1], outline=(255, 75, 75), width=2)
+    return thumb

@@ -1,0 +1,174 @@
+"""The explorer's Features section through Streamlit's AppTest (issue 36): an SAE folder trained on the open model,
+the image's strongest features and their maps, the features at a patch, exemplars cropped from the images
+features.npz names, a feature scaled for the section and in every map, and one-line refusals."""
+
+import json
+
+import numpy as np
+import pytest
+import test_app
+import torch
+from helpers import displayed
+from test_app import CLASSES, charts, png_bytes, run_app
+from test_app_mechanism import sample_input
+
+from vit.app.catalog import DEFAULT_CHECKPOINT
+from vit.checkpoint import load_checkpoint
+from vit.features.sae import SAEInfo, SparseAutoencoder, model_fingerprint, save_sae
+from vit.features.train import HeldOut
+from vit.images import open_image
+from vit.inference import preprocess
+
+pytest.importorskip("streamlit")
+pytestmark = pytest.mark.slow  # each test starts the app
+dirs, default_world = test_app.dirs, test_app.default_world  # fixtures
+LAYER = 2  # the SAE reads block 2's output of the tiny model's 3
+
+
+def hand_stream(model, x):
+    """Block LAYER's output by hand: the embedding and the first LAYER blocks."""
+    with torch.no_grad():
+        h = model.embed(x)
+        for block in model.blocks[:LAYER]:
+            h = block(h, rope=None)[0]
+    return h
+
+
+@pytest.fixture
+def sae_world(default_world, tmp_path):
+    """The default world, an SAE of its model at block 2 (random weights, k 4 of 32), and its features.npz over a
+    folder of six images in class folders."""
+    checkpoints, _ = default_world
+    checkpoint = load_checkpoint(checkpoints / DEFAULT_CHECKPOINT)
+    model = checkpoint.model.eval()
+    torch.manual_seed(0)
+    sae = SparseAutoencoder(16, 32, 4, info=SAEInfo(model_name="tiny", hook_name=f"blocks.{LAYER - 1}.hook_resid_post",
+                                                    model_fingerprint=model_fingerprint(model)))
+    with torch.no_grad():
+        sae.b_enc.normal_(0, 0.2)
+    data = tmp_path / "sae-data"
+    names = []
+    for i in range(6):
+        name = f"{CLASSES[i % 2]}/{i}.png"
+        (data / name).parent.mkdir(parents=True, exist_ok=True)
+        (data / name).write_bytes(png_bytes(24, 24, seed=10 + i))
+        names.append(name)
+    held = HeldOut(sae, exemplars=4)
+    images = [open_image((data / n).read_bytes(), name=n) for n in names]
+    held.add(hand_stream(model, preprocess(images, checkpoint.preprocessing)))
+    folder = tmp_path / "sae"
+    save_sae(sae, folder)
+    (folder / "features.npz").write_bytes(held.features(names))
+    (folder / "metrics.json").write_text(json.dumps({"explained_variance": 0.5, "l0": 4.0, "dead_fraction": 0.0,
+                                                     "data": str(data)}))
+    return checkpoints, folder, sae.eval()
+
+
+def open_features(at, folder):
+    at.toggle(key="sae_view").set_value(True)
+    at.run()
+    at.text_input(key="sae_folder").set_value(str(folder))
+    at.run()
+    assert not at.exception, [e.message for e in at.exception]
+    return at
+
+
+def test_strongest_features_their_maps_and_exemplars(sae_world):
+    checkpoints, folder, sae = sae_world
+    at = open_features(run_app(), folder)
+    checkpoint, x = sample_input(checkpoints)
+    z = sae.encode(hand_stream(checkpoint.model, x))[0]  # (T, 32): the SAE's own encoding of the layer's output
+    P = checkpoint.model.num_prefix_tokens
+    peak = z[P:].max(dim=0).values.detach()
+    expected = peak.topk(8).indices[peak.topk(8).values > 0].tolist()
+    [strongest] = [r for r in at.radio if r.key == "sae_strongest"]
+    assert strongest.options == [f"feature {i} · {float(peak[i]):.3g}" for i in expected]
+    assert any(f"its peak here, {float(peak[expected[0]]):.3g}" in c.value for c in at.caption)
+    # Exemplars: as many crops as features.npz holds for the feature (up to 4 here), each named by its file.
+    table = np.load(folder / "features.npz")
+    count = int((table["exemplar_images"][expected[0]] >= 0).sum())
+    assert len(at.get("image")) >= count > 0
+    shown_names = [t.value.split("\n")[0] for t in at.text if t.value.count("\n") == 1]
+    assert sorted(shown_names) == sorted(f"{int(i)}.png" for i in table["exemplar_images"][expected[0]] if i >= 0)
+
+
+def test_a_patch_lists_the_features_active_there(sae_world):
+    checkpoints, folder, sae = sae_world
+    at = open_features(run_app(), folder)
+    checkpoint, x = sample_input(checkpoints)
+    z = sae.encode(hand_stream(checkpoint.model, x))[0]
+    token = checkpoint.model.num_prefix_tokens + 5  # what a click on patch 6 sets
+    at.session_state["sae_token"] = token
+    at.run()
+    [active] = [r for r in at.radio if r.key == "sae_active"]
+    fired = z[token][z[token] > 0]
+    assert [int(o.split(" ")[1]) for o in active.options] == z[token].topk(len(fired)).indices.tolist()
+    latent = int(z[token].argmin() if len(fired) == 0 else z[token].topk(len(fired)).indices[-1])
+    active.set_value(latent)
+    at.run()
+    assert at.session_state["sae_feature"] == latent  # the feature picked at the patch is the one mapped
+    assert any(c.value.startswith(f"Feature {latent}'s activation") for c in at.caption)
+
+
+def prediction_bars(at):
+    return [t for fig in charts(at) for t in fig["data"] if t.get("type") == "bar"]
+
+
+def test_zeroing_a_feature_moves_the_prediction_as_the_sae_decode_says(sae_world):
+    checkpoints, folder, sae = sae_world
+    at = open_features(run_app(), folder)
+    checkpoint, x = sample_input(checkpoints)
+    model = checkpoint.model
+    stream = hand_stream(model, x)
+    z = sae.encode(stream)
+    [strongest] = [r for r in at.radio if r.key == "sae_strongest"]
+    latent = int(strongest.options[0].split(" ")[1])
+    with torch.no_grad():
+        edited = stream - z[..., latent:latent + 1] * sae.W_dec[latent]  # by hand: its share taken out
+        probs = model.classify(model.run_blocks(edited, model.config.grid_size, LAYER)[0]).softmax(dim=-1)[0]
+        clean = model(x)[0].softmax(dim=-1)[0]
+    at.number_input(key=f"sae_factor-{latent}").set_value(0.0)
+    at.run()
+    assert not at.exception, [e.message for e in at.exception]
+    page, section = prediction_bars(at)
+    expected = {CLASSES[i]: float(p) for i, p in enumerate(probs)}
+    assert dict(zip(section["y"], section["x"], strict=True)) == pytest.approx(
+        {c: expected[c] for c in section["y"]}, abs=1e-5)
+    assert dict(zip(page["y"], page["x"], strict=True)) == pytest.approx(
+        {c: float(clean[CLASSES.index(c)]) for c in page["y"]}, abs=1e-5)  # the page's: as it was
+    at.checkbox(key="sae_everywhere").set_value(True)
+    at.run()
+    assert not at.exception, [e.message for e in at.exception]
+    page = prediction_bars(at)[0]
+    assert dict(zip(page["y"], page["x"], strict=True)) == pytest.approx(
+        {c: expected[c] for c in page["y"]}, abs=1e-5)  # now every map and the prediction follow
+    assert any(f"feature {latent} × 0" in i.value for i in at.info)
+    at.button(key="features_reset").click()
+    at.run()
+    page = prediction_bars(at)[0]
+    assert dict(zip(page["y"], page["x"], strict=True)) == pytest.approx(
+        {c: float(clean[CLASSES.index(c)]) for c in page["y"]}, abs=1e-5)
+
+
+def test_an_sae_of_another_model_or_width_is_a_one_line_refusal(sae_world, tmp_path):
+    _, folder, sae = sae_world
+    other = SparseAutoencoder(16, 32, 4, info=SAEInfo(hook_name="blocks.1.hook_resid_post",
+                                                      model_fingerprint="0" * 16))
+    save_sae(other, tmp_path / "other")
+    wide = SparseAutoencoder(24, 32, 4, info=SAEInfo(hook_name="blocks.1.hook_resid_post"))
+    save_sae(wide, tmp_path / "wide")
+    at = run_app()
+    for path, message in ((tmp_path / "other", "trained on another model"), (tmp_path / "wide", "24-wide"),
+                          (tmp_path / "nothing", "is not an SAE folder")):
+        at = open_features(at, path)
+        [error] = at.error
+        assert message in displayed(error.value) and "\n" not in error.value
+
+
+def test_without_access_to_the_servers_files_no_sae_folder_is_asked(sae_world, monkeypatch):
+    monkeypatch.setenv("VIT_TRAIN_TOKEN", "secret")  # a token configured and not entered: nothing read by path
+    at = run_app()
+    at.toggle(key="sae_view").set_value(True)
+    at.run()
+    assert not [w for w in at.text_input if w.key == "sae_folder"]
+    assert any("by path" in c.value for c in at.caption)
