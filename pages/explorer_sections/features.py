@@ -37,6 +37,9 @@ FEATURE_KEY, TOKEN_KEY, EVERYWHERE_KEY = "sae_feature", "sae_token", "sae_everyw
 STRONGEST_KEY, ACTIVE_KEY, PICKER_KEY = "sae_strongest", "sae_active", "features_picker"
 FACTOR_PREFIX = "sae_factor-"  # + latent: the factor that latent is scaled by (1: left as it is)
 _OPENED, _RERUN = "sae_opened", "sae_rerun_page"
+# (the page's fingerprint, the checkpoint and fingerprint before the features were scaled in every map): the section
+# reads the latents and scales them on the model as it was, not on the copy that already scales them.
+_BASE = "features_base"
 EXEMPLARS_SHOWN = 8
 THUMBNAIL_SIDE = 96
 MAX_FACTOR = 100.0
@@ -104,6 +107,7 @@ def with_features_edited(checkpoint: Checkpoint, fingerprint: tuple, full_checkp
     """(checkpoint, fingerprint) the page is drawn with: while features are scaled "in every map on this page", a
     copy of the model that scales them at the SAE's layer, said on the page; else the model as it came."""
     keep_settings(("sae_",))  # drawn in the Features section only, which may be closed
+    st.session_state.pop(_BASE, None)
     scales = scales_typed()
     if not (may_open and scales and st.session_state.get(TOGGLE_KEY) and st.session_state.get(EVERYWHERE_KEY)):
         return checkpoint, fingerprint
@@ -116,7 +120,9 @@ def with_features_edited(checkpoint: Checkpoint, fingerprint: tuple, full_checkp
         return checkpoint, fingerprint
     st.info(f"{escape_markdown(describe_scales(scales))}: scaled at layer {layer}'s output in the prediction and in "
             "every map on this page. Set them back to 1 under Features.")
-    return edited, (fingerprint, "features-scaled", folder, version, key)
+    edited_fingerprint = (fingerprint, "features-scaled", folder, version, key)
+    st.session_state[_BASE] = (edited_fingerprint, checkpoint, fingerprint)
+    return edited, edited_fingerprint
 
 
 # -- what the section computes, once per image and setting ----------------------------------------------------------
@@ -226,9 +232,12 @@ def features(view: Shown, may_open: bool, asked: words.Answer | None = None) -> 
                   on_change=_page_rerun,
                   help="A folder in SAELens's format trained on this model: what python -m vit.sae train writes "
                        "with its metrics.json and features.npz.")
+    base = st.session_state.get(_BASE)
+    checkpoint, fingerprint = (base[1], base[2]) if base and base[0] == view.fingerprint else (view.checkpoint,
+                                                                                               view.fingerprint)
     try:
         sae, folder, version, layer = chosen_sae(view.full_checkpoint, view.full_fingerprint)
-        latents = image_latents(view.fingerprint, view.image_key, view.size, folder, version, view.checkpoint,
+        latents = image_latents(fingerprint, view.image_key, view.size, folder, version, checkpoint,
                                 view.full_checkpoint.model, sae, view.image)
     except (SAEError, ValueError, ImageError) as e:
         if st.session_state.get(FOLDER_KEY):
@@ -288,7 +297,7 @@ def features(view: Shown, may_open: bool, asked: words.Answer | None = None) -> 
         st.caption(f"Feature {shown}'s activation on each patch at layer {layer}'s output, from 0 (transparent) to "
                    f"its peak here, {float(map2d.max()):.3g}; over the part of the image the model sees.")
         if asked is not None:
-            near = words_near(view.full_fingerprint, folder, version, tuple(asked.labels), (shown,), view.checkpoint,
+            near = words_near(view.full_fingerprint, folder, version, tuple(asked.labels), (shown,), checkpoint,
                               view.full_checkpoint.model, sae, asked.prompts.embeddings)[shown]
             st.text("Nearest typed labels: " + ", ".join(f"{asked.labels[i]} ({c:+.2f})" for i, c in near))
             st.caption("The feature's decoder direction read through the model's final norm and projection, its "
@@ -305,8 +314,8 @@ def features(view: Shown, may_open: bool, asked: words.Answer | None = None) -> 
         if scales:
             st.button("Set every feature back to 1", key="features_reset", on_click=_reset_scales)
             try:
-                effect = intervention(view.fingerprint, view.image_key, view.size, folder, version,
-                                      tuple(sorted(scales.items())), view.checkpoint, view.full_checkpoint.model, sae,
+                effect = intervention(fingerprint, view.image_key, view.size, folder, version,
+                                      tuple(sorted(scales.items())), checkpoint, view.full_checkpoint.model, sae,
                                       view.image)
             except ValueError as e:
                 st.error(escape_markdown(e))
