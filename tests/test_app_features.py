@@ -172,3 +172,57 @@ def test_without_access_to_the_servers_files_no_sae_folder_is_asked(sae_world, m
     at.run()
     assert not [w for w in at.text_input if w.key == "sae_folder"]
     assert any("by path" in c.value for c in at.caption)
+
+
+def open_browser(at, folder):
+    at.switch_page("pages/analyze.py")
+    at.run()
+    at.toggle(key="browse_features").set_value(True)
+    at.run()
+    at.text_input(key="browse_sae_folder").set_value(str(folder))
+    at.run()
+    assert not at.exception, [e.message for e in at.exception]
+    return at
+
+
+def browsed(at) -> list[int]:
+    """The features listed, in order."""
+    return [int(t.value.split(" ")[1]) for t in at.text if t.value.startswith("Feature ")]
+
+
+def test_the_analyse_page_browses_features_by_frequency_and_by_class(sae_world):
+    _, folder, _ = sae_world
+    table = np.load(folder / "features.npz")
+    frequency, images = table["frequency"], table["exemplar_images"]
+    live = [i for i in range(32) if images[i, 0] >= 0]
+    at = open_browser(AppTest_of_app(), folder)
+    assert browsed(at) == sorted(live, key=lambda i: (-frequency[i], i))[:10]  # most frequent first
+    thumbnails = sum(int((images[i] >= 0).sum()) for i in browsed(at))
+    assert len(at.get("image")) == thumbnails  # every exemplar of the page, cropped from its file
+    at.radio(key="browse_order").set_value("rare")
+    at.run()
+    assert browsed(at) == sorted(live, key=lambda i: (frequency[i], i))[:10]
+    # by class: the class folder most of a feature's exemplar images lie in (airplane/ and cat/ here; a tie is
+    # airplane's, the first name)
+    names = [str(n) for n in table["images"]]
+    cats = [i for i in live if [names[j].split("/")[0] for j in images[i] if j >= 0].count("cat") * 2
+            > int((images[i] >= 0).sum())]
+    assert cats
+    at.selectbox(key="browse_class").set_value("cat")
+    at.run()
+    assert browsed(at) == sorted(cats, key=lambda i: (frequency[i], i))[:10]  # still rarest first
+
+
+def test_the_browser_refuses_an_sae_of_another_model_in_one_line(sae_world, tmp_path):
+    other = SparseAutoencoder(16, 32, 4, info=SAEInfo(hook_name="blocks.1.hook_resid_post",
+                                                      model_fingerprint="0" * 16))
+    save_sae(other, tmp_path / "other")
+    at = open_browser(AppTest_of_app(), tmp_path / "other")
+    [error] = at.error
+    assert "trained on another model" in displayed(error.value) and "\n" not in error.value
+
+
+def AppTest_of_app():  # noqa: N802 (an AppTest, as run_app makes it, without running the explorer first)
+    from streamlit.testing.v1 import AppTest
+
+    return AppTest.from_file(test_app.APP, default_timeout=test_app.TIMEOUT)

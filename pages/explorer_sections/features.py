@@ -47,7 +47,7 @@ MAX_FACTOR = 100.0
 
 # -- the SAE and its files ---------------------------------------------------------------------------------------
 
-def _version(folder: Path) -> tuple:
+def folder_version(folder: Path) -> tuple:
     """What the caches of a folder's files are keyed by: each file's size and time (None when missing)."""
     def stat(name: str):
         try:
@@ -79,7 +79,7 @@ def chosen_sae(full_checkpoint: Checkpoint, full_fingerprint: tuple) -> tuple[Sp
     folder = Path(str(st.session_state.get(FOLDER_KEY) or "").strip()).expanduser()
     if not str(folder) or str(folder) == ".":
         raise SAEError("type the folder of an SAE trained on this model (python -m vit.sae train … --out FOLDER)")
-    version = _version(folder)
+    version = folder_version(folder)
     device = str(next(full_checkpoint.model.parameters()).device)
     sae = open_sae(str(folder), version, device)
     layer = fitting_layer(full_fingerprint, str(folder), version, full_checkpoint.model, sae)
