@@ -226,3 +226,35 @@ def AppTest_of_app():  # noqa: N802 (an AppTest, as run_app makes it, without ru
     from streamlit.testing.v1 import AppTest
 
     return AppTest.from_file(test_app.APP, default_timeout=test_app.TIMEOUT)
+
+
+def test_a_clips_feature_lists_its_nearest_typed_labels(dirs, tmp_path):
+    open_clip = pytest.importorskip("open_clip")
+    from test_app_words import ask, open_clip_app
+    from test_prompts import save_open_clip
+
+    from vit.sources.open import open_source
+
+    reference, clip = save_open_clip(tmp_path / "open_clip")
+    model = open_source(clip).model
+    torch.manual_seed(0)
+    sae = SparseAutoencoder(128, 20, 4, info=SAEInfo(hook_name="blocks.1.hook_resid_post",
+                                                     model_fingerprint=model_fingerprint(model)))
+    with torch.no_grad():
+        sae.b_enc.normal_(0, 0.2)
+    save_sae(sae, tmp_path / "sae")
+    at = open_clip_app(clip, png_bytes(32, 32, seed=4))
+    labels = ["a dog", "a cat", "a red ball", "the sea"]
+    ask(at, ", ".join(labels))
+    at = open_features(at, tmp_path / "sae")
+    [strongest] = [r for r in at.radio if r.key == "sae_strongest"]
+    latent = int(strongest.options[0].split(" ")[1])
+    with torch.no_grad():  # by hand on open_clip's modules: ln_post's linear part, then the projection
+        tokens = open_clip.get_tokenizer(f"local-dir:{clip}")([f"a photo of a {label}." for label in labels])
+        text = reference.encode_text(tokens, normalize=True)
+        row = sae.W_dec[latent]
+        direction = (row - row.mean()) * reference.visual.ln_post.weight @ reference.visual.proj
+        cosines = torch.nn.functional.normalize(direction, dim=-1) @ text.T
+    values, index = cosines.topk(3)
+    expected = ", ".join(f"{labels[i]} ({c:+.2f})" for i, c in zip(index.tolist(), values.tolist(), strict=True))
+    assert f"Nearest typed labels: {expected}" in [t.value for t in at.text]
