@@ -53,6 +53,8 @@ def test_latents_are_the_sae_encoding_of_the_layer_output_on_a_non_square_grid()
     latent, value = features.strongest(1)[0]
     assert value == pytest.approx(float(expected[2:, latent].max()))
     torch.testing.assert_close(features.patch_map(latent), expected[2:, latent].reshape(2, 3))
+    np.testing.assert_array_equal(features.patch_maps([latent, 0]),
+                                  torch.stack([expected[2:, latent], expected[2:, 0]]).reshape(2, 2, 3).numpy())
     at = features.active_at(5)
     assert [i for i, _ in at] == expected[5].topk(len(at)).indices.tolist() and len(at) <= 6
 

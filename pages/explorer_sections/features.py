@@ -144,8 +144,8 @@ def intervention(fingerprint: tuple, digest: str, size: InputSize, folder: str, 
 
 
 @st.cache_resource(max_entries=8, show_spinner=False)
-def words_near(fingerprint: tuple, folder: str, version: tuple, labels: tuple, latents: tuple, _checkpoint,
-               _full_model, _sae, _embeddings) -> dict[int, list[tuple[int, float]]]:
+def words_near(fingerprint: tuple, folder: str, version: tuple, labels: tuple, templates: tuple, latents: tuple,
+               _checkpoint, _full_model, _sae, _embeddings) -> dict[int, list[tuple[int, float]]]:
     return explore.nearest_words(_checkpoint.model, _sae, _embeddings, list(latents), count=3, fits=_full_model)
 
 
@@ -248,7 +248,7 @@ def features(view: Shown, may_open: bool, asked: words.Answer | None = None) -> 
     if st.session_state.get(_OPENED) != folder:  # another SAE: its features are others
         for key in [k for k in st.session_state if isinstance(k, str) and k.startswith(FACTOR_PREFIX)]:
             del st.session_state[key]
-        for key in (FEATURE_KEY, TOKEN_KEY, STRONGEST_KEY, ACTIVE_KEY):
+        for key in (FEATURE_KEY, TOKEN_KEY, STRONGEST_KEY, ACTIVE_KEY, IMAGES_KEY):
             st.session_state.pop(key, None)
         st.session_state[_OPENED] = folder
     described = metrics_line(folder)
@@ -265,6 +265,11 @@ def features(view: Shown, may_open: bool, asked: words.Answer | None = None) -> 
     shown = int(st.session_state[FEATURE_KEY])
     peaks = dict(strongest)
 
+    cells = drawing.small_multiples(view.small, latents.patch_maps([i for i, _ in strongest]), view.opacity,
+                                    view.colormap, view.mode, scale="zero")
+    st.image(drawing.heads_grid_image(cells, columns=min(len(cells), 8)), output_format="PNG")
+    st.caption("The strongest features' maps, each from 0 to its own peak, in the order of the list below: "
+               + ", ".join(str(i) for i, _ in strongest) + ". Pick one to see it large.")
     col_list, col_map, col_effect = st.columns([0.7, 1, 0.9], gap="medium")
     with col_list:
         options = [latent for latent, _ in strongest]
@@ -297,8 +302,9 @@ def features(view: Shown, may_open: bool, asked: words.Answer | None = None) -> 
         st.caption(f"Feature {shown}'s activation on each patch at layer {layer}'s output, from 0 (transparent) to "
                    f"its peak here, {float(map2d.max()):.3g}; over the part of the image the model sees.")
         if asked is not None:
-            near = words_near(view.full_fingerprint, folder, version, tuple(asked.labels), (shown,), checkpoint,
-                              view.full_checkpoint.model, sae, asked.prompts.embeddings)[shown]
+            near = words_near(view.full_fingerprint, folder, version, tuple(asked.labels),
+                              tuple(asked.prompts.templates), (shown,), checkpoint, view.full_checkpoint.model, sae,
+                              asked.prompts.embeddings)[shown]
             st.text("Nearest typed labels: " + ", ".join(f"{asked.labels[i]} ({c:+.2f})" for i, c in near))
             st.caption("The feature's decoder direction read through the model's final norm and projection, its "
                        "cosine with each label's text embedding.")

@@ -47,6 +47,11 @@ class ImageFeatures:
         """Feature ``latent``'s activation on every patch ``(gh, gw)``, row-major as the patches are ordered."""
         return self.latents[self.num_prefix_tokens:, latent].reshape(self.grid)
 
+    def patch_maps(self, latents: Sequence[int]) -> np.ndarray:
+        """The maps of ``latents`` ``(n, gh, gw)``, for a grid of small maps."""
+        index = torch.as_tensor(list(latents), dtype=torch.long)
+        return self.latents[self.num_prefix_tokens:, index].T.reshape(len(index), *self.grid).float().cpu().numpy()
+
     def active_at(self, token: int, count: int = 10) -> list[tuple[int, float]]:
         """The features active at ``token`` (prefix tokens first, then patches row by row): ``(latent, value)``,
         largest first, at most ``count``."""
