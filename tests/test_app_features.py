@@ -258,3 +258,13 @@ def test_a_clips_feature_lists_its_nearest_typed_labels(dirs, tmp_path):
     values, index = cosines.topk(3)
     expected = ", ".join(f"{labels[i]} ({c:+.2f})" for i, c in zip(index.tolist(), values.tolist(), strict=True))
     assert f"Nearest typed labels: {expected}" in [t.value for t in at.text]
+
+
+def test_features_open_while_heads_are_switched_off_in_every_map(sae_world):
+    from test_app_mechanism import open_mechanism, switch_heads_off
+
+    _, folder, _ = sae_world
+    at = switch_heads_off(open_mechanism(run_app(), "Ablation"), ["1.1"], everywhere=True)
+    at = open_features(at, folder)
+    assert not at.error  # the SAE is checked against the model as loaded, not the copy with a head off
+    assert [r for r in at.radio if r.key == "sae_strongest"]
