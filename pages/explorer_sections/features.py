@@ -291,7 +291,7 @@ def features(view: Shown, may_open: bool, asked: words.Answer | None = None) -> 
                 st.session_state[ACTIVE_KEY] = shown if shown in values else None
                 st.radio(f"Active at {place}", list(values), key=ACTIVE_KEY,
                          format_func=lambda i: feature_label(i, values[i]), on_change=_show, args=(ACTIVE_KEY,))
-    map2d = latents.patch_map(shown).float().cpu().numpy()
+    map2d = latents.patch_maps([shown])[0]  # (gh, gw)
     with col_map:
         drawn = overlay(view.shown, map2d, view.opacity, view.colormap, view.mode, show_grid=view.show_grid,
                         outline_patch=None if token is None or token < prefix else token - prefix, vmin=0.0)
