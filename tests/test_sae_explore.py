@@ -143,6 +143,11 @@ def test_features_npz_of_the_held_out_pass_reads_back(tmp_path):
     fired = values > 0
     assert table.exemplars(latent) == [(["cat/a.png", "dog/b.png", "c.png"][r // 5], r % 5, pytest.approx(float(v)))
                                        for r, v in zip(rows[fired].tolist(), values[fired].tolist(), strict=True)]
+    first = {}
+    for r, v in zip(rows[fired].tolist(), values[fired].tolist(), strict=True):
+        first.setdefault(r // 5, (r % 5, v))  # each image at its strongest token
+    assert table.exemplars(latent, distinct=True) == [(["cat/a.png", "dog/b.png", "c.png"][i], t, pytest.approx(v))
+                                                      for i, (t, v) in first.items()]
     assert table.frequency[latent] == pytest.approx(float((z[:, latent] > 0).float().mean()))
     with pytest.raises(SAEError, match="48 latents|the SAE has 40"):
         explore.read_features(tmp_path / "features.npz", 40)

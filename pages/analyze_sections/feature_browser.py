@@ -10,7 +10,7 @@ from pathlib import Path
 
 import streamlit as st
 
-from pages.explorer_sections.features import exemplar_thumbnail, folder_version, metrics_data, metrics_line, open_sae
+from pages.explorer_sections import features
 from vit.features import explore
 from vit.features.sae import SAEError, check_fits
 from vit.images import ImageError
@@ -34,7 +34,7 @@ def browsed_model(path: str, version: tuple):
 @st.cache_resource(max_entries=2, show_spinner="Reading the features…")
 def table_and_fit(folder: str, version: tuple, model_path: str, model_version: tuple, _checkpoint
                   ) -> tuple[explore.FeatureTable, int]:
-    sae = open_sae(folder, version, "cpu")
+    sae = features.open_sae(folder, version, "cpu")
     layer = check_fits(sae, _checkpoint.model)
     return explore.read_features(Path(folder) / explore.FEATURES_FILE, sae.d_sae), layer
 
@@ -60,7 +60,8 @@ def feature_browser(model_path: str) -> None:
         return
     try:
         checkpoint = browsed_model(model_path, _stat(model_path))
-        table, layer = table_and_fit(folder, folder_version(Path(folder)), model_path, _stat(model_path), checkpoint)
+        table, layer = table_and_fit(folder, features.folder_version(Path(folder)), model_path, _stat(model_path),
+                                     checkpoint)
     except (SAEError, ValueError, OSError) as e:
         st.error(escape_markdown(e))
         return
@@ -69,8 +70,9 @@ def feature_browser(model_path: str) -> None:
         st.error(f"features.npz describes images of {table.tokens_per_image} tokens; this model reads "
                  f"{config.num_prefix_tokens + config.num_patches}: choose the checkpoint the SAE was trained on")
         return
-    st.caption(f"{len(table.frequency):,} features of layer {layer}'s output. " + (metrics_line(folder) or ""))
-    st.session_state.setdefault(IMAGES_KEY, metrics_data(folder))
+    st.caption(f"{len(table.frequency):,} features of layer {layer}'s output. "
+               + (features.metrics_line(folder) or ""))
+    st.session_state.setdefault(IMAGES_KEY, features.metrics_data(folder))
     images = st.text_input("Exemplar images folder", key=IMAGES_KEY,
                            help="The folder the SAE was trained from (--data): features.npz names its images "
                                 "relative to it. It must lie in the data folders.").strip()
@@ -93,15 +95,15 @@ def feature_browser(model_path: str) -> None:
         dominant = table.dominant_class(latent)
         mostly = f" · mostly {visible(dominant[0])} ({dominant[1]:.0%})" if dominant else ""
         st.text(f"Feature {latent} · fires on {float(table.frequency[latent]):.2%} of tokens{mostly}")
-        found = table.exemplars(latent)[:EXEMPLARS_PER_FEATURE]
+        found = table.exemplars(latent, distinct=True)[:EXEMPLARS_PER_FEATURE]
         if not images:
             continue
         columns = st.columns(EXEMPLARS_PER_FEATURE)
         for column, (name, token, value) in zip(columns, found, strict=False):
             with column:
                 try:
-                    st.image(exemplar_thumbnail(images, name, token, checkpoint, config.grid_size,
+                    st.image(features.exemplar_thumbnail(images, name, token, checkpoint, config.grid_size,
                                                 config.num_prefix_tokens), output_format="PNG")
                 except (ImageError, ValueError, OSError) as e:
                     st.text(visible(str(e))[:120])
-                st.text(f"{visible(Path(name).name)[:24]}\n{value:.3g}")
+                st.text(f"{features.short_name(name)}\n{value:.3g}")

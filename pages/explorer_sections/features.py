@@ -161,6 +161,13 @@ def exemplar_thumbnail(images_folder: str, name: str, token: int, checkpoint: Ch
     return byte_cache("images", IMAGE_CACHE_BYTES).get_or_compute(key, make)
 
 
+def short_name(name: str, length: int = 28) -> str:
+    """An exemplar's image name as shown under it: its end (the class folder and the file), control characters as
+    escapes."""
+    name = visible(name)
+    return name if len(name) <= length else "…" + name[-(length - 1):]
+
+
 def metrics_line(folder: str) -> str | None:
     try:
         metrics = parse_json(read_text_bounded(Path(folder) / "metrics.json"))
@@ -360,7 +367,7 @@ def exemplars(view: Shown, sae: SparseAutoencoder, folder: str, version: tuple, 
     images_folder = st.text_input("Exemplar images folder", key=IMAGES_KEY,
                                   help="The folder the SAE was trained from (python -m vit.sae train --data): "
                                        "features.npz names its images relative to it.").strip()
-    found = table.exemplars(latent)[:EXEMPLARS_SHOWN]
+    found = table.exemplars(latent, distinct=True)[:EXEMPLARS_SHOWN]
     st.caption(f"Fires on {float(table.frequency[latent]):.2%} of the held-out tokens.")
     if not found or not images_folder:
         return
@@ -372,4 +379,4 @@ def exemplars(view: Shown, sae: SparseAutoencoder, folder: str, version: tuple, 
                                             config.num_prefix_tokens), output_format="PNG")
             except (ImageError, ValueError, OSError) as e:
                 st.text(visible(str(e))[:120])
-            st.text(f"{visible(Path(name).name)[:24]}\n{value:.3g}")
+            st.text(f"{short_name(name)}\n{value:.3g}")

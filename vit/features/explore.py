@@ -245,10 +245,15 @@ class FeatureTable:
     names: list[str]  # the held-out images, relative to the folder the SAE was trained from
     tokens_per_image: int
 
-    def exemplars(self, latent: int) -> list[tuple[str, int, float]]:
-        """Latent ``latent``'s exemplars: ``(image name, token, activation)``, strongest first."""
-        return [(self.names[i], int(t), float(v)) for i, t, v in
-                zip(self.images[latent], self.tokens[latent], self.values[latent], strict=True) if i >= 0]
+    def exemplars(self, latent: int, distinct: bool = False) -> list[tuple[str, int, float]]:
+        """Latent ``latent``'s exemplars: ``(image name, token, activation)``, strongest first; ``distinct``: each
+        image once, at its strongest token (a feature of sky fills its top 16 with the patches of one sky)."""
+        found = [(self.names[i], int(t), float(v)) for i, t, v in
+                 zip(self.images[latent], self.tokens[latent], self.values[latent], strict=True) if i >= 0]
+        if distinct:
+            seen: set[str] = set()
+            found = [e for e in found if not (e[0] in seen or seen.add(e[0]))]
+        return found
 
     def dominant_class(self, latent: int) -> tuple[str, float] | None:
         """The class most of latent ``latent``'s exemplar images belong to (an image's first folder: the
