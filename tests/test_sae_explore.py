@@ -231,3 +231,19 @@ def test_nearest_words_read_the_decoder_through_clips_final_norm_and_projection(
         values, index = cosines[latent].topk(2)
         assert [i for i, _ in found[latent]] == index.tolist()
         assert [c for _, c in found[latent]] == pytest.approx(values.tolist(), abs=1e-5)
+
+
+def test_an_edited_copy_with_factor_one_leaves_gradients_as_they_were():
+    # gradient maps (class maps, LeGrad, AttnLRP) walk the copy's backward: the error term makes it the model's
+    model, sae = model_and_sae()
+    images = torch.randn(1, 3, 8, 8)
+
+    def input_gradient(m):
+        x = images.clone().requires_grad_(True)
+        m(x)[0][0, 1].backward()
+        return x.grad
+
+    torch.testing.assert_close(input_gradient(edited_copy(model, sae, {0: 1.0, 9: 1.0})), input_gradient(model),
+                               rtol=0, atol=1e-6)
+    assert not torch.allclose(input_gradient(edited_copy(model, sae, {i: 0.0 for i in range(48)})),
+                              input_gradient(model), atol=1e-6)
