@@ -40,13 +40,19 @@ def model_and_sae(seed=0):
     return model, sae.eval()
 
 
+def hand_stream(model, images):
+    """Block 2's output, the SAE's hook point, by hand: the embedding and the first two blocks."""
+    x = model.embed(images)
+    for block in model.blocks[:2]:
+        x = block(x, rope=None)[0]
+    return x
+
+
 def test_latents_are_the_sae_encoding_of_the_layer_output_on_a_non_square_grid():
     model, sae = model_and_sae()
     image = torch.randn(1, 3, 8, 12)  # a 2 x 3 grid after CLS and one register
     with torch.no_grad():
-        x = model.embed(image)
-        for block in model.blocks[:2]:
-            x = block(x, rope=None)[0]
+        x = hand_stream(model, image)
         expected = sae.encode(x[0])  # (2 + 6, 48)
     features = image_features(model, sae, image)
     torch.testing.assert_close(features.latents, expected)
@@ -78,9 +84,7 @@ def test_zeroing_a_feature_removes_its_decoder_direction_from_the_stream(edit):
     model, sae = model_and_sae()
     images = torch.randn(2, 3, 8, 8)
     with torch.no_grad():
-        x = model.embed(images)
-        for block in model.blocks[:2]:
-            x = block(x, rope=None)[0]
+        x = hand_stream(model, images)
         z = sae.encode(x)
         latent = int(z.sum(dim=(0, 1)).argmax())
         edited_stream = x - z[..., latent:latent + 1] * sae.W_dec[latent]  # by hand: the latent's share taken out
@@ -107,9 +111,7 @@ def test_scaling_a_feature_adds_its_decoder_direction_times_the_change():
     model, sae = model_and_sae()
     images = torch.randn(1, 3, 8, 8)
     with torch.no_grad():
-        x = model.embed(images)
-        for block in model.blocks[:2]:
-            x = block(x, rope=None)[0]
+        x = hand_stream(model, images)
         z = sae.encode(x)
         latent = int(z.sum(dim=(0, 1)).argmax())
         expected = model.classify(model.run_blocks(x + 2.0 * z[..., latent:latent + 1] * sae.W_dec[latent], (2, 2),
