@@ -269,3 +269,14 @@ def test_features_open_while_heads_are_switched_off_in_every_map(sae_world):
     at = open_features(at, folder)
     assert not at.error  # the SAE is checked against the model as loaded, not the copy with a head off
     assert [r for r in at.radio if r.key == "sae_strongest"]
+
+
+def test_an_exemplar_named_outside_its_folder_is_not_read(sae_world, tmp_path):
+    _, folder, _ = sae_world
+    (tmp_path / "outside.png").write_bytes(png_bytes(24, 24, seed=99))
+    table = dict(np.load(folder / "features.npz"))
+    table["images"] = np.array(["../outside.png"] * len(table["images"]))  # a features.npz from anyone
+    np.savez(folder / "features.npz", **table)
+    at = open_features(run_app(), folder)
+    assert len(at.get("image")) == 2  # the model's input and the features' sheet: no crop
+    assert any("outside.png is not inside" in t.value for t in at.text)
