@@ -13,6 +13,7 @@ from pathlib import Path
 
 import streamlit as st
 
+from pages.analyze_sections.feature_browser import feature_browser
 from pages.explorer_sections.checkpoint_picker import open_from_hub
 from vit.app import catalog, explorer
 from vit.checkpoint import CheckpointError
@@ -129,6 +130,8 @@ def mistake_image(path: str, data: str):
     return open_image(explorer.read_image_file(path, data, st.get_option("server.maxUploadSize") * 2**20),
                       name=Path(path).name)
 
+
+feature_browser(choice)  # issue 36: an SAE of this checkpoint, its features by their exemplars
 
 if st.button("Analyse", type="primary", disabled=not folder.strip()):
     try:

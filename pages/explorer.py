@@ -9,7 +9,7 @@ to its path before ``st.switch_page("pages/explorer.py")``, and an image file by
 
 import streamlit as st
 
-from pages.explorer_sections import ask_in_words, mechanism
+from pages.explorer_sections import ask_in_words, features, mechanism
 from pages.explorer_sections.analyses import analyses
 from pages.explorer_sections.caches import analyse, display_images, load_model
 from pages.explorer_sections.checkpoint_picker import pick_checkpoint
@@ -73,6 +73,9 @@ refs = mechanism.pick_references(samples, invert)
 everywhere = mechanism.heads_off_everywhere(model_key)
 checkpoint, fingerprint, mean_ablated = mechanism.with_heads_off(everywhere, full_checkpoint, full_fingerprint, image,
                                                                  size, refs)
+# Features scaled under Features with "every map" on: the page is drawn from a copy of the model that scales them.
+checkpoint, fingerprint = features.with_features_edited(checkpoint, fingerprint, full_checkpoint, full_fingerprint,
+                                                        may_open)
 
 try:
     analysis = analyse(fingerprint, image_key, size, checkpoint, image)
@@ -111,6 +114,10 @@ if has_text_tower(checkpoint):
 # -- analyses (only the open tab is computed) -------------------------------------------------------------------
 
 analyses(state)
+
+# -- features: a sparse autoencoder's features of this image, their exemplars and intervention (issue 36) --------
+
+features.features(state, may_open, asked)
 
 # -- mechanism: logit lens, head attribution, ablation, phenomena (issue 24) ------------------------------------
 

@@ -171,6 +171,7 @@ def test_train_command_writes_a_sae_lens_folder_metrics_and_features(tmp_path, c
     assert metrics["images"] == 2 and metrics["tokens"] == 2 * 65 and metrics["l0"] <= 8
     assert metrics["explained_variance"] > 0.4  # 8 images, 520 tokens: far from the full recipe (0.54 here)
     assert 0 <= metrics["top1_agreement"] <= 1 and metrics["ce_clean"] >= 0
+    assert metrics["data"] == str(SAMPLES.resolve())  # where features.npz's image names are (the explorer's crops)
     sae = load_sae(out)
     checkpoint = load_checkpoint(CHECKPOINT)
     assert check_fits(sae, checkpoint.model) == 2 and (sae.d_in, sae.d_sae, sae.k) == (96, 192, 8)

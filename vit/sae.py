@@ -124,7 +124,8 @@ def run(args: argparse.Namespace) -> int:
                          (mean_sum / max(mean_count, 1)).float())
     metrics = {**held.metrics(), "train_images": len(train_files), "train_seconds": round(train_seconds, 2),
                "held_out_seconds": round(time.monotonic() - started, 2), "settings": settings_record(settings),
-               "model": str(args.model), "hook_name": hook, "created": now_iso()}
+               "model": str(args.model), "hook_name": hook, "created": now_iso(),
+               "data": str(Path(args.data).resolve())}  # features.npz's image names are relative to it
     try:
         out.mkdir(parents=True, exist_ok=True)
         save_sae(sae, out)

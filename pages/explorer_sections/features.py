@@ -1,0 +1,382 @@
+"""Features: a sparse autoencoder's features of this image, beside the attention maps (issue 36).
+
+An SAE folder (SAELens's format: what ``python -m vit.sae train`` writes) trained on this model's layer opens under
+the access rule of "Open a path". The image's strongest features each have a map over exactly the pixels the model
+saw; a click on a patch lists the features active there; a feature's exemplars are cropped from the images its
+``features.npz`` names. Scaling a feature replaces the layer's output by the reconstruction with that latent scaled
+plus the reconstruction error (``vit.features.explore``).
+
+A fragment: picking a feature or a patch, or scaling one for this section alone, reruns this section only. Features
+scaled "in every map on this page" change what every section shows: the page is then drawn from a copy of the model
+that scales them (``with_features_edited``), and a change of them reruns the page.
+"""
+
+from dataclasses import replace
+from functools import partial
+from pathlib import Path
+
+import streamlit as st
+from PIL import Image
+
+from pages.explorer_sections.caches import IMAGE_CACHE_BYTES, byte_cache
+from pages.explorer_sections.main_view import PICKER_CONFIG
+from pages.explorer_sections.state import Shown, keep_settings
+from vit.app import drawing, explorer, words
+from vit.checkpoint import Checkpoint
+from vit.explain.overlay import overlay
+from vit.features import explore
+from vit.features.sae import CFG_FILE, WEIGHTS_FILE, SAEError, SparseAutoencoder, check_fits, load_sae
+from vit.images import UPLOAD_MAX_PIXELS, ImageError, open_image
+from vit.inference import InputSize, predictions_from_logits
+from vit.runfiles import parse_json, read_text_bounded
+from vit.text import escape_markdown, visible
+
+TOGGLE_KEY, FOLDER_KEY, IMAGES_KEY, COUNT_KEY = "sae_view", "sae_folder", "sae_images", "sae_count"
+FEATURE_KEY, TOKEN_KEY, EVERYWHERE_KEY = "sae_feature", "sae_token", "sae_everywhere"
+# The chart and the button are not "sae_" keys: keep_settings writes those back, and theirs are read-only.
+STRONGEST_KEY, ACTIVE_KEY, PICKER_KEY = "sae_strongest", "sae_active", "features_picker"
+FACTOR_PREFIX = "sae_factor-"  # + latent: the factor that latent is scaled by (1: left as it is)
+_OPENED, _RERUN = "sae_opened", "sae_rerun_page"
+# (the page's fingerprint, the checkpoint and fingerprint before the features were scaled in every map): the section
+# reads the latents and scales them on the model as it was, not on the copy that already scales them.
+_BASE = "features_base"
+EXEMPLARS_SHOWN = 8
+THUMBNAIL_SIDE = 96
+MAX_FACTOR = 100.0
+
+
+# -- the SAE and its files ---------------------------------------------------------------------------------------
+
+def folder_version(folder: Path) -> tuple:
+    """What the caches of a folder's files are keyed by: each file's size and time (None when missing)."""
+    def stat(name: str):
+        try:
+            info = (folder / name).stat()
+            return info.st_mtime_ns, info.st_size
+        except OSError:
+            return None
+    return tuple(stat(name) for name in (CFG_FILE, WEIGHTS_FILE, explore.FEATURES_FILE, "metrics.json"))
+
+
+@st.cache_resource(max_entries=4, show_spinner="Loading the SAE…")
+def open_sae(folder: str, version: tuple, device: str) -> SparseAutoencoder:
+    return load_sae(folder, device)
+
+
+@st.cache_resource(max_entries=4, show_spinner="Checking the SAE against the model…")
+def fitting_layer(full_fingerprint: tuple, folder: str, version: tuple, _model, _sae: SparseAutoencoder) -> int:
+    return check_fits(_sae, _model)  # hashes the model's weights: once per model and SAE
+
+
+@st.cache_resource(max_entries=2, show_spinner="Reading the features' exemplars…")
+def feature_table(folder: str, version: tuple, d_sae: int) -> explore.FeatureTable:
+    return explore.read_features(Path(folder) / explore.FEATURES_FILE, d_sae)
+
+
+def chosen_sae(full_checkpoint: Checkpoint, full_fingerprint: tuple) -> tuple[SparseAutoencoder, str, tuple, int]:
+    """(the SAE of the folder typed, its folder, its files' version, the layer it reads); SAEError in one line when
+    there is none or it does not fit the model."""
+    folder = Path(str(st.session_state.get(FOLDER_KEY) or "").strip()).expanduser()
+    if not str(folder) or str(folder) == ".":
+        raise SAEError("type the folder of an SAE trained on this model (python -m vit.sae train … --out FOLDER)")
+    version = folder_version(folder)
+    device = str(next(full_checkpoint.model.parameters()).device)
+    sae = open_sae(str(folder), version, device)
+    layer = fitting_layer(full_fingerprint, str(folder), version, full_checkpoint.model, sae)
+    return sae, str(folder), version, layer
+
+
+def scales_typed() -> dict[int, float]:
+    """{latent: factor} of the features scaled (those left at 1 are not)."""
+    return {int(key[len(FACTOR_PREFIX):]): float(value) for key, value in st.session_state.items()
+            if isinstance(key, str) and key.startswith(FACTOR_PREFIX) and value is not None and float(value) != 1.0}
+
+
+def describe_scales(scales: dict[int, float]) -> str:
+    return ", ".join(f"feature {latent} × {factor:g}" for latent, factor in sorted(scales.items()))
+
+
+@st.cache_resource(max_entries=2, show_spinner="Scaling the features in the model…")
+def edited_checkpoint(fingerprint: tuple, folder: str, version: tuple, scales: tuple, _checkpoint: Checkpoint,
+                      _full_model, _sae: SparseAutoencoder) -> Checkpoint:
+    return replace(_checkpoint, model=explore.edited_copy(_checkpoint.model, _sae, dict(scales), fits=_full_model))
+
+
+def with_features_edited(checkpoint: Checkpoint, fingerprint: tuple, full_checkpoint: Checkpoint,
+                         full_fingerprint: tuple, may_open: bool) -> tuple[Checkpoint, tuple]:
+    """(checkpoint, fingerprint) the page is drawn with: while features are scaled "in every map on this page", a
+    copy of the model that scales them at the SAE's layer, said on the page; else the model as it came."""
+    keep_settings(("sae_",))  # drawn in the Features section only, which may be closed
+    st.session_state.pop(_BASE, None)
+    scales = scales_typed()
+    if not (may_open and scales and st.session_state.get(TOGGLE_KEY) and st.session_state.get(EVERYWHERE_KEY)):
+        return checkpoint, fingerprint
+    try:
+        sae, folder, version, layer = chosen_sae(full_checkpoint, full_fingerprint)
+        key = tuple(sorted(scales.items()))
+        edited = edited_checkpoint(fingerprint, folder, version, key, checkpoint, full_checkpoint.model, sae)
+    except (SAEError, ValueError) as e:
+        st.warning(escape_markdown(e))
+        return checkpoint, fingerprint
+    st.info(f"{escape_markdown(describe_scales(scales))}: scaled at layer {layer}'s output in the prediction and in "
+            "every map on this page. Set them back to 1 under Features.")
+    edited_fingerprint = (fingerprint, "features-scaled", folder, version, key)
+    st.session_state[_BASE] = (edited_fingerprint, checkpoint, fingerprint)
+    return edited, edited_fingerprint
+
+
+# -- what the section computes, once per image and setting ----------------------------------------------------------
+
+@st.cache_resource(max_entries=16, show_spinner="Reading the image's features…")
+def image_latents(fingerprint: tuple, digest: str, size: InputSize, folder: str, version: tuple,
+                  _checkpoint: Checkpoint, _full_model, _sae: SparseAutoencoder, _image: Image.Image
+                  ) -> explore.ImageFeatures:
+    x = words.model_input(_checkpoint, _image, size)
+    return explore.image_features(_checkpoint.model, _sae, x, fits=_full_model)
+
+
+@st.cache_resource(max_entries=8, show_spinner="Scaling the features…")
+def intervention(fingerprint: tuple, digest: str, size: InputSize, folder: str, version: tuple, scales: tuple,
+                 _checkpoint: Checkpoint, _full_model, _sae: SparseAutoencoder, _image: Image.Image
+                 ) -> explore.InterventionView:
+    x = words.model_input(_checkpoint, _image, size)
+    return explore.intervention_view(_checkpoint.model, _sae, x, dict(scales), fits=_full_model)
+
+
+@st.cache_resource(max_entries=8, show_spinner=False)
+def words_near(fingerprint: tuple, folder: str, version: tuple, labels: tuple, templates: tuple, latents: tuple,
+               _checkpoint, _full_model, _sae, _embeddings) -> dict[int, list[tuple[int, float]]]:
+    return explore.nearest_words(_checkpoint.model, _sae, _embeddings, list(latents), count=3, fits=_full_model)
+
+
+def exemplar_thumbnail(images_folder: str, name: str, token: int, checkpoint: Checkpoint, grid: tuple[int, int],
+                       prefix: int) -> Image.Image:
+    """An exemplar's crop from its image file, a regular file inside ``images_folder`` of bounded size, read once."""
+    def make() -> Image.Image:
+        path = Path(images_folder) / name
+        data = explorer.read_image_file(path, images_folder, st.get_option("server.maxUploadSize") * 2**20)
+        image = open_image(data, name=path.name, max_pixels=UPLOAD_MAX_PIXELS)
+        return explore.exemplar_thumbnail(image, checkpoint.preprocessing, grid, prefix, token, THUMBNAIL_SIDE)
+    key = ("exemplar", images_folder, name, token, grid, prefix, checkpoint.preprocessing)
+    return byte_cache("images", IMAGE_CACHE_BYTES).get_or_compute(key, make)
+
+
+def short_name(name: str, length: int = 28) -> str:
+    """An exemplar's image name as shown under it: its end (the class folder and the file), control characters as
+    escapes."""
+    name = visible(name)
+    return name if len(name) <= length else "…" + name[-(length - 1):]
+
+
+def metrics_line(folder: str) -> str | None:
+    try:
+        metrics = parse_json(read_text_bounded(Path(folder) / "metrics.json"))
+        return (f"Held-out explained variance {float(metrics['explained_variance']):.3f}, "
+                f"L0 {float(metrics['l0']):.1f}, dead {float(metrics['dead_fraction']):.1%}.")
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def metrics_data(folder: str) -> str:
+    """The folder the SAE was trained from, as its metrics.json says ("" when it does not)."""
+    try:
+        data = parse_json(read_text_bounded(Path(folder) / "metrics.json")).get("data")
+        return data if isinstance(data, str) else ""
+    except (OSError, ValueError, AttributeError):
+        return ""
+
+
+# -- the section ------------------------------------------------------------------------------------------------
+
+def _show(key: str) -> None:
+    """A feature picked in one of the lists is the one shown."""
+    if st.session_state.get(key) is not None:
+        st.session_state[FEATURE_KEY] = st.session_state[key]
+
+
+def _pick_patch(prefix: int) -> None:
+    token = drawing.token_from_selection(st.session_state[PICKER_KEY].selection, prefix)
+    if token is not None:
+        st.session_state[TOKEN_KEY] = token
+
+
+def _page_rerun() -> None:
+    if st.session_state.get(EVERYWHERE_KEY):
+        st.session_state[_RERUN] = True
+
+
+def _everywhere_changed() -> None:
+    st.session_state[_RERUN] = True
+
+
+def _reset_scales() -> None:
+    for key in [k for k in st.session_state if isinstance(k, str) and k.startswith(FACTOR_PREFIX)]:
+        del st.session_state[key]
+    _page_rerun()
+
+
+def feature_label(latent: int, value: float) -> str:
+    return f"feature {latent} · {value:.3g}"
+
+
+@st.fragment
+def features(view: Shown, may_open: bool, asked: words.Answer | None = None) -> None:
+    """The Features section: toggled on, an SAE folder, the image's features and their intervention."""
+    if st.session_state.pop(_RERUN, False):
+        st.rerun(scope="app")  # features scaled in every map changed: every section shows them
+    keep_settings(("sae_",))
+    if not st.toggle("Features: a sparse autoencoder's features of this image", key=TOGGLE_KEY, on_change=_page_rerun,
+                     help="What the model represents at one layer, split into sparse features by an SAE trained on "
+                          "it (python -m vit.sae train): each feature's map, its dataset exemplars, and what the "
+                          "prediction does when a feature is switched off or scaled."):
+        return
+    if not may_open:  # vit.runs.access: the rule of "Open a path"
+        st.caption("An SAE opens from a folder on the server, as a model by its path does: this server does not let "
+                   "this session read its files by path (with a token: enter it on the Train page).")
+        return
+    st.subheader("Features")
+    st.text_input("SAE folder", key=FOLDER_KEY, placeholder="/path/to/sae folder (cfg.json, sae_weights.safetensors)",
+                  on_change=_page_rerun,
+                  help="A folder in SAELens's format trained on this model: what python -m vit.sae train writes "
+                       "with its metrics.json and features.npz.")
+    base = st.session_state.get(_BASE)
+    checkpoint, fingerprint = (base[1], base[2]) if base and base[0] == view.fingerprint else (view.checkpoint,
+                                                                                               view.fingerprint)
+    try:
+        sae, folder, version, layer = chosen_sae(view.full_checkpoint, view.full_fingerprint)
+        latents = image_latents(fingerprint, view.image_key, view.size, folder, version, checkpoint,
+                                view.full_checkpoint.model, sae, view.image)
+    except (SAEError, ValueError, ImageError) as e:
+        if st.session_state.get(FOLDER_KEY):
+            st.error(escape_markdown(e))
+        else:
+            st.caption(escape_markdown(e))
+        return
+    if st.session_state.get(_OPENED) != folder:  # another SAE: its features are others
+        for key in [k for k in st.session_state if isinstance(k, str) and k.startswith(FACTOR_PREFIX)]:
+            del st.session_state[key]
+        for key in (FEATURE_KEY, TOKEN_KEY, STRONGEST_KEY, ACTIVE_KEY, IMAGES_KEY):
+            st.session_state.pop(key, None)
+        st.session_state[_OPENED] = folder
+    described = metrics_line(folder)
+    st.caption(f"{sae.d_sae:,} features of layer {layer}'s output (k {sae.k}). " + (described or ""))
+
+    analysis, grid, prefix = view.analysis, latents.grid, latents.num_prefix_tokens
+    count = st.slider("Strongest features shown", 1, 24, 8, key=COUNT_KEY)
+    strongest = latents.strongest(count)
+    if not strongest:
+        st.info("No feature fires on any patch of this image.")
+        return
+    if st.session_state.get(FEATURE_KEY) is None or not 0 <= st.session_state[FEATURE_KEY] < sae.d_sae:
+        st.session_state[FEATURE_KEY] = strongest[0][0]
+    shown = int(st.session_state[FEATURE_KEY])
+    peaks = dict(strongest)
+
+    cells = drawing.small_multiples(view.small, latents.patch_maps([i for i, _ in strongest]), view.opacity,
+                                    view.colormap, view.mode, scale="zero")
+    st.image(drawing.heads_grid_image(cells, columns=min(len(cells), 8)), output_format="PNG")
+    st.caption("The strongest features' maps, each from 0 to its own peak, in the order of the list below: "
+               + ", ".join(str(i) for i, _ in strongest) + ". Pick one to see it large.")
+    col_list, col_map, col_effect = st.columns([0.7, 1, 0.9], gap="medium")
+    with col_list:
+        options = [latent for latent, _ in strongest]
+        st.session_state[STRONGEST_KEY] = shown if shown in options else None
+        st.radio("The image's strongest features (peak on a patch)", options, key=STRONGEST_KEY,
+                 format_func=lambda i: feature_label(i, peaks[i]), on_change=_show, args=(STRONGEST_KEY,))
+        token = st.session_state.get(TOKEN_KEY)
+        if token is not None and not 0 <= token < len(latents.latents):
+            token = None
+        if token is None:
+            st.caption("**Click a patch** of the map to list the features active there.")
+        else:
+            active = latents.active_at(token)
+            place = drawing.token_label(token, grid, prefix, analysis.prefix_names)
+            if not active:
+                st.caption(f"No feature is active at {place}.")
+            else:
+                values = dict(active)
+                st.session_state[ACTIVE_KEY] = shown if shown in values else None
+                st.radio(f"Active at {place}", list(values), key=ACTIVE_KEY,
+                         format_func=lambda i: feature_label(i, values[i]), on_change=_show, args=(ACTIVE_KEY,))
+    map2d = latents.patch_maps([shown])[0]  # (gh, gw)
+    with col_map:
+        drawn = overlay(view.shown, map2d, view.opacity, view.colormap, view.mode, show_grid=view.show_grid,
+                        outline_patch=None if token is None or token < prefix else token - prefix, vmin=0.0)
+        st.plotly_chart(drawing.patch_picker_figure(view.shown.size, drawing.jpeg_data_uri(drawn), grid,
+                                                    token if token is not None else -1, prefix, show_grid=False),
+                        key=PICKER_KEY, on_select=partial(_pick_patch, prefix), selection_mode="points",
+                        config=PICKER_CONFIG, width="stretch")
+        st.caption(f"Feature {shown}'s activation on each patch at layer {layer}'s output, from 0 (transparent) to "
+                   f"its peak here, {float(map2d.max()):.3g}; over the part of the image the model sees.")
+        if asked is not None:
+            near = words_near(view.full_fingerprint, folder, version, tuple(asked.labels),
+                              tuple(asked.prompts.templates), (shown,), checkpoint, view.full_checkpoint.model, sae,
+                              asked.prompts.embeddings)[shown]
+            st.text("Nearest typed labels: " + ", ".join(f"{asked.labels[i]} ({c:+.2f})" for i, c in near))
+            st.caption("The feature's decoder direction read through the model's final norm and projection, its "
+                       "cosine with each label's text embedding.")
+    with col_effect:
+        st.number_input(f"Scale feature {shown} by", -MAX_FACTOR, MAX_FACTOR, value=1.0, step=0.5,
+                        key=f"{FACTOR_PREFIX}{shown}", on_change=_page_rerun,
+                        help="0 switches it off. The layer's output becomes the SAE's reconstruction with the "
+                             "feature scaled plus the reconstruction error, so nothing else changes.")
+        scales = scales_typed()
+        st.checkbox("In every map on this page", key=EVERYWHERE_KEY, on_change=_everywhere_changed,
+                    help="The prediction and every map above and below are drawn from the model with these features "
+                         "scaled.")
+        if scales:
+            st.button("Set every feature back to 1", key="features_reset", on_click=_reset_scales)
+            try:
+                effect = intervention(fingerprint, view.image_key, view.size, folder, version,
+                                      tuple(sorted(scales.items())), checkpoint, view.full_checkpoint.model, sae,
+                                      view.image)
+            except ValueError as e:
+                st.error(escape_markdown(e))
+                effect = None
+            if effect is not None:
+                st.text(f"Scaled: {describe_scales(scales)}")
+                if effect.logits_after is not None and view.class_names:
+                    [after] = predictions_from_logits(effect.logits_after[None], view.class_names, 5)
+                    st.plotly_chart(drawing.predictions_figure(after), config={"displayModeBar": False},
+                                    key="sae_prediction")
+                    st.caption("The prediction with the features scaled (the page's Prediction shows it as it was, "
+                               "unless they are scaled in every map).")
+                cells = drawing.small_multiples(view.small, effect.rollouts(), view.opacity, view.colormap,
+                                                view.mode, scale="shared")
+                st.image(drawing.heads_grid_image(cells, columns=2), output_format="PNG")
+                st.caption("The CLS token's attention rollout as it was (left) and with the features scaled (right), "
+                           "on one colour scale: every layer after the SAE's attends differently.")
+    exemplars(view, sae, folder, version, shown)
+
+
+def exemplars(view: Shown, sae: SparseAutoencoder, folder: str, version: tuple, latent: int) -> None:
+    """The feature's top activating held-out patches, cropped from the images features.npz names."""
+    st.markdown(f"**Feature {latent}'s exemplars** (its strongest patches on the SAE's held-out images)")
+    try:
+        table = feature_table(folder, version, sae.d_sae)
+    except SAEError as e:
+        st.caption(escape_markdown(e))
+        return
+    model = view.full_checkpoint.model
+    config = model.config
+    if table.tokens_per_image != config.num_prefix_tokens + config.num_patches:
+        st.caption(f"features.npz describes images of {table.tokens_per_image} tokens; the model reads "
+                   f"{config.num_prefix_tokens + config.num_patches} at its own size: no crops can be placed.")
+        return
+    st.session_state.setdefault(IMAGES_KEY, metrics_data(folder))
+    images_folder = st.text_input("Exemplar images folder", key=IMAGES_KEY,
+                                  help="The folder the SAE was trained from (python -m vit.sae train --data): "
+                                       "features.npz names its images relative to it.").strip()
+    found = table.exemplars(latent, distinct=True)[:EXEMPLARS_SHOWN]
+    st.caption(f"Fires on {float(table.frequency[latent]):.2%} of the held-out tokens.")
+    if not found or not images_folder:
+        return
+    columns = st.columns(EXEMPLARS_SHOWN)
+    for column, (name, token, value) in zip(columns, found, strict=False):
+        with column:
+            try:
+                st.image(exemplar_thumbnail(images_folder, name, token, view.full_checkpoint, config.grid_size,
+                                            config.num_prefix_tokens), output_format="PNG")
+            except (ImageError, ValueError, OSError) as e:
+                st.text(visible(str(e))[:120])
+            st.text(f"{short_name(name)}\n{value:.3g}")

@@ -1,0 +1,282 @@
+"""The explorer's Features section through Streamlit's AppTest (issue 36): an SAE folder trained on the open model,
+the image's strongest features and their maps, the features at a patch, exemplars cropped from the images
+features.npz names, a feature scaled for the section and in every map, and one-line refusals."""
+
+import json
+
+import numpy as np
+import pytest
+import test_app
+import torch
+from helpers import displayed
+from test_app import CLASSES, charts, png_bytes, run_app
+from test_app_mechanism import sample_input
+
+from vit.app.catalog import DEFAULT_CHECKPOINT
+from vit.checkpoint import load_checkpoint
+from vit.features.sae import SAEInfo, SparseAutoencoder, model_fingerprint, save_sae
+from vit.features.train import HeldOut
+from vit.images import open_image
+from vit.inference import preprocess
+
+pytest.importorskip("streamlit")
+pytestmark = pytest.mark.slow  # each test starts the app
+dirs, default_world = test_app.dirs, test_app.default_world  # fixtures
+LAYER = 2  # the SAE reads block 2's output of the tiny model's 3
+
+
+def hand_stream(model, x):
+    """Block LAYER's output by hand: the embedding and the first LAYER blocks."""
+    with torch.no_grad():
+        h = model.embed(x)
+        for block in model.blocks[:LAYER]:
+            h = block(h, rope=None)[0]
+    return h
+
+
+@pytest.fixture
+def sae_world(default_world, tmp_path):
+    """The default world, an SAE of its model at block 2 (random weights, k 4 of 32), and its features.npz over a
+    folder of six images in class folders."""
+    checkpoints, _ = default_world
+    checkpoint = load_checkpoint(checkpoints / DEFAULT_CHECKPOINT)
+    model = checkpoint.model.eval()
+    torch.manual_seed(0)
+    sae = SparseAutoencoder(16, 32, 4, info=SAEInfo(model_name="tiny", hook_name=f"blocks.{LAYER - 1}.hook_resid_post",
+                                                    model_fingerprint=model_fingerprint(model)))
+    with torch.no_grad():
+        sae.b_enc.normal_(0, 0.2)
+    data = tmp_path / "sae-data"
+    names = []
+    for i in range(6):
+        name = f"{CLASSES[i % 2]}/{i}.png"
+        (data / name).parent.mkdir(parents=True, exist_ok=True)
+        (data / name).write_bytes(png_bytes(24, 24, seed=10 + i))
+        names.append(name)
+    held = HeldOut(sae, exemplars=4)
+    images = [open_image((data / n).read_bytes(), name=n) for n in names]
+    held.add(hand_stream(model, preprocess(images, checkpoint.preprocessing)))
+    folder = tmp_path / "sae"
+    save_sae(sae, folder)
+    (folder / "features.npz").write_bytes(held.features(names))
+    (folder / "metrics.json").write_text(json.dumps({"explained_variance": 0.5, "l0": 4.0, "dead_fraction": 0.0,
+                                                     "data": str(data)}))
+    return checkpoints, folder, sae.eval()
+
+
+def open_features(at, folder):
+    at.toggle(key="sae_view").set_value(True)
+    at.run()
+    at.text_input(key="sae_folder").set_value(str(folder))
+    at.run()
+    assert not at.exception, [e.message for e in at.exception]
+    return at
+
+
+def test_strongest_features_their_maps_and_exemplars(sae_world):
+    checkpoints, folder, sae = sae_world
+    at = open_features(run_app(), folder)
+    checkpoint, x = sample_input(checkpoints)
+    z = sae.encode(hand_stream(checkpoint.model, x))[0]  # (T, 32): the SAE's own encoding of the layer's output
+    P = checkpoint.model.num_prefix_tokens
+    peak = z[P:].max(dim=0).values.detach()
+    expected = peak.topk(8).indices[peak.topk(8).values > 0].tolist()
+    [strongest] = [r for r in at.radio if r.key == "sae_strongest"]
+    assert strongest.options == [f"feature {i} · {float(peak[i]):.3g}" for i in expected]
+    assert any(f"its peak here, {float(peak[expected[0]]):.3g}" in c.value for c in at.caption)
+    # Exemplars: as many crops as features.npz holds for the feature (up to 4 here), each named by its file.
+    table = np.load(folder / "features.npz")
+    # each image once (at its strongest token), named with its class folder
+    distinct = {int(i) for i in table["exemplar_images"][expected[0]] if i >= 0}
+    assert len(at.get("image")) == 2 + len(distinct) > 2  # the model's input, the features' sheet, the crops
+    shown_names = [t.value.split("\n")[0] for t in at.text if t.value.count("\n") == 1]
+    assert sorted(shown_names) == sorted(str(table["images"][i]) for i in distinct)
+
+
+def test_a_patch_lists_the_features_active_there(sae_world):
+    checkpoints, folder, sae = sae_world
+    at = open_features(run_app(), folder)
+    checkpoint, x = sample_input(checkpoints)
+    z = sae.encode(hand_stream(checkpoint.model, x))[0]
+    token = checkpoint.model.num_prefix_tokens + 5  # what a click on patch 6 sets
+    at.session_state["sae_token"] = token
+    at.run()
+    [active] = [r for r in at.radio if r.key == "sae_active"]
+    fired = z[token][z[token] > 0]
+    assert [int(o.split(" ")[1]) for o in active.options] == z[token].topk(len(fired)).indices.tolist()
+    latent = int(z[token].argmin() if len(fired) == 0 else z[token].topk(len(fired)).indices[-1])
+    active.set_value(latent)
+    at.run()
+    assert at.session_state["sae_feature"] == latent  # the feature picked at the patch is the one mapped
+    assert any(c.value.startswith(f"Feature {latent}'s activation") for c in at.caption)
+
+
+def prediction_bars(at):
+    return [t for fig in charts(at) for t in fig["data"] if t.get("type") == "bar"]
+
+
+def test_zeroing_a_feature_moves_the_prediction_as_the_sae_decode_says(sae_world):
+    checkpoints, folder, sae = sae_world
+    at = open_features(run_app(), folder)
+    checkpoint, x = sample_input(checkpoints)
+    model = checkpoint.model
+    stream = hand_stream(model, x)
+    z = sae.encode(stream)
+    [strongest] = [r for r in at.radio if r.key == "sae_strongest"]
+    latent = int(strongest.options[0].split(" ")[1])
+    with torch.no_grad():
+        edited = stream - z[..., latent:latent + 1] * sae.W_dec[latent]  # by hand: its share taken out
+        probs = model.classify(model.run_blocks(edited, model.config.grid_size, LAYER)[0]).softmax(dim=-1)[0]
+        clean = model(x)[0].softmax(dim=-1)[0]
+    at.number_input(key=f"sae_factor-{latent}").set_value(0.0)
+    at.run()
+    assert not at.exception, [e.message for e in at.exception]
+    page, section = prediction_bars(at)
+    expected = {CLASSES[i]: float(p) for i, p in enumerate(probs)}
+    assert dict(zip(section["y"], section["x"], strict=True)) == pytest.approx(
+        {c: expected[c] for c in section["y"]}, abs=1e-5)
+    assert dict(zip(page["y"], page["x"], strict=True)) == pytest.approx(
+        {c: float(clean[CLASSES.index(c)]) for c in page["y"]}, abs=1e-5)  # the page's: as it was
+    at.checkbox(key="sae_everywhere").set_value(True)
+    at.run()
+    assert not at.exception, [e.message for e in at.exception]
+    for bars in prediction_bars(at):  # now the page's prediction follows; the section's scales the model once
+        assert dict(zip(bars["y"], bars["x"], strict=True)) == pytest.approx(
+            {c: expected[c] for c in bars["y"]}, abs=1e-5)
+    assert any(f"feature {latent} × 0" in i.value for i in at.info)
+    at.button(key="features_reset").click()
+    at.run()
+    page = prediction_bars(at)[0]
+    assert dict(zip(page["y"], page["x"], strict=True)) == pytest.approx(
+        {c: float(clean[CLASSES.index(c)]) for c in page["y"]}, abs=1e-5)
+
+
+def test_an_sae_of_another_model_or_width_is_a_one_line_refusal(sae_world, tmp_path):
+    _, folder, sae = sae_world
+    other = SparseAutoencoder(16, 32, 4, info=SAEInfo(hook_name="blocks.1.hook_resid_post",
+                                                      model_fingerprint="0" * 16))
+    save_sae(other, tmp_path / "other")
+    wide = SparseAutoencoder(24, 32, 4, info=SAEInfo(hook_name="blocks.1.hook_resid_post"))
+    save_sae(wide, tmp_path / "wide")
+    at = run_app()
+    for path, message in ((tmp_path / "other", "trained on another model"), (tmp_path / "wide", "24-wide"),
+                          (tmp_path / "nothing", "is not an SAE folder")):
+        at = open_features(at, path)
+        [error] = at.error
+        assert message in displayed(error.value) and "\n" not in error.value
+
+
+def test_without_access_to_the_servers_files_no_sae_folder_is_asked(sae_world, monkeypatch):
+    monkeypatch.setenv("VIT_TRAIN_TOKEN", "secret")  # a token configured and not entered: nothing read by path
+    at = run_app()
+    at.toggle(key="sae_view").set_value(True)
+    at.run()
+    assert not [w for w in at.text_input if w.key == "sae_folder"]
+    assert any("by path" in c.value for c in at.caption)
+
+
+def open_browser(at, folder):
+    at.switch_page("pages/analyze.py")
+    at.run()
+    at.toggle(key="browse_features").set_value(True)
+    at.run()
+    at.text_input(key="browse_sae_folder").set_value(str(folder))
+    at.run()
+    assert not at.exception, [e.message for e in at.exception]
+    return at
+
+
+def browsed(at) -> list[int]:
+    """The features listed, in order."""
+    return [int(t.value.split(" ")[1]) for t in at.text if t.value.startswith("Feature ")]
+
+
+def test_the_analyse_page_browses_features_by_frequency_and_by_class(sae_world):
+    _, folder, _ = sae_world
+    table = np.load(folder / "features.npz")
+    frequency, images = table["frequency"], table["exemplar_images"]
+    live = [i for i in range(32) if images[i, 0] >= 0]
+    at = open_browser(AppTest_of_app(), folder)
+    assert browsed(at) == sorted(live, key=lambda i: (-frequency[i], i))[:10]  # most frequent first
+    thumbnails = sum(len({int(j) for j in images[i] if j >= 0}) for i in browsed(at))  # each image once
+    assert len(at.get("image")) == thumbnails  # every exemplar of the page, cropped from its file
+    at.radio(key="browse_order").set_value("rare")
+    at.run()
+    assert browsed(at) == sorted(live, key=lambda i: (frequency[i], i))[:10]
+    # by class: the class folder most of a feature's exemplar images lie in (airplane/ and cat/ here; a tie is
+    # airplane's, the first name)
+    names = [str(n) for n in table["images"]]
+    cats = [i for i in live if [names[j].split("/")[0] for j in images[i] if j >= 0].count("cat") * 2
+            > int((images[i] >= 0).sum())]
+    assert cats
+    at.selectbox(key="browse_class").set_value("cat")
+    at.run()
+    assert browsed(at) == sorted(cats, key=lambda i: (frequency[i], i))[:10]  # still rarest first
+
+
+def test_the_browser_refuses_an_sae_of_another_model_in_one_line(sae_world, tmp_path):
+    other = SparseAutoencoder(16, 32, 4, info=SAEInfo(hook_name="blocks.1.hook_resid_post",
+                                                      model_fingerprint="0" * 16))
+    save_sae(other, tmp_path / "other")
+    at = open_browser(AppTest_of_app(), tmp_path / "other")
+    [error] = at.error
+    assert "trained on another model" in displayed(error.value) and "\n" not in error.value
+
+
+def AppTest_of_app():  # noqa: N802 (an AppTest, as run_app makes it, without running the explorer first)
+    from streamlit.testing.v1 import AppTest
+
+    return AppTest.from_file(test_app.APP, default_timeout=test_app.TIMEOUT)
+
+
+def test_a_clips_feature_lists_its_nearest_typed_labels(dirs, tmp_path):
+    open_clip = pytest.importorskip("open_clip")
+    from test_app_words import ask, open_clip_app
+    from test_prompts import save_open_clip
+
+    from vit.sources.open import open_source
+
+    reference, clip = save_open_clip(tmp_path / "open_clip")
+    model = open_source(clip).model
+    torch.manual_seed(0)
+    sae = SparseAutoencoder(128, 20, 4, info=SAEInfo(hook_name="blocks.1.hook_resid_post",
+                                                     model_fingerprint=model_fingerprint(model)))
+    with torch.no_grad():
+        sae.b_enc.normal_(0, 0.2)
+    save_sae(sae, tmp_path / "sae")
+    at = open_clip_app(clip, png_bytes(32, 32, seed=4))
+    labels = ["a dog", "a cat", "a red ball", "the sea"]
+    ask(at, ", ".join(labels))
+    at = open_features(at, tmp_path / "sae")
+    [strongest] = [r for r in at.radio if r.key == "sae_strongest"]
+    latent = int(strongest.options[0].split(" ")[1])
+    with torch.no_grad():  # by hand on open_clip's modules: ln_post's linear part, then the projection
+        tokens = open_clip.get_tokenizer(f"local-dir:{clip}")([f"a photo of a {label}." for label in labels])
+        text = reference.encode_text(tokens, normalize=True)
+        row = sae.W_dec[latent]
+        direction = (row - row.mean()) * reference.visual.ln_post.weight @ reference.visual.proj
+        cosines = torch.nn.functional.normalize(direction, dim=-1) @ text.T
+    values, index = cosines.topk(3)
+    expected = ", ".join(f"{labels[i]} ({c:+.2f})" for i, c in zip(index.tolist(), values.tolist(), strict=True))
+    assert f"Nearest typed labels: {expected}" in [t.value for t in at.text]
+
+
+def test_features_open_while_heads_are_switched_off_in_every_map(sae_world):
+    from test_app_mechanism import open_mechanism, switch_heads_off
+
+    _, folder, _ = sae_world
+    at = switch_heads_off(open_mechanism(run_app(), "Ablation"), ["1.1"], everywhere=True)
+    at = open_features(at, folder)
+    assert not at.error  # the SAE is checked against the model as loaded, not the copy with a head off
+    assert [r for r in at.radio if r.key == "sae_strongest"]
+
+
+def test_an_exemplar_named_outside_its_folder_is_not_read(sae_world, tmp_path):
+    _, folder, _ = sae_world
+    (tmp_path / "outside.png").write_bytes(png_bytes(24, 24, seed=99))
+    table = dict(np.load(folder / "features.npz"))
+    table["images"] = np.array(["../outside.png"] * len(table["images"]))  # a features.npz from anyone
+    np.savez(folder / "features.npz", **table)
+    at = open_features(run_app(), folder)
+    assert len(at.get("image")) == 2  # the model's input and the features' sheet: no crop
+    assert any("outside.png is not inside" in t.value for t in at.text)
