@@ -1,0 +1,96 @@
+"""SAE training as a run: the run files the Train page reads, a SIGTERM that stops it cleanly after a step, and a
+resume that continues at that step and ends with exactly the weights of a run that was never stopped."""
+
+import json
+import os
+import signal
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from vit.features import train as sae_train
+from vit.runfiles import read_config, read_metrics, read_status
+from vit.sae import main
+
+ROOT = Path(__file__).resolve().parent.parent
+CHECKPOINT = ROOT / "checkpoints" / "cifar10-cifar-s.pt"
+SAMPLES = ROOT / "checkpoints" / "samples" / "cifar10-cifar-s"
+# 10 sample images: 8 train (520 tokens, 9 steps of 64 per epoch), 2 held out.
+TINY = ["--layer", "2", "--width", "48", "--k", "4", "--epochs", "3", "--batch-size", "64", "--buffer-tokens", "256",
+        "--holdout", "2", "--device", "cpu"]
+
+
+def train(out: Path, *extra: str) -> int:
+    return main(["train", str(CHECKPOINT), "--data", str(SAMPLES), *TINY, "--out", str(out), *extra])
+
+
+def sigterm_at_step(monkeypatch, step: int) -> None:
+    """A SIGTERM delivered to this process while step ``step`` trains, as the page's Stop sends it."""
+    original = sae_train.SAETraining._train_step
+
+    def step_then_signal(self, x, on_step):
+        original(self, x, on_step)
+        if self.step == step:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    monkeypatch.setattr(sae_train.SAETraining, "_train_step", step_then_signal)
+
+
+def test_a_run_writes_the_run_files_the_train_page_reads(tmp_path):
+    out = tmp_path / "sae"
+    assert train(out) == 0
+    status, config = read_status(out / "status.json"), read_config(out / "config.json")
+    assert status["state"] == "completed" and status["step"] == status["total_steps"] == 27
+    assert config["kind"] == "sae" and config["args"]["epochs"] == 3
+    steps = read_metrics(out / "steps.jsonl")
+    assert [row["step"] for row in steps] == list(range(1, 28))  # a short run keeps every step
+    assert {"explained_variance", "l0", "dead_fraction"} <= set(steps[-1])
+    assert (out / "last.pt").is_file() and (out / "cfg.json").is_file()
+
+
+def test_sigterm_stops_after_the_step_and_saves_where_it_stood(tmp_path, monkeypatch, capsys):
+    out = tmp_path / "sae"
+    sigterm_at_step(monkeypatch, 10)
+    assert train(out) == 0
+    assert read_status(out / "status.json")["state"] == "cancelled"
+    assert torch.load(out / "last.pt", weights_only=True)["state"]["step"] == 10
+    assert not (out / "cfg.json").exists()  # no SAE folder from a stopped run
+    assert "--resume" in capsys.readouterr().err
+
+
+def test_a_resumed_run_ends_with_the_weights_of_an_uninterrupted_one(tmp_path, monkeypatch):
+    whole, stopped = tmp_path / "whole", tmp_path / "stopped"
+    assert train(whole) == 0
+    with monkeypatch.context() as m:
+        sigterm_at_step(m, 12)  # mid-epoch 2: the resume skips the 3 batches of it already trained on
+        assert train(stopped) == 0
+    assert main(["train", "--resume", str(stopped)]) == 0
+    assert read_status(stopped / "status.json")["state"] == "completed"
+    a, b = load_file(whole / "sae_weights.safetensors"), load_file(stopped / "sae_weights.safetensors")
+    assert all(torch.equal(a[name], b[name]) for name in a)
+    strip = [{k: v for k, v in row.items() if k != "seconds"} for row in read_metrics(whole / "steps.jsonl")]
+    assert [{k: v for k, v in row.items() if k != "seconds"} for row in read_metrics(stopped / "steps.jsonl")] == strip
+    assert json.loads((whole / "metrics.json").read_text())["explained_variance"] == \
+        json.loads((stopped / "metrics.json").read_text())["explained_variance"]
+    assert len(read_config(stopped / "config.json")["resumes"]) == 1
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda out: out.mkdir(), "not an SAE run folder"),
+    (lambda out: None, "not an SAE run folder"),
+])
+def test_resume_of_a_folder_that_is_no_sae_run_is_one_line(tmp_path, capsys, make, message):
+    make(tmp_path / "x")
+    assert main(["train", "--resume", str(tmp_path / "x")]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1
+
+
+def test_a_new_run_refuses_a_folder_holding_a_run(tmp_path, capsys, monkeypatch):
+    sigterm_at_step(monkeypatch, 2)
+    assert train(tmp_path / "sae") == 0
+    capsys.readouterr()
+    assert train(tmp_path / "sae") == 2
+    assert "--resume" in capsys.readouterr().err
