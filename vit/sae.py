@@ -62,7 +62,70 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto", help="where the model and SAE run")
     t.add_argument("--checkpoint-seconds", type=float, default=60.0,
                    help="rewrite last.pt at least this often (default 60)")
+    t.add_argument("--ray", metavar="ADDRESS", default=None,
+                   help="run on a Ray cluster (its dashboard, http://HEAD:8265): Ray Data harvests on N actors, Ray "
+                   "Train trains (on a GPU when the cluster has one); MODEL, --data and OUT on storage every node "
+                   "mounts")
+    t.add_argument("--workers", type=positive_int, default=None, metavar="N",
+                   help="with --ray: harvesting actors, one CPU each (default 1)")
+    t.add_argument("--ray-job", action="store_true", help=argparse.SUPPRESS)  # this command inside the Ray job
     return p
+
+
+def job_argv(args: argparse.Namespace) -> list[str]:
+    """``vit.sae``'s arguments for ``args`` with every path absolute and no Ray option: what the Ray job runs."""
+    from vit.predict import UsageError
+    from vit.sources.hub import looks_like_name
+
+    if args.resume is not None:
+        argv = ["train", "--resume", str(Path(args.resume).expanduser().resolve())]
+        if args.epochs is not None:
+            argv += ["--epochs", str(args.epochs)]
+        return argv + ["--checkpoint-seconds", f"{args.checkpoint_seconds:g}"]
+    model = Path(args.model).expanduser().resolve() if args.model else None
+    if model is not None and not model.exists() and looks_like_name(args.model):
+        model = args.model  # a Hub id: the job fetches it into the cluster's HF cache
+    elif model is not None and not model.exists():
+        raise UsageError(f"{args.model} does not exist")
+    argv = ["train", *([str(model)] if model else [])]
+    paths = {"data": args.data, "out": args.out}
+    for name in ("arch", "data", "layer", "expansion", "width", "k", "epochs", "images", "holdout", "batch_size",
+                 "image_batch", "buffer_tokens", "lr", "seed", "out", "checkpoint_seconds"):
+        value = getattr(args, name)
+        if value is None:
+            continue
+        if name in paths:
+            value = Path(value).expanduser().resolve()
+        argv += ["--" + name.replace("_", "-"), f"{value:g}" if isinstance(value, float) else str(value)]
+    return argv
+
+
+def submit_and_follow(args: argparse.Namespace) -> int:
+    """``--ray ADDRESS``: this run as a Ray job (``vit.runs.ray_sae``); its log followed until it ends, Ctrl-C or
+    SIGTERM stopping it gracefully."""
+    import copy
+    import shlex
+
+    from vit.predict import UsageError
+    from vit.runs import ray_jobs, ray_sae
+
+    if args.ray_job:
+        raise UsageError("--ray and --ray-job exclude each other")
+    workers = args.workers or 1
+    argv = job_argv(args)
+    resolve_args(copy.copy(args))  # the run's own checks (a folder holding a run, a resume of no run) first
+    try:
+        have = ray_jobs.cluster_resources(args.ray)
+        ray_sae.plan({"CPU": have["CPU"][1], "GPU": have["GPU"][1]}, workers)
+        out = Path(args.resume or args.out).expanduser().resolve()
+        sid = ray_sae.job_id(out)
+        entrypoint = shlex.join(["python", "-m", PROG, *argv, "--ray-job", "--workers", str(workers)])
+        jobs = ray_jobs.submit_job(args.ray, entrypoint, sid, {"vit_run": str(out), "vit_workers": str(workers),
+                                                              "vit_gpus_per_worker": "0"}, what="SAE run")
+    except ray_jobs.RayRunError as e:
+        raise UsageError(str(e)) from None
+    print(f"{PROG}: submitted job {sid} to {args.ray} ({workers} harvesting actor(s)); Ctrl-C stops it", flush=True)
+    return ray_jobs.follow_to_the_end(jobs, sid, PROG, "the run writes last.pt and ends cancelled")
 
 
 RESUMED_ARGS = ("model", "arch", "data", "layer", "expansion", "width", "k", "epochs", "images", "holdout",
@@ -150,7 +213,20 @@ def epoch_seed(seed: int, epoch: int) -> int:
     return seed * 1_000_003 + epoch
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace, stop=None, harvest=None) -> int:
+    """The command; ``stop`` (a ``StopRequest``) lets a caller that is not the main thread (the Ray Train worker)
+    request what SIGTERM requests here, and ``harvest(model, arch, hook, files, image_batch)`` gives an epoch's
+    ``(B, T, D)`` tokens in file order from elsewhere (``vit.runs.ray_sae.harvest_on_cluster``)."""
+    if args.ray:
+        return submit_and_follow(args)
+    if args.ray_job:
+        from vit.runs import ray_sae
+
+        return ray_sae.run_job(job_argv(args), args.workers or 1, ray_sae.job_id(Path(args.resume or args.out)))
+    if args.workers is not None and harvest is None:
+        from vit.predict import UsageError
+
+        raise UsageError("--workers needs --ray ADDRESS: locally the harvest runs in this process")
     import os
     import signal
     import socket
@@ -159,7 +235,14 @@ def run(args: argparse.Namespace) -> int:
     import torch
     from tqdm import tqdm
 
-    from vit.features.harvest import ShuffleBuffer, activation_batches, image_batches, image_files, split_files
+    from vit.features.harvest import (
+        ShuffleBuffer,
+        activation_batches,
+        image_batches,
+        image_files,
+        split_files,
+        token_rows,
+    )
     from vit.features.sae import SAEError, SAEInfo, model_fingerprint, resid_hook_name, save_sae
     from vit.features.train import SAESettings, SAETraining, check_settings, held_out_pass, settings_record
     from vit.predict import UsageError, open_checkpoint, resolve_device
@@ -178,7 +261,9 @@ def run(args: argparse.Namespace) -> int:
     )
     from vit.training.trainer import StopRequest
 
+    asked_device = args.device if harvest is not None else None  # the Ray worker's, whatever the run had
     args, config = resolve_args(args)
+    args.device = asked_device or args.device
     if args.lr is not None and not 0 < args.lr < 1:
         raise UsageError(f"--lr must be between 0 and 1, got {args.lr}")
     out = Path(args.out)
@@ -222,6 +307,9 @@ def run(args: argparse.Namespace) -> int:
     def epoch_batches(epoch: int):
         generator = torch.Generator().manual_seed(epoch_seed(settings.seed, epoch))
         buffer = ShuffleBuffer(settings.buffer_tokens, d_in, settings.batch_size, generator, device)
+        if harvest is not None:
+            yield from token_rows(harvest(args.model, args.arch, hook, train_files, args.image_batch), buffer)
+            return
         yield from activation_batches(model, image_batches(checkpoint, train_files, args.image_batch, device), hook,
                                       buffer)
 
@@ -264,7 +352,7 @@ def run(args: argparse.Namespace) -> int:
             save_last()
             status.update()
 
-    stop = StopRequest()
+    stop = stop or StopRequest()
     is_main = threading.current_thread() is threading.main_thread()
     previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGINT)} if is_main else {}
     status.start()

@@ -87,7 +87,7 @@ from vit.text import visible
 STOP_GRACE_SECONDS = 30.0  # the CLI finishes its step and saves last.pt; a step is far shorter
 MAX_RUNNING = 4  # runs training at once, shared devices or not
 MAX_ACTIVE = 16  # runs queued or running: a launch beyond is refused
-JOB_LINE = re.compile(r"vit\.train: submitted job (\S+) to ")  # what a Ray run's follower prints first
+JOB_LINE = re.compile(r"vit\.(?:train|sae): submitted job (\S+) to ")  # what a Ray run's follower prints first
 # Terminal escape sequences (ECMA-48 CSI such as Ray's colours "\x1b[36m", OSC, and two-character ones).
 ANSI_ESCAPE = re.compile(r"\x1b(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)|[@-Z\\-_])")
 
