@@ -94,3 +94,59 @@ def test_a_new_run_refuses_a_folder_holding_a_run(tmp_path, capsys, monkeypatch)
     capsys.readouterr()
     assert train(tmp_path / "sae") == 2
     assert "--resume" in capsys.readouterr().err
+
+
+def test_a_harvest_from_elsewhere_in_blocks_of_any_size_trains_the_local_sae(tmp_path):
+    """What ``--ray`` changes, without a cluster: the tokens come from ``Harvester`` (the Ray Data actor's code)
+    in blocks of 3 images, not from the local loop in batches of 64; the SAE is the same."""
+    from vit.runs.ray_sae import Harvester
+
+    def harvest(model, arch, hook, files, image_batch):
+        actor = Harvester(model, arch, hook, "cpu")
+        for start in range(0, len(files), 3):
+            batch = {"index": list(range(start, min(start + 3, len(files)))),
+                     "path": [str(p) for p in files[start:start + 3]]}
+            yield torch.from_numpy(actor(batch)["tokens"])
+
+    from vit.sae import build_parser, run
+
+    assert train(tmp_path / "local") == 0
+    args = build_parser().parse_args(["train", str(CHECKPOINT), "--data", str(SAMPLES), *TINY,
+                                      "--out", str(tmp_path / "elsewhere")])
+    assert run(args, harvest=harvest) == 0
+    a = load_file(tmp_path / "local" / "sae_weights.safetensors")
+    b = load_file(tmp_path / "elsewhere" / "sae_weights.safetensors")
+    assert all(torch.equal(a[name], b[name]) for name in a)
+
+
+def test_the_harvesting_actor_returns_the_layers_tokens_of_the_local_harvest():
+    from vit.checkpoint import load_checkpoint
+    from vit.features.harvest import image_batches, image_files, layer_tokens
+    from vit.runs.ray_sae import Harvester
+
+    files = image_files(SAMPLES)[:4]
+    checkpoint = load_checkpoint(CHECKPOINT)
+    local = layer_tokens(checkpoint.model.eval(), next(image_batches(checkpoint, files, 4, torch.device("cpu"))),
+                         "blocks.1.hook_resid_post")
+    out = Harvester(str(CHECKPOINT), None, "blocks.1.hook_resid_post", "cpu")(
+        {"index": [0, 1, 2, 3], "path": [str(p) for p in files]})
+    assert out["index"].tolist() == [0, 1, 2, 3]
+    torch.testing.assert_close(torch.from_numpy(out["tokens"]), local, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("resources, workers, expected", [
+    ({"CPU": 2.0}, 1, (False, {"CPU": 1}, {"num_cpus": 1})),
+    ({"CPU": 16.0, "GPU": 1.0}, 3, (True, {"CPU": 0, "GPU": 0.25}, {"num_cpus": 0, "num_gpus": 0.25})),
+])
+def test_the_ray_plan_puts_the_trainer_on_a_gpu_when_the_cluster_has_one(resources, workers, expected):
+    from vit.runs.ray_sae import plan
+
+    assert plan(resources, workers) == expected
+
+
+def test_a_cluster_too_small_for_the_workers_is_refused_in_one_line():
+    from vit.runs.ray_jobs import RayRunError
+    from vit.runs.ray_sae import plan
+
+    with pytest.raises(RayRunError, match="--workers 3 needs 4 CPUs"):
+        plan({"CPU": 2.0}, 3)
