@@ -207,6 +207,19 @@ def load_last(out: Path, training) -> dict:
     return payload
 
 
+def train_in_worker(argv: list[str], device: str, stop, harvest) -> None:
+    """The Ray Train worker's run of this command (``vit.runs.ray_sae``): ``argv`` on ``device``, stopped through
+    ``stop``, its activations from ``harvest``; raises with the one-line ``vit.sae: error: ...`` it would print."""
+    from vit.predict import UsageError
+
+    args = build_parser().parse_args(argv)
+    args.device = device
+    try:
+        run(args, stop=stop, harvest=harvest)
+    except UsageError as e:
+        raise RuntimeError(f"{PROG}: error: {e}") from None
+
+
 def epoch_seed(seed: int, epoch: int) -> int:
     """The shuffle buffer's seed in ``epoch``: each epoch's batches are the same whenever they are asked for
     again, so a resumed run trains on exactly the rows an uninterrupted one would."""
@@ -222,7 +235,8 @@ def run(args: argparse.Namespace, stop=None, harvest=None) -> int:
     if args.ray_job:
         from vit.runs import ray_sae
 
-        return ray_sae.run_job(job_argv(args), args.workers or 1, ray_sae.job_id(Path(args.resume or args.out)))
+        return ray_sae.run_job(train_in_worker, job_argv(args), args.workers or 1,
+                               ray_sae.job_id(Path(args.resume or args.out)))
     if args.workers is not None and harvest is None:
         from vit.predict import UsageError
 

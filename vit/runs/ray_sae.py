@@ -57,10 +57,10 @@ class Harvester:
     def __init__(self, model: str, arch: str | None, hook: str, device: str) -> None:
         import torch
 
-        from vit.predict import open_checkpoint
+        from vit.sources.open import open_source
 
         self.device = torch.device(device)
-        self.checkpoint = open_checkpoint(model, self.device, arch)
+        self.checkpoint = open_source(model, arch, map_location=self.device)  # as the command opens it
         self.checkpoint.model.eval()
         self.hook = hook
 
@@ -111,38 +111,33 @@ def harvest_on_cluster(model: str, arch: str | None, hook: str, files: Sequence[
 
 
 def sae_worker(config: dict) -> None:
-    """The Ray Train worker: ``vit.sae train`` with the job's arguments, harvesting through Ray Data; raises
-    ``WorkerError`` with the one-line error when it fails."""
+    """The Ray Train worker: ``config["command"](argv, stop, harvest)`` (``vit.sae``'s training, harvesting through
+    Ray Data); raises ``WorkerError`` with the command's one-line error when it fails."""
     from functools import partial
 
-    from vit.predict import UsageError
     from vit.runs.ray_train import WorkerError, _watch
-    from vit.sae import build_parser, run
     from vit.training.trainer import StopRequest
 
     stop, done = StopRequest(), threading.Event()
     watcher = threading.Thread(target=_watch, args=(config["stop"], stop, done), daemon=True)
     watcher.start()
+    harvest = partial(harvest_on_cluster, workers=config["workers"], actor_resources=config["actors"],
+                      device=config["device"])
     try:
-        args = build_parser().parse_args(config["argv"])
-        args.device = config["device"]
-        harvest = partial(harvest_on_cluster, workers=config["workers"], actor_resources=config["actors"],
-                          device=config["device"])
-        run(args, stop=stop, harvest=harvest)
-    except UsageError as e:
-        print(f"{PROG}: error: {e}", file=sys.stderr, flush=True)
-        raise WorkerError(f"{PROG}: error: {e}") from None
+        config["command"](config["argv"], config["device"], stop, harvest)
     except Exception as e:
-        print(f"{PROG}: failed: {str(e).splitlines()[0] if str(e) else type(e).__name__}", file=sys.stderr,
-              flush=True)
-        raise WorkerError(f"{PROG}: failed: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
+        line = str(e).splitlines()[0] if str(e) else type(e).__name__
+        line = line if line.startswith(f"{PROG}:") else f"{PROG}: failed: {line}"
+        print(line, file=sys.stderr, flush=True)
+        raise WorkerError(line) from None
     finally:
         done.set()
 
 
-def run_job(argv: list[str], workers: int, name: str) -> int:
-    """Inside the Ray job: the TorchTrainer of ``sae_worker`` on ``argv`` (vit.sae's arguments, no Ray options),
-    a GPU when the cluster has one; SIGTERM stops it gracefully."""
+def run_job(command, argv: list[str], workers: int, name: str) -> int:
+    """Inside the Ray job: the TorchTrainer of ``sae_worker`` running ``command(argv, device, stop, harvest)``
+    (``vit.sae.train_in_worker``: argv is vit.sae's arguments, no Ray options), a GPU when the cluster has one;
+    SIGTERM stops it gracefully."""
     import ray
     from ray.train import RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
@@ -157,7 +152,8 @@ def run_job(argv: list[str], workers: int, name: str) -> int:
         return 2
     flag = StopFlag.remote()
     device = "cuda" if use_gpu else "cpu"
-    trainer = TorchTrainer(sae_worker, train_loop_config={"argv": argv, "stop": flag, "workers": workers,
+    trainer = TorchTrainer(sae_worker, train_loop_config={"command": command, "argv": argv, "stop": flag,
+                                                          "workers": workers,
                                                           "actors": actor_resources, "device": device},
                            scaling_config=ScalingConfig(num_workers=1, use_gpu=use_gpu,
                                                         resources_per_worker=trainer_resources),
