@@ -150,3 +150,20 @@ def test_a_cluster_too_small_for_the_workers_is_refused_in_one_line():
 
     with pytest.raises(RayRunError, match="--workers 3 needs 4 CPUs"):
         plan({"CPU": 2.0}, 3)
+
+
+def test_the_page_starts_sae_runs_with_vit_sae_on_the_device_it_was_given(monkeypatch, tmp_path):
+    from vit.runs.launch import RAY, SAEParams, sae_cli_args, sae_command
+
+    params = SAEParams(name="s", model="m.pt", data="images", layer=3, k=8, width=512, epochs=2)
+    argv = sae_cli_args(params, tmp_path / "s")
+    assert argv[:2] == ["train", str(ROOT / "m.pt")] and argv[argv.index("--width") + 1] == "512"
+    assert "--expansion" not in argv and argv[argv.index("--out") + 1] == str(tmp_path / "s")
+    command, env = sae_command(argv, ("cpu",))
+    assert command[1:3] == ["-m", "vit.sae"] and command[-2:] == ["--device", "cpu"] and env == {}
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,5")
+    command, env = sae_command(argv, ("cuda:1",))
+    assert command[-2:] == ["--device", "cuda"] and env == {"CUDA_VISIBLE_DEVICES": "5"}
+    monkeypatch.setenv("VIT_RAY_ADDRESS", "http://127.0.0.1:8265")
+    command, env = sae_command(argv, RAY, workers=2)
+    assert command[-4:] == ["--ray", "http://127.0.0.1:8265", "--workers", "2"]
