@@ -167,3 +167,26 @@ def test_the_page_starts_sae_runs_with_vit_sae_on_the_device_it_was_given(monkey
     monkeypatch.setenv("VIT_RAY_ADDRESS", "http://127.0.0.1:8265")
     command, env = sae_command(argv, RAY, workers=2)
     assert command[-4:] == ["--ray", "http://127.0.0.1:8265", "--workers", "2"]
+
+
+def test_a_sigterm_while_the_buffer_fills_stops_before_the_next_step_and_resumes_exactly(tmp_path, monkeypatch):
+    from vit.features import harvest as harvesting
+
+    whole, stopped = tmp_path / "whole", tmp_path / "stopped"
+    assert train(whole, "--image-batch", "2") == 0
+    original, calls = harvesting.layer_tokens, []
+
+    def forward_then_signal(model, images, hook):
+        calls.append(1)
+        if len(calls) == 1:  # the first of the two forwards the first step needs
+            os.kill(os.getpid(), signal.SIGTERM)
+        return original(model, images, hook)
+
+    with monkeypatch.context() as m:
+        m.setattr(harvesting, "layer_tokens", forward_then_signal)
+        assert train(stopped, "--image-batch", "2") == 0
+    assert len(calls) == 1 and read_status(stopped / "status.json")["state"] == "cancelled"
+    assert torch.load(stopped / "last.pt", weights_only=True)["state"]["step"] == 0
+    assert main(["train", "--resume", str(stopped)]) == 0
+    a, b = load_file(whole / "sae_weights.safetensors"), load_file(stopped / "sae_weights.safetensors")
+    assert all(torch.equal(a[name], b[name]) for name in a)

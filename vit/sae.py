@@ -258,7 +258,7 @@ def run(args: argparse.Namespace, stop=None, harvest=None) -> int:
         token_rows,
     )
     from vit.features.sae import SAEError, SAEInfo, model_fingerprint, resid_hook_name, save_sae
-    from vit.features.train import SAESettings, SAETraining, check_settings, held_out_pass, settings_record
+    from vit.features.train import SAESettings, SAETraining, Stopped, check_settings, held_out_pass, settings_record
     from vit.predict import UsageError, open_checkpoint, resolve_device
     from vit.runfiles import (
         CONFIG_FILE,
@@ -318,14 +318,21 @@ def run(args: argparse.Namespace, stop=None, harvest=None) -> int:
           f"{settings.width:,} latents, k {settings.k}" + (f"; resuming at step {training.step}" if config else ""),
           file=sys.stderr)
 
+    def until_stopped(batches):  # a stop asked for while the buffer fills ends the run before the next step
+        for batch in batches:
+            if stop.requested:
+                raise Stopped
+            yield batch
+
     def epoch_batches(epoch: int):
         generator = torch.Generator().manual_seed(epoch_seed(settings.seed, epoch))
         buffer = ShuffleBuffer(settings.buffer_tokens, d_in, settings.batch_size, generator, device)
         if harvest is not None:
-            yield from token_rows(harvest(args.model, args.arch, hook, train_files, args.image_batch), buffer)
+            tokens = harvest(args.model, args.arch, hook, train_files, args.image_batch)
+            yield from token_rows(until_stopped(tokens), buffer)
             return
-        yield from activation_batches(model, image_batches(checkpoint, train_files, args.image_batch, device), hook,
-                                      buffer)
+        images = image_batches(checkpoint, train_files, args.image_batch, device)
+        yield from activation_batches(model, until_stopped(images), hook, buffer)
 
     stride = max(1, total_steps // 2000)  # steps.jsonl keeps every step of a short run, ~2,000 rows of a long one
     started = time.monotonic()

@@ -101,6 +101,11 @@ class StepRecord:
     aux_loss: float
 
 
+class Stopped(Exception):
+    """Raised by a batch source between two steps when a stop was asked for while it harvested (filling the
+    shuffle buffer takes many forwards): ``SAETraining.run`` ends there as after a step."""
+
+
 class SAETraining:
     """A TopK SAE's training as a state that can be saved between any two steps and resumed exactly.
 
@@ -147,12 +152,15 @@ class SAETraining:
         """Train from where the state stands; True once every epoch is done, False when stopped after a step."""
         while not self.done:
             skip = self.step_in_epoch
-            for index, x in enumerate(batches(self.epoch)):
-                if index < skip:  # done before the resume: the same rows, already trained on
-                    continue
-                self._train_step(x, on_step)
-                if should_stop is not None and should_stop():
-                    return False
+            try:
+                for index, x in enumerate(batches(self.epoch)):
+                    if index < skip:  # done before the resume: the same rows, already trained on
+                        continue
+                    self._train_step(x, on_step)
+                    if should_stop is not None and should_stop():
+                        return False
+            except Stopped:
+                return False
             self.epoch, self.step_in_epoch = self.epoch + 1, 0
         return True
 
