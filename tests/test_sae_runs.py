@@ -190,3 +190,15 @@ def test_a_sigterm_while_the_buffer_fills_stops_before_the_next_step_and_resumes
     assert main(["train", "--resume", str(stopped)]) == 0
     a, b = load_file(whole / "sae_weights.safetensors"), load_file(stopped / "sae_weights.safetensors")
     assert all(torch.equal(a[name], b[name]) for name in a)
+
+
+def test_a_resume_of_a_run_folder_with_an_argument_of_the_wrong_type_is_one_line(tmp_path, capsys, monkeypatch):
+    sigterm_at_step(monkeypatch, 2)
+    assert train(tmp_path / "sae") == 0
+    config = json.loads((tmp_path / "sae" / "config.json").read_text())
+    config["args"]["layer"] = "2; rm -rf /"
+    (tmp_path / "sae" / "config.json").write_text(json.dumps(config))
+    capsys.readouterr()
+    assert main(["train", "--resume", str(tmp_path / "sae")]) == 2
+    err = capsys.readouterr().err
+    assert "'layer' is" in err and err.count("\n") == 1

@@ -132,6 +132,11 @@ RESUMED_ARGS = ("model", "arch", "data", "layer", "expansion", "width", "k", "ep
                 "batch_size", "image_batch", "buffer_tokens", "lr", "seed", "device")  # what config.json keeps
 
 
+SAVED_TYPES = {**{name: int for name in ("layer", "expansion", "width", "k", "epochs", "images", "holdout",
+                                        "batch_size", "image_batch", "buffer_tokens", "seed")},
+               "model": str, "arch": str, "data": str, "device": str, "lr": (int, float)}  # config.json's args
+
+
 def resolve_args(args: argparse.Namespace) -> tuple[argparse.Namespace, dict | None]:
     """The arguments of a new run (checked), or of the run ``--resume OUT`` continues with its last.pt's state."""
     from vit.predict import UsageError
@@ -141,6 +146,7 @@ def resolve_args(args: argparse.Namespace) -> tuple[argparse.Namespace, dict | N
         STALE_SECONDS,
         STATUS_FILE,
         RunFileError,
+        check_fields,
         read_config,
         read_status,
         seconds_since,
@@ -172,6 +178,10 @@ def resolve_args(args: argparse.Namespace) -> tuple[argparse.Namespace, dict | N
             < STALE_SECONDS:
         raise UsageError(f"--resume {out}: the run is still running; stop it first (SIGTERM) or wait for it to end")
     saved = config["args"]
+    try:  # a run folder may come from anywhere: every argument of its own type before it is used
+        check_fields(saved, SAVED_TYPES, "config.json args", required=("model", "data", "layer", "k", "epochs"))
+    except RunFileError as e:
+        raise UsageError(f"--resume {out}: {e}") from None
     epochs = args.epochs
     for name in RESUMED_ARGS:
         setattr(args, name, saved.get(name))
