@@ -202,3 +202,19 @@ def test_a_resume_of_a_run_folder_with_an_argument_of_the_wrong_type_is_one_line
     assert main(["train", "--resume", str(tmp_path / "sae")]) == 2
     err = capsys.readouterr().err
     assert "'layer' is" in err and err.count("\n") == 1
+
+
+def test_an_unreachable_ray_address_is_one_line_and_writes_nothing(tmp_path, capsys):
+    from helpers import free_port
+
+    code = main(["train", str(CHECKPOINT), "--data", str(SAMPLES), *TINY, "--out", str(tmp_path / "o"),
+                 "--ray", f"http://127.0.0.1:{free_port()}", "--workers", "1"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith("vit.sae: error: cannot read the Ray cluster's resources") and \
+        err.count("\n") == 1
+    assert not (tmp_path / "o").exists()
+
+
+def test_workers_without_ray_are_refused(tmp_path, capsys):
+    assert train(tmp_path / "o", "--workers", "2") == 2
+    assert "--workers needs --ray ADDRESS" in capsys.readouterr().err
