@@ -92,10 +92,10 @@ def launch_form(manager: runs.RunManager, models: dict, choices: list[tuple[tupl
                 st.number_input("Epochs", min_value=1, step=1, key="sae_epochs")
                 error_for("epochs")
                 st.number_input("Seed", step=1, key="sae_seed")
-                st.selectbox("Device", [c[0] for c in single], key="sae_devices", format_func=devices.device_label)
+                st.selectbox("SAE device", [c[0] for c in single], key="sae_devices", format_func=devices.device_label)
                 error_for("devices")
                 if launch.ray_address():
-                    st.number_input("Ray workers", min_value=1, max_value=launch.MAX_RAY_WORKERS, step=1,
+                    st.number_input("Harvesting actors (Ray)", min_value=1, max_value=launch.MAX_RAY_WORKERS, step=1,
                                     key="sae_workers", help="With the Ray cluster: Ray Data harvests on this many "
                                     "actors and Ray Train trains the SAE")
                     error_for("workers")
