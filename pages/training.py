@@ -15,6 +15,7 @@ import streamlit as st
 from streamlit.logger import get_logger
 
 from pages.explorer_sections.checkpoint_picker import open_from_hub
+from pages.training_sections import sae as sae_section
 from vit.app import catalog
 from vit.app.drawing import COLORMAPS
 from vit.explain import compare
@@ -333,6 +334,8 @@ st.session_state[FORM_MEMORY] = {key: st.session_state[key] for key in FORM_KEYS
 if st.session_state.get("train_errors"):
     st.error("The run was not launched: fix the fields marked above.")
 
+sae_section.launch_form(manager, models, choices, for_visitor)
+
 
 # -- the runs: polled every few seconds, without re-running the form ------------------------------------------
 
@@ -406,6 +409,7 @@ def runs_panel() -> None:
                                                        width=RUNS_TABLE_WIDTHS["Started"]),
         })
     names = [r.name for r in all_runs]
+    by_name = {r.name: r for r in all_runs}
     selected = [n for n in st.session_state.get("selected_runs", names[:1]) if n in names]
     st.session_state["selected_runs"] = selected
     selected = st.multiselect("Selected runs (curves overlaid)", names, key="selected_runs", format_func=visible)
@@ -418,7 +422,8 @@ def runs_panel() -> None:
                          labels={"value": "train loss", "epoch": "epoch (fractional)"})
         figure.update_layout(height=260, margin=dict(l=10, r=10, t=40, b=10))
         st.plotly_chart(figure, key="chart-steps")
-    charts = manager.curves(selected)
+    sae_section.curves(manager, selected)
+    charts = manager.curves(selected) if any(by_name[n].kind == "vit" for n in selected) else {}
     columns = st.columns(2)
     for i, (chart, rows) in enumerate(charts.items()):
         with columns[i % 2]:
@@ -430,7 +435,6 @@ def runs_panel() -> None:
                 st.plotly_chart(figure, key=f"chart-{chart}")
             else:
                 st.caption(f"{chart.capitalize()}: no finished epoch yet.")
-    by_name = {r.name: r for r in all_runs}
     if len(selected) > 1:  # issue 12: what differs between the compared runs
         diff = compare.config_diff({visible(name): by_name[name].settings for name in selected})
         st.markdown("**Settings that differ**")
@@ -441,6 +445,7 @@ def runs_panel() -> None:
     for name in selected:
         with st.container(border=True):
             run_controls(by_name[name])
+            sae_section.folder(by_name[name], show_path=gate.mode != "token")
 
 
 runs_panel()

@@ -280,3 +280,10 @@ def test_an_exemplar_named_outside_its_folder_is_not_read(sae_world, tmp_path):
     at = open_features(run_app(), folder)
     assert len(at.get("image")) == 2  # the model's input and the features' sheet: no crop
     assert any("outside.png is not inside" in t.value for t in at.text)
+
+
+def test_an_sae_handed_over_by_the_train_page_opens_in_the_features_section(sae_world):
+    checkpoints, folder, _ = sae_world
+    at = run_app(explorer_sae=str(folder))  # what "Open with this SAE in the explorer" sets
+    assert at.toggle(key="sae_view").value and at.text_input(key="sae_folder").value == str(folder)
+    assert [r for r in at.radio if r.key == "sae_strongest"], "the handed SAE's features are shown"

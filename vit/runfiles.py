@@ -305,7 +305,7 @@ ARGS_FIELDS: dict[str, type | tuple[type, ...]] = {
 LAUNCH_FIELDS: dict[str, type | tuple[type, ...]] = {
     "name": str, "params": dict, "devices": list, "allow_sharing": bool, "state": str, "queued_at": _NUMBER,
     "queue_reason": str, "resume": bool, "resume_epochs": int, "stop_requested_at": _NUMBER, "start_error": str,
-    "sessions": list}
+    "sessions": list, "kind": str}
 SESSION_FIELDS: dict[str, type | tuple[type, ...]] = {
     "pid": int, "pgid": int, "command": list, "env": dict, "devices": list, "started_at": _NUMBER, "host": str,
     "boot_id": str, "proc_start": int, "resume": bool, "log_offset": int, "seconds": _NUMBER,

@@ -32,6 +32,7 @@ from vit.runfiles import parse_json, read_text_bounded
 from vit.text import escape_markdown, visible
 
 TOGGLE_KEY, FOLDER_KEY, IMAGES_KEY, COUNT_KEY = "sae_view", "sae_folder", "sae_images", "sae_count"
+HANDED_KEY = "explorer_sae"  # an SAE folder another page hands over (with ``explorer_checkpoint``, its model)
 FEATURE_KEY, TOKEN_KEY, EVERYWHERE_KEY = "sae_feature", "sae_token", "sae_everywhere"
 # The chart and the button are not "sae_" keys: keep_settings writes those back, and theirs are read-only.
 STRONGEST_KEY, ACTIVE_KEY, PICKER_KEY = "sae_strongest", "sae_active", "features_picker"
@@ -225,6 +226,9 @@ def features(view: Shown, may_open: bool, asked: words.Answer | None = None) -> 
     if st.session_state.pop(_RERUN, False):
         st.rerun(scope="app")  # features scaled in every map changed: every section shows them
     keep_settings(("sae_",))
+    handed = st.session_state.pop(HANDED_KEY, None)  # the Train page's "Open with this SAE in the explorer"
+    if handed:
+        st.session_state[TOGGLE_KEY], st.session_state[FOLDER_KEY] = True, handed
     if not st.toggle("Features: a sparse autoencoder's features of this image", key=TOGGLE_KEY, on_change=_page_rerun,
                      help="What the model represents at one layer, split into sparse features by an SAE trained on "
                           "it (python -m vit.sae train): each feature's map, its dataset exemplars, and what the "

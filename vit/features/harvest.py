@@ -118,3 +118,12 @@ def activation_batches(model: torch.nn.Module, batches: Iterable[Tensor], hook_n
         tokens = layer_tokens(model, images, hook_name)  # (B, T, D)
         yield from buffer.add(tokens.reshape(-1, tokens.shape[-1]).float())
     yield from buffer.drain()
+
+
+def token_rows(token_batches: Iterable[Tensor], buffer: ShuffleBuffer) -> Iterator[Tensor]:
+    """``activation_batches`` for activations harvested elsewhere (a Ray cluster's actors): each ``(B, T, D)``
+    batch, in file order, through ``buffer``. The buffer's output depends on the rows' order only, not on how they
+    are split into batches, so the same files give the same shuffled batches as the local harvest."""
+    for tokens in token_batches:
+        yield from buffer.add(tokens.reshape(-1, tokens.shape[-1]).float())
+    yield from buffer.drain()

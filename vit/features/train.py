@@ -101,54 +101,149 @@ class StepRecord:
     aux_loss: float
 
 
+class Stopped(Exception):
+    """Raised by a batch source between two steps when a stop was asked for while it harvested (filling the
+    shuffle buffer takes many forwards): ``SAETraining.run`` ends there as after a step."""
+
+
+class SAETraining:
+    """A TopK SAE's training as a state that can be saved between any two steps and resumed exactly.
+
+    ``run(batches)`` trains on ``batches(epoch)``, the shuffled ``(rows, d_in)`` activations of one epoch each time
+    (the same rows in the same order whenever asked again: a resumed run skips the batches it has done), until the
+    last epoch ends or ``should_stop()`` says so after a step. ``state_dict()`` holds everything a resume needs (the
+    SAE, Adam's moments, the rate schedule, how long each latent has been dead, where in which epoch, the training
+    mean so far), so a run stopped and resumed ends with the weights of one that was not.
+    """
+
+    def __init__(self, d_in: int, settings: SAESettings, device: torch.device, total_steps: int | None = None
+                 ) -> None:
+        s = settings
+        self.d_in, self.settings, self.device, self.total_steps = d_in, settings, device, total_steps
+        torch.manual_seed(s.seed)
+        self.sae = SparseAutoencoder(d_in, s.width, s.k).to(device)
+        self.sae.normalize_decoder()
+        self.optimizer = torch.optim.Adam(self.sae.parameters(), lr=s.learning_rate)
+        decay_steps = max(1, round(s.decay * total_steps)) if total_steps and s.decay else None
+
+        def rate(step: int) -> float:  # SAELens's lr_decay_steps: constant, then a linear fall to zero
+            return min(1.0, max(total_steps - step, 0) / decay_steps) if decay_steps else 1.0
+
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, rate)
+        self.since_fired = torch.zeros(s.width, dtype=torch.long, device=device)  # training tokens since last fired
+        self.step = 0
+        self.epoch = 1  # the epoch in progress (settings.epochs + 1 once done)
+        self.step_in_epoch = 0  # batches of it trained on
+        self.initialised = False
+        self.mean_sum = torch.zeros(d_in, dtype=torch.float64)  # the first epoch's rows: the mean-ablation baseline
+        self.mean_count = 0
+
+    @property
+    def done(self) -> bool:
+        return self.epoch > self.settings.epochs
+
+    @property
+    def mean(self) -> Tensor:
+        """The mean training activation ``(d_in,)`` (of the first epoch's rows: every training token once)."""
+        return (self.mean_sum / max(self.mean_count, 1)).float()
+
+    def run(self, batches: Callable[[int], Iterable[Tensor]], on_step: Callable[[StepRecord], None] | None = None,
+            should_stop: Callable[[], bool] | None = None) -> bool:
+        """Train from where the state stands; True once every epoch is done, False when stopped after a step."""
+        while not self.done:
+            skip = self.step_in_epoch
+            try:
+                for index, x in enumerate(batches(self.epoch)):
+                    if index < skip:  # done before the resume: the same rows, already trained on
+                        continue
+                    self._train_step(x, on_step)
+                    if should_stop is not None and should_stop():
+                        return False
+            except Stopped:
+                return False
+            self.epoch, self.step_in_epoch = self.epoch + 1, 0
+        return True
+
+    def _train_step(self, x: Tensor, on_step: Callable[[StepRecord], None] | None) -> None:
+        s, sae = self.settings, self.sae
+        x = x.to(self.device)
+        if self.epoch == 1:
+            self.mean_sum += x.sum(dim=0).double().cpu()
+            self.mean_count += len(x)
+        if not self.initialised:  # Gao et al. start b_dec at the geometric median; the mean of a batch is close
+            with torch.no_grad():
+                sae.b_dec.copy_(x.mean(dim=0))
+            self.initialised = True
+        pre = sae.pre_activations(x)
+        z = sae.activate(pre)
+        x_hat = sae.decode(z)
+        mse = (x_hat - x).pow(2).sum(dim=-1).mean()
+        dead = self.since_fired >= s.dead_tokens
+        aux = sae.aux_k_loss(x, x_hat, pre, dead, s.aux_coefficient)
+        self.optimizer.zero_grad(set_to_none=True)
+        (mse + aux).backward()
+        sae.remove_parallel_gradient()
+        self.optimizer.step()
+        self.scheduler.step()
+        sae.normalize_decoder()
+        self.step += 1
+        self.step_in_epoch += 1
+        with torch.no_grad():
+            fired = (z > 0).any(dim=0)
+            self.since_fired += len(x)
+            self.since_fired[fired] = 0
+            if on_step is not None:
+                total = (x - x.mean(dim=0)).pow(2).sum()
+                on_step(StepRecord(self.step, self.epoch, float(mse) / self.d_in,
+                                   float(1 - mse * len(x) / total.clamp(min=1e-12)),
+                                   float((z > 0).sum(dim=-1).float().mean()), float(dead.float().mean()),
+                                   float(aux)))
+
+    def state_dict(self) -> dict:
+        """Everything a resume needs, as tensors and plain values (``torch.load(weights_only=True)`` reads it)."""
+        return {"sae": {k: v.detach().cpu() for k, v in self.sae.state_dict().items()},
+                "optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
+                "since_fired": self.since_fired.cpu(), "step": self.step, "epoch": self.epoch,
+                "step_in_epoch": self.step_in_epoch, "initialised": self.initialised,
+                "mean_sum": self.mean_sum, "mean_count": self.mean_count, "d_in": self.d_in,
+                "width": self.settings.width}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Continue from ``state_dict()``'s output; SAEError in one line when it is not this run's."""
+        try:
+            if (state["d_in"], state["width"]) != (self.d_in, self.settings.width):
+                raise SAEError(f"last.pt holds a {state['d_in']} x {state['width']} SAE, not this run's "
+                               f"{self.d_in} x {self.settings.width}")
+            self.sae.load_state_dict(state["sae"])
+            self.optimizer.load_state_dict(state["optimizer"])
+            self.scheduler.load_state_dict(state["scheduler"])
+            since = state["since_fired"]
+            if not isinstance(since, Tensor) or since.shape != self.since_fired.shape:
+                raise SAEError("last.pt's dead-latent counts do not fit its SAE")
+            self.since_fired.copy_(since)
+            self.step, self.epoch, self.step_in_epoch = int(state["step"]), int(state["epoch"]), \
+                int(state["step_in_epoch"])
+            self.initialised, self.mean_count = bool(state["initialised"]), int(state["mean_count"])
+            if not isinstance(state["mean_sum"], Tensor) or state["mean_sum"].shape != self.mean_sum.shape:
+                raise SAEError("last.pt's training mean does not fit its SAE")
+            self.mean_sum = state["mean_sum"].double().cpu()
+        except (KeyError, TypeError, ValueError, RuntimeError) as e:
+            if isinstance(e, SAEError):
+                raise
+            raise SAEError(f"last.pt is not an SAE run's checkpoint ({type(e).__name__}: {str(e)[:120]})") from None
+
+    def finished(self) -> SparseAutoencoder:
+        return self.sae.eval().requires_grad_(False)
+
+
 def train_sae(batches: Callable[[int], Iterable[Tensor]], d_in: int, settings: SAESettings,
               device: torch.device, on_step: Callable[[StepRecord], None] | None = None,
               total_steps: int | None = None) -> SparseAutoencoder:
     """An SAE trained on ``batches(epoch)``, the shuffled ``(rows, d_in)`` activations of one epoch each time;
     with ``total_steps`` the rate decays linearly to zero over the last ``settings.decay`` of them."""
-    s = settings
-    torch.manual_seed(s.seed)
-    sae = SparseAutoencoder(d_in, s.width, s.k).to(device)
-    sae.normalize_decoder()
-    optimizer = torch.optim.Adam(sae.parameters(), lr=s.learning_rate)
-    decay_steps = max(1, round(s.decay * total_steps)) if total_steps and s.decay else None
-
-    def rate(step: int) -> float:  # SAELens's lr_decay_steps: constant, then a linear fall to zero
-        return min(1.0, max(total_steps - step, 0) / decay_steps) if decay_steps else 1.0
-
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, rate)
-    since_fired = torch.zeros(s.width, dtype=torch.long, device=device)  # training tokens since each last fired
-    step, initialised = 0, False
-    for epoch in range(1, s.epochs + 1):
-        for x in batches(epoch):
-            x = x.to(device)
-            if not initialised:  # Gao et al. start b_dec at the geometric median; the mean of a batch is close
-                with torch.no_grad():
-                    sae.b_dec.copy_(x.mean(dim=0))
-                initialised = True
-            pre = sae.pre_activations(x)
-            z = sae.activate(pre)
-            x_hat = sae.decode(z)
-            mse = (x_hat - x).pow(2).sum(dim=-1).mean()
-            dead = since_fired >= s.dead_tokens
-            aux = sae.aux_k_loss(x, x_hat, pre, dead, s.aux_coefficient)
-            optimizer.zero_grad(set_to_none=True)
-            (mse + aux).backward()
-            sae.remove_parallel_gradient()
-            optimizer.step()
-            scheduler.step()
-            sae.normalize_decoder()
-            step += 1
-            with torch.no_grad():
-                fired = (z > 0).any(dim=0)
-                since_fired += len(x)
-                since_fired[fired] = 0
-                if on_step is not None:
-                    total = (x - x.mean(dim=0)).pow(2).sum()
-                    on_step(StepRecord(step, epoch, float(mse) / d_in, float(1 - mse * len(x) / total.clamp(min=1e-12)),
-                                       float((z > 0).sum(dim=-1).float().mean()), float(dead.float().mean()),
-                                       float(aux)))
-    return sae.eval().requires_grad_(False)
+    training = SAETraining(d_in, settings, device, total_steps)
+    training.run(batches, on_step)
+    return training.finished()
 
 
 class HeldOut:

@@ -3,6 +3,8 @@
 ``RunParams`` is what the training page's form asks for; ``validate_params`` reports every
 problem the training CLI would, per field, using the CLI's own parser and messages; and
 ``launch_command`` is the ``python -m vit.train`` (or torchrun) command line that starts it.
+``SAEParams``, ``validate_sae_params`` and ``sae_command`` do the same for a sparse autoencoder's run
+(``python -m vit.sae train``).
 """
 
 from __future__ import annotations
@@ -260,13 +262,9 @@ def validate_params(params: RunParams, runs_dir: Path, data_dir: Path,
     from vit.training.trainer import UsageError
 
     errors: dict[str, str] = {}
-    name = (params.name or "").strip()
-    if not name:
-        errors["name"] = "give the run a name"
-    elif not NAME_PATTERN.fullmatch(name):
-        errors["name"] = "use letters, digits, '.', '_' and '-' only, starting with a letter or digit (at most 100)"
-    elif (runs_dir / name).exists() or (runs_dir / LAUNCH_DIR / name).exists():
-        errors["name"] = f"a run named {name!r} already exists; choose another name"
+    problem = name_problem((params.name or "").strip(), runs_dir)
+    if problem:
+        errors["name"] = problem
 
     dataset = resolve_dataset(params.dataset or "")
     classes = None
@@ -437,3 +435,112 @@ def dataset_spec(choice: str, folder: str) -> str:
     """The --dataset value of the form's dataset choice: a built-in name, or folder:PATH."""
     return f"folder:{folder.strip()}" if choice == "folder" else choice
 
+
+
+# ---------------------------------------------------------------------------------------------
+# Sparse autoencoder runs (``python -m vit.sae train``)
+
+
+@dataclass
+class SAEParams:
+    """What the page's SAE form asks for: a TopK SAE on one layer's residual stream of ``model``."""
+
+    name: str
+    model: str  # a file or folder the project opens (relative to the repository)
+    data: str  # a folder of images (any depth), inside the data roots
+    layer: int  # the residual stream after this block, counted from 1
+    k: int = 16
+    expansion: int | None = 8  # latents = expansion x the model's width; None when ``width`` is given
+    width: int | None = None
+    epochs: int = 5
+    images: int | None = None  # training images (None: the CLI's 2,000)
+    seed: int = 0
+    devices: tuple[str, ...] = ("cpu",)  # ("cpu",), ("cuda:N",) or ("ray",)
+    workers: int | None = None  # ("ray",) only: Ray Train workers
+    kind: str = "sae"  # tells a launch record's parameters from a ViT run's
+
+
+MAX_SAE_WIDTH = 2**20  # vit.features.sae.MAX_D_SAE; the CLI checks memory before anything runs
+
+
+def sae_cli_args(params: SAEParams, out: Path) -> list[str]:
+    """``vit.sae train``'s arguments for a new run (device arguments excluded)."""
+    argv = ["train", resolve_path(params.model), "--data", resolve_path(params.data), "--layer", str(params.layer),
+            "--k", str(params.k), "--epochs", str(params.epochs), "--seed", str(params.seed), "--out", str(out)]
+    argv += ["--width", str(params.width)] if params.width else ["--expansion", str(params.expansion or 8)]
+    if params.images:
+        argv += ["--images", str(params.images)]
+    return argv
+
+
+def sae_command(argv: list[str], devices: tuple[str, ...], nice: int = 0, workers: int | None = None
+                ) -> tuple[list[str], dict[str, str]]:
+    """(command, extra environment) of ``python -m vit.sae argv`` on ``devices``: one GPU is made the only one
+    visible; ``RAY`` harvests and trains on the page's cluster."""
+    prefix = ["nice", "-n", str(nice)] if nice > 0 and shutil.which("nice") else []
+    command = [*prefix, sys.executable, "-m", "vit.sae", *argv]
+    if devices == RAY:
+        return [*command, "--ray", ray_address() or "", "--workers", str(workers or 1)], {}
+    if devices == ("cpu",):
+        return [*command, "--device", "cpu"], {}
+    index = int(devices[0].split(":")[1])
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    gpu = [v.strip() for v in visible.split(",")][index] if visible else str(index)
+    return [*command, "--device", "cuda"], {"CUDA_VISIBLE_DEVICES": gpu}
+
+
+def name_problem(name: str, runs_dir: Path) -> str | None:
+    """Why ``name`` cannot name a new run in ``runs_dir``, or None."""
+    if not name:
+        return "give the run a name"
+    if not NAME_PATTERN.fullmatch(name):
+        return "use letters, digits, '.', '_' and '-' only, starting with a letter or digit (at most 100)"
+    if (runs_dir / name).exists() or (runs_dir / LAUNCH_DIR / name).exists():
+        return f"a run named {name!r} already exists; choose another name"
+    return None
+
+
+def validate_sae_params(params: SAEParams, runs_dir: Path, data_roots: tuple[Path, ...],
+                        gpu_count: int | None = None) -> dict[str, str]:
+    """Every problem of ``params`` the page can see before a process starts, as {field: message}; what only the
+    model tells (a layer past its blocks, a width memory cannot hold) the CLI reports in one line, and the run
+    fails with it."""
+    errors: dict[str, str] = {}
+    problem = name_problem((params.name or "").strip(), runs_dir)
+    if problem:
+        errors["name"] = problem
+    if not (params.model or "").strip():
+        errors["model"] = "choose the model whose layer the SAE reads"
+    elif not Path(resolve_path(params.model)).exists():
+        errors["model"] = f"{params.model.strip()} does not exist"
+    data = (params.data or "").strip()
+    if not data:
+        errors["data"] = "give a folder of images"
+    else:
+        spec = resolve_dataset(f"folder:{data}")
+        problem = folder_problem(spec, data_roots)
+        if problem is None and not Path(spec[len("folder:"):]).is_dir():
+            problem = f"{data} is not a folder"
+        if problem:
+            errors["data"] = problem
+    for field_, value, low, high in (("layer", params.layer, 1, 1000), ("k", params.k, 1, MAX_SAE_WIDTH),
+                                     ("epochs", params.epochs, 1, MAX_EPOCHS),
+                                     ("expansion", params.expansion, 1, 256),
+                                     ("width", params.width, 1, MAX_SAE_WIDTH),
+                                     ("images", params.images, 1, 10_000_000)):
+        if value is None and field_ in ("expansion", "width", "images"):
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+            errors[field_] = f"a whole number from {low:,} to {high:,}"
+    if params.width and params.k and isinstance(params.k, int) and params.k > params.width:
+        errors["k"] = f"k must not exceed the width ({params.width:,})"
+    device = _device_problem(tuple(params.devices), gpu_count)
+    if device is None and len(params.devices) > 1:
+        device = "an SAE trains on one device (or on the Ray cluster)"
+    if device:
+        errors["devices"] = device
+    if tuple(params.devices) != RAY and params.workers is not None:
+        errors["workers"] = "workers are for runs on a Ray cluster"
+    elif tuple(params.devices) == RAY and not 1 <= (params.workers or 1) <= MAX_RAY_WORKERS:
+        errors["workers"] = f"from 1 to {MAX_RAY_WORKERS} workers"
+    return errors

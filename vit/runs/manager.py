@@ -44,7 +44,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 from vit.runs.devices import device_label, devices_overlap
-from vit.runs.launch import CLI_FIELDS, MAX_EPOCHS, RAY, RunParams, ValidationError, cli_args, default_data_dir, default_data_roots, launch_command, ray_address, validate_params
+from vit.runs.launch import CLI_FIELDS, MAX_EPOCHS, RAY, RunParams, SAEParams, ValidationError, cli_args, default_data_dir, default_data_roots, launch_command, ray_address, sae_cli_args, sae_command, validate_params, validate_sae_params
 from vit.runfiles import (
     BEST_CHECKPOINT,
     CONFIG_FILE,
@@ -87,7 +87,7 @@ from vit.text import visible
 STOP_GRACE_SECONDS = 30.0  # the CLI finishes its step and saves last.pt; a step is far shorter
 MAX_RUNNING = 4  # runs training at once, shared devices or not
 MAX_ACTIVE = 16  # runs queued or running: a launch beyond is refused
-JOB_LINE = re.compile(r"vit\.train: submitted job (\S+) to ")  # what a Ray run's follower prints first
+JOB_LINE = re.compile(r"vit\.(?:train|sae): submitted job (\S+) to ")  # what a Ray run's follower prints first
 # Terminal escape sequences (ECMA-48 CSI such as Ray's colours "\x1b[36m", OSC, and two-character ones).
 ANSI_ESCAPE = re.compile(r"\x1b(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)|[@-Z\\-_])")
 
@@ -119,6 +119,12 @@ class RunInfo:
     pid: int | None = None
     managed: bool = True  # launched through this module (it has a launch.json)
     settings: dict = field(default_factory=dict)  # the CLI arguments (resolved once config.json exists)
+    kind: str = "vit"  # "vit": a vit.train run; "sae": a sparse autoencoder's (vit.sae train)
+
+    @property
+    def sae_folder(self) -> Path | None:
+        """The finished SAE (SAELens's cfg.json and weights, metrics.json, features.npz) the explorer opens."""
+        return self.run_dir if self.kind == "sae" and (self.run_dir / "cfg.json").is_file() else None
 
     @property
     def best_checkpoint(self) -> Path:
@@ -239,6 +245,22 @@ def curve_rows(metrics: dict[str, list[dict]]) -> dict[str, list[dict]]:
                     epoch, value = row.get("epoch"), row.get(key)
                     if _is_number(epoch) and _is_number(value):  # a damaged line plots nothing, not an error
                         charts[chart].append({"run": run, "epoch": epoch, "split": split, "value": value})
+    return charts
+
+
+SAE_CURVES = {"explained_variance": "explained variance", "l0": "L0 (latents per token)",
+              "dead_fraction": "dead fraction"}  # steps.jsonl key of an SAE run -> chart
+
+
+def sae_curve_rows(steps: dict[str, list[dict]]) -> dict[str, list[dict]]:
+    """Long-format rows per chart ({run, step, value}) from each SAE run's steps.jsonl rows."""
+    charts: dict[str, list[dict]] = {chart: [] for chart in SAE_CURVES.values()}
+    for run, rows in steps.items():
+        for row in rows:
+            for key, chart in SAE_CURVES.items():
+                step, value = row.get("step"), row.get(key)
+                if _is_number(step) and _is_number(value):  # a torn or damaged line plots nothing
+                    charts[chart].append({"run": run, "step": step, "value": value})
     return charts
 
 
@@ -365,15 +387,17 @@ class RunManager:
                 state == "crashed" or (state == "running" and detail == "starting")):
             state, detail = self._ray_state(name, record["sessions"][-1], status, state, detail)
 
+        kind = "sae" if (config or {}).get("kind") == "sae" or (record or {}).get("kind") == "sae" else "vit"
         settings = dict((config or {}).get("args") or {})
         if not settings and record is not None:
-            settings = {k: v for k, v in record["params"].items() if k in CLI_FIELDS or k == "dataset"}
+            settings = {k: v for k, v in record["params"].items()
+                        if k in CLI_FIELDS or k == "dataset" or (kind == "sae" and k not in ("name", "devices"))}
         if record is not None:
             devices = tuple(record["devices"])
         else:
             devices = _status_devices(status, settings)
         info = RunInfo(name=name, state=state, detail=detail, run_dir=run_dir, devices=devices,
-                       managed=record is not None, settings=settings)
+                       managed=record is not None, settings=settings, kind=kind)
         if status is not None:
             info.epoch = int(status.get("epoch") or 0)
             info.total_epochs = status.get("total_epochs")
@@ -480,6 +504,18 @@ class RunManager:
                     rows.append({"run": name, "epoch": epoch, "value": loss})
         return rows
 
+    def sae_curves(self, names: list[str]) -> dict[str, list[dict]]:
+        """Chart rows (explained variance, L0, dead fraction per step) of the SAE runs among ``names``."""
+        return sae_curve_rows({name: read_metrics(self.run_dir(name) / STEPS_FILE) for name in names
+                               if (self.run_dir(name) / "cfg.json").is_file() or self._is_sae(name)})
+
+    def _is_sae(self, name: str) -> bool:
+        with contextlib.suppress(RunFileError):
+            config = read_config(self.run_dir(name) / CONFIG_FILE)
+            record = self._record(name)
+            return (config or {}).get("kind") == "sae" or (record or {}).get("kind") == "sae"
+        return False
+
     def device_users(self, runs: list[RunInfo] | None = None) -> dict[str, list[str]]:
         """{device key: names of the running runs on it}."""
         users: dict[str, list[str]] = {}
@@ -509,6 +545,29 @@ class RunManager:
             if self._record(name) is not None or self.run_dir(name).exists():
                 raise ValidationError({"name": f"a run named {name!r} already exists; choose another name"})
             record = {"name": name, "params": {**asdict(params), "name": name, "devices": list(params.devices)},
+                      "devices": list(params.devices), "allow_sharing": allow_sharing, "state": "queued",
+                      "queued_at": time.time(), "queue_reason": None, "resume": False, "resume_epochs": None,
+                      "stop_requested_at": None, "sessions": []}
+            self._save_record(record)
+            self._dispatch()
+        return self.get(name)
+
+    def validate_sae(self, params: SAEParams) -> dict[str, str]:
+        """{field: message} for everything wrong with an SAE run's ``params`` the page can see."""
+        return validate_sae_params(params, self.runs_dir, self.data_roots)
+
+    def launch_sae(self, params: SAEParams, allow_sharing: bool = False) -> RunInfo:
+        """Validate, then start a sparse autoencoder's run (``vit.sae train``), queued like any other."""
+        errors = self.validate_sae(params)
+        if errors:
+            raise ValidationError(errors)
+        name = params.name.strip()
+        with self._locked():
+            self._check_room()
+            if self._record(name) is not None or self.run_dir(name).exists():
+                raise ValidationError({"name": f"a run named {name!r} already exists; choose another name"})
+            record = {"name": name, "kind": "sae",
+                      "params": {**asdict(params), "name": name, "devices": list(params.devices)},
                       "devices": list(params.devices), "allow_sharing": allow_sharing, "state": "queued",
                       "queued_at": time.time(), "queue_reason": None, "resume": False, "resume_epochs": None,
                       "stop_requested_at": None, "sessions": []}
@@ -627,7 +686,9 @@ class RunManager:
                 self._check_room()
             except ValidationError as e:
                 raise RunError(e.errors["form"]) from None
-            done = len(self.metrics(name))
+            # An SAE run keeps no epoch rows; its CLI refuses fewer epochs than it has.
+            done = (info.total_epochs or 0 if info.state == "completed" else 0) if info.kind == "sae" \
+                else len(self.metrics(name))
             total = epochs or info.total_epochs or info.settings.get("epochs")
             if info.state == "completed" and (epochs is None or epochs <= done):
                 raise RunError(f"{name} has completed {done} epochs; give more epochs in total to train it further")
@@ -640,7 +701,7 @@ class RunManager:
                 record = {"name": name, "params": {**params, "name": name}, "devices": list(info.devices),
                           "allow_sharing": False, "queued_at": time.time(), "sessions": []}
             has_last = (self.run_dir(name) / LAST_CHECKPOINT).is_file()
-            if not has_last and not record["params"].get("dataset"):
+            if not has_last and not record["params"].get("dataset") and record.get("kind") != "sae":
                 raise RunError(f"{name} has no last.pt and no recorded launch; start a new run instead")
             record.update(state="queued", queued_at=time.time(), queue_reason=None, resume=has_last,
                           resume_epochs=epochs if has_last else None, allow_sharing=allow_sharing,
@@ -706,8 +767,9 @@ class RunManager:
         name = record["name"]
         run_dir = self.run_dir(name)
         devices = tuple(record["devices"])
+        sae = record.get("kind") == "sae"
         if record.get("resume"):
-            argv = ["--resume", str(run_dir)]
+            argv = (["train"] if sae else []) + ["--resume", str(run_dir)]
             if record.get("resume_epochs"):
                 argv += ["--epochs", str(record["resume_epochs"])]
         else:
@@ -716,13 +778,16 @@ class RunManager:
                     raise RunError(f"{run_dir} holds checkpoints; resume it instead of starting it again")
                 shutil.rmtree(run_dir)
             try:
-                params = RunParams(**{**record["params"], "devices": devices})
+                params = (SAEParams if sae else RunParams)(**{**record["params"], "devices": devices})
             except TypeError as e:
                 raise RunError(f"its launch.json holds parameters this version does not know ({e})") from None
-            argv = cli_args(params, run_dir, self.data_dir)
+            argv = sae_cli_args(params, run_dir) if sae else cli_args(params, run_dir, self.data_dir)
         params = record["params"]
-        command, extra_env = launch_command(argv, devices, self.nice, params.get("workers"),
-                                            params.get("gpus_per_worker"))
+        if sae:
+            command, extra_env = sae_command(argv, devices, self.nice, params.get("workers"))
+        else:
+            command, extra_env = launch_command(argv, devices, self.nice, params.get("workers"),
+                                                params.get("gpus_per_worker"))
         secret = secrets.token_hex(16)  # only the child's environment holds it; launch.json keeps its hash
         env = {**os.environ, **self.env, **extra_env, "PYTHONUNBUFFERED": "1", LAUNCH_SECRET_ENV: secret}
         output = self.output_path(name)

@@ -48,14 +48,14 @@ class WorkerError(RuntimeError):
 
 
 class _Tee(io.TextIOBase):
-    """Writes to the real stream and keeps the last ``vit.train:`` line (the one-line error)."""
+    """Writes to the real stream and keeps the last ``PROG:`` line (the one-line error)."""
 
-    def __init__(self, stream) -> None:
-        self.stream, self.last = stream, ""
+    def __init__(self, stream, prog: str = "vit.train") -> None:
+        self.stream, self.last, self.prog = stream, "", prog
 
     def write(self, text: str) -> int:
         for line in text.splitlines():
-            if line.startswith("vit.train:"):
+            if line.startswith(f"{self.prog}:"):
                 self.last = line
         return self.stream.write(text)
 
@@ -90,14 +90,14 @@ def train_worker(config: dict) -> None:
         raise WorkerError(tee.last or f"vit.train ended with status {status}")
 
 
-def _one_line(error: BaseException) -> str:
-    """The worker's ``vit.train:`` line inside Ray's wrapped error, else its last line."""
+def _one_line(error: BaseException, prog: str = "vit.train") -> str:
+    """The worker's ``PROG:`` line inside Ray's wrapped error, else its last line."""
     text = str(error)
     for line in text.splitlines():
-        if "vit.train:" in line:
-            return line[line.index("vit.train:"):].strip()
+        if f"{prog}:" in line:
+            return line[line.index(f"{prog}:"):].strip()
     lines = [line.strip() for line in text.splitlines() if line.strip()]
-    return f"vit.train: {lines[-1] if lines else type(error).__name__}"
+    return f"{prog}: {lines[-1] if lines else type(error).__name__}"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -116,6 +116,12 @@ def main(argv: list[str] | None = None) -> int:
                            scaling_config=ScalingConfig(num_workers=args.workers, use_gpu=use_gpu,
                                                         resources_per_worker=resources),
                            run_config=RunConfig(name=args.name))
+    return fit_until_done(trainer, flag, "vit.train")
+
+
+def fit_until_done(trainer, flag, prog: str) -> int:
+    """``trainer.fit()`` in a second thread while this (main) thread turns SIGTERM/SIGINT into ``flag``'s stop
+    request; 0 when it ends, 1 with the workers' one-line error (``PROG: ...``) on stderr."""
     requested = threading.Event()
     signals: list[int] = []
 
@@ -138,12 +144,12 @@ def main(argv: list[str] | None = None) -> int:
     while thread.is_alive():
         if requested.is_set():
             requested.clear()
-            print(f"vit.train: stopping on {signal.Signals(signals[-1]).name}: the workers finish their step "
+            print(f"{prog}: stopping on {signal.Signals(signals[-1]).name}: the workers finish their step "
                   "and write last.pt", flush=True)
             flag.request.remote(int(signals[-1]))
         thread.join(0.2)
     if "error" in outcome:
-        print(_one_line(outcome["error"]), file=sys.stderr, flush=True)
+        print(_one_line(outcome["error"], prog), file=sys.stderr, flush=True)
         return 1
     return 0
 

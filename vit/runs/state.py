@@ -91,7 +91,8 @@ def cli_process_problem(pid: object, run_dir: Path, started_by: float | None) ->
     info = proc_start(pid)
     if not args or info is None or info[0] in ("Z", "X"):
         return f"process {pid} is gone"
-    if "vit.train" not in args and not any(a.endswith(("vit/train.py", "vit\\train.py")) for a in args):
+    if "vit.train" not in args and "vit.sae" not in args and not any(
+            a.endswith(("vit/train.py", "vit\\train.py")) for a in args):
         return f"process {pid} is not a vit.train process"
     try:
         cwd = Path(os.readlink(f"/proc/{pid}/cwd"))
@@ -214,10 +215,12 @@ def process_alive(session: dict) -> tuple[bool | None, int | None]:
 
 
 def _usage_line(output: str) -> str | None:
-    """The CLI's one-line error ('vit.train: error: ...') in a process's output, without the prefix."""
+    """The CLI's one-line error ('vit.train: error: ...', 'vit.sae: error: ...') in a process's output, without
+    the prefix."""
     for line in reversed(output.splitlines()):
-        if line.startswith("vit.train: error: "):
-            return line[len("vit.train: error: "):]
+        for prefix in ("vit.train: error: ", "vit.sae: error: "):
+            if line.startswith(prefix):
+                return line[len(prefix):]
     return None
 
 

@@ -1,0 +1,114 @@
+"""The Train page's SAE runs through Streamlit's AppTest: launched from the form, shown live (explained variance,
+L0 and dead fraction per step), stopped and resumed from the run's buttons, and the finished SAE's folder handed to
+the explorer."""
+
+from __future__ import annotations
+
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+from helpers import displayed
+from streamlit.testing.v1 import AppTest
+
+from vit.runfiles import read_config, read_status
+from vit.runs.manager import RunManager
+from vit.sae import main as sae_main
+
+ROOT = Path(__file__).resolve().parent.parent
+PAGE = str(ROOT / "pages" / "training.py")
+CHECKPOINT = ROOT / "checkpoints" / "cifar10-cifar-s.pt"
+SAMPLES = ROOT / "checkpoints" / "samples" / "cifar10-cifar-s"
+TIMEOUT = 300
+
+
+@pytest.fixture
+def folders(tmp_path, monkeypatch):
+    monkeypatch.setenv("VIT_RUNS_DIR", str(tmp_path / "runs"))
+    monkeypatch.setenv("VIT_DATA_DIR", str(tmp_path / "data"))
+    monkeypatch.setenv("VIT_DATA_ROOTS", str(tmp_path))
+    monkeypatch.delenv("VIT_TRAIN_TOKEN", raising=False)
+    images = tmp_path / "images"
+    shutil.copytree(SAMPLES, images)
+    return images, tmp_path / "runs"
+
+
+def fill_sae_run(at: AppTest, images: Path, name: str, epochs: int) -> None:
+    at.text_input(key="sae_model_path").set_value(str(CHECKPOINT))
+    at.text_input(key="sae_data").set_value(str(images))
+    at.number_input(key="sae_layer").set_value(2)
+    at.radio(key="sae_size").set_value("width")
+    at.number_input(key="sae_width").set_value(48)
+    at.number_input(key="sae_k").set_value(4)
+    at.number_input(key="sae_epochs").set_value(epochs)
+    at.text_input(key="sae_name").set_value(name)
+
+
+def wait(predicate, timeout: float = TIMEOUT) -> None:
+    deadline = time.time() + timeout
+    while not predicate() and time.time() < deadline:
+        time.sleep(0.3)
+    assert predicate()
+
+
+def test_bad_sae_fields_show_their_own_errors_and_launch_nothing(folders):
+    images, runs_dir = folders
+    at = AppTest.from_file(PAGE).run(timeout=TIMEOUT)
+    fill_sae_run(at, images, "bad name!", 1)
+    at.text_input(key="sae_data").set_value(str(images / "missing"))
+    at.button(key="sae_submit").click()
+    at = at.run(timeout=TIMEOUT)
+    assert not at.exception
+    shown = [displayed(e.value) for e in at.error]
+    assert any("letters, digits" in e for e in shown) and any("is not a folder" in e for e in shown)
+    assert RunManager(runs_dir).names() == []
+
+
+@pytest.mark.slow  # two training processes start (torch imported twice)
+def test_an_sae_run_launches_stops_and_resumes_from_the_page(folders):
+    images, runs_dir = folders
+    at = AppTest.from_file(PAGE).run(timeout=TIMEOUT)
+    fill_sae_run(at, images, "sae-run", 1000)  # far more steps than the test waits for
+    at.button(key="sae_submit").click()
+    at = at.run(timeout=TIMEOUT)
+    assert not at.exception
+    assert displayed(at.success[0].value).startswith("Started sae-run on ")
+    status = runs_dir / "sae-run" / "status.json"
+    wait(lambda: (read_status(status) or {}).get("step", 0) >= 3)
+
+    at.button(key="stop-sae-run").click()
+    at = at.run(timeout=TIMEOUT)
+    manager = RunManager(runs_dir)
+    wait(lambda: manager.get("sae-run").state == "cancelled")
+    stopped_at = read_status(status)["step"]
+    assert manager.get("sae-run").resumable  # last.pt saved on the stop
+
+    at = at.run(timeout=TIMEOUT)
+    at.button(key="resume-sae-run").click()
+    at = at.run(timeout=TIMEOUT)
+    assert not at.exception
+    wait(lambda: (read_status(status) or {}).get("step", 0) > stopped_at)
+    resumes = read_config(runs_dir / "sae-run" / "config.json")["resumes"]
+    assert [r["step"] for r in resumes] == [stopped_at]  # continued where it stopped, not from scratch
+    manager.stop("sae-run")
+    wait(lambda: manager.get("sae-run").state == "cancelled")
+
+
+def test_a_finished_sae_run_shows_its_curves_and_opens_the_explorer_with_its_folder(folders):
+    images, runs_dir = folders
+    out = runs_dir / "done"
+    assert sae_main(["train", str(CHECKPOINT), "--data", str(images), "--layer", "2", "--width", "48", "--k", "4",
+                     "--epochs", "2", "--batch-size", "64", "--buffer-tokens", "256", "--holdout", "2",
+                     "--device", "cpu", "--out", str(out)]) == 0
+    at = AppTest.from_file(PAGE).run(timeout=TIMEOUT)
+    assert not at.exception
+    assert at.dataframe[0].value["State"][0] == "completed"
+    titles = [chart.proto.spec for chart in at.get("plotly_chart")]
+    for title in ("SAE explained variance", "SAE L0 (latents per token)", "SAE dead fraction"):
+        assert any(title in spec for spec in titles), title
+    assert any(str(out) == c.value for c in at.code)
+    at.button(key="open-sae-done").click()
+    at = at.run(timeout=TIMEOUT)
+    assert at.session_state["explorer_sae"] == str(out)
+    assert at.session_state["explorer_checkpoint"] == str(CHECKPOINT)
