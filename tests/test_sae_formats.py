@@ -42,7 +42,7 @@ def prisma_sae(folder: Path, activation="topk", normalize="layer_norm", layer=1)
         d_in=D_IN, expansion_factor=EXPANSION, activation_fn_str=activation,
         activation_fn_kwargs={"k": K} if activation == "topk" else {}, normalize_activations=normalize,
         hook_point_layer=layer, layer_subtype="hook_resid_post", _device="cpu", model_name="local-tiny",
-        log_to_wandb=False, checkpoint_path=str(folder))
+        log_to_wandb=False, checkpoint_path=str(folder), context_size=5)  # tiny_model's 4 patches and CLS
     reference = StandardSparseAutoencoder(cfg)
     randomise(reference)
     folder.mkdir(parents=True, exist_ok=True)
@@ -158,19 +158,20 @@ def test_saev_schema_1_and_unknown_schemas_are_one_line_refusals(tmp_path):
         assert "\n" not in str(error.value)
 
 
-def tiny_model(hidden=D_IN, layers=2):
+def tiny_model(hidden=D_IN, layers=2, image=8):
     torch.manual_seed(0)
-    return ViT(ViTConfig(image_size=8, patch_size=4, num_classes=3, hidden_size=hidden, num_layers=layers,
+    return ViT(ViTConfig(image_size=image, patch_size=4, num_classes=3, hidden_size=hidden, num_layers=layers,
                          num_heads=2, mlp_size=24)).eval()
 
 
-def test_a_mismatch_of_layer_or_width_is_a_one_line_refusal(tmp_path):
+def test_a_mismatch_of_model_layer_or_width_is_a_one_line_refusal(tmp_path):
     prisma_sae(tmp_path / "sae", layer=1)
     saev_sae(tmp_path / "saev.pt", "topk")
     assert check_fits(open_sae(tmp_path / "sae"), tiny_model()) == 2
     for call, message in ((lambda: open_sae(tmp_path / "sae", layer=1), "not block 1's output"),
                           (lambda: check_fits(open_sae(tmp_path / "sae"), tiny_model(hidden=16)), "width"),
                           (lambda: check_fits(open_sae(tmp_path / "sae"), tiny_model(layers=1)), "1 blocks"),
+                          (lambda: check_fits(open_sae(tmp_path / "sae"), tiny_model(image=12)), "another model"),
                           (lambda: check_fits(open_sae(tmp_path / "saev.pt"), tiny_model()), "give the layer")):
         with pytest.raises(SAEError, match=message) as error:
             call()

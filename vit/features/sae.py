@@ -152,6 +152,12 @@ def check_fits(sae: SparseAutoencoder, model: nn.Module) -> int:
         raise SAEError(f"this SAE reads block {layer}'s output; the model has {model.config.num_layers} blocks")
     if sae.d_in != model.config.hidden_size:
         raise SAEError(f"this SAE reads {sae.d_in}-wide activations; the model's width is {model.config.hidden_size}")
+    extra = sae.info.extra
+    tokens = model.config.num_prefix_tokens + model.config.num_patches
+    if (extra.get("format") == "vit-prisma" and not extra.get("cls_token_only") and not extra.get("use_patches_only")
+            and isinstance(extra.get("context_size"), int) and extra["context_size"] != tokens):
+        raise SAEError(f"this SAE was trained on {sae.info.model_name or 'another model'} with {extra['context_size']} "
+                       f"tokens an image; the open model has {tokens}: another model")
     if sae.info.model_fingerprint and sae.info.model_fingerprint != model_fingerprint(model):
         raise SAEError(f"this SAE was trained on another model ({sae.info.model_name or 'unnamed'}): its weights "
                        "differ from the open model's")
