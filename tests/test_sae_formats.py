@@ -102,6 +102,16 @@ def test_a_prisma_checkpoint_larger_than_its_config_declares_is_refused_before_r
         load_prisma(tmp_path / "sae")
 
 
+def test_sizes_a_file_declares_but_does_not_hold_are_refused_before_allocating(tmp_path):
+    saev_sae(tmp_path / "sae.pt", "relu")
+    header, _, rest = (tmp_path / "sae.pt").read_bytes().partition(b"\n")
+    cfg = json.loads(header)
+    cfg["cfg"].update(d_model=16384, d_sae=2**20)  # 128 GiB of weights, declared in a file of a few kB
+    (tmp_path / "big.pt").write_bytes(json.dumps(cfg).encode() + b"\n" + rest)
+    with pytest.raises(SAEError, match="bytes, less than"):
+        load_saev(tmp_path / "big.pt")
+
+
 def saev_sae(path: Path, activation: str):
     """A saev SAE as saev is today (schema 5), dumped with its own ``dump``; BatchTopK with a trained threshold."""
     from tests.reference.saev import modeling

@@ -113,13 +113,20 @@ def _int(cfg: dict, key: str, where: str) -> int:
 
 
 def _check_file_size(path: Path, d_in: int, d_sae: int, what: str) -> None:
-    """SAEError when ``path`` is larger than weights of these sizes in float64 can explain (a pickle or header
-    padded to stall the reader), before anything is read."""
-    bound = 8 * (2 * d_in * d_sae + d_in + d_sae + 1) + (1 << 20)
-    size = path.stat().st_size
-    if size > bound:
-        raise SAEError(f"{path.name}: {size:,} bytes, more than a {what} SAE of d_in {d_in}, d_sae {d_sae} needs "
-                       f"({bound:,}); not an SAE checkpoint")
+    """SAEError, before anything is read or allocated, when ``path`` is smaller than float32 weights of these sizes
+    (sizes a file declares but does not hold), larger than float64 ones can explain (a pickle or header padded to
+    stall the reader), or the weights would not fit in half the free memory."""
+    from vit.features.train import available_memory
+
+    weights = 2 * d_in * d_sae + d_in + d_sae
+    size, bound = path.stat().st_size, 8 * (weights + 1) + (1 << 20)
+    if size < 4 * weights or size > bound:
+        raise SAEError(f"{path.name}: {size:,} bytes, {'less' if size < 4 * weights else 'more'} than a {what} SAE "
+                       f"of d_in {d_in}, d_sae {d_sae} holds; not an SAE checkpoint of those sizes")
+    free = available_memory(torch.device("cpu"))
+    if 4 * weights > free // 2:
+        raise SAEError(f"{path.name}: an SAE of d_in {d_in}, d_sae {d_sae} needs {4 * weights / 2**30:.2f} GiB, more "
+                       f"than half of the {free / 2**30:.2f} GiB free")
 
 
 def _read_state(path: Path, allowed_classes: tuple[str, ...] = ()) -> object:
@@ -223,6 +230,7 @@ def load_prisma(path: str | Path, device: str | torch.device = "cpu") -> Foreign
         raise SAEError(f"{where}: normalize_activations {cfg['normalize_activations']!r} is not supported")
     d_sae = d_in * expansion
     check_sizes(d_in, d_sae, k, "topk" if k else "standard")
+    _check_file_size(path, d_in, d_sae, "Prisma")  # again for a pickled config: before the SAE is allocated
     layer = cfg["hook_point_layer"]
     if isinstance(layer, list) and len(layer) == 1:  # Prisma's legacy configs hold a one-element list
         layer = layer[0]
