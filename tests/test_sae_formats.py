@@ -223,3 +223,17 @@ def test_saes_open_by_hub_id_fetching_only_their_own_files(fake_hub, tmp_path):
     with pytest.raises(SAEError, match="its SAEs are in blocks.1.hook_resid_post") as error:
         open_sae("acme/saes")
     assert "\n" not in str(error.value)
+
+
+def test_a_normalising_sae_edits_the_stream_exactly_when_nothing_changes(tmp_path):
+    from vit.features.explore import intervene
+
+    prisma_sae(tmp_path / "sae", "topk", "layer_norm", layer=0)
+    sae, model = open_sae(tmp_path / "sae"), tiny_model()
+    images = torch.randn(2, 3, 8, 8, generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        logits, _ = model(images)
+    torch.testing.assert_close(intervene(model, sae, images, {0: 1.0}).logits, logits, rtol=0, atol=1e-5)
+    latent = int(sae.encode(model.run_with_cache(images, ["blocks.0.hook_resid_post"])[1]["blocks.0.hook_resid_post"])
+                 .flatten(0, 1).sum(0).argmax())
+    assert not torch.allclose(intervene(model, sae, images, {latent: 0.0}).logits, logits, atol=1e-4)

@@ -97,8 +97,9 @@ class ForeignSAE(SparseAutoencoder):
         x_hat = super().decode(z)
         if self.normalize == "none":
             return x_hat
-        if self._stats is None:
-            raise SAEError("this SAE normalises its input: encode the activations before decoding")
+        scale = self._stats[1] if isinstance(self._stats, tuple) else self._stats
+        if scale is None or tuple(scale.shape[:-1]) != tuple(z.shape[:-1]):
+            raise SAEError("this SAE normalises its input: decode the latents of the activations encoded last")
         if self.normalize == "layer_norm":
             mu, std = self._stats
             return x_hat * std + mu
