@@ -14,7 +14,6 @@ from vit.features.formats import load_prisma, load_saev, open_sae
 from vit.features.sae import SAEError, SAEInfo, SparseAutoencoder, check_fits, load_sae, save_sae
 from vit.model import ViT, ViTConfig
 
-pytest.importorskip("vit_prisma", reason="install it with: pip install --no-deps -r requirements-test-nodeps.txt")
 D_IN, EXPANSION, K = 12, 4, 5
 
 
@@ -35,6 +34,7 @@ def activations(seed=1):
 
 def prisma_sae(folder: Path, activation="topk", normalize="layer_norm", layer=1):
     """A Prisma SAE saved as its trainer's ``checkpoint`` does: config.json, then ``save_model`` of a .pt."""
+    pytest.importorskip("vit_prisma", reason="install it with: pip install --no-deps -r requirements-test-nodeps.txt")
     from tests.reference.vit_prisma_sae.config import VisionModelSAERunnerConfig
     from tests.reference.vit_prisma_sae.sae import StandardSparseAutoencoder
 
