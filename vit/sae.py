@@ -298,13 +298,13 @@ def run(args: argparse.Namespace, stop=None, harvest=None) -> int:
     settings = SAESettings(layer=args.layer, width=args.width or d_in * (args.expansion or 8), k=args.k,
                            epochs=args.epochs, batch_size=args.batch_size, lr=args.lr,
                            buffer_tokens=args.buffer_tokens, seed=args.seed)
+    tokens_per_image = model.config.num_prefix_tokens + model.config.num_patches
     try:
-        check_settings(settings, d_in, model.config.num_layers, device)
+        check_settings(settings, d_in, model.config.num_layers, device, args.image_batch * tokens_per_image)
         train_files, held_files = split_files(image_files(Path(args.data)), args.images, args.holdout, args.seed)
     except ValueError as e:  # SAEError too
         raise UsageError(str(e)) from None
     hook = resid_hook_name(args.layer)
-    tokens_per_image = model.config.num_prefix_tokens + model.config.num_patches
     per_epoch = -(-len(train_files) * tokens_per_image // settings.batch_size)
     total_steps = per_epoch * settings.epochs
     training = SAETraining(d_in, settings, device, total_steps)

@@ -141,7 +141,10 @@ def hook_layer(hook_name: str) -> int | None:
 def check_fits(sae: SparseAutoencoder, model: nn.Module) -> int:
     """The block (from 1) whose output ``sae`` reads in ``model``; SAEError in one line when it was trained on
     another model (its weights' fingerprint), another width or a hook point this project does not read."""
-    layer = hook_layer(sae.info.hook_name or "")
+    if sae.info.hook_name is None:
+        raise SAEError("this SAE's file does not say which block's output it reads (saev's files do not): give the "
+                       "layer it was trained on")
+    layer = hook_layer(sae.info.hook_name)
     if layer is None:
         raise SAEError(f"this SAE reads {sae.info.hook_name!r}; only a block's output (blocks.N.hook_resid_post) "
                        "is supported")
@@ -149,6 +152,12 @@ def check_fits(sae: SparseAutoencoder, model: nn.Module) -> int:
         raise SAEError(f"this SAE reads block {layer}'s output; the model has {model.config.num_layers} blocks")
     if sae.d_in != model.config.hidden_size:
         raise SAEError(f"this SAE reads {sae.d_in}-wide activations; the model's width is {model.config.hidden_size}")
+    extra = sae.info.extra
+    tokens = model.config.num_prefix_tokens + model.config.num_patches
+    if (extra.get("format") == "vit-prisma" and not extra.get("cls_token_only") and not extra.get("use_patches_only")
+            and isinstance(extra.get("context_size"), int) and extra["context_size"] != tokens):
+        raise SAEError(f"this SAE was trained on {sae.info.model_name or 'another model'} with {extra['context_size']} "
+                       f"tokens an image; the open model has {tokens}: another model")
     if sae.info.model_fingerprint and sae.info.model_fingerprint != model_fingerprint(model):
         raise SAEError(f"this SAE was trained on another model ({sae.info.model_name or 'unnamed'}): its weights "
                        "differ from the open model's")
@@ -178,7 +187,11 @@ def model_fingerprint(model: nn.Module) -> str:
 
 
 def sae_config(sae: SparseAutoencoder) -> dict:
-    """cfg.json as SAELens 6 writes it (``SAEConfig.to_dict``) for ``sae``."""
+    """cfg.json as SAELens 6 writes it (``SAEConfig.to_dict``) for ``sae``; SAEError for an SAE that encodes as
+    another library's (``vit.features.formats.ForeignSAE``), which that format cannot describe."""
+    if not getattr(sae, "saelens_compatible", True):
+        raise SAEError("this SAE encodes as another library's (its input normalisation or activation); SAELens's "
+                       "format cannot hold it, so it is not saved")
     metadata = {**sae.info.extra, "sae_lens_version": SAE_LENS_FORMAT, "sae_lens_training_version": SAE_LENS_FORMAT,
                 "model_name": sae.info.model_name, "hook_name": sae.info.hook_name, "hook_head_index": None,
                 "prepend_bos": False, "model_fingerprint": sae.info.model_fingerprint}

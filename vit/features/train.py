@@ -49,11 +49,27 @@ class SAESettings:
         return self.lr if self.lr is not None else 6e-3 / math.sqrt(self.width / 768)
 
 
-def memory_needed(d_in: int, width: int, batch_size: int, buffer_tokens: int) -> int:
+def memory_needed(d_in: int, width: int, batch_size: int, buffer_tokens: int, held_out_rows: int = 0) -> int:
     """Bytes a training run holds at once: weights, their gradients and Adam's two moments (4 copies), the buffer,
-    and per step the activations, pre-activations, latents and their gradients (float32)."""
+    and per step the activations, pre-activations, latents and their gradients (float32); then the held-out pass
+    over ``held_out_rows`` tokens at a time (an image batch's): their pre-activations, latents and firing mask, and
+    per latent its exemplars and histogram."""
     weights = 2 * d_in * width + width + d_in
-    return 4 * (4 * weights + buffer_tokens * d_in + batch_size * (4 * width + 4 * d_in))
+    training = 4 * (4 * weights + buffer_tokens * d_in + batch_size * (4 * width + 4 * d_in))
+    held_out = held_out_rows * width * (2 * 4 + 1) + width * (64 * 8 + EXEMPLARS * 12)
+    return training + held_out
+
+
+def largest_width(d_in: int, batch_size: int, buffer_tokens: int, held_out_rows: int, bound: int) -> int:
+    """The most latents (0 if none) whose run ``memory_needed`` keeps within ``bound`` bytes."""
+    low, high = 0, MAX_D_SAE
+    while low < high:
+        middle = (low + high + 1) // 2
+        if memory_needed(d_in, middle, batch_size, buffer_tokens, held_out_rows) <= bound:
+            low = middle
+        else:
+            high = middle - 1
+    return low
 
 
 def available_memory(device: torch.device) -> int:
@@ -70,8 +86,10 @@ def available_memory(device: torch.device) -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
 
 
-def check_settings(settings: SAESettings, d_in: int, num_layers: int, device: torch.device) -> None:
-    """SAEError in one line for settings no run can use or memory cannot hold, before anything runs."""
+def check_settings(settings: SAESettings, d_in: int, num_layers: int, device: torch.device,
+                   held_out_rows: int = 0) -> None:
+    """SAEError in one line for settings no run can use or memory cannot hold (``held_out_rows``: the tokens of
+    one image batch in the held-out pass), before anything runs; it says how many latents would fit."""
     s = settings
     if not 1 <= s.layer <= num_layers:
         raise SAEError(f"--layer {s.layer} is out of range: the model has blocks 1 to {num_layers}")
@@ -81,11 +99,14 @@ def check_settings(settings: SAESettings, d_in: int, num_layers: int, device: to
         raise SAEError(f"--k {s.k} must be from 1 to the width ({s.width:,})")
     if s.buffer_tokens < 2 * s.batch_size:
         raise SAEError(f"--buffer-tokens {s.buffer_tokens:,} must hold two batches of {s.batch_size:,} tokens")
-    need, free = memory_needed(d_in, s.width, s.batch_size, s.buffer_tokens), available_memory(device)
+    need = memory_needed(d_in, s.width, s.batch_size, s.buffer_tokens, held_out_rows)
+    free = available_memory(device)
     if need > free // 2:  # the model and the harvest's forward need their share too
+        fits = largest_width(d_in, s.batch_size, s.buffer_tokens, held_out_rows, free // 2)
         raise SAEError(f"width {s.width:,}, batch {s.batch_size:,} and a buffer of {s.buffer_tokens:,} tokens need "
-                       f"{need / 2**30:.2f} GiB, more than half of the {free / 2**30:.2f} GiB free on {device}; lower "
-                       "--expansion/--width, --batch-size or --buffer-tokens")
+                       f"{need / 2**30:.2f} GiB, more than half of the {free / 2**30:.2f} GiB free on {device}; "
+                       + (f"at most {fits:,} latents fit with this batch and buffer: lower --expansion/--width"
+                          if fits >= s.k else "lower --buffer-tokens, --batch-size or --image-batch"))
 
 
 @dataclass

@@ -230,9 +230,9 @@ def cached_snapshot(name: HubName) -> Path | None:
     return snapshot if snapshot.is_dir() and any(snapshot.iterdir()) else None
 
 
-def plan(name: HubName) -> Download:
-    """The files of ``name`` that opening needs and the cache does not hold yet, with their sizes, from the Hub's
-    model info and file tree (no download). HubError (one line) for a gated, missing or unreachable model."""
+def repo_files(name: HubName) -> tuple[str, dict[str, int]]:
+    """The commit ``name``'s revision points at and every file of the repository there, ``{path: bytes}``, from the
+    Hub's model info and file tree (no download). HubError (one line) for a gated, missing or unreachable model."""
     from huggingface_hub import HfApi
     from huggingface_hub.errors import HfHubHTTPError, OfflineModeIsEnabled
 
@@ -248,6 +248,13 @@ def plan(name: HubName) -> Download:
         if _is_connection_error(e):
             raise _hub_error(name, e) from None
         raise
+    return commit, tree
+
+
+def plan(name: HubName) -> Download:
+    """The files of ``name`` that opening needs and the cache does not hold yet, with their sizes, from the Hub's
+    model info and file tree (no download). HubError (one line) for a gated, missing or unreachable model."""
+    commit, tree = repo_files(name)
     files = chosen_files(tree)
     if not any(p.endswith(ext) for p in files for ext in (".safetensors", ".bin", ".pth", ".pt")):
         raise HubError(f"{name} holds no weights this program reads (safetensors, or a torch pickle when it has "
@@ -353,3 +360,81 @@ def resolve(source: str | os.PathLike, report: Callable[[str], None] | None = No
     if name is None:
         return path  # open_source says it is not found
     return fetch(name, report, progress)
+
+
+# SAEs on the Hub: a repository often holds many (SAELens's releases keep one per folder), so the name says which.
+SAE_LENS_FILES = ("cfg.json", "sae_weights.safetensors")  # vit.features.sae's CFG_FILE and WEIGHTS_FILE
+PRISMA_SAE_CONFIG = "config.json"
+
+
+def parse_sae_name(text: str) -> tuple[HubName, str] | None:
+    """``ORG/NAME[/PATH/IN/REPO][@REVISION]`` -> the repository and the SAE's folder or file in it ('' for its top),
+    or None when ``text`` is no such name."""
+    body, _, revision = str(text).strip().removeprefix(HF_HUB_PREFIX).partition("@")
+    parts = body.split("/")
+    if len(parts) < 2 or any(not part or part in (".", "..") for part in parts):
+        return None
+    repo = "/".join(parts[:2])
+    if not _REPO.fullmatch(repo) or (revision and not re.fullmatch(r"[\w./-]{1,200}", revision)):
+        return None
+    return HubName(repo, revision or None, str(text).strip()), "/".join(parts[2:])
+
+
+def looks_like_sae_name(text: str) -> bool:
+    """Whether ``text`` should be fetched as an SAE from the Hub: nothing here has that path and it reads as one."""
+    return bool(text.strip()) and not Path(text).expanduser().exists() and parse_sae_name(text) is not None
+
+
+def sae_files(tree: dict[str, int], sub: str, name: HubName) -> dict[str, int]:
+    """Of a repository's ``{path: bytes}``, the files of the SAE at ``sub``: a file itself (a saev or Prisma
+    ``.pt``, with Prisma's ``config.json`` beside it); in a folder SAELens's two files, or Prisma's ``config.json``
+    and its one checkpoint. HubError when ``sub`` holds no SAE."""
+    if sub in tree:
+        beside = f"{sub.rpartition('/')[0]}/{PRISMA_SAE_CONFIG}".lstrip("/")
+        return {sub: tree[sub], **({beside: tree[beside]} if beside in tree and sub.endswith(".pt") else {})}
+    prefix = f"{sub}/" if sub else ""
+    here = {p[len(prefix):]: s for p, s in tree.items() if p.startswith(prefix) and "/" not in p[len(prefix):]}
+    if all(f in here for f in SAE_LENS_FILES):
+        return {prefix + f: here[f] for f in SAE_LENS_FILES}
+    checkpoints = sorted(f for f in here if f.endswith(".pt") and not f.endswith("_log_feature_sparsity.pt"))
+    if PRISMA_SAE_CONFIG in here and len(checkpoints) == 1:
+        return {prefix + f: here[f] for f in (PRISMA_SAE_CONFIG, checkpoints[0])}
+    where = f"{name.repo_id}/{sub}" if sub else name.repo_id
+    if checkpoints:
+        raise HubError(f"{where} holds {len(checkpoints)} checkpoints; name one: {where}/{checkpoints[0]} "
+                       f"({', '.join(checkpoints)[:120]})")
+    folders = sorted({p[len(prefix):].split("/")[0] for p in tree if p.startswith(prefix) and
+                      p.endswith("/" + SAE_LENS_FILES[0])})
+    raise HubError(f"{where} holds no SAE (SAELens's {' and '.join(SAE_LENS_FILES)}, or Prisma's "
+                   f"{PRISMA_SAE_CONFIG} and a .pt)" + (f"; its SAEs are in {', '.join(folders)[:150]}: add one to "
+                                                        "the name" if folders else ""))
+
+
+def fetch_sae(text: str, report: Callable[[str], None] | None = None) -> Path:
+    """The local path (folder or file, in the HF cache) of the SAE ``text`` names on the Hub, its files downloaded
+    when needed after ``report`` (default: stderr) was told their size; the cached copy offline."""
+    parsed = parse_sae_name(text)
+    if parsed is None:
+        raise HubError(f"{text!r} names no SAE on the Hub; give ORG/NAME[/PATH/IN/REPO][@REVISION]")
+    name, sub = parsed
+    cached = cached_snapshot(name)
+    local = None if cached is None else cached / sub
+    if _offline():
+        if local is None or not local.exists():
+            raise HubError(f"{text} is neither a file or folder here nor in the Hugging Face cache ({cache_dir()}), "
+                           "and HF_HUB_OFFLINE is set; unset it to download the SAE")
+        return local
+    try:
+        commit, tree = repo_files(name)
+    except HubUnreachable:
+        if local is not None and local.exists():
+            return local
+        raise
+    files = sae_files(tree, sub, name)
+    snapshot = snapshot_folder(name.repo_id, commit)
+    wanted = Download(name, commit, tuple((f, s) for f, s in files.items() if not (snapshot / f).is_file()))
+    if wanted.files:
+        check_size(wanted)
+        (report or _to_stderr)(f"downloading {wanted.summary} into the Hugging Face cache ({cache_dir()})")
+        download(wanted)
+    return snapshot / sub
