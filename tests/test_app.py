@@ -515,6 +515,18 @@ def test_patch_picker_puts_patch_i_at_the_centre_of_its_cell_and_outlines_the_qu
     assert not cls_fig.layout.shapes
 
 
+def test_each_explorer_section_keeps_only_its_own_settings():
+    """Issue 35: the page writes back what each section names (its widgets' keys); no key is named by two sections,
+    so a section's settings are changed in one place."""
+    from pages.explorer_sections import analyses, ask_in_words, image_picker, main_view, map_settings, mechanism
+
+    sections = {m.__name__: m.KEPT for m in (analyses, ask_in_words, image_picker, main_view, map_settings, mechanism)}
+    for name, kept in sections.items():
+        for other, other_kept in sections.items():
+            clashes = [(a, b) for a in kept for b in other_kept if other != name and a.startswith(b)]
+            assert not clashes, f"{name} and {other} both keep {clashes}"
+
+
 def test_the_linked_pickers_zoom_the_image_and_the_overlay_together():
     """Issue 33, item 6: one figure, the overlay on axes that match the image's, so a zoom or pan of either is the
     other's; each side's point i is patch i, outlined on both."""

@@ -18,6 +18,7 @@ from vit.text import escape_markdown
 PICKER_CONFIG = {"displayModeBar": False, "scrollZoom": False, "doubleClick": False}
 ENLARGE_KEY = "enlarge_view"
 LINKED_KEY = "linked_pickers"  # the enlarged image and overlay, one figure
+KEPT = ("npz_precision", "npz_layers", "faithfulness_curves")  # kept by the page while not drawn (a closed popover)
 
 
 def pick_query(chart_key: str, query_key: str, num_prefix_tokens: int) -> None:
