@@ -3,7 +3,9 @@
 ``streamlit run app.py`` of a checkout (``--root``, this one by default: point it at an older checkout, e.g. a
 ``git worktree add /tmp/before <commit>``, for the "before" figures) driven by headless Chromium (Debian's
 /usr/bin/chromium through Playwright, as the browser tests do). For each model it times, from the click to the
-redrawn section with the script run finished (``stApp``'s ``data-test-script-state`` no longer ``running``):
+redrawn section with the script run finished (``stApp``'s ``data-test-script-state`` no longer ``running``) and a
+frame painted after it; besides the wall time it gives the CPU time the server and the browser spent meanwhile
+(``/proc``), which is what the click costs on an idle machine when wall time is mostly waiting for other jobs:
 
 - a click on a head thumbnail (the heads grid of one layer; the map above shows that head);
 - a click on a Mechanism tab (Logit lens and Head attribution in turn; the views are cached after the first);
@@ -165,9 +167,33 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def timed_click(page, pid: int, click, done_js: str) -> tuple[float, float]:
-    """(wall, server CPU) seconds from ``click()`` until ``done_js`` holds and the run it started is over."""
-    start, cpu = time.perf_counter(), cpu_seconds(pid)
+def browser_cpu_seconds() -> float:
+    """CPU time so far of the Chromium processes this bench started (its descendants), the renderer included."""
+    parents, names = {}, {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:  # gone meanwhile
+            continue
+        name, fields = text[text.index("(") + 1:text.rindex(")")], text.rsplit(")", 1)[1].split()
+        parents[int(stat.parent.name)], names[int(stat.parent.name)] = int(fields[1]), name
+    total = 0.0
+    for pid, name in names.items():
+        ancestor = parents.get(pid)
+        while ancestor not in (None, 0, 1, os.getpid()):
+            ancestor = parents.get(ancestor)
+        if ancestor == os.getpid() and "chrom" in name:
+            try:
+                total += cpu_seconds(pid)
+            except (OSError, IndexError):
+                pass
+    return total
+
+
+def timed_click(page, pid: int, click, done_js: str) -> tuple[float, float, float]:
+    """(wall, server CPU, browser CPU) seconds from ``click()`` until ``done_js`` holds and the run it started is
+    over and the browser has painted a frame after it."""
+    start, cpu, browser = time.perf_counter(), cpu_seconds(pid), browser_cpu_seconds()
     click()
     try:
         page.wait_for_function(f"() => ({done_js})() && ({SCRIPT_DONE})()", timeout=CLICK_TIMEOUT_MS)
@@ -175,14 +201,15 @@ def timed_click(page, pid: int, click, done_js: str) -> tuple[float, float]:
         page.screenshot(path=str(ROOT / "test-artifacts" / "bench-explorer-clicks-timeout.png"), full_page=True)
         raise RuntimeError(f"the page did not show {done_js} within {CLICK_TIMEOUT_MS / 1000:.0f} s; it showed:\n"
                            + page.locator('[data-testid="stMain"]').inner_text()[:3000]) from None
-    return time.perf_counter() - start, cpu_seconds(pid) - cpu
+    page.evaluate("() => new Promise(done => requestAnimationFrame(() => requestAnimationFrame(done)))")
+    return time.perf_counter() - start, cpu_seconds(pid) - cpu, browser_cpu_seconds() - browser
 
 
 def text_shown(text: str) -> str:
     return f"() => document.querySelector('[data-testid=\"stMain\"]').innerText.includes({text!r})"
 
 
-def heads_clicks(page, pid: int, repeats: int) -> list[tuple[float, float]]:
+def heads_clicks(page, pid: int, repeats: int) -> list[tuple[float, float, float]]:
     """Click heads 2 and H - 1 of the heads grid in turn; done when the map's caption names the head."""
     page.get_by_text("Click a head").scroll_into_view_if_needed()
     settled(page)
@@ -203,7 +230,7 @@ def heads_clicks(page, pid: int, repeats: int) -> list[tuple[float, float]]:
     return times[1:]
 
 
-def mechanism_clicks(page, pid: int, repeats: int) -> list[tuple[float, float]]:
+def mechanism_clicks(page, pid: int, repeats: int) -> list[tuple[float, float, float]]:
     """Open Mechanism, then click the Logit lens and Head attribution tabs in turn."""
     page.get_by_text("Mechanism: logit lens").click()
     page.get_by_role("tab", name="Logit lens").wait_for()
@@ -219,7 +246,7 @@ def mechanism_clicks(page, pid: int, repeats: int) -> list[tuple[float, float]]:
     return times[1:]
 
 
-def words_submits(page, pid: int, repeats: int) -> list[tuple[float, float]]:
+def words_submits(page, pid: int, repeats: int) -> list[tuple[float, float, float]]:
     """Submit two label sets in turn; done when the scores name the first label of the set."""
     sets = ("a dog, a cat, a ball", "a tree, a house, a car")
     area = page.get_by_role("textbox", name="Labels")
@@ -236,7 +263,7 @@ def words_submits(page, pid: int, repeats: int) -> list[tuple[float, float]]:
     return times[2:]
 
 
-def bench(root: Path, model: str, repeats: int, threads: int) -> dict[str, list[tuple[float, float]]]:
+def bench(root: Path, model: str, repeats: int, threads: int) -> dict[str, list[tuple[float, float, float]]]:
     from playwright.sync_api import sync_playwright
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -274,15 +301,17 @@ def main(argv: list[str] | None = None) -> int:
     for model in args.models.split(","):
         for root in roots:
             for what, times in bench(root, model, args.repeats, args.threads).items():
-                wall, cpu = (statistics.median(t[i] for t in times) for i in (0, 1))
-                rows.append((model, what, root, wall, cpu))
-                print(f"{model:<10} {what:<22} {root}: wall {wall:.2f} s, server CPU {cpu:.2f} s  "
-                      f"({', '.join(f'{w:.2f}/{c:.2f}' for w, c in times)})", flush=True)
-    print(f"\nclick -> redrawn section, run finished: median of {args.repeats} clicks, wall s / server CPU s")
+                wall, cpu, browser = (statistics.median(t[i] for t in times) for i in (0, 1, 2))
+                rows.append((model, what, root, wall, cpu, browser))
+                print(f"{model:<10} {what:<22} {root}: wall {wall:.2f} s, server CPU {cpu:.2f} s, browser CPU "
+                      f"{browser:.2f} s ({', '.join('/'.join(f'{v:.2f}' for v in t) for t in times)})", flush=True)
+    print(f"\nclick -> redrawn section, run finished: median of {args.repeats} clicks, wall s / server CPU s / "
+          "browser CPU s")
     print(f"  {'model':<10} {'click':<22} " + " ".join(f"{str(root)[-24:]:>24}" for root in roots))
     for model in args.models.split(","):
         for what in dict.fromkeys(r[1] for r in rows if r[0] == model):
-            cells = [f"{r[3]:.2f} / {r[4]:.2f}" for root in roots for r in rows if r[:3] == (model, what, root)]
+            cells = [f"{r[3]:.2f} / {r[4]:.2f} / {r[5]:.2f}" for root in roots for r in rows
+                     if r[:3] == (model, what, root)]
             print(f"  {model:<10} {what:<22} " + " ".join(f"{c:>24}" for c in cells))
     return 0
 
