@@ -78,8 +78,8 @@ def ship_vit_b16(folder: Path) -> None:
 def cache_open_clip(cache: Path, name: str, model_cfg: dict) -> None:
     """A random open_clip CLIP saved as open_clip saves for the Hub, in an HF cache as ``someone/<name>``."""
     import open_clip
+    import open_clip.push_to_hf_hub as open_clip_hub
     import torch
-    from open_clip import push_to_hf_hub as open_clip_hub
     from safetensors.torch import save_file
 
     folder = cache / f"models--someone--{name}" / "snapshots" / "rev1"
