@@ -23,6 +23,7 @@ after = this branch: see the table printed at the end and the closing note of is
 from __future__ import annotations
 
 import argparse
+import importlib
 import io
 import os
 import re
@@ -78,10 +79,11 @@ def ship_vit_b16(folder: Path) -> None:
 def cache_open_clip(cache: Path, name: str, model_cfg: dict) -> None:
     """A random open_clip CLIP saved as open_clip saves for the Hub, in an HF cache as ``someone/<name>``."""
     import open_clip
-    import open_clip.push_to_hf_hub as open_clip_hub
     import torch
     from safetensors.torch import save_file
 
+    # importlib: ``import open_clip.push_to_hf_hub as m`` binds the function of that name open_clip exports
+    open_clip_hub = importlib.import_module("open_clip.push_to_hf_hub")
     folder = cache / f"models--someone--{name}" / "snapshots" / "rev1"
     folder.mkdir(parents=True)
     torch.manual_seed(0)
