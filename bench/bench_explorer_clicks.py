@@ -16,8 +16,20 @@ Models: the shipped checkpoint on its first sample (``shipped``); a random ViT-B
 random open_clip CLIP (``clip-tiny``) and a random open_clip ViT-B-16 CLIP (``clip-b16``), both as the HF cache holds
 them. Medians of ``--repeats`` clicks (after one warm-up click each).
 
-Measured 2026-11-23 on this project's 2-core machine (shared with other jobs), before = ef1e35a (the flat page),
-after = this branch: see the table printed at the end and the closing note of issue 35.
+Measured 2026-11-23 on this project's 2-core machine under heavy load from other jobs (load average 10-33),
+``--models clip-tiny,vit-b16,shipped --root /tmp/before --root . --repeats 5``, before = ef1e35a (the flat page),
+after = issue 35's sections with Streamlit's post-run gc.collect() off; median wall s / server CPU s / browser CPU s:
+
+    model      click                  before               after
+    shipped    head thumbnail click   1.48 / 0.59 / 0.83   0.70 / 0.13 / 0.67
+    shipped    Mechanism tab click    2.11 / 0.71 / 1.15   0.58 / 0.05 / 0.39
+    vit-b16    head thumbnail click   4.39 / 0.76 / 1.35   0.88 / 0.17 / 0.78
+    vit-b16    Mechanism tab click    3.18 / 0.79 / 1.48   0.56 / 0.07 / 0.37
+    clip-tiny  Ask in words submit    3.72 / 0.76 / 1.04   1.66 / 0.25 / 0.63
+
+The server's share is under 0.3 s everywhere after; what is left is Chromium's (headless, software-composited)
+re-render of the charts. A head click and a CLIP's new labels still rerun the page by design (they change what
+every section shows).
 """
 
 from __future__ import annotations
