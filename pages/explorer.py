@@ -9,13 +9,11 @@ to its path before ``st.switch_page("pages/explorer.py")``, and an image file by
 
 import streamlit as st
 
-from pages.explorer_sections import ask_in_words, features, mechanism
-from pages.explorer_sections.analyses import analyses
+from pages.explorer_sections import analyses, ask_in_words, features, image_picker, main_view, map_settings, mechanism
 from pages.explorer_sections.caches import analyse, display_images, load_model
 from pages.explorer_sections.checkpoint_picker import pick_checkpoint
 from pages.explorer_sections.compare_checkpoints import compare_checkpoints
 from pages.explorer_sections.image_picker import pick_image
-from pages.explorer_sections.main_view import main_view
 from pages.explorer_sections.map_settings import choose_map, main_map
 from pages.explorer_sections.probe_snapshots import probe_snapshots
 from pages.explorer_sections.state import Shown, keep_settings
@@ -26,16 +24,11 @@ from vit.inference import NonFiniteOutput, input_box, seen_region
 from vit.sources.text_tower import has_text_tower
 from vit.text import escape_markdown
 
-# Settings that must survive a run in which their widget is not drawn (a rejected upload stops the page
-# early; a closed tab hides its toggle): Streamlit forgets such widget state unless it is written back.
-KEPT_SETTINGS = ("map_kind", "fusion", "opacity", "colormap", "upsample", "show_grid", "every_layer", "discard_ratio",
-                 "colour_scale", "mass_mask", "mask_share", "hide_registers", "invert", "input_side", "keep_aspect",
-                 "npz_precision", "npz_layers", "method_kind", "faithfulness_curves", "layer-", "head-", "query-",
-                 "class-query-", "end-", "class-", "sample-", "words_",
-                 # the Mechanism tabs': heads switched off "in every map" came back on after opening another tab
-                 "ablation_mode", "ablation_grid", "ablate", "corrupted-", "patch_positions", "norm_threshold",
-                 "tt_register")
-keep_settings(KEPT_SETTINGS)
+# Settings must survive a run in which their widget is not drawn (a rejected upload stops the page early; a closed
+# tab hides its toggle): Streamlit forgets such widget state unless it is written back. Each section names its own
+# (a fragment also writes its own back on its own reruns); the page writes back all of them before any may stop it.
+keep_settings(image_picker.KEPT + map_settings.KEPT + main_view.KEPT + analyses.KEPT + ask_in_words.KEPT
+              + features.KEPT + mechanism.KEPT)
 
 
 # -- checkpoint -----------------------------------------------------------------------------------------------
@@ -100,7 +93,7 @@ state = Shown(checkpoint=checkpoint, fingerprint=fingerprint, full_checkpoint=fu
               outline=map_choice.outline, shown=shown, small=small, opacity=map_choice.opacity,
               colormap=map_choice.colormap, mode=map_choice.mode, show_grid=map_choice.show_grid,
               scale=map_choice.scale, mask_share=map_choice.mask_share)
-prediction_box = main_view(state, main, map_choice.query_key, image_name, seen, shown_uri, box, invert)
+prediction_box = main_view.main_view(state, main, map_choice.query_key, image_name, seen, shown_uri, box, invert)
 
 # -- ask a CLIP or SigLIP in words (issue 22) ----------------------------------------------------------------------
 
@@ -113,7 +106,7 @@ if has_text_tower(checkpoint):
 
 # -- analyses (only the open tab is computed) -------------------------------------------------------------------
 
-analyses(state)
+analyses.analyses(state)
 
 # -- features: a sparse autoencoder's features of this image, their exemplars and intervention (issue 36) --------
 

@@ -515,6 +515,46 @@ def test_patch_picker_puts_patch_i_at_the_centre_of_its_cell_and_outlines_the_qu
     assert not cls_fig.layout.shapes
 
 
+def test_each_explorer_section_keeps_only_its_own_settings():
+    """Issue 35: the page writes back what each section names (its widgets' keys); no key is named by two sections,
+    so a section's settings are changed in one place."""
+    from pages.explorer_sections import (
+        analyses,
+        ask_in_words,
+        features,
+        image_picker,
+        main_view,
+        map_settings,
+        mechanism,
+    )
+
+    sections = {m.__name__: m.KEPT for m in (analyses, ask_in_words, features, image_picker, main_view, map_settings,
+                                            mechanism)}
+    for name, kept in sections.items():
+        for other, other_kept in sections.items():
+            clashes = [(a, b) for a in kept for b in other_kept if other != name and a.startswith(b)]
+            assert not clashes, f"{name} and {other} both keep {clashes}"
+
+
+def test_the_linked_pickers_zoom_the_image_and_the_overlay_together():
+    """Issue 33, item 6: one figure, the overlay on axes that match the image's, so a zoom or pan of either is the
+    other's; each side's point i is patch i, outlined on both."""
+    image = drawing.patch_picker_figure((300, 100), "image-uri", grid=(2, 3), query=5, zoomable=True)
+    drawn = drawing.patch_picker_figure((300, 100), "overlay-uri", grid=(2, 3), query=5, show_grid=False,
+                                        zoomable=True)
+    fig = drawing.linked_pickers_figure(image, drawn)
+    assert fig.layout.xaxis2.matches == "x" and fig.layout.yaxis2.matches == "y"
+    assert [(i.source, i.xref, i.yref) for i in fig.layout.images] == [("image-uri", "x", "y"),
+                                                                       ("overlay-uri", "x2", "y2")]
+    left, right = fig.data
+    assert (left.xaxis or "x", right.xaxis, right.yaxis) == ("x", "x2", "y2")
+    np.testing.assert_allclose(right.x, left.x)
+    np.testing.assert_allclose(right.y, left.y)
+    outlines = [(s.xref or "x", s.x0, s.y0) for s in fig.layout.shapes if s.type == "rect"]
+    assert outlines == [("x", 100, 50), ("x2", 100, 50)]
+    assert fig.layout.xaxis.domain[1] < fig.layout.xaxis2.domain[0]  # side by side, not overlapping
+
+
 def test_jpeg_data_uri_round_trips_in_rgb():
     image = Image.new("L", (3, 2), 200)  # greyscale in: the picker's layout image is always RGB
     uri = drawing.jpeg_data_uri(image)
@@ -1072,12 +1112,12 @@ def test_the_image_and_map_can_be_enlarged_and_zoomed_to_pick_a_fine_grids_patch
     at.toggle(key="enlarge_view").set_value(True)
     at.run()
     assert not at.exception, [e.message for e in at.exception]
-    for key in ("patch_picker", "overlay_picker"):
-        fig = figure_with(at, key)
-        assert fig["layout"]["xaxis"]["fixedrange"] is False and fig["layout"]["yaxis"]["fixedrange"] is False
-        assert fig["layout"]["dragmode"] == "pan"
-        assert fig["layout"]["height"] > small["layout"]["height"]
-    [chart] = [c for c in at.get("plotly_chart") if c.proto.id.endswith("patch_picker")]
+    fig = figure_with(at, "linked_pickers")  # the image and the overlay, one figure (issue 33, item 6)
+    for axis in ("xaxis", "yaxis", "xaxis2", "yaxis2"):
+        assert fig["layout"][axis]["fixedrange"] is False
+    assert fig["layout"]["dragmode"] == "pan"
+    assert fig["layout"]["height"] > small["layout"]["height"]
+    [chart] = [c for c in at.get("plotly_chart") if c.proto.id.endswith("linked_pickers")]
     config = json.loads(chart.proto.config)
     assert config["scrollZoom"] is True and config["doubleClick"] == "reset"
 

@@ -75,6 +75,10 @@ SCROLL_TOP = """() => Math.max(...[document.scrollingElement,
   .map(e => e ? e.scrollTop : 0))"""
 
 
+SCRIPT_DONE = """() => document.querySelector('[data-testid="stApp"]')
+    .getAttribute('data-test-script-state') !== 'running'"""
+
+
 def query_selectbox_text(page) -> str:
     return page.get_by_role("combobox", name="Query token").input_value()
 
@@ -201,12 +205,14 @@ def wait_for_new_overlay(page, before: str, timeout_ms: float | None = None) -> 
 
 def test_an_enlarged_zoomed_picker_picks_the_patch_under_the_cursor(server, page):
     """Issue 19, item 9: enlarged, the wheel zooms the image around the cursor and a click still picks the patch
-    under it (a pan, not a box selection, is what a drag does)."""
+    under it (a pan, not a box selection, is what a drag does); the overlay zooms with it (issue 33, item 6)."""
     ARTIFACTS.mkdir(exist_ok=True)
     page.goto(server)
     page.get_by_text("cat_1.png, 32×32 px").wait_for()
     page.get_by_text("Enlarge the image and the map").click()
-    page.wait_for_function("document.querySelectorAll('[data-testid=\"stPlotlyChart\"] .modebar').length >= 2")
+    page.wait_for_function("""() => { const p = document.querySelector('[data-testid="stPlotlyChart"] .js-plotly-plot');
+        return p && p._fullLayout && p._fullLayout.xaxis2 && p.querySelector('.modebar'); }""")  # the linked figure
+    page.wait_for_function(SCRIPT_DONE)
     time.sleep(1)  # the rerun's layout settles
     plot = page.locator('[data-testid="stPlotlyChart"]').first
     box = plot.locator(".nsewdrag").first.bounding_box()
@@ -219,10 +225,79 @@ def test_an_enlarged_zoomed_picker_picks_the_patch_under_the_cursor(server, page
         page.mouse.wheel(0, -400)
         time.sleep(0.3)
     page.wait_for_function(f"() => ({span})() < 0.8 * {whole}")
+    # Issue 33, item 6: the overlay beside it shows the same window (its axes match the image's).
+    ranges = page.evaluate("""() => { const l = document.querySelector('[data-testid="stPlotlyChart"] .js-plotly-plot')
+        ._fullLayout; return [l.xaxis.range, l.xaxis2.range, l.yaxis.range, l.yaxis2.range]; }""")
+    assert ranges[1] == ranges[0] and ranges[3] == ranges[2], ranges
     page.mouse.click(x, y)
     page.get_by_text("the query patch row 2, col 3 (outlined)").wait_for()
     assert query_selectbox_text(page).startswith("7 · patch row 2, col 3")
     page.screenshot(path=str(ARTIFACTS / "explorer-enlarged-zoomed.png"), full_page=True)
+
+
+# Loaded by the server's interpreter at start (Python imports ``sitecustomize`` from its path): every call of the main
+# view, i.e. every run of the whole page, writes a line to EXPLORER_CALLS_LOG. The page imports ``main_view`` from its
+# module on each run, so it gets the counted one.
+COUNT_MAIN_VIEW = """
+import os
+from pathlib import Path
+
+import pages.explorer_sections.main_view as module
+
+_main_view = module.main_view
+
+
+def main_view(*args, **kwargs):
+    with Path(os.environ["EXPLORER_CALLS_LOG"]).open("a") as log:
+        log.write("main_view\\n")
+    return _main_view(*args, **kwargs)
+
+
+module.main_view = main_view
+"""
+
+
+@pytest.fixture
+def counted_server(world, tmp_path):
+    """The app of ``server`` with its page runs counted; yields (url, the count's log)."""
+    checkpoints, runs, _ = world
+    (tmp_path / "counting").mkdir()
+    (tmp_path / "counting" / "sitecustomize.py").write_text(COUNT_MAIN_VIEW)
+    calls = tmp_path / "calls.log"
+    env = {"VIT_CHECKPOINTS_DIR": str(checkpoints), "VIT_RUNS_DIR": str(runs), "EXPLORER_CALLS_LOG": str(calls),
+           "PYTHONPATH": os.pathsep.join([str(tmp_path / "counting"), str(ROOT)])}
+    with streamlit_app(env) as (url, _):
+        yield url, calls
+
+
+def page_runs(page, calls: Path) -> int:
+    page.wait_for_function(SCRIPT_DONE)
+    page.wait_for_timeout(500)  # a rerun a click asked for has started by now
+    page.wait_for_function(SCRIPT_DONE)
+    return calls.read_text().count("main_view") if calls.exists() else 0
+
+
+def test_a_tab_click_reruns_its_section_alone(counted_server, page):
+    """Issue 35: the heads / matrix / distance tabs and the Mechanism tabs are fragments; a click on one of their tabs
+    redraws that section without running the rest of the page (the main view, its overlay and figures)."""
+    url, calls = counted_server
+    page.goto(url)
+    page.get_by_text("cat_1.png, 32×32 px").wait_for()
+    page.get_by_text("Mechanism: logit lens").click()  # a page setting: the whole page runs
+    page.get_by_role("tab", name="Head attribution").wait_for()
+    runs = page_runs(page, calls)
+    assert runs >= 2
+
+    page.get_by_role("tab", name="Attention matrix").click()
+    page.get_by_text("Row i is what token i attends to").wait_for()
+    assert page_runs(page, calls) == runs
+    page.get_by_role("tab", name="Head attribution").click()
+    page.get_by_text("direct contribution to the logit").wait_for()
+    assert page_runs(page, calls) == runs
+
+    page.get_by_text("Enlarge the image and the map").click()  # a setting of the main view: it runs again
+    page.get_by_text("Enlarge the image and the map").wait_for()
+    assert page_runs(page, calls) > runs
 
 
 def test_vit_base_at_a_keep_aspect_size_in_a_real_browser(base_server, page):

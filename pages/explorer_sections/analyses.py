@@ -17,6 +17,7 @@ from vit.text import escape_markdown
 
 TABS_KEY, EVERY_LAYER_KEY, GRID_KEY = "analysis_tab", "every_layer", "heads_grid"
 TABS = ("Heads", "Attention matrix", "Distance & entropy")
+KEPT = (EVERY_LAYER_KEY,)  # drawn in the Heads tab only
 _PICKED = "heads_grid_picked"  # set by a thumbnail click: the page, not this fragment, must rerun
 
 
@@ -34,7 +35,7 @@ def analyses(view: Shown) -> None:
     """The three analysis tabs of the page's layer (``view.layer``) and query."""
     if st.session_state.pop(_PICKED, False):
         st.rerun(scope="app")  # the sidebar's layer and head changed: every section shows them
-    keep_settings((EVERY_LAYER_KEY,))  # drawn in the Heads tab only
+    keep_settings(KEPT)
     analysis, settings = view.analysis, view.settings
     grid, prefix, names = analysis.grid, analysis.num_prefix_tokens, analysis.prefix_names
     L, H, T = analysis.num_layers, analysis.num_heads, analysis.num_tokens

@@ -20,6 +20,7 @@ from vit.text import escape_markdown
 LABELS_KEY, ENSEMBLE_KEY, TEMPLATE_KEY = "words_labels", "words_ensemble", "words_template"
 LABEL_KEY, MINUS_KEY, METHOD_KEY, CURVES_KEY = "words_label", "words_minus", "words_method", "words_curves"
 DRAWN_KEY = "words_asked_drawn"  # the labels the rest of the page was last drawn with
+KEPT = ("words_",)  # every key of this section: the map's controls are drawn only while labels are asked
 
 
 @st.cache_resource(max_entries=2, show_spinner="Loading the text tower…")
@@ -49,7 +50,7 @@ def word_map(fingerprint: tuple, digest: str, size: InputSize, labels: tuple[str
 @st.fragment
 def ask_in_words(view: Shown) -> words.Answer | None:
     """The section, for a model with a text tower; the answer to the labels typed (None without labels)."""
-    keep_settings(("words_",))  # the map's controls are drawn only while labels are asked
+    keep_settings(KEPT)
     checkpoint, image, size = view.checkpoint, view.image, view.size
     model = (view.fingerprint, view.image_key, size)
     full = (view.full_fingerprint, checkpoint, view.full_checkpoint, image)

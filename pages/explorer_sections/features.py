@@ -32,6 +32,7 @@ from vit.runfiles import parse_json, read_text_bounded
 from vit.text import escape_markdown, visible
 
 TOGGLE_KEY, FOLDER_KEY, IMAGES_KEY, COUNT_KEY = "sae_view", "sae_folder", "sae_images", "sae_count"
+KEPT = ("sae_",)  # every key of this section but the chart's and the button's (read-only)
 HANDED_KEY = "explorer_sae"  # an SAE folder another page hands over (with ``explorer_checkpoint``, its model)
 FEATURE_KEY, TOKEN_KEY, EVERYWHERE_KEY = "sae_feature", "sae_token", "sae_everywhere"
 # The chart and the button are not "sae_" keys: keep_settings writes those back, and theirs are read-only.
@@ -107,7 +108,7 @@ def with_features_edited(checkpoint: Checkpoint, fingerprint: tuple, full_checkp
                          full_fingerprint: tuple, may_open: bool) -> tuple[Checkpoint, tuple]:
     """(checkpoint, fingerprint) the page is drawn with: while features are scaled "in every map on this page", a
     copy of the model that scales them at the SAE's layer, said on the page; else the model as it came."""
-    keep_settings(("sae_",))  # drawn in the Features section only, which may be closed
+    keep_settings(KEPT)  # drawn in the Features section only, which may be closed
     st.session_state.pop(_BASE, None)
     scales = scales_typed()
     if not (may_open and scales and st.session_state.get(TOGGLE_KEY) and st.session_state.get(EVERYWHERE_KEY)):
@@ -225,7 +226,7 @@ def features(view: Shown, may_open: bool, asked: words.Answer | None = None) -> 
     """The Features section: toggled on, an SAE folder, the image's features and their intervention."""
     if st.session_state.pop(_RERUN, False):
         st.rerun(scope="app")  # features scaled in every map changed: every section shows them
-    keep_settings(("sae_",))
+    keep_settings(KEPT)
     handed = st.session_state.pop(HANDED_KEY, None)  # the Train page's "Open with this SAE in the explorer"
     if handed:
         st.session_state[TOGGLE_KEY], st.session_state[FOLDER_KEY] = True, handed

@@ -17,6 +17,8 @@ from vit.text import escape_markdown
 
 PICKER_CONFIG = {"displayModeBar": False, "scrollZoom": False, "doubleClick": False}
 ENLARGE_KEY = "enlarge_view"
+LINKED_KEY = "linked_pickers"  # the enlarged image and overlay, one figure
+KEPT = ("npz_precision", "npz_layers", "faithfulness_curves")  # kept by the page while not drawn (a closed popover)
 
 
 def pick_query(chart_key: str, query_key: str, num_prefix_tokens: int) -> None:
@@ -43,28 +45,38 @@ def main_view(view: Shown, main: MainMap, query_key: str, image_name: str, seen:
     if mask is not None:
         drawn = draw_mask_contours(drawn, mask)
     # Enlarged: the image and the map share the page's width (the prediction goes below) and zoom with the wheel,
-    # so a patch of a 34 x 46 grid is more than the ~6 px it is in the three-column layout.
+    # so a patch of a 34 x 46 grid is more than the ~6 px it is in the three-column layout; they are one figure
+    # whose axes match, so zooming or panning one zooms the other to the same window.
     enlarge = st.toggle("Enlarge the image and the map (wheel to zoom, drag to pan, double-click for the whole image)",
                         key=ENLARGE_KEY)
-    picker_config = drawing.ZOOM_CONFIG if enlarge else PICKER_CONFIG
     picker = partial(drawing.patch_picker_figure, fit_width=520 if enlarge else 300, zoomable=enlarge)
+    image_figure = picker(shown.size, shown_uri, grid, query, prefix)
+    overlay_figure = picker(shown.size, drawing.jpeg_data_uri(drawn), grid, query, prefix, show_grid=False)
     if enlarge:
+        col_image, col_overlay = st.columns(2, gap="medium")
+        col_image.subheader("Image")
+        col_overlay.subheader("Attention")
+        st.plotly_chart(drawing.linked_pickers_figure(image_figure, overlay_figure), key=LINKED_KEY,
+                        on_select=partial(pick_query, LINKED_KEY, query_key, prefix), selection_mode="points",
+                        config=drawing.ZOOM_CONFIG, width="content")  # its own width: each side the image's aspect
         col_image, col_overlay = st.columns(2, gap="medium")
         col_prediction = st.container()
     else:
         col_image, col_overlay, col_prediction = st.columns([1, 1, 0.8], gap="medium")
+        with col_image:
+            st.subheader("Image")
+            st.plotly_chart(image_figure, key="patch_picker",
+                            on_select=partial(pick_query, "patch_picker", query_key, prefix), selection_mode="points",
+                            config=PICKER_CONFIG, width="stretch")
+        with col_overlay:
+            st.subheader("Attention")
+            st.plotly_chart(overlay_figure, key="overlay_picker",
+                            on_select=partial(pick_query, "overlay_picker", query_key, prefix),
+                            selection_mode="points", config=PICKER_CONFIG, width="stretch")
     with col_image:
-        st.subheader("Image")
-        st.plotly_chart(picker(shown.size, shown_uri, grid, query, prefix), key="patch_picker",
-                        on_select=partial(pick_query, "patch_picker", query_key, prefix), selection_mode="points",
-                        config=picker_config, width="stretch")
         st.caption(f"**Click a patch** to make it the query. {escape_markdown(image_name)}, "
                    f"{image.width}×{image.height} px; " + drawing.describe_input(analysis, image.size, box))
     with col_overlay:
-        st.subheader("Attention")
-        st.plotly_chart(picker(shown.size, drawing.jpeg_data_uri(drawn), grid, query, prefix, show_grid=False),
-                        key="overlay_picker", on_select=partial(pick_query, "overlay_picker", query_key, prefix),
-                        selection_mode="points", config=picker_config, width="stretch")
         low, high = drawing.map_range(map2d, vmin, vmax)
         st.plotly_chart(drawing.colorbar_figure(low, high, map_colormap), config={"displayModeBar": False},
                         theme=None, key="colorbar")

@@ -13,6 +13,11 @@ from vit.explain.attention import HEAD_FUSIONS
 from vit.explain.overlay import UPSAMPLE_MODES
 from vit.inference import InputSize
 
+# The sidebar's map settings, kept by the page while their widgets are not drawn (``state.keep_settings``).
+# The per-model keys end with the model's key: ``class-`` also covers ``class-query-``.
+KEPT = ("map_kind", "method_kind", "hide_registers", "query-", "class-", "layer-", "head-", "fusion", "end-",
+        "discard_ratio", "opacity", "colormap", "colour_scale", "upsample", "show_grid", "mass_mask", "mask_share")
+
 
 @dataclass(frozen=True, eq=False)
 class MapChoice:

@@ -435,6 +435,30 @@ def patch_picker_figure(image_size: tuple[int, int], image_source: str, grid: tu
     return go.Figure(data=[points], layout=layout)
 
 
+def linked_pickers_figure(image: go.Figure, overlay: go.Figure, gap: float = 0.04) -> go.Figure:
+    """The image's and the overlay's ``patch_picker_figure`` side by side in one figure whose axes match: zooming or
+    panning one zooms the other to the same window, so a region is compared pixel for pixel. A click on either
+    picks that patch (each side's points are the patches in row-major order, as in one picker).
+
+    ``gap``: the share of the width between the two. Both sides keep their domain and widen their range to keep
+    the image's aspect (``constrain="range"``): with ``"domain"`` Plotly narrows only the left side's domain when
+    the page stretches the figure, and the matched right side then shows a wider window than the left.
+    """
+    half = (1 - gap) / 2
+    right = overlay.data[0].update(xaxis="x2", yaxis="y2")
+    moved = [dict(item.to_plotly_json(), xref="x2", yref="y2") for item in overlay.layout.shapes]
+    images = [*image.layout.images, dict(overlay.layout.images[0].to_plotly_json(), xref="x2", yref="y2")]
+    figure = go.Figure(data=[image.data[0], right], layout=image.layout)
+    x, y = image.layout.xaxis.to_plotly_json(), image.layout.yaxis.to_plotly_json()
+    figure.update_layout(images=images, shapes=[*image.layout.shapes, *moved],
+                         width=round(image.layout.width * 2 / (1 - gap)) if image.layout.width else None,
+                         xaxis=dict(x, domain=[0, half], constrain="range"),
+                         yaxis=dict(y, constrain="range"),
+                         xaxis2=dict(x, domain=[1 - half, 1], constrain="range", matches="x"),
+                         yaxis2=dict(y, anchor="x2", constrain="range", matches="y", scaleanchor=None))
+    return figure
+
+
 
 def predictions_figure(prediction: Prediction) -> go.Figure:
     """The top-k classes as horizontal bars with their probabilities, the most probable on top."""
