@@ -92,3 +92,13 @@ def fake_hub(_hub_server, tmp_path, monkeypatch):
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))
     monkeypatch.setenv("HF_HUB_CACHE", str(cache))
     yield _hub_server
+
+
+@pytest.fixture(autouse=True)
+def long_work_waited_for(request, monkeypatch):
+    """An AppTest sees one script run at a time, so a page's long work (``pages/explorer_sections/long_work.py``)
+    is waited for there, as a user waits for its result; tests of the progress and the Stop button set it back."""
+    if hasattr(request.module, "run_app") or hasattr(request.module, "AppTest"):
+        from pages.explorer_sections import long_work
+
+        monkeypatch.setattr(long_work, "QUICK_S", 600.0)
