@@ -234,3 +234,44 @@ def test_reference_means_report_each_chunk_and_give_the_same_means(tmp_path):
     got = explorer.reference_means(checkpoint, refs, refs[0], progress=recorder, count=len(refs))
     assert recorder.calls == [(explorer.REFERENCE_CHUNK, len(refs)), (len(refs), len(refs))]
     np.testing.assert_array_equal(got.numpy(), explorer.reference_means(checkpoint, refs, refs[0]).numpy())
+
+
+def test_deletion_insertion_curves_report_each_batch_and_give_the_same_curves():
+    from vit.explain.faithfulness import perturbation_curves
+
+    model, x = random_vit(), images(1)
+    maps = torch.rand(1, 4, 4, generator=torch.Generator().manual_seed(0))
+    classes = torch.tensor([2])
+    recorder = Recorder()
+    got = perturbation_curves(model, x, maps, classes, batch_size=5, progress=recorder)
+    expected = perturbation_curves(model, x, maps, classes, batch_size=5)
+    S = 17  # 0 .. 16 patches
+    assert recorder.calls[0] == (0, 2 * S) and recorder.calls[-1] == (2 * S, 2 * S)
+    assert [d for d, _ in recorder.calls[1:5]] == [5, 10, 15, 17]  # deletion's four batches
+    for a, b in zip(got, expected, strict=True):
+        np.testing.assert_array_equal(a, b)
+    with pytest.raises(work.Stopped):
+        perturbation_curves(model, x, maps, classes, batch_size=5, progress=Recorder(stop_after=2))
+
+
+def test_a_template_ensemble_reports_each_step_of_texts_and_gives_the_same_embeddings():
+    from vit.explain import prompts
+
+    encoded = []
+
+    def encode(texts):  # a deterministic embedding per text, normalised as TextTower.encode's
+        encoded.append(len(texts))
+        rows = [torch.randn(8, generator=torch.Generator().manual_seed(hash(t) % 2**31)) for t in texts]
+        e = torch.stack(rows)
+        return e / e.norm(dim=-1, keepdim=True)
+
+    templates = prompts.imagenet_templates()
+    recorder = Recorder()
+    got = prompts.prompt_embeddings(encode, ["a cat", "a dog"], templates, progress=recorder)
+    total = 2 * len(templates)
+    assert max(encoded) == prompts.TEXTS_PER_STEP
+    assert recorder.calls[0] == (0, total) and recorder.calls[-1] == (total, total)
+    assert len(recorder.calls) == 1 + -(-total // prompts.TEXTS_PER_STEP)
+    torch.testing.assert_close(got, prompts.prompt_embeddings(encode, ["a cat", "a dog"], templates), rtol=0, atol=0)
+    with pytest.raises(work.Stopped):
+        prompts.prompt_embeddings(encode, ["a cat"], templates, progress=Recorder(stop_after=1))

@@ -11,6 +11,7 @@ from pathlib import Path
 import streamlit as st
 from PIL import Image
 
+from pages.explorer_sections.long_work import long_work
 from vit.app import catalog, drawing, explorer
 from vit.cache import ByteCache
 from vit.checkpoint import Checkpoint
@@ -103,7 +104,22 @@ def probe_overlays(run: Path, epoch: int, kind: str, layer: int, head: int | Non
         lambda: snapshots.probe_overlays(run, epoch, *settings, size=128))
 
 
-@st.cache_resource(max_entries=16, show_spinner="Computing the map (attention flow: seconds, minutes on ViT-B)…")
-def method_map(fingerprint: tuple, digest: str, size: InputSize, kind: str, class_index: int, query: int,
-               end_layer: int, fusion: str, _checkpoint: Checkpoint, _image: Image.Image):
+@st.cache_resource(max_entries=16, show_spinner="Computing the map…")
+def _method_map(fingerprint: tuple, digest: str, size: InputSize, kind: str, class_index: int, query: int,
+                end_layer: int, fusion: str, _checkpoint: Checkpoint, _image: Image.Image):
     return explorer.model_method_map(_checkpoint, _image, kind, class_index, query, end_layer, fusion, size)
+
+
+def method_map(fingerprint: tuple, digest: str, size: InputSize, kind: str, class_index: int, query: int,
+               end_layer: int, fusion: str, checkpoint: Checkpoint, image: Image.Image):
+    """A method's map, once per settings. Attention flow (seconds, minutes on ViT-B) is long work: its progress
+    and a Stop button are drawn here and the page stops below them until it is done."""
+    if kind != "flow":
+        return _method_map(fingerprint, digest, size, kind, class_index, query, end_layer, fusion, checkpoint, image)
+    result = long_work(("flow", fingerprint, digest, size, query, end_layer, fusion),
+                       "Computing the attention flow (one max-flow problem per token)",
+                       lambda progress: explorer.model_method_map(checkpoint, image, kind, class_index, query,
+                                                                  end_layer, fusion, size, progress), "flow")
+    if result is None:
+        st.stop()
+    return result

@@ -18,8 +18,8 @@ import streamlit as st
 from streamlit import runtime
 from streamlit.runtime.scriptrunner import get_script_run_ctx
 
-from pages.explorer_sections.caches import byte_cache
 from vit.app import work
+from vit.cache import ByteCache
 from vit.text import escape_markdown
 
 SESSION_KEY = "long_work"
@@ -35,6 +35,12 @@ def at_once() -> int:
     if value.isdigit() and int(value) >= 1:
         return int(value)
     return max(1, (os.cpu_count() or 2) // 2)
+
+
+@st.cache_resource(show_spinner=False)
+def results() -> ByteCache:
+    """The results of long work, kept for every visitor by key (bounded by bytes, the least recently used go)."""
+    return ByteCache(RESULT_CACHE_BYTES)
 
 
 @st.cache_resource(show_spinner=False)
@@ -62,8 +68,8 @@ def long_work(key: Any, label: str, compute: Callable[[work.Progress], Any], pla
     """``compute(progress)``'s result for ``key``, or None while it runs or after it was stopped (its progress and
     a Stop or Run-again button are drawn here). ``place`` names the call site (its widgets' keys). Raises what the
     computation raised (a ValueError the page shows in one line)."""
-    results = byte_cache("long work", RESULT_CACHE_BYTES)
-    found = results.get(key, _MISSING)
+    kept = results()
+    found = kept.get(key, _MISSING)
     if found is not _MISSING:
         return found
     current: work.Work | None = st.session_state.get(SESSION_KEY)
@@ -74,7 +80,7 @@ def long_work(key: Any, label: str, compute: Callable[[work.Progress], Any], pla
         current.wait(QUICK_S)
     current.touch()
     if current.state == "done":  # kept for every visitor (if it fits the cache), and for this page
-        return results.get_or_compute(key, lambda: current.result)
+        return kept.get_or_compute(key, lambda: current.result)
     if current.state == "failed":
         raise current.error
     progress_panel(place)
