@@ -58,16 +58,16 @@ def _session_alive() -> Callable[[], bool] | None:
     return lambda: instance.is_active_session(session_id)
 
 
-def _start(key: Any, label: str, compute: Callable[[work.Progress], Any]) -> work.Work:
-    current = work.Work(key, label, server_slots(at_once()), _session_alive()).start(compute)
+def _start(key: Any, label: str, compute: Callable[[work.Progress], Any], unit: str = "passes") -> work.Work:
+    current = work.Work(key, label, server_slots(at_once()), _session_alive(), unit=unit).start(compute)
     st.session_state[SESSION_KEY] = current
     return current
 
 
-def long_work(key: Any, label: str, compute: Callable[[work.Progress], Any], place: str) -> Any:
+def long_work(key: Any, label: str, compute: Callable[[work.Progress], Any], place: str, unit: str = "passes") -> Any:
     """``compute(progress)``'s result for ``key``, or None while it runs or after it was stopped (its progress and
-    a Stop or Run-again button are drawn here). ``place`` names the call site (its widgets' keys). Raises what the
-    computation raised (a ValueError the page shows in one line)."""
+    a Stop or Run-again button are drawn here). ``place`` names the call site (its widgets' keys), ``unit`` what
+    ``progress`` counts. Raises what the computation raised (a ValueError the page shows in one line)."""
     kept = results()
     found = kept.get(key, _MISSING)
     if found is not _MISSING:
@@ -76,7 +76,7 @@ def long_work(key: Any, label: str, compute: Callable[[work.Progress], Any], pla
     if current is None or current.key != key:
         if current is not None and not current.finished:
             current.stop("another computation was asked for on this page")
-        current = _start(key, label, compute)
+        current = _start(key, label, compute, unit)
         current.wait(QUICK_S)
     current.touch()
     if current.state == "done":  # kept for every visitor (if it fits the cache), and for this page
@@ -99,13 +99,13 @@ def progress_panel(place: str) -> None:
         current.stop("stopped by you")
         current.wait(2.0)  # most chunks end within this; else the panel says "stopping" until it has
     elif st.session_state.get(again_key) and current.state == "stopped":
-        current = _start(current.key, current.label, current.compute)
+        current = _start(current.key, current.label, current.compute, current.unit)
         current.wait(QUICK_S)
     current.touch()
     if current.state in ("done", "failed"):
         st.rerun()  # the page shows the result (or the error) where it asked for it
     if current.state == "stopped":
-        st.info(escape_markdown(f"{current.label}: stopped after {current.done} of {current.total} passes "
+        st.info(escape_markdown(f"{current.label}: stopped after {current.done} of {current.total} {current.unit} "
                                 f"({current.error})."))
         st.button("Run again", key=again_key)
         return

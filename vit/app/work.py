@@ -80,8 +80,8 @@ class Work:
     """
 
     def __init__(self, key: Any, label: str, slots: Slots | None = None, alive: Callable[[], bool] | None = None,
-                 lease_s: float = LEASE_S, clock: Callable[[], float] = time.monotonic) -> None:
-        self.key, self.label, self.slots, self.alive = key, label, slots, alive
+                 lease_s: float = LEASE_S, clock: Callable[[], float] = time.monotonic, unit: str = "passes") -> None:
+        self.key, self.label, self.slots, self.alive, self.unit = key, label, slots, alive, unit
         self.lease_s, self.clock = lease_s, clock
         self.state = "waiting"
         self.done = self.total = 0
@@ -133,18 +133,18 @@ class Work:
     def describe(self) -> str:
         """One line: what it waits for, or the passes done of the total and the time left."""
         if self.state == "waiting":
-            if self.slots is None:
+            if self.slots is None or self.slots.running < self.slots.size:  # a slot is free: it takes it now
                 return f"{self.label}: starting…"
             return (f"{self.label}: waiting — {self.slots.running} heavy computation"
                     f"{'s' if self.slots.running != 1 else ''} of other visitors run on this server, at most "
                     f"{self.slots.size} at once so that every page stays responsive; this one starts when one ends")
         if self.state in ("stopped", "failed"):
-            return f"{self.label}: {self.state} after {self.done} of {self.total} passes ({self.error})"
+            return f"{self.label}: {self.state} after {self.done} of {self.total} {self.unit} ({self.error})"
         if self._reason is not None:
             return f"{self.label}: stopping at the end of this chunk ({self._reason})"
         left = self.seconds_left()
         eta = "estimating the time left" if left is None else f"about {_duration(left)} left"
-        return f"{self.label}: {self.done} of {self.total} passes, {eta}"
+        return f"{self.label}: {self.done} of {self.total} {self.unit}, {eta}"
 
     # -- what the computation calls ----------------------------------------------------------------------------
 

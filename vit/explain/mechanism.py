@@ -36,6 +36,7 @@ from torch import Tensor, nn
 from vit.explain.hidden import forward_with_hidden_states
 from vit.model import ViT
 
+PROGRESS_CHUNK = 32  # residual-patching copies run at once while a page follows the progress
 Progress = Callable[[int, int], None]  # progress(passes done, total), called between chunks; it may raise to stop
 
 MAX_ELEMENTS = 2**29  # floats one step may hold (2 GiB of float32); past it a function refuses
@@ -559,6 +560,8 @@ def patch_residuals(model: ViT, clean: Tensor, corrupted: Tensor, a: Tensor | in
         L = len(model.blocks)
         out = torch.empty(B, L, T)
         chunk = _chunks(T, T * max(D, model.config.mlp_size, T * model.blocks[0].attn.num_heads))
+        if progress is not None:  # followed by a page: chunks short enough that a Stop ends the grid soon
+            chunk = min(chunk, PROGRESS_CHUNK)
         _report(progress, 0, B * L * T)
         for i in range(B):
             for layer in range(L):
