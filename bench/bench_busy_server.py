@@ -83,6 +83,7 @@ def page_load(browser, url: str, timeout_ms: int) -> float:
     context = browser.new_context(viewport={"width": 1400, "height": 1000})
     try:
         page = context.new_page()
+        page.set_default_navigation_timeout(timeout_ms)  # a starved server may take more than 30 s to answer
         start = time.perf_counter()
         page.goto(explorer_url(url))
         page.get_by_text(DRAWN).first.wait_for(timeout=timeout_ms)

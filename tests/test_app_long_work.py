@@ -6,6 +6,7 @@ import threading
 import numpy as np
 import pytest
 import test_app
+from test_analyze import world  # noqa: F401  (fixture)
 from test_app import run_app
 from test_app_mechanism import open_mechanism
 
@@ -89,3 +90,39 @@ def test_the_server_bound_is_shared_by_every_session():
     slots = long_work.server_slots(long_work.at_once())
     assert slots is long_work.server_slots(long_work.at_once())
     assert isinstance(slots, work.Slots) and slots.size >= 1
+
+
+def test_the_analyse_pages_dataset_pass_can_be_stopped_and_run_again(world, dirs, monkeypatch):  # noqa: F811
+    """The Analyse page's pass shows its progress in images with a Stop button; stopped, the page stays usable
+    and Run again gives the analysis."""
+    from test_analyze import analyse_on_page
+
+    from vit.explain import dataset
+
+    monkeypatch.setattr(long_work, "QUICK_S", 0.5)
+    real, release = dataset.analyze_files, threading.Event()
+
+    def slow(checkpoint, files, progress=None, **kwargs):
+        for i in range(len(files)):
+            progress(i, len(files))
+            release.wait(0.2)
+        return real(checkpoint, files, progress=progress, **kwargs)
+
+    monkeypatch.setattr(dataset, "analyze_files", slow)
+    at = analyse_on_page(world, dirs)
+    [bar] = at.get("progress")
+    assert "Analysing 7 images" in bar.proto.text and "images" in bar.proto.text.split(":")[1]
+    [stop] = [b for b in at.button if b.key == "long_work_stop-analyse"]
+    stop.click()
+    at.run()
+    assert not at.exception, [e.message for e in at.exception]
+    assert any("stopped by you" in i.value for i in at.info)
+    assert not at.metric  # no analysis shown
+    release.set()  # run again, at full speed
+    [again] = [b for b in at.button if b.key == "long_work_again-analyse"]
+    long_work.QUICK_S = 600.0
+    again.click()
+    at.run()
+    assert not at.exception, [e.message for e in at.exception]
+    at.run()  # the page reruns once the work is done (the progress fragment asks for it in a browser)
+    assert [m.value for m in at.metric][:2] == ["6", "50.0%"]

@@ -275,3 +275,21 @@ def test_a_template_ensemble_reports_each_step_of_texts_and_gives_the_same_embed
     torch.testing.assert_close(got, prompts.prompt_embeddings(encode, ["a cat", "a dog"], templates), rtol=0, atol=0)
     with pytest.raises(work.Stopped):
         prompts.prompt_embeddings(encode, ["a cat"], templates, progress=Recorder(stop_after=1))
+
+
+def test_the_explorers_forward_reports_each_layer_and_can_be_stopped(tmp_path):
+    from test_app import png_bytes, write_checkpoint
+
+    from vit.app import explorer
+    from vit.checkpoint import load_checkpoint
+    from vit.images import open_image
+
+    checkpoint = load_checkpoint(write_checkpoint(tmp_path / "m.pt"))
+    image = open_image(png_bytes(seed=1), name="x.png")
+    L = len(checkpoint.model.blocks)
+    recorder = Recorder()
+    got = explorer.analyse(checkpoint, image, progress=recorder)
+    assert recorder.calls == [(i, L) for i in range(1, L + 1)]
+    torch.testing.assert_close(got.hidden, explorer.analyse(checkpoint, image).hidden, rtol=0, atol=0)
+    with pytest.raises(work.Stopped):
+        explorer.analyse(checkpoint, image, progress=Recorder(stop_after=0))

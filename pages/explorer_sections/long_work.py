@@ -27,6 +27,7 @@ RESULT_CACHE_BYTES = 256 * 2**20
 POLL_S = 0.5  # how often the progress redraws (and tells the work that its page is still open)
 QUICK_S = 1.0  # work done within this after it starts is shown at once, with no progress bar
 _MISSING = object()
+STOPPED_BY_YOU = "stopped by you"
 
 
 def at_once() -> int:
@@ -64,16 +65,22 @@ def _start(key: Any, label: str, compute: Callable[[work.Progress], Any], unit: 
     return current
 
 
-def long_work(key: Any, label: str, compute: Callable[[work.Progress], Any], place: str, unit: str = "passes") -> Any:
+def long_work(key: Any, label: str, compute: Callable[[work.Progress], Any], place: str, unit: str = "passes",
+              kept: ByteCache | None = None) -> Any:
     """``compute(progress)``'s result for ``key``, or None while it runs or after it was stopped (its progress and
     a Stop or Run-again button are drawn here). ``place`` names the call site (its widgets' keys), ``unit`` what
-    ``progress`` counts. Raises what the computation raised (a ValueError the page shows in one line)."""
-    kept = results()
+    ``progress`` counts, ``kept`` the cache the result is kept in (default: ``results()``). Raises what the
+    computation raised (a ValueError the page shows in one line)."""
+    kept = kept if kept is not None else results()
     found = kept.get(key, _MISSING)
     if found is not _MISSING:
         return found
     current: work.Work | None = st.session_state.get(SESSION_KEY)
-    if current is None or current.key != key:
+    # Asked for again after it stopped by itself (its widget went away and came back): it starts again; stopped
+    # by the visitor's Stop, it waits for Run again.
+    restart = current is not None and current.state == "stopped" and (
+        str(current.error) != STOPPED_BY_YOU or st.session_state.get(f"long_work_again-{place}"))
+    if current is None or current.key != key or restart:
         if current is not None and not current.finished:
             current.stop("another computation was asked for on this page")
         current = _start(key, label, compute, unit)
@@ -83,31 +90,28 @@ def long_work(key: Any, label: str, compute: Callable[[work.Progress], Any], pla
         return kept.get_or_compute(key, lambda: current.result)
     if current.state == "failed":
         raise current.error
-    progress_panel(place)
+    if current.state == "stopped":  # by the visitor: said, with a button to run it again
+        st.info(escape_markdown(f"{current.label}: stopped after {current.done} of {current.total} {current.unit} "
+                                f"({current.error})."))
+        st.button("Run again", key=f"long_work_again-{place}")
+    else:
+        progress_panel(place)
     return None
 
 
 @st.fragment(run_every=POLL_S)
 def progress_panel(place: str) -> None:
-    """The session's work: a progress bar and Stop while it runs, Run again once stopped; the page reruns when
-    it is done. A click is read before the buttons are drawn, so the panel shows its effect in the same run."""
+    """The session's running work: a progress bar and a Stop button, redrawn every ``POLL_S``; the page reruns
+    when the work has ended. A Stop click is read before the button is drawn, so it takes effect in this run."""
     current: work.Work | None = st.session_state.get(SESSION_KEY)
     if current is None:
         return
-    stop_key, again_key = f"long_work_stop-{place}", f"long_work_again-{place}"
+    stop_key = f"long_work_stop-{place}"
     if st.session_state.get(stop_key) and not current.finished:
-        current.stop("stopped by you")
+        current.stop(STOPPED_BY_YOU)
         current.wait(2.0)  # most chunks end within this; else the panel says "stopping" until it has
-    elif st.session_state.get(again_key) and current.state == "stopped":
-        current = _start(current.key, current.label, current.compute, current.unit)
-        current.wait(QUICK_S)
     current.touch()
-    if current.state in ("done", "failed"):
-        st.rerun()  # the page shows the result (or the error) where it asked for it
-    if current.state == "stopped":
-        st.info(escape_markdown(f"{current.label}: stopped after {current.done} of {current.total} {current.unit} "
-                                f"({current.error})."))
-        st.button("Run again", key=again_key)
-        return
+    if current.finished:
+        st.rerun()  # the page shows the result, the error or "stopped" where it asked for the work
     st.progress(current.fraction(), text=escape_markdown(current.describe()))
     st.button("Stop", key=stop_key, help="Stops the computation at its next chunk.")

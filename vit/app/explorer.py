@@ -10,6 +10,7 @@ layers and heads from 1, like the ViT paper. Tokens keep their indices: 0 is CLS
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import math
 import os
@@ -275,10 +276,11 @@ class Analysis:
 
 
 def analyse(checkpoint: Checkpoint, image: Image.Image, size: InputSize = TRAINING_SIZE,
-            top_k: int = TOP_K) -> Analysis:
+            top_k: int = TOP_K, progress: work.Progress | None = None) -> Analysis:
     """Run the model once on ``image`` at ``size``; layers' attentions are computed when first read.
 
-    Raises ``TooManyTokens`` before running anything when the input is over the limits.
+    Raises ``TooManyTokens`` before running anything when the input is over the limits. ``progress(layers done,
+    L)`` after each block (read at its ``hook_resid_post``; it may raise to stop the forward there).
     """
     model, p = checkpoint.model, checkpoint.preprocessing
     patch_size = model.config.patch_size
@@ -287,7 +289,10 @@ def analyse(checkpoint: Checkpoint, image: Image.Image, size: InputSize = TRAINI
     check_input_fits(checkpoint, grid, f"A {shape[1]}×{shape[0]} px input")
     device = next(model.parameters()).device
     x = preprocess([image], p, size, patch_size).to(device)  # (1, C, H, W)
-    with torch.inference_mode():
+    L = len(model.blocks)
+    reports = [(f"blocks.{i}.hook_resid_post", lambda t, hook, i=i: progress(i + 1, L)) for i in range(L)
+               ] if progress is not None and isinstance(model, ViT) else []
+    with torch.inference_mode(), model.hooks(reports) if reports else contextlib.nullcontext():
         logits, hidden = forward_with_hidden_states(model, x)  # (1, classes), (1, L + 1, T, D)
     if logits is None:  # a feature model without a classifier (e.g. DINO): maps, no prediction
         logits = x.new_zeros(x.shape[0], 0)
