@@ -24,7 +24,7 @@ from vit.text import escape_markdown
 
 SESSION_KEY = "long_work"
 RESULT_CACHE_BYTES = 256 * 2**20
-POLL_S = 0.5  # how often the progress redraws (and tells the work that its page is still open)
+POLL_S = 1.0  # how often the progress redraws (and tells the work that its page is still open)
 QUICK_S = 1.0  # work done within this after it starts is shown at once, with no progress bar
 _MISSING = object()
 STOPPED_BY_YOU = "stopped by you"

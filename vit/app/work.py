@@ -21,7 +21,7 @@ from typing import Any
 
 Progress = Callable[[int, int], None]  # progress(done, total): passes done so far of total; may raise Stopped
 
-LEASE_S = 10.0  # no page looked at a work this long: nobody sees it any more (a page looks every half second)
+LEASE_S = 10.0  # no page looked at a work this long: nobody sees it any more (a page looks every second)
 
 
 class Stopped(Exception):
