@@ -9,13 +9,15 @@ import os
 import subprocess
 import sys
 import time
+from functools import partial
 from pathlib import Path
 
 import streamlit as st
 
 from pages.analyze_sections.feature_browser import feature_browser
 from pages.explorer_sections.checkpoint_picker import open_from_hub
-from vit.app import catalog, explorer
+from pages.explorer_sections.long_work import long_work
+from vit.app import catalog, explorer, work
 from vit.checkpoint import CheckpointError
 from vit.evaluate import labelled_files
 from vit.explain import dataset
@@ -33,6 +35,7 @@ SHOWN_MISTAKES = 12
 # One page's analysis holds a core for minutes at most (100,000 images took ~10 minutes); the CLI has no cap.
 MAX_PAGE_IMAGES = int(os.environ.get("VIT_ANALYSE_MAX_IMAGES", "20000"))
 RAY_TIMEOUT_SECONDS = 3600
+REQUEST_KEY = "analyze_request"  # (key, compute, checkpoint, folder) of the pass this session asked for
 
 st.title("Analyse a dataset")
 st.caption("Every image of a folder through one checkpoint: how far and how evenly each head attends (the ViT "
@@ -120,6 +123,16 @@ def analyze_on_ray(model: str, data: Path, limit: int) -> dataset.DatasetAnalysi
     return dataset.DatasetAnalysis.from_json(parse_json(read_text_bounded(out / "analysis.json")), folder=data)
 
 
+def analyze_here(checkpoint, files: list, with_mechanism: bool, progress: work.Progress) -> tuple:
+    """The dataset pass on this server (and the mechanism's, with ``with_mechanism``), then its figures (once per
+    analysis, not on every rerun: each mistake's button reruns the page); ``progress`` counts the images."""
+    first, second = work.in_parts(progress, [len(files), len(files) if with_mechanism else 0])
+    analysis = dataset.analyze_files(checkpoint, files, progress=first)
+    if with_mechanism:
+        analysis.mechanism = dataset.analyze_mechanism(checkpoint, files, progress=second)
+    return analysis, dataset.figures(analysis)
+
+
 def shown(text: str) -> str:
     """Text as this visitor may see it: behind the token (maybe from the network), the data roots by name only."""
     return hide_data_roots(text, default_data_roots()) if gate.mode == "token" else text
@@ -150,24 +163,29 @@ if st.button("Analyse", type="primary", disabled=not folder.strip()):
             st.info(f"The folder has {len(everything):,} images; this page analyses a seeded sample of "
                     f"{MAX_PAGE_IMAGES:,} (python -m vit.analyze takes them all).")
         files = sample_files(everything, min(limit or MAX_PAGE_IMAGES, MAX_PAGE_IMAGES), seed=0)
-        bar = st.progress(0.0, text=f"0 of {len(files)} images")
-        step = max(1, len(files) // 100)
-
-        def report(done: int, total: int) -> None:
-            if done % step == 0 or done == total:
-                bar.progress(done / total, text=f"{done} of {total} images")
-
         if on_ray:
             analysis = analyze_on_ray(choice, data_folder, len(files))
-        else:
-            analysis = dataset.analyze_files(checkpoint, files, progress=report)
-        if with_mechanism:
-            bar.progress(0.0, text=f"the mechanism: 0 of {len(files)} images")
-            analysis.mechanism = dataset.analyze_mechanism(checkpoint, files, progress=report)
-        # Figures once per analysis, not on every rerun (each mistake's button reruns the page).
-        st.session_state["analyze_result"] = (choice, str(data_folder), analysis, dataset.figures(analysis))
+            # Figures once per analysis, not on every rerun (each mistake's button reruns the page).
+            st.session_state["analyze_result"] = (choice, str(data_folder), analysis, dataset.figures(analysis))
+        else:  # long work on this server: progress, a Stop button, the server-wide bound (long_work)
+            st.session_state[REQUEST_KEY] = ((choice, str(data_folder), len(files), with_mechanism, time.time()),
+                                             partial(analyze_here, checkpoint, files, with_mechanism),
+                                             choice, str(data_folder))
     except (UsageError, CheckpointError, ValueError) as e:
         st.error(escape_markdown(shown(str(e))))
+
+if REQUEST_KEY in st.session_state:  # asked for in this run or an earlier one: shown until it is done
+    key, compute, analysed_checkpoint, analysed_data = st.session_state[REQUEST_KEY]
+    try:
+        done = long_work(key, f"Analysing {key[2]:,} images" + (" and their mechanism" if key[3] else ""), compute,
+                         "analyse", unit="images")
+    except (CheckpointError, ValueError, OSError) as e:
+        st.session_state.pop(REQUEST_KEY)
+        st.error(escape_markdown(shown(str(e))))
+    else:
+        if done is not None:
+            st.session_state.pop(REQUEST_KEY)
+            st.session_state["analyze_result"] = (analysed_checkpoint, analysed_data, *done)
 
 result = st.session_state.get("analyze_result")
 if result is None:

@@ -46,6 +46,15 @@ def test_every_command_has_a_console_script():
         assert callable(getattr(__import__(module, fromlist=[function]), function)), name
 
 
+def test_the_server_defaults_are_valid_toml_without_the_gc_after_every_run():
+    """Streamlit reads .streamlit/config.toml with a TOML parser: a table written twice (two branches each added
+    [runner]) would be a file it cannot read. postScriptGC off: a full gc.collect after every run holds the GIL for
+    up to a second with torch loaded, stalling every other session (issues 33 and 35)."""
+    config = tomllib.loads((ROOT / ".streamlit" / "config.toml").read_text())
+    assert config["runner"]["postScriptGC"] is False
+    assert config["server"]["address"] == "localhost" and config["client"]["showErrorDetails"] == "none"
+
+
 def test_vit_explorer_runs_the_app_with_its_server_defaults_unless_overridden():
     args = explorer.streamlit_args(["--server.address", "0.0.0.0", "--server.port=8600"], ROOT)
     assert args[:2] == ["run", str(ROOT / "app.py")]

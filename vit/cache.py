@@ -84,6 +84,14 @@ class ByteCache:
     def __contains__(self, key: Hashable) -> bool:
         return key in self._values
 
+    def get(self, key: Hashable, default: object = None) -> object:
+        """The cached value for ``key`` (now the most recently used), else ``default``."""
+        with self._lock:
+            if key not in self._values:
+                return default
+            self._values.move_to_end(key)
+            return self._values[key][0]
+
     def get_or_compute(self, key: Hashable, compute: Callable[[], T], max_share: float = 1.0) -> T:
         """The cached value for ``key``, else ``compute()``, kept if it fits; exceptions are not cached.
 

@@ -8,6 +8,7 @@ import numpy as np
 import streamlit as st
 from PIL import Image
 
+from pages.explorer_sections.long_work import long_work
 from pages.explorer_sections.state import Shown, keep_settings
 from vit.app import drawing, words
 from vit.checkpoint import Checkpoint, CheckpointError
@@ -31,20 +32,33 @@ def text_tower(fingerprint: tuple, _checkpoint: Checkpoint):
 
 
 @st.cache_resource(max_entries=16, show_spinner="Asking the model…")
-def ask(fingerprint: tuple, digest: str, size: InputSize, labels: tuple[str, ...], templates: tuple[str, ...],
-        full_fingerprint: tuple, _checkpoint: Checkpoint, _full_checkpoint: Checkpoint,
-        _image: Image.Image) -> words.Answer:
+def _ask(fingerprint: tuple, digest: str, size: InputSize, labels: tuple[str, ...], templates: tuple[str, ...],
+         full_fingerprint: tuple, _checkpoint: Checkpoint, _full_checkpoint: Checkpoint,
+         _image: Image.Image) -> words.Answer:
     # The text side does not change with the image's heads switched off: the full model's tower, opened once.
     return words.answer(_checkpoint, text_tower(full_fingerprint, _full_checkpoint), _image, list(labels),
                         list(templates), size)
 
 
+def ask(fingerprint: tuple, digest: str, size: InputSize, labels: tuple[str, ...], templates: tuple[str, ...],
+        full_fingerprint: tuple, checkpoint: Checkpoint, full_checkpoint: Checkpoint,
+        image: Image.Image) -> words.Answer | None:
+    """The labels' scores, once per model, image and text. The template ensemble (80 texts a label) is long work:
+    its progress and a Stop button are drawn here, and None is returned until it is done."""
+    if len(templates) == 1:
+        return _ask(fingerprint, digest, size, labels, templates, full_fingerprint, checkpoint, full_checkpoint,
+                    image)
+    tower = text_tower(full_fingerprint, full_checkpoint)
+    return long_work(("ask", fingerprint, digest, size, labels, templates), "Encoding every label in each template",
+                     lambda progress: words.answer(checkpoint, tower, image, list(labels), list(templates), size,
+                                                   progress), "ask_in_words")
+
+
 @st.cache_resource(max_entries=32, show_spinner="Computing the map for the label (one backward pass)…")
 def word_map(fingerprint: tuple, digest: str, size: InputSize, labels: tuple[str, ...], templates: tuple[str, ...],
-             index: int, method: str, full_fingerprint: tuple, _checkpoint: Checkpoint, _full_checkpoint: Checkpoint,
+             index: int, method: str, _asked: words.Answer, _checkpoint: Checkpoint,
              _image: Image.Image) -> np.ndarray:
-    asked = ask(fingerprint, digest, size, labels, templates, full_fingerprint, _checkpoint, _full_checkpoint, _image)
-    return words.word_map(_checkpoint, asked, _image, index, method, size)
+    return words.word_map(_checkpoint, _asked, _image, index, method, size)
 
 
 @st.fragment
@@ -68,7 +82,7 @@ def ask_in_words(view: Shown) -> words.Answer | None:
         template = st.text_input("Template", key=TEMPLATE_KEY, max_chars=200,
                                  disabled=ensemble,
                                  help="Where each label goes, marked by {}; \"{}\" alone uses the labels as typed.")
-    asked = None
+    asked, labels = None, []
     try:
         labels = split_labels(labels_text) if labels_text.strip() else []
         templates = words.templates_for(template, ensemble)
@@ -82,7 +96,8 @@ def ask_in_words(view: Shown) -> words.Answer | None:
             st.rerun(scope="app")
         st.session_state[DRAWN_KEY] = asked_key
     if asked is None:
-        col_scores.caption("Type labels to see how this model scores them and where it sees each.")
+        if not labels:
+            col_scores.caption("Type labels to see how this model scores them and where it sees each.")
         return None
     with col_scores:
         st.plotly_chart(words.scores_figure(asked), config={"displayModeBar": False})
@@ -95,13 +110,13 @@ def ask_in_words(view: Shown) -> words.Answer | None:
                              format_func=lambda i: "nothing: this label's own map" if i is None else labels[i])
         method = st.selectbox("Method", list(methods), format_func=methods.get, key=METHOD_KEY)
         try:
-            map_a = word_map(*model, tuple(labels), tuple(templates), chosen, method, *full)
+            map_a = word_map(*model, tuple(labels), tuple(templates), chosen, method, asked, checkpoint, image)
             other = None if minus is None or minus == chosen else minus
             if other is None:
                 shown_map = map_a
                 signed = method == "attnlrp"
             else:
-                map_b = word_map(*model, tuple(labels), tuple(templates), other, method, *full)
+                map_b = word_map(*model, tuple(labels), tuple(templates), other, method, asked, checkpoint, image)
                 shown_map, signed = words.difference(map_a, map_b), True
         except ValueError as e:  # a method the model's layout does not support, too many tokens
             st.error(escape_markdown(e))
@@ -115,6 +130,10 @@ def ask_in_words(view: Shown) -> words.Answer | None:
                                            help="Patches most relevant for the label are blurred away "
                                                 "(deletion) or restored (insertion), and the image-text cosine "
                                                 "similarity is tracked."):
-                st.plotly_chart(words.curves_figure(checkpoint, asked, image, map_a, chosen, size),
-                                config={"displayModeBar": False}, width="stretch")
+                curves = long_work(("word curves", *model, tuple(labels), tuple(templates), chosen, method),
+                                   "Deletion and insertion curves",
+                                   lambda progress: words.curves_figure(checkpoint, asked, image, map_a, chosen, size,
+                                                                        progress), "word_curves")
+                if curves is not None:
+                    st.plotly_chart(curves, config={"displayModeBar": False}, width="stretch")
     return asked

@@ -4,6 +4,7 @@ Server-wide and bounded by bytes, not entries: one entry may be a 2-MB model or 
 what its views recompute within explorer.LAYER_CACHE_BYTES, under explorer.ANALYSIS_MEMORY_LIMIT.
 """
 
+import math
 from dataclasses import replace
 from functools import partial
 from pathlib import Path
@@ -11,11 +12,12 @@ from pathlib import Path
 import streamlit as st
 from PIL import Image
 
+from pages.explorer_sections.long_work import long_work
 from vit.app import catalog, drawing, explorer
 from vit.cache import ByteCache
 from vit.checkpoint import Checkpoint
 from vit.images import UPLOAD_MAX_PIXELS, open_image
-from vit.inference import InputSize
+from vit.inference import InputSize, input_shape
 from vit.sources.open import open_source
 from vit.text import visible
 from vit.training import snapshots
@@ -26,6 +28,7 @@ MODEL_CACHE_BYTES = 1536 * 2**20
 IMAGE_CACHE_BYTES = 256 * 2**20  # decoded images are at most 2048 px on their long side (12 MB)
 ANALYSIS_CACHE_BYTES = 512 * 2**20
 RELEVANCE_CACHE_BYTES = 256 * 2**20
+PROGRESS_TOKENS = 1025  # above (e.g. 512 px at patch 16), a forward takes seconds: progress and a Stop button
 
 
 @st.cache_data(ttl=30, show_spinner=False)
@@ -73,10 +76,27 @@ def model_input_preview(fingerprint: tuple, digest: str, size: InputSize, checkp
 
 def analyse(fingerprint: tuple, digest: str, size: InputSize, checkpoint: Checkpoint,
             image: Image.Image) -> explorer.Analysis:
+    """The forward pass, once per (checkpoint, image, size). An input of more than ``PROGRESS_TOKENS`` tokens
+    (seconds to minutes at high resolution) is long work: its progress by layer and a Stop button are drawn here,
+    and the page stops below them until it is done."""
     def run() -> explorer.Analysis:
         with st.spinner("Running the model…"):
             return explorer.analyse(checkpoint, image, size)
-    return byte_cache("analyses", ANALYSIS_CACHE_BYTES).get_or_compute((fingerprint, digest, size), run)
+    cache, key = byte_cache("analyses", ANALYSIS_CACHE_BYTES), (fingerprint, digest, size)
+    model = checkpoint.model
+    try:
+        tokens = model.num_prefix_tokens + math.prod(model.patch_grid(*input_shape(
+            image, checkpoint.preprocessing, model.config.patch_size, size)))
+    except ValueError:  # explorer.analyse says what is wrong with this input, in one line
+        tokens = 0
+    if key in cache or tokens <= PROGRESS_TOKENS:
+        return cache.get_or_compute(key, run)
+    analysis = long_work(key, f"Running the model on {tokens:,} tokens",
+                         lambda progress: explorer.analyse(checkpoint, image, size, progress=progress), "analyse",
+                         unit="layers", kept=cache)
+    if analysis is None:
+        st.stop()
+    return analysis
 
 
 def class_relevance(fingerprint: tuple, digest: str, size: InputSize, class_index: int, checkpoint: Checkpoint,
@@ -103,7 +123,22 @@ def probe_overlays(run: Path, epoch: int, kind: str, layer: int, head: int | Non
         lambda: snapshots.probe_overlays(run, epoch, *settings, size=128))
 
 
-@st.cache_resource(max_entries=16, show_spinner="Computing the map (attention flow: seconds, minutes on ViT-B)…")
-def method_map(fingerprint: tuple, digest: str, size: InputSize, kind: str, class_index: int, query: int,
-               end_layer: int, fusion: str, _checkpoint: Checkpoint, _image: Image.Image):
+@st.cache_resource(max_entries=16, show_spinner="Computing the map…")
+def _method_map(fingerprint: tuple, digest: str, size: InputSize, kind: str, class_index: int, query: int,
+                end_layer: int, fusion: str, _checkpoint: Checkpoint, _image: Image.Image):
     return explorer.model_method_map(_checkpoint, _image, kind, class_index, query, end_layer, fusion, size)
+
+
+def method_map(fingerprint: tuple, digest: str, size: InputSize, kind: str, class_index: int, query: int,
+               end_layer: int, fusion: str, checkpoint: Checkpoint, image: Image.Image):
+    """A method's map, once per settings. Attention flow (seconds, minutes on ViT-B) is long work: its progress
+    and a Stop button are drawn here and the page stops below them until it is done."""
+    if kind != "flow":
+        return _method_map(fingerprint, digest, size, kind, class_index, query, end_layer, fusion, checkpoint, image)
+    result = long_work(("flow", fingerprint, digest, size, query, end_layer, fusion),
+                       "Computing the attention flow (one max-flow problem per token)",
+                       lambda progress: explorer.model_method_map(checkpoint, image, kind, class_index, query,
+                                                                  end_layer, fusion, size, progress), "flow")
+    if result is None:
+        st.stop()
+    return result

@@ -8,6 +8,7 @@ import streamlit as st
 from PIL import Image
 
 from pages.explorer_sections.caches import model_input_preview
+from pages.explorer_sections.long_work import long_work
 from pages.explorer_sections.map_settings import MainMap
 from pages.explorer_sections.state import Shown
 from vit.app import drawing, explorer
@@ -111,9 +112,13 @@ def main_view(view: Shown, main: MainMap, query_key: str, image_name: str, seen:
                      help="Is this map faithful? Patches are blurred away (deletion) or restored onto a blurred image "
                           "(insertion), most relevant first, and the class probability is tracked: a faithful map "
                           "makes deletion fall and insertion rise fast."):
-            st.plotly_chart(drawing.faithfulness_figure(checkpoint, image, map2d,
-                                                         explorer.resolved_class(settings, analysis), size=size),
-                            config={"displayModeBar": False}, width="stretch")  # the column's width: never clipped
+            chosen_class = explorer.resolved_class(settings, analysis)
+            curves = long_work(("curves", fingerprint, image_key, size, chosen_class,
+                                explorer.image_digest(map2d.tobytes())), "Deletion and insertion curves",
+                               lambda progress: drawing.faithfulness_figure(checkpoint, image, map2d, chosen_class,
+                                                                            size=size, progress=progress), "curves")
+            if curves is not None:  # else its progress and a Stop button are drawn
+                st.plotly_chart(curves, config={"displayModeBar": False}, width="stretch")  # the column's width
     with col_prediction:
         st.subheader("Prediction")
         prediction_box = st.empty()  # a CLIP's: the labels asked in words, which are read further down the page

@@ -12,6 +12,7 @@ import streamlit as st
 from PIL import Image
 
 from pages.explorer_sections.caches import UPLOAD_TYPES, analyse, decode_image
+from pages.explorer_sections.long_work import long_work
 from pages.explorer_sections.state import Shown, keep_settings
 from vit.app import drawing, explorer
 from vit.checkpoint import Checkpoint
@@ -64,25 +65,28 @@ def references(uploads: list, samples: list[Path] | None, invert: bool) -> Refer
     return References((), keys, f"the {len(keys)} sample images", invert)
 
 
-@st.cache_resource(max_entries=4, show_spinner="Averaging the heads over the reference images…")
-def reference_means(fingerprint: tuple, key: tuple, _checkpoint: Checkpoint, _image: Image.Image,
-                    _references: References, _size: InputSize):
-    return explorer.reference_means(_checkpoint, _references.images(), _image, _size)
+def reference_means(fingerprint: tuple, key: tuple, checkpoint: Checkpoint, image: Image.Image,
+                    refs: References, size: InputSize, place: str):
+    """The reference images' mean head outputs (long work: None while they are computed)."""
+    return long_work(("reference means", fingerprint, key), "Averaging the heads over the reference images",
+                     lambda progress: explorer.reference_means(checkpoint, refs.images(), image, size,
+                                                               progress=progress, count=len(refs.keys)), place)
 
 
 def means_for(mode: str, full_fingerprint: tuple, full_checkpoint: Checkpoint, image: Image.Image, size: InputSize,
-              refs: References):
-    """(cache key, means) of the reference set on this image's grid for mean ablation; (None, None) for zero."""
+              refs: References, place: str):
+    """(cache key, means) of the reference set on this image's grid for mean ablation; (None, None) for zero;
+    (key, None) while the means are computed (their progress is drawn at ``place``)."""
     if mode != "mean":
         return None, None
     pre = full_checkpoint.preprocessing
     shape = input_shape(image, pre, full_checkpoint.model.config.patch_size, size)
     key = (size, shape, refs.invert, refs.keys)  # what the means depend on
-    return key, reference_means(full_fingerprint, key, full_checkpoint, image, refs, size)
+    return key, reference_means(full_fingerprint, key, full_checkpoint, image, refs, size, place)
 
 
 def means_for_image(mode: str, view: Shown, refs: References):
-    return means_for(mode, view.full_fingerprint, view.full_checkpoint, view.image, view.size, refs)
+    return means_for(mode, view.full_fingerprint, view.full_checkpoint, view.image, view.size, refs, "ablation")
 
 
 @st.cache_resource(max_entries=2, show_spinner="Switching the heads off…")
@@ -113,7 +117,9 @@ def with_heads_off(everywhere: tuple[tuple[str, ...], str] | None, checkpoint: C
     heads_off_labels, everywhere_mode = everywhere
     try:
         heads_off = tuple(explorer.parse_head_labels(heads_off_labels))
-        means_key, means_off = means_for(everywhere_mode, fingerprint, checkpoint, image, size, refs)
+        means_key, means_off = means_for(everywhere_mode, fingerprint, checkpoint, image, size, refs, "everywhere")
+        if means_key is not None and means_off is None:  # being computed: the page is drawn as loaded meanwhile
+            return checkpoint, fingerprint, None
         ablated = ablated_checkpoint(fingerprint, heads_off, everywhere_mode, means_key, checkpoint, means_off)
     except (ValueError, ImageError, OSError, explorer.TooManyTokens) as e:
         st.warning(escape_markdown(e))
@@ -153,16 +159,22 @@ def registers_view(fingerprint: tuple, digest: str, size: InputSize, threshold: 
     return explorer.registers_view(_checkpoint, _image, _references.images(), threshold, top_k, size, _mean_ablated)
 
 
-@st.cache_resource(max_entries=8, show_spinner="Ablating each head in turn (one pass per layer)…")
 def ablation_effects(fingerprint: tuple, digest: str, size: InputSize, class_index: int, mode: str,
-                     means_key: tuple | None, _checkpoint: Checkpoint, _image: Image.Image, _means):
-    return explorer.ablation_effects(_checkpoint, _image, class_index, mode, _means, size)
+                     means_key: tuple | None, checkpoint: Checkpoint, image: Image.Image, means):
+    """Each head ablated in turn (long work, one pass per layer: None while it runs)."""
+    return long_work(("ablation grid", fingerprint, digest, size, class_index, mode, means_key),
+                     "Ablating each head in turn",
+                     lambda progress: explorer.ablation_effects(checkpoint, image, class_index, mode, means, size,
+                                                                progress), "ablation_grid")
 
 
-@st.cache_resource(max_entries=4, show_spinner="Patching the clean image's activations into the corrupted one…")
 def patching(fingerprint: tuple, digest: str, corrupted: str, size: InputSize, residual: bool,
-             _checkpoint: Checkpoint, _image: Image.Image, _corrupted_image: Image.Image):
-    return explorer.patching_view(_checkpoint, _image, _corrupted_image, size, residual)
+             checkpoint: Checkpoint, image: Image.Image, corrupted_image: Image.Image):
+    """The clean image's activations patched into the corrupted one (long work: None while it runs)."""
+    return long_work(("patching", fingerprint, digest, corrupted, size, residual),
+                     "Patching the clean image's activations into the corrupted one",
+                     lambda progress: explorer.patching_view(checkpoint, image, corrupted_image, size, residual,
+                                                             progress), "patching")
 
 
 @st.fragment
@@ -260,7 +272,8 @@ def mechanism(view: Shown, refs: References, samples: list[Path] | None, sample:
                                    "chosen heads' outputs zeroed or replaced by their means.")
                     if heads_off_everywhere(model_key) != everywhere:  # what every section shows changed
                         st.rerun(scope="app")
-                    if chosen_heads and class_names:
+                    means_ready = means_key is None or means is not None  # else: their progress is drawn above
+                    if chosen_heads and class_names and means_ready:
                         ablated = ablation_view(full_fingerprint, image_key, size,
                                                 tuple(explorer.parse_head_labels(chosen_heads)), ablation_mode,
                                                 means_key, full_checkpoint, image, means)
@@ -279,9 +292,11 @@ def mechanism(view: Shown, refs: References, samples: list[Path] | None, sample:
                         after.image(overlay(shown, ablated.rollout_off, opacity, colormap, mode),
                                     output_format="PNG")
                         after.caption("The CLS rollout with those heads off: later layers attend differently.")
-                    if class_names and st.toggle(f"Each head alone ({L} passes)", key="ablation_grid"):
+                    effects = None
+                    if class_names and st.toggle(f"Each head alone ({L} passes)", key="ablation_grid") and means_ready:
                         effects = ablation_effects(full_fingerprint, image_key, size, mech.class_index,
                                                    ablation_mode, means_key, full_checkpoint, image, means)
+                    if effects is not None:
                         st.plotly_chart(figures.layer_head_figure(effects, "Logit change when one head is "
                                                                   "ablated", "Δ logit"), theme=None,
                                         key="ablation_figure")
@@ -320,8 +335,9 @@ def mechanism(view: Shown, refs: References, samples: list[Path] | None, sample:
                         patched = patching(fingerprint, image_key, corrupted_key, size, every_position,
                                            checkpoint, image, corrupted_image)
                     except (ValueError, ImageError, OSError) as e:
+                        patched = None
                         st.warning(escape_markdown(e))
-                    else:
+                    if patched is not None:
                         a, b = class_names[patched.clean_class], class_names[patched.corrupted_class]
                         st.plotly_chart(figures.layer_head_figure(patched.heads, "Recovered by patching one head",
                                                                   "recovered"), theme=None, key="patch_heads")

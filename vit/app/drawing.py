@@ -10,7 +10,7 @@ from __future__ import annotations
 import base64
 import io
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import plotly.graph_objects as go
@@ -33,6 +33,7 @@ COLOUR_SCALES = {
 
 
 # Colour maps that matplotlib (overlays) and Plotly (heatmaps) both know by the same name.
+CURVE_BATCH = 32  # images scored at once for deletion/insertion curves: each batch is one chunk a Stop waits for
 COLORMAPS = ("inferno", "viridis", "magma", "plasma", "cividis", "turbo", "jet")
 
 
@@ -649,8 +650,10 @@ def describe_method_map(settings: MapSettings, analysis: Analysis, class_names: 
 
 
 def faithfulness_figure(checkpoint: Checkpoint, image: Image.Image, map2d: np.ndarray, class_index: int,
-                        replacement: str = "blur", size: InputSize = TRAINING_SIZE) -> go.Figure:
-    """Deletion and insertion curves of ``map2d`` for one image, with their areas in the legend."""
+                        replacement: str = "blur", size: InputSize = TRAINING_SIZE,
+                        progress: Callable[[int, int], None] | None = None) -> go.Figure:
+    """Deletion and insertion curves of ``map2d`` for one image, with their areas in the legend; ``progress``
+    follows the images scored (``CURVE_BATCH`` at a time: a Stop waits at most one batch)."""
     from vit.explain.faithfulness import auc, perturbation_curves
 
     model = checkpoint.model
@@ -658,7 +661,7 @@ def faithfulness_figure(checkpoint: Checkpoint, image: Image.Image, map2d: np.nd
     x = preprocess([image], checkpoint.preprocessing, size, model.config.patch_size).to(device)  # (1, C, H, W)
     maps = torch.as_tensor(np.asarray(map2d, dtype=np.float32))[None].to(device)  # (1, gh, gw)
     fractions, deletion, insertion = perturbation_curves(model, x, maps, torch.tensor([class_index], device=device),
-                                                         replacement)
+                                                         replacement, batch_size=CURVE_BATCH, progress=progress)
     fig = go.Figure()
     for name, curve, colour in (("deletion", deletion[0], "#d62728"), ("insertion", insertion[0], "#1f77b4")):
         fig.add_trace(go.Scatter(x=fractions, y=curve, mode="lines", line=dict(color=colour),

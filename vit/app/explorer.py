@@ -10,6 +10,7 @@ layers and heads from 1, like the ViT paper. Tokens keep their indices: 0 is CLS
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import math
 import os
@@ -23,6 +24,7 @@ import numpy as np
 import torch
 from PIL import Image, ImageOps
 
+from vit.app import work
 from vit.cache import ByteCache
 from vit.checkpoint import Checkpoint, Preprocessing
 from vit.explain import mechanism
@@ -274,10 +276,11 @@ class Analysis:
 
 
 def analyse(checkpoint: Checkpoint, image: Image.Image, size: InputSize = TRAINING_SIZE,
-            top_k: int = TOP_K) -> Analysis:
+            top_k: int = TOP_K, progress: work.Progress | None = None) -> Analysis:
     """Run the model once on ``image`` at ``size``; layers' attentions are computed when first read.
 
-    Raises ``TooManyTokens`` before running anything when the input is over the limits.
+    Raises ``TooManyTokens`` before running anything when the input is over the limits. ``progress(layers done,
+    L)`` after each block (read at its ``hook_resid_post``; it may raise to stop the forward there).
     """
     model, p = checkpoint.model, checkpoint.preprocessing
     patch_size = model.config.patch_size
@@ -286,7 +289,10 @@ def analyse(checkpoint: Checkpoint, image: Image.Image, size: InputSize = TRAINI
     check_input_fits(checkpoint, grid, f"A {shape[1]}×{shape[0]} px input")
     device = next(model.parameters()).device
     x = preprocess([image], p, size, patch_size).to(device)  # (1, C, H, W)
-    with torch.inference_mode():
+    L = len(model.blocks)
+    reports = [(f"blocks.{i}.hook_resid_post", lambda t, hook, i=i: progress(i + 1, L)) for i in range(L)
+               ] if progress is not None and isinstance(model, ViT) else []
+    with torch.inference_mode(), model.hooks(reports) if reports else contextlib.nullcontext():
         logits, hidden = forward_with_hidden_states(model, x)  # (1, classes), (1, L + 1, T, D)
     if logits is None:  # a feature model without a classifier (e.g. DINO): maps, no prediction
         logits = x.new_zeros(x.shape[0], 0)
@@ -582,12 +588,14 @@ CLASS_MAP_KINDS = ("class", "legrad", "lrp", "attnlrp")  # explain one class: th
 
 
 def model_method_map(checkpoint: Checkpoint, image: Image.Image, kind: str, class_index: int, query: int = 0,
-                     end_layer: int = -1, fusion: str = "mean", size: InputSize = TRAINING_SIZE) -> np.ndarray:
+                     end_layer: int = -1, fusion: str = "mean", size: InputSize = TRAINING_SIZE,
+                     progress: work.Progress | None = None) -> np.ndarray:
     """The ``(gh, gw)`` map of a ``METHOD_MAP_KINDS`` kind for one image (seconds for ``flow``).
 
     ``class_index`` is the explained class (LeGrad, LRP, AttnLRP); ``query`` the token whose
     relevance or flow is shown (LRP, flow; LeGrad and AttnLRP explain the classifier's CLS).
     Raises ValueError (e.g. ``UnsupportedModelError``, ``TooManyTokensError``) with a message to show.
+    ``progress(done, total)``: flow's max-flow problems, one per token.
     """
     from vit.explain.attention_flow import attention_flow
     from vit.explain.relevance import attnlrp, legrad, patch_sums, transformer_attribution
@@ -608,7 +616,7 @@ def model_method_map(checkpoint: Checkpoint, image: Image.Image, kind: str, clas
     elif kind == "flow":
         with torch.no_grad():
             _, attentions = model(x, output_attentions=True)
-        result = attention_flow(attentions, query, fusion, end_layer)[:, prefix:].reshape(1, *grid)
+        result = attention_flow(attentions, query, fusion, end_layer, progress=progress)[:, prefix:].reshape(1, *grid)
     else:
         raise ValueError(f"{kind!r} is not one of {', '.join(METHOD_MAP_KINDS)}")
     return result[0].float().cpu().numpy()  # (gh, gw)
@@ -694,18 +702,20 @@ def parse_head_labels(labels: Sequence[str]) -> list[tuple[int, int]]:
 
 
 def reference_means(checkpoint: Checkpoint, references: Iterable[Image.Image], image: Image.Image,
-                    size: InputSize = TRAINING_SIZE, registers: dict[int, list[int]] | None = None) -> torch.Tensor:
+                    size: InputSize = TRAINING_SIZE, registers: dict[int, list[int]] | None = None,
+                    progress: work.Progress | None = None, count: int = 0) -> torch.Tensor:
     """Per-head mean contexts ``(L, T, H, hd)`` over ``references`` (mean ablation) on ``image``'s token grid:
     each reference is prepared as the checkpoint prepares an image at ``size``, or, for another size, resized to
     exactly ``image``'s input shape (means are per position, whatever a reference's own aspect). With
     ``registers`` (layer -> register neurons) the references run with one test-time register, as the image will:
     ``(L, T + 1, H, hd)``. References are read ``REFERENCE_CHUNK`` at a time, so a lazy iterable holds no more
-    decoded images than that; ValueError for none or more than ``MAX_REFERENCE_IMAGES``."""
+    decoded images than that; ValueError for none or more than ``MAX_REFERENCE_IMAGES``. ``progress(images
+    done, count)`` after each chunk, ``count`` being how many references there are (for the progress only)."""
     p, model = checkpoint.preprocessing, checkpoint.model
     shape = input_shape(image, p, model.config.patch_size, size)
     check_input_fits(checkpoint, model.patch_grid(*shape), f"A {shape[1]}×{shape[0]} px input")
     device = next(model.parameters()).device
-    references, total, count = iter(references), None, 0
+    references, total, expected, count = iter(references), None, count, 0
     with torch.inference_mode():
         while chunk := list(islice(references, REFERENCE_CHUNK)):
             count += len(chunk)
@@ -720,6 +730,8 @@ def reference_means(checkpoint: Checkpoint, references: Iterable[Image.Image], i
                 part = torch.stack([c.mean(dim=0) for c in contexts])  # (L, T + 1, H, hd)
             part = part * len(chunk)  # summed over the chunk
             total = part if total is None else total + part
+            if progress is not None:
+                progress(count, max(expected, count))
     if not 1 <= count <= MAX_REFERENCE_IMAGES:
         raise ValueError(f"mean ablation averages over 1 to {MAX_REFERENCE_IMAGES} reference images; "
                          + ("add some" if not count else "remove some"))
@@ -727,11 +739,12 @@ def reference_means(checkpoint: Checkpoint, references: Iterable[Image.Image], i
 
 
 def ablation_effects(checkpoint: Checkpoint, image: Image.Image, class_index: int, mode: str = "zero",
-                     means: torch.Tensor | None = None, size: InputSize = TRAINING_SIZE) -> np.ndarray:
+                     means: torch.Tensor | None = None, size: InputSize = TRAINING_SIZE,
+                     progress: work.Progress | None = None) -> np.ndarray:
     """``(L, H)``: the change of the class logit when each head alone is ablated (one pass per layer)."""
     x = _model_input(checkpoint, image, size)
     with torch.inference_mode():
-        return mechanism.ablation_grid(checkpoint.model, x, class_index, mode, means)[0].cpu().numpy()
+        return mechanism.ablation_grid(checkpoint.model, x, class_index, mode, means, progress)[0].cpu().numpy()
 
 
 @dataclass
@@ -747,16 +760,22 @@ class PatchingView:
 
 
 def patching_view(checkpoint: Checkpoint, clean: Image.Image, corrupted: Image.Image,
-                  size: InputSize = TRAINING_SIZE, residual: bool = False) -> PatchingView:
+                  size: InputSize = TRAINING_SIZE, residual: bool = False,
+                  progress: work.Progress | None = None) -> PatchingView:
     """Patch each head output (and with ``residual`` each (layer, position) of the residual stream) of ``clean``
-    into ``corrupted``; the logit difference between their predicted classes, as the share recovered."""
+    into ``corrupted``; the logit difference between their predicted classes, as the share recovered.
+    ``progress(passes done, total)``: the head grid's ``L`` passes, then the residual grid's ``L * T``."""
     x_clean, x_corrupted = _model_input(checkpoint, clean, size), _model_input(checkpoint, corrupted, size)
     model = checkpoint.model
+    L = len(model.blocks)
+    T = model.num_prefix_tokens + math.prod(model.patch_grid(*x_clean.shape[-2:]))
+    heads_progress, tokens_progress = work.in_parts(progress, [L, L * T if residual else 0])
     with torch.inference_mode():
-        heads = mechanism.patch_heads(model, x_clean, x_corrupted)
+        heads = mechanism.patch_heads(model, x_clean, x_corrupted, progress=heads_progress)
         a = int(model.classify(mechanism.hidden_states(model, x_clean)[:, -1]).argmax(-1)[0])
         b = int(model.classify(mechanism.hidden_states(model, x_corrupted)[:, -1]).argmax(-1)[0])
-        tokens = mechanism.patch_residuals(model, x_clean, x_corrupted, a, b) if residual else None
+        tokens = (mechanism.patch_residuals(model, x_clean, x_corrupted, a, b, tokens_progress) if residual
+                  else None)
     return PatchingView(a, b, float(heads.clean[0]), float(heads.corrupted[0]), heads.recovered()[0].cpu().numpy(),
                         tokens.recovered()[0].cpu().numpy() if tokens is not None else None)
 

@@ -14,6 +14,8 @@ import plotly.graph_objects as go
 import torch
 from PIL import Image
 
+from vit.app import work
+from vit.app.drawing import CURVE_BATCH
 from vit.checkpoint import Checkpoint
 from vit.explain import prompts
 from vit.explain.faithfulness import auc
@@ -55,9 +57,10 @@ def model_input(checkpoint: Checkpoint, image: Image.Image, size: InputSize = TR
 
 
 def answer(checkpoint: Checkpoint, tower, image: Image.Image, labels: list[str], templates: list[str],
-           size: InputSize = TRAINING_SIZE) -> Answer:
-    """``labels`` (checked by ``text_tower.split_labels``) asked of ``image`` through ``tower``."""
-    asked = prompts.ask(tower, labels, templates)
+           size: InputSize = TRAINING_SIZE, progress: work.Progress | None = None) -> Answer:
+    """``labels`` (checked by ``text_tower.split_labels``) asked of ``image`` through ``tower``; ``progress`` follows
+    the texts encoded (80 templates a label for the ensemble)."""
+    asked = prompts.ask(tower, labels, templates, progress)
     logits, probabilities = prompts.zero_shot(checkpoint.model, model_input(checkpoint, image, size),
                                               asked.embeddings, asked.scale, asked.bias, asked.kind)
     if not bool(torch.isfinite(logits).all()):  # NaN scores would look like an answer: say which side broke
@@ -141,11 +144,13 @@ def scores_figure(asked: Answer) -> go.Figure:
 
 
 def curves_figure(checkpoint: Checkpoint, asked: Answer, image: Image.Image, map2d: np.ndarray, index: int,
-                  size: InputSize = TRAINING_SIZE) -> go.Figure:
-    """Deletion and insertion curves of label ``index``'s cosine similarity ranked by ``map2d``."""
+                  size: InputSize = TRAINING_SIZE, progress: work.Progress | None = None) -> go.Figure:
+    """Deletion and insertion curves of label ``index``'s cosine similarity ranked by ``map2d``; ``progress``
+    follows the images scored (``CURVE_BATCH`` at a time)."""
     x = model_input(checkpoint, image, size)
     maps = torch.as_tensor(np.asarray(map2d, dtype=np.float32))[None].to(x.device)
-    fractions, deletion, insertion = prompts.prompt_curves(checkpoint.model, x, asked.prompts, maps, index)
+    fractions, deletion, insertion = prompts.prompt_curves(checkpoint.model, x, asked.prompts, maps, index,
+                                                           batch_size=CURVE_BATCH, progress=progress)
     fig = go.Figure()
     for name, curve, colour in (("deletion", deletion[0], "#d62728"), ("insertion", insertion[0], "#1f77b4")):
         fig.add_trace(go.Scatter(x=fractions, y=curve, mode="lines", line=dict(color=colour),

@@ -17,7 +17,7 @@ the tests. ViT-B/16 at 224 px (197 tokens) takes seconds instead of minutes (``b
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import networkx as nx
 import numpy as np
@@ -73,7 +73,8 @@ def flow_capacities(matrices: np.ndarray, query: int) -> sparse.csr_matrix:
     return sparse.csr_matrix((np.concatenate(values), (np.concatenate(rows), np.concatenate(cols))), shape=(n, n))
 
 
-def _flow_row(matrices: np.ndarray, query: int) -> np.ndarray:
+def _flow_row(matrices: np.ndarray, query: int, progress: Callable[[int, int], None] | None = None,
+              done: int = 0, total: int = 0) -> np.ndarray:
     L, T, _ = matrices.shape
     n = (L + 1) * T
     capacity = flow_capacities(matrices, query)
@@ -91,16 +92,20 @@ def _flow_row(matrices: np.ndarray, query: int) -> np.ndarray:
         reached[csgraph.breadth_first_order(residual, source, directed=True, return_predecessors=False)] = True
         # The minimum cut's real capacity: every edge from the source's side to the other.
         values[t] = capacity[reached][:, ~reached].sum()
+        if progress is not None:
+            progress(done + t + 1, total)
     return values / values.sum()
 
 
 def attention_flow(attentions: Sequence[Tensor], query: int = 0, head_fusion: str = "mean",
-                   end_layer: int | None = None, max_tokens: int = MAX_FLOW_TOKENS) -> Tensor:
+                   end_layer: int | None = None, max_tokens: int = MAX_FLOW_TOKENS,
+                   progress: Callable[[int, int], None] | None = None) -> Tensor:
     """Attention flow from output token ``query`` (after ``end_layer``) to every input token: ``(B, T)``, rows sum to 1.
 
     ``attentions`` holds one ``(B, H, T, T)`` tensor per layer (any prefix tokens: take the
     patch part of the result with ``[:, num_prefix_tokens:]``). Raises ``TooManyTokensError``
-    above ``max_tokens`` tokens.
+    above ``max_tokens`` tokens. ``progress(problems solved, B * T)`` after each max-flow problem (it may raise
+    to stop).
     """
     layers = layers_up_to(attentions, end_layer)
     B, _, T, _ = layers[0].shape
@@ -113,5 +118,7 @@ def attention_flow(attentions: Sequence[Tensor], query: int = 0, head_fusion: st
     # Rollout's factors (heads fused, residual added, rows renormalised) are the edge capacities.
     factors = torch.stack([rollout_factor(attn.detach().to("cpu", torch.float64), head_fusion, num_prefix_tokens=0)
                            for attn in layers], dim=1)  # (B, L, T, T)
-    rows = [torch.from_numpy(_flow_row(factors[b].numpy(), query)) for b in range(B)]
+    if progress is not None:
+        progress(0, B * T)
+    rows = [torch.from_numpy(_flow_row(factors[b].numpy(), query, progress, b * T, B * T)) for b in range(B)]
     return torch.stack(rows).to(layers[0].device)  # (B, T)

@@ -69,7 +69,8 @@ def step_counts(num_patches: int, steps: int | None = None) -> list[int]:
 
 def perturbation_curves(model: torch.nn.Module, images: Tensor, maps: Tensor, class_index: Tensor,
                         replacement: str = "blur", steps: int | None = None, batch_size: int = 256,
-                        score: Callable[[Tensor], Tensor] | None = None
+                        score: Callable[[Tensor], Tensor] | None = None,
+                        progress: Callable[[int, int], None] | None = None
                         ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Deletion and insertion curves of ``images (B, C, H, W)`` ranked by ``maps (B, gh, gw)``.
 
@@ -77,6 +78,7 @@ def perturbation_curves(model: torch.nn.Module, images: Tensor, maps: Tensor, cl
     insertion (B, S))``: the fraction of patches changed and the probability of
     ``class_index[b]`` at each step (``score(logits)`` instead of the softmax when given: a prompt's
     similarity, ``vit.explain.prompts.prompt_curves``). Ties in a map keep row-major order.
+    ``progress(images scored, 2 * B * S)`` after each model batch (it may raise to stop the curves there).
     """
     score = score if score is not None else (lambda logits: logits.softmax(dim=-1))
     B, _, H, W = images.shape
@@ -91,7 +93,9 @@ def perturbation_curves(model: torch.nn.Module, images: Tensor, maps: Tensor, cl
     counts_t = torch.tensor(counts, device=device)
     S = len(counts)
     changed = (ranks[:, None, :] < counts_t[None, :, None]).reshape(B * S, gh, gw)  # True where step s changes a patch
-    curves = []
+    curves, done = [], 0
+    if progress is not None:
+        progress(0, 2 * B * S)
     for first, second in ((images, base), (base, images)):  # deletion: image -> baseline; insertion: baseline -> image
         probs = []
         with torch.no_grad():
@@ -103,6 +107,9 @@ def perturbation_curves(model: torch.nn.Module, images: Tensor, maps: Tensor, cl
                 out = model(first[image] * (1 - mask) + second[image] * mask)  # (n, C, H, W) in
                 logits = out[0] if isinstance(out, tuple) else out
                 probs.append(score(logits.float()))
+                done += len(rows)
+                if progress is not None:
+                    progress(done, 2 * B * S)
         probs = torch.cat(probs).reshape(B, S, -1)
         curves.append(probs.gather(2, class_index.reshape(B, 1, 1).expand(B, S, 1))[..., 0].cpu().numpy())
     return np.array(counts) / (gh * gw), curves[0], curves[1]

@@ -36,6 +36,9 @@ from torch import Tensor, nn
 from vit.explain.hidden import forward_with_hidden_states
 from vit.model import ViT
 
+PROGRESS_CHUNK = 32  # residual-patching copies run at once while a page follows the progress
+Progress = Callable[[int, int], None]  # progress(passes done, total), called between chunks; it may raise to stop
+
 MAX_ELEMENTS = 2**29  # floats one step may hold (2 GiB of float32); past it a function refuses
 
 ABLATION_MODES = ("zero", "mean")
@@ -432,15 +435,22 @@ class HeadAblated(nn.Module):
         return ablate_heads(self.model, images, self.heads, self.mode, self.means, output_attentions)
 
 
+def _report(progress: Progress | None, done: int, total: int) -> None:
+    """Tell ``progress`` (if any) that ``done`` passes of ``total`` are done; it may raise to stop the work."""
+    if progress is not None:
+        progress(done, total)
+
+
 def _chunks(total: int, per_copy: int) -> int:
     """How many copies of one image to run at once so that one step stays within ``MAX_ELEMENTS`` / 8."""
     return max(1, min(total, MAX_ELEMENTS // 8 // max(per_copy, 1)))
 
 
 def ablation_grid(model: ViT, images: Tensor, classes: Tensor | int | None = None, mode: str = "zero",
-                  means: Tensor | None = None) -> Tensor:
+                  means: Tensor | None = None, progress: Progress | None = None) -> Tensor:
     """``(B, L, H)``: the change of each image's class logit (default: predicted) when each head alone is
-    ablated. One pass of the remaining layers per layer, all heads of that layer batched together."""
+    ablated. One pass of the remaining layers per layer, all heads of that layer batched together;
+    ``progress(layers done, L)`` after each (it may raise to stop the grid there)."""
     check_supported(model, needs_head=True)
     _check_ablation(model, mode, means)
     with torch.no_grad():
@@ -452,6 +462,7 @@ def ablation_grid(model: ViT, images: Tensor, classes: Tensor | int | None = Non
         check_budget(B * H * T * max(D, model.config.mlp_size), "the ablation grid")
         grid_out = torch.empty(B, L, H)
         mask = torch.eye(H, dtype=torch.bool, device=states.device).repeat(B, 1)[:, None, :, None]  # (B*H, 1, H, 1)
+        _report(progress, 0, L)
         for layer in range(L):
             x = states[:, layer].repeat_interleave(H, dim=0)  # (B*H, T, D): copy h ablates head h
 
@@ -462,6 +473,7 @@ def ablation_grid(model: ViT, images: Tensor, classes: Tensor | int | None = Non
                 out, _ = model.run_blocks(x, grid, layer)
             logits = model.classify(out).view(B, H, -1)
             grid_out[:, layer] = (logits - base[:, None]).gather(-1, classes[:, None, None].expand(B, H, 1))[..., 0]
+            _report(progress, layer + 1, L)
     return grid_out
 
 
@@ -512,10 +524,10 @@ def _states_and_contexts(model: ViT, images: Tensor, names: list[str]) -> tuple[
 
 
 def patch_heads(model: ViT, clean: Tensor, corrupted: Tensor, a: Tensor | int | None = None,
-                b: Tensor | int | None = None) -> Patching:
+                b: Tensor | int | None = None, progress: Progress | None = None) -> Patching:
     """Patch each (layer, head)'s context of the clean run into the corrupted run; the logit difference
     ``logit[a] - logit[b]`` (defaults: the clean and the corrupted predictions) for each. One pass of the
-    remaining layers per layer, its heads batched."""
+    remaining layers per layer, its heads batched; ``progress(layers done, L)`` after each."""
     with torch.no_grad():
         clean_s, corrupt_s, clean_d, corrupt_d, a, b, contexts, grid = _patching_setup(model, clean, corrupted, a, b,
                                                                                        heads=True)
@@ -524,6 +536,7 @@ def patch_heads(model: ViT, clean: Tensor, corrupted: Tensor, a: Tensor | int | 
         check_budget(B * H * T * max(D, model.config.mlp_size), "the head patching grid")
         out = torch.empty(B, L, H)
         mask = torch.eye(H, dtype=torch.bool, device=clean_s.device).repeat(B, 1)[:, None, :, None]  # (B*H, 1, H, 1)
+        _report(progress, 0, L)
         for layer in range(L):
             x = corrupt_s[:, layer].repeat_interleave(H, dim=0)  # (B*H, T, D): copy h takes head h from the clean run
             clean_context = contexts[layer].repeat_interleave(H, dim=0)  # (B*H, T, H, hd)
@@ -532,19 +545,24 @@ def patch_heads(model: ViT, clean: Tensor, corrupted: Tensor, a: Tensor | int | 
             logits = model.classify(final).view(B, H, -1)
             out[:, layer] = (logits.gather(-1, a.view(B, 1, 1).expand(B, H, 1))
                              - logits.gather(-1, b.view(B, 1, 1).expand(B, H, 1)))[..., 0]
+            _report(progress, layer + 1, L)
     return Patching(out, clean_d, corrupt_d)
 
 
 def patch_residuals(model: ViT, clean: Tensor, corrupted: Tensor, a: Tensor | int | None = None,
-                    b: Tensor | int | None = None) -> Patching:
+                    b: Tensor | int | None = None, progress: Progress | None = None) -> Patching:
     """Patch the clean run's residual stream at each (layer input, token position) into the corrupted run:
-    ``patched`` is ``(B, L, T)``. Positions run in chunks that keep one step within the memory bound."""
+    ``patched`` is ``(B, L, T)``. Positions run in chunks that keep one step within the memory bound;
+    ``progress(passes done, B * L * T)`` after each chunk."""
     with torch.no_grad():
         clean_s, corrupt_s, clean_d, corrupt_d, a, b, _, grid = _patching_setup(model, clean, corrupted, a, b)
         B, S, T, D = clean_s.shape
         L = len(model.blocks)
         out = torch.empty(B, L, T)
         chunk = _chunks(T, T * max(D, model.config.mlp_size, T * model.blocks[0].attn.num_heads))
+        if progress is not None:  # followed by a page: chunks short enough that a Stop ends the grid soon
+            chunk = min(chunk, PROGRESS_CHUNK)
+        _report(progress, 0, B * L * T)
         for i in range(B):
             for layer in range(L):
                 for start in range(0, T, chunk):
@@ -554,6 +572,7 @@ def patch_residuals(model: ViT, clean: Tensor, corrupted: Tensor, a: Tensor | in
                     final, _ = model.run_blocks(x, grid, layer)
                     logits = model.classify(final)  # (n, classes)
                     out[i, layer, start:start + len(positions)] = logits[:, a[i]] - logits[:, b[i]]
+                    _report(progress, (i * L + layer) * T + start + len(positions), B * L * T)
     return Patching(out, clean_d, corrupt_d)
 
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import copy
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 import torch
@@ -37,6 +37,7 @@ from vit.model import ViT, current_rules
 DEFAULT_TEMPLATE = "a photo of a {}."
 MAX_TEMPLATE_CHARS = 200
 TEXTS_PER_CALL = 1024  # texts encoded at once (a batch of 77 tokens each)
+TEXTS_PER_STEP = 16  # texts encoded at once when the page follows the progress (a stop waits at most one step)
 
 
 class PromptError(ValueError):
@@ -67,19 +68,32 @@ def fill(template: str, label: str) -> str:
     return template.replace("{}", label)
 
 
-def prompt_embeddings(encode, labels: Sequence[str], templates: Sequence[str]) -> Tensor:
+def prompt_embeddings(encode, labels: Sequence[str], templates: Sequence[str],
+                      progress: Callable[[int, int], None] | None = None) -> Tensor:
     """``(n, E)`` normalised embeddings, one per label: with several templates, each label's template embeddings
     (normalised) are averaged and normalised again, as open_clip's ``build_zero_shot_classifier`` does.
-    ``encode(texts) -> (len(texts), E)`` normalised embeddings (``TextTower.encode``)."""
+    ``encode(texts) -> (len(texts), E)`` normalised embeddings (``TextTower.encode``). With ``progress``, texts
+    are encoded ``TEXTS_PER_STEP`` at a time and ``progress(texts done, labels x templates)`` follows each step
+    (it may raise to stop there)."""
     templates = [check_template(t) for t in templates]
     if not templates:
         raise PromptError("give at least one template")
     per_call = max(1, TEXTS_PER_CALL // len(templates))  # labels per text-tower call: a dataset's may be many
+    step = TEXTS_PER_STEP if progress is not None else TEXTS_PER_CALL
+    total, done = len(labels) * len(templates), 0
+    if progress is not None:
+        progress(0, total)
     parts = []
     for start in range(0, len(labels), per_call):
         chunk = labels[start:start + per_call]
         texts = [fill(t, label) for label in chunk for t in templates]
-        parts.append(encode(texts).reshape(len(chunk), len(templates), -1).mean(dim=1))  # (chunk, E)
+        encoded = []
+        for first in range(0, len(texts), step):
+            encoded.append(encode(texts[first:first + step]))
+            done += len(encoded[-1])
+            if progress is not None:
+                progress(done, total)
+        parts.append(torch.cat(encoded).reshape(len(chunk), len(templates), -1).mean(dim=1))  # (chunk, E)
     embeddings = torch.cat(parts)  # (n, E)
     return embeddings / embeddings.norm(dim=-1, keepdim=True)
 
@@ -316,9 +330,11 @@ class Prompts:
     empty: Tensor | None = None  # (E,) the empty prompt's embedding, for LeGrad's SigLIP correction
 
 
-def ask(tower, labels: Sequence[str], templates: Sequence[str] = (DEFAULT_TEMPLATE,)) -> Prompts:
-    """``labels`` through ``tower`` (a ``vit.sources.text_tower.TextTower``), each filled into every template."""
-    embeddings = prompt_embeddings(tower.encode, labels, templates)
+def ask(tower, labels: Sequence[str], templates: Sequence[str] = (DEFAULT_TEMPLATE,),
+        progress: Callable[[int, int], None] | None = None) -> Prompts:
+    """``labels`` through ``tower`` (a ``vit.sources.text_tower.TextTower``), each filled into every template;
+    ``progress`` as ``prompt_embeddings``'s."""
+    embeddings = prompt_embeddings(tower.encode, labels, templates, progress)
     empty = tower.encode([EMPTY_PROMPT])[0] if tower.kind == "sigmoid" else None
     return Prompts(list(labels), list(templates), embeddings, tower.logit_scale, tower.logit_bias, tower.kind, empty)
 
@@ -341,13 +357,15 @@ def methods_for(model: ViT) -> dict[str, str]:
 
 
 def prompt_curves(model: ViT, images: Tensor, prompts: Prompts, maps: Tensor, index: int | Tensor,
-                  replacement: str = "blur", steps: int | None = None) -> tuple:
+                  replacement: str = "blur", steps: int | None = None, batch_size: int = 256,
+                  progress: Callable[[int, int], None] | None = None) -> tuple:
     """Deletion and insertion curves of each image's prompt ``index`` ranked by ``maps (B, gh, gw)``, scoring the
     cosine similarity of image and prompt (what every prompt map explains) instead of a class probability:
     ``(fractions (S,), deletion (B, S), insertion (B, S))`` as ``perturbation_curves`` returns them."""
     cosine = prompt_model(model, prompts.embeddings, 1.0, 0.0)  # scale 1, no bias: the logits are the cosines
     index = _index(index, images.shape[0], prompts.embeddings.shape[0]).to(images.device)
-    return perturbation_curves(cosine, images, maps, index, replacement, steps, score=lambda logits: logits)
+    return perturbation_curves(cosine, images, maps, index, replacement, steps, batch_size,
+                               score=lambda logits: logits, progress=progress)
 
 
 def prompt_maps(model: ViT, image: Tensor, prompts: Prompts, method: str, chunk: int = 8) -> Tensor:

@@ -1,0 +1,197 @@
+"""Long work the pages start: it runs in chunks that report progress and can be stopped, bounded server-wide.
+
+A long computation (an ablation or patching grid, mean contexts, attention flow, a template ensemble,
+deletion/insertion curves, a dataset pass) takes a ``progress(done, total)`` callback and calls it between its
+chunks. ``Work`` is that callback: it counts the passes done, estimates the time left, and raises ``Stopped`` at
+the next chunk once it was asked to stop, once the session that started it has ended (``alive`` says no), or once
+no page has looked at it for ``lease_s`` seconds (its tab was closed, its widget changed or went away). So nothing
+keeps computing for a page nobody sees.
+
+``Slots`` bounds the heavy computations of the whole server: a ``threading.BoundedSemaphore`` that a ``Work``
+holds while it runs; the others wait, and ``Work.describe`` says so in one line. Nothing here knows Streamlit: the
+pages keep one ``Work`` per session and one ``Slots`` per process.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+Progress = Callable[[int, int], None]  # progress(done, total): passes done so far of total; may raise Stopped
+
+LEASE_S = 10.0  # no page looked at a work this long: nobody sees it any more (a page looks every second)
+
+
+class Stopped(Exception):
+    """The work was stopped before it finished; the message says why (asked to, its page closed, …)."""
+
+
+class Slots:
+    """At most ``size`` heavy computations at once in this process; the rest wait for one to end."""
+
+    def __init__(self, size: int) -> None:
+        if size < 1:
+            raise ValueError(f"at least one heavy computation must be allowed at once, got {size}")
+        self.size = size
+        self._semaphore = threading.BoundedSemaphore(size)
+        self._lock = threading.Lock()
+        self.running = 0
+        self.waiting = 0
+
+    def acquire(self, stop_reason: Callable[[], str | None], poll_s: float = 0.1) -> None:
+        """Wait for a free slot; ``Stopped`` as soon as ``stop_reason()`` gives a reason while waiting."""
+        with self._lock:
+            self.waiting += 1
+        try:
+            while not self._semaphore.acquire(timeout=poll_s):
+                reason = stop_reason()
+                if reason:
+                    raise Stopped(reason)
+        finally:
+            with self._lock:
+                self.waiting -= 1
+        with self._lock:
+            self.running += 1
+
+    def release(self) -> None:
+        with self._lock:
+            self.running -= 1
+        self._semaphore.release()
+
+
+def in_parts(progress: Progress | None, sizes: Sequence[int]) -> list[Progress | None]:
+    """One callback per consecutive part of a computation whose parts take ``sizes`` passes: each reports its
+    ``(done, total)`` as the whole's ``(passes before it + done, sum(sizes))``."""
+    if progress is None:
+        return [None] * len(sizes)
+    whole = sum(sizes)
+    starts = [sum(sizes[:i]) for i in range(len(sizes))]
+    return [lambda done, total, start=start: progress(start + done, whole) for start in starts]
+
+
+class Work:
+    """One long computation: its state, its progress, and the flag that stops it (see the module docstring).
+
+    ``Work(key, label).start(compute)`` runs ``compute(progress)`` in a daemon thread, ``progress`` being the
+    work itself; ``state`` is ``"waiting"`` (for a server slot), ``"running"``, ``"done"`` (``result``),
+    ``"stopped"`` or ``"failed"`` (``error``).
+    """
+
+    def __init__(self, key: Any, label: str, slots: Slots | None = None, alive: Callable[[], bool] | None = None,
+                 lease_s: float = LEASE_S, clock: Callable[[], float] = time.monotonic, unit: str = "passes") -> None:
+        self.key, self.label, self.slots, self.alive, self.unit = key, label, slots, alive, unit
+        self.lease_s, self.clock = lease_s, clock
+        self.state = "waiting"
+        self.done = self.total = 0
+        self.result: Any = None
+        self.error: BaseException | None = None
+        self.compute: Callable[[Progress], Any] | None = None
+        self._reason: str | None = None
+        self._seen = clock()
+        self._started: float | None = None  # when it began to run (after the wait for a slot)
+        self._finished = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    # -- what the page does ------------------------------------------------------------------------------------
+
+    def start(self, compute: Callable[[Progress], Any]) -> Work:
+        """Run ``compute(progress)`` in a daemon thread (after a server slot is free); returns the work."""
+        self.compute = compute
+        self._thread = threading.Thread(target=self._run, name=f"work: {self.label}", daemon=True)
+        self._thread.start()
+        return self
+
+    def touch(self) -> None:
+        """A page showed this work now (its lease starts again)."""
+        self._seen = self.clock()
+
+    def stop(self, reason: str = "stopped") -> None:
+        """Ask the work to stop: it raises ``Stopped(reason)`` at its next chunk (or while it waits for a slot)."""
+        if self._reason is None:
+            self._reason = reason
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Wait up to ``timeout`` seconds for the work to end (done, stopped or failed); whether it has."""
+        return self._finished.wait(timeout)
+
+    @property
+    def finished(self) -> bool:
+        return self._finished.is_set()
+
+    def seconds_left(self) -> float | None:
+        """The time left, estimated from the passes done so far; None before the first pass is done."""
+        if self._started is None or self.done <= 0 or self.total <= 0:
+            return None
+        elapsed = self.clock() - self._started
+        return elapsed / self.done * max(self.total - self.done, 0)
+
+    def fraction(self) -> float:
+        return min(self.done / self.total, 1.0) if self.total > 0 else 0.0
+
+    def describe(self) -> str:
+        """One line: what it waits for, or the passes done of the total and the time left."""
+        if self.state == "waiting":
+            if self.slots is None or self.slots.running < self.slots.size:  # a slot is free: it takes it now
+                return f"{self.label}: starting…"
+            return (f"{self.label}: waiting — {self.slots.running} heavy computation"
+                    f"{'s' if self.slots.running != 1 else ''} of other visitors run on this server, at most "
+                    f"{self.slots.size} at once so that every page stays responsive; this one starts when one ends")
+        if self.state in ("stopped", "failed"):
+            return f"{self.label}: {self.state} after {self.done} of {self.total} {self.unit} ({self.error})"
+        if self._reason is not None:
+            return f"{self.label}: stopping at the end of this chunk ({self._reason})"
+        left = self.seconds_left()
+        eta = "estimating the time left" if left is None else f"about {_duration(left)} left"
+        return f"{self.label}: {self.done} of {self.total} {self.unit}, {eta}"
+
+    # -- what the computation calls ----------------------------------------------------------------------------
+
+    def stop_reason(self) -> str | None:
+        """Why the work should stop now, or None: asked to, its session ended, or nobody looked at it lately."""
+        if self._reason is not None:
+            return self._reason
+        if self.alive is not None and not self.alive():
+            return "its page was closed"
+        if self.clock() - self._seen > self.lease_s:
+            return f"no page showed it for {self.lease_s:g} s"
+        return None
+
+    def check(self) -> None:
+        """``Stopped`` if the work should stop now (``stop_reason``)."""
+        reason = self.stop_reason()
+        if reason:
+            raise Stopped(reason)
+
+    def __call__(self, done: int, total: int) -> None:
+        """The progress callback: ``done`` passes of ``total`` are done; ``Stopped`` if it should stop."""
+        self.done, self.total = done, total
+        self.check()
+
+    def _run(self) -> None:
+        held = False
+        try:
+            if self.slots is not None:
+                self.slots.acquire(self.stop_reason)
+                held = True
+            self.check()
+            self.state, self._started = "running", self.clock()
+            self.result = self.compute(self)
+            self.state = "done"
+        except Stopped as e:
+            self.error, self.state = e, "stopped"
+        except Exception as e:  # shown on the page in one line; the thread must not die silently
+            self.error, self.state = e, "failed"
+        finally:
+            if held:
+                self.slots.release()
+            self._finished.set()
+
+
+def _duration(seconds: float) -> str:
+    seconds = round(seconds)
+    if seconds < 60:
+        return f"{seconds} s"
+    minutes, seconds = divmod(seconds, 60)
+    return f"{minutes} min {seconds:02d} s" if minutes < 60 else f"{minutes // 60} h {minutes % 60:02d} min"
