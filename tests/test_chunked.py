@@ -187,3 +187,59 @@ def test_gradient_maps_past_the_memory_limit_are_refused_up_front_with_the_large
         with pytest.raises(explorer.TooManyTokens, match="largest square input that fits is 12 px"):
             explorer.model_method_map(checkpoint, Image.new("RGB", (16, 16)), kind, 0)
     assert explorer.model_method_map(checkpoint, Image.new("RGB", (16, 16)), "legrad", 0).shape == (4, 4)
+
+
+def sharp(config: ViTConfig) -> ViT:
+    """A model whose weights are drawn wide (std 0.2, not 0.02): gradients of the attention of the order of 0.1,
+    so that an absolute tolerance of 1e-6 tests them."""
+    torch.manual_seed(0)
+    model = ViT(config).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() > 1:
+                p.normal_(0, 0.2)
+    return model
+
+
+def pattern_gradients(model, images, index, layers):
+    """The unchunked reference: d(class score read at each layer's output)/d(that layer's whole attention), by
+    autograd through the explicit attention path (the probabilities cached at ``hook_pattern``)."""
+    names = [f"blocks.{i}.{p}" for i in layers for p in ("hook_resid_post", "attn.hook_pattern")]
+    with torch.enable_grad():
+        _, cache = model.run_with_cache(images.clone().requires_grad_(True), names)
+        grads = []
+        for i in layers:
+            score = model.classify(cache[f"blocks.{i}.hook_resid_post"]).gather(1, index[:, None]).sum()
+            grads.append(torch.autograd.grad(score, cache[f"blocks.{i}.attn.hook_pattern"], retain_graph=True)[0])
+    return grads
+
+
+@pytest.mark.parametrize("config", [REGISTERS, ROTARY], ids=["registers", "rotary"])
+@pytest.mark.parametrize(("head_chunk", "query_chunk"), CHUNKS)
+def test_chunked_legrad_equals_legrad_of_the_whole_attention_gradients(config, head_chunk, query_chunk):
+    from vit.explain.relevance import legrad, legrad_from_gradients
+
+    model, images, index = sharp(config), torch.randn(2, 3, 20, 28), torch.tensor([2, 0])
+    expected = legrad_from_gradients(pattern_gradients(model, images, index, range(config.num_layers)), (5, 7),
+                                     model.num_prefix_tokens)
+    ours = legrad(model, images, index, start_layer=0, head_chunk=head_chunk, query_chunk=query_chunk)
+    torch.testing.assert_close(ours, expected, rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("config", [REGISTERS, ROTARY], ids=["registers", "rotary"])
+@pytest.mark.parametrize(("head_chunk", "query_chunk"), CHUNKS)
+def test_row_vector_gradient_rollout_equals_a_row_of_the_whole_gradient_rollout(config, head_chunk, query_chunk):
+    from vit.explain.attention import class_gradients, gradient_rollout
+
+    model, grid = sharp(config), (5, 7)
+    images, index = torch.randn(2, 3, 20, 28), torch.tensor([1, 2])
+    with torch.no_grad():
+        _, hidden = forward_with_hidden_states(model, images)
+    _, attentions, gradients = class_gradients(model, images, index)  # every layer's whole (B, H, T, T)
+    inputs = LayerInputs(model, hidden, grid, head_chunk=head_chunk, query_chunk=query_chunk)
+    contexts = inputs.context_gradients(index)  # (B, L, T, H, hd)
+    for end_layer in (-1, 0):
+        full = gradient_rollout(attentions, gradients, end_layer)  # (B, T, T)
+        for query in (0, model.num_prefix_tokens + 6):
+            torch.testing.assert_close(inputs.gradient_rollout_row(contexts, query, end_layer), full[:, query],
+                                       rtol=0, atol=1e-6)

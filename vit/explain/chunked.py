@@ -21,7 +21,7 @@ import torch
 from torch import Tensor, nn
 
 from vit.explain.attention import _check_fusion, patch_centres, rollout_factor_rows
-from vit.explain.hidden import queries_and_keys
+from vit.explain.hidden import queries_keys_values
 
 CHUNK_BYTES = 256 * 2**20  # one chunk of scores: ViT-B/16 at 1,024 px takes 455 queries x 12 heads at a time
 _COPIES = 3  # scores, probabilities and the softmax's temporary are alive at once
@@ -39,12 +39,13 @@ def chunk_sizes(num_heads: int, tokens: int, budget: int = CHUNK_BYTES, batch: i
 
 
 def attention_chunks(q: Tensor, k: Tensor, heads: Sequence[int] | None = None, queries: Sequence[int] | None = None,
-                     head_chunk: int | None = None, query_chunk: int | None = None, budget: int = CHUNK_BYTES
-                     ) -> Iterator[tuple[slice, slice, Tensor]]:
+                     head_chunk: int | None = None, query_chunk: int | None = None, budget: int = CHUNK_BYTES,
+                     softmax: bool = True) -> Iterator[tuple[slice, slice, Tensor]]:
     """Post-softmax attention of scaled queries and keys ``(B, H, T, hd)`` in chunks covering ``heads`` x
     ``queries`` (default: all, in order), query chunks outermost: yields ``(hs, ts, probs (B, h, t, T))``, where
     ``heads[hs]`` and ``queries[ts]`` are the chunk's heads and queries. Chunk sizes default to
-    ``chunk_sizes(..., budget)``."""
+    ``chunk_sizes(..., budget)``. ``softmax=False`` gives the chunks of ``q @ k.T`` itself: with the gradient of
+    the heads' contexts as ``q`` and the values as ``k``, the gradient of the attention."""
     B, H, T, _ = q.shape
     heads = list(range(H)) if heads is None else [int(h) for h in heads]
     queries = list(range(T)) if queries is None else [int(t) for t in queries]
@@ -61,7 +62,8 @@ def attention_chunks(q: Tensor, k: Tensor, heads: Sequence[int] | None = None, q
             hs = slice(h0, min(h0 + head_chunk, len(heads)))
             h = torch.tensor(heads[hs], device=q.device)
             qc = q[:, h][:, :, t]  # (B, h, t, hd)
-            yield hs, ts, (qc @ k[:, h].transpose(-2, -1)).float().softmax(dim=-1)  # (B, h, t, T)
+            scores = (qc @ k[:, h].transpose(-2, -1)).float()  # (B, h, t, T)
+            yield hs, ts, scores.softmax(dim=-1) if softmax else scores
 
 
 class LayerInputs:
@@ -99,10 +101,18 @@ class LayerInputs:
 
     def queries_and_keys(self, layer: int) -> tuple[Tensor, Tensor]:
         """Layer ``layer``'s scaled queries and keys, ``(B, H, T, hd)`` each."""
-        param = next(self.model.parameters())
+        return self.queries_keys_values(layer)[:2]
+
+    def queries_keys_values(self, layer: int) -> tuple[Tensor, Tensor, Tensor]:
+        """Layer ``layer``'s scaled queries, keys and values, ``(B, H, T, hd)`` each."""
         with torch.inference_mode():
-            x = self.hidden[:, self._layer(layer)].to(param.device, param.dtype)  # (B, T, D)
-            return queries_and_keys(self.model, self._layer(layer), x, self.grid)
+            return queries_keys_values(self.model, self._layer(layer), self._input(layer), self.grid)
+
+    def _input(self, layer: int) -> Tensor:
+        """Block ``layer``'s input ``(B, T, D)`` on the model's device and in its dtype (``layer = L``: the last
+        block's output)."""
+        param = next(self.model.parameters())
+        return self.hidden[:, layer].to(param.device, param.dtype)
 
     def chunks(self, layer: int, heads: Sequence[int] | None = None, queries: Sequence[int] | None = None
                ) -> Iterator[tuple[Tensor, Tensor, Tensor]]:
@@ -202,6 +212,100 @@ class LayerInputs:
                 factor = rollout_factor_rows(fused.cpu(), ts.start, discard_ratio, num_prefix_tokens)  # (B, t, T)
                 out += (v[:, None, ts] @ factor)[:, 0]  # (B, T)
             v = out
+        return v
+
+    # --- gradient methods: each block's backward from its stored input, one block's graph at a time ---------------
+
+    def _run_block(self, layer: int, x: Tensor, leaf: bool = False) -> tuple[Tensor, dict[str, Tensor]]:
+        """Block ``layer`` on ``x`` (B, T, D): its output and the tensors at its ``attn.hook_v`` and ``attn.hook_z``
+        as it computed them (in the autograd graph), ``hook_z`` swapped for a leaf that needs grad if ``leaf``."""
+        kept: dict[str, Tensor] = {}
+
+        def keep(t: Tensor, hook) -> Tensor:
+            if leaf and hook.name.endswith("hook_z"):
+                t = t.detach().requires_grad_(True)
+            kept[hook.name.rsplit(".", 1)[1]] = t
+            return t
+
+        prefix = f"blocks.{layer}.attn."
+        with self.model.hooks([(prefix + "hook_v", keep), (prefix + "hook_z", keep)]):
+            out, _ = self.model.run_blocks(x, self.grid, layer, layer + 1)
+        return out, kept
+
+    def _context_chunks(self, layer: int, contexts: Tensor, values: Tensor, budget: int
+                        ) -> Iterator[tuple[slice, slice, Tensor]]:
+        """Chunks ``(hs, ts, (B, h, t, T))`` of the gradient of layer ``layer``'s attention, ``dS/dA = dS/dz @ vᵀ``
+        from the gradient of its heads' contexts ``contexts`` (B, T, H, hd) and its values (B, H, T, hd)."""
+        g = contexts.to(values.device, values.dtype).transpose(1, 2)  # (B, H, T, hd)
+        hc, qc = chunk_sizes(self.num_heads, self.num_tokens, budget, self.hidden.shape[0])
+        yield from attention_chunks(g, values, None, None, self.head_chunk or hc, self.query_chunk or qc,
+                                    softmax=False)
+
+    def legrad(self, class_index: Tensor, start_layer: int = -2) -> Tensor:
+        """LeGrad's relevance of every token ``(B, T)`` (``relevance.legrad_from_gradients`` before its reshape to
+        the grid): per layer from ``start_layer`` on, ``relu(dS_l/dA_l)`` averaged over heads and queries, where
+        ``S_l`` is the class ``class_index (B,)`` read by the classifier at layer ``l``'s output.
+
+        ``A_l`` reaches ``S_l`` only through its heads' contexts ``z_l = A_l v_l``, so ``dS_l/dA_l = dS_l/dz_l
+        @ v_lᵀ``: block ``l`` runs again on its stored input (its fused attention, no ``T x T`` held) with
+        ``z_l`` as the leaf, and the ``T x T`` gradient is formed in chunks and summed."""
+        model, (B, T, H) = self.model, (self.hidden.shape[0], self.num_tokens, self.num_heads)
+        index = class_index.to(self.hidden.device)
+        total = torch.zeros(B, T, dtype=torch.float64)
+        for layer in range(self._layer(start_layer), self.num_layers):
+            with torch.inference_mode(False), torch.enable_grad():
+                x = self._input(layer).clone()  # a normal tensor, also when hidden was made under inference_mode
+                out, kept = self._run_block(layer, x, leaf=True)
+                score = model.classify(out).gather(1, index[:, None].to(out.device)).sum()  # images independent
+                [contexts] = torch.autograd.grad(score, kept["hook_z"])  # (B, T, H, hd)
+            for _, _, grad in self._context_chunks(layer, contexts, kept["hook_v"].detach(), self.budget):
+                total += grad.clamp(min=0).sum(dim=(1, 2)).double().cpu()  # (B, T): heads and queries summed
+        return (total / (H * T)).float()
+
+    def context_gradients(self, class_index: Tensor) -> Tensor:
+        """The gradient of the class ``class_index (B,)``'s logit with respect to every layer's heads' contexts,
+        ``(B, L, T, H, hd)`` float32 (as many floats as the hidden states): what ``gradient_rollout_row`` needs.
+
+        The backward runs one block at a time from the last down, each block again on its stored input (its
+        fused attention's backward, no ``T x T`` held): only that block's graph is alive."""
+        model, L = self.model, self.num_layers
+        index = class_index.to(self.hidden.device)
+        with torch.inference_mode(False), torch.enable_grad():
+            top = self._input(L).clone().requires_grad_(True)
+            score = model.classify(top).gather(1, index[:, None].to(top.device)).sum()  # images independent
+            [grad] = torch.autograd.grad(score, top)  # (B, T, D)
+            out: Tensor | None = None
+            for layer in reversed(range(L)):
+                x = self._input(layer).clone().requires_grad_(True)
+                y, kept = self._run_block(layer, x)
+                grad, contexts = torch.autograd.grad(y, [x, kept["hook_z"]], grad)  # (B, T, D), (B, T, H, hd)
+                if out is None:
+                    out = torch.empty(x.shape[0], L, *contexts.shape[1:])
+                out[:, layer] = contexts.detach().float().cpu()
+        return out
+
+    def gradient_rollout_row(self, contexts: Tensor, query: int = 0, end_layer: int = -1) -> Tensor:
+        """Row ``query`` of ``attention.gradient_rollout`` (Chefer et al.'s class-specific relevance), ``(B, T)``,
+        from ``context_gradients``: ``v = e_query``, then from layer ``end_layer`` down to 0, ``v = v + v @ Ā_l``
+        with ``Ā_l = mean_heads(clamp(dS/dA_l * A_l, min=0))``, each formed chunk by chunk from the layer's
+        queries, keys and values (``v @ Ā = sum over chunks v[t] @ Ā[t]``)."""
+        B, T, H = self.hidden.shape[0], self.num_tokens, self.num_heads
+        if not 0 <= query < T:
+            raise ValueError(f"query token {query} is out of range for {T} tokens")
+        v = torch.zeros(B, T)
+        v[:, query] = 1.0
+        half = self.budget // 2  # an attention chunk and its gradient's
+        for layer in range(self._layer(end_layer), -1, -1):
+            q, k, values = self.queries_keys_values(layer)
+            hc, qc = chunk_sizes(H, T, half, B)
+            hc, qc = self.head_chunk or hc, self.query_chunk or qc
+            step = torch.zeros(B, T)
+            pairs = zip(attention_chunks(q, k, None, None, hc, qc),
+                        self._context_chunks(layer, contexts[:, layer], values, half), strict=True)
+            for (_, ts, probs), (_, _, grad) in pairs:
+                term = (grad * probs).clamp(min=0).sum(dim=1).cpu() / H  # (B, t, T): these heads' share of Ā
+                step += (v[:, None, ts] @ term)[:, 0]
+            v = v + step
         return v
 
 
