@@ -1,6 +1,7 @@
 """Attention in head and query chunks from the stored block inputs equals the model's whole attention, and the
 row-vector rollout equals the full rollout, at chunk sizes that do not divide the heads or tokens evenly."""
 
+import numpy as np
 import pytest
 import torch
 
@@ -181,12 +182,52 @@ def test_gradient_maps_past_the_memory_limit_are_refused_up_front_with_the_large
     torch.manual_seed(0)
     checkpoint = Checkpoint(ViT(REGISTERS).eval(), ["a", "b", "c"], Preprocessing.default_for(REGISTERS))
     # 3 layers x 3 heads x 19² tokens x 16 bytes = 52 KB over 0.04 MB (41,943 bytes), which fits 17 tokens:
-    # 14 patches, a 3 x 3 grid at most, 12 px. LeGrad's two layers need 35 KB: it runs.
+    # 14 patches, a 3 x 3 grid at most, 12 px.
     monkeypatch.setenv("VIT_ANALYSIS_MEMORY_MB", "0.04")
     for kind in ("lrp", "attnlrp"):
         with pytest.raises(explorer.TooManyTokens, match="largest square input that fits is 12 px"):
             explorer.model_method_map(checkpoint, Image.new("RGB", (16, 16)), kind, 0)
-    assert explorer.model_method_map(checkpoint, Image.new("RGB", (16, 16)), "legrad", 0).shape == (4, 4)
+
+
+def test_chunked_gradient_maps_past_the_memory_limit_are_refused_up_front_with_the_largest_size_that_fits(
+        monkeypatch):
+    from PIL import Image
+
+    from vit.app import explorer
+    from vit.checkpoint import Checkpoint, Preprocessing
+    from vit.explain.chunked import CHUNK_BYTES, gradient_bytes
+
+    torch.manual_seed(0)
+    checkpoint = Checkpoint(ViT(REGISTERS).eval(), ["a", "b", "c"], Preprocessing.default_for(REGISTERS))
+    monkeypatch.setattr(explorer, "CHUNK_BYTES", 0)  # the token terms alone, to size the limit by hand
+    per_token = gradient_bytes(3, 24, 48, 1, contexts=False, budget=0)
+    monkeypatch.setenv("VIT_ANALYSIS_MEMORY_MB", str(per_token * 12 / 2**20))  # 12 tokens: 9 patches, 3 x 3
+    with pytest.raises(explorer.TooManyTokens, match="LeGrad .* the largest square input that fits is 12 px"):
+        explorer.model_method_map(checkpoint, Image.new("RGB", (16, 16)), "legrad", 0)
+    assert gradient_bytes(3, 24, 48, 19, True, CHUNK_BYTES) > gradient_bytes(3, 24, 48, 19, False, CHUNK_BYTES)
+
+
+def test_the_class_map_past_the_whole_gradients_bound_is_the_chunked_row_of_the_same_rollout(monkeypatch):
+    from PIL import Image
+
+    from vit.app import explorer
+    from vit.checkpoint import Checkpoint, Preprocessing
+
+    model = sharp(REGISTERS)
+    checkpoint = Checkpoint(model, ["a", "b", "c"], Preprocessing.default_for(REGISTERS))
+    image = Image.effect_noise((16, 16), 60).convert("RGB")
+    analysis = explorer.analyse(checkpoint, image)
+    whole = explorer.class_relevance(checkpoint, image, 1)
+    assert whole.terms and whole.contexts is None
+    # (A tiny model's whole gradients take less than its chunked path's fixed terms: the bound is moved by hand.)
+    monkeypatch.setattr(explorer, "whole_gradient_bytes", lambda model, tokens, layers=None: 2**40)
+    monkeypatch.setattr(explorer, "CHUNK_BYTES", 4096)
+    chunked = explorer.class_relevance(checkpoint, image, 1)
+    assert not chunked.terms and chunked.contexts.shape == (1, 3, 19, 3, 8)
+    for query, end_layer in ((0, -1), (7, 1)):
+        settings = explorer.MapSettings(kind="class", class_index=1, query=query, end_layer=end_layer)
+        np.testing.assert_allclose(explorer.attention_map(analysis, settings, chunked),
+                                   explorer.attention_map(analysis, settings, whole), rtol=0, atol=1e-6)
 
 
 def sharp(config: ViTConfig) -> ViT:

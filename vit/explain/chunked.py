@@ -320,6 +320,20 @@ def chunked_bytes(num_layers: int, hidden_size: int, tokens: int, budget: int = 
     return 4 * (num_layers + 3) * tokens * hidden_size + 8 * tokens + budget
 
 
+# One block's forward graph and its backward, in floats per token per hidden unit and per MLP unit (measured on
+# ViT-B/16 at 1,024 px, bench/bench_highres.py --maps legrad): its norms, qkv, contexts, projections and MLP.
+GRAPH_PER_HIDDEN, GRAPH_PER_MLP = 24, 6
+
+
+def gradient_bytes(num_layers: int, hidden_size: int, mlp_size: int, tokens: int, contexts: bool,
+                   budget: int = CHUNK_BYTES) -> int:
+    """The memory model of a chunked gradient method (``LayerInputs.legrad``, ``context_gradients``): hidden
+    states ``(L + 1) x T x D``, with ``contexts`` every layer's context gradient (``L x T x D``), one block's graph
+    forward and backward, and one chunk (of an attention and its gradient: ``budget``)."""
+    per_token = (num_layers + 1 + (num_layers if contexts else 0) + GRAPH_PER_HIDDEN) * hidden_size
+    return 4 * tokens * (per_token + GRAPH_PER_MLP * mlp_size) + budget
+
+
 def largest_tokens(limit: int, per_token: int, per_token_squared: int) -> int:
     """The most tokens ``T`` with ``per_token x T + per_token_squared x T² <= limit`` (for refusals that name
     the largest input that fits)."""

@@ -33,6 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from vit.explain.chunked import LayerInputs, attention_chunks
 from vit.explain.hidden import forward_with_hidden_states
 from vit.model import ViT
 
@@ -591,22 +592,22 @@ class Sinks:
 
 def sink_stats(model: ViT, states: Tensor, grid: tuple[int, int] | None = None) -> Sinks:
     """Attention sinks from the hidden states ``(B, L + 1, T, D)`` on the patch ``grid`` (needed by models with
-    rotary positions): one layer's ``B x H x T x T`` attention at a time."""
+    rotary positions): each layer's attention summed over queries in head and query chunks
+    (``chunked.attention_chunks``), never a whole ``H x T x T`` layer."""
     check_supported(model)
     if grid is None and model.config.rope != "none":
         raise MechanismError("this model turns q and k by rotary positions, so the patch grid must be given")
     B, S, T, D = states.shape
     L, H, hd = _dims(model)
-    check_budget(2 * B * H * T * T, "one layer's attention")
+    inputs = LayerInputs(model, states, grid)
     tokens, masses, norms = [], [], []
     with torch.no_grad():
         for layer in range(L):
-            cache: dict[str, Tensor] = {}
-            with model.hooks([(f"blocks.{layer}.attn.hook_v", _keep(cache))]):
-                _, (probs,) = model.run_blocks(states[:, layer], grid, layer, layer + 1, output_attentions=True)
-            received = probs.mean(dim=2)  # (B, H, T): attention each key gets, averaged over queries
-            mass, token = received.max(dim=-1)  # (B, H)
-            v = cache[f"blocks.{layer}.attn.hook_v"]  # (B, H, T, hd)
+            q, k, v = inputs.queries_keys_values(layer)  # (B, H, T, hd) each
+            received = torch.zeros(B, H, T, dtype=torch.float32, device=q.device)  # attention each key gets
+            for hs, _, probs in attention_chunks(q, k, budget=inputs.budget):  # probs (B, h, t, T)
+                received[:, hs] += probs.sum(dim=2)
+            mass, token = (received / T).max(dim=-1)  # (B, H): averaged over queries
             value_norm = v.norm(dim=-1).gather(-1, token[..., None])[..., 0]  # (B, H)
             tokens.append(token), masses.append(mass), norms.append(value_norm)
     return Sinks(torch.stack(tokens, 1), torch.stack(masses, 1), torch.stack(norms, 1))
