@@ -97,10 +97,13 @@ def test_token_norms_are_the_norms_of_each_layers_output():
 
 def test_chunk_sizes_stay_within_the_budget_and_never_split_a_row():
     T, H = 4097, 12
-    heads, queries = chunk_sizes(H, T, 256 * 2**20)
-    assert heads == H and 3 * 4 * heads * queries * T <= 256 * 2**20 < 3 * 4 * heads * (queries + 1) * T
+    heads, queries = chunk_sizes(H, T, 256 * 2**20, target=None)  # as big as the budget holds: every query of a head
+    assert (heads, queries) == (1, T) and 3 * 4 * heads * queries * T <= 256 * 2**20 < 3 * 4 * (heads + 1) * queries * T
+    assert chunk_sizes(H, T, 256 * 2**20, target=2**20) == (1, 63)  # about 1 MB of one head's queries
+    assert chunk_sizes(H, 1025, 256 * 2**20, target=2**20) == (1, 255)
+    assert chunk_sizes(H, 17, 256 * 2**20, target=2**20) == (12, 17)  # a head's every query fits: more heads
     assert chunk_sizes(H, T, 1) == (1, 1)  # the least a row needs
-    assert chunk_sizes(H, T, 3 * 4 * T * 5) == (5, 1)  # not one query of every head: fewer heads
+    assert chunk_sizes(H, T, 3 * 4 * T * 5, target=None) == (1, 5)
 
 
 def test_chunks_cover_every_head_and_query_exactly_once():

@@ -23,19 +23,27 @@ from torch import Tensor, nn
 from vit.explain.attention import _check_fusion, patch_centres, rollout_factor_rows
 from vit.explain.hidden import queries_keys_values
 
-CHUNK_BYTES = 256 * 2**20  # one chunk of scores: ViT-B/16 at 1,024 px takes 455 queries x 12 heads at a time
+CHUNK_BYTES = 256 * 2**20  # the most one chunk's scores may hold (with _COPIES): the memory bound
+# On a CPU a chunk of about a core's L2 cache is what the matmul, softmax and sums run fastest on: ~2x faster per
+# layer than chunks of tens of MB that spill to memory (ViT-B/16 at 1,024 px, one thread). A GPU takes the budget.
+FAST_CHUNK_BYTES = 2**20
 _COPIES = 3  # scores, probabilities and the softmax's temporary are alive at once
 
 
-def chunk_sizes(num_heads: int, tokens: int, budget: int = CHUNK_BYTES, batch: int = 1) -> tuple[int, int]:
-    """``(heads, queries)`` per chunk so that ``batch x heads x queries x tokens`` float32 scores, held
-    ``_COPIES`` times, stay within ``budget`` bytes: every head when a query of every head fits, else one query
-    of as many heads as fit (at least one head and one query: a row cannot be split)."""
-    row = _COPIES * 4 * batch * tokens  # bytes of one query's row of one head
-    per_query = row * num_heads
-    if per_query <= budget:
-        return num_heads, max(1, min(tokens, budget // per_query))
-    return max(1, budget // row), 1
+def chunk_sizes(num_heads: int, tokens: int, budget: int = CHUNK_BYTES, batch: int = 1,
+                target: int | None = FAST_CHUNK_BYTES) -> tuple[int, int]:
+    """``(heads, queries)`` per chunk: ``batch x heads x queries x tokens`` float32 scores of about ``target``
+    bytes (None: as many as the budget holds), as many queries of one head as that holds, then more heads when
+    one head's every query fits; held ``_COPIES`` times they stay within ``budget`` bytes. At least one head and
+    one query: a row cannot be split."""
+    row = 4 * batch * tokens  # bytes of one query's row of one head
+    size = budget // _COPIES if target is None else min(target, budget // _COPIES)
+    queries = max(1, min(tokens, size // row))
+    return max(1, min(num_heads, size // (row * queries))), queries
+
+
+def _target(device: torch.device) -> int | None:
+    return FAST_CHUNK_BYTES if device.type == "cpu" else None
 
 
 def attention_chunks(q: Tensor, k: Tensor, heads: Sequence[int] | None = None, queries: Sequence[int] | None = None,
@@ -53,17 +61,24 @@ def attention_chunks(q: Tensor, k: Tensor, heads: Sequence[int] | None = None, q
         raise ValueError(f"head indices {heads} are out of range for {H} heads")
     if not all(0 <= t < T for t in queries):
         raise ValueError(f"query tokens out of range for {T} tokens")
-    auto_h, auto_t = chunk_sizes(len(heads), T, budget, B)
+    auto_h, auto_t = chunk_sizes(len(heads), T, budget, B, _target(q.device))
     head_chunk, query_chunk = head_chunk or auto_h, query_chunk or auto_t
+    head_slices = [slice(h0, min(h0 + head_chunk, len(heads))) for h0 in range(0, len(heads), head_chunk)]
+    # Each head chunk's queries and keys are taken once (views for a run of heads), not once per query chunk.
+    qs = [_take(q, 1, heads[hs]) for hs in head_slices]  # (B, h, T, hd) each
+    ks = [_take(k, 1, heads[hs]).transpose(-2, -1) for hs in head_slices]  # (B, h, hd, T) each
     for t0 in range(0, len(queries), query_chunk):
         ts = slice(t0, min(t0 + query_chunk, len(queries)))
-        t = torch.tensor(queries[ts], device=q.device)
-        for h0 in range(0, len(heads), head_chunk):
-            hs = slice(h0, min(h0 + head_chunk, len(heads)))
-            h = torch.tensor(heads[hs], device=q.device)
-            qc = q[:, h][:, :, t]  # (B, h, t, hd)
-            scores = (qc @ k[:, h].transpose(-2, -1)).float()  # (B, h, t, T)
+        for hs, qh, kh in zip(head_slices, qs, ks, strict=True):
+            scores = (_take(qh, 2, queries[ts]) @ kh).float()  # (B, h, t, T)
             yield hs, ts, scores.softmax(dim=-1) if softmax else scores
+
+
+def _take(x: Tensor, dim: int, index: list[int]) -> Tensor:
+    """``x`` at ``index`` along ``dim``: a view when the indices are one ascending run, else a copy."""
+    if index == list(range(index[0], index[0] + len(index))):
+        return x.narrow(dim, index[0], len(index))
+    return x.index_select(dim, torch.tensor(index, device=x.device))
 
 
 class LayerInputs:
@@ -237,7 +252,7 @@ class LayerInputs:
         """Chunks ``(hs, ts, (B, h, t, T))`` of the gradient of layer ``layer``'s attention, ``dS/dA = dS/dz @ vᵀ``
         from the gradient of its heads' contexts ``contexts`` (B, T, H, hd) and its values (B, H, T, hd)."""
         g = contexts.to(values.device, values.dtype).transpose(1, 2)  # (B, H, T, hd)
-        hc, qc = chunk_sizes(self.num_heads, self.num_tokens, budget, self.hidden.shape[0])
+        hc, qc = chunk_sizes(self.num_heads, self.num_tokens, budget, self.hidden.shape[0], _target(values.device))
         yield from attention_chunks(g, values, None, None, self.head_chunk or hc, self.query_chunk or qc,
                                     softmax=False)
 
@@ -297,7 +312,7 @@ class LayerInputs:
         half = self.budget // 2  # an attention chunk and its gradient's
         for layer in range(self._layer(end_layer), -1, -1):
             q, k, values = self.queries_keys_values(layer)
-            hc, qc = chunk_sizes(H, T, half, B)
+            hc, qc = chunk_sizes(H, T, half, B, _target(q.device))
             hc, qc = self.head_chunk or hc, self.query_chunk or qc
             step = torch.zeros(B, T)
             pairs = zip(attention_chunks(q, k, None, None, hc, qc),
