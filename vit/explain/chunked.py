@@ -335,9 +335,10 @@ def chunked_bytes(num_layers: int, hidden_size: int, tokens: int, budget: int = 
     return 4 * (num_layers + 3) * tokens * hidden_size + 8 * tokens + budget
 
 
-# One block's forward graph and its backward, in floats per token per hidden unit and per MLP unit (measured on
-# ViT-B/16 at 1,024 px, bench/bench_highres.py --maps legrad): its norms, qkv, contexts, projections and MLP.
-GRAPH_PER_HIDDEN, GRAPH_PER_MLP = 24, 6
+# One block's forward graph and its backward, in floats per token per hidden unit and per MLP unit: its norms,
+# qkv, contexts, projections and MLP. ViT-B/16 at 1,024 px measured 260 MB (LeGrad) and 340 MB (context
+# gradients) of working memory besides the hidden states, context gradients and chunks; this model says 352 MB.
+GRAPH_PER_HIDDEN, GRAPH_PER_MLP = 16, 3
 
 
 def gradient_bytes(num_layers: int, hidden_size: int, mlp_size: int, tokens: int, contexts: bool,
