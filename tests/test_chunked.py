@@ -287,3 +287,10 @@ def test_row_vector_gradient_rollout_equals_a_row_of_the_whole_gradient_rollout(
         for query in (0, model.num_prefix_tokens + 6):
             torch.testing.assert_close(inputs.gradient_rollout_row(contexts, query, end_layer), full[:, query],
                                        rtol=0, atol=1e-6)
+
+
+def test_negative_layers_count_from_the_end():
+    model, hidden, attentions, grid = run(REGISTERS)
+    inputs = LayerInputs(model, hidden, grid)
+    torch.testing.assert_close(inputs.rows(-1, [0, 5]), attentions[-1][:, :, [0, 5]], rtol=0, atol=1e-6)
+    torch.testing.assert_close(inputs.fused(-2, 5), fuse_heads(attentions[-2])[:, 5], rtol=0, atol=1e-6)

@@ -120,8 +120,9 @@ class LayerInputs:
 
     def queries_keys_values(self, layer: int) -> tuple[Tensor, Tensor, Tensor]:
         """Layer ``layer``'s scaled queries, keys and values, ``(B, H, T, hd)`` each."""
+        layer = self._layer(layer)
         with torch.inference_mode():
-            return queries_keys_values(self.model, self._layer(layer), self._input(layer), self.grid)
+            return queries_keys_values(self.model, layer, self._input(layer), self.grid)
 
     def _input(self, layer: int) -> Tensor:
         """Block ``layer``'s input ``(B, T, D)`` on the model's device and in its dtype (``layer = L``: the last
