@@ -23,8 +23,12 @@ Measured (Nov 2026, 2 shared cores under a load of about 20, one thread; ratios 
 
 - ViT-B/16, 512 px (1,025 tokens): head 0.37x time, 0.19x working memory; mean 0.78x, 0.19x; rollout row
   0.97x, 0.22x (ours 156 MB, HF 710 MB); maps equal to 2.4e-9.
-- ViT-B/16, 1,024 px (4,097 tokens; HF keeps 9.0 GiB of attentions): head 0.64x time (491 s vs 772 s), ours
-  478 MB working memory vs HF's 10,100 MB (0.047x), equal to 4.1e-10; rollout row: ROLLOUT_1024.
+- ViT-B/16, 1,024 px (4,097 tokens; HF keeps 9.0 GiB of attentions), ``--maps rollout,head`` under a load of
+  about 5: rollout row 1.23x time (107 s vs 87 s), 502 MB working memory vs HF's 10,271 MB (0.049x), equal to
+  8.9e-9; head 0.43x (38 s vs 90 s), 503 MB vs 10,182 MB, equal to 4.1e-10. Our forward with the hidden states
+  is the head map's 38 s, so the rollout's second pass (each layer's q, k and softmax in chunks) costs 69 s,
+  more than the fused forward: the 1.2x target is not met for the rollout row. (An earlier pair under a load
+  of about 20 gave head 0.64x, rollout 2.27x: single pairs on this machine swing that much.)
 - Not measured here (each run is tens of minutes on this machine): ViT-L/16 at 1,024 px (HF eager
   ``output_attentions`` keeps 24.0 GiB, over this machine's 23 GB; ours holds 25 x 4,097 x 1,024 floats of
   hidden states, 420 MB, plus one layer's queries and keys, 34 MB, and MB-sized chunks) and ViT-B/16 at
