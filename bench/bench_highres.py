@@ -8,10 +8,32 @@ factor, then the row vector through them, not the L x T³ product). Each process
 the image tensor to the map, its whole peak resident memory (``resource.getrusage`` maxrss) and its working
 memory: the peak from the image tensor on minus the memory then (VmHWM reset through /proc/self/clear_refs,
 so building the model, ours from HF's weights, does not hide it). The two run in turn, A B A B, and are
-checked to give the same map. Run from the repository root::
+checked to give the same map. Working memory is the peak resident set of the process (VmHWM, after
+clearing it through /proc/self/clear_refs once the model is built) minus its resident set then: what the map
+costs, model and weights excluded; tracemalloc does not see torch's allocations. Where HF eager's
+``output_attentions`` cannot fit, ``--hf-forward`` times HF's plain eager forward instead (the same softmax per
+layer, not kept), and ``--no-hf`` runs ours alone. Run from the repository root::
 
     python -m bench.bench_highres --size 512 --threads 1
     python -m bench.bench_highres --size 1024 --threads 1 --maps head,mean,rollout
+    python -m bench.bench_highres --size 1024 --model vit-large-16 --threads 1 --hf-forward
+    python -m bench.bench_highres --size 2048 --threads 2 --no-hf
+
+Measured (Nov 2026, 2 shared cores under a load of about 20, one thread; ratios ours / HF, A B in turn):
+
+- ViT-B/16, 512 px (1,025 tokens): head 0.37x time, 0.19x working memory; mean 0.78x, 0.19x; rollout row
+  0.97x, 0.22x (ours 156 MB, HF 710 MB); maps equal to 2.4e-9.
+- ViT-B/16, 1,024 px (4,097 tokens; HF keeps 9.0 GiB of attentions), ``--maps rollout,head`` under a load of
+  about 5: rollout row 1.23x time (107 s vs 87 s), 502 MB working memory vs HF's 10,271 MB (0.049x), equal to
+  8.9e-9; head 0.43x (38 s vs 90 s), 503 MB vs 10,182 MB, equal to 4.1e-10. Our forward with the hidden states
+  is the head map's 38 s, so the rollout's second pass (each layer's q, k and softmax in chunks) costs 69 s,
+  more than the fused forward: the 1.2x target is not met for the rollout row. (An earlier pair under a load
+  of about 20 gave head 0.64x, rollout 2.27x: single pairs on this machine swing that much.)
+- Not measured here (each run is tens of minutes on this machine): ViT-L/16 at 1,024 px (HF eager
+  ``output_attentions`` keeps 24.0 GiB, over this machine's 23 GB; ours holds 25 x 4,097 x 1,024 floats of
+  hidden states, 420 MB, plus one layer's queries and keys, 34 MB, and MB-sized chunks) and ViT-B/16 at
+  2,048 px (16,385 tokens: HF keeps 144 GiB, and even its plain eager forward holds one layer's scores and
+  probabilities, 24 GiB; ours holds 654 MB of hidden states, 101 MB of queries and keys and the chunks).
 """
 
 from __future__ import annotations
@@ -54,11 +76,11 @@ def reset_peak() -> None:
     Path("/proc/self/clear_refs").write_text("5")
 
 
-def build(impl: str, size: int):
+def build(impl: str, preset: str):
     import transformers  # only the benchmark needs it here
 
     torch.manual_seed(0)
-    config = ViTConfig.from_preset("vit-base-16", layer_norm_eps=1e-12, drop_path=0.0)
+    config = ViTConfig.from_preset(preset, layer_norm_eps=1e-12, drop_path=0.0)
     hf_config = transformers.ViTConfig(**hf_config_kwargs(config))
     hf_config._attn_implementation = "eager"
     hf = transformers.ViTForImageClassification(hf_config).eval()
@@ -70,11 +92,12 @@ def build(impl: str, size: int):
     return ours.eval()
 
 
-def measure(impl: str, what: str, size: int) -> dict:
-    """One map by one implementation in this process: its wall time, peak and the map."""
+def measure(impl: str, what: str, size: int, preset: str) -> dict:
+    """One map by one implementation in this process: its wall time, peak and the map (``what`` "forward": HF
+    eager's plain forward, no attentions kept, the time baseline where its ``output_attentions`` cannot fit)."""
     from vit.explain.attention import rollout_factor, rollout_rows
 
-    model = build(impl, size)
+    model = build(impl, preset)
     torch.manual_seed(1)
     images = torch.randn(1, 3, size, size)
     gc.collect()
@@ -82,7 +105,9 @@ def measure(impl: str, what: str, size: int) -> dict:
     base = status_mb("VmRSS")
     start = time.perf_counter()
     with torch.inference_mode():
-        if impl == "hf":
+        if what == "forward":
+            row = model(pixel_values=images, interpolate_pos_encoding=True).logits[0]
+        elif impl == "hf":
             attentions = model(pixel_values=images, output_attentions=True, interpolate_pos_encoding=True).attentions
             if what == "head":
                 row = attentions[LAYER][0, HEAD, QUERY]
@@ -95,7 +120,7 @@ def measure(impl: str, what: str, size: int) -> dict:
             from vit.explain.hidden import forward_with_hidden_states
 
             _, hidden = forward_with_hidden_states(model, images)
-            inputs = LayerInputs(model, hidden, model.patch_grid(size, size), budget=64 * 2**20)
+            inputs = LayerInputs(model, hidden, model.patch_grid(size, size))
             if what == "head":
                 row = inputs.rows(LAYER, [QUERY], heads=[HEAD])[0, 0, 0]
             elif what == "mean":
@@ -110,30 +135,46 @@ def measure(impl: str, what: str, size: int) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--size", type=int, default=512)
+    parser.add_argument("--model", default="vit-base-16", help="a preset: vit-base-16, vit-large-16")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--maps", default="head,mean,rollout")
     parser.add_argument("--repeats", type=int, default=1, help="A B pairs per map")
+    parser.add_argument("--hf-forward", action="store_true",
+                        help="time HF eager's plain forward (no attentions kept) instead: where output_attentions "
+                             "cannot fit in memory")
+    parser.add_argument("--no-hf", action="store_true", help="ours only: where even HF's plain eager forward "
+                        "(one layer's H x T² scores and probabilities at a time) cannot fit")
     parser.add_argument("--one", nargs=2, metavar=("IMPL", "MAP"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     if args.one:
-        print(json.dumps(measure(args.one[0], args.one[1], args.size)))
+        print(json.dumps(measure(args.one[0], args.one[1], args.size, args.model)))
         return
+    config = ViTConfig.from_preset(args.model)
     tokens = 1 + (args.size // 16) ** 2
-    print(f"ViT-B/16 (random weights) at {args.size} px: {tokens:,} tokens, {args.threads} thread(s); "
-          f"layer {LAYER}, head {HEAD}, query {QUERY}")
+    need = 4 * config.num_layers * config.num_heads * tokens ** 2
+    print(f"{args.model} (random weights) at {args.size} px: {tokens:,} tokens, {args.threads} thread(s); "
+          f"layer {LAYER}, head {HEAD}, query {QUERY}; HF eager output_attentions keeps {need / 2**30:,.1f} GiB")
     print(f"{'map':8} {'ours s':>8} {'HF s':>8} {'time ratio':>10} {'ours peak MB':>13} {'HF peak MB':>11} "
           f"{'ours work MB':>13} {'HF work MB':>11} {'work ratio':>10} {'max |diff|':>10}")
+    forward_runs: list[dict] = []  # HF's plain forward is the same for every map: run once per repeat
     for what in args.maps.split(","):
-        runs = {"ours": [], "hf": []}
+        runs = {"ours": [], "hf": forward_runs if args.hf_forward else []}
         for _ in range(args.repeats):
-            for impl in ("ours", "hf"):
+            for impl in ("ours",) if args.no_hf or len(forward_runs) >= args.repeats else ("ours", "hf"):
+                hf_what = "forward" if args.hf_forward else what
                 done = subprocess.run([sys.executable, "-m", "bench.bench_highres", "--size", str(args.size),
-                                       "--threads", str(args.threads), "--one", impl, what],
+                                       "--model", args.model, "--threads", str(args.threads),
+                                       "--one", impl, what if impl == "ours" else hf_what],
                                       cwd=ROOT, capture_output=True, text=True, check=True)
                 runs[impl].append(json.loads(done.stdout.strip().splitlines()[-1]))
-        ours, hf = (min(runs[k], key=lambda r: r["seconds"]) for k in ("ours", "hf"))
-        diff = max(abs(a - b) for a, b in zip(ours["row"], hf["row"], strict=True))
+        ours = min(runs["ours"], key=lambda r: r["seconds"])
+        if args.no_hf:
+            print(f"{what:8} {ours['seconds']:8.2f} {'-':>8} {'-':>10} {ours['peak_mb']:13.0f} {'-':>11} "
+                  f"{ours['work_mb']:13.0f} {'-':>11} {'-':>10} {'-':>10}", flush=True)
+            continue
+        hf = min(runs["hf"], key=lambda r: r["seconds"])
+        diff = float("nan") if args.hf_forward else max(abs(a - b) for a, b in zip(ours["row"], hf["row"], strict=True))
         work = {k: r["work_mb"] for k, r in (("ours", ours), ("hf", hf))}
         print(f"{what:8} {ours['seconds']:8.2f} {hf['seconds']:8.2f} {ours['seconds'] / hf['seconds']:10.3f} "
               f"{ours['peak_mb']:13.0f} {hf['peak_mb']:11.0f} {work['ours']:13.0f} {work['hf']:11.0f} "

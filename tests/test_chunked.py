@@ -1,6 +1,7 @@
 """Attention in head and query chunks from the stored block inputs equals the model's whole attention, and the
 row-vector rollout equals the full rollout, at chunk sizes that do not divide the heads or tokens evenly."""
 
+import numpy as np
 import pytest
 import torch
 
@@ -96,10 +97,13 @@ def test_token_norms_are_the_norms_of_each_layers_output():
 
 def test_chunk_sizes_stay_within_the_budget_and_never_split_a_row():
     T, H = 4097, 12
-    heads, queries = chunk_sizes(H, T, 256 * 2**20)
-    assert heads == H and 3 * 4 * heads * queries * T <= 256 * 2**20 < 3 * 4 * heads * (queries + 1) * T
+    heads, queries = chunk_sizes(H, T, 256 * 2**20, target=None)  # as big as the budget holds: every query of a head
+    assert (heads, queries) == (1, T) and 3 * 4 * heads * queries * T <= 256 * 2**20 < 3 * 4 * (heads + 1) * queries * T
+    assert chunk_sizes(H, T, 256 * 2**20, target=2**20) == (1, 63)  # about 1 MB of one head's queries
+    assert chunk_sizes(H, 1025, 256 * 2**20, target=2**20) == (1, 255)
+    assert chunk_sizes(H, 17, 256 * 2**20, target=2**20) == (12, 17)  # a head's every query fits: more heads
     assert chunk_sizes(H, T, 1) == (1, 1)  # the least a row needs
-    assert chunk_sizes(H, T, 3 * 4 * T * 5) == (5, 1)  # not one query of every head: fewer heads
+    assert chunk_sizes(H, T, 3 * 4 * T * 5, target=None) == (1, 5)
 
 
 def test_chunks_cover_every_head_and_query_exactly_once():
@@ -181,9 +185,112 @@ def test_gradient_maps_past_the_memory_limit_are_refused_up_front_with_the_large
     torch.manual_seed(0)
     checkpoint = Checkpoint(ViT(REGISTERS).eval(), ["a", "b", "c"], Preprocessing.default_for(REGISTERS))
     # 3 layers x 3 heads x 19² tokens x 16 bytes = 52 KB over 0.04 MB (41,943 bytes), which fits 17 tokens:
-    # 14 patches, a 3 x 3 grid at most, 12 px. LeGrad's two layers need 35 KB: it runs.
+    # 14 patches, a 3 x 3 grid at most, 12 px.
     monkeypatch.setenv("VIT_ANALYSIS_MEMORY_MB", "0.04")
     for kind in ("lrp", "attnlrp"):
         with pytest.raises(explorer.TooManyTokens, match="largest square input that fits is 12 px"):
             explorer.model_method_map(checkpoint, Image.new("RGB", (16, 16)), kind, 0)
-    assert explorer.model_method_map(checkpoint, Image.new("RGB", (16, 16)), "legrad", 0).shape == (4, 4)
+
+
+def test_chunked_gradient_maps_past_the_memory_limit_are_refused_up_front_with_the_largest_size_that_fits(
+        monkeypatch):
+    from PIL import Image
+
+    from vit.app import explorer
+    from vit.checkpoint import Checkpoint, Preprocessing
+    from vit.explain.chunked import CHUNK_BYTES, gradient_bytes
+
+    torch.manual_seed(0)
+    checkpoint = Checkpoint(ViT(REGISTERS).eval(), ["a", "b", "c"], Preprocessing.default_for(REGISTERS))
+    monkeypatch.setattr(explorer, "CHUNK_BYTES", 0)  # the token terms alone, to size the limit by hand
+    per_token = gradient_bytes(3, 24, 48, 1, contexts=False, budget=0)
+    monkeypatch.setenv("VIT_ANALYSIS_MEMORY_MB", str(per_token * 12 / 2**20))  # 12 tokens: 9 patches, 3 x 3
+    with pytest.raises(explorer.TooManyTokens, match="LeGrad .* the largest square input that fits is 12 px"):
+        explorer.model_method_map(checkpoint, Image.new("RGB", (16, 16)), "legrad", 0)
+    assert gradient_bytes(3, 24, 48, 19, True, CHUNK_BYTES) > gradient_bytes(3, 24, 48, 19, False, CHUNK_BYTES)
+
+
+def test_the_class_map_past_the_whole_gradients_bound_is_the_chunked_row_of_the_same_rollout(monkeypatch):
+    from PIL import Image
+
+    from vit.app import explorer
+    from vit.checkpoint import Checkpoint, Preprocessing
+
+    model = sharp(REGISTERS)
+    checkpoint = Checkpoint(model, ["a", "b", "c"], Preprocessing.default_for(REGISTERS))
+    image = Image.effect_noise((16, 16), 60).convert("RGB")
+    analysis = explorer.analyse(checkpoint, image)
+    whole = explorer.class_relevance(checkpoint, image, 1)
+    assert whole.terms and whole.contexts is None
+    # (A tiny model's whole gradients take less than its chunked path's fixed terms: the bound is moved by hand.)
+    monkeypatch.setattr(explorer, "whole_gradient_bytes", lambda model, tokens, layers=None: 2**40)
+    monkeypatch.setattr(explorer, "CHUNK_BYTES", 4096)
+    chunked = explorer.class_relevance(checkpoint, image, 1)
+    assert not chunked.terms and chunked.contexts.shape == (1, 3, 19, 3, 8)
+    for query, end_layer in ((0, -1), (7, 1)):
+        settings = explorer.MapSettings(kind="class", class_index=1, query=query, end_layer=end_layer)
+        np.testing.assert_allclose(explorer.attention_map(analysis, settings, chunked),
+                                   explorer.attention_map(analysis, settings, whole), rtol=0, atol=1e-6)
+
+
+def sharp(config: ViTConfig) -> ViT:
+    """A model whose weights are drawn wide (std 0.2, not 0.02): gradients of the attention of the order of 0.1,
+    so that an absolute tolerance of 1e-6 tests them."""
+    torch.manual_seed(0)
+    model = ViT(config).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() > 1:
+                p.normal_(0, 0.2)
+    return model
+
+
+def pattern_gradients(model, images, index, layers):
+    """The unchunked reference: d(class score read at each layer's output)/d(that layer's whole attention), by
+    autograd through the explicit attention path (the probabilities cached at ``hook_pattern``)."""
+    names = [f"blocks.{i}.{p}" for i in layers for p in ("hook_resid_post", "attn.hook_pattern")]
+    with torch.enable_grad():
+        _, cache = model.run_with_cache(images.clone().requires_grad_(True), names)
+        grads = []
+        for i in layers:
+            score = model.classify(cache[f"blocks.{i}.hook_resid_post"]).gather(1, index[:, None]).sum()
+            grads.append(torch.autograd.grad(score, cache[f"blocks.{i}.attn.hook_pattern"], retain_graph=True)[0])
+    return grads
+
+
+@pytest.mark.parametrize("config", [REGISTERS, ROTARY], ids=["registers", "rotary"])
+@pytest.mark.parametrize(("head_chunk", "query_chunk"), CHUNKS)
+def test_chunked_legrad_equals_legrad_of_the_whole_attention_gradients(config, head_chunk, query_chunk):
+    from vit.explain.relevance import legrad, legrad_from_gradients
+
+    model, images, index = sharp(config), torch.randn(2, 3, 20, 28), torch.tensor([2, 0])
+    expected = legrad_from_gradients(pattern_gradients(model, images, index, range(config.num_layers)), (5, 7),
+                                     model.num_prefix_tokens)
+    ours = legrad(model, images, index, start_layer=0, head_chunk=head_chunk, query_chunk=query_chunk)
+    torch.testing.assert_close(ours, expected, rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("config", [REGISTERS, ROTARY], ids=["registers", "rotary"])
+@pytest.mark.parametrize(("head_chunk", "query_chunk"), CHUNKS)
+def test_row_vector_gradient_rollout_equals_a_row_of_the_whole_gradient_rollout(config, head_chunk, query_chunk):
+    from vit.explain.attention import class_gradients, gradient_rollout
+
+    model, grid = sharp(config), (5, 7)
+    images, index = torch.randn(2, 3, 20, 28), torch.tensor([1, 2])
+    with torch.no_grad():
+        _, hidden = forward_with_hidden_states(model, images)
+    _, attentions, gradients = class_gradients(model, images, index)  # every layer's whole (B, H, T, T)
+    inputs = LayerInputs(model, hidden, grid, head_chunk=head_chunk, query_chunk=query_chunk)
+    contexts = inputs.context_gradients(index)  # (B, L, T, H, hd)
+    for end_layer in (-1, 0):
+        full = gradient_rollout(attentions, gradients, end_layer)  # (B, T, T)
+        for query in (0, model.num_prefix_tokens + 6):
+            torch.testing.assert_close(inputs.gradient_rollout_row(contexts, query, end_layer), full[:, query],
+                                       rtol=0, atol=1e-6)
+
+
+def test_negative_layers_count_from_the_end():
+    model, hidden, attentions, grid = run(REGISTERS)
+    inputs = LayerInputs(model, hidden, grid)
+    torch.testing.assert_close(inputs.rows(-1, [0, 5]), attentions[-1][:, :, [0, 5]], rtol=0, atol=1e-6)
+    torch.testing.assert_close(inputs.fused(-2, 5), fuse_heads(attentions[-2])[:, 5], rtol=0, atol=1e-6)

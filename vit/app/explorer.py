@@ -40,7 +40,7 @@ from vit.explain.attention import (
     rollout_vector,
     token_map,
 )
-from vit.explain.chunked import LayerInputs
+from vit.explain.chunked import LayerInputs, gradient_bytes, largest_tokens
 from vit.explain.hidden import LayerAttentions, forward_with_hidden_states
 from vit.explain.overlay import attentions_npz_bytes
 from vit.images import ImageError, to_mode, to_uint8
@@ -135,20 +135,42 @@ def check_matrix_fits(analysis: Analysis, matrices: int, what: str) -> None:
 
 
 def check_gradient_fits(model, tokens: int, what: str, layers: int | None = None) -> None:
-    """``TooManyTokens`` for a gradient method (class-specific map, LeGrad, LRP, AttnLRP) whose backward pass
-    keeps its layers' attention and gradient, ``4 x layers x H x T²`` floats (``layers``: default all), over the
-    memory limit; the message names the largest square input that fits. Checked before any work."""
-    config = model.config
-    layers = config.num_layers if layers is None else layers
-    per_token_squared = 4 * layers * config.num_heads * 4  # attentions, gradients, autograd copies
-    need = per_token_squared * tokens * tokens
+    """``TooManyTokens`` for a gradient method (LRP, AttnLRP, the class-specific map's whole path) whose backward
+    pass keeps its layers' attention and gradient, ``4 x layers x H x T²`` floats (``layers``: default all), over
+    the memory limit; the message names the largest square input that fits. Checked before any work."""
+    need = whole_gradient_bytes(model, tokens, layers)
     _, limit = analysis_limits()
     if need > limit:
+        per_token_squared = need // tokens ** 2
         side = math.isqrt(max(math.isqrt(limit // per_token_squared) - model.num_prefix_tokens, 1))
         raise TooManyTokens(f"{what} keeps every layer's attention and gradient: about {need / 2**20:,.0f} MB at "
                             f"{tokens:,} tokens, over the {limit / 2**20:,.0f} MB limit (VIT_ANALYSIS_MEMORY_MB); "
-                            f"the largest square input that fits is {side * config.patch_size} px. Choose a "
+                            f"the largest square input that fits is {side * model.config.patch_size} px. Choose a "
                             "smaller input size, or another map.")
+
+
+def whole_gradient_bytes(model, tokens: int, layers: int | None = None) -> int:
+    """Bytes of a backward pass that keeps ``layers`` (default all) layers' whole attention and its gradient."""
+    config = model.config
+    layers = config.num_layers if layers is None else layers
+    return 4 * layers * config.num_heads * 4 * tokens * tokens  # attentions, gradients, autograd copies
+
+
+def check_chunked_gradient_fits(model, tokens: int, what: str, contexts: bool) -> None:
+    """``TooManyTokens`` when a chunked gradient method (LeGrad; the class-specific map with ``contexts``, which
+    keeps every layer's context gradient) would be over the memory limit (``chunked.gradient_bytes``); the
+    message names the largest square input that fits. Checked before any work."""
+    config = model.config
+    need = gradient_bytes(config.num_layers, config.hidden_size, config.mlp_size, tokens, contexts, CHUNK_BYTES)
+    _, limit = analysis_limits()
+    if need > limit:
+        per_token = gradient_bytes(config.num_layers, config.hidden_size, config.mlp_size, 1, contexts, 0)
+        most = largest_tokens(max(limit - CHUNK_BYTES, 0), per_token, 0)
+        side = math.isqrt(max(most - model.num_prefix_tokens, 1))
+        raise TooManyTokens(f"{what} keeps every layer's input{' and gradient' if contexts else ''}: about "
+                            f"{need / 2**20:,.0f} MB at {tokens:,} tokens, over the {limit / 2**20:,.0f} MB limit "
+                            f"(VIT_ANALYSIS_MEMORY_MB); the largest square input that fits is "
+                            f"{side * config.patch_size} px. Choose a smaller input size, or another map.")
 
 
 def check_input_fits(checkpoint: Checkpoint, grid: tuple[int, int], what: str = "This input") -> None:
@@ -333,29 +355,51 @@ def map_choice(chosen: str | None, previous_default: str | None, choices: list[s
 
 @dataclass
 class ClassRelevance:
-    """Per layer Chefer et al.'s positive gradient-weighted attention ``(1, T, T)``, for one class's map."""
+    """One class's gradients for its map. Within the memory bound: per layer Chefer et al.'s positive
+    gradient-weighted attention ``(1, T, T)`` (``terms``); above it, the gradient of every layer's heads'
+    contexts ``(1, L, T, H, hd)`` and the layer inputs, from which each map's row is formed in chunks."""
 
     class_index: int
-    terms: tuple[torch.Tensor, ...]  # per layer (1, T, T)
+    terms: tuple[torch.Tensor, ...]  # per layer (1, T, T); empty when chunked
+    inputs: LayerInputs | None = None  # chunked: the layer inputs of the image
+    contexts: torch.Tensor | None = None  # chunked: (1, L, T, H, hd)
+    rows: dict[tuple[int, int], torch.Tensor] = field(default_factory=dict, repr=False)  # chunked rows, per map
+
+    def row(self, query: int, end_layer: int) -> torch.Tensor:
+        """Row ``query`` of the gradient rollout up to ``end_layer``: ``(1, T)``."""
+        if self.inputs is None:
+            return relevance_rollout(self.terms, end_layer)[:, query]
+        if (query, end_layer) not in self.rows:
+            self.rows[(query, end_layer)] = self.inputs.gradient_rollout_row(self.contexts, query, end_layer)
+        return self.rows[(query, end_layer)]
 
 
 def class_relevance(checkpoint: Checkpoint, image: Image.Image, class_index: int,
                     size: InputSize = TRAINING_SIZE) -> ClassRelevance:
     """One forward and backward pass for ``class_index`` (the page caches it per checkpoint, image and class).
 
-    The backward pass keeps every layer's attention and its gradient at once, so it has its own
-    token bound: ``TooManyTokens`` when that would be over the memory limit.
+    While every layer's attention and its gradient fit the memory limit they are kept whole; above, one block's
+    backward at a time keeps the gradient of its heads' contexts, and the map's row is formed in chunks
+    (``LayerInputs.gradient_rollout_row``). ``TooManyTokens`` when even that would be over the limit.
     """
     model, p = checkpoint.model, checkpoint.preprocessing
     shape = input_shape(image, p, model.config.patch_size, size)
     grid = model.patch_grid(*shape)
     tokens = model.num_prefix_tokens + grid[0] * grid[1]
-    check_gradient_fits(model, tokens, "The class-specific map")
     device = next(model.parameters()).device
+    whole = whole_gradient_bytes(model, tokens) <= analysis_limits()[1]
+    if not whole:
+        check_chunked_gradient_fits(model, tokens, "The class-specific map", contexts=True)
     x = preprocess([image], p, size, model.config.patch_size).to(device)  # (1, C, H, W)
-    _, attentions, gradients = class_gradients(model, x, class_index)
-    terms = tuple(positive_gradient_attention(a, g).float().cpu() for a, g in zip(attentions, gradients, strict=True))
-    return ClassRelevance(class_index, terms)
+    if whole:
+        _, attentions, gradients = class_gradients(model, x, class_index)
+        terms = tuple(positive_gradient_attention(a, g).float().cpu()
+                      for a, g in zip(attentions, gradients, strict=True))
+        return ClassRelevance(class_index, terms)
+    with torch.inference_mode():
+        _, hidden = forward_with_hidden_states(model, x)  # (1, L + 1, T, D)
+    inputs = LayerInputs(model, hidden, grid, budget=CHUNK_BYTES)
+    return ClassRelevance(class_index, (), inputs, inputs.context_gradients(torch.tensor([class_index])))
 
 
 @dataclass(frozen=True)
@@ -489,8 +533,9 @@ def attention_map(analysis: Analysis, settings: MapSettings, relevance: ClassRel
         wanted = resolved_class(s, analysis)
         if relevance is None or relevance.class_index != wanted:
             raise ValueError(f"the class-specific map needs the gradients of class {wanted}")
-        matrix = relevance_rollout(relevance.terms, s.end_layer)  # (1, T, T)
-        return token_map(matrix, s.query, analysis.grid, analysis.num_prefix_tokens)[0].float().numpy()
+        if not 0 <= s.query < analysis.num_tokens:
+            raise ValueError(f"query token {s.query} is out of range for {analysis.num_tokens} tokens")
+        return _patch_map(relevance.row(s.query, s.end_layer)[0], analysis)
     if s.kind == "norms":
         return _patch_map(token_norms(analysis, s.layer), analysis)
     if s.kind in PROBE_MAP_KINDS:
@@ -604,11 +649,12 @@ def model_method_map(checkpoint: Checkpoint, image: Image.Image, kind: str, clas
     device = next(model.parameters()).device
     x = preprocess([image], checkpoint.preprocessing, size, model.config.patch_size).to(device)  # (1, C, H, W)
     grid, prefix = model.patch_grid(x.shape[2], x.shape[3]), model.num_prefix_tokens
-    if kind in ("legrad", "lrp", "attnlrp"):
-        check_gradient_fits(model, prefix + grid[0] * grid[1], MAP_KINDS[kind].split(" (")[0],
-                            2 if kind == "legrad" else None)  # LeGrad reads the last two layers (its default)
+    if kind == "legrad":  # in chunks: never a whole layer's attention or gradient
+        check_chunked_gradient_fits(model, prefix + grid[0] * grid[1], "LeGrad", contexts=False)
+    elif kind in ("lrp", "attnlrp"):
+        check_gradient_fits(model, prefix + grid[0] * grid[1], MAP_KINDS[kind].split(" (")[0])
     if kind == "legrad":
-        result = legrad(model, x, class_index)
+        result = legrad(model, x, class_index, budget=CHUNK_BYTES)
     elif kind == "lrp":
         result = token_map(transformer_attribution(model, x, class_index, end_layer), query, grid, prefix)
     elif kind == "attnlrp":

@@ -128,14 +128,12 @@ def rollout_factor_rows(fused: Tensor, first_query: int, discard_ratio: float = 
     if not 0 <= num_prefix_tokens < T:
         raise ValueError(f"num_prefix_tokens must be in [0, {T}), got {num_prefix_tokens}")
     dtype = _compute_dtype(fused)
-    a = fused.to(dtype)
+    a = fused.to(dtype, copy=True)  # changed in place below, never the caller's
     if discard_ratio > 0:
         a = _discard_lowest(a, discard_ratio, num_prefix_tokens)
     rows = torch.arange(t, device=a.device)
-    residual = torch.zeros(t, T, dtype=dtype, device=a.device)
-    residual[rows, rows + first_query] = 1.0  # the identity's rows first_query .. first_query + t
-    a = a + residual
-    return a / a.sum(dim=-1, keepdim=True)
+    a[..., rows, rows + first_query] += 1.0  # the identity's rows first_query .. first_query + t
+    return a.div_(a.sum(dim=-1, keepdim=True))
 
 
 def rollout(attentions: Sequence[Tensor], head_fusion: str = "mean", discard_ratio: float = 0.0,

@@ -21,30 +21,39 @@ import torch
 from torch import Tensor, nn
 
 from vit.explain.attention import _check_fusion, patch_centres, rollout_factor_rows
-from vit.explain.hidden import queries_and_keys
+from vit.explain.hidden import queries_keys_values
 
-CHUNK_BYTES = 256 * 2**20  # one chunk of scores: ViT-B/16 at 1,024 px takes 455 queries x 12 heads at a time
+CHUNK_BYTES = 256 * 2**20  # the most one chunk's scores may hold (with _COPIES): the memory bound
+# On a CPU a chunk of about a core's L2 cache is what the matmul, softmax and sums run fastest on: ~2x faster per
+# layer than chunks of tens of MB that spill to memory (ViT-B/16 at 1,024 px, one thread). A GPU takes the budget.
+FAST_CHUNK_BYTES = 2**20
 _COPIES = 3  # scores, probabilities and the softmax's temporary are alive at once
 
 
-def chunk_sizes(num_heads: int, tokens: int, budget: int = CHUNK_BYTES, batch: int = 1) -> tuple[int, int]:
-    """``(heads, queries)`` per chunk so that ``batch x heads x queries x tokens`` float32 scores, held
-    ``_COPIES`` times, stay within ``budget`` bytes: every head when a query of every head fits, else one query
-    of as many heads as fit (at least one head and one query: a row cannot be split)."""
-    row = _COPIES * 4 * batch * tokens  # bytes of one query's row of one head
-    per_query = row * num_heads
-    if per_query <= budget:
-        return num_heads, max(1, min(tokens, budget // per_query))
-    return max(1, budget // row), 1
+def chunk_sizes(num_heads: int, tokens: int, budget: int = CHUNK_BYTES, batch: int = 1,
+                target: int | None = FAST_CHUNK_BYTES) -> tuple[int, int]:
+    """``(heads, queries)`` per chunk: ``batch x heads x queries x tokens`` float32 scores of about ``target``
+    bytes (None: as many as the budget holds), as many queries of one head as that holds, then more heads when
+    one head's every query fits; held ``_COPIES`` times they stay within ``budget`` bytes. At least one head and
+    one query: a row cannot be split."""
+    row = 4 * batch * tokens  # bytes of one query's row of one head
+    size = budget // _COPIES if target is None else min(target, budget // _COPIES)
+    queries = max(1, min(tokens, size // row))
+    return max(1, min(num_heads, size // (row * queries))), queries
+
+
+def _target(device: torch.device) -> int | None:
+    return FAST_CHUNK_BYTES if device.type == "cpu" else None
 
 
 def attention_chunks(q: Tensor, k: Tensor, heads: Sequence[int] | None = None, queries: Sequence[int] | None = None,
-                     head_chunk: int | None = None, query_chunk: int | None = None, budget: int = CHUNK_BYTES
-                     ) -> Iterator[tuple[slice, slice, Tensor]]:
+                     head_chunk: int | None = None, query_chunk: int | None = None, budget: int = CHUNK_BYTES,
+                     softmax: bool = True) -> Iterator[tuple[slice, slice, Tensor]]:
     """Post-softmax attention of scaled queries and keys ``(B, H, T, hd)`` in chunks covering ``heads`` x
     ``queries`` (default: all, in order), query chunks outermost: yields ``(hs, ts, probs (B, h, t, T))``, where
     ``heads[hs]`` and ``queries[ts]`` are the chunk's heads and queries. Chunk sizes default to
-    ``chunk_sizes(..., budget)``."""
+    ``chunk_sizes(..., budget)``. ``softmax=False`` gives the chunks of ``q @ k.T`` itself: with the gradient of
+    the heads' contexts as ``q`` and the values as ``k``, the gradient of the attention."""
     B, H, T, _ = q.shape
     heads = list(range(H)) if heads is None else [int(h) for h in heads]
     queries = list(range(T)) if queries is None else [int(t) for t in queries]
@@ -52,16 +61,24 @@ def attention_chunks(q: Tensor, k: Tensor, heads: Sequence[int] | None = None, q
         raise ValueError(f"head indices {heads} are out of range for {H} heads")
     if not all(0 <= t < T for t in queries):
         raise ValueError(f"query tokens out of range for {T} tokens")
-    auto_h, auto_t = chunk_sizes(len(heads), T, budget, B)
+    auto_h, auto_t = chunk_sizes(len(heads), T, budget, B, _target(q.device))
     head_chunk, query_chunk = head_chunk or auto_h, query_chunk or auto_t
+    head_slices = [slice(h0, min(h0 + head_chunk, len(heads))) for h0 in range(0, len(heads), head_chunk)]
+    # Each head chunk's queries and keys are taken once (views for a run of heads), not once per query chunk.
+    qs = [_take(q, 1, heads[hs]) for hs in head_slices]  # (B, h, T, hd) each
+    ks = [_take(k, 1, heads[hs]).transpose(-2, -1) for hs in head_slices]  # (B, h, hd, T) each
     for t0 in range(0, len(queries), query_chunk):
         ts = slice(t0, min(t0 + query_chunk, len(queries)))
-        t = torch.tensor(queries[ts], device=q.device)
-        for h0 in range(0, len(heads), head_chunk):
-            hs = slice(h0, min(h0 + head_chunk, len(heads)))
-            h = torch.tensor(heads[hs], device=q.device)
-            qc = q[:, h][:, :, t]  # (B, h, t, hd)
-            yield hs, ts, (qc @ k[:, h].transpose(-2, -1)).float().softmax(dim=-1)  # (B, h, t, T)
+        for hs, qh, kh in zip(head_slices, qs, ks, strict=True):
+            scores = (_take(qh, 2, queries[ts]) @ kh).float()  # (B, h, t, T)
+            yield hs, ts, scores.softmax(dim=-1) if softmax else scores
+
+
+def _take(x: Tensor, dim: int, index: list[int]) -> Tensor:
+    """``x`` at ``index`` along ``dim``: a view when the indices are one ascending run, else a copy."""
+    if index == list(range(index[0], index[0] + len(index))):
+        return x.narrow(dim, index[0], len(index))
+    return x.index_select(dim, torch.tensor(index, device=x.device))
 
 
 class LayerInputs:
@@ -99,10 +116,19 @@ class LayerInputs:
 
     def queries_and_keys(self, layer: int) -> tuple[Tensor, Tensor]:
         """Layer ``layer``'s scaled queries and keys, ``(B, H, T, hd)`` each."""
-        param = next(self.model.parameters())
+        return self.queries_keys_values(layer)[:2]
+
+    def queries_keys_values(self, layer: int) -> tuple[Tensor, Tensor, Tensor]:
+        """Layer ``layer``'s scaled queries, keys and values, ``(B, H, T, hd)`` each."""
+        layer = self._layer(layer)
         with torch.inference_mode():
-            x = self.hidden[:, self._layer(layer)].to(param.device, param.dtype)  # (B, T, D)
-            return queries_and_keys(self.model, self._layer(layer), x, self.grid)
+            return queries_keys_values(self.model, layer, self._input(layer), self.grid)
+
+    def _input(self, layer: int) -> Tensor:
+        """Block ``layer``'s input ``(B, T, D)`` on the model's device and in its dtype (``layer = L``: the last
+        block's output)."""
+        param = next(self.model.parameters())
+        return self.hidden[:, layer].to(param.device, param.dtype)
 
     def chunks(self, layer: int, heads: Sequence[int] | None = None, queries: Sequence[int] | None = None
                ) -> Iterator[tuple[Tensor, Tensor, Tensor]]:
@@ -204,6 +230,100 @@ class LayerInputs:
             v = out
         return v
 
+    # --- gradient methods: each block's backward from its stored input, one block's graph at a time ---------------
+
+    def _run_block(self, layer: int, x: Tensor, leaf: bool = False) -> tuple[Tensor, dict[str, Tensor]]:
+        """Block ``layer`` on ``x`` (B, T, D): its output and the tensors at its ``attn.hook_v`` and ``attn.hook_z``
+        as it computed them (in the autograd graph), ``hook_z`` swapped for a leaf that needs grad if ``leaf``."""
+        kept: dict[str, Tensor] = {}
+
+        def keep(t: Tensor, hook) -> Tensor:
+            if leaf and hook.name.endswith("hook_z"):
+                t = t.detach().requires_grad_(True)
+            kept[hook.name.rsplit(".", 1)[1]] = t
+            return t
+
+        prefix = f"blocks.{layer}.attn."
+        with self.model.hooks([(prefix + "hook_v", keep), (prefix + "hook_z", keep)]):
+            out, _ = self.model.run_blocks(x, self.grid, layer, layer + 1)
+        return out, kept
+
+    def _context_chunks(self, layer: int, contexts: Tensor, values: Tensor, budget: int
+                        ) -> Iterator[tuple[slice, slice, Tensor]]:
+        """Chunks ``(hs, ts, (B, h, t, T))`` of the gradient of layer ``layer``'s attention, ``dS/dA = dS/dz @ vᵀ``
+        from the gradient of its heads' contexts ``contexts`` (B, T, H, hd) and its values (B, H, T, hd)."""
+        g = contexts.to(values.device, values.dtype).transpose(1, 2)  # (B, H, T, hd)
+        hc, qc = chunk_sizes(self.num_heads, self.num_tokens, budget, self.hidden.shape[0], _target(values.device))
+        yield from attention_chunks(g, values, None, None, self.head_chunk or hc, self.query_chunk or qc,
+                                    softmax=False)
+
+    def legrad(self, class_index: Tensor, start_layer: int = -2) -> Tensor:
+        """LeGrad's relevance of every token ``(B, T)`` (``relevance.legrad_from_gradients`` before its reshape to
+        the grid): per layer from ``start_layer`` on, ``relu(dS_l/dA_l)`` averaged over heads and queries, where
+        ``S_l`` is the class ``class_index (B,)`` read by the classifier at layer ``l``'s output.
+
+        ``A_l`` reaches ``S_l`` only through its heads' contexts ``z_l = A_l v_l``, so ``dS_l/dA_l = dS_l/dz_l
+        @ v_lᵀ``: block ``l`` runs again on its stored input (its fused attention, no ``T x T`` held) with
+        ``z_l`` as the leaf, and the ``T x T`` gradient is formed in chunks and summed."""
+        model, (B, T, H) = self.model, (self.hidden.shape[0], self.num_tokens, self.num_heads)
+        index = class_index.to(self.hidden.device)
+        total = torch.zeros(B, T, dtype=torch.float64)
+        for layer in range(self._layer(start_layer), self.num_layers):
+            with torch.inference_mode(False), torch.enable_grad():
+                x = self._input(layer).clone()  # a normal tensor, also when hidden was made under inference_mode
+                out, kept = self._run_block(layer, x, leaf=True)
+                score = model.classify(out).gather(1, index[:, None].to(out.device)).sum()  # images independent
+                [contexts] = torch.autograd.grad(score, kept["hook_z"])  # (B, T, H, hd)
+            for _, _, grad in self._context_chunks(layer, contexts, kept["hook_v"].detach(), self.budget):
+                total += grad.clamp(min=0).sum(dim=(1, 2)).double().cpu()  # (B, T): heads and queries summed
+        return (total / (H * T)).float()
+
+    def context_gradients(self, class_index: Tensor) -> Tensor:
+        """The gradient of the class ``class_index (B,)``'s logit with respect to every layer's heads' contexts,
+        ``(B, L, T, H, hd)`` float32 (as many floats as the hidden states): what ``gradient_rollout_row`` needs.
+
+        The backward runs one block at a time from the last down, each block again on its stored input (its
+        fused attention's backward, no ``T x T`` held): only that block's graph is alive."""
+        model, L = self.model, self.num_layers
+        index = class_index.to(self.hidden.device)
+        with torch.inference_mode(False), torch.enable_grad():
+            top = self._input(L).clone().requires_grad_(True)
+            score = model.classify(top).gather(1, index[:, None].to(top.device)).sum()  # images independent
+            [grad] = torch.autograd.grad(score, top)  # (B, T, D)
+            out: Tensor | None = None
+            for layer in reversed(range(L)):
+                x = self._input(layer).clone().requires_grad_(True)
+                y, kept = self._run_block(layer, x)
+                grad, contexts = torch.autograd.grad(y, [x, kept["hook_z"]], grad)  # (B, T, D), (B, T, H, hd)
+                if out is None:
+                    out = torch.empty(x.shape[0], L, *contexts.shape[1:])
+                out[:, layer] = contexts.detach().float().cpu()
+        return out
+
+    def gradient_rollout_row(self, contexts: Tensor, query: int = 0, end_layer: int = -1) -> Tensor:
+        """Row ``query`` of ``attention.gradient_rollout`` (Chefer et al.'s class-specific relevance), ``(B, T)``,
+        from ``context_gradients``: ``v = e_query``, then from layer ``end_layer`` down to 0, ``v = v + v @ Ā_l``
+        with ``Ā_l = mean_heads(clamp(dS/dA_l * A_l, min=0))``, each formed chunk by chunk from the layer's
+        queries, keys and values (``v @ Ā = sum over chunks v[t] @ Ā[t]``)."""
+        B, T, H = self.hidden.shape[0], self.num_tokens, self.num_heads
+        if not 0 <= query < T:
+            raise ValueError(f"query token {query} is out of range for {T} tokens")
+        v = torch.zeros(B, T)
+        v[:, query] = 1.0
+        half = self.budget // 2  # an attention chunk and its gradient's
+        for layer in range(self._layer(end_layer), -1, -1):
+            q, k, values = self.queries_keys_values(layer)
+            hc, qc = chunk_sizes(H, T, half, B, _target(q.device))
+            hc, qc = self.head_chunk or hc, self.query_chunk or qc
+            step = torch.zeros(B, T)
+            pairs = zip(attention_chunks(q, k, None, None, hc, qc),
+                        self._context_chunks(layer, contexts[:, layer], values, half), strict=True)
+            for (_, ts, probs), (_, _, grad) in pairs:
+                term = (grad * probs).clamp(min=0).sum(dim=1).cpu() / H  # (B, t, T): these heads' share of Ā
+                step += (v[:, None, ts] @ term)[:, 0]
+            v = v + step
+        return v
+
 
 def layer_bytes(num_heads: int, tokens: int) -> int:
     """Bytes of one layer's whole float32 attention ``(H, T, T)`` (what the chunks avoid holding)."""
@@ -214,6 +334,21 @@ def chunked_bytes(num_layers: int, hidden_size: int, tokens: int, budget: int = 
     """The memory model of a chunked analysis: hidden states ``(L + 1) x T x D``, one layer's queries and keys
     (``2 x T x D``), the rollout's vectors and one chunk."""
     return 4 * (num_layers + 3) * tokens * hidden_size + 8 * tokens + budget
+
+
+# One block's forward graph and its backward, in floats per token per hidden unit and per MLP unit: its norms,
+# qkv, contexts, projections and MLP. ViT-B/16 at 1,024 px measured 260 MB (LeGrad) and 340 MB (context
+# gradients) of working memory besides the hidden states, context gradients and chunks; this model says 352 MB.
+GRAPH_PER_HIDDEN, GRAPH_PER_MLP = 16, 3
+
+
+def gradient_bytes(num_layers: int, hidden_size: int, mlp_size: int, tokens: int, contexts: bool,
+                   budget: int = CHUNK_BYTES) -> int:
+    """The memory model of a chunked gradient method (``LayerInputs.legrad``, ``context_gradients``): hidden
+    states ``(L + 1) x T x D``, with ``contexts`` every layer's context gradient (``L x T x D``), one block's graph
+    forward and backward, and one chunk (of an attention and its gradient: ``budget``)."""
+    per_token = (num_layers + 1 + (num_layers if contexts else 0) + GRAPH_PER_HIDDEN) * hidden_size
+    return 4 * tokens * (per_token + GRAPH_PER_MLP * mlp_size) + budget
 
 
 def largest_tokens(limit: int, per_token: int, per_token_squared: int) -> int:

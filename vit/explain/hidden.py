@@ -51,12 +51,20 @@ def queries_and_keys(model: nn.Module, layer: int, block_input: Tensor, grid: tu
     instead of the whole ``H x T²`` matrix. Read at the block's ``attn.hook_q`` / ``hook_k`` (after rotary
     positions); the block stops at ``hook_v``, before its attention.
     """
+    q, k, _ = queries_keys_values(model, layer, block_input, grid)
+    return q, k
+
+
+def queries_keys_values(model: nn.Module, layer: int, block_input: Tensor, grid: tuple[int, int] | None = None
+                        ) -> tuple[Tensor, Tensor, Tensor]:
+    """``queries_and_keys`` and the layer's values ``(B, H, T, hd)`` (read at ``attn.hook_v``)."""
     cache: dict[str, Tensor] = {}
 
     def keep(x: Tensor, hook) -> None:
         cache[hook.name] = x
 
     def stop(x: Tensor, hook) -> None:
+        cache[hook.name] = x
         raise _Enough
 
     prefix = f"blocks.{layer}.attn."
@@ -65,7 +73,8 @@ def queries_and_keys(model: nn.Module, layer: int, block_input: Tensor, grid: tu
             model.run_blocks(block_input, grid, layer, layer + 1)
     except _Enough:
         pass
-    return cache[prefix + "hook_q"] * model.blocks[layer].attn.head_dim ** -0.5, cache[prefix + "hook_k"]
+    scale = model.blocks[layer].attn.head_dim ** -0.5
+    return cache[prefix + "hook_q"] * scale, cache[prefix + "hook_k"], cache[prefix + "hook_v"]
 
 
 class LayerAttentions(Sequence[Tensor]):

@@ -33,6 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from vit.explain.chunked import LayerInputs, attention_chunks
 from vit.explain.hidden import forward_with_hidden_states
 from vit.model import ViT
 
@@ -238,7 +239,8 @@ def direct_logit_attribution(model: ViT, images: Tensor, classes: Tensor | int |
     """Split each image's class logit (default: the predicted class) into heads, MLPs, embedding and biases.
 
     Exact: the final norm is linear once its scale is fixed at the final residual, so the parts sum to the
-    logit (up to float rounding). Peak memory: one layer's ``B x H x T x D`` head outputs.
+    logit (up to float rounding). Peak memory: one layer's ``B x H x T x D`` head outputs (each layer is read out
+    before the next is split, so high-resolution inputs do not hold ``L`` of them).
     """
     check_supported(model, needs_head=True)
     _check_linear_pooling(model, "direct logit attribution")
@@ -259,16 +261,6 @@ def direct_logit_attribution(model: ViT, images: Tensor, classes: Tensor | int |
         with model.hooks([(name, _keep(cache)) for name in names]):
             model.tokens(images)
         embed, x = cache["blocks.0.hook_resid_pre"], cache[f"blocks.{L - 1}.hook_resid_post"]
-        pieces: list[tuple[Tensor, Tensor, Tensor]] = []  # per layer: heads (H, B, T, D), bias (B, T, D), mlp
-        for layer, block in enumerate(model.blocks):
-            context = cache[f"blocks.{layer}.attn.hook_z"]  # (B, T, H, hd)
-            w = block.attn.proj.weight.view(D, H, hd)  # columns of proj grouped by head
-            per_head = torch.einsum("bthe,dhe->hbtd", context, w)  # (H, B, T, D)
-            if block.ls1 is not None:
-                per_head = per_head * block.ls1
-            # What the branch added beyond its heads: proj's bias (and a mean-ablated copy's means), times ls1.
-            bias = cache[f"blocks.{layer}.hook_attn_out"] - per_head.sum(0)
-            pieces.append((per_head, bias, cache[f"blocks.{layer}.hook_mlp_out"]))
         readout = _linear_readout(model, x)
         logits = model.classify(x)
         classes = class_indices(logits, classes)
@@ -277,11 +269,22 @@ def direct_logit_attribution(model: ViT, images: Tensor, classes: Tensor | int |
             return values.gather(-1, classes.view(*([1] * (values.dim() - 2)), B, 1)
                                  .expand(*values.shape[:-1], 1))[..., 0]
 
-        heads = torch.stack([pick(readout(h, False)) for h, _, _ in pieces], dim=0)  # (L, H, B)
+        heads, attn_biases, mlps = [], [], []  # per layer (H, B), (B,), (B,): one layer's heads held at a time
+        for layer, block in enumerate(model.blocks):
+            context = cache.pop(f"blocks.{layer}.attn.hook_z")  # (B, T, H, hd)
+            w = block.attn.proj.weight.view(D, H, hd)  # columns of proj grouped by head
+            per_head = torch.einsum("bthe,dhe->hbtd", context, w)  # (H, B, T, D)
+            if block.ls1 is not None:
+                per_head = per_head * block.ls1
+            # What the branch added beyond its heads: proj's bias (and a mean-ablated copy's means), times ls1.
+            bias = cache[f"blocks.{layer}.hook_attn_out"] - per_head.sum(0)
+            heads.append(pick(readout(per_head, False)))
+            attn_biases.append(pick(readout(bias, False)))
+            mlps.append(pick(readout(cache[f"blocks.{layer}.hook_mlp_out"], False)))
         return DirectLogitAttribution(
-            heads=heads.permute(2, 0, 1),
-            attn_biases=torch.stack([pick(readout(b, False)) for _, b, _ in pieces], dim=1),
-            mlps=torch.stack([pick(readout(m, False)) for _, _, m in pieces], dim=1),
+            heads=torch.stack(heads, dim=0).permute(2, 0, 1),  # (B, L, H)
+            attn_biases=torch.stack(attn_biases, dim=1),
+            mlps=torch.stack(mlps, dim=1),
             embed=pick(readout(embed, False)),
             bias=pick(readout(torch.zeros_like(x), True)),
             logit=pick(logits), classes=classes)
@@ -610,22 +613,22 @@ class Sinks:
 
 def sink_stats(model: ViT, states: Tensor, grid: tuple[int, int] | None = None) -> Sinks:
     """Attention sinks from the hidden states ``(B, L + 1, T, D)`` on the patch ``grid`` (needed by models with
-    rotary positions): one layer's ``B x H x T x T`` attention at a time."""
+    rotary positions): each layer's attention summed over queries in head and query chunks
+    (``chunked.attention_chunks``), never a whole ``H x T x T`` layer."""
     check_supported(model)
     if grid is None and model.config.rope != "none":
         raise MechanismError("this model turns q and k by rotary positions, so the patch grid must be given")
     B, S, T, D = states.shape
     L, H, hd = _dims(model)
-    check_budget(2 * B * H * T * T, "one layer's attention")
+    inputs = LayerInputs(model, states, grid)
     tokens, masses, norms = [], [], []
     with torch.no_grad():
         for layer in range(L):
-            cache: dict[str, Tensor] = {}
-            with model.hooks([(f"blocks.{layer}.attn.hook_v", _keep(cache))]):
-                _, (probs,) = model.run_blocks(states[:, layer], grid, layer, layer + 1, output_attentions=True)
-            received = probs.mean(dim=2)  # (B, H, T): attention each key gets, averaged over queries
-            mass, token = received.max(dim=-1)  # (B, H)
-            v = cache[f"blocks.{layer}.attn.hook_v"]  # (B, H, T, hd)
+            q, k, v = inputs.queries_keys_values(layer)  # (B, H, T, hd) each
+            received = torch.zeros(B, H, T, dtype=torch.float32, device=q.device)  # attention each key gets
+            for hs, _, probs in attention_chunks(q, k, budget=inputs.budget):  # probs (B, h, t, T)
+                received[:, hs] += probs.sum(dim=2)
+            mass, token = (received / T).max(dim=-1)  # (B, H): averaged over queries
             value_norm = v.norm(dim=-1).gather(-1, token[..., None])[..., 0]  # (B, H)
             tokens.append(token), masses.append(mass), norms.append(value_norm)
     return Sinks(torch.stack(tokens, 1), torch.stack(masses, 1), torch.stack(norms, 1))

@@ -29,6 +29,8 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from vit.explain.attention import gradient_rollout
+from vit.explain.chunked import CHUNK_BYTES, LayerInputs
+from vit.explain.hidden import forward_with_hidden_states
 from vit.model import Rules, ViT, activate, use_rules
 
 # Options Chefer et al.'s LRP defines no rule for (their ViT reads CLS through one norm and one head, with plain
@@ -162,7 +164,8 @@ def legrad_from_gradients(gradients: list[Tensor], grid: tuple[int, int], num_pr
     return _patch_map(total, grid, num_prefix_tokens)
 
 
-def legrad(model: ViT, images: Tensor, class_index: int | Tensor | None = None, start_layer: int = -2) -> Tensor:
+def legrad(model: ViT, images: Tensor, class_index: int | Tensor | None = None, start_layer: int = -2,
+           budget: int = CHUNK_BYTES, head_chunk: int | None = None, query_chunk: int | None = None) -> Tensor:
     """LeGrad (Bousselham et al. 2024): ``(B, gh, gw)`` for each image's class (default: the predicted one).
 
     At every layer from ``start_layer`` (negative counts from the end; the reference
@@ -170,26 +173,22 @@ def legrad(model: ViT, images: Tensor, class_index: int | Tensor | None = None, 
     head on CLS) reads that layer's output; the gradient of that class score with respect
     to that layer's attention gives the layer's map. The reference scores CLIP's image-text
     similarity; here the score is the class logit, the classifier's equivalent.
+
+    Memory stays bounded at thousands of tokens: one fast forward keeps each block's input, and each layer's
+    ``T x T`` gradient is formed in chunks of at most ``budget`` bytes (or ``head_chunk`` heads x
+    ``query_chunk`` queries) from the gradient of its heads' contexts (``chunked.LayerInputs.legrad``).
     """
     check_supported(model)
     L = len(model.blocks)
     if not -L <= start_layer < L:
         raise ValueError(f"start_layer {start_layer} is out of range for {L} layers")
-    first = start_layer % L
-    names = [f"blocks.{layer}.{point}" for layer in range(first, L)
-             for point in ("hook_resid_post", "attn.hook_pattern")]
-    inference, grad_mode = _grad_context()
-    with inference, grad_mode:
-        encoding, cache = model.run_with_cache(_leaf(images), names)
-        index = _class_indices(encoding.logits.detach(), class_index)
-        gradients = []
-        for layer in range(first, L):
-            logits = model.classify(cache[f"blocks.{layer}.hook_resid_post"])  # (B, classes): the class read here
-            score = logits.gather(1, index[:, None]).sum()  # images are independent: sum = per-image grads
-            [grad] = torch.autograd.grad(score, cache[f"blocks.{layer}.attn.hook_pattern"], retain_graph=True)
-            gradients.append(grad.detach())
     grid = model.patch_grid(images.shape[2], images.shape[3])
-    return legrad_from_gradients(gradients, grid, model.num_prefix_tokens)
+    with torch.inference_mode():
+        logits, hidden = forward_with_hidden_states(model, images)
+    index = _class_indices(logits, class_index)
+    inputs = LayerInputs(model, hidden, grid, budget, head_chunk, query_chunk)
+    relevance = inputs.legrad(index, start_layer)  # (B, T)
+    return _patch_map(relevance.to(images.device), grid, model.num_prefix_tokens)
 
 
 # --- Chefer et al. 2021a: LRP relevance x gradient, rolled out -------------------------------------
