@@ -409,10 +409,32 @@ class LayerNorm(nn.LayerNorm):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rules = _rules.get()
-        return super().forward(x) if rules is PLAIN_RULES else rules.layer_norm(x, self)
+        if rules is PLAIN_RULES:
+            return F.layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps)
+        return rules.layer_norm(x, self)
 
 
-class Attention(nn.Module):
+class Parent(nn.Module):
+    """An ``nn.Module`` whose children are plain attributes too, so ``self.attn`` or ``self.hook_q`` is a dict
+    lookup: nn.Module finds them through ``__getattr__``, after a failed instance lookup, which costs as much as
+    ~30 function calls (measured here: 5 us against 0.2 us); with 65 hook points that made a cifar-s forward 8 %
+    slower than before them. ``_modules`` stays the record (state dicts, ``named_modules``); the copy in
+    ``__dict__`` follows every assignment and deletion."""
+
+    def __setattr__(self, name: str, value) -> None:
+        super().__setattr__(name, value)
+        modules = self.__dict__.get("_modules")
+        if modules is not None and name in modules:
+            self.__dict__[name] = modules[name]
+
+    def __delattr__(self, name: str) -> None:
+        modules = self.__dict__.get("_modules")
+        if modules is not None and name in modules:
+            self.__dict__.pop(name, None)
+        super().__delattr__(name)
+
+
+class Attention(Parent):
     """Multi-head self-attention with one fused qkv projection and two paths.
 
     Without ``output_attentions`` it calls ``scaled_dot_product_attention`` (fast, never
@@ -468,9 +490,10 @@ class Attention(nn.Module):
         if rules is not PLAIN_RULES:
             q, k, v = rules.attention_inputs(q, k, v)
         dropout_p = self.attention_dropout if self.training else 0.0
-        if output_attentions or self.hook_pattern.fns:  # the probabilities are asked for, or hooked
+        pattern = self.hook_pattern
+        if output_attentions or pattern in _hooks.get():  # the probabilities are asked for, or hooked
             scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(self.head_dim))  # (B, nh, N, N)
-            probs = self.hook_pattern(scores.softmax(dim=-1))
+            probs = pattern(scores.softmax(dim=-1))
             y = F.dropout(probs, dropout_p, self.training) @ v  # (B, nh, N, hd)
         else:
             probs = None
@@ -479,7 +502,7 @@ class Attention(nn.Module):
         return self.proj_dropout(self.proj(z.reshape(B, N, -1))), probs if output_attentions else None
 
 
-class MLP(nn.Module):
+class MLP(Parent):
     """fc1, activation, fc2; gated (SwiGLU: ``act(fc1_g(x)) * fc1(x)``) and with EVA's inner norm when configured."""
 
     def __init__(self, config: ViTConfig) -> None:
@@ -508,7 +531,7 @@ class MLP(nn.Module):
         return self.dropout(self.fc2(self.dropout(h)))
 
 
-class AttentionPool(nn.Module):
+class AttentionPool(Parent):
     """Multi-head attention pooling ("MAP", SigLIP's head; timm ``AttentionPoolLatent``): a learned probe
     attends to every token, then ``x + mlp(norm(x))``. Its attention is returned like a layer's,
     ``(B, nh, 1, T)``: the map of what the model reads for its embedding, where others have a CLS row."""
@@ -553,7 +576,7 @@ def drop_path(x: torch.Tensor, rate: float, training: bool) -> torch.Tensor:
     return x * keep / (1.0 - rate)
 
 
-class Block(nn.Module):
+class Block(Parent):
     """Pre-norm encoder block: x + MSA(LN(x)), then x + MLP(LN(x)) (each branch times its layer scale, if any);
     with ``post_norm``: LN(x + MSA(x)), then LN(x + MLP(x))."""
 
@@ -609,7 +632,7 @@ class Encoding:
     pool_attention: torch.Tensor | None  # (B, nh, 1, T): the attention-pooling probe's, for pooling "map"
 
 
-class ViT(nn.Module):
+class ViT(Parent):
     """Patch embedding, prefix tokens, positions (a learned table and/or rotary), pre-norm blocks, pooling,
     and a classifier or a projection to a joint embedding."""
 
@@ -769,8 +792,8 @@ class ViT(nn.Module):
                 raise ValueError("this model turns q and k by rotary positions, so the patch grid must be given")
             rope = self.rotary(tuple(grid), x.device)
         attentions = []
-        for i in range(len(self.blocks))[start:stop]:  # not self.blocks[start:stop]: that builds a ModuleList
-            x, probs = self.blocks[i](x, output_attentions, rope)
+        for block in list(self.blocks)[start:stop]:  # not self.blocks[start:stop]: that builds a ModuleList
+            x, probs = block(x, output_attentions, rope)
             attentions.append(probs)
         return x, tuple(attentions) if output_attentions else None
 
