@@ -481,10 +481,14 @@ class Attention(Parent):
         return q, k, v
 
     def forward(self, x: torch.Tensor, output_attentions: bool = False,
-                rope: tuple[torch.Tensor, torch.Tensor] | None = None
+                rope: tuple[torch.Tensor, torch.Tensor] | None = None, queries: int | None = None
                 ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``x`` (B, N, C) -> the attention's output (B, n, C) and its probabilities (B, nh, n, N) when asked, for
+        the first ``n = queries`` tokens' queries (None: all N) against every key."""
         B, N, C = x.shape
         q, k, v = self.queries_keys_values(x, rope)  # each (B, nh, N, hd)
+        if queries is not None:
+            q = q[:, :, :queries]  # (B, nh, n, hd)
         q, k, v = self.hook_q(q), self.hook_k(k), self.hook_v(v)
         rules = _rules.get()
         if rules is not PLAIN_RULES:
@@ -492,14 +496,14 @@ class Attention(Parent):
         dropout_p = self.attention_dropout if self.training else 0.0
         pattern = self.hook_pattern
         if output_attentions or pattern in _hooks.get():  # the probabilities are asked for, or hooked
-            scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(self.head_dim))  # (B, nh, N, N)
+            scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(self.head_dim))  # (B, nh, n, N)
             probs = pattern(scores.softmax(dim=-1))
-            y = F.dropout(probs, dropout_p, self.training) @ v  # (B, nh, N, hd)
+            y = F.dropout(probs, dropout_p, self.training) @ v  # (B, nh, n, hd)
         else:
             probs = None
-            y = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p)  # (B, nh, N, hd)
-        z = self.hook_z(y.transpose(1, 2))  # (B, N, nh, hd): each head's context, before the projection
-        return self.proj_dropout(self.proj(z.reshape(B, N, -1))), probs if output_attentions else None
+            y = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p)  # (B, nh, n, hd)
+        z = self.hook_z(y.transpose(1, 2))  # (B, n, nh, hd): each head's context, before the projection
+        return self.proj_dropout(self.proj(z.reshape(B, q.shape[2], -1))), probs if output_attentions else None
 
 
 class MLP(Parent):
@@ -604,9 +608,14 @@ class Block(Parent):
         self.hook_resid_post = HookPoint()
 
     def forward(self, x: torch.Tensor, output_attentions: bool = False,
-                rope: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+                rope: tuple[torch.Tensor, torch.Tensor] | None = None, queries: int | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``x`` (B, T, D) -> the block's output for its first ``queries`` tokens (None: all), which attend to
+        every token, and the attention (B, nh, queries or T, T) when asked."""
         x = self.hook_resid_pre(x)
-        y, probs = self.attn(self.hook_attn_in(self.norm1(x)), output_attentions, rope)
+        y, probs = self.attn(self.hook_attn_in(self.norm1(x)), output_attentions, rope, queries)
+        if queries is not None:
+            x = x[:, :queries]  # (B, n, D)
         if self.ls1 is not None:
             y = y * self.ls1
         x = x + drop_path(self.hook_attn_out(y), self.drop_path_rate, self.training)
@@ -781,19 +790,25 @@ class ViT(Parent):
         return self.run_blocks(x, self.patch_grid(images.shape[2], images.shape[3]), 0, None, output_attentions)
 
     def run_blocks(self, x: torch.Tensor, grid: tuple[int, int] | None, start: int = 0, stop: int | None = None,
-                   output_attentions: bool = False) -> tuple[torch.Tensor, tuple[torch.Tensor, ...] | None]:
+                   output_attentions: bool = False, queries: int | None = None
+                   ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...] | None]:
         """Blocks ``start`` to ``stop`` (exclusive; None: the last) on the residual stream ``x`` (B, T, D) of an
         input whose patch grid is ``grid`` (needed by rotary positions; None for a model without them), with
         their hook points: TransformerLens's ``start_at_layer`` / ``stop_at_layer``, so an intervention on layer
-        ``l`` runs only the layers after it. Returns the last one's output and their attentions when asked."""
+        ``l`` runs only the layers after it. Returns the last one's output and their attentions when asked.
+
+        ``queries``: the last block computes only its first ``queries`` tokens (their queries against every key;
+        its output and attention then have that many rows): all ``classify`` reads when ``readout_tokens`` says so,
+        and three quarters of that block's work saved (the rows' values are the full run's, up to rounding)."""
         rope = None
         if self.config.rope != "none":
             if grid is None:
                 raise ValueError("this model turns q and k by rotary positions, so the patch grid must be given")
             rope = self.rotary(tuple(grid), x.device)
         attentions = []
-        for block in list(self.blocks)[start:stop]:  # not self.blocks[start:stop]: that builds a ModuleList
-            x, probs = block(x, output_attentions, rope)
+        blocks = list(self.blocks)[start:stop]  # not self.blocks[start:stop]: that builds a ModuleList
+        for i, block in enumerate(blocks):
+            x, probs = block(x, output_attentions, rope, queries if i == len(blocks) - 1 else None)
             attentions.append(probs)
         return x, tuple(attentions) if output_attentions else None
 
@@ -822,6 +837,13 @@ class ViT(Parent):
         if self.head_dist is not None:  # DeiT at inference: the mean of the class and distillation heads
             logits = (logits + self.head_dist(self.norm(x)[:, 1])) / 2
         return self.hook_logits(logits)
+
+    def readout_tokens(self) -> int | None:
+        """How many leading tokens of the last block's output ``classify`` reads: 1 (CLS) or 2 (CLS and DeiT's
+        DIST), or None when it reads them all (average or attention pooling)."""
+        if self.config.pooling != "cls":
+            return None
+        return 2 if self.head_dist is not None else 1
 
     def classify(self, x: torch.Tensor) -> torch.Tensor | None:
         """The last block's output ``(B, T, D)`` -> logits ``(B, classes)``: final norm, pooling, fc_norm and
