@@ -45,6 +45,52 @@ from vit.explain import mechanism  # noqa: E402
 from vit.model import ViT, ViTConfig  # noqa: E402
 
 
+def residual_loop_before(model, clean, corrupted):
+    """The residual patching grid as it ran before batching across layers' tails (the main branch of
+    2026-11-23): per layer, chunks of positions through every remaining layer, all tokens to the end."""
+    clean_s, corrupt_s, _, _, a, b, _, grid = mechanism._patching_setup(model, clean, corrupted, None, None)
+    B, S, T, D = clean_s.shape
+    L = len(model.blocks)
+    out = torch.empty(B, L, T)
+    chunk = mechanism._chunks(T, T * max(D, model.config.mlp_size, T * model.blocks[0].attn.num_heads))
+    for i in range(B):
+        for layer in range(L):
+            for start in range(0, T, chunk):
+                positions = torch.arange(start, min(start + chunk, T))
+                x = corrupt_s[i, layer].repeat(len(positions), 1, 1)  # (n, T, D): copy j patches positions[j]
+                x[torch.arange(len(positions)), positions] = clean_s[i, layer, positions]
+                final, _ = model.run_blocks(x, grid, layer)
+                logits = model.classify(final)
+                out[i, layer, start:start + len(positions)] = logits[:, a[i]] - logits[:, b[i]]
+    return out
+
+
+def residual_loop_hooks(model, clean, corrupted):
+    """The grid as TransformerLens's ``run_with_hooks`` runs it: one whole forward of the corrupted image per cell,
+    the clean residual put in by a plain torch forward pre-hook on the block (clean inputs read the same way)."""
+    inputs = {}
+    handles = [block.register_forward_pre_hook(lambda m, args, i=i: inputs.__setitem__(i, args[0]))
+               for i, block in enumerate(model.blocks)]
+    clean_logits = model(clean)[0]
+    for handle in handles:
+        handle.remove()
+    a, b = int(clean_logits.argmax()), int(model(corrupted)[0].argmax())
+    L, T = len(model.blocks), inputs[0].shape[1]
+    out = torch.empty(1, L, T)
+    for layer in range(L):
+        for position in range(T):
+            def patch(m, args, layer=layer, position=position):
+                x = args[0].clone()
+                x[:, position] = inputs[layer][:, position]
+                return (x, *args[1:])
+
+            handle = model.blocks[layer].register_forward_pre_hook(patch)
+            logits = model(corrupted)[0]
+            handle.remove()
+            out[0, layer, position] = logits[0, a] - logits[0, b]
+    return out
+
+
 def time_call(fn) -> float:
     start = time.perf_counter()
     fn()
@@ -56,7 +102,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--repeats", type=int, default=3, help="repeats of the fast calls")
     p.add_argument("--residual-repeats", type=int, default=1,
-                   help="repeats of the residual patching grid (0: skip it, ~5 min on 2 cores)")
+                   help="repeats of the residual patching grid, the loop before and the torch-hook loop, in turn "
+                        "(0: skip them; at 224 px ~3, 6 and 10 min on 2 cores)")
     p.add_argument("--preset", default="vit-base-16")
     p.add_argument("--size", type=int, default=0, help="input side in px (default: the preset's)")
     p.add_argument("--only", default="", help="comma-separated names of the calls to time (default: all)")
@@ -89,10 +136,17 @@ def main(argv: list[str] | None = None) -> int:
         for _ in range(args.repeats):
             for name, fn in calls.items():
                 times[name].append(time_call(fn))
-        residual = [time_call(lambda: mechanism.patch_residuals(model, clean, corrupted))
-                    for _ in range(args.residual_repeats)]
-        if residual:
-            times["residual patching grid"] = residual
+        residual = {"residual patching grid": lambda: mechanism.patch_residuals(model, clean, corrupted),
+                    "residual grid, loop before": lambda: residual_loop_before(model, clean, corrupted),
+                    "residual grid, torch hooks": lambda: residual_loop_hooks(model, clean, corrupted)}
+        if args.residual_repeats:
+            expected = residual["residual patching grid"]().patched
+            for name in ("residual grid, loop before", "residual grid, torch hooks"):
+                difference = (residual[name]() - expected).abs().max().item()
+                print(f"{name}: largest difference to the batched grid {difference:.2e}")
+        for _ in range(args.residual_repeats):  # in turn, so that background load slows all alike
+            for name, fn in residual.items():
+                times.setdefault(name, []).append(time_call(fn))
         times["forward (baseline)"].append(time_call(calls["forward (baseline)"]))
     base = statistics.median(times["forward (baseline)"])
     tokens = (side // c.patch_size) ** 2 + model.num_prefix_tokens

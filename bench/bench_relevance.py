@@ -10,7 +10,8 @@ process: import, model, one warm-up and ``--repeats`` maps), and compare the pri
 
 Methods: ``legrad`` (the last two layers, the authors' default), ``lrp`` (Chefer et al.'s transformer
 attribution), ``attnlrp``, ``cp-lrp``, and ``legrad-authors`` (WalBouss/LeGrad's ``compute_legrad`` as vendored in
-tests/reference, on HF's ViT with the same random weights, reading the class logit as tests/test_relevance.py does).
+tests/reference, on HF's ViT with the same random weights, reading the class logit as tests/test_relevance.py does),
+``attnlrp-lxt`` (lxt's AttnLRP rules patched into HF's ViT of the same shapes, as tests/test_relevance.py does).
 
 Measured 2026-11-23 on the 2-core machine under heavy load from other jobs, whole processes in turn (A B A B, 3 pairs;
 2 for LRP), median CPU-seconds ratio after / before the hook points and rule context (and the printed map-only
@@ -69,9 +70,40 @@ def authors_legrad(model: ViT):
     return run
 
 
+def authors_attnlrp(model: ViT):
+    """lxt's AttnLRP (its ``efficient`` rules, vendored in tests/reference/lxt) patched into HF's ViT of ``model``'s
+    shapes, as tests/test_relevance.py does: one forward and one backward of the class logit, input x gradient."""
+    import transformers
+    import transformers.models.vit.modeling_vit as modeling_vit
+    from transformers.activations import GELUActivation
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from tests.reference.lxt.patches import layer_norm_forward, non_linear_forward, wrap_attention_forward
+
+    c = model.config
+    config = transformers.ViTConfig(image_size=c.image_size, patch_size=c.patch_size, hidden_size=c.hidden_size,
+                                    num_hidden_layers=c.num_layers, num_attention_heads=c.num_heads,
+                                    intermediate_size=c.mlp_size, num_labels=c.num_classes, layer_norm_eps=1e-6)
+    config._attn_implementation = "eager"
+    hf = transformers.ViTForImageClassification(config).eval()  # random weights: the cost does not depend on them
+    torch.nn.LayerNorm.forward = layer_norm_forward  # this process only runs this map
+    GELUActivation.original_forward = GELUActivation.forward
+    GELUActivation.forward = non_linear_forward
+    modeling_vit.eager_attention_forward = wrap_attention_forward(modeling_vit.eager_attention_forward)
+
+    def run(x, classes):
+        with torch.enable_grad():
+            x = x.clone().requires_grad_(True)
+            hf(pixel_values=x).logits[0, int(classes[0])].backward()
+            return (x * x.grad).sum(1)
+
+    return run
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--method", default="legrad", choices=["legrad", "lrp", "attnlrp", "cp-lrp", "legrad-authors"])
+    p.add_argument("--method", default="legrad", choices=["legrad", "lrp", "attnlrp", "cp-lrp", "legrad-authors",
+                                                          "attnlrp-lxt"])
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--preset", default="vit-base-16")
@@ -81,7 +113,8 @@ def main(argv: list[str] | None = None) -> int:
     model = ViT(ViTConfig.from_preset(args.preset)).eval()
     c = model.config
     image = torch.randn(1, c.num_channels, c.image_size, c.image_size)
-    run = authors_legrad(model) if args.method == "legrad-authors" else ours(args.method, model)
+    authors = {"legrad-authors": authors_legrad, "attnlrp-lxt": authors_attnlrp}
+    run = authors[args.method](model) if args.method in authors else ours(args.method, model)
     classes = torch.tensor([3])
     run(image, classes)  # warm-up
     times = []
