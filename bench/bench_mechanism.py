@@ -97,6 +97,14 @@ def time_call(fn) -> float:
     return time.perf_counter() - start
 
 
+def cpu_call(fn) -> float:
+    """The process's CPU seconds for ``fn()`` (all threads): on a machine shared with other jobs, the wall time
+    mostly measures their load."""
+    start = time.process_time()
+    fn()
+    return time.process_time() - start
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--threads", type=int, default=2)
@@ -104,6 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--residual-repeats", type=int, default=1,
                    help="repeats of the residual patching grid, the loop before and the torch-hook loop, in turn "
                         "(0: skip them; at 224 px ~3, 6 and 10 min on 2 cores)")
+    p.add_argument("--check", action="store_true", help="first check that the two loops give the grid's numbers")
     p.add_argument("--preset", default="vit-base-16")
     p.add_argument("--size", type=int, default=0, help="input side in px (default: the preset's)")
     p.add_argument("--only", default="", help="comma-separated names of the calls to time (default: all)")
@@ -139,14 +148,15 @@ def main(argv: list[str] | None = None) -> int:
         residual = {"residual patching grid": lambda: mechanism.patch_residuals(model, clean, corrupted),
                     "residual grid, loop before": lambda: residual_loop_before(model, clean, corrupted),
                     "residual grid, torch hooks": lambda: residual_loop_hooks(model, clean, corrupted)}
-        if args.residual_repeats:
+        if args.residual_repeats and args.check:
             expected = residual["residual patching grid"]().patched
             for name in ("residual grid, loop before", "residual grid, torch hooks"):
                 difference = (residual[name]() - expected).abs().max().item()
                 print(f"{name}: largest difference to the batched grid {difference:.2e}")
         for _ in range(args.residual_repeats):  # in turn, so that background load slows all alike
             for name, fn in residual.items():
-                times.setdefault(name, []).append(time_call(fn))
+                times.setdefault(name, []).append(cpu_call(fn))
+                print(f"{name}: {times[name][-1]:.1f} CPU s", flush=True)
         times["forward (baseline)"].append(time_call(calls["forward (baseline)"]))
     base = statistics.median(times["forward (baseline)"])
     tokens = (side // c.patch_size) ** 2 + model.num_prefix_tokens
@@ -156,6 +166,11 @@ def main(argv: list[str] | None = None) -> int:
     for name, values in times.items():
         median = statistics.median(values)
         print(f"{name:28s} {median:10.3f} {median / base:10.1f}  {len(values)}")
+    if "residual patching grid" in times:  # CPU seconds, each run in turn with the other two
+        grid = times["residual patching grid"]
+        for name in ("residual grid, loop before", "residual grid, torch hooks"):
+            ratio = statistics.median(o / g for o, g in zip(times[name], grid, strict=True))
+            print(f"{name} / batched grid, CPU seconds: median ratio {ratio:.2f} over {len(grid)} turns")
     return 0
 
 
