@@ -3,7 +3,8 @@
 The hook points (``vit.model.HookPoint``) are identity modules on the one forward; with no hooks set they must
 cost nothing measurable. This script loads the other checkout's ``model.py`` beside ours (it imports only torch),
 gives both models the same weights, checks they compute the same logits, and times ``model(images)`` (the fused
-path) and ``model(images, output_attentions=True)`` in turn, A B A B, so that background load slows both alike;
+path) and ``model(images, output_attentions=True)`` in turn, A B A B, so that background load slows both alike,
+in the process's CPU seconds (under other jobs' load the wall time mostly measures theirs);
 it prints each median and the median of the pairwise ratios (ours / theirs)::
 
     python bench/bench_hooks.py --baseline ../baseline/vit/model.py --preset vit-base-16 --repeats 20
@@ -64,9 +65,9 @@ def main(argv: list[str] | None = None) -> int:
             times = {"ours": [], "theirs": []}
             for _ in range(args.repeats):
                 for name, model in (("ours", ours), ("theirs", theirs)):
-                    start = time.perf_counter()
+                    start = time.process_time()
                     model(images, output_attentions=attentions)
-                    times[name].append(time.perf_counter() - start)
+                    times[name].append(time.process_time() - start)
             ratio = statistics.median(a / b for a, b in zip(times["ours"], times["theirs"], strict=True))
             a, b = (statistics.median(times[name]) * 1e3 for name in ("ours", "theirs"))
             print(f"{args.preset} batch {args.batch} output_attentions={attentions}: ours {a:.2f} ms, theirs "
