@@ -18,6 +18,10 @@ Measured 2026-11-23 on the 2-core machine under heavy load from other jobs, whol
 medians): LeGrad 0.716 (map 2.9-4.0 s after, 4.4-11.5 s before), AttnLRP 0.827 (7.2-12.8 s after, 7.3-10.8 s before),
 CP-LRP 0.748, Chefer's LRP 1.005 (its relevance propagation dominates); LeGrad against its authors' code 0.576 of
 the CPU-seconds (whole process, theirs importing transformers) and map-only medians 3.1-5.7 s against 5.4-8.6 s.
+
+2026-11-23, later, the map alone in the process's CPU seconds (the machine under a load of 10-25, so the wall
+times are not comparable), one process each in turn, ``--repeats 3`` (lxt: 1): AttnLRP 4.90 and 6.53 CPU s against
+lxt's rules on HF's ViT 8.52 (0.58-0.77 of its CPU time); LeGrad 1.76 against its authors' code 2.47 (0.71).
 """
 
 from __future__ import annotations
