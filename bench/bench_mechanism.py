@@ -26,6 +26,11 @@ the batch dimension (a layer's heads, or a chunk of positions, per pass of the r
 no further factor: the residual grid's work is L x T passes of the remaining layers (1,280 forwards' worth at 224 px,
 and the old loop took 1,284 forwards' time). Exact savings left are small (the last block's unread rows, rows equal
 in both runs).
+2026-11-23, later: the grids batch each layer's B x T (or B x H) interventions across images, ``chunk`` at a time,
+and the last block computes only the tokens the head reads (``run_blocks(queries=)``). ``--size 112 --only none
+--residual-repeats 2``, CPU seconds (the machine under a load of 5-25), one turn each before a time limit: batched
+grid 58.7 and 38.1 CPU s against the loop before 59.6 and 44.1 (1.02x and 1.16x). The torch-hook loop (one whole
+forward per cell) did not finish a turn within the limit either time.
 """
 
 from __future__ import annotations
@@ -45,10 +50,64 @@ from vit.explain import mechanism  # noqa: E402
 from vit.model import ViT, ViTConfig  # noqa: E402
 
 
+def residual_loop_before(model, clean, corrupted):
+    """The residual patching grid as it ran before batching across layers' tails (the main branch of
+    2026-11-23): per layer, chunks of positions through every remaining layer, all tokens to the end."""
+    clean_s, corrupt_s, _, _, a, b, _, grid = mechanism._patching_setup(model, clean, corrupted, None, None)
+    B, S, T, D = clean_s.shape
+    L = len(model.blocks)
+    out = torch.empty(B, L, T)
+    chunk = mechanism._chunks(T, T * max(D, model.config.mlp_size, T * model.blocks[0].attn.num_heads))
+    for i in range(B):
+        for layer in range(L):
+            for start in range(0, T, chunk):
+                positions = torch.arange(start, min(start + chunk, T))
+                x = corrupt_s[i, layer].repeat(len(positions), 1, 1)  # (n, T, D): copy j patches positions[j]
+                x[torch.arange(len(positions)), positions] = clean_s[i, layer, positions]
+                final, _ = model.run_blocks(x, grid, layer)
+                logits = model.classify(final)
+                out[i, layer, start:start + len(positions)] = logits[:, a[i]] - logits[:, b[i]]
+    return out
+
+
+def residual_loop_hooks(model, clean, corrupted):
+    """The grid as TransformerLens's ``run_with_hooks`` runs it: one whole forward of the corrupted image per cell,
+    the clean residual put in by a plain torch forward pre-hook on the block (clean inputs read the same way)."""
+    inputs = {}
+    handles = [block.register_forward_pre_hook(lambda m, args, i=i: inputs.__setitem__(i, args[0]))
+               for i, block in enumerate(model.blocks)]
+    clean_logits = model(clean)[0]
+    for handle in handles:
+        handle.remove()
+    a, b = int(clean_logits.argmax()), int(model(corrupted)[0].argmax())
+    L, T = len(model.blocks), inputs[0].shape[1]
+    out = torch.empty(1, L, T)
+    for layer in range(L):
+        for position in range(T):
+            def patch(m, args, layer=layer, position=position):
+                x = args[0].clone()
+                x[:, position] = inputs[layer][:, position]
+                return (x, *args[1:])
+
+            handle = model.blocks[layer].register_forward_pre_hook(patch)
+            logits = model(corrupted)[0]
+            handle.remove()
+            out[0, layer, position] = logits[0, a] - logits[0, b]
+    return out
+
+
 def time_call(fn) -> float:
     start = time.perf_counter()
     fn()
     return time.perf_counter() - start
+
+
+def cpu_call(fn) -> float:
+    """The process's CPU seconds for ``fn()`` (all threads): on a machine shared with other jobs, the wall time
+    mostly measures their load."""
+    start = time.process_time()
+    fn()
+    return time.process_time() - start
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -56,7 +115,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--repeats", type=int, default=3, help="repeats of the fast calls")
     p.add_argument("--residual-repeats", type=int, default=1,
-                   help="repeats of the residual patching grid (0: skip it, ~5 min on 2 cores)")
+                   help="repeats of the residual patching grid, the loop before and the torch-hook loop, in turn "
+                        "(0: skip them; at 224 px ~3, 6 and 10 min on 2 cores)")
+    p.add_argument("--check", action="store_true", help="first check that the two loops give the grid's numbers")
     p.add_argument("--preset", default="vit-base-16")
     p.add_argument("--size", type=int, default=0, help="input side in px (default: the preset's)")
     p.add_argument("--only", default="", help="comma-separated names of the calls to time (default: all)")
@@ -89,10 +150,18 @@ def main(argv: list[str] | None = None) -> int:
         for _ in range(args.repeats):
             for name, fn in calls.items():
                 times[name].append(time_call(fn))
-        residual = [time_call(lambda: mechanism.patch_residuals(model, clean, corrupted))
-                    for _ in range(args.residual_repeats)]
-        if residual:
-            times["residual patching grid"] = residual
+        residual = {"residual patching grid": lambda: mechanism.patch_residuals(model, clean, corrupted),
+                    "residual grid, loop before": lambda: residual_loop_before(model, clean, corrupted),
+                    "residual grid, torch hooks": lambda: residual_loop_hooks(model, clean, corrupted)}
+        if args.residual_repeats and args.check:
+            expected = residual["residual patching grid"]().patched
+            for name in ("residual grid, loop before", "residual grid, torch hooks"):
+                difference = (residual[name]() - expected).abs().max().item()
+                print(f"{name}: largest difference to the batched grid {difference:.2e}")
+        for _ in range(args.residual_repeats):  # in turn, so that background load slows all alike
+            for name, fn in residual.items():
+                times.setdefault(name, []).append(cpu_call(fn))
+                print(f"{name}: {times[name][-1]:.1f} CPU s", flush=True)
         times["forward (baseline)"].append(time_call(calls["forward (baseline)"]))
     base = statistics.median(times["forward (baseline)"])
     tokens = (side // c.patch_size) ** 2 + model.num_prefix_tokens
@@ -102,6 +171,11 @@ def main(argv: list[str] | None = None) -> int:
     for name, values in times.items():
         median = statistics.median(values)
         print(f"{name:28s} {median:10.3f} {median / base:10.1f}  {len(values)}")
+    if "residual patching grid" in times:  # CPU seconds, each run in turn with the other two
+        grid = times["residual patching grid"]
+        for name in ("residual grid, loop before", "residual grid, torch hooks"):
+            ratio = statistics.median(o / g for o, g in zip(times[name], grid, strict=True))
+            print(f"{name} / batched grid, CPU seconds: median ratio {ratio:.2f} over {len(grid)} turns")
     return 0
 
 

@@ -10,13 +10,18 @@ process: import, model, one warm-up and ``--repeats`` maps), and compare the pri
 
 Methods: ``legrad`` (the last two layers, the authors' default), ``lrp`` (Chefer et al.'s transformer
 attribution), ``attnlrp``, ``cp-lrp``, and ``legrad-authors`` (WalBouss/LeGrad's ``compute_legrad`` as vendored in
-tests/reference, on HF's ViT with the same random weights, reading the class logit as tests/test_relevance.py does).
+tests/reference, on HF's ViT with the same random weights, reading the class logit as tests/test_relevance.py does),
+``attnlrp-lxt`` (lxt's AttnLRP rules patched into HF's ViT of the same shapes, as tests/test_relevance.py does).
 
 Measured 2026-11-23 on the 2-core machine under heavy load from other jobs, whole processes in turn (A B A B, 3 pairs;
 2 for LRP), median CPU-seconds ratio after / before the hook points and rule context (and the printed map-only
 medians): LeGrad 0.716 (map 2.9-4.0 s after, 4.4-11.5 s before), AttnLRP 0.827 (7.2-12.8 s after, 7.3-10.8 s before),
 CP-LRP 0.748, Chefer's LRP 1.005 (its relevance propagation dominates); LeGrad against its authors' code 0.576 of
 the CPU-seconds (whole process, theirs importing transformers) and map-only medians 3.1-5.7 s against 5.4-8.6 s.
+
+2026-11-23, later, the map alone in the process's CPU seconds (the machine under a load of 10-25, so the wall
+times are not comparable), one process each in turn, ``--repeats 3`` (lxt: 1): AttnLRP 4.90 and 6.53 CPU s against
+lxt's rules on HF's ViT 8.52 (0.58-0.77 of its CPU time); LeGrad 1.76 against its authors' code 2.47 (0.71).
 """
 
 from __future__ import annotations
@@ -69,9 +74,40 @@ def authors_legrad(model: ViT):
     return run
 
 
+def authors_attnlrp(model: ViT):
+    """lxt's AttnLRP (its ``efficient`` rules, vendored in tests/reference/lxt) patched into HF's ViT of ``model``'s
+    shapes, as tests/test_relevance.py does: one forward and one backward of the class logit, input x gradient."""
+    import transformers
+    import transformers.models.vit.modeling_vit as modeling_vit
+    from transformers.activations import GELUActivation
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from tests.reference.lxt.patches import layer_norm_forward, non_linear_forward, wrap_attention_forward
+
+    c = model.config
+    config = transformers.ViTConfig(image_size=c.image_size, patch_size=c.patch_size, hidden_size=c.hidden_size,
+                                    num_hidden_layers=c.num_layers, num_attention_heads=c.num_heads,
+                                    intermediate_size=c.mlp_size, num_labels=c.num_classes, layer_norm_eps=1e-6)
+    config._attn_implementation = "eager"
+    hf = transformers.ViTForImageClassification(config).eval()  # random weights: the cost does not depend on them
+    torch.nn.LayerNorm.forward = layer_norm_forward  # this process only runs this map
+    GELUActivation.original_forward = GELUActivation.forward
+    GELUActivation.forward = non_linear_forward
+    modeling_vit.eager_attention_forward = wrap_attention_forward(modeling_vit.eager_attention_forward)
+
+    def run(x, classes):
+        with torch.enable_grad():
+            x = x.clone().requires_grad_(True)
+            hf(pixel_values=x).logits[0, int(classes[0])].backward()
+            return (x * x.grad).sum(1)
+
+    return run
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--method", default="legrad", choices=["legrad", "lrp", "attnlrp", "cp-lrp", "legrad-authors"])
+    p.add_argument("--method", default="legrad", choices=["legrad", "lrp", "attnlrp", "cp-lrp", "legrad-authors",
+                                                          "attnlrp-lxt"])
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--preset", default="vit-base-16")
@@ -81,15 +117,18 @@ def main(argv: list[str] | None = None) -> int:
     model = ViT(ViTConfig.from_preset(args.preset)).eval()
     c = model.config
     image = torch.randn(1, c.num_channels, c.image_size, c.image_size)
-    run = authors_legrad(model) if args.method == "legrad-authors" else ours(args.method, model)
+    authors = {"legrad-authors": authors_legrad, "attnlrp-lxt": authors_attnlrp}
+    run = authors[args.method](model) if args.method in authors else ours(args.method, model)
     classes = torch.tensor([3])
     run(image, classes)  # warm-up
-    times = []
+    times, cpu = [], []  # wall seconds, and the process's CPU seconds (what other jobs' load does not inflate)
     for _ in range(args.repeats):
-        start = time.perf_counter()
+        start, start_cpu = time.perf_counter(), time.process_time()
         run(image, classes)
         times.append(time.perf_counter() - start)
-    print(f"{args.method} {args.preset}: median {statistics.median(times):.3f} s over {args.repeats}")
+        cpu.append(time.process_time() - start_cpu)
+    print(f"{args.method} {args.preset}: median {statistics.median(times):.3f} s, {statistics.median(cpu):.3f} CPU s "
+          f"over {args.repeats}")
     return 0
 
 

@@ -409,3 +409,97 @@ def test_direct_logit_attribution_refuses_post_norm_blocks_whose_stream_is_no_su
         direct_logit_attribution(model, images())
     lens = logit_lens(model, images())  # reads the stream as it is: still exact at the last layer
     assert torch.allclose(lens.pooled_logits[:, -1], model(images())[0], atol=1e-5)
+
+
+DEIT = dataclasses.replace(CONFIG, distillation_token=True, distillation_head=True)
+
+
+def logits_with_torch_hooks(model: ViT, x: torch.Tensor, block_input=None, proj_input=None) -> torch.Tensor:
+    """``model(x)`` with plain torch forward pre-hooks (a TransformerLens-style loop, one forward per cell):
+    ``block_input = (layer, fn)`` edits that block's input, ``proj_input = (layer, fn)`` its ``attn.proj`` input."""
+    handles = []
+    if block_input is not None:
+        layer, fn = block_input
+        handles.append(model.blocks[layer].register_forward_pre_hook(lambda m, args: (fn(args[0]), *args[1:])))
+    if proj_input is not None:
+        layer, fn = proj_input
+        handles.append(model.blocks[layer].attn.proj.register_forward_pre_hook(lambda m, args: (fn(args[0]),)))
+    try:
+        with torch.no_grad():
+            return model(x)[0]
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def inputs_of(model: ViT, x: torch.Tensor, module) -> dict[int, torch.Tensor]:
+    """Each layer's input to ``module(block)`` in one plain forward, through torch pre-hooks."""
+    seen = {}
+    handles = [module(block).register_forward_pre_hook(lambda m, args, i=i: seen.__setitem__(i, args[0].clone()))
+               for i, block in enumerate(model.blocks)]
+    logits_with_torch_hooks(model, x)
+    for handle in handles:
+        handle.remove()
+    return seen
+
+
+@pytest.mark.parametrize("config", [CONFIG, DEIT, AVG_POOLED], ids=["cls", "deit-two-heads", "avg"])
+def test_batched_grids_equal_one_forward_per_cell_with_torch_hooks(config, chunk=3):
+    """Every cell of the three grids, batched ``chunk`` copies at a time (3 divides neither 2 x 4 heads nor
+    2 x T positions), against a loop of single forwards edited by plain torch hooks, on a non-square input."""
+    model = random_vit(config)
+    clean, corrupted, reference = images(2, (8, 12), seed=7), images(2, (8, 12), seed=8), images(3, (8, 12), seed=9)
+    a, b, classes = torch.tensor([1, 0]), torch.tensor([2, 4]), torch.tensor([3, 1])
+    L, H, hd, T = 3, 4, 8, model.num_prefix_tokens + 6
+    residual = patch_residuals(model, clean, corrupted, a, b, chunk=chunk).patched
+    heads = patch_heads(model, clean, corrupted, a, b, chunk=chunk).patched
+    zero = ablation_grid(model, clean, classes, chunk=chunk)
+    mean = ablation_grid(model, clean, classes, "mean", mean_contexts(model, reference), chunk=chunk)
+    clean_blocks = inputs_of(model, clean, lambda block: block)
+    clean_proj = inputs_of(model, clean, lambda block: block.attn.proj)
+    reference_proj = inputs_of(model, reference, lambda block: block.attn.proj)
+    base = logits_with_torch_hooks(model, clean)
+    for i in range(2):
+        def diff(logits: torch.Tensor, i: int = i) -> torch.Tensor:
+            return logits[0, a[i]] - logits[0, b[i]]
+
+        for layer in range(L):
+            for position in range(T):
+                def put(t, layer=layer, position=position, i=i):
+                    t = t.clone()
+                    t[:, position] = clean_blocks[layer][i, position]
+                    return t
+
+                expected = diff(logits_with_torch_hooks(model, corrupted[i:i + 1], block_input=(layer, put)))
+                torch.testing.assert_close(residual[i, layer, position], expected, rtol=0, atol=1e-5)
+            for head in range(H):
+                cols = slice(head * hd, (head + 1) * hd)
+
+                def set_head(value, layer=layer, cols=cols):
+                    def edit(t):
+                        t = t.clone()
+                        t[..., cols] = value(t)[..., cols]
+                        return t
+                    return layer, edit
+
+                patched = logits_with_torch_hooks(model, corrupted[i:i + 1], proj_input=set_head(
+                    lambda t, layer=layer, i=i: clean_proj[layer][i:i + 1]))
+                torch.testing.assert_close(heads[i, layer, head], diff(patched), rtol=0, atol=1e-5)
+                zeroed = logits_with_torch_hooks(model, clean[i:i + 1], proj_input=set_head(torch.zeros_like))
+                torch.testing.assert_close(zero[i, layer, head], (zeroed - base[i])[0, classes[i]], rtol=0, atol=1e-5)
+                averaged = logits_with_torch_hooks(model, clean[i:i + 1], proj_input=set_head(
+                    lambda t, layer=layer: reference_proj[layer].mean(0, keepdim=True)))
+                torch.testing.assert_close(mean[i, layer, head], (averaged - base[i])[0, classes[i]], rtol=0,
+                                           atol=1e-5)
+
+
+def test_grids_report_progress_after_each_batch():
+    model = random_vit()
+    seen = []
+    patch_residuals(model, images(1), images(1, seed=2), chunk=7, progress=lambda done, total: seen.append((done,
+                                                                                                          total)))
+    per_layer = model.num_prefix_tokens + 16  # 17 positions: batches of 7, 7 and 3 per layer
+    assert seen == [(0, 3 * per_layer)] + [(layer * per_layer + done, 3 * per_layer)  # the total first, then each batch
+                                           for layer in range(3) for done in (7, 14, 17)]
+    with pytest.raises(MechanismError, match="positive number of copies"):
+        ablation_grid(model, images(1), chunk=0)

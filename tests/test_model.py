@@ -331,6 +331,22 @@ def test_hooks_last_only_for_their_block_and_unknown_names_are_refused(model):
         model.run_with_hooks(x, [("blocks.9.hook_resid_post", lambda t, hook: None)])
 
 
+def test_submodules_read_back_as_last_assigned_or_deleted(model):
+    """Children are also kept as plain attributes (a speed-up); that copy must follow nn.Module's record."""
+    x = torch.randn(1, 3, 32, 32)
+    head = torch.nn.Linear(48, 3)
+    model.head = head
+    assert model.head is head and model._modules["head"] is head and model(x)[0].shape == (1, 3)
+    model.head = None
+    assert model.head is None and model(x)[0] is None
+    proj = model.blocks[0].attn.proj
+    del model.blocks[0].attn.proj
+    with pytest.raises(AttributeError):
+        assert model.blocks[0].attn.proj is None  # never reached
+    model.blocks[0].attn.add_module("proj", proj)
+    assert model.blocks[0].attn.proj is proj
+
+
 def test_hooks_and_rules_apply_in_their_own_thread_only(model):
     import threading
 

@@ -51,8 +51,8 @@ def test_the_ablation_grid_reports_each_layer_and_gives_the_same_grid():
     with torch.no_grad():
         expected = ablation_grid(model, x)
         got = ablation_grid(model, x, progress=recorder)
-    L = CONFIG.num_layers
-    assert recorder.calls == [(i, L) for i in range(L + 1)]
+    L, cells = CONFIG.num_layers, 2 * CONFIG.num_heads  # a layer's interventions: every head of every image
+    assert recorder.calls == [(i * cells, L * cells) for i in range(L + 1)]
     torch.testing.assert_close(got, expected, rtol=0, atol=0)
 
 
@@ -63,7 +63,7 @@ def test_a_stopped_grid_stops_at_the_next_chunk():
     recorder.passes = passes
     with pytest.raises(work.Stopped, match="stopped by the test"):
         ablation_grid(model, x, progress=recorder)
-    assert recorder.calls[-1] == (1, CONFIG.num_layers)
+    assert recorder.calls[-1] == (CONFIG.num_heads, CONFIG.num_layers * CONFIG.num_heads)
     first, stop = recorder.passes_seen
     assert stop - first == 1 and len(passes) == stop  # one layer's pass ran, none after the stop
 
@@ -73,7 +73,8 @@ def test_head_patching_reports_each_layer_and_gives_the_same_grid():
     recorder = Recorder()
     expected = patch_heads(model, clean, corrupted)
     got = patch_heads(model, clean, corrupted, progress=recorder)
-    assert recorder.calls == [(i, CONFIG.num_layers) for i in range(CONFIG.num_layers + 1)]
+    L, cells = CONFIG.num_layers, 2 * CONFIG.num_heads
+    assert recorder.calls == [(i * cells, L * cells) for i in range(L + 1)]
     torch.testing.assert_close(got.patched, expected.patched, rtol=0, atol=0)
 
 

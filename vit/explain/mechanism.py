@@ -449,35 +449,69 @@ def _chunks(total: int, per_copy: int) -> int:
     return max(1, min(total, MAX_ELEMENTS // 8 // max(per_copy, 1)))
 
 
+def _copy_size(model: ViT, tokens: int) -> int:
+    """Floats one copy of an input of ``tokens`` tokens holds at once in a block: its widest activation (the MLP's,
+    or one head's attention rows)."""
+    c = model.config
+    return tokens * max(c.hidden_size, c.mlp_size, tokens * c.num_heads)
+
+
+def _batches(layers: int, per_layer: int, chunk: int):
+    """``(layer, cells)`` for every layer and every ``chunk`` of its ``per_layer`` cells (``cells`` a range): the
+    interventions of one layer that run in one batch through the layers after it."""
+    if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
+        raise MechanismError(f"the batch of interventions must be a positive number of copies, got {chunk!r}")
+    for layer in range(layers):
+        for start in range(0, per_layer, chunk):
+            yield layer, range(start, min(start + chunk, per_layer))
+
+
+def _run_from(model: ViT, x: Tensor, grid: tuple[int, int], layer: int, hooks=()) -> Tensor:
+    """The logits ``(n, classes)`` of ``n`` copies whose block ``layer`` input is ``x`` ``(n, T, D)``: the layers
+    from ``layer`` on, with ``hooks``, the last one only for the tokens the head reads."""
+    with model.hooks(hooks):
+        out, _ = model.run_blocks(x, grid, layer, queries=model.readout_tokens())
+    return model.classify(out)
+
+
+def _check_means_tokens(mode: str, means: Tensor | None, tokens: int) -> None:
+    if mode == "mean" and means.shape[1] != tokens:
+        raise MechanismError(f"the reference means are for {means.shape[1]} tokens but this input has {tokens}; "
+                             "compute them at the same input size")
+
+
 def ablation_grid(model: ViT, images: Tensor, classes: Tensor | int | None = None, mode: str = "zero",
-                  means: Tensor | None = None, progress: Progress | None = None) -> Tensor:
+                  means: Tensor | None = None, *, chunk: int | None = None, progress: Progress | None = None
+                  ) -> Tensor:
     """``(B, L, H)``: the change of each image's class logit (default: predicted) when each head alone is
-    ablated. One pass of the remaining layers per layer, all heads of that layer batched together;
-    ``progress(layers done, L)`` after each (it may raise to stop the grid there)."""
+    ablated. Each layer's ``B x H`` interventions run in the batch dimension, ``chunk`` at a time (default: as many
+    as the memory bound allows), through the layers from that one on; ``progress(done, total)`` after each batch."""
     check_supported(model, needs_head=True)
     _check_ablation(model, mode, means)
     with torch.no_grad():
         states, grid = hidden_states(model, images), grid_of(model, images)  # (B, L + 1, T, D)
         B, S, T, D = states.shape
         L, H, hd = _dims(model)
+        _check_means_tokens(mode, means, T)
         base = model.classify(states[:, -1])
         classes = class_indices(base, classes)
-        check_budget(B * H * T * max(D, model.config.mlp_size), "the ablation grid")
-        grid_out = torch.empty(B, L, H)
-        mask = torch.eye(H, dtype=torch.bool, device=states.device).repeat(B, 1)[:, None, :, None]  # (B*H, 1, H, 1)
-        _report(progress, 0, L)
-        for layer in range(L):
-            x = states[:, layer].repeat_interleave(H, dim=0)  # (B*H, T, D): copy h ablates head h
+        chunk = _chunks(B * H, _copy_size(model, T)) if chunk is None else chunk
+        grid_out = torch.empty(B * H, L)
+        _report(progress, 0, L * B * H)
+        for layer, cells in _batches(L, B * H, chunk):
+            cell = torch.tensor(cells, device=states.device)
+            image, head = cell // H, cell % H  # (n,) each: copy j ablates head[j] on image[j]
+            mask = F.one_hot(head, H).bool()[:, None, :, None]  # (n, 1, H, 1)
 
-            def ablate(context: Tensor, layer: int = layer) -> Tensor:
-                return torch.where(mask, _replacement(mode, means, layer, context), context)
+            def ablate(context: Tensor, hook, layer: int = layer, mask: Tensor = mask) -> Tensor:
+                rows = context.shape[1]  # fewer than T when this is the last layer (only the read-out's rows)
+                gone = torch.zeros_like(context) if mode == "zero" else means[layer, :rows].to(context)
+                return torch.where(mask, gone, context)
 
-            with model.hooks(_heads_replaced(layer, ablate)):
-                out, _ = model.run_blocks(x, grid, layer)
-            logits = model.classify(out).view(B, H, -1)
-            grid_out[:, layer] = (logits - base[:, None]).gather(-1, classes[:, None, None].expand(B, H, 1))[..., 0]
-            _report(progress, layer + 1, L)
-    return grid_out
+            logits = _run_from(model, states[image, layer], grid, layer, [(f"blocks.{layer}.attn.hook_z", ablate)])
+            grid_out[cells.start:cells.stop, layer] = (logits - base[image]).gather(-1, classes[image, None])[:, 0]
+            _report(progress, layer * B * H + cells.stop, L * B * H)
+    return grid_out.view(B, H, L).transpose(1, 2)
 
 
 # --- activation patching --------------------------------------------------------------------------
@@ -527,56 +561,63 @@ def _states_and_contexts(model: ViT, images: Tensor, names: list[str]) -> tuple[
 
 
 def patch_heads(model: ViT, clean: Tensor, corrupted: Tensor, a: Tensor | int | None = None,
-                b: Tensor | int | None = None, progress: Progress | None = None) -> Patching:
+                b: Tensor | int | None = None, *, chunk: int | None = None, progress: Progress | None = None
+                ) -> Patching:
     """Patch each (layer, head)'s context of the clean run into the corrupted run; the logit difference
-    ``logit[a] - logit[b]`` (defaults: the clean and the corrupted predictions) for each. One pass of the
-    remaining layers per layer, its heads batched; ``progress(layers done, L)`` after each."""
+    ``logit[a] - logit[b]`` (defaults: the clean and the corrupted predictions) for each. Each layer's ``B x H``
+    patches run in the batch dimension, ``chunk`` at a time, through the layers from that one on;
+    ``progress(done, total)`` after each batch."""
     with torch.no_grad():
         clean_s, corrupt_s, clean_d, corrupt_d, a, b, contexts, grid = _patching_setup(model, clean, corrupted, a, b,
                                                                                        heads=True)
         B, S, T, D = clean_s.shape
         L, H, hd = _dims(model)
-        check_budget(B * H * T * max(D, model.config.mlp_size), "the head patching grid")
-        out = torch.empty(B, L, H)
-        mask = torch.eye(H, dtype=torch.bool, device=clean_s.device).repeat(B, 1)[:, None, :, None]  # (B*H, 1, H, 1)
-        _report(progress, 0, L)
-        for layer in range(L):
-            x = corrupt_s[:, layer].repeat_interleave(H, dim=0)  # (B*H, T, D): copy h takes head h from the clean run
-            clean_context = contexts[layer].repeat_interleave(H, dim=0)  # (B*H, T, H, hd)
-            with model.hooks(_heads_replaced(layer, lambda context, c=clean_context: torch.where(mask, c, context))):
-                final, _ = model.run_blocks(x, grid, layer)
-            logits = model.classify(final).view(B, H, -1)
-            out[:, layer] = (logits.gather(-1, a.view(B, 1, 1).expand(B, H, 1))
-                             - logits.gather(-1, b.view(B, 1, 1).expand(B, H, 1)))[..., 0]
-            _report(progress, layer + 1, L)
-    return Patching(out, clean_d, corrupt_d)
+        chunk = _chunks(B * H, _copy_size(model, T)) if chunk is None else chunk
+        out = torch.empty(B * H, L)
+        _report(progress, 0, L * B * H)
+        for layer, cells in _batches(L, B * H, chunk):
+            cell = torch.tensor(cells, device=clean_s.device)
+            image, head = cell // H, cell % H  # (n,) each: copy j takes head[j] of image[j] from the clean run
+            mask = F.one_hot(head, H).bool()[:, None, :, None]  # (n, 1, H, 1)
+            source = contexts[layer][image]  # (n, T, H, hd)
+
+            def patch(context: Tensor, hook, source: Tensor = source, mask: Tensor = mask) -> Tensor:
+                return torch.where(mask, source[:, :context.shape[1]], context)  # the read-out's rows at the last
+
+            logits = _run_from(model, corrupt_s[image, layer], grid, layer, [(f"blocks.{layer}.attn.hook_z", patch)])
+            out[cells.start:cells.stop, layer] = (logits.gather(-1, a[image, None])
+                                                  - logits.gather(-1, b[image, None]))[:, 0]
+            _report(progress, layer * B * H + cells.stop, L * B * H)
+    return Patching(out.view(B, H, L).transpose(1, 2), clean_d, corrupt_d)
 
 
 def patch_residuals(model: ViT, clean: Tensor, corrupted: Tensor, a: Tensor | int | None = None,
-                    b: Tensor | int | None = None, progress: Progress | None = None) -> Patching:
+                    b: Tensor | int | None = None, *, chunk: int | None = None, progress: Progress | None = None
+                    ) -> Patching:
     """Patch the clean run's residual stream at each (layer input, token position) into the corrupted run:
-    ``patched`` is ``(B, L, T)``. Positions run in chunks that keep one step within the memory bound;
-    ``progress(passes done, B * L * T)`` after each chunk."""
+    ``patched`` is ``(B, L, T)``. Each layer's ``B x T`` patches run in the batch dimension, ``chunk`` at a time
+    (default: as many as keep one step within the memory bound), through the layers from that one on (the
+    corrupted run's cached block inputs are where they start); ``progress(done, total)`` after each batch."""
     with torch.no_grad():
         clean_s, corrupt_s, clean_d, corrupt_d, a, b, _, grid = _patching_setup(model, clean, corrupted, a, b)
         B, S, T, D = clean_s.shape
         L = len(model.blocks)
-        out = torch.empty(B, L, T)
-        chunk = _chunks(T, T * max(D, model.config.mlp_size, T * model.blocks[0].attn.num_heads))
-        if progress is not None:  # followed by a page: chunks short enough that a Stop ends the grid soon
-            chunk = min(chunk, PROGRESS_CHUNK)
-        _report(progress, 0, B * L * T)
-        for i in range(B):
-            for layer in range(L):
-                for start in range(0, T, chunk):
-                    positions = torch.arange(start, min(start + chunk, T), device=clean_s.device)
-                    x = corrupt_s[i, layer].repeat(len(positions), 1, 1)  # (n, T, D): copy j patches positions[j]
-                    x[torch.arange(len(positions)), positions] = clean_s[i, layer, positions]
-                    final, _ = model.run_blocks(x, grid, layer)
-                    logits = model.classify(final)  # (n, classes)
-                    out[i, layer, start:start + len(positions)] = logits[:, a[i]] - logits[:, b[i]]
-                    _report(progress, (i * L + layer) * T + start + len(positions), B * L * T)
-    return Patching(out, clean_d, corrupt_d)
+        if chunk is None:
+            chunk = _chunks(B * T, _copy_size(model, T))
+            if progress is not None:  # followed by a page: batches short enough that a Stop ends the grid soon
+                chunk = min(chunk, PROGRESS_CHUNK)
+        out = torch.empty(B * T, L)
+        _report(progress, 0, L * B * T)
+        for layer, cells in _batches(L, B * T, chunk):
+            cell = torch.tensor(cells, device=clean_s.device)
+            image, position = cell // T, cell % T  # (n,) each: copy j patches position[j] of image[j]
+            x = corrupt_s[image, layer]  # (n, T, D), a copy
+            x[torch.arange(len(cell)), position] = clean_s[image, layer, position]
+            logits = _run_from(model, x, grid, layer)
+            out[cells.start:cells.stop, layer] = (logits.gather(-1, a[image, None])
+                                                  - logits.gather(-1, b[image, None]))[:, 0]
+            _report(progress, layer * B * T + cells.stop, L * B * T)
+    return Patching(out.view(B, T, L).transpose(1, 2), clean_d, corrupt_d)
 
 
 # --- phenomena: high-norm tokens, massive activations, attention sinks ----------------------------
