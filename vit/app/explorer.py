@@ -790,7 +790,8 @@ def ablation_effects(checkpoint: Checkpoint, image: Image.Image, class_index: in
     """``(L, H)``: the change of the class logit when each head alone is ablated (one pass per layer)."""
     x = _model_input(checkpoint, image, size)
     with torch.inference_mode():
-        return mechanism.ablation_grid(checkpoint.model, x, class_index, mode, means, progress)[0].cpu().numpy()
+        grid = mechanism.ablation_grid(checkpoint.model, x, class_index, mode, means, progress=progress)
+    return grid[0].cpu().numpy()
 
 
 @dataclass
@@ -820,7 +821,7 @@ def patching_view(checkpoint: Checkpoint, clean: Image.Image, corrupted: Image.I
         heads = mechanism.patch_heads(model, x_clean, x_corrupted, progress=heads_progress)
         a = int(model.classify(mechanism.hidden_states(model, x_clean)[:, -1]).argmax(-1)[0])
         b = int(model.classify(mechanism.hidden_states(model, x_corrupted)[:, -1]).argmax(-1)[0])
-        tokens = (mechanism.patch_residuals(model, x_clean, x_corrupted, a, b, tokens_progress) if residual
+        tokens = (mechanism.patch_residuals(model, x_clean, x_corrupted, a, b, progress=tokens_progress) if residual
                   else None)
     return PatchingView(a, b, float(heads.clean[0]), float(heads.corrupted[0]), heads.recovered()[0].cpu().numpy(),
                         tokens.recovered()[0].cpu().numpy() if tokens is not None else None)
