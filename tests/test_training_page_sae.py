@@ -65,6 +65,15 @@ def test_bad_sae_fields_show_their_own_errors_and_launch_nothing(folders):
     assert RunManager(runs_dir).names() == []
 
 
+def test_the_sae_form_and_the_vit_form_label_no_two_fields_alike(folders):
+    """A user (and a browser test, by label) tells the fields apart by their labels: the SAE form beside the ViT
+    form once had a second "Epochs", "Seed" and "Run name"."""
+    at = AppTest.from_file(PAGE).run(timeout=TIMEOUT)
+    labels = [w.label for kind in ("number_input", "text_input", "selectbox", "radio", "slider")
+              for w in getattr(at, kind)]
+    assert len(labels) > 10 and sorted(labels) == sorted(set(labels)), [x for x in labels if labels.count(x) > 1]
+
+
 @pytest.mark.slow  # two training processes start (torch imported twice)
 def test_an_sae_run_launches_stops_and_resumes_from_the_page(folders):
     images, runs_dir = folders

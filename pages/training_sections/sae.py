@@ -66,7 +66,7 @@ def launch_form(manager: runs.RunManager, models: dict, choices: list[tuple[tupl
             with left:
                 st.selectbox("Model", list(models), key="sae_model", format_func=lambda p: models[p].label,
                              placeholder="no model found: give a path")
-                st.text_input("Or a path on the server", key="sae_model_path",
+                st.text_input("Or the model by its path on the server", key="sae_model_path",
                               placeholder="/path/to/model folder or file")
                 error_for("model")
                 st.text_input("Image folder", key="sae_data", placeholder="data/my-images",
@@ -89,9 +89,9 @@ def launch_form(manager: runs.RunManager, models: dict, choices: list[tuple[tupl
                 error_for("width")
                 st.number_input("k (latents kept per token)", min_value=1, step=1, key="sae_k")
                 error_for("k")
-                st.number_input("Epochs", min_value=1, step=1, key="sae_epochs")
+                st.number_input("SAE epochs", min_value=1, step=1, key="sae_epochs")
                 error_for("epochs")
-                st.number_input("Seed", step=1, key="sae_seed")
+                st.number_input("SAE seed", step=1, key="sae_seed")
                 st.selectbox("SAE device", [c[0] for c in single], key="sae_devices", format_func=devices.device_label)
                 error_for("devices")
                 if launch.ray_address():
@@ -99,7 +99,7 @@ def launch_form(manager: runs.RunManager, models: dict, choices: list[tuple[tupl
                                     key="sae_workers", help="With the Ray cluster: Ray Data harvests on this many "
                                     "actors and Ray Train trains the SAE")
                     error_for("workers")
-                st.text_input("Run name", key="sae_name", placeholder="sae-L<layer>-model-date when empty")
+                st.text_input("SAE run name", key="sae_name", placeholder="sae-L<layer>-model-date when empty")
                 error_for("name")
             submitted = st.form_submit_button("Launch SAE run", type="primary", key="sae_submit")
     s["sae_form_memory"] = {key: s[key] for key in FORM_KEYS if key in s}
