@@ -43,8 +43,6 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
-from vit.runs.devices import device_label, devices_overlap
-from vit.runs.launch import CLI_FIELDS, MAX_EPOCHS, RAY, RunParams, SAEParams, ValidationError, cli_args, default_data_dir, default_data_roots, launch_command, ray_address, sae_cli_args, sae_command, validate_params, validate_sae_params
 from vit.runfiles import (
     BEST_CHECKPOINT,
     CONFIG_FILE,
@@ -53,11 +51,11 @@ from vit.runfiles import (
     LAUNCH_FILE,
     LOG_FILE,
     METRICS_FILE,
-    STEPS_FILE,
     OUTPUT_FILE,
     ROOT,
     STALE_SECONDS,
     STATUS_FILE,
+    STEPS_FILE,
     RunFileError,
     default_runs_dir,
     iso,
@@ -69,6 +67,24 @@ from vit.runfiles import (
     remove_stray_temp_files,
     timestamp,
     write_json,
+)
+from vit.runs.devices import device_label, devices_overlap
+from vit.runs.launch import (
+    CLI_FIELDS,
+    MAX_EPOCHS,
+    RAY,
+    RunParams,
+    SAEParams,
+    ValidationError,
+    cli_args,
+    default_data_dir,
+    default_data_roots,
+    launch_command,
+    ray_address,
+    sae_cli_args,
+    sae_command,
+    validate_params,
+    validate_sae_params,
 )
 from vit.runs.state import (
     ACTIVE_STATES,
@@ -536,7 +552,11 @@ class RunManager:
 
         Raises ValidationError with per-field messages when the CLI would refuse the parameters.
         """
-        errors = self.validate(params)
+        return self._queue(params, self.validate(params), allow_sharing, {})
+
+    def _queue(self, params: RunParams | SAEParams, errors: dict[str, str], allow_sharing: bool,
+               extra: dict) -> RunInfo:
+        """Refuse ``errors`` or a name in use, else record the run as queued (with ``extra``) and dispatch."""
         if errors:
             raise ValidationError(errors)
         name = params.name.strip()
@@ -544,7 +564,8 @@ class RunManager:
             self._check_room()
             if self._record(name) is not None or self.run_dir(name).exists():
                 raise ValidationError({"name": f"a run named {name!r} already exists; choose another name"})
-            record = {"name": name, "params": {**asdict(params), "name": name, "devices": list(params.devices)},
+            record = {"name": name, **extra,
+                      "params": {**asdict(params), "name": name, "devices": list(params.devices)},
                       "devices": list(params.devices), "allow_sharing": allow_sharing, "state": "queued",
                       "queued_at": time.time(), "queue_reason": None, "resume": False, "resume_epochs": None,
                       "stop_requested_at": None, "sessions": []}
@@ -558,22 +579,7 @@ class RunManager:
 
     def launch_sae(self, params: SAEParams, allow_sharing: bool = False) -> RunInfo:
         """Validate, then start a sparse autoencoder's run (``vit.sae train``), queued like any other."""
-        errors = self.validate_sae(params)
-        if errors:
-            raise ValidationError(errors)
-        name = params.name.strip()
-        with self._locked():
-            self._check_room()
-            if self._record(name) is not None or self.run_dir(name).exists():
-                raise ValidationError({"name": f"a run named {name!r} already exists; choose another name"})
-            record = {"name": name, "kind": "sae",
-                      "params": {**asdict(params), "name": name, "devices": list(params.devices)},
-                      "devices": list(params.devices), "allow_sharing": allow_sharing, "state": "queued",
-                      "queued_at": time.time(), "queue_reason": None, "resume": False, "resume_epochs": None,
-                      "stop_requested_at": None, "sessions": []}
-            self._save_record(record)
-            self._dispatch()
-        return self.get(name)
+        return self._queue(params, self.validate_sae(params), allow_sharing, {"kind": "sae"})
 
     def _check_room(self) -> None:
         active = sum(1 for run in self.list_runs() if run.active)
