@@ -14,6 +14,8 @@ from vit.explain.attention import (
     mass_mask,
     mean_attention_distance,
     patch_centres,
+    relevance_rollout,
+    relevance_rollout_row,
     rollout,
     rollout_factor,
     rollout_rows,
@@ -359,6 +361,25 @@ def test_rollout_rows_by_hand_for_two_layers():
     torch.testing.assert_close(f0, torch.tensor([[[0.75, 0.25], [0.0, 1.0]]]))
     # row 1 of f1 @ f0 = [0.25, 0.75] @ f0 = [0.1875, 0.8125]
     torch.testing.assert_close(rollout_rows([f0, f1], 1), torch.tensor([[0.1875, 0.8125]]))
+
+
+def test_relevance_rollout_row_is_the_query_row_of_the_whole_relevance():
+    torch.manual_seed(0)
+    terms = [torch.rand(2, 9, 9) / 9 for _ in range(5)]
+    for end_layer in (None, 2, -1):
+        full = relevance_rollout(terms, end_layer)
+        for query in (0, 4, 8):
+            torch.testing.assert_close(relevance_rollout_row(terms, query, end_layer), full[:, query],
+                                       rtol=1e-6, atol=1e-7)
+
+
+def test_relevance_rollout_row_by_hand_for_two_layers():
+    a0 = torch.tensor([[[0.2, 0.0], [0.1, 0.3]]])
+    a1 = torch.tensor([[[0.0, 0.4], [0.5, 0.0]]])
+    # row 1 of (I + a1) (I + a0) = [0.5, 1.0] @ [[1.2, 0.0], [0.1, 1.3]] = [0.7, 1.3]
+    torch.testing.assert_close(relevance_rollout_row([a0, a1], 1), torch.tensor([[0.7, 1.3]]))
+    with pytest.raises(ValueError, match="out of range"):
+        relevance_rollout_row([a0, a1], 2)
 
 
 def test_mass_mask_keeps_the_largest_patches_until_the_share_is_reached():

@@ -34,7 +34,7 @@ from vit.explain.attention import (
     layer_stats,
     mass_mask,
     positive_gradient_attention,
-    relevance_rollout,
+    relevance_rollout_row,
     rollout_factor,
     rollout_rows,
     rollout_vector,
@@ -368,7 +368,7 @@ class ClassRelevance:
     def row(self, query: int, end_layer: int) -> torch.Tensor:
         """Row ``query`` of the gradient rollout up to ``end_layer``: ``(1, T)``."""
         if self.inputs is None:
-            return relevance_rollout(self.terms, end_layer)[:, query]
+            return relevance_rollout_row(self.terms, query, end_layer)
         if (query, end_layer) not in self.rows:
             self.rows[(query, end_layer)] = self.inputs.gradient_rollout_row(self.contexts, query, end_layer)
         return self.rows[(query, end_layer)]

@@ -217,6 +217,28 @@ def relevance_rollout(terms: Sequence[Tensor], end_layer: int | None = None) -> 
     return R
 
 
+def relevance_rollout_row(terms: Sequence[Tensor], query: int, end_layer: int | None = None) -> Tensor:
+    """Row ``query`` of ``relevance_rollout(terms, end_layer)``, ``(B, T)``: ``R = (I + Ā_end) ... (I + Ā_0)``, so
+    its row is ``v = e_query``, then ``v = v + v @ Ā_l`` from layer ``end_layer`` down: ``L x T²`` work where the
+    whole product costs ``L x T³`` (what a map of one query reads)."""
+    terms = list(terms)
+    if not terms:
+        raise ValueError("no layers given; run the model with output_attentions=True")
+    if end_layer is not None:
+        if not -len(terms) <= end_layer < len(terms):
+            raise ValueError(f"end_layer {end_layer} is out of range for {len(terms)} layers")
+        terms = terms[: end_layer % len(terms) + 1]
+    B, T, _ = terms[0].shape
+    if not 0 <= query < T:
+        raise ValueError(f"query token {query} is out of range for {T} tokens")
+    dtype = _compute_dtype(terms[0])
+    v = torch.zeros(B, 1, T, dtype=dtype, device=terms[0].device)
+    v[:, 0, query] = 1.0
+    for cam in reversed(terms):
+        v = v + v @ cam.to(dtype)
+    return v[:, 0]
+
+
 def gradient_rollout(attentions: Sequence[Tensor], gradients: Sequence[Tensor],
                      end_layer: int | None = None) -> Tensor:
     """Gradient-weighted rollout (Chefer, Gur & Wolf 2021, "Generic attention-model explainability").
