@@ -96,6 +96,53 @@ def residual_loop_hooks(model, clean, corrupted):
     return out
 
 
+def prisma_twin(model: ViT, side: int):
+    """ViT-Prisma's ``HookedViT`` (TransformerLens's hook points and ``run_with_hooks``, for vision) and ours on the
+    same random weights: a timm ViT of ``model``'s shape, converted by each library's own converter."""
+    import timm
+    from vit_prisma.configs.HookedViTConfig import HookedViTConfig
+    from vit_prisma.models.base_vit import HookedViT
+    from vit_prisma.prisma_tools.loading_from_pretrained import convert_timm_weights
+
+    from vit.sources.import_timm import config_from_timm, state_dict_from_timm
+
+    c = model.config
+    torch.manual_seed(0)
+    reference = timm.create_model("vit_base_patch16_224", pretrained=False, img_size=side, patch_size=c.patch_size,
+                                  depth=c.num_layers, embed_dim=c.hidden_size, num_heads=c.num_heads,
+                                  num_classes=c.num_classes).eval()
+    config = HookedViTConfig(n_layers=c.num_layers, d_model=c.hidden_size, d_head=c.hidden_size // c.num_heads,
+                             n_heads=c.num_heads, d_mlp=c.mlp_size, activation_name="gelu", eps=1e-6,
+                             n_channels=c.num_channels, patch_size=c.patch_size, image_size=side,
+                             n_classes=c.num_classes, return_type="class_logits", use_wandb=False)
+    prisma = HookedViT(config)
+    prisma.load_state_dict(convert_timm_weights(reference.state_dict(), config), strict=True)
+    state = reference.state_dict()
+    ours = ViT(config_from_timm("vit_base_patch16_224", state, {"num_heads": c.num_heads, "img_size": side}))
+    ours.load_state_dict(state_dict_from_timm(state), strict=True)
+    return prisma.eval(), ours.eval()
+
+
+def residual_loop_prisma(prisma, clean, corrupted):
+    """The grid as TransformerLens's ``patching.get_act_patch_resid_pre`` runs it, on ViT-Prisma's ``HookedViT``:
+    the clean run cached, then one ``run_with_hooks`` forward of the corrupted image per (layer, position), its
+    ``blocks.{layer}.hook_resid_pre`` edited at that position."""
+    clean_logits, cache = prisma.run_with_cache(clean, names_filter=lambda name: name.endswith("hook_resid_pre"))
+    a, b = int(clean_logits.argmax()), int(prisma(corrupted).argmax())
+    L, T = prisma.cfg.n_layers, cache["blocks.0.hook_resid_pre"].shape[1]
+    out = torch.empty(1, L, T)
+    for layer in range(L):
+        name = f"blocks.{layer}.hook_resid_pre"
+        for position in range(T):
+            def patch(resid, hook, name=name, position=position):
+                resid[:, position] = cache[name][:, position]
+                return resid
+
+            logits = prisma.run_with_hooks(corrupted, fwd_hooks=[(name, patch)])
+            out[0, layer, position] = logits[0, a] - logits[0, b]
+    return out
+
+
 def time_call(fn) -> float:
     start = time.perf_counter()
     fn()
@@ -121,12 +168,22 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--preset", default="vit-base-16")
     p.add_argument("--size", type=int, default=0, help="input side in px (default: the preset's)")
     p.add_argument("--only", default="", help="comma-separated names of the calls to time (default: all)")
+    p.add_argument("--residual-only", default="",
+                   help="comma-separated names of the residual grids to run (default: all): batched, before, hooks, "
+                        "prisma")
+    p.add_argument("--prisma", action="store_true",
+                   help="build the model from random timm weights and add ViT-Prisma's run_with_hooks loop (a "
+                        "TransformerLens-style baseline) on the same weights to the residual grids")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     model = ViT(ViTConfig.from_preset(args.preset)).eval()
     c = model.config
     side = args.size or c.image_size
+    prisma = None
+    if args.prisma:
+        prisma, model = prisma_twin(model, side)
+        c = model.config
     clean, corrupted = torch.randn(2, 1, c.num_channels, side, side)
     references = torch.randn(REFERENCE_CHUNK, c.num_channels, side, side)
     calls = {
@@ -153,9 +210,16 @@ def main(argv: list[str] | None = None) -> int:
         residual = {"residual patching grid": lambda: mechanism.patch_residuals(model, clean, corrupted),
                     "residual grid, loop before": lambda: residual_loop_before(model, clean, corrupted),
                     "residual grid, torch hooks": lambda: residual_loop_hooks(model, clean, corrupted)}
+        if prisma is not None:
+            residual["residual grid, ViT-Prisma"] = lambda: residual_loop_prisma(prisma, clean, corrupted)
+        if args.residual_only:
+            keys = {"batched": "residual patching grid", "before": "residual grid, loop before",
+                    "hooks": "residual grid, torch hooks", "prisma": "residual grid, ViT-Prisma"}
+            wanted = {keys[w.strip()] for w in args.residual_only.split(",")} | {"residual patching grid"}
+            residual = {name: fn for name, fn in residual.items() if name in wanted}
         if args.residual_repeats and args.check:
             expected = residual["residual patching grid"]().patched
-            for name in ("residual grid, loop before", "residual grid, torch hooks"):
+            for name in [n for n in residual if n != "residual patching grid"]:
                 difference = (residual[name]() - expected).abs().max().item()
                 print(f"{name}: largest difference to the batched grid {difference:.2e}")
         for _ in range(args.residual_repeats):  # in turn, so that background load slows all alike
@@ -173,7 +237,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{name:28s} {median:10.3f} {median / base:10.1f}  {len(values)}")
     if "residual patching grid" in times:  # CPU seconds, each run in turn with the other two
         grid = times["residual patching grid"]
-        for name in ("residual grid, loop before", "residual grid, torch hooks"):
+        for name in [n for n in residual if n != "residual patching grid"]:
             ratio = statistics.median(o / g for o, g in zip(times[name], grid, strict=True))
             print(f"{name} / batched grid, CPU seconds: median ratio {ratio:.2f} over {len(grid)} turns")
     return 0
