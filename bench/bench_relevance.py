@@ -11,7 +11,8 @@ process: import, model, one warm-up and ``--repeats`` maps), and compare the pri
 Methods: ``legrad`` (the last two layers, the authors' default), ``lrp`` (Chefer et al.'s transformer
 attribution), ``attnlrp``, ``cp-lrp``, and ``legrad-authors`` (WalBouss/LeGrad's ``compute_legrad`` as vendored in
 tests/reference, on HF's ViT with the same random weights, reading the class logit as tests/test_relevance.py does),
-``attnlrp-lxt`` (lxt's AttnLRP rules patched into HF's ViT of the same shapes, as tests/test_relevance.py does).
+``attnlrp-lxt`` (lxt's AttnLRP rules patched into HF's ViT of the same shapes, as tests/test_relevance.py does),
+``lrp-chefer`` (Chefer et al.'s own ViT_LRP and ``generate_LRP``, vendored in tests/reference, on the same weights).
 
 Measured 2026-11-23 on the 2-core machine under heavy load from other jobs, whole processes in turn (A B A B, 3 pairs;
 2 for LRP), median CPU-seconds ratio after / before the hook points and rule context (and the printed map-only
@@ -74,6 +75,16 @@ def authors_legrad(model: ViT):
     return run
 
 
+def authors_lrp(model: ViT):
+    """Chefer et al.'s own LRP (hila-chefer/Transformer-Explainability's ViT_LRP, vendored in tests/reference) holding
+    ``model``'s weights, its map generated as tests/test_relevance.py generates it (``generate_LRP``)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from tests.test_relevance import chefer_reference, chefer_reference_map
+
+    ref = chefer_reference(model)
+    return lambda x, classes: chefer_reference_map(ref, x, int(classes[0]))
+
+
 def authors_attnlrp(model: ViT):
     """lxt's AttnLRP (its ``efficient`` rules, vendored in tests/reference/lxt) patched into HF's ViT of ``model``'s
     shapes, as tests/test_relevance.py does: one forward and one backward of the class logit, input x gradient."""
@@ -107,7 +118,7 @@ def authors_attnlrp(model: ViT):
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--method", default="legrad", choices=["legrad", "lrp", "attnlrp", "cp-lrp", "legrad-authors",
-                                                          "attnlrp-lxt"])
+                                                          "attnlrp-lxt", "lrp-chefer"])
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--preset", default="vit-base-16")
@@ -117,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     model = ViT(ViTConfig.from_preset(args.preset)).eval()
     c = model.config
     image = torch.randn(1, c.num_channels, c.image_size, c.image_size)
-    authors = {"legrad-authors": authors_legrad, "attnlrp-lxt": authors_attnlrp}
+    authors = {"legrad-authors": authors_legrad, "attnlrp-lxt": authors_attnlrp, "lrp-chefer": authors_lrp}
     run = authors[args.method](model) if args.method in authors else ours(args.method, model)
     classes = torch.tensor([3])
     run(image, classes)  # warm-up
