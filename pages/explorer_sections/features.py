@@ -301,7 +301,10 @@ def features(view: Shown, may_open: bool, asked: words.Answer | None = None) -> 
         if hub.looks_like_sae_name(text) and hub.cached_sae(text) is None and offer_download(text):
             return
         if needs_layer(sae_source()):
-            st.number_input("Block it reads", 1, view.full_checkpoint.model.config.num_layers, value=None,
+            blocks = view.full_checkpoint.model.config.num_layers
+            if not 1 <= (st.session_state.get(LAYER_KEY) or 1) <= blocks:  # typed for a deeper model opened before
+                st.session_state.pop(LAYER_KEY)
+            st.number_input("Block it reads", 1, blocks, value=None,
                             key=LAYER_KEY, on_change=_page_rerun, placeholder="the block this SAE was trained on",
                             help="saev's files do not say which block's output they were trained on: the residual "
                                  "stream after this block, counted from 1.")
