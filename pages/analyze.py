@@ -6,8 +6,6 @@ mistake opens in the explorer through ``st.session_state["explorer_checkpoint"]`
 """
 
 import os
-import subprocess
-import sys
 import time
 from functools import partial
 from pathlib import Path
@@ -17,6 +15,8 @@ import streamlit as st
 from pages.analyze_sections.feature_browser import feature_browser
 from pages.explorer_sections.checkpoint_picker import open_from_hub
 from pages.explorer_sections.long_work import long_work
+from vit.analyze import build_parser as analyze_parser
+from vit.analyze import submit as submit_analysis
 from vit.app import catalog, explorer, work
 from vit.checkpoint import CheckpointError
 from vit.evaluate import labelled_files
@@ -24,8 +24,8 @@ from vit.explain import dataset
 from vit.explain.dataset import sample_files
 from vit.images import ImageError, open_image
 from vit.predict import UsageError
-from vit.runfiles import ROOT, default_runs_dir, parse_json, read_text_bounded
-from vit.runs import access, launch
+from vit.runfiles import default_runs_dir, parse_json, read_text_bounded
+from vit.runs import access, launch, ray_analyze, ray_jobs
 from vit.runs.launch import default_data_roots, folder_problem, hide_data_roots, resolve_dataset
 from vit.sources.open import open_source
 from vit.text import escape_markdown, visible
@@ -34,7 +34,6 @@ EXPLORER_PAGE = "pages/explorer.py"
 SHOWN_MISTAKES = 12
 # One page's analysis holds a core for minutes at most (100,000 images took ~10 minutes); the CLI has no cap.
 MAX_PAGE_IMAGES = int(os.environ.get("VIT_ANALYSE_MAX_IMAGES", "20000"))
-RAY_TIMEOUT_SECONDS = 3600
 REQUEST_KEY = "analyze_request"  # (key, compute, checkpoint, folder) of the pass this session asked for
 
 st.title("Analyse a dataset")
@@ -108,19 +107,22 @@ with_mechanism = st.checkbox("Also the mechanism: head attribution, ablation, hi
                                   "machine only: not on the cluster from this page).") and not on_ray
 
 
-def analyze_on_ray(model: str, data: Path, limit: int) -> dataset.DatasetAnalysis:
-    """``python -m vit.analyze --ray`` into a folder of the runs folder (storage the nodes share), read back."""
+def analyze_on_ray(model: str, data: Path, limit: int, progress: work.Progress) -> tuple:
+    """``python -m vit.analyze --ray``'s job into a folder of the runs folder (storage the nodes share), followed
+    with ``progress`` (images done, from its log): the page's Stop stops the job (``ray_analyze.wait_for_job``) and
+    nothing is read back. Done, its analysis and figures (once per analysis, as ``analyze_here``)."""
     out = default_runs_dir() / ".analyses" / f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
-    command = [sys.executable, "-m", "vit.analyze", model, "--data", str(data), "--out", str(out), "--ray",
-               ray_address, "--limit", str(limit)]
-    with st.spinner(f"Analysing {limit:,} images at most on the Ray cluster (the job's start takes ~20 s)…"):
-        done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=RAY_TIMEOUT_SECONDS,
-                              stdin=subprocess.DEVNULL)
-    if done.returncode != 0:
-        lines = [line for line in done.stderr.splitlines() if line.strip()]
-        raise ValueError(lines[-1] if lines else f"vit.analyze --ray ended with status {done.returncode}")
+    progress(0, limit)  # a Stop before the job is submitted submits nothing
+    jobs, sid = submit_analysis(analyze_parser().parse_args(
+        [model, "--data", str(data), "--out", str(out), "--ray", ray_address, "--limit", str(limit)]))
+    status = ray_analyze.wait_for_job(jobs, sid, limit, progress)
+    if status == "FAILED":
+        raise ValueError(ray_jobs.job_error(jobs, sid, "vit.analyze"))
+    if status != "SUCCEEDED":  # stopped on the cluster (ray job stop): no report
+        raise ValueError(f"the Ray job {sid} was stopped on the cluster before it wrote its report")
     # Its mistakes must lie in the folder: the file is written on shared storage, and each opens in the explorer.
-    return dataset.DatasetAnalysis.from_json(parse_json(read_text_bounded(out / "analysis.json")), folder=data)
+    analysis = dataset.DatasetAnalysis.from_json(parse_json(read_text_bounded(out / "analysis.json")), folder=data)
+    return analysis, dataset.figures(analysis)
 
 
 def analyze_here(checkpoint, files: list, with_mechanism: bool, progress: work.Progress) -> tuple:
@@ -163,22 +165,21 @@ if st.button("Analyse", type="primary", disabled=not folder.strip()):
             st.info(f"The folder has {len(everything):,} images; this page analyses a seeded sample of "
                     f"{MAX_PAGE_IMAGES:,} (python -m vit.analyze takes them all).")
         files = sample_files(everything, min(limit or MAX_PAGE_IMAGES, MAX_PAGE_IMAGES), seed=0)
-        if on_ray:
-            analysis = analyze_on_ray(choice, data_folder, len(files))
-            # Figures once per analysis, not on every rerun (each mistake's button reruns the page).
-            st.session_state["analyze_result"] = (choice, str(data_folder), analysis, dataset.figures(analysis))
-        else:  # long work on this server: progress, a Stop button, the server-wide bound (long_work)
-            st.session_state[REQUEST_KEY] = ((choice, str(data_folder), len(files), with_mechanism, time.time()),
-                                             partial(analyze_here, checkpoint, files, with_mechanism),
-                                             choice, str(data_folder))
+        # Long work either way: progress, a Stop button (on Ray it stops the job), the server-wide bound (long_work).
+        compute = partial(analyze_on_ray, choice, data_folder, len(files)) if on_ray else \
+            partial(analyze_here, checkpoint, files, with_mechanism)
+        st.session_state[REQUEST_KEY] = ((choice, str(data_folder), len(files), with_mechanism, time.time(), on_ray),
+                                         compute, choice, str(data_folder))
+        st.session_state.pop("analyze_result", None)  # the report shown is the one asked for last, or none
     except (UsageError, CheckpointError, ValueError) as e:
         st.error(escape_markdown(shown(str(e))))
 
 if REQUEST_KEY in st.session_state:  # asked for in this run or an earlier one: shown until it is done
     key, compute, analysed_checkpoint, analysed_data = st.session_state[REQUEST_KEY]
     try:
-        done = long_work(key, f"Analysing {key[2]:,} images" + (" and their mechanism" if key[3] else ""), compute,
-                         "analyse", unit="images")
+        label = f"Analysing {key[2]:,} images" + (" and their mechanism" if key[3] else "") + (
+            " on the Ray cluster" if key[5] else "")
+        done = long_work(key, label, compute, "analyse", unit="images", heavy=not key[5])
     except (CheckpointError, ValueError, OSError) as e:
         st.session_state.pop(REQUEST_KEY)
         st.error(escape_markdown(shown(str(e))))

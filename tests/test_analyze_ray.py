@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import re
@@ -9,16 +10,17 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
-from helpers import free_port, make_image_folder
+from helpers import displayed, free_port, make_image_folder
 
 from vit.analyze import build_parser, command_line
 from vit.checkpoint import save_checkpoint
 from vit.model import ViT, ViTConfig
-from vit.runs.ray_analyze import cause_line, plan_actors
+from vit.runs.ray_analyze import cause_line, images_done, plan_actors, wait_for_job
 from vit.runs.ray_jobs import RayRunError
 
 REPO = Path(__file__).resolve().parent.parent
@@ -190,6 +192,64 @@ def test_summaries_that_come_in_any_order_and_split_go_on_in_file_order():
         list(in_file_order([part(0, 1), part(1)], total=2))
 
 
+class FakeJobs:
+    """A JobSubmissionClient's answers about one job: RUNNING with ``log`` until it is stopped (STOPPED then, or
+    never when ``stops`` is False), and the stops it was asked for."""
+
+    def __init__(self, log: str = "", stops: bool = True) -> None:
+        self.log, self.stops, self.stopped = log, stops, []
+
+    def get_job_status(self, sid):
+        return SimpleNamespace(value="STOPPED" if self.stopped and self.stops else "RUNNING")
+
+    def get_job_logs(self, sid):
+        return self.log
+
+    def stop_job(self, sid):
+        self.stopped.append(sid)
+        return True
+
+
+class PageStop(Exception):
+    """What a page's progress callback raises on Stop (vit.app.work.Stopped, which vit/runs does not know)."""
+
+
+def test_the_images_done_are_read_from_the_jobs_progress_bar():
+    from tqdm import tqdm
+
+    log = io.StringIO()
+    log.write("Running entrypoint for job analyze-x\n")
+    bar = tqdm(total=25, unit="img", desc="analysing", file=log, dynamic_ncols=True)  # as vit.analyze draws it
+    assert images_done(log.getvalue()) == 0
+    bar.update(8)
+    bar.update(8)
+    bar.refresh()
+    assert images_done(log.getvalue()) == 16
+
+
+def test_a_stop_from_the_page_stops_the_job_through_the_jobs_api_before_it_goes_on():
+    seen = []
+
+    def progress(done, total):
+        seen.append((done, total))
+        if len(seen) == 2:
+            raise PageStop("stopped by you")
+
+    jobs = FakeJobs("analysing:  32%|###2      | 8/25 [00:01<00:02,  6.00img/s]")
+    with pytest.raises(PageStop):
+        wait_for_job(jobs, "analyze-x", 25, progress, poll=0)
+    assert seen == [(8, 25), (8, 25)] and jobs.stopped == ["analyze-x"]
+
+
+def test_a_job_that_does_not_stop_is_one_line_naming_it():
+    def progress(done, total):
+        raise PageStop("stopped by you")
+
+    with pytest.raises(RayRunError, match="could not stop Ray job analyze-x .*ray job stop analyze-x") as error:
+        wait_for_job(FakeJobs(stops=False), "analyze-x", 25, progress, poll=0, stop_wait=0.6)
+    assert "\n" not in str(error.value)
+
+
 @pytest.mark.slow
 def test_the_analyse_page_runs_on_the_cluster_and_shows_what_a_local_run_shows(ray_cluster, world, tmp_path,
                                                                                monkeypatch):
@@ -223,4 +283,37 @@ def test_the_analyse_page_runs_on_the_cluster_and_shows_what_a_local_run_shows(r
         return [m.value for m in at.metric]
 
     assert page(on_ray=True) == page(on_ray=False)
-    assert list((tmp_path / "runs" / ".analyses").glob("*/analysis.json"))  # written on the shared runs folder
+    reports = list((tmp_path / "runs" / ".analyses").glob("*/analysis.json"))
+    assert len(reports) == 1  # written on the shared runs folder
+
+    # Started by mistake: Stop stops the job on the cluster; the page says so and shows no report.
+    from ray.job_submission import JobSubmissionClient
+
+    from pages.explorer_sections import long_work
+
+    monkeypatch.setattr(long_work, "QUICK_S", 0.5)
+    monkeypatch.setenv("VIT_RAY_ADDRESS", ray_cluster.address)
+    at = AppTest.from_file(str(REPO / "app.py"), default_timeout=TIMEOUT)
+    at.switch_page("pages/analyze.py")
+    at.run()
+    at.text_input(key="analyze_folder").set_value(str(world / "data"))
+    at.checkbox(key="analyze_on_ray").check()
+    at.run()
+    [analyse] = [b for b in at.button if b.label == "Analyse"]
+    analyse.click()
+    at.run()
+    assert not at.metric, "the report of the run before is not shown as this one's"
+    current = at.session_state[long_work.SESSION_KEY]
+    [stop] = [b for b in at.button if b.key == "long_work_stop-analyse"]
+    stop.click()
+    at.run()
+    assert current.wait(90) and current.state == "stopped", current.describe()
+    at.run()
+    assert not at.exception, [e.message for e in at.exception]
+    assert any("on the Ray cluster: stopped after" in displayed(i.value) and "stopped by you" in i.value
+               for i in at.info)
+    assert not at.metric and not at.get("plotly_chart")
+    analyses = [j for j in JobSubmissionClient(ray_cluster.address).list_jobs()
+                if str((j.metadata or {}).get("vit_analysis", "")).startswith(str(tmp_path / "runs"))]
+    assert sorted(str(j.status.value) for j in analyses) == ["STOPPED", "SUCCEEDED"]
+    assert list((tmp_path / "runs" / ".analyses").glob("*/analysis.json")) == reports  # it wrote nothing

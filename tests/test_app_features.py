@@ -11,6 +11,7 @@ import torch
 from helpers import displayed
 from test_app import CLASSES, charts, png_bytes, run_app
 from test_app_mechanism import sample_input
+from test_sae_formats import prisma_sae, saev_sae
 
 from vit.app.catalog import DEFAULT_CHECKPOINT
 from vit.checkpoint import load_checkpoint
@@ -158,12 +159,55 @@ def test_an_sae_of_another_model_or_width_is_a_one_line_refusal(sae_world, tmp_p
     save_sae(other, tmp_path / "other")
     wide = SparseAutoencoder(24, 32, 4, info=SAEInfo(hook_name="blocks.1.hook_resid_post"))
     save_sae(wide, tmp_path / "wide")
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "junk.pt").write_bytes(b"not an SAE")
     at = run_app()
     for path, message in ((tmp_path / "other", "trained on another model"), (tmp_path / "wide", "24-wide"),
-                          (tmp_path / "nothing", "is not an SAE folder")):
+                          (tmp_path / "nothing", "nothing is not a file or folder"),
+                          (tmp_path / "empty", "empty is no SAE folder: SAELens's holds cfg.json"),
+                          (tmp_path / "junk.pt", "junk.pt is not a checkpoint or weights file")):
         at = open_features(at, path)
         [error] = at.error
         assert message in displayed(error.value) and "\n" not in error.value
+
+
+def shows_the_strongest_of(at, z, P):
+    """The section lists the features whose peak on a patch of ``z (T, d_sae)``, the reference's latents, is largest,
+    with those peaks, and draws the first one's map."""
+    peak = z[P:].max(dim=0).values.detach()
+    expected = peak.topk(8).indices[peak.topk(8).values > 0].tolist()
+    [strongest] = [r for r in at.radio if r.key == "sae_strongest"]
+    assert expected and strongest.options == [f"feature {i} · {float(peak[i]):.3g}" for i in expected]
+    assert any(f"its peak here, {float(peak[expected[0]]):.3g}" in c.value for c in at.caption)
+
+
+def test_a_vit_prisma_sae_opens_by_its_folder_with_the_features_prismas_code_computes(default_world, tmp_path):
+    checkpoints, _ = default_world
+    checkpoint, x = sample_input(checkpoints)
+    tokens = checkpoint.model.num_prefix_tokens + checkpoint.model.config.num_patches
+    reference = prisma_sae(tmp_path / "prisma", "topk", "layer_norm", layer=LAYER - 1, d_in=16, context_size=tokens)
+    at = open_features(run_app(), tmp_path / "prisma")
+    with torch.no_grad():
+        _, z = reference.encode(hand_stream(checkpoint.model, x))
+    shows_the_strongest_of(at, z[0], checkpoint.model.num_prefix_tokens)
+    assert any("(ViT-Prisma, k 5)" in c.value for c in at.caption)
+
+
+def test_a_saev_file_opens_once_its_block_is_given_with_the_features_saevs_code_computes(default_world, tmp_path):
+    checkpoints, _ = default_world
+    checkpoint, x = sample_input(checkpoints)
+    reference = saev_sae(tmp_path / "sae.pt", "relu", d_in=16)
+    at = open_features(run_app(), tmp_path / "sae.pt")
+    assert not [r for r in at.radio if r.key == "sae_strongest"]  # its file does not say which block it reads
+    [error] = at.error
+    assert "give the block" in error.value and "\n" not in error.value
+    at.number_input(key="sae_layer").set_value(LAYER)
+    at.run()
+    assert not at.exception, [e.message for e in at.exception]
+    with torch.no_grad():
+        z = reference.encode(hand_stream(checkpoint.model, x)[0]).f_x
+    shows_the_strongest_of(at, z, checkpoint.model.num_prefix_tokens)
+    assert any("a single file" in c.value for c in at.caption)  # no features.npz: no exemplars
 
 
 def test_without_access_to_the_servers_files_no_sae_folder_is_asked(sae_world, monkeypatch):
@@ -287,3 +331,20 @@ def test_an_sae_handed_over_by_the_train_page_opens_in_the_features_section(sae_
     at = run_app(explorer_sae=str(folder))  # what "Open with this SAE in the explorer" sets
     assert at.toggle(key="sae_view").value and at.text_input(key="sae_folder").value == str(folder)
     assert [r for r in at.radio if r.key == "sae_strongest"], "the handed SAE's features are shown"
+
+
+def test_a_hub_sae_missing_from_the_cache_downloads_on_its_button_then_opens(default_world, fake_hub, tmp_path):
+    checkpoints, _ = default_world
+    checkpoint, x = sample_input(checkpoints)
+    tokens = checkpoint.model.num_prefix_tokens + checkpoint.model.config.num_patches
+    reference = prisma_sae(tmp_path / "prisma", "relu", "none", layer=LAYER - 1, d_in=16, context_size=tokens)
+    fake_hub.add("acme/saes", {f"prisma/{p.name}": p.read_bytes() for p in (tmp_path / "prisma").iterdir()})
+    at = open_features(run_app(), "acme/saes/prisma")
+    assert not fake_hub.fetched() and not [r for r in at.radio if r.key == "sae_strongest"]  # nothing before asked
+    at.button(key="features_download").click()
+    at.run()
+    assert not at.exception, [e.message for e in at.exception]
+    assert sorted(fake_hub.fetched()) == ["prisma/config.json", "prisma/n_images_100.pt"]
+    with torch.no_grad():
+        _, z = reference.encode(hand_stream(checkpoint.model, x))
+    shows_the_strongest_of(at, z[0], checkpoint.model.num_prefix_tokens)

@@ -32,23 +32,24 @@ def activations(seed=1):
     return torch.randn(2, 7, D_IN, generator=generator) * torch.linspace(0.5, 3, D_IN) + 2.0
 
 
-def prisma_sae(folder: Path, activation="topk", normalize="layer_norm", layer=1):
-    """A Prisma SAE saved as its trainer's ``checkpoint`` does: config.json, then ``save_model`` of a .pt."""
+def prisma_sae(folder: Path, activation="topk", normalize="layer_norm", layer=1, d_in=D_IN, context_size=5):
+    """A Prisma SAE saved as its trainer's ``checkpoint`` does: config.json, then ``save_model`` of a .pt (by default
+    for tiny_model: its 4 patches and CLS)."""
     pytest.importorskip("vit_prisma", reason="install it with: pip install --no-deps -r requirements-test-nodeps.txt")
     from tests.reference.vit_prisma_sae.config import VisionModelSAERunnerConfig
     from tests.reference.vit_prisma_sae.sae import StandardSparseAutoencoder
 
     cfg = VisionModelSAERunnerConfig(
-        d_in=D_IN, expansion_factor=EXPANSION, activation_fn_str=activation,
+        d_in=d_in, expansion_factor=EXPANSION, activation_fn_str=activation,
         activation_fn_kwargs={"k": K} if activation == "topk" else {}, normalize_activations=normalize,
         hook_point_layer=layer, layer_subtype="hook_resid_post", _device="cpu", model_name="local-tiny",
-        log_to_wandb=False, checkpoint_path=str(folder), context_size=5)  # tiny_model's 4 patches and CLS
+        log_to_wandb=False, checkpoint_path=str(folder), context_size=context_size)
     reference = StandardSparseAutoencoder(cfg)
     randomise(reference)
     folder.mkdir(parents=True, exist_ok=True)
     cfg.save_config(str(folder / "config.json"))
     reference.save_model(str(folder / "n_images_100.pt"))
-    torch.save(torch.zeros(D_IN * EXPANSION), folder / "n_images_100_log_feature_sparsity.pt")
+    torch.save(torch.zeros(d_in * EXPANSION), folder / "n_images_100_log_feature_sparsity.pt")
     return reference.eval()
 
 
@@ -112,12 +113,12 @@ def test_sizes_a_file_declares_but_does_not_hold_are_refused_before_allocating(t
         load_saev(tmp_path / "big.pt")
 
 
-def saev_sae(path: Path, activation: str):
+def saev_sae(path: Path, activation: str, d_in=D_IN):
     """A saev SAE as saev is today (schema 5), dumped with its own ``dump``; BatchTopK with a trained threshold."""
     from tests.reference.saev import modeling
 
     kinds = {"relu": modeling.Relu(), "topk": modeling.TopK(top_k=K), "batch_topk": modeling.BatchTopK(top_k=K)}
-    reference = modeling.SparseAutoencoder(modeling.SparseAutoencoderConfig(d_model=D_IN, d_sae=D_IN * EXPANSION,
+    reference = modeling.SparseAutoencoder(modeling.SparseAutoencoderConfig(d_model=d_in, d_sae=d_in * EXPANSION,
                                                                             activation=kinds[activation]))
     randomise(reference)
     if activation == "topk":

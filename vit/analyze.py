@@ -123,6 +123,16 @@ def default_out(checkpoint: str) -> Path:
 
 def submit_and_follow(args: argparse.Namespace) -> int:
     """``--ray ADDRESS``: this command with absolute paths, run as a Ray job; its log followed until it ends."""
+    from vit.runs import ray_jobs
+
+    jobs, sid = submit(args)
+    print(f"{PROG}: submitted job {sid} to {args.ray}; Ctrl-C stops it", flush=True)
+    return ray_jobs.follow_to_the_end(jobs, sid, PROG, "the analysis ends without writing its report")
+
+
+def submit(args: argparse.Namespace) -> tuple[object, str]:
+    """Submit ``args`` (with ``--ray ADDRESS``) as a Ray job that runs this command with ``--ray-job``: (the job
+    client, the submission id). UsageError in one line for a missing path or a cluster that refuses it."""
     import shlex
 
     from vit.predict import UsageError
@@ -149,8 +159,7 @@ def submit_and_follow(args: argparse.Namespace) -> int:
         jobs = ray_jobs.submit_job(args.ray, entrypoint, sid, {"vit_analysis": str(out)}, what="analysis")
     except ray_jobs.RayRunError as e:
         raise UsageError(str(e)) from None
-    print(f"{PROG}: submitted job {sid} to {args.ray}; Ctrl-C stops it", flush=True)
-    return ray_jobs.follow_to_the_end(jobs, sid, PROG, "the analysis ends without writing its report")
+    return jobs, sid
 
 
 def command_line(parser: argparse.ArgumentParser, args: argparse.Namespace) -> list[str]:

@@ -1,7 +1,10 @@
 """Features: a sparse autoencoder's features of this image, beside the attention maps (issue 36).
 
-An SAE folder (SAELens's format: what ``python -m vit.sae train`` writes) trained on this model's layer opens under
-the access rule of "Open a path". The image's strongest features each have a map over exactly the pixels the model
+An SAE trained on this model's layer opens under the access rule of "Open a path": whatever
+``vit.features.formats.open_sae`` opens (a SAELens folder, what ``python -m vit.sae train`` writes; a ViT-Prisma
+folder or ``.pt``; a saev ``.pt``, whose block is asked since its file does not say it), by its path on the server or
+by Hub id from the server's Hugging Face cache (a missing one downloaded on a button, after its size is shown, as the
+sidebar's "Open from the Hub" does). The image's strongest features each have a map over exactly the pixels the model
 saw; a click on a patch lists the features active there; a feature's exemplars are cropped from the images its
 ``features.npz`` names. Scaling a feature replaces the layer's output by the reconstruction with that latent scaled
 plus the reconstruction error (``vit.features.explore``).
@@ -24,14 +27,16 @@ from pages.explorer_sections.state import Shown, keep_settings
 from vit.app import drawing, explorer, words
 from vit.checkpoint import Checkpoint
 from vit.explain.overlay import overlay
-from vit.features import explore
-from vit.features.sae import CFG_FILE, WEIGHTS_FILE, SAEError, SparseAutoencoder, check_fits, load_sae
+from vit.features import explore, formats
+from vit.features.sae import CFG_FILE, WEIGHTS_FILE, SAEError, SparseAutoencoder, check_fits
 from vit.images import UPLOAD_MAX_PIXELS, ImageError, open_image
 from vit.inference import InputSize, predictions_from_logits
 from vit.runfiles import parse_json, read_text_bounded
+from vit.sources import hub
 from vit.text import escape_markdown, visible
 
 TOGGLE_KEY, FOLDER_KEY, IMAGES_KEY, COUNT_KEY = "sae_view", "sae_folder", "sae_images", "sae_count"
+LAYER_KEY = "sae_layer"  # the block a saev file reads (its file does not say)
 KEPT = ("sae_",)  # every key of this section but the chart's and the button's (read-only)
 HANDED_KEY = "explorer_sae"  # an SAE folder another page hands over (with ``explorer_checkpoint``, its model)
 FEATURE_KEY, TOKEN_KEY, EVERYWHERE_KEY = "sae_feature", "sae_token", "sae_everywhere"
@@ -50,19 +55,60 @@ MAX_FACTOR = 100.0
 # -- the SAE and its files ---------------------------------------------------------------------------------------
 
 def folder_version(folder: Path) -> tuple:
-    """What the caches of a folder's files are keyed by: each file's size and time (None when missing)."""
-    def stat(name: str):
+    """What the caches of an SAE's files are keyed by: each file's size and time (None when missing), of the SAE
+    file itself, or of a folder's SAELens, Prisma and our own files."""
+    def stat(path: Path):
         try:
-            info = (folder / name).stat()
+            info = path.stat()
             return info.st_mtime_ns, info.st_size
         except OSError:
             return None
-    return tuple(stat(name) for name in (CFG_FILE, WEIGHTS_FILE, explore.FEATURES_FILE, "metrics.json"))
+    if folder.is_file():  # a saev or Prisma .pt (Prisma's config.json beside it)
+        return stat(folder), stat(folder.parent / formats.PRISMA_CONFIG)
+    names = (CFG_FILE, WEIGHTS_FILE, explore.FEATURES_FILE, "metrics.json", formats.PRISMA_CONFIG)
+    prisma = sorted(folder.glob("*.pt")) if (folder / formats.PRISMA_CONFIG).is_file() else []
+    return tuple(stat(folder / name) for name in names) + tuple((p.name, stat(p)) for p in prisma)
 
 
 @st.cache_resource(max_entries=4, show_spinner="Loading the SAE…")
-def open_sae(folder: str, version: tuple, device: str) -> SparseAutoencoder:
-    return load_sae(folder, device)
+def open_sae(folder: str, version: tuple, device: str, layer: int | None = None) -> SparseAutoencoder:
+    return formats.open_sae(folder, layer, device=device)
+
+
+@st.cache_resource(ttl=300, max_entries=4, show_spinner="Asking the Hub for the SAE's files…")
+def planned_sae(text: str) -> hub.Download:
+    return hub.plan_sae(text)[0]  # a page reruns on every click: the Hub's file list is read again after 5 min
+
+
+def sae_source() -> Path:
+    """The local file or folder of the SAE typed (a Hub id's copy in the HF cache); SAEError in one line when there
+    is none."""
+    text = str(st.session_state.get(FOLDER_KEY) or "").strip()
+    if not text:
+        raise SAEError("type the folder or file of an SAE trained on this model (python -m vit.sae train … --out "
+                       "FOLDER; a ViT-Prisma or saev SAE), or its Hub id")
+    return formats.sae_path(text, cached_only=True)
+
+
+def needs_layer(path: Path) -> bool:
+    """Whether the SAE at ``path`` is a saev file, which does not say the block it reads."""
+    return path.is_file() and formats.detect_format(path) == "saev"
+
+
+def offer_download(text: str) -> bool:
+    """For a Hub SAE the HF cache lacks: its files' size on a Download button and, once pressed, the download with
+    a progress bar. True while it is still to download; HubError (one line) when the Hub refuses it."""
+    wanted = planned_sae(text)
+    if not wanted.files:
+        return False
+    st.caption(escape_markdown(wanted.summary))
+    if not st.button(f"Download {hub.format_bytes(wanted.size)}", key="features_download"):
+        return True
+    bar = st.progress(0.0, text="Downloading…")
+    hub.download(wanted, lambda done, total: bar.progress(
+        min(done / max(total, 1), 1.0), text=f"{hub.format_bytes(done)} of {hub.format_bytes(total)}"))
+    planned_sae.clear()
+    return False
 
 
 @st.cache_resource(max_entries=4, show_spinner="Checking the SAE against the model…")
@@ -76,14 +122,15 @@ def feature_table(folder: str, version: tuple, d_sae: int) -> explore.FeatureTab
 
 
 def chosen_sae(full_checkpoint: Checkpoint, full_fingerprint: tuple) -> tuple[SparseAutoencoder, str, tuple, int]:
-    """(the SAE of the folder typed, its folder, its files' version, the layer it reads); SAEError in one line when
+    """(the SAE typed, its local folder or file, its files' version, the layer it reads); SAEError in one line when
     there is none or it does not fit the model."""
-    folder = Path(str(st.session_state.get(FOLDER_KEY) or "").strip()).expanduser()
-    if not str(folder) or str(folder) == ".":
-        raise SAEError("type the folder of an SAE trained on this model (python -m vit.sae train … --out FOLDER)")
+    folder = sae_source()
     version = folder_version(folder)
     device = str(next(full_checkpoint.model.parameters()).device)
-    sae = open_sae(str(folder), version, device)
+    layer = st.session_state.get(LAYER_KEY) if needs_layer(folder) else None
+    if needs_layer(folder) and layer is None:
+        raise SAEError("saev's files do not say which block's output they read: give the block this SAE was trained on")
+    sae = open_sae(str(folder), version, device, layer)
     layer = fitting_layer(full_fingerprint, str(folder), version, full_checkpoint.model, sae)
     return sae, str(folder), version, layer
 
@@ -240,14 +287,27 @@ def features(view: Shown, may_open: bool, asked: words.Answer | None = None) -> 
                    "this session read its files by path (with a token: enter it on the Train page).")
         return
     st.subheader("Features")
-    st.text_input("SAE folder", key=FOLDER_KEY, placeholder="/path/to/sae folder (cfg.json, sae_weights.safetensors)",
-                  on_change=_page_rerun,
-                  help="A folder in SAELens's format trained on this model: what python -m vit.sae train writes "
-                       "with its metrics.json and features.npz.")
+    text = st.text_input(
+        "SAE folder", key=FOLDER_KEY, placeholder="/path/to/sae folder or file, or ORG/NAME[/PATH/IN/REPO]",
+        on_change=_page_rerun,
+        help="An SAE trained on this model, on the server: a SAELens folder (what python -m vit.sae train writes, "
+             "with its metrics.json and features.npz for the exemplars), a ViT-Prisma folder (config.json and a .pt) "
+             "or .pt, or a saev .pt; or one on the Hugging Face Hub, ORG/NAME[/PATH/IN/REPO][@REVISION], from the "
+             "server's Hugging Face cache (downloaded on a button when it is not there yet).").strip()
     base = st.session_state.get(_BASE)
     checkpoint, fingerprint = (base[1], base[2]) if base and base[0] == view.fingerprint else (view.checkpoint,
                                                                                                view.fingerprint)
     try:
+        if hub.looks_like_sae_name(text) and hub.cached_sae(text) is None and offer_download(text):
+            return
+        if needs_layer(sae_source()):
+            blocks = view.full_checkpoint.model.config.num_layers
+            if not 1 <= (st.session_state.get(LAYER_KEY) or 1) <= blocks:  # typed for a deeper model opened before
+                st.session_state.pop(LAYER_KEY)
+            st.number_input("Block it reads", 1, blocks, value=None,
+                            key=LAYER_KEY, on_change=_page_rerun, placeholder="the block this SAE was trained on",
+                            help="saev's files do not say which block's output they were trained on: the residual "
+                                 "stream after this block, counted from 1.")
         sae, folder, version, layer = chosen_sae(view.full_checkpoint, view.full_fingerprint)
         latents = image_latents(fingerprint, view.image_key, view.size, folder, version, checkpoint,
                                 view.full_checkpoint.model, sae, view.image)
@@ -264,7 +324,9 @@ def features(view: Shown, may_open: bool, asked: words.Answer | None = None) -> 
             st.session_state.pop(key, None)
         st.session_state[_OPENED] = folder
     described = metrics_line(folder)
-    st.caption(f"{sae.d_sae:,} features of layer {layer}'s output (k {sae.k}). " + (described or ""))
+    kind = {"vit-prisma": "ViT-Prisma", "saev": "saev"}.get(sae.info.extra.get("format"), "SAELens")
+    st.caption(f"{sae.d_sae:,} features of layer {layer}'s output ({kind}" + (f", k {sae.k}" if sae.k else "")
+               + "). " + (described or ""))
 
     analysis, grid, prefix = view.analysis, latents.grid, latents.num_prefix_tokens
     count = st.slider("Strongest features shown", 1, 24, 8, key=COUNT_KEY)
@@ -357,6 +419,10 @@ def features(view: Shown, may_open: bool, asked: words.Answer | None = None) -> 
 def exemplars(view: Shown, sae: SparseAutoencoder, folder: str, version: tuple, latent: int) -> None:
     """The feature's top activating held-out patches, cropped from the images features.npz names."""
     st.markdown(f"**Feature {latent}'s exemplars** (its strongest patches on the SAE's held-out images)")
+    if not Path(folder).is_dir():
+        st.caption("Exemplars come from the features.npz python -m vit.sae train writes into its SAE folder; this SAE "
+                   "is a single file.")
+        return
     try:
         table = feature_table(folder, version, sae.d_sae)
     except SAEError as e:

@@ -59,17 +59,20 @@ def _session_alive() -> Callable[[], bool] | None:
     return lambda: instance.is_active_session(session_id)
 
 
-def _start(key: Any, label: str, compute: Callable[[work.Progress], Any], unit: str = "passes") -> work.Work:
-    current = work.Work(key, label, server_slots(at_once()), _session_alive(), unit=unit).start(compute)
+def _start(key: Any, label: str, compute: Callable[[work.Progress], Any], unit: str = "passes",
+           heavy: bool = True) -> work.Work:
+    slots = server_slots(at_once()) if heavy else None
+    current = work.Work(key, label, slots, _session_alive(), unit=unit).start(compute)
     st.session_state[SESSION_KEY] = current
     return current
 
 
 def long_work(key: Any, label: str, compute: Callable[[work.Progress], Any], place: str, unit: str = "passes",
-              kept: ByteCache | None = None) -> Any:
+              kept: ByteCache | None = None, heavy: bool = True) -> Any:
     """``compute(progress)``'s result for ``key``, or None while it runs or after it was stopped (its progress and
     a Stop or Run-again button are drawn here). ``place`` names the call site (its widgets' keys), ``unit`` what
-    ``progress`` counts, ``kept`` the cache the result is kept in (default: ``results()``). Raises what the
+    ``progress`` counts, ``kept`` the cache the result is kept in (default: ``results()``), ``heavy`` False for
+    work that only waits on another machine (a Ray job), which takes none of the server's slots. Raises what the
     computation raised (a ValueError the page shows in one line)."""
     kept = kept if kept is not None else results()
     found = kept.get(key, _MISSING)
@@ -83,8 +86,11 @@ def long_work(key: Any, label: str, compute: Callable[[work.Progress], Any], pla
     if current is None or current.key != key or restart:
         if current is not None and not current.finished:
             current.stop("another computation was asked for on this page")
-        current = _start(key, label, compute, unit)
-        current.wait(QUICK_S)
+        current = _start(key, label, compute, unit, heavy)
+        waited = 0.0
+        while waited < QUICK_S and not current.wait(min(POLL_S, QUICK_S - waited)):
+            current.touch()  # this run waits for it: its page is showing it (its lease is shorter than QUICK_S may be)
+            waited += POLL_S
     current.touch()
     if current.state == "done":  # kept for every visitor (if it fits the cache), and for this page
         return kept.get_or_compute(key, lambda: current.result)

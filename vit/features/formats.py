@@ -344,20 +344,34 @@ def detect_format(path: Path) -> str:
     return "vit-prisma"
 
 
+def sae_path(source: str | os.PathLike, report=None, cached_only: bool = False) -> Path:
+    """The local file or folder of the SAE ``source`` names: itself when it exists, else the copy of a Hub id
+    (``ORG/NAME[/PATH/IN/REPO][@REVISION]``) in the HF cache, fetched when missing unless ``cached_only`` (then an
+    SAEError says it is not there). The path as typed when it names nothing: ``detect_format`` says so."""
+    from vit.sources import hub
+
+    path = Path(source).expanduser()
+    if path.exists() or not hub.looks_like_sae_name(str(source)):
+        return path
+    if cached_only:
+        local = hub.cached_sae(str(source))
+        if local is None:
+            raise SAEError(f"{str(source).strip()} is neither a file or folder on the server nor an SAE in its Hugging "
+                           f"Face cache ({hub.cache_dir()})")
+        return local
+    try:
+        return hub.fetch_sae(str(source), report)
+    except hub.HubError as e:
+        raise SAEError(str(e)) from None
+
+
 def open_sae(source: str | os.PathLike, layer: int | None = None, model_name: str | None = None,
              device: str | torch.device = "cpu", report=None) -> SparseAutoencoder:
     """An SAE from a SAELens folder, a ViT-Prisma folder or ``.pt``, a saev ``.pt`` (``layer`` and ``model_name``
     say what it reads, which its file does not), or any of them on the Hugging Face Hub as
     ``ORG/NAME[/PATH/IN/REPO][@REVISION]`` (``vit.sources.hub.fetch_sae``: only the SAE's own files are fetched).
     The format is told from the files; SAEError in one line for anything that cannot be read."""
-    from vit.sources import hub
-
-    path = Path(source).expanduser()
-    if not path.exists() and hub.looks_like_sae_name(str(source)):
-        try:
-            path = hub.fetch_sae(str(source), report)
-        except hub.HubError as e:
-            raise SAEError(str(e)) from None
+    path = sae_path(source, report)
     kind = detect_format(path)
     if kind == "sae_lens":
         sae = load_sae(path, device)

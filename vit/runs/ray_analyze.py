@@ -8,12 +8,17 @@ blocks of ``(index, path, label)`` rows, one block per batch, through a pool of 
 command does) and returns ``image_summaries`` (and ``mechanism_summaries``) per image: a few small
 arrays, never an attention matrix. The driver puts them back in file order and aggregates them with
 the local code, so the report is the local one.
+
+A page that submitted the job (``vit.analyze.submit``) waits for it with ``wait_for_job``, which reads the images
+done from the job's log and stops the job (Ray's Jobs API, ``stop_job``, as the Train page stops a Ray run) as soon
+as the page's progress callback raises: its Stop, or its session's end. A stopped job writes no report.
 """
 
 from __future__ import annotations
 
 import math
 import re
+import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
@@ -29,7 +34,7 @@ from vit.explain.dataset import (
     image_summaries,
     mechanism_summaries,
 )
-from vit.runs.ray_jobs import RayRunError
+from vit.runs.ray_jobs import TERMINAL, RayRunError, _first_line
 
 MECHANISM = "mechanism_"  # the prefix of the mechanism's columns in an actor's output
 
@@ -170,3 +175,56 @@ def in_file_order(parts: Iterable[dict[str, np.ndarray]], total: int) -> Iterato
             yield run
     if following != total or waiting:
         raise RuntimeError(f"the cluster returned image summaries for {following} of {total} files in order")
+
+
+_BAR = re.compile(r"analysing:[^\n\r|]*\|[^|\n\r]*\|\s*(\d+)/(\d+)")  # vit.analyze's tqdm bar: "... | 8/25 [..."
+
+
+def images_done(log: str) -> int:
+    """The images the job's log says are analysed: its progress bar's last count (0 before the first batch)."""
+    found = _BAR.findall(log[-65536:])  # the bar's latest states are at the end; the log grows with the run
+    return int(found[-1][0]) if found else 0
+
+
+def wait_for_job(jobs, sid: str, total: int, progress: Callable[[int, int], None], poll: float = 1.0,
+                 stop_wait: float = 30.0) -> str:
+    """Wait for the analysis job ``sid`` (``jobs``: its JobSubmissionClient) to end; Ray's final status
+    (SUCCEEDED, FAILED, STOPPED). Every ``poll`` seconds ``progress(done, total)`` is told the images done.
+
+    Whatever ``progress`` raises (a page's Stop, its session's end) stops the job through the Jobs API first, waits
+    up to ``stop_wait`` seconds for it to end, then propagates; a job that cannot be stopped is a RayRunError in one
+    line that names it, and so is a cluster that no longer answers about it."""
+    done = 0
+    while True:
+        try:
+            status = str(jobs.get_job_status(sid).value)
+            if status in TERMINAL:
+                return status
+            done = max(done, images_done(jobs.get_job_logs(sid)))
+        except Exception as e:  # noqa: BLE001 - Ray raises ConnectionError, RuntimeError, ... over many lines
+            raise RayRunError(f"lost the analysis job {sid}: {_first_line(e)}; see it with `ray job status {sid}`"
+                              ) from None
+        try:
+            progress(done, total)
+        except BaseException:
+            stop_job(jobs, sid, stop_wait)
+            raise
+        time.sleep(poll)
+
+
+def stop_job(jobs, sid: str, wait: float = 30.0) -> None:
+    """Stop job ``sid`` (Ray sends its entrypoint SIGTERM, then SIGKILL) and wait up to ``wait`` seconds for it to
+    end, asking again while it has not (a job that had not started yet may miss the first ask); RayRunError in one
+    line when it does not end or Ray refuses."""
+    deadline = time.monotonic() + wait
+    try:
+        while True:
+            jobs.stop_job(sid)
+            if str(jobs.get_job_status(sid).value) in TERMINAL:
+                return
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"still running after {wait:g} s")
+            time.sleep(0.5)
+    except Exception as e:  # noqa: BLE001 - Ray raises RuntimeError, ConnectionError, ...
+        raise RayRunError(f"could not stop Ray job {sid} ({_first_line(e)}); stop it with `ray job stop {sid}`"
+                          ) from None

@@ -410,31 +410,51 @@ def sae_files(tree: dict[str, int], sub: str, name: HubName) -> dict[str, int]:
                                                         "the name" if folders else ""))
 
 
-def fetch_sae(text: str, report: Callable[[str], None] | None = None) -> Path:
-    """The local path (folder or file, in the HF cache) of the SAE ``text`` names on the Hub, its files downloaded
-    when needed after ``report`` (default: stderr) was told their size; the cached copy offline."""
+def cached_sae(text: str) -> Path | None:
+    """The HF cache's copy of the SAE ``text`` names on the Hub (its folder or file in the snapshot), without the
+    network; None when the cache does not hold it or ``text`` names no SAE."""
+    parsed = parse_sae_name(text)
+    if parsed is None:
+        return None
+    name, sub = parsed
+    cached = cached_snapshot(name)
+    local = None if cached is None else cached / sub
+    return local if local is not None and local.exists() else None
+
+
+def plan_sae(text: str) -> tuple[Download, Path]:
+    """(the files of the SAE ``text`` names that the HF cache lacks, with their size; where the SAE will lie once
+    they are there), from the Hub's file list (no download). HubError (one line) for a name that is no SAE."""
     parsed = parse_sae_name(text)
     if parsed is None:
         raise HubError(f"{text!r} names no SAE on the Hub; give ORG/NAME[/PATH/IN/REPO][@REVISION]")
     name, sub = parsed
-    cached = cached_snapshot(name)
-    local = None if cached is None else cached / sub
+    commit, tree = repo_files(name)
+    files = sae_files(tree, sub, name)
+    snapshot = snapshot_folder(name.repo_id, commit)
+    missing = tuple((f, s) for f, s in files.items() if not (snapshot / f).is_file())
+    return Download(name, commit, missing), snapshot / sub
+
+
+def fetch_sae(text: str, report: Callable[[str], None] | None = None) -> Path:
+    """The local path (folder or file, in the HF cache) of the SAE ``text`` names on the Hub, its files downloaded
+    when needed after ``report`` (default: stderr) was told their size; the cached copy offline."""
+    if parse_sae_name(text) is None:
+        raise HubError(f"{text!r} names no SAE on the Hub; give ORG/NAME[/PATH/IN/REPO][@REVISION]")
+    local = cached_sae(text)
     if _offline():
-        if local is None or not local.exists():
+        if local is None:
             raise HubError(f"{text} is neither a file or folder here nor in the Hugging Face cache ({cache_dir()}), "
                            "and HF_HUB_OFFLINE is set; unset it to download the SAE")
         return local
     try:
-        commit, tree = repo_files(name)
+        wanted, path = plan_sae(text)
     except HubUnreachable:
-        if local is not None and local.exists():
+        if local is not None:
             return local
         raise
-    files = sae_files(tree, sub, name)
-    snapshot = snapshot_folder(name.repo_id, commit)
-    wanted = Download(name, commit, tuple((f, s) for f, s in files.items() if not (snapshot / f).is_file()))
     if wanted.files:
         check_size(wanted)
         (report or _to_stderr)(f"downloading {wanted.summary} into the Hugging Face cache ({cache_dir()})")
         download(wanted)
-    return snapshot / sub
+    return path
