@@ -235,6 +235,51 @@ def test_nearest_words_read_the_decoder_through_clips_final_norm_and_projection(
         assert [c for _, c in found[latent]] == pytest.approx(values.tolist(), abs=1e-5)
 
 
+@pytest.mark.slow  # transformers takes seconds to import
+def test_nearest_words_read_the_decoder_through_siglips_post_layernorm_and_probe_value_path(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    from parity_helpers import randomize
+    from test_prompts import HF_TEXT, HF_VISION
+
+    from vit.features.explore import decoder_embeddings, nearest_words
+    from vit.sources.open import open_source
+
+    config = transformers.SiglipConfig(vision_config=HF_VISION, text_config=dict(HF_TEXT, projection_size=32))
+    torch.manual_seed(0)
+    reference = randomize(transformers.SiglipModel(config)).eval()
+    reference.save_pretrained(tmp_path / "siglip")
+    model = open_source(tmp_path / "siglip").model
+    sae = SparseAutoencoder(32, 20, 4, info=SAEInfo(hook_name="blocks.1.hook_resid_post",
+                                                    model_fingerprint=model_fingerprint(model)))
+    vision, d = reference.vision_model, 32
+    attention = vision.head.attention  # nn.MultiheadAttention: in_proj rows are q, k, v
+    W_v, W_o = attention.in_proj_weight[2 * d:], attention.out_proj.weight
+    with torch.no_grad():
+        text = reference.get_text_features(input_ids=torch.randint(
+            49408, (5, 16), generator=torch.Generator().manual_seed(1))).pooler_output  # (5, 32): SigLIP's joint space
+        # Why the probe reads a direction through W_o W_v alone: added to every token, it moves every key by the
+        # same W_k delta, so each head's scores shift by one constant and the softmax does not change; the values
+        # move by W_v delta, and weights that sum to one carry that through unchanged. Biases cancel in the move.
+        tokens, delta = torch.randn(2, 16, d), torch.randn(d)
+        probe = vision.head.probe.expand(2, -1, -1)
+        moved = attention(probe, tokens + delta, tokens + delta)[0] - attention(probe, tokens, tokens)[0]
+        torch.testing.assert_close(moved, (W_o @ W_v @ delta).expand(2, 1, d), rtol=0, atol=1e-5)
+        # by hand on transformers' modules: post_layernorm's linear part (centred, times its weight, as for CLIP's
+        # ln_post), then the probe's value and output projections; head.layernorm + mlp is the non-linear branch
+        post = vision.post_layernorm.weight
+        reading = torch.eye(d) - 1 / d  # centring
+        reading = W_o @ W_v @ (post[:, None] * reading)  # (32, 32): a decoder row -> SigLIP's pooled embedding
+        torch.testing.assert_close(decoder_embeddings(model, sae),
+                                   torch.nn.functional.normalize(sae.W_dec @ reading.T, dim=-1), rtol=0, atol=1e-6)
+        # a latent planted along a text embedding's preimage under that reading names that text first
+        sae.W_dec[7] = torch.linalg.pinv(reading) @ text[2]
+        planted = torch.nn.functional.cosine_similarity(reading @ sae.W_dec[7], text[2], dim=0)
+        everyone = decoder_embeddings(model, sae) @ torch.nn.functional.normalize(text[2], dim=0)  # (20,)
+    found = nearest_words(model, sae, text, [7], count=5)[7]
+    assert found[0][0] == 2 and found[0][1] == pytest.approx(planted.item(), abs=1e-5) and planted > 0.95
+    assert everyone.argmax() == 7 and everyone.topk(2).values[1] < planted - 0.3
+
+
 def test_an_edited_copy_with_factor_one_leaves_gradients_as_they_were():
     # gradient maps (class maps, LeGrad, AttnLRP) walk the copy's backward: the error term makes it the model's
     model, sae = model_and_sae()

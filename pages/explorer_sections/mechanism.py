@@ -1,4 +1,5 @@
-"""Mechanism: logit lens, head attribution, ablation, patching and phenomena, as tabs (issue 24).
+"""Mechanism: logit lens, head attribution, ablation, patching and phenomena, as tabs (issue 24); the Patching
+tab is drawn by ``patching.py``.
 
 A fragment: a tab, a slider or a head switched off for the Ablation tab alone reruns this section only. Heads
 switched off "in every map on this page" change what every section shows, so a change of them reruns the page.
@@ -11,6 +12,7 @@ import numpy as np
 import streamlit as st
 from PIL import Image
 
+from pages.explorer_sections import patching
 from pages.explorer_sections.caches import UPLOAD_TYPES, analyse, decode_image
 from pages.explorer_sections.long_work import long_work
 from pages.explorer_sections.state import Shown, keep_settings
@@ -18,7 +20,7 @@ from vit.app import drawing, explorer
 from vit.checkpoint import Checkpoint
 from vit.explain import figures
 from vit.explain.overlay import overlay
-from vit.images import ImageError, open_image
+from vit.images import ImageError
 from vit.inference import InputSize, input_shape
 from vit.sources.text_tower import has_text_tower
 from vit.text import escape_markdown
@@ -168,15 +170,6 @@ def ablation_effects(fingerprint: tuple, digest: str, size: InputSize, class_ind
                                                                 progress), "ablation_grid")
 
 
-def patching(fingerprint: tuple, digest: str, corrupted: str, size: InputSize, residual: bool,
-             checkpoint: Checkpoint, image: Image.Image, corrupted_image: Image.Image):
-    """The clean image's activations patched into the corrupted one (long work: None while it runs)."""
-    return long_work(("patching", fingerprint, digest, corrupted, size, residual),
-                     "Patching the clean image's activations into the corrupted one",
-                     lambda progress: explorer.patching_view(checkpoint, image, corrupted_image, size, residual,
-                                                             progress), "patching")
-
-
 @st.fragment
 def mechanism(view: Shown, refs: References, samples: list[Path] | None, sample: Path | None,
               everywhere: tuple[tuple[str, ...], str] | None, mean_ablated, asked) -> None:
@@ -189,7 +182,7 @@ def mechanism(view: Shown, refs: References, samples: list[Path] | None, sample:
     analysis, class_names, class_index, layer = view.analysis, view.class_names, view.settings.class_index, view.layer
     prediction, grid, prefix, names = (analysis.prediction, analysis.grid, analysis.num_prefix_tokens,
                                        analysis.prefix_names)
-    L, H, T = analysis.num_layers, analysis.num_heads, analysis.num_tokens
+    L, H = analysis.num_layers, analysis.num_heads
     small, shown, opacity, colormap, mode, show_grid = (view.small, view.shown, view.opacity, view.colormap,
                                                          view.mode, view.show_grid)
     mechanism_class = class_index if class_names else None
@@ -306,51 +299,7 @@ def mechanism(view: Shown, refs: References, samples: list[Path] | None, sample:
                     st.warning(escape_markdown(e))
         if patching_tab.open:
             with patching_tab:
-                others = [p for p in (samples or []) if p != sample]
-                corrupted_upload = None
-                if class_names:
-                    corrupted_upload = st.file_uploader(
-                        "Corrupted image (this image is the clean one): upload one", type=UPLOAD_TYPES,
-                        key="corrupted_upload", help="Any image; it is seen at the same input size as this one.")
-                if not class_names or not (others or corrupted_upload):
-                    st.info("Patching needs a classifier and a second image: upload one above"
-                            + (", or pick one of the checkpoint's other sample images." if class_names and others
-                               else "." if class_names else "."))
-                else:
-                    corrupted_path = None
-                    if corrupted_upload is None:
-                        corrupted_path = st.selectbox("…or one of the sample images", others,
-                                                      format_func=explorer.sample_label, key=f"corrupted-{model_key}")
-                    every_position = st.toggle(f"Every layer and token too ({L} × {T} passes)",
-                                               key="patch_positions")
-                    try:
-                        if corrupted_upload is not None:
-                            data_b = corrupted_upload.getvalue()
-                            corrupted_key = f"upload-{explorer.image_digest(data_b)}"
-                            corrupted_image = decode_image(corrupted_key, corrupted_upload.name, refs.invert, data_b)
-                        else:
-                            corrupted_key = str(corrupted_path)
-                            corrupted_image = open_image(Path(corrupted_path).read_bytes(),
-                                                         name=Path(corrupted_path).name)
-                        patched = patching(fingerprint, image_key, corrupted_key, size, every_position,
-                                           checkpoint, image, corrupted_image)
-                    except (ValueError, ImageError, OSError) as e:
-                        patched = None
-                        st.warning(escape_markdown(e))
-                    if patched is not None:
-                        a, b = class_names[patched.clean_class], class_names[patched.corrupted_class]
-                        st.plotly_chart(figures.layer_head_figure(patched.heads, "Recovered by patching one head",
-                                                                  "recovered"), theme=None, key="patch_heads")
-                        if patched.residual is not None:
-                            labels = [drawing.short_token_label(t, grid, prefix, names) for t in range(T)]
-                            st.plotly_chart(figures.layer_token_figure(patched.residual, labels, "Recovered by "
-                                                                       "patching one token of one layer's input",
-                                                                       "recovered"), theme=None,
-                                            key="patch_residual")
-                        st.caption(f"Logit difference {escape_markdown(a)} − {escape_markdown(b)}: "
-                                   f"{patched.clean_difference:.3g} on this image, {patched.corrupted_difference:.3g}"
-                                   " on the corrupted one. Each cell: the share of that difference restored when "
-                                   "this image's activation replaces the corrupted image's there (1 = all of it).")
+                patching.patching_tab(view, samples, sample, refs.invert)
         if phenomena_tab.open:
             with phenomena_tab:
                 layer_norms = mech.norms[layer]  # after the sidebar's layer

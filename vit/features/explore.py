@@ -201,7 +201,9 @@ def decoder_embeddings(model: nn.Module, sae: SparseAutoencoder, latents: Sequen
     elif pooling == "map":
         pool = model.attn_pool
         D = x.shape[-1]
-        x = F.linear(F.linear(x, pool.kv.weight[D:]), pool.proj.weight)  # the value path, biases left out
+        # On every token a direction moves every key alike (the probe's softmax is unchanged) and every value by
+        # W_v x, which weights summing to one pass on whole: the value and output projections, biases cancelling.
+        x = F.linear(F.linear(x, pool.kv.weight[D:]), pool.proj.weight)
     if model.fc_norm is not None:
         x = _linear_norm(x, model.fc_norm)
     if model.projection is not None:
