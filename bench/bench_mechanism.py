@@ -123,15 +123,16 @@ def prisma_twin(model: ViT, side: int):
     return prisma.eval(), ours.eval()
 
 
-def residual_loop_prisma(prisma, clean, corrupted):
+def residual_loop_prisma(prisma, clean, corrupted, layers: int | None = None):
     """The grid as TransformerLens's ``patching.get_act_patch_resid_pre`` runs it, on ViT-Prisma's ``HookedViT``:
     the clean run cached, then one ``run_with_hooks`` forward of the corrupted image per (layer, position), its
-    ``blocks.{layer}.hook_resid_pre`` edited at that position."""
+    ``blocks.{layer}.hook_resid_pre`` edited at that position. ``layers``: only the first that many layers' cells
+    (each cell is one whole forward whatever its layer, so the whole grid costs L / layers times as much)."""
     clean_logits, cache = prisma.run_with_cache(clean, names_filter=lambda name: name.endswith("hook_resid_pre"))
     a, b = int(clean_logits.argmax()), int(prisma(corrupted).argmax())
     L, T = prisma.cfg.n_layers, cache["blocks.0.hook_resid_pre"].shape[1]
     out = torch.empty(1, L, T)
-    for layer in range(L):
+    for layer in range(L if layers is None else layers):
         name = f"blocks.{layer}.hook_resid_pre"
         for position in range(T):
             def patch(resid, hook, name=name, position=position):
@@ -171,6 +172,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--residual-only", default="",
                    help="comma-separated names of the residual grids to run (default: all): batched, before, hooks, "
                         "prisma")
+    p.add_argument("--prisma-layers", type=int, default=None,
+                   help="time ViT-Prisma's loop over the first N layers' cells only, and scale its time by L / N")
     p.add_argument("--prisma", action="store_true",
                    help="build the model from random timm weights and add ViT-Prisma's run_with_hooks loop (a "
                         "TransformerLens-style baseline) on the same weights to the residual grids")
@@ -211,11 +214,12 @@ def main(argv: list[str] | None = None) -> int:
                     "residual grid, loop before": lambda: residual_loop_before(model, clean, corrupted),
                     "residual grid, torch hooks": lambda: residual_loop_hooks(model, clean, corrupted)}
         if prisma is not None:
-            residual["residual grid, ViT-Prisma"] = lambda: residual_loop_prisma(prisma, clean, corrupted)
+            residual["residual grid, ViT-Prisma"] = lambda: residual_loop_prisma(prisma, clean, corrupted,
+                                                                                 args.prisma_layers)
         if args.residual_only:
             keys = {"batched": "residual patching grid", "before": "residual grid, loop before",
                     "hooks": "residual grid, torch hooks", "prisma": "residual grid, ViT-Prisma"}
-            wanted = {keys[w.strip()] for w in args.residual_only.split(",")} | {"residual patching grid"}
+            wanted = {keys[w.strip()] for w in args.residual_only.split(",")}
             residual = {name: fn for name, fn in residual.items() if name in wanted}
         if args.residual_repeats and args.check:
             expected = residual["residual patching grid"]().patched
@@ -224,9 +228,19 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{name}: largest difference to the batched grid {difference:.2e}")
         for _ in range(args.residual_repeats):  # in turn, so that background load slows all alike
             for name, fn in residual.items():
-                times.setdefault(name, []).append(cpu_call(fn))
+                seconds = cpu_call(fn)
+                if name == "residual grid, ViT-Prisma" and args.prisma_layers:
+                    seconds *= c.num_layers / args.prisma_layers  # every cell is one whole forward
+                    print(f"(ViT-Prisma: the first {args.prisma_layers} layers' cells timed, scaled by "
+                          f"{c.num_layers} / {args.prisma_layers})")
+                times.setdefault(name, []).append(seconds)
                 print(f"{name}: {times[name][-1]:.1f} CPU s", flush=True)
         times["forward (baseline)"].append(time_call(calls["forward (baseline)"]))
+        if args.residual_repeats:  # the grids are in CPU seconds: so is their baseline
+            forward_cpu = statistics.median(cpu_call(calls["forward (baseline)"]) for _ in range(5))
+            for name in residual:
+                print(f"{name}: {statistics.median(times[name]) / forward_cpu:.0f} forwards' CPU time "
+                      f"(one forward {forward_cpu:.3f} CPU s)")
     base = statistics.median(times["forward (baseline)"])
     tokens = (side // c.patch_size) ** 2 + model.num_prefix_tokens
     print(f"{args.preset}, {side} px ({tokens} tokens, {c.num_layers} layers x {c.num_heads} heads), "
@@ -235,7 +249,7 @@ def main(argv: list[str] | None = None) -> int:
     for name, values in times.items():
         median = statistics.median(values)
         print(f"{name:28s} {median:10.3f} {median / base:10.1f}  {len(values)}")
-    if "residual patching grid" in times:  # CPU seconds, each run in turn with the other two
+    if "residual patching grid" in times and len(residual) > 1:  # CPU seconds, each run in turn with the others
         grid = times["residual patching grid"]
         for name in [n for n in residual if n != "residual patching grid"]:
             ratio = statistics.median(o / g for o, g in zip(times[name], grid, strict=True))
