@@ -17,7 +17,7 @@ layer, not kept), and ``--no-hf`` runs ours alone. Run from the repository root:
     python -m bench.bench_highres --size 512 --threads 1
     python -m bench.bench_highres --size 1024 --threads 1 --maps head,mean,rollout
     python -m bench.bench_highres --size 1024 --model vit-large-16 --threads 1 --hf-forward
-    python -m bench.bench_highres --size 2048 --threads 2 --no-hf
+    python -m bench.bench_highres --size 2048 --threads 1 --no-hf --maps rollout,head
 
 Measured (Nov 2026, 2 shared cores under a load of about 20, one thread; ratios ours / HF, A B in turn):
 
@@ -29,11 +29,21 @@ Measured (Nov 2026, 2 shared cores under a load of about 20, one thread; ratios 
   is the head map's 38 s, so the rollout's second pass (each layer's q, k and softmax in chunks) costs 69 s,
   more than the fused forward: the 1.2x target is not met for the rollout row. (An earlier pair under a load
   of about 20 gave head 0.64x, rollout 2.27x: single pairs on this machine swing that much.)
-- Not measured here (each run is tens of minutes on this machine): ViT-L/16 at 1,024 px (HF eager
-  ``output_attentions`` keeps 24.0 GiB, over this machine's 23 GB; ours holds 25 x 4,097 x 1,024 floats of
-  hidden states, 420 MB, plus one layer's queries and keys, 34 MB, and MB-sized chunks) and ViT-B/16 at
-  2,048 px (16,385 tokens: HF keeps 144 GiB, and even its plain eager forward holds one layer's scores and
-  probabilities, 24 GiB; ours holds 654 MB of hidden states, 101 MB of queries and keys and the chunks).
+- ViT-B/16, 1,024 px, ``--maps rollout`` on the idle machine (load under 1; 2026-11-23, 17:21): rollout row
+  **0.736x** time (39.6 s vs 53.8 s), 504 MB working memory vs HF's 10,109 MB (0.050x), equal to 8.9e-9. The
+  1.23x above was the machine's load, not the method: the second pass costs 0.76 of our forward per layer there
+  (one layer: 1.26 s against 1.66 s for the block's forward, ``softmax(q kᵀ)`` in 1 MB chunks).
+- ViT-L/16, 1,024 px, ``--model vit-large-16 --hf-forward`` (HF eager ``output_attentions`` would keep 24.0 GiB,
+  over this machine's 23 GB, so HF's plain eager forward is the time baseline: 311.6 s; load 3-8): rollout row
+  **0.622x** (193.8 s), head **0.312x** (97.2 s), mean **0.494x** (153.9 s); working memory 879 MB (rollout),
+  1,164 MB and 1,167 MB (head, mean: over the 1 GB bound, the hidden states held twice at the forward's peak,
+  cached and then stacked); after ``forward_with_hidden_states`` wrote each state into its slot (``--no-hf``,
+  the same day): head 716 MB, mean 700 MB. HF's plain forward peaked at 2,334 MB of working memory.
+- ViT-B/16, 2,048 px (16,385 tokens: HF keeps 144 GiB, and even its plain eager forward holds one layer's scores
+  and probabilities, 24 GiB), ``--size 2048 --threads 1 --no-hf --maps rollout,head`` under a load of 4-6: the
+  rollout row in 2,639 s wall (one thread sharing the cores) with **1,264 MB** working memory, within
+  the 2 GB target: 654 MB of hidden states, the forward's own temporaries at its peak (the MLP's 16,385 x 3,072
+  activations, 201 MB) and one layer's queries and keys (101 MB) besides the chunks.
 """
 
 from __future__ import annotations
