@@ -299,17 +299,19 @@ def grad_eclip(model: ViT, images: Tensor, prompts: Tensor, index: int | Tensor)
 
         def one_head(z: Tensor, hook) -> Tensor:
             # The authors' clip_encode_dense: the last block's attention with one head over all D channels.
-            q, k, v = (cache[last + f"hook_{n}"].transpose(1, 2).flatten(2) for n in "qkv")  # each (B, T, D)
-            scores = (q * (1.0 / math.sqrt(q.shape[-1]))) @ k.transpose(-2, -1)  # (B, T, T)
-            cache["attn_output"] = scores.softmax(dim=-1) @ v  # (B, T, D)
+            q, k, v = (cache[last + f"hook_{n}"].transpose(1, 2).flatten(2) for n in "qkv")  # (B, 1 | T, D)
+            scores = (q * (1.0 / math.sqrt(q.shape[-1]))) @ k.transpose(-2, -1)  # (B, 1, T): CLS's query
+            cache["attn_output"] = scores.softmax(dim=-1) @ v  # (B, 1, D)
             cache["attn_output"].requires_grad_(True)
             cache["q"], cache["k"], cache["v"] = q, k, v
             return cache["attn_output"].view_as(z)  # (B, T, H, hd)
 
         hooks = [(last + "hook_q", keep), (last + "hook_k", keep), (last + "hook_v", keep), (last + "hook_z", one_head)]
-        embedding = F.normalize(model.run_with_hooks(x, hooks).embedding, dim=-1)  # (B, E): projection of CLS
+        with model.hooks(hooks):  # the last block for the CLS token alone: all of it that the map reads
+            out, _ = model.run_blocks(model.embed(x), grid, queries=1)  # (B, 1, D)
+        embedding = F.normalize(model.projection(model.pool(out)[0]), dim=-1)  # (B, E): projection of CLS
         cosines = (embedding.expand(len(idx), -1) * prompts[idx].to(embedding.dtype)).sum(-1)  # (k,)
-        [grad] = _prompt_gradients(cosines, [cache["attn_output"]], B)  # (k, T, D)
+        [grad] = _prompt_gradients(cosines, [cache["attn_output"]], B)  # (k, 1, D)
         q, k, v = cache["q"], cache["k"], cache["v"]
         with torch.no_grad():  # q_out, k_out: q and k through out_proj, as clip_encode_dense computes them
             q_out, k_out = F.linear(q, attn.proj.weight, attn.proj.bias), F.linear(k, attn.proj.weight, attn.proj.bias)
