@@ -34,8 +34,8 @@ not comparable under that load):
   authors' (the image ran once per label where the authors run it once; whole processes, A B A B, 3 pairs: 0.81x
   the authors' CPU time, model building and imports included).
 
-Before, ``prompt_maps`` ran the image once per label (a batch of three); now the image runs once and each label takes
-a backward that stops inside the model, and Grad-ECLIP's last block runs for the CLS token alone.
+Before, ``prompt_maps`` ran the image once per label (a batch of three); now the image runs once (per 8 labels) and
+each label takes a backward that stops inside the model, and Grad-ECLIP's last block runs for the CLS token alone.
 """
 
 from __future__ import annotations

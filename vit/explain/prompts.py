@@ -400,14 +400,12 @@ ONE_FORWARD = ("rollout", "legrad", "grad_eclip")  # the methods whose prompts s
 
 
 def prompt_maps(model: ViT, image: Tensor, prompts: Prompts, method: str, chunk: int = 8) -> Tensor:
-    """``(n, gh, gw)``: every prompt's map of one image ``(1, C, H, W)``: one forward and a backward per prompt
-    for the methods of ``ONE_FORWARD`` (each backward stops inside the model), else ``chunk`` prompts per
-    forward and backward pass (AttnLRP's backward reaches the pixels)."""
-    n = len(prompts.labels)
-    if method in ONE_FORWARD:
-        return prompt_map(model, image, prompts, torch.arange(n), method)
-    return torch.cat([prompt_map(model, image.expand(len(part), -1, -1, -1), prompts, part, method)
-                      for part in torch.arange(n).split(chunk)])
+    """``(n, gh, gw)``: every prompt's map of one image ``(1, C, H, W)``, ``chunk`` prompts at a time (what bounds
+    the gradients held at once, each ``(nh, T, T)`` for rollout and LeGrad): for the methods of ``ONE_FORWARD`` one
+    forward of the image per chunk and a backward per prompt that stops inside the model, else a forward and a
+    backward of the image repeated ``chunk`` times (AttnLRP's backward reaches the pixels)."""
+    return torch.cat([prompt_map(model, image if method in ONE_FORWARD else image.expand(len(part), -1, -1, -1),
+                                 prompts, part, method) for part in torch.arange(len(prompts.labels)).split(chunk)])
 
 
 def prompt_map(model: ViT, images: Tensor, prompts: Prompts, index: int | Tensor, method: str) -> Tensor:
