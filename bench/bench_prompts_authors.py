@@ -3,8 +3,9 @@
 A random open_clip CLIP with OpenAI's ViT-B/16 image tower (224 px, 197 tokens, quick_gelu) and a small text tower
 (one layer of width 64, 16 tokens: the text side is not what is timed) is saved as open_clip saves for the Hub and
 opened as the explorer opens it. The work timed is what ``python -m vit.predict --labels ... --save-maps`` does for
-each method: the maps of three labels for one image (``prompts.prompt_maps``), against the authors' code doing the
-same, as tests/test_prompts.py builds it on the same weights:
+each method: the maps of ``--labels`` labels (3 unless told; 1 is what a click in the app asks) for one image
+(``prompts.prompt_maps``), against the authors' code doing the same, as tests/test_prompts.py builds it on the same
+weights:
 
 - ``rollout-authors``: Chefer et al.'s ``interpret`` (Transformer-MM-Explainability's CLIP notebook, vendored in
   tests/reference/chefer_clip) on its own hooked CLIP: the image repeated once per label, one backward;
@@ -58,7 +59,7 @@ from vit.explain import prompts  # noqa: E402
 from vit.sources.open import open_source  # noqa: E402
 from vit.sources.text_tower import open_text_tower  # noqa: E402
 
-LABELS = ["a dog", "a cat", "a red ball"]
+LABELS = ["a dog", "a cat", "a red ball", "a car", "a tree", "a house", "a bird", "a boat"]  # the first --labels
 TEXT_CFG = dict(context_length=16, vocab_size=49408, width=64, heads=1, layers=1)  # the bundled BPE's ids
 VISION_CFG = dict(image_size=224, patch_size=16, width=768, layers=12)  # open_clip's ViT-B-16 (12 heads of 64)
 METHODS = {"rollout": "rollout", "legrad": "legrad", "grad-eclip": "grad_eclip"}  # bench name -> prompt map key
@@ -90,18 +91,18 @@ def chefer_clip(model):
     return reference.eval()
 
 
-def ours(method: str, folder: Path):
+def ours(method: str, folder: Path, labels: list[str]):
     """``image -> (labels, gh, gw)``: our maps of every label, as ``vit.predict --save-maps`` computes them."""
     checkpoint = open_source(folder)
-    asked = prompts.ask(open_text_tower(checkpoint), LABELS, ["{}"])  # the labels as typed, as the authors' texts
+    asked = prompts.ask(open_text_tower(checkpoint), labels, ["{}"])  # the labels as typed, as the authors' texts
     return lambda x: prompts.prompt_maps(checkpoint.model, x, asked, METHODS[method])
 
 
-def authors(method: str, model, folder: Path):
+def authors(method: str, model, folder: Path, labels: list[str]):
     """``image -> maps``: the authors' maps of every label on ``model``'s weights."""
     import open_clip
 
-    texts = [prompts.fill("{}", label) for label in LABELS]
+    texts = [prompts.fill("{}", label) for label in labels]
     if method == "rollout":
         from tests.reference.chefer_clip.interpret import interpret
 
@@ -117,7 +118,7 @@ def authors(method: str, model, folder: Path):
         hook_legrad(hooked, ref)
         wrapper = types.SimpleNamespace(visual=hooked.visual, starting_depth=len(hooked.visual.transformer.resblocks)
                                         - 2, patch_size=VISION_CFG["patch_size"], encode_image=hooked.encode_image)
-        return lambda x: ref.compute_legrad_clip(wrapper, text, x.repeat(len(LABELS), 1, 1, 1)).detach()
+        return lambda x: ref.compute_legrad_clip(wrapper, text, x.repeat(len(labels), 1, 1, 1)).detach()
     from tests.reference.grad_eclip import emap
 
     emap.clipmodel = chefer_clip(model)
@@ -131,11 +132,11 @@ def authors(method: str, model, folder: Path):
     return run
 
 
-def check(model, folder: Path, x) -> None:
+def check(model, folder: Path, x, labels: list[str]) -> None:
     from tests.reference.legrad.clip_reference import min_max
 
     for method in METHODS:
-        mine, theirs = ours(method, folder)(x), authors(method, model, folder)(x)
+        mine, theirs = ours(method, folder, labels)(x), authors(method, model, folder, labels)(x)
         if method == "rollout":
             mine = mine.flatten(1)
         if method == "legrad":  # the authors return it upsampled to pixels and min-max normalised
@@ -150,18 +151,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--check", action="store_true", help="print each pair's largest difference and stop")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--labels", type=int, default=3, choices=range(1, len(LABELS) + 1), help="how many labels")
     args = p.parse_args(argv)
     if not args.check and not args.method:
         p.error("give --method or --check")
     torch.set_num_threads(args.threads)
     x = torch.randn(1, 3, 224, 224, generator=torch.Generator().manual_seed(1))
+    labels = LABELS[:args.labels]
     with tempfile.TemporaryDirectory() as tmp:
         model, folder = save_clip(Path(tmp) / "clip")
         if args.check:
-            check(model, folder, x)
+            check(model, folder, x, labels)
             return 0
         method = args.method.removesuffix("-authors")
-        run = authors(method, model, folder) if args.method.endswith("-authors") else ours(method, folder)
+        run = (authors(method, model, folder, labels) if args.method.endswith("-authors")
+               else ours(method, folder, labels))
         del model  # only what the method holds stays
         run(x)  # warm-up
         times, cpu = [], []
@@ -170,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
             run(x)
             times.append(time.perf_counter() - start)
             cpu.append(time.process_time() - start_cpu)
-    print(f"{args.method}, 3 labels, ViT-B/16 at 224 px, {args.threads} thread(s): median "
+    print(f"{args.method}, {len(labels)} label(s), ViT-B/16 at 224 px, {args.threads} thread(s): median "
           f"{statistics.median(times):.3f} s, {statistics.median(cpu):.3f} CPU s over {args.repeats}")
     return 0
 
