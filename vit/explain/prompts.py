@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from vit.checkpoint import Checkpoint
-from vit.explain.attention import gradient_rollout
+from vit.explain.attention import positive_gradient_attention, relevance_rollout_row
 from vit.explain.faithfulness import perturbation_curves
 from vit.explain.relevance import attnlrp, patch_sums
 from vit.model import ViT, current_rules
@@ -199,18 +199,28 @@ def prompt_rollout(model: ViT, images: Tensor, prompts: Tensor, scale: float, in
         raise ValueError(f"start_layer {start_layer} is out of range for {L} layers")
     wrapped = prompt_model(model, prompts, scale, bias)
     idx = _targets(index, images, prompts.shape[0])
+    grid = model.patch_grid(images.shape[2], images.shape[3])
     inference, grad_mode = _grad_context()
     with inference, grad_mode:
         names = [f"blocks.{i}.attn.hook_pattern" for i in range(first, L)]  # the layers before run fused
+        cache: dict[str, Tensor] = {}
+
+        def keep(t: Tensor, hook) -> None:
+            cache[hook.name] = t
+
         x = images.detach().clone().requires_grad_(True)  # a graph even where the weights are frozen
-        encoding, cache = wrapped.run_with_cache(x, names)
-        attentions = [cache[name] for name in names]
-        scores = encoding.logits.expand(len(idx), -1).gather(1, idx[:, None])[:, 0]  # (k,)
+        with wrapped.hooks([(name, keep) for name in names]):  # the last block for CLS alone: what the map reads
+            out, _ = wrapped.run_blocks(wrapped.embed(x), grid, queries=1)  # (B, 1, D)
+        scores = wrapped.classify(out).expand(len(idx), -1).gather(1, idx[:, None])[:, 0]  # (k,)
+        attentions = [cache[name] for name in names]  # (B, nh, T, T); the last (B, nh, 1, T)
         gradients = _prompt_gradients(scores, attentions, images.shape[0])
-    R = gradient_rollout([a.detach().expand_as(g) for a, g in zip(attentions, gradients, strict=True)],
-                         [g.detach() for g in gradients])  # (k, T, T)
-    grid = model.patch_grid(images.shape[2], images.shape[3])
-    return R[:, 0, model.num_prefix_tokens:].reshape(-1, *grid)
+        terms = [positive_gradient_attention(a.detach().expand_as(g), g.detach())
+                 for a, g in zip(attentions, gradients, strict=True)]  # (k, T, T); the last (k, 1, T)
+    T = terms[-1].shape[-1]
+    last = terms[-1].new_zeros(len(idx), T, T)
+    last[:, :1] = terms[-1]  # the CLS row of R reads no other row of the last layer's term
+    R = relevance_rollout_row([*terms[:-1], last], 0)  # (k, T): R[:, 0]
+    return R[:, model.num_prefix_tokens:].reshape(-1, *grid)
 
 
 # --- LeGrad ----------------------------------------------------------------------------------------------------
