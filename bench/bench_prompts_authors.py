@@ -23,20 +23,25 @@ process's, which other jobs' load does not inflate). Run the pairs in turn, A B 
     python bench/bench_prompts_authors.py --method rollout --threads 1   # in turn with:
     python bench/bench_prompts_authors.py --method rollout-authors --threads 1
 
-Measured 2026-11-23 on the 2-core machine shared with two other workers (load average 4-7), torch 2.14.1 (CPU),
-open_clip 3.3.0. ``--check``: rollout 1.9e-10 apart (maps up to 3.3e-4), LeGrad 7.8e-7 (min-max normalised, up to
-1), Grad-ECLIP 1.8e-8 (up to 2.8e-2). Timed with ``--threads 1 --repeats 3``, one process each in turn, 3 rounds of
-ours, the authors' and ours before the change (the map alone, median CPU seconds of each process; wall times are
-not comparable under that load):
+Measured 2026-11-23 on the 2-core machine shared with two other workers (load average 4-8), torch 2.14.1 (CPU),
+open_clip 3.3.0. ``--check``: rollout 2.3e-10 apart (maps up to 3.3e-4), LeGrad 7.8e-7 (min-max normalised, up to
+1), Grad-ECLIP 1.8e-8 (up to 2.8e-2). Timed with ``--threads 1 --repeats 3``, one process each in turn, 3 rounds (the
+map alone, median CPU seconds of each process; wall times are not comparable under that load), ours / the authors':
 
-- rollout: ours 0.57-0.65 CPU s, the authors' ``interpret`` 1.57-1.66: 0.36x (0.35-0.41), before 1.53-1.63;
-- LeGrad: ours 0.71-0.75, the authors' 1.61-1.84: 0.415x (0.41-0.44), before 1.59-1.70;
-- Grad-ECLIP: ours 0.47-0.51, the authors' 0.67-0.70: 0.71x (0.66-0.76); before 1.51-1.81, at 2.2-2.7x the
-  authors' (the image ran once per label where the authors run it once; whole processes, A B A B, 3 pairs: 0.81x
-  the authors' CPU time, model building and imports included).
+- 3 labels: rollout 0.55-0.62 CPU s against ``interpret``'s 1.54-1.88, 0.34x (0.33-0.36; before this change 1.53-1.63
+  CPU s); LeGrad 0.71-0.75 against 1.61-1.84, 0.415x (0.41-0.44; before 1.59-1.70); Grad-ECLIP 0.47-0.51 against
+  0.67-0.70, 0.71x (0.66-0.76; before 1.51-1.81, at 2.2-2.7x the authors': the image ran once per label where the
+  authors run it once). Grad-ECLIP as whole processes, A B A B, 3 pairs: 0.81x the authors' CPU time, model
+  building and imports included;
+- 1 label (a click in the app): rollout 0.47-0.60 against 0.56-0.63, 0.85x (0.85-1.01); LeGrad 0.58-0.69 against
+  0.65-0.68, 0.95x (0.90-1.01: both are one forward of the image and little else, so parity is the floor);
+  Grad-ECLIP 0.47-0.55 against 0.60-0.65, 0.82x (0.74-0.84);
+- 8 labels, one round (rollout before its last block ran for CLS alone): rollout 0.83 against 4.34 (0.19x), LeGrad
+  1.11 against 4.52 (0.24x), Grad-ECLIP 0.74 against 0.85 (0.87x).
 
 Before, ``prompt_maps`` ran the image once per label (a batch of three); now the image runs once (per 8 labels) and
-each label takes a backward that stops inside the model, and Grad-ECLIP's last block runs for the CLS token alone.
+each label takes a backward that stops inside the model; Grad-ECLIP's and the rollout's last block run for the CLS
+token alone (all of it their maps read).
 """
 
 from __future__ import annotations
