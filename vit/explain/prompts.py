@@ -211,7 +211,8 @@ def prompt_rollout(model: ViT, images: Tensor, prompts: Tensor, scale: float, in
         x = images.detach().clone().requires_grad_(True)  # a graph even where the weights are frozen
         with wrapped.hooks([(name, keep) for name in names]):  # the last block for CLS alone: what the map reads
             out, _ = wrapped.run_blocks(wrapped.embed(x), grid, queries=1)  # (B, 1, D)
-        scores = wrapped.classify(out).expand(len(idx), -1).gather(1, idx[:, None])[:, 0]  # (k,)
+        logits = wrapped.classify(out)  # (B, n)
+        scores = logits.expand(len(idx), -1).gather(1, idx[:, None].to(logits.device))[:, 0]  # (k,)
         attentions = [cache[name] for name in names]  # (B, nh, T, T); the last (B, nh, 1, T)
         gradients = _prompt_gradients(scores, attentions, images.shape[0])
         terms = [positive_gradient_attention(a.detach().expand_as(g), g.detach())
