@@ -284,6 +284,36 @@ def test_grad_eclip_equals_generate_emap(clip_folder, chefer_clip):
         torch.testing.assert_close(ours, expected[i].float(), rtol=1e-4, atol=1e-6)
 
 
+@pytest.mark.parametrize("method", ["legrad", "grad_eclip"])
+def test_every_prompts_map_from_one_forward_equals_the_authors(clip_folder, chefer_clip, method):
+    """``prompt_maps`` runs the image once per chunk of prompts (here 2, then 1) and takes a backward per prompt (the
+    rollout's case is checked through ``--save-maps``); the authors' maps of every label of the same image."""
+    import types
+
+    from tests.reference.grad_eclip import emap
+    from tests.reference.legrad import clip_reference as ref
+
+    model, folder = clip_folder
+    checkpoint = open_source(folder)
+    asked = prompts.ask(open_text_tower(checkpoint), LABELS, ["{}"])
+    x = image_batch(1)
+    ours = prompts.prompt_maps(checkpoint.model, x, asked, method, chunk=2)
+    if method == "legrad":
+        hooked = save_open_clip(Path(tempfile.mkdtemp()) / "open_clip")[0]  # the same seed: the same weights
+        hook_legrad(hooked, ref)
+        wrapper = types.SimpleNamespace(visual=hooked.visual, starting_depth=1, patch_size=8,
+                                        encode_image=hooked.encode_image)
+        expected = ref.compute_legrad_clip(wrapper, asked.embeddings, x.repeat(len(LABELS), 1, 1, 1)).detach()
+        ours = ref.min_max(F.interpolate(ours[None], scale_factor=8, mode="bilinear"))
+    else:
+        emap.clipmodel = chefer_clip
+        with torch.enable_grad():
+            outputs, _, _, v, q_out, k_out, _, att_output, map_size = emap.clip_encode_dense(x)
+            cosines = (F.normalize(outputs[:, 0], dim=-1) @ asked.embeddings.T)[0]
+            expected = torch.stack([emap.grad_eclip(c, q_out, k_out, v, att_output, map_size) for c in cosines])
+    torch.testing.assert_close(ours, expected.float(), rtol=1e-4, atol=1e-5 if method == "legrad" else 1e-6)
+
+
 def test_attnlrp_for_a_prompt_equals_lxts_rules_on_hf_clip(tmp_path, monkeypatch):
     """lxt's AttnLRP rules (LayerNorm, element-wise activation, attention) patched into transformers' CLIPModel,
     its ``logits_per_image`` as the target. The L2 norm of the image embedding gets the rule lxt gives

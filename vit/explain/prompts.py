@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from vit.checkpoint import Checkpoint
-from vit.explain.attention import gradient_rollout
+from vit.explain.attention import positive_gradient_attention, relevance_rollout_row
 from vit.explain.faithfulness import perturbation_curves
 from vit.explain.relevance import attnlrp, patch_sums
 from vit.model import ViT, current_rules
@@ -159,6 +159,25 @@ def _index(index: int | Tensor, batch: int, n: int) -> Tensor:
     return index
 
 
+def _targets(index: int | Tensor, images: Tensor, n: int) -> Tensor:
+    """The prompt of each map: ``(B,)``, one per image, or ``(k,)`` for one image ``(1, C, H, W)`` asked ``k``
+    prompts."""
+    index = torch.as_tensor(index)
+    one_image = images.shape[0] == 1 and index.dim() == 1
+    return _index(index, index.numel() if one_image else images.shape[0], n)
+
+
+def _prompt_gradients(scores: Tensor, inputs: Sequence[Tensor], batch: int) -> list[Tensor]:
+    """``d scores[i] / d inputs``, each ``(k, ...)``, for ``scores (k,)`` read from a forward of ``batch`` images:
+    one backward when each score has its own image, else (one image, ``k`` prompts) one backward per prompt from
+    the shared forward, as the authors' Grad-ECLIP does: each backward stops at ``inputs``, so ``k`` of them cost
+    less than ``k - 1`` more forwards."""
+    if scores.shape[0] == batch:
+        return list(torch.autograd.grad(scores.sum(), inputs, retain_graph=True))
+    per_prompt = [torch.autograd.grad(score, inputs, retain_graph=True) for score in scores]
+    return [torch.cat(grads) for grads in zip(*per_prompt, strict=True)]
+
+
 def _need_class_token(model: ViT, method: str) -> None:
     if not model.config.class_token or model.config.pooling != "cls":
         raise PromptError(f"{method} reads the CLS token, which this model does not pool (SigLIP reads its tokens "
@@ -171,23 +190,38 @@ def prompt_rollout(model: ViT, images: Tensor, prompts: Tensor, scale: float, in
                    start_layer: int = -1, bias: float = 0.0) -> Tensor:
     """Gradient rollout of the prompt's logit (``interpret`` of Transformer-MM-Explainability's CLIP notebook):
     layers before ``start_layer`` are skipped (-1: the last layer only, the notebook's default).
-    Returns ``(B, gh, gw)``: ``R[:, 0, 1:]`` over the patch grid."""
+    Returns ``(B, gh, gw)``: ``R[:, 0, 1:]`` over the patch grid; for one image ``(1, C, H, W)`` and ``k`` indices,
+    ``(k, gh, gw)`` from one forward."""
     _need_class_token(model, "gradient rollout")
     L = len(model.blocks)
     first = L - 1 if start_layer == -1 else start_layer
     if not 0 <= first < L:
         raise ValueError(f"start_layer {start_layer} is out of range for {L} layers")
     wrapped = prompt_model(model, prompts, scale, bias)
+    idx = _targets(index, images, prompts.shape[0])
+    grid = model.patch_grid(images.shape[2], images.shape[3])
     inference, grad_mode = _grad_context()
     with inference, grad_mode:
-        x = images.detach().clone().requires_grad_(True)
-        logits, attentions = wrapped(x, output_attentions=True)
-        idx = _index(index, x.shape[0], prompts.shape[0])
-        score = logits.gather(1, idx[:, None]).sum()
-        gradients = torch.autograd.grad(score, attentions[first:])
-    R = gradient_rollout([a.detach() for a in attentions[first:]], [g.detach() for g in gradients])  # (B, T, T)
-    grid = model.patch_grid(images.shape[2], images.shape[3])
-    return R[:, 0, model.num_prefix_tokens:].reshape(-1, *grid)
+        names = [f"blocks.{i}.attn.hook_pattern" for i in range(first, L)]  # the layers before run fused
+        cache: dict[str, Tensor] = {}
+
+        def keep(t: Tensor, hook) -> None:
+            cache[hook.name] = t
+
+        x = images.detach().clone().requires_grad_(True)  # a graph even where the weights are frozen
+        with wrapped.hooks([(name, keep) for name in names]):  # the last block for CLS alone: what the map reads
+            out, _ = wrapped.run_blocks(wrapped.embed(x), grid, queries=1)  # (B, 1, D)
+        logits = wrapped.classify(out)  # (B, n)
+        scores = logits.expand(len(idx), -1).gather(1, idx[:, None].to(logits.device))[:, 0]  # (k,)
+        attentions = [cache[name] for name in names]  # (B, nh, T, T); the last (B, nh, 1, T)
+        gradients = _prompt_gradients(scores, attentions, images.shape[0])
+        terms = [positive_gradient_attention(a.detach().expand_as(g), g.detach())
+                 for a, g in zip(attentions, gradients, strict=True)]  # (k, T, T); the last (k, 1, T)
+    T = terms[-1].shape[-1]
+    last = terms[-1].new_zeros(len(idx), T, T)
+    last[:, :1] = terms[-1]  # the CLS row of R reads no other row of the last layer's term
+    R = relevance_rollout_row([*terms[:-1], last], 0)  # (k, T): R[:, 0]
+    return R[:, model.num_prefix_tokens:].reshape(-1, *grid)
 
 
 # --- LeGrad ----------------------------------------------------------------------------------------------------
@@ -202,7 +236,8 @@ def _min_max(maps: Tensor) -> Tensor:
 def prompt_legrad(model: ViT, images: Tensor, prompts: Tensor, index: int | Tensor, start_layer: int = -2,
                   empty: Tensor | None = None, correction_threshold: float = 0.8) -> Tensor:
     """LeGrad for a prompt, with the authors' CLIP or SigLIP readout (see the module docstring): ``(B, gh, gw)``
-    min-max normalised as ``compute_legrad`` returns it (before its bilinear upsampling).
+    min-max normalised as ``compute_legrad`` returns it (before its bilinear upsampling); for one image
+    ``(1, C, H, W)`` and ``k`` indices, ``(k, gh, gw)`` from one forward.
 
     ``empty`` (the normalised embedding of 'a photo of a') switches on SigLIP's correction: patches whose
     map for the empty prompt exceeds ``correction_threshold`` are zeroed (the authors' default)."""
@@ -216,10 +251,11 @@ def prompt_legrad(model: ViT, images: Tensor, prompts: Tensor, index: int | Tens
     grid = model.patch_grid(images.shape[2], images.shape[3])
     inference, grad_mode = _grad_context()
     with inference, grad_mode:
-        x = images.detach().clone().requires_grad_(True)
+        x = images.detach().clone().requires_grad_(True)  # a graph even where the weights are frozen
         B = x.shape[0]
-        idx = _index(index, B, prompts.shape[0])
-        target = prompts[idx].to(x.dtype)  # (B, E)
+        idx = _targets(index, x, prompts.shape[0])
+        k = len(idx)
+        target = prompts[idx].to(x.dtype)  # (k, E)
         names = [f"blocks.{i}.{point}" for i in range(first, L) for point in ("hook_resid_post", "attn.hook_pattern")]
         _, cache = model.run_with_cache(x, names)
         maps, empty_maps = 0, 0
@@ -232,10 +268,10 @@ def prompt_legrad(model: ViT, images: Tensor, prompts: Tensor, index: int | Tens
             else:  # ln_post of the mean over every token, then proj (compute_legrad_clip)
                 feature = F.normalize(model.projection(model.norm(h.mean(dim=1))), dim=-1)
                 wrt = probs
-            [grad] = torch.autograd.grad((feature * target).sum(), [wrt], retain_graph=True)
+            [grad] = _prompt_gradients((feature.expand(k, -1) * target).sum(-1), [wrt], B)
             grad = grad.clamp(min=0)
-            relevance = grad.mean(dim=1)[:, 0] if siglip else grad.mean(dim=1).mean(dim=1)  # (B, T)
-            maps = maps + relevance[:, model.num_prefix_tokens:].reshape(B, *grid).detach()
+            relevance = grad.mean(dim=1)[:, 0] if siglip else grad.mean(dim=1).mean(dim=1)  # (k, T)
+            maps = maps + relevance[:, model.num_prefix_tokens:].reshape(k, *grid).detach()
             if siglip and empty is not None:
                 [grad_empty] = torch.autograd.grad((feature @ empty.to(x.dtype).reshape(-1, 1)).sum(), [wrt],
                                                    retain_graph=True)
@@ -249,9 +285,10 @@ def prompt_legrad(model: ViT, images: Tensor, prompts: Tensor, index: int | Tens
 
 def grad_eclip(model: ViT, images: Tensor, prompts: Tensor, index: int | Tensor) -> Tensor:
     """Grad-ECLIP (Zhao et al. 2024) for a prompt: ``(B, gh, gw)``, not normalised (the authors min-max it
-    for display). The last block's attention is replaced, at its ``attn.hook_z``, by one head over the full width
-    computed from its ``hook_q/k/v``, as in the authors' ``clip_encode_dense``; the cosine between the model's
-    (projected CLS) embedding and the prompt is the target."""
+    for display); for one image ``(1, C, H, W)`` and ``k`` indices, ``(k, gh, gw)`` from one forward, as the
+    authors compute every prompt's map. The last block's attention is replaced, at its ``attn.hook_z``, by one
+    head over the full width computed from its ``hook_q/k/v``, as in the authors' ``clip_encode_dense``; the
+    cosine between the model's (projected CLS) embedding and the prompt is the target."""
     _need_class_token(model, "Grad-ECLIP")
     if model.projection is None:
         raise PromptError("Grad-ECLIP needs a CLIP image tower with its projection to the joint embedding")
@@ -263,7 +300,7 @@ def grad_eclip(model: ViT, images: Tensor, prompts: Tensor, index: int | Tensor)
     with inference, grad_mode:
         x = images.detach()
         B = x.shape[0]
-        idx = _index(index, B, prompts.shape[0])
+        idx = _targets(index, x, prompts.shape[0])
         last = f"blocks.{len(model.blocks) - 1}.attn."
         attn = model.blocks[-1].attn
         cache: dict[str, Tensor] = {}
@@ -273,17 +310,19 @@ def grad_eclip(model: ViT, images: Tensor, prompts: Tensor, index: int | Tensor)
 
         def one_head(z: Tensor, hook) -> Tensor:
             # The authors' clip_encode_dense: the last block's attention with one head over all D channels.
-            q, k, v = (cache[last + f"hook_{n}"].transpose(1, 2).flatten(2) for n in "qkv")  # each (B, T, D)
-            scores = (q * (1.0 / math.sqrt(q.shape[-1]))) @ k.transpose(-2, -1)  # (B, T, T)
-            cache["attn_output"] = scores.softmax(dim=-1) @ v  # (B, T, D)
+            q, k, v = (cache[last + f"hook_{n}"].transpose(1, 2).flatten(2) for n in "qkv")  # (B, 1 | T, D)
+            scores = (q * (1.0 / math.sqrt(q.shape[-1]))) @ k.transpose(-2, -1)  # (B, 1, T): CLS's query
+            cache["attn_output"] = scores.softmax(dim=-1) @ v  # (B, 1, D)
             cache["attn_output"].requires_grad_(True)
             cache["q"], cache["k"], cache["v"] = q, k, v
             return cache["attn_output"].view_as(z)  # (B, T, H, hd)
 
         hooks = [(last + "hook_q", keep), (last + "hook_k", keep), (last + "hook_v", keep), (last + "hook_z", one_head)]
-        embedding = F.normalize(model.run_with_hooks(x, hooks).embedding, dim=-1)  # (B, E): projection of CLS
-        cosine = (embedding * prompts[idx].to(embedding.dtype)).sum()
-        [grad] = torch.autograd.grad(cosine, [cache["attn_output"]])
+        with model.hooks(hooks):  # the last block for the CLS token alone: all of it that the map reads
+            out, _ = model.run_blocks(model.embed(x), grid, queries=1)  # (B, 1, D)
+        embedding = F.normalize(model.projection(model.pool(out)[0]), dim=-1)  # (B, E): projection of CLS
+        cosines = (embedding.expand(len(idx), -1) * prompts[idx].to(embedding.dtype)).sum(-1)  # (k,)
+        [grad] = _prompt_gradients(cosines, [cache["attn_output"]], B)  # (k, 1, D)
         q, k, v = cache["q"], cache["k"], cache["v"]
         with torch.no_grad():  # q_out, k_out: q and k through out_proj, as clip_encode_dense computes them
             q_out, k_out = F.linear(q, attn.proj.weight, attn.proj.bias), F.linear(k, attn.proj.weight, attn.proj.bias)
@@ -292,8 +331,8 @@ def grad_eclip(model: ViT, images: Tensor, prompts: Tensor, index: int | Tensor)
             cosine_qk = (q_cls * k_patch).sum(-1)  # (B, N)
             low, high = cosine_qk.min(dim=-1, keepdim=True)[0], cosine_qk.max(dim=-1, keepdim=True)[0]
             cosine_qk = (cosine_qk - low) / (high - low)
-            emap = F.relu((grad[:, :1] * v[:, 1:] * cosine_qk[..., None]).sum(-1))  # (B, N)
-    return emap.reshape(B, *grid).detach()
+            emap = F.relu((grad[:, :1] * v[:, 1:] * cosine_qk[..., None]).sum(-1))  # (k, N)
+    return emap.reshape(len(idx), *grid).detach()
 
 
 def map_difference(a: Tensor, b: Tensor) -> Tensor:
@@ -368,17 +407,23 @@ def prompt_curves(model: ViT, images: Tensor, prompts: Prompts, maps: Tensor, in
                                score=lambda logits: logits, progress=progress)
 
 
+ONE_FORWARD = ("rollout", "legrad", "grad_eclip")  # the methods whose prompts share one forward of an image
+
+
 def prompt_maps(model: ViT, image: Tensor, prompts: Prompts, method: str, chunk: int = 8) -> Tensor:
-    """``(n, gh, gw)``: every prompt's map of one image ``(1, C, H, W)``, ``chunk`` prompts per backward pass."""
-    n = len(prompts.labels)
-    return torch.cat([prompt_map(model, image.expand(len(part), -1, -1, -1), prompts, part, method)
-                      for part in torch.arange(n).split(chunk)])
+    """``(n, gh, gw)``: every prompt's map of one image ``(1, C, H, W)``, ``chunk`` prompts at a time (what bounds
+    the gradients held at once, each ``(nh, T, T)`` for rollout and LeGrad): for the methods of ``ONE_FORWARD`` one
+    forward of the image per chunk and a backward per prompt that stops inside the model, else a forward and a
+    backward of the image repeated ``chunk`` times (AttnLRP's backward reaches the pixels)."""
+    return torch.cat([prompt_map(model, image if method in ONE_FORWARD else image.expand(len(part), -1, -1, -1),
+                                 prompts, part, method) for part in torch.arange(len(prompts.labels)).split(chunk)])
 
 
 def prompt_map(model: ViT, images: Tensor, prompts: Prompts, index: int | Tensor, method: str) -> Tensor:
     """``(B, gh, gw)``: the map of prompt ``index`` by ``method`` (a key of ``PROMPT_METHODS``), each as its
     authors compute it (rollout from the last layer as the notebook, LeGrad with its readout and, for SigLIP,
-    its correction; AttnLRP's pixel relevances summed per patch)."""
+    its correction; AttnLRP's pixel relevances summed per patch). For ``ONE_FORWARD``'s methods, one image
+    ``(1, C, H, W)`` and ``k`` indices give ``(k, gh, gw)``."""
     if method not in methods_for(model):
         raise PromptError(f"{PROMPT_METHODS.get(method, method)} does not apply to this model; use one of "
                           f"{', '.join(methods_for(model).values())}")
