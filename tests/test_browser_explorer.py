@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from helpers import ARTIFACTS, CHROMIUM, CHROMIUM_ARGS, ship_default, streamlit_app
+from helpers import ARTIFACTS, chromium, ship_default, streamlit_app
 from PIL import Image
 
 from vit.app.catalog import DEFAULT_CHECKPOINT
@@ -56,18 +56,10 @@ def server(world):
 
 @pytest.fixture
 def page():
-    if not Path(CHROMIUM).is_file():
-        pytest.skip(f"{CHROMIUM} is missing: install it with `apt-get install -y chromium`")
-    sync_api = pytest.importorskip("playwright.sync_api", reason="the playwright package is not installed")
-    with sync_api.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        try:
-            context = browser.new_context(viewport={"width": 1500, "height": 1100})
-            page = context.new_page()
-            page.set_default_timeout(TIMEOUT_MS)
-            yield page
-        finally:
-            browser.close()
+    with chromium() as browser:
+        page = browser.new_context(viewport={"width": 1500, "height": 1100}).new_page()
+        page.set_default_timeout(TIMEOUT_MS)
+        yield page
 
 
 SCROLL_TOP = """() => Math.max(...[document.scrollingElement,
