@@ -34,9 +34,11 @@ def png(width: int, height: int, seed: int) -> bytes:
     return buffer.getvalue()
 
 
-@pytest.fixture
-def world(tmp_path):
-    """A tiny random model under the default name with one sample, and an image to upload."""
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    """A tiny random model under the default name with one sample, and an image to upload (read, never written,
+    by the tests: one for the module)."""
+    tmp_path = tmp_path_factory.mktemp("world")
     checkpoints, runs = ship_default(tmp_path, TINY, ["airplane", "cat", "dog"],
                                      metadata={"dataset": "folder:data/tiny", "val_acc": 0.5})
     samples = checkpoints / "samples" / Path(DEFAULT_CHECKPOINT).stem
@@ -47,8 +49,9 @@ def world(tmp_path):
     return checkpoints, runs, upload
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def server(world):
+    """The app on ``world``, one server for the module: each test opens its own browser session on it."""
     checkpoints, runs, _ = world
     with streamlit_app({"VIT_CHECKPOINTS_DIR": str(checkpoints), "VIT_RUNS_DIR": str(runs)}) as (url, _):
         yield url
