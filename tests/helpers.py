@@ -21,6 +21,8 @@ from markdown_it import MarkdownIt
 from PIL import Image
 
 if TYPE_CHECKING:
+    from playwright.sync_api import Browser
+
     from vit.model import ViTConfig
 
 # A colour per class, far apart so that even a tiny model separates them in a few steps.
@@ -62,6 +64,24 @@ ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts"  # screens
 # Without the background-networking flags Chromium keeps dialling out on this closed network.
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
                  "--disable-sync", "--no-first-run"]
+
+
+@contextmanager
+def chromium() -> Iterator[Browser]:
+    """Debian's headless Chromium, launched through Playwright with ``CHROMIUM_ARGS``; closed after. Skips the
+    test where Chromium or the playwright package is missing (pytest is imported here: scripts import this
+    module without it)."""
+    import pytest
+
+    if not CHROMIUM.is_file():
+        pytest.skip(f"{CHROMIUM} is missing: install it with `apt-get install -y chromium`")
+    sync_api = pytest.importorskip("playwright.sync_api", reason="the playwright package is not installed")
+    with sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        try:
+            yield browser
+        finally:
+            browser.close()
 
 
 def ship_default(tmp_path: Path, config: ViTConfig, class_names: list[str],

@@ -121,24 +121,65 @@ class RayCluster:
         return ("\n" + "\n".join(parts)) if parts else ""
 
     def stop(self) -> None:
-        """SIGTERM to each node's process group, even where its leader has exited (Ray's processes it
-        started are in that group and outlive it), then SIGKILL to what is left after a minute."""
-        for process in reversed(self.processes):
-            _signal_group(process.pid, signal.SIGTERM)
+        """Stop the nodes, each by its process group (even where its leader has exited: Ray's processes it started
+        are in that group and outlive it), in the order Ray needs: the other nodes, then every head process but the
+        GCS, then the GCS. Signalled together, the head's ``ray start`` and autoscaler monitor spend ~30 s retrying
+        a GCS that is already gone (each tells it of its end). SIGKILL to what is left after a minute."""
         deadline = time.monotonic() + 60
+        head, *others = [process.pid for process in self.processes]
+        for pgid in others:
+            _signal_group(pgid, signal.SIGTERM)
+        _wait_until(lambda: not any(_members(pgid) for pgid in others), deadline)
+        before_gcs = [pid for pid in _members(head) if not _is_gcs(pid)]
+        for pid in before_gcs:
+            _signal(pid, signal.SIGTERM)
+        _wait_until(lambda: not set(before_gcs) & set(_members(head)), deadline)
+        _signal_group(head, signal.SIGTERM)
         for process in self.processes:
             try:
                 process.wait(max(1.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 _signal_group(process.pid, signal.SIGKILL)
                 process.wait()
-        settle = min(deadline, time.monotonic() + 15)  # a zombie nobody reaps would count as alive for ever
-        while time.monotonic() < settle and any(_group_alive(p.pid) for p in self.processes):
-            time.sleep(0.5)
+        # a zombie nobody reaps would count as alive for ever
+        _wait_until(lambda: not any(_members(p.pid) for p in self.processes), min(deadline, time.monotonic() + 15))
         for process in self.processes:
             _signal_group(process.pid, signal.SIGKILL)
         if self.temp is not None:
             shutil.rmtree(self.temp, ignore_errors=True)
+
+
+def _wait_until(done, deadline: float) -> None:
+    while not done() and time.monotonic() < deadline:
+        time.sleep(0.1)
+
+
+def _members(pgid: int) -> list[int]:
+    """The live (not zombie) processes of process group ``pgid``, read from /proc."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()  # after "pid (comm)"
+            except OSError:  # it ended while we looked
+                continue
+            if int(fields[2]) == pgid and fields[0] != "Z":  # fields: state, ppid, pgrp, ...
+                pids.append(int(entry.name))
+    return pids
+
+
+def _is_gcs(pid: int) -> bool:
+    try:
+        return os.readlink(f"/proc/{pid}/exe").endswith("/gcs_server")
+    except OSError:
+        return False
+
+
+def _signal(pid: int, sig: int) -> None:
+    try:
+        os.kill(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
 
 
 def _signal_group(pgid: int, sig: int) -> None:
@@ -146,11 +187,3 @@ def _signal_group(pgid: int, sig: int) -> None:
         os.killpg(pgid, sig)
     except (ProcessLookupError, PermissionError):
         pass
-
-
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-        return True
-    except (ProcessLookupError, PermissionError):
-        return False

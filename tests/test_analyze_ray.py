@@ -44,6 +44,13 @@ def analyze(*argv: str) -> subprocess.CompletedProcess:
                           text=True, timeout=TIMEOUT)
 
 
+def analyze_here(*argv: str) -> int:
+    """``vit.analyze`` in this process (one thread, as the job's actors: the same float sums); its exit status."""
+    from vit.analyze import main
+
+    return main(list(argv))
+
+
 def assert_close(a: object, b: object, where: str = "") -> None:
     """The same JSON: equal keys, lists and strings; numbers to 1e-6."""
     if isinstance(a, dict):
@@ -66,8 +73,7 @@ def test_on_ray_the_analysis_equals_the_local_one(ray_cluster, world, tmp_path):
     # returned in any order; the mechanism too (token norms, head attribution, ablation, sinks).
     common = [str(world / "model.pt"), "--data", str(world / "data"), "--limit", "25", "--batch-size", "8",
               "--mechanism"]
-    local = analyze(*common, "--out", str(tmp_path / "local"))
-    assert local.returncode == 0, local.stderr
+    assert analyze_here(*common, "--out", str(tmp_path / "local")) == 0  # the reference: no second torch start-up
     on_ray = analyze(*common, "--out", str(tmp_path / "ray"), "--ray", ray_cluster.address)
     assert on_ray.returncode == 0, f"{on_ray.stdout}\n{on_ray.stderr}"
     assert "vit.analyze: job analyze-ray-" in on_ray.stdout and "succeeded" in on_ray.stdout

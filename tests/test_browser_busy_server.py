@@ -11,7 +11,7 @@ import numpy as np
 import psutil
 import pytest
 import torch
-from helpers import ARTIFACTS, CHROMIUM, CHROMIUM_ARGS, streamlit_app
+from helpers import ARTIFACTS, chromium, streamlit_app
 from PIL import Image
 
 from vit.app.catalog import DEFAULT_CHECKPOINT
@@ -49,15 +49,8 @@ def server(tmp_path):
 
 @pytest.fixture
 def browser():
-    if not Path(CHROMIUM).is_file():
-        pytest.skip(f"{CHROMIUM} is missing: install it with `apt-get install -y chromium`")
-    sync_api = pytest.importorskip("playwright.sync_api", reason="the playwright package is not installed")
-    with sync_api.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        try:
-            yield browser
-        finally:
-            browser.close()
+    with chromium() as browser:
+        yield browser
 
 
 def open_page(browser, url):

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from helpers import ARTIFACTS, CHROMIUM, CHROMIUM_ARGS, ship_default, streamlit_app
+from helpers import ARTIFACTS, chromium, ship_default, streamlit_app
 from PIL import Image
 
 from vit.app.catalog import DEFAULT_CHECKPOINT
@@ -34,9 +34,11 @@ def png(width: int, height: int, seed: int) -> bytes:
     return buffer.getvalue()
 
 
-@pytest.fixture
-def world(tmp_path):
-    """A tiny random model under the default name with one sample, and an image to upload."""
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    """A tiny random model under the default name with one sample, and an image to upload (read, never written,
+    by the tests: one for the module)."""
+    tmp_path = tmp_path_factory.mktemp("world")
     checkpoints, runs = ship_default(tmp_path, TINY, ["airplane", "cat", "dog"],
                                      metadata={"dataset": "folder:data/tiny", "val_acc": 0.5})
     samples = checkpoints / "samples" / Path(DEFAULT_CHECKPOINT).stem
@@ -47,8 +49,9 @@ def world(tmp_path):
     return checkpoints, runs, upload
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def server(world):
+    """The app on ``world``, one server for the module: each test opens its own browser session on it."""
     checkpoints, runs, _ = world
     with streamlit_app({"VIT_CHECKPOINTS_DIR": str(checkpoints), "VIT_RUNS_DIR": str(runs)}) as (url, _):
         yield url
@@ -56,18 +59,10 @@ def server(world):
 
 @pytest.fixture
 def page():
-    if not Path(CHROMIUM).is_file():
-        pytest.skip(f"{CHROMIUM} is missing: install it with `apt-get install -y chromium`")
-    sync_api = pytest.importorskip("playwright.sync_api", reason="the playwright package is not installed")
-    with sync_api.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        try:
-            context = browser.new_context(viewport={"width": 1500, "height": 1100})
-            page = context.new_page()
-            page.set_default_timeout(TIMEOUT_MS)
-            yield page
-        finally:
-            browser.close()
+    with chromium() as browser:
+        page = browser.new_context(viewport={"width": 1500, "height": 1100}).new_page()
+        page.set_default_timeout(TIMEOUT_MS)
+        yield page
 
 
 SCROLL_TOP = """() => Math.max(...[document.scrollingElement,

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import ARTIFACTS, CHROMIUM, CHROMIUM_ARGS, streamlit_app
+from helpers import ARTIFACTS, chromium, streamlit_app
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -32,17 +32,10 @@ def server(tmp_path):
 
 @pytest.fixture
 def page():
-    if not Path(CHROMIUM).is_file():
-        pytest.skip(f"{CHROMIUM} is missing: install it with `apt-get install -y chromium`")
-    sync_api = pytest.importorskip("playwright.sync_api", reason="the playwright package is not installed")
-    with sync_api.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        try:
-            page = browser.new_context(viewport={"width": 1500, "height": 1100}).new_page()
-            page.set_default_timeout(TIMEOUT_MS)
-            yield page
-        finally:
-            browser.close()
+    with chromium() as browser:
+        page = browser.new_context(viewport={"width": 1500, "height": 1100}).new_page()
+        page.set_default_timeout(TIMEOUT_MS)
+        yield page
 
 
 def test_switching_a_head_off_on_a_real_photo_changes_the_prediction(server, page):

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import CHROMIUM, CHROMIUM_ARGS, ship_default, streamlit_app
+from helpers import chromium, ship_default, streamlit_app
 from PIL import Image
 
 from vit.model import ViTConfig
@@ -72,38 +72,31 @@ def server(tmp_path):
 
 
 def test_five_concurrent_large_uploads_keep_server_memory_bounded(server, uploads, tmp_path):
-    if not Path(CHROMIUM).is_file():
-        pytest.skip(f"{CHROMIUM} is missing: install it with `apt-get install -y chromium`")
-    sync_api = pytest.importorskip("playwright.sync_api", reason="the playwright package is not installed")
     url, process = server
-    with sync_api.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        try:
-            pages = []
-            for _ in range(USERS):
-                page = browser.new_context(viewport={"width": 1400, "height": 1000}).new_page()
-                page.set_default_timeout(TIMEOUT_MS)
-                page.goto(url)
-                pages.append(page)
-            for page in pages:
-                page.get_by_text("Upload an image in the sidebar").wait_for()
-            before = peak_rss_mb(process.pid)
-            # All five uploads start before any is waited for: the server decodes them side by side.
-            for page, path in zip(pages, uploads, strict=True):
-                page.locator('[data-testid="stFileUploaderDropzoneInput"]').set_input_files(str(path))
-            for page, path in zip(pages, uploads, strict=True):
-                page.get_by_text(f"{path.name}, ").wait_for()
-                assert not page.locator('[data-testid="stException"]').count()
-            for page in pages:
-                with page.expect_download() as download:
-                    page.get_by_role("button", name="Overlay (PNG)").click()
-                saved = tmp_path / download.value.suggested_filename
-                download.value.save_as(saved)
-                with Image.open(saved) as overlay:
-                    assert max(overlay.size) <= 2048
-            peak = peak_rss_mb(process.pid)
-        finally:
-            browser.close()
+    with chromium() as browser:
+        pages = []
+        for _ in range(USERS):
+            page = browser.new_context(viewport={"width": 1400, "height": 1000}).new_page()
+            page.set_default_timeout(TIMEOUT_MS)
+            page.goto(url)
+            pages.append(page)
+        for page in pages:
+            page.get_by_text("Upload an image in the sidebar").wait_for()
+        before = peak_rss_mb(process.pid)
+        # All five uploads start before any is waited for: the server decodes them side by side.
+        for page, path in zip(pages, uploads, strict=True):
+            page.locator('[data-testid="stFileUploaderDropzoneInput"]').set_input_files(str(path))
+        for page, path in zip(pages, uploads, strict=True):
+            page.get_by_text(f"{path.name}, ").wait_for()
+            assert not page.locator('[data-testid="stException"]').count()
+        for page in pages:
+            with page.expect_download() as download:
+                page.get_by_role("button", name="Overlay (PNG)").click()
+            saved = tmp_path / download.value.suggested_filename
+            download.value.save_as(saved)
+            with Image.open(saved) as overlay:
+                assert max(overlay.size) <= 2048
+        peak = peak_rss_mb(process.pid)
     print(f"server peak RSS: {before:.0f} MB idle with five tabs, {peak:.0f} MB after five concurrent "
           f"{SIZE[0]}x{SIZE[1]} uploads and overlay downloads")
     assert peak - before < GROWTH_BOUND_MB, f"the uploads took the server {peak - before:.0f} MB over idle " \

@@ -7,7 +7,7 @@ headless Chromium; every request the page makes is recorded.
 from pathlib import Path
 
 import pytest
-from helpers import CHROMIUM, CHROMIUM_ARGS, ship_default, streamlit_app
+from helpers import chromium, ship_default, streamlit_app
 
 from vit.app.catalog import DEFAULT_CHECKPOINT
 from vit.model import ViTConfig
@@ -34,36 +34,29 @@ def server(tmp_path):
 
 
 def test_class_names_are_text_in_the_browser_and_fetch_nothing(server):
-    if not Path(CHROMIUM).is_file():
-        pytest.skip(f"{CHROMIUM} is missing: install it with `apt-get install -y chromium`")
-    sync_api = pytest.importorskip("playwright.sync_api", reason="the playwright package is not installed")
     requested: list[str] = []
-    with sync_api.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        try:
-            page = browser.new_context(viewport={"width": 1400, "height": 1000}).new_page()
-            page.set_default_timeout(TIMEOUT_MS)
-            page.on("request", lambda request: requested.append(request.url))
-            page.goto(server)
-            page.get_by_text("Colours span").wait_for()
-            page.wait_for_function("document.querySelectorAll('[data-testid=\"stPlotlyChart\"] .bars .point')"
-                                   ".length >= 3")
-            # (URLs carry an invisible word joiner that keeps them from becoming links; the reader sees none.)
-            sidebar = page.locator('[data-testid="stSidebar"]').inner_text().replace("\u2060", "")
-            app = page.locator('[data-testid="stApp"]')
-            # The checkpoint's description names every class, as written.
-            for name in CLASSES:
-                assert name in sidebar
-            assert "<i>tiny</i>" in sidebar
-            # Nothing was turned into an image, a link or bold text ...
-            assert app.locator('img[src*="example.invalid"]').count() == 0
-            assert app.locator('a[href*="example.invalid"]').count() == 0
-            assert app.locator('[data-testid="stMarkdownContainer"] b, [data-testid="stMarkdownContainer"] i')\
-                .count() == 0
-            # ... and the prediction chart's labels show the tags instead of applying them.
-            labels = page.locator('[data-testid="stPlotlyChart"] .ytick text').all_text_contents()
-            assert "<b>bold</b>" in labels, labels
-            assert page.locator('[data-testid="stPlotlyChart"] .ytick text b').count() == 0
-        finally:
-            browser.close()
+    with chromium() as browser:
+        page = browser.new_context(viewport={"width": 1400, "height": 1000}).new_page()
+        page.set_default_timeout(TIMEOUT_MS)
+        page.on("request", lambda request: requested.append(request.url))
+        page.goto(server)
+        page.get_by_text("Colours span").wait_for()
+        page.wait_for_function("document.querySelectorAll('[data-testid=\"stPlotlyChart\"] .bars .point')"
+                               ".length >= 3")
+        # (URLs carry an invisible word joiner that keeps them from becoming links; the reader sees none.)
+        sidebar = page.locator('[data-testid="stSidebar"]').inner_text().replace("\u2060", "")
+        app = page.locator('[data-testid="stApp"]')
+        # The checkpoint's description names every class, as written.
+        for name in CLASSES:
+            assert name in sidebar
+        assert "<i>tiny</i>" in sidebar
+        # Nothing was turned into an image, a link or bold text ...
+        assert app.locator('img[src*="example.invalid"]').count() == 0
+        assert app.locator('a[href*="example.invalid"]').count() == 0
+        assert app.locator('[data-testid="stMarkdownContainer"] b, [data-testid="stMarkdownContainer"] i')\
+            .count() == 0
+        # ... and the prediction chart's labels show the tags instead of applying them.
+        labels = page.locator('[data-testid="stPlotlyChart"] .ytick text').all_text_contents()
+        assert "<b>bold</b>" in labels, labels
+        assert page.locator('[data-testid="stPlotlyChart"] .ytick text b').count() == 0
     assert not [url for url in requested if "example.invalid" in url], "the page fetched a URL a class name gave"

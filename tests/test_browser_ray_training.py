@@ -5,7 +5,7 @@ page completes on the cluster and shows its curves."""
 from __future__ import annotations
 
 import pytest
-from helpers import ARTIFACTS, CHROMIUM, CHROMIUM_ARGS, streamlit_app
+from helpers import ARTIFACTS, chromium, streamlit_app
 from test_browser_training import SLOW_MS, fill_tiny_run
 from test_runs import make_image_folder
 
@@ -14,8 +14,6 @@ pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
 @pytest.fixture
 def app_url(ray_cluster, tmp_path):
-    if not CHROMIUM.is_file():
-        pytest.skip(f"{CHROMIUM} is missing; install it with: apt-get install -y chromium")
     pytest.importorskip("playwright.sync_api", reason="the playwright Python package is not installed")
     env = {"VIT_RUNS_DIR": str(tmp_path / "runs"), "VIT_DATA_DIR": str(tmp_path / "data"),
            "VIT_DATA_ROOTS": str(tmp_path), "VIT_RAY_ADDRESS": ray_cluster.address}
@@ -24,31 +22,27 @@ def app_url(ray_cluster, tmp_path):
 
 
 def test_a_run_launched_on_the_ray_cluster_from_the_page_completes(app_url):
-    from playwright.sync_api import expect, sync_playwright
+    from playwright.sync_api import expect
 
     url, images = app_url
     ARTIFACTS.mkdir(exist_ok=True)
     name = "browser-ray"
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS)
+    with chromium() as browser:
         page = browser.new_page(viewport={"width": 1400, "height": 1800})
         page.set_default_timeout(SLOW_MS)
         expect.set_options(timeout=SLOW_MS)
-        try:
-            page.goto(url)
-            page.get_by_role("link", name="Train").click()
-            expect(page.get_by_role("button", name="Launch")).to_be_visible()
-            expect(page.get_by_text("the Ray cluster: 2 node(s)")).to_be_visible()  # read from Ray's dashboard
-            fill_tiny_run(page, name, images, num_layers=1, epochs=1)
-            page.get_by_role("combobox", name="Device").click()
-            page.get_by_role("option", name="the Ray cluster").click()
-            workers = page.get_by_label("Ray workers", exact=True)
-            workers.fill("2")
-            workers.press("Tab")
-            page.get_by_role("button", name="Launch").click()
-            expect(page.get_by_text(f"Started {name} on the Ray cluster")).to_be_visible()
-            expect(page.get_by_text(f"{name} · completed")).to_be_visible()
-            expect(page.get_by_text("Accuracy", exact=True)).to_be_visible()  # the finished epoch's curves
-            page.screenshot(path=ARTIFACTS / "training-ray-completed.png", full_page=True)
-        finally:
-            browser.close()
+        page.goto(url)
+        page.get_by_role("link", name="Train").click()
+        expect(page.get_by_role("button", name="Launch")).to_be_visible()
+        expect(page.get_by_text("the Ray cluster: 2 node(s)")).to_be_visible()  # read from Ray's dashboard
+        fill_tiny_run(page, name, images, num_layers=1, epochs=1)
+        page.get_by_role("combobox", name="Device").click()
+        page.get_by_role("option", name="the Ray cluster").click()
+        workers = page.get_by_label("Ray workers", exact=True)
+        workers.fill("2")
+        workers.press("Tab")
+        page.get_by_role("button", name="Launch").click()
+        expect(page.get_by_text(f"Started {name} on the Ray cluster")).to_be_visible()
+        expect(page.get_by_text(f"{name} · completed")).to_be_visible()
+        expect(page.get_by_text("Accuracy", exact=True)).to_be_visible()  # the finished epoch's curves
+        page.screenshot(path=ARTIFACTS / "training-ray-completed.png", full_page=True)

@@ -7,7 +7,7 @@ Runs the real app (``streamlit run app.py``) on a free port with its own runs an
 from __future__ import annotations
 
 import pytest
-from helpers import ARTIFACTS, CHROMIUM, CHROMIUM_ARGS
+from helpers import ARTIFACTS, chromium
 from test_browser_training import SLOW_MS, app_url, fill_tiny_run  # noqa: F401 (app_url: the fixture that serves the app)
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
@@ -31,13 +31,12 @@ def step_left(page, slider, to: int) -> None:
 
 
 def test_a_launched_run_shows_its_probe_images_at_every_epoch(app_url):  # noqa: F811
-    from playwright.sync_api import expect, sync_playwright
+    from playwright.sync_api import expect
 
     url, images = app_url
     ARTIFACTS.mkdir(exist_ok=True)
     name = "browser-snapshots"
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS)
+    with chromium() as browser:
         page = browser.new_page(viewport={"width": 1400, "height": 2400})
         page.set_default_timeout(SLOW_MS)
         expect.set_options(timeout=SLOW_MS)
@@ -64,5 +63,3 @@ def test_a_launched_run_shows_its_probe_images_at_every_epoch(app_url):  # noqa:
         except Exception:
             page.screenshot(path=ARTIFACTS / "snapshots-failure.png", full_page=True)
             raise
-        finally:
-            browser.close()

@@ -10,7 +10,7 @@ import re
 from pathlib import Path
 
 import pytest
-from helpers import ARTIFACTS, CHROMIUM, CHROMIUM_ARGS, streamlit_app
+from helpers import ARTIFACTS, chromium, streamlit_app
 from test_runs import make_image_folder
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -21,8 +21,6 @@ pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
 @pytest.fixture
 def app_url(tmp_path):
-    if not CHROMIUM.is_file():
-        pytest.skip(f"{CHROMIUM} is missing; install it with: apt-get install -y chromium")
     pytest.importorskip("playwright.sync_api", reason="the playwright Python package is not installed")
     if not (ROOT / "app.py").is_file():
         pytest.skip("app.py (the app's navigation) is not in the repository yet")
@@ -47,13 +45,12 @@ def fill_tiny_run(page, name: str, images: Path, num_layers: int, epochs: int) -
 
 
 def test_a_run_launched_from_the_page_completes_and_opens_in_the_explorer(app_url):
-    from playwright.sync_api import expect, sync_playwright
+    from playwright.sync_api import expect
 
     url, images = app_url
     ARTIFACTS.mkdir(exist_ok=True)
     name = "browser-tiny"
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS)
+    with chromium() as browser:
         page = browser.new_page(viewport={"width": 1400, "height": 1800})
         page.set_default_timeout(SLOW_MS)
         expect.set_options(timeout=SLOW_MS)
@@ -81,5 +78,3 @@ def test_a_run_launched_from_the_page_completes_and_opens_in_the_explorer(app_ur
         except Exception:
             page.screenshot(path=ARTIFACTS / "training-failure.png", full_page=True)
             raise
-        finally:
-            browser.close()

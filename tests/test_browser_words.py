@@ -6,7 +6,7 @@ text, fetching nothing they name."""
 from pathlib import Path
 
 import pytest
-from helpers import CHROMIUM, CHROMIUM_ARGS, streamlit_app
+from helpers import chromium, streamlit_app
 from test_prompts import save_open_clip
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
@@ -55,43 +55,36 @@ def choose(page, label: str, option: str) -> None:
 
 
 def test_labels_are_asked_and_shown_as_text(server):
-    if not Path(CHROMIUM).is_file():
-        pytest.skip(f"{CHROMIUM} is missing: install it with `apt-get install -y chromium`")
-    sync_api = pytest.importorskip("playwright.sync_api", reason="the playwright package is not installed")
     url, image = server
     requested: list[str] = []
-    with sync_api.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        try:
-            page = browser.new_context(viewport={"width": 1400, "height": 1000}).new_page()
-            page.set_default_timeout(TIMEOUT_MS)
-            page.on("request", lambda request: requested.append(request.url))
-            page.goto(url)
-            page.locator('[data-testid="stSidebar"] input[type="file"]').set_input_files(str(image))
-            page.get_by_text("Ask in words").wait_for()
-            area = page.get_by_role("textbox", name="Labels")
-            area.fill(", ".join(LABELS))
-            area.press("Control+Enter")
-            page.get_by_text("softmax").first.wait_for()
-            page.get_by_text("Drawn over the part of the image the model saw").wait_for()
-            labels = page.locator('[data-testid="stPlotlyChart"] .ytick text').all_text_contents()
-            for label in LABELS:
-                assert label in labels, labels
-            app = page.locator('[data-testid="stApp"]')
-            assert app.locator('img[src*="example.invalid"]').count() == 0
-            assert app.locator('a[href*="example.invalid"]').count() == 0
-            assert page.locator('[data-testid="stPlotlyChart"] .ytick text b').count() == 0
-            caption = page.get_by_text("gradient rollout (Chefer et al. 2021b) for").inner_text()
-            assert "“<b>bold</b>”" in caption  # the first label, as typed
-            first = map_image(page)
-            choose(page, "Map for", "a cat")
-            page.get_by_text("gradient rollout (Chefer et al. 2021b) for “a cat”").wait_for()
-            page.wait_for_function(f"(before) => ({MAP_SRC})() !== before", arg=first)
-            second = map_image(page)
-            choose(page, "Minus (optional)", "<b>bold</b>")
-            page.get_by_text("“a cat” minus “<b>bold</b>”").wait_for()
-            page.wait_for_function(f"(before) => ({MAP_SRC})() !== before", arg=second)
-            assert len({first, second, map_image(page)}) == 3  # two labels' maps and their difference
-        finally:
-            browser.close()
+    with chromium() as browser:
+        page = browser.new_context(viewport={"width": 1400, "height": 1000}).new_page()
+        page.set_default_timeout(TIMEOUT_MS)
+        page.on("request", lambda request: requested.append(request.url))
+        page.goto(url)
+        page.locator('[data-testid="stSidebar"] input[type="file"]').set_input_files(str(image))
+        page.get_by_text("Ask in words").wait_for()
+        area = page.get_by_role("textbox", name="Labels")
+        area.fill(", ".join(LABELS))
+        area.press("Control+Enter")
+        page.get_by_text("softmax").first.wait_for()
+        page.get_by_text("Drawn over the part of the image the model saw").wait_for()
+        labels = page.locator('[data-testid="stPlotlyChart"] .ytick text').all_text_contents()
+        for label in LABELS:
+            assert label in labels, labels
+        app = page.locator('[data-testid="stApp"]')
+        assert app.locator('img[src*="example.invalid"]').count() == 0
+        assert app.locator('a[href*="example.invalid"]').count() == 0
+        assert page.locator('[data-testid="stPlotlyChart"] .ytick text b').count() == 0
+        caption = page.get_by_text("gradient rollout (Chefer et al. 2021b) for").inner_text()
+        assert "“<b>bold</b>”" in caption  # the first label, as typed
+        first = map_image(page)
+        choose(page, "Map for", "a cat")
+        page.get_by_text("gradient rollout (Chefer et al. 2021b) for “a cat”").wait_for()
+        page.wait_for_function(f"(before) => ({MAP_SRC})() !== before", arg=first)
+        second = map_image(page)
+        choose(page, "Minus (optional)", "<b>bold</b>")
+        page.get_by_text("“a cat” minus “<b>bold</b>”").wait_for()
+        page.wait_for_function(f"(before) => ({MAP_SRC})() !== before", arg=second)
+        assert len({first, second, map_image(page)}) == 3  # two labels' maps and their difference
     assert not [u for u in requested if "example.invalid" in u], "the page fetched a URL a label gave"

@@ -18,13 +18,14 @@ import io
 import signal
 import sys
 import threading
+from typing import TYPE_CHECKING
 
 import ray
 from ray.train import RunConfig, ScalingConfig
 from ray.train.torch import TorchTrainer
 
-from vit.training import run
-from vit.training.trainer import StopRequest
+if TYPE_CHECKING:
+    from vit.training.trainer import StopRequest
 
 POLL_SECONDS = 0.5  # how often a worker looks at the stop flag
 
@@ -76,6 +77,11 @@ def _watch(flag, stop: StopRequest, done: threading.Event) -> None:
 
 def train_worker(config: dict) -> None:
     """One Ray Train worker: ``vit.train`` with the given arguments; raises WorkerError on failure."""
+    # Imported here, not at the top: the driver and Ray Train's controller import this module too (to unpickle
+    # this function) and never train; the trainer's torchvision and torch._dynamo cost each of them seconds.
+    from vit.training import run
+    from vit.training.trainer import StopRequest
+
     stop, done = StopRequest(), threading.Event()
     watcher = threading.Thread(target=_watch, args=(config["stop"], stop, done), daemon=True)
     watcher.start()
