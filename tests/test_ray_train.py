@@ -51,6 +51,24 @@ def test_an_unreachable_address_is_one_line_and_writes_nothing(images, tmp_path)
     assert "Traceback" not in err and not (tmp_path / "run").exists()
 
 
+def test_cuda_workers_are_asked_for_from_a_machine_without_cuda(images, tmp_path, monkeypatch):
+    # A laptop submits to a GPU cluster: --device cuda is the workers' device, not this machine's.
+    import torch
+
+    from vit.cli import UsageError
+    from vit.runs import ray_jobs
+    from vit.training.options import parse_args
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    argv = args(images, tmp_path / "run", "--epochs", "1", "--device", "cuda")
+    with pytest.raises(UsageError, match="CUDA is not available on this machine"):
+        parse_args(argv)  # a local run still is refused at once
+    parse_args([*argv, "--ray", "http://127.0.0.1:1", "--gpus-per-worker", "1"])
+    with pytest.raises(ray_jobs.RayRunError, match="cannot reach the Ray cluster"):  # not refused before
+        ray_jobs.submit(f"http://127.0.0.1:{free_port()}", argv, 1, 1)
+    assert not (tmp_path / "run").exists()
+
+
 def test_two_ray_workers_train_like_two_torchrun_processes(ray_cluster, images, tmp_path):
     ray_run, ddp = tmp_path / "ray", tmp_path / "ddp"
     began = time.monotonic()

@@ -137,7 +137,8 @@ def submit(address: str, argv: list[str], workers: int, gpus_per_worker: float) 
         raise RayRunError(f"--workers must be 1 or more (got {workers})")
     if gpus_per_worker < 0:
         raise RayRunError(f"--gpus-per-worker must be 0 or more (got {gpus_per_worker:g})")
-    args = parse_args(argv)  # the same checks as a local run, before anything reaches the cluster
+    # The same checks as a local run, before anything reaches the cluster, but for the devices: the workers'.
+    args = parse_args(argv, device_here=False)
     argv = absolute_paths(argv)
     if not args.resume and "--data-dir" not in argv:  # "data" would mean the job's copy of the code
         argv += ["--data-dir", str(Path(args.data_dir).resolve())]

@@ -16,20 +16,22 @@ import torch.distributed as dist
 from vit.training.trainer import UsageError
 
 
-def parse_device(spec: str) -> torch.device:
-    """The device of ``--device``: auto (CUDA when available), cpu, cuda or cuda:N; UsageError otherwise."""
+def parse_device(spec: str, here: bool = True) -> torch.device:
+    """The device of ``--device``: auto (CUDA when available), cpu, cuda or cuda:N; UsageError otherwise.
+    ``here`` False: the run is for other machines (a Ray cluster's workers), so only the spelling is checked, not
+    whether this machine has that device."""
     if spec == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     try:
         device = torch.device(spec)
     except RuntimeError:
         raise UsageError(f"--device {spec!r} is not a device; use auto, cpu, cuda or cuda:N") from None
-    if device.type == "cuda":
+    if device.type == "cuda" and here:
         if not torch.cuda.is_available():
             raise UsageError(f"--device {spec}: CUDA is not available on this machine; use --device cpu")
         if device.index is not None and device.index >= torch.cuda.device_count():
             raise UsageError(f"--device {spec}: this machine has {torch.cuda.device_count()} CUDA device(s)")
-    elif device.type != "cpu":
+    elif device.type not in ("cpu", "cuda"):
         raise UsageError(f"--device {spec!r} is not supported; use auto, cpu, cuda or cuda:N")
     return device
 

@@ -335,10 +335,13 @@ def given_options(argv: list[str]) -> set[str]:
 
 
 
-def parse_args(argv: list[str] | None = None, check_out: bool = True) -> argparse.Namespace:
+def parse_args(argv: list[str] | None = None, check_out: bool = True, device_here: bool = True
+               ) -> argparse.Namespace:
     """Parse and check everything that can be checked without the data; raises UsageError.
 
-    ``check_out`` is False on the ranks other than 0 of a distributed run, which never write.
+    ``check_out`` is False on the ranks other than 0 of a distributed run, which never write. ``device_here``
+    False (and with ``--ray``): the run's devices are the cluster's, not this machine's, so ``--device cuda`` is
+    not refused on a submitting machine without CUDA.
     """
     from vit.model import PRESETS
     from vit.training.data import parse_dataset
@@ -392,7 +395,7 @@ def parse_args(argv: list[str] | None = None, check_out: bool = True) -> argpars
         raise UsageError(f"--min-lr ({args.min_lr:g}) must not exceed --lr ({args.lr:g})")
     if check_out:
         check_run_folder(Path(args.out))
-    parse_device(args.device)
+    parse_device(args.device, here=device_here and args.ray is None)
     return args
 
 
