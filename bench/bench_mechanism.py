@@ -31,6 +31,17 @@ and the last block computes only the tokens the head reads (``run_blocks(queries
 --residual-repeats 2``, CPU seconds (the machine under a load of 5-25), one turn each before a time limit: batched
 grid 58.7 and 38.1 CPU s against the loop before 59.6 and 44.1 (1.02x and 1.16x). The torch-hook loop (one whole
 forward per cell) did not finish a turn within the limit either time.
+2026-11-23, evening, ViT-B/16 at 224 px (12 layers x 197 positions), one thread, the process's CPU seconds, the
+machine under a load of 4-9: ``--threads 1 --prisma --only none --residual-repeats 1 --residual-only
+batched,before,prisma`` gave the batched grid 597.1 CPU s and the per-layer loop before it 694.4 (1.16x; the run
+was stopped before its full ViT-Prisma turn); ``--prisma --prisma-layers 1 --residual-only prisma`` timed
+ViT-Prisma's ``run_with_hooks`` loop (what TransformerLens's ``get_act_patch_resid_pre`` does) over layer 0's 197
+cells, 135.7 CPU s, so 1,628.7 for the grid: 2.73x ours (one forward of ours then 0.519 CPU s: the grid is about
+1,150 forwards' CPU time, Prisma's 3,135). The issue's goal of 3x faster than the per-layer loop is out of reach
+for any exact grid: patching (l, p) changes every token from layer l + 1 on, so each cell runs its remaining
+layers (sum over l of L - l = 78 layer passes per position, 1,280 forwards at 224 px); all that can be skipped is
+what no later step reads (the last block's other tokens, done; block l's queries, keys and values of the tokens
+not patched, about 4 % more).
 """
 
 from __future__ import annotations
