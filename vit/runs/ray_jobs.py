@@ -223,11 +223,27 @@ def job_error(jobs, sid: str, prog: str = "vit.train") -> str:
     return f"{prog}: the job failed: {message.strip().splitlines()[-1] if message.strip() else message}"
 
 
+def _interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt
+
+
 def follow_to_the_end(jobs, sid: str, prog: str, on_stop: str) -> int:
     """Print the job's log until it ends, as a command does: 0 succeeded, 1 failed (its one-line error on
     stderr), 130 stopped. The first Ctrl-C stops the job (``on_stop`` says what the job then does), a second
-    leaves it running without this command. SIGTERM (the Train page's Stop) counts as a Ctrl-C."""
-    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    leaves it running without this command. SIGTERM (the Train page's Stop) counts as a Ctrl-C.
+
+    Both raise KeyboardInterrupt where the command is, through a handler of our own: with Python's default one,
+    ``asyncio.run`` (the log's tail) turns Ctrl-C into a cancellation of its task, and a log stream that ends
+    quietly when cancelled lost the Ctrl-C, so the job ran on to the end."""
+    previous = signal.signal(signal.SIGINT, _interrupt), signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        return _follow_to_the_end(jobs, sid, prog, on_stop)
+    finally:
+        signal.signal(signal.SIGINT, previous[0])
+        signal.signal(signal.SIGTERM, previous[1])
+
+
+def _follow_to_the_end(jobs, sid: str, prog: str, on_stop: str) -> int:
 
     def write(text: str) -> None:
         sys.stdout.write(text)

@@ -1,0 +1,55 @@
+"""Following a Ray job from a command (``vit.runs.ray_jobs.follow_to_the_end``) with a stand-in for Ray's job
+client: no cluster, so the signal handling is tested where it is decided."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import threading
+from types import SimpleNamespace
+
+from vit.runs import ray_jobs
+
+
+class QuietOnCancelJobs:
+    """A job client whose log stream ends quietly when its task is cancelled (as a dropped websocket does) and
+    whose job runs until stopped, or succeeds after its third log stream."""
+
+    def __init__(self) -> None:
+        self.stopped = False
+        self.streams = 0
+
+    async def tail_job_logs(self, sid):
+        self.streams += 1
+        yield "Running entrypoint for job\n"
+        try:
+            await asyncio.sleep(3)
+        except asyncio.CancelledError:
+            return
+
+    def get_job_status(self, sid):
+        if self.stopped:
+            return SimpleNamespace(value="STOPPED")
+        return SimpleNamespace(value="SUCCEEDED" if self.streams >= 3 else "RUNNING")
+
+    def get_job_logs(self, sid):
+        return ""
+
+    def stop_job(self, sid):
+        self.stopped = True
+
+
+def test_ctrl_c_while_the_log_is_followed_stops_the_job(capsys):
+    jobs = QuietOnCancelJobs()
+    before = signal.getsignal(signal.SIGINT)
+    timer = threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT))  # inside the first log stream
+    timer.start()
+    try:
+        code = ray_jobs.follow_to_the_end(jobs, "job-1", "vit.analyze", "the analysis ends without its report")
+    finally:
+        timer.cancel()
+    assert jobs.stopped and code == 130
+    err = capsys.readouterr().err
+    assert err.startswith("vit.analyze: stopping job job-1: the analysis ends without its report")
+    assert signal.getsignal(signal.SIGINT) is before  # the command's handlers are its own, for its length
