@@ -199,16 +199,22 @@ def positive_gradient_attention(attn: Tensor, grad: Tensor) -> Tensor:
     return (grad.to(dtype) * attn.to(dtype)).clamp(min=0).mean(dim=1)
 
 
-def relevance_rollout(terms: Sequence[Tensor], end_layer: int | None = None) -> Tensor:
-    """``R = I``, then ``R = R + Ā @ R`` for each layer's ``positive_gradient_attention`` term ``(B, T, T)``
-    up to ``end_layer``: the gradient rollout's ``(B, T, T)`` relevance."""
+def _terms_up_to(terms: Sequence[Tensor], end_layer: int | None) -> list[Tensor]:
+    """The layers' terms up to ``end_layer`` (None: all), checked."""
     terms = list(terms)
     if not terms:
         raise ValueError("no layers given; run the model with output_attentions=True")
-    if end_layer is not None:
-        if not -len(terms) <= end_layer < len(terms):
-            raise ValueError(f"end_layer {end_layer} is out of range for {len(terms)} layers")
-        terms = terms[: end_layer % len(terms) + 1]
+    if end_layer is None:
+        return terms
+    if not -len(terms) <= end_layer < len(terms):
+        raise ValueError(f"end_layer {end_layer} is out of range for {len(terms)} layers")
+    return terms[: end_layer % len(terms) + 1]
+
+
+def relevance_rollout(terms: Sequence[Tensor], end_layer: int | None = None) -> Tensor:
+    """``R = I``, then ``R = R + Ā @ R`` for each layer's ``positive_gradient_attention`` term ``(B, T, T)``
+    up to ``end_layer``: the gradient rollout's ``(B, T, T)`` relevance."""
+    terms = _terms_up_to(terms, end_layer)
     B, T, _ = terms[0].shape
     dtype = _compute_dtype(terms[0])
     R = torch.eye(T, dtype=dtype, device=terms[0].device).expand(B, T, T)  # (B, T, T)
@@ -221,13 +227,7 @@ def relevance_rollout_row(terms: Sequence[Tensor], query: int, end_layer: int | 
     """Row ``query`` of ``relevance_rollout(terms, end_layer)``, ``(B, T)``: ``R = (I + Ā_end) ... (I + Ā_0)``, so
     its row is ``v = e_query``, then ``v = v + v @ Ā_l`` from layer ``end_layer`` down: ``L x T²`` work where the
     whole product costs ``L x T³`` (what a map of one query reads)."""
-    terms = list(terms)
-    if not terms:
-        raise ValueError("no layers given; run the model with output_attentions=True")
-    if end_layer is not None:
-        if not -len(terms) <= end_layer < len(terms):
-            raise ValueError(f"end_layer {end_layer} is out of range for {len(terms)} layers")
-        terms = terms[: end_layer % len(terms) + 1]
+    terms = _terms_up_to(terms, end_layer)
     B, T, _ = terms[0].shape
     if not 0 <= query < T:
         raise ValueError(f"query token {query} is out of range for {T} tokens")
