@@ -21,11 +21,13 @@ from vit.model import ViT, ViTConfig
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
 TIMEOUT_MS = int(os.environ.get("BROWSER_TIMEOUT_MS", 900_000))  # two busy cores: as the other browser tests
-# 6 layers x 197 tokens: the head grid (6 passes), then the residual grid (1,182 passes in 42 chunks): about a
-# minute on two busy cores.
-CONFIG = ViTConfig(image_size=224, patch_size=16, num_channels=3, num_classes=10, hidden_size=192, num_layers=6,
+# 6 layers x 785 tokens: the head grid (6 passes), then the residual grid (4,710 passes), minutes even on two idle
+# cores, so that session A's grid is still running when session B asks for its own (a grid of 6 x 197 once ended
+# first on an idle machine, and the test waited for a "waiting" that never came). Both grids are stopped early.
+CONFIG = ViTConfig(image_size=224, patch_size=8, num_channels=3, num_classes=10, hidden_size=192, num_layers=6,
                    num_heads=3, mlp_size=768)
-GRID = "Every layer and token too (6 × 197 passes)"
+GRID = "Every layer and token too (6 × 785 passes)"
+PASSES = " of 4716 passes"
 LABEL = "Patching the clean image's activations into the corrupted one"
 
 
@@ -93,8 +95,9 @@ def test_a_second_session_stays_responsive_waits_its_turn_and_a_closed_tab_stops
     context_a, page_a, _ = open_page(browser, url)
     ask_for_the_grid(page_a)
     page_a.get_by_text(f"{LABEL}: ").first.wait_for()
-    page_a.get_by_role("button", name="Stop").wait_for()
-    page_a.get_by_text(" of 1188 passes").first.wait_for()
+    # The page's Stop, not the header's Stop of a script still running.
+    page_a.get_by_test_id("stButton").get_by_role("button", name="Stop").wait_for()
+    page_a.get_by_text(PASSES).first.wait_for()
 
     context_b, page_b, seconds = open_page(browser, url)
     print(f"session B's page drawn in {seconds:.1f} s while session A's grid runs")
@@ -103,8 +106,8 @@ def test_a_second_session_stays_responsive_waits_its_turn_and_a_closed_tab_stops
     page_b.get_by_text("waiting — 1 heavy computation").first.wait_for()  # the bound, said in one line
 
     context_a.close()  # A's tab closed mid-grid: its work stops, B's starts
-    page_b.get_by_text(" of 1188 passes").first.wait_for(timeout=60_000)
-    page_b.get_by_role("button", name="Stop").click()
+    page_b.get_by_text(PASSES).first.wait_for(timeout=60_000)
+    page_b.get_by_test_id("stButton").get_by_role("button", name="Stop").click()
     page_b.get_by_text("stopped by you").first.wait_for(timeout=60_000)
     page_b.get_by_role("button", name="Run again").wait_for()
     deadline = time.monotonic() + 30
