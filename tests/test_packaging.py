@@ -24,7 +24,16 @@ COMMANDS = ("predict", "train", "evaluate", "convert", "analyze", "faithfulness"
 
 def requirement_lines(path: Path) -> set[str]:
     lines = (line.split("#", 1)[0].strip() for line in path.read_text().splitlines())
-    return {line for line in lines if line and not line.startswith("-r")}
+    return {line for line in lines if line and not line.startswith(("-r", "-c"))}
+
+
+def pins(path: Path) -> dict[str, str]:
+    """constraints.txt's ``name==version`` lines, by canonical name."""
+    from packaging.utils import canonicalize_name
+
+    lines = (line.split("#", 1)[0].strip() for line in path.read_text().splitlines())
+    return {canonicalize_name(name): version for name, version in
+            (line.split("==") for line in lines if line)}
 
 
 def test_the_dependencies_are_requirements_txt_with_ray_as_an_extra():
@@ -33,6 +42,26 @@ def test_the_dependencies_are_requirements_txt_with_ray_as_an_extra():
         == requirement_lines(ROOT / "requirements.txt")
     assert requirement_lines(ROOT / "requirements-test.txt") - set(project["optional-dependencies"]["test"]) \
         <= set(project["dependencies"])
+
+
+def test_both_readme_installs_take_every_version_from_the_constraints_and_pip_install_keeps_ranges():
+    # A new torch (2.15, with triton 3.9) once broke a green suite on a fresh machine: the README's commands and CI
+    # install the versions the suite last passed with; pyproject.toml keeps the ranges for `pip install .`.
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    assert "-c constraints.txt" in (ROOT / "requirements.txt").read_text().splitlines()[0]
+    assert any(line.startswith("-c constraints.txt") for line in
+               (ROOT / "requirements-test-nodeps.txt").read_text().splitlines())
+    pinned = pins(ROOT / "constraints.txt")
+    for file in ("requirements.txt", "requirements-test.txt", "requirements-test-nodeps.txt"):
+        for line in requirement_lines(ROOT / file):
+            requirement = Requirement(line)
+            name = canonicalize_name(requirement.name)
+            assert name in pinned, f"{file}: {requirement.name} has no pin in constraints.txt"
+            assert requirement.specifier.contains(pinned[name], prereleases=True), \
+                f"{file}: {line} does not admit the pinned {pinned[name]}"
+    assert all("==" not in d for d in PYPROJECT["project"]["dependencies"])
 
 
 def test_every_package_of_vit_is_installed():

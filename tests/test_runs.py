@@ -228,6 +228,14 @@ def test_reconcile(rec, stat, alive, code, output, expected):
     assert reconcile(rec, stat, alive, code, output, NOW) == expected
 
 
+def test_a_usage_error_is_read_from_the_end_record_not_from_the_output():
+    # Anything may print after the error line (a library's exit noise: 27-31 lines with torch 2.15's triton)
+    end = {"pid": 4242, "exit_code": 2, "error": "--batch-size 64 is larger than the 18 training images"}
+    noise = "vit.train: error: --batch-size 64 is larger than the 18 training images\n" + "nanobind: leaked\n" * 30
+    assert reconcile(record(), None, False, 2, noise[-40:], NOW, end=end) == ("failed", end["error"])
+    assert reconcile(record(), None, False, 2, noise[-40:], NOW)[0] == "crashed"
+
+
 def test_a_previous_sessions_final_status_does_not_end_a_resumed_run():
     old = status("cancelled", updated=NOW - 50, pid=1111)
     assert reconcile(record(started=NOW - 10), old, True, None, "", NOW) == ("running", "starting")
@@ -442,9 +450,12 @@ def test_an_exception_inside_training_is_failed_with_its_message(scenarios):
 
 @pytest.mark.slow
 def test_a_cli_usage_error_before_status_is_failed_with_its_line(scenarios):
-    info, _ = wait_for(scenarios["usage"], "too-big-batch", finished)
+    manager = scenarios["usage"]
+    info, _ = wait_for(manager, "too-big-batch", finished)
     assert info.state == "failed"
     assert info.detail.startswith("--batch-size 64 is larger than the 18 training images")
+    end = json.loads((manager.launch_root / "too-big-batch" / "end.json").read_text())  # read from here, not the log
+    assert end["error"] == info.detail and end["exit_code"] == 2
 
 
 # ---------------------------------------------------------------------------------------------

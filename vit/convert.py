@@ -142,5 +142,12 @@ def main(argv: list[str] | None = None) -> int:
     return run_cli(PROG, build_parser(), run, argv)
 
 
+def command() -> None:
+    """The console command (pyproject.toml) and ``python -m``: ``main()``'s status, with a fast, quiet exit."""
+    from vit.cli import run_command
+
+    run_command(main)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    command()

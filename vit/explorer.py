@@ -56,5 +56,12 @@ def main(argv: list[str] | None = None) -> int:
     return streamlit_cli.main()
 
 
+def command() -> None:
+    """The console command (pyproject.toml) and ``python -m``: ``main()``'s status, with a fast, quiet exit."""
+    from vit.cli import run_command
+
+    run_command(main)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    command()

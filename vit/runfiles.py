@@ -64,6 +64,8 @@ ATTENTION_DIR = "attention"  # one attention snapshot per epoch (vit.snapshots)
 LAUNCH_DIR = ".launch"  # the manager's folder beside the run folders
 LAUNCH_FILE = "launch.json"
 OUTPUT_FILE = "output.log"
+END_FILE = "end.json"  # beside launch.json: how the last launched process ended before it could write status.json
+END_FILE_ENV = "VIT_RUN_END"  # its path, in the environment of a process the run manager launches
 
 STATES = ("running", "completed", "failed", "cancelled")  # status.json's state
 HEARTBEAT_SECONDS = 5.0  # status.json is rewritten at least this often while running
@@ -439,3 +441,14 @@ def read_tail(path: Path, lines: int = 40, offset: int = 0, max_bytes: int = 64_
         return ""
     text = data.decode("utf-8", errors="replace")
     return "\n".join(text.splitlines()[-lines:])
+
+
+def record_run_end(error: str, exit_code: int) -> None:
+    """For a process the run manager launched (``VIT_RUN_END`` names the file), the one-line error it ends with
+    before its run folder holds a status.json (a usage error): the manager reads the run's end from this record,
+    never from the tail of the process's output, where any library may print after it."""
+    path = os.environ.get(END_FILE_ENV)
+    if not path:
+        return
+    with contextlib.suppress(OSError):  # the error is printed anyway; the page then says the process is gone
+        write_json(Path(path), {"pid": os.getpid(), "exit_code": exit_code, "error": error})

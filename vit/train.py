@@ -16,7 +16,7 @@ training itself) is ``vit.training.run``.
 
 import sys
 
-from vit.cli import UsageError
+from vit.cli import UsageError, usage_error
 from vit.training.options import build_parser  # the parser alone: torch loads after it has read the arguments
 
 
@@ -32,8 +32,7 @@ def cli(argv: list[str]) -> int:
     try:
         args = build_parser().parse_args(argv)  # --help and malformed arguments answer here, at once
     except UsageError as e:
-        print(f"vit.train: error: {e}", file=sys.stderr)
-        return 2
+        return usage_error("vit.train", e)
     if args.ray is not None:
         from vit.runs.ray_jobs import main as submit_and_follow
 
@@ -41,10 +40,12 @@ def cli(argv: list[str]) -> int:
     return main(argv)
 
 
+def command() -> None:
+    """The ``vit-train`` console command (pyproject.toml) and ``python -m``: a fast, quiet exit."""
+    from vit.cli import run_command
+
+    run_command(lambda: cli(sys.argv[1:]))
+
+
 if __name__ == "__main__":
-    sys.exit(cli(sys.argv[1:]))
-
-
-def command() -> int:
-    """The ``vit-train`` console command (pyproject.toml)."""
-    return cli(sys.argv[1:])
+    command()

@@ -46,6 +46,8 @@ from pathlib import Path
 from vit.runfiles import (
     BEST_CHECKPOINT,
     CONFIG_FILE,
+    END_FILE,
+    END_FILE_ENV,
     LAST_CHECKPOINT,
     LAUNCH_DIR,
     LAUNCH_FILE,
@@ -60,6 +62,7 @@ from vit.runfiles import (
     default_runs_dir,
     iso,
     read_config,
+    read_json,
     read_launch,
     read_metrics,
     read_status,
@@ -379,6 +382,13 @@ class RunManager:
             # Every field has its type; what is left is files that contradict each other.
             return self._damaged(name, f"its files do not fit together ({type(e).__name__}: {e})")
 
+    def _end_record(self, name: str, session: dict) -> dict | None:
+        """end.json of the session's process (``vit.runfiles.record_run_end``), when that process wrote it."""
+        end = read_json(self.launch_root / name / END_FILE)
+        if end is not None and end.get("pid") == session.get("pid") and isinstance(end.get("error"), str):
+            return end
+        return None
+
     def _damaged(self, name: str, reason: str) -> RunInfo:
         return RunInfo(name=name, state="damaged", detail=reason[:300], run_dir=self.run_dir(name), devices=(),
                        managed=self._record_path(name).is_file())
@@ -386,17 +396,20 @@ class RunManager:
     def _info(self, name: str, record: dict | None, status: dict | None, config: dict | None) -> RunInfo:
         run_dir = self.run_dir(name)
         now = time.time()
-        alive, exit_code, output, problem = None, None, "", None
+        alive, exit_code, output, problem, end = None, None, "", None, None
         if record is not None and record.get("sessions") and record.get("state") == "started":
             session = record["sessions"][-1]
             alive, exit_code = process_alive(session)
-            output = read_tail(self.output_path(name), 20, offset=session.get("log_offset", 0))
+            if alive is False:
+                end = self._end_record(name, session)
+                if end is None:  # launched by a version without end records
+                    output = read_tail(self.output_path(name), 20, offset=session.get("log_offset", 0))
         elif record is None and status is not None and status.get("host") == socket.gethostname():
             if status.get("state") == "running":
                 # A reused or forged pid is not this run's process: the run is gone, whatever runs there now.
                 problem = cli_process_problem(status.get("pid"), run_dir, timestamp(status.get("start_time")))
                 alive = problem is None
-        state, detail = reconcile(record, status, alive, exit_code, output, now, self.stale_seconds)
+        state, detail = reconcile(record, status, alive, exit_code, output, now, self.stale_seconds, end)
         if state == "crashed" and problem:
             detail = f"{problem}; the run ended without a final state"
         if record is not None and tuple(record["devices"]) == RAY and record.get("sessions") and (
@@ -795,7 +808,10 @@ class RunManager:
             command, extra_env = launch_command(argv, devices, self.nice, params.get("workers"),
                                                 params.get("gpus_per_worker"))
         secret = secrets.token_hex(16)  # only the child's environment holds it; launch.json keeps its hash
-        env = {**os.environ, **self.env, **extra_env, "PYTHONUNBUFFERED": "1", LAUNCH_SECRET_ENV: secret}
+        end = self.launch_root / name / END_FILE
+        end.unlink(missing_ok=True)  # the previous session's
+        env = {**os.environ, **self.env, **extra_env, "PYTHONUNBUFFERED": "1", LAUNCH_SECRET_ENV: secret,
+               END_FILE_ENV: str(end)}
         output = self.output_path(name)
         output.parent.mkdir(parents=True, exist_ok=True)
         if record["sessions"]:

@@ -29,6 +29,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from vit.cli import usage_error
 from vit.runfiles import ROOT, lies_inside, now_iso
 from vit.training.options import parse_args, without_ray_options
 from vit.training.trainer import UsageError
@@ -274,8 +275,7 @@ def main(argv: list[str]) -> int:
         ray_args = parse_args(argv)  # vit.train's one parser: --ray, --workers and --gpus-per-worker are its own
         jobs, sid = submit(ray_args.ray, without_ray_options(argv), ray_args.workers, ray_args.gpus_per_worker)
     except UsageError as e:
-        print(f"vit.train: error: {e}", file=sys.stderr)
-        return 2
+        return usage_error("vit.train", e)
     print(f"vit.train: submitted job {sid} to {ray_args.ray} ({ray_args.workers} worker(s)); Ctrl-C stops it",
           flush=True)
     return follow_to_the_end(jobs, sid, "vit.train", "the run writes last.pt and ends cancelled")

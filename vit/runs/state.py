@@ -229,12 +229,14 @@ def _usage_line(output: str) -> str | None:
 
 
 def reconcile(record: dict | None, status: dict | None, alive: bool | None, exit_code: int | None,
-              output: str, now: float, stale_seconds: float = STALE_SECONDS) -> tuple[str, str | None]:
+              output: str, now: float, stale_seconds: float = STALE_SECONDS,
+              end: dict | None = None) -> tuple[str, str | None]:
     """(state, detail) of a run from its launch record, its status.json and its process.
 
     ``alive`` is whether the last started process runs (None: unknown, on another host);
-    ``output`` the tail of that process's output. ``detail`` is the error of a failed run or
-    the reason for a crashed, cancelled or queued one.
+    ``end`` the record that process left of its one-line error before it wrote a status.json (``end.json``);
+    ``output`` the tail of its output, read only for a process launched without one. ``detail`` is the error of
+    a failed run or the reason for a crashed, cancelled or queued one.
     """
     updated = timestamp(status.get("updated_time")) if status else None
     stale = updated is None or now - updated > stale_seconds
@@ -279,7 +281,7 @@ def reconcile(record: dict | None, status: dict | None, alive: bool | None, exit
         return "running", None
     if alive is True or (alive is None and now - started < stale_seconds):
         return "running", "starting"
-    usage = _usage_line(output)
+    usage = end["error"] if end is not None and end.get("error") else _usage_line(output)
     if usage is not None:
         return "failed", usage
     if stop_requested:

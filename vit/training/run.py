@@ -264,8 +264,9 @@ def _one_line(error: BaseException) -> str:
 
 
 def _usage_error(error: Exception) -> int:
-    print(f"vit.train: error: {error}", file=sys.stderr)
-    return 2
+    from vit.cli import usage_error
+
+    return usage_error("vit.train", error)
 
 
 def main(argv: list[str] | None = None, stop: StopRequest | None = None) -> int:
@@ -346,4 +347,6 @@ def main(argv: list[str] | None = None, stop: StopRequest | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from vit.cli import run_command
+
+    run_command(main)
