@@ -26,7 +26,8 @@ from vit.runs import access, devices, launch
 from vit.runs import manager as runs
 from vit.text import escape_markdown, escape_plotly, visible, visible_lines
 from vit.training import snapshots
-from vit.training.data import AUGMENTATIONS, BUILTIN_DATASETS
+from vit.training.augmentations import AUGMENTATIONS
+from vit.training.data import BUILTIN_DATASETS
 from vit.training.options import FINETUNE_MODES, RECIPES
 
 REFRESH_SECONDS = 3

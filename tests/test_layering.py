@@ -88,6 +88,38 @@ def test_the_check_catches_an_upward_import(tmp_path):
     assert len(found) == 4 and all("imports" in p for p in found)
 
 
+def circles(root: Path = VIT) -> list[list[str]]:
+    """Every set of modules that import one another round a circle (imports inside functions count: a circle is a
+    constant or an exception defined in the wrong room, whenever the import runs)."""
+    import networkx as nx
+
+    names = {module_name(p, root) for p in root.rglob("*.py")}
+    graph = nx.DiGraph()
+    for path in root.rglob("*.py"):
+        name = module_name(path, root)
+        for _, imported in vit_imports(path):
+            while imported not in names and "." in imported:  # from vit.a.b import name: module vit.a.b
+                imported = imported.rsplit(".", 1)[0]
+            if imported in names and imported not in (name, "vit"):
+                graph.add_edge(name, imported)
+    return sorted(sorted(c) for c in nx.strongly_connected_components(graph) if len(c) > 1)
+
+
+def test_no_modules_import_one_another_round_a_circle():
+    assert circles() == []
+
+
+def test_the_circle_check_catches_a_circle_through_an_import_inside_a_function(tmp_path):
+    (tmp_path / "training").mkdir()
+    (tmp_path / "training" / "data.py").write_text("from vit.training.options import AUGMENTATIONS\n")
+    (tmp_path / "training" / "options.py").write_text("def f():\n    from vit.training.trainer import Settings\n")
+    (tmp_path / "training" / "trainer.py").write_text("from vit.training.data import Dataset\n")
+    (tmp_path / "cli.py").write_text("def f():\n    from vit.inference import NonFiniteOutput\n")
+    (tmp_path / "inference.py").write_text("from vit.cli import MAX_INPUT_SIDE\n")
+    assert circles(tmp_path) == [["vit.cli", "vit.inference"],
+                                 ["vit.training.data", "vit.training.options", "vit.training.trainer"]]
+
+
 @pytest.mark.parametrize("module, layer", [("vit.model", "core"), ("vit.train", "commands"),
                                            ("vit.explain.attention", "explain"), ("vit.app", "app"),
                                            ("vit.runs.manager", "runs"), ("vit", "api"), ("vit.api", "api"),

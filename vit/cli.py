@@ -22,6 +22,11 @@ class UsageError(ValueError):
     """Invalid arguments or an unusable checkpoint: one line on stderr, exit status 2."""
 
 
+class ModelError(ValueError):
+    """A failure that is the model's, not the command line's (``vit.inference.NonFiniteOutput``): one line on
+    stderr, exit status 1. Defined here so the commands' wrapper needs no import of what raises it."""
+
+
 class OneLineParser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # argparse prints usage + error over several lines; we want one
         raise UsageError(message)
@@ -68,12 +73,10 @@ def run_cli(prog: str, parser: argparse.ArgumentParser, run: Callable[[argparse.
     except KeyboardInterrupt:
         print(f"{prog}: interrupted", file=sys.stderr)
         return 130
+    except ModelError as e:
+        print(f"{prog}: error: {e}", file=sys.stderr)
+        return 1
     except Exception as e:  # a CLI shows one line, never a traceback
-        from vit.inference import NonFiniteOutput  # loaded by then: only run() raises it
-
-        if isinstance(e, NonFiniteOutput):  # the model's fault, not the command line's
-            print(f"{prog}: error: {e}", file=sys.stderr)
-            return 1
         print(f"{prog}: failed: {one_line(e)}", file=sys.stderr)
         return 1
 

@@ -17,7 +17,7 @@ import torch
 from PIL import Image
 
 from vit.checkpoint import Checkpoint, Preprocessing
-from vit.cli import MAX_INPUT_SIDE
+from vit.cli import MAX_INPUT_SIDE, ModelError
 from vit.images import ImageError, crop_start, normalize, open_image, resized_size, to_uint8
 
 
@@ -170,7 +170,7 @@ def predict(checkpoint: Checkpoint, images: Sequence[Image.Image], top_k: int = 
     return results
 
 
-class NonFiniteOutput(ValueError):
+class NonFiniteOutput(ModelError):
     """The model's logits hold NaN or infinite values, so it has no probabilities to give; the message says why
     when the model is known (its weights, or an overflow)."""
 

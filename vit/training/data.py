@@ -22,7 +22,7 @@ from torchvision.transforms import v2
 from vit.checkpoint import atomic_torch_save, check_archive
 from vit.images import ImageError, open_image, to_uint8
 from vit.runfiles import lies_inside
-from vit.training.options import AUGMENTATIONS, MAX_MAGNITUDE  # noqa: F401 (the Train page reads them here too)
+from vit.training.augmentations import AUGMENTATIONS, MAX_MAGNITUDE
 
 log = logging.getLogger(__name__)
 

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from vit.cli import UsageError
+from vit.training.augmentations import AUGMENTATIONS, MAX_MAGNITUDE
 
 if TYPE_CHECKING:
     from vit.model import ViTConfig
@@ -24,8 +25,6 @@ if TYPE_CHECKING:
 # The names of vit.model.PRESETS, for --help without torch (tests/test_train.py checks they are the same).
 PRESET_NAMES = ("tintn-cifar10", "cifar10-p8", "mnist-p7", "cifar-s", "cifar-m", "mnist-p4", "vit-base-16",
                 "vit-large-16", "vit-huge-14")
-AUGMENTATIONS = ("none", "crop", "flip-crop", "trivialaugment", "randaugment", "seed")  # vit.training.data's policies
-MAX_MAGNITUDE = 30  # RandAugment's default 31 magnitude bins are 0..30
 
 # What "--recipe" fills in for every option left unset on the command line.
 RECIPES: dict[str, dict] = {
