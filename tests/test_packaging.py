@@ -64,6 +64,16 @@ def test_both_readme_installs_take_every_version_from_the_constraints_and_pip_in
     assert all("==" not in d for d in PYPROJECT["project"]["dependencies"])
 
 
+def test_the_readmes_cpu_wheels_are_the_pinned_versions():
+    import re
+
+    pinned = pins(ROOT / "constraints.txt")
+    readme = (ROOT / "README.md").read_text()
+    [line] = [line for line in readme.splitlines() if "--index-url https://download.pytorch.org/whl/cpu" in line]
+    assert dict(re.findall(r"(torch|torchvision)==(\S+)", line)) == \
+        {"torch": pinned["torch"], "torchvision": pinned["torchvision"]}
+
+
 def test_every_package_of_vit_is_installed():
     found = {".".join(p.parent.relative_to(ROOT).parts) for p in (ROOT / "vit").rglob("__init__.py")}
     assert found <= set(PYPROJECT["tool"]["setuptools"]["packages"])
