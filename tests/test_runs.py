@@ -419,6 +419,10 @@ def test_launch_goes_running_then_completed(scenarios):
     assert info.state == "completed", info.detail
     assert info.best_checkpoint.is_file()
     assert info.progress == 1.0 and info.epoch == 2
+    # The page's log box ends on the line that says how the run ended (with triton loaded, 27-31 lines of nanobind
+    # leak noise once followed it and filled the box).
+    last = scenarios["queue"].log_tail("first", lines=15).splitlines()[-1]
+    assert " completed " in last and "after 2 epochs" in last, last
 
 
 @pytest.mark.slow
