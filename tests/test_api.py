@@ -125,6 +125,8 @@ def test_ask_gives_open_clips_own_zero_shot_probabilities(tmp_path):
                     @ model.encode_text(tokens, normalize=True).T).softmax(dim=-1)[0]
     assert [answer.scores[label] for label in ("a dog", "a cat")] == pytest.approx(expected.tolist(), abs=1e-5)
     assert answer.explain("a cat", "legrad").map.shape == (4, 4)
+    with pytest.raises(ValueError, match=r"vit.ask\(checkpoint, image, labels\).explain\(label, 'legrad'\)$"):
+        vit.explain(answer.checkpoint, image, "legrad")
 
 
 def test_the_commands_stay_modules_of_vit():
