@@ -1,6 +1,7 @@
 """The notebook API (``import vit``): vit.load, vit.explain and its Explanation, vit.methods, vit.ask, the mechanism;
 ``import vit`` itself loads nothing else, and ``vit.explain`` stays the package for imports."""
 
+import dataclasses
 import io
 import subprocess
 import sys
@@ -124,9 +125,143 @@ def test_ask_gives_open_clips_own_zero_shot_probabilities(tmp_path):
                     @ model.encode_text(tokens, normalize=True).T).softmax(dim=-1)[0]
     assert [answer.scores[label] for label in ("a dog", "a cat")] == pytest.approx(expected.tolist(), abs=1e-5)
     assert answer.explain("a cat", "legrad").map.shape == (4, 4)
+    with pytest.raises(ValueError, match=r"vit.ask\(checkpoint, image, labels\).explain\(label, 'legrad'\)$"):
+        vit.explain(answer.checkpoint, image, "legrad")
 
 
 def test_the_commands_stay_modules_of_vit():
     from vit import predict, train
 
     assert callable(predict.main) and callable(train.command)
+
+
+# --- the sharp edges: indices, images, ablation, refusals --------------------------------------------------------
+
+def test_negative_layers_and_heads_count_from_the_end_alike(tiny, photo):
+    last = vit.explain(tiny, photo, "attention", layer=1, head=1)
+    np.testing.assert_array_equal(vit.explain(tiny, photo, "attention", layer=-1, head=-1).map, last.map)
+
+
+@pytest.mark.parametrize("argument, message", [
+    (dict(layer=99), "layer 99 is out of range: this model has 2 layers, numbered 0 to 1 (or -2 to -1 from the end)"),
+    (dict(layer=-3), "layer -3 is out of range: this model has 2 layers"),
+    (dict(head=2), "head 2 is out of range: this model has 2 heads per layer, numbered 0 to 1"),
+    (dict(query=17), "query 17 is out of range: this input has 17 tokens, numbered 0 to 16"),
+])
+def test_an_index_out_of_range_is_refused_in_one_line_naming_the_range(tiny, photo, argument, message):
+    with pytest.raises(ValueError) as error:
+        vit.explain(tiny, photo, "attention", **argument)
+    assert str(error.value).startswith(message) and "\n" not in str(error.value)
+
+
+def test_a_target_out_of_range_names_the_classes_not_a_list(tiny, photo):
+    np.testing.assert_array_equal(vit.explain(tiny, photo, "class", target=-1).map,
+                                  vit.explain(tiny, photo, "class", target="fox").map)
+    with pytest.raises(ValueError, match=r"^target -4 is out of range: this model has 3 classes, numbered 0 to 2"):
+        vit.explain(tiny, photo, "class", target=-4)
+    with pytest.raises(ValueError, match=r"^target 3 is out of range"):
+        vit.mechanism(tiny, photo, target=3)
+
+
+def test_ablate_speaks_of_heads_from_0_as_the_api_counts_them(tiny):
+    with pytest.raises(ValueError, match=r"^head 9 is out of range: this model has 2 heads per layer"):
+        vit.ablate(tiny, [(1, 9)])
+    with pytest.raises(ValueError, match=r"^layer 9 is out of range"):
+        vit.ablate(tiny, [(9, 9)])
+    with pytest.raises(ValueError, match=r"^heads must be \(layer, head\) pairs"):
+        vit.ablate(tiny, (1, 1))  # one pair, not a list of them
+    x = preprocess([Image.new("RGB", (16, 16), "red")], tiny.preprocessing)
+    with torch.no_grad():
+        torch.testing.assert_close(vit.ablate(tiny, [(-1, -1)]).model(x)[0], vit.ablate(tiny, [(1, 1)]).model(x)[0])
+
+
+def test_the_engine_names_a_missing_head_from_0():
+    from vit.explain.mechanism import MechanismError, ablated_copy
+
+    with pytest.raises(MechanismError, match=r"^head \(9, 9\) does not exist: the model has layers 0 to 1 and heads "
+                                             r"0 to 1 \(counted from 0\)$"):
+        ablated_copy(ViT(TINY).eval(), [(9, 9)])
+
+
+def test_mean_ablation_over_the_image_itself_changes_nothing(tiny, photo):
+    """Each head's mean over one reference, the image itself, is that head's own output on the image: replacing
+    a head by it leaves every logit as it was (a hand-computed expectation)."""
+    means = vit.reference_means(tiny, [photo], photo)
+    assert means.shape == (2, 17, 2, 8)  # (layers, tokens, heads, head_dim)
+    np.testing.assert_allclose(vit.head_effects(tiny, photo, mode="mean", means=means), np.zeros((2, 2)), atol=1e-5)
+    x = preprocess([photo], tiny.preprocessing)
+    with torch.no_grad():
+        torch.testing.assert_close(vit.ablate(tiny, [(0, 1), (1, 0)], "mean", means=means).model(x)[0],
+                                   tiny.model(x)[0], rtol=0, atol=1e-5)
+    other = vit.reference_means(tiny, [Image.new("RGB", (40, 30), "blue")], photo)
+    assert np.abs(vit.head_effects(tiny, photo, mode="mean", means=other)).max() > 1e-4
+
+
+def test_mean_ablation_without_means_and_means_without_it_are_refused(tiny, photo):
+    with pytest.raises(ValueError, match=r"^mean ablation needs means=vit.reference_means\("):
+        vit.ablate(tiny, [(0, 0)], "mean")
+    with pytest.raises(ValueError, match=r"^mean ablation needs means="):
+        vit.head_effects(tiny, photo, mode="mean")
+    with pytest.raises(ValueError, match=r"^means are read by mode='mean' only"):
+        vit.ablate(tiny, [(0, 0)], means=vit.reference_means(tiny, [photo], photo))
+    with pytest.raises(ValueError, match=r"^unknown ablation mode 'resample'; choose zero or mean"):
+        vit.head_effects(tiny, photo, mode="resample")
+
+
+def test_arrays_and_tensors_are_images_as_pil_reads_them(tiny, photo):
+    expected = vit.explain(tiny, photo, "rollout").map
+    pixels = np.array(photo)  # (30, 40, 3) uint8
+    np.testing.assert_array_equal(vit.explain(tiny, pixels, "rollout").map, expected)
+    chw = torch.from_numpy(pixels).permute(2, 0, 1).float() / 255  # (3, 30, 40) in [0, 1], unnormalised
+    np.testing.assert_array_equal(vit.explain(tiny, chw, "rollout").map, expected)
+    np.testing.assert_array_equal(vit.explain(tiny, chw[None], "rollout").map, expected)
+    assert vit.explain(tiny, torch.from_numpy(pixels).permute(2, 0, 1), "rollout").image.tobytes() == photo.tobytes()
+
+
+@pytest.mark.parametrize("image, message", [
+    (torch.randn(3, 16, 16) * 3, r"^an image tensor's values must be in \[0, 1\], these run from .* pass it "
+                                 r"unnormalised"),
+    (torch.rand(2, 3, 16, 16), r"^give one image at a time, got a batch of 2"),
+    (torch.rand(16, 16, 3), r"^an image tensor must be \(channels, height, width\).*permute\(2, 0, 1\)"),
+    (np.random.default_rng(0).random((16, 16, 3)), r"^a numpy image must be uint8 \(0 to 255\), got float64"),
+    (np.zeros((3, 16, 16), np.uint8), r"^a numpy image must be \(height, width, channels\)"),
+    (42, r"^cannot read an image from a int"),
+])
+def test_an_image_that_is_not_one_is_refused_in_one_line(tiny, image, message):
+    from vit.images import ImageError
+
+    with pytest.raises(ImageError, match=message) as error:
+        vit.explain(tiny, image)
+    assert "\n" not in str(error.value)
+
+
+@pytest.fixture(scope="module")
+def encoder(tmp_path_factory):
+    """A tiny image encoder (no classifier)."""
+    torch.manual_seed(0)
+    path = tmp_path_factory.mktemp("api") / "encoder.pt"
+    save_checkpoint(path, ViT(dataclasses.replace(TINY, num_classes=0)), [], Preprocessing(16, 3, (0.5,) * 3,
+                                                                                           (0.5,) * 3))
+    return vit.load(path, device="cpu")
+
+
+def test_the_mechanism_of_a_model_without_a_classifier_is_refused_in_one_line(encoder, photo):
+    for call in (lambda: vit.mechanism(encoder, photo), lambda: vit.head_effects(encoder, photo),
+                 lambda: vit.patching(encoder, photo, photo)):
+        with pytest.raises(ValueError, match=r"reads a classifier's logits and this model has none") as error:
+            call()
+        assert "\n" not in str(error.value)
+
+
+def test_a_clip_is_pointed_to_ask_for_its_label_maps(tiny, photo, monkeypatch):
+    clip = dataclasses.replace(tiny, model=ViT(dataclasses.replace(TINY, num_classes=0)).eval(), class_names=[],
+                               metadata={"source": {"kind": "open_clip"}})
+    for method in ("legrad", "attnlrp"):
+        with pytest.raises(ValueError, match=rf"^a CLIP / SigLIP has no classes of its own: map a typed label with "
+                                             rf"vit.ask\(checkpoint, image, labels\).explain\(label, '{method}'\)$"):
+            vit.explain(clip, photo, method)
+
+
+def test_a_checkpoints_repr_is_one_short_line(tiny, encoder):
+    assert repr(tiny) == "<Checkpoint tiny.pt: vit, 5,603 parameters, 16 px in patches of 4, 3 classes (cat, dog, fox)>"
+    assert repr(encoder).endswith("no classifier>") and "\n" not in repr(encoder)

@@ -68,6 +68,20 @@ def test_cp_lrp_relevance_of_the_embedding_sums_to_the_logit_on_every_family(fam
     torch.testing.assert_close(total, logit.detach(), rtol=1e-3, atol=1e-5 * float(logit.detach().abs().max()))
 
 
+@pytest.mark.parametrize("cp", [False, True], ids=["attnlrp", "cp-lrp"])
+@pytest.mark.parametrize("family", ["dinov3-swiglu", "eva02"])
+def test_gated_mlp_passes_on_all_its_relevance_under_both_rules(family, cp):
+    """With no biases the MLP is linear under either rule (identity rule on the activation, the gate split evenly
+    or, CP-LRP, held constant), so the relevance of its input sums to that of its output."""
+    mlp = family_model(family, biases=False).blocks[0].mlp
+    x = torch.randn(2, 5, BASE["hidden_size"], requires_grad=True)
+    with torch.enable_grad(), use_rules(relevance.AttnLRPRules(cp)):
+        y = mlp(x)
+        out_relevance = torch.randn_like(y)
+        [grad] = torch.autograd.grad(y, x, out_relevance)
+    torch.testing.assert_close((x * grad).sum(), (y * out_relevance).sum(), rtol=1e-4, atol=1e-5)
+
+
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_gradient_rollout_runs_on_every_family_with_the_models_own_logits(family):
     model, images = family_model(family), torch.randn(2, 3, 16, 20)

@@ -1,7 +1,8 @@
 """AttnLRP and CP-LRP on timm's own models of every family, against lxt's rules patched into timm (the way
 lxt's ``efficient`` module patches a model: its LayerNorm, activation and attention-input rules, its gated-MLP
-rule for SwiGLU), on a non-square input: EVA-02 (RoPE, SwiGLU, the MLP's norm), DINOv3 (RoPE, registers, layer
-scale), SigLIP (attention pooling), MAE (avg pooling + fc_norm), DeiT distilled (two heads), DINOv2 (layer scale).
+rules for SwiGLU, ``gated_mlp_forward`` and CP-LRP's ``cp_gated_mlp_forward``), on a non-square input: EVA-02
+(RoPE, SwiGLU, the MLP's norm), DINOv3 (RoPE, registers, layer scale), SigLIP (attention pooling), MAE (avg
+pooling + fc_norm), DeiT distilled (two heads), DINOv2 (layer scale).
 
 Reference: rachtibat/LRP-eXplains-Transformers @ f0434417, lxt/efficient/{rules,patches}.py (tests/reference/lxt).
 """
@@ -45,14 +46,25 @@ def timm_and_ours(tmp_path, name: str, patch: int, kwargs: dict):
     return model, open_source(tmp_path / "timm").model
 
 
+def gate_and_up(self, x):
+    """timm's SwiGLU (``fc1_g``/``fc1_x``) or packed GluMlp (``fc1`` chunked): lxt's gate_proj(x), up_proj(x)."""
+    if hasattr(self, "fc1_g"):
+        return self.fc1_g(x), self.fc1_x(x)
+    return self.fc1(x).chunk(2, dim=-1)
+
+
 def gated_mlp_forward(self, x):
     """lxt's ``gated_mlp_forward`` (identity rule on the activation, uniform rule on the product) on timm's
-    SwiGLU (``fc1_g``/``fc1_x``) and packed GluMlp (``fc1`` chunked), with timm's inner norm before ``fc2``."""
-    if hasattr(self, "fc1_g"):
-        gate, up = self.fc1_g(x), self.fc1_x(x)
-    else:
-        gate, up = self.fc1(x).chunk(2, dim=-1)
+    gated MLPs, with timm's inner norm before ``fc2``."""
+    gate, up = gate_and_up(self, x)
     weighted = divide_gradient(identity_rule_implicit(self.act, gate) * up, 2)
+    return self.fc2(self.norm(weighted))
+
+
+def cp_gated_mlp_forward(self, x):
+    """lxt's ``cp_gated_mlp_forward`` (no gradient through the gate) on timm's gated MLPs."""
+    gate, up = gate_and_up(self, x)
+    weighted = self.act(stop_gradient(gate)) * up
     return self.fc2(self.norm(weighted))
 
 
@@ -62,7 +74,7 @@ def lxt_relevance(model, images, index: int, cp: bool, monkeypatch) -> torch.Ten
 
     sdpa = F.scaled_dot_product_attention
     attention = wrap_attention_forward(lambda module, q, k, v, **kw: sdpa(q, k, v, **kw))
-    if cp:  # CP-LRP: lxt's vit_torch map stops the gradient through the attention weights
+    if cp:  # CP-LRP: lxt's vit_torch map stops the gradient through the attention weights (and the gate)
         def attention(module, q, k, v, **kw):
             return sdpa(stop_gradient(q), stop_gradient(k), v, **kw)
     activations = {type(m) for m in model.modules() if type(m).__name__ in ("GELU", "GELUTanh", "SiLU")}
@@ -73,7 +85,7 @@ def lxt_relevance(model, images, index: int, cp: bool, monkeypatch) -> torch.Ten
             m.setattr(act, "original_forward", act.forward, raising=False)
             m.setattr(act, "forward", non_linear_forward)
         for mlp in (SwiGLU, GluMlp):
-            m.setattr(mlp, "forward", gated_mlp_forward)
+            m.setattr(mlp, "forward", cp_gated_mlp_forward if cp else gated_mlp_forward)
         m.setattr(F, "scaled_dot_product_attention", lambda q, k, v, **kw: attention(None, q, k, v, **kw))
         x = images.clone().requires_grad_(True)
         model(x)[0, index].backward()

@@ -235,7 +235,7 @@ def test_a_zero_ablated_copy_is_hf_with_the_heads_outputs_zeroed_and_leaves_the_
     mine, theirs = dict(ablated.named_parameters()), dict(ours.named_parameters())
     new = {name for name, p in mine.items() if p.data_ptr() != theirs[name].data_ptr()}
     assert new == {"blocks.1.attn.proj.weight", "blocks.2.attn.proj.weight"}  # the rest is shared, not copied
-    with pytest.raises(MechanismError, match="head 4.1 does not exist"):
+    with pytest.raises(MechanismError, match=r"head \(3, 0\) does not exist: the model has layers 0 to 2"):
         ablated_copy(ours, [(3, 0)])
 
 

@@ -283,6 +283,64 @@ def test_cp_lrp_matches_lxts_vit_map_on_torchvision_vit(model, monkeypatch):
     torch.testing.assert_close(attnlrp(model, x, 1, cp=True) / scale, expected / scale, rtol=1e-5, atol=1e-5)
 
 
+def hf_swiglu_dinov3(folder):
+    """A tiny random HF ``DINOv3ViTModel`` with SwiGLU (DINOv3 H+ / 7B's MLP), eager attention, and ours from it."""
+    from parity_helpers import randomize
+    from transformers import DINOv3ViTConfig, DINOv3ViTModel
+
+    from vit.sources.open import open_source
+
+    config = DINOv3ViTConfig(image_size=32, patch_size=8, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                             num_attention_heads=2, num_register_tokens=2, layerscale_value=0.5, use_gated_mlp=True,
+                             hidden_act="silu", mlp_bias=True)
+    config._attn_implementation = "eager"
+    torch.manual_seed(0)
+    hf = randomize(DINOv3ViTModel(config))
+    hf.save_pretrained(folder)
+    return hf, open_source(folder).model
+
+
+@pytest.mark.slow  # imports transformers
+@pytest.mark.parametrize("cp", [False, True], ids=["attnlrp", "cp-lrp"])
+def test_gated_mlp_rules_match_lxts_own_forwards_on_hf_swiglu_dinov3(tmp_path, monkeypatch, cp):
+    """lxt's ``gated_mlp_forward`` (AttnLRP) and ``cp_gated_mlp_forward`` (CP-LRP: no gradient through the gate)
+    patched unchanged into HF's ``DINOv3ViTGatedMLP``, whose names (gate_proj, up_proj, act_fn) are lxt's own."""
+    import transformers.models.dinov3_vit.modeling_dinov3_vit as modeling
+    from transformers.activations import SiLUActivation
+
+    from tests.reference.lxt.patches import (
+        cp_gated_mlp_forward,
+        cp_wrap_attention_forward,
+        gated_mlp_forward,
+        layer_norm_forward,
+        non_linear_forward,
+        wrap_attention_forward,
+    )
+
+    hf, ours = hf_swiglu_dinov3(tmp_path / "dinov3")
+    x = images(1, (32, 24), seed=6)
+    with torch.no_grad():
+        torch.testing.assert_close(ours.encode(x).embedding, hf(pixel_values=x).pooler_output, rtol=1e-5, atol=1e-5)
+    expected = {}
+    with monkeypatch.context() as m:  # lxt patches classes; undone before ours runs
+        m.setattr(torch.nn.LayerNorm, "forward", layer_norm_forward)
+        m.setattr(SiLUActivation, "original_forward", SiLUActivation.forward, raising=False)
+        m.setattr(SiLUActivation, "forward", non_linear_forward)
+        m.setattr(modeling.DINOv3ViTGatedMLP, "forward", cp_gated_mlp_forward if cp else gated_mlp_forward)
+        wrap = cp_wrap_attention_forward if cp else wrap_attention_forward
+        m.setattr(modeling, "eager_attention_forward", wrap(modeling.eager_attention_forward))
+        for j in (0, 5):
+            xr = x.clone().requires_grad_(True)
+            hf(pixel_values=xr).pooler_output[0, j].backward()
+            expected[j] = (xr * xr.grad).sum(1).detach()
+    for j in (0, 5):
+        xr = x.clone().requires_grad_(True)
+        with torch.enable_grad(), use_rules(AttnLRPRules(cp)):
+            ours.encode(xr).embedding[0, j].backward()
+        scale = expected[j].abs().max()
+        torch.testing.assert_close((xr * xr.grad).sum(1).detach() / scale, expected[j] / scale, rtol=1e-5, atol=1e-5)
+
+
 def test_attnlrp_is_signed_batched_and_sums_per_patch(model):
     x = images(2, (8, 12))
     relevance = attnlrp(model, x, torch.tensor([0, 1]))

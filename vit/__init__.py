@@ -44,7 +44,8 @@ def _freeze_at_exit() -> None:
 atexit.register(_freeze_at_exit)
 
 API = ("load", "explain", "methods", "shipped", "samples", "ask", "ask_methods", "mechanism", "head_effects",
-       "ablate", "patching", "registers", "Explanation", "Answer")  # no name of a module: vit.predict is the command
+       "ablate", "reference_means", "patching", "registers", "Explanation",
+       "Answer")  # no name of a module: vit.predict is the command
 
 
 def __getattr__(name: str):

@@ -7,8 +7,11 @@
     vit.mechanism(checkpoint, "photo.jpg")                    # logit lens, head attribution, phenomena
 
 Every function calls the explorer's own (``vit.app.explorer``, ``vit.app.words``), so a map here is the map the
-explorer draws for the same settings. Layers, heads and tokens count from 0 (negative layers from the end), as in
-the arrays; token 0 is CLS, patch ``p`` (row-major) is token ``p + num_prefix_tokens``.
+explorer draws for the same settings. Layers, heads, tokens and classes count from 0 and a negative one from the
+end, as Python indexes the arrays (``layer=-1`` is the last layer, ``head=-1`` the last head); token 0 is CLS,
+patch ``p`` (row-major) is token ``p + num_prefix_tokens``. An image is a PIL image, a file, an ``(H, W, 3)``
+uint8 array or a ``(3, H, W)`` / ``(1, 3, H, W)`` tensor in [0, 1] (unnormalised: the checkpoint's own
+preprocessing resizes and normalises every image, as it does a file's).
 """
 
 from __future__ import annotations
@@ -25,11 +28,12 @@ from PIL import Image
 
 from vit.app import catalog, drawing, explorer, words
 from vit.checkpoint import Checkpoint
+from vit.explain.mechanism import ABLATION_MODES
 from vit.explain.overlay import overlay as draw_overlay
-from vit.images import open_image
+from vit.images import ImageError, open_image
 from vit.inference import TRAINING_SIZE, InputSize, Prediction, input_box, seen_region
 
-ImageLike = Image.Image | str | os.PathLike
+ImageLike = Image.Image | np.ndarray | torch.Tensor | str | os.PathLike
 # Which arguments each map reads (the explorer's controls for it): others are refused rather than ignored.
 _READS = {"query": "query", "layer": "layer", "end_layer": "layer", "head": "head", "class": "target"}
 _APPLIES_TO = {
@@ -76,7 +80,51 @@ def methods() -> dict[str, str]:
 
 
 def _image(image: ImageLike) -> Image.Image:
-    return image if isinstance(image, Image.Image) else open_image(image)
+    """A PIL image of ``image`` (see the module docstring for what an image may be); ImageError in one line."""
+    if isinstance(image, Image.Image):
+        return image
+    if isinstance(image, torch.Tensor):
+        return _tensor_image(image)
+    if isinstance(image, np.ndarray):
+        return _array_image(image)
+    if isinstance(image, (str, os.PathLike, bytes, bytearray)) or hasattr(image, "read"):
+        return open_image(image)
+    raise ImageError(f"cannot read an image from a {type(image).__name__}; give a PIL image, a file, an (H, W, 3) "
+                     "uint8 array or a (3, H, W) tensor in [0, 1]")
+
+
+def _array_image(array: np.ndarray) -> Image.Image:
+    """An ``(H, W)``, ``(H, W, 1|3|4)`` uint8 array, as PIL reads one."""
+    if array.dtype != np.uint8:
+        raise ImageError(f"a numpy image must be uint8 (0 to 255), got {array.dtype}; for floats in [0, 1] pass "
+                         "torch.from_numpy(array).permute(2, 0, 1)")
+    if not (array.ndim == 2 or array.ndim == 3 and array.shape[2] in (1, 3, 4)):
+        raise ImageError(f"a numpy image must be (height, width, channels) with 1, 3 or 4 channels, got shape "
+                         f"{array.shape}")
+    return Image.fromarray(array[..., 0] if array.ndim == 3 and array.shape[2] == 1 else array)
+
+
+def _tensor_image(tensor: torch.Tensor) -> Image.Image:
+    """A ``(C, H, W)`` or ``(1, C, H, W)`` tensor, floats in [0, 1] or uint8, as torchvision's ``to_pil_image``
+    converts it (to 8 bits: the checkpoint's preprocessing then treats it as it treats a file)."""
+    from torchvision.transforms.functional import to_pil_image
+
+    if tensor.dim() == 4:
+        if tensor.shape[0] != 1:
+            raise ImageError(f"give one image at a time, got a batch of {tensor.shape[0]}; pass images[i]")
+        tensor = tensor[0]
+    if tensor.dim() != 3 or tensor.shape[0] not in (1, 3, 4):
+        raise ImageError(f"an image tensor must be (channels, height, width) with 1, 3 or 4 channels, got shape "
+                         f"{tuple(tensor.shape)}; for (height, width, channels) use tensor.permute(2, 0, 1)")
+    tensor = tensor.detach().cpu()
+    if tensor.is_floating_point():
+        low, high = float(tensor.min()), float(tensor.max())
+        if low < 0 or high > 1:
+            raise ImageError(f"an image tensor's values must be in [0, 1], these run from {low:.3g} to {high:.3g}; "
+                             "pass it unnormalised (the checkpoint's preprocessing normalises it)")
+    elif tensor.dtype != torch.uint8:
+        raise ImageError(f"an image tensor must hold floats in [0, 1] or uint8, got {tensor.dtype}")
+    return to_pil_image(tensor)
 
 
 def _size(size: int | InputSize | None) -> InputSize:
@@ -85,13 +133,32 @@ def _size(size: int | InputSize | None) -> InputSize:
     return size if isinstance(size, InputSize) else InputSize(int(size))
 
 
+def _index(value: int, count: int, what: str, has: str) -> int:
+    """``value`` as an index from 0 into ``count`` things, a negative one counted from the end (as Python indexes);
+    ValueError naming the valid range."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise ValueError(f"{what} must be a whole number, got {value!r}")
+    if not -count <= value < count:
+        raise ValueError(f"{what} {value} is out of range: {has}, numbered 0 to {count - 1} "
+                         f"(or -{count} to -1 from the end)")
+    return int(value) % count
+
+
 def _class_index(checkpoint: Checkpoint, target: int | str | None) -> int | None:
-    if target is None or isinstance(target, (int, np.integer)):
-        return None if target is None else int(target)
-    try:
-        return list(checkpoint.class_names).index(target)
-    except ValueError:
-        raise ValueError(f"{target!r} is not one of this model's classes") from None
+    if target is None:
+        return None
+    names = list(checkpoint.class_names)
+    if isinstance(target, str):
+        if target not in names:
+            raise ValueError(f"{target!r} is not one of this model's classes; checkpoint.class_names lists them")
+        return names.index(target)
+    return _index(target, len(names), "target", f"this model has {len(names)} classes")
+
+
+def _needs_classifier(checkpoint: Checkpoint, what: str) -> None:
+    if checkpoint.model.head is None:
+        raise ValueError(f"{what} reads a classifier's logits and this model has none (an image encoder); "
+                         "vit.explain draws its attention maps")
 
 
 @dataclass
@@ -142,7 +209,8 @@ class Explanation:
 def explain(checkpoint: Checkpoint, image: ImageLike, method: str = "rollout", *, target: int | str | None = None,
             layer: int | None = None, head: int | None = None, query: int | None = None,
             size: int | InputSize | None = None) -> Explanation:
-    """The ``method`` map (a key of ``methods()``) of ``image`` (a PIL image or a file), as the explorer draws it.
+    """The ``method`` map (a key of ``methods()``) of ``image`` (a PIL image, a file, an array or a tensor: see the
+    module docstring), as the explorer draws it.
 
     Arguments a method does not read are refused: ``layer`` (the layer of ``attention`` and ``norms``; the last
     layer included for ``rollout``, ``class``, ``lrp``, ``flow``, ``probe_rollout``; default the last), ``head``
@@ -158,13 +226,27 @@ def explain(checkpoint: Checkpoint, image: ImageLike, method: str = "rollout", *
     unread = [name for name, value in given.items() if value is not None and name not in reads]
     if unread:
         raise ValueError(f"{method} does not read {', '.join(unread)}; it reads {', '.join(sorted(reads)) or 'none'}")
+    model = checkpoint.model
+    if method in explorer.CLASS_MAP_KINDS and model.head is None:
+        from vit.explain.prompts import methods_for
+        from vit.sources.text_tower import has_text_tower
+
+        if has_text_tower(checkpoint) and method in methods_for(model):
+            raise ValueError(f"a CLIP / SigLIP has no classes of its own: map a typed label with "
+                             f"vit.ask(checkpoint, image, labels).explain(label, {method!r})")
+        raise ValueError(f"{method} does not apply to this model ({_APPLIES_TO[method]})")
+    L, H = len(model.blocks), model.config.num_heads
+    layer_value = -1 if layer is None else _index(layer, L, "layer", f"this model has {L} layers")
+    head = None if head is None else _index(head, H, "head", f"this model has {H} heads per layer")
+    class_index = _class_index(checkpoint, target)
     image, size = _image(image), _size(size)
     analysis = explorer.analyse(checkpoint, image, size)
     if method not in explorer.map_kinds(analysis, bool(checkpoint.class_names)):
         raise ValueError(f"{method} does not apply to this model ({_APPLIES_TO[method]})")
-    layer_value = -1 if layer is None else layer
+    T = analysis.num_tokens
+    query = 0 if query is None else _index(query, T, "query", f"this input has {T} tokens")
     settings = explorer.MapSettings(kind=method, layer=layer_value, end_layer=layer_value, head=head,
-                                    query=query or 0, class_index=_class_index(checkpoint, target))
+                                    query=query, class_index=class_index)
     class_index = explorer.resolved_class(settings, analysis)
     relevance = method_map = None
     if method == "class":
@@ -246,31 +328,70 @@ def ask_methods(checkpoint: Checkpoint) -> dict[str, str]:
 def mechanism(checkpoint: Checkpoint, image: ImageLike, target: int | str | None = None,
               size: int | InputSize | None = None) -> explorer.MechanismView:
     """Logit lens (each layer's patches read through the classifier), direct logit attribution of every head and
-    MLP to ``target`` (default the predicted class), token norms, massive activations and attention sinks."""
+    MLP to ``target`` (default the predicted class), token norms, massive activations and attention sinks. Needs a
+    classifier."""
+    _needs_classifier(checkpoint, "vit.mechanism")
     return explorer.mechanism_view(checkpoint, _image(image), _class_index(checkpoint, target), _size(size))
 
 
+def reference_means(checkpoint: Checkpoint, references: Sequence[ImageLike], image: ImageLike,
+                    size: int | InputSize | None = None) -> torch.Tensor:
+    """Each head's output averaged over ``references`` at every token position of ``image``'s input at ``size``,
+    ``(layers, tokens, heads, head_dim)``: what ``mode="mean"`` of ``ablate`` and ``head_effects`` puts in place of
+    an ablated head (the references are resized to ``image``'s input shape)."""
+    return explorer.reference_means(checkpoint, (_image(r) for r in references), _image(image), _size(size))
+
+
+def _check_ablation(mode: str, means: torch.Tensor | None) -> None:
+    if mode not in ABLATION_MODES:
+        raise ValueError(f"unknown ablation mode {mode!r}; choose {' or '.join(ABLATION_MODES)}")
+    if mode == "mean" and means is None:
+        raise ValueError("mean ablation needs means=vit.reference_means(checkpoint, reference_images, image)")
+    if mode != "mean" and means is not None:
+        raise ValueError("means are read by mode='mean' only; pass mode='mean' or leave means out")
+
+
 def head_effects(checkpoint: Checkpoint, image: ImageLike, target: int | str | None = None, mode: str = "zero",
-                 size: int | InputSize | None = None) -> np.ndarray:
+                 size: int | InputSize | None = None, *, means: torch.Tensor | None = None) -> np.ndarray:
     """``(layers, heads)``: how much ``target``'s logit (default the predicted class) changes when each head alone
-    is ablated (``mode`` "zero"; one pass per layer)."""
-    image, size = _image(image), _size(size)
+    is ablated (one pass per layer): ``mode`` "zero", or "mean" with ``means`` from ``reference_means`` for this
+    image at this ``size``."""
+    _needs_classifier(checkpoint, "vit.head_effects")
+    _check_ablation(mode, means)
     index = _class_index(checkpoint, target)
+    image, size = _image(image), _size(size)
     if index is None:
         index = explorer.analyse(checkpoint, image, size).prediction.class_index
-    return explorer.ablation_effects(checkpoint, image, index, mode, None, size)
+    return explorer.ablation_effects(checkpoint, image, index, mode, means, size)
 
 
-def ablate(checkpoint: Checkpoint, heads: Sequence[tuple[int, int]], mode: str = "zero") -> Checkpoint:
-    """A copy of ``checkpoint`` whose ``heads`` ((layer, head) pairs from 0) are zero-ablated in the weights:
-    everything above (``explain``, ``predict``) then runs without them."""
-    return explorer.ablated_checkpoint(checkpoint, [tuple(h) for h in heads], mode)
+def _heads(checkpoint: Checkpoint, heads: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
+    """``(layer, head)`` pairs checked and counted from 0 (negative ones from the end)."""
+    L, H = len(checkpoint.model.blocks), checkpoint.model.config.num_heads
+    pairs = []
+    for pair in heads:
+        if not isinstance(pair, Sequence) or len(pair) != 2:
+            raise ValueError(f"heads must be (layer, head) pairs, e.g. [(0, 1)]; got {pair!r} among them")
+        pairs.append((_index(pair[0], L, "layer", f"this model has {L} layers"),
+                      _index(pair[1], H, "head", f"this model has {H} heads per layer")))
+    return pairs
+
+
+def ablate(checkpoint: Checkpoint, heads: Sequence[tuple[int, int]], mode: str = "zero", *,
+           means: torch.Tensor | None = None) -> Checkpoint:
+    """A copy of ``checkpoint`` whose ``heads`` ((layer, head) pairs) are ablated in the weights: zeroed, or with
+    ``mode="mean"`` replaced by their mean output ``means`` from ``reference_means`` (per token position, so the
+    copy runs at that input size only). Everything above (``explain``, ``predict``) then runs without them."""
+    pairs = _heads(checkpoint, heads)
+    _check_ablation(mode, means)
+    return explorer.ablated_checkpoint(checkpoint, pairs, mode, means)
 
 
 def patching(checkpoint: Checkpoint, clean: ImageLike, corrupted: ImageLike, residual: bool = False,
              size: int | InputSize | None = None) -> explorer.PatchingView:
     """Activation patching of ``clean``'s head outputs (and with ``residual`` each layer's input at each token)
     into ``corrupted``: the share of the logit difference between their predicted classes each recovers."""
+    _needs_classifier(checkpoint, "vit.patching")
     return explorer.patching_view(checkpoint, _image(clean), _image(corrupted), _size(size), residual)
 
 

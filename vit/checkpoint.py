@@ -144,6 +144,15 @@ class Checkpoint:
     def config(self) -> ViTConfig:
         return self.model.config
 
+    def __repr__(self) -> str:
+        # The dataclass's own repr prints the whole module tree: pages for a ViT-B in a notebook.
+        names, shown = self.class_names, 5
+        classes = (f"{len(names)} classes ({', '.join(names[:shown])}{', …' if len(names) > shown else ''})"
+                   if names else "no classifier")
+        return (f"<Checkpoint {self.path.name if self.path else 'in memory'}: "
+                f"{self.metadata.get('architecture', 'vit')}, {sum(p.numel() for p in self.model.parameters()):,} "
+                f"parameters, {self.preprocessing.image_size} px in patches of {self.config.patch_size}, {classes}>")
+
 
 def preprocessing_problem(preprocessing: Preprocessing, config: ViTConfig) -> str | None:
     """What makes ``preprocessing`` unusable with a model of ``config``, or None when it fits."""

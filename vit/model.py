@@ -372,7 +372,7 @@ class Rules:
         return activate(x, name)
 
     def product(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-        """An element-wise product of two activations (SwiGLU's gate)."""
+        """An element-wise product of two activations: SwiGLU's gate ``a`` times its linear branch ``b``."""
         return a * b
 
     def attention_inputs(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor

@@ -368,7 +368,8 @@ def _heads_by_layer(model: ViT, heads: Sequence[tuple[int, int]]) -> dict[int, l
     chosen: dict[int, list[int]] = {}
     for layer, head in heads:
         if not (0 <= layer < L and 0 <= head < H):
-            raise MechanismError(f"head {layer + 1}.{head + 1} does not exist: the model has {L} layers of {H} heads")
+            raise MechanismError(f"head ({layer}, {head}) does not exist: the model has layers 0 to {L - 1} and heads "
+                                 f"0 to {H - 1} (counted from 0)")
         chosen.setdefault(layer, []).append(head)
     return chosen
 

@@ -17,7 +17,7 @@ prefix tokens. References (ported, and checked against in ``tests/test_relevance
 - AttnLRP: Achtibat et al. 2024, rachtibat/LRP-eXplains-Transformers ``lxt/efficient``
   (identity rule on GELU and on LayerNorm's scaling, uniform rule on the attention matmuls and on
   SwiGLU's product, epsilon rule = plain gradient elsewhere; ``cp=True`` gives their ViT default, CP-LRP,
-  which treats the attention weights as constants).
+  which treats the attention weights and SwiGLU's gate as constants).
 """
 
 from __future__ import annotations
@@ -100,6 +100,8 @@ class AttnLRPRules(Rules):
         return _IdentityRule.apply(x, functools.partial(activate, name=name))
 
     def product(self, a: Tensor, b: Tensor) -> Tensor:
+        if self.cp:  # lxt's cp_gated_mlp_forward: no relevance through the gate, all of it to the linear branch
+            return a.detach() * b
         return _DivideGradient.apply(a * b, 2.0)  # lxt's gated_mlp_forward: the uniform rule, half to each factor
 
     def attention_inputs(self, q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor]:
@@ -310,7 +312,7 @@ def attnlrp(model: ViT, images: Tensor, class_index: int | Tensor | None = None,
 
     Computed as input x modified gradient of the class logit (default: the predicted class):
     the relevances of all pixels sum to the logit less what the biases absorb. ``cp=True``
-    gives CP-LRP (no relevance through the attention weights), ``lxt``'s choice for ViTs.
+    gives CP-LRP (no relevance through the attention weights or SwiGLU's gate), ``lxt``'s choice for ViTs.
     Positive: evidence for the class; negative: against. Use ``patch_sums`` for the patch grid.
     """
     check_supported(model)
