@@ -119,3 +119,46 @@ def test_verify_compares_attentions_when_the_users_forward_returns_them(tmp_path
                  "--verify-args", json.dumps({"config": config})]) == 0
     report = json.loads(capsys.readouterr().out)["verify"]
     assert report["max_logit_difference"] < 1e-5 and report["max_attention_difference"] < 1e-5
+
+
+def hf_vit():
+    """HF transformers' ViT: separate query / key / value layers with biases, the layout most hand-written ViTs have
+    (as a bare state dict, the keys are no layout this program opens)."""
+    transformers = pytest.importorskip("transformers")
+    config = transformers.ViTConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=48,
+                                    image_size=32, patch_size=8, num_labels=10)
+    config._attn_implementation = "eager"  # the path that returns attention probabilities
+    return randomize(transformers.ViTForImageClassification(config)).eval()
+
+
+def test_separate_q_k_v_layers_are_drafted_as_thirds_and_stacked_exactly(tmp_path, capsys):
+    model = hf_vit()
+    torch.save(model.state_dict(), tmp_path / "mine.pt")
+    draft, _ = inspected(capsys, tmp_path / "mine.pt")
+    keys = draft["keys"]
+    assert {f"blocks.\\1.attn.qkv.{kind}:{role}" for kind in ("weight", "bias") for role in "qkv"} <= set(keys.values())
+    assert "?" not in keys.values()
+    assert draft["config"]["qkv_bias"] is True
+    assert "layer_norm_eps" in draft["guessed"] and "image_size" in draft["guessed"]
+    draft["config"].update(num_heads=4, layer_norm_eps=1e-12)  # HF's eps, as "guessed" tells the user to check
+    (tmp_path / "mapping.json").write_text(json.dumps(draft))
+    assert main([str(tmp_path / "mine.pt"), "--map", str(tmp_path / "mapping.json"),
+                 "--out", str(tmp_path / "ours.pt")]) == 0
+    images = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        theirs = model(pixel_values=images, output_attentions=True)
+        ours = load_checkpoint(tmp_path / "ours.pt").model(images, output_attentions=True)
+    assert_same(ours, theirs.logits, list(theirs.attentions))
+
+
+def test_map_names_a_missing_third_of_qkv(tmp_path, capsys):
+    torch.save(hf_vit().state_dict(), tmp_path / "mine.pt")
+    draft, _ = inspected(capsys, tmp_path / "mine.pt")
+    draft["config"]["num_heads"] = 4
+    key_rule = next(rule for rule, target in draft["keys"].items() if target == "blocks.\\1.attn.qkv.weight:k")
+    draft["keys"][key_rule] = None
+    (tmp_path / "mapping.json").write_text(json.dumps(draft))
+    assert main([str(tmp_path / "mine.pt"), "--map", str(tmp_path / "mapping.json"),
+                 "--out", str(tmp_path / "ours.pt")]) == 2
+    err = capsys.readouterr().err
+    assert "no key is mapped to blocks.0.attn.qkv.weight:k" in err and err.count("\n") == 1
