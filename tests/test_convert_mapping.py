@@ -162,3 +162,43 @@ def test_map_names_a_missing_third_of_qkv(tmp_path, capsys):
                  "--out", str(tmp_path / "ours.pt")]) == 2
     err = capsys.readouterr().err
     assert "no key is mapped to blocks.0.attn.qkv.weight:k" in err and err.count("\n") == 1
+
+
+def test_verify_names_the_keys_and_shapes_that_differ_in_one_line(tmp_path, capsys, monkeypatch):
+    torch.save(notebook_model().state_dict(), tmp_path / "vit.pt")
+    monkeypatch.chdir(SEEDS)
+    assert main([str(tmp_path / "vit.pt"), "--arch", "scratch:num_heads=4", "--out", str(tmp_path / "ours.pt"),
+                 "--verify", "seed004_cifar_vit:VisionTransformer",
+                 "--verify-args", json.dumps({"embed_dim": 64, "num_heads": 4, "depth": 3, "num_classes": 5})]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "the weights do not fit it: they lack encoder.2." in err
+    assert "mlp_head.0.weight is (10, 64) in the weights, (5, 64) in it" in err
+    assert not (tmp_path / "ours.pt").exists()
+
+
+def test_verify_says_when_the_users_forward_fails_at_our_image_size(tmp_path, capsys, monkeypatch):
+    torch.save(notebook_model().state_dict(), tmp_path / "vit.pt")
+    (tmp_path / "mine.py").write_text(  # a user's model that crops its input: it fails inside its own forward
+        "import importlib.util\n"
+        f"spec = importlib.util.spec_from_file_location('notebook', {str(SEEDS / 'seed004_cifar_vit.py')!r})\n"
+        "notebook = importlib.util.module_from_spec(spec)\nspec.loader.exec_module(notebook)\n"
+        "class Cropping(notebook.VisionTransformer):\n"
+        "    def forward(self, x):\n        return super().forward(x[..., :16, :16])\n")
+    monkeypatch.chdir(tmp_path)
+    assert main([str(tmp_path / "vit.pt"), "--arch", "scratch:num_heads=4", "--out", str(tmp_path / "ours.pt"),
+                 "--verify", "mine:Cropping", "--verify-args", json.dumps({"embed_dim": 64, "num_heads": 4,
+                                                                           "depth": 2})]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert "--verify mine:Cropping: its forward fails on 3x32x32 images, the size the weights give ours " \
+           "(RuntimeError: The size of tensor a" in err
+
+
+def test_inspect_says_when_the_program_already_opens_the_weights(tmp_path, capsys):
+    from test_scratch_parity import tintn_experiment
+
+    folder, _ = tintn_experiment(tmp_path, faster=True)
+    for source in (folder, folder / "model_final.pt"):
+        assert main([str(source), "--inspect"]) == 0
+        out, err = capsys.readouterr()
+        assert out == "" and f"{source} already opens as scratch:tintn, with no mapping" in err
