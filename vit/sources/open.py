@@ -548,7 +548,9 @@ def open_scratch(path: Path, state: Mapping[str, torch.Tensor], layout: str, arg
     except (ValueError, KeyError, TypeError) as e:
         raise SourceError(f"{path}: {_one_line(e)}" if layout == "annotated" else f"{origin}: {_one_line(e)}") from None
     model = build_model(config, ours, origin, map_location)
-    return _finish_scratch(model, sidecar, path, f"scratch:{layout}")
+    size = (sidecar or {}).get("image_size") if layout == "tintn" else None
+    return _finish_scratch(model, sidecar, path, f"scratch:{layout}",
+                           size if isinstance(size, int) and size != config.image_size else None)
 
 
 def open_vit_pytorch(path: Path, state: Mapping[str, torch.Tensor], arguments: Mapping,
@@ -573,9 +575,12 @@ def scratch_sidecar(path: Path) -> dict | None:
     return read_json(sidecar) if sidecar.is_file() else None
 
 
-def _finish_scratch(model: ViT, sidecar: Mapping | None, path: Path, architecture: str) -> Checkpoint:
+def _finish_scratch(model: ViT, sidecar: Mapping | None, path: Path, architecture: str,
+                    trained_size: int | None = None) -> Checkpoint:
     """A from-scratch model's checkpoint: mean and std from the config.json beside it, else the tutorials' own
-    ``Normalize(0.5, 0.5)`` with the note that it was assumed; class names from its ``class_names``."""
+    ``Normalize(0.5, 0.5)`` with the note that it was assumed; class names from its ``class_names``. A
+    ``trained_size`` that is no multiple of the patch: images are resized to it and the grid's top-left part read,
+    as a stride-P convolution reads them."""
     sidecar = sidecar or {}
     config, channels = model.config, model.config.num_channels
     try:
@@ -586,7 +591,8 @@ def _finish_scratch(model: ViT, sidecar: Mapping | None, path: Path, architectur
     names = sidecar.get("class_names")
     class_names = [str(n) for n in names] if isinstance(names, list) and len(names) == config.num_classes \
         else default_class_names(config.num_classes)
-    preprocessing = Preprocessing(config.image_size, channels, mean, std, resample="bilinear")
+    preprocessing = Preprocessing(config.image_size, channels, mean, std, resize_size=trained_size,
+                                  resample="bilinear", crop_rule="top_left" if trained_size else "torchvision")
     guessed = None if "mean" in sidecar and "std" in sidecar else "mean and std (in a config.json beside them)"
     return _finish(model, class_names, preprocessing, path, "scratch", architecture, guessed)
 
