@@ -404,3 +404,17 @@ def test_evaluate_at_another_square_size(files, capsys, monkeypatch):
     assert evaluate_cli.main([str(files["checkpoint"]), "--data", str(files["data"]), "--size", "32"]) == 0
     assert json.loads(capsys.readouterr().out)["count"] == 3
     assert shapes and set(shapes) == {(32, 32)}  # not the checkpoint's 16 px
+
+
+def test_predict_opens_a_vit_train_run_folder_by_its_best_checkpoint(files, tmp_path, capsys):
+    from vit.sources.open import open_source
+
+    run = tmp_path / "run"  # what vit.train writes beside its checkpoints: its arguments and its status
+    run.mkdir()
+    (run / "config.json").write_text(json.dumps({"args": {"preset": "cifar-s", "epochs": 1}}))
+    (run / "status.json").write_text(json.dumps({"state": "completed"}))
+    (run / "best.pt").write_bytes(files["always_cat"].read_bytes())
+    (run / "last.pt").write_bytes(files["checkpoint"].read_bytes())
+    assert open_source(run).path == run / "best.pt"
+    assert predict_cli.main([str(run), str(files["wide"])]) == 0
+    assert json.loads(capsys.readouterr().out)[0]["predictions"][0]["label"] == "cat"

@@ -2,7 +2,7 @@
 
 ``open_source(path, arch=None)`` decides what ``path`` is:
 
-- one of our checkpoints (``vit.checkpoint``);
+- one of our checkpoints (``vit.checkpoint``), or a ``vit.train`` run folder (its ``best.pt``, else ``last.pt``);
 - a Hugging Face ``save_pretrained`` folder (``config.json`` with ``architectures`` +
   ``model.safetensors`` or ``pytorch_model.bin``), e.g. a snapshot in the HF cache;
 - a timm folder (``config.json`` with ``architecture``, ``pretrained_cfg``, ``label_names``)
@@ -55,6 +55,7 @@ from vit.checkpoint import (
     weights_problem,
 )
 from vit.model import ViT, ViTConfig
+from vit.runfiles import BEST_CHECKPOINT, LAST_CHECKPOINT, STATUS_FILE
 from vit.sources import (
     hf,
     hub,
@@ -660,6 +661,9 @@ def _open(path: str | os.PathLike, arch: str | None, map_location: str | torch.d
     if not path.exists():
         raise SourceError(f"checkpoint not found: {path}")
     if path.is_dir():
+        run_checkpoint = next((path / n for n in (BEST_CHECKPOINT, LAST_CHECKPOINT) if (path / n).is_file()), None)
+        if run_checkpoint is not None and (path / STATUS_FILE).is_file():  # a vit.train run: its best epoch's model
+            return _open(run_checkpoint, arch, map_location)
         config_path = path / "config.json"
         if not config_path.is_file() and (path / OPEN_CLIP_CONFIG).is_file():
             weights = next((path / f for f in OPEN_CLIP_WEIGHTS if (path / f).is_file()), None)
