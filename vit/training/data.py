@@ -109,8 +109,7 @@ def folder_layout(path: str | os.PathLike) -> tuple[Path, Path | None, list[str]
     classes = [c for c in list_class_folders(train_root) if _has_image(train_root / c)]
     if len(classes) < 2:
         raise DataError(f"{train_root} needs at least two class subfolders with images "
-                        f"(found {len(classes)}); lay it out as {train_root}/<class>/<image>"
-                        f"{skipped_links(train_root)}")
+                        f"(found {len(classes)}); lay it out as {train_root}/<class>/<image>")
     if val_root is not None:
         extra = sorted(set(list_class_folders(val_root)) - set(classes))
         if extra:
