@@ -404,3 +404,26 @@ def test_evaluate_at_another_square_size(files, capsys, monkeypatch):
     assert evaluate_cli.main([str(files["checkpoint"]), "--data", str(files["data"]), "--size", "32"]) == 0
     assert json.loads(capsys.readouterr().out)["count"] == 3
     assert shapes and set(shapes) == {(32, 32)}  # not the checkpoint's 16 px
+
+
+def test_predict_opens_a_vit_train_run_folder_by_its_best_checkpoint(files, tmp_path, capsys):
+    from vit.sources.open import open_source
+
+    run = tmp_path / "run"  # what vit.train writes beside its checkpoints: its arguments and its status
+    run.mkdir()
+    (run / "config.json").write_text(json.dumps({"args": {"preset": "cifar-s", "epochs": 1}}))
+    (run / "status.json").write_text(json.dumps({"state": "completed"}))
+    (run / "best.pt").write_bytes(files["always_cat"].read_bytes())
+    (run / "last.pt").write_bytes(files["checkpoint"].read_bytes())
+    assert open_source(run).path == run / "best.pt"
+    assert predict_cli.main([str(run), str(files["wide"])]) == 0
+    assert json.loads(capsys.readouterr().out)[0]["predictions"][0]["label"] == "cat"
+
+
+def test_a_folder_of_links_out_of_it_says_they_are_skipped_and_why(files, tmp_path):
+    data = tmp_path / "linked"
+    for name in ("cat", "dog"):
+        (data / name).mkdir(parents=True)
+        (data / name / "0.png").symlink_to(files["wide"])  # outside the data folder
+    with pytest.raises(predict_cli.UsageError, match=r"no images in .*<image>; 2 image link\(s\) in it point outside "):
+        evaluate_cli.labelled_files(data, CLASSES)

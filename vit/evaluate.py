@@ -72,7 +72,7 @@ def labelled_files(root: Path, class_names: list[str]) -> list[tuple[Path, int]]
     Raises UsageError for a missing folder, a class folder the checkpoint does not know, or
     no images at all.
     """
-    from vit.training.data import image_files, list_class_folders
+    from vit.training.data import image_files, list_class_folders, skipped_links
 
     if not root.is_dir():
         raise UsageError(f"--data {root} is not a folder; give a folder with one subfolder per class")
@@ -86,7 +86,7 @@ def labelled_files(root: Path, class_names: list[str]) -> list[tuple[Path, int]]
                          f"(its classes: {known}){hint}")
     files = [(path, class_names.index(name)) for name in folders for path in image_files(root / name, root)]
     if not files:
-        raise UsageError(f"no images in {root}; lay it out as {root}/<class>/<image>")
+        raise UsageError(f"no images in {root}; lay it out as {root}/<class>/<image>{skipped_links(root)}")
     return files
 
 

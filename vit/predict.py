@@ -98,8 +98,9 @@ def build_parser() -> argparse.ArgumentParser:
     summary, details = __doc__.split("\n\n", 1)
     p = OneLineParser(prog=f"python -m {PROG}", description=summary, epilog=details,
                       formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("checkpoint", help="a .pt checkpoint (vit.train, vit.convert), a Hugging Face or timm model folder, "
-                                      "timm / torchvision weights, or a Hub id (ORG/NAME[@REVISION], hf-hub:ORG/NAME, "
+    p.add_argument("checkpoint", help="a .pt checkpoint (vit.train, vit.convert) or vit.train run folder, a Hugging "
+                                      "Face or timm model folder, timm / torchvision weights, or a Hub id "
+                                      "(ORG/NAME[@REVISION], hf-hub:ORG/NAME, "
                                       "a timm name), downloaded into the HF cache when needed")
     p.add_argument("--arch", metavar="LIB:NAME", help="architecture of bare weights: timm:NAME, torchvision:NAME, "
                    "dinov3:NAME, open_clip:quickgelu|gelu, scratch:num_heads=N or vit_pytorch:heads=N,...")

@@ -2,7 +2,7 @@
 
 ``open_source(path, arch=None)`` decides what ``path`` is:
 
-- one of our checkpoints (``vit.checkpoint``);
+- one of our checkpoints (``vit.checkpoint``), or a ``vit.train`` run folder (its ``best.pt``, else ``last.pt``);
 - a Hugging Face ``save_pretrained`` folder (``config.json`` with ``architectures`` +
   ``model.safetensors`` or ``pytorch_model.bin``), e.g. a snapshot in the HF cache;
 - a timm folder (``config.json`` with ``architecture``, ``pretrained_cfg``, ``label_names``)
@@ -55,6 +55,7 @@ from vit.checkpoint import (
     weights_problem,
 )
 from vit.model import ViT, ViTConfig
+from vit.runfiles import BEST_CHECKPOINT, LAST_CHECKPOINT, STATUS_FILE
 from vit.sources import (
     hf,
     hub,
@@ -548,7 +549,9 @@ def open_scratch(path: Path, state: Mapping[str, torch.Tensor], layout: str, arg
     except (ValueError, KeyError, TypeError) as e:
         raise SourceError(f"{path}: {_one_line(e)}" if layout == "annotated" else f"{origin}: {_one_line(e)}") from None
     model = build_model(config, ours, origin, map_location)
-    return _finish_scratch(model, sidecar, path, f"scratch:{layout}")
+    size = (sidecar or {}).get("image_size") if layout == "tintn" else None
+    return _finish_scratch(model, sidecar, path, f"scratch:{layout}",
+                           size if isinstance(size, int) and size != config.image_size else None)
 
 
 def open_vit_pytorch(path: Path, state: Mapping[str, torch.Tensor], arguments: Mapping,
@@ -573,9 +576,12 @@ def scratch_sidecar(path: Path) -> dict | None:
     return read_json(sidecar) if sidecar.is_file() else None
 
 
-def _finish_scratch(model: ViT, sidecar: Mapping | None, path: Path, architecture: str) -> Checkpoint:
+def _finish_scratch(model: ViT, sidecar: Mapping | None, path: Path, architecture: str,
+                    trained_size: int | None = None) -> Checkpoint:
     """A from-scratch model's checkpoint: mean and std from the config.json beside it, else the tutorials' own
-    ``Normalize(0.5, 0.5)`` with the note that it was assumed; class names from its ``class_names``."""
+    ``Normalize(0.5, 0.5)`` with the note that it was assumed; class names from its ``class_names``. A
+    ``trained_size`` that is no multiple of the patch: images are resized to it and the grid's top-left part read,
+    as a stride-P convolution reads them."""
     sidecar = sidecar or {}
     config, channels = model.config, model.config.num_channels
     try:
@@ -586,7 +592,8 @@ def _finish_scratch(model: ViT, sidecar: Mapping | None, path: Path, architectur
     names = sidecar.get("class_names")
     class_names = [str(n) for n in names] if isinstance(names, list) and len(names) == config.num_classes \
         else default_class_names(config.num_classes)
-    preprocessing = Preprocessing(config.image_size, channels, mean, std, resample="bilinear")
+    preprocessing = Preprocessing(config.image_size, channels, mean, std, resize_size=trained_size,
+                                  resample="bilinear", crop_rule="top_left" if trained_size else "torchvision")
     guessed = None if "mean" in sidecar and "std" in sidecar else "mean and std (in a config.json beside them)"
     return _finish(model, class_names, preprocessing, path, "scratch", architecture, guessed)
 
@@ -654,6 +661,9 @@ def _open(path: str | os.PathLike, arch: str | None, map_location: str | torch.d
     if not path.exists():
         raise SourceError(f"checkpoint not found: {path}")
     if path.is_dir():
+        run_checkpoint = next((path / n for n in (BEST_CHECKPOINT, LAST_CHECKPOINT) if (path / n).is_file()), None)
+        if run_checkpoint is not None and (path / STATUS_FILE).is_file():  # a vit.train run: its best epoch's model
+            return _open(run_checkpoint, arch, map_location)
         config_path = path / "config.json"
         if not config_path.is_file() and (path / OPEN_CLIP_CONFIG).is_file():
             weights = next((path / f for f in OPEN_CLIP_WEIGHTS if (path / f).is_file()), None)
