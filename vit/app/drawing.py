@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import io
 import math
+import re
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -302,8 +303,16 @@ def prediction_note(analysis: Analysis) -> str | None:
 
 
 
-def map_file_name(stem: str, settings: MapSettings, analysis: Analysis, suffix: str = "overlay.png") -> str:
-    """'photo-attention-L3-h2-q7-overlay.png': the download names the map by the settings it uses."""
+def file_name_part(text: str, limit: int = 40) -> str:
+    """``text`` as a piece of a file name: runs of anything but letters, digits, ``.``, ``_`` and ``-`` become one
+    ``_`` (a class such as "tench, Tinca tinca" or "a/b" would otherwise name folders or need quoting)."""
+    return re.sub(r"[^\w.-]+", "_", text, flags=re.ASCII).strip("._-")[:limit].strip("._-")
+
+
+def map_file_name(stem: str, settings: MapSettings, analysis: Analysis, suffix: str = "overlay.png",
+                  class_names: Sequence[str] = ()) -> str:
+    """'photo-attention-L3-h2-q7-overlay.png': the download names the map by the settings it uses, and a
+    class-specific map by its class's name ('photo-legrad-golden_retriever-overlay.png'; its index without names)."""
     s, L = settings, analysis.num_layers
     controls = MAP_CONTROLS[s.kind]
     parts = []
@@ -318,10 +327,19 @@ def map_file_name(stem: str, settings: MapSettings, analysis: Analysis, suffix: 
     if "discard_ratio" in controls:
         parts.append(f"discard{round(s.discard_ratio * 100)}")
     if "class" in controls:
-        parts.append(f"class{resolved_class(s, analysis)}")
+        index = resolved_class(s, analysis)
+        parts.append(file_name_part(class_names[index]) or f"class{index}" if index < len(class_names)
+                     else f"class{index}")
     if "query" in controls:
         parts.append("cls" if s.query == 0 else f"q{s.query}")
     return "-".join([stem, s.kind, *parts, suffix])
+
+
+
+def npz_layer_label(layer: int) -> str:
+    """The .npz download's "this layer" choice for the page's ``layer`` (counted from 1): it names the array too,
+    which counts from 0 (``layer_5`` holds the page's layer 6)."""
+    return f"layer {layer} only (layer_{layer - 1} in the file)"
 
 
 
