@@ -94,7 +94,11 @@ def describe_scores(asked: Answer, ensemble: bool) -> str:
     else:
         how = (f"SigLIP: each label's own **sigmoid** of {p.scale:.4g} × cosine {p.bias:+.4g}, so the labels do "
                "not compete and need not sum to 1")
-    return f"Each label is read through {template}. {how}."
+    doubled = None if ensemble else prompts.doubled_article(p.templates[0], p.labels)
+    note = "" if doubled is None else (f" Note: “{escape_markdown(doubled[0])}” is read as "
+                                       f"“{escape_markdown(doubled[1])}” (the template has an article already): "
+                                       f"type the label without it, or use the template “{escape_markdown('{}')}”.")
+    return f"Each label is read through {template}. {how}.{note}"
 
 
 def describe_prediction(asked: Answer, shown: int = 3) -> str:
