@@ -15,7 +15,7 @@ import torch
 from PIL import Image
 
 from vit.app import work
-from vit.app.drawing import CURVE_BATCH
+from vit.app.drawing import CURVE_BATCH, CURVES_X_AXIS
 from vit.checkpoint import Checkpoint
 from vit.explain import prompts
 from vit.explain.faithfulness import auc
@@ -160,9 +160,8 @@ def curves_figure(checkpoint: Checkpoint, asked: Answer, image: Image.Image, map
         fig.add_trace(go.Scatter(x=fractions, y=curve, mode="lines", line=dict(color=colour),
                                  name=f"{name} (AUC {float(auc(fractions, curve)):.3f})",
                                  hovertemplate=f"{name}: %{{x:.0%}} of patches → cos = %{{y:.3f}}<extra></extra>"))
-    fig.update_xaxes(title="fraction of patches removed / inserted, most relevant first", tickformat=".0%",
-                     range=[0, 1])
+    fig.update_xaxes(**CURVES_X_AXIS, automargin=True)
     fig.update_yaxes(title=f"cos(image, “{escape_plotly(asked.labels[index])}”)")
-    fig.update_layout(height=320, margin=dict(l=0, r=0, t=30, b=0), autosize=True,
+    fig.update_layout(height=320, margin=dict(l=0, r=0, t=30, b=56), autosize=True,
                       legend=dict(orientation="h", x=0, y=1.02, xanchor="left", yanchor="bottom"))
     return fig
