@@ -17,6 +17,7 @@ preprocessing resizes and normalises every image, as it does a file's).
 from __future__ import annotations
 
 import io
+import math
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -178,10 +179,17 @@ class Explanation:
     query: int = 0
     description: str = field(default="", repr=False)
 
-    def overlay(self, alpha: float = 0.6, colormap: str = "inferno") -> Image.Image:
-        """The map blended over the pixels the model saw, at the image's own resolution; signed maps (AttnLRP) on
-        a diverging scale around 0."""
-        return self._overlay(self.seen, alpha, colormap)
+    def overlay(self, alpha: float = 0.6, colormap: str = "inferno", scale: int | None = None) -> Image.Image:
+        """The map blended over the pixels the model saw, at the image's own resolution times ``scale``; signed maps
+        (AttnLRP) on a diverging scale around 0. ``scale`` (a whole number; default: the smallest that brings the
+        long side to 320 px, 1 for larger images) repeats each pixel, so a 32-px image is visible and exact."""
+        if scale is None:
+            scale = max(1, math.ceil(320 / max(self.seen.size)))
+        if not isinstance(scale, (int, np.integer)) or scale < 1:
+            raise ValueError(f"scale must be a whole number of at least 1, got {scale!r}")
+        blended = self._overlay(self.seen, alpha, colormap)
+        return blended if scale == 1 else blended.resize((blended.width * scale, blended.height * scale),
+                                                         Image.Resampling.NEAREST)
 
     def _overlay(self, image: Image.Image, alpha: float, colormap: str) -> Image.Image:
         cmap, vmin, vmax = drawing.map_colours(self.method if self.method in drawing.SIGNED_MAP_KINDS else "",

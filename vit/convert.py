@@ -22,14 +22,14 @@ import argparse
 import json
 import sys
 
-from vit.predict import OneLineParser, UsageError, run_cli  # light: torch loads in run(), after parsing
+from vit.cli import OneLineParser, UsageError, command_name, run_cli  # light: torch loads in run(), after parsing
 
 PROG = "vit.convert"
 
 
 def build_parser() -> argparse.ArgumentParser:
     summary, details = __doc__.split("\n\n", 1)
-    p = OneLineParser(prog=f"python -m {PROG}", description=summary, epilog=details,
+    p = OneLineParser(prog=command_name(PROG), description=summary, epilog=details,
                       formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("source", help="a model folder or weights file, or a Hub id: ORG/NAME[@REV], hf-hub:ORG/NAME, "
                                   "a timm name")

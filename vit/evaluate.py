@@ -30,6 +30,7 @@ from vit.predict import (
     OneLineParser,
     UsageError,
     add_size_arguments,
+    command_name,
     input_size,
     open_checkpoint,
     positive_int,
@@ -47,7 +48,7 @@ PROG = "vit.evaluate"
 
 def build_parser() -> argparse.ArgumentParser:
     summary, details = __doc__.split("\n\n", 1)
-    p = OneLineParser(prog=f"python -m {PROG}", description=summary, epilog=details,
+    p = OneLineParser(prog=command_name(PROG), description=summary, epilog=details,
                       formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("checkpoint", help="a .pt checkpoint, a Hugging Face or timm model folder, timm / torchvision "
                                       "weights, or a Hub id: ORG/NAME[@REV], hf-hub:ORG/NAME, a timm name")

@@ -53,6 +53,7 @@ from vit.cli import (  # noqa: F401 (the other commands import the shared pieces
     OneLineParser,
     UsageError,
     add_size_arguments,
+    command_name,
     input_side,
     one_line,
     positive_int,
@@ -96,7 +97,7 @@ def open_checkpoint(path: str, device: torch.device, arch: str | None = None) ->
 
 def build_parser() -> argparse.ArgumentParser:
     summary, details = __doc__.split("\n\n", 1)
-    p = OneLineParser(prog=f"python -m {PROG}", description=summary, epilog=details,
+    p = OneLineParser(prog=command_name(PROG), description=summary, epilog=details,
                       formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("checkpoint", help="a .pt checkpoint (vit.train, vit.convert) or vit.train run folder, a Hugging "
                                       "Face or timm model folder, timm / torchvision weights, or a Hub id "

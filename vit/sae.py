@@ -26,10 +26,10 @@ PROG = "vit.sae"
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from vit.predict import OneLineParser, positive_int
+    from vit.cli import OneLineParser, command_name, positive_int
 
     summary, details = __doc__.split("\n\n", 1)
-    p = OneLineParser(prog=f"python -m {PROG}", description=summary, epilog=details,
+    p = OneLineParser(prog=command_name(PROG), description=summary, epilog=details,
                       formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = p.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
     t = commands.add_parser("train", help="train a TopK SAE on one layer's residual stream")
