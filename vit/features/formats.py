@@ -32,7 +32,15 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from vit.features.sae import SAEError, SAEInfo, SparseAutoencoder, check_sizes, load_sae, resid_hook_name
+from vit.features.sae import (
+    SAEError,
+    SAEInfo,
+    SparseAutoencoder,
+    check_memory,
+    check_sizes,
+    load_sae,
+    resid_hook_name,
+)
 
 PRISMA_CONFIG = "config.json"  # VisionModelSAERunnerConfig.save_config's file beside the checkpoints
 PRISMA_CONFIG_CLASSES = ("VisionModelSAERunnerConfig", "HookedViTConfig")  # pickled inside Prisma's .pt files
@@ -116,18 +124,13 @@ def _int(cfg: dict, key: str, where: str) -> int:
 def _check_file_size(path: Path, d_in: int, d_sae: int, what: str) -> None:
     """SAEError, before anything is read or allocated, when ``path`` is smaller than float32 weights of these sizes
     (sizes a file declares but does not hold), larger than float64 ones can explain (a pickle or header padded to
-    stall the reader), or the weights would not fit in half the free memory."""
-    from vit.features.train import available_memory
-
+    stall the reader), or the weights would not fit in half the free memory (``check_memory``)."""
     weights = 2 * d_in * d_sae + d_in + d_sae
     size, bound = path.stat().st_size, 8 * (weights + 1) + (1 << 20)
     if size < 4 * weights or size > bound:
         raise SAEError(f"{path.name}: {size:,} bytes, {'less' if size < 4 * weights else 'more'} than a {what} SAE "
                        f"of d_in {d_in}, d_sae {d_sae} holds; not an SAE checkpoint of those sizes")
-    free = available_memory(torch.device("cpu"))
-    if 4 * weights > free // 2:
-        raise SAEError(f"{path.name}: an SAE of d_in {d_in}, d_sae {d_sae} needs {4 * weights / 2**30:.2f} GiB, more "
-                       f"than half of the {free / 2**30:.2f} GiB free")
+    check_memory(d_in, d_sae, path.name)
 
 
 def _read_state(path: Path, allowed_classes: tuple[str, ...] = ()) -> object:
