@@ -218,3 +218,48 @@ def test_an_unreachable_ray_address_is_one_line_and_writes_nothing(tmp_path, cap
 def test_workers_without_ray_are_refused(tmp_path, capsys):
     assert train(tmp_path / "o", "--workers", "2") == 2
     assert "--workers needs --ray ADDRESS" in capsys.readouterr().err
+
+
+def test_a_resume_right_after_a_sigkill_is_not_refused_for_the_dead_pid_s_fresh_heartbeat(tmp_path, monkeypatch):
+    import socket
+    import subprocess
+
+    from vit.runfiles import now_iso
+
+    sigterm_at_step(monkeypatch, 2)
+    assert train(tmp_path / "sae") == 0
+    monkeypatch.undo()
+    gone = subprocess.Popen(["true"])
+    gone.wait()  # a pid of this host whose process has ended, as a SIGKILLed run's
+    status = json.loads((tmp_path / "sae" / "status.json").read_text())
+    status.update(state="running", pid=gone.pid, host=socket.gethostname(), updated_time=now_iso())
+    (tmp_path / "sae" / "status.json").write_text(json.dumps(status))
+    assert main(["train", "--resume", str(tmp_path / "sae")]) == 0
+    assert read_status(tmp_path / "sae" / "status.json")["state"] == "completed"
+
+
+def test_a_resume_of_a_run_whose_process_still_beats_names_it(tmp_path, monkeypatch, capsys):
+    import socket
+
+    from vit.runfiles import now_iso
+
+    sigterm_at_step(monkeypatch, 2)
+    assert train(tmp_path / "sae") == 0
+    status = json.loads((tmp_path / "sae" / "status.json").read_text())
+    status.update(state="running", pid=os.getpid(), host=socket.gethostname(), updated_time=now_iso())
+    (tmp_path / "sae" / "status.json").write_text(json.dumps(status))
+    capsys.readouterr()
+    assert main(["train", "--resume", str(tmp_path / "sae")]) == 2
+    err = capsys.readouterr().err
+    assert f"the run is still running (pid {os.getpid()} on {socket.gethostname()}" in err and err.count("\n") == 1
+
+
+def test_an_unfinished_run_opened_as_an_sae_says_it_has_not_finished(tmp_path, monkeypatch):
+    from vit.features.formats import open_sae
+    from vit.features.sae import SAEError
+
+    sigterm_at_step(monkeypatch, 2)
+    assert train(tmp_path / "sae") == 0
+    with pytest.raises(SAEError, match=r"is an SAE run that has not finished \(no cfg\.json yet\): wait for it to "
+                                       r"end, or continue it with python -m vit\.sae train --resume "):
+        open_sae(tmp_path / "sae")

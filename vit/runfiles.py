@@ -30,6 +30,7 @@ import json
 import logging
 import math
 import os
+import socket
 import threading
 import traceback
 from pathlib import Path
@@ -139,6 +140,32 @@ def seconds_since(text: object) -> float | None:
     if then.tzinfo is None:
         then = then.replace(tzinfo=dt.UTC)
     return (dt.datetime.now(dt.UTC) - then).total_seconds()
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` exists on this host (one of another user's counts)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def still_running(status: dict | None) -> str | None:
+    """Who runs the run whose status.json holds ``status`` ('pid P on HOST, heartbeat N s ago'), or None when it
+    is not running: not "running", no heartbeat for STALE_SECONDS, or a pid of this host that is gone (a SIGKILL
+    leaves "running" behind; the heartbeat alone would refuse a resume for a minute)."""
+    if not status or status.get("state") != "running":
+        return None
+    age = seconds_since(status.get("updated_time"))
+    if age is None or age > STALE_SECONDS:
+        return None
+    pid, host = status.get("pid"), status.get("host")
+    if host == socket.gethostname() and isinstance(pid, int) and not isinstance(pid, bool) and not pid_alive(pid):
+        return None
+    return f"pid {pid} on {host}, heartbeat {age:.0f} s ago"
 
 
 # ---------------------------------------------------------------------------------------------

@@ -143,13 +143,12 @@ def resolve_args(args: argparse.Namespace) -> tuple[argparse.Namespace, dict | N
     from vit.runfiles import (
         CONFIG_FILE,
         LAST_CHECKPOINT,
-        STALE_SECONDS,
         STATUS_FILE,
         RunFileError,
         check_fields,
         read_config,
         read_status,
-        seconds_since,
+        still_running,
     )
 
     if args.resume is None:
@@ -174,9 +173,10 @@ def resolve_args(args: argparse.Namespace) -> tuple[argparse.Namespace, dict | N
         raise UsageError(f"--resume {out}: {e}") from None
     if config is None or config.get("kind") != "sae" or not (out / LAST_CHECKPOINT).is_file():
         raise UsageError(f"--resume {out}: not an SAE run folder with a last.pt; start a new run instead")
-    if status and status.get("state") == "running" and (seconds_since(status.get("updated_time")) or 1e9) \
-            < STALE_SECONDS:
-        raise UsageError(f"--resume {out}: the run is still running; stop it first (SIGTERM) or wait for it to end")
+    running = still_running(status)
+    if running:
+        raise UsageError(f"--resume {out}: the run is still running ({running}); stop it first (SIGTERM) or wait "
+                         "for it to end")
     saved = config["args"]
     try:  # a run folder may come from anywhere: every argument of its own type before it is used
         check_fields(saved, SAVED_TYPES, "config.json args", required=("model", "data", "layer", "k", "epochs"))
