@@ -327,6 +327,17 @@ def load_saev(path: str | Path, layer: int | None = None, model_name: str | None
     return sae.to(device).eval().requires_grad_(False)
 
 
+def _is_sae_run(folder: Path) -> bool:
+    """Whether ``folder`` is a ``vit.sae train`` run folder (its config.json says ``"kind": "sae"``)."""
+    from vit.runfiles import CONFIG_FILE, RunFileError, read_config
+
+    try:
+        config = read_config(folder / CONFIG_FILE)
+    except RunFileError:  # not ours to judge: Prisma's config.json has other fields
+        return False
+    return config is not None and config.get("kind") == "sae"
+
+
 def detect_format(path: Path) -> str:
     """``"sae_lens"``, ``"vit-prisma"`` or ``"saev"`` for a local file or folder; SAEError when it is none."""
     from vit.features.sae import CFG_FILE, WEIGHTS_FILE
@@ -334,6 +345,9 @@ def detect_format(path: Path) -> str:
     if path.is_dir():
         if (path / CFG_FILE).is_file() and (path / WEIGHTS_FILE).is_file():
             return "sae_lens"
+        if _is_sae_run(path):  # its config.json and last.pt would pass for a Prisma folder's
+            raise SAEError(f"{path} is an SAE run that has not finished (no {CFG_FILE} yet): wait for it to end, or "
+                           f"continue it with python -m vit.sae train --resume {path}")
         if (path / PRISMA_CONFIG).is_file() and any(path.glob("*.pt")):
             return "vit-prisma"
         raise SAEError(f"{path} is no SAE folder: SAELens's holds {CFG_FILE} and {WEIGHTS_FILE}, ViT-Prisma's "
