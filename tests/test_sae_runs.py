@@ -263,3 +263,32 @@ def test_an_unfinished_run_opened_as_an_sae_says_it_has_not_finished(tmp_path, m
     with pytest.raises(SAEError, match=r"is an SAE run that has not finished \(no cfg\.json yet\): wait for it to "
                                        r"end, or continue it with python -m vit\.sae train --resume "):
         open_sae(tmp_path / "sae")
+
+
+def test_an_image_added_to_the_folder_before_a_resume_is_not_read_by_it(tmp_path, monkeypatch):
+    import shutil
+
+    data = tmp_path / "data"
+    shutil.copytree(SAMPLES, data)
+    whole, stopped = tmp_path / "whole", tmp_path / "stopped"
+    assert main(["train", str(CHECKPOINT), "--data", str(data), *TINY, "--out", str(whole)]) == 0
+    with monkeypatch.context() as m:
+        sigterm_at_step(m, 12)
+        assert main(["train", str(CHECKPOINT), "--data", str(data), *TINY, "--out", str(stopped)]) == 0
+    for name in ("aa_broken.png", "zz_broken.jpg"):  # would sort and shuffle in among the run's own images
+        (data / name).write_bytes(b"not an image")
+    assert main(["train", "--resume", str(stopped)]) == 0
+    a, b = load_file(whole / "sae_weights.safetensors"), load_file(stopped / "sae_weights.safetensors")
+    assert all(torch.equal(a[name], b[name]) for name in a)
+
+
+def test_a_resume_whose_list_of_images_leads_out_of_the_data_folder_is_one_line(tmp_path, monkeypatch, capsys):
+    sigterm_at_step(monkeypatch, 2)
+    assert train(tmp_path / "sae") == 0
+    files = json.loads((tmp_path / "sae" / "files.json").read_text())
+    files["train"][0] = "../../etc/passwd"
+    (tmp_path / "sae" / "files.json").write_text(json.dumps(files))
+    capsys.readouterr()
+    assert main(["train", "--resume", str(tmp_path / "sae")]) == 2
+    err = capsys.readouterr().err
+    assert "files.json names '../../etc/passwd', which is not a file under" in err and err.count("\n") == 1
