@@ -19,6 +19,7 @@ Both overlays are at the image's own resolution. The ``.npz`` is written layer b
 size is known before: it is printed on stderr first), each layer's attention computed in chunks from the
 layer's input, so memory stays bounded at any ``--size``; ``--maps-dtype float16`` halves the file. An image
 whose maps would exceed ``--max-maps-mb`` (default 4096, or env VIT_MAX_MAPS_MB) is refused before any work.
+Until it is complete the ``.npz`` has no name (on Linux), so a killed command leaves no part of it behind.
 
 Asking a CLIP or SigLIP in words: ``--labels "a dog,a cat"`` (commas, semicolons or line breaks between
 labels) prints the zero-shot predictions in the same shape, ``label`` being the typed label; each label is

@@ -175,6 +175,18 @@ def check_sizes(d_in: int, d_sae: int, k: int | None, architecture: str) -> None
         raise SAEError(f"k must be a whole number from 1 to d_sae ({d_sae:,}), got {k!r}")
 
 
+def check_memory(d_in: int, d_sae: int, name: str) -> None:
+    """SAEError in one line, before anything is read or allocated, when an SAE of these sizes would not fit in half
+    the free memory (``vit.features.train.available_memory``): the file's tensors are read, then copied into it."""
+    from vit.features.train import available_memory
+
+    need = 4 * (2 * d_in * d_sae + d_in + d_sae)  # float32
+    free = available_memory(torch.device("cpu"))
+    if need > free // 2:
+        raise SAEError(f"{name}: an SAE of d_in {d_in}, d_sae {d_sae} needs {need / 2**30:.2f} GiB, more than half "
+                       f"of the {free / 2**30:.2f} GiB free")
+
+
 def model_fingerprint(model: nn.Module) -> str:
     """A short hash of the model's weights, so an SAE refuses any other model exactly (a renamed file too)."""
     import hashlib
@@ -225,8 +237,9 @@ def _config_value(cfg: dict, key: str, types: type | tuple[type, ...], default: 
 def load_sae(folder: str | Path, device: str | torch.device = "cpu") -> SparseAutoencoder:
     """An SAE from a SAELens-format folder (SAELens 6 or earlier); SAEError in one line for anything else.
 
-    Every size cfg.json declares is checked against the bounds and against the weights file's header before a
-    tensor is read; normalised or reshaped activations (SAELens options this project does not apply) are refused.
+    Every size cfg.json declares is checked against the bounds, the weights file's header and the free memory
+    before a tensor is read; normalised or reshaped activations (SAELens options this project does not apply) are
+    refused.
     """
     from vit.sources.open import SourceError, read_json, read_weights
 
@@ -269,6 +282,7 @@ def load_sae(folder: str | Path, device: str | torch.device = "cpu") -> SparseAu
             found = ", ".join(f"{n} {tuple(t.shape)}" for n, t in sorted(shapes.items()))
             raise SAEError(f"{folder.name}: {WEIGHTS_FILE} holds {found[:200]}, not the shapes {CFG_FILE} declares "
                            f"(d_in {d_in}, d_sae {d_sae})")
+        check_memory(d_in, d_sae, f"{folder.name}/{WEIGHTS_FILE}")  # a file's size may be a sparse file's
         weights = read_weights(folder / WEIGHTS_FILE)
     except SourceError as e:
         raise SAEError(str(e)) from None

@@ -7,16 +7,20 @@ separate q, k or v layer maps to a third of our fused ``qkv`` (``blocks.\\1.attn
 from the three. The user checks and completes it;
 ``vit.convert WEIGHTS --map mapping.json --out model.pt`` then applies it with ``apply_mapping``: every key must
 be matched by a rule (or a rule mapping it to ``null``, to drop it), every one of our weights must be filled and
-every shape must fit, else one line names the first key that does not.
+every shape must fit, else one line names the first key that does not. The rules are user input, so they are
+matched by the ``regex`` package within ``MATCH_SECONDS`` in all: Python's ``re`` has no time limit and no check
+for Ctrl-C while it backtracks, and a rule such as ``^(a|a)*$`` backtracks for ever on a long key.
 """
 
 from __future__ import annotations
 
 import math
 import re
+import time
 from collections import Counter
 from collections.abc import Mapping
 
+import regex
 import torch
 
 from vit.model import ViT, ViTConfig
@@ -26,6 +30,7 @@ PATCH_ORDERS = ("c p1 p2", "p1 p2 c")  # a linear patch embedding's input: chann
 THIRDS = ("q", "k", "v")  # a target's suffix naming a third of a fused qkv weight, in our stacking order
 MAX_RULES = 1000
 MAX_KEY_SHOWN = 100
+MATCH_SECONDS = 10.0  # all of a mapping's matching: a ViT-g's 600 keys against 200 rules take well under 1 s
 _INDEX = re.compile(r"(?<=\.)(\d+)(?=\.)")
 
 
@@ -238,8 +243,8 @@ def apply_mapping(state: Mapping[str, torch.Tensor], mapping: Mapping) -> tuple[
         if target is not None and not isinstance(target, str):
             raise ValueError(f"rule {pattern!r} maps to {target!r}, not a key name or null")
         try:
-            compiled.append((re.compile(pattern), target))
-        except re.error as e:
+            compiled.append((regex.compile(pattern), target))
+        except regex.error as e:
             raise ValueError(f"rule {pattern!r} is not a regular expression ({e})") from None
     order = mapping.get("patch_order", "c p1 p2")
     if order not in PATCH_ORDERS:
@@ -248,20 +253,21 @@ def apply_mapping(state: Mapping[str, torch.Tensor], mapping: Mapping) -> tuple[
         expected = {k: tuple(v.shape) for k, v in ViT(config).state_dict().items()}
     ours: dict[str, torch.Tensor] = {}
     thirds: dict[str, dict[str, tuple[str, torch.Tensor]]] = {}  # fused weights given as separate q, k, v
+    deadline = time.monotonic() + MATCH_SECONDS
     for key, value in state.items():
-        rule = next(((regex, target) for regex, target in compiled if regex.fullmatch(key)), None)
+        rule = _first_match(compiled, key, deadline)
         if rule is None:
             raise ValueError(f"{key} is matched by no rule; add one to \"keys\" (or map it to null to drop it)")
-        regex, target = rule
+        match, target = rule
         if target is None:
             continue
         try:
-            name = regex.fullmatch(key).expand(target)
-        except (re.error, IndexError) as e:
-            raise ValueError(f"rule {regex.pattern!r} cannot fill {target!r} from {key} ({e})") from None
+            name = match.expand(target)
+        except (regex.error, IndexError) as e:
+            raise ValueError(f"rule {match.re.pattern!r} cannot fill {target!r} from {key} ({e})") from None
         name, _, role = name.partition(":")
         if name == UNKNOWN or name not in expected or (role and (role not in THIRDS or ".qkv." not in name)):
-            raise ValueError(f"{key} is mapped to {regex.fullmatch(key).expand(target)!r}, which is not one of this "
+            raise ValueError(f"{key} is mapped to {match.expand(target)!r}, which is not one of this "
                              f"model's weights (e.g. {', '.join(list(expected)[:4])}, ...; a qkv one may end in :q, "
                              ":k or :v)")
         if name in ours or role in thirds.get(name, {}) or (name in thirds and not role):
@@ -282,6 +288,20 @@ def apply_mapping(state: Mapping[str, torch.Tensor], mapping: Mapping) -> tuple[
         more = f" (nor to {len(missing) - 1} more)" if missing[1:] else ""
         raise ValueError(f"no key is mapped to {missing[0]}{more}; add a rule for the key that holds it")
     return config, ours
+
+
+def _first_match(compiled: list, key: str, deadline: float) -> tuple[regex.Match, str | None] | None:
+    """The first rule's match of all of ``key`` and its target, or None; ValueError once ``deadline`` passes."""
+    for pattern, target in compiled:
+        try:  # the timeout is what is left of the whole mapping's time, so no number of rules can add up to more
+            match = pattern.fullmatch(key, timeout=max(deadline - time.monotonic(), 1e-3))
+        except TimeoutError:
+            raise ValueError(f"rule {pattern.pattern[:MAX_KEY_SHOWN]!r} was still matching {key[:MAX_KEY_SHOWN]} "
+                             f"when the mapping's {MATCH_SECONDS:g} s ran out (a nested repeat such as (a|a)* or "
+                             "(a+)+ backtracks for ever); simplify the rule") from None
+        if match:
+            return match, target
+    return None
 
 
 def _fit(key: str, value: torch.Tensor, name: str, shape: tuple, config: ViTConfig, order: str) -> torch.Tensor:
