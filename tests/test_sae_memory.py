@@ -48,9 +48,10 @@ def sparse_saelens_folder(folder, d_in: int, d_sae: int):
 
 
 def test_a_saelens_file_is_refused_before_it_is_read_when_its_sizes_exceed_the_free_memory(tmp_path, monkeypatch):
+    from vit.features import sae
     from vit.features.sae import load_sae
 
-    monkeypatch.setattr(train, "available_memory", lambda device: 32 * 2**20)
+    monkeypatch.setattr(sae, "available_memory", lambda device: 32 * 2**20)
     folder = sparse_saelens_folder(tmp_path / "sae", 512, 2**14)  # 64 MiB of weights
     with pytest.raises(SAEError, match=r"^sae/sae_weights.safetensors: an SAE of d_in 512, d_sae 16384 needs "
                                        r"0\.06 GiB, more than half of the 0\.03 GiB free$"):

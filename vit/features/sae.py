@@ -16,6 +16,8 @@ reads what ``save_sae`` writes and ``load_sae`` reads SAELens's folders (pre-6 c
 from __future__ import annotations
 
 import json
+import os
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -175,10 +177,42 @@ def check_sizes(d_in: int, d_sae: int, k: int | None, architecture: str) -> None
         raise SAEError(f"k must be a whole number from 1 to d_sae ({d_sae:,}), got {k!r}")
 
 
+def available_memory(device: torch.device) -> int:
+    """Free bytes on ``device``: the GPU's free memory, else the machine's available RAM, less when this process's
+    address-space limit (``ulimit -v``) leaves less room."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    free = None
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    free = int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    if free is None:
+        free = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
+    return min(free, _address_space_left())
+
+
+def _address_space_left() -> int:
+    """Bytes this process may still map under RLIMIT_AS: past it an allocation is a MemoryError, whatever is free."""
+    import resource
+
+    limit = resource.getrlimit(resource.RLIMIT_AS)[0]
+    if limit == resource.RLIM_INFINITY:
+        return sys.maxsize
+    try:
+        with open("/proc/self/statm") as f:
+            mapped = int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        mapped = 0
+    return max(limit - mapped, 0)
+
+
 def check_memory(d_in: int, d_sae: int, name: str) -> None:
     """SAEError in one line, before anything is read or allocated, when an SAE of these sizes would not fit in half
-    the free memory (``vit.features.train.available_memory``): the file's tensors are read, then copied into it."""
-    from vit.features.train import available_memory
+    the free memory (``available_memory``): the file's tensors are read, then copied into it."""
 
     need = 4 * (2 * d_in * d_sae + d_in + d_sae)  # float32
     free = available_memory(torch.device("cpu"))
