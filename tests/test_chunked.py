@@ -294,3 +294,27 @@ def test_negative_layers_count_from_the_end():
     inputs = LayerInputs(model, hidden, grid)
     torch.testing.assert_close(inputs.rows(-1, [0, 5]), attentions[-1][:, :, [0, 5]], rtol=0, atol=1e-6)
     torch.testing.assert_close(inputs.fused(-2, 5), fuse_heads(attentions[-2])[:, 5], rtol=0, atol=1e-6)
+
+
+def test_attention_flow_past_its_token_limit_is_refused_before_any_forward(monkeypatch):
+    from PIL import Image
+
+    from vit.app import explorer
+    from vit.checkpoint import Checkpoint, Preprocessing
+    from vit.explain import attention_flow
+
+    torch.manual_seed(0)
+    model = ViT(REGISTERS).eval()
+    checkpoint = Checkpoint(model, ["a", "b", "c"], Preprocessing.default_for(REGISTERS))
+    forwards = []
+
+    def spy(*args, **kwargs):
+        forwards.append(kwargs)
+        raise AssertionError("the model ran before the flow's bound was checked")
+
+    monkeypatch.setattr(model, "forward", spy)
+    # 19 tokens (3 prefix + a 4 x 4 grid) over a limit of 12: 9 patches fit, a 3 x 3 grid, 12 px.
+    monkeypatch.setattr(attention_flow, "MAX_FLOW_TOKENS", 12)
+    with pytest.raises(explorer.TooManyTokens, match="19 tokens .* limit of 12.* fits is 12 px"):
+        explorer.model_method_map(checkpoint, Image.new("RGB", (16, 16)), "flow", 0)
+    assert forwards == []

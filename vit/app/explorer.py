@@ -173,6 +173,20 @@ def check_chunked_gradient_fits(model, tokens: int, what: str, contexts: bool) -
                             f"{side * config.patch_size} px. Choose a smaller input size, or another map.")
 
 
+def check_flow_fits(model, tokens: int) -> None:
+    """``TooManyTokens`` when attention flow's max-flow problems (one per token, time ~T³) are over its token
+    limit (``attention_flow.MAX_FLOW_TOKENS``); the message names the largest square input that fits. Checked
+    before the forward that gives it every layer's attention."""
+    from vit.explain.attention_flow import MAX_FLOW_TOKENS
+
+    if tokens > MAX_FLOW_TOKENS:
+        side = math.isqrt(max(MAX_FLOW_TOKENS - model.num_prefix_tokens, 1))
+        raise TooManyTokens(f"Attention flow solves one max-flow problem per token: {tokens:,} tokens is over its "
+                            f"limit of {MAX_FLOW_TOKENS} (about 40 s there on 2 cores); the largest square input "
+                            f"that fits is {side * model.config.patch_size} px. Choose a smaller input size, or "
+                            "rollout.")
+
+
 def check_input_fits(checkpoint: Checkpoint, grid: tuple[int, int], what: str = "This input") -> None:
     """Raise ``TooManyTokens`` when an input of ``grid`` patches is over the token or memory limit."""
     config, prefix = checkpoint.model.config, checkpoint.model.num_prefix_tokens
@@ -646,13 +660,19 @@ def model_method_map(checkpoint: Checkpoint, image: Image.Image, kind: str, clas
     from vit.explain.relevance import attnlrp, legrad, patch_sums, transformer_attribution
 
     model = checkpoint.model
+    shape = input_shape(image, checkpoint.preprocessing, model.config.patch_size, size)  # (height, width)
+    grid, prefix = model.patch_grid(*shape), model.num_prefix_tokens
+    tokens = prefix + grid[0] * grid[1]
+    # Every method's bound before the work it implies: flow's forward keeps every layer's whole attention (9 GB
+    # for ViT-B/16 at 1,024 px) before attention_flow's own limit would refuse the input.
+    if kind == "legrad":  # in chunks: never a whole layer's attention or gradient
+        check_chunked_gradient_fits(model, tokens, "LeGrad", contexts=False)
+    elif kind in ("lrp", "attnlrp"):
+        check_gradient_fits(model, tokens, MAP_KINDS[kind].split(" (")[0])
+    elif kind == "flow":
+        check_flow_fits(model, tokens)
     device = next(model.parameters()).device
     x = preprocess([image], checkpoint.preprocessing, size, model.config.patch_size).to(device)  # (1, C, H, W)
-    grid, prefix = model.patch_grid(x.shape[2], x.shape[3]), model.num_prefix_tokens
-    if kind == "legrad":  # in chunks: never a whole layer's attention or gradient
-        check_chunked_gradient_fits(model, prefix + grid[0] * grid[1], "LeGrad", contexts=False)
-    elif kind in ("lrp", "attnlrp"):
-        check_gradient_fits(model, prefix + grid[0] * grid[1], MAP_KINDS[kind].split(" (")[0])
     if kind == "legrad":
         result = legrad(model, x, class_index, budget=CHUNK_BYTES)
     elif kind == "lrp":
