@@ -24,7 +24,9 @@ import numpy as np
 import torch
 from PIL import Image, ImageOps
 
+from vit import bounds
 from vit.app import work
+from vit.bounds import MAX_TOKENS, TooManyTokens  # noqa: F401 (the pages and tests read them here)
 from vit.cache import ByteCache
 from vit.checkpoint import Checkpoint, Preprocessing
 from vit.explain import mechanism
@@ -87,21 +89,18 @@ TOP_K = 5
 MAX_REFERENCE_IMAGES = 32  # mean ablation's reference set: ViT-B/16 at 224 on 2 cores, 1.8 s per 8 (bench_mechanism)
 REFERENCE_CHUNK = 8  # reference images run at once: one chunk's activations are held, not the whole set's
 # Memory per analysed image: hidden states + cache + one layer's queries and keys + one chunk of attention stays
-# under this (env VIT_ANALYSIS_MEMORY_MB), and inputs with more tokens than VIT_MAX_TOKENS are refused.
+# under this (env VIT_ANALYSIS_MEMORY_MB), and inputs with more tokens than VIT_MAX_TOKENS are refused
+# (vit.bounds: the gate vit.predict shares).
 ANALYSIS_MEMORY_LIMIT = 1024 * 2**20
-MAX_TOKENS = 16384  # ViT-B/16 at 2,048 px (16,385) needs VIT_ANALYSIS_MEMORY_MB raised: its hidden states are 654 MB
 CHUNK_BYTES = 64 * 2**20  # one chunk of attention scores (vit.explain.chunked): every map is built from such chunks
 LAYER_CACHE_BYTES = 320 * 2**20  # computed layers, queries and keys, rollout factors kept per image
 HALF_PRECISION_TOKENS = 1024  # rollout factors above this many tokens are kept in float16
 
 
-class TooManyTokens(ValueError):
-    """An input too big for the explorer's memory bound; the message says how to make it fit."""
-
-
-def analysis_limits() -> tuple[int, int]:
-    """``(max tokens, memory limit in bytes)`` from VIT_MAX_TOKENS and VIT_ANALYSIS_MEMORY_MB, else the defaults."""
-    tokens = int(os.environ.get("VIT_MAX_TOKENS") or MAX_TOKENS)
+def analysis_limits(max_tokens: int | None = None) -> tuple[int, int]:
+    """``(max tokens, memory limit in bytes)``: ``max_tokens``, else VIT_MAX_TOKENS (``bounds.max_tokens``), and
+    VIT_ANALYSIS_MEMORY_MB, else the defaults."""
+    tokens = bounds.max_tokens(max_tokens)
     memory = int(float(os.environ.get("VIT_ANALYSIS_MEMORY_MB") or ANALYSIS_MEMORY_LIMIT / 2**20) * 2**20)
     return tokens, memory
 
@@ -187,14 +186,14 @@ def check_flow_fits(model, tokens: int) -> None:
                             "rollout.")
 
 
-def check_input_fits(checkpoint: Checkpoint, grid: tuple[int, int], what: str = "This input") -> None:
-    """Raise ``TooManyTokens`` when an input of ``grid`` patches is over the token or memory limit."""
+def check_input_fits(checkpoint: Checkpoint, grid: tuple[int, int], what: str = "This input",
+                     max_tokens: int | None = None, allow: str = f"raise {bounds.MAX_TOKENS_ENV}") -> None:
+    """Raise ``TooManyTokens`` when an input of ``grid`` patches is over the token gate (``max_tokens``, default
+    VIT_MAX_TOKENS; ``allow`` says how to raise it) or the memory limit."""
     config, prefix = checkpoint.model.config, checkpoint.model.num_prefix_tokens
     tokens = prefix + grid[0] * grid[1]
-    max_tokens, limit = analysis_limits()
-    if tokens > max_tokens:
-        raise TooManyTokens(f"{what} gives {tokens:,} tokens ({grid[0]}×{grid[1]} patches + {prefix}); the explorer "
-                            f"analyses at most {max_tokens:,} (VIT_MAX_TOKENS). Choose a smaller input size.")
+    max_tokens, limit = analysis_limits(max_tokens)
+    bounds.check_tokens(config, tokens, f"{what} ({grid[0]}×{grid[1]} patches + {prefix})", max_tokens, allow)
     need = analysis_memory(config.num_layers, config.num_heads, config.hidden_size, tokens)
     if need > limit:
         raise TooManyTokens(f"{what} gives {tokens:,} tokens, which needs about {need / 2**20:,.0f} MB for "
@@ -312,17 +311,19 @@ class Analysis:
 
 
 def analyse(checkpoint: Checkpoint, image: Image.Image, size: InputSize = TRAINING_SIZE,
-            top_k: int = TOP_K, progress: work.Progress | None = None) -> Analysis:
+            top_k: int = TOP_K, progress: work.Progress | None = None, max_tokens: int | None = None,
+            allow: str = f"raise {bounds.MAX_TOKENS_ENV}") -> Analysis:
     """Run the model once on ``image`` at ``size``; layers' attentions are computed when first read.
 
-    Raises ``TooManyTokens`` before running anything when the input is over the limits. ``progress(layers done,
+    Raises ``TooManyTokens`` before running anything when the input is over the limits (``max_tokens``: the
+    token gate, default VIT_MAX_TOKENS; ``allow``: how the message says to raise it). ``progress(layers done,
     L)`` after each block (read at its ``hook_resid_post``; it may raise to stop the forward there).
     """
     model, p = checkpoint.model, checkpoint.preprocessing
     patch_size = model.config.patch_size
     shape = input_shape(image, p, patch_size, size)  # (height, width)
     grid = model.patch_grid(*shape)
-    check_input_fits(checkpoint, grid, f"A {shape[1]}×{shape[0]} px input")
+    check_input_fits(checkpoint, grid, f"A {shape[1]}×{shape[0]} px input", max_tokens, allow)
     device = next(model.parameters()).device
     x = preprocess([image], p, size, patch_size).to(device)  # (1, C, H, W)
     L = len(model.blocks)
