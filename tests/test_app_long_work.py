@@ -126,3 +126,35 @@ def test_the_analyse_pages_dataset_pass_can_be_stopped_and_run_again(world, dirs
     assert not at.exception, [e.message for e in at.exception]
     at.run()  # the page reruns once the work is done (the progress fragment asks for it in a browser)
     assert [m.value for m in at.metric][:2] == ["6", "50.0%"]
+
+
+@pytest.mark.parametrize(("kind", "place", "blocks"), [("legrad", "legrad", 3 + 2), ("lrp", "lrp", 3),
+                                                       ("attnlrp", "attnlrp", 3), ("class", "class map", 3)])
+def test_main_maps_past_a_few_seconds_are_long_work_reporting_each_block(monkeypatch, kind, place, blocks):
+    """Issue 52 item 6: the class map and LeGrad, LRP, AttnLRP at high resolution ran in the script thread, outside
+    the server's bound, and kept computing after their tab closed; they go through long_work as the grids do."""
+    from PIL import Image
+
+    from pages.explorer_sections import caches
+    from vit.checkpoint import Checkpoint, Preprocessing
+    from vit.inference import TRAINING_SIZE
+    from vit.model import ViT
+
+    config = test_app.TINY  # 3 layers, 4 x 4 patches + CLS: 17 tokens
+    checkpoint = Checkpoint(ViT(config).eval(), ["a", "b", "c"], Preprocessing.default_for(config))
+    asked = []
+
+    def recording(key, label, compute, place, unit="passes", kept=None, heavy=True):
+        reports = []
+        result = compute(lambda done, total: reports.append((done, total)))
+        asked.append((place, unit, heavy, reports))
+        return result
+
+    monkeypatch.setattr(caches, "long_work", recording)
+    monkeypatch.setattr(caches, "PROGRESS_TOKENS", 16)
+    image, fingerprint = Image.new("RGB", (16, 16)), (f"bounds test {kind}",)
+    if kind == "class":
+        caches.class_relevance(fingerprint, "digest", TRAINING_SIZE, 1, checkpoint, image)
+    else:
+        caches.method_map(fingerprint, "digest", TRAINING_SIZE, kind, 1, 0, -1, "mean", checkpoint, image)
+    assert asked == [(place, "blocks", True, [(i, blocks) for i in range(1, blocks + 1)])]

@@ -318,3 +318,34 @@ def test_attention_flow_past_its_token_limit_is_refused_before_any_forward(monke
     with pytest.raises(explorer.TooManyTokens, match="19 tokens .* limit of 12.* fits is 12 px"):
         explorer.model_method_map(checkpoint, Image.new("RGB", (16, 16)), "flow", 0)
     assert forwards == []
+
+
+@pytest.mark.parametrize(("kind", "blocks"), [("legrad", 3 + 2), ("lrp", 3), ("attnlrp", 3), ("class", 3),
+                                              ("class chunked", 2 * 3)])
+def test_gradient_maps_report_each_block_and_stop_where_their_progress_says_so(monkeypatch, kind, blocks):
+    from PIL import Image
+
+    from vit.app import explorer, work
+    from vit.checkpoint import Checkpoint, Preprocessing
+
+    torch.manual_seed(0)
+    checkpoint = Checkpoint(ViT(REGISTERS).eval(), ["a", "b", "c"], Preprocessing.default_for(REGISTERS))
+    image = Image.new("RGB", (16, 16))
+    if kind == "class chunked":
+        monkeypatch.setattr(explorer, "whole_gradient_bytes", lambda *args: 2**62)  # one block at a time
+
+    def run(progress):
+        if kind.startswith("class"):
+            return explorer.class_relevance(checkpoint, image, 1, progress=progress)
+        return explorer.model_method_map(checkpoint, image, kind, 1, progress=progress)
+
+    reports = []
+    run(lambda done, total: reports.append((done, total)))
+    assert reports == [(i, blocks) for i in range(1, blocks + 1)]
+
+    def stop_at_the_second_block(done, total):
+        if done == 2:
+            raise work.Stopped("its page was closed")
+
+    with pytest.raises(work.Stopped, match="its page was closed"):
+        run(stop_at_the_second_block)

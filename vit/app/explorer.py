@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import itertools
 import math
 import os
 import stat
@@ -119,6 +120,17 @@ def _inputs(analysis: Analysis) -> LayerInputs | None:
     if not isinstance(layers, LayerAttentions):
         return None
     return LayerInputs(layers.model, layers.hidden[None], layers.grid, budget=CHUNK_BYTES)
+
+
+def reported_blocks(model, progress: work.Progress | None, total: int):
+    """A context in which every block's output (``hook_resid_post``) reports ``progress(blocks run, total)``:
+    where a long map's work can be stopped (``progress`` raises ``work.Stopped``). ``total`` counts the blocks
+    the method runs (a forward is ``L``; a block run again counts too)."""
+    if progress is None or not isinstance(model, ViT):
+        return contextlib.nullcontext()
+    count = itertools.count(1)
+    return model.hooks([(f"blocks.{i}.hook_resid_post", lambda t, hook: progress(min(next(count), total), total))
+                        for i in range(len(model.blocks))])
 
 
 def check_matrix_fits(analysis: Analysis, matrices: int, what: str) -> None:
@@ -390,12 +402,13 @@ class ClassRelevance:
 
 
 def class_relevance(checkpoint: Checkpoint, image: Image.Image, class_index: int,
-                    size: InputSize = TRAINING_SIZE) -> ClassRelevance:
+                    size: InputSize = TRAINING_SIZE, progress: work.Progress | None = None) -> ClassRelevance:
     """One forward and backward pass for ``class_index`` (the page caches it per checkpoint, image and class).
 
     While every layer's attention and its gradient fit the memory limit they are kept whole; above, one block's
     backward at a time keeps the gradient of its heads' contexts, and the map's row is formed in chunks
     (``LayerInputs.gradient_rollout_row``). ``TooManyTokens`` when even that would be over the limit.
+    ``progress(blocks run, total)`` at each block's output (``reported_blocks``).
     """
     model, p = checkpoint.model, checkpoint.preprocessing
     shape = input_shape(image, p, model.config.patch_size, size)
@@ -406,15 +419,19 @@ def class_relevance(checkpoint: Checkpoint, image: Image.Image, class_index: int
     if not whole:
         check_chunked_gradient_fits(model, tokens, "The class-specific map", contexts=True)
     x = preprocess([image], p, size, model.config.patch_size).to(device)  # (1, C, H, W)
+    L = len(model.blocks)
     if whole:
-        _, attentions, gradients = class_gradients(model, x, class_index)
+        with reported_blocks(model, progress, L):
+            _, attentions, gradients = class_gradients(model, x, class_index)
         terms = tuple(positive_gradient_attention(a, g).float().cpu()
                       for a, g in zip(attentions, gradients, strict=True))
         return ClassRelevance(class_index, terms)
-    with torch.inference_mode():
-        _, hidden = forward_with_hidden_states(model, x)  # (1, L + 1, T, D)
-    inputs = LayerInputs(model, hidden, grid, budget=CHUNK_BYTES)
-    return ClassRelevance(class_index, (), inputs, inputs.context_gradients(torch.tensor([class_index])))
+    with reported_blocks(model, progress, 2 * L):  # a forward, then each block again
+        with torch.inference_mode():
+            _, hidden = forward_with_hidden_states(model, x)  # (1, L + 1, T, D)
+        inputs = LayerInputs(model, hidden, grid, budget=CHUNK_BYTES)
+        contexts = inputs.context_gradients(torch.tensor([class_index]))
+    return ClassRelevance(class_index, (), inputs, contexts)
 
 
 @dataclass(frozen=True)
@@ -654,8 +671,9 @@ def model_method_map(checkpoint: Checkpoint, image: Image.Image, kind: str, clas
 
     ``class_index`` is the explained class (LeGrad, LRP, AttnLRP); ``query`` the token whose
     relevance or flow is shown (LRP, flow; LeGrad and AttnLRP explain the classifier's CLS).
-    Raises ValueError (e.g. ``UnsupportedModelError``, ``TooManyTokensError``) with a message to show.
-    ``progress(done, total)``: flow's max-flow problems, one per token.
+    Raises ValueError (e.g. ``UnsupportedModelError``, ``TooManyTokens``) with a message to show, before any
+    work. ``progress(done, total)``: flow's max-flow problems, one per token; the other methods' blocks run
+    (``reported_blocks``).
     """
     from vit.explain.attention_flow import attention_flow
     from vit.explain.relevance import attnlrp, legrad, patch_sums, transformer_attribution
@@ -674,12 +692,16 @@ def model_method_map(checkpoint: Checkpoint, image: Image.Image, kind: str, clas
         check_flow_fits(model, tokens)
     device = next(model.parameters()).device
     x = preprocess([image], checkpoint.preprocessing, size, model.config.patch_size).to(device)  # (1, C, H, W)
+    L = len(model.blocks)
     if kind == "legrad":
-        result = legrad(model, x, class_index, budget=CHUNK_BYTES)
+        with reported_blocks(model, progress, L + 2):  # a forward, then its last two blocks again
+            result = legrad(model, x, class_index, budget=CHUNK_BYTES)
     elif kind == "lrp":
-        result = token_map(transformer_attribution(model, x, class_index, end_layer), query, grid, prefix)
+        with reported_blocks(model, progress, L):
+            result = token_map(transformer_attribution(model, x, class_index, end_layer), query, grid, prefix)
     elif kind == "attnlrp":
-        result = patch_sums(attnlrp(model, x, class_index), grid)
+        with reported_blocks(model, progress, L):
+            result = patch_sums(attnlrp(model, x, class_index), grid)
     elif kind == "flow":
         with torch.no_grad():
             _, attentions = model(x, output_attentions=True)
