@@ -349,3 +349,20 @@ def test_gradient_maps_report_each_block_and_stop_where_their_progress_says_so(m
 
     with pytest.raises(work.Stopped, match="its page was closed"):
         run(stop_at_the_second_block)
+
+
+def test_the_row_vector_rollout_reports_every_chunk_and_stops_where_its_progress_says_so():
+    from vit.app import work
+
+    model, hidden, attentions, grid = run(REGISTERS)
+    inputs = LayerInputs(model, hidden, grid, query_chunk=5)  # 38 tokens: 8 query chunks per layer
+    reports = []
+    row = inputs.rollout_row(0, num_prefix_tokens=3, progress=lambda done, total: reports.append((done, total)))
+    assert reports == [(0, 3)] * 8 + [(1, 3)] * 8 + [(2, 3)] * 8 + [(3, 3)]
+    torch.testing.assert_close(row, rollout(attentions, num_prefix_tokens=3)[:, 0], rtol=0, atol=1e-6)
+
+    def closed(done, total):
+        raise work.Stopped("its page was closed")
+
+    with pytest.raises(work.Stopped):
+        inputs.rollout_row(0, num_prefix_tokens=3, progress=closed)

@@ -161,3 +161,16 @@ def method_map(fingerprint: tuple, digest: str, size: InputSize, kind: str, clas
     if result is None:
         st.stop()
     return result
+
+
+def rollout_map(fingerprint: tuple, digest: str, size: InputSize, analysis: explorer.Analysis,
+                settings: explorer.MapSettings):
+    """A rollout map (``rollout``, ``probe_rollout``) built from chunks, every layer recomputed (its factors do
+    not fit the cache: seconds to minutes), as long work; the page stops below its progress until it is done."""
+    s = settings
+    result = long_work(("rollout", fingerprint, digest, size, s.kind, s.query, s.fusion, s.discard_ratio, s.end_layer),
+                       f"Computing the rollout layer by layer ({analysis.num_tokens:,} tokens)",
+                       lambda progress: explorer.rollout_map(analysis, settings, progress), "rollout", unit="layers")
+    if result is None:
+        st.stop()
+    return result

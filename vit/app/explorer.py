@@ -507,16 +507,33 @@ def factors_fit(analysis: Analysis) -> bool:
 
 
 def rollout_row(analysis: Analysis, fusion: str, discard_ratio: float, end_layer: int, query: int | None = None,
-                row: torch.Tensor | None = None) -> torch.Tensor:
+                row: torch.Tensor | None = None, progress: work.Progress | None = None) -> torch.Tensor:
     """The rollout's row for ``query`` (or ``row (1, T) @`` the rollout), ``(1, T)``: from the cached factors
-    while they fit, else by row vector from the last layer down, each layer recomputed in chunks."""
+    while they fit, else by row vector from the last layer down, each layer recomputed in chunks (kept in the
+    analysis's cache; ``progress(layers done, layers)`` after each chunk, where it may stop the work)."""
     if factors_fit(analysis):
         factors = _rollout_factors(analysis, fusion, discard_ratio, end_layer)
         return rollout_rows(factors, query) if row is None else rollout_vector(factors, row)
     inputs = _inputs(analysis)
     key = ("rollout_row", query if row is None else tuple(row.flatten().tolist()), fusion, discard_ratio, end_layer)
     return analysis.cache.get_or_compute(key, lambda: inputs.rollout_row(query, row, fusion, discard_ratio, end_layer,
-                                                                         analysis.num_prefix_tokens))
+                                                                         analysis.num_prefix_tokens, progress))
+
+
+def rollout_map(analysis: Analysis, settings: MapSettings, progress: work.Progress | None = None) -> np.ndarray:
+    """The ``(gh, gw)`` map of a ``rollout`` or ``probe_rollout`` setting (see ``rollout_row``): the page computes
+    it as long work when it is built from chunks (``factors_fit`` False), seconds to minutes."""
+    s = settings
+    if s.kind == "rollout":
+        if not 0 <= s.query < analysis.num_tokens:
+            raise ValueError(f"query token {s.query} is out of range for {analysis.num_tokens} tokens")
+        return _patch_map(rollout_row(analysis, s.fusion, s.discard_ratio, s.end_layer, s.query, progress=progress)[0],
+                          analysis)
+    if analysis.probe is None:
+        raise ValueError("this model has no attention-pooling probe; choose another map")
+    row = fuse_heads(analysis.probe[None, :, None], s.fusion)[:, 0]  # (1, T)
+    return _patch_map(rollout_row(analysis, s.fusion, s.discard_ratio, s.end_layer, row=row, progress=progress)[0],
+                      analysis)
 
 
 def token_norms(analysis: Analysis, layer: int) -> torch.Tensor:
@@ -558,9 +575,7 @@ def attention_map(analysis: Analysis, settings: MapSettings, relevance: ClassRel
             return _patch_map(rows[s.head], analysis)
         return _patch_map(fuse_heads(rows[None, :, None], s.fusion)[0, 0], analysis)  # fusing rows = row of fusion
     if s.kind == "rollout":
-        if not 0 <= s.query < analysis.num_tokens:
-            raise ValueError(f"query token {s.query} is out of range for {analysis.num_tokens} tokens")
-        return _patch_map(rollout_row(analysis, s.fusion, s.discard_ratio, s.end_layer, s.query)[0], analysis)
+        return rollout_map(analysis, s)
     if s.kind == "class":
         wanted = resolved_class(s, analysis)
         if relevance is None or relevance.class_index != wanted:
@@ -580,8 +595,7 @@ def attention_map(analysis: Analysis, settings: MapSettings, relevance: ClassRel
                     raise ValueError(f"head {s.head} is out of range for {probe.shape[0]} heads")
                 return _patch_map(probe[s.head], analysis)
             return _patch_map(fuse_heads(probe[None, :, None], s.fusion)[0, 0], analysis)
-        row = fuse_heads(probe[None, :, None], s.fusion)[:, 0]  # (1, T)
-        return _patch_map(rollout_row(analysis, s.fusion, s.discard_ratio, s.end_layer, row=row)[0], analysis)
+        return rollout_map(analysis, s)
     raise ValueError(f"unknown map kind {s.kind!r}; choose one of: {', '.join(MAP_KINDS)}")
 
 
