@@ -216,7 +216,7 @@ class Explanation:
 
 def explain(checkpoint: Checkpoint, image: ImageLike, method: str = "rollout", *, target: int | str | None = None,
             layer: int | None = None, head: int | None = None, query: int | None = None,
-            size: int | InputSize | None = None) -> Explanation:
+            size: int | InputSize | None = None, max_tokens: int | None = None) -> Explanation:
     """The ``method`` map (a key of ``methods()``) of ``image`` (a PIL image, a file, an array or a tensor: see the
     module docstring), as the explorer draws it.
 
@@ -225,7 +225,9 @@ def explain(checkpoint: Checkpoint, image: ImageLike, method: str = "rollout", *
     (``attention``, ``probe``; default the heads averaged), ``query`` (the token whose map it is: ``attention``,
     ``rollout``, ``class``, ``lrp``, ``flow``; default 0, CLS), ``target`` (the explained class, an index or a name:
     ``class``, ``legrad``, ``lrp``, ``attnlrp``; default the predicted one). ``size``: the input side in pixels
-    (default the model's own), rounded to whole patches. Raises ValueError with a message that says what to do.
+    (default the model's own), rounded to whole patches. ``max_tokens``: the explorer's token gate (default env
+    VIT_MAX_TOKENS, else 16,384), checked before any work; a larger input is refused with the work it would be.
+    Raises ValueError with a message that says what to do.
     """
     if method not in explorer.MAP_KINDS:
         raise ValueError(f"unknown method {method!r}; choose one of: {', '.join(explorer.MAP_KINDS)}")
@@ -248,7 +250,8 @@ def explain(checkpoint: Checkpoint, image: ImageLike, method: str = "rollout", *
     head = None if head is None else _index(head, H, "head", f"this model has {H} heads per layer")
     class_index = _class_index(checkpoint, target)
     image, size = _image(image), _size(size)
-    analysis = explorer.analyse(checkpoint, image, size)
+    analysis = explorer.analyse(checkpoint, image, size, max_tokens=max_tokens,
+                                allow="pass vit.explain a larger max_tokens (or set VIT_MAX_TOKENS)")
     if method not in explorer.map_kinds(analysis, bool(checkpoint.class_names)):
         raise ValueError(f"{method} does not apply to this model ({_APPLIES_TO[method]})")
     T = analysis.num_tokens
