@@ -62,6 +62,7 @@ from vit.sources import (
     import_clip,
     import_dinov3,
     import_eva,
+    import_sam,
     import_scratch,
     import_siglip,
     import_timm,
@@ -73,6 +74,7 @@ from vit.sources import (
 SUPPORTED = ("our .pt checkpoints; Hugging Face folders of " + hf.SUPPORTED + "; " + import_timm.SUPPORTED + "; "
              + import_torchvision.SUPPORTED + "; " + import_dinov3.SUPPORTED + "; " + import_clip.SUPPORTED + "; "
              + import_siglip.SUPPORTED + "; " + import_eva.SUPPORTED + "; " + import_beit.SUPPORTED + "; "
+             + import_sam.SUPPORTED + "; "
              + import_scratch.SUPPORTED + "; "
              + import_vit_pytorch.SUPPORTED)
 HF_WEIGHTS = ("model.safetensors", "pytorch_model.bin")
@@ -165,9 +167,11 @@ def timm_model_args(config_json: Mapping) -> dict:
 
 
 def timm_family(name: str):
-    """The module that reads timm architecture ``name``: DINOv3, EVA-02 (timm's Eva class), BEiT or the ViTs."""
+    """The module that reads timm architecture ``name``: DINOv3, EVA-02 (timm's Eva class), BEiT, SAM or the ViTs."""
     if import_beit.is_beit_name(name):
         return import_beit
+    if import_sam.is_sam_name(name):
+        return import_sam
     return import_dinov3 if "dinov3" in name else import_eva if import_eva.is_eva_name(name) else import_timm
 
 
@@ -390,7 +394,9 @@ HF_FAMILIES = {"dinov3_vit": (import_dinov3, ("DINOv3ViTModel",)),
                 "siglip": (import_siglip, ("SiglipModel",)),
                 "siglip_vision_model": (import_siglip, ("SiglipVisionModel",)),
                 "beit": (import_beit, ("BeitModel", "BeitForImageClassification")),
-                "data2vec-vision": (import_beit, ("Data2VecVisionModel", "Data2VecVisionForImageClassification"))}
+                "data2vec-vision": (import_beit, ("Data2VecVisionModel", "Data2VecVisionForImageClassification")),
+                "sam": (import_sam, ("SamModel",)),
+                "sam_vision_model": (import_sam, ("SamVisionModel",))}
 HF_REFUSED = {"siglip2": "SigLIP 2's NaFlex variable-resolution models (Siglip2Model) are not supported yet; its "
                           "fixed-resolution checkpoints (SiglipModel folders) are",
                "siglip2_vision_model": "SigLIP 2's NaFlex variable-resolution models are not supported yet; its "
