@@ -4,6 +4,7 @@ index, SAM's windows and their placement back on the patch grid, checked against
 import pytest
 import torch
 
+from vit.explain.attention import rollout, windows_on_grid
 from vit.model import ViT, ViTConfig, beit_relative_position_index
 
 
@@ -48,3 +49,70 @@ def test_the_fused_and_explicit_paths_add_the_same_bias(rel_pos):
     images = torch.randn(2, 3, 40, 24)
     with torch.no_grad():
         assert torch.allclose(model(images)[0], model(images, output_attentions=True)[0], atol=1e-5)
+
+
+SAM = dict(image_size=56, patch_size=8, hidden_size=16, num_layers=2, num_heads=2, mlp_size=32, num_classes=0,
+           class_token=False, pooling="avg", final_norm=False, rel_pos="sam", window_size=3, global_layers=(1,))
+
+
+def test_windows_are_placed_on_the_grid_where_a_hand_loop_puts_them():
+    # A 5 x 4 grid in windows of 3: padded to 6 x 6, 2 x 2 windows; the right and bottom windows hold padding.
+    gh, gw, w = 5, 4, 3
+    attn = torch.rand(2 * 4, 3, w * w, w * w)  # (B * nw, H, n, n), every entry distinct
+    dense = windows_on_grid(attn, (gh, gw), w)
+    expected = torch.zeros(2, 3, gh * gw, gh * gw)
+    for b in range(2):
+        for wy in range(2):
+            for wx in range(2):
+                for i in range(w * w):
+                    for j in range(w * w):
+                        (qy, qx), (ky, kx) = (wy * w + i // w, wx * w + i % w), (wy * w + j // w, wx * w + j % w)
+                        if max(qy, ky) < gh and max(qx, kx) < gw:
+                            expected[b, :, qy * gw + qx, ky * gw + kx] = attn[b * 4 + wy * 2 + wx, :, i, j]
+    assert torch.equal(dense, expected)
+
+
+def test_a_patch_attends_exactly_to_its_own_window_and_rollout_keeps_it_there():
+    model = noised(ViTConfig(**SAM))
+    images = torch.randn(1, 3, 56, 48)  # a 7 x 6 grid: windows of rows 0-2, 3-5, 6 and columns 0-2, 3-5
+    from vit.explain.hidden import block_attention
+
+    with torch.no_grad():
+        x = model.embed(images)
+        placed = block_attention(model, 0, x, (7, 6))  # (1, H, 42, 42)
+        _, (windowed,) = model.run_blocks(x, (7, 6), 0, 1, output_attentions=True)
+    query = 4 * 6 + 2  # patch (4, 2): window rows 3-5, columns 0-2
+    window = {r * 6 + c for r in range(3, 6) for c in range(0, 3)}
+    assert {int(t) for t in placed[0, 0, query].nonzero()} == window
+    assert torch.allclose(placed[0, :, query].sum(-1), torch.ones(2))  # a window without padding: rows sum to 1
+    # patch (4, 2) is slot (1, 2) of window (1, 0), the third of the 3 x 2 windows
+    assert torch.allclose(placed[0, :, query, sorted(window)], windowed[1 * 2 + 0, :, 1 * 3 + 2])
+    row = rollout([placed])[0, query]  # one windowed layer: 0.5 (A + I), renormalised, stays in the window
+    assert {int(t) for t in row.nonzero()} == window
+
+
+def test_chunked_views_read_the_placed_layer_and_q_k_shortcuts_refuse_in_one_line():
+    from vit.explain.chunked import LayerInputs
+    from vit.explain.hidden import block_attention, queries_and_keys
+
+    model = noised(ViTConfig(**SAM))
+    with torch.no_grad():
+        x = model.embed(torch.randn(1, 3, 56, 56))
+        hidden = torch.stack([x, model.run_blocks(x, (7, 7), 0, 1)[0]], dim=1)  # (1, 2, T, D): inputs of layers 0, 1
+        rows = LayerInputs(model, hidden, (7, 7)).rows(0, [10, 20], [1])
+        assert torch.allclose(rows, block_attention(model, 0, x, (7, 7))[:, [1]][:, :, [10, 20]])
+    with pytest.raises(ValueError, match="windows") as error:
+        queries_and_keys(model, 0, x, (7, 7))
+    assert "\n" not in str(error.value)
+
+
+def test_flow_on_a_windowed_model_reads_the_placed_windows():
+    from vit.explain.attention_flow import attention_flow
+    from vit.explain.hidden import placed_attentions
+
+    model = noised(ViTConfig(**SAM))
+    with torch.no_grad():
+        _, attentions = model(torch.randn(1, 3, 56, 56), output_attentions=True)
+    placed = placed_attentions(model, attentions, (7, 7))
+    assert [tuple(a.shape) for a in placed] == [(1, 2, 49, 49)] * 2
+    assert attention_flow(placed, query=24).shape == (1, 49)
