@@ -44,7 +44,7 @@ from vit.explain.attention import (
     token_map,
 )
 from vit.explain.chunked import LayerInputs, gradient_bytes, largest_tokens
-from vit.explain.hidden import LayerAttentions, forward_with_hidden_states
+from vit.explain.hidden import LayerAttentions, forward_with_hidden_states, placed_attentions
 from vit.explain.overlay import attentions_npz_bytes
 from vit.images import ImageError, to_mode, to_uint8
 from vit.inference import (
@@ -719,6 +719,7 @@ def model_method_map(checkpoint: Checkpoint, image: Image.Image, kind: str, clas
     elif kind == "flow":
         with torch.no_grad():
             _, attentions = model(x, output_attentions=True)
+        attentions = placed_attentions(model, attentions, grid)
         result = attention_flow(attentions, query, fusion, end_layer, progress=progress)[:, prefix:].reshape(1, *grid)
     else:
         raise ValueError(f"{kind!r} is not one of {', '.join(METHOD_MAP_KINDS)}")

@@ -21,7 +21,7 @@ import torch
 from torch import Tensor, nn
 
 from vit.explain.attention import _check_fusion, patch_centres, rollout_factor_rows
-from vit.explain.hidden import queries_keys_values
+from vit.explain.hidden import block_attention, layout_problem, queries_keys_values
 
 CHUNK_BYTES = 256 * 2**20  # the most one chunk's scores may hold (with _COPIES): the memory bound
 # On a CPU a chunk of about a core's L2 cache is what the matmul, softmax and sums run fastest on: ~2x faster per
@@ -133,8 +133,24 @@ class LayerInputs:
     def chunks(self, layer: int, heads: Sequence[int] | None = None, queries: Sequence[int] | None = None
                ) -> Iterator[tuple[Tensor, Tensor, Tensor]]:
         """``attention_chunks`` of layer ``layer``."""
+        if layout_problem(self.model):  # a bias or windows: chunks of the exact layer, placed on the patch grid
+            yield from self._layer_chunks(layer, heads, queries)
+            return
         q, k = self.queries_and_keys(layer)
         yield from attention_chunks(q, k, heads, queries, self.head_chunk, self.query_chunk, self.budget)
+
+    def _layer_chunks(self, layer: int, heads: Sequence[int] | None, queries: Sequence[int] | None
+                      ) -> Iterator[tuple[slice, slice, Tensor]]:
+        """``chunks`` from the whole layer (``hidden.block_attention``): one chunk of every head and query."""
+        layer = self._layer(layer)
+        with torch.inference_mode():
+            probs = block_attention(self.model, layer, self._input(layer), self.grid).float()  # (B, H, T, T)
+        heads = list(range(probs.shape[1])) if heads is None else [int(h) for h in heads]
+        queries = list(range(probs.shape[2])) if queries is None else [int(t) for t in queries]
+        if not all(0 <= h < probs.shape[1] for h in heads) or not all(0 <= t < probs.shape[2] for t in queries):
+            raise ValueError(f"heads {heads} or queries out of range for {probs.shape[1]} heads, "
+                             f"{probs.shape[2]} tokens")
+        yield slice(0, len(heads)), slice(0, len(queries)), _take(_take(probs, 1, heads), 2, queries)
 
     def rows(self, layer: int, queries: Sequence[int], heads: Sequence[int] | None = None) -> Tensor:
         """What each of ``queries`` attends to in layer ``layer``: ``(B, heads, queries, T)`` float32 (one head's

@@ -59,9 +59,11 @@ from vit.runfiles import BEST_CHECKPOINT, LAST_CHECKPOINT, STATUS_FILE
 from vit.sources import (
     hf,
     hub,
+    import_beit,
     import_clip,
     import_dinov3,
     import_eva,
+    import_sam,
     import_scratch,
     import_siglip,
     import_timm,
@@ -72,7 +74,9 @@ from vit.sources import (
 
 SUPPORTED = ("our .pt checkpoints; Hugging Face folders of " + hf.SUPPORTED + "; " + import_timm.SUPPORTED + "; "
              + import_torchvision.SUPPORTED + "; " + import_dinov3.SUPPORTED + "; " + import_clip.SUPPORTED + "; "
-             + import_siglip.SUPPORTED + "; " + import_eva.SUPPORTED + "; " + import_scratch.SUPPORTED + "; "
+             + import_siglip.SUPPORTED + "; " + import_eva.SUPPORTED + "; " + import_beit.SUPPORTED + "; "
+             + import_sam.SUPPORTED + "; "
+             + import_scratch.SUPPORTED + "; "
              + import_vit_pytorch.SUPPORTED)
 HF_WEIGHTS = ("model.safetensors", "pytorch_model.bin")
 OPEN_CLIP_CONFIG = "open_clip_config.json"
@@ -164,7 +168,11 @@ def timm_model_args(config_json: Mapping) -> dict:
 
 
 def timm_family(name: str):
-    """The module that reads timm architecture ``name``: DINOv3 and EVA-02 (timm's Eva class) or the ViTs."""
+    """The module that reads timm architecture ``name``: DINOv3, EVA-02 (timm's Eva class), BEiT, SAM or the ViTs."""
+    if import_beit.is_beit_name(name):
+        return import_beit
+    if import_sam.is_sam_name(name):
+        return import_sam
     return import_dinov3 if "dinov3" in name else import_eva if import_eva.is_eva_name(name) else import_timm
 
 
@@ -306,6 +314,8 @@ def _default_preprocessing(config: ViTConfig, architecture: str) -> Preprocessin
                              crop_rule="transformers")
     if architecture.startswith("Siglip"):  # SiglipImageProcessor: 224 square, bilinear, mean/std 0.5
         return Preprocessing(side, channels, (0.5,) * channels, (0.5,) * channels, resample="bilinear")
+    if architecture.startswith(("Beit", "Data2VecVision")):  # BeitImageProcessor: 224 square, bicubic, mean/std 0.5
+        return Preprocessing(side, channels, (0.5,) * channels, (0.5,) * channels, resample="bicubic")
     if architecture.startswith("DeiT"):
         return Preprocessing(side, channels, IMAGENET_MEAN[:channels], IMAGENET_STD[:channels],
                              resize_size=side * 256 // 224, resize_mode="square", resample="bicubic",
@@ -383,7 +393,11 @@ HF_FAMILIES = {"dinov3_vit": (import_dinov3, ("DINOv3ViTModel",)),
                 "clip": (import_clip, ("CLIPModel",)),
                 "clip_vision_model": (import_clip, ("CLIPVisionModel", "CLIPVisionModelWithProjection")),
                 "siglip": (import_siglip, ("SiglipModel",)),
-                "siglip_vision_model": (import_siglip, ("SiglipVisionModel",))}
+                "siglip_vision_model": (import_siglip, ("SiglipVisionModel",)),
+                "beit": (import_beit, ("BeitModel", "BeitForImageClassification")),
+                "data2vec-vision": (import_beit, ("Data2VecVisionModel", "Data2VecVisionForImageClassification")),
+                "sam": (import_sam, ("SamModel",)),
+                "sam_vision_model": (import_sam, ("SamVisionModel",))}
 HF_REFUSED = {"siglip2": "SigLIP 2's NaFlex variable-resolution models (Siglip2Model) are not supported yet; its "
                           "fixed-resolution checkpoints (SiglipModel folders) are",
                "siglip2_vision_model": "SigLIP 2's NaFlex variable-resolution models are not supported yet; its "
@@ -414,8 +428,8 @@ def open_hf_family(folder: Path, config_json: dict, map_location: str | torch.de
     model = build_model(config, ours, origin, map_location)
     processor_path = folder / "preprocessor_config.json"
     processor = read_json(processor_path) if processor_path.is_file() else None
-    return _finish(model, default_class_names(0), hf_preprocessing(processor, config, architecture), folder, "hf",
-                   f"hf:{architecture}")
+    return _finish(model, hf_class_names(config_json, config.num_classes),
+                   hf_preprocessing(processor, config, architecture), folder, "hf", f"hf:{architecture}")
 
 
 def open_hf_folder(folder: Path, config_json: dict, map_location: str | torch.device = "cpu") -> Checkpoint:
