@@ -116,3 +116,79 @@ def test_flow_on_a_windowed_model_reads_the_placed_windows():
     placed = placed_attentions(model, attentions, (7, 7))
     assert [tuple(a.shape) for a in placed] == [(1, 2, 49, 49)] * 2
     assert attention_flow(placed, query=24).shape == (1, 49)
+
+
+def _no_placement(monkeypatch):
+    """Make placing a whole windowed layer on the grid (T x T per head) an error: the views must not do it."""
+    def refuse(*args, **kwargs):
+        raise AssertionError("a view placed a whole windowed layer on the grid")
+    monkeypatch.setattr("vit.explain.hidden.windows_on_grid", refuse)
+
+
+@pytest.mark.parametrize("fusion, discard", [("mean", 0.0), ("max", 0.0), ("mean", 0.5)])
+def test_the_chunked_rollout_row_of_a_windowed_model_is_the_dense_rollout_of_its_placed_attentions(
+        monkeypatch, fusion, discard):
+    from vit.explain.chunked import LayerInputs
+    from vit.explain.hidden import forward_with_hidden_states, placed_attentions
+
+    model = noised(ViTConfig(**{**SAM, "num_layers": 3, "global_layers": (1,)}))
+    images = torch.randn(1, 3, 56, 48)  # a 7 x 6 grid: windows of 3 with padding at the bottom and the right
+    with torch.no_grad():
+        _, attentions = model(images, output_attentions=True)
+        _, hidden = forward_with_hidden_states(model, images)
+    dense = rollout(placed_attentions(model, attentions, (7, 6)), fusion, discard, num_prefix_tokens=0)  # (1, T, T)
+    _no_placement(monkeypatch)
+    inputs = LayerInputs(model, hidden, (7, 6), query_chunk=5)
+    for query in (0, 4 * 6 + 2, 41):  # a corner, an inner window, the padded corner window
+        assert torch.allclose(inputs.rollout_row(query, fusion=fusion, discard_ratio=discard, num_prefix_tokens=0),
+                              dense[:, query], atol=1e-6)
+
+
+def test_views_of_a_windowed_layer_read_the_query_row_from_its_window(monkeypatch):
+    from vit.cache import ByteCache
+    from vit.explain.chunked import LayerInputs
+    from vit.explain.hidden import LayerAttentions, block_attention, forward_with_hidden_states
+
+    model = noised(ViTConfig(**SAM))
+    with torch.no_grad():
+        _, hidden = forward_with_hidden_states(model, torch.randn(1, 3, 56, 48))
+        expected = [block_attention(model, i, hidden[:, i], (7, 6))[0, :, 26] for i in range(2)]  # (H, T) each
+    _no_placement(monkeypatch)
+    rows = LayerAttentions(model, hidden[0], ByteCache(2**20), (7, 6)).rows(26)  # (L, H, T)
+    assert torch.allclose(rows, torch.stack(expected), atol=1e-6)
+    inputs = LayerInputs(model, hidden, (7, 6), query_chunk=4)
+    assert torch.allclose(inputs.rows(0, [26, 3, 40], [1])[0, 0, 0], expected[0][1], atol=1e-6)
+    assert torch.allclose(inputs.fused(0, 26)[0], expected[0].mean(0), atol=1e-6)
+
+
+def test_sam_b_at_1024_px_is_within_the_memory_bound_and_a_query_row_reads_only_its_window(monkeypatch):
+    from types import SimpleNamespace
+
+    from vit.app.explorer import check_input_fits
+    from vit.explain import chunked
+
+    sam_b = dict(image_size=1024, patch_size=16, hidden_size=768, num_heads=12, mlp_size=3072, num_classes=0,
+                 class_token=False, pooling="avg", final_norm=False, rel_pos="sam", window_size=14)
+    config = ViTConfig(**sam_b, num_layers=12, global_layers=(2, 5, 8, 11))
+    check_input_fits(SimpleNamespace(model=SimpleNamespace(config=config, num_prefix_tokens=0)), (64, 64))
+    torch.manual_seed(0)
+    model = ViT(ViTConfig(**sam_b, num_layers=1)).eval()  # one windowed layer of SAM ViT-B, random weights
+    formed = []
+
+    def recorded(*args):
+        formed.append(layer_pattern(*args))
+        return formed[-1]
+
+    layer_pattern = chunked.layer_pattern
+    monkeypatch.setattr(chunked, "layer_pattern", recorded)
+    _no_placement(monkeypatch)
+    inputs = chunked.LayerInputs(model, torch.randn(1, 2, 4096, 768), (64, 64))
+    for (r, c), (wy, wx) in [((30, 45), (2, 3)), ((60, 61), (4, 4))]:  # the 64 x 64 grid padded to 5 x 5 windows
+        row = inputs.rows(0, [r * 64 + c], [3])[0, 0, 0]  # (4096,)
+        window = formed[-1][wy * 5 + wx, 3, (r - 14 * wy) * 14 + c - 14 * wx]  # (196,): the query's slot
+        assert formed[-1].shape == (25, 12, 196, 196)  # windows only: 46 MB, not 12 x 4096² (805 MB)
+        keys = [(14 * wy + i) * 64 + 14 * wx + j for i in range(14) for j in range(14)
+                if 14 * wy + i < 64 and 14 * wx + j < 64]
+        slots = [i * 14 + j for i in range(14) for j in range(14) if 14 * wy + i < 64 and 14 * wx + j < 64]
+        assert torch.equal(row[keys], window[slots].float())
+        assert row.count_nonzero() == len(keys) and row.sum() <= 1

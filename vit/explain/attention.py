@@ -17,25 +17,72 @@ from torch import Tensor
 HEAD_FUSIONS = ("mean", "max", "min")
 
 
+def window_tokens(grid: tuple[int, int], window: int) -> Tensor:
+    """``(nw, w*w)``: the patch token each window slot holds (``vit.model.window_partition``'s order: windows
+    row-major over the grid padded to a multiple of ``window``, slots row-major inside), ``gh * gw`` for padding."""
+    gh, gw = grid
+    rows, cols = -(-gh // window), -(-gw // window)  # windows per column and per row
+    r = torch.arange(rows * window).view(rows, 1, window, 1)  # each window slot's patch row and column
+    c = torch.arange(cols * window).view(1, cols, 1, window)
+    return torch.where((r < gh) & (c < gw), r * gw + c, gh * gw).reshape(rows * cols, window * window)
+
+
+def _check_windows(attn: Tensor, grid: tuple[int, int], window: int) -> int:
+    """The batch size of a windowed layer's attention ``(B * nw, H, w*w, w*w)``; ValueError for another shape."""
+    gh, gw = grid
+    nw, n = -(-gh // window) * -(-gw // window), window * window
+    if attn.dim() != 4 or attn.shape[0] % nw or attn.shape[2:] != (n, n):
+        raise ValueError(f"expected windowed attention (B * {nw}, H, {n}, {n}) for a {gh}x{gw} grid in windows of "
+                         f"{window}, got {tuple(attn.shape)}")
+    return attn.shape[0] // nw
+
+
 def windows_on_grid(attn: Tensor, grid: tuple[int, int], window: int) -> Tensor:
     """A windowed layer's attention ``(B * nw, H, w*w, w*w)`` (SAM / ViTDet: windows row-major over the grid padded
     to a multiple of ``window``, ``vit.model.window_partition``'s order) -> ``(B, H, T, T)`` on the full patch grid
     (``T = gh * gw``): each query's row placed on its window's patches, zero outside it. Padding tokens are dropped,
     so a row of a window that covers padding sums to the share its real patches got (below 1)."""
-    gh, gw = grid
-    rows, cols = -(-gh // window), -(-gw // window)  # windows per column and per row
-    nw, n, T = rows * cols, window * window, gh * gw
-    H = attn.shape[1]
-    if attn.dim() != 4 or attn.shape[0] % nw or attn.shape[2:] != (n, n):
-        raise ValueError(f"expected windowed attention (B * {nw}, H, {n}, {n}) for a {gh}x{gw} grid in windows of "
-                         f"{window}, got {tuple(attn.shape)}")
-    B = attn.shape[0] // nw
-    r = torch.arange(rows * window).view(rows, 1, window, 1)  # each window slot's patch row and column
-    c = torch.arange(cols * window).view(1, cols, 1, window)
-    token = torch.where((r < gh) & (c < gw), r * gw + c, T).reshape(nw, n)  # (nw, n): padding -> T, dropped below
+    B = _check_windows(attn, grid, window)
+    token = window_tokens(grid, window)  # (nw, n): padding -> T, dropped below
+    (nw, n), T, H = token.shape, grid[0] * grid[1], attn.shape[1]
     dense = attn.new_zeros(B, H, T + 1, T + 1)
     dense[:, :, token[:, :, None], token[:, None, :]] = attn.view(B, nw, H, n, n).transpose(1, 2)  # (B, H, nw, n, n)
     return dense[:, :, :T, :T]
+
+
+def window_rows(attn: Tensor, grid: tuple[int, int], window: int, queries: Sequence[int]) -> Tensor:
+    """Rows ``queries`` of ``windows_on_grid(attn, grid, window)``, ``(B, H, q, T)``, read from each query's own
+    window only: ``q x T`` values formed, never ``T x T``."""
+    B = _check_windows(attn, grid, window)
+    token = window_tokens(grid, window)  # (nw, n)
+    (nw, n), T, H = token.shape, grid[0] * grid[1], attn.shape[1]
+    queries = torch.as_tensor(list(queries), dtype=torch.long)
+    if queries.numel() and not (0 <= int(queries.min()) and int(queries.max()) < T):
+        raise ValueError(f"query tokens out of range for {T} patches")
+    slot_of = torch.empty(T + 1, dtype=torch.long)
+    slot_of[token.flatten()] = torch.arange(nw * n)  # each patch's window * n + slot (padding's entry unused)
+    slot = slot_of[queries]  # (q,)
+    rows = attn.view(B, nw, H, n, n).permute(1, 3, 0, 2, 4)[slot // n, slot % n]  # (q, B, H, n)
+    out = attn.new_zeros(B, H, len(queries), T + 1)
+    keys = token[slot // n].to(attn.device)  # (q, n): each query's window's tokens
+    out.scatter_(-1, keys.expand(B, H, -1, -1), rows.permute(1, 2, 0, 3))  # (B, H, q, n) -> (B, H, q, T + 1)
+    return out[..., :T]
+
+
+def window_rollout_step(row: Tensor, fused: Tensor, grid: tuple[int, int], window: int) -> Tensor:
+    """``row (B, T) @`` a windowed layer's rollout factor (``rollout_factor_rows`` of its placed, fused attention,
+    no discard), from its fused windows ``(B * nw, w*w, w*w)``: the factor is block-diagonal, so each window's
+    ``w*w`` block is applied to the row's entries in that window (``T x w*w`` work, not ``T²``)."""
+    B = _check_windows(fused[:, None], grid, window)
+    token = window_tokens(grid, window).to(fused.device)  # (nw, n)
+    (nw, n), T = token.shape, grid[0] * grid[1]
+    a = fused.to(_compute_dtype(fused)).view(B, nw, n, n) * (token < T)[None, :, None, :]  # padding keys dropped
+    a = a + torch.eye(n, dtype=a.dtype, device=a.device)  # the residual
+    a = a / a.sum(dim=-1, keepdim=True)
+    v = torch.cat([row.to(a.dtype), row.new_zeros(B, 1).to(a.dtype)], dim=1)[:, token]  # (B, nw, n): padding 0
+    out = a.new_zeros(B, T + 1)
+    out[:, token.flatten()] = (v[:, :, None, :] @ a)[:, :, 0].flatten(1)  # (B, nw * n); padding lands on T
+    return out[:, :T]
 
 
 def _check_tokens(attn: Tensor, grid: tuple[int, int], num_prefix_tokens: int) -> None:

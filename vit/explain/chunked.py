@@ -20,8 +20,15 @@ from collections.abc import Callable, Iterator, Sequence
 import torch
 from torch import Tensor, nn
 
-from vit.explain.attention import _check_fusion, patch_centres, rollout_factor_rows
-from vit.explain.hidden import block_attention, layout_problem, queries_keys_values
+from vit.explain.attention import (
+    _check_fusion,
+    fuse_heads,
+    patch_centres,
+    rollout_factor_rows,
+    window_rollout_step,
+    window_rows,
+)
+from vit.explain.hidden import layer_pattern, layout_problem, queries_keys_values
 
 CHUNK_BYTES = 256 * 2**20  # the most one chunk's scores may hold (with _COPIES): the memory bound
 # On a CPU a chunk of about a core's L2 cache is what the matmul, softmax and sums run fastest on: ~2x faster per
@@ -141,16 +148,31 @@ class LayerInputs:
 
     def _layer_chunks(self, layer: int, heads: Sequence[int] | None, queries: Sequence[int] | None
                       ) -> Iterator[tuple[slice, slice, Tensor]]:
-        """``chunks`` from the whole layer (``hidden.block_attention``): one chunk of every head and query."""
+        """``chunks`` from the layer as it forms its attention (``hidden.layer_pattern``): a global layer's in one
+        chunk; a windowed layer's (``H x T x w*w`` values) in query chunks of the budget, each row placed on the
+        patch grid from its window (``attention.window_rows``)."""
         layer = self._layer(layer)
         with torch.inference_mode():
-            probs = block_attention(self.model, layer, self._input(layer), self.grid).float()  # (B, H, T, T)
-        heads = list(range(probs.shape[1])) if heads is None else [int(h) for h in heads]
-        queries = list(range(probs.shape[2])) if queries is None else [int(t) for t in queries]
-        if not all(0 <= h < probs.shape[1] for h in heads) or not all(0 <= t < probs.shape[2] for t in queries):
-            raise ValueError(f"heads {heads} or queries out of range for {probs.shape[1]} heads, "
-                             f"{probs.shape[2]} tokens")
-        yield slice(0, len(heads)), slice(0, len(queries)), _take(_take(probs, 1, heads), 2, queries)
+            probs = layer_pattern(self.model, layer, self._input(layer), self.grid).float()
+        H, T, window = probs.shape[1], self.num_tokens, self._window(layer)
+        heads = list(range(H)) if heads is None else [int(h) for h in heads]
+        queries = list(range(T)) if queries is None else [int(t) for t in queries]
+        if not all(0 <= h < H for h in heads) or not all(0 <= t < T for t in queries):
+            raise ValueError(f"heads {heads} or queries out of range for {H} heads, {T} tokens")
+        probs = _take(probs, 1, heads)
+        if not window:
+            yield slice(0, len(heads)), slice(0, len(queries)), _take(probs, 2, queries)
+            return
+        # every chunk holds all the heads asked for: their rows count as the batch
+        step = self.query_chunk or chunk_sizes(1, T, self.budget, self.hidden.shape[0] * len(heads),
+                                               _target(probs.device))[1]
+        for t0 in range(0, len(queries), step):
+            ts = slice(t0, min(t0 + step, len(queries)))
+            yield slice(0, len(heads)), ts, window_rows(probs, self.grid, window, queries[ts])
+
+    def _window(self, layer: int) -> int:
+        """The window side of layer ``layer`` (0: global)."""
+        return getattr(self.model.blocks[layer], "window", 0)
 
     def rows(self, layer: int, queries: Sequence[int], heads: Sequence[int] | None = None) -> Tensor:
         """What each of ``queries`` attends to in layer ``layer``: ``(B, heads, queries, T)`` float32 (one head's
@@ -242,6 +264,13 @@ class LayerInputs:
         v = row.float().cpu().expand(B, T)
         top = self._layer(end_layer)
         for layer in range(top, -1, -1):
+            if self._window(layer) and discard_ratio == 0:  # block-diagonal: each window's block on its tokens
+                with torch.inference_mode():
+                    probs = layer_pattern(self.model, layer, self._input(layer), self.grid)  # (B * nw, H, n, n)
+                v = window_rollout_step(v, fuse_heads(probs.float(), fusion).cpu(), self.grid, self._window(layer))
+                if progress is not None:
+                    progress(top - layer, top + 1)
+                continue
             out = torch.zeros(B, T)
             for ts, fused in self.fused_rows(layer, None, fusion):  # queries[ts] are tokens ts.start..
                 factor = rollout_factor_rows(fused.cpu(), ts.start, discard_ratio, num_prefix_tokens)  # (B, t, T)

@@ -16,7 +16,7 @@ import torch
 from torch import Tensor, nn
 
 from vit.cache import ByteCache
-from vit.explain.attention import windows_on_grid
+from vit.explain.attention import window_rows, windows_on_grid
 
 
 def residual_names(num_layers: int) -> list[str]:
@@ -50,9 +50,38 @@ def block_attention(model: nn.Module, layer: int, block_input: Tensor, grid: tup
     """Layer ``layer``'s post-softmax attention ``(B, H, T, T)``: that block run on its input ``(B, T, D)``
     (``grid``: the input's patch grid, for a model with rotary positions or an attention layout). A windowed
     layer's windows are placed on the full grid (``attention.windows_on_grid``: zero outside each query's window)."""
-    _, (probs,) = model.run_blocks(block_input, grid, layer, layer + 1, output_attentions=True)
+    probs = layer_pattern(model, layer, block_input, grid)
     window = getattr(model.blocks[layer], "window", 0)
     return windows_on_grid(probs, grid, window) if window else probs
+
+
+def layer_pattern(model: nn.Module, layer: int, block_input: Tensor, grid: tuple[int, int] | None = None
+                  ) -> Tensor:
+    """Layer ``layer``'s attention as the layer forms it, read at ``attn.hook_pattern`` (the block stops there):
+    ``(B, H, T, T)``, a windowed layer's ``(B * nw, H, w*w, w*w)`` (``H x T x w*w`` values, not ``H x T²``)."""
+    kept: list[Tensor] = []
+
+    def stop(x: Tensor, hook) -> None:
+        kept.append(x)
+        raise _Enough
+
+    try:
+        with model.hooks([(f"blocks.{layer}.attn.hook_pattern", stop)]):
+            model.run_blocks(block_input, grid, layer, layer + 1)
+    except _Enough:
+        pass
+    return kept[0]
+
+
+def layer_rows(model: nn.Module, layer: int, block_input: Tensor, grid: tuple[int, int] | None,
+               queries: Sequence[int]) -> Tensor:
+    """Rows ``queries`` of ``block_attention``, ``(B, H, q, T)``: a windowed layer's from each query's window
+    (``attention.window_rows``), never its ``T x T`` placement."""
+    probs = layer_pattern(model, layer, block_input, grid)
+    window = getattr(model.blocks[layer], "window", 0)
+    if window:
+        return window_rows(probs, grid, window, queries)
+    return probs[:, :, list(queries)]
 
 
 def placed_attentions(model: nn.Module, attentions: Sequence[Tensor], grid: tuple[int, int]) -> tuple[Tensor, ...]:
@@ -152,8 +181,11 @@ class LayerAttentions(Sequence[Tensor]):
         T = self.hidden.shape[1]
         if not 0 <= query < T:
             raise ValueError(f"query token {query} is out of range for {T} tokens")
-        if layout_problem(self.model):  # biases and windows: rows of the exact (placed) layers
-            return torch.stack([self[layer][0, :, query] for layer in range(len(self))])
+        if layout_problem(self.model):  # biases and windows: rows of the exact layers, windowed ones per window
+            device = next(self.model.parameters()).device
+            with torch.inference_mode():
+                return torch.stack([layer_rows(self.model, layer, self.hidden[layer][None].to(device), self.grid,
+                                               [query])[0, :, 0].float().cpu() for layer in range(len(self))])
         rows = []
         for layer in range(len(self)):
             qk = self.cache.get_or_compute(("qk", layer), lambda layer=layer: self._queries_and_keys(layer))
