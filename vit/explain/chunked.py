@@ -28,7 +28,7 @@ from vit.explain.attention import (
     window_rollout_step,
     window_rows,
 )
-from vit.explain.hidden import layer_pattern, layout_problem, queries_keys_values
+from vit.explain.hidden import layer_pattern, layer_values, layout_problem, queries_keys_values
 
 CHUNK_BYTES = 256 * 2**20  # the most one chunk's scores may hold (with _COPIES): the memory bound
 # On a CPU a chunk of about a core's L2 cache is what the matmul, softmax and sums run fastest on: ~2x faster per
@@ -130,6 +130,12 @@ class LayerInputs:
         layer = self._layer(layer)
         with torch.inference_mode():
             return queries_keys_values(self.model, layer, self._input(layer), self.grid)
+
+    def values(self, layer: int) -> Tensor:
+        """Layer ``layer``'s values ``(B, H, T, hd)``, each token's on its own position (``hidden.layer_values``)."""
+        layer = self._layer(layer)
+        with torch.inference_mode():
+            return layer_values(self.model, layer, self._input(layer), self.grid)
 
     def _input(self, layer: int) -> Tensor:
         """Block ``layer``'s input ``(B, T, D)`` on the model's device and in its dtype (``layer = L``: the last

@@ -17,6 +17,7 @@ from torch import Tensor, nn
 
 from vit.cache import ByteCache
 from vit.explain.attention import window_rows, windows_on_grid
+from vit.model import window_unpartition
 
 
 def residual_names(num_layers: int) -> list[str]:
@@ -82,6 +83,29 @@ def layer_rows(model: nn.Module, layer: int, block_input: Tensor, grid: tuple[in
     if window:
         return window_rows(probs, grid, window, queries)
     return probs[:, :, list(queries)]
+
+
+def layer_values(model: nn.Module, layer: int, block_input: Tensor, grid: tuple[int, int] | None = None) -> Tensor:
+    """Layer ``layer``'s values ``(B, H, T, hd)``, read at ``attn.hook_v`` (the block stops there), each token's on
+    its own position: a windowed layer's windows ``(B * nw, H, w*w, hd)`` are put back on the grid, padding dropped."""
+    kept: list[Tensor] = []
+
+    def stop(x: Tensor, hook) -> None:
+        kept.append(x)
+        raise _Enough
+
+    try:
+        with model.hooks([(f"blocks.{layer}.attn.hook_v", stop)]):
+            model.run_blocks(block_input, grid, layer, layer + 1)
+    except _Enough:
+        pass
+    v = kept[0]
+    window = getattr(model.blocks[layer], "window", 0)
+    if not window:
+        return v
+    _, H, n, hd = v.shape
+    v = window_unpartition(v.transpose(1, 2).reshape(-1, n, H * hd), grid, window)  # (B, T, H * hd)
+    return v.view(v.shape[0], -1, H, hd).transpose(1, 2)  # (B, H, T, hd)
 
 
 def placed_attentions(model: nn.Module, attentions: Sequence[Tensor], grid: tuple[int, int]) -> tuple[Tensor, ...]:

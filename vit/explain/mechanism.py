@@ -34,8 +34,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from vit.bounds import forward_flops
-from vit.explain.chunked import LayerInputs, attention_chunks
-from vit.explain.hidden import forward_with_hidden_states
+from vit.explain.chunked import LayerInputs
+from vit.explain.hidden import forward_with_hidden_states, layout_problem
 from vit.model import ViT
 
 # While a page follows a grid, its Stop (or a closed tab) is heard between batches: one batch holds at most this much
@@ -317,6 +317,7 @@ def mean_contexts(model: ViT, images: Tensor) -> Tensor:
     """Each layer's per-head context averaged over ``images``: ``(L, T, H, hd)``, per token position (what
     mean ablation puts in place of a head's output)."""
     check_supported(model)
+    _check_mean_ablation(model)
     L = len(model.blocks)
     cache: dict[str, Tensor] = {}
     with torch.no_grad(), model.hooks([(f"blocks.{layer}.attn.hook_z", _keep(cache)) for layer in range(L)]):
@@ -324,11 +325,20 @@ def mean_contexts(model: ViT, images: Tensor) -> Tensor:
     return torch.stack([cache[f"blocks.{layer}.attn.hook_z"].mean(dim=0) for layer in range(L)])
 
 
+def _check_mean_ablation(model: ViT) -> None:
+    if model.config.window_size:
+        raise MechanismError("mean ablation puts a head's mean output at each token position, and this model's "
+                             "windowed layers (SAM / ViTDet) compute theirs per window, which it does not support "
+                             "yet; zero-ablate instead")
+
+
 def _check_ablation(model: ViT, mode: str, means: Tensor | None) -> None:
     """MechanismError unless ``mode`` is an ablation and, for ``"mean"``, ``means`` are ``mean_contexts`` of this
     model's shape ``(L, T, H, hd)``; the token count ``T`` is checked against the input where it is used."""
     if mode not in ABLATION_MODES:
         raise MechanismError(f"unknown ablation {mode!r}; choose zero or mean")
+    if mode == "mean":
+        _check_mean_ablation(model)
     L, H, hd = _dims(model)
     if mode == "mean" and (means is None or means.dim() != 4 or means.shape[0] != L or means.shape[2:] != (H, hd)):
         raise MechanismError(f"mean ablation needs the reference images' mean_contexts, (layers {L}, tokens, "
@@ -666,21 +676,24 @@ class Sinks:
 
 def sink_stats(model: ViT, states: Tensor, grid: tuple[int, int] | None = None) -> Sinks:
     """Attention sinks from the hidden states ``(B, L + 1, T, D)`` on the patch ``grid`` (needed by models with
-    rotary positions): each layer's attention summed over queries in head and query chunks
-    (``chunked.attention_chunks``), never a whole ``H x T x T`` layer."""
+    rotary positions or an attention layout): each layer's attention summed over queries in head and query chunks
+    (``LayerInputs.chunks``: the layer's own, bias and windows included), never a whole ``H x T x T`` layer."""
     check_supported(model)
     if grid is None and model.config.rope != "none":
         raise MechanismError("this model turns q and k by rotary positions, so the patch grid must be given")
+    if grid is None and layout_problem(model):
+        raise MechanismError(f"this model {layout_problem(model)}, so the patch grid must be given")
     B, S, T, D = states.shape
     L, H, hd = _dims(model)
     inputs = LayerInputs(model, states, grid)
     tokens, masses, norms = [], [], []
     with torch.no_grad():
         for layer in range(L):
-            q, k, v = inputs.queries_keys_values(layer)  # (B, H, T, hd) each
-            received = torch.zeros(B, H, T, dtype=torch.float32, device=q.device)  # attention each key gets
-            for hs, _, probs in attention_chunks(q, k, budget=inputs.budget):  # probs (B, h, t, T)
-                received[:, hs] += probs.sum(dim=2)
+            v = inputs.values(layer)  # (B, H, T, hd)
+            received = torch.zeros(B, H, T, dtype=torch.float32, device=v.device)  # attention each key gets
+            # the layer's own chunks: with its bias, and a windowed layer's rows placed from their windows
+            for hs, _, probs in inputs.chunks(layer):  # probs (B, h, t, T)
+                received[:, hs] += probs.to(v.device).sum(dim=2)
             mass, token = (received / T).max(dim=-1)  # (B, H): averaged over queries
             value_norm = v.norm(dim=-1).gather(-1, token[..., None])[..., 0]  # (B, H)
             tokens.append(token), masses.append(mass), norms.append(value_norm)
@@ -755,6 +768,9 @@ def with_test_time_registers(model: ViT, images: Tensor, neurons: dict[int, Sequ
     ``contexts`` list receives each layer's per-head context ``(B, T + R, H, hd)`` (what mean ablation averages).
     """
     _check_plain_mlp(model)
+    if layout_problem(model):
+        raise MechanismError(f"test-time registers are tokens appended after the patches, and this model "
+                             f"{layout_problem(model)}, which has no place for them")
     if isinstance(num_registers, bool) or not isinstance(num_registers, int) or num_registers < 1:
         raise MechanismError(f"give at least one test-time register, got {num_registers!r}")
     L, R, P = len(model.blocks), num_registers, model.num_prefix_tokens

@@ -1,0 +1,194 @@
+"""The mechanism analyses on the attention layouts of issue 46, against timm's own models: BEiT (a relative position
+bias per layer, a classifier) and SAM's image encoder (windowed layers beside a global one, decomposed relative
+positions, no classifier). Heads are zeroed or patched in timm by pre-hooks on ``attn.proj``'s input, its
+attentions caught on ``attn_drop``; SAM's windows are placed on the grid by ``windows_on_grid`` (itself checked
+against a hand loop in ``test_layout.py``).
+"""
+
+import pytest
+import torch
+from parity_helpers import capture_inputs, randomize
+
+from vit.explain import mechanism
+from vit.explain.attention import windows_on_grid
+from vit.sources.open import open_source
+
+timm = pytest.importorskip("timm")
+pytestmark = pytest.mark.slow  # importing timm takes seconds
+
+HD = 16  # 32 channels, 2 heads
+
+
+def _timm(name: str, **options):
+    timm.layers.set_fused_attn(False)  # the explicit path, so attn_drop sees the probabilities
+    try:
+        torch.manual_seed(0)
+        return randomize(timm.create_model(name, pretrained=False, patch_size=8, embed_dim=32, depth=3, num_heads=2,
+                                           **options))
+    finally:
+        timm.layers.set_fused_attn(True)
+
+
+@pytest.fixture(scope="module")
+def beit(tmp_path_factory):
+    reference = _timm("beit_base_patch16_224", img_size=32, num_classes=5, use_rel_pos_bias=True, init_values=0.1)
+    folder = tmp_path_factory.mktemp("beit") / "model"
+    timm.models.save_for_hf(reference, folder, model_args=dict(num_heads=2), safe_serialization=True)
+    return reference, open_source(folder).model
+
+
+@pytest.fixture(scope="module")
+def sam(tmp_path_factory):
+    # a 7 x 7 grid in windows of 3: padded to 9 x 9, the last row and column of windows mostly padding
+    reference = _timm("samvit_base_patch16", img_size=56, window_size=3, global_attn_indexes=[1], neck_chans=8,
+                      num_classes=0)
+    folder = tmp_path_factory.mktemp("sam") / "model"
+    timm.models.save_for_hf(reference, folder, model_args=dict(num_heads=2, window_size=3, global_attn_indexes=[1]),
+                            safe_serialization=True)
+    return reference, open_source(folder).model
+
+
+def images(size: int, seed: int = 0) -> torch.Tensor:
+    return torch.randn(2, 3, size, size, generator=torch.Generator().manual_seed(seed))
+
+
+def timm_run(model, run, edits=None):
+    """``run()`` with ``edits[layer](proj input) -> edited`` applied by pre-hooks on timm's ``attn.proj``."""
+    handles = [model.blocks[layer].attn.proj.register_forward_pre_hook(lambda m, args, fn=fn: (fn(args[0]),)
+                                                                        + args[1:])
+               for layer, fn in (edits or {}).items()]
+    try:
+        with torch.no_grad():
+            return run()
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def zero_head(head):
+    def fn(inp):
+        inp = inp.clone()
+        inp[..., head * HD:(head + 1) * HD] = 0
+        return inp
+    return fn
+
+
+def test_beit_zero_ablation_its_grid_and_a_mean_ablated_copy_equal_timm(beit):
+    reference, ours = beit
+    x, references = images(32), torch.cat([images(32, seed=5), images(32, seed=6)])
+    with torch.no_grad():
+        logits, _ = mechanism.ablate_heads(ours, x, [(0, 1), (2, 0)])
+        grid = mechanism.ablation_grid(ours, x, torch.tensor([1, 3]))
+    torch.testing.assert_close(logits, timm_run(reference, lambda: reference(x), {0: zero_head(1), 2: zero_head(0)}),
+                               rtol=0, atol=1e-5)
+    base = timm_run(reference, lambda: reference(x))
+    for layer in range(3):
+        for head in range(2):
+            change = timm_run(reference, lambda: reference(x), {layer: zero_head(head)}) - base
+            torch.testing.assert_close(grid[:, layer, head], change[torch.arange(2), torch.tensor([1, 3])], rtol=0,
+                                       atol=1e-5)
+    _, seen = capture_inputs([block.attn.proj for block in reference.blocks], lambda: reference(references))
+
+    def to_mean(inp):
+        inp = inp.clone()
+        inp[..., HD:] = seen[1].mean(0)[..., HD:]
+        return inp
+
+    with torch.no_grad():
+        copy, _ = mechanism.ablated_copy(ours, [(1, 1)], "mean", mechanism.mean_contexts(ours, references))(x)
+    torch.testing.assert_close(copy, timm_run(reference, lambda: reference(x), {1: to_mean}), rtol=0, atol=1e-5)
+
+
+def test_beit_direct_logit_attribution_and_patching_equal_timm(beit):
+    reference, ours = beit
+    clean, corrupted = images(32, seed=1), images(32, seed=2)
+    with torch.no_grad():
+        dla = mechanism.direct_logit_attribution(ours, clean, torch.tensor([0, 4]))
+        patched = mechanism.patch_heads(ours, clean, corrupted, a=2, b=3)
+    expected = timm_run(reference, lambda: reference(clean))[torch.arange(2), torch.tensor([0, 4])]
+    torch.testing.assert_close(dla.logit, expected, rtol=0, atol=1e-5)
+    torch.testing.assert_close(dla.total(), expected, rtol=0, atol=1e-4)
+    _, clean_inputs = capture_inputs([block.attn.proj for block in reference.blocks], lambda: reference(clean))
+    for layer, head in [(0, 0), (2, 1)]:
+        s = slice(head * HD, (head + 1) * HD)
+
+        def patch(inp, layer=layer, s=s):
+            inp = inp.clone()
+            inp[..., s] = clean_inputs[layer][..., s]
+            return inp
+
+        logits = timm_run(reference, lambda: reference(corrupted), {layer: patch})
+        torch.testing.assert_close(patched.patched[:, layer, head], logits[:, 2] - logits[:, 3], rtol=0, atol=1e-5)
+
+
+def test_beit_attention_sinks_read_timms_biased_attention(beit):
+    reference, ours = beit
+    x = images(32)
+    _, attentions = capture_inputs([block.attn.attn_drop for block in reference.blocks], lambda: reference(x))
+    with torch.no_grad():
+        states = mechanism.hidden_states(ours, x)
+        with pytest.raises(mechanism.MechanismError, match="patch grid must be given"):
+            mechanism.sink_stats(ours, states)
+        sinks = mechanism.sink_stats(ours, states, (4, 4))
+    expected = torch.stack([a.mean(dim=2).max(dim=-1).values for a in attentions], dim=1)  # (B, L, H)
+    torch.testing.assert_close(sinks.mass, expected, rtol=0, atol=1e-5)
+
+
+def test_sam_attention_sinks_read_timms_windows_placed_on_the_grid(sam):
+    reference, ours = sam
+    x = images(56)
+    blocks = reference.blocks
+    (tokens,), attentions = capture_inputs([b.attn.attn_drop for b in blocks], lambda: (
+        blocks(reference.patch_embed(x) + reference.pos_embed),))
+    _, values = capture_inputs([b.attn.qkv for b in blocks], lambda: blocks(reference.patch_embed(x)
+                                                                            + reference.pos_embed))
+    placed = [windows_on_grid(a.reshape(-1, 2, *a.shape[1:]), (7, 7), 3) if a.shape[-1] == 9
+              else a.reshape(2, 2, 49, 49) for a in attentions]  # (B, H, T, T) each
+    with torch.no_grad():
+        sinks = mechanism.sink_stats(ours, mechanism.hidden_states(ours, x), (7, 7))
+    mass, token = torch.stack([a.mean(dim=2) for a in placed], dim=1).max(dim=-1)  # (B, L, H)
+    torch.testing.assert_close(sinks.mass, mass, rtol=0, atol=1e-5)
+    assert torch.equal(sinks.token, token)
+    # each sink's value vector: the v third of timm's qkv, a windowed layer's put back by timm's window_unpartition
+    from timm.models.vision_transformer_sam import window_unpartition
+
+    for layer, (block, inp) in enumerate(zip(blocks, values, strict=True)):
+        with torch.no_grad():
+            v = block.attn.qkv(inp)[..., 64:]  # (B * nw, 9, 32) or (B, 49, 32)
+            if v.shape[1] == 9:
+                v = window_unpartition(v.reshape(-1, 3, 3, 32), 3, (7, 7), (9, 9))
+            v = v.reshape(2, 49, 2, HD)  # (B, T, H, hd)
+        expected = v.norm(dim=-1).gather(1, token[:, layer][:, None]).squeeze(1)  # (B, H)
+        torch.testing.assert_close(sinks.value_norm[:, layer], expected, rtol=0, atol=1e-5)
+
+
+def test_sam_zero_ablation_in_the_weights_equals_timm_and_what_has_no_meaning_refuses_in_one_line(sam):
+    reference, ours = sam
+    x = images(56)
+    blocks = reference.blocks
+    run = lambda: blocks(reference.patch_embed(x) + reference.pos_embed)  # noqa: E731
+    expected, attentions = capture_inputs([b.attn.attn_drop for b in blocks],
+                                          lambda: timm_run(reference, run, {0: zero_head(1)}))
+    with torch.no_grad():
+        _, ours_attentions = mechanism.ablated_copy(ours, [(0, 1)])(x, output_attentions=True)
+    for mine, theirs in zip(ours_attentions[1:], attentions[1:], strict=True):  # the layers after the ablated head
+        torch.testing.assert_close(mine, theirs.reshape(-1, 2, *theirs.shape[1:]), rtol=0, atol=1e-5)
+    refusals = [
+        (lambda: mechanism.logit_lens(ours, x), "no classifier"),
+        (lambda: mechanism.direct_logit_attribution(ours, x), "no classifier"),
+        (lambda: mechanism.ablation_grid(ours, x), "no classifier"),
+        (lambda: mechanism.patch_heads(ours, x, images(56, seed=1), 0, 1), "no classifier"),
+        (lambda: mechanism.mean_contexts(ours, x), "windowed layers"),
+        (lambda: mechanism.with_test_time_registers(ours, x, {0: [1]}), "within windows"),
+    ]
+    for call, match in refusals:
+        with pytest.raises(mechanism.MechanismError, match=match) as error:
+            call()
+        assert "\n" not in str(error.value)
+
+
+def test_beit_test_time_registers_refuse_in_one_line_naming_the_bias(beit):
+    _, ours = beit
+    with pytest.raises(mechanism.MechanismError, match="relative position bias") as error:
+        mechanism.with_test_time_registers(ours, images(32), {0: [1]})
+    assert "\n" not in str(error.value)
