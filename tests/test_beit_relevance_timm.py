@@ -1,0 +1,61 @@
+"""AttnLRP and CP-LRP through BEiT's relative position bias, against lxt's rules patched into timm's BEiT (as
+``test_family_relevance_timm.py`` patches the other families). lxt gives the additive bias on the logits no rule of
+its own: it is a constant of the input (a table of learned parameters, HF's and lxt's attention mask alike), so the
+attention-input rules (the uniform rule on q, k and v; CP-LRP's stopped q and k) hold around it unchanged, and the
+relevance that reaches the logits' bias stays there. CP-LRP's defining property holds with it: with no bias
+parameters elsewhere, the relevance of the embedding sums to the explained logit.
+
+Reference: rachtibat/LRP-eXplains-Transformers @ f0434417, lxt/efficient/{rules,patches}.py (tests/reference/lxt).
+"""
+
+import pytest
+import torch
+from parity_helpers import randomize
+from test_family_relevance_timm import lxt_relevance
+
+from vit.explain import relevance
+from vit.model import use_rules
+from vit.sources.open import open_source
+
+timm = pytest.importorskip("timm")
+pytestmark = pytest.mark.slow  # importing timm takes seconds
+
+
+@pytest.fixture(scope="module", params=[False, True], ids=["per-layer", "shared"])
+def beit(request, tmp_path_factory):
+    torch.manual_seed(0)  # timm's BEiT takes one input size (a non-square one does not open yet: its table's grid)
+    model = timm.create_model("beit_base_patch16_224", pretrained=False, img_size=32, patch_size=8,
+                              embed_dim=32, depth=2, num_heads=2, num_classes=3, use_rel_pos_bias=not request.param,
+                              use_shared_rel_pos_bias=request.param, init_values=0.1)
+    randomize(model)
+    folder = tmp_path_factory.mktemp("beit") / "model"
+    timm.models.save_for_hf(model, folder, model_args=dict(num_heads=2), safe_serialization=True)
+    return model, open_source(folder).model
+
+
+@pytest.mark.parametrize("cp", [False, True], ids=["attnlrp", "cp-lrp"])
+def test_attnlrp_through_the_bias_equals_lxts_rules_on_timms_beit(beit, monkeypatch, cp):
+    reference, ours = beit
+    images = torch.randn(1, 3, 32, 32, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        torch.testing.assert_close(ours(images)[0], reference(images), rtol=1e-5, atol=1e-5)
+    for index in (0, 2):
+        expected = lxt_relevance(reference, images, index, cp, monkeypatch)
+        scale = expected.abs().max()
+        torch.testing.assert_close(relevance.attnlrp(ours, images, index, cp=cp) / scale, expected / scale,
+                                   rtol=1e-5, atol=1e-5)
+
+
+def test_cp_lrp_relevance_sums_to_the_logit_through_the_bias(beit):
+    _, ours = beit
+    with torch.no_grad():  # no bias parameter but the position tables, which absorb no relevance under CP-LRP
+        for name, p in ours.named_parameters():
+            if name.endswith("bias"):
+                p.zero_()
+    images = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(2))
+    with torch.enable_grad(), use_rules(relevance.AttnLRPRules(cp=True)):
+        encoding, cache = ours.run_with_cache(images.requires_grad_(True), ["hook_embed"])
+        logit = encoding.logits[:, 1]
+        [grad] = torch.autograd.grad(logit.sum(), cache["hook_embed"])
+    total = (cache["hook_embed"] * grad).sum(dim=(1, 2))  # (B,)
+    torch.testing.assert_close(total, logit.detach(), rtol=1e-3, atol=1e-5 * float(logit.detach().abs().max()))
