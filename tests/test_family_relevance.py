@@ -90,3 +90,22 @@ def test_gradient_rollout_runs_on_every_family_with_the_models_own_logits(family
         expected, expected_attentions = model(images, output_attentions=True)  # the explicit path it walks
     assert torch.equal(logits, expected) and torch.equal(attentions[-1], expected_attentions[-1])
     assert len(attentions) == len(gradients) == 2 and gradients[0].shape == attentions[0].shape
+
+
+def test_cp_lrp_holds_sams_relative_positions_constant_so_relevance_sums_to_the_logit():
+    """SAM's decomposed relative positions are computed from the queries: CP-LRP, which stops the gradient at
+    q and k (lxt), must stop it there too, or relevance leaks through the softmax and is not conserved."""
+    torch.manual_seed(0)
+    model = ViT(ViTConfig(image_size=24, patch_size=4, hidden_size=16, num_layers=2, num_heads=2, mlp_size=24,
+                          num_classes=3, class_token=False, pooling="avg", final_norm=False, rel_pos="sam",
+                          window_size=4, global_layers=(1,))).eval()
+    with torch.no_grad():
+        for key, p in model.named_parameters():
+            p.copy_(torch.zeros_like(p) if key.endswith("bias") else p + torch.randn_like(p) * 0.3)
+    images = torch.randn(2, 3, 24, 20)  # a 6 x 5 grid in windows of 4: padded to 8 x 8
+    with torch.enable_grad(), use_rules(relevance.AttnLRPRules(cp=True)):
+        encoding, cache = model.run_with_cache(images.requires_grad_(True), ["hook_embed"])
+        logit = encoding.logits[:, 1]
+        [grad] = torch.autograd.grad(logit.sum(), cache["hook_embed"])
+    total = (cache["hook_embed"] * grad).sum(dim=(1, 2))  # (B,)
+    torch.testing.assert_close(total, logit.detach(), rtol=1e-3, atol=1e-5 * float(logit.detach().abs().max()))

@@ -508,6 +508,10 @@ class Rules:
         """An L2 normalisation ``x / norm`` (a prompt head's cosine)."""
         return x / norm
 
+    def logit_bias(self, bias: torch.Tensor) -> torch.Tensor:
+        """What a layer adds to its attention logits (BEiT's table, SAM's relative positions of the queries)."""
+        return bias
+
 
 PLAIN_RULES = Rules()
 _rules: ContextVar[Rules] = ContextVar("vit_rules", default=PLAIN_RULES)  # per thread: a page's other runs unaffected
@@ -651,6 +655,7 @@ class Attention(Parent):
         rules = _rules.get()
         if rules is not PLAIN_RULES:
             q, k, v = rules.attention_inputs(q, k, v)
+            bias = None if bias is None else rules.logit_bias(bias)
         dropout_p = self.attention_dropout if self.training else 0.0
         pattern = self.hook_pattern
         if output_attentions or pattern in _hooks.get():  # the probabilities are asked for, or hooked

@@ -113,6 +113,11 @@ class AttnLRPRules(Rules):
     def divide_by_norm(self, x: Tensor, norm: Tensor) -> Tensor:
         return x / norm.detach()  # a prompt head's cosine: its norm held constant, as LayerNorm's scale
 
+    def logit_bias(self, bias: Tensor) -> Tensor:
+        # CP-LRP holds the attention weights constant (lxt stops q and k, "directly connected to the softmax"); SAM's
+        # relative positions are the queries' second way in. BEiT's table is a constant of the input either way.
+        return bias.detach() if self.cp else bias
+
 
 def _class_indices(logits: Tensor, class_index: int | Tensor | None) -> Tensor:
     """One class per image: the predicted one (None), one for all, or a ``(B,)`` tensor; checked."""
