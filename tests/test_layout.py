@@ -125,6 +125,39 @@ def _no_placement(monkeypatch):
     monkeypatch.setattr("vit.explain.hidden.windows_on_grid", refuse)
 
 
+def _no_whole_global_layer(monkeypatch):
+    """Make forming a global layer's whole attention (H x T x T) an error: its views read it in query chunks."""
+    from vit.explain import chunked, hidden
+
+    def windows_only(model, layer, *args):
+        assert model.blocks[layer].window, f"a view formed global layer {layer}'s whole attention"
+        return layer_pattern(model, layer, *args)
+
+    layer_pattern = hidden.layer_pattern
+    monkeypatch.setattr(hidden, "layer_pattern", windows_only)
+    monkeypatch.setattr(chunked, "layer_pattern", windows_only)
+
+
+@pytest.mark.parametrize("config", [dict(**BEIT, rel_pos="beit"), dict(**BEIT, rel_pos="beit_shared"), SAM],
+                         ids=["beit", "beit-shared", "sam"])
+def test_a_global_layers_rows_with_its_bias_are_formed_in_query_chunks(monkeypatch, config):
+    from vit.cache import ByteCache
+    from vit.explain.chunked import LayerInputs
+    from vit.explain.hidden import LayerAttentions, block_attention, forward_with_hidden_states
+
+    model, size = noised(ViTConfig(**config)), (40, 24) if config is not SAM else (56, 48)
+    grid = model.patch_grid(*size)
+    with torch.no_grad():
+        _, hidden = forward_with_hidden_states(model, torch.randn(1, 3, *size))
+        expected = block_attention(model, 1, hidden[:, 1], grid)  # (1, H, T, T): the model's own, parity-tested
+    _no_whole_global_layer(monkeypatch)
+    queries = [0, 7, 3, 14]
+    rows = LayerInputs(model, hidden, grid, query_chunk=3).rows(1, queries, [1, 0])  # (1, 2, 4, T)
+    assert torch.allclose(rows, expected[:, [1, 0]][:, :, queries], atol=1e-6)
+    one = LayerAttentions(model, hidden[0], ByteCache(2**20), grid).rows(7)  # (L, H, T)
+    assert torch.allclose(one[1], expected[0, :, 7], atol=1e-6)
+
+
 @pytest.mark.parametrize("fusion, discard", [("mean", 0.0), ("max", 0.0), ("mean", 0.5)])
 def test_the_chunked_rollout_row_of_a_windowed_model_is_the_dense_rollout_of_its_placed_attentions(
         monkeypatch, fusion, discard):
@@ -161,7 +194,8 @@ def test_views_of_a_windowed_layer_read_the_query_row_from_its_window(monkeypatc
     assert torch.allclose(inputs.fused(0, 26)[0], expected[0].mean(0), atol=1e-6)
 
 
-def test_sam_b_at_1024_px_is_within_the_memory_bound_and_a_query_row_reads_only_its_window(monkeypatch):
+def test_sam_b_at_1024_px_is_within_the_memory_bound_and_a_query_row_reads_only_its_window_or_its_own_row(
+        monkeypatch):
     from types import SimpleNamespace
 
     from vit.app.explorer import check_input_fits
@@ -172,17 +206,20 @@ def test_sam_b_at_1024_px_is_within_the_memory_bound_and_a_query_row_reads_only_
     config = ViTConfig(**sam_b, num_layers=12, global_layers=(2, 5, 8, 11))
     check_input_fits(SimpleNamespace(model=SimpleNamespace(config=config, num_prefix_tokens=0)), (64, 64))
     torch.manual_seed(0)
-    model = ViT(ViTConfig(**sam_b, num_layers=1)).eval()  # one windowed layer of SAM ViT-B, random weights
+    model = ViT(ViTConfig(**sam_b, num_layers=2, global_layers=(1,))).eval()  # SAM ViT-B's layers, random weights
     formed = []
 
     def recorded(*args):
         formed.append(layer_pattern(*args))
         return formed[-1]
 
+    _no_whole_global_layer(monkeypatch)
     layer_pattern = chunked.layer_pattern
     monkeypatch.setattr(chunked, "layer_pattern", recorded)
     _no_placement(monkeypatch)
-    inputs = chunked.LayerInputs(model, torch.randn(1, 2, 4096, 768), (64, 64))
+    inputs = chunked.LayerInputs(model, torch.randn(1, 3, 4096, 768), (64, 64))
+    row = inputs.rows(1, [30 * 64 + 45], [3])[0, 0, 0]  # the global layer: q, k and this query's bias row alone
+    assert torch.isfinite(row).all() and torch.allclose(row.sum(), torch.tensor(1.0)) and row.count_nonzero() == 4096
     for (r, c), (wy, wx) in [((30, 45), (2, 3)), ((60, 61), (4, 4))]:  # the 64 x 64 grid padded to 5 x 5 windows
         row = inputs.rows(0, [r * 64 + c], [3])[0, 0, 0]  # (4096,)
         window = formed[-1][wy * 5 + wx, 3, (r - 14 * wy) * 14 + c - 14 * wx]  # (196,): the query's slot

@@ -385,8 +385,9 @@ class RelativePositionBias(nn.Module):
         self.grid = tuple(grid)
         self.table = nn.Parameter(torch.zeros((2 * grid[0] - 1) * (2 * grid[1] - 1) + 3, num_heads))
 
-    def forward(self, grid: tuple[int, int]) -> torch.Tensor:
-        """The bias ``(nh, 1 + gh*gw, 1 + gh*gw)`` for a patch grid."""
+    def forward(self, grid: tuple[int, int], rows: torch.Tensor | None = None) -> torch.Tensor:
+        """The bias ``(nh, 1 + gh*gw, 1 + gh*gw)`` for a patch grid; its rows ``rows`` (token indices) alone,
+        ``(nh, len(rows), 1 + gh*gw)``, when given (what a query chunk of the attention needs)."""
         table = self.table
         if tuple(grid) != self.grid:
             (oh, ow), (gh, gw) = self.grid, grid
@@ -394,8 +395,9 @@ class RelativePositionBias(nn.Module):
             offsets = F.interpolate(offsets, size=(2 * gh - 1, 2 * gw - 1), mode="bilinear")
             table = torch.cat([offsets.permute(0, 2, 3, 1).reshape((2 * gh - 1) * (2 * gw - 1), -1), table[-3:]])
         index = beit_relative_position_index(tuple(grid)).to(table.device)
-        T = index.shape[0]
-        return table[index.view(-1)].view(T, T, -1).permute(2, 0, 1)  # (nh, T, T)
+        if rows is not None:
+            index = index[rows.to(table.device)]  # (n, T)
+        return table[index.reshape(-1)].view(*index.shape, -1).permute(2, 0, 1)  # (nh, n or T, T)
 
 
 def sam_rel_pos(q_size: int, k_size: int, table: torch.Tensor) -> torch.Tensor:
@@ -410,16 +412,17 @@ def sam_rel_pos(q_size: int, k_size: int, table: torch.Tensor) -> torch.Tensor:
     return table[offsets.long().to(table.device)]
 
 
-def decomposed_rel_pos(q: torch.Tensor, rel_pos_h: torch.Tensor, rel_pos_w: torch.Tensor, grid: tuple[int, int]
-                       ) -> torch.Tensor:
-    """SAM / MViTv2's decomposed relative positions (``add_decomposed_rel_pos``): the bias ``(B, nh, N, N)`` that each
-    query ``q`` (B, nh, N = gh*gw, hd; unscaled) adds to its logits, ``q . R_h[dy] + q . R_w[dx]``."""
+def decomposed_rel_pos(q: torch.Tensor, rel_pos_h: torch.Tensor, rel_pos_w: torch.Tensor, grid: tuple[int, int],
+                       rows: torch.Tensor | None = None) -> torch.Tensor:
+    """SAM / MViTv2's decomposed relative positions (``add_decomposed_rel_pos``): the bias ``(B, nh, n, N)`` that each
+    query ``q`` (B, nh, n, hd; unscaled) adds to its logits, ``q . R_h[dy] + q . R_w[dx]``; the queries are the
+    tokens ``rows`` of the ``N = gh*gw`` grid (None: all of them, in order)."""
     gh, gw = grid
-    B, nh, N, hd = q.shape
-    r_q = q.reshape(B, nh, gh, gw, hd)
-    rel_h = torch.einsum("bnhwc,hkc->bnhwk", r_q, sam_rel_pos(gh, gh, rel_pos_h))  # (B, nh, gh, gw, gh)
-    rel_w = torch.einsum("bnhwc,wkc->bnhwk", r_q, sam_rel_pos(gw, gw, rel_pos_w))  # (B, nh, gh, gw, gw)
-    return (rel_h[..., :, None] + rel_w[..., None, :]).reshape(B, nh, N, N)
+    B, nh, n, hd = q.shape
+    rows = torch.arange(gh * gw, device=q.device) if rows is None else rows.to(q.device)
+    rel_h = torch.einsum("bnqc,qkc->bnqk", q, sam_rel_pos(gh, gh, rel_pos_h)[rows // gw])  # (B, nh, n, gh)
+    rel_w = torch.einsum("bnqc,qkc->bnqk", q, sam_rel_pos(gw, gw, rel_pos_w)[rows % gw])  # (B, nh, n, gw)
+    return (rel_h[..., :, None] + rel_w[..., None, :]).reshape(B, nh, n, gh * gw)
 
 
 def window_partition(x: torch.Tensor, grid: tuple[int, int], window: int) -> torch.Tensor:
@@ -619,19 +622,20 @@ class Attention(Parent):
             q, k = apply_rope(q, rope, self.rope_interleaved), apply_rope(k, rope, self.rope_interleaved)
         return q, k, v
 
-    def logit_bias(self, q: torch.Tensor, grid: tuple[int, int] | None, shared: torch.Tensor | None
-                   ) -> torch.Tensor | None:
+    def logit_bias(self, q: torch.Tensor, grid: tuple[int, int] | None, shared: torch.Tensor | None,
+                   rows: torch.Tensor | None = None) -> torch.Tensor | None:
         """What this layer adds to its logits: the model's ``shared`` BEiT bias (nh, N, N) plus its own table's for
         the patch ``grid`` (1, nh, N, N), or SAM's decomposed relative positions of the queries ``q`` (B, nh, N, hd;
-        all N of them) (B, nh, N, N); None when nothing is added."""
+        all N of them) (B, nh, N, N); None when nothing is added. With ``rows`` (token indices), the rows of those
+        queries alone, ``q`` and ``shared`` holding only theirs: (B or 1, nh, n, N)."""
         bias = shared
         if self.rel_pos_bias is not None:
-            own = self.rel_pos_bias(grid)  # (nh, N, N)
+            own = self.rel_pos_bias(grid, rows)  # (nh, n or N, N)
             bias = own if bias is None else bias + own
         if bias is not None:
             bias = bias[None].to(q.dtype)  # (1, nh, N, N)
         if self.rel_pos_h is not None:
-            bias = decomposed_rel_pos(q, self.rel_pos_h, self.rel_pos_w, grid)  # (B, nh, N, N)
+            bias = decomposed_rel_pos(q, self.rel_pos_h, self.rel_pos_w, grid, rows)  # (B, nh, n or N, N)
         return bias
 
     def forward(self, x: torch.Tensor, output_attentions: bool = False,

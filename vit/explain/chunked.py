@@ -28,7 +28,7 @@ from vit.explain.attention import (
     window_rollout_step,
     window_rows,
 )
-from vit.explain.hidden import layer_pattern, layer_values, layout_problem, queries_keys_values
+from vit.explain.hidden import bias_rows, layer_pattern, layer_qkv, layer_values, layout_problem, queries_keys_values
 
 CHUNK_BYTES = 256 * 2**20  # the most one chunk's scores may hold (with _COPIES): the memory bound
 # On a CPU a chunk of about a core's L2 cache is what the matmul, softmax and sums run fastest on: ~2x faster per
@@ -55,12 +55,15 @@ def _target(device: torch.device) -> int | None:
 
 def attention_chunks(q: Tensor, k: Tensor, heads: Sequence[int] | None = None, queries: Sequence[int] | None = None,
                      head_chunk: int | None = None, query_chunk: int | None = None, budget: int = CHUNK_BYTES,
-                     softmax: bool = True) -> Iterator[tuple[slice, slice, Tensor]]:
+                     softmax: bool = True, bias: Callable[[list[int]], Tensor | None] | None = None
+                     ) -> Iterator[tuple[slice, slice, Tensor]]:
     """Post-softmax attention of scaled queries and keys ``(B, H, T, hd)`` in chunks covering ``heads`` x
     ``queries`` (default: all, in order), query chunks outermost: yields ``(hs, ts, probs (B, h, t, T))``, where
     ``heads[hs]`` and ``queries[ts]`` are the chunk's heads and queries. Chunk sizes default to
     ``chunk_sizes(..., budget)``. ``softmax=False`` gives the chunks of ``q @ k.T`` itself: with the gradient of
-    the heads' contexts as ``q`` and the values as ``k``, the gradient of the attention."""
+    the heads' contexts as ``q`` and the values as ``k``, the gradient of the attention. ``bias(query tokens)``:
+    those rows of what the layer adds to its logits, ``(B or 1, H, t, T)`` for all ``H`` heads (``hidden.bias_rows``),
+    formed once per query chunk."""
     B, H, T, _ = q.shape
     heads = list(range(H)) if heads is None else [int(h) for h in heads]
     queries = list(range(T)) if queries is None else [int(t) for t in queries]
@@ -76,8 +79,11 @@ def attention_chunks(q: Tensor, k: Tensor, heads: Sequence[int] | None = None, q
     ks = [_take(k, 1, heads[hs]).transpose(-2, -1) for hs in head_slices]  # (B, h, hd, T) each
     for t0 in range(0, len(queries), query_chunk):
         ts = slice(t0, min(t0 + query_chunk, len(queries)))
+        rows = None if bias is None else bias(queries[ts])  # (B or 1, H, t, T)
         for hs, qh, kh in zip(head_slices, qs, ks, strict=True):
             scores = (_take(qh, 2, queries[ts]) @ kh).float()  # (B, h, t, T)
+            if rows is not None:
+                scores = scores + _take(rows, 1, heads[hs]).float()
             yield hs, ts, scores.softmax(dim=-1) if softmax else scores
 
 
@@ -154,24 +160,32 @@ class LayerInputs:
 
     def _layer_chunks(self, layer: int, heads: Sequence[int] | None, queries: Sequence[int] | None
                       ) -> Iterator[tuple[slice, slice, Tensor]]:
-        """``chunks`` from the layer as it forms its attention (``hidden.layer_pattern``): a global layer's in one
-        chunk; a windowed layer's (``H x T x w*w`` values) in query chunks of the budget, each row placed on the
-        patch grid from its window (``attention.window_rows``)."""
-        layer = self._layer(layer)
-        with torch.inference_mode():
-            probs = layer_pattern(self.model, layer, self._input(layer), self.grid).float()
-        H, T, window = probs.shape[1], self.num_tokens, self._window(layer)
+        """``chunks`` of a layer with a bias or windows: a global layer's from its queries, keys and the bias rows of
+        each query chunk (``hidden.bias_rows``); a windowed layer's from its windows as it forms them
+        (``hidden.layer_pattern``, ``H x T x w*w`` values), each row placed on the patch grid from its window
+        (``attention.window_rows``). Query chunks of the budget, every chunk all the heads asked for."""
+        layer, H, T, window = self._layer(layer), self.num_heads, self.num_tokens, self._window(layer)
         heads = list(range(H)) if heads is None else [int(h) for h in heads]
         queries = list(range(T)) if queries is None else [int(t) for t in queries]
         if not all(0 <= h < H for h in heads) or not all(0 <= t < T for t in queries):
             raise ValueError(f"heads {heads} or queries out of range for {H} heads, {T} tokens")
-        probs = _take(probs, 1, heads)
-        if not window:
-            yield slice(0, len(heads)), slice(0, len(queries)), _take(probs, 2, queries)
-            return
-        # every chunk holds all the heads asked for: their rows count as the batch
+        # every chunk holds all the heads asked for (the bias rows are formed once for them): they count as the batch
         step = self.query_chunk or chunk_sizes(1, T, self.budget, self.hidden.shape[0] * len(heads),
-                                               _target(probs.device))[1]
+                                               _target(next(self.model.parameters()).device))[1]
+        if not window:
+            model, grid = self.model, self.grid
+            with torch.inference_mode():
+                q, k, _ = layer_qkv(model, layer, self._input(layer), grid)  # (B, H, T, hd) each, q unscaled
+
+            def bias(rows: list[int]) -> Tensor | None:
+                with torch.inference_mode():
+                    return bias_rows(model, layer, q[:, :, rows], rows, grid)
+
+            scaled = q * (1.0 / model.blocks[layer].attn.head_dim ** 0.5)
+            yield from attention_chunks(scaled, k, heads, queries, len(heads), step, self.budget, bias=bias)
+            return
+        with torch.inference_mode():
+            probs = _take(layer_pattern(self.model, layer, self._input(layer), self.grid).float(), 1, heads)
         for t0 in range(0, len(queries), step):
             ts = slice(t0, min(t0 + step, len(queries)))
             yield slice(0, len(heads)), ts, window_rows(probs, self.grid, window, queries[ts])

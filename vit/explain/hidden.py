@@ -77,12 +77,16 @@ def layer_pattern(model: nn.Module, layer: int, block_input: Tensor, grid: tuple
 def layer_rows(model: nn.Module, layer: int, block_input: Tensor, grid: tuple[int, int] | None,
                queries: Sequence[int]) -> Tensor:
     """Rows ``queries`` of ``block_attention``, ``(B, H, q, T)``: a windowed layer's from each query's window
-    (``attention.window_rows``), never its ``T x T`` placement."""
-    probs = layer_pattern(model, layer, block_input, grid)
+    (``attention.window_rows``), a global one's from its queries, keys and bias rows (``bias_rows``); never
+    ``T x T``."""
     window = getattr(model.blocks[layer], "window", 0)
     if window:
-        return window_rows(probs, grid, window, queries)
-    return probs[:, :, list(queries)]
+        return window_rows(layer_pattern(model, layer, block_input, grid), grid, window, queries)
+    q, k, _ = layer_qkv(model, layer, block_input, grid)
+    q = q[:, :, list(queries)]  # (B, H, t, hd)
+    scores = (q @ k.transpose(-2, -1)) * (1.0 / model.blocks[layer].attn.head_dim ** 0.5)  # (B, H, t, T)
+    bias = bias_rows(model, layer, q, queries, grid)
+    return (scores if bias is None else scores + bias).softmax(dim=-1)
 
 
 def layer_values(model: nn.Module, layer: int, block_input: Tensor, grid: tuple[int, int] | None = None) -> Tensor:
@@ -150,6 +154,14 @@ def queries_keys_values(model: nn.Module, layer: int, block_input: Tensor, grid:
     if problem:
         raise ValueError(f"this model {problem}, so its attention is not softmax(q . k) of its queries and keys "
                          "alone; this view computes it that way and does not support it yet")
+    q, k, v = layer_qkv(model, layer, block_input, grid)
+    return q * model.blocks[layer].attn.head_dim ** -0.5, k, v
+
+
+def layer_qkv(model: nn.Module, layer: int, block_input: Tensor, grid: tuple[int, int] | None = None
+              ) -> tuple[Tensor, Tensor, Tensor]:
+    """Layer ``layer``'s queries (unscaled), keys and values as its hook points hold them, ``(B, H, T, hd)`` each
+    (a windowed layer's per window); the block stops at ``attn.hook_v``."""
     cache: dict[str, Tensor] = {}
 
     def keep(x: Tensor, hook) -> None:
@@ -165,8 +177,18 @@ def queries_keys_values(model: nn.Module, layer: int, block_input: Tensor, grid:
             model.run_blocks(block_input, grid, layer, layer + 1)
     except _Enough:
         pass
-    scale = model.blocks[layer].attn.head_dim ** -0.5
-    return cache[prefix + "hook_q"] * scale, cache[prefix + "hook_k"], cache[prefix + "hook_v"]
+    return cache[prefix + "hook_q"], cache[prefix + "hook_k"], cache[prefix + "hook_v"]
+
+
+def bias_rows(model: nn.Module, layer: int, q: Tensor, queries: Sequence[int], grid: tuple[int, int] | None
+              ) -> Tensor | None:
+    """Rows ``queries`` (token indices) of what global layer ``layer`` adds to its attention logits, ``(B or 1, H,
+    t, T)``, from those queries' unscaled ``q`` ``(B, H, t, hd)`` (the layer's own ``logit_bias``, BEiT's shared
+    table included): ``t x T`` per head, never the whole ``T x T``. None when the layer adds nothing."""
+    rows = torch.as_tensor(list(queries), dtype=torch.long)
+    table = getattr(model, "rel_pos_bias", None)
+    shared = table(grid, rows) if table is not None else None  # (H, t, T)
+    return model.blocks[layer].attn.logit_bias(q, grid, shared, rows)
 
 
 class LayerAttentions(Sequence[Tensor]):
