@@ -229,3 +229,8 @@ def test_sam_b_at_1024_px_is_within_the_memory_bound_and_a_query_row_reads_only_
         slots = [i * 14 + j for i in range(14) for j in range(14) if 14 * wy + i < 64 and 14 * wx + j < 64]
         assert torch.equal(row[keys], window[slots].float())
         assert row.count_nonzero() == len(keys) and row.sum() <= 1
+
+
+def test_beit_index_rows_are_the_rows_of_the_whole_index():
+    rows = torch.tensor([5, 0, 12, 1])
+    assert torch.equal(beit_relative_position_index((3, 4), rows), beit_relative_position_index((3, 4))[rows])

@@ -359,18 +359,21 @@ def apply_rope(x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], interle
 
 # --- attention layouts: relative position biases and windows ---------------------------------------------------
 
-def beit_relative_position_index(grid: tuple[int, int]) -> torch.Tensor:
+def beit_relative_position_index(grid: tuple[int, int], rows: torch.Tensor | None = None) -> torch.Tensor:
     """BEiT's ``(1 + gh*gw, 1 + gw*gw)`` index into its table: patch pairs by their offset (row-major over
-    ``(2gh-1, 2gw-1)``), then the three CLS entries (CLS to patch, patch to CLS, CLS to CLS) last."""
+    ``(2gh-1, 2gw-1)``), then the three CLS entries (CLS to patch, patch to CLS, CLS to CLS) last. With ``rows``
+    (token indices, CLS 0), those rows alone, ``(len(rows), 1 + gh*gw)``: a query chunk's, never ``T²``."""
     gh, gw = grid
+    rows = torch.arange(gh * gw + 1) if rows is None else rows.cpu()
     coords = torch.stack(torch.meshgrid(torch.arange(gh), torch.arange(gw), indexing="ij")).flatten(1)  # (2, T)
-    offsets = (coords[:, :, None] - coords[:, None, :]).permute(1, 2, 0)  # (T, T, 2)
-    patches = (offsets[..., 0] + gh - 1) * (2 * gw - 1) + offsets[..., 1] + gw - 1  # (T, T)
+    queries = coords[:, (rows - 1).clamp(min=0)]  # (2, n): CLS's row is overwritten below
+    offsets = (queries[:, :, None] - coords[:, None, :]).permute(1, 2, 0)  # (n, T, 2)
+    patches = (offsets[..., 0] + gh - 1) * (2 * gw - 1) + offsets[..., 1] + gw - 1  # (n, T)
     distances = (2 * gh - 1) * (2 * gw - 1)
-    index = torch.full((gh * gw + 1, gh * gw + 1), distances + 1, dtype=torch.long)  # patch to CLS
-    index[0, :] = distances  # CLS to patch
-    index[0, 0] = distances + 2
-    index[1:, 1:] = patches
+    index = torch.cat([torch.full((len(rows), 1), distances + 1), patches], dim=1)  # (n, 1 + T): patch to CLS
+    cls = rows == 0
+    index[cls] = distances  # CLS to patch
+    index[cls, 0] = distances + 2
     return index
 
 
@@ -394,9 +397,7 @@ class RelativePositionBias(nn.Module):
             offsets = table[:-3].reshape(1, 2 * ow - 1, 2 * oh - 1, -1).permute(0, 3, 1, 2)  # HF's (w, h) reading
             offsets = F.interpolate(offsets, size=(2 * gh - 1, 2 * gw - 1), mode="bilinear")
             table = torch.cat([offsets.permute(0, 2, 3, 1).reshape((2 * gh - 1) * (2 * gw - 1), -1), table[-3:]])
-        index = beit_relative_position_index(tuple(grid)).to(table.device)
-        if rows is not None:
-            index = index[rows.to(table.device)]  # (n, T)
+        index = beit_relative_position_index(tuple(grid), rows).to(table.device)  # (n or T, T)
         return table[index.reshape(-1)].view(*index.shape, -1).permute(2, 0, 1)  # (nh, n or T, T)
 
 
