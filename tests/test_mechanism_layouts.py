@@ -162,6 +162,21 @@ def test_sam_attention_sinks_read_timms_windows_placed_on_the_grid(sam):
         torch.testing.assert_close(sinks.value_norm[:, layer], expected, rtol=0, atol=1e-5)
 
 
+def test_sam_register_neuron_scores_read_timms_mlp_activations(sam):
+    """With a threshold of 0 every token is an outlier: each neuron scores its mean |post-GELU activation| over the
+    tokens, averaged over the images (test-time-registers' find_register_neurons, no sparsity filter)."""
+    reference, ours = sam
+    x = images(56)
+    blocks = reference.blocks
+    _, acts = capture_inputs([b.mlp.drop1 for b in blocks], lambda: blocks(reference.patch_embed(x)
+                                                                            + reference.pos_embed))
+    with torch.no_grad():
+        scores, used = mechanism.register_neuron_scores(ours, x, threshold=0.0)
+    expected = torch.stack([a.abs().reshape(2, -1, a.shape[-1]).mean(dim=1).mean(dim=0) for a in acts])  # (L, mlp)
+    assert used == 2
+    torch.testing.assert_close(scores, expected, rtol=0, atol=1e-5)
+
+
 def test_sam_zero_ablation_in_the_weights_equals_timm_and_what_has_no_meaning_refuses_in_one_line(sam):
     reference, ours = sam
     x = images(56)
