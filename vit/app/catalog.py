@@ -397,11 +397,11 @@ def supported_snapshot(model_dir: Path) -> Path | None:
     timm_name = config_json.get("architecture")
     if isinstance(architectures, list) and architectures and architectures[0] in hf.ARCHITECTURES:
         return snapshot
-    if config_json.get("model_type") in sources.HF_FAMILIES:  # DINOv3, CLIP, SigLIP
+    if config_json.get("model_type") in sources.HF_FAMILIES:  # DINOv3, CLIP, SigLIP, AIMv2
         return snapshot
     if isinstance(timm_name, str):
         try:
-            if not timm_name.startswith("eva02_"):  # EVA-02 is read by vit.sources.import_eva
+            if sources.timm_family(timm_name) is import_timm:  # EVA-02, DINOv3, AIMv2, PE have modules of their own
                 import_timm.check_name(timm_name)
         except ValueError:
             return None

@@ -58,6 +58,7 @@ from vit.model import ViT, ViTConfig
 from vit.sources import (
     hf,
     hub,
+    import_aimv2,
     import_clip,
     import_dinov3,
     import_eva,
@@ -71,7 +72,8 @@ from vit.sources import (
 
 SUPPORTED = ("our .pt checkpoints; Hugging Face folders of " + hf.SUPPORTED + "; " + import_timm.SUPPORTED + "; "
              + import_torchvision.SUPPORTED + "; " + import_dinov3.SUPPORTED + "; " + import_clip.SUPPORTED + "; "
-             + import_siglip.SUPPORTED + "; " + import_eva.SUPPORTED + "; " + import_scratch.SUPPORTED + "; "
+             + import_siglip.SUPPORTED + "; " + import_eva.SUPPORTED + "; " + import_aimv2.SUPPORTED + "; "
+             + import_scratch.SUPPORTED + "; "
              + import_vit_pytorch.SUPPORTED)
 HF_WEIGHTS = ("model.safetensors", "pytorch_model.bin")
 OPEN_CLIP_CONFIG = "open_clip_config.json"
@@ -163,7 +165,9 @@ def timm_model_args(config_json: Mapping) -> dict:
 
 
 def timm_family(name: str):
-    """The module that reads timm architecture ``name``: DINOv3 and EVA-02 (timm's Eva class) or the ViTs."""
+    """The module that reads timm architecture ``name``: DINOv3 and EVA-02 (timm's Eva class), AIMv2 or the ViTs."""
+    if import_aimv2.is_aimv2_name(name):
+        return import_aimv2
     return import_dinov3 if "dinov3" in name else import_eva if import_eva.is_eva_name(name) else import_timm
 
 
@@ -299,7 +303,8 @@ def _default_preprocessing(config: ViTConfig, architecture: str) -> Preprocessin
     if architecture.startswith("DINOv3"):  # DINOv3ViTImageProcessor: 224 square, bilinear, ImageNet statistics
         return Preprocessing(224 - 224 % config.patch_size, channels, IMAGENET_MEAN[:channels],
                              IMAGENET_STD[:channels], resample="bilinear")
-    if architecture.startswith("CLIP"):  # CLIPImageProcessor: shorter side 224, centre crop, bicubic, OpenAI statistics
+    # CLIPImageProcessor (AIMv2's too): shorter side 224, centre crop, bicubic, OpenAI statistics
+    if architecture.startswith(("CLIP", "Aimv2")):
         return Preprocessing(side, channels, import_clip.OPENAI_MEAN[:channels], import_clip.OPENAI_STD[:channels],
                              resize_size=side, resize_mode="shortest_edge", resample="bicubic",
                              crop_rule="transformers")
@@ -382,7 +387,9 @@ HF_FAMILIES = {"dinov3_vit": (import_dinov3, ("DINOv3ViTModel",)),
                 "clip": (import_clip, ("CLIPModel",)),
                 "clip_vision_model": (import_clip, ("CLIPVisionModel", "CLIPVisionModelWithProjection")),
                 "siglip": (import_siglip, ("SiglipModel",)),
-                "siglip_vision_model": (import_siglip, ("SiglipVisionModel",))}
+                "siglip_vision_model": (import_siglip, ("SiglipVisionModel",)),
+                "aimv2": (import_aimv2, ("Aimv2Model",)),
+                "aimv2_vision_model": (import_aimv2, ("Aimv2VisionModel",))}
 HF_REFUSED = {"siglip2": "SigLIP 2's NaFlex variable-resolution models (Siglip2Model) are not supported yet; its "
                           "fixed-resolution checkpoints (SiglipModel folders) are",
                "siglip2_vision_model": "SigLIP 2's NaFlex variable-resolution models are not supported yet; its "
