@@ -62,6 +62,7 @@ from vit.sources import (
     import_clip,
     import_dinov3,
     import_eva,
+    import_pe,
     import_scratch,
     import_siglip,
     import_timm,
@@ -73,6 +74,7 @@ from vit.sources import (
 SUPPORTED = ("our .pt checkpoints; Hugging Face folders of " + hf.SUPPORTED + "; " + import_timm.SUPPORTED + "; "
              + import_torchvision.SUPPORTED + "; " + import_dinov3.SUPPORTED + "; " + import_clip.SUPPORTED + "; "
              + import_siglip.SUPPORTED + "; " + import_eva.SUPPORTED + "; " + import_aimv2.SUPPORTED + "; "
+             + import_pe.SUPPORTED + "; "
              + import_scratch.SUPPORTED + "; "
              + import_vit_pytorch.SUPPORTED)
 HF_WEIGHTS = ("model.safetensors", "pytorch_model.bin")
@@ -165,9 +167,12 @@ def timm_model_args(config_json: Mapping) -> dict:
 
 
 def timm_family(name: str):
-    """The module that reads timm architecture ``name``: DINOv3 and EVA-02 (timm's Eva class), AIMv2 or the ViTs."""
+    """The module that reads timm architecture ``name``: DINOv3, EVA-02 and PE (timm's Eva class), AIMv2 or the
+    ViTs."""
     if import_aimv2.is_aimv2_name(name):
         return import_aimv2
+    if import_pe.is_pe_name(name):
+        return import_pe
     return import_dinov3 if "dinov3" in name else import_eva if import_eva.is_eva_name(name) else import_timm
 
 
