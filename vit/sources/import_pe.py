@@ -5,10 +5,10 @@ keys, but counted from 1 with the x bands first (timm ``rope_grid_offset=1``, ``
 ``ViTConfig.rope="pe"``), a bias-free patch embedding followed by ``norm_pre``, and plain GELU MLPs. PE-core reads
 its tokens through an attention-pooling probe of its own 8 heads (``pooling="map"``, ``pool_heads``) and projects
 the result to the joint embedding (timm's ``head``, with the zero bias timm gives the original's bias-free ``proj``:
-our ``projection``; a head with a bias, as after fine-tuning, is refused in one line); PE-spatial and PE-lang
-average the patches without a final norm. What timm's model function fixes inside itself (the rotary grid, the
-probe's heads, the norms' eps) is read from timm's own registry, building the named model on the meta device, as
-``vit.sources.import_timm`` does.
+our ``projection``; a head with a bias there is refused in one line); PE-spatial and PE-lang average the patches
+without a final norm (a head there is a classifier). What timm's model function fixes inside itself (the rotary
+grid, the probe's heads, the norms' eps) is read from timm's own registry, building the named model on the meta
+device, as ``vit.sources.import_timm`` does.
 """
 
 from __future__ import annotations
@@ -94,9 +94,10 @@ def config_from_timm(name: str, state: Mapping[str, torch.Tensor], model_args: M
     probe = "attn_pool.latent" in state
     if args.get("global_pool", "map" if probe else "avg") != ("map" if probe else "avg"):
         raise ValueError(f"timm global_pool {args['global_pool']!r} of {name} is not supported with these weights")
-    projection = state["head.weight"].shape[0] if "head.weight" in state else 0
-    return ViTConfig(
-        image_size=grid * patch, patch_size=patch, num_channels=channels, num_classes=0, projection_dim=projection,
+    head = state["head.weight"].shape[0] if "head.weight" in state else 0
+    return ViTConfig(  # behind a probe the head is PE-core's projection; behind the mean, a fine-tuned classifier
+        image_size=grid * patch, patch_size=patch, num_channels=channels, num_classes=0 if probe else head,
+        projection_dim=head if probe else 0,
         hidden_size=width, num_layers=depth,
         num_heads=int(heads), mlp_size=state["blocks.0.mlp.fc1.weight"].shape[0],
         qkv_bias="blocks.0.attn.qkv.bias" in state, layer_norm_eps=eps, pre_norm=True,
@@ -120,8 +121,10 @@ def state_dict_from_timm(state: Mapping[str, torch.Tensor], config: ViTConfig) -
         ours["projection.weight"] = take("head.weight")
         bias = take.get("head.bias")
         if bias is not None and bias.device.type != "meta" and bool(bias.count_nonzero()):
-            raise ValueError("timm head.bias is not zero, so the head is no PE projection (a fine-tuned classifier "
-                             "on PE is not supported yet)")
+            raise ValueError("timm head.bias is not zero, so the head behind PE-core's probe is no projection (a "
+                             "classifier there is not supported yet)")
+    elif config.num_classes:
+        ours.update(_linear(take, "head", "head"))
     if config.pooling == "map":
         ours["attn_pool.latent"] = take("attn_pool.latent")
         for part in ("q", "kv", "proj", "norm", "mlp.fc1", "mlp.fc2"):
