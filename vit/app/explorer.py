@@ -261,6 +261,11 @@ class Analysis:
         return getattr(self.attentions, "num_heads", None) or self.attentions[0].shape[1]
 
     @property
+    def num_probe_heads(self) -> int:
+        """The pooling probe's heads (PE's probe has 8 whatever its blocks have); 0 without a probe."""
+        return self.probe.shape[0] if self.probe is not None else 0
+
+    @property
     def num_tokens(self) -> int:
         return self.num_prefix_tokens + self.grid[0] * self.grid[1]
 
