@@ -96,3 +96,20 @@ def test_timm_aimv2_matches_timm(tmp_path):
         with torch.no_grad():
             ours = checkpoint.model.encode(images, output_attentions=True)
         assert_parity(f"AIMv2 | timm aimv2_* | {label}", ours.embedding, expected, ours.attentions, attentions)
+
+
+def test_hf_aimv2_opens_by_hub_id_from_the_hub_and_then_from_the_cache(tmp_path, fake_hub):
+    config = transformers.Aimv2VisionConfig(**HF_VISION)
+    config._attn_implementation = "eager"
+    torch.manual_seed(0)
+    model = randomize(transformers.Aimv2VisionModel(config))
+    model.save_pretrained(tmp_path / "aimv2")
+    fake_hub.add_folder("apple/aimv2-tiny-patch8-32", tmp_path / "aimv2")
+    images = torch.randn(1, 3, 32, 32)
+    with torch.no_grad():
+        out = model(pixel_values=images, output_attentions=True)
+        for _ in range(2):  # downloaded, then read from the HF cache
+            ours = open_source("apple/aimv2-tiny-patch8-32").model.encode(images, output_attentions=True)
+            assert_parity("AIMv2 | HF Hub id | native", ours.embedding, out.pooler_output, ours.attentions,
+                          out.attentions)
+    assert fake_hub.fetched("GET").count("model.safetensors") == 1

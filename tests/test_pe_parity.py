@@ -75,3 +75,15 @@ def test_a_pe_head_with_a_bias_is_refused_in_one_line(tmp_path):
     with pytest.raises(SourceError, match="head.bias is not zero") as error:
         open_source(tmp_path / "pe")
     assert "\n" not in str(error.value)
+
+
+def test_timm_pe_opens_by_its_timm_name_from_the_hub(tmp_path, fake_hub):
+    model = pe(NAMES[0])
+    timm.models.save_for_hf(model, tmp_path / "pe", model_args=dict(num_heads=2, img_size=32),
+                            safe_serialization=True)
+    fake_hub.add_folder(f"timm/{NAMES[0]}.fb", tmp_path / "pe")
+    images = torch.randn(1, 3, 32, 32)
+    expected, captured = capture_inputs([b.attn.attn_drop for b in model.blocks], lambda: model(images))
+    with torch.no_grad():
+        ours = open_source(f"{NAMES[0]}.fb").model.encode(images, output_attentions=True)
+    assert_parity("PE | timm name via the Hub | native", ours.embedding, expected, ours.attentions, captured)
