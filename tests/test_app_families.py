@@ -197,3 +197,20 @@ def test_a_pe_model_of_the_hf_cache_offers_each_of_its_probes_eight_heads(tmp_pa
     at.run()
     assert not at.exception and not at.main.error, [e.value for e in at.main.error]
     assert [c.value for c in at.main.caption if "Colours span" in c.value]  # the probe head's overlay is drawn
+
+
+def timm_aimv2_folder(folder):
+    """timm's AIMv2: no CLS and no probe (mean pooling), no classifier."""
+    timm = pytest.importorskip("timm")
+    torch.manual_seed(0)
+    model = timm.create_model("aimv2_large_patch14_224", pretrained=False, img_size=16, patch_size=4, embed_dim=16,
+                              depth=2, num_heads=2).eval()
+    timm.models.save_for_hf(model, folder, model_args=dict(num_heads=2, img_size=16), safe_serialization=True)
+    return folder
+
+
+def test_a_timm_aimv2_without_cls_or_probe_opens_by_path_on_a_patchs_attention(tmp_path):
+    at = open_by_path(timm_aimv2_folder(tmp_path / "aimv2"))
+    assert sidebar_widget(at, "selectbox", "Query token").options[0].startswith("0 · patch row 1, col 1")
+    assert any("no classifier" in info.value for info in at.main.info)
+    assert [c.value for c in at.main.caption if "Colours span" in c.value]  # the overlay is drawn
