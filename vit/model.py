@@ -13,8 +13,9 @@ DeiT's distillation token, DINOv2's layer scale and register tokens, timm's aver
 with ``fc_norm`` and position tables without prefix entries; DINOv3's rotary positions (on the
 patch tokens' queries and keys only), storage tokens and masked key bias; CLIP's ``ln_pre``,
 QuickGELU and projection to the joint embedding; SigLIP's missing class token and
-attention-pooling ("MAP") head; SwiGLU MLPs. Tokens are always ordered
-``[CLS?, DIST?, REG 1..R, patches row by row]``.
+attention-pooling ("MAP") head; SwiGLU MLPs; AIMv2's RMSNorm, bias-free projections and query-only pooling
+head; Perception Encoder's rotary grid (EVA's, counted from 1, x first) and its probe's own heads. Tokens are
+always ordered ``[CLS?, DIST?, REG 1..R, patches row by row]``.
 
 ``ViT.encode`` returns everything one pass computes (logits, the pooled or projected
 embedding, every layer's attention and the pooling probe's); ``forward`` is its seed-contract view.
