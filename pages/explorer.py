@@ -13,6 +13,8 @@ from pages.explorer_sections import analyses, ask_in_words, features, image_pick
 from pages.explorer_sections.caches import analyse, display_images, load_model
 from pages.explorer_sections.checkpoint_picker import pick_checkpoint
 from pages.explorer_sections.compare_checkpoints import compare_checkpoints
+from pages.explorer_sections.dense_features import KEPT as DENSE_KEPT
+from pages.explorer_sections.dense_features import dense_features
 from pages.explorer_sections.image_picker import pick_image
 from pages.explorer_sections.map_settings import choose_map, main_map
 from pages.explorer_sections.probe_snapshots import probe_snapshots
@@ -28,7 +30,7 @@ from vit.text import escape_markdown
 # tab hides its toggle): Streamlit forgets such widget state unless it is written back. Each section names its own
 # (a fragment also writes its own back on its own reruns); the page writes back all of them before any may stop it.
 keep_settings(image_picker.KEPT + map_settings.KEPT + main_view.KEPT + analyses.KEPT + ask_in_words.KEPT
-              + features.KEPT + mechanism.KEPT)
+              + features.KEPT + mechanism.KEPT + DENSE_KEPT)
 
 
 # -- checkpoint -----------------------------------------------------------------------------------------------
@@ -111,6 +113,10 @@ analyses.analyses(state)
 # -- features: a sparse autoencoder's features of this image, their exemplars and intervention (issue 36) --------
 
 features.features(state, may_open, asked)
+
+# -- what the patches represent: PCA colours, patch similarity, correspondences (issue 48) ----------------------
+
+dense_features(state, entries)
 
 # -- mechanism: logit lens, head attribution, ablation, phenomena (issue 24) ------------------------------------
 

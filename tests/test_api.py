@@ -106,6 +106,23 @@ def test_the_overlay_of_a_small_image_is_enlarged_pixel_for_pixel(tiny, photo):
         e.overlay(scale=0)
 
 
+def test_an_input_past_the_token_gate_is_refused_before_any_forward_unless_max_tokens_allows_it(
+        tiny, photo, monkeypatch):
+    monkeypatch.setenv("VIT_MAX_TOKENS", "200")
+    embed = tiny.model.embed  # every forward starts there
+
+    def no_forward(*args, **kwargs):
+        raise AssertionError("the model ran before the token gate was checked")
+
+    monkeypatch.setattr(tiny.model, "embed", no_forward)
+    with pytest.raises(ValueError, match=r"257 tokens; at most 256 .* TFLOP .* larger max_tokens"):
+        vit.explain(tiny, photo, "rollout", size=64, max_tokens=256)  # 16 x 16 patches + CLS
+    with pytest.raises(ValueError, match="257 tokens; at most 200"):  # the explorer's gate by default
+        vit.explain(tiny, photo, "rollout", size=64)
+    monkeypatch.setattr(tiny.model, "embed", embed)
+    assert vit.explain(tiny, photo, "rollout", size=64, max_tokens=257).map.shape == (16, 16)
+
+
 def test_an_argument_the_method_does_not_read_is_refused(tiny, photo):
     with pytest.raises(ValueError, match="norms does not read head; it reads layer"):
         vit.explain(tiny, photo, "norms", head=1)

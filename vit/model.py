@@ -40,6 +40,10 @@ CONFIG_BOUNDS = {"image_size": 8192, "patch_size": 1024, "num_channels": 16, "hi
                  "projection_dim": 16384, "rope_ref_grid": 1024, "head_dim": 16384}
 MAX_LAYER_SCALE = 1e3  # layer scale starts at 1e-5 to 1 (CaiT, DINOv2/v3); 1e308 overflows the first block
 MAX_ROPE_THETA = 1e9  # DINOv3's period is 100, EVA-02's 10,000
+# One fused attention call on a CPU does at most this many FLOPs (~0.1 s on 2 cores): between calls Python runs,
+# so Ctrl-C and a page's Stop are heard within a second even at 65,537 tokens, where one whole layer's call took a
+# minute. Below it (one image of up to ~1,180 tokens on ViT-B) the call stays whole.
+FUSED_CHUNK_FLOPS = 2**32
 
 
 @dataclass(frozen=True)
@@ -501,9 +505,21 @@ class Attention(Parent):
             y = F.dropout(probs, dropout_p, self.training) @ v  # (B, nh, n, hd)
         else:
             probs = None
-            y = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p)  # (B, nh, n, hd)
+            y = fused_attention(q, k, v, dropout_p)  # (B, nh, n, hd)
         z = self.hook_z(y.transpose(1, 2))  # (B, n, nh, hd): each head's context, before the projection
         return self.proj_dropout(self.proj(z.reshape(B, q.shape[2], -1))), probs if output_attentions else None
+
+
+def fused_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float = 0.0) -> torch.Tensor:
+    """``scaled_dot_product_attention`` of q (B, nh, n, hd) against k, v (B, nh, N, hd): on a CPU in query
+    chunks of at most ``FUSED_CHUNK_FLOPS`` each (a row's softmax runs along the keys, which every chunk holds
+    whole, so each chunk is exactly those rows of the whole call); on a GPU whole, as its calls return at once."""
+    B, nh, n, hd = q.shape
+    rows = max(1, FUSED_CHUNK_FLOPS // (4 * B * nh * k.shape[2] * hd))
+    if q.device.type != "cpu" or rows >= n:
+        return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p)
+    return torch.cat([F.scaled_dot_product_attention(q[:, :, s:s + rows], k, v, dropout_p=dropout_p)
+                      for s in range(0, n, rows)], dim=2)  # (B, nh, n, hd)
 
 
 class MLP(Parent):

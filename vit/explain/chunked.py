@@ -15,7 +15,7 @@ The rollout's CLS row (or any query's) is a row vector times each layer's factor
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import torch
 from torch import Tensor, nn
@@ -207,10 +207,12 @@ class LayerInputs:
         return self.hidden[:, self._layer(layer) + 1].float().norm(dim=-1)
 
     def rollout_row(self, query: int | None = None, row: Tensor | None = None, fusion: str = "mean",
-                    discard_ratio: float = 0.0, end_layer: int = -1, num_prefix_tokens: int = 1) -> Tensor:
+                    discard_ratio: float = 0.0, end_layer: int = -1, num_prefix_tokens: int = 1,
+                    progress: Callable[[int, int], None] | None = None) -> Tensor:
         """Row ``query`` of ``attention.rollout(...)`` (or ``row (B, T) @`` the rollout's product), ``(B, T)``,
         with the same head fusion, discard and residual: from layer ``end_layer`` down to 0, ``v = v @ Â_l``,
-        each ``Â_l`` formed query chunk by query chunk (``v @ Â = sum over chunks v[t] @ Â[t]``)."""
+        each ``Â_l`` formed query chunk by query chunk (``v @ Â = sum over chunks v[t] @ Â[t]``).
+        ``progress(layers done, layers)`` after every chunk (it may raise to stop there)."""
         if (query is None) == (row is None):
             raise ValueError("give either a query token or a row of weights")
         B, T = self.hidden.shape[0], self.num_tokens
@@ -222,12 +224,17 @@ class LayerInputs:
         if row.shape[-1] != T:
             raise ValueError(f"a row of {row.shape[-1]} weights does not fit {T} tokens")
         v = row.float().cpu().expand(B, T)
-        for layer in range(self._layer(end_layer), -1, -1):
+        top = self._layer(end_layer)
+        for layer in range(top, -1, -1):
             out = torch.zeros(B, T)
             for ts, fused in self.fused_rows(layer, None, fusion):  # queries[ts] are tokens ts.start..
                 factor = rollout_factor_rows(fused.cpu(), ts.start, discard_ratio, num_prefix_tokens)  # (B, t, T)
                 out += (v[:, None, ts] @ factor)[:, 0]  # (B, T)
+                if progress is not None:  # each chunk, not each layer: a layer at 14,400 tokens is seconds
+                    progress(top - layer, top + 1)
             v = out
+        if progress is not None:
+            progress(top + 1, top + 1)
         return v
 
     # --- gradient methods: each block's backward from its stored input, one block's graph at a time ---------------
