@@ -9,15 +9,26 @@ to its path before ``st.switch_page("pages/explorer.py")``, and an image file by
 
 import streamlit as st
 
-from pages.explorer_sections import analyses, ask_in_words, features, image_picker, main_view, map_settings, mechanism
+from pages.explorer_sections import (
+    analyses,
+    ask_in_words,
+    features,
+    image_picker,
+    main_view,
+    map_settings,
+    mechanism,
+    share_view,
+)
 from pages.explorer_sections.caches import analyse, display_images, load_model
-from pages.explorer_sections.checkpoint_picker import pick_checkpoint
+from pages.explorer_sections.checkpoint_picker import may_open_path, pick_checkpoint
 from pages.explorer_sections.compare_checkpoints import compare_checkpoints
+from pages.explorer_sections.dense_features import KEPT as DENSE_KEPT
+from pages.explorer_sections.dense_features import dense_features
 from pages.explorer_sections.image_picker import pick_image
 from pages.explorer_sections.map_settings import choose_map, main_map
 from pages.explorer_sections.probe_snapshots import probe_snapshots
 from pages.explorer_sections.state import Shown, keep_settings
-from vit.app import catalog, explorer, words
+from vit.app import catalog, explorer, share, words
 from vit.checkpoint import CheckpointError
 from vit.images import ImageError
 from vit.inference import NonFiniteOutput, input_box, seen_region
@@ -28,11 +39,12 @@ from vit.text import escape_markdown
 # tab hides its toggle): Streamlit forgets such widget state unless it is written back. Each section names its own
 # (a fragment also writes its own back on its own reruns); the page writes back all of them before any may stop it.
 keep_settings(image_picker.KEPT + map_settings.KEPT + main_view.KEPT + analyses.KEPT + ask_in_words.KEPT
-              + features.KEPT + mechanism.KEPT)
+              + features.KEPT + mechanism.KEPT + DENSE_KEPT)
 
 
 # -- checkpoint -----------------------------------------------------------------------------------------------
 
+share_view.read_link(may_open_path())  # a link's view, once per session, before any widget is drawn
 entries, choice, may_open = pick_checkpoint()
 entry = entries[choice]
 st.title("ViT Attention Explorer")
@@ -75,6 +87,7 @@ try:
 except (explorer.TooManyTokens, ImageError, NonFiniteOutput) as e:
     st.error(escape_markdown(e))
     st.stop()
+share_view.apply_model_settings(model_key, analysis, class_names)
 
 # -- map settings (only the controls the chosen map uses) ---------------------------------------------------------
 
@@ -94,6 +107,11 @@ state = Shown(checkpoint=checkpoint, fingerprint=fingerprint, full_checkpoint=fu
               colormap=map_choice.colormap, mode=map_choice.mode, show_grid=map_choice.show_grid,
               scale=map_choice.scale, mask_share=map_choice.mask_share)
 prediction_box = main_view.main_view(state, main, map_choice.query_key, image_name, seen, shown_uri, box, invert)
+# The URL follows the view as it is drawn (issue 50): a link to it reproduces it in a fresh session.
+shared = share_view.view_values(share.model_text(choice, entry.name, share.model_names(entries.values())), state,
+                                image_name, sample, invert)
+share_view.follow(shared)
+share_view.share_buttons(shared, state, main, image_name, entry.name)
 
 # -- ask a CLIP or SigLIP in words (issue 22) ----------------------------------------------------------------------
 
@@ -111,6 +129,10 @@ analyses.analyses(state)
 # -- features: a sparse autoencoder's features of this image, their exemplars and intervention (issue 36) --------
 
 features.features(state, may_open, asked)
+
+# -- what the patches represent: PCA colours, patch similarity, correspondences (issue 48) ----------------------
+
+dense_features(state, entries)
 
 # -- mechanism: logit lens, head attribution, ablation, phenomena (issue 24) ------------------------------------
 

@@ -88,10 +88,13 @@ def fake_hub(_hub_server, tmp_path, monkeypatch):
     _hub_server.repos.clear()
     _hub_server.requests.clear()
     _hub_server.cut_once.clear()
+    _hub_server.sent.clear()
+    _hub_server.release.clear()
     cache = tmp_path / "hf-cache"
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))
     monkeypatch.setenv("HF_HUB_CACHE", str(cache))
     yield _hub_server
+    _hub_server.release.set()  # a silent or trickling answer still under way ends now
 
 
 @pytest.fixture(autouse=True)

@@ -9,6 +9,12 @@ What the client (huggingface_hub 2.x: ``HfApi.model_info``, ``list_repo_tree``, 
 - errors as the Hub sends them: ``X-Error-Code`` ``RepoNotFound`` / ``RevisionNotFound`` / ``EntryNotFound``
   (404) and ``GatedRepo`` (401 without the right ``Authorization: Bearer`` token).
 
+And what a hostile or broken Hub does, per repository: a ``main`` that moves (``FakeHub.push``: the older commit
+stays reachable by its sha), sizes in the file list that are not the files' (``listed_sizes``), a body longer than
+the size it declares (``extra``: sent without Content-Length, then the connection closes), a model info that comes
+only after ``silent_s``, a file body that trickles (``trickle``) or never comes (``stall``), and a redirect loop
+(``redirect_loop``). Whatever waits ends once ``FakeHub.release`` is set (at the end of each test).
+
 Every request is recorded (method, path, headers), so a test can say what was never fetched.
 """
 
@@ -28,6 +34,17 @@ class Repo:
     files: dict[str, bytes]
     sha: str
     gated: bool = False
+    older: dict[str, dict[str, bytes]] = field(default_factory=dict)  # earlier commits' files, by sha
+    listed_sizes: dict[str, int] = field(default_factory=dict)  # what the file list says, where not the truth
+    extra: dict[str, bytes] = field(default_factory=dict)  # sent after the file on a GET, beyond its declared size
+    silent_s: float = 0.0  # the model info comes after this long
+    trickle: set[str] = field(default_factory=set)  # files whose body comes a byte every 0.2 s
+    stall: set[str] = field(default_factory=set)  # files whose GET sends its headers, then nothing
+    redirect_loop: bool = False  # every request is redirected to itself
+
+    def at(self, revision: str) -> dict[str, bytes] | None:
+        """The files at ``revision`` (``main``, the head's sha or an older one), None for an unknown one."""
+        return self.files if revision in ("main", self.sha) else self.older.get(revision)
 
 
 @dataclass
@@ -46,11 +63,21 @@ class FakeHub:
     requests: list[Request] = field(default_factory=list)
     token: str = "hf_test_token_for_gated"
     cut_once: set[str] = field(default_factory=set)
+    release: threading.Event = field(default_factory=threading.Event)
+    sent: dict[str, int] = field(default_factory=dict)  # body bytes written per file GET (the last one)
 
     def add(self, repo_id: str, files: dict[str, bytes], gated: bool = False) -> Repo:
         sha = hashlib.sha1(repo_id.encode() + b"".join(sorted(files.values()))).hexdigest()
         self.repos[repo_id] = Repo(dict(files), sha, gated)
         return self.repos[repo_id]
+
+    def push(self, repo_id: str, files: dict[str, bytes]) -> str:
+        """A new commit on ``main`` holding ``files``; the previous one stays reachable by its sha. The new sha."""
+        repo = self.repos[repo_id]
+        repo.older[repo.sha] = repo.files
+        repo.files = dict(files)
+        repo.sha = hashlib.sha1(repo.sha.encode() + b"".join(sorted(files.values()))).hexdigest()
+        return repo.sha
 
     def add_folder(self, repo_id: str, folder: Path, extra: dict[str, bytes] | None = None, gated: bool = False
                    ) -> Repo:
@@ -109,16 +136,26 @@ def bind(hub: FakeHub, port: int = 0) -> ThreadingHTTPServer:
                 return None
             return repo
 
-        def revision(self, repo: Repo, revision: str) -> bool:
-            if revision not in ("main", repo.sha):
+        def revision(self, repo: Repo, revision: str) -> dict[str, bytes] | None:
+            files = repo.at(revision)
+            if files is None:
                 self.error(404, "RevisionNotFound", f"Invalid rev id: {revision}")
-                return False
-            return True
+            return files
+
+        def sha(self, repo: Repo, revision: str) -> str:
+            return repo.sha if revision in ("main", repo.sha) else revision
 
         def answer(self, head: bool) -> None:
             path = unquote(urlsplit(self.path).path)
             hub.requests.append(Request(self.command, path, {k.lower(): v for k, v in self.headers.items()}))
             parts = path.strip("/").split("/")
+            looping = next((r for r_id, r in hub.repos.items() if r.redirect_loop and r_id in path), None)
+            if looping is not None:
+                self.send_response(302)
+                self.send_header("Location", self.path)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                return
             if parts[:2] == ["api", "models"] and len(parts) >= 4:
                 repo_id = "/".join(parts[2:4])
                 rest = parts[4:]
@@ -126,52 +163,69 @@ def bind(hub: FakeHub, port: int = 0) -> ThreadingHTTPServer:
                 if repo is None:
                     return
                 if rest[:1] == ["tree"] and len(rest) >= 2:
-                    if self.revision(repo, rest[1]):
-                        self.json([self.entry(name, data) for name, data in sorted(repo.files.items())])
+                    files = self.revision(repo, rest[1])
+                    if files is not None:
+                        self.json([self.entry(name, data, repo.listed_sizes.get(name))
+                                   for name, data in sorted(files.items())])
                     return
+                hub.release.wait(repo.silent_s)
                 if not rest or (rest[0] == "revision" and len(rest) == 2 and self.revision(repo, rest[1])):
-                    self.json({"id": repo_id, "modelId": repo_id, "sha": repo.sha, "private": False,
+                    revision = rest[1] if rest else "main"
+                    self.json({"id": repo_id, "modelId": repo_id, "sha": self.sha(repo, revision), "private": False,
                                "gated": "manual" if repo.gated else False,
-                               "siblings": [{"rfilename": name} for name in sorted(repo.files)]})
+                               "siblings": [{"rfilename": name} for name in sorted(repo.at(revision))]})
                 elif rest and rest[0] != "revision":
                     self.error(404, "NotFound")
                 return
             if len(parts) >= 5 and parts[2] == "resolve":
                 repo = self.repo("/".join(parts[:2]))
-                if repo is None or not self.revision(repo, parts[3]):
+                files = None if repo is None else self.revision(repo, parts[3])
+                if files is None:
                     return
                 name = "/".join(parts[4:])
-                if name not in repo.files:
+                if name not in files:
                     self.error(404, "EntryNotFound", f"{name} does not exist")
                     return
-                self.file(repo, name, head)
+                self.file(repo, files[name], self.sha(repo, parts[3]), name, head)
                 return
             self.error(404, "NotFound")
 
         @staticmethod
-        def entry(name: str, data: bytes) -> dict:
+        def entry(name: str, data: bytes, listed: int | None) -> dict:
             oid = hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
-            item = {"type": "file", "oid": oid, "size": len(data), "path": name}
+            size = len(data) if listed is None else listed
+            item = {"type": "file", "oid": oid, "size": size, "path": name}
             if name.endswith((".safetensors", ".bin", ".pth", ".pt")):
-                item["lfs"] = {"oid": hashlib.sha256(data).hexdigest(), "size": len(data), "pointerSize": 134}
+                item["lfs"] = {"oid": hashlib.sha256(data).hexdigest(), "size": size, "pointerSize": 134}
             return item
 
-        def file(self, repo: Repo, name: str, head: bool) -> None:
-            data = repo.files[name]
+        def file(self, repo: Repo, data: bytes, sha: str, name: str, head: bool) -> None:
             start = 0
             wanted = self.headers.get("Range", "")
             if wanted.startswith("bytes=") and not head:
                 start = int(wanted[len("bytes="):].split("-")[0] or 0)
             self.send_response(206 if start else 200)
             self.send_header("ETag", f'"{hashlib.sha256(data).hexdigest()}"')
-            self.send_header("X-Repo-Commit", repo.sha)
+            self.send_header("X-Repo-Commit", sha)
             self.send_header("Accept-Ranges", "bytes")
             self.send_header("Content-Type", "application/octet-stream")
-            self.send_header("Content-Length", str(len(data) - start))
+            extra = repo.extra.get(name, b"") if not head else b""
+            if extra:  # a body longer than declared: no length, the end of the connection ends it
+                self.close_connection = True
+                self.send_header("Connection", "close")
+            else:
+                self.send_header("Content-Length", str(len(data) - start))
             if start:
                 self.send_header("Content-Range", f"bytes {start}-{len(data) - 1}/{len(data)}")
             self.end_headers()
             if head:
+                return
+            if name in repo.stall:
+                hub.release.wait(120)
+                self.close_connection = True
+                return
+            if extra or name in repo.trickle:
+                self.send_slowly(name, data[start:] + extra, 1 if name in repo.trickle else 1 << 16)
                 return
             if name in hub.cut_once:
                 hub.cut_once.discard(name)
@@ -180,6 +234,22 @@ def bind(hub: FakeHub, port: int = 0) -> ThreadingHTTPServer:
                 self.close_connection = True
                 return
             self.wfile.write(data[start:])
+
+        def send_slowly(self, name: str, body: bytes, piece: int) -> None:
+            """``body`` in pieces of ``piece`` bytes (a byte every 0.2 s when 1), counted in ``hub.sent``, until
+            the client hangs up or ``hub.release`` sends the rest at once."""
+            hub.sent[name] = 0
+            try:
+                while hub.sent[name] < len(body):
+                    if piece == 1 and not hub.release.wait(0.2):
+                        chunk = body[hub.sent[name]:hub.sent[name] + 1]
+                    else:
+                        chunk = body[hub.sent[name]:hub.sent[name] + max(piece, 1 << 16)]
+                    self.wfile.write(chunk)
+                    self.wfile.flush()
+                    hub.sent[name] += len(chunk)
+            except OSError:  # the client stopped reading
+                self.close_connection = True
 
     server = ThreadingHTTPServer(("127.0.0.1", port), Handler, bind_and_activate=False)
     server.daemon_threads = True

@@ -127,6 +127,36 @@ def test_page_shows_a_mistakes_file_name_with_its_control_characters(world, dirs
     assert not any("\u202e" in t for t in texts)
 
 
+OUTSIDE_THE_FIGURE = """() => { const svg = document.querySelector('.main-svg').getBoundingClientRect();
+  return [...document.querySelectorAll('.xtick text, .ytick text, .g-xtitle text, .g-ytitle text')]
+    .filter(e => { const b = e.getBoundingClientRect();
+                   return b.left < svg.left - 0.5 || b.right > svg.right + 0.5 || b.top < svg.top - 0.5
+                          || b.bottom > svg.bottom + 0.5; })
+    .map(e => e.textContent); }"""
+
+
+@pytest.mark.browser
+def test_the_analysis_figures_draw_their_tick_labels_and_titles_inside_the_figure():
+    # Issue 45, item 7: the page's figures carry Streamlit's Plotly template (set when streamlit is imported), which
+    # has no automargin: with the margins at 0 the axis numbers, class names and titles fell outside the figure.
+    import streamlit  # noqa: F401  (the template the page's figures are built with)
+    from helpers import chromium
+
+    from vit.explain import figures
+
+    built = [figures.layer_stats_figure(np.linspace(0, 100, 72).reshape(12, 6), "mean attention distance (px)",
+                                        "Mean attention distance per head"),
+             dataset.confusion_figure(np.eye(3), ["airplane", "automobile", "bird"]),
+             figures.massive_activations_figure(np.ones((3, 4))), figures.norm_histogram_figure(np.ones(5), 1.0)]
+    with chromium() as browser:
+        page = browser.new_page(viewport={"width": 700, "height": 600})
+        for fig in built:
+            assert fig.layout.template.layout.xaxis.automargin is None  # Streamlit's template, as on the page
+            page.set_content(fig.update_layout(width=600).to_html(include_plotlyjs=True, full_html=True))
+            page.wait_for_selector(".main-svg .xtick text")
+            assert page.evaluate(OUTSIDE_THE_FIGURE) == [], fig.layout.title.text
+
+
 def test_class_names_in_the_figures_are_text_not_html():
     names = ["<b>x</b>", "<a href='http://example.invalid'>y</a>"]
     confusion = dataset.confusion_figure(np.eye(2), names)

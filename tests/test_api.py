@@ -87,11 +87,40 @@ def test_the_overlay_covers_exactly_the_pixels_the_model_saw(tiny, photo):
     # cropped from x = 5, y = 2: in the original's pixels x from 5 * 40 / 26 to 21 * 40 / 26, y from 3 to 27.
     assert e.input_box == pytest.approx((5 * 40 / 26, 3.0, 21 * 40 / 26, 27.0))
     width, height = e.seen.size
-    assert (width, height) in ((24, 24), (25, 24)) and e.overlay().size == e.seen.size
-    assert e.overlay(alpha=0.0).tobytes() == e.seen.convert("RGB").tobytes()
+    assert (width, height) in ((24, 24), (25, 24)) and e.overlay(scale=1).size == e.seen.size
+    assert e.overlay(alpha=0.0, scale=1).tobytes() == e.seen.convert("RGB").tobytes()
     factor = -(-320 // max(width, height))  # in a notebook: enlarged by a whole factor to 320 px, as the explorer
     shown = Image.open(io.BytesIO(e._repr_png_()))
     assert shown.size == (width * factor, height * factor) and e.figure().layout.images[0].sizex == width * factor
+
+
+def test_the_overlay_of_a_small_image_is_enlarged_pixel_for_pixel(tiny, photo):
+    e = vit.explain(tiny, photo)
+    exact = np.asarray(e.overlay(scale=1))  # (h, w, 3): each pixel the blend of one seen pixel
+    factor = -(-320 // max(e.seen.size))  # 14: the long side at least 320 px
+    enlarged = np.asarray(e.overlay())
+    assert enlarged.shape == (exact.shape[0] * factor, exact.shape[1] * factor, 3)
+    np.testing.assert_array_equal(enlarged, exact.repeat(factor, axis=0).repeat(factor, axis=1))
+    assert e.overlay(scale=2).size == (2 * exact.shape[1], 2 * exact.shape[0])
+    with pytest.raises(ValueError, match="scale must be a whole number of at least 1"):
+        e.overlay(scale=0)
+
+
+def test_an_input_past_the_token_gate_is_refused_before_any_forward_unless_max_tokens_allows_it(
+        tiny, photo, monkeypatch):
+    monkeypatch.setenv("VIT_MAX_TOKENS", "200")
+    embed = tiny.model.embed  # every forward starts there
+
+    def no_forward(*args, **kwargs):
+        raise AssertionError("the model ran before the token gate was checked")
+
+    monkeypatch.setattr(tiny.model, "embed", no_forward)
+    with pytest.raises(ValueError, match=r"257 tokens; at most 256 .* TFLOP .* larger max_tokens"):
+        vit.explain(tiny, photo, "rollout", size=64, max_tokens=256)  # 16 x 16 patches + CLS
+    with pytest.raises(ValueError, match="257 tokens; at most 200"):  # the explorer's gate by default
+        vit.explain(tiny, photo, "rollout", size=64)
+    monkeypatch.setattr(tiny.model, "embed", embed)
+    assert vit.explain(tiny, photo, "rollout", size=64, max_tokens=257).map.shape == (16, 16)
 
 
 def test_an_argument_the_method_does_not_read_is_refused(tiny, photo):

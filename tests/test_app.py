@@ -443,6 +443,24 @@ def hand_analysis() -> explorer.Analysis:
                              input_size=(4, 8), num_prefix_tokens=1)
 
 
+def test_a_class_maps_download_is_named_after_the_class_not_its_index():
+    a = hand_analysis()
+    legrad = explorer.MapSettings(kind="legrad", class_index=1)
+    assert drawing.map_file_name("photo", legrad, a, class_names=["cat", "golden retriever"]) \
+        == "photo-legrad-golden_retriever-overlay.png"
+    assert drawing.map_file_name("photo", legrad, a, class_names=["cat", "tench, Tinca/tinca"]) \
+        == "photo-legrad-tench_Tinca_tinca-overlay.png"
+    assert drawing.map_file_name("photo", legrad, a) == "photo-legrad-class1-overlay.png"  # no names: the index
+    assert drawing.map_file_name("photo", legrad, a, class_names=["cat", "???"]) == "photo-legrad-class1-overlay.png"
+
+
+def test_the_npz_popovers_layer_names_the_array_the_file_holds():
+    a = hand_analysis()
+    with np.load(io.BytesIO(explorer.attentions_npz(a, ["a", "b"], [2 - 1]))) as f:  # the page's layer 2
+        [key] = [k for k in f.files if k.startswith("layer_")]
+    assert drawing.npz_layer_label(2) == f"layer 2 only ({key} in the file)"
+
+
 def test_one_layer_map_is_the_query_row_without_the_cls_key():
     a = hand_analysis()
     head = explorer.attention_map(a, explorer.MapSettings(layer=0, head=1, query=0))

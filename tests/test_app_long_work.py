@@ -126,3 +126,79 @@ def test_the_analyse_pages_dataset_pass_can_be_stopped_and_run_again(world, dirs
     assert not at.exception, [e.message for e in at.exception]
     at.run()  # the page reruns once the work is done (the progress fragment asks for it in a browser)
     assert [m.value for m in at.metric][:2] == ["6", "50.0%"]
+
+
+@pytest.mark.parametrize(("kind", "place", "blocks"), [("legrad", "legrad", 3 + 2), ("lrp", "lrp", 3),
+                                                       ("attnlrp", "attnlrp", 3), ("class", "class map", 3)])
+def test_main_maps_past_a_few_seconds_are_long_work_reporting_each_block(monkeypatch, kind, place, blocks):
+    """Issue 52 item 6: the class map and LeGrad, LRP, AttnLRP at high resolution ran in the script thread, outside
+    the server's bound, and kept computing after their tab closed; they go through long_work as the grids do."""
+    from PIL import Image
+
+    from pages.explorer_sections import caches
+    from vit.checkpoint import Checkpoint, Preprocessing
+    from vit.inference import TRAINING_SIZE
+    from vit.model import ViT
+
+    config = test_app.TINY  # 3 layers, 4 x 4 patches + CLS: 17 tokens
+    checkpoint = Checkpoint(ViT(config).eval(), ["a", "b", "c"], Preprocessing.default_for(config))
+    asked = []
+
+    def recording(key, label, compute, place, unit="passes", kept=None, heavy=True):
+        reports = []
+        result = compute(lambda done, total: reports.append((done, total)))
+        asked.append((place, unit, heavy, reports))
+        return result
+
+    monkeypatch.setattr(caches, "long_work", recording)
+    monkeypatch.setattr(caches, "PROGRESS_TOKENS", 16)
+    image, fingerprint = Image.new("RGB", (16, 16)), (f"bounds test {kind}",)
+    if kind == "class":
+        caches.class_relevance(fingerprint, "digest", TRAINING_SIZE, 1, checkpoint, image)
+    else:
+        caches.method_map(fingerprint, "digest", TRAINING_SIZE, kind, 1, 0, -1, "mean", checkpoint, image)
+    assert asked == [(place, "blocks", True, [(i, blocks) for i in range(1, blocks + 1)])]
+
+
+@pytest.mark.parametrize("kind", ["rollout", "probe_rollout"])
+def test_a_rollout_built_from_chunks_is_long_work_and_the_explorers_rollout(monkeypatch, kind):
+    """Issue 52 item 6: the rollout's row at high resolution (its factors past the cache, every layer recomputed in
+    chunks) ran in the script thread; it is long work, and its map is still the rollout of the whole attentions."""
+    import torch
+    from PIL import Image
+
+    from pages.explorer_sections import caches, map_settings
+    from vit.cache import ByteCache
+    from vit.checkpoint import Checkpoint, Preprocessing
+    from vit.explain.attention import fuse_heads, rollout
+    from vit.inference import TRAINING_SIZE, preprocess
+    from vit.model import ViT, ViTConfig
+
+    config = ViTConfig(image_size=16, patch_size=4, num_classes=3, hidden_size=16, num_layers=3, num_heads=2,
+                       mlp_size=32, pooling="map")  # an attention-pooling probe, and its rollout
+    torch.manual_seed(0)
+    checkpoint = Checkpoint(ViT(config).eval(), ["a", "b", "c"], Preprocessing.default_for(config))
+    image = Image.fromarray(np.random.default_rng(0).integers(0, 256, (16, 16, 3), dtype=np.uint8))
+    analysis = explorer.analyse(checkpoint, image)
+    analysis.cache = ByteCache(64)  # the factors do not fit: the rollout is built row vector by row vector
+    assert not explorer.factors_fit(analysis)
+    asked = []
+
+    def recording(key, label, compute, place, unit="passes", kept=None, heavy=True):
+        reports = []
+        result = compute(lambda done, total: reports.append((done, total)))
+        asked.append((place, unit, reports[-1]))
+        return result
+
+    monkeypatch.setattr(caches, "long_work", recording)
+    settings = explorer.MapSettings(kind=kind, query=5)
+    choice = map_settings.MapChoice(settings, 3, list(range(17)), "query", None, 0.5, "inferno", "auto", "bilinear",
+                                    False, None)
+    shown = map_settings.main_map(checkpoint, (f"rollout test {kind}",), image, "digest", TRAINING_SIZE, analysis,
+                                  choice).map2d
+    assert asked == [("rollout", "layers", (3, 3))]
+    with torch.no_grad():
+        _, attentions = checkpoint.model(preprocess([image], checkpoint.preprocessing), output_attentions=True)
+    whole = rollout(list(attentions), "mean", num_prefix_tokens=1)[0]  # (T, T)
+    row = whole[5] if kind == "rollout" else fuse_heads(analysis.probe[None, :, None], "mean")[0, 0] @ whole
+    np.testing.assert_allclose(shown, row[1:].reshape(4, 4).numpy(), rtol=0, atol=1e-6)

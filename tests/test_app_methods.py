@@ -108,5 +108,22 @@ def test_faithfulness_figure_keeps_room_for_its_x_axis_title(checkpoint):
     """Issue 33, item 6: with a bottom margin of 0 the x-axis title fell below the figure's edge."""
     torch.manual_seed(0)
     fig = drawing.faithfulness_figure(checkpoint, Image.new("RGB", (16, 16)), np.random.rand(4, 4), class_index=0)
-    assert fig.layout.xaxis.title.text.startswith("fraction of patches")
+    assert fig.layout.xaxis.title.text.startswith("patches removed")
     assert fig.layout.xaxis.automargin and fig.layout.margin.b >= 50
+
+
+def test_the_curves_x_axis_ends_in_a_100_percent_tick_under_a_title_that_fits_a_column(checkpoint):
+    # Issue 45, item 10: Plotly's own ticks stopped at 80 %, and the 60-character title was cut in the column.
+    fig = drawing.faithfulness_figure(checkpoint, Image.new("RGB", (16, 16)), np.random.rand(4, 4), class_index=0)
+    axis = fig.layout.xaxis
+    assert axis.tickvals[-1] == 1 and axis.ticktext[-1] == "100%" and axis.range[1] >= 1
+    assert [f"{v:.0%}" for v in axis.tickvals] == list(axis.ticktext)
+    assert len(axis.title.text) <= 50
+
+
+def test_colour_bar_ticks_on_a_narrow_range_are_all_different():
+    # Issue 45, item 10: ".3g" labelled 0.0144, 0.0145, 0.0145.
+    axis = drawing.colorbar_figure(0.0144, 0.0145).layout.xaxis
+    assert list(axis.ticktext) == ["0.0144", "0.014425", "0.01445", "0.014475", "0.0145"]
+    assert list(drawing.colorbar_figure(0.0, 1.0).layout.xaxis.ticktext) == ["0", "0.2", "0.4", "0.6", "0.8", "1"]
+    assert list(drawing.colorbar_figure(12.5, 13812.0).layout.xaxis.ticktext) == ["3000", "6000", "9000", "12000"]

@@ -223,3 +223,22 @@ def test_the_label_box_shows_no_character_counter_and_still_bounds_the_text(clip
     assert not area.proto.max_chars
     ask(at, "a dog, " * 3000)
     assert any("characters long" in e.value for e in at.main.error)
+
+
+def test_a_label_whose_article_the_template_doubles_is_pointed_out():
+    from vit.app import words
+    from vit.explain import prompts
+
+    def described(labels, template, ensemble=False):
+        asked = words.Answer(prompts.Prompts(labels, [template], torch.zeros(len(labels), 2), 100.0, 0.0, "softmax"),
+                             np.zeros(len(labels)), np.full(len(labels), 1 / len(labels)))
+        return words.describe_scores(asked, ensemble)
+
+    assert escape_markdown("“a dog” is read as “a photo of a a dog.”") in described(["cat", "a dog"],
+                                                                                    "a photo of a {}.")
+    assert escape_markdown("“An apple” is read as “a photo of the An apple.”") in described(["An apple"],
+                                                                                           "a photo of the {}.")
+    for labels, template in ((["a dog"], "{}"), (["dog", "another dog", "A"], "a photo of a {}."),
+                             (["a dog"], "a photo of my {}.")):
+        assert "Note" not in described(labels, template)
+    assert "Note" not in described(["a dog"], "a photo of a {}.", ensemble=True)  # 80 templates: not one prompt

@@ -294,3 +294,75 @@ def test_negative_layers_count_from_the_end():
     inputs = LayerInputs(model, hidden, grid)
     torch.testing.assert_close(inputs.rows(-1, [0, 5]), attentions[-1][:, :, [0, 5]], rtol=0, atol=1e-6)
     torch.testing.assert_close(inputs.fused(-2, 5), fuse_heads(attentions[-2])[:, 5], rtol=0, atol=1e-6)
+
+
+def test_attention_flow_past_its_token_limit_is_refused_before_any_forward(monkeypatch):
+    from PIL import Image
+
+    from vit.app import explorer
+    from vit.checkpoint import Checkpoint, Preprocessing
+    from vit.explain import attention_flow
+
+    torch.manual_seed(0)
+    model = ViT(REGISTERS).eval()
+    checkpoint = Checkpoint(model, ["a", "b", "c"], Preprocessing.default_for(REGISTERS))
+    forwards = []
+
+    def spy(*args, **kwargs):
+        forwards.append(kwargs)
+        raise AssertionError("the model ran before the flow's bound was checked")
+
+    monkeypatch.setattr(model, "forward", spy)
+    # 19 tokens (3 prefix + a 4 x 4 grid) over a limit of 12: 9 patches fit, a 3 x 3 grid, 12 px.
+    monkeypatch.setattr(attention_flow, "MAX_FLOW_TOKENS", 12)
+    with pytest.raises(explorer.TooManyTokens, match="19 tokens .* limit of 12.* fits is 12 px"):
+        explorer.model_method_map(checkpoint, Image.new("RGB", (16, 16)), "flow", 0)
+    assert forwards == []
+
+
+@pytest.mark.parametrize(("kind", "blocks"), [("legrad", 3 + 2), ("lrp", 3), ("attnlrp", 3), ("class", 3),
+                                              ("class chunked", 2 * 3)])
+def test_gradient_maps_report_each_block_and_stop_where_their_progress_says_so(monkeypatch, kind, blocks):
+    from PIL import Image
+
+    from vit.app import explorer, work
+    from vit.checkpoint import Checkpoint, Preprocessing
+
+    torch.manual_seed(0)
+    checkpoint = Checkpoint(ViT(REGISTERS).eval(), ["a", "b", "c"], Preprocessing.default_for(REGISTERS))
+    image = Image.new("RGB", (16, 16))
+    if kind == "class chunked":
+        monkeypatch.setattr(explorer, "whole_gradient_bytes", lambda *args: 2**62)  # one block at a time
+
+    def run(progress):
+        if kind.startswith("class"):
+            return explorer.class_relevance(checkpoint, image, 1, progress=progress)
+        return explorer.model_method_map(checkpoint, image, kind, 1, progress=progress)
+
+    reports = []
+    run(lambda done, total: reports.append((done, total)))
+    assert reports == [(i, blocks) for i in range(1, blocks + 1)]
+
+    def stop_at_the_second_block(done, total):
+        if done == 2:
+            raise work.Stopped("its page was closed")
+
+    with pytest.raises(work.Stopped, match="its page was closed"):
+        run(stop_at_the_second_block)
+
+
+def test_the_row_vector_rollout_reports_every_chunk_and_stops_where_its_progress_says_so():
+    from vit.app import work
+
+    model, hidden, attentions, grid = run(REGISTERS)
+    inputs = LayerInputs(model, hidden, grid, query_chunk=5)  # 38 tokens: 8 query chunks per layer
+    reports = []
+    row = inputs.rollout_row(0, num_prefix_tokens=3, progress=lambda done, total: reports.append((done, total)))
+    assert reports == [(0, 3)] * 8 + [(1, 3)] * 8 + [(2, 3)] * 8 + [(3, 3)]
+    torch.testing.assert_close(row, rollout(attentions, num_prefix_tokens=3)[:, 0], rtol=0, atol=1e-6)
+
+    def closed(done, total):
+        raise work.Stopped("its page was closed")
+
+    with pytest.raises(work.Stopped):
+        inputs.rollout_row(0, num_prefix_tokens=3, progress=closed)

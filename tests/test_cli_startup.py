@@ -104,3 +104,11 @@ def test_a_command_whose_reader_closes_the_pipe_ends_quietly():
     reader.stdin.close()
     reader.wait(timeout=30)
     assert result.stderr == "" and result.returncode == 1
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_a_console_script_names_itself_in_its_usage_line(command):
+    # What pip's console-script wrapper does: argv[0] is the script's path, then the entry point pyproject names.
+    script = f"import sys; sys.argv[0] = '/env/bin/vit-{command}'; from vit.{command} import command; command()"
+    result = subprocess.run([sys.executable, "-c", script, "--help"], capture_output=True, text=True, timeout=120)
+    assert result.stdout.startswith(f"usage: vit-{command} "), result.stdout[:200] + result.stderr[-500:]

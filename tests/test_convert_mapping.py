@@ -119,3 +119,86 @@ def test_verify_compares_attentions_when_the_users_forward_returns_them(tmp_path
                  "--verify-args", json.dumps({"config": config})]) == 0
     report = json.loads(capsys.readouterr().out)["verify"]
     assert report["max_logit_difference"] < 1e-5 and report["max_attention_difference"] < 1e-5
+
+
+def hf_vit():
+    """HF transformers' ViT: separate query / key / value layers with biases, the layout most hand-written ViTs have
+    (as a bare state dict, the keys are no layout this program opens)."""
+    transformers = pytest.importorskip("transformers")
+    config = transformers.ViTConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=48,
+                                    image_size=32, patch_size=8, num_labels=10)
+    config._attn_implementation = "eager"  # the path that returns attention probabilities
+    return randomize(transformers.ViTForImageClassification(config)).eval()
+
+
+def test_separate_q_k_v_layers_are_drafted_as_thirds_and_stacked_exactly(tmp_path, capsys):
+    model = hf_vit()
+    torch.save(model.state_dict(), tmp_path / "mine.pt")
+    draft, _ = inspected(capsys, tmp_path / "mine.pt")
+    keys = draft["keys"]
+    assert {f"blocks.\\1.attn.qkv.{kind}:{role}" for kind in ("weight", "bias") for role in "qkv"} <= set(keys.values())
+    assert "?" not in keys.values()
+    assert draft["config"]["qkv_bias"] is True
+    assert "layer_norm_eps" in draft["guessed"] and "image_size" in draft["guessed"]
+    draft["config"].update(num_heads=4, layer_norm_eps=1e-12)  # HF's eps, as "guessed" tells the user to check
+    (tmp_path / "mapping.json").write_text(json.dumps(draft))
+    assert main([str(tmp_path / "mine.pt"), "--map", str(tmp_path / "mapping.json"),
+                 "--out", str(tmp_path / "ours.pt")]) == 0
+    images = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        theirs = model(pixel_values=images, output_attentions=True)
+        ours = load_checkpoint(tmp_path / "ours.pt").model(images, output_attentions=True)
+    assert_same(ours, theirs.logits, list(theirs.attentions))
+
+
+def test_map_names_a_missing_third_of_qkv(tmp_path, capsys):
+    torch.save(hf_vit().state_dict(), tmp_path / "mine.pt")
+    draft, _ = inspected(capsys, tmp_path / "mine.pt")
+    draft["config"]["num_heads"] = 4
+    key_rule = next(rule for rule, target in draft["keys"].items() if target == "blocks.\\1.attn.qkv.weight:k")
+    draft["keys"][key_rule] = None
+    (tmp_path / "mapping.json").write_text(json.dumps(draft))
+    assert main([str(tmp_path / "mine.pt"), "--map", str(tmp_path / "mapping.json"),
+                 "--out", str(tmp_path / "ours.pt")]) == 2
+    err = capsys.readouterr().err
+    assert "no key is mapped to blocks.0.attn.qkv.weight:k" in err and err.count("\n") == 1
+
+
+def test_verify_names_the_keys_and_shapes_that_differ_in_one_line(tmp_path, capsys, monkeypatch):
+    torch.save(notebook_model().state_dict(), tmp_path / "vit.pt")
+    monkeypatch.chdir(SEEDS)
+    assert main([str(tmp_path / "vit.pt"), "--arch", "scratch:num_heads=4", "--out", str(tmp_path / "ours.pt"),
+                 "--verify", "seed004_cifar_vit:VisionTransformer",
+                 "--verify-args", json.dumps({"embed_dim": 64, "num_heads": 4, "depth": 3, "num_classes": 5})]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "the weights do not fit it: they lack encoder.2." in err
+    assert "mlp_head.0.weight is (10, 64) in the weights, (5, 64) in it" in err
+    assert not (tmp_path / "ours.pt").exists()
+
+
+def test_verify_says_when_the_users_forward_fails_at_our_image_size(tmp_path, capsys, monkeypatch):
+    torch.save(notebook_model().state_dict(), tmp_path / "vit.pt")
+    (tmp_path / "mine.py").write_text(  # a user's model that crops its input: it fails inside its own forward
+        "import importlib.util\n"
+        f"spec = importlib.util.spec_from_file_location('notebook', {str(SEEDS / 'seed004_cifar_vit.py')!r})\n"
+        "notebook = importlib.util.module_from_spec(spec)\nspec.loader.exec_module(notebook)\n"
+        "class Cropping(notebook.VisionTransformer):\n"
+        "    def forward(self, x):\n        return super().forward(x[..., :16, :16])\n")
+    monkeypatch.chdir(tmp_path)
+    assert main([str(tmp_path / "vit.pt"), "--arch", "scratch:num_heads=4", "--out", str(tmp_path / "ours.pt"),
+                 "--verify", "mine:Cropping", "--verify-args", json.dumps({"embed_dim": 64, "num_heads": 4,
+                                                                           "depth": 2})]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert "--verify mine:Cropping: its forward fails on 3x32x32 images, the size the weights give ours " \
+           "(RuntimeError: The size of tensor a" in err
+
+
+def test_inspect_says_when_the_program_already_opens_the_weights(tmp_path, capsys):
+    from test_scratch_parity import tintn_experiment
+
+    folder, _ = tintn_experiment(tmp_path, faster=True)
+    for source in (folder, folder / "model_final.pt"):
+        assert main([str(source), "--inspect"]) == 0
+        out, err = capsys.readouterr()
+        assert out == "" and f"{source} already opens as scratch:tintn, with no mapping" in err

@@ -55,7 +55,8 @@ def last_layer_cls_map(path, image: Image.Image) -> np.ndarray:
 def test_compare_mode_shows_both_maps_and_their_difference(two_checkpoints):
     a, b, _, sample, _ = two_checkpoints
     at = run_app()
-    assert at.selectbox(key="compare_with").value is None
+    picker = at.selectbox(key="compare_with")  # its first choice shown, not the placeholder "Choose an option"
+    assert picker.index == 0 and picker.options[0] == "nothing: one checkpoint"
     at = at.selectbox(key="compare_with").set_value(str(b)).run()
     assert not at.exception, [e.message for e in at.exception]
     assert any(s.value == "Compare" for s in at.subheader)

@@ -192,6 +192,39 @@ def test_fused_and_explicit_attention_paths_agree(model):
     torch.testing.assert_close(fused, explicit, rtol=0, atol=1e-5)
 
 
+@pytest.mark.parametrize("rows", [1, 7, 64])  # chunks of queries that do not divide the 65 tokens, and one query
+def test_fused_attention_in_query_chunks_agrees_with_the_explicit_path(model, monkeypatch, rows):
+    import vit.model
+
+    images = torch.randn(2, 3, 32, 32)
+    calls = []
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    def counted(q, *args, **kwargs):
+        calls.append(q.shape[2])
+        return sdpa(q, *args, **kwargs)
+
+    monkeypatch.setattr(vit.model.F, "scaled_dot_product_attention", counted)
+    monkeypatch.setattr(vit.model, "FUSED_CHUNK_FLOPS", rows * 4 * 2 * 4 * 65 * 12)  # B 2, 4 heads of 12, 65 keys
+    with torch.no_grad():
+        chunked, _ = model(images)
+        explicit, _ = model(images, output_attentions=True)
+    assert calls[:-(-65 // rows)] == [rows] * (65 // rows) + ([65 % rows] if 65 % rows else [])
+    torch.testing.assert_close(chunked, explicit, rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("batch", [1, 3])  # one bias for the batch (BEiT's table), or one per image
+def test_fused_attention_in_query_chunks_adds_each_chunks_rows_of_the_bias(monkeypatch, batch):
+    import vit.model
+
+    torch.manual_seed(0)
+    q, k, v = torch.randn(3, 3, 2, 9, 4).unbind(0)  # each (B 3, 2 heads, 9 tokens, 4)
+    bias = torch.randn(batch, 2, 9, 9)
+    whole = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=bias)
+    monkeypatch.setattr(vit.model, "FUSED_CHUNK_FLOPS", 2 * 4 * 3 * 2 * 9 * 4)  # two query rows a chunk
+    torch.testing.assert_close(vit.model.fused_attention(q, k, v, bias=bias), whole, rtol=0, atol=1e-6)
+
+
 def test_fused_and_explicit_paths_agree_with_dropout_in_eval_mode():
     torch.manual_seed(0)
     model = ViT(ViTConfig.from_preset("cifar10-p8", attention_dropout=0.2, drop_path=0.1)).eval()

@@ -218,3 +218,59 @@ def test_mask_contours_run_along_the_patch_borders_of_the_kept_region():
     expected[0:4, 4] = expected[4, 0:4] = True  # the borders with the dropped patches: their first pixels
     assert (drawn == expected).all(), drawn.astype(int)
     assert not np.asarray(draw_mask_contours(image, np.zeros((2, 2), bool))).any()
+
+
+KILLED_MID_STREAM = """
+import os, signal, sys
+import numpy as np
+from vit.explain.overlay import write_npz_streamed
+
+def pieces():
+    yield np.ones((2, 4), np.float32)
+    sys.stdout.flush()
+    os.kill(os.getpid(), getattr(signal, sys.argv[2]))  # as a user's kill, mid-stream
+    yield np.ones((2, 4), np.float32)
+
+write_npz_streamed(sys.argv[1], [("layer_0", (4, 4), np.float32, pieces())])
+"""
+
+
+@pytest.mark.parametrize("how", ["SIGKILL", "SIGTERM"])
+def test_a_streamed_npz_killed_mid_stream_leaves_nothing(tmp_path, how):
+    import subprocess
+    import sys
+
+    (tmp_path / "maps").mkdir()
+    ended = subprocess.run([sys.executable, "-c", KILLED_MID_STREAM, str(tmp_path / "maps" / "image.npz"), how],
+                           capture_output=True, text=True, timeout=300)
+    assert ended.returncode == -getattr(__import__("signal"), how), ended.stderr
+    assert list((tmp_path / "maps").iterdir()) == []
+
+
+def test_a_streamed_npz_replaces_the_file_only_when_complete(tmp_path):
+    from vit.explain.overlay import write_npz_streamed
+
+    path = tmp_path / "image.npz"
+    np.savez(path, layer_0=np.zeros((1,)))
+    write_npz_streamed(path, [("layer_0", (2, 3), np.float32, [np.arange(3), np.arange(3, 6)])],
+                       labels=np.array(["a", "b"]))
+    with np.load(path) as saved:
+        np.testing.assert_array_equal(saved["layer_0"], np.arange(6, dtype=np.float32).reshape(2, 3))
+        np.testing.assert_array_equal(saved["labels"], ["a", "b"])
+    with pytest.raises(ValueError, match="5 values written for shape"):
+        write_npz_streamed(path, [("layer_0", (2, 3), np.float32, [np.arange(5)])])
+    with np.load(path) as saved:
+        assert saved["layer_0"].shape == (2, 3)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["image.npz"]
+
+
+def test_without_o_tmpfile_a_streamed_npz_is_written_beside_and_renamed(tmp_path, monkeypatch):
+    import os
+
+    from vit.explain.overlay import write_npz_streamed
+
+    monkeypatch.delattr(os, "O_TMPFILE")  # as on macOS
+    write_npz_streamed(tmp_path / "image.npz", [("layer_0", (2,), np.float16, [np.ones(2)])])
+    with np.load(tmp_path / "image.npz") as saved:
+        np.testing.assert_array_equal(saved["layer_0"], np.ones(2, np.float16))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["image.npz"]

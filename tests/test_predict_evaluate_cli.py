@@ -390,6 +390,58 @@ def test_predict_refuses_a_size_over_the_limit_on_one_line(files, capsys):
     assert "at most 4096 px" in one_line(capsys.readouterr().err)
 
 
+def test_predict_past_the_token_gate_is_refused_before_any_forward_with_its_work_and_how_to_allow_it(
+        files, capsys, monkeypatch):
+    def no_forward(*args, **kwargs):
+        raise AssertionError("the model ran before the token gate was checked")
+
+    monkeypatch.setattr(ViT, "forward", no_forward)
+    argv = [str(files["checkpoint"]), str(files["wide"]), "--size", "1024", "--keep-aspect"]
+    assert predict_cli.main(argv) == 2  # 256 x 256 patches + CLS
+    message = one_line(capsys.readouterr().err)
+    # 2 layers x (2 x T x 16 x 64 + 4 x T x 16 x 32 + 4 x T² x 16 FLOPs): 550.3 G at T = 65,537, 176,256 at 17
+    assert "65,537 tokens" in message and "at most 16,384" in message and "0.6 TFLOP" in message
+    assert "3,122,217x" in message and "--max-tokens 65537" in message and "VIT_MAX_TOKENS" in message
+    assert predict_cli.main([*argv, "--max-tokens", "65536"]) == 2
+    capsys.readouterr()
+    monkeypatch.setenv("VIT_MAX_TOKENS", "200")
+    assert predict_cli.main([str(files["checkpoint"]), str(files["wide"]), "--size", "64"]) == 2  # 257 tokens
+    assert "257 tokens" in one_line(capsys.readouterr().err)
+
+
+def test_predict_runs_an_input_past_the_token_gate_when_allowed(files, capsys, monkeypatch):
+    monkeypatch.setenv("VIT_MAX_TOKENS", "200")
+    assert predict_cli.main([str(files["checkpoint"]), str(files["wide"]), "--size", "64", "--max-tokens", "257"]) == 0
+    assert len(json.loads(capsys.readouterr().out)) == 1
+
+
+@pytest.mark.slow
+def test_a_long_prediction_reports_progress_and_stops_at_ctrl_c(files):
+    import signal
+    import time
+
+    # 65,537 tokens on the tiny model: a layer's attention is 4 x T² x 16 = 275 GFLOP, tens of seconds on one core.
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    command = [sys.executable, "-m", "vit.predict", str(files["checkpoint"]), str(files["wide"]), "--size", "1024",
+               "--max-tokens", "65537"]
+    process = subprocess.Popen(command, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True)
+    try:
+        line = process.stderr.readline()  # blocks until the first progress line, past PROGRESS_AFTER_S
+        assert "vit.predict: layer 1 of 2 running" in line and "Ctrl-C stops it" in line, line
+        process.send_signal(signal.SIGINT)
+        asked = time.monotonic()
+        process.wait(timeout=60)
+        waited = time.monotonic() - asked
+    finally:
+        process.kill()
+        process.wait()
+    rest = process.stderr.read()
+    assert process.returncode == 130 and "vit.predict: interrupted" in rest and "Traceback" not in rest
+    # Stopped long before the forward would end (minutes): within a chunk of attention, not at the layer's end.
+    assert waited < 20, waited
+
+
 def test_evaluate_at_another_square_size(files, capsys, monkeypatch):
     import vit.inference
 
@@ -404,3 +456,26 @@ def test_evaluate_at_another_square_size(files, capsys, monkeypatch):
     assert evaluate_cli.main([str(files["checkpoint"]), "--data", str(files["data"]), "--size", "32"]) == 0
     assert json.loads(capsys.readouterr().out)["count"] == 3
     assert shapes and set(shapes) == {(32, 32)}  # not the checkpoint's 16 px
+
+
+def test_predict_opens_a_vit_train_run_folder_by_its_best_checkpoint(files, tmp_path, capsys):
+    from vit.sources.open import open_source
+
+    run = tmp_path / "run"  # what vit.train writes beside its checkpoints: its arguments and its status
+    run.mkdir()
+    (run / "config.json").write_text(json.dumps({"args": {"preset": "cifar-s", "epochs": 1}}))
+    (run / "status.json").write_text(json.dumps({"state": "completed"}))
+    (run / "best.pt").write_bytes(files["always_cat"].read_bytes())
+    (run / "last.pt").write_bytes(files["checkpoint"].read_bytes())
+    assert open_source(run).path == run / "best.pt"
+    assert predict_cli.main([str(run), str(files["wide"])]) == 0
+    assert json.loads(capsys.readouterr().out)[0]["predictions"][0]["label"] == "cat"
+
+
+def test_a_folder_of_links_out_of_it_says_they_are_skipped_and_why(files, tmp_path):
+    data = tmp_path / "linked"
+    for name in ("cat", "dog"):
+        (data / name).mkdir(parents=True)
+        (data / name / "0.png").symlink_to(files["wide"])  # outside the data folder
+    with pytest.raises(predict_cli.UsageError, match=r"no images in .*<image>; 2 image link\(s\) in it point outside "):
+        evaluate_cli.labelled_files(data, CLASSES)

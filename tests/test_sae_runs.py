@@ -218,3 +218,77 @@ def test_an_unreachable_ray_address_is_one_line_and_writes_nothing(tmp_path, cap
 def test_workers_without_ray_are_refused(tmp_path, capsys):
     assert train(tmp_path / "o", "--workers", "2") == 2
     assert "--workers needs --ray ADDRESS" in capsys.readouterr().err
+
+
+def test_a_resume_right_after_a_sigkill_is_not_refused_for_the_dead_pid_s_fresh_heartbeat(tmp_path, monkeypatch):
+    import socket
+    import subprocess
+
+    from vit.runfiles import now_iso
+
+    sigterm_at_step(monkeypatch, 2)
+    assert train(tmp_path / "sae") == 0
+    monkeypatch.undo()
+    gone = subprocess.Popen(["true"])
+    gone.wait()  # a pid of this host whose process has ended, as a SIGKILLed run's
+    status = json.loads((tmp_path / "sae" / "status.json").read_text())
+    status.update(state="running", pid=gone.pid, host=socket.gethostname(), updated_time=now_iso())
+    (tmp_path / "sae" / "status.json").write_text(json.dumps(status))
+    assert main(["train", "--resume", str(tmp_path / "sae")]) == 0
+    assert read_status(tmp_path / "sae" / "status.json")["state"] == "completed"
+
+
+def test_a_resume_of_a_run_whose_process_still_beats_names_it(tmp_path, monkeypatch, capsys):
+    import socket
+
+    from vit.runfiles import now_iso
+
+    sigterm_at_step(monkeypatch, 2)
+    assert train(tmp_path / "sae") == 0
+    status = json.loads((tmp_path / "sae" / "status.json").read_text())
+    status.update(state="running", pid=os.getpid(), host=socket.gethostname(), updated_time=now_iso())
+    (tmp_path / "sae" / "status.json").write_text(json.dumps(status))
+    capsys.readouterr()
+    assert main(["train", "--resume", str(tmp_path / "sae")]) == 2
+    err = capsys.readouterr().err
+    assert f"the run is still running (pid {os.getpid()} on {socket.gethostname()}" in err and err.count("\n") == 1
+
+
+def test_an_unfinished_run_opened_as_an_sae_says_it_has_not_finished(tmp_path, monkeypatch):
+    from vit.features.formats import open_sae
+    from vit.features.sae import SAEError
+
+    sigterm_at_step(monkeypatch, 2)
+    assert train(tmp_path / "sae") == 0
+    with pytest.raises(SAEError, match=r"is an SAE run that has not finished \(no cfg\.json yet\): wait for it to "
+                                       r"end, or continue it with python -m vit\.sae train --resume "):
+        open_sae(tmp_path / "sae")
+
+
+def test_an_image_added_to_the_folder_before_a_resume_is_not_read_by_it(tmp_path, monkeypatch):
+    import shutil
+
+    data = tmp_path / "data"
+    shutil.copytree(SAMPLES, data)
+    whole, stopped = tmp_path / "whole", tmp_path / "stopped"
+    assert main(["train", str(CHECKPOINT), "--data", str(data), *TINY, "--out", str(whole)]) == 0
+    with monkeypatch.context() as m:
+        sigterm_at_step(m, 12)
+        assert main(["train", str(CHECKPOINT), "--data", str(data), *TINY, "--out", str(stopped)]) == 0
+    for name in ("aa_broken.png", "zz_broken.jpg"):  # would sort and shuffle in among the run's own images
+        (data / name).write_bytes(b"not an image")
+    assert main(["train", "--resume", str(stopped)]) == 0
+    a, b = load_file(whole / "sae_weights.safetensors"), load_file(stopped / "sae_weights.safetensors")
+    assert all(torch.equal(a[name], b[name]) for name in a)
+
+
+def test_a_resume_whose_list_of_images_leads_out_of_the_data_folder_is_one_line(tmp_path, monkeypatch, capsys):
+    sigterm_at_step(monkeypatch, 2)
+    assert train(tmp_path / "sae") == 0
+    files = json.loads((tmp_path / "sae" / "files.json").read_text())
+    files["train"][0] = "../../etc/passwd"
+    (tmp_path / "sae" / "files.json").write_text(json.dumps(files))
+    capsys.readouterr()
+    assert main(["train", "--resume", str(tmp_path / "sae")]) == 2
+    err = capsys.readouterr().err
+    assert "files.json names '../../etc/passwd', which is not a file under" in err and err.count("\n") == 1

@@ -259,3 +259,25 @@ def test_a_config_json_without_any_model_type_or_weights_is_refused_briefly(tmp_
     with pytest.raises(SourceError, match="no Hugging Face or timm config") as error:
         open_source(tmp_path)
     assert len(str(error.value)) < 300
+
+
+def test_tintn_image_size_no_multiple_of_its_patch_opens_as_its_convolution_computes(tmp_path):
+    """tintn's Conv2d(stride=P) on a 30-px image reads a 7x7 grid (28 px) and drops the last 2 rows and columns."""
+    from PIL import Image
+
+    from vit.images import to_uint8
+
+    config = {**TINTN_CONFIG, "image_size": 30, "use_faster_attention": True}
+    model = randomize(seed("seed000_tintn_vit").ViTForClassfication(config))
+    save = seed("seed000_tintn_utils_save")
+    save.save_experiment("odd", config, model, [1.0], [1.0], [0.1], base_dir=str(tmp_path))
+    checkpoint = open_source(tmp_path / "odd")
+    images = torch.randn(2, 3, 30, 30)
+    with torch.no_grad():
+        logits, attentions = model(images, output_attentions=True)
+        assert_same(checkpoint.model(images[..., :28, :28], output_attentions=True), logits, attentions)
+    p = checkpoint.preprocessing
+    assert (p.image_size, p.resize_size, p.crop_rule) == (28, 30, "top_left")
+    image = Image.fromarray(torch.randint(0, 256, (40, 50, 3), dtype=torch.uint8).numpy())
+    assert torch.equal(to_uint8(image, 28, 3, 30, p.resize_mode, p.resample, p.crop_rule),
+                       to_uint8(image, 30, 3, resample=p.resample)[:, :28, :28])

@@ -86,13 +86,14 @@ def test_arch_arguments_open_a_bare_state_dict(tmp_path):
     path = save(tmp_path, model, None)
     images = torch.randn(1, 3, 32, 32)
     with torch.no_grad():
-        checkpoint = open_source(path, arch="vit_pytorch:heads=2")
+        checkpoint = open_source(path, arch="vit_pytorch:heads=2,patch_size=4,image_size=32")
         assert_same(checkpoint.model(images, output_attentions=True), *Recorder(model)(images))
 
 
-def test_heads_the_weights_cannot_tell_are_asked_for_in_one_line(tmp_path):
+def test_what_the_weights_cannot_tell_is_asked_for_in_one_line(tmp_path):
     path = save(tmp_path, vit_pytorch.ViT(**VIT_CASES["cls-dim_head"]), None)
-    with pytest.raises(SourceError, match=r"how many heads.*pass heads=N \(--arch vit_pytorch:heads=N") as error:
+    with pytest.raises(SourceError, match=r"do not say heads, patch_size, image_size: pass heads=N, "
+                                          r"patch_size=N, image_size=N \(--arch vit_pytorch:heads=N") as error:
         open_source(path)
     assert "\n" not in str(error.value)
 
@@ -100,8 +101,8 @@ def test_heads_the_weights_cannot_tell_are_asked_for_in_one_line(tmp_path):
 def test_simple_vit_image_size_is_asked_for_in_one_line(tmp_path):
     path = save(tmp_path, SimpleViT(image_size=32, patch_size=4, num_classes=10, dim=32, depth=1, heads=4,
                                     mlp_dim=48), None)
-    with pytest.raises(SourceError, match="image_size=N"):
-        open_source(path, arch="vit_pytorch:heads=4")
+    with pytest.raises(SourceError, match="do not say image_size: pass image_size=N"):
+        open_source(path, arch="vit_pytorch:heads=4,patch_size=4")
 
 
 def test_simple_vit_starts_a_run_with_vit_train_init_exactly(tmp_path):
@@ -127,7 +128,7 @@ def test_vit_pytorch_1_0_prenorm_layout_opens_exactly(tmp_path):
     model = randomize(ViT_1_0(**arguments))
     path = save(tmp_path, model, None)
     with pytest.raises(SourceError, match="pass pool=cls"):
-        open_source(path, arch="vit_pytorch:heads=4")
+        open_source(path, arch="vit_pytorch:heads=4,patch_size=8,image_size=32")
     images = torch.randn(2, 3, 32, 32)
     recorded = []
     for module in model.modules():
@@ -135,7 +136,7 @@ def test_vit_pytorch_1_0_prenorm_layout_opens_exactly(tmp_path):
             module.attend.register_forward_hook(lambda _, __, out: recorded.append(out))
     with torch.no_grad():
         logits = model(images)
-        checkpoint = open_source(path, arch="vit_pytorch:heads=4,pool=cls")
+        checkpoint = open_source(path, arch="vit_pytorch:heads=4,pool=cls,patch_size=8,image_size=32")
         assert_same(checkpoint.model(images, output_attentions=True), logits, torch.stack(recorded, dim=1))
 
 
@@ -143,3 +144,65 @@ def test_layer_decay_puts_vit_pytorchs_patch_norms_with_the_embeddings():
     from vit.training.trainer import layer_id
 
     assert layer_id("patch_norm.weight", 6) == layer_id("embed_norm.bias", 6) == layer_id("patch_embed.weight", 6) == 0
+
+
+NON_SQUARE = {  # vit-pytorch's own models whose patch counts are squares, so the weights look like square ones'
+    "patch_size": dict(image_size=32, patch_size=(2, 8), num_classes=10, dim=32, depth=1, heads=2, mlp_dim=48),
+    "image_size": dict(image_size=(16, 64), patch_size=4, num_classes=10, dim=32, depth=1, heads=2, mlp_dim=48),
+}
+
+
+@pytest.mark.parametrize("argument", list(NON_SQUARE))
+def test_non_square_patches_or_images_are_not_opened_as_square_ones(tmp_path, argument):
+    arguments = NON_SQUARE[argument]
+    path = save(tmp_path, vit_pytorch.ViT(**arguments), {"heads": 2})  # the sides the weights cannot tell
+    with pytest.raises(SourceError, match=r"do not say patch_size, image_size: pass patch_size=N, image_size=N"):
+        open_source(path)
+    (tmp_path / "config.json").write_text(json.dumps(arguments))
+    with pytest.raises(SourceError, match=rf"{argument}=\[\d+, \d+\] is not square") as error:
+        open_source(path)
+    assert "\n" not in str(error.value)
+
+
+def test_square_sides_given_as_pairs_open_exactly(tmp_path):
+    arguments = dict(image_size=(32, 32), patch_size=(8, 8), num_classes=10, dim=32, depth=2, heads=4, mlp_dim=48)
+    model = randomize(vit_pytorch.ViT(**arguments))
+    path = save(tmp_path, model, arguments)
+    images = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        assert_same(open_source(path).model(images, output_attentions=True), *Recorder(model)(images))
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    ({"depth": 10**6}, r"depth=1000000 contradicts the weights \(its layers number 2\)"),
+    ({"dim": 64}, r"dim=64 contradicts the weights \(the model's width is 32\)"),
+    ({"mlp_dim": 4}, r"mlp_dim=4 contradicts the weights"),
+    ({"num_classes": 3}, r"num_classes=3 contradicts the weights"),
+    ({"image_size": float("nan")}, r"image_size must be a positive whole number, got nan"),
+    ({"image_size": 1e6}, r"image_size must be a positive whole number, got 1000000.0"),
+    ({"image_size": 64}, r"image_size=64 in 8-px patches makes 64 patches, but the position table has 16"),
+    ({"patch_size": 4}, r"not 3 channels of 4x4 patches"),
+    ({"emb_dropout": 2}, r"emb_dropout must be a number in \[0, 1\)"),
+])
+def test_a_config_json_the_weights_contradict_is_refused_naming_the_value(tmp_path, change, message):
+    arguments = VIT_CASES["cls-dim_head"]
+    path = save(tmp_path, vit_pytorch.ViT(**arguments), {**arguments, **change})
+    with pytest.raises(SourceError, match=message) as error:
+        open_source(path)
+    assert "\n" not in str(error.value)
+
+
+def test_other_vit_pytorch_variants_are_refused_naming_what_they_are(tmp_path):
+    from vit_pytorch.deepvit import DeepViT
+    from vit_pytorch.simple_vit_with_value_residual import SimpleViT as ValueResidualViT
+
+    arguments = dict(image_size=32, patch_size=8, num_classes=10, dim=32, depth=2, heads=4, mlp_dim=48)
+    path = save(tmp_path, DeepViT(**arguments), arguments)
+    with pytest.raises(SourceError, match=r"reattn_weights is in no vit-pytorch ViT or SimpleViT: these weights are "
+                                          r"DeepViT .*does not open") as error:
+        open_source(path)
+    assert "pool" not in str(error.value)
+    path = save(tmp_path, ValueResidualViT(**arguments), arguments)
+    with pytest.raises(SourceError, match=r"transformer\.layers\.0\.1\.0\.weight is in no vit-pytorch ViT or "
+                                          r"SimpleViT: these weights are another vit-pytorch model"):
+        open_source(path)

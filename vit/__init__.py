@@ -45,7 +45,8 @@ atexit.register(_freeze_at_exit)
 
 API = ("load", "explain", "methods", "shipped", "samples", "ask", "ask_methods", "mechanism", "head_effects",
        "ablate", "reference_means", "patching", "registers", "Explanation",
-       "Answer")  # no name of a module: vit.predict is the command
+       "Answer", "pca", "similarity", "correspondences", "PCA", "Similarity",
+       "Correspondences")  # no name of a module: vit.predict is the command
 
 
 def __getattr__(name: str):

@@ -17,6 +17,7 @@ preprocessing resizes and normalises every image, as it does a file's).
 from __future__ import annotations
 
 import io
+import math
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -177,11 +178,21 @@ class Explanation:
     target: str | None = None  # the explained class (class-specific maps) or label (vit.ask)
     query: int = 0
     description: str = field(default="", repr=False)
+    heads: np.ndarray | None = field(default=None, repr=False)  # (H, gh, gw): the query's row in each head
+    heads_layer: int | None = None  # from 0: the layer of ``heads``
+    settings: dict = field(default_factory=dict, repr=False)  # what made it, for ``to_html``
 
-    def overlay(self, alpha: float = 0.6, colormap: str = "inferno") -> Image.Image:
-        """The map blended over the pixels the model saw, at the image's own resolution; signed maps (AttnLRP) on
-        a diverging scale around 0."""
-        return self._overlay(self.seen, alpha, colormap)
+    def overlay(self, alpha: float = 0.6, colormap: str = "inferno", scale: int | None = None) -> Image.Image:
+        """The map blended over the pixels the model saw, at the image's own resolution times ``scale``; signed maps
+        (AttnLRP) on a diverging scale around 0. ``scale`` (a whole number; default: the smallest that brings the
+        long side to 320 px, 1 for larger images) repeats each pixel, so a 32-px image is visible and exact."""
+        if scale is None:
+            scale = max(1, math.ceil(320 / max(self.seen.size)))
+        if not isinstance(scale, (int, np.integer)) or scale < 1:
+            raise ValueError(f"scale must be a whole number of at least 1, got {scale!r}")
+        blended = self._overlay(self.seen, alpha, colormap)
+        return blended if scale == 1 else blended.resize((blended.width * scale, blended.height * scale),
+                                                         Image.Resampling.NEAREST)
 
     def _overlay(self, image: Image.Image, alpha: float, colormap: str) -> Image.Image:
         cmap, vmin, vmax = drawing.map_colours(self.method if self.method in drawing.SIGNED_MAP_KINDS else "",
@@ -200,6 +211,23 @@ class Explanation:
                                            self.num_prefix_tokens, show_grid=False, fit_width=shown.size[0],
                                            zoomable=True)
 
+    def to_html(self, path: str | os.PathLike, alpha: float = 0.6, colormap: str = "inferno") -> Path:
+        """Writes the explorer's export of this view to ``path``: one self-contained ``.html`` (the image, the map
+        with its colour bar and caption, the heads grid, the prediction and the settings; hover a patch for its
+        value) that opens offline. Returns the path."""
+        from vit.app.export import View, view_html
+
+        cmap, vmin, vmax = drawing.map_colours(self.method if self.method in drawing.SIGNED_MAP_KINDS else "",
+                                               self.map, colormap)
+        layer = "" if self.heads_layer is None else f"Layer {self.heads_layer + 1}: "
+        view = View(title=f"{explorer.MAP_KINDS[self.method]}", seen=self.seen, map2d=self.map,
+                    caption=self.description, colormap=cmap, vmin=vmin, vmax=vmax, opacity=alpha, heads=self.heads,
+                    heads_caption=f"{layer}each head's attention of token {self.query}.",
+                    prediction=self.prediction, settings=self.settings)
+        path = Path(path)
+        path.write_text(view_html(view), encoding="utf-8")
+        return path
+
     def _repr_png_(self) -> bytes:
         buffer = io.BytesIO()
         self._shown().save(buffer, format="PNG")
@@ -208,7 +236,7 @@ class Explanation:
 
 def explain(checkpoint: Checkpoint, image: ImageLike, method: str = "rollout", *, target: int | str | None = None,
             layer: int | None = None, head: int | None = None, query: int | None = None,
-            size: int | InputSize | None = None) -> Explanation:
+            size: int | InputSize | None = None, max_tokens: int | None = None) -> Explanation:
     """The ``method`` map (a key of ``methods()``) of ``image`` (a PIL image, a file, an array or a tensor: see the
     module docstring), as the explorer draws it.
 
@@ -217,7 +245,9 @@ def explain(checkpoint: Checkpoint, image: ImageLike, method: str = "rollout", *
     (``attention``, ``probe``; default the heads averaged), ``query`` (the token whose map it is: ``attention``,
     ``rollout``, ``class``, ``lrp``, ``flow``; default 0, CLS), ``target`` (the explained class, an index or a name:
     ``class``, ``legrad``, ``lrp``, ``attnlrp``; default the predicted one). ``size``: the input side in pixels
-    (default the model's own), rounded to whole patches. Raises ValueError with a message that says what to do.
+    (default the model's own), rounded to whole patches. ``max_tokens``: the explorer's token gate (default env
+    VIT_MAX_TOKENS, else 16,384), checked before any work; a larger input is refused with the work it would be.
+    Raises ValueError with a message that says what to do.
     """
     if method not in explorer.MAP_KINDS:
         raise ValueError(f"unknown method {method!r}; choose one of: {', '.join(explorer.MAP_KINDS)}")
@@ -240,7 +270,8 @@ def explain(checkpoint: Checkpoint, image: ImageLike, method: str = "rollout", *
     head = None if head is None else _index(head, H, "head", f"this model has {H} heads per layer")
     class_index = _class_index(checkpoint, target)
     image, size = _image(image), _size(size)
-    analysis = explorer.analyse(checkpoint, image, size)
+    analysis = explorer.analyse(checkpoint, image, size, max_tokens=max_tokens,
+                                allow="pass vit.explain a larger max_tokens (or set VIT_MAX_TOKENS)")
     if method not in explorer.map_kinds(analysis, bool(checkpoint.class_names)):
         raise ValueError(f"{method} does not apply to this model ({_APPLIES_TO[method]})")
     T = analysis.num_tokens
@@ -256,10 +287,15 @@ def explain(checkpoint: Checkpoint, image: ImageLike, method: str = "rollout", *
                                                settings.end_layer, settings.fusion, size)
     map2d = explorer.attention_map(analysis, settings, relevance, method_map)
     explained = checkpoint.class_names[class_index] if method in explorer.CLASS_MAP_KINDS else None
+    heads_layer = settings.layer % L
+    shown = {"method": method, "layer": layer, "head": head, "query": query, "target": explained,
+             "size": "the model's" if size.side is None else size.side}
     return Explanation(method, np.asarray(map2d, dtype=np.float32), image, seen_region(image, checkpoint.preprocessing,
                        size), input_box(image.size, checkpoint.preprocessing, size), analysis.grid,
                        analysis.num_prefix_tokens, analysis.prediction if checkpoint.class_names else None,
-                       explained, settings.query, drawing.describe_map(settings, analysis, checkpoint.class_names))
+                       explained, settings.query, drawing.describe_map(settings, analysis, checkpoint.class_names),
+                       explorer.head_maps(analysis, settings.query, heads_layer), heads_layer,
+                       {k: v for k, v in shown.items() if v is not None})
 
 
 @dataclass
@@ -402,3 +438,192 @@ def registers(checkpoint: Checkpoint, image: ImageLike, references: Sequence[Ima
     after one register is added to ``image``."""
     return explorer.registers_view(checkpoint, _image(image), [_image(r) for r in references], threshold, top_k,
                                    _size(size))
+
+
+# -- dense features: PCA colours, patch similarity, correspondences (the explorer's "What the patches represent") --
+
+def _analysed(checkpoint: Checkpoint, image: ImageLike, size: int | InputSize | None):
+    """``(image, size, analysis)``, the dense views' memory bound checked before the forward."""
+    from vit.app import dense
+
+    image, size = _image(image), _size(size)
+    dense.check_dense_fits(checkpoint, image, size)
+    return image, size, explorer.analyse(checkpoint, image, size)
+
+
+def _save(path: str | os.PathLike, picture: Image.Image, arrays: dict[str, np.ndarray]) -> Path:
+    """``path``: ``.png`` writes ``picture``, ``.npz`` the arrays; anything else is refused."""
+    path = Path(path)
+    suffix = path.suffix.lower()
+    if suffix == ".png":
+        picture.save(path, format="PNG")
+    elif suffix == ".npz":
+        np.savez_compressed(path, **arrays)
+    else:
+        raise ValueError(f"cannot save as {path.suffix or 'a file without a suffix'}; give a .png or .npz path")
+    return path
+
+
+@dataclass
+class PCA:
+    """The first three principal components of one layer's patch tokens as RGB: ``map (rows, cols, 3)`` in [0, 1],
+    ``mask (rows, cols)`` the foreground (None without one), drawn over ``seen``, the pixels the model saw."""
+
+    map: np.ndarray
+    mask: np.ndarray | None
+    image: Image.Image
+    seen: Image.Image
+    grid: tuple[int, int]
+    layer: int
+    num_prefix_tokens: int
+
+    def picture(self, opacity: float = 1.0) -> Image.Image:
+        """The colours as flat patches over the seen pixels at the image's resolution (``opacity`` < 1 blends)."""
+        from vit.app import dense
+
+        return dense.pca_picture(self.seen, self.map, opacity)
+
+    def figure(self, opacity: float = 1.0):
+        """A Plotly figure of the picture at display size (zoom with the wheel); hovering names each patch."""
+        from vit.app import dense
+
+        shown = dense.pca_picture(drawing.display_image(self.seen), self.map, opacity)
+        return drawing.patch_picker_figure(shown.size, drawing.jpeg_data_uri(shown), self.grid, -1,
+                                           self.num_prefix_tokens, show_grid=False, fit_width=shown.size[0],
+                                           zoomable=True)
+
+    def save(self, path: str | os.PathLike) -> Path:
+        """``.png``: the picture; ``.npz``: ``map``, ``mask`` (all True without one), ``layer``."""
+        mask = np.ones(self.grid, dtype=bool) if self.mask is None else self.mask
+        return _save(path, self.picture(), {"map": self.map, "mask": mask, "layer": np.int64(self.layer)})
+
+    def _repr_png_(self) -> bytes:
+        buffer = io.BytesIO()
+        self.picture().save(buffer, format="PNG")
+        return buffer.getvalue()
+
+
+def pca(checkpoint: Checkpoint, image: ImageLike | Sequence[ImageLike], layer: int | None = None, *,
+        foreground: float | None = None, flip: bool = False, size: int | InputSize | None = None
+        ) -> PCA | list[PCA]:
+    """The first three principal components of ``layer``'s patch tokens (default the last, after the final norm,
+    as DINOv3's PCA notebook; CLS and registers left out) as RGB colours ``sigmoid(2 x whitened projection)``.
+
+    A list of images is fitted together (a colour means the same in all) and gives a list. ``foreground``: a
+    threshold on the first component; the patches above it (below with ``flip``) are fitted again alone and the
+    rest is black. Raises ``TooManyTokens`` (the largest size that fits) past the analysis memory bound."""
+    from vit.app import dense
+
+    images = list(image) if isinstance(image, (list, tuple)) else [image]
+    if not images:
+        raise ValueError("give at least one image")
+    analysed = [_analysed(checkpoint, i, size) for i in images]
+    index = dense.layer_index(analysed[0][2], layer)
+    views = dense.pca_views([checkpoint] * len(analysed), [a for _, _, a in analysed], index, foreground, flip)
+    results = [PCA(v.colours.astype(np.float32), v.mask, i, seen_region(i, checkpoint.preprocessing, s), a.grid,
+                   index, a.num_prefix_tokens) for v, (i, s, a) in zip(views, analysed, strict=True)]
+    return results if isinstance(image, (list, tuple)) else results[0]
+
+
+@dataclass
+class Similarity(Explanation):
+    """The cosine similarity of one token to every patch: ``map (rows, cols)`` over ``seen`` (of the image the map
+    is of), ``query`` the token (of the query image)."""
+
+    layer: int = -1
+
+    def save(self, path: str | os.PathLike) -> Path:
+        """``.png``: the overlay; ``.npz``: ``map``, ``query``, ``layer``."""
+        return _save(path, self.overlay(), {"map": self.map, "query": np.int64(self.query),
+                                            "layer": np.int64(self.layer)})
+
+
+def similarity(checkpoint: Checkpoint, image: ImageLike, query: int = 0, layer: int | None = None, *,
+               target: ImageLike | None = None, size: int | InputSize | None = None) -> Similarity:
+    """The cosine similarity of token ``query`` of ``image`` (0 is CLS, patch ``p`` is ``p + num_prefix_tokens``,
+    as ``explain`` counts) at ``layer`` (default the last; tokens after the final norm) to every patch of
+    ``target`` (default ``image`` itself) at the same layer: ``.map`` is ``(rows, cols)`` over ``target``."""
+    from vit.app import dense
+
+    image, size, analysis = _analysed(checkpoint, image, size)
+    index = dense.layer_index(analysis, layer)
+    T = analysis.num_tokens
+    token = _index(query, T, "query", f"this input has {T} tokens")
+    vector = dense.query_vector(checkpoint, analysis, token, index)
+    shown, shown_analysis = image, analysis
+    if target is not None:
+        shown, _, shown_analysis = _analysed(checkpoint, target, size)
+    map2d = dense.similarity_map(checkpoint, shown_analysis, vector, index)
+    p = checkpoint.preprocessing
+    return Similarity("similarity", map2d.astype(np.float32), shown, seen_region(shown, p, size),
+                      input_box(shown.size, p, size), shown_analysis.grid, shown_analysis.num_prefix_tokens,
+                      query=token if target is None else -1, layer=index,
+                      description=f"cosine similarity to token {token} at layer {index + 1}")
+
+
+@dataclass
+class Correspondences:
+    """Matched patches of two images, best first: ``matches (M, 2)`` row-major patch indices ``(in A, in B)``,
+    ``scores (M,)`` their cosine similarity, ``points_a`` / ``points_b`` ``(M, 2)`` the patch centres ``(x, y)`` in
+    each image's own pixels."""
+
+    matches: np.ndarray
+    scores: np.ndarray
+    points_a: np.ndarray
+    points_b: np.ndarray
+    seen_a: Image.Image
+    seen_b: Image.Image
+    grid_a: tuple[int, int]
+    grid_b: tuple[int, int]
+
+    def picture(self, height: int = 320) -> Image.Image:
+        """The two images side by side, each match a line between its patches."""
+        from vit.app import dense
+
+        return dense.matches_picture(self.seen_a, self.seen_b, self.grid_a, self.grid_b, self.matches[:, 0],
+                                     self.matches[:, 1], height)
+
+    def figure(self, height: int = 320):
+        """A Plotly figure of the picture (zoom with the wheel)."""
+        import plotly.graph_objects as go
+
+        shown = self.picture(height)
+        return go.Figure(layout=dict(
+            width=shown.width, height=shown.height, margin=dict(l=0, r=0, t=0, b=0),
+            images=[dict(source=drawing.jpeg_data_uri(shown), xref="x", yref="y", x=0, y=0, sizex=shown.width,
+                         sizey=shown.height, sizing="stretch", layer="below")],
+            xaxis=dict(range=[0, shown.width], visible=False), yaxis=dict(range=[shown.height, 0], visible=False,
+                                                                          scaleanchor="x")))
+
+    def save(self, path: str | os.PathLike) -> Path:
+        """``.png``: the picture; ``.npz``: ``matches``, ``scores``, ``points_a``, ``points_b``."""
+        return _save(path, self.picture(), {"matches": self.matches, "scores": self.scores,
+                                            "points_a": self.points_a, "points_b": self.points_b})
+
+    def _repr_png_(self) -> bytes:
+        buffer = io.BytesIO()
+        self.picture().save(buffer, format="PNG")
+        return buffer.getvalue()
+
+
+def correspondences(checkpoint_a: Checkpoint, image_a: ImageLike, checkpoint_b: Checkpoint, image_b: ImageLike,
+                    top: int | None = 50, layer: int | None = None, *, mutual: bool = True,
+                    size: int | InputSize | None = None) -> Correspondences:
+    """Mutual nearest neighbours of two images' patch tokens (each model's ``layer``, default the last, after the
+    final norm; the two models' tokens must have one width) by cosine similarity, the ``top`` most similar first:
+    each A patch's most similar B patch, as DINOv3's dense-matching notebook, kept when that B patch's most
+    similar A patch is it (``mutual``)."""
+    from vit.app import dense
+
+    image_a, size, analysis_a = _analysed(checkpoint_a, image_a, size)
+    image_b, _, analysis_b = _analysed(checkpoint_b, image_b, size)
+    if top is not None and (isinstance(top, bool) or not isinstance(top, (int, np.integer)) or top < 1):
+        raise ValueError(f"top must be a whole number of at least 1 (or None for every match), got {top!r}")
+    view = dense.match_view(checkpoint_a, analysis_a, checkpoint_b, analysis_b, top,
+                            dense.layer_index(analysis_a, layer), dense.layer_index(analysis_b, layer))
+    seen_a = seen_region(image_a, checkpoint_a.preprocessing, size)
+    seen_b = seen_region(image_b, checkpoint_b.preprocessing, size)
+    return Correspondences(np.stack([view.a, view.b], axis=-1), view.score.astype(np.float32),
+                           dense.patch_centres(view.a, analysis_a.grid, seen_a.size),
+                           dense.patch_centres(view.b, analysis_b.grid, seen_b.size), seen_a, seen_b,
+                           analysis_a.grid, analysis_b.grid)

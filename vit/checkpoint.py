@@ -63,7 +63,7 @@ class ForeignCheckpointError(CheckpointError):
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)  # DeiT, DINOv2, torchvision
 RESIZE_MODES = ("square", "shortest_edge")
 RESAMPLE_FILTERS = ("nearest", "bilinear", "bicubic", "lanczos")
-CROP_RULES = ("torchvision", "transformers")  # where an odd crop margin's extra pixel goes (vit.images.crop_start)
+CROP_RULES = ("torchvision", "transformers", "top_left")  # where a crop starts (vit.images.crop_start)
 
 
 @dataclass(frozen=True)

@@ -32,6 +32,13 @@ class OneLineParser(argparse.ArgumentParser):
         raise UsageError(message)
 
 
+def command_name(module: str) -> str:
+    """The command as the user typed it, for usage lines: the console script's name (``vit-predict``) when run as
+    one, else ``python -m vit.predict`` (run as a module, or called in-process)."""
+    typed = os.path.basename(sys.argv[0]).removesuffix(".exe") if sys.argv and sys.argv[0] else ""
+    return typed if typed == "vit-" + module.rsplit(".", 1)[-1] else f"python -m {module}"
+
+
 def positive_int(text: str) -> int:
     """argparse type: a whole number of at least 1."""
     try:

@@ -22,14 +22,14 @@ import argparse
 import json
 import sys
 
-from vit.predict import OneLineParser, UsageError, run_cli  # light: torch loads in run(), after parsing
+from vit.cli import OneLineParser, UsageError, command_name, run_cli  # light: torch loads in run(), after parsing
 
 PROG = "vit.convert"
 
 
 def build_parser() -> argparse.ArgumentParser:
     summary, details = __doc__.split("\n\n", 1)
-    p = OneLineParser(prog=f"python -m {PROG}", description=summary, epilog=details,
+    p = OneLineParser(prog=command_name(PROG), description=summary, epilog=details,
                       formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("source", help="a model folder or weights file, or a Hub id: ORG/NAME[@REV], hf-hub:ORG/NAME, "
                                   "a timm name")
@@ -81,10 +81,21 @@ def inspect(source: str) -> int:
 
     from vit.checkpoint import CheckpointError
     from vit.sources.mapping import describe, draft_mapping
-    from vit.sources.open import read_weights
+    from vit.sources.open import open_source, read_weights
 
+    path = Path(source).expanduser()
+    if path.exists():
+        try:
+            opened = open_source(path, map_location="meta")  # names and shapes only
+        except CheckpointError:
+            pass  # not a layout the program knows: draft a mapping below
+        else:
+            architecture = opened.metadata.get("architecture", "our checkpoint")
+            print(f"{source} already opens as {architecture}, with no mapping: use it as it is, or convert it with "
+                  f"python -m vit.convert {source} --out FILE.pt", file=sys.stderr)
+            return 0
     try:
-        state = read_weights(Path(source).expanduser(), "meta")  # names and shapes only
+        state = read_weights(path, "meta")  # names and shapes only
     except CheckpointError as e:
         raise UsageError(str(e)) from None
     print(f"{source}: {describe(state)}", file=sys.stderr)
@@ -111,31 +122,71 @@ def verify(checkpoint, source: str, target: str, arguments: str) -> dict:
             raise ValueError("not a JSON object")
     except ValueError as e:
         raise UsageError(f"--verify-args is not a JSON object of keyword arguments ({e})") from None
+    def failed(what: str, error: BaseException) -> UsageError:  # the user's code: any failure in one line
+        return UsageError(f"--verify {target}: {what} ({type(error).__name__}: "
+                          f"{str(error).strip().splitlines()[0][:160] if str(error).strip() else ''})")
+
     sys.path.insert(0, os.getcwd())
     try:
-        cls = getattr(importlib.import_module(module_name), class_name)
-        reference = cls(**kwargs).eval()
-        reference.load_state_dict(read_weights(Path(source).expanduser()), strict=True)
-    except Exception as e:  # the user's code: any failure is reported in one line
-        raise UsageError(f"--verify {target}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from None
+        reference = getattr(importlib.import_module(module_name), class_name)(**kwargs).eval()
+    except Exception as e:
+        raise failed(f"cannot build it with --verify-args {arguments[:80]}", e) from None
     finally:
         sys.path.pop(0)
+    weights = read_weights(Path(source).expanduser())
+    problem = state_dict_difference(reference.state_dict(), weights)
+    if problem:
+        raise UsageError(f"--verify {target}: the weights do not fit it: {problem}; check --verify-args")
+    try:
+        reference.load_state_dict(weights, strict=True)
+    except Exception as e:
+        raise failed("cannot load the weights", e) from None
     config = checkpoint.config
     images = torch.randn(2, config.num_channels, config.image_size, config.image_size,
                          generator=torch.Generator().manual_seed(0))
     takes_attentions = "output_attentions" in pyinspect.signature(reference.forward).parameters
     with torch.no_grad():
-        theirs = reference(images, output_attentions=True) if takes_attentions else reference(images)
+        try:
+            theirs = reference(images, output_attentions=True) if takes_attentions else reference(images)
+        except Exception as e:
+            raise failed(f"its forward fails on {config.num_channels}x{config.image_size}x{config.image_size} images, "
+                         "the size the weights give ours", e) from None
         logits, attentions = checkpoint.model(images, output_attentions=True)
     their_logits = theirs[0] if isinstance(theirs, (tuple, list)) else theirs
+    if not isinstance(their_logits, torch.Tensor) or their_logits.shape != logits.shape:
+        shape = tuple(their_logits.shape) if isinstance(their_logits, torch.Tensor) else type(their_logits).__name__
+        raise UsageError(f"--verify {target}: its forward returns {shape} where our logits are {tuple(logits.shape)}")
     report = {"max_logit_difference": float((logits - their_logits).abs().max())}
     their_attentions = theirs[1] if takes_attentions and isinstance(theirs, (tuple, list)) else None
-    if their_attentions is not None and len(their_attentions) == len(attentions):
+    if their_attentions is not None:
+        shapes = [tuple(a.shape) for a in their_attentions]
+        if shapes != [tuple(a.shape) for a in attentions]:
+            raise UsageError(f"--verify {target}: its {len(shapes)} attentions ({', '.join(map(str, shapes[:2]))}"
+                             f"{', ...' if shapes[2:] else ''}) are not our {len(attentions)} of "
+                             f"{tuple(attentions[0].shape)}")
         report["max_attention_difference"] = max(float((a - b).abs().max())
                                                  for a, b in zip(attentions, their_attentions, strict=True))
     else:
         report["max_attention_difference"] = None  # its forward does not return them
     return report
+
+
+def state_dict_difference(expected: dict, weights: dict, shown: int = 2) -> str | None:
+    """What keeps ``weights`` from loading strictly into a module whose state dict is ``expected``, in one line
+    (keys it lacks, keys it has no place for, shapes that differ), or None."""
+    def some(keys: list[str]) -> str:
+        return ", ".join(keys[:shown]) + (f" and {len(keys) - shown} more" if keys[shown:] else "")
+
+    parts = []
+    if missing := [k for k in expected if k not in weights]:
+        parts.append(f"they lack {some(missing)}")
+    if unexpected := [k for k in weights if k not in expected]:
+        parts.append(f"it has no place for {some(unexpected)}")
+    if misfit := [k for k in weights if k in expected and tuple(weights[k].shape) != tuple(expected[k].shape)]:
+        more = f" (and {len(misfit) - shown} more)" if misfit[shown:] else ""
+        parts.append("; ".join(f"{k} is {tuple(weights[k].shape)} in the weights, {tuple(expected[k].shape)} in it"
+                               for k in misfit[:shown]) + more)
+    return "; ".join(parts) or None
 
 
 def main(argv: list[str] | None = None) -> int:

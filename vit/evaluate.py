@@ -30,6 +30,7 @@ from vit.predict import (
     OneLineParser,
     UsageError,
     add_size_arguments,
+    command_name,
     input_size,
     open_checkpoint,
     positive_int,
@@ -47,7 +48,7 @@ PROG = "vit.evaluate"
 
 def build_parser() -> argparse.ArgumentParser:
     summary, details = __doc__.split("\n\n", 1)
-    p = OneLineParser(prog=f"python -m {PROG}", description=summary, epilog=details,
+    p = OneLineParser(prog=command_name(PROG), description=summary, epilog=details,
                       formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("checkpoint", help="a .pt checkpoint, a Hugging Face or timm model folder, timm / torchvision "
                                       "weights, or a Hub id: ORG/NAME[@REV], hf-hub:ORG/NAME, a timm name")
@@ -72,7 +73,7 @@ def labelled_files(root: Path, class_names: list[str]) -> list[tuple[Path, int]]
     Raises UsageError for a missing folder, a class folder the checkpoint does not know, or
     no images at all.
     """
-    from vit.training.data import image_files, list_class_folders
+    from vit.training.data import image_files, list_class_folders, skipped_links
 
     if not root.is_dir():
         raise UsageError(f"--data {root} is not a folder; give a folder with one subfolder per class")
@@ -86,7 +87,7 @@ def labelled_files(root: Path, class_names: list[str]) -> list[tuple[Path, int]]
                          f"(its classes: {known}){hint}")
     files = [(path, class_names.index(name)) for name in folders for path in image_files(root / name, root)]
     if not files:
-        raise UsageError(f"no images in {root}; lay it out as {root}/<class>/<image>")
+        raise UsageError(f"no images in {root}; lay it out as {root}/<class>/<image>{skipped_links(root)}")
     return files
 
 

@@ -37,10 +37,10 @@ DEFAULT_STEPS = 20
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from vit.predict import OneLineParser, positive_int
+    from vit.cli import OneLineParser, command_name, positive_int
 
     summary, details = __doc__.split("\n\n", 1)
-    p = OneLineParser(prog=f"python -m {PROG}", description=summary, epilog=details,
+    p = OneLineParser(prog=command_name(PROG), description=summary, epilog=details,
                       formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("checkpoint", help="a .pt checkpoint written by vit.train, any model vit.convert opens,"
                                       " or a Hub id: ORG/NAME[@REV], hf-hub:ORG/NAME, a timm name")

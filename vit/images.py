@@ -150,7 +150,10 @@ def resized_size(image_size: tuple[int, int], resize_size: int, resize_mode: str
 def crop_start(resized: int, crop: int, rule: str = "torchvision") -> int:
     """Where a centre crop of ``crop`` px starts in a side of ``resized`` px. When the margin is odd the libraries
     differ by one pixel: torchvision's ``center_crop`` rounds half the margin (to even: 25.5 -> 26, 24.5 -> 24), as
-    timm and open_clip use it; transformers' image processors truncate it (``int((size - crop) / 2)``)."""
+    timm and open_clip use it; transformers' image processors truncate it (``int((size - crop) / 2)``); ``top_left``
+    starts at 0, as a stride-P convolution sees an image whose side is no multiple of P (tintn's)."""
+    if rule == "top_left":
+        return 0
     if rule == "transformers":
         return int((resized - crop) / 2)
     return int(round((resized - crop) / 2.0))

@@ -38,10 +38,14 @@ from torch import nn
 # 48 heads, MLP 24576; ImageNet-21k: 21,843 classes), so only absurd or hostile configs meet them.
 CONFIG_BOUNDS = {"image_size": 8192, "patch_size": 1024, "num_channels": 16, "hidden_size": 16384, "num_layers": 256,
                  "num_heads": 256, "mlp_size": 131072, "num_classes": 100_000, "num_register_tokens": 256,
-                 "projection_dim": 16384, "rope_ref_grid": 1024, "head_dim": 16384, "pool_heads": 256,
-                 "pool_mlp_size": 131072}
+                 "projection_dim": 16384, "rope_ref_grid": 1024, "head_dim": 16384, "window_size": 1024,
+                 "pool_heads": 256, "pool_mlp_size": 131072}
 MAX_LAYER_SCALE = 1e3  # layer scale starts at 1e-5 to 1 (CaiT, DINOv2/v3); 1e308 overflows the first block
 MAX_ROPE_THETA = 1e9  # DINOv3's period is 100, EVA-02's 10,000
+# One fused attention call on a CPU does at most this many FLOPs (~0.1 s on 2 cores): between calls Python runs,
+# so Ctrl-C and a page's Stop are heard within a second even at 65,537 tokens, where one whole layer's call took a
+# minute. Below it (one image of up to ~1,180 tokens on ViT-B) the call stays whole.
+FUSED_CHUNK_FLOPS = 2**32
 
 
 @dataclass(frozen=True)
@@ -86,6 +90,12 @@ class ViTConfig:
     final_norm: bool = True  # False: the head reads the last block's output as it is (tintn's, the MNIST tutorial's)
     head_dim: int = 0  # width of each head; 0 is hidden_size / num_heads (vit-pytorch's dim_head sets its own)
     patch_norm: bool = False  # vit-pytorch: a LayerNorm on each flattened patch before its projection and one after
+    # Attention layouts (issue 46): what each query may attend to and what is added to its logits; the defaults are
+    # global attention with nothing added.
+    rel_pos: str = "none"  # a bias on the logits: "none", "beit" (a table per layer), "beit_shared" (one table for
+    # every layer, BEiT / Data2Vec-vision), "sam" (SAM / ViTDet's decomposed relative positions, from each query)
+    window_size: int = 0  # SAM / ViTDet: side in patches of the windowed layers' square windows; 0: every layer global
+    global_layers: tuple[int, ...] = ()  # with window_size: the layers that attend globally (SAM's global_attn_indexes)
     # AIMv2 and Perception Encoder; the defaults are the plain ViT.
     norm: str = "layer"  # every norm of the model: "layer" (LayerNorm) or "rms" (RMSNorm: AIMv2); eps layer_norm_eps
     embed_norm: bool = False  # AIMv2: a norm on the patch embeddings before the positions are added
@@ -101,8 +111,8 @@ class ViTConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise ValueError(f"ViTConfig.{name} must be a positive integer, got {value!r}")
-        for name in ("num_classes", "num_register_tokens", "projection_dim", "rope_ref_grid", "head_dim", "pool_heads",
-                     "pool_mlp_size"):
+        for name in ("num_classes", "num_register_tokens", "projection_dim", "rope_ref_grid", "head_dim",
+                     "window_size", "pool_heads", "pool_mlp_size"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ValueError(f"ViTConfig.{name} must be a whole number of at least 0, got {value!r}")
@@ -170,6 +180,26 @@ class ViTConfig:
             raise ValueError("ViTConfig.projection_dim is for feature models (num_classes=0)")
         if self.prefix_positions == "cls" and not self.class_token:
             raise ValueError("ViTConfig.prefix_positions 'cls' needs the class token")
+        self._check_layout()
+
+    def _check_layout(self) -> None:
+        if self.rel_pos not in REL_POS:
+            raise ValueError(f"ViTConfig.rel_pos must be one of {', '.join(REL_POS)}, got {self.rel_pos!r}")
+        if self.rel_pos.startswith("beit") and (not self.class_token or self.num_prefix_tokens != 1):
+            raise ValueError("ViTConfig.rel_pos 'beit' needs the class token and no other prefix token (its table "
+                             "has three entries for CLS)")
+        if (self.rel_pos == "sam" or self.window_size) and self.num_prefix_tokens:
+            raise ValueError("ViTConfig.rel_pos 'sam' and window_size need a model without prefix tokens (SAM's)")
+        layers = self.global_layers
+        if not isinstance(layers, (tuple, list)) or not all(
+                isinstance(i, int) and not isinstance(i, bool) and 0 <= i < self.num_layers for i in layers):
+            raise ValueError(f"ViTConfig.global_layers must be layer numbers from 0 to {self.num_layers - 1}, got "
+                             f"{str(layers)[:60]}")
+        object.__setattr__(self, "global_layers", tuple(sorted(set(layers))))  # a JSON list reads back the same
+        if layers and not self.window_size:
+            raise ValueError("ViTConfig.global_layers needs window_size (the other layers' windows)")
+        if self.window_size and self.rope != "none":
+            raise ValueError("ViTConfig.window_size with rotary positions is not supported")
 
     @property
     def grid_size(self) -> tuple[int, int]:
@@ -179,6 +209,10 @@ class ViTConfig:
     @property
     def num_patches(self) -> int:
         return self.grid_size[0] * self.grid_size[1]
+
+    def window_of(self, layer: int) -> int:
+        """The window side (patches) of layer ``layer``, 0 for a global layer."""
+        return 0 if layer in self.global_layers else self.window_size
 
     @property
     def num_prefix_tokens(self) -> int:
@@ -219,6 +253,7 @@ class ViTConfig:
 POOLINGS = ("cls", "avg", "cls+avg", "map")  # map: the attention-pooling probe (SigLIP, timm global_pool="map")
 PREFIX_POSITIONS = ("all", "cls", "none")
 ROPES = ("none", "dinov3", "eva", "pe")  # pe: EVA's, counted from 1 and x before y (Perception Encoder)
+REL_POS = ("none", "beit", "beit_shared", "sam")
 NORMS = ("layer", "rms")
 POOL_HEADS = ("map", "aimv2")
 ACTIVATIONS = ("gelu", "gelu_tanh", "quick_gelu", "silu", "relu")  # relu: nn.TransformerEncoderLayer's default
@@ -344,6 +379,94 @@ def apply_rope(x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], interle
     turned = rotate_pairs(patches) if interleaved else rotate_half(patches)
     patches = patches * cos.to(x.dtype) + turned * sin.to(x.dtype)
     return torch.cat([prefix, patches], dim=2)
+
+
+# --- attention layouts: relative position biases and windows ---------------------------------------------------
+
+def beit_relative_position_index(grid: tuple[int, int]) -> torch.Tensor:
+    """BEiT's ``(1 + gh*gw, 1 + gw*gw)`` index into its table: patch pairs by their offset (row-major over
+    ``(2gh-1, 2gw-1)``), then the three CLS entries (CLS to patch, patch to CLS, CLS to CLS) last."""
+    gh, gw = grid
+    coords = torch.stack(torch.meshgrid(torch.arange(gh), torch.arange(gw), indexing="ij")).flatten(1)  # (2, T)
+    offsets = (coords[:, :, None] - coords[:, None, :]).permute(1, 2, 0)  # (T, T, 2)
+    patches = (offsets[..., 0] + gh - 1) * (2 * gw - 1) + offsets[..., 1] + gw - 1  # (T, T)
+    distances = (2 * gh - 1) * (2 * gw - 1)
+    index = torch.full((gh * gw + 1, gh * gw + 1), distances + 1, dtype=torch.long)  # patch to CLS
+    index[0, :] = distances  # CLS to patch
+    index[0, 0] = distances + 2
+    index[1:, 1:] = patches
+    return index
+
+
+class RelativePositionBias(nn.Module):
+    """BEiT's relative position bias (one per layer, or one shared by all): a learned ``(heads,)`` bias per 2D offset
+    between two patches, plus three for the CLS pairs, added to the attention logits. On another grid the offset
+    table is resized bilinearly, as HF ``BeitRelativePositionBias`` does (timm resizes only when the model is rebuilt
+    for another size)."""
+
+    def __init__(self, grid: tuple[int, int], num_heads: int) -> None:
+        super().__init__()
+        self.grid = tuple(grid)
+        self.table = nn.Parameter(torch.zeros((2 * grid[0] - 1) * (2 * grid[1] - 1) + 3, num_heads))
+
+    def forward(self, grid: tuple[int, int]) -> torch.Tensor:
+        """The bias ``(nh, 1 + gh*gw, 1 + gh*gw)`` for a patch grid."""
+        table = self.table
+        if tuple(grid) != self.grid:
+            (oh, ow), (gh, gw) = self.grid, grid
+            offsets = table[:-3].reshape(1, 2 * ow - 1, 2 * oh - 1, -1).permute(0, 3, 1, 2)  # HF's (w, h) reading
+            offsets = F.interpolate(offsets, size=(2 * gh - 1, 2 * gw - 1), mode="bilinear")
+            table = torch.cat([offsets.permute(0, 2, 3, 1).reshape((2 * gh - 1) * (2 * gw - 1), -1), table[-3:]])
+        index = beit_relative_position_index(tuple(grid)).to(table.device)
+        T = index.shape[0]
+        return table[index.view(-1)].view(T, T, -1).permute(2, 0, 1)  # (nh, T, T)
+
+
+def sam_rel_pos(q_size: int, k_size: int, table: torch.Tensor) -> torch.Tensor:
+    """SAM's ``get_rel_pos``: the ``(q_size, k_size, hd)`` embeddings of every query-key offset along one axis, from a
+    ``(L, hd)`` table linearly resized to ``2 * max(q_size, k_size) - 1`` offsets when its length differs."""
+    length = 2 * max(q_size, k_size) - 1
+    if table.shape[0] != length:
+        table = F.interpolate(table.T[None], size=length, mode="linear")[0].T  # (length, hd)
+    q_coords = torch.arange(q_size, dtype=torch.float32)[:, None] * max(k_size / q_size, 1.0)
+    k_coords = torch.arange(k_size, dtype=torch.float32)[None, :] * max(q_size / k_size, 1.0)
+    offsets = (q_coords - k_coords) + (k_size - 1) * max(q_size / k_size, 1.0)
+    return table[offsets.long().to(table.device)]
+
+
+def decomposed_rel_pos(q: torch.Tensor, rel_pos_h: torch.Tensor, rel_pos_w: torch.Tensor, grid: tuple[int, int]
+                       ) -> torch.Tensor:
+    """SAM / MViTv2's decomposed relative positions (``add_decomposed_rel_pos``): the bias ``(B, nh, N, N)`` that each
+    query ``q`` (B, nh, N = gh*gw, hd; unscaled) adds to its logits, ``q . R_h[dy] + q . R_w[dx]``."""
+    gh, gw = grid
+    B, nh, N, hd = q.shape
+    r_q = q.reshape(B, nh, gh, gw, hd)
+    rel_h = torch.einsum("bnhwc,hkc->bnhwk", r_q, sam_rel_pos(gh, gh, rel_pos_h))  # (B, nh, gh, gw, gh)
+    rel_w = torch.einsum("bnhwc,wkc->bnhwk", r_q, sam_rel_pos(gw, gw, rel_pos_w))  # (B, nh, gh, gw, gw)
+    return (rel_h[..., :, None] + rel_w[..., None, :]).reshape(B, nh, N, N)
+
+
+def window_partition(x: torch.Tensor, grid: tuple[int, int], window: int) -> torch.Tensor:
+    """Patch tokens ``(B, gh*gw, D)`` -> non-overlapping windows ``(B * nw, window**2, D)``, the grid first padded
+    with zeros at the bottom and right to a multiple of ``window``; windows row-major over the padded grid, each
+    row-major inside (timm / SAM ``window_partition``)."""
+    B, _, D = x.shape
+    gh, gw = grid
+    ph, pw = -gh % window, -gw % window
+    x = F.pad(x.view(B, gh, gw, D), (0, 0, 0, pw, 0, ph))  # (B, Gh, Gw, D)
+    Gh, Gw = gh + ph, gw + pw
+    x = x.view(B, Gh // window, window, Gw // window, window, D).permute(0, 1, 3, 2, 4, 5)
+    return x.reshape(-1, window * window, D)  # (B * nw, window**2, D)
+
+
+def window_unpartition(windows: torch.Tensor, grid: tuple[int, int], window: int) -> torch.Tensor:
+    """``window_partition``'s inverse: windows ``(B * nw, window**2, D)`` -> ``(B, gh*gw, D)``, padding dropped."""
+    gh, gw = grid
+    nh_, nw_ = -(-gh // window), -(-gw // window)  # windows per column and per row
+    D = windows.shape[-1]
+    x = windows.view(-1, nh_, nw_, window, window, D).permute(0, 1, 3, 2, 4, 5)
+    x = x.reshape(-1, nh_ * window, nw_ * window, D)[:, :gh, :gw]  # (B, gh, gw, D)
+    return x.reshape(-1, gh * gw, D)
 
 
 # --- hook points and relevance rules --------------------------------------------------------------
@@ -489,7 +612,7 @@ class Attention(Parent):
     ones the model computed.
     """
 
-    def __init__(self, config: ViTConfig) -> None:
+    def __init__(self, config: ViTConfig, window: int = 0) -> None:
         super().__init__()
         self.num_heads = config.num_heads
         self.head_dim = config.head_dim or config.hidden_size // config.num_heads
@@ -500,9 +623,20 @@ class Attention(Parent):
         self.proj = nn.Linear(inner, config.hidden_size, bias=config.proj_bias)
         self.attention_dropout = config.attention_dropout
         self.proj_dropout = nn.Dropout(config.dropout)
-        # (B, nh, T, hd) each, q and k after rotary positions; the pattern (B, nh, T, T) exists only when it is
-        # asked for or hooked (else the fused path runs); z (B, T, nh, hd) is each head's context.
+        # What this layer adds to its logits: BEiT's own table (a shared one comes from the model), or SAM's
+        # decomposed relative positions, sized for its windows or, in a global layer, the model's grid.
+        self.rel_pos_bias = (RelativePositionBias(config.grid_size, config.num_heads) if config.rel_pos == "beit"
+                             else None)
+        side = window or config.grid_size[0]
+        self.rel_pos_h = nn.Parameter(torch.zeros(2 * side - 1, self.head_dim)) if config.rel_pos == "sam" else None
+        self.rel_pos_w = (nn.Parameter(torch.zeros(2 * (window or config.grid_size[1]) - 1, self.head_dim))
+                          if config.rel_pos == "sam" else None)
+        # (B, nh, T, hd) each, q and k after rotary positions; the bias (B or 1, nh, T, T) added to the scaled logits
+        # before the softmax (only in models with one); the pattern (B, nh, T, T) exists only when it is asked for or
+        # hooked (else the fused path runs); z (B, T, nh, hd) is each head's context. In a windowed layer B counts
+        # windows (B * nw) and T a window's tokens.
         self.hook_q, self.hook_k, self.hook_v = HookPoint(), HookPoint(), HookPoint()
+        self.hook_bias = HookPoint()
         self.hook_pattern = HookPoint()
         self.hook_z = HookPoint()
 
@@ -525,16 +659,39 @@ class Attention(Parent):
             q, k = apply_rope(q, rope, self.rope_interleaved), apply_rope(k, rope, self.rope_interleaved)
         return q, k, v
 
+    def logit_bias(self, q: torch.Tensor, grid: tuple[int, int] | None, shared: torch.Tensor | None
+                   ) -> torch.Tensor | None:
+        """What this layer adds to its logits: the model's ``shared`` BEiT bias (nh, N, N) plus its own table's for
+        the patch ``grid`` (1, nh, N, N), or SAM's decomposed relative positions of the queries ``q`` (B, nh, N, hd;
+        all N of them) (B, nh, N, N); None when nothing is added."""
+        bias = shared
+        if self.rel_pos_bias is not None:
+            own = self.rel_pos_bias(grid)  # (nh, N, N)
+            bias = own if bias is None else bias + own
+        if bias is not None:
+            bias = bias[None].to(q.dtype)  # (1, nh, N, N)
+        if self.rel_pos_h is not None:
+            bias = decomposed_rel_pos(q, self.rel_pos_h, self.rel_pos_w, grid)  # (B, nh, N, N)
+        return bias
+
     def forward(self, x: torch.Tensor, output_attentions: bool = False,
-                rope: tuple[torch.Tensor, torch.Tensor] | None = None, queries: int | None = None
+                rope: tuple[torch.Tensor, torch.Tensor] | None = None, queries: int | None = None,
+                grid: tuple[int, int] | None = None, shared_bias: torch.Tensor | None = None
                 ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """``x`` (B, N, C) -> the attention's output (B, n, C) and its probabilities (B, nh, n, N) when asked, for
-        the first ``n = queries`` tokens' queries (None: all N) against every key."""
+        the first ``n = queries`` tokens' queries (None: all N) against every key. ``grid``: the patch grid of the
+        tokens (a window's, in a windowed layer), which a relative position bias needs; ``shared_bias`` (nh, N, N):
+        the bias every layer adds (BEiT's shared table)."""
         B, N, C = x.shape
         q, k, v = self.queries_keys_values(x, rope)  # each (B, nh, N, hd)
         if queries is not None:
+            if self.rel_pos_h is not None:
+                raise ValueError("SAM's relative positions read every query; run the layer on all of them")
             q = q[:, :, :queries]  # (B, nh, n, hd)
         q, k, v = self.hook_q(q), self.hook_k(k), self.hook_v(v)
+        bias = self.logit_bias(q, grid, shared_bias)  # (B or 1, nh, N, N) or None
+        if bias is not None:
+            bias = self.hook_bias(bias[:, :, :q.shape[2]])  # (B or 1, nh, n, N)
         rules = _rules.get()
         if rules is not PLAIN_RULES:
             q, k, v = rules.attention_inputs(q, k, v)
@@ -542,13 +699,30 @@ class Attention(Parent):
         pattern = self.hook_pattern
         if output_attentions or pattern in _hooks.get():  # the probabilities are asked for, or hooked
             scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(self.head_dim))  # (B, nh, n, N)
+            if bias is not None:
+                scores = scores + bias
             probs = pattern(scores.softmax(dim=-1))
             y = F.dropout(probs, dropout_p, self.training) @ v  # (B, nh, n, hd)
         else:
             probs = None
-            y = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p)  # (B, nh, n, hd)
+            y = fused_attention(q, k, v, dropout_p, bias)  # (B, nh, n, hd)
         z = self.hook_z(y.transpose(1, 2))  # (B, n, nh, hd): each head's context, before the projection
         return self.proj_dropout(self.proj(z.reshape(B, q.shape[2], -1))), probs if output_attentions else None
+
+
+def fused_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float = 0.0,
+                    bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``scaled_dot_product_attention`` of q (B, nh, n, hd) against k, v (B, nh, N, hd), ``bias`` (B or 1, nh, n,
+    N) added to the logits: on a CPU in query chunks of at most ``FUSED_CHUNK_FLOPS`` each (a row's softmax runs
+    along the keys, which every chunk holds whole, so each chunk is exactly those rows of the whole call); on a
+    GPU whole, as its calls return at once."""
+    B, nh, n, hd = q.shape
+    rows = max(1, FUSED_CHUNK_FLOPS // (4 * B * nh * k.shape[2] * hd))
+    if q.device.type != "cpu" or rows >= n:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=dropout_p)
+    return torch.cat([F.scaled_dot_product_attention(q[:, :, s:s + rows], k, v, dropout_p=dropout_p,
+                                                     attn_mask=None if bias is None else bias[:, :, s:s + rows])
+                      for s in range(0, n, rows)], dim=2)  # (B, nh, n, hd)
 
 
 class MLP(Parent):
@@ -634,13 +808,14 @@ class Block(Parent):
     """Pre-norm encoder block: x + MSA(LN(x)), then x + MLP(LN(x)) (each branch times its layer scale, if any);
     with ``post_norm``: LN(x + MSA(x)), then LN(x + MLP(x))."""
 
-    def __init__(self, config: ViTConfig, drop_path_rate: float = 0.0) -> None:
+    def __init__(self, config: ViTConfig, drop_path_rate: float = 0.0, window: int = 0) -> None:
         super().__init__()
+        self.window = window  # SAM / ViTDet: the attention runs in window x window patches; 0: globally
         # Post-norm blocks normalise the residual stream after each sum instead (post_norm1/2); norm1 and norm2
         # are then identities, so norm1(x) is still what the attention reads.
         d = config.hidden_size
         self.norm1 = nn.Identity() if config.post_norm else make_norm(config, d)
-        self.attn = Attention(config)
+        self.attn = Attention(config, window)
         self.norm2 = nn.Identity() if config.post_norm else make_norm(config, d)
         self.mlp = MLP(config)
         post = config.post_norm
@@ -658,12 +833,23 @@ class Block(Parent):
         self.hook_resid_post = HookPoint()
 
     def forward(self, x: torch.Tensor, output_attentions: bool = False,
-                rope: tuple[torch.Tensor, torch.Tensor] | None = None, queries: int | None = None
+                rope: tuple[torch.Tensor, torch.Tensor] | None = None, queries: int | None = None,
+                grid: tuple[int, int] | None = None, shared_bias: torch.Tensor | None = None
                 ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """``x`` (B, T, D) -> the block's output for its first ``queries`` tokens (None: all), which attend to
-        every token, and the attention (B, nh, queries or T, T) when asked."""
+        every token, and the attention (B, nh, queries or T, T) when asked; a windowed block's is each window's,
+        ``(B * nw, nh, w*w, w*w)`` (``window_partition``'s order). ``grid``: the patch grid (needed by windows and
+        relative positions); ``shared_bias``: the bias every layer adds (BEiT's shared table)."""
         x = self.hook_resid_pre(x)
-        y, probs = self.attn(self.hook_attn_in(self.norm1(x)), output_attentions, rope, queries)
+        h = self.hook_attn_in(self.norm1(x))
+        if self.window:
+            if grid is None:
+                raise ValueError("this model attends within windows, so the patch grid must be given")
+            w = self.window
+            y, probs = self.attn(window_partition(h, grid, w), output_attentions, rope, None, (w, w), shared_bias)
+            y = window_unpartition(y, grid, w)[:, :queries]  # (B, T or queries, D)
+        else:
+            y, probs = self.attn(h, output_attentions, rope, queries, grid, shared_bias)
         if queries is not None:
             x = x[:, :queries]  # (B, n, D)
         if self.ls1 is not None:
@@ -687,7 +873,7 @@ class Encoding:
 
     logits: torch.Tensor | None  # (B, classes), None without a classifier
     embedding: torch.Tensor  # (B, E): the pooled vector, projected to the joint embedding when the model has one
-    attentions: tuple[torch.Tensor, ...] | None  # per layer (B, nh, T, T), when asked for
+    attentions: tuple[torch.Tensor, ...] | None  # per layer (B, nh, T, T), a windowed one's (B * nw, nh, w*w, w*w)
     pool_attention: torch.Tensor | None  # (B, nh, 1, T): the attention-pooling probe's, for pooling "map"
 
 
@@ -714,7 +900,9 @@ class ViT(Parent):
         self.norm_pre = make_norm(config, d) if config.pre_norm else None
         self.pos_dropout = nn.Dropout(config.dropout)
         rates = [config.drop_path * i / max(config.num_layers - 1, 1) for i in range(config.num_layers)]
-        self.blocks = nn.ModuleList(Block(config, rate) for rate in rates)
+        self.blocks = nn.ModuleList(Block(config, rate, config.window_of(i)) for i, rate in enumerate(rates))
+        self.rel_pos_bias = (RelativePositionBias(config.grid_size, config.num_heads)
+                             if config.rel_pos == "beit_shared" else None)  # one table every layer adds
         # timm's avg-pool models normalise the pooled vector (fc_norm) instead of every token (norm).
         final = config.final_norm and not config.fc_norm
         self.norm = make_norm(config, d) if final else nn.Identity()
@@ -859,10 +1047,15 @@ class ViT(Parent):
             if grid is None:
                 raise ValueError("this model turns q and k by rotary positions, so the patch grid must be given")
             rope = self.rotary(tuple(grid), x.device)
+        c = self.config
+        if grid is None and (c.rel_pos != "none" or c.window_size):
+            raise ValueError("this model's attention layout (relative positions, windows) needs the patch grid")
+        grid = None if grid is None else tuple(grid)
+        shared = self.rel_pos_bias(grid) if self.rel_pos_bias is not None else None  # (nh, T, T), once per forward
         attentions = []
         blocks = list(self.blocks)[start:stop]  # not self.blocks[start:stop]: that builds a ModuleList
         for i, block in enumerate(blocks):
-            x, probs = block(x, output_attentions, rope, queries if i == len(blocks) - 1 else None)
+            x, probs = block(x, output_attentions, rope, queries if i == len(blocks) - 1 else None, grid, shared)
             attentions.append(probs)
         return x, tuple(attentions) if output_attentions else None
 

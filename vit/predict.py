@@ -19,6 +19,7 @@ Both overlays are at the image's own resolution. The ``.npz`` is written layer b
 size is known before: it is printed on stderr first), each layer's attention computed in chunks from the
 layer's input, so memory stays bounded at any ``--size``; ``--maps-dtype float16`` halves the file. An image
 whose maps would exceed ``--max-maps-mb`` (default 4096, or env VIT_MAX_MAPS_MB) is refused before any work.
+Until it is complete the ``.npz`` has no name (on Linux), so a killed command leaves no part of it behind.
 
 Asking a CLIP or SigLIP in words: ``--labels "a dog,a cat"`` (commas, semicolons or line breaks between
 labels) prints the zero-shot predictions in the same shape, ``label`` being the typed label; each label is
@@ -41,6 +42,7 @@ others are still classified); 2 for a missing or damaged checkpoint or invalid a
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -53,6 +55,7 @@ from vit.cli import (  # noqa: F401 (the other commands import the shared pieces
     OneLineParser,
     UsageError,
     add_size_arguments,
+    command_name,
     input_side,
     one_line,
     positive_int,
@@ -70,6 +73,73 @@ PROG = "vit.predict"
 MAPS_DTYPES = ("float32", "float16")
 MAX_MAPS_MB = 4096  # one image's .npz: ViT-B/16 at 448 px (785 tokens) is 355 MB in float32, at 1,024 px 9.7 GB
 MAX_MAPS_ENV = "VIT_MAX_MAPS_MB"
+PROGRESS_AFTER_S = 3.0  # a forward still running after this says where it is on stderr (an estimate of the time left)
+PROGRESS_EVERY_S = 10.0
+
+
+class ForwardProgress:
+    """Where a long forward is: once one has run ``PROGRESS_AFTER_S``, a line on stderr every ``PROGRESS_EVERY_S``
+    with the layer it is at and the time left, estimated from the layers done. Its ``hooks`` go on a ``ViT``'s
+    block hook points; a daemon thread prints, so a line comes while a layer runs in C."""
+
+    def __init__(self, num_layers: int, stream=None, after_s: float | None = None, every_s: float | None = None
+                 ) -> None:
+        import threading
+        import time
+
+        self.num_layers, self.stream = num_layers, stream if stream is not None else sys.stderr
+        self.after_s = PROGRESS_AFTER_S if after_s is None else after_s
+        self.every_s = PROGRESS_EVERY_S if every_s is None else every_s
+        self.clock = time.monotonic
+        self.started: float | None = None  # when the forward now running began
+        self.done = 0  # its layers done
+        self.printed = 0.0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="predict progress", daemon=True)
+
+    def hooks(self) -> list:
+        def start(x, hook):
+            self.started, self.done, self.printed = self.clock(), 0, 0.0
+
+        def layer_done(x, hook, i):
+            self.done = i + 1
+
+        return [("blocks.0.hook_resid_pre", start)] + [
+            (f"blocks.{i}.hook_resid_post", lambda x, hook, i=i: layer_done(x, hook, i))
+            for i in range(self.num_layers)]
+
+    def line(self) -> str | None:
+        """The line due now, or None."""
+        if self.started is None or self.done >= self.num_layers:
+            return None
+        now = self.clock()
+        elapsed = now - self.started
+        if elapsed < self.after_s or now - self.printed < self.every_s:
+            return None
+        self.printed = now
+        left = (f"about {_duration(elapsed / self.done * (self.num_layers - self.done))} left" if self.done
+                else "estimating the time left")
+        return (f"{PROG}: layer {self.done + 1} of {self.num_layers} running, {_duration(elapsed)} into this "
+                f"forward, {left} (Ctrl-C stops it)")
+
+    def _loop(self) -> None:
+        while not self._stop.wait(0.5):
+            line = self.line()
+            if line:
+                print(line, file=self.stream, flush=True)
+
+    def __enter__(self) -> ForwardProgress:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def _duration(seconds: float) -> str:
+    seconds = round(seconds)
+    return f"{seconds} s" if seconds < 60 else f"{seconds // 60} min {seconds % 60:02d} s"
 
 
 def resolve_device(spec: str) -> torch.device:
@@ -96,10 +166,11 @@ def open_checkpoint(path: str, device: torch.device, arch: str | None = None) ->
 
 def build_parser() -> argparse.ArgumentParser:
     summary, details = __doc__.split("\n\n", 1)
-    p = OneLineParser(prog=f"python -m {PROG}", description=summary, epilog=details,
+    p = OneLineParser(prog=command_name(PROG), description=summary, epilog=details,
                       formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("checkpoint", help="a .pt checkpoint (vit.train, vit.convert), a Hugging Face or timm model folder, "
-                                      "timm / torchvision weights, or a Hub id (ORG/NAME[@REVISION], hf-hub:ORG/NAME, "
+    p.add_argument("checkpoint", help="a .pt checkpoint (vit.train, vit.convert) or vit.train run folder, a Hugging "
+                                      "Face or timm model folder, timm / torchvision weights, or a Hub id "
+                                      "(ORG/NAME[@REVISION], hf-hub:ORG/NAME, "
                                       "a timm name), downloaded into the HF cache when needed")
     p.add_argument("--arch", metavar="LIB:NAME", help="architecture of bare weights: timm:NAME, torchvision:NAME, "
                    "dinov3:NAME, open_clip:quickgelu|gelu, scratch:num_heads=N or vit_pytorch:heads=N,...")
@@ -112,6 +183,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-maps-mb", type=positive_int, metavar="MB",
                    help=f"with --save-maps: refuse an image whose .npz would be larger (default {MAX_MAPS_MB}, or "
                         f"env {MAX_MAPS_ENV})")
+    p.add_argument("--max-tokens", type=positive_int, metavar="N",
+                   help="refuse an input of more tokens per image (default 16384, or env VIT_MAX_TOKENS): attention's "
+                        "work grows with their square")
     p.add_argument("--batch-size", type=positive_int, default=64, help="images per forward pass (default 64)")
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
                    help="where the model runs (default auto: a GPU when there is one)")
@@ -229,15 +303,36 @@ def maps_bytes(num_layers: int, num_heads: int, tokens: int, dtype: str) -> int:
     return num_layers * npz_array_bytes((num_heads, tokens, tokens), dtype)
 
 
-def check_maps_fit(checkpoint: Checkpoint, size: InputSize, dtype: str, limit_mb: int) -> None:
-    """UsageError, before any work, when one image's ``.npz`` could exceed ``limit_mb``: the square of ``size``'s
-    side bounds every image (``--keep-aspect`` only shortens a side)."""
+def most_tokens(checkpoint: Checkpoint, size: InputSize) -> tuple[int, int]:
+    """``(side, tokens)``: the input side ``size`` asks for and the most tokens an image can have there (the
+    square of that side bounds every image: ``--keep-aspect`` only shortens a side)."""
     from vit.inference import InputSize
 
-    model, config = checkpoint.model, checkpoint.model.config
+    model = checkpoint.model
     side = size.side or checkpoint.preprocessing.image_size
-    grid = model.patch_grid(*InputSize(side).shape((side, side), checkpoint.preprocessing, config.patch_size))
-    tokens = model.num_prefix_tokens + grid[0] * grid[1]
+    grid = model.patch_grid(*InputSize(side).shape((side, side), checkpoint.preprocessing, model.config.patch_size))
+    return side, model.num_prefix_tokens + grid[0] * grid[1]
+
+
+def check_tokens_fit(checkpoint: Checkpoint, size: InputSize, max_tokens: int | None) -> None:
+    """UsageError, before any work, when an image at ``size`` could have more tokens than the gate
+    (``--max-tokens``, else env VIT_MAX_TOKENS, else ``bounds.MAX_TOKENS``): one line with the work it implies
+    and how to allow it."""
+    from vit.bounds import MAX_TOKENS_ENV, TooManyTokens, check_tokens
+    from vit.bounds import max_tokens as gate
+
+    side, tokens = most_tokens(checkpoint, size)
+    try:
+        check_tokens(checkpoint.model.config, tokens, f"A {side} px input (--size)", gate(max_tokens),
+                     f"allow it with --max-tokens {tokens} (or env {MAX_TOKENS_ENV})")
+    except (TooManyTokens, ValueError) as e:
+        raise UsageError(str(e)) from None
+
+
+def check_maps_fit(checkpoint: Checkpoint, size: InputSize, dtype: str, limit_mb: int) -> None:
+    """UsageError, before any work, when one image's ``.npz`` could exceed ``limit_mb`` (at ``most_tokens``)."""
+    config = checkpoint.model.config
+    side, tokens = most_tokens(checkpoint, size)
     need = maps_bytes(config.num_layers, config.num_heads, tokens, dtype)
     if need > limit_mb * 2**20:
         half = "" if dtype == "float16" else ", --maps-dtype float16 (half)"
@@ -319,8 +414,6 @@ def save_maps(result: FileResult, checkpoint: Checkpoint, folder: Path, stem: st
 
 
 def run(args: argparse.Namespace) -> int:
-    from vit.inference import predict_files
-
     checkpoint = open_checkpoint(args.checkpoint, resolve_device(args.device), args.arch)
     prompts, tower = None, checkpoint
     if args.labels is not None:
@@ -333,16 +426,32 @@ def run(args: argparse.Namespace) -> int:
         checkpoint = ablated(checkpoint, args.ablate)
     maps_dir = Path(args.save_maps) if args.save_maps else None
     size = input_size(args)
+    check_tokens_fit(checkpoint, size, args.max_tokens)
     if maps_dir is not None:
         check_maps_fit(checkpoint, size, args.maps_dtype, maps_limit_mb(args))
         try:
             maps_dir.mkdir(parents=True, exist_ok=True)
         except OSError as e:
             raise UsageError(f"cannot create --save-maps folder {maps_dir} ({e.strerror or e})") from None
-    records, failed, taken = [], 0, set()
     from vit.model import ViT  # our ViT's maps are computed in chunks by save_maps; a wrapped model's come whole
 
     whole = maps_dir is not None and not isinstance(checkpoint.model, ViT)
+    model = checkpoint.model
+    with contextlib.ExitStack() as stack:
+        if isinstance(model, ViT):  # a wrapped model (--ablate) has no hook points to report from
+            progress = stack.enter_context(ForwardProgress(len(model.blocks)))
+            stack.enter_context(model.hooks(progress.hooks()))
+        records, failed = predicted(checkpoint, args, maps_dir, size, prompts, tower, whole)
+    print(json.dumps(records, indent=2))
+    return 1 if failed else 0
+
+
+def predicted(checkpoint: Checkpoint, args: argparse.Namespace, maps_dir: Path | None, size: InputSize, prompts,
+              tower: Checkpoint, whole: bool) -> tuple[list[dict], int]:
+    """Every image's record (with its maps, given ``maps_dir``) and how many could not be read."""
+    from vit.inference import predict_files
+
+    records, failed, taken = [], 0, set()
     for result in predict_files(checkpoint, args.images, args.top_k, output_attentions=whole,
                                 batch_size=args.batch_size, size=size):
         if result.prediction is None:
@@ -354,8 +463,7 @@ def run(args: argparse.Namespace) -> int:
             record["maps"] = save_maps(result, checkpoint, maps_dir, unique_stem(result.path, taken), size,
                                        prompts, tower, args.maps_dtype)
         records.append(record)
-    print(json.dumps(records, indent=2))
-    return 1 if failed else 0
+    return records, failed
 
 
 def main(argv: list[str] | None = None) -> int:

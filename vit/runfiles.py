@@ -30,9 +30,13 @@ import json
 import logging
 import math
 import os
+import shutil
+import socket
 import threading
 import traceback
+from collections.abc import Iterator
 from pathlib import Path
+from typing import BinaryIO
 
 log = logging.getLogger("vit.train")
 
@@ -141,6 +145,32 @@ def seconds_since(text: object) -> float | None:
     return (dt.datetime.now(dt.UTC) - then).total_seconds()
 
 
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` exists on this host (one of another user's counts)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def still_running(status: dict | None) -> str | None:
+    """Who runs the run whose status.json holds ``status`` ('pid P on HOST, heartbeat N s ago'), or None when it
+    is not running: not "running", no heartbeat for STALE_SECONDS, or a pid of this host that is gone (a SIGKILL
+    leaves "running" behind; the heartbeat alone would refuse a resume for a minute)."""
+    if not status or status.get("state") != "running":
+        return None
+    age = seconds_since(status.get("updated_time"))
+    if age is None or age > STALE_SECONDS:
+        return None
+    pid, host = status.get("pid"), status.get("host")
+    if host == socket.gethostname() and isinstance(pid, int) and not isinstance(pid, bool) and not pid_alive(pid):
+        return None
+    return f"pid {pid} on {host}, heartbeat {age:.0f} s ago"
+
+
 # ---------------------------------------------------------------------------------------------
 # Writing
 
@@ -162,6 +192,42 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+@contextlib.contextmanager
+def unnamed_until_done(path: Path) -> Iterator[BinaryIO]:
+    """A file to write that takes the name ``path`` only once the block ends without an error, for files too large
+    to hold in memory (a 1.5 GB ``.npz``). On Linux it has no name until then (``O_TMPFILE``), so no kill, SIGKILL
+    included, leaves part of it behind; elsewhere it is ``NAME.part``, removed on an error or Ctrl-C."""
+    try:
+        fd = os.open(path.parent, os.O_TMPFILE | os.O_RDWR, 0o666)
+    except (AttributeError, OSError):  # no O_TMPFILE here (macOS), or a file system without it
+        part = path.with_name(path.name + ".part")
+        try:
+            with open(part, "wb") as f:
+                yield f
+            os.replace(part, path)
+        finally:
+            part.unlink(missing_ok=True)
+        return
+    with os.fdopen(fd, "w+b") as f:
+        yield f
+        f.flush()
+        temp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+        try:  # linkat(AT_SYMLINK_FOLLOW) through /proc names the file; link() cannot (EXDEV), hence dst_dir_fd
+            folder = os.open(path.parent, os.O_DIRECTORY)
+            try:
+                os.link(f"/proc/self/fd/{fd}", temp.name, dst_dir_fd=folder)
+            finally:
+                os.close(folder)
+        except OSError:  # /proc not mounted: copy it out (a named temporary file for that long only)
+            f.seek(0)
+            with open(temp, "wb") as named:
+                shutil.copyfileobj(f, named)
+        try:
+            os.replace(temp, path)
+        finally:
+            temp.unlink(missing_ok=True)
 
 
 def remove_stray_temp_files(run_dir: Path) -> list[Path]:

@@ -9,10 +9,11 @@ reconstruction), OUT/features.npz (per latent: top activating held-out (image, t
 histogram) and OUT/steps.jsonl (per step: EV, L0, dead fraction). Every file is written atomically.
 
 OUT is a run folder as ``vit.train``'s (the Train page lists, stops and resumes it): config.json (the arguments,
-``"kind": "sae"``), status.json (state, step, progress and a heartbeat) and last.pt (everything a resume needs,
-rewritten every --checkpoint-seconds and on a stop). SIGTERM or Ctrl-C finishes the step,
-saves last.pt and ends the run ``cancelled``; ``train --resume OUT`` continues at the same step with the same
-result as a run that was never stopped (``--epochs`` may raise the total).
+``"kind": "sae"``), files.json (the training and held-out images, read again by a resume), status.json (state,
+step, progress and a heartbeat) and last.pt (everything a resume needs, rewritten every --checkpoint-seconds and
+on a stop). SIGTERM or Ctrl-C finishes the step, saves last.pt and ends the run ``cancelled``; ``train --resume
+OUT`` continues at the same step with the same result as a run that was never stopped (``--epochs`` may raise the
+total).
 """
 
 from __future__ import annotations
@@ -23,13 +24,14 @@ import time
 from pathlib import Path
 
 PROG = "vit.sae"
+FILES_FILE = "files.json"  # the run's training and held-out images: a resume reads these, not what DIR holds now
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from vit.predict import OneLineParser, positive_int
+    from vit.cli import OneLineParser, command_name, positive_int
 
     summary, details = __doc__.split("\n\n", 1)
-    p = OneLineParser(prog=f"python -m {PROG}", description=summary, epilog=details,
+    p = OneLineParser(prog=command_name(PROG), description=summary, epilog=details,
                       formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = p.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
     t = commands.add_parser("train", help="train a TopK SAE on one layer's residual stream")
@@ -143,13 +145,12 @@ def resolve_args(args: argparse.Namespace) -> tuple[argparse.Namespace, dict | N
     from vit.runfiles import (
         CONFIG_FILE,
         LAST_CHECKPOINT,
-        STALE_SECONDS,
         STATUS_FILE,
         RunFileError,
         check_fields,
         read_config,
         read_status,
-        seconds_since,
+        still_running,
     )
 
     if args.resume is None:
@@ -174,9 +175,10 @@ def resolve_args(args: argparse.Namespace) -> tuple[argparse.Namespace, dict | N
         raise UsageError(f"--resume {out}: {e}") from None
     if config is None or config.get("kind") != "sae" or not (out / LAST_CHECKPOINT).is_file():
         raise UsageError(f"--resume {out}: not an SAE run folder with a last.pt; start a new run instead")
-    if status and status.get("state") == "running" and (seconds_since(status.get("updated_time")) or 1e9) \
-            < STALE_SECONDS:
-        raise UsageError(f"--resume {out}: the run is still running; stop it first (SIGTERM) or wait for it to end")
+    running = still_running(status)
+    if running:
+        raise UsageError(f"--resume {out}: the run is still running ({running}); stop it first (SIGTERM) or wait "
+                         "for it to end")
     saved = config["args"]
     try:  # a run folder may come from anywhere: every argument of its own type before it is used
         check_fields(saved, SAVED_TYPES, "config.json args", required=("model", "data", "layer", "k", "epochs"))
@@ -264,7 +266,9 @@ def run(args: argparse.Namespace, stop=None, harvest=None) -> int:
         activation_batches,
         image_batches,
         image_files,
+        read_split,
         split_files,
+        split_record,
         token_rows,
     )
     from vit.features.sae import SAEError, SAEInfo, model_fingerprint, resid_hook_name, save_sae
@@ -278,6 +282,7 @@ def run(args: argparse.Namespace, stop=None, harvest=None) -> int:
         Status,
         atomic_write_bytes,
         now_iso,
+        read_json,
         read_metrics,
         record_resume,
         write_json,
@@ -301,9 +306,18 @@ def run(args: argparse.Namespace, stop=None, harvest=None) -> int:
     tokens_per_image = model.config.num_prefix_tokens + model.config.num_patches
     try:
         check_settings(settings, d_in, model.config.num_layers, device, args.image_batch * tokens_per_image)
-        train_files, held_files = split_files(image_files(Path(args.data)), args.images, args.holdout, args.seed)
-    except ValueError as e:  # SAEError too
+    except ValueError as e:  # SAEError
         raise UsageError(str(e)) from None
+    if config is not None and (out / FILES_FILE).exists():  # runs from before it was written list DIR again
+        try:
+            train_files, held_files = read_split(read_json(out / FILES_FILE), Path(args.data))
+        except ValueError as e:
+            raise UsageError(f"--resume {out}: {FILES_FILE} {e}") from None
+    else:
+        try:
+            train_files, held_files = split_files(image_files(Path(args.data)), args.images, args.holdout, args.seed)
+        except ValueError as e:
+            raise UsageError(str(e)) from None
     hook = resid_hook_name(args.layer)
     per_epoch = -(-len(train_files) * tokens_per_image // settings.batch_size)
     total_steps = per_epoch * settings.epochs
@@ -324,6 +338,7 @@ def run(args: argparse.Namespace, stop=None, harvest=None) -> int:
                                     "dataset": f"folder:{args.data}"},
             "model": {"hidden_size": d_in, "num_layers": model.config.num_layers, "hook_name": hook},
             "device": str(device), "created": now_iso(), "command": ["vit.sae", "train"]})
+        write_json(out / FILES_FILE, split_record(train_files, held_files, Path(args.data)))
     print(f"{PROG}: {len(train_files)} training and {len(held_files)} held-out images, {hook}, "
           f"{settings.width:,} latents, k {settings.k}" + (f"; resuming at step {training.step}" if config else ""),
           file=sys.stderr)

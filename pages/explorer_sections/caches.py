@@ -74,6 +74,16 @@ def model_input_preview(fingerprint: tuple, digest: str, size: InputSize, checkp
     return byte_cache("images", IMAGE_CACHE_BYTES).get_or_compute(("model input", fingerprint, digest, size), make)
 
 
+def input_tokens(checkpoint: Checkpoint, image: Image.Image, size: InputSize) -> int:
+    """How many tokens ``image`` gives at ``size``; 0 when its size is unusable (the computation says why)."""
+    model = checkpoint.model
+    try:
+        return model.num_prefix_tokens + math.prod(model.patch_grid(*input_shape(
+            image, checkpoint.preprocessing, model.config.patch_size, size)))
+    except ValueError:
+        return 0
+
+
 def analyse(fingerprint: tuple, digest: str, size: InputSize, checkpoint: Checkpoint,
             image: Image.Image) -> explorer.Analysis:
     """The forward pass, once per (checkpoint, image, size). An input of more than ``PROGRESS_TOKENS`` tokens
@@ -83,12 +93,7 @@ def analyse(fingerprint: tuple, digest: str, size: InputSize, checkpoint: Checkp
         with st.spinner("Running the model…"):
             return explorer.analyse(checkpoint, image, size)
     cache, key = byte_cache("analyses", ANALYSIS_CACHE_BYTES), (fingerprint, digest, size)
-    model = checkpoint.model
-    try:
-        tokens = model.num_prefix_tokens + math.prod(model.patch_grid(*input_shape(
-            image, checkpoint.preprocessing, model.config.patch_size, size)))
-    except ValueError:  # explorer.analyse says what is wrong with this input, in one line
-        tokens = 0
+    tokens = input_tokens(checkpoint, image, size)
     if key in cache or tokens <= PROGRESS_TOKENS:
         return cache.get_or_compute(key, run)
     analysis = long_work(key, f"Running the model on {tokens:,} tokens",
@@ -101,11 +106,20 @@ def analyse(fingerprint: tuple, digest: str, size: InputSize, checkpoint: Checkp
 
 def class_relevance(fingerprint: tuple, digest: str, size: InputSize, class_index: int, checkpoint: Checkpoint,
                     image: Image.Image) -> explorer.ClassRelevance:
+    """The class map's gradients, once per (checkpoint, image, size, class); above ``PROGRESS_TOKENS`` long work
+    (progress by block, Stop, the server's bound), the page stopping below it until it is done."""
     def run() -> explorer.ClassRelevance:
         with st.spinner("Computing the class-specific map (one backward pass)…"):
             return explorer.class_relevance(checkpoint, image, class_index, size)
-    return byte_cache("relevance", RELEVANCE_CACHE_BYTES).get_or_compute((fingerprint, digest, size, class_index),
-                                                                          run)
+    cache, key = byte_cache("relevance", RELEVANCE_CACHE_BYTES), (fingerprint, digest, size, class_index)
+    if key in cache or input_tokens(checkpoint, image, size) <= PROGRESS_TOKENS:
+        return cache.get_or_compute(key, run)
+    relevance = long_work(key, "Computing the class-specific map (a forward and a backward pass)",
+                          lambda progress: explorer.class_relevance(checkpoint, image, class_index, size, progress),
+                          "class map", unit="blocks", kept=cache)
+    if relevance is None:
+        st.stop()
+    return relevance
 
 
 def probe_overlays(run: Path, epoch: int, kind: str, layer: int, head: int | None, fusion: str, opacity: float,
@@ -131,14 +145,32 @@ def _method_map(fingerprint: tuple, digest: str, size: InputSize, kind: str, cla
 
 def method_map(fingerprint: tuple, digest: str, size: InputSize, kind: str, class_index: int, query: int,
                end_layer: int, fusion: str, checkpoint: Checkpoint, image: Image.Image):
-    """A method's map, once per settings. Attention flow (seconds, minutes on ViT-B) is long work: its progress
-    and a Stop button are drawn here and the page stops below them until it is done."""
-    if kind != "flow":
+    """A method's map, once per settings. Attention flow (seconds, minutes on ViT-B) and the other methods above
+    ``PROGRESS_TOKENS`` are long work: its progress and a Stop button are drawn here, the server's bound holds,
+    and the page stops below them until it is done."""
+    if kind == "flow":
+        key, label, unit = ((kind, fingerprint, digest, size, query, end_layer, fusion),
+                            "Computing the attention flow (one max-flow problem per token)", "passes")
+    elif input_tokens(checkpoint, image, size) > PROGRESS_TOKENS:
+        key, label, unit = ((kind, fingerprint, digest, size, class_index, query, end_layer),
+                            f"Computing the {explorer.MAP_KINDS[kind].split(' (')[0]} map", "blocks")
+    else:
         return _method_map(fingerprint, digest, size, kind, class_index, query, end_layer, fusion, checkpoint, image)
-    result = long_work(("flow", fingerprint, digest, size, query, end_layer, fusion),
-                       "Computing the attention flow (one max-flow problem per token)",
-                       lambda progress: explorer.model_method_map(checkpoint, image, kind, class_index, query,
-                                                                  end_layer, fusion, size, progress), "flow")
+    result = long_work(key, label, lambda progress: explorer.model_method_map(
+        checkpoint, image, kind, class_index, query, end_layer, fusion, size, progress), kind, unit=unit)
+    if result is None:
+        st.stop()
+    return result
+
+
+def rollout_map(fingerprint: tuple, digest: str, size: InputSize, analysis: explorer.Analysis,
+                settings: explorer.MapSettings):
+    """A rollout map (``rollout``, ``probe_rollout``) built from chunks, every layer recomputed (its factors do
+    not fit the cache: seconds to minutes), as long work; the page stops below its progress until it is done."""
+    s = settings
+    result = long_work(("rollout", fingerprint, digest, size, s.kind, s.query, s.fusion, s.discard_ratio, s.end_layer),
+                       f"Computing the rollout layer by layer ({analysis.num_tokens:,} tokens)",
+                       lambda progress: explorer.rollout_map(analysis, settings, progress), "rollout", unit="layers")
     if result is None:
         st.stop()
     return result

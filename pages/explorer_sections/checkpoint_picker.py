@@ -32,6 +32,12 @@ def open_from_hub(text: str, may_download: bool, place=st.sidebar, key: str = "e
         return None
 
 
+def may_open_path() -> bool:
+    """Whether this visitor may read the server's files by path (``vit.runs.access``: the one rule of every page)."""
+    gate = access.server_access(st.get_option("server.address"), access.configured_token(st.secrets.get))
+    return gate.allows(st.session_state.get(access.UNLOCKED))
+
+
 def pick_checkpoint() -> tuple[dict[str, catalog.CatalogEntry], str, bool]:
     """(every checkpoint offered by path, the one chosen, whether this visitor may read the server's files by
     path); stops the page, saying what to do, when there is none."""
@@ -48,7 +54,7 @@ def pick_checkpoint() -> tuple[dict[str, catalog.CatalogEntry], str, bool]:
         candidates.append(hf_chosen)
     extra = st.session_state.setdefault("explorer_extra_checkpoints", [])  # opened by path here or from another page
     gate = access.server_access(st.get_option("server.address"), access.configured_token(st.secrets.get))
-    may_open = gate.allows(st.session_state.get(access.UNLOCKED))  # vit.runs.access: the one rule of every page
+    may_open = may_open_path()
     opened = ""  # a visitor the rule does not allow reads no file of the server by path: no field, nothing read
     if may_open:
         opened = st.sidebar.text_input(

@@ -12,6 +12,7 @@ from vit.explain.overlay import overlay
 from vit.text import escape_markdown
 
 PICKER_KEY = "compare_with"
+NOTHING = ""  # the picker's first choice: a value, not None (a None selection shows "Choose an option")
 
 
 def compare_checkpoints(view: Shown, entries: dict, choice: str, map2d) -> None:
@@ -27,13 +28,13 @@ def compare_checkpoints(view: Shown, entries: dict, choice: str, map2d) -> None:
         if str(c.path) != choice:
             compare_entries[str(c.path)] = catalog.describe_current(c)
     if st.session_state.get(PICKER_KEY) not in compare_entries:
-        st.session_state[PICKER_KEY] = None
+        st.session_state[PICKER_KEY] = NOTHING
     other = st.sidebar.selectbox(
-        "Compare with (a second checkpoint)", [None, *compare_entries], key=PICKER_KEY,
-        format_func=lambda p: "nothing: one checkpoint" if p is None else compare_entries[p].label,
+        "Compare with (a second checkpoint)", [NOTHING, *compare_entries], key=PICKER_KEY,
+        format_func=lambda p: "nothing: one checkpoint" if p == NOTHING else compare_entries[p].label,
         help="Another checkpoint (another run, or another epoch of this one saved with --save-every) on the same "
              "image with the same settings, and the difference of the two maps.")
-    if other is not None:
+    if other != NOTHING:
         st.subheader("Compare")
         entry_b = compare_entries[other]
         try:

@@ -6,6 +6,7 @@ from pathlib import Path
 import streamlit as st
 from PIL import Image
 
+from pages.explorer_sections import share_view
 from pages.explorer_sections.caches import UPLOAD_TYPES, decode_image
 from vit.app import catalog, explorer
 from vit.checkpoint import Checkpoint
@@ -44,8 +45,11 @@ def pick_image(entry: catalog.CatalogEntry, entries: dict[str, catalog.CatalogEn
                                                       help="Back to the sample images."):
         opened_image = st.session_state["explorer_opened_image"] = None
     samples = catalog.sample_images(entry, list(entries.values()))
+    share_view.apply_sample(model_key, samples)
+    st.session_state.pop(share_view.SHOWN_KEY, None)
+    linked = share_view.linked_upload() if uploaded is None and opened_image is None else None  # a link's upload
     sample = None
-    if samples and opened_image is None:
+    if samples and opened_image is None and linked is None:
         sample = st.sidebar.selectbox("…or a sample image", samples, format_func=explorer.sample_label,
                                       key=f"sample-{model_key}", disabled=uploaded is not None,
                                       help="Remove the upload to use the samples again.")
@@ -68,6 +72,9 @@ def pick_image(entry: catalog.CatalogEntry, entries: dict[str, catalog.CatalogEn
             help="Greyscale models trained on light digits on black (MNIST) need them that way.")
     if uploaded is not None:
         data, image_name = uploaded.getvalue(), uploaded.name
+        share_view.keep_upload(data)
+    elif linked is not None:
+        data, image_name = linked, "the linked upload"
     elif opened_image is not None:
         # A path from an analysis.json: read only by a visitor the access rule allows, only a regular file inside the
         # analysed folder, and no more of it than an upload may hold (a mistake named /dev/zero filled the memory).

@@ -87,14 +87,15 @@ def main_view(view: Shown, main: MainMap, query_key: str, image_name: str, seen:
         download_png, download_npz = st.columns(2)
         download_png.download_button(
             "Overlay (PNG)", on_click="ignore", mime="image/png",
-            file_name=drawing.map_file_name(stem, settings, analysis, "overlay.png"),
+            file_name=drawing.map_file_name(stem, settings, analysis, "overlay.png", class_names),
             data=partial(drawing.overlay_png, seen, map2d, opacity, map_colormap, mode, show_grid, outline, vmin, vmax,
                          mask),
             help=f"At the image's size as decoded (at most {MAX_SIDE:,} px on its long side), over the part the model "
                  f"sees: {seen.width}×{seen.height} px.")
         with download_npz.popover("Attentions (.npz)"):
             npz_layers = st.radio("Layers", ["all", "this"], key="npz_layers", horizontal=True,
-                                  format_func=lambda v: "every layer" if v == "all" else f"layer {layer} only")
+                                  format_func=lambda v: "every layer" if v == "all"
+                                  else drawing.npz_layer_label(layer))
             precision = st.radio("Precision", explorer.NPZ_PRECISIONS, key="npz_precision", horizontal=True)
             chosen_layers = None if npz_layers == "all" else [layer - 1]
             mb = (L if chosen_layers is None else 1) * H * T * T * (4 if precision == "float32" else 2) / 2**20
@@ -107,7 +108,8 @@ def main_view(view: Shown, main: MainMap, query_key: str, image_name: str, seen:
                     f"Download (~{mb:,.1f} MB raw)", on_click="ignore", mime="application/octet-stream",
                     file_name=f"{stem}-attentions-{'all' if chosen_layers is None else f'L{layer}'}-{precision}.npz",
                     data=partial(explorer.attentions_npz, analysis, class_names, chosen_layers, precision),
-                    help="layer_i: heads × tokens × tokens (token 0 is CLS), with logits and class names.")
+                    help="layer_i: heads × tokens × tokens (token 0 is CLS) of layer i + 1 as counted here "
+                         "(the file counts from 0), with logits and class names.")
         if st.toggle("Deletion and insertion curves", key="faithfulness_curves",
                      help="Is this map faithful? Patches are blurred away (deletion) or restored onto a blurred image "
                           "(insertion), most relevant first, and the class probability is tracked: a faithful map "

@@ -6,7 +6,7 @@ import numpy as np
 import streamlit as st
 from PIL import Image
 
-from pages.explorer_sections.caches import class_relevance, method_map
+from pages.explorer_sections.caches import class_relevance, method_map, rollout_map
 from vit.app import drawing, explorer
 from vit.checkpoint import Checkpoint
 from vit.explain.attention import HEAD_FUSIONS
@@ -170,7 +170,14 @@ def main_map(checkpoint: Checkpoint, fingerprint: tuple, image: Image.Image, ima
         except ValueError as e:  # a model option the method does not support, too many tokens for a max-flow
             st.error(str(e))
             st.stop()
-    map2d = explorer.attention_map(analysis, settings, relevance, method_map2d)
+    if kind in ("rollout", "probe_rollout") and not explorer.factors_fit(analysis):
+        try:
+            map2d = rollout_map(fingerprint, image_key, size, analysis, settings)
+        except ValueError as e:  # a query the new grid does not have, a model without a probe
+            st.error(str(e))
+            st.stop()
+    else:
+        map2d = explorer.attention_map(analysis, settings, relevance, method_map2d)
     map_colormap, vmin, vmax = drawing.map_colours(kind, map2d, colormap)  # signed maps: diverging, around 0
     signed = kind in drawing.SIGNED_MAP_KINDS  # their symmetric range is kept whatever the colour scale
     if scale == "zero" and not signed:

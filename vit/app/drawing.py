@@ -10,8 +10,10 @@ from __future__ import annotations
 import base64
 import io
 import math
+import re
 from collections.abc import Callable, Sequence
 
+import matplotlib.ticker
 import numpy as np
 import plotly.graph_objects as go
 import torch
@@ -302,8 +304,16 @@ def prediction_note(analysis: Analysis) -> str | None:
 
 
 
-def map_file_name(stem: str, settings: MapSettings, analysis: Analysis, suffix: str = "overlay.png") -> str:
-    """'photo-attention-L3-h2-q7-overlay.png': the download names the map by the settings it uses."""
+def file_name_part(text: str, limit: int = 40) -> str:
+    """``text`` as a piece of a file name: runs of anything but letters, digits, ``.``, ``_`` and ``-`` become one
+    ``_`` (a class such as "tench, Tinca tinca" or "a/b" would otherwise name folders or need quoting)."""
+    return re.sub(r"[^\w.-]+", "_", text, flags=re.ASCII).strip("._-")[:limit].strip("._-")
+
+
+def map_file_name(stem: str, settings: MapSettings, analysis: Analysis, suffix: str = "overlay.png",
+                  class_names: Sequence[str] = ()) -> str:
+    """'photo-attention-L3-h2-q7-overlay.png': the download names the map by the settings it uses, and a
+    class-specific map by its class's name ('photo-legrad-golden_retriever-overlay.png'; its index without names)."""
     s, L = settings, analysis.num_layers
     controls = MAP_CONTROLS[s.kind]
     parts = []
@@ -318,10 +328,19 @@ def map_file_name(stem: str, settings: MapSettings, analysis: Analysis, suffix: 
     if "discard_ratio" in controls:
         parts.append(f"discard{round(s.discard_ratio * 100)}")
     if "class" in controls:
-        parts.append(f"class{resolved_class(s, analysis)}")
+        index = resolved_class(s, analysis)
+        parts.append(file_name_part(class_names[index]) or f"class{index}" if index < len(class_names)
+                     else f"class{index}")
     if "query" in controls:
         parts.append("cls" if s.query == 0 else f"q{s.query}")
     return "-".join([stem, s.kind, *parts, suffix])
+
+
+
+def npz_layer_label(layer: int) -> str:
+    """The .npz download's "this layer" choice for the page's ``layer`` (counted from 1): it names the array too,
+    which counts from 0 (``layer_5`` holds the page's layer 6)."""
+    return f"layer {layer} only (layer_{layer - 1} in the file)"
 
 
 
@@ -579,6 +598,19 @@ def attention_matrix_figure(matrix: np.ndarray, grid: tuple[int, int], num_prefi
 
 
 
+def tick_labels(values: Sequence[float]) -> list[str]:
+    """Labels for evenly spaced tick values: the fewest significant digits (at least 3) that keep each within a
+    thousandth of a step of its value, so a narrow range reads 0.01442, 0.01444 rather than 0.0144, 0.0144."""
+    step = min((b - a for a, b in zip(values, values[1:], strict=False)), default=abs(values[0]) if values else 1.0)
+    largest = max((abs(v) for v in values), default=0.0)
+    whole = math.floor(math.log10(largest)) + 1 if largest >= 1 else 0  # 12000 as such, not 1.2e+04
+    for digits in range(max(3, whole), 17):
+        labels = [f"{v:.{digits}g}" for v in values]
+        if all(abs(float(t) - v) <= 1e-3 * step for t, v in zip(labels, values, strict=True)):
+            break
+    return labels
+
+
 def colorbar_figure(vmin: float, vmax: float, colormap: str = "inferno", label: str = "") -> go.Figure:
     """A horizontal colour bar with the real values from ``vmin`` (dark) to ``vmax`` (bright)."""
     if not vmax > vmin:
@@ -587,8 +619,10 @@ def colorbar_figure(vmin: float, vmax: float, colormap: str = "inferno", label: 
     fig = go.Figure(go.Heatmap(z=values[None], x=values, y=[0], colorscale=plotly_colorscale(colormap),
                                showscale=False,
                                zmin=vmin, zmax=vmax, hovertemplate="%{x:.4g}<extra></extra>"))
-    fig.update_xaxes(range=[vmin, vmax], tickformat=".3g", nticks=6, title=dict(text=label, standoff=2),
-                     fixedrange=True, showgrid=False)
+    ticks = [float(t) for t in matplotlib.ticker.MaxNLocator(nbins=5).tick_values(vmin, vmax)
+             if vmin - 1e-9 * (vmax - vmin) <= t <= vmax + 1e-9 * (vmax - vmin)]
+    fig.update_xaxes(range=[vmin, vmax], tickmode="array", tickvals=ticks, ticktext=tick_labels(ticks),
+                     title=dict(text=label, standoff=2), fixedrange=True, showgrid=False)
     fig.update_yaxes(visible=False, fixedrange=True)
     fig.update_layout(height=84 if label else 64, margin=dict(l=8, r=14, t=2, b=30))
     return fig
@@ -649,6 +683,13 @@ def describe_method_map(settings: MapSettings, analysis: Analysis, class_names: 
 
 
 
+# Deletion and insertion's x-axis: every fifth, 100 % included (Plotly's own ticks stopped at 80 %), and a title
+# short enough for a narrow column (the longer one was cut at both ends).
+CURVES_X_AXIS = dict(title="patches removed / inserted, most relevant first", tickmode="array",
+                     tickvals=[0, 0.2, 0.4, 0.6, 0.8, 1], ticktext=["0%", "20%", "40%", "60%", "80%", "100%"],
+                     range=[-0.01, 1.01])
+
+
 def faithfulness_figure(checkpoint: Checkpoint, image: Image.Image, map2d: np.ndarray, class_index: int,
                         replacement: str = "blur", size: InputSize = TRAINING_SIZE,
                         progress: Callable[[int, int], None] | None = None) -> go.Figure:
@@ -667,8 +708,7 @@ def faithfulness_figure(checkpoint: Checkpoint, image: Image.Image, map2d: np.nd
         fig.add_trace(go.Scatter(x=fractions, y=curve, mode="lines", line=dict(color=colour),
                                  name=f"{name} (AUC {float(auc(fractions, curve)):.3f})",
                                  hovertemplate=f"{name}: %{{x:.0%}} of patches → p = %{{y:.3f}}<extra></extra>"))
-    fig.update_xaxes(title="fraction of patches removed / inserted, most relevant first", tickformat=".0%",
-                     range=[0, 1], automargin=True)
+    fig.update_xaxes(**CURVES_X_AXIS, automargin=True)
     fig.update_yaxes(title=f"p({escape_plotly(checkpoint.class_names[class_index])})", range=[0, 1], automargin=True)
     # The legend above the plot, not on the curves; the width follows the column (never clipped); the bottom margin
     # holds the ticks and the x-axis title (with none, the title fell below the figure's edge).

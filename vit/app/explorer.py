@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import itertools
 import math
 import os
 import stat
@@ -24,7 +25,9 @@ import numpy as np
 import torch
 from PIL import Image, ImageOps
 
+from vit import bounds
 from vit.app import work
+from vit.bounds import MAX_TOKENS, TooManyTokens  # noqa: F401 (the pages and tests read them here)
 from vit.cache import ByteCache
 from vit.checkpoint import Checkpoint, Preprocessing
 from vit.explain import mechanism
@@ -41,7 +44,7 @@ from vit.explain.attention import (
     token_map,
 )
 from vit.explain.chunked import LayerInputs, gradient_bytes, largest_tokens
-from vit.explain.hidden import LayerAttentions, forward_with_hidden_states
+from vit.explain.hidden import LayerAttentions, forward_with_hidden_states, placed_attentions
 from vit.explain.overlay import attentions_npz_bytes
 from vit.images import ImageError, to_mode, to_uint8
 from vit.inference import (
@@ -87,21 +90,18 @@ TOP_K = 5
 MAX_REFERENCE_IMAGES = 32  # mean ablation's reference set: ViT-B/16 at 224 on 2 cores, 1.8 s per 8 (bench_mechanism)
 REFERENCE_CHUNK = 8  # reference images run at once: one chunk's activations are held, not the whole set's
 # Memory per analysed image: hidden states + cache + one layer's queries and keys + one chunk of attention stays
-# under this (env VIT_ANALYSIS_MEMORY_MB), and inputs with more tokens than VIT_MAX_TOKENS are refused.
+# under this (env VIT_ANALYSIS_MEMORY_MB), and inputs with more tokens than VIT_MAX_TOKENS are refused
+# (vit.bounds: the gate vit.predict shares).
 ANALYSIS_MEMORY_LIMIT = 1024 * 2**20
-MAX_TOKENS = 16384  # ViT-B/16 at 2,048 px (16,385) needs VIT_ANALYSIS_MEMORY_MB raised: its hidden states are 654 MB
 CHUNK_BYTES = 64 * 2**20  # one chunk of attention scores (vit.explain.chunked): every map is built from such chunks
 LAYER_CACHE_BYTES = 320 * 2**20  # computed layers, queries and keys, rollout factors kept per image
 HALF_PRECISION_TOKENS = 1024  # rollout factors above this many tokens are kept in float16
 
 
-class TooManyTokens(ValueError):
-    """An input too big for the explorer's memory bound; the message says how to make it fit."""
-
-
-def analysis_limits() -> tuple[int, int]:
-    """``(max tokens, memory limit in bytes)`` from VIT_MAX_TOKENS and VIT_ANALYSIS_MEMORY_MB, else the defaults."""
-    tokens = int(os.environ.get("VIT_MAX_TOKENS") or MAX_TOKENS)
+def analysis_limits(max_tokens: int | None = None) -> tuple[int, int]:
+    """``(max tokens, memory limit in bytes)``: ``max_tokens``, else VIT_MAX_TOKENS (``bounds.max_tokens``), and
+    VIT_ANALYSIS_MEMORY_MB, else the defaults."""
+    tokens = bounds.max_tokens(max_tokens)
     memory = int(float(os.environ.get("VIT_ANALYSIS_MEMORY_MB") or ANALYSIS_MEMORY_LIMIT / 2**20) * 2**20)
     return tokens, memory
 
@@ -120,6 +120,17 @@ def _inputs(analysis: Analysis) -> LayerInputs | None:
     if not isinstance(layers, LayerAttentions):
         return None
     return LayerInputs(layers.model, layers.hidden[None], layers.grid, budget=CHUNK_BYTES)
+
+
+def reported_blocks(model, progress: work.Progress | None, total: int):
+    """A context in which every block's output (``hook_resid_post``) reports ``progress(blocks run, total)``:
+    where a long map's work can be stopped (``progress`` raises ``work.Stopped``). ``total`` counts the blocks
+    the method runs (a forward is ``L``; a block run again counts too)."""
+    if progress is None or not isinstance(model, ViT):
+        return contextlib.nullcontext()
+    count = itertools.count(1)
+    return model.hooks([(f"blocks.{i}.hook_resid_post", lambda t, hook: progress(min(next(count), total), total))
+                        for i in range(len(model.blocks))])
 
 
 def check_matrix_fits(analysis: Analysis, matrices: int, what: str) -> None:
@@ -173,14 +184,28 @@ def check_chunked_gradient_fits(model, tokens: int, what: str, contexts: bool) -
                             f"{side * config.patch_size} px. Choose a smaller input size, or another map.")
 
 
-def check_input_fits(checkpoint: Checkpoint, grid: tuple[int, int], what: str = "This input") -> None:
-    """Raise ``TooManyTokens`` when an input of ``grid`` patches is over the token or memory limit."""
+def check_flow_fits(model, tokens: int) -> None:
+    """``TooManyTokens`` when attention flow's max-flow problems (one per token, time ~T³) are over its token
+    limit (``attention_flow.MAX_FLOW_TOKENS``); the message names the largest square input that fits. Checked
+    before the forward that gives it every layer's attention."""
+    from vit.explain.attention_flow import MAX_FLOW_TOKENS
+
+    if tokens > MAX_FLOW_TOKENS:
+        side = math.isqrt(max(MAX_FLOW_TOKENS - model.num_prefix_tokens, 1))
+        raise TooManyTokens(f"Attention flow solves one max-flow problem per token: {tokens:,} tokens is over its "
+                            f"limit of {MAX_FLOW_TOKENS} (about 40 s there on 2 cores); the largest square input "
+                            f"that fits is {side * model.config.patch_size} px. Choose a smaller input size, or "
+                            "rollout.")
+
+
+def check_input_fits(checkpoint: Checkpoint, grid: tuple[int, int], what: str = "This input",
+                     max_tokens: int | None = None, allow: str = f"raise {bounds.MAX_TOKENS_ENV}") -> None:
+    """Raise ``TooManyTokens`` when an input of ``grid`` patches is over the token gate (``max_tokens``, default
+    VIT_MAX_TOKENS; ``allow`` says how to raise it) or the memory limit."""
     config, prefix = checkpoint.model.config, checkpoint.model.num_prefix_tokens
     tokens = prefix + grid[0] * grid[1]
-    max_tokens, limit = analysis_limits()
-    if tokens > max_tokens:
-        raise TooManyTokens(f"{what} gives {tokens:,} tokens ({grid[0]}×{grid[1]} patches + {prefix}); the explorer "
-                            f"analyses at most {max_tokens:,} (VIT_MAX_TOKENS). Choose a smaller input size.")
+    max_tokens, limit = analysis_limits(max_tokens)
+    bounds.check_tokens(config, tokens, f"{what} ({grid[0]}×{grid[1]} patches + {prefix})", max_tokens, allow)
     need = analysis_memory(config.num_layers, config.num_heads, config.hidden_size, tokens)
     if need > limit:
         raise TooManyTokens(f"{what} gives {tokens:,} tokens, which needs about {need / 2**20:,.0f} MB for "
@@ -303,17 +328,19 @@ class Analysis:
 
 
 def analyse(checkpoint: Checkpoint, image: Image.Image, size: InputSize = TRAINING_SIZE,
-            top_k: int = TOP_K, progress: work.Progress | None = None) -> Analysis:
+            top_k: int = TOP_K, progress: work.Progress | None = None, max_tokens: int | None = None,
+            allow: str = f"raise {bounds.MAX_TOKENS_ENV}") -> Analysis:
     """Run the model once on ``image`` at ``size``; layers' attentions are computed when first read.
 
-    Raises ``TooManyTokens`` before running anything when the input is over the limits. ``progress(layers done,
+    Raises ``TooManyTokens`` before running anything when the input is over the limits (``max_tokens``: the
+    token gate, default VIT_MAX_TOKENS; ``allow``: how the message says to raise it). ``progress(layers done,
     L)`` after each block (read at its ``hook_resid_post``; it may raise to stop the forward there).
     """
     model, p = checkpoint.model, checkpoint.preprocessing
     patch_size = model.config.patch_size
     shape = input_shape(image, p, patch_size, size)  # (height, width)
     grid = model.patch_grid(*shape)
-    check_input_fits(checkpoint, grid, f"A {shape[1]}×{shape[0]} px input")
+    check_input_fits(checkpoint, grid, f"A {shape[1]}×{shape[0]} px input", max_tokens, allow)
     device = next(model.parameters()).device
     x = preprocess([image], p, size, patch_size).to(device)  # (1, C, H, W)
     L = len(model.blocks)
@@ -380,12 +407,13 @@ class ClassRelevance:
 
 
 def class_relevance(checkpoint: Checkpoint, image: Image.Image, class_index: int,
-                    size: InputSize = TRAINING_SIZE) -> ClassRelevance:
+                    size: InputSize = TRAINING_SIZE, progress: work.Progress | None = None) -> ClassRelevance:
     """One forward and backward pass for ``class_index`` (the page caches it per checkpoint, image and class).
 
     While every layer's attention and its gradient fit the memory limit they are kept whole; above, one block's
     backward at a time keeps the gradient of its heads' contexts, and the map's row is formed in chunks
     (``LayerInputs.gradient_rollout_row``). ``TooManyTokens`` when even that would be over the limit.
+    ``progress(blocks run, total)`` at each block's output (``reported_blocks``).
     """
     model, p = checkpoint.model, checkpoint.preprocessing
     shape = input_shape(image, p, model.config.patch_size, size)
@@ -396,15 +424,19 @@ def class_relevance(checkpoint: Checkpoint, image: Image.Image, class_index: int
     if not whole:
         check_chunked_gradient_fits(model, tokens, "The class-specific map", contexts=True)
     x = preprocess([image], p, size, model.config.patch_size).to(device)  # (1, C, H, W)
+    L = len(model.blocks)
     if whole:
-        _, attentions, gradients = class_gradients(model, x, class_index)
+        with reported_blocks(model, progress, L):
+            _, attentions, gradients = class_gradients(model, x, class_index)
         terms = tuple(positive_gradient_attention(a, g).float().cpu()
                       for a, g in zip(attentions, gradients, strict=True))
         return ClassRelevance(class_index, terms)
-    with torch.inference_mode():
-        _, hidden = forward_with_hidden_states(model, x)  # (1, L + 1, T, D)
-    inputs = LayerInputs(model, hidden, grid, budget=CHUNK_BYTES)
-    return ClassRelevance(class_index, (), inputs, inputs.context_gradients(torch.tensor([class_index])))
+    with reported_blocks(model, progress, 2 * L):  # a forward, then each block again
+        with torch.inference_mode():
+            _, hidden = forward_with_hidden_states(model, x)  # (1, L + 1, T, D)
+        inputs = LayerInputs(model, hidden, grid, budget=CHUNK_BYTES)
+        contexts = inputs.context_gradients(torch.tensor([class_index]))
+    return ClassRelevance(class_index, (), inputs, contexts)
 
 
 @dataclass(frozen=True)
@@ -480,16 +512,33 @@ def factors_fit(analysis: Analysis) -> bool:
 
 
 def rollout_row(analysis: Analysis, fusion: str, discard_ratio: float, end_layer: int, query: int | None = None,
-                row: torch.Tensor | None = None) -> torch.Tensor:
+                row: torch.Tensor | None = None, progress: work.Progress | None = None) -> torch.Tensor:
     """The rollout's row for ``query`` (or ``row (1, T) @`` the rollout), ``(1, T)``: from the cached factors
-    while they fit, else by row vector from the last layer down, each layer recomputed in chunks."""
+    while they fit, else by row vector from the last layer down, each layer recomputed in chunks (kept in the
+    analysis's cache; ``progress(layers done, layers)`` after each chunk, where it may stop the work)."""
     if factors_fit(analysis):
         factors = _rollout_factors(analysis, fusion, discard_ratio, end_layer)
         return rollout_rows(factors, query) if row is None else rollout_vector(factors, row)
     inputs = _inputs(analysis)
     key = ("rollout_row", query if row is None else tuple(row.flatten().tolist()), fusion, discard_ratio, end_layer)
     return analysis.cache.get_or_compute(key, lambda: inputs.rollout_row(query, row, fusion, discard_ratio, end_layer,
-                                                                         analysis.num_prefix_tokens))
+                                                                         analysis.num_prefix_tokens, progress))
+
+
+def rollout_map(analysis: Analysis, settings: MapSettings, progress: work.Progress | None = None) -> np.ndarray:
+    """The ``(gh, gw)`` map of a ``rollout`` or ``probe_rollout`` setting (see ``rollout_row``): the page computes
+    it as long work when it is built from chunks (``factors_fit`` False), seconds to minutes."""
+    s = settings
+    if s.kind == "rollout":
+        if not 0 <= s.query < analysis.num_tokens:
+            raise ValueError(f"query token {s.query} is out of range for {analysis.num_tokens} tokens")
+        return _patch_map(rollout_row(analysis, s.fusion, s.discard_ratio, s.end_layer, s.query, progress=progress)[0],
+                          analysis)
+    if analysis.probe is None:
+        raise ValueError("this model has no attention-pooling probe; choose another map")
+    row = fuse_heads(analysis.probe[None, :, None], s.fusion)[:, 0]  # (1, T)
+    return _patch_map(rollout_row(analysis, s.fusion, s.discard_ratio, s.end_layer, row=row, progress=progress)[0],
+                      analysis)
 
 
 def token_norms(analysis: Analysis, layer: int) -> torch.Tensor:
@@ -531,9 +580,7 @@ def attention_map(analysis: Analysis, settings: MapSettings, relevance: ClassRel
             return _patch_map(rows[s.head], analysis)
         return _patch_map(fuse_heads(rows[None, :, None], s.fusion)[0, 0], analysis)  # fusing rows = row of fusion
     if s.kind == "rollout":
-        if not 0 <= s.query < analysis.num_tokens:
-            raise ValueError(f"query token {s.query} is out of range for {analysis.num_tokens} tokens")
-        return _patch_map(rollout_row(analysis, s.fusion, s.discard_ratio, s.end_layer, s.query)[0], analysis)
+        return rollout_map(analysis, s)
     if s.kind == "class":
         wanted = resolved_class(s, analysis)
         if relevance is None or relevance.class_index != wanted:
@@ -553,8 +600,7 @@ def attention_map(analysis: Analysis, settings: MapSettings, relevance: ClassRel
                     raise ValueError(f"head {s.head} is out of range for {probe.shape[0]} heads")
                 return _patch_map(probe[s.head], analysis)
             return _patch_map(fuse_heads(probe[None, :, None], s.fusion)[0, 0], analysis)
-        row = fuse_heads(probe[None, :, None], s.fusion)[:, 0]  # (1, T)
-        return _patch_map(rollout_row(analysis, s.fusion, s.discard_ratio, s.end_layer, row=row)[0], analysis)
+        return rollout_map(analysis, s)
     raise ValueError(f"unknown map kind {s.kind!r}; choose one of: {', '.join(MAP_KINDS)}")
 
 
@@ -644,29 +690,41 @@ def model_method_map(checkpoint: Checkpoint, image: Image.Image, kind: str, clas
 
     ``class_index`` is the explained class (LeGrad, LRP, AttnLRP); ``query`` the token whose
     relevance or flow is shown (LRP, flow; LeGrad and AttnLRP explain the classifier's CLS).
-    Raises ValueError (e.g. ``UnsupportedModelError``, ``TooManyTokensError``) with a message to show.
-    ``progress(done, total)``: flow's max-flow problems, one per token.
+    Raises ValueError (e.g. ``UnsupportedModelError``, ``TooManyTokens``) with a message to show, before any
+    work. ``progress(done, total)``: flow's max-flow problems, one per token; the other methods' blocks run
+    (``reported_blocks``).
     """
     from vit.explain.attention_flow import attention_flow
     from vit.explain.relevance import attnlrp, legrad, patch_sums, transformer_attribution
 
     model = checkpoint.model
+    shape = input_shape(image, checkpoint.preprocessing, model.config.patch_size, size)  # (height, width)
+    grid, prefix = model.patch_grid(*shape), model.num_prefix_tokens
+    tokens = prefix + grid[0] * grid[1]
+    # Every method's bound before the work it implies: flow's forward keeps every layer's whole attention (9 GB
+    # for ViT-B/16 at 1,024 px) before attention_flow's own limit would refuse the input.
+    if kind == "legrad":  # in chunks: never a whole layer's attention or gradient
+        check_chunked_gradient_fits(model, tokens, "LeGrad", contexts=False)
+    elif kind in ("lrp", "attnlrp"):
+        check_gradient_fits(model, tokens, MAP_KINDS[kind].split(" (")[0])
+    elif kind == "flow":
+        check_flow_fits(model, tokens)
     device = next(model.parameters()).device
     x = preprocess([image], checkpoint.preprocessing, size, model.config.patch_size).to(device)  # (1, C, H, W)
-    grid, prefix = model.patch_grid(x.shape[2], x.shape[3]), model.num_prefix_tokens
-    if kind == "legrad":  # in chunks: never a whole layer's attention or gradient
-        check_chunked_gradient_fits(model, prefix + grid[0] * grid[1], "LeGrad", contexts=False)
-    elif kind in ("lrp", "attnlrp"):
-        check_gradient_fits(model, prefix + grid[0] * grid[1], MAP_KINDS[kind].split(" (")[0])
+    L = len(model.blocks)
     if kind == "legrad":
-        result = legrad(model, x, class_index, budget=CHUNK_BYTES)
+        with reported_blocks(model, progress, L + 2):  # a forward, then its last two blocks again
+            result = legrad(model, x, class_index, budget=CHUNK_BYTES)
     elif kind == "lrp":
-        result = token_map(transformer_attribution(model, x, class_index, end_layer), query, grid, prefix)
+        with reported_blocks(model, progress, L):
+            result = token_map(transformer_attribution(model, x, class_index, end_layer), query, grid, prefix)
     elif kind == "attnlrp":
-        result = patch_sums(attnlrp(model, x, class_index), grid)
+        with reported_blocks(model, progress, L):
+            result = patch_sums(attnlrp(model, x, class_index), grid)
     elif kind == "flow":
         with torch.no_grad():
             _, attentions = model(x, output_attentions=True)
+        attentions = placed_attentions(model, attentions, grid)
         result = attention_flow(attentions, query, fusion, end_layer, progress=progress)[:, prefix:].reshape(1, *grid)
     else:
         raise ValueError(f"{kind!r} is not one of {', '.join(METHOD_MAP_KINDS)}")

@@ -15,7 +15,7 @@ import torch
 from PIL import Image
 
 from vit.app import work
-from vit.app.drawing import CURVE_BATCH
+from vit.app.drawing import CURVE_BATCH, CURVES_X_AXIS
 from vit.checkpoint import Checkpoint
 from vit.explain import prompts
 from vit.explain.faithfulness import auc
@@ -94,7 +94,11 @@ def describe_scores(asked: Answer, ensemble: bool) -> str:
     else:
         how = (f"SigLIP: each label's own **sigmoid** of {p.scale:.4g} × cosine {p.bias:+.4g}, so the labels do "
                "not compete and need not sum to 1")
-    return f"Each label is read through {template}. {how}."
+    doubled = None if ensemble else prompts.doubled_article(p.templates[0], p.labels)
+    note = "" if doubled is None else (f" Note: “{escape_markdown(doubled[0])}” is read as "
+                                       f"“{escape_markdown(doubled[1])}” (the template has an article already): "
+                                       f"type the label without it, or use the template “{escape_markdown('{}')}”.")
+    return f"Each label is read through {template}. {how}.{note}"
 
 
 def describe_prediction(asked: Answer, shown: int = 3) -> str:
@@ -156,9 +160,8 @@ def curves_figure(checkpoint: Checkpoint, asked: Answer, image: Image.Image, map
         fig.add_trace(go.Scatter(x=fractions, y=curve, mode="lines", line=dict(color=colour),
                                  name=f"{name} (AUC {float(auc(fractions, curve)):.3f})",
                                  hovertemplate=f"{name}: %{{x:.0%}} of patches → cos = %{{y:.3f}}<extra></extra>"))
-    fig.update_xaxes(title="fraction of patches removed / inserted, most relevant first", tickformat=".0%",
-                     range=[0, 1])
+    fig.update_xaxes(**CURVES_X_AXIS, automargin=True)
     fig.update_yaxes(title=f"cos(image, “{escape_plotly(asked.labels[index])}”)")
-    fig.update_layout(height=320, margin=dict(l=0, r=0, t=30, b=0), autosize=True,
+    fig.update_layout(height=320, margin=dict(l=0, r=0, t=30, b=56), autosize=True,
                       legend=dict(orientation="h", x=0, y=1.02, xanchor="left", yanchor="bottom"))
     return fig

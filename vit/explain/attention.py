@@ -17,6 +17,27 @@ from torch import Tensor
 HEAD_FUSIONS = ("mean", "max", "min")
 
 
+def windows_on_grid(attn: Tensor, grid: tuple[int, int], window: int) -> Tensor:
+    """A windowed layer's attention ``(B * nw, H, w*w, w*w)`` (SAM / ViTDet: windows row-major over the grid padded
+    to a multiple of ``window``, ``vit.model.window_partition``'s order) -> ``(B, H, T, T)`` on the full patch grid
+    (``T = gh * gw``): each query's row placed on its window's patches, zero outside it. Padding tokens are dropped,
+    so a row of a window that covers padding sums to the share its real patches got (below 1)."""
+    gh, gw = grid
+    rows, cols = -(-gh // window), -(-gw // window)  # windows per column and per row
+    nw, n, T = rows * cols, window * window, gh * gw
+    H = attn.shape[1]
+    if attn.dim() != 4 or attn.shape[0] % nw or attn.shape[2:] != (n, n):
+        raise ValueError(f"expected windowed attention (B * {nw}, H, {n}, {n}) for a {gh}x{gw} grid in windows of "
+                         f"{window}, got {tuple(attn.shape)}")
+    B = attn.shape[0] // nw
+    r = torch.arange(rows * window).view(rows, 1, window, 1)  # each window slot's patch row and column
+    c = torch.arange(cols * window).view(1, cols, 1, window)
+    token = torch.where((r < gh) & (c < gw), r * gw + c, T).reshape(nw, n)  # (nw, n): padding -> T, dropped below
+    dense = attn.new_zeros(B, H, T + 1, T + 1)
+    dense[:, :, token[:, :, None], token[:, None, :]] = attn.view(B, nw, H, n, n).transpose(1, 2)  # (B, H, nw, n, n)
+    return dense[:, :, :T, :T]
+
+
 def _check_tokens(attn: Tensor, grid: tuple[int, int], num_prefix_tokens: int) -> None:
     gh, gw = grid
     if gh <= 0 or gw <= 0:

@@ -15,13 +15,13 @@ The rollout's CLS row (or any query's) is a row vector times each layer's factor
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import torch
 from torch import Tensor, nn
 
 from vit.explain.attention import _check_fusion, patch_centres, rollout_factor_rows
-from vit.explain.hidden import queries_keys_values
+from vit.explain.hidden import block_attention, layout_problem, queries_keys_values
 
 CHUNK_BYTES = 256 * 2**20  # the most one chunk's scores may hold (with _COPIES): the memory bound
 # On a CPU a chunk of about a core's L2 cache is what the matmul, softmax and sums run fastest on: ~2x faster per
@@ -133,8 +133,24 @@ class LayerInputs:
     def chunks(self, layer: int, heads: Sequence[int] | None = None, queries: Sequence[int] | None = None
                ) -> Iterator[tuple[Tensor, Tensor, Tensor]]:
         """``attention_chunks`` of layer ``layer``."""
+        if layout_problem(self.model):  # a bias or windows: chunks of the exact layer, placed on the patch grid
+            yield from self._layer_chunks(layer, heads, queries)
+            return
         q, k = self.queries_and_keys(layer)
         yield from attention_chunks(q, k, heads, queries, self.head_chunk, self.query_chunk, self.budget)
+
+    def _layer_chunks(self, layer: int, heads: Sequence[int] | None, queries: Sequence[int] | None
+                      ) -> Iterator[tuple[slice, slice, Tensor]]:
+        """``chunks`` from the whole layer (``hidden.block_attention``): one chunk of every head and query."""
+        layer = self._layer(layer)
+        with torch.inference_mode():
+            probs = block_attention(self.model, layer, self._input(layer), self.grid).float()  # (B, H, T, T)
+        heads = list(range(probs.shape[1])) if heads is None else [int(h) for h in heads]
+        queries = list(range(probs.shape[2])) if queries is None else [int(t) for t in queries]
+        if not all(0 <= h < probs.shape[1] for h in heads) or not all(0 <= t < probs.shape[2] for t in queries):
+            raise ValueError(f"heads {heads} or queries out of range for {probs.shape[1]} heads, "
+                             f"{probs.shape[2]} tokens")
+        yield slice(0, len(heads)), slice(0, len(queries)), _take(_take(probs, 1, heads), 2, queries)
 
     def rows(self, layer: int, queries: Sequence[int], heads: Sequence[int] | None = None) -> Tensor:
         """What each of ``queries`` attends to in layer ``layer``: ``(B, heads, queries, T)`` float32 (one head's
@@ -207,10 +223,12 @@ class LayerInputs:
         return self.hidden[:, self._layer(layer) + 1].float().norm(dim=-1)
 
     def rollout_row(self, query: int | None = None, row: Tensor | None = None, fusion: str = "mean",
-                    discard_ratio: float = 0.0, end_layer: int = -1, num_prefix_tokens: int = 1) -> Tensor:
+                    discard_ratio: float = 0.0, end_layer: int = -1, num_prefix_tokens: int = 1,
+                    progress: Callable[[int, int], None] | None = None) -> Tensor:
         """Row ``query`` of ``attention.rollout(...)`` (or ``row (B, T) @`` the rollout's product), ``(B, T)``,
         with the same head fusion, discard and residual: from layer ``end_layer`` down to 0, ``v = v @ Â_l``,
-        each ``Â_l`` formed query chunk by query chunk (``v @ Â = sum over chunks v[t] @ Â[t]``)."""
+        each ``Â_l`` formed query chunk by query chunk (``v @ Â = sum over chunks v[t] @ Â[t]``).
+        ``progress(layers done, layers)`` after every chunk (it may raise to stop there)."""
         if (query is None) == (row is None):
             raise ValueError("give either a query token or a row of weights")
         B, T = self.hidden.shape[0], self.num_tokens
@@ -222,12 +240,17 @@ class LayerInputs:
         if row.shape[-1] != T:
             raise ValueError(f"a row of {row.shape[-1]} weights does not fit {T} tokens")
         v = row.float().cpu().expand(B, T)
-        for layer in range(self._layer(end_layer), -1, -1):
+        top = self._layer(end_layer)
+        for layer in range(top, -1, -1):
             out = torch.zeros(B, T)
             for ts, fused in self.fused_rows(layer, None, fusion):  # queries[ts] are tokens ts.start..
                 factor = rollout_factor_rows(fused.cpu(), ts.start, discard_ratio, num_prefix_tokens)  # (B, t, T)
                 out += (v[:, None, ts] @ factor)[:, 0]  # (B, T)
+                if progress is not None:  # each chunk, not each layer: a layer at 14,400 tokens is seconds
+                    progress(top - layer, top + 1)
             v = out
+        if progress is not None:
+            progress(top + 1, top + 1)
         return v
 
     # --- gradient methods: each block's backward from its stored input, one block's graph at a time ---------------

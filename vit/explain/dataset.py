@@ -235,8 +235,9 @@ def confusion_figure(confusion: np.ndarray, class_names: list[str]) -> go.Figure
     fig = go.Figure(go.Heatmap(z=shares, x=class_names, y=class_names, colorscale="Blues", zmin=0, zmax=1,
                                customdata=confusion, colorbar=dict(title="share"),
                                hovertemplate="true %{y} → predicted %{x}: %{customdata} (%{z:.1%})<extra></extra>"))
-    fig.update_xaxes(title="predicted class", type="category")
-    fig.update_yaxes(title="true class", autorange="reversed", type="category")
+    # automargin: with the margins at 0 the class names and axis titles were drawn outside the figure.
+    fig.update_xaxes(title="predicted class", type="category", automargin=True)
+    fig.update_yaxes(title="true class", autorange="reversed", type="category", automargin=True)
     fig.update_layout(title="Confusion matrix", height=520, margin=dict(l=0, r=0, t=40, b=0))
     return fig
 

@@ -29,6 +29,7 @@ from torchvision.transforms.functional import gaussian_blur
 
 from vit.explain.attention import class_gradients, fuse_heads, gradient_rollout, rollout, token_map
 from vit.explain.attention_flow import attention_flow
+from vit.explain.hidden import placed_attentions
 from vit.explain.relevance import attnlrp, legrad, patch_sums, transformer_attribution
 
 REPLACEMENTS = ("blur", "mean", "zero")
@@ -130,6 +131,7 @@ def method_maps(model: torch.nn.Module, images: Tensor, method: str, class_index
     if method in ("attention", "rollout", "flow"):
         with torch.no_grad():
             _, attentions = model(images, output_attentions=True)
+        attentions = placed_attentions(model, attentions, grid)
         if method == "attention":
             return token_map(fuse_heads(attentions[-1]), 0, grid, prefix)
         if method == "rollout":

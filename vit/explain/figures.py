@@ -18,8 +18,9 @@ def layer_stats_figure(values: np.ndarray, y_title: str, title: str = "") -> go.
     fig.add_trace(go.Scatter(x=layers, y=values.mean(axis=1), mode="lines", name="mean over heads",
                              line=dict(color="grey", dash="dash"),
                              hovertemplate="layer %{x}, mean: %{y:.3g}<extra></extra>"))
-    fig.update_xaxes(title="layer (network depth)", tickvals=list(layers), range=[0.5, L + 0.5])
-    fig.update_yaxes(title=y_title, rangemode="tozero")
+    # automargin: with the margins at 0 the axis numbers and titles were drawn outside the figure.
+    fig.update_xaxes(title="layer (network depth)", tickvals=list(layers), range=[0.5, L + 0.5], automargin=True)
+    fig.update_yaxes(title=y_title, rangemode="tozero", automargin=True)
     fig.update_layout(title=title, height=420, margin=dict(l=0, r=0, t=40 if title else 10, b=0),
                       showlegend=H <= 16)
     return fig
@@ -63,8 +64,8 @@ def massive_activations_figure(stats: np.ndarray, title: str = "") -> go.Figure:
     for i, name in enumerate(("top 1", "top 2", "top 3", "median")):
         fig.add_trace(go.Scatter(x=layers, y=stats[:, i], mode="lines+markers", name=name,
                                  hovertemplate=f"layer %{{x}}, {name}: %{{y:.4g}}<extra></extra>"))
-    fig.update_xaxes(title="layer", tickvals=list(layers))
-    fig.update_yaxes(title="|activation| of the block output", rangemode="tozero")
+    fig.update_xaxes(title="layer", tickvals=list(layers), automargin=True)
+    fig.update_yaxes(title="|activation| of the block output", rangemode="tozero", automargin=True)
     fig.update_layout(title=title, height=360, margin=dict(l=0, r=0, t=40 if title else 10, b=0))
     return fig
 
@@ -74,8 +75,8 @@ def norm_histogram_figure(norms: np.ndarray, threshold: float, title: str = "") 
     fig = go.Figure(go.Histogram(x=norms, nbinsx=60, marker_color="#8fa3bf",
                                  hovertemplate="norm %{x}: %{y} tokens<extra></extra>"))
     fig.add_vline(x=threshold, line=dict(color="#d62728", dash="dash"))
-    fig.update_xaxes(title="token norm")
-    fig.update_yaxes(title="tokens")
+    fig.update_xaxes(title="token norm", automargin=True)
+    fig.update_yaxes(title="tokens", automargin=True)
     fig.update_layout(title=title, height=300, margin=dict(l=0, r=0, t=40 if title else 10, b=0), bargap=0.05)
     return fig
 

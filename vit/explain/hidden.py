@@ -16,6 +16,7 @@ import torch
 from torch import Tensor, nn
 
 from vit.cache import ByteCache
+from vit.explain.attention import windows_on_grid
 
 
 def residual_names(num_layers: int) -> list[str]:
@@ -47,9 +48,29 @@ def forward_with_hidden_states(model: nn.Module, images: Tensor) -> tuple[Tensor
 def block_attention(model: nn.Module, layer: int, block_input: Tensor, grid: tuple[int, int] | None = None
                     ) -> Tensor:
     """Layer ``layer``'s post-softmax attention ``(B, H, T, T)``: that block run on its input ``(B, T, D)``
-    (``grid``: the input's patch grid, for a model with rotary positions)."""
+    (``grid``: the input's patch grid, for a model with rotary positions or an attention layout). A windowed
+    layer's windows are placed on the full grid (``attention.windows_on_grid``: zero outside each query's window)."""
     _, (probs,) = model.run_blocks(block_input, grid, layer, layer + 1, output_attentions=True)
-    return probs
+    window = getattr(model.blocks[layer], "window", 0)
+    return windows_on_grid(probs, grid, window) if window else probs
+
+
+def placed_attentions(model: nn.Module, attentions: Sequence[Tensor], grid: tuple[int, int]) -> tuple[Tensor, ...]:
+    """A forward's ``attentions`` with each windowed layer's windows placed on the full patch grid
+    (``attention.windows_on_grid``), so that every layer reads ``(B, H, T, T)``."""
+    windows = [getattr(block, "window", 0) for block in model.blocks]
+    return tuple(windows_on_grid(a, grid, w) if w else a for a, w in zip(attentions, windows, strict=True))
+
+
+def layout_problem(model: nn.Module) -> str | None:
+    """What keeps a layer's attention from being ``softmax(q . k)`` of its queries and keys alone (the chunked
+    paths' assumption): a bias on the logits or windows; None for plain global attention."""
+    config = getattr(model, "config", None)
+    if getattr(config, "window_size", 0):
+        return "attends within windows (SAM / ViTDet)"
+    if getattr(config, "rel_pos", "none") != "none":
+        return "adds a relative position bias to its attention logits"
+    return None
 
 
 class _Enough(Exception):
@@ -70,7 +91,12 @@ def queries_and_keys(model: nn.Module, layer: int, block_input: Tensor, grid: tu
 
 def queries_keys_values(model: nn.Module, layer: int, block_input: Tensor, grid: tuple[int, int] | None = None
                         ) -> tuple[Tensor, Tensor, Tensor]:
-    """``queries_and_keys`` and the layer's values ``(B, H, T, hd)`` (read at ``attn.hook_v``)."""
+    """``queries_and_keys`` and the layer's values ``(B, H, T, hd)`` (read at ``attn.hook_v``). ValueError for a
+    model whose attention is more than ``softmax(q . k)`` (``layout_problem``), whose maps need the whole layer."""
+    problem = layout_problem(model)
+    if problem:
+        raise ValueError(f"this model {problem}, so its attention is not softmax(q . k) of its queries and keys "
+                         "alone; this view computes it that way and does not support it yet")
     cache: dict[str, Tensor] = {}
 
     def keep(x: Tensor, hook) -> None:
@@ -126,6 +152,8 @@ class LayerAttentions(Sequence[Tensor]):
         T = self.hidden.shape[1]
         if not 0 <= query < T:
             raise ValueError(f"query token {query} is out of range for {T} tokens")
+        if layout_problem(self.model):  # biases and windows: rows of the exact (placed) layers
+            return torch.stack([self[layer][0, :, query] for layer in range(len(self))])
         rows = []
         for layer in range(len(self)):
             qk = self.cache.get_or_compute(("qk", layer), lambda layer=layer: self._queries_and_keys(layer))

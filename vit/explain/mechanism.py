@@ -33,11 +33,15 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from vit.bounds import forward_flops
 from vit.explain.chunked import LayerInputs, attention_chunks
 from vit.explain.hidden import forward_with_hidden_states
 from vit.model import ViT
 
-PROGRESS_CHUNK = 32  # residual-patching copies run at once while a page follows the progress
+# While a page follows a grid, its Stop (or a closed tab) is heard between batches: one batch holds at most this much
+# work (a copy costs at most one forward), ~3 s of one core, so a grid stops within ~5 s on 2 busy cores. 32
+# copies of a ViT-B/16 at 609 tokens were 30-50 s.
+PROGRESS_FLOPS = 2e11
 Progress = Callable[[int, int], None]  # progress(passes done, total), called between chunks; it may raise to stop
 
 MAX_ELEMENTS = 2**29  # floats one step may hold (2 GiB of float32); past it a function refuses
@@ -454,6 +458,15 @@ def _chunks(total: int, per_copy: int) -> int:
     return max(1, min(total, MAX_ELEMENTS // 8 // max(per_copy, 1)))
 
 
+def _default_chunk(model: ViT, cells: int, tokens: int, progress: Progress | None) -> int:
+    """Copies of one image per batch: as many as keep one step within the memory bound, and while ``progress``
+    follows the grid, no more than ``PROGRESS_FLOPS`` of work (at least one copy)."""
+    chunk = _chunks(cells, _copy_size(model, tokens))
+    if progress is not None:
+        chunk = min(chunk, max(1, int(PROGRESS_FLOPS // forward_flops(model.config, tokens))))
+    return chunk
+
+
 def _copy_size(model: ViT, tokens: int) -> int:
     """Floats one copy of an input of ``tokens`` tokens holds at once in a block: its widest activation (the MLP's,
     or one head's attention rows)."""
@@ -490,7 +503,8 @@ def ablation_grid(model: ViT, images: Tensor, classes: Tensor | int | None = Non
                   ) -> Tensor:
     """``(B, L, H)``: the change of each image's class logit (default: predicted) when each head alone is
     ablated. Each layer's ``B x H`` interventions run in the batch dimension, ``chunk`` at a time (default: as many
-    as the memory bound allows), through the layers from that one on; ``progress(done, total)`` after each batch."""
+    as the memory bound allows, and a short batch while ``progress`` follows it), through the layers from that one on;
+    ``progress(done, total)`` after each batch."""
     check_supported(model, needs_head=True)
     _check_ablation(model, mode, means)
     with torch.no_grad():
@@ -500,7 +514,7 @@ def ablation_grid(model: ViT, images: Tensor, classes: Tensor | int | None = Non
         _check_means_tokens(mode, means, T)
         base = model.classify(states[:, -1])
         classes = class_indices(base, classes)
-        chunk = _chunks(B * H, _copy_size(model, T)) if chunk is None else chunk
+        chunk = _default_chunk(model, B * H, T, progress) if chunk is None else chunk
         grid_out = torch.empty(B * H, L)
         _report(progress, 0, L * B * H)
         for layer, cells in _batches(L, B * H, chunk):
@@ -577,7 +591,7 @@ def patch_heads(model: ViT, clean: Tensor, corrupted: Tensor, a: Tensor | int | 
                                                                                        heads=True)
         B, S, T, D = clean_s.shape
         L, H, hd = _dims(model)
-        chunk = _chunks(B * H, _copy_size(model, T)) if chunk is None else chunk
+        chunk = _default_chunk(model, B * H, T, progress) if chunk is None else chunk
         out = torch.empty(B * H, L)
         _report(progress, 0, L * B * H)
         for layer, cells in _batches(L, B * H, chunk):
@@ -607,10 +621,7 @@ def patch_residuals(model: ViT, clean: Tensor, corrupted: Tensor, a: Tensor | in
         clean_s, corrupt_s, clean_d, corrupt_d, a, b, _, grid = _patching_setup(model, clean, corrupted, a, b)
         B, S, T, D = clean_s.shape
         L = len(model.blocks)
-        if chunk is None:
-            chunk = _chunks(B * T, _copy_size(model, T))
-            if progress is not None:  # followed by a page: batches short enough that a Stop ends the grid soon
-                chunk = min(chunk, PROGRESS_CHUNK)
+        chunk = _default_chunk(model, B * T, T, progress) if chunk is None else chunk
         out = torch.empty(B * T, L)
         _report(progress, 0, L * B * T)
         for layer, cells in _batches(L, B * T, chunk):

@@ -221,28 +221,26 @@ def write_npz_streamed(path: str | os.PathLike, streamed: Iterable[tuple[str, tu
                        **arrays: np.ndarray) -> None:
     """Write an uncompressed ``.npz`` that ``np.load`` reads, one array at a time: each of ``streamed`` is
     ``(name, shape, dtype, pieces)`` whose pieces, concatenated in C order, are the array, so no whole array is
-    ever held; ``arrays`` are written whole after them. The file appears only once complete (written beside
-    it, then renamed), so a crash or ^C leaves no half file."""
+    ever held; ``arrays`` are written whole after them. The file appears only once complete
+    (``vit.runfiles.unnamed_until_done``), so a crash, ^C or kill leaves no half file."""
+    from vit.runfiles import unnamed_until_done
+
     path = Path(path)
-    part = path.with_name(path.name + ".part")
-    try:
-        with zipfile.ZipFile(part, "w", zipfile.ZIP_STORED, allowZip64=True) as archive:
-            for name, shape, dtype, pieces in streamed:
-                dtype = np.dtype(dtype)
-                with archive.open(f"{name}.npy", "w", force_zip64=True) as f:
-                    np.lib.format.write_array_header_2_0(
-                        f, {"descr": np.lib.format.dtype_to_descr(dtype), "fortran_order": False,
-                            "shape": tuple(shape)})
-                    written = 0
-                    for piece in pieces:
-                        piece = np.ascontiguousarray(piece, dtype=dtype)
-                        f.write(piece.data)
-                        written += piece.size
-                    if written != int(np.prod(shape, dtype=np.int64)):
-                        raise ValueError(f"{name}: {written} values written for shape {tuple(shape)}")
-            for name, value in arrays.items():
-                with archive.open(f"{name}.npy", "w", force_zip64=True) as f:
-                    np.lib.format.write_array(f, np.asanyarray(value), allow_pickle=False)
-        os.replace(part, path)
-    finally:
-        part.unlink(missing_ok=True)
+    with unnamed_until_done(path) as file, \
+            zipfile.ZipFile(file, "w", zipfile.ZIP_STORED, allowZip64=True) as archive:
+        for name, shape, dtype, pieces in streamed:
+            dtype = np.dtype(dtype)
+            with archive.open(f"{name}.npy", "w", force_zip64=True) as f:
+                np.lib.format.write_array_header_2_0(
+                    f, {"descr": np.lib.format.dtype_to_descr(dtype), "fortran_order": False,
+                        "shape": tuple(shape)})
+                written = 0
+                for piece in pieces:
+                    piece = np.ascontiguousarray(piece, dtype=dtype)
+                    f.write(piece.data)
+                    written += piece.size
+                if written != int(np.prod(shape, dtype=np.int64)):
+                    raise ValueError(f"{name}: {written} values written for shape {tuple(shape)}")
+        for name, value in arrays.items():
+            with archive.open(f"{name}.npy", "w", force_zip64=True) as f:
+                np.lib.format.write_array(f, np.asanyarray(value), allow_pickle=False)

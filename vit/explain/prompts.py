@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import copy
 import math
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
@@ -66,6 +67,20 @@ def check_template(template: str) -> str:
 def fill(template: str, label: str) -> str:
     """The template with the label in place of ``{}`` (never ``str.format``: user text is not a format spec)."""
     return template.replace("{}", label)
+
+
+_ENDS_IN_ARTICLE = re.compile(r"(?:^|\s)(?:a|an|the)\s+$", re.IGNORECASE)  # the template's text before {}
+_LEADING_ARTICLE = re.compile(r"^(?:a|an|the)\s+\S", re.IGNORECASE)  # "a dog", not "another dog" or a bare "A"
+
+
+def doubled_article(template: str, labels: Sequence[str]) -> tuple[str, str] | None:
+    """The first label that starts with an article where the template already puts one before ``{}``, and the
+    prompt it makes (``("a dog", "a photo of a a dog.")``); None when there is none. Filled as typed all the same:
+    open_clip's zero-shot classifiers do so too, and a label may be a whole phrase on purpose."""
+    if not _ENDS_IN_ARTICLE.search(template.split("{}", 1)[0]):
+        return None
+    label = next((label for label in labels if _LEADING_ARTICLE.match(label.strip())), None)
+    return None if label is None else (label, fill(template, label))
 
 
 def prompt_embeddings(encode, labels: Sequence[str], templates: Sequence[str],

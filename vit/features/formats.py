@@ -32,7 +32,15 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from vit.features.sae import SAEError, SAEInfo, SparseAutoencoder, check_sizes, load_sae, resid_hook_name
+from vit.features.sae import (
+    SAEError,
+    SAEInfo,
+    SparseAutoencoder,
+    check_memory,
+    check_sizes,
+    load_sae,
+    resid_hook_name,
+)
 
 PRISMA_CONFIG = "config.json"  # VisionModelSAERunnerConfig.save_config's file beside the checkpoints
 PRISMA_CONFIG_CLASSES = ("VisionModelSAERunnerConfig", "HookedViTConfig")  # pickled inside Prisma's .pt files
@@ -116,18 +124,13 @@ def _int(cfg: dict, key: str, where: str) -> int:
 def _check_file_size(path: Path, d_in: int, d_sae: int, what: str) -> None:
     """SAEError, before anything is read or allocated, when ``path`` is smaller than float32 weights of these sizes
     (sizes a file declares but does not hold), larger than float64 ones can explain (a pickle or header padded to
-    stall the reader), or the weights would not fit in half the free memory."""
-    from vit.features.train import available_memory
-
+    stall the reader), or the weights would not fit in half the free memory (``check_memory``)."""
     weights = 2 * d_in * d_sae + d_in + d_sae
     size, bound = path.stat().st_size, 8 * (weights + 1) + (1 << 20)
     if size < 4 * weights or size > bound:
         raise SAEError(f"{path.name}: {size:,} bytes, {'less' if size < 4 * weights else 'more'} than a {what} SAE "
                        f"of d_in {d_in}, d_sae {d_sae} holds; not an SAE checkpoint of those sizes")
-    free = available_memory(torch.device("cpu"))
-    if 4 * weights > free // 2:
-        raise SAEError(f"{path.name}: an SAE of d_in {d_in}, d_sae {d_sae} needs {4 * weights / 2**30:.2f} GiB, more "
-                       f"than half of the {free / 2**30:.2f} GiB free")
+    check_memory(d_in, d_sae, path.name)
 
 
 def _read_state(path: Path, allowed_classes: tuple[str, ...] = ()) -> object:
@@ -324,6 +327,17 @@ def load_saev(path: str | Path, layer: int | None = None, model_name: str | None
     return sae.to(device).eval().requires_grad_(False)
 
 
+def _is_sae_run(folder: Path) -> bool:
+    """Whether ``folder`` is a ``vit.sae train`` run folder (its config.json says ``"kind": "sae"``)."""
+    from vit.runfiles import CONFIG_FILE, RunFileError, read_config
+
+    try:
+        config = read_config(folder / CONFIG_FILE)
+    except RunFileError:  # not ours to judge: Prisma's config.json has other fields
+        return False
+    return config is not None and config.get("kind") == "sae"
+
+
 def detect_format(path: Path) -> str:
     """``"sae_lens"``, ``"vit-prisma"`` or ``"saev"`` for a local file or folder; SAEError when it is none."""
     from vit.features.sae import CFG_FILE, WEIGHTS_FILE
@@ -331,6 +345,9 @@ def detect_format(path: Path) -> str:
     if path.is_dir():
         if (path / CFG_FILE).is_file() and (path / WEIGHTS_FILE).is_file():
             return "sae_lens"
+        if _is_sae_run(path):  # its config.json and last.pt would pass for a Prisma folder's
+            raise SAEError(f"{path} is an SAE run that has not finished (no {CFG_FILE} yet): wait for it to end, or "
+                           f"continue it with python -m vit.sae train --resume {path}")
         if (path / PRISMA_CONFIG).is_file() and any(path.glob("*.pt")):
             return "vit-prisma"
         raise SAEError(f"{path} is no SAE folder: SAELens's holds {CFG_FILE} and {WEIGHTS_FILE}, ViT-Prisma's "

@@ -47,6 +47,27 @@ def split_files(files: Sequence[Path], train: int, holdout: int, seed: int) -> t
     return order[held:held + train], order[:held]
 
 
+def split_record(train: Sequence[Path], held: Sequence[Path], root: Path) -> dict:
+    """``split_files``'s result as JSON (paths relative to ``root``), for a resume to read the same images."""
+    return {"train": [p.relative_to(root).as_posix() for p in train],
+            "held_out": [p.relative_to(root).as_posix() for p in held]}
+
+
+def read_split(record: object, root: Path) -> tuple[list[Path], list[Path]]:
+    """``split_record``'s JSON back as ``(train, held_out)`` paths under ``root``; ValueError in one line for
+    anything else (a run folder may come from anywhere: no path may lead out of ``root``)."""
+    from vit.runfiles import lies_inside
+
+    parts = [record.get(key) if isinstance(record, dict) else None for key in ("train", "held_out")]
+    if not all(isinstance(part, list) and part and all(isinstance(name, str) for name in part) for part in parts):
+        raise ValueError("does not hold lists of training and held-out file names")
+    for name in (name for part in parts for name in part):
+        if Path(name).is_absolute() or not lies_inside(root / name, root):
+            raise ValueError(f"names {name[:100]!r}, which is not a file under {root}")
+    train, held = ([root / name for name in part] for part in parts)
+    return train, held
+
+
 def image_batches(checkpoint: Checkpoint, files: Sequence[Path], batch_size: int, device: torch.device
                   ) -> Iterator[Tensor]:
     """The images of ``files`` as the model sees them (its own preprocessing), ``(B, C, H, W)`` batches in order."""

@@ -16,6 +16,8 @@ reads what ``save_sae`` writes and ``load_sae`` reads SAELens's folders (pre-6 c
 from __future__ import annotations
 
 import json
+import os
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -175,6 +177,50 @@ def check_sizes(d_in: int, d_sae: int, k: int | None, architecture: str) -> None
         raise SAEError(f"k must be a whole number from 1 to d_sae ({d_sae:,}), got {k!r}")
 
 
+def available_memory(device: torch.device) -> int:
+    """Free bytes on ``device``: the GPU's free memory, else the machine's available RAM, less when this process's
+    address-space limit (``ulimit -v``) leaves less room."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    free = None
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    free = int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    if free is None:
+        free = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
+    return min(free, _address_space_left())
+
+
+def _address_space_left() -> int:
+    """Bytes this process may still map under RLIMIT_AS: past it an allocation is a MemoryError, whatever is free."""
+    import resource
+
+    limit = resource.getrlimit(resource.RLIMIT_AS)[0]
+    if limit == resource.RLIM_INFINITY:
+        return sys.maxsize
+    try:
+        with open("/proc/self/statm") as f:
+            mapped = int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        mapped = 0
+    return max(limit - mapped, 0)
+
+
+def check_memory(d_in: int, d_sae: int, name: str) -> None:
+    """SAEError in one line, before anything is read or allocated, when an SAE of these sizes would not fit in half
+    the free memory (``available_memory``): the file's tensors are read, then copied into it."""
+
+    need = 4 * (2 * d_in * d_sae + d_in + d_sae)  # float32
+    free = available_memory(torch.device("cpu"))
+    if need > free // 2:
+        raise SAEError(f"{name}: an SAE of d_in {d_in}, d_sae {d_sae} needs {need / 2**30:.2f} GiB, more than half "
+                       f"of the {free / 2**30:.2f} GiB free")
+
+
 def model_fingerprint(model: nn.Module) -> str:
     """A short hash of the model's weights, so an SAE refuses any other model exactly (a renamed file too)."""
     import hashlib
@@ -225,8 +271,9 @@ def _config_value(cfg: dict, key: str, types: type | tuple[type, ...], default: 
 def load_sae(folder: str | Path, device: str | torch.device = "cpu") -> SparseAutoencoder:
     """An SAE from a SAELens-format folder (SAELens 6 or earlier); SAEError in one line for anything else.
 
-    Every size cfg.json declares is checked against the bounds and against the weights file's header before a
-    tensor is read; normalised or reshaped activations (SAELens options this project does not apply) are refused.
+    Every size cfg.json declares is checked against the bounds, the weights file's header and the free memory
+    before a tensor is read; normalised or reshaped activations (SAELens options this project does not apply) are
+    refused.
     """
     from vit.sources.open import SourceError, read_json, read_weights
 
@@ -269,6 +316,7 @@ def load_sae(folder: str | Path, device: str | torch.device = "cpu") -> SparseAu
             found = ", ".join(f"{n} {tuple(t.shape)}" for n, t in sorted(shapes.items()))
             raise SAEError(f"{folder.name}: {WEIGHTS_FILE} holds {found[:200]}, not the shapes {CFG_FILE} declares "
                            f"(d_in {d_in}, d_sae {d_sae})")
+        check_memory(d_in, d_sae, f"{folder.name}/{WEIGHTS_FILE}")  # a file's size may be a sparse file's
         weights = read_weights(folder / WEIGHTS_FILE)
     except SourceError as e:
         raise SAEError(str(e)) from None

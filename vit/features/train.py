@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import io
 import math
-import os
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 
@@ -20,7 +19,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from vit.features.sae import MAX_D_SAE, SAEError, SparseAutoencoder
+from vit.features.sae import MAX_D_SAE, SAEError, SparseAutoencoder, available_memory
 
 EXEMPLARS = 16  # top activating (image, token) pairs kept per latent in features.npz
 HISTOGRAM_EDGES = np.logspace(-4, 4, 65)  # log-spaced bins of a latent's non-zero activations (8 decades)
@@ -70,20 +69,6 @@ def largest_width(d_in: int, batch_size: int, buffer_tokens: int, held_out_rows:
         else:
             high = middle - 1
     return low
-
-
-def available_memory(device: torch.device) -> int:
-    """Free bytes on ``device``: the GPU's free memory, else the machine's available RAM."""
-    if device.type == "cuda":
-        return torch.cuda.mem_get_info(device)[0]
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
 
 
 def check_settings(settings: SAESettings, d_in: int, num_layers: int, device: torch.device,

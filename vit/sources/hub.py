@@ -11,9 +11,11 @@ A name is one of:
 Only what opening needs is fetched: the top-level safetensors and json/txt/tokenizer files; a pickle
 (``.bin`` / ``.pth`` / ``.pt``) only when the repository holds no safetensors (``vit.sources.open`` then reads it
 with ``torch.load(weights_only=True)``), and never a ``.py``. The size comes from the repository's file list and
-is checked against ``VIT_MAX_DOWNLOAD_GB`` (default 5) before a byte is downloaded. ``HF_TOKEN`` is used when set
-(``huggingface_hub`` reads it). Offline (``HF_HUB_OFFLINE=1`` or no network) a cached copy opens; nothing cached is
-one line naming the model.
+is checked against ``VIT_MAX_DOWNLOAD_GB`` (default 5) before a byte is downloaded, and the files are downloaded at
+the commit that list was read at, each stopped once it passes its listed size; a revision must be a branch, tag or
+commit before it touches the cache; every request has deadlines (``vit.sources.hub_network``). ``HF_TOKEN`` is used
+when set (``huggingface_hub`` reads it). Offline (``HF_HUB_OFFLINE=1`` or no network) a cached copy opens; nothing
+cached is one line naming the model.
 """
 
 from __future__ import annotations
@@ -38,6 +40,13 @@ NOT_WEIGHTS = ("training_args.bin", "optimizer.pt", "scheduler.pt", "rng_state*.
 WEIGHT_FILES = (".pt", ".pth", ".bin", ".safetensors", ".npz")
 _REPO = re.compile(r"[A-Za-z0-9][\w.-]{0,95}/[A-Za-z0-9][\w.-]{0,95}")
 _TIMM_OR_OPEN_CLIP = re.compile(r"[A-Za-z][\w.-]{1,150}")
+_COMMIT = re.compile(r"[0-9a-f]{40}")
+# git check-ref-format's rules for a branch or tag (the Hub's revisions are those, or a commit): printable ASCII
+# without space ~ ^ : ? * [ \ and DEL, no "..", "@{" or "//", no component starting with "." or ending in ".lock",
+# not starting or ending with "/", not ending with ".", not "@" alone
+_REF_CHARS = re.compile(r"[!-~]{1,255}")
+_REF_BAD = re.compile(r"[ ~^:?*\[\\\x7f]|\.\.|@\{|//|^/|/$|\.$|^@$|(^|/)\.|\.lock(/|$)")
+MAX_FILE_BYTES = 10**12  # no model file is a terabyte: a file list that says so (or a negative size) is wrong
 
 
 class HubError(CheckpointError):
@@ -106,16 +115,41 @@ def max_download_bytes() -> int:
     return int(gigabytes * 1e9)
 
 
+def valid_repo_id(repo: str) -> bool:
+    """Whether ``repo`` is an ``ORG/NAME`` the Hub accepts (huggingface_hub's ``validate_repo_id``)."""
+    from huggingface_hub.errors import HFValidationError
+    from huggingface_hub.utils import validate_repo_id
+
+    if not _REPO.fullmatch(repo):
+        return False
+    try:
+        validate_repo_id(repo)
+    except HFValidationError:
+        return False
+    return True
+
+
+def check_revision(revision: str, text: str) -> None:
+    """HubError (one line) unless ``revision`` is a 40-hex commit or a branch or tag name git allows: it becomes a
+    path under the HF cache's ``refs/`` folder, so nothing else may pass."""
+    if not (_COMMIT.fullmatch(revision) or (_REF_CHARS.fullmatch(revision) and not _REF_BAD.search(revision))):
+        raise HubError(f"{text[:120]!r}: {revision[:60]!r} is no branch, tag or commit; give ORG/NAME@REVISION with "
+                       "a branch or tag name, or a 40-hex commit")
+
+
 def parse_name(text: str) -> HubName | None:
     """The Hub model ``text`` names (``ORG/NAME[@REV]``, ``hf-hub:ORG/NAME``, a timm or open_clip model name), or
-    None when it names none. A timm or open_clip name is looked up in that library's registry."""
+    None when it names none. A timm or open_clip name is looked up in that library's registry. HubError (one line)
+    for a Hub id whose revision is no branch, tag or commit."""
     text = str(text).strip()
     if text.lower().endswith(WEIGHT_FILES):
         return None
     if text.startswith(HF_HUB_PREFIX):
         text = text[len(HF_HUB_PREFIX):]
-    repo, _, revision = text.partition("@")
-    if _REPO.fullmatch(repo) and ".." not in repo:
+    repo, at, revision = text.partition("@")
+    if valid_repo_id(repo):
+        if at:
+            check_revision(revision, text)
         return HubName(repo, revision or None, text)
     if "/" not in text and _TIMM_OR_OPEN_CLIP.fullmatch(text):
         repo = registry_repo(text)
@@ -175,7 +209,16 @@ def _hub_error(name: HubName, error: Exception) -> HubError:
         RevisionNotFoundError,
     )
 
+    from vit.sources.hub_network import HubDeadline, HubTooLarge, http
+
     status = getattr(getattr(error, "response", None), "status_code", None)
+    if isinstance(error, HubDeadline):
+        return HubUnreachable(f"the Hub is too slow for {name}: {error}; try again later")
+    if isinstance(error, HubTooLarge):
+        return HubError(f"the Hub's answer for {name} is not what its file list says: {error}; nothing of it was "
+                        "kept")
+    if isinstance(error, http.TimeoutException):
+        return HubUnreachable(f"the Hub did not answer in time for {name} ({type(error).__name__}); try again later")
     if isinstance(error, RevisionNotFoundError):
         return HubError(f"{name.repo_id} has no revision {name.revision!r} on the Hub")
     if isinstance(error, GatedRepoError) or (status in (401, 403) and not isinstance(error, RepositoryNotFoundError)):
@@ -189,6 +232,8 @@ def _hub_error(name: HubName, error: Exception) -> HubError:
                               "cannot be reached (offline); connect to download it")
     if isinstance(error, HfHubHTTPError):
         return HubError(f"the Hub answered {status} for {name}: {_first_line(error)}")
+    if isinstance(error, http.TooManyRedirects):
+        return HubError(f"the Hub redirected the request for {name} in a loop; try again later, or check HF_ENDPOINT")
     return HubError(f"cannot fetch {name} from the Hub: {_first_line(error)}")
 
 
@@ -198,11 +243,19 @@ def _first_line(error: BaseException) -> str:
 
 
 def _is_connection_error(error: BaseException) -> bool:
-    try:  # the HTTP client huggingface_hub uses: httpx2 (2.x), httpx before
-        import httpx2 as http
-    except ImportError:
-        import httpx as http
+    from vit.sources.hub_network import http
+
     return isinstance(error, (http.ConnectError, http.TimeoutException, ConnectionError))
+
+
+def _hub_failures() -> tuple[type[BaseException], ...]:
+    """What asking the Hub can raise that is said in one line: huggingface_hub's errors, the HTTP client's (a
+    timeout, a redirect loop) and our deadlines and byte bound."""
+    from huggingface_hub.errors import HfHubHTTPError, OfflineModeIsEnabled
+
+    from vit.sources.hub_network import HubDeadline, HubTooLarge, http
+
+    return HfHubHTTPError, OfflineModeIsEnabled, OSError, ValueError, http.HTTPError, HubDeadline, HubTooLarge
 
 
 def _offline() -> bool:
@@ -220,11 +273,15 @@ def cached_snapshot(name: HubName) -> Path | None:
     """The snapshot of ``name`` in the HF cache (its revision, else ``main``), without the network; None if absent."""
     folder = cache_dir() / ("models--" + name.repo_id.replace("/", "--"))
     revision = name.revision or "main"
+    check_revision(revision, str(name))  # a HubName built by hand is checked too: it becomes a path here
     commit = revision
-    if not re.fullmatch(r"[0-9a-f]{40}", revision):
+    if not _COMMIT.fullmatch(revision):
         try:
-            commit = (folder / "refs" / revision).read_text().strip()
+            with open(folder / "refs" / revision, "rb") as ref:
+                commit = ref.read(64).decode("ascii", "replace").strip()  # a commit: 40 characters
         except OSError:
+            return None
+        if not _COMMIT.fullmatch(commit):
             return None
     snapshot = folder / "snapshots" / commit
     return snapshot if snapshot.is_dir() and any(snapshot.iterdir()) else None
@@ -234,20 +291,27 @@ def repo_files(name: HubName) -> tuple[str, dict[str, int]]:
     """The commit ``name``'s revision points at and every file of the repository there, ``{path: bytes}``, from the
     Hub's model info and file tree (no download). HubError (one line) for a gated, missing or unreachable model."""
     from huggingface_hub import HfApi
-    from huggingface_hub.errors import HfHubHTTPError, OfflineModeIsEnabled
+
+    from vit.sources.hub_network import ASK_S, budget
 
     api = HfApi()
     try:
-        info = api.model_info(name.repo_id, revision=name.revision)
-        commit = info.sha or name.revision or "main"
-        tree = {f.path: int(f.size or 0) for f in api.list_repo_tree(name.repo_id, revision=commit, recursive=True)
-                if hasattr(f, "size")}
-    except (HfHubHTTPError, OfflineModeIsEnabled, OSError, ValueError) as e:
-        raise _hub_error(name, e) from None
-    except Exception as e:  # httpx's connection errors
-        if _is_connection_error(e):
-            raise _hub_error(name, e) from None
+        with budget("the model info and file list", ASK_S):
+            commit = api.model_info(name.repo_id, revision=name.revision).sha or ""
+            if not _COMMIT.fullmatch(commit):  # the file list and the download are asked at this commit
+                raise HubError(f"the Hub gave {name} no commit ({commit[:60]!r}); try again later")
+            files = [f for f in api.list_repo_tree(name.repo_id, revision=commit, recursive=True)
+                     if hasattr(f, "size")]
+    except HubError:
         raise
+    except _hub_failures() as e:
+        raise _hub_error(name, e) from None
+    tree = {}
+    for f in files:
+        if not isinstance(f.size, int) or not 0 <= f.size <= MAX_FILE_BYTES:
+            raise HubError(f"the Hub's file list of {name} gives {str(f.path)[:80]!r} the size {str(f.size)[:30]}, "
+                           "which no file has; not downloading it")
+        tree[f.path] = f.size
     return commit, tree
 
 
@@ -272,55 +336,74 @@ def check_size(download: Download) -> None:
 
 
 def download(plan_: Download, progress: Callable[[int, int], None] | None = None) -> Path:
-    """Fetch ``plan_``'s files into the HF cache (an interrupted transfer resumes where it stopped) and return the
-    snapshot folder. ``progress(done, total)`` is called with
+    """Fetch ``plan_``'s files, at the commit they were listed at, into the HF cache (an interrupted transfer
+    resumes where it stopped) and return the snapshot folder. A file that passes its listed size, or its deadline
+    (``vit.sources.hub_network``), is stopped and nothing of it kept. ``progress(done, total)`` is called with
     bytes as they arrive; without it huggingface_hub's own tqdm bars show on stderr."""
     from huggingface_hub import hf_hub_download
-    from huggingface_hub.errors import HfHubHTTPError, OfflineModeIsEnabled
+
+    from vit.sources.hub_network import budget, file_seconds
 
     check_size(plan_)
+    name = plan_.name
     if not plan_.files:
-        return snapshot_folder(plan_.name.repo_id, plan_.commit)
+        return snapshot_folder(name.repo_id, plan_.commit)
     done, total = 0, plan_.size
-    tqdm_class = None if progress is None else _progress_tqdm(lambda n: progress(done + n, total))
-    path = None
     for filename, size in plan_.files:
+        report = None if progress is None else (lambda n, before=done: progress(before + n, total))
         try:
-            # by the revision asked for, so the cache records where it points (refs/main) for offline use
-            path = hf_hub_download(plan_.name.repo_id, filename, revision=plan_.name.revision or "main",
-                                   tqdm_class=tqdm_class)
-        except (HfHubHTTPError, OfflineModeIsEnabled, OSError, ValueError) as e:
-            raise _hub_error(plan_.name, e) from None
-        except Exception as e:
-            if _is_connection_error(e):
-                raise _hub_error(plan_.name, e) from None
-            raise
+            # by the listed commit, not the branch: a branch that moved since would bring other (larger) files
+            with budget(filename, file_seconds(size), max_bytes=size):
+                hf_hub_download(name.repo_id, filename, revision=plan_.commit,
+                                tqdm_class=_bounded_tqdm(filename, size, report))
+        except _hub_failures() as e:
+            raise _hub_error(name, e) from None
         done += size
         if progress is not None:
             progress(done, total)
-    return Path(path).parent
+    if name.revision != plan_.commit:
+        _record_ref(name, plan_.commit)
+    return snapshot_folder(name.repo_id, plan_.commit)
 
 
-def _progress_tqdm(report: Callable[[int], None]):
-    """A tqdm class that draws nothing and reports the bytes of the file in progress to ``report``."""
+def _record_ref(name: HubName, commit: str) -> None:
+    """Note in the HF cache that ``name``'s revision (``main`` by default) is ``commit``, as huggingface_hub does
+    when it downloads by a branch, so that the snapshot opens offline by that name."""
+    ref = cache_dir() / ("models--" + name.repo_id.replace("/", "--")) / "refs" / (name.revision or "main")
+    ref.parent.mkdir(parents=True, exist_ok=True)
+    ref.write_text(commit)
+
+
+def _bounded_tqdm(filename: str, size: int, report: Callable[[int], None] | None):
+    """huggingface_hub's progress bar for one file, which stops the transfer (``HubTooLarge``: the library then
+    deletes its partial file) once the body, decoded, passes ``size``: the library calls ``update`` before it writes
+    each chunk. With ``report``, it draws nothing and reports the file's bytes so far."""
     from tqdm.auto import tqdm
 
-    class Reporting(tqdm):
+    from vit.sources.hub_network import HubTooLarge
+
+    class Bounded(tqdm):
         def __init__(self, *args, **kwargs):
-            kwargs["disable"] = False
-            kwargs["file"] = open(os.devnull, "w")  # noqa: SIM115 (closed with the bar)
+            if report is not None:
+                kwargs["disable"] = False
+                kwargs["file"] = open(os.devnull, "w")  # noqa: SIM115 (closed with the bar)
             super().__init__(*args, **kwargs)
+            self.received = kwargs.get("initial") or 0  # counted here: a disabled bar does not count
 
         def update(self, n=1):
+            self.received += n
+            if self.received > size:
+                raise HubTooLarge(f"{filename} sent more than the {size} bytes declared for it")
             super().update(n)
-            report(self.n)
+            if report is not None:
+                report(self.n)
 
         def close(self):
             super().close()
-            if self.fp and not self.fp.closed:
+            if report is not None and self.fp and not self.fp.closed:
                 self.fp.close()
 
-    return Reporting
+    return Bounded
 
 
 def fetch(name: HubName, report: Callable[[str], None] | None = None,
@@ -328,7 +411,7 @@ def fetch(name: HubName, report: Callable[[str], None] | None = None,
     """The snapshot folder of ``name``: the cached one offline (or for a pinned commit), else downloaded after
     ``report`` (default: stderr) was told its size. HubError (one line) for anything that stops it."""
     cached = cached_snapshot(name)
-    if _offline() or (cached is not None and name.revision and re.fullmatch(r"[0-9a-f]{40}", name.revision)):
+    if _offline() or (cached is not None and name.revision and _COMMIT.fullmatch(name.revision)):
         if cached is None:
             raise HubError(f"{name} is neither a file or folder here nor in the Hugging Face cache "
                            f"({cache_dir()}), and HF_HUB_OFFLINE is set; unset it to download the model")
@@ -369,20 +452,28 @@ PRISMA_SAE_CONFIG = "config.json"
 
 def parse_sae_name(text: str) -> tuple[HubName, str] | None:
     """``ORG/NAME[/PATH/IN/REPO][@REVISION]`` -> the repository and the SAE's folder or file in it ('' for its top),
-    or None when ``text`` is no such name."""
-    body, _, revision = str(text).strip().removeprefix(HF_HUB_PREFIX).partition("@")
+    or None when ``text`` is no such name; HubError (one line) when its revision is no branch, tag or commit."""
+    body, at, revision = str(text).strip().removeprefix(HF_HUB_PREFIX).partition("@")
     parts = body.split("/")
     if len(parts) < 2 or any(not part or part in (".", "..") for part in parts):
         return None
     repo = "/".join(parts[:2])
-    if not _REPO.fullmatch(repo) or (revision and not re.fullmatch(r"[\w./-]{1,200}", revision)):
+    if not valid_repo_id(repo):
         return None
+    if at:
+        check_revision(revision, str(text).strip())
     return HubName(repo, revision or None, str(text).strip()), "/".join(parts[2:])
 
 
 def looks_like_sae_name(text: str) -> bool:
-    """Whether ``text`` should be fetched as an SAE from the Hub: nothing here has that path and it reads as one."""
-    return bool(text.strip()) and not Path(text).expanduser().exists() and parse_sae_name(text) is not None
+    """Whether ``text`` should be fetched as an SAE from the Hub: nothing here has that path and it reads as one
+    (with a bad revision too: fetching it says what is wrong)."""
+    if not text.strip() or Path(text).expanduser().exists():
+        return False
+    try:
+        return parse_sae_name(text) is not None
+    except HubError:
+        return True
 
 
 def sae_files(tree: dict[str, int], sub: str, name: HubName) -> dict[str, int]:
@@ -413,7 +504,10 @@ def sae_files(tree: dict[str, int], sub: str, name: HubName) -> dict[str, int]:
 def cached_sae(text: str) -> Path | None:
     """The HF cache's copy of the SAE ``text`` names on the Hub (its folder or file in the snapshot), without the
     network; None when the cache does not hold it or ``text`` names no SAE."""
-    parsed = parse_sae_name(text)
+    try:
+        parsed = parse_sae_name(text)
+    except HubError:
+        return None
     if parsed is None:
         return None
     name, sub = parsed

@@ -113,6 +113,9 @@ def config_from_tintn(state: Mapping[str, torch.Tensor], tintn_config: Mapping |
         if missing:
             raise ValueError(f"tintn's config.json lacks {', '.join(missing)}")
         values = {ours: tintn_config[theirs] for theirs, ours in TINTN_FIELDS.items() if theirs in tintn_config}
+        size, patch = values["image_size"], values["patch_size"]
+        if all(isinstance(v, int) and not isinstance(v, bool) for v in (size, patch)) and 0 < patch <= size:
+            values["image_size"] = size // patch * patch  # its stride-P convolution drops the remainder past the grid
     else:
         patch = state["embedding.patch_embeddings.projection.weight"]
         side = _side(state["embedding.position_embeddings"].shape[1] - 1, "tintn's position table")

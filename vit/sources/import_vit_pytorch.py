@@ -12,14 +12,15 @@ supported.
 ``SimpleViT`` adds fixed 2D sin-cos positions (stored here as the position table of its grid, where they are
 exact: vit-pytorch runs it at that size only), a bias-free ``to_out`` and mean pooling.
 
-The constructor's arguments the weights cannot tell (``heads``, and ``image_size`` for ``SimpleViT``, which
-stores no positions) come from a ``config.json`` beside the weights (the constructor's keyword arguments) or
-``--arch vit_pytorch:heads=8,...``; a missing one is asked for in one line naming it.
+The constructor's arguments the weights cannot tell (``heads``; ``patch_size`` and ``image_size``, since the patch
+embedding's input ``channels x ph x pw`` and the position table's length fix only products of the sides) come from a
+``config.json`` beside the weights (the constructor's keyword arguments) or ``--arch vit_pytorch:heads=8,...``; a
+missing one is asked for in one line naming it, a given one the weights contradict is refused, and so are
+non-square patches or images (our model's are square) and vit-pytorch's other variants.
 """
 
 from __future__ import annotations
 
-import math
 import re
 from collections.abc import Mapping
 
@@ -33,6 +34,10 @@ ARGUMENTS = {"image_size", "patch_size", "num_classes", "dim", "depth", "heads",
              "dim_head", "dropout", "emb_dropout"}
 _EPS = 1e-5  # nn.LayerNorm's default, which vit-pytorch keeps
 _LAYER = re.compile(r"^transformer\.layers\.(\d+)\.([01])\.(.+)$")
+VARIANTS = {"reattn_": "DeepViT (re-attention mixes the heads' maps)", "register_tokens": "a ViT with register tokens",
+            "q_norm": "a ViT with query-key norms", "rel_pos_bias": "a ViT with a relative position bias",
+            "patch_merger": "a ViT with a patch merger", ".temperature": "a ViT for small datasets (learned "
+            "attention temperature)"}  # parts of other variants' keys, to name what the weights are
 
 
 def is_vit_pytorch_state_dict(state: Mapping[str, torch.Tensor]) -> bool:
@@ -53,38 +58,74 @@ def kind_of(state: Mapping[str, torch.Tensor]) -> str:
     return "SimpleViT" if "pos_embedding" not in state else "ViT"
 
 
+def _square(arguments: Mapping, name: str):
+    """``arguments[name]``, with a square pair ``(32, 32)`` as its side; ValueError for a non-square one, which our
+    square patches on a square grid cannot represent."""
+    value = arguments.get(name)
+    if isinstance(value, (list, tuple)):
+        if len(value) != 2 or value[0] != value[1]:
+            raise ValueError(f"{name}={list(value)} is not square: this program draws square patches on a square "
+                             f"grid, so it opens vit-pytorch models with one {name} only")
+        return value[0]
+    return value
+
+
+def _agree(arguments: Mapping, name: str, value: int, what: str) -> None:
+    """Refuse a given constructor argument that contradicts the weights (a config.json with depth 10**6 once
+    opened silently, the weights deciding)."""
+    given = arguments.get(name)
+    if given is None:
+        return
+    if isinstance(given, bool) or not isinstance(given, int):
+        raise ValueError(f"{name} must be a whole number, got {str(given)[:40]}")
+    if given != value:
+        raise ValueError(f"{name}={given} contradicts the weights ({what} {value}): correct or remove it")
+
+
+def _stray_key(state: Mapping[str, torch.Tensor]) -> str | None:
+    """The first key no ViT / SimpleViT of vit-pytorch has (another of its variants), or None."""
+    return next((key for key in state if _our_name(key, state) is None), None)
+
+
 def config_from_vit_pytorch(state: Mapping[str, torch.Tensor], arguments: Mapping) -> ViTConfig:
-    """Our config for a vit-pytorch ``ViT`` / ``SimpleViT`` from its weights and constructor ``arguments``."""
+    """Our config for a vit-pytorch ``ViT`` / ``SimpleViT`` from its weights and constructor ``arguments``: what the
+    weights fix is read from them, what they do not (heads, the patch and image sides) must be given, and a given
+    value the weights contradict is refused."""
     unknown = sorted(set(arguments) - ARGUMENTS - {"mean", "std", "class_names"})
     if unknown:
         raise ValueError(f"vit-pytorch's ViT has no argument {', '.join(unknown)}; its arguments: "
                          f"{', '.join(sorted(ARGUMENTS))}")
-    for name in ("image_size", "patch_size"):
-        if isinstance(arguments.get(name), (list, tuple)):
-            raise ValueError(f"vit-pytorch's {name} {arguments[name]} is not square; only square images are supported")
+    stray = _stray_key(state)
+    if stray is not None:
+        variant = next((name for part, name in VARIANTS.items() if part in stray), "another vit-pytorch model")
+        raise ValueError(f"{stray} is in no vit-pytorch ViT or SimpleViT: these weights are {variant}, which this "
+                         "program does not open (only vit_pytorch.ViT and SimpleViT)")
+    sides = {name: _square(arguments, name) for name in ("patch_size", "image_size")}
+    missing = [name for name in ("heads", "patch_size", "image_size") if {**arguments, **sides}.get(name) is None]
+    if missing:
+        # The patch embedding's input (channels x ph x pw) and the position table (gh x gw rows) fix only products.
+        raise ValueError(f"the weights do not say {', '.join(missing)}: pass {', '.join(f'{n}=N' for n in missing)} "
+                         f"(--arch vit_pytorch:{','.join(f'{n}=N' for n in missing)}, or a config.json beside them)")
     dim, patch_dim = state["to_patch_embedding.2.weight"].shape
     channels = arguments.get("channels", 3)
     if not isinstance(channels, int) or isinstance(channels, bool) or channels <= 0 or patch_dim % channels:
         raise ValueError(f"channels={channels!r} does not divide the patch embedding's {patch_dim} inputs")
-    patch = arguments.get("patch_size", math.isqrt(patch_dim // channels))
-    if not isinstance(patch, int) or channels * patch * patch != patch_dim:
-        raise ValueError(f"the patch embedding takes {patch_dim} values, not {channels} channels of square patches "
-                         f"(patch_size={patch!r}); pass channels=C and patch_size=P")
+    patch = required_argument(sides, "patch_size", "the patch size", "vit_pytorch")
+    if channels * patch * patch != patch_dim:
+        raise ValueError(f"the patch embedding takes {patch_dim} values, not {channels} channels of {patch}x{patch} "
+                         "patches: correct channels or patch_size")
+    size = required_argument(sides, "image_size", "the image size", "vit_pytorch")
+    if size % patch:
+        raise ValueError(f"image_size={size} is not a multiple of patch_size={patch}")
     prenorm = _prenorm(state)
     inner = state[f"transformer.layers.0.0.{'fn.' if prenorm else ''}to_qkv.weight"].shape[0] // 3
-    guess = f" (vit-pytorch's default dim_head=64 would make it {inner // 64})" if inner % 64 == 0 else ""
-    heads = required_argument(arguments, "heads", "how many heads to_qkv splits into" + guess, "vit_pytorch")
+    heads = required_argument(arguments, "heads", "how many heads to_qkv splits into", "vit_pytorch")
     if inner % heads:
         raise ValueError(f"heads={heads} does not divide to_qkv's {inner} channels per q, k and v")
     if arguments.get("dim_head") not in (None, inner // heads):
         raise ValueError(f"heads={heads} and dim_head={arguments['dim_head']} do not make to_qkv's {inner} channels")
     simple = kind_of(state) == "SimpleViT"
     if simple:
-        size = required_argument(arguments, "image_size", "the image size (SimpleViT stores no positions)",
-                                 "vit_pytorch")
-        if size % patch:
-            raise ValueError(f"image_size={size} is not a multiple of the {patch}-px patches")
-        side = size // patch
         with_cls = False
     elif state["cls_token"].dim() == 3:  # older releases: a (1, 1, dim) class token even with pool='mean'
         pool = arguments.get("pool")
@@ -98,19 +139,27 @@ def config_from_vit_pytorch(state: Mapping[str, torch.Tensor], arguments: Mappin
         with_cls = state["cls_token"].shape[0] == 1
     if not simple:
         positions = state["pos_embedding"].shape[-2] - int(with_cls)
-        side = math.isqrt(positions)
-        if side * side != positions:
-            raise ValueError(f"vit-pytorch's pos_embedding has {positions} patch positions, not a square grid")
+        if (size // patch) ** 2 != positions:
+            raise ValueError(f"image_size={size} in {patch}-px patches makes {(size // patch) ** 2} patches, but the "
+                             f"position table has {positions}: correct image_size or patch_size")
     if arguments.get("pool", "cls" if with_cls else "mean") != ("cls" if with_cls else "mean"):
         raise ValueError(f"pool={arguments['pool']!r} does not fit the weights ("
                          f"{'a' if with_cls else 'no'} class token)")
     head = state.get("linear_head.weight" if simple else "mlp_head.1.weight" if prenorm else "mlp_head.weight")
     mlp = state[f"transformer.layers.0.1.{'fn.net.0' if prenorm else 'net.1'}.weight"]
+    depth = 1 + max(int(m.group(1)) for k in state if (m := _LAYER.match(k)))
+    num_classes = head.shape[0] if head is not None else 0
+    for name, value, what in (("dim", dim, "the model's width is"), ("depth", depth, "its layers number"),
+                              ("mlp_dim", mlp.shape[0], "its MLP's width is"),
+                              ("num_classes", num_classes, "its head's classes number")):
+        _agree(arguments, name, value, what)
+    for name in ("dropout", "emb_dropout"):  # ours has one rate for both; only training reads it
+        rate = arguments.get(name, 0.0)
+        if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not 0 <= rate < 1:
+            raise ValueError(f"{name} must be a number in [0, 1), got {str(rate)[:40]}")
     dropout = float(arguments.get("dropout", 0.0))
-    return ViTConfig(image_size=side * patch, patch_size=patch, num_channels=channels,
-                     num_classes=head.shape[0] if head is not None else 0, hidden_size=dim,
-                     num_layers=1 + max(int(m.group(1)) for k in state if (m := _LAYER.match(k))),
-                     num_heads=heads, mlp_size=mlp.shape[0],
+    return ViTConfig(image_size=size, patch_size=patch, num_channels=channels, num_classes=num_classes,
+                     hidden_size=dim, num_layers=depth, num_heads=heads, mlp_size=mlp.shape[0],
                      dropout=dropout, attention_dropout=dropout, qkv_bias=False, layer_norm_eps=_EPS,
                      class_token=with_cls, pooling="cls" if with_cls else "avg",
                      head_dim=inner // heads if inner != dim else 0, patch_norm=True)
@@ -134,42 +183,58 @@ def _patch_order(value: torch.Tensor, config: ViTConfig) -> torch.Tensor:
     return value.reshape(*value.shape[:-1], p, p, c).movedim(-1, -3).flatten(-3)
 
 
+def _our_name(key: str, state: Mapping[str, torch.Tensor]) -> str | None:
+    """Our name for one of vit-pytorch's ``ViT`` / ``SimpleViT`` keys, or None when neither has it."""
+    kind = key.rsplit(".", 1)[-1]
+    if key in ("to_patch_embedding.1.weight", "to_patch_embedding.1.bias"):
+        return f"patch_norm.{kind}"
+    if key in ("to_patch_embedding.2.weight", "to_patch_embedding.2.bias"):
+        return f"patch_embed.{kind}"
+    if key in ("to_patch_embedding.3.weight", "to_patch_embedding.3.bias"):
+        return f"embed_norm.{kind}"
+    if key in ("cls_token", "pos_embedding"):
+        return {"cls_token": "cls_token", "pos_embedding": "pos_embed"}[key]
+    if key in ("transformer.norm.weight", "transformer.norm.bias"):
+        return f"norm.{kind}"
+    if kind not in ("weight", "bias"):
+        return None
+    if _prenorm(state):
+        if key.startswith(("mlp_head.0.", "mlp_head.1.")) and key.count(".") == 2:  # LayerNorm, then Linear
+            return f"{'norm' if key[9] == '0' else 'head'}.{kind}"
+        parts = {"0.norm": "norm1", "0.fn.to_qkv": "attn.qkv", "0.fn.to_out.0": "attn.proj", "1.norm": "norm2",
+                 "1.fn.net.0": "mlp.fc1", "1.fn.net.3": "mlp.fc2"}
+    else:
+        if key.startswith("linear_head." if kind_of(state) == "SimpleViT" else "mlp_head.") and key.count(".") == 1:
+            return f"head.{kind}"
+        parts = {"0.norm": "norm1", "0.to_qkv": "attn.qkv", "0.to_out.0": "attn.proj", "0.to_out": "attn.proj",
+                 "1.net.0": "norm2", "1.net.1": "mlp.fc1",
+                 f"1.{'net.3' if kind_of(state) == 'SimpleViT' else 'net.4'}": "mlp.fc2"}
+    if (m := _LAYER.match(key)) and (part := f"{m.group(2)}.{m.group(3).rpartition('.')[0]}") in parts:
+        return f"blocks.{m.group(1)}.{parts[part]}.{kind}"
+    return None
+
+
 def state_dict_from_vit_pytorch(state: Mapping[str, torch.Tensor], config: ViTConfig) -> dict[str, torch.Tensor]:
     """Our key names for vit-pytorch's; a key with no counterpart raises ValueError. A missing ``to_out`` (one head
     as wide as the model: vit-pytorch's identity) becomes an identity projection, a bias-free one a zero bias."""
     p, c, d = config.patch_size, config.num_channels, config.hidden_size
     ours: dict[str, torch.Tensor] = {}
     simple = kind_of(state) == "SimpleViT"
-    fc2 = "net.3" if simple else "net.4"
-    parts = {"0.norm": "norm1", "0.to_qkv": "attn.qkv", "0.to_out.0": "attn.proj", "0.to_out": "attn.proj",
-             "1.net.0": "norm2", "1.net.1": "mlp.fc1", f"1.{fc2}": "mlp.fc2"}
-    if _prenorm(state):
-        parts = {"0.norm": "norm1", "0.fn.to_qkv": "attn.qkv", "0.fn.to_out.0": "attn.proj", "1.norm": "norm2",
-                 "1.fn.net.0": "mlp.fc1", "1.fn.net.3": "mlp.fc2"}
     for key, value in state.items():
-        if key in ("to_patch_embedding.1.weight", "to_patch_embedding.1.bias"):
-            ours[f"patch_norm.{key.rsplit('.', 1)[1]}"] = _patch_order(value, config)
-        elif key == "to_patch_embedding.2.weight":
-            ours["patch_embed.weight"] = _patch_order(value, config).reshape(d, c, p, p)
-        elif key == "to_patch_embedding.2.bias":
-            ours["patch_embed.bias"] = value
-        elif key.startswith("to_patch_embedding.3."):
-            ours[f"embed_norm.{key.rsplit('.', 1)[1]}"] = value
-        elif key == "cls_token":
-            if value.shape[0]:
-                ours["cls_token"] = value.reshape(1, 1, -1)
-        elif key == "pos_embedding":
-            ours["pos_embed"] = value.reshape(1, *value.shape[-2:])
-        elif key.startswith("transformer.norm."):
-            ours[f"norm.{key.rsplit('.', 1)[1]}"] = value
-        elif key.startswith(("mlp_head.", "linear_head.")) and key.count(".") == 1:
-            ours[f"head.{key.rsplit('.', 1)[1]}"] = value
-        elif _prenorm(state) and key.startswith(("mlp_head.0.", "mlp_head.1.")):  # LayerNorm, then Linear
-            ours[f"{'norm' if key[9] == '0' else 'head'}.{key.rsplit('.', 1)[1]}"] = value
-        elif (m := _LAYER.match(key)) and (part := f"{m.group(2)}.{m.group(3).rpartition('.')[0]}") in parts:
-            ours[f"blocks.{m.group(1)}.{parts[part]}.{key.rsplit('.', 1)[1]}"] = value
-        else:
+        name = _our_name(key, state)
+        if name is None:
             raise ValueError(f"vit-pytorch's state dict has a key this model has no place for: {key}")
+        if name.startswith("patch_norm."):
+            value = _patch_order(value, config)
+        elif name == "patch_embed.weight":
+            value = _patch_order(value, config).reshape(d, c, p, p)
+        elif name == "cls_token":
+            if not value.shape[0]:  # pool='mean': an empty (0, dim) class token
+                continue
+            value = value.reshape(1, 1, -1)
+        elif name == "pos_embed":
+            value = value.reshape(1, *value.shape[-2:])
+        ours[name] = value
     like = state["to_patch_embedding.2.bias"]  # new tensors on the weights' device (meta while checking)
     identity = config.num_heads == 1 and not config.head_dim  # vit-pytorch's project_out=False: no to_out at all
     for layer in range(config.num_layers):

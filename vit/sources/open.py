@@ -2,7 +2,7 @@
 
 ``open_source(path, arch=None)`` decides what ``path`` is:
 
-- one of our checkpoints (``vit.checkpoint``);
+- one of our checkpoints (``vit.checkpoint``), or a ``vit.train`` run folder (its ``best.pt``, else ``last.pt``);
 - a Hugging Face ``save_pretrained`` folder (``config.json`` with ``architectures`` +
   ``model.safetensors`` or ``pytorch_model.bin``), e.g. a snapshot in the HF cache;
 - a timm folder (``config.json`` with ``architecture``, ``pretrained_cfg``, ``label_names``)
@@ -55,14 +55,17 @@ from vit.checkpoint import (
     weights_problem,
 )
 from vit.model import ViT, ViTConfig
+from vit.runfiles import BEST_CHECKPOINT, LAST_CHECKPOINT, STATUS_FILE
 from vit.sources import (
     hf,
     hub,
     import_aimv2,
+    import_beit,
     import_clip,
     import_dinov3,
     import_eva,
     import_pe,
+    import_sam,
     import_scratch,
     import_siglip,
     import_timm,
@@ -73,8 +76,8 @@ from vit.sources import (
 
 SUPPORTED = ("our .pt checkpoints; Hugging Face folders of " + hf.SUPPORTED + "; " + import_timm.SUPPORTED + "; "
              + import_torchvision.SUPPORTED + "; " + import_dinov3.SUPPORTED + "; " + import_clip.SUPPORTED + "; "
-             + import_siglip.SUPPORTED + "; " + import_eva.SUPPORTED + "; " + import_aimv2.SUPPORTED + "; "
-             + import_pe.SUPPORTED + "; "
+             + import_siglip.SUPPORTED + "; " + import_eva.SUPPORTED + "; " + import_beit.SUPPORTED + "; "
+             + import_sam.SUPPORTED + "; " + import_aimv2.SUPPORTED + "; " + import_pe.SUPPORTED + "; "
              + import_scratch.SUPPORTED + "; "
              + import_vit_pytorch.SUPPORTED)
 HF_WEIGHTS = ("model.safetensors", "pytorch_model.bin")
@@ -167,8 +170,12 @@ def timm_model_args(config_json: Mapping) -> dict:
 
 
 def timm_family(name: str):
-    """The module that reads timm architecture ``name``: DINOv3, EVA-02 and PE (timm's Eva class), AIMv2 or the
-    ViTs."""
+    """The module that reads timm architecture ``name``: DINOv3, EVA-02 and PE (timm's Eva class), BEiT, SAM, AIMv2
+    or the ViTs."""
+    if import_beit.is_beit_name(name):
+        return import_beit
+    if import_sam.is_sam_name(name):
+        return import_sam
     if import_aimv2.is_aimv2_name(name):
         return import_aimv2
     if import_pe.is_pe_name(name):
@@ -315,6 +322,8 @@ def _default_preprocessing(config: ViTConfig, architecture: str) -> Preprocessin
                              crop_rule="transformers")
     if architecture.startswith("Siglip"):  # SiglipImageProcessor: 224 square, bilinear, mean/std 0.5
         return Preprocessing(side, channels, (0.5,) * channels, (0.5,) * channels, resample="bilinear")
+    if architecture.startswith(("Beit", "Data2VecVision")):  # BeitImageProcessor: 224 square, bicubic, mean/std 0.5
+        return Preprocessing(side, channels, (0.5,) * channels, (0.5,) * channels, resample="bicubic")
     if architecture.startswith("DeiT"):
         return Preprocessing(side, channels, IMAGENET_MEAN[:channels], IMAGENET_STD[:channels],
                              resize_size=side * 256 // 224, resize_mode="square", resample="bicubic",
@@ -393,6 +402,10 @@ HF_FAMILIES = {"dinov3_vit": (import_dinov3, ("DINOv3ViTModel",)),
                 "clip_vision_model": (import_clip, ("CLIPVisionModel", "CLIPVisionModelWithProjection")),
                 "siglip": (import_siglip, ("SiglipModel",)),
                 "siglip_vision_model": (import_siglip, ("SiglipVisionModel",)),
+                "beit": (import_beit, ("BeitModel", "BeitForImageClassification")),
+                "data2vec-vision": (import_beit, ("Data2VecVisionModel", "Data2VecVisionForImageClassification")),
+                "sam": (import_sam, ("SamModel",)),
+                "sam_vision_model": (import_sam, ("SamVisionModel",)),
                 "aimv2": (import_aimv2, ("Aimv2Model",)),
                 "aimv2_vision_model": (import_aimv2, ("Aimv2VisionModel",))}
 HF_REFUSED = {"siglip2": "SigLIP 2's NaFlex variable-resolution models (Siglip2Model) are not supported yet; its "
@@ -425,8 +438,8 @@ def open_hf_family(folder: Path, config_json: dict, map_location: str | torch.de
     model = build_model(config, ours, origin, map_location)
     processor_path = folder / "preprocessor_config.json"
     processor = read_json(processor_path) if processor_path.is_file() else None
-    return _finish(model, default_class_names(0), hf_preprocessing(processor, config, architecture), folder, "hf",
-                   f"hf:{architecture}")
+    return _finish(model, hf_class_names(config_json, config.num_classes),
+                   hf_preprocessing(processor, config, architecture), folder, "hf", f"hf:{architecture}")
 
 
 def open_hf_folder(folder: Path, config_json: dict, map_location: str | torch.device = "cpu") -> Checkpoint:
@@ -560,7 +573,9 @@ def open_scratch(path: Path, state: Mapping[str, torch.Tensor], layout: str, arg
     except (ValueError, KeyError, TypeError) as e:
         raise SourceError(f"{path}: {_one_line(e)}" if layout == "annotated" else f"{origin}: {_one_line(e)}") from None
     model = build_model(config, ours, origin, map_location)
-    return _finish_scratch(model, sidecar, path, f"scratch:{layout}")
+    size = (sidecar or {}).get("image_size") if layout == "tintn" else None
+    return _finish_scratch(model, sidecar, path, f"scratch:{layout}",
+                           size if isinstance(size, int) and size != config.image_size else None)
 
 
 def open_vit_pytorch(path: Path, state: Mapping[str, torch.Tensor], arguments: Mapping,
@@ -585,9 +600,12 @@ def scratch_sidecar(path: Path) -> dict | None:
     return read_json(sidecar) if sidecar.is_file() else None
 
 
-def _finish_scratch(model: ViT, sidecar: Mapping | None, path: Path, architecture: str) -> Checkpoint:
+def _finish_scratch(model: ViT, sidecar: Mapping | None, path: Path, architecture: str,
+                    trained_size: int | None = None) -> Checkpoint:
     """A from-scratch model's checkpoint: mean and std from the config.json beside it, else the tutorials' own
-    ``Normalize(0.5, 0.5)`` with the note that it was assumed; class names from its ``class_names``."""
+    ``Normalize(0.5, 0.5)`` with the note that it was assumed; class names from its ``class_names``. A
+    ``trained_size`` that is no multiple of the patch: images are resized to it and the grid's top-left part read,
+    as a stride-P convolution reads them."""
     sidecar = sidecar or {}
     config, channels = model.config, model.config.num_channels
     try:
@@ -598,7 +616,8 @@ def _finish_scratch(model: ViT, sidecar: Mapping | None, path: Path, architectur
     names = sidecar.get("class_names")
     class_names = [str(n) for n in names] if isinstance(names, list) and len(names) == config.num_classes \
         else default_class_names(config.num_classes)
-    preprocessing = Preprocessing(config.image_size, channels, mean, std, resample="bilinear")
+    preprocessing = Preprocessing(config.image_size, channels, mean, std, resize_size=trained_size,
+                                  resample="bilinear", crop_rule="top_left" if trained_size else "torchvision")
     guessed = None if "mean" in sidecar and "std" in sidecar else "mean and std (in a config.json beside them)"
     return _finish(model, class_names, preprocessing, path, "scratch", architecture, guessed)
 
@@ -666,6 +685,9 @@ def _open(path: str | os.PathLike, arch: str | None, map_location: str | torch.d
     if not path.exists():
         raise SourceError(f"checkpoint not found: {path}")
     if path.is_dir():
+        run_checkpoint = next((path / n for n in (BEST_CHECKPOINT, LAST_CHECKPOINT) if (path / n).is_file()), None)
+        if run_checkpoint is not None and (path / STATUS_FILE).is_file():  # a vit.train run: its best epoch's model
+            return _open(run_checkpoint, arch, map_location)
         config_path = path / "config.json"
         if not config_path.is_file() and (path / OPEN_CLIP_CONFIG).is_file():
             weights = next((path / f for f in OPEN_CLIP_WEIGHTS if (path / f).is_file()), None)

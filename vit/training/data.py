@@ -83,6 +83,16 @@ def image_files(folder: Path, root: Path | None = None) -> list[Path]:
                   if p.suffix.lower() in IMAGE_EXTENSIONS and p.is_file() and lies_inside(p, root))
 
 
+def skipped_links(folder: Path, root: Path | None = None) -> str:
+    """'' or a note for an error message: how many image files under ``folder`` ``image_files`` skips as links
+    resolving outside ``root``, and why."""
+    root = folder if root is None else root
+    count = sum(1 for p in folder.rglob("*")
+                if p.suffix.lower() in IMAGE_EXTENSIONS and p.is_file() and not lies_inside(p, root))
+    return (f"; {count} image link(s) in it point outside {root} and were skipped (only files inside the data folder "
+            "are read, so a link cannot expose others): copy the images in instead") if count else ""
+
+
 def folder_layout(path: str | os.PathLike) -> tuple[Path, Path | None, list[str]]:
     """Check an image folder quickly: (train root, val root or None, class names).
 

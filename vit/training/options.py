@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from vit.cli import UsageError
+from vit.cli import UsageError, command_name
 from vit.training.augmentations import AUGMENTATIONS, MAX_MAGNITUDE
 
 if TYPE_CHECKING:
@@ -167,7 +167,7 @@ def _threads(text: str) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = OneLineParser(prog="python -m vit.train", description=__doc__, epilog=EPILOG,
+    p = OneLineParser(prog=command_name("vit.train"), description=__doc__, epilog=EPILOG,
                       formatter_class=argparse.RawDescriptionHelpFormatter)
     g = p.add_argument_group("run")
     g.add_argument("--dataset", help="cifar10, cifar100, mnist, fashion-mnist (torchvision's, downloaded into "

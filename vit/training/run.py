@@ -31,7 +31,6 @@ from vit.runfiles import (
     LAST_CHECKPOINT,
     LOG_FILE,
     METRICS_FILE,
-    STALE_SECONDS,
     STATUS_FILE,
     STEPS_FILE,
     Status,
@@ -40,7 +39,7 @@ from vit.runfiles import (
     read_json,
     record_resume,
     remove_stray_temp_files,
-    seconds_since,
+    still_running,
     write_json,
     write_metrics,
 )
@@ -70,29 +69,11 @@ log = logging.getLogger("vit.train")
 # Resuming
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def _check_not_running(run_dir: Path) -> None:
     """Refuse to resume a run whose process still beats (it would overwrite its files)."""
-    status = read_json(run_dir / STATUS_FILE)
-    if status is None or status.get("state") != "running":
-        return
-    age = seconds_since(status.get("updated_time"))
-    if age is None or age > STALE_SECONDS:
-        return
-    pid, host = status.get("pid"), status.get("host")
-    if host == socket.gethostname() and isinstance(pid, int) and not _pid_alive(pid):
-        return
-    raise UsageError(f"{run_dir} is still running (pid {pid} on {host}, heartbeat {age:.0f} s ago); "
-                     "stop it first (SIGTERM) or wait for it to end")
+    running = still_running(read_json(run_dir / STATUS_FILE))
+    if running:
+        raise UsageError(f"{run_dir} is still running ({running}); stop it first (SIGTERM) or wait for it to end")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,0 +1,154 @@
+"""What the patches represent (issue 48): the patch tokens' first three principal components as colours, a patch's
+cosine similarity to every patch (on this image, a second image and the "Compare with" model) and the
+correspondences of two images side by side. The computations are ``vit.app.dense``'s; the tokens come from the
+cached analysis, so a click is one product and a redraw."""
+
+import streamlit as st
+
+from pages.explorer_sections.caches import UPLOAD_TYPES, analyse, decode_image, load_model
+from pages.explorer_sections.compare_checkpoints import PICKER_KEY as COMPARE_KEY
+from pages.explorer_sections.state import Shown
+from vit.app import catalog, dense, drawing, explorer
+from vit.checkpoint import CheckpointError
+from vit.explain.overlay import overlay
+from vit.images import ImageError
+from vit.inference import seen_region
+from vit.text import escape_markdown
+
+TOGGLE_KEY = "dense_open"
+LAYER_KEY, FOREGROUND_KEY, FLIP_KEY, THRESHOLD_KEY = "dense_layer", "dense_fg", "dense_flip", "dense_threshold"
+QUERY_KEY, PICK_KEY, SECOND_KEY, TOP_KEY = "dense_query", "dense_pick", "dense_second", "dense_top"
+# Written back each run (keep_settings); the upload and the picker are read-only to session state.
+KEPT = (TOGGLE_KEY, LAYER_KEY, FOREGROUND_KEY, FLIP_KEY, THRESHOLD_KEY, QUERY_KEY, TOP_KEY)
+
+
+def _picked(num_prefix_tokens: int) -> None:
+    """A click on the picker selects that patch's token (before the rerun, so the selectbox may be set)."""
+    token = drawing.token_from_selection(st.session_state.get(PICK_KEY), num_prefix_tokens)
+    if token is not None:
+        st.session_state[QUERY_KEY] = token
+
+
+def _second_image():
+    """The second upload as ``(image, key)``, or None."""
+    upload = st.file_uploader("Second image (similarity and correspondences on it)", type=UPLOAD_TYPES,
+                              key=SECOND_KEY)
+    if upload is None:
+        return None
+    data = upload.getvalue()
+    digest = explorer.image_digest(data)
+    return decode_image(digest, upload.name, False, data), digest
+
+
+def _compare_model(view: Shown, entries: dict):
+    """The "Compare with" checkpoint (one of ``entries``) as ``(checkpoint, analysis of this image)``, or None."""
+    entry = entries.get(st.session_state.get(COMPARE_KEY))
+    if entry is None:
+        return None
+    if not entry.ok:
+        raise CheckpointError(entry.error)
+    fingerprint = catalog.Candidate(entry.path, entry.source, entry.name).fingerprint
+    checkpoint = load_model(st.session_state[COMPARE_KEY], fingerprint)
+    dense.check_dense_fits(checkpoint, view.image, view.size, "The compared model's views")
+    return checkpoint, analyse(fingerprint, view.image_key, view.size, checkpoint, view.image)
+
+
+def dense_features(view: Shown, entries: dict) -> None:
+    """The section, under its toggle; ``entries``: the checkpoints the page lists ("Compare with" picks one)."""
+    if not st.toggle("What the patches represent: PCA colours, patch similarity, correspondences", key=TOGGLE_KEY,
+                     help="The patch tokens of one layer (after the model's final norm, CLS and registers left out): "
+                          "their first three principal components as colours, a patch's cosine similarity to every "
+                          "patch, and the patches two images match."):
+        return
+    checkpoint, analysis, shown = view.checkpoint, view.analysis, view.shown
+    L, prefix = analysis.num_layers, analysis.num_prefix_tokens
+    try:
+        dense.check_dense_fits(checkpoint, view.image, view.size)
+    except explorer.TooManyTokens as e:
+        st.error(escape_markdown(e))
+        return
+    if st.session_state.get(LAYER_KEY) not in range(L):
+        st.session_state[LAYER_KEY] = L - 1
+    layer = st.selectbox("Layer (its output after the final norm)", range(L), key=LAYER_KEY,
+                         format_func=lambda i: f"{i + 1}" + (" (last)" if i == L - 1 else ""))
+    second = _second_image()
+    analysis_2 = None
+    if second is not None:
+        try:
+            dense.check_dense_fits(checkpoint, second[0], view.size, "The second image's views")
+            analysis_2 = analyse(view.fingerprint, second[1], view.size, checkpoint, second[0])
+        except (explorer.TooManyTokens, ImageError, ValueError) as e:
+            st.warning(f"The second image cannot be shown: {escape_markdown(e)}")
+    seen_2 = None if analysis_2 is None else seen_region(second[0], checkpoint.preprocessing, view.size)
+
+    st.markdown("**PCA colours**")
+    fg = st.toggle("Foreground only (first component's threshold; refit on it)", key=FOREGROUND_KEY)
+    st.session_state.setdefault(THRESHOLD_KEY, 0.0)
+    threshold = st.number_input("Threshold on the first component", step=0.1, key=THRESHOLD_KEY, disabled=not fg)
+    flip = st.checkbox("Foreground below the threshold", key=FLIP_KEY, disabled=not fg)
+    analyses_shown = [analysis] + ([analysis_2] if analysis_2 is not None else [])
+    try:
+        views = dense.pca_views([checkpoint] * len(analyses_shown), analyses_shown, layer,
+                                threshold if fg else None, flip)
+    except ValueError as e:
+        st.warning(escape_markdown(e))
+    else:
+        columns = st.columns(len(views))
+        for column, pca_view, seen in zip(columns, views, [shown, seen_2], strict=False):
+            column.image(dense.pca_picture(drawing.display_image(seen), pca_view.colours), output_format="PNG")
+        st.caption("Fitted on " + ("both images together, so a colour means the same in both" if len(views) > 1
+                                   else "this image") + f"; layer {layer + 1}.")
+
+    st.markdown("**Patch similarity** (click a patch)")
+    tokens = list(range(prefix, analysis.num_tokens))
+    if st.session_state.get(QUERY_KEY) not in tokens:
+        st.session_state[QUERY_KEY] = tokens[len(tokens) // 2]
+    query = st.selectbox("Patch", tokens, key=QUERY_KEY,
+                         format_func=lambda t: drawing.token_option(t, analysis.grid, prefix))
+    vector = dense.query_vector(checkpoint, analysis, query, layer)
+    map2d = dense.similarity_map(checkpoint, analysis, vector, layer)
+    picture = overlay(shown, map2d, view.opacity, view.colormap, outline_patch=query - prefix)
+    figure = drawing.patch_picker_figure(picture.size, drawing.jpeg_data_uri(picture), analysis.grid, query, prefix,
+                                         show_grid=False, fit_width=picture.size[0])
+    st.plotly_chart(figure, key=PICK_KEY, on_select=lambda: _picked(prefix), selection_mode="points",
+                    config={"displayModeBar": False})
+    st.caption(f"Cosine similarity to {escape_markdown(drawing.token_label(query, analysis.grid, prefix))}: "
+               + drawing.describe_range(map2d))
+    if analysis_2 is not None:
+        map_2 = dense.similarity_map(checkpoint, analysis_2, vector, layer)
+        st.image(overlay(drawing.display_image(seen_2), map_2, view.opacity, view.colormap), output_format="PNG")
+        st.caption("The same patch's token against every patch of the second image: " + drawing.describe_range(map_2))
+    try:
+        other = _compare_model(view, entries)
+    except (CheckpointError, explorer.TooManyTokens, ValueError) as e:
+        st.warning(f"The compared model cannot be shown: {escape_markdown(e)}")
+        other = None
+    if other is not None:
+        checkpoint_b, analysis_b = other
+        place = dense.same_place(query - prefix, analysis.grid, analysis_b.grid)
+        vector_b = dense.query_vector(checkpoint_b, analysis_b, place + analysis_b.num_prefix_tokens)
+        map_b = dense.similarity_map(checkpoint_b, analysis_b, vector_b)
+        st.image(overlay(shown, map_b, view.opacity, view.colormap, outline_patch=place), output_format="PNG")
+        st.caption("The compared model (its last layer), the same place on its own grid: "
+                   + drawing.describe_range(map_b))
+
+    st.markdown("**Correspondences** (mutual nearest neighbours)")
+    if analysis_2 is None and other is None:
+        st.caption("Upload a second image above, or pick a model under Compare with, to match patches.")
+        return
+    st.session_state.setdefault(TOP_KEY, 30)
+    top = st.slider("Matches shown (the most similar)", 1, 200, key=TOP_KEY)
+    if analysis_2 is not None:
+        pair = (checkpoint, analysis_2, seen_2, layer)
+    else:
+        pair = (other[0], other[1], seen_region(view.image, other[0].preprocessing, view.size), None)
+    try:
+        matches = dense.match_view(checkpoint, analysis, pair[0], pair[1], top, layer, pair[3])
+    except ValueError as e:
+        st.warning(escape_markdown(e))
+        return
+    seen_a = seen_region(view.image, checkpoint.preprocessing, view.size)
+    st.image(dense.matches_picture(seen_a, pair[2], analysis.grid, pair[1].grid, matches.a, matches.b),
+             output_format="PNG")
+    st.caption(f"{len(matches.a)} mutual matches shown, cosine {matches.score.min():.2f} to {matches.score.max():.2f}"
+               if len(matches.a) else "No mutual matches.")

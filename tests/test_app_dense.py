@@ -1,0 +1,70 @@
+"""The explorer's "What the patches represent" section (issue 48) through AppTest: PCA colours, a patch's
+similarity on this image and on the "Compare with" model's own grid, and the correspondences of the two."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import streamlit as st
+import torch
+import torch.nn.functional as F
+from PIL import Image
+from test_app import run_app, write_checkpoint
+
+from vit.app.catalog import DEFAULT_CHECKPOINT
+from vit.app.drawing import describe_range
+from vit.checkpoint import load_checkpoint
+from vit.inference import preprocess
+
+
+@pytest.fixture
+def two_models(tmp_path, monkeypatch):
+    checkpoints, runs = tmp_path / "checkpoints", tmp_path / "runs"
+    runs.mkdir()
+    monkeypatch.setenv("VIT_CHECKPOINTS_DIR", str(checkpoints))
+    monkeypatch.setenv("VIT_RUNS_DIR", str(runs))
+    st.cache_data.clear()
+    st.cache_resource.clear()
+    a = write_checkpoint(checkpoints / DEFAULT_CHECKPOINT, seed=0)
+    b = write_checkpoint(checkpoints / "other.pt", seed=1)
+    samples = checkpoints / "samples" / a.stem
+    samples.mkdir(parents=True)
+    image = Image.fromarray(np.random.default_rng(3).integers(0, 256, (16, 16, 3), dtype=np.uint8))
+    image.save(samples / "cat_1.png")
+    return a, b, image
+
+
+def similarity_reference(path, image, patch: int) -> np.ndarray:
+    """The last block's output after the final norm, straight from the model: cosine of ``patch`` to every patch."""
+    checkpoint = load_checkpoint(path)
+    model = checkpoint.model
+    with torch.no_grad():
+        tokens = model.norm(model.tokens(preprocess([image], checkpoint.preprocessing))[0])[0, 1:]  # (16, D)
+    unit = F.normalize(tokens, dim=-1)
+    return (unit @ unit[patch]).reshape(4, 4).numpy()
+
+
+def captions(at) -> list[str]:
+    return [c.value for c in at.caption]
+
+
+def test_the_section_draws_pca_similarity_and_the_compared_models_correspondences(two_models):
+    a, b, image = two_models
+    at = run_app(dense_open=True)
+    assert not at.exception, [e.message for e in at.exception]
+    at = at.selectbox(key="dense_query").set_value(1 + 6).run()  # patch 6: row 1, column 2
+    assert not at.exception, [e.message for e in at.exception]
+    expected = describe_range(similarity_reference(a, image, 6))
+    assert any(c.startswith("Cosine similarity to") and c.endswith(expected) for c in captions(at)), captions(at)
+    assert any("Upload a second image" in c for c in captions(at))
+    at = at.selectbox(key="compare_with").set_value(str(b)).run()
+    assert not at.exception, [e.message for e in at.exception]
+    expected_b = describe_range(similarity_reference(b, image, 6))  # one 4 x 4 grid: the same place is patch 6
+    assert any(c.startswith("The compared model") and c.endswith(expected_b) for c in captions(at)), captions(at)
+    assert any("mutual matches shown" in c or c == "No mutual matches." for c in captions(at)), captions(at)
+
+
+def test_a_foreground_threshold_that_leaves_no_patch_is_a_one_line_warning(two_models):
+    at = run_app(dense_open=True, dense_fg=True, dense_threshold=1e6)
+    assert not at.exception, [e.message for e in at.exception]
+    assert any("on the foreground side of threshold" in w.value and "\n" not in w.value for w in at.warning)

@@ -1,0 +1,74 @@
+"""BEiT, BEiT v2 and Data2Vec-vision opened through ``vit.sources`` match their libraries: logits (or the pooled
+output) and every layer's attention to 1e-5, with the relative position bias per layer and shared.
+
+- HF: tiny random ``BeitForImageClassification`` / ``BeitModel`` / ``Data2VecVisionModel`` (eager attention), at the
+  native size and a non-square one (``interpolate_pos_encoding``: HF resizes the bias table bilinearly).
+- timm: tiny random ``beit_base_patch16_224`` / ``beitv2_base_patch16_224`` (fused attention off; timm's BEiT has one
+  input size, so native only), its attention read by a forward hook on ``attn_drop``.
+"""
+
+import pytest
+import torch
+from parity_helpers import assert_parity, capture_inputs, randomize
+
+from vit.sources.open import open_source
+
+transformers = pytest.importorskip("transformers")
+timm = pytest.importorskip("timm")
+pytestmark = pytest.mark.slow  # importing transformers and timm takes seconds
+
+TINY = dict(image_size=32, patch_size=8, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+            num_attention_heads=2, layer_scale_init_value=0.1, hidden_dropout_prob=0.0, drop_path_rate=0.0)
+
+
+@pytest.mark.parametrize("architecture, options", [
+    ("BeitForImageClassification", dict(use_relative_position_bias=True)),
+    ("BeitForImageClassification", dict(use_shared_relative_position_bias=True, use_mean_pooling=False)),
+    ("BeitModel", dict(use_relative_position_bias=True, use_absolute_position_embeddings=True)),
+    ("Data2VecVisionModel", dict(use_shared_relative_position_bias=True)),
+])
+def test_hf_beit_matches_transformers(tmp_path, architecture, options):
+    family = transformers.Data2VecVisionConfig if architecture.startswith("Data2Vec") else transformers.BeitConfig
+    config = family(**TINY, **options, num_labels=3)
+    config._attn_implementation = "eager"
+    torch.manual_seed(0)
+    model = randomize(getattr(transformers, architecture)(config))
+    model.save_pretrained(tmp_path / "beit")
+    checkpoint = open_source(tmp_path / "beit")
+    assert checkpoint.config.rel_pos == ("beit" if options.get("use_relative_position_bias") else "beit_shared")
+    for label, size in (("native", (32, 32)), ("40x24", (40, 24))):
+        images = torch.randn(2, 3, *size)
+        with torch.no_grad():
+            out = model(pixel_values=images, output_attentions=True, interpolate_pos_encoding=label != "native")
+            ours = checkpoint.model.encode(images, output_attentions=True)
+        if architecture.endswith("Classification"):
+            output, expected = ours.logits, out.logits
+        elif out.pooler_output is not None:
+            output, expected = ours.embedding, out.pooler_output
+        else:  # Data2VecVisionModel has no pooler: its output is the last block's, every token
+            output, expected = checkpoint.model.run_with_cache(images, ["blocks.1.hook_resid_post"])[1][
+                "blocks.1.hook_resid_post"], out.last_hidden_state
+        assert_parity(f"BEiT | HF {architecture} | {label}", output, expected, ours.attentions, out.attentions)
+
+
+@pytest.mark.parametrize("name, shared", [("beit_base_patch16_224", False), ("beitv2_base_patch16_224", False),
+                                          ("beit_base_patch16_224", True)])
+def test_timm_beit_matches_timm(tmp_path, name, shared):
+    timm.layers.set_fused_attn(False)
+    try:
+        torch.manual_seed(0)
+        model = timm.create_model(name, pretrained=False, img_size=32, patch_size=8, embed_dim=32, depth=2,
+                                  num_heads=2, num_classes=3, use_rel_pos_bias=not shared,
+                                  use_shared_rel_pos_bias=shared, init_values=0.1)
+    finally:
+        timm.layers.set_fused_attn(True)
+    model = randomize(model)
+    timm.models.save_for_hf(model, tmp_path / "beit", model_args=dict(num_heads=2), safe_serialization=True)
+    checkpoint = open_source(tmp_path / "beit")
+    assert checkpoint.config.rel_pos == ("beit_shared" if shared else "beit")
+    images = torch.randn(2, 3, 32, 32)
+    expected, attentions = capture_inputs([b.attn.attn_drop for b in model.blocks], lambda: model(images))
+    with torch.no_grad():
+        ours = checkpoint.model.encode(images, output_attentions=True)
+    assert_parity(f"BEiT | timm {name}{' shared' if shared else ''} | native", ours.logits, expected,
+                  ours.attentions, attentions)

@@ -1,0 +1,150 @@
+"""The Hub path as an attacker or a broken server meets it: Hub ids that would reach outside the HF cache, a
+``main`` that moves between the listing and the download, bodies longer than declared, sizes that are no sizes,
+silent and trickling servers, redirect loops. The real huggingface_hub client against tests/hub_server.py."""
+
+import os
+import threading
+import time
+
+import pytest
+
+from vit.app import catalog
+from vit.features import formats
+from vit.sources import hub, hub_network
+from vit.sources.open import open_source
+
+WEIGHTS = {"config.json": b'{"model_type": "vit"}', "model.safetensors": b"w" * 4096}
+
+
+def planted_ref(tmp_path, cache) -> tuple[str, str]:
+    """A file outside the HF cache's refs/ that holds a commit whose snapshot the cache has: what a revision that is
+    a path would read. (its absolute path, the commit)"""
+    commit = "c" * 40
+    ref = tmp_path / "elsewhere" / "ref"
+    ref.parent.mkdir()
+    ref.write_text(commit)
+    snapshot = cache / "models--acme--tiny" / "snapshots" / commit
+    snapshot.mkdir(parents=True)
+    (snapshot / "config.json").write_text("{}")
+    return str(ref), commit
+
+
+@pytest.mark.parametrize("revision", ["/dev/zero", "../../../../dev/zero", "main/../x", "a b", ".hidden", "x.lock",
+                                      "v1:2", "@", "tag\0"])
+def test_a_revision_that_is_no_branch_tag_or_commit_is_refused(revision):
+    with pytest.raises(hub.HubError, match="is no branch, tag or commit") as caught:
+        hub.parse_name(f"acme/tiny@{revision}")
+    assert "\n" not in str(caught.value)
+
+
+@pytest.mark.parametrize("revision", ["main", "v1.0", "refs/pr/1", "feature/x-y_z", "0123456789abcdef" * 2 + "0" * 8])
+def test_branches_tags_and_commits_are_revisions(revision):
+    assert hub.parse_name(f"acme/tiny@{revision}").revision == revision
+
+
+def test_a_revision_that_is_a_path_reads_nothing_outside_the_cache(fake_hub, tmp_path):
+    ref, _ = planted_ref(tmp_path, hub.cache_dir())
+    with pytest.raises(hub.HubError, match="is no branch, tag or commit"):
+        hub.cached_snapshot(hub.HubName("acme/tiny", ref, f"acme/tiny@{ref}"))
+    with pytest.raises(hub.HubError, match="is no branch, tag or commit"):
+        open_source(f"acme/tiny@{ref}")
+    assert fake_hub.requests == []
+
+
+def test_a_visitor_without_the_token_gets_one_line_and_nothing_is_read_or_asked(fake_hub, tmp_path):
+    ref, _ = planted_ref(tmp_path, hub.cache_dir())
+    with pytest.raises(hub.HubError, match="is no branch, tag or commit") as caught:
+        catalog.open_from_hub(f"acme/tiny@{ref}", may_download=False)
+    assert "\n" not in str(caught.value) and fake_hub.requests == []
+
+
+def test_an_sae_hub_id_whose_revision_climbs_out_of_refs_is_refused(fake_hub, tmp_path):
+    ref, _ = planted_ref(tmp_path, hub.cache_dir())
+    climb = os.path.relpath(ref, hub.cache_dir() / "models--acme--tiny" / "refs")  # ../../../elsewhere/ref
+    text = f"acme/tiny/sub@{climb}"
+    assert hub.cached_sae(text) is None
+    with pytest.raises(formats.SAEError, match="is no branch, tag or commit"):
+        formats.sae_path(text)
+    assert fake_hub.requests == []
+
+
+def test_the_download_is_of_the_listed_commit_when_main_moves_after_the_listing(fake_hub, monkeypatch):
+    fake_hub.add("acme/moving", WEIGHTS)
+    listed = hub.plan(hub.parse_name("acme/moving"))
+    fake_hub.push("acme/moving", {**WEIGHTS, "model.safetensors": b"W" * 300_000})  # 300 kB now
+    monkeypatch.setenv("VIT_MAX_DOWNLOAD_GB", "0.00001")  # 10 kB: the listed 4 kB fit, the new 300 kB do not
+    snapshot = hub.download(listed)
+    assert (snapshot / "model.safetensors").read_bytes() == WEIGHTS["model.safetensors"]
+    assert all(f"/resolve/{listed.commit}/" in r.path for r in fake_hub.requests if "/resolve/" in r.path)
+    assert max(p.stat().st_size for p in hub.cache_dir().rglob("*") if p.is_file()) <= 4096
+    assert hub.cached_snapshot(hub.parse_name("acme/moving")) == snapshot  # refs/main: what was downloaded
+
+
+def test_a_body_longer_than_its_declared_size_is_stopped_and_nothing_of_it_kept(fake_hub):
+    repo = fake_hub.add("acme/liar", WEIGHTS)
+    repo.extra["model.safetensors"] = b"x" * (64 << 20)  # declares 4 kB, sends 64 MB more
+    with pytest.raises(hub.HubError) as caught:
+        hub.download(hub.plan(hub.parse_name("acme/liar")))
+    message = str(caught.value)
+    assert "acme/liar" in message and "4096 bytes declared" in message and "\n" not in message
+    assert fake_hub.sent["model.safetensors"] < 32 << 20  # the client hung up long before the end
+    left = [p for p in hub.cache_dir().rglob("*") if p.is_file()]
+    assert all(p.stat().st_size <= 4096 for p in left) and not any(p.name.endswith(".incomplete") for p in left)
+
+
+@pytest.mark.parametrize("size", [-6_000_000_000, 10**13])
+def test_a_size_in_the_file_list_that_no_file_has_is_refused(fake_hub, size):
+    repo = fake_hub.add("acme/negative", WEIGHTS)
+    repo.listed_sizes["model.safetensors"] = size
+    with pytest.raises(hub.HubError, match=f"acme/negative.*'model.safetensors' the size {size}") as caught:
+        hub.plan(hub.parse_name("acme/negative"))
+    assert "\n" not in str(caught.value)
+    assert fake_hub.fetched("GET") == []
+
+
+def test_a_silent_hub_is_given_up_at_the_deadline_in_one_line(fake_hub, monkeypatch):
+    monkeypatch.setattr(hub_network, "ASK_S", 2.0)
+    fake_hub.add("acme/silent", WEIGHTS).silent_s = 30.0
+    start = time.monotonic()
+    with pytest.raises(hub.HubUnreachable) as caught:
+        hub.plan(hub.parse_name("acme/silent"))
+    assert time.monotonic() - start < 10
+    assert "acme/silent" in str(caught.value) and "\n" not in str(caught.value)
+
+
+def test_a_trickling_file_is_given_up_at_its_deadline_in_one_line(fake_hub, monkeypatch):
+    monkeypatch.setattr(hub_network, "FILE_S", 2.0)
+    fake_hub.add("acme/trickle", WEIGHTS).trickle.add("model.safetensors")  # a byte every 0.2 s: 14 minutes
+    listed = hub.plan(hub.parse_name("acme/trickle"))
+    failed = []
+
+    def fetch():
+        try:
+            hub.download(listed)
+        except hub.HubError as e:
+            failed.append(e)
+
+    worker = threading.Thread(target=fetch, daemon=True)
+    worker.start()
+    worker.join(30)
+    assert not worker.is_alive(), "the download was still under way after 30 s"
+    assert failed and "acme/trickle" in str(failed[0]) and "\n" not in str(failed[0])
+    assert not any(p.name.endswith(".incomplete") for p in hub.cache_dir().rglob("*"))
+
+
+def test_a_file_that_sends_nothing_is_given_up_after_the_stall_time_in_one_line(fake_hub, monkeypatch):
+    monkeypatch.setattr(hub_network, "STALL_S", 2.0)
+    monkeypatch.setattr(hub_network, "READ_S", 1.0)  # each read gives up after 1 s; huggingface_hub then retries
+    fake_hub.add("acme/stalled", WEIGHTS).stall.add("model.safetensors")
+    listed = hub.plan(hub.parse_name("acme/stalled"))
+    start = time.monotonic()
+    with pytest.raises(hub.HubUnreachable, match="acme/stalled.*model.safetensors sent nothing for 2 s") as caught:
+        hub.download(listed)
+    assert time.monotonic() - start < 15 and "\n" not in str(caught.value)
+
+
+def test_a_redirect_loop_is_one_line_naming_the_model(fake_hub):
+    fake_hub.add("acme/loop", WEIGHTS).redirect_loop = True
+    with pytest.raises(hub.HubError, match="^the Hub redirected the request for acme/loop in a loop") as caught:
+        hub.plan(hub.parse_name("acme/loop"))
+    assert "\n" not in str(caught.value)

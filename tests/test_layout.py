@@ -1,0 +1,118 @@
+"""Attention layouts (issue 46): the additive bias on the logits at ``attn.hook_bias``, BEiT's relative position
+index, SAM's windows and their placement back on the patch grid, checked against hand-built expectations."""
+
+import pytest
+import torch
+
+from vit.explain.attention import rollout, windows_on_grid
+from vit.model import ViT, ViTConfig, beit_relative_position_index
+
+
+def noised(config: ViTConfig, seed: int = 0) -> ViT:
+    torch.manual_seed(seed)
+    model = ViT(config).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    return model
+
+
+BEIT = dict(image_size=32, patch_size=8, hidden_size=16, num_layers=2, num_heads=2, mlp_size=32, num_classes=3)
+
+
+def test_beit_index_reads_each_patch_pair_by_its_offset_and_cls_pairs_from_the_last_three_rows():
+    index = beit_relative_position_index((2, 3))  # offsets span 3 x 5 = 15 rows; CLS rows 15, 16, 17
+    assert index.shape == (7, 7)
+    assert index[0, 0] == 17 and (index[0, 1:] == 15).all() and (index[1:, 0] == 16).all()
+    # patch (0, 0) to patch (1, 2): offset (-1, -2) -> row (-1 + 1) * 5 + (-2 + 2) = 0; to itself: the centre, 7
+    assert index[1, 1 + 5] == 0 and index[1, 1] == 7 and index[1 + 5, 1] == 14
+
+
+@pytest.mark.parametrize("rel_pos", ["beit", "beit_shared"])
+def test_the_bias_is_read_at_hook_bias_and_zeroing_it_is_the_model_without_its_tables(rel_pos):
+    model = noised(ViTConfig(**BEIT, rel_pos=rel_pos, key_bias=False))
+    images = torch.randn(2, 3, 32, 24)
+    zero = [(f"blocks.{i}.attn.hook_bias", lambda x, hook: torch.zeros_like(x)) for i in range(2)]
+    _, cache = model.run_with_cache(images, ["blocks.0.attn.hook_bias"])
+    assert cache["blocks.0.attn.hook_bias"].shape == (1, 2, 13, 13)  # (1, nh, T, T): 4 x 3 patches + CLS
+    with torch.no_grad():
+        hooked = model.run_with_hooks(images, zero).logits
+        for name, p in model.named_parameters():
+            if name.endswith("table"):
+                p.zero_()
+        assert torch.allclose(hooked, model(images)[0], atol=1e-6)
+
+
+@pytest.mark.parametrize("rel_pos", ["beit", "beit_shared"])
+def test_the_fused_and_explicit_paths_add_the_same_bias(rel_pos):
+    model = noised(ViTConfig(**BEIT, rel_pos=rel_pos))
+    images = torch.randn(2, 3, 40, 24)
+    with torch.no_grad():
+        assert torch.allclose(model(images)[0], model(images, output_attentions=True)[0], atol=1e-5)
+
+
+SAM = dict(image_size=56, patch_size=8, hidden_size=16, num_layers=2, num_heads=2, mlp_size=32, num_classes=0,
+           class_token=False, pooling="avg", final_norm=False, rel_pos="sam", window_size=3, global_layers=(1,))
+
+
+def test_windows_are_placed_on_the_grid_where_a_hand_loop_puts_them():
+    # A 5 x 4 grid in windows of 3: padded to 6 x 6, 2 x 2 windows; the right and bottom windows hold padding.
+    gh, gw, w = 5, 4, 3
+    attn = torch.rand(2 * 4, 3, w * w, w * w)  # (B * nw, H, n, n), every entry distinct
+    dense = windows_on_grid(attn, (gh, gw), w)
+    expected = torch.zeros(2, 3, gh * gw, gh * gw)
+    for b in range(2):
+        for wy in range(2):
+            for wx in range(2):
+                for i in range(w * w):
+                    for j in range(w * w):
+                        (qy, qx), (ky, kx) = (wy * w + i // w, wx * w + i % w), (wy * w + j // w, wx * w + j % w)
+                        if max(qy, ky) < gh and max(qx, kx) < gw:
+                            expected[b, :, qy * gw + qx, ky * gw + kx] = attn[b * 4 + wy * 2 + wx, :, i, j]
+    assert torch.equal(dense, expected)
+
+
+def test_a_patch_attends_exactly_to_its_own_window_and_rollout_keeps_it_there():
+    model = noised(ViTConfig(**SAM))
+    images = torch.randn(1, 3, 56, 48)  # a 7 x 6 grid: windows of rows 0-2, 3-5, 6 and columns 0-2, 3-5
+    from vit.explain.hidden import block_attention
+
+    with torch.no_grad():
+        x = model.embed(images)
+        placed = block_attention(model, 0, x, (7, 6))  # (1, H, 42, 42)
+        _, (windowed,) = model.run_blocks(x, (7, 6), 0, 1, output_attentions=True)
+    query = 4 * 6 + 2  # patch (4, 2): window rows 3-5, columns 0-2
+    window = {r * 6 + c for r in range(3, 6) for c in range(0, 3)}
+    assert {int(t) for t in placed[0, 0, query].nonzero()} == window
+    assert torch.allclose(placed[0, :, query].sum(-1), torch.ones(2))  # a window without padding: rows sum to 1
+    # patch (4, 2) is slot (1, 2) of window (1, 0), the third of the 3 x 2 windows
+    assert torch.allclose(placed[0, :, query, sorted(window)], windowed[1 * 2 + 0, :, 1 * 3 + 2])
+    row = rollout([placed])[0, query]  # one windowed layer: 0.5 (A + I), renormalised, stays in the window
+    assert {int(t) for t in row.nonzero()} == window
+
+
+def test_chunked_views_read_the_placed_layer_and_q_k_shortcuts_refuse_in_one_line():
+    from vit.explain.chunked import LayerInputs
+    from vit.explain.hidden import block_attention, queries_and_keys
+
+    model = noised(ViTConfig(**SAM))
+    with torch.no_grad():
+        x = model.embed(torch.randn(1, 3, 56, 56))
+        hidden = torch.stack([x, model.run_blocks(x, (7, 7), 0, 1)[0]], dim=1)  # (1, 2, T, D): inputs of layers 0, 1
+        rows = LayerInputs(model, hidden, (7, 7)).rows(0, [10, 20], [1])
+        assert torch.allclose(rows, block_attention(model, 0, x, (7, 7))[:, [1]][:, :, [10, 20]])
+    with pytest.raises(ValueError, match="windows") as error:
+        queries_and_keys(model, 0, x, (7, 7))
+    assert "\n" not in str(error.value)
+
+
+def test_flow_on_a_windowed_model_reads_the_placed_windows():
+    from vit.explain.attention_flow import attention_flow
+    from vit.explain.hidden import placed_attentions
+
+    model = noised(ViTConfig(**SAM))
+    with torch.no_grad():
+        _, attentions = model(torch.randn(1, 3, 56, 56), output_attentions=True)
+    placed = placed_attentions(model, attentions, (7, 7))
+    assert [tuple(a.shape) for a in placed] == [(1, 2, 49, 49)] * 2
+    assert attention_flow(placed, query=24).shape == (1, 49)

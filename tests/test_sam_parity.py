@@ -1,0 +1,76 @@
+"""SAM's image encoder opened through ``vit.sources`` matches its libraries: the last block's output and every
+layer's attention to 1e-5, windowed layers (grid padded to a multiple of the window) beside global ones, with
+decomposed relative positions.
+
+- HF: tiny random ``SamVisionModel`` / ``SamModel`` (eager attention; HF takes its native size only). HF returns a
+  windowed layer's attention as ``(B * windows * heads, w*w, w*w)``, ours is ``(B * windows, heads, w*w, w*w)``.
+- timm: a tiny random ``samvit_base_patch16`` (fused attention off), its attention read by a forward hook on
+  ``attn_drop``, at its native size.
+"""
+
+import pytest
+import torch
+from parity_helpers import assert_parity, capture_inputs, randomize
+
+from vit.sources.open import open_source
+
+transformers = pytest.importorskip("transformers")
+timm = pytest.importorskip("timm")
+pytestmark = pytest.mark.slow  # importing transformers and timm takes seconds
+
+# A 7 x 7 patch grid in windows of 3: padded to 9 x 9, nine windows, the last row and column mostly padding.
+TINY = dict(image_size=56, patch_size=8, hidden_size=32, mlp_dim=48, num_hidden_layers=3, num_attention_heads=2,
+            window_size=3, global_attn_indexes=[1], output_channels=8)
+
+
+def last_block(checkpoint, images):
+    name = f"blocks.{checkpoint.config.num_layers - 1}.hook_resid_post"
+    return checkpoint.model.run_with_cache(images, [name])[1][name]
+
+
+@pytest.mark.parametrize("architecture", ["SamVisionModel", "SamModel"])
+def test_hf_sam_matches_transformers(tmp_path, architecture):
+    if architecture == "SamModel":
+        config = transformers.SamConfig(vision_config=TINY)
+    else:
+        config = transformers.SamVisionConfig(**TINY)
+    config._attn_implementation = "eager"
+    torch.manual_seed(0)
+    model = randomize(getattr(transformers, architecture)(config))
+    model.save_pretrained(tmp_path / "sam")
+    checkpoint = open_source(tmp_path / "sam")
+    assert checkpoint.config.window_size == 3 and checkpoint.config.global_layers == (1,)
+    encoder = model.vision_encoder
+    images = torch.randn(2, 3, 56, 56)
+    with torch.no_grad():
+        out = encoder(pixel_values=images, output_attentions=True, output_hidden_states=True)
+        ours = checkpoint.model.encode(images, output_attentions=True)
+    expected = [a.reshape(-1, 2, *a.shape[1:]) for a in out.attentions]  # (B * nw * nh, n, n) -> (B * nw, nh, n, n)
+    assert [a.shape[0] for a in ours.attentions] == [18, 2, 18]
+    assert_parity(f"SAM | HF {architecture} | native", last_block(checkpoint, images),
+                  out.hidden_states[-1].flatten(1, 2), ours.attentions, expected)
+
+
+def test_timm_samvit_matches_timm(tmp_path):
+    timm.layers.set_fused_attn(False)
+    try:
+        torch.manual_seed(0)
+        model = timm.create_model("samvit_base_patch16", pretrained=False, img_size=56, patch_size=8, embed_dim=32,
+                                  depth=3, num_heads=2, window_size=3, global_attn_indexes=[1], neck_chans=8,
+                                  num_classes=0)
+    finally:
+        timm.layers.set_fused_attn(True)
+    model = randomize(model)
+    timm.models.save_for_hf(model, tmp_path / "sam", model_args=dict(num_heads=2, window_size=3,
+                                                                    global_attn_indexes=[1]),
+                            safe_serialization=True)
+    checkpoint = open_source(tmp_path / "sam")
+    images = torch.randn(2, 3, 56, 56)
+    blocks = model.blocks
+    (hidden, ), attentions = capture_inputs([b.attn.attn_drop for b in blocks],
+                                            lambda: (blocks(model.patch_embed(images) + model.pos_embed),))
+    with torch.no_grad():
+        ours = checkpoint.model.encode(images, output_attentions=True)
+    expected = [a.reshape(-1, 2, *a.shape[1:]) for a in attentions]  # timm's heads fold into its batch as HF's do
+    assert_parity("SAM | timm samvit_base_patch16 | native", last_block(checkpoint, images), hidden.flatten(1, 2),
+                  ours.attentions, expected)

@@ -1,0 +1,56 @@
+"""How many tokens one image may have before the work it implies: the one gate of the explorer, the notebook API
+and ``vit.predict`` (env VIT_MAX_TOKENS, else ``MAX_TOKENS``), and the estimate its refusal gives.
+
+Attention's work grows with the square of the tokens: the shipped 4-px-patch model at 1,024 px (65,537 tokens) is
+11 minutes of one forward on 2 cores, ViT-B/16 there an hour. Past the gate an input is refused at once, in one
+line that says what it would cost and how to allow it.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+MAX_TOKENS = 16384  # ViT-B/16 at 2,048 px (16,385) is refused: minutes of a forward on a laptop's cores
+MAX_TOKENS_ENV = "VIT_MAX_TOKENS"
+
+
+class TooManyTokens(ValueError):
+    """An input past a bound (tokens or memory); the message says what it would cost and how to make it fit."""
+
+
+def max_tokens(given: int | None = None) -> int:
+    """The token gate: ``given``, else env VIT_MAX_TOKENS, else ``MAX_TOKENS``; ValueError (one line) for a value
+    that is not a whole number of at least 1."""
+    value = given if given is not None else os.environ.get(MAX_TOKENS_ENV) or MAX_TOKENS
+    try:
+        number = int(value)
+    except (TypeError, ValueError):
+        number = 0
+    if isinstance(value, bool) or number < 1:
+        where = "max_tokens" if given is not None else MAX_TOKENS_ENV
+        raise ValueError(f"{where} must be a whole number of at least 1, got {value!r}")
+    return number
+
+
+def forward_flops(config, tokens: int) -> int:
+    """Floating-point operations of one image's forward at ``tokens`` tokens (``config``: a ``ViTConfig``): per
+    layer the qkv and output projections, the MLP, and attention's scores and context, ``4 T² x inner``."""
+    inner = config.num_heads * (getattr(config, "head_dim", None) or config.hidden_size // config.num_heads)
+    D, M, T = config.hidden_size, config.mlp_size, tokens
+    per_layer = 2 * T * D * 4 * inner + 2 * T * D * M * 2 + 4 * T * T * inner
+    return config.num_layers * per_layer
+
+
+def check_tokens(config, tokens: int, what: str, limit: int, allow: str) -> None:
+    """``TooManyTokens`` when ``tokens`` (an input's, ``what`` naming it; ``config`` its model's ``ViTConfig``) is
+    over ``limit``: one line with the forward's work against the model's own input size and ``allow``, how to
+    run it anyway."""
+    if tokens <= limit:
+        return
+    work = forward_flops(config, tokens)
+    own = forward_flops(config, config.num_prefix_tokens + math.prod(config.grid_size))
+    raise TooManyTokens(f"{what} gives {tokens:,} tokens; at most {limit:,} are run ({MAX_TOKENS_ENV}): its forward "
+                        f"is about {work / 1e12:,.1f} TFLOP per image, {work / own:,.0f}x its work at the model's "
+                        "own input size (attention grows with the square of the tokens). Choose a smaller input "
+                        f"size, or {allow}.")
