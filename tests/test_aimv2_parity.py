@@ -2,8 +2,9 @@
 every layer's attention to 1e-5, and the pooling head's attention where there is one.
 
 - HF: tiny random ``Aimv2VisionModel`` (with and without its attention-pooling head) and ``Aimv2Model`` (eager
-  attention), saved with ``save_pretrained``. HF's towers take only their native size (their position ids are
-  fixed). The head runs SDPA, so its attention is recomputed from the reference's own ``head`` weights.
+  attention), saved with ``save_pretrained``. HF's towers with a table take only their native size (their
+  position ids are fixed); the native-resolution ones (``is_native``) any size. The head runs SDPA, so its
+  attention is recomputed from the reference's own ``head`` weights.
 - timm: a tiny random ``aimv2_large_patch14_224`` (mean pooling, fused attention off), at its native size and a
   non-square one (``dynamic_img_size`` resamples the table).
 """
@@ -12,7 +13,7 @@ import pytest
 import torch
 from parity_helpers import assert_parity, capture_inputs, randomize
 
-from vit.sources.open import SourceError, open_source
+from vit.sources.open import open_source
 
 transformers = pytest.importorskip("transformers")
 timm = pytest.importorskip("timm")
@@ -63,12 +64,22 @@ def test_hf_aimv2_matches_transformers(tmp_path, architecture, use_head):
         assert_parity(f"{row} head attention", ours.embedding, expected, [ours.pool_attention], [probe])
 
 
-def test_a_native_resolution_aimv2_is_refused_in_one_line(tmp_path):
-    transformers.Aimv2VisionModel(transformers.Aimv2VisionConfig(**HF_VISION, is_native=True)).save_pretrained(
-        tmp_path / "native")
-    with pytest.raises(SourceError, match="is_native") as error:
-        open_source(tmp_path / "native")
-    assert "\n" not in str(error.value)
+def test_hf_native_resolution_aimv2_matches_transformers_at_any_size(tmp_path):
+    """``is_native``: no table, 2D sine-cosine positions for each grid, so a non-square input too."""
+    config = transformers.Aimv2VisionConfig(**HF_VISION, is_native=True)
+    config._attn_implementation = "eager"
+    torch.manual_seed(0)
+    model = randomize(transformers.Aimv2VisionModel(config))
+    model.save_pretrained(tmp_path / "native")
+    checkpoint = open_source(tmp_path / "native")
+    assert checkpoint.config.sincos_pos and not checkpoint.config.pos_embed
+    for label, size in (("native", (32, 32)), ("48x24", (48, 24))):
+        images = torch.randn(2, 3, *size)
+        with torch.no_grad():
+            out = model(pixel_values=images, output_attentions=True)
+            ours = checkpoint.model.encode(images, output_attentions=True)
+        assert_parity(f"AIMv2 | HF Aimv2VisionModel (is_native) | {label}", ours.embedding, out.pooler_output,
+                      ours.attentions, out.attentions)
 
 
 def timm_aimv2(dynamic: bool = False):

@@ -104,6 +104,7 @@ class ViTConfig:
     # "aimv2" (HF Aimv2AttentionPoolingHead: the latent is the query as it is, then a projection, nothing after)
     pool_heads: int = 0  # heads of the attention-pooling probe; 0: num_heads (PE's probe has 8 whatever its blocks)
     pool_mlp_size: int = 0  # width of the probe's MLP; 0: mlp_size (PE-G's blocks are wider than its probe's MLP)
+    sincos_pos: bool = False  # AIMv2-native: 2D sine-cosine positions computed for each grid instead of a table
 
     def __post_init__(self) -> None:
         for name in ("image_size", "patch_size", "num_channels", "hidden_size", "num_layers", "num_heads",
@@ -138,7 +139,7 @@ class ViTConfig:
             raise ValueError(f"ViTConfig.layer_norm_eps must be positive and below 1, got {self.layer_norm_eps!r}")
         for name in ("distillation_token", "distillation_head", "fc_norm", "pos_embed_antialias", "class_token",
                      "pos_embed", "key_bias", "pre_norm", "gated_mlp", "mlp_norm", "post_norm", "final_norm",
-                     "patch_norm", "embed_norm", "proj_bias"):
+                     "patch_norm", "embed_norm", "proj_bias", "sincos_pos"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"ViTConfig.{name} must be true or false, got {getattr(self, name)!r}")
         if self.distillation_head and not (self.distillation_token and self.num_classes):
@@ -160,6 +161,9 @@ class ViTConfig:
             raise ValueError(f"ViTConfig.norm must be one of {', '.join(NORMS)}, got {self.norm!r}")
         if self.pool_head not in POOL_HEADS:
             raise ValueError(f"ViTConfig.pool_head must be one of {', '.join(POOL_HEADS)}, got {self.pool_head!r}")
+        if self.sincos_pos and (self.pos_embed or self.hidden_size % 4):
+            raise ValueError("ViTConfig.sincos_pos replaces the position table (set pos_embed false) and needs a "
+                             f"hidden_size divisible by 4, got {self.hidden_size}")
         if self.pooling == "map" and self.hidden_size % (self.pool_heads or self.num_heads):
             raise ValueError(f"ViTConfig.hidden_size ({self.hidden_size}) must be divisible by pool_heads "
                              f"({self.pool_heads})")
@@ -359,6 +363,19 @@ def eva_rope(grid: tuple[int, int], head_dim: int, theta: float, ref_grid: int =
     angles = (coords.unsqueeze(-1) * bands).flatten(-2).flatten(0, -2)  # (gh*gw, hd/2): y bands, then x bands
     angles = angles.repeat_interleave(2, -1).to(device)  # (gh*gw, hd): each angle for a channel pair
     return torch.cos(angles), torch.sin(angles)
+
+
+def sincos_positions(grid: tuple[int, int], dim: int, device: torch.device | None = None) -> torch.Tensor:
+    """AIMv2-native's 2D sine-cosine positions ``(gh*gw, dim)``, laid out ``[sin x | cos x | sin y | cos y]`` at
+    periods ``10000 ** (i / (dim / 4))`` (HF ``build_2d_sinusoidal_position_embedding`` with its halves swapped, as
+    AIMv2 was trained), computed in float64 as HF does."""
+    gh, gw = grid
+    n = dim // 4
+    omega = 1.0 / 10000.0 ** (torch.arange(n, dtype=torch.float64) / n)  # (dim/4,)
+    ys, xs = torch.meshgrid(torch.arange(gh, dtype=torch.float64), torch.arange(gw, dtype=torch.float64),
+                            indexing="ij")  # (gh, gw) each, row-major
+    y, x = ys.flatten().outer(omega), xs.flatten().outer(omega)  # (gh*gw, dim/4) each
+    return torch.cat([x.sin(), x.cos(), y.sin(), y.cos()], dim=1).to(device=device, dtype=torch.float32)
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -1011,6 +1028,8 @@ class ViT(Parent):
         prefix = [t for t in (self.cls_token, self.dist_token, self.reg_token) if t is not None]
         prefix = torch.cat(prefix, dim=1).expand(B, -1, -1) if prefix else x[:, :0]  # (B, P, D)
         if self.pos_embed is None:
+            if c.sincos_pos:
+                x = x + sincos_positions(grid, x.shape[-1], x.device).to(x.dtype)  # (B, gh*gw, D)
             x = torch.cat([prefix, x], dim=1)  # (B, P + gh*gw, D)
         else:
             pos = resample_pos_embed(self.pos_embed, grid, c.grid_size, positioned, c.pos_embed_antialias)

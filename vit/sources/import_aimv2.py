@@ -7,7 +7,8 @@ attention (``gated_mlp``, ``qkv_bias=False``, ``proj_bias=False``), then a final
 the tokens (``pooling="avg"``); HF's towers with ``use_head`` read them through ``Aimv2AttentionPoolingHead``, a
 learned query (no q projection) over bias-free keys and values, then an output projection (``pooling="map"``,
 ``pool_head="aimv2"``), and ``Aimv2Model`` projects that to the joint embedding (``visual_projection``). The
-native-resolution towers (``is_native``: sine-cosine positions computed for each grid) are refused.
+native-resolution towers (``is_native``) have no table: 2D sine-cosine positions computed for each grid
+(``sincos_pos``), so they take any size.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from vit.model import ViTConfig
 from vit.sources.import_clip import _one, _vision_prefix, vision_config
 from vit.sources.import_dinov3 import _Taker, activation
 
-SUPPORTED = "AIMv2: HF Aimv2VisionModel / Aimv2Model folders (not is_native), timm aimv2_* weights"
+SUPPORTED = "AIMv2: HF Aimv2VisionModel / Aimv2Model folders (also native-resolution), timm aimv2_* weights"
 HF_HONOURED = {"hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_channels",
                "image_size", "patch_size", "hidden_act", "rms_norm_eps", "attention_dropout", "qkv_bias", "mlp_bias",
                "use_head", "is_native"}
@@ -53,9 +54,7 @@ def _weights(take: _Taker, ours: str, theirs: str, bias: bool) -> dict[str, torc
 def config_from_hf(config_json: Mapping) -> ViTConfig:
     """Our config for an HF AIMv2 config.json (``aimv2`` or ``aimv2_vision_model``)."""
     vision, projection = vision_config(config_json)
-    if vision.get("is_native", False):
-        raise ValueError("native-resolution AIMv2 towers (is_native: sine-cosine positions for each grid) are not "
-                         "supported yet; open a fixed-resolution one (aimv2-*-patch14-224/336/448)")
+    native = bool(vision.get("is_native", False))
     use_head = vision.get("use_head", True) is not False
     qkv_bias, mlp_bias = bool(vision.get("qkv_bias", False)), bool(vision.get("mlp_bias", False))
     return ViTConfig(
@@ -66,8 +65,8 @@ def config_from_hf(config_json: Mapping) -> ViTConfig:
         attention_dropout=float(vision.get("attention_dropout", 0.0)),
         layer_norm_eps=vision.get("rms_norm_eps", 1e-5), class_token=False, pooling="map" if use_head else "avg",
         pool_head="aimv2", norm="rms", embed_norm=True, qkv_bias=qkv_bias, proj_bias=qkv_bias or mlp_bias,
-        gated_mlp=True, activation=activation(vision.get("hidden_act", "silu")),
-        projection_dim=projection if config_json.get("model_type") == "aimv2" else 0)
+        gated_mlp=True, activation=activation(vision.get("hidden_act", "silu")), pos_embed=not native,
+        sincos_pos=native, projection_dim=projection if config_json.get("model_type") == "aimv2" else 0)
 
 
 def state_dict_from_hf(state: Mapping[str, torch.Tensor], config: ViTConfig) -> dict[str, torch.Tensor]:
@@ -79,8 +78,9 @@ def state_dict_from_hf(state: Mapping[str, torch.Tensor], config: ViTConfig) -> 
     ours = {"patch_embed.weight": take(f"{emb}.patch_embed.weight"),
             "patch_embed.bias": take(f"{emb}.patch_embed.bias"),
             "embed_norm.weight": take(f"{emb}.rms_norm.weight"),
-            "pos_embed": take(f"{emb}.position_embedding.weight").unsqueeze(0),
             "norm.weight": take(f"{base}rms_norm.weight")}
+    if config.pos_embed:
+        ours["pos_embed"] = take(f"{emb}.position_embedding.weight").unsqueeze(0)
     take.skip(f"{emb}.position_ids")
     if config.pooling == "map":
         head = f"{base}head"
