@@ -280,6 +280,7 @@ def describe_input(analysis: Analysis, image_size: tuple[int, int],
             f"({analysis.num_tokens:,} tokens)")
     if not analysis.at_training_size:
         how = "positions are interpolated" if analysis.position_table else \
+            "its sine-cosine positions are computed for this grid" if analysis.sincos_positions else \
             "its rotary positions take any size without interpolation"
         text += f", not its {analysis.training_size}×{analysis.training_size}-px training size: {how}"
     iw, ih = image_size

@@ -271,6 +271,7 @@ class Analysis:
     probe: torch.Tensor | None = None  # (H, T): the attention-pooling probe's attention (SigLIP), else None
     embedding: torch.Tensor | None = None  # (E,): a feature model's pooled (CLIP: projected) embedding
     position_table: bool = True  # False for rotary-only models (DINOv3): nothing is interpolated at other sizes
+    sincos_positions: bool = False  # AIMv2-native: sine-cosine positions computed for each grid, no table
 
     @property
     def has_cls(self) -> bool:
@@ -364,7 +365,8 @@ def analyse(checkpoint: Checkpoint, image: Image.Image, size: InputSize = TRAINI
     return Analysis(prediction=prediction, attentions=layers, grid=grid, patch_size=patch_size, input_size=shape,
                     num_prefix_tokens=model.num_prefix_tokens, hidden=hidden, training_size=p.image_size,
                     cache=cache, prefix_names=tuple(model.config.prefix_token_names), probe=probe,
-                    embedding=embedding, position_table=getattr(model.config, "pos_embed", True))
+                    embedding=embedding, position_table=getattr(model.config, "pos_embed", True),
+                    sincos_positions=getattr(model.config, "sincos_pos", False))
 
 
 def map_kinds(analysis: Analysis, has_classes: bool) -> list[str]:
