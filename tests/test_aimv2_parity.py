@@ -124,3 +124,20 @@ def test_hf_aimv2_opens_by_hub_id_from_the_hub_and_then_from_the_cache(tmp_path,
             assert_parity("AIMv2 | HF Hub id | native", ours.embedding, out.pooler_output, ours.attentions,
                           out.attentions)
     assert fake_hub.fetched("GET").count("model.safetensors") == 1
+
+
+@pytest.mark.parametrize("native", [False, True])
+def test_an_opened_aimv2_saved_as_our_checkpoint_loads_back_to_the_same_numbers(tmp_path, native):
+    from vit.checkpoint import load_checkpoint, save_checkpoint
+
+    torch.manual_seed(0)
+    model = randomize(transformers.Aimv2VisionModel(transformers.Aimv2VisionConfig(**HF_VISION, is_native=native)))
+    model.save_pretrained(tmp_path / "aimv2")
+    opened = open_source(tmp_path / "aimv2")
+    save_checkpoint(tmp_path / "aimv2.pt", opened.model, opened.class_names, opened.preprocessing)
+    loaded = load_checkpoint(tmp_path / "aimv2.pt")
+    assert loaded.config == opened.config
+    images = torch.randn(1, 3, 32, 24)
+    with torch.no_grad():
+        torch.testing.assert_close(loaded.model.encode(images).embedding, opened.model.encode(images).embedding,
+                                   rtol=0, atol=1e-6)  # the same weights; BLAS may sum in another order

@@ -87,3 +87,18 @@ def test_timm_pe_opens_by_its_timm_name_from_the_hub(tmp_path, fake_hub):
     with torch.no_grad():
         ours = open_source(f"{NAMES[0]}.fb").model.encode(images, output_attentions=True)
     assert_parity("PE | timm name via the Hub | native", ours.embedding, expected, ours.attentions, captured)
+
+
+def test_an_opened_pe_saved_as_our_checkpoint_loads_back_to_the_same_numbers(tmp_path):
+    from vit.checkpoint import load_checkpoint, save_checkpoint
+
+    timm.models.save_for_hf(pe(NAMES[0]), tmp_path / "pe", model_args=dict(num_heads=2, img_size=32),
+                            safe_serialization=True)
+    opened = open_source(tmp_path / "pe")
+    save_checkpoint(tmp_path / "pe.pt", opened.model, opened.class_names, opened.preprocessing)
+    loaded = load_checkpoint(tmp_path / "pe.pt")
+    assert loaded.config == opened.config and loaded.config.pool_heads == 8
+    images = torch.randn(1, 3, 48, 24)
+    with torch.no_grad():
+        torch.testing.assert_close(loaded.model.encode(images).embedding, opened.model.encode(images).embedding,
+                                   rtol=0, atol=1e-6)  # the same weights; BLAS may sum in another order
