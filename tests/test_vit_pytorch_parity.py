@@ -244,3 +244,14 @@ def test_other_vit_pytorch_variants_are_refused_naming_what_they_are(tmp_path):
     with pytest.raises(SourceError, match=r"transformer\.layers\.0\.1\.0\.weight is in no vit-pytorch ViT or "
                                           r"SimpleViT: these weights are another vit-pytorch model"):
         open_source(path)
+
+
+def test_fine_tuning_a_rectangular_model_is_refused_in_one_line(tmp_path):
+    from vit.training.finetune import prepare_init
+
+    arguments = NON_SQUARE["both"]
+    save(tmp_path, vit_pytorch.ViT(**arguments), arguments)
+    with pytest.raises(ValueError, match=r"rectangular patches or images \(image_size \(16, 64\), patch_size "
+                                         r"\(2, 8\)\); training starts only from square ones") as error:
+        prepare_init(str(tmp_path), num_classes=10)
+    assert "\n" not in str(error.value)
