@@ -71,8 +71,8 @@ class CatalogEntry:
     class_names: tuple[str, ...] = ()
     parameters: int | None = None
     val_acc: float | None = None  # a fraction in [0, 1]
-    image_size: int | None = None
-    patch_size: int | None = None
+    image_size: int | tuple[int, int] | None = None  # as ViTConfig's: (height, width) for a rectangle
+    patch_size: int | tuple[int, int] | None = None
     num_channels: int | None = None
     num_layers: int | None = None
     num_heads: int | None = None
@@ -107,11 +107,12 @@ class CatalogEntry:
         """A few lines of Markdown for under the picker; the file's own text (class names, dataset, path) is escaped."""
         if self.error is not None:
             return f"This checkpoint cannot be loaded: {escape_markdown(self.error)}"
-        gh = self.image_size // self.patch_size
+        (ih, iw), (ph, pw) = ((v, v) if isinstance(v, int) else v for v in (self.image_size, self.patch_size))
+        gh, gw = ih // ph, iw // pw
         lines = [
             f"**Model** {self.num_layers} layers × {self.num_heads} heads, "
-            f"{self.image_size}×{self.image_size} px {'greyscale' if self.num_channels == 1 else 'colour'} input, "
-            f"{self.patch_size}-px patches ({gh}×{gh} grid), "
+            f"{iw}×{ih} px {'greyscale' if self.num_channels == 1 else 'colour'} input, "
+            f"{ph if ph == pw else f'{pw}×{ph}'}-px patches ({gh}×{gw} grid), "
             f"{format_parameters(self.parameters) if self.parameters is not None else 'unknown size'}",
         ]
         if self.metadata.get("architecture"):

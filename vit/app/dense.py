@@ -9,7 +9,6 @@ registers are left out. Layers count from 0, a negative one from the end.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import matplotlib
@@ -29,7 +28,7 @@ from vit.checkpoint import Checkpoint
 from vit.explain import dense
 from vit.explain.overlay import upsample
 from vit.images import to_mode
-from vit.inference import TRAINING_SIZE, InputSize, input_shape
+from vit.inference import TRAINING_SIZE, InputSize, input_shape, largest_square_side
 
 # Float64 copies of the patch tokens a PCA holds at once (tokens, centred tokens, U of the SVD), and float32
 # unit tokens a similarity keeps per image: what the dense views add to an analysed image's bound.
@@ -59,7 +58,7 @@ def check_dense_fits(checkpoint: Checkpoint, image: Image.Image, size: InputSize
     if need > limit:
         per_token = dense_bytes(checkpoint, 1) - dense_bytes(checkpoint, 0)
         most = max(limit - LAYER_CACHE_BYTES - CHUNK_BYTES, 0) // per_token
-        side = math.isqrt(max(most - prefix, 1)) * config.patch_size
+        side = largest_square_side(config.patch_size, max(most - prefix, 1))
         raise TooManyTokens(f"{what} at {shape[1]}×{shape[0]} px ({tokens:,} tokens) need about "
                             f"{need / 2**20:,.0f} MB, over the {limit / 2**20:,.0f} MB limit per image "
                             f"(VIT_ANALYSIS_MEMORY_MB); the largest square input that fits is {side} px. Choose a "

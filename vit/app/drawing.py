@@ -276,12 +276,14 @@ def describe_input(analysis: Analysis, image_size: tuple[int, int],
     """
     height, width = analysis.input_size
     gh, gw = analysis.grid
-    text = (f"the model sees it as {width}×{height} px in {gh}×{gw} patches of {analysis.patch_size} px "
+    ph, pw = (analysis.patch_size,) * 2 if isinstance(analysis.patch_size, int) else analysis.patch_size
+    text = (f"the model sees it as {width}×{height} px in {gh}×{gw} patches of {ph if ph == pw else f'{pw}×{ph}'} px "
             f"({analysis.num_tokens:,} tokens)")
     if not analysis.at_training_size:
         how = "positions are interpolated" if analysis.position_table else \
             "its rotary positions take any size without interpolation"
-        text += f", not its {analysis.training_size}×{analysis.training_size}-px training size: {how}"
+        th, tw = analysis.training_hw
+        text += f", not its {tw}×{th}-px training size: {how}"
     iw, ih = image_size
     if box is not None and (round(box[0]), round(box[1]), round(box[2]), round(box[3])) != (0, 0, iw, ih):
         x0, y0, x1, y1 = (round(v) for v in box)
@@ -299,7 +301,8 @@ def prediction_note(analysis: Analysis) -> str | None:
     if analysis.at_training_size:
         return None
     height, width = analysis.input_size
-    return (f"Predicted at {width}×{height} px, not the {analysis.training_size}×{analysis.training_size} px the "
+    th, tw = analysis.training_hw
+    return (f"Predicted at {width}×{height} px, not the {tw}×{th} px the "
             "model was trained at: the scores may differ from those at the training size.")
 
 
