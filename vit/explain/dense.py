@@ -19,6 +19,9 @@ from torch import Tensor
 
 COMPONENTS = 3  # red, green, blue
 MATCH_CHUNK_BYTES = 64 * 2**20  # one block of the similarity matrix of two images: never the whole N_a x N_b
+# Float64 copies of the patch tokens a PCA holds at once (tokens, centred tokens, U of the SVD), and float32
+# unit tokens a similarity keeps per image: bytes per token and channel the dense views add to an image's bound.
+DENSE_COPIES = 3 * 8 + 4
 
 
 @dataclass
