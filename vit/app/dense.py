@@ -26,13 +26,9 @@ from vit.app.explorer import (
 )
 from vit.checkpoint import Checkpoint
 from vit.explain import dense
-from vit.explain.overlay import upsample
+from vit.explain.dense import DENSE_COPIES
 from vit.images import to_mode
 from vit.inference import TRAINING_SIZE, InputSize, input_shape, largest_square_side
-
-# Float64 copies of the patch tokens a PCA holds at once (tokens, centred tokens, U of the SVD), and float32
-# unit tokens a similarity keeps per image: what the dense views add to an analysed image's bound.
-DENSE_COPIES = 3 * 8 + 4
 
 
 def dense_bytes(checkpoint: Checkpoint, tokens: int) -> int:
@@ -178,17 +174,6 @@ def match_view(checkpoint_a: Checkpoint, analysis_a: Analysis, checkpoint_b: Che
                          f"{unit_b.shape[1]}; match images of one model, or of two models of one width")
     matches = dense.correspondences(unit_a, unit_b, top, mutual)
     return MatchView(matches.a.numpy(), matches.b.numpy(), matches.score.numpy())
-
-
-def pca_picture(seen: Image.Image, colours: np.ndarray, opacity: float = 1.0) -> Image.Image:
-    """The ``(gh, gw, 3)`` colours as flat patches over ``seen`` (the pixels the model saw) at its size; ``opacity``
-    1 shows the colours alone."""
-    if not 0.0 <= opacity <= 1.0:
-        raise ValueError(f"opacity must be in [0, 1], got {opacity}")
-    base = np.asarray(to_mode(seen, 3), dtype=np.float32)  # (H, W, 3)
-    size = base.shape[:2]
-    heat = np.stack([upsample(colours[..., c], size, "nearest") for c in range(3)], axis=-1) * 255.0  # (H, W, 3)
-    return Image.fromarray(np.clip(np.rint((1 - opacity) * base + opacity * heat), 0, 255).astype(np.uint8), "RGB")
 
 
 def patch_centres(patches: np.ndarray, grid: tuple[int, int], size: tuple[int, int]) -> np.ndarray:

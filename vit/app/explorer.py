@@ -93,7 +93,7 @@ REFERENCE_CHUNK = 8  # reference images run at once: one chunk's activations are
 # Memory per analysed image: hidden states + cache + one layer's queries and keys + one chunk of attention stays
 # under this (env VIT_ANALYSIS_MEMORY_MB), and inputs with more tokens than VIT_MAX_TOKENS are refused
 # (vit.bounds: the gate vit.predict shares).
-ANALYSIS_MEMORY_LIMIT = 1024 * 2**20
+ANALYSIS_MEMORY_LIMIT = bounds.ANALYSIS_MEMORY_LIMIT
 CHUNK_BYTES = 64 * 2**20  # one chunk of attention scores (vit.explain.chunked): every map is built from such chunks
 LAYER_CACHE_BYTES = 320 * 2**20  # computed layers, queries and keys, rollout factors kept per image
 HALF_PRECISION_TOKENS = 1024  # rollout factors above this many tokens are kept in float16
@@ -103,8 +103,7 @@ def analysis_limits(max_tokens: int | None = None) -> tuple[int, int]:
     """``(max tokens, memory limit in bytes)``: ``max_tokens``, else VIT_MAX_TOKENS (``bounds.max_tokens``), and
     VIT_ANALYSIS_MEMORY_MB, else the defaults."""
     tokens = bounds.max_tokens(max_tokens)
-    memory = int(float(os.environ.get("VIT_ANALYSIS_MEMORY_MB") or ANALYSIS_MEMORY_LIMIT / 2**20) * 2**20)
-    return tokens, memory
+    return tokens, bounds.memory_limit()
 
 
 def analysis_memory(num_layers: int, num_heads: int, hidden_size: int, tokens: int,
