@@ -3,6 +3,9 @@ the image's strongest features and their maps, the features at a patch, exemplar
 features.npz names, a feature scaled for the section and in every map, and one-line refusals."""
 
 import json
+import os
+import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -150,6 +153,25 @@ def test_zeroing_a_feature_moves_the_prediction_as_the_sae_decode_says(sae_world
     page = prediction_bars(at)[0]
     assert dict(zip(page["y"], page["x"], strict=True)) == pytest.approx(
         {c: float(clean[CLASSES.index(c)]) for c in page["y"]}, abs=1e-5)
+
+
+def test_an_sae_run_is_offered_in_the_features_section_not_as_a_model(sae_world):
+    _, folder, _ = sae_world
+    run = Path(os.environ["VIT_RUNS_DIR"]) / "my-sae"
+    shutil.copytree(folder, run)
+    (run / "config.json").write_text(json.dumps({"kind": "sae", "args": {}}))
+    (run / "status.json").write_text(json.dumps({"state": "completed"}))
+    (run / "last.pt").write_bytes(b"an SAE's resume state")
+    at = run_app()
+    assert not any("my-sae" in option for option in at.selectbox(key="explorer_checkpoint_choice").options)
+    assert not any("my-sae" in option for option in at.selectbox(key="compare_with").options)
+    at.toggle(key="sae_view").set_value(True)
+    at.run()
+    at.selectbox(key="sae_run").set_value(str(run))
+    at.run()
+    assert not at.exception, [e.message for e in at.exception]
+    assert at.text_input(key="sae_folder").value == str(run)
+    assert [r for r in at.radio if r.key == "sae_strongest"]  # its features are shown
 
 
 def test_an_sae_of_another_model_or_width_is_a_one_line_refusal(sae_world, tmp_path):

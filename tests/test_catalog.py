@@ -367,3 +367,15 @@ def test_a_run_named_with_a_right_to_left_override_is_labelled_with_it_visible(d
     assert labels[1].startswith("run cats\\u202egpj.exe · \\u2066birds · 3 classes")
     assert not any(c in label for label in labels for c in "\u202e\u2066")
     assert "\\\\u202e" in describe(find_checkpoints(checkpoints, runs)[1]).description  # the path, Markdown-escaped
+
+
+def test_a_completed_sae_run_is_no_model_but_is_listed_among_the_sae_runs(dirs):
+    _, runs = dirs
+    vit_run = write_run(runs, "vit-run", "completed")
+    sae_run = write_run(runs, "sae-run", "completed", files=())
+    (sae_run / "config.json").write_text(json.dumps({"kind": "sae", "args": {}}))
+    (sae_run / "last.pt").write_bytes(b"an SAE's resume state")  # what vit.sae train writes: no ViT
+    unfinished = write_run(runs, "sae-running", "running", files=())
+    (unfinished / "config.json").write_text(json.dumps({"kind": "sae", "args": {}}))
+    assert [c.path for c in find_checkpoints(dirs[0], runs)] == [vit_run / "best.pt"]
+    assert catalog.sae_runs(runs) == [sae_run]

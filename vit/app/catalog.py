@@ -162,7 +162,8 @@ def dataset_label(spec: object) -> str | None:
 
 def find_checkpoints(checkpoints_dir: str | os.PathLike | None = None,
                      runs_dir: str | os.PathLike | None = None) -> list[Candidate]:
-    """Every ``*.pt`` in the checkpoints folder (the default first) and every completed run, without reading them."""
+    """Every ``*.pt`` in the checkpoints folder (the default first) and every completed ViT run, without reading them
+    (an SAE run's last.pt is no model: ``sae_runs`` lists those for the Features section)."""
     checkpoints_dir = Path(checkpoints_dir) if checkpoints_dir is not None else default_checkpoints_dir()
     runs_dir = Path(runs_dir) if runs_dir is not None else default_runs_dir()
     found: list[Candidate] = []
@@ -172,13 +173,27 @@ def find_checkpoints(checkpoints_dir: str | os.PathLike | None = None,
         found += [Candidate(p, "checkpoint", p.stem) for p in files]
     if runs_dir.is_dir():
         for run in sorted(p for p in runs_dir.iterdir() if p.is_dir() and not p.name.startswith(".")):
-            if run_state(run) != "completed":
+            if run_state(run) != "completed" or is_sae_run(run):
                 continue
             for name in RUN_CHECKPOINTS:
                 if (run / name).is_file():
                     found.append(Candidate(run / name, "run", run.name))
                     break
     return found
+
+
+def is_sae_run(run_dir: Path) -> bool:
+    """Whether ``run_dir`` is a ``python -m vit.sae train`` run (its config.json says ``"kind": "sae"``)."""
+    return (read_json(run_dir / CONFIG_FILE) or {}).get("kind") == "sae"
+
+
+def sae_runs(runs_dir: str | os.PathLike | None = None) -> list[Path]:
+    """The folders of every completed SAE run, by name: what the explorer's Features section offers."""
+    runs_dir = Path(runs_dir) if runs_dir is not None else default_runs_dir()
+    if not runs_dir.is_dir():
+        return []
+    return [run for run in sorted(p for p in runs_dir.iterdir() if p.is_dir() and not p.name.startswith("."))
+            if run_state(run) == "completed" and is_sae_run(run)]
 
 
 def run_state(run_dir: Path) -> str | None:
