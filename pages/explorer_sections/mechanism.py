@@ -167,7 +167,7 @@ def ablation_effects(fingerprint: tuple, digest: str, size: InputSize, class_ind
     return long_work(("ablation grid", fingerprint, digest, size, class_index, mode, means_key),
                      "Ablating each head in turn",
                      lambda progress: explorer.ablation_effects(checkpoint, image, class_index, mode, means, size,
-                                                                progress), "ablation_grid")
+                                                                progress), "ablation_grid", unit="heads")
 
 
 @st.fragment
@@ -286,7 +286,10 @@ def mechanism(view: Shown, refs: References, samples: list[Path] | None, sample:
                                     output_format="PNG")
                         after.caption("The CLS rollout with those heads off: later layers attend differently.")
                     effects = None
-                    if class_names and st.toggle(f"Each head alone ({L} passes)", key="ablation_grid") and means_ready:
+                    if class_names and st.toggle(
+                            f"Each head alone ({L * H} heads)", key="ablation_grid",
+                            help="Each head ablated in turn, one layer's heads batched together; the progress counts "
+                                 "the heads ablated.") and means_ready:
                         effects = ablation_effects(full_fingerprint, image_key, size, mech.class_index,
                                                    ablation_mode, means_key, full_checkpoint, image, means)
                     if effects is not None:
