@@ -362,7 +362,10 @@ def run_controls(info: runs.RunInfo) -> None:
         st.markdown(f"Delete {escape_markdown(visible(info.name))} and its checkpoints? This cannot be undone.")
         st.button("Delete for good", key=f"delete-{info.name}", type="primary", on_click=runs_action,
                   args=(manager.delete, info.name))
-    st.code(visible_lines(private(manager.log_tail(info.name, lines=15))) or "(no output yet)", language=None)
+    output = visible_lines(private(manager.log_tail(info.name, lines=15)))
+    if not output and not info.managed:  # its output went to the terminal that started it, not to a file of ours
+        output = "(started outside this page, e.g. python -m vit.train: its output is in the terminal that started it)"
+    st.code(output or "(no output yet)", language=None)
 
 
 def legend(run: str) -> str:
@@ -382,8 +385,10 @@ def runs_action(action, name: str) -> None:
 @st.fragment(run_every=REFRESH_SECONDS)
 def runs_panel() -> None:
     all_runs = manager.poll()
-    # Here, not above the fragment: it redraws after a delete, so a deleted run's notice goes with it.
-    if st.session_state.get("train_notice") and st.session_state.get("train_notice_run") in {r.name for r in all_runs}:
+    # Here, not above the fragment: it redraws every few seconds, so the notice goes once its run has ended (or was
+    # deleted): "Started …" beside a completed run read as a new start.
+    if st.session_state.get("train_notice") and st.session_state.get("train_notice_run") in {
+            r.name for r in all_runs if r.active}:
         st.success(escape_markdown(for_visitor(st.session_state["train_notice"])))
     st.subheader("Runs")
     if not all_runs:
