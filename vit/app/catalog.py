@@ -119,6 +119,8 @@ class CatalogEntry:
             lines.append(f"**Imported** {escape_markdown(visible(self.metadata['architecture']))}; "
                          + (f"{len(self.class_names)} classes: {escape_markdown(visible(shown))}" if self.class_names
                             else "no classifier (a feature model: maps, no prediction)"))
+            if self.metadata.get("class_names_note"):  # a from-scratch model's "class 0", …: how to name them
+                lines.append(escape_markdown(visible(str(self.metadata["class_names_note"]))))
         else:
             lines.append(f"**Data** {escape_markdown(visible(self.dataset or 'unknown'))}; {len(self.class_names)} "
                          f"classes: {escape_markdown(visible(', '.join(self.class_names)))}")
