@@ -2,6 +2,7 @@
 the crowded category ticks and the axes had no titles."""
 
 import numpy as np
+import pytest
 
 from vit.explain.figures import layer_head_figure, layer_token_figure
 
@@ -30,3 +31,23 @@ def test_the_heads_grid_keeps_its_row_labels_next_to_the_thumbnails():
     assert (fig.layout.xaxis.constrain, fig.layout.xaxis.constraintoward) == ("domain", "left")
     assert (fig.layout.yaxis.constrain, fig.layout.yaxis.constraintoward) == ("domain", "top")
     assert list(fig.layout.xaxis.range) == [0, 400]
+
+
+TITLE_AND_LABELS = """() => { const title = document.querySelector('.g-ytitle text').getBoundingClientRect();
+  const labels = [...document.querySelectorAll('.ytick text')].map(e => e.getBoundingClientRect().left);
+  return [title.right, Math.min(...labels)]; }"""
+
+
+@pytest.mark.browser
+def test_the_direct_logit_attributions_y_title_stands_clear_of_its_layer_labels():
+    # Issue 45, item 10: "layer 10" … "layer 12", wider than "layer 1", ran into the rotated title beside them.
+    import streamlit  # noqa: F401  (the Plotly template the page's figures are built with)
+    from helpers import chromium
+
+    fig = layer_head_figure(np.ones((12, 12)), "Direct logit attribution", "logit", extra=np.ones(12))
+    with chromium() as browser:
+        page = browser.new_page(viewport={"width": 760, "height": 600})
+        page.set_content(fig.update_layout(width=700).to_html(include_plotlyjs=True, full_html=True))
+        page.wait_for_selector(".main-svg .ytick text")
+        title_right, labels_left = page.evaluate(TITLE_AND_LABELS)
+    assert labels_left - title_right >= 4, (title_right, labels_left)
