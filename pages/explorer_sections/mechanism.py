@@ -211,10 +211,12 @@ def mechanism(view: Shown, refs: References, samples: list[Path] | None, sample:
                     reader = ("final norm and head" if class_names else
                               "final norm, projection and cosine to the typed labels (the zero-shot read-out)")
                     cells = drawing.small_multiples(small, mech.lens_maps, opacity, colormap, mode, scale="zero")
-                    st.image(drawing.heads_grid_image(cells, columns=min(len(cells), 7)), output_format="PNG")
+                    st.image(drawing.heads_grid_image(cells, columns=min(len(cells), 7),
+                                                      labels=["embedding"] + [f"layer {i + 1}" for i in range(L)]),
+                             output_format="PNG")
                     st.caption(f"Each patch's probability of {lens_label} when the model's {reader} read it "
                                "directly: after the embedding, then after each of the "
-                               f"{L} layers (row by row), each map from 0 to its own maximum.")
+                               f"{L} layers (as labelled), each map from 0 to its own maximum.")
                     st.dataframe({"after": ["embedding"] + [f"layer {i + 1}" for i in range(L)],
                                   **{f"top {k + 1}": [f"{lens_names[row[k][0]]} ({row[k][1]:.1%})"
                                                       if k < len(row) else "" for row in mech.lens_top]

@@ -17,7 +17,7 @@ import matplotlib.ticker
 import numpy as np
 import plotly.graph_objects as go
 import torch
-from PIL import Image
+from PIL import Image, ImageDraw, ImageFont
 
 from vit.app.explorer import MAP_CONTROLS, METHOD_MAP_KINDS, Analysis, MapSettings, map_mask, patch_of, resolved_class
 from vit.checkpoint import Checkpoint
@@ -36,6 +36,7 @@ COLOUR_SCALES = {
 
 # Colour maps that matplotlib (overlays) and Plotly (heatmaps) both know by the same name.
 CURVE_BATCH = 32  # images scored at once for deletion/insertion curves: each batch is one chunk a Stop waits for
+LABEL_STRIP, LABEL_COLOUR = 16, (49, 51, 63)  # px under each labelled thumbnail; Streamlit's text colour
 COLORMAPS = ("inferno", "viridis", "magma", "plasma", "cividis", "turbo", "jet")
 
 
@@ -77,15 +78,26 @@ def small_multiples(image: Image.Image, maps: np.ndarray, opacity: float, colorm
 
 
 
-def heads_grid_image(cells: Sequence[Image.Image], columns: int, gap: int = 2) -> Image.Image:
-    """Thumbnails of one size tiled row by row into one image (one encode instead of one per head)."""
+def heads_grid_image(cells: Sequence[Image.Image], columns: int, gap: int = 2,
+                     labels: Sequence[str] | None = None) -> Image.Image:
+    """Thumbnails of one size tiled row by row into one image (one encode instead of one per head); ``labels``, one
+    per cell, are written under each (a sheet of maps read row by row was otherwise a count away from its layer)."""
     width, height = cells[0].size
+    strip = LABEL_STRIP if labels is not None else 0
     rows = math.ceil(len(cells) / columns)
-    sheet = Image.new("RGB", (columns * width + (columns - 1) * gap, rows * height + (rows - 1) * gap),
+    sheet = Image.new("RGB", (columns * width + (columns - 1) * gap, rows * (height + strip) + (rows - 1) * gap),
                       (255, 255, 255))
+    draw, size = ImageDraw.Draw(sheet), LABEL_STRIP - 4
+    font = ImageFont.load_default(size=size)
+    while labels and size > 6 and max(font.getlength(label) for label in labels) > width - 2:  # no label overlaps
+        size -= 1
+        font = ImageFont.load_default(size=size)
     for i, cell in enumerate(cells):
         r, c = divmod(i, columns)
-        sheet.paste(cell, (c * (width + gap), r * (height + gap)))
+        x, y = c * (width + gap), r * (height + strip + gap)
+        sheet.paste(cell, (x, y))
+        if labels is not None:
+            draw.text((x + width / 2, y + height + strip / 2), labels[i], fill=LABEL_COLOUR, font=font, anchor="mm")
     return sheet
 
 
