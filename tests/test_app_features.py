@@ -93,8 +93,19 @@ def test_strongest_features_their_maps_and_exemplars(sae_world):
     # each image once (at its strongest token), named with its class folder
     distinct = {int(i) for i in table["exemplar_images"][expected[0]] if i >= 0}
     assert len(at.get("image")) == 2 + len(distinct) > 2  # the model's input, the features' sheet, the crops
-    shown_names = [t.value.split("\n")[0] for t in at.text if t.value.count("\n") == 1]
-    assert sorted(shown_names) == sorted(str(table["images"][i]) for i in distinct)
+    shown = [t for t in at.text if t.value.count("\n") == 1]
+    assert sorted(t.proto.help for t in shown) == sorted(str(table["images"][i]) for i in distinct)  # on hover
+    # Each on one line, its end as much as an eighth of the page holds (wrapped, a path broke at any character).
+    for t in shown:
+        name = t.proto.help
+        assert not t.proto.wrap and t.value.split("\n")[0] == (name if len(name) <= 12 else "…" + name[-11:])
+
+
+def test_an_exemplars_long_name_is_shortened_to_its_end():
+    from pages.explorer_sections.features import short_name
+
+    assert short_name("cat/0.png") == "cat/0.png"
+    assert short_name("golden_retriever/IMG_20240101_123456.png") == "…_123456.png"
 
 
 def test_a_patch_lists_the_features_active_there(sae_world):

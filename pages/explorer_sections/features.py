@@ -211,7 +211,7 @@ def exemplar_thumbnail(images_folder: str, name: str, token: int, checkpoint: Ch
     return byte_cache("images", IMAGE_CACHE_BYTES).get_or_compute(key, make)
 
 
-def short_name(name: str, length: int = 28) -> str:
+def short_name(name: str, length: int = 12) -> str:
     """An exemplar's image name as shown under it: its end (the class folder and the file), control characters as
     escapes."""
     name = visible(name)
@@ -464,4 +464,6 @@ def exemplars(view: Shown, sae: SparseAutoencoder, folder: str, version: tuple, 
                                             config.num_prefix_tokens), output_format="PNG")
             except (ImageError, ValueError, OSError) as e:
                 st.text(visible(str(e))[:120])
-            st.text(f"{short_name(name)}\n{value:.3g}")
+            # Unwrapped and short enough for an eighth of the page (a path wrapped at any character, mid-word); the
+            # whole name on hover.
+            st.text(f"{short_name(name)}\n{value:.3g}", wrap=False, help=visible(name))
