@@ -31,10 +31,6 @@ from vit.training.data import BUILTIN_DATASETS
 from vit.training.options import FINETUNE_MODES, RECIPES
 
 REFRESH_SECONDS = 3
-# The runs table's columns in order and their widths (px): 940 in all, the page's main column at a 1400-px window
-# with the sidebar open (hovering a cell shows what a narrow one cuts short).
-RUNS_TABLE_WIDTHS = {"Name": 104, "State": 76, "Detail": 120, "Progress": 64, "Epoch": 52, "Best val acc": 64,
-                     "Elapsed": 56, "ETA": 52, "Device": 52, "Preset": 88, "Dataset": 76, "LR": 52, "Started": 84}
 EXPLORER_PAGE = "pages/explorer.py"
 
 
@@ -397,22 +393,23 @@ def runs_panel() -> None:
         return
     if st.session_state.get("runs_message"):
         st.warning(escape_markdown(for_visitor(st.session_state["runs_message"])))
-    # Every column at a set width, and only what tells runs apart (the duplicate "Epochs", batch size and weight
-    # decay stay in "Settings that differ" below): all of it fits the page's 940 px at a 1400-px window, where the
-    # table was cut off after "LR"; what went wrong (Detail) comes right after the state.
+    # Only what tells runs apart (the duplicate "Epochs", batch size and weight decay stay in "Settings that differ"
+    # below), each column as wide as what it shows (set widths cut names and headers short); a table wider than the
+    # page scrolls.
+    rows = runs.table_rows(all_runs)
+    widths = runs.table_widths(rows)
     st.dataframe(
-        pd.DataFrame(runs.table_rows(all_runs)), hide_index=True, width="stretch", placeholder="",
-        column_order=list(RUNS_TABLE_WIDTHS),
+        pd.DataFrame(rows), hide_index=True, width="stretch", placeholder="", column_order=list(runs.TABLE_HEADERS),
         column_config={
-            **{name: st.column_config.Column(name, width=px) for name, px in RUNS_TABLE_WIDTHS.items()},
+            **{name: st.column_config.Column(header, width=widths[name])
+               for name, header in runs.TABLE_HEADERS.items()},
             "Progress": st.column_config.ProgressColumn("Progress", min_value=0.0, max_value=1.0, format="percent",
-                                                        width=RUNS_TABLE_WIDTHS["Progress"]),
-            "Best val acc": st.column_config.NumberColumn("Best acc", format="percent",
-                                                          width=RUNS_TABLE_WIDTHS["Best val acc"],
+                                                        width=widths["Progress"]),
+            "Best val acc": st.column_config.NumberColumn(runs.TABLE_HEADERS["Best val acc"], format="percent",
+                                                          width=widths["Best val acc"],
                                                           help="best validation accuracy"),
-            "LR": st.column_config.NumberColumn("LR", format="%g", width=RUNS_TABLE_WIDTHS["LR"]),
-            "Started": st.column_config.DatetimeColumn("Started", format="MM-DD HH:mm",
-                                                       width=RUNS_TABLE_WIDTHS["Started"]),
+            "LR": st.column_config.NumberColumn("LR", format="%g", width=widths["LR"]),
+            "Started": st.column_config.DatetimeColumn("Started", format="MM-DD HH:mm", width=widths["Started"]),
         })
     names = [r.name for r in all_runs]
     by_name = {r.name: r for r in all_runs}

@@ -909,3 +909,28 @@ def test_stray_temp_cleanup_never_follows_a_link_out_of_the_run(tmp_path):
     assert remove_stray_temp_files(run) == [run / ".status.json.x.tmp"]
     assert remove_stray_temp_files(tmp_path / "runs" / "linked") == []
     assert (elsewhere / ".keep.abc.tmp").is_file()
+
+
+def test_the_runs_tables_columns_are_as_wide_as_their_headers_and_cells(tmp_path):
+    """Issue 45, item 10: set widths cut names, states and headers short. A column's width is checked against its
+    longest text measured in DejaVu Sans 14 px, wider than the page's Source Sans."""
+    from matplotlib import font_manager
+    from PIL import ImageFont
+
+    from vit.runs.manager import MAX_COLUMN_PX, SHOWN_AS, TABLE_HEADERS, table_widths
+
+    font = ImageFont.truetype(font_manager.findfont("DejaVu Sans"), 14)
+    runs = [RunInfo(name="cifar10-cifar-s-lr3e-4-warmup", state="cancelled", detail="stopped from the page",
+                    run_dir=tmp_path, devices=("cuda:0", "cuda:1"), epoch=12, total_epochs=100, progress=1.0,
+                    best_val_acc=0.8125, eta_seconds=None, elapsed_seconds=3600.0,
+                    settings={"preset": "tintn-cifar10", "dataset": "folder:/x/oxford-iiit-pets", "lr": 0.0003}),
+            RunInfo(name="b", state="failed", detail="x" * 400, run_dir=tmp_path, devices=("cpu",))]
+    rows = table_rows(runs)
+    widths = table_widths(rows)
+    assert list(widths) == list(TABLE_HEADERS)
+    shown = {"Progress": "100.0%", "Best val acc": "81.2%", "LR": "0.0003", **SHOWN_AS}
+    for column, header in TABLE_HEADERS.items():
+        texts = [header] + [shown.get(column, str(row[column])) for row in rows if row[column] is not None]
+        needed = max(font.getlength(text) for text in texts) + 16  # the cell's padding
+        assert widths[column] >= min(needed, MAX_COLUMN_PX), (column, widths[column], needed)
+    assert widths["Detail"] == MAX_COLUMN_PX  # a long detail is cut there: the run's controls show it whole

@@ -224,6 +224,33 @@ def table_rows(runs: list[RunInfo]) -> list[dict]:
     return rows
 
 
+# The runs table's columns in order, with their headers; what went wrong (Detail) right after the state.
+TABLE_HEADERS = {"Name": "Name", "State": "State", "Detail": "Detail", "Progress": "Progress", "Epoch": "Epoch",
+                 "Best val acc": "Best acc", "Elapsed": "Elapsed", "ETA": "ETA", "Device": "Device",
+                 "Preset": "Preset", "Dataset": "Dataset", "LR": "LR", "Started": "Started"}
+# Pixels per character (Streamlit's 14 px Source Sans averages under 8), a cell's padding and its header's menu
+# icon, and the widest a column gets (a long detail is cut there: the run's controls below show it whole).
+CHAR_PX, CELL_PADDING_PX, MAX_COLUMN_PX = 8.5, 32, 360
+SHOWN_AS = {"Elapsed": "a few seconds", "ETA": "a few seconds", "Started": "MM-DD HH:mm"}  # as the table writes them
+
+
+def table_widths(rows: list[dict]) -> dict[str, int]:
+    """{column: px} of the runs table: each as wide as its header and its longest cell as the table writes them
+    (fixed widths cut names, states and headers short), at most ``MAX_COLUMN_PX``."""
+    def text(column: str, value) -> str:
+        if value is None:
+            return ""
+        if column in SHOWN_AS:
+            return SHOWN_AS[column]
+        if column in ("Progress", "Best val acc"):
+            return f"{value:.1%}"
+        return f"{value:g}" if column == "LR" else str(value)
+
+    return {column: min(MAX_COLUMN_PX, round(CELL_PADDING_PX + CHAR_PX * max(
+                [len(header), *(len(text(column, row.get(column))) for row in rows)])))
+            for column, header in TABLE_HEADERS.items()}
+
+
 def _duration(seconds: float | None) -> dt.timedelta | None:
     """A time span for the table; None when unknown or beyond a calendar (a damaged file's 1e300)."""
     if seconds is None or not 0 <= seconds < 1e10:
