@@ -58,7 +58,8 @@ def test_entry_reads_dataset_classes_size_and_accuracy_from_metadata(dirs):
                                                                                    0.8125)
     assert (entry.image_size, entry.patch_size, entry.num_layers, entry.num_heads, entry.epochs) == (16, 4, 2, 2, 7)
     assert entry.label == "tiny.pt · pets · 3 classes · 1.2 k params · val 81.2%"
-    assert "2 layers × 2 heads" in entry.description and "4×4 grid" in entry.description
+    assert "2 layers × 2 heads" in entry.description
+    assert "input of 16×16 px in 4 rows × 4 columns of 4-px patches" in entry.description
 
 
 def test_missing_metadata_counts_parameters_from_the_weights_and_says_accuracy_is_unknown(dirs):

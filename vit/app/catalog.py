@@ -26,6 +26,7 @@ from vit.runfiles import (
     epoch_checkpoints,
     read_json,
 )
+from vit.sizes import describe_size
 from vit.text import escape_markdown, visible
 
 DEFAULT_CHECKPOINT = "cifar10-cifar-s.pt"  # what the app opens on
@@ -110,8 +111,8 @@ class CatalogEntry:
         gh = self.image_size // self.patch_size
         lines = [
             f"**Model** {self.num_layers} layers × {self.num_heads} heads, "
-            f"{self.image_size}×{self.image_size} px {'greyscale' if self.num_channels == 1 else 'colour'} input, "
-            f"{self.patch_size}-px patches ({gh}×{gh} grid), "
+            f"{'greyscale' if self.num_channels == 1 else 'colour'} input of "
+            f"{describe_size(self.image_size, self.image_size, (gh, gh), self.patch_size)}, "
             f"{format_parameters(self.parameters) if self.parameters is not None else 'unknown size'}",
         ]
         if self.metadata.get("architecture"):

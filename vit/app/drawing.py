@@ -24,6 +24,7 @@ from vit.checkpoint import Checkpoint
 from vit.explain.overlay import draw_mask_contours, overlay, to_png_bytes
 from vit.images import to_mode, to_uint8
 from vit.inference import TRAINING_SIZE, InputSize, Prediction, input_shape, preprocess
+from vit.sizes import describe_size
 from vit.text import escape_markdown, escape_plotly
 
 COLOUR_SCALES = {
@@ -282,18 +283,19 @@ def describe_range(map2d: np.ndarray, vmin: float | None = None, vmax: float | N
 
 def describe_input(analysis: Analysis, image_size: tuple[int, int],
                    box: tuple[float, float, float, float] | None = None) -> str:
-    """What the model saw: '... sees it as 480×360 px in 45×60 patches of 8 px (not its 224-px training size)'.
+    """What the model saw: '... sees it as 480×360 px in 45 rows × 60 columns of 8-px patches (21,601 tokens), not
+    its training size of 224×224 px …'.
 
     ``box`` is ``vit.inference.input_box``: when the preprocessing crops, only that part is seen (and shown).
     """
     height, width = analysis.input_size
     gh, gw = analysis.grid
-    text = (f"the model sees it as {width}×{height} px in {gh}×{gw} patches of {analysis.patch_size} px "
+    text = (f"the model sees it as {describe_size(width, height, (gh, gw), analysis.patch_size)} "
             f"({analysis.num_tokens:,} tokens)")
     if not analysis.at_training_size:
         how = "positions are interpolated" if analysis.position_table else \
             "its rotary positions take any size without interpolation"
-        text += f", not its {analysis.training_size}×{analysis.training_size}-px training size: {how}"
+        text += f", not its training size of {describe_size(analysis.training_size, analysis.training_size)}: {how}"
     iw, ih = image_size
     if box is not None and (round(box[0]), round(box[1]), round(box[2]), round(box[3])) != (0, 0, iw, ih):
         x0, y0, x1, y1 = (round(v) for v in box)
@@ -311,8 +313,9 @@ def prediction_note(analysis: Analysis) -> str | None:
     if analysis.at_training_size:
         return None
     height, width = analysis.input_size
-    return (f"Predicted at {width}×{height} px, not the {analysis.training_size}×{analysis.training_size} px the "
-            "model was trained at: the scores may differ from those at the training size.")
+    return (f"Predicted at {describe_size(width, height)}, not the "
+            f"{describe_size(analysis.training_size, analysis.training_size)} the model was trained at: the scores may "
+            "differ from those at the training size.")
 
 
 
