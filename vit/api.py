@@ -327,7 +327,8 @@ class Answer:
         grid = (map2d.shape[0], map2d.shape[1])
         return Explanation(method, map2d, self.image, seen_region(self.image, p, self.size),
                            input_box(self.image.size, p, self.size), grid, model.num_prefix_tokens, None,
-                           labels[index], description=words.describe_method(method, labels[index]))
+                           labels[index],
+                           description=words.describe_method(method, labels[index], kind=self.answer.prompts.kind))
 
     def _repr_html_(self) -> str:
         from html import escape

@@ -609,7 +609,12 @@ def _finish_scratch(model: ViT, sidecar: Mapping | None, path: Path, architectur
     preprocessing = Preprocessing(config.image_size, channels, mean, std, resize_size=trained_size,
                                   resample="bilinear", crop_rule="top_left" if trained_size else "torchvision")
     guessed = None if "mean" in sidecar and "std" in sidecar else "mean and std (in a config.json beside them)"
-    return _finish(model, class_names, preprocessing, path, "scratch", architecture, guessed)
+    checkpoint = _finish(model, class_names, preprocessing, path, "scratch", architecture, guessed)
+    if names is None and config.num_classes:  # said where the names are shown, so a user knows how to give them
+        checkpoint.metadata["class_names_note"] = (
+            f"Its weights hold no class names, so they read class 0, class 1, …: give them as \"class_names\": "
+            f"[…] in {path.parent / 'config.json'}, one per class in the order the model was trained on.")
+    return checkpoint
 
 
 def scratch_weights(folder: Path) -> Path | None:
