@@ -81,6 +81,10 @@ def test_ask_in_words_scores_and_maps_every_label(clip):
         at.run()
         assert not at.exception, [e.message for e in at.exception]
         assert any(c.value.startswith(f"**{name}") and "for “a dog”" in c.value for c in at.main.caption)
+        if key == "legrad":  # a CLIP's readout alone: SigLIP's probe and empty prompt are not this model's
+            [caption] = [c.value for c in at.main.caption if c.value.startswith("**LeGrad")]
+            assert "CLIP readout (ln_post of the mean over tokens)" in caption
+            assert "SigLIP" not in caption and "empty prompt" not in caption
     [label] = [w for w in at.main.selectbox if w.label == "Map for"]
     assert label.options == LABELS  # plain text: the options show the labels as typed
     label.set_value(2)

@@ -31,6 +31,7 @@ from vit.app import catalog, drawing, explorer, words
 from vit.checkpoint import Checkpoint
 from vit.explain.mechanism import ABLATION_MODES
 from vit.explain.overlay import overlay as draw_overlay
+from vit.explain.overlay import pca_picture
 from vit.images import ImageError, open_image
 from vit.inference import TRAINING_SIZE, InputSize, Prediction, input_box, seen_region
 
@@ -326,7 +327,8 @@ class Answer:
         grid = (map2d.shape[0], map2d.shape[1])
         return Explanation(method, map2d, self.image, seen_region(self.image, p, self.size),
                            input_box(self.image.size, p, self.size), grid, model.num_prefix_tokens, None,
-                           labels[index], description=words.describe_method(method, labels[index]))
+                           labels[index],
+                           description=words.describe_method(method, labels[index], kind=self.answer.prompts.kind))
 
     def _repr_html_(self) -> str:
         from html import escape
@@ -479,15 +481,11 @@ class PCA:
 
     def picture(self, opacity: float = 1.0) -> Image.Image:
         """The colours as flat patches over the seen pixels at the image's resolution (``opacity`` < 1 blends)."""
-        from vit.app import dense
-
-        return dense.pca_picture(self.seen, self.map, opacity)
+        return pca_picture(self.seen, self.map, opacity)
 
     def figure(self, opacity: float = 1.0):
         """A Plotly figure of the picture at display size (zoom with the wheel); hovering names each patch."""
-        from vit.app import dense
-
-        shown = dense.pca_picture(drawing.display_image(self.seen), self.map, opacity)
+        shown = pca_picture(drawing.display_image(self.seen), self.map, opacity)
         return drawing.patch_picker_figure(shown.size, drawing.jpeg_data_uri(shown), self.grid, -1,
                                            self.num_prefix_tokens, show_grid=False, fit_width=shown.size[0],
                                            zoomable=True)

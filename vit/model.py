@@ -50,8 +50,11 @@ FUSED_CHUNK_FLOPS = 2**32
 
 @dataclass(frozen=True)
 class ViTConfig:
-    image_size: int = 32  # side of the square training image; other sizes interpolate positions
-    patch_size: int = 4  # 4 px on 32 px images gives an 8x8 grid, small enough for CPUs
+    # An int for a square, else (height, width) (vit-pytorch's rectangular patches and images); a square pair is
+    # stored as its int, so square models and their checkpoints read exactly as before. Read the sides via
+    # image_hw / patch_hw: a reader doing int arithmetic on a rectangular model fails loudly, never squarely.
+    image_size: int | tuple[int, int] = 32  # the training image; other sizes interpolate positions
+    patch_size: int | tuple[int, int] = 4  # 4 px on 32 px images gives an 8x8 grid, small enough for CPUs
     num_channels: int = 3  # 1 for greyscale data such as MNIST
     num_classes: int = 10
     hidden_size: int = 48
@@ -107,8 +110,15 @@ class ViTConfig:
     sincos_pos: bool = False  # AIMv2-native: 2D sine-cosine positions computed for each grid instead of a table
 
     def __post_init__(self) -> None:
-        for name in ("image_size", "patch_size", "num_channels", "hidden_size", "num_layers", "num_heads",
-                     "mlp_size"):
+        for name in ("image_size", "patch_size"):
+            value = getattr(self, name)
+            if isinstance(value, (list, tuple)):  # a JSON list from a checkpoint or config file
+                if len(value) != 2 or any(isinstance(v, bool) or not isinstance(v, int) or v <= 0 for v in value):
+                    raise ValueError(f"ViTConfig.{name} must be a positive integer or a (height, width) pair of "
+                                     f"them, got {str(list(value))[:40]}")
+                object.__setattr__(self, name, value[0] if value[0] == value[1] else (value[0], value[1]))
+        for name in ("num_channels", "hidden_size", "num_layers", "num_heads", "mlp_size", *(
+                n for n in ("image_size", "patch_size") if not isinstance(getattr(self, n), tuple))):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise ValueError(f"ViTConfig.{name} must be a positive integer, got {value!r}")
@@ -120,10 +130,11 @@ class ViTConfig:
         # Every size a config file may declare is bounded here, before anything is built from it (a config.json
         # with num_labels 10**12 once made the picker build 10**12 class names).
         for name, bound in CONFIG_BOUNDS.items():
-            if getattr(self, name) > bound:
-                raise ValueError(f"ViTConfig.{name} is {getattr(self, name):,}; at most {bound:,} (far beyond any "
-                                 "published ViT)")
-        if self.image_size % self.patch_size:
+            value = getattr(self, name)
+            if (max(value) if isinstance(value, tuple) else value) > bound:
+                shown = list(value) if isinstance(value, tuple) else f"{value:,}"
+                raise ValueError(f"ViTConfig.{name} is {shown}; at most {bound:,} (far beyond any published ViT)")
+        if any(i % p for i, p in zip(self.image_hw, self.patch_hw, strict=True)):
             raise ValueError(f"ViTConfig.image_size ({self.image_size}) must be divisible by "
                              f"patch_size ({self.patch_size})")
         if self.hidden_size % self.num_heads and not self.head_dim:
@@ -206,9 +217,18 @@ class ViTConfig:
             raise ValueError("ViTConfig.window_size with rotary positions is not supported")
 
     @property
+    def image_hw(self) -> tuple[int, int]:
+        """The training image's ``(height, width)``."""
+        return (self.image_size,) * 2 if isinstance(self.image_size, int) else self.image_size
+
+    @property
+    def patch_hw(self) -> tuple[int, int]:
+        """A patch's ``(height, width)``."""
+        return (self.patch_size,) * 2 if isinstance(self.patch_size, int) else self.patch_size
+
+    @property
     def grid_size(self) -> tuple[int, int]:
-        side = self.image_size // self.patch_size
-        return side, side
+        return self.image_hw[0] // self.patch_hw[0], self.image_hw[1] // self.patch_hw[1]
 
     @property
     def num_patches(self) -> int:
@@ -903,8 +923,8 @@ class ViT(Parent):
         self.config = config
         self.num_prefix_tokens = config.num_prefix_tokens  # CLS (+ DIST) (+ registers)
         d = config.hidden_size
-        self.patch_embed = nn.Conv2d(config.num_channels, d, config.patch_size, config.patch_size)
-        patch_dim = config.num_channels * config.patch_size ** 2
+        self.patch_embed = nn.Conv2d(config.num_channels, d, config.patch_hw, config.patch_hw)
+        patch_dim = config.num_channels * config.patch_hw[0] * config.patch_hw[1]
         self.patch_norm = make_norm(config, patch_dim) if config.patch_norm else None
         # After the patch projection: vit-pytorch's second LayerNorm, AIMv2's RMSNorm.
         self.embed_norm = make_norm(config, d) if config.patch_norm or config.embed_norm else None
@@ -987,11 +1007,11 @@ class ViT(Parent):
 
     def patch_grid(self, height: int, width: int) -> tuple[int, int]:
         """The patch grid of an input of this size; raises ValueError when it does not tile."""
-        p = self.config.patch_size
-        if height % p or width % p or height < p or width < p:
-            raise ValueError(f"input of {height}x{width} px does not tile into {p}x{p} patches; "
-                             f"resize it to a multiple of {p}")
-        return height // p, width // p
+        ph, pw = self.config.patch_hw
+        if height % ph or width % pw or height < ph or width < pw:
+            raise ValueError(f"input of {height}x{width} px does not tile into {ph}x{pw} patches; "
+                             f"resize it to a multiple of {ph if ph == pw else f'{ph} px in height and {pw} in width'}")
+        return height // ph, width // pw
 
     def rotary(self, grid: tuple[int, int], device: torch.device | None = None
                ) -> tuple[torch.Tensor, torch.Tensor] | None:
@@ -1021,7 +1041,7 @@ class ViT(Parent):
             if self.embed_norm is not None:
                 x = self.embed_norm(x)
         else:  # the convolution as a linear map of each flattened patch, between vit-pytorch's two LayerNorms
-            patches = F.unfold(images, c.patch_size, stride=c.patch_size).transpose(1, 2)  # (B, gh*gw, C*P*P)
+            patches = F.unfold(images, c.patch_hw, stride=c.patch_hw).transpose(1, 2)  # (B, gh*gw, C*ph*pw)
             x = F.linear(self.patch_norm(patches), self.patch_embed.weight.flatten(1), self.patch_embed.bias)
             x = self.embed_norm(x)  # (B, gh*gw, D)
         positioned = c.num_positioned_prefix_tokens

@@ -22,10 +22,13 @@ def open_from_hub(text: str, may_download: bool, place=st.sidebar, key: str = "e
     try:
         found, wanted = catalog.open_from_hub(text, may_download)
         if wanted is not None:
-            place.caption(escape_markdown(wanted.summary))
-            if place.button(f"Download {hub.format_bytes(wanted.size)}", key=key):
-                bar = place.progress(0.0, text="Downloading…")
+            box = place.empty()  # emptied once the download is done: its size, button and full bar said nothing more
+            panel = box.container()
+            panel.caption(escape_markdown(wanted.summary))
+            if panel.button(f"Download {hub.format_bytes(wanted.size)}", key=key):
+                bar = panel.progress(0.0, text="Downloading…")
                 found = catalog.download_from_hub(wanted, lambda share, text: bar.progress(share, text=text))
+                box.empty()
         return found
     except CheckpointError as e:
         place.error(escape_markdown(e))

@@ -24,7 +24,7 @@ from PIL import Image
 from pages.explorer_sections.caches import IMAGE_CACHE_BYTES, byte_cache
 from pages.explorer_sections.main_view import PICKER_CONFIG
 from pages.explorer_sections.state import Shown, keep_settings
-from vit.app import drawing, explorer, words
+from vit.app import catalog, drawing, explorer, words
 from vit.checkpoint import Checkpoint
 from vit.explain.overlay import overlay
 from vit.features import explore, formats
@@ -36,6 +36,7 @@ from vit.sources import hub
 from vit.text import escape_markdown, visible
 
 TOGGLE_KEY, FOLDER_KEY, IMAGES_KEY, COUNT_KEY = "sae_view", "sae_folder", "sae_images", "sae_count"
+RUN_KEY = "sae_run"  # the SAE run picked, which fills the folder field
 LAYER_KEY = "sae_layer"  # the block a saev file reads (its file does not say)
 KEPT = ("sae_",)  # every key of this section but the chart's and the button's (read-only)
 HANDED_KEY = "explorer_sae"  # an SAE folder another page hands over (with ``explorer_checkpoint``, its model)
@@ -210,7 +211,7 @@ def exemplar_thumbnail(images_folder: str, name: str, token: int, checkpoint: Ch
     return byte_cache("images", IMAGE_CACHE_BYTES).get_or_compute(key, make)
 
 
-def short_name(name: str, length: int = 28) -> str:
+def short_name(name: str, length: int = 12) -> str:
     """An exemplar's image name as shown under it: its end (the class folder and the file), control characters as
     escapes."""
     name = visible(name)
@@ -247,6 +248,12 @@ def _pick_patch(prefix: int) -> None:
     token = drawing.token_from_selection(st.session_state[PICKER_KEY].selection, prefix)
     if token is not None:
         st.session_state[TOKEN_KEY] = token
+
+
+def _run_picked() -> None:
+    if st.session_state.get(RUN_KEY):
+        st.session_state[FOLDER_KEY] = st.session_state[RUN_KEY]
+    _page_rerun()
 
 
 def _page_rerun() -> None:
@@ -287,6 +294,13 @@ def features(view: Shown, may_open: bool, asked: words.Answer | None = None) -> 
                    "this session read its files by path (with a token: enter it on the Train page).")
         return
     st.subheader("Features")
+    runs = {str(run): run.name for run in catalog.sae_runs()}
+    if st.session_state.get(RUN_KEY) not in runs or st.session_state[RUN_KEY] != st.session_state.get(FOLDER_KEY):
+        st.session_state[RUN_KEY] = None  # another folder typed since, or the run deleted
+    if runs:  # an SAE run is no model: listed here, not in the checkpoint picker
+        st.selectbox("SAE runs", list(runs), index=None, key=RUN_KEY, format_func=lambda p: f"run {visible(runs[p])}",
+                     on_change=_run_picked, placeholder="a completed python -m vit.sae train run",
+                     help="The runs folder's completed SAE runs (the Train page's): one picked fills the SAE folder.")
     text = st.text_input(
         "SAE folder", key=FOLDER_KEY, placeholder="/path/to/sae folder or file, or ORG/NAME[/PATH/IN/REPO]",
         on_change=_page_rerun,
@@ -450,4 +464,6 @@ def exemplars(view: Shown, sae: SparseAutoencoder, folder: str, version: tuple, 
                                             config.num_prefix_tokens), output_format="PNG")
             except (ImageError, ValueError, OSError) as e:
                 st.text(visible(str(e))[:120])
-            st.text(f"{short_name(name)}\n{value:.3g}")
+            # Unwrapped and short enough for an eighth of the page (a path wrapped at any character, mid-word); the
+            # whole name on hover.
+            st.text(f"{short_name(name)}\n{value:.3g}", wrap=False, help=visible(name))

@@ -54,12 +54,13 @@ def pick_image(entry: catalog.CatalogEntry, entries: dict[str, catalog.CatalogEn
                                       key=f"sample-{model_key}", disabled=uploaded is not None,
                                       help="Remove the upload to use the samples again.")
     pre = checkpoint.preprocessing
-    sides = sorted(s for s in {pre.image_size, 2 * pre.image_size, 4 * pre.image_size, *INPUT_SIDES}
+    own = max(pre.image_hw)  # the long side of a rectangular training size
+    sides = sorted(s for s in {own, 2 * own, 4 * own, *INPUT_SIDES}
                    if s <= MAX_INPUT_SIDE)
     # Options are never None: Streamlit shows a None option as an empty "Choose an option" box.
     side = st.sidebar.selectbox(
         "Input size", [0, *sides], key="input_side",
-        format_func=lambda s: f"the model's size ({pre.image_size} px)" if s == 0 else f"{s} px",
+        format_func=lambda s: f"the model's size ({pre.size_label} px)" if s == 0 else f"{s} px",
         help="The size the model sees the image at. Other sizes than the training size interpolate the position "
              "embeddings (as DINO's visualisation does): finer maps, but the predictions may change.")
     keep_aspect = st.sidebar.checkbox("Keep the aspect ratio (long side at that size)", key="keep_aspect",
@@ -98,7 +99,7 @@ def pick_image(entry: catalog.CatalogEntry, entries: dict[str, catalog.CatalogEn
     except ImageError as e:
         st.error(f"Cannot use this upload: {escape_markdown(e)}")
         st.stop()
-    patch_px = checkpoint.model.config.patch_size
+    patch_px = max(checkpoint.model.config.patch_hw)
     if min(image.size) < patch_px:  # e.g. a 1x1 upload: accepted (the views handle it), but said
         st.sidebar.warning(f"This image is {image.width}×{image.height} px, less than one {patch_px}-px patch on a "
                            "side: the model sees it enlarged, and its maps say little about it.")

@@ -336,8 +336,8 @@ def _default_preprocessing(config: ViTConfig, architecture: str) -> Preprocessin
 def _finish(model: ViT, class_names: list[str], preprocessing: Preprocessing, path: Path, kind: str,
             architecture: str, guessed_from: str | None = None) -> Checkpoint:
     problem = preprocessing_problem(preprocessing, model.config)
-    if preprocessing.image_size > MAX_INPUT_SIZE:  # every image would be resized to this: bound the memory
-        problem = f"an input of {preprocessing.image_size} px (at most {MAX_INPUT_SIZE} px are supported)"
+    if max(preprocessing.image_hw) > MAX_INPUT_SIZE:  # every image would be resized to this: bound the memory
+        problem = f"an input of {preprocessing.size_label} px (at most {MAX_INPUT_SIZE} px are supported)"
     if problem:
         raise SourceError(f"{path} has unusable preprocessing settings: {problem}")
     metadata = {"source": {"kind": kind, "path": str(path), "architecture": architecture},
@@ -346,7 +346,7 @@ def _finish(model: ViT, class_names: list[str], preprocessing: Preprocessing, pa
         p = preprocessing
         metadata["preprocessing_guessed"] = (
             f"No {guessed_from} came with these weights, so the images are prepared with assumed defaults: "
-            f"resize to {p.resize_size or p.image_size} px ({p.resize_mode}, {p.resample}), centre {p.image_size} px, "
+            f"resize to {p.resize_size or p.size_label} px ({p.resize_mode}, {p.resample}), centre {p.size_label} px, "
             f"mean {tuple(round(v, 4) for v in p.mean)}, std {tuple(round(v, 4) for v in p.std)}. If the model was "
             "trained otherwise, its predictions and maps are off.")
     return Checkpoint(model=model, class_names=class_names, preprocessing=preprocessing, metadata=metadata, path=path)
@@ -619,7 +619,12 @@ def _finish_scratch(model: ViT, sidecar: Mapping | None, path: Path, architectur
     preprocessing = Preprocessing(config.image_size, channels, mean, std, resize_size=trained_size,
                                   resample="bilinear", crop_rule="top_left" if trained_size else "torchvision")
     guessed = None if "mean" in sidecar and "std" in sidecar else "mean and std (in a config.json beside them)"
-    return _finish(model, class_names, preprocessing, path, "scratch", architecture, guessed)
+    checkpoint = _finish(model, class_names, preprocessing, path, "scratch", architecture, guessed)
+    if names is None and config.num_classes:  # said where the names are shown, so a user knows how to give them
+        checkpoint.metadata["class_names_note"] = (
+            f"Its weights hold no class names, so they read class 0, class 1, …: give them as \"class_names\": "
+            f"[…] in {path.parent / 'config.json'}, one per class in the order the model was trained on.")
+    return checkpoint
 
 
 def scratch_weights(folder: Path) -> Path | None:
