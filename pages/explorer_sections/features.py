@@ -24,7 +24,7 @@ from PIL import Image
 from pages.explorer_sections.feature_exemplars import IMAGES_KEY, exemplars
 from pages.explorer_sections.main_view import PICKER_CONFIG
 from pages.explorer_sections.state import Shown, keep_settings
-from vit.app import drawing, words
+from vit.app import drawing, share, words
 from vit.checkpoint import Checkpoint
 from vit.explain.overlay import overlay
 from vit.features import explore, formats
@@ -42,6 +42,7 @@ HANDED_KEY = "explorer_sae"  # an SAE folder another page hands over (with ``exp
 FEATURE_KEY, TOKEN_KEY, EVERYWHERE_KEY = "sae_feature", "sae_token", "sae_everywhere"
 # The chart and the button are not "sae_" keys: keep_settings writes those back, and theirs are read-only.
 STRONGEST_KEY, ACTIVE_KEY, PICKER_KEY = "sae_strongest", "sae_active", "features_picker"
+LINKED_KEY = "sae_linked_feature"  # a link's feature, shown once its SAE is open (opening one resets the feature)
 FACTOR_PREFIX = "sae_factor-"  # + latent: the factor that latent is scaled by (1: left as it is)
 _OPENED, _RERUN = "sae_opened", "sae_rerun_page"
 # (the page's fingerprint, the checkpoint and fingerprint before the features were scaled in every map): the section
@@ -234,9 +235,45 @@ def feature_label(latent: int, value: float) -> str:
     return f"feature {latent} · {value:.3g}"
 
 
+def link_values() -> dict[str, object]:
+    """The section's part of the page's link (``vit.app.share``'s values): the SAE typed, its block, the feature."""
+    folder = str(st.session_state.get(FOLDER_KEY) or "").strip()
+    if not (st.session_state.get(TOGGLE_KEY) and folder):
+        return {}
+    feature = st.session_state.get(LINKED_KEY, st.session_state.get(FEATURE_KEY))
+    return {"sae": folder, "sae_layer": st.session_state.get(LAYER_KEY) or None,
+            "feature": None if feature is None else int(feature)}
+
+
+def follow_link() -> None:
+    """The URL follows the section's SAE, block and feature: a click here reruns this fragment alone, which the
+    page's own ``share_view.follow`` does not see until the page runs again."""
+    wanted = share.encode(link_values())
+    for name in ("sae", "sae_layer", "feature"):
+        if name not in wanted:
+            st.query_params.pop(name, None)
+        elif st.query_params.get(name) != wanted[name]:
+            st.query_params[name] = wanted[name]
+
+
+def show_linked(d_sae: int) -> None:
+    """A link's feature is the one shown, once its SAE is open; one line when the SAE has no such feature."""
+    linked = st.session_state.pop(LINKED_KEY, None)
+    if linked is not None and linked < d_sae:
+        st.session_state[FEATURE_KEY] = linked
+    elif linked is not None:
+        st.caption(escape_markdown(share.dropped("feature", str(linked), f"this SAE has {d_sae:,} features")))
+
+
 @st.fragment
 def features(view: Shown, may_open: bool, asked: words.Answer | None = None) -> None:
-    """The Features section: toggled on, an SAE folder, the image's features and their intervention."""
+    """The Features section: toggled on, an SAE folder, the image's features and their intervention; the URL
+    follows its SAE and feature."""
+    section(view, may_open, asked)
+    follow_link()
+
+
+def section(view: Shown, may_open: bool, asked: words.Answer | None) -> None:
     if st.session_state.pop(_RERUN, False):
         st.rerun(scope="app")  # features scaled in every map changed: every section shows them
     keep_settings(KEPT)
@@ -289,6 +326,7 @@ def features(view: Shown, may_open: bool, asked: words.Answer | None = None) -> 
         for key in (FEATURE_KEY, TOKEN_KEY, STRONGEST_KEY, ACTIVE_KEY, IMAGES_KEY):
             st.session_state.pop(key, None)
         st.session_state[_OPENED] = folder
+    show_linked(sae.d_sae)
     described = metrics_line(folder)
     kind = {"vit-prisma": "ViT-Prisma", "saev": "saev"}.get(sae.info.extra.get("format"), "SAELens")
     st.caption(f"{sae.d_sae:,} features of layer {layer}'s output ({kind}" + (f", k {sae.k}" if sae.k else "")
