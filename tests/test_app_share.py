@@ -129,3 +129,17 @@ def test_a_link_carries_the_heads_switched_off_in_every_map(default_world):
     for name, p in zip(prediction["y"], prediction["x"], strict=True):
         assert p == pytest.approx(float(expected[CLASSES.index(name)]), abs=1e-6)
     assert url(again)["ablate"] == "1.1,3.2"
+
+
+@pytest.mark.usefixtures("default_world")
+def test_a_linked_upload_is_named_by_its_file_name_as_plain_text():
+    name = "<b>street</b> *1*.png"  # Markdown and HTML in a file name are shown as typed
+    at = test_app.upload(test_app.run_app(), name, test_app.png_bytes(40, 24, seed=7))
+    assert len(url(at)["upload"]) == 64
+
+    again = open_link(url(at))
+    assert [t.value for t in again.sidebar.text if t.value.startswith("The linked upload")] == [
+        f"The linked upload: {name}"]
+    assert any(displayed(c.value).startswith(f"Click a patch to make it the query. {name}, 40×24 px")
+               for c in again.caption)
+

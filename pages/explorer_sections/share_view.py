@@ -13,8 +13,8 @@ from pages.explorer_sections.map_settings import MainMap
 from pages.explorer_sections.state import Shown
 from vit.app import catalog, drawing, explorer, share
 from vit.app.export import View, view_html
-from vit.app.uploads import UploadStore
-from vit.text import escape_markdown
+from vit.app.uploads import Upload, UploadStore
+from vit.text import escape_markdown, visible
 
 READ_KEY, PENDING_KEY = "share_read", "share_pending"
 UPLOAD_KEY, SHOWN_KEY = "share_upload", "share_shown_upload"  # the link's upload; the upload shown this run
@@ -71,9 +71,9 @@ def read_link(may_open: bool) -> None:
     st.session_state[PENDING_KEY] = values
 
 
-def linked_upload() -> bytes | None:
-    """The upload the link names, from the server's store, until closed; says so and stops the page when it is no
-    longer held."""
+def linked_upload() -> Upload | None:
+    """The upload the link names, from the server's store, until closed, its file name said in the sidebar as
+    plain text; says so and stops the page when it is no longer held."""
     digest = st.session_state.get(UPLOAD_KEY)
     if digest is None:
         return None
@@ -81,18 +81,19 @@ def linked_upload() -> bytes | None:
         st.session_state.pop(UPLOAD_KEY)
         return None
     st.session_state[SHOWN_KEY] = digest
-    data = upload_store().get(digest)
-    if data is None:
+    found = upload_store().upload(digest)
+    if found is None:
         st.info("The image this link shows was an upload the server no longer holds: upload it again (the same "
                 "file) to see the view.")
         st.stop()
-    return data
+    st.sidebar.text(f"The linked upload: {visible(found.name) or 'an image without a name'}")
+    return found
 
 
-def keep_upload(data: bytes) -> None:
-    """Keeps an upload in the server's store, for links; it replaces the link's upload."""
+def keep_upload(data: bytes, name: str) -> None:
+    """Keeps an upload and its file name in the server's store, for links; it replaces the link's upload."""
     st.session_state.pop(UPLOAD_KEY, None)
-    st.session_state[SHOWN_KEY] = upload_store().put(data)
+    st.session_state[SHOWN_KEY] = upload_store().put(data, name)
 
 
 def apply_sample(model_key: str, samples: list[Path] | None) -> None:
