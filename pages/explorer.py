@@ -75,6 +75,7 @@ samples, sample, pre = chosen.samples, chosen.sample, checkpoint.preprocessing
 refs = mechanism.pick_references(samples, invert)
 # Heads switched off under Mechanism → Ablation, with "every map" on: the whole page is drawn from a copy of the
 # model with those heads ablated in its weights; the Ablation tab keeps comparing with the full model.
+share_view.apply_heads_off(model_key, full_checkpoint.model.config.num_layers, full_checkpoint.model.config.num_heads)
 everywhere = mechanism.heads_off_everywhere(model_key)
 checkpoint, fingerprint, mean_ablated = mechanism.with_heads_off(everywhere, full_checkpoint, full_fingerprint, image,
                                                                  size, refs)

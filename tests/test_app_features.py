@@ -102,7 +102,7 @@ def test_strongest_features_their_maps_and_exemplars(sae_world):
 
 
 def test_an_exemplars_long_name_is_shortened_to_its_end():
-    from pages.explorer_sections.features import short_name
+    from pages.explorer_sections.feature_exemplars import short_name
 
     assert short_name("cat/0.png") == "cat/0.png"
     assert short_name("golden_retriever/IMG_20240101_123456.png") == "…_123456.png"

@@ -5,7 +5,7 @@ import hashlib
 import pytest
 
 from vit.app import share
-from vit.app.uploads import UploadStore, upload_digest
+from vit.app.uploads import MAX_NAME_CHARS, Upload, UploadStore, upload_digest
 
 NAMES = {"cifar10-cifar-s": "/srv/checkpoints/cifar10-cifar-s.pt"}
 DIGEST = hashlib.sha256(b"an image").hexdigest()
@@ -135,3 +135,12 @@ def test_the_upload_store_gives_back_the_bytes_by_their_hash_and_forgets_the_old
 def test_an_upload_larger_than_the_store_is_not_kept():
     store = UploadStore(max_bytes=4)
     assert store.get(store.put(b"12345")) is None
+
+
+def test_the_upload_store_keeps_the_file_name_cut_to_its_bound_and_counts_it():
+    store = UploadStore(max_bytes=17)
+    digest = store.put(b"12345", "<b>a</b>.png")  # 5 bytes and 12 characters: 17
+    assert store.upload(digest) == Upload(b"12345", "<b>a</b>.png")
+    assert store.upload(store.put(b"y", "abcdefghijklmnopq")) is None  # 1 byte and 17 characters exceed 17
+    store = UploadStore()
+    assert store.upload(store.put(b"x", "n" * 1000)).name == "n" * MAX_NAME_CHARS

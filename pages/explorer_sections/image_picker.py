@@ -73,9 +73,9 @@ def pick_image(entry: catalog.CatalogEntry, entries: dict[str, catalog.CatalogEn
             help="Greyscale models trained on light digits on black (MNIST) need them that way.")
     if uploaded is not None:
         data, image_name = uploaded.getvalue(), uploaded.name
-        share_view.keep_upload(data)
+        share_view.keep_upload(data, image_name)
     elif linked is not None:
-        data, image_name = linked, "the linked upload"
+        data, image_name = linked.data, linked.name or "the linked upload"
     elif opened_image is not None:
         # A path from an analysis.json: read only by a visitor the access rule allows, only a regular file inside the
         # analysed folder, and no more of it than an upload may hold (a mistake named /dev/zero filled the memory).

@@ -13,8 +13,8 @@ from pages.explorer_sections.map_settings import MainMap
 from pages.explorer_sections.state import Shown
 from vit.app import catalog, drawing, explorer, share
 from vit.app.export import View, view_html
-from vit.app.uploads import UploadStore
-from vit.text import escape_markdown
+from vit.app.uploads import Upload, UploadStore
+from vit.text import escape_markdown, visible
 
 READ_KEY, PENDING_KEY = "share_read", "share_pending"
 UPLOAD_KEY, SHOWN_KEY = "share_upload", "share_shown_upload"  # the link's upload; the upload shown this run
@@ -71,9 +71,9 @@ def read_link(may_open: bool) -> None:
     st.session_state[PENDING_KEY] = values
 
 
-def linked_upload() -> bytes | None:
-    """The upload the link names, from the server's store, until closed; says so and stops the page when it is no
-    longer held."""
+def linked_upload() -> Upload | None:
+    """The upload the link names, from the server's store, until closed, its file name said in the sidebar as
+    plain text; says so and stops the page when it is no longer held."""
     digest = st.session_state.get(UPLOAD_KEY)
     if digest is None:
         return None
@@ -81,18 +81,19 @@ def linked_upload() -> bytes | None:
         st.session_state.pop(UPLOAD_KEY)
         return None
     st.session_state[SHOWN_KEY] = digest
-    data = upload_store().get(digest)
-    if data is None:
+    found = upload_store().upload(digest)
+    if found is None:
         st.info("The image this link shows was an upload the server no longer holds: upload it again (the same "
                 "file) to see the view.")
         st.stop()
-    return data
+    st.sidebar.text(f"The linked upload: {visible(found.name) or 'an image without a name'}")
+    return found
 
 
-def keep_upload(data: bytes) -> None:
-    """Keeps an upload in the server's store, for links; it replaces the link's upload."""
+def keep_upload(data: bytes, name: str) -> None:
+    """Keeps an upload and its file name in the server's store, for links; it replaces the link's upload."""
     st.session_state.pop(UPLOAD_KEY, None)
-    st.session_state[SHOWN_KEY] = upload_store().put(data)
+    st.session_state[SHOWN_KEY] = upload_store().put(data, name)
 
 
 def apply_sample(model_key: str, samples: list[Path] | None) -> None:
@@ -108,8 +109,21 @@ def apply_sample(model_key: str, samples: list[Path] | None) -> None:
         st.session_state[f"sample-{model_key}"] = found
 
 
+def apply_heads_off(model_key: str, layers: int, heads: int) -> None:
+    """The link's heads switched off in every map, checked against the model before the page reads them (the whole
+    page is drawn from the model with them off)."""
+    pending = st.session_state.get(PENDING_KEY) or {}
+    if "ablate" not in pending:
+        return
+    values, notes = share.fit({"ablate": pending.pop("ablate")}, layers=layers, heads=heads, tokens=0, classes=0)
+    _note(notes)
+    if "ablate" in values:
+        st.session_state[mechanism.ablate_key(model_key)] = list(values["ablate"])
+        st.session_state[mechanism.TOGGLE_KEY] = st.session_state[mechanism.EVERYWHERE_KEY] = True
+
+
 def apply_model_settings(model_key: str, analysis: explorer.Analysis, class_names: list[str]) -> None:
-    """The link's settings that the model bounds (layer, head, query, class, heads off), checked against it."""
+    """The link's settings that the model bounds (layer, head, query, class, feature), checked against it."""
     pending = st.session_state.pop(PENDING_KEY, None)
     if not pending:
         return
@@ -125,10 +139,7 @@ def apply_model_settings(model_key: str, analysis: explorer.Analysis, class_name
         query_key = f"class-query-{model_key}" if kind in explorer.CLASS_MAP_KINDS else f"query-{model_key}"
         st.session_state[query_key] = values["query"]
     if "feature" in values:
-        st.session_state[features.FEATURE_KEY] = values["feature"]
-    if "ablate" in values:
-        st.session_state[mechanism.ablate_key(model_key)] = list(values["ablate"])
-        st.session_state[mechanism.TOGGLE_KEY] = st.session_state[mechanism.EVERYWHERE_KEY] = True
+        st.session_state[features.LINKED_KEY] = values["feature"]  # checked against the SAE once it is open
 
 
 def view_values(model: str, view: Shown, image_name: str, sample: Path | None, invert: bool) -> dict[str, object]:
@@ -163,13 +174,7 @@ def view_values(model: str, view: Shown, image_name: str, sample: Path | None, i
     heads = mechanism.heads_off_everywhere(view.model_key)
     if heads:
         values["ablate"] = tuple(heads[0])
-    folder = str(st.session_state.get(features.FOLDER_KEY) or "").strip()
-    if st.session_state.get(features.TOGGLE_KEY) and folder:
-        values["sae"] = folder
-        if st.session_state.get(features.LAYER_KEY):
-            values["sae_layer"] = st.session_state[features.LAYER_KEY]
-        if st.session_state.get(features.FEATURE_KEY) is not None:
-            values["feature"] = int(st.session_state[features.FEATURE_KEY])
+    values.update(features.link_values())
     return {k: v for k, v in values.items() if v is not None}
 
 
