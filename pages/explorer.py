@@ -9,9 +9,18 @@ to its path before ``st.switch_page("pages/explorer.py")``, and an image file by
 
 import streamlit as st
 
-from pages.explorer_sections import analyses, ask_in_words, features, image_picker, main_view, map_settings, mechanism
+from pages.explorer_sections import (
+    analyses,
+    ask_in_words,
+    features,
+    image_picker,
+    main_view,
+    map_settings,
+    mechanism,
+    share_view,
+)
 from pages.explorer_sections.caches import analyse, display_images, load_model
-from pages.explorer_sections.checkpoint_picker import pick_checkpoint
+from pages.explorer_sections.checkpoint_picker import may_open_path, pick_checkpoint
 from pages.explorer_sections.compare_checkpoints import compare_checkpoints
 from pages.explorer_sections.dense_features import KEPT as DENSE_KEPT
 from pages.explorer_sections.dense_features import dense_features
@@ -19,7 +28,7 @@ from pages.explorer_sections.image_picker import pick_image
 from pages.explorer_sections.map_settings import choose_map, main_map
 from pages.explorer_sections.probe_snapshots import probe_snapshots
 from pages.explorer_sections.state import Shown, keep_settings
-from vit.app import catalog, explorer, words
+from vit.app import catalog, explorer, share, words
 from vit.checkpoint import CheckpointError
 from vit.images import ImageError
 from vit.inference import NonFiniteOutput, input_box, seen_region
@@ -35,6 +44,7 @@ keep_settings(image_picker.KEPT + map_settings.KEPT + main_view.KEPT + analyses.
 
 # -- checkpoint -----------------------------------------------------------------------------------------------
 
+share_view.read_link(may_open_path())  # a link's view, once per session, before any widget is drawn
 entries, choice, may_open = pick_checkpoint()
 entry = entries[choice]
 st.title("ViT Attention Explorer")
@@ -65,6 +75,7 @@ samples, sample, pre = chosen.samples, chosen.sample, checkpoint.preprocessing
 refs = mechanism.pick_references(samples, invert)
 # Heads switched off under Mechanism → Ablation, with "every map" on: the whole page is drawn from a copy of the
 # model with those heads ablated in its weights; the Ablation tab keeps comparing with the full model.
+share_view.apply_heads_off(model_key, full_checkpoint.model.config.num_layers, full_checkpoint.model.config.num_heads)
 everywhere = mechanism.heads_off_everywhere(model_key)
 checkpoint, fingerprint, mean_ablated = mechanism.with_heads_off(everywhere, full_checkpoint, full_fingerprint, image,
                                                                  size, refs)
@@ -77,6 +88,7 @@ try:
 except (explorer.TooManyTokens, ImageError, NonFiniteOutput) as e:
     st.error(escape_markdown(e))
     st.stop()
+share_view.apply_model_settings(model_key, analysis, class_names)
 
 # -- map settings (only the controls the chosen map uses) ---------------------------------------------------------
 
@@ -96,6 +108,11 @@ state = Shown(checkpoint=checkpoint, fingerprint=fingerprint, full_checkpoint=fu
               colormap=map_choice.colormap, mode=map_choice.mode, show_grid=map_choice.show_grid,
               scale=map_choice.scale, mask_share=map_choice.mask_share)
 prediction_box = main_view.main_view(state, main, map_choice.query_key, image_name, seen, shown_uri, box, invert)
+# The URL follows the view as it is drawn (issue 50): a link to it reproduces it in a fresh session.
+shared = share_view.view_values(share.model_text(choice, entry.name, share.model_names(entries.values())), state,
+                                image_name, sample, invert)
+share_view.follow(shared)
+share_view.share_buttons(shared, state, main, image_name, entry.name)
 
 # -- ask a CLIP or SigLIP in words (issue 22) ----------------------------------------------------------------------
 

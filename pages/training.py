@@ -31,10 +31,6 @@ from vit.training.data import BUILTIN_DATASETS
 from vit.training.options import FINETUNE_MODES, RECIPES
 
 REFRESH_SECONDS = 3
-# The runs table's columns in order and their widths (px): 940 in all, the page's main column at a 1400-px window
-# with the sidebar open (hovering a cell shows what a narrow one cuts short).
-RUNS_TABLE_WIDTHS = {"Name": 104, "State": 76, "Detail": 120, "Progress": 64, "Epoch": 52, "Best val acc": 64,
-                     "Elapsed": 56, "ETA": 52, "Device": 52, "Preset": 88, "Dataset": 76, "LR": 52, "Started": 84}
 EXPLORER_PAGE = "pages/explorer.py"
 
 
@@ -362,7 +358,10 @@ def run_controls(info: runs.RunInfo) -> None:
         st.markdown(f"Delete {escape_markdown(visible(info.name))} and its checkpoints? This cannot be undone.")
         st.button("Delete for good", key=f"delete-{info.name}", type="primary", on_click=runs_action,
                   args=(manager.delete, info.name))
-    st.code(visible_lines(private(manager.log_tail(info.name, lines=15))) or "(no output yet)", language=None)
+    output = visible_lines(private(manager.log_tail(info.name, lines=15)))
+    if not output and not info.managed:  # its output went to the terminal that started it, not to a file of ours
+        output = "(started outside this page, e.g. python -m vit.train: its output is in the terminal that started it)"
+    st.code(output or "(no output yet)", language=None)
 
 
 def legend(run: str) -> str:
@@ -382,8 +381,10 @@ def runs_action(action, name: str) -> None:
 @st.fragment(run_every=REFRESH_SECONDS)
 def runs_panel() -> None:
     all_runs = manager.poll()
-    # Here, not above the fragment: it redraws after a delete, so a deleted run's notice goes with it.
-    if st.session_state.get("train_notice") and st.session_state.get("train_notice_run") in {r.name for r in all_runs}:
+    # Here, not above the fragment: it redraws every few seconds, so the notice goes once its run has ended (or was
+    # deleted): "Started …" beside a completed run read as a new start.
+    if st.session_state.get("train_notice") and st.session_state.get("train_notice_run") in {
+            r.name for r in all_runs if r.active}:
         st.success(escape_markdown(for_visitor(st.session_state["train_notice"])))
     st.subheader("Runs")
     if not all_runs:
@@ -392,22 +393,23 @@ def runs_panel() -> None:
         return
     if st.session_state.get("runs_message"):
         st.warning(escape_markdown(for_visitor(st.session_state["runs_message"])))
-    # Every column at a set width, and only what tells runs apart (the duplicate "Epochs", batch size and weight
-    # decay stay in "Settings that differ" below): all of it fits the page's 940 px at a 1400-px window, where the
-    # table was cut off after "LR"; what went wrong (Detail) comes right after the state.
+    # Only what tells runs apart (the duplicate "Epochs", batch size and weight decay stay in "Settings that differ"
+    # below), each column as wide as what it shows (set widths cut names and headers short); a table wider than the
+    # page scrolls.
+    rows = runs.table_rows(all_runs)
+    widths = runs.table_widths(rows)
     st.dataframe(
-        pd.DataFrame(runs.table_rows(all_runs)), hide_index=True, width="stretch", placeholder="",
-        column_order=list(RUNS_TABLE_WIDTHS),
+        pd.DataFrame(rows), hide_index=True, width="stretch", placeholder="", column_order=list(runs.TABLE_HEADERS),
         column_config={
-            **{name: st.column_config.Column(name, width=px) for name, px in RUNS_TABLE_WIDTHS.items()},
+            **{name: st.column_config.Column(header, width=widths[name])
+               for name, header in runs.TABLE_HEADERS.items()},
             "Progress": st.column_config.ProgressColumn("Progress", min_value=0.0, max_value=1.0, format="percent",
-                                                        width=RUNS_TABLE_WIDTHS["Progress"]),
-            "Best val acc": st.column_config.NumberColumn("Best acc", format="percent",
-                                                          width=RUNS_TABLE_WIDTHS["Best val acc"],
+                                                        width=widths["Progress"]),
+            "Best val acc": st.column_config.NumberColumn(runs.TABLE_HEADERS["Best val acc"], format="percent",
+                                                          width=widths["Best val acc"],
                                                           help="best validation accuracy"),
-            "LR": st.column_config.NumberColumn("LR", format="%g", width=RUNS_TABLE_WIDTHS["LR"]),
-            "Started": st.column_config.DatetimeColumn("Started", format="MM-DD HH:mm",
-                                                       width=RUNS_TABLE_WIDTHS["Started"]),
+            "LR": st.column_config.NumberColumn("LR", format="%g", width=widths["LR"]),
+            "Started": st.column_config.DatetimeColumn("Started", format="MM-DD HH:mm", width=widths["Started"]),
         })
     names = [r.name for r in all_runs]
     by_name = {r.name: r for r in all_runs}

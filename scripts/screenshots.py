@@ -5,7 +5,10 @@ Chromium (``/usr/bin/chromium``, through Playwright) and writes:
 
 - ``explorer.png``: the default checkpoint on its first sample, with DINO's attention-mass contour;
 - ``explorer-heads.png``: every layer's heads for a clicked patch, on one shared colour scale;
-- ``explorer-matrix.png``: the attention matrix of the last layer.
+- ``explorer-matrix.png``: the attention matrix of the last layer;
+- ``explorer-dense.png``, ``explorer-dense-matches.png``: "What the patches represent" on the shipped CIFAR-10
+  model (trained weights; none can be downloaded here) with its horse sample and its deer photo as the second
+  image: PCA colours fitted on both, a clicked patch's similarity, and the correspondences of the two.
 """
 
 from __future__ import annotations
@@ -20,6 +23,50 @@ sys.path.insert(0, str(ROOT / "tests"))
 from helpers import CHROMIUM, CHROMIUM_ARGS, streamlit_app  # noqa: E402
 
 VIEWPORT = {"width": 1400, "height": 1000}
+SAMPLES = ROOT / "checkpoints" / "samples" / "cifar10-cifar-s"
+DENSE = ("explorer-dense.png", "explorer-dense-matches.png")
+
+
+def clip_between(page, top, bottom, pad: int = 8) -> dict:
+    """The full-width box from ``top``'s top to ``bottom``'s bottom (two locators), in the viewport."""
+    a, b = top.bounding_box(), bottom.bounding_box()
+    main = page.locator('[data-testid="stMainBlockContainer"]').bounding_box()
+    return {"x": main["x"], "y": a["y"] - pad, "width": main["width"],
+            "height": b["y"] + b["height"] - a["y"] + 2 * pad}
+
+
+def dense_section(page, out: Path) -> None:
+    """The dense-features section on the horse sample, with the deer photo as the second image."""
+    page.set_viewport_size({"width": VIEWPORT["width"], "height": 2400})  # the section in one view: clips need it
+    page.get_by_role("combobox", name="…or a sample image").click()
+    page.get_by_role("option", name="horse 1", exact=True).click()
+    page.get_by_text("horse_1.png, 32×32 px").wait_for()
+    page.get_by_text("What the patches represent").click()
+    uploader = page.locator('[data-testid="stFileUploader"]').filter(has_text="Second image")
+    uploader.locator('input[type="file"]').set_input_files(str(SAMPLES / "deer_1.png"))
+    page.get_by_text("Fitted on both images together").wait_for()
+    page.get_by_text("mutual matches shown").wait_for()
+    # Layer 4 of 6: the last layer of a classifier this small mixes its patches; the middle one still maps them.
+    page.get_by_role("combobox", name="Layer (its output after the final norm)").click()
+    page.get_by_role("option", name="4", exact=True).click()
+    page.get_by_text("layer 4.").wait_for()
+    # The patch chosen in the picker's selectbox: a click on the picture sets the same value, and a scripted click
+    # on the chart did not register reliably in headless Chromium.
+    page.get_by_role("combobox", name="Patch", exact=True).click()
+    page.keyboard.type("20 · patch row 3, col 4")  # the list shows its first options only: filter it
+    page.keyboard.press("Enter")
+    page.get_by_text("Cosine similarity to patch row 3, col 4").wait_for()
+    page.wait_for_timeout(2500)
+    heading = page.get_by_text("PCA colours", exact=True)
+    # What sits above each part goes to the top, under Streamlit's header: the part itself stays in full view.
+    page.get_by_text("Layer (its output after the final norm)").evaluate("e => e.scrollIntoView({block: 'start'})")
+    second = page.get_by_text("The same patch's token against every patch of the second image")
+    page.screenshot(path=str(out / DENSE[0]), clip=clip_between(page, heading, second))
+    matches = page.get_by_text("mutual matches shown")
+    matches.evaluate("e => e.scrollIntoView({block: 'center'})")
+    page.wait_for_timeout(1000)
+    page.screenshot(path=str(out / DENSE[1]), clip=clip_between(page, page.get_by_text("Correspondences (mutual"),
+                                                                    matches))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -61,8 +108,9 @@ def main(argv: list[str] | None = None) -> int:
         page.get_by_text("Row i is what token i attends to").scroll_into_view_if_needed()
         matrix = page.locator('[data-testid="stPlotlyChart"]').filter(has_text="key token")
         matrix.screenshot(path=str(out / "explorer-matrix.png"))
+        dense_section(page, out)
         browser.close()
-    for name in ("explorer.png", "explorer-heads.png", "explorer-matrix.png"):
+    for name in ("explorer.png", "explorer-heads.png", "explorer-matrix.png", *DENSE):
         print(out / name)
     return 0
 

@@ -386,7 +386,8 @@ def test_greyscale_28px_model_takes_a_colour_non_square_upload(dirs, forwards):
     at = run_app()
     upload(at, "photo.jpg", png_bytes(width=40, height=100, seed=3), mime="image/jpeg")
     assert len(predicted_labels(at)) == 5
-    assert any("the model sees it as 28×28 px in 4×4 patches of 7 px" in c.value for c in at.main.caption)
+    assert any("the model sees it as 28×28 px in 4 rows × 4 columns of 7-px patches" in c.value
+               for c in at.main.caption)
     sidebar_widget(at, "selectbox", "Head", ).set_value(7)
     at.run()
     assert "Layer 1 of 1, head 8" in overlay_caption(at)
@@ -670,8 +671,10 @@ def test_keep_aspect_input_size_gives_a_non_square_grid_everywhere(default_world
     sidebar_widget(at, "checkbox", "Keep the aspect ratio (long side at that size)").check()
     at.run()
     assert not at.exception and not at.error
-    # 24 x 16 px with the long side at 32 px: 32 x 21.3 -> 32 x 20 px, 5 x 8 patches of 4 px.
-    assert any("sees it as 32×20 px in 5×8 patches of 4 px (41 tokens), not its 16×16-px training size"
+    # 24 x 16 px with the long side at 32 px: 32 x 21.3 -> 32 x 20 px, 5 rows and 8 columns of 4-px patches: pixels
+    # width × height, patches rows × columns, each labelled (they were '32×20 px in 5×8 patches').
+    assert any("sees it as 32×20 px in 5 rows × 8 columns of 4-px patches (41 tokens), not its training size of "
+               "16×16 px"
                in c.value for c in at.main.caption)
     assert any("not the 16×16 px the model was trained at" in c.value for c in at.main.caption)
     assert len(sidebar_widget(at, "selectbox", "Query token").options) == 41

@@ -160,3 +160,57 @@ def test_a_model_change_opens_siglip_on_its_probe_map_and_keeps_a_choice_that_fi
         at.run()
         assert not at.exception, [e.message for e in at.exception]
         assert sidebar_widget(at, "radio", "Map").value == expected
+
+
+def aimv2_folder(folder):
+    """An HF AIMv2 tower with its attention-pooling head: no CLS, so the probe's map comes first."""
+    config = transformers.Aimv2VisionConfig(image_size=16, patch_size=4, hidden_size=16, intermediate_size=16,
+                                            num_hidden_layers=2, num_attention_heads=2)
+    torch.manual_seed(0)
+    transformers.Aimv2VisionModel(config).save_pretrained(folder)
+    return folder
+
+
+def pe_core_folder(folder):
+    """timm's PE-core: 2 heads in its blocks, 8 in its probe."""
+    timm = pytest.importorskip("timm")
+    torch.manual_seed(0)
+    model = timm.create_model("vit_pe_core_tiny_patch16_384", pretrained=False, img_size=16, patch_size=4,
+                              embed_dim=16, depth=2, num_heads=2).eval()
+    timm.models.save_for_hf(model, folder, model_args=dict(num_heads=2, img_size=16), safe_serialization=True)
+    return folder
+
+
+def test_an_aimv2_folder_opens_by_path_with_the_probe_map_first(tmp_path):
+    assert_siglip_view(open_by_path(aimv2_folder(tmp_path / "aimv2")))
+
+
+def test_a_pe_model_of_the_hf_cache_offers_each_of_its_probes_eight_heads(tmp_path):
+    snapshot = in_hf_cache(tmp_path, "timm/vit_pe_core_tiny_patch16_384.fb", pe_core_folder)
+    at = open_from_picker("timm/vit_pe_core_tiny_patch16_384.fb", snapshot)
+    sidebar_widget(at, "radio", "Map").set_value("probe")
+    at.run()
+    assert not at.exception, [e.message for e in at.exception]
+    head = sidebar_widget(at, "selectbox", "Head")
+    assert len(head.options) == 1 + 8
+    head.set_value(head.options[-1])  # head 8: beyond the blocks' two
+    at.run()
+    assert not at.exception and not at.main.error, [e.value for e in at.main.error]
+    assert [c.value for c in at.main.caption if "Colours span" in c.value]  # the probe head's overlay is drawn
+
+
+def timm_aimv2_folder(folder):
+    """timm's AIMv2: no CLS and no probe (mean pooling), no classifier."""
+    timm = pytest.importorskip("timm")
+    torch.manual_seed(0)
+    model = timm.create_model("aimv2_large_patch14_224", pretrained=False, img_size=16, patch_size=4, embed_dim=16,
+                              depth=2, num_heads=2).eval()
+    timm.models.save_for_hf(model, folder, model_args=dict(num_heads=2, img_size=16), safe_serialization=True)
+    return folder
+
+
+def test_a_timm_aimv2_without_cls_or_probe_opens_by_path_on_a_patchs_attention(tmp_path):
+    at = open_by_path(timm_aimv2_folder(tmp_path / "aimv2"))
+    assert sidebar_widget(at, "selectbox", "Query token").options[0].startswith("0 · patch row 1, col 1")
+    assert any("no classifier" in info.value for info in at.main.info)
+    assert [c.value for c in at.main.caption if "Colours span" in c.value]  # the overlay is drawn

@@ -3,6 +3,9 @@ the image's strongest features and their maps, the features at a patch, exemplar
 features.npz names, a feature scaled for the section and in every map, and one-line refusals."""
 
 import json
+import os
+import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -90,8 +93,19 @@ def test_strongest_features_their_maps_and_exemplars(sae_world):
     # each image once (at its strongest token), named with its class folder
     distinct = {int(i) for i in table["exemplar_images"][expected[0]] if i >= 0}
     assert len(at.get("image")) == 2 + len(distinct) > 2  # the model's input, the features' sheet, the crops
-    shown_names = [t.value.split("\n")[0] for t in at.text if t.value.count("\n") == 1]
-    assert sorted(shown_names) == sorted(str(table["images"][i]) for i in distinct)
+    shown = [t for t in at.text if t.value.count("\n") == 1]
+    assert sorted(t.proto.help for t in shown) == sorted(str(table["images"][i]) for i in distinct)  # on hover
+    # Each on one line, its end as much as an eighth of the page holds (wrapped, a path broke at any character).
+    for t in shown:
+        name = t.proto.help
+        assert not t.proto.wrap and t.value.split("\n")[0] == (name if len(name) <= 12 else "…" + name[-11:])
+
+
+def test_an_exemplars_long_name_is_shortened_to_its_end():
+    from pages.explorer_sections.feature_exemplars import short_name
+
+    assert short_name("cat/0.png") == "cat/0.png"
+    assert short_name("golden_retriever/IMG_20240101_123456.png") == "…_123456.png"
 
 
 def test_a_patch_lists_the_features_active_there(sae_world):
@@ -150,6 +164,25 @@ def test_zeroing_a_feature_moves_the_prediction_as_the_sae_decode_says(sae_world
     page = prediction_bars(at)[0]
     assert dict(zip(page["y"], page["x"], strict=True)) == pytest.approx(
         {c: float(clean[CLASSES.index(c)]) for c in page["y"]}, abs=1e-5)
+
+
+def test_an_sae_run_is_offered_in_the_features_section_not_as_a_model(sae_world):
+    _, folder, _ = sae_world
+    run = Path(os.environ["VIT_RUNS_DIR"]) / "my-sae"
+    shutil.copytree(folder, run)
+    (run / "config.json").write_text(json.dumps({"kind": "sae", "args": {}}))
+    (run / "status.json").write_text(json.dumps({"state": "completed"}))
+    (run / "last.pt").write_bytes(b"an SAE's resume state")
+    at = run_app()
+    assert not any("my-sae" in option for option in at.selectbox(key="explorer_checkpoint_choice").options)
+    assert not any("my-sae" in option for option in at.selectbox(key="compare_with").options)
+    at.toggle(key="sae_view").set_value(True)
+    at.run()
+    at.selectbox(key="sae_run").set_value(str(run))
+    at.run()
+    assert not at.exception, [e.message for e in at.exception]
+    assert at.text_input(key="sae_folder").value == str(run)
+    assert [r for r in at.radio if r.key == "sae_strongest"]  # its features are shown
 
 
 def test_an_sae_of_another_model_or_width_is_a_one_line_refusal(sae_world, tmp_path):

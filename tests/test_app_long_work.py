@@ -50,7 +50,7 @@ def test_a_long_grid_shows_its_progress_and_a_stop_button_and_stops(default_worl
     assert not at.exception, [e.message for e in at.exception]
     assert stop_button(at), "no Stop button while the grid runs"
     [bar] = at.get("progress")
-    assert "Ablating each head in turn" in bar.proto.text and "of 200 passes" in bar.proto.text
+    assert "Ablating each head in turn" in bar.proto.text and "of 200 heads" in bar.proto.text
     assert started.wait(30)
     current = at.session_state[long_work.SESSION_KEY]
     stop_button(at)[0].click()
@@ -68,6 +68,22 @@ def test_a_long_grid_shows_its_progress_and_a_stop_button_and_stops(default_worl
     assert not at.exception, [e.message for e in at.exception]
     assert any("Attention sinks" in (c.proto.spec or "") for c in at.get("plotly_chart"))
     assert len(passes) == ran
+
+
+def test_the_grids_toggle_counts_what_its_progress_counts(default_world, monkeypatch):
+    totals = []
+    real = explorer.ablation_effects
+
+    def recorded(*args, progress=None, **kwargs):
+        return real(*args, progress=lambda done, total: (totals.append(total), progress(done, total)), **kwargs)
+
+    monkeypatch.setattr(explorer, "ablation_effects", lambda *a: recorded(*a[:-1], progress=a[-1]))
+    at = open_mechanism(run_app(), "Ablation")
+    at.toggle(key="ablation_grid").set_value(True)
+    at.run()
+    assert not at.exception, [e.message for e in at.exception]
+    assert set(totals) == {6}  # the tiny model's 3 layers x 2 heads, each ablated alone
+    assert at.toggle(key="ablation_grid").label == "Each head alone (6 heads)"
 
 
 def test_a_second_grid_asked_for_in_a_session_stops_the_first(default_world, slow_grid):

@@ -10,7 +10,7 @@ import test_app
 import torch
 from test_app import CLASSES, TINY, array_shape, charts, png_bytes, run_app, write_checkpoint
 
-from vit.app import explorer
+from vit.app import drawing, explorer
 from vit.app.catalog import DEFAULT_CHECKPOINT
 from vit.checkpoint import load_checkpoint
 from vit.explain.attention import rollout
@@ -71,8 +71,13 @@ def sample_input(checkpoints: Path):
     return checkpoint, preprocess([image], checkpoint.preprocessing)
 
 
-def test_logit_lens_shows_every_layer_and_the_pooled_top_3(default_world):
+def test_logit_lens_shows_every_layer_and_the_pooled_top_3(default_world, monkeypatch):
+    sheets = []
+    sheet = drawing.heads_grid_image
+    monkeypatch.setattr(drawing, "heads_grid_image", lambda cells, columns, gap=2, labels=None: (
+        sheets.append((len(cells), labels)), sheet(cells, columns, gap, labels))[1])
     at = open_mechanism(run_app(), "Logit lens")
+    assert (4, ["embedding", "layer 1", "layer 2", "layer 3"]) in sheets  # each thumbnail says what it reads
     [table] = at.dataframe
     assert list(table.value["after"]) == ["embedding", "layer 1", "layer 2", "layer 3"]
     assert all(any(c in cell for c in CLASSES) for cell in table.value["top 1"])

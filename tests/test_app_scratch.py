@@ -30,3 +30,11 @@ def test_unknown_weights_are_refused_with_their_description_and_the_command(tmp_
     assert "a ViT with 2 blocks of width 64, keys like `net.encoder.0.attn.qkv.weight`" in shown
     assert shown.endswith(f"python -m vit.convert {tmp_path / 'mine.pt'} --inspect")
     assert len(shown) < 400
+
+
+def test_a_from_scratch_models_default_class_names_say_how_to_name_them(tmp_path):
+    folder, _ = tintn_experiment(tmp_path, faster=False)  # tintn's config.json holds no class names
+    at = run_app()
+    open_by_path(at, folder)
+    [note] = [displayed(c.value) for c in at.sidebar.caption if "class 0" in displayed(c.value)]
+    assert f'give them as "class_names": […] in {folder / "config.json"}, one per class' in note

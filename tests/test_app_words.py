@@ -10,6 +10,7 @@ import torch
 from PIL import Image
 from test_app import charts, dirs, png_bytes, run_app, sidebar_widget, upload  # noqa: F401 (a fixture)
 from test_app_mechanism import switch_heads_off
+from test_app_share import open_link, url
 from test_prompts import save_open_clip
 
 from vit.text import escape_markdown
@@ -81,6 +82,10 @@ def test_ask_in_words_scores_and_maps_every_label(clip):
         at.run()
         assert not at.exception, [e.message for e in at.exception]
         assert any(c.value.startswith(f"**{name}") and "for “a dog”" in c.value for c in at.main.caption)
+        if key == "legrad":  # a CLIP's readout alone: SigLIP's probe and empty prompt are not this model's
+            [caption] = [c.value for c in at.main.caption if c.value.startswith("**LeGrad")]
+            assert "CLIP readout (ln_post of the mean over tokens)" in caption
+            assert "SigLIP" not in caption and "empty prompt" not in caption
     [label] = [w for w in at.main.selectbox if w.label == "Map for"]
     assert label.options == LABELS  # plain text: the options show the labels as typed
     label.set_value(2)
@@ -242,3 +247,19 @@ def test_a_label_whose_article_the_template_doubles_is_pointed_out():
                              (["a dog"], "a photo of my {}.")):
         assert "Note" not in described(labels, template)
     assert "Note" not in described(["a dog"], "a photo of a {}.", ensemble=True)  # 80 templates: not one prompt
+
+
+def test_a_link_carries_the_labels_asked_in_words(clip):
+    """A CLIP's labels in a link are asked again: the scores are open_clip's own for them on the linked image."""
+    model, folder = clip
+    image = png_bytes(32, 32, seed=4)
+    at = open_clip_app(folder, image)
+    ask(at, ", ".join(LABELS))
+    assert url(at)["labels"] == ", ".join(LABELS)
+
+    again = open_link(url(at))
+    assert [w.value for w in again.main.text_area if w.label == "Labels"] == [", ".join(LABELS)]
+    got = dict(zip(*(score_bars(again)[k] for k in ("y", "x")), strict=True))
+    expected = open_clip_probabilities(model, folder, image)
+    assert [got[e] for e in ("a dog", "a cat", "&lt;b&gt;bold&lt;/b&gt; *star*")] == pytest.approx(
+        expected.tolist(), abs=1e-5)

@@ -391,3 +391,12 @@ def test_mass_mask_keeps_the_largest_patches_until_the_share_is_reached():
     assert mass_mask(torch.stack([m, m.flip(0)]), 0.6).shape == (2, 2, 2)  # per head
     with pytest.raises(ValueError, match="share"):
         mass_mask(m, 1.5)
+
+
+def test_patch_centres_of_rectangular_patches_step_by_their_height_and_width():
+    # (2, 8) patches on a 2x2 grid: centres at rows 1 and 3, columns 4 and 12
+    expected = torch.tensor([[1.0, 4.0], [1.0, 12.0], [3.0, 4.0], [3.0, 12.0]], dtype=torch.float64)
+    torch.testing.assert_close(patch_centres((2, 2), (2, 8)), expected, rtol=0, atol=0)
+    attn = torch.zeros(1, 1, 3, 3)
+    attn[..., 1:, 1:] = torch.tensor([[0.0, 1.0], [1.0, 0.0]])  # each patch attends to the other, 8 px away
+    assert mean_attention_distance(attn, (1, 2), (2, 8)).item() == pytest.approx(8.0)

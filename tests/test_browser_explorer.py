@@ -311,12 +311,12 @@ def check_vit_base_at_a_keep_aspect_size(base_server, page) -> None:
     page.goto(url)
     page.get_by_text("Upload an image in the sidebar").wait_for()
     page.locator('[data-testid="stFileUploaderDropzoneInput"]').set_input_files(str(upload))
-    page.get_by_text("sees it as 224×224 px in 14×14 patches of 16 px").wait_for()
+    page.get_by_text("sees it as 224×224 px in 14 rows × 14 columns of 16-px patches").wait_for()
 
     # 384 px, aspect kept: 384 x 288 px, 18 x 24 patches, 433 tokens; the prediction says it is not 224 px.
     choose(page, "Input size", "384 px")
     page.get_by_text("Keep the aspect ratio").click()
-    page.get_by_text("sees it as 384×288 px in 18×24 patches of 16 px (433 tokens)").wait_for()
+    page.get_by_text("sees it as 384×288 px in 18 rows × 24 columns of 16-px patches (433 tokens)").wait_for()
     page.get_by_text("not the 224×224 px the model was trained at").wait_for()
     page.wait_for_function(f"({OVERLAY_HREF})() !== null")
 

@@ -36,7 +36,7 @@ def test_a_dinov3_map_at_640x480_keeping_the_aspect_with_its_register_tokens_lab
         page.get_by_text("No prediction: this model has no classifier").wait_for()
         choose(page, "Input size", "640 px")
         page.get_by_text("Keep the aspect ratio").click()
-        page.get_by_text("sees it as 640×480 px in 30×40 patches of 16 px (1,205 tokens)").wait_for()
+        page.get_by_text("sees it as 640×480 px in 30 rows × 40 columns of 16-px patches (1,205 tokens)").wait_for()
         page.get_by_text("Colours span").wait_for()
         open_dropdown(page, "Query token")
         for i in range(1, 5):

@@ -58,7 +58,8 @@ def test_entry_reads_dataset_classes_size_and_accuracy_from_metadata(dirs):
                                                                                    0.8125)
     assert (entry.image_size, entry.patch_size, entry.num_layers, entry.num_heads, entry.epochs) == (16, 4, 2, 2, 7)
     assert entry.label == "tiny.pt · pets · 3 classes · 1.2 k params · val 81.2%"
-    assert "2 layers × 2 heads" in entry.description and "4×4 grid" in entry.description
+    assert "2 layers × 2 heads" in entry.description
+    assert "input of 16×16 px in 4 rows × 4 columns of 4-px patches" in entry.description
 
 
 def test_missing_metadata_counts_parameters_from_the_weights_and_says_accuracy_is_unknown(dirs):
@@ -367,3 +368,15 @@ def test_a_run_named_with_a_right_to_left_override_is_labelled_with_it_visible(d
     assert labels[1].startswith("run cats\\u202egpj.exe · \\u2066birds · 3 classes")
     assert not any(c in label for label in labels for c in "\u202e\u2066")
     assert "\\\\u202e" in describe(find_checkpoints(checkpoints, runs)[1]).description  # the path, Markdown-escaped
+
+
+def test_a_completed_sae_run_is_no_model_but_is_listed_among_the_sae_runs(dirs):
+    _, runs = dirs
+    vit_run = write_run(runs, "vit-run", "completed")
+    sae_run = write_run(runs, "sae-run", "completed", files=())
+    (sae_run / "config.json").write_text(json.dumps({"kind": "sae", "args": {}}))
+    (sae_run / "last.pt").write_bytes(b"an SAE's resume state")  # what vit.sae train writes: no ViT
+    unfinished = write_run(runs, "sae-running", "running", files=())
+    (unfinished / "config.json").write_text(json.dumps({"kind": "sae", "args": {}}))
+    assert [c.path for c in find_checkpoints(dirs[0], runs)] == [vit_run / "best.pt"]
+    assert catalog.sae_runs(runs) == [sae_run]

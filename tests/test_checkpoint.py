@@ -1,6 +1,7 @@
 """Checkpoints: what is saved comes back, and every bad file gives one clear CheckpointError."""
 
 import os
+import re
 import shlex
 
 import pytest
@@ -376,6 +377,37 @@ def test_preprocessing_smaller_than_the_model_is_accepted(saved):
     # DINOv2 is built for 518 px and documented with 224-px inputs: fewer tokens are always safe.
     edited(saved, preprocessing={"image_size": 8, "num_channels": 3, "mean": [0.5] * 3, "std": [0.5] * 3})
     assert load_checkpoint(saved).preprocessing.image_size == 8
+
+
+def test_a_rectangular_model_round_trips_with_its_sides_as_height_width_pairs(tmp_path):
+    config = ViTConfig(image_size=(16, 64), patch_size=(2, 8), num_classes=3, hidden_size=16, num_layers=1,
+                       num_heads=2, mlp_size=16)
+    model = ViT(config).eval()
+    path = save_checkpoint(tmp_path / "rect.pt", model, ["a", "b", "c"])
+    payload = read_checkpoint_payload(path)
+    assert (payload["config"]["patch_size"], payload["preprocessing"]["image_size"]) == ((2, 8), [16, 64])
+    loaded = load_checkpoint(path)
+    assert loaded.config == config and loaded.preprocessing.image_hw == (16, 64)
+    images = torch.randn(2, 3, 16, 64)
+    with torch.no_grad():
+        torch.testing.assert_close(loaded.model(images)[0], model(images)[0], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize(("size", "message"), [
+    ([16, 62], r"invalid preprocessing: image size \(16, 62\) is not a positive multiple of the patch size 4"),
+    ([16, 64, 1], "invalid config"),
+])
+def test_rectangular_preprocessing_that_does_not_tile_is_refused(saved, size, message):
+    edited(saved, preprocessing={"image_size": size, "num_channels": 3, "mean": [0.5] * 3, "std": [0.5] * 3})
+    assert re.search(message, load_error(saved))
+
+
+def test_a_rectangle_cannot_be_cropped_from_a_resize():
+    from vit.checkpoint import preprocessing_problem
+
+    config = ViTConfig(image_size=(16, 64), patch_size=(2, 8))
+    pre = Preprocessing((16, 64), 3, (0.5,) * 3, (0.5,) * 3, resize_size=64)
+    assert "a crop must be square" in preprocessing_problem(pre, config)
 
 
 def pickle_bomb(path, opcodes: int, compression: int) -> None:

@@ -84,6 +84,9 @@ def test_a_command_ends_through_finish_with_atexit_hooks_threads_and_its_status_
     probe = """
 import atexit, gc, sys, threading, time
 from vit.cli import finish
+from concurrent.futures import ThreadPoolExecutor
+pool = ThreadPoolExecutor(1)  # an idle worker (a server's pool) ends through threading's exit hooks
+pool.submit(int).result()
 threading.Thread(target=lambda: (time.sleep(0.3), print("thread done", flush=True))).start()
 atexit.register(print, "atexit ran")
 print("to stderr, unflushed", file=sys.stderr, end="")

@@ -77,7 +77,7 @@ def test_settings_for_the_other_checkpoint_match_relative_depth_and_find_classes
 
     a = SimpleNamespace(num_layers=4, num_heads=4, grid=(8, 8), num_prefix_tokens=1)
     deeper = SimpleNamespace(num_layers=6, num_heads=4, grid=(8, 8), num_prefix_tokens=1)
-    coarse = SimpleNamespace(num_layers=4, num_heads=2, grid=(4, 4), num_prefix_tokens=1)
+    coarse = SimpleNamespace(num_layers=4, num_heads=2, grid=(4, 4), num_prefix_tokens=1, input_size=(64, 64))
     from vit.explain.compare import settings_for_other
 
     s = settings_for_other(MapSettings(layer=-1), a, deeper, ["x", "y"], ["x", "y"])
@@ -90,7 +90,7 @@ def test_settings_for_the_other_checkpoint_match_relative_depth_and_find_classes
     assert s.class_index == 0  # every class-explaining map finds the class by name
     with pytest.raises(ValueError, match="no head 3"):
         settings_for_other(MapSettings(head=2), a, coarse, [], [])
-    with pytest.raises(ValueError, match="only the CLS query"):
+    with pytest.raises(ValueError, match=r"\(64×64 px in 4 rows × 4 columns of patches, 1 prefix\); only the CLS"):
         settings_for_other(MapSettings(query=5), a, coarse, [], [])
     with pytest.raises(ValueError, match="no class named 'y'"):
         settings_for_other(MapSettings(kind="class", class_index=1), a, deeper, ["x", "y"], ["x", "z"])

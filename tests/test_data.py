@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 import socket
 
 import pytest
@@ -84,6 +85,24 @@ def test_a_training_folder_never_reads_through_links_out_of_it(tmp_path):
     (root / "cat" / "again.png").symlink_to(root / "cat" / "0.png")  # a link inside it: kept
     ds = load_dataset(f"folder:{root}", 8, 3, cache_dir=tmp_path / "cache")
     assert len(ds.train) + len(ds.val) == 7
+
+
+def test_a_folder_of_links_out_of_it_says_they_are_skipped_and_why_in_vit_train_and_on_the_train_page(tmp_path):
+    from test_runs import tiny_params
+
+    from vit.runs.launch import validate_params
+
+    outside = make_image_folder(tmp_path / "elsewhere", per_class=1)
+    root = tmp_path / "linked"
+    for name in ("cat", "dog"):
+        (root / name).mkdir(parents=True)
+        (root / name / "0.png").symlink_to(outside / name / "0.png")
+    note = r"lay it out as .*<image>; 2 image link\(s\) in it point outside .* were skipped \(only files inside"
+    with pytest.raises(data.DataError, match=note):
+        data.folder_layout(root)
+    errors = validate_params(tiny_params("r", root), tmp_path / "runs", tmp_path / "data", gpu_count=0,
+                             data_roots=(tmp_path,))
+    assert re.search(note, errors["dataset"])
 
 
 def test_second_load_comes_from_the_cache_without_decoding(tmp_path, monkeypatch):

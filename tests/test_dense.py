@@ -233,6 +233,22 @@ def test_pca_components_take_sklearns_sign_and_whiten_to_unit_variance():
     np.testing.assert_allclose(projected.var(dim=0, unbiased=True), np.ones(3), atol=1e-10)
 
 
+def test_pca_of_token_sets_added_one_at_a_time_equals_sklearns_on_all_of_them():
+    torch.manual_seed(2)
+    sets = [torch.randn(n, 8) @ torch.randn(8, 8) + 1000.0 for n in (7, 30, 1, 12)]  # far from 0: a naive sum fails
+    moments = dense.PCAMoments()
+    for tokens in sets:
+        moments.add(tokens)
+    every = torch.cat(sets).double().numpy()
+    reference = StandInPCA(3, whiten=True).fit(every)
+    # sklearn's svd_flip (since 1.5): each component's largest entry in absolute value is positive.
+    signs = np.sign(reference.components_[np.arange(3), np.abs(reference.components_).argmax(axis=1)])
+    fit = moments.fit()
+    np.testing.assert_allclose(fit.components.numpy(), reference.components_ * signs[:, None], atol=1e-9)
+    np.testing.assert_allclose(fit.transform(torch.from_numpy(every)).numpy(), reference.transform(every) * signs,
+                               atol=1e-8)
+
+
 def test_pca_of_constant_tokens_is_grey_not_nan():
     colours, _ = dense.pca_images([torch.ones(6, 4)])
     np.testing.assert_allclose(colours[0], 0.5)

@@ -57,6 +57,13 @@ def test_a_model_with_cls_offers_no_probe_maps():
     assert not set(explorer.map_kinds(analysis, False)) & set(explorer.PROBE_MAP_KINDS)
 
 
+def test_a_native_aimv2_like_model_says_its_positions_are_computed_for_the_grid_it_sees():
+    ckpt = checkpoint(class_token=False, pooling="avg", pos_embed=False, sincos_pos=True, norm="rms", embed_norm=True)
+    analysis = explorer.analyse(ckpt, image(), InputSize(side=24, keep_aspect=True))
+    assert analysis.grid == (4, 6)
+    assert "sine-cosine positions are computed for this grid" in drawing.describe_input(analysis, (30, 20))
+
+
 def test_a_dinov3_like_model_is_exact_at_a_non_square_size_and_names_its_storage_tokens():
     ckpt = checkpoint(num_register_tokens=4, layer_scale=0.5, pos_embed=False, rope="dinov3", key_bias=False)
     size = InputSize(side=24, keep_aspect=True)

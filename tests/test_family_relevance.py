@@ -23,12 +23,21 @@ FAMILIES = {
     "mae": dict(pooling="avg", fc_norm=True),
     "deit-distilled": dict(distillation_token=True, distillation_head=True),
     "dinov2-registers": dict(layer_scale=0.5, num_register_tokens=4, pooling="cls+avg"),
+    "aimv2": dict(class_token=False, pooling="avg", norm="rms", embed_norm=True, qkv_bias=False, proj_bias=False,
+                  gated_mlp=True, activation="silu", layer_norm_eps=1e-5),
+    "aimv2-hf-head": dict(class_token=False, pooling="map", pool_head="aimv2", pool_heads=4, norm="rms",
+                          embed_norm=True, qkv_bias=False, proj_bias=False, gated_mlp=True, activation="silu"),
+    "pe-core": dict(rope="pe", rope_theta=10000.0, rope_ref_grid=4, pre_norm=True, pooling="map", pool_heads=4,
+                    pool_mlp_size=32, layer_norm_eps=1e-5),
+    "pe-spatial": dict(rope="pe", rope_theta=10000.0, rope_ref_grid=4, pre_norm=True, pooling="avg", final_norm=False,
+                       layer_scale=0.5),
 }
 METHODS = {"legrad": relevance.legrad, "transformer_attribution": relevance.transformer_attribution,
            "attnlrp": relevance.attnlrp}
 # Chefer et al.'s LRP: CLS through one norm and one head, plain GELU MLPs, learned positions.
 CHEFER_REFUSAL = {"dinov3": "layer_scale", "dinov3-swiglu": "rope", "eva02": "pooling", "siglip": "pooling",
-                  "mae": "pooling", "deit-distilled": "distillation_head", "dinov2-registers": "layer_scale"}
+                  "mae": "pooling", "deit-distilled": "distillation_head", "dinov2-registers": "layer_scale",
+                  "aimv2": "pooling", "aimv2-hf-head": "pooling", "pe-core": "pooling", "pe-spatial": "layer_scale"}
 
 
 def family_model(name: str, biases: bool = True) -> ViT:
@@ -69,7 +78,7 @@ def test_cp_lrp_relevance_of_the_embedding_sums_to_the_logit_on_every_family(fam
 
 
 @pytest.mark.parametrize("cp", [False, True], ids=["attnlrp", "cp-lrp"])
-@pytest.mark.parametrize("family", ["dinov3-swiglu", "eva02"])
+@pytest.mark.parametrize("family", ["dinov3-swiglu", "eva02", "aimv2"])
 def test_gated_mlp_passes_on_all_its_relevance_under_both_rules(family, cp):
     """With no biases the MLP is linear under either rule (identity rule on the activation, the gate split evenly
     or, CP-LRP, held constant), so the relevance of its input sums to that of its output."""
@@ -90,6 +99,35 @@ def test_gradient_rollout_runs_on_every_family_with_the_models_own_logits(family
         expected, expected_attentions = model(images, output_attentions=True)  # the explicit path it walks
     assert torch.equal(logits, expected) and torch.equal(attentions[-1], expected_attentions[-1])
     assert len(attentions) == len(gradients) == 2 and gradients[0].shape == attentions[0].shape
+
+
+def test_chefer_lrp_names_rmsnorm_as_the_operation_it_has_no_rule_for():
+    model = ViT(ViTConfig(**{**BASE, "norm": "rms"})).eval()
+    with pytest.raises(relevance.UnsupportedModelError, match="no rule for norm='rms'") as error:
+        relevance.transformer_attribution(model, torch.randn(1, 3, 16, 16), 0)
+    assert "\n" not in str(error.value)
+
+
+def test_attnlrp_holds_an_rmsnorms_scale_as_lxts_rms_norm_forward_does():
+    """lxt's own ``rms_norm_forward`` (identity rule: the gradient stops at the root mean square) on transformers'
+    ``Aimv2RMSNorm`` and our RMSNorm under AttnLRP's rules give the same output and the same gradient."""
+    transformers = pytest.importorskip("transformers")
+    from tests.reference.lxt.patches import rms_norm_forward
+
+    torch.manual_seed(0)
+    theirs = transformers.models.aimv2.modeling_aimv2.Aimv2RMSNorm(16, eps=1e-5)
+    ours = family_model("aimv2").norm
+    with torch.no_grad():
+        theirs.weight.copy_(ours.weight)
+    x = torch.randn(2, 5, 16, requires_grad=True)
+    out = torch.randn(2, 5, 16)
+    expected = rms_norm_forward(theirs, x)
+    [expected_grad] = torch.autograd.grad(expected, x, out)
+    with use_rules(relevance.AttnLRPRules()):
+        y = ours(x)
+        [grad] = torch.autograd.grad(y, x, out)
+    torch.testing.assert_close(y, expected, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(grad, expected_grad, rtol=1e-6, atol=1e-6)
 
 
 def test_cp_lrp_holds_sams_relative_positions_constant_so_relevance_sums_to_the_logit():

@@ -2,7 +2,8 @@
 lxt's ``efficient`` module patches a model: its LayerNorm, activation and attention-input rules, its gated-MLP
 rules for SwiGLU, ``gated_mlp_forward`` and CP-LRP's ``cp_gated_mlp_forward``), on a non-square input: EVA-02
 (RoPE, SwiGLU, the MLP's norm), DINOv3 (RoPE, registers, layer scale), SigLIP (attention pooling), MAE (avg
-pooling + fc_norm), DeiT distilled (two heads), DINOv2 (layer scale).
+pooling + fc_norm), DeiT distilled (two heads), DINOv2 (layer scale), AIMv2 (RMSNorm with lxt's
+``rms_norm_forward``, bias-free SwiGLU), Perception Encoder spatial (PE's rotary positions, ``norm_pre``).
 
 Reference: rachtibat/LRP-eXplains-Transformers @ f0434417, lxt/efficient/{rules,patches}.py (tests/reference/lxt).
 """
@@ -15,6 +16,7 @@ from parity_helpers import randomize
 from tests.reference.lxt.patches import (
     layer_norm_forward,
     non_linear_forward,
+    rms_norm_forward,
     stop_gradient,
     wrap_attention_forward,
 )
@@ -33,6 +35,8 @@ CASES = {  # name, patch, extra model args
     "mae": ("vit_base_patch16_224.mae", 8, dict(global_pool="avg", fc_norm=True)),
     "deit-distilled": ("deit_tiny_distilled_patch16_224", 8, {}),
     "dinov2": ("vit_small_patch14_dinov2", 7, {}),
+    "aimv2 (RMSNorm, bias-free SwiGLU)": ("aimv2_large_patch14_224", 7, {}),
+    "pe-spatial (PE's RoPE, norm_pre)": ("vit_pe_spatial_tiny_patch16_512", 8, {}),
 }
 
 
@@ -70,6 +74,7 @@ def cp_gated_mlp_forward(self, x):
 
 def lxt_relevance(model, images, index: int, cp: bool, monkeypatch) -> torch.Tensor:
     from timm.layers import LayerNorm as TimmLayerNorm
+    from timm.layers import RmsNorm
     from timm.layers.mlp import GluMlp, SwiGLU
 
     sdpa = F.scaled_dot_product_attention
@@ -81,6 +86,8 @@ def lxt_relevance(model, images, index: int, cp: bool, monkeypatch) -> torch.Ten
     with monkeypatch.context() as m:  # undone before our model runs
         for norm in (torch.nn.LayerNorm, TimmLayerNorm):
             m.setattr(norm, "forward", layer_norm_forward)
+        m.setattr(RmsNorm, "variance_epsilon", property(lambda self: self.eps), raising=False)  # lxt's name for eps
+        m.setattr(RmsNorm, "forward", rms_norm_forward)
         for act in activations:
             m.setattr(act, "original_forward", act.forward, raising=False)
             m.setattr(act, "forward", non_linear_forward)

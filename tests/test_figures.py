@@ -2,6 +2,7 @@
 the crowded category ticks and the axes had no titles."""
 
 import numpy as np
+import pytest
 
 from vit.explain.figures import layer_head_figure, layer_token_figure
 
@@ -30,3 +31,45 @@ def test_the_heads_grid_keeps_its_row_labels_next_to_the_thumbnails():
     assert (fig.layout.xaxis.constrain, fig.layout.xaxis.constraintoward) == ("domain", "left")
     assert (fig.layout.yaxis.constrain, fig.layout.yaxis.constraintoward) == ("domain", "top")
     assert list(fig.layout.xaxis.range) == [0, 400]
+
+
+TITLE_AND_LABELS = """() => { const title = document.querySelector('.g-ytitle text').getBoundingClientRect();
+  const labels = [...document.querySelectorAll('.ytick text')].map(e => e.getBoundingClientRect().left);
+  return [title.right, Math.min(...labels)]; }"""
+
+
+@pytest.mark.browser
+def test_the_direct_logit_attributions_y_title_stands_clear_of_its_layer_labels():
+    # Issue 45, item 10: "layer 10" … "layer 12", wider than "layer 1", ran into the rotated title beside them.
+    import streamlit  # noqa: F401  (the Plotly template the page's figures are built with)
+    from helpers import chromium
+
+    fig = layer_head_figure(np.ones((12, 12)), "Direct logit attribution", "logit", extra=np.ones(12))
+    with chromium() as browser:
+        page = browser.new_page(viewport={"width": 760, "height": 600})
+        page.set_content(fig.update_layout(width=700).to_html(include_plotlyjs=True, full_html=True))
+        page.wait_for_selector(".main-svg .ytick text")
+        title_right, labels_left = page.evaluate(TITLE_AND_LABELS)
+    assert labels_left - title_right >= 4, (title_right, labels_left)
+
+
+def test_a_labelled_sheet_writes_each_label_under_its_own_thumbnail():
+    from PIL import Image
+
+    from vit.app.drawing import heads_grid_image
+
+    colours = [(200, 0, 0), (0, 200, 0), (0, 0, 200), (200, 200, 0)]
+    cells = [Image.new("RGB", (72, 40), c) for c in colours]
+    plain = np.asarray(heads_grid_image(cells, columns=3))
+    sheet = np.asarray(heads_grid_image(cells, columns=3, labels=["embedding", "layer 1", "layer 2", "layer 3"]))
+    assert plain.shape == (40 + 2 + 40, 3 * 72 + 2 * 2, 3)
+    strip = (sheet.shape[0] - plain.shape[0]) // 2  # under each of the 2 rows
+    assert strip > 0 and sheet.shape[1] == plain.shape[1]
+    for i, colour in enumerate(colours):
+        r, c = divmod(i, 3)
+        x, y = c * (72 + 2), r * (40 + strip + 2)
+        assert (sheet[y:y + 40, x:x + 72] == colour).all()  # the thumbnail as it was
+        ink = (sheet[y + 40:y + 40 + strip] < 128).any(axis=(0, 2))  # dark ink on white, per column
+        assert ink[x:x + 72].any()  # its label
+        assert not ink[x - 2:x].any() and not ink[x + 72:x + 74].any()  # inside its own column: none in the gaps
+    assert (sheet[2 * 40 + strip + 2:, 2 * 74:] == 255).all()  # no label under the empty place

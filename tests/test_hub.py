@@ -232,11 +232,18 @@ def explorer_with_hub_id(text: str, address: str = "localhost"):
     return at, buttons
 
 
-def test_the_explorer_shows_a_hub_models_size_then_downloads_and_opens_it(app_world, repo, fake_hub):
+def test_the_explorer_shows_a_hub_models_size_then_downloads_and_opens_it(app_world, repo, fake_hub, monkeypatch):
+    shares = []
+    download = catalog.download_from_hub
+    monkeypatch.setattr(catalog, "download_from_hub", lambda wanted, progress: download(
+        wanted, lambda share, text: (shares.append(share), progress(share, text))))
     at, buttons = explorer_with_hub_id(repo)
     size = sum(len(fake_hub.repos[repo].files[f]) for f in ("config.json", "model.safetensors"))
     assert [b.label for b in buttons] == [f"Download {hub.format_bytes(size)}"]
-    assert at.sidebar.get("progress"), "the download shows a progress bar"
+    assert shares and shares[-1] == 1.0, "the download shows a progress bar"
+    # Once it is done, its size, its button and its full bar leave the sidebar (they stayed until the next click).
+    assert not at.sidebar.get("progress") and not [b for b in at.sidebar.button if b.label.startswith("Download")]
+    assert not [c for c in at.sidebar.caption if hub.format_bytes(size) in c.value]
     assert sorted(fake_hub.fetched("GET")) == ["config.json", "model.safetensors"]
     picker = next(w for w in at.sidebar.selectbox if w.label == "Checkpoint")
     assert picker.value == str(hub.cached_snapshot(hub.parse_name(repo)))

@@ -199,6 +199,29 @@ def test_input_size_rounds_to_whole_patches(size, image, shape, checkpoint):
     assert x.shape == (1, 3, *shape)
 
 
+@pytest.mark.parametrize(("size", "image", "shape"), [
+    (InputSize(), (100, 50), (16, 64)),  # the checkpoint's own rectangle
+    (InputSize(64), (100, 50), (64, 64)),  # a square of whole 2x8 patches: a 32x8 grid
+    (InputSize(60), (100, 50), (60, 64)),  # 30 patch rows of 2 px, 7.5 columns of 8 px round to 8
+    (InputSize(64, keep_aspect=True), (100, 50), (32, 64)),  # (height, width): the long side is the width
+    (InputSize(64, keep_aspect=True), (50, 100), (64, 32)),
+    (InputSize(None, keep_aspect=True), (100, 50), (32, 64)),  # the training rectangle's long side
+])
+def test_input_size_rounds_each_side_to_rectangular_patches(size, image, shape):
+    pre = Preprocessing((16, 64), 3, (0.5,) * 3, (0.5,) * 3)
+    assert size.shape(image, pre, patch_size=(2, 8)) == shape
+    assert preprocess([Image.new("RGB", image)], pre, size, patch_size=(2, 8)).shape == (1, 3, *shape)
+
+
+def test_largest_square_side_holds_at_most_that_many_patches():
+    from vit.inference import largest_square_side
+
+    assert largest_square_side(16, 5) == 32  # isqrt(5) = 2 patches a side
+    assert largest_square_side((2, 8), 64) == 32  # 16 x 4 patches of 2 x 8 px
+    assert largest_square_side((2, 8), 63) == 24  # 12 x 3 = 36: the next multiple of 8, 32 px, would make 64
+    assert largest_square_side((2, 8), 1) == 8  # at least one whole patch both ways
+
+
 def test_input_size_is_bounded():
     # 4,096 px: maps past 1,024 px are computed in chunks (vit.explain.chunked), so the bound is the CLI's, not memory's
     assert InputSize(4096).side == 4096

@@ -33,6 +33,9 @@ CONFIG = ViTConfig(image_size=16, patch_size=4, num_channels=3, num_classes=5, h
 EVERY_OPTION = dataclasses.replace(CONFIG, distillation_token=True, distillation_head=True, num_register_tokens=2,
                                    layer_scale=0.5, pooling="cls+avg", prefix_positions="cls")
 AVG_POOLED = dataclasses.replace(CONFIG, num_register_tokens=3, pooling="avg", fc_norm=True, prefix_positions="none")
+# AIMv2's layout: RMSNorm everywhere (no centring, no offsets), no class token, mean pooling, bias-free SwiGLU.
+AIMV2 = dataclasses.replace(CONFIG, class_token=False, pooling="avg", norm="rms", embed_norm=True, qkv_bias=False,
+                            proj_bias=False, gated_mlp=True, activation="silu")
 
 
 def random_vit(config: ViTConfig = CONFIG, seed: int = 0) -> ViT:
@@ -49,7 +52,7 @@ def images(batch: int = 1, size: tuple[int, int] = (16, 16), seed: int = 1) -> t
     return torch.randn(batch, 3, *size, generator=torch.Generator().manual_seed(seed))
 
 
-@pytest.mark.parametrize("config", [CONFIG, EVERY_OPTION, AVG_POOLED])
+@pytest.mark.parametrize("config", [CONFIG, EVERY_OPTION, AVG_POOLED, AIMV2])
 def test_the_walk_gives_the_models_own_logits(config):
     model = random_vit(config)
     x = images(2, (12, 16))
@@ -63,7 +66,7 @@ def test_the_walk_gives_the_models_own_logits(config):
         torch.testing.assert_close(mine, theirs, rtol=0, atol=1e-6)
 
 
-@pytest.mark.parametrize("config", [CONFIG, EVERY_OPTION, AVG_POOLED])
+@pytest.mark.parametrize("config", [CONFIG, EVERY_OPTION, AVG_POOLED, AIMV2])
 def test_direct_logit_attribution_sums_to_the_logit(config):
     model = random_vit(config)
     x = images(3, (12, 16))

@@ -1,8 +1,9 @@
 """The mechanism analyses on the 2025-26 families (issue 24: every new computation runs on each family the project
-opens): timm's own EVA-02 (interleaved rotary positions, SwiGLU with its inner norm) and DINOv3 (axial rotary
-positions, registers, layer scale), each with a classifier, are the references. Heads are zeroed or patched in timm
-by pre-hooks written here on ``attn.proj``'s input, its attentions caught on ``attn_drop``; a non-square input
-checks that the rotary positions follow the grid.
+opens): timm's own EVA-02 (interleaved rotary positions, SwiGLU with its inner norm), DINOv3 (axial rotary
+positions, registers, layer scale), Perception Encoder spatial (PE's rotary positions, norm_pre, no final norm) and
+AIMv2 (RMSNorm, bias-free SwiGLU, no class token), each with a classifier, are the references. Heads are zeroed or
+patched in timm by pre-hooks written here on ``attn.proj``'s input, its attentions caught on ``attn_drop``; a
+non-square input checks that the rotary positions follow the grid.
 """
 
 import pytest
@@ -15,7 +16,8 @@ from vit.sources.open import open_source
 timm = pytest.importorskip("timm")
 pytestmark = pytest.mark.slow  # importing timm takes seconds
 
-FAMILIES = {"EVA-02": "eva02_tiny_patch14_224", "DINOv3": "vit_small_patch16_dinov3_qkvb"}
+FAMILIES = {"EVA-02": "eva02_tiny_patch14_224", "DINOv3": "vit_small_patch16_dinov3_qkvb",
+            "PE-spatial": "vit_pe_spatial_tiny_patch16_512", "AIMv2": "aimv2_large_patch14_224"}
 HD = 16  # 32 channels, 2 heads
 
 
@@ -32,7 +34,7 @@ def pair(request, tmp_path_factory):
     folder = tmp_path_factory.mktemp("family") / "model"
     timm.models.save_for_hf(reference, folder, model_args=dict(num_heads=2, img_size=32), safe_serialization=True)
     ours = open_source(folder).model
-    assert ours.config.rope != "none" and ours.head is not None
+    assert ours.head is not None
     return reference, ours
 
 
@@ -149,14 +151,15 @@ def test_attention_sinks_read_timms_own_attention_and_need_the_grid(pair):
     _, attentions = capture_inputs([block.attn.attn_drop for block in reference.blocks], lambda: reference(x))
     with torch.no_grad():
         states = mechanism.hidden_states(ours, x)
-        with pytest.raises(mechanism.MechanismError, match="patch grid must be given"):
-            mechanism.sink_stats(ours, states)
+        if ours.config.rope != "none":
+            with pytest.raises(mechanism.MechanismError, match="patch grid must be given"):
+                mechanism.sink_stats(ours, states)
         sinks = mechanism.sink_stats(ours, states, ours.patch_grid(48, 24))
     expected = torch.stack([a.mean(dim=2).max(dim=-1).values for a in attentions], dim=1)  # (B, L, H)
     torch.testing.assert_close(sinks.mass, expected, rtol=0, atol=1e-5)
 
 
 def test_test_time_registers_are_refused_in_one_line_for_rotary_models(pair):
-    _, ours = pair
+    _, ours = pair  # AIMv2 has no rotary positions, but its SwiGLU has no fc1-GELU-fc2 neurons either
     with pytest.raises(mechanism.MechanismError, match="rotary positions|fc1-GELU-fc2"):  # EVA-02: SwiGLU first
         mechanism.with_test_time_registers(ours, images(), {0: [1]})

@@ -58,6 +58,43 @@ def test_config_rejects_non_positive_or_non_integer_sizes(name, value):
         ViTConfig(**{**SMALL, name: value})
 
 
+def test_config_sides_are_an_int_for_a_square_and_a_height_width_pair_otherwise():
+    square = ViTConfig(**{**SMALL, "image_size": [32, 32], "patch_size": (4, 4)})  # a JSON list, a square pair
+    assert (square.image_size, square.patch_size) == (32, 4) and square == ViTConfig(**SMALL)
+    rect = ViTConfig(**{**SMALL, "image_size": [16, 64], "patch_size": [2, 8]})
+    assert (rect.image_size, rect.patch_size, rect.image_hw, rect.patch_hw) == ((16, 64), (2, 8), (16, 64), (2, 8))
+    assert (rect.grid_size, rect.num_patches) == ((8, 8), 64)
+    assert ViTConfig.from_dict(rect.to_dict()) == rect
+
+
+@pytest.mark.parametrize(("sides", "message"), [
+    ({"image_size": (16, 60), "patch_size": (2, 8)}, r"image_size \(\(16, 60\)\) must be divisible by patch_size"),
+    ({"patch_size": (2, 8, 1)}, r"patch_size must be a positive integer or a \(height, width\) pair"),
+    ({"patch_size": (2, 0)}, r"patch_size must be a positive integer or a \(height, width\) pair"),
+    ({"image_size": (16, 10**6), "patch_size": (2, 8)}, r"image_size is \[16, 1000000\]; at most 8,192"),
+])
+def test_config_refuses_bad_pairs_naming_the_field(sides, message):
+    with pytest.raises(ValueError, match=message):
+        ViTConfig(**{**SMALL, **sides})
+
+
+def test_rectangular_patches_embed_as_a_convolution_with_that_kernel():
+    """The patch embedding of (2, 8) patches is F.conv2d with a (2, 8) kernel and stride, and each input row of
+    ph x pw pixels becomes one token: a hand-built reference on the same weights."""
+    config = ViTConfig(**{**SMALL, "image_size": (8, 32), "patch_size": (2, 8)})
+    model = ViT(config).eval()
+    images = torch.randn(2, 3, 8, 32)
+    with torch.no_grad():
+        tokens = model.embed(images)[:, 1:] - model.pos_embed[:, 1:]  # (B, 16, D): the patches alone
+        patches = images.unfold(2, 2, 2).unfold(3, 8, 8)  # (B, C, 4, 4, 2, 8)
+        patches = patches.permute(0, 2, 3, 1, 4, 5).reshape(2, 16, 3 * 2 * 8)  # row-major patches, (c, y, x) each
+        expected = patches @ model.patch_embed.weight.reshape(config.hidden_size, -1).T + model.patch_embed.bias
+    torch.testing.assert_close(tokens, expected, rtol=1e-5, atol=1e-5)
+    assert model.patch_grid(8, 32) == (4, 4)
+    with pytest.raises(ValueError, match="multiple of 2 px in height and 8 in width"):
+        model.patch_grid(8, 30)
+
+
 @pytest.mark.parametrize("name", ["num_classes", "num_register_tokens"])
 @pytest.mark.parametrize("value", [-1, 2.5, True])
 def test_config_rejects_negative_or_non_integer_counts(name, value):

@@ -274,3 +274,30 @@ def test_without_o_tmpfile_a_streamed_npz_is_written_beside_and_renamed(tmp_path
     with np.load(tmp_path / "image.npz") as saved:
         np.testing.assert_array_equal(saved["layer_0"], np.ones(2, np.float16))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["image.npz"]
+
+
+def test_a_rectangular_patch_maps_to_exactly_its_ph_x_pw_pixels_of_the_model_input():
+    """vit-pytorch's patch_size=(2, 8) on image_size=(16, 64): patch (row 3, column 5) is input rows 6-7 and
+    columns 40-47, and its map cell (drawn over the 64x16 input, or an image of that shape) covers exactly those."""
+    from vit.checkpoint import Preprocessing
+    from vit.inference import input_shape, preprocess
+    from vit.model import ViT, ViTConfig
+
+    config = ViTConfig(image_size=(16, 64), patch_size=(2, 8), num_classes=2, hidden_size=16, num_layers=1,
+                       num_heads=2, mlp_size=16)
+    model, pre = ViT(config).eval(), Preprocessing.default_for(config)
+    image = Image.new("RGB", (320, 80))  # width x height, the model's aspect
+    shape = input_shape(image, pre, config.patch_size)
+    assert shape == (16, 64) == tuple(preprocess([image], pre).shape[-2:])
+    grid = model.patch_grid(*shape)
+    assert grid == (8, 8)
+    patch = 3 * 8 + 5
+    one_hot = np.zeros(grid)
+    one_hot.flat[patch] = 1.0
+    cell = upsample(one_hot, shape, mode="nearest")  # (16, 64)
+    rows, cols = np.nonzero(cell)
+    assert (rows.min(), rows.max(), cols.min(), cols.max(), len(rows)) == (6, 7, 40, 47, 2 * 8)
+    assert patch_box(patch, (64, 16), grid) == (40, 6, 48, 8)
+    assert patch_at(40.5, 6.5, (64, 16), grid) == patch_at(47.5, 7.5, (64, 16), grid) == patch
+    # Over the original 320x80 image the same cell is 5x its 2x8 pixels.
+    assert patch_box(patch, image.size, grid) == (200, 30, 240, 40)

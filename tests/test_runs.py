@@ -909,3 +909,57 @@ def test_stray_temp_cleanup_never_follows_a_link_out_of_the_run(tmp_path):
     assert remove_stray_temp_files(run) == [run / ".status.json.x.tmp"]
     assert remove_stray_temp_files(tmp_path / "runs" / "linked") == []
     assert (elsewhere / ".keep.abc.tmp").is_file()
+
+
+def streamlit_font():
+    """The font Streamlit's tables draw their text with: its own Source Sans, 14 px."""
+    from pathlib import Path
+
+    import streamlit
+    from PIL import ImageFont
+
+    [font] = (Path(streamlit.__file__).parent / "static").rglob("SourceSansVF-Upright*")
+    return ImageFont.truetype(str(font), 14)
+
+
+def needed_px(font, rows, column, header):
+    """What a column needs to show its header and every cell uncut, as the table writes them, with the cell's
+    padding (8 px a side)."""
+    from vit.runs.manager import SHOWN_AS
+
+    shown = {"Progress": "100.0%", "Best val acc": "81.2%", "LR": "0.0003", **SHOWN_AS}
+    texts = [header] + [shown.get(column, str(row[column])) for row in rows if row[column] is not None]
+    return max(font.getlength(text) for text in texts) + 16
+
+
+def test_the_runs_tables_columns_show_their_headers_and_cells_uncut_within_the_page(tmp_path):
+    """Issue 45, item 10: set widths cut names, durations and datasets short (issue 33: within the page's 940 px)."""
+    from vit.runs.manager import TABLE_HEADERS, table_widths
+
+    font = streamlit_font()
+    runs = [RunInfo(name="cifar10-cifar-s-lr3e-4", state="cancelled", detail="stopped from the page",
+                    run_dir=tmp_path, devices=("cuda:0",), epoch=12, total_epochs=100, progress=1.0,
+                    best_val_acc=0.8125, elapsed_seconds=3600.0,
+                    settings={"preset": "tintn-cifar10", "dataset": "folder:/x/birds", "lr": 0.0003})]
+    rows = table_rows(runs)
+    assert all(width >= needed_px(font, rows, column, TABLE_HEADERS[column])  # with the room
+               for column, width in table_widths(rows, budget=2000).items())
+    widths = table_widths(rows)
+    assert list(widths) == list(TABLE_HEADERS) and sum(widths.values()) <= 940
+    for column, header in TABLE_HEADERS.items():  # within the page: the name and detail give way, shown whole below
+        assert widths[column] >= needed_px(font, [] if column in ("Name", "Detail") else rows, column, header), column
+
+
+def test_a_long_detail_or_name_gives_way_first_and_every_header_stays_whole(tmp_path):
+    from vit.runs.manager import TABLE_HEADERS, table_widths
+
+    font = streamlit_font()
+    runs = [RunInfo(name="a-very-long-run-name-" * 3, state="failed", detail="x" * 400, run_dir=tmp_path,
+                    devices=("cpu",), settings={"dataset": "cifar10"})]
+    rows = table_rows(runs)
+    widths = table_widths(rows)
+    assert sum(widths.values()) <= 940
+    for column, header in TABLE_HEADERS.items():
+        assert widths[column] >= needed_px(font, [], column, header), column  # its header
+        if column not in ("Name", "Detail"):
+            assert widths[column] >= needed_px(font, rows, column, header), column  # and its cells

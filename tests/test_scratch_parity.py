@@ -281,3 +281,13 @@ def test_tintn_image_size_no_multiple_of_its_patch_opens_as_its_convolution_comp
     image = Image.fromarray(torch.randint(0, 256, (40, 50, 3), dtype=torch.uint8).numpy())
     assert torch.equal(to_uint8(image, 28, 3, 30, p.resize_mode, p.resample, p.crop_rule),
                        to_uint8(image, 30, 3, resample=p.resample)[:, :28, :28])
+
+
+def test_a_from_scratch_model_named_by_its_config_json_has_no_note_on_naming_classes(tmp_path):
+    folder, _ = tintn_experiment(tmp_path, faster=True)
+    assert "class_names" in open_source(folder).metadata["class_names_note"]
+    config = json.loads((folder / "config.json").read_text())
+    names = [f"kind {i}" for i in range(config["num_classes"])]
+    (folder / "config.json").write_text(json.dumps({**config, "class_names": names}))
+    checkpoint = open_source(folder)
+    assert checkpoint.class_names == names and "class_names_note" not in checkpoint.metadata

@@ -102,12 +102,33 @@ def test_the_launch_notice_goes_when_its_run_is_deleted(folders):
     at.session_state["train_notice"] = "Started alpha on the CPU."
     at.session_state["train_notice_run"] = "alpha"
     at = at.run()
-    assert [shown_text(s.value) for s in at.success] == ["Started alpha on the CPU."]
     at.button(key="delete-alpha").click()
     at = at.run()
     assert not at.exception
     assert RunManager(folders).names() == []
     assert [s.value for s in at.success] == []
+
+
+def test_the_launch_notice_goes_when_its_run_ends(folders, running_run):
+    running_run("alpha")
+    at = AppTest.from_file(PAGE, default_timeout=TIMEOUT)
+    at.session_state["train_notice"] = "Started alpha on the CPU."
+    at.session_state["train_notice_run"] = "alpha"
+    at = at.run()
+    assert [shown_text(s.value) for s in at.success] == ["Started alpha on the CPU."]
+    status = json.loads((folders / "alpha" / "status.json").read_text())
+    (folders / "alpha" / "status.json").write_text(json.dumps({**status, "state": "completed", "progress": 1.0}))
+    at = at.run()
+    assert not at.exception
+    assert [s.value for s in at.success] == []
+
+
+def test_a_run_started_from_the_command_line_says_where_its_output_went(folders, running_run):
+    running_run("alpha")  # vit.train's process, no train.log yet
+    at = AppTest.from_file(PAGE, default_timeout=TIMEOUT).run()
+    assert not at.exception
+    [log] = [c.value for c in at.code]
+    assert log.startswith("(started outside this page") and "terminal" in log
 
 
 def test_empty_table_cells_are_empty_not_none(folders, running_run):

@@ -147,19 +147,57 @@ def test_layer_decay_puts_vit_pytorchs_patch_norms_with_the_embeddings():
 
 
 NON_SQUARE = {  # vit-pytorch's own models whose patch counts are squares, so the weights look like square ones'
-    "patch_size": dict(image_size=32, patch_size=(2, 8), num_classes=10, dim=32, depth=1, heads=2, mlp_dim=48),
-    "image_size": dict(image_size=(16, 64), patch_size=4, num_classes=10, dim=32, depth=1, heads=2, mlp_dim=48),
+    "patch_size": dict(image_size=32, patch_size=(2, 8), num_classes=10, dim=32, depth=2, heads=2, mlp_dim=48),
+    "image_size": dict(image_size=(16, 64), patch_size=4, num_classes=10, dim=32, depth=2, heads=2, mlp_dim=48),
+    "both": dict(image_size=(16, 64), patch_size=(2, 8), num_classes=10, dim=32, depth=2, heads=2, mlp_dim=48),
 }
 
 
+def images_of(arguments: dict, batch: int = 2) -> torch.Tensor:
+    size = arguments["image_size"]
+    return torch.randn(batch, arguments.get("channels", 3), *((size, size) if isinstance(size, int) else size))
+
+
 @pytest.mark.parametrize("argument", list(NON_SQUARE))
-def test_non_square_patches_or_images_are_not_opened_as_square_ones(tmp_path, argument):
+def test_non_square_patches_or_images_open_exactly(tmp_path, argument):
     arguments = NON_SQUARE[argument]
-    path = save(tmp_path, vit_pytorch.ViT(**arguments), {"heads": 2})  # the sides the weights cannot tell
+    model = randomize(vit_pytorch.ViT(**arguments))
+    path = save(tmp_path, model, {"heads": 2})  # the sides the weights cannot tell are asked for, not guessed
     with pytest.raises(SourceError, match=r"do not say patch_size, image_size: pass patch_size=N, image_size=N"):
         open_source(path)
-    (tmp_path / "config.json").write_text(json.dumps(arguments))
-    with pytest.raises(SourceError, match=rf"{argument}=\[\d+, \d+\] is not square") as error:
+    (tmp_path / "config.json").write_text(json.dumps(arguments))  # tuples become [height, width] lists
+    images = images_of(arguments)
+    with torch.no_grad():
+        logits, attentions = Recorder(model)(images)
+        ours, our_attentions = open_source(path).model(images, output_attentions=True)
+    assert_same((ours, our_attentions), logits, attentions)
+    torch.testing.assert_close(ours, logits, rtol=0, atol=1e-6)
+    for mine, theirs in zip(our_attentions, attentions.unbind(1), strict=True):
+        torch.testing.assert_close(mine, theirs, rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("argument", list(NON_SQUARE))
+def test_simple_vit_with_non_square_sides_opens_exactly(tmp_path, argument):
+    arguments = {**NON_SQUARE[argument], "dim_head": 8}
+    model = randomize(SimpleViT(**arguments))
+    path = save(tmp_path, model, arguments)
+    images = images_of(arguments)
+    with torch.no_grad():
+        assert_same(open_source(path).model(images, output_attentions=True), *simple_vit_attentions(model, images))
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    ({"image_size": [16, 60]}, r"image_size=\[16, 60\] is not a multiple of patch_size=\[2, 8\]"),
+    ({"image_size": [16, 32]}, r"image_size=\[16, 32\] in 2x8-px patches makes 32 patches, but the position table "
+                               r"has 64"),
+    ({"patch_size": [3, 8]}, r"not 3 channels of 3x8 patches"),
+    ({"patch_size": [2, 8, 1]}, r"patch_size must be a whole number or a \[height, width\] pair, got \[2, 8, 1\]"),
+    ({"patch_size": [2, 0.5]}, r"patch_size must be a positive whole number, got 0.5"),
+])
+def test_rectangular_sides_the_weights_contradict_are_refused_naming_them(tmp_path, change, message):
+    arguments = NON_SQUARE["both"]
+    path = save(tmp_path, vit_pytorch.ViT(**arguments), {**arguments, **change})
+    with pytest.raises(SourceError, match=message) as error:
         open_source(path)
     assert "\n" not in str(error.value)
 
@@ -206,3 +244,14 @@ def test_other_vit_pytorch_variants_are_refused_naming_what_they_are(tmp_path):
     with pytest.raises(SourceError, match=r"transformer\.layers\.0\.1\.0\.weight is in no vit-pytorch ViT or "
                                           r"SimpleViT: these weights are another vit-pytorch model"):
         open_source(path)
+
+
+def test_fine_tuning_a_rectangular_model_is_refused_in_one_line(tmp_path):
+    from vit.training.finetune import prepare_init
+
+    arguments = NON_SQUARE["both"]
+    save(tmp_path, vit_pytorch.ViT(**arguments), arguments)
+    with pytest.raises(ValueError, match=r"rectangular patches or images \(image_size \(16, 64\), patch_size "
+                                         r"\(2, 8\)\); training starts only from square ones") as error:
+        prepare_init(str(tmp_path), num_classes=10)
+    assert "\n" not in str(error.value)

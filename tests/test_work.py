@@ -131,6 +131,18 @@ def test_a_work_started_in_a_thread_gives_its_result_and_its_progress():
     assert (job.state, job.result, job.done, job.total) == ("done", "result", 4, 4)
 
 
+def test_a_running_work_before_its_first_report_says_it_is_starting_not_0_of_0():
+    reported, release = threading.Event(), threading.Event()
+    job = work.Work("k", "Ablating each head in turn", unit="heads").start(lambda progress: release.wait(10))
+    while job.state != "running":
+        reported.wait(0.01)
+    assert job.describe() == "Ablating each head in turn: starting…"
+    job(3, 144)
+    assert job.describe().startswith("Ablating each head in turn: 3 of 144 heads")
+    release.set()
+    assert job.wait(10)
+
+
 def test_a_stop_from_another_thread_ends_the_work_at_its_next_chunk():
     started, passes = threading.Event(), []
 

@@ -7,7 +7,8 @@ CLS attention of the last layer (heads averaged) and the mean CLS rollout map; t
 matrix; and the most confident mistakes. ``--mechanism`` adds, per true class, the mean direct logit
 attribution of every head, the logit change when each head alone is zeroed (averaged over images), the
 high-norm token rate per layer and position (``--norm-threshold``), massive activations per layer and attention
-sinks per head (``vit.explain.mechanism``). Writes ``analysis.json``, PNG plots and one
+sinks per head (``vit.explain.mechanism``). ``--pca`` adds each image's PCA colours as a PNG and an .npz under
+``pca/`` (``--pca-layer``, ``--pca-joint``: ``vit.explain.dataset_pca``). Writes ``analysis.json``, PNG plots and one
 self-contained ``report.html`` into ``--out`` (default ``analysis/<checkpoint name>``) and
 prints the JSON's path. A progress bar is drawn on stderr.
 
@@ -48,6 +49,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also head attribution, ablation, high-norm tokens, massive activations and sinks (slower)")
     p.add_argument("--norm-threshold", type=float, default=None, metavar="T",
                    help="with --mechanism: a token norm over T is high (default: twice the median patch norm)")
+    p.add_argument("--pca", action="store_true", help="also each image's PCA colours (the explorer's 'What the "
+                   "patches represent') as pca/<class>/<file name>.png and .npz in the output folder")
+    p.add_argument("--pca-layer", type=positive_int, default=None, metavar="L",
+                   help="with --pca: the tokens after block L, counted from 1 (default: the last)")
+    p.add_argument("--pca-joint", action="store_true", help="with --pca: one PCA fitted on every image's tokens "
+                   "together, so a colour means the same across them (a second forward per image)")
     p.add_argument("--ray", metavar="ADDRESS", help="run on a Ray cluster: submit the analysis as a job to its "
                    "dashboard address (http://HEAD:8265) and follow it")
     p.add_argument("--workers", type=positive_int, default=None, metavar="N", help="with --ray: N actors, each "
@@ -65,6 +72,10 @@ def run(args: argparse.Namespace) -> int:
     from vit.explain.dataset import analyze_files, sample_files, write_outputs
     from vit.predict import UsageError, open_checkpoint, resolve_device
 
+    if (args.pca_layer is not None or args.pca_joint) and not args.pca:
+        raise UsageError("--pca-layer and --pca-joint go with --pca")
+    if args.pca and (args.ray or args.ray_job):
+        raise UsageError("--pca runs locally only: leave out --ray, or run vit.analyze --pca where DIR is mounted")
     if args.ray:
         return submit_and_follow(args)
     if args.workers is not None and not args.ray_job:
@@ -78,6 +89,13 @@ def run(args: argparse.Namespace) -> int:
             check_supported(checkpoint.model, needs_head=True)  # before the first image, not after the pass
         except ValueError as e:  # MechanismError: a model option the analyses do not support
             raise UsageError(f"--mechanism: {e}") from None
+    if args.pca:
+        from vit.explain.dataset_pca import check_pca
+
+        try:
+            check_pca(checkpoint, args.pca_layer)  # before the first image, not after the pass
+        except ValueError as e:  # TooManyTokens too
+            raise UsageError(str(e)) from None
     files = sample_files(labelled_files(Path(args.data), checkpoint.class_names), args.limit, args.seed)
     bar = tqdm(total=len(files), unit="img", desc="analysing", file=sys.stderr, dynamic_ncols=True)
     try:
@@ -106,9 +124,23 @@ def run(args: argparse.Namespace) -> int:
     for error in analysis.skipped:
         print(f"{PROG}: skipped: {error}", file=sys.stderr)
     out = Path(args.out) if args.out else default_out(args.checkpoint)
-    written = write_outputs(analysis, out, {"checkpoint": str(args.checkpoint), "data": str(args.data)})
+    extra = {"checkpoint": str(args.checkpoint), "data": str(args.data)}
+    if args.pca:
+        from vit.explain.dataset_pca import write_pca
+
+        bar = tqdm(total=len(files) * (2 if args.pca_joint else 1), unit="img", desc="pca", file=sys.stderr,
+                   dynamic_ncols=True)
+        try:
+            extra["pca"] = write_pca(checkpoint, files, Path(args.data), out, args.pca_layer, args.pca_joint,
+                                     progress=lambda done, total: bar.update(1))
+        except ValueError as e:
+            raise UsageError(str(e)) from None
+        finally:
+            bar.close()
+    written = write_outputs(analysis, out, extra)
     print(json.dumps({"count": analysis.count, "accuracy": analysis.accuracy, "out": str(out),
-                      "files": [p.name for p in written]}, indent=2))
+                      "files": [p.name for p in written] + ([f"{extra['pca']['folder']}/"] if args.pca else [])},
+                     indent=2))
     if analysis.skipped:  # last, so that it is the line the client of a Ray job shows
         print(f"{PROG}: {len(analysis.skipped)} of {len(files)} images could not be read (named above); the "
               f"analysis in {out} covers the other {analysis.count}", file=sys.stderr)

@@ -31,6 +31,7 @@ from vit.app import catalog, drawing, explorer, words
 from vit.checkpoint import Checkpoint
 from vit.explain.mechanism import ABLATION_MODES
 from vit.explain.overlay import overlay as draw_overlay
+from vit.explain.overlay import pca_picture
 from vit.images import ImageError, open_image
 from vit.inference import TRAINING_SIZE, InputSize, Prediction, input_box, seen_region
 
@@ -178,6 +179,9 @@ class Explanation:
     target: str | None = None  # the explained class (class-specific maps) or label (vit.ask)
     query: int = 0
     description: str = field(default="", repr=False)
+    heads: np.ndarray | None = field(default=None, repr=False)  # (H, gh, gw): the query's row in each head
+    heads_layer: int | None = None  # from 0: the layer of ``heads``
+    settings: dict = field(default_factory=dict, repr=False)  # what made it, for ``to_html``
 
     def overlay(self, alpha: float = 0.6, colormap: str = "inferno", scale: int | None = None) -> Image.Image:
         """The map blended over the pixels the model saw, at the image's own resolution times ``scale``; signed maps
@@ -207,6 +211,23 @@ class Explanation:
         return drawing.patch_picker_figure(shown.size, drawing.jpeg_data_uri(shown), self.grid, self.query,
                                            self.num_prefix_tokens, show_grid=False, fit_width=shown.size[0],
                                            zoomable=True)
+
+    def to_html(self, path: str | os.PathLike, alpha: float = 0.6, colormap: str = "inferno") -> Path:
+        """Writes the explorer's export of this view to ``path``: one self-contained ``.html`` (the image, the map
+        with its colour bar and caption, the heads grid, the prediction and the settings; hover a patch for its
+        value) that opens offline. Returns the path."""
+        from vit.app.export import View, view_html
+
+        cmap, vmin, vmax = drawing.map_colours(self.method if self.method in drawing.SIGNED_MAP_KINDS else "",
+                                               self.map, colormap)
+        layer = "" if self.heads_layer is None else f"Layer {self.heads_layer + 1}: "
+        view = View(title=f"{explorer.MAP_KINDS[self.method]}", seen=self.seen, map2d=self.map,
+                    caption=self.description, colormap=cmap, vmin=vmin, vmax=vmax, opacity=alpha, heads=self.heads,
+                    heads_caption=f"{layer}each head's attention of token {self.query}.",
+                    prediction=self.prediction, settings=self.settings)
+        path = Path(path)
+        path.write_text(view_html(view), encoding="utf-8")
+        return path
 
     def _repr_png_(self) -> bytes:
         buffer = io.BytesIO()
@@ -267,10 +288,15 @@ def explain(checkpoint: Checkpoint, image: ImageLike, method: str = "rollout", *
                                                settings.end_layer, settings.fusion, size)
     map2d = explorer.attention_map(analysis, settings, relevance, method_map)
     explained = checkpoint.class_names[class_index] if method in explorer.CLASS_MAP_KINDS else None
+    heads_layer = settings.layer % L
+    shown = {"method": method, "layer": layer, "head": head, "query": query, "target": explained,
+             "size": "the model's" if size.side is None else size.side}
     return Explanation(method, np.asarray(map2d, dtype=np.float32), image, seen_region(image, checkpoint.preprocessing,
                        size), input_box(image.size, checkpoint.preprocessing, size), analysis.grid,
                        analysis.num_prefix_tokens, analysis.prediction if checkpoint.class_names else None,
-                       explained, settings.query, drawing.describe_map(settings, analysis, checkpoint.class_names))
+                       explained, settings.query, drawing.describe_map(settings, analysis, checkpoint.class_names),
+                       explorer.head_maps(analysis, settings.query, heads_layer), heads_layer,
+                       {k: v for k, v in shown.items() if v is not None})
 
 
 @dataclass
@@ -301,7 +327,8 @@ class Answer:
         grid = (map2d.shape[0], map2d.shape[1])
         return Explanation(method, map2d, self.image, seen_region(self.image, p, self.size),
                            input_box(self.image.size, p, self.size), grid, model.num_prefix_tokens, None,
-                           labels[index], description=words.describe_method(method, labels[index]))
+                           labels[index],
+                           description=words.describe_method(method, labels[index], kind=self.answer.prompts.kind))
 
     def _repr_html_(self) -> str:
         from html import escape
@@ -454,15 +481,11 @@ class PCA:
 
     def picture(self, opacity: float = 1.0) -> Image.Image:
         """The colours as flat patches over the seen pixels at the image's resolution (``opacity`` < 1 blends)."""
-        from vit.app import dense
-
-        return dense.pca_picture(self.seen, self.map, opacity)
+        return pca_picture(self.seen, self.map, opacity)
 
     def figure(self, opacity: float = 1.0):
         """A Plotly figure of the picture at display size (zoom with the wheel); hovering names each patch."""
-        from vit.app import dense
-
-        shown = dense.pca_picture(drawing.display_image(self.seen), self.map, opacity)
+        shown = pca_picture(drawing.display_image(self.seen), self.map, opacity)
         return drawing.patch_picker_figure(shown.size, drawing.jpeg_data_uri(shown), self.grid, -1,
                                            self.num_prefix_tokens, show_grid=False, fit_width=shown.size[0],
                                            zoomable=True)

@@ -13,6 +13,9 @@ import os
 
 MAX_TOKENS = 16384  # ViT-B/16 at 2,048 px (16,385) is refused: minutes of a forward on a laptop's cores
 MAX_TOKENS_ENV = "VIT_MAX_TOKENS"
+# What one analysed image may hold (hidden states, caches, copies of its tokens): env VIT_ANALYSIS_MEMORY_MB.
+ANALYSIS_MEMORY_LIMIT = 1024 * 2**20
+ANALYSIS_MEMORY_ENV = "VIT_ANALYSIS_MEMORY_MB"
 
 
 class TooManyTokens(ValueError):
@@ -31,6 +34,12 @@ def max_tokens(given: int | None = None) -> int:
         where = "max_tokens" if given is not None else MAX_TOKENS_ENV
         raise ValueError(f"{where} must be a whole number of at least 1, got {value!r}")
     return number
+
+
+def memory_limit() -> int:
+    """Bytes one analysed image may hold: env VIT_ANALYSIS_MEMORY_MB, else ``ANALYSIS_MEMORY_LIMIT`` (the explorer,
+    the notebook API and ``vit.analyze --pca`` share it)."""
+    return int(float(os.environ.get(ANALYSIS_MEMORY_ENV) or ANALYSIS_MEMORY_LIMIT / 2**20) * 2**20)
 
 
 def forward_flops(config, tokens: int) -> int:

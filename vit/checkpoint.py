@@ -70,12 +70,15 @@ CROP_RULES = ("torchvision", "transformers", "top_left")  # where a crop starts 
 class Preprocessing:
     """How an image becomes model input: resized, centre-cropped to ``image_size`` square, then normalised.
 
+    ``image_size`` is ``(height, width)`` for a model trained on rectangles (vit-pytorch's ``image_size=(16, 64)``):
+    images are then resized straight to it, without a crop.
+
     Without ``resize_size`` the image is resized straight to ``image_size`` square (this
     project's models); imported models keep their library's evaluation transform: resize to
     ``resize_size`` (square, or the shorter side keeping the aspect ratio) and crop the centre.
     """
 
-    image_size: int
+    image_size: int | tuple[int, int]  # an int for a square, as ViTConfig.image_size
     num_channels: int
     mean: tuple[float, ...]
     std: tuple[float, ...]
@@ -84,8 +87,25 @@ class Preprocessing:
     resample: str = "bicubic"  # the PIL filter of the resize
     crop_rule: str = "torchvision"  # the crop's offset: torchvision's round() (timm, open_clip) or HF's int()
 
+    def __post_init__(self) -> None:
+        size = self.image_size
+        if isinstance(size, (list, tuple)) and len(size) == 2:  # a JSON list; a square pair is its int, as in ViTConfig
+            object.__setattr__(self, "image_size", size[0] if size[0] == size[1] else (size[0], size[1]))
+
+    @property
+    def image_hw(self) -> tuple[int, int]:
+        """The size images are brought to, ``(height, width)``."""
+        return (self.image_size,) * 2 if isinstance(self.image_size, int) else self.image_size
+
+    @property
+    def size_label(self) -> str:
+        """``"224"`` for a square, ``"64×16"`` (width × height, as images are described) for a rectangle."""
+        height, width = self.image_hw
+        return str(height) if height == width else f"{width}×{height}"
+
     def to_dict(self) -> dict:
-        return {"image_size": self.image_size, "num_channels": self.num_channels,
+        size = list(self.image_size) if isinstance(self.image_size, tuple) else self.image_size
+        return {"image_size": size, "num_channels": self.num_channels,
                 "mean": list(self.mean), "std": list(self.std), "resize_size": self.resize_size,
                 "resize_mode": self.resize_mode, "resample": self.resample, "crop_rule": self.crop_rule}
 
@@ -93,7 +113,9 @@ class Preprocessing:
     def from_dict(cls, values: dict) -> Preprocessing:
         """From ``to_dict``'s output; checkpoints written before the resize fields get today's defaults."""
         resize = values.get("resize_size")
-        return cls(int(values["image_size"]), int(values["num_channels"]),
+        size = values["image_size"]  # an int, or [height, width] (int() refuses any other list)
+        return cls((int(size[0]), int(size[1])) if isinstance(size, (list, tuple)) and len(size) == 2 else int(size),
+                   int(values["num_channels"]),
                    tuple(float(m) for m in values["mean"]), tuple(float(s) for s in values["std"]),
                    resize_size=int(resize) if resize is not None else None,
                    resize_mode=str(values.get("resize_mode", "square")),
@@ -151,7 +173,7 @@ class Checkpoint:
                    if names else "no classifier")
         return (f"<Checkpoint {self.path.name if self.path else 'in memory'}: "
                 f"{self.metadata.get('architecture', 'vit')}, {sum(p.numel() for p in self.model.parameters()):,} "
-                f"parameters, {self.preprocessing.image_size} px in patches of {self.config.patch_size}, {classes}>")
+                f"parameters, {self.preprocessing.size_label} px in patches of {self.config.patch_size}, {classes}>")
 
 
 def preprocessing_problem(preprocessing: Preprocessing, config: ViTConfig) -> str | None:
@@ -163,14 +185,19 @@ def preprocessing_problem(preprocessing: Preprocessing, config: ViTConfig) -> st
         return f"mean and std need {p.num_channels} value(s) each, got {len(p.mean)} and {len(p.std)}"
     if not all(s > 0 for s in p.std):
         return f"std must be positive, got {list(p.std)}"
-    if p.image_size <= 0 or p.image_size % config.patch_size:
+    if not isinstance(p.image_size, (int, tuple)) or isinstance(p.image_size, bool) \
+            or any(isinstance(v, bool) or not isinstance(v, int) for v in p.image_hw):
+        return f"image size {str(p.image_size)[:40]} is not a whole number of pixels or a (height, width) pair of them"
+    if min(p.image_hw) <= 0 or any(s % q for s, q in zip(p.image_hw, config.patch_hw, strict=True)):
         return f"image size {p.image_size} is not a positive multiple of the patch size {config.patch_size}"
-    patches = (p.image_size // config.patch_size) ** 2
-    if p.image_size > config.image_size and patches > MAX_PREPROCESSING_PATCHES:
+    patches = (p.image_hw[0] // config.patch_hw[0]) * (p.image_hw[1] // config.patch_hw[1])
+    if patches > max(config.num_patches, MAX_PREPROCESSING_PATCHES):
         # Every input would get more tokens than the model was built for; attention grows with their square.
         return (f"image size {p.image_size} is larger than the model's own {config.image_size} px and gives "
                 f"{patches + 1:,} tokens per image (at most {MAX_PREPROCESSING_PATCHES:,} patches); store the "
                 "model's size")
+    if p.resize_size is not None and isinstance(p.image_size, tuple):
+        return f"image size {p.image_size} is a rectangle: a crop must be square, so resize straight to it"
     if p.resize_size is not None and not p.image_size <= p.resize_size <= 16 * p.image_size:
         return f"resize size {p.resize_size} must be between the crop size {p.image_size} and 16 times it"
     if p.resize_mode not in RESIZE_MODES:

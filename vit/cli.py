@@ -110,9 +110,9 @@ def finish(code: int | None) -> NoReturn:
     still alive (1.3 s with torch and torchvision loaded), and with triton loaded (the CUDA torch wheels bring it)
     nanobind's leak check then prints ~30 lines of noise under the command's own last line. Only a command's
     ``__main__`` and console entry call this; ``main(argv)`` returns its status to in-process callers."""
-    for thread in threading.enumerate():
-        if thread is not threading.main_thread() and not thread.daemon:
-            thread.join()
+    # What the interpreter's exit does first, in its order: threading's own exit hooks (a thread pool's workers
+    # are told to end), then every non-daemon thread joined; joining first would wait for ever on those workers.
+    threading._shutdown()
     atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):  # a closed pipe (``| head``) has nothing left to flush to

@@ -142,14 +142,14 @@ def verify(checkpoint, source: str, target: str, arguments: str) -> dict:
     except Exception as e:
         raise failed("cannot load the weights", e) from None
     config = checkpoint.config
-    images = torch.randn(2, config.num_channels, config.image_size, config.image_size,
+    images = torch.randn(2, config.num_channels, *config.image_hw,
                          generator=torch.Generator().manual_seed(0))
     takes_attentions = "output_attentions" in pyinspect.signature(reference.forward).parameters
     with torch.no_grad():
         try:
             theirs = reference(images, output_attentions=True) if takes_attentions else reference(images)
         except Exception as e:
-            raise failed(f"its forward fails on {config.num_channels}x{config.image_size}x{config.image_size} images, "
+            raise failed(f"its forward fails on {config.num_channels}x{'x'.join(map(str, config.image_hw))} images, "
                          "the size the weights give ours", e) from None
         logits, attentions = checkpoint.model(images, output_attentions=True)
     their_logits = theirs[0] if isinstance(theirs, (tuple, list)) else theirs

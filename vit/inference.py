@@ -7,6 +7,7 @@ checkpoint's own preprocessing: the evaluation transform training's data cache u
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -23,7 +24,7 @@ from vit.images import ImageError, crop_start, normalize, open_image, resized_si
 
 @dataclass(frozen=True)
 class InputSize:
-    """The size the model sees, instead of the checkpoint's square ``preprocessing.image_size``.
+    """The size the model sees, instead of the checkpoint's ``preprocessing.image_size``.
 
     ``side`` None keeps the checkpoint's size. Otherwise the input is a square of ``side`` px,
     or with ``keep_aspect`` the image's long side at ``side`` px and the short side in proportion.
@@ -40,25 +41,41 @@ class InputSize:
             raise ValueError(f"input size must be a whole number of pixels from 1 to {MAX_INPUT_SIDE}, "
                              f"got {self.side!r}")
 
-    def shape(self, image_size: tuple[int, int], preprocessing: Preprocessing, patch_size: int) -> tuple[int, int]:
-        """``(height, width)`` of the model input for an image of ``image_size = (width, height)``."""
-        side = preprocessing.image_size if self.side is None else self.side
-        whole = max(1, round(side / patch_size)) * patch_size  # whole patches, at least one
+    def shape(self, image_size: tuple[int, int], preprocessing: Preprocessing,
+              patch_size: int | tuple[int, int]) -> tuple[int, int]:
+        """``(height, width)`` of the model input for an image of ``image_size = (width, height)``; ``patch_size``
+        is the model's (``ViTConfig.patch_size``: an int, or ``(height, width)``)."""
+        ph, pw = (patch_size, patch_size) if isinstance(patch_size, int) else patch_size
+        if self.side is None and not self.keep_aspect:
+            return preprocessing.image_hw
+        side = max(preprocessing.image_hw) if self.side is None else self.side
         if not self.keep_aspect:
-            return whole, whole
+            return max(1, round(side / ph)) * ph, max(1, round(side / pw)) * pw  # whole patches, at least one
         width, height = image_size
-        short = max(1, round(whole * min(width, height) / max(width, height) / patch_size)) * patch_size
-        return (whole, short) if height >= width else (short, whole)
+        ratio = min(width, height) / max(width, height)
+        if height >= width:
+            long = max(1, round(side / ph)) * ph
+            return long, max(1, round(long * ratio / pw)) * pw
+        long = max(1, round(side / pw)) * pw
+        return max(1, round(long * ratio / ph)) * ph, long
 
 
 TRAINING_SIZE = InputSize()
 
 
-def input_shape(image: Image.Image, preprocessing: Preprocessing, patch_size: int,
+def largest_square_side(patch_size: int | tuple[int, int], patches: int) -> int:
+    """The side in px of the largest square input (``InputSize(side)``) whose grid has at most ``patches`` patches:
+    a whole number of patches both ways, so ``isqrt(patches) * patch_size`` for square patches."""
+    ph, pw = (patch_size, patch_size) if isinstance(patch_size, int) else patch_size
+    step = math.lcm(ph, pw)
+    return step * max(1, math.isqrt(patches * ph * pw) // step)
+
+
+def input_shape(image: Image.Image, preprocessing: Preprocessing, patch_size: int | tuple[int, int],
                 size: InputSize = TRAINING_SIZE) -> tuple[int, int]:
-    """``(height, width)`` the model sees ``image`` at; the checkpoint's square unless ``size`` says otherwise."""
+    """``(height, width)`` the model sees ``image`` at; the checkpoint's own unless ``size`` says otherwise."""
     if size == TRAINING_SIZE:
-        return preprocessing.image_size, preprocessing.image_size
+        return preprocessing.image_hw
     return size.shape(image.size, preprocessing, patch_size)
 
 
@@ -90,18 +107,18 @@ def seen_region(image: Image.Image, preprocessing: Preprocessing, size: InputSiz
 
 
 def preprocess(images: Sequence[Image.Image], preprocessing: Preprocessing, size: InputSize = TRAINING_SIZE,
-               patch_size: int | None = None) -> torch.Tensor:
+               patch_size: int | tuple[int, int] | None = None) -> torch.Tensor:
     """PIL images of any size and mode -> float32 ``(B, C, H, W)`` normalised model input.
 
-    By default ``H = W = preprocessing.image_size``; another ``size`` needs the model's
+    By default ``(H, W) = preprocessing.image_hw``; another ``size`` needs the model's
     ``patch_size`` to round to, and all images must then come out at the same shape.
     """
     p = preprocessing
     if not images:
-        return torch.empty(0, p.num_channels, p.image_size, p.image_size)
+        return torch.empty(0, p.num_channels, *p.image_hw)
     if size == TRAINING_SIZE:  # the checkpoint's own evaluation transform (with its crop, for imported models)
         batch = torch.stack([to_uint8(image, p.image_size, p.num_channels, p.resize_size, p.resize_mode, p.resample,
-                                      p.crop_rule) for image in images])  # (B, C, S, S)
+                                      p.crop_rule) for image in images])  # (B, C, H, W)
         return normalize(batch, p.mean, p.std)
     if patch_size is None:
         raise ValueError("an input size other than the checkpoint's needs the model's patch_size")

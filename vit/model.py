@@ -13,8 +13,9 @@ DeiT's distillation token, DINOv2's layer scale and register tokens, timm's aver
 with ``fc_norm`` and position tables without prefix entries; DINOv3's rotary positions (on the
 patch tokens' queries and keys only), storage tokens and masked key bias; CLIP's ``ln_pre``,
 QuickGELU and projection to the joint embedding; SigLIP's missing class token and
-attention-pooling ("MAP") head; SwiGLU MLPs. Tokens are always ordered
-``[CLS?, DIST?, REG 1..R, patches row by row]``.
+attention-pooling ("MAP") head; SwiGLU MLPs; AIMv2's RMSNorm, bias-free projections and query-only pooling
+head; Perception Encoder's rotary grid (EVA's, counted from 1, x first) and its probe's own heads. Tokens are
+always ordered ``[CLS?, DIST?, REG 1..R, patches row by row]``.
 
 ``ViT.encode`` returns everything one pass computes (logits, the pooled or projected
 embedding, every layer's attention and the pooling probe's); ``forward`` is its seed-contract view.
@@ -37,7 +38,8 @@ from torch import nn
 # 48 heads, MLP 24576; ImageNet-21k: 21,843 classes), so only absurd or hostile configs meet them.
 CONFIG_BOUNDS = {"image_size": 8192, "patch_size": 1024, "num_channels": 16, "hidden_size": 16384, "num_layers": 256,
                  "num_heads": 256, "mlp_size": 131072, "num_classes": 100_000, "num_register_tokens": 256,
-                 "projection_dim": 16384, "rope_ref_grid": 1024, "head_dim": 16384, "window_size": 1024}
+                 "projection_dim": 16384, "rope_ref_grid": 1024, "head_dim": 16384, "window_size": 1024,
+                 "pool_heads": 256, "pool_mlp_size": 131072}
 MAX_LAYER_SCALE = 1e3  # layer scale starts at 1e-5 to 1 (CaiT, DINOv2/v3); 1e308 overflows the first block
 MAX_ROPE_THETA = 1e9  # DINOv3's period is 100, EVA-02's 10,000
 # One fused attention call on a CPU does at most this many FLOPs (~0.1 s on 2 cores): between calls Python runs,
@@ -48,8 +50,11 @@ FUSED_CHUNK_FLOPS = 2**32
 
 @dataclass(frozen=True)
 class ViTConfig:
-    image_size: int = 32  # side of the square training image; other sizes interpolate positions
-    patch_size: int = 4  # 4 px on 32 px images gives an 8x8 grid, small enough for CPUs
+    # An int for a square, else (height, width) (vit-pytorch's rectangular patches and images); a square pair is
+    # stored as its int, so square models and their checkpoints read exactly as before. Read the sides via
+    # image_hw / patch_hw: a reader doing int arithmetic on a rectangular model fails loudly, never squarely.
+    image_size: int | tuple[int, int] = 32  # the training image; other sizes interpolate positions
+    patch_size: int | tuple[int, int] = 4  # 4 px on 32 px images gives an 8x8 grid, small enough for CPUs
     num_channels: int = 3  # 1 for greyscale data such as MNIST
     num_classes: int = 10
     hidden_size: int = 48
@@ -94,25 +99,42 @@ class ViTConfig:
     # every layer, BEiT / Data2Vec-vision), "sam" (SAM / ViTDet's decomposed relative positions, from each query)
     window_size: int = 0  # SAM / ViTDet: side in patches of the windowed layers' square windows; 0: every layer global
     global_layers: tuple[int, ...] = ()  # with window_size: the layers that attend globally (SAM's global_attn_indexes)
+    # AIMv2 and Perception Encoder; the defaults are the plain ViT.
+    norm: str = "layer"  # every norm of the model: "layer" (LayerNorm) or "rms" (RMSNorm: AIMv2); eps layer_norm_eps
+    embed_norm: bool = False  # AIMv2: a norm on the patch embeddings before the positions are added
+    proj_bias: bool = True  # False: the attention's output projection and the MLP's linears have no bias (AIMv2)
+    pool_head: str = "map"  # the probe of pooling "map": "map" (q projection, then x + mlp(norm(x)); SigLIP, PE) or
+    # "aimv2" (HF Aimv2AttentionPoolingHead: the latent is the query as it is, then a projection, nothing after)
+    pool_heads: int = 0  # heads of the attention-pooling probe; 0: num_heads (PE's probe has 8 whatever its blocks)
+    pool_mlp_size: int = 0  # width of the probe's MLP; 0: mlp_size (PE-G's blocks are wider than its probe's MLP)
+    sincos_pos: bool = False  # AIMv2-native: 2D sine-cosine positions computed for each grid instead of a table
 
     def __post_init__(self) -> None:
-        for name in ("image_size", "patch_size", "num_channels", "hidden_size", "num_layers", "num_heads",
-                     "mlp_size"):
+        for name in ("image_size", "patch_size"):
+            value = getattr(self, name)
+            if isinstance(value, (list, tuple)):  # a JSON list from a checkpoint or config file
+                if len(value) != 2 or any(isinstance(v, bool) or not isinstance(v, int) or v <= 0 for v in value):
+                    raise ValueError(f"ViTConfig.{name} must be a positive integer or a (height, width) pair of "
+                                     f"them, got {str(list(value))[:40]}")
+                object.__setattr__(self, name, value[0] if value[0] == value[1] else (value[0], value[1]))
+        for name in ("num_channels", "hidden_size", "num_layers", "num_heads", "mlp_size", *(
+                n for n in ("image_size", "patch_size") if not isinstance(getattr(self, n), tuple))):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise ValueError(f"ViTConfig.{name} must be a positive integer, got {value!r}")
         for name in ("num_classes", "num_register_tokens", "projection_dim", "rope_ref_grid", "head_dim",
-                     "window_size"):
+                     "window_size", "pool_heads", "pool_mlp_size"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ValueError(f"ViTConfig.{name} must be a whole number of at least 0, got {value!r}")
         # Every size a config file may declare is bounded here, before anything is built from it (a config.json
         # with num_labels 10**12 once made the picker build 10**12 class names).
         for name, bound in CONFIG_BOUNDS.items():
-            if getattr(self, name) > bound:
-                raise ValueError(f"ViTConfig.{name} is {getattr(self, name):,}; at most {bound:,} (far beyond any "
-                                 "published ViT)")
-        if self.image_size % self.patch_size:
+            value = getattr(self, name)
+            if (max(value) if isinstance(value, tuple) else value) > bound:
+                shown = list(value) if isinstance(value, tuple) else f"{value:,}"
+                raise ValueError(f"ViTConfig.{name} is {shown}; at most {bound:,} (far beyond any published ViT)")
+        if any(i % p for i, p in zip(self.image_hw, self.patch_hw, strict=True)):
             raise ValueError(f"ViTConfig.image_size ({self.image_size}) must be divisible by "
                              f"patch_size ({self.patch_size})")
         if self.hidden_size % self.num_heads and not self.head_dim:
@@ -128,7 +150,7 @@ class ViTConfig:
             raise ValueError(f"ViTConfig.layer_norm_eps must be positive and below 1, got {self.layer_norm_eps!r}")
         for name in ("distillation_token", "distillation_head", "fc_norm", "pos_embed_antialias", "class_token",
                      "pos_embed", "key_bias", "pre_norm", "gated_mlp", "mlp_norm", "post_norm", "final_norm",
-                     "patch_norm"):
+                     "patch_norm", "embed_norm", "proj_bias", "sincos_pos"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"ViTConfig.{name} must be true or false, got {getattr(self, name)!r}")
         if self.distillation_head and not (self.distillation_token and self.num_classes):
@@ -146,6 +168,16 @@ class ViTConfig:
                              f"got {self.prefix_positions!r}")
         if self.rope not in ROPES:
             raise ValueError(f"ViTConfig.rope must be one of {', '.join(ROPES)}, got {self.rope!r}")
+        if self.norm not in NORMS:
+            raise ValueError(f"ViTConfig.norm must be one of {', '.join(NORMS)}, got {self.norm!r}")
+        if self.pool_head not in POOL_HEADS:
+            raise ValueError(f"ViTConfig.pool_head must be one of {', '.join(POOL_HEADS)}, got {self.pool_head!r}")
+        if self.sincos_pos and (self.pos_embed or self.hidden_size % 4):
+            raise ValueError("ViTConfig.sincos_pos replaces the position table (set pos_embed false) and needs a "
+                             f"hidden_size divisible by 4, got {self.hidden_size}")
+        if self.pooling == "map" and self.hidden_size % (self.pool_heads or self.num_heads):
+            raise ValueError(f"ViTConfig.hidden_size ({self.hidden_size}) must be divisible by pool_heads "
+                             f"({self.pool_heads})")
         if self.activation not in ACTIVATIONS:
             raise ValueError(f"ViTConfig.activation must be one of {', '.join(ACTIVATIONS)}, got {self.activation!r}")
         if isinstance(self.rope_theta, bool) or not isinstance(self.rope_theta, (int, float)) \
@@ -185,9 +217,18 @@ class ViTConfig:
             raise ValueError("ViTConfig.window_size with rotary positions is not supported")
 
     @property
+    def image_hw(self) -> tuple[int, int]:
+        """The training image's ``(height, width)``."""
+        return (self.image_size,) * 2 if isinstance(self.image_size, int) else self.image_size
+
+    @property
+    def patch_hw(self) -> tuple[int, int]:
+        """A patch's ``(height, width)``."""
+        return (self.patch_size,) * 2 if isinstance(self.patch_size, int) else self.patch_size
+
+    @property
     def grid_size(self) -> tuple[int, int]:
-        side = self.image_size // self.patch_size
-        return side, side
+        return self.image_hw[0] // self.patch_hw[0], self.image_hw[1] // self.patch_hw[1]
 
     @property
     def num_patches(self) -> int:
@@ -235,8 +276,10 @@ class ViTConfig:
 
 POOLINGS = ("cls", "avg", "cls+avg", "map")  # map: the attention-pooling probe (SigLIP, timm global_pool="map")
 PREFIX_POSITIONS = ("all", "cls", "none")
-ROPES = ("none", "dinov3", "eva")
+ROPES = ("none", "dinov3", "eva", "pe")  # pe: EVA's, counted from 1 and x before y (Perception Encoder)
 REL_POS = ("none", "beit", "beit_shared", "sam")
+NORMS = ("layer", "rms")
+POOL_HEADS = ("map", "aimv2")
 ACTIVATIONS = ("gelu", "gelu_tanh", "quick_gelu", "silu", "relu")  # relu: nn.TransformerEncoderLayer's default
 
 PRESETS: dict[str, ViTConfig] = {
@@ -320,21 +363,39 @@ def dinov3_rope(grid: tuple[int, int], head_dim: int, theta: float, device: torc
 
 
 def eva_rope(grid: tuple[int, int], head_dim: int, theta: float, ref_grid: int = 0,
-             device: torch.device | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+             device: torch.device | None = None, pe: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """EVA-02's axial rotary embedding (timm ``RotaryEmbeddingCat``, ``in_pixels=False``): ``(cos, sin)``, each
     ``(gh*gw, head_dim)``, for interleaved channel pairs. Coordinates are patch indices, rescaled to ``ref_grid``
-    patches per side when given (timm's ``ref_feat_shape``); frequencies ``theta ** -(i / (head_dim / 4))``."""
+    patches per side when given (timm's ``ref_feat_shape``); frequencies ``theta ** -(i / (head_dim / 4))``.
+    ``pe``: Perception Encoder's variant (timm ``rope_grid_offset=1``, ``rope_grid_indexing='xy'``): indices
+    counted from 1, and the x bands before the y bands."""
     gh, gw = grid
     n = head_dim // 4
     bands = 1.0 / (theta ** (torch.arange(0, n, 1, dtype=torch.int64).to(torch.float32) / n))  # (hd/4,)
-    ys = torch.arange(gh, dtype=torch.int64).to(torch.float32)
-    xs = torch.arange(gw, dtype=torch.int64).to(torch.float32)
+    offset = 1.0 if pe else 0.0
+    ys = torch.arange(gh, dtype=torch.int64).to(torch.float32) + offset
+    xs = torch.arange(gw, dtype=torch.int64).to(torch.float32) + offset
     if ref_grid:
         ys, xs = ys / gh * ref_grid, xs / gw * ref_grid
-    coords = torch.stack(torch.meshgrid(ys, xs, indexing="ij"), dim=-1)  # (gh, gw, 2)
+    coords = torch.stack(torch.meshgrid(ys, xs, indexing="ij"), dim=-1)  # (gh, gw, 2): (y, x)
+    if pe:
+        coords = coords.flip(-1)  # (gh, gw, 2): (x, y), still row-major over the grid
     angles = (coords.unsqueeze(-1) * bands).flatten(-2).flatten(0, -2)  # (gh*gw, hd/2): y bands, then x bands
     angles = angles.repeat_interleave(2, -1).to(device)  # (gh*gw, hd): each angle for a channel pair
     return torch.cos(angles), torch.sin(angles)
+
+
+def sincos_positions(grid: tuple[int, int], dim: int, device: torch.device | None = None) -> torch.Tensor:
+    """AIMv2-native's 2D sine-cosine positions ``(gh*gw, dim)``, laid out ``[sin x | cos x | sin y | cos y]`` at
+    periods ``10000 ** (i / (dim / 4))`` (HF ``build_2d_sinusoidal_position_embedding`` with its halves swapped, as
+    AIMv2 was trained), computed in float64 as HF does."""
+    gh, gw = grid
+    n = dim // 4
+    omega = 1.0 / 10000.0 ** (torch.arange(n, dtype=torch.float64) / n)  # (dim/4,)
+    ys, xs = torch.meshgrid(torch.arange(gh, dtype=torch.float64), torch.arange(gw, dtype=torch.float64),
+                            indexing="ij")  # (gh, gw) each, row-major
+    y, x = ys.flatten().outer(omega), xs.flatten().outer(omega)  # (gh*gw, dim/4) each
+    return torch.cat([x.sin(), x.cos(), y.sin(), y.cos()], dim=1).to(device=device, dtype=torch.float32)
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -496,6 +557,9 @@ class Rules:
     def layer_norm(self, x: torch.Tensor, norm: nn.LayerNorm) -> torch.Tensor:
         return F.layer_norm(x, norm.normalized_shape, norm.weight, norm.bias, norm.eps)
 
+    def rms_norm(self, x: torch.Tensor, norm: nn.RMSNorm) -> torch.Tensor:
+        return F.rms_norm(x, norm.normalized_shape, norm.weight, norm.eps)
+
     def activation(self, x: torch.Tensor, name: str) -> torch.Tensor:
         return activate(x, name)
 
@@ -546,6 +610,23 @@ class LayerNorm(nn.LayerNorm):
         return rules.layer_norm(x, self)
 
 
+class RMSNorm(nn.RMSNorm):
+    """``nn.RMSNorm`` (one ``weight``, no bias: AIMv2's) that runs under the current relevance rules."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rules = _rules.get()
+        if rules is PLAIN_RULES:
+            return F.rms_norm(x, self.normalized_shape, self.weight, self.eps)
+        return rules.rms_norm(x, self)
+
+
+def make_norm(config: ViTConfig, size: int) -> LayerNorm | RMSNorm:
+    """The config's norm (``ViTConfig.norm``) over ``size`` channels."""
+    if config.norm == "rms":
+        return RMSNorm(size, eps=config.layer_norm_eps)
+    return LayerNorm(size, eps=config.layer_norm_eps)
+
+
 class Parent(nn.Module):
     """An ``nn.Module`` whose children are plain attributes too, so ``self.attn`` or ``self.hook_q`` is a dict
     lookup: nn.Module finds them through ``__getattr__``, after a failed instance lookup, which costs as much as
@@ -583,8 +664,8 @@ class Attention(Parent):
         inner = self.num_heads * self.head_dim  # hidden_size unless head_dim is set apart
         self.qkv = nn.Linear(config.hidden_size, 3 * inner, bias=config.qkv_bias)
         self.key_bias = config.key_bias
-        self.rope_interleaved = config.rope == "eva"
-        self.proj = nn.Linear(inner, config.hidden_size)
+        self.rope_interleaved = config.rope in ("eva", "pe")
+        self.proj = nn.Linear(inner, config.hidden_size, bias=config.proj_bias)
         self.attention_dropout = config.attention_dropout
         self.proj_dropout = nn.Dropout(config.dropout)
         # What this layer adds to its logits: BEiT's own table (a shared one comes from the model), or SAM's
@@ -694,13 +775,14 @@ def fused_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p
 class MLP(Parent):
     """fc1, activation, fc2; gated (SwiGLU: ``act(fc1_g(x)) * fc1(x)``) and with EVA's inner norm when configured."""
 
-    def __init__(self, config: ViTConfig) -> None:
+    def __init__(self, config: ViTConfig, size: int = 0) -> None:
         super().__init__()
         self.activation = config.activation
-        self.fc1_g = nn.Linear(config.hidden_size, config.mlp_size) if config.gated_mlp else None
-        self.fc1 = nn.Linear(config.hidden_size, config.mlp_size)
-        self.norm = LayerNorm(config.mlp_size, eps=config.layer_norm_eps) if config.mlp_norm else None
-        self.fc2 = nn.Linear(config.mlp_size, config.hidden_size)
+        size, bias = size or config.mlp_size, config.proj_bias  # size: the pooling probe's own MLP width (PE-G)
+        self.fc1_g = nn.Linear(config.hidden_size, size, bias=bias) if config.gated_mlp else None
+        self.fc1 = nn.Linear(config.hidden_size, size, bias=bias)
+        self.norm = make_norm(config, size) if config.mlp_norm else None
+        self.fc2 = nn.Linear(size, config.hidden_size, bias=bias)
         self.dropout = nn.Dropout(config.dropout)
         self.hook_pre = HookPoint()  # (B, T, mlp): what the activation reads (the gate's, for SwiGLU)
         self.hook_pre_linear = HookPoint()  # SwiGLU's ungated branch fc1(x)
@@ -721,28 +803,31 @@ class MLP(Parent):
 
 
 class AttentionPool(Parent):
-    """Multi-head attention pooling ("MAP", SigLIP's head; timm ``AttentionPoolLatent``): a learned probe
-    attends to every token, then ``x + mlp(norm(x))``. Its attention is returned like a layer's,
-    ``(B, nh, 1, T)``: the map of what the model reads for its embedding, where others have a CLS row."""
+    """Multi-head attention pooling ("MAP", SigLIP's and PE's head; timm ``AttentionPoolLatent``): a learned probe
+    attends to every token, then ``x + mlp(norm(x))``; AIMv2's (``pool_head="aimv2"``) has no q projection and
+    nothing after its output projection. Its attention is returned like a layer's, ``(B, nh, 1, T)`` (``nh`` the
+    probe's heads): the map of what the model reads for its embedding, where others have a CLS row."""
 
     def __init__(self, config: ViTConfig) -> None:
         super().__init__()
         d = config.hidden_size
-        self.num_heads = config.num_heads
-        self.head_dim = d // config.num_heads
+        self.num_heads = config.pool_heads or config.num_heads
+        self.head_dim = d // self.num_heads
         self.latent = nn.Parameter(torch.zeros(1, 1, d))
-        self.q = nn.Linear(d, d)
+        full = config.pool_head == "map"
+        self.q = nn.Linear(d, d) if full else None
         self.kv = nn.Linear(d, 2 * d)
         self.proj = nn.Linear(d, d)
-        self.norm = LayerNorm(d, eps=config.layer_norm_eps)
-        self.mlp = MLP(config)
+        self.norm = make_norm(config, d) if full else None
+        self.mlp = MLP(config, config.pool_mlp_size) if full else None
         self.hook_k, self.hook_v = HookPoint(), HookPoint()  # (B, nh, T, hd)
         self.hook_pattern = HookPoint()  # (B, nh, 1, T): the probe's attention
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``x`` (B, T, D) -> pooled (B, D), probe attention (B, nh, 1, T)."""
         B, N, C = x.shape
-        q = self.q(self.latent).view(1, 1, self.num_heads, self.head_dim).transpose(1, 2)  # (1, nh, 1, hd)
+        latent = self.q(self.latent) if self.q is not None else self.latent  # (1, 1, C)
+        q = latent.view(1, 1, self.num_heads, self.head_dim).transpose(1, 2)  # (1, nh, 1, hd)
         kv = self.kv(x).view(B, N, 2, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)  # (2, B, nh, N, hd)
         k, v = kv.unbind(0)  # each (B, nh, N, hd)
         k, v = self.hook_k(k), self.hook_v(v)
@@ -753,7 +838,8 @@ class AttentionPool(Parent):
         probs = self.hook_pattern(scores.softmax(dim=-1))
         y = (probs @ v).transpose(1, 2).reshape(B, 1, C)  # (B, 1, C)
         y = self.proj(y)
-        y = y + self.mlp(self.norm(y))
+        if self.mlp is not None:
+            y = y + self.mlp(self.norm(y))
         return y[:, 0], probs
 
 
@@ -774,14 +860,14 @@ class Block(Parent):
         self.window = window  # SAM / ViTDet: the attention runs in window x window patches; 0: globally
         # Post-norm blocks normalise the residual stream after each sum instead (post_norm1/2); norm1 and norm2
         # are then identities, so norm1(x) is still what the attention reads.
-        norm = nn.Identity if config.post_norm else LayerNorm
-        self.norm1 = norm(config.hidden_size, eps=config.layer_norm_eps)
+        d = config.hidden_size
+        self.norm1 = nn.Identity() if config.post_norm else make_norm(config, d)
         self.attn = Attention(config, window)
-        self.norm2 = norm(config.hidden_size, eps=config.layer_norm_eps)
+        self.norm2 = nn.Identity() if config.post_norm else make_norm(config, d)
         self.mlp = MLP(config)
         post = config.post_norm
-        self.post_norm1 = LayerNorm(config.hidden_size, eps=config.layer_norm_eps) if post else None
-        self.post_norm2 = LayerNorm(config.hidden_size, eps=config.layer_norm_eps) if post else None
+        self.post_norm1 = make_norm(config, d) if post else None
+        self.post_norm2 = make_norm(config, d) if post else None
         self.drop_path_rate = drop_path_rate
         # Layer scale (CaiT, DINOv2): a learned per-channel gain on each residual branch.
         scale = config.layer_scale
@@ -847,17 +933,18 @@ class ViT(Parent):
         self.config = config
         self.num_prefix_tokens = config.num_prefix_tokens  # CLS (+ DIST) (+ registers)
         d = config.hidden_size
-        self.patch_embed = nn.Conv2d(config.num_channels, d, config.patch_size, config.patch_size)
-        patch_dim = config.num_channels * config.patch_size ** 2
-        self.patch_norm = LayerNorm(patch_dim, eps=config.layer_norm_eps) if config.patch_norm else None
-        self.embed_norm = LayerNorm(d, eps=config.layer_norm_eps) if config.patch_norm else None
+        self.patch_embed = nn.Conv2d(config.num_channels, d, config.patch_hw, config.patch_hw)
+        patch_dim = config.num_channels * config.patch_hw[0] * config.patch_hw[1]
+        self.patch_norm = make_norm(config, patch_dim) if config.patch_norm else None
+        # After the patch projection: vit-pytorch's second LayerNorm, AIMv2's RMSNorm.
+        self.embed_norm = make_norm(config, d) if config.patch_norm or config.embed_norm else None
         self.cls_token = nn.Parameter(torch.zeros(1, 1, d)) if config.class_token else None
         self.dist_token = nn.Parameter(torch.zeros(1, 1, d)) if config.distillation_token else None
         self.reg_token = (nn.Parameter(torch.zeros(1, config.num_register_tokens, d))
                           if config.num_register_tokens else None)
         self.pos_embed = (nn.Parameter(torch.zeros(1, config.num_positioned_prefix_tokens + config.num_patches, d))
                           if config.pos_embed else None)
-        self.norm_pre = LayerNorm(d, eps=config.layer_norm_eps) if config.pre_norm else None
+        self.norm_pre = make_norm(config, d) if config.pre_norm else None
         self.pos_dropout = nn.Dropout(config.dropout)
         rates = [config.drop_path * i / max(config.num_layers - 1, 1) for i in range(config.num_layers)]
         self.blocks = nn.ModuleList(Block(config, rate, config.window_of(i)) for i, rate in enumerate(rates))
@@ -865,8 +952,8 @@ class ViT(Parent):
                              if config.rel_pos == "beit_shared" else None)  # one table every layer adds
         # timm's avg-pool models normalise the pooled vector (fc_norm) instead of every token (norm).
         final = config.final_norm and not config.fc_norm
-        self.norm = LayerNorm(d, eps=config.layer_norm_eps) if final else nn.Identity()
-        self.fc_norm = LayerNorm(d, eps=config.layer_norm_eps) if config.fc_norm else None
+        self.norm = make_norm(config, d) if final else nn.Identity()
+        self.fc_norm = make_norm(config, d) if config.fc_norm else None
         self.attn_pool = AttentionPool(config) if config.pooling == "map" else None
         head_in = 2 * d if config.pooling == "cls+avg" else d
         self.head = nn.Linear(head_in, config.num_classes) if config.num_classes else None
@@ -930,11 +1017,11 @@ class ViT(Parent):
 
     def patch_grid(self, height: int, width: int) -> tuple[int, int]:
         """The patch grid of an input of this size; raises ValueError when it does not tile."""
-        p = self.config.patch_size
-        if height % p or width % p or height < p or width < p:
-            raise ValueError(f"input of {height}x{width} px does not tile into {p}x{p} patches; "
-                             f"resize it to a multiple of {p}")
-        return height // p, width // p
+        ph, pw = self.config.patch_hw
+        if height % ph or width % pw or height < ph or width < pw:
+            raise ValueError(f"input of {height}x{width} px does not tile into {ph}x{pw} patches; "
+                             f"resize it to a multiple of {ph if ph == pw else f'{ph} px in height and {pw} in width'}")
+        return height // ph, width // pw
 
     def rotary(self, grid: tuple[int, int], device: torch.device | None = None
                ) -> tuple[torch.Tensor, torch.Tensor] | None:
@@ -942,8 +1029,9 @@ class ViT(Parent):
         if self.config.rope == "none":
             return None
         c = self.config
-        if c.rope == "eva":
-            return eva_rope(grid, c.hidden_size // c.num_heads, float(c.rope_theta), c.rope_ref_grid, device)
+        if c.rope in ("eva", "pe"):
+            return eva_rope(grid, c.hidden_size // c.num_heads, float(c.rope_theta), c.rope_ref_grid, device,
+                            pe=c.rope == "pe")
         return dinov3_rope(grid, c.hidden_size // c.num_heads, float(c.rope_theta), device)
 
     def embed(self, images: torch.Tensor) -> torch.Tensor:
@@ -960,14 +1048,18 @@ class ViT(Parent):
         grid = self.patch_grid(images.shape[2], images.shape[3])
         if self.patch_norm is None:
             x = self.patch_embed(images).flatten(2).transpose(1, 2)  # (B, gh*gw, D)
+            if self.embed_norm is not None:
+                x = self.embed_norm(x)
         else:  # the convolution as a linear map of each flattened patch, between vit-pytorch's two LayerNorms
-            patches = F.unfold(images, c.patch_size, stride=c.patch_size).transpose(1, 2)  # (B, gh*gw, C*P*P)
+            patches = F.unfold(images, c.patch_hw, stride=c.patch_hw).transpose(1, 2)  # (B, gh*gw, C*ph*pw)
             x = F.linear(self.patch_norm(patches), self.patch_embed.weight.flatten(1), self.patch_embed.bias)
             x = self.embed_norm(x)  # (B, gh*gw, D)
         positioned = c.num_positioned_prefix_tokens
         prefix = [t for t in (self.cls_token, self.dist_token, self.reg_token) if t is not None]
         prefix = torch.cat(prefix, dim=1).expand(B, -1, -1) if prefix else x[:, :0]  # (B, P, D)
         if self.pos_embed is None:
+            if c.sincos_pos:
+                x = x + sincos_positions(grid, x.shape[-1], x.device).to(x.dtype)  # (B, gh*gw, D)
             x = torch.cat([prefix, x], dim=1)  # (B, P + gh*gw, D)
         else:
             pos = resample_pos_embed(self.pos_embed, grid, c.grid_size, positioned, c.pos_embed_antialias)

@@ -308,9 +308,10 @@ def most_tokens(checkpoint: Checkpoint, size: InputSize) -> tuple[int, int]:
     square of that side bounds every image: ``--keep-aspect`` only shortens a side)."""
     from vit.inference import InputSize
 
-    model = checkpoint.model
-    side = size.side or checkpoint.preprocessing.image_size
-    grid = model.patch_grid(*InputSize(side).shape((side, side), checkpoint.preprocessing, model.config.patch_size))
+    model, p = checkpoint.model, checkpoint.preprocessing
+    side = size.side or max(p.image_hw)  # the long side of a rectangular training size
+    shape = p.image_hw if size == InputSize() else InputSize(side).shape((side, side), p, model.config.patch_size)
+    grid = model.patch_grid(*shape)
     return side, model.num_prefix_tokens + grid[0] * grid[1]
 
 

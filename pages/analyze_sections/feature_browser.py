@@ -10,7 +10,7 @@ from pathlib import Path
 
 import streamlit as st
 
-from pages.explorer_sections import features
+from pages.explorer_sections import feature_exemplars, features
 from vit.features import explore
 from vit.features.sae import SAEError, check_fits
 from vit.images import ImageError
@@ -72,7 +72,7 @@ def feature_browser(model_path: str) -> None:
         return
     st.caption(f"{len(table.frequency):,} features of layer {layer}'s output. "
                + (features.metrics_line(folder) or ""))
-    st.session_state.setdefault(IMAGES_KEY, features.metrics_data(folder))
+    st.session_state.setdefault(IMAGES_KEY, feature_exemplars.metrics_data(folder))
     images = st.text_input("Exemplar images folder", key=IMAGES_KEY,
                            help="The folder the SAE was trained from (--data): features.npz names its images "
                                 "relative to it. It must lie in the data folders.").strip()
@@ -102,8 +102,8 @@ def feature_browser(model_path: str) -> None:
         for column, (name, token, value) in zip(columns, found, strict=False):
             with column:
                 try:
-                    st.image(features.exemplar_thumbnail(images, name, token, checkpoint, config.grid_size,
+                    st.image(feature_exemplars.exemplar_thumbnail(images, name, token, checkpoint, config.grid_size,
                                                 config.num_prefix_tokens), output_format="PNG")
                 except (ImageError, ValueError, OSError) as e:
                     st.text(visible(str(e))[:120])
-                st.text(f"{features.short_name(name)}\n{value:.3g}")
+                st.text(f"{feature_exemplars.short_name(name)}\n{value:.3g}")

@@ -13,6 +13,7 @@ from pages.explorer_sections.main_view import PICKER_CONFIG
 from pages.explorer_sections.state import Shown, keep_settings
 from vit.app import drawing, explorer
 from vit.explain import figures
+from vit.sizes import describe_size
 from vit.text import escape_markdown
 
 TABS_KEY, EVERY_LAYER_KEY, GRID_KEY = "analysis_tab", "every_layer", "heads_grid"
@@ -86,7 +87,7 @@ def analyses(view: Shown) -> None:
             left.plotly_chart(figures.layer_stats_figure(distance, "mean attention distance (px)",
                                                           "Mean attention distance"))
             left.caption(f"Per head, the attention-weighted distance between a patch and the patches it attends "
-                         f"to, in pixels of the {analysis.input_size[1]}×{analysis.input_size[0]}-px input, averaged "
+                         f"to, in pixels of the {describe_size(*analysis.input_size[::-1])} input, averaged "
                          "over patch queries (ViT paper, Fig. 7). Low: local heads, like convolutions; high: heads "
                          "that integrate the whole image.")
             right.plotly_chart(figures.layer_stats_figure(entropy, "attention entropy (nats)", "Attention entropy"))

@@ -124,7 +124,8 @@ def ask_in_words(view: Shown) -> words.Answer | None:
             cmap, low, high = drawing.map_colours("attnlrp" if signed else "", shown_map, view.colormap)
             st.image(overlay(view.shown, shown_map, view.opacity, cmap, view.mode, show_grid=view.show_grid,
                              vmin=low, vmax=high), output_format="PNG")
-            st.caption(words.describe_method(method, labels[chosen], None if other is None else labels[other])
+            st.caption(words.describe_method(method, labels[chosen], None if other is None else labels[other],
+                                             kind=asked.prompts.kind)
                        + " Drawn over the part of the image the model saw. " + drawing.describe_range(shown_map))
             if other is None and st.toggle("Deletion and insertion curves", key=CURVES_KEY,
                                            help="Patches most relevant for the label are blurred away "

@@ -22,14 +22,23 @@ def open_from_hub(text: str, may_download: bool, place=st.sidebar, key: str = "e
     try:
         found, wanted = catalog.open_from_hub(text, may_download)
         if wanted is not None:
-            place.caption(escape_markdown(wanted.summary))
-            if place.button(f"Download {hub.format_bytes(wanted.size)}", key=key):
-                bar = place.progress(0.0, text="Downloading…")
+            box = place.empty()  # emptied once the download is done: its size, button and full bar said nothing more
+            panel = box.container()
+            panel.caption(escape_markdown(wanted.summary))
+            if panel.button(f"Download {hub.format_bytes(wanted.size)}", key=key):
+                bar = panel.progress(0.0, text="Downloading…")
                 found = catalog.download_from_hub(wanted, lambda share, text: bar.progress(share, text=text))
+                box.empty()
         return found
     except CheckpointError as e:
         place.error(escape_markdown(e))
         return None
+
+
+def may_open_path() -> bool:
+    """Whether this visitor may read the server's files by path (``vit.runs.access``: the one rule of every page)."""
+    gate = access.server_access(st.get_option("server.address"), access.configured_token(st.secrets.get))
+    return gate.allows(st.session_state.get(access.UNLOCKED))
 
 
 def pick_checkpoint() -> tuple[dict[str, catalog.CatalogEntry], str, bool]:
@@ -48,7 +57,7 @@ def pick_checkpoint() -> tuple[dict[str, catalog.CatalogEntry], str, bool]:
         candidates.append(hf_chosen)
     extra = st.session_state.setdefault("explorer_extra_checkpoints", [])  # opened by path here or from another page
     gate = access.server_access(st.get_option("server.address"), access.configured_token(st.secrets.get))
-    may_open = gate.allows(st.session_state.get(access.UNLOCKED))  # vit.runs.access: the one rule of every page
+    may_open = may_open_path()
     opened = ""  # a visitor the rule does not allow reads no file of the server by path: no field, nothing read
     if may_open:
         opened = st.sidebar.text_input(

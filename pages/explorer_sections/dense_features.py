@@ -10,7 +10,7 @@ from pages.explorer_sections.compare_checkpoints import PICKER_KEY as COMPARE_KE
 from pages.explorer_sections.state import Shown
 from vit.app import catalog, dense, drawing, explorer
 from vit.checkpoint import CheckpointError
-from vit.explain.overlay import overlay
+from vit.explain.overlay import overlay, pca_picture
 from vit.images import ImageError
 from vit.inference import seen_region
 from vit.text import escape_markdown
@@ -95,7 +95,7 @@ def dense_features(view: Shown, entries: dict) -> None:
     else:
         columns = st.columns(len(views))
         for column, pca_view, seen in zip(columns, views, [shown, seen_2], strict=False):
-            column.image(dense.pca_picture(drawing.display_image(seen), pca_view.colours), output_format="PNG")
+            column.image(pca_picture(drawing.display_image(seen), pca_view.colours), output_format="PNG")
         st.caption("Fitted on " + ("both images together, so a colour means the same in both" if len(views) > 1
                                    else "this image") + f"; layer {layer + 1}.")
 

@@ -21,34 +21,34 @@ from pathlib import Path
 import streamlit as st
 from PIL import Image
 
-from pages.explorer_sections.caches import IMAGE_CACHE_BYTES, byte_cache
+from pages.explorer_sections.feature_exemplars import IMAGES_KEY, exemplars
 from pages.explorer_sections.main_view import PICKER_CONFIG
 from pages.explorer_sections.state import Shown, keep_settings
-from vit.app import drawing, explorer, words
+from vit.app import catalog, drawing, share, words
 from vit.checkpoint import Checkpoint
 from vit.explain.overlay import overlay
 from vit.features import explore, formats
 from vit.features.sae import CFG_FILE, WEIGHTS_FILE, SAEError, SparseAutoencoder, check_fits
-from vit.images import UPLOAD_MAX_PIXELS, ImageError, open_image
+from vit.images import ImageError
 from vit.inference import InputSize, predictions_from_logits
 from vit.runfiles import parse_json, read_text_bounded
 from vit.sources import hub
 from vit.text import escape_markdown, visible
 
-TOGGLE_KEY, FOLDER_KEY, IMAGES_KEY, COUNT_KEY = "sae_view", "sae_folder", "sae_images", "sae_count"
+TOGGLE_KEY, FOLDER_KEY, COUNT_KEY = "sae_view", "sae_folder", "sae_count"
+RUN_KEY = "sae_run"  # the SAE run picked, which fills the folder field
 LAYER_KEY = "sae_layer"  # the block a saev file reads (its file does not say)
 KEPT = ("sae_",)  # every key of this section but the chart's and the button's (read-only)
 HANDED_KEY = "explorer_sae"  # an SAE folder another page hands over (with ``explorer_checkpoint``, its model)
 FEATURE_KEY, TOKEN_KEY, EVERYWHERE_KEY = "sae_feature", "sae_token", "sae_everywhere"
 # The chart and the button are not "sae_" keys: keep_settings writes those back, and theirs are read-only.
 STRONGEST_KEY, ACTIVE_KEY, PICKER_KEY = "sae_strongest", "sae_active", "features_picker"
+LINKED_KEY = "sae_linked_feature"  # a link's feature, shown once its SAE is open (opening one resets the feature)
 FACTOR_PREFIX = "sae_factor-"  # + latent: the factor that latent is scaled by (1: left as it is)
 _OPENED, _RERUN = "sae_opened", "sae_rerun_page"
 # (the page's fingerprint, the checkpoint and fingerprint before the features were scaled in every map): the section
 # reads the latents and scales them on the model as it was, not on the copy that already scales them.
 _BASE = "features_base"
-EXEMPLARS_SHOWN = 8
-THUMBNAIL_SIDE = 96
 MAX_FACTOR = 100.0
 
 
@@ -115,10 +115,6 @@ def offer_download(text: str) -> bool:
 def fitting_layer(full_fingerprint: tuple, folder: str, version: tuple, _model, _sae: SparseAutoencoder) -> int:
     return check_fits(_sae, _model)  # hashes the model's weights: once per model and SAE
 
-
-@st.cache_resource(max_entries=2, show_spinner="Reading the features' exemplars…")
-def feature_table(folder: str, version: tuple, d_sae: int) -> explore.FeatureTable:
-    return explore.read_features(Path(folder) / explore.FEATURES_FILE, d_sae)
 
 
 def chosen_sae(full_checkpoint: Checkpoint, full_fingerprint: tuple) -> tuple[SparseAutoencoder, str, tuple, int]:
@@ -198,25 +194,6 @@ def words_near(fingerprint: tuple, folder: str, version: tuple, labels: tuple, t
     return explore.nearest_words(_checkpoint.model, _sae, _embeddings, list(latents), count=3, fits=_full_model)
 
 
-def exemplar_thumbnail(images_folder: str, name: str, token: int, checkpoint: Checkpoint, grid: tuple[int, int],
-                       prefix: int) -> Image.Image:
-    """An exemplar's crop from its image file, a regular file inside ``images_folder`` of bounded size, read once."""
-    def make() -> Image.Image:
-        path = Path(images_folder) / name
-        data = explorer.read_image_file(path, images_folder, st.get_option("server.maxUploadSize") * 2**20)
-        image = open_image(data, name=path.name, max_pixels=UPLOAD_MAX_PIXELS)
-        return explore.exemplar_thumbnail(image, checkpoint.preprocessing, grid, prefix, token, THUMBNAIL_SIDE)
-    key = ("exemplar", images_folder, name, token, grid, prefix, checkpoint.preprocessing)
-    return byte_cache("images", IMAGE_CACHE_BYTES).get_or_compute(key, make)
-
-
-def short_name(name: str, length: int = 28) -> str:
-    """An exemplar's image name as shown under it: its end (the class folder and the file), control characters as
-    escapes."""
-    name = visible(name)
-    return name if len(name) <= length else "…" + name[-(length - 1):]
-
-
 def metrics_line(folder: str) -> str | None:
     try:
         metrics = parse_json(read_text_bounded(Path(folder) / "metrics.json"))
@@ -224,15 +201,6 @@ def metrics_line(folder: str) -> str | None:
                 f"L0 {float(metrics['l0']):.1f}, dead {float(metrics['dead_fraction']):.1%}.")
     except (OSError, ValueError, KeyError, TypeError):
         return None
-
-
-def metrics_data(folder: str) -> str:
-    """The folder the SAE was trained from, as its metrics.json says ("" when it does not)."""
-    try:
-        data = parse_json(read_text_bounded(Path(folder) / "metrics.json")).get("data")
-        return data if isinstance(data, str) else ""
-    except (OSError, ValueError, AttributeError):
-        return ""
 
 
 # -- the section ------------------------------------------------------------------------------------------------
@@ -247,6 +215,12 @@ def _pick_patch(prefix: int) -> None:
     token = drawing.token_from_selection(st.session_state[PICKER_KEY].selection, prefix)
     if token is not None:
         st.session_state[TOKEN_KEY] = token
+
+
+def _run_picked() -> None:
+    if st.session_state.get(RUN_KEY):
+        st.session_state[FOLDER_KEY] = st.session_state[RUN_KEY]
+    _page_rerun()
 
 
 def _page_rerun() -> None:
@@ -268,9 +242,45 @@ def feature_label(latent: int, value: float) -> str:
     return f"feature {latent} · {value:.3g}"
 
 
+def link_values() -> dict[str, object]:
+    """The section's part of the page's link (``vit.app.share``'s values): the SAE typed, its block, the feature."""
+    folder = str(st.session_state.get(FOLDER_KEY) or "").strip()
+    if not (st.session_state.get(TOGGLE_KEY) and folder):
+        return {}
+    feature = st.session_state.get(LINKED_KEY, st.session_state.get(FEATURE_KEY))
+    return {"sae": folder, "sae_layer": st.session_state.get(LAYER_KEY) or None,
+            "feature": None if feature is None else int(feature)}
+
+
+def follow_link() -> None:
+    """The URL follows the section's SAE, block and feature: a click here reruns this fragment alone, which the
+    page's own ``share_view.follow`` does not see until the page runs again."""
+    wanted = share.encode(link_values())
+    for name in ("sae", "sae_layer", "feature"):
+        if name not in wanted:
+            st.query_params.pop(name, None)
+        elif st.query_params.get(name) != wanted[name]:
+            st.query_params[name] = wanted[name]
+
+
+def show_linked(d_sae: int) -> None:
+    """A link's feature is the one shown, once its SAE is open; one line when the SAE has no such feature."""
+    linked = st.session_state.pop(LINKED_KEY, None)
+    if linked is not None and linked < d_sae:
+        st.session_state[FEATURE_KEY] = linked
+    elif linked is not None:
+        st.caption(escape_markdown(share.dropped("feature", str(linked), f"this SAE has {d_sae:,} features")))
+
+
 @st.fragment
 def features(view: Shown, may_open: bool, asked: words.Answer | None = None) -> None:
-    """The Features section: toggled on, an SAE folder, the image's features and their intervention."""
+    """The Features section: toggled on, an SAE folder, the image's features and their intervention; the URL
+    follows its SAE and feature."""
+    section(view, may_open, asked)
+    follow_link()
+
+
+def section(view: Shown, may_open: bool, asked: words.Answer | None) -> None:
     if st.session_state.pop(_RERUN, False):
         st.rerun(scope="app")  # features scaled in every map changed: every section shows them
     keep_settings(KEPT)
@@ -287,6 +297,13 @@ def features(view: Shown, may_open: bool, asked: words.Answer | None = None) -> 
                    "this session read its files by path (with a token: enter it on the Train page).")
         return
     st.subheader("Features")
+    runs = {str(run): run.name for run in catalog.sae_runs()}
+    if st.session_state.get(RUN_KEY) not in runs or st.session_state[RUN_KEY] != st.session_state.get(FOLDER_KEY):
+        st.session_state[RUN_KEY] = None  # another folder typed since, or the run deleted
+    if runs:  # an SAE run is no model: listed here, not in the checkpoint picker
+        st.selectbox("SAE runs", list(runs), index=None, key=RUN_KEY, format_func=lambda p: f"run {visible(runs[p])}",
+                     on_change=_run_picked, placeholder="a completed python -m vit.sae train run",
+                     help="The runs folder's completed SAE runs (the Train page's): one picked fills the SAE folder.")
     text = st.text_input(
         "SAE folder", key=FOLDER_KEY, placeholder="/path/to/sae folder or file, or ORG/NAME[/PATH/IN/REPO]",
         on_change=_page_rerun,
@@ -323,6 +340,7 @@ def features(view: Shown, may_open: bool, asked: words.Answer | None = None) -> 
         for key in (FEATURE_KEY, TOKEN_KEY, STRONGEST_KEY, ACTIVE_KEY, IMAGES_KEY):
             st.session_state.pop(key, None)
         st.session_state[_OPENED] = folder
+    show_linked(sae.d_sae)
     described = metrics_line(folder)
     kind = {"vit-prisma": "ViT-Prisma", "saev": "saev"}.get(sae.info.extra.get("format"), "SAELens")
     st.caption(f"{sae.d_sae:,} features of layer {layer}'s output ({kind}" + (f", k {sae.k}" if sae.k else "")
@@ -414,40 +432,3 @@ def features(view: Shown, may_open: bool, asked: words.Answer | None = None) -> 
                 st.caption("The CLS token's attention rollout as it was (left) and with the features scaled (right), "
                            "on one colour scale: every layer after the SAE's attends differently.")
     exemplars(view, sae, folder, version, shown)
-
-
-def exemplars(view: Shown, sae: SparseAutoencoder, folder: str, version: tuple, latent: int) -> None:
-    """The feature's top activating held-out patches, cropped from the images features.npz names."""
-    st.markdown(f"**Feature {latent}'s exemplars** (its strongest patches on the SAE's held-out images)")
-    if not Path(folder).is_dir():
-        st.caption("Exemplars come from the features.npz python -m vit.sae train writes into its SAE folder; this SAE "
-                   "is a single file.")
-        return
-    try:
-        table = feature_table(folder, version, sae.d_sae)
-    except SAEError as e:
-        st.caption(escape_markdown(e))
-        return
-    model = view.full_checkpoint.model
-    config = model.config
-    if table.tokens_per_image != config.num_prefix_tokens + config.num_patches:
-        st.caption(f"features.npz describes images of {table.tokens_per_image} tokens; the model reads "
-                   f"{config.num_prefix_tokens + config.num_patches} at its own size: no crops can be placed.")
-        return
-    st.session_state.setdefault(IMAGES_KEY, metrics_data(folder))
-    images_folder = st.text_input("Exemplar images folder", key=IMAGES_KEY,
-                                  help="The folder the SAE was trained from (python -m vit.sae train --data): "
-                                       "features.npz names its images relative to it.").strip()
-    found = table.exemplars(latent, distinct=True)[:EXEMPLARS_SHOWN]
-    st.caption(f"Fires on {float(table.frequency[latent]):.2%} of the held-out tokens.")
-    if not found or not images_folder:
-        return
-    columns = st.columns(EXEMPLARS_SHOWN)
-    for column, (name, token, value) in zip(columns, found, strict=False):
-        with column:
-            try:
-                st.image(exemplar_thumbnail(images_folder, name, token, view.full_checkpoint, config.grid_size,
-                                            config.num_prefix_tokens), output_format="PNG")
-            except (ImageError, ValueError, OSError) as e:
-                st.text(visible(str(e))[:120])
-            st.text(f"{short_name(name)}\n{value:.3g}")

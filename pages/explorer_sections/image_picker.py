@@ -6,6 +6,7 @@ from pathlib import Path
 import streamlit as st
 from PIL import Image
 
+from pages.explorer_sections import share_view
 from pages.explorer_sections.caches import UPLOAD_TYPES, decode_image
 from vit.app import catalog, explorer
 from vit.checkpoint import Checkpoint
@@ -44,18 +45,22 @@ def pick_image(entry: catalog.CatalogEntry, entries: dict[str, catalog.CatalogEn
                                                       help="Back to the sample images."):
         opened_image = st.session_state["explorer_opened_image"] = None
     samples = catalog.sample_images(entry, list(entries.values()))
+    share_view.apply_sample(model_key, samples)
+    st.session_state.pop(share_view.SHOWN_KEY, None)
+    linked = share_view.linked_upload() if uploaded is None and opened_image is None else None  # a link's upload
     sample = None
-    if samples and opened_image is None:
+    if samples and opened_image is None and linked is None:
         sample = st.sidebar.selectbox("…or a sample image", samples, format_func=explorer.sample_label,
                                       key=f"sample-{model_key}", disabled=uploaded is not None,
                                       help="Remove the upload to use the samples again.")
     pre = checkpoint.preprocessing
-    sides = sorted(s for s in {pre.image_size, 2 * pre.image_size, 4 * pre.image_size, *INPUT_SIDES}
+    own = max(pre.image_hw)  # the long side of a rectangular training size
+    sides = sorted(s for s in {own, 2 * own, 4 * own, *INPUT_SIDES}
                    if s <= MAX_INPUT_SIDE)
     # Options are never None: Streamlit shows a None option as an empty "Choose an option" box.
     side = st.sidebar.selectbox(
         "Input size", [0, *sides], key="input_side",
-        format_func=lambda s: f"the model's size ({pre.image_size} px)" if s == 0 else f"{s} px",
+        format_func=lambda s: f"the model's size ({pre.size_label} px)" if s == 0 else f"{s} px",
         help="The size the model sees the image at. Other sizes than the training size interpolate the position "
              "embeddings (as DINO's visualisation does): finer maps, but the predictions may change.")
     keep_aspect = st.sidebar.checkbox("Keep the aspect ratio (long side at that size)", key="keep_aspect",
@@ -68,6 +73,9 @@ def pick_image(entry: catalog.CatalogEntry, entries: dict[str, catalog.CatalogEn
             help="Greyscale models trained on light digits on black (MNIST) need them that way.")
     if uploaded is not None:
         data, image_name = uploaded.getvalue(), uploaded.name
+        share_view.keep_upload(data, image_name)
+    elif linked is not None:
+        data, image_name = linked.data, linked.name or "the linked upload"
     elif opened_image is not None:
         # A path from an analysis.json: read only by a visitor the access rule allows, only a regular file inside the
         # analysed folder, and no more of it than an upload may hold (a mistake named /dev/zero filled the memory).
@@ -91,7 +99,7 @@ def pick_image(entry: catalog.CatalogEntry, entries: dict[str, catalog.CatalogEn
     except ImageError as e:
         st.error(f"Cannot use this upload: {escape_markdown(e)}")
         st.stop()
-    patch_px = checkpoint.model.config.patch_size
+    patch_px = max(checkpoint.model.config.patch_hw)
     if min(image.size) < patch_px:  # e.g. a 1x1 upload: accepted (the views handle it), but said
         st.sidebar.warning(f"This image is {image.width}×{image.height} px, less than one {patch_px}-px patch on a "
                            "side: the model sees it enlarged, and its maps say little about it.")

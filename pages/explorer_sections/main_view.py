@@ -14,6 +14,7 @@ from pages.explorer_sections.state import Shown
 from vit.app import drawing, explorer
 from vit.explain.overlay import draw_mask_contours, overlay
 from vit.images import MAX_SIDE
+from vit.sizes import describe_size
 from vit.text import escape_markdown
 
 PICKER_CONFIG = {"displayModeBar": False, "scrollZoom": False, "doubleClick": False}
@@ -76,7 +77,7 @@ def main_view(view: Shown, main: MainMap, query_key: str, image_name: str, seen:
                             selection_mode="points", config=PICKER_CONFIG, width="stretch")
     with col_image:
         st.caption(f"**Click a patch** to make it the query. {escape_markdown(image_name)}, "
-                   f"{image.width}×{image.height} px; " + drawing.describe_input(analysis, image.size, box))
+                   f"{describe_size(image.width, image.height)}; " + drawing.describe_input(analysis, image.size, box))
     with col_overlay:
         low, high = drawing.map_range(map2d, vmin, vmax)
         st.plotly_chart(drawing.colorbar_figure(low, high, map_colormap), config={"displayModeBar": False},
@@ -91,7 +92,7 @@ def main_view(view: Shown, main: MainMap, query_key: str, image_name: str, seen:
             data=partial(drawing.overlay_png, seen, map2d, opacity, map_colormap, mode, show_grid, outline, vmin, vmax,
                          mask),
             help=f"At the image's size as decoded (at most {MAX_SIDE:,} px on its long side), over the part the model "
-                 f"sees: {seen.width}×{seen.height} px.")
+                 f"sees: {describe_size(seen.width, seen.height)}.")
         with download_npz.popover("Attentions (.npz)"):
             npz_layers = st.radio("Layers", ["all", "this"], key="npz_layers", horizontal=True,
                                   format_func=lambda v: "every layer" if v == "all"

@@ -103,8 +103,10 @@ def choose_map(analysis: explorer.Analysis, class_names: list[str], model_key: s
             st.session_state.setdefault(f"layer-{model_key}", L)
             layer = st.select_slider("Layer", range(1, L + 1), key=f"layer-{model_key}",
                                      help="1 is the first block. Also for the heads grid and the matrix.")
-        if "head" in controls:
-            head = st.selectbox("Head", [-1, *range(H)], key=f"head-{model_key}",
+        if "head" in controls:  # the probe's heads are its own (PE: 8), so its choice is kept apart
+            probe = kind == "probe"
+            head = st.selectbox("Head", [-1, *range(analysis.num_probe_heads if probe else H)],
+                                key=f"head-{model_key}" + ("-probe" if probe else ""),
                                 format_func=lambda h: "all heads, fused" if h == -1 else f"head {h + 1}")
             head = None if head == -1 else head
         if "fusion" in controls and (kind not in ("attention", "probe") or head is None):

@@ -167,7 +167,7 @@ def ablation_effects(fingerprint: tuple, digest: str, size: InputSize, class_ind
     return long_work(("ablation grid", fingerprint, digest, size, class_index, mode, means_key),
                      "Ablating each head in turn",
                      lambda progress: explorer.ablation_effects(checkpoint, image, class_index, mode, means, size,
-                                                                progress), "ablation_grid")
+                                                                progress), "ablation_grid", unit="heads")
 
 
 @st.fragment
@@ -211,10 +211,12 @@ def mechanism(view: Shown, refs: References, samples: list[Path] | None, sample:
                     reader = ("final norm and head" if class_names else
                               "final norm, projection and cosine to the typed labels (the zero-shot read-out)")
                     cells = drawing.small_multiples(small, mech.lens_maps, opacity, colormap, mode, scale="zero")
-                    st.image(drawing.heads_grid_image(cells, columns=min(len(cells), 7)), output_format="PNG")
+                    st.image(drawing.heads_grid_image(cells, columns=min(len(cells), 7),
+                                                      labels=["embedding"] + [f"layer {i + 1}" for i in range(L)]),
+                             output_format="PNG")
                     st.caption(f"Each patch's probability of {lens_label} when the model's {reader} read it "
                                "directly: after the embedding, then after each of the "
-                               f"{L} layers (row by row), each map from 0 to its own maximum.")
+                               f"{L} layers (as labelled), each map from 0 to its own maximum.")
                     st.dataframe({"after": ["embedding"] + [f"layer {i + 1}" for i in range(L)],
                                   **{f"top {k + 1}": [f"{lens_names[row[k][0]]} ({row[k][1]:.1%})"
                                                       if k < len(row) else "" for row in mech.lens_top]
@@ -286,7 +288,10 @@ def mechanism(view: Shown, refs: References, samples: list[Path] | None, sample:
                                     output_format="PNG")
                         after.caption("The CLS rollout with those heads off: later layers attend differently.")
                     effects = None
-                    if class_names and st.toggle(f"Each head alone ({L} passes)", key="ablation_grid") and means_ready:
+                    if class_names and st.toggle(
+                            f"Each head alone ({L * H} heads)", key="ablation_grid",
+                            help="Each head ablated in turn, one layer's heads batched together; the progress counts "
+                                 "the heads ablated.") and means_ready:
                         effects = ablation_effects(full_fingerprint, image_key, size, mech.class_index,
                                                    ablation_mode, means_key, full_checkpoint, image, means)
                     if effects is not None:

@@ -26,6 +26,7 @@ from vit.runfiles import (
     epoch_checkpoints,
     read_json,
 )
+from vit.sizes import describe_size
 from vit.text import escape_markdown, visible
 
 DEFAULT_CHECKPOINT = "cifar10-cifar-s.pt"  # what the app opens on
@@ -71,8 +72,8 @@ class CatalogEntry:
     class_names: tuple[str, ...] = ()
     parameters: int | None = None
     val_acc: float | None = None  # a fraction in [0, 1]
-    image_size: int | None = None
-    patch_size: int | None = None
+    image_size: int | tuple[int, int] | None = None  # as ViTConfig's: (height, width) for a rectangle
+    patch_size: int | tuple[int, int] | None = None
     num_channels: int | None = None
     num_layers: int | None = None
     num_heads: int | None = None
@@ -107,11 +108,12 @@ class CatalogEntry:
         """A few lines of Markdown for under the picker; the file's own text (class names, dataset, path) is escaped."""
         if self.error is not None:
             return f"This checkpoint cannot be loaded: {escape_markdown(self.error)}"
-        gh = self.image_size // self.patch_size
+        (ih, iw), (ph, pw) = ((v, v) if isinstance(v, int) else v for v in (self.image_size, self.patch_size))
+        gh, gw = ih // ph, iw // pw
         lines = [
             f"**Model** {self.num_layers} layers × {self.num_heads} heads, "
-            f"{self.image_size}×{self.image_size} px {'greyscale' if self.num_channels == 1 else 'colour'} input, "
-            f"{self.patch_size}-px patches ({gh}×{gh} grid), "
+            f"{'greyscale' if self.num_channels == 1 else 'colour'} input of "
+            f"{describe_size(iw, ih, (gh, gw), self.patch_size)}, "
             f"{format_parameters(self.parameters) if self.parameters is not None else 'unknown size'}",
         ]
         if self.metadata.get("architecture"):
@@ -119,6 +121,8 @@ class CatalogEntry:
             lines.append(f"**Imported** {escape_markdown(visible(self.metadata['architecture']))}; "
                          + (f"{len(self.class_names)} classes: {escape_markdown(visible(shown))}" if self.class_names
                             else "no classifier (a feature model: maps, no prediction)"))
+            if self.metadata.get("class_names_note"):  # a from-scratch model's "class 0", …: how to name them
+                lines.append(escape_markdown(visible(str(self.metadata["class_names_note"]))))
         else:
             lines.append(f"**Data** {escape_markdown(visible(self.dataset or 'unknown'))}; {len(self.class_names)} "
                          f"classes: {escape_markdown(visible(', '.join(self.class_names)))}")
@@ -162,7 +166,8 @@ def dataset_label(spec: object) -> str | None:
 
 def find_checkpoints(checkpoints_dir: str | os.PathLike | None = None,
                      runs_dir: str | os.PathLike | None = None) -> list[Candidate]:
-    """Every ``*.pt`` in the checkpoints folder (the default first) and every completed run, without reading them."""
+    """Every ``*.pt`` in the checkpoints folder (the default first) and every completed ViT run, without reading them
+    (an SAE run's last.pt is no model: ``sae_runs`` lists those for the Features section)."""
     checkpoints_dir = Path(checkpoints_dir) if checkpoints_dir is not None else default_checkpoints_dir()
     runs_dir = Path(runs_dir) if runs_dir is not None else default_runs_dir()
     found: list[Candidate] = []
@@ -172,13 +177,27 @@ def find_checkpoints(checkpoints_dir: str | os.PathLike | None = None,
         found += [Candidate(p, "checkpoint", p.stem) for p in files]
     if runs_dir.is_dir():
         for run in sorted(p for p in runs_dir.iterdir() if p.is_dir() and not p.name.startswith(".")):
-            if run_state(run) != "completed":
+            if run_state(run) != "completed" or is_sae_run(run):
                 continue
             for name in RUN_CHECKPOINTS:
                 if (run / name).is_file():
                     found.append(Candidate(run / name, "run", run.name))
                     break
     return found
+
+
+def is_sae_run(run_dir: Path) -> bool:
+    """Whether ``run_dir`` is a ``python -m vit.sae train`` run (its config.json says ``"kind": "sae"``)."""
+    return (read_json(run_dir / CONFIG_FILE) or {}).get("kind") == "sae"
+
+
+def sae_runs(runs_dir: str | os.PathLike | None = None) -> list[Path]:
+    """The folders of every completed SAE run, by name: what the explorer's Features section offers."""
+    runs_dir = Path(runs_dir) if runs_dir is not None else default_runs_dir()
+    if not runs_dir.is_dir():
+        return []
+    return [run for run in sorted(p for p in runs_dir.iterdir() if p.is_dir() and not p.name.startswith("."))
+            if run_state(run) == "completed" and is_sae_run(run)]
 
 
 def run_state(run_dir: Path) -> str | None:
@@ -397,11 +416,11 @@ def supported_snapshot(model_dir: Path) -> Path | None:
     timm_name = config_json.get("architecture")
     if isinstance(architectures, list) and architectures and architectures[0] in hf.ARCHITECTURES:
         return snapshot
-    if config_json.get("model_type") in sources.HF_FAMILIES:  # DINOv3, CLIP, SigLIP
+    if config_json.get("model_type") in sources.HF_FAMILIES:  # DINOv3, CLIP, SigLIP, AIMv2
         return snapshot
     if isinstance(timm_name, str):
         try:
-            if not timm_name.startswith("eva02_"):  # EVA-02 is read by vit.sources.import_eva
+            if sources.timm_family(timm_name) is import_timm:  # EVA-02, DINOv3, AIMv2, PE have modules of their own
                 import_timm.check_name(timm_name)
         except ValueError:
             return None

@@ -9,7 +9,6 @@ registers are left out. Layers count from 0, a negative one from the end.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import matplotlib
@@ -27,13 +26,9 @@ from vit.app.explorer import (
 )
 from vit.checkpoint import Checkpoint
 from vit.explain import dense
-from vit.explain.overlay import upsample
+from vit.explain.dense import DENSE_COPIES
 from vit.images import to_mode
-from vit.inference import TRAINING_SIZE, InputSize, input_shape
-
-# Float64 copies of the patch tokens a PCA holds at once (tokens, centred tokens, U of the SVD), and float32
-# unit tokens a similarity keeps per image: what the dense views add to an analysed image's bound.
-DENSE_COPIES = 3 * 8 + 4
+from vit.inference import TRAINING_SIZE, InputSize, input_shape, largest_square_side
 
 
 def dense_bytes(checkpoint: Checkpoint, tokens: int) -> int:
@@ -59,7 +54,7 @@ def check_dense_fits(checkpoint: Checkpoint, image: Image.Image, size: InputSize
     if need > limit:
         per_token = dense_bytes(checkpoint, 1) - dense_bytes(checkpoint, 0)
         most = max(limit - LAYER_CACHE_BYTES - CHUNK_BYTES, 0) // per_token
-        side = math.isqrt(max(most - prefix, 1)) * config.patch_size
+        side = largest_square_side(config.patch_size, max(most - prefix, 1))
         raise TooManyTokens(f"{what} at {shape[1]}×{shape[0]} px ({tokens:,} tokens) need about "
                             f"{need / 2**20:,.0f} MB, over the {limit / 2**20:,.0f} MB limit per image "
                             f"(VIT_ANALYSIS_MEMORY_MB); the largest square input that fits is {side} px. Choose a "
@@ -179,17 +174,6 @@ def match_view(checkpoint_a: Checkpoint, analysis_a: Analysis, checkpoint_b: Che
                          f"{unit_b.shape[1]}; match images of one model, or of two models of one width")
     matches = dense.correspondences(unit_a, unit_b, top, mutual)
     return MatchView(matches.a.numpy(), matches.b.numpy(), matches.score.numpy())
-
-
-def pca_picture(seen: Image.Image, colours: np.ndarray, opacity: float = 1.0) -> Image.Image:
-    """The ``(gh, gw, 3)`` colours as flat patches over ``seen`` (the pixels the model saw) at its size; ``opacity``
-    1 shows the colours alone."""
-    if not 0.0 <= opacity <= 1.0:
-        raise ValueError(f"opacity must be in [0, 1], got {opacity}")
-    base = np.asarray(to_mode(seen, 3), dtype=np.float32)  # (H, W, 3)
-    size = base.shape[:2]
-    heat = np.stack([upsample(colours[..., c], size, "nearest") for c in range(3)], axis=-1) * 255.0  # (H, W, 3)
-    return Image.fromarray(np.clip(np.rint((1 - opacity) * base + opacity * heat), 0, 255).astype(np.uint8), "RGB")
 
 
 def patch_centres(patches: np.ndarray, grid: tuple[int, int], size: tuple[int, int]) -> np.ndarray:

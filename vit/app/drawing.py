@@ -17,13 +17,14 @@ import matplotlib.ticker
 import numpy as np
 import plotly.graph_objects as go
 import torch
-from PIL import Image
+from PIL import Image, ImageDraw, ImageFont
 
 from vit.app.explorer import MAP_CONTROLS, METHOD_MAP_KINDS, Analysis, MapSettings, map_mask, patch_of, resolved_class
 from vit.checkpoint import Checkpoint
 from vit.explain.overlay import draw_mask_contours, overlay, to_png_bytes
 from vit.images import to_mode, to_uint8
 from vit.inference import TRAINING_SIZE, InputSize, Prediction, input_shape, preprocess
+from vit.sizes import describe_size
 from vit.text import escape_markdown, escape_plotly
 
 COLOUR_SCALES = {
@@ -36,6 +37,7 @@ COLOUR_SCALES = {
 
 # Colour maps that matplotlib (overlays) and Plotly (heatmaps) both know by the same name.
 CURVE_BATCH = 32  # images scored at once for deletion/insertion curves: each batch is one chunk a Stop waits for
+LABEL_STRIP, LABEL_COLOUR = 16, (49, 51, 63)  # px under each labelled thumbnail; Streamlit's text colour
 COLORMAPS = ("inferno", "viridis", "magma", "plasma", "cividis", "turbo", "jet")
 
 
@@ -77,15 +79,26 @@ def small_multiples(image: Image.Image, maps: np.ndarray, opacity: float, colorm
 
 
 
-def heads_grid_image(cells: Sequence[Image.Image], columns: int, gap: int = 2) -> Image.Image:
-    """Thumbnails of one size tiled row by row into one image (one encode instead of one per head)."""
+def heads_grid_image(cells: Sequence[Image.Image], columns: int, gap: int = 2,
+                     labels: Sequence[str] | None = None) -> Image.Image:
+    """Thumbnails of one size tiled row by row into one image (one encode instead of one per head); ``labels``, one
+    per cell, are written under each (a sheet of maps read row by row was otherwise a count away from its layer)."""
     width, height = cells[0].size
+    strip = LABEL_STRIP if labels is not None else 0
     rows = math.ceil(len(cells) / columns)
-    sheet = Image.new("RGB", (columns * width + (columns - 1) * gap, rows * height + (rows - 1) * gap),
+    sheet = Image.new("RGB", (columns * width + (columns - 1) * gap, rows * (height + strip) + (rows - 1) * gap),
                       (255, 255, 255))
+    draw, size = ImageDraw.Draw(sheet), LABEL_STRIP - 4
+    font = ImageFont.load_default(size=size)
+    while labels and size > 6 and max(font.getlength(label) for label in labels) > width - 2:  # no label overlaps
+        size -= 1
+        font = ImageFont.load_default(size=size)
     for i, cell in enumerate(cells):
         r, c = divmod(i, columns)
-        sheet.paste(cell, (c * (width + gap), r * (height + gap)))
+        x, y = c * (width + gap), r * (height + strip + gap)
+        sheet.paste(cell, (x, y))
+        if labels is not None:
+            draw.text((x + width / 2, y + height + strip / 2), labels[i], fill=LABEL_COLOUR, font=font, anchor="mm")
     return sheet
 
 
@@ -270,18 +283,21 @@ def describe_range(map2d: np.ndarray, vmin: float | None = None, vmax: float | N
 
 def describe_input(analysis: Analysis, image_size: tuple[int, int],
                    box: tuple[float, float, float, float] | None = None) -> str:
-    """What the model saw: '... sees it as 480×360 px in 45×60 patches of 8 px (not its 224-px training size)'.
+    """What the model saw: '... sees it as 480×360 px in 45 rows × 60 columns of 8-px patches (21,601 tokens), not
+    its training size of 224×224 px …'.
 
     ``box`` is ``vit.inference.input_box``: when the preprocessing crops, only that part is seen (and shown).
     """
     height, width = analysis.input_size
     gh, gw = analysis.grid
-    text = (f"the model sees it as {width}×{height} px in {gh}×{gw} patches of {analysis.patch_size} px "
+    text = (f"the model sees it as {describe_size(width, height, (gh, gw), analysis.patch_size)} "
             f"({analysis.num_tokens:,} tokens)")
     if not analysis.at_training_size:
         how = "positions are interpolated" if analysis.position_table else \
+            "its sine-cosine positions are computed for this grid" if analysis.sincos_positions else \
             "its rotary positions take any size without interpolation"
-        text += f", not its {analysis.training_size}×{analysis.training_size}-px training size: {how}"
+        th, tw = analysis.training_hw
+        text += f", not its training size of {describe_size(tw, th)}: {how}"
     iw, ih = image_size
     if box is not None and (round(box[0]), round(box[1]), round(box[2]), round(box[3])) != (0, 0, iw, ih):
         x0, y0, x1, y1 = (round(v) for v in box)
@@ -299,8 +315,9 @@ def prediction_note(analysis: Analysis) -> str | None:
     if analysis.at_training_size:
         return None
     height, width = analysis.input_size
-    return (f"Predicted at {width}×{height} px, not the {analysis.training_size}×{analysis.training_size} px the "
-            "model was trained at: the scores may differ from those at the training size.")
+    th, tw = analysis.training_hw
+    return (f"Predicted at {describe_size(width, height)}, not the {describe_size(tw, th)} the model was trained "
+            "at: the scores may differ from those at the training size.")
 
 
 

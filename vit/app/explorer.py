@@ -52,6 +52,7 @@ from vit.inference import (
     InputSize,
     Prediction,
     input_shape,
+    largest_square_side,
     predictions_from_logits,
     preprocess,
     preprocess_at,
@@ -92,7 +93,7 @@ REFERENCE_CHUNK = 8  # reference images run at once: one chunk's activations are
 # Memory per analysed image: hidden states + cache + one layer's queries and keys + one chunk of attention stays
 # under this (env VIT_ANALYSIS_MEMORY_MB), and inputs with more tokens than VIT_MAX_TOKENS are refused
 # (vit.bounds: the gate vit.predict shares).
-ANALYSIS_MEMORY_LIMIT = 1024 * 2**20
+ANALYSIS_MEMORY_LIMIT = bounds.ANALYSIS_MEMORY_LIMIT
 CHUNK_BYTES = 64 * 2**20  # one chunk of attention scores (vit.explain.chunked): every map is built from such chunks
 LAYER_CACHE_BYTES = 320 * 2**20  # computed layers, queries and keys, rollout factors kept per image
 HALF_PRECISION_TOKENS = 1024  # rollout factors above this many tokens are kept in float16
@@ -102,8 +103,7 @@ def analysis_limits(max_tokens: int | None = None) -> tuple[int, int]:
     """``(max tokens, memory limit in bytes)``: ``max_tokens``, else VIT_MAX_TOKENS (``bounds.max_tokens``), and
     VIT_ANALYSIS_MEMORY_MB, else the defaults."""
     tokens = bounds.max_tokens(max_tokens)
-    memory = int(float(os.environ.get("VIT_ANALYSIS_MEMORY_MB") or ANALYSIS_MEMORY_LIMIT / 2**20) * 2**20)
-    return tokens, memory
+    return tokens, bounds.memory_limit()
 
 
 def analysis_memory(num_layers: int, num_heads: int, hidden_size: int, tokens: int,
@@ -153,11 +153,12 @@ def check_gradient_fits(model, tokens: int, what: str, layers: int | None = None
     _, limit = analysis_limits()
     if need > limit:
         per_token_squared = need // tokens ** 2
-        side = math.isqrt(max(math.isqrt(limit // per_token_squared) - model.num_prefix_tokens, 1))
+        side = largest_square_side(model.config.patch_size,
+                                   max(math.isqrt(limit // per_token_squared) - model.num_prefix_tokens, 1))
         raise TooManyTokens(f"{what} keeps every layer's attention and gradient: about {need / 2**20:,.0f} MB at "
                             f"{tokens:,} tokens, over the {limit / 2**20:,.0f} MB limit (VIT_ANALYSIS_MEMORY_MB); "
-                            f"the largest square input that fits is {side * model.config.patch_size} px. Choose a "
-                            "smaller input size, or another map.")
+                            f"the largest square input that fits is {side} px. Choose a smaller input size, or "
+                            "another map.")
 
 
 def whole_gradient_bytes(model, tokens: int, layers: int | None = None) -> int:
@@ -177,11 +178,11 @@ def check_chunked_gradient_fits(model, tokens: int, what: str, contexts: bool) -
     if need > limit:
         per_token = gradient_bytes(config.num_layers, config.hidden_size, config.mlp_size, 1, contexts, 0)
         most = largest_tokens(max(limit - CHUNK_BYTES, 0), per_token, 0)
-        side = math.isqrt(max(most - model.num_prefix_tokens, 1))
+        side = largest_square_side(config.patch_size, max(most - model.num_prefix_tokens, 1))
         raise TooManyTokens(f"{what} keeps every layer's input{' and gradient' if contexts else ''}: about "
                             f"{need / 2**20:,.0f} MB at {tokens:,} tokens, over the {limit / 2**20:,.0f} MB limit "
                             f"(VIT_ANALYSIS_MEMORY_MB); the largest square input that fits is "
-                            f"{side * config.patch_size} px. Choose a smaller input size, or another map.")
+                            f"{side} px. Choose a smaller input size, or another map.")
 
 
 def check_flow_fits(model, tokens: int) -> None:
@@ -191,11 +192,10 @@ def check_flow_fits(model, tokens: int) -> None:
     from vit.explain.attention_flow import MAX_FLOW_TOKENS
 
     if tokens > MAX_FLOW_TOKENS:
-        side = math.isqrt(max(MAX_FLOW_TOKENS - model.num_prefix_tokens, 1))
+        side = largest_square_side(model.config.patch_size, max(MAX_FLOW_TOKENS - model.num_prefix_tokens, 1))
         raise TooManyTokens(f"Attention flow solves one max-flow problem per token: {tokens:,} tokens is over its "
                             f"limit of {MAX_FLOW_TOKENS} (about 40 s there on 2 cores); the largest square input "
-                            f"that fits is {side * model.config.patch_size} px. Choose a smaller input size, or "
-                            "rollout.")
+                            f"that fits is {side} px. Choose a smaller input size, or rollout.")
 
 
 def check_input_fits(checkpoint: Checkpoint, grid: tuple[int, int], what: str = "This input",
@@ -261,16 +261,17 @@ class Analysis:
     prediction: Prediction
     attentions: Sequence[torch.Tensor]  # per layer (1, H, T, T) float32
     grid: tuple[int, int]  # patch grid of the model input (gh, gw), non-square with keep-aspect sizes
-    patch_size: int
+    patch_size: int | tuple[int, int]  # the model's: (height, width) for rectangular patches
     input_size: tuple[int, int]  # (height, width) of the model input in pixels
     num_prefix_tokens: int
     hidden: torch.Tensor | None = None  # (L + 1, T, D): every block's input, then the last block's output
-    training_size: int | None = None  # the checkpoint's square input side
+    training_size: int | tuple[int, int] | None = None  # the checkpoint's input: its side, or (height, width)
     cache: ByteCache = field(default_factory=lambda: ByteCache(LAYER_CACHE_BYTES), repr=False)
     prefix_names: tuple[str, ...] = ()  # ('CLS', 'DIST', 'REG 1', ...); empty: CLS then numbered prefix tokens
     probe: torch.Tensor | None = None  # (H, T): the attention-pooling probe's attention (SigLIP), else None
     embedding: torch.Tensor | None = None  # (E,): a feature model's pooled (CLIP: projected) embedding
     position_table: bool = True  # False for rotary-only models (DINOv3): nothing is interpolated at other sizes
+    sincos_positions: bool = False  # AIMv2-native: sine-cosine positions computed for each grid, no table
 
     @property
     def has_cls(self) -> bool:
@@ -286,6 +287,11 @@ class Analysis:
         return getattr(self.attentions, "num_heads", None) or self.attentions[0].shape[1]
 
     @property
+    def num_probe_heads(self) -> int:
+        """The pooling probe's heads (PE's probe has 8 whatever its blocks have); 0 without a probe."""
+        return self.probe.shape[0] if self.probe is not None else 0
+
+    @property
     def num_tokens(self) -> int:
         return self.num_prefix_tokens + self.grid[0] * self.grid[1]
 
@@ -296,7 +302,13 @@ class Analysis:
 
     @property
     def at_training_size(self) -> bool:
-        return self.training_size is None or self.input_size == (self.training_size, self.training_size)
+        return self.training_size is None or self.input_size == self.training_hw
+
+    @property
+    def training_hw(self) -> tuple[int, int] | None:
+        """The checkpoint's input ``(height, width)``, or None when not known."""
+        size = self.training_size
+        return (size, size) if isinstance(size, int) else size
 
     def stats(self) -> tuple[np.ndarray, np.ndarray]:
         """Per-head mean attention distance (px) and entropy (nats), each ``(L, H)``; computed once, layer by layer."""
@@ -359,7 +371,8 @@ def analyse(checkpoint: Checkpoint, image: Image.Image, size: InputSize = TRAINI
     return Analysis(prediction=prediction, attentions=layers, grid=grid, patch_size=patch_size, input_size=shape,
                     num_prefix_tokens=model.num_prefix_tokens, hidden=hidden, training_size=p.image_size,
                     cache=cache, prefix_names=tuple(model.config.prefix_token_names), probe=probe,
-                    embedding=embedding, position_table=getattr(model.config, "pos_embed", True))
+                    embedding=embedding, position_table=getattr(model.config, "pos_embed", True),
+                    sincos_positions=getattr(model.config, "sincos_pos", False))
 
 
 def map_kinds(analysis: Analysis, has_classes: bool) -> list[str]:

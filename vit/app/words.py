@@ -112,15 +112,16 @@ def describe_prediction(asked: Answer, shown: int = 3) -> str:
             f"{ranked[0][1]:.1%} ({kind})" + (f"; then {rest}{more}." if rest else "."))
 
 
-def describe_method(method: str, label: str, other: str | None = None) -> str:
-    """The map's caption, as Markdown (labels escaped)."""
+def describe_method(method: str, label: str, other: str | None = None, *, kind: str) -> str:
+    """The map's caption, as Markdown (labels escaped); ``kind`` the prompts' (``"softmax"``: a CLIP, ``"sigmoid"``:
+    a SigLIP), whose readout LeGrad follows."""
     label = escape_markdown(label)
     what = {
         "rollout": "gradient rollout of the image-text similarity from the last layer, as in Chefer et al.'s CLIP "
                    "notebook (Transformer-MM-Explainability)",
-        "legrad": "LeGrad with its authors' CLIP readout (ln_post of the mean over tokens) or SigLIP readout (the "
-                  "attention-pooling head on each layer; patches bright for the empty prompt “a photo of a” "
-                  "removed)",
+        "legrad": "LeGrad with its authors' CLIP readout (ln_post of the mean over tokens)" if kind == "softmax" else
+                  "LeGrad with its authors' SigLIP readout (the attention-pooling head on each layer; patches bright "
+                  "for the empty prompt “a photo of a” removed)",
         "attnlrp": "AttnLRP relevance of the similarity, summed per patch (red for, blue against)",
         "grad_eclip": "Grad-ECLIP: the last layer's value channels weighted by the similarity's gradient and the "
                       "query-key cosine (Zhao et al. 2024)",

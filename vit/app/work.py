@@ -142,6 +142,8 @@ class Work:
             return f"{self.label}: {self.state} after {self.done} of {self.total} {self.unit} ({self.error})"
         if self._reason is not None:
             return f"{self.label}: stopping at the end of this chunk ({self._reason})"
+        if self.total <= 0:  # running, before its first report: "0 of 0" would say it has nothing to do
+            return f"{self.label}: starting…"
         left = self.seconds_left()
         eta = "estimating the time left" if left is None else f"about {_duration(left)} left"
         return f"{self.label}: {self.done} of {self.total} {self.unit}, {eta}"

@@ -376,16 +376,20 @@ def class_gradients(model: torch.nn.Module, images: Tensor, class_index: int | T
     return (logits.detach(), tuple(a.detach() for a in attentions), tuple(g.detach() for g in gradients))
 
 
-def patch_centres(grid: tuple[int, int], patch_size: int, device: torch.device | None = None) -> Tensor:
-    """Pixel coordinates (row, column) of the patch centres in row-major order: ``(gh*gw, 2)``."""
+def patch_centres(grid: tuple[int, int], patch_size: int | tuple[int, int], device: torch.device | None = None
+                  ) -> Tensor:
+    """Pixel coordinates (row, column) of the patch centres in row-major order: ``(gh*gw, 2)``; ``patch_size`` is
+    an int, or ``(height, width)`` for rectangular patches."""
     gh, gw = grid
     rows = torch.arange(gh, dtype=torch.float64, device=device)
     cols = torch.arange(gw, dtype=torch.float64, device=device)
     rr, cc = torch.meshgrid(rows, cols, indexing="ij")  # each (gh, gw)
-    return (torch.stack([rr, cc], dim=-1).reshape(gh * gw, 2) + 0.5) * patch_size  # (gh*gw, 2)
+    size = torch.tensor((patch_size, patch_size) if isinstance(patch_size, int) else patch_size, dtype=torch.float64,
+                        device=device)  # (2,): row and column pitch
+    return (torch.stack([rr, cc], dim=-1).reshape(gh * gw, 2) + 0.5) * size  # (gh*gw, 2)
 
 
-def mean_attention_distance(attn: Tensor, grid: tuple[int, int], patch_size: int,
+def mean_attention_distance(attn: Tensor, grid: tuple[int, int], patch_size: int | tuple[int, int],
                             num_prefix_tokens: int = 1) -> Tensor:
     """The ViT paper's "attention distance" (Fig. 7) per head: ``(B, H, T, T)`` -> ``(B, H)``, in pixels.
 
@@ -414,7 +418,7 @@ def attention_entropy(attn: Tensor) -> Tensor:
     return -torch.special.xlogy(p, p).sum(dim=-1).mean(dim=-1)  # xlogy: 0 * log 0 = 0
 
 
-def layer_stats(attentions: Sequence[Tensor], grid: tuple[int, int], patch_size: int,
+def layer_stats(attentions: Sequence[Tensor], grid: tuple[int, int], patch_size: int | tuple[int, int],
                 num_prefix_tokens: int = 1) -> dict[str, Tensor]:
     """Mean attention distance and entropy for every layer: ``{"distance", "entropy"}``, each ``(L, B, H)``."""
     layers = layers_up_to(attentions, None)

@@ -246,7 +246,7 @@ class LayerInputs:
             out[:, ts] = rollout_factor_rows(fused.cpu(), ts.start, discard_ratio, num_prefix_tokens).to(dtype)
         return out
 
-    def stats(self, layer: int, grid: tuple[int, int], patch_size: int, num_prefix_tokens: int = 1
+    def stats(self, layer: int, grid: tuple[int, int], patch_size: int | tuple[int, int], num_prefix_tokens: int = 1
               ) -> tuple[Tensor, Tensor]:
         """Layer ``layer``'s per-head mean attention distance in px and entropy in nats, ``(B, H)`` each, as
         ``attention.mean_attention_distance`` and ``attention_entropy`` compute them, summed chunk by chunk."""

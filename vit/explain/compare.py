@@ -14,6 +14,7 @@ import numpy as np
 from PIL import Image
 
 from vit.explain.overlay import overlay, upsample
+from vit.sizes import describe_size
 
 # Settings that name the run rather than what it trains; they differ between any two runs.
 NOT_COMPARED = ("out", "resume")
@@ -144,7 +145,8 @@ def settings_for_other(settings, analysis_a, analysis_b, class_names_a: Sequence
         raise ValueError(f"B has {analysis_b.num_heads} heads, so it has no head {s.head + 1}")
     same_tokens = (analysis_a.grid, analysis_a.num_prefix_tokens) == (analysis_b.grid, analysis_b.num_prefix_tokens)
     if s.query != 0 and not same_tokens:
-        raise ValueError(f"B's tokens differ from A's ({analysis_b.grid[0]}×{analysis_b.grid[1]} patches, "
+        height, width = analysis_b.input_size
+        raise ValueError(f"B's tokens differ from A's ({describe_size(width, height, analysis_b.grid)}, "
                          f"{analysis_b.num_prefix_tokens} prefix); only the CLS query (token 0) compares")
     class_index = s.class_index
     if class_index is not None:  # any map that explains a chosen class: "class", LeGrad, LRP, AttnLRP

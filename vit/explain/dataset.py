@@ -113,8 +113,8 @@ def image_summaries(checkpoint: Checkpoint, paths: Sequence[str | Path]) -> dict
     so their summaries are the same numbers.
     """
     model = checkpoint.model
-    size = checkpoint.preprocessing.image_size
-    grid, prefix, patch = model.patch_grid(size, size), model.num_prefix_tokens, model.config.patch_size
+    grid, prefix = model.patch_grid(*checkpoint.preprocessing.image_hw), model.num_prefix_tokens
+    patch = model.config.patch_size
     L, H, N = len(model.blocks), model.blocks[0].attn.num_heads, len(paths)
     errors = [""] * N
     out = {"read": np.zeros(N, dtype=bool), "predicted": np.full(N, -1, dtype=np.int64), "confidence": np.zeros(N),
@@ -390,8 +390,7 @@ def mechanism_summaries(checkpoint: Checkpoint, files: Sequence[tuple[Path, int]
 
     model = checkpoint.model
     mechanism.check_supported(model, needs_head=True)
-    size = checkpoint.preprocessing.image_size
-    grid, prefix = model.patch_grid(size, size), model.num_prefix_tokens
+    grid, prefix = model.patch_grid(*checkpoint.preprocessing.image_hw), model.num_prefix_tokens
     L, H, T, N = len(model.blocks), model.blocks[0].attn.num_heads, prefix + grid[0] * grid[1], len(files)
     out = {"read": np.zeros(N, dtype=bool), "dla_heads": np.zeros((N, L, H)), "dla_mlps": np.zeros((N, L)),
            "ablation": np.zeros((N, L, H)), "massive": np.zeros((N, L, 4)),
@@ -430,8 +429,7 @@ class MechanismAggregator:
     def __init__(self, checkpoint: Checkpoint, files: Sequence[tuple[Path, int]], norm_threshold: float | None = None,
                  ablation: bool = True) -> None:
         model = checkpoint.model
-        size = checkpoint.preprocessing.image_size
-        self.grid, self.prefix = model.patch_grid(size, size), model.num_prefix_tokens
+        self.grid, self.prefix = model.patch_grid(*checkpoint.preprocessing.image_hw), model.num_prefix_tokens
         self.files, self.norm_threshold, self.ablation = files, norm_threshold, ablation
         self.labels = np.array([label for _, label in files], dtype=np.int64)
         K, L, H = len(checkpoint.class_names), len(model.blocks), model.blocks[0].attn.num_heads

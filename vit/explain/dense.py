@@ -19,6 +19,9 @@ from torch import Tensor
 
 COMPONENTS = 3  # red, green, blue
 MATCH_CHUNK_BYTES = 64 * 2**20  # one block of the similarity matrix of two images: never the whole N_a x N_b
+# Float64 copies of the patch tokens a PCA holds at once (tokens, centred tokens, U of the SVD), and float32
+# unit tokens a similarity keeps per image: bytes per token and channel the dense views add to an image's bound.
+DENSE_COPIES = 3 * 8 + 4
 
 
 @dataclass
@@ -51,6 +54,44 @@ def fit_pca(tokens: Tensor, components: int = COMPONENTS) -> PCAFit:
     # A component of zero variance (constant tokens) whitens to 0 rather than to inf / nan.
     scale = torch.where(variance > 0, variance.sqrt(), torch.ones_like(variance))
     return PCAFit(mean, vt * signs, scale)
+
+
+class PCAMoments:
+    """The mean and scatter of token sets ``(N_i, D)`` added one at a time, in float64 (Chan et al.'s pairwise
+    update, stable however far the mean is from 0): the PCA of all of them together holding ``D x D`` numbers, not
+    the tokens."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.mean: Tensor | None = None  # (D,)
+        self.scatter: Tensor | None = None  # (D, D): the sum of outer products of the centred tokens
+
+    def add(self, tokens: Tensor) -> None:
+        """Add ``tokens (N, D)``."""
+        x = tokens.double()
+        n, mean = x.shape[0], x.mean(dim=0)
+        centred = x - mean  # (N, D)
+        if self.count == 0:
+            self.count, self.mean, self.scatter = n, mean, centred.T @ centred
+            return
+        total, delta = self.count + n, mean - self.mean
+        self.scatter = self.scatter + centred.T @ centred + torch.outer(delta, delta) * (self.count * n / total)
+        self.mean = self.mean + delta * (n / total)
+        self.count = total
+
+    def fit(self, components: int = COMPONENTS) -> PCAFit:
+        """``fit_pca`` of every token added: the covariance's eigenvectors are the SVD's directions, its eigenvalues
+        the variances, with sklearn's sign on each."""
+        if self.count < 2:
+            raise ValueError(f"a PCA needs at least 2 tokens, got {self.count}")
+        variance, vectors = torch.linalg.eigh(self.scatter / (self.count - 1))  # ascending
+        k = min(components, self.count, variance.shape[0])
+        variance, vt = variance.flip(0)[:k], vectors.flip(1)[:, :k].T  # (k,), (k, D)
+        signs = torch.sign(vt.gather(1, vt.abs().argmax(dim=1, keepdim=True)))  # (k, 1)
+        # Rounding leaves a zero variance at +-1e-16 of the largest where the SVD gives 0: it whitens to 0 there too.
+        zero = variance <= variance.abs().max() * variance.new_tensor(torch.finfo(torch.float64).eps) * vt.shape[1]
+        scale = torch.where(zero, torch.ones_like(variance), variance.clamp(min=0).sqrt())
+        return PCAFit(self.mean, vt * signs, scale)
 
 
 def pca_colours(tokens: Tensor, fit: PCAFit) -> Tensor:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import numpy as np
 import plotly.graph_objects as go
 
+TITLE_STANDOFF = 12  # px between an axis title and its tick labels
+
 
 def layer_stats_figure(values: np.ndarray, y_title: str, title: str = "") -> go.Figure:
     """Per-head values ``(L, H)`` as in the ViT paper's Fig. 7: x = layer, one point per head, plus the mean."""
@@ -29,9 +31,12 @@ def layer_stats_figure(values: np.ndarray, y_title: str, title: str = "") -> go.
 def _label_every_cell(fig: go.Figure, x: list[str], y: list[str], x_title: str) -> None:
     """Axis titles, and every row's and column's label (Plotly thins crowded category ticks, so a reader could not
     tell which row is which layer, or find the MLP column), with the room the labels need."""
-    fig.update_yaxes(title="layer (1 = first block, on top)", tickmode="array", tickvals=y, ticktext=y,
-                     automargin=True)
-    fig.update_xaxes(title=x_title, tickmode="array", tickvals=x, ticktext=x, automargin=True, side="bottom")
+    # A standoff: by default Plotly sets the y title against the widest label and a wider one ("layer 10") ran into
+    # it.
+    fig.update_yaxes(title=dict(text="layer (1 = first block, on top)", standoff=TITLE_STANDOFF), tickmode="array",
+                     tickvals=y, ticktext=y, automargin=True)
+    fig.update_xaxes(title=dict(text=x_title, standoff=TITLE_STANDOFF), tickmode="array", tickvals=x, ticktext=x,
+                     automargin=True, side="bottom")
 
 
 def layer_head_figure(values: np.ndarray, title: str, value_title: str, extra: np.ndarray | None = None,

@@ -174,17 +174,21 @@ def class_indices(logits: Tensor, classes: Tensor | int | None) -> Tensor:
 # --- direct logit attribution ---------------------------------------------------------------------
 
 def _linear_readout(model: ViT, final: Tensor) -> Callable[[Tensor, bool], Tensor]:
-    """``classify`` with every LayerNorm frozen at its scale on the final residual ``final`` ``(B, T, D)``.
+    """``classify`` with every LayerNorm (or RMSNorm) frozen at its scale on the final residual ``final`` ``(B, T, D)``.
 
     The returned ``readout(component (..., B, T, D), with_bias)`` -> ``(..., B, classes)`` is linear in the
     component when ``with_bias`` is False: each norm centres the component and divides by the scale the final
     residual had there (TransformerLens's ``apply_ln_to_stack``), then multiplies by its weight. The biases
     (norm offsets, head biases) come in once, through ``readout(zeros, True)``.
     """
-    def scale(x: Tensor, norm: nn.LayerNorm) -> Tensor:
+    def scale(x: Tensor, norm: nn.LayerNorm | nn.RMSNorm) -> Tensor:
+        if isinstance(norm, nn.RMSNorm):  # AIMv2: the root mean square, about zero
+            return (x.pow(2).mean(dim=-1, keepdim=True) + norm.eps).sqrt()
         return (x.var(dim=-1, unbiased=False, keepdim=True) + norm.eps).sqrt()
 
     def frozen(x: Tensor, norm: nn.Module, s: Tensor | None, bias: bool) -> Tensor:
+        if isinstance(norm, nn.RMSNorm):  # no centring and no offset: linear as it is once its scale is fixed
+            return x / s * norm.weight
         if not isinstance(norm, nn.LayerNorm):  # nn.Identity when fc_norm replaces the token norm
             return x
         x = (x - x.mean(dim=-1, keepdim=True)) / s * norm.weight
@@ -196,7 +200,7 @@ def _linear_readout(model: ViT, final: Tensor) -> Callable[[Tensor, bool], Tenso
                              "(a cosine to typed labels)")
     p = model.num_prefix_tokens
     pooling = model.config.pooling
-    s_norm = scale(final, model.norm) if isinstance(model.norm, nn.LayerNorm) else None  # (B, T, 1)
+    s_norm = scale(final, model.norm) if isinstance(model.norm, (nn.LayerNorm, nn.RMSNorm)) else None  # (B, T, 1)
 
     def pool(x: Tensor) -> Tensor:
         if pooling == "cls":

@@ -244,3 +244,14 @@ def write_npz_streamed(path: str | os.PathLike, streamed: Iterable[tuple[str, tu
         for name, value in arrays.items():
             with archive.open(f"{name}.npy", "w", force_zip64=True) as f:
                 np.lib.format.write_array(f, np.asanyarray(value), allow_pickle=False)
+
+
+def pca_picture(seen: Image.Image, colours: np.ndarray, opacity: float = 1.0) -> Image.Image:
+    """The ``(gh, gw, 3)`` colours as flat patches over ``seen`` (the pixels the model saw) at its size; ``opacity``
+    1 shows the colours alone."""
+    if not 0.0 <= opacity <= 1.0:
+        raise ValueError(f"opacity must be in [0, 1], got {opacity}")
+    base = np.asarray(to_mode(seen, 3), dtype=np.float32)  # (H, W, 3)
+    size = base.shape[:2]
+    heat = np.stack([upsample(colours[..., c], size, "nearest") for c in range(3)], axis=-1) * 255.0  # (H, W, 3)
+    return Image.fromarray(np.clip(np.rint((1 - opacity) * base + opacity * heat), 0, 255).astype(np.uint8), "RGB")

@@ -2,7 +2,7 @@
 
 Every method runs the model's own forward (``vit/model.py``, written once) and reads what it needs at its hook
 points, or under relevance rules: AttnLRP and CP-LRP make their ``Rules`` current for a ``with`` block (the
-approach of lxt), so that the model's elementary operations — each LayerNorm, the MLP activation, SwiGLU's
+approach of lxt), so that the model's elementary operations — each LayerNorm and RMSNorm, the MLP activation, SwiGLU's
 product, the two attention matmuls (of every layer and of SigLIP's pooling probe) and a prompt head's L2
 norm — carry their rule while the forward computes its own values. Every other operation of every family is
 linear (rotary positions, layer scale, pooling by CLS or mean, the distillation head's mean, the
@@ -15,7 +15,7 @@ prefix tokens. References (ported, and checked against in ``tests/test_relevance
 - Transformer attribution: Chefer, Gur & Wolf 2021a, hila-chefer/Transformer-Explainability
   ``baselines/ViT/ViT_LRP.py`` + ``modules/layers_ours.py`` (``method="transformer_attribution"``).
 - AttnLRP: Achtibat et al. 2024, rachtibat/LRP-eXplains-Transformers ``lxt/efficient``
-  (identity rule on GELU and on LayerNorm's scaling, uniform rule on the attention matmuls and on
+  (identity rule on GELU and on LayerNorm's and RMSNorm's scaling, uniform rule on the attention matmuls and on
   SwiGLU's product, epsilon rule = plain gradient elsewhere; ``cp=True`` gives their ViT default, CP-LRP,
   which treats the attention weights and SwiGLU's gate as constants).
 """
@@ -36,7 +36,7 @@ from vit.model import Rules, ViT, activate, use_rules
 # Options Chefer et al.'s LRP defines no rule for (their ViT reads CLS through one norm and one head, with plain
 # GELU MLPs and learned positions only).
 _LRP_DEFAULTS = {"layer_scale": None, "pooling": "cls", "fc_norm": False, "distillation_head": False,
-                 "rope": "none", "gated_mlp": False, "mlp_norm": False}
+                 "rope": "none", "gated_mlp": False, "mlp_norm": False, "norm": "layer", "embed_norm": False}
 
 
 class UnsupportedModelError(ValueError):
@@ -95,6 +95,10 @@ class AttnLRPRules(Rules):
         mean = x.mean(dim=-1, keepdim=True)
         std = ((x - mean) ** 2).mean(dim=-1, keepdim=True).add(norm.eps).sqrt()
         return (x - mean) / std.detach() * norm.weight + norm.bias
+
+    def rms_norm(self, x: Tensor, norm: torch.nn.RMSNorm) -> Tensor:
+        """RMSNorm with its scale (1 / rms) held constant for the backward pass: lxt's ``rms_norm_forward``."""
+        return x * torch.rsqrt(x.pow(2).mean(dim=-1, keepdim=True) + norm.eps).detach() * norm.weight
 
     def activation(self, x: Tensor, name: str) -> Tensor:
         return _IdentityRule.apply(x, functools.partial(activate, name=name))

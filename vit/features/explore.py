@@ -180,7 +180,10 @@ def intervention_view(model: nn.Module, sae: SparseAutoencoder, image: Tensor, s
 
 def _linear_norm(x: Tensor, norm: nn.Module) -> Tensor:
     """A LayerNorm's linear part on directions ``(..., D)``: centred and times its weight. Its division by the
-    scale leaves a direction's cosine unchanged and its bias is the same for every feature, so both are left out."""
+    scale leaves a direction's cosine unchanged and its bias is the same for every feature, so both are left out.
+    An RMSNorm (AIMv2) does not centre: its linear part is its weight alone."""
+    if isinstance(norm, nn.RMSNorm):
+        return x * norm.weight
     if not isinstance(norm, nn.LayerNorm):  # nn.Identity where fc_norm replaces the token norm
         return x
     x = x - x.mean(dim=-1, keepdim=True)

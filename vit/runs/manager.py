@@ -224,6 +224,46 @@ def table_rows(runs: list[RunInfo]) -> list[dict]:
     return rows
 
 
+# The runs table's columns in order, with their headers; what went wrong (Detail) right after the state.
+TABLE_HEADERS = {"Name": "Name", "State": "State", "Detail": "Detail", "Progress": "Progress", "Epoch": "Epoch",
+                 "Best val acc": "Best acc", "Elapsed": "Elapsed", "ETA": "ETA", "Device": "Device",
+                 "Preset": "Preset", "Dataset": "Dataset", "LR": "LR", "Started": "Started"}
+# Pixels per character (Streamlit's 14 px Source Sans averages about 6), a cell's padding, and the page's main
+# column at a 1400-px window with the sidebar open: the whole table fits it, so no column is out of sight.
+CHAR_PX, CELL_PADDING_PX, TABLE_PX = 6.2, 24, 940
+SHOWN_AS = {"Elapsed": "a few seconds", "ETA": "a few seconds", "Started": "11-23 23:59"}  # as the table writes them
+
+
+def table_widths(rows: list[dict], budget: int = TABLE_PX) -> dict[str, int]:
+    """{column: px} of the runs table: each as wide as its header and its longest cell as the table writes them
+    (set widths cut names, durations and datasets short); where that is more than ``budget`` in all, the detail and
+    the name give way first (shown whole on hover and in the run's controls), then the widest others, never below
+    their header."""
+    def text(column: str, value) -> str:
+        if value is None:
+            return ""
+        if column in SHOWN_AS:
+            return SHOWN_AS[column]
+        if column in ("Progress", "Best val acc"):
+            return f"{value:.1%}"
+        return f"{value:g}" if column == "LR" else str(value)
+
+    def px(length: int) -> int:
+        return round(CELL_PADDING_PX + CHAR_PX * length)
+
+    floor = {column: px(len(header)) for column, header in TABLE_HEADERS.items()}
+    wanted = {column: max([floor[column], *(px(len(text(column, row.get(column)))) for row in rows)])
+              for column in TABLE_HEADERS}
+    for column in ("Detail", "Name"):  # shown whole in the run's controls below the table
+        over = sum(wanted.values()) - budget
+        if over > 0:
+            wanted[column] = max(floor[column], wanted[column] - over)
+    cap = max(wanted.values())
+    while cap > 0 and sum(max(floor[c], min(w, cap)) for c, w in wanted.items()) > budget:
+        cap -= 1  # still too wide: the widest others give way alike
+    return {c: max(floor[c], min(w, cap)) for c, w in wanted.items()}
+
+
 def _duration(seconds: float | None) -> dt.timedelta | None:
     """A time span for the table; None when unknown or beyond a calendar (a damaged file's 1e300)."""
     if seconds is None or not 0 <= seconds < 1e10:

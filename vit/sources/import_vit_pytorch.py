@@ -14,9 +14,9 @@ exact: vit-pytorch runs it at that size only), a bias-free ``to_out`` and mean p
 
 The constructor's arguments the weights cannot tell (``heads``; ``patch_size`` and ``image_size``, since the patch
 embedding's input ``channels x ph x pw`` and the position table's length fix only products of the sides) come from a
-``config.json`` beside the weights (the constructor's keyword arguments) or ``--arch vit_pytorch:heads=8,...``; a
-missing one is asked for in one line naming it, a given one the weights contradict is refused, and so are
-non-square patches or images (our model's are square) and vit-pytorch's other variants.
+``config.json`` beside the weights (the constructor's keyword arguments; rectangular sides as ``[height, width]``)
+or ``--arch vit_pytorch:heads=8,...``; a missing one is asked for in one line naming it, a given one the weights
+contradict is refused, and so are vit-pytorch's other variants.
 """
 
 from __future__ import annotations
@@ -58,16 +58,24 @@ def kind_of(state: Mapping[str, torch.Tensor]) -> str:
     return "SimpleViT" if "pos_embedding" not in state else "ViT"
 
 
-def _square(arguments: Mapping, name: str):
-    """``arguments[name]``, with a square pair ``(32, 32)`` as its side; ValueError for a non-square one, which our
-    square patches on a square grid cannot represent."""
+def _sides(arguments: Mapping, name: str) -> tuple[int, int] | None:
+    """``arguments[name]`` as ``(height, width)``: vit-pytorch's ``pair()`` of an int, or a pair (a JSON list);
+    None when not given."""
     value = arguments.get(name)
+    if value is None:
+        return None
     if isinstance(value, (list, tuple)):
-        if len(value) != 2 or value[0] != value[1]:
-            raise ValueError(f"{name}={list(value)} is not square: this program draws square patches on a square "
-                             f"grid, so it opens vit-pytorch models with one {name} only")
-        return value[0]
-    return value
+        if len(value) != 2:
+            raise ValueError(f"{name} must be a whole number or a [height, width] pair, got {str(value)[:40]}")
+        return required_argument({name: value[0]}, name, name, "vit_pytorch"), \
+            required_argument({name: value[1]}, name, name, "vit_pytorch")
+    side = required_argument(arguments, name, name, "vit_pytorch")
+    return side, side
+
+
+def _shown(sides: tuple[int, int]) -> str:
+    """``32`` for a square, ``[16, 64]`` (as vit-pytorch's constructor takes it) otherwise."""
+    return str(sides[0]) if sides[0] == sides[1] else str(list(sides))
 
 
 def _agree(arguments: Mapping, name: str, value: int, what: str) -> None:
@@ -100,8 +108,7 @@ def config_from_vit_pytorch(state: Mapping[str, torch.Tensor], arguments: Mappin
         variant = next((name for part, name in VARIANTS.items() if part in stray), "another vit-pytorch model")
         raise ValueError(f"{stray} is in no vit-pytorch ViT or SimpleViT: these weights are {variant}, which this "
                          "program does not open (only vit_pytorch.ViT and SimpleViT)")
-    sides = {name: _square(arguments, name) for name in ("patch_size", "image_size")}
-    missing = [name for name in ("heads", "patch_size", "image_size") if {**arguments, **sides}.get(name) is None]
+    missing = [name for name in ("heads", "patch_size", "image_size") if arguments.get(name) is None]
     if missing:
         # The patch embedding's input (channels x ph x pw) and the position table (gh x gw rows) fix only products.
         raise ValueError(f"the weights do not say {', '.join(missing)}: pass {', '.join(f'{n}=N' for n in missing)} "
@@ -110,13 +117,14 @@ def config_from_vit_pytorch(state: Mapping[str, torch.Tensor], arguments: Mappin
     channels = arguments.get("channels", 3)
     if not isinstance(channels, int) or isinstance(channels, bool) or channels <= 0 or patch_dim % channels:
         raise ValueError(f"channels={channels!r} does not divide the patch embedding's {patch_dim} inputs")
-    patch = required_argument(sides, "patch_size", "the patch size", "vit_pytorch")
-    if channels * patch * patch != patch_dim:
-        raise ValueError(f"the patch embedding takes {patch_dim} values, not {channels} channels of {patch}x{patch} "
+    (ph, pw), (height, width) = _sides(arguments, "patch_size"), _sides(arguments, "image_size")
+    if channels * ph * pw != patch_dim:
+        raise ValueError(f"the patch embedding takes {patch_dim} values, not {channels} channels of {ph}x{pw} "
                          "patches: correct channels or patch_size")
-    size = required_argument(sides, "image_size", "the image size", "vit_pytorch")
-    if size % patch:
-        raise ValueError(f"image_size={size} is not a multiple of patch_size={patch}")
+    if height % ph or width % pw:
+        raise ValueError(f"image_size={_shown((height, width))} is not a multiple of "
+                         f"patch_size={_shown((ph, pw))}")
+    patches = (height // ph) * (width // pw)
     prenorm = _prenorm(state)
     inner = state[f"transformer.layers.0.0.{'fn.' if prenorm else ''}to_qkv.weight"].shape[0] // 3
     heads = required_argument(arguments, "heads", "how many heads to_qkv splits into", "vit_pytorch")
@@ -139,9 +147,10 @@ def config_from_vit_pytorch(state: Mapping[str, torch.Tensor], arguments: Mappin
         with_cls = state["cls_token"].shape[0] == 1
     if not simple:
         positions = state["pos_embedding"].shape[-2] - int(with_cls)
-        if (size // patch) ** 2 != positions:
-            raise ValueError(f"image_size={size} in {patch}-px patches makes {(size // patch) ** 2} patches, but the "
-                             f"position table has {positions}: correct image_size or patch_size")
+        if patches != positions:
+            raise ValueError(f"image_size={_shown((height, width))} in {ph if ph == pw else f'{ph}x{pw}'}-px "
+                             f"patches makes {patches} patches, but the position table has {positions}: correct "
+                             "image_size or patch_size")
     if arguments.get("pool", "cls" if with_cls else "mean") != ("cls" if with_cls else "mean"):
         raise ValueError(f"pool={arguments['pool']!r} does not fit the weights ("
                          f"{'a' if with_cls else 'no'} class token)")
@@ -158,7 +167,7 @@ def config_from_vit_pytorch(state: Mapping[str, torch.Tensor], arguments: Mappin
         if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not 0 <= rate < 1:
             raise ValueError(f"{name} must be a number in [0, 1), got {str(rate)[:40]}")
     dropout = float(arguments.get("dropout", 0.0))
-    return ViTConfig(image_size=size, patch_size=patch, num_channels=channels, num_classes=num_classes,
+    return ViTConfig(image_size=(height, width), patch_size=(ph, pw), num_channels=channels, num_classes=num_classes,
                      hidden_size=dim, num_layers=depth, num_heads=heads, mlp_size=mlp.shape[0],
                      dropout=dropout, attention_dropout=dropout, qkv_bias=False, layer_norm_eps=_EPS,
                      class_token=with_cls, pooling="cls" if with_cls else "avg",
@@ -179,8 +188,8 @@ def posemb_sincos_2d(grid: tuple[int, int], dim: int, temperature: float = 10000
 
 def _patch_order(value: torch.Tensor, config: ViTConfig) -> torch.Tensor:
     """A patch vector's last axis from vit-pytorch's (row, column, channel) order to our (channel, row, column)."""
-    p, c = config.patch_size, config.num_channels
-    return value.reshape(*value.shape[:-1], p, p, c).movedim(-1, -3).flatten(-3)
+    (ph, pw), c = config.patch_hw, config.num_channels
+    return value.reshape(*value.shape[:-1], ph, pw, c).movedim(-1, -3).flatten(-3)
 
 
 def _our_name(key: str, state: Mapping[str, torch.Tensor]) -> str | None:
@@ -217,7 +226,7 @@ def _our_name(key: str, state: Mapping[str, torch.Tensor]) -> str | None:
 def state_dict_from_vit_pytorch(state: Mapping[str, torch.Tensor], config: ViTConfig) -> dict[str, torch.Tensor]:
     """Our key names for vit-pytorch's; a key with no counterpart raises ValueError. A missing ``to_out`` (one head
     as wide as the model: vit-pytorch's identity) becomes an identity projection, a bias-free one a zero bias."""
-    p, c, d = config.patch_size, config.num_channels, config.hidden_size
+    (ph, pw), c, d = config.patch_hw, config.num_channels, config.hidden_size
     ours: dict[str, torch.Tensor] = {}
     simple = kind_of(state) == "SimpleViT"
     for key, value in state.items():
@@ -227,7 +236,7 @@ def state_dict_from_vit_pytorch(state: Mapping[str, torch.Tensor], config: ViTCo
         if name.startswith("patch_norm."):
             value = _patch_order(value, config)
         elif name == "patch_embed.weight":
-            value = _patch_order(value, config).reshape(d, c, p, p)
+            value = _patch_order(value, config).reshape(d, c, ph, pw)
         elif name == "cls_token":
             if not value.shape[0]:  # pool='mean': an empty (0, dim) class token
                 continue

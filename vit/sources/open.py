@@ -59,10 +59,12 @@ from vit.runfiles import BEST_CHECKPOINT, LAST_CHECKPOINT, STATUS_FILE
 from vit.sources import (
     hf,
     hub,
+    import_aimv2,
     import_beit,
     import_clip,
     import_dinov3,
     import_eva,
+    import_pe,
     import_sam,
     import_scratch,
     import_siglip,
@@ -75,7 +77,7 @@ from vit.sources import (
 SUPPORTED = ("our .pt checkpoints; Hugging Face folders of " + hf.SUPPORTED + "; " + import_timm.SUPPORTED + "; "
              + import_torchvision.SUPPORTED + "; " + import_dinov3.SUPPORTED + "; " + import_clip.SUPPORTED + "; "
              + import_siglip.SUPPORTED + "; " + import_eva.SUPPORTED + "; " + import_beit.SUPPORTED + "; "
-             + import_sam.SUPPORTED + "; "
+             + import_sam.SUPPORTED + "; " + import_aimv2.SUPPORTED + "; " + import_pe.SUPPORTED + "; "
              + import_scratch.SUPPORTED + "; "
              + import_vit_pytorch.SUPPORTED)
 HF_WEIGHTS = ("model.safetensors", "pytorch_model.bin")
@@ -168,11 +170,16 @@ def timm_model_args(config_json: Mapping) -> dict:
 
 
 def timm_family(name: str):
-    """The module that reads timm architecture ``name``: DINOv3, EVA-02 (timm's Eva class), BEiT, SAM or the ViTs."""
+    """The module that reads timm architecture ``name``: DINOv3, EVA-02 and PE (timm's Eva class), BEiT, SAM, AIMv2
+    or the ViTs."""
     if import_beit.is_beit_name(name):
         return import_beit
     if import_sam.is_sam_name(name):
         return import_sam
+    if import_aimv2.is_aimv2_name(name):
+        return import_aimv2
+    if import_pe.is_pe_name(name):
+        return import_pe
     return import_dinov3 if "dinov3" in name else import_eva if import_eva.is_eva_name(name) else import_timm
 
 
@@ -308,7 +315,8 @@ def _default_preprocessing(config: ViTConfig, architecture: str) -> Preprocessin
     if architecture.startswith("DINOv3"):  # DINOv3ViTImageProcessor: 224 square, bilinear, ImageNet statistics
         return Preprocessing(224 - 224 % config.patch_size, channels, IMAGENET_MEAN[:channels],
                              IMAGENET_STD[:channels], resample="bilinear")
-    if architecture.startswith("CLIP"):  # CLIPImageProcessor: shorter side 224, centre crop, bicubic, OpenAI statistics
+    # CLIPImageProcessor (AIMv2's too): shorter side 224, centre crop, bicubic, OpenAI statistics
+    if architecture.startswith(("CLIP", "Aimv2")):
         return Preprocessing(side, channels, import_clip.OPENAI_MEAN[:channels], import_clip.OPENAI_STD[:channels],
                              resize_size=side, resize_mode="shortest_edge", resample="bicubic",
                              crop_rule="transformers")
@@ -328,8 +336,8 @@ def _default_preprocessing(config: ViTConfig, architecture: str) -> Preprocessin
 def _finish(model: ViT, class_names: list[str], preprocessing: Preprocessing, path: Path, kind: str,
             architecture: str, guessed_from: str | None = None) -> Checkpoint:
     problem = preprocessing_problem(preprocessing, model.config)
-    if preprocessing.image_size > MAX_INPUT_SIZE:  # every image would be resized to this: bound the memory
-        problem = f"an input of {preprocessing.image_size} px (at most {MAX_INPUT_SIZE} px are supported)"
+    if max(preprocessing.image_hw) > MAX_INPUT_SIZE:  # every image would be resized to this: bound the memory
+        problem = f"an input of {preprocessing.size_label} px (at most {MAX_INPUT_SIZE} px are supported)"
     if problem:
         raise SourceError(f"{path} has unusable preprocessing settings: {problem}")
     metadata = {"source": {"kind": kind, "path": str(path), "architecture": architecture},
@@ -338,7 +346,7 @@ def _finish(model: ViT, class_names: list[str], preprocessing: Preprocessing, pa
         p = preprocessing
         metadata["preprocessing_guessed"] = (
             f"No {guessed_from} came with these weights, so the images are prepared with assumed defaults: "
-            f"resize to {p.resize_size or p.image_size} px ({p.resize_mode}, {p.resample}), centre {p.image_size} px, "
+            f"resize to {p.resize_size or p.size_label} px ({p.resize_mode}, {p.resample}), centre {p.size_label} px, "
             f"mean {tuple(round(v, 4) for v in p.mean)}, std {tuple(round(v, 4) for v in p.std)}. If the model was "
             "trained otherwise, its predictions and maps are off.")
     return Checkpoint(model=model, class_names=class_names, preprocessing=preprocessing, metadata=metadata, path=path)
@@ -397,7 +405,9 @@ HF_FAMILIES = {"dinov3_vit": (import_dinov3, ("DINOv3ViTModel",)),
                 "beit": (import_beit, ("BeitModel", "BeitForImageClassification")),
                 "data2vec-vision": (import_beit, ("Data2VecVisionModel", "Data2VecVisionForImageClassification")),
                 "sam": (import_sam, ("SamModel",)),
-                "sam_vision_model": (import_sam, ("SamVisionModel",))}
+                "sam_vision_model": (import_sam, ("SamVisionModel",)),
+                "aimv2": (import_aimv2, ("Aimv2Model",)),
+                "aimv2_vision_model": (import_aimv2, ("Aimv2VisionModel",))}
 HF_REFUSED = {"siglip2": "SigLIP 2's NaFlex variable-resolution models (Siglip2Model) are not supported yet; its "
                           "fixed-resolution checkpoints (SiglipModel folders) are",
                "siglip2_vision_model": "SigLIP 2's NaFlex variable-resolution models are not supported yet; its "
@@ -609,7 +619,12 @@ def _finish_scratch(model: ViT, sidecar: Mapping | None, path: Path, architectur
     preprocessing = Preprocessing(config.image_size, channels, mean, std, resize_size=trained_size,
                                   resample="bilinear", crop_rule="top_left" if trained_size else "torchvision")
     guessed = None if "mean" in sidecar and "std" in sidecar else "mean and std (in a config.json beside them)"
-    return _finish(model, class_names, preprocessing, path, "scratch", architecture, guessed)
+    checkpoint = _finish(model, class_names, preprocessing, path, "scratch", architecture, guessed)
+    if names is None and config.num_classes:  # said where the names are shown, so a user knows how to give them
+        checkpoint.metadata["class_names_note"] = (
+            f"Its weights hold no class names, so they read class 0, class 1, …: give them as \"class_names\": "
+            f"[…] in {path.parent / 'config.json'}, one per class in the order the model was trained on.")
+    return checkpoint
 
 
 def scratch_weights(folder: Path) -> Path | None:

@@ -106,10 +106,11 @@ def folder_layout(path: str | os.PathLike) -> tuple[Path, Path | None, list[str]
     if (root / "train").is_dir():
         train_root = root / "train"
         val_root = root / "val" if (root / "val").is_dir() else None
-    classes = [c for c in list_class_folders(train_root) if _has_image(train_root / c)]
+    classes = [c for c in list_class_folders(train_root) if _has_image(train_root / c, train_root)]
     if len(classes) < 2:
         raise DataError(f"{train_root} needs at least two class subfolders with images "
-                        f"(found {len(classes)}); lay it out as {train_root}/<class>/<image>")
+                        f"(found {len(classes)}); lay it out as {train_root}/<class>/<image>"
+                        f"{skipped_links(train_root)}")
     if val_root is not None:
         extra = sorted(set(list_class_folders(val_root)) - set(classes))
         if extra:
@@ -117,8 +118,9 @@ def folder_layout(path: str | os.PathLike) -> tuple[Path, Path | None, list[str]
     return train_root, val_root, classes
 
 
-def _has_image(folder: Path) -> bool:
-    return any(p.suffix.lower() in IMAGE_EXTENSIONS for p in folder.rglob("*"))
+def _has_image(folder: Path, root: Path) -> bool:
+    """Whether ``folder`` holds an image ``image_files`` reads: a link out of ``root`` is skipped there, so here."""
+    return any(p.suffix.lower() in IMAGE_EXTENSIONS and p.is_file() and lies_inside(p, root) for p in folder.rglob("*"))
 
 
 def check_dataset(spec: str, data_dir: str | os.PathLike = "data") -> list[str] | None:

@@ -51,6 +51,10 @@ def prepare_init(source: str, num_classes: int, class_names: list[str] | None = 
     (default: the size the source's preprocessing feeds it). Raises ``CheckpointError`` / ValueError."""
     checkpoint = open_source(source)
     config, state = checkpoint.config, dict(checkpoint.model.state_dict())
+    if isinstance(config.image_size, tuple) or isinstance(config.patch_size, tuple):
+        # The trainer's data pipeline, --image-size and its snapshots are written for square inputs.
+        raise ValueError(f"{source} has rectangular patches or images (image_size {config.image_size}, patch_size "
+                         f"{config.patch_size}); training starts only from square ones")
     size = image_size or checkpoint.preprocessing.image_size
     if size % config.patch_size:
         raise ValueError(f"--image-size {size} is not a multiple of the model's {config.patch_size}-px patches")

@@ -1,0 +1,93 @@
+"""A feature's exemplars (issue 36): its strongest held-out patches, cropped from the images the SAE's
+``features.npz`` names, in the explorer's Features section; the Analyse page's feature browser crops them alike."""
+
+from pathlib import Path
+
+import streamlit as st
+from PIL import Image
+
+from pages.explorer_sections.caches import IMAGE_CACHE_BYTES, byte_cache
+from pages.explorer_sections.state import Shown
+from vit.app import explorer
+from vit.checkpoint import Checkpoint
+from vit.features import explore
+from vit.features.sae import SAEError, SparseAutoencoder
+from vit.images import UPLOAD_MAX_PIXELS, ImageError, open_image
+from vit.runfiles import parse_json, read_text_bounded
+from vit.text import escape_markdown, visible
+
+IMAGES_KEY = "sae_images"  # the folder the exemplars' images are read from
+EXEMPLARS_SHOWN = 8
+THUMBNAIL_SIDE = 96
+
+
+@st.cache_resource(max_entries=2, show_spinner="Reading the features' exemplars…")
+def feature_table(folder: str, version: tuple, d_sae: int) -> explore.FeatureTable:
+    return explore.read_features(Path(folder) / explore.FEATURES_FILE, d_sae)
+
+
+def exemplar_thumbnail(images_folder: str, name: str, token: int, checkpoint: Checkpoint, grid: tuple[int, int],
+                       prefix: int) -> Image.Image:
+    """An exemplar's crop from its image file, a regular file inside ``images_folder`` of bounded size, read once."""
+    def make() -> Image.Image:
+        path = Path(images_folder) / name
+        data = explorer.read_image_file(path, images_folder, st.get_option("server.maxUploadSize") * 2**20)
+        image = open_image(data, name=path.name, max_pixels=UPLOAD_MAX_PIXELS)
+        return explore.exemplar_thumbnail(image, checkpoint.preprocessing, grid, prefix, token, THUMBNAIL_SIDE)
+    key = ("exemplar", images_folder, name, token, grid, prefix, checkpoint.preprocessing)
+    return byte_cache("images", IMAGE_CACHE_BYTES).get_or_compute(key, make)
+
+
+def short_name(name: str, length: int = 12) -> str:
+    """An exemplar's image name as shown under it: its end (the class folder and the file), control characters as
+    escapes."""
+    name = visible(name)
+    return name if len(name) <= length else "…" + name[-(length - 1):]
+
+
+def metrics_data(folder: str) -> str:
+    """The folder the SAE was trained from, as its metrics.json says ("" when it does not)."""
+    try:
+        data = parse_json(read_text_bounded(Path(folder) / "metrics.json")).get("data")
+        return data if isinstance(data, str) else ""
+    except (OSError, ValueError, AttributeError):
+        return ""
+
+
+def exemplars(view: Shown, sae: SparseAutoencoder, folder: str, version: tuple, latent: int) -> None:
+    """The feature's top activating held-out patches, cropped from the images features.npz names."""
+    st.markdown(f"**Feature {latent}'s exemplars** (its strongest patches on the SAE's held-out images)")
+    if not Path(folder).is_dir():
+        st.caption("Exemplars come from the features.npz python -m vit.sae train writes into its SAE folder; this SAE "
+                   "is a single file.")
+        return
+    try:
+        table = feature_table(folder, version, sae.d_sae)
+    except SAEError as e:
+        st.caption(escape_markdown(e))
+        return
+    model = view.full_checkpoint.model
+    config = model.config
+    if table.tokens_per_image != config.num_prefix_tokens + config.num_patches:
+        st.caption(f"features.npz describes images of {table.tokens_per_image} tokens; the model reads "
+                   f"{config.num_prefix_tokens + config.num_patches} at its own size: no crops can be placed.")
+        return
+    st.session_state.setdefault(IMAGES_KEY, metrics_data(folder))
+    images_folder = st.text_input("Exemplar images folder", key=IMAGES_KEY,
+                                  help="The folder the SAE was trained from (python -m vit.sae train --data): "
+                                       "features.npz names its images relative to it.").strip()
+    found = table.exemplars(latent, distinct=True)[:EXEMPLARS_SHOWN]
+    st.caption(f"Fires on {float(table.frequency[latent]):.2%} of the held-out tokens.")
+    if not found or not images_folder:
+        return
+    columns = st.columns(EXEMPLARS_SHOWN)
+    for column, (name, token, value) in zip(columns, found, strict=False):
+        with column:
+            try:
+                st.image(exemplar_thumbnail(images_folder, name, token, view.full_checkpoint, config.grid_size,
+                                            config.num_prefix_tokens), output_format="PNG")
+            except (ImageError, ValueError, OSError) as e:
+                st.text(visible(str(e))[:120])
+            # Unwrapped and short enough for an eighth of the page (a path wrapped at any character, mid-word); the
+            # whole name on hover.
+            st.text(f"{short_name(name)}\n{value:.3g}", wrap=False, help=visible(name))

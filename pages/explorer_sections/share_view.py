@@ -1,0 +1,216 @@
+"""A view you can send (issue 50): the URL's parameters set the widgets once per session, the URL follows the
+widgets, and the view is offered as a link and as a self-contained HTML file. The codec is ``vit.app.share``."""
+
+from functools import partial
+from pathlib import Path
+from urllib.parse import urlencode
+
+import numpy as np
+import streamlit as st
+
+from pages.explorer_sections import ask_in_words, features, mechanism
+from pages.explorer_sections.map_settings import MainMap
+from pages.explorer_sections.state import Shown
+from vit.app import catalog, drawing, explorer, share
+from vit.app.export import View, view_html
+from vit.app.uploads import Upload, UploadStore
+from vit.text import escape_markdown, visible
+
+READ_KEY, PENDING_KEY = "share_read", "share_pending"
+UPLOAD_KEY, SHOWN_KEY = "share_upload", "share_shown_upload"  # the link's upload; the upload shown this run
+# Parameter -> the widget key it sets, for the settings whose range no model decides.
+WIDGETS = {"size": "input_side", "aspect": "keep_aspect", "invert": "invert", "fusion": "fusion",
+           "discard": "discard_ratio", "opacity": "opacity", "cmap": "colormap", "scale": "colour_scale",
+           "upsample": "upsample", "grid": "show_grid", "labels": ask_in_words.LABELS_KEY,
+           "sae_layer": features.LAYER_KEY}
+
+
+@st.cache_resource(show_spinner=False)
+def upload_store() -> UploadStore:
+    """The server's recent uploads, shared by every session (a link names one by its hash)."""
+    return UploadStore()
+
+
+def _note(lines: list[str]) -> None:
+    for line in lines:
+        st.sidebar.caption(escape_markdown(line))
+
+
+def read_link(may_open: bool) -> None:
+    """Once per session, before the widgets are drawn: the URL's parameters as their widgets' values; each bad one
+    is dropped with one line. The settings a model bounds wait in ``PENDING_KEY`` for ``apply_model_settings``."""
+    if st.session_state.get(READ_KEY):
+        return
+    st.session_state[READ_KEY] = True
+    params = st.query_params.to_dict()
+    if not params:
+        return
+    values, notes = share.decode(params, share.model_names(catalog.find_checkpoints()), may_open)
+    _note(notes)
+    found = values.pop("model", None)
+    if found is not None and found.kind == "hub":
+        st.session_state["explorer_open_hub"] = found.text  # its own field: the download rule applies there
+    elif found is not None:
+        st.session_state["explorer_checkpoint"] = found.path  # as another page opens one
+    for name, key in WIDGETS.items():
+        if name in values:
+            st.session_state[key] = values.pop(name)
+    kind = values.pop("map", None)
+    if kind is not None:
+        st.session_state["map_kind"] = explorer.MORE_METHODS if kind in explorer.METHOD_MAP_KINDS else kind
+        st.session_state["map_default"] = None  # a link's map is a choice, not the previous model's default
+        if kind in explorer.METHOD_MAP_KINDS:
+            st.session_state["method_kind"] = kind
+    if "mass" in values:
+        st.session_state["mass_mask"], st.session_state["mask_share"] = True, values.pop("mass")
+    st.session_state["hide_registers"] = values.pop("registers", None) == "hidden"
+    if "sae" in values:
+        st.session_state[features.TOGGLE_KEY], st.session_state[features.FOLDER_KEY] = True, values.pop("sae")
+    if "upload" in values:
+        st.session_state[UPLOAD_KEY] = values.pop("upload")
+    st.session_state[PENDING_KEY] = values
+
+
+def linked_upload() -> Upload | None:
+    """The upload the link names, from the server's store, until closed, its file name said in the sidebar as
+    plain text; says so and stops the page when it is no longer held."""
+    digest = st.session_state.get(UPLOAD_KEY)
+    if digest is None:
+        return None
+    if st.sidebar.button("Close the linked image", help="Back to the sample images."):
+        st.session_state.pop(UPLOAD_KEY)
+        return None
+    st.session_state[SHOWN_KEY] = digest
+    found = upload_store().upload(digest)
+    if found is None:
+        st.info("The image this link shows was an upload the server no longer holds: upload it again (the same "
+                "file) to see the view.")
+        st.stop()
+    st.sidebar.text(f"The linked upload: {visible(found.name) or 'an image without a name'}")
+    return found
+
+
+def keep_upload(data: bytes, name: str) -> None:
+    """Keeps an upload and its file name in the server's store, for links; it replaces the link's upload."""
+    st.session_state.pop(UPLOAD_KEY, None)
+    st.session_state[SHOWN_KEY] = upload_store().put(data, name)
+
+
+def apply_sample(model_key: str, samples: list[Path] | None) -> None:
+    """The link's sample image, once the model's samples are known."""
+    pending = st.session_state.get(PENDING_KEY) or {}
+    name = pending.pop("sample", None)
+    if name is None:
+        return
+    found = next((p for p in samples or [] if p.name == name), None)
+    if found is None:
+        _note([share.dropped("sample", name, "this model has no sample image of that name")])
+    else:
+        st.session_state[f"sample-{model_key}"] = found
+
+
+def apply_heads_off(model_key: str, layers: int, heads: int) -> None:
+    """The link's heads switched off in every map, checked against the model before the page reads them (the whole
+    page is drawn from the model with them off)."""
+    pending = st.session_state.get(PENDING_KEY) or {}
+    if "ablate" not in pending:
+        return
+    values, notes = share.fit({"ablate": pending.pop("ablate")}, layers=layers, heads=heads, tokens=0, classes=0)
+    _note(notes)
+    if "ablate" in values:
+        st.session_state[mechanism.ablate_key(model_key)] = list(values["ablate"])
+        st.session_state[mechanism.TOGGLE_KEY] = st.session_state[mechanism.EVERYWHERE_KEY] = True
+
+
+def apply_model_settings(model_key: str, analysis: explorer.Analysis, class_names: list[str]) -> None:
+    """The link's settings that the model bounds (layer, head, query, class, feature), checked against it."""
+    pending = st.session_state.pop(PENDING_KEY, None)
+    if not pending:
+        return
+    values, notes = share.fit(pending, layers=analysis.num_layers, heads=analysis.num_heads,
+                              tokens=analysis.num_tokens, classes=len(class_names))
+    _note(notes)
+    kind = st.session_state.get("method_kind") if st.session_state.get("map_kind") == explorer.MORE_METHODS \
+        else st.session_state.get("map_kind")
+    for name, key in {"layer": "layer", "end": "end", "head": "head", "class": "class"}.items():
+        if name in values:
+            st.session_state[f"{key}-{model_key}"] = values[name] - (1 if name == "head" else 0)
+    if "query" in values:
+        query_key = f"class-query-{model_key}" if kind in explorer.CLASS_MAP_KINDS else f"query-{model_key}"
+        st.session_state[query_key] = values["query"]
+    if "feature" in values:
+        st.session_state[features.LINKED_KEY] = values["feature"]  # checked against the SAE once it is open
+
+
+def view_values(model: str, view: Shown, image_name: str, sample: Path | None, invert: bool) -> dict[str, object]:
+    """What decides the view now, as ``vit.app.share``'s values."""
+    s = view.settings
+    controls = explorer.MAP_CONTROLS[s.kind]
+    values: dict[str, object] = {"model": model}
+    if st.session_state.get(SHOWN_KEY) is not None:
+        values["upload"] = st.session_state[SHOWN_KEY]
+    elif sample is not None:
+        values["sample"] = sample.name
+    values.update(size=view.size.side or 0, aspect=view.size.keep_aspect, invert=invert or None, map=s.kind,
+                  registers="hidden" if st.session_state.get("hide_registers") else None,
+                  opacity=view.opacity, cmap=view.colormap, scale=view.scale, upsample=view.mode, grid=view.show_grid,
+                  mass=view.mask_share)
+    if "class" in controls and s.class_index is not None:
+        values["class"] = s.class_index
+    if "query" in controls:
+        values["query"] = s.query
+    values["layer"] = view.layer
+    if "head" in controls and s.head is not None:
+        values["head"] = s.head + 1
+    if "fusion" in controls and (s.kind not in ("attention", "probe") or s.head is None):  # as the sidebar reads it
+        values["fusion"] = s.fusion
+    if "end_layer" in controls:
+        values["end"] = s.end_layer + 1
+    if "discard_ratio" in controls:
+        values["discard"] = s.discard_ratio
+    labels = str(st.session_state.get(ask_in_words.LABELS_KEY) or "").strip()
+    if labels:
+        values["labels"] = labels
+    heads = mechanism.heads_off_everywhere(view.model_key)
+    if heads:
+        values["ablate"] = tuple(heads[0])
+    values.update(features.link_values())
+    return {k: v for k, v in values.items() if v is not None}
+
+
+def follow(values: dict[str, object]) -> None:
+    """The URL follows the view (a message to the browser: no rerun)."""
+    params = share.encode(values)
+    if st.query_params.to_dict() != params:
+        st.query_params.from_dict(params)
+
+
+def share_buttons(values: dict[str, object], view: Shown, main: MainMap, image_name: str, model_name: str) -> None:
+    """"Copy link to this view" and "Export this view (HTML)"."""
+    link, export = st.columns(2)
+    url = str(st.context.url or "").split("?")[0] + "?" + urlencode(share.encode(values))
+    with link.popover("Copy link to this view"):
+        st.code(url, language=None, wrap_lines=True)  # its copy button puts the link on the clipboard
+        st.caption("Anyone who can reach this server sees this view at this link; an uploaded image is kept for a "
+                   "while (the most recent uploads), a model opened by path opens only for a visitor with access.")
+    settings = {"model": model_name, "image": image_name, **{k: v for k, v in share.encode(values).items()
+                                                            if k not in ("model", "sample", "upload")}}
+    export.download_button("Export this view (HTML)", on_click="ignore", mime="text/html",
+                           file_name=f"{drawing.file_name_part(Path(image_name).stem)}-view.html",
+                           data=partial(_export, view, main, image_name, model_name, settings),
+                           help="One self-contained .html file: the image, the map with its colour bar and caption, "
+                                "the heads grid (hover a patch for its value), the prediction and these settings. "
+                                "Opens offline.")
+
+
+def _export(view: Shown, main: MainMap, image_name: str, model_name: str, settings: dict) -> bytes:
+    analysis, s = view.analysis, view.settings
+    heads = explorer.head_maps(analysis, s.query, layer=view.layer - 1)
+    page = view_html(View(
+        title=f"{image_name} — {model_name}", seen=view.shown, map2d=np.asarray(main.map2d), colormap=main.colormap,
+        vmin=main.vmin, vmax=main.vmax, opacity=view.opacity, mode=view.mode,
+        caption=drawing.describe_map(s, analysis, view.class_names) + " " + drawing.describe_range(
+            main.map2d, main.vmin, main.vmax),
+        heads=heads, heads_caption=f"Layer {view.layer}: each head's attention of the query.",
+        prediction=analysis.prediction if view.class_names else None, settings=settings))
+    return page.encode("utf-8")

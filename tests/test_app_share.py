@@ -1,0 +1,145 @@
+"""A link's parameters reproduce the explorer's view in a fresh session, and the access rule holds for links
+(issue 50). The fixtures are test_app's."""
+
+import pytest
+import test_app
+import test_app_features
+import torch
+from helpers import displayed
+from streamlit.testing.v1 import AppTest
+from test_app import APP, CLASSES, TIMEOUT, charts, overlay_caption, sidebar_widget, write_checkpoint
+from test_app_features import open_features
+from test_app_mechanism import open_mechanism, sample_input, switch_heads_off
+
+from vit.explain.mechanism import ablate_heads
+from vit.runs.access import TOKEN_ENV
+
+dirs, default_world, sae_world = test_app.dirs, test_app.default_world, test_app_features.sae_world  # fixtures
+
+
+def open_link(params: dict[str, str]) -> AppTest:
+    at = AppTest.from_file(APP, default_timeout=TIMEOUT)
+    for key, value in params.items():
+        at.query_params[key] = value
+    at.run()
+    assert not at.exception, [e.message for e in at.exception]
+    return at
+
+
+def notes(at: AppTest) -> list[str]:
+    """The sidebar's notes on dropped parameters, as the browser shows them."""
+    return [displayed(c.value) for c in at.sidebar.caption if "was not used" in displayed(c.value)]
+
+
+@pytest.mark.usefixtures("default_world")
+def test_a_links_parameters_reproduce_the_view_and_the_url_keeps_them():
+    link = {"model": "cifar10-cifar-s", "sample": "dog_1.png", "size": "0", "aspect": "0", "map": "attention",
+            "query": "3", "layer": "2", "head": "2", "opacity": "0.35", "cmap": "viridis", "scale": "zero",
+            "upsample": "nearest", "grid": "1"}
+    at = open_link(link)
+    assert notes(at) == []
+    assert sidebar_widget(at, "selectbox", "…or a sample image").value.name == "dog_1.png"
+    assert "Layer 2 of 3, head 2" in overlay_caption(at)
+    assert at.session_state["opacity"] == 0.35 and at.session_state["colormap"] == "viridis"
+    assert {k: at.query_params[k][0] if isinstance(at.query_params[k], list) else at.query_params[k]
+            for k in at.query_params} == link
+
+
+@pytest.mark.usefixtures("default_world")
+def test_bad_parameters_are_dropped_with_one_line_each_and_the_page_opens():
+    at = open_link({"layer": "99", "cmap": "hot", "sample": "gone.png"})
+    assert len(notes(at)) == 3
+    assert any("layer=99" in n and "3 layers" in n for n in notes(at))
+    assert at.get("plotly_chart"), "the view is drawn all the same"
+
+
+@pytest.mark.usefixtures("default_world")
+def test_a_visitor_without_the_token_cannot_open_a_path_through_a_link(tmp_path, monkeypatch):
+    other = write_checkpoint(tmp_path / "elsewhere.pt", seed=1)
+    monkeypatch.setenv(TOKEN_ENV, "correct-horse-battery-staple")  # a token is set: only a session that entered it
+    at = open_link({"model": str(other)})
+    assert any("is a path on the server" in n for n in notes(at))
+    assert str(other) not in at.session_state["explorer_checkpoint_choice"]
+    assert all(str(other) not in str(o) for o in at.sidebar.selectbox(key="explorer_checkpoint_choice").options)
+
+
+@pytest.mark.usefixtures("default_world")
+def test_a_local_visitor_opens_a_path_through_a_link(tmp_path):
+    other = write_checkpoint(tmp_path / "elsewhere.pt", seed=1)
+    at = open_link({"model": str(other)})
+    assert at.session_state["explorer_checkpoint_choice"] == str(other)
+
+
+@pytest.mark.usefixtures("default_world")
+def test_a_link_to_an_upload_the_server_no_longer_holds_asks_for_it_again():
+    at = open_link({"upload": "0" * 64})
+    assert any("no longer holds" in i.value and "upload it again" in i.value for i in at.info)
+
+
+@pytest.mark.parametrize("kind", ["rollout", "legrad"])
+@pytest.mark.usefixtures("default_world")
+def test_a_links_map_is_the_map_shown(kind):
+    at = open_link({"map": kind})
+    assert at.query_params["map"] in (kind, [kind])
+
+
+def url(at: AppTest) -> dict[str, str]:
+    """The page's URL parameters, as the browser's address bar holds them."""
+    return {k: v[-1] if isinstance(v, list) else v for k, v in ((k, at.query_params[k]) for k in at.query_params)}
+
+
+def test_an_sae_features_view_has_its_own_url(sae_world):
+    """Issue 50: choosing a feature puts the SAE and the feature in the URL, and that URL shows that feature."""
+    _, folder, _ = sae_world
+    at = open_features(test_app.run_app(), folder)
+    [strongest] = [r for r in at.radio if r.key == "sae_strongest"]
+    first, second = (int(o.split(" ")[1]) for o in strongest.options[:2])
+    assert url(at)["sae"] == str(folder) and url(at)["feature"] == str(first), "the feature shown on opening it"
+    strongest.set_value(second)
+    at.run()
+    assert url(at)["feature"] == str(second)
+
+    again = open_link(url(at))
+    assert notes(again) == []
+    assert again.session_state["sae_feature"] == second
+    assert any(c.value.startswith(f"Feature {second}'s activation") for c in again.caption)
+    assert url(again)["feature"] == str(second)
+
+
+def test_a_links_feature_past_the_saes_is_dropped_with_one_line(sae_world):
+    _, folder, _ = sae_world
+    at = open_link({"sae": str(folder), "feature": "32"})  # the SAE has 32 features, 0 to 31
+    assert any("feature=32 was not used: this SAE has 32 features" in displayed(c.value) for c in at.caption)
+    assert [r for r in at.radio if r.key == "sae_strongest"], "the SAE's features are shown all the same"
+
+
+def test_a_link_carries_the_heads_switched_off_in_every_map(default_world):
+    """The prediction a link with heads switched off shows is the model's with those heads zero-ablated."""
+    checkpoints, _ = default_world
+    at = switch_heads_off(open_mechanism(test_app.run_app(), "Ablation"), ["1.1", "3.2"], everywhere=True)
+    assert url(at)["ablate"] == "1.1,3.2"
+
+    again = open_link(url(at))
+    assert notes(again) == []
+    assert any("are switched off (zero ablation)" in i.value for i in again.info), [i.value for i in again.info]
+    checkpoint, x = sample_input(checkpoints)
+    with torch.no_grad():
+        expected = ablate_heads(checkpoint.model, x, [(0, 0), (2, 1)])[0].softmax(-1)[0]
+    prediction = next(t for fig in charts(again) for t in fig["data"] if t.get("type") == "bar")
+    for name, p in zip(prediction["y"], prediction["x"], strict=True):
+        assert p == pytest.approx(float(expected[CLASSES.index(name)]), abs=1e-6)
+    assert url(again)["ablate"] == "1.1,3.2"
+
+
+@pytest.mark.usefixtures("default_world")
+def test_a_linked_upload_is_named_by_its_file_name_as_plain_text():
+    name = "<b>street</b> *1*.png"  # Markdown and HTML in a file name are shown as typed
+    at = test_app.upload(test_app.run_app(), name, test_app.png_bytes(40, 24, seed=7))
+    assert len(url(at)["upload"]) == 64
+
+    again = open_link(url(at))
+    assert [t.value for t in again.sidebar.text if t.value.startswith("The linked upload")] == [
+        f"The linked upload: {name}"]
+    assert any(displayed(c.value).startswith(f"Click a patch to make it the query. {name}, 40×24 px")
+               for c in again.caption)
+

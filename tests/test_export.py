@@ -1,0 +1,119 @@
+"""A view exported as one self-contained HTML file (issue 50): nothing to fetch, every value hoverable, every text
+shown as written; ``Explanation.to_html`` writes the same from a notebook."""
+
+import base64
+import dataclasses
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from plotly.offline import get_plotlyjs
+
+import vit
+from vit.app.export import View, valued_points, view_html
+from vit.checkpoint import save_checkpoint
+from vit.inference import Prediction, preprocess
+from vit.model import ViT, ViTConfig
+
+TINY = ViTConfig(image_size=16, patch_size=4, num_channels=3, num_classes=3, hidden_size=16, num_layers=2,
+                 num_heads=2, mlp_size=32)
+CLASSES = ["cat", "<b>dog</b>", "fox"]
+
+
+def photo(width: int = 40, height: int = 30) -> Image.Image:
+    return Image.fromarray(np.random.default_rng(3).integers(0, 256, (height, width, 3), dtype=np.uint8))
+
+
+def figures(page: str) -> dict[str, dict]:
+    """Each Plotly figure of the page by its div id: its data and layout as the page hands them to Plotly."""
+    found = {}
+    for div, body in re.findall(r'Plotly\.newPlot\(\s*"([^"]+)",\s*(\[.*?\]),\s*\{', page, flags=re.S):
+        found[div] = json.loads(body)
+    return found
+
+
+def array(value) -> np.ndarray:
+    """A figure's array as Plotly's JSON writes it: a list, or ``{"dtype", "bdata"}`` (base64 of its bytes)."""
+    if isinstance(value, dict):
+        return np.frombuffer(base64.b64decode(value["bdata"]), dtype=value["dtype"])
+    return np.asarray(value)
+
+
+def prediction_of(top_k: list[tuple[str, float]]) -> Prediction:
+    probabilities = np.array([p for _, p in top_k])
+    return Prediction(top_k, probabilities, np.log(probabilities), None, 0)
+
+
+def test_every_patch_hovers_its_own_value_at_its_centre():
+    map2d = np.arange(6, dtype=np.float32).reshape(2, 3) / 10  # 2 rows, 3 columns over a 300 x 200 image
+    points = valued_points(map2d[None], (300, 200), 1, 0, [""])
+    np.testing.assert_allclose(points.x, [50, 150, 250, 50, 150, 250])
+    np.testing.assert_allclose(points.y, [50, 50, 50, 150, 150, 150])
+    np.testing.assert_allclose(points.customdata, [0.0, 0.1, 0.2, 0.3, 0.4, 0.5], atol=1e-7)
+    assert points.text[4] == "row 2, column 2"
+
+
+def test_the_heads_grid_hovers_each_heads_values_in_its_own_tile():
+    heads = np.stack([np.zeros((2, 2)), np.ones((2, 2))]).astype(np.float32)  # two heads, tiled side by side
+    points = valued_points(heads, (100, 100), 2, 2, ["head 1, ", "head 2, "])
+    np.testing.assert_allclose(points.x, [25, 75, 25, 75, 127, 177, 127, 177])
+    assert points.text[5] == "head 2, row 1, column 2" and points.customdata[5] == 1.0
+
+
+def test_the_page_fetches_nothing_and_inlines_plotly():
+    page = view_html(View("t", photo(), np.random.default_rng(0).random((3, 4)), "caption",
+                          heads=np.random.default_rng(1).random((2, 3, 4))))
+    assert get_plotlyjs() in page  # the library itself; what it may link to (its logo's page) is no fetch
+    ours = page.replace(get_plotlyjs(), "")
+    assert not re.search(r"""(src|href)\s*=\s*["']?(https?:|//)""", ours), "a resource the browser would fetch"
+    assert "<link" not in ours and not re.search(r"<script[^>]*\ssrc=", ours) and "Plotly.newPlot" in ours
+
+
+def test_a_class_name_or_caption_with_markup_shows_as_written():
+    prediction = prediction_of([("<b>dog</b>", 0.9), ("<img src=x onerror=alert(1)>", 0.1)])
+    page = view_html(View("<script>alert(1)</script>", photo(), np.ones((2, 2)), "**Layer 1**: <i>x</i> \\*",
+                          prediction=prediction, settings={"image": "<svg onload=alert(1)>.png"}))
+    assert "<script>alert(1)" not in page and "<svg onload" not in page and "<img src=x" not in page
+    assert "<strong>Layer 1</strong>: &lt;i&gt;x&lt;/i&gt; *" in page  # our Markdown rendered, raw HTML as text
+    assert "&lt;svg onload=alert(1)&gt;.png" in page
+
+
+def test_a_vit_b16_view_at_224_px_is_a_few_megabytes_at_most():
+    rng = np.random.default_rng(0)
+    image = Image.fromarray(rng.integers(0, 256, (224, 224, 3), dtype=np.uint8))  # noise: the worst case for PNG
+    page = view_html(View("ViT-B/16", image, rng.random((14, 14)), "caption", heads=rng.random((12, 14, 14)),
+                          prediction=prediction_of([(f"class {i}", 0.2) for i in range(5)])))
+    assert len(page.encode()) < 8 * 2**20
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    torch.manual_seed(0)
+    path = tmp_path_factory.mktemp("export") / "tiny.pt"
+    save_checkpoint(path, ViT(TINY), CLASSES)
+    return vit.load(path, device="cpu")
+
+
+def test_an_explanation_writes_its_view_with_the_models_own_heads(tiny, tmp_path):
+    image = photo(16, 16)
+    e = vit.explain(tiny, image, "attention", layer=1, query=5)
+    written = e.to_html(tmp_path / "view.html")
+    page = written.read_text(encoding="utf-8")
+    with torch.no_grad():
+        _, attentions = tiny.model(preprocess([image], tiny.preprocessing), output_attentions=True)
+    reference = attentions[1][0, :, 5, 1:].reshape(2, 4, 4).numpy()  # the forward contract: every head's row
+    shown = figures(page)
+    np.testing.assert_allclose(array(shown["heads"][0]["customdata"]), reference.ravel(), rtol=0, atol=1e-6)
+    np.testing.assert_allclose(array(shown["map"][0]["customdata"]), reference.mean(0).ravel(), rtol=0, atol=1e-6)
+    assert "&lt;b&gt;dog&lt;/b&gt;" in page or "cat" in page  # the prediction's names, as text
+    assert "<th>query</th><td>5</td>" in page and "<th>layer</th><td>1</td>" in page
+
+
+def test_an_explanation_of_a_model_without_heads_still_exports(tiny, tmp_path):
+    e = dataclasses.replace(vit.explain(tiny, photo(), "rollout"), heads=None, heads_layer=None)
+    page = Path(e.to_html(tmp_path / "rollout.html")).read_text(encoding="utf-8")
+    assert "Heads</h2>" not in page and "Plotly.newPlot" in page

@@ -1,0 +1,229 @@
+"""The explorer's view in its URL (issue 50): what decides the view ⇄ query parameters.
+
+``decode`` checks every parameter on its own (its type and range); ``fit`` checks those whose range depends on the
+model (layers, heads, tokens, classes) once it is loaded. A bad or stale parameter is dropped with one line naming it,
+never an error: a link someone sent must open. A model or SAE given by path on the server passes the access rule
+(``vit.runs.access``) exactly as a typed path does: a visitor who may not read the server's files by path gets a
+note, never the file.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from vit.app.drawing import COLORMAPS, COLOUR_SCALES
+from vit.app.explorer import MAP_KINDS
+from vit.explain.attention import HEAD_FUSIONS
+from vit.explain.overlay import UPSAMPLE_MODES
+from vit.inference import MAX_INPUT_SIDE
+from vit.text import visible
+
+MAX_VALUE_CHARS = 2000  # longer values (a pasted essay as labels) are refused before they are parsed
+MAX_HEADS = 256  # heads switched off in one link: more than any catalogue model has
+STEP = 0.05  # the sliders' step: opacity, discard ratio, mass share
+_DIGEST = re.compile(r"[0-9a-f]{64}")  # sha256 of an upload's bytes
+_HEAD = re.compile(r"([1-9][0-9]{0,3})\.([1-9][0-9]{0,3})")  # layer.head from 1, as the page labels them
+PATH_REFUSED = ("is a path on the server, which a link opens only for a visitor who may read the server's files "
+                "(with a token: enter it on the Train page)")
+
+
+class ShareError(ValueError):
+    """One parameter that cannot be used; its message says why, in one line."""
+
+
+@dataclass(frozen=True)
+class Model:
+    """The model a link names: ``kind`` "name" (a catalogue entry's name: ``path`` is its path), "hub" (a Hub id,
+    opened as typed into "Open from the Hub") or "path" (a path on the server)."""
+
+    kind: str
+    text: str
+    path: str | None = None
+
+
+def _flag(text: str) -> bool:
+    if text not in ("0", "1"):
+        raise ShareError("give 0 or 1")
+    return text == "1"
+
+
+def _whole(low: int, high: int | None = None) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        if not re.fullmatch(r"[0-9]{1,6}", text) or int(text) < low or high is not None and int(text) > high:
+            raise ShareError(f"give a whole number from {low}" + (f" to {high}" if high is not None else ""))
+        return int(text)
+    return parse
+
+
+def _steps(low: float, high: float) -> Callable[[str], float]:
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise ShareError(f"give a number from {low:g} to {high:g}") from None
+        if not low - 1e-9 <= value <= high + 1e-9:  # NaN and infinities fail here too
+            raise ShareError(f"give a number from {low:g} to {high:g}")
+        steps = round(value / STEP)
+        if abs(steps * STEP - value) > 1e-6:
+            raise ShareError(f"give a number from {low:g} to {high:g} in steps of {STEP:g}")
+        return round(steps * STEP, 2)  # the slider's own value, so the widget accepts it
+    return parse
+
+
+def _one_of(choices) -> Callable[[str], str]:
+    def parse(text: str) -> str:
+        if text not in choices:
+            raise ShareError(f"give one of {', '.join(choices)}")
+        return text
+    return parse
+
+
+def _sample(text: str) -> str:
+    if "/" in text or "\\" in text or text in ("", ".", "..") or visible(text) != text:
+        raise ShareError("give a sample image's file name")
+    return text
+
+
+def _digest(text: str) -> str:
+    if not _DIGEST.fullmatch(text):
+        raise ShareError("give the 64 hexadecimal digits of an upload's SHA-256")
+    return text
+
+
+def _heads(text: str) -> tuple[str, ...]:
+    labels = tuple(text.split(","))
+    if len(labels) > MAX_HEADS or not all(_HEAD.fullmatch(label) for label in labels):
+        raise ShareError("give heads as LAYER.HEAD (from 1), separated by commas")
+    return tuple(dict.fromkeys(labels))
+
+
+def _text(text: str) -> str:
+    if not text.strip():
+        raise ShareError("give some text")
+    return text
+
+
+# Every parameter a link may hold, in the order the URL lists them, and how its value is read. Those decided by the
+# model (layer, head, query, class, end, feature, sae_layer) get their upper bound in ``fit``.
+PARSERS: dict[str, Callable[[str], object]] = {
+    "model": str,  # checked by ``model`` against the catalogue and the access rule
+    "sample": _sample, "upload": _digest,
+    "size": _whole(0, MAX_INPUT_SIDE), "aspect": _flag, "invert": _flag,
+    "map": _one_of(tuple(MAP_KINDS)), "registers": _one_of(("hidden",)),
+    "class": _whole(0), "query": _whole(0), "layer": _whole(1), "head": _whole(1), "fusion": _one_of(HEAD_FUSIONS),
+    "end": _whole(1), "discard": _steps(0.0, 0.95),
+    "opacity": _steps(0.0, 1.0), "cmap": _one_of(COLORMAPS), "scale": _one_of(tuple(COLOUR_SCALES)),
+    "upsample": _one_of(UPSAMPLE_MODES), "grid": _flag, "mass": _steps(0.05, 0.95),
+    "labels": _text, "sae": _text, "sae_layer": _whole(1), "feature": _whole(0), "ablate": _heads,
+}
+
+
+def dropped(name: str, value: str, why: str) -> str:
+    """The one line that says a link's parameter was not used."""
+    shown = visible(value if len(value) <= 60 else value[:57] + "…")
+    return f"The link's {name}={shown} was not used: {why}."
+
+
+def model(text: str, names: Mapping[str, str], may_open: bool) -> Model:
+    """The model ``text`` names: a catalogue entry's name (``names``: name -> path), else a Hub id, else a path on
+    the server, which only a visitor ``may_open`` (the access rule) gets. ShareError (one line) otherwise."""
+    from vit.sources import hub
+
+    if text in names:
+        return Model("name", text, names[text])
+    try:
+        if hub.parse_name(text) is not None:
+            return Model("hub", text)
+    except hub.HubError as e:
+        raise ShareError(str(e)) from None
+    if not may_open:
+        raise ShareError(f"it names no model of this server's catalogue nor a Hub id; {PATH_REFUSED}")
+    return Model("path", text, text)
+
+
+def decode(params: Mapping[str, str], names: Mapping[str, str], may_open: bool) -> tuple[dict[str, object], list[str]]:
+    """The view ``params`` (``st.query_params``) describe, as ``{parameter: value}``, and one line per parameter
+    dropped (unknown, malformed, or refused by the access rule). ``names``: the catalogue's model names -> paths."""
+    values: dict[str, object] = {}
+    notes: list[str] = []
+    for name, text in params.items():
+        text = str(text)
+        if name not in PARSERS:
+            notes.append(dropped(name, text, "this explorer has no such setting"))
+            continue
+        try:
+            if len(text) > MAX_VALUE_CHARS:
+                raise ShareError(f"longer than {MAX_VALUE_CHARS:,} characters")
+            if name == "model":
+                values[name] = model(text, names, may_open)
+            elif name == "sae" and not may_open:  # the Features section opens SAEs under the rule of "Open a path"
+                raise ShareError("an SAE opens from the server's files, which this visitor may not read (with a "
+                                 "token: enter it on the Train page)")
+            else:
+                values[name] = PARSERS[name](text)
+        except ShareError as e:
+            notes.append(dropped(name, text, str(e)))
+    if "sample" in values and "upload" in values:
+        notes.append(dropped("sample", str(values.pop("sample")), "the link's upload is shown instead"))
+    return values, notes
+
+
+def fit(values: Mapping[str, object], *, layers: int, heads: int, tokens: int, classes: int,
+        features: int | None = None) -> tuple[dict[str, object], list[str]]:
+    """``values`` without the settings this model cannot show (a layer past its last, a query past its tokens…),
+    and one line for each dropped."""
+    bounds = {"layer": (layers, f"this model has {layers} layers"), "end": (layers, f"this model has {layers} layers"),
+              "sae_layer": (layers, f"this model has {layers} layers"),
+              "head": (heads, f"this model has {heads} heads per layer"),
+              "query": (tokens - 1, f"this input has {tokens} tokens, 0 to {tokens - 1}"),
+              "class": (classes - 1, f"this model has {classes} classes" if classes else "this model has no classes")}
+    if features is not None:
+        bounds["feature"] = (features - 1, f"this SAE has {features:,} features")
+    kept, notes = dict(values), []
+    for name, (high, why) in bounds.items():
+        if name in kept and kept[name] > high:
+            notes.append(dropped(name, str(kept.pop(name)), why))
+    if "ablate" in kept:
+        outside = [h for h in kept["ablate"] if not (int(h.split(".")[0]) <= layers and int(h.split(".")[1]) <= heads)]
+        if outside:
+            notes.append(dropped("ablate", ",".join(kept.pop("ablate")),
+                                 f"this model has {layers} layers of {heads} heads"))
+    return kept, notes
+
+
+def encode(values: Mapping[str, object]) -> dict[str, str]:
+    """The query parameters of a view (``decode``'s values; None and absent settings are left out), in the order
+    of ``PARSERS``."""
+    params = {}
+    for name in PARSERS:
+        value = values.get(name)
+        if value is None or value is False and name == "registers":
+            continue
+        if isinstance(value, Model):
+            params[name] = value.text
+        elif isinstance(value, bool):
+            params[name] = "1" if value else "0"
+        elif isinstance(value, float):
+            params[name] = f"{round(value, 2):g}"
+        elif isinstance(value, tuple):
+            params[name] = ",".join(value)
+        else:
+            params[name] = str(value)
+    return params
+
+
+def model_names(entries) -> dict[str, str]:
+    """name -> path of the models a link may name (catalogue entries: ``.name``, ``.path``, ``.source``): the first
+    of a name wins, and a model opened by path is named by its path, not its name."""
+    names: dict[str, str] = {}
+    for entry in entries:
+        if entry.source != "file":
+            names.setdefault(entry.name, str(entry.path))
+    return names
+
+
+def model_text(path: str, name: str, names: Mapping[str, str]) -> str:
+    """What a link writes for the model at ``path`` called ``name``: its name where that names it, else its path."""
+    return name if names.get(name) == path else path
