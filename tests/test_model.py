@@ -241,8 +241,9 @@ def test_fused_attention_in_query_chunks_agrees_with_the_explicit_path(model, mo
         calls.append(q.shape[2])
         return sdpa(q, *args, **kwargs)
 
-    monkeypatch.setattr(vit.model.F, "scaled_dot_product_attention", counted)
-    monkeypatch.setattr(vit.model, "FUSED_CHUNK_FLOPS", rows * 4 * 2 * 4 * 65 * 12)  # B 2, 4 heads of 12, 65 keys
+    monkeypatch.setattr(vit.model.blocks.F, "scaled_dot_product_attention", counted)
+    # B 2, 4 heads of 12, 65 keys
+    monkeypatch.setattr(vit.model.blocks, "FUSED_CHUNK_FLOPS", rows * 4 * 2 * 4 * 65 * 12)
     with torch.no_grad():
         chunked, _ = model(images)
         explicit, _ = model(images, output_attentions=True)
@@ -258,7 +259,7 @@ def test_fused_attention_in_query_chunks_adds_each_chunks_rows_of_the_bias(monke
     q, k, v = torch.randn(3, 3, 2, 9, 4).unbind(0)  # each (B 3, 2 heads, 9 tokens, 4)
     bias = torch.randn(batch, 2, 9, 9)
     whole = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=bias)
-    monkeypatch.setattr(vit.model, "FUSED_CHUNK_FLOPS", 2 * 4 * 3 * 2 * 9 * 4)  # two query rows a chunk
+    monkeypatch.setattr(vit.model.blocks, "FUSED_CHUNK_FLOPS", 2 * 4 * 3 * 2 * 9 * 4)  # two query rows a chunk
     torch.testing.assert_close(vit.model.fused_attention(q, k, v, bias=bias), whole, rtol=0, atol=1e-6)
 
 

@@ -1,6 +1,6 @@
 """Class-specific maps that need the model, not only its attentions: LeGrad, Chefer's LRP, AttnLRP.
 
-Every method runs the model's own forward (``vit/model.py``, written once) and reads what it needs at its hook
+Every method runs the model's own forward (``vit/model/``, written once) and reads what it needs at its hook
 points, or under relevance rules: AttnLRP and CP-LRP make their ``Rules`` current for a ``with`` block (the
 approach of lxt), so that the model's elementary operations — each LayerNorm and RMSNorm, the MLP activation, SwiGLU's
 product, the two attention matmuls (of every layer and of SigLIP's pooling probe) and a prompt head's L2

@@ -1,0 +1,84 @@
+"""A from-scratch Vision Transformer (Dosovitskiy et al. 2020) that returns its own attention.
+
+Building blocks first, the model last. ``ViT.forward`` follows the seed contract
+``logits, attentions = model(images, output_attentions=False)``: ``attentions`` is ``None``
+unless asked for, else a tuple with one ``(batch, heads, tokens, tokens)`` tensor per layer
+holding the post-softmax probabilities (the meaning HF ``transformers`` gives the flag).
+``logits`` is ``None`` for a model without a classifier (``num_classes=0``: feature models
+such as DINO, whose attention is what one studies).
+
+The defaults are the original ViT that this project trains; the other fields express the
+published variants imported from HF ``transformers``, timm, torchvision and open_clip (``vit.sources.open``):
+DeiT's distillation token, DINOv2's layer scale and register tokens, timm's average pooling
+with ``fc_norm`` and position tables without prefix entries; DINOv3's rotary positions (on the
+patch tokens' queries and keys only), storage tokens and masked key bias; CLIP's ``ln_pre``,
+QuickGELU and projection to the joint embedding; SigLIP's missing class token and
+attention-pooling ("MAP") head; SwiGLU MLPs; AIMv2's RMSNorm, bias-free projections and query-only pooling
+head; Perception Encoder's rotary grid (EVA's, counted from 1, x first) and its probe's own heads. Tokens are
+always ordered ``[CLS?, DIST?, REG 1..R, patches row by row]``.
+
+``ViT.encode`` returns everything one pass computes (logits, the pooled or projected
+embedding, every layer's attention and the pooling probe's); ``forward`` is its seed-contract view.
+
+The package, by concern (the forward still written once): ``config`` (``ViTConfig``, its bounds, ``PRESETS``),
+``positions`` (position tables, rotary and sine-cosine embeddings), ``layouts`` (what a query attends to and what is
+added to its logits: relative position biases, windows), ``hooks`` (hook points and relevance rules), ``blocks``
+(norms, attention, the MLP, the pooling probe, the block) and ``vision_transformer`` (``ViT``). Every public name
+is importable from ``vit.model``.
+"""
+
+from vit.model.blocks import (
+    MLP,
+    Attention,
+    AttentionPool,
+    Block,
+    LayerNorm,
+    Parent,
+    RMSNorm,
+    drop_path,
+    fused_attention,
+    make_norm,
+)
+from vit.model.config import (
+    ACTIVATIONS,
+    CONFIG_BOUNDS,
+    MAX_LAYER_SCALE,
+    MAX_ROPE_THETA,
+    NORMS,
+    POOL_HEADS,
+    POOLINGS,
+    PREFIX_POSITIONS,
+    PRESETS,
+    REL_POS,
+    ROPES,
+    ViTConfig,
+)
+from vit.model.hooks import PLAIN_RULES, Hook, HookPoint, Rules, activate, current_rules, use_rules
+from vit.model.layouts import (
+    RelativePositionBias,
+    beit_relative_position_index,
+    decomposed_rel_pos,
+    sam_rel_pos,
+    window_partition,
+    window_unpartition,
+)
+from vit.model.positions import (
+    apply_rope,
+    dinov3_rope,
+    eva_rope,
+    resample_pos_embed,
+    rotate_half,
+    rotate_pairs,
+    sincos_positions,
+)
+from vit.model.vision_transformer import Encoding, ViT, count_parameters
+
+__all__ = [
+    "ACTIVATIONS", "Attention", "AttentionPool", "Block", "CONFIG_BOUNDS", "Encoding",
+    "Hook", "HookPoint", "LayerNorm", "MAX_LAYER_SCALE", "MAX_ROPE_THETA", "MLP", "NORMS", "PLAIN_RULES",
+    "POOLINGS", "POOL_HEADS", "PREFIX_POSITIONS", "PRESETS", "Parent", "REL_POS", "RMSNorm", "ROPES",
+    "RelativePositionBias", "Rules", "ViT", "ViTConfig", "activate", "apply_rope", "beit_relative_position_index",
+    "count_parameters", "current_rules", "decomposed_rel_pos", "dinov3_rope", "drop_path", "eva_rope",
+    "fused_attention", "make_norm", "resample_pos_embed", "rotate_half", "rotate_pairs", "sam_rel_pos",
+    "sincos_positions", "use_rules", "window_partition", "window_unpartition",
+]

@@ -1,0 +1,336 @@
+"""The blocks: norms, attention (fused and explicit paths), the MLP, the attention-pooling probe and the
+transformer block, each written once."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from vit.model.config import ViTConfig
+from vit.model.hooks import PLAIN_RULES, HookPoint, _hooks, _rules, activate
+from vit.model.layouts import RelativePositionBias, decomposed_rel_pos, window_partition, window_unpartition
+from vit.model.positions import apply_rope
+
+# One fused attention call on a CPU does at most this many FLOPs (~0.1 s on 2 cores): between calls Python runs,
+# so Ctrl-C and a page's Stop are heard within a second even at 65,537 tokens, where one whole layer's call took a
+# minute. Below it (one image of up to ~1,180 tokens on ViT-B) the call stays whole.
+FUSED_CHUNK_FLOPS = 2**32
+
+
+class LayerNorm(nn.LayerNorm):
+    """``nn.LayerNorm`` (same parameters and state-dict keys) that runs under the current relevance rules."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rules = _rules.get()
+        if rules is PLAIN_RULES:
+            return F.layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps)
+        return rules.layer_norm(x, self)
+
+
+class RMSNorm(nn.RMSNorm):
+    """``nn.RMSNorm`` (one ``weight``, no bias: AIMv2's) that runs under the current relevance rules."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rules = _rules.get()
+        if rules is PLAIN_RULES:
+            return F.rms_norm(x, self.normalized_shape, self.weight, self.eps)
+        return rules.rms_norm(x, self)
+
+
+def make_norm(config: ViTConfig, size: int) -> LayerNorm | RMSNorm:
+    """The config's norm (``ViTConfig.norm``) over ``size`` channels."""
+    if config.norm == "rms":
+        return RMSNorm(size, eps=config.layer_norm_eps)
+    return LayerNorm(size, eps=config.layer_norm_eps)
+
+
+class Parent(nn.Module):
+    """An ``nn.Module`` whose children are plain attributes too, so ``self.attn`` or ``self.hook_q`` is a dict
+    lookup: nn.Module finds them through ``__getattr__``, after a failed instance lookup, which costs as much as
+    ~30 function calls (measured here: 5 us against 0.2 us); with 65 hook points that made a cifar-s forward 8 %
+    slower than before them. ``_modules`` stays the record (state dicts, ``named_modules``); the copy in
+    ``__dict__`` follows every assignment and deletion."""
+
+    def __setattr__(self, name: str, value) -> None:
+        super().__setattr__(name, value)
+        modules = self.__dict__.get("_modules")
+        if modules is not None and name in modules:
+            self.__dict__[name] = modules[name]
+
+    def __delattr__(self, name: str) -> None:
+        modules = self.__dict__.get("_modules")
+        if modules is not None and name in modules:
+            self.__dict__.pop(name, None)
+        super().__delattr__(name)
+
+
+class Attention(Parent):
+    """Multi-head self-attention with one fused qkv projection and two paths.
+
+    Without ``output_attentions`` it calls ``scaled_dot_product_attention`` (fast, never
+    materialises the probabilities); with it, the explicit softmax, whose probabilities
+    are returned and stay in the autograd graph for gradient-weighted maps. Rotary
+    positions, when given, turn q and k before either path, so the probabilities are the
+    ones the model computed.
+    """
+
+    def __init__(self, config: ViTConfig, window: int = 0) -> None:
+        super().__init__()
+        self.num_heads = config.num_heads
+        self.head_dim = config.head_dim or config.hidden_size // config.num_heads
+        inner = self.num_heads * self.head_dim  # hidden_size unless head_dim is set apart
+        self.qkv = nn.Linear(config.hidden_size, 3 * inner, bias=config.qkv_bias)
+        self.key_bias = config.key_bias
+        self.rope_interleaved = config.rope in ("eva", "pe")
+        self.proj = nn.Linear(inner, config.hidden_size, bias=config.proj_bias)
+        self.attention_dropout = config.attention_dropout
+        self.proj_dropout = nn.Dropout(config.dropout)
+        # What this layer adds to its logits: BEiT's own table (a shared one comes from the model), or SAM's
+        # decomposed relative positions, sized for its windows or, in a global layer, the model's grid.
+        self.rel_pos_bias = (RelativePositionBias(config.grid_size, config.num_heads) if config.rel_pos == "beit"
+                             else None)
+        side = window or config.grid_size[0]
+        self.rel_pos_h = nn.Parameter(torch.zeros(2 * side - 1, self.head_dim)) if config.rel_pos == "sam" else None
+        self.rel_pos_w = (nn.Parameter(torch.zeros(2 * (window or config.grid_size[1]) - 1, self.head_dim))
+                          if config.rel_pos == "sam" else None)
+        # (B, nh, T, hd) each, q and k after rotary positions; the bias (B or 1, nh, T, T) added to the scaled logits
+        # before the softmax (only in models with one); the pattern (B, nh, T, T) exists only when it is asked for or
+        # hooked (else the fused path runs); z (B, T, nh, hd) is each head's context. In a windowed layer B counts
+        # windows (B * nw) and T a window's tokens.
+        self.hook_q, self.hook_k, self.hook_v = HookPoint(), HookPoint(), HookPoint()
+        self.hook_bias = HookPoint()
+        self.hook_pattern = HookPoint()
+        self.hook_z = HookPoint()
+
+    def qkv_bias(self) -> torch.Tensor | None:
+        """The qkv bias as used: the key's third zeroed when ``key_bias`` is off (DINOv3's ``bias_mask``)."""
+        bias = self.qkv.bias
+        if bias is None or self.key_bias:
+            return bias
+        q, _, v = bias.chunk(3)
+        return torch.cat([q, torch.zeros_like(q), v])
+
+    def queries_keys_values(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None = None
+                            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``x`` (B, N, C) -> q, k, v (B, nh, N, hd) each, unscaled, with rotary positions applied to q and k."""
+        B, N, C = x.shape
+        qkv = F.linear(x, self.qkv.weight, self.qkv_bias())
+        qkv = qkv.view(B, N, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)  # (3, B, nh, N, hd)
+        q, k, v = qkv.unbind(0)  # each (B, nh, N, hd)
+        if rope is not None:
+            q, k = apply_rope(q, rope, self.rope_interleaved), apply_rope(k, rope, self.rope_interleaved)
+        return q, k, v
+
+    def logit_bias(self, q: torch.Tensor, grid: tuple[int, int] | None, shared: torch.Tensor | None,
+                   rows: torch.Tensor | None = None) -> torch.Tensor | None:
+        """What this layer adds to its logits: the model's ``shared`` BEiT bias (nh, N, N) plus its own table's for
+        the patch ``grid`` (1, nh, N, N), or SAM's decomposed relative positions of the queries ``q`` (B, nh, N, hd;
+        all N of them) (B, nh, N, N); None when nothing is added. With ``rows`` (token indices), the rows of those
+        queries alone, ``q`` and ``shared`` holding only theirs: (B or 1, nh, n, N)."""
+        bias = shared
+        if self.rel_pos_bias is not None:
+            own = self.rel_pos_bias(grid, rows)  # (nh, n or N, N)
+            bias = own if bias is None else bias + own
+        if bias is not None:
+            bias = bias[None].to(q.dtype)  # (1, nh, N, N)
+        if self.rel_pos_h is not None:
+            bias = decomposed_rel_pos(q, self.rel_pos_h, self.rel_pos_w, grid, rows)  # (B, nh, n or N, N)
+        return bias
+
+    def forward(self, x: torch.Tensor, output_attentions: bool = False,
+                rope: tuple[torch.Tensor, torch.Tensor] | None = None, queries: int | None = None,
+                grid: tuple[int, int] | None = None, shared_bias: torch.Tensor | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``x`` (B, N, C) -> the attention's output (B, n, C) and its probabilities (B, nh, n, N) when asked, for
+        the first ``n = queries`` tokens' queries (None: all N) against every key. ``grid``: the patch grid of the
+        tokens (a window's, in a windowed layer), which a relative position bias needs; ``shared_bias`` (nh, N, N):
+        the bias every layer adds (BEiT's shared table)."""
+        B, N, C = x.shape
+        q, k, v = self.queries_keys_values(x, rope)  # each (B, nh, N, hd)
+        if queries is not None:
+            if self.rel_pos_h is not None:
+                raise ValueError("SAM's relative positions read every query; run the layer on all of them")
+            q = q[:, :, :queries]  # (B, nh, n, hd)
+        q, k, v = self.hook_q(q), self.hook_k(k), self.hook_v(v)
+        bias = self.logit_bias(q, grid, shared_bias)  # (B or 1, nh, N, N) or None
+        if bias is not None:
+            bias = self.hook_bias(bias[:, :, :q.shape[2]])  # (B or 1, nh, n, N)
+        rules = _rules.get()
+        if rules is not PLAIN_RULES:
+            q, k, v = rules.attention_inputs(q, k, v)
+            bias = None if bias is None else rules.logit_bias(bias)
+        dropout_p = self.attention_dropout if self.training else 0.0
+        pattern = self.hook_pattern
+        if output_attentions or pattern in _hooks.get():  # the probabilities are asked for, or hooked
+            scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(self.head_dim))  # (B, nh, n, N)
+            if bias is not None:
+                scores = scores + bias
+            probs = pattern(scores.softmax(dim=-1))
+            y = F.dropout(probs, dropout_p, self.training) @ v  # (B, nh, n, hd)
+        else:
+            probs = None
+            y = fused_attention(q, k, v, dropout_p, bias)  # (B, nh, n, hd)
+        z = self.hook_z(y.transpose(1, 2))  # (B, n, nh, hd): each head's context, before the projection
+        return self.proj_dropout(self.proj(z.reshape(B, q.shape[2], -1))), probs if output_attentions else None
+
+
+def fused_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float = 0.0,
+                    bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``scaled_dot_product_attention`` of q (B, nh, n, hd) against k, v (B, nh, N, hd), ``bias`` (B or 1, nh, n,
+    N) added to the logits: on a CPU in query chunks of at most ``FUSED_CHUNK_FLOPS`` each (a row's softmax runs
+    along the keys, which every chunk holds whole, so each chunk is exactly those rows of the whole call); on a
+    GPU whole, as its calls return at once."""
+    B, nh, n, hd = q.shape
+    rows = max(1, FUSED_CHUNK_FLOPS // (4 * B * nh * k.shape[2] * hd))
+    if q.device.type != "cpu" or rows >= n:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=dropout_p)
+    return torch.cat([F.scaled_dot_product_attention(q[:, :, s:s + rows], k, v, dropout_p=dropout_p,
+                                                     attn_mask=None if bias is None else bias[:, :, s:s + rows])
+                      for s in range(0, n, rows)], dim=2)  # (B, nh, n, hd)
+
+
+class MLP(Parent):
+    """fc1, activation, fc2; gated (SwiGLU: ``act(fc1_g(x)) * fc1(x)``) and with EVA's inner norm when configured."""
+
+    def __init__(self, config: ViTConfig, size: int = 0) -> None:
+        super().__init__()
+        self.activation = config.activation
+        size, bias = size or config.mlp_size, config.proj_bias  # size: the pooling probe's own MLP width (PE-G)
+        self.fc1_g = nn.Linear(config.hidden_size, size, bias=bias) if config.gated_mlp else None
+        self.fc1 = nn.Linear(config.hidden_size, size, bias=bias)
+        self.norm = make_norm(config, size) if config.mlp_norm else None
+        self.fc2 = nn.Linear(size, config.hidden_size, bias=bias)
+        self.dropout = nn.Dropout(config.dropout)
+        self.hook_pre = HookPoint()  # (B, T, mlp): what the activation reads (the gate's, for SwiGLU)
+        self.hook_pre_linear = HookPoint()  # SwiGLU's ungated branch fc1(x)
+        self.hook_post = HookPoint()  # the activations (gated), before EVA's norm and fc2
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rules = _rules.get()
+        if self.fc1_g is None:
+            pre = self.hook_pre(self.fc1(x))
+            h = activate(pre, self.activation) if rules is PLAIN_RULES else rules.activation(pre, self.activation)
+        else:
+            h = rules.product(rules.activation(self.hook_pre(self.fc1_g(x)), self.activation),
+                              self.hook_pre_linear(self.fc1(x)))
+        h = self.hook_post(h)
+        if self.norm is not None:
+            h = self.norm(h)
+        return self.dropout(self.fc2(self.dropout(h)))
+
+
+class AttentionPool(Parent):
+    """Multi-head attention pooling ("MAP", SigLIP's and PE's head; timm ``AttentionPoolLatent``): a learned probe
+    attends to every token, then ``x + mlp(norm(x))``; AIMv2's (``pool_head="aimv2"``) has no q projection and
+    nothing after its output projection. Its attention is returned like a layer's, ``(B, nh, 1, T)`` (``nh`` the
+    probe's heads): the map of what the model reads for its embedding, where others have a CLS row."""
+
+    def __init__(self, config: ViTConfig) -> None:
+        super().__init__()
+        d = config.hidden_size
+        self.num_heads = config.pool_heads or config.num_heads
+        self.head_dim = d // self.num_heads
+        self.latent = nn.Parameter(torch.zeros(1, 1, d))
+        full = config.pool_head == "map"
+        self.q = nn.Linear(d, d) if full else None
+        self.kv = nn.Linear(d, 2 * d)
+        self.proj = nn.Linear(d, d)
+        self.norm = make_norm(config, d) if full else None
+        self.mlp = MLP(config, config.pool_mlp_size) if full else None
+        self.hook_k, self.hook_v = HookPoint(), HookPoint()  # (B, nh, T, hd)
+        self.hook_pattern = HookPoint()  # (B, nh, 1, T): the probe's attention
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``x`` (B, T, D) -> pooled (B, D), probe attention (B, nh, 1, T)."""
+        B, N, C = x.shape
+        latent = self.q(self.latent) if self.q is not None else self.latent  # (1, 1, C)
+        q = latent.view(1, 1, self.num_heads, self.head_dim).transpose(1, 2)  # (1, nh, 1, hd)
+        kv = self.kv(x).view(B, N, 2, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)  # (2, B, nh, N, hd)
+        k, v = kv.unbind(0)  # each (B, nh, N, hd)
+        k, v = self.hook_k(k), self.hook_v(v)
+        rules = _rules.get()
+        if rules is not PLAIN_RULES:  # the probe's two matmuls take the attention rules, as in a layer
+            q, k, v = rules.attention_inputs(q, k, v)
+        scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(self.head_dim))  # (B, nh, 1, N)
+        probs = self.hook_pattern(scores.softmax(dim=-1))
+        y = (probs @ v).transpose(1, 2).reshape(B, 1, C)  # (B, 1, C)
+        y = self.proj(y)
+        if self.mlp is not None:
+            y = y + self.mlp(self.norm(y))
+        return y[:, 0], probs
+
+
+def drop_path(x: torch.Tensor, rate: float, training: bool) -> torch.Tensor:
+    """Stochastic depth: drop the whole residual branch per sample, rescale the kept ones."""
+    if rate == 0.0 or not training:
+        return x
+    keep = x.new_empty((x.shape[0],) + (1,) * (x.dim() - 1)).bernoulli_(1.0 - rate)
+    return x * keep / (1.0 - rate)
+
+
+class Block(Parent):
+    """Pre-norm encoder block: x + MSA(LN(x)), then x + MLP(LN(x)) (each branch times its layer scale, if any);
+    with ``post_norm``: LN(x + MSA(x)), then LN(x + MLP(x))."""
+
+    def __init__(self, config: ViTConfig, drop_path_rate: float = 0.0, window: int = 0) -> None:
+        super().__init__()
+        self.window = window  # SAM / ViTDet: the attention runs in window x window patches; 0: globally
+        # Post-norm blocks normalise the residual stream after each sum instead (post_norm1/2); norm1 and norm2
+        # are then identities, so norm1(x) is still what the attention reads.
+        d = config.hidden_size
+        self.norm1 = nn.Identity() if config.post_norm else make_norm(config, d)
+        self.attn = Attention(config, window)
+        self.norm2 = nn.Identity() if config.post_norm else make_norm(config, d)
+        self.mlp = MLP(config)
+        post = config.post_norm
+        self.post_norm1 = make_norm(config, d) if post else None
+        self.post_norm2 = make_norm(config, d) if post else None
+        self.drop_path_rate = drop_path_rate
+        # Layer scale (CaiT, DINOv2): a learned per-channel gain on each residual branch.
+        scale = config.layer_scale
+        self.ls1 = nn.Parameter(torch.full((config.hidden_size,), float(scale))) if scale is not None else None
+        self.ls2 = nn.Parameter(torch.full((config.hidden_size,), float(scale))) if scale is not None else None
+        # Each (B, T, D): the block's input, norm1(x), the attention branch as added (after layer scale), the
+        # stream between the branches, norm2(mid), the MLP branch as added, the block's output.
+        self.hook_resid_pre, self.hook_attn_in, self.hook_attn_out = HookPoint(), HookPoint(), HookPoint()
+        self.hook_resid_mid, self.hook_mlp_in, self.hook_mlp_out = HookPoint(), HookPoint(), HookPoint()
+        self.hook_resid_post = HookPoint()
+
+    def forward(self, x: torch.Tensor, output_attentions: bool = False,
+                rope: tuple[torch.Tensor, torch.Tensor] | None = None, queries: int | None = None,
+                grid: tuple[int, int] | None = None, shared_bias: torch.Tensor | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``x`` (B, T, D) -> the block's output for its first ``queries`` tokens (None: all), which attend to
+        every token, and the attention (B, nh, queries or T, T) when asked; a windowed block's is each window's,
+        ``(B * nw, nh, w*w, w*w)`` (``window_partition``'s order). ``grid``: the patch grid (needed by windows and
+        relative positions); ``shared_bias``: the bias every layer adds (BEiT's shared table)."""
+        x = self.hook_resid_pre(x)
+        h = self.hook_attn_in(self.norm1(x))
+        if self.window:
+            if grid is None:
+                raise ValueError("this model attends within windows, so the patch grid must be given")
+            w = self.window
+            y, probs = self.attn(window_partition(h, grid, w), output_attentions, rope, None, (w, w), shared_bias)
+            y = window_unpartition(y, grid, w)[:, :queries]  # (B, T or queries, D)
+        else:
+            y, probs = self.attn(h, output_attentions, rope, queries, grid, shared_bias)
+        if queries is not None:
+            x = x[:, :queries]  # (B, n, D)
+        if self.ls1 is not None:
+            y = y * self.ls1
+        x = x + drop_path(self.hook_attn_out(y), self.drop_path_rate, self.training)
+        if self.post_norm1 is not None:
+            x = self.post_norm1(x)
+        x = self.hook_resid_mid(x)
+        y = self.mlp(self.hook_mlp_in(self.norm2(x)))
+        if self.ls2 is not None:
+            y = y * self.ls2
+        x = x + drop_path(self.hook_mlp_out(y), self.drop_path_rate, self.training)
+        if self.post_norm2 is not None:
+            x = self.post_norm2(x)
+        return self.hook_resid_post(x), probs
+
+

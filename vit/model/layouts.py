@@ -1,0 +1,101 @@
+"""Attention layouts: what is added to a query's logits (BEiT's relative position bias, SAM's decomposed
+relative positions) and which keys it may attend to (SAM / ViTDet's windows)."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+# --- attention layouts: relative position biases and windows ---------------------------------------------------
+
+def beit_relative_position_index(grid: tuple[int, int], rows: torch.Tensor | None = None) -> torch.Tensor:
+    """BEiT's ``(1 + gh*gw, 1 + gw*gw)`` index into its table: patch pairs by their offset (row-major over
+    ``(2gh-1, 2gw-1)``), then the three CLS entries (CLS to patch, patch to CLS, CLS to CLS) last. With ``rows``
+    (token indices, CLS 0), those rows alone, ``(len(rows), 1 + gh*gw)``: a query chunk's, never ``T²``."""
+    gh, gw = grid
+    rows = torch.arange(gh * gw + 1) if rows is None else rows.cpu()
+    coords = torch.stack(torch.meshgrid(torch.arange(gh), torch.arange(gw), indexing="ij")).flatten(1)  # (2, T)
+    queries = coords[:, (rows - 1).clamp(min=0)]  # (2, n): CLS's row is overwritten below
+    offsets = (queries[:, :, None] - coords[:, None, :]).permute(1, 2, 0)  # (n, T, 2)
+    patches = (offsets[..., 0] + gh - 1) * (2 * gw - 1) + offsets[..., 1] + gw - 1  # (n, T)
+    distances = (2 * gh - 1) * (2 * gw - 1)
+    index = torch.cat([torch.full((len(rows), 1), distances + 1), patches], dim=1)  # (n, 1 + T): patch to CLS
+    cls = rows == 0
+    index[cls] = distances  # CLS to patch
+    index[cls, 0] = distances + 2
+    return index
+
+
+class RelativePositionBias(nn.Module):
+    """BEiT's relative position bias (one per layer, or one shared by all): a learned ``(heads,)`` bias per 2D offset
+    between two patches, plus three for the CLS pairs, added to the attention logits. On another grid the offset
+    table is resized bilinearly, as HF ``BeitRelativePositionBias`` does (timm resizes only when the model is rebuilt
+    for another size)."""
+
+    def __init__(self, grid: tuple[int, int], num_heads: int) -> None:
+        super().__init__()
+        self.grid = tuple(grid)
+        self.table = nn.Parameter(torch.zeros((2 * grid[0] - 1) * (2 * grid[1] - 1) + 3, num_heads))
+
+    def forward(self, grid: tuple[int, int], rows: torch.Tensor | None = None) -> torch.Tensor:
+        """The bias ``(nh, 1 + gh*gw, 1 + gh*gw)`` for a patch grid; its rows ``rows`` (token indices) alone,
+        ``(nh, len(rows), 1 + gh*gw)``, when given (what a query chunk of the attention needs)."""
+        table = self.table
+        if tuple(grid) != self.grid:
+            (oh, ow), (gh, gw) = self.grid, grid
+            offsets = table[:-3].reshape(1, 2 * ow - 1, 2 * oh - 1, -1).permute(0, 3, 1, 2)  # HF's (w, h) reading
+            offsets = F.interpolate(offsets, size=(2 * gh - 1, 2 * gw - 1), mode="bilinear")
+            table = torch.cat([offsets.permute(0, 2, 3, 1).reshape((2 * gh - 1) * (2 * gw - 1), -1), table[-3:]])
+        index = beit_relative_position_index(tuple(grid), rows).to(table.device)  # (n or T, T)
+        return table[index.reshape(-1)].view(*index.shape, -1).permute(2, 0, 1)  # (nh, n or T, T)
+
+
+def sam_rel_pos(q_size: int, k_size: int, table: torch.Tensor) -> torch.Tensor:
+    """SAM's ``get_rel_pos``: the ``(q_size, k_size, hd)`` embeddings of every query-key offset along one axis, from a
+    ``(L, hd)`` table linearly resized to ``2 * max(q_size, k_size) - 1`` offsets when its length differs."""
+    length = 2 * max(q_size, k_size) - 1
+    if table.shape[0] != length:
+        table = F.interpolate(table.T[None], size=length, mode="linear")[0].T  # (length, hd)
+    q_coords = torch.arange(q_size, dtype=torch.float32)[:, None] * max(k_size / q_size, 1.0)
+    k_coords = torch.arange(k_size, dtype=torch.float32)[None, :] * max(q_size / k_size, 1.0)
+    offsets = (q_coords - k_coords) + (k_size - 1) * max(q_size / k_size, 1.0)
+    return table[offsets.long().to(table.device)]
+
+
+def decomposed_rel_pos(q: torch.Tensor, rel_pos_h: torch.Tensor, rel_pos_w: torch.Tensor, grid: tuple[int, int],
+                       rows: torch.Tensor | None = None) -> torch.Tensor:
+    """SAM / MViTv2's decomposed relative positions (``add_decomposed_rel_pos``): the bias ``(B, nh, n, N)`` that each
+    query ``q`` (B, nh, n, hd; unscaled) adds to its logits, ``q . R_h[dy] + q . R_w[dx]``; the queries are the
+    tokens ``rows`` of the ``N = gh*gw`` grid (None: all of them, in order)."""
+    gh, gw = grid
+    B, nh, n, hd = q.shape
+    rows = torch.arange(gh * gw, device=q.device) if rows is None else rows.to(q.device)
+    rel_h = torch.einsum("bnqc,qkc->bnqk", q, sam_rel_pos(gh, gh, rel_pos_h)[rows // gw])  # (B, nh, n, gh)
+    rel_w = torch.einsum("bnqc,qkc->bnqk", q, sam_rel_pos(gw, gw, rel_pos_w)[rows % gw])  # (B, nh, n, gw)
+    return (rel_h[..., :, None] + rel_w[..., None, :]).reshape(B, nh, n, gh * gw)
+
+
+def window_partition(x: torch.Tensor, grid: tuple[int, int], window: int) -> torch.Tensor:
+    """Patch tokens ``(B, gh*gw, D)`` -> non-overlapping windows ``(B * nw, window**2, D)``, the grid first padded
+    with zeros at the bottom and right to a multiple of ``window``; windows row-major over the padded grid, each
+    row-major inside (timm / SAM ``window_partition``)."""
+    B, _, D = x.shape
+    gh, gw = grid
+    ph, pw = -gh % window, -gw % window
+    x = F.pad(x.view(B, gh, gw, D), (0, 0, 0, pw, 0, ph))  # (B, Gh, Gw, D)
+    Gh, Gw = gh + ph, gw + pw
+    x = x.view(B, Gh // window, window, Gw // window, window, D).permute(0, 1, 3, 2, 4, 5)
+    return x.reshape(-1, window * window, D)  # (B * nw, window**2, D)
+
+
+def window_unpartition(windows: torch.Tensor, grid: tuple[int, int], window: int) -> torch.Tensor:
+    """``window_partition``'s inverse: windows ``(B * nw, window**2, D)`` -> ``(B, gh*gw, D)``, padding dropped."""
+    gh, gw = grid
+    nh_, nw_ = -(-gh // window), -(-gw // window)  # windows per column and per row
+    D = windows.shape[-1]
+    x = windows.view(-1, nh_, nw_, window, window, D).permute(0, 1, 3, 2, 4, 5)
+    x = x.reshape(-1, nh_ * window, nw_ * window, D)[:, :gh, :gw]  # (B, gh, gw, D)
+    return x.reshape(-1, gh * gw, D)
+
+

@@ -1,0 +1,286 @@
+"""The model: ``ViT`` (the one forward, with its hook points) and ``Encoding``, what one pass computes."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from vit.model.blocks import AttentionPool, Block, Parent, make_norm
+from vit.model.config import ViTConfig
+from vit.model.hooks import Hook, HookPoint, _hooks
+from vit.model.layouts import RelativePositionBias
+from vit.model.positions import dinov3_rope, eva_rope, resample_pos_embed, sincos_positions
+
+
+@dataclass
+class Encoding:
+    """Everything one pass computes (``ViT.encode``); tensors keep the autograd graph when it was on."""
+
+    logits: torch.Tensor | None  # (B, classes), None without a classifier
+    embedding: torch.Tensor  # (B, E): the pooled vector, projected to the joint embedding when the model has one
+    attentions: tuple[torch.Tensor, ...] | None  # per layer (B, nh, T, T), a windowed one's (B * nw, nh, w*w, w*w)
+    pool_attention: torch.Tensor | None  # (B, nh, 1, T): the attention-pooling probe's, for pooling "map"
+
+
+class ViT(Parent):
+    """Patch embedding, prefix tokens, positions (a learned table and/or rotary), pre-norm blocks, pooling,
+    and a classifier or a projection to a joint embedding."""
+
+    def __init__(self, config: ViTConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.num_prefix_tokens = config.num_prefix_tokens  # CLS (+ DIST) (+ registers)
+        d = config.hidden_size
+        self.patch_embed = nn.Conv2d(config.num_channels, d, config.patch_hw, config.patch_hw)
+        patch_dim = config.num_channels * config.patch_hw[0] * config.patch_hw[1]
+        self.patch_norm = make_norm(config, patch_dim) if config.patch_norm else None
+        # After the patch projection: vit-pytorch's second LayerNorm, AIMv2's RMSNorm.
+        self.embed_norm = make_norm(config, d) if config.patch_norm or config.embed_norm else None
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, d)) if config.class_token else None
+        self.dist_token = nn.Parameter(torch.zeros(1, 1, d)) if config.distillation_token else None
+        self.reg_token = (nn.Parameter(torch.zeros(1, config.num_register_tokens, d))
+                          if config.num_register_tokens else None)
+        self.pos_embed = (nn.Parameter(torch.zeros(1, config.num_positioned_prefix_tokens + config.num_patches, d))
+                          if config.pos_embed else None)
+        self.norm_pre = make_norm(config, d) if config.pre_norm else None
+        self.pos_dropout = nn.Dropout(config.dropout)
+        rates = [config.drop_path * i / max(config.num_layers - 1, 1) for i in range(config.num_layers)]
+        self.blocks = nn.ModuleList(Block(config, rate, config.window_of(i)) for i, rate in enumerate(rates))
+        self.rel_pos_bias = (RelativePositionBias(config.grid_size, config.num_heads)
+                             if config.rel_pos == "beit_shared" else None)  # one table every layer adds
+        # timm's avg-pool models normalise the pooled vector (fc_norm) instead of every token (norm).
+        final = config.final_norm and not config.fc_norm
+        self.norm = make_norm(config, d) if final else nn.Identity()
+        self.fc_norm = make_norm(config, d) if config.fc_norm else None
+        self.attn_pool = AttentionPool(config) if config.pooling == "map" else None
+        head_in = 2 * d if config.pooling == "cls+avg" else d
+        self.head = nn.Linear(head_in, config.num_classes) if config.num_classes else None
+        self.head_dist = nn.Linear(d, config.num_classes) if config.distillation_head else None
+        self.projection = nn.Linear(head_in, config.projection_dim, bias=False) if config.projection_dim else None
+        self.apply(_init_weights)
+        for token in (self.pos_embed, self.cls_token, self.dist_token, self.reg_token):
+            if token is not None:
+                nn.init.trunc_normal_(token, std=0.02)
+        if self.attn_pool is not None:
+            nn.init.trunc_normal_(self.attn_pool.latent, std=0.02)
+        # The embedding before ln_pre (B, T, D); the last block's output after the final norm (B, T, D); the pooled
+        # vector after fc_norm (B, D); the logits (B, classes); the (projected) embedding (B, E).
+        self.hook_embed, self.hook_normed, self.hook_pooled = HookPoint(), HookPoint(), HookPoint()
+        self.hook_logits, self.hook_embedding = HookPoint(), HookPoint()
+        for name, module in self.named_modules():
+            if isinstance(module, HookPoint):
+                module.name = name
+
+    def hook_points(self) -> dict[str, HookPoint]:
+        """Every hook point by name (``blocks.0.attn.hook_q``, ..., ``hook_logits``); the shapes are in the comments
+        where each is made (``Attention``, ``MLP``, ``Block``, ``ViT.__init__``)."""
+        return {name: m for name, m in self.named_modules() if isinstance(m, HookPoint)}
+
+    @contextlib.contextmanager
+    def hooks(self, hooks: Iterable[tuple[str, Hook]]) -> Iterator[ViT]:
+        """Set ``hooks`` ``(name, fn)`` for the length of a ``with`` block, in this thread (TransformerLens's
+        ``hooks``); several on one point run in the order given. An unknown name raises ValueError."""
+        points = self.hook_points()
+        active = {point: list(fns) for point, fns in _hooks.get().items()}
+        for name, fn in hooks:
+            if name not in points:
+                raise ValueError(f"the model has no hook point {name!r}; see ViT.hook_points()")
+            active.setdefault(points[name], []).append(fn)
+        token = _hooks.set({point: tuple(fns) for point, fns in active.items()})
+        try:
+            yield self
+        finally:
+            _hooks.reset(token)
+
+    def run_with_hooks(self, images: torch.Tensor, hooks: Iterable[tuple[str, Hook]],
+                       output_attentions: bool = False) -> Encoding:
+        """``encode(images)`` with ``hooks`` ``(name, fn)`` set: each reads its tensor and may replace it."""
+        with self.hooks(hooks):
+            return self.encode(images, output_attentions)
+
+    def run_with_cache(self, images: torch.Tensor, names: Sequence[str] | Callable[[str], bool],
+                       output_attentions: bool = False) -> tuple[Encoding, dict[str, torch.Tensor]]:
+        """``encode(images)`` and the tensors at the hook points ``names`` (or those a filter accepts), as the
+        forward computed them: still in the autograd graph when gradients are on (gradients with respect to a
+        cached ``hook_pattern`` are the attention's)."""
+        points = self.hook_points()
+        chosen = [n for n in points if names(n)] if callable(names) else list(names)
+        cache: dict[str, torch.Tensor] = {}
+
+        def keep(x: torch.Tensor, hook: HookPoint) -> None:
+            cache[hook.name] = x
+
+        encoding = self.run_with_hooks(images, [(name, keep) for name in chosen], output_attentions)
+        return encoding, cache
+
+    def patch_grid(self, height: int, width: int) -> tuple[int, int]:
+        """The patch grid of an input of this size; raises ValueError when it does not tile."""
+        ph, pw = self.config.patch_hw
+        if height % ph or width % pw or height < ph or width < pw:
+            raise ValueError(f"input of {height}x{width} px does not tile into {ph}x{pw} patches; "
+                             f"resize it to a multiple of {ph if ph == pw else f'{ph} px in height and {pw} in width'}")
+        return height // ph, width // pw
+
+    def rotary(self, grid: tuple[int, int], device: torch.device | None = None
+               ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The rotary embedding ``(cos, sin)`` (each ``(gh*gw, head_dim)``) every block uses on this grid, or None."""
+        if self.config.rope == "none":
+            return None
+        c = self.config
+        if c.rope in ("eva", "pe"):
+            return eva_rope(grid, c.hidden_size // c.num_heads, float(c.rope_theta), c.rope_ref_grid, device,
+                            pe=c.rope == "pe")
+        return dinov3_rope(grid, c.hidden_size // c.num_heads, float(c.rope_theta), device)
+
+    def embed(self, images: torch.Tensor) -> torch.Tensor:
+        """``images`` (B, C, H, W) -> the first block's input ``(B, T, D)``: patches, prefix tokens, positions
+        (``hook_embed``), then ``ln_pre`` when the model has one.
+
+        Positions are resampled to the input's patch grid; dropout is left to ``forward``.
+        """
+        if images.dim() != 4 or images.shape[1] != self.config.num_channels:
+            raise ValueError(f"expected images of shape (batch, {self.config.num_channels}, height, "
+                             f"width), got {tuple(images.shape)}")
+        c = self.config
+        B = images.shape[0]
+        grid = self.patch_grid(images.shape[2], images.shape[3])
+        if self.patch_norm is None:
+            x = self.patch_embed(images).flatten(2).transpose(1, 2)  # (B, gh*gw, D)
+            if self.embed_norm is not None:
+                x = self.embed_norm(x)
+        else:  # the convolution as a linear map of each flattened patch, between vit-pytorch's two LayerNorms
+            patches = F.unfold(images, c.patch_hw, stride=c.patch_hw).transpose(1, 2)  # (B, gh*gw, C*ph*pw)
+            x = F.linear(self.patch_norm(patches), self.patch_embed.weight.flatten(1), self.patch_embed.bias)
+            x = self.embed_norm(x)  # (B, gh*gw, D)
+        positioned = c.num_positioned_prefix_tokens
+        prefix = [t for t in (self.cls_token, self.dist_token, self.reg_token) if t is not None]
+        prefix = torch.cat(prefix, dim=1).expand(B, -1, -1) if prefix else x[:, :0]  # (B, P, D)
+        if self.pos_embed is None:
+            if c.sincos_pos:
+                x = x + sincos_positions(grid, x.shape[-1], x.device).to(x.dtype)  # (B, gh*gw, D)
+            x = torch.cat([prefix, x], dim=1)  # (B, P + gh*gw, D)
+        else:
+            pos = resample_pos_embed(self.pos_embed, grid, c.grid_size, positioned, c.pos_embed_antialias)
+            # The first `positioned` prefix tokens get their table entries, the others none (registers
+            # in HF DINOv2, every prefix token in timm's no_embed_class models).
+            x = torch.cat([prefix[:, :positioned], x], dim=1) + pos  # (B, positioned + gh*gw, D)
+            if positioned < self.num_prefix_tokens:
+                x = torch.cat([x[:, :positioned], prefix[:, positioned:], x[:, positioned:]], dim=1)  # (B, T, D)
+        x = self.hook_embed(x)
+        if self.norm_pre is not None:
+            x = self.norm_pre(x)
+        return x
+
+    def tokens(self, images: torch.Tensor, output_attentions: bool = False
+               ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...] | None]:
+        """``images`` (B, C, H, W) -> the last block's output (B, T, D) and, when asked for, every layer's
+        attention (B, nh, T, T)."""
+        x = self.pos_dropout(self.embed(images))  # (B, T, D)
+        return self.run_blocks(x, self.patch_grid(images.shape[2], images.shape[3]), 0, None, output_attentions)
+
+    def run_blocks(self, x: torch.Tensor, grid: tuple[int, int] | None, start: int = 0, stop: int | None = None,
+                   output_attentions: bool = False, queries: int | None = None
+                   ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...] | None]:
+        """Blocks ``start`` to ``stop`` (exclusive; None: the last) on the residual stream ``x`` (B, T, D) of an
+        input whose patch grid is ``grid`` (needed by rotary positions; None for a model without them), with
+        their hook points: TransformerLens's ``start_at_layer`` / ``stop_at_layer``, so an intervention on layer
+        ``l`` runs only the layers after it. Returns the last one's output and their attentions when asked.
+
+        ``queries``: the last block computes only its first ``queries`` tokens (their queries against every key;
+        its output and attention then have that many rows): all ``classify`` reads when ``readout_tokens`` says so,
+        and three quarters of that block's work saved (the rows' values are the full run's, up to rounding)."""
+        rope = None
+        if self.config.rope != "none":
+            if grid is None:
+                raise ValueError("this model turns q and k by rotary positions, so the patch grid must be given")
+            rope = self.rotary(tuple(grid), x.device)
+        c = self.config
+        if grid is None and (c.rel_pos != "none" or c.window_size):
+            raise ValueError("this model's attention layout (relative positions, windows) needs the patch grid")
+        grid = None if grid is None else tuple(grid)
+        shared = self.rel_pos_bias(grid) if self.rel_pos_bias is not None else None  # (nh, T, T), once per forward
+        attentions = []
+        blocks = list(self.blocks)[start:stop]  # not self.blocks[start:stop]: that builds a ModuleList
+        for i, block in enumerate(blocks):
+            x, probs = block(x, output_attentions, rope, queries if i == len(blocks) - 1 else None, grid, shared)
+            attentions.append(probs)
+        return x, tuple(attentions) if output_attentions else None
+
+    def pool(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The last block's output ``(B, T, D)`` -> the pooled vector (B, D) (2D for cls+avg) after the final
+        norm, pooling and fc_norm, and the pooling probe's attention (B, nh, 1, T) for pooling "map" (else None)."""
+        x = self.hook_normed(self.norm(x))
+        patches = x[:, self.num_prefix_tokens:]  # (B, gh*gw, D)
+        probe = None
+        if self.config.pooling == "cls":
+            pooled = x[:, 0]  # (B, D)
+        elif self.config.pooling == "avg":
+            pooled = patches.mean(dim=1)  # (B, D)
+        elif self.config.pooling == "map":
+            pooled, probe = self.attn_pool(x)  # (B, D), (B, nh, 1, T)
+        else:  # "cls+avg"
+            pooled = torch.cat([x[:, 0], patches.mean(dim=1)], dim=-1)  # (B, 2D)
+        if self.fc_norm is not None:
+            pooled = self.fc_norm(pooled)
+        return self.hook_pooled(pooled), probe
+
+    def _logits(self, x: torch.Tensor, pooled: torch.Tensor) -> torch.Tensor | None:
+        if self.head is None:
+            return None
+        logits = self.head(pooled)  # (B, classes)
+        if self.head_dist is not None:  # DeiT at inference: the mean of the class and distillation heads
+            logits = (logits + self.head_dist(self.norm(x)[:, 1])) / 2
+        return self.hook_logits(logits)
+
+    def readout_tokens(self) -> int | None:
+        """How many leading tokens of the last block's output ``classify`` reads: 1 (CLS) or 2 (CLS and DeiT's
+        DIST), or None when it reads them all (average or attention pooling)."""
+        if self.config.pooling != "cls":
+            return None
+        return 2 if self.head_dist is not None else 1
+
+    def classify(self, x: torch.Tensor) -> torch.Tensor | None:
+        """The last block's output ``(B, T, D)`` -> logits ``(B, classes)``: final norm, pooling, fc_norm and
+        head(s); None for a model without a classifier."""
+        if self.head is None:
+            return None
+        return self._logits(x, self.pool(x)[0])
+
+    def encode(self, images: torch.Tensor, output_attentions: bool = False) -> Encoding:
+        """One pass over ``images`` (B, C, H, W): logits, the (projected) embedding, and when asked for every
+        layer's attention and the pooling probe's (see ``Encoding``)."""
+        x, attentions = self.tokens(images, output_attentions)
+        pooled, probe = self.pool(x)
+        embedding = self.hook_embedding(self.projection(pooled) if self.projection is not None else pooled)  # (B, E)
+        return Encoding(self._logits(x, pooled), embedding, attentions, probe if output_attentions else None)
+
+    def forward(self, images: torch.Tensor, output_attentions: bool = False
+                ) -> tuple[torch.Tensor | None, tuple[torch.Tensor, ...] | None]:
+        """``images`` (B, C, H, W) -> logits (B, classes) (None without a head), attentions (per layer
+        (B, nh, T, T)) or None."""
+        x, attentions = self.tokens(images, output_attentions)
+        return self.classify(x), attentions
+
+
+def _init_weights(module: nn.Module) -> None:
+    if isinstance(module, nn.Linear):
+        nn.init.trunc_normal_(module.weight, std=0.02)
+        if module.bias is not None:
+            nn.init.zeros_(module.bias)
+    elif isinstance(module, nn.LayerNorm):
+        nn.init.ones_(module.weight)
+        nn.init.zeros_(module.bias)
+    elif isinstance(module, nn.Conv2d):
+        # As a linear layer on the flattened patch (timm's lecun-normal-ish choice).
+        nn.init.trunc_normal_(module.weight, std=math.sqrt(1.0 / module.weight[0].numel()))
+        nn.init.zeros_(module.bias)
+
+
+def count_parameters(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
