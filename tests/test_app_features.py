@@ -234,7 +234,7 @@ def test_a_saev_file_opens_once_its_block_is_given_with_the_features_saevs_code_
     assert not [r for r in at.radio if r.key == "sae_strongest"]  # its file does not say which block it reads
     [error] = at.error
     assert "give the block" in error.value and "\n" not in error.value
-    at.number_input(key="sae_layer").set_value(LAYER)
+    at.number_input(key="sae_block").set_value(LAYER)
     at.run()
     assert not at.exception, [e.message for e in at.exception]
     with torch.no_grad():

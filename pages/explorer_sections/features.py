@@ -37,7 +37,7 @@ from vit.text import escape_markdown, visible
 
 TOGGLE_KEY, FOLDER_KEY, COUNT_KEY = "sae_view", "sae_folder", "sae_count"
 RUN_KEY = "sae_run"  # the SAE run picked, which fills the folder field
-LAYER_KEY = "sae_layer"  # the block a saev file reads (its file does not say)
+LAYER_KEY = "sae_block"  # the block a saev file reads (its file does not say)
 KEPT = ("sae_",)  # every key of this section but the chart's and the button's (read-only)
 HANDED_KEY = "explorer_sae"  # an SAE folder another page hands over (with ``explorer_checkpoint``, its model)
 FEATURE_KEY, TOKEN_KEY, EVERYWHERE_KEY = "sae_feature", "sae_token", "sae_everywhere"
