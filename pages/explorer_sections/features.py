@@ -101,12 +101,15 @@ def offer_download(text: str) -> bool:
     wanted = planned_sae(text)
     if not wanted.files:
         return False
-    st.caption(escape_markdown(wanted.summary))
-    if not st.button(f"Download {hub.format_bytes(wanted.size)}", key="features_download"):
+    box = st.empty()  # emptied once the download is done: its size, button and full bar said nothing more
+    panel = box.container()
+    panel.caption(escape_markdown(wanted.summary))
+    if not panel.button(f"Download {hub.format_bytes(wanted.size)}", key="features_download"):
         return True
-    bar = st.progress(0.0, text="Downloading…")
+    bar = panel.progress(0.0, text="Downloading…")
     hub.download(wanted, lambda done, total: bar.progress(
         min(done / max(total, 1), 1.0), text=f"{hub.format_bytes(done)} of {hub.format_bytes(total)}"))
+    box.empty()
     planned_sae.clear()
     return False
 
