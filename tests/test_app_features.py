@@ -234,7 +234,7 @@ def test_a_saev_file_opens_once_its_block_is_given_with_the_features_saevs_code_
     assert not [r for r in at.radio if r.key == "sae_strongest"]  # its file does not say which block it reads
     [error] = at.error
     assert "give the block" in error.value and "\n" not in error.value
-    at.number_input(key="sae_layer").set_value(LAYER)
+    at.number_input(key="sae_block").set_value(LAYER)
     at.run()
     assert not at.exception, [e.message for e in at.exception]
     with torch.no_grad():
@@ -374,10 +374,15 @@ def test_a_hub_sae_missing_from_the_cache_downloads_on_its_button_then_opens(def
     fake_hub.add("acme/saes", {f"prisma/{p.name}": p.read_bytes() for p in (tmp_path / "prisma").iterdir()})
     at = open_features(run_app(), "acme/saes/prisma")
     assert not fake_hub.fetched() and not [r for r in at.radio if r.key == "sae_strongest"]  # nothing before asked
+    offers = [c.value for c in at.caption if " files" in c.value and "kB" in c.value]  # its files' count and size
+    assert offers, "the size is shown before the download"
     at.button(key="features_download").click()
     at.run()
     assert not at.exception, [e.message for e in at.exception]
     assert sorted(fake_hub.fetched()) == ["prisma/config.json", "prisma/n_images_100.pt"]
+    # Once it is done, its size, its button and its full bar leave the section (they stayed until the next click).
+    assert not at.get("progress") and not [b for b in at.button if b.key == "features_download"]
+    assert not [c for c in at.caption if c.value in offers]
     with torch.no_grad():
         _, z = reference.encode(hand_stream(checkpoint.model, x))
     shows_the_strongest_of(at, z[0], checkpoint.model.num_prefix_tokens)

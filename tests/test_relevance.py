@@ -111,6 +111,14 @@ def chefer_reference(ours: ViT):
     ref = VisionTransformer(img_size=c.image_size, patch_size=c.patch_size, in_chans=c.num_channels,
                             num_classes=c.num_classes, embed_dim=c.hidden_size, depth=c.num_layers,
                             num_heads=c.num_heads, mlp_ratio=c.mlp_size / c.hidden_size, qkv_bias=c.qkv_bias)
+    if c.head_dim:  # the reference's attention is dim wide; its forward and relprop reshape to any width
+        from tests.reference.chefer.layers_ours import Linear
+
+        for block in ref.blocks:
+            inner = c.num_heads * c.head_dim
+            block.attn.qkv = Linear(c.hidden_size, 3 * inner, bias=c.qkv_bias)
+            block.attn.proj = Linear(inner, c.hidden_size)
+            block.attn.scale = c.head_dim ** -0.5
     state = {k.replace("patch_embed.", "patch_embed.proj."): v for k, v in ours.state_dict().items()}
     ref.load_state_dict(state, strict=True)
     ref.norm.eps = c.layer_norm_eps  # the reference's final norm has torch's default 1e-5
@@ -138,6 +146,17 @@ def test_transformer_attribution_matches_the_authors_code(model, index):
     expected = chefer_reference_map(ref, x, index)  # (1, gh*gw)
     ours = token_map(transformer_attribution(model, x, index), 0, (4, 4))  # (1, 4, 4)
     scale = expected.abs().max()  # relevances here are ~1e-5: compare on the map's own scale
+    torch.testing.assert_close(ours.flatten(1) / scale, expected.detach() / scale, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("head_dim", [4, 16])  # heads x head_dim narrower, then wider than hidden_size (32)
+def test_transformer_attribution_of_an_attention_not_as_wide_as_the_model_matches_the_authors_code(head_dim):
+    model = random_vit(dataclasses.replace(CONFIG, head_dim=head_dim))  # vit-pytorch's dim_head
+    ref = chefer_reference(model)
+    x = images(seed=2)
+    expected = chefer_reference_map(ref, x, 1)  # (1, gh*gw)
+    ours = token_map(transformer_attribution(model, x, 1), 0, (4, 4))  # (1, 4, 4)
+    scale = expected.abs().max()
     torch.testing.assert_close(ours.flatten(1) / scale, expected.detach() / scale, rtol=1e-5, atol=1e-6)
 
 

@@ -74,3 +74,29 @@ def test_timm_samvit_matches_timm(tmp_path):
     expected = [a.reshape(-1, 2, *a.shape[1:]) for a in attentions]  # timm's heads fold into its batch as HF's do
     assert_parity("SAM | timm samvit_base_patch16 | native", last_block(checkpoint, images), hidden.flatten(1, 2),
                   ours.attentions, expected)
+
+
+def test_timm_samvit_built_at_a_non_square_size_opens_at_that_size_and_matches_timm(tmp_path):
+    timm.layers.set_fused_attn(False)
+    try:
+        torch.manual_seed(0)
+        model = timm.create_model("samvit_base_patch16", pretrained=False, img_size=(32, 48), patch_size=8,
+                                  embed_dim=32, depth=3, num_heads=2, window_size=3, global_attn_indexes=[1],
+                                  neck_chans=8, num_classes=0)
+    finally:
+        timm.layers.set_fused_attn(True)
+    model = randomize(model)
+    timm.models.save_for_hf(model, tmp_path / "sam", model_args=dict(img_size=(32, 48), num_heads=2, window_size=3,
+                                                                    global_attn_indexes=[1]),
+                            safe_serialization=True)
+    checkpoint = open_source(tmp_path / "sam")
+    assert checkpoint.preprocessing.image_size == (32, 48)  # (height, width): timm's own, not a square
+    images = torch.randn(2, 3, 32, 48)
+    blocks = model.blocks
+    (hidden, ), attentions = capture_inputs([b.attn.attn_drop for b in blocks],
+                                            lambda: (blocks(model.patch_embed(images) + model.pos_embed),))
+    with torch.no_grad():
+        ours = checkpoint.model.encode(images, output_attentions=True)
+    expected = [a.reshape(-1, 2, *a.shape[1:]) for a in attentions]
+    assert_parity("SAM | timm samvit_base_patch16 | 32x48", last_block(checkpoint, images), hidden.flatten(1, 2),
+                  ours.attentions, expected)

@@ -255,3 +255,13 @@ def test_fine_tuning_a_rectangular_model_is_refused_in_one_line(tmp_path):
                                          r"\(2, 8\)\); training starts only from square ones") as error:
         prepare_init(str(tmp_path), num_classes=10)
     assert "\n" not in str(error.value)
+
+
+def test_chefers_lrp_opens_on_a_model_whose_heads_are_not_dim_wide(tmp_path):
+    """Its numbers are checked against the authors' code in test_relevance (their ViT has no patch norms)."""
+    from vit.explain.relevance import transformer_attribution
+
+    arguments = dict(image_size=32, patch_size=4, num_classes=10, dim=64, depth=2, heads=4, mlp_dim=128, dim_head=32)
+    checkpoint = open_source(save(tmp_path, randomize(vit_pytorch.ViT(**arguments)), arguments))
+    relevance = transformer_attribution(checkpoint.model, torch.randn(1, 3, 32, 32), 3)  # a shape error before
+    assert relevance.shape == (1, 65, 65) and relevance.isfinite().all()

@@ -16,7 +16,7 @@ from vit.images import UPLOAD_MAX_PIXELS, ImageError, open_image
 from vit.runfiles import parse_json, read_text_bounded
 from vit.text import escape_markdown, visible
 
-IMAGES_KEY = "sae_images"  # the folder the exemplars' images are read from
+IMAGES_KEY = "sae_exemplar_folder"  # the folder the exemplars' images are read from
 EXEMPLARS_SHOWN = 8
 THUMBNAIL_SIDE = 96
 

@@ -37,7 +37,7 @@ from vit.text import escape_markdown, visible
 
 TOGGLE_KEY, FOLDER_KEY, COUNT_KEY = "sae_view", "sae_folder", "sae_count"
 RUN_KEY = "sae_run"  # the SAE run picked, which fills the folder field
-LAYER_KEY = "sae_layer"  # the block a saev file reads (its file does not say)
+LAYER_KEY = "sae_block"  # the block a saev file reads (its file does not say)
 KEPT = ("sae_",)  # every key of this section but the chart's and the button's (read-only)
 HANDED_KEY = "explorer_sae"  # an SAE folder another page hands over (with ``explorer_checkpoint``, its model)
 FEATURE_KEY, TOKEN_KEY, EVERYWHERE_KEY = "sae_feature", "sae_token", "sae_everywhere"
@@ -101,12 +101,15 @@ def offer_download(text: str) -> bool:
     wanted = planned_sae(text)
     if not wanted.files:
         return False
-    st.caption(escape_markdown(wanted.summary))
-    if not st.button(f"Download {hub.format_bytes(wanted.size)}", key="features_download"):
+    box = st.empty()  # emptied once the download is done: its size, button and full bar said nothing more
+    panel = box.container()
+    panel.caption(escape_markdown(wanted.summary))
+    if not panel.button(f"Download {hub.format_bytes(wanted.size)}", key="features_download"):
         return True
-    bar = st.progress(0.0, text="Downloading…")
+    bar = panel.progress(0.0, text="Downloading…")
     hub.download(wanted, lambda done, total: bar.progress(
         min(done / max(total, 1), 1.0), text=f"{hub.format_bytes(done)} of {hub.format_bytes(total)}"))
+    box.empty()
     planned_sae.clear()
     return False
 

@@ -264,8 +264,8 @@ def _attention_relevances(model: ViT, cache: dict[str, Tensor], logits: Tensor, 
     for layer in reversed(range(len(model.blocks))):
         block = model.blocks[layer]
         t = {name: cache[f"blocks.{layer}.{name}"] for name in _TRACED}
-        B, T, D = t["hook_resid_pre"].shape
-        nh, hd = block.attn.num_heads, block.attn.head_dim
+        B, T, _ = t["hook_resid_pre"].shape
+        nh, hd = block.attn.num_heads, block.attn.head_dim  # nh * hd: the attention's width, not always the model's
         # x_out = mid + mlp(norm2(mid))
         r_mid, r_mlp = _add_relprop(r, t["hook_resid_mid"], t["hook_mlp_out"])
         r_mlp = _linear_relprop(r_mlp, t["mlp.hook_post"], block.mlp.fc2.weight)  # GELU and norm2: identity
@@ -273,7 +273,7 @@ def _attention_relevances(model: ViT, cache: dict[str, Tensor], logits: Tensor, 
         r = _clone_relprop(r_mid, r_mlp, t["hook_resid_mid"])
         # mid = x + attn(norm1(x))
         r_x, r_attn = _add_relprop(r, t["hook_resid_pre"], t["hook_attn_out"])
-        r_attn = _linear_relprop(r_attn, t["attn.hook_z"].reshape(B, T, D), block.attn.proj.weight)
+        r_attn = _linear_relprop(r_attn, t["attn.hook_z"].reshape(B, T, nh * hd), block.attn.proj.weight)
         r_attn = r_attn.view(B, T, nh, hd).transpose(1, 2)  # (B, nh, T, hd)
         r_probs, r_v = _matmul_relprop(r_attn, t["attn.hook_pattern"], t["attn.hook_v"])
         r_probs, r_v = r_probs / 2, r_v / 2
@@ -282,7 +282,7 @@ def _attention_relevances(model: ViT, cache: dict[str, Tensor], logits: Tensor, 
             break  # layer 0's input relevance is not needed
         r_q, r_k = _matmul_relprop(r_probs, t["attn.hook_q"], t["attn.hook_k"].transpose(-2, -1))  # softmax: identity
         r_q, r_k = r_q / 2, r_k.transpose(-2, -1) / 2
-        r_qkv = torch.stack([r_q, r_k, r_v]).permute(1, 3, 0, 2, 4).reshape(B, T, 3 * D)  # (B, T, 3D) as qkv's output
+        r_qkv = torch.stack([r_q, r_k, r_v]).permute(1, 3, 0, 2, 4).reshape(B, T, 3 * nh * hd)  # as qkv's output
         r_n1 = _linear_relprop(r_qkv, t["hook_attn_in"], block.attn.qkv.weight)  # norm1: identity
         r = _clone_relprop(r_x, r_n1, t["hook_resid_pre"])
     return cams[::-1]

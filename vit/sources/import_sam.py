@@ -47,7 +47,7 @@ def _layers(values, depth: int, what: str) -> tuple[int, ...]:
     return tuple(values)
 
 
-def _config(image_size: int, patch: int, channels: int, width: int, depth: int, heads: int, mlp: int,
+def _config(image_size: int | tuple[int, int], patch: int, channels: int, width: int, depth: int, heads: int, mlp: int,
             window: int, global_layers: tuple[int, ...], rel_pos: bool, abs_pos: bool, eps: float,
             pre_norm: bool = False) -> ViTConfig:
     return ViTConfig(image_size=image_size, patch_size=patch, num_channels=channels, num_classes=0,
@@ -126,10 +126,12 @@ def config_from_timm(name: str, state: Mapping[str, torch.Tensor], model_args: M
     rel_pos = "blocks.0.attn.rel_pos_h" in state
     window = int(args.get("window_size", 14))
     if "pos_embed" in state:
-        side = state["pos_embed"].shape[1]
+        grid = tuple(state["pos_embed"].shape[1:3])  # (1, gh, gw, D)
     else:
-        side = int(args.get("img_size", 1024)) // patch
-    return _config(side * patch, patch, channels, width, depth, int(heads), state["blocks.0.mlp.fc1.weight"].shape[0],
+        size = args.get("img_size", 1024)
+        grid = tuple(int(s) // patch for s in (size if isinstance(size, (list, tuple)) else (size, size)))
+    image_size = grid[0] * patch if grid[0] == grid[1] else (grid[0] * patch, grid[1] * patch)
+    return _config(image_size, patch, channels, width, depth, int(heads), state["blocks.0.mlp.fc1.weight"].shape[0],
                    window, _layers(list(global_layers), depth, "global_attn_indexes"), rel_pos, "pos_embed" in state,
                    1e-5, "norm_pre.weight" in state)  # timm's samvit norms are nn.LayerNorm's default; HF's 1e-6
 

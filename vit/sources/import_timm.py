@@ -275,5 +275,9 @@ def preprocessing_from_timm(name: str, config: ViTConfig, pretrained_cfg: Mappin
     mode = "square" if cfg.get("crop_mode") == "squash" else "shortest_edge"
     if config.num_channels == 1:
         mean, std = mean[:1], std[:1]
+    if isinstance(config.image_size, tuple):  # built at (height, width): its positions fit that grid only
+        # timm resizes keeping the ratio to cover (h, w) / crop_pct and crops the centre; a straight resize is
+        # the nearest Preprocessing holds
+        return Preprocessing(config.image_size, config.num_channels, mean, std, resample=interpolation)
     return Preprocessing(image_size, config.num_channels, mean, std, resize_size=resize, resize_mode=mode,
                          resample=interpolation)
