@@ -9,6 +9,10 @@ Chromium (``/usr/bin/chromium``, through Playwright) and writes:
 - ``explorer-dense.png``, ``explorer-dense-matches.png``: "What the patches represent" on the shipped CIFAR-10
   model (trained weights; none can be downloaded here) with its horse sample and its deer photo as the second
   image: PCA colours fitted on both, a clicked patch's similarity, and the correspondences of the two.
+- ``explorer-dense-dinov2.png``: the same section on a DINOv2-shaped model (ViT-S/14 with 4 registers, built by
+  transformers with *random* weights, converted with ``python -m vit.convert``) at 224 px on the horse photo,
+  layer 4: the PCA colours of an untrained network, whose tokens still carry the pixels through the residual
+  stream.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from helpers import CHROMIUM, CHROMIUM_ARGS, streamlit_app  # noqa: E402
 VIEWPORT = {"width": 1400, "height": 1000}
 SAMPLES = ROOT / "checkpoints" / "samples" / "cifar10-cifar-s"
 DENSE = ("explorer-dense.png", "explorer-dense-matches.png")
+DINOV2 = "explorer-dense-dinov2.png"
 
 
 def clip_between(page, top, bottom, pad: int = 8) -> dict:
@@ -69,6 +74,65 @@ def dense_section(page, out: Path) -> None:
                                                                     matches))
 
 
+def random_dinov2(folder: Path) -> Path:
+    """A DINOv2-shaped checkpoint (ViT-S/14, 4 registers, no classifier) with random weights, in ``folder`` with
+    the CIFAR-10 samples beside it; transformers builds it, ``vit.convert`` converts it."""
+    import subprocess
+
+    import torch
+    from transformers import Dinov2WithRegistersConfig, Dinov2WithRegistersModel
+
+    torch.manual_seed(0)
+    config = Dinov2WithRegistersConfig(hidden_size=384, num_hidden_layers=12, num_attention_heads=6,
+                                       intermediate_size=1536, patch_size=14, image_size=224, num_register_tokens=4)
+    hf = folder / "hf"
+    Dinov2WithRegistersModel(config).save_pretrained(hf)
+    target = folder / "checkpoints" / "dinov2-small-random.pt"
+    target.parent.mkdir(parents=True)
+    subprocess.run([sys.executable, "-m", "vit.convert", str(hf), "--out", str(target)], cwd=ROOT, check=True,
+                   stdout=subprocess.DEVNULL)
+    samples = target.parent / "samples" / target.stem
+    samples.mkdir(parents=True)
+    for name in ("horse_1.png", "deer_1.png"):
+        (samples / name).write_bytes((SAMPLES / name).read_bytes())
+    return target.parent
+
+
+def dinov2_dense(out: Path) -> None:
+    """The dense section's PCA colours and a patch's similarity on the random DINOv2-shaped model."""
+    import tempfile
+
+    from playwright.sync_api import sync_playwright
+
+    with tempfile.TemporaryDirectory() as folder:
+        checkpoints = random_dinov2(Path(folder))
+        with streamlit_app({"VIT_CHECKPOINTS_DIR": str(checkpoints)}, unset=("VIT_RUNS_DIR",)) as (url, _), \
+                sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+            page = browser.new_page(viewport={"width": VIEWPORT["width"], "height": 2400}, device_scale_factor=1)
+            page.set_default_timeout(300_000)
+            page.goto(url)
+            page.get_by_role("combobox", name="…or a sample image").click()
+            page.get_by_role("option", name="horse 1", exact=True).click()
+            page.get_by_text("What the patches represent").click()
+            page.get_by_text("Fitted on").first.wait_for()
+            # Layer 4 of 12: past it an untrained network's blocks mix the patches more and more.
+            page.get_by_role("combobox", name="Layer (its output after the final norm)").click()
+            page.get_by_role("option", name="4", exact=True).click()
+            page.get_by_text("layer 4.").wait_for()
+            page.get_by_role("combobox", name="Patch", exact=True).click()
+            page.keyboard.type("row 7, col 8")
+            page.keyboard.press("Enter")
+            page.get_by_text("Cosine similarity to patch row 7, col 8").wait_for()
+            page.wait_for_timeout(2500)
+            page.get_by_text("Layer (its output after the final norm)").evaluate(
+                "e => e.scrollIntoView({block: 'start'})")
+            heading = page.get_by_text("PCA colours", exact=True)
+            similarity = page.get_by_text("Cosine similarity to patch row 7, col 8")
+            page.screenshot(path=str(out / DINOV2), clip=clip_between(page, heading, similarity))
+            browser.close()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=str(ROOT / "docs"), help="folder for the PNGs (default docs/)")
@@ -110,7 +174,8 @@ def main(argv: list[str] | None = None) -> int:
         matrix.screenshot(path=str(out / "explorer-matrix.png"))
         dense_section(page, out)
         browser.close()
-    for name in ("explorer.png", "explorer-heads.png", "explorer-matrix.png", *DENSE):
+    dinov2_dense(out)
+    for name in ("explorer.png", "explorer-heads.png", "explorer-matrix.png", *DENSE, DINOV2):
         print(out / name)
     return 0
 
