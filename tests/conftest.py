@@ -32,9 +32,16 @@ torch.set_num_threads(1)
 
 
 def pytest_collection_modifyitems(config, items):
-    """Tests marked ``cuda`` need a CUDA GPU: skipped, with the reason, where there is none."""
+    """Tests marked ``cuda`` need a CUDA GPU: skipped, with the reason, where there is none. Under pytest-xdist
+    (``-n 2 --dist loadgroup``, the default in pyproject.toml) a module's tests stay on one worker (its module
+    fixtures, app servers and models, are built once), and every test on the Ray cluster shares one worker and
+    so one cluster."""
     import pytest
 
+    if config.pluginmanager.hasplugin("xdist"):
+        for item in items:
+            group = "ray-cluster" if "ray_cluster" in item.fixturenames else item.module.__name__
+            item.add_marker(pytest.mark.xdist_group(group))
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU (run them with: pytest -m cuda on a GPU machine)")

@@ -4,6 +4,7 @@ the explorer."""
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import time
 from pathlib import Path
@@ -13,7 +14,7 @@ from helpers import displayed
 from streamlit.testing.v1 import AppTest
 
 from vit.runfiles import read_config, read_status
-from vit.runs.manager import RunManager
+from vit.runs.manager import RunError, RunManager
 from vit.sae import main as sae_main
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -100,8 +101,10 @@ def test_an_sae_run_launches_stops_and_resumes_from_the_page(folders):
     wait(lambda: (read_status(status) or {}).get("step", 0) > stopped_at)
     resumes = read_config(runs_dir / "sae-run" / "config.json")["resumes"]
     assert [r["step"] for r in resumes] == [stopped_at]  # continued where it stopped, not from scratch
-    manager.stop("sae-run")
-    wait(lambda: manager.get("sae-run").state == "cancelled")
+    # Stopped again, unless it trained all its epochs while this test waited (a loaded machine: it did once).
+    with contextlib.suppress(RunError):
+        manager.stop("sae-run")
+    wait(lambda: manager.get("sae-run").state in ("cancelled", "completed"))
 
 
 def test_a_finished_sae_run_shows_its_curves_and_opens_the_explorer_with_its_folder(folders):
