@@ -60,18 +60,7 @@ def layer_pattern(model: nn.Module, layer: int, block_input: Tensor, grid: tuple
                   ) -> Tensor:
     """Layer ``layer``'s attention as the layer forms it, read at ``attn.hook_pattern`` (the block stops there):
     ``(B, H, T, T)``, a windowed layer's ``(B * nw, H, w*w, w*w)`` (``H x T x w*w`` values, not ``H x T²``)."""
-    kept: list[Tensor] = []
-
-    def stop(x: Tensor, hook) -> None:
-        kept.append(x)
-        raise _Enough
-
-    try:
-        with model.hooks([(f"blocks.{layer}.attn.hook_pattern", stop)]):
-            model.run_blocks(block_input, grid, layer, layer + 1)
-    except _Enough:
-        pass
-    return kept[0]
+    return read_block(model, layer, block_input, grid, ("attn.hook_pattern",))[0]
 
 
 def layer_rows(model: nn.Module, layer: int, block_input: Tensor, grid: tuple[int, int] | None,
@@ -92,18 +81,7 @@ def layer_rows(model: nn.Module, layer: int, block_input: Tensor, grid: tuple[in
 def layer_values(model: nn.Module, layer: int, block_input: Tensor, grid: tuple[int, int] | None = None) -> Tensor:
     """Layer ``layer``'s values ``(B, H, T, hd)``, read at ``attn.hook_v`` (the block stops there), each token's on
     its own position: a windowed layer's windows ``(B * nw, H, w*w, hd)`` are put back on the grid, padding dropped."""
-    kept: list[Tensor] = []
-
-    def stop(x: Tensor, hook) -> None:
-        kept.append(x)
-        raise _Enough
-
-    try:
-        with model.hooks([(f"blocks.{layer}.attn.hook_v", stop)]):
-            model.run_blocks(block_input, grid, layer, layer + 1)
-    except _Enough:
-        pass
-    v = kept[0]
+    [v] = read_block(model, layer, block_input, grid, ("attn.hook_v",))
     window = getattr(model.blocks[layer], "window", 0)
     if not window:
         return v
@@ -162,22 +140,28 @@ def layer_qkv(model: nn.Module, layer: int, block_input: Tensor, grid: tuple[int
               ) -> tuple[Tensor, Tensor, Tensor]:
     """Layer ``layer``'s queries (unscaled), keys and values as its hook points hold them, ``(B, H, T, hd)`` each
     (a windowed layer's per window); the block stops at ``attn.hook_v``."""
-    cache: dict[str, Tensor] = {}
+    q, k, v = read_block(model, layer, block_input, grid, ("attn.hook_q", "attn.hook_k", "attn.hook_v"))
+    return q, k, v
 
-    def keep(x: Tensor, hook) -> None:
-        cache[hook.name] = x
 
-    def stop(x: Tensor, hook) -> None:
-        cache[hook.name] = x
-        raise _Enough
+def read_block(model: nn.Module, layer: int, block_input: Tensor, grid: tuple[int, int] | None,
+               points: Sequence[str]) -> list[Tensor]:
+    """What block ``layer``'s hook points ``points`` (names within the block, in forward order) hold when it runs
+    on ``block_input``; the block stops at the last of them."""
+    kept: dict[str, Tensor] = {}
+    last = points[-1]
 
-    prefix = f"blocks.{layer}.attn."
+    def keep(x: Tensor, hook, point: str) -> None:
+        kept[point] = x
+        if point == last:
+            raise _Enough
+
     try:
-        with model.hooks([(prefix + "hook_q", keep), (prefix + "hook_k", keep), (prefix + "hook_v", stop)]):
+        with model.hooks([(f"blocks.{layer}.{point}", partial(keep, point=point)) for point in points]):
             model.run_blocks(block_input, grid, layer, layer + 1)
     except _Enough:
         pass
-    return cache[prefix + "hook_q"], cache[prefix + "hook_k"], cache[prefix + "hook_v"]
+    return [kept[point] for point in points]
 
 
 def bias_rows(model: nn.Module, layer: int, q: Tensor, queries: Sequence[int], grid: tuple[int, int] | None
