@@ -13,14 +13,13 @@ native-resolution towers (``is_native``) have no table: 2D sine-cosine positions
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 
 import torch
 
 from vit.model import ViTConfig
 from vit.sources.import_clip import _one, _vision_prefix, vision_config
-from vit.sources.import_dinov3 import _Taker, activation
+from vit.sources.import_dinov3 import _Taker, activation, timm_shape
 
 SUPPORTED = "AIMv2: HF Aimv2VisionModel / Aimv2Model folders (also native-resolution), timm aimv2_* weights"
 HF_HONOURED = {"hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_channels",
@@ -120,10 +119,7 @@ def config_from_timm(name: str, state: Mapping[str, torch.Tensor], model_args: M
     if "cls_token" in state or "patch_embed.norm.weight" not in state or "pos_embed" not in state:
         raise ValueError(f"timm {name}: only AIMv2's layout (no class token, a normed patch embedding, a position "
                          "table) is supported")
-    width, channels, patch, patch_w = state["patch_embed.proj.weight"].shape
-    if patch != patch_w:
-        raise ValueError(f"timm weights of {name} have non-square {patch}x{patch_w} patches")
-    depth = 1 + max(int(m.group(1)) for k in state if (m := re.match(r"^blocks\.(\d+)\.", k)))
+    width, channels, patch, depth = timm_shape(name, state)
     heads = args.get("num_heads") or HEADS_BY_WIDTH.get(width)
     if not heads:
         raise ValueError(f"cannot tell the number of heads of {name} (width {width}); give model_args.num_heads")

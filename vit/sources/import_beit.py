@@ -11,14 +11,13 @@ segmentation heads (``BeitForSemanticSegmentation``) are refused.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 
 import torch
 
 from vit.model import ViTConfig
 from vit.sources.hf import check_number
-from vit.sources.import_dinov3 import _linear, _Taker
+from vit.sources.import_dinov3 import _linear, _Taker, timm_shape
 
 SUPPORTED = ("BEiT / Data2Vec-vision: HF BeitModel, BeitForImageClassification, Data2VecVisionModel, "
              "Data2VecVisionForImageClassification folders and timm beit* / beitv2* weights")
@@ -142,10 +141,7 @@ def config_from_timm(name: str, state: Mapping[str, torch.Tensor], model_args: M
             raise ValueError(f"timm model_args.{key} of {name} is not supported by this program's BEiT")
     if "blocks.0.mlp.norm.weight" in state or "blocks.0.mlp.fc1_g.weight" in state:
         raise ValueError(f"timm {name}: BEiT's scale_mlp / SwiGLU MLPs are not supported")
-    width, channels, patch, patch_w = state["patch_embed.proj.weight"].shape
-    if patch != patch_w:
-        raise ValueError(f"timm weights of {name} have non-square {patch}x{patch_w} patches")
-    depth = 1 + max(int(m.group(1)) for k in state if (m := re.match(r"^blocks\.(\d+)\.", k)))
+    width, channels, patch, depth = timm_shape(name, state)
     heads = args.get("num_heads") or {768: 12, 1024: 16}.get(width)
     if not heads:
         raise ValueError(f"cannot tell the number of heads of {name} (width {width}); give model_args.num_heads")

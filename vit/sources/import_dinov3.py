@@ -51,6 +51,16 @@ HF_INERT = {"initializer_range", "drop_path_rate",  # initialisation; stochastic
             "apply_layernorm", "reshape_hidden_states", "out_features", "out_indices", "stage_names",
             "_out_features", "_out_indices", "return_class_token"}  # DINOv3ViTBackbone's outputs, not the model's
 
+def timm_shape(name: str, state: Mapping[str, torch.Tensor]) -> tuple[int, int, int, int]:
+    """``(width, channels, patch, depth)`` of timm ViT weights (``patch_embed.proj``, ``blocks.N``), which every
+    timm family's importer reads the same way; ValueError for non-square patches."""
+    width, channels, patch, patch_w = state["patch_embed.proj.weight"].shape
+    if patch != patch_w:
+        raise ValueError(f"timm weights of {name} have non-square {patch}x{patch_w} patches")
+    depth = 1 + max(int(m.group(1)) for k in state if (m := re.match(r"^blocks\.(\d+)\.", k)))
+    return width, channels, patch, depth
+
+
 
 def _get(config: Mapping, name: str, default=None):
     return config.get(name, default) if isinstance(config, Mapping) else getattr(config, name, default)
@@ -211,10 +221,7 @@ def config_from_timm(name: str, state: Mapping[str, torch.Tensor], model_args: M
     if "norm_layer" in args:
         raise ValueError(f"timm model_args.norm_layer of {name} cannot be read from a config; DINOv3 uses "
                          "LayerNorm(eps=1e-5)")
-    width, channels, patch, patch_w = state["patch_embed.proj.weight"].shape
-    if patch != patch_w:
-        raise ValueError(f"timm weights of {name} have non-square {patch}x{patch_w} patches")
-    depth = 1 + max(int(m.group(1)) for k in state if (m := re.match(r"^blocks\.(\d+)\.", k)))
+    width, channels, patch, depth = timm_shape(name, state)
     heads = args.get("num_heads") or HEADS_BY_WIDTH.get(width)
     if not heads:
         raise ValueError(f"cannot tell the number of heads of {name} (width {width}); give model_args.num_heads")

@@ -12,13 +12,12 @@ timm's default pooling is the mean of the patches with ``fc_norm``. The EVA-CLIP
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 
 import torch
 
 from vit.model import ViTConfig
-from vit.sources.import_dinov3 import _linear, _Taker
+from vit.sources.import_dinov3 import _linear, _Taker, timm_shape
 
 SUPPORTED = "EVA-02: timm eva02_* weights (not the EVA-CLIP towers)"
 HEADS_BY_WIDTH = {192: 3, 384: 6, 768: 12, 1024: 16}
@@ -44,10 +43,7 @@ def config_from_timm(name: str, state: Mapping[str, torch.Tensor], model_args: M
         raise ValueError(f"timm {name}: the EVA-CLIP attention norm (scale_attn_inner) is not supported")
     if args.get("use_rot_pos_emb", True) is not True or "pos_embed" not in state or "cls_token" not in state:
         raise ValueError(f"timm {name}: only EVA-02's layout (CLS token, position table and RoPE) is supported")
-    width, channels, patch, patch_w = state["patch_embed.proj.weight"].shape
-    if patch != patch_w:
-        raise ValueError(f"timm weights of {name} have non-square {patch}x{patch_w} patches")
-    depth = 1 + max(int(m.group(1)) for k in state if (m := re.match(r"^blocks\.(\d+)\.", k)))
+    width, channels, patch, depth = timm_shape(name, state)
     heads = args.get("num_heads") or HEADS_BY_WIDTH.get(width)
     if not heads:
         raise ValueError(f"cannot tell the number of heads of {name} (width {width}); give model_args.num_heads")

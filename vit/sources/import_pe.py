@@ -15,13 +15,12 @@ from __future__ import annotations
 
 import functools
 import json
-import re
 from collections.abc import Mapping
 
 import torch
 
 from vit.model import CONFIG_BOUNDS, ViTConfig
-from vit.sources.import_dinov3 import _linear, _Taker
+from vit.sources.import_dinov3 import _linear, _Taker, timm_shape
 
 SUPPORTED = "Perception Encoder: timm vit_pe_* weights (core, spatial, lang)"
 MODEL_ARGS_HONOURED = {"img_size", "patch_size", "in_chans", "num_classes", "global_pool", "embed_dim", "depth",
@@ -83,10 +82,7 @@ def config_from_timm(name: str, state: Mapping[str, torch.Tensor], model_args: M
         raise ValueError(f"timm {name}: only PE's layout (CLS token, position table, norm_pre) is supported")
     inert = {k: v for k, v in args.items() if k not in MODEL_ARGS_INERT}
     heads, pool_heads, ref, eps = _registry_facts(name, json.dumps(inert, sort_keys=True, default=str))
-    width, channels, patch, patch_w = state["patch_embed.proj.weight"].shape
-    if patch != patch_w:
-        raise ValueError(f"timm weights of {name} have non-square {patch}x{patch_w} patches")
-    depth = 1 + max(int(m.group(1)) for k in state if (m := re.match(r"^blocks\.(\d+)\.", k)))
+    width, channels, patch, depth = timm_shape(name, state)
     positions = state["pos_embed"].shape[1] - 1
     grid = int(round(positions ** 0.5))
     if grid * grid != positions:

@@ -12,13 +12,12 @@ the embedding here is the mean of the last block's patch tokens.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 
 import torch
 
 from vit.model import ViTConfig
-from vit.sources.import_dinov3 import _linear, _Taker
+from vit.sources.import_dinov3 import _linear, _Taker, timm_shape
 
 SUPPORTED = "SAM image encoders: HF SamVisionModel / SamModel folders and timm samvit_* weights"
 ARCHITECTURES = ("SamVisionModel", "SamModel")
@@ -113,10 +112,7 @@ def config_from_timm(name: str, state: Mapping[str, torch.Tensor], model_args: M
     if any(k.startswith("head.") and k.endswith("weight") for k in state):
         raise ValueError(f"timm {name}: a classifier on SAM's neck is not supported (the neck is not part of "
                          "this model)")
-    width, channels, patch, patch_w = state["patch_embed.proj.weight"].shape
-    if patch != patch_w:
-        raise ValueError(f"timm weights of {name} have non-square {patch}x{patch_w} patches")
-    depth = 1 + max(int(m.group(1)) for k in state if (m := re.match(r"^blocks\.(\d+)\.", k)))
+    width, channels, patch, depth = timm_shape(name, state)
     defaults = {768: (12, (2, 5, 8, 11)), 1024: (16, (5, 11, 17, 23)), 1280: (16, (7, 15, 23, 31))}.get(width)
     heads = args.get("num_heads") or (defaults[0] if defaults else None)
     global_layers = args.get("global_attn_indexes", defaults[1] if defaults else None)
