@@ -175,6 +175,10 @@ def test_correspondences_are_the_matching_notebooks_matches_kept_when_mutual(din
     np.testing.assert_allclose(ours.scores, np.sort(scores.numpy())[::-1], atol=1e-5)
     assert (np.diff(ours.scores) <= 0).all()
     assert len(vit.correspondences(checkpoint, a, checkpoint, b, top=3, size=size).matches) == min(3, len(mutual))
+    # mutual=False: the notebook's own one-way matches, every left patch to its most similar right patch
+    one_way = vit.correspondences(checkpoint, a, checkpoint, b, top=None, mutual=False, size=size)
+    assert len(forward) > len(mutual)  # the filter drops some here, so the two settings differ
+    assert sorted(map(tuple, one_way.matches.tolist())) == list(enumerate(forward.tolist()))
 
 
 @pytest.mark.slow

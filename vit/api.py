@@ -613,12 +613,12 @@ def correspondences(checkpoint_a: Checkpoint, image_a: ImageLike, checkpoint_b: 
     similar A patch is it (``mutual``)."""
     from vit.app import dense
 
-    image_a, size, analysis_a = _analysed(checkpoint_a, image_a, size)
-    image_b, _, analysis_b = _analysed(checkpoint_b, image_b, size)
     if top is not None and (isinstance(top, bool) or not isinstance(top, (int, np.integer)) or top < 1):
         raise ValueError(f"top must be a whole number of at least 1 (or None for every match), got {top!r}")
+    image_a, size, analysis_a = _analysed(checkpoint_a, image_a, size)
+    image_b, _, analysis_b = _analysed(checkpoint_b, image_b, size)
     view = dense.match_view(checkpoint_a, analysis_a, checkpoint_b, analysis_b, top,
-                            dense.layer_index(analysis_a, layer), dense.layer_index(analysis_b, layer))
+                            dense.layer_index(analysis_a, layer), dense.layer_index(analysis_b, layer), mutual)
     seen_a = seen_region(image_a, checkpoint_a.preprocessing, size)
     seen_b = seen_region(image_b, checkpoint_b.preprocessing, size)
     return Correspondences(np.stack([view.a, view.b], axis=-1), view.score.astype(np.float32),
