@@ -32,10 +32,10 @@ torch.set_num_threads(1)
 
 
 def pytest_collection_modifyitems(config, items):
-    """Tests marked ``cuda`` need a CUDA GPU: skipped, with the reason, where there is none. Under pytest-xdist
-    (``-n 2 --dist loadgroup``, the default in pyproject.toml) a module's tests stay on one worker (its module
-    fixtures, app servers and models, are built once), and every test on the Ray cluster shares one worker and
-    so one cluster."""
+    """Tests marked ``cuda`` need a CUDA GPU: skipped, with the reason, where there is none. When run in two
+    processes (``pytest -n 2 --dist loadgroup``, opt-in: the README's command is serial), a module's tests stay
+    on one worker (its module fixtures, app servers and models, are built once), and every test on the Ray
+    cluster shares one worker and so one cluster."""
     import pytest
 
     if config.pluginmanager.hasplugin("xdist"):

@@ -72,7 +72,8 @@ def exemplars(view: Shown, sae: SparseAutoencoder, folder: str, version: tuple, 
         st.caption(f"features.npz describes images of {table.tokens_per_image} tokens; the model reads "
                    f"{config.num_prefix_tokens + config.num_patches} at its own size: no crops can be placed.")
         return
-    st.session_state.setdefault(IMAGES_KEY, metrics_data(folder))
+    if IMAGES_KEY not in st.session_state:  # metrics.json read once, not on every rerun
+        st.session_state[IMAGES_KEY] = metrics_data(folder)
     images_folder = st.text_input("Exemplar images folder", key=IMAGES_KEY,
                                   help="The folder the SAE was trained from (python -m vit.sae train --data): "
                                        "features.npz names its images relative to it.").strip()

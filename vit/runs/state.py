@@ -19,7 +19,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from vit.runfiles import STALE_SECONDS, timestamp
+from vit.runfiles import STALE_SECONDS, pid_alive, timestamp
 
 STATES = ("queued", "running", "completed", "failed", "cancelled", "crashed", "damaged")
 ACTIVE_STATES = ("queued", "running")
@@ -201,13 +201,7 @@ def process_alive(session: dict) -> tuple[bool | None, int | None]:
     if info is None:
         if sys.platform.startswith("linux"):
             return False, None
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return False, None
-        except PermissionError:
-            pass
-        return True, None
+        return pid_alive(pid), None
     state, started = info
     if state in ("Z", "X") or (session.get("proc_start") is not None and started != session["proc_start"]):
         return False, None  # a zombie, or the pid now belongs to another process
