@@ -13,7 +13,6 @@ import streamlit as st
 from pages.explorer_sections import feature_exemplars, features
 from vit.features import explore
 from vit.features.sae import SAEError, check_fits
-from vit.images import ImageError
 from vit.runs.launch import default_data_roots, folder_problem, resolve_dataset
 from vit.sources.open import open_source
 from vit.text import escape_markdown, visible
@@ -72,7 +71,8 @@ def feature_browser(model_path: str) -> None:
         return
     st.caption(f"{len(table.frequency):,} features of layer {layer}'s output. "
                + (features.metrics_line(folder) or ""))
-    st.session_state.setdefault(IMAGES_KEY, feature_exemplars.metrics_data(folder))
+    if IMAGES_KEY not in st.session_state:  # metrics.json read once, not on every rerun
+        st.session_state[IMAGES_KEY] = feature_exemplars.metrics_data(folder)
     images = st.text_input("Exemplar images folder", key=IMAGES_KEY,
                            help="The folder the SAE was trained from (--data): features.npz names its images "
                                 "relative to it. It must lie in the data folders.").strip()
@@ -98,12 +98,4 @@ def feature_browser(model_path: str) -> None:
         found = table.exemplars(latent, distinct=True)[:EXEMPLARS_PER_FEATURE]
         if not images:
             continue
-        columns = st.columns(EXEMPLARS_PER_FEATURE)
-        for column, (name, token, value) in zip(columns, found, strict=False):
-            with column:
-                try:
-                    st.image(feature_exemplars.exemplar_thumbnail(images, name, token, checkpoint, config.grid_size,
-                                                config.num_prefix_tokens), output_format="PNG")
-                except (ImageError, ValueError, OSError) as e:
-                    st.text(visible(str(e))[:120])
-                st.text(f"{feature_exemplars.short_name(name)}\n{value:.3g}")
+        feature_exemplars.exemplar_row(found, images, checkpoint, EXEMPLARS_PER_FEATURE)

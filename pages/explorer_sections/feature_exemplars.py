@@ -81,11 +81,16 @@ def exemplars(view: Shown, sae: SparseAutoencoder, folder: str, version: tuple, 
     st.caption(f"Fires on {float(table.frequency[latent]):.2%} of the held-out tokens.")
     if not found or not images_folder:
         return
-    columns = st.columns(EXEMPLARS_SHOWN)
-    for column, (name, token, value) in zip(columns, found, strict=False):
+    exemplar_row(found, images_folder, view.full_checkpoint, EXEMPLARS_SHOWN)
+
+
+def exemplar_row(found: list, images_folder: str, checkpoint: Checkpoint, columns: int) -> None:
+    """Exemplars ``(name, token, value)`` as crops in ``columns`` columns, each with its short name and value."""
+    config = checkpoint.model.config
+    for column, (name, token, value) in zip(st.columns(columns), found, strict=False):
         with column:
             try:
-                st.image(exemplar_thumbnail(images_folder, name, token, view.full_checkpoint, config.grid_size,
+                st.image(exemplar_thumbnail(images_folder, name, token, checkpoint, config.grid_size,
                                             config.num_prefix_tokens), output_format="PNG")
             except (ImageError, ValueError, OSError) as e:
                 st.text(visible(str(e))[:120])
