@@ -11,6 +11,7 @@ from test_app import APP, CLASSES, TIMEOUT, charts, overlay_caption, sidebar_wid
 from test_app_features import open_features
 from test_app_mechanism import open_mechanism, sample_input, switch_heads_off
 
+from vit.app import explorer
 from vit.explain.mechanism import ablate_heads
 from vit.runs.access import TOKEN_ENV
 
@@ -81,6 +82,9 @@ def test_a_link_to_an_upload_the_server_no_longer_holds_asks_for_it_again():
 def test_a_links_map_is_the_map_shown(kind):
     at = open_link({"map": kind})
     assert at.query_params["map"] in (kind, [kind])
+    # The page drew that map, not only kept the parameter: rollout is a main map, LeGrad one of the other methods.
+    assert at.session_state["map_kind"] == (kind if kind == "rollout" else explorer.MORE_METHODS)
+    assert kind == "rollout" or at.session_state["method_kind"] == kind
 
 
 def url(at: AppTest) -> dict[str, str]:

@@ -61,6 +61,7 @@ from vit.cli import (  # noqa: F401 (the other commands import the shared pieces
     positive_int,
     run_cli,
 )
+from vit.text import duration
 
 if TYPE_CHECKING:
     import numpy as np
@@ -117,9 +118,9 @@ class ForwardProgress:
         if elapsed < self.after_s or now - self.printed < self.every_s:
             return None
         self.printed = now
-        left = (f"about {_duration(elapsed / self.done * (self.num_layers - self.done))} left" if self.done
+        left = (f"about {duration(elapsed / self.done * (self.num_layers - self.done))} left" if self.done
                 else "estimating the time left")
-        return (f"{PROG}: layer {self.done + 1} of {self.num_layers} running, {_duration(elapsed)} into this "
+        return (f"{PROG}: layer {self.done + 1} of {self.num_layers} running, {duration(elapsed)} into this "
                 f"forward, {left} (Ctrl-C stops it)")
 
     def _loop(self) -> None:
@@ -135,11 +136,6 @@ class ForwardProgress:
     def __exit__(self, *exc) -> None:
         self._stop.set()
         self._thread.join()
-
-
-def _duration(seconds: float) -> str:
-    seconds = round(seconds)
-    return f"{seconds} s" if seconds < 60 else f"{seconds // 60} min {seconds % 60:02d} s"
 
 
 def resolve_device(spec: str) -> torch.device:

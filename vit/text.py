@@ -52,3 +52,12 @@ def visible(text: object) -> str:
 def visible_lines(text: str) -> str:
     """``visible`` for each line of ``text`` (a log's tail), its line breaks kept."""
     return "\n".join(visible(line) for line in text.split("\n"))
+
+
+def duration(seconds: float) -> str:
+    """A duration as a progress line writes it: '42 s', '3 min 05 s', '2 h 07 min'."""
+    seconds = round(seconds)
+    if seconds < 60:
+        return f"{seconds} s"
+    minutes, seconds = divmod(seconds, 60)
+    return f"{minutes} min {seconds:02d} s" if minutes < 60 else f"{minutes // 60} h {minutes % 60:02d} min"

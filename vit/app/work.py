@@ -19,6 +19,8 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from vit.text import duration
+
 Progress = Callable[[int, int], None]  # progress(done, total): passes done so far of total; may raise Stopped
 
 LEASE_S = 10.0  # no page looked at a work this long: nobody sees it any more (a page looks every second)
@@ -145,7 +147,7 @@ class Work:
         if self.total <= 0:  # running, before its first report: "0 of 0" would say it has nothing to do
             return f"{self.label}: starting…"
         left = self.seconds_left()
-        eta = "estimating the time left" if left is None else f"about {_duration(left)} left"
+        eta = "estimating the time left" if left is None else f"about {duration(left)} left"
         return f"{self.label}: {self.done} of {self.total} {self.unit}, {eta}"
 
     # -- what the computation calls ----------------------------------------------------------------------------
@@ -191,9 +193,3 @@ class Work:
             self._finished.set()
 
 
-def _duration(seconds: float) -> str:
-    seconds = round(seconds)
-    if seconds < 60:
-        return f"{seconds} s"
-    minutes, seconds = divmod(seconds, 60)
-    return f"{minutes} min {seconds:02d} s" if minutes < 60 else f"{minutes // 60} h {minutes % 60:02d} min"
