@@ -51,9 +51,11 @@ def fresh_page(browser):
 
 
 def settled(page) -> None:
+    """The last rerun has finished and the overlay chart has drawn its image (Plotly draws after the script ends)."""
     page.wait_for_function(SCRIPT_DONE)
     page.wait_for_timeout(500)  # a rerun a click asked for has started by now
     page.wait_for_function(SCRIPT_DONE)
+    page.wait_for_function(f"({OVERLAY_HREF})() !== null")
 
 
 def overlay_png(page) -> bytes:
