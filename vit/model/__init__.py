@@ -23,8 +23,9 @@ embedding, every layer's attention and the pooling probe's); ``forward`` is its 
 The package, by concern (the forward still written once): ``config`` (``ViTConfig``, its bounds, ``PRESETS``),
 ``positions`` (position tables, rotary and sine-cosine embeddings), ``layouts`` (what a query attends to and what is
 added to its logits: relative position biases, windows), ``hooks`` (hook points and relevance rules), ``blocks``
-(norms, attention, the MLP, the pooling probe, the block) and ``vision_transformer`` (``ViT``). Every public name
-is importable from ``vit.model``.
+(norms, attention, the MLP, the pooling probe, the block), ``stages`` (hierarchical models: Swin's shifted windows,
+its position biases and patch merging, each layer's grid; its docstring holds the stage design) and
+``vision_transformer`` (``ViT``). Every public name is importable from ``vit.model``.
 """
 
 from vit.model.blocks import (
@@ -71,10 +72,25 @@ from vit.model.positions import (
     rotate_pairs,
     sincos_positions,
 )
+from vit.model.stages import (
+    LayerLayout,
+    PatchMerging,
+    SwinPositionBias,
+    SwinV2PositionBias,
+    covering_token,
+    merge_matrix,
+    shift_mask,
+    shift_windows,
+    unshift_windows,
+    window_and_shift,
+    window_tokens,
+)
 from vit.model.vision_transformer import Encoding, ViT, count_parameters
 
 __all__ = [
-    "ACTIVATIONS", "Attention", "AttentionPool", "Block", "CONFIG_BOUNDS", "Encoding",
+    "ACTIVATIONS", "Attention", "LayerLayout", "PatchMerging", "SwinPositionBias", "SwinV2PositionBias",
+    "covering_token", "merge_matrix", "shift_mask", "shift_windows", "unshift_windows", "window_and_shift",
+    "window_tokens", "AttentionPool", "Block", "CONFIG_BOUNDS", "Encoding",
     "Hook", "HookPoint", "LayerNorm", "MAX_LAYER_SCALE", "MAX_ROPE_THETA", "MLP", "NORMS", "PLAIN_RULES",
     "POOLINGS", "POOL_HEADS", "PREFIX_POSITIONS", "PRESETS", "Parent", "REL_POS", "RMSNorm", "ROPES",
     "RelativePositionBias", "Rules", "ViT", "ViTConfig", "activate", "apply_rope", "beit_relative_position_index",

@@ -11,8 +11,18 @@ from torch import nn
 
 from vit.model.config import ViTConfig
 from vit.model.hooks import PLAIN_RULES, HookPoint, _hooks, _rules, activate
-from vit.model.layouts import RelativePositionBias, decomposed_rel_pos, window_partition, window_unpartition
+from vit.model.layouts import RelativePositionBias, decomposed_rel_pos
 from vit.model.positions import apply_rope
+from vit.model.stages import (
+    LayerLayout,
+    PatchMerging,
+    SwinPositionBias,
+    SwinV2PositionBias,
+    shift_mask,
+    shift_windows,
+    unshift_windows,
+    window_and_shift,
+)
 
 # One fused attention call on a CPU does at most this many FLOPs (~0.1 s on 2 cores): between calls Python runs,
 # so Ctrl-C and a page's Stop are heard within a second even at 65,537 tokens, where one whole layer's call took a
@@ -96,6 +106,14 @@ class Attention(Parent):
         self.rel_pos_h = nn.Parameter(torch.zeros(2 * side - 1, self.head_dim)) if config.rel_pos == "sam" else None
         self.rel_pos_w = (nn.Parameter(torch.zeros(2 * (window or config.grid_size[1]) - 1, self.head_dim))
                           if config.rel_pos == "sam" else None)
+        # Swin's table over a window's offsets, or Swin V2's continuous bias from its MLP.
+        self.window_bias = (SwinPositionBias(config.window_size, self.num_heads) if config.rel_pos == "swin" else
+                            SwinV2PositionBias(config.window_size, self.num_heads, config.pretrained_window)
+                            if config.rel_pos == "swinv2" else None)
+        # Swin V2's cosine attention: unit q and k, their product times exp(logit_scale) (clamped at 100, as HF and
+        # timm do) instead of 1 / sqrt(head_dim).
+        self.logit_scale = (nn.Parameter(torch.log(10 * torch.ones(self.num_heads, 1, 1)))
+                            if config.attention == "cosine" else None)
         # (B, nh, T, hd) each, q and k after rotary positions; the bias (B or 1, nh, T, T) added to the scaled logits
         # before the softmax (only in models with one); the pattern (B, nh, T, T) exists only when it is asked for or
         # hooked (else the fused path runs); z (B, T, nh, hd) is each head's context. In a windowed layer B counts
@@ -134,6 +152,8 @@ class Attention(Parent):
         if self.rel_pos_bias is not None:
             own = self.rel_pos_bias(grid, rows)  # (nh, n or N, N)
             bias = own if bias is None else bias + own
+        if self.window_bias is not None:
+            bias = self.window_bias()  # (nh, w*w, w*w)
         if bias is not None:
             bias = bias[None].to(q.dtype)  # (1, nh, N, N)
         if self.rel_pos_h is not None:
@@ -142,20 +162,27 @@ class Attention(Parent):
 
     def forward(self, x: torch.Tensor, output_attentions: bool = False,
                 rope: tuple[torch.Tensor, torch.Tensor] | None = None, queries: int | None = None,
-                grid: tuple[int, int] | None = None, shared_bias: torch.Tensor | None = None
-                ) -> tuple[torch.Tensor, torch.Tensor | None]:
+                grid: tuple[int, int] | None = None, shared_bias: torch.Tensor | None = None,
+                mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """``x`` (B, N, C) -> the attention's output (B, n, C) and its probabilities (B, nh, n, N) when asked, for
         the first ``n = queries`` tokens' queries (None: all N) against every key. ``grid``: the patch grid of the
         tokens (a window's, in a windowed layer), which a relative position bias needs; ``shared_bias`` (nh, N, N):
-        the bias every layer adds (BEiT's shared table)."""
+        the bias every layer adds (BEiT's shared table); ``mask`` (B, 1, N, N): added to the logits too (Swin's
+        shifted-window mask)."""
         B, N, C = x.shape
         q, k, v = self.queries_keys_values(x, rope)  # each (B, nh, N, hd)
+        scale = 1.0 / math.sqrt(self.head_dim)
+        if self.logit_scale is not None:  # cosine attention: the scale goes into q, the softmax's is 1
+            limit = torch.clamp(self.logit_scale, max=math.log(100.0)).exp()  # (nh, 1, 1)
+            q, k, scale = F.normalize(q, dim=-1) * limit.to(q.dtype), F.normalize(k, dim=-1), 1.0
         if queries is not None:
             if self.rel_pos_h is not None:
                 raise ValueError("SAM's relative positions read every query; run the layer on all of them")
             q = q[:, :, :queries]  # (B, nh, n, hd)
         q, k, v = self.hook_q(q), self.hook_k(k), self.hook_v(v)
         bias = self.logit_bias(q, grid, shared_bias)  # (B or 1, nh, N, N) or None
+        if mask is not None:
+            bias = mask.to(q.dtype) if bias is None else bias + mask.to(q.dtype)  # (B, nh, N, N)
         if bias is not None:
             bias = self.hook_bias(bias[:, :, :q.shape[2]])  # (B or 1, nh, n, N)
         rules = _rules.get()
@@ -165,29 +192,29 @@ class Attention(Parent):
         dropout_p = self.attention_dropout if self.training else 0.0
         pattern = self.hook_pattern
         if output_attentions or pattern in _hooks.get():  # the probabilities are asked for, or hooked
-            scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(self.head_dim))  # (B, nh, n, N)
+            scores = (q @ k.transpose(-2, -1)) * scale  # (B, nh, n, N)
             if bias is not None:
                 scores = scores + bias
             probs = pattern(scores.softmax(dim=-1))
             y = F.dropout(probs, dropout_p, self.training) @ v  # (B, nh, n, hd)
         else:
             probs = None
-            y = fused_attention(q, k, v, dropout_p, bias)  # (B, nh, n, hd)
+            y = fused_attention(q, k, v, dropout_p, bias, None if self.logit_scale is None else 1.0)  # (B, nh, n, hd)
         z = self.hook_z(y.transpose(1, 2))  # (B, n, nh, hd): each head's context, before the projection
         return self.proj_dropout(self.proj(z.reshape(B, q.shape[2], -1))), probs if output_attentions else None
 
 
 def fused_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float = 0.0,
-                    bias: torch.Tensor | None = None) -> torch.Tensor:
+                    bias: torch.Tensor | None = None, scale: float | None = None) -> torch.Tensor:
     """``scaled_dot_product_attention`` of q (B, nh, n, hd) against k, v (B, nh, N, hd), ``bias`` (B or 1, nh, n,
-    N) added to the logits: on a CPU in query chunks of at most ``FUSED_CHUNK_FLOPS`` each (a row's softmax runs
-    along the keys, which every chunk holds whole, so each chunk is exactly those rows of the whole call); on a
-    GPU whole, as its calls return at once."""
+    N) added to the logits (``scale``: of q . k, None for 1 / sqrt(hd)): on a CPU in query chunks of at most
+    ``FUSED_CHUNK_FLOPS`` each (a row's softmax runs along the keys, which every chunk holds whole, so each chunk is
+    exactly those rows of the whole call); on a GPU whole, as its calls return at once."""
     B, nh, n, hd = q.shape
     rows = max(1, FUSED_CHUNK_FLOPS // (4 * B * nh * k.shape[2] * hd))
     if q.device.type != "cpu" or rows >= n:
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=dropout_p)
-    return torch.cat([F.scaled_dot_product_attention(q[:, :, s:s + rows], k, v, dropout_p=dropout_p,
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=dropout_p, scale=scale)
+    return torch.cat([F.scaled_dot_product_attention(q[:, :, s:s + rows], k, v, dropout_p=dropout_p, scale=scale,
                                                      attn_mask=None if bias is None else bias[:, :, s:s + rows])
                       for s in range(0, n, rows)], dim=2)  # (B, nh, n, hd)
 
@@ -273,31 +300,58 @@ def drop_path(x: torch.Tensor, rate: float, training: bool) -> torch.Tensor:
 
 class Block(Parent):
     """Pre-norm encoder block: x + MSA(LN(x)), then x + MLP(LN(x)) (each branch times its layer scale, if any);
-    with ``post_norm``: LN(x + MSA(x)), then LN(x + MLP(x))."""
+    with ``post_norm``: LN(x + MSA(x)), then LN(x + MLP(x)); with ``res_post_norm`` (Swin V2): x + LN(MSA(x)),
+    then x + LN(MLP(x)). The first block of a later stage opens with its ``merge`` (``vit.model.stages``)."""
 
-    def __init__(self, config: ViTConfig, drop_path_rate: float = 0.0, window: int = 0) -> None:
+    def __init__(self, config: ViTConfig, drop_path_rate: float = 0.0, window: int = 0, shift: bool = False,
+                 merge: PatchMerging | None = None) -> None:
         super().__init__()
-        self.window = window  # SAM / ViTDet: the attention runs in window x window patches; 0: globally
-        # Post-norm blocks normalise the residual stream after each sum instead (post_norm1/2); norm1 and norm2
-        # are then identities, so norm1(x) is still what the attention reads.
+        self.window = window  # SAM / ViTDet / Swin: the attention runs in window x window patches; 0: globally
+        self.shift = shift  # Swin: this block shifts its windows by half a window (where the grid allows)
+        self.table_window = config.rel_pos in ("swin", "swinv2")  # Swin's windows never exceed the grid
+        self.shift_padded = config.shift_padded
+        self.merge = merge  # the downsampling block opening this block's stage (None: the grid stays)
+        # Post-norm blocks normalise the residual stream after each sum instead (post_norm1/2), Swin V2 each
+        # branch before it (res_norm1/2); norm1 and norm2 are then identities, so norm1(x) is still what the
+        # attention reads.
         d = config.hidden_size
-        self.norm1 = nn.Identity() if config.post_norm else make_norm(config, d)
+        plain = not (config.post_norm or config.res_post_norm)
+        self.norm1 = make_norm(config, d) if plain else nn.Identity()
         self.attn = Attention(config, window)
-        self.norm2 = nn.Identity() if config.post_norm else make_norm(config, d)
+        self.norm2 = make_norm(config, d) if plain else nn.Identity()
         self.mlp = MLP(config)
         post = config.post_norm
         self.post_norm1 = make_norm(config, d) if post else None
         self.post_norm2 = make_norm(config, d) if post else None
+        self.res_norm1 = make_norm(config, d) if config.res_post_norm else None
+        self.res_norm2 = make_norm(config, d) if config.res_post_norm else None
         self.drop_path_rate = drop_path_rate
         # Layer scale (CaiT, DINOv2): a learned per-channel gain on each residual branch.
         scale = config.layer_scale
         self.ls1 = nn.Parameter(torch.full((config.hidden_size,), float(scale))) if scale is not None else None
         self.ls2 = nn.Parameter(torch.full((config.hidden_size,), float(scale))) if scale is not None else None
         # Each (B, T, D): the block's input, norm1(x), the attention branch as added (after layer scale), the
-        # stream between the branches, norm2(mid), the MLP branch as added, the block's output.
+        # stream between the branches, norm2(mid), the MLP branch as added, the block's output. A block with a
+        # merge: hook_resid_pre is the stream as it arrives (the previous stage's grid and width), hook_merged the
+        # merged one, on this block's grid (B, T', D').
         self.hook_resid_pre, self.hook_attn_in, self.hook_attn_out = HookPoint(), HookPoint(), HookPoint()
         self.hook_resid_mid, self.hook_mlp_in, self.hook_mlp_out = HookPoint(), HookPoint(), HookPoint()
         self.hook_resid_post = HookPoint()
+        self.hook_merged = HookPoint() if merge is not None else None
+
+    def grid_after(self, grid: tuple[int, int]) -> tuple[int, int]:
+        """This block's own grid, given the grid of the stream it receives (its merge's output grid, if any)."""
+        return self.merge.grid_after(grid) if self.merge is not None else tuple(grid)
+
+    def layout(self, grid: tuple[int, int]) -> LayerLayout:
+        """Where this block's attention sits, on its own ``grid``: window side and cyclic shift (0: none)."""
+        if not self.window:
+            return LayerLayout(tuple(grid))
+        if self.table_window:
+            window, shift = window_and_shift(grid, self.window, self.shift)
+        else:
+            window, shift = self.window, 0
+        return LayerLayout(tuple(grid), window, shift, self.shift_padded)
 
     def forward(self, x: torch.Tensor, output_attentions: bool = False,
                 rope: tuple[torch.Tensor, torch.Tensor] | None = None, queries: int | None = None,
@@ -305,20 +359,34 @@ class Block(Parent):
                 ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """``x`` (B, T, D) -> the block's output for its first ``queries`` tokens (None: all), which attend to
         every token, and the attention (B, nh, queries or T, T) when asked; a windowed block's is each window's,
-        ``(B * nw, nh, w*w, w*w)`` (``window_partition``'s order). ``grid``: the patch grid (needed by windows and
-        relative positions); ``shared_bias``: the bias every layer adds (BEiT's shared table)."""
+        ``(B * nw, nh, w*w, w*w)`` (``window_partition``'s order, after the cyclic shift in a shifting block).
+        ``grid``: the patch grid of ``x`` (needed by windows, relative positions and a merge; after a merge the
+        block works on ``grid_after(grid)``); ``shared_bias``: the bias every layer adds (BEiT's shared table)."""
         x = self.hook_resid_pre(x)
+        if self.merge is not None:
+            if grid is None:
+                raise ValueError("this block merges patches, so the patch grid must be given")
+            x = self.hook_merged(self.merge(x, grid))  # (B, T', D')
+            grid = self.merge.grid_after(grid)
         h = self.hook_attn_in(self.norm1(x))
         if self.window:
             if grid is None:
                 raise ValueError("this model attends within windows, so the patch grid must be given")
-            w = self.window
-            y, probs = self.attn(window_partition(h, grid, w), output_attentions, rope, None, (w, w), shared_bias)
-            y = window_unpartition(y, grid, w)[:, :queries]  # (B, T or queries, D)
+            layout = self.layout(grid)
+            w, s = layout.window, layout.shift
+            windows = shift_windows(h, grid, w, s, self.shift_padded)  # (B * nw, w*w, D)
+            mask = None
+            if s:
+                mask = shift_mask(grid, w, s).to(h.device)  # (nw, n, n)
+                mask = mask.repeat(h.shape[0], 1, 1)[:, None]  # (B * nw, 1, n, n)
+            y, probs = self.attn(windows, output_attentions, rope, None, (w, w), shared_bias, mask)
+            y = unshift_windows(y, grid, w, s, self.shift_padded)[:, :queries]  # (B, T or queries, D)
         else:
             y, probs = self.attn(h, output_attentions, rope, queries, grid, shared_bias)
         if queries is not None:
             x = x[:, :queries]  # (B, n, D)
+        if self.res_norm1 is not None:
+            y = self.res_norm1(y)
         if self.ls1 is not None:
             y = y * self.ls1
         x = x + drop_path(self.hook_attn_out(y), self.drop_path_rate, self.training)
@@ -326,6 +394,8 @@ class Block(Parent):
             x = self.post_norm1(x)
         x = self.hook_resid_mid(x)
         y = self.mlp(self.hook_mlp_in(self.norm2(x)))
+        if self.res_norm2 is not None:
+            y = self.res_norm2(y)
         if self.ls2 is not None:
             y = y * self.ls2
         x = x + drop_path(self.hook_mlp_out(y), self.drop_path_rate, self.training)

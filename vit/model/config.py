@@ -73,6 +73,16 @@ class ViTConfig:
     pool_heads: int = 0  # heads of the attention-pooling probe; 0: num_heads (PE's probe has 8 whatever its blocks)
     pool_mlp_size: int = 0  # width of the probe's MLP; 0: mlp_size (PE-G's blocks are wider than its probe's MLP)
     sincos_pos: bool = False  # AIMv2-native: 2D sine-cosine positions computed for each grid instead of a table
+    # Hierarchical models (issue 49; vit.model.stages): the defaults are one stage, the plain ViT.
+    stage_depths: tuple[int, ...] = ()  # blocks per stage, summing to num_layers; empty: one stage
+    stage_widths: tuple[int, ...] = ()  # each stage's width (hidden_size is the embedding's); empty: hidden_size
+    stage_heads: tuple[int, ...] = ()  # each stage's heads; empty: num_heads in every stage
+    merge: str = "none"  # the block opening each later stage: "swin" (PatchMerging), "swinv2" (its linear before norm)
+    window_shift: bool = False  # Swin: every second block of a stage shifts its windows by half a window
+    shift_padded: bool = True  # the shift rolls the padded grid (HF: pad, then roll); False: timm (roll, then pad)
+    attention: str = "dot"  # "cosine": Swin V2's cosine attention times a learned per-head logit scale
+    res_post_norm: bool = False  # Swin V2: x + norm(attn(x)), then x + norm(mlp(x)) (the norm on each branch)
+    pretrained_window: int = 0  # Swin V2: the window its position MLP's offsets are normalised by; 0: its own
 
     def __post_init__(self) -> None:
         for name in ("image_size", "patch_size"):
@@ -161,6 +171,79 @@ class ViTConfig:
         if self.prefix_positions == "cls" and not self.class_token:
             raise ValueError("ViTConfig.prefix_positions 'cls' needs the class token")
         self._check_layout()
+        self._check_stages()
+
+    def _check_stages(self) -> None:
+        for name in ("stage_depths", "stage_widths", "stage_heads"):
+            value = getattr(self, name)
+            if not isinstance(value, (tuple, list)) or len(value) > 16 or not all(
+                    isinstance(v, int) and not isinstance(v, bool) and 0 < v <= CONFIG_BOUNDS["hidden_size"]
+                    for v in value):
+                raise ValueError(f"ViTConfig.{name} must be a list of at most 16 positive integers, got "
+                                 f"{str(value)[:60]}")
+            object.__setattr__(self, name, tuple(value))
+        depths = self.stage_depths
+        if depths and sum(depths) != self.num_layers:
+            raise ValueError(f"ViTConfig.stage_depths {list(depths)} must sum to num_layers ({self.num_layers})")
+        for name in ("stage_widths", "stage_heads"):
+            value = getattr(self, name)
+            if value and len(value) != len(depths):
+                raise ValueError(f"ViTConfig.{name} needs one entry per stage ({len(depths)}), got {list(value)}")
+        for s in range(len(depths)):
+            if self.stage_width(s) % self.stage_num_heads(s):
+                raise ValueError(f"ViTConfig stage {s}: width {self.stage_width(s)} is not divisible by its "
+                                 f"{self.stage_num_heads(s)} heads")
+        if self.merge not in MERGES:
+            raise ValueError(f"ViTConfig.merge must be one of {', '.join(MERGES)}, got {self.merge!r}")
+        if self.attention not in ATTENTIONS:
+            raise ValueError(f"ViTConfig.attention must be one of {', '.join(ATTENTIONS)}, got {self.attention!r}")
+        for name in ("window_shift", "shift_padded", "res_post_norm"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"ViTConfig.{name} must be true or false, got {getattr(self, name)!r}")
+        if not isinstance(self.pretrained_window, int) or isinstance(self.pretrained_window, bool) \
+                or not 0 <= self.pretrained_window <= CONFIG_BOUNDS["window_size"]:
+            raise ValueError(f"ViTConfig.pretrained_window must be a whole number up to "
+                             f"{CONFIG_BOUNDS['window_size']}, got {self.pretrained_window!r}")
+        hierarchical = len(depths) > 1 or self.merge != "none"
+        if hierarchical and (self.merge == "none" or self.num_prefix_tokens or self.rope != "none"
+                             or self.pos_embed and self.pooling != "avg"):
+            raise ValueError("ViTConfig stages need a merge block, no prefix tokens and no rotary positions")
+        if self.window_shift and not self.window_size:
+            raise ValueError("ViTConfig.window_shift needs window_size")
+        if self.rel_pos in ("swin", "swinv2") and not self.window_size:
+            raise ValueError(f"ViTConfig.rel_pos {self.rel_pos!r} needs window_size (its table is a window's)")
+
+    @property
+    def num_stages(self) -> int:
+        return max(len(self.stage_depths), 1)
+
+    def stage_of(self, layer: int) -> int:
+        """The stage (0-based) of layer ``layer``."""
+        end = 0
+        for s, depth in enumerate(self.stage_depths):
+            end += depth
+            if layer < end:
+                return s
+        return 0
+
+    def stage_start(self, stage: int) -> int:
+        """The first layer of ``stage``."""
+        return sum(self.stage_depths[:stage])
+
+    def stage_width(self, stage: int) -> int:
+        return self.stage_widths[stage] if self.stage_widths else self.hidden_size
+
+    def stage_num_heads(self, stage: int) -> int:
+        return self.stage_heads[stage] if self.stage_heads else self.num_heads
+
+    def stage_config(self, stage: int) -> ViTConfig:
+        """This config as its blocks in ``stage`` read it: that stage's width, heads and MLP (the MLP ratio kept)."""
+        if not self.stage_depths:
+            return self
+        width = self.stage_width(stage)
+        return replace(self, hidden_size=width, num_heads=self.stage_num_heads(stage),
+                       mlp_size=self.mlp_size * width // self.hidden_size, num_layers=self.stage_depths[stage],
+                       stage_depths=(), stage_widths=(), stage_heads=(), merge="none", global_layers=())
 
     def _check_layout(self) -> None:
         if self.rel_pos not in REL_POS:
@@ -242,7 +325,10 @@ class ViTConfig:
 POOLINGS = ("cls", "avg", "cls+avg", "map")  # map: the attention-pooling probe (SigLIP, timm global_pool="map")
 PREFIX_POSITIONS = ("all", "cls", "none")
 ROPES = ("none", "dinov3", "eva", "pe")  # pe: EVA's, counted from 1 and x before y (Perception Encoder)
-REL_POS = ("none", "beit", "beit_shared", "sam")
+REL_POS = ("none", "beit", "beit_shared", "sam", "swin", "swinv2")  # swin: a table per layer over a window's
+# offsets; swinv2: its continuous bias from a small MLP of log-spaced offsets
+ATTENTIONS = ("dot", "cosine")
+MERGES = ("none", "swin", "swinv2")
 NORMS = ("layer", "rms")
 POOL_HEADS = ("map", "aimv2")
 ACTIVATIONS = ("gelu", "gelu_tanh", "quick_gelu", "silu", "relu")  # relu: nn.TransformerEncoderLayer's default

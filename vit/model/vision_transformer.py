@@ -16,6 +16,7 @@ from vit.model.config import ViTConfig
 from vit.model.hooks import Hook, HookPoint, _hooks
 from vit.model.layouts import RelativePositionBias
 from vit.model.positions import dinov3_rope, eva_rope, resample_pos_embed, sincos_positions
+from vit.model.stages import LayerLayout, PatchMerging
 
 
 @dataclass
@@ -51,11 +52,12 @@ class ViT(Parent):
         self.norm_pre = make_norm(config, d) if config.pre_norm else None
         self.pos_dropout = nn.Dropout(config.dropout)
         rates = [config.drop_path * i / max(config.num_layers - 1, 1) for i in range(config.num_layers)]
-        self.blocks = nn.ModuleList(Block(config, rate, config.window_of(i)) for i, rate in enumerate(rates))
+        self.blocks = nn.ModuleList(self._block(i, rate) for i, rate in enumerate(rates))
         self.rel_pos_bias = (RelativePositionBias(config.grid_size, config.num_heads)
                              if config.rel_pos == "beit_shared" else None)  # one table every layer adds
         # timm's avg-pool models normalise the pooled vector (fc_norm) instead of every token (norm).
         final = config.final_norm and not config.fc_norm
+        d = config.stage_width(config.num_stages - 1) if config.stage_depths else d  # the last stage's width
         self.norm = make_norm(config, d) if final else nn.Identity()
         self.fc_norm = make_norm(config, d) if config.fc_norm else None
         self.attn_pool = AttentionPool(config) if config.pooling == "map" else None
@@ -76,6 +78,42 @@ class ViT(Parent):
         for name, module in self.named_modules():
             if isinstance(module, HookPoint):
                 module.name = name
+
+    def _block(self, layer: int, drop_path_rate: float) -> Block:
+        """Block ``layer`` as its stage builds it: the stage's width and heads, Swin's shift in every second block
+        of a stage, and the merge that opens a later stage (``vit.model.stages``)."""
+        c = self.config
+        stage = c.stage_of(layer)
+        first = c.stage_start(stage)
+        merge = None
+        if stage and layer == first:
+            dim, out = c.stage_width(stage - 1), c.stage_width(stage)
+            post = c.merge == "swinv2"
+            merge = PatchMerging(dim, out, make_norm(c, out if post else 4 * dim), post)
+        shift = c.window_shift and (layer - first) % 2 == 1
+        return Block(c.stage_config(stage), drop_path_rate, c.window_of(layer), shift, merge)
+
+    def layer_grids(self, grid: tuple[int, int]) -> tuple[tuple[int, int], ...]:
+        """Each layer's own patch grid for an input whose patch grid is ``grid``: the same one in a plain ViT, the
+        grid halved stage by stage in a hierarchical one."""
+        grids, grid = [], tuple(grid)
+        for block in self.blocks:
+            grid = block.grid_after(grid)
+            grids.append(grid)
+        return tuple(grids)
+
+    def layer_layouts(self, grid: tuple[int, int]) -> tuple[LayerLayout, ...]:
+        """Each layer's ``LayerLayout`` (its grid, window and shift) for an input whose patch grid is ``grid``;
+        ValueError, naming the input sizes that work, where a layer's grid is smaller than its windows."""
+        try:
+            return tuple(block.layout(g) for block, g in zip(self.blocks, self.layer_grids(grid), strict=True))
+        except ValueError as error:
+            c = self.config
+            reach = 2 ** (c.num_stages - 1)  # patches per cell of the last stage's grid
+            least = (c.window_size - 1) * reach + 1
+            ph, pw = c.patch_hw
+            raise ValueError(f"an input of {grid[0] * ph}x{grid[1] * pw} px is too small for this model: {error} "
+                             f"in its last stage; give it at least {least * ph}x{least * pw} px") from None
 
     def hook_points(self) -> dict[str, HookPoint]:
         """Every hook point by name (``blocks.0.attn.hook_q``, ..., ``hook_logits``); the shapes are in the comments
@@ -201,14 +239,18 @@ class ViT(Parent):
                 raise ValueError("this model turns q and k by rotary positions, so the patch grid must be given")
             rope = self.rotary(tuple(grid), x.device)
         c = self.config
-        if grid is None and (c.rel_pos != "none" or c.window_size):
+        if grid is None and (c.rel_pos != "none" or c.window_size or c.stage_depths):
             raise ValueError("this model's attention layout (relative positions, windows) needs the patch grid")
         grid = None if grid is None else tuple(grid)
         shared = self.rel_pos_bias(grid) if self.rel_pos_bias is not None else None  # (nh, T, T), once per forward
         attentions = []
         blocks = list(self.blocks)[start:stop]  # not self.blocks[start:stop]: that builds a ModuleList
+        if grid is not None and c.stage_depths:
+            self.layer_layouts(grid)  # the sizes that work, before any block runs
+            grid = ((grid,) + self.layer_grids(grid))[start % len(self.blocks)]  # the grid of block start's input
         for i, block in enumerate(blocks):
             x, probs = block(x, output_attentions, rope, queries if i == len(blocks) - 1 else None, grid, shared)
+            grid = None if grid is None else block.grid_after(grid)
             attentions.append(probs)
         return x, tuple(attentions) if output_attentions else None
 

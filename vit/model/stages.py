@@ -1,0 +1,246 @@
+"""Stages: hierarchical models (Swin, Swin V2; Hiera next) as one list of blocks whose grid shrinks.
+
+**What a stage is.** A run of consecutive blocks with one patch grid, one width and one number of heads
+(``ViTConfig.stage_depths`` / ``stage_widths`` / ``stage_heads``; empty tuples are one stage, the plain ViT). The
+model is still one ``ViT`` with one flat ``blocks`` list: no stage module, no second model class.
+
+**Hook points** keep the plain ViT's names and are numbered through all stages: Swin-T's 2 + 2 + 6 + 2 blocks are
+``blocks.0`` to ``blocks.11``; ``blocks.2.attn.hook_pattern`` is the first layer of stage 1. Layer ``l`` everywhere
+(``output_attentions``, ``vit.explain(..., layer=l)``, the explorer's layer slider) is block ``l``.
+
+**The downsampling block** that opens a stage is a named child of that stage's first block, ``blocks.{i}.merge``
+(Swin's ``PatchMerging``: 2x2 neighbours concatenated, a norm and a linear map). The block runs it first:
+``hook_resid_pre`` is the stream as it arrives (the previous stage's grid and width), ``hook_merged`` the stream
+after the merge (this stage's), then the block's own attention and MLP. So ``hook_resid_pre`` of block ``i`` is
+always ``hook_resid_post`` of block ``i - 1``, and running blocks ``l..`` from a stored ``hook_resid_pre``
+(``ViT.run_blocks``) repeats the merge exactly. (Hiera's query pooling lives in the same place: the first block of
+its stage pools its queries and its residual.)
+
+**Each block knows its grid** from its input's: ``Block.grid_after(grid)`` is the grid its merge makes (the input's
+otherwise), and ``ViT.layer_layouts(patch_grid)`` lists, per layer, a ``LayerLayout``: its grid, its window side, its
+cyclic shift and how the shift meets the padding. Every caller passes the *image's* patch grid (stage 0) as before;
+``run_blocks`` derives each block's input grid from it.
+
+**A layer's attention on the image.** A windowed layer returns each window's attention ``(B * nw, nh, w*w, w*w)`` in
+the order its (shifted) windows were cut. ``LayerLayout.window_tokens()`` says which token of the layer's grid each
+window slot holds (the cyclic shift undone, padding marked ``T``), so ``vit.explain.attention.windows_on_grid``
+places a query's row on the layer's own grid, un-shifted and zero outside its window. A query patch clicked on the
+image is, in layer ``l``, the token of layer ``l``'s grid that covers it (``covering_token``); its row is drawn on
+that layer's grid, which covers the same image (each grid cell ``2**s`` patches wide in stage ``s``).
+
+**Rollout through a merge.** A merged token is built from its 2x2 input tokens (a norm and a linear map of their
+concatenation): as a map of tokens, ``merge_matrix`` ``(T_out, T_in)`` holds 1/k on the k real (not padding) inputs of
+each output token. The rollout row of a stage-``s`` token passes through it (``row @ merge_matrix``) to the previous
+stage's grid and on through that stage's layers, ending on the patch grid of the image.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from vit.model.hooks import HookPoint
+
+
+@dataclass(frozen=True)
+class LayerLayout:
+    """Where one layer's attention sits: its patch ``grid`` (gh, gw), its ``window`` side in patches (0: global),
+    its cyclic ``shift`` (Swin's shifted windows) and whether the shift rolls the padded grid (HF: pad, then roll)
+    or the grid before it is padded (timm: roll, then pad)."""
+
+    grid: tuple[int, int]
+    window: int = 0
+    shift: int = 0
+    shift_padded: bool = True
+
+    @property
+    def num_tokens(self) -> int:
+        return self.grid[0] * self.grid[1]
+
+    def window_tokens(self) -> torch.Tensor:
+        """``(nw, w*w)``: the token of this layer's grid (row-major) that each window slot holds, in the order the
+        (shifted) windows are cut (``window_partition``), ``gh * gw`` for padding."""
+        return window_tokens(self.grid, self.window, self.shift, self.shift_padded)
+
+
+def window_tokens(grid: tuple[int, int], window: int, shift: int = 0, shift_padded: bool = True) -> torch.Tensor:
+    """``(nw, w*w)``: which token each window slot holds when the grid is padded to a multiple of ``window`` and
+    cyclically shifted by ``shift`` (``torch.roll`` by ``-shift`` on both axes) — the padded grid's
+    (``shift_padded``, HF) or the grid's before padding (timm) — then cut into windows row-major, slots row-major
+    inside; ``gh * gw`` marks padding."""
+    gh, gw = grid
+    Gh, Gw = -(-gh // window) * window, -(-gw // window) * window  # the padded grid
+    if shift_padded:
+        r = (torch.arange(Gh) + shift) % Gh  # the padded row each rolled row holds
+        c = (torch.arange(Gw) + shift) % Gw
+    else:
+        r = torch.cat([(torch.arange(gh) + shift) % gh, torch.arange(gh, Gh)])
+        c = torch.cat([(torch.arange(gw) + shift) % gw, torch.arange(gw, Gw)])
+    token = torch.where((r[:, None] < gh) & (c[None, :] < gw), r[:, None] * gw + c[None, :], gh * gw)  # (Gh, Gw)
+    token = token.view(Gh // window, window, Gw // window, window).permute(0, 2, 1, 3)
+    return token.reshape(-1, window * window)
+
+
+def shift_windows(x: torch.Tensor, grid: tuple[int, int], window: int, shift: int, shift_padded: bool
+                  ) -> torch.Tensor:
+    """Patch tokens ``(B, gh*gw, D)`` -> windows ``(B * nw, w*w, D)``: padded with zeros to a multiple of ``window``
+    and rolled by ``-shift`` (in the order ``shift_padded`` says), then cut row-major (``window_tokens``' order)."""
+    B, _, D = x.shape
+    gh, gw = grid
+    x = x.view(B, gh, gw, D)
+    ph, pw = -gh % window, -gw % window
+    if shift and not shift_padded:
+        x = torch.roll(x, (-shift, -shift), (1, 2))
+    x = F.pad(x, (0, 0, 0, pw, 0, ph))  # (B, Gh, Gw, D)
+    if shift and shift_padded:
+        x = torch.roll(x, (-shift, -shift), (1, 2))
+    Gh, Gw = gh + ph, gw + pw
+    x = x.view(B, Gh // window, window, Gw // window, window, D).permute(0, 1, 3, 2, 4, 5)
+    return x.reshape(-1, window * window, D)  # (B * nw, w*w, D)
+
+
+def unshift_windows(windows: torch.Tensor, grid: tuple[int, int], window: int, shift: int, shift_padded: bool
+                    ) -> torch.Tensor:
+    """``shift_windows``' inverse: ``(B * nw, w*w, D)`` -> ``(B, gh*gw, D)``, the shift undone, padding dropped."""
+    gh, gw = grid
+    Gh, Gw = -(-gh // window) * window, -(-gw // window) * window
+    D = windows.shape[-1]
+    x = windows.view(-1, Gh // window, Gw // window, window, window, D).permute(0, 1, 3, 2, 4, 5)
+    x = x.reshape(-1, Gh, Gw, D)
+    if shift and shift_padded:
+        x = torch.roll(x, (shift, shift), (1, 2))
+    x = x[:, :gh, :gw]
+    if shift and not shift_padded:
+        x = torch.roll(x, (shift, shift), (1, 2))
+    return x.reshape(-1, gh * gw, D)
+
+
+def shift_mask(grid: tuple[int, int], window: int, shift: int) -> torch.Tensor:
+    """Swin's shifted-window attention mask ``(nw, w*w, w*w)``: -100 between tokens that the cyclic shift brought
+    together from different regions of the (padded) grid, 0 elsewhere (HF / timm ``get_attn_mask``; both libraries
+    cut the regions on the padded grid)."""
+    gh, gw = grid
+    Gh, Gw = -(-gh // window) * window, -(-gw // window) * window
+    rows, cols = torch.arange(Gh), torch.arange(Gw)
+    region_r = (rows >= Gh - window).long() + (rows >= Gh - shift).long()
+    region_c = (cols >= Gw - window).long() + (cols >= Gw - shift).long()
+    region = (region_r[:, None] * 3 + region_c[None, :]).view(Gh // window, window, Gw // window, window)
+    region = region.permute(0, 2, 1, 3).reshape(-1, window * window)  # (nw, n)
+    return torch.where(region[:, None, :] == region[:, :, None], 0.0, -100.0)
+
+
+def window_and_shift(grid: tuple[int, int], window: int, shift: bool) -> tuple[int, int]:
+    """A Swin layer's window side and shift on ``grid``: the configured window, shifted by half of it in shifting
+    layers, except that a grid no larger than the window in its short side has one unshifted window of that side (HF
+    ``set_shift_and_window_size``). ValueError when the grid is smaller than the window: the position table has
+    that window's offsets only."""
+    if min(grid) < window:
+        raise ValueError(f"a {grid[0]}x{grid[1]} patch grid is smaller than the {window}x{window} windows")
+    if min(grid) == window:
+        return window, 0
+    return window, window // 2 if shift else 0
+
+
+def covering_token(token: int, grid: tuple[int, int], layer_grid: tuple[int, int]) -> int:
+    """The token of ``layer_grid`` (row-major) whose cell covers patch ``token`` of the image's ``grid``: each stage
+    halves the grid, padding the odd side (Swin's merge), so the cell is the patch's coordinates scaled down."""
+    gh, gw = grid
+    lh, lw = layer_grid
+    if not 0 <= token < gh * gw:
+        raise ValueError(f"patch {token} is out of range for a {gh}x{gw} grid")
+    fy, fx = -(-gh // lh), -(-gw // lw)  # patches per cell: 2**stage
+    return (token // gw) // fy * lw + (token % gw) // fx
+
+
+def merge_matrix(grid: tuple[int, int], device: torch.device | None = None) -> torch.Tensor:
+    """``(T_out, T_in)``: which input tokens of ``grid`` each output token of a 2x2 merge is built from, 1/k on its
+    k real inputs (padding of an odd side holds none): how a rollout row passes through ``PatchMerging``."""
+    gh, gw = grid
+    oh, ow = -(-gh // 2), -(-gw // 2)
+    rows = torch.arange(gh * gw, device=device)
+    out = (rows // gw) // 2 * ow + (rows % gw) // 2  # each input token's output token
+    m = torch.zeros(oh * ow, gh * gw, device=device)
+    m[out, rows] = 1.0
+    return m / m.sum(dim=1, keepdim=True)
+
+
+class PatchMerging(nn.Module):
+    """Swin's downsampling block: each 2x2 neighbourhood's tokens concatenated (the grid padded with zeros to even
+    sides), then a norm and a bias-free linear map to ``out`` channels; Swin V2 (``post``) maps first, then
+    normalises. HF ``SwinPatchMerging`` / timm ``PatchMerging`` (the same channel order: (0,0), (1,0), (0,1),
+    (1,1) as (row, column))."""
+
+    def __init__(self, dim: int, out: int, norm: nn.Module, post: bool = False) -> None:
+        super().__init__()
+        self.post = post
+        self.norm = norm  # over 4 * dim, or over out when post
+        self.reduction = nn.Linear(4 * dim, out, bias=False)
+        self.hook_out = HookPoint()  # (B, T_out, out): the merged stream, the stage's first residual
+
+    @staticmethod
+    def grid_after(grid: tuple[int, int]) -> tuple[int, int]:
+        return -(-grid[0] // 2), -(-grid[1] // 2)
+
+    def forward(self, x: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
+        """``x`` (B, gh*gw, D) -> (B, ceil(gh/2)*ceil(gw/2), out)."""
+        B, _, D = x.shape
+        gh, gw = grid
+        x = F.pad(x.view(B, gh, gw, D), (0, 0, 0, gw % 2, 0, gh % 2))  # (B, even, even, D)
+        x = torch.cat([x[:, 0::2, 0::2], x[:, 1::2, 0::2], x[:, 0::2, 1::2], x[:, 1::2, 1::2]], dim=-1)
+        x = x.reshape(B, -1, 4 * D)  # (B, T_out, 4D)
+        x = self.reduction(x) if self.post else self.reduction(self.norm(x))
+        return self.hook_out(self.norm(x) if self.post else x)
+
+
+# --- Swin's relative position biases over a window's offsets ----------------------------------------------------
+
+def swin_relative_index(window: int) -> torch.Tensor:
+    """``(w*w, w*w)``: each pair of a window's tokens' offset, row-major over ``(2w-1, 2w-1)`` (HF / timm
+    ``relative_position_index``)."""
+    coords = torch.stack(torch.meshgrid(torch.arange(window), torch.arange(window), indexing="ij")).flatten(1)
+    rel = (coords[:, :, None] - coords[:, None, :]).permute(1, 2, 0) + (window - 1)  # (n, n, 2)
+    return rel[..., 0] * (2 * window - 1) + rel[..., 1]
+
+
+class SwinPositionBias(nn.Module):
+    """Swin's learned relative position bias: a ``(heads,)`` entry per offset between two tokens of a window."""
+
+    def __init__(self, window: int, num_heads: int) -> None:
+        super().__init__()
+        self.window = window
+        self.table = nn.Parameter(torch.zeros((2 * window - 1) ** 2, num_heads))
+        self.register_buffer("index", swin_relative_index(window), persistent=False)
+
+    def forward(self) -> torch.Tensor:
+        """The bias ``(nh, w*w, w*w)``."""
+        n = self.window ** 2
+        return self.table[self.index.reshape(-1)].view(n, n, -1).permute(2, 0, 1)
+
+
+class SwinV2PositionBias(nn.Module):
+    """Swin V2's continuous position bias: a small MLP (2 -> 512 -> heads, ReLU) of each offset's log-spaced
+    coordinates (normalised by the pretrained window, scaled to [-8, 8], ``sign * log2(1 + |x|) / 3``), squashed to
+    ``16 * sigmoid``."""
+
+    def __init__(self, window: int, num_heads: int, pretrained_window: int = 0) -> None:
+        super().__init__()
+        self.window = window
+        self.cpb_mlp = nn.Sequential(nn.Linear(2, 512), nn.ReLU(), nn.Linear(512, num_heads, bias=False))
+        offsets = torch.arange(-(window - 1), window, dtype=torch.float32)
+        coords = torch.stack(torch.meshgrid(offsets, offsets, indexing="ij"), dim=-1)  # (2w-1, 2w-1, 2)
+        norm = pretrained_window - 1 if pretrained_window > 0 else window - 1
+        if norm > 0:
+            coords = coords / norm
+        coords = coords * 8
+        coords = torch.sign(coords) * torch.log2(coords.abs() + 1.0) / 3.0  # log2(8) = 3
+        self.register_buffer("coords", coords.reshape(-1, 2), persistent=False)
+        self.register_buffer("index", swin_relative_index(window), persistent=False)
+
+    def forward(self) -> torch.Tensor:
+        """The bias ``(nh, w*w, w*w)``."""
+        n = self.window ** 2
+        table = self.cpb_mlp(self.coords)  # ((2w-1)**2, nh)
+        return 16 * torch.sigmoid(table[self.index.reshape(-1)].view(n, n, -1).permute(2, 0, 1))
