@@ -14,17 +14,16 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
+from vit.model.stages import window_tokens as model_window_tokens
+
 HEAD_FUSIONS = ("mean", "max", "min")
 
 
-def window_tokens(grid: tuple[int, int], window: int) -> Tensor:
+def window_tokens(grid: tuple[int, int], window: int, shift: int = 0, shift_padded: bool = True) -> Tensor:
     """``(nw, w*w)``: the patch token each window slot holds (``vit.model.window_partition``'s order: windows
-    row-major over the grid padded to a multiple of ``window``, slots row-major inside), ``gh * gw`` for padding."""
-    gh, gw = grid
-    rows, cols = -(-gh // window), -(-gw // window)  # windows per column and per row
-    r = torch.arange(rows * window).view(rows, 1, window, 1)  # each window slot's patch row and column
-    c = torch.arange(cols * window).view(1, cols, 1, window)
-    return torch.where((r < gh) & (c < gw), r * gw + c, gh * gw).reshape(rows * cols, window * window)
+    row-major over the grid padded to a multiple of ``window``, slots row-major inside; after Swin's cyclic
+    ``shift``, ``vit.model.window_tokens``), ``gh * gw`` for padding."""
+    return model_window_tokens(tuple(grid), window, shift, shift_padded)
 
 
 def _check_windows(attn: Tensor, grid: tuple[int, int], window: int) -> int:
@@ -37,24 +36,27 @@ def _check_windows(attn: Tensor, grid: tuple[int, int], window: int) -> int:
     return attn.shape[0] // nw
 
 
-def windows_on_grid(attn: Tensor, grid: tuple[int, int], window: int) -> Tensor:
+def windows_on_grid(attn: Tensor, grid: tuple[int, int], window: int, shift: int = 0, shift_padded: bool = True
+                    ) -> Tensor:
     """A windowed layer's attention ``(B * nw, H, w*w, w*w)`` (SAM / ViTDet: windows row-major over the grid padded
     to a multiple of ``window``, ``vit.model.window_partition``'s order) -> ``(B, H, T, T)`` on the full patch grid
     (``T = gh * gw``): each query's row placed on its window's patches, zero outside it. Padding tokens are dropped,
-    so a row of a window that covers padding sums to the share its real patches got (below 1)."""
+    so a row of a window that covers padding sums to the share its real patches got (below 1). Swin's shifted
+    windows (``shift``, ``shift_padded``: ``vit.model.LayerLayout``) are placed un-shifted."""
     B = _check_windows(attn, grid, window)
-    token = window_tokens(grid, window)  # (nw, n): padding -> T, dropped below
+    token = window_tokens(grid, window, shift, shift_padded)  # (nw, n): padding -> T, dropped below
     (nw, n), T, H = token.shape, grid[0] * grid[1], attn.shape[1]
     dense = attn.new_zeros(B, H, T + 1, T + 1)
     dense[:, :, token[:, :, None], token[:, None, :]] = attn.view(B, nw, H, n, n).transpose(1, 2)  # (B, H, nw, n, n)
     return dense[:, :, :T, :T]
 
 
-def window_rows(attn: Tensor, grid: tuple[int, int], window: int, queries: Sequence[int]) -> Tensor:
-    """Rows ``queries`` of ``windows_on_grid(attn, grid, window)``, ``(B, H, q, T)``, read from each query's own
-    window only: ``q x T`` values formed, never ``T x T``."""
+def window_rows(attn: Tensor, grid: tuple[int, int], window: int, queries: Sequence[int], shift: int = 0,
+                shift_padded: bool = True) -> Tensor:
+    """Rows ``queries`` of ``windows_on_grid(attn, grid, window, shift, shift_padded)``, ``(B, H, q, T)``, read from
+    each query's own window only: ``q x T`` values formed, never ``T x T``."""
     B = _check_windows(attn, grid, window)
-    token = window_tokens(grid, window)  # (nw, n)
+    token = window_tokens(grid, window, shift, shift_padded)  # (nw, n)
     (nw, n), T, H = token.shape, grid[0] * grid[1], attn.shape[1]
     queries = torch.as_tensor(list(queries), dtype=torch.long)
     if queries.numel() and not (0 <= int(queries.min()) and int(queries.max()) < T):
@@ -69,12 +71,13 @@ def window_rows(attn: Tensor, grid: tuple[int, int], window: int, queries: Seque
     return out[..., :T]
 
 
-def window_rollout_step(row: Tensor, fused: Tensor, grid: tuple[int, int], window: int) -> Tensor:
+def window_rollout_step(row: Tensor, fused: Tensor, grid: tuple[int, int], window: int, shift: int = 0,
+                        shift_padded: bool = True) -> Tensor:
     """``row (B, T) @`` a windowed layer's rollout factor (``rollout_factor_rows`` of its placed, fused attention,
     no discard), from its fused windows ``(B * nw, w*w, w*w)``: the factor is block-diagonal, so each window's
     ``w*w`` block is applied to the row's entries in that window (``T x w*w`` work, not ``T²``)."""
     B = _check_windows(fused[:, None], grid, window)
-    token = window_tokens(grid, window).to(fused.device)  # (nw, n)
+    token = window_tokens(grid, window, shift, shift_padded).to(fused.device)  # (nw, n)
     (nw, n), T = token.shape, grid[0] * grid[1]
     a = fused.to(_compute_dtype(fused)).view(B, nw, n, n) * (token < T)[None, :, None, :]  # padding keys dropped
     a = a + torch.eye(n, dtype=a.dtype, device=a.device)  # the residual

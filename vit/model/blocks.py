@@ -108,7 +108,8 @@ class Attention(Parent):
                           if config.rel_pos == "sam" else None)
         # Swin's table over a window's offsets, or Swin V2's continuous bias from its MLP.
         self.window_bias = (SwinPositionBias(config.window_size, self.num_heads) if config.rel_pos == "swin" else
-                            SwinV2PositionBias(config.window_size, self.num_heads, config.pretrained_window)
+                            SwinV2PositionBias(config.window_size, self.num_heads, config.pretrained_windows[0]
+                                                                  if config.pretrained_windows else 0)
                             if config.rel_pos == "swinv2" else None)
         # Swin V2's cosine attention: unit q and k, their product times exp(logit_scale) (clamped at 100, as HF and
         # timm do) instead of 1 / sqrt(head_dim).
@@ -153,7 +154,7 @@ class Attention(Parent):
             own = self.rel_pos_bias(grid, rows)  # (nh, n or N, N)
             bias = own if bias is None else bias + own
         if self.window_bias is not None:
-            bias = self.window_bias()  # (nh, w*w, w*w)
+            bias = self.window_bias(grid[0])  # (nh, w*w, w*w): grid is the window's
         if bias is not None:
             bias = bias[None].to(q.dtype)  # (1, nh, N, N)
         if self.rel_pos_h is not None:
@@ -348,7 +349,7 @@ class Block(Parent):
         if not self.window:
             return LayerLayout(tuple(grid))
         if self.table_window:
-            window, shift = window_and_shift(grid, self.window, self.shift)
+            window, shift = window_and_shift(grid, self.window, self.shift, self.attn.logit_scale is not None)
         else:
             window, shift = self.window, 0
         return LayerLayout(tuple(grid), window, shift, self.shift_padded)

@@ -82,7 +82,8 @@ class ViTConfig:
     shift_padded: bool = True  # the shift rolls the padded grid (HF: pad, then roll); False: timm (roll, then pad)
     attention: str = "dot"  # "cosine": Swin V2's cosine attention times a learned per-head logit scale
     res_post_norm: bool = False  # Swin V2: x + norm(attn(x)), then x + norm(mlp(x)) (the norm on each branch)
-    pretrained_window: int = 0  # Swin V2: the window its position MLP's offsets are normalised by; 0: its own
+    pretrained_windows: tuple[int, ...] = ()  # Swin V2, per stage: the window its position MLP's offsets are
+    # normalised by (its pre-training window, when fine-tuned at another); 0 or empty: the layer's own
 
     def __post_init__(self) -> None:
         for name in ("image_size", "patch_size"):
@@ -185,10 +186,10 @@ class ViTConfig:
         depths = self.stage_depths
         if depths and sum(depths) != self.num_layers:
             raise ValueError(f"ViTConfig.stage_depths {list(depths)} must sum to num_layers ({self.num_layers})")
-        for name in ("stage_widths", "stage_heads"):
+        for name in ("stage_widths", "stage_heads", "pretrained_windows"):
             value = getattr(self, name)
-            if value and len(value) != len(depths):
-                raise ValueError(f"ViTConfig.{name} needs one entry per stage ({len(depths)}), got {list(value)}")
+            if value and len(value) != self.num_stages:
+                raise ValueError(f"ViTConfig.{name} needs one entry per stage ({self.num_stages}), got {list(value)}")
         for s in range(len(depths)):
             if self.stage_width(s) % self.stage_num_heads(s):
                 raise ValueError(f"ViTConfig stage {s}: width {self.stage_width(s)} is not divisible by its "
@@ -200,10 +201,12 @@ class ViTConfig:
         for name in ("window_shift", "shift_padded", "res_post_norm"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"ViTConfig.{name} must be true or false, got {getattr(self, name)!r}")
-        if not isinstance(self.pretrained_window, int) or isinstance(self.pretrained_window, bool) \
-                or not 0 <= self.pretrained_window <= CONFIG_BOUNDS["window_size"]:
-            raise ValueError(f"ViTConfig.pretrained_window must be a whole number up to "
-                             f"{CONFIG_BOUNDS['window_size']}, got {self.pretrained_window!r}")
+        windows = self.pretrained_windows
+        if not isinstance(windows, (tuple, list)) or len(windows) > 16 or not all(
+                isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= CONFIG_BOUNDS["window_size"]
+                for v in windows):
+            raise ValueError(f"ViTConfig.pretrained_windows must be a list of window sides, got {str(windows)[:60]}")
+        object.__setattr__(self, "pretrained_windows", tuple(windows))
         hierarchical = len(depths) > 1 or self.merge != "none"
         if hierarchical and (self.merge == "none" or self.num_prefix_tokens or self.rope != "none"
                              or self.pos_embed and self.pooling != "avg"):
@@ -243,7 +246,8 @@ class ViTConfig:
         width = self.stage_width(stage)
         return replace(self, hidden_size=width, num_heads=self.stage_num_heads(stage),
                        mlp_size=self.mlp_size * width // self.hidden_size, num_layers=self.stage_depths[stage],
-                       stage_depths=(), stage_widths=(), stage_heads=(), merge="none", global_layers=())
+                       stage_depths=(), stage_widths=(), stage_heads=(), merge="none", global_layers=(),
+                       pretrained_windows=self.pretrained_windows[stage:stage + 1])
 
     def _check_layout(self) -> None:
         if self.rel_pos not in REL_POS:

@@ -132,15 +132,17 @@ def shift_mask(grid: tuple[int, int], window: int, shift: int) -> torch.Tensor:
     return torch.where(region[:, None, :] == region[:, :, None], 0.0, -100.0)
 
 
-def window_and_shift(grid: tuple[int, int], window: int, shift: bool) -> tuple[int, int]:
+def window_and_shift(grid: tuple[int, int], window: int, shift: bool, shrink: bool = False) -> tuple[int, int]:
     """A Swin layer's window side and shift on ``grid``: the configured window, shifted by half of it in shifting
-    layers, except that a grid no larger than the window in its short side has one unshifted window of that side (HF
-    ``set_shift_and_window_size``). ValueError when the grid is smaller than the window: the position table has
-    that window's offsets only."""
-    if min(grid) < window:
+    layers, except that a grid no larger than the window in its short side has unshifted windows of that side (HF
+    ``set_shift_and_window_size``, Swin V2's ``_compute_window_shift``). ValueError when the grid is smaller than
+    the window and the window cannot ``shrink`` (Swin's table has that window's offsets only; Swin V2's MLP reads
+    any offsets)."""
+    side = min(grid)
+    if side < window and not shrink:
         raise ValueError(f"a {grid[0]}x{grid[1]} patch grid is smaller than the {window}x{window} windows")
-    if min(grid) == window:
-        return window, 0
+    if side <= window:
+        return side, 0
     return window, window // 2 if shift else 0
 
 
@@ -212,12 +214,14 @@ class SwinPositionBias(nn.Module):
         super().__init__()
         self.window = window
         self.table = nn.Parameter(torch.zeros((2 * window - 1) ** 2, num_heads))
-        self.register_buffer("index", swin_relative_index(window), persistent=False)
 
-    def forward(self) -> torch.Tensor:
-        """The bias ``(nh, w*w, w*w)``."""
+    def forward(self, window: int | None = None) -> torch.Tensor:
+        """The bias ``(nh, w*w, w*w)`` (the table's own window: ``window`` is only checked)."""
+        if window not in (None, self.window):
+            raise ValueError(f"Swin's position table covers {self.window}x{self.window} windows, not {window}")
         n = self.window ** 2
-        return self.table[self.index.reshape(-1)].view(n, n, -1).permute(2, 0, 1)
+        index = swin_relative_index(self.window).to(self.table.device)  # made here: a buffer would stay on meta
+        return self.table[index.reshape(-1)].view(n, n, -1).permute(2, 0, 1)
 
 
 class SwinV2PositionBias(nn.Module):
@@ -227,20 +231,25 @@ class SwinV2PositionBias(nn.Module):
 
     def __init__(self, window: int, num_heads: int, pretrained_window: int = 0) -> None:
         super().__init__()
-        self.window = window
+        self.window, self.pretrained_window = window, pretrained_window
         self.cpb_mlp = nn.Sequential(nn.Linear(2, 512), nn.ReLU(), nn.Linear(512, num_heads, bias=False))
+
+    def coords(self, window: int) -> torch.Tensor:
+        """``((2w-1)**2, 2)``: each offset's log-spaced coordinates, as the MLP reads them."""
         offsets = torch.arange(-(window - 1), window, dtype=torch.float32)
         coords = torch.stack(torch.meshgrid(offsets, offsets, indexing="ij"), dim=-1)  # (2w-1, 2w-1, 2)
-        norm = pretrained_window - 1 if pretrained_window > 0 else window - 1
+        norm = self.pretrained_window - 1 if self.pretrained_window > 0 else window - 1
         if norm > 0:
             coords = coords / norm
         coords = coords * 8
         coords = torch.sign(coords) * torch.log2(coords.abs() + 1.0) / 3.0  # log2(8) = 3
-        self.register_buffer("coords", coords.reshape(-1, 2), persistent=False)
-        self.register_buffer("index", swin_relative_index(window), persistent=False)
+        return coords.reshape(-1, 2)
 
-    def forward(self) -> torch.Tensor:
-        """The bias ``(nh, w*w, w*w)``."""
-        n = self.window ** 2
-        table = self.cpb_mlp(self.coords)  # ((2w-1)**2, nh)
-        return 16 * torch.sigmoid(table[self.index.reshape(-1)].view(n, n, -1).permute(2, 0, 1))
+    def forward(self, window: int | None = None) -> torch.Tensor:
+        """The bias ``(nh, w*w, w*w)`` for windows of side ``window`` (the layer's, which a small grid shrinks)."""
+        window = window or self.window
+        n = window ** 2
+        weight = self.cpb_mlp[0].weight
+        table = self.cpb_mlp(self.coords(window).to(weight.device, weight.dtype))  # ((2w-1)**2, nh)
+        index = swin_relative_index(window).to(weight.device)
+        return 16 * torch.sigmoid(table[index.reshape(-1)].view(n, n, -1).permute(2, 0, 1))

@@ -68,6 +68,7 @@ from vit.sources import (
     import_sam,
     import_scratch,
     import_siglip,
+    import_swin,
     import_timm,
     import_torchvision,
     import_vit_pytorch,
@@ -77,7 +78,8 @@ from vit.sources import (
 SUPPORTED = ("our .pt checkpoints; Hugging Face folders of " + hf.SUPPORTED + "; " + import_timm.SUPPORTED + "; "
              + import_torchvision.SUPPORTED + "; " + import_dinov3.SUPPORTED + "; " + import_clip.SUPPORTED + "; "
              + import_siglip.SUPPORTED + "; " + import_eva.SUPPORTED + "; " + import_beit.SUPPORTED + "; "
-             + import_sam.SUPPORTED + "; " + import_aimv2.SUPPORTED + "; " + import_pe.SUPPORTED + "; "
+             + import_sam.SUPPORTED + "; " + import_swin.SUPPORTED + "; " + import_aimv2.SUPPORTED + "; "
+             + import_pe.SUPPORTED + "; "
              + import_scratch.SUPPORTED + "; "
              + import_vit_pytorch.SUPPORTED)
 HF_WEIGHTS = ("model.safetensors", "pytorch_model.bin")
@@ -176,6 +178,8 @@ def timm_family(name: str):
         return import_beit
     if import_sam.is_sam_name(name):
         return import_sam
+    if import_swin.is_swin_name(name):
+        return import_swin
     if import_aimv2.is_aimv2_name(name):
         return import_aimv2
     if import_pe.is_pe_name(name):
@@ -405,6 +409,8 @@ HF_FAMILIES = {"dinov3_vit": (import_dinov3, ("DINOv3ViTModel",)),
                 "beit": (import_beit, ("BeitModel", "BeitForImageClassification")),
                 "data2vec-vision": (import_beit, ("Data2VecVisionModel", "Data2VecVisionForImageClassification")),
                 "sam": (import_sam, ("SamModel",)),
+                "swin": (import_swin, ("SwinModel", "SwinForImageClassification")),
+                "swinv2": (import_swin, ("Swinv2Model", "Swinv2ForImageClassification")),
                 "sam_vision_model": (import_sam, ("SamVisionModel",)),
                 "aimv2": (import_aimv2, ("Aimv2Model",)),
                 "aimv2_vision_model": (import_aimv2, ("Aimv2VisionModel",))}
