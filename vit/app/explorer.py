@@ -344,6 +344,10 @@ def analyse(checkpoint: Checkpoint, image: Image.Image, size: InputSize = TRAINI
     L)`` after each block (read at its ``hook_resid_post``; it may raise to stop the forward there).
     """
     model, p = checkpoint.model, checkpoint.preprocessing
+    if getattr(model.config, "stage_depths", ()):
+        raise ValueError("this model has stages (Swin), whose layers each have their own grid; the explorer does not "
+                         "draw them yet: use vit.explain.stages (layer_row, clicked_row, rollout_row) on its "
+                         "attentions")
     patch_size = model.config.patch_size
     shape = input_shape(image, p, patch_size, size)  # (height, width)
     grid = model.patch_grid(*shape)

@@ -1,0 +1,103 @@
+"""Swin's maps on the image, against dense references built from HF's own attentions: each layer's row placed on its
+own grid (HF's ``window_partition`` of a token-index map, padded and rolled as HF does), and the rollout through the
+stages (a dense product of every layer's placed attention, the merge as the average of each 2x2 neighbourhood)."""
+
+import pytest
+import torch
+from parity_helpers import randomize
+
+from vit.explain.stages import clicked_row, layer_row, rollout_row
+from vit.model import covering_token
+from vit.sources.open import open_source
+
+transformers = pytest.importorskip("transformers")
+pytestmark = pytest.mark.slow  # importing transformers takes seconds
+
+SIZE = 40  # a 10x10 grid in windows of 4: padded to 12x12 and shifted; then 5x5 padded to 8x8, shifted again
+
+
+@pytest.fixture(scope="module")
+def swin(tmp_path_factory):
+    from transformers.models.swin.modeling_swin import window_partition
+
+    config = transformers.SwinConfig(image_size=SIZE, patch_size=4, embed_dim=24, depths=[2, 2], num_heads=[2, 4],
+                                     window_size=4, num_labels=5)
+    config._attn_implementation = "eager"
+    torch.manual_seed(0)
+    model = randomize(transformers.SwinForImageClassification(config))
+    folder = tmp_path_factory.mktemp("swin")
+    model.save_pretrained(folder)
+    checkpoint = open_source(folder)
+    images = torch.randn(1, 3, SIZE, SIZE)
+    layers = [block for stage in model.swin.encoder.layers for block in stage.blocks]
+    captured = []
+    hooks = [b.attention.register_forward_hook(lambda m, i, o: captured.append(o[1])) for b in layers]
+    with torch.no_grad():
+        model(pixel_values=images)
+    for hook in hooks:
+        hook.remove()
+    grids = [(10, 10)] * 2 + [(5, 5)] * 2
+    dense = []
+    for layer, attn, grid in zip(layers, captured, grids, strict=True):
+        T, w, s = grid[0] * grid[1], layer.window_size, layer.shift_size
+        ids = torch.arange(T, dtype=torch.float32).view(1, *grid, 1)
+        ids, _ = layer.maybe_pad(ids + 1, *grid)  # padding reads 0 -> -1 below
+        slots = window_partition(torch.roll(ids, (-s, -s), (1, 2)), w).reshape(-1, w * w).long() - 1  # (nw, n)
+        full = torch.zeros(attn.shape[1], T, T)
+        for win, tokens in enumerate(slots):
+            real = (tokens >= 0).nonzero()[:, 0]
+            full[:, tokens[real][:, None], tokens[real][None, :]] = attn[win][:, real][:, :, real]
+        dense.append(full)
+    return checkpoint, images, grids, dense
+
+
+def merge_reference(grid):
+    gh, gw = grid
+    oh, ow = (gh + 1) // 2, (gw + 1) // 2
+    m = torch.zeros(oh * ow, gh * gw)
+    for r in range(oh):
+        for c in range(ow):
+            inputs = [(2 * r + dr) * gw + 2 * c + dc for dr in (0, 1) for dc in (0, 1)
+                      if 2 * r + dr < gh and 2 * c + dc < gw]
+            m[r * ow + c, inputs] = 1 / len(inputs)
+    return m
+
+
+def test_every_layers_row_is_hfs_placed_on_its_own_grid(swin):
+    checkpoint, images, grids, dense = swin
+    with torch.no_grad():
+        attentions = checkpoint.model.encode(images, output_attentions=True).attentions
+    layouts = checkpoint.model.layer_layouts((10, 10))
+    for layer, grid in enumerate(grids):
+        for query in (0, 7, grid[0] * grid[1] - 1):
+            ours = layer_row(attentions, layouts, layer, query)  # (1, H, gh, gw)
+            assert ours.shape[-2:] == grid
+            assert torch.allclose(ours[0].flatten(1), dense[layer][:, query], atol=1e-5)
+
+
+def test_a_clicked_patch_is_the_covering_token_of_each_layers_grid(swin):
+    checkpoint, images, _, dense = swin
+    assert covering_token(0, (10, 10), (5, 5)) == 0
+    assert covering_token(10 * 3 + 9, (10, 10), (5, 5)) == 1 * 5 + 4  # row 3, column 9 -> cell (1, 4)
+    with torch.no_grad():
+        attentions = checkpoint.model.encode(images, output_attentions=True).attentions
+    layouts = checkpoint.model.layer_layouts((10, 10))
+    assert torch.allclose(clicked_row(attentions, layouts, 3, 39)[0].flatten(1), dense[3][:, 9], atol=1e-5)
+
+
+def test_rollout_through_the_stages_matches_a_dense_product(swin):
+    checkpoint, images, grids, dense = swin
+    with torch.no_grad():
+        attentions = checkpoint.model.encode(images, output_attentions=True).attentions
+    layouts = checkpoint.model.layer_layouts((10, 10))
+    factors = []
+    for full in dense:
+        a = full.mean(0).double() + torch.eye(full.shape[-1], dtype=torch.float64)
+        factors.append(a / a.sum(-1, keepdim=True))
+    product = factors[3] @ factors[2] @ merge_reference((10, 10)).double() @ factors[1] @ factors[0]  # (25, 100)
+    for query in (0, 12, 24):
+        ours = rollout_row(attentions, layouts, -1, query)  # (1, 10, 10)
+        assert torch.allclose(ours[0].flatten().double(), product[query], atol=1e-5)
+        assert ours.sum().item() == pytest.approx(1.0, abs=1e-5)
+    first = rollout_row(attentions, layouts, 1, 5)[0].flatten().double()  # within stage 0: no merge
+    assert torch.allclose(first, (factors[1] @ factors[0])[5], atol=1e-5)
