@@ -9,7 +9,8 @@
   or a timm state dict file (``.safetensors``, ``.pth``) with ``arch="timm:NAME"``;
 - a torchvision ``vit_*`` state dict file (recognised from its keys, or ``arch="torchvision:NAME"``);
 - CLIP (``vit.sources.import_clip``): open_clip state dicts and folders (``open_clip_config.json``), OpenAI's layout,
-  HF ``clip`` / ``clip_vision_model`` folders; SigLIP (``vit.sources.import_siglip``): HF ``siglip`` folders;
+  HF ``clip`` / ``clip_vision_model`` folders; SigLIP (``vit.sources.import_siglip``): HF ``siglip`` folders and
+  SigLIP 2 NaFlex's ``siglip2`` ones;
 - DINOv3 (``vit.sources.import_dinov3``): HF ``dinov3_vit`` folders, timm ``vit_*_dinov3*`` weights, original
   ``facebookresearch/dinov3`` backbones (recognised from ``storage_tokens``, or ``arch="dinov3:NAME"``);
 - from-scratch ViTs (``vit.sources.import_scratch``, ``vit.sources.import_vit_pytorch``): the tutorials' models
@@ -260,6 +261,11 @@ def hf_preprocessing(processor: Mapping | None, config: ViTConfig, architecture:
     """HF's image processor settings (``preprocessor_config.json``), else the family's documented defaults:
     ViT resizes to its size bilinearly with mean/std 0.5; DeiT resizes to 256/224 of it and crops, bicubic,
     ImageNet statistics; DINOv2 resizes the shorter side to 256 and crops 224, bicubic, ImageNet statistics."""
+    if config.max_num_patches:  # NaFlex: no fixed size; the processor's patch budget per image
+        try:
+            return _naflex_preprocessing(processor or {}, config)
+        except (ValueError, TypeError, KeyError, ArithmeticError) as e:
+            raise SourceError(f"preprocessor_config.json cannot be used ({_one_line(e)}); fix or remove it") from None
     if processor:
         try:
             return _processor_preprocessing(processor, config)
@@ -302,6 +308,24 @@ def _processor_preprocessing(processor: Mapping, config: ViTConfig) -> Preproces
                              resize_mode="shortest_edge" if shortest else "square", resample=resample,
                              crop_rule="transformers")
     return Preprocessing(size, channels, tuple(mean)[:channels], tuple(std)[:channels], resample=resample)
+
+
+def _naflex_preprocessing(processor: Mapping, config: ViTConfig) -> Preprocessing:
+    """``Siglip2ImageProcessor``'s settings (its defaults where the file has none: bilinear, mean/std 0.5, the
+    model's own patch budget): each image resized to its NaFlex size, without a crop."""
+    channels = config.num_channels
+    mean = _numbers(processor.get("image_mean", 0.5), "image_mean", channels)
+    std = _numbers(processor.get("image_std", 0.5), "image_std", channels)
+    budget = processor.get("max_num_patches", config.max_num_patches)
+    patch = processor.get("patch_size", config.patch_size)
+    for name, value in (("max_num_patches", budget), ("patch_size", patch)):
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise ValueError(f"{name} must be a positive whole number, got {str(value)[:40]}")
+    if patch != config.patch_size:
+        raise ValueError(f"patch_size {patch} differs from the model's {config.patch_size}")
+    resample = _PIL_FILTERS.get(processor.get("resample", 2), "bilinear")
+    return Preprocessing(config.image_size, channels, mean, std, resample=resample, max_num_patches=budget,
+                         patch_size=patch)
 
 
 def _default_preprocessing(config: ViTConfig, architecture: str) -> Preprocessing:
@@ -402,16 +426,15 @@ HF_FAMILIES = {"dinov3_vit": (import_dinov3, ("DINOv3ViTModel",)),
                 "clip_vision_model": (import_clip, ("CLIPVisionModel", "CLIPVisionModelWithProjection")),
                 "siglip": (import_siglip, ("SiglipModel",)),
                 "siglip_vision_model": (import_siglip, ("SiglipVisionModel",)),
+                "siglip2": (import_siglip, ("Siglip2Model",)),
+                "siglip2_vision_model": (import_siglip, ("Siglip2VisionModel",)),
                 "beit": (import_beit, ("BeitModel", "BeitForImageClassification")),
                 "data2vec-vision": (import_beit, ("Data2VecVisionModel", "Data2VecVisionForImageClassification")),
                 "sam": (import_sam, ("SamModel",)),
                 "sam_vision_model": (import_sam, ("SamVisionModel",)),
                 "aimv2": (import_aimv2, ("Aimv2Model",)),
                 "aimv2_vision_model": (import_aimv2, ("Aimv2VisionModel",))}
-HF_REFUSED = {"siglip2": "SigLIP 2's NaFlex variable-resolution models (Siglip2Model) are not supported yet; its "
-                          "fixed-resolution checkpoints (SiglipModel folders) are",
-               "siglip2_vision_model": "SigLIP 2's NaFlex variable-resolution models are not supported yet; its "
-                                       "fixed-resolution checkpoints (SiglipModel folders) are"}
+HF_REFUSED: dict[str, str] = {}  # model_type -> one line on why it is not opened
 
 
 def hf_family_config(folder: Path, config_json: Mapping) -> tuple[ViTConfig, str]:
