@@ -211,3 +211,48 @@ def test_a_vision_folder_and_a_hub_id_open_the_same_naflex_model(tmp_path, fake_
         for checkpoint in (by_path, by_id):
             ours = checkpoint.model.encode(preprocess([image], checkpoint.preprocessing)).embedding
             torch.testing.assert_close(ours, expected, rtol=0, atol=1e-5)
+
+
+# --- timm naflexvit_* ---------------------------------------------------------------------------------------------
+
+TIMM_NAMES = ["naflexvit_base_patch16_gap", "naflexvit_so150m2_patch16_reg1_gap", "naflexvit_base_patch16_siglip"]
+
+
+@pytest.mark.parametrize("name", TIMM_NAMES)
+def test_timm_naflexvit_matches_timm_at_three_aspects(tmp_path, name):
+    timm = pytest.importorskip("timm")
+    from parity_helpers import capture_inputs
+
+    args = dict(patch_size=8, embed_dim=32, depth=2, num_heads=2, num_classes=5, pos_embed_grid_size=(4, 4))
+    timm.layers.set_fused_attn(False)
+    try:
+        torch.manual_seed(0)
+        model = randomize(timm.create_model(name, pretrained=False, **args)).eval()
+    finally:
+        timm.layers.set_fused_attn(True)
+    timm.models.save_for_hf(model, tmp_path / "timm", model_args=dict(num_heads=2, patch_size=8),
+                            safe_serialization=True)
+    checkpoint = open_source(tmp_path / "timm")
+    assert checkpoint.preprocessing.max_num_patches == 16
+    for size in SIZES:
+        image = noise_image(*size)
+        x = preprocess([image], checkpoint.preprocessing)  # the image's own aspect, at most 16 patches
+        expected, attentions = capture_inputs([b.attn.attn_drop for b in model.blocks], lambda x=x: model(x))
+        with torch.no_grad():
+            logits, ours = checkpoint.model(x, output_attentions=True)
+        assert_parity(f"NaFlex | timm {name} | {size[0]}x{size[1]} px", logits, expected, ours, attentions)
+
+
+@pytest.mark.parametrize("name, missing", [("naflexvit_base_patch16_par_gap", "aspect-preserving or factorized"),
+                                           ("naflexvit_base_patch16_map", "without the prefix tokens")])
+def test_timm_naflexvit_with_an_op_we_lack_is_refused_in_one_line(tmp_path, name, missing):
+    timm = pytest.importorskip("timm")
+    model = timm.create_model(name, pretrained=False, patch_size=8, embed_dim=32, depth=1, num_heads=2,
+                              pos_embed_grid_size=(4, 4))
+    timm.models.save_for_hf(model, tmp_path / "timm", model_args=dict(num_heads=2, patch_size=8),
+                            safe_serialization=True)
+    from vit.sources.open import SourceError
+
+    with pytest.raises(SourceError, match=missing) as error:
+        open_source(tmp_path / "timm")
+    assert "\n" not in str(error.value)

@@ -65,6 +65,7 @@ from vit.sources import (
     import_clip,
     import_dinov3,
     import_eva,
+    import_naflex,
     import_pe,
     import_sam,
     import_scratch,
@@ -79,6 +80,7 @@ SUPPORTED = ("our .pt checkpoints; Hugging Face folders of " + hf.SUPPORTED + ";
              + import_torchvision.SUPPORTED + "; " + import_dinov3.SUPPORTED + "; " + import_clip.SUPPORTED + "; "
              + import_siglip.SUPPORTED + "; " + import_eva.SUPPORTED + "; " + import_beit.SUPPORTED + "; "
              + import_sam.SUPPORTED + "; " + import_aimv2.SUPPORTED + "; " + import_pe.SUPPORTED + "; "
+             + import_naflex.SUPPORTED + "; "
              + import_scratch.SUPPORTED + "; "
              + import_vit_pytorch.SUPPORTED)
 HF_WEIGHTS = ("model.safetensors", "pytorch_model.bin")
@@ -181,6 +183,8 @@ def timm_family(name: str):
         return import_aimv2
     if import_pe.is_pe_name(name):
         return import_pe
+    if import_naflex.is_naflex_name(name):
+        return import_naflex
     return import_dinov3 if "dinov3" in name else import_eva if import_eva.is_eva_name(name) else import_timm
 
 
@@ -523,6 +527,10 @@ def open_timm(path: Path, state: Mapping[str, torch.Tensor], name: str | None, c
         class_names = default_class_names(config.num_classes)
     preprocessing = import_timm.preprocessing_from_timm(name, config, pretrained_cfg, model_args)
     guessed = None if pretrained_cfg.get("mean") and pretrained_cfg.get("std") else "timm pretrained_cfg (mean, std)"
+    if config.max_num_patches:  # NaFlex: each image at its aspect within the table's patch budget, no crop
+        p = preprocessing
+        preprocessing = Preprocessing(config.image_size, p.num_channels, p.mean, p.std, resample=p.resample,
+                                      max_num_patches=config.max_num_patches, patch_size=config.patch_hw[0])
     return _finish(model, class_names, preprocessing, path, "timm", f"timm:{name}", guessed)
 
 
