@@ -256,3 +256,52 @@ def test_timm_naflexvit_with_an_op_we_lack_is_refused_in_one_line(tmp_path, name
     with pytest.raises(SourceError, match=missing) as error:
         open_source(tmp_path / "timm")
     assert "\n" not in str(error.value)
+
+
+# --- maps: every one on the image's own grid, drawn over exactly the pixels the model saw ----------------------
+
+def test_every_map_of_a_naflex_model_is_on_the_images_own_grid_over_the_whole_image(naflex):
+    from vit import api
+
+    _, _, checkpoint = naflex
+    image = noise_image(50, 30)
+    grid = tuple(s // 8 for s in input_shape(image, checkpoint.preprocessing, 8))
+    assert grid == (3, 5)  # a landscape grid within the 16 patches of its processor
+    drawn = []
+    for method in api.methods():
+        try:
+            explanation = api.explain(checkpoint, image, method)
+        except ValueError as error:  # the methods for classifiers; a SigLIP's go through words (below)
+            assert "does not apply" in str(error) or "vit.ask" in str(error)
+            continue
+        assert explanation.map.shape == explanation.grid == grid
+        assert explanation.input_box == (0.0, 0.0, 50.0, 30.0) and explanation.seen.size == (50, 30)
+        drawn.append(method)
+    assert {"attention", "rollout", "flow", "norms", "probe", "probe_rollout"} <= set(drawn)
+    answer = api.ask(checkpoint, image, LABELS)
+    for method in api.ask_methods(checkpoint):  # LeGrad and AttnLRP of each label
+        explanation = answer.explain("a dog", method)
+        assert explanation.map.shape == grid and np.isfinite(explanation.map).all()
+
+
+def test_predict_save_maps_writes_each_images_attention_over_its_real_tokens(naflex, tmp_path, capsys):
+    from test_prompts import predict_json
+
+    folder, model, checkpoint = naflex
+    paths = []
+    for width, height in SIZES:
+        paths.append(tmp_path / f"{width}x{height}.png")
+        noise_image(width, height).save(paths[-1])
+    status, results, _ = predict_json(capsys, folder, *paths, "--save-maps", tmp_path / "maps")
+    assert status == 0 and len(results) == 3
+    for path, (width, height) in zip(paths, SIZES, strict=True):
+        saved = np.load(tmp_path / "maps" / f"{path.stem}.npz")
+        inputs = hf_inputs(folder, [Image.open(path)], 16)
+        n = int(inputs["pixel_attention_mask"][0].sum())
+        assert tuple(saved["grid"]) == tuple(inputs["spatial_shapes"][0].tolist())
+        assert tuple(saved["input_box"]) == (0, 0, width, height)
+        with torch.no_grad():
+            expected = model.vision_model(**inputs, output_attentions=True).attentions
+        for i, layer in enumerate(expected):
+            assert saved[f"layer_{i}"].shape == (2, n, n)  # real tokens only, never the padding
+            np.testing.assert_allclose(saved[f"layer_{i}"], layer[0, :, :n, :n].numpy(), rtol=0, atol=1e-5)
