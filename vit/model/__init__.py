@@ -47,6 +47,7 @@ from vit.model.config import (
     NORMS,
     POOL_HEADS,
     POOLINGS,
+    POS_RESIZES,
     PREFIX_POSITIONS,
     PRESETS,
     REL_POS,
@@ -58,6 +59,7 @@ from vit.model.layouts import (
     RelativePositionBias,
     beit_relative_position_index,
     decomposed_rel_pos,
+    padding_bias,
     sam_rel_pos,
     window_partition,
     window_unpartition,
@@ -76,9 +78,9 @@ from vit.model.vision_transformer import Encoding, ViT, count_parameters
 __all__ = [
     "ACTIVATIONS", "Attention", "AttentionPool", "Block", "CONFIG_BOUNDS", "Encoding",
     "Hook", "HookPoint", "LayerNorm", "MAX_LAYER_SCALE", "MAX_ROPE_THETA", "MLP", "NORMS", "PLAIN_RULES",
-    "POOLINGS", "POOL_HEADS", "PREFIX_POSITIONS", "PRESETS", "Parent", "REL_POS", "RMSNorm", "ROPES",
+    "POOLINGS", "POOL_HEADS", "POS_RESIZES", "PREFIX_POSITIONS", "PRESETS", "Parent", "REL_POS", "RMSNorm", "ROPES",
     "RelativePositionBias", "Rules", "ViT", "ViTConfig", "activate", "apply_rope", "beit_relative_position_index",
     "count_parameters", "current_rules", "decomposed_rel_pos", "dinov3_rope", "drop_path", "eva_rope",
-    "fused_attention", "make_norm", "resample_pos_embed", "rotate_half", "rotate_pairs", "sam_rel_pos",
+    "fused_attention", "make_norm", "padding_bias", "resample_pos_embed", "rotate_half", "rotate_pairs", "sam_rel_pos",
     "sincos_positions", "use_rules", "window_partition", "window_unpartition",
 ]

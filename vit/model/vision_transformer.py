@@ -275,6 +275,8 @@ class ViT(Parent):
         layer and the pooling probe (HF Siglip2's ``pixel_attention_mask``). One ``Encoding`` per image, batch 1,
         its attentions over its real tokens alone ``(1, nh, T_i, T_i)``: what ``encode`` gives for it alone."""
         c = self.config
+        if not images:
+            raise ValueError("encode_padded needs at least one image")
         if c.rope != "none" or c.rel_pos != "none" or c.window_size:
             raise ValueError("padded batches need a model whose attention does not depend on the grid (no rotary "
                              "positions, relative positions or windows); encode the images one at a time")
