@@ -36,6 +36,19 @@ def siglip2_folder(folder):
     return folder
 
 
+def siglip2_naflex_folder(folder):
+    """SigLIP 2 NaFlex: a Siglip2Model whose processor fits each image's own aspect into 16 patches of 4 px."""
+    config = transformers.Siglip2Config(
+        vision_config=dict(num_patches=16, patch_size=4, hidden_size=8, intermediate_size=16, num_hidden_layers=2,
+                           num_attention_heads=2),
+        text_config=dict(hidden_size=8, intermediate_size=16, num_hidden_layers=1, num_attention_heads=2,
+                         vocab_size=32, max_position_embeddings=8))
+    torch.manual_seed(0)
+    transformers.Siglip2Model(config).save_pretrained(folder)
+    transformers.Siglip2ImageProcessorPil(patch_size=4, max_num_patches=16).save_pretrained(folder)
+    return folder
+
+
 def open_clip_folder(folder):
     model_cfg = dict(embed_dim=8, vision_cfg=dict(image_size=16, patch_size=4, width=16, layers=2, head_width=8),
                      text_cfg=dict(context_length=8, vocab_size=32, width=16, heads=2, layers=1), quick_gelu=True)
@@ -101,6 +114,14 @@ def test_a_dinov3_model_of_the_hf_cache_opens_from_the_picker(tmp_path):
 
 def test_a_siglip2_folder_opens_by_path_with_the_probe_map_first(tmp_path):
     assert_siglip_view(open_by_path(siglip2_folder(tmp_path / "siglip2")))
+
+
+def test_a_siglip2_naflex_model_of_the_hf_cache_opens_from_the_picker_on_the_photos_own_grid(tmp_path):
+    snapshot = in_hf_cache(tmp_path, "google/siglip2-naflex-tiny", siglip2_naflex_folder)
+    at = open_from_picker("google/siglip2-naflex-tiny · hf:Siglip2Model", snapshot)
+    assert_siglip_view(at)
+    # the 40x30 photo keeps its aspect within 16 patches (HF's rule: 16x12 px, 3 x 4 patches; 4 x 4 would stretch it)
+    assert any("sees it as 16×12 px in 3 rows × 4 columns" in c.value for c in at.main.caption)
 
 
 def test_a_siglip2_model_of_the_hf_cache_opens_from_the_picker(tmp_path):

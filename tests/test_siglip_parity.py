@@ -54,15 +54,6 @@ def test_hf_siglip_matches_transformers(tmp_path, architecture):
                       [ours.pool_attention], [probe])
 
 
-def test_siglip2_naflex_folder_is_refused_in_one_line(tmp_path):
-    config = transformers.Siglip2VisionConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-                                              num_attention_heads=2, patch_size=8, num_patches=16)
-    transformers.Siglip2VisionModel(config).save_pretrained(tmp_path / "siglip2")
-    with pytest.raises(SourceError, match="NaFlex") as error:
-        open_source(tmp_path / "siglip2")
-    assert "\n" not in str(error.value)
-
-
 def timm_siglip(dynamic: bool = False):
     timm.layers.set_fused_attn(False)
     try:

@@ -86,6 +86,10 @@ class Preprocessing:
     resize_mode: str = "square"  # "square" stretches to resize_size²; "shortest_edge" keeps the aspect ratio
     resample: str = "bicubic"  # the PIL filter of the resize
     crop_rule: str = "torchvision"  # the crop's offset: torchvision's round() (timm, open_clip) or HF's int()
+    # NaFlex (SigLIP 2, timm naflexvit): each image resized, without a crop, to the largest size at its own aspect
+    # ratio whose grid of patch_size patches has at most max_num_patches (vit.images.naflex_size); 0: image_size.
+    max_num_patches: int = 0
+    patch_size: int = 0  # NaFlex's patch side in px, which the size is rounded to
 
     def __post_init__(self) -> None:
         size = self.image_size
@@ -107,7 +111,8 @@ class Preprocessing:
         size = list(self.image_size) if isinstance(self.image_size, tuple) else self.image_size
         return {"image_size": size, "num_channels": self.num_channels,
                 "mean": list(self.mean), "std": list(self.std), "resize_size": self.resize_size,
-                "resize_mode": self.resize_mode, "resample": self.resample, "crop_rule": self.crop_rule}
+                "resize_mode": self.resize_mode, "resample": self.resample, "crop_rule": self.crop_rule,
+                "max_num_patches": self.max_num_patches, "patch_size": self.patch_size}
 
     @classmethod
     def from_dict(cls, values: dict) -> Preprocessing:
@@ -120,7 +125,8 @@ class Preprocessing:
                    resize_size=int(resize) if resize is not None else None,
                    resize_mode=str(values.get("resize_mode", "square")),
                    resample=str(values.get("resample", "bicubic")),
-                   crop_rule=str(values.get("crop_rule", "torchvision")))
+                   crop_rule=str(values.get("crop_rule", "torchvision")),
+                   max_num_patches=int(values.get("max_num_patches", 0)), patch_size=int(values.get("patch_size", 0)))
 
     @classmethod
     def default_for(cls, config: ViTConfig) -> Preprocessing:
@@ -206,6 +212,10 @@ def preprocessing_problem(preprocessing: Preprocessing, config: ViTConfig) -> st
         return f"resample filter {p.resample!r} is not one of {', '.join(RESAMPLE_FILTERS)}"
     if p.crop_rule not in CROP_RULES:
         return f"crop rule {p.crop_rule!r} is not one of {', '.join(CROP_RULES)}"
+    if p.max_num_patches and not (0 < p.max_num_patches <= MAX_PREPROCESSING_PATCHES
+                                  and config.patch_hw == (p.patch_size, p.patch_size) and p.resize_size is None):
+        return (f"NaFlex's max_num_patches {p.max_num_patches} needs 1 to {MAX_PREPROCESSING_PATCHES:,} patches, "
+                f"the model's square patch size ({config.patch_size}, got {p.patch_size}) and no crop")
     return None
 
 

@@ -159,6 +159,26 @@ def crop_start(resized: int, crop: int, rule: str = "torchvision") -> int:
     return int(round((resized - crop) / 2.0))
 
 
+def naflex_size(height: int, width: int, patch_size: int, max_num_patches: int, eps: float = 1e-5
+                ) -> tuple[int, int]:
+    """NaFlex's input ``(height, width)`` for an image of ``height x width`` px: the largest scale whose sides, each
+    rounded up to whole patches (at least one), give at most ``max_num_patches`` patches; the same binary search over
+    the scale as HF ``get_image_size_for_max_num_patches`` (SigLIP 2), so the grid is the one the model was trained
+    on, step for step."""
+
+    def scaled(scale: float, size: int) -> int:
+        return max(patch_size, math.ceil(size * scale / patch_size) * patch_size)
+
+    low, high = eps / 10, 100.0
+    while high - low >= eps:
+        scale = (low + high) / 2
+        if (scaled(scale, height) / patch_size) * (scaled(scale, width) / patch_size) <= max_num_patches:
+            low = scale
+        else:
+            high = scale
+    return scaled(low, height), scaled(low, width)
+
+
 def to_uint8(image: Image.Image, image_size: int | tuple[int, int], num_channels: int, resize_size: int | None = None,
              resize_mode: str = "square", resample: str = "bicubic", crop_rule: str = "torchvision") -> torch.Tensor:
     """The evaluation transform up to normalisation: a ``(C, S, S)`` uint8 tensor.

@@ -19,7 +19,7 @@ from PIL import Image
 
 from vit.checkpoint import Checkpoint, Preprocessing
 from vit.cli import MAX_INPUT_SIDE, ModelError
-from vit.images import ImageError, crop_start, normalize, open_image, resized_size, to_uint8
+from vit.images import ImageError, crop_start, naflex_size, normalize, open_image, resized_size, to_uint8
 
 
 @dataclass(frozen=True)
@@ -73,8 +73,12 @@ def largest_square_side(patch_size: int | tuple[int, int], patches: int) -> int:
 
 def input_shape(image: Image.Image, preprocessing: Preprocessing, patch_size: int | tuple[int, int],
                 size: InputSize = TRAINING_SIZE) -> tuple[int, int]:
-    """``(height, width)`` the model sees ``image`` at; the checkpoint's own unless ``size`` says otherwise."""
+    """``(height, width)`` the model sees ``image`` at; the checkpoint's own unless ``size`` says otherwise. A NaFlex
+    model's own is the image's: its aspect ratio within ``max_num_patches`` patches (``vit.images.naflex_size``)."""
     if size == TRAINING_SIZE:
+        p = preprocessing
+        if p.max_num_patches:
+            return naflex_size(image.height, image.width, p.patch_size, p.max_num_patches)
         return preprocessing.image_hw
     return size.shape(image.size, preprocessing, patch_size)
 
@@ -116,13 +120,13 @@ def preprocess(images: Sequence[Image.Image], preprocessing: Preprocessing, size
     p = preprocessing
     if not images:
         return torch.empty(0, p.num_channels, *p.image_hw)
-    if size == TRAINING_SIZE:  # the checkpoint's own evaluation transform (with its crop, for imported models)
+    if size == TRAINING_SIZE and not p.max_num_patches:  # the checkpoint's own evaluation transform (with its crop)
         batch = torch.stack([to_uint8(image, p.image_size, p.num_channels, p.resize_size, p.resize_mode, p.resample,
                                       p.crop_rule) for image in images])  # (B, C, H, W)
         return normalize(batch, p.mean, p.std)
-    if patch_size is None:
+    if patch_size is None and size != TRAINING_SIZE:
         raise ValueError("an input size other than the checkpoint's needs the model's patch_size")
-    # Another size: the whole image resized to it (no crop), as DINO's visualisation does.
+    # Another size, or NaFlex's own: the whole image resized to it (no crop), as DINO's visualisation does.
     shapes = {input_shape(image, p, patch_size, size) for image in images}
     if len(shapes) > 1:
         raise ValueError(f"images come out at different input sizes {sorted(shapes)}; "

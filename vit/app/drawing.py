@@ -397,7 +397,7 @@ def display_images(image: Image.Image) -> tuple[Image.Image, str, Image.Image]:
 def model_input_image(image: Image.Image, checkpoint: Checkpoint, size: InputSize = TRAINING_SIZE) -> Image.Image:
     """The image as the model sees it (resized to its input size, greyscale for greyscale models)."""
     p = checkpoint.preprocessing
-    if size == TRAINING_SIZE:  # the checkpoint's own transform, with its crop for imported models
+    if size == TRAINING_SIZE and not p.max_num_patches:  # the checkpoint's own transform, with its crop
         array = to_uint8(image, p.image_size, p.num_channels, p.resize_size, p.resize_mode, p.resample,
                          p.crop_rule)
     else:

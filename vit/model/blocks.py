@@ -11,7 +11,7 @@ from torch import nn
 
 from vit.model.config import ViTConfig
 from vit.model.hooks import PLAIN_RULES, HookPoint, _hooks, _rules, activate
-from vit.model.layouts import RelativePositionBias, decomposed_rel_pos
+from vit.model.layouts import RelativePositionBias, decomposed_rel_pos, padding_bias
 from vit.model.positions import apply_rope
 from vit.model.stages import (
     LayerLayout,
@@ -164,12 +164,14 @@ class Attention(Parent):
     def forward(self, x: torch.Tensor, output_attentions: bool = False,
                 rope: tuple[torch.Tensor, torch.Tensor] | None = None, queries: int | None = None,
                 grid: tuple[int, int] | None = None, shared_bias: torch.Tensor | None = None,
-                mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+                mask: torch.Tensor | None = None, key_mask: torch.Tensor | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """``x`` (B, N, C) -> the attention's output (B, n, C) and its probabilities (B, nh, n, N) when asked, for
         the first ``n = queries`` tokens' queries (None: all N) against every key. ``grid``: the patch grid of the
         tokens (a window's, in a windowed layer), which a relative position bias needs; ``shared_bias`` (nh, N, N):
         the bias every layer adds (BEiT's shared table); ``mask`` (B, 1, N, N): added to the logits too (Swin's
-        shifted-window mask)."""
+        shifted-window mask); ``key_mask`` (B, N): False at padding keys, which then get zero probability in both
+        paths (NaFlex batches of images on different grids)."""
         B, N, C = x.shape
         q, k, v = self.queries_keys_values(x, rope)  # each (B, nh, N, hd)
         scale = 1.0 / math.sqrt(self.head_dim)
@@ -185,7 +187,12 @@ class Attention(Parent):
         if mask is not None:
             bias = mask.to(q.dtype) if bias is None else bias + mask.to(q.dtype)  # (B, nh, N, N)
         if bias is not None:
-            bias = self.hook_bias(bias[:, :, :q.shape[2]])  # (B or 1, nh, n, N)
+            bias = bias[:, :, :q.shape[2]]  # (B or 1, nh, n, N)
+        if key_mask is not None:
+            padding = padding_bias(key_mask, q.dtype, q.shape[2])  # (B, 1, n, N)
+            bias = padding if bias is None else bias + padding
+        if bias is not None:
+            bias = self.hook_bias(bias)  # (B or 1, nh or 1, n, N)
         rules = _rules.get()
         if rules is not PLAIN_RULES:
             q, k, v = rules.attention_inputs(q, k, v)
@@ -271,8 +278,9 @@ class AttentionPool(Parent):
         self.hook_k, self.hook_v = HookPoint(), HookPoint()  # (B, nh, T, hd)
         self.hook_pattern = HookPoint()  # (B, nh, 1, T): the probe's attention
 
-    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """``x`` (B, T, D) -> pooled (B, D), probe attention (B, nh, 1, T)."""
+    def forward(self, x: torch.Tensor, key_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """``x`` (B, T, D) -> pooled (B, D), probe attention (B, nh, 1, T); ``key_mask`` (B, T): False at padding
+        tokens, which the probe then does not read (HF Siglip2's head with ``pixel_attention_mask``)."""
         B, N, C = x.shape
         latent = self.q(self.latent) if self.q is not None else self.latent  # (1, 1, C)
         q = latent.view(1, 1, self.num_heads, self.head_dim).transpose(1, 2)  # (1, nh, 1, hd)
@@ -283,6 +291,8 @@ class AttentionPool(Parent):
         if rules is not PLAIN_RULES:  # the probe's two matmuls take the attention rules, as in a layer
             q, k, v = rules.attention_inputs(q, k, v)
         scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(self.head_dim))  # (B, nh, 1, N)
+        if key_mask is not None:
+            scores = scores + padding_bias(key_mask, scores.dtype, 1)  # (B, 1, 1, N)
         probs = self.hook_pattern(scores.softmax(dim=-1))
         y = (probs @ v).transpose(1, 2).reshape(B, 1, C)  # (B, 1, C)
         y = self.proj(y)
@@ -356,13 +366,14 @@ class Block(Parent):
 
     def forward(self, x: torch.Tensor, output_attentions: bool = False,
                 rope: tuple[torch.Tensor, torch.Tensor] | None = None, queries: int | None = None,
-                grid: tuple[int, int] | None = None, shared_bias: torch.Tensor | None = None
-                ) -> tuple[torch.Tensor, torch.Tensor | None]:
+                grid: tuple[int, int] | None = None, shared_bias: torch.Tensor | None = None,
+                key_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """``x`` (B, T, D) -> the block's output for its first ``queries`` tokens (None: all), which attend to
         every token, and the attention (B, nh, queries or T, T) when asked; a windowed block's is each window's,
         ``(B * nw, nh, w*w, w*w)`` (``window_partition``'s order, after the cyclic shift in a shifting block).
         ``grid``: the patch grid of ``x`` (needed by windows, relative positions and a merge; after a merge the
-        block works on ``grid_after(grid)``); ``shared_bias``: the bias every layer adds (BEiT's shared table)."""
+        block works on ``grid_after(grid)``); ``shared_bias``: the bias every layer adds (BEiT's shared table);
+        ``key_mask`` (B, T): False at padding tokens, which no query reads."""
         x = self.hook_resid_pre(x)
         if self.merge is not None:
             if grid is None:
@@ -371,8 +382,9 @@ class Block(Parent):
             grid = self.merge.grid_after(grid)
         h = self.hook_attn_in(self.norm1(x))
         if self.window:
-            if grid is None:
-                raise ValueError("this model attends within windows, so the patch grid must be given")
+            if grid is None or key_mask is not None:
+                raise ValueError("this model attends within windows, so the patch grid must be given (and no "
+                                 "padding)")
             layout = self.layout(grid)
             w, s = layout.window, layout.shift
             windows = shift_windows(h, grid, w, s, self.shift_padded)  # (B * nw, w*w, D)
@@ -383,7 +395,7 @@ class Block(Parent):
             y, probs = self.attn(windows, output_attentions, rope, None, (w, w), shared_bias, mask)
             y = unshift_windows(y, grid, w, s, self.shift_padded)[:, :queries]  # (B, T or queries, D)
         else:
-            y, probs = self.attn(h, output_attentions, rope, queries, grid, shared_bias)
+            y, probs = self.attn(h, output_attentions, rope, queries, grid, shared_bias, key_mask=key_mask)
         if queries is not None:
             x = x[:, :queries]  # (B, n, D)
         if self.res_norm1 is not None:

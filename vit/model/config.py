@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass, fields, replace
 CONFIG_BOUNDS = {"image_size": 8192, "patch_size": 1024, "num_channels": 16, "hidden_size": 16384, "num_layers": 256,
                  "num_heads": 256, "mlp_size": 131072, "num_classes": 100_000, "num_register_tokens": 256,
                  "projection_dim": 16384, "rope_ref_grid": 1024, "head_dim": 16384, "window_size": 1024,
-                 "pool_heads": 256, "pool_mlp_size": 131072}
+                 "pool_heads": 256, "pool_mlp_size": 131072, "max_num_patches": 65536}
 MAX_LAYER_SCALE = 1e3  # layer scale starts at 1e-5 to 1 (CaiT, DINOv2/v3); 1e308 overflows the first block
 MAX_ROPE_THETA = 1e9  # DINOv3's period is 100, EVA-02's 10,000
 
@@ -84,6 +84,11 @@ class ViTConfig:
     res_post_norm: bool = False  # Swin V2: x + norm(attn(x)), then x + norm(mlp(x)) (the norm on each branch)
     pretrained_windows: tuple[int, ...] = ()  # Swin V2, per stage: the window its position MLP's offsets are
     # normalised by (its pre-training window, when fine-tuned at another); 0 or empty: the layer's own
+    # NaFlex (SigLIP 2 NaFlex, timm naflexvit): each image at its native aspect ratio on its own grid of at most
+    # max_num_patches patches (the preprocessing picks it); the learned table is a square grid resized per image.
+    max_num_patches: int = 0  # 0: a fixed-resolution model; else the patch budget each image's grid fits in
+    pos_resize: str = "bicubic"  # how the table is resized to another grid: "bicubic" (timm, HF ViT) or "bilinear"
+    # (SigLIP 2 NaFlex's resize_positional_embeddings, always with antialias)
 
     def __post_init__(self) -> None:
         for name in ("image_size", "patch_size"):
@@ -99,7 +104,7 @@ class ViTConfig:
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise ValueError(f"ViTConfig.{name} must be a positive integer, got {value!r}")
         for name in ("num_classes", "num_register_tokens", "projection_dim", "rope_ref_grid", "head_dim",
-                     "window_size", "pool_heads", "pool_mlp_size"):
+                     "window_size", "pool_heads", "pool_mlp_size", "max_num_patches"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ValueError(f"ViTConfig.{name} must be a whole number of at least 0, got {value!r}")
@@ -146,6 +151,8 @@ class ViTConfig:
             raise ValueError(f"ViTConfig.rope must be one of {', '.join(ROPES)}, got {self.rope!r}")
         if self.norm not in NORMS:
             raise ValueError(f"ViTConfig.norm must be one of {', '.join(NORMS)}, got {self.norm!r}")
+        if self.pos_resize not in POS_RESIZES:
+            raise ValueError(f"ViTConfig.pos_resize must be one of {', '.join(POS_RESIZES)}, got {self.pos_resize!r}")
         if self.pool_head not in POOL_HEADS:
             raise ValueError(f"ViTConfig.pool_head must be one of {', '.join(POOL_HEADS)}, got {self.pool_head!r}")
         if self.sincos_pos and (self.pos_embed or self.hidden_size % 4):
@@ -335,6 +342,7 @@ ATTENTIONS = ("dot", "cosine")
 MERGES = ("none", "swin", "swinv2")
 NORMS = ("layer", "rms")
 POOL_HEADS = ("map", "aimv2")
+POS_RESIZES = ("bicubic", "bilinear")
 ACTIVATIONS = ("gelu", "gelu_tanh", "quick_gelu", "silu", "relu")  # relu: nn.TransformerEncoderLayer's default
 
 PRESETS: dict[str, ViTConfig] = {

@@ -7,7 +7,16 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-# --- attention layouts: relative position biases and windows ---------------------------------------------------
+# --- attention layouts: relative position biases, windows and padding -----------------------------------------
+
+def padding_bias(key_mask: torch.Tensor, dtype: torch.dtype, queries: int) -> torch.Tensor:
+    """A key-padding mask ``(B, N)`` (True: a real token, False: padding) as what the logits add, ``(B, 1, queries,
+    N)`` (an expanded view): 0 for real keys, the dtype's lowest value for padding, as HF's ``pixel_attention_mask``
+    becomes (``create_bidirectional_mask``), so a padded key gets exactly zero probability."""
+    low = torch.finfo(dtype).min
+    bias = torch.zeros(key_mask.shape, dtype=dtype, device=key_mask.device).masked_fill(~key_mask.bool(), low)
+    return bias[:, None, None, :].expand(-1, -1, queries, -1)  # (B, 1, n, N)
+
 
 def beit_relative_position_index(grid: tuple[int, int], rows: torch.Tensor | None = None) -> torch.Tensor:
     """BEiT's ``(1 + gh*gw, 1 + gw*gw)`` index into its table: patch pairs by their offset (row-major over

@@ -10,21 +10,23 @@ import torch.nn.functional as F
 
 
 def resample_pos_embed(pos_embed: torch.Tensor, new_grid: tuple[int, int],
-                       old_grid: tuple[int, int], num_prefix_tokens: int = 1, antialias: bool = False
-                       ) -> torch.Tensor:
-    """Bicubically resize position embeddings ``(1, prefix + gh*gw, D)`` to another patch grid.
+                       old_grid: tuple[int, int], num_prefix_tokens: int = 1, antialias: bool = False,
+                       mode: str = "bicubic") -> torch.Tensor:
+    """Bicubically (or with ``mode="bilinear"``) resize position embeddings ``(1, prefix + gh*gw, D)`` to another
+    patch grid.
 
     Prefix (CLS) embeddings are kept as they are; the interpolation runs in float32 and
     matches HF ``transformers``' ``interpolate_pos_encoding`` (align_corners=False), or with
     ``antialias`` timm's ``resample_abs_pos_embed`` and HF DINOv2-with-registers (PyTorch's
-    antialiased bicubic uses another kernel, so it differs even when upsampling).
+    antialiased bicubic uses another kernel, so it differs even when upsampling). Bilinear with antialias is
+    SigLIP 2 NaFlex's ``resize_positional_embeddings``.
     """
     if tuple(new_grid) == tuple(old_grid):
         return pos_embed
     prefix, grid = pos_embed[:, :num_prefix_tokens], pos_embed[:, num_prefix_tokens:]
     dim, dtype = pos_embed.shape[-1], pos_embed.dtype
     grid = grid.reshape(1, old_grid[0], old_grid[1], dim).permute(0, 3, 1, 2).float()  # (1, D, gh, gw)
-    grid = F.interpolate(grid, size=tuple(new_grid), mode="bicubic", align_corners=False, antialias=antialias)
+    grid = F.interpolate(grid, size=tuple(new_grid), mode=mode, align_corners=False, antialias=antialias)
     grid = grid.permute(0, 2, 3, 1).reshape(1, new_grid[0] * new_grid[1], dim).to(dtype)
     return torch.cat([prefix, grid], dim=1)
 

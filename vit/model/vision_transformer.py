@@ -204,7 +204,8 @@ class ViT(Parent):
                 x = x + sincos_positions(grid, x.shape[-1], x.device).to(x.dtype)  # (B, gh*gw, D)
             x = torch.cat([prefix, x], dim=1)  # (B, P + gh*gw, D)
         else:
-            pos = resample_pos_embed(self.pos_embed, grid, c.grid_size, positioned, c.pos_embed_antialias)
+            pos = resample_pos_embed(self.pos_embed, grid, c.grid_size, positioned, c.pos_embed_antialias,
+                                     c.pos_resize)
             # The first `positioned` prefix tokens get their table entries, the others none (registers
             # in HF DINOv2, every prefix token in timm's no_embed_class models).
             x = torch.cat([prefix[:, :positioned], x], dim=1) + pos  # (B, positioned + gh*gw, D)
@@ -223,7 +224,7 @@ class ViT(Parent):
         return self.run_blocks(x, self.patch_grid(images.shape[2], images.shape[3]), 0, None, output_attentions)
 
     def run_blocks(self, x: torch.Tensor, grid: tuple[int, int] | None, start: int = 0, stop: int | None = None,
-                   output_attentions: bool = False, queries: int | None = None
+                   output_attentions: bool = False, queries: int | None = None, key_mask: torch.Tensor | None = None
                    ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...] | None]:
         """Blocks ``start`` to ``stop`` (exclusive; None: the last) on the residual stream ``x`` (B, T, D) of an
         input whose patch grid is ``grid`` (needed by rotary positions; None for a model without them), with
@@ -232,7 +233,8 @@ class ViT(Parent):
 
         ``queries``: the last block computes only its first ``queries`` tokens (their queries against every key;
         its output and attention then have that many rows): all ``classify`` reads when ``readout_tokens`` says so,
-        and three quarters of that block's work saved (the rows' values are the full run's, up to rounding)."""
+        and three quarters of that block's work saved (the rows' values are the full run's, up to rounding).
+        ``key_mask`` (B, T): False at padding tokens, which no query of any layer reads (``encode_padded``)."""
         rope = None
         if self.config.rope != "none":
             if grid is None:
@@ -249,25 +251,32 @@ class ViT(Parent):
             self.layer_layouts(grid)  # the sizes that work, before any block runs
             grid = ((grid,) + self.layer_grids(grid))[start % len(self.blocks)]  # the grid of block start's input
         for i, block in enumerate(blocks):
-            x, probs = block(x, output_attentions, rope, queries if i == len(blocks) - 1 else None, grid, shared)
+            x, probs = block(x, output_attentions, rope, queries if i == len(blocks) - 1 else None, grid, shared,
+                             key_mask=key_mask)
             grid = None if grid is None else block.grid_after(grid)
             attentions.append(probs)
         return x, tuple(attentions) if output_attentions else None
 
-    def pool(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def pool(self, x: torch.Tensor, key_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The last block's output ``(B, T, D)`` -> the pooled vector (B, D) (2D for cls+avg) after the final
-        norm, pooling and fc_norm, and the pooling probe's attention (B, nh, 1, T) for pooling "map" (else None)."""
+        norm, pooling and fc_norm, and the pooling probe's attention (B, nh, 1, T) for pooling "map" (else None).
+        ``key_mask`` (B, T): False at padding tokens, which neither the average nor the probe reads."""
         x = self.hook_normed(self.norm(x))
         patches = x[:, self.num_prefix_tokens:]  # (B, gh*gw, D)
+        if key_mask is None:
+            mean = patches.mean(dim=1)  # (B, D)
+        else:
+            real = key_mask[:, self.num_prefix_tokens:, None].to(x.dtype)  # (B, gh*gw, 1)
+            mean = (patches * real).sum(dim=1) / real.sum(dim=1)  # (B, D)
         probe = None
         if self.config.pooling == "cls":
             pooled = x[:, 0]  # (B, D)
         elif self.config.pooling == "avg":
-            pooled = patches.mean(dim=1)  # (B, D)
+            pooled = mean
         elif self.config.pooling == "map":
-            pooled, probe = self.attn_pool(x)  # (B, D), (B, nh, 1, T)
+            pooled, probe = self.attn_pool(x, key_mask)  # (B, D), (B, nh, 1, T)
         else:  # "cls+avg"
-            pooled = torch.cat([x[:, 0], patches.mean(dim=1)], dim=-1)  # (B, 2D)
+            pooled = torch.cat([x[:, 0], mean], dim=-1)  # (B, 2D)
         if self.fc_norm is not None:
             pooled = self.fc_norm(pooled)
         return self.hook_pooled(pooled), probe
@@ -301,6 +310,31 @@ class ViT(Parent):
         pooled, probe = self.pool(x)
         embedding = self.hook_embedding(self.projection(pooled) if self.projection is not None else pooled)  # (B, E)
         return Encoding(self._logits(x, pooled), embedding, attentions, probe if output_attentions else None)
+
+    def encode_padded(self, images: Sequence[torch.Tensor], output_attentions: bool = False) -> list[Encoding]:
+        """One pass over images of different sizes (each ``(C, H, W)``, on its own patch grid: NaFlex's batches):
+        each image's tokens with its own positions, padded at the end to the longest and masked as keys in every
+        layer and the pooling probe (HF Siglip2's ``pixel_attention_mask``). One ``Encoding`` per image, batch 1,
+        its attentions over its real tokens alone ``(1, nh, T_i, T_i)``: what ``encode`` gives for it alone."""
+        c = self.config
+        if not images:
+            raise ValueError("encode_padded needs at least one image")
+        if c.rope != "none" or c.rel_pos != "none" or c.window_size:
+            raise ValueError("padded batches need a model whose attention does not depend on the grid (no rotary "
+                             "positions, relative positions or windows); encode the images one at a time")
+        embedded = [self.embed(image[None]) for image in images]  # each (1, T_i, D)
+        lengths = [e.shape[1] for e in embedded]
+        longest = max(lengths)
+        x = torch.cat([F.pad(e, (0, 0, 0, longest - e.shape[1])) for e in embedded])  # (B, T, D), zeros at the end
+        key_mask = torch.arange(longest, device=x.device)[None, :] < torch.tensor(lengths, device=x.device)[:, None]
+        x, attentions = self.run_blocks(self.pos_dropout(x), None, 0, None, output_attentions, None, key_mask)
+        pooled, probe = self.pool(x, key_mask)
+        embedding = self.hook_embedding(self.projection(pooled) if self.projection is not None else pooled)  # (B, E)
+        logits = self._logits(x, pooled)
+        return [Encoding(None if logits is None else logits[i:i + 1], embedding[i:i + 1],
+                         None if attentions is None else tuple(a[i:i + 1, :, :n, :n] for a in attentions),
+                         None if probe is None or not output_attentions else probe[i:i + 1, :, :, :n])
+                for i, n in enumerate(lengths)]
 
     def forward(self, images: torch.Tensor, output_attentions: bool = False
                 ) -> tuple[torch.Tensor | None, tuple[torch.Tensor, ...] | None]:

@@ -9,7 +9,8 @@
   or a timm state dict file (``.safetensors``, ``.pth``) with ``arch="timm:NAME"``;
 - a torchvision ``vit_*`` state dict file (recognised from its keys, or ``arch="torchvision:NAME"``);
 - CLIP (``vit.sources.import_clip``): open_clip state dicts and folders (``open_clip_config.json``), OpenAI's layout,
-  HF ``clip`` / ``clip_vision_model`` folders; SigLIP (``vit.sources.import_siglip``): HF ``siglip`` folders;
+  HF ``clip`` / ``clip_vision_model`` folders; SigLIP (``vit.sources.import_siglip``): HF ``siglip`` folders and
+  SigLIP 2 NaFlex's ``siglip2`` ones;
 - DINOv3 (``vit.sources.import_dinov3``): HF ``dinov3_vit`` folders, timm ``vit_*_dinov3*`` weights, original
   ``facebookresearch/dinov3`` backbones (recognised from ``storage_tokens``, or ``arch="dinov3:NAME"``);
 - from-scratch ViTs (``vit.sources.import_scratch``, ``vit.sources.import_vit_pytorch``): the tutorials' models
@@ -64,6 +65,7 @@ from vit.sources import (
     import_clip,
     import_dinov3,
     import_eva,
+    import_naflex,
     import_pe,
     import_sam,
     import_scratch,
@@ -79,7 +81,7 @@ SUPPORTED = ("our .pt checkpoints; Hugging Face folders of " + hf.SUPPORTED + ";
              + import_torchvision.SUPPORTED + "; " + import_dinov3.SUPPORTED + "; " + import_clip.SUPPORTED + "; "
              + import_siglip.SUPPORTED + "; " + import_eva.SUPPORTED + "; " + import_beit.SUPPORTED + "; "
              + import_sam.SUPPORTED + "; " + import_swin.SUPPORTED + "; " + import_aimv2.SUPPORTED + "; "
-             + import_pe.SUPPORTED + "; "
+             + import_pe.SUPPORTED + "; " + import_naflex.SUPPORTED + "; "
              + import_scratch.SUPPORTED + "; "
              + import_vit_pytorch.SUPPORTED)
 HF_WEIGHTS = ("model.safetensors", "pytorch_model.bin")
@@ -184,6 +186,8 @@ def timm_family(name: str):
         return import_aimv2
     if import_pe.is_pe_name(name):
         return import_pe
+    if import_naflex.is_naflex_name(name):
+        return import_naflex
     return import_dinov3 if "dinov3" in name else import_eva if import_eva.is_eva_name(name) else import_timm
 
 
@@ -264,6 +268,11 @@ def hf_preprocessing(processor: Mapping | None, config: ViTConfig, architecture:
     """HF's image processor settings (``preprocessor_config.json``), else the family's documented defaults:
     ViT resizes to its size bilinearly with mean/std 0.5; DeiT resizes to 256/224 of it and crops, bicubic,
     ImageNet statistics; DINOv2 resizes the shorter side to 256 and crops 224, bicubic, ImageNet statistics."""
+    if config.max_num_patches:  # NaFlex: no fixed size; the processor's patch budget per image
+        try:
+            return _naflex_preprocessing(processor or {}, config)
+        except (ValueError, TypeError, KeyError, ArithmeticError) as e:
+            raise SourceError(f"preprocessor_config.json cannot be used ({_one_line(e)}); fix or remove it") from None
     if processor:
         try:
             return _processor_preprocessing(processor, config)
@@ -306,6 +315,24 @@ def _processor_preprocessing(processor: Mapping, config: ViTConfig) -> Preproces
                              resize_mode="shortest_edge" if shortest else "square", resample=resample,
                              crop_rule="transformers")
     return Preprocessing(size, channels, tuple(mean)[:channels], tuple(std)[:channels], resample=resample)
+
+
+def _naflex_preprocessing(processor: Mapping, config: ViTConfig) -> Preprocessing:
+    """``Siglip2ImageProcessor``'s settings (its defaults where the file has none: bilinear, mean/std 0.5, the
+    model's own patch budget): each image resized to its NaFlex size, without a crop."""
+    channels = config.num_channels
+    mean = _numbers(processor.get("image_mean", 0.5), "image_mean", channels)
+    std = _numbers(processor.get("image_std", 0.5), "image_std", channels)
+    budget = processor.get("max_num_patches", config.max_num_patches)
+    patch = processor.get("patch_size", config.patch_size)
+    for name, value in (("max_num_patches", budget), ("patch_size", patch)):
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise ValueError(f"{name} must be a positive whole number, got {str(value)[:40]}")
+    if patch != config.patch_size:
+        raise ValueError(f"patch_size {patch} differs from the model's {config.patch_size}")
+    resample = _PIL_FILTERS.get(processor.get("resample", 2), "bilinear")
+    return Preprocessing(config.image_size, channels, mean, std, resample=resample, max_num_patches=budget,
+                         patch_size=patch)
 
 
 def _default_preprocessing(config: ViTConfig, architecture: str) -> Preprocessing:
@@ -406,6 +433,8 @@ HF_FAMILIES = {"dinov3_vit": (import_dinov3, ("DINOv3ViTModel",)),
                 "clip_vision_model": (import_clip, ("CLIPVisionModel", "CLIPVisionModelWithProjection")),
                 "siglip": (import_siglip, ("SiglipModel",)),
                 "siglip_vision_model": (import_siglip, ("SiglipVisionModel",)),
+                "siglip2": (import_siglip, ("Siglip2Model",)),
+                "siglip2_vision_model": (import_siglip, ("Siglip2VisionModel",)),
                 "beit": (import_beit, ("BeitModel", "BeitForImageClassification")),
                 "data2vec-vision": (import_beit, ("Data2VecVisionModel", "Data2VecVisionForImageClassification")),
                 "sam": (import_sam, ("SamModel",)),
@@ -414,10 +443,7 @@ HF_FAMILIES = {"dinov3_vit": (import_dinov3, ("DINOv3ViTModel",)),
                 "sam_vision_model": (import_sam, ("SamVisionModel",)),
                 "aimv2": (import_aimv2, ("Aimv2Model",)),
                 "aimv2_vision_model": (import_aimv2, ("Aimv2VisionModel",))}
-HF_REFUSED = {"siglip2": "SigLIP 2's NaFlex variable-resolution models (Siglip2Model) are not supported yet; its "
-                          "fixed-resolution checkpoints (SiglipModel folders) are",
-               "siglip2_vision_model": "SigLIP 2's NaFlex variable-resolution models are not supported yet; its "
-                                       "fixed-resolution checkpoints (SiglipModel folders) are"}
+HF_REFUSED: dict[str, str] = {}  # model_type -> one line on why it is not opened
 
 
 def hf_family_config(folder: Path, config_json: Mapping) -> tuple[ViTConfig, str]:
@@ -506,6 +532,10 @@ def open_timm(path: Path, state: Mapping[str, torch.Tensor], name: str | None, c
         class_names = default_class_names(config.num_classes)
     preprocessing = import_timm.preprocessing_from_timm(name, config, pretrained_cfg, model_args)
     guessed = None if pretrained_cfg.get("mean") and pretrained_cfg.get("std") else "timm pretrained_cfg (mean, std)"
+    if config.max_num_patches:  # NaFlex: each image at its aspect within the table's patch budget, no crop
+        p = preprocessing
+        preprocessing = Preprocessing(config.image_size, p.num_channels, p.mean, p.std, resample=p.resample,
+                                      max_num_patches=config.max_num_patches, patch_size=config.patch_hw[0])
     return _finish(model, class_names, preprocessing, path, "timm", f"timm:{name}", guessed)
 
 
