@@ -16,7 +16,7 @@ from vit.model.config import ViTConfig
 from vit.model.hooks import Hook, HookPoint, _hooks
 from vit.model.layouts import RelativePositionBias
 from vit.model.positions import dinov3_rope, eva_rope, resample_pos_embed, sincos_positions
-from vit.model.stages import LayerLayout, PatchMerging
+from vit.model.stages import LayerLayout, PatchMerging, QueryPool
 
 
 @dataclass
@@ -38,7 +38,8 @@ class ViT(Parent):
         self.config = config
         self.num_prefix_tokens = config.num_prefix_tokens  # CLS (+ DIST) (+ registers)
         d = config.hidden_size
-        self.patch_embed = nn.Conv2d(config.num_channels, d, config.patch_hw, config.patch_hw)
+        self.patch_embed = nn.Conv2d(config.num_channels, d, config.patch_kernel or config.patch_hw, config.patch_hw,
+                                     config.patch_padding)  # Hiera's stem overlaps: kernel 7, stride 4, padding 3
         patch_dim = config.num_channels * config.patch_hw[0] * config.patch_hw[1]
         self.patch_norm = make_norm(config, patch_dim) if config.patch_norm else None
         # After the patch projection: vit-pytorch's second LayerNorm, AIMv2's RMSNorm.
@@ -86,12 +87,18 @@ class ViT(Parent):
         stage = c.stage_of(layer)
         first = c.stage_start(stage)
         merge = None
-        if stage and layer == first:
+        window = c.window_of(layer)
+        if stage and layer == first and c.merge == "pool":
+            merge = QueryPool(c.stage_width(stage - 1), c.stage_width(stage))
+        elif stage and layer == first:
             dim, out = c.stage_width(stage - 1), c.stage_width(stage)
             post = c.merge == "swinv2"
             merge = PatchMerging(dim, out, make_norm(c, out if post else 4 * dim), post)
+        if c.stage_windows:  # Hiera / SAM 2: a stage's first block attends in the previous stage's windows
+            window = 0 if layer in c.global_layers else c.stage_windows[stage - 1 if stage and layer == first
+                                                                         else stage]
         shift = c.window_shift and (layer - first) % 2 == 1
-        return Block(c.stage_config(stage), drop_path_rate, c.window_of(layer), shift, merge)
+        return Block(c.stage_config(stage), drop_path_rate, window, shift, merge)
 
     def layer_grids(self, grid: tuple[int, int]) -> tuple[tuple[int, int], ...]:
         """Each layer's own patch grid for an input whose patch grid is ``grid``: the same one in a plain ViT, the
@@ -109,9 +116,13 @@ class ViT(Parent):
             return tuple(block.layout(g) for block, g in zip(self.blocks, self.layer_grids(grid), strict=True))
         except ValueError as error:
             c = self.config
+            ph, pw = c.patch_hw
+            if c.merge == "pool":
+                side = max(2 ** (c.num_stages - 1), c.stage_windows[0] if c.mask_units else 1)
+                raise ValueError(f"an input of {grid[0] * ph}x{grid[1] * pw} px does not fit this model: {error}; "
+                                 f"give it sides that are multiples of {side * ph} px") from None
             reach = 2 ** (c.num_stages - 1)  # patches per cell of the last stage's grid
             least = (c.window_size - 1) * reach + 1
-            ph, pw = c.patch_hw
             raise ValueError(f"an input of {grid[0] * ph}x{grid[1] * pw} px is too small for this model: {error} "
                              f"in its last stage; give it at least {least * ph}x{least * pw} px") from None
 
