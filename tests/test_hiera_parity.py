@@ -206,3 +206,57 @@ def test_timm_hiera_matches_timm_at_two_sizes(tmp_path, monkeypatch, size):
                               orders[c.stage_of(i) - (i == c.stage_start(c.stage_of(i)) and c.stage_of(i) > 0)])
                 for i, a in enumerate(captured)]
     assert_parity(f"hiera | timm hiera_tiny_224 | {size} px", ours.logits, logits, placed, expected)
+
+
+# SAM 2's Hiera (timm HieraDet): 4x4 windows on the 16x16 grid of 64 px, then windows of 6 on 8x8 (padded to 12x12;
+# the pooling block's too), pooled to 3 on 4x4 (padded to 6x6), a global last block; 80 px: 20x20, 10x10, 5x5.
+SAM2_TINY = dict(embed_dim=8, num_heads=1, stages=(1, 2, 2), q_pool=2, window_spec=(4, 6, 2), global_att_blocks=(4,),
+                 global_pos_size=(3, 3))
+
+
+@pytest.fixture(scope="module")
+def sam2_pair(tmp_path_factory):
+    timm.layers.set_fused_attn(False)
+    try:
+        torch.manual_seed(0)
+        model = randomize(timm.create_model("sam2_hiera_tiny", pretrained=False, num_classes=0, **SAM2_TINY))
+    finally:
+        timm.layers.set_fused_attn(True)
+    folder = tmp_path_factory.mktemp("sam2")
+    timm.models.save_for_hf(model, folder, model_args=SAM2_TINY, safe_serialization=True)
+    return model, open_source(folder)
+
+
+@pytest.mark.parametrize("size", (64, 80))
+def test_timm_sam2_hiera_matches_timm_at_two_sizes(sam2_pair, monkeypatch, size):
+    model, checkpoint = sam2_pair
+    images = torch.randn(2, 3, size, size)
+    captured, softmax = [], torch.Tensor.softmax
+
+    def recording(self, *args, **kwargs):
+        out = softmax(self, *args, **kwargs)
+        captured.append(out)
+        return out
+
+    monkeypatch.setattr(torch.Tensor, "softmax", recording)
+    with torch.no_grad():
+        pooled, features = model(images), model.forward_features(images)
+    monkeypatch.undo()
+    with torch.no_grad():
+        ours = checkpoint.model.encode(images, output_attentions=True)
+        hidden, _ = checkpoint.model.tokens(images)
+    # Both cut windows row-major on the zero-padded grid, slots row-major: each window's attention compares as is.
+    assert_parity(f"sam2 hiera | timm sam2_hiera_tiny | {size} px", ours.embedding, pooled, ours.attentions,
+                  captured[:len(ours.attentions)])
+    assert torch.allclose(hidden, features.flatten(1, 2), atol=1e-5)
+    layouts = checkpoint.model.layer_layouts((size // 4, size // 4))
+    placed = layer_on_grid(ours.attentions[3], layouts[3])  # the pooled block: (4x4 or 5x5) x (8x8 or 10x10) keys
+    assert placed.shape[-2:] == ((size // 16) ** 2, (size // 8) ** 2) and layouts[3].key_window == 6
+
+
+def test_sam2_hiera_has_no_classifier_and_refuses_a_size_its_position_windows_do_not_tile(sam2_pair):
+    _, checkpoint = sam2_pair
+    assert checkpoint.model.head is None
+    with pytest.raises(ValueError, match="multiples of 16 px") as error:
+        checkpoint.model.encode(torch.randn(1, 3, 72, 72))
+    assert "\n" not in str(error.value)

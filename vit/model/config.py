@@ -89,6 +89,8 @@ class ViTConfig:
     mask_units: bool = False  # Hiera: the windows are mask units, which must tile each grid (SAM 2's pad instead)
     patch_kernel: int = 0  # Hiera / SAM 2's overlapping stem: a kernel wider than the stride (7 on 4); 0: the patch
     patch_padding: int = 0  # and its zero padding (3), so an H x W input still gives an (H/4) x (W/4) grid
+    pos_embed_grid: int = 0  # SAM 2: the position table's side (7 or 14: a background resized to any grid); 0: grid
+    pos_embed_window: int = 0  # SAM 2: a second table of this side tiled over the grid (its first windows), added
 
     def __post_init__(self) -> None:
         for name in ("image_size", "patch_size"):
@@ -239,6 +241,14 @@ class ViTConfig:
             if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= CONFIG_BOUNDS["patch_size"]:
                 raise ValueError(f"ViTConfig.{name} must be a whole number of at most "
                                  f"{CONFIG_BOUNDS['patch_size']}, got {value!r}")
+        for name in ("pos_embed_grid", "pos_embed_window"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= CONFIG_BOUNDS["window_size"]:
+                raise ValueError(f"ViTConfig.{name} must be a whole number of at most "
+                                 f"{CONFIG_BOUNDS['window_size']}, got {value!r}")
+        if (self.pos_embed_grid or self.pos_embed_window) and (not self.pos_embed or self.num_prefix_tokens):
+            raise ValueError("ViTConfig.pos_embed_grid / pos_embed_window need the position table and no prefix "
+                             "tokens (SAM 2's)")
         if self.patch_kernel or self.patch_padding:
             stride = self.patch_hw[0]
             if self.patch_hw[0] != self.patch_hw[1] or self.patch_norm or not (
@@ -279,7 +289,7 @@ class ViTConfig:
                        mlp_size=self.mlp_size * width // self.hidden_size, num_layers=self.stage_depths[stage],
                        stage_depths=(), stage_widths=(), stage_heads=(), merge="none", global_layers=(),
                        pretrained_windows=self.pretrained_windows[stage:stage + 1], stage_windows=(),
-                       mask_units=False)
+                       mask_units=False, pos_embed_grid=0, pos_embed_window=0)
 
     def _check_layout(self) -> None:
         if self.rel_pos not in REL_POS:

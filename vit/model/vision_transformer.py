@@ -48,8 +48,11 @@ class ViT(Parent):
         self.dist_token = nn.Parameter(torch.zeros(1, 1, d)) if config.distillation_token else None
         self.reg_token = (nn.Parameter(torch.zeros(1, config.num_register_tokens, d))
                           if config.num_register_tokens else None)
-        self.pos_embed = (nn.Parameter(torch.zeros(1, config.num_positioned_prefix_tokens + config.num_patches, d))
+        table = config.pos_embed_grid ** 2 or config.num_patches  # SAM 2's background table is its own size
+        self.pos_embed = (nn.Parameter(torch.zeros(1, config.num_positioned_prefix_tokens + table, d))
                           if config.pos_embed else None)
+        self.pos_embed_window = (nn.Parameter(torch.zeros(1, config.pos_embed_window ** 2, d))
+                                 if config.pos_embed_window else None)
         self.norm_pre = make_norm(config, d) if config.pre_norm else None
         self.pos_dropout = nn.Dropout(config.dropout)
         rates = [config.drop_path * i / max(config.num_layers - 1, 1) for i in range(config.num_layers)]
@@ -187,6 +190,17 @@ class ViT(Parent):
                             pe=c.rope == "pe")
         return dinov3_rope(grid, c.hidden_size // c.num_heads, float(c.rope_theta), device)
 
+    def window_positions(self, grid: tuple[int, int]) -> torch.Tensor:
+        """SAM 2's window table ``(1, w*w, D)`` tiled over ``grid`` -> ``(1, gh*gw, D)`` (HF / timm ``tile``); a grid
+        its windows do not tile is refused, naming the sizes that work."""
+        w = self.config.pos_embed_window
+        if grid[0] % w or grid[1] % w:
+            ph, pw = self.config.patch_hw
+            raise ValueError(f"an input of {grid[0] * ph}x{grid[1] * pw} px is not tiled by this model's "
+                             f"{w}x{w}-patch position windows; give it sides that are multiples of {w * ph} px")
+        table = self.pos_embed_window.view(1, w, w, -1).repeat(1, grid[0] // w, grid[1] // w, 1)  # (1, gh, gw, D)
+        return table.reshape(1, grid[0] * grid[1], -1)
+
     def embed(self, images: torch.Tensor) -> torch.Tensor:
         """``images`` (B, C, H, W) -> the first block's input ``(B, T, D)``: patches, prefix tokens, positions
         (``hook_embed``), then ``ln_pre`` when the model has one.
@@ -215,7 +229,10 @@ class ViT(Parent):
                 x = x + sincos_positions(grid, x.shape[-1], x.device).to(x.dtype)  # (B, gh*gw, D)
             x = torch.cat([prefix, x], dim=1)  # (B, P + gh*gw, D)
         else:
-            pos = resample_pos_embed(self.pos_embed, grid, c.grid_size, positioned, c.pos_embed_antialias)
+            table = (c.pos_embed_grid,) * 2 if c.pos_embed_grid else c.grid_size
+            pos = resample_pos_embed(self.pos_embed, grid, table, positioned, c.pos_embed_antialias)
+            if self.pos_embed_window is not None:
+                pos = pos + self.window_positions(grid)
             # The first `positioned` prefix tokens get their table entries, the others none (registers
             # in HF DINOv2, every prefix token in timm's no_embed_class models).
             x = torch.cat([prefix[:, :positioned], x], dim=1) + pos  # (B, positioned + gh*gw, D)

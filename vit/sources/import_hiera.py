@@ -24,7 +24,8 @@ from vit.model import ViTConfig
 from vit.sources.hf import check_number
 from vit.sources.import_dinov3 import _linear, _Taker
 
-SUPPORTED = "Hiera: HF HieraModel / HieraForImageClassification folders and timm hiera_* weights"
+SUPPORTED = ("Hiera: HF HieraModel / HieraForImageClassification folders and timm hiera_* weights; SAM 2's Hiera "
+             "image encoder: timm sam2_hiera_* weights")
 ARCHITECTURES = {"HieraModel": False, "HieraForImageClassification": True}
 MODEL_ARGS_HONOURED = {"img_size", "in_chans", "num_classes", "global_pool", "embed_dim", "num_heads", "stages",
                        "q_pool", "q_stride", "mask_unit_size", "mask_unit_attn", "dim_mul", "head_mul",
@@ -33,7 +34,8 @@ MODEL_ARGS_INERT = {"drop_rate", "drop_path_rate", "patch_drop_rate", "head_init
 
 
 def is_hiera_name(name: str) -> bool:
-    return name.startswith("hiera_")
+    """timm's Hiera (``hiera_*``) and SAM 2's Hiera image encoder (``sam2_hiera_*``)."""
+    return name.startswith(("hiera_", "sam2_hiera"))
 
 
 def _pair(value, what: str) -> int:
@@ -137,6 +139,8 @@ def state_dict_from_hf(state: Mapping[str, torch.Tensor], config: ViTConfig) -> 
 def config_from_timm(name: str, state: Mapping[str, torch.Tensor], model_args: Mapping | None = None) -> ViTConfig:
     """Our config for timm's ``hiera_*`` weights: widths, depths, heads and kernel from the weights, the rest from
     timm's defaults (``model_args`` override them)."""
+    if is_sam2_name(name):
+        return sam2_config_from_timm(name, state, model_args)
     args = dict(model_args or {})
     if "abswin" in name or "pos_embed_win" in state:
         raise ValueError(f"timm {name}: the abswin Hiera (window-tiled positions, layer scale) is not supported; "
@@ -182,10 +186,90 @@ def config_from_timm(name: str, state: Mapping[str, torch.Tensor], model_args: M
 
 
 def state_dict_from_timm(state: Mapping[str, torch.Tensor], config: ViTConfig) -> dict[str, torch.Tensor]:
-    """Our state dict from timm's Hiera one."""
+    """Our state dict from timm's Hiera (or SAM 2 Hiera) one."""
+    if config.pos_embed_window:
+        return sam2_state_dict_from_timm(state, config)
     take = _Taker(state, "timm Hiera state dict")
     ours = _linear(take, "patch_embed", "patch_embed.proj")
     ours["pos_embed"] = take("pos_embed")
+    ours.update(_blocks(take, config, lambda i, s, j: f"blocks.{i}", _TIMM_NAMES))
+    ours.update(_linear(take, "fc_norm", "head.norm"))
+    if config.num_classes:
+        ours.update(_linear(take, "head", "head.fc"))
+    take.check_all_used()
+    return ours
+
+
+# --- SAM 2's Hiera image encoder (timm HieraDet) ------------------------------------------------------------------
+
+SAM2_MODEL_ARGS = {"in_chans", "num_classes", "global_pool", "embed_dim", "num_heads", "stages", "q_pool", "q_stride",
+                   "dim_mul", "head_mul", "global_pos_size", "window_spec", "global_att_blocks", "mlp_ratio",
+                   "patch_kernel", "patch_stride", "patch_padding", "img_size"}
+_SAM2_DEFAULTS = {  # timm's sam2_hiera_* model functions: stages, global blocks, window_spec, background side
+    "tiny": ((1, 2, 7, 2), (5, 7, 9), (8, 4, 14, 7), 7), "small": ((1, 2, 11, 2), (7, 10, 13), (8, 4, 14, 7), 7),
+    "base_plus": ((2, 3, 16, 3), (12, 16, 20), (8, 4, 14, 7), 14),
+    "large": ((2, 6, 36, 4), (23, 33, 43), (8, 4, 16, 8), 7)}
+
+
+def is_sam2_name(name: str) -> bool:
+    return name.startswith("sam2_hiera")
+
+
+def sam2_config(image_size, stride: int, kernel: int, padding: int, channels: int, classes: int, embed: int, depths,
+                heads, dim_mul: float, mlp_ratio: float, q_pool: int, q_stride: int, windows, global_blocks,
+                background: int, eps: float = 1e-6) -> ViTConfig:
+    """Our config for SAM 2's Hiera: windows per stage (a stage's first block in the previous stage's, pooled),
+    global blocks, the background position table resized to the grid plus a window table tiled over it."""
+    depths, heads, windows = tuple(int(d) for d in depths), tuple(int(h) for h in heads), tuple(int(w) for w in windows)
+    if len(heads) != len(depths) or len(windows) != len(depths):
+        raise ValueError(f"SAM 2 Hiera config has {len(depths)} stages, {len(heads)} head counts and {len(windows)} "
+                         "window sides")
+    if q_pool != len(depths) - 1 or q_stride != 2:
+        raise ValueError(f"SAM 2 Hiera with query pooling in {q_pool} of {len(depths) - 1} stage changes, stride "
+                         f"{q_stride}, is not supported")
+    check_number(dim_mul, "dim_mul", 1, 16)
+    check_number(mlp_ratio, "mlp_ratio", 0.01, 64)
+    return ViTConfig(image_size=image_size, patch_size=stride, num_channels=channels, num_classes=classes,
+                     hidden_size=embed, num_layers=sum(depths), num_heads=heads[0], mlp_size=int(embed * mlp_ratio),
+                     layer_norm_eps=eps, class_token=False, pooling="avg", fc_norm=True, stage_depths=depths,
+                     stage_widths=tuple(int(embed * dim_mul ** s) for s in range(len(depths))), stage_heads=heads,
+                     merge="pool", stage_windows=windows, global_layers=tuple(int(b) for b in global_blocks),
+                     patch_kernel=kernel, patch_padding=padding, pos_embed_grid=background,
+                     pos_embed_window=windows[0])
+
+
+def sam2_config_from_timm(name: str, state: Mapping[str, torch.Tensor], model_args: Mapping | None = None
+                          ) -> ViTConfig:
+    """Our config for timm's ``sam2_hiera_*`` weights: widths from the weights, the rest from timm's model function
+    (``model_args`` override it)."""
+    args = dict(model_args or {})
+    for key in args:
+        if key not in SAM2_MODEL_ARGS | MODEL_ARGS_INERT:
+            raise ValueError(f"timm model_args.{key} of {name} is not supported by this program's SAM 2 Hiera")
+    if args.get("global_pool", "avg") != "avg" or any(".ls1." in k for k in state):
+        raise ValueError(f"timm {name}: only average pooling and no layer scale are supported")
+    embed, channels, kernel, _ = state["patch_embed.proj.weight"].shape
+    variant = name.removeprefix("sam2_hiera_").split(".")[0]
+    stages, global_blocks, windows, background = _SAM2_DEFAULTS.get(variant, _SAM2_DEFAULTS["tiny"])
+    stages = tuple(args.get("stages", stages))
+    heads = [int(args.get("num_heads", 2 if variant == "base_plus" else 1) * args.get("head_mul", 2.0) ** s)
+             for s in range(len(stages))]
+    background = int(state["pos_embed"].shape[-1])
+    size = args.get("img_size", 1024)
+    return sam2_config(size, _pair(args.get("patch_stride", (4, 4)), "patch_stride"), int(kernel),
+                       _pair(args.get("patch_padding", (3, 3)), "patch_padding"), int(channels),
+                       state["head.fc.weight"].shape[0] if "head.fc.weight" in state else 0, int(embed), stages,
+                       heads, args.get("dim_mul", 2.0), state["blocks.0.mlp.fc1.weight"].shape[0] / embed,
+                       int(args.get("q_pool", 3)), _pair(args.get("q_stride", (2, 2)), "q_stride"),
+                       args.get("window_spec", windows), args.get("global_att_blocks", global_blocks), background)
+
+
+def sam2_state_dict_from_timm(state: Mapping[str, torch.Tensor], config: ViTConfig) -> dict[str, torch.Tensor]:
+    """Our state dict from timm's SAM 2 Hiera one: the background table and the window table flattened row-major."""
+    take = _Taker(state, "timm SAM 2 Hiera state dict")
+    ours = _linear(take, "patch_embed", "patch_embed.proj")
+    ours["pos_embed"] = take("pos_embed").flatten(2).transpose(1, 2)  # (1, D, h, w) -> (1, h*w, D)
+    ours["pos_embed_window"] = take("pos_embed_window").flatten(2).transpose(1, 2)
     ours.update(_blocks(take, config, lambda i, s, j: f"blocks.{i}", _TIMM_NAMES))
     ours.update(_linear(take, "fc_norm", "head.norm"))
     if config.num_classes:
