@@ -14,6 +14,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
+from vit.model.stages import LayerLayout, merge_matrix
 from vit.model.stages import window_tokens as model_window_tokens
 
 HEAD_FUSIONS = ("mean", "max", "min")
@@ -49,6 +50,42 @@ def windows_on_grid(attn: Tensor, grid: tuple[int, int], window: int, shift: int
     dense = attn.new_zeros(B, H, T + 1, T + 1)
     dense[:, :, token[:, :, None], token[:, None, :]] = attn.view(B, nw, H, n, n).transpose(1, 2)  # (B, H, nw, n, n)
     return dense[:, :, :T, :T]
+
+
+def layer_on_grid(attn: Tensor, layout: LayerLayout) -> Tensor:
+    """One layer's attention as it returns it -> ``(B, H, Tq, Tk)`` on the image's grids: queries on the layer's
+    own grid (``layout.grid``), keys on ``layout.key_grid`` (the previous stage's in a pooled-query layer, Hiera /
+    SAM 2), each row placed on its window's keys and zero outside (padding keys dropped). A windowed layer's
+    attention is ``(B * nw, H, nq, nk)`` (Swin's shifted windows placed un-shifted); a global one's is returned as
+    it is."""
+    if not layout.window:
+        return attn
+    if layout.stride == 1:
+        return windows_on_grid(attn, layout.grid, layout.window, layout.shift, layout.shift_padded)
+    queries = window_tokens(layout.grid, layout.window)  # (nw, nq): padding -> Tq
+    keys = window_tokens(layout.key_grid, layout.key_window)  # (nw, nk): padding -> Tk
+    (nw, nq), nk = queries.shape, keys.shape[1]
+    Tq, Tk, H = layout.num_tokens, layout.key_grid[0] * layout.key_grid[1], attn.shape[1]
+    if attn.dim() != 4 or attn.shape[0] % nw or attn.shape[2:] != (nq, nk) or keys.shape[0] != nw:
+        raise ValueError(f"a pooled-query layer's attention must be (batch * {nw} windows, heads, {nq}, {nk}), got "
+                         f"{tuple(attn.shape)}")
+    B = attn.shape[0] // nw
+    dense = attn.new_zeros(B, H, Tq + 1, Tk + 1)
+    dense[:, :, queries[:, :, None], keys[:, None, :]] = attn.view(B, nw, H, nq, nk).transpose(1, 2)
+    return dense[:, :, :Tq, :Tk]
+
+
+def stage_rollout_factor(placed: Tensor, layout: LayerLayout, head_fusion: str = "mean") -> Tensor:
+    """A layer's rollout factor on a hierarchical model, ``(B, Tq, Tk)``, from its placed attention
+    ``(B, H, Tq, Tk)`` (``layer_on_grid``): ``(fused + R) / rowsum`` where the residual ``R`` is the identity, or
+    in a pooled-query layer the pooling as a map of tokens: max-pooling is not linear, so a pooled token counts as
+    built from its 2x2 stride window uniformly (``vit.model.merge_matrix``, 1/4 each), as through Swin's merge."""
+    fused = fuse_heads(placed.to(_compute_dtype(placed)), head_fusion)  # (B, Tq, Tk)
+    if layout.stride == 1:
+        return rollout_factor_rows(fused, 0, 0.0, 0)
+    residual = merge_matrix(layout.key_grid, fused.device).to(fused.dtype)  # (Tq, Tk)
+    a = fused + residual
+    return a / a.sum(dim=-1, keepdim=True)
 
 
 def window_rows(attn: Tensor, grid: tuple[int, int], window: int, queries: Sequence[int], shift: int = 0,

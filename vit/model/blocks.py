@@ -16,8 +16,10 @@ from vit.model.positions import apply_rope
 from vit.model.stages import (
     LayerLayout,
     PatchMerging,
+    QueryPool,
     SwinPositionBias,
     SwinV2PositionBias,
+    pool_queries,
     shift_mask,
     shift_windows,
     unshift_windows,
@@ -87,12 +89,13 @@ class Attention(Parent):
     ones the model computed.
     """
 
-    def __init__(self, config: ViTConfig, window: int = 0) -> None:
+    def __init__(self, config: ViTConfig, window: int = 0, dim_in: int = 0) -> None:
         super().__init__()
         self.num_heads = config.num_heads
         self.head_dim = config.head_dim or config.hidden_size // config.num_heads
         inner = self.num_heads * self.head_dim  # hidden_size unless head_dim is set apart
-        self.qkv = nn.Linear(config.hidden_size, 3 * inner, bias=config.qkv_bias)
+        # dim_in: a pooled-query layer (Hiera) reads the previous stage's width and writes its own
+        self.qkv = nn.Linear(dim_in or config.hidden_size, 3 * inner, bias=config.qkv_bias)
         self.key_bias = config.key_bias
         self.rope_interleaved = config.rope in ("eva", "pe")
         self.proj = nn.Linear(inner, config.hidden_size, bias=config.proj_bias)
@@ -164,20 +167,23 @@ class Attention(Parent):
     def forward(self, x: torch.Tensor, output_attentions: bool = False,
                 rope: tuple[torch.Tensor, torch.Tensor] | None = None, queries: int | None = None,
                 grid: tuple[int, int] | None = None, shared_bias: torch.Tensor | None = None,
-                mask: torch.Tensor | None = None, key_mask: torch.Tensor | None = None
+                mask: torch.Tensor | None = None, key_mask: torch.Tensor | None = None, pool: int = 1
                 ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """``x`` (B, N, C) -> the attention's output (B, n, C) and its probabilities (B, nh, n, N) when asked, for
         the first ``n = queries`` tokens' queries (None: all N) against every key. ``grid``: the patch grid of the
         tokens (a window's, in a windowed layer), which a relative position bias needs; ``shared_bias`` (nh, N, N):
         the bias every layer adds (BEiT's shared table); ``mask`` (B, 1, N, N): added to the logits too (Swin's
         shifted-window mask); ``key_mask`` (B, N): False at padding keys, which then get zero probability in both
-        paths (NaFlex batches of images on different grids)."""
+        paths (NaFlex batches of images on different grids); ``pool``: the queries are max-pooled ``pool`` x
+        ``pool`` on ``grid`` (Hiera's query pooling), so ``n = N / pool**2``."""
         B, N, C = x.shape
         q, k, v = self.queries_keys_values(x, rope)  # each (B, nh, N, hd)
         scale = 1.0 / math.sqrt(self.head_dim)
         if self.logit_scale is not None:  # cosine attention: the scale goes into q, the softmax's is 1
             limit = torch.clamp(self.logit_scale, max=math.log(100.0)).exp()  # (nh, 1, 1)
             q, k, scale = F.normalize(q, dim=-1) * limit.to(q.dtype), F.normalize(k, dim=-1), 1.0
+        if pool > 1:
+            q = pool_queries(q, grid, pool)  # (B, nh, N / pool**2, hd)
         if queries is not None:
             if self.rel_pos_h is not None:
                 raise ValueError("SAM's relative positions read every query; run the layer on all of them")
@@ -315,20 +321,25 @@ class Block(Parent):
     then x + LN(MLP(x)). The first block of a later stage opens with its ``merge`` (``vit.model.stages``)."""
 
     def __init__(self, config: ViTConfig, drop_path_rate: float = 0.0, window: int = 0, shift: bool = False,
-                 merge: PatchMerging | None = None) -> None:
+                 merge: PatchMerging | QueryPool | None = None) -> None:
         super().__init__()
         self.window = window  # SAM / ViTDet / Swin: the attention runs in window x window patches; 0: globally
         self.shift = shift  # Swin: this block shifts its windows by half a window (where the grid allows)
         self.table_window = config.rel_pos in ("swin", "swinv2")  # Swin's windows never exceed the grid
         self.shift_padded = config.shift_padded
         self.merge = merge  # the downsampling block opening this block's stage (None: the grid stays)
+        # Hiera / SAM 2: this block pools its queries and residual by this stride (its window, ``self.window``, is
+        # then the previous stage's, on the grid it receives); 1: no query pooling.
+        self.pool = merge.stride if isinstance(merge, QueryPool) else 1
+        self.mask_units = config.mask_units
         # Post-norm blocks normalise the residual stream after each sum instead (post_norm1/2), Swin V2 each
         # branch before it (res_norm1/2); norm1 and norm2 are then identities, so norm1(x) is still what the
         # attention reads.
         d = config.hidden_size
         plain = not (config.post_norm or config.res_post_norm)
-        self.norm1 = make_norm(config, d) if plain else nn.Identity()
-        self.attn = Attention(config, window)
+        d_in = merge.proj.in_features if isinstance(merge, QueryPool) else d  # Hiera: the previous stage's width
+        self.norm1 = make_norm(config, d_in) if plain else nn.Identity()
+        self.attn = Attention(config, window, d_in if d_in != d else 0)
         self.norm2 = make_norm(config, d) if plain else nn.Identity()
         self.mlp = MLP(config)
         post = config.post_norm
@@ -356,6 +367,8 @@ class Block(Parent):
 
     def layout(self, grid: tuple[int, int]) -> LayerLayout:
         """Where this block's attention sits, on its own ``grid``: window side and cyclic shift (0: none)."""
+        if self.pool > 1 or self.mask_units:
+            return self._pooled_layout(grid)
         if not self.window:
             return LayerLayout(tuple(grid))
         if self.table_window:
@@ -363,6 +376,18 @@ class Block(Parent):
         else:
             window, shift = self.window, 0
         return LayerLayout(tuple(grid), window, shift, self.shift_padded)
+
+    def _pooled_layout(self, grid: tuple[int, int]) -> LayerLayout:
+        """Hiera / SAM 2: a pooled-query layer's queries on ``grid``, keys and windows ``pool`` times finer; the
+        pooled grid must be whole, and Hiera's mask units must tile their grid (its libraries pad nothing)."""
+        s = self.pool
+        keys = (grid[0] * s, grid[1] * s)
+        if self.window % s:
+            raise ValueError(f"a {self.window}x{self.window} window does not pool by {s}")
+        if self.mask_units and self.window and (keys[0] % self.window or keys[1] % self.window):
+            raise ValueError(f"a {keys[0]}x{keys[1]} patch grid is not tiled by {self.window}x{self.window} mask "
+                             "units")
+        return LayerLayout(tuple(grid), self.window // s, 0, self.shift_padded, s)
 
     def forward(self, x: torch.Tensor, output_attentions: bool = False,
                 rope: tuple[torch.Tensor, torch.Tensor] | None = None, queries: int | None = None,
@@ -375,16 +400,22 @@ class Block(Parent):
         block works on ``grid_after(grid)``); ``shared_bias``: the bias every layer adds (BEiT's shared table);
         ``key_mask`` (B, T): False at padding tokens, which no query reads."""
         x = self.hook_resid_pre(x)
-        if self.merge is not None:
-            if grid is None:
-                raise ValueError("this block merges patches, so the patch grid must be given")
+        if self.merge is not None and grid is None:
+            raise ValueError("this block merges patches, so the patch grid must be given")
+        if self.merge is not None and self.pool == 1 and not isinstance(self.merge, QueryPool):
             x = self.hook_merged(self.merge(x, grid))  # (B, T', D')
             grid = self.merge.grid_after(grid)
         h = self.hook_attn_in(self.norm1(x))
-        if self.window:
-            if grid is None or key_mask is not None:
-                raise ValueError("this model attends within windows, so the patch grid must be given (and no "
-                                 "padding)")
+        if key_mask is not None and (self.window or self.mask_units or self.merge is not None):
+            raise ValueError("padding tokens (NaFlex batches) meet windows, mask units or a merge only on a plain grid")
+        if isinstance(self.merge, QueryPool):  # Hiera / SAM 2: the residual and the queries pooled from norm1(x)
+            x = self.hook_merged(self.merge(h, grid))  # (B, T', D')
+            y, probs = self._pooled_attention(h, grid, output_attentions)
+        elif self.mask_units:
+            y, probs = self._pooled_attention(h, grid, output_attentions)
+        elif self.window:
+            if grid is None:
+                raise ValueError("this model attends within windows, so the patch grid must be given")
             layout = self.layout(grid)
             w, s = layout.window, layout.shift
             windows = shift_windows(h, grid, w, s, self.shift_padded)  # (B * nw, w*w, D)
@@ -398,6 +429,7 @@ class Block(Parent):
             y, probs = self.attn(h, output_attentions, rope, queries, grid, shared_bias, key_mask=key_mask)
         if queries is not None:
             x = x[:, :queries]  # (B, n, D)
+            y = y[:, :queries]
         if self.res_norm1 is not None:
             y = self.res_norm1(y)
         if self.ls1 is not None:
@@ -417,3 +449,16 @@ class Block(Parent):
         return self.hook_resid_post(x), probs
 
 
+
+    def _pooled_attention(self, h: torch.Tensor, grid: tuple[int, int], output_attentions: bool
+                          ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Hiera / SAM 2's attention on the normed stream ``h`` (B, gh*gw, D) of the grid it receives: in its
+        windows (zero-padded to a multiple, SAM 2) or globally, queries max-pooled by ``pool``. Returns (B, T', D')
+        on the pooled grid and the attention ``(B * nw, nh, (w/s)**2, w*w)`` (global: ``(B, nh, T', T)``)."""
+        s, w = self.pool, self.window
+        layout = self._pooled_layout((grid[0] // s, grid[1] // s))
+        if not w:
+            return self.attn(h, output_attentions, grid=tuple(grid), pool=s)
+        windows = shift_windows(h, grid, w, 0, True)  # (B * nw, w*w, D)
+        y, probs = self.attn(windows, output_attentions, grid=(w, w), pool=s)  # (B * nw, (w/s)**2, D')
+        return unshift_windows(y, layout.grid, w // s, 0, True), probs

@@ -89,6 +89,13 @@ class ViTConfig:
     max_num_patches: int = 0  # 0: a fixed-resolution model; else the patch budget each image's grid fits in
     pos_resize: str = "bicubic"  # how the table is resized to another grid: "bicubic" (timm, HF ViT) or "bilinear"
     # (SigLIP 2 NaFlex's resize_positional_embeddings, always with antialias)
+    stage_windows: tuple[int, ...] = ()  # Hiera / SAM 2 (merge "pool"), per stage: its window side on its own grid,
+    # 0 global (global_layers attend globally too); a stage's first block attends in the previous stage's windows
+    mask_units: bool = False  # Hiera: the windows are mask units, which must tile each grid (SAM 2's pad instead)
+    patch_kernel: int = 0  # Hiera / SAM 2's overlapping stem: a kernel wider than the stride (7 on 4); 0: the patch
+    patch_padding: int = 0  # and its zero padding (3), so an H x W input still gives an (H/4) x (W/4) grid
+    pos_embed_grid: int = 0  # SAM 2: the position table's side (7 or 14: a background resized to any grid); 0: grid
+    pos_embed_window: int = 0  # SAM 2: a second table of this side tiled over the grid (its first windows), added
 
     def __post_init__(self) -> None:
         for name in ("image_size", "patch_size"):
@@ -214,6 +221,7 @@ class ViTConfig:
                 for v in windows):
             raise ValueError(f"ViTConfig.pretrained_windows must be a list of window sides, got {str(windows)[:60]}")
         object.__setattr__(self, "pretrained_windows", tuple(windows))
+        self._check_pooling()
         hierarchical = len(depths) > 1 or self.merge != "none"
         if hierarchical and (self.merge == "none" or self.num_prefix_tokens or self.rope != "none"
                              or self.pos_embed and self.pooling != "avg"):
@@ -222,6 +230,39 @@ class ViTConfig:
             raise ValueError("ViTConfig.window_shift needs window_size")
         if self.rel_pos in ("swin", "swinv2") and not self.window_size:
             raise ValueError(f"ViTConfig.rel_pos {self.rel_pos!r} needs window_size (its table is a window's)")
+
+    def _check_pooling(self) -> None:
+        windows = self.stage_windows
+        if not isinstance(windows, (tuple, list)) or len(windows) > 16 or not all(
+                isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= CONFIG_BOUNDS["window_size"]
+                for v in windows):
+            raise ValueError(f"ViTConfig.stage_windows must be a list of window sides, got {str(windows)[:60]}")
+        object.__setattr__(self, "stage_windows", tuple(windows))
+        if windows and (len(windows) != self.num_stages or self.merge != "pool" or self.window_size):
+            raise ValueError(f"ViTConfig.stage_windows needs one side per stage ({self.num_stages}) and merge 'pool' "
+                             "(not window_size)")
+        if not isinstance(self.mask_units, bool):
+            raise ValueError(f"ViTConfig.mask_units must be true or false, got {self.mask_units!r}")
+        for name in ("patch_kernel", "patch_padding"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= CONFIG_BOUNDS["patch_size"]:
+                raise ValueError(f"ViTConfig.{name} must be a whole number of at most "
+                                 f"{CONFIG_BOUNDS['patch_size']}, got {value!r}")
+        for name in ("pos_embed_grid", "pos_embed_window"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= CONFIG_BOUNDS["window_size"]:
+                raise ValueError(f"ViTConfig.{name} must be a whole number of at most "
+                                 f"{CONFIG_BOUNDS['window_size']}, got {value!r}")
+        if (self.pos_embed_grid or self.pos_embed_window) and (not self.pos_embed or self.num_prefix_tokens):
+            raise ValueError("ViTConfig.pos_embed_grid / pos_embed_window need the position table and no prefix "
+                             "tokens (SAM 2's)")
+        if self.patch_kernel or self.patch_padding:
+            stride = self.patch_hw[0]
+            if self.patch_hw[0] != self.patch_hw[1] or self.patch_norm or not (
+                    0 < (self.patch_kernel or stride) - 2 * self.patch_padding <= stride):
+                raise ValueError(f"ViTConfig.patch_kernel {self.patch_kernel} with padding {self.patch_padding} must "
+                                 f"give one patch per {stride} px stride (0 < kernel - 2 * padding <= stride), on "
+                                 "square patches without patch_norm")
 
     @property
     def num_stages(self) -> int:
@@ -254,7 +295,8 @@ class ViTConfig:
         return replace(self, hidden_size=width, num_heads=self.stage_num_heads(stage),
                        mlp_size=self.mlp_size * width // self.hidden_size, num_layers=self.stage_depths[stage],
                        stage_depths=(), stage_widths=(), stage_heads=(), merge="none", global_layers=(),
-                       pretrained_windows=self.pretrained_windows[stage:stage + 1])
+                       pretrained_windows=self.pretrained_windows[stage:stage + 1], stage_windows=(),
+                       mask_units=False, pos_embed_grid=0, pos_embed_window=0)
 
     def _check_layout(self) -> None:
         if self.rel_pos not in REL_POS:
@@ -270,7 +312,7 @@ class ViTConfig:
             raise ValueError(f"ViTConfig.global_layers must be layer numbers from 0 to {self.num_layers - 1}, got "
                              f"{str(layers)[:60]}")
         object.__setattr__(self, "global_layers", tuple(sorted(set(layers))))  # a JSON list reads back the same
-        if layers and not self.window_size:
+        if layers and not (self.window_size or self.stage_windows):
             raise ValueError("ViTConfig.global_layers needs window_size (the other layers' windows)")
         if self.window_size and self.rope != "none":
             raise ValueError("ViTConfig.window_size with rotary positions is not supported")
@@ -339,7 +381,8 @@ ROPES = ("none", "dinov3", "eva", "pe")  # pe: EVA's, counted from 1 and x befor
 REL_POS = ("none", "beit", "beit_shared", "sam", "swin", "swinv2")  # swin: a table per layer over a window's
 # offsets; swinv2: its continuous bias from a small MLP of log-spaced offsets
 ATTENTIONS = ("dot", "cosine")
-MERGES = ("none", "swin", "swinv2")
+MERGES = ("none", "swin", "swinv2", "pool")  # pool: Hiera / SAM 2's query pooling (the first block of a stage
+# max-pools its queries and its residual 2x2; vit.model.stages.QueryPool)
 NORMS = ("layer", "rms")
 POOL_HEADS = ("map", "aimv2")
 POS_RESIZES = ("bicubic", "bilinear")

@@ -13,8 +13,17 @@ model is still one ``ViT`` with one flat ``blocks`` list: no stage module, no se
 ``hook_resid_pre`` is the stream as it arrives (the previous stage's grid and width), ``hook_merged`` the stream
 after the merge (this stage's), then the block's own attention and MLP. So ``hook_resid_pre`` of block ``i`` is
 always ``hook_resid_post`` of block ``i - 1``, and running blocks ``l..`` from a stored ``hook_resid_pre``
-(``ViT.run_blocks``) repeats the merge exactly. (Hiera's query pooling lives in the same place: the first block of
-its stage pools its queries and its residual.)
+(``ViT.run_blocks``) repeats the merge exactly.
+
+**Query pooling** (Hiera, SAM 2's Hiera: ``merge="pool"``, ``QueryPool``) opens a stage differently: the stage's first
+block normalises the stream it receives (``hook_attn_in``, the previous stage's grid and width), its residual is that
+normed stream projected and max-pooled 2x2 (``hook_merged``), and its attention reads the same normed stream with its
+queries max-pooled 2x2 (``pool_queries``, before ``hook_q``): a non-square layer, (queries of the new grid) x (keys of
+the old grid), in the previous stage's windows (Hiera's mask units, SAM 2's ``window_spec``), each window's queries
+the pooled window. ``LayerLayout.stride`` says so (``key_grid``, ``key_window``). Hiera's libraries hold tokens in
+an "unrolled" order (each pooling stride moved to the front, so a mask unit is a slice); ours stay row-major on the
+grid (a window is cut as Swin's are, its slots row-major), which is the same attention in another token order, so
+every map is placed on the image directly.
 
 **Each block knows its grid** from its input's: ``Block.grid_after(grid)`` is the grid its merge makes (the input's
 otherwise), and ``ViT.layer_layouts(patch_grid)`` lists, per layer, a ``LayerLayout``: its grid, its window side, its
@@ -26,12 +35,19 @@ the order its (shifted) windows were cut. ``LayerLayout.window_tokens()`` says w
 window slot holds (the cyclic shift undone, padding marked ``T``), so ``vit.explain.attention.windows_on_grid``
 places a query's row on the layer's own grid, un-shifted and zero outside its window. A query patch clicked on the
 image is, in layer ``l``, the token of layer ``l``'s grid that covers it (``covering_token``); its row is drawn on
-that layer's grid, which covers the same image (each grid cell ``2**s`` patches wide in stage ``s``).
+that layer's grid, which covers the same image (each grid cell ``2**s`` patches wide in stage ``s``). A pooled-query
+layer's row lies over its keys, the previous stage's grid (``LayerLayout.key_grid``), and is drawn there.
 
 **Rollout through a merge.** A merged token is built from its 2x2 input tokens (a norm and a linear map of their
 concatenation): as a map of tokens, ``merge_matrix`` ``(T_out, T_in)`` holds 1/k on the k real (not padding) inputs of
 each output token. The rollout row of a stage-``s`` token passes through it (``row @ merge_matrix``) to the previous
 stage's grid and on through that stage's layers, ending on the patch grid of the image.
+
+**Rollout through query pooling.** Max-pooling is not linear: which input wins depends on the input, channel by
+channel. The rollout takes the same convention as through a merge: a pooled token is built from its 2x2 stride window
+uniformly (``merge_matrix``, 1/4 each), the residual of the pooling layer is that map, and its attention rows already
+sit over the previous grid's keys, so the layer's rollout factor ``(T_new, T_old)`` is
+``0.5 * attention + 0.5 * merge_matrix`` (rows renormalised), ``vit.explain.attention.pooled_rollout_step``.
 """
 
 from __future__ import annotations
@@ -55,10 +71,21 @@ class LayerLayout:
     window: int = 0
     shift: int = 0
     shift_padded: bool = True
+    stride: int = 1  # query pooling (Hiera, SAM 2): queries on ``grid``, keys on the grid ``stride`` times finer
 
     @property
     def num_tokens(self) -> int:
         return self.grid[0] * self.grid[1]
+
+    @property
+    def key_grid(self) -> tuple[int, int]:
+        """The grid of the keys: the layer's own, or the previous stage's in a pooled-query layer."""
+        return self.grid[0] * self.stride, self.grid[1] * self.stride
+
+    @property
+    def key_window(self) -> int:
+        """A window's side on the key grid (0: global)."""
+        return self.window * self.stride
 
     def window_tokens(self) -> torch.Tensor:
         """``(nw, w*w)``: the token of this layer's grid (row-major) that each window slot holds, in the order the
@@ -195,6 +222,40 @@ class PatchMerging(nn.Module):
         x = x.reshape(B, -1, 4 * D)  # (B, T_out, 4D)
         x = self.reduction(x) if self.post else self.reduction(self.norm(x))
         return self.hook_out(self.norm(x) if self.post else x)
+
+
+def pool_queries(q: torch.Tensor, grid: tuple[int, int], stride: int) -> torch.Tensor:
+    """Queries ``(B, nh, gh*gw, hd)`` laid out row-major on ``grid`` (a window's, or the whole grid) -> max-pooled
+    ``stride`` x ``stride`` per channel, ``(B, nh, gh/s * gw/s, hd)`` (Hiera's ``amax`` over the unrolled stride,
+    SAM 2's ``MaxPool2d``)."""
+    B, nh, _, hd = q.shape
+    gh, gw = grid
+    q = q.reshape(B, nh, gh // stride, stride, gw // stride, stride, hd)
+    return q.amax(dim=(3, 5)).reshape(B, nh, -1, hd)
+
+
+class QueryPool(nn.Module):
+    """Hiera's / SAM 2's stage opening on the residual: the normed stream (the block's ``norm1``) projected to the
+    stage's width and max-pooled ``stride`` x ``stride`` on the grid (HF ``HieraLayer.proj`` + max, timm
+    ``MultiScaleBlock.proj`` + ``MaxPool2d``). The block pools its attention's queries alike (``pool_queries``)."""
+
+    def __init__(self, dim: int, out: int, stride: int = 2) -> None:
+        super().__init__()
+        self.stride = stride
+        self.proj = nn.Linear(dim, out)
+        self.hook_out = HookPoint()  # (B, T_out, out): the pooled residual
+
+    def grid_after(self, grid: tuple[int, int]) -> tuple[int, int]:
+        if grid[0] % self.stride or grid[1] % self.stride:
+            raise ValueError(f"a {grid[0]}x{grid[1]} patch grid does not pool by {self.stride}")
+        return grid[0] // self.stride, grid[1] // self.stride
+
+    def forward(self, x: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
+        """``x`` (B, gh*gw, D), normed -> (B, gh/s * gw/s, out)."""
+        x = self.proj(x)  # (B, gh*gw, out)
+        if self.stride > 1:
+            x = pool_queries(x[:, None], grid, self.stride)[:, 0]  # the same max over each stride window
+        return self.hook_out(x)
 
 
 # --- Swin's relative position biases over a window's offsets ----------------------------------------------------

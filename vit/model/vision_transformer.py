@@ -16,7 +16,7 @@ from vit.model.config import ViTConfig
 from vit.model.hooks import Hook, HookPoint, _hooks
 from vit.model.layouts import RelativePositionBias
 from vit.model.positions import dinov3_rope, eva_rope, resample_pos_embed, sincos_positions
-from vit.model.stages import LayerLayout, PatchMerging
+from vit.model.stages import LayerLayout, PatchMerging, QueryPool
 
 
 @dataclass
@@ -38,7 +38,8 @@ class ViT(Parent):
         self.config = config
         self.num_prefix_tokens = config.num_prefix_tokens  # CLS (+ DIST) (+ registers)
         d = config.hidden_size
-        self.patch_embed = nn.Conv2d(config.num_channels, d, config.patch_hw, config.patch_hw)
+        self.patch_embed = nn.Conv2d(config.num_channels, d, config.patch_kernel or config.patch_hw, config.patch_hw,
+                                     config.patch_padding)  # Hiera's stem overlaps: kernel 7, stride 4, padding 3
         patch_dim = config.num_channels * config.patch_hw[0] * config.patch_hw[1]
         self.patch_norm = make_norm(config, patch_dim) if config.patch_norm else None
         # After the patch projection: vit-pytorch's second LayerNorm, AIMv2's RMSNorm.
@@ -47,8 +48,11 @@ class ViT(Parent):
         self.dist_token = nn.Parameter(torch.zeros(1, 1, d)) if config.distillation_token else None
         self.reg_token = (nn.Parameter(torch.zeros(1, config.num_register_tokens, d))
                           if config.num_register_tokens else None)
-        self.pos_embed = (nn.Parameter(torch.zeros(1, config.num_positioned_prefix_tokens + config.num_patches, d))
+        table = config.pos_embed_grid ** 2 or config.num_patches  # SAM 2's background table is its own size
+        self.pos_embed = (nn.Parameter(torch.zeros(1, config.num_positioned_prefix_tokens + table, d))
                           if config.pos_embed else None)
+        self.pos_embed_window = (nn.Parameter(torch.zeros(1, config.pos_embed_window ** 2, d))
+                                 if config.pos_embed_window else None)
         self.norm_pre = make_norm(config, d) if config.pre_norm else None
         self.pos_dropout = nn.Dropout(config.dropout)
         rates = [config.drop_path * i / max(config.num_layers - 1, 1) for i in range(config.num_layers)]
@@ -86,12 +90,18 @@ class ViT(Parent):
         stage = c.stage_of(layer)
         first = c.stage_start(stage)
         merge = None
-        if stage and layer == first:
+        window = c.window_of(layer)
+        if stage and layer == first and c.merge == "pool":
+            merge = QueryPool(c.stage_width(stage - 1), c.stage_width(stage))
+        elif stage and layer == first:
             dim, out = c.stage_width(stage - 1), c.stage_width(stage)
             post = c.merge == "swinv2"
             merge = PatchMerging(dim, out, make_norm(c, out if post else 4 * dim), post)
+        if c.stage_windows:  # Hiera / SAM 2: a stage's first block attends in the previous stage's windows
+            window = 0 if layer in c.global_layers else c.stage_windows[stage - 1 if stage and layer == first
+                                                                         else stage]
         shift = c.window_shift and (layer - first) % 2 == 1
-        return Block(c.stage_config(stage), drop_path_rate, c.window_of(layer), shift, merge)
+        return Block(c.stage_config(stage), drop_path_rate, window, shift, merge)
 
     def layer_grids(self, grid: tuple[int, int]) -> tuple[tuple[int, int], ...]:
         """Each layer's own patch grid for an input whose patch grid is ``grid``: the same one in a plain ViT, the
@@ -109,9 +119,13 @@ class ViT(Parent):
             return tuple(block.layout(g) for block, g in zip(self.blocks, self.layer_grids(grid), strict=True))
         except ValueError as error:
             c = self.config
+            ph, pw = c.patch_hw
+            if c.merge == "pool":
+                side = max(2 ** (c.num_stages - 1), c.stage_windows[0] if c.mask_units else 1)
+                raise ValueError(f"an input of {grid[0] * ph}x{grid[1] * pw} px does not fit this model: {error}; "
+                                 f"give it sides that are multiples of {side * ph} px") from None
             reach = 2 ** (c.num_stages - 1)  # patches per cell of the last stage's grid
             least = (c.window_size - 1) * reach + 1
-            ph, pw = c.patch_hw
             raise ValueError(f"an input of {grid[0] * ph}x{grid[1] * pw} px is too small for this model: {error} "
                              f"in its last stage; give it at least {least * ph}x{least * pw} px") from None
 
@@ -176,6 +190,17 @@ class ViT(Parent):
                             pe=c.rope == "pe")
         return dinov3_rope(grid, c.hidden_size // c.num_heads, float(c.rope_theta), device)
 
+    def window_positions(self, grid: tuple[int, int]) -> torch.Tensor:
+        """SAM 2's window table ``(1, w*w, D)`` tiled over ``grid`` -> ``(1, gh*gw, D)`` (HF / timm ``tile``); a grid
+        its windows do not tile is refused, naming the sizes that work."""
+        w = self.config.pos_embed_window
+        if grid[0] % w or grid[1] % w:
+            ph, pw = self.config.patch_hw
+            raise ValueError(f"an input of {grid[0] * ph}x{grid[1] * pw} px is not tiled by this model's "
+                             f"{w}x{w}-patch position windows; give it sides that are multiples of {w * ph} px")
+        table = self.pos_embed_window.view(1, w, w, -1).repeat(1, grid[0] // w, grid[1] // w, 1)  # (1, gh, gw, D)
+        return table.reshape(1, grid[0] * grid[1], -1)
+
     def embed(self, images: torch.Tensor) -> torch.Tensor:
         """``images`` (B, C, H, W) -> the first block's input ``(B, T, D)``: patches, prefix tokens, positions
         (``hook_embed``), then ``ln_pre`` when the model has one.
@@ -204,8 +229,10 @@ class ViT(Parent):
                 x = x + sincos_positions(grid, x.shape[-1], x.device).to(x.dtype)  # (B, gh*gw, D)
             x = torch.cat([prefix, x], dim=1)  # (B, P + gh*gw, D)
         else:
-            pos = resample_pos_embed(self.pos_embed, grid, c.grid_size, positioned, c.pos_embed_antialias,
-                                     c.pos_resize)
+            table = (c.pos_embed_grid,) * 2 if c.pos_embed_grid else c.grid_size
+            pos = resample_pos_embed(self.pos_embed, grid, table, positioned, c.pos_embed_antialias, c.pos_resize)
+            if self.pos_embed_window is not None:
+                pos = pos + self.window_positions(grid)
             # The first `positioned` prefix tokens get their table entries, the others none (registers
             # in HF DINOv2, every prefix token in timm's no_embed_class models).
             x = torch.cat([prefix[:, :positioned], x], dim=1) + pos  # (B, positioned + gh*gw, D)

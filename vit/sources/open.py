@@ -65,6 +65,7 @@ from vit.sources import (
     import_clip,
     import_dinov3,
     import_eva,
+    import_hiera,
     import_naflex,
     import_pe,
     import_sam,
@@ -80,8 +81,8 @@ from vit.sources import (
 SUPPORTED = ("our .pt checkpoints; Hugging Face folders of " + hf.SUPPORTED + "; " + import_timm.SUPPORTED + "; "
              + import_torchvision.SUPPORTED + "; " + import_dinov3.SUPPORTED + "; " + import_clip.SUPPORTED + "; "
              + import_siglip.SUPPORTED + "; " + import_eva.SUPPORTED + "; " + import_beit.SUPPORTED + "; "
-             + import_sam.SUPPORTED + "; " + import_swin.SUPPORTED + "; " + import_aimv2.SUPPORTED + "; "
-             + import_pe.SUPPORTED + "; " + import_naflex.SUPPORTED + "; "
+             + import_sam.SUPPORTED + "; " + import_swin.SUPPORTED + "; " + import_hiera.SUPPORTED + "; "
+             + import_aimv2.SUPPORTED + "; " + import_pe.SUPPORTED + "; " + import_naflex.SUPPORTED + "; "
              + import_scratch.SUPPORTED + "; "
              + import_vit_pytorch.SUPPORTED)
 HF_WEIGHTS = ("model.safetensors", "pytorch_model.bin")
@@ -182,6 +183,8 @@ def timm_family(name: str):
         return import_sam
     if import_swin.is_swin_name(name):
         return import_swin
+    if import_hiera.is_hiera_name(name):
+        return import_hiera
     if import_aimv2.is_aimv2_name(name):
         return import_aimv2
     if import_pe.is_pe_name(name):
@@ -440,6 +443,7 @@ HF_FAMILIES = {"dinov3_vit": (import_dinov3, ("DINOv3ViTModel",)),
                 "sam": (import_sam, ("SamModel",)),
                 "swin": (import_swin, ("SwinModel", "SwinForImageClassification")),
                 "swinv2": (import_swin, ("Swinv2Model", "Swinv2ForImageClassification")),
+                "hiera": (import_hiera, ("HieraModel", "HieraForImageClassification")),
                 "sam_vision_model": (import_sam, ("SamVisionModel",)),
                 "aimv2": (import_aimv2, ("Aimv2Model",)),
                 "aimv2_vision_model": (import_aimv2, ("Aimv2VisionModel",))}
