@@ -70,9 +70,7 @@ def shipped(name: str = "cifar10-cifar-s") -> Path:
 
 def samples(name: str = "cifar10-cifar-s") -> list[Path]:
     """The sample images shipped with checkpoint ``name``."""
-    folder = catalog.default_checkpoints_dir() / "samples" / name
-    return sorted(p for p in folder.iterdir() if p.suffix.lower() in catalog.SAMPLE_EXTENSIONS) \
-        if folder.is_dir() else []
+    return catalog.images_in(catalog.default_checkpoints_dir() / "samples" / name)
 
 
 def methods() -> dict[str, str]:
