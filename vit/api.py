@@ -16,7 +16,6 @@ preprocessing resizes and normalises every image, as it does a file's).
 
 from __future__ import annotations
 
-import io
 import math
 import os
 from collections.abc import Sequence
@@ -31,7 +30,7 @@ from vit.app import catalog, drawing, explorer, words
 from vit.checkpoint import Checkpoint
 from vit.explain.mechanism import ABLATION_MODES
 from vit.explain.overlay import overlay as draw_overlay
-from vit.explain.overlay import pca_picture
+from vit.explain.overlay import pca_picture, to_png_bytes
 from vit.images import ImageError, open_image
 from vit.inference import TRAINING_SIZE, InputSize, Prediction, input_box, seen_region
 
@@ -228,9 +227,7 @@ class Explanation:
         return path
 
     def _repr_png_(self) -> bytes:
-        buffer = io.BytesIO()
-        self._shown().save(buffer, format="PNG")
-        return buffer.getvalue()
+        return to_png_bytes(self._shown())
 
 
 def explain(checkpoint: Checkpoint, image: ImageLike, method: str = "rollout", *, target: int | str | None = None,
@@ -494,9 +491,7 @@ class PCA:
         return _save(path, self.picture(), {"map": self.map, "mask": mask, "layer": np.int64(self.layer)})
 
     def _repr_png_(self) -> bytes:
-        buffer = io.BytesIO()
-        self.picture().save(buffer, format="PNG")
-        return buffer.getvalue()
+        return to_png_bytes(self.picture())
 
 
 def pca(checkpoint: Checkpoint, image: ImageLike | Sequence[ImageLike], layer: int | None = None, *,
@@ -597,9 +592,7 @@ class Correspondences:
                                             "points_a": self.points_a, "points_b": self.points_b})
 
     def _repr_png_(self) -> bytes:
-        buffer = io.BytesIO()
-        self.picture().save(buffer, format="PNG")
-        return buffer.getvalue()
+        return to_png_bytes(self.picture())
 
 
 def correspondences(checkpoint_a: Checkpoint, image_a: ImageLike, checkpoint_b: Checkpoint, image_b: ImageLike,
