@@ -28,7 +28,7 @@ from PIL import Image
 
 from vit.app import catalog, drawing, explorer, words
 from vit.checkpoint import Checkpoint
-from vit.explain.mechanism import ABLATION_MODES
+from vit.explain.mechanism import check_ablation
 from vit.explain.overlay import overlay as draw_overlay
 from vit.explain.overlay import pca_picture, to_png_bytes
 from vit.images import ImageError, open_image
@@ -375,22 +375,13 @@ def reference_means(checkpoint: Checkpoint, references: Sequence[ImageLike], ima
     return explorer.reference_means(checkpoint, (_image(r) for r in references), _image(image), _size(size))
 
 
-def _check_ablation(mode: str, means: torch.Tensor | None) -> None:
-    if mode not in ABLATION_MODES:
-        raise ValueError(f"unknown ablation mode {mode!r}; choose {' or '.join(ABLATION_MODES)}")
-    if mode == "mean" and means is None:
-        raise ValueError("mean ablation needs means=vit.reference_means(checkpoint, reference_images, image)")
-    if mode != "mean" and means is not None:
-        raise ValueError("means are read by mode='mean' only; pass mode='mean' or leave means out")
-
-
 def head_effects(checkpoint: Checkpoint, image: ImageLike, target: int | str | None = None, mode: str = "zero",
                  size: int | InputSize | None = None, *, means: torch.Tensor | None = None) -> np.ndarray:
     """``(layers, heads)``: how much ``target``'s logit (default the predicted class) changes when each head alone
     is ablated (one pass per layer): ``mode`` "zero", or "mean" with ``means`` from ``reference_means`` for this
     image at this ``size``."""
     _needs_classifier(checkpoint, "vit.head_effects")
-    _check_ablation(mode, means)
+    check_ablation(checkpoint.model, mode, means)
     index = _class_index(checkpoint, target)
     image, size = _image(image), _size(size)
     if index is None:
@@ -416,7 +407,7 @@ def ablate(checkpoint: Checkpoint, heads: Sequence[tuple[int, int]], mode: str =
     ``mode="mean"`` replaced by their mean output ``means`` from ``reference_means`` (per token position, so the
     copy runs at that input size only). Everything above (``explain``, ``predict``) then runs without them."""
     pairs = _heads(checkpoint, heads)
-    _check_ablation(mode, means)
+    check_ablation(checkpoint.model, mode, means)
     return explorer.ablated_checkpoint(checkpoint, pairs, mode, means)
 
 
