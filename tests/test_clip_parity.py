@@ -13,7 +13,7 @@
 
 import pytest
 import torch
-from parity_helpers import assert_parity, randomize
+from parity_helpers import assert_parity, hf_random, randomize
 from safetensors.torch import save_file
 
 from vit.sources.open import SourceError, open_source
@@ -112,9 +112,7 @@ def test_hf_clip_matches_transformers(tmp_path, architecture):
             max_position_embeddings=8))
     else:
         config = transformers.CLIPVisionConfig(**HF_VISION)
-    config._attn_implementation = "eager"
-    torch.manual_seed(0)
-    model = randomize(getattr(transformers, architecture)(config))
+    model = hf_random(getattr(transformers, architecture), config)
     model.save_pretrained(tmp_path / "clip")
     checkpoint = open_source(tmp_path / "clip")
     vision = getattr(model, "vision_model", model)  # CLIPVisionModel is the tower itself in transformers 5
