@@ -11,6 +11,11 @@ from pathlib import Path
 import torch
 
 ATOL = 1e-5
+# A tiny HF vision tower (2 layers of 2 heads, 4x4 patches at 32 px) and the text tower a two-tower model needs.
+HF_VISION = dict(image_size=32, patch_size=8, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                 num_attention_heads=2)
+HF_TEXT = dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2, vocab_size=64,
+               max_position_embeddings=8)
 
 
 def randomize(model: torch.nn.Module, seed: int = 0) -> torch.nn.Module:

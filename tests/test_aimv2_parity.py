@@ -11,17 +11,22 @@ every layer's attention to 1e-5, and the pooling head's attention where there is
 
 import pytest
 import torch
-from parity_helpers import assert_parity, assert_timm_parity, hf_random, randomize, save_timm, timm_pair
+from parity_helpers import (
+    HF_TEXT,
+    HF_VISION,
+    assert_parity,
+    assert_timm_parity,
+    hf_random,
+    randomize,
+    save_timm,
+    timm_pair,
+)
 
 from vit.sources.open import open_source
 
 transformers = pytest.importorskip("transformers")
 timm = pytest.importorskip("timm")
 pytestmark = pytest.mark.slow  # importing transformers and timm takes seconds
-
-HF_VISION = dict(image_size=32, patch_size=8, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
-                 num_attention_heads=2)
-
 
 def hf_head_attention(head, tokens: torch.Tensor) -> torch.Tensor:
     """softmax(q k^T / sqrt(hd)) of HF's Aimv2AttentionPoolingHead, from its own cls_token and k_proj weights."""
@@ -36,9 +41,7 @@ def hf_head_attention(head, tokens: torch.Tensor) -> torch.Tensor:
                                                    ("Aimv2Model", True)])
 def test_hf_aimv2_matches_transformers(tmp_path, architecture, use_head):
     if architecture == "Aimv2Model":
-        config = transformers.Aimv2Config(vision_config=HF_VISION, projection_dim=24, text_config=dict(
-            hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2, vocab_size=64,
-            max_position_embeddings=8))
+        config = transformers.Aimv2Config(vision_config=HF_VISION, projection_dim=24, text_config=HF_TEXT)
     else:
         config = transformers.Aimv2VisionConfig(**HF_VISION, use_head=use_head)
     model = hf_random(getattr(transformers, architecture), config)

@@ -10,17 +10,23 @@ attention and the pooling probe's attention to 1e-5.
 
 import pytest
 import torch
-from parity_helpers import assert_parity, capture_inputs, hf_random, randomize, save_timm, timm_pair, timm_random
+from parity_helpers import (
+    HF_TEXT,
+    HF_VISION,
+    assert_parity,
+    capture_inputs,
+    hf_random,
+    randomize,
+    save_timm,
+    timm_pair,
+    timm_random,
+)
 
 from vit.sources.open import SourceError, open_source
 
 transformers = pytest.importorskip("transformers")
 timm = pytest.importorskip("timm")
 pytestmark = pytest.mark.slow  # importing transformers and timm takes seconds
-
-HF_VISION = dict(image_size=32, patch_size=8, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
-                 num_attention_heads=2)
-
 
 def hf_probe_attention(head, tokens: torch.Tensor) -> torch.Tensor:
     probe = head.probe.expand(tokens.shape[0], -1, -1)
@@ -30,9 +36,7 @@ def hf_probe_attention(head, tokens: torch.Tensor) -> torch.Tensor:
 @pytest.mark.parametrize("architecture", ["SiglipVisionModel", "SiglipModel"])
 def test_hf_siglip_matches_transformers(tmp_path, architecture):
     if architecture == "SiglipModel":
-        config = transformers.SiglipConfig(vision_config=HF_VISION, text_config=dict(
-            hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2, vocab_size=64,
-            max_position_embeddings=8))
+        config = transformers.SiglipConfig(vision_config=HF_VISION, text_config=HF_TEXT)
     else:
         config = transformers.SiglipVisionConfig(**HF_VISION)
     model = hf_random(getattr(transformers, architecture), config)
