@@ -28,6 +28,7 @@ transformers = pytest.importorskip("transformers")
 timm = pytest.importorskip("timm")
 pytestmark = pytest.mark.slow  # importing transformers and timm takes seconds
 
+
 def hf_head_attention(head, tokens: torch.Tensor) -> torch.Tensor:
     """softmax(q k^T / sqrt(hd)) of HF's Aimv2AttentionPoolingHead, from its own cls_token and k_proj weights."""
     B, N, C = tokens.shape

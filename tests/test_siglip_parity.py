@@ -28,6 +28,7 @@ transformers = pytest.importorskip("transformers")
 timm = pytest.importorskip("timm")
 pytestmark = pytest.mark.slow  # importing transformers and timm takes seconds
 
+
 def hf_probe_attention(head, tokens: torch.Tensor) -> torch.Tensor:
     probe = head.probe.expand(tokens.shape[0], -1, -1)
     return head.attention(probe, tokens, tokens, need_weights=True, average_attn_weights=False)[1]  # (B, nh, 1, T)
