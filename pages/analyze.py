@@ -13,7 +13,7 @@ from pathlib import Path
 import streamlit as st
 
 from pages.analyze_sections.feature_browser import feature_browser
-from pages.explorer_sections.checkpoint_picker import open_from_hub
+from pages.explorer_sections.checkpoint_picker import open_from_hub, server_gate
 from pages.explorer_sections.long_work import long_work
 from vit.analyze import build_parser as analyze_parser
 from vit.analyze import submit as submit_analysis
@@ -42,7 +42,7 @@ st.caption("Every image of a folder through one checkpoint: how far and how even
            "the model is most sure of.")
 
 # Reading the server's folders (and models by path, and the Ray cluster) follows vit.runs.access's one rule.
-gate = access.server_access(st.get_option("server.address"), access.configured_token(st.secrets.get))
+gate = server_gate()
 if not gate.allows(st.session_state.get(access.UNLOCKED)):
     st.warning(gate.message + (" Enter the token on the Train page." if gate.mode == "token" else ""))
     st.stop()

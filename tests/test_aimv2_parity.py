@@ -11,16 +11,22 @@ every layer's attention to 1e-5, and the pooling head's attention where there is
 
 import pytest
 import torch
-from parity_helpers import assert_parity, capture_inputs, randomize
+from parity_helpers import (
+    HF_TEXT,
+    HF_VISION,
+    assert_parity,
+    assert_timm_parity,
+    hf_random,
+    randomize,
+    save_timm,
+    timm_pair,
+)
 
 from vit.sources.open import open_source
 
 transformers = pytest.importorskip("transformers")
 timm = pytest.importorskip("timm")
 pytestmark = pytest.mark.slow  # importing transformers and timm takes seconds
-
-HF_VISION = dict(image_size=32, patch_size=8, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
-                 num_attention_heads=2)
 
 
 def hf_head_attention(head, tokens: torch.Tensor) -> torch.Tensor:
@@ -36,14 +42,10 @@ def hf_head_attention(head, tokens: torch.Tensor) -> torch.Tensor:
                                                    ("Aimv2Model", True)])
 def test_hf_aimv2_matches_transformers(tmp_path, architecture, use_head):
     if architecture == "Aimv2Model":
-        config = transformers.Aimv2Config(vision_config=HF_VISION, projection_dim=24, text_config=dict(
-            hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2, vocab_size=64,
-            max_position_embeddings=8))
+        config = transformers.Aimv2Config(vision_config=HF_VISION, projection_dim=24, text_config=HF_TEXT)
     else:
         config = transformers.Aimv2VisionConfig(**HF_VISION, use_head=use_head)
-    config._attn_implementation = "eager"
-    torch.manual_seed(0)
-    model = randomize(getattr(transformers, architecture)(config))
+    model = hf_random(getattr(transformers, architecture), config)
     model.save_pretrained(tmp_path / "aimv2")
     checkpoint = open_source(tmp_path / "aimv2")
     assert checkpoint.model.num_prefix_tokens == 0 and checkpoint.config.norm == "rms"
@@ -67,9 +69,7 @@ def test_hf_aimv2_matches_transformers(tmp_path, architecture, use_head):
 def test_hf_native_resolution_aimv2_matches_transformers_at_any_size(tmp_path):
     """``is_native``: no table, 2D sine-cosine positions for each grid, so a non-square input too."""
     config = transformers.Aimv2VisionConfig(**HF_VISION, is_native=True)
-    config._attn_implementation = "eager"
-    torch.manual_seed(0)
-    model = randomize(transformers.Aimv2VisionModel(config))
+    model = hf_random(transformers.Aimv2VisionModel, config)
     model.save_pretrained(tmp_path / "native")
     checkpoint = open_source(tmp_path / "native")
     assert checkpoint.config.sincos_pos and not checkpoint.config.pos_embed
@@ -82,38 +82,16 @@ def test_hf_native_resolution_aimv2_matches_transformers_at_any_size(tmp_path):
                       ours.attentions, out.attentions)
 
 
-def timm_aimv2(dynamic: bool = False):
-    timm.layers.set_fused_attn(False)
-    try:
-        torch.manual_seed(0)
-        model = timm.create_model("aimv2_large_patch14_224", pretrained=False, img_size=32, patch_size=8,
-                                  embed_dim=32, depth=2, num_heads=2, num_classes=0, dynamic_img_size=dynamic)
-    finally:
-        timm.layers.set_fused_attn(True)
-    return randomize(model)
-
-
 def test_timm_aimv2_matches_timm(tmp_path):
-    model, dynamic = timm_aimv2(), timm_aimv2(dynamic=True)
-    dynamic.load_state_dict(model.state_dict())
-    timm.models.save_for_hf(model, tmp_path / "timm", model_args=dict(num_heads=2, img_size=32),
-                            safe_serialization=True)
-    checkpoint = open_source(tmp_path / "timm")
+    model, dynamic = timm_pair("aimv2_large_patch14_224", num_classes=0)
+    checkpoint = open_source(save_timm(model, tmp_path / "timm"))
     assert checkpoint.config.pooling == "avg" and checkpoint.config.norm == "rms" and not checkpoint.config.proj_bias
-    for label, reference, size in (("native", model, (32, 32)), ("48x24", dynamic, (48, 24))):
-        images = torch.randn(2, 3, *size)
-        expected, attentions = capture_inputs([b.attn.attn_drop for b in reference.blocks],
-                                              lambda reference=reference, images=images: reference(images))
-        with torch.no_grad():
-            ours = checkpoint.model.encode(images, output_attentions=True)
-        assert_parity(f"AIMv2 | timm aimv2_* | {label}", ours.embedding, expected, ours.attentions, attentions)
+    assert_timm_parity("AIMv2 | timm aimv2_*", checkpoint, (("native", model, (32, 32)), ("48x24", dynamic, (48, 24))))
 
 
 def test_hf_aimv2_opens_by_hub_id_from_the_hub_and_then_from_the_cache(tmp_path, fake_hub):
     config = transformers.Aimv2VisionConfig(**HF_VISION)
-    config._attn_implementation = "eager"
-    torch.manual_seed(0)
-    model = randomize(transformers.Aimv2VisionModel(config))
+    model = hf_random(transformers.Aimv2VisionModel, config)
     model.save_pretrained(tmp_path / "aimv2")
     fake_hub.add_folder("apple/aimv2-tiny-patch8-32", tmp_path / "aimv2")
     images = torch.randn(1, 3, 32, 32)

@@ -12,6 +12,8 @@ from tests.test_analyze import CLASSES, CONFIG, world  # noqa: F401  (fixture)
 from vit import analyze
 from vit.checkpoint import save_checkpoint
 from vit.evaluate import labelled_files
+from vit.explain import dataset_pca
+from vit.inference import preprocess
 from vit.model import ViT
 
 
@@ -83,8 +85,32 @@ def test_pca_options_it_cannot_honour_are_refused_in_one_line_before_any_image(w
 
 def test_pca_past_the_memory_bound_is_refused_before_any_image(world, random_model, capsys,  # noqa: F811
                                                                 monkeypatch):
-    monkeypatch.setenv("VIT_ANALYSIS_MEMORY_MB", "0.01")  # 10 KB: one image needs 3.3 KB of states, 7.6 of copies
+    monkeypatch.setenv("VIT_ANALYSIS_MEMORY_MB", "0.01")  # 10 KB: one image's block needs 12.8 KB, its copies 7.4
     code = analyze.main([str(random_model), "--data", str(world / "data"), "--out", str(world / "out"), "--pca"])
     err = capsys.readouterr().err
     assert code == 2 and "VIT_ANALYSIS_MEMORY_MB" in err and "analysing" not in err
     assert len(err.strip().splitlines()) == 1
+
+
+def test_pca_past_the_token_gate_is_refused_before_any_image(world, random_model, capsys,  # noqa: F811
+                                                              monkeypatch):
+    monkeypatch.setenv("VIT_MAX_TOKENS", "16")  # the checkpoint's 16 px are 4x4 patches + CLS: 17 tokens
+    code = analyze.main([str(random_model), "--data", str(world / "data"), "--out", str(world / "out"), "--pca"])
+    err = capsys.readouterr().err
+    assert code == 2 and "17 tokens" in err and "VIT_MAX_TOKENS" in err and "analysing" not in err
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_a_layer_s_tokens_come_from_a_forward_that_stops_after_that_layer(random_model):
+    checkpoint = vit.load(random_model, device="cpu")
+    image = Image.fromarray(np.random.default_rng(0).integers(0, 256, (16, 16, 3), dtype=np.uint8))
+    ran = []
+    with checkpoint.model.hooks([(f"blocks.{i}.hook_resid_post", lambda t, hook, i=i: ran.append(i))
+                                 for i in range(CONFIG.num_layers)]):
+        tokens = dataset_pca.layer_tokens(checkpoint, image, 0)
+    assert ran == [0]  # block 1 (counted from 0) is not run
+    x = preprocess([image], checkpoint.preprocessing)
+    with torch.inference_mode():  # the whole forward's output of block 0, after the final norm
+        _, cache = checkpoint.model.run_with_cache(x, ["blocks.0.hook_resid_post"])
+        expected = checkpoint.model.norm(cache["blocks.0.hook_resid_post"])[0, 1:]
+    torch.testing.assert_close(tokens, expected, rtol=0, atol=1e-6)

@@ -294,3 +294,14 @@ def test_a_clip_is_pointed_to_ask_for_its_label_maps(tiny, photo, monkeypatch):
 def test_a_checkpoints_repr_is_one_short_line(tiny, encoder):
     assert repr(tiny) == "<Checkpoint tiny.pt: vit, 5,603 parameters, 16 px in patches of 4, 3 classes (cat, dog, fox)>"
     assert repr(encoder).endswith("no classifier>") and "\n" not in repr(encoder)
+
+
+def test_samples_are_the_image_files_of_the_checkpoints_samples_folder(tmp_path, monkeypatch):
+    monkeypatch.setenv("VIT_CHECKPOINTS_DIR", str(tmp_path))
+    folder = tmp_path / "samples" / "tiny"
+    folder.mkdir(parents=True)
+    for name in ("b.png", "a.JPG", "notes.txt"):
+        (folder / name).write_bytes(b"")
+    (folder / "c.png").mkdir()  # a folder named like an image is not one
+    assert vit.samples("tiny") == [folder / "a.JPG", folder / "b.png"]
+    assert vit.samples("missing") == []

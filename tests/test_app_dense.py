@@ -68,3 +68,24 @@ def test_a_foreground_threshold_that_leaves_no_patch_is_a_one_line_warning(two_m
     at = run_app(dense_open=True, dense_fg=True, dense_threshold=1e6)
     assert not at.exception, [e.message for e in at.exception]
     assert any("on the foreground side of threshold" in w.value and "\n" not in w.value for w in at.warning)
+
+
+
+def test_a_rerun_with_unchanged_inputs_fits_no_pca_and_matches_nothing_again(two_models, monkeypatch):
+    from vit.app import dense
+
+    calls = []
+
+    def counted(name: str, compute):
+        return lambda *args: calls.append(name) or compute(*args)
+
+    for name in ("pca_views", "match_view"):
+        monkeypatch.setattr(dense, name, counted(name, getattr(dense, name)))
+    at = run_app(dense_open=True, compare_with=str(two_models[1]))
+    assert calls == ["pca_views", "match_view"]
+    at = at.selectbox(key="dense_query").set_value(1 + 6).run()  # a click on a patch: only the similarity is new
+    assert not at.exception, [e.message for e in at.exception]
+    assert calls == ["pca_views", "match_view"]
+    at = at.selectbox(key="dense_layer").set_value(0).run()  # another layer: one fit and one match again
+    assert not at.exception, [e.message for e in at.exception]
+    assert calls == ["pca_views", "match_view"] * 2

@@ -13,7 +13,7 @@
 
 import pytest
 import torch
-from parity_helpers import assert_parity, randomize
+from parity_helpers import HF_TEXT, HF_VISION, assert_parity, hf_random, randomize
 from safetensors.torch import save_file
 
 from vit.sources.open import SourceError, open_source
@@ -100,21 +100,16 @@ def test_openai_layout_with_quickgelu_matches_open_clips_openai_loader(tmp_path)
                   attentions)
 
 
-HF_VISION = dict(image_size=32, patch_size=8, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
-                 num_attention_heads=2, projection_dim=16)
+CLIP_VISION = dict(HF_VISION, projection_dim=16)
 
 
 @pytest.mark.parametrize("architecture", ["CLIPVisionModel", "CLIPVisionModelWithProjection", "CLIPModel"])
 def test_hf_clip_matches_transformers(tmp_path, architecture):
     if architecture == "CLIPModel":
-        config = transformers.CLIPConfig(vision_config=HF_VISION, projection_dim=16, text_config=dict(
-            hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2, vocab_size=64,
-            max_position_embeddings=8))
+        config = transformers.CLIPConfig(vision_config=CLIP_VISION, projection_dim=16, text_config=HF_TEXT)
     else:
-        config = transformers.CLIPVisionConfig(**HF_VISION)
-    config._attn_implementation = "eager"
-    torch.manual_seed(0)
-    model = randomize(getattr(transformers, architecture)(config))
+        config = transformers.CLIPVisionConfig(**CLIP_VISION)
+    model = hf_random(getattr(transformers, architecture), config)
     model.save_pretrained(tmp_path / "clip")
     checkpoint = open_source(tmp_path / "clip")
     vision = getattr(model, "vision_model", model)  # CLIPVisionModel is the tower itself in transformers 5

@@ -6,6 +6,7 @@ stand-in ``PCA`` from sklearn's documented computation (a centred SVD, whitening
 component's variance over N - 1), compared after aligning each component's sign.
 """
 
+import io
 import math
 import re
 from pathlib import Path
@@ -288,6 +289,7 @@ def test_results_save_as_png_and_npz_and_draw_figures(tiny, tmp_path):
     c = vit.correspondences(tiny, image, tiny, photo(10, (16, 16)), top=4)
     for name, result in (("pca", p), ("similarity", s), ("matches", c)):
         assert Image.open(result.save(tmp_path / f"{name}.png")).size[0] > 0
+        assert Image.open(io.BytesIO(result._repr_png_())).format == "PNG"  # what a notebook shows
         result.figure()
     with np.load(p.save(tmp_path / "pca.npz")) as saved:
         np.testing.assert_array_equal(saved["map"], p.map)

@@ -9,7 +9,7 @@ to 1e-5, at the native size and at a non-square one (DINOv3's RoPE takes any H x
 
 import pytest
 import torch
-from parity_helpers import assert_parity, capture_inputs, randomize
+from parity_helpers import assert_parity, assert_timm_parity, hf_random, save_timm, timm_random
 
 from vit.sources.open import SourceError, open_source
 
@@ -24,9 +24,7 @@ def hf_dinov3(folder, **overrides):
     config = transformers.DINOv3ViTConfig(**{**dict(
         image_size=32, patch_size=8, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=2,
         num_register_tokens=4, layerscale_value=0.5), **overrides})
-    config._attn_implementation = "eager"
-    torch.manual_seed(0)
-    model = randomize(transformers.DINOv3ViTModel(config))
+    model = hf_random(transformers.DINOv3ViTModel, config)
     model.save_pretrained(folder)
     return model
 
@@ -47,34 +45,16 @@ def test_hf_dinov3_matches_transformers(tmp_path, overrides):
 
 
 def timm_dinov3(**kwargs):
-    timm.layers.set_fused_attn(False)
-    try:
-        torch.manual_seed(0)
-        model = timm.create_model("vit_small_patch16_dinov3_qkvb", pretrained=False, img_size=32, patch_size=8,
-                                  embed_dim=32, depth=2, num_heads=2, **kwargs)
-    finally:
-        timm.layers.set_fused_attn(True)
-    return randomize(model)
-
-
-def timm_outputs(model, images):
-    return capture_inputs([b.attn.attn_drop for b in model.blocks], lambda: model(images))
+    return timm_random("vit_small_patch16_dinov3_qkvb", dynamic=True, **kwargs)  # as timm's model function sets it
 
 
 @pytest.mark.parametrize("pool", ["avg", "token"])
 def test_timm_dinov3_matches_timm(tmp_path, pool):
     model = timm_dinov3(global_pool=pool)
-    timm.models.save_for_hf(model, tmp_path / "timm", model_args=dict(num_heads=2, global_pool=pool, img_size=32),
-                            safe_serialization=True)
-    ours = open_source(tmp_path / "timm").model
-    assert ours.config.pooling == ("cls" if pool == "token" else "avg") and not ours.config.key_bias
-    for label, size in SIZES.items():
-        images = torch.randn(2, 3, *size)
-        expected, attentions = timm_outputs(model, images)
-        with torch.no_grad():
-            mine = ours.encode(images, output_attentions=True)
-        assert_parity(f"DINOv3 | timm vit_*_dinov3_qkvb global_pool={pool} | {label}", mine.embedding, expected,
-                      mine.attentions, attentions)
+    checkpoint = open_source(save_timm(model, tmp_path / "timm", global_pool=pool))
+    assert checkpoint.config.pooling == ("cls" if pool == "token" else "avg") and not checkpoint.config.key_bias
+    assert_timm_parity(f"DINOv3 | timm vit_*_dinov3_qkvb global_pool={pool}", checkpoint,
+                       [(label, model, size) for label, size in SIZES.items()])
 
 
 def original_from_timm(state: dict, head_dim: int) -> dict:
@@ -110,13 +90,8 @@ def test_original_dinov3_layout_matches_timm_with_cls_pooling(tmp_path):
     torch.save({"model": original}, tmp_path / "dinov3_vits16_pretrain.pth")
     checkpoint = open_source(tmp_path / "dinov3_vits16_pretrain.pth")
     assert checkpoint.metadata["architecture"] == "dinov3:backbone"
-    for label, size in SIZES.items():
-        images = torch.randn(2, 3, *size)
-        expected, attentions = timm_outputs(model, images)
-        with torch.no_grad():
-            mine = checkpoint.model.encode(images, output_attentions=True)
-        assert_parity(f"DINOv3 | original facebookresearch .pth (timm filter reversed) | {label}", mine.embedding,
-                      expected, mine.attentions, attentions)
+    assert_timm_parity("DINOv3 | original facebookresearch .pth (timm filter reversed)", checkpoint,
+                       [(label, model, size) for label, size in SIZES.items()])
 
 
 def test_original_dinov3_with_a_wrong_arch_name_is_refused_in_one_line(tmp_path):

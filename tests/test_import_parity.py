@@ -9,6 +9,7 @@ import json
 
 import pytest
 import torch
+from parity_helpers import ATOL, hf_random, randomize
 from safetensors.torch import save_file
 
 from vit.model import ViT
@@ -18,18 +19,6 @@ transformers = pytest.importorskip("transformers")
 timm = pytest.importorskip("timm")
 torchvision = pytest.importorskip("torchvision")
 pytestmark = pytest.mark.slow  # importing transformers and timm takes seconds
-
-ATOL = 1e-5
-
-
-def randomize(model: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
-    """Noise on every parameter: biases, norms and layer scales are zeros or ones at init."""
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(torch.randn(p.shape, generator=generator) * 0.1)
-    return model.eval()
-
 
 def assert_same(ours: tuple, logits: torch.Tensor | None, attentions: list[torch.Tensor]) -> None:
     our_logits, our_attentions = ours
@@ -63,9 +52,7 @@ def hf_folder(tmp_path, architecture: str, **overrides):
     config = getattr(transformers, config_class)(
         image_size=32, patch_size=8, num_channels=3, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
         num_labels=5, **{**extra, **overrides})
-    config._attn_implementation = "eager"  # the path that returns attention probabilities
-    torch.manual_seed(0)
-    model = randomize(getattr(transformers, architecture)(config))
+    model = hf_random(getattr(transformers, architecture), config)
     folder = tmp_path / architecture
     model.save_pretrained(folder)
     return model, folder

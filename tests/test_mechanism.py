@@ -303,6 +303,8 @@ def test_a_mean_ablated_copy_refuses_another_input_size_and_wrong_means():
         ablated_copy(model, [(0, 0)], "mean", means[:, :, :2])
     with pytest.raises(MechanismError, match="unknown ablation"):
         ablated_copy(model, [(0, 0)], "random")
+    with pytest.raises(MechanismError, match="^means are read by mode='mean' only"):  # not silently ignored
+        ablate_heads(model, images(1), [(0, 0)], "zero", means)
 
 
 def test_ablation_grids_match_hf_one_head_at_a_time(pair):

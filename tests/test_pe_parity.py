@@ -10,7 +10,7 @@ conversion of the original bias-free ``proj`` writes it.
 
 import pytest
 import torch
-from parity_helpers import assert_parity, capture_inputs, randomize
+from parity_helpers import assert_parity, capture_inputs, randomize, save_timm, timm_outputs, timm_random
 
 from vit.sources.open import SourceError, open_source
 
@@ -21,14 +21,7 @@ NAMES = ["vit_pe_core_tiny_patch16_384", "vit_pe_spatial_tiny_patch16_512", "vit
 
 
 def pe(name: str, dynamic: bool = False):
-    timm.layers.set_fused_attn(False)
-    try:
-        torch.manual_seed(0)
-        model = timm.create_model(name, pretrained=False, img_size=32, patch_size=8, embed_dim=32, depth=2,
-                                  num_heads=2, dynamic_img_size=dynamic)
-    finally:
-        timm.layers.set_fused_attn(True)
-    model = randomize(model)
+    model = timm_random(name, dynamic)
     if isinstance(model.head, torch.nn.Linear):
         with torch.no_grad():
             model.head.bias.zero_()
@@ -47,9 +40,7 @@ def probe_attention(pool, tokens: torch.Tensor) -> torch.Tensor:
 def test_timm_pe_matches_timm(tmp_path, name):
     model, dynamic = pe(name), pe(name, dynamic=True)
     dynamic.load_state_dict(model.state_dict())
-    timm.models.save_for_hf(model, tmp_path / "pe", model_args=dict(num_heads=2, img_size=32),
-                            safe_serialization=True)
-    checkpoint = open_source(tmp_path / "pe")
+    checkpoint = open_source(save_timm(model, tmp_path / "pe"))
     assert checkpoint.config.rope == "pe" and checkpoint.model.num_prefix_tokens == 1
     core = model.attn_pool is not None
     for label, reference, size in (("native", model, (32, 32)), ("48x24", dynamic, (48, 24))):
@@ -70,8 +61,7 @@ def test_timm_pe_matches_timm(tmp_path, name):
 def test_a_pe_head_with_a_bias_is_refused_in_one_line(tmp_path):
     model = randomize(timm.create_model(NAMES[0], pretrained=False, img_size=32, patch_size=8, embed_dim=32,
                                         depth=1, num_heads=2))
-    timm.models.save_for_hf(model, tmp_path / "pe", model_args=dict(num_heads=2, img_size=32),
-                            safe_serialization=True)
+    save_timm(model, tmp_path / "pe")
     with pytest.raises(SourceError, match="head.bias is not zero") as error:
         open_source(tmp_path / "pe")
     assert "\n" not in str(error.value)
@@ -79,11 +69,9 @@ def test_a_pe_head_with_a_bias_is_refused_in_one_line(tmp_path):
 
 def test_timm_pe_opens_by_its_timm_name_from_the_hub(tmp_path, fake_hub):
     model = pe(NAMES[0])
-    timm.models.save_for_hf(model, tmp_path / "pe", model_args=dict(num_heads=2, img_size=32),
-                            safe_serialization=True)
-    fake_hub.add_folder(f"timm/{NAMES[0]}.fb", tmp_path / "pe")
+    fake_hub.add_folder(f"timm/{NAMES[0]}.fb", save_timm(model, tmp_path / "pe"))
     images = torch.randn(1, 3, 32, 32)
-    expected, captured = capture_inputs([b.attn.attn_drop for b in model.blocks], lambda: model(images))
+    expected, captured = timm_outputs(model, images)
     with torch.no_grad():
         ours = open_source(f"{NAMES[0]}.fb").model.encode(images, output_attentions=True)
     assert_parity("PE | timm name via the Hub | native", ours.embedding, expected, ours.attentions, captured)
@@ -92,9 +80,7 @@ def test_timm_pe_opens_by_its_timm_name_from_the_hub(tmp_path, fake_hub):
 def test_an_opened_pe_saved_as_our_checkpoint_loads_back_to_the_same_numbers(tmp_path):
     from vit.checkpoint import load_checkpoint, save_checkpoint
 
-    timm.models.save_for_hf(pe(NAMES[0]), tmp_path / "pe", model_args=dict(num_heads=2, img_size=32),
-                            safe_serialization=True)
-    opened = open_source(tmp_path / "pe")
+    opened = open_source(save_timm(pe(NAMES[0]), tmp_path / "pe"))
     save_checkpoint(tmp_path / "pe.pt", opened.model, opened.class_names, opened.preprocessing)
     loaded = load_checkpoint(tmp_path / "pe.pt")
     assert loaded.config == opened.config and loaded.config.pool_heads == 8

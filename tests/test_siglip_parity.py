@@ -10,16 +10,23 @@ attention and the pooling probe's attention to 1e-5.
 
 import pytest
 import torch
-from parity_helpers import assert_parity, capture_inputs, randomize
+from parity_helpers import (
+    HF_TEXT,
+    HF_VISION,
+    assert_parity,
+    capture_inputs,
+    hf_random,
+    randomize,
+    save_timm,
+    timm_pair,
+    timm_random,
+)
 
 from vit.sources.open import SourceError, open_source
 
 transformers = pytest.importorskip("transformers")
 timm = pytest.importorskip("timm")
 pytestmark = pytest.mark.slow  # importing transformers and timm takes seconds
-
-HF_VISION = dict(image_size=32, patch_size=8, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
-                 num_attention_heads=2)
 
 
 def hf_probe_attention(head, tokens: torch.Tensor) -> torch.Tensor:
@@ -30,14 +37,10 @@ def hf_probe_attention(head, tokens: torch.Tensor) -> torch.Tensor:
 @pytest.mark.parametrize("architecture", ["SiglipVisionModel", "SiglipModel"])
 def test_hf_siglip_matches_transformers(tmp_path, architecture):
     if architecture == "SiglipModel":
-        config = transformers.SiglipConfig(vision_config=HF_VISION, text_config=dict(
-            hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2, vocab_size=64,
-            max_position_embeddings=8))
+        config = transformers.SiglipConfig(vision_config=HF_VISION, text_config=HF_TEXT)
     else:
         config = transformers.SiglipVisionConfig(**HF_VISION)
-    config._attn_implementation = "eager"
-    torch.manual_seed(0)
-    model = randomize(getattr(transformers, architecture)(config))
+    model = hf_random(getattr(transformers, architecture), config)
     model.save_pretrained(tmp_path / "siglip")
     checkpoint = open_source(tmp_path / "siglip")
     assert checkpoint.model.num_prefix_tokens == 0 and checkpoint.config.pooling == "map"
@@ -54,15 +57,7 @@ def test_hf_siglip_matches_transformers(tmp_path, architecture):
                       [ours.pool_attention], [probe])
 
 
-def timm_siglip(dynamic: bool = False):
-    timm.layers.set_fused_attn(False)
-    try:
-        torch.manual_seed(0)
-        model = timm.create_model("vit_base_patch16_siglip_224", pretrained=False, img_size=32, patch_size=8,
-                                  embed_dim=32, depth=2, num_heads=2, num_classes=0, dynamic_img_size=dynamic)
-    finally:
-        timm.layers.set_fused_attn(True)
-    return randomize(model)
+TIMM_SIGLIP = "vit_base_patch16_siglip_224"
 
 
 def timm_probe_attention(pool, tokens: torch.Tensor) -> torch.Tensor:
@@ -74,12 +69,8 @@ def timm_probe_attention(pool, tokens: torch.Tensor) -> torch.Tensor:
 
 
 def test_timm_siglip_with_map_pooling_matches_timm(tmp_path):
-    model = timm_siglip()
-    dynamic = timm_siglip(dynamic=True)
-    dynamic.load_state_dict(model.state_dict())
-    timm.models.save_for_hf(model, tmp_path / "timm", model_args=dict(num_heads=2, img_size=32),
-                            safe_serialization=True)
-    checkpoint = open_source(tmp_path / "timm")
+    model, dynamic = timm_pair(TIMM_SIGLIP, num_classes=0)
+    checkpoint = open_source(save_timm(model, tmp_path / "timm"))
     assert checkpoint.config.pooling == "map" and not checkpoint.config.class_token
     for label, reference, size in (("native", model, (32, 32)), ("40x24", dynamic, (40, 24))):
         images = torch.randn(2, 3, *size)
@@ -122,10 +113,7 @@ def test_timm_siglip2_port_opens_with_the_activation_its_model_function_fixes(tm
 
 
 def test_timm_architecture_the_registry_does_not_know_is_refused_in_one_line(tmp_path):
-    model = timm_siglip()
-    timm.models.save_for_hf(model, tmp_path / "timm", model_args=dict(num_heads=2, img_size=32),
-                            safe_serialization=True)
-    config = tmp_path / "timm" / "config.json"
+    config = save_timm(timm_random(TIMM_SIGLIP, num_classes=0), tmp_path / "timm") / "config.json"
     config.write_text(config.read_text().replace("vit_base_patch16_siglip_224", "vit_base_patch16_siglip3_224"))
     with pytest.raises(SourceError, match="timm does not know the architecture 'vit_base_patch16_siglip3_224'") as e:
         open_source(tmp_path / "timm")

@@ -16,7 +16,6 @@ preprocessing resizes and normalises every image, as it does a file's).
 
 from __future__ import annotations
 
-import io
 import math
 import os
 from collections.abc import Sequence
@@ -29,9 +28,9 @@ from PIL import Image
 
 from vit.app import catalog, drawing, explorer, words
 from vit.checkpoint import Checkpoint
-from vit.explain.mechanism import ABLATION_MODES
+from vit.explain.mechanism import check_ablation
 from vit.explain.overlay import overlay as draw_overlay
-from vit.explain.overlay import pca_picture
+from vit.explain.overlay import pca_picture, to_png_bytes
 from vit.images import ImageError, open_image
 from vit.inference import TRAINING_SIZE, InputSize, Prediction, input_box, seen_region
 
@@ -70,9 +69,7 @@ def shipped(name: str = "cifar10-cifar-s") -> Path:
 
 def samples(name: str = "cifar10-cifar-s") -> list[Path]:
     """The sample images shipped with checkpoint ``name``."""
-    folder = catalog.default_checkpoints_dir() / "samples" / name
-    return sorted(p for p in folder.iterdir() if p.suffix.lower() in catalog.SAMPLE_EXTENSIONS) \
-        if folder.is_dir() else []
+    return catalog.images_in(catalog.default_checkpoints_dir() / "samples" / name)
 
 
 def methods() -> dict[str, str]:
@@ -230,9 +227,7 @@ class Explanation:
         return path
 
     def _repr_png_(self) -> bytes:
-        buffer = io.BytesIO()
-        self._shown().save(buffer, format="PNG")
-        return buffer.getvalue()
+        return to_png_bytes(self._shown())
 
 
 def explain(checkpoint: Checkpoint, image: ImageLike, method: str = "rollout", *, target: int | str | None = None,
@@ -380,22 +375,13 @@ def reference_means(checkpoint: Checkpoint, references: Sequence[ImageLike], ima
     return explorer.reference_means(checkpoint, (_image(r) for r in references), _image(image), _size(size))
 
 
-def _check_ablation(mode: str, means: torch.Tensor | None) -> None:
-    if mode not in ABLATION_MODES:
-        raise ValueError(f"unknown ablation mode {mode!r}; choose {' or '.join(ABLATION_MODES)}")
-    if mode == "mean" and means is None:
-        raise ValueError("mean ablation needs means=vit.reference_means(checkpoint, reference_images, image)")
-    if mode != "mean" and means is not None:
-        raise ValueError("means are read by mode='mean' only; pass mode='mean' or leave means out")
-
-
 def head_effects(checkpoint: Checkpoint, image: ImageLike, target: int | str | None = None, mode: str = "zero",
                  size: int | InputSize | None = None, *, means: torch.Tensor | None = None) -> np.ndarray:
     """``(layers, heads)``: how much ``target``'s logit (default the predicted class) changes when each head alone
     is ablated (one pass per layer): ``mode`` "zero", or "mean" with ``means`` from ``reference_means`` for this
     image at this ``size``."""
     _needs_classifier(checkpoint, "vit.head_effects")
-    _check_ablation(mode, means)
+    check_ablation(checkpoint.model, mode, means)
     index = _class_index(checkpoint, target)
     image, size = _image(image), _size(size)
     if index is None:
@@ -421,7 +407,7 @@ def ablate(checkpoint: Checkpoint, heads: Sequence[tuple[int, int]], mode: str =
     ``mode="mean"`` replaced by their mean output ``means`` from ``reference_means`` (per token position, so the
     copy runs at that input size only). Everything above (``explain``, ``predict``) then runs without them."""
     pairs = _heads(checkpoint, heads)
-    _check_ablation(mode, means)
+    check_ablation(checkpoint.model, mode, means)
     return explorer.ablated_checkpoint(checkpoint, pairs, mode, means)
 
 
@@ -496,9 +482,7 @@ class PCA:
         return _save(path, self.picture(), {"map": self.map, "mask": mask, "layer": np.int64(self.layer)})
 
     def _repr_png_(self) -> bytes:
-        buffer = io.BytesIO()
-        self.picture().save(buffer, format="PNG")
-        return buffer.getvalue()
+        return to_png_bytes(self.picture())
 
 
 def pca(checkpoint: Checkpoint, image: ImageLike | Sequence[ImageLike], layer: int | None = None, *,
@@ -599,9 +583,7 @@ class Correspondences:
                                             "points_a": self.points_a, "points_b": self.points_b})
 
     def _repr_png_(self) -> bytes:
-        buffer = io.BytesIO()
-        self.picture().save(buffer, format="PNG")
-        return buffer.getvalue()
+        return to_png_bytes(self.picture())
 
 
 def correspondences(checkpoint_a: Checkpoint, image_a: ImageLike, checkpoint_b: Checkpoint, image_b: ImageLike,

@@ -13,7 +13,7 @@ import streamlit as st
 from PIL import Image
 
 from pages.explorer_sections.long_work import long_work
-from vit.app import catalog, drawing, explorer
+from vit.app import catalog, dense, drawing, explorer
 from vit.cache import ByteCache
 from vit.checkpoint import Checkpoint
 from vit.images import UPLOAD_MAX_PIXELS, open_image
@@ -28,6 +28,7 @@ MODEL_CACHE_BYTES = 1536 * 2**20
 IMAGE_CACHE_BYTES = 256 * 2**20  # decoded images are at most 2048 px on their long side (12 MB)
 ANALYSIS_CACHE_BYTES = 512 * 2**20
 RELEVANCE_CACHE_BYTES = 256 * 2**20
+DENSE_CACHE_BYTES = 64 * 2**20  # PCA colours and matches: (gh, gw, 3) floats and a few hundred indices each
 PROGRESS_TOKENS = 1025  # above (e.g. 512 px at patch 16), a forward takes seconds: progress and a Stop button
 
 
@@ -120,6 +121,26 @@ def class_relevance(fingerprint: tuple, digest: str, size: InputSize, class_inde
     if relevance is None:
         st.stop()
     return relevance
+
+
+def pca_views(fingerprint: tuple, digests: tuple[str, ...], size: InputSize, layer: int, foreground: float | None,
+              flip: bool, checkpoint: Checkpoint, analyses: list[explorer.Analysis]) -> list[dense.PCAView]:
+    """The PCA colours of the images ``digests`` (their ``analyses`` by one checkpoint), fitted together once per
+    (checkpoint, images, size, layer, foreground settings), not on every rerun (a click on a patch redraws only the
+    similarity)."""
+    return byte_cache("dense", DENSE_CACHE_BYTES).get_or_compute(
+        ("pca", fingerprint, digests, size, layer, foreground, flip),
+        lambda: dense.pca_views([checkpoint] * len(analyses), analyses, layer, foreground, flip))
+
+
+def match_view(a: tuple[tuple, str], b: tuple[tuple, str], size: InputSize, top: int, layer: int,
+               layer_b: int | None, checkpoint_a: Checkpoint, analysis_a: explorer.Analysis,
+               checkpoint_b: Checkpoint, analysis_b: explorer.Analysis) -> dense.MatchView:
+    """The mutual matches of two analyses (``a``, ``b``: each one's ``(checkpoint fingerprint, image digest)``), once
+    per (both, size, top, layers), not on every rerun."""
+    return byte_cache("dense", DENSE_CACHE_BYTES).get_or_compute(
+        ("matches", a, b, size, top, layer, layer_b),
+        lambda: dense.match_view(checkpoint_a, analysis_a, checkpoint_b, analysis_b, top, layer, layer_b))
 
 
 def probe_overlays(run: Path, epoch: int, kind: str, layer: int, head: int | None, fusion: str, opacity: float,

@@ -35,10 +35,15 @@ def open_from_hub(text: str, may_download: bool, place=st.sidebar, key: str = "e
         return None
 
 
+def server_gate() -> access.Access:
+    """This server's access rule (``vit.runs.access``: the one rule of every page), from its address and the
+    configured token."""
+    return access.server_access(st.get_option("server.address"), access.configured_token(st.secrets.get))
+
+
 def may_open_path() -> bool:
-    """Whether this visitor may read the server's files by path (``vit.runs.access``: the one rule of every page)."""
-    gate = access.server_access(st.get_option("server.address"), access.configured_token(st.secrets.get))
-    return gate.allows(st.session_state.get(access.UNLOCKED))
+    """Whether this visitor may read the server's files by path (``server_gate``)."""
+    return server_gate().allows(st.session_state.get(access.UNLOCKED))
 
 
 def pick_checkpoint() -> tuple[dict[str, catalog.CatalogEntry], str, bool]:
@@ -56,8 +61,8 @@ def pick_checkpoint() -> tuple[dict[str, catalog.CatalogEntry], str, bool]:
     if hf_chosen is not None and hf_chosen not in candidates and hf_chosen.path.is_dir():  # unless deleted since
         candidates.append(hf_chosen)
     extra = st.session_state.setdefault("explorer_extra_checkpoints", [])  # opened by path here or from another page
-    gate = access.server_access(st.get_option("server.address"), access.configured_token(st.secrets.get))
-    may_open = may_open_path()
+    gate = server_gate()
+    may_open = gate.allows(st.session_state.get(access.UNLOCKED))
     opened = ""  # a visitor the rule does not allow reads no file of the server by path: no field, nothing read
     if may_open:
         opened = st.sidebar.text_input(

@@ -1,11 +1,12 @@
 """What the patches represent (issue 48): the patch tokens' first three principal components as colours, a patch's
 cosine similarity to every patch (on this image, a second image and the "Compare with" model) and the
 correspondences of two images side by side. The computations are ``vit.app.dense``'s; the tokens come from the
-cached analysis, so a click is one product and a redraw."""
+cached analysis, so a click is one product and a redraw; the PCA fits and the matches are kept per settings
+(``caches.pca_views``, ``caches.match_view``)."""
 
 import streamlit as st
 
-from pages.explorer_sections.caches import UPLOAD_TYPES, analyse, decode_image, load_model
+from pages.explorer_sections.caches import UPLOAD_TYPES, analyse, decode_image, load_model, match_view, pca_views
 from pages.explorer_sections.compare_checkpoints import PICKER_KEY as COMPARE_KEY
 from pages.explorer_sections.state import Shown
 from vit.app import catalog, dense, drawing, explorer
@@ -41,7 +42,8 @@ def _second_image():
 
 
 def _compare_model(view: Shown, entries: dict):
-    """The "Compare with" checkpoint (one of ``entries``) as ``(checkpoint, analysis of this image)``, or None."""
+    """The "Compare with" checkpoint (one of ``entries``) as ``(checkpoint, its fingerprint, analysis of this
+    image)``, or None."""
     entry = entries.get(st.session_state.get(COMPARE_KEY))
     if entry is None:
         return None
@@ -50,7 +52,7 @@ def _compare_model(view: Shown, entries: dict):
     fingerprint = catalog.Candidate(entry.path, entry.source, entry.name).fingerprint
     checkpoint = load_model(st.session_state[COMPARE_KEY], fingerprint)
     dense.check_dense_fits(checkpoint, view.image, view.size, "The compared model's views")
-    return checkpoint, analyse(fingerprint, view.image_key, view.size, checkpoint, view.image)
+    return checkpoint, fingerprint, analyse(fingerprint, view.image_key, view.size, checkpoint, view.image)
 
 
 def dense_features(view: Shown, entries: dict) -> None:
@@ -87,9 +89,10 @@ def dense_features(view: Shown, entries: dict) -> None:
     threshold = st.number_input("Threshold on the first component", step=0.1, key=THRESHOLD_KEY, disabled=not fg)
     flip = st.checkbox("Foreground below the threshold", key=FLIP_KEY, disabled=not fg)
     analyses_shown = [analysis] + ([analysis_2] if analysis_2 is not None else [])
+    digests = (view.image_key,) + ((second[1],) if analysis_2 is not None else ())
     try:
-        views = dense.pca_views([checkpoint] * len(analyses_shown), analyses_shown, layer,
-                                threshold if fg else None, flip)
+        views = pca_views(view.fingerprint, digests, view.size, layer, threshold if fg else None, fg and flip,
+                          checkpoint, analyses_shown)
     except ValueError as e:
         st.warning(escape_markdown(e))
     else:
@@ -124,7 +127,7 @@ def dense_features(view: Shown, entries: dict) -> None:
         st.warning(f"The compared model cannot be shown: {escape_markdown(e)}")
         other = None
     if other is not None:
-        checkpoint_b, analysis_b = other
+        checkpoint_b, _, analysis_b = other
         place = dense.same_place(query - prefix, analysis.grid, analysis_b.grid)
         vector_b = dense.query_vector(checkpoint_b, analysis_b, place + analysis_b.num_prefix_tokens)
         map_b = dense.similarity_map(checkpoint_b, analysis_b, vector_b)
@@ -139,11 +142,13 @@ def dense_features(view: Shown, entries: dict) -> None:
     st.session_state.setdefault(TOP_KEY, 30)
     top = st.slider("Matches shown (the most similar)", 1, 200, key=TOP_KEY)
     if analysis_2 is not None:
-        pair = (checkpoint, analysis_2, seen_2, layer)
+        pair = (checkpoint, analysis_2, seen_2, layer, (view.fingerprint, second[1]))
     else:
-        pair = (other[0], other[1], seen_region(view.image, other[0].preprocessing, view.size), None)
+        pair = (other[0], other[2], seen_region(view.image, other[0].preprocessing, view.size), None,
+                (other[1], view.image_key))
     try:
-        matches = dense.match_view(checkpoint, analysis, pair[0], pair[1], top, layer, pair[3])
+        matches = match_view((view.fingerprint, view.image_key), pair[4], view.size, top, layer, pair[3],
+                             checkpoint, analysis, pair[0], pair[1])
     except ValueError as e:
         st.warning(escape_markdown(e))
         return

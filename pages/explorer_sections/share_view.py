@@ -188,13 +188,14 @@ def follow(values: dict[str, object]) -> None:
 def share_buttons(values: dict[str, object], view: Shown, main: MainMap, image_name: str, model_name: str) -> None:
     """"Copy link to this view" and "Export this view (HTML)"."""
     link, export = st.columns(2)
-    url = str(st.context.url or "").split("?")[0] + "?" + urlencode(share.encode(values))
+    params = share.encode(values)
+    url = str(st.context.url or "").split("?")[0] + "?" + urlencode(params)
     with link.popover("Copy link to this view"):
         st.code(url, language=None, wrap_lines=True)  # its copy button puts the link on the clipboard
         st.caption("Anyone who can reach this server sees this view at this link; an uploaded image is kept for a "
                    "while (the most recent uploads), a model opened by path opens only for a visitor with access.")
-    settings = {"model": model_name, "image": image_name, **{k: v for k, v in share.encode(values).items()
-                                                            if k not in ("model", "sample", "upload")}}
+    settings = {"model": model_name, "image": image_name,
+                **{k: v for k, v in params.items() if k not in ("model", "sample", "upload")}}
     export.download_button("Export this view (HTML)", on_click="ignore", mime="text/html",
                            file_name=f"{drawing.file_name_part(Path(image_name).stem)}-view.html",
                            data=partial(_export, view, main, image_name, model_name, settings),

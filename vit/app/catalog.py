@@ -488,18 +488,20 @@ def sample_images(entry: CatalogEntry, entries: list[CatalogEntry],
     """The sample images for a checkpoint: ``samples/<stem>/`` next to it, else those of a shipped
     checkpoint with the same class names (so a run on CIFAR-10 gets the CIFAR-10 samples)."""
     checkpoints_dir = Path(checkpoints_dir) if checkpoints_dir is not None else default_checkpoints_dir()
-    own = _images_in(entry.path.parent / "samples" / entry.path.stem)
+    own = images_in(entry.path.parent / "samples" / entry.path.stem)
     if own or not entry.ok:
         return own
     for other in entries:
         if other.ok and other.source == "checkpoint" and other.class_names == entry.class_names:
-            images = _images_in(checkpoints_dir / "samples" / other.path.stem)
+            images = images_in(checkpoints_dir / "samples" / other.path.stem)
             if images:
                 return images
     return []
 
 
-def _images_in(folder: Path) -> list[Path]:
+def images_in(folder: Path) -> list[Path]:
+    """The sample images directly in ``folder`` (files with a ``SAMPLE_EXTENSIONS`` suffix), sorted; [] without
+    the folder."""
     if not folder.is_dir():
         return []
     return sorted(p for p in folder.iterdir() if p.is_file() and p.suffix.lower() in SAMPLE_EXTENSIONS)

@@ -6,7 +6,7 @@ components as RGB, written as ``pca/<class>/<file name>.png`` and ``.npz``: the 
 Fitted on each image alone, or with ``joint`` on the tokens of every image together, so a colour means the same
 across them (``vit.pca`` of the list of all the images). The joint fit streams the tokens' mean and scatter
 (``dense.PCAMoments``: ``D x D`` numbers) through a first pass and colours them in a second, so it holds one
-image's tokens, whatever the folder holds, for twice the forwards.
+image's tokens, whatever the folder holds, for twice the forwards. Each forward stops after the layer asked for.
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ import torch
 from vit import bounds
 from vit.checkpoint import Checkpoint
 from vit.explain import dense
-from vit.explain.hidden import forward_with_hidden_states
 from vit.explain.overlay import pca_picture
 from vit.images import ImageError, open_image
 from vit.inference import TRAINING_SIZE, preprocess, seen_region
@@ -28,44 +27,57 @@ from vit.inference import TRAINING_SIZE, preprocess, seen_region
 FOLDER = "pca"  # inside the analysis folder
 
 
+# One block's working set in a forward under inference mode, in copies of the stream (``T x D`` floats): its input,
+# the normed input, q, k, v (and their per-head copies), the context and its projection. The MLP adds two ``T x M``.
+BLOCK_COPIES = 8
+
+
 def image_bytes(checkpoint: Checkpoint) -> int:
-    """Bytes one image's pass holds at most: every layer's states (as the explorer's analysis keeps them) and the
-    PCA's copies of the patch tokens (``dense.DENSE_COPIES``)."""
+    """Bytes one image's pass holds at most: one block's working set (``BLOCK_COPIES`` streams, the MLP's hidden
+    twice, a relative-position bias ``heads x T x T`` where the model has one: the forward stops at the layer, so
+    no layer's states are kept) and the PCA's copies of the patch tokens (``dense.DENSE_COPIES``)."""
     config, model = checkpoint.model.config, checkpoint.model
     size = checkpoint.preprocessing.image_size
     grid = model.patch_grid(size, size)
-    tokens = model.num_prefix_tokens + grid[0] * grid[1]
-    return (config.num_layers + 1) * tokens * config.hidden_size * 4 + dense.DENSE_COPIES * tokens * config.hidden_size
+    T, D = model.num_prefix_tokens + grid[0] * grid[1], config.hidden_size
+    bias = config.num_heads * T * T * 4 if config.rel_pos != "none" else 0
+    return T * (BLOCK_COPIES * D + 2 * config.mlp_size) * 4 + bias + dense.DENSE_COPIES * T * D
 
 
 def check_pca(checkpoint: Checkpoint, layer: int | None) -> int:
     """The block ``layer`` (counted from 1; None: the last) as an index from 0, checked before any work, with the
-    memory one image's pass needs: ValueError or ``bounds.TooManyTokens``, in one line."""
-    L = len(checkpoint.model.blocks)
+    bounds every analysed image has (``vit.bounds``): the token gate (VIT_MAX_TOKENS) at the checkpoint's size and
+    the memory one image's pass needs. ValueError or ``bounds.TooManyTokens``, in one line."""
+    model = checkpoint.model
+    L = len(model.blocks)
     if layer is not None and not 1 <= layer <= L:
         raise ValueError(f"--pca-layer {layer} is out of range: this model has {L} layers, counted from 1")
     size = checkpoint.preprocessing.image_size
-    if np.prod(checkpoint.model.patch_grid(size, size)) < 2:
+    grid = model.patch_grid(size, size)
+    if grid[0] * grid[1] < 2:
         raise ValueError(f"--pca: a {size}×{size} px image is one patch for this model; a PCA needs at least 2")
+    tokens = model.num_prefix_tokens + grid[0] * grid[1]
+    bounds.check_tokens(model.config, tokens, f"--pca at the checkpoint's {size}×{size} px", bounds.max_tokens(),
+                        f"raise {bounds.MAX_TOKENS_ENV}, or leave out --pca")
     need, limit = image_bytes(checkpoint), bounds.memory_limit()
     if need > limit:
-        size = checkpoint.preprocessing.image_size
-        raise bounds.TooManyTokens(f"--pca: one {size}×{size} px image needs about {need / 2**20:,.0f} MB (every "
-                                   f"layer's tokens and the PCA's copies), over the {limit / 2**20:,.0f} MB limit "
-                                   f"per image ({bounds.ANALYSIS_MEMORY_ENV}); raise it, or leave out --pca")
+        raise bounds.TooManyTokens(f"--pca: one {size}×{size} px image needs about {need / 2**20:,.0f} MB (one "
+                                   f"block's work and the PCA's copies of its tokens), over the "
+                                   f"{limit / 2**20:,.0f} MB limit per image ({bounds.ANALYSIS_MEMORY_ENV}); raise "
+                                   "it, or leave out --pca")
     return L - 1 if layer is None else layer - 1
 
 
 def layer_tokens(checkpoint: Checkpoint, image, index: int) -> torch.Tensor:
     """Block ``index``'s output after the final norm, patch tokens only: ``(gh * gw, D)`` float32, as the explorer
-    reads them (one forward at the checkpoint's size)."""
+    reads them (one forward at the checkpoint's size that stops after block ``index``: the blocks after it are not
+    run)."""
     model = checkpoint.model
     parameter = next(model.parameters())
     x = preprocess([image], checkpoint.preprocessing, TRAINING_SIZE, model.config.patch_size).to(parameter.device)
     with torch.inference_mode():
-        _, hidden = forward_with_hidden_states(model, x)  # (1, L + 1, T, D)
-        state = hidden[0, index + 1].float().cpu()  # (T, D)
-        tokens = model.norm(state[None].to(parameter.device, parameter.dtype))[0]
+        stream, _ = model.run_blocks(model.embed(x), model.patch_grid(*x.shape[2:]), 0, index + 1)  # (1, T, D)
+        tokens = model.norm(stream)[0]  # (T, D)
     return tokens[model.num_prefix_tokens:].float().cpu()
 
 

@@ -336,21 +336,26 @@ def _check_mean_ablation(model: ViT) -> None:
                              "yet; zero-ablate instead")
 
 
-def _check_ablation(model: ViT, mode: str, means: Tensor | None) -> None:
-    """MechanismError unless ``mode`` is an ablation and, for ``"mean"``, ``means`` are ``mean_contexts`` of this
-    model's shape ``(L, T, H, hd)``; the token count ``T`` is checked against the input where it is used."""
+def check_ablation(model: ViT, mode: str, means: Tensor | None) -> None:
+    """MechanismError (one line) unless ``mode`` is an ablation and ``means`` are given for ``"mean"`` only, as
+    ``mean_contexts`` of this model's shape ``(L, T, H, hd)``; the token count ``T`` is checked against the input
+    where it is used. The engine's and the notebook API's one check, before any work."""
     if mode not in ABLATION_MODES:
-        raise MechanismError(f"unknown ablation {mode!r}; choose zero or mean")
-    if mode == "mean":
-        _check_mean_ablation(model)
+        raise MechanismError(f"unknown ablation mode {mode!r}; choose {' or '.join(ABLATION_MODES)}")
+    if mode != "mean":
+        if means is not None:
+            raise MechanismError("means are read by mode='mean' only; pass mode='mean' or leave means out")
+        return
+    _check_mean_ablation(model)
     L, H, hd = _dims(model)
-    if mode == "mean" and (means is None or means.dim() != 4 or means.shape[0] != L or means.shape[2:] != (H, hd)):
-        raise MechanismError(f"mean ablation needs the reference images' mean_contexts, (layers {L}, tokens, "
-                             f"heads {H}, {hd}) for this model")
+    if means is None or means.dim() != 4 or means.shape[0] != L or means.shape[2:] != (H, hd):
+        raise MechanismError(f"mean ablation needs means=vit.reference_means(checkpoint, reference_images, image) "
+                             f"(the reference images' mean_contexts), of shape (layers {L}, tokens, heads {H}, {hd}) "
+                             "for this model")
 
 
 def _replacement(mode: str, means: Tensor | None, layer: int, context: Tensor) -> Tensor:
-    """What an ablated head's context becomes (``_check_ablation`` first): zeros, or the reference images' mean
+    """What an ablated head's context becomes (``check_ablation`` first): zeros, or the reference images' mean
     ``(T, H, hd)``."""
     if mode == "zero":
         return torch.zeros_like(context)
@@ -367,7 +372,7 @@ def ablate_heads(model: ViT, images: Tensor, heads: Sequence[tuple[int, int]], m
     set to zero before the output projection, or (``mode="mean"``) to ``means`` from ``mean_contexts``."""
     check_supported(model)
     chosen = _heads_by_layer(model, heads)
-    _check_ablation(model, mode, means)
+    check_ablation(model, mode, means)
 
     def edit(layer: int, context: Tensor) -> Tensor:
         context = context.clone()
@@ -424,7 +429,7 @@ def ablated_copy(model: ViT, heads: Sequence[tuple[int, int]], mode: str = "zero
     if not isinstance(model, ViT):
         raise MechanismError(f"head ablation needs this project's ViT, got {type(model).__name__}")
     chosen = _heads_by_layer(model, heads)
-    _check_ablation(model, mode, means)
+    check_ablation(model, mode, means)
     _, H, hd = _dims(model)
     # Only the ablated layers' proj weights are new; every other parameter and buffer is shared with the model, so
     # a copy costs those weights (a ViT-B/16 layer: 2.4 MB), not the whole model (350 MB).
@@ -516,7 +521,7 @@ def ablation_grid(model: ViT, images: Tensor, classes: Tensor | int | None = Non
     as the memory bound allows, and a short batch while ``progress`` follows it), through the layers from that one on;
     ``progress(done, total)`` after each batch."""
     check_supported(model, needs_head=True)
-    _check_ablation(model, mode, means)
+    check_ablation(model, mode, means)
     with torch.no_grad():
         states, grid = hidden_states(model, images), grid_of(model, images)  # (B, L + 1, T, D)
         B, S, T, D = states.shape

@@ -12,6 +12,7 @@ import hashlib
 import logging
 import math
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -74,21 +75,28 @@ def list_class_folders(root: Path) -> list[str]:
     return sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
 
 
+def _is_image_file(path: Path) -> bool:
+    """Whether ``path`` is a regular file (links followed) with an image's suffix (``IMAGE_EXTENSIONS``)."""
+    return path.suffix.lower() in IMAGE_EXTENSIONS and path.is_file()
+
+
 def image_files(folder: Path, root: Path | None = None) -> list[Path]:
     """Every image file under ``folder`` (any depth), sorted, that lies inside ``root`` (default ``folder``) once
     links are resolved: a file or folder linked from inside a data root to one outside it is not the root's, or a
     folder limited to the data roots would read anything a link points at."""
-    root = folder if root is None else root
-    return sorted(p for p in folder.rglob("*")
-                  if p.suffix.lower() in IMAGE_EXTENSIONS and p.is_file() and lies_inside(p, root))
+    return sorted(_images_inside(folder, folder if root is None else root))
+
+
+def _images_inside(folder: Path, root: Path) -> Iterator[Path]:
+    """The image files under ``folder`` that lie inside ``root`` once links are resolved, in no order."""
+    return (p for p in folder.rglob("*") if _is_image_file(p) and lies_inside(p, root))
 
 
 def skipped_links(folder: Path, root: Path | None = None) -> str:
     """'' or a note for an error message: how many image files under ``folder`` ``image_files`` skips as links
     resolving outside ``root``, and why."""
     root = folder if root is None else root
-    count = sum(1 for p in folder.rglob("*")
-                if p.suffix.lower() in IMAGE_EXTENSIONS and p.is_file() and not lies_inside(p, root))
+    count = sum(1 for p in folder.rglob("*") if _is_image_file(p) and not lies_inside(p, root))
     return (f"; {count} image link(s) in it point outside {root} and were skipped (only files inside the data folder "
             "are read, so a link cannot expose others): copy the images in instead") if count else ""
 
@@ -120,7 +128,7 @@ def folder_layout(path: str | os.PathLike) -> tuple[Path, Path | None, list[str]
 
 def _has_image(folder: Path, root: Path) -> bool:
     """Whether ``folder`` holds an image ``image_files`` reads: a link out of ``root`` is skipped there, so here."""
-    return any(p.suffix.lower() in IMAGE_EXTENSIONS and p.is_file() and lies_inside(p, root) for p in folder.rglob("*"))
+    return next(_images_inside(folder, root), None) is not None
 
 
 def check_dataset(spec: str, data_dir: str | os.PathLike = "data") -> list[str] | None:
