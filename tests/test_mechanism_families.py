@@ -324,3 +324,89 @@ def test_naflex_sinks_and_norms_read_timms_own_attention_and_tokens(naflex_pair)
     torch.testing.assert_close(sinks.mass, expected, rtol=0, atol=1e-5)
     norms = mechanism.token_norms(states)[:, 1:]  # (B, L, T)
     torch.testing.assert_close(norms, torch.stack([o.norm(dim=-1) for o in outputs], dim=1), rtol=0, atol=1e-4)
+
+
+@pytest.fixture(scope="module")
+def siglip2_pair(tmp_path_factory):
+    """HF's Siglip2VisionModel (eager attention, 3 layers) and ours from its folder."""
+    transformers = pytest.importorskip("transformers")
+    from test_siglip2_naflex_parity import VISION
+
+    config = transformers.Siglip2VisionConfig(**{**VISION, "num_hidden_layers": 3})
+    config._attn_implementation = "eager"
+    torch.manual_seed(0)
+    reference = randomize(transformers.Siglip2VisionModel(config)).eval()
+    folder = tmp_path_factory.mktemp("siglip2") / "model"
+    reference.save_pretrained(folder)
+    transformers.Siglip2ImageProcessorPil(patch_size=8, max_num_patches=16).save_pretrained(folder)
+    return reference, open_source(folder).model
+
+
+def hf_naflex(model, x, edits=None, **options):
+    """HF's output on our pixels ``x`` (B, C, H, W) as its unpadded patch rows, with ``edits[layer](out_proj input
+    (B, T, H*hd)) -> edited`` applied by pre-hooks on each layer's ``self_attn.out_proj``."""
+    from test_siglip2_naflex_parity import as_patches
+
+    B, _, H, W = x.shape
+    patches = torch.stack([as_patches(image, 8) for image in x])  # (B, gh*gw, 8*8*C)
+    layers = model.encoder.layers
+    handles = [layers[layer].self_attn.out_proj.register_forward_pre_hook(
+        lambda m, args, fn=fn: (fn(args[0]),) + args[1:]) for layer, fn in (edits or {}).items()]
+    try:
+        with torch.no_grad():
+            return model(pixel_values=patches, pixel_attention_mask=torch.ones(B, patches.shape[1], dtype=torch.long),
+                         spatial_shapes=torch.tensor([[H // 8, W // 8]] * B), **options)
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def test_siglip2_naflex_head_ablation_in_the_weights_equals_hf_with_the_heads_outputs_edited(siglip2_pair):
+    """No classifier: the zero- and mean-ablated copies (what the maps are drawn with) give HF's pooled embedding
+    with those heads' out_proj inputs zeroed or set to their mean over reference images, and the later layers'
+    attentions HF's."""
+    reference, ours = siglip2_pair
+    x = images(*NAFLEX_SIZE)
+    references = torch.cat([images(*NAFLEX_SIZE, seed=5), images(*NAFLEX_SIZE, seed=6)])
+    _, seen = capture_inputs([layer.self_attn.out_proj for layer in reference.encoder.layers],
+                             lambda: hf_naflex(reference, references))
+
+    def to_mean(inp):
+        inp = inp.clone()
+        inp[..., :HD] = seen[1].mean(0)[..., :HD]
+        return inp
+
+    for heads, mode, edits in [([(0, 1), (2, 0)], "zero", {0: zero_head(1), 2: zero_head(0)}),
+                               ([(1, 0)], "mean", {1: to_mean})]:
+        means = mechanism.mean_contexts(ours, references) if mode == "mean" else None
+        expected = hf_naflex(reference, x, edits, output_attentions=True)
+        with torch.no_grad():
+            encoding = mechanism.ablated_copy(ours, heads, mode, means).encode(x, output_attentions=True)
+        torch.testing.assert_close(encoding.embedding, expected.pooler_output, rtol=0, atol=1e-5)
+        assert float((expected.pooler_output - hf_naflex(reference, x).pooler_output).abs().max()) > 1e-3
+        for mine, theirs in zip(encoding.attentions, expected.attentions, strict=True):
+            torch.testing.assert_close(mine, theirs, rtol=0, atol=1e-5)
+
+
+def test_siglip2_naflex_sinks_and_norms_read_hfs_attention_and_hidden_states(siglip2_pair):
+    reference, ours = siglip2_pair
+    x = images(*NAFLEX_SIZE)
+    out = hf_naflex(reference, x, output_attentions=True, output_hidden_states=True)
+    with torch.no_grad():
+        states = mechanism.hidden_states(ours, x)
+        sinks = mechanism.sink_stats(ours, states, (3, 5))
+    expected = torch.stack([a.mean(dim=2).max(dim=-1).values for a in out.attentions], dim=1)  # (B, L, H)
+    torch.testing.assert_close(sinks.mass, expected, rtol=0, atol=1e-5)
+    torch.testing.assert_close(mechanism.token_norms(states), torch.stack(out.hidden_states, 1).norm(dim=-1),
+                               rtol=0, atol=1e-4)
+
+
+def test_siglip2_naflex_methods_of_class_logits_refuse_in_one_line(siglip2_pair):
+    _, ours = siglip2_pair
+    x = images(*NAFLEX_SIZE)
+    for call in (lambda: mechanism.logit_lens(ours, x), lambda: mechanism.direct_logit_attribution(ours, x),
+                 lambda: mechanism.ablation_grid(ours, x),
+                 lambda: mechanism.patch_heads(ours, x, images(*NAFLEX_SIZE, seed=1), 0, 1)):
+        with pytest.raises(mechanism.MechanismError, match="no classifier") as error:
+            call()
+        assert "\n" not in str(error.value)
