@@ -328,3 +328,25 @@ def test_predict_save_maps_writes_each_images_attention_over_its_real_tokens(naf
         for i, layer in enumerate(expected):
             assert saved[f"layer_{i}"].shape == (2, n, n)  # real tokens only, never the padding
             np.testing.assert_allclose(saved[f"layer_{i}"], layer[0, :, :n, :n].numpy(), rtol=0, atol=1e-5)
+
+
+def test_predict_runs_images_on_different_grids_in_one_padded_forward_equal_to_timm(tmp_path):
+    """``vit.inference.predict`` over a landscape, a portrait and a square: one forward through the blocks (batch
+    3, padded), each image's logits timm's for it alone and its attentions timm's over its real tokens."""
+    from parity_helpers import capture_inputs
+
+    from vit.inference import predict
+
+    model, checkpoint = timm_naflexvit(tmp_path, "naflexvit_so150m2_patch16_reg1_map")
+    images = [noise_image(*size) for size in SIZES]
+    batches = []
+    with checkpoint.model.hooks([("blocks.0.hook_resid_pre", lambda x, hook: batches.append(x.shape[0]))]):
+        predictions = predict(checkpoint, images, top_k=5, output_attentions=True)
+    assert batches == [3]
+    for image, prediction in zip(images, predictions, strict=True):
+        x = preprocess([image], checkpoint.preprocessing)
+        expected, attentions = capture_inputs([b.attn.attn_drop for b in model.blocks], lambda x=x: model(x))
+        np.testing.assert_allclose(prediction.logits, expected[0].numpy(), rtol=0, atol=1e-5)
+        for ours, theirs in zip(prediction.attentions, attentions, strict=True):
+            assert ours.shape == theirs.shape[1:]  # (heads, T_i, T_i): the real tokens alone
+            np.testing.assert_allclose(ours, theirs[0].numpy(), rtol=0, atol=1e-5)
