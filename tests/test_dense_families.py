@@ -145,6 +145,35 @@ def vit_pytorch_family(tmp_path) -> Family:
     return Family(vit.load(tmp_path / "vit.pt", device="cpu"), 1, (8, 8), layers, TRAINING_SIZE)
 
 
+def siglip2_naflex_family(tmp_path) -> Family:
+    """SigLIP 2 NaFlex: the 96 x 64 photo on its own 3 x 5 grid (16 patches of 8 px at its aspect, no crop), HF's
+    tokens from its patch rows of our pixels (which equal transformers' own: test_siglip2_naflex_parity)."""
+    transformers = pytest.importorskip("transformers")
+    from test_siglip2_naflex_parity import VISION
+
+    config = transformers.Siglip2VisionConfig(**VISION)
+    config._attn_implementation = "eager"
+    torch.manual_seed(0)
+    model = randomize(transformers.Siglip2VisionModel(config)).eval()
+    model.save_pretrained(tmp_path)
+    transformers.Siglip2ImageProcessorPil(patch_size=8, max_num_patches=16).save_pretrained(tmp_path)
+    return Family(vit.load(tmp_path, device="cpu"), 0, (3, 5), lambda x: siglip2_naflex_layers(model, x),
+                  TRAINING_SIZE)
+
+
+def siglip2_naflex_layers(model, x: torch.Tensor) -> list[torch.Tensor]:
+    """HF Siglip2VisionModel's hidden states after its post_layernorm, each ``(gh*gw, D)``, for our ``x`` (1, C, H, W)
+    as its unpadded patch rows."""
+    from test_siglip2_naflex_parity import as_patches
+
+    _, _, H, W = x.shape
+    patches = as_patches(x[0], 8)[None]  # (1, gh*gw, 8*8*C)
+    with torch.no_grad():
+        states = model(pixel_values=patches, pixel_attention_mask=torch.ones(patches.shape[:2], dtype=torch.long),
+                       spatial_shapes=torch.tensor([[H // 8, W // 8]]), output_hidden_states=True).hidden_states[1:]
+        return [model.post_layernorm(s)[0] for s in states]
+
+
 def preset_family(tmp_path, preset: str, **overrides) -> Family:
     """Our own model: its hook points are the reference (the block outputs), its ``norm`` the final norm."""
     torch.manual_seed(0)
@@ -174,6 +203,7 @@ FAMILIES: dict[str, Callable] = {
         p, "DINOv3ViTModel", "DINOv3ViTConfig", "norm", 5, num_register_tokens=4, layerscale_value=0.5, **HF_TINY),
     "HF SigLIP (no CLS)": lambda p: transformers_family(p, "SiglipVisionModel", "SiglipVisionConfig",
                                                         "post_layernorm", 0, **HF_TINY),
+    "HF SigLIP 2 NaFlex (its own 3 x 5 grid)": siglip2_naflex_family,
     "HF MAE": lambda p: transformers_family(p, "ViTMAEModel", "ViTMAEConfig", "layernorm", 1, mask_ratio=0.0,
                                             **HF_TINY),
     "HF BEiT": lambda p: transformers_family(p, "BeitModel", "BeitConfig", "layernorm", 1,
@@ -247,3 +277,27 @@ def test_pca_and_correspondences_are_those_of_the_librarys_patch_tokens(family):
     assert sorted(map(tuple, matches.matches.tolist())) == mutual
     np.testing.assert_allclose(np.sort(matches.scores), np.sort([float(similar[i, j]) for i, j in mutual]),
                                atol=ATOL)
+
+
+def test_naflex_correspondences_pair_two_aspects_on_their_own_grids():
+    """Two photos of different aspect ratios come out on different grids (3 x 5 and 5 x 3); the matches are the
+    mutual nearest neighbours of HF's own tokens of each, and each point lies in its own photo."""
+    import tempfile
+    from pathlib import Path
+
+    with tempfile.TemporaryDirectory() as folder:
+        family = siglip2_naflex_family(Path(folder))
+        c, a, b = family.checkpoint, photo(3), photo(4, (48, 96))
+        tokens_a, tokens_b = library_layers(family, a)[-1], library_layers(family, b)[-1]
+        matches = vit.correspondences(c, a, c, b, top=None)
+    assert matches.grid_a == (3, 5) and matches.grid_b == (5, 3)
+    assert tokens_a.shape[0] == 15 and tokens_b.shape[0] == 15
+    similar = F.normalize(tokens_a, dim=-1) @ F.normalize(tokens_b, dim=-1).T  # (15, 15)
+    forward, backward = similar.argmax(dim=1), similar.argmax(dim=0)
+    mutual = [(i, int(forward[i])) for i in range(len(forward)) if backward[forward[i]] == i]
+    assert mutual and sorted(map(tuple, matches.matches.tolist())) == mutual
+    np.testing.assert_allclose(np.sort(matches.scores), np.sort([float(similar[i, j]) for i, j in mutual]), atol=ATOL)
+    assert (matches.points_a < [96, 64]).all() and (matches.points_b < [48, 96]).all()
+    for j, (i_a, i_b) in enumerate(matches.matches):  # the patch centres on each photo's own grid
+        np.testing.assert_allclose(matches.points_a[j], [(i_a % 5 + 0.5) * 96 / 5, (i_a // 5 + 0.5) * 64 / 3])
+        np.testing.assert_allclose(matches.points_b[j], [(i_b % 3 + 0.5) * 48 / 3, (i_b // 3 + 0.5) * 96 / 5])

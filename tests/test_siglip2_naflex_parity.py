@@ -215,24 +215,30 @@ def test_a_vision_folder_and_a_hub_id_open_the_same_naflex_model(tmp_path, fake_
 
 # --- timm naflexvit_* ---------------------------------------------------------------------------------------------
 
-TIMM_NAMES = ["naflexvit_base_patch16_gap", "naflexvit_so150m2_patch16_reg1_gap", "naflexvit_base_patch16_siglip"]
+TIMM_NAMES = ["naflexvit_base_patch16_gap", "naflexvit_so150m2_patch16_reg1_gap", "naflexvit_base_patch16_siglip",
+              "naflexvit_base_patch16_map", "naflexvit_so150m2_patch16_reg1_map"]
 
 
-@pytest.mark.parametrize("name", TIMM_NAMES)
-def test_timm_naflexvit_matches_timm_at_three_aspects(tmp_path, name):
+def timm_naflexvit(tmp_path, name, **options):
+    """A tiny random timm ``name`` (explicit attention, σ 0.05 noise) and what ``open_source`` makes of its folder."""
     timm = pytest.importorskip("timm")
-    from parity_helpers import capture_inputs
-
     args = dict(patch_size=8, embed_dim=32, depth=2, num_heads=2, num_classes=5, pos_embed_grid_size=(4, 4))
     timm.layers.set_fused_attn(False)
     try:
         torch.manual_seed(0)
-        model = randomize(timm.create_model(name, pretrained=False, **args)).eval()
+        model = randomize(timm.create_model(name, pretrained=False, **args, **options)).eval()
     finally:
         timm.layers.set_fused_attn(True)
-    timm.models.save_for_hf(model, tmp_path / "timm", model_args=dict(num_heads=2, patch_size=8),
+    timm.models.save_for_hf(model, tmp_path / "timm", model_args=dict(num_heads=2, patch_size=8, **options),
                             safe_serialization=True)
-    checkpoint = open_source(tmp_path / "timm")
+    return model, open_source(tmp_path / "timm")
+
+
+@pytest.mark.parametrize("name", TIMM_NAMES)
+def test_timm_naflexvit_matches_timm_at_three_aspects(tmp_path, name):
+    from parity_helpers import capture_inputs
+
+    model, checkpoint = timm_naflexvit(tmp_path, name)
     assert checkpoint.preprocessing.max_num_patches == 16
     for size in SIZES:
         image = noise_image(*size)
@@ -243,17 +249,34 @@ def test_timm_naflexvit_matches_timm_at_three_aspects(tmp_path, name):
         assert_parity(f"NaFlex | timm {name} | {size[0]}x{size[1]} px", logits, expected, ours, attentions)
 
 
-@pytest.mark.parametrize("name, missing", [("naflexvit_base_patch16_par_gap", "aspect-preserving or factorized"),
-                                           ("naflexvit_base_patch16_map", "without the prefix tokens")])
-def test_timm_naflexvit_with_an_op_we_lack_is_refused_in_one_line(tmp_path, name, missing):
+@pytest.mark.parametrize("include", [False, True])
+def test_timm_naflexvit_probe_skips_the_register_and_class_tokens_unless_told_to_read_them(tmp_path, include):
+    """timm's ``pool_include_prefix``: False (its default, *_map and *_reg1_map) slices the prefix tokens off before
+    the probe; our probe masks them, so it gives them exactly zero and reads the patches as timm's does."""
+    model, checkpoint = timm_naflexvit(tmp_path, "naflexvit_base_patch16_map", class_token=True,
+                                       pool_include_prefix=include)
+    vit = checkpoint.model
+    assert vit.num_prefix_tokens == 2 and vit.config.pool_prefix is include  # CLS and one register
+    for size in SIZES:
+        x = preprocess([noise_image(*size)], checkpoint.preprocessing)
+        with torch.no_grad():
+            ours = vit.encode(x, output_attentions=True)
+            expected = model(x)
+        torch.testing.assert_close(ours.logits, expected, rtol=0, atol=1e-5)
+        prefix_mass = ours.pool_attention[..., :2].sum()
+        assert (float(prefix_mass) > 1e-3) if include else float(prefix_mass) == 0.0
+        torch.testing.assert_close(ours.pool_attention.sum(-1), torch.ones(1, 2, 1))
+
+
+def test_timm_naflexvit_with_a_table_we_lack_is_refused_in_one_line(tmp_path):
     timm = pytest.importorskip("timm")
-    model = timm.create_model(name, pretrained=False, patch_size=8, embed_dim=32, depth=1, num_heads=2,
-                              pos_embed_grid_size=(4, 4))
+    model = timm.create_model("naflexvit_base_patch16_par_gap", pretrained=False, patch_size=8, embed_dim=32,
+                              depth=1, num_heads=2, pos_embed_grid_size=(4, 4))
     timm.models.save_for_hf(model, tmp_path / "timm", model_args=dict(num_heads=2, patch_size=8),
                             safe_serialization=True)
     from vit.sources.open import SourceError
 
-    with pytest.raises(SourceError, match=missing) as error:
+    with pytest.raises(SourceError, match="aspect-preserving or factorized") as error:
         open_source(tmp_path / "timm")
     assert "\n" not in str(error.value)
 
@@ -305,3 +328,25 @@ def test_predict_save_maps_writes_each_images_attention_over_its_real_tokens(naf
         for i, layer in enumerate(expected):
             assert saved[f"layer_{i}"].shape == (2, n, n)  # real tokens only, never the padding
             np.testing.assert_allclose(saved[f"layer_{i}"], layer[0, :, :n, :n].numpy(), rtol=0, atol=1e-5)
+
+
+def test_predict_runs_images_on_different_grids_in_one_padded_forward_equal_to_timm(tmp_path):
+    """``vit.inference.predict`` over a landscape, a portrait and a square: one forward through the blocks (batch
+    3, padded), each image's logits timm's for it alone and its attentions timm's over its real tokens."""
+    from parity_helpers import capture_inputs
+
+    from vit.inference import predict
+
+    model, checkpoint = timm_naflexvit(tmp_path, "naflexvit_so150m2_patch16_reg1_map")
+    images = [noise_image(*size) for size in SIZES]
+    batches = []
+    with checkpoint.model.hooks([("blocks.0.hook_resid_pre", lambda x, hook: batches.append(x.shape[0]))]):
+        predictions = predict(checkpoint, images, top_k=5, output_attentions=True)
+    assert batches == [3]
+    for image, prediction in zip(images, predictions, strict=True):
+        x = preprocess([image], checkpoint.preprocessing)
+        expected, attentions = capture_inputs([b.attn.attn_drop for b in model.blocks], lambda x=x: model(x))
+        np.testing.assert_allclose(prediction.logits, expected[0].numpy(), rtol=0, atol=1e-5)
+        for ours, theirs in zip(prediction.attentions, attentions, strict=True):
+            assert ours.shape == theirs.shape[1:]  # (heads, T_i, T_i): the real tokens alone
+            np.testing.assert_allclose(ours, theirs[0].numpy(), rtol=0, atol=1e-5)

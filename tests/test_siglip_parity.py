@@ -85,6 +85,26 @@ def test_timm_siglip_with_map_pooling_matches_timm(tmp_path):
                       [ours.pool_attention], [probe])
 
 
+@pytest.mark.parametrize("include", [None, True])
+def test_timm_map_probe_skips_the_registers_unless_pool_include_prefix(tmp_path, include):
+    """timm's VisionTransformer slices the prefix tokens off before its probe (``pool_include_prefix=False``, the
+    default of vit_so150m_patch16_reg4_map_256); ours masks them (``pool_prefix``), so both read the patches alone."""
+    options = {} if include is None else dict(pool_include_prefix=include)
+    torch.manual_seed(0)
+    model = randomize(timm.create_model("vit_so150m_patch16_reg4_map_256", pretrained=False, img_size=32, patch_size=8,
+                                        embed_dim=32, depth=2, num_heads=2, num_classes=5, **options)).eval()
+    timm.models.save_for_hf(model, tmp_path / "timm", model_args=dict(num_heads=2, img_size=32, **options),
+                            safe_serialization=True)
+    checkpoint = open_source(tmp_path / "timm")
+    assert checkpoint.config.num_register_tokens == 4 and checkpoint.config.pool_prefix is bool(include)
+    images = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        ours = checkpoint.model.encode(images, output_attentions=True)
+        torch.testing.assert_close(ours.logits, model(images), rtol=0, atol=1e-5)
+    registers = float(ours.pool_attention[..., :4].sum())
+    assert registers > 1e-3 if include else registers == 0.0
+
+
 # timm's SigLIP 2 ports: their model functions fix act_layer='gelu_tanh' inside themselves, so neither config.json
 # nor model_args names it (issue 33, item 2).
 SIGLIP2_TIMM_NAMES = [

@@ -166,7 +166,9 @@ def predict(checkpoint: Checkpoint, images: Sequence[Image.Image], top_k: int = 
     ``top_k`` is clamped to the number of classes; attentions are returned when
     ``output_attentions`` (they cost memory: layers x heads x T^2 floats per image).
     ``size`` sets the input size; images that come out at different shapes (``keep_aspect``)
-    go through the model in separate batches.
+    go through the model in separate batches, except on a NaFlex model, whose images on different grids share one
+    padded forward (``ViT.encode_padded``: 0.58x the time of one forward each, ``bench/bench_naflex_predict.py``),
+    each image's attentions over its real tokens alone.
     """
     if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
         raise ValueError(f"top_k must be a whole number of at least 1, got {top_k!r}")
@@ -177,16 +179,28 @@ def predict(checkpoint: Checkpoint, images: Sequence[Image.Image], top_k: int = 
     device = next(model.parameters()).device
     results: list[Prediction] = []
     with torch.inference_mode():
-        for chunk in _same_shape_batches(images, checkpoint, size, batch_size):
-            x = preprocess(chunk, checkpoint.preprocessing, size, model.config.patch_size).to(device)  # (B, C, H, W)
-            logits, attentions = model(x, output_attentions=output_attentions)
+        for chunk in _batches(images, checkpoint, size, batch_size):
+            patch = model.config.patch_size
+            per_image = None  # each image's attentions, per layer (nh, T_i, T_i)
+            if len({input_shape(image, checkpoint.preprocessing, patch, size) for image in chunk}) == 1:
+                x = preprocess(chunk, checkpoint.preprocessing, size, patch).to(device)  # (B, C, H, W)
+                logits, attentions = model(x, output_attentions=output_attentions)
+                if attentions is not None:
+                    layers = [a.float().cpu().numpy() for a in attentions]
+                    # copies, so one kept prediction does not keep its whole batch alive
+                    per_image = [tuple(layer[i].copy() for layer in layers) for i in range(len(chunk))]
+            else:  # a NaFlex model's images on their own grids: one forward, padded and masked
+                xs = [preprocess([image], checkpoint.preprocessing, size, patch)[0].to(device)
+                      for image in chunk]  # each (C, H_i, W_i)
+                encodings = model.encode_padded(xs, output_attentions)
+                logits = None if encodings[0].logits is None else torch.cat([e.logits for e in encodings])
+                if output_attentions:
+                    per_image = [tuple(a[0].float().cpu().numpy().copy() for a in e.attentions) for e in encodings]
             if logits is None:  # a feature model without a classifier (e.g. DINO): maps, no prediction
-                logits = x.new_zeros(x.shape[0], 0)
-            layers = [a.float().cpu().numpy() for a in attentions] if attentions is not None else None
+                logits = torch.zeros(len(chunk), 0, device=device)
             kind = checkpoint.metadata.get("probabilities", "softmax")  # "sigmoid": SigLIP's prompts
             for i, prediction in enumerate(predictions_from_logits(logits, names, k, kind, model)):
-                # copies, so one kept prediction does not keep its whole batch alive
-                prediction.attentions = tuple(layer[i].copy() for layer in layers) if layers is not None else None
+                prediction.attentions = None if per_image is None else per_image[i]
                 results.append(prediction)
     return results
 
@@ -232,9 +246,24 @@ def predictions_from_logits(logits: torch.Tensor, class_names: Sequence[str], to
             for i in range(logits.shape[0])]
 
 
-def _same_shape_batches(images: Sequence[Image.Image], checkpoint: Checkpoint, size: InputSize,
-                        batch_size: int) -> Iterator[Sequence[Image.Image]]:
-    """Consecutive runs of at most ``batch_size`` images that come out at the same input shape."""
+def _padded(model: torch.nn.Module) -> bool:
+    """Whether ``model`` runs images of different grids in one padded forward: a NaFlex ``ViT`` whose attention
+    does not depend on the grid (``ViT.encode_padded``)."""
+    from vit.model import ViT
+
+    c = getattr(model, "config", None)
+    return (isinstance(model, ViT) and bool(c.max_num_patches) and c.rope == "none" and c.rel_pos == "none"
+            and not c.window_size and not c.stage_depths)
+
+
+def _batches(images: Sequence[Image.Image], checkpoint: Checkpoint, size: InputSize,
+             batch_size: int) -> Iterator[Sequence[Image.Image]]:
+    """Consecutive runs of at most ``batch_size`` images: any shapes on a NaFlex model (one padded forward), else
+    those that come out at the same input shape."""
+    if _padded(checkpoint.model):
+        for start in range(0, len(images), batch_size):
+            yield images[start:start + batch_size]
+        return
     patch = checkpoint.model.config.patch_size
     start = 0
     while start < len(images):

@@ -283,11 +283,17 @@ class AttentionPool(Parent):
         self.mlp = MLP(config, config.pool_mlp_size) if full else None
         self.hook_k, self.hook_v = HookPoint(), HookPoint()  # (B, nh, T, hd)
         self.hook_pattern = HookPoint()  # (B, nh, 1, T): the probe's attention
+        # timm naflexvit's pool_include_prefix=False: the leading prefix tokens are masked as keys, so the probe
+        # gives them exactly zero, as timm's slicing them off does, and its attention still spans every token
+        self.skip = 0 if config.pool_prefix else config.num_prefix_tokens
 
     def forward(self, x: torch.Tensor, key_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """``x`` (B, T, D) -> pooled (B, D), probe attention (B, nh, 1, T); ``key_mask`` (B, T): False at padding
         tokens, which the probe then does not read (HF Siglip2's head with ``pixel_attention_mask``)."""
         B, N, C = x.shape
+        if self.skip:  # one token alone (the logit lens's read-out) is still read: a softmax over one key is 1
+            skipped = torch.arange(N, device=x.device)[None, :] >= self.skip  # (1, N)
+            key_mask = skipped if key_mask is None else key_mask.bool() & skipped  # (B, N)
         latent = self.q(self.latent) if self.q is not None else self.latent  # (1, 1, C)
         q = latent.view(1, 1, self.num_heads, self.head_dim).transpose(1, 2)  # (1, nh, 1, hd)
         kv = self.kv(x).view(B, N, 2, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)  # (2, B, nh, N, hd)

@@ -72,6 +72,8 @@ class ViTConfig:
     # "aimv2" (HF Aimv2AttentionPoolingHead: the latent is the query as it is, then a projection, nothing after)
     pool_heads: int = 0  # heads of the attention-pooling probe; 0: num_heads (PE's probe has 8 whatever its blocks)
     pool_mlp_size: int = 0  # width of the probe's MLP; 0: mlp_size (PE-G's blocks are wider than its probe's MLP)
+    pool_prefix: bool = True  # the probe reads the prefix tokens too; False: the patches alone (timm naflexvit's
+    # pool_include_prefix=False, its *_map and *_reg1_map: the registers and CLS get no probe attention)
     sincos_pos: bool = False  # AIMv2-native: 2D sine-cosine positions computed for each grid instead of a table
     # Hierarchical models (issue 49; vit.model.stages): the defaults are one stage, the plain ViT.
     stage_depths: tuple[int, ...] = ()  # blocks per stage, summing to num_layers; empty: one stage
@@ -138,7 +140,7 @@ class ViTConfig:
             raise ValueError(f"ViTConfig.layer_norm_eps must be positive and below 1, got {self.layer_norm_eps!r}")
         for name in ("distillation_token", "distillation_head", "fc_norm", "pos_embed_antialias", "class_token",
                      "pos_embed", "key_bias", "pre_norm", "gated_mlp", "mlp_norm", "post_norm", "final_norm",
-                     "patch_norm", "embed_norm", "proj_bias", "sincos_pos"):
+                     "patch_norm", "embed_norm", "proj_bias", "sincos_pos", "pool_prefix"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"ViTConfig.{name} must be true or false, got {getattr(self, name)!r}")
         if self.distillation_head and not (self.distillation_token and self.num_classes):

@@ -4,13 +4,13 @@ A NaFlex ViT is a plain pre-norm ViT whose patches go through a linear layer (``
 ``(py, px, c)`` order, here a convolution kernel ``(c, py, px)``), whose learned table ``embeds.pos_embed`` is a
 ``(1, gh, gw, D)`` grid resized to each image's grid (bicubic with antialias; bilinear for ``*_siglip``) and added
 to the patches only (registers and CLS get none: ``prefix_positions="none"``), with layer scale and either average
-pooling with ``fc_norm`` (``*_gap``) or a MAP head (``*_map``, ``*_siglip``). Each image keeps its aspect ratio on a
-grid of at most as many patches as the table has (``vit.images.naflex_size``).
+pooling with ``fc_norm`` (``*_gap``) or a MAP head (``*_map``, ``*_siglip``); the MAP probe of a model with a CLS or
+registers (``naflexvit_base_patch16_map``, ``*_reg1_map``) skips them unless ``pool_include_prefix``
+(``ViTConfig.pool_prefix``). Each image keeps its aspect ratio on a grid of at most as many patches as the table has
+(``vit.images.naflex_size``).
 
 Refused in one line: the aspect-preserving (``*_par_*``) and factorized (``*_parfac_*``) position tables, which
-resize a square and crop it, or keep one table per axis, and a MAP probe that skips the register tokens
-(``naflexvit_*_reg1_map``, ``naflexvit_base_patch16_map``: ``pool_include_prefix=False``): ops this engine does not
-have.
+resize a square and crop it, or keep one table per axis: ops this engine does not have.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import torch
 from vit.model import ViTConfig
 from vit.sources.import_dinov3 import _linear, _Taker
 
-SUPPORTED = "timm naflexvit_* (a learned grid table; gap pooling, or map without prefix tokens: *_siglip)"
+SUPPORTED = "timm naflexvit_* (a learned grid table; gap or map pooling: *_gap, *_map, *_reg1_map, *_siglip)"
 HEADS_BY_WIDTH = {768: 12, 832: 13}  # naflexvit_base_*, naflexvit_so150m2_*
 TIMM_ARGS_HONOURED = {"patch_size", "in_chans", "num_classes", "embed_dim", "depth", "num_heads", "mlp_ratio",
                       "global_pool", "reg_tokens", "class_token", "qkv_bias", "init_values", "fc_norm",
@@ -60,10 +60,6 @@ def config_from_timm(name: str, state: Mapping[str, torch.Tensor], model_args: M
                          "config.json's model_args")
     registers = state["embeds.reg_token"].shape[1] if "embeds.reg_token" in state else 0
     pooled = "map" if "attn_pool.latent" in state else "avg"
-    if pooled == "map" and (registers or "embeds.cls_token" in state) and not args.get("pool_include_prefix"):
-        raise ValueError(f"timm {name}: its MAP probe reads the patches without the prefix tokens "
-                         "(pool_include_prefix=False), which this program's probe does not; naflexvit_*_gap and "
-                         "*_siglip are supported")
     return ViTConfig(
         image_size=(gh * patch, gw * patch), patch_size=patch, num_channels=channels,
         num_classes=state["head.weight"].shape[0] if "head.weight" in state else 0, hidden_size=width,
@@ -71,6 +67,7 @@ def config_from_timm(name: str, state: Mapping[str, torch.Tensor], model_args: M
         qkv_bias="blocks.0.attn.qkv.bias" in state, layer_norm_eps=1e-6, class_token="embeds.cls_token" in state,
         num_register_tokens=registers, layer_scale=1e-5 if "blocks.0.ls1.gamma" in state else None,
         pooling=pooled, fc_norm="fc_norm.weight" in state, prefix_positions="none",
+        pool_prefix=bool(args.get("pool_include_prefix", False)),  # timm's default: the probe skips them
         pos_embed_antialias=True, pos_resize="bilinear" if "siglip" in name else "bicubic",
         activation="gelu_tanh" if "siglip" in name else "gelu", max_num_patches=gh * gw)
 

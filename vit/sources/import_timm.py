@@ -52,11 +52,12 @@ _ACTIVATIONS = ("gelu", "gelu_tanh", "quick_gelu", "silu", "swish")  # the act_l
 # timm VisionTransformer.__init__ arguments as a config.json's model_args may carry them.
 MODEL_ARGS_HONOURED = {"img_size", "patch_size", "in_chans", "num_classes", "global_pool", "embed_dim", "depth",
                        "num_heads", "mlp_ratio", "qkv_bias", "init_values", "class_token", "no_embed_class",
-                       "reg_tokens", "pre_norm", "fc_norm", "dynamic_img_size", "act_layer", "pos_embed"}
+                       "reg_tokens", "pre_norm", "fc_norm", "dynamic_img_size", "act_layer", "pos_embed",
+                       "pool_include_prefix"}
 MODEL_ARGS_INERT = {"drop_rate", "pos_drop_rate", "patch_drop_rate", "proj_drop_rate", "attn_drop_rate",
                     "drop_path_rate", "weight_init", "fix_init", "device", "dtype"}
 MODEL_ARGS_FIXED = {"qk_norm": False, "scale_attn_norm": False, "scale_mlp_norm": False, "proj_bias": True,
-                    "final_norm": True, "pool_include_prefix": False, "dynamic_img_pad": False, "embed_layer": None,
+                    "final_norm": True, "dynamic_img_pad": False, "embed_layer": None,
                     "embed_norm_layer": None, "norm_layer": None, "block_fn": None, "mlp_layer": None,
                     "attn_layer": None}
 
@@ -229,6 +230,7 @@ def config_from_timm(name: str, state: Mapping[str, torch.Tensor], model_args: M
         prefix_positions="none" if no_embed_class else "all", pos_embed_antialias=True,
         class_token=class_token, pos_embed=has_table, pre_norm="norm_pre.weight" in state,
         activation=facts.activation,
+        pool_prefix=bool(args.get("pool_include_prefix", False)),  # timm's probe skips CLS and registers by default
     )
 
 
