@@ -2,11 +2,15 @@
 own grid (HF's ``window_partition`` of a token-index map, padded and rolled as HF does), and the rollout through the
 stages (a dense product of every layer's placed attention, the merge as the average of each 2x2 neighbourhood)."""
 
+import numpy as np
 import pytest
 import torch
 from parity_helpers import randomize
+from PIL import Image
 
+import vit
 from vit.explain.stages import clicked_row, layer_row, rollout_row
+from vit.inference import preprocess
 from vit.model import covering_token
 from vit.sources.open import open_source
 
@@ -14,6 +18,7 @@ transformers = pytest.importorskip("transformers")
 pytestmark = pytest.mark.slow  # importing transformers takes seconds
 
 SIZE = 40  # a 10x10 grid in windows of 4: padded to 12x12 and shifted; then 5x5 padded to 8x8, shifted again
+IMAGE = Image.fromarray(np.random.default_rng(0).integers(0, 256, (SIZE, SIZE, 3), dtype=np.uint8))
 
 
 @pytest.fixture(scope="module")
@@ -28,10 +33,14 @@ def swin(tmp_path_factory):
     folder = tmp_path_factory.mktemp("swin")
     model.save_pretrained(folder)
     checkpoint = open_source(folder)
-    images = torch.randn(1, 3, SIZE, SIZE)
+    images = preprocess([IMAGE], checkpoint.preprocessing)  # what vit.explain feeds the model
+    assert images.shape == (1, 3, SIZE, SIZE)
     layers = [block for stage in model.swin.encoder.layers for block in stage.blocks]
     captured = []
     hooks = [b.attention.register_forward_hook(lambda m, i, o: captured.append(o[1])) for b in layers]
+    states = []  # each block's output
+    hooks += [b.register_forward_hook(lambda m, i, o: states.append(o[0] if isinstance(o, tuple) else o))
+              for b in layers]
     with torch.no_grad():
         model(pixel_values=images)
     for hook in hooks:
@@ -48,7 +57,7 @@ def swin(tmp_path_factory):
             real = (tokens >= 0).nonzero()[:, 0]
             full[:, tokens[real][:, None], tokens[real][None, :]] = attn[win][:, real][:, :, real]
         dense.append(full)
-    return checkpoint, images, grids, dense
+    return checkpoint, images, grids, dense, states
 
 
 def merge_reference(grid):
@@ -64,7 +73,7 @@ def merge_reference(grid):
 
 
 def test_every_layers_row_is_hfs_placed_on_its_own_grid(swin):
-    checkpoint, images, grids, dense = swin
+    checkpoint, images, grids, dense, _ = swin
     with torch.no_grad():
         attentions = checkpoint.model.encode(images, output_attentions=True).attentions
     layouts = checkpoint.model.layer_layouts((10, 10))
@@ -76,7 +85,7 @@ def test_every_layers_row_is_hfs_placed_on_its_own_grid(swin):
 
 
 def test_a_clicked_patch_is_the_covering_token_of_each_layers_grid(swin):
-    checkpoint, images, _, dense = swin
+    checkpoint, images, _, dense, _ = swin
     assert covering_token(0, (10, 10), (5, 5)) == 0
     assert covering_token(10 * 3 + 9, (10, 10), (5, 5)) == 1 * 5 + 4  # row 3, column 9 -> cell (1, 4)
     with torch.no_grad():
@@ -86,7 +95,7 @@ def test_a_clicked_patch_is_the_covering_token_of_each_layers_grid(swin):
 
 
 def test_rollout_through_the_stages_matches_a_dense_product(swin):
-    checkpoint, images, grids, dense = swin
+    checkpoint, images, grids, dense, _ = swin
     with torch.no_grad():
         attentions = checkpoint.model.encode(images, output_attentions=True).attentions
     layouts = checkpoint.model.layer_layouts((10, 10))
@@ -101,3 +110,44 @@ def test_rollout_through_the_stages_matches_a_dense_product(swin):
         assert ours.sum().item() == pytest.approx(1.0, abs=1e-5)
     first = rollout_row(attentions, layouts, 1, 5)[0].flatten().double()  # within stage 0: no merge
     assert torch.allclose(first, (factors[1] @ factors[0])[5], atol=1e-5)
+
+
+def test_vit_explain_counts_layers_through_the_stages_and_reads_the_query_on_the_layers_own_grid(swin):
+    checkpoint, _, _, dense, _ = swin
+    for layer, query, head in ((0, 37, 1), (3, 9, 2), (2, 24, None)):
+        explanation = vit.explain(checkpoint, IMAGE, "attention", layer=layer, head=head, query=query)
+        grid = (10, 10) if layer < 2 else (5, 5)
+        expected = dense[layer][head] if head is not None else dense[layer].mean(0)  # (T_l, T_l)
+        assert explanation.map.shape == explanation.grid == grid
+        assert np.allclose(explanation.map.ravel(), expected[query].numpy(), atol=1e-5)
+        assert explanation.heads.shape == (dense[layer].shape[0], *grid)  # the layer's own heads
+    with pytest.raises(ValueError, match="5x5 tokens"):
+        vit.explain(checkpoint, IMAGE, "attention", layer=3, query=25)
+    with pytest.raises(ValueError, match="this layer has 4 heads"):
+        vit.explain(checkpoint, IMAGE, "attention", layer=3, head=4)
+
+
+def test_vit_explain_rolls_out_from_a_later_stages_token_to_the_image(swin):
+    checkpoint, _, _, dense, _ = swin
+    factors = []
+    for full in dense:
+        a = full.mean(0).double() + torch.eye(full.shape[-1], dtype=torch.float64)
+        factors.append(a / a.sum(-1, keepdim=True))
+    product = factors[3] @ factors[2] @ merge_reference((10, 10)).double() @ factors[1] @ factors[0]  # (25, 100)
+    explanation = vit.explain(checkpoint, IMAGE, "rollout", layer=3, query=17)
+    assert explanation.map.shape == (10, 10)
+    assert np.allclose(explanation.map.ravel(), product[17].numpy(), atol=1e-5)
+
+
+def test_vit_explain_norms_are_each_layers_output_on_its_own_grid(swin):
+    checkpoint, _, _, _, states = swin
+    for layer, state in enumerate(states):  # HF's blocks' outputs
+        explanation = vit.explain(checkpoint, IMAGE, "norms", layer=layer)
+        assert np.allclose(explanation.map.ravel(), state[0].norm(dim=-1).numpy(), atol=1e-4)
+
+
+@pytest.mark.parametrize("method", ["class", "legrad", "lrp", "attnlrp", "flow"])
+def test_vit_explain_refuses_the_maps_of_one_grid_in_one_line(swin, method):
+    with pytest.raises(ValueError, match="not drawn for a model with stages") as error:
+        vit.explain(swin[0], IMAGE, method)
+    assert "\n" not in str(error.value)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -81,3 +82,25 @@ def rollout_row(attentions: Sequence[Tensor], layouts: Sequence[LayerLayout], en
 def _windows(layout: LayerLayout) -> int:
     gh, gw = layout.grid
     return -(-gh // layout.window) * -(-gw // layout.window) if layout.window else 1
+
+
+def cell_patch(token: int, grid: tuple[int, int], layer_grid: tuple[int, int]) -> int:
+    """The first patch (top left) of the image's ``grid`` that token ``token`` of ``layer_grid`` covers:
+    ``covering_token``'s inverse, so a query given on a layer's own grid is a patch clicked on the image."""
+    gh, gw = grid
+    lh, lw = layer_grid
+    if not 0 <= token < lh * lw:
+        raise ValueError(f"token {token} is out of range for a {lh}x{lw} grid")
+    fy, fx = -(-gh // lh), -(-gw // lw)  # patches per cell: 2**stage
+    return (token // lw) * fy * gw + (token % lw) * fx
+
+
+def on_patch_grid(map2d: np.ndarray, grid: tuple[int, int]) -> np.ndarray:
+    """A map ``(..., lh, lw)`` on a layer's grid -> ``(..., gh, gw)`` on the image's patch grid: each cell repeated
+    over the ``2**stage`` patches it covers, the padding's part cropped (how it sits over the image's pixels)."""
+    gh, gw = grid
+    lh, lw = map2d.shape[-2:]
+    if (lh, lw) == (gh, gw):
+        return map2d
+    fy, fx = -(-gh // lh), -(-gw // lw)
+    return np.repeat(np.repeat(map2d, fy, axis=-2), fx, axis=-1)[..., :gh, :gw]
