@@ -276,7 +276,8 @@ def explain(checkpoint: Checkpoint, image: ImageLike, method: str = "rollout", *
     L = len(model.blocks)
     layer_value = -1 if layer is None else _index(layer, L, "layer", f"this model has {L} layers")
     H = model.blocks[layer_value].attn.num_heads  # a stage's own in a model with stages (Swin)
-    head = None if head is None else _index(head, H, "head", f"this layer has {H} heads")
+    heads_text = f"this layer has {H} heads" if model.config.stage_depths else f"this model has {H} heads per layer"
+    head = None if head is None else _index(head, H, "head", heads_text)
     class_index = _class_index(checkpoint, target)
     image, size = _image(image), _size(size)
     analysis = explorer.analyse(checkpoint, image, size, max_tokens=max_tokens,
