@@ -146,8 +146,34 @@ def test_vit_explain_norms_are_each_layers_output_on_its_own_grid(swin):
         assert np.allclose(explanation.map.ravel(), state[0].norm(dim=-1).numpy(), atol=1e-4)
 
 
-@pytest.mark.parametrize("method", ["class", "legrad", "lrp", "attnlrp", "flow"])
+@pytest.mark.parametrize("method", ["class", "legrad", "lrp", "flow"])
 def test_vit_explain_refuses_the_maps_of_one_grid_in_one_line(swin, method):
     with pytest.raises(ValueError, match="not drawn for a model with stages") as error:
         vit.explain(swin[0], IMAGE, method)
     assert "\n" not in str(error.value)
+
+
+def test_vit_explain_draws_attnlrp_of_a_swin_on_the_image_patches(swin):
+    from vit.explain.relevance import attnlrp, patch_sums
+
+    checkpoint, images, _, _, _ = swin
+    explanation = vit.explain(checkpoint, IMAGE, "attnlrp", target=1)
+    expected = patch_sums(attnlrp(checkpoint.model, images, 1), (10, 10))[0]  # lxt's rules: test_swin_methods
+    assert np.allclose(explanation.map, expected.numpy(), atol=1e-6)
+
+
+def test_the_explorers_other_entry_points_refuse_a_swin_in_one_line(swin):
+    from vit.app import explorer
+    from vit.explain.mechanism import MechanismError
+
+    checkpoint = swin[0]
+    calls = [lambda: explorer.class_relevance(checkpoint, IMAGE, 0),
+             lambda: explorer.model_method_map(checkpoint, IMAGE, "flow", 0),
+             lambda: explorer.model_method_map(checkpoint, IMAGE, "legrad", 0),
+             lambda: explorer.mechanism_view(checkpoint, IMAGE, 0),
+             lambda: explorer.patching_view(checkpoint, IMAGE, IMAGE.transpose(Image.Transpose.FLIP_LEFT_RIGHT)),
+             lambda: explorer.reference_means(checkpoint, [IMAGE], IMAGE)]
+    for call in calls:
+        with pytest.raises((ValueError, MechanismError), match="stages") as error:
+            call()
+        assert "\n" not in str(error.value)

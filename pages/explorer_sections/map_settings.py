@@ -66,7 +66,8 @@ def choose_map(analysis: explorer.Analysis, class_names: list[str], model_key: s
         kind = st.radio("Map", choices, key="map_kind",
                         format_func=lambda k: explorer.MAP_KINDS.get(k, explorer.MORE_METHODS_LABEL))
         if kind == explorer.MORE_METHODS:
-            methods = [k for k in explorer.METHOD_MAP_KINDS if class_names or k not in explorer.CLASS_MAP_KINDS]
+            methods = [k for k in explorer.METHOD_MAP_KINDS if k in kinds  # a Swin's: AttnLRP
+                       and (class_names or k not in explorer.CLASS_MAP_KINDS)]
             kind = st.selectbox("Method", methods, format_func=explorer.MAP_KINDS.get, key="method_kind",
                                 help="LeGrad, LRP and AttnLRP explain a class; attention flow, like rollout, "
                                      "follows attention and the residual, as a max-flow (slow).")

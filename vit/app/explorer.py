@@ -428,8 +428,9 @@ def _analyse_stages(checkpoint: Checkpoint, x: torch.Tensor, grid: tuple[int, in
 
 
 # The maps of a model with stages: each layer's on its own grid (``vit.explain.stages``), the rollout through the
-# merges, the token norms. The others are refused in one line (``stage_map``), each for its reason.
-STAGE_MAP_KINDS = ("attention", "rollout", "norms")
+# merges, the token norms, and AttnLRP (its rules run through the merges: a map of the input's pixels). The others
+# are refused in one line (``stage_refusal``), each for its reason.
+STAGE_MAP_KINDS = ("attention", "rollout", "norms", "attnlrp")
 
 
 def _stage_layer(analysis: Analysis, layer: int) -> int:
@@ -492,7 +493,6 @@ STAGE_REFUSALS = {  # why each map is not drawn for a model with stages
     "class": "its gradient rollout multiplies T x T matrices of one grid",
     "legrad": "LeGrad reads a CLS token's gradient at the last layers, and Swin has none",
     "lrp": "the transformer attribution multiplies T x T relevance matrices of one grid",
-    "attnlrp": "AttnLRP's rules do not cover the patch merging and the shifted windows",
     "flow": "the max-flow graph stacks layers of one grid",
     "probe": "it has no attention-pooling probe",
     "probe_rollout": "it has no attention-pooling probe",
@@ -502,7 +502,7 @@ STAGE_REFUSALS = {  # why each map is not drawn for a model with stages
 def map_kinds(analysis: Analysis, has_classes: bool) -> list[str]:
     """The map kinds this analysis can draw, the default first: the pooling probe's for a model without CLS."""
     if analysis.layouts:
-        return list(STAGE_MAP_KINDS)
+        return [k for k in STAGE_MAP_KINDS if has_classes or k not in CLASS_MAP_KINDS]
     kinds = [k for k in MAP_KINDS if (has_classes or k != "class") and (analysis.probe is not None
                                                                          or k not in PROBE_MAP_KINDS)]
     if analysis.probe is not None and not analysis.has_cls:
@@ -550,6 +550,8 @@ def class_relevance(checkpoint: Checkpoint, image: Image.Image, class_index: int
     ``progress(blocks run, total)`` at each block's output (``reported_blocks``).
     """
     model, p = checkpoint.model, checkpoint.preprocessing
+    if model.config.stage_depths:
+        raise ValueError(stage_refusal("class"))
     shape = input_shape(image, p, model.config.patch_size, size)
     grid = model.patch_grid(*shape)
     tokens = model.num_prefix_tokens + grid[0] * grid[1]
@@ -705,12 +707,12 @@ def attention_map(analysis: Analysis, settings: MapSettings, relevance: ClassRel
     of ``METHOD_MAP_KINDS`` need ``method_map``, from ``model_method_map`` (which the page caches).
     """
     s = settings
-    if analysis.layouts:
-        return stage_map(analysis, s)
-    if s.kind in METHOD_MAP_KINDS:
+    if s.kind in METHOD_MAP_KINDS and (not analysis.layouts or s.kind in STAGE_MAP_KINDS):
         if method_map is None:
             raise ValueError(f"the {MAP_KINDS[s.kind]} map must be computed with model_method_map first")
         return method_map
+    if analysis.layouts:
+        return stage_map(analysis, s)
     if s.kind == "attention":
         rows = query_rows(analysis, s.query)[s.layer]  # (H, T)
         if s.head is not None:
@@ -845,6 +847,8 @@ def model_method_map(checkpoint: Checkpoint, image: Image.Image, kind: str, clas
     from vit.explain.relevance import attnlrp, legrad, patch_sums, transformer_attribution
 
     model = checkpoint.model
+    if model.config.stage_depths and kind not in STAGE_MAP_KINDS:
+        raise ValueError(stage_refusal(kind))
     shape = input_shape(image, checkpoint.preprocessing, model.config.patch_size, size)  # (height, width)
     grid, prefix = model.patch_grid(*shape), model.num_prefix_tokens
     tokens = prefix + grid[0] * grid[1]
