@@ -92,3 +92,25 @@ def test_a_non_square_input_matches_hf_built_at_that_size(tmp_path, kind):
         ours = checkpoint.model.encode(images, output_attentions=True)
     assert [lay.grid for lay in checkpoint.model.layer_layouts((8, 12))] == [(8, 12)] * 2 + [(4, 6)] * 2
     assert_parity(f"{kind} | HF | 32x48 px", ours.logits, out.logits, ours.attentions, attentions)
+
+
+def test_predict_save_maps_writes_the_logits_and_each_layers_windows_as_hf_gives_them(tmp_path):
+    import numpy as np
+    from PIL import Image
+
+    from vit import predict
+    from vit.inference import preprocess
+
+    model = hf_swinv2(40)  # a 10x10 grid: padded windows, shifted
+    model.save_pretrained(tmp_path / "swinv2")
+    image = Image.fromarray(np.random.default_rng(0).integers(0, 256, (40, 40, 3), dtype=np.uint8))
+    image.save(tmp_path / "photo.png")
+    assert predict.main([str(tmp_path / "swinv2"), str(tmp_path / "photo.png"), "--save-maps",
+                         str(tmp_path / "maps")]) == 0
+    out, attentions = hf_attentions(model, preprocess([image], open_source(tmp_path / "swinv2").preprocessing))
+    saved = np.load(tmp_path / "maps" / "photo.npz")
+    np.testing.assert_allclose(saved["logits"], out.logits[0].numpy(), atol=1e-5)
+    for i, attn in enumerate(attentions):
+        np.testing.assert_allclose(saved[f"layer_{i}"], attn.numpy(), atol=1e-5)
+    assert saved["layer_3_grid"].tolist() == [5, 5] and int(saved["layer_1_shift"]) == 2
+    assert (tmp_path / "maps" / "photo_rollout.png").is_file()

@@ -54,18 +54,22 @@ def clicked_row(attentions: Sequence[Tensor], layouts: Sequence[LayerLayout], la
     return layer_row(attentions, layouts, layer, covering_token(patch, layouts[0].grid, layouts[layer].grid))
 
 
-def rollout_row(attentions: Sequence[Tensor], layouts: Sequence[LayerLayout], end_layer: int, query: int,
+def rollout_row(attentions: Sequence[Tensor], layouts: Sequence[LayerLayout], end_layer: int, query: int | None,
                 fusion: str = "mean") -> Tensor:
     """The attention rollout's row of token ``query`` of layer ``end_layer``'s grid, ``(B, gh_0, gw_0)`` on the
     first layer's (the image's) patch grid: ``onehot @ Â_end @ ... @ Â_0``, ``Â = (fused + I) / rowsum`` of each
-    layer placed on its grid, and ``@ merge_matrix`` wherever a stage begins."""
+    layer placed on its grid, and ``@ merge_matrix`` wherever a stage begins. ``query`` None starts from every
+    token alike: what Swin's average pooling reads after the last layer."""
     end = _check(attentions, layouts, end_layer)
     lay = layouts[end]
-    if not 0 <= query < lay.num_tokens:
+    if query is not None and not 0 <= query < lay.num_tokens:
         raise ValueError(f"query {query} is out of range for layer {end}'s {lay.grid[0]}x{lay.grid[1]} grid")
     B = attentions[end].shape[0] // max(1, _windows(lay))
     row = torch.zeros(B, lay.num_tokens, dtype=torch.float64)
-    row[:, query] = 1.0
+    if query is None:
+        row[:] = 1.0 / lay.num_tokens
+    else:
+        row[:, query] = 1.0
     for i in range(end, -1, -1):
         lay = layouts[i]
         fused = fuse_heads(attentions[i].double(), fusion)  # (B or B * nw, n, n)
