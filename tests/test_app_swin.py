@@ -96,3 +96,22 @@ def test_a_swin_layers_window_attention_for_a_clicked_patch_is_drawn_on_the_imag
     assert not at.exception and not at.main.error, [e.value for e in at.main.error]
     expected = rollout_row(attentions, layouts, 3, token)[0].numpy()  # (10, 10): on the image's patches
     np.testing.assert_allclose(drawn[-1], expected, atol=1e-5)
+
+
+def test_the_views_of_one_grid_say_so_for_a_swin_in_one_line(tmp_path):
+    swin_folder(tmp_path / "swin")
+    at = run_app(analysis_tab="Distance & entropy")
+    sidebar_widget(at, "text_input", "Open a path").set_value(str(tmp_path / "swin"))
+    at.run()
+    buffer = io.BytesIO()
+    IMAGE.save(buffer, format="PNG")
+    upload(at, "photo.png", buffer.getvalue())
+    for label in ("What the patches represent", "Mechanism"):
+        [toggle] = [t for t in at.toggle if t.label.startswith(label)]
+        toggle.set_value(True)
+        at.run()
+        assert not at.exception, [e.message for e in at.exception]
+    said = [m.value for m in [*at.info, *at.warning]]
+    assert any("Distance and entropy" in s and "stages" in s for s in said), said
+    assert any("patch tokens" in s and "stages (Swin)" in s for s in said), said
+    assert any("mechanism view cannot analyse" in s and "stages" in s for s in said), said
