@@ -265,6 +265,9 @@ def explain(checkpoint: Checkpoint, image: ImageLike, method: str = "rollout", *
     model = checkpoint.model
     if model.config.stage_depths and method not in explorer.STAGE_MAP_KINDS:
         raise ValueError(explorer.stage_refusal(method))
+    if model.config.stage_depths and method == "class" and query is not None:
+        raise ValueError("a Swin's class map starts from what its average pooling reads (every token of the layer); "
+                         "leave query out")
     if method in explorer.CLASS_MAP_KINDS and model.head is None:
         from vit.explain.prompts import methods_for
         from vit.sources.text_tower import has_text_tower

@@ -72,8 +72,8 @@ def choose_map(analysis: explorer.Analysis, class_names: list[str], model_key: s
                                 help="LeGrad, LRP and AttnLRP explain a class; attention flow, like rollout, "
                                      "follows attention and the residual, as a max-flow (slow).")
         controls = explorer.MAP_CONTROLS[kind]
-        if analysis.staged:  # Swin's rollout keeps every attention: no discard ratio
-            controls = tuple(c for c in controls if c != "discard_ratio")
+        if analysis.staged:  # Swin's rollout keeps every attention; its class map starts from the average pooling
+            controls = tuple(c for c in controls if c != "discard_ratio" and (kind != "class" or c != "query"))
         hide_registers = False
         if prefix > 1:
             hide_registers = st.checkbox(f"Hide the {prefix - 1} register/extra prefix token(s)", key="hide_registers",

@@ -222,6 +222,12 @@ def describe_map(settings: MapSettings, analysis: Analysis, class_names: list[st
     who = _query_phrase(s.query, analysis)
     if analysis.staged and s.kind in ("attention", "rollout"):
         return _describe_stage_map(s, analysis)
+    if analysis.staged and s.kind == "class":
+        name = escape_markdown(class_names[resolved_class(s, analysis)])
+        end = s.end_layer % L
+        return (f"**Relevance for “{name}”** through layers 1–{end + 1}: each layer's attention weighted by its "
+                f"gradient for the “{name}” score, positive parts only, rolled out (Chefer et al., 2021) from what "
+                "the average pooling reads, through each patch merging as the 2×2 tokens it is built from.")
     if s.kind == "attention":
         layer = s.layer % L
         heads = f"head {s.head + 1}" if s.head is not None else f"the {s.fusion} over its {H} heads"

@@ -430,7 +430,7 @@ def _analyse_stages(checkpoint: Checkpoint, x: torch.Tensor, grid: tuple[int, in
 # The maps of a model with stages: each layer's on its own grid (``vit.explain.stages``), the rollout through the
 # merges, the token norms, and AttnLRP (its rules run through the merges: a map of the input's pixels). The others
 # are refused in one line (``stage_refusal``), each for its reason.
-STAGE_MAP_KINDS = ("attention", "rollout", "norms", "attnlrp")
+STAGE_MAP_KINDS = ("attention", "rollout", "norms", "class", "attnlrp")
 
 
 def _stage_layer(analysis: Analysis, layer: int) -> int:
@@ -452,14 +452,21 @@ def stage_rows(analysis: Analysis, layer: int, patch: int) -> torch.Tensor:
         analysis.attentions, analysis.layouts, layer, patch)[0])
 
 
-def stage_map(analysis: Analysis, settings: MapSettings) -> np.ndarray:
+def stage_map(analysis: Analysis, settings: MapSettings, relevance: ClassRelevance | None = None) -> np.ndarray:
     """With stages: the map of ``settings`` (``query`` a patch of the image's grid): ``attention`` and ``norms`` on
     layer ``layer``'s own grid, ``rollout`` on the image's patch grid (``vit.explain.stages.rollout_row`` from the
-    token of layer ``end_layer``'s grid that covers the query)."""
-    from vit.explain.stages import rollout_row
+    token of layer ``end_layer``'s grid that covers the query), ``class`` the gradient rollout of ``relevance``
+    from what the average pooling reads (every token of layer ``end_layer`` alike) to the image's patches."""
+    from vit.explain.stages import relevance_rollout_row, rollout_row
     from vit.model.stages import covering_token
 
     s = settings
+    if s.kind == "class":
+        wanted = resolved_class(s, analysis)
+        if relevance is None or relevance.class_index != wanted or not relevance.layouts:
+            raise ValueError(f"the class-specific map needs the gradients of class {wanted}")
+        end = _stage_layer(analysis, s.end_layer)
+        return relevance_rollout_row(relevance.terms, relevance.layouts, end, None)[0].numpy()
     if s.kind == "attention":
         rows = stage_rows(analysis, s.layer, s.query)  # (H, gh_l, gw_l)
         if s.head is not None:
@@ -490,7 +497,6 @@ def stage_refusal(kind: str) -> str:
 
 
 STAGE_REFUSALS = {  # why each map is not drawn for a model with stages
-    "class": "its gradient rollout multiplies T x T matrices of one grid",
     "legrad": "LeGrad reads a CLS token's gradient at the last layers, and Swin has none",
     "lrp": "the transformer attribution multiplies T x T relevance matrices of one grid",
     "flow": "the max-flow graph stacks layers of one grid",
@@ -526,7 +532,8 @@ class ClassRelevance:
     contexts ``(1, L, T, H, hd)`` and the layer inputs, from which each map's row is formed in chunks."""
 
     class_index: int
-    terms: tuple[torch.Tensor, ...]  # per layer (1, T, T); empty when chunked
+    terms: tuple[torch.Tensor, ...]  # per layer (1, T, T); empty when chunked; a Swin's: per layer its windows'
+    layouts: tuple[LayerLayout, ...] = ()  # a model with stages (Swin): each layer's grid and windows
     inputs: LayerInputs | None = None  # chunked: the layer inputs of the image
     contexts: torch.Tensor | None = None  # chunked: (1, L, T, H, hd)
     rows: dict[tuple[int, int], torch.Tensor] = field(default_factory=dict, repr=False)  # chunked rows, per map
@@ -550,12 +557,17 @@ def class_relevance(checkpoint: Checkpoint, image: Image.Image, class_index: int
     ``progress(blocks run, total)`` at each block's output (``reported_blocks``).
     """
     model, p = checkpoint.model, checkpoint.preprocessing
-    if model.config.stage_depths:
-        raise ValueError(stage_refusal("class"))
     shape = input_shape(image, p, model.config.patch_size, size)
     grid = model.patch_grid(*shape)
     tokens = model.num_prefix_tokens + grid[0] * grid[1]
     device = next(model.parameters()).device
+    if model.config.stage_depths:  # a Swin's windows: H x T x w*w values per layer, never T x T
+        layouts = model.layer_layouts(grid)
+        x = preprocess([image], p, size, model.config.patch_size).to(device)
+        with reported_blocks(model, progress, len(model.blocks)):
+            _, attentions, gradients = class_gradients(model, x, class_index)
+        return ClassRelevance(class_index, tuple(positive_gradient_attention(a, g).float().cpu()
+                                                 for a, g in zip(attentions, gradients, strict=True)), layouts=layouts)
     whole = whole_gradient_bytes(model, tokens) <= analysis_limits()[1]
     if not whole:
         check_chunked_gradient_fits(model, tokens, "The class-specific map", contexts=True)
@@ -712,7 +724,7 @@ def attention_map(analysis: Analysis, settings: MapSettings, relevance: ClassRel
             raise ValueError(f"the {MAP_KINDS[s.kind]} map must be computed with model_method_map first")
         return method_map
     if analysis.layouts:
-        return stage_map(analysis, s)
+        return stage_map(analysis, s, relevance)
     if s.kind == "attention":
         rows = query_rows(analysis, s.query)[s.layer]  # (H, T)
         if s.head is not None:

@@ -83,6 +83,40 @@ def rollout_row(attentions: Sequence[Tensor], layouts: Sequence[LayerLayout], en
     return row.reshape(B, *layouts[0].grid).float()
 
 
+def relevance_rollout_row(terms: Sequence[Tensor], layouts: Sequence[LayerLayout], end_layer: int,
+                          query: int | None) -> Tensor:
+    """Chefer et al.'s gradient rollout through the stages, ``(B, gh_0, gw_0)`` on the image's patch grid: each
+    layer's term ``Ā = mean_heads((grad * attn).clamp(min=0))`` (``attention.positive_gradient_attention`` of its
+    windows, ``(B * nw, n, n)``, or ``(B, T, T)`` for a global layer) placed on its grid, ``v = e_query`` (``query``
+    None: every token of layer ``end_layer`` alike, what the average pooling reads), then ``v = v + v @ Ā_l`` from
+    layer ``end_layer`` down, ``v @ merge_matrix`` wherever a stage begins."""
+    end = _check(terms, layouts, end_layer)
+    lay = layouts[end]
+    if query is not None and not 0 <= query < lay.num_tokens:
+        raise ValueError(f"query {query} is out of range for layer {end}'s {lay.grid[0]}x{lay.grid[1]} grid")
+    B = terms[end].shape[0] // max(1, _windows(lay))
+    v = torch.zeros(B, lay.num_tokens, dtype=torch.float64)
+    if query is None:
+        v[:] = 1.0 / lay.num_tokens
+    else:
+        v[:, query] = 1.0
+    for i in range(end, -1, -1):
+        lay, term = layouts[i], terms[i].double()
+        if lay.window:
+            token = lay.window_tokens()  # (nw, n): each window slot's token, padding T
+            (nw, n), T = token.shape, lay.num_tokens
+            blocks = term.view(B, nw, n, n) * (token < T)[None, :, None, :]  # padding keys dropped
+            rows = torch.cat([v, v.new_zeros(B, 1)], dim=1)[:, token]  # (B, nw, n), padding 0
+            out = v.new_zeros(B, T + 1)
+            out[:, token.flatten()] = (rows[:, :, None, :] @ blocks)[:, :, 0].flatten(1)  # padding lands on T
+            v = v + out[:, :T]
+        else:
+            v = v + (v[:, None] @ term)[:, 0]
+        if i and layouts[i - 1].grid != lay.grid:  # this layer's stage opened with a merge
+            v = v @ merge_matrix(layouts[i - 1].grid).double()
+    return v.reshape(B, *layouts[0].grid).float()
+
+
 def _windows(layout: LayerLayout) -> int:
     gh, gw = layout.grid
     return -(-gh // layout.window) * -(-gw // layout.window) if layout.window else 1
