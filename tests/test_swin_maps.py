@@ -199,3 +199,19 @@ def test_the_class_map_rolls_hfs_gradient_weighted_attention_out_through_the_sta
     np.testing.assert_allclose(explanation.map.ravel() - expected.mean(), spread, atol=1e-3 * np.abs(spread).max())
     with pytest.raises(ValueError, match="average pooling"):
         vit.explain(checkpoint, IMAGE, "class", query=3)
+
+
+def test_what_stacks_a_swins_hidden_states_or_one_grids_maps_refuses_it_in_one_line(swin, tmp_path, capsys):
+    from vit import analyze
+    from vit.explain.hidden import forward_with_hidden_states
+
+    checkpoint, images = swin[0], swin[1]
+    with pytest.raises(ValueError, match="do not stack") as error:
+        forward_with_hidden_states(checkpoint.model, images)
+    assert "\n" not in str(error.value)
+    for name in ("LABEL_0", "LABEL_1"):
+        (tmp_path / "data" / name).mkdir(parents=True)
+        IMAGE.save(tmp_path / "data" / name / "a.png")
+    assert analyze.main([str(checkpoint.path), "--data", str(tmp_path / "data"), "--out", str(tmp_path / "out")]) != 0
+    [line] = [line for line in capsys.readouterr().err.splitlines() if "error" in line]
+    assert "stages (Swin)" in line and not (tmp_path / "out").exists()
