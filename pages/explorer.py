@@ -85,7 +85,7 @@ checkpoint, fingerprint = features.with_features_edited(checkpoint, fingerprint,
 
 try:
     analysis = analyse(fingerprint, image_key, size, checkpoint, image)
-except (explorer.TooManyTokens, ImageError, NonFiniteOutput) as e:
+except (ValueError, ImageError, NonFiniteOutput) as e:  # too many tokens; too small for a Swin's windows
     st.error(escape_markdown(e))
     st.stop()
 share_view.apply_model_settings(model_key, analysis, class_names)

@@ -31,6 +31,7 @@ from vit.checkpoint import Checkpoint
 from vit.explain.mechanism import check_ablation
 from vit.explain.overlay import overlay as draw_overlay
 from vit.explain.overlay import pca_picture, to_png_bytes
+from vit.explain.stages import cell_patch, on_patch_grid
 from vit.images import ImageError, open_image
 from vit.inference import TRAINING_SIZE, InputSize, Prediction, input_box, seen_region
 
@@ -179,6 +180,9 @@ class Explanation:
     heads: np.ndarray | None = field(default=None, repr=False)  # (H, gh, gw): the query's row in each head
     heads_layer: int | None = None  # from 0: the layer of ``heads``
     settings: dict = field(default_factory=dict, repr=False)  # what made it, for ``to_html``
+    # A model with stages (Swin): ``map`` and ``grid`` are the layer's own grid, coarser than the image's patch grid
+    # ``patch_grid``, over which each cell covers its 2**stage patches (the padding's part outside the image).
+    patch_grid: tuple[int, int] | None = None
 
     def overlay(self, alpha: float = 0.6, colormap: str = "inferno", scale: int | None = None) -> Image.Image:
         """The map blended over the pixels the model saw, at the image's own resolution times ``scale``; signed maps
@@ -195,7 +199,8 @@ class Explanation:
     def _overlay(self, image: Image.Image, alpha: float, colormap: str) -> Image.Image:
         cmap, vmin, vmax = drawing.map_colours(self.method if self.method in drawing.SIGNED_MAP_KINDS else "",
                                                self.map, colormap)
-        return draw_overlay(image, self.map, opacity=alpha, colormap=cmap, vmin=vmin, vmax=vmax)
+        values = self.map if self.patch_grid is None else on_patch_grid(self.map, self.patch_grid)
+        return draw_overlay(image, values, opacity=alpha, colormap=cmap, vmin=vmin, vmax=vmax)
 
     def _shown(self, alpha: float = 0.6, colormap: str = "inferno") -> Image.Image:
         """The overlay as the explorer shows it: drawn over the seen pixels at display size (small images enlarged
@@ -253,6 +258,11 @@ def explain(checkpoint: Checkpoint, image: ImageLike, method: str = "rollout", *
     if unread:
         raise ValueError(f"{method} does not read {', '.join(unread)}; it reads {', '.join(sorted(reads)) or 'none'}")
     model = checkpoint.model
+    if model.config.stage_depths and method not in explorer.STAGE_MAP_KINDS:
+        raise ValueError(explorer.stage_refusal(method))
+    if model.config.stage_depths and method == "class" and query is not None:
+        raise ValueError("a Swin's class map starts from what its average pooling reads (every token of the layer); "
+                         "leave query out")
     if method in explorer.CLASS_MAP_KINDS and model.head is None:
         from vit.explain.prompts import methods_for
         from vit.sources.text_tower import has_text_tower
@@ -261,19 +271,27 @@ def explain(checkpoint: Checkpoint, image: ImageLike, method: str = "rollout", *
             raise ValueError(f"a CLIP / SigLIP has no classes of its own: map a typed label with "
                              f"vit.ask(checkpoint, image, labels).explain(label, {method!r})")
         raise ValueError(f"{method} does not apply to this model ({_APPLIES_TO[method]})")
-    L, H = len(model.blocks), model.config.num_heads
+    L = len(model.blocks)
     layer_value = -1 if layer is None else _index(layer, L, "layer", f"this model has {L} layers")
-    head = None if head is None else _index(head, H, "head", f"this model has {H} heads per layer")
+    H = model.blocks[layer_value].attn.num_heads  # a stage's own in a model with stages (Swin)
+    heads_text = f"this layer has {H} heads" if model.config.stage_depths else f"this model has {H} heads per layer"
+    head = None if head is None else _index(head, H, "head", heads_text)
     class_index = _class_index(checkpoint, target)
     image, size = _image(image), _size(size)
     analysis = explorer.analyse(checkpoint, image, size, max_tokens=max_tokens,
                                 allow="pass vit.explain a larger max_tokens (or set VIT_MAX_TOKENS)")
     if method not in explorer.map_kinds(analysis, bool(checkpoint.class_names)):
         raise ValueError(f"{method} does not apply to this model ({_APPLIES_TO[method]})")
-    T = analysis.num_tokens
-    query = 0 if query is None else _index(query, T, "query", f"this input has {T} tokens")
+    T, patch_grid = analysis.num_tokens, None
+    if analysis.staged:  # query on layer l's own grid (row-major, no CLS): the page's query is the patch it covers
+        lh, lw = grid = analysis.layer_grid(layer_value)
+        query = 0 if query is None else _index(query, lh * lw, "query", f"layer {layer_value % L}'s grid has "
+                                                                         f"{lh}x{lw} tokens (row-major, no CLS)")
+        patch = cell_patch(query, analysis.grid, grid)
+    else:
+        query = patch = 0 if query is None else _index(query, T, "query", f"this input has {T} tokens")
     settings = explorer.MapSettings(kind=method, layer=layer_value, end_layer=layer_value, head=head,
-                                    query=query, class_index=class_index)
+                                    query=patch, class_index=class_index)
     class_index = explorer.resolved_class(settings, analysis)
     relevance = method_map = None
     if method == "class":
@@ -281,17 +299,20 @@ def explain(checkpoint: Checkpoint, image: ImageLike, method: str = "rollout", *
     elif method in explorer.METHOD_MAP_KINDS:
         method_map = explorer.model_method_map(checkpoint, image, method, class_index, settings.query,
                                                settings.end_layer, settings.fusion, size)
-    map2d = explorer.attention_map(analysis, settings, relevance, method_map)
+    map2d = np.asarray(explorer.attention_map(analysis, settings, relevance, method_map), dtype=np.float32)
+    if analysis.staged and map2d.shape != analysis.grid:  # on the layer's own grid, drawn over the image's
+        patch_grid = analysis.grid
     explained = checkpoint.class_names[class_index] if method in explorer.CLASS_MAP_KINDS else None
     heads_layer = settings.layer % L
     shown = {"method": method, "layer": layer, "head": head, "query": query, "target": explained,
              "size": "the model's" if size.side is None else size.side}
-    return Explanation(method, np.asarray(map2d, dtype=np.float32), image, seen_region(image, checkpoint.preprocessing,
-                       size), input_box(image.size, checkpoint.preprocessing, size), analysis.grid,
-                       analysis.num_prefix_tokens, analysis.prediction if checkpoint.class_names else None,
-                       explained, settings.query, drawing.describe_map(settings, analysis, checkpoint.class_names),
+    return Explanation(method, map2d, image, seen_region(image, checkpoint.preprocessing, size),
+                       input_box(image.size, checkpoint.preprocessing, size), map2d.shape if patch_grid else
+                       analysis.grid, analysis.num_prefix_tokens,
+                       analysis.prediction if checkpoint.class_names else None, explained, query,
+                       drawing.describe_map(settings, analysis, checkpoint.class_names),
                        explorer.head_maps(analysis, settings.query, heads_layer), heads_layer,
-                       {k: v for k, v in shown.items() if v is not None})
+                       {k: v for k, v in shown.items() if v is not None}, patch_grid)
 
 
 @dataclass

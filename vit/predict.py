@@ -364,6 +364,8 @@ def save_maps(result: FileResult, checkpoint: Checkpoint, folder: Path, stem: st
     shape = input_shape(result.image, checkpoint.preprocessing, model.config.patch_size, size)
     grid = model.patch_grid(*shape)
     prefix = model.num_prefix_tokens
+    if isinstance(model, ViT) and model.config.stage_depths:
+        return save_stage_maps(result, checkpoint, folder, stem, size, dtype)
     if isinstance(model, ViT):
         x = preprocess([result.image], checkpoint.preprocessing, size, model.config.patch_size)
         with torch.inference_mode():
@@ -408,6 +410,48 @@ def save_maps(result: FileResult, checkpoint: Checkpoint, folder: Path, stem: st
     overlay(seen, cls_row[prefix:].reshape(grid).float().numpy()).save(files["cls"], format="PNG")
     overlay(seen, rollout_row[prefix:].reshape(grid).float().numpy()).save(files["rollout"], format="PNG")
     return {**{kind: str(path) for kind, path in files.items()}, **listed}
+
+
+def save_stage_maps(result: FileResult, checkpoint: Checkpoint, folder: Path, stem: str, size, dtype: str) -> dict:
+    """``save_maps`` for a model with stages (Swin): ``layer_i`` is each layer's windows as the layer forms them,
+    ``(windows, heads, w*w, w*w)``, with ``layer_i_grid`` / ``_window`` / ``_shift`` to place them
+    (``vit.explain.stages``); the logits as for every classifier; the overlay is the rollout of what the average
+    pooling reads, through every merge, on the image's patches (no CLS)."""
+    import numpy as np
+    import torch
+
+    from vit.explain.overlay import overlay, write_npz_streamed
+    from vit.explain.stages import rollout_row
+    from vit.inference import input_box, input_shape, preprocess, seen_region
+
+    model, prediction = checkpoint.model, result.prediction
+    shape = input_shape(result.image, checkpoint.preprocessing, model.config.patch_size, size)
+    grid = model.patch_grid(*shape)
+    layouts = model.layer_layouts(grid)
+    x = preprocess([result.image], checkpoint.preprocessing, size, model.config.patch_size)
+    with torch.inference_mode():
+        attentions = [a.float().cpu() for a in model.encode(x.to(next(model.parameters()).device),
+                                                            output_attentions=True).attentions]
+    files = {"npz": folder / f"{stem}.npz", "rollout": folder / f"{stem}_rollout.png"}
+    mb = sum(a.numel() for a in attentions) * np.dtype(dtype).itemsize / 2**20
+    print(f"{PROG}: writing {files['npz']}: {mb:,.1f} MB ({len(attentions)} layers' windows, {dtype})",
+          file=sys.stderr, flush=True)
+    extra = {}
+    if checkpoint.class_names:
+        extra = dict(probabilities=prediction.probabilities, logits=prediction.logits,
+                     class_names=np.array(checkpoint.class_names))
+    for i, lay in enumerate(layouts):
+        extra.update({f"layer_{i}_grid": np.array(lay.grid), f"layer_{i}_window": np.array(lay.window),
+                      f"layer_{i}_shift": np.array(lay.shift)})
+    write_npz_streamed(files["npz"], ((f"layer_{i}", tuple(a.shape), dtype, [a.numpy().astype(dtype)])
+                                      for i, a in enumerate(attentions)), **extra,
+                       grid=np.array(grid), patch_size=np.array(model.config.patch_size), prefix_tokens=np.array(0),
+                       input_size=np.array(shape),
+                       input_box=np.array(input_box(result.image.size, checkpoint.preprocessing, size),
+                                          dtype=np.float64))
+    seen = seen_region(result.image, checkpoint.preprocessing, size)
+    overlay(seen, rollout_row(attentions, layouts, -1, None)[0].numpy()).save(files["rollout"], format="PNG")
+    return {kind: str(path) for kind, path in files.items()}
 
 
 def run(args: argparse.Namespace) -> int:

@@ -13,6 +13,7 @@ from pages.explorer_sections.main_view import PICKER_CONFIG
 from pages.explorer_sections.state import Shown, keep_settings
 from vit.app import drawing, explorer
 from vit.explain import figures
+from vit.explain.stages import on_patch_grid
 from vit.sizes import describe_size
 from vit.text import escape_markdown
 
@@ -45,10 +46,14 @@ def analyses(view: Shown) -> None:
     query_text = drawing.token_label(query, grid, prefix, names)
     if heads_tab.open:
         with heads_tab:
-            every = st.toggle(f"Every layer ({L} × {H} = {L * H} maps)", key=EVERY_LAYER_KEY,
-                              help="Off: the heads of the layer chosen in the sidebar.")
-            shown_layers = list(range(L)) if every else [layer - 1]
-            maps = explorer.head_maps(analysis, query)[shown_layers]  # (layers, H, gh, gw)
+            if analysis.staged:  # a Swin: each stage's heads on its own grid, drawn over the image's patches
+                H, shown_layers = analysis.heads_in(layer - 1), [layer - 1]
+                maps = on_patch_grid(explorer.head_maps(analysis, query, layer - 1), grid)[None]  # (1, H, gh, gw)
+            else:
+                every = st.toggle(f"Every layer ({L} × {H} = {L * H} maps)", key=EVERY_LAYER_KEY,
+                                  help="Off: the heads of the layer chosen in the sidebar.")
+                shown_layers = list(range(L)) if every else [layer - 1]
+                maps = explorer.head_maps(analysis, query)[shown_layers]  # (layers, H, gh, gw)
             cells = drawing.small_multiples(view.small, maps.reshape(-1, *grid), view.opacity, view.colormap,
                                              view.mode, view.outline, scale=view.scale, mask_share=view.mask_share)
             sheet = drawing.heads_grid_image(cells, columns=H)
@@ -67,7 +72,7 @@ def analyses(view: Shown) -> None:
             heads_text = f"head {head + 1}" if head is not None else f"{settings.fusion} over heads"
             try:
                 matrix = explorer.layer_attention(analysis, layer - 1, head, settings.fusion)[0].numpy()  # (T, T)
-            except explorer.TooManyTokens as e:  # past the memory bound even one T x T matrix is not drawn
+            except ValueError as e:  # past the memory bound even one T x T matrix is not drawn; a Swin's stages
                 st.warning(escape_markdown(e))
                 matrix = None
             if matrix is not None:
@@ -80,7 +85,11 @@ def analyses(view: Shown) -> None:
                            f"{drawing.tokens_caption(grid, prefix, names)}. The outlined row is the query, "
                            f"{query_text}." + (f" {len(view.tokens):,} tokens are shown as block averages; hover for "
                                                "the token ranges." if pooled else ""))
-    if stats_tab.open:
+    if stats_tab.open and analysis.staged:
+        with stats_tab:
+            st.info("Distance and entropy are drawn for one patch grid; this model's layers each have their own "
+                    "(stages).")
+    elif stats_tab.open:
         with stats_tab:
             distance, entropy = analysis.stats()
             left, right = st.columns(2)

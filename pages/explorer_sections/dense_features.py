@@ -63,6 +63,10 @@ def dense_features(view: Shown, entries: dict) -> None:
                           "patch, and the patches two images match."):
         return
     checkpoint, analysis, shown = view.checkpoint, view.analysis, view.shown
+    if analysis.staged:
+        st.info("These read every layer's patch tokens through the final norm, on one grid of one width; this model's "
+                "stages (Swin) change both at each patch merging.")
+        return
     L, prefix = analysis.num_layers, analysis.num_prefix_tokens
     try:
         dense.check_dense_fits(checkpoint, view.image, view.size)

@@ -102,7 +102,7 @@ def main_view(view: Shown, main: MainMap, query_key: str, image_name: str, seen:
             mb = (L if chosen_layers is None else 1) * H * T * T * (4 if precision == "float32" else 2) / 2**20
             try:
                 explorer.check_npz_fits(analysis, chosen_layers, precision)
-            except explorer.TooManyTokens as e:  # refused before the button, not when its data is built
+            except ValueError as e:  # refused before the button, not when its data is built (too big; Swin)
                 st.caption(escape_markdown(e))
             else:
                 st.download_button(

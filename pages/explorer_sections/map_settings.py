@@ -11,6 +11,7 @@ from vit.app import drawing, explorer
 from vit.checkpoint import Checkpoint
 from vit.explain.attention import HEAD_FUSIONS
 from vit.explain.overlay import UPSAMPLE_MODES
+from vit.explain.stages import on_patch_grid
 from vit.inference import InputSize
 
 # The sidebar's map settings, kept by the page while their widgets are not drawn (``state.keep_settings``).
@@ -50,13 +51,14 @@ class MainMap:
 def choose_map(analysis: explorer.Analysis, class_names: list[str], model_key: str) -> MapChoice:
     """The sidebar's "Attention map" and "Overlay" controls."""
     prediction, grid, prefix = analysis.prediction, analysis.grid, analysis.num_prefix_tokens
-    L, H, T = analysis.num_layers, analysis.num_heads, analysis.num_tokens
+    L, T = analysis.num_layers, analysis.num_tokens
     names = analysis.prefix_names  # CLS, DIST, REG 1…R
     with st.sidebar:
         st.header("Attention map")
         kinds = explorer.map_kinds(analysis, bool(class_names))  # no class map without classes; the probe's for SigLIP
         # The newer methods share one entry (a second picker), which keeps the sidebar short.
-        choices = [k for k in kinds if k not in explorer.METHOD_MAP_KINDS] + [explorer.MORE_METHODS]
+        choices = [k for k in kinds if k not in explorer.METHOD_MAP_KINDS]
+        choices += [explorer.MORE_METHODS] if set(kinds) & set(explorer.METHOD_MAP_KINDS) else []
         st.session_state["map_kind"] = explorer.map_choice(  # a model change resets what no longer fits
             st.session_state.get("map_kind"), st.session_state.get("map_default"), choices,
             st.session_state.get("map_model") != model_key)
@@ -64,11 +66,14 @@ def choose_map(analysis: explorer.Analysis, class_names: list[str], model_key: s
         kind = st.radio("Map", choices, key="map_kind",
                         format_func=lambda k: explorer.MAP_KINDS.get(k, explorer.MORE_METHODS_LABEL))
         if kind == explorer.MORE_METHODS:
-            methods = [k for k in explorer.METHOD_MAP_KINDS if class_names or k not in explorer.CLASS_MAP_KINDS]
+            methods = [k for k in explorer.METHOD_MAP_KINDS if k in kinds  # a Swin's: AttnLRP
+                       and (class_names or k not in explorer.CLASS_MAP_KINDS)]
             kind = st.selectbox("Method", methods, format_func=explorer.MAP_KINDS.get, key="method_kind",
                                 help="LeGrad, LRP and AttnLRP explain a class; attention flow, like rollout, "
                                      "follows attention and the residual, as a max-flow (slow).")
         controls = explorer.MAP_CONTROLS[kind]
+        if analysis.staged:  # Swin's rollout keeps every attention; its class map starts from the average pooling
+            controls = tuple(c for c in controls if c != "discard_ratio" and (kind != "class" or c != "query"))
         hide_registers = False
         if prefix > 1:
             hide_registers = st.checkbox(f"Hide the {prefix - 1} register/extra prefix token(s)", key="hide_registers",
@@ -105,8 +110,11 @@ def choose_map(analysis: explorer.Analysis, class_names: list[str], model_key: s
                                      help="1 is the first block. Also for the heads grid and the matrix.")
         if "head" in controls:  # the probe's heads are its own (PE: 8), so its choice is kept apart
             probe = kind == "probe"
-            head = st.selectbox("Head", [-1, *range(analysis.num_probe_heads if probe else H)],
-                                key=f"head-{model_key}" + ("-probe" if probe else ""),
+            heads = analysis.num_probe_heads if probe else analysis.heads_in(layer - 1)  # a Swin stage's own
+            head_key = f"head-{model_key}" + ("-probe" if probe else "")
+            if st.session_state.get(head_key, -1) >= heads:  # a head of another Swin stage: fused again
+                st.session_state[head_key] = -1
+            head = st.selectbox("Head", [-1, *range(heads)], key=head_key,
                                 format_func=lambda h: "all heads, fused" if h == -1 else f"head {h + 1}")
             head = None if head == -1 else head
         if "fusion" in controls and (kind not in ("attention", "probe") or head is None):
@@ -177,7 +185,13 @@ def main_map(checkpoint: Checkpoint, fingerprint: tuple, image: Image.Image, ima
             st.error(str(e))
             st.stop()
     else:
-        map2d = explorer.attention_map(analysis, settings, relevance, method_map2d)
+        try:
+            map2d = explorer.attention_map(analysis, settings, relevance, method_map2d)
+        except ValueError as e:  # a map a Swin does not draw, a head its layer does not have
+            st.error(str(e))
+            st.stop()
+    if analysis.staged:  # a Swin layer's map on its own grid: each cell over the image patches it covers
+        map2d = on_patch_grid(map2d, analysis.grid)
     map_colormap, vmin, vmax = drawing.map_colours(kind, map2d, colormap)  # signed maps: diverging, around 0
     signed = kind in drawing.SIGNED_MAP_KINDS  # their symmetric range is kept whatever the colour scale
     if scale == "zero" and not signed:

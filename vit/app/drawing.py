@@ -220,6 +220,14 @@ def describe_map(settings: MapSettings, analysis: Analysis, class_names: list[st
     """A caption that says what the drawn map means."""
     s, L, H = settings, analysis.num_layers, analysis.num_heads
     who = _query_phrase(s.query, analysis)
+    if analysis.staged and s.kind in ("attention", "rollout"):
+        return _describe_stage_map(s, analysis)
+    if analysis.staged and s.kind == "class":
+        name = escape_markdown(class_names[resolved_class(s, analysis)])
+        end = s.end_layer % L
+        return (f"**Relevance for “{name}”** through layers 1–{end + 1}: each layer's attention weighted by its "
+                f"gradient for the “{name}” score, positive parts only, rolled out (Chefer et al., 2021) from what "
+                "the average pooling reads, through each patch merging as the 2×2 tokens it is built from.")
     if s.kind == "attention":
         layer = s.layer % L
         heads = f"head {s.head + 1}" if s.head is not None else f"the {s.fusion} over its {H} heads"
@@ -262,6 +270,27 @@ def describe_map(settings: MapSettings, analysis: Analysis, class_names: list[st
             f"for the “{name}” score, positive parts only, rolled out (Chefer et al., 2021). Bright patches "
             f"are evidence for “{name}” as read by {who}.")
 
+
+
+def _describe_stage_map(settings: MapSettings, analysis: Analysis) -> str:
+    """``describe_map`` for a model with stages (Swin): the layer's own grid, its windows, the covering token."""
+    from vit.model.stages import covering_token
+
+    s, L = settings, analysis.num_layers
+    layer = (s.layer if s.kind == "attention" else s.end_layer) % L
+    lay = analysis.layouts[layer]
+    (lh, lw), cell = lay.grid, -(-analysis.grid[0] // lay.grid[0])
+    row, col = divmod(covering_token(s.query, analysis.grid, lay.grid), lw)
+    who = (f"the token at row {row + 1}, col {col + 1} of layer {layer + 1}'s {lh}×{lw} grid"
+           + (f" (each cell {cell}×{cell} patches), the one covering the clicked patch" if cell > 1 else ""))
+    if s.kind == "rollout":
+        return (f"**Attention rollout through layers 1–{layer + 1}** (heads fused by {s.fusion}), through each "
+                f"patch merging as the 2×2 tokens it is built from: how much of {who} flows from each input patch "
+                "(Abnar & Zuidema, 2020).")
+    heads = f"head {s.head + 1}" if s.head is not None else f"the {s.fusion} over its {analysis.heads_in(layer)} heads"
+    where = (f"in its {lay.window}×{lay.window} window" + (f", shifted by {lay.shift}" if lay.shift else "")
+             + " (zero outside it)") if lay.window else "over the whole grid"
+    return f"**Layer {layer + 1} of {L}, {heads}**: how much {who} attends to each token {where}."
 
 
 def describe_embedding(analysis: Analysis) -> str:

@@ -18,6 +18,7 @@ import os
 import stat
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
+from functools import partial
 from itertools import chain, islice
 from pathlib import Path
 
@@ -58,6 +59,7 @@ from vit.inference import (
     preprocess_at,
 )
 from vit.model import ViT
+from vit.model.stages import LayerLayout
 from vit.runfiles import lies_inside
 
 MAP_KINDS = {
@@ -272,6 +274,24 @@ class Analysis:
     embedding: torch.Tensor | None = None  # (E,): a feature model's pooled (CLIP: projected) embedding
     position_table: bool = True  # False for rotary-only models (DINOv3): nothing is interpolated at other sizes
     sincos_positions: bool = False  # AIMv2-native: sine-cosine positions computed for each grid, no table
+    # A model with stages (Swin; vit.model.stages): each layer's grid, windows and shift. ``attentions`` then holds
+    # each layer's windows as the layer forms them, ``(nw, H_l, w*w, w*w)``, and ``outputs`` each layer's output
+    # ``(T_l, D_l)`` on its own grid; ``grid`` and ``num_tokens`` are the image's patch grid (the first layer's).
+    layouts: tuple[LayerLayout, ...] = ()
+    outputs: tuple[torch.Tensor, ...] = ()
+
+    @property
+    def staged(self) -> bool:
+        """Whether the layers have grids of their own (a hierarchical model: Swin)."""
+        return bool(self.layouts)
+
+    def heads_in(self, layer: int) -> int:
+        """Layer ``layer``'s heads: a stage's own with stages, else every layer's."""
+        return self.attentions[layer].shape[1] if self.layouts else self.num_heads
+
+    def layer_grid(self, layer: int) -> tuple[int, int]:
+        """Layer ``layer``'s own patch grid: a stage's with stages (halved at each merge), else the input's."""
+        return self.layouts[layer].grid if self.layouts else self.grid
 
     @property
     def has_cls(self) -> bool:
@@ -312,6 +332,10 @@ class Analysis:
 
     def stats(self) -> tuple[np.ndarray, np.ndarray]:
         """Per-head mean attention distance (px) and entropy (nats), each ``(L, H)``; computed once, layer by layer."""
+        if self.layouts:
+            raise ValueError("distance and entropy are drawn for one patch grid; this model's layers each have "
+                             "their own (stages): read one layer's map instead")
+
         def compute() -> torch.Tensor:
             rows, inputs = [], _inputs(self)
             for i, attn in enumerate(self.attentions if inputs is None else range(self.num_layers)):
@@ -344,16 +368,14 @@ def analyse(checkpoint: Checkpoint, image: Image.Image, size: InputSize = TRAINI
     L)`` after each block (read at its ``hook_resid_post``; it may raise to stop the forward there).
     """
     model, p = checkpoint.model, checkpoint.preprocessing
-    if getattr(model.config, "stage_depths", ()):
-        raise ValueError("this model has stages (Swin), whose layers each have their own grid; the explorer does not "
-                         "draw them yet: use vit.explain.stages (layer_row, clicked_row, rollout_row) on its "
-                         "attentions")
     patch_size = model.config.patch_size
     shape = input_shape(image, p, patch_size, size)  # (height, width)
     grid = model.patch_grid(*shape)
     check_input_fits(checkpoint, grid, f"A {shape[1]}×{shape[0]} px input", max_tokens, allow)
     device = next(model.parameters()).device
     x = preprocess([image], p, size, patch_size).to(device)  # (1, C, H, W)
+    if getattr(model.config, "stage_depths", ()):
+        return _analyse_stages(checkpoint, x, grid, shape, top_k, progress)
     L = len(model.blocks)
     reports = [(f"blocks.{i}.hook_resid_post", lambda t, hook, i=i: progress(i + 1, L)) for i in range(L)
                ] if progress is not None and isinstance(model, ViT) else []
@@ -379,8 +401,114 @@ def analyse(checkpoint: Checkpoint, image: Image.Image, size: InputSize = TRAINI
                     sincos_positions=getattr(model.config, "sincos_pos", False))
 
 
+def _analyse_stages(checkpoint: Checkpoint, x: torch.Tensor, grid: tuple[int, int], shape: tuple[int, int],
+                    top_k: int, progress: work.Progress | None) -> Analysis:
+    """``analyse`` for a model with stages (Swin): one forward keeps each layer's windows as the layer forms them
+    (``H x T_l x w*w`` values, never ``T_l²``) and its output; ValueError naming the sizes that work for an input
+    too small for the last stage's windows."""
+    model, p = checkpoint.model, checkpoint.preprocessing
+    layouts = model.layer_layouts(grid)
+    L = len(model.blocks)
+    outputs: list[torch.Tensor] = [torch.empty(0)] * L
+
+    def keep(t: torch.Tensor, hook, i: int) -> None:
+        outputs[i] = t[0].float().cpu()  # (T_l, D_l)
+        if progress is not None:
+            progress(i + 1, L)
+
+    with torch.inference_mode(), model.hooks([(f"blocks.{i}.hook_resid_post", partial(keep, i=i))
+                                               for i in range(L)]):
+        encoding = model.encode(x, output_attentions=True)
+    logits = encoding.logits if encoding.logits is not None else x.new_zeros(1, 0)
+    [prediction] = predictions_from_logits(logits, checkpoint.class_names, top_k, model=model)
+    embedding = encoding.embedding[0].float().cpu() if model.head is None else None
+    return Analysis(prediction=prediction, attentions=tuple(a.float().cpu() for a in encoding.attentions),
+                    grid=grid, patch_size=model.config.patch_size, input_size=shape, num_prefix_tokens=0,
+                    training_size=p.image_size, embedding=embedding, layouts=layouts, outputs=tuple(outputs))
+
+
+# The maps of a model with stages: each layer's on its own grid (``vit.explain.stages``), the rollout through the
+# merges, the token norms, and AttnLRP (its rules run through the merges: a map of the input's pixels). The others
+# are refused in one line (``stage_refusal``), each for its reason.
+STAGE_MAP_KINDS = ("attention", "rollout", "norms", "class", "attnlrp")
+
+
+def _stage_layer(analysis: Analysis, layer: int) -> int:
+    L = analysis.num_layers
+    if not -L <= layer < L:
+        raise ValueError(f"layer {layer} is out of range for {L} layers")
+    return layer % L
+
+
+def stage_rows(analysis: Analysis, layer: int, patch: int) -> torch.Tensor:
+    """With stages: what the token of layer ``layer``'s grid covering ``patch`` (of the image's grid) attends to in
+    each head there, ``(H_l, gh_l, gw_l)``, zero outside its window."""
+    from vit.explain.stages import clicked_row
+
+    if not 0 <= patch < analysis.num_tokens:
+        raise ValueError(f"query patch {patch} is out of range for the {analysis.grid[0]}x{analysis.grid[1]} grid")
+    layer = _stage_layer(analysis, layer)
+    return analysis.cache.get_or_compute(("stage_rows", layer, patch), lambda: clicked_row(
+        analysis.attentions, analysis.layouts, layer, patch)[0])
+
+
+def stage_map(analysis: Analysis, settings: MapSettings, relevance: ClassRelevance | None = None) -> np.ndarray:
+    """With stages: the map of ``settings`` (``query`` a patch of the image's grid): ``attention`` and ``norms`` on
+    layer ``layer``'s own grid, ``rollout`` on the image's patch grid (``vit.explain.stages.rollout_row`` from the
+    token of layer ``end_layer``'s grid that covers the query), ``class`` the gradient rollout of ``relevance``
+    from what the average pooling reads (every token of layer ``end_layer`` alike) to the image's patches."""
+    from vit.explain.stages import relevance_rollout_row, rollout_row
+    from vit.model.stages import covering_token
+
+    s = settings
+    if s.kind == "class":
+        wanted = resolved_class(s, analysis)
+        if relevance is None or relevance.class_index != wanted or not relevance.layouts:
+            raise ValueError(f"the class-specific map needs the gradients of class {wanted}")
+        end = _stage_layer(analysis, s.end_layer)
+        return relevance_rollout_row(relevance.terms, relevance.layouts, end, None)[0].numpy()
+    if s.kind == "attention":
+        rows = stage_rows(analysis, s.layer, s.query)  # (H, gh_l, gw_l)
+        if s.head is not None:
+            if not 0 <= s.head < rows.shape[0]:
+                raise ValueError(f"head {s.head} is out of range for this layer's {rows.shape[0]} heads")
+            return rows[s.head].numpy()
+        return fuse_heads(rows.flatten(1)[None, :, None], s.fusion)[0, 0].reshape(rows.shape[1:]).numpy()
+    if s.kind == "rollout":
+        if s.discard_ratio:
+            raise ValueError("the rollout through stages keeps every attention: set the discard ratio to 0")
+        if not 0 <= s.query < analysis.num_tokens:
+            raise ValueError(f"query patch {s.query} is out of range for the {analysis.grid[0]}x{analysis.grid[1]} "
+                             "grid")
+        end = _stage_layer(analysis, s.end_layer)
+        token = covering_token(s.query, analysis.grid, analysis.layer_grid(end))
+        return analysis.cache.get_or_compute(("stage_rollout", end, token, s.fusion), lambda: rollout_row(
+            analysis.attentions, analysis.layouts, end, token, s.fusion)[0].numpy())
+    if s.kind == "norms":
+        layer = _stage_layer(analysis, s.layer)
+        return analysis.outputs[layer].norm(dim=-1).reshape(analysis.layer_grid(layer)).numpy()
+    raise ValueError(stage_refusal(s.kind))
+
+
+def stage_refusal(kind: str) -> str:
+    """Why map ``kind`` is not drawn for a model with stages, in one line that names the maps that are."""
+    return (f"{MAP_KINDS.get(kind, kind).split(' (')[0]} is not drawn for a model with stages (Swin): "
+            f"{STAGE_REFUSALS.get(kind, 'its layers each have their own grid')}; choose {', '.join(STAGE_MAP_KINDS)}")
+
+
+STAGE_REFUSALS = {  # why each map is not drawn for a model with stages
+    "legrad": "LeGrad reads a CLS token's gradient at the last layers, and Swin has none",
+    "lrp": "the transformer attribution multiplies T x T relevance matrices of one grid",
+    "flow": "the max-flow graph stacks layers of one grid",
+    "probe": "it has no attention-pooling probe",
+    "probe_rollout": "it has no attention-pooling probe",
+}
+
+
 def map_kinds(analysis: Analysis, has_classes: bool) -> list[str]:
     """The map kinds this analysis can draw, the default first: the pooling probe's for a model without CLS."""
+    if analysis.layouts:
+        return [k for k in STAGE_MAP_KINDS if has_classes or k not in CLASS_MAP_KINDS]
     kinds = [k for k in MAP_KINDS if (has_classes or k != "class") and (analysis.probe is not None
                                                                          or k not in PROBE_MAP_KINDS)]
     if analysis.probe is not None and not analysis.has_cls:
@@ -404,7 +532,8 @@ class ClassRelevance:
     contexts ``(1, L, T, H, hd)`` and the layer inputs, from which each map's row is formed in chunks."""
 
     class_index: int
-    terms: tuple[torch.Tensor, ...]  # per layer (1, T, T); empty when chunked
+    terms: tuple[torch.Tensor, ...]  # per layer (1, T, T); empty when chunked; a Swin's: per layer its windows'
+    layouts: tuple[LayerLayout, ...] = ()  # a model with stages (Swin): each layer's grid and windows
     inputs: LayerInputs | None = None  # chunked: the layer inputs of the image
     contexts: torch.Tensor | None = None  # chunked: (1, L, T, H, hd)
     rows: dict[tuple[int, int], torch.Tensor] = field(default_factory=dict, repr=False)  # chunked rows, per map
@@ -432,6 +561,13 @@ def class_relevance(checkpoint: Checkpoint, image: Image.Image, class_index: int
     grid = model.patch_grid(*shape)
     tokens = model.num_prefix_tokens + grid[0] * grid[1]
     device = next(model.parameters()).device
+    if model.config.stage_depths:  # a Swin's windows: H x T x w*w values per layer, never T x T
+        layouts = model.layer_layouts(grid)
+        x = preprocess([image], p, size, model.config.patch_size).to(device)
+        with reported_blocks(model, progress, len(model.blocks)):
+            _, attentions, gradients = class_gradients(model, x, class_index)
+        return ClassRelevance(class_index, tuple(positive_gradient_attention(a, g).float().cpu()
+                                                 for a, g in zip(attentions, gradients, strict=True)), layouts=layouts)
     whole = whole_gradient_bytes(model, tokens) <= analysis_limits()[1]
     if not whole:
         check_chunked_gradient_fits(model, tokens, "The class-specific map", contexts=True)
@@ -485,6 +621,9 @@ def query_rows(analysis: Analysis, query: int) -> torch.Tensor:
 def layer_attention(analysis: Analysis, layer: int, head: int | None, fusion: str = "mean") -> torch.Tensor:
     """One layer's ``(1, T, T)`` attention: one head's, or the heads fused by mean, max or min (from chunks:
     ``TooManyTokens`` when even the one ``T x T`` matrix is over the memory limit)."""
+    if analysis.layouts:
+        raise ValueError("the token-by-token matrix is drawn for one patch grid; this model's layers each have "
+                         "their own (stages): read one layer's map instead")
     H, inputs = analysis.num_heads, _inputs(analysis)
     if head is not None and not 0 <= head < H:
         raise ValueError(f"head {head} is out of range for {H} heads")
@@ -580,10 +719,12 @@ def attention_map(analysis: Analysis, settings: MapSettings, relevance: ClassRel
     of ``METHOD_MAP_KINDS`` need ``method_map``, from ``model_method_map`` (which the page caches).
     """
     s = settings
-    if s.kind in METHOD_MAP_KINDS:
+    if s.kind in METHOD_MAP_KINDS and (not analysis.layouts or s.kind in STAGE_MAP_KINDS):
         if method_map is None:
             raise ValueError(f"the {MAP_KINDS[s.kind]} map must be computed with model_method_map first")
         return method_map
+    if analysis.layouts:
+        return stage_map(analysis, s, relevance)
     if s.kind == "attention":
         rows = query_rows(analysis, s.query)[s.layer]  # (H, T)
         if s.head is not None:
@@ -617,7 +758,12 @@ def attention_map(analysis: Analysis, settings: MapSettings, relevance: ClassRel
 
 
 def head_maps(analysis: Analysis, query: int, layer: int | None = None) -> np.ndarray:
-    """Every head's map for ``query``: ``(H, gh, gw)`` for one layer, ``(L, H, gh, gw)`` when ``layer`` is None."""
+    """Every head's map for ``query``: ``(H, gh, gw)`` for one layer, ``(L, H, gh, gw)`` when ``layer`` is None.
+    With stages ``query`` is a patch of the image, and the maps ``(H_l, gh_l, gw_l)`` are on the layer's own grid."""
+    if analysis.layouts:
+        if layer is None:
+            raise ValueError("this model's layers have their own grids and heads (stages): ask for one layer")
+        return stage_rows(analysis, layer, query).numpy()
     rows = query_rows(analysis, query)[:, :, analysis.num_prefix_tokens:]  # (L, H, gh*gw)
     maps = rows.reshape(*rows.shape[:2], *analysis.grid).numpy()  # (L, H, gh, gw)
     return maps if layer is None else maps[layer]
@@ -663,6 +809,9 @@ NPZ_PRECISIONS = ("float32", "float16")
 def check_npz_fits(analysis: Analysis, layers: Sequence[int] | None = None, precision: str = "float32") -> None:
     """``TooManyTokens`` when ``attentions_npz`` of these layers would be over the memory limit per image: the page
     asks before it offers the download, whose data is built only when it is clicked."""
+    if analysis.layouts:
+        raise ValueError("the .npz holds token-by-token matrices of one grid; this model's layers each have "
+                         "their own (stages): use vit.explain.stages on model(x, output_attentions=True)")
     if precision not in NPZ_PRECISIONS:
         raise ValueError(f"unknown precision {precision!r}; choose one of: {', '.join(NPZ_PRECISIONS)}")
     count = analysis.num_layers if layers is None else len(layers)
@@ -710,6 +859,8 @@ def model_method_map(checkpoint: Checkpoint, image: Image.Image, kind: str, clas
     from vit.explain.relevance import attnlrp, legrad, patch_sums, transformer_attribution
 
     model = checkpoint.model
+    if model.config.stage_depths and kind not in STAGE_MAP_KINDS:
+        raise ValueError(stage_refusal(kind))
     shape = input_shape(image, checkpoint.preprocessing, model.config.patch_size, size)  # (height, width)
     grid, prefix = model.patch_grid(*shape), model.num_prefix_tokens
     tokens = prefix + grid[0] * grid[1]

@@ -103,6 +103,15 @@ class DatasetAnalysis:
             raise ValueError(f"not an analysis.json of this project ({type(e).__name__}: {e})") from None
 
 
+def check_one_grid(checkpoint: Checkpoint) -> None:
+    """ValueError, before any image, for a model with stages (Swin): the summaries are each layer's CLS attention,
+    rollout, distance and entropy on one patch grid."""
+    if getattr(checkpoint.model.config, "stage_depths", ()):
+        raise ValueError("the dataset analysis averages every layer's CLS attention, rollout, distance and entropy "
+                         "on one patch grid; this model's stages (Swin) change the grid at each patch merging: "
+                         "explain its images one by one (vit.explain, the explorer)")
+
+
 def image_summaries(checkpoint: Checkpoint, paths: Sequence[str | Path]) -> dict[str, np.ndarray]:
     """Everything ``Aggregator`` needs of each image of one batch of files, never a whole attention matrix.
 
@@ -112,6 +121,7 @@ def image_summaries(checkpoint: Checkpoint, paths: Sequence[str | Path]) -> dict
     its error. The local analysis and the Ray one (``vit.runs.ray_analyze``) both call this on the same batches,
     so their summaries are the same numbers.
     """
+    check_one_grid(checkpoint)
     model = checkpoint.model
     grid, prefix = model.patch_grid(*checkpoint.preprocessing.image_hw), model.num_prefix_tokens
     patch = model.config.patch_size
@@ -214,6 +224,7 @@ def analyze_files(checkpoint: Checkpoint, files: Sequence[tuple[Path, int]], bat
 
     ``image_summaries`` of each run of ``batch_size`` files, added to an ``Aggregator``."""
     check_batch_size(batch_size)
+    check_one_grid(checkpoint)
     if not files:
         raise ValueError("no images to analyse")
     total = Aggregator(checkpoint.class_names, files, top_mistakes)

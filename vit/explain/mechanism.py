@@ -71,6 +71,15 @@ def check_budget(elements: int, what: str) -> None:
                              f"{MAX_ELEMENTS * 4 / 2**30:.0f} GiB bound); use fewer images or a smaller input size")
 
 
+def check_one_grid(model: ViT, what: str) -> None:
+    """MechanismError for a model with stages (Swin) where ``what`` stacks every layer's tokens or splits the last
+    residual into what each block wrote: its layers' grids and widths change at each merge, which is not a sum."""
+    if getattr(model.config, "stage_depths", ()):
+        raise MechanismError(f"{what} reads every layer's tokens on one grid of one width, and this model's stages "
+                             "(Swin) change both at each patch merging; zero-ablating heads and the maps of "
+                             "vit.explain (attention, rollout, norms, AttnLRP) apply")
+
+
 def _dims(model: ViT) -> tuple[int, int, int]:
     attn = model.blocks[0].attn
     return len(model.blocks), attn.num_heads, attn.head_dim
@@ -93,6 +102,7 @@ def _keep(cache: dict[str, Tensor]):
 def hidden_states(model: ViT, images: Tensor) -> Tensor:
     """Block inputs, then the last block's output: ``(B, L + 1, T, D)``, read at the hook points of one pass."""
     check_supported(model)
+    check_one_grid(model, "stacking the hidden states (the logit lens, head effects, patching, the phenomena)")
     B, L = images.shape[0], len(model.blocks)
     T = model.num_prefix_tokens + math.prod(grid_of(model, images))
     check_budget(B * (L + 1) * T * model.config.hidden_size, "keeping every layer's tokens")
@@ -251,6 +261,7 @@ def direct_logit_attribution(model: ViT, images: Tensor, classes: Tensor | int |
     before the next is split, so high-resolution inputs do not hold ``L`` of them).
     """
     check_supported(model, needs_head=True)
+    check_one_grid(model, "direct logit attribution")
     _check_linear_pooling(model, "direct logit attribution")
     if model.config.post_norm:
         raise MechanismError("direct logit attribution splits the last residual stream into the sum of what each "
@@ -330,6 +341,7 @@ def mean_contexts(model: ViT, images: Tensor) -> Tensor:
 
 
 def _check_mean_ablation(model: ViT) -> None:
+    check_one_grid(model, "mean ablation")
     if model.config.window_size:
         raise MechanismError("mean ablation puts a head's mean output at each token position, and this model's "
                              "windowed layers (SAM / ViTDet) compute theirs per window, which it does not support "
@@ -387,9 +399,10 @@ def ablate_heads(model: ViT, images: Tensor, heads: Sequence[tuple[int, int]], m
 
 def _heads_by_layer(model: ViT, heads: Sequence[tuple[int, int]]) -> dict[int, list[int]]:
     """``heads`` ``(layer, head)`` (from 0) grouped by layer; MechanismError naming one the model lacks."""
-    L, H = len(model.blocks), model.config.num_heads
+    L = len(model.blocks)
     chosen: dict[int, list[int]] = {}
     for layer, head in heads:
+        H = model.blocks[layer].attn.num_heads if 0 <= layer < L else model.config.num_heads  # a stage's own
         if not (0 <= layer < L and 0 <= head < H):
             raise MechanismError(f"head ({layer}, {head}) does not exist: the model has layers 0 to {L - 1} and heads "
                                  f"0 to {H - 1} (counted from 0)")
@@ -430,7 +443,6 @@ def ablated_copy(model: ViT, heads: Sequence[tuple[int, int]], mode: str = "zero
         raise MechanismError(f"head ablation needs this project's ViT, got {type(model).__name__}")
     chosen = _heads_by_layer(model, heads)
     check_ablation(model, mode, means)
-    _, H, hd = _dims(model)
     # Only the ablated layers' proj weights are new; every other parameter and buffer is shared with the model, so
     # a copy costs those weights (a ViT-B/16 layer: 2.4 MB), not the whole model (350 MB).
     changed = {f"blocks.{layer}.attn.proj.weight" for layer in chosen}
@@ -438,8 +450,8 @@ def ablated_copy(model: ViT, heads: Sequence[tuple[int, int]], mode: str = "zero
     ablated = copy.deepcopy(model, memo=shared)
     with torch.no_grad():
         for layer, idx in chosen.items():
-            attn = ablated.blocks[layer].attn
-            weight = attn.proj.weight.view(attn.proj.out_features, H, hd)  # columns by head
+            attn = ablated.blocks[layer].attn  # its own heads (a Swin stage's)
+            weight = attn.proj.weight.view(attn.proj.out_features, attn.num_heads, attn.head_dim)  # columns by head
             if mode == "mean":
                 offset = torch.einsum("the,dhe->td", means[layer][:, idx].to(weight), weight[:, idx])  # (T, D)
                 attn.proj = MeanAblatedProj(attn.proj, offset)
@@ -521,6 +533,7 @@ def ablation_grid(model: ViT, images: Tensor, classes: Tensor | int | None = Non
     as the memory bound allows, and a short batch while ``progress`` follows it), through the layers from that one on;
     ``progress(done, total)`` after each batch."""
     check_supported(model, needs_head=True)
+    check_one_grid(model, "each head's effect (every layer run again from its stacked input)")
     check_ablation(model, mode, means)
     with torch.no_grad():
         states, grid = hidden_states(model, images), grid_of(model, images)  # (B, L + 1, T, D)
@@ -568,6 +581,7 @@ def _patching_setup(model: ViT, clean: Tensor, corrupted: Tensor, a: Tensor | in
                     heads: bool = False):
     """Both runs' hidden states and logit differences, the classes, the clean run's head contexts (``heads``)."""
     check_supported(model, needs_head=True)
+    check_one_grid(model, "activation patching")
     if clean.shape != corrupted.shape:
         raise MechanismError(f"clean {tuple(clean.shape)} and corrupted {tuple(corrupted.shape)} images must have "
                              "the same shape; resize them to the same size")
@@ -688,6 +702,7 @@ def sink_stats(model: ViT, states: Tensor, grid: tuple[int, int] | None = None) 
     rotary positions or an attention layout): each layer's attention summed over queries in head and query chunks
     (``LayerInputs.chunks``: the layer's own, bias and windows included), never a whole ``H x T x T`` layer."""
     check_supported(model)
+    check_one_grid(model, "attention sinks")
     if grid is None and model.config.rope != "none":
         raise MechanismError("this model turns q and k by rotary positions, so the patch grid must be given")
     if grid is None and layout_problem(model):
@@ -711,6 +726,7 @@ def sink_stats(model: ViT, states: Tensor, grid: tuple[int, int] | None = None) 
 
 def _check_plain_mlp(model: ViT) -> None:
     check_supported(model)
+    check_one_grid(model, "register neurons and test-time registers")
     c = model.config
     if c.gated_mlp or c.mlp_norm or c.activation != "gelu" or any(
             not (hasattr(b.mlp, "fc1") and hasattr(b.mlp, "fc2")) for b in model.blocks):

@@ -53,6 +53,14 @@ def check_supported(model: torch.nn.Module) -> None:
         raise UnsupportedModelError("the model has no classifier head, so there is no class to explain")
 
 
+def check_one_grid(model: ViT, what: str, why: str) -> None:
+    """``UnsupportedModelError`` for a model with stages (Swin), whose layers' grids change at each merge, where
+    ``what`` needs one grid (``why``); AttnLRP's rules run through the merges and apply."""
+    if getattr(model.config, "stage_depths", ()):
+        raise UnsupportedModelError(f"{what} {why}, and this model's stages (Swin) change the grid at each patch "
+                                    "merging; use AttnLRP")
+
+
 # --- AttnLRP's rules ------------------------------------------------------------------------------
 
 class _IdentityRule(torch.autograd.Function):
@@ -190,6 +198,7 @@ def legrad(model: ViT, images: Tensor, class_index: int | Tensor | None = None, 
     ``query_chunk`` queries) from the gradient of its heads' contexts (``chunked.LayerInputs.legrad``).
     """
     check_supported(model)
+    check_one_grid(model, "LeGrad", "reads the CLS token's gradient through every layer's T x T attention")
     L = len(model.blocks)
     if not -L <= start_layer < L:
         raise ValueError(f"start_layer {start_layer} is out of range for {L} layers")
@@ -297,6 +306,7 @@ def transformer_attribution(model: ViT, images: Tensor, class_index: int | Tenso
     map for each image's class (default: the predicted one).
     """
     check_supported(model)
+    check_one_grid(model, "Chefer et al.'s LRP", "rolls out T x T relevance matrices of one grid")
     for name, default in _LRP_DEFAULTS.items():
         if getattr(model.config, name) != default:
             raise UnsupportedModelError(f"Chefer et al.'s LRP has no rule for {name}={getattr(model.config, name)!r}; "

@@ -181,7 +181,13 @@ class Attention(Parent):
         scale = 1.0 / math.sqrt(self.head_dim)
         if self.logit_scale is not None:  # cosine attention: the scale goes into q, the softmax's is 1
             limit = torch.clamp(self.logit_scale, max=math.log(100.0)).exp()  # (nh, 1, 1)
-            q, k, scale = F.normalize(q, dim=-1) * limit.to(q.dtype), F.normalize(k, dim=-1), 1.0
+            rules = _rules.get()
+            if rules is PLAIN_RULES:
+                q, k = F.normalize(q, dim=-1), F.normalize(k, dim=-1)
+            else:  # relevance rules: each vector's norm a constant of the backward, as LayerNorm's scale
+                q = rules.divide_by_norm(q, q.norm(dim=-1, keepdim=True).clamp_min(1e-12))  # F.normalize's eps
+                k = rules.divide_by_norm(k, k.norm(dim=-1, keepdim=True).clamp_min(1e-12))
+            q, scale = q * limit.to(q.dtype), 1.0
         if pool > 1:
             q = pool_queries(q, grid, pool)  # (B, nh, N / pool**2, hd)
         if queries is not None:

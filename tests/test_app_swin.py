@@ -1,0 +1,117 @@
+"""The explorer draws a Swin (an HF folder opened by path): a clicked patch's window attention in a later stage's
+layer, on that layer's grid over the image, with that layer's heads; and the rollout through the stages. The drawn
+maps are checked against ``vit.explain.stages`` on HF's own attentions, placed by HF's own window sizes and shifts."""
+
+import io
+import json
+
+import numpy as np
+import pytest
+import torch
+from parity_helpers import randomize
+from PIL import Image
+from test_app import dirs, run_app, sidebar_widget, upload  # noqa: F401 (a fixture)
+
+from pages.explorer_sections import main_view
+from vit.explain.stages import layer_row, on_patch_grid, rollout_row
+from vit.inference import preprocess
+from vit.model.stages import LayerLayout, covering_token
+from vit.sources.open import open_source
+
+transformers = pytest.importorskip("transformers")
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("dirs")]  # the app's own empty world
+
+SIZE = 40  # a 10x10 patch grid, then 5x5: both padded to whole windows of 4 and shifted by 2
+IMAGE = Image.fromarray(np.random.default_rng(0).integers(0, 256, (SIZE, SIZE, 3), dtype=np.uint8))
+
+
+def swin_folder(folder):
+    config = transformers.SwinConfig(image_size=SIZE, patch_size=4, embed_dim=24, depths=[2, 2], num_heads=[2, 4],
+                                     window_size=4, num_labels=3)
+    config._attn_implementation = "eager"
+    torch.manual_seed(0)
+    model = randomize(transformers.SwinForImageClassification(config))
+    model.save_pretrained(folder)
+    return model
+
+
+def hf_attentions(model, images):
+    """HF's per-window attention of every layer, read at each attention module's output, and each layer's layout
+    as HF holds it (its input dimensions, window size and shift)."""
+    layers = [block for stage in model.swin.encoder.layers for block in stage.blocks]
+    captured = []
+    hooks = [b.attention.register_forward_hook(lambda m, i, o: captured.append(o[1])) for b in layers]
+    with torch.no_grad():
+        model(pixel_values=images)
+    for hook in hooks:
+        hook.remove()
+    layouts = [LayerLayout(tuple(b.input_resolution), b.window_size, b.shift_size) for b in layers]
+    return captured, layouts
+
+
+@pytest.fixture
+def drawn(monkeypatch):
+    """Every map the main view blends over the image, as it is drawn."""
+    maps = []
+
+    def recording(image, map2d, *args, **kwargs):
+        maps.append(np.asarray(map2d))
+        return overlay(image, map2d, *args, **kwargs)
+
+    overlay = main_view.overlay
+    monkeypatch.setattr(main_view, "overlay", recording)
+    return maps
+
+
+def test_a_swin_layers_window_attention_for_a_clicked_patch_is_drawn_on_the_image(tmp_path, drawn):
+    model = swin_folder(tmp_path / "swin")
+    checkpoint = open_source(tmp_path / "swin")
+    attentions, layouts = hf_attentions(model, preprocess([IMAGE], checkpoint.preprocessing))
+    at = run_app()
+    sidebar_widget(at, "text_input", "Open a path").set_value(str(tmp_path / "swin"))
+    at.run()
+    buffer = io.BytesIO()
+    IMAGE.save(buffer, format="PNG")
+    upload(at, "photo.png", buffer.getvalue())
+    patch = 3 * 10 + 7  # row 4, column 8 of the image's 10x10 patches: cell (1, 3) of stage 1's 5x5 grid
+    sidebar_widget(at, "selectbox", "Query token").set_value(patch)
+    sidebar_widget(at, "select_slider", "Layer").set_value(4)  # stage 1's second block: shifted windows
+    at.run()
+    head = sidebar_widget(at, "selectbox", "Head")
+    assert len(head.options) == 1 + 4  # fused, then stage 1's four heads
+    head.set_value(2)
+    at.run()
+    assert not at.exception and not at.main.error, [e.message for e in at.exception] + [e.value for e in at.main.error]
+    token = covering_token(patch, (10, 10), (5, 5))
+    expected = layer_row(attentions, layouts, 3, token)[0, 2].numpy()  # (5, 5)
+    np.testing.assert_allclose(drawn[-1], on_patch_grid(expected, (10, 10)), atol=1e-5)
+    assert drawn[-1][0, 0] == 0  # outside the shifted window of cell (1, 3)
+    assert any("5×5 grid" in c.value and "shifted by 2" in c.value for c in at.main.caption)
+    heads = [c for c in at.get("plotly_chart") if c.proto.id.endswith("heads_grid")]
+    assert heads and len(json.loads(heads[0].proto.spec)["layout"]["xaxis"]["ticktext"]) == 4  # the layer's heads
+    sidebar_widget(at, "radio", "Map").set_value("rollout")
+    at.run()
+    assert sidebar_widget(at, "select_slider", "Up to layer").value == 4  # the last layer by default
+    assert not [w for w in at.sidebar.slider if w.label == "Discard ratio"]  # it keeps every attention
+    assert not at.exception and not at.main.error, [e.value for e in at.main.error]
+    expected = rollout_row(attentions, layouts, 3, token)[0].numpy()  # (10, 10): on the image's patches
+    np.testing.assert_allclose(drawn[-1], expected, atol=1e-5)
+
+
+def test_the_views_of_one_grid_say_so_for_a_swin_in_one_line(tmp_path):
+    swin_folder(tmp_path / "swin")
+    at = run_app(analysis_tab="Distance & entropy")
+    sidebar_widget(at, "text_input", "Open a path").set_value(str(tmp_path / "swin"))
+    at.run()
+    buffer = io.BytesIO()
+    IMAGE.save(buffer, format="PNG")
+    upload(at, "photo.png", buffer.getvalue())
+    for label in ("What the patches represent", "Mechanism"):
+        [toggle] = [t for t in at.toggle if t.label.startswith(label)]
+        toggle.set_value(True)
+        at.run()
+        assert not at.exception, [e.message for e in at.exception]
+    said = [m.value for m in [*at.info, *at.warning]]
+    assert any("Distance and entropy" in s and "stages" in s for s in said), said
+    assert any("patch tokens" in s and "stages (Swin)" in s for s in said), said
+    assert any("mechanism view cannot analyse" in s and "stages" in s for s in said), said
