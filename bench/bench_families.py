@@ -52,15 +52,65 @@ def pe(folder: Path):
     return "PE core (timm explicit, B/16 224 px)", model, 224
 
 
+# -- hierarchical models (stages): Swin, Swin V2, Hiera, SAM 2's Hiera ----------------------------------------------
+
+def _hf_eager(config, model_class, folder: Path):
+    """An HF model at ``config`` with eager attention, saved to ``folder``; its forward returning attentions."""
+    config._attn_implementation = "eager"
+    model = model_class(config).eval()
+    model.save_pretrained(folder)
+    return lambda x: model(pixel_values=x, output_attentions=True)
+
+
+def swin(folder: Path):
+    import transformers
+
+    config = transformers.SwinConfig(image_size=224)  # swin-tiny-patch4-window7-224
+    return "Swin-T (HF eager, 224 px)", _hf_eager(config, transformers.SwinForImageClassification, folder), 224
+
+
+def swinv2(folder: Path):
+    import transformers
+
+    config = transformers.Swinv2Config(image_size=256, window_size=8)  # swinv2-tiny-patch4-window8-256
+    return "Swin V2-T (HF eager, 256 px)", _hf_eager(config, transformers.Swinv2ForImageClassification, folder), 256
+
+
+def hiera(folder: Path):
+    import transformers
+
+    config = transformers.HieraConfig(depths=[1, 2, 7, 2])  # hiera-tiny-224
+    return "Hiera-T (HF eager, 224 px)", _hf_eager(config, transformers.HieraForImageClassification, folder), 224
+
+
+def sam2_hiera(folder: Path, size: int = 1024):
+    """timm's: HF's SAM 2 attention returns no attention probabilities (and computes an unused softmax)."""
+    import timm
+
+    timm.layers.set_fused_attn(False)
+    try:
+        model = timm.create_model("sam2_hiera_tiny", pretrained=False, num_classes=0).eval()
+    finally:
+        timm.layers.set_fused_attn(True)
+    timm.models.save_for_hf(model, folder, safe_serialization=True)
+    return f"SAM 2 Hiera-T (timm explicit, {size} px)", model, size
+
+
+STAGE_MODELS = (swin, swinv2, hiera, sam2_hiera)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--only", nargs="*", help="the builders to run (e.g. swin hiera); all by default")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     print("| model | theirs (ms) | ours (ms) | ours / theirs |\n| --- | --- | --- | --- |")
-    for build in (aimv2, pe):
+    for build in (aimv2, pe) + STAGE_MODELS:
+        if args.only and build.__name__ not in args.only:
+            continue
         with tempfile.TemporaryDirectory() as tmp:
             torch.manual_seed(0)
             name, theirs, size = build(Path(tmp) / "model")

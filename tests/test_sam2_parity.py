@@ -119,3 +119,24 @@ def test_hf_sam2_backbone_alone_opens_by_hub_id_from_the_hub_and_then_from_the_c
                       out.last_hidden_state.flatten(1, 2), ours.attentions, attentions)
     assert checkpoint.metadata["source"]["architecture"] == "hf:Sam2HieraDetModel"
     assert fake_hub.fetched("GET").count("model.safetensors") == 1
+
+
+@pytest.mark.parametrize(("field", "value", "message"), [
+    ("hidden_act", "relu", "exact GELU"), ("embed_dim_per_stage", [], "list of widths"),
+    ("window_positional_embedding_background_size", [3, 4], "square sides"),
+    ("num_query_pool_stages", 1, "query pooling in 1 of 2")])
+def test_a_sam2_config_this_model_cannot_read_is_refused_in_one_line(hf_pair, tmp_path, field, value, message):
+    import json
+    import shutil
+
+    from vit.sources.open import SourceError
+
+    _, folder, _, _ = hf_pair
+    shutil.copytree(folder, tmp_path / "bad")
+    config = json.loads((tmp_path / "bad" / "config.json").read_text())
+    backbone = config["backbone_config"] if "backbone_config" in config else config["vision_config"]["backbone_config"]
+    backbone[field] = value
+    (tmp_path / "bad" / "config.json").write_text(json.dumps(config))
+    with pytest.raises(SourceError, match=message) as error:
+        open_source(tmp_path / "bad")
+    assert "\n" not in str(error.value)

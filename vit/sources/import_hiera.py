@@ -324,7 +324,9 @@ def sam2_config_from_hf(config_json: Mapping) -> ViTConfig:
     if backbone.get("hidden_act", "gelu") != "gelu":
         raise ValueError(f"HF SAM 2 config uses activation {backbone.get('hidden_act')!r}; this model reads exact "
                          "GELU only here")
-    widths = list(backbone.get("embed_dim_per_stage", [96, 192, 384, 768]))
+    widths = backbone.get("embed_dim_per_stage", [96, 192, 384, 768])
+    if not isinstance(widths, list) or not widths:
+        raise ValueError(f"HF SAM 2 config embed_dim_per_stage must be a list of widths, got {str(widths)[:40]}")
     if backbone.get("hidden_size", 96) != widths[0]:
         raise ValueError(f"HF SAM 2 config hidden_size {str(backbone.get('hidden_size'))[:20]} differs from its "
                          f"first stage's width {widths[0]}")
