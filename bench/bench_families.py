@@ -11,6 +11,19 @@ Measured (two CPU cores shared with other work, load average 7-10; medians of 5 
 
     | AIMv2 (HF eager, B/14 224 px)        | 4656 ms | 4244 ms | 0.91x |  (9 calls: 6599 / 6033 ms, 0.91x)
     | PE core (timm explicit, B/16 224 px) | 4305 ms | 4420 ms | 1.03x |  (9 calls: 4788 / 4313 ms, 0.90x)
+
+Hierarchical models (``STAGE_MODELS``; HF's Swin / Hiera return attentions in eager mode, HF's SAM 2 does not, so
+SAM 2's Hiera is compared with timm's explicit attention), random weights at their real sizes, one thread:
+
+    --threads 1 --repeats 15, load average 6-7:
+    | Swin-T (HF eager, 224 px)              |   346 ms |   325 ms | 0.94x |
+    | Swin V2-T (HF eager, 256 px)           |   471 ms |   432 ms | 0.92x |
+    | Hiera-T (HF eager, 224 px)             |   359 ms |   335 ms | 0.93x |
+    --threads 1 --repeats 5, load average 17 falling to 9 (so noisier):
+    | SAM 2 Hiera-T (timm explicit, 1024 px) | 23395 ms | 21259 ms | 0.91x |  (Swin 1.04x, Swin V2 0.96x, Hiera 0.62x)
+
+Query pooling first ran as one ``amax`` over two strided axes, 0.45 s a pooling at 1024 px against timm's 0.04 s
+``max_pool2d``; it is now the maximum of the stride's slices (``vit.model.stages.pool_queries``).
 """
 
 from __future__ import annotations
