@@ -12,15 +12,18 @@ Measured (two CPU cores shared with other work, load average 7-10; medians of 5 
     | AIMv2 (HF eager, B/14 224 px)        | 4656 ms | 4244 ms | 0.91x |  (9 calls: 6599 / 6033 ms, 0.91x)
     | PE core (timm explicit, B/16 224 px) | 4305 ms | 4420 ms | 1.03x |  (9 calls: 4788 / 4313 ms, 0.90x)
 
-Swin (HF ``SwinForImageClassification`` / ``Swinv2ForImageClassification`` at their default tiny sizes, eager,
-``output_attentions=True``; ours returns every layer's windows as HF does), ``--threads 1 --models swin swinv2``, two
-cores shared with other work, load average 5.3-7.0; medians of 7 and of 11 calls:
+Hierarchical models (``STAGE_MODELS``; HF's Swin / Hiera return attentions in eager mode, HF's SAM 2 does not, so
+SAM 2's Hiera is compared with timm's explicit attention), random weights at their real sizes, one thread:
 
-    | Swin-T (HF eager, 224 px)    | 380 ms | 377 ms | 0.99x |  (11 calls: 388 / 386 ms, 1.00x)
-    | Swin V2-T (HF eager, 256 px) | 491 ms | 506 ms | 1.03x |  (11 calls: 788 / 712 ms, 0.90x)
+    --threads 1 --repeats 15, load average 6-7:
+    | Swin-T (HF eager, 224 px)              |   346 ms |   325 ms | 0.94x |
+    | Swin V2-T (HF eager, 256 px)           |   471 ms |   432 ms | 0.92x |
+    | Hiera-T (HF eager, 224 px)             |   359 ms |   335 ms | 0.93x |
+    --threads 1 --repeats 5, load average 17 falling to 9 (so noisier):
+    | SAM 2 Hiera-T (timm explicit, 1024 px) | 23395 ms | 21259 ms | 0.91x |  (Swin 1.04x, Swin V2 0.96x, Hiera 0.62x)
 
-Both spend two thirds of the time in the linear layers (``addmm``); ours adds no work of its own beyond HF's
-(window partition copies and V2's per-forward position MLP are in both).
+Query pooling first ran as one ``amax`` over two strided axes, 0.45 s a pooling at 1024 px against timm's 0.04 s
+``max_pool2d``; it is now the maximum of the stride's slices (``vit.model.stages.pool_queries``).
 """
 
 from __future__ import annotations
@@ -62,27 +65,53 @@ def pe(folder: Path):
     return "PE core (timm explicit, B/16 224 px)", model, 224
 
 
+# -- hierarchical models (stages): Swin, Swin V2, Hiera, SAM 2's Hiera ----------------------------------------------
+
+def _hf_eager(config, model_class, folder: Path):
+    """An HF model at ``config`` with eager attention, saved to ``folder``; its forward returning attentions."""
+    config._attn_implementation = "eager"
+    model = model_class(config).eval()
+    model.save_pretrained(folder)
+    return lambda x: model(pixel_values=x, output_attentions=True)
+
+
 def swin(folder: Path):
     import transformers
 
-    config = transformers.SwinConfig()  # Swin-T: 2, 2, 6, 2 blocks, windows of 7, 224 px
-    config._attn_implementation = "eager"
-    model = transformers.SwinForImageClassification(config).eval()
-    model.save_pretrained(folder)
-    return "Swin-T (HF eager, 224 px)", lambda x: model(pixel_values=x, output_attentions=True), 224
+    config = transformers.SwinConfig(image_size=224)  # swin-tiny-patch4-window7-224
+    return "Swin-T (HF eager, 224 px)", _hf_eager(config, transformers.SwinForImageClassification, folder), 224
 
 
 def swinv2(folder: Path):
     import transformers
 
     config = transformers.Swinv2Config(image_size=256, window_size=8)  # swinv2-tiny-patch4-window8-256
-    config._attn_implementation = "eager"
-    model = transformers.Swinv2ForImageClassification(config).eval()
-    model.save_pretrained(folder)
-    return "Swin V2-T (HF eager, 256 px)", lambda x: model(pixel_values=x, output_attentions=True), 256
+    return "Swin V2-T (HF eager, 256 px)", _hf_eager(config, transformers.Swinv2ForImageClassification, folder), 256
 
 
-BUILDS = {"aimv2": aimv2, "pe": pe, "swin": swin, "swinv2": swinv2}
+def hiera(folder: Path):
+    import transformers
+
+    config = transformers.HieraConfig(depths=[1, 2, 7, 2])  # hiera-tiny-224
+    return "Hiera-T (HF eager, 224 px)", _hf_eager(config, transformers.HieraForImageClassification, folder), 224
+
+
+def sam2_hiera(folder: Path, size: int = 1024):
+    """timm's: HF's SAM 2 attention returns no attention probabilities (and computes an unused softmax)."""
+    import timm
+
+    timm.layers.set_fused_attn(False)
+    try:
+        model = timm.create_model("sam2_hiera_tiny", pretrained=False, num_classes=0).eval()
+    finally:
+        timm.layers.set_fused_attn(True)
+    timm.models.save_for_hf(model, folder, safe_serialization=True)
+    return f"SAM 2 Hiera-T (timm explicit, {size} px)", model, size
+
+
+STAGE_MODELS = (swin, swinv2, hiera, sam2_hiera)
+
+BUILDS = {build.__name__: build for build in (aimv2, pe) + STAGE_MODELS}
 
 
 def main() -> None:

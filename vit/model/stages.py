@@ -230,8 +230,16 @@ def pool_queries(q: torch.Tensor, grid: tuple[int, int], stride: int) -> torch.T
     SAM 2's ``MaxPool2d``)."""
     B, nh, _, hd = q.shape
     gh, gw = grid
-    q = q.reshape(B, nh, gh // stride, stride, gw // stride, stride, hd)
-    return q.amax(dim=(3, 5)).reshape(B, nh, -1, hd)
+    q = q.reshape(B, nh, gh, gw, hd)
+    # The elementwise maximum of the stride's strided slices: the same values as one ``amax`` over a
+    # (gh/s, s, gw/s, s) view, which reduces over two strided axes at once and ran 6-10x slower on a CPU (0.45 s
+    # against 0.05 s per pooling at SAM 2's 1024 px).
+    pooled = q[:, :, ::stride, ::stride]
+    for i in range(stride):
+        for j in range(stride):
+            if i or j:
+                pooled = torch.maximum(pooled, q[:, :, i::stride, j::stride])
+    return pooled.reshape(B, nh, -1, hd)  # (B, nh, gh/s * gw/s, hd)
 
 
 class QueryPool(nn.Module):

@@ -11,6 +11,12 @@ an "unrolled" order; ours stay row-major on each stage's grid (the same attentio
 Refused in one line: timm's ``abswin`` models (a window-tiled position table, layer scale and, in small, pooling
 without the expanding projection), query pooling that stops before the last stage, strides other than 2x2,
 non-square mask units, and mask-unit flags that turn back on after a global stage.
+
+SAM 2's Hiera (HieraDet: windows per stage, a few global blocks, a background position table resized to the grid
+plus a window table tiled over it) comes from timm's ``sam2_hiera_*`` (with its head norm) and from HF's ``sam2``
+folders: ``Sam2HieraDetModel``, the backbone of ``Sam2VisionModel`` (``backbone_config``) and of ``Sam2Model``
+(``vision_config.backbone_config``). The FPN neck, the prompt encoder and the mask decoder are dropped by name, as
+SAM 1's are: the embedding is the mean of the last stage's tokens.
 """
 
 from __future__ import annotations
@@ -25,7 +31,7 @@ from vit.sources.hf import check_number
 from vit.sources.import_dinov3 import _linear, _Taker
 
 SUPPORTED = ("Hiera: HF HieraModel / HieraForImageClassification folders and timm hiera_* weights; SAM 2's Hiera "
-             "image encoder: timm sam2_hiera_* weights")
+             "image encoder: HF Sam2VisionModel / Sam2Model / Sam2HieraDetModel folders and timm sam2_hiera_* weights")
 ARCHITECTURES = {"HieraModel": False, "HieraForImageClassification": True}
 MODEL_ARGS_HONOURED = {"img_size", "in_chans", "num_classes", "global_pool", "embed_dim", "num_heads", "stages",
                        "q_pool", "q_stride", "mask_unit_size", "mask_unit_attn", "dim_mul", "head_mul",
@@ -75,7 +81,9 @@ def _config(image_size, stride: int, kernel: int, padding: int, channels: int, c
 
 
 def config_from_hf(config_json: Mapping) -> ViTConfig:
-    """Our config for an HF ``hiera`` config.json."""
+    """Our config for an HF ``hiera`` config.json (or SAM 2's: ``sam2_config_from_hf``)."""
+    if config_json.get("model_type") in SAM2_HF_ARCHITECTURES:
+        return sam2_config_from_hf(config_json)
     architecture = (config_json.get("architectures") or ["HieraModel"])[0]
     if architecture not in ARCHITECTURES:
         raise ValueError(f"HF architecture {architecture} is not supported; supported: {', '.join(ARCHITECTURES)}")
@@ -123,7 +131,9 @@ _TIMM_NAMES = {"norm1": "norm1", "attn.qkv": "attn.qkv", "attn.proj": "attn.proj
 
 
 def state_dict_from_hf(state: Mapping[str, torch.Tensor], config: ViTConfig) -> dict[str, torch.Tensor]:
-    """Our state dict from an HF Hiera one; ValueError on any key it cannot place."""
+    """Our state dict from an HF Hiera (or SAM 2) one; ValueError on any key it cannot place."""
+    if config.pos_embed_window:
+        return sam2_state_dict_from_hf(state, config)
     take = _Taker(state, "HF Hiera state dict")
     base = "hiera." if any(k.startswith("hiera.") for k in state) else ""
     ours = _linear(take, "patch_embed", f"{base}embeddings.patch_embeddings.projection")
@@ -215,27 +225,28 @@ def is_sam2_name(name: str) -> bool:
     return name.startswith("sam2_hiera")
 
 
-def sam2_config(image_size, stride: int, kernel: int, padding: int, channels: int, classes: int, embed: int, depths,
-                heads, dim_mul: float, mlp_ratio: float, q_pool: int, q_stride: int, windows, global_blocks,
-                background: int, eps: float = 1e-6) -> ViTConfig:
-    """Our config for SAM 2's Hiera: windows per stage (a stage's first block in the previous stage's, pooled),
-    global blocks, the background position table resized to the grid plus a window table tiled over it."""
+def sam2_config(image_size, stride: int, kernel: int, padding: int, channels: int, classes: int, widths, depths,
+                heads, mlp_ratio: float, q_pool: int, q_stride: int, windows, global_blocks, background: int,
+                eps: float = 1e-6, head_norm: bool = True) -> ViTConfig:
+    """Our config for SAM 2's Hiera: ``widths`` per stage, windows per stage (a stage's first block in the previous
+    stage's, pooled), global blocks, the background position table resized to the grid plus a window table tiled
+    over it. ``head_norm``: timm's HieraDet normalises the pooled vector; HF's backbone ends at the last block."""
     depths, heads, windows = tuple(int(d) for d in depths), tuple(int(h) for h in heads), tuple(int(w) for w in windows)
-    if len(heads) != len(depths) or len(windows) != len(depths):
-        raise ValueError(f"SAM 2 Hiera config has {len(depths)} stages, {len(heads)} head counts and {len(windows)} "
-                         "window sides")
+    widths = tuple(int(w) for w in widths)
+    if len(heads) != len(depths) or len(windows) != len(depths) or len(widths) != len(depths):
+        raise ValueError(f"SAM 2 Hiera config has {len(depths)} stages, {len(widths)} widths, {len(heads)} head "
+                         f"counts and {len(windows)} window sides")
     if q_pool != len(depths) - 1 or q_stride != 2:
         raise ValueError(f"SAM 2 Hiera with query pooling in {q_pool} of {len(depths) - 1} stage changes, stride "
                          f"{q_stride}, is not supported")
-    check_number(dim_mul, "dim_mul", 1, 16)
     check_number(mlp_ratio, "mlp_ratio", 0.01, 64)
     return ViTConfig(image_size=image_size, patch_size=stride, num_channels=channels, num_classes=classes,
-                     hidden_size=embed, num_layers=sum(depths), num_heads=heads[0], mlp_size=int(embed * mlp_ratio),
-                     layer_norm_eps=eps, class_token=False, pooling="avg", fc_norm=True, stage_depths=depths,
-                     stage_widths=tuple(int(embed * dim_mul ** s) for s in range(len(depths))), stage_heads=heads,
-                     merge="pool", stage_windows=windows, global_layers=tuple(int(b) for b in global_blocks),
-                     patch_kernel=kernel, patch_padding=padding, pos_embed_grid=background,
-                     pos_embed_window=windows[0])
+                     hidden_size=widths[0], num_layers=sum(depths), num_heads=heads[0],
+                     mlp_size=int(widths[0] * mlp_ratio), layer_norm_eps=eps, class_token=False, pooling="avg",
+                     fc_norm=head_norm, final_norm=head_norm, stage_depths=depths, stage_widths=widths,
+                     stage_heads=heads, merge="pool", stage_windows=windows,
+                     global_layers=tuple(int(b) for b in global_blocks), patch_kernel=kernel, patch_padding=padding,
+                     pos_embed_grid=background, pos_embed_window=windows[0])
 
 
 def sam2_config_from_timm(name: str, state: Mapping[str, torch.Tensor], model_args: Mapping | None = None
@@ -256,10 +267,13 @@ def sam2_config_from_timm(name: str, state: Mapping[str, torch.Tensor], model_ar
              for s in range(len(stages))]
     background = int(state["pos_embed"].shape[-1])
     size = args.get("img_size", 1024)
+    dim_mul = args.get("dim_mul", 2.0)
+    check_number(dim_mul, "dim_mul", 1, 16)
     return sam2_config(size, _pair(args.get("patch_stride", (4, 4)), "patch_stride"), int(kernel),
                        _pair(args.get("patch_padding", (3, 3)), "patch_padding"), int(channels),
-                       state["head.fc.weight"].shape[0] if "head.fc.weight" in state else 0, int(embed), stages,
-                       heads, args.get("dim_mul", 2.0), state["blocks.0.mlp.fc1.weight"].shape[0] / embed,
+                       state["head.fc.weight"].shape[0] if "head.fc.weight" in state else 0,
+                       [int(embed * dim_mul ** s) for s in range(len(stages))], stages,
+                       heads, state["blocks.0.mlp.fc1.weight"].shape[0] / embed,
                        int(args.get("q_pool", 3)), _pair(args.get("q_stride", (2, 2)), "q_stride"),
                        args.get("window_spec", windows), args.get("global_att_blocks", global_blocks), background)
 
@@ -274,5 +288,75 @@ def sam2_state_dict_from_timm(state: Mapping[str, torch.Tensor], config: ViTConf
     ours.update(_linear(take, "fc_norm", "head.norm"))
     if config.num_classes:
         ours.update(_linear(take, "head", "head.fc"))
+    take.check_all_used()
+    return ours
+
+
+# --- SAM 2's Hiera image encoder in HF (Sam2HieraDetModel, the backbone of Sam2VisionModel and Sam2Model) ---------
+
+SAM2_HF_ARCHITECTURES = {"sam2": "Sam2Model", "sam2_vision_model": "Sam2VisionModel",
+                         "sam2_hiera_det_model": "Sam2HieraDetModel"}  # model_type -> the architecture it saves
+# What is not the backbone, dropped by name: the FPN neck (as SAM 1's neck is), Sam2Model's prompt encoder, mask
+# decoder and its empty-memory embedding.
+_SAM2_HF_DROPPED = ("neck.", "vision_encoder.neck.", "prompt_encoder.", "mask_decoder.", "shared_image_embedding.",
+                    "no_memory_embedding")
+_SAM2_HF_NAMES = {"norm1": "layer_norm1", "attn.qkv": "attn.qkv", "attn.proj": "attn.proj", "norm2": "layer_norm2",
+                  "mlp.fc1": "mlp.proj_in", "mlp.fc2": "mlp.proj_out"}
+
+
+def _nested(config_json: Mapping, key: str) -> Mapping:
+    """A sub-config (``vision_config``, ``backbone_config``); absent or empty: HF's defaults throughout."""
+    value = config_json.get(key) or {}
+    if not isinstance(value, Mapping):
+        raise ValueError(f"HF SAM 2 config {key} must be an object, got {str(value)[:40]}")
+    return value
+
+
+def sam2_config_from_hf(config_json: Mapping) -> ViTConfig:
+    """Our config for an HF ``sam2`` / ``sam2_vision_model`` / ``sam2_hiera_det_model`` config.json: the backbone
+    (``backbone_config``, nested in ``vision_config`` for Sam2Model), HF's defaults (SAM 2 Hiera-T) where a field is
+    absent. No classifier and no head norm: the embedding is the mean of the last stage's tokens."""
+    backbone = config_json
+    if config_json.get("model_type") == "sam2":
+        backbone = _nested(backbone, "vision_config")
+    if config_json.get("model_type") in ("sam2", "sam2_vision_model"):
+        backbone = _nested(backbone, "backbone_config")
+    if backbone.get("hidden_act", "gelu") != "gelu":
+        raise ValueError(f"HF SAM 2 config uses activation {backbone.get('hidden_act')!r}; this model reads exact "
+                         "GELU only here")
+    widths = backbone.get("embed_dim_per_stage", [96, 192, 384, 768])
+    if not isinstance(widths, list) or not widths:
+        raise ValueError(f"HF SAM 2 config embed_dim_per_stage must be a list of widths, got {str(widths)[:40]}")
+    if backbone.get("hidden_size", 96) != widths[0]:
+        raise ValueError(f"HF SAM 2 config hidden_size {str(backbone.get('hidden_size'))[:20]} differs from its "
+                         f"first stage's width {widths[0]}")
+    background = backbone.get("window_positional_embedding_background_size", [7, 7])
+    size = backbone.get("image_size", [1024, 1024])
+    size = tuple(int(s) for s in size) if isinstance(size, (list, tuple)) else int(size)
+    image_size = size[0] if isinstance(size, tuple) and size[0] == size[1] else size
+    return sam2_config(image_size, _pair(backbone.get("patch_stride", [4, 4]), "patch_stride"),
+                       _pair(backbone.get("patch_kernel_size", [7, 7]), "patch_kernel_size"),
+                       _pair(backbone.get("patch_padding", [3, 3]), "patch_padding"),
+                       int(backbone.get("num_channels", 3)), 0, widths,
+                       backbone.get("blocks_per_stage", [1, 2, 7, 2]),
+                       backbone.get("num_attention_heads_per_stage", [1, 2, 4, 8]),
+                       backbone.get("mlp_ratio", 4.0), int(backbone.get("num_query_pool_stages", 3)),
+                       _pair(backbone.get("query_stride", [2, 2]), "query_stride"),
+                       backbone.get("window_size_per_stage", [8, 4, 14, 7]),
+                       backbone.get("global_attention_blocks", [5, 7, 9]),
+                       _pair(background, "window_positional_embedding_background_size"),
+                       float(backbone.get("layer_norm_eps", 1e-6)), head_norm=False)
+
+
+def sam2_state_dict_from_hf(state: Mapping[str, torch.Tensor], config: ViTConfig) -> dict[str, torch.Tensor]:
+    """Our state dict from an HF SAM 2 one: the backbone's keys (under ``vision_encoder.backbone.``,
+    ``backbone.`` or none); the neck, prompt encoder and mask decoder are dropped by name."""
+    take = _Taker(state, "HF SAM 2 state dict")
+    base = next((p for p in ("vision_encoder.backbone.", "backbone.") if any(k.startswith(p) for k in state)), "")
+    take.skip(*(k for k in state if k.startswith(_SAM2_HF_DROPPED)))
+    ours = _linear(take, "patch_embed", f"{base}patch_embed.projection")
+    ours["pos_embed"] = take(f"{base}pos_embed").flatten(2).transpose(1, 2)  # (1, D, h, w) -> (1, h*w, D)
+    ours["pos_embed_window"] = take(f"{base}pos_embed_window").flatten(2).transpose(1, 2)
+    ours.update(_blocks(take, config, lambda i, s, j: f"{base}blocks.{i}", _SAM2_HF_NAMES))
     take.check_all_used()
     return ours

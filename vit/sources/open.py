@@ -356,6 +356,8 @@ def _default_preprocessing(config: ViTConfig, architecture: str) -> Preprocessin
                              crop_rule="transformers")
     if architecture.startswith("Siglip"):  # SiglipImageProcessor: 224 square, bilinear, mean/std 0.5
         return Preprocessing(side, channels, (0.5,) * channels, (0.5,) * channels, resample="bilinear")
+    if architecture.startswith("Sam2"):  # Sam2ImageProcessor: 1024 square, bilinear, ImageNet statistics
+        return Preprocessing(side, channels, IMAGENET_MEAN[:channels], IMAGENET_STD[:channels], resample="bilinear")
     if architecture.startswith(("Beit", "Data2VecVision")):  # BeitImageProcessor: 224 square, bicubic, mean/std 0.5
         return Preprocessing(side, channels, (0.5,) * channels, (0.5,) * channels, resample="bicubic")
     if architecture.startswith("DeiT"):
@@ -444,6 +446,7 @@ HF_FAMILIES = {"dinov3_vit": (import_dinov3, ("DINOv3ViTModel",)),
                 "swin": (import_swin, ("SwinModel", "SwinForImageClassification")),
                 "swinv2": (import_swin, ("Swinv2Model", "Swinv2ForImageClassification")),
                 "hiera": (import_hiera, ("HieraModel", "HieraForImageClassification")),
+                **{t: (import_hiera, (a,)) for t, a in import_hiera.SAM2_HF_ARCHITECTURES.items()},
                 "sam_vision_model": (import_sam, ("SamVisionModel",)),
                 "aimv2": (import_aimv2, ("Aimv2Model",)),
                 "aimv2_vision_model": (import_aimv2, ("Aimv2VisionModel",))}
