@@ -721,7 +721,7 @@ def model_method_map(checkpoint: Checkpoint, image: Image.Image, kind: str, clas
     x = preprocess([image], checkpoint.preprocessing, size, model.config.patch_size).to(device)  # (1, C, H, W)
     L = len(model.blocks)
     if kind == "legrad":
-        with reported_blocks(model, progress, L + 2):  # a forward, then its last two blocks again
+        with reported_blocks(model, progress, L + 1):  # a forward to the last block, then the last two again
             result = legrad(model, x, class_index, budget=CHUNK_BYTES)
     elif kind == "lrp":
         with reported_blocks(model, progress, L):
