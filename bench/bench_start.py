@@ -3,7 +3,9 @@
 - **start**: ``streamlit run app.py`` (the checkout's own checkpoints: the shipped default on its first sample) from
   the process's launch to the first map drawn (the overlay chart's image in the page), against a bare Streamlit
   page that imports torch and writes one line, launched and loaded the same way: the floor any page with torch
-  pays. The two alternate ``--repeats`` times; medians, their ratio and the server's CPU seconds at that moment.
+  pays; and against that page with one small Plotly chart (``bare+plotly``): the floor of a page that draws one,
+  whose browser loads Plotly's bundle first. They alternate ``--repeats`` times; medians, the ratios and the
+  server's CPU seconds at that moment.
 - **upload**: in the app on a random ViT-B/16 (``vit-b16``, shipped under the default name) or the shipped
   default (``shipped``), photos (640 x 480 PNGs, a new one each time) put into the sidebar's uploader, from the
   upload to the new overlay drawn and the run over; its wall time and the server's CPU seconds against one
@@ -46,6 +48,9 @@ OVERLAY_HREF = """() => {
   return image ? image.getAttribute('href') : null;
 }"""
 BARE = "import torch  # noqa: F401\nimport streamlit as st\n\nst.write('torch is ready')\n"
+# The floor of any page that draws a Plotly chart: the browser loads Plotly's bundle (megabytes of JavaScript) first.
+BARE_PLOTLY = BARE + "import plotly.graph_objects as go\n\nst.plotly_chart(go.Figure(go.Bar(x=[1, 2], y=[3, 4])))\n"
+CHART_DRAWN = "() => document.querySelectorAll('[data-testid=\"stPlotlyChart\"] .main-svg').length > 0"
 TIMEOUT_MS = 300_000
 
 
@@ -117,23 +122,25 @@ def bench_start(browser, root: Path, repeats: int, threads: int) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         (tmp / "bare.py").write_text(BARE)
+        (tmp / "chart_page.py").write_text(BARE_PLOTLY)
         env = world(tmp, "shipped", threads)
         text = "() => document.body.innerText.includes('torch is ready')"
-        first_map = f"() => ({OVERLAY_HREF})() !== null && ({SCRIPT_DONE})()"
-        times: dict[str, list[tuple[float, float]]] = {"bare": [], "app": []}
+        runs = {"bare": (tmp, "bare.py", text), "bare+plotly": (tmp, "chart_page.py", f"() => ({text})() && "
+                                                                                  f"({CHART_DRAWN})()"),
+                "app": (root, "app.py", f"() => ({OVERLAY_HREF})() !== null && ({SCRIPT_DONE})()")}
+        times: dict[str, list[tuple[float, float]]] = {kind: [] for kind in runs}
         for i in range(repeats):
-            for kind in ("bare", "app") if i % 2 == 0 else ("app", "bare"):
-                if kind == "bare":
-                    times[kind].append(start_once(browser, tmp, "bare.py", env, text))
-                else:
-                    times[kind].append(start_once(browser, root, "app.py", env, first_map))
+            for kind in list(runs) if i % 2 == 0 else list(runs)[::-1]:
+                times[kind].append(start_once(browser, *runs[kind][:2], env, runs[kind][2]))
                 print(f"  start {kind}: {times[kind][-1][0]:.2f} s, server CPU {times[kind][-1][1]:.2f} s", flush=True)
     wall = {k: statistics.median(t[0] for t in v) for k, v in times.items()}
     cpu = {k: statistics.median(t[1] for t in v) for k, v in times.items()}
-    ratios = [a[0] / b[0] for a, b in zip(times["app"], times["bare"], strict=True)]
-    print(f"start, {root}: app to the first map {wall['app']:.2f} s ({cpu['app']:.2f} CPU s), bare torch page "
-          f"{wall['bare']:.2f} s ({cpu['bare']:.2f} CPU s): {wall['app'] / wall['bare']:.2f}x (pairs "
-          f"{', '.join(f'{r:.2f}' for r in ratios)}); load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    for floor in ("bare", "bare+plotly"):
+        ratios = [a[0] / b[0] for a, b in zip(times["app"], times[floor], strict=True)]
+        print(f"start, {root}: app to the first map {wall['app']:.2f} s ({cpu['app']:.2f} server CPU s), {floor} "
+              f"page {wall[floor]:.2f} s ({cpu[floor]:.2f} CPU s): {wall['app'] / wall[floor]:.2f}x (pairs "
+              f"{', '.join(f'{r:.2f}' for r in ratios)}); load average "
+              f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}")
 
 
 def forward_seconds(env: dict[str, str], root: Path, image: Path, repeats: int, threads: int) -> float:
