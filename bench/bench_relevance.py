@@ -21,10 +21,11 @@ tests/reference, on HF's ViT, reading the class logit as tests/test_relevance.py
 AttnLRP rules patched into HF's ViT, as tests/test_relevance.py does), ``lrp-chefer`` (Chefer et al.'s own ViT_LRP
 and ``generate_LRP``, vendored in tests/reference).
 
-2026-11-24, LeGrad against its authors' code, ``--against legrad-authors --threads 1 --repeats 7``, interleaved in
-one process, CPU seconds per map (see the README for the figures and the load they were taken at). Before this
-round LeGrad ran a fast forward keeping every block's input and then re-ran its last two blocks whole with their
-graph: 1.16x the authors' CPU time at 224 px; it now keeps only the explained blocks' inputs, skips the last
+2026-11-24, LeGrad against its authors' code, ``--against legrad-authors --threads 1``, interleaved in one process,
+median ratio of CPU seconds per map (load average 4.5-6.6), this checkout against the one before (the same bench
+copied into it): at 224 px (``--repeats 7``) 0.852, 0.875 and 0.836 against 1.133 and 1.121 before; at 448 px
+(``--size 448 --repeats 3``) 0.732 against 0.869. Before, LeGrad ran a fast forward keeping every block's input and
+re-ran its last two blocks whole with their graph; it now keeps only the explained blocks' inputs, skips the last
 block's full forward and re-runs the explained blocks for the classifier's readout token alone.
 
 Earlier figures (2026-11-23, whole processes in turn, random weights differing between the sides): AttnLRP 4.90 and

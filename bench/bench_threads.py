@@ -6,6 +6,10 @@ Run from the repository root::
 
     python bench/bench_threads.py --repeats 7
 
+2026-11-24, ``--repeats 5 --settle 40`` on the 2 shared cores: as the machine was (load average 6.7), one thread
+1.35 s, two 3.72 s (2.76x); one core spinning (load 8.2), 3.29 s and 7.47 s (2.27x); ``vit.threads`` chose one
+thread in both.
+
 The load average lags (one minute): ``--settle`` seconds of spinning before the busy case is timed let it show the
 spinner, so the printed choice is the one a process starting then would make.
 """
