@@ -1,48 +1,76 @@
-"""One relevance map of a random ViT-B/16 at 224 px, timed in its own process: this checkout against another, and
-LeGrad against its authors' code on the same weights (HF transformers' ViT, eager attention).
+"""One relevance map of a random ViT-B/16, ours against its authors' code on the same weights, or this checkout
+against another.
 
-Run with ``PYTHONPATH`` set to each checkout, alternating the two several times (each run also timed as a whole
-process: import, model, one warm-up and ``--repeats`` maps), and compare the printed medians (the map alone)::
+Every side runs on one model's weights: HF transformers' ViT (eager attention) with random weights plus noise, and
+ours converted from it (``vit.sources.hf``). Run from the repository root (no ``PYTHONPATH``: the script puts its
+checkout first on the path)::
 
-    PYTHONPATH=../baseline python bench/bench_relevance.py --method legrad   # in turn with:
-    PYTHONPATH=. python bench/bench_relevance.py --method legrad
-    PYTHONPATH=. python bench/bench_relevance.py --method legrad-authors
+    python bench/bench_relevance.py --method legrad --against legrad-authors --threads 1     # interleaved
+    python bench/bench_relevance.py --method legrad --against legrad-authors --threads 1 --size 448
+    python bench/bench_relevance.py --method legrad                                            # one side alone
+
+``--against``: both maps in one process, their calls alternating (A B B A ...) so that other jobs' load slows both
+alike; the two maps are first checked to agree (``torch.testing.assert_close``; LeGrad's upsampled and min-max
+normalised as its authors return it), then the medians and the ratio of the process's CPU seconds per map are
+printed with the load average. Without it: one method's map, timed in its own process (import, model, one warm-up
+and ``--repeats`` maps), to compare whole processes or checkouts (``--root`` another checkout).
 
 Methods: ``legrad`` (the last two layers, the authors' default), ``lrp`` (Chefer et al.'s transformer
 attribution), ``attnlrp``, ``cp-lrp``, and ``legrad-authors`` (WalBouss/LeGrad's ``compute_legrad`` as vendored in
-tests/reference, on HF's ViT with the same random weights, reading the class logit as tests/test_relevance.py does),
-``attnlrp-lxt`` (lxt's AttnLRP rules patched into HF's ViT of the same shapes, as tests/test_relevance.py does),
-``lrp-chefer`` (Chefer et al.'s own ViT_LRP and ``generate_LRP``, vendored in tests/reference, on the same weights).
+tests/reference, on HF's ViT, reading the class logit as tests/test_relevance.py does), ``attnlrp-lxt`` (lxt's
+AttnLRP rules patched into HF's ViT, as tests/test_relevance.py does), ``lrp-chefer`` (Chefer et al.'s own ViT_LRP
+and ``generate_LRP``, vendored in tests/reference).
 
-Measured 2026-11-23 on the 2-core machine under heavy load from other jobs, whole processes in turn (A B A B, 3 pairs;
-2 for LRP), median CPU-seconds ratio after / before the hook points and rule context (and the printed map-only
-medians): LeGrad 0.716 (map 2.9-4.0 s after, 4.4-11.5 s before), AttnLRP 0.827 (7.2-12.8 s after, 7.3-10.8 s before),
-CP-LRP 0.748, Chefer's LRP 1.005 (its relevance propagation dominates); LeGrad against its authors' code 0.576 of
-the CPU-seconds (whole process, theirs importing transformers) and map-only medians 3.1-5.7 s against 5.4-8.6 s.
+2026-11-24, LeGrad against its authors' code, ``--against legrad-authors --threads 1``, interleaved in one process,
+median ratio of CPU seconds per map (load average 4.5-6.6), this checkout against the one before (the same bench
+copied into it): at 224 px (``--repeats 7``) 0.852, 0.875 and 0.836 against 1.133 and 1.121 before; at 448 px
+(``--size 448 --repeats 3``) 0.732 against 0.869. Before, LeGrad ran a fast forward keeping every block's input and
+re-ran its last two blocks whole with their graph; it now keeps only the explained blocks' inputs, skips the last
+block's full forward and re-runs the explained blocks for the classifier's readout token alone.
 
-2026-11-23, later, the map alone in the process's CPU seconds (the machine under a load of 10-25, so the wall
-times are not comparable), one process each in turn, ``--repeats 3`` (lxt: 1): AttnLRP 4.90 and 6.53 CPU s against
-lxt's rules on HF's ViT 8.52 (0.58-0.77 of its CPU time); LeGrad 1.76 against its authors' code 2.47 (0.71).
-
-2026-11-23, evening, Chefer's LRP against its authors' code (``--threads 1 --repeats 3``, ``lrp`` and ``lrp-chefer``
-in turn, two turns, the machine under a load of 4-8): 3.36 and 3.48 CPU s against 6.80 and 7.07 (0.49 and 0.49 of
-its CPU time; map-only wall medians 9.1 and 11.6 s against 28.0 and 31.3 s).
+Earlier figures (2026-11-23, whole processes in turn, random weights differing between the sides): AttnLRP 4.90 and
+6.53 CPU s against lxt's rules on HF's ViT 8.52 (0.58-0.77 of its CPU time, load 10-25); Chefer's LRP 3.36 and
+3.48 CPU s against 6.80 and 7.07 (0.49, ``--threads 1``, load 4-8).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import time
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 
-from vit.model import ViT, ViTConfig
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # run as a script from a clean checkout: python bench/bench_relevance.py
+from vit.model import ViT, ViTConfig  # noqa: E402
 
 
-def ours(method: str, model: ViT):
+def build_pair(preset: str, size: int, seed: int = 0) -> tuple[torch.nn.Module, ViT]:
+    """HF's ViT (eager attention) at ``size`` px with random weights plus noise (so biases and norms are not at their
+    init), and ours holding the same weights."""
+    import transformers
+
+    from vit.sources.hf import hf_config_kwargs, state_dict_from_hf
+
+    torch.manual_seed(seed)
+    config = ViTConfig.from_preset(preset, image_size=size, layer_norm_eps=1e-12, drop_path=0.0)  # HF's eps
+    hf_config = transformers.ViTConfig(**hf_config_kwargs(config))
+    hf_config._attn_implementation = "eager"
+    hf = transformers.ViTForImageClassification(hf_config).eval()
+    with torch.no_grad():
+        for param in hf.parameters():
+            param.add_(torch.randn_like(param) * 0.05)
+    ours = ViT(config)
+    ours.load_state_dict(state_dict_from_hf(hf.state_dict(), config.num_layers), strict=True)
+    return hf, ours.eval()
+
+
+def ours(method: str, hf: torch.nn.Module, model: ViT):
     from vit.explain import relevance
 
     return {"legrad": lambda x, c: relevance.legrad(model, x, c),
@@ -51,19 +79,12 @@ def ours(method: str, model: ViT):
             "cp-lrp": lambda x, c: relevance.attnlrp(model, x, c, cp=True)}[method]
 
 
-def authors_legrad(model: ViT):
-    """The authors' LeGrad on HF's ViT holding ``model``'s weights."""
-    import transformers
-
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+def authors_legrad(hf: torch.nn.Module, model: ViT):
+    """The authors' LeGrad on HF's ViT ``hf`` (the weights ``model`` holds): its ``(1, 1, H, W)`` map, upsampled
+    and min-max normalised."""
     from tests.reference.legrad.legrad_reference import compute_legrad
 
     c = model.config
-    config = transformers.ViTConfig(image_size=c.image_size, patch_size=c.patch_size, hidden_size=c.hidden_size,
-                                    num_hidden_layers=c.num_layers, num_attention_heads=c.num_heads,
-                                    intermediate_size=c.mlp_size, num_labels=c.num_classes, layer_norm_eps=1e-6)
-    config._attn_implementation = "eager"
-    hf = transformers.ViTForImageClassification(config).eval()  # random weights, the same shapes and cost
 
     def run(x, classes):
         with torch.enable_grad():
@@ -79,33 +100,25 @@ def authors_legrad(model: ViT):
     return run
 
 
-def authors_lrp(model: ViT):
+def authors_lrp(hf: torch.nn.Module, model: ViT):
     """Chefer et al.'s own LRP (hila-chefer/Transformer-Explainability's ViT_LRP, vendored in tests/reference) holding
     ``model``'s weights, its map generated as tests/test_relevance.py generates it (``generate_LRP``)."""
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     from tests.test_relevance import chefer_reference, chefer_reference_map
 
     ref = chefer_reference(model)
     return lambda x, classes: chefer_reference_map(ref, x, int(classes[0]))
 
 
-def authors_attnlrp(model: ViT):
-    """lxt's AttnLRP (its ``efficient`` rules, vendored in tests/reference/lxt) patched into HF's ViT of ``model``'s
-    shapes, as tests/test_relevance.py does: one forward and one backward of the class logit, input x gradient."""
-    import transformers
+def authors_attnlrp(hf: torch.nn.Module, model: ViT):
+    """lxt's AttnLRP (its ``efficient`` rules, vendored in tests/reference/lxt) patched into HF's ViT ``hf``, as
+    tests/test_relevance.py does: one forward and one backward of the class logit, input x gradient. The patches
+    change ``torch.nn.LayerNorm`` for the whole process: not for ``--against`` a method of ours."""
     import transformers.models.vit.modeling_vit as modeling_vit
     from transformers.activations import GELUActivation
 
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     from tests.reference.lxt.patches import layer_norm_forward, non_linear_forward, wrap_attention_forward
 
-    c = model.config
-    config = transformers.ViTConfig(image_size=c.image_size, patch_size=c.patch_size, hidden_size=c.hidden_size,
-                                    num_hidden_layers=c.num_layers, num_attention_heads=c.num_heads,
-                                    intermediate_size=c.mlp_size, num_labels=c.num_classes, layer_norm_eps=1e-6)
-    config._attn_implementation = "eager"
-    hf = transformers.ViTForImageClassification(config).eval()  # random weights: the cost does not depend on them
-    torch.nn.LayerNorm.forward = layer_norm_forward  # this process only runs this map
+    torch.nn.LayerNorm.forward = layer_norm_forward
     GELUActivation.original_forward = GELUActivation.forward
     GELUActivation.forward = non_linear_forward
     modeling_vit.eager_attention_forward = wrap_attention_forward(modeling_vit.eager_attention_forward)
@@ -119,31 +132,67 @@ def authors_attnlrp(model: ViT):
     return run
 
 
+AUTHORS = {"legrad-authors": authors_legrad, "attnlrp-lxt": authors_attnlrp, "lrp-chefer": authors_lrp}
+
+
+def build(method: str, hf: torch.nn.Module, model: ViT):
+    return AUTHORS[method](hf, model) if method in AUTHORS else ours(method, hf, model)
+
+
+def check_agree(method: str, against: str, a: torch.Tensor, b: torch.Tensor, patch_size: int) -> None:
+    """Both sides' maps of one image, compared as the parity tests compare them (LeGrad: ours upsampled by the
+    patch size and min-max normalised, as its authors return it)."""
+    from tests.reference.legrad.legrad_reference import min_max
+
+    def shown(name: str, m: torch.Tensor) -> torch.Tensor:
+        if name == "legrad":
+            return min_max(F.interpolate(m[None].float(), scale_factor=patch_size, mode="bilinear"))
+        return m.detach().float().reshape(1, 1, *m.shape[-2:])
+
+    torch.testing.assert_close(shown(method, a), shown(against, b), rtol=1e-4, atol=1e-4)
+
+
+def timed(run, image: torch.Tensor, classes: torch.Tensor) -> tuple[float, float]:
+    start, start_cpu = time.perf_counter(), time.process_time()
+    run(image, classes)
+    return time.perf_counter() - start, time.process_time() - start_cpu
+
+
 def main(argv: list[str] | None = None) -> int:
+    methods = ["legrad", "lrp", "attnlrp", "cp-lrp", *AUTHORS]
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--method", default="legrad", choices=["legrad", "lrp", "attnlrp", "cp-lrp", "legrad-authors",
-                                                          "attnlrp-lxt", "lrp-chefer"])
-    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--method", default="legrad", choices=methods)
+    p.add_argument("--against", choices=methods, help="a second method, interleaved with the first in this process")
+    p.add_argument("--threads", type=int, default=1)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--preset", default="vit-base-16")
+    p.add_argument("--size", type=int, default=224, help="input side in px (the model is built at that size)")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
-    torch.manual_seed(0)
-    model = ViT(ViTConfig.from_preset(args.preset)).eval()
+    hf, model = build_pair(args.preset, args.size)
     c = model.config
     image = torch.randn(1, c.num_channels, c.image_size, c.image_size)
-    authors = {"legrad-authors": authors_legrad, "attnlrp-lxt": authors_attnlrp, "lrp-chefer": authors_lrp}
-    run = authors[args.method](model) if args.method in authors else ours(args.method, model)
     classes = torch.tensor([3])
-    run(image, classes)  # warm-up
-    times, cpu = [], []  # wall seconds, and the process's CPU seconds (what other jobs' load does not inflate)
-    for _ in range(args.repeats):
-        start, start_cpu = time.perf_counter(), time.process_time()
-        run(image, classes)
-        times.append(time.perf_counter() - start)
-        cpu.append(time.process_time() - start_cpu)
-    print(f"{args.method} {args.preset}: median {statistics.median(times):.3f} s, {statistics.median(cpu):.3f} CPU s "
-          f"over {args.repeats}")
+    names = [args.method] + ([args.against] if args.against else [])
+    runs = {name: build(name, hf, model) for name in names}
+    maps = {name: run(image, classes) for name, run in runs.items()}  # the warm-up
+    if args.against:
+        check_agree(args.method, args.against, maps[args.method], maps[args.against], c.patch_size)
+        print(f"{args.method} and {args.against} agree (rtol 1e-4, atol 1e-4)")
+    times = {name: [] for name in names}  # (wall, CPU seconds) per call: CPU is what other jobs' load inflates least
+    for i in range(args.repeats):
+        for name in names if i % 2 == 0 else names[::-1]:
+            times[name].append(timed(runs[name], image, classes))
+    for name in names:
+        wall, cpu = (statistics.median(t[k] for t in times[name]) for k in (0, 1))
+        print(f"{name} {args.preset} at {args.size} px, {args.threads} thread(s): median {wall:.3f} s, "
+              f"{cpu:.3f} CPU s over {args.repeats}")
+    if args.against:
+        ratio = [a[1] / b[1] for a, b in zip(times[args.method], times[args.against], strict=True)]
+        wall = [a[0] / b[0] for a, b in zip(times[args.method], times[args.against], strict=True)]
+        print(f"{args.method} / {args.against}: CPU {statistics.median(ratio):.3f} (range {min(ratio):.3f}-"
+              f"{max(ratio):.3f}), wall {statistics.median(wall):.3f}; load average "
+              f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     return 0
 
 

@@ -2,6 +2,7 @@
 it importing torch, torchvision and the wings). Each runs in a fresh interpreter; the modules it imported are read
 back from ``sys.modules`` at exit."""
 
+import os
 import subprocess
 import sys
 
@@ -115,3 +116,33 @@ def test_a_console_script_names_itself_in_its_usage_line(command):
     script = f"import sys; sys.argv[0] = '/env/bin/vit-{command}'; from vit.{command} import command; command()"
     result = subprocess.run([sys.executable, "-c", script, "--help"], capture_output=True, text=True, timeout=120)
     assert result.stdout.startswith(f"usage: vit-{command} "), result.stdout[:200] + result.stderr[-500:]
+
+
+# What the explorer's first map needs not: model libraries load when a model needs them (vit.sources), torchvision
+# (it loads torch._dynamo and inductor: 2-3 s) and scipy/networkx when a deletion curve or a flow is computed.
+NOT_AT_START = ("torchvision", "torch._dynamo", "torch._inductor", "scipy", "networkx", "transformers", "timm",
+                "open_clip", "huggingface_hub", "ray", "sklearn")
+EXPLORER_PROBE = """
+import ast, importlib, sys
+for script in ("app.py", "pages/explorer.py"):
+    for node in ast.parse(open(script).read()).body:  # the page's own imports, as its first run makes them
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                importlib.import_module(alias.name)
+        elif isinstance(node, ast.ImportFrom):
+            module = importlib.import_module(node.module)
+            for alias in node.names:
+                if not hasattr(module, alias.name):
+                    importlib.import_module(f"{node.module}.{alias.name}")
+print(",".join(sorted(m for m in sys.argv[1].split(",") if m in sys.modules)))
+"""
+
+
+def test_the_explorer_page_imports_no_model_library_torchvision_or_scipy():
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    result = subprocess.run([sys.executable, "-c", EXPLORER_PROBE, ",".join(NOT_AT_START)], capture_output=True,
+                            text=True, timeout=300, cwd=root, env={**os.environ, "PYTHONPATH": str(root)})
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.strip() == "", f"the explorer's imports loaded {result.stdout.strip()}"

@@ -71,6 +71,36 @@ def test_one_querys_rows_from_queries_and_keys_equal_the_full_attention_rows():
         layers.rows(16)
 
 
+
+def test_queries_and_keys_kept_from_the_forward_give_the_models_own_attention_rows_without_another_block_run(
+        monkeypatch):
+    from vit.explain import hidden as hidden_module
+    from vit.explain.hidden import query_key_hooks
+
+    model, images = tiny_model(), torch.randn(1, 3, 12, 20)  # a 3 x 5 grid
+    with torch.no_grad():
+        _, expected = model(images, output_attentions=True)  # the explicit path's probabilities
+    kept = {}
+    with torch.no_grad(), model.hooks(query_key_hooks(model, kept)):
+        _, hidden = forward_with_hidden_states(model, images)
+    assert sorted(kept) == [0, 1, 2] and kept[0].shape == (2, 2, 16, 8)
+
+    def no_block_run(*args, **kwargs):
+        raise AssertionError("the queries and keys were computed again")
+
+    monkeypatch.setattr(hidden_module, "queries_and_keys", no_block_run)
+    rows = LayerAttentions(model, hidden[0], ByteCache(2**20), (3, 5), kept).rows(7)  # (L, H, T)
+    for layer in range(3):
+        torch.testing.assert_close(rows[layer], expected[layer][0, :, 7], rtol=1e-5, atol=1e-6)
+
+
+def test_no_query_key_hooks_for_a_model_with_a_relative_position_bias():
+    from dataclasses import replace
+
+    from vit.explain.hidden import query_key_hooks
+
+    assert query_key_hooks(ViT(replace(TINY, rel_pos="beit")), {}) == []
+
 def test_concurrent_passes_on_one_shared_model_each_get_their_own_states():
     import threading
 

@@ -72,9 +72,12 @@ def add_size_arguments(parser: argparse.ArgumentParser, keep_aspect: bool) -> No
 def run_cli(prog: str, parser: argparse.ArgumentParser, run: Callable[[argparse.Namespace], int],
             argv: list[str] | None) -> int:
     """Run a CLI's ``run(args)`` so any failure is one line on stderr: usage 2, failure 1, ^C 130. The arguments
-    are parsed before ``run`` imports what it needs, so ``--help`` and usage errors answer at once."""
+    are parsed before ``run`` imports what it needs, so ``--help`` and usage errors answer at once; then torch
+    gets as many threads as cores are free (``vit.threads``)."""
     try:
-        return run(parser.parse_args(argv))
+        args = parser.parse_args(argv)
+        use_free_cores()
+        return run(args)
     except UsageError as e:
         return usage_error(prog, e)
     except KeyboardInterrupt:
@@ -86,6 +89,17 @@ def run_cli(prog: str, parser: argparse.ArgumentParser, run: Callable[[argparse.
     except Exception as e:  # a CLI shows one line, never a traceback
         print(f"{prog}: failed: {one_line(e)}", file=sys.stderr)
         return 1
+
+
+def use_free_cores() -> None:
+    """torch's threads from the cores free now (``vit.threads``), called after parsing (``--help`` loads no torch);
+    a ``VIT_THREADS`` that is not a count is a usage error."""
+    from vit import threads
+
+    try:
+        threads.use_free_cores()
+    except ValueError as e:  # VIT_THREADS set to something else than a count
+        raise UsageError(str(e)) from None
 
 
 def usage_error(prog: str, error: Exception | str) -> int:

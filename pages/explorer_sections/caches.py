@@ -20,6 +20,7 @@ from vit.images import UPLOAD_MAX_PIXELS, open_image
 from vit.inference import InputSize, input_shape
 from vit.sources.open import open_source
 from vit.text import visible
+from vit.threads import use_free_cores
 from vit.training import snapshots
 
 # Everything open_image reads (its error message lists these), so the uploader never refuses a format it names.
@@ -46,6 +47,7 @@ def byte_cache(name: str, max_bytes: int) -> ByteCache:
 
 def load_model(path: str, fingerprint: tuple) -> Checkpoint:
     def load() -> Checkpoint:
+        use_free_cores()  # once per server: torch's threads from the cores free at its first model
         with st.spinner("Loading the checkpoint…"):
             checkpoint = open_source(path)  # our .pt files, HF / timm folders, timm / torchvision weights
         # Class names come from the file: one with U+202E would turn every label and caption showing it around.

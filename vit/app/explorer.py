@@ -45,7 +45,7 @@ from vit.explain.attention import (
     token_map,
 )
 from vit.explain.chunked import LayerInputs, gradient_bytes, largest_tokens
-from vit.explain.hidden import LayerAttentions, forward_with_hidden_states, placed_attentions
+from vit.explain.hidden import LayerAttentions, forward_with_hidden_states, placed_attentions, query_key_hooks
 from vit.explain.overlay import attentions_npz_bytes
 from vit.images import ImageError, to_mode, to_uint8
 from vit.inference import (
@@ -379,6 +379,12 @@ def analyse(checkpoint: Checkpoint, image: Image.Image, size: InputSize = TRAINI
     L = len(model.blocks)
     reports = [(f"blocks.{i}.hook_resid_post", lambda t, hook, i=i: progress(i + 1, L)) for i in range(L)
                ] if progress is not None and isinstance(model, ViT) else []
+    # The first map reads every layer's queries and keys (``query_rows``): kept from this forward, not computed
+    # again (a quarter of a forward), while they are a small share of the layer cache.
+    kept: dict[int, torch.Tensor] = {}
+    tokens = model.num_prefix_tokens + grid[0] * grid[1]
+    if isinstance(model, ViT) and 8 * L * tokens * model.config.hidden_size <= LAYER_CACHE_BYTES // 4:
+        reports += query_key_hooks(model, kept)
     with torch.inference_mode(), model.hooks(reports) if reports else contextlib.nullcontext():
         logits, hidden = forward_with_hidden_states(model, x)  # (1, classes), (1, L + 1, T, D)
     if logits is None:  # a feature model without a classifier (e.g. DINO): maps, no prediction
@@ -386,7 +392,7 @@ def analyse(checkpoint: Checkpoint, image: Image.Image, size: InputSize = TRAINI
     [prediction] = predictions_from_logits(logits, checkpoint.class_names, top_k, model=model)
     hidden = hidden[0].float().cpu()
     cache = ByteCache(LAYER_CACHE_BYTES)
-    layers = LayerAttentions(model, hidden, cache, grid)
+    layers = LayerAttentions(model, hidden, cache, grid, kept)
     probe = embedding = None
     if isinstance(model, ViT):
         with torch.inference_mode():
@@ -876,7 +882,7 @@ def model_method_map(checkpoint: Checkpoint, image: Image.Image, kind: str, clas
     x = preprocess([image], checkpoint.preprocessing, size, model.config.patch_size).to(device)  # (1, C, H, W)
     L = len(model.blocks)
     if kind == "legrad":
-        with reported_blocks(model, progress, L + 2):  # a forward, then its last two blocks again
+        with reported_blocks(model, progress, L + 1):  # a forward to the last block, then the last two again
             result = legrad(model, x, class_index, budget=CHUNK_BYTES)
     elif kind == "lrp":
         with reported_blocks(model, progress, L):

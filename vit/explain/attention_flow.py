@@ -18,15 +18,17 @@ the tests. ViT-B/16 at 224 px (197 tokens) takes seconds instead of minutes (``b
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
-import networkx as nx
 import numpy as np
 import torch
-from scipy import sparse
-from scipy.sparse import csgraph
 from torch import Tensor
 
 from vit.explain.attention import layers_up_to, rollout_factor
+
+if TYPE_CHECKING:  # networkx and scipy load when a flow is computed, not with every page that can show one
+    import networkx as nx
+    from scipy import sparse
 
 # Time grows ~T^3: 197 tokens ~4 s, 261 ~10 s on 2 busy cores (bench/bench_flow.py), 400 ~40 s; beyond, refuse.
 MAX_FLOW_TOKENS = 400
@@ -44,6 +46,8 @@ def flow_graph(matrices: np.ndarray, query: int) -> nx.DiGraph:
     is kept (the others carry no flow from it). Zero capacities get no edge, as in the
     reference's ``from_numpy_matrix``.
     """
+    import networkx as nx
+
     L, T, _ = matrices.shape
     G = nx.DiGraph()
     G.add_nodes_from(range((L + 1) * T - T))
@@ -60,6 +64,8 @@ def flow_graph(matrices: np.ndarray, query: int) -> nx.DiGraph:
 def flow_capacities(matrices: np.ndarray, query: int) -> sparse.csr_matrix:
     """``flow_graph`` as a sparse ``((L+1)T, (L+1)T)`` capacity matrix, built without networkx (466k edges for
     ViT-B/16 at 224 px): row ``l * T + i``, column ``(l - 1) * T + j`` holds ``matrices[l - 1, i, j]``."""
+    from scipy import sparse
+
     L, T, _ = matrices.shape
     n = (L + 1) * T
     rows, cols, values = [], [], []
@@ -75,6 +81,8 @@ def flow_capacities(matrices: np.ndarray, query: int) -> sparse.csr_matrix:
 
 def _flow_row(matrices: np.ndarray, query: int, progress: Callable[[int, int], None] | None = None,
               done: int = 0, total: int = 0) -> np.ndarray:
+    from scipy.sparse import csgraph
+
     L, T, _ = matrices.shape
     n = (L + 1) * T
     capacity = flow_capacities(matrices, query)

@@ -94,6 +94,37 @@ def _take(x: Tensor, dim: int, index: list[int]) -> Tensor:
     return x.index_select(dim, torch.tensor(index, device=x.device))
 
 
+def run_block(model: nn.Module, layer: int, x: Tensor, grid: tuple[int, int] | None, leaf: bool = False,
+              queries: int | None = None) -> tuple[Tensor, dict[str, Tensor]]:
+    """Block ``layer`` on ``x`` (B, T, D) (``queries``: its first tokens only, as ``ViT.run_blocks``): its output
+    and the tensors at its ``attn.hook_v`` (B, H, T, hd) and ``attn.hook_z`` (B, T or queries, H, hd) as it
+    computed them (in the autograd graph), ``hook_z`` swapped for a leaf that needs grad if ``leaf``."""
+    kept: dict[str, Tensor] = {}
+
+    def keep(t: Tensor, hook) -> Tensor:
+        if leaf and hook.name.endswith("hook_z"):
+            t = t.detach().requires_grad_(True)
+        kept[hook.name.rsplit(".", 1)[1]] = t
+        return t
+
+    prefix = f"blocks.{layer}.attn."
+    with model.hooks([(prefix + "hook_v", keep), (prefix + "hook_z", keep)]):
+        out, _ = model.run_blocks(x, grid, layer, layer + 1, queries=queries)
+    return out, kept
+
+
+def context_gradient_chunks(contexts: Tensor, values: Tensor, budget: int = CHUNK_BYTES,
+                            head_chunk: int | None = None, query_chunk: int | None = None
+                            ) -> Iterator[tuple[slice, slice, Tensor]]:
+    """Chunks ``(hs, ts, (B, h, t, T))`` of the gradient of a layer's attention, ``dS/dA = dS/dz @ vᵀ``, from the
+    gradient of its heads' contexts ``contexts`` (B, n, H, hd) (``n``: the queries it was computed for) and its
+    values (B, H, T, hd); chunk sizes for rows of ``T`` keys within ``budget`` unless given."""
+    g = contexts.to(values.device, values.dtype).transpose(1, 2)  # (B, H, n, hd)
+    B, H, T, _ = values.shape
+    hc, qc = chunk_sizes(H, T, budget, B, _target(values.device))
+    yield from attention_chunks(g, values, None, None, head_chunk or hc, query_chunk or qc, softmax=False)
+
+
 class LayerInputs:
     """The stored inputs of a model's blocks and what is computed from them within a chunk budget.
 
@@ -309,51 +340,10 @@ class LayerInputs:
 
     # --- gradient methods: each block's backward from its stored input, one block's graph at a time ---------------
 
-    def _run_block(self, layer: int, x: Tensor, leaf: bool = False) -> tuple[Tensor, dict[str, Tensor]]:
-        """Block ``layer`` on ``x`` (B, T, D): its output and the tensors at its ``attn.hook_v`` and ``attn.hook_z``
-        as it computed them (in the autograd graph), ``hook_z`` swapped for a leaf that needs grad if ``leaf``."""
-        kept: dict[str, Tensor] = {}
-
-        def keep(t: Tensor, hook) -> Tensor:
-            if leaf and hook.name.endswith("hook_z"):
-                t = t.detach().requires_grad_(True)
-            kept[hook.name.rsplit(".", 1)[1]] = t
-            return t
-
-        prefix = f"blocks.{layer}.attn."
-        with self.model.hooks([(prefix + "hook_v", keep), (prefix + "hook_z", keep)]):
-            out, _ = self.model.run_blocks(x, self.grid, layer, layer + 1)
-        return out, kept
-
     def _context_chunks(self, layer: int, contexts: Tensor, values: Tensor, budget: int
                         ) -> Iterator[tuple[slice, slice, Tensor]]:
-        """Chunks ``(hs, ts, (B, h, t, T))`` of the gradient of layer ``layer``'s attention, ``dS/dA = dS/dz @ vᵀ``
-        from the gradient of its heads' contexts ``contexts`` (B, T, H, hd) and its values (B, H, T, hd)."""
-        g = contexts.to(values.device, values.dtype).transpose(1, 2)  # (B, H, T, hd)
-        hc, qc = chunk_sizes(self.num_heads, self.num_tokens, budget, self.hidden.shape[0], _target(values.device))
-        yield from attention_chunks(g, values, None, None, self.head_chunk or hc, self.query_chunk or qc,
-                                    softmax=False)
-
-    def legrad(self, class_index: Tensor, start_layer: int = -2) -> Tensor:
-        """LeGrad's relevance of every token ``(B, T)`` (``relevance.legrad_from_gradients`` before its reshape to
-        the grid): per layer from ``start_layer`` on, ``relu(dS_l/dA_l)`` averaged over heads and queries, where
-        ``S_l`` is the class ``class_index (B,)`` read by the classifier at layer ``l``'s output.
-
-        ``A_l`` reaches ``S_l`` only through its heads' contexts ``z_l = A_l v_l``, so ``dS_l/dA_l = dS_l/dz_l
-        @ v_lᵀ``: block ``l`` runs again on its stored input (its fused attention, no ``T x T`` held) with
-        ``z_l`` as the leaf, and the ``T x T`` gradient is formed in chunks and summed."""
-        model, (B, T, H) = self.model, (self.hidden.shape[0], self.num_tokens, self.num_heads)
-        index = class_index.to(self.hidden.device)
-        total = torch.zeros(B, T, dtype=torch.float64)
-        for layer in range(self._layer(start_layer), self.num_layers):
-            with torch.inference_mode(False), torch.enable_grad():
-                x = self._input(layer).clone()  # a normal tensor, also when hidden was made under inference_mode
-                out, kept = self._run_block(layer, x, leaf=True)
-                score = model.classify(out).gather(1, index[:, None].to(out.device)).sum()  # images independent
-                [contexts] = torch.autograd.grad(score, kept["hook_z"])  # (B, T, H, hd)
-            for _, _, grad in self._context_chunks(layer, contexts, kept["hook_v"].detach(), self.budget):
-                total += grad.clamp(min=0).sum(dim=(1, 2)).double().cpu()  # (B, T): heads and queries summed
-        return (total / (H * T)).float()
+        """``context_gradient_chunks`` of layer ``layer`` with this object's chunk sizes."""
+        return context_gradient_chunks(contexts, values, budget, self.head_chunk, self.query_chunk)
 
     def context_gradients(self, class_index: Tensor) -> Tensor:
         """The gradient of the class ``class_index (B,)``'s logit with respect to every layer's heads' contexts,
@@ -370,7 +360,7 @@ class LayerInputs:
             out: Tensor | None = None
             for layer in reversed(range(L)):
                 x = self._input(layer).clone().requires_grad_(True)
-                y, kept = self._run_block(layer, x)
+                y, kept = run_block(model, layer, x, self.grid)
                 grad, contexts = torch.autograd.grad(y, [x, kept["hook_z"]], grad)  # (B, T, D), (B, T, H, hd)
                 if out is None:
                     out = torch.empty(x.shape[0], L, *contexts.shape[1:])
@@ -421,7 +411,7 @@ GRAPH_PER_HIDDEN, GRAPH_PER_MLP = 16, 3
 
 def gradient_bytes(num_layers: int, hidden_size: int, mlp_size: int, tokens: int, contexts: bool,
                    budget: int = CHUNK_BYTES) -> int:
-    """The memory model of a chunked gradient method (``LayerInputs.legrad``, ``context_gradients``): hidden
+    """The memory model of a chunked gradient method (``relevance.legrad``, ``context_gradients``): hidden
     states ``(L + 1) x T x D``, with ``contexts`` every layer's context gradient (``L x T x D``), one block's graph
     forward and backward, and one chunk (of an attention and its gradient: ``budget``)."""
     per_token = (num_layers + 1 + (num_layers if contexts else 0) + GRAPH_PER_HIDDEN) * hidden_size

@@ -9,7 +9,7 @@ layer's attention is that block run again on its input (``ViT.run_blocks``): the
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from functools import partial
 
 import torch
@@ -178,19 +178,42 @@ def bias_rows(model: nn.Module, layer: int, q: Tensor, queries: Sequence[int], g
     return model.blocks[layer].attn.logit_bias(q, grid, shared, rows)
 
 
+def query_key_hooks(model: nn.Module, kept: dict[int, Tensor]) -> list[tuple[str, Callable]]:
+    """Hooks for a forward of one image that keep each layer's scaled queries and keys, ``kept[layer] = (2, H, T,
+    hd)`` float32 on the CPU, as ``LayerAttentions.rows`` reads them: what the forward computes anyway, so the first
+    map does not run every layer's projections again. None for a model whose attention is more than ``softmax(q .
+    k)`` (``layout_problem``)."""
+    if layout_problem(model):
+        return []
+    queries: dict[int, Tensor] = {}
+
+    def keep_q(q: Tensor, hook, layer: int) -> None:
+        queries[layer] = q[0] * model.blocks[layer].attn.head_dim ** -0.5  # (H, T, hd)
+
+    def keep_k(k: Tensor, hook, layer: int) -> None:
+        kept[layer] = torch.stack([queries.pop(layer), k[0]]).float().cpu()  # (2, H, T, hd)
+
+    return [hook for layer in range(len(model.blocks))
+            for hook in ((f"blocks.{layer}.attn.hook_q", partial(keep_q, layer=layer)),
+                         (f"blocks.{layer}.attn.hook_k", partial(keep_k, layer=layer)))]
+
+
 class LayerAttentions(Sequence[Tensor]):
     """Every layer's attention of one image, ``(1, H, T, T)`` float32 each, computed from the hidden states
     when read and kept in ``cache`` while it fits. Reads like a tuple of the model's ``output_attentions``.
+    ``queries_and_keys``: what ``query_key_hooks`` kept from the forward that made ``hidden``, put in ``cache``.
     """
 
-    def __init__(self, model: nn.Module, hidden: Tensor, cache: ByteCache, grid: tuple[int, int] | None = None
-                 ) -> None:
+    def __init__(self, model: nn.Module, hidden: Tensor, cache: ByteCache, grid: tuple[int, int] | None = None,
+                 queries_and_keys: dict[int, Tensor] | None = None) -> None:
         if hidden.dim() != 3:
             raise ValueError(f"expected hidden states of one image (L + 1, T, D), got {tuple(hidden.shape)}")
         if grid is None and getattr(model.config, "rope", "none") != "none":
             raise ValueError("a model with rotary positions needs the patch grid of its hidden states")
         self.model, self.hidden, self.cache = model, hidden, cache  # hidden: (L + 1, T, D)
         self.grid = grid
+        for layer, qk in (queries_and_keys or {}).items():
+            cache.get_or_compute(("qk", layer), lambda qk=qk: qk)
 
     def __len__(self) -> int:
         return self.hidden.shape[0] - 1

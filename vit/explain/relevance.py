@@ -29,8 +29,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from vit.explain.attention import gradient_rollout
-from vit.explain.chunked import CHUNK_BYTES, LayerInputs
-from vit.explain.hidden import forward_with_hidden_states
+from vit.explain.chunked import CHUNK_BYTES, context_gradient_chunks, run_block
 from vit.model import Rules, ViT, activate, use_rules
 
 # Options Chefer et al.'s LRP defines no rule for (their ViT reads CLS through one norm and one head, with plain
@@ -193,21 +192,44 @@ def legrad(model: ViT, images: Tensor, class_index: int | Tensor | None = None, 
     to that layer's attention gives the layer's map. The reference scores CLIP's image-text
     similarity; here the score is the class logit, the classifier's equivalent.
 
-    Memory stays bounded at thousands of tokens: one fast forward keeps each block's input, and each layer's
-    ``T x T`` gradient is formed in chunks of at most ``budget`` bytes (or ``head_chunk`` heads x
-    ``query_chunk`` queries) from the gradient of its heads' contexts (``chunked.LayerInputs.legrad``).
+    ``A_l`` reaches the score ``S_l`` only through its heads' contexts ``z_l = A_l v_l``, so ``dS_l/dA_l =
+    dS_l/dz_l @ v_lᵀ``. One fast forward without a graph runs every block but the last, keeping the inputs of the
+    explained ones; each explained block then runs again from its input with ``z_l`` as a leaf, for the tokens the
+    classifier reads only (``ViT.readout_tokens``: the other queries' rows of ``dS_l/dA_l`` are zero), and the
+    last one gives the logits. No ``T x T`` is held: the gradient's rows are formed in chunks of at most
+    ``budget`` bytes (or ``head_chunk`` heads x ``query_chunk`` queries), and the memory is the explained blocks'
+    inputs and one block's graph, at 197 tokens as at thousands.
     """
     check_supported(model)
     check_one_grid(model, "LeGrad", "reads the CLS token's gradient through every layer's T x T attention")
     L = len(model.blocks)
     if not -L <= start_layer < L:
         raise ValueError(f"start_layer {start_layer} is out of range for {L} layers")
-    grid = model.patch_grid(images.shape[2], images.shape[3])
+    start, grid = start_layer % L, model.patch_grid(images.shape[2], images.shape[3])
+    readout = model.readout_tokens()
+    inputs: list[Tensor] = []  # the input (B, T, D) of each block from start on
     with torch.inference_mode():
-        logits, hidden = forward_with_hidden_states(model, images)
-    index = _class_indices(logits, class_index)
-    inputs = LayerInputs(model, hidden, grid, budget, head_chunk, query_chunk)
-    relevance = inputs.legrad(index, start_layer)  # (B, T)
+        x, _ = model.run_blocks(model.embed(images), grid, 0, start)
+        for layer in range(start, L - 1):
+            inputs.append(x)
+            x, _ = model.run_blocks(x, grid, layer, layer + 1)
+        inputs.append(x)
+    index, total = None, None
+    H, T = model.blocks[-1].attn.num_heads, x.shape[1]
+    for layer in reversed(range(start, L)):  # the last first: its logits give the predicted class
+        with torch.inference_mode(False), torch.enable_grad():
+            x = inputs[layer - start].clone()  # a normal tensor: these were made under inference_mode
+            out, kept = run_block(model, layer, x, grid, leaf=True, queries=readout)
+            logits = model.classify(out)  # (B, classes)
+            if index is None:
+                index = _class_indices(logits, class_index)
+            score = logits.gather(1, index[:, None].to(logits.device)).sum()  # the images are independent
+            [contexts] = torch.autograd.grad(score, kept["hook_z"])  # (B, n, H, hd)
+        values = kept["hook_v"].detach()  # (B, H, T, hd)
+        for _, _, grad in context_gradient_chunks(contexts, values, budget, head_chunk, query_chunk):
+            part = grad.clamp(min=0).sum(dim=(1, 2)).double().cpu()  # (B, T): heads and queries summed
+            total = part if total is None else total + part
+    relevance = (total / (H * T)).float()  # mean over heads and every query (the unread rows are zero)
     return _patch_map(relevance.to(images.device), grid, model.num_prefix_tokens)
 
 

@@ -25,6 +25,7 @@ from pathlib import Path
 import torch
 
 from vit.checkpoint import CheckpointError, read_checkpoint_payload
+from vit.cli import use_free_cores
 from vit.model import count_parameters
 from vit.runfiles import (
     CONFIG_FILE,
@@ -276,6 +277,8 @@ def main(argv: list[str] | None = None, stop: StopRequest | None = None) -> int:
             device = parse_device(args.device) if world == 1 else rank_device(args.device)
             if args.threads:
                 torch.set_num_threads(args.threads)
+            elif world == 1:  # torchrun's processes share the cores as it set them
+                use_free_cores()
             data = load_run_data(args, rank, world)
             trainer = Trainer(settings_from_args(args), data, run_dir, payload, rank, world, device, stop)
             stop.armed = True

@@ -1,0 +1,239 @@
+"""The explorer's start and an upload, in a real browser, against their floors: ``python bench/bench_start.py``.
+
+- **start**: ``streamlit run app.py`` (the checkout's own checkpoints: the shipped default on its first sample) from
+  the process's launch to the first map drawn (the overlay chart's image in the page), against a bare Streamlit
+  page that imports torch and writes one line, launched and loaded the same way: the floor any page with torch
+  pays; and against that page with one small Plotly chart (``bare+plotly``): the floor of a page that draws one,
+  whose browser loads Plotly's bundle first. They alternate ``--repeats`` times; medians, the ratios and the
+  server's CPU seconds at that moment.
+- **upload**: in the app on a random ViT-B/16 (``vit-b16``, shipped under the default name) or the shipped
+  default (``shipped``), photos (640 x 480 PNGs, a new one each time) put into the sidebar's uploader, from the
+  upload to the new overlay drawn and the run over; its wall time and the server's CPU seconds against one
+  forward with attentions of the same model on the same image in this process (``model(x,
+  output_attentions=True)``, the same thread count). The first upload after the model opened is shown apart.
+
+Server and forward run with ``VIT_THREADS`` = ``--threads`` (1 by default: the machine is shared). Headless
+Chromium through Playwright, as ``bench/bench_explorer_clicks.py`` (whose helpers this reuses). ``--root`` serves
+another checkout (e.g. ``git archive`` of an older commit unpacked in /tmp) for before/after figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench.bench_explorer_clicks import (  # noqa: E402
+    CHROMIUM,
+    CHROMIUM_ARGS,
+    SCRIPT_DONE,
+    cpu_seconds,
+    free_port,
+    photo,
+    ship_vit_b16,
+)
+
+OVERLAY_HREF = """() => {
+  const charts = document.querySelectorAll('[data-testid="stPlotlyChart"]');
+  const image = charts[1] && charts[1].querySelector('.layer-below image, .imagelayer image');
+  return image ? image.getAttribute('href') : null;
+}"""
+BARE = "import torch  # noqa: F401\nimport streamlit as st\n\nst.write('torch is ready')\n"
+# The floor of any page that draws a Plotly chart: the browser loads Plotly's bundle (megabytes of JavaScript) first.
+BARE_PLOTLY = BARE + "import plotly.graph_objects as go\n\nst.plotly_chart(go.Figure(go.Bar(x=[1, 2], y=[3, 4])))\n"
+CHART_DRAWN = "() => document.querySelectorAll('[data-testid=\"stPlotlyChart\"] .main-svg').length > 0"
+TIMEOUT_MS = 300_000
+
+
+def launch(root: Path, script: str, env: dict[str, str]) -> tuple[subprocess.Popen, str]:
+    port = free_port()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "streamlit", "run", script, "--server.port", str(port), "--server.headless", "true",
+         "--server.address", "127.0.0.1", "--browser.gatherUsageStats", "false"],
+        cwd=root, env={**os.environ, **env}, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
+        start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 180
+    while True:
+        if process.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"streamlit run {script} did not start")
+        try:
+            with urllib.request.urlopen(f"{url}/_stcore/health", timeout=5):
+                return process, url
+        except OSError:
+            time.sleep(0.05)
+
+
+def stop(process: subprocess.Popen) -> None:
+    process.terminate()
+    try:
+        process.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
+def frame(page) -> None:
+    page.evaluate("() => new Promise(done => requestAnimationFrame(() => requestAnimationFrame(done)))")
+
+
+def world(tmp: Path, model: str, threads: int) -> dict[str, str]:
+    runs = tmp / "runs"
+    runs.mkdir(exist_ok=True)
+    env = {"VIT_RUNS_DIR": str(runs), "HOME": str(tmp), "HF_HOME": str(tmp / "hf"), "HF_HUB_CACHE": str(tmp / "hub"),
+           "VIT_THREADS": str(threads)}
+    if model == "vit-b16":
+        checkpoints = tmp / "checkpoints"
+        if not checkpoints.exists():
+            checkpoints.mkdir()
+            ship_vit_b16(checkpoints)
+        env["VIT_CHECKPOINTS_DIR"] = str(checkpoints)
+    return env
+
+
+def start_once(browser, root: Path, script: str, env: dict[str, str], done_js: str) -> tuple[float, float]:
+    """(wall s from launch to ``done_js`` and a painted frame, server CPU s by then) of a fresh server."""
+    start = time.perf_counter()
+    process, url = launch(root, script, env)
+    try:
+        page = browser.new_context(viewport={"width": 1500, "height": 1100}).new_page()
+        page.set_default_timeout(TIMEOUT_MS)
+        page.goto(url)
+        page.wait_for_function(done_js)
+        frame(page)
+        wall = time.perf_counter() - start
+        cpu = cpu_seconds(process.pid)
+        page.context.close()
+        return wall, cpu
+    finally:
+        stop(process)
+
+
+def bench_start(browser, root: Path, repeats: int, threads: int) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        (tmp / "bare.py").write_text(BARE)
+        (tmp / "chart_page.py").write_text(BARE_PLOTLY)
+        env = world(tmp, "shipped", threads)
+        text = "() => document.body.innerText.includes('torch is ready')"
+        runs = {"bare": (tmp, "bare.py", text), "bare+plotly": (tmp, "chart_page.py", f"() => ({text})() && "
+                                                                                  f"({CHART_DRAWN})()"),
+                "app": (root, "app.py", f"() => ({OVERLAY_HREF})() !== null && ({SCRIPT_DONE})()")}
+        times: dict[str, list[tuple[float, float]]] = {kind: [] for kind in runs}
+        for i in range(repeats):
+            for kind in list(runs) if i % 2 == 0 else list(runs)[::-1]:
+                times[kind].append(start_once(browser, *runs[kind][:2], env, runs[kind][2]))
+                print(f"  start {kind}: {times[kind][-1][0]:.2f} s, server CPU {times[kind][-1][1]:.2f} s", flush=True)
+    wall = {k: statistics.median(t[0] for t in v) for k, v in times.items()}
+    cpu = {k: statistics.median(t[1] for t in v) for k, v in times.items()}
+    for floor in ("bare", "bare+plotly"):
+        ratios = [a[0] / b[0] for a, b in zip(times["app"], times[floor], strict=True)]
+        print(f"start, {root}: app to the first map {wall['app']:.2f} s ({cpu['app']:.2f} server CPU s), {floor} "
+              f"page {wall[floor]:.2f} s ({cpu[floor]:.2f} CPU s): {wall['app'] / wall[floor]:.2f}x (pairs "
+              f"{', '.join(f'{r:.2f}' for r in ratios)}); load average "
+              f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+
+
+def forward_seconds(env: dict[str, str], root: Path, image: Path, repeats: int, threads: int
+                    ) -> tuple[float, float]:
+    """Median wall and CPU seconds of one forward with attentions of the app's default model on ``image`` (or the
+    shipped sample), as the page's input (its training size)."""
+    import torch
+    from PIL import Image
+
+    from vit.app.catalog import DEFAULT_CHECKPOINT
+    from vit.inference import preprocess
+    from vit.sources.open import open_source
+
+    torch.set_num_threads(threads)
+    folder = Path(env.get("VIT_CHECKPOINTS_DIR", root / "checkpoints"))
+    checkpoint = open_source(folder / DEFAULT_CHECKPOINT)
+    model = checkpoint.model
+    x = preprocess([Image.open(image).convert("RGB")], checkpoint.preprocessing, patch_size=model.config.patch_size)
+    times = []
+    with torch.inference_mode():
+        model(x, output_attentions=True)
+        for _ in range(repeats):
+            start, cpu = time.perf_counter(), time.process_time()
+            model(x, output_attentions=True)
+            times.append((time.perf_counter() - start, time.process_time() - cpu))
+    return statistics.median(t[0] for t in times), statistics.median(t[1] for t in times)
+
+
+def bench_upload(browser, root: Path, model: str, repeats: int, threads: int) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        env = world(tmp, model, threads)
+        photos = []
+        for seed in range(repeats + 1):
+            photos.append(tmp / f"photo-{seed}.png")
+            photos[-1].write_bytes(photo(640, 480, seed=seed + 10))
+        forward, forward_cpu = forward_seconds(env, root, photos[0], 5, threads)
+        process, url = launch(root, "app.py", env)
+        try:
+            page = browser.new_context(viewport={"width": 1500, "height": 1100}).new_page()
+            page.set_default_timeout(TIMEOUT_MS)
+            page.goto(url)
+            page.wait_for_selector('[data-testid="stApp"]')
+            if model == "shipped":  # the sample's map first: uploads then replace it
+                page.wait_for_function(f"() => ({OVERLAY_HREF})() !== null && ({SCRIPT_DONE})()")
+            else:
+                page.locator('[data-testid="stSidebar"] input[type="file"]').first.wait_for(state="attached")
+                page.wait_for_function(SCRIPT_DONE)
+            page.wait_for_timeout(500)
+            results = []
+            for path in photos:
+                before = page.evaluate(OVERLAY_HREF)
+                start, cpu = time.perf_counter(), cpu_seconds(process.pid)
+                page.locator('[data-testid="stSidebar"] input[type="file"]').first.set_input_files(str(path))
+                page.wait_for_function(f"(before) => ({OVERLAY_HREF})() !== before && ({OVERLAY_HREF})() !== null "
+                                       f"&& ({SCRIPT_DONE})()", arg=before)
+                frame(page)
+                results.append((time.perf_counter() - start, cpu_seconds(process.pid) - cpu))
+                page.wait_for_timeout(300)
+            page.context.close()
+        finally:
+            stop(process)
+    first, rest = results[0], results[1:]
+    wall, cpu = statistics.median(r[0] for r in rest), statistics.median(r[1] for r in rest)
+    print(f"upload, {model}, {root}: first {first[0]:.2f} s ({first[1]:.2f} server CPU s: {first[0] / forward:.1f}x "
+          f"wall, {first[1] / forward_cpu:.1f}x CPU), then median {wall:.2f} s ({cpu:.2f} server CPU s): "
+          f"{wall / forward:.2f}x wall, {cpu / forward_cpu:.2f}x CPU of one forward with attentions ({forward:.3f} s, "
+          f"{forward_cpu:.3f} CPU s); load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}", flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--root", type=Path, default=ROOT, help="the checkout whose app.py is served")
+    p.add_argument("--what", default="start,upload", help="start, upload or both (comma-separated)")
+    p.add_argument("--models", default="vit-b16,shipped", help="the upload's models: vit-b16, shipped")
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--threads", type=int, default=1)
+    args = p.parse_args(argv)
+    from playwright.sync_api import sync_playwright
+
+    root = args.root.resolve()
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            if "start" in args.what:
+                bench_start(browser, root, args.repeats, args.threads)
+            if "upload" in args.what:
+                for model in args.models.split(","):
+                    bench_upload(browser, root, model, args.repeats, args.threads)
+        finally:
+            browser.close()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,60 @@
+"""How many threads torch's CPU work uses: the cores free when the process starts, not every core it may run on.
+
+torch starts with one thread per core. When other processes keep some of those cores busy, its OpenMP threads wait
+at every barrier for the one that was descheduled: with one of two cores busy, a ViT-B/16 forward on two threads
+took 2.2x as long as on one. The app and every command call ``use_free_cores`` once before their first forward; env
+``VIT_THREADS`` (a whole number) overrides the choice, and a command's own ``--threads`` (vit.train) overrides both.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import os
+
+THREADS_ENV = "VIT_THREADS"
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its CPU affinity, which containers and ``taskset`` narrow)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not on Linux
+        return os.cpu_count() or 1
+
+
+def busy_cores() -> float:
+    """How many cores other work keeps busy: the one-minute load average (runnable processes, ours included while
+    it runs), 0 where the system does not report one."""
+    try:
+        return os.getloadavg()[0]
+    except (AttributeError, OSError):
+        return 0.0
+
+
+def free_threads(cores: int, load: float) -> int:
+    """Threads for ``cores`` usable cores under a load of ``load`` busy ones: the cores left free, a core counted
+    free when less than half of it is busy, at least one and at most ``cores``."""
+    return max(1, min(cores, math.floor(cores - load + 0.5)))
+
+
+def chosen_threads(environ: dict[str, str] | None = None) -> int:
+    """``VIT_THREADS`` when set, else ``free_threads`` of this machine now; ValueError (one line) for a
+    ``VIT_THREADS`` that is not a whole number of at least 1."""
+    value = (os.environ if environ is None else environ).get(THREADS_ENV, "").strip()
+    if value:
+        if not value.isdigit() or int(value) < 1:
+            raise ValueError(f"{THREADS_ENV} must be a whole number of at least 1, got {value!r}")
+        return int(value)
+    return free_threads(usable_cores(), busy_cores())
+
+
+@functools.cache
+def use_free_cores() -> int:
+    """Set torch's thread count to ``chosen_threads()`` once per process (later calls return the same count) and
+    return it."""
+    import torch
+
+    threads = chosen_threads()
+    torch.set_num_threads(threads)
+    return threads
