@@ -584,7 +584,7 @@ def class_relevance(checkpoint: Checkpoint, image: Image.Image, class_index: int
             _, hidden = forward_with_hidden_states(model, x)  # (1, L + 1, T, D)
         inputs = LayerInputs(model, hidden, grid, budget=CHUNK_BYTES)
         contexts = inputs.context_gradients(torch.tensor([class_index]))
-    return ClassRelevance(class_index, (), inputs, contexts)
+    return ClassRelevance(class_index, (), inputs=inputs, contexts=contexts)
 
 
 @dataclass(frozen=True)
