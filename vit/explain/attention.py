@@ -150,7 +150,10 @@ def layers_up_to(attentions: Sequence[Tensor], end_layer: int | None) -> list[Te
     if not layers:
         raise ValueError("no attention layers given; run the model with output_attentions=True")
     for i, attn in enumerate(layers):
-        if attn.dim() != 4 or attn.shape[-1] != attn.shape[-2]:
+        if attn.dim() == 4 and attn.shape[-1] != attn.shape[-2]:  # pooled queries (Hiera): a grid of its own
+            raise ValueError(f"layer {i} has shape {tuple(attn.shape)}: a model with stages (Hiera's pooled queries) "
+                             "has each layer on its own grid; roll out with vit.explain.stages.rollout_row")
+        if attn.dim() != 4:
             raise ValueError(f"layer {i}: expected attention of shape (batch, heads, tokens, tokens), "
                              f"got {tuple(attn.shape)}")
         if attn.shape[0] != layers[0].shape[0] or attn.shape[-1] != layers[0].shape[-1]:
