@@ -67,11 +67,11 @@ def hiera(tmp_path_factory):
     dense = [a[0] for a in dense_library_attentions(checkpoint.model, [a.detach() for a in captured], (8, 8))]
     grads = [g[0] for g in dense_library_attentions(checkpoint.model, [a.grad for a in captured], (8, 8))]
     states = [s[0].detach() for s in out.reshaped_hidden_states]  # (H, W, C) after each stage, row-major
-    return checkpoint, images, dense, grads, states
+    return checkpoint, images, dense, grads, states, out.logits.detach()
 
 
 def test_every_layers_row_for_a_query_on_its_own_grid_is_hfs_on_its_keys_grid(hiera):
-    checkpoint, _, dense, _, _ = hiera
+    checkpoint, _, dense, _, _, _ = hiera
     for layer, (grid, keys) in enumerate(zip(GRIDS, KEY_GRIDS, strict=True)):
         for query in (0, min(5, grid[0] * grid[1] - 2), grid[0] * grid[1] - 1):
             for head in (None, dense[layer].shape[0] - 1):
@@ -85,7 +85,7 @@ def test_every_layers_row_for_a_query_on_its_own_grid_is_hfs_on_its_keys_grid(hi
 
 
 def test_a_clicked_patch_is_the_token_covering_it_in_each_layer(hiera):
-    checkpoint, images, dense, _, _ = hiera
+    checkpoint, images, dense, _, _, _ = hiera
     with torch.no_grad():
         attentions = checkpoint.model.encode(images, output_attentions=True).attentions
     layouts = checkpoint.model.layer_layouts((8, 8))
@@ -96,7 +96,7 @@ def test_a_clicked_patch_is_the_token_covering_it_in_each_layer(hiera):
 
 
 def test_the_rollout_through_query_pooling_is_the_dense_product_of_hfs_attentions(hiera):
-    checkpoint, _, dense, _, _ = hiera
+    checkpoint, _, dense, _, _, _ = hiera
     product = None
     for full, residual in zip(dense, residuals(), strict=True):
         a = full.mean(0).double() + residual
@@ -114,7 +114,7 @@ def test_the_rollout_through_query_pooling_is_the_dense_product_of_hfs_attention
 def test_the_class_map_is_chefers_rollout_of_hfs_gradients_through_the_pooling(hiera):
     """``R = (P_4 + Ā_4) ... (P_0 + Ā_0)`` with ``Ā = mean_heads((grad * attn)+)`` of HF's attentions and gradients
     on the grids, ``P`` the identity or the pooling; read from what the average pooling reads."""
-    checkpoint, _, dense, grads, _ = hiera
+    checkpoint, _, dense, grads, _, _ = hiera
     product = None
     for a, g, residual in zip(dense, grads, residuals(), strict=True):
         factor = residual + (g * a).clamp(min=0).mean(0).double()
@@ -128,10 +128,27 @@ def test_the_class_map_is_chefers_rollout_of_hfs_gradients_through_the_pooling(h
 
 
 def test_token_norms_after_each_stage_are_hfs_hidden_states(hiera):
-    checkpoint, _, _, _, states = hiera
+    checkpoint, _, _, _, states, _ = hiera
     for layer, state in ((0, states[1]), (2, states[2]), (4, states[3])):
         explanation = vit.explain(checkpoint, IMAGE, "norms", layer=layer)
         assert np.allclose(explanation.map, state.norm(dim=-1).numpy(), atol=1e-4)
+
+
+def test_predict_saves_hieras_logits_and_each_layers_windows_with_what_places_them(hiera, tmp_path):
+    from vit import predict
+    from vit.explain.attention import layer_on_grid
+    from vit.model.stages import LayerLayout
+
+    checkpoint, _, dense, _, _, logits = hiera
+    IMAGE.save(tmp_path / "photo.png")
+    assert predict.main([str(checkpoint.path), str(tmp_path / "photo.png"), "--save-maps", str(tmp_path / "maps")]) == 0
+    saved = np.load(tmp_path / "maps" / "photo.npz")
+    np.testing.assert_allclose(saved["logits"], logits[0].numpy(), atol=1e-5)
+    for i, expected in enumerate(dense):
+        layout = LayerLayout(tuple(saved[f"layer_{i}_grid"].tolist()), int(saved[f"layer_{i}_window"]),
+                             int(saved[f"layer_{i}_shift"]), stride=int(saved[f"layer_{i}_stride"]))
+        placed = layer_on_grid(torch.from_numpy(saved[f"layer_{i}"]), layout)[0]
+        torch.testing.assert_close(placed, expected, rtol=0, atol=1e-5)
 
 
 @pytest.mark.parametrize("method", ["legrad", "lrp", "flow"])
