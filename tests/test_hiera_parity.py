@@ -16,7 +16,8 @@ import pytest
 import torch
 from parity_helpers import assert_parity, randomize
 
-from vit.explain.attention import layer_on_grid, rollout_vector, stage_rollout_factor
+from vit.explain.attention import layer_on_grid
+from vit.explain.stages import rollout_row
 from vit.sources.open import open_source
 
 transformers = pytest.importorskip("transformers")
@@ -158,11 +159,11 @@ def test_rollout_through_query_pooling_matches_a_dense_reference(hf_pair):
                     residual[(r // 2) * side + c // 2, r * key_side + c] = 0.25
         factor = (fused + residual) / (fused + residual).sum(-1, keepdim=True)
         result = factor if result is None else factor @ result  # (B, T_last, 64)
-    _, _, placed, layouts = ours_placed(checkpoint, images)
-    factors = [stage_rollout_factor(a, lay) for a, lay in zip(placed, layouts, strict=True)]
+    with torch.no_grad():
+        ours = checkpoint.model.encode(images, output_attentions=True).attentions
+    layouts = checkpoint.model.layer_layouts((8, 8))
     for query in range(4):
-        row = rollout_vector(factors, torch.nn.functional.one_hot(torch.tensor([query] * 2), 4).float())
-        assert row.shape == (2, 64)
+        row = rollout_row(ours, layouts, -1, query).flatten(1)  # (2, 64): on the image's patch grid
         assert torch.allclose(row.double(), result[:, query], atol=1e-5)
         assert torch.allclose(row.sum(-1), torch.ones(2), atol=1e-5)
 

@@ -413,9 +413,10 @@ def save_maps(result: FileResult, checkpoint: Checkpoint, folder: Path, stem: st
 
 
 def save_stage_maps(result: FileResult, checkpoint: Checkpoint, folder: Path, stem: str, size, dtype: str) -> dict:
-    """``save_maps`` for a model with stages (Swin): ``layer_i`` is each layer's windows as the layer forms them,
-    ``(windows, heads, w*w, w*w)``, with ``layer_i_grid`` / ``_window`` / ``_shift`` to place them
-    (``vit.explain.stages``); the logits as for every classifier; the overlay is the rollout of what the average
+    """``save_maps`` for a model with stages (Swin, Hiera): ``layer_i`` is each layer's windows as the layer forms
+    them, ``(windows, heads, queries, keys)``, with ``layer_i_grid`` / ``_window`` / ``_shift`` / ``_stride`` to place
+    them (``vit.model.LayerLayout``, ``vit.explain.attention.layer_on_grid``: a pooled-query layer's keys lie on the
+    grid ``stride`` times finer); the logits as for every classifier; the overlay is the rollout of what the average
     pooling reads, through every merge, on the image's patches (no CLS)."""
     import numpy as np
     import torch
@@ -442,7 +443,7 @@ def save_stage_maps(result: FileResult, checkpoint: Checkpoint, folder: Path, st
                      class_names=np.array(checkpoint.class_names))
     for i, lay in enumerate(layouts):
         extra.update({f"layer_{i}_grid": np.array(lay.grid), f"layer_{i}_window": np.array(lay.window),
-                      f"layer_{i}_shift": np.array(lay.shift)})
+                      f"layer_{i}_shift": np.array(lay.shift), f"layer_{i}_stride": np.array(lay.stride)})
     write_npz_streamed(files["npz"], ((f"layer_{i}", tuple(a.shape), dtype, [a.numpy().astype(dtype)])
                                       for i, a in enumerate(attentions)), **extra,
                        grid=np.array(grid), patch_size=np.array(model.config.patch_size), prefix_tokens=np.array(0),

@@ -227,7 +227,8 @@ def describe_map(settings: MapSettings, analysis: Analysis, class_names: list[st
         end = s.end_layer % L
         return (f"**Relevance for “{name}”** through layers 1–{end + 1}: each layer's attention weighted by its "
                 f"gradient for the “{name}” score, positive parts only, rolled out (Chefer et al., 2021) from what "
-                "the average pooling reads, through each patch merging as the 2×2 tokens it is built from.")
+                f"the average pooling reads, through each {_downsampling(analysis)} as the 2×2 tokens it is built "
+                "from.")
     if s.kind == "attention":
         layer = s.layer % L
         heads = f"head {s.head + 1}" if s.head is not None else f"the {s.fusion} over its {H} heads"
@@ -285,12 +286,21 @@ def _describe_stage_map(settings: MapSettings, analysis: Analysis) -> str:
            + (f" (each cell {cell}×{cell} patches), the one covering the clicked patch" if cell > 1 else ""))
     if s.kind == "rollout":
         return (f"**Attention rollout through layers 1–{layer + 1}** (heads fused by {s.fusion}), through each "
-                f"patch merging as the 2×2 tokens it is built from: how much of {who} flows from each input patch "
-                "(Abnar & Zuidema, 2020).")
+                f"{_downsampling(analysis)} as the 2×2 tokens it is built from: how much of {who} flows from each "
+                "input patch (Abnar & Zuidema, 2020).")
     heads = f"head {s.head + 1}" if s.head is not None else f"the {s.fusion} over its {analysis.heads_in(layer)} heads"
     where = (f"in its {lay.window}×{lay.window} window" + (f", shifted by {lay.shift}" if lay.shift else "")
              + " (zero outside it)") if lay.window else "over the whole grid"
+    if lay.stride > 1:  # Hiera's / SAM 2's pooled queries read the previous stage's grid
+        kh, kw = lay.key_grid
+        where = (f"of the previous stage's {kh}×{kw} grid, which this layer pools its queries from"
+                 + (f", in its {lay.key_window}×{lay.key_window} window (zero outside it)" if lay.window else ""))
     return f"**Layer {layer + 1} of {L}, {heads}**: how much {who} attends to each token {where}."
+
+
+def _downsampling(analysis) -> str:
+    """What opens a later stage: Swin's patch merging or Hiera's query pooling."""
+    return "query pooling" if any(lay.stride > 1 for lay in analysis.layouts) else "patch merging"
 
 
 def describe_embedding(analysis: Analysis) -> str:

@@ -498,12 +498,12 @@ def stage_map(analysis: Analysis, settings: MapSettings, relevance: ClassRelevan
 
 def stage_refusal(kind: str) -> str:
     """Why map ``kind`` is not drawn for a model with stages, in one line that names the maps that are."""
-    return (f"{MAP_KINDS.get(kind, kind).split(' (')[0]} is not drawn for a model with stages (Swin): "
+    return (f"{MAP_KINDS.get(kind, kind).split(' (')[0]} is not drawn for a model with stages (Swin, Hiera): "
             f"{STAGE_REFUSALS.get(kind, 'its layers each have their own grid')}; choose {', '.join(STAGE_MAP_KINDS)}")
 
 
 STAGE_REFUSALS = {  # why each map is not drawn for a model with stages
-    "legrad": "LeGrad reads a CLS token's gradient at the last layers, and Swin has none",
+    "legrad": "LeGrad reads a CLS token's gradient at the last layers, and these models have none",
     "lrp": "the transformer attribution multiplies T x T relevance matrices of one grid",
     "flow": "the max-flow graph stacks layers of one grid",
     "probe": "it has no attention-pooling probe",

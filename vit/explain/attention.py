@@ -27,102 +27,108 @@ def window_tokens(grid: tuple[int, int], window: int, shift: int = 0, shift_padd
     return model_window_tokens(tuple(grid), window, shift, shift_padded)
 
 
-def _check_windows(attn: Tensor, grid: tuple[int, int], window: int) -> int:
-    """The batch size of a windowed layer's attention ``(B * nw, H, w*w, w*w)``; ValueError for another shape."""
-    gh, gw = grid
-    nw, n = -(-gh // window) * -(-gw // window), window * window
-    if attn.dim() != 4 or attn.shape[0] % nw or attn.shape[2:] != (n, n):
-        raise ValueError(f"expected windowed attention (B * {nw}, H, {n}, {n}) for a {gh}x{gw} grid in windows of "
-                         f"{window}, got {tuple(attn.shape)}")
-    return attn.shape[0] // nw
-
-
-def windows_on_grid(attn: Tensor, grid: tuple[int, int], window: int, shift: int = 0, shift_padded: bool = True
-                    ) -> Tensor:
-    """A windowed layer's attention ``(B * nw, H, w*w, w*w)`` (SAM / ViTDet: windows row-major over the grid padded
-    to a multiple of ``window``, ``vit.model.window_partition``'s order) -> ``(B, H, T, T)`` on the full patch grid
-    (``T = gh * gw``): each query's row placed on its window's patches, zero outside it. Padding tokens are dropped,
-    so a row of a window that covers padding sums to the share its real patches got (below 1). Swin's shifted
-    windows (``shift``, ``shift_padded``: ``vit.model.LayerLayout``) are placed un-shifted."""
-    B = _check_windows(attn, grid, window)
-    token = window_tokens(grid, window, shift, shift_padded)  # (nw, n): padding -> T, dropped below
-    (nw, n), T, H = token.shape, grid[0] * grid[1], attn.shape[1]
-    dense = attn.new_zeros(B, H, T + 1, T + 1)
-    dense[:, :, token[:, :, None], token[:, None, :]] = attn.view(B, nw, H, n, n).transpose(1, 2)  # (B, H, nw, n, n)
-    return dense[:, :, :T, :T]
+def _layer_windows(attn: Tensor, layout: LayerLayout) -> tuple[int, Tensor, Tensor]:
+    """The batch size of a layer's attention as it returns it, ``(B * nw, H, nq, nk)`` (a global layer's
+    ``(B, H, Tq, Tk)``: one window), and each window's query and key tokens (``LayerLayout.window_tokens``,
+    ``key_tokens``); ValueError for another shape."""
+    queries, keys = layout.window_tokens(), layout.key_tokens()  # (nw, nq), (nw, nk): padding -> Tq, Tk
+    (nw, nq), nk = queries.shape, keys.shape[1]
+    if attn.dim() != 4 or attn.shape[0] % nw or attn.shape[2:] != (nq, nk):
+        (gh, gw), (kh, kw) = layout.grid, layout.key_grid
+        where = (f"a {gh}x{gw} grid" + (f" pooling a {kh}x{kw} one" if layout.stride > 1 else "")
+                 + (f" in windows of {layout.window}" if layout.window else ""))
+        raise ValueError(f"expected attention (B * {nw}, H, {nq}, {nk}) for {where}, got {tuple(attn.shape)}")
+    return attn.shape[0] // nw, queries, keys
 
 
 def layer_on_grid(attn: Tensor, layout: LayerLayout) -> Tensor:
     """One layer's attention as it returns it -> ``(B, H, Tq, Tk)`` on the image's grids: queries on the layer's
     own grid (``layout.grid``), keys on ``layout.key_grid`` (the previous stage's in a pooled-query layer, Hiera /
-    SAM 2), each row placed on its window's keys and zero outside (padding keys dropped). A windowed layer's
-    attention is ``(B * nw, H, nq, nk)`` (Swin's shifted windows placed un-shifted); a global one's is returned as
-    it is."""
+    SAM 2), each row placed on its window's keys and zero outside. A windowed layer's attention is
+    ``(B * nw, H, nq, nk)`` (SAM / ViTDet windows, Swin's shifted windows placed un-shifted, Hiera's mask units);
+    padding keys are dropped, so a row of a window that covers padding sums to the share its real keys got. A
+    global layer's is returned as it is."""
     if not layout.window:
+        _layer_windows(attn, layout)
         return attn
-    if layout.stride == 1:
-        return windows_on_grid(attn, layout.grid, layout.window, layout.shift, layout.shift_padded)
-    queries = window_tokens(layout.grid, layout.window)  # (nw, nq): padding -> Tq
-    keys = window_tokens(layout.key_grid, layout.key_window)  # (nw, nk): padding -> Tk
+    B, queries, keys = _layer_windows(attn, layout)
     (nw, nq), nk = queries.shape, keys.shape[1]
     Tq, Tk, H = layout.num_tokens, layout.key_grid[0] * layout.key_grid[1], attn.shape[1]
-    if attn.dim() != 4 or attn.shape[0] % nw or attn.shape[2:] != (nq, nk) or keys.shape[0] != nw:
-        raise ValueError(f"a pooled-query layer's attention must be (batch * {nw} windows, heads, {nq}, {nk}), got "
-                         f"{tuple(attn.shape)}")
-    B = attn.shape[0] // nw
     dense = attn.new_zeros(B, H, Tq + 1, Tk + 1)
     dense[:, :, queries[:, :, None], keys[:, None, :]] = attn.view(B, nw, H, nq, nk).transpose(1, 2)
     return dense[:, :, :Tq, :Tk]
 
 
-def stage_rollout_factor(placed: Tensor, layout: LayerLayout, head_fusion: str = "mean") -> Tensor:
-    """A layer's rollout factor on a hierarchical model, ``(B, Tq, Tk)``, from its placed attention
-    ``(B, H, Tq, Tk)`` (``layer_on_grid``): ``(fused + R) / rowsum`` where the residual ``R`` is the identity, or
-    in a pooled-query layer the pooling as a map of tokens: max-pooling is not linear, so a pooled token counts as
-    built from its 2x2 stride window uniformly (``vit.model.merge_matrix``, 1/4 each), as through Swin's merge."""
-    fused = fuse_heads(placed.to(_compute_dtype(placed)), head_fusion)  # (B, Tq, Tk)
-    if layout.stride == 1:
-        return rollout_factor_rows(fused, 0, 0.0, 0)
-    residual = merge_matrix(layout.key_grid, fused.device).to(fused.dtype)  # (Tq, Tk)
-    a = fused + residual
-    return a / a.sum(dim=-1, keepdim=True)
+def windows_on_grid(attn: Tensor, grid: tuple[int, int], window: int, shift: int = 0, shift_padded: bool = True
+                    ) -> Tensor:
+    """``layer_on_grid`` of a windowed layer that pools nothing: ``(B * nw, H, w*w, w*w)`` (windows row-major over
+    the grid padded to a multiple of ``window``, ``vit.model.window_partition``'s order; Swin's ``shift``) ->
+    ``(B, H, T, T)`` on the full patch grid, zero outside each query's window."""
+    return layer_on_grid(attn, LayerLayout(tuple(grid), window, shift, shift_padded))
+
+
+def layer_rows(attn: Tensor, layout: LayerLayout, queries: Sequence[int]) -> Tensor:
+    """Rows ``queries`` (tokens of the layer's grid) of ``layer_on_grid(attn, layout)``, ``(B, H, q, Tk)``, read
+    from each query's own window only: ``q x Tk`` values formed, never ``Tq x Tk``."""
+    B, tokens, keys = _layer_windows(attn, layout)
+    (nw, nq), nk = tokens.shape, keys.shape[1]
+    Tq, Tk, H = layout.num_tokens, layout.key_grid[0] * layout.key_grid[1], attn.shape[1]
+    queries = torch.as_tensor(list(queries), dtype=torch.long)
+    if queries.numel() and not (0 <= int(queries.min()) and int(queries.max()) < Tq):
+        raise ValueError(f"query tokens out of range for {Tq} tokens")
+    slot_of = torch.empty(Tq + 1, dtype=torch.long)
+    slot_of[tokens.flatten()] = torch.arange(nw * nq)  # each token's window * nq + slot (padding's entry unused)
+    slot = slot_of[queries]  # (q,)
+    rows = attn.view(B, nw, H, nq, nk).permute(1, 3, 0, 2, 4)[slot // nq, slot % nq]  # (q, B, H, nk)
+    out = attn.new_zeros(B, H, len(queries), Tk + 1)
+    where = keys[slot // nq].to(attn.device)  # (q, nk): each query's window's keys
+    out.scatter_(-1, where.expand(B, H, -1, -1), rows.permute(1, 2, 0, 3))  # (B, H, q, nk) -> (B, H, q, Tk + 1)
+    return out[..., :Tk]
 
 
 def window_rows(attn: Tensor, grid: tuple[int, int], window: int, queries: Sequence[int], shift: int = 0,
                 shift_padded: bool = True) -> Tensor:
-    """Rows ``queries`` of ``windows_on_grid(attn, grid, window, shift, shift_padded)``, ``(B, H, q, T)``, read from
-    each query's own window only: ``q x T`` values formed, never ``T x T``."""
-    B = _check_windows(attn, grid, window)
-    token = window_tokens(grid, window, shift, shift_padded)  # (nw, n)
-    (nw, n), T, H = token.shape, grid[0] * grid[1], attn.shape[1]
-    queries = torch.as_tensor(list(queries), dtype=torch.long)
-    if queries.numel() and not (0 <= int(queries.min()) and int(queries.max()) < T):
-        raise ValueError(f"query tokens out of range for {T} patches")
-    slot_of = torch.empty(T + 1, dtype=torch.long)
-    slot_of[token.flatten()] = torch.arange(nw * n)  # each patch's window * n + slot (padding's entry unused)
-    slot = slot_of[queries]  # (q,)
-    rows = attn.view(B, nw, H, n, n).permute(1, 3, 0, 2, 4)[slot // n, slot % n]  # (q, B, H, n)
-    out = attn.new_zeros(B, H, len(queries), T + 1)
-    keys = token[slot // n].to(attn.device)  # (q, n): each query's window's tokens
-    out.scatter_(-1, keys.expand(B, H, -1, -1), rows.permute(1, 2, 0, 3))  # (B, H, q, n) -> (B, H, q, T + 1)
-    return out[..., :T]
+    """``layer_rows`` of a windowed layer that pools nothing (see ``windows_on_grid``): ``(B, H, q, T)``."""
+    return layer_rows(attn, LayerLayout(tuple(grid), window, shift, shift_padded), queries)
+
+
+def layer_residual(layout: LayerLayout, device: torch.device | None = None) -> Tensor:
+    """``(nq, nk)``: the residual of one window of a layer as a map of its tokens: the identity, or in a
+    pooled-query layer (Hiera, SAM 2) the pooling, whose max is not linear: a pooled token counts as built from
+    its stride window uniformly (``vit.model.merge_matrix`` of the key window, 1/4 each), as through Swin's merge."""
+    if layout.stride == 1:
+        n = layout.window ** 2 if layout.window else layout.num_tokens
+        return torch.eye(n, device=device)
+    side = (layout.key_window,) * 2 if layout.window else layout.key_grid
+    return merge_matrix(side, device, layout.stride)
+
+
+def layer_step(row: Tensor, blocks: Tensor, layout: LayerLayout, normalise: bool = True) -> Tensor:
+    """``row (B, Tq) @`` one layer's factor, ``(B, Tk)``: ``blocks`` ``(B * nw, nq, nk)`` are its windows' fused
+    attention (a global layer's ``(B, Tq, Tk)``), padding keys dropped and ``layer_residual`` added; with
+    ``normalise`` the rows are renormalised (the attention rollout's ``Â = (A + R) / rowsum``), else not (Chefer's
+    ``I + Ā``). The factor is block-diagonal over the windows, so each window's block is applied to the row's
+    entries there (``Tq x nk`` work, not ``Tq x Tk``)."""
+    B, queries, keys = _layer_windows(blocks[:, None], layout)
+    queries, keys = queries.to(blocks.device), keys.to(blocks.device)
+    (nw, nq), nk = queries.shape, keys.shape[1]
+    Tk = layout.key_grid[0] * layout.key_grid[1]
+    dtype = torch.promote_types(_compute_dtype(blocks), row.dtype)
+    a = blocks.to(dtype).view(B, nw, nq, nk) * (keys < Tk)[None, :, None, :]  # padding keys dropped
+    a = a + layer_residual(layout, blocks.device).to(dtype)
+    if normalise:
+        a = a / a.sum(dim=-1, keepdim=True)
+    v = torch.cat([row.to(dtype), row.new_zeros(B, 1).to(dtype)], dim=1)[:, queries]  # (B, nw, nq): padding 0
+    out = a.new_zeros(B, Tk + 1)
+    out[:, keys.flatten()] = (v[:, :, None, :] @ a)[:, :, 0].flatten(1)  # (B, nw * nk); padding lands on Tk
+    return out[:, :Tk]
 
 
 def window_rollout_step(row: Tensor, fused: Tensor, grid: tuple[int, int], window: int, shift: int = 0,
                         shift_padded: bool = True) -> Tensor:
-    """``row (B, T) @`` a windowed layer's rollout factor (``rollout_factor_rows`` of its placed, fused attention,
-    no discard), from its fused windows ``(B * nw, w*w, w*w)``: the factor is block-diagonal, so each window's
-    ``w*w`` block is applied to the row's entries in that window (``T x w*w`` work, not ``T²``)."""
-    B = _check_windows(fused[:, None], grid, window)
-    token = window_tokens(grid, window, shift, shift_padded).to(fused.device)  # (nw, n)
-    (nw, n), T = token.shape, grid[0] * grid[1]
-    a = fused.to(_compute_dtype(fused)).view(B, nw, n, n) * (token < T)[None, :, None, :]  # padding keys dropped
-    a = a + torch.eye(n, dtype=a.dtype, device=a.device)  # the residual
-    a = a / a.sum(dim=-1, keepdim=True)
-    v = torch.cat([row.to(a.dtype), row.new_zeros(B, 1).to(a.dtype)], dim=1)[:, token]  # (B, nw, n): padding 0
-    out = a.new_zeros(B, T + 1)
-    out[:, token.flatten()] = (v[:, :, None, :] @ a)[:, :, 0].flatten(1)  # (B, nw * n); padding lands on T
-    return out[:, :T]
+    """``layer_step`` of a windowed layer that pools nothing: ``row (B, T) @`` its rollout factor, from its fused
+    windows ``(B * nw, w*w, w*w)``."""
+    return layer_step(row, fused, LayerLayout(tuple(grid), window, shift, shift_padded))
 
 
 def _check_tokens(attn: Tensor, grid: tuple[int, int], num_prefix_tokens: int) -> None:
@@ -144,7 +150,10 @@ def layers_up_to(attentions: Sequence[Tensor], end_layer: int | None) -> list[Te
     if not layers:
         raise ValueError("no attention layers given; run the model with output_attentions=True")
     for i, attn in enumerate(layers):
-        if attn.dim() != 4 or attn.shape[-1] != attn.shape[-2]:
+        if attn.dim() == 4 and attn.shape[-1] != attn.shape[-2]:  # pooled queries (Hiera): a grid of its own
+            raise ValueError(f"layer {i} has shape {tuple(attn.shape)}: a model with stages (Hiera's pooled queries) "
+                             "has each layer on its own grid; roll out with vit.explain.stages.rollout_row")
+        if attn.dim() != 4:
             raise ValueError(f"layer {i}: expected attention of shape (batch, heads, tokens, tokens), "
                              f"got {tuple(attn.shape)}")
         if attn.shape[0] != layers[0].shape[0] or attn.shape[-1] != layers[0].shape[-1]:

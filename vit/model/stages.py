@@ -1,4 +1,4 @@
-"""Stages: hierarchical models (Swin, Swin V2; Hiera next) as one list of blocks whose grid shrinks.
+"""Stages: hierarchical models (Swin, Swin V2, Hiera, SAM 2's Hiera) as one list of blocks whose grid shrinks.
 
 **What a stage is.** A run of consecutive blocks with one patch grid, one width and one number of heads
 (``ViTConfig.stage_depths`` / ``stage_widths`` / ``stage_heads``; empty tuples are one stage, the plain ViT). The
@@ -46,8 +46,11 @@ stage's grid and on through that stage's layers, ending on the patch grid of the
 **Rollout through query pooling.** Max-pooling is not linear: which input wins depends on the input, channel by
 channel. The rollout takes the same convention as through a merge: a pooled token is built from its 2x2 stride window
 uniformly (``merge_matrix``, 1/4 each), the residual of the pooling layer is that map, and its attention rows already
-sit over the previous grid's keys, so the layer's rollout factor ``(T_new, T_old)`` is
-``0.5 * attention + 0.5 * merge_matrix`` (rows renormalised), ``vit.explain.attention.pooled_rollout_step``.
+sit over the previous grid's keys, so the layer's rollout factor ``(T_new, T_old)`` is ``attention + merge_matrix``
+(rows renormalised). Swin's windows, SAM's, Hiera's mask units and pooled queries are all one placement and one
+rollout step (``vit.explain.attention.layer_on_grid``, ``layer_rows``, ``layer_step``): each window's query slots
+(``LayerLayout.window_tokens``) over its key slots (``LayerLayout.key_tokens``), its residual the identity or the
+pooling (``merge_matrix`` of the key window); a global layer is one window of every token.
 """
 
 from __future__ import annotations
@@ -89,8 +92,22 @@ class LayerLayout:
 
     def window_tokens(self) -> torch.Tensor:
         """``(nw, w*w)``: the token of this layer's grid (row-major) that each window slot holds, in the order the
-        (shifted) windows are cut (``window_partition``), ``gh * gw`` for padding."""
+        (shifted) windows are cut (``window_partition``), ``gh * gw`` for padding; a global layer is one window of
+        every token."""
+        if not self.window:
+            return torch.arange(self.num_tokens)[None]
         return window_tokens(self.grid, self.window, self.shift, self.shift_padded)
+
+    def key_tokens(self) -> torch.Tensor:
+        """``(nw, kw*kw)``: the token of the key grid each window's key slot holds (``window_tokens`` of
+        ``key_grid`` in windows of ``key_window``; the query windows' own in a layer that pools nothing), padding
+        ``key_grid[0] * key_grid[1]``."""
+        if self.stride == 1:
+            return self.window_tokens()
+        kh, kw = self.key_grid
+        if not self.window:
+            return torch.arange(kh * kw)[None]
+        return window_tokens(self.key_grid, self.key_window)
 
 
 def window_tokens(grid: tuple[int, int], window: int, shift: int = 0, shift_padded: bool = True) -> torch.Tensor:
@@ -184,13 +201,14 @@ def covering_token(token: int, grid: tuple[int, int], layer_grid: tuple[int, int
     return (token // gw) // fy * lw + (token % gw) // fx
 
 
-def merge_matrix(grid: tuple[int, int], device: torch.device | None = None) -> torch.Tensor:
-    """``(T_out, T_in)``: which input tokens of ``grid`` each output token of a 2x2 merge is built from, 1/k on its
-    k real inputs (padding of an odd side holds none): how a rollout row passes through ``PatchMerging``."""
+def merge_matrix(grid: tuple[int, int], device: torch.device | None = None, stride: int = 2) -> torch.Tensor:
+    """``(T_out, T_in)``: which input tokens of ``grid`` each output token of a ``stride`` x ``stride`` merge (or
+    query pooling) is built from, 1/k on its k real inputs (padding of an odd side holds none): how a rollout row
+    passes through ``PatchMerging``, and the residual of a pooled-query layer."""
     gh, gw = grid
-    oh, ow = -(-gh // 2), -(-gw // 2)
+    oh, ow = -(-gh // stride), -(-gw // stride)
     rows = torch.arange(gh * gw, device=device)
-    out = (rows // gw) // 2 * ow + (rows % gw) // 2  # each input token's output token
+    out = (rows // gw) // stride * ow + (rows % gw) // stride  # each input token's output token
     m = torch.zeros(oh * ow, gh * gw, device=device)
     m[out, rows] = 1.0
     return m / m.sum(dim=1, keepdim=True)

@@ -1,0 +1,131 @@
+"""The other methods on Hiera: what applies is checked against a reference, what does not is refused in one line.
+
+- Zero-ablating a head (``mechanism.ablate_heads``, ``ablated_copy``) of a later stage, in its pooled-query first
+  layer, equals HF's Hiera with that head's slice of the attention context zeroed (a hook on its ``proj``'s input).
+- AttnLRP and CP-LRP through the mask units, the pooled queries and the max-pooled residual equal lxt's rules
+  patched into timm's Hiera (fused attention on; lxt has no rule for a max, whose gradient goes to the winner in
+  both, so x * grad of a max is the max: conservative); CP-LRP's relevance of the embedding sums to the logit.
+- Everything that stacks the hidden states of one grid, or reads a CLS token, refuses a Hiera naming why.
+"""
+
+import pytest
+import torch
+from parity_helpers import randomize
+from test_family_relevance_timm import lxt_relevance
+from test_hiera_parity import HF_TINY, TIMM_TINY
+
+from vit.explain import attention, mechanism, relevance
+from vit.model import use_rules
+from vit.sources.open import open_source
+
+transformers = pytest.importorskip("transformers")
+timm = pytest.importorskip("timm")
+pytestmark = pytest.mark.slow  # importing transformers and timm takes seconds
+
+SIZE = 32  # an 8x8 grid in 4x4 mask units; 4x4 in units of 2; 2x2 global
+
+
+@pytest.fixture(scope="module")
+def hf_hiera(tmp_path_factory):
+    config = transformers.HieraConfig(image_size=[SIZE] * 2, **HF_TINY)
+    config._attn_implementation = "eager"
+    torch.manual_seed(0)
+    model = randomize(transformers.HieraForImageClassification(config))
+    folder = tmp_path_factory.mktemp("hiera")
+    model.save_pretrained(folder)
+    return model, open_source(folder).model
+
+
+def test_zero_ablating_a_pooled_layers_head_equals_hf_with_its_context_zeroed(hf_hiera):
+    reference, ours = hf_hiera
+    images = torch.randn(2, 3, SIZE, SIZE, generator=torch.Generator().manual_seed(1))
+    layer, head, hd = 3, 2, 8  # the last stage's first block (pooled queries): 4 heads of 8
+    proj = reference.hiera.encoder.stages[2].layers[0].attn.proj  # reads the heads' contexts
+
+    def zeroed(module, inputs):
+        context = inputs[0].clone()  # (B, T, C), channels head-major
+        context[..., head * hd:(head + 1) * hd] = 0
+        return (context,)
+
+    hook = proj.register_forward_pre_hook(zeroed)
+    try:
+        with torch.no_grad():
+            expected = reference(pixel_values=images).logits
+    finally:
+        hook.remove()
+    with torch.no_grad():
+        logits, _ = mechanism.ablate_heads(ours, images, [(layer, head)])
+        copied = mechanism.ablated_copy(ours, [(layer, head)])(images)[0]
+    torch.testing.assert_close(logits, expected, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(copied, expected, rtol=1e-5, atol=1e-5)
+    with pytest.raises(mechanism.MechanismError, match="heads 0 to 1"):
+        mechanism.ablate_heads(ours, images, [(1, 2)])  # stage 1 has two
+
+
+@pytest.fixture(scope="module")
+def timm_hiera(tmp_path_factory):
+    torch.manual_seed(0)
+    model = randomize(timm.create_model("hiera_tiny_224", pretrained=False, img_size=SIZE, **TIMM_TINY))
+    for module in model.modules():
+        if hasattr(module, "fused_attn"):
+            module.fused_attn = True  # lxt's patch replaces scaled_dot_product_attention
+    folder = tmp_path_factory.mktemp("timm-hiera") / "model"
+    args = {k: v for k, v in TIMM_TINY.items() if k != "num_classes"}
+    timm.models.save_for_hf(model, folder, model_args=dict(img_size=SIZE, **args), safe_serialization=True)
+    return model, open_source(folder).model
+
+
+@pytest.mark.parametrize("cp", [False, True], ids=["attnlrp", "cp-lrp"])
+def test_attnlrp_through_pooled_queries_equals_lxts_rules_on_timms_hiera(timm_hiera, monkeypatch, cp):
+    reference, ours = timm_hiera
+    images = torch.randn(1, 3, SIZE, SIZE, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        torch.testing.assert_close(ours(images)[0], reference(images), rtol=1e-5, atol=1e-5)
+    for index in (0, 2):
+        expected = lxt_relevance(reference, images, index, cp, monkeypatch)
+        scale = expected.abs().max()
+        torch.testing.assert_close(relevance.attnlrp(ours, images, index, cp=cp) / scale, expected / scale,
+                                   rtol=1e-5, atol=1e-5)
+
+
+def test_cp_lrp_relevance_of_hiera_sums_to_the_logit_through_the_max_pooling(hf_hiera):
+    _, ours = hf_hiera
+    model = randomize(type(ours)(ours.config))  # a copy with the same stages, its biases zeroed below
+    model.eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("bias"):
+                p.zero_()
+    images = torch.randn(2, 3, SIZE, SIZE, generator=torch.Generator().manual_seed(2))
+    with torch.enable_grad(), use_rules(relevance.AttnLRPRules(cp=True)):
+        encoding, cache = model.run_with_cache(images.requires_grad_(True), ["hook_embed"])
+        logit = encoding.logits[:, 1]
+        [grad] = torch.autograd.grad(logit.sum(), cache["hook_embed"])
+    total = (cache["hook_embed"] * grad).sum(dim=(1, 2))  # (B,)
+    torch.testing.assert_close(total, logit.detach(), rtol=1e-3, atol=1e-3)
+
+
+REFUSED = {
+    "hidden_states": lambda m, x: mechanism.hidden_states(m, x),
+    "logit_lens": lambda m, x: mechanism.logit_lens(m, x),
+    "direct_logit_attribution": lambda m, x: mechanism.direct_logit_attribution(m, x),
+    "mean_contexts": lambda m, x: mechanism.mean_contexts(m, x),
+    "mean ablation": lambda m, x: mechanism.ablate_heads(m, x, [(0, 0)], "mean", torch.zeros(5, 64, 1, 8)),
+    "ablation_grid": lambda m, x: mechanism.ablation_grid(m, x, 0),
+    "patch_heads": lambda m, x: mechanism.patch_heads(m, x, x.flip(-1)),
+    "patch_residuals": lambda m, x: mechanism.patch_residuals(m, x, x.flip(-1), 0, 1),
+    "sink_stats": lambda m, x: mechanism.sink_stats(m, torch.zeros(1, 5, 64, 8), (8, 8)),
+    "find_register_neurons": lambda m, x: mechanism.find_register_neurons(m, x, 1.0),
+    "with_test_time_registers": lambda m, x: mechanism.with_test_time_registers(m, x, {0: [0]}),
+    "legrad": lambda m, x: relevance.legrad(m, x, 0),
+    "transformer_attribution": lambda m, x: relevance.transformer_attribution(m, x, 0),
+    "rollout": lambda m, x: attention.rollout(list(m(x, output_attentions=True)[1]), num_prefix_tokens=0),
+}
+
+
+@pytest.mark.parametrize("call", list(REFUSED))
+def test_what_needs_one_grid_refuses_a_hiera_in_one_line(hf_hiera, call):
+    _, ours = hf_hiera
+    with pytest.raises(ValueError, match="stages") as error, torch.no_grad():
+        REFUSED[call](ours, torch.randn(1, 3, SIZE, SIZE))
+    assert "\n" not in str(error.value)
