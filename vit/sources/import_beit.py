@@ -151,19 +151,12 @@ def config_from_timm(name: str, state: Mapping[str, torch.Tensor], model_args: M
         raise ValueError(f"timm {name}: a shared and a per-layer relative position bias together are not supported")
     table = state["rel_pos_bias.relative_position_bias_table" if shared
                   else "blocks.0.attn.relative_position_bias_table"] if shared or per_layer else None
-    if table is not None:
-        side = (int(round((table.shape[0] - 3) ** 0.5)) + 1) // 2
-        if (2 * side - 1) ** 2 + 3 != table.shape[0]:
-            raise ValueError(f"timm {name}: a relative position table of {table.shape[0]} rows is no square grid's")
-    elif "pos_embed" in state:
-        side = int(round((state["pos_embed"].shape[1] - 1) ** 0.5))
-    else:
-        side = _side(args.get("img_size", 224), "img_size") // patch
+    grid = _timm_grid(name, args.get("img_size"), patch, table, state.get("pos_embed"))
     pool = args.get("global_pool", "avg")
     if pool not in ("avg", "token"):
         raise ValueError(f"timm global_pool {pool!r} of {name} is not supported; supported: avg, token")
     return ViTConfig(
-        image_size=side * patch, patch_size=patch, num_channels=channels,
+        image_size=(grid[0] * patch, grid[1] * patch), patch_size=patch, num_channels=channels,
         num_classes=state["head.weight"].shape[0] if "head.weight" in state else 0, hidden_size=width,
         num_layers=depth, num_heads=int(heads), mlp_size=state["blocks.0.mlp.fc1.weight"].shape[0],
         qkv_bias="blocks.0.attn.q_bias" in state, key_bias=False, layer_norm_eps=1e-6,
@@ -171,6 +164,31 @@ def config_from_timm(name: str, state: Mapping[str, torch.Tensor], model_args: M
         pos_embed="pos_embed" in state, rel_pos="beit" if per_layer else "beit_shared" if shared else "none",
         pooling="avg" if pool == "avg" else "cls", fc_norm="fc_norm.weight" in state,
         final_norm="norm.weight" in state)
+
+
+def _timm_grid(name: str, img_size, patch: int, table: torch.Tensor | None, pos_embed: torch.Tensor | None
+               ) -> tuple[int, int]:
+    """The patch grid timm built ``name`` for: its ``img_size`` (an int or timm's (height, width)) when given, else
+    the square its relative position table (``(2gh-1)(2gw-1) + 3`` rows) or position table fixes; ValueError when the
+    tables do not fit that grid."""
+    if img_size is not None:
+        sides = img_size if isinstance(img_size, (list, tuple)) else (img_size, img_size)
+        if len(sides) != 2:
+            raise ValueError(f"timm {name}: img_size {str(img_size)[:40]} is neither a side nor (height, width)")
+        gh, gw = (_side(v, "img_size") // patch for v in sides)
+    elif table is not None:
+        gh = gw = (int(round((table.shape[0] - 3) ** 0.5)) + 1) // 2
+    elif pos_embed is not None:
+        gh = gw = int(round((pos_embed.shape[1] - 1) ** 0.5))
+    else:
+        gh = gw = 224 // patch
+    if table is not None and (2 * gh - 1) * (2 * gw - 1) + 3 != table.shape[0]:
+        raise ValueError(f"timm {name}: a relative position table of {table.shape[0]} rows is not a {gh} x {gw} "
+                         "grid's; give model_args.img_size as timm built it, (height, width)")
+    if pos_embed is not None and pos_embed.shape[1] != 1 + gh * gw:
+        raise ValueError(f"timm {name}: a position table of {pos_embed.shape[1]} entries is not 1 + a {gh} x {gw} "
+                         "grid's; give model_args.img_size as timm built it, (height, width)")
+    return gh, gw
 
 
 def state_dict_from_timm(state: Mapping[str, torch.Tensor], config: ViTConfig) -> dict[str, torch.Tensor]:
