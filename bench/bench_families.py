@@ -16,6 +16,7 @@ Measured (two CPU cores shared with other work, load average 7-10; medians of 5 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import tempfile
@@ -52,19 +53,55 @@ def pe(folder: Path):
     return "PE core (timm explicit, B/16 224 px)", model, 224
 
 
+def beit_hf(folder: Path):
+    import transformers
+
+    config = transformers.BeitConfig(use_relative_position_bias=True, use_mean_pooling=True)  # BEiT-B/16, 224 px
+    config._attn_implementation = "eager"
+    model = transformers.BeitModel(config).eval()
+    model.save_pretrained(folder)
+    return "BEiT (HF eager, B/16 224 px)", lambda x: model(pixel_values=x, output_attentions=True), 224
+
+
+def beit_timm(folder: Path):
+    import timm
+
+    timm.layers.set_fused_attn(False)
+    try:
+        model = timm.create_model("beit_base_patch16_224", pretrained=False).eval()
+    finally:
+        timm.layers.set_fused_attn(True)
+    timm.models.save_for_hf(model, folder, safe_serialization=True)
+    return "BEiT (timm explicit, B/16 224 px)", model, 224
+
+
+def sam_hf(folder: Path):
+    import transformers
+
+    config = transformers.SamVisionConfig()  # SAM ViT-B: 1,024 px, windows of 14, global layers 2, 5, 8, 11
+    config._attn_implementation = "eager"
+    model = transformers.SamVisionModel(config).eval()
+    model.save_pretrained(folder)
+    return "SAM (HF eager, ViT-B 1,024 px)", lambda x: model(pixel_values=x, output_attentions=True), 1024
+
+
+FAMILIES = {"aimv2": aimv2, "pe": pe, "beit-hf": beit_hf, "beit-timm": beit_timm, "sam": sam_hf}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--models", default=",".join(FAMILIES), help=f"some of {', '.join(FAMILIES)}")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    print("| model | theirs (ms) | ours (ms) | ours / theirs |\n| --- | --- | --- | --- |")
-    for build in (aimv2, pe):
+    print("| model | theirs (ms) | ours (ms) | ours / theirs | load (1 min) |\n| --- | --- | --- | --- | --- |")
+    for build in (FAMILIES[name] for name in args.models.split(",")):
         with tempfile.TemporaryDirectory() as tmp:
             torch.manual_seed(0)
             name, theirs, size = build(Path(tmp) / "model")
-            ours = open_source(Path(tmp) / "model").model
+            ours = open_source(Path(tmp) / "model").model.eval()
         x = torch.randn(args.batch, 3, size, size)
         times: dict[str, list[float]] = {"theirs": [], "ours": []}
         with torch.inference_mode():
@@ -75,7 +112,7 @@ def main() -> None:
                     theirs(x) if label == "theirs" else ours.encode(x, output_attentions=True)
                     times[label].append(time.perf_counter() - start)
         a, b = statistics.median(times["theirs"]) * 1e3, statistics.median(times["ours"]) * 1e3
-        print(f"| {name} | {a:.0f} | {b:.0f} | {b / a:.2f}x |")
+        print(f"| {name} | {a:.0f} | {b:.0f} | {b / a:.2f}x | {os.getloadavg()[0]:.1f} |", flush=True)
 
 
 if __name__ == "__main__":

@@ -166,7 +166,8 @@ class Attention(Parent):
             def bias_rows(start: int, stop: int, q: torch.Tensor = q) -> torch.Tensor:  # q before the rules' copy
                 """Rows ``start..stop`` of the bias, ``(B or 1, nh, stop - start, N)``."""
                 shared = None if shared_bias is None else shared_bias[:, start:stop]
-                return self.logit_bias(q[:, :, start:stop], grid, shared, torch.arange(start, stop))
+                rows = None if (start, stop) == (0, N) else torch.arange(start, stop)  # None: every row (cached index)
+                return self.logit_bias(q[:, :, start:stop], grid, shared, rows)
 
             if explicit or self.hook_bias in active:  # whole, as the softmax or a reader of hook_bias needs it
                 bias = rules.logit_bias(self.hook_bias(bias_rows(0, n)))  # (B or 1, nh, n, N)
