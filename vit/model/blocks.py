@@ -93,8 +93,8 @@ class Attention(Parent):
         self.proj_dropout = nn.Dropout(config.dropout)
         # What this layer adds to its logits: BEiT's own table (a shared one comes from the model), or SAM's
         # decomposed relative positions, sized for its windows or, in a global layer, the model's grid.
-        self.rel_pos_bias = (RelativePositionBias(config.grid_size, config.num_heads) if config.rel_pos == "beit"
-                             else None)
+        self.rel_pos_bias = (RelativePositionBias(config.grid_size, config.num_heads, config.rel_pos_resize)
+                             if config.rel_pos == "beit" else None)
         side = window or config.grid_size[0]
         self.rel_pos_h = nn.Parameter(torch.zeros(2 * side - 1, self.head_dim)) if config.rel_pos == "sam" else None
         self.rel_pos_w = (nn.Parameter(torch.zeros(2 * (window or config.grid_size[1]) - 1, self.head_dim))

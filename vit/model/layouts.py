@@ -29,15 +29,59 @@ def beit_relative_position_index(grid: tuple[int, int], rows: torch.Tensor | Non
     return index
 
 
+def _geometric_offsets(src: int, dst: int) -> torch.Tensor:
+    """unilm's BEiT resize (timm ``resize_rel_pos_bias_table``'s ``_calc``): where the ``src`` offsets of one axis
+    sit among ``dst`` target ones, spread by the ratio ``q`` whose geometric series spans half the target."""
+    left, right = 1.01, 1.5
+    while right - left > 1e-6:
+        q = (left + right) / 2.0
+        if (1.0 - q ** (src // 2)) / (1.0 - q) > dst // 2:
+            right = q
+        else:
+            left = q
+    distances, current = [], 1
+    for i in range(src // 2):
+        distances.append(current)
+        current += q ** (i + 1)
+    return torch.tensor([-d for d in reversed(distances)] + [0] + distances)
+
+
+def _linear_weights(points: torch.Tensor, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """Along one axis, for each target ``x``, its two neighbours among the sorted ``points`` and their weights, as
+    timm's ``RegularGridInterpolator`` (linear; an ``x`` past the ends takes the end value)."""
+    right = torch.bucketize(x, points).clamp(max=len(points) - 1)
+    left = (right - 1).clamp(0, len(points) - 1)
+    to_left, to_right = (x - points[left]).clamp(min=0), (points[right] - x).clamp(min=0)
+    both = (to_left == 0) & (to_right == 0)
+    to_left, to_right = to_left.masked_fill(both, 1.0), to_right.masked_fill(both, 1.0)
+    return left, right, to_right, to_left, to_left + to_right  # the left one weighs its distance to the right
+
+
+def resize_beit_table(table: torch.Tensor, old: tuple[int, int], new: tuple[int, int]) -> torch.Tensor:
+    """timm's ``resize_rel_pos_bias_table`` (without scipy: its linear ``RegularGridInterpolator``) of a BEiT table
+    ``((2gh-1)(2gw-1) + 3, nh)`` from grid ``old`` to ``new``: the offsets read row-major as ``(2gh-1, 2gw-1)``, each
+    head linearly interpolated from unilm's geometrically spread source offsets, the three CLS rows kept."""
+    (sh, sw), (dh, dw) = (2 * old[0] - 1, 2 * old[1] - 1), (2 * new[0] - 1, 2 * new[1] - 1)
+    values = table[:-3].float().cpu().view(sh, sw, -1)  # (sh, sw, nh)
+    ys = _linear_weights(_geometric_offsets(sh, dh), torch.arange(-(dh // 2.0), dh // 2.0 + 0.1, 1.0))
+    xs = _linear_weights(_geometric_offsets(sw, dw), torch.arange(-(dw // 2.0), dw // 2.0 + 0.1, 1.0))
+    out = 0.0
+    for iy, wy in ((ys[0], ys[2]), (ys[1], ys[3])):
+        for ix, wx in ((xs[0], xs[2]), (xs[1], xs[3])):
+            out = out + values[iy][:, ix] * (wy[:, None] * wx[None, :])[..., None]  # (dh, dw, nh)
+    out = out / (ys[4][:, None] * xs[4][None, :])[..., None]
+    return torch.cat([out.reshape(dh * dw, -1).to(table), table[-3:]])
+
+
 class RelativePositionBias(nn.Module):
     """BEiT's relative position bias (one per layer, or one shared by all): a learned ``(heads,)`` bias per 2D offset
     between two patches, plus three for the CLS pairs, added to the attention logits. On another grid the offset
-    table is resized bilinearly, as HF ``BeitRelativePositionBias`` does (timm resizes only when the model is rebuilt
-    for another size)."""
+    table is resized (``resize``): bilinearly, as HF ``BeitRelativePositionBias`` does on every call, or as timm's
+    ``resize_rel_pos_bias_table`` does when its model is set to another input size (``resize_beit_table``)."""
 
-    def __init__(self, grid: tuple[int, int], num_heads: int) -> None:
+    def __init__(self, grid: tuple[int, int], num_heads: int, resize: str = "bilinear") -> None:
         super().__init__()
-        self.grid = tuple(grid)
+        self.grid, self.resize = tuple(grid), resize
         self.table = nn.Parameter(torch.zeros((2 * grid[0] - 1) * (2 * grid[1] - 1) + 3, num_heads))
         self._index: tuple[tuple[int, int], torch.Tensor] | None = None  # (grid, its whole index), as HF caches it
 
@@ -56,7 +100,9 @@ class RelativePositionBias(nn.Module):
         """The bias ``(nh, 1 + gh*gw, 1 + gh*gw)`` for a patch grid; its rows ``rows`` (token indices) alone,
         ``(nh, len(rows), 1 + gh*gw)``, when given (what a query chunk of the attention needs)."""
         table = self.table
-        if tuple(grid) != self.grid:
+        if tuple(grid) != self.grid and self.resize == "timm":
+            table = resize_beit_table(table, self.grid, tuple(grid))
+        elif tuple(grid) != self.grid:
             (oh, ow), (gh, gw) = self.grid, grid
             offsets = table[:-3].reshape(1, 2 * ow - 1, 2 * oh - 1, -1).permute(0, 3, 1, 2)  # HF's (w, h) reading
             offsets = F.interpolate(offsets, size=(2 * gh - 1, 2 * gw - 1), mode="bilinear")

@@ -162,7 +162,7 @@ def config_from_timm(name: str, state: Mapping[str, torch.Tensor], model_args: M
         qkv_bias="blocks.0.attn.q_bias" in state, key_bias=False, layer_norm_eps=1e-6,
         layer_scale=float(args.get("init_values") or 0.1) if "blocks.0.gamma_1" in state else None,
         pos_embed="pos_embed" in state, rel_pos="beit" if per_layer else "beit_shared" if shared else "none",
-        pooling="avg" if pool == "avg" else "cls", fc_norm="fc_norm.weight" in state,
+        rel_pos_resize="timm", pos_embed_antialias=True, pooling="avg" if pool == "avg" else "cls", fc_norm="fc_norm.weight" in state,
         final_norm="norm.weight" in state)
 
 
