@@ -10,9 +10,17 @@ the repository root::
 
     python -m bench.bench_sam_memory --threads 1
 
-Measured (2 shared cores, one thread, load average about 3):
+Measured (2026-11-24, 2 shared cores, one thread; working memory in MB against the 1,024 MB bound). Before: commit
+6759b96, the global layers' bias formed whole (12 x 4,096 x 4,096, 805 MB), load 3-6; after: 3a55376, the bias
+formed per query chunk of the fused path, load 6-9 (the times are the machine's load as much as the method's):
 
-    (see the table in the report below; "before" is the commit before the per-chunk bias)
+    | measure     | before MB | after MB | before s | after s |
+    | forward     |       967 |      339 |     83.3 |    83.2 |
+    | hidden      |     1,111 |      437 |     94.6 |    37.1 |
+    | head-global |     1,092 |      459 |     48.8 |    64.5 |
+    | mean-global |     1,092 |      459 |     17.3 |    48.5 |
+    | head-window |     1,080 |      457 |     51.0 |    83.6 |
+    | rollout     |     1,111 |      669 |    113.3 |   140.7 |
 """
 
 from __future__ import annotations
