@@ -121,9 +121,18 @@ class Attention(Parent):
                             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``x`` (B, N, C) -> q, k, v (B, nh, N, hd) each, unscaled, with rotary positions applied to q and k."""
         B, N, C = x.shape
-        qkv = F.linear(x, self.qkv.weight, self.qkv_bias())
-        qkv = qkv.view(B, N, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)  # (3, B, nh, N, hd)
-        q, k, v = qkv.unbind(0)  # each (B, nh, N, hd)
+        if x.device.type == "cpu":
+            # Three products of the weight's thirds, not one of the whole: one thread's BLAS here runs 768-wide
+            # outputs ~10 % faster than 2,304-wide ones (the same FLOPs), and a key without bias skips its add.
+            biases = [None] * 3 if self.qkv.bias is None else list(self.qkv.bias.chunk(3))
+            if not self.key_bias:
+                biases[1] = None
+            q, k, v = (F.linear(x, w, b).view(B, N, self.num_heads, self.head_dim).transpose(1, 2)
+                       for w, b in zip(self.qkv.weight.chunk(3), biases, strict=True))  # each (B, nh, N, hd)
+        else:
+            qkv = F.linear(x, self.qkv.weight, self.qkv_bias())
+            qkv = qkv.view(B, N, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)  # (3, B, nh, N, hd)
+            q, k, v = qkv.unbind(0)  # each (B, nh, N, hd)
         if rope is not None:
             q, k = apply_rope(q, rope, self.rope_interleaved), apply_rope(k, rope, self.rope_interleaved)
         return q, k, v
