@@ -162,8 +162,8 @@ def config_from_timm(name: str, state: Mapping[str, torch.Tensor], model_args: M
         qkv_bias="blocks.0.attn.q_bias" in state, key_bias=False, layer_norm_eps=1e-6,
         layer_scale=float(args.get("init_values") or 0.1) if "blocks.0.gamma_1" in state else None,
         pos_embed="pos_embed" in state, rel_pos="beit" if per_layer else "beit_shared" if shared else "none",
-        rel_pos_resize="timm", pos_embed_antialias=True, pooling="avg" if pool == "avg" else "cls", fc_norm="fc_norm.weight" in state,
-        final_norm="norm.weight" in state)
+        rel_pos_resize="timm", pos_embed_antialias=True, pooling="avg" if pool == "avg" else "cls",
+        fc_norm="fc_norm.weight" in state, final_norm="norm.weight" in state)
 
 
 def _timm_grid(name: str, img_size, patch: int, table: torch.Tensor | None, pos_embed: torch.Tensor | None
