@@ -54,6 +54,25 @@ def test_hf_beit_matches_transformers(tmp_path, architecture, options):
         assert_parity(f"BEiT | HF {architecture} | {label}", output, expected, ours.attentions, out.attentions)
 
 
+@pytest.mark.parametrize("options", [dict(use_relative_position_bias=True),
+                                     dict(use_shared_relative_position_bias=True)], ids=["per-layer", "shared"])
+def test_hf_beit_built_at_a_non_square_size_matches_transformers_there_and_interpolated(tmp_path, options):
+    config = transformers.BeitConfig(**{**TINY, "image_size": [40, 24]}, **options, num_labels=3)
+    config._attn_implementation = "eager"
+    torch.manual_seed(0)
+    model = randomize(transformers.BeitForImageClassification(config))
+    model.save_pretrained(tmp_path / "beit")
+    checkpoint = open_source(tmp_path / "beit")
+    assert checkpoint.config.image_size == (40, 24)
+    for label, size in (("40x24", (40, 24)), ("32x48", (32, 48))):
+        images = torch.randn(2, 3, *size)
+        with torch.no_grad():
+            out = model(pixel_values=images, output_attentions=True, interpolate_pos_encoding=label != "40x24")
+            ours = checkpoint.model.encode(images, output_attentions=True)
+        assert_parity(f"BEiT | HF built at 40x24 | {label}", ours.logits, out.logits, ours.attentions,
+                      out.attentions)
+
+
 def timm_beit(name: str, shared: bool, img_size=32, **options):
     timm.layers.set_fused_attn(False)
     try:

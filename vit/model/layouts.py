@@ -100,9 +100,12 @@ class RelativePositionBias(nn.Module):
         """The bias ``(nh, 1 + gh*gw, 1 + gh*gw)`` for a patch grid; its rows ``rows`` (token indices) alone,
         ``(nh, len(rows), 1 + gh*gw)``, when given (what a query chunk of the attention needs)."""
         table = self.table
-        if tuple(grid) != self.grid and self.resize == "timm":
-            table = resize_beit_table(table, self.grid, tuple(grid))
-        elif tuple(grid) != self.grid:
+        if self.resize == "timm":
+            if tuple(grid) != self.grid:
+                table = resize_beit_table(table, self.grid, tuple(grid))
+        elif tuple(grid) != self.grid or self.grid[0] != self.grid[1]:
+            # HF reads its table as (2ow-1, 2oh-1) and resizes it to (2gh-1, 2gw-1) on every call, so a non-square
+            # model's own table is resized at its own size too
             (oh, ow), (gh, gw) = self.grid, grid
             offsets = table[:-3].reshape(1, 2 * ow - 1, 2 * oh - 1, -1).permute(0, 3, 1, 2)  # HF's (w, h) reading
             offsets = F.interpolate(offsets, size=(2 * gh - 1, 2 * gw - 1), mode="bilinear")

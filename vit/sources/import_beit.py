@@ -57,6 +57,13 @@ def _side(value, name: str) -> int:
     return value
 
 
+def _image_size(value) -> int | tuple[int, int]:
+    """HF's ``image_size``: a side, or (height, width), which its relative position tables follow."""
+    if isinstance(value, (list, tuple)) and len(value) == 2:
+        return _side(value[0], "image_size"), _side(value[1], "image_size")
+    return _side(value, "image_size")
+
+
 def config_from_hf(config_json: Mapping) -> ViTConfig:
     """Our config for an HF ``beit`` / ``data2vec-vision`` config.json."""
     architecture = (config_json.get("architectures") or ["BeitModel"])[0]
@@ -78,7 +85,7 @@ def config_from_hf(config_json: Mapping) -> ViTConfig:
     # Data2VecVisionModel has no pooler: with mean pooling its output is the last block's, un-normalised.
     pooler = mean_pooling and (ARCHITECTURES[architecture] or config_json.get("model_type") == "beit")
     return ViTConfig(
-        image_size=_side(config_json.get("image_size", 224), "image_size"),
+        image_size=_image_size(config_json.get("image_size", 224)),
         patch_size=_side(config_json.get("patch_size", 16), "patch_size"),
         num_channels=config_json.get("num_channels", 3), num_classes=classes,
         hidden_size=config_json.get("hidden_size", 768), num_layers=config_json.get("num_hidden_layers", 12),
