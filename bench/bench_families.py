@@ -1,16 +1,27 @@
-"""Inference with attentions on AIMv2 and Perception Encoder: ours next to the library's eager forward.
+"""Inference with attentions on AIMv2, Perception Encoder, BEiT and SAM: ours next to the library's eager forward.
 
 AIMv2: HF ``Aimv2VisionModel`` (eager attention, ``output_attentions=True``); PE: timm ``vit_pe_core_*`` with
-its fused attention off (the explicit softmax a test hook reads). Both built by the library at ViT-B size with
-random weights, saved natively and opened by path, so the weights are the same; calls alternate so background
-load slows both alike; the table shows medians and our time as a ratio of theirs. Run from the repository root::
+its fused attention off (the explicit softmax a test hook reads); BEiT: HF ``BeitModel`` (eager) and timm
+``beit_base_patch16_224`` (explicit); SAM: HF ``SamVisionModel`` ViT-B at 1,024 px (eager, its neck included: ~1 %
+of its work). Each built by the library with random weights, saved natively and opened by path, so the weights are
+the same; calls alternate so background load slows both alike; the table shows medians, our time as a ratio of
+theirs and the load average after the row. Run from the repository root::
 
-    python -m bench.bench_families --threads 2 --repeats 5
+    python -m bench.bench_families --threads 1 --repeats 9 --models beit-hf,beit-timm,aimv2,pe
+    python -m bench.bench_families --threads 1 --repeats 3 --models sam
 
-Measured (two CPU cores shared with other work, load average 7-10; medians of 5 and of 9 calls):
+Measured 2026-11-24, one thread on two cores shared with other helpers' work (the load swings 6-26, so single rows
+swing by +-8 %; pair-by-pair medians of a separate interleaved run are given where a row came out above 1):
 
-    | AIMv2 (HF eager, B/14 224 px)        | 4656 ms | 4244 ms | 0.91x |  (9 calls: 6599 / 6033 ms, 0.91x)
-    | PE core (timm explicit, B/16 224 px) | 4305 ms | 4420 ms | 1.03x |  (9 calls: 4788 / 4313 ms, 0.90x)
+    | BEiT (HF eager, B/16 224 px)         | 2046 ms | 1920 ms | 0.94x | load 8.5 |
+    | BEiT (timm explicit, B/16 224 px)    | 2090 ms | 1921 ms | 0.92x | load 7.0 |  (8 pairs, before qkv split: 0.86x)
+    | AIMv2 (HF eager, B/14 224 px)        | 2561 ms | 2704 ms | 1.06x | load 6.1 |  (9 pairs, load 8-10: 0.92x)
+    | PE core (timm explicit, B/16 224 px) | 1738 ms | 1836 ms | 1.06x | load 7.5 |  (earlier runs: 1.03x, 0.90x)
+    | SAM (HF eager, ViT-B 1,024 px)       | 61.5 s  | 50.1 s  | 0.81x | load 6.0 |  (3 calls each)
+
+BEiT was 1.06-1.10x HF before two fixes: its bias index is kept per grid and read by ``index_select`` (3.5 ms ->
+0.2 ms a layer), and on a CPU q, k, v are three 768-wide products rather than one 2,304-wide one (15-20 % faster
+at one thread, as HF's three linears are).
 """
 
 from __future__ import annotations
