@@ -17,7 +17,8 @@ swing by +-8 %; pair-by-pair medians of a separate interleaved run are given whe
     | BEiT (timm explicit, B/16 224 px)    | 2090 ms | 1921 ms | 0.92x | load 7.0 |  (8 pairs, before qkv split: 0.86x)
     | AIMv2 (HF eager, B/14 224 px)        | 2561 ms | 2704 ms | 1.06x | load 6.1 |  (9 pairs, load 8-10: 0.92x)
     | PE core (timm explicit, B/16 224 px) | 1738 ms | 1836 ms | 1.06x | load 7.5 |  (earlier runs: 1.03x, 0.90x)
-    | SAM (HF eager, ViT-B 1,024 px)       | 61.5 s  | 50.1 s  | 0.81x | load 6.0 |  (3 calls each)
+    | SAM (HF eager, ViT-B 1,024 px)       | 61.5 s  | 50.1 s  | 0.81x | load 6.0 |  (3 calls each, before qkv split)
+    | SAM (HF eager, ViT-B 1,024 px)       | 75.0 s  | 28.3 s  | 0.38x | load 3.6 |  (3 calls each, after it)
 
 BEiT was 1.06-1.10x HF before two fixes: its bias index is kept per grid and read by ``index_select`` (3.5 ms ->
 0.2 ms a layer), and on a CPU q, k, v are three 768-wide products rather than one 2,304-wide one (15-20 % faster
