@@ -1,16 +1,29 @@
-"""Inference with attentions on AIMv2, Perception Encoder and Swin / Swin V2: ours next to the library's eager forward.
+"""Inference with attentions on AIMv2, Perception Encoder, BEiT, SAM and the stage models (Swin, Swin V2, Hiera,
+SAM 2's Hiera): ours next to the library's eager forward.
 
 AIMv2: HF ``Aimv2VisionModel`` (eager attention, ``output_attentions=True``); PE: timm ``vit_pe_core_*`` with
-its fused attention off (the explicit softmax a test hook reads). Both built by the library at ViT-B size with
-random weights, saved natively and opened by path, so the weights are the same; calls alternate so background
-load slows both alike; the table shows medians and our time as a ratio of theirs. Run from the repository root::
+its fused attention off (the explicit softmax a test hook reads); BEiT: HF ``BeitModel`` (eager) and timm
+``beit_base_patch16_224`` (explicit); SAM: HF ``SamVisionModel`` ViT-B at 1,024 px (eager, its neck included: ~1 %
+of its work). Each built by the library with random weights, saved natively and opened by path, so the weights are
+the same; calls alternate so background load slows both alike; the table shows medians, our time as a ratio of
+theirs and the load average after the row. Run from the repository root::
 
-    python -m bench.bench_families --threads 2 --repeats 5
+    python -m bench.bench_families --threads 1 --repeats 9 --models beit-hf beit-timm aimv2 pe
+    python -m bench.bench_families --threads 1 --repeats 3 --models sam
 
-Measured (two CPU cores shared with other work, load average 7-10; medians of 5 and of 9 calls):
+Measured 2026-11-24, one thread on two cores shared with other helpers' work (the load swings 6-26, so single rows
+swing by +-8 %; pair-by-pair medians of a separate interleaved run are given where a row came out above 1):
 
-    | AIMv2 (HF eager, B/14 224 px)        | 4656 ms | 4244 ms | 0.91x |  (9 calls: 6599 / 6033 ms, 0.91x)
-    | PE core (timm explicit, B/16 224 px) | 4305 ms | 4420 ms | 1.03x |  (9 calls: 4788 / 4313 ms, 0.90x)
+    | BEiT (HF eager, B/16 224 px)         | 2046 ms | 1920 ms | 0.94x | load 8.5 |
+    | BEiT (timm explicit, B/16 224 px)    | 2090 ms | 1921 ms | 0.92x | load 7.0 |  (8 pairs, before qkv split: 0.86x)
+    | AIMv2 (HF eager, B/14 224 px)        | 2561 ms | 2704 ms | 1.06x | load 6.1 |  (9 pairs, load 8-10: 0.92x)
+    | PE core (timm explicit, B/16 224 px) | 1738 ms | 1836 ms | 1.06x | load 7.5 |  (earlier runs: 1.03x, 0.90x)
+    | SAM (HF eager, ViT-B 1,024 px)       | 61.5 s  | 50.1 s  | 0.81x | load 6.0 |  (3 calls each, before qkv split)
+    | SAM (HF eager, ViT-B 1,024 px)       | 75.0 s  | 28.3 s  | 0.38x | load 3.6 |  (3 calls each, after it)
+
+BEiT was 1.06-1.10x HF before two fixes: its bias index is kept per grid and read by ``index_select`` (3.5 ms ->
+0.2 ms a layer), and on a CPU q, k, v are three 768-wide products rather than one 2,304-wide one (15-20 % faster
+at one thread, as HF's three linears are).
 
 Hierarchical models (``STAGE_MODELS``; HF's Swin / Hiera return attentions in eager mode, HF's SAM 2 does not, so
 SAM 2's Hiera is compared with timm's explicit attention), random weights at their real sizes, one thread:
@@ -29,6 +42,7 @@ Query pooling first ran as one ``amax`` over two strided axes, 0.45 s a pooling 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import tempfile
@@ -63,6 +77,41 @@ def pe(folder: Path):
         timm.layers.set_fused_attn(True)
     timm.models.save_for_hf(model, folder, safe_serialization=True)
     return "PE core (timm explicit, B/16 224 px)", model, 224
+
+
+def beit_hf(folder: Path):
+    import transformers
+
+    config = transformers.BeitConfig(use_relative_position_bias=True, use_mean_pooling=True)  # BEiT-B/16, 224 px
+    config._attn_implementation = "eager"
+    model = transformers.BeitModel(config).eval()
+    model.save_pretrained(folder)
+    return "BEiT (HF eager, B/16 224 px)", lambda x: model(pixel_values=x, output_attentions=True), 224
+
+
+def beit_timm(folder: Path):
+    import timm
+
+    timm.layers.set_fused_attn(False)
+    try:
+        model = timm.create_model("beit_base_patch16_224", pretrained=False).eval()
+    finally:
+        timm.layers.set_fused_attn(True)
+    timm.models.save_for_hf(model, folder, safe_serialization=True)
+    return "BEiT (timm explicit, B/16 224 px)", model, 224
+
+
+def sam_hf(folder: Path):
+    import transformers
+
+    config = transformers.SamVisionConfig()  # SAM ViT-B: 1,024 px, windows of 14, global layers 2, 5, 8, 11
+    config._attn_implementation = "eager"
+    model = transformers.SamVisionModel(config).eval()
+    model.save_pretrained(folder)
+    return "SAM (HF eager, ViT-B 1,024 px)", lambda x: model(pixel_values=x, output_attentions=True), 1024
+
+
+FAMILIES = {"aimv2": aimv2, "pe": pe, "beit-hf": beit_hf, "beit-timm": beit_timm, "sam": sam_hf}
 
 
 # -- hierarchical models (stages): Swin, Swin V2, Hiera, SAM 2's Hiera ----------------------------------------------
@@ -111,7 +160,7 @@ def sam2_hiera(folder: Path, size: int = 1024):
 
 STAGE_MODELS = (swin, swinv2, hiera, sam2_hiera)
 
-BUILDS = {build.__name__: build for build in (aimv2, pe) + STAGE_MODELS}
+BUILDS = {**FAMILIES, **{build.__name__: build for build in STAGE_MODELS}}
 
 
 def main() -> None:
@@ -122,12 +171,12 @@ def main() -> None:
     parser.add_argument("--models", nargs="+", choices=list(BUILDS), default=list(BUILDS))
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    print("| model | theirs (ms) | ours (ms) | ours / theirs |\n| --- | --- | --- | --- |")
+    print("| model | theirs (ms) | ours (ms) | ours / theirs | load (1 min) |\n| --- | --- | --- | --- | --- |")
     for build in (BUILDS[name] for name in args.models):
         with tempfile.TemporaryDirectory() as tmp:
             torch.manual_seed(0)
             name, theirs, size = build(Path(tmp) / "model")
-            ours = open_source(Path(tmp) / "model").model
+            ours = open_source(Path(tmp) / "model").model.eval()
         x = torch.randn(args.batch, 3, size, size)
         times: dict[str, list[float]] = {"theirs": [], "ours": []}
         with torch.inference_mode():
@@ -138,7 +187,7 @@ def main() -> None:
                     theirs(x) if label == "theirs" else ours.encode(x, output_attentions=True)
                     times[label].append(time.perf_counter() - start)
         a, b = statistics.median(times["theirs"]) * 1e3, statistics.median(times["ours"]) * 1e3
-        print(f"| {name} | {a:.0f} | {b:.0f} | {b / a:.2f}x |")
+        print(f"| {name} | {a:.0f} | {b:.0f} | {b / a:.2f}x | {os.getloadavg()[0]:.1f} |", flush=True)
 
 
 if __name__ == "__main__":

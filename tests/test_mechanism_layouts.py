@@ -193,13 +193,67 @@ def test_sam_zero_ablation_in_the_weights_equals_timm_and_what_has_no_meaning_re
         (lambda: mechanism.direct_logit_attribution(ours, x), "no classifier"),
         (lambda: mechanism.ablation_grid(ours, x), "no classifier"),
         (lambda: mechanism.patch_heads(ours, x, images(56, seed=1), 0, 1), "no classifier"),
-        (lambda: mechanism.mean_contexts(ours, x), "windowed layers"),
         (lambda: mechanism.with_test_time_registers(ours, x, {0: [1]}), "within windows"),
     ]
     for call, match in refusals:
         with pytest.raises(mechanism.MechanismError, match=match) as error:
             call()
         assert "\n" not in str(error.value)
+
+
+def test_sam_mean_ablation_of_a_windowed_and_a_global_head_equals_timm_with_the_means_put_in_by_hand(sam):
+    """timm's own window_partition / window_unpartition move its proj inputs between windows and the 7 x 7 grid: the
+    mean over the reference images is taken per grid position (padding left out) and put back in the windows."""
+    from timm.models.vision_transformer_sam import window_partition, window_unpartition
+
+    reference, ours = sam
+    x, references = images(56), torch.cat([images(56, seed=5), images(56, seed=6), images(56, seed=7)])
+    blocks = reference.blocks
+    run = lambda inputs: lambda: blocks(reference.patch_embed(inputs) + reference.pos_embed)  # noqa: E731
+    _, seen = capture_inputs([block.attn.proj for block in blocks], run(references))  # (R * nw, 9, C), (R, 49, C)
+    window_mean = window_unpartition(seen[0].view(-1, 3, 3, 32), 3, (7, 7), (9, 9)).mean(0)  # (7, 7, C)
+    global_mean = seen[1].mean(0)  # (49, C)
+
+    def to_mean(head, mean, windowed):
+        def fn(inp):  # (B * nw, 9, C) in the windowed layer, (B, 49, C) in the global one
+            if windowed:
+                mean_in = window_partition(mean[None].expand(2, -1, -1, -1), 3)[0].view(-1, 9, 32)
+            else:
+                mean_in = mean.expand_as(inp)
+            inp = inp.clone()
+            inp[..., head * HD:(head + 1) * HD] = mean_in[..., head * HD:(head + 1) * HD]
+            return inp
+        return fn
+
+    expected = timm_run(reference, run(x), {0: to_mean(1, window_mean, True), 1: to_mean(0, global_mean, False)})
+    heads, means = [(0, 1), (1, 0)], mechanism.mean_contexts(ours, references)
+    assert means.shape == (3, 49, 2, HD)  # (L, T, H, hd): the windowed layers' too, on the grid
+    last = "blocks.2.hook_resid_post"
+    with torch.no_grad():
+        _, weights = mechanism.ablated_copy(ours, heads, "mean", means).run_with_cache(x, [last])
+        kept = {}
+        with ours.hooks([(last, lambda t, hook: kept.setdefault("out", t))]):
+            mechanism.ablate_heads(ours, x, heads, "mean", means)
+    for output in (weights[last], kept["out"]):
+        torch.testing.assert_close(output, expected.flatten(1, 2), rtol=0, atol=1e-5)
+
+
+def test_a_windowed_mean_ablation_grid_is_each_head_ablated_alone():
+    from vit.model import ViT, ViTConfig
+
+    torch.manual_seed(0)
+    model = ViT(ViTConfig(image_size=56, patch_size=8, hidden_size=32, num_layers=2, num_heads=2, mlp_size=48,
+                          num_classes=4, class_token=False, pooling="avg", rel_pos="sam", window_size=3,
+                          global_layers=(1,))).eval()
+    x, means = images(56), mechanism.mean_contexts(model, images(56, seed=3))
+    with torch.no_grad():
+        grid = mechanism.ablation_grid(model, x, torch.tensor([1, 2]), "mean", means, chunk=3)  # (B, L, H)
+        base = model(x)[0][torch.arange(2), [1, 2]]
+        for layer in range(2):
+            for head in range(2):
+                logits, _ = mechanism.ablate_heads(model, x, [(layer, head)], "mean", means)
+                torch.testing.assert_close(grid[:, layer, head], logits[torch.arange(2), [1, 2]] - base, rtol=0,
+                                           atol=1e-5)
 
 
 def test_beit_test_time_registers_refuse_in_one_line_naming_the_bias(beit):

@@ -100,3 +100,30 @@ def test_timm_samvit_built_at_a_non_square_size_opens_at_that_size_and_matches_t
     expected = [a.reshape(-1, 2, *a.shape[1:]) for a in attentions]
     assert_parity("SAM | timm samvit_base_patch16 | 32x48", last_block(checkpoint, images), hidden.flatten(1, 2),
                   ours.attentions, expected)
+
+
+def test_hf_sam_forward_with_its_global_bias_formed_per_query_chunk_matches_transformers(tmp_path, monkeypatch):
+    # Chunks of at most 8 query rows: the 49-token global layer's bias is never formed as its 49 x 49 whole.
+    from vit.model import blocks
+
+    config = transformers.SamVisionConfig(**TINY)
+    config._attn_implementation = "eager"
+    torch.manual_seed(0)
+    model = randomize(transformers.SamVisionModel(config))
+    model.save_pretrained(tmp_path / "sam")
+    checkpoint = open_source(tmp_path / "sam")
+    formed = []
+
+    def recorded(q, *args):
+        formed.append(q.shape[2])
+        return decomposed_rel_pos(q, *args)
+
+    decomposed_rel_pos = blocks.decomposed_rel_pos
+    monkeypatch.setattr(blocks, "decomposed_rel_pos", recorded)
+    monkeypatch.setattr(blocks, "BIAS_CHUNK_BYTES", 2 * 2 * 8 * 49 * 4)  # (B, nh, 8 rows, 49 keys) float32
+    images = torch.randn(2, 3, 56, 56)
+    with torch.no_grad():
+        expected = model(pixel_values=images, output_hidden_states=True).hidden_states[-1].flatten(1, 2)
+        ours = last_block(checkpoint, images)
+    assert max(formed) == 8 and sum(formed) == 9 + 49 + 9  # every layer's queries once, at most 8 rows at a time
+    assert_parity("SAM | HF SamVisionModel | bias per query chunk", ours, expected, [], [])

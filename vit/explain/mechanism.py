@@ -36,7 +36,7 @@ from torch import Tensor, nn
 from vit.bounds import forward_flops
 from vit.explain.chunked import LayerInputs
 from vit.explain.hidden import forward_with_hidden_states, layout_problem
-from vit.model import ViT
+from vit.model import ViT, window_partition, window_unpartition
 
 # While a page follows a grid, its Stop (or a closed tab) is heard between batches: one batch holds at most this much
 # work (a copy costs at most one forward), ~3 s of one core, so a grid stops within ~5 s on 2 busy cores. 32
@@ -330,22 +330,44 @@ def parse_heads(text: str, num_layers: int, num_heads: int) -> list[tuple[int, i
 
 def mean_contexts(model: ViT, images: Tensor) -> Tensor:
     """Each layer's per-head context averaged over ``images``: ``(L, T, H, hd)``, per token position (what
-    mean ablation puts in place of a head's output)."""
+    mean ablation puts in place of a head's output); a windowed layer's read from its windows back on the patch
+    grid, its padding left out."""
     check_supported(model)
     _check_mean_ablation(model)
-    L = len(model.blocks)
+    L, grid = len(model.blocks), grid_of(model, images)
     cache: dict[str, Tensor] = {}
     with torch.no_grad(), model.hooks([(f"blocks.{layer}.attn.hook_z", _keep(cache)) for layer in range(L)]):
         model.tokens(images)
-    return torch.stack([cache[f"blocks.{layer}.attn.hook_z"].mean(dim=0) for layer in range(L)])
+    return torch.stack([_on_tokens(model, layer, cache[f"blocks.{layer}.attn.hook_z"], grid).mean(dim=0)
+                        for layer in range(L)])
 
 
 def _check_mean_ablation(model: ViT) -> None:
     check_one_grid(model, "mean ablation")
-    if model.config.window_size:
-        raise MechanismError("mean ablation puts a head's mean output at each token position, and this model's "
-                             "windowed layers (SAM / ViTDet) compute theirs per window, which it does not support "
-                             "yet; zero-ablate instead")
+
+
+def _on_tokens(model: ViT, layer: int, context: Tensor, grid: tuple[int, int]) -> Tensor:
+    """Layer ``layer``'s per-head contexts as ``hook_z`` holds them -> ``(B, T, H, hd)``: a windowed layer's
+    ``(B * nw, w*w, H, hd)`` placed back on the grid, padding dropped; a global layer's as they are."""
+    w = model.blocks[layer].window
+    return window_unpartition(context.flatten(2), grid, w).unflatten(-1, context.shape[2:]) if w else context
+
+
+def _as_contexts(model: ViT, layer: int, tokens: Tensor, grid: tuple[int, int], like: Tensor | None = None
+                 ) -> Tensor:
+    """Per-token values ``(T, ...)`` (the means of ``mean_contexts``, or their projection) laid out as layer
+    ``layer``'s contexts ``like`` (what its ``hook_z`` holds): a windowed layer's ``(B * nw, w*w, ...)`` (zeros on
+    the padding, whose outputs the block drops), repeated for each of ``like``'s images (None: one); a global
+    layer's as they are."""
+    w = model.blocks[layer].window
+    if not w:
+        return tokens
+    if tokens.shape[0] != grid[0] * grid[1]:
+        raise MechanismError(f"the reference means are for {tokens.shape[0]} tokens but this input has "
+                             f"{grid[0] * grid[1]}; compute them at the same input size")
+    windows = window_partition(tokens.flatten(1)[None], grid, w).unflatten(-1, tokens.shape[1:])  # (nw, w*w, ...)
+    images = 1 if like is None else like.shape[0] // windows.shape[0]
+    return windows.repeat(images, *[1] * (windows.dim() - 1))
 
 
 def check_ablation(model: ViT, mode: str, means: Tensor | None) -> None:
@@ -366,11 +388,14 @@ def check_ablation(model: ViT, mode: str, means: Tensor | None) -> None:
                              "for this model")
 
 
-def _replacement(mode: str, means: Tensor | None, layer: int, context: Tensor) -> Tensor:
+def _replacement(model: ViT, mode: str, means: Tensor | None, layer: int, context: Tensor, grid: tuple[int, int]
+                 ) -> Tensor:
     """What an ablated head's context becomes (``check_ablation`` first): zeros, or the reference images' mean
-    ``(T, H, hd)``."""
+    ``(T, H, hd)`` (in a windowed layer, laid out in its windows)."""
     if mode == "zero":
         return torch.zeros_like(context)
+    if model.blocks[layer].window:
+        return _as_contexts(model, layer, means[layer], grid, context).to(context)
     if means.shape[1:] != context.shape[1:]:
         raise MechanismError(f"the reference means are for {means.shape[1]} tokens but this input has "
                              f"{context.shape[1]}; compute them at the same input size")
@@ -386,10 +411,12 @@ def ablate_heads(model: ViT, images: Tensor, heads: Sequence[tuple[int, int]], m
     chosen = _heads_by_layer(model, heads)
     check_ablation(model, mode, means)
 
+    grid = grid_of(model, images)
+
     def edit(layer: int, context: Tensor) -> Tensor:
         context = context.clone()
         idx = chosen[layer]
-        context[:, :, idx] = _replacement(mode, means, layer, context)[:, :, idx]
+        context[:, :, idx] = _replacement(model, mode, means, layer, context, grid)[:, :, idx]
         return context
 
     hooks = [hook for layer in chosen for hook in _heads_replaced(layer, functools.partial(edit, layer))]
@@ -415,30 +442,37 @@ class MeanAblatedProj(nn.Linear):
     what those columns make of the reference means at each token position, is added. A linear map splits by its
     input, so this equals ``proj`` of a context whose ablated head slices hold the means: every walk that calls
     ``attn.proj`` (the forward, its attentions, gradients, relevance) sees the ablation. The means belong to one
-    token count; another is refused in one line."""
+    token count; another is refused in one line. In a windowed layer ``offset`` is laid out in its windows,
+    ``(nw, w*w, D)``, and the proj runs on ``(B * nw, w*w, inner)``: another grid with as many windows is not
+    told apart there."""
 
     def __init__(self, proj: nn.Linear, offset: Tensor) -> None:
         super().__init__(proj.in_features, proj.out_features, bias=proj.bias is not None, device="meta")
         self.weight, self.bias = proj.weight, proj.bias  # the copy's own, not new ones (nothing allocated above)
-        self.register_buffer("offset", offset, persistent=False)  # (T, D)
+        self.register_buffer("offset", offset, persistent=False)  # (T, D), or a windowed layer's (nw, w*w, D)
 
     def forward(self, x: Tensor) -> Tensor:
-        if x.shape[-2] != self.offset.shape[0]:
-            raise MechanismError(f"heads mean-ablated at {self.offset.shape[0]} token positions cannot run on "
+        windows = self.offset.shape[0] if self.offset.dim() == 3 else 1
+        if x.shape[-2] != self.offset.shape[-2] or (windows > 1 and x.shape[0] % windows):
+            raise MechanismError(f"heads mean-ablated at {self.offset.shape[-2]} token positions"
+                                 f"{f' in {windows} windows' if windows > 1 else ''} cannot run on "
                                  f"{x.shape[-2]} tokens (another input size, or added register tokens); compute the "
                                  "means at this size, or zero-ablate them")
+        if windows > 1:  # (B * nw, w*w, D): each image's windows in order
+            return (super().forward(x).unflatten(0, (-1, windows)) + self.offset).flatten(0, 1)
         return super().forward(x) + self.offset
 
 
-def ablated_copy(model: ViT, heads: Sequence[tuple[int, int]], mode: str = "zero", means: Tensor | None = None
-                 ) -> ViT:
+def ablated_copy(model: ViT, heads: Sequence[tuple[int, int]], mode: str = "zero", means: Tensor | None = None,
+                 grid: tuple[int, int] | None = None) -> ViT:
     """A copy of ``model`` in which the heads ``(layer, head)`` (from 0) are ablated in the weights: their input
     columns of ``attn.proj`` are zero, and with ``mode="mean"`` their mean output (``means`` from
     ``mean_contexts``) is added per token position (``MeanAblatedProj``). ``proj`` of a context whose head slice
     is zero equals ``proj`` with that slice's columns zero, so this is ``ablate_heads(..., mode, means)`` for
     every pass over the copy — the forward, its attentions, and every gradient or relevance walk the page draws
     (rollout, class maps, LeGrad, AttnLRP, flow), on every family (RoPE ones too: the heads' outputs meet only
-    at ``proj``). The model itself is left alone; the copy shares its other parameters."""
+    at ``proj``). The model itself is left alone; the copy shares its other parameters. ``grid``: the patch grid
+    the means were taken on, which a windowed layer's windows need (default: the model's own input size's)."""
     if not isinstance(model, ViT):
         raise MechanismError(f"head ablation needs this project's ViT, got {type(model).__name__}")
     chosen = _heads_by_layer(model, heads)
@@ -454,6 +488,8 @@ def ablated_copy(model: ViT, heads: Sequence[tuple[int, int]], mode: str = "zero
             weight = attn.proj.weight.view(attn.proj.out_features, attn.num_heads, attn.head_dim)  # columns by head
             if mode == "mean":
                 offset = torch.einsum("the,dhe->td", means[layer][:, idx].to(weight), weight[:, idx])  # (T, D)
+                if ablated.blocks[layer].window:
+                    offset = _as_contexts(model, layer, offset, grid or model.config.grid_size)  # (nw, w*w, D)
                 attn.proj = MeanAblatedProj(attn.proj, offset)
             weight[:, idx] = 0
     return ablated
@@ -552,7 +588,11 @@ def ablation_grid(model: ViT, images: Tensor, classes: Tensor | int | None = Non
 
             def ablate(context: Tensor, hook, layer: int = layer, mask: Tensor = mask) -> Tensor:
                 rows = context.shape[1]  # fewer than T when this is the last layer (only the read-out's rows)
-                gone = torch.zeros_like(context) if mode == "zero" else means[layer, :rows].to(context)
+                windowed = model.blocks[layer].window  # contexts (n * nw, w*w, H, hd), all the windows' rows
+                gone = torch.zeros_like(context) if mode == "zero" else _as_contexts(
+                    model, layer, means[layer] if windowed else means[layer, :rows], grid, context).to(context)
+                if windowed:  # each copy's windows take its head
+                    mask = mask.repeat_interleave(context.shape[0] // mask.shape[0], dim=0)
                 return torch.where(mask, gone, context)
 
             logits = _run_from(model, states[image, layer], grid, layer, [(f"blocks.{layer}.attn.hook_z", ablate)])

@@ -62,6 +62,8 @@ class ViTConfig:
     # global attention with nothing added.
     rel_pos: str = "none"  # a bias on the logits: "none", "beit" (a table per layer), "beit_shared" (one table for
     # every layer, BEiT / Data2Vec-vision), "sam" (SAM / ViTDet's decomposed relative positions, from each query)
+    rel_pos_resize: str = "bilinear"  # the BEiT table on another grid: "bilinear" (HF's, every call) or "timm" (timm's
+    # resize_rel_pos_bias_table, unilm's geometric offsets, as timm's set_input_size or checkpoint filter does)
     window_size: int = 0  # SAM / ViTDet: side in patches of the windowed layers' square windows; 0: every layer global
     global_layers: tuple[int, ...] = ()  # with window_size: the layers that attend globally (SAM's global_attn_indexes)
     # AIMv2 and Perception Encoder; the defaults are the plain ViT.
@@ -303,6 +305,9 @@ class ViTConfig:
     def _check_layout(self) -> None:
         if self.rel_pos not in REL_POS:
             raise ValueError(f"ViTConfig.rel_pos must be one of {', '.join(REL_POS)}, got {self.rel_pos!r}")
+        if self.rel_pos_resize not in REL_POS_RESIZES:
+            raise ValueError(f"ViTConfig.rel_pos_resize must be one of {', '.join(REL_POS_RESIZES)}, got "
+                             f"{self.rel_pos_resize!r}")
         if self.rel_pos.startswith("beit") and (not self.class_token or self.num_prefix_tokens != 1):
             raise ValueError("ViTConfig.rel_pos 'beit' needs the class token and no other prefix token (its table "
                              "has three entries for CLS)")
@@ -385,6 +390,7 @@ REL_POS = ("none", "beit", "beit_shared", "sam", "swin", "swinv2")  # swin: a ta
 ATTENTIONS = ("dot", "cosine")
 MERGES = ("none", "swin", "swinv2", "pool")  # pool: Hiera / SAM 2's query pooling (the first block of a stage
 # max-pools its queries and its residual 2x2; vit.model.stages.QueryPool)
+REL_POS_RESIZES = ("bilinear", "timm")
 NORMS = ("layer", "rms")
 POOL_HEADS = ("map", "aimv2")
 POS_RESIZES = ("bicubic", "bilinear")

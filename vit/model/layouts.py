@@ -18,6 +18,8 @@ def padding_bias(key_mask: torch.Tensor, dtype: torch.dtype, queries: int) -> to
     return bias[:, None, None, :].expand(-1, -1, queries, -1)  # (B, 1, n, N)
 
 
+INDEX_CACHE_TOKENS = 1025  # BEiT's whole index is kept up to 512 px at 16 px patches (8 MB), recomputed past it
+
 def beit_relative_position_index(grid: tuple[int, int], rows: torch.Tensor | None = None) -> torch.Tensor:
     """BEiT's ``(1 + gh*gw, 1 + gw*gw)`` index into its table: patch pairs by their offset (row-major over
     ``(2gh-1, 2gw-1)``), then the three CLS entries (CLS to patch, patch to CLS, CLS to CLS) last. With ``rows``
@@ -36,28 +38,90 @@ def beit_relative_position_index(grid: tuple[int, int], rows: torch.Tensor | Non
     return index
 
 
+def _geometric_offsets(src: int, dst: int) -> torch.Tensor:
+    """unilm's BEiT resize (timm ``resize_rel_pos_bias_table``'s ``_calc``): where the ``src`` offsets of one axis
+    sit among ``dst`` target ones, spread by the ratio ``q`` whose geometric series spans half the target."""
+    left, right = 1.01, 1.5
+    while right - left > 1e-6:
+        q = (left + right) / 2.0
+        if (1.0 - q ** (src // 2)) / (1.0 - q) > dst // 2:
+            right = q
+        else:
+            left = q
+    distances, current = [], 1
+    for i in range(src // 2):
+        distances.append(current)
+        current += q ** (i + 1)
+    return torch.tensor([-d for d in reversed(distances)] + [0] + distances)
+
+
+def _linear_weights(points: torch.Tensor, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """Along one axis, for each target ``x``, its two neighbours among the sorted ``points`` and their weights, as
+    timm's ``RegularGridInterpolator`` (linear; an ``x`` past the ends takes the end value)."""
+    right = torch.bucketize(x, points).clamp(max=len(points) - 1)
+    left = (right - 1).clamp(0, len(points) - 1)
+    to_left, to_right = (x - points[left]).clamp(min=0), (points[right] - x).clamp(min=0)
+    both = (to_left == 0) & (to_right == 0)
+    to_left, to_right = to_left.masked_fill(both, 1.0), to_right.masked_fill(both, 1.0)
+    return left, right, to_right, to_left, to_left + to_right  # the left one weighs its distance to the right
+
+
+def resize_beit_table(table: torch.Tensor, old: tuple[int, int], new: tuple[int, int]) -> torch.Tensor:
+    """timm's ``resize_rel_pos_bias_table`` (without scipy: its linear ``RegularGridInterpolator``) of a BEiT table
+    ``((2gh-1)(2gw-1) + 3, nh)`` from grid ``old`` to ``new``: the offsets read row-major as ``(2gh-1, 2gw-1)``, each
+    head linearly interpolated from unilm's geometrically spread source offsets, the three CLS rows kept."""
+    (sh, sw), (dh, dw) = (2 * old[0] - 1, 2 * old[1] - 1), (2 * new[0] - 1, 2 * new[1] - 1)
+    values = table[:-3].float().cpu().view(sh, sw, -1)  # (sh, sw, nh)
+    ys = _linear_weights(_geometric_offsets(sh, dh), torch.arange(-(dh // 2.0), dh // 2.0 + 0.1, 1.0))
+    xs = _linear_weights(_geometric_offsets(sw, dw), torch.arange(-(dw // 2.0), dw // 2.0 + 0.1, 1.0))
+    out = 0.0
+    for iy, wy in ((ys[0], ys[2]), (ys[1], ys[3])):
+        for ix, wx in ((xs[0], xs[2]), (xs[1], xs[3])):
+            out = out + values[iy][:, ix] * (wy[:, None] * wx[None, :])[..., None]  # (dh, dw, nh)
+    out = out / (ys[4][:, None] * xs[4][None, :])[..., None]
+    return torch.cat([out.reshape(dh * dw, -1).to(table), table[-3:]])
+
+
 class RelativePositionBias(nn.Module):
     """BEiT's relative position bias (one per layer, or one shared by all): a learned ``(heads,)`` bias per 2D offset
     between two patches, plus three for the CLS pairs, added to the attention logits. On another grid the offset
-    table is resized bilinearly, as HF ``BeitRelativePositionBias`` does (timm resizes only when the model is rebuilt
-    for another size)."""
+    table is resized (``resize``): bilinearly, as HF ``BeitRelativePositionBias`` does on every call, or as timm's
+    ``resize_rel_pos_bias_table`` does when its model is set to another input size (``resize_beit_table``)."""
 
-    def __init__(self, grid: tuple[int, int], num_heads: int) -> None:
+    def __init__(self, grid: tuple[int, int], num_heads: int, resize: str = "bilinear") -> None:
         super().__init__()
-        self.grid = tuple(grid)
+        self.grid, self.resize = tuple(grid), resize
         self.table = nn.Parameter(torch.zeros((2 * grid[0] - 1) * (2 * grid[1] - 1) + 3, num_heads))
+        self._index: tuple[tuple[int, int], torch.Tensor] | None = None  # (grid, its whole index), as HF caches it
+
+    def index(self, grid: tuple[int, int], rows: torch.Tensor | None = None) -> torch.Tensor:
+        """``beit_relative_position_index`` of ``grid`` (its ``rows``); the whole index of a grid of up to
+        ``INDEX_CACHE_TOKENS`` tokens is kept for the next call (1.6 ms a layer at 197 tokens, 6 % of BEiT-B's
+        forward with attentions)."""
+        if rows is not None or (grid[0] * grid[1] + 1) > INDEX_CACHE_TOKENS:
+            return beit_relative_position_index(grid, rows)
+        cached = self._index
+        if cached is None or cached[0] != grid:
+            cached = self._index = (grid, beit_relative_position_index(grid))
+        return cached[1]
 
     def forward(self, grid: tuple[int, int], rows: torch.Tensor | None = None) -> torch.Tensor:
         """The bias ``(nh, 1 + gh*gw, 1 + gh*gw)`` for a patch grid; its rows ``rows`` (token indices) alone,
         ``(nh, len(rows), 1 + gh*gw)``, when given (what a query chunk of the attention needs)."""
         table = self.table
-        if tuple(grid) != self.grid:
+        if self.resize == "timm":
+            if tuple(grid) != self.grid:
+                table = resize_beit_table(table, self.grid, tuple(grid))
+        elif tuple(grid) != self.grid or self.grid[0] != self.grid[1]:
+            # HF reads its table as (2ow-1, 2oh-1) and resizes it to (2gh-1, 2gw-1) on every call, so a non-square
+            # model's own table is resized at its own size too
             (oh, ow), (gh, gw) = self.grid, grid
             offsets = table[:-3].reshape(1, 2 * ow - 1, 2 * oh - 1, -1).permute(0, 3, 1, 2)  # HF's (w, h) reading
             offsets = F.interpolate(offsets, size=(2 * gh - 1, 2 * gw - 1), mode="bilinear")
             table = torch.cat([offsets.permute(0, 2, 3, 1).reshape((2 * gh - 1) * (2 * gw - 1), -1), table[-3:]])
-        index = beit_relative_position_index(tuple(grid), rows).to(table.device)  # (n or T, T)
-        return table[index.reshape(-1)].view(*index.shape, -1).permute(2, 0, 1)  # (nh, n or T, T)
+        index = self.index(tuple(grid), rows).to(table.device)  # (n or T, T)
+        rows = table.index_select(0, index.reshape(-1))  # 4x faster than table[index] here (CPU, 197 tokens)
+        return rows.view(*index.shape, -1).permute(2, 0, 1)  # (nh, n or T, T)
 
 
 def sam_rel_pos(q_size: int, k_size: int, table: torch.Tensor) -> torch.Tensor:

@@ -57,7 +57,7 @@ class ViT(Parent):
         self.pos_dropout = nn.Dropout(config.dropout)
         rates = [config.drop_path * i / max(config.num_layers - 1, 1) for i in range(config.num_layers)]
         self.blocks = nn.ModuleList(self._block(i, rate) for i, rate in enumerate(rates))
-        self.rel_pos_bias = (RelativePositionBias(config.grid_size, config.num_heads)
+        self.rel_pos_bias = (RelativePositionBias(config.grid_size, config.num_heads, config.rel_pos_resize)
                              if config.rel_pos == "beit_shared" else None)  # one table every layer adds
         # timm's avg-pool models normalise the pooled vector (fc_norm) instead of every token (norm).
         final = config.final_norm and not config.fc_norm

@@ -57,6 +57,13 @@ def _side(value, name: str) -> int:
     return value
 
 
+def _image_size(value) -> int | tuple[int, int]:
+    """HF's ``image_size``: a side, or (height, width), which its relative position tables follow."""
+    if isinstance(value, (list, tuple)) and len(value) == 2:
+        return _side(value[0], "image_size"), _side(value[1], "image_size")
+    return _side(value, "image_size")
+
+
 def config_from_hf(config_json: Mapping) -> ViTConfig:
     """Our config for an HF ``beit`` / ``data2vec-vision`` config.json."""
     architecture = (config_json.get("architectures") or ["BeitModel"])[0]
@@ -78,7 +85,7 @@ def config_from_hf(config_json: Mapping) -> ViTConfig:
     # Data2VecVisionModel has no pooler: with mean pooling its output is the last block's, un-normalised.
     pooler = mean_pooling and (ARCHITECTURES[architecture] or config_json.get("model_type") == "beit")
     return ViTConfig(
-        image_size=_side(config_json.get("image_size", 224), "image_size"),
+        image_size=_image_size(config_json.get("image_size", 224)),
         patch_size=_side(config_json.get("patch_size", 16), "patch_size"),
         num_channels=config_json.get("num_channels", 3), num_classes=classes,
         hidden_size=config_json.get("hidden_size", 768), num_layers=config_json.get("num_hidden_layers", 12),
@@ -151,26 +158,44 @@ def config_from_timm(name: str, state: Mapping[str, torch.Tensor], model_args: M
         raise ValueError(f"timm {name}: a shared and a per-layer relative position bias together are not supported")
     table = state["rel_pos_bias.relative_position_bias_table" if shared
                   else "blocks.0.attn.relative_position_bias_table"] if shared or per_layer else None
-    if table is not None:
-        side = (int(round((table.shape[0] - 3) ** 0.5)) + 1) // 2
-        if (2 * side - 1) ** 2 + 3 != table.shape[0]:
-            raise ValueError(f"timm {name}: a relative position table of {table.shape[0]} rows is no square grid's")
-    elif "pos_embed" in state:
-        side = int(round((state["pos_embed"].shape[1] - 1) ** 0.5))
-    else:
-        side = _side(args.get("img_size", 224), "img_size") // patch
+    grid = _timm_grid(name, args.get("img_size"), patch, table, state.get("pos_embed"))
     pool = args.get("global_pool", "avg")
     if pool not in ("avg", "token"):
         raise ValueError(f"timm global_pool {pool!r} of {name} is not supported; supported: avg, token")
     return ViTConfig(
-        image_size=side * patch, patch_size=patch, num_channels=channels,
+        image_size=(grid[0] * patch, grid[1] * patch), patch_size=patch, num_channels=channels,
         num_classes=state["head.weight"].shape[0] if "head.weight" in state else 0, hidden_size=width,
         num_layers=depth, num_heads=int(heads), mlp_size=state["blocks.0.mlp.fc1.weight"].shape[0],
         qkv_bias="blocks.0.attn.q_bias" in state, key_bias=False, layer_norm_eps=1e-6,
         layer_scale=float(args.get("init_values") or 0.1) if "blocks.0.gamma_1" in state else None,
         pos_embed="pos_embed" in state, rel_pos="beit" if per_layer else "beit_shared" if shared else "none",
-        pooling="avg" if pool == "avg" else "cls", fc_norm="fc_norm.weight" in state,
-        final_norm="norm.weight" in state)
+        rel_pos_resize="timm", pos_embed_antialias=True, pooling="avg" if pool == "avg" else "cls",
+        fc_norm="fc_norm.weight" in state, final_norm="norm.weight" in state)
+
+
+def _timm_grid(name: str, img_size, patch: int, table: torch.Tensor | None, pos_embed: torch.Tensor | None
+               ) -> tuple[int, int]:
+    """The patch grid timm built ``name`` for: its ``img_size`` (an int or timm's (height, width)) when given, else
+    the square its relative position table (``(2gh-1)(2gw-1) + 3`` rows) or position table fixes; ValueError when the
+    tables do not fit that grid."""
+    if img_size is not None:
+        sides = img_size if isinstance(img_size, (list, tuple)) else (img_size, img_size)
+        if len(sides) != 2:
+            raise ValueError(f"timm {name}: img_size {str(img_size)[:40]} is neither a side nor (height, width)")
+        gh, gw = (_side(v, "img_size") // patch for v in sides)
+    elif table is not None:
+        gh = gw = (int(round((table.shape[0] - 3) ** 0.5)) + 1) // 2
+    elif pos_embed is not None:
+        gh = gw = int(round((pos_embed.shape[1] - 1) ** 0.5))
+    else:
+        gh = gw = 224 // patch
+    if table is not None and (2 * gh - 1) * (2 * gw - 1) + 3 != table.shape[0]:
+        raise ValueError(f"timm {name}: a relative position table of {table.shape[0]} rows is not a {gh} x {gw} "
+                         "grid's; give model_args.img_size as timm built it, (height, width)")
+    if pos_embed is not None and pos_embed.shape[1] != 1 + gh * gw:
+        raise ValueError(f"timm {name}: a position table of {pos_embed.shape[1]} entries is not 1 + a {gh} x {gw} "
+                         "grid's; give model_args.img_size as timm built it, (height, width)")
+    return gh, gw
 
 
 def state_dict_from_timm(state: Mapping[str, torch.Tensor], config: ViTConfig) -> dict[str, torch.Tensor]:
