@@ -25,7 +25,6 @@ from collections.abc import Callable
 import numpy as np
 import torch
 from torch import Tensor
-from torchvision.transforms.functional import gaussian_blur
 
 from vit.explain.attention import class_gradients, fuse_heads, gradient_rollout, rollout, token_map
 from vit.explain.attention_flow import attention_flow
@@ -53,6 +52,9 @@ def baseline(images: Tensor, replacement: str = "blur") -> Tensor:
     if replacement == "mean":
         return images.mean(dim=(2, 3), keepdim=True).expand_as(images).clone()
     if replacement == "blur":
+        # imported here: torchvision loads torch._dynamo, seconds that every app server would pay at its start
+        from torchvision.transforms.functional import gaussian_blur
+
         side = min(images.shape[-2:])
         sigma = max(side / 8, 0.5)
         kernel = 2 * int(2 * sigma) + 1  # covers +-2 sigma
