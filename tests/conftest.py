@@ -26,6 +26,7 @@ for _name in ("HF_TOKEN", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "VIT_MAX_DOW
 # Tests share two cores with whatever else runs; one thread each keeps them predictable.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
+import pytest  # noqa: E402
 import torch  # noqa: E402
 
 torch.set_num_threads(1)
@@ -61,13 +62,26 @@ def _group(module, items) -> str:
     return module.__name__
 
 
+def _in_group(item, group: str) -> None:
+    """Put ``item`` in xdist's ``group``. xdist (3.8) tells the controller a test's group by a ``@group`` suffix of its
+    id, which it writes to ``item._nodeid``; pytest 9.2 builds the id from ``item._id`` instead, so that suffix, and
+    with it every group, was silently lost (the Ray tests ran on both workers, each starting a cluster). The suffix
+    is written where this pytest reads it."""
+    item.add_marker(pytest.mark.xdist_group(group))
+    try:
+        from _pytest.nodeid import NodeId  # pytest >= 9.2
+    except ImportError:  # an older pytest reads _nodeid, where xdist writes the suffix itself
+        return
+    if hasattr(item, "_id") and not item.nodeid.endswith(f"@{group}"):
+        item._id = NodeId.parse(f"{item.nodeid}@{group}")
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own, which reads the groups into the test ids it sends
 def pytest_collection_modifyitems(config, items):
     """Tests marked ``cuda`` need a CUDA GPU: skipped, with the reason, where there is none. In two processes
     (``addopts`` in pyproject.toml: ``-n 2 --dist loadgroup``) a module's tests stay on one worker (its module
     fixtures, app servers and models, are built once), the modules on the Ray cluster share one worker and so one
     cluster, the browser modules another, and those two groups start first."""
-    import pytest
-
     if hasattr(config, "workerinput"):  # an xdist worker: the controller hands out the groups in this order
         modules: dict = {}
         for item in items:
@@ -77,7 +91,7 @@ def pytest_collection_modifyitems(config, items):
                  for i, (module, g) in enumerate(groups.items())}
         items.sort(key=lambda item: order[item.module])  # stable: a module's own order is kept
         for item in items:
-            item.add_marker(pytest.mark.xdist_group(groups[item.module]))
+            _in_group(item, groups[item.module])
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU (run them with: pytest -m cuda on a GPU machine)")
@@ -88,8 +102,6 @@ def pytest_collection_modifyitems(config, items):
 
 # ---------------------------------------------------------------------------------------------
 # A real local Ray cluster for the tests that ask for it (tests/ray_cluster.py): started once.
-
-import pytest  # noqa: E402
 
 
 @pytest.fixture(scope="session")
