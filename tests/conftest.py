@@ -52,8 +52,9 @@ HEAVY_FIRST = ("ray-cluster", "browser")
 
 def _group(module, items) -> str:
     """A module's group: every module with a test on the Ray cluster shares one (so one cluster, on one worker); the
-    modules that drive Chromium against an app server share another (two browsers and two servers at once on two
-    cores made their timings flaky); any other module is its own group (its module fixtures are built once)."""
+    modules that drive Chromium against an app server share another (two browsers and two servers never compete
+    for two cores: their timeouts stay what they were measured for); any other module is its own group (its module
+    fixtures are built once)."""
     if any("ray_cluster" in item.fixturenames for item in items):
         return "ray-cluster"
     marks = getattr(module, "pytestmark", [])
