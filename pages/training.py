@@ -9,30 +9,20 @@ re-runs the form.
 import os
 import time
 
-import pandas as pd
-import plotly.express as px
 import streamlit as st
 from streamlit.logger import get_logger
 
 from pages.explorer_sections.checkpoint_picker import open_from_hub
+from pages.training_sections import attention_snapshots, runs_panel
 from pages.training_sections import sae as sae_section
 from vit.app import catalog
-from vit.app.drawing import COLORMAPS
-from vit.explain import compare
-from vit.explain.attention import HEAD_FUSIONS
-from vit.explain.overlay import UPSAMPLE_MODES
 from vit.model import PRESETS
 from vit.runs import access, devices, launch
 from vit.runs import manager as runs
-from vit.text import escape_markdown, escape_plotly, visible, visible_lines
-from vit.training import snapshots
+from vit.text import escape_markdown, visible
 from vit.training.augmentations import AUGMENTATIONS
 from vit.training.data import BUILTIN_DATASETS
 from vit.training.options import FINETUNE_MODES, RECIPES
-
-REFRESH_SECONDS = 3
-EXPLORER_PAGE = "pages/explorer.py"
-
 
 # -- who may use this page: vit.runs.access's one rule; the token entered here unlocks every page ------------
 
@@ -334,216 +324,13 @@ if st.session_state.get("train_errors"):
 sae_section.launch_form(manager, models, choices, for_visitor)
 
 
-# -- the runs: polled every few seconds, without re-running the form ------------------------------------------
+# -- the runs: polled every few seconds, without re-running the form (pages/training_sections/runs_panel.py) -----
 
-def run_controls(info: runs.RunInfo) -> None:
-    # Names and details (which quote log lines) are shown as written, never as Markdown.
-    state = f"**{escape_markdown(visible(info.name))}** · {info.state}"
-    state += f" · {escape_markdown(for_visitor(info.detail))}" if info.detail else ""
-    if info.state in ("failed", "crashed", "damaged"):
-        st.error(state)
-    else:
-        st.markdown(state)
-    stop, resume, open_, delete = st.columns(4)
-    # Callbacks act before the fragment redraws, so the table already shows the result.
-    stop.button("Stop", key=f"stop-{info.name}", disabled=not info.active, on_click=runs_action,
-                args=(manager.stop, info.name))
-    resume.button("Resume" if info.resumable else "Restart", key=f"resume-{info.name}",
-                  disabled=not info.can_resume, on_click=runs_action, args=(manager.resume, info.name),
-                  help="Continue from last.pt" if info.resumable else "Start again from scratch")
-    if open_.button("Open in explorer", key=f"open-{info.name}", disabled=not info.can_open):
-        st.session_state["explorer_checkpoint"] = str(info.best_checkpoint)
-        st.switch_page(EXPLORER_PAGE)
-    with delete.popover("Delete", disabled=info.state == "running"):
-        st.markdown(f"Delete {escape_markdown(visible(info.name))} and its checkpoints? This cannot be undone.")
-        st.button("Delete for good", key=f"delete-{info.name}", type="primary", on_click=runs_action,
-                  args=(manager.delete, info.name))
-    output = visible_lines(private(manager.log_tail(info.name, lines=15)))
-    if not output and not info.managed:  # its output went to the terminal that started it, not to a file of ours
-        output = "(started outside this page, e.g. python -m vit.train: its output is in the terminal that started it)"
-    st.code(output or "(no output yet)", language=None)
+runs_panel.runs_panel(manager, gate.mode == "token", private, for_visitor)
 
 
-def legend(run: str) -> str:
-    """A run's name in a chart legend: no HTML, no invisible characters."""
-    return escape_plotly(run)
-
-
-def runs_action(action, name: str) -> None:
-    try:
-        action(name)
-    except runs.RunError as e:
-        st.session_state["runs_message"] = str(e)
-    else:
-        st.session_state.pop("runs_message", None)
-
-
-@st.fragment(run_every=REFRESH_SECONDS)
-def runs_panel() -> None:
-    all_runs = manager.poll()
-    # Here, not above the fragment: it redraws every few seconds, so the notice goes once its run has ended (or was
-    # deleted): "Started …" beside a completed run read as a new start.
-    if st.session_state.get("train_notice") and st.session_state.get("train_notice_run") in {
-            r.name for r in all_runs if r.active}:
-        st.success(escape_markdown(for_visitor(st.session_state["train_notice"])))
-    st.subheader("Runs")
-    if not all_runs:
-        # Where the server keeps its runs is for its own visitors only, as the data roots' paths are.
-        st.info("No runs yet." if gate.mode == "token" else f"No runs yet in {escape_markdown(manager.runs_dir)}.")
-        return
-    if st.session_state.get("runs_message"):
-        st.warning(escape_markdown(for_visitor(st.session_state["runs_message"])))
-    # Only what tells runs apart (the duplicate "Epochs", batch size and weight decay stay in "Settings that differ"
-    # below), each column as wide as what it shows (set widths cut names and headers short); a table wider than the
-    # page scrolls.
-    rows = runs.table_rows(all_runs)
-    widths = runs.table_widths(rows)
-    st.dataframe(
-        pd.DataFrame(rows), hide_index=True, width="stretch", placeholder="", column_order=list(runs.TABLE_HEADERS),
-        column_config={
-            **{name: st.column_config.Column(header, width=widths[name])
-               for name, header in runs.TABLE_HEADERS.items()},
-            "Progress": st.column_config.ProgressColumn("Progress", min_value=0.0, max_value=1.0, format="percent",
-                                                        width=widths["Progress"]),
-            "Best val acc": st.column_config.NumberColumn(runs.TABLE_HEADERS["Best val acc"], format="percent",
-                                                          width=widths["Best val acc"],
-                                                          help="best validation accuracy"),
-            "LR": st.column_config.NumberColumn("LR", format="%g", width=widths["LR"]),
-            "Started": st.column_config.DatetimeColumn("Started", format="MM-DD HH:mm", width=widths["Started"]),
-        })
-    names = [r.name for r in all_runs]
-    by_name = {r.name: r for r in all_runs}
-    selected = [n for n in st.session_state.get("selected_runs", names[:1]) if n in names]
-    st.session_state["selected_runs"] = selected
-    selected = st.multiselect("Selected runs (curves overlaid)", names, key="selected_runs", format_func=visible)
-    if not selected:
-        return
-    steps = manager.step_curves(selected)
-    if steps:  # every few seconds of training: the curve moves before the first epoch ends
-        live = pd.DataFrame(steps).assign(run=lambda d: d["run"].map(legend))
-        figure = px.line(live, x="epoch", y="value", color="run", title="Training loss, every few seconds",
-                         labels={"value": "train loss", "epoch": "epoch (fractional)"})
-        figure.update_layout(height=260, margin=dict(l=10, r=10, t=40, b=10))
-        st.plotly_chart(figure, key="chart-steps")
-    sae_section.curves(manager, selected)
-    charts = manager.curves(selected) if any(by_name[n].kind == "vit" for n in selected) else {}
-    columns = st.columns(2)
-    for i, (chart, rows) in enumerate(charts.items()):
-        with columns[i % 2]:
-            if rows:
-                curves = pd.DataFrame(rows).assign(run=lambda d: d["run"].map(legend))
-                figure = px.line(curves, x="epoch", y="value", color="run", line_dash="split",
-                                 markers=True, title=chart.capitalize(), labels={"value": chart})
-                figure.update_layout(height=300, margin=dict(l=10, r=10, t=40, b=10))
-                st.plotly_chart(figure, key=f"chart-{chart}")
-            else:
-                st.caption(f"{chart.capitalize()}: no finished epoch yet.")
-    if len(selected) > 1:  # issue 12: what differs between the compared runs
-        diff = compare.config_diff({visible(name): by_name[name].settings for name in selected})
-        st.markdown("**Settings that differ**")
-        if diff:
-            st.dataframe(pd.DataFrame(diff), hide_index=True, width="stretch", key="config_diff")
-        else:
-            st.caption("The selected runs have the same settings.")
-    for name in selected:
-        with st.container(border=True):
-            run_controls(by_name[name])
-            sae_section.folder(by_name[name], show_path=gate.mode != "token")
-
-
-runs_panel()
-
-
-# -- attention during training: the probe images per epoch, head statistics over epochs (issue 12) -------------
-
-SNAPSHOT_KINDS = {"attention": "One layer's attention (CLS)", "rollout": "Attention rollout"}
-
-
-def snapshot_section(runs_with_snapshots: list[str]) -> None:
-    """The chosen run's snapshots: probe maps at one epoch (slider, play), statistics over epochs, GIF export."""
-    s = st.session_state
-    if s.get("snap_run") not in runs_with_snapshots:
-        s.pop("snap_run", None)  # deleted or unselected since
-    name = st.selectbox("Run", runs_with_snapshots, key="snap_run", format_func=visible)
-    run_dir = manager.run_dir(name)
-    epochs = snapshots.snapshot_epochs(run_dir)
-    if not epochs:
-        st.caption("No snapshot yet: the first is taken before the first step.")
-        return
-    try:
-        first = snapshots.load_snapshot(run_dir, epochs[-1])
-    except snapshots.SnapshotError as e:
-        st.warning(escape_markdown(e))
-        return
-    L, H = first.num_layers, first.num_heads
-    controls, maps = st.columns([1, 3])
-    with controls:
-        kind = st.radio("Map", list(SNAPSHOT_KINDS), format_func=SNAPSHOT_KINDS.get, key="snap_kind")
-        if s.get("snap_layer", L) > L:  # another run with fewer layers was chosen
-            s["snap_layer"] = L
-        s.setdefault("snap_layer", L)
-        layer = st.select_slider("Layer", range(1, L + 1), key="snap_layer", disabled=kind != "attention")
-        head = st.selectbox("Head", [None, *range(H)], key="snap_head", disabled=kind != "attention",
-                            format_func=lambda h: "all heads, fused" if h is None else f"head {h + 1}")
-        fusion = st.radio("Head fusion", HEAD_FUSIONS, horizontal=True, key="snap_fusion",
-                          disabled=kind != "attention" or head is not None)
-        opacity = st.slider("Opacity", 0.0, 1.0, 0.6, 0.05, key="snap_opacity")
-        colormap = st.selectbox("Colour map", COLORMAPS, key="snap_colormap")
-        mode = st.radio("Upsampling", UPSAMPLE_MODES[::-1], horizontal=True, key="snap_upsample")
-    if s.get("snap_epoch") not in epochs:
-        s["snap_epoch"] = epochs[-1]
-    if s.get("snap_play"):  # each refresh of the fragment shows the next epoch, round and round
-        s["snap_epoch"] = epochs[(epochs.index(s["snap_epoch"]) + 1) % len(epochs)]
-    with maps:
-        slider, play = st.columns([5, 1], vertical_alignment="bottom")
-        epoch = slider.select_slider("Epoch", epochs, key="snap_epoch",
-                                     help="0 is the initialisation; new epochs appear while the run trains.")
-        play.toggle("Play", key="snap_play", help="Step through the epochs, one per second.")
-        head_index = None if kind != "attention" else head
-        try:
-            shown = snapshots.probe_overlays(run_dir, epoch, kind, layer - 1, head_index, fusion, opacity,
-                                             colormap, mode, size=128)
-        except (snapshots.SnapshotError, ValueError) as e:
-            st.warning(escape_markdown(e))
-            return
-        st.image([image for image, _ in shown], caption=[escape_markdown(caption) for _, caption in shown], width=128,
-                 output_format="PNG")
-        what = f"rollout over {L} layers" if kind == "rollout" else (
-            f"layer {layer}, " + (f"head {head + 1}" if head is not None else f"{fusion} over heads"))
-        st.caption(f"Epoch {epoch} of {escape_markdown(visible(name))}: CLS attention ({what}) on the run's "
-                   f"{len(shown)} probe images (fixed validation images); under each, true class → predicted class "
-                   "and its probability.")
-        probe_index = st.selectbox("Export one probe image across epochs", range(len(shown)), key="snap_probe",
-                                   format_func=lambda i: f"image {i + 1}: {shown[i][1].split(' → ')[0]}")
-        st.download_button(
-            "Animated GIF", on_click="ignore", mime="image/gif", file_name=f"{name}-probe{probe_index + 1}-{kind}.gif",
-            data=lambda: snapshots.gif_bytes(snapshots.animation_frames(
-                run_dir, probe_index, kind, layer - 1, head_index, fusion, opacity, colormap, mode, size=256)),
-            help="One frame per snapshotted epoch, half a second each, with the sidebar's overlay settings.")
-    stat_head = st.selectbox("Statistics of", [None, *range(H)], key="snap_stat_head",
-                             format_func=lambda h: "the mean over heads" if h is None else f"head {h + 1}")
-    left, right = st.columns(2)
-    for column, statistic in ((left, "distance"), (right, "entropy")):
-        stat_epochs, values = snapshots.statistics_over_epochs(run_dir, statistic, stat_head)
-        column.plotly_chart(snapshots.statistics_figure(stat_epochs, values, statistic),
-                            key=f"snap-stat-{statistic}")
-    st.caption(f"Per layer and epoch, over {first.sample_size} fixed validation images: mean attention distance "
-               "(pixels between a patch and the patches it attends to) and attention entropy (nats; 0 when "
-               "each token attends to one token).")
-
-
-def attention_panel(playing: bool) -> None:
-    if bool(st.session_state.get("snap_play")) != playing:
-        st.rerun()  # the whole page: the panel's refresh interval follows the Play toggle
-    names = [n for n in st.session_state.get("selected_runs", []) if snapshots.snapshot_epochs(manager.run_dir(n))]
-    st.subheader("Attention during training")
-    if not names:
-        st.caption("Select a run with attention snapshots above (runs take one every epoch unless launched with "
-                   "--attention-every 0).")
-        return
-    snapshot_section(names)
-
+# -- attention during training: probe images per epoch, head statistics (training_sections/attention_snapshots.py)
 
 # Refreshes on its own: every 5 s to pick up new epochs, every second while playing.
 playing = bool(st.session_state.get("snap_play"))
-st.fragment(run_every=1 if playing else 5)(attention_panel)(playing)
+st.fragment(run_every=1 if playing else 5)(attention_snapshots.attention_panel)(manager, playing)

@@ -27,22 +27,73 @@ for _name in ("HF_TOKEN", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "VIT_MAX_DOW
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("VIT_THREADS", "1")  # what the app and the commands give torch (vit.threads), in process too
 
+import pytest  # noqa: E402
 import torch  # noqa: E402
 
 torch.set_num_threads(1)
 
 
-def pytest_collection_modifyitems(config, items):
-    """Tests marked ``cuda`` need a CUDA GPU: skipped, with the reason, where there is none. When run in two
-    processes (``pytest -n 2 --dist loadgroup``, opt-in: the README's command is serial), a module's tests stay
-    on one worker (its module fixtures, app servers and models, are built once), and every test on the Ray
-    cluster shares one worker and so one cluster."""
-    import pytest
+def pytest_addoption(parser, pluginmanager):
+    """``-p no:xdist`` runs the suite serially although ``addopts`` (pyproject.toml) asks xdist for two workers:
+    without xdist its two options are accepted here and mean nothing. ``-n 0`` is the other way to a serial run."""
+    if not pluginmanager.has_plugin("xdist"):
+        parser.addoption("--numprocesses", dest="numprocesses", default=None, help="(xdist is off: ignored)")
+        parser.addoption("--dist", dest="dist", default="no", help="(xdist is off: ignored)")
 
-    if config.pluginmanager.hasplugin("xdist"):
+
+def pytest_configure(config):
+    # xdist would hand out the groups largest first by their count of tests; the order below (by seconds) is better.
+    if hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False
+
+
+# Modules that take minutes, not seconds: handed out first, so that neither worker is left with one of them at the end.
+HEAVY_FIRST = ("ray-cluster", "browser")
+
+
+def _group(module, items) -> str:
+    """A module's group: every module with a test on the Ray cluster shares one (so one cluster, on one worker); the
+    modules that drive Chromium against an app server share another (two browsers and two servers never compete
+    for two cores: their timeouts stay what they were measured for); any other module is its own group (its module
+    fixtures are built once)."""
+    if any("ray_cluster" in item.fixturenames for item in items):
+        return "ray-cluster"
+    marks = getattr(module, "pytestmark", [])
+    if any(mark.name == "browser" for mark in (marks if isinstance(marks, list) else [marks])):
+        return "browser"
+    return module.__name__
+
+
+def _in_group(item, group: str) -> None:
+    """Put ``item`` in xdist's ``group``. xdist (3.8) tells the controller a test's group by a ``@group`` suffix of its
+    id, which it writes to ``item._nodeid``; pytest 9.2 builds the id from ``item._id`` instead, so that suffix, and
+    with it every group, was silently lost (the Ray tests ran on both workers, each starting a cluster). The suffix
+    is written where this pytest reads it."""
+    item.add_marker(pytest.mark.xdist_group(group))
+    try:
+        from _pytest.nodeid import NodeId  # pytest >= 9.2
+    except ImportError:  # an older pytest reads _nodeid, where xdist writes the suffix itself
+        return
+    if hasattr(item, "_id") and not item.nodeid.endswith(f"@{group}"):
+        item._id = NodeId.parse(f"{item.nodeid}@{group}")
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own, which reads the groups into the test ids it sends
+def pytest_collection_modifyitems(config, items):
+    """Tests marked ``cuda`` need a CUDA GPU: skipped, with the reason, where there is none. In two processes
+    (``addopts`` in pyproject.toml: ``-n 2 --dist loadgroup``) a module's tests stay on one worker (its module
+    fixtures, app servers and models, are built once), the modules on the Ray cluster share one worker and so one
+    cluster, the browser modules another, and those two groups start first."""
+    if hasattr(config, "workerinput"):  # an xdist worker: the controller hands out the groups in this order
+        modules: dict = {}
         for item in items:
-            group = "ray-cluster" if "ray_cluster" in item.fixturenames else item.module.__name__
-            item.add_marker(pytest.mark.xdist_group(group))
+            modules.setdefault(item.module, []).append(item)
+        groups = {module: _group(module, its) for module, its in modules.items()}
+        order = {module: (HEAVY_FIRST.index(g) if g in HEAVY_FIRST else len(HEAVY_FIRST), i)
+                 for i, (module, g) in enumerate(groups.items())}
+        items.sort(key=lambda item: order[item.module])  # stable: a module's own order is kept
+        for item in items:
+            _in_group(item, groups[item.module])
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU (run them with: pytest -m cuda on a GPU machine)")
@@ -53,8 +104,6 @@ def pytest_collection_modifyitems(config, items):
 
 # ---------------------------------------------------------------------------------------------
 # A real local Ray cluster for the tests that ask for it (tests/ray_cluster.py): started once.
-
-import pytest  # noqa: E402
 
 
 @pytest.fixture(scope="session")

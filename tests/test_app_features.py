@@ -185,6 +185,28 @@ def test_an_sae_run_is_offered_in_the_features_section_not_as_a_model(sae_world)
     assert [r for r in at.radio if r.key == "sae_strongest"]  # its features are shown
 
 
+def test_the_runs_folder_is_not_scanned_again_on_every_rerun_but_a_new_run_is_listed(sae_world, monkeypatch):
+    # Issue 47: every rerun of the Features section listed the runs folder and read each run's status and config.
+    from vit.app import catalog
+
+    _, folder, _ = sae_world
+    scans = []
+    scan = catalog.sae_runs
+    monkeypatch.setattr(catalog, "sae_runs", lambda runs_dir=None: scans.append(runs_dir) or scan(runs_dir))
+    at = run_app()
+    at.toggle(key="sae_view").set_value(True)
+    at.run()
+    at.run()
+    assert not at.exception, [e.message for e in at.exception]
+    assert len(scans) == 1 and not [s for s in at.selectbox if s.key == "sae_run"]
+    run = Path(os.environ["VIT_RUNS_DIR"]) / "new-sae"  # a new folder: the runs folder's time changes
+    shutil.copytree(folder, run)
+    (run / "config.json").write_text(json.dumps({"kind": "sae", "args": {}}))
+    (run / "status.json").write_text(json.dumps({"state": "completed"}))
+    at.run()
+    assert len(scans) == 2 and at.selectbox(key="sae_run").options == ["run new-sae"]
+
+
 def test_an_sae_of_another_model_or_width_is_a_one_line_refusal(sae_world, tmp_path):
     _, folder, sae = sae_world
     other = SparseAutoencoder(16, 32, 4, info=SAEInfo(hook_name="blocks.1.hook_resid_post",

@@ -133,3 +133,27 @@ def test_wing_packages_are_empty():
     for wing in WINGS:
         body = ast.parse((VIT / wing / "__init__.py").read_text()).body
         assert all(isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant) for n in body), wing
+
+
+# The pages are short scripts (STYLE.md): a file past this many lines is split by concern into its page's sections
+# package (``pages/explorer_sections/``, ``pages/training_sections/``, ``pages/analyze_sections/``).
+PAGE_LINES = 400
+
+
+def long_files(root: Path, limit: int = PAGE_LINES) -> dict[str, int]:
+    """{file: lines} of the Python files under ``root`` longer than ``limit`` lines."""
+    counted = {path: len(path.read_text().splitlines()) for path in sorted(root.rglob("*.py"))}
+    return {str(path.relative_to(root)): n for path, n in counted.items() if n > limit}
+
+
+def test_no_page_file_is_longer_than_400_lines():
+    pages = VIT.parent / "pages"
+    assert long_files(pages) == {}, f"split these by concern into their page's sections package: {long_files(pages)}"
+    assert len((VIT.parent / "app.py").read_text().splitlines()) <= PAGE_LINES
+
+
+def test_the_length_check_catches_a_long_page(tmp_path):
+    (tmp_path / "explorer_sections").mkdir()
+    (tmp_path / "explorer_sections" / "long.py").write_text("x = 1\n" * (PAGE_LINES + 1))
+    (tmp_path / "short.py").write_text("x = 1\n" * PAGE_LINES)
+    assert long_files(tmp_path) == {"explorer_sections/long.py": PAGE_LINES + 1}

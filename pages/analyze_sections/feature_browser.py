@@ -10,7 +10,7 @@ from pathlib import Path
 
 import streamlit as st
 
-from pages.explorer_sections import feature_exemplars, features
+from pages.explorer_sections import feature_exemplars, sae_files
 from vit.features import explore
 from vit.features.sae import SAEError, check_fits
 from vit.runs.launch import default_data_roots, folder_problem, resolve_dataset
@@ -33,7 +33,7 @@ def browsed_model(path: str, version: tuple):
 @st.cache_resource(max_entries=2, show_spinner="Reading the features…")
 def table_and_fit(folder: str, version: tuple, model_path: str, model_version: tuple, _checkpoint
                   ) -> tuple[explore.FeatureTable, int]:
-    sae = features.open_sae(folder, version, "cpu")
+    sae = sae_files.open_sae(folder, version, "cpu")
     layer = check_fits(sae, _checkpoint.model)
     return explore.read_features(Path(folder) / explore.FEATURES_FILE, sae.d_sae), layer
 
@@ -59,7 +59,7 @@ def feature_browser(model_path: str) -> None:
         return
     try:
         checkpoint = browsed_model(model_path, _stat(model_path))
-        table, layer = table_and_fit(folder, features.folder_version(Path(folder)), model_path, _stat(model_path),
+        table, layer = table_and_fit(folder, sae_files.folder_version(Path(folder)), model_path, _stat(model_path),
                                      checkpoint)
     except (SAEError, ValueError, OSError) as e:
         st.error(escape_markdown(e))
@@ -70,7 +70,7 @@ def feature_browser(model_path: str) -> None:
                  f"{config.num_prefix_tokens + config.num_patches}: choose the checkpoint the SAE was trained on")
         return
     st.caption(f"{len(table.frequency):,} features of layer {layer}'s output. "
-               + (features.metrics_line(folder) or ""))
+               + (sae_files.metrics_line(folder) or ""))
     if IMAGES_KEY not in st.session_state:  # metrics.json read once, not on every rerun
         st.session_state[IMAGES_KEY] = feature_exemplars.metrics_data(folder)
     images = st.text_input("Exemplar images folder", key=IMAGES_KEY,

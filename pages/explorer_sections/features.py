@@ -16,28 +16,27 @@ that scales them (``with_features_edited``), and a change of them reruns the pag
 
 from dataclasses import replace
 from functools import partial
-from pathlib import Path
 
 import streamlit as st
 from PIL import Image
 
+from pages.explorer_sections import sae_files
 from pages.explorer_sections.feature_exemplars import IMAGES_KEY, exemplars
 from pages.explorer_sections.main_view import PICKER_CONFIG
+from pages.explorer_sections.sae_files import FOLDER_KEY, LAYER_KEY
 from pages.explorer_sections.state import Shown, keep_settings
-from vit.app import catalog, drawing, share, words
+from vit.app import drawing, share, words
 from vit.checkpoint import Checkpoint
 from vit.explain.overlay import overlay
-from vit.features import explore, formats
-from vit.features.sae import CFG_FILE, WEIGHTS_FILE, SAEError, SparseAutoencoder, check_fits
+from vit.features import explore
+from vit.features.sae import SAEError, SparseAutoencoder
 from vit.images import ImageError
 from vit.inference import InputSize, predictions_from_logits
-from vit.runfiles import parse_json, read_text_bounded
 from vit.sources import hub
 from vit.text import escape_markdown, visible
 
-TOGGLE_KEY, FOLDER_KEY, COUNT_KEY = "sae_view", "sae_folder", "sae_count"
+TOGGLE_KEY, COUNT_KEY = "sae_view", "sae_count"
 RUN_KEY = "sae_run"  # the SAE run picked, which fills the folder field
-LAYER_KEY = "sae_block"  # the block a saev file reads (its file does not say)
 KEPT = ("sae_",)  # every key of this section but the chart's and the button's (read-only)
 HANDED_KEY = "explorer_sae"  # an SAE folder another page hands over (with ``explorer_checkpoint``, its model)
 FEATURE_KEY, TOKEN_KEY, EVERYWHERE_KEY = "sae_feature", "sae_token", "sae_everywhere"
@@ -50,88 +49,6 @@ _OPENED, _RERUN = "sae_opened", "sae_rerun_page"
 # reads the latents and scales them on the model as it was, not on the copy that already scales them.
 _BASE = "features_base"
 MAX_FACTOR = 100.0
-
-
-# -- the SAE and its files ---------------------------------------------------------------------------------------
-
-def folder_version(folder: Path) -> tuple:
-    """What the caches of an SAE's files are keyed by: each file's size and time (None when missing), of the SAE
-    file itself, or of a folder's SAELens, Prisma and our own files."""
-    def stat(path: Path):
-        try:
-            info = path.stat()
-            return info.st_mtime_ns, info.st_size
-        except OSError:
-            return None
-    if folder.is_file():  # a saev or Prisma .pt (Prisma's config.json beside it)
-        return stat(folder), stat(folder.parent / formats.PRISMA_CONFIG)
-    names = (CFG_FILE, WEIGHTS_FILE, explore.FEATURES_FILE, "metrics.json", formats.PRISMA_CONFIG)
-    prisma = sorted(folder.glob("*.pt")) if (folder / formats.PRISMA_CONFIG).is_file() else []
-    return tuple(stat(folder / name) for name in names) + tuple((p.name, stat(p)) for p in prisma)
-
-
-@st.cache_resource(max_entries=4, show_spinner="Loading the SAE…")
-def open_sae(folder: str, version: tuple, device: str, layer: int | None = None) -> SparseAutoencoder:
-    return formats.open_sae(folder, layer, device=device)
-
-
-@st.cache_resource(ttl=300, max_entries=4, show_spinner="Asking the Hub for the SAE's files…")
-def planned_sae(text: str) -> hub.Download:
-    return hub.plan_sae(text)[0]  # a page reruns on every click: the Hub's file list is read again after 5 min
-
-
-def sae_source() -> Path:
-    """The local file or folder of the SAE typed (a Hub id's copy in the HF cache); SAEError in one line when there
-    is none."""
-    text = str(st.session_state.get(FOLDER_KEY) or "").strip()
-    if not text:
-        raise SAEError("type the folder or file of an SAE trained on this model (python -m vit.sae train … --out "
-                       "FOLDER; a ViT-Prisma or saev SAE), or its Hub id")
-    return formats.sae_path(text, cached_only=True)
-
-
-def needs_layer(path: Path) -> bool:
-    """Whether the SAE at ``path`` is a saev file, which does not say the block it reads."""
-    return path.is_file() and formats.detect_format(path) == "saev"
-
-
-def offer_download(text: str) -> bool:
-    """For a Hub SAE the HF cache lacks: its files' size on a Download button and, once pressed, the download with
-    a progress bar. True while it is still to download; HubError (one line) when the Hub refuses it."""
-    wanted = planned_sae(text)
-    if not wanted.files:
-        return False
-    box = st.empty()  # emptied once the download is done: its size, button and full bar said nothing more
-    panel = box.container()
-    panel.caption(escape_markdown(wanted.summary))
-    if not panel.button(f"Download {hub.format_bytes(wanted.size)}", key="features_download"):
-        return True
-    bar = panel.progress(0.0, text="Downloading…")
-    hub.download(wanted, lambda done, total: bar.progress(
-        min(done / max(total, 1), 1.0), text=f"{hub.format_bytes(done)} of {hub.format_bytes(total)}"))
-    box.empty()
-    planned_sae.clear()
-    return False
-
-
-@st.cache_resource(max_entries=4, show_spinner="Checking the SAE against the model…")
-def fitting_layer(full_fingerprint: tuple, folder: str, version: tuple, _model, _sae: SparseAutoencoder) -> int:
-    return check_fits(_sae, _model)  # hashes the model's weights: once per model and SAE
-
-
-
-def chosen_sae(full_checkpoint: Checkpoint, full_fingerprint: tuple) -> tuple[SparseAutoencoder, str, tuple, int]:
-    """(the SAE typed, its local folder or file, its files' version, the layer it reads); SAEError in one line when
-    there is none or it does not fit the model."""
-    folder = sae_source()
-    version = folder_version(folder)
-    device = str(next(full_checkpoint.model.parameters()).device)
-    layer = st.session_state.get(LAYER_KEY) if needs_layer(folder) else None
-    if needs_layer(folder) and layer is None:
-        raise SAEError("saev's files do not say which block's output they read: give the block this SAE was trained on")
-    sae = open_sae(str(folder), version, device, layer)
-    layer = fitting_layer(full_fingerprint, str(folder), version, full_checkpoint.model, sae)
-    return sae, str(folder), version, layer
 
 
 def scales_typed() -> dict[int, float]:
@@ -160,7 +77,7 @@ def with_features_edited(checkpoint: Checkpoint, fingerprint: tuple, full_checkp
     if not (may_open and scales and st.session_state.get(TOGGLE_KEY) and st.session_state.get(EVERYWHERE_KEY)):
         return checkpoint, fingerprint
     try:
-        sae, folder, version, layer = chosen_sae(full_checkpoint, full_fingerprint)
+        sae, folder, version, layer = sae_files.chosen_sae(full_checkpoint, full_fingerprint)
         key = tuple(sorted(scales.items()))
         edited = edited_checkpoint(fingerprint, folder, version, key, checkpoint, full_checkpoint.model, sae)
     except (SAEError, ValueError) as e:
@@ -195,15 +112,6 @@ def intervention(fingerprint: tuple, digest: str, size: InputSize, folder: str, 
 def words_near(fingerprint: tuple, folder: str, version: tuple, labels: tuple, templates: tuple, latents: tuple,
                _checkpoint, _full_model, _sae, _embeddings) -> dict[int, list[tuple[int, float]]]:
     return explore.nearest_words(_checkpoint.model, _sae, _embeddings, list(latents), count=3, fits=_full_model)
-
-
-def metrics_line(folder: str) -> str | None:
-    try:
-        metrics = parse_json(read_text_bounded(Path(folder) / "metrics.json"))
-        return (f"Held-out explained variance {float(metrics['explained_variance']):.3f}, "
-                f"L0 {float(metrics['l0']):.1f}, dead {float(metrics['dead_fraction']):.1%}.")
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
 
 
 # -- the section ------------------------------------------------------------------------------------------------
@@ -300,7 +208,7 @@ def section(view: Shown, may_open: bool, asked: words.Answer | None) -> None:
                    "this session read its files by path (with a token: enter it on the Train page).")
         return
     st.subheader("Features")
-    runs = {str(run): run.name for run in catalog.sae_runs()}
+    runs = sae_files.sae_runs()
     if st.session_state.get(RUN_KEY) not in runs or st.session_state[RUN_KEY] != st.session_state.get(FOLDER_KEY):
         st.session_state[RUN_KEY] = None  # another folder typed since, or the run deleted
     if runs:  # an SAE run is no model: listed here, not in the checkpoint picker
@@ -318,9 +226,9 @@ def section(view: Shown, may_open: bool, asked: words.Answer | None) -> None:
     checkpoint, fingerprint = (base[1], base[2]) if base and base[0] == view.fingerprint else (view.checkpoint,
                                                                                                view.fingerprint)
     try:
-        if hub.looks_like_sae_name(text) and hub.cached_sae(text) is None and offer_download(text):
+        if hub.looks_like_sae_name(text) and hub.cached_sae(text) is None and sae_files.offer_download(text):
             return
-        if needs_layer(sae_source()):
+        if sae_files.needs_layer(sae_files.sae_source()):
             blocks = view.full_checkpoint.model.config.num_layers
             if not 1 <= (st.session_state.get(LAYER_KEY) or 1) <= blocks:  # typed for a deeper model opened before
                 st.session_state.pop(LAYER_KEY)
@@ -328,7 +236,7 @@ def section(view: Shown, may_open: bool, asked: words.Answer | None) -> None:
                             key=LAYER_KEY, on_change=_page_rerun, placeholder="the block this SAE was trained on",
                             help="saev's files do not say which block's output they were trained on: the residual "
                                  "stream after this block, counted from 1.")
-        sae, folder, version, layer = chosen_sae(view.full_checkpoint, view.full_fingerprint)
+        sae, folder, version, layer = sae_files.chosen_sae(view.full_checkpoint, view.full_fingerprint)
         latents = image_latents(fingerprint, view.image_key, view.size, folder, version, checkpoint,
                                 view.full_checkpoint.model, sae, view.image)
     except (SAEError, ValueError, ImageError) as e:
@@ -344,7 +252,7 @@ def section(view: Shown, may_open: bool, asked: words.Answer | None) -> None:
             st.session_state.pop(key, None)
         st.session_state[_OPENED] = folder
     show_linked(sae.d_sae)
-    described = metrics_line(folder)
+    described = sae_files.metrics_line(folder)
     kind = {"vit-prisma": "ViT-Prisma", "saev": "saev"}.get(sae.info.extra.get("format"), "SAELens")
     st.caption(f"{sae.d_sae:,} features of layer {layer}'s output ({kind}" + (f", k {sae.k}" if sae.k else "")
                + "). " + (described or ""))

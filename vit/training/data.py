@@ -18,7 +18,6 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from torchvision.transforms import v2
 
 from vit.checkpoint import atomic_torch_save, check_archive
 from vit.images import ImageError, open_image, to_uint8
@@ -401,8 +400,17 @@ class OpSpace:
     signed: torch.Tensor  # (ops,) bool: the magnitude's sign is flipped with probability 0.5
 
 
+def _v2():
+    """torchvision's ``transforms.v2``, imported when an augmentation first needs it: importing torchvision takes
+    seconds (it loads torch._dynamo), and ``vit.train --ray`` reads this module to check its arguments."""
+    from torchvision.transforms import v2
+
+    return v2
+
+
 def op_space(policy: str, height: int, width: int, device: torch.device | str = "cpu") -> OpSpace:
     """The op space of torchvision's ``TrivialAugmentWide`` or ``RandAugment`` for images of this size."""
+    v2 = _v2()
     cls = {"trivialaugment": v2.TrivialAugmentWide, "randaugment": v2.RandAugment}[policy]
     space = cls._AUGMENTATION_SPACE  # torchvision's table itself, so the bins cannot drift from it
     rows, signed = [], []
@@ -488,7 +496,7 @@ def _blend(images: torch.Tensor, other: torch.Tensor, ratio: torch.Tensor) -> to
 
 def _grey(images: torch.Tensor) -> torch.Tensor:
     """torchvision's floored ITU-R 601 luma as float ``(B, 1, H, W)`` (``rgb_to_grayscale`` truncates)."""
-    return v2.functional.rgb_to_grayscale(images).float()
+    return _v2().functional.rgb_to_grayscale(images).float()
 
 
 def _brightness(images: torch.Tensor, factor: torch.Tensor) -> torch.Tensor:
@@ -547,7 +555,7 @@ _COLOUR_OPS = {
     "Posterize": _posterize,
     "Solarize": _solarize,
     "AutoContrast": _autocontrast,
-    "Equalize": lambda x, m: v2.functional.equalize(x),  # already per image in torchvision
+    "Equalize": lambda x, m: _v2().functional.equalize(x),  # already per image in torchvision
 }
 
 

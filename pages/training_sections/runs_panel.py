@@ -1,0 +1,139 @@
+"""The Train page's runs panel: every run in a table, polled every few seconds without re-running the launch form
+(the poll also starts queued runs whose device has become free); the selected runs' curves overlaid, the settings
+that differ between them, and each one's Stop / Resume / Open / Delete with its log's tail. Widgets only: states,
+rows and curves are ``vit.runs.manager``'s."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pandas as pd
+import plotly.express as px
+import streamlit as st
+
+from pages.training_sections import sae as sae_section
+from vit.explain import compare
+from vit.runs import manager as runs
+from vit.text import escape_markdown, escape_plotly, visible, visible_lines
+
+REFRESH_SECONDS = 3
+EXPLORER_PAGE = "pages/explorer.py"
+
+
+def run_controls(manager: runs.RunManager, info: runs.RunInfo, private: Callable[[str], str],
+                 for_visitor: Callable[[str], str]) -> None:
+    # Names and details (which quote log lines) are shown as written, never as Markdown.
+    state = f"**{escape_markdown(visible(info.name))}** · {info.state}"
+    state += f" · {escape_markdown(for_visitor(info.detail))}" if info.detail else ""
+    if info.state in ("failed", "crashed", "damaged"):
+        st.error(state)
+    else:
+        st.markdown(state)
+    stop, resume, open_, delete = st.columns(4)
+    # Callbacks act before the fragment redraws, so the table already shows the result.
+    stop.button("Stop", key=f"stop-{info.name}", disabled=not info.active, on_click=runs_action,
+                args=(manager.stop, info.name))
+    resume.button("Resume" if info.resumable else "Restart", key=f"resume-{info.name}",
+                  disabled=not info.can_resume, on_click=runs_action, args=(manager.resume, info.name),
+                  help="Continue from last.pt" if info.resumable else "Start again from scratch")
+    if open_.button("Open in explorer", key=f"open-{info.name}", disabled=not info.can_open):
+        st.session_state["explorer_checkpoint"] = str(info.best_checkpoint)
+        st.switch_page(EXPLORER_PAGE)
+    with delete.popover("Delete", disabled=info.state == "running"):
+        st.markdown(f"Delete {escape_markdown(visible(info.name))} and its checkpoints? This cannot be undone.")
+        st.button("Delete for good", key=f"delete-{info.name}", type="primary", on_click=runs_action,
+                  args=(manager.delete, info.name))
+    output = visible_lines(private(manager.log_tail(info.name, lines=15)))
+    if not output and not info.managed:  # its output went to the terminal that started it, not to a file of ours
+        output = "(started outside this page, e.g. python -m vit.train: its output is in the terminal that started it)"
+    st.code(output or "(no output yet)", language=None)
+
+
+def legend(run: str) -> str:
+    """A run's name in a chart legend: no HTML, no invisible characters."""
+    return escape_plotly(run)
+
+
+def runs_action(action, name: str) -> None:
+    try:
+        action(name)
+    except runs.RunError as e:
+        st.session_state["runs_message"] = str(e)
+    else:
+        st.session_state.pop("runs_message", None)
+
+
+@st.fragment(run_every=REFRESH_SECONDS)
+def runs_panel(manager: runs.RunManager, token_mode: bool, private: Callable[[str], str],
+               for_visitor: Callable[[str], str]) -> None:
+    """The runs table, the selected runs' curves, settings that differ and controls; ``token_mode``: the visitor came
+    through the training token (from the network), who sees no server paths."""
+    all_runs = manager.poll()
+    # Here, not above the fragment: it redraws every few seconds, so the notice goes once its run has ended (or was
+    # deleted): "Started …" beside a completed run read as a new start.
+    if st.session_state.get("train_notice") and st.session_state.get("train_notice_run") in {
+            r.name for r in all_runs if r.active}:
+        st.success(escape_markdown(for_visitor(st.session_state["train_notice"])))
+    st.subheader("Runs")
+    if not all_runs:
+        # Where the server keeps its runs is for its own visitors only, as the data roots' paths are.
+        st.info("No runs yet." if token_mode else f"No runs yet in {escape_markdown(manager.runs_dir)}.")
+        return
+    if st.session_state.get("runs_message"):
+        st.warning(escape_markdown(for_visitor(st.session_state["runs_message"])))
+    # Only what tells runs apart (the duplicate "Epochs", batch size and weight decay stay in "Settings that differ"
+    # below), each column as wide as what it shows (set widths cut names and headers short); a table wider than the
+    # page scrolls.
+    rows = runs.table_rows(all_runs)
+    widths = runs.table_widths(rows)
+    st.dataframe(
+        pd.DataFrame(rows), hide_index=True, width="stretch", placeholder="", column_order=list(runs.TABLE_HEADERS),
+        column_config={
+            **{name: st.column_config.Column(header, width=widths[name])
+               for name, header in runs.TABLE_HEADERS.items()},
+            "Progress": st.column_config.ProgressColumn("Progress", min_value=0.0, max_value=1.0, format="percent",
+                                                        width=widths["Progress"]),
+            "Best val acc": st.column_config.NumberColumn(runs.TABLE_HEADERS["Best val acc"], format="percent",
+                                                          width=widths["Best val acc"],
+                                                          help="best validation accuracy"),
+            "LR": st.column_config.NumberColumn("LR", format="%g", width=widths["LR"]),
+            "Started": st.column_config.DatetimeColumn("Started", format="MM-DD HH:mm", width=widths["Started"]),
+        })
+    names = [r.name for r in all_runs]
+    by_name = {r.name: r for r in all_runs}
+    selected = [n for n in st.session_state.get("selected_runs", names[:1]) if n in names]
+    st.session_state["selected_runs"] = selected
+    selected = st.multiselect("Selected runs (curves overlaid)", names, key="selected_runs", format_func=visible)
+    if not selected:
+        return
+    steps = manager.step_curves(selected)
+    if steps:  # every few seconds of training: the curve moves before the first epoch ends
+        live = pd.DataFrame(steps).assign(run=lambda d: d["run"].map(legend))
+        figure = px.line(live, x="epoch", y="value", color="run", title="Training loss, every few seconds",
+                         labels={"value": "train loss", "epoch": "epoch (fractional)"})
+        figure.update_layout(height=260, margin=dict(l=10, r=10, t=40, b=10))
+        st.plotly_chart(figure, key="chart-steps")
+    sae_section.curves(manager, selected)
+    charts = manager.curves(selected) if any(by_name[n].kind == "vit" for n in selected) else {}
+    columns = st.columns(2)
+    for i, (chart, rows) in enumerate(charts.items()):
+        with columns[i % 2]:
+            if rows:
+                curves = pd.DataFrame(rows).assign(run=lambda d: d["run"].map(legend))
+                figure = px.line(curves, x="epoch", y="value", color="run", line_dash="split",
+                                 markers=True, title=chart.capitalize(), labels={"value": chart})
+                figure.update_layout(height=300, margin=dict(l=10, r=10, t=40, b=10))
+                st.plotly_chart(figure, key=f"chart-{chart}")
+            else:
+                st.caption(f"{chart.capitalize()}: no finished epoch yet.")
+    if len(selected) > 1:  # issue 12: what differs between the compared runs
+        diff = compare.config_diff({visible(name): by_name[name].settings for name in selected})
+        st.markdown("**Settings that differ**")
+        if diff:
+            st.dataframe(pd.DataFrame(diff), hide_index=True, width="stretch", key="config_diff")
+        else:
+            st.caption("The selected runs have the same settings.")
+    for name in selected:
+        with st.container(border=True):
+            run_controls(manager, by_name[name], private, for_visitor)
+            sae_section.folder(by_name[name], show_path=not token_mode)
