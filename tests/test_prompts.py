@@ -556,11 +556,12 @@ def test_prompt_legrad_equals_the_authors_siglip_readout(tmp_path, correction):
     the timm folder. One prompt: with several, the reference sums their similarities into one map."""
     import types
 
-    from test_siglip_parity import timm_siglip
+    from parity_helpers import timm_random
+    from test_siglip_parity import TIMM_SIGLIP
 
     from tests.reference.legrad import siglip_reference as ref
 
-    trunk = timm_siglip()
+    trunk = timm_random(TIMM_SIGLIP, num_classes=0)
     timm_module = pytest.importorskip("timm")
     timm_module.models.save_for_hf(trunk, tmp_path / "timm", model_args=dict(num_heads=2, img_size=32),
                                    safe_serialization=True)
