@@ -38,15 +38,21 @@ def fake_run(runs_dir: Path, name: str, lr: float, epochs: int = 3, started: str
     snapshots.save_probe(run, probe)
     rng = np.random.default_rng(0)
     for epoch in range(epochs + 1):
-        logits = np.zeros((4, 2), np.float32)
-        logits[:, epoch % 2] = 2.0  # even epochs predict cat for every image, odd ones dog
-        snapshots.write_snapshot(run, epoch, {
-            "logits": logits, "cls_attention": rng.random((LAYERS, 4, HEADS, *GRID), dtype=np.float32),
-            "rollout": rng.random((4, *GRID), dtype=np.float32),
-            "distance": np.full((LAYERS, HEADS), float(epoch), np.float32),
-            "entropy": np.arange(LAYERS * HEADS, dtype=np.float32).reshape(LAYERS, HEADS) + epoch,
-            "sample_size": np.int64(4), "patch_size": np.int64(4), "num_prefix_tokens": np.int64(1)})
+        add_epoch(run, epoch, rng)
     return run
+
+
+def add_epoch(run: Path, epoch: int, rng: np.random.Generator | None = None) -> None:
+    """The snapshot a training run writes at the end of ``epoch`` (0: before the first step)."""
+    rng = np.random.default_rng(epoch) if rng is None else rng
+    logits = np.zeros((4, 2), np.float32)
+    logits[:, epoch % 2] = 2.0  # even epochs predict cat for every image, odd ones dog
+    snapshots.write_snapshot(run, epoch, {
+        "logits": logits, "cls_attention": rng.random((LAYERS, 4, HEADS, *GRID), dtype=np.float32),
+        "rollout": rng.random((4, *GRID), dtype=np.float32),
+        "distance": np.full((LAYERS, HEADS), float(epoch), np.float32),
+        "entropy": np.arange(LAYERS * HEADS, dtype=np.float32).reshape(LAYERS, HEADS) + epoch,
+        "sample_size": np.int64(4), "patch_size": np.int64(4), "num_prefix_tokens": np.int64(1)})
 
 
 @pytest.fixture
@@ -90,6 +96,18 @@ def test_the_epoch_slider_shows_the_probe_images_and_predictions_of_that_epoch(r
     assert not at.exception
     captions = [shown_text(c.caption) for c in at.get("image")[0].proto.imgs]
     assert captions == ["cat → cat 88% ✓", "dog → cat 88% ✗"] * 2
+
+
+def test_the_slider_follows_new_epochs_while_it_is_on_the_newest_and_stays_where_it_was_moved_back(runs_dir):
+    at = open_page()
+    assert at.select_slider(key="snap_epoch").value == 3
+    add_epoch(runs_dir / "alpha", 4)  # the run trains on
+    at = at.run()
+    assert at.select_slider(key="snap_epoch").value == 4
+    at = at.select_slider(key="snap_epoch").set_value(1).run()
+    add_epoch(runs_dir / "alpha", 5)
+    at = at.run()
+    assert not at.exception and at.select_slider(key="snap_epoch").value == 1
 
 
 def test_rollout_and_single_heads_redraw_without_errors(runs_dir):

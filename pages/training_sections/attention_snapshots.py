@@ -47,8 +47,10 @@ def snapshot_section(manager: runs.RunManager, runs_with_snapshots: list[str]) -
         opacity = st.slider("Opacity", 0.0, 1.0, 0.6, 0.05, key="snap_opacity")
         colormap = st.selectbox("Colour map", COLORMAPS, key="snap_colormap")
         mode = st.radio("Upsampling", UPSAMPLE_MODES[::-1], horizontal=True, key="snap_upsample")
-    if s.get("snap_epoch") not in epochs:
+    # The newest epoch is followed while the run trains, unless the slider was moved back to an older one.
+    if s.get("snap_epoch") not in epochs or s.get("snap_epoch") == s.get("snap_newest", epochs[-1]):
         s["snap_epoch"] = epochs[-1]
+    s["snap_newest"] = epochs[-1]
     if s.get("snap_play"):  # each refresh of the fragment shows the next epoch, round and round
         s["snap_epoch"] = epochs[(epochs.index(s["snap_epoch"]) + 1) % len(epochs)]
     with maps:
