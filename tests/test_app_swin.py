@@ -113,5 +113,5 @@ def test_the_views_of_one_grid_say_so_for_a_swin_in_one_line(tmp_path):
         assert not at.exception, [e.message for e in at.exception]
     said = [m.value for m in [*at.info, *at.warning]]
     assert any("Distance and entropy" in s and "stages" in s for s in said), said
-    assert any("patch tokens" in s and "stages (Swin)" in s for s in said), said
+    assert any("patch tokens" in s and "stages (Swin, Hiera)" in s for s in said), said
     assert any("mechanism view cannot analyse" in s and "stages" in s for s in said), said

@@ -214,4 +214,4 @@ def test_what_stacks_a_swins_hidden_states_or_one_grids_maps_refuses_it_in_one_l
         IMAGE.save(tmp_path / "data" / name / "a.png")
     assert analyze.main([str(checkpoint.path), "--data", str(tmp_path / "data"), "--out", str(tmp_path / "out")]) != 0
     [line] = [line for line in capsys.readouterr().err.splitlines() if "error" in line]
-    assert "stages (Swin)" in line and not (tmp_path / "out").exists()
+    assert "stages (Swin, Hiera)" in line and not (tmp_path / "out").exists()

@@ -128,6 +128,6 @@ REFUSED = {
 @pytest.mark.parametrize("call", list(REFUSED))
 def test_what_needs_one_grid_refuses_a_swin_in_one_line(hf_swin, call):
     _, ours = hf_swin
-    with pytest.raises(ValueError, match="stages \\(Swin\\)") as error, torch.no_grad():
+    with pytest.raises(ValueError, match="stages \\(Swin, Hiera\\)") as error, torch.no_grad():
         REFUSED[call](ours, torch.randn(1, 3, SIZE, SIZE))
     assert "\n" not in str(error.value)

@@ -180,8 +180,8 @@ class Explanation:
     heads: np.ndarray | None = field(default=None, repr=False)  # (H, gh, gw): the query's row in each head
     heads_layer: int | None = None  # from 0: the layer of ``heads``
     settings: dict = field(default_factory=dict, repr=False)  # what made it, for ``to_html``
-    # A model with stages (Swin): ``map`` and ``grid`` are the layer's own grid, coarser than the image's patch grid
-    # ``patch_grid``, over which each cell covers its 2**stage patches (the padding's part outside the image).
+    # A model with stages (Swin, Hiera): ``map`` and ``grid`` are the layer's own grid, coarser than the image's patch
+    # grid ``patch_grid``, over which each cell covers its 2**stage patches (the padding's part outside the image).
     patch_grid: tuple[int, int] | None = None
 
     def overlay(self, alpha: float = 0.6, colormap: str = "inferno", scale: int | None = None) -> Image.Image:
@@ -273,7 +273,7 @@ def explain(checkpoint: Checkpoint, image: ImageLike, method: str = "rollout", *
         raise ValueError(f"{method} does not apply to this model ({_APPLIES_TO[method]})")
     L = len(model.blocks)
     layer_value = -1 if layer is None else _index(layer, L, "layer", f"this model has {L} layers")
-    H = model.blocks[layer_value].attn.num_heads  # a stage's own in a model with stages (Swin)
+    H = model.blocks[layer_value].attn.num_heads  # a stage's own in a model with stages (Swin, Hiera)
     heads_text = f"this layer has {H} heads" if model.config.stage_depths else f"this model has {H} heads per layer"
     head = None if head is None else _index(head, H, "head", heads_text)
     class_index = _class_index(checkpoint, target)

@@ -65,7 +65,7 @@ def dense_features(view: Shown, entries: dict) -> None:
     checkpoint, analysis, shown = view.checkpoint, view.analysis, view.shown
     if analysis.staged:
         st.info("These read every layer's patch tokens through the final norm, on one grid of one width; this model's "
-                "stages (Swin) change both at each patch merging.")
+                "stages (Swin, Hiera) change both at each patch merging or query pooling.")
         return
     L, prefix = analysis.num_layers, analysis.num_prefix_tokens
     try:

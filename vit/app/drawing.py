@@ -274,7 +274,7 @@ def describe_map(settings: MapSettings, analysis: Analysis, class_names: list[st
 
 
 def _describe_stage_map(settings: MapSettings, analysis: Analysis) -> str:
-    """``describe_map`` for a model with stages (Swin): the layer's own grid, its windows, the covering token."""
+    """``describe_map`` for a model with stages (Swin, Hiera): the layer's own grid, its windows, the covering token."""
     from vit.model.stages import covering_token
 
     s, L = settings, analysis.num_layers

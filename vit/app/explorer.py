@@ -409,7 +409,7 @@ def analyse(checkpoint: Checkpoint, image: Image.Image, size: InputSize = TRAINI
 
 def _analyse_stages(checkpoint: Checkpoint, x: torch.Tensor, grid: tuple[int, int], shape: tuple[int, int],
                     top_k: int, progress: work.Progress | None) -> Analysis:
-    """``analyse`` for a model with stages (Swin): one forward keeps each layer's windows as the layer forms them
+    """``analyse`` for a model with stages (Swin, Hiera): one forward keeps each layer's windows as the layer forms them
     (``H x T_l x w*w`` values, never ``T_l²``) and its output; ValueError naming the sizes that work for an input
     too small for the last stage's windows."""
     model, p = checkpoint.model, checkpoint.preprocessing
@@ -539,7 +539,7 @@ class ClassRelevance:
 
     class_index: int
     terms: tuple[torch.Tensor, ...]  # per layer (1, T, T); empty when chunked; a Swin's: per layer its windows'
-    layouts: tuple[LayerLayout, ...] = ()  # a model with stages (Swin): each layer's grid and windows
+    layouts: tuple[LayerLayout, ...] = ()  # a model with stages (Swin, Hiera): each layer's grid and windows
     inputs: LayerInputs | None = None  # chunked: the layer inputs of the image
     contexts: torch.Tensor | None = None  # chunked: (1, L, T, H, hd)
     rows: dict[tuple[int, int], torch.Tensor] = field(default_factory=dict, repr=False)  # chunked rows, per map

@@ -159,7 +159,7 @@ def layers_up_to(attentions: Sequence[Tensor], end_layer: int | None) -> list[Te
         if attn.shape[0] != layers[0].shape[0] or attn.shape[-1] != layers[0].shape[-1]:
             if attn.shape[1] != layers[0].shape[1]:  # heads change in one forward: a later stage's
                 raise ValueError(f"layer {i} has shape {tuple(attn.shape)}, layer 0 has {tuple(layers[0].shape)}: "
-                                 "a model with stages (Swin) has each layer on its own grid; roll out with "
+                                 "a model with stages (Swin, Hiera) has each layer on its own grid; roll out with "
                                  "vit.explain.stages.rollout_row")
             raise ValueError(f"layer {i} has shape {tuple(attn.shape)}, layer 0 has {tuple(layers[0].shape)}; "
                              "all layers must come from the same forward pass")

@@ -104,11 +104,12 @@ class DatasetAnalysis:
 
 
 def check_one_grid(checkpoint: Checkpoint) -> None:
-    """ValueError, before any image, for a model with stages (Swin): the summaries are each layer's CLS attention,
-    rollout, distance and entropy on one patch grid."""
+    """ValueError, before any image, for a model with stages (Swin, Hiera): the summaries are each layer's CLS
+    attention, rollout, distance and entropy on one patch grid."""
     if getattr(checkpoint.model.config, "stage_depths", ()):
         raise ValueError("the dataset analysis averages every layer's CLS attention, rollout, distance and entropy "
-                         "on one patch grid; this model's stages (Swin) change the grid at each patch merging: "
+                         "on one patch grid; this model's stages (Swin, Hiera) change the grid at each patch merging "
+                         "or query pooling: "
                          "explain its images one by one (vit.explain, the explorer)")
 
 

@@ -30,8 +30,8 @@ def forward_with_hidden_states(model: nn.Module, images: Tensor) -> tuple[Tensor
     of every block, then the last block's output, read at the hook points of one fast forward pass (no
     attention probabilities are materialised)."""
     if getattr(getattr(model, "config", None), "stage_depths", ()):
-        raise ValueError("the hidden states of a model with stages (Swin) have each layer's own grid and width and "
-                         "do not stack: read them at blocks.{i}.hook_resid_post with model.run_with_cache")
+        raise ValueError("the hidden states of a model with stages (Swin, Hiera) have each layer's own grid and width "
+                         "and do not stack: read them at blocks.{i}.hook_resid_post with model.run_with_cache")
     names = residual_names(len(model.blocks))
     if torch.is_grad_enabled():  # the states stay in the autograd graph
         encoding, cache = model.run_with_cache(images, names)

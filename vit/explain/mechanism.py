@@ -72,12 +72,13 @@ def check_budget(elements: int, what: str) -> None:
 
 
 def check_one_grid(model: ViT, what: str) -> None:
-    """MechanismError for a model with stages (Swin) where ``what`` stacks every layer's tokens or splits the last
-    residual into what each block wrote: its layers' grids and widths change at each merge, which is not a sum."""
+    """MechanismError for a model with stages (Swin, Hiera) where ``what`` stacks every layer's tokens or splits the
+    last residual into what each block wrote: its layers' grids and widths change at each merge, which is not a
+    sum."""
     if getattr(model.config, "stage_depths", ()):
         raise MechanismError(f"{what} reads every layer's tokens on one grid of one width, and this model's stages "
-                             "(Swin) change both at each patch merging; zero-ablating heads and the maps of "
-                             "vit.explain (attention, rollout, norms, AttnLRP) apply")
+                             "(Swin, Hiera) change both at each patch merging or query pooling; zero-ablating heads "
+                             "and the maps of vit.explain (attention, rollout, norms, AttnLRP) apply")
 
 
 def _dims(model: ViT) -> tuple[int, int, int]:

@@ -53,11 +53,11 @@ def check_supported(model: torch.nn.Module) -> None:
 
 
 def check_one_grid(model: ViT, what: str, why: str) -> None:
-    """``UnsupportedModelError`` for a model with stages (Swin), whose layers' grids change at each merge, where
-    ``what`` needs one grid (``why``); AttnLRP's rules run through the merges and apply."""
+    """``UnsupportedModelError`` for a model with stages (Swin, Hiera), whose layers' grids change at each merge,
+    where ``what`` needs one grid (``why``); AttnLRP's rules run through the merges and apply."""
     if getattr(model.config, "stage_depths", ()):
-        raise UnsupportedModelError(f"{what} {why}, and this model's stages (Swin) change the grid at each patch "
-                                    "merging; use AttnLRP")
+        raise UnsupportedModelError(f"{what} {why}, and this model's stages (Swin, Hiera) change the grid at each "
+                                    "patch merging or query pooling; use AttnLRP")
 
 
 # --- AttnLRP's rules ------------------------------------------------------------------------------
