@@ -8,7 +8,7 @@ of its work). Each built by the library with random weights, saved natively and 
 the same; calls alternate so background load slows both alike; the table shows medians, our time as a ratio of
 theirs and the load average after the row. Run from the repository root::
 
-    python -m bench.bench_families --threads 1 --repeats 9 --models beit-hf beit-timm aimv2 pe
+    python -m bench.bench_families --threads 1 --repeats 9 --models beit-hf beit-timm aimv2 pe siglip2-naflex
     python -m bench.bench_families --threads 1 --repeats 3 --models sam
 
 Measured 2026-11-24, one thread on two cores shared with other helpers' work (the load swings 6-26, so single rows
@@ -20,6 +20,13 @@ swing by +-8 %; pair-by-pair medians of a separate interleaved run are given whe
     | PE core (timm explicit, B/16 224 px) | 1738 ms | 1836 ms | 1.06x | load 7.5 |  (earlier runs: 1.03x, 0.90x)
     | SAM (HF eager, ViT-B 1,024 px)       | 61.5 s  | 50.1 s  | 0.81x | load 6.0 |  (3 calls each, before qkv split)
     | SAM (HF eager, ViT-B 1,024 px)       | 75.0 s  | 28.3 s  | 0.38x | load 3.6 |  (3 calls each, after it)
+
+Again on an idle machine (nothing else running, load under 1), one thread, after every merge of the round:
+
+    --threads 1 --repeats 9 --models siglip2-naflex aimv2 pe (and aimv2 again with --repeats 15):
+    | SigLIP 2 NaFlex (HF eager, B/16 16x16 patches) | 639 ms | 640 ms | 1.00x |
+    | AIMv2 (HF eager, B/14 224 px)                  | 595 ms | 609 ms | 1.02x |  (15 calls: 605 / 579 ms, 0.96x)
+    | PE core (timm explicit, B/16 224 px)           | 437 ms | 432 ms | 0.99x |
 
 BEiT was 1.06-1.10x HF before two fixes: its bias index is kept per grid and read by ``index_select`` (3.5 ms ->
 0.2 ms a layer), and on a CPU q, k, v are three 768-wide products rather than one 2,304-wide one (15-20 % faster
@@ -79,6 +86,25 @@ def pe(folder: Path):
     return "PE core (timm explicit, B/16 224 px)", model, 224
 
 
+def siglip2_naflex(folder: Path, size: int = 256, patch: int = 16):
+    """HF ``Siglip2VisionModel`` B/16 (256 patches), eager: the image as its processor hands it over, a 16 x 16
+    grid of (py, px, c)-flattened patches, none of them padding; ours takes the image (its NaFlex grid is the same)."""
+    import transformers
+
+    config = transformers.Siglip2VisionConfig(num_patches=(size // patch) ** 2, patch_size=patch)
+    config._attn_implementation = "eager"
+    model = transformers.Siglip2VisionModel(config).eval()
+    model.save_pretrained(folder)
+    g = size // patch
+
+    def theirs(x):
+        B = x.shape[0]
+        patches = x.reshape(B, 3, g, patch, g, patch).permute(0, 2, 4, 3, 5, 1).reshape(B, g * g, -1)
+        return model(pixel_values=patches, pixel_attention_mask=torch.ones(B, g * g, dtype=torch.long),
+                     spatial_shapes=torch.tensor([[g, g]] * B), output_attentions=True)
+
+    return f"SigLIP 2 NaFlex (HF eager, B/16 {g}x{g} patches)", theirs, size
+
 def beit_hf(folder: Path):
     import transformers
 
@@ -111,7 +137,8 @@ def sam_hf(folder: Path):
     return "SAM (HF eager, ViT-B 1,024 px)", lambda x: model(pixel_values=x, output_attentions=True), 1024
 
 
-FAMILIES = {"aimv2": aimv2, "pe": pe, "beit-hf": beit_hf, "beit-timm": beit_timm, "sam": sam_hf}
+FAMILIES = {"aimv2": aimv2, "pe": pe, "siglip2-naflex": siglip2_naflex, "beit-hf": beit_hf,
+            "beit-timm": beit_timm, "sam": sam_hf}
 
 
 # -- hierarchical models (stages): Swin, Swin V2, Hiera, SAM 2's Hiera ----------------------------------------------
