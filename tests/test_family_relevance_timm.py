@@ -3,7 +3,8 @@ lxt's ``efficient`` module patches a model: its LayerNorm, activation and attent
 rules for SwiGLU, ``gated_mlp_forward`` and CP-LRP's ``cp_gated_mlp_forward``), on a non-square input: EVA-02
 (RoPE, SwiGLU, the MLP's norm), DINOv3 (RoPE, registers, layer scale), SigLIP (attention pooling), MAE (avg
 pooling + fc_norm), DeiT distilled (two heads), DINOv2 (layer scale), AIMv2 (RMSNorm with lxt's
-``rms_norm_forward``, bias-free SwiGLU), Perception Encoder spatial (PE's rotary positions, ``norm_pre``).
+``rms_norm_forward``, bias-free SwiGLU), Perception Encoder spatial (PE's rotary positions, ``norm_pre``), NaFlex
+(timm's ``naflexvit``: its square table resized to the image's own 6 x 3 grid).
 
 Reference: rachtibat/LRP-eXplains-Transformers @ f0434417, lxt/efficient/{rules,patches}.py (tests/reference/lxt).
 """
@@ -37,13 +38,15 @@ CASES = {  # name, patch, extra model args
     "dinov2": ("vit_small_patch14_dinov2", 7, {}),
     "aimv2 (RMSNorm, bias-free SwiGLU)": ("aimv2_large_patch14_224", 7, {}),
     "pe-spatial (PE's RoPE, norm_pre)": ("vit_pe_spatial_tiny_patch16_512", 8, {}),
+    "naflexvit (NaFlex grid, table resized per image)": ("naflexvit_base_patch16_gap", 8, {}),
 }
 
 
 def timm_and_ours(tmp_path, name: str, patch: int, kwargs: dict):
     torch.manual_seed(0)
+    any_size = {} if name.startswith("naflexvit") else dict(dynamic_img_size=True)  # NaFlex takes any grid anyway
     model = timm.create_model(name, pretrained=False, img_size=4 * patch, patch_size=patch, embed_dim=32, depth=2,
-                              num_heads=2, num_classes=3, dynamic_img_size=True, **kwargs)
+                              num_heads=2, num_classes=3, **any_size, **kwargs)
     randomize(model)
     timm.models.save_for_hf(model, tmp_path / "timm", model_args=dict(num_heads=2, img_size=4 * patch, **kwargs),
                             safe_serialization=True)
