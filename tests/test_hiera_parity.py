@@ -261,3 +261,18 @@ def test_sam2_hiera_has_no_classifier_and_refuses_a_size_its_position_windows_do
     with pytest.raises(ValueError, match="multiples of 16 px") as error:
         checkpoint.model.encode(torch.randn(1, 3, 72, 72))
     assert "\n" not in str(error.value)
+
+
+def test_hf_hiera_opens_by_hub_id_then_from_the_cache(hf_pair, tmp_path, fake_hub):
+    """The issue's third way in: a Hub id (the local Hub server), downloaded once, then read from the HF cache."""
+    model, _ = hf_pair
+    model.save_pretrained(tmp_path / "hiera")
+    fake_hub.add_folder("acme/hiera-tiny", tmp_path / "hiera")
+    images = torch.randn(1, 3, SIZES[0], SIZES[0])
+    out, attentions = hf_run(model, images)
+    for _ in range(2):
+        checkpoint = open_source("acme/hiera-tiny")
+        ours, _, placed, _ = ours_placed(checkpoint, images)
+        expected = dense_library_attentions(checkpoint.model, attentions, (SIZES[0] // 4,) * 2)
+        assert_parity("hiera | HF Hub id", ours.logits, out.logits, placed, expected)
+    assert fake_hub.fetched("GET").count("model.safetensors") == 1
