@@ -5,7 +5,11 @@
 - AttnLRP and CP-LRP through the mask units, the pooled queries and the max-pooled residual equal lxt's rules
   patched into timm's Hiera (fused attention on; lxt has no rule for a max, whose gradient goes to the winner in
   both, so x * grad of a max is the max: conservative); CP-LRP's relevance of the embedding sums to the logit.
-- Everything that stacks the hidden states of one grid, or reads a CLS token, refuses a Hiera naming why.
+- The logit lens and direct logit attribution on the last stage (average pooling, the pooler's norm and the head,
+  linear but the norm): the lens's pooled logits equal HF's pooler and classifier on the outputs of HF's last-stage
+  layers; DLA's terms sum to HF's logit, and each block's attention term equals HF's attention output read through
+  HF's pooler norm frozen at the pooled last hidden state.
+- Everything else that stacks the hidden states of one grid, or reads a CLS token, refuses a Hiera naming why.
 """
 
 import pytest
@@ -62,6 +66,54 @@ def test_zero_ablating_a_pooled_layers_head_equals_hf_with_its_context_zeroed(hf
         mechanism.ablate_heads(ours, images, [(1, 2)])  # stage 1 has two
 
 
+def _last_stage_of_hf(reference, images):
+    """HF Hiera's last-stage layers: each one's attention output (as added to the residual) and its output."""
+    branches, outputs, hooks = [], [], []
+    for layer in reference.hiera.encoder.stages[-1].layers:
+        hooks += [layer.attn.register_forward_hook(lambda m, args, out: branches.append(out[0])),
+                  layer.register_forward_hook(lambda m, args, out: outputs.append(out[0]))]
+    try:
+        with torch.no_grad():
+            logits = reference(pixel_values=images).logits
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return branches, outputs, logits
+
+
+def test_the_logit_lens_on_the_last_stage_equals_hfs_pooler_and_classifier_on_its_layers(hf_hiera):
+    reference, ours = hf_hiera
+    images = torch.randn(2, 3, SIZE, SIZE, generator=torch.Generator().manual_seed(3))
+    _, outputs, logits = _last_stage_of_hf(reference, images)
+    with torch.no_grad():
+        expected = torch.stack([reference.classifier(reference.hiera.pooler(out)) for out in outputs], dim=1)
+        lens = mechanism.logit_lens(ours, images)
+    assert lens.layers == (3, 4)  # the last stage's blocks; earlier stages' tokens are not read
+    torch.testing.assert_close(lens.pooled_logits, expected, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(lens.pooled_logits[:, -1], logits, rtol=1e-5, atol=1e-5)
+
+
+def test_dla_on_the_last_stage_sums_to_hfs_logit_and_its_attention_terms_are_hfs_branches(hf_hiera):
+    reference, ours = hf_hiera
+    images = torch.randn(2, 3, SIZE, SIZE, generator=torch.Generator().manual_seed(4))
+    branches, outputs, logits = _last_stage_of_hf(reference, images)
+    classes = torch.tensor([1, 4])
+    with torch.no_grad():
+        dla = mechanism.direct_logit_attribution(ours, images, classes)
+    expected_logit = logits.gather(1, classes[:, None])[:, 0]
+    assert dla.first_layer == 3 and dla.heads.shape == (2, 2, 4)
+    torch.testing.assert_close(dla.logit, expected_logit, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(dla.total(), expected_logit, rtol=1e-4, atol=1e-4)
+    norm, head = reference.hiera.pooler.layernorm, reference.classifier
+    pooled = outputs[-1].mean(1)  # (B, D): the pooler's norm reads the average, its scale frozen there
+    scale = (pooled.var(-1, unbiased=False, keepdim=True) + norm.eps).sqrt()
+    for i, branch in enumerate(branches):
+        mean = branch.mean(1)  # (B, D), token order aside (HF's is unrolled)
+        read = ((mean - mean.mean(-1, keepdim=True)) / scale * norm.weight) @ head.weight.T  # (B, C)
+        expected = read.gather(1, classes[:, None])[:, 0]
+        torch.testing.assert_close(dla.heads[:, i].sum(-1) + dla.attn_biases[:, i], expected, rtol=1e-5, atol=1e-5)
+
+
 @pytest.fixture(scope="module")
 def timm_hiera(tmp_path_factory):
     torch.manual_seed(0)
@@ -107,8 +159,6 @@ def test_cp_lrp_relevance_of_hiera_sums_to_the_logit_through_the_max_pooling(hf_
 
 REFUSED = {
     "hidden_states": lambda m, x: mechanism.hidden_states(m, x),
-    "logit_lens": lambda m, x: mechanism.logit_lens(m, x),
-    "direct_logit_attribution": lambda m, x: mechanism.direct_logit_attribution(m, x),
     "mean_contexts": lambda m, x: mechanism.mean_contexts(m, x),
     "mean ablation": lambda m, x: mechanism.ablate_heads(m, x, [(0, 0)], "mean", torch.zeros(5, 64, 1, 8)),
     "ablation_grid": lambda m, x: mechanism.ablation_grid(m, x, 0),

@@ -6,7 +6,11 @@
   (fused attention on, so its relative position bias and shift mask reach ``scaled_dot_product_attention`` as
   lxt's mask, a constant of the input). lxt has no rule for Swin V2's cosine attention: there CP-LRP's defining
   property is checked, the relevance of the embedding summing to the logit with no bias parameters.
-- Everything that stacks the hidden states of one grid, or reads a CLS token, refuses a Swin naming why.
+- The logit lens and direct logit attribution on the last stage (final norm, average pooling and head, linear but
+  the norm): the lens equals HF's layernorm, pooler and classifier on the outputs of HF's last-stage blocks; DLA's
+  terms sum to HF's logit, and each block's attention term equals HF's attention branch (the stream before its
+  ``layernorm_after`` less the block's input) read through HF's final norm frozen at its last hidden state.
+- Everything else that stacks the hidden states of one grid, or reads a CLS token, refuses a Swin naming why.
 """
 
 import pytest
@@ -64,6 +68,73 @@ def test_zero_ablating_a_later_stages_head_equals_hf_with_its_context_zeroed(hf_
 
 
 @pytest.fixture(scope="module")
+def hf_swin_shifted(tmp_path_factory):
+    """Windows of 2, so the last stage's 4x4 grid is cut into four and every other block shifts them."""
+    config = transformers.SwinConfig(image_size=SIZE, patch_size=4, num_labels=3, **{**TINY, "window_size": 2})
+    config._attn_implementation = "eager"
+    torch.manual_seed(0)
+    model = randomize(transformers.SwinForImageClassification(config))
+    folder = tmp_path_factory.mktemp("swin-shifted")
+    model.save_pretrained(folder)
+    return model, open_source(folder).model
+
+
+def _last_stage_of_hf(reference, images):
+    """HF Swin's last-stage blocks: each one's input, its stream after the attention branch and its output."""
+    inputs, mids, outputs, hooks = [], [], [], []
+    for block in reference.swin.encoder.layers[-1].blocks:
+        hooks += [block.register_forward_pre_hook(lambda m, args: inputs.append(args[0])),
+                  block.layernorm_after.register_forward_pre_hook(lambda m, args: mids.append(args[0])),
+                  block.register_forward_hook(lambda m, args, out: outputs.append(out[0]))]
+    try:
+        with torch.no_grad():
+            logits = reference(pixel_values=images).logits
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return inputs, mids, outputs, logits
+
+
+@pytest.mark.parametrize("pair", ["hf_swin", "hf_swin_shifted"], ids=["one-window", "shifted-windows"])
+def test_the_logit_lens_on_the_last_stage_equals_hfs_norm_pooler_and_classifier_on_its_blocks(request, pair):
+    reference, ours = request.getfixturevalue(pair)
+    images = torch.randn(2, 3, SIZE, SIZE, generator=torch.Generator().manual_seed(3))
+    _, _, outputs, logits = _last_stage_of_hf(reference, images)
+    with torch.no_grad():
+        expected = torch.stack([reference.classifier(reference.swin.pooler(reference.swin.layernorm(out)
+                                                                           .transpose(1, 2)).flatten(1))
+                                for out in outputs], dim=1)  # (B, 2, classes)
+        lens = mechanism.logit_lens(ours, images)
+    assert lens.layers == (2, 3)  # stage 1's blocks; stage 0's tokens are not read
+    torch.testing.assert_close(lens.pooled_logits, expected, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(lens.pooled_logits[:, -1], logits, rtol=1e-5, atol=1e-5)
+    token = reference.classifier(reference.swin.layernorm(outputs[0])).softmax(-1)  # (B, T, classes)
+    expected_probs = token.gather(-1, lens.classes[:, None, None].expand(-1, token.shape[1], 1))[..., 0]
+    torch.testing.assert_close(lens.token_probs[:, 0], expected_probs, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("pair", ["hf_swin", "hf_swin_shifted"], ids=["one-window", "shifted-windows"])
+def test_dla_on_the_last_stage_sums_to_hfs_logit_and_its_attention_terms_are_hfs_branches(request, pair):
+    reference, ours = request.getfixturevalue(pair)
+    images = torch.randn(2, 3, SIZE, SIZE, generator=torch.Generator().manual_seed(4))
+    inputs, mids, outputs, logits = _last_stage_of_hf(reference, images)
+    classes = torch.tensor([0, 2])
+    with torch.no_grad():
+        dla = mechanism.direct_logit_attribution(ours, images, classes)
+    expected_logit = logits.gather(1, classes[:, None])[:, 0]
+    assert dla.first_layer == 2 and dla.heads.shape == (2, 2, 4)
+    torch.testing.assert_close(dla.logit, expected_logit, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(dla.total(), expected_logit, rtol=1e-4, atol=1e-4)
+    norm, head = reference.swin.layernorm, reference.classifier
+    scale = (outputs[-1].var(-1, unbiased=False, keepdim=True) + norm.eps).sqrt()  # (B, T, 1), frozen
+    for i, (before, mid) in enumerate(zip(inputs, mids, strict=True)):
+        branch = mid - before  # (B, T, D): what the attention added
+        read = ((branch - branch.mean(-1, keepdim=True)) / scale * norm.weight).mean(1) @ head.weight.T  # (B, C)
+        expected = read.gather(1, classes[:, None])[:, 0]
+        torch.testing.assert_close(dla.heads[:, i].sum(-1) + dla.attn_biases[:, i], expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.fixture(scope="module")
 def timm_swin(tmp_path_factory):
     torch.manual_seed(0)
     model = randomize(timm.create_model("swin_tiny_patch4_window7_224", pretrained=False, img_size=SIZE,
@@ -109,8 +180,6 @@ def test_cp_lrp_relevance_of_swin_v2_sums_to_the_logit_through_its_cosine_attent
 
 REFUSED = {
     "hidden_states": lambda m, x: mechanism.hidden_states(m, x),
-    "logit_lens": lambda m, x: mechanism.logit_lens(m, x),
-    "direct_logit_attribution": lambda m, x: mechanism.direct_logit_attribution(m, x),
     "mean_contexts": lambda m, x: mechanism.mean_contexts(m, x),
     "mean ablation": lambda m, x: mechanism.ablate_heads(m, x, [(0, 0)], "mean", torch.zeros(4, 64, 2, 12)),
     "ablation_grid": lambda m, x: mechanism.ablation_grid(m, x, 0),

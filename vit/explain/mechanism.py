@@ -36,7 +36,7 @@ from torch import Tensor, nn
 from vit.bounds import forward_flops
 from vit.explain.chunked import LayerInputs
 from vit.explain.hidden import forward_with_hidden_states, layout_problem
-from vit.model import ViT, window_partition, window_unpartition
+from vit.model import ViT, unshift_windows, window_partition, window_unpartition
 
 # While a page follows a grid, its Stop (or a closed tab) is heard between batches: one batch holds at most this much
 # work (a copy costs at most one forward), ~3 s of one core, so a grid stops within ~5 s on 2 busy cores. 32
@@ -77,8 +77,9 @@ def check_one_grid(model: ViT, what: str) -> None:
     sum."""
     if getattr(model.config, "stage_depths", ()):
         raise MechanismError(f"{what} reads every layer's tokens on one grid of one width, and this model's stages "
-                             "(Swin, Hiera) change both at each patch merging or query pooling; zero-ablating heads "
-                             "and the maps of vit.explain (attention, rollout, norms, AttnLRP) apply")
+                             "(Swin, Hiera) change both at each patch merging or query pooling; the logit lens and "
+                             "direct logit attribution on the last stage, zero-ablating heads and the maps of "
+                             "vit.explain (attention, rollout, norms, AttnLRP) apply")
 
 
 def _dims(model: ViT) -> tuple[int, int, int]:
@@ -103,7 +104,7 @@ def _keep(cache: dict[str, Tensor]):
 def hidden_states(model: ViT, images: Tensor) -> Tensor:
     """Block inputs, then the last block's output: ``(B, L + 1, T, D)``, read at the hook points of one pass."""
     check_supported(model)
-    check_one_grid(model, "stacking the hidden states (the logit lens, head effects, patching, the phenomena)")
+    check_one_grid(model, "stacking the hidden states (head effects, patching, the phenomena)")
     B, L = images.shape[0], len(model.blocks)
     T = model.num_prefix_tokens + math.prod(grid_of(model, images))
     check_budget(B * (L + 1) * T * model.config.hidden_size, "keeping every layer's tokens")
@@ -144,27 +145,64 @@ def token_readout(model: ViT, tokens: Tensor) -> Tensor:
 
 @dataclass
 class LogitLens:
-    """The logit lens of a batch: per layer (0: the embedding, l: after block l) each token's probability of
-    its image's class, and the pooled read-out's logits."""
+    """The logit lens of a batch: per read layer (``layers``) each token's probability of its image's class, and
+    the pooled read-out's logits."""
 
-    token_probs: Tensor  # (B, L + 1, T) probability of ``classes[b]`` read from each token
-    pooled_logits: Tensor  # (B, L + 1, classes): model.classify on each layer's tokens
+    token_probs: Tensor  # (B, S, T) probability of ``classes[b]`` read from each token
+    pooled_logits: Tensor  # (B, S, classes): model.classify on each read layer's tokens
     classes: Tensor  # (B,)
+    layers: tuple[int, ...]  # (S,): the block whose output each row reads, -1 for the embedding
+
+
+def _last_width(model: ViT) -> int:
+    """The width of the last stage's tokens (``hidden_size`` is the first stage's in a model with stages)."""
+    return model.config.stage_width(model.config.num_stages - 1)
+
+
+def last_stage(model: ViT) -> int:
+    """The first block of the model's last stage (0 for a model of one stage): the blocks from it on write tokens
+    of the grid and width the final norm, the pooling and the head read."""
+    config = model.config
+    return config.stage_start(config.num_stages - 1) if config.stage_depths else 0
+
+
+def _last_stage_outputs(model: ViT, images: Tensor) -> Tensor:
+    """The outputs of the last stage's blocks ``(B, S, T, D)`` on its grid, read at their hook points."""
+    first, L = last_stage(model), len(model.blocks)
+    grid = model.layer_layouts(grid_of(model, images))[-1].grid
+    check_budget(images.shape[0] * (L - first) * math.prod(grid) * _last_width(model),
+                 "keeping the last stage's tokens")
+    names = [f"blocks.{layer}.hook_resid_post" for layer in range(first, L)]
+    cache: dict[str, Tensor] = {}
+    with model.hooks([(name, _keep(cache)) for name in names]):
+        model.tokens(images)
+    return torch.stack([cache[name] for name in names], dim=1)
 
 
 def logit_lens(model: ViT, images: Tensor, classes: Tensor | int | None = None) -> LogitLens:
-    """The final norm and head applied to every token after every layer (``classes`` default: the predicted)."""
+    """The final norm and head applied to every token after every layer (``classes`` default: the predicted).
+
+    A model with stages (Swin, Hiera: final norm, average pooling, head, all linear in the tokens but the norm)
+    is read on its last stage only: the outputs of that stage's blocks (``LogitLens.layers``). Earlier stages'
+    tokens have another grid and width, which the final norm and head do not read.
+    """
     check_supported(model, needs_head=True)
-    states = hidden_states(model, images)  # (B, L + 1, T, D)
+    if model.config.stage_depths:
+        with torch.no_grad():
+            states = _last_stage_outputs(model, images)  # (B, S, T, D)
+        layers = tuple(range(last_stage(model), len(model.blocks)))
+    else:
+        states = hidden_states(model, images)  # (B, L + 1, T, D)
+        layers = tuple(range(-1, len(model.blocks)))
     B, S, T, D = states.shape
     num_classes = model.config.num_classes  # the head's outputs (typed labels for a prompt head)
     check_budget(B * T * num_classes, "reading every token through the head")
-    pooled = torch.stack([model.classify(states[:, i]) for i in range(S)], dim=1)  # (B, L + 1, classes)
+    pooled = torch.stack([model.classify(states[:, i]) for i in range(S)], dim=1)  # (B, S, classes)
     classes = class_indices(pooled[:, -1], classes)
     token_probs = torch.stack([token_readout(model, states[:, i]).softmax(dim=-1)
                                .gather(-1, classes[:, None, None].expand(B, T, 1))[..., 0]
-                               for i in range(S)], dim=1)  # (B, L + 1, T)
-    return LogitLens(token_probs, pooled, classes)
+                               for i in range(S)], dim=1)  # (B, S, T)
+    return LogitLens(token_probs, pooled, classes, layers)
 
 
 def class_indices(logits: Tensor, classes: Tensor | int | None) -> Tensor:
@@ -239,15 +277,17 @@ def _linear_readout(model: ViT, final: Tensor) -> Callable[[Tensor, bool], Tenso
 
 @dataclass
 class DirectLogitAttribution:
-    """Each component's direct contribution to one class logit per image; the parts sum to ``logit``."""
+    """Each component's direct contribution to one class logit per image; the parts sum to ``logit``. Layer ``i``
+    of ``heads``, ``attn_biases`` and ``mlps`` is block ``first_layer + i``."""
 
     heads: Tensor  # (B, L, H): each head's output (times layer scale) through the frozen final norm and head
     attn_biases: Tensor  # (B, L): each attention output projection's bias (times layer scale)
     mlps: Tensor  # (B, L): each MLP's output (times layer scale)
-    embed: Tensor  # (B,): the token embedding with positions
+    embed: Tensor  # (B,): the stream entering block ``first_layer`` (the token embedding with positions at 0)
     bias: Tensor  # (B,): the final norms' offsets and the head bias
     logit: Tensor  # (B,): the model's logit for the class
     classes: Tensor  # (B,)
+    first_layer: int = 0  # a model with stages: its last stage's first block (``last_stage``)
 
     def total(self) -> Tensor:
         return self.heads.sum((1, 2)) + self.attn_biases.sum(1) + self.mlps.sum(1) + self.embed + self.bias
@@ -260,27 +300,35 @@ def direct_logit_attribution(model: ViT, images: Tensor, classes: Tensor | int |
     Exact: the final norm is linear once its scale is fixed at the final residual, so the parts sum to the
     logit (up to float rounding). Peak memory: one layer's ``B x H x T x D`` head outputs (each layer is read out
     before the next is split, so high-resolution inputs do not hold ``L`` of them).
+
+    A model with stages (Swin, Hiera) is split on its last stage only: the stream entering it (after its patch
+    merging or query pooling, one term in ``embed``) plus each of its blocks' heads and MLP. The merge and the
+    pooling before it are not sums of what earlier blocks wrote; ``first_layer`` says where the split starts.
     """
     check_supported(model, needs_head=True)
-    check_one_grid(model, "direct logit attribution")
     _check_linear_pooling(model, "direct logit attribution")
-    if model.config.post_norm:
+    if model.config.post_norm or model.config.res_post_norm:
         raise MechanismError("direct logit attribution splits the last residual stream into the sum of what each "
-                             "head and MLP wrote, and this model's post-norm blocks normalise that sum after every "
-                             "block; the logit lens, ablation, patching and the phenomena still apply")
+                             "head and MLP wrote, and this model's post-norm blocks normalise that sum (or each "
+                             "branch) after every block; the logit lens and head ablation still apply")
     with torch.no_grad():
-        L, H, hd = _dims(model)
-        names = ["blocks.0.hook_resid_pre", f"blocks.{L - 1}.hook_resid_post"] + [
-            f"blocks.{layer}.{point}" for layer in range(L)
+        first, L = last_stage(model), len(model.blocks)
+        H, hd = model.blocks[first].attn.num_heads, model.blocks[first].attn.head_dim
+        opening = model.blocks[first]
+        entry = (f"blocks.{first}.hook_merged" if getattr(opening, "hook_merged", None) is not None
+                 else f"blocks.{first}.hook_resid_pre")
+        names = [entry, f"blocks.{L - 1}.hook_resid_post"] + [
+            f"blocks.{layer}.{point}" for layer in range(first, L)
             for point in ("attn.hook_z", "hook_attn_out", "hook_mlp_out")]
         cache: dict[str, Tensor] = {}
-        B, T = images.shape[0], model.num_prefix_tokens + math.prod(grid_of(model, images))
-        D = model.config.hidden_size
+        layouts = model.layer_layouts(grid_of(model, images))
+        B, T = images.shape[0], model.num_prefix_tokens + layouts[-1].num_tokens
+        D = _last_width(model)
         check_budget(4 * B * H * T * D, "splitting a layer into its heads")
-        check_budget(B * L * T * (2 * D + H * hd), "keeping every layer's head contexts")
+        check_budget(B * (L - first) * T * (2 * D + H * hd), "keeping every layer's head contexts")
         with model.hooks([(name, _keep(cache)) for name in names]):
             model.tokens(images)
-        embed, x = cache["blocks.0.hook_resid_pre"], cache[f"blocks.{L - 1}.hook_resid_post"]
+        embed, x = cache[entry], cache[f"blocks.{L - 1}.hook_resid_post"]
         readout = _linear_readout(model, x)
         logits = model.classify(x)
         classes = class_indices(logits, classes)
@@ -290,10 +338,15 @@ def direct_logit_attribution(model: ViT, images: Tensor, classes: Tensor | int |
                                  .expand(*values.shape[:-1], 1))[..., 0]
 
         heads, attn_biases, mlps = [], [], []  # per layer (H, B), (B,), (B,): one layer's heads held at a time
-        for layer, block in enumerate(model.blocks):
-            context = cache.pop(f"blocks.{layer}.attn.hook_z")  # (B, T, H, hd)
+        for layer in range(first, L):
+            block = model.blocks[layer]
+            context = cache.pop(f"blocks.{layer}.attn.hook_z")  # (B, T, H, hd), or (B * nw, w*w, H, hd) windowed
             w = block.attn.proj.weight.view(D, H, hd)  # columns of proj grouped by head
-            per_head = torch.einsum("bthe,dhe->hbtd", context, w)  # (H, B, T, D)
+            per_head = torch.einsum("bthe,dhe->hbtd", context, w)  # (H, B, T, D) or (H, B * nw, w*w, D)
+            if per_head.shape[1:3] != (B, T):  # windows (Swin's, Hiera's mask units): back to the grid's tokens
+                lay = layouts[layer]
+                per_head = unshift_windows(per_head.flatten(0, 1).contiguous(), lay.grid, lay.window, lay.shift,
+                                           lay.shift_padded).view(H, B, T, D)
             if block.ls1 is not None:
                 per_head = per_head * block.ls1
             # What the branch added beyond its heads: proj's bias (and a mean-ablated copy's means), times ls1.
@@ -307,7 +360,7 @@ def direct_logit_attribution(model: ViT, images: Tensor, classes: Tensor | int |
             mlps=torch.stack(mlps, dim=1),
             embed=pick(readout(embed, False)),
             bias=pick(readout(torch.zeros_like(x), True)),
-            logit=pick(logits), classes=classes)
+            logit=pick(logits), classes=classes, first_layer=first)
 
 
 # --- ablation -------------------------------------------------------------------------------------
