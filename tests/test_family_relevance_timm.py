@@ -22,7 +22,8 @@ from tests.reference.lxt.patches import (
     wrap_attention_forward,
 )
 from tests.reference.lxt.rules import divide_gradient, identity_rule_implicit
-from vit.explain.relevance import attnlrp
+from vit.explain.relevance import AttnLRPRules, attnlrp
+from vit.model import use_rules
 from vit.sources.open import open_source
 
 timm = pytest.importorskip("timm")
@@ -102,12 +103,9 @@ def lxt_relevance(model, images, index: int, cp: bool, monkeypatch) -> torch.Ten
     return (x * x.grad).sum(1).detach()
 
 
-@pytest.mark.parametrize("cp", [False, True], ids=["attnlrp", "cp-lrp"])
-@pytest.mark.parametrize("case", list(CASES))
-def test_attnlrp_equals_lxts_rules_on_timms_model_of_each_family(tmp_path, monkeypatch, case, cp):
-    name, patch, kwargs = CASES[case]
-    reference, ours = timm_and_ours(tmp_path, name, patch, kwargs)
-    images = torch.randn(1, 3, 6 * patch, 3 * patch, generator=torch.Generator().manual_seed(1))  # a 6 x 3 grid
+def assert_attnlrp_equals_lxt(reference, ours, images, cp: bool, monkeypatch) -> None:
+    """``ours`` is ``reference``'s network, and its AttnLRP (CP-LRP with ``cp``) of classes 0 and 2 equals lxt's
+    rules patched into ``reference``, relative to the map's largest value."""
     with torch.no_grad():
         torch.testing.assert_close(ours(images)[0], reference(images), rtol=1e-5, atol=1e-5)  # the same network
     for index in (0, 2):
@@ -115,3 +113,25 @@ def test_attnlrp_equals_lxts_rules_on_timms_model_of_each_family(tmp_path, monke
         scale = expected.abs().max()
         torch.testing.assert_close(attnlrp(ours, images, index, cp=cp) / scale, expected / scale,
                                    rtol=1e-5, atol=1e-5)
+
+
+def assert_cp_lrp_conserves(model, images, index: int = 1, atol_of_logit: float | None = None) -> None:
+    """CP-LRP's relevance at the embedding sums to the explained logit (a model whose biases are zero: they would
+    absorb relevance), rtol 1e-3 and atol 1e-3 (or ``atol_of_logit`` times the largest logit)."""
+    with torch.enable_grad(), use_rules(AttnLRPRules(cp=True)):
+        encoding, cache = model.run_with_cache(images.requires_grad_(True), ["hook_embed"])
+        logit = encoding.logits[:, index]
+        [grad] = torch.autograd.grad(logit.sum(), cache["hook_embed"])
+    total = (cache["hook_embed"] * grad).sum(dim=(1, 2))  # (B,)
+    logit = logit.detach()
+    atol = 1e-3 if atol_of_logit is None else atol_of_logit * float(logit.abs().max())
+    torch.testing.assert_close(total, logit, rtol=1e-3, atol=atol)
+
+
+@pytest.mark.parametrize("cp", [False, True], ids=["attnlrp", "cp-lrp"])
+@pytest.mark.parametrize("case", list(CASES))
+def test_attnlrp_equals_lxts_rules_on_timms_model_of_each_family(tmp_path, monkeypatch, case, cp):
+    name, patch, kwargs = CASES[case]
+    reference, ours = timm_and_ours(tmp_path, name, patch, kwargs)
+    images = torch.randn(1, 3, 6 * patch, 3 * patch, generator=torch.Generator().manual_seed(1))  # a 6 x 3 grid
+    assert_attnlrp_equals_lxt(reference, ours, images, cp, monkeypatch)

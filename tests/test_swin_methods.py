@@ -16,10 +16,9 @@
 import pytest
 import torch
 from parity_helpers import randomize
-from test_family_relevance_timm import lxt_relevance
+from test_family_relevance_timm import assert_attnlrp_equals_lxt, assert_cp_lrp_conserves
 
 from vit.explain import attention, mechanism, relevance
-from vit.model import use_rules
 from vit.sources.open import open_source
 
 transformers = pytest.importorskip("transformers")
@@ -151,13 +150,7 @@ def timm_swin(tmp_path_factory):
 def test_attnlrp_through_merges_and_shifted_windows_equals_lxts_rules_on_timms_swin(timm_swin, monkeypatch, cp):
     reference, ours = timm_swin
     images = torch.randn(1, 3, SIZE, SIZE, generator=torch.Generator().manual_seed(1))
-    with torch.no_grad():
-        torch.testing.assert_close(ours(images)[0], reference(images), rtol=1e-5, atol=1e-5)
-    for index in (0, 2):
-        expected = lxt_relevance(reference, images, index, cp, monkeypatch)
-        scale = expected.abs().max()
-        torch.testing.assert_close(relevance.attnlrp(ours, images, index, cp=cp) / scale, expected / scale,
-                                   rtol=1e-5, atol=1e-5)
+    assert_attnlrp_equals_lxt(reference, ours, images, cp, monkeypatch)
 
 
 def test_cp_lrp_relevance_of_swin_v2_sums_to_the_logit_through_its_cosine_attention(tmp_path):
@@ -170,12 +163,7 @@ def test_cp_lrp_relevance_of_swin_v2_sums_to_the_logit_through_its_cosine_attent
             if name.endswith("bias") and "cpb" not in name and "rel_pos" not in name:
                 p.zero_()
     images = torch.randn(2, 3, SIZE, SIZE, generator=torch.Generator().manual_seed(2))
-    with torch.enable_grad(), use_rules(relevance.AttnLRPRules(cp=True)):
-        encoding, cache = model.run_with_cache(images.requires_grad_(True), ["hook_embed"])
-        logit = encoding.logits[:, 1]
-        [grad] = torch.autograd.grad(logit.sum(), cache["hook_embed"])
-    total = (cache["hook_embed"] * grad).sum(dim=(1, 2))  # (B,)
-    torch.testing.assert_close(total, logit.detach(), rtol=1e-3, atol=1e-3)
+    assert_cp_lrp_conserves(model, images)
 
 
 REFUSED = {
