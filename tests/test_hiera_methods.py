@@ -17,8 +17,9 @@ import torch
 from parity_helpers import randomize
 from test_family_relevance_timm import assert_attnlrp_equals_lxt, assert_cp_lrp_conserves
 from test_hiera_parity import HF_TINY, TIMM_TINY
+from test_swin_methods import one_grid_calls
 
-from vit.explain import attention, mechanism, relevance
+from vit.explain import mechanism
 from vit.sources.open import open_source
 
 transformers = pytest.importorskip("transformers")
@@ -145,20 +146,7 @@ def test_cp_lrp_relevance_of_hiera_sums_to_the_logit_through_the_max_pooling(hf_
     assert_cp_lrp_conserves(model, images)
 
 
-REFUSED = {
-    "hidden_states": lambda m, x: mechanism.hidden_states(m, x),
-    "mean_contexts": lambda m, x: mechanism.mean_contexts(m, x),
-    "mean ablation": lambda m, x: mechanism.ablate_heads(m, x, [(0, 0)], "mean", torch.zeros(5, 64, 1, 8)),
-    "ablation_grid": lambda m, x: mechanism.ablation_grid(m, x, 0),
-    "patch_heads": lambda m, x: mechanism.patch_heads(m, x, x.flip(-1)),
-    "patch_residuals": lambda m, x: mechanism.patch_residuals(m, x, x.flip(-1), 0, 1),
-    "sink_stats": lambda m, x: mechanism.sink_stats(m, torch.zeros(1, 5, 64, 8), (8, 8)),
-    "find_register_neurons": lambda m, x: mechanism.find_register_neurons(m, x, 1.0),
-    "with_test_time_registers": lambda m, x: mechanism.with_test_time_registers(m, x, {0: [0]}),
-    "legrad": lambda m, x: relevance.legrad(m, x, 0),
-    "transformer_attribution": lambda m, x: relevance.transformer_attribution(m, x, 0),
-    "rollout": lambda m, x: attention.rollout(list(m(x, output_attentions=True)[1]), num_prefix_tokens=0),
-}
+REFUSED = one_grid_calls((5, 64, 1, 8), (1, 5, 64, 8))
 
 
 @pytest.mark.parametrize("call", list(REFUSED))

@@ -166,20 +166,26 @@ def test_cp_lrp_relevance_of_swin_v2_sums_to_the_logit_through_its_cosine_attent
     assert_cp_lrp_conserves(model, images)
 
 
-REFUSED = {
-    "hidden_states": lambda m, x: mechanism.hidden_states(m, x),
-    "mean_contexts": lambda m, x: mechanism.mean_contexts(m, x),
-    "mean ablation": lambda m, x: mechanism.ablate_heads(m, x, [(0, 0)], "mean", torch.zeros(4, 64, 2, 12)),
-    "ablation_grid": lambda m, x: mechanism.ablation_grid(m, x, 0),
-    "patch_heads": lambda m, x: mechanism.patch_heads(m, x, x.flip(-1)),
-    "patch_residuals": lambda m, x: mechanism.patch_residuals(m, x, x.flip(-1), 0, 1),
-    "sink_stats": lambda m, x: mechanism.sink_stats(m, torch.zeros(1, 5, 64, 24), (8, 8)),
-    "find_register_neurons": lambda m, x: mechanism.find_register_neurons(m, x, 1.0),
-    "with_test_time_registers": lambda m, x: mechanism.with_test_time_registers(m, x, {0: [0]}),
-    "legrad": lambda m, x: relevance.legrad(m, x, 0),
-    "transformer_attribution": lambda m, x: relevance.transformer_attribution(m, x, 0),
-    "rollout": lambda m, x: attention.rollout(list(m(x, output_attentions=True)[1]), num_prefix_tokens=0),
-}
+def one_grid_calls(means_shape: tuple[int, ...], sink_shape: tuple[int, ...]) -> dict:
+    """What needs one grid of one width, called on a model with stages (shared with the Hiera tests): the shapes of
+    the reference means and of the sink statistics' tokens are the model's own."""
+    return {
+        "hidden_states": lambda m, x: mechanism.hidden_states(m, x),
+        "mean_contexts": lambda m, x: mechanism.mean_contexts(m, x),
+        "mean ablation": lambda m, x: mechanism.ablate_heads(m, x, [(0, 0)], "mean", torch.zeros(means_shape)),
+        "ablation_grid": lambda m, x: mechanism.ablation_grid(m, x, 0),
+        "patch_heads": lambda m, x: mechanism.patch_heads(m, x, x.flip(-1)),
+        "patch_residuals": lambda m, x: mechanism.patch_residuals(m, x, x.flip(-1), 0, 1),
+        "sink_stats": lambda m, x: mechanism.sink_stats(m, torch.zeros(sink_shape), (8, 8)),
+        "find_register_neurons": lambda m, x: mechanism.find_register_neurons(m, x, 1.0),
+        "with_test_time_registers": lambda m, x: mechanism.with_test_time_registers(m, x, {0: [0]}),
+        "legrad": lambda m, x: relevance.legrad(m, x, 0),
+        "transformer_attribution": lambda m, x: relevance.transformer_attribution(m, x, 0),
+        "rollout": lambda m, x: attention.rollout(list(m(x, output_attentions=True)[1]), num_prefix_tokens=0),
+    }
+
+
+REFUSED = one_grid_calls((4, 64, 2, 12), (1, 5, 64, 24))
 
 
 @pytest.mark.parametrize("call", list(REFUSED))
