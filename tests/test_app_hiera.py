@@ -8,11 +8,10 @@ import io
 import numpy as np
 import pytest
 import torch
-from parity_helpers import randomize
 from PIL import Image
 from test_app import dirs, run_app, sidebar_widget, upload  # noqa: F401 (a fixture)
 from test_app_swin import drawn  # noqa: F401 (a fixture)
-from test_hiera_parity import HF_TINY, dense_library_attentions
+from test_hiera_parity import dense_library_attentions, pooling_residual, save_hf_hiera
 
 from vit.explain.stages import on_patch_grid
 from vit.inference import preprocess
@@ -26,11 +25,7 @@ IMAGE = Image.fromarray(np.random.default_rng(0).integers(0, 256, (SIZE, SIZE, 3
 
 
 def test_a_pooled_layers_attention_for_a_clicked_patch_is_drawn_on_the_image(tmp_path, drawn):  # noqa: F811
-    config = transformers.HieraConfig(image_size=[SIZE] * 2, **{**HF_TINY, "num_labels": 3})
-    config._attn_implementation = "eager"
-    torch.manual_seed(0)
-    model = randomize(transformers.HieraForImageClassification(config))
-    model.save_pretrained(tmp_path / "hiera")
+    model = save_hf_hiera(tmp_path / "hiera", SIZE, num_labels=3)
     checkpoint = open_source(tmp_path / "hiera")
     captured = []
     hooks = [layer.attn.register_forward_hook(lambda m, i, o: captured.append(o[1]))
@@ -65,13 +60,7 @@ def test_a_pooled_layers_attention_for_a_clicked_patch_is_drawn_on_the_image(tmp
     product = None
     for full in dense:  # each layer's heads averaged plus its residual: the identity or the 2x2 pooling
         Tq, Tk = full.shape[-2:]
-        residual = torch.eye(Tq, dtype=torch.float64)
-        if Tq != Tk:
-            side, key_side = int(Tq ** 0.5), int(Tk ** 0.5)
-            residual = torch.zeros(Tq, Tk, dtype=torch.float64)
-            for r in range(key_side):
-                for c in range(key_side):
-                    residual[(r // 2) * side + c // 2, r * key_side + c] = 0.25
+        residual = pooling_residual(Tq, Tk)
         a = full.mean(0).double() + residual
         a = a / a.sum(-1, keepdim=True)
         product = a if product is None else a @ product

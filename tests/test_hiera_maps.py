@@ -11,7 +11,7 @@ import pytest
 import torch
 from parity_helpers import randomize
 from PIL import Image
-from test_hiera_parity import HF_TINY, SAM2_TINY, TIMM_TINY, dense_library_attentions, library_dense, stage_tokens
+from test_hiera_parity import SAM2_TINY, TIMM_TINY, dense_library_attentions, library_dense, save_hf_hiera, stage_tokens
 
 import vit
 from vit.explain.stages import clicked_row
@@ -46,12 +46,8 @@ def residuals():
 
 @pytest.fixture(scope="module")
 def hiera(tmp_path_factory):
-    config = transformers.HieraConfig(image_size=[SIZE] * 2, **HF_TINY)
-    config._attn_implementation = "eager"
-    torch.manual_seed(0)
-    model = randomize(transformers.HieraForImageClassification(config))
     folder = tmp_path_factory.mktemp("hiera")
-    model.save_pretrained(folder)
+    model = save_hf_hiera(folder, SIZE)
     checkpoint = open_source(folder)
     images = preprocess([IMAGE], checkpoint.preprocessing)  # what vit.explain feeds the model
     assert images.shape == (1, 3, SIZE, SIZE)

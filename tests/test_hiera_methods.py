@@ -16,7 +16,7 @@ import pytest
 import torch
 from parity_helpers import randomize
 from test_family_relevance_timm import assert_attnlrp_equals_lxt, assert_cp_lrp_conserves
-from test_hiera_parity import HF_TINY, TIMM_TINY
+from test_hiera_parity import TIMM_TINY, save_hf_hiera
 from test_swin_methods import one_grid_calls
 
 from vit.explain import mechanism
@@ -31,12 +31,8 @@ SIZE = 32  # an 8x8 grid in 4x4 mask units; 4x4 in units of 2; 2x2 global
 
 @pytest.fixture(scope="module")
 def hf_hiera(tmp_path_factory):
-    config = transformers.HieraConfig(image_size=[SIZE] * 2, **HF_TINY)
-    config._attn_implementation = "eager"
-    torch.manual_seed(0)
-    model = randomize(transformers.HieraForImageClassification(config))
     folder = tmp_path_factory.mktemp("hiera")
-    model.save_pretrained(folder)
+    model = save_hf_hiera(folder, SIZE)
     return model, open_source(folder).model
 
 

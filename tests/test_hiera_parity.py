@@ -33,15 +33,34 @@ TIMM_TINY = dict(embed_dim=8, num_heads=1, stages=(1, 2, 2), q_pool=2, mask_unit
                  mask_unit_attn=(True, True, False), num_classes=5)
 
 
-@pytest.fixture(scope="module")
-def hf_pair(tmp_path_factory):
-    config = transformers.HieraConfig(image_size=[SIZES[0]] * 2, **HF_TINY)
+def save_hf_hiera(folder, size: int = SIZES[0], **config):
+    """A tiny HF ``HieraForImageClassification`` (``HF_TINY``, ``config`` overrides) at ``size`` px, eager, seed 0
+    and noise on every parameter, saved to ``folder``; returns it."""
+    config = transformers.HieraConfig(image_size=[size] * 2, **{**HF_TINY, **config})
     config._attn_implementation = "eager"
     torch.manual_seed(0)
     model = randomize(transformers.HieraForImageClassification(config))
-    folder = tmp_path_factory.mktemp("hiera")
     model.save_pretrained(folder)
-    return model, open_source(folder)
+    return model
+
+
+def pooling_residual(Tq: int, Tk: int) -> torch.Tensor:
+    """A layer's residual as a map of tokens, written out by hand: the identity, or in a pooling layer (``Tq`` of
+    ``Tk`` square grids) each pooled token built from its 2x2 block uniformly (float64)."""
+    if Tq == Tk:
+        return torch.eye(Tq, dtype=torch.float64)
+    side, key_side = int(Tq ** 0.5), int(Tk ** 0.5)
+    residual = torch.zeros(Tq, Tk, dtype=torch.float64)
+    for r in range(key_side):
+        for c in range(key_side):
+            residual[(r // 2) * side + c // 2, r * key_side + c] = 0.25
+    return residual
+
+
+@pytest.fixture(scope="module")
+def hf_pair(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("hiera")
+    return save_hf_hiera(folder), open_source(folder)
 
 
 def stage_tokens(unroll, grid: tuple[int, int], stages: int) -> list[torch.Tensor]:
@@ -150,13 +169,7 @@ def test_rollout_through_query_pooling_matches_a_dense_reference(hf_pair):
     for a in expected:
         fused = a.mean(dim=1).double()  # (B, Tq, Tk)
         Tq, Tk = fused.shape[-2:]
-        residual = torch.eye(Tq, dtype=torch.float64)
-        if Tq != Tk:
-            side, key_side = int(Tq ** 0.5), int(Tk ** 0.5)
-            residual = torch.zeros(Tq, Tk, dtype=torch.float64)
-            for r in range(key_side):
-                for c in range(key_side):
-                    residual[(r // 2) * side + c // 2, r * key_side + c] = 0.25
+        residual = pooling_residual(Tq, Tk)
         factor = (fused + residual) / (fused + residual).sum(-1, keepdim=True)
         result = factor if result is None else factor @ result  # (B, T_last, 64)
     with torch.no_grad():
