@@ -202,12 +202,7 @@ def state_dict_from_timm(state: Mapping[str, torch.Tensor], config: ViTConfig) -
     take = _Taker(state, "timm Hiera state dict")
     ours = _linear(take, "patch_embed", "patch_embed.proj")
     ours["pos_embed"] = take("pos_embed")
-    ours.update(_blocks(take, config, lambda i, s, j: f"blocks.{i}", _TIMM_NAMES))
-    ours.update(_linear(take, "fc_norm", "head.norm"))
-    if config.num_classes:
-        ours.update(_linear(take, "head", "head.fc"))
-    take.check_all_used()
-    return ours
+    return _timm_blocks_and_head(take, config, ours)
 
 
 # --- SAM 2's Hiera image encoder (timm HieraDet) ------------------------------------------------------------------
@@ -284,13 +279,19 @@ def sam2_state_dict_from_timm(state: Mapping[str, torch.Tensor], config: ViTConf
     ours = _linear(take, "patch_embed", "patch_embed.proj")
     ours["pos_embed"] = take("pos_embed").flatten(2).transpose(1, 2)  # (1, D, h, w) -> (1, h*w, D)
     ours["pos_embed_window"] = take("pos_embed_window").flatten(2).transpose(1, 2)
+    return _timm_blocks_and_head(take, config, ours)
+
+
+
+def _timm_blocks_and_head(take: _Taker, config: ViTConfig, ours: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The rest of a timm Hiera / SAM 2 Hiera state dict after its stem and positions: the blocks, the head's norm
+    and (with classes) its linear layer; every key used."""
     ours.update(_blocks(take, config, lambda i, s, j: f"blocks.{i}", _TIMM_NAMES))
     ours.update(_linear(take, "fc_norm", "head.norm"))
     if config.num_classes:
         ours.update(_linear(take, "head", "head.fc"))
     take.check_all_used()
     return ours
-
 
 # --- SAM 2's Hiera image encoder in HF (Sam2HieraDetModel, the backbone of Sam2VisionModel and Sam2Model) ---------
 

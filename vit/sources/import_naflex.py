@@ -22,6 +22,7 @@ import torch
 
 from vit.model import ViTConfig
 from vit.sources.import_dinov3 import _linear, _Taker
+from vit.sources.import_pe import timm_probe
 
 SUPPORTED = "timm naflexvit_* (a learned grid table; gap or map pooling: *_gap, *_map, *_reg1_map, *_siglip)"
 HEADS_BY_WIDTH = {768: 12, 832: 13}  # naflexvit_base_*, naflexvit_so150m2_*
@@ -87,9 +88,7 @@ def state_dict_from_timm(state: Mapping[str, torch.Tensor], config: ViTConfig) -
     if config.num_classes:
         ours.update(_linear(take, "head", "head"))
     if config.pooling == "map":
-        ours["attn_pool.latent"] = take("attn_pool.latent")
-        for part in ("q", "kv", "proj", "norm", "mlp.fc1", "mlp.fc2"):
-            ours.update(_linear(take, f"attn_pool.{part}", f"attn_pool.{part}"))
+        ours.update(timm_probe(take))
     for i in range(config.num_layers):
         b = f"blocks.{i}"
         ours[f"{b}.attn.qkv.weight"] = take(f"{b}.attn.qkv.weight")

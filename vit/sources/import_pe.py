@@ -122,9 +122,7 @@ def state_dict_from_timm(state: Mapping[str, torch.Tensor], config: ViTConfig) -
     elif config.num_classes:
         ours.update(_linear(take, "head", "head"))
     if config.pooling == "map":
-        ours["attn_pool.latent"] = take("attn_pool.latent")
-        for part in ("q", "kv", "proj", "norm", "mlp.fc1", "mlp.fc2"):
-            ours.update(_linear(take, f"attn_pool.{part}", f"attn_pool.{part}"))
+        ours.update(timm_probe(take))
     for i in range(config.num_layers):
         b = f"blocks.{i}"
         for part in ("norm1", "attn.qkv", "attn.proj", "norm2", "mlp.fc1", "mlp.fc2"):
@@ -132,4 +130,12 @@ def state_dict_from_timm(state: Mapping[str, torch.Tensor], config: ViTConfig) -
         if config.layer_scale is not None:
             ours[f"{b}.ls1"], ours[f"{b}.ls2"] = take(f"{b}.gamma_1"), take(f"{b}.gamma_2")
     take.check_all_used()
+    return ours
+
+
+def timm_probe(take: _Taker) -> dict[str, torch.Tensor]:
+    """timm's attention-pooling probe (``AttentionPoolLatent``, named as ours): latent, q, kv, proj, norm, MLP."""
+    ours = {"attn_pool.latent": take("attn_pool.latent")}
+    for part in ("q", "kv", "proj", "norm", "mlp.fc1", "mlp.fc2"):
+        ours.update(_linear(take, f"attn_pool.{part}", f"attn_pool.{part}"))
     return ours
