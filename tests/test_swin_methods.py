@@ -166,16 +166,12 @@ def test_cp_lrp_relevance_of_swin_v2_sums_to_the_logit_through_its_cosine_attent
     assert_cp_lrp_conserves(model, images)
 
 
-def one_grid_calls(means_shape: tuple[int, ...], sink_shape: tuple[int, ...]) -> dict:
-    """What needs one grid of one width, called on a model with stages (shared with the Hiera tests): the shapes of
-    the reference means and of the sink statistics' tokens are the model's own."""
+def one_grid_calls(sink_shape: tuple[int, ...]) -> dict:
+    """What needs one grid of one width, called on a model with stages (shared with the Hiera tests): the shape of
+    the sink statistics' tokens is the model's own. Ablation and patching work per layer's grid
+    (``test_stage_mechanism``)."""
     return {
         "hidden_states": lambda m, x: mechanism.hidden_states(m, x),
-        "mean_contexts": lambda m, x: mechanism.mean_contexts(m, x),
-        "mean ablation": lambda m, x: mechanism.ablate_heads(m, x, [(0, 0)], "mean", torch.zeros(means_shape)),
-        "ablation_grid": lambda m, x: mechanism.ablation_grid(m, x, 0),
-        "patch_heads": lambda m, x: mechanism.patch_heads(m, x, x.flip(-1)),
-        "patch_residuals": lambda m, x: mechanism.patch_residuals(m, x, x.flip(-1), 0, 1),
         "sink_stats": lambda m, x: mechanism.sink_stats(m, torch.zeros(sink_shape), (8, 8)),
         "find_register_neurons": lambda m, x: mechanism.find_register_neurons(m, x, 1.0),
         "with_test_time_registers": lambda m, x: mechanism.with_test_time_registers(m, x, {0: [0]}),
@@ -185,7 +181,7 @@ def one_grid_calls(means_shape: tuple[int, ...], sink_shape: tuple[int, ...]) ->
     }
 
 
-REFUSED = one_grid_calls((4, 64, 2, 12), (1, 5, 64, 24))
+REFUSED = one_grid_calls((1, 5, 64, 24))
 
 
 @pytest.mark.parametrize("call", list(REFUSED))

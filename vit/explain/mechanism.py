@@ -36,7 +36,7 @@ from torch import Tensor, nn
 from vit.bounds import forward_flops
 from vit.explain.chunked import LayerInputs
 from vit.explain.hidden import forward_with_hidden_states, layout_problem
-from vit.model import ViT, unshift_windows, window_partition, window_unpartition
+from vit.model import ViT, shift_windows, unshift_windows
 
 # While a page follows a grid, its Stop (or a closed tab) is heard between batches: one batch holds at most this much
 # work (a copy costs at most one forward), ~3 s of one core, so a grid stops within ~5 s on 2 busy cores. 32
@@ -78,8 +78,9 @@ def check_one_grid(model: ViT, what: str) -> None:
     if getattr(model.config, "stage_depths", ()):
         raise MechanismError(f"{what} reads every layer's tokens on one grid of one width, and this model's stages "
                              "(Swin, Hiera) change both at each patch merging or query pooling; the logit lens and "
-                             "direct logit attribution on the last stage, zero-ablating heads and the maps of "
-                             "vit.explain (attention, rollout, norms, AttnLRP) apply")
+                             "direct logit attribution on the last stage, head ablation (zero and mean), each "
+                             "head's effect, activation patching, token norms and the maps of vit.explain "
+                             "(attention, rollout, norms, AttnLRP) apply")
 
 
 def _dims(model: ViT) -> tuple[int, int, int]:
@@ -382,76 +383,95 @@ def parse_heads(text: str, num_layers: int, num_heads: int) -> list[tuple[int, i
     return sorted(set(heads))
 
 
-def mean_contexts(model: ViT, images: Tensor) -> Tensor:
-    """Each layer's per-head context averaged over ``images``: ``(L, T, H, hd)``, per token position (what
-    mean ablation puts in place of a head's output); a windowed layer's read from its windows back on the patch
-    grid, its padding left out."""
+Means = Tensor | tuple[Tensor, ...]  # per layer (T, H, hd): one tensor (L, T, H, hd), or one per layer with stages
+
+
+def mean_contexts(model: ViT, images: Tensor) -> Means:
+    """Each layer's per-head context averaged over ``images``, per token position of the layer's grid (what mean
+    ablation puts in place of a head's output): ``(L, T, H, hd)``, or with stages (Swin, Hiera: each layer its own
+    grid and heads) a tuple of ``(T_l, H_l, hd)``; a windowed layer's read from its windows (the shift undone) back
+    on its grid, its padding left out."""
     check_supported(model)
-    _check_mean_ablation(model)
     L, grid = len(model.blocks), grid_of(model, images)
     cache: dict[str, Tensor] = {}
     with torch.no_grad(), model.hooks([(f"blocks.{layer}.attn.hook_z", _keep(cache)) for layer in range(L)]):
         model.tokens(images)
-    return torch.stack([_on_tokens(model, layer, cache[f"blocks.{layer}.attn.hook_z"], grid).mean(dim=0)
-                        for layer in range(L)])
-
-
-def _check_mean_ablation(model: ViT) -> None:
-    check_one_grid(model, "mean ablation")
+    means = tuple(_on_tokens(model, layer, cache[f"blocks.{layer}.attn.hook_z"], grid).mean(dim=0)
+                  for layer in range(L))
+    return means if model.config.stage_depths else torch.stack(means)
 
 
 def _on_tokens(model: ViT, layer: int, context: Tensor, grid: tuple[int, int]) -> Tensor:
-    """Layer ``layer``'s per-head contexts as ``hook_z`` holds them -> ``(B, T, H, hd)``: a windowed layer's
-    ``(B * nw, w*w, H, hd)`` placed back on the grid, padding dropped; a global layer's as they are."""
-    w = model.blocks[layer].window
-    return window_unpartition(context.flatten(2), grid, w).unflatten(-1, context.shape[2:]) if w else context
+    """Layer ``layer``'s per-head contexts as ``hook_z`` holds them -> ``(B, T, H, hd)`` on the layer's grid: a
+    windowed layer's ``(B * nw, w*w, H, hd)`` (Swin's shifted windows, SAM's, Hiera's mask units) placed back, the
+    shift undone and padding dropped; a global layer's as they are. ``grid``: the image's patch grid."""
+    lay = model.layer_layouts(grid)[layer]
+    if not lay.window:
+        return context
+    tokens = unshift_windows(context.flatten(2), lay.grid, lay.window, lay.shift, lay.shift_padded)
+    return tokens.unflatten(-1, context.shape[2:])
 
 
 def _as_contexts(model: ViT, layer: int, tokens: Tensor, grid: tuple[int, int], like: Tensor | None = None
                  ) -> Tensor:
-    """Per-token values ``(T, ...)`` (the means of ``mean_contexts``, or their projection) laid out as layer
-    ``layer``'s contexts ``like`` (what its ``hook_z`` holds): a windowed layer's ``(B * nw, w*w, ...)`` (zeros on
-    the padding, whose outputs the block drops), repeated for each of ``like``'s images (None: one); a global
-    layer's as they are."""
-    w = model.blocks[layer].window
-    if not w:
+    """Per-token values ``(T, ...)`` on layer ``layer``'s grid (the means of ``mean_contexts``, or their
+    projection) laid out as its contexts ``like`` (what its ``hook_z`` holds): a windowed layer's
+    ``(B * nw, w*w, ...)`` (shifted as its windows are, zeros on the padding, whose outputs the block drops),
+    repeated for each of ``like``'s images (None: one); a global layer's as they are."""
+    lay = model.layer_layouts(grid)[layer]
+    if not lay.window:
         return tokens
-    if tokens.shape[0] != grid[0] * grid[1]:
-        raise MechanismError(f"the reference means are for {tokens.shape[0]} tokens but this input has "
-                             f"{grid[0] * grid[1]}; compute them at the same input size")
-    windows = window_partition(tokens.flatten(1)[None], grid, w).unflatten(-1, tokens.shape[1:])  # (nw, w*w, ...)
+    if tokens.shape[0] != lay.num_tokens:
+        raise MechanismError(f"the reference means are for {tokens.shape[0]} tokens but layer {layer + 1} of this "
+                             f"input has {lay.num_tokens}; compute them at the same input size")
+    windows = shift_windows(tokens.reshape(1, tokens.shape[0], -1), lay.grid, lay.window, lay.shift,
+                            lay.shift_padded).unflatten(-1, tokens.shape[1:])  # (nw, w*w, ...)
     images = 1 if like is None else like.shape[0] // windows.shape[0]
     return windows.repeat(images, *[1] * (windows.dim() - 1))
 
 
-def check_ablation(model: ViT, mode: str, means: Tensor | None) -> None:
+def check_ablation(model: ViT, mode: str, means: Means | None) -> None:
     """MechanismError (one line) unless ``mode`` is an ablation and ``means`` are given for ``"mean"`` only, as
-    ``mean_contexts`` of this model's shape ``(L, T, H, hd)``; the token count ``T`` is checked against the input
-    where it is used. The engine's and the notebook API's one check, before any work."""
+    ``mean_contexts`` of this model's shape (per layer ``(T, H, hd)``, the layer's own heads); the token count
+    ``T`` is checked against the input where it is used. The engine's and the notebook API's one check, before any
+    work."""
     if mode not in ABLATION_MODES:
         raise MechanismError(f"unknown ablation mode {mode!r}; choose {' or '.join(ABLATION_MODES)}")
     if mode != "mean":
         if means is not None:
             raise MechanismError("means are read by mode='mean' only; pass mode='mean' or leave means out")
         return
-    _check_mean_ablation(model)
     L, H, hd = _dims(model)
-    if means is None or means.dim() != 4 or means.shape[0] != L or means.shape[2:] != (H, hd):
+    heads = [(b.attn.num_heads, b.attn.head_dim) for b in model.blocks]
+    shapes = None if means is None else [tuple(m.shape[1:]) if m.dim() == 3 else None for m in means]
+    if shapes != heads:
+        layers = (f"(layers {L}, tokens, heads {H}, {hd})" if not model.config.stage_depths else
+                  f"(one per layer, each (tokens, heads, head width): heads {', '.join(str(h) for h, _ in heads)})")
         raise MechanismError(f"mean ablation needs means=vit.reference_means(checkpoint, reference_images, image) "
-                             f"(the reference images' mean_contexts), of shape (layers {L}, tokens, heads {H}, {hd}) "
-                             "for this model")
+                             f"(the reference images' mean_contexts), of shape {layers} for this model")
 
 
-def _replacement(model: ViT, mode: str, means: Tensor | None, layer: int, context: Tensor, grid: tuple[int, int]
+def _check_means_tokens(model: ViT, mode: str, means: Means | None, grid: tuple[int, int]) -> None:
+    """MechanismError unless each layer's means are for as many tokens as the layer has on this input."""
+    if mode != "mean":
+        return
+    for layer, lay in enumerate(model.layer_layouts(grid)):
+        tokens = model.num_prefix_tokens + lay.num_tokens
+        if means[layer].shape[0] != tokens:
+            raise MechanismError(f"the reference means are for {means[layer].shape[0]} tokens but this input has "
+                                 f"{tokens} in layer {layer + 1}; compute them at the same input size")
+
+
+def _replacement(model: ViT, mode: str, means: Means | None, layer: int, context: Tensor, grid: tuple[int, int]
                  ) -> Tensor:
     """What an ablated head's context becomes (``check_ablation`` first): zeros, or the reference images' mean
     ``(T, H, hd)`` (in a windowed layer, laid out in its windows)."""
     if mode == "zero":
         return torch.zeros_like(context)
-    if model.blocks[layer].window:
+    if model.layer_layouts(grid)[layer].window:
         return _as_contexts(model, layer, means[layer], grid, context).to(context)
-    if means.shape[1:] != context.shape[1:]:
-        raise MechanismError(f"the reference means are for {means.shape[1]} tokens but this input has "
+    if means[layer].shape != context.shape[1:]:
+        raise MechanismError(f"the reference means are for {means[layer].shape[0]} tokens but this input has "
                              f"{context.shape[1]}; compute them at the same input size")
     return means[layer].to(context).expand_as(context)
 
@@ -542,8 +562,7 @@ def ablated_copy(model: ViT, heads: Sequence[tuple[int, int]], mode: str = "zero
             weight = attn.proj.weight.view(attn.proj.out_features, attn.num_heads, attn.head_dim)  # columns by head
             if mode == "mean":
                 offset = torch.einsum("the,dhe->td", means[layer][:, idx].to(weight), weight[:, idx])  # (T, D)
-                if ablated.blocks[layer].window:
-                    offset = _as_contexts(model, layer, offset, grid or model.config.grid_size)  # (nw, w*w, D)
+                offset = _as_contexts(model, layer, offset, grid or model.config.grid_size)  # windowed: (nw, w*w, D)
                 attn.proj = MeanAblatedProj(attn.proj, offset)
             weight[:, idx] = 0
     return ablated
@@ -591,14 +610,14 @@ def _copy_size(model: ViT, tokens: int) -> int:
     return tokens * max(c.hidden_size, c.mlp_size, tokens * c.num_heads)
 
 
-def _batches(layers: int, per_layer: int, chunk: int):
-    """``(layer, cells)`` for every layer and every ``chunk`` of its ``per_layer`` cells (``cells`` a range): the
-    interventions of one layer that run in one batch through the layers after it."""
+def _batches(per_layer: Sequence[int], chunk: int):
+    """``(layer, cells)`` for every layer and every ``chunk`` of its ``per_layer[layer]`` cells (``cells`` a
+    range): the interventions of one layer that run in one batch through the layers after it."""
     if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
         raise MechanismError(f"the batch of interventions must be a positive number of copies, got {chunk!r}")
-    for layer in range(layers):
-        for start in range(0, per_layer, chunk):
-            yield layer, range(start, min(start + chunk, per_layer))
+    for layer, cells in enumerate(per_layer):
+        for start in range(0, cells, chunk):
+            yield layer, range(start, min(start + chunk, cells))
 
 
 def _run_from(model: ViT, x: Tensor, grid: tuple[int, int], layer: int, hooks=()) -> Tensor:
@@ -609,50 +628,76 @@ def _run_from(model: ViT, x: Tensor, grid: tuple[int, int], layer: int, hooks=()
     return model.classify(out)
 
 
-def _check_means_tokens(mode: str, means: Tensor | None, tokens: int) -> None:
-    if mode == "mean" and means.shape[1] != tokens:
-        raise MechanismError(f"the reference means are for {means.shape[1]} tokens but this input has {tokens}; "
-                             "compute them at the same input size")
+def block_inputs(model: ViT, images: Tensor) -> list[Tensor]:
+    """Each block's input, then the last block's output: ``L + 1`` tensors ``(B, T_l, D_l)``, each on its own grid
+    and width (a model with stages: block ``l``'s input is the stream it receives, before its merge or pooling)."""
+    check_supported(model)
+    if not model.config.stage_depths:
+        return list(hidden_states(model, images).unbind(1))
+    L = len(model.blocks)
+    names = [f"blocks.{i}.hook_resid_pre" for i in range(L)] + [f"blocks.{L - 1}.hook_resid_post"]
+    layouts = model.layer_layouts(grid_of(model, images))
+    widths = [model.blocks[0].attn.qkv.in_features] + [b.mlp.fc2.out_features for b in model.blocks]
+    tokens = [math.prod(grid_of(model, images))] + [lay.num_tokens for lay in layouts]
+    check_budget(images.shape[0] * sum(t * d for t, d in zip(tokens, widths, strict=True)),
+                 "keeping every layer's tokens")
+    cache: dict[str, Tensor] = {}
+    with model.hooks([(name, _keep(cache)) for name in names]):
+        model.tokens(images)
+    return [cache[name] for name in names]
+
+
+def _heads(model: ViT) -> list[int]:
+    """Each layer's heads (a stage's own in a model with stages)."""
+    return [block.attn.num_heads for block in model.blocks]
+
+
+def _per_copy(context: Tensor, images: int, index: Tensor) -> Tensor:
+    """``hook_z``'s contexts of ``images`` images, ``(images * nw, n, H, hd)`` (nw = 1 in a global layer) -> those
+    of the copies ``index`` ``(k,)``, ``(k * nw, n, H, hd)``: each copy takes all its image's windows."""
+    return context.unflatten(0, (images, -1))[index].flatten(0, 1)
 
 
 def ablation_grid(model: ViT, images: Tensor, classes: Tensor | int | None = None, mode: str = "zero",
-                  means: Tensor | None = None, *, chunk: int | None = None, progress: Progress | None = None
+                  means: Means | None = None, *, chunk: int | None = None, progress: Progress | None = None
                   ) -> Tensor:
     """``(B, L, H)``: the change of each image's class logit (default: predicted) when each head alone is
     ablated. Each layer's ``B x H`` interventions run in the batch dimension, ``chunk`` at a time (default: as many
     as the memory bound allows, and a short batch while ``progress`` follows it), through the layers from that one on;
-    ``progress(done, total)`` after each batch."""
+    ``progress(done, total)`` after each batch. A model with stages: each layer its stage's heads, ``H`` the most
+    of any, NaN where a layer has fewer."""
     check_supported(model, needs_head=True)
-    check_one_grid(model, "each head's effect (every layer run again from its stacked input)")
     check_ablation(model, mode, means)
     with torch.no_grad():
-        states, grid = hidden_states(model, images), grid_of(model, images)  # (B, L + 1, T, D)
-        B, S, T, D = states.shape
-        L, H, hd = _dims(model)
-        _check_means_tokens(mode, means, T)
-        base = model.classify(states[:, -1])
+        states, grid = block_inputs(model, images), grid_of(model, images)  # L + 1 of (B, T_l, D_l)
+        B, heads = images.shape[0], _heads(model)
+        _check_means_tokens(model, mode, means, grid)
+        base = model.classify(states[-1])
         classes = class_indices(base, classes)
-        chunk = _default_chunk(model, B * H, T, progress) if chunk is None else chunk
-        grid_out = torch.empty(B * H, L)
-        _report(progress, 0, L * B * H)
-        for layer, cells in _batches(L, B * H, chunk):
-            cell = torch.tensor(cells, device=states.device)
+        chunk = _default_chunk(model, B * max(heads), states[0].shape[1], progress) if chunk is None else chunk
+        out = torch.full((B, len(heads), max(heads)), float("nan"))
+        total, done = B * sum(heads), 0
+        _report(progress, 0, total)
+        for layer, cells in _batches([B * h for h in heads], chunk):
+            H = heads[layer]
+            cell = torch.tensor(cells, device=states[0].device)
             image, head = cell // H, cell % H  # (n,) each: copy j ablates head[j] on image[j]
             mask = F.one_hot(head, H).bool()[:, None, :, None]  # (n, 1, H, 1)
 
             def ablate(context: Tensor, hook, layer: int = layer, mask: Tensor = mask) -> Tensor:
                 rows = context.shape[1]  # fewer than T when this is the last layer (only the read-out's rows)
-                windowed = model.blocks[layer].window  # contexts (n * nw, w*w, H, hd), all the windows' rows
+                windowed = context.shape[0] != mask.shape[0]  # contexts (n * nw, w*w, H, hd), all the windows' rows
                 gone = torch.zeros_like(context) if mode == "zero" else _as_contexts(
-                    model, layer, means[layer] if windowed else means[layer, :rows], grid, context).to(context)
+                    model, layer, means[layer] if windowed else means[layer][:rows], grid, context).to(context)
                 if windowed:  # each copy's windows take its head
                     mask = mask.repeat_interleave(context.shape[0] // mask.shape[0], dim=0)
                 return torch.where(mask, gone, context)
 
-            logits = _run_from(model, states[image, layer], grid, layer, [(f"blocks.{layer}.attn.hook_z", ablate)])
-            grid_out[cells.start:cells.stop, layer] = (logits - base[image]).gather(-1, classes[image, None])[:, 0]
-            _report(progress, layer * B * H + cells.stop, L * B * H)
-    return grid_out.view(B, H, L).transpose(1, 2)
+            logits = _run_from(model, states[layer][image], grid, layer, [(f"blocks.{layer}.attn.hook_z", ablate)])
+            out[image.cpu(), layer, head.cpu()] = (logits - base[image]).gather(-1, classes[image, None])[:, 0].cpu()
+            done += len(cells)
+            _report(progress, done, total)
+    return out
 
 
 # --- activation patching --------------------------------------------------------------------------
@@ -673,9 +718,9 @@ class Patching:
 
 def _patching_setup(model: ViT, clean: Tensor, corrupted: Tensor, a: Tensor | int | None, b: Tensor | int | None,
                     heads: bool = False):
-    """Both runs' hidden states and logit differences, the classes, the clean run's head contexts (``heads``)."""
+    """Both runs' block inputs (``block_inputs``), logit differences, the classes and the clean run's head contexts
+    as each ``hook_z`` holds them (``heads``)."""
     check_supported(model, needs_head=True)
-    check_one_grid(model, "activation patching")
     if clean.shape != corrupted.shape:
         raise MechanismError(f"clean {tuple(clean.shape)} and corrupted {tuple(corrupted.shape)} images must have "
                              "the same shape; resize them to the same size")
@@ -692,14 +737,15 @@ def _patching_setup(model: ViT, clean: Tensor, corrupted: Tensor, a: Tensor | in
             grid_of(model, clean))
 
 
-def _states_and_contexts(model: ViT, images: Tensor, names: list[str]) -> tuple[Tensor, Tensor, list[Tensor]]:
-    """One pass: logits, hidden states ``(B, L + 1, T, D)`` and the tensors at the hook points ``names``."""
+def _states_and_contexts(model: ViT, images: Tensor, names: list[str]) -> tuple[Tensor, list[Tensor], list[Tensor]]:
+    """One pass: logits, the block inputs and last output (``L + 1`` of ``(B, T_l, D_l)``) and the tensors at the
+    hook points ``names``."""
     L = len(model.blocks)
     resid = [f"blocks.{i}.hook_resid_pre" for i in range(L)] + [f"blocks.{L - 1}.hook_resid_post"]
     B, T = images.shape[0], model.num_prefix_tokens + math.prod(grid_of(model, images))
     check_budget(B * (L + 1) * T * model.config.hidden_size * (2 if names else 1), "keeping every layer's tokens")
     encoding, cache = model.run_with_cache(images, resid + names)
-    return encoding.logits, torch.stack([cache[n] for n in resid], dim=1), [cache[n] for n in names]
+    return encoding.logits, [cache[n] for n in resid], [cache[n] for n in names]
 
 
 def patch_heads(model: ViT, clean: Tensor, corrupted: Tensor, a: Tensor | int | None = None,
@@ -708,29 +754,35 @@ def patch_heads(model: ViT, clean: Tensor, corrupted: Tensor, a: Tensor | int | 
     """Patch each (layer, head)'s context of the clean run into the corrupted run; the logit difference
     ``logit[a] - logit[b]`` (defaults: the clean and the corrupted predictions) for each. Each layer's ``B x H``
     patches run in the batch dimension, ``chunk`` at a time, through the layers from that one on;
-    ``progress(done, total)`` after each batch."""
+    ``progress(done, total)`` after each batch. With stages, ``patched`` is ``(B, L, H)`` with ``H`` the most heads
+    of any layer, NaN where a layer has fewer; a windowed layer's head is patched in all its windows (the two runs
+    cut the same windows, so no placement is needed)."""
     with torch.no_grad():
         clean_s, corrupt_s, clean_d, corrupt_d, a, b, contexts, grid = _patching_setup(model, clean, corrupted, a, b,
                                                                                        heads=True)
-        B, S, T, D = clean_s.shape
-        L, H, hd = _dims(model)
-        chunk = _default_chunk(model, B * H, T, progress) if chunk is None else chunk
-        out = torch.empty(B * H, L)
-        _report(progress, 0, L * B * H)
-        for layer, cells in _batches(L, B * H, chunk):
-            cell = torch.tensor(cells, device=clean_s.device)
+        B, heads = clean.shape[0], _heads(model)
+        chunk = _default_chunk(model, B * max(heads), clean_s[0].shape[1], progress) if chunk is None else chunk
+        out = torch.full((B, len(heads), max(heads)), float("nan"))
+        total, done = B * sum(heads), 0
+        _report(progress, 0, total)
+        for layer, cells in _batches([B * h for h in heads], chunk):
+            H = heads[layer]
+            cell = torch.tensor(cells, device=clean_s[0].device)
             image, head = cell // H, cell % H  # (n,) each: copy j takes head[j] of image[j] from the clean run
+            source = _per_copy(contexts[layer], B, image)  # (n * nw, T or w*w, H, hd)
             mask = F.one_hot(head, H).bool()[:, None, :, None]  # (n, 1, H, 1)
-            source = contexts[layer][image]  # (n, T, H, hd)
+            mask = mask.repeat_interleave(source.shape[0] // len(cell), dim=0)  # each copy's windows
 
             def patch(context: Tensor, hook, source: Tensor = source, mask: Tensor = mask) -> Tensor:
                 return torch.where(mask, source[:, :context.shape[1]], context)  # the read-out's rows at the last
 
-            logits = _run_from(model, corrupt_s[image, layer], grid, layer, [(f"blocks.{layer}.attn.hook_z", patch)])
-            out[cells.start:cells.stop, layer] = (logits.gather(-1, a[image, None])
-                                                  - logits.gather(-1, b[image, None]))[:, 0]
-            _report(progress, layer * B * H + cells.stop, L * B * H)
-    return Patching(out.view(B, H, L).transpose(1, 2), clean_d, corrupt_d)
+            logits = _run_from(model, corrupt_s[layer][image], grid, layer,
+                               [(f"blocks.{layer}.attn.hook_z", patch)])
+            out[image.cpu(), layer, head.cpu()] = (logits.gather(-1, a[image, None])
+                                                   - logits.gather(-1, b[image, None]))[:, 0].cpu()
+            done += len(cells)
+            _report(progress, done, total)
+    return Patching(out, clean_d, corrupt_d)
 
 
 def patch_residuals(model: ViT, clean: Tensor, corrupted: Tensor, a: Tensor | int | None = None,
@@ -739,24 +791,29 @@ def patch_residuals(model: ViT, clean: Tensor, corrupted: Tensor, a: Tensor | in
     """Patch the clean run's residual stream at each (layer input, token position) into the corrupted run:
     ``patched`` is ``(B, L, T)``. Each layer's ``B x T`` patches run in the batch dimension, ``chunk`` at a time
     (default: as many as keep one step within the memory bound), through the layers from that one on (the
-    corrupted run's cached block inputs are where they start); ``progress(done, total)`` after each batch."""
+    corrupted run's cached block inputs are where they start); ``progress(done, total)`` after each batch. With
+    stages, layer ``l``'s positions are the tokens of the grid its input is on (the previous layer's, before a
+    merge or pooling), row-major, ``T`` the image's patch grid's and NaN past a smaller grid's tokens."""
     with torch.no_grad():
         clean_s, corrupt_s, clean_d, corrupt_d, a, b, _, grid = _patching_setup(model, clean, corrupted, a, b)
-        B, S, T, D = clean_s.shape
-        L = len(model.blocks)
-        chunk = _default_chunk(model, B * T, T, progress) if chunk is None else chunk
-        out = torch.empty(B * T, L)
-        _report(progress, 0, L * B * T)
-        for layer, cells in _batches(L, B * T, chunk):
-            cell = torch.tensor(cells, device=clean_s.device)
+        B, L = clean.shape[0], len(model.blocks)
+        tokens = [x.shape[1] for x in clean_s[:L]]
+        chunk = _default_chunk(model, B * max(tokens), max(tokens), progress) if chunk is None else chunk
+        out = torch.full((B, L, max(tokens)), float("nan"))
+        total, done = B * sum(tokens), 0
+        _report(progress, 0, total)
+        for layer, cells in _batches([B * t for t in tokens], chunk):
+            T = tokens[layer]
+            cell = torch.tensor(cells, device=clean_s[0].device)
             image, position = cell // T, cell % T  # (n,) each: copy j patches position[j] of image[j]
-            x = corrupt_s[image, layer]  # (n, T, D), a copy
-            x[torch.arange(len(cell)), position] = clean_s[image, layer, position]
+            x = corrupt_s[layer][image]  # (n, T, D), a copy
+            x[torch.arange(len(cell)), position] = clean_s[layer][image, position]
             logits = _run_from(model, x, grid, layer)
-            out[cells.start:cells.stop, layer] = (logits.gather(-1, a[image, None])
-                                                  - logits.gather(-1, b[image, None]))[:, 0]
-            _report(progress, layer * B * T + cells.stop, L * B * T)
-    return Patching(out.view(B, T, L).transpose(1, 2), clean_d, corrupt_d)
+            out[image.cpu(), layer, position.cpu()] = (logits.gather(-1, a[image, None])
+                                                       - logits.gather(-1, b[image, None]))[:, 0].cpu()
+            done += len(cells)
+            _report(progress, done, total)
+    return Patching(out, clean_d, corrupt_d)
 
 
 # --- phenomena: high-norm tokens, massive activations, attention sinks ----------------------------
