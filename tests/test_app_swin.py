@@ -106,7 +106,7 @@ def test_the_views_of_one_grid_say_so_for_a_swin_in_one_line(tmp_path):
     buffer = io.BytesIO()
     IMAGE.save(buffer, format="PNG")
     upload(at, "photo.png", buffer.getvalue())
-    for label in ("What the patches represent", "Mechanism"):
+    for label in ("What the patches represent",):  # Mechanism works per layer's grid (test_app_stage_mechanism)
         [toggle] = [t for t in at.toggle if t.label.startswith(label)]
         toggle.set_value(True)
         at.run()
@@ -114,4 +114,3 @@ def test_the_views_of_one_grid_say_so_for_a_swin_in_one_line(tmp_path):
     said = [m.value for m in [*at.info, *at.warning]]
     assert any("Distance and entropy" in s and "stages" in s for s in said), said
     assert any("patch tokens" in s and "stages (Swin, Hiera)" in s for s in said), said
-    assert any("mechanism view cannot analyse" in s and "stages" in s for s in said), said

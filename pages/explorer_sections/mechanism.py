@@ -182,7 +182,7 @@ def mechanism(view: Shown, refs: References, samples: list[Path] | None, sample:
     analysis, class_names, class_index, layer = view.analysis, view.class_names, view.settings.class_index, view.layer
     prediction, grid, prefix, names = (analysis.prediction, analysis.grid, analysis.num_prefix_tokens,
                                        analysis.prefix_names)
-    L, H = analysis.num_layers, analysis.num_heads
+    L = analysis.num_layers
     small, shown, opacity, colormap, mode, show_grid = (view.small, view.shown, view.opacity, view.colormap,
                                                          view.mode, view.show_grid)
     mechanism_class = class_index if class_names else None
@@ -194,7 +194,8 @@ def mechanism(view: Shown, refs: References, samples: list[Path] | None, sample:
     except (ValueError, explorer.TooManyTokens) as e:  # MechanismError: a model option the walk does not know
         st.warning(f"The mechanism view cannot analyse this model: {escape_markdown(e)}")
     else:
-        names_mech = [f"{i + 1}.{h + 1}" for i in range(L) for h in range(H)]
+        names_mech = [f"{i + 1}.{h + 1}" for i in range(L) for h in range(analysis.heads_in(i))]  # a stage's own
+        lens_rows = [f"layer {i + 1}" if i >= 0 else "embedding" for i in mech.lens_layers]
         lens_tab, dla_tab, ablation_tab, patching_tab, phenomena_tab = st.tabs(
             ["Logit lens", "Head attribution", "Ablation", "Patching", "Phenomena"], key="mechanism_tab",
             on_change="rerun")
@@ -211,13 +212,14 @@ def mechanism(view: Shown, refs: References, samples: list[Path] | None, sample:
                     reader = ("final norm and head" if class_names else
                               "final norm, projection and cosine to the typed labels (the zero-shot read-out)")
                     cells = drawing.small_multiples(small, mech.lens_maps, opacity, colormap, mode, scale="zero")
-                    st.image(drawing.heads_grid_image(cells, columns=min(len(cells), 7),
-                                                      labels=["embedding"] + [f"layer {i + 1}" for i in range(L)]),
+                    st.image(drawing.heads_grid_image(cells, columns=min(len(cells), 7), labels=lens_rows),
                              output_format="PNG")
+                    read = (f"after each of the last stage's layers ({lens_rows[0]} to {L}: earlier stages' tokens "
+                            "have another grid and width, which the final norm and head do not read)"
+                            if analysis.staged else f"after the embedding, then after each of the {L} layers")
                     st.caption(f"Each patch's probability of {lens_label} when the model's {reader} read it "
-                               "directly: after the embedding, then after each of the "
-                               f"{L} layers (as labelled), each map from 0 to its own maximum.")
-                    st.dataframe({"after": ["embedding"] + [f"layer {i + 1}" for i in range(L)],
+                               f"directly: {read} (as labelled), each map from 0 to its own maximum.")
+                    st.dataframe({"after": lens_rows,
                                   **{f"top {k + 1}": [f"{lens_names[row[k][0]]} ({row[k][1]:.1%})"
                                                       if k < len(row) else "" for row in mech.lens_top]
                                      for k in range(3)}}, hide_index=True)
@@ -229,8 +231,11 @@ def mechanism(view: Shown, refs: References, samples: list[Path] | None, sample:
                     st.info("This model has no classifier, so there is no logit to attribute.")
                 else:
                     st.plotly_chart(figures.layer_head_figure(mech.dla_heads, "Direct logit attribution",
-                                                              "logit", mech.dla_mlps), theme=None,
-                                    key="dla_figure")
+                                                              "logit", mech.dla_mlps, first_layer=mech.dla_first),
+                                    theme=None, key="dla_figure")
+                    if mech.dla_first:
+                        st.caption(f"The last stage's layers {mech.dla_first + 1} to {L}: the merge or pooling "
+                                   "before them is not a sum of what earlier blocks wrote.")
                     parts = mech.dla_heads.sum() + mech.dla_mlps.sum() + sum(mech.dla_rest.values())
                     st.caption(f"Each head's and MLP's direct contribution to the logit of {class_label} "
                                f"({mech.logit:.4g}), through the final norm with its scale fixed at the last "
@@ -282,14 +287,16 @@ def mechanism(view: Shown, refs: References, samples: list[Path] | None, sample:
                                            config={"displayModeBar": False}, key="ablation_after")
                         after.caption(f"Heads {', '.join(chosen_heads)} off ({ablation_mode} ablation): "
                                       f"predicts {escape_markdown(ablated.prediction.label)}.")
-                        before.image(overlay(shown, ablated.rollout_on, opacity, colormap, mode), output_format="PNG")
-                        before.caption("The CLS rollout with all heads on.")
-                        after.image(overlay(shown, ablated.rollout_off, opacity, colormap, mode),
-                                    output_format="PNG")
-                        after.caption("The CLS rollout with those heads off: later layers attend differently.")
+                        if ablated.rollout_on is not None:  # a model with stages has no CLS to roll out from
+                            before.image(overlay(shown, ablated.rollout_on, opacity, colormap, mode),
+                                         output_format="PNG")
+                            before.caption("The CLS rollout with all heads on.")
+                            after.image(overlay(shown, ablated.rollout_off, opacity, colormap, mode),
+                                        output_format="PNG")
+                            after.caption("The CLS rollout with those heads off: later layers attend differently.")
                     effects = None
                     if class_names and st.toggle(
-                            f"Each head alone ({L * H} heads)", key="ablation_grid",
+                            f"Each head alone ({len(names_mech)} heads)", key="ablation_grid",
                             help="Each head ablated in turn, one layer's heads batched together; the progress counts "
                                  "the heads ablated.") and means_ready:
                         effects = ablation_effects(full_fingerprint, image_key, size, mech.class_index,
@@ -299,7 +306,8 @@ def mechanism(view: Shown, refs: References, samples: list[Path] | None, sample:
                                                                   "ablated", "Δ logit"), theme=None,
                                         key="ablation_figure")
                         st.caption(f"The change of the logit of {class_label} when each head alone is "
-                                   f"ablated ({ablation_mode}); negative: the head helped this class.")
+                                   f"ablated ({ablation_mode}); negative: the head helped this class."
+                                   + (" Blank: heads a layer's stage does not have." if analysis.staged else ""))
                 except (ValueError, ImageError) as e:
                     st.warning(escape_markdown(e))
         if patching_tab.open:
@@ -308,7 +316,8 @@ def mechanism(view: Shown, refs: References, samples: list[Path] | None, sample:
         if phenomena_tab.open:
             with phenomena_tab:
                 layer_norms = mech.norms[layer]  # after the sidebar's layer
-                top_norm = float(mech.norms.max()) * 1.05 + 1e-6
+                norm_grid = mech.norm_grids[layer] if mech.norm_grids else grid  # with stages: that layer's own
+                top_norm = max(float(n.max()) for n in mech.norms) * 1.05 + 1e-6
                 if not 0.0 <= st.session_state.get("norm_threshold", -1.0) <= top_norm:  # new image or model
                     st.session_state["norm_threshold"] = top_norm / 2
                 threshold = st.slider("High-norm threshold", 0.0, top_norm, key="norm_threshold",
@@ -318,30 +327,35 @@ def mechanism(view: Shown, refs: References, samples: list[Path] | None, sample:
                 left.plotly_chart(figures.norm_histogram_figure(layer_norms, threshold, f"Token norms after layer "
                                                                                      f"{layer}"),
                                   theme=None, key="norm_histogram")
-                patches_high = high[prefix:].reshape(grid).astype(np.float32)
+                patches_high = high[prefix:].reshape(norm_grid).astype(np.float32)
                 right.image(overlay(shown, patches_high, opacity, colormap, "nearest", show_grid=show_grid,
                                     vmin=0.0, vmax=1.0), output_format="PNG")
                 prefix_high = [names[i] for i in range(prefix) if high[i]]
-                right.caption(f"{int(high[prefix:].sum())} of {grid[0] * grid[1]} patches over {threshold:.3g} "
+                right.caption(f"{int(high[prefix:].sum())} of {high.size - prefix} patches over {threshold:.3g} "
                               f"after layer {layer} (lit)" + (f"; prefix tokens over it: {', '.join(prefix_high)}"
                                                               if prefix_high else "") + ".")
                 st.plotly_chart(figures.massive_activations_figure(mech.massive, "Massive activations"),
                                 theme=None, key="massive_figure")
                 st.caption("Per layer, the three largest |activations| of the block output over all tokens and "
                            "channels, and their median (Sun et al. 2024).")
-                hover = np.array([[f"<br>strongest sink: {drawing.short_token_label(int(t), grid, prefix, names)}"
-                                   f"<br>its value norm: {v:.3g}" for t, v in zip(tr, vr, strict=True)]
-                                  for tr, vr in zip(mech.sink_token, mech.sink_value_norm, strict=True)])
-                st.plotly_chart(figures.layer_head_figure(mech.sink_mass, "Attention sinks", "mass",
-                                                          signed=False, hover=hover), theme=None,
-                                key="sink_figure")
-                st.caption("Per head, the share of attention (averaged over queries) that its most attended key "
-                           "token receives; hover for that token and the norm of its value vector, which is small "
-                           "for a sink that only soaks up attention.")
-                if class_names and st.toggle("Test-time register (Jiang et al. 2025)", key="tt_register",
-                                             help="Find the register neurons (outliers: last-layer norms over the "
-                                                  "threshold above, on this image and the reference images), add "
-                                                  "one extra token and move those neurons' activations onto it."):
+                if mech.sinks_refused:
+                    st.info(f"{mech.sinks_refused}. Test-time registers are extra tokens, which windows and merges "
+                            "have no place for.")
+                else:
+                    hover = np.array([[f"<br>strongest sink: {drawing.short_token_label(int(t), grid, prefix, names)}"
+                                       f"<br>its value norm: {v:.3g}" for t, v in zip(tr, vr, strict=True)]
+                                      for tr, vr in zip(mech.sink_token, mech.sink_value_norm, strict=True)])
+                    st.plotly_chart(figures.layer_head_figure(mech.sink_mass, "Attention sinks", "mass",
+                                                              signed=False, hover=hover), theme=None,
+                                    key="sink_figure")
+                    st.caption("Per head, the share of attention (averaged over queries) that its most attended key "
+                               "token receives; hover for that token and the norm of its value vector, which is "
+                               "small for a sink that only soaks up attention.")
+                if class_names and not mech.sinks_refused and st.toggle(
+                        "Test-time register (Jiang et al. 2025)", key="tt_register",
+                        help="Find the register neurons (outliers: last-layer norms over the threshold above, on this "
+                             "image and the reference images), add one extra token and move those neurons' "
+                             "activations onto it."):
                     top_k = st.number_input("Register neurons", 1, 200, 10, key="tt_register_neurons")
                     try:
                         registers = registers_view(fingerprint, image_key, size, threshold, int(top_k),

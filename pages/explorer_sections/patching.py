@@ -68,7 +68,15 @@ def patching_tab(view: Shown, samples: list[Path] | None, sample: Path | None, i
             a, b = class_names[patched.clean_class], class_names[patched.corrupted_class]
             st.plotly_chart(figures.layer_head_figure(patched.heads, "Recovered by patching one head",
                                                       "recovered"), theme=None, key="patch_heads")
-            if patched.residual is not None:
+            if patched.residual is not None and patched.residual_grids:  # stages: each layer's input grid
+                cells = drawing.small_multiples(view.small, patched.residual_maps(), view.opacity, view.colormap,
+                                                view.mode, scale="shared")
+                st.image(drawing.heads_grid_image(cells, columns=min(len(cells), 7),
+                                                  labels=[f"layer {i + 1} input" for i in range(L)]),
+                         output_format="PNG")
+                st.caption("Each layer's input patched one token at a time, on the grid that input is on (the "
+                           "previous stage's before a merge or pooling), each cell over the patches it covers.")
+            elif patched.residual is not None:
                 labels = [drawing.short_token_label(t, grid, prefix, names) for t in range(T)]
                 st.plotly_chart(figures.layer_token_figure(patched.residual, labels, "Recovered by patching one "
                                                            "token of one layer's input", "recovered"),

@@ -921,6 +921,12 @@ class MechanismView:
     sink_mass: np.ndarray  # (L, H)
     sink_value_norm: np.ndarray  # (L, H)
     lens_labels: list[str] | None = None  # a feature model's lens reads these typed labels (no attribution then)
+    # The block whose output each row of lens_maps reads (-1: the embedding): every layer, or with stages (Swin,
+    # Hiera) the last stage's only, whose tokens the final norm and head read; dla_heads' rows start at dla_first.
+    lens_layers: tuple[int, ...] = ()
+    dla_first: int = 0
+    norm_grids: tuple[tuple[int, int], ...] = ()  # with stages: the grid of each row of norms (a list then)
+    sinks_refused: str = ""  # why the sink statistics are empty (a model with stages)
 
 
 def _model_input(checkpoint: Checkpoint, image: Image.Image, size: InputSize) -> torch.Tensor:
@@ -946,32 +952,60 @@ def mechanism_view(checkpoint: Checkpoint, image: Image.Image, class_index: int 
         checkpoint, lens_labels = prompts.prompt_checkpoint(checkpoint, asked), list(asked.labels)
     model = checkpoint.model
     x = _model_input(checkpoint, image, size)
-    with torch.inference_mode():
-        states = mechanism.hidden_states(model, x)  # (1, L + 1, T, D)
-        sinks = mechanism.sink_stats(model, states, model.patch_grid(*x.shape[-2:]))
-        norms = mechanism.token_norms(states)[0].cpu().numpy()
-        massive = mechanism.massive_activations(states)[0].float().cpu().numpy()
     L, H = len(model.blocks), model.blocks[0].attn.num_heads
-    lens_maps, lens_top = np.zeros((0, 1, 1), np.float32), []
-    dla_heads, dla_mlps, rest, logit, chosen = np.zeros((L, H)), np.zeros(L), {}, 0.0, -1
+    norm_grids, sinks_refused = (), ""
+    with torch.inference_mode():
+        if model.config.stage_depths:  # each layer's tokens on its own grid: norms and activations per layer
+            image_grid = model.patch_grid(*x.shape[-2:])
+            outputs = _stage_outputs(model, x)  # each (1, T_l, D_l)
+            norms = [s[0].float().norm(dim=-1).cpu().numpy() for s in [model.embed(x), *outputs]]  # each (T_l,)
+            norm_grids = (image_grid,) + tuple(lay.grid for lay in model.layer_layouts(image_grid))
+            massive = mechanism.massive_activations(outputs)[0].float().cpu().numpy()  # (L, 4)
+            sink_token = sink_mass = sink_value_norm = np.zeros((L, 0))
+            sinks_refused = STAGE_SINKS
+        else:
+            states = mechanism.hidden_states(model, x)  # (1, L + 1, T, D)
+            sinks = mechanism.sink_stats(model, states, model.patch_grid(*x.shape[-2:]))
+            norms = mechanism.token_norms(states)[0].cpu().numpy()
+            massive = mechanism.massive_activations(states)[0].float().cpu().numpy()
+            sink_token, sink_mass, sink_value_norm = (sinks.token[0].cpu().numpy(), sinks.mass[0].float().cpu().numpy(),
+                                                      sinks.value_norm[0].float().cpu().numpy())
+    lens_maps, lens_top, lens_layers = np.zeros((0, 1, 1), np.float32), [], ()
+    dla_heads, dla_mlps, rest, logit, chosen, dla_first = np.zeros((L, H)), np.zeros(L), {}, 0.0, -1, 0
     if model.head is not None:
         with torch.inference_mode():
             lens = mechanism.logit_lens(model, x, class_index)
             dla = None if lens_labels else mechanism.direct_logit_attribution(model, x, lens.classes)
-        grid, prefix = model.patch_grid(*x.shape[-2:]), model.num_prefix_tokens
+        grid, prefix = model.layer_layouts(model.patch_grid(*x.shape[-2:]))[-1].grid, model.num_prefix_tokens
         lens_maps = lens.token_probs[0, :, prefix:].reshape(-1, *grid).float().cpu().numpy()
+        lens_layers = lens.layers
         top = lens.pooled_logits[0].softmax(-1).topk(min(3, lens.pooled_logits.shape[-1]), dim=-1)
         lens_top = [[(int(i), float(p)) for p, i in zip(ps, idx, strict=True)]
                     for ps, idx in zip(top.values, top.indices, strict=True)]
         chosen = int(lens.classes[0])
         if dla is not None:
             dla_heads, dla_mlps = dla.heads[0].cpu().numpy(), dla.mlps[0].cpu().numpy()
-            rest = {"embedding": float(dla.embed[0]), "attention biases": float(dla.attn_biases[0].sum()),
+            dla_first = dla.first_layer
+            rest = {"embedding" if not dla_first else f"stream entering layer {dla_first + 1}": float(dla.embed[0]),
+                    "attention biases": float(dla.attn_biases[0].sum()),
                     "final norm and head biases": float(dla.bias[0])}
             logit = float(dla.logit[0])
     return MechanismView(chosen, lens_maps, lens_top, dla_heads, dla_mlps, rest, logit, norms, massive,
-                         sinks.token[0].cpu().numpy(), sinks.mass[0].float().cpu().numpy(),
-                         sinks.value_norm[0].float().cpu().numpy(), lens_labels)
+                         sink_token, sink_mass, sink_value_norm, lens_labels, lens_layers, dla_first, norm_grids,
+                         sinks_refused)
+
+
+# Why a model with stages has no sink statistics, in one line.
+STAGE_SINKS = ("Attention sinks are not measured for a model with stages (Swin, Hiera): their windowed layers let each "
+               "key be read only by its own window's queries, so a key's share of attention averaged over all queries "
+               "measures its window, not a sink")
+
+
+def _stage_outputs(model: ViT, x: torch.Tensor) -> list[torch.Tensor]:
+    """Each block's output ``(1, T_l, D_l)`` on its own grid, read at its hook point in one pass."""
+    names = [f"blocks.{i}.hook_resid_post" for i in range(len(model.blocks))]
+    _, cache = model.run_with_cache(x, names)
+    return [cache[name] for name in names]
 
 
 def parse_head_labels(labels: Sequence[str]) -> list[tuple[int, int]]:
@@ -981,8 +1015,9 @@ def parse_head_labels(labels: Sequence[str]) -> list[tuple[int, int]]:
 
 def reference_means(checkpoint: Checkpoint, references: Iterable[Image.Image], image: Image.Image,
                     size: InputSize = TRAINING_SIZE, registers: dict[int, list[int]] | None = None,
-                    progress: work.Progress | None = None, count: int = 0) -> torch.Tensor:
-    """Per-head mean contexts ``(L, T, H, hd)`` over ``references`` (mean ablation) on ``image``'s token grid:
+                    progress: work.Progress | None = None, count: int = 0) -> mechanism.Means:
+    """Per-head mean contexts ``(L, T, H, hd)`` over ``references`` (mean ablation) on ``image``'s token grid (with
+    stages, one ``(T_l, H_l, hd)`` per layer on its own grid):
     each reference is prepared as the checkpoint prepares an image at ``size``, or, for another size, resized to
     exactly ``image``'s input shape (means are per position, whatever a reference's own aspect). With
     ``registers`` (layer -> register neurons) the references run with one test-time register, as the image will:
@@ -1006,20 +1041,22 @@ def reference_means(checkpoint: Checkpoint, references: Iterable[Image.Image], i
                 contexts: list[torch.Tensor] = []  # per layer (B, T + 1, H, hd)
                 mechanism.with_test_time_registers(model, x.to(device), registers, 1, contexts=contexts)
                 part = torch.stack([c.mean(dim=0) for c in contexts])  # (L, T + 1, H, hd)
-            part = part * len(chunk)  # summed over the chunk
-            total = part if total is None else total + part
+            part = [m * len(chunk) for m in part]  # summed over the chunk, per layer (a stage's own shape)
+            total = part if total is None else [t + m for t, m in zip(total, part, strict=True)]
             if progress is not None:
                 progress(count, max(expected, count))
     if not 1 <= count <= MAX_REFERENCE_IMAGES:
         raise ValueError(f"mean ablation averages over 1 to {MAX_REFERENCE_IMAGES} reference images; "
                          + ("add some" if not count else "remove some"))
-    return total / count
+    means = [t / count for t in total]
+    return tuple(means) if model.config.stage_depths else torch.stack(means)
 
 
 def ablation_effects(checkpoint: Checkpoint, image: Image.Image, class_index: int, mode: str = "zero",
                      means: torch.Tensor | None = None, size: InputSize = TRAINING_SIZE,
                      progress: work.Progress | None = None) -> np.ndarray:
-    """``(L, H)``: the change of the class logit when each head alone is ablated (one pass per layer)."""
+    """``(L, H)``: the change of the class logit when each head alone is ablated (one pass per layer); with stages
+    ``H`` is the most heads of any layer, NaN where a layer's stage has fewer."""
     x = _model_input(checkpoint, image, size)
     with torch.inference_mode():
         grid = mechanism.ablation_grid(checkpoint.model, x, class_index, mode, means, progress=progress)
@@ -1036,6 +1073,17 @@ class PatchingView:
     corrupted_difference: float
     heads: np.ndarray  # (L, H) share of the difference recovered by patching each head's output
     residual: np.ndarray | None  # (L, T) by patching each layer input at each token position
+    # With stages: the grid each layer's input is on (its row of ``residual`` holds that many tokens, then NaN)
+    residual_grids: tuple[tuple[int, int], ...] = ()
+
+    def residual_maps(self) -> np.ndarray:
+        """With stages: each layer's row of ``residual`` on its input's grid, placed on the image's patch grid
+        ``(L, gh, gw)`` (each cell over the patches it covers)."""
+        from vit.explain.stages import on_patch_grid
+
+        grid = self.residual_grids[0]
+        return np.stack([on_patch_grid(row[:g[0] * g[1]].reshape(g), grid)
+                         for row, g in zip(self.residual, self.residual_grids, strict=True)])
 
 
 def patching_view(checkpoint: Checkpoint, clean: Image.Image, corrupted: Image.Image,
@@ -1046,17 +1094,19 @@ def patching_view(checkpoint: Checkpoint, clean: Image.Image, corrupted: Image.I
     ``progress(passes done, total)``: the head grid's ``L`` passes, then the residual grid's ``L * T``."""
     x_clean, x_corrupted = _model_input(checkpoint, clean, size), _model_input(checkpoint, corrupted, size)
     model = checkpoint.model
-    L = len(model.blocks)
-    T = model.num_prefix_tokens + math.prod(model.patch_grid(*x_clean.shape[-2:]))
-    heads_progress, tokens_progress = work.in_parts(progress, [L, L * T if residual else 0])
+    grid = model.patch_grid(*x_clean.shape[-2:])
+    grids = (grid, *model.layer_grids(grid)[:-1]) if model.config.stage_depths else ()  # block l gets l - 1's grid
+    T = model.num_prefix_tokens + math.prod(grid)
+    tokens = sum(math.prod(g) for g in grids) if grids else len(model.blocks) * T  # the residual grid's passes
+    H = sum(block.attn.num_heads for block in model.blocks)  # every layer's heads (a stage's own)
+    heads_progress, tokens_progress = work.in_parts(progress, [H, tokens if residual else 0])
     with torch.inference_mode():
         heads = mechanism.patch_heads(model, x_clean, x_corrupted, progress=heads_progress)
-        a = int(model.classify(mechanism.hidden_states(model, x_clean)[:, -1]).argmax(-1)[0])
-        b = int(model.classify(mechanism.hidden_states(model, x_corrupted)[:, -1]).argmax(-1)[0])
+        a, b = (int(model(x)[0].argmax(-1)[0]) for x in (x_clean, x_corrupted))
         tokens = (mechanism.patch_residuals(model, x_clean, x_corrupted, a, b, progress=tokens_progress) if residual
                   else None)
     return PatchingView(a, b, float(heads.clean[0]), float(heads.corrupted[0]), heads.recovered()[0].cpu().numpy(),
-                        tokens.recovered()[0].cpu().numpy() if tokens is not None else None)
+                        tokens.recovered()[0].cpu().numpy() if tokens is not None else None, grids)
 
 
 @dataclass
@@ -1121,20 +1171,25 @@ class AblationView:
     """One image with some heads ablated, next to all heads on."""
 
     prediction: Prediction  # with the heads ablated
-    rollout_on: np.ndarray  # (gh, gw) the CLS rollout (heads averaged) with all heads on
-    rollout_off: np.ndarray  # with the heads ablated: ablating a head changes every later layer's attention
+    rollout_on: np.ndarray | None  # (gh, gw) the CLS rollout (heads averaged) with all heads on; None with stages
+    rollout_off: np.ndarray | None  # with the heads ablated: ablating a head changes every later layer's attention
 
 
 def ablation_view(checkpoint: Checkpoint, image: Image.Image, heads: Sequence[tuple[int, int]], mode: str = "zero",
                   means: torch.Tensor | None = None, size: InputSize = TRAINING_SIZE, top_k: int = TOP_K
                   ) -> AblationView:
     """The prediction and the CLS rollout with ``heads`` (layer, head from 0) ablated, and the rollout with all
-    heads on: two passes."""
+    heads on: two passes. A model with stages has no CLS token to roll out from: its prediction alone (one pass)."""
     from vit.explain.attention import rollout
 
     model = checkpoint.model
     x = _model_input(checkpoint, image, size)
     grid, P = model.patch_grid(*x.shape[-2:]), model.num_prefix_tokens
+    if model.config.stage_depths:
+        with torch.inference_mode():
+            logits, _ = mechanism.ablate_heads(model, x, heads, mode, means)
+        [prediction] = predictions_from_logits(logits, checkpoint.class_names, top_k, model=model)
+        return AblationView(prediction, None, None)
     with torch.inference_mode():
         _, full = mechanism.ablate_heads(model, x, [], output_attentions=True)
         logits, ablated = mechanism.ablate_heads(model, x, heads, mode, means, output_attentions=True)

@@ -40,14 +40,15 @@ def _label_every_cell(fig: go.Figure, x: list[str], y: list[str], x_title: str) 
 
 
 def layer_head_figure(values: np.ndarray, title: str, value_title: str, extra: np.ndarray | None = None,
-                      extra_name: str = "MLP", signed: bool = True, hover: np.ndarray | None = None) -> go.Figure:
-    """A layers x heads heatmap ``(L, H)`` (layer 1 on top), with an optional extra column ``(L,)`` such as the
-    MLPs; ``signed`` centres a diverging scale on 0. ``hover`` ``(L, H + extra)`` adds a line per cell. Every row
-    and column is labelled, the axes titled."""
+                      extra_name: str = "MLP", signed: bool = True, hover: np.ndarray | None = None,
+                      first_layer: int = 0) -> go.Figure:
+    """A layers x heads heatmap ``(L, H)`` (layer 1, or ``first_layer + 1``, on top), with an optional extra column
+    ``(L,)`` such as the MLPs; ``signed`` centres a diverging scale on 0; NaN cells (heads a layer lacks) are blank.
+    ``hover`` ``(L, H + extra)`` adds a line per cell. Every row and column is labelled, the axes titled."""
     L, H = values.shape
     z = values if extra is None else np.concatenate([values, extra[:, None]], axis=1)
     x = [f"head {h + 1}" for h in range(H)] + ([extra_name] if extra is not None else [])
-    y = [f"layer {i + 1}" for i in range(L)]
+    y = [f"layer {first_layer + i + 1}" for i in range(L)]
     bound = float(np.nanmax(np.abs(z))) if np.isfinite(z).any() else 1.0
     scale = dict(colorscale="RdBu", reversescale=True, zmid=0, zmin=-bound, zmax=bound) if signed else \
         dict(colorscale=[[0, "rgb(255, 255, 255)"], [1, "rgb(180, 30, 30)"]])

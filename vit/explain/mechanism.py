@@ -830,12 +830,16 @@ def high_norm_rate(norms: Tensor, threshold: float, num_prefix_tokens: int) -> t
     return mask[..., num_prefix_tokens:].float().mean(dim=-1), mask
 
 
-def massive_activations(states: Tensor) -> Tensor:
+def massive_activations(states: Tensor | Sequence[Tensor]) -> Tensor:
     """Per image and block ``(B, L, 4)``: the top 3 of |block output| over all tokens and channels, then their
-    median (locuslab/massive-activations ``main_vit.py --exp2``, before its mean over images)."""
-    outputs = states[:, 1:].abs().flatten(2)  # (B, L, T*D): each block's output
-    top = outputs.topk(3, dim=-1).values  # (B, L, 3)
-    return torch.cat([top, outputs.median(dim=-1).values[..., None]], dim=-1)
+    median (locuslab/massive-activations ``main_vit.py --exp2``, before its mean over images). ``states``: hidden
+    states ``(B, L + 1, T, D)``, or a model with stages' block outputs, each ``(B, T_l, D_l)`` on its own grid."""
+    outputs = states[:, 1:].unbind(1) if isinstance(states, Tensor) else states
+    stats = []
+    for output in outputs:
+        flat = output.abs().flatten(1)  # (B, T*D): one block's output
+        stats.append(torch.cat([flat.topk(3, dim=-1).values, flat.median(dim=-1).values[:, None]], dim=-1))
+    return torch.stack(stats, dim=1)
 
 
 @dataclass
