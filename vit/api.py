@@ -389,10 +389,11 @@ def mechanism(checkpoint: Checkpoint, image: ImageLike, target: int | str | None
 
 
 def reference_means(checkpoint: Checkpoint, references: Sequence[ImageLike], image: ImageLike,
-                    size: int | InputSize | None = None) -> torch.Tensor:
+                    size: int | InputSize | None = None) -> torch.Tensor | tuple[torch.Tensor, ...]:
     """Each head's output averaged over ``references`` at every token position of ``image``'s input at ``size``,
-    ``(layers, tokens, heads, head_dim)``: what ``mode="mean"`` of ``ablate`` and ``head_effects`` puts in place of
-    an ablated head (the references are resized to ``image``'s input shape)."""
+    ``(layers, tokens, heads, head_dim)`` (a model with stages, Swin or Hiera: one ``(tokens, heads, head_dim)`` per
+    layer, on its own grid with its stage's heads): what ``mode="mean"`` of ``ablate`` and ``head_effects`` puts in
+    place of an ablated head (the references are resized to ``image``'s input shape)."""
     return explorer.reference_means(checkpoint, (_image(r) for r in references), _image(image), _size(size))
 
 
@@ -400,7 +401,7 @@ def head_effects(checkpoint: Checkpoint, image: ImageLike, target: int | str | N
                  size: int | InputSize | None = None, *, means: torch.Tensor | None = None) -> np.ndarray:
     """``(layers, heads)``: how much ``target``'s logit (default the predicted class) changes when each head alone
     is ablated (one pass per layer): ``mode`` "zero", or "mean" with ``means`` from ``reference_means`` for this
-    image at this ``size``."""
+    image at this ``size``. With stages ``heads`` is the most of any layer, NaN where a layer has fewer."""
     _needs_classifier(checkpoint, "vit.head_effects")
     check_ablation(checkpoint.model, mode, means)
     index = _class_index(checkpoint, target)
@@ -411,14 +412,18 @@ def head_effects(checkpoint: Checkpoint, image: ImageLike, target: int | str | N
 
 
 def _heads(checkpoint: Checkpoint, heads: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
-    """``(layer, head)`` pairs checked and counted from 0 (negative ones from the end)."""
-    L, H = len(checkpoint.model.blocks), checkpoint.model.config.num_heads
-    pairs = []
+    """``(layer, head)`` pairs checked and counted from 0 (negative ones from the end); each layer has its own
+    heads (a stage's, in a model with stages)."""
+    blocks = checkpoint.model.blocks
+    L, pairs = len(blocks), []
     for pair in heads:
         if not isinstance(pair, Sequence) or len(pair) != 2:
             raise ValueError(f"heads must be (layer, head) pairs, e.g. [(0, 1)]; got {pair!r} among them")
-        pairs.append((_index(pair[0], L, "layer", f"this model has {L} layers"),
-                      _index(pair[1], H, "head", f"this model has {H} heads per layer")))
+        layer = _index(pair[0], L, "layer", f"this model has {L} layers")
+        H = blocks[layer].attn.num_heads
+        has = (f"layer {layer} has {H} heads (its stage's)" if checkpoint.model.config.stage_depths
+               else f"this model has {H} heads per layer")
+        pairs.append((layer, _index(pair[1], H, "head", has)))
     return pairs
 
 

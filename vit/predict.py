@@ -205,7 +205,7 @@ def ablated(checkpoint: Checkpoint, heads: str) -> Checkpoint:
 
     model = checkpoint.model
     try:
-        chosen = parse_heads(heads, len(model.blocks), model.blocks[0].attn.num_heads)
+        chosen = parse_heads(heads, len(model.blocks), [block.attn.num_heads for block in model.blocks])
         return replace(checkpoint, model=HeadAblated(model, chosen))
     except MechanismError as e:
         raise UsageError(f"--ablate: {e}") from None

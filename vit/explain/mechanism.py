@@ -366,17 +366,20 @@ def direct_logit_attribution(model: ViT, images: Tensor, classes: Tensor | int |
 
 # --- ablation -------------------------------------------------------------------------------------
 
-def parse_heads(text: str, num_layers: int, num_heads: int) -> list[tuple[int, int]]:
-    """``"2.3,4.1"`` (layer.head counted from 1, as the app shows them) -> ``[(1, 2), (3, 0)]`` from 0."""
+def parse_heads(text: str, num_layers: int, num_heads: int | Sequence[int]) -> list[tuple[int, int]]:
+    """``"2.3,4.1"`` (layer.head counted from 1, as the app shows them) -> ``[(1, 2), (3, 0)]`` from 0.
+    ``num_heads``: every layer's, or each layer's (a model with stages)."""
     heads = []
     for item in filter(None, (part.strip() for part in text.split(","))):
         layer, dot, head = item.partition(".")
         if not (dot and layer.isdigit() and head.isdigit()):
             raise MechanismError(f"cannot read head {item!r}: write LAYER.HEAD counted from 1, e.g. 2.3,4.1")
         layer_i, head_i = int(layer), int(head)
-        if not (1 <= layer_i <= num_layers and 1 <= head_i <= num_heads):
-            raise MechanismError(f"head {item} does not exist: the model has layers 1-{num_layers} and heads "
-                                 f"1-{num_heads}")
+        H = num_heads if isinstance(num_heads, int) else num_heads[layer_i - 1] if 1 <= layer_i <= num_layers else 0
+        if not (1 <= layer_i <= num_layers and 1 <= head_i <= H):
+            heads_of = f"heads 1-{H}" if isinstance(num_heads, int) or H else "each layer its stage's heads"
+            raise MechanismError(f"head {item} does not exist: the model has layers 1-{num_layers} and "
+                                 f"{heads_of}{'' if isinstance(num_heads, int) or not H else f' in layer {layer_i}'}")
         heads.append((layer_i - 1, head_i - 1))
     if not heads:
         raise MechanismError("no heads given: write LAYER.HEAD counted from 1, e.g. 2.3,4.1")
