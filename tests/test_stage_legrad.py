@@ -141,6 +141,16 @@ def test_legrad_before_the_last_stage_is_refused_in_one_line(hf_swin):
     assert "\n" not in str(error.value)
 
 
+def test_stage_legrad_of_a_batch_is_each_images_own_for_its_predicted_class(hf_swin):
+    _, _, ours = hf_swin
+    images = torch.randn(3, 3, SIZE, SIZE, generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        predicted = ours(images)[0].argmax(-1)
+    maps = legrad(ours, images)
+    torch.testing.assert_close(maps, legrad(ours, images, predicted))
+    torch.testing.assert_close(maps[1:2], legrad(ours, images[1:2], int(predicted[1])), rtol=1e-5, atol=1e-8)
+
+
 HIERA_SIZE = 64  # a 16x16 grid in 4x4 mask units; 8x8; 4x4 (global), whose first layer pools the 8x8 queries
 
 
