@@ -90,8 +90,9 @@ def summed(maps, grid):
 
 
 def swin_reference(kind, model, images, classes, start, shifted=True):
-    grid = (images.shape[-2] // 4, images.shape[-1] // 4)
-    last = (-(-grid[0] // 2), -(-grid[1] // 2))
+    grid = last = (images.shape[-2] // 4, images.shape[-1] // 4)
+    for _ in model.config.depths[1:]:  # each merge halves the grid, padding an odd side
+        last = (-(-last[0] // 2), -(-last[1] // 2))
     base = model.swin if kind == "swin" else model.swinv2
     blocks = list(base.encoder.layers[-1].blocks)
 
