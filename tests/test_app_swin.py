@@ -1,6 +1,7 @@
 """The explorer draws a Swin (an HF folder opened by path): a clicked patch's window attention in a later stage's
 layer, on that layer's grid over the image, with that layer's heads; and the rollout through the stages. The drawn
-maps are checked against ``vit.explain.stages`` on HF's own attentions, placed by HF's own window sizes and shifts."""
+maps are checked against ``vit.explain.stages`` on HF's own attentions, placed by HF's own window sizes and shifts;
+LeGrad's drawn map is ``vit.explain.relevance.legrad``'s (checked against HF in ``test_stage_legrad``)."""
 
 import io
 import json
@@ -13,6 +14,8 @@ from PIL import Image
 from test_app import dirs, run_app, sidebar_widget, upload  # noqa: F401 (a fixture)
 
 from pages.explorer_sections import main_view
+from vit.app import explorer
+from vit.explain.relevance import legrad
 from vit.explain.stages import layer_row, on_patch_grid, rollout_row
 from vit.inference import preprocess
 from vit.model.stages import LayerLayout, covering_token
@@ -63,7 +66,8 @@ def drawn(monkeypatch):
     return maps
 
 
-def test_a_swin_layers_window_attention_for_a_clicked_patch_is_drawn_on_the_image(tmp_path, drawn):
+def test_a_swin_layers_window_attention_for_a_clicked_patch_its_rollout_and_legrad_are_drawn_on_the_image(tmp_path,
+                                                                                                         drawn):
     model = swin_folder(tmp_path / "swin")
     checkpoint = open_source(tmp_path / "swin")
     attentions, layouts = hf_attentions(model, preprocess([IMAGE], checkpoint.preprocessing))
@@ -96,6 +100,19 @@ def test_a_swin_layers_window_attention_for_a_clicked_patch_is_drawn_on_the_imag
     assert not at.exception and not at.main.error, [e.value for e in at.main.error]
     expected = rollout_row(attentions, layouts, 3, token)[0].numpy()  # (10, 10): on the image's patches
     np.testing.assert_allclose(drawn[-1], expected, atol=1e-5)
+    # LeGrad in the same session (one app run): the explorer draws vit.explain.relevance.legrad's map, which
+    # test_stage_legrad checks against autograd on HF's own windows.
+    sidebar_widget(at, "radio", "Map").set_value(explorer.MORE_METHODS)
+    at.run()
+    method = sidebar_widget(at, "selectbox", "Method")
+    assert method.options == [explorer.MAP_KINDS[k] for k in ("legrad", "attnlrp")]  # LRP and flow: one grid
+    method.set_value("legrad")
+    sidebar_widget(at, "selectbox", "Class").set_value(2)
+    at.run()
+    assert not at.exception and not at.main.error, [e.message for e in at.exception] + [e.value for e in at.main.error]
+    expected = legrad(checkpoint.model, preprocess([IMAGE], checkpoint.preprocessing), 2)[0].numpy()  # (10, 10)
+    np.testing.assert_allclose(drawn[-1], expected, atol=1e-7)
+    assert any("LeGrad for" in c.value and "average pooling" in c.value for c in at.main.caption)
 
 
 def test_the_views_of_one_grid_say_so_for_a_swin_in_one_line(tmp_path):
@@ -114,3 +131,4 @@ def test_the_views_of_one_grid_say_so_for_a_swin_in_one_line(tmp_path):
     said = [m.value for m in [*at.info, *at.warning]]
     assert any("Distance and entropy" in s and "stages" in s for s in said), said
     assert any("patch tokens" in s and "stages (Swin, Hiera)" in s for s in said), said
+

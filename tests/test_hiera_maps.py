@@ -147,7 +147,7 @@ def test_predict_saves_hieras_logits_and_each_layers_windows_with_what_places_th
         torch.testing.assert_close(placed, expected, rtol=0, atol=1e-5)
 
 
-@pytest.mark.parametrize("method", ["legrad", "lrp", "flow"])
+@pytest.mark.parametrize("method", ["lrp", "flow"])
 def test_the_maps_of_one_grid_refuse_a_hiera_in_one_line(hiera, method):
     with pytest.raises(ValueError, match="not drawn for a model with stages") as error:
         vit.explain(hiera[0], IMAGE, method)

@@ -151,11 +151,21 @@ def test_vit_explain_norms_are_each_layers_output_on_its_own_grid(swin):
         assert np.allclose(explanation.map.ravel(), state[0].norm(dim=-1).numpy(), atol=1e-4)
 
 
-@pytest.mark.parametrize("method", ["legrad", "lrp", "flow"])
+@pytest.mark.parametrize("method", ["lrp", "flow"])
 def test_vit_explain_refuses_the_maps_of_one_grid_in_one_line(swin, method):
     with pytest.raises(ValueError, match="not drawn for a model with stages") as error:
         vit.explain(swin[0], IMAGE, method)
     assert "\n" not in str(error.value)
+
+
+def test_vit_explain_draws_legrad_of_a_swin_on_the_image_patches(swin):
+    from vit.explain.relevance import legrad  # against HF's autograd: test_stage_legrad
+
+    checkpoint, images, _, _, _, _ = swin
+    explanation = vit.explain(checkpoint, IMAGE, "legrad", target=1)
+    assert explanation.map.shape == explanation.grid == (10, 10)
+    assert np.allclose(explanation.map, legrad(checkpoint.model, images, 1)[0].numpy(), atol=1e-7)
+    assert "average pooling" in explanation.description
 
 
 def test_vit_explain_draws_attnlrp_of_a_swin_on_the_image_patches(swin):
@@ -173,7 +183,6 @@ def test_the_explorers_other_entry_points_refuse_a_swin_in_one_line(swin):
 
     checkpoint = swin[0]
     calls = [lambda: explorer.model_method_map(checkpoint, IMAGE, "flow", 0),
-             lambda: explorer.model_method_map(checkpoint, IMAGE, "legrad", 0),
              lambda: explorer.mechanism_view(checkpoint, IMAGE, 0),
              lambda: explorer.patching_view(checkpoint, IMAGE, IMAGE.transpose(Image.Transpose.FLIP_LEFT_RIGHT)),
              lambda: explorer.reference_means(checkpoint, [IMAGE], IMAGE)]

@@ -10,7 +10,8 @@
   the norm): the lens equals HF's layernorm, pooler and classifier on the outputs of HF's last-stage blocks; DLA's
   terms sum to HF's logit, and each block's attention term equals HF's attention branch (the stream before its
   ``layernorm_after`` less the block's input) read through HF's final norm frozen at its last hidden state.
-- Everything else that stacks the hidden states of one grid, or reads a CLS token, refuses a Swin naming why.
+- Everything else that stacks the hidden states of one grid, or reads a CLS token, refuses a Swin naming why (LeGrad,
+  which reads the pooling at each last-stage layer, is checked against HF in ``test_stage_legrad``).
 """
 
 import pytest
@@ -175,7 +176,6 @@ def one_grid_calls(sink_shape: tuple[int, ...]) -> dict:
         "sink_stats": lambda m, x: mechanism.sink_stats(m, torch.zeros(sink_shape), (8, 8)),
         "find_register_neurons": lambda m, x: mechanism.find_register_neurons(m, x, 1.0),
         "with_test_time_registers": lambda m, x: mechanism.with_test_time_registers(m, x, {0: [0]}),
-        "legrad": lambda m, x: relevance.legrad(m, x, 0),
         "transformer_attribution": lambda m, x: relevance.transformer_attribution(m, x, 0),
         "rollout": lambda m, x: attention.rollout(list(m(x, output_attentions=True)[1]), num_prefix_tokens=0),
     }

@@ -82,7 +82,7 @@ MAP_CONTROLS = {
     "rollout": ("query", "end_layer", "fusion", "discard_ratio"),
     "class": ("class", "end_layer", "query"),
     "norms": ("layer",),
-    "legrad": ("class",),  # explains the classifier's CLS at the last layers
+    "legrad": ("class",),  # explains the classifier's read-out (CLS, or a Swin's / Hiera's pooling) at the last layers
     "lrp": ("class", "end_layer", "query"),
     "attnlrp": ("class",),
     "flow": ("query", "end_layer", "fusion"),
@@ -185,6 +185,20 @@ def check_chunked_gradient_fits(model, tokens: int, what: str, contexts: bool) -
                             f"{need / 2**20:,.0f} MB at {tokens:,} tokens, over the {limit / 2**20:,.0f} MB limit "
                             f"(VIT_ANALYSIS_MEMORY_MB); the largest square input that fits is "
                             f"{side} px. Choose a smaller input size, or another map.")
+
+
+def check_stage_legrad_fits(model, grid: tuple[int, int]) -> None:
+    """``TooManyTokens`` when LeGrad on a model with stages (``relevance.stage_legrad_bytes``: the last two layers'
+    windows and activations in the graph) would be over the memory limit. Checked before any work."""
+    from vit.explain.relevance import stage_legrad_bytes
+
+    need = stage_legrad_bytes(model, grid)
+    _, limit = analysis_limits()
+    if need > limit:
+        raise TooManyTokens(f"LeGrad keeps the last two layers' attention and activations for the gradient: about "
+                            f"{need / 2**20:,.0f} MB at a {grid[0]}x{grid[1]} patch grid, over the "
+                            f"{limit / 2**20:,.0f} MB limit (VIT_ANALYSIS_MEMORY_MB). Choose a smaller input size, "
+                            "or another map.")
 
 
 def check_flow_fits(model, tokens: int) -> None:
@@ -434,9 +448,10 @@ def _analyse_stages(checkpoint: Checkpoint, x: torch.Tensor, grid: tuple[int, in
 
 
 # The maps of a model with stages: each layer's on its own grid (``vit.explain.stages``), the rollout through the
-# merges, the token norms, and AttnLRP (its rules run through the merges: a map of the input's pixels). The others
+# merges, the token norms, LeGrad (the average pooling's read-out applied at each of the last stage's layers,
+# ``relevance.stage_legrad``) and AttnLRP (its rules run through the merges: a map of the input's pixels). The others
 # are refused in one line (``stage_refusal``), each for its reason.
-STAGE_MAP_KINDS = ("attention", "rollout", "norms", "class", "attnlrp")
+STAGE_MAP_KINDS = ("attention", "rollout", "norms", "class", "legrad", "attnlrp")
 
 
 def _stage_layer(analysis: Analysis, layer: int) -> int:
@@ -503,7 +518,6 @@ def stage_refusal(kind: str) -> str:
 
 
 STAGE_REFUSALS = {  # why each map is not drawn for a model with stages
-    "legrad": "LeGrad reads a CLS token's gradient at the last layers, and these models have none",
     "lrp": "the transformer attribution multiplies T x T relevance matrices of one grid",
     "flow": "the max-flow graph stacks layers of one grid",
     "probe": "it has no attention-pooling probe",
@@ -872,7 +886,9 @@ def model_method_map(checkpoint: Checkpoint, image: Image.Image, kind: str, clas
     tokens = prefix + grid[0] * grid[1]
     # Every method's bound before the work it implies: flow's forward keeps every layer's whole attention (9 GB
     # for ViT-B/16 at 1,024 px) before attention_flow's own limit would refuse the input.
-    if kind == "legrad":  # in chunks: never a whole layer's attention or gradient
+    if kind == "legrad" and model.config.stage_depths:  # the last two layers' windows, in the graph
+        check_stage_legrad_fits(model, grid)
+    elif kind == "legrad":  # in chunks: never a whole layer's attention or gradient
         check_chunked_gradient_fits(model, tokens, "LeGrad", contexts=False)
     elif kind in ("lrp", "attnlrp"):
         check_gradient_fits(model, tokens, MAP_KINDS[kind].split(" (")[0])

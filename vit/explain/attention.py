@@ -86,6 +86,19 @@ def layer_rows(attn: Tensor, layout: LayerLayout, queries: Sequence[int]) -> Ten
     return out[..., :Tk]
 
 
+def layer_columns(attn: Tensor, layout: LayerLayout) -> Tensor:
+    """The column sums of ``layer_on_grid(attn, layout)``, ``(B, H, Tk)``: each key's sum over the real queries of
+    its window (padding queries and keys dropped), formed window by window, never ``Tq x Tk``."""
+    B, queries, keys = _layer_windows(attn, layout)
+    (nw, nq), nk = queries.shape, keys.shape[1]
+    Tq, Tk, H = layout.num_tokens, layout.key_grid[0] * layout.key_grid[1], attn.shape[1]
+    real = (queries < Tq).to(attn.device, attn.dtype)  # (nw, nq)
+    sums = torch.einsum("bwhqk,wq->bhwk", attn.reshape(B, nw, H, nq, nk), real)  # (B, H, nw, nk)
+    out = attn.new_zeros(B, H, Tk + 1)
+    out.scatter_add_(-1, keys.to(attn.device).reshape(1, 1, -1).expand(B, H, -1), sums.reshape(B, H, nw * nk))
+    return out[..., :Tk]  # padding keys landed on Tk
+
+
 def window_rows(attn: Tensor, grid: tuple[int, int], window: int, queries: Sequence[int], shift: int = 0,
                 shift_padded: bool = True) -> Tensor:
     """``layer_rows`` of a windowed layer that pools nothing (see ``windows_on_grid``): ``(B, H, q, T)``."""

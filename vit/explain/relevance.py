@@ -198,10 +198,12 @@ def legrad(model: ViT, images: Tensor, class_index: int | Tensor | None = None, 
     classifier reads only (``ViT.readout_tokens``: the other queries' rows of ``dS_l/dA_l`` are zero), and the
     last one gives the logits. No ``T x T`` is held: the gradient's rows are formed in chunks of at most
     ``budget`` bytes (or ``head_chunk`` heads x ``query_chunk`` queries), and the memory is the explained blocks'
-    inputs and one block's graph, at 197 tokens as at thousands.
+    inputs and one block's graph, at 197 tokens as at thousands. A model with stages (Swin, Hiera), read out by
+    average pooling, goes to ``stage_legrad``.
     """
     check_supported(model)
-    check_one_grid(model, "LeGrad", "reads the CLS token's gradient through every layer's T x T attention")
+    if getattr(model.config, "stage_depths", ()):
+        return stage_legrad(model, images, class_index, start_layer)
     L = len(model.blocks)
     if not -L <= start_layer < L:
         raise ValueError(f"start_layer {start_layer} is out of range for {L} layers")
@@ -231,6 +233,74 @@ def legrad(model: ViT, images: Tensor, class_index: int | Tensor | None = None, 
             total = part if total is None else total + part
     relevance = (total / (H * T)).float()  # mean over heads and every query (the unread rows are zero)
     return _patch_map(relevance.to(images.device), grid, model.num_prefix_tokens)
+
+
+def legrad_layers(model: ViT) -> range:
+    """The layers LeGrad can explain in a model with stages (Swin, Hiera): those of the last stage, whose tokens have
+    the width the classifier reads (the earlier stages' are narrower, on finer grids)."""
+    return range(model.config.stage_start(model.config.num_stages - 1), len(model.blocks))
+
+
+def stage_legrad_bytes(model: ViT, grid: tuple[int, int], start_layer: int = -2) -> int:
+    """About the bytes ``stage_legrad`` keeps for one image on patch grid ``grid``: each explained layer's windows'
+    probabilities, their gradient and autograd's copies (``4 x H x Tq x nk`` floats) and the layer's activations in
+    the graph (about ``32 x T x D`` floats: the MLP's four widths, norms, residuals)."""
+    layouts = model.layer_layouts(grid)
+    total = 0
+    for layer in range(start_layer % len(model.blocks), len(model.blocks)):
+        lay, attn = layouts[layer], model.blocks[layer].attn
+        keys = lay.key_tokens().shape[1]  # a window's keys (a global layer's: every key)
+        windows = lay.window_tokens().shape[0]
+        total += 4 * (4 * attn.num_heads * windows * lay.window_tokens().shape[1] * keys
+                      + 32 * lay.num_tokens * attn.num_heads * attn.head_dim)
+    return total
+
+
+def stage_legrad(model: ViT, images: Tensor, class_index: int | Tensor | None = None, start_layer: int = -2
+                 ) -> Tensor:
+    """LeGrad on a model with stages (Swin, Swin V2, Hiera), read out by average pooling: ``(B, gh, gw)`` on the
+    image's patch grid for each image's class (default: the predicted one).
+
+    As the authors' own path for a model without a CLS read-out (``compute_legrad_clip`` applies ``ln_post`` to
+    each layer's mean token; ``compute_legrad_siglip`` the pooling head to each layer's tokens): at each layer ``l``
+    from ``start_layer`` (negative counts from the end; the authors' ``layer_index`` default -2) the model's own
+    read-out (``ViT.classify``: final norm, average pooling, fc_norm, head) is applied to layer ``l``'s output, and
+    the gradient of that class score with respect to layer ``l``'s attention probabilities (each window's; a
+    pooled-query layer's rows are its pooled queries) gives the layer's map on its keys' grid
+    (``vit.explain.stages.legrad_layer``), upsampled to the patch grid and summed (``legrad_on_patches``).
+    Only the last stage's layers (``legrad_layers``) have the head's width; an earlier ``start_layer`` is refused.
+    One forward without a graph runs the layers before ``start_layer``; the explained ones run with autograd and
+    keep their windows' probabilities (``H x Tq x nk`` each, never ``T x T``).
+    """
+    from vit.explain.stages import legrad_layer, legrad_on_patches
+
+    L = len(model.blocks)
+    if not -L <= start_layer < L:
+        raise ValueError(f"start_layer {start_layer} is out of range for {L} layers")
+    start, explained = start_layer % L, legrad_layers(model)
+    if start < explained.start:
+        raise ValueError(f"LeGrad applies the classifier to each explained layer's tokens, which have its width only "
+                         f"in the last stage (layers {explained.start} to {L - 1}); choose start_layer from "
+                         f"{explained.start - L} to -1")
+    grid = model.patch_grid(images.shape[2], images.shape[3])
+    layouts = model.layer_layouts(grid)
+    with torch.inference_mode():
+        x, _ = model.run_blocks(model.embed(images), grid, 0, start)
+    maps = []
+    with torch.inference_mode(False), torch.enable_grad():
+        x = x.clone().requires_grad_(True)  # a normal tensor (made under inference_mode), in the graph
+        outputs, attentions = [], []
+        for layer in range(start, L):
+            x, (probs,) = model.run_blocks(x, grid, layer, layer + 1, output_attentions=True)
+            outputs.append(x)
+            attentions.append(probs)
+        logits = [model.classify(out) for out in outputs]  # the read-out at each explained layer, (B, classes)
+        index = _class_indices(logits[-1], class_index).to(logits[-1].device)
+        for layer, logit, probs in zip(range(start, L), logits, attentions, strict=True):
+            score = logit.gather(1, index[:, None]).sum()  # the images are independent
+            [grad] = torch.autograd.grad(score, probs, retain_graph=layer < L - 1)
+            maps.append(legrad_layer(grad.detach(), layouts[layer]))
+    return legrad_on_patches(maps, grid)
 
 
 # --- Chefer et al. 2021a: LRP relevance x gradient, rolled out -------------------------------------

@@ -6,7 +6,9 @@ Pure functions of a forward's ``attentions`` (per layer, a windowed one's ``(B *
 pooled-query layer, Hiera / SAM 2), un-shifted and zero outside its window; the rollout runs from a token of layer
 ``end``'s grid down to the image's patch grid, each layer's step from its queries' grid to its keys'
 (``vit.explain.attention.layer_step``: the residual is the pooling where the layer pools), each merge between stages
-passing the row to the tokens each merged token is built from (``vit.model.merge_matrix``).
+passing the row to the tokens each merged token is built from (``vit.model.merge_matrix``). LeGrad's per-layer map
+(``legrad_layer``) and its sum over layers on the image's patch grid (``legrad_on_patches``) are formed here from
+the gradients ``vit.explain.relevance.legrad`` takes.
 """
 
 from __future__ import annotations
@@ -15,10 +17,11 @@ from collections.abc import Sequence
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
-from vit.explain.attention import fuse_heads, layer_rows, layer_step
-from vit.model.stages import LayerLayout, covering_token, merge_matrix
+from vit.explain.attention import fuse_heads, layer_columns, layer_rows, layer_step
+from vit.model.stages import LayerLayout, covering_token, merge_matrix, shift_mask
 
 
 def _check(attentions: Sequence[Tensor], layouts: Sequence[LayerLayout], layer: int) -> int:
@@ -111,3 +114,41 @@ def on_patch_grid(map2d: np.ndarray, grid: tuple[int, int]) -> np.ndarray:
         return map2d
     fy, fx = -(-gh // lh), -(-gw // lw)
     return np.repeat(np.repeat(map2d, fy, axis=-2), fx, axis=-1)[..., :gh, :gw]
+
+
+def legrad_layer(grad: Tensor, layout: LayerLayout) -> Tensor:
+    """LeGrad's map of one layer (WalBouss/LeGrad ``compute_legrad_clip``'s ``grad.clamp(min=0).mean(dim=1)
+    .mean(dim=1)``) from ``grad``, the gradient of the score read at this layer with respect to its attention as the
+    layer forms it (``(B * nw, H, nq, nk)``; a global layer's ``(B, H, Tq, Tk)``): ``(B, kh, kw)`` on the layer's
+    keys' grid (``layout.key_grid``). Positive parts, mean over heads and over the layer's ``Tq`` queries, each key
+    summing the queries of its window (``layer_columns``: the ``Tq x Tk`` matrix zero outside the windows, padding
+    dropped). The pairs Swin's shift mask separates (tokens the cyclic shift brought together from opposite edges,
+    probability ``e^-100``) are not attention the layer can give, so their gradient is dropped with the rest of
+    what lies outside a window."""
+    positive = grad.clamp(min=0)
+    if layout.shift:
+        allowed = shift_mask(layout.grid, layout.window, layout.shift).to(grad.device) == 0  # (nw, n, n)
+        positive = (positive.view(-1, allowed.shape[0], *positive.shape[1:]) * allowed[None, :, None]
+                    ).view(positive.shape)
+    columns = layer_columns(positive, layout)  # (B, H, Tk)
+    relevance = columns.mean(dim=1) / layout.num_tokens  # heads, then every query row (the authors' two means)
+    return relevance.view(-1, *layout.key_grid)
+
+
+def legrad_on_patches(maps: Sequence[Tensor], grid: tuple[int, int]) -> Tensor:
+    """LeGrad's sum over layers on the image's patch grid ``grid``: each layer's map ``(B, kh, kw)`` upsampled
+    bilinearly by its cell's side in patches (``2**stage``; the authors upsample each layer's map by the patch
+    size, ``F.interpolate(scale_factor=..., mode="bilinear")``, before summing), the padding's part cropped, then
+    summed: ``(B, gh, gw)``, not normalised (the overlay min-max normalises, as the authors do)."""
+    if not maps:
+        raise ValueError("no layers given to LeGrad")
+    gh, gw = grid
+    total = None
+    for m in maps:
+        kh, kw = m.shape[-2:]
+        fy, fx = -(-gh // kh), -(-gw // kw)  # patches per cell, as ``on_patch_grid``
+        if (fy, fx) != (1, 1):
+            m = F.interpolate(m[:, None], scale_factor=(fy, fx), mode="bilinear", align_corners=False)[:, 0]
+        m = m[:, :gh, :gw]
+        total = m if total is None else total + m
+    return total
