@@ -98,7 +98,7 @@ def test_a_swin_layers_window_attention_for_a_clicked_patch_is_drawn_on_the_imag
     np.testing.assert_allclose(drawn[-1], expected, atol=1e-5)
 
 
-def test_the_views_of_one_grid_say_so_for_a_swin_in_one_line(tmp_path):
+def test_the_views_of_one_grid_say_so_and_the_dense_views_draw_for_a_swin(tmp_path):
     swin_folder(tmp_path / "swin")
     at = run_app(analysis_tab="Distance & entropy")
     sidebar_widget(at, "text_input", "Open a path").set_value(str(tmp_path / "swin"))
@@ -113,5 +113,6 @@ def test_the_views_of_one_grid_say_so_for_a_swin_in_one_line(tmp_path):
         assert not at.exception, [e.message for e in at.exception]
     said = [m.value for m in [*at.info, *at.warning]]
     assert any("Distance and entropy" in s and "stages" in s for s in said), said
-    assert any("patch tokens" in s and "stages (Swin, Hiera)" in s for s in said), said
+    assert not at.main.error, [e.value for e in at.main.error]
+    assert any("on its own 5×5 grid" in c.value for c in at.main.caption)  # the dense views: the last layer's grid
     assert any("mechanism view cannot analyse" in s and "stages" in s for s in said), said
