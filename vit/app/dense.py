@@ -90,22 +90,12 @@ def patch_tokens(checkpoint: Checkpoint, analysis: Analysis, layer: int | None =
         model = checkpoint.model
         parameter = next(model.parameters())
         if analysis.staged:
-            return _stage_tokens(model, analysis.outputs[index], index)
+            return dense.stage_tokens(model, analysis.outputs[index][None], index)[0]
         with torch.inference_mode():
             x = model.norm(analysis.hidden[index + 1][None].to(parameter.device, parameter.dtype))[0]  # (T, D)
         return x[analysis.num_prefix_tokens:].float().cpu()
 
     return analysis.cache.get_or_compute(("dense_tokens", index), compute)
-
-
-def _stage_tokens(model, output: torch.Tensor, layer: int) -> torch.Tensor:
-    """A staged layer's output ``(T_l, D_l)``, through the final norm when the layer is in the last stage."""
-    config = model.config
-    if config.stage_of(layer) < config.num_stages - 1:
-        return output.float()
-    parameter = next(model.parameters())
-    with torch.inference_mode():
-        return model.norm(output[None].to(parameter.device, parameter.dtype))[0].float().cpu()
 
 
 def layer_grid(analysis: Analysis, layer: int | None = None) -> tuple[int, int]:
