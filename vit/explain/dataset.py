@@ -356,7 +356,7 @@ def _png(analysis: DatasetAnalysis, stem: str, path: Path) -> None:
         L, H = values.shape
         for h in range(H):
             ax.scatter(np.arange(1, L + 1), values[:, h], s=14)
-        ax.plot(np.arange(1, L + 1), values.mean(axis=1), "k--", lw=1, label="mean over heads")
+        ax.plot(np.arange(1, L + 1), np.nanmean(values, axis=1), "k--", lw=1, label="mean over heads")
         ax.set_xlabel("layer")
         ax.set_ylabel("mean attention distance (px)" if stem == "distance" else "attention entropy (nats)")
         ax.legend()
