@@ -115,7 +115,7 @@ def test_a_swin_layers_window_attention_for_a_clicked_patch_its_rollout_and_legr
     assert any("LeGrad for" in c.value and "average pooling" in c.value for c in at.main.caption)
 
 
-def test_the_views_of_one_grid_say_so_for_a_swin_in_one_line(tmp_path):
+def test_the_dense_views_and_distance_and_entropy_draw_for_a_swin(tmp_path):
     swin_folder(tmp_path / "swin")
     at = run_app(analysis_tab="Distance & entropy")
     sidebar_widget(at, "text_input", "Open a path").set_value(str(tmp_path / "swin"))
@@ -128,7 +128,11 @@ def test_the_views_of_one_grid_say_so_for_a_swin_in_one_line(tmp_path):
         toggle.set_value(True)
         at.run()
         assert not at.exception, [e.message for e in at.exception]
-    said = [m.value for m in [*at.info, *at.warning]]
-    assert any("Distance and entropy" in s and "stages" in s for s in said), said
-    assert any("patch tokens" in s and "stages (Swin, Hiera)" in s for s in said), said
+    assert not at.main.error, [e.value for e in at.main.error]
+    stats = [json.loads(c.proto.spec) for c in at.get("plotly_chart") if "Mean attention distance" in c.proto.spec]
+    assert stats and [t["name"] for t in stats[0]["data"]][-1] == "mean over heads"
+    heads = [t for t in stats[0]["data"] if t["name"].startswith("head")]
+    assert len(heads) == 4  # the widest stage's heads (stage 1), stage 0's 2 with gaps past them
+    assert any("each stage has its own grid and heads" in c.value for c in at.main.caption)
+    assert any("on its own 5×5 grid" in c.value for c in at.main.caption)  # the dense views: the last layer's grid
 

@@ -2,6 +2,8 @@
 own grid (HF's ``window_partition`` of a token-index map, padded and rolled as HF does), and the rollout through the
 stages (a dense product of every layer's placed attention, the merge as the average of each 2x2 neighbourhood)."""
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -210,7 +212,7 @@ def test_the_class_map_rolls_hfs_gradient_weighted_attention_out_through_the_sta
         vit.explain(checkpoint, IMAGE, "class", query=3)
 
 
-def test_what_stacks_a_swins_hidden_states_or_one_grids_maps_refuses_it_in_one_line(swin, tmp_path, capsys):
+def test_what_stacks_a_swins_hidden_states_refuses_it_in_one_line_and_the_dataset_analysis_runs(swin, tmp_path, capsys):
     from vit import analyze
     from vit.explain.hidden import forward_with_hidden_states
 
@@ -221,6 +223,9 @@ def test_what_stacks_a_swins_hidden_states_or_one_grids_maps_refuses_it_in_one_l
     for name in ("LABEL_0", "LABEL_1"):
         (tmp_path / "data" / name).mkdir(parents=True)
         IMAGE.save(tmp_path / "data" / name / "a.png")
-    assert analyze.main([str(checkpoint.path), "--data", str(tmp_path / "data"), "--out", str(tmp_path / "out")]) != 0
+    args = [str(checkpoint.path), "--data", str(tmp_path / "data"), "--out", str(tmp_path / "out")]
+    assert analyze.main([*args, "--mechanism"]) != 0  # the mechanism stacks hidden states of one grid
     [line] = [line for line in capsys.readouterr().err.splitlines() if "error" in line]
-    assert "stages (Swin, Hiera)" in line and not (tmp_path / "out").exists()
+    assert "--mechanism" in line and "stages" in line and not (tmp_path / "out").exists()
+    assert analyze.main(args) == 0  # the summaries each layer has on its own grid (test_stage_dataset)
+    assert json.loads((tmp_path / "out" / "analysis.json").read_text())["readout"] == "average pooling"

@@ -86,6 +86,10 @@ def run(args: argparse.Namespace) -> int:
         check_one_grid(checkpoint)  # before the first image
     except ValueError as e:
         raise UsageError(str(e)) from None
+    if args.mechanism and checkpoint.model.config.stage_depths:  # before the first image, not after the pass
+        raise UsageError("--mechanism stacks every layer's hidden states on one grid of one width, and this model's "
+                         "stages (Swin, Hiera) change both: leave out --mechanism (the other summaries are each "
+                         "layer's on its own grid)")
     if args.mechanism:
         from vit.explain.mechanism import check_supported
 

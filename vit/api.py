@@ -581,15 +581,16 @@ class Correspondences:
     points_b: np.ndarray
     seen_a: Image.Image
     seen_b: Image.Image
-    grid_a: tuple[int, int]
+    grid_a: tuple[int, int]  # the grids ``matches`` index: each image's patch grid, or a stage layer's own
     grid_b: tuple[int, int]
+    image_grids: tuple[tuple[int, int] | None, tuple[int, int] | None] = (None, None)  # the images' own, for stages
 
     def picture(self, height: int = 320) -> Image.Image:
         """The two images side by side, each match a line between its patches."""
         from vit.app import dense
 
         return dense.matches_picture(self.seen_a, self.seen_b, self.grid_a, self.grid_b, self.matches[:, 0],
-                                     self.matches[:, 1], height)
+                                     self.matches[:, 1], height, self.image_grids)
 
     def figure(self, height: int = 320):
         """A Plotly figure of the picture (zoom with the wheel)."""
@@ -630,6 +631,6 @@ def correspondences(checkpoint_a: Checkpoint, image_a: ImageLike, checkpoint_b: 
     seen_a = seen_region(image_a, checkpoint_a.preprocessing, size)
     seen_b = seen_region(image_b, checkpoint_b.preprocessing, size)
     return Correspondences(np.stack([view.a, view.b], axis=-1), view.score.astype(np.float32),
-                           dense.patch_centres(view.a, analysis_a.grid, seen_a.size),
-                           dense.patch_centres(view.b, analysis_b.grid, seen_b.size), seen_a, seen_b,
-                           analysis_a.grid, analysis_b.grid)
+                           dense.patch_centres(view.a, view.grid_a, seen_a.size, analysis_a.grid),
+                           dense.patch_centres(view.b, view.grid_b, seen_b.size, analysis_b.grid), seen_a, seen_b,
+                           view.grid_a, view.grid_b, (analysis_a.grid, analysis_b.grid))

@@ -150,7 +150,7 @@ class Prediction:
     top_k: list[tuple[str, float]]  # (label, probability), most probable first
     probabilities: np.ndarray  # (classes,) softmax of the logits (a sigmoid each for SigLIP's prompts)
     logits: np.ndarray  # (classes,)
-    attentions: tuple[np.ndarray, ...] | None  # per layer (heads, T, T) float32, when asked for
+    attentions: tuple[np.ndarray, ...] | None  # per layer (heads, T, T) float32 (windowed: (nw, heads, nq, nk))
     class_index: int  # argmax of probabilities; -1 for a model without a classifier
 
     @property
@@ -186,7 +186,10 @@ def predict(checkpoint: Checkpoint, images: Sequence[Image.Image], top_k: int = 
                 x = preprocess(chunk, checkpoint.preprocessing, size, patch).to(device)  # (B, C, H, W)
                 logits, attentions = model(x, output_attentions=output_attentions)
                 if attentions is not None:
+                    # A windowed layer (Swin, Hiera, SAM) returns (B * nw, H, nq, nk): each image's nw windows.
                     layers = [a.float().cpu().numpy() for a in attentions]
+                    layers = [layer if len(layer) == len(chunk) else layer.reshape(len(chunk), -1, *layer.shape[1:])
+                              for layer in layers]
                     # copies, so one kept prediction does not keep its whole batch alive
                     per_image = [tuple(layer[i].copy() for layer in layers) for i in range(len(chunk))]
             else:  # a NaFlex model's images on their own grids: one forward, padded and masked

@@ -271,7 +271,7 @@ def run(args: argparse.Namespace, stop=None, harvest=None) -> int:
         split_record,
         token_rows,
     )
-    from vit.features.sae import SAEError, SAEInfo, model_fingerprint, resid_hook_name, save_sae
+    from vit.features.sae import SAEError, SAEInfo, model_fingerprint, resid_hook_name, save_sae, stream_shape
     from vit.features.train import SAESettings, SAETraining, Stopped, check_settings, held_out_pass, settings_record
     from vit.predict import UsageError, open_checkpoint, resolve_device
     from vit.runfiles import (
@@ -299,11 +299,15 @@ def run(args: argparse.Namespace, stop=None, harvest=None) -> int:
     device = resolve_device(args.device)
     checkpoint = open_checkpoint(args.model, device, args.arch)
     model = checkpoint.model.eval()
-    d_in = model.config.hidden_size
+    try:
+        grid, prefix, d_in = stream_shape(model, args.layer) if 1 <= args.layer <= model.config.num_layers else (
+            model.config.grid_size, model.config.num_prefix_tokens, model.config.hidden_size)  # else refused below
+    except ValueError as e:  # a stage's windows do not tile the training size
+        raise UsageError(str(e)) from None
     settings = SAESettings(layer=args.layer, width=args.width or d_in * (args.expansion or 8), k=args.k,
                            epochs=args.epochs, batch_size=args.batch_size, lr=args.lr,
                            buffer_tokens=args.buffer_tokens, seed=args.seed)
-    tokens_per_image = model.config.num_prefix_tokens + model.config.num_patches
+    tokens_per_image = prefix + grid[0] * grid[1]  # block --layer's output: a stage layer's own grid (Swin, Hiera)
     try:
         check_settings(settings, d_in, model.config.num_layers, device, args.image_batch * tokens_per_image)
     except ValueError as e:  # SAEError

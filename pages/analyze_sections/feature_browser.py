@@ -12,7 +12,7 @@ import streamlit as st
 
 from pages.explorer_sections import feature_exemplars, sae_files
 from vit.features import explore
-from vit.features.sae import SAEError, check_fits
+from vit.features.sae import SAEError, check_fits, stream_shape
 from vit.runs.launch import default_data_roots, folder_problem, resolve_dataset
 from vit.sources.open import open_source
 from vit.text import escape_markdown, visible
@@ -64,10 +64,10 @@ def feature_browser(model_path: str) -> None:
     except (SAEError, ValueError, OSError) as e:
         st.error(escape_markdown(e))
         return
-    config = checkpoint.model.config
-    if table.tokens_per_image != config.num_prefix_tokens + config.num_patches:
+    grid, prefix, _ = stream_shape(checkpoint.model, layer)  # a stage layer's own grid (Swin, Hiera)
+    if table.tokens_per_image != prefix + grid[0] * grid[1]:
         st.error(f"features.npz describes images of {table.tokens_per_image} tokens; this model reads "
-                 f"{config.num_prefix_tokens + config.num_patches}: choose the checkpoint the SAE was trained on")
+                 f"{prefix + grid[0] * grid[1]}: choose the checkpoint the SAE was trained on")
         return
     st.caption(f"{len(table.frequency):,} features of layer {layer}'s output. "
                + (sae_files.metrics_line(folder) or ""))
@@ -98,4 +98,4 @@ def feature_browser(model_path: str) -> None:
         found = table.exemplars(latent, distinct=True)[:EXEMPLARS_PER_FEATURE]
         if not images:
             continue
-        feature_exemplars.exemplar_row(found, images, checkpoint, EXEMPLARS_PER_FEATURE)
+        feature_exemplars.exemplar_row(found, images, checkpoint, EXEMPLARS_PER_FEATURE, grid, prefix)

@@ -85,11 +85,7 @@ def analyses(view: Shown) -> None:
                            f"{drawing.tokens_caption(grid, prefix, names)}. The outlined row is the query, "
                            f"{query_text}." + (f" {len(view.tokens):,} tokens are shown as block averages; hover for "
                                                "the token ranges." if pooled else ""))
-    if stats_tab.open and analysis.staged:
-        with stats_tab:
-            st.info("Distance and entropy are drawn for one patch grid; this model's layers each have their own "
-                    "(stages).")
-    elif stats_tab.open:
+    if stats_tab.open:
         with stats_tab:
             distance, entropy = analysis.stats()
             left, right = st.columns(2)
@@ -102,4 +98,6 @@ def analyses(view: Shown) -> None:
             right.plotly_chart(figures.layer_stats_figure(entropy, "attention entropy (nats)", "Attention entropy"))
             right.caption(f"Per head, the entropy of each token's attention averaged over all {T} tokens: 0 when "
                           f"every token attends to one token only, ln {T} ≈ {math.log(T):.2f} when attention is "
-                          "spread evenly.")
+                          "spread evenly." if not analysis.staged else
+                          "Per head, the entropy of each token's attention over its window's keys, averaged over the "
+                          "layer's own tokens: each stage has its own grid and heads (a missing head is left out).")

@@ -63,10 +63,6 @@ def dense_features(view: Shown, entries: dict) -> None:
                           "patch, and the patches two images match."):
         return
     checkpoint, analysis, shown = view.checkpoint, view.analysis, view.shown
-    if analysis.staged:
-        st.info("These read every layer's patch tokens through the final norm, on one grid of one width; this model's "
-                "stages (Swin, Hiera) change both at each patch merging or query pooling.")
-        return
     L, prefix = analysis.num_layers, analysis.num_prefix_tokens
     try:
         dense.check_dense_fits(checkpoint, view.image, view.size)
@@ -104,7 +100,9 @@ def dense_features(view: Shown, entries: dict) -> None:
         for column, pca_view, seen in zip(columns, views, [shown, seen_2], strict=False):
             column.image(pca_picture(drawing.display_image(seen), pca_view.colours), output_format="PNG")
         st.caption("Fitted on " + ("both images together, so a colour means the same in both" if len(views) > 1
-                                   else "this image") + f"; layer {layer + 1}.")
+                                   else "this image") + f"; layer {layer + 1}"
+                   + (f", on its own {'×'.join(map(str, dense.layer_grid(analysis, layer)))} grid "
+                      "(its stage's; through the final norm in the last stage only)." if analysis.staged else "."))
 
     st.markdown("**Patch similarity** (click a patch)")
     tokens = list(range(prefix, analysis.num_tokens))
@@ -157,7 +155,7 @@ def dense_features(view: Shown, entries: dict) -> None:
         st.warning(escape_markdown(e))
         return
     seen_a = seen_region(view.image, checkpoint.preprocessing, view.size)
-    st.image(dense.matches_picture(seen_a, pair[2], analysis.grid, pair[1].grid, matches.a, matches.b),
-             output_format="PNG")
+    st.image(dense.matches_picture(seen_a, pair[2], matches.grid_a, matches.grid_b, matches.a, matches.b,
+                                   image_grids=(analysis.grid, pair[1].grid)), output_format="PNG")
     st.caption(f"{len(matches.a)} mutual matches shown, cosine {matches.score.min():.2f} to {matches.score.max():.2f}"
                if len(matches.a) else "No mutual matches.")

@@ -11,7 +11,7 @@ from pages.explorer_sections.state import Shown
 from vit.app import explorer
 from vit.checkpoint import Checkpoint
 from vit.features import explore
-from vit.features.sae import SAEError, SparseAutoencoder
+from vit.features.sae import SAEError, SparseAutoencoder, stream_shape
 from vit.images import UPLOAD_MAX_PIXELS, ImageError, open_image
 from vit.runfiles import parse_json, read_text_bounded
 from vit.text import escape_markdown, visible
@@ -54,8 +54,9 @@ def metrics_data(folder: str) -> str:
         return ""
 
 
-def exemplars(view: Shown, sae: SparseAutoencoder, folder: str, version: tuple, latent: int) -> None:
-    """The feature's top activating held-out patches, cropped from the images features.npz names."""
+def exemplars(view: Shown, sae: SparseAutoencoder, folder: str, version: tuple, latent: int, layer: int) -> None:
+    """The feature's top activating held-out patches, cropped from the images features.npz names (``layer``: the
+    block, from 1, whose output the SAE reads)."""
     st.markdown(f"**Feature {latent}'s exemplars** (its strongest patches on the SAE's held-out images)")
     if not Path(folder).is_dir():
         st.caption("Exemplars come from the features.npz python -m vit.sae train writes into its SAE folder; this SAE "
@@ -66,11 +67,10 @@ def exemplars(view: Shown, sae: SparseAutoencoder, folder: str, version: tuple, 
     except SAEError as e:
         st.caption(escape_markdown(e))
         return
-    model = view.full_checkpoint.model
-    config = model.config
-    if table.tokens_per_image != config.num_prefix_tokens + config.num_patches:
+    grid, prefix, _ = stream_shape(view.full_checkpoint.model, layer)
+    if table.tokens_per_image != prefix + grid[0] * grid[1]:
         st.caption(f"features.npz describes images of {table.tokens_per_image} tokens; the model reads "
-                   f"{config.num_prefix_tokens + config.num_patches} at its own size: no crops can be placed.")
+                   f"{prefix + grid[0] * grid[1]} at its own size: no crops can be placed.")
         return
     if IMAGES_KEY not in st.session_state:  # metrics.json read once, not on every rerun
         st.session_state[IMAGES_KEY] = metrics_data(folder)
@@ -81,17 +81,18 @@ def exemplars(view: Shown, sae: SparseAutoencoder, folder: str, version: tuple, 
     st.caption(f"Fires on {float(table.frequency[latent]):.2%} of the held-out tokens.")
     if not found or not images_folder:
         return
-    exemplar_row(found, images_folder, view.full_checkpoint, EXEMPLARS_SHOWN)
+    exemplar_row(found, images_folder, view.full_checkpoint, EXEMPLARS_SHOWN, grid, prefix)
 
 
-def exemplar_row(found: list, images_folder: str, checkpoint: Checkpoint, columns: int) -> None:
-    """Exemplars ``(name, token, value)`` as crops in ``columns`` columns, each with its short name and value."""
-    config = checkpoint.model.config
+def exemplar_row(found: list, images_folder: str, checkpoint: Checkpoint, columns: int, grid: tuple[int, int],
+                 prefix: int) -> None:
+    """Exemplars ``(name, token, value)`` as crops in ``columns`` columns, each with its short name and value
+    (``grid``, ``prefix``: the SAE layer's tokens at the model's size, ``stream_shape``)."""
     for column, (name, token, value) in zip(st.columns(columns), found, strict=False):
         with column:
             try:
-                st.image(exemplar_thumbnail(images_folder, name, token, checkpoint, config.grid_size,
-                                            config.num_prefix_tokens), output_format="PNG")
+                st.image(exemplar_thumbnail(images_folder, name, token, checkpoint, grid, prefix),
+                         output_format="PNG")
             except (ImageError, ValueError, OSError) as e:
                 st.text(visible(str(e))[:120])
             # Unwrapped and short enough for an eighth of the page (a path wrapped at any character, mid-word); the

@@ -257,7 +257,7 @@ def section(view: Shown, may_open: bool, asked: words.Answer | None) -> None:
     st.caption(f"{sae.d_sae:,} features of layer {layer}'s output ({kind}" + (f", k {sae.k}" if sae.k else "")
                + "). " + (described or ""))
 
-    analysis, grid, prefix = view.analysis, latents.grid, latents.num_prefix_tokens
+    analysis, grid, prefix = view.analysis, latents.patch_grid, latents.num_prefix_tokens  # the image's patches
     count = st.slider("Strongest features shown", 1, 24, 8, key=COUNT_KEY)
     strongest = latents.strongest(count)
     if not strongest:
@@ -280,12 +280,12 @@ def section(view: Shown, may_open: bool, asked: words.Answer | None) -> None:
         st.radio("The image's strongest features (peak on a patch)", options, key=STRONGEST_KEY,
                  format_func=lambda i: feature_label(i, peaks[i]), on_change=_show, args=(STRONGEST_KEY,))
         token = st.session_state.get(TOKEN_KEY)
-        if token is not None and not 0 <= token < len(latents.latents):
+        if token is not None and not 0 <= token < prefix + grid[0] * grid[1]:
             token = None
         if token is None:
             st.caption("**Click a patch** of the map to list the features active there.")
         else:
-            active = latents.active_at(token)
+            active = latents.active_at(latents.cell(token))  # a stage layer's cell over the patch
             place = drawing.token_label(token, grid, prefix, analysis.prefix_names)
             if not active:
                 st.caption(f"No feature is active at {place}.")
@@ -303,7 +303,9 @@ def section(view: Shown, may_open: bool, asked: words.Answer | None) -> None:
                         key=PICKER_KEY, on_select=partial(_pick_patch, prefix), selection_mode="points",
                         config=PICKER_CONFIG, width="stretch")
         st.caption(f"Feature {shown}'s activation on each patch at layer {layer}'s output, from 0 (transparent) to "
-                   f"its peak here, {float(map2d.max()):.3g}; over the part of the image the model sees.")
+                   f"its peak here, {float(map2d.max()):.3g}; over the part of the image the model sees"
+                   + (f" (the layer's own {latents.grid[0]}×{latents.grid[1]} grid, each cell over the patches it "
+                      "covers)." if latents.image_grid else "."))
         if asked is not None:
             near = words_near(view.full_fingerprint, folder, version, tuple(asked.labels),
                               tuple(asked.prompts.templates), (shown,), checkpoint, view.full_checkpoint.model, sae,
@@ -342,4 +344,4 @@ def section(view: Shown, may_open: bool, asked: words.Answer | None) -> None:
                 st.image(drawing.heads_grid_image(cells, columns=2), output_format="PNG")
                 st.caption("The CLS token's attention rollout as it was (left) and with the features scaled (right), "
                            "on one colour scale: every layer after the SAE's attends differently.")
-    exemplars(view, sae, folder, version, shown)
+    exemplars(view, sae, folder, version, shown, layer)

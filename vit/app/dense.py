@@ -5,6 +5,12 @@ like every other view. The computations are ``vit.explain.dense``'s.
 A layer's tokens are that block's output after the model's final norm, as DINO's
 ``get_intermediate_layers(norm=True)`` gives them (the last layer's are the model's output tokens); CLS and
 registers are left out. Layers count from 0, a negative one from the end.
+
+A model with stages (Swin, Hiera; ``Analysis.staged``): a layer's tokens are its output on its own grid and width
+(``Analysis.outputs``, row-major), through the final norm in the last stage only (the norm is that stage's width:
+timm's ``forward_intermediates(norm=True)``). A patch of the image means the token of the layer's grid covering it
+(``covering_token``); maps and colours come back on the image's patch grid, each cell repeated over the patches it
+covers (``on_patch_grid``), and matches are cells of the layers' grids, placed by ``patch_centres`` over the image.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ from vit.app.explorer import (
 from vit.checkpoint import Checkpoint
 from vit.explain import dense
 from vit.explain.dense import DENSE_COPIES
+from vit.explain.stages import on_patch_grid
 from vit.images import to_mode
 from vit.inference import TRAINING_SIZE, InputSize, input_shape, largest_square_side
 
@@ -75,18 +82,25 @@ def layer_index(analysis: Analysis, layer: int | None) -> int:
 def patch_tokens(checkpoint: Checkpoint, analysis: Analysis, layer: int | None = None) -> torch.Tensor:
     """Layer ``layer``'s patch tokens after the final norm, ``(gh * gw, D)`` float32 row-major, kept in the
     analysis's cache."""
-    if analysis.hidden is None:
+    if analysis.hidden is None and not analysis.staged:
         raise ValueError("this analysis has no hidden states; run explorer.analyse")
     index = layer_index(analysis, layer)
 
     def compute() -> torch.Tensor:
         model = checkpoint.model
         parameter = next(model.parameters())
+        if analysis.staged:
+            return dense.stage_tokens(model, analysis.outputs[index][None], index)[0]
         with torch.inference_mode():
             x = model.norm(analysis.hidden[index + 1][None].to(parameter.device, parameter.dtype))[0]  # (T, D)
         return x[analysis.num_prefix_tokens:].float().cpu()
 
     return analysis.cache.get_or_compute(("dense_tokens", index), compute)
+
+
+def layer_grid(analysis: Analysis, layer: int | None = None) -> tuple[int, int]:
+    """The grid layer ``layer``'s tokens lie on: the image's patch grid, or a stage layer's own."""
+    return analysis.layer_grid(layer_index(analysis, layer))
 
 
 def unit_tokens(checkpoint: Checkpoint, analysis: Analysis, layer: int | None = None) -> torch.Tensor:
@@ -102,6 +116,11 @@ def query_vector(checkpoint: Checkpoint, analysis: Analysis, token: int, layer: 
     T, prefix = analysis.num_tokens, analysis.num_prefix_tokens
     if not 0 <= token < T:
         raise ValueError(f"token {token} is out of range: this input has {T} tokens, numbered 0 to {T - 1}")
+    if analysis.staged:  # the layer's token covering that patch of the image
+        from vit.model.stages import covering_token
+
+        return patch_tokens(checkpoint, analysis, layer)[covering_token(token, analysis.grid,
+                                                                        layer_grid(analysis, layer))]
     if token >= prefix:
         return patch_tokens(checkpoint, analysis, layer)[token - prefix]
     model, index = checkpoint.model, layer_index(analysis, layer)
@@ -113,12 +132,13 @@ def query_vector(checkpoint: Checkpoint, analysis: Analysis, token: int, layer: 
 
 def similarity_map(checkpoint: Checkpoint, analysis: Analysis, query: torch.Tensor, layer: int | None = None
                    ) -> np.ndarray:
-    """The cosine similarity of ``query (D,)`` to every patch token of ``analysis`` at ``layer``: ``(gh, gw)``."""
+    """The cosine similarity of ``query (D,)`` to every patch token of ``analysis`` at ``layer``: ``(gh, gw)`` on
+    the image's patch grid (a stage layer's cells repeated over the patches they cover)."""
     unit = unit_tokens(checkpoint, analysis, layer)
     if query.shape[-1] != unit.shape[-1]:
-        raise ValueError(f"a token of width {query.shape[-1]} cannot be compared with this model's tokens of width "
-                         f"{unit.shape[-1]}; compare within each model (the same place on its own grid)")
-    return dense.similarity(unit, query).reshape(analysis.grid).numpy()
+        raise ValueError(f"a token of width {query.shape[-1]} cannot be compared with this layer's tokens of width "
+                         f"{unit.shape[-1]}; compare within one model and one stage (the same place on its own grid)")
+    return on_patch_grid(dense.similarity(unit, query).reshape(layer_grid(analysis, layer)).numpy(), analysis.grid)
 
 
 def same_place(patch: int, grid: tuple[int, int], other: tuple[int, int]) -> int:
@@ -133,7 +153,7 @@ def same_place(patch: int, grid: tuple[int, int], other: tuple[int, int]) -> int
 @dataclass
 class PCAView:
     """PCA colours of one image: ``colours (gh, gw, 3)`` in [0, 1] and the foreground ``mask (gh, gw)`` (None
-    without one)."""
+    without one), on the image's patch grid (a stage layer's cells repeated over the patches they cover)."""
 
     colours: np.ndarray
     mask: np.ndarray | None
@@ -148,18 +168,22 @@ def pca_views(checkpoints: list[Checkpoint], analyses: list[Analysis], layer: in
     if len({t.shape[1] for t in tokens}) > 1:
         raise ValueError("a joint PCA needs tokens of one width; fit each model's images on their own")
     colours, masks = dense.pca_images(tokens, foreground, flip)
-    return [PCAView(c.reshape(*a.grid, 3).numpy(), None if m is None else m.reshape(a.grid).numpy())
-            for c, m, a in zip(colours, masks, analyses, strict=True)]
+    grids = [layer_grid(a, layer) for a in analyses]
+    return [PCAView(np.moveaxis(on_patch_grid(np.moveaxis(c.reshape(*g, 3).numpy(), -1, 0), a.grid), 0, -1),
+                    None if m is None else on_patch_grid(m.reshape(g).numpy(), a.grid))
+            for c, m, a, g in zip(colours, masks, analyses, grids, strict=True)]
 
 
 @dataclass
 class MatchView:
-    """Matched patches of two images, best first: ``a``, ``b`` ``(M,)`` row-major patch indices on each image's
-    grid, ``score (M,)`` their cosine similarity."""
+    """Matched patches of two images, best first: ``a``, ``b`` ``(M,)`` row-major indices on ``grid_a`` /
+    ``grid_b`` (each image's patch grid, or a stage layer's own), ``score (M,)`` their cosine similarity."""
 
     a: np.ndarray
     b: np.ndarray
     score: np.ndarray
+    grid_a: tuple[int, int] = (0, 0)
+    grid_b: tuple[int, int] = (0, 0)
 
 
 def match_view(checkpoint_a: Checkpoint, analysis_a: Analysis, checkpoint_b: Checkpoint, analysis_b: Analysis,
@@ -167,20 +191,28 @@ def match_view(checkpoint_a: Checkpoint, analysis_a: Analysis, checkpoint_b: Che
                ) -> MatchView:
     """Mutual nearest neighbours of two images' patch tokens (``layer`` of A, ``layer_b`` of B: default the same
     as ``layer``), the ``top`` most similar first."""
+    layer_b = layer if layer_b is None else layer_b
     unit_a = unit_tokens(checkpoint_a, analysis_a, layer)
-    unit_b = unit_tokens(checkpoint_b, analysis_b, layer if layer_b is None else layer_b)
+    unit_b = unit_tokens(checkpoint_b, analysis_b, layer_b)
     if unit_a.shape[1] != unit_b.shape[1]:
         raise ValueError(f"correspondences need tokens of one width, and these models' are {unit_a.shape[1]} and "
                          f"{unit_b.shape[1]}; match images of one model, or of two models of one width")
     matches = dense.correspondences(unit_a, unit_b, top, mutual)
-    return MatchView(matches.a.numpy(), matches.b.numpy(), matches.score.numpy())
+    return MatchView(matches.a.numpy(), matches.b.numpy(), matches.score.numpy(), layer_grid(analysis_a, layer),
+                     layer_grid(analysis_b, layer_b))
 
 
-def patch_centres(patches: np.ndarray, grid: tuple[int, int], size: tuple[int, int]) -> np.ndarray:
+def patch_centres(patches: np.ndarray, grid: tuple[int, int], size: tuple[int, int],
+                  image_grid: tuple[int, int] | None = None) -> np.ndarray:
     """``(M, 2)`` pixel ``(x, y)`` centres of row-major ``patches`` of ``grid`` on an image of ``size = (width,
-    height)``."""
+    height)``. ``image_grid``: the image's patch grid when ``grid`` is a stage layer's coarser one; each cell covers
+    ``2**stage`` patches a side and its centre is that of the part over the image (a padded cell's is cropped)."""
     rows, cols = np.divmod(np.asarray(patches, dtype=np.int64), grid[1])
-    return np.stack([(cols + 0.5) * size[0] / grid[1], (rows + 0.5) * size[1] / grid[0]], axis=-1)
+    gh, gw = image_grid or grid
+    fy, fx = -(-gh // grid[0]), -(-gw // grid[1])  # patches per cell
+    x = (cols * fx + np.minimum((cols + 1) * fx, gw)) / 2  # in patches
+    y = (rows * fy + np.minimum((rows + 1) * fy, gh)) / 2
+    return np.stack([x * size[0] / gw, y * size[1] / gh], axis=-1)
 
 
 def match_colours(count: int) -> np.ndarray:
@@ -189,15 +221,17 @@ def match_colours(count: int) -> np.ndarray:
 
 
 def matches_picture(seen_a: Image.Image, seen_b: Image.Image, grid_a: tuple[int, int], grid_b: tuple[int, int],
-                    a: np.ndarray, b: np.ndarray, height: int = 320) -> Image.Image:
-    """The two images side by side at ``height`` px, each match a line from its patch in A to its patch in B."""
+                    a: np.ndarray, b: np.ndarray, height: int = 320,
+                    image_grids: tuple[tuple[int, int] | None, tuple[int, int] | None] = (None, None)) -> Image.Image:
+    """The two images side by side at ``height`` px, each match a line from its patch in A to its patch in B
+    (``image_grids``: each image's patch grid where ``grid_a`` / ``grid_b`` is a stage layer's, ``patch_centres``)."""
     shown = [to_mode(s, 3).resize((max(1, round(s.width * height / s.height)), height)) for s in (seen_a, seen_b)]
     gap = 8
     picture = Image.new("RGB", (shown[0].width + gap + shown[1].width, height), (255, 255, 255))
     picture.paste(shown[0], (0, 0))
     picture.paste(shown[1], (shown[0].width + gap, 0))
-    points_a = patch_centres(a, grid_a, shown[0].size)
-    points_b = patch_centres(b, grid_b, shown[1].size) + [shown[0].width + gap, 0]
+    points_a = patch_centres(a, grid_a, shown[0].size, image_grids[0])
+    points_b = patch_centres(b, grid_b, shown[1].size, image_grids[1]) + [shown[0].width + gap, 0]
     draw = ImageDraw.Draw(picture)
     radius = max(2, height // 100)
     for (xa, ya), (xb, yb), colour in zip(points_a, points_b, match_colours(len(a)), strict=True):

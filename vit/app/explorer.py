@@ -345,10 +345,12 @@ class Analysis:
         return (size, size) if isinstance(size, int) else size
 
     def stats(self) -> tuple[np.ndarray, np.ndarray]:
-        """Per-head mean attention distance (px) and entropy (nats), each ``(L, H)``; computed once, layer by layer."""
+        """Per-head mean attention distance (px) and entropy (nats), each ``(L, H)``; computed once, layer by layer.
+        With stages (Swin, Hiera): each layer's on its own grids with its stage's heads, NaN past them
+        (``vit.explain.stages.layer_stats``)."""
         if self.layouts:
-            raise ValueError("distance and entropy are drawn for one patch grid; this model's layers each have "
-                             "their own (stages): read one layer's map instead")
+            both = self.cache.get_or_compute(("stage_stats",), self._stage_stats)
+            return both[0].numpy(), both[1].numpy()
 
         def compute() -> torch.Tensor:
             rows, inputs = [], _inputs(self)
@@ -362,6 +364,16 @@ class Analysis:
             return torch.stack(rows, dim=1)  # (2, L, H)
         both = self.cache.get_or_compute(("stats",), compute)
         return both[0].numpy(), both[1].numpy()
+
+    def _stage_stats(self) -> torch.Tensor:
+        from vit.explain.stages import layer_stats as stage_stats
+
+        distances, entropies = stage_stats(self.attentions, self.layouts, self.patch_size)  # per layer (1, H_l)
+        H = max(d.shape[1] for d in distances)
+        both = np.full((2, self.num_layers, H), np.nan, dtype=np.float32)
+        for i, (d, e) in enumerate(zip(distances, entropies, strict=True)):
+            both[:, i, :d.shape[1]] = d[0].numpy(), e[0].numpy()
+        return torch.from_numpy(both)  # (2, L, H)
 
     @property
     def distance(self) -> np.ndarray:

@@ -7,6 +7,12 @@ CLS attention of the last layer (heads averaged) and the mean CLS rollout map; t
 matrix; and the most confident mistakes. Writes ``analysis.json``, PNG plots and one
 self-contained ``report.html`` into ``--out`` (default ``analysis/<checkpoint name>``) and
 prints the JSON's path. A progress bar is drawn on stderr.
+
+A model with stages (Swin, Hiera; ``vit.model.stages``) has no CLS token and each layer its own grid and heads:
+distance and entropy are each layer's on its own grids (``vit.explain.stages.layer_stats``), ``(L, H)`` with NaN
+past a layer's heads (``null`` in the JSON); the class maps read what its average pooling reads
+(``readout == "average pooling"``): the last layer's attention averaged over every query, and the rollout through
+the stages from every last-layer token (``vit.explain.stages.rollout_row``), both on the image's patch grid.
 """
 
 from __future__ import annotations
@@ -53,6 +59,7 @@ class DatasetAnalysis:
     confusion: np.ndarray  # (K, K) counts: row = true class, column = predicted
     mistakes: list[Mistake] = field(default_factory=list)  # most confident first
     mechanism: MechanismStats | None = None  # with ``vit.analyze --mechanism``
+    readout: str = "CLS"  # what the class maps start from: the CLS token, or "average pooling" (stages)
 
     @property
     def accuracy(self) -> float | None:
@@ -62,7 +69,8 @@ class DatasetAnalysis:
     def to_json(self) -> dict:
         return {"count": self.count, "accuracy": self.accuracy, "skipped": len(self.skipped),
                 "class_names": self.class_names, "class_counts": self.class_counts.tolist(),
-                "mean_attention_distance": self.distance.tolist(), "attention_entropy": self.entropy.tolist(),
+                "mean_attention_distance": _nulls(self.distance), "attention_entropy": _nulls(self.entropy),
+                "readout": self.readout,
                 "class_cls_attention": self.class_attention.tolist(), "class_rollout": self.class_rollout.tolist(),
                 "confusion": self.confusion.tolist(),
                 "most_confident_mistakes": [vars(m) for m in self.mistakes],
@@ -80,13 +88,17 @@ class DatasetAnalysis:
             if not isinstance(names, list) or not all(isinstance(n, str) for n in names) or not 0 < K <= 100_000:
                 raise ValueError("class_names is not a list of names")
 
-            def array(key: str, dims: int, leading: tuple[int, ...] = ()) -> np.ndarray:
-                value = np.asarray(data[key], dtype=np.float64)
-                if value.ndim != dims or value.shape[:len(leading)] != leading or not np.isfinite(value).all():
+            def array(key: str, dims: int, leading: tuple[int, ...] = (), gaps: bool = False) -> np.ndarray:
+                value = np.asarray(data[key], dtype=np.float64)  # null -> NaN: a stage's missing heads (gaps)
+                finite = np.isfinite(value) | (gaps & np.isnan(value))
+                if value.ndim != dims or value.shape[:len(leading)] != leading or not finite.all():
                     raise ValueError(f"{key} has the shape {value.shape}")
                 return value
 
-            distance = array("mean_attention_distance", 2)
+            distance = array("mean_attention_distance", 2, gaps=True)
+            readout = data.get("readout", "CLS")
+            if readout not in ("CLS", "average pooling"):
+                raise ValueError(f"readout is {str(readout)[:40]!r}")
             mistakes = [Mistake(str(m["path"]), str(m["label"]), str(m["predicted"]), float(m["confidence"]))
                         for m in data["most_confident_mistakes"][:1000]]
             if folder is not None and not all(lies_inside(m.path, folder) for m in mistakes):
@@ -94,23 +106,48 @@ class DatasetAnalysis:
             skipped = int(data["skipped"])
             return cls(class_names=names, count=int(data["count"]),
                        skipped=[f"{skipped} unreadable file(s); see the job's log"] if skipped else [],
-                       distance=distance, entropy=array("attention_entropy", 2, distance.shape),
+                       distance=distance, entropy=array("attention_entropy", 2, distance.shape, gaps=True),
                        class_counts=array("class_counts", 1, (K,)).astype(np.int64),
                        class_attention=array("class_cls_attention", 3, (K,)),
                        class_rollout=array("class_rollout", 3, (K,)),
-                       confusion=array("confusion", 2, (K, K)).astype(np.int64), mistakes=mistakes)
+                       confusion=array("confusion", 2, (K, K)).astype(np.int64), mistakes=mistakes,
+                       readout=readout)
         except (KeyError, TypeError, IndexError, OverflowError) as e:
             raise ValueError(f"not an analysis.json of this project ({type(e).__name__}: {e})") from None
 
 
+def _nulls(values: np.ndarray) -> list:
+    """``values.tolist()`` with NaN (a stage's missing heads) as None: ``null`` in the JSON, which stays standard."""
+    return np.where(np.isnan(values), None, values).tolist()
+
+
 def check_one_grid(checkpoint: Checkpoint) -> None:
-    """ValueError, before any image, for a model with stages (Swin, Hiera): the summaries are each layer's CLS
-    attention, rollout, distance and entropy on one patch grid."""
-    if getattr(checkpoint.model.config, "stage_depths", ()):
-        raise ValueError("the dataset analysis averages every layer's CLS attention, rollout, distance and entropy "
-                         "on one patch grid; this model's stages (Swin, Hiera) change the grid at each patch merging "
-                         "or query pooling: "
-                         "explain its images one by one (vit.explain, the explorer)")
+    """ValueError, before any image, for a model whose summaries are not defined: a model with stages and
+    windows but no average pooling to read from (SAM 2's Hiera has no classifier to analyse)."""
+    model = checkpoint.model
+    if getattr(model.config, "stage_depths", ()) and model.head is None:
+        raise ValueError("the dataset analysis needs a classifier, and this model with stages has none")
+
+
+def _stage_summaries(model, attentions: Sequence[np.ndarray], grid: tuple[int, int]
+                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """One image's summaries for a model with stages: distance and entropy ``(L, H_max)`` (NaN past a layer's
+    heads), the last layer's attention averaged over queries and heads and the rollout from every last-layer token,
+    ``(gh, gw)`` each on the image's patch grid."""
+    from vit.explain.attention import layer_on_grid
+    from vit.explain.stages import layer_stats as stage_stats
+    from vit.explain.stages import on_patch_grid, rollout_row
+
+    layouts = model.layer_layouts(grid)
+    layers = [torch.from_numpy(a).reshape(-1, *a.shape[-3:]) for a in attentions]  # (nw, H, nq, nk) of one image
+    distances, entropies = stage_stats(layers, layouts, model.config.patch_size)  # per layer (1, H_l)
+    H = max(d.shape[1] for d in distances)
+    distance, entropy = (np.full((len(layers), H), np.nan, dtype=np.float32) for _ in range(2))
+    for i, (d, e) in enumerate(zip(distances, entropies, strict=True)):
+        distance[i, :d.shape[1]], entropy[i, :e.shape[1]] = d[0].numpy(), e[0].numpy()
+    last = layouts[-1]
+    read = layer_on_grid(layers[-1], last)[0].mean(dim=(0, 1)).reshape(last.key_grid).numpy()  # (kh, kw)
+    return distance, entropy, on_patch_grid(read, grid), rollout_row(layers, layouts, -1, None)[0].numpy()
 
 
 def image_summaries(checkpoint: Checkpoint, paths: Sequence[str | Path]) -> dict[str, np.ndarray]:
@@ -126,7 +163,9 @@ def image_summaries(checkpoint: Checkpoint, paths: Sequence[str | Path]) -> dict
     model = checkpoint.model
     grid, prefix = model.patch_grid(*checkpoint.preprocessing.image_hw), model.num_prefix_tokens
     patch = model.config.patch_size
-    L, H, N = len(model.blocks), model.blocks[0].attn.num_heads, len(paths)
+    staged = bool(getattr(model.config, "stage_depths", ()))
+    H = max(block.attn.num_heads for block in model.blocks)  # a stage's own heads: the widest stage's
+    L, N = len(model.blocks), len(paths)
     errors = [""] * N
     out = {"read": np.zeros(N, dtype=bool), "predicted": np.full(N, -1, dtype=np.int64), "confidence": np.zeros(N),
            "distance": np.zeros((N, L, H), dtype=np.float32), "entropy": np.zeros((N, L, H), dtype=np.float32),
@@ -138,11 +177,15 @@ def image_summaries(checkpoint: Checkpoint, paths: Sequence[str | Path]) -> dict
             errors[i] = result.error
             continue
         p = result.prediction
-        attentions = [torch.from_numpy(a)[None] for a in p.attentions]  # per layer (1, H, T, T)
-        stats = layer_stats(attentions, grid, patch, prefix)  # each (L, 1, H)
         out["read"][i] = True
         out["predicted"][i] = p.class_index
         out["confidence"][i] = float(p.probabilities[p.class_index])
+        if staged:
+            (out["distance"][i], out["entropy"][i], out["cls_attention"][i],
+             out["cls_rollout"][i]) = _stage_summaries(model, p.attentions, grid)
+            continue
+        attentions = [torch.from_numpy(a)[None] for a in p.attentions]  # per layer (1, H, T, T)
+        stats = layer_stats(attentions, grid, patch, prefix)  # each (L, 1, H)
         out["distance"][i], out["entropy"][i] = stats["distance"][:, 0].numpy(), stats["entropy"][:, 0].numpy()
         out["cls_attention"][i] = token_map(fuse_heads(attentions[-1]), 0, grid, prefix)[0].numpy()
         out["cls_rollout"][i] = token_map(rollout(attentions, num_prefix_tokens=prefix), 0, grid, prefix)[0].numpy()
@@ -162,8 +205,10 @@ class Aggregator:
     numbers, and only the ``top_mistakes`` most confident mistakes are kept: memory does not grow with the files.
     """
 
-    def __init__(self, class_names: list[str], files: Sequence[tuple[Path, int]], top_mistakes: int = 20) -> None:
+    def __init__(self, class_names: list[str], files: Sequence[tuple[Path, int]], top_mistakes: int = 20,
+                 readout: str = "CLS") -> None:
         K = len(class_names)
+        self.readout = readout  # DatasetAnalysis.readout
         self.class_names, self.files, self.top_mistakes = class_names, files, top_mistakes
         self.labels = np.array([label for _, label in files], dtype=np.int64)
         self.done = self.count = 0  # files added, images read
@@ -210,7 +255,13 @@ class Aggregator:
         return DatasetAnalysis(names, self.count, self.skipped, self.sums["distance"] / self.count,
                                self.sums["entropy"] / self.count, self.class_counts,
                                self.sums["cls_attention"] / seen, self.sums["cls_rollout"] / seen, self.confusion,
-                               mistakes)
+                               mistakes, readout=self.readout)
+
+
+def readout(checkpoint: Checkpoint) -> str:
+    """What the class maps start from (``DatasetAnalysis.readout``): the CLS token, or a staged model's average
+    pooling."""
+    return "average pooling" if getattr(checkpoint.model.config, "stage_depths", ()) else "CLS"
 
 
 def check_batch_size(batch_size: int) -> None:
@@ -228,7 +279,7 @@ def analyze_files(checkpoint: Checkpoint, files: Sequence[tuple[Path, int]], bat
     check_one_grid(checkpoint)
     if not files:
         raise ValueError("no images to analyse")
-    total = Aggregator(checkpoint.class_names, files, top_mistakes)
+    total = Aggregator(checkpoint.class_names, files, top_mistakes, readout(checkpoint))
     for start in range(0, len(files), batch_size):
         chunk = files[start:start + batch_size]
         total.add(image_summaries(checkpoint, [path for path, _ in chunk]))
@@ -277,12 +328,13 @@ def figures(analysis: DatasetAnalysis) -> dict[str, go.Figure]:
     from vit.explain.figures import layer_stats_figure  # the explorer's per-image version of the ViT paper's Fig. 7
 
     a = analysis
+    read = "CLS" if a.readout == "CLS" else "average pooling's"  # a model with stages reads every token
     return {
         "distance": layer_stats_figure(a.distance, "mean attention distance (px)", "Mean attention distance per head"),
         "entropy": layer_stats_figure(a.entropy, "attention entropy (nats)", "Attention entropy per head"),
         "class_attention": class_maps_figure(a.class_attention, a.class_names,
-                                             "Mean CLS attention of the last layer, per true class"),
-        "class_rollout": class_maps_figure(a.class_rollout, a.class_names, "Mean CLS rollout, per true class"),
+                                             f"Mean {read} attention of the last layer, per true class"),
+        "class_rollout": class_maps_figure(a.class_rollout, a.class_names, f"Mean {read} rollout, per true class"),
         "confusion": confusion_figure(a.confusion, a.class_names),
         **(mechanism_figures(a.mechanism, a.class_names) if a.mechanism is not None else {}),
     }
@@ -304,7 +356,7 @@ def _png(analysis: DatasetAnalysis, stem: str, path: Path) -> None:
         L, H = values.shape
         for h in range(H):
             ax.scatter(np.arange(1, L + 1), values[:, h], s=14)
-        ax.plot(np.arange(1, L + 1), values.mean(axis=1), "k--", lw=1, label="mean over heads")
+        ax.plot(np.arange(1, L + 1), np.nanmean(values, axis=1), "k--", lw=1, label="mean over heads")
         ax.set_xlabel("layer")
         ax.set_ylabel("mean attention distance (px)" if stem == "distance" else "attention entropy (nats)")
         ax.legend()

@@ -21,6 +21,7 @@ from vit import bounds
 from vit.checkpoint import Checkpoint
 from vit.explain import dense
 from vit.explain.overlay import pca_picture
+from vit.explain.stages import on_patch_grid
 from vit.images import ImageError, open_image
 from vit.inference import TRAINING_SIZE, preprocess, seen_region
 
@@ -77,6 +78,8 @@ def layer_tokens(checkpoint: Checkpoint, image, index: int) -> torch.Tensor:
     x = preprocess([image], checkpoint.preprocessing, TRAINING_SIZE, model.config.patch_size).to(parameter.device)
     with torch.inference_mode():
         stream, _ = model.run_blocks(model.embed(x), model.patch_grid(*x.shape[2:]), 0, index + 1)  # (1, T, D)
+        if model.config.stage_depths:  # a stage layer's own grid and width (Swin, Hiera)
+            return dense.stage_tokens(model, stream, index)[0]
         tokens = model.norm(stream)[0]  # (T, D)
     return tokens[model.num_prefix_tokens:].float().cpu()
 
@@ -110,6 +113,8 @@ def write_pca(checkpoint: Checkpoint, files: Sequence[tuple[Path, int]], root: P
     total, done = len(files) * (2 if joint else 1), 0
     size = checkpoint.preprocessing.image_size
     grid = checkpoint.model.patch_grid(size, size)
+    model = checkpoint.model
+    layer_grid = model.layer_layouts(grid)[index].grid if model.config.stage_depths else grid
     fit = None
     if joint:
         moments = dense.PCAMoments()
@@ -129,7 +134,9 @@ def write_pca(checkpoint: Checkpoint, files: Sequence[tuple[Path, int]], root: P
         if image is not None:
             tokens = layer_tokens(checkpoint, image, index)
             colours = dense.pca_colours(tokens, fit if fit is not None else dense.fit_pca(tokens))  # (gh * gw, 3)
-            colours = colours.reshape(*grid, 3).numpy()
+            colours = colours.reshape(*layer_grid, 3).numpy()
+            if layer_grid != grid:  # a stage layer's cells, each over the patches it covers
+                colours = np.moveaxis(on_patch_grid(np.moveaxis(colours, -1, 0), grid), 0, -1)
             target = _target(out, root, path)
             target.parent.mkdir(parents=True, exist_ok=True)
             seen = seen_region(image, checkpoint.preprocessing)

@@ -94,6 +94,18 @@ class PCAMoments:
         return PCAFit(self.mean, vt * signs, scale)
 
 
+def stage_tokens(model: torch.nn.Module, stream: Tensor, layer: int) -> Tensor:
+    """Layer ``layer``'s output ``(B, T_l, D_l)`` of a model with stages (Swin, Hiera) as the dense views read it:
+    through the final norm in the last stage only (the norm has that stage's width: timm's
+    ``forward_intermediates(norm=True)``), as it is before; float32 on the CPU."""
+    config = model.config
+    if config.stage_of(layer) < config.num_stages - 1:
+        return stream.float().cpu()
+    parameter = next(model.parameters())
+    with torch.inference_mode():
+        return model.norm(stream.to(parameter.device, parameter.dtype)).float().cpu()
+
+
 def pca_colours(tokens: Tensor, fit: PCAFit) -> Tensor:
     """``(N, 3)`` colours in (0, 1): the notebook's ``sigmoid(2 x whitened projection)``."""
     return torch.sigmoid(fit.transform(tokens) * 2.0).float()

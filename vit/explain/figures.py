@@ -9,7 +9,8 @@ TITLE_STANDOFF = 12  # px between an axis title and its tick labels
 
 
 def layer_stats_figure(values: np.ndarray, y_title: str, title: str = "") -> go.Figure:
-    """Per-head values ``(L, H)`` as in the ViT paper's Fig. 7: x = layer, one point per head, plus the mean."""
+    """Per-head values ``(L, H)`` as in the ViT paper's Fig. 7: x = layer, one point per head, plus the mean (NaN:
+    a head the layer does not have, in a model whose stages have their own heads)."""
     L, H = values.shape
     layers = np.arange(1, L + 1)
     fig = go.Figure()
@@ -17,7 +18,7 @@ def layer_stats_figure(values: np.ndarray, y_title: str, title: str = "") -> go.
         fig.add_trace(go.Scatter(x=layers, y=values[:, h], mode="markers", name=f"head {h + 1}",
                                  marker=dict(size=8, opacity=0.85),
                                  hovertemplate=f"layer %{{x}}, head {h + 1}: %{{y:.3g}}<extra></extra>"))
-    fig.add_trace(go.Scatter(x=layers, y=values.mean(axis=1), mode="lines", name="mean over heads",
+    fig.add_trace(go.Scatter(x=layers, y=np.nanmean(values, axis=1), mode="lines", name="mean over heads",
                              line=dict(color="grey", dash="dash"),
                              hovertemplate="layer %{x}, mean: %{y:.3g}<extra></extra>"))
     # automargin: with the margins at 0 the axis numbers and titles were drawn outside the figure.

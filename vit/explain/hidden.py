@@ -31,7 +31,7 @@ def forward_with_hidden_states(model: nn.Module, images: Tensor) -> tuple[Tensor
     attention probabilities are materialised)."""
     if getattr(getattr(model, "config", None), "stage_depths", ()):
         raise ValueError("the hidden states of a model with stages (Swin, Hiera) have each layer's own grid and width "
-                         "and do not stack: read them at blocks.{i}.hook_resid_post with model.run_with_cache")
+                         "and do not stack: read them with vit.explain.hidden.forward_with_stage_states")
     names = residual_names(len(model.blocks))
     if torch.is_grad_enabled():  # the states stay in the autograd graph
         encoding, cache = model.run_with_cache(images, names)
@@ -47,6 +47,22 @@ def forward_with_hidden_states(model: nn.Module, images: Tensor) -> tuple[Tensor
 
     encoding = model.run_with_hooks(images, [(name, partial(keep, index=i)) for i, name in enumerate(names)])
     return encoding.logits, out[0]
+
+
+def stage_state_names(num_layers: int) -> list[str]:
+    """The hook points of a staged model's hidden states: the first block's input, then every block's output."""
+    return ["blocks.0.hook_resid_pre"] + [f"blocks.{i}.hook_resid_post" for i in range(num_layers)]
+
+
+def forward_with_stage_states(model: nn.Module, images: Tensor) -> tuple[Tensor | None, list[Tensor]]:
+    """``forward_with_hidden_states`` for a model with stages (Swin, Hiera; ``vit.model.stages``): logits ``(B,
+    classes)`` (None without a classifier) and ``L + 1`` states, the embedding then each block's output, each
+    ``(B, T_l, D_l)`` row-major on its own grid and width (state ``l + 1`` on ``model.layer_layouts(grid)[l].grid``,
+    state 0 on the image's patch grid). Row-major whatever order the library holds its tokens in (Swin's windows are
+    put back, Hiera's unrolled order never made): HF's ``reshaped_hidden_states`` at each stage's end, flattened."""
+    names = stage_state_names(len(model.blocks))
+    encoding, cache = model.run_with_cache(images, names)
+    return encoding.logits, [cache[name] for name in names]
 
 
 def block_attention(model: nn.Module, layer: int, block_input: Tensor, grid: tuple[int, int] | None = None

@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from vit.explain.attention import fuse_heads, layer_columns, layer_rows, layer_step
+from vit.explain.attention import fuse_heads, layer_columns, layer_rows, layer_step, patch_centres
 from vit.model.stages import LayerLayout, covering_token, merge_matrix, shift_mask
 
 
@@ -152,3 +152,40 @@ def legrad_on_patches(maps: Sequence[Tensor], grid: tuple[int, int]) -> Tensor:
         m = m[:, :gh, :gw]
         total = m if total is None else total + m
     return total
+
+
+def cell_centres(grid: tuple[int, int], image_grid: tuple[int, int], patch_size: int | tuple[int, int]) -> Tensor:
+    """Pixel coordinates (row, column) of the cells of a layer's ``grid`` over an image of ``image_grid`` patches:
+    ``(gh*gw, 2)``, each cell ``2**stage`` patches a side (``covering_token``'s cells), float64."""
+    ph, pw = (patch_size, patch_size) if isinstance(patch_size, int) else patch_size
+    fy, fx = -(-image_grid[0] // grid[0]), -(-image_grid[1] // grid[1])
+    return patch_centres(grid, (ph * fy, pw * fx))
+
+
+def layer_stats(attentions: Sequence[Tensor], layouts: Sequence[LayerLayout], patch_size: int | tuple[int, int]
+                ) -> tuple[list[Tensor], list[Tensor]]:
+    """The ViT paper's mean attention distance (px) and entropy (nats) of every head of every layer of a model with
+    stages, each layer on its own grids: ``(distances, entropies)``, per layer ``(B, H_l)`` (a stage's own heads).
+
+    Each query's row over its window's keys (``LayerLayout.window_tokens`` / ``key_tokens``; a pooled-query layer's
+    keys on the previous stage's grid), renormalised over the real keys (a padding key has no place on the image:
+    as the plain ViT's distance drops prefix keys); distance between cell centres in input pixels
+    (``cell_centres``), both averaged over the real queries. Computed window by window: never ``T_l x T_l``."""
+    image_grid = layouts[0].grid
+    distances, entropies = [], []
+    for attn, lay in zip(attentions, layouts, strict=True):
+        queries, keys = lay.window_tokens(), lay.key_tokens()  # (nw, nq), (nw, nk): padding -> Tq, Tk
+        nw, nq, nk = queries.shape[0], queries.shape[1], keys.shape[1]
+        Tq, Tk = lay.num_tokens, lay.key_grid[0] * lay.key_grid[1]
+        B, H = attn.shape[0] // nw, attn.shape[1]
+        p = attn.double().reshape(B, nw, H, nq, nk) * (keys < Tk)[None, :, None, None, :]
+        p = p / p.sum(dim=-1, keepdim=True).clamp_min(torch.finfo(torch.float64).tiny)
+        q_xy = cell_centres(lay.grid, image_grid, patch_size)[queries.clamp(max=Tq - 1)]  # (nw, nq, 2)
+        k_xy = cell_centres(lay.key_grid, image_grid, patch_size)[keys.clamp(max=Tk - 1)]  # (nw, nk, 2)
+        distance = torch.cdist(q_xy, k_xy)  # (nw, nq, nk)
+        real = (queries < Tq).double()[None, :, None, :]  # (1, nw, 1, nq)
+        per_row = [(p * distance[None, :, None]).sum(dim=-1), -torch.special.xlogy(p, p).sum(dim=-1)]
+        distance, entropy = ((row * real).sum(dim=(1, 3)) / real.sum() for row in per_row)  # (B, H) each
+        distances.append(distance.float())
+        entropies.append(entropy.float())
+    return distances, entropies

@@ -7,6 +7,11 @@ browser orders of ``features.npz``.
 Everything is read from or written to the model's one forward at the SAE's hook point
 (``blocks.{l}.hook_resid_post``); the edit replaces the layer's output by the reconstruction with the latents
 changed plus the reconstruction error, so with no change the model computes exactly what it computed before.
+
+A model with stages (Swin, Hiera): the SAE reads a layer's tokens on that layer's own grid and width
+(``stream_shape``); a feature's map is on that grid, drawn over the image's patches (``ImageFeatures.patch_maps``:
+each cell repeated over the ``2**stage`` patches it covers), a patch of the image means the cell covering it, and
+the intervention's rollout runs through the stages from what the average pooling reads.
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ import torch.nn.functional as F
 from PIL import Image
 from torch import Tensor, nn
 
-from vit.features.sae import SAEError, SparseAutoencoder, check_fits, resid_hook_name
+from vit.features.sae import SAEError, SparseAutoencoder, check_fits, resid_hook_name, stream_shape
 from vit.model import Encoding, HookPoint
 
 
@@ -33,8 +38,23 @@ class ImageFeatures:
     """One image's latents at the SAE's layer."""
 
     latents: Tensor  # (T, d_sae): every token's latents, prefix tokens first
-    grid: tuple[int, int]  # the patch grid (gh, gw) the maps are drawn on
+    grid: tuple[int, int]  # the grid (gh, gw) the latents lie on: the image's patch grid, or a stage layer's own
     num_prefix_tokens: int
+    image_grid: tuple[int, int] | None = None  # the image's patch grid, where ``grid`` is a stage layer's (else None)
+
+    @property
+    def patch_grid(self) -> tuple[int, int]:
+        """The image's patch grid, which the maps of ``patch_maps`` and the tokens of ``cell`` are on."""
+        return self.image_grid or self.grid
+
+    def cell(self, token: int) -> int:
+        """Token ``token`` of the image (prefix tokens first, then its patches) -> the token of ``latents`` covering
+        it: itself, or on a stage layer's grid the cell over that patch (``covering_token``)."""
+        if self.image_grid is None or token < self.num_prefix_tokens:
+            return token
+        from vit.model.stages import covering_token
+
+        return covering_token(token - self.num_prefix_tokens, self.image_grid, self.grid) + self.num_prefix_tokens
 
     def strongest(self, count: int = 8) -> list[tuple[int, float]]:
         """The ``count`` features with the largest activation on any patch: ``(latent, max activation)``, largest
@@ -48,9 +68,13 @@ class ImageFeatures:
         return self.latents[self.num_prefix_tokens:, latent].reshape(self.grid)
 
     def patch_maps(self, latents: Sequence[int]) -> np.ndarray:
-        """The maps of ``latents`` ``(n, gh, gw)``, for a grid of small maps."""
+        """The maps of ``latents`` ``(n, gh, gw)`` on the image's patch grid (a stage layer's cells repeated over
+        the patches they cover), for a grid of small maps."""
+        from vit.explain.stages import on_patch_grid
+
         index = torch.as_tensor(list(latents), dtype=torch.long)
-        return self.latents[self.num_prefix_tokens:, index].T.reshape(len(index), *self.grid).float().cpu().numpy()
+        maps = self.latents[self.num_prefix_tokens:, index].T.reshape(len(index), *self.grid).float().cpu().numpy()
+        return on_patch_grid(maps, self.patch_grid)
 
     def active_at(self, token: int, count: int = 10) -> list[tuple[int, float]]:
         """The features active at ``token`` (prefix tokens first, then patches row by row): ``(latent, value)``,
@@ -72,8 +96,9 @@ def image_features(model: nn.Module, sae: SparseAutoencoder, image: Tensor, fits
     layer = check_fits(sae, model if fits is None else fits)
     name = resid_hook_name(layer)
     _, cache = model.run_with_cache(image, [name])
-    return ImageFeatures(sae.encode(cache[name][0]), model.patch_grid(image.shape[2], image.shape[3]),
-                         model.config.num_prefix_tokens)
+    image_grid = model.patch_grid(image.shape[2], image.shape[3])
+    grid, prefix, _ = stream_shape(model, layer, image_grid)
+    return ImageFeatures(sae.encode(cache[name][0]), grid, prefix, None if grid == image_grid else image_grid)
 
 
 def edit_hook(sae: SparseAutoencoder, scales: Mapping[int, float]):
@@ -169,6 +194,10 @@ def intervention_view(model: nn.Module, sae: SparseAutoencoder, image: Tensor, s
     edited = intervene(model, sae, image, scales, fits=fits)
 
     def cls_rollout(attentions) -> Tensor:
+        if getattr(model.config, "stage_depths", ()):  # no CLS: from every last-layer token, what the pooling reads
+            from vit.explain.stages import rollout_row
+
+            return rollout_row(attentions, model.layer_layouts(grid), -1, None)[0].float()
         return token_map(rollout(list(attentions), "mean", num_prefix_tokens=P), 0, grid, P)[0].float()
 
     return InterventionView(None if clean.logits is None else clean.logits[0],

@@ -140,6 +140,18 @@ def hook_layer(hook_name: str) -> int | None:
     return None
 
 
+def stream_shape(model: nn.Module, layer: int, grid: tuple[int, int] | None = None
+                 ) -> tuple[tuple[int, int], int, int]:
+    """Block ``layer``'s (from 1) output as an SAE reads it on an input of patch ``grid`` (default the model's
+    training size): its grid, its prefix tokens and its width. A model with stages (Swin, Hiera) has each layer's
+    own grid and width (``ViT.layer_layouts``; no prefix tokens), a plain ViT the input's grid and its width."""
+    config = model.config
+    grid = tuple(grid or config.grid_size)
+    if not getattr(config, "stage_depths", ()):
+        return grid, config.num_prefix_tokens, config.hidden_size
+    return model.layer_layouts(grid)[layer - 1].grid, 0, config.stage_width(config.stage_of(layer - 1))
+
+
 def check_fits(sae: SparseAutoencoder, model: nn.Module) -> int:
     """The block (from 1) whose output ``sae`` reads in ``model``; SAEError in one line when it was trained on
     another model (its weights' fingerprint), another width or a hook point this project does not read."""
@@ -152,10 +164,12 @@ def check_fits(sae: SparseAutoencoder, model: nn.Module) -> int:
                        "is supported")
     if not 1 <= layer <= model.config.num_layers:
         raise SAEError(f"this SAE reads block {layer}'s output; the model has {model.config.num_layers} blocks")
-    if sae.d_in != model.config.hidden_size:
-        raise SAEError(f"this SAE reads {sae.d_in}-wide activations; the model's width is {model.config.hidden_size}")
+    grid, prefix, width = stream_shape(model, layer)
+    if sae.d_in != width:
+        raise SAEError(f"this SAE reads {sae.d_in}-wide activations; the model's width at block {layer}'s output is "
+                       f"{width}")
     extra = sae.info.extra
-    tokens = model.config.num_prefix_tokens + model.config.num_patches
+    tokens = prefix + grid[0] * grid[1]
     if (extra.get("format") == "vit-prisma" and not extra.get("cls_token_only") and not extra.get("use_patches_only")
             and isinstance(extra.get("context_size"), int) and extra["context_size"] != tokens):
         raise SAEError(f"this SAE was trained on {sae.info.model_name or 'another model'} with {extra['context_size']} "

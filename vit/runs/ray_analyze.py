@@ -33,6 +33,7 @@ from vit.explain.dataset import (
     check_batch_size,
     image_summaries,
     mechanism_summaries,
+    readout,
 )
 from vit.runs.ray_jobs import TERMINAL, RayRunError, _first_line
 
@@ -131,7 +132,7 @@ def analyze_on_cluster(checkpoint_path: str, checkpoint: Checkpoint, files: Sequ
         fn_constructor_kwargs={"checkpoint": checkpoint_path, "device": "cuda" if use_gpu else "cpu",
                                "mechanism": mechanism},
         **({"num_gpus": 1} if use_gpu else {"num_cpus": 1}))
-    images = Aggregator(checkpoint.class_names, files, top_mistakes)
+    images = Aggregator(checkpoint.class_names, files, top_mistakes, readout(checkpoint))
     heads = MechanismAggregator(checkpoint, files, norm_threshold) if mechanism else None
     for run in in_file_order(_batches(summaries), len(files)):
         images.add(run)
