@@ -14,7 +14,8 @@
 
 Server and forward run with ``VIT_THREADS`` = ``--threads`` (1 by default: the machine is shared). Headless
 Chromium through Playwright, as ``bench/bench_explorer_clicks.py`` (whose helpers this reuses). ``--root`` serves
-another checkout (e.g. ``git archive`` of an older commit unpacked in /tmp) for before/after figures.
+another checkout (e.g. ``git archive`` of an older commit unpacked in /tmp), repeated to interleave before and
+after.
 """
 
 from __future__ import annotations
@@ -118,7 +119,7 @@ def start_once(browser, root: Path, script: str, env: dict[str, str], done_js: s
         stop(process)
 
 
-def bench_start(browser, root: Path, repeats: int, threads: int) -> None:
+def bench_start(browser, roots: list[Path], repeats: int, threads: int) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         (tmp / "bare.py").write_text(BARE)
@@ -126,8 +127,10 @@ def bench_start(browser, root: Path, repeats: int, threads: int) -> None:
         env = world(tmp, "shipped", threads)
         text = "() => document.body.innerText.includes('torch is ready')"
         runs = {"bare": (tmp, "bare.py", text), "bare+plotly": (tmp, "chart_page.py", f"() => ({text})() && "
-                                                                                  f"({CHART_DRAWN})()"),
-                "app": (root, "app.py", f"() => ({OVERLAY_HREF})() !== null && ({SCRIPT_DONE})()")}
+                                                                                  f"({CHART_DRAWN})()")}
+        apps = [f"app {root}" for root in roots]
+        runs.update({app: (root, "app.py", f"() => ({OVERLAY_HREF})() !== null && ({SCRIPT_DONE})()")
+                     for app, root in zip(apps, roots, strict=True)})
         times: dict[str, list[tuple[float, float]]] = {kind: [] for kind in runs}
         for i in range(repeats):
             for kind in list(runs) if i % 2 == 0 else list(runs)[::-1]:
@@ -135,12 +138,13 @@ def bench_start(browser, root: Path, repeats: int, threads: int) -> None:
                 print(f"  start {kind}: {times[kind][-1][0]:.2f} s, server CPU {times[kind][-1][1]:.2f} s", flush=True)
     wall = {k: statistics.median(t[0] for t in v) for k, v in times.items()}
     cpu = {k: statistics.median(t[1] for t in v) for k, v in times.items()}
-    for floor in ("bare", "bare+plotly"):
-        ratios = [a[0] / b[0] for a, b in zip(times["app"], times[floor], strict=True)]
-        print(f"start, {root}: app to the first map {wall['app']:.2f} s ({cpu['app']:.2f} server CPU s), {floor} "
-              f"page {wall[floor]:.2f} s ({cpu[floor]:.2f} CPU s): {wall['app'] / wall[floor]:.2f}x (pairs "
-              f"{', '.join(f'{r:.2f}' for r in ratios)}); load average "
-              f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    for app in apps:
+        for floor in ("bare", "bare+plotly"):
+            ratios = [a[0] / b[0] for a, b in zip(times[app], times[floor], strict=True)]
+            print(f"start, {app}: to the first map {wall[app]:.2f} s ({cpu[app]:.2f} server CPU s), {floor} "
+                  f"page {wall[floor]:.2f} s ({cpu[floor]:.2f} CPU s): {wall[app] / wall[floor]:.2f}x (median of "
+                  f"pairs {statistics.median(ratios):.2f}: {', '.join(f'{r:.2f}' for r in ratios)}); load average "
+                  f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}")
 
 
 def forward_seconds(env: dict[str, str], root: Path, image: Path, repeats: int, threads: int
@@ -213,7 +217,8 @@ def bench_upload(browser, root: Path, model: str, repeats: int, threads: int) ->
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--root", type=Path, default=ROOT, help="the checkout whose app.py is served")
+    p.add_argument("--root", type=Path, action="append",
+                   help="a checkout whose app.py is served (this one by default; repeat it to interleave several)")
     p.add_argument("--what", default="start,upload", help="start, upload or both (comma-separated)")
     p.add_argument("--models", default="vit-b16,shipped", help="the upload's models: vit-b16, shipped")
     p.add_argument("--repeats", type=int, default=5)
@@ -221,15 +226,16 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     from playwright.sync_api import sync_playwright
 
-    root = args.root.resolve()
+    roots = [root.resolve() for root in args.root or [ROOT]]
     with sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         try:
             if "start" in args.what:
-                bench_start(browser, root, args.repeats, args.threads)
+                bench_start(browser, roots, args.repeats, args.threads)
             if "upload" in args.what:
                 for model in args.models.split(","):
-                    bench_upload(browser, root, model, args.repeats, args.threads)
+                    for root in roots:
+                        bench_upload(browser, root, model, args.repeats, args.threads)
         finally:
             browser.close()
     return 0
