@@ -11,11 +11,19 @@ the default page, so the app opens on the shipped checkpoint.
 import pandas  # noqa: F401
 import streamlit as st
 
+from pages.explorer_sections import plotly_preload
+
 st.set_page_config(page_title="ViT Attention Explorer", page_icon=":material/visibility:", layout="wide")
 
+explorer = st.Page("pages/explorer.py", title="Explore attention", icon=":material/visibility:", default=True)
 navigation = st.navigation([
-    st.Page("pages/explorer.py", title="Explore attention", icon=":material/visibility:", default=True),
+    explorer,
     st.Page("pages/training.py", title="Train", icon=":material/model_training:"),
     st.Page("pages/analyze.py", title="Analyse a dataset", icon=":material/query_stats:"),
 ])
-navigation.run()
+if navigation is explorer:
+    plotly_preload.start()  # the browser loads Plotly while the page imports torch and runs the model
+try:
+    navigation.run()
+finally:  # the page clears it before its first chart; this, when it stopped before one
+    plotly_preload.clear()

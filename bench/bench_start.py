@@ -4,8 +4,9 @@
   the process's launch to the first map drawn (the overlay chart's image in the page), against a bare Streamlit
   page that imports torch and writes one line, launched and loaded the same way: the floor any page with torch
   pays; and against that page with one small Plotly chart (``bare+plotly``): the floor of a page that draws one,
-  whose browser loads Plotly's bundle first. They alternate ``--repeats`` times; medians, the ratios and the
-  server's CPU seconds at that moment.
+  whose browser loads Plotly's bundle first. After one start of each (not timed: it writes the bytecode, as a
+  user's first start does), they alternate ``--repeats`` times; medians, the ratios, and the server's and the
+  browser's CPU seconds by then.
 - **upload**: in the app on a random ViT-B/16 (``vit-b16``, shipped under the default name) or the shipped
   default (``shipped``), photos (640 x 480 PNGs, a new one each time) put into the sidebar's uploader, from the
   upload to the new overlay drawn and the run over; its wall time and the server's CPU seconds against one
@@ -14,7 +15,8 @@
 
 Server and forward run with ``VIT_THREADS`` = ``--threads`` (1 by default: the machine is shared). Headless
 Chromium through Playwright, as ``bench/bench_explorer_clicks.py`` (whose helpers this reuses). ``--root`` serves
-another checkout (e.g. ``git archive`` of an older commit unpacked in /tmp) for before/after figures.
+another checkout (e.g. ``git archive`` of an older commit unpacked in /tmp), repeated to interleave before and
+after.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from bench.bench_explorer_clicks import (  # noqa: E402
     CHROMIUM,
     CHROMIUM_ARGS,
     SCRIPT_DONE,
+    browser_cpu_seconds,
     cpu_seconds,
     free_port,
     photo,
@@ -89,8 +92,10 @@ def frame(page) -> None:
 def world(tmp: Path, model: str, threads: int) -> dict[str, str]:
     runs = tmp / "runs"
     runs.mkdir(exist_ok=True)
+    # Bytecode written (to a folder of its own, not the checkout) even where PYTHONDONTWRITEBYTECODE is set, as a
+    # user's Python does: else every start compiles the page's ~90 modules again.
     env = {"VIT_RUNS_DIR": str(runs), "HOME": str(tmp), "HF_HOME": str(tmp / "hf"), "HF_HUB_CACHE": str(tmp / "hub"),
-           "VIT_THREADS": str(threads)}
+           "VIT_THREADS": str(threads), "PYTHONDONTWRITEBYTECODE": "", "PYTHONPYCACHEPREFIX": str(tmp / "pycache")}
     if model == "vit-b16":
         checkpoints = tmp / "checkpoints"
         if not checkpoints.exists():
@@ -100,9 +105,10 @@ def world(tmp: Path, model: str, threads: int) -> dict[str, str]:
     return env
 
 
-def start_once(browser, root: Path, script: str, env: dict[str, str], done_js: str) -> tuple[float, float]:
-    """(wall s from launch to ``done_js`` and a painted frame, server CPU s by then) of a fresh server."""
-    start = time.perf_counter()
+def start_once(browser, root: Path, script: str, env: dict[str, str], done_js: str) -> tuple[float, float, float]:
+    """(wall s from launch to ``done_js`` and a painted frame, server CPU s by then, the browser's CPU s meanwhile)
+    of a fresh server."""
+    start, browser_cpu = time.perf_counter(), browser_cpu_seconds()
     process, url = launch(root, script, env)
     try:
         page = browser.new_context(viewport={"width": 1500, "height": 1100}).new_page()
@@ -112,13 +118,14 @@ def start_once(browser, root: Path, script: str, env: dict[str, str], done_js: s
         frame(page)
         wall = time.perf_counter() - start
         cpu = cpu_seconds(process.pid)
+        browser_cpu = browser_cpu_seconds() - browser_cpu
         page.context.close()
-        return wall, cpu
+        return wall, cpu, browser_cpu
     finally:
         stop(process)
 
 
-def bench_start(browser, root: Path, repeats: int, threads: int) -> None:
+def bench_start(browser, roots: list[Path], repeats: int, threads: int) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         (tmp / "bare.py").write_text(BARE)
@@ -126,21 +133,30 @@ def bench_start(browser, root: Path, repeats: int, threads: int) -> None:
         env = world(tmp, "shipped", threads)
         text = "() => document.body.innerText.includes('torch is ready')"
         runs = {"bare": (tmp, "bare.py", text), "bare+plotly": (tmp, "chart_page.py", f"() => ({text})() && "
-                                                                                  f"({CHART_DRAWN})()"),
-                "app": (root, "app.py", f"() => ({OVERLAY_HREF})() !== null && ({SCRIPT_DONE})()")}
-        times: dict[str, list[tuple[float, float]]] = {kind: [] for kind in runs}
+                                                                                  f"({CHART_DRAWN})()")}
+        apps = [f"app {root}" for root in roots]
+        runs.update({app: (root, "app.py", f"() => ({OVERLAY_HREF})() !== null && ({SCRIPT_DONE})()")
+                     for app, root in zip(apps, roots, strict=True)})
+        times: dict[str, list[tuple[float, float, float]]] = {kind: [] for kind in runs}
+        for kind in runs:  # not timed: the bytecode written, the files read once
+            start_once(browser, *runs[kind][:2], env, runs[kind][2])
         for i in range(repeats):
             for kind in list(runs) if i % 2 == 0 else list(runs)[::-1]:
                 times[kind].append(start_once(browser, *runs[kind][:2], env, runs[kind][2]))
-                print(f"  start {kind}: {times[kind][-1][0]:.2f} s, server CPU {times[kind][-1][1]:.2f} s", flush=True)
+                wall, cpu, browser_cpu = times[kind][-1]
+                print(f"  start {kind}: {wall:.2f} s, server CPU {cpu:.2f} s, browser CPU {browser_cpu:.2f} s",
+                      flush=True)
     wall = {k: statistics.median(t[0] for t in v) for k, v in times.items()}
     cpu = {k: statistics.median(t[1] for t in v) for k, v in times.items()}
-    for floor in ("bare", "bare+plotly"):
-        ratios = [a[0] / b[0] for a, b in zip(times["app"], times[floor], strict=True)]
-        print(f"start, {root}: app to the first map {wall['app']:.2f} s ({cpu['app']:.2f} server CPU s), {floor} "
-              f"page {wall[floor]:.2f} s ({cpu[floor]:.2f} CPU s): {wall['app'] / wall[floor]:.2f}x (pairs "
-              f"{', '.join(f'{r:.2f}' for r in ratios)}); load average "
-              f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    browser_cpu = {k: statistics.median(t[2] for t in v) for k, v in times.items()}
+    for app in apps:
+        for floor in ("bare", "bare+plotly"):
+            ratios = [a[0] / b[0] for a, b in zip(times[app], times[floor], strict=True)]
+            print(f"start, {app}: to the first map {wall[app]:.2f} s ({cpu[app]:.2f} server CPU s, "
+                  f"{browser_cpu[app]:.2f} browser CPU s), {floor} page {wall[floor]:.2f} s ({cpu[floor]:.2f} + "
+                  f"{browser_cpu[floor]:.2f} CPU s): {wall[app] / wall[floor]:.2f}x (median of "
+                  f"pairs {statistics.median(ratios):.2f}: {', '.join(f'{r:.2f}' for r in ratios)}); load average "
+                  f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}")
 
 
 def forward_seconds(env: dict[str, str], root: Path, image: Path, repeats: int, threads: int
@@ -193,27 +209,31 @@ def bench_upload(browser, root: Path, model: str, repeats: int, threads: int) ->
             results = []
             for path in photos:
                 before = page.evaluate(OVERLAY_HREF)
-                start, cpu = time.perf_counter(), cpu_seconds(process.pid)
+                start, cpu, browser_cpu = time.perf_counter(), cpu_seconds(process.pid), browser_cpu_seconds()
                 page.locator('[data-testid="stSidebar"] input[type="file"]').first.set_input_files(str(path))
                 page.wait_for_function(f"(before) => ({OVERLAY_HREF})() !== before && ({OVERLAY_HREF})() !== null "
                                        f"&& ({SCRIPT_DONE})()", arg=before)
                 frame(page)
-                results.append((time.perf_counter() - start, cpu_seconds(process.pid) - cpu))
+                results.append((time.perf_counter() - start, cpu_seconds(process.pid) - cpu,
+                                browser_cpu_seconds() - browser_cpu))
                 page.wait_for_timeout(300)
             page.context.close()
         finally:
             stop(process)
     first, rest = results[0], results[1:]
     wall, cpu = statistics.median(r[0] for r in rest), statistics.median(r[1] for r in rest)
-    print(f"upload, {model}, {root}: first {first[0]:.2f} s ({first[1]:.2f} server CPU s: {first[0] / forward:.1f}x "
-          f"wall, {first[1] / forward_cpu:.1f}x CPU), then median {wall:.2f} s ({cpu:.2f} server CPU s): "
+    browser_cpu = statistics.median(r[2] for r in rest)
+    print(f"upload, {model}, {root}: first {first[0]:.2f} s ({first[1]:.2f} server CPU s, {first[2]:.2f} browser CPU "
+          f"s: {first[0] / forward:.1f}x wall, {first[1] / forward_cpu:.1f}x CPU), then median {wall:.2f} s ({cpu:.2f} "
+          f"server CPU s, {browser_cpu:.2f} browser CPU s): "
           f"{wall / forward:.2f}x wall, {cpu / forward_cpu:.2f}x CPU of one forward with attentions ({forward:.3f} s, "
           f"{forward_cpu:.3f} CPU s); load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}", flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--root", type=Path, default=ROOT, help="the checkout whose app.py is served")
+    p.add_argument("--root", type=Path, action="append",
+                   help="a checkout whose app.py is served (this one by default; repeat it to interleave several)")
     p.add_argument("--what", default="start,upload", help="start, upload or both (comma-separated)")
     p.add_argument("--models", default="vit-b16,shipped", help="the upload's models: vit-b16, shipped")
     p.add_argument("--repeats", type=int, default=5)
@@ -221,15 +241,16 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     from playwright.sync_api import sync_playwright
 
-    root = args.root.resolve()
+    roots = [root.resolve() for root in args.root or [ROOT]]
     with sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         try:
             if "start" in args.what:
-                bench_start(browser, root, args.repeats, args.threads)
+                bench_start(browser, roots, args.repeats, args.threads)
             if "upload" in args.what:
                 for model in args.models.split(","):
-                    bench_upload(browser, root, model, args.repeats, args.threads)
+                    for root in roots:
+                        bench_upload(browser, root, model, args.repeats, args.threads)
         finally:
             browser.close()
     return 0

@@ -17,6 +17,7 @@ from pages.explorer_sections import (
     main_view,
     map_settings,
     mechanism,
+    plotly_preload,
     share_view,
 )
 from pages.explorer_sections.caches import analyse, display_images, load_model
@@ -107,6 +108,7 @@ state = Shown(checkpoint=checkpoint, fingerprint=fingerprint, full_checkpoint=fu
               outline=map_choice.outline, shown=shown, small=small, opacity=map_choice.opacity,
               colormap=map_choice.colormap, mode=map_choice.mode, show_grid=map_choice.show_grid,
               scale=map_choice.scale, mask_share=map_choice.mask_share)
+plotly_preload.clear()  # app.py's blank chart, which had the browser load Plotly meanwhile
 prediction_box = main_view.main_view(state, main, map_choice.query_key, image_name, seen, shown_uri, box, invert)
 # The URL follows the view as it is drawn (issue 50): a link to it reproduces it in a fresh session.
 shared = share_view.view_values(share.model_text(choice, entry.name, share.model_names(entries.values())), state,

@@ -718,6 +718,25 @@ def test_the_file_watcher_is_off_so_an_idle_app_does_not_watch_venv_runs_or_data
     done = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=120)
     assert done.stdout.strip() == "none", done.stderr
 
+def test_a_sessions_first_run_sends_a_blank_chart_first_and_clears_it_before_the_page_draws_its_own(default_world):
+    # Issue 51: the browser loads Plotly's bundle at the first chart it gets; the blank one comes before the page
+    # imports torch and opens the model, so the bundle loads meanwhile. The page's charts keep their places.
+    from streamlit.delta_generator import DeltaGenerator
+
+    from pages.explorer_sections import plotly_preload
+
+    original = DeltaGenerator.plotly_chart  # st.plotly_chart is bound at import: this sees the slot's chart
+    with mock.patch.object(DeltaGenerator, "plotly_chart", autospec=True, side_effect=original) as charts:
+        at = run_app()
+        assert charts.call_args_list[0].args[1] is plotly_preload.BLANK
+        drawn = [c.proto.id for c in at.get("plotly_chart")]
+        assert drawn[0].endswith("patch_picker")  # cleared before the picker, the first of the page's charts
+        charts.reset_mock()
+        at.run()
+        assert not at.exception and plotly_preload.BLANK not in [c.args[1] for c in charts.call_args_list]
+        assert [c.proto.id for c in at.get("plotly_chart")] == drawn  # once per session; the same places
+
+
 
 def test_the_clickable_image_and_the_overlay_share_one_layout(default_world):
     # Rough edge 2: same size and top (the browser test measures them too).
