@@ -492,7 +492,7 @@ class Block(Parent):
             windows = shift_windows(h, grid, w, s, self.shift_padded)  # (B * nw, w*w, D)
             mask = None
             if s:
-                mask = shift_mask(grid, w, s).to(h.device)  # (nw, n, n)
+                mask = shift_mask(tuple(grid), w, s).to(h.device)  # (nw, n, n)
                 mask = mask.repeat(h.shape[0], 1, 1)[:, None]  # (B * nw, 1, n, n)
             y, probs = self.attn(windows, output_attentions, rope, None, (w, w), shared_bias, mask)
             y = unshift_windows(y, grid, w, s, self.shift_padded)[:, :queries]  # (B, T or queries, D)
