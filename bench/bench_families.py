@@ -172,20 +172,78 @@ def hiera(folder: Path):
     return "Hiera-T (HF eager, 224 px)", _hf_eager(config, transformers.HieraForImageClassification, folder), 224
 
 
-def sam2_hiera(folder: Path, size: int = 1024):
-    """timm's: HF's SAM 2 attention returns no attention probabilities (and computes an unused softmax)."""
+def _timm_explicit(name: str, folder: Path, **args):
+    """timm's ``name`` with random weights and its fused attention off (the explicit softmax the parity tests
+    read), saved to ``folder`` with ``save_for_hf``."""
     import timm
 
     timm.layers.set_fused_attn(False)
     try:
-        model = timm.create_model("sam2_hiera_tiny", pretrained=False, num_classes=0).eval()
+        model = timm.create_model(name, pretrained=False, **args).eval()
     finally:
         timm.layers.set_fused_attn(True)
     timm.models.save_for_hf(model, folder, safe_serialization=True)
-    return f"SAM 2 Hiera-T (timm explicit, {size} px)", model, size
+    return model
 
 
-STAGE_MODELS = (swin, swinv2, hiera, sam2_hiera)
+def _read_at_attn_drop(model):
+    """timm's forward with every block's attention read as ``tests/test_swin_parity.py`` reads it: a forward hook
+    on ``attn_drop`` keeping its input (the softmax)."""
+    captured: list[torch.Tensor] = []
+    for block in (b for layer in model.layers for b in layer.blocks):
+        block.attn.attn_drop.register_forward_hook(lambda m, i, o: captured.append(i[0]))
+
+    def run(x):
+        captured.clear()
+        return model(x), list(captured)
+
+    return run
+
+
+def _read_at_softmax(model):
+    """timm's forward with every attention read as ``tests/test_hiera_parity.py`` reads it: timm's Hiera and
+    HieraDet have no module around the softmax, so ``Tensor.softmax`` records its outputs during the call."""
+    softmax = torch.Tensor.softmax
+
+    def run(x):
+        captured = []
+
+        def recording(self, *args, **kwargs):
+            out = softmax(self, *args, **kwargs)
+            captured.append(out)
+            return out
+
+        torch.Tensor.softmax = recording
+        try:
+            return model(x), captured
+        finally:
+            torch.Tensor.softmax = softmax
+
+    return run
+
+
+def swin_timm(folder: Path):
+    model = _timm_explicit("swin_tiny_patch4_window7_224", folder)
+    return "Swin-T (timm explicit, hook, 224 px)", _read_at_attn_drop(model), 224
+
+
+def swinv2_timm(folder: Path):
+    model = _timm_explicit("swinv2_tiny_window8_256", folder)  # timm's Swin V2 has no fused path
+    return "Swin V2-T (timm, hook, 256 px)", _read_at_attn_drop(model), 256
+
+
+def hiera_timm(folder: Path):
+    model = _timm_explicit("hiera_tiny_224", folder)
+    return "Hiera-T (timm explicit, hook, 224 px)", _read_at_softmax(model), 224
+
+
+def sam2_hiera(folder: Path, size: int = 1024):
+    """timm's: HF's SAM 2 attention returns no attention probabilities (and computes an unused softmax)."""
+    model = _timm_explicit("sam2_hiera_tiny", folder, num_classes=0)
+    return f"SAM 2 Hiera-T (timm explicit, hook, {size} px)", _read_at_softmax(model), size
+
+
+STAGE_MODELS = (swin, swinv2, hiera, swin_timm, swinv2_timm, hiera_timm, sam2_hiera)
 
 BUILDS = {**FAMILIES, **{build.__name__: build for build in STAGE_MODELS}}
 
@@ -198,7 +256,8 @@ def main() -> None:
     parser.add_argument("--models", nargs="+", choices=list(BUILDS), default=list(BUILDS))
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    print("| model | theirs (ms) | ours (ms) | ours / theirs | load (1 min) |\n| --- | --- | --- | --- | --- |")
+    print("| model | theirs (ms) | ours (ms) | ours / theirs | pairs | load (1 min) |\n"
+          "| --- | --- | --- | --- | --- | --- |")
     for build in (BUILDS[name] for name in args.models):
         with tempfile.TemporaryDirectory() as tmp:
             torch.manual_seed(0)
@@ -214,7 +273,9 @@ def main() -> None:
                     theirs(x) if label == "theirs" else ours.encode(x, output_attentions=True)
                     times[label].append(time.perf_counter() - start)
         a, b = statistics.median(times["theirs"]) * 1e3, statistics.median(times["ours"]) * 1e3
-        print(f"| {name} | {a:.0f} | {b:.0f} | {b / a:.2f}x | {os.getloadavg()[0]:.1f} |", flush=True)
+        # pairs: the median of each call pair's ratio, steadier than the ratio of medians while the load swings
+        pairs = statistics.median(o / t for t, o in zip(times["theirs"], times["ours"], strict=True))
+        print(f"| {name} | {a:.0f} | {b:.0f} | {b / a:.2f}x | {pairs:.2f}x | {os.getloadavg()[0]:.1f} |", flush=True)
 
 
 if __name__ == "__main__":
