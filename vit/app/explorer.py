@@ -129,6 +129,8 @@ def bias_chunk_bytes(num_heads: int, tokens: int) -> int:
     """Bytes of the logit bias a forward forms at once over ``tokens`` keys: one query chunk of its rows (``heads x
     rows x T`` float32, at most ``blocks.BIAS_CHUNK_BYTES``; the whole ``heads x T²`` is never formed,
     ``Attention.forward``) and their int32 BEiT index (``rows x T``)."""
+    if tokens <= 0:
+        return 0
     rows = min(tokens, max(1, blocks.BIAS_CHUNK_BYTES // (num_heads * tokens * 4)))
     return (num_heads + 1) * rows * tokens * 4
 
