@@ -33,6 +33,10 @@ from vit.model.stages import (
 FUSED_CHUNK_FLOPS = 2**32
 # A bias formed per query chunk (``fused_attention``) holds at most this many bytes at once.
 BIAS_CHUNK_BYTES = 2**26
+# On a CPU, q, k and v are three products from this input width up, one below it: at Swin's, Hiera's and SAM 2's
+# first stages (96 and 192 wide, thousands of rows) one product was ~15 % faster than three at one thread, and SAM 2
+# Hiera-T's forward at 512 px went from 1.06x to 1.01x of timm's.
+SPLIT_QKV_WIDTH = 384
 # The model's shared BEiT bias, asked for by rows (token indices; None: all): (nh, n or T, T).
 SharedBias = Callable[[torch.Tensor | None], torch.Tensor]
 
@@ -145,7 +149,7 @@ class Attention(Parent):
                             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``x`` (B, N, C) -> q, k, v (B, nh, N, hd) each, unscaled, with rotary positions applied to q and k."""
         B, N, C = x.shape
-        if x.device.type == "cpu":
+        if x.device.type == "cpu" and C >= SPLIT_QKV_WIDTH:
             # Three products of the weight's thirds, not one of the whole: one thread's BLAS here runs 768-wide
             # outputs ~10 % faster than 2,304-wide ones (the same FLOPs), and a key without bias skips its add.
             biases = [None] * 3 if self.qkv.bias is None else list(self.qkv.bias.chunk(3))
