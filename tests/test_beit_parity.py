@@ -140,3 +140,36 @@ def test_timm_beit_with_a_non_square_table_and_no_img_size_is_refused_in_one_lin
     with pytest.raises(ValueError, match="img_size") as error:
         open_source(tmp_path / "beit")
     assert "\n" not in str(error.value)
+
+
+@pytest.mark.parametrize("options", [dict(use_relative_position_bias=True),
+                                     dict(use_shared_relative_position_bias=True)], ids=["per-layer", "shared"])
+def test_hf_beit_with_its_bias_formed_per_query_chunk_matches_transformers(tmp_path, monkeypatch, options):
+    # Chunks of at most 4 query rows (of 17) on both paths: the attentions asked for (the scores' rows added to in
+    # place) and the fused one; the shared table too is never formed as its 17 x 17 whole.
+    from vit.model import blocks, layouts
+
+    config = transformers.BeitConfig(**TINY, **options, num_labels=3)
+    config._attn_implementation = "eager"
+    torch.manual_seed(0)
+    model = randomize(transformers.BeitForImageClassification(config))
+    model.save_pretrained(tmp_path / "beit")
+    checkpoint = open_source(tmp_path / "beit")
+    formed = []
+    forward = layouts.RelativePositionBias.forward
+
+    def recorded(self, grid, rows=None):
+        bias = forward(self, grid, rows)
+        formed.append(bias.shape[1])
+        return bias
+
+    monkeypatch.setattr(layouts.RelativePositionBias, "forward", recorded)
+    monkeypatch.setattr(blocks, "BIAS_CHUNK_BYTES", 2 * 2 * 4 * 17 * 4)  # (B, nh, 4 rows, 17 keys) float32
+    images = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        out = model(pixel_values=images, output_attentions=True)
+        ours = checkpoint.model.encode(images, output_attentions=True)
+        fused = checkpoint.model.encode(images).logits
+    assert max(formed) == 4 and sum(formed) == 2 * 2 * 17  # each layer's rows once per path, 4 at most at a time
+    assert_parity("BEiT | HF | bias per query chunk", ours.logits, out.logits, ours.attentions, out.attentions)
+    assert torch.allclose(fused, out.logits, atol=1e-5)

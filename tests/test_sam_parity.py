@@ -127,3 +127,13 @@ def test_hf_sam_forward_with_its_global_bias_formed_per_query_chunk_matches_tran
         ours = last_block(checkpoint, images)
     assert max(formed) == 8 and sum(formed) == 9 + 49 + 9  # every layer's queries once, at most 8 rows at a time
     assert_parity("SAM | HF SamVisionModel | bias per query chunk", ours, expected, [], [])
+
+
+def test_hf_sam_folder_without_a_preprocessor_file_takes_sam_image_processor_defaults(tmp_path):
+    transformers.SamVisionModel(transformers.SamVisionConfig(**TINY)).save_pretrained(tmp_path / "sam")
+    assert not (tmp_path / "sam" / "preprocessor_config.json").exists()
+    p = open_source(tmp_path / "sam").preprocessing
+    reference = transformers.SamImageProcessor()  # its class defaults: what HF uses when the file is missing
+    assert p.mean == pytest.approx(tuple(reference.image_mean)) and p.std == pytest.approx(tuple(reference.image_std))
+    assert reference.resample == 2 and p.resample == "bilinear"  # PIL's BILINEAR
+    assert p.image_size == 56 and reference.pad_size.height == reference.pad_size.width  # padded to a square

@@ -58,7 +58,7 @@ from vit.inference import (
     preprocess,
     preprocess_at,
 )
-from vit.model import ViT
+from vit.model import ViT, blocks
 from vit.model.stages import LayerLayout
 from vit.runfiles import lies_inside
 
@@ -109,11 +109,30 @@ def analysis_limits(max_tokens: int | None = None) -> tuple[int, int]:
 
 
 def analysis_memory(num_layers: int, num_heads: int, hidden_size: int, tokens: int,
-                    cache_bytes: int = LAYER_CACHE_BYTES) -> int:
+                    cache_bytes: int = LAYER_CACHE_BYTES, logit_bias: bool = False) -> int:
     """Bytes one analysed image can hold at most: hidden states, the cache, one layer's queries and keys and
-    one chunk of attention (``CHUNK_BYTES``): every view is built from chunks, so no ``heads x T²`` term."""
+    one chunk of attention (``CHUNK_BYTES``): every view is built from chunks, so no ``heads x T²`` term. With
+    ``logit_bias`` (BEiT's relative positions, SAM's decomposed ones: ``has_logit_bias``), also the query chunk of
+    that bias a forward forms at once (``bias_chunk_bytes``)."""
     hidden = (num_layers + 1) * tokens * hidden_size * 4
-    return hidden + cache_bytes + 2 * tokens * hidden_size * 4 + CHUNK_BYTES
+    bias = bias_chunk_bytes(num_heads, tokens) if logit_bias else 0
+    return hidden + cache_bytes + 2 * tokens * hidden_size * 4 + CHUNK_BYTES + bias
+
+
+def has_logit_bias(config) -> bool:
+    """Whether a model adds a bias over a whole layer's tokens to its attention logits (BEiT's relative position
+    table, per layer or shared; SAM's decomposed relative positions in its global layers)."""
+    return getattr(config, "rel_pos", "none") in ("beit", "beit_shared", "sam")
+
+
+def bias_chunk_bytes(num_heads: int, tokens: int) -> int:
+    """Bytes of the logit bias a forward forms at once over ``tokens`` keys: one query chunk of its rows (``heads x
+    rows x T`` float32, at most ``blocks.BIAS_CHUNK_BYTES``; the whole ``heads x T²`` is never formed,
+    ``Attention.forward``) and their int32 BEiT index (``rows x T``)."""
+    if tokens <= 0:
+        return 0
+    rows = min(tokens, max(1, blocks.BIAS_CHUNK_BYTES // (num_heads * tokens * 4)))
+    return (num_heads + 1) * rows * tokens * 4
 
 
 def _inputs(analysis: Analysis) -> LayerInputs | None:
@@ -222,7 +241,8 @@ def check_input_fits(checkpoint: Checkpoint, grid: tuple[int, int], what: str = 
     tokens = prefix + grid[0] * grid[1]
     max_tokens, limit = analysis_limits(max_tokens)
     bounds.check_tokens(config, tokens, f"{what} ({grid[0]}×{grid[1]} patches + {prefix})", max_tokens, allow)
-    need = analysis_memory(config.num_layers, config.num_heads, config.hidden_size, tokens)
+    need = analysis_memory(config.num_layers, config.num_heads, config.hidden_size, tokens,
+                           logit_bias=has_logit_bias(config))
     if need > limit:
         raise TooManyTokens(f"{what} gives {tokens:,} tokens, which needs about {need / 2**20:,.0f} MB for "
                             f"{config.num_layers} layers × {config.num_heads} heads, over the "

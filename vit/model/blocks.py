@@ -33,6 +33,12 @@ from vit.model.stages import (
 FUSED_CHUNK_FLOPS = 2**32
 # A bias formed per query chunk (``fused_attention``) holds at most this many bytes at once.
 BIAS_CHUNK_BYTES = 2**26
+# On a CPU, q, k and v are three products from this input width up, one below it: at Swin's, Hiera's and SAM 2's
+# first stages (96 and 192 wide, thousands of rows) one product was ~15 % faster than three at one thread, and SAM 2
+# Hiera-T's forward at 512 px went from 1.06x to 1.01x of timm's.
+SPLIT_QKV_WIDTH = 384
+# The model's shared BEiT bias, asked for by rows (token indices; None: all): (nh, n or T, T).
+SharedBias = Callable[[torch.Tensor | None], torch.Tensor]
 
 
 class LayerNorm(nn.LayerNorm):
@@ -143,7 +149,7 @@ class Attention(Parent):
                             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``x`` (B, N, C) -> q, k, v (B, nh, N, hd) each, unscaled, with rotary positions applied to q and k."""
         B, N, C = x.shape
-        if x.device.type == "cpu":
+        if x.device.type == "cpu" and C >= SPLIT_QKV_WIDTH:
             # Three products of the weight's thirds, not one of the whole: one thread's BLAS here runs 768-wide
             # outputs ~10 % faster than 2,304-wide ones (the same FLOPs), and a key without bias skips its add.
             biases = [None] * 3 if self.qkv.bias is None else list(self.qkv.bias.chunk(3))
@@ -180,13 +186,14 @@ class Attention(Parent):
 
     def forward(self, x: torch.Tensor, output_attentions: bool = False,
                 rope: tuple[torch.Tensor, torch.Tensor] | None = None, queries: int | None = None,
-                grid: tuple[int, int] | None = None, shared_bias: torch.Tensor | None = None,
+                grid: tuple[int, int] | None = None, shared_bias: SharedBias | None = None,
                 mask: torch.Tensor | None = None, key_mask: torch.Tensor | None = None, pool: int = 1
                 ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """``x`` (B, N, C) -> the attention's output (B, n, C) and its probabilities (B, nh, n, N) when asked, for
         the first ``n = queries`` tokens' queries (None: all N) against every key. ``grid``: the patch grid of the
-        tokens (a window's, in a windowed layer), which a relative position bias needs; ``shared_bias`` (nh, N, N):
-        the bias every layer adds (BEiT's shared table); ``mask`` (B, 1, N, N): added to the logits too (Swin's
+        tokens (a window's, in a windowed layer), which a relative position bias needs; ``shared_bias(rows)``: rows
+        ``rows`` (token indices; None: all) of the bias every layer adds (BEiT's shared table), (nh, n or N, N);
+        ``mask`` (B, 1, N, N): added to the logits too (Swin's
         shifted-window mask); ``key_mask`` (B, N): False at padding keys, which then get zero probability in both
         paths (NaFlex batches of images on different grids); ``pool``: the queries are max-pooled ``pool`` x
         ``pool`` on ``grid`` (Hiera's query pooling), so ``n = N / pool**2``."""
@@ -217,8 +224,8 @@ class Attention(Parent):
             def bias_rows(start: int, stop: int, q: torch.Tensor = q) -> torch.Tensor:  # q before the rules' copy
                 """Rows ``start..stop`` of all that is added to the logits, ``(B or 1, nh or 1, stop - start, N)``:
                 the position biases, Swin's shifted-window mask and NaFlex's key padding."""
-                shared = None if shared_bias is None else shared_bias[:, start:stop]
                 rows = None if (start, stop) == (0, N) else torch.arange(start, stop)  # None: every row (cached index)
+                shared = None if shared_bias is None else shared_bias(rows)  # (nh, stop - start, N)
                 bias = self.logit_bias(q[:, :, start:stop], grid, shared, rows)
                 if mask is not None:
                     rows_mask = mask[:, :, start:stop].to(q.dtype)  # (B, 1, stop - start, N)
@@ -228,9 +235,9 @@ class Attention(Parent):
                     bias = padding if bias is None else bias + padding
                 return bias
 
-            if explicit or self.hook_bias in active:  # whole, as the softmax or a reader of hook_bias needs it
+            if self.hook_bias in active or (explicit and rules is not PLAIN_RULES):  # whole, as its reader needs it
                 bias = rules.logit_bias(self.hook_bias(bias_rows(0, n)))  # (B or 1, nh or 1, n, N)
-            else:  # formed per query chunk by the fused path: never all n rows at once
+            else:  # formed per query chunk (by the fused path, or added to the scores below): never all n rows
                 bias = bias_rows if rules is PLAIN_RULES else lambda s, e: rules.logit_bias(bias_rows(s, e))
         if rules is not PLAIN_RULES:
             q, k, v = rules.attention_inputs(q, k, v)
@@ -239,7 +246,9 @@ class Attention(Parent):
             # The scale on q (n x hd) rather than on the logits (n x N): one pass over the smaller tensor (timm's
             # order); at SAM 2's global layers (4,096 keys) scaling the logits cost 8 % of the forward.
             scores = (q * scale if scale != 1.0 else q) @ k.transpose(-2, -1)  # (B, nh, n, N)
-            if bias is not None:
+            if callable(bias):  # added in place a chunk of rows at a time: the scores and one chunk, not a second T²
+                scores = add_bias_rows(scores, bias)
+            elif bias is not None:
                 scores = scores + bias
             probs = self.hook_pattern(scores.softmax(dim=-1))
             y = F.dropout(probs, dropout_p, self.training) @ v  # (B, nh, n, hd)
@@ -249,6 +258,20 @@ class Attention(Parent):
             y = fused_attention(q, k, v, dropout_p, bias, None if self.logit_scale is None else 1.0)  # (B, nh, n, hd)
         z = self.hook_z(y.transpose(1, 2))  # (B, n, nh, hd): each head's context, before the projection
         return self.proj_dropout(self.proj(z.reshape(B, q.shape[2], -1))), probs if output_attentions else None
+
+
+def add_bias_rows(scores: torch.Tensor, bias: Callable[[int, int], torch.Tensor]) -> torch.Tensor:
+    """``scores`` (B, nh, n, N) plus ``bias(start, stop)`` (its rows ``start..stop``, broadcast to the scores'),
+    added in place in chunks of at most ``BIAS_CHUNK_BYTES``: the same sums as one add of the whole bias. Where
+    autograd records the scores, one add of the whole (the in-place chunks would each keep a copy for the backward
+    of their slice)."""
+    B, nh, n, N = scores.shape
+    if scores.requires_grad:
+        return scores + bias(0, n)
+    rows = max(1, BIAS_CHUNK_BYTES // (B * nh * N * scores.element_size()))
+    for s in range(0, n, rows):
+        scores[:, :, s:s + rows] += bias(s, min(s + rows, n))
+    return scores
 
 
 def fused_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float = 0.0,
@@ -274,6 +297,7 @@ def fused_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p
         mask = None if bias is None else bias(s, e) if callable(bias) else bias[:, :, s:e]
         out[:, :, s:e] = F.scaled_dot_product_attention(q[:, :, s:e], k, v, attn_mask=mask, dropout_p=dropout_p,
                                                         scale=scale)
+        del mask  # before the next chunk's is formed: one chunk at a time, not two
     return out  # (B, nh, n, hd)
 
 
@@ -441,13 +465,14 @@ class Block(Parent):
 
     def forward(self, x: torch.Tensor, output_attentions: bool = False,
                 rope: tuple[torch.Tensor, torch.Tensor] | None = None, queries: int | None = None,
-                grid: tuple[int, int] | None = None, shared_bias: torch.Tensor | None = None,
+                grid: tuple[int, int] | None = None, shared_bias: SharedBias | None = None,
                 key_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """``x`` (B, T, D) -> the block's output for its first ``queries`` tokens (None: all), which attend to
         every token, and the attention (B, nh, queries or T, T) when asked; a windowed block's is each window's,
         ``(B * nw, nh, w*w, w*w)`` (``window_partition``'s order, after the cyclic shift in a shifting block).
         ``grid``: the patch grid of ``x`` (needed by windows, relative positions and a merge; after a merge the
-        block works on ``grid_after(grid)``); ``shared_bias``: the bias every layer adds (BEiT's shared table);
+        block works on ``grid_after(grid)``); ``shared_bias(rows)``: rows of the bias every layer adds (BEiT's shared
+        table, ``Attention.forward``);
         ``key_mask`` (B, T): False at padding tokens, which no query reads."""
         x = self.hook_resid_pre(x)
         if self.merge is not None and grid is None:
@@ -471,7 +496,7 @@ class Block(Parent):
             windows = shift_windows(h, grid, w, s, self.shift_padded)  # (B * nw, w*w, D)
             mask = None
             if s:
-                mask = shift_mask(grid, w, s).to(h.device)  # (nw, n, n)
+                mask = shift_mask(tuple(grid), w, s).to(h.device)  # (nw, n, n)
                 mask = mask.repeat(h.shape[0], 1, 1)[:, None]  # (B * nw, 1, n, n)
             y, probs = self.attn(windows, output_attentions, rope, None, (w, w), shared_bias, mask)
             y = unshift_windows(y, grid, w, s, self.shift_padded)[:, :queries]  # (B, T or queries, D)

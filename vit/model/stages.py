@@ -56,6 +56,7 @@ pooling (``merge_matrix`` of the key window); a global layer is one window of ev
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 import torch
 import torch.nn.functional as F
@@ -138,7 +139,8 @@ def shift_windows(x: torch.Tensor, grid: tuple[int, int], window: int, shift: in
     ph, pw = -gh % window, -gw % window
     if shift and not shift_padded:
         x = torch.roll(x, (-shift, -shift), (1, 2))
-    x = F.pad(x, (0, 0, 0, pw, 0, ph))  # (B, Gh, Gw, D)
+    if ph or pw:  # (F.pad copies even when it adds nothing)
+        x = F.pad(x, (0, 0, 0, pw, 0, ph))  # (B, Gh, Gw, D)
     if shift and shift_padded:
         x = torch.roll(x, (-shift, -shift), (1, 2))
     Gh, Gw = gh + ph, gw + pw
@@ -162,10 +164,12 @@ def unshift_windows(windows: torch.Tensor, grid: tuple[int, int], window: int, s
     return x.reshape(-1, gh * gw, D)
 
 
+@lru_cache(maxsize=32)
 def shift_mask(grid: tuple[int, int], window: int, shift: int) -> torch.Tensor:
     """Swin's shifted-window attention mask ``(nw, w*w, w*w)``: -100 between tokens that the cyclic shift brought
     together from different regions of the (padded) grid, 0 elsewhere (HF / timm ``get_attn_mask``; both libraries
-    cut the regions on the padded grid)."""
+    cut the regions on the padded grid). Kept per grid, as timm keeps it in a buffer (forming it in every shifted
+    block was ~2 % of Swin-T's forward at one thread); read it, never write to it."""
     gh, gw = grid
     Gh, Gw = -(-gh // window) * window, -(-gw // window) * window
     rows, cols = torch.arange(Gh), torch.arange(Gw)
@@ -286,9 +290,11 @@ class QueryPool(nn.Module):
 
 # --- Swin's relative position biases over a window's offsets ----------------------------------------------------
 
+@lru_cache(maxsize=8)
 def swin_relative_index(window: int) -> torch.Tensor:
     """``(w*w, w*w)``: each pair of a window's tokens' offset, row-major over ``(2w-1, 2w-1)`` (HF / timm
-    ``relative_position_index``)."""
+    ``relative_position_index``); kept per window side, as the libraries keep it in a buffer (read it, never write
+    to it)."""
     coords = torch.stack(torch.meshgrid(torch.arange(window), torch.arange(window), indexing="ij")).flatten(1)
     rel = (coords[:, :, None] - coords[:, None, :]).permute(1, 2, 0) + (window - 1)  # (n, n, 2)
     return rel[..., 0] * (2 * window - 1) + rel[..., 1]
@@ -308,7 +314,7 @@ class SwinPositionBias(nn.Module):
             raise ValueError(f"Swin's position table covers {self.window}x{self.window} windows, not {window}")
         n = self.window ** 2
         index = swin_relative_index(self.window).to(self.table.device)  # made here: a buffer would stay on meta
-        return self.table[index.reshape(-1)].view(n, n, -1).permute(2, 0, 1)
+        return self.table.index_select(0, index.reshape(-1)).view(n, n, -1).permute(2, 0, 1)
 
 
 class SwinV2PositionBias(nn.Module):
@@ -339,4 +345,5 @@ class SwinV2PositionBias(nn.Module):
         weight = self.cpb_mlp[0].weight
         table = self.cpb_mlp(self.coords(window).to(weight.device, weight.dtype))  # ((2w-1)**2, nh)
         index = swin_relative_index(window).to(weight.device)
-        return 16 * torch.sigmoid(table[index.reshape(-1)].view(n, n, -1).permute(2, 0, 1))
+        table = 16 * torch.sigmoid(table)  # per offset, before it is spread over the pairs (the same values)
+        return table.index_select(0, index.reshape(-1)).view(n, n, -1).permute(2, 0, 1)

@@ -6,6 +6,7 @@ import contextlib
 import math
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 import torch.nn.functional as F
@@ -271,7 +272,9 @@ class ViT(Parent):
         if grid is None and (c.rel_pos != "none" or c.window_size or c.stage_depths):
             raise ValueError("this model's attention layout (relative positions, windows) needs the patch grid")
         grid = None if grid is None else tuple(grid)
-        shared = self.rel_pos_bias(grid) if self.rel_pos_bias is not None else None  # (nh, T, T), once per forward
+        # BEiT's shared bias, (nh, T, T) whole: each layer forms the rows it needs, a query chunk at a time (at 16,384
+        # tokens and 12 heads the whole is 12.9 GB)
+        shared = partial(self.rel_pos_bias, grid) if self.rel_pos_bias is not None else None
         attentions = []
         blocks = list(self.blocks)[start:stop]  # not self.blocks[start:stop]: that builds a ModuleList
         if grid is not None and c.stage_depths:

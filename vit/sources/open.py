@@ -356,7 +356,9 @@ def _default_preprocessing(config: ViTConfig, architecture: str) -> Preprocessin
                              crop_rule="transformers")
     if architecture.startswith("Siglip"):  # SiglipImageProcessor: 224 square, bilinear, mean/std 0.5
         return Preprocessing(side, channels, (0.5,) * channels, (0.5,) * channels, resample="bilinear")
-    if architecture.startswith("Sam2"):  # Sam2ImageProcessor: 1024 square, bilinear, ImageNet statistics
+    # Sam2ImageProcessor: 1024 square, bilinear, ImageNet statistics. SamImageProcessor: the same statistics and
+    # filter, its longest edge resized to 1024 then padded to a square (a square image: the same square resize).
+    if architecture.startswith("Sam"):
         return Preprocessing(side, channels, IMAGENET_MEAN[:channels], IMAGENET_STD[:channels], resample="bilinear")
     if architecture.startswith(("Beit", "Data2VecVision")):  # BeitImageProcessor: 224 square, bicubic, mean/std 0.5
         return Preprocessing(side, channels, (0.5,) * channels, (0.5,) * channels, resample="bicubic")
