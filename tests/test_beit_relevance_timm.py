@@ -46,3 +46,18 @@ def test_cp_lrp_relevance_sums_to_the_logit_through_the_bias(beit):
                 p.zero_()
     images = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(2))
     assert_cp_lrp_conserves(ours, images, atol_of_logit=1e-5)
+
+
+def test_a_forward_in_inference_mode_leaves_a_cached_index_a_gradient_pass_can_save(beit):
+    """The explorer's forward runs in inference mode, then AttnLRP or LeGrad takes gradients through the same model:
+    the position index the first caches must not be an inference tensor, which autograd refuses to save."""
+    _, ours = beit
+    for module in ours.modules():
+        if hasattr(module, "_index"):
+            module._index = None
+    images = torch.randn(1, 3, 32, 32, generator=torch.Generator().manual_seed(3))
+    with torch.inference_mode():
+        ours(images)
+    images.requires_grad_(True)
+    ours(images)[0][0, 0].backward()
+    assert images.grad is not None and images.grad.abs().sum() > 0

@@ -228,3 +228,19 @@ def test_what_stacks_a_swins_hidden_states_refuses_it_in_one_line_and_the_datase
     assert "--mechanism" in line and "stages" in line and not (tmp_path / "out").exists()
     assert analyze.main(args) == 0  # the summaries each layer has on its own grid (test_stage_dataset)
     assert json.loads((tmp_path / "out" / "analysis.json").read_text())["readout"] == "average pooling"
+
+
+def test_a_forward_in_inference_mode_leaves_cached_windows_a_gradient_pass_can_save(swin):
+    """The explorer's forward runs in inference mode, then LeGrad or AttnLRP takes gradients through the same model:
+    the shift mask and relative index the first caches must not be inference tensors, which autograd cannot save."""
+    from vit.model.stages import shift_mask, swin_relative_index
+
+    checkpoint = swin[0]
+    shift_mask.cache_clear()
+    swin_relative_index.cache_clear()
+    images = preprocess([IMAGE], checkpoint.preprocessing)
+    with torch.inference_mode():
+        checkpoint.model(images)
+    images.requires_grad_(True)
+    checkpoint.model(images)[0][0, 0].backward()
+    assert images.grad is not None and images.grad.abs().sum() > 0

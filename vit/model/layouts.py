@@ -107,7 +107,8 @@ class RelativePositionBias(nn.Module):
             return beit_relative_position_index(grid, rows)
         cached = self._index
         if cached is None or cached[0] != grid:
-            cached = self._index = (grid, beit_relative_position_index(grid))
+            with torch.inference_mode(False):  # kept for gradient passes too: an inference tensor cannot be saved
+                cached = self._index = (grid, beit_relative_position_index(grid))
         return cached[1]
 
     def forward(self, grid: tuple[int, int], rows: torch.Tensor | None = None) -> torch.Tensor:

@@ -170,14 +170,15 @@ def shift_mask(grid: tuple[int, int], window: int, shift: int) -> torch.Tensor:
     together from different regions of the (padded) grid, 0 elsewhere (HF / timm ``get_attn_mask``; both libraries
     cut the regions on the padded grid). Kept per grid, as timm keeps it in a buffer (forming it in every shifted
     block was ~2 % of Swin-T's forward at one thread); read it, never write to it."""
-    gh, gw = grid
-    Gh, Gw = -(-gh // window) * window, -(-gw // window) * window
-    rows, cols = torch.arange(Gh), torch.arange(Gw)
-    region_r = (rows >= Gh - window).long() + (rows >= Gh - shift).long()
-    region_c = (cols >= Gw - window).long() + (cols >= Gw - shift).long()
-    region = (region_r[:, None] * 3 + region_c[None, :]).view(Gh // window, window, Gw // window, window)
-    region = region.permute(0, 2, 1, 3).reshape(-1, window * window)  # (nw, n)
-    return torch.where(region[:, None, :] == region[:, :, None], 0.0, -100.0)
+    with torch.inference_mode(False):  # kept for gradient passes too: an inference tensor cannot be saved for them
+        gh, gw = grid
+        Gh, Gw = -(-gh // window) * window, -(-gw // window) * window
+        rows, cols = torch.arange(Gh), torch.arange(Gw)
+        region_r = (rows >= Gh - window).long() + (rows >= Gh - shift).long()
+        region_c = (cols >= Gw - window).long() + (cols >= Gw - shift).long()
+        region = (region_r[:, None] * 3 + region_c[None, :]).view(Gh // window, window, Gw // window, window)
+        region = region.permute(0, 2, 1, 3).reshape(-1, window * window)  # (nw, n)
+        return torch.where(region[:, None, :] == region[:, :, None], 0.0, -100.0)
 
 
 def window_and_shift(grid: tuple[int, int], window: int, shift: bool, shrink: bool = False) -> tuple[int, int]:
@@ -295,9 +296,10 @@ def swin_relative_index(window: int) -> torch.Tensor:
     """``(w*w, w*w)``: each pair of a window's tokens' offset, row-major over ``(2w-1, 2w-1)`` (HF / timm
     ``relative_position_index``); kept per window side, as the libraries keep it in a buffer (read it, never write
     to it)."""
-    coords = torch.stack(torch.meshgrid(torch.arange(window), torch.arange(window), indexing="ij")).flatten(1)
-    rel = (coords[:, :, None] - coords[:, None, :]).permute(1, 2, 0) + (window - 1)  # (n, n, 2)
-    return rel[..., 0] * (2 * window - 1) + rel[..., 1]
+    with torch.inference_mode(False):  # kept for gradient passes too: an inference tensor cannot be saved for them
+        coords = torch.stack(torch.meshgrid(torch.arange(window), torch.arange(window), indexing="ij")).flatten(1)
+        rel = (coords[:, :, None] - coords[:, None, :]).permute(1, 2, 0) + (window - 1)  # (n, n, 2)
+        return rel[..., 0] * (2 * window - 1) + rel[..., 1]
 
 
 class SwinPositionBias(nn.Module):
