@@ -25,7 +25,6 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
-from torchvision.transforms import v2
 
 from vit.checkpoint import CheckpointError, Preprocessing, save_checkpoint
 from vit.cli import UsageError  # noqa: F401 (invalid arguments or settings: one line before anything is written)
@@ -275,6 +274,10 @@ class Trainer:
                 self.eval_net = torch.compile(self.eval_net, mode=settings.compile_mode)
         self.autocast_dtype = _autocast_dtype(settings.precision, self.device)
         mixers = []
+        if settings.mixup > 0 or settings.cutmix > 0:
+            # Here, not at the top: torchvision loads torch._dynamo and inductor (2-3 s), which every training
+            # process (torchrun's ranks, Ray's workers) paid at start-up although only MixUp and CutMix need it.
+            from torchvision.transforms import v2
         if settings.mixup > 0:
             mixers.append(v2.MixUp(alpha=settings.mixup, num_classes=settings.num_classes))
         if settings.cutmix > 0:
