@@ -275,8 +275,9 @@ class Trainer:
         self.autocast_dtype = _autocast_dtype(settings.precision, self.device)
         mixers = []
         if settings.mixup > 0 or settings.cutmix > 0:
-            # Here, not at the top: torchvision loads torch._dynamo and inductor (2-3 s), which every training
-            # process (torchrun's ranks, Ray's workers) paid at start-up although only MixUp and CutMix need it.
+            # Here, not at the top: only MixUp and CutMix need torchvision, whose models and ops cost every training
+            # process (torchrun's ranks, Ray's workers) ~0.3 s of CPU at start-up (the torch._dynamo it loads comes
+            # anyway: the optimizer loads it on its first parameter group).
             from torchvision.transforms import v2
         if settings.mixup > 0:
             mixers.append(v2.MixUp(alpha=settings.mixup, num_classes=settings.num_classes))
