@@ -102,6 +102,23 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """With ``VIT_TEST_TIMELINE=FILE`` each test appends ``worker start stop id`` (wall-clock seconds, setup and
+    teardown included) to FILE: which worker ran what, and when, to see where a parallel run waits."""
+    path = os.environ.get("VIT_TEST_TIMELINE")
+    if not path:
+        yield
+        return
+    import time
+
+    began = time.time()
+    yield
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+    with open(path, "a") as out:
+        out.write(f"{worker} {began:.2f} {time.time():.2f} {item.nodeid}\n")
+
+
 # ---------------------------------------------------------------------------------------------
 # A real local Ray cluster for the tests that ask for it (tests/ray_cluster.py): started once.
 

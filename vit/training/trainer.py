@@ -25,7 +25,6 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
-from torchvision.transforms import v2
 
 from vit.checkpoint import CheckpointError, Preprocessing, save_checkpoint
 from vit.cli import UsageError  # noqa: F401 (invalid arguments or settings: one line before anything is written)
@@ -275,6 +274,11 @@ class Trainer:
                 self.eval_net = torch.compile(self.eval_net, mode=settings.compile_mode)
         self.autocast_dtype = _autocast_dtype(settings.precision, self.device)
         mixers = []
+        if settings.mixup > 0 or settings.cutmix > 0:
+            # Here, not at the top: only MixUp and CutMix need torchvision, whose models and ops cost every training
+            # process (torchrun's ranks, Ray's workers) ~0.3 s of CPU at start-up (the torch._dynamo it loads comes
+            # anyway: the optimizer loads it on its first parameter group).
+            from torchvision.transforms import v2
         if settings.mixup > 0:
             mixers.append(v2.MixUp(alpha=settings.mixup, num_classes=settings.num_classes))
         if settings.cutmix > 0:
