@@ -21,13 +21,14 @@ from vit.model import ViT, ViTConfig
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
 TIMEOUT_MS = int(os.environ.get("BROWSER_TIMEOUT_MS", 900_000))  # two busy cores: as the other browser tests
-# 6 layers x 785 tokens: the head grid (6 passes), then the residual grid (4,710 passes), minutes even on two idle
-# cores, so that session A's grid is still running when session B asks for its own (a grid of 6 x 197 once ended
-# first on an idle machine, and the test waited for a "waiting" that never came). Both grids are stopped early.
+# 6 layers x 785 tokens: the head grid (18 passes, one a head), then the residual grid (4,710 passes), minutes even
+# on two idle cores, so that session A's grid is still running when session B asks for its own (a grid of 6 x 197
+# once ended first on an idle machine, and the test waited for a "waiting" that never came). Both grids are stopped
+# early.
 CONFIG = ViTConfig(image_size=224, patch_size=8, num_channels=3, num_classes=10, hidden_size=192, num_layers=6,
                    num_heads=3, mlp_size=768)
 GRID = "Every layer and token too (6 × 785 passes)"
-PASSES = " of 4716 passes"
+PASSES = " of 4728 passes"
 LABEL = "Patching the clean image's activations into the corrupted one"
 
 

@@ -1139,7 +1139,8 @@ def patching_view(checkpoint: Checkpoint, clean: Image.Image, corrupted: Image.I
                   progress: work.Progress | None = None) -> PatchingView:
     """Patch each head output (and with ``residual`` each (layer, position) of the residual stream) of ``clean``
     into ``corrupted``; the logit difference between their predicted classes, as the share recovered.
-    ``progress(passes done, total)``: the head grid's ``L`` passes, then the residual grid's ``L * T``."""
+    ``progress(passes done, total)``: the head grid's one pass a head of every layer, then the residual grid's
+    ``L * T``."""
     x_clean, x_corrupted = _model_input(checkpoint, clean, size), _model_input(checkpoint, corrupted, size)
     model = checkpoint.model
     grid = model.patch_grid(*x_clean.shape[-2:])
