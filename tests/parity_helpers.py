@@ -69,17 +69,21 @@ def save_timm(model: torch.nn.Module, folder: Path, **model_args) -> Path:
     return folder
 
 
+def run_hooked(hooks, run):
+    """``run()``'s result without gradients, the hook handles ``hooks`` removed after it whatever happens."""
+    try:
+        with torch.no_grad():
+            return run()
+    finally:
+        for hook in hooks:
+            hook.remove()
+
+
 def capture_inputs(modules, run):
     """``run()``'s result and the first input each of ``modules`` got during it, in call order."""
     captured = []
     hooks = [m.register_forward_hook(lambda m, i, o: captured.append(i[0])) for m in modules]
-    try:
-        with torch.no_grad():
-            result = run()
-    finally:
-        for hook in hooks:
-            hook.remove()
-    return result, captured
+    return run_hooked(hooks, run), captured
 
 
 def timm_outputs(model, images):

@@ -14,7 +14,7 @@
 
 import pytest
 import torch
-from parity_helpers import randomize
+from parity_helpers import randomize, run_hooked
 from test_family_relevance_timm import assert_attnlrp_equals_lxt, assert_cp_lrp_conserves
 from test_hiera_parity import TIMM_TINY, save_hf_hiera
 from test_swin_methods import one_grid_calls
@@ -68,12 +68,7 @@ def _last_stage_of_hf(reference, images):
     for layer in reference.hiera.encoder.stages[-1].layers:
         hooks += [layer.attn.register_forward_hook(lambda m, args, out: branches.append(out[0])),
                   layer.register_forward_hook(lambda m, args, out: outputs.append(out[0]))]
-    try:
-        with torch.no_grad():
-            logits = reference(pixel_values=images).logits
-    finally:
-        for hook in hooks:
-            hook.remove()
+    logits = run_hooked(hooks, lambda: reference(pixel_values=images).logits)
     return branches, outputs, logits
 
 

@@ -16,7 +16,7 @@
 
 import pytest
 import torch
-from parity_helpers import randomize
+from parity_helpers import randomize, run_hooked
 from test_family_relevance_timm import assert_attnlrp_equals_lxt, assert_cp_lrp_conserves
 
 from vit.explain import attention, mechanism, relevance
@@ -30,15 +30,20 @@ SIZE = 32  # an 8x8 grid in windows of 4, shifted; then 4x4, one window
 TINY = dict(embed_dim=24, depths=(2, 2), num_heads=(2, 4), window_size=4)
 
 
-@pytest.fixture(scope="module")
-def hf_swin(tmp_path_factory):
-    config = transformers.SwinConfig(image_size=SIZE, patch_size=4, num_labels=3, **TINY)
+def _saved_swin(tmp_path_factory, name, **overrides):
+    """A random HF Swin classifier (``TINY`` with ``overrides``), saved natively: it and ours opened from it."""
+    config = transformers.SwinConfig(image_size=SIZE, patch_size=4, num_labels=3, **{**TINY, **overrides})
     config._attn_implementation = "eager"
     torch.manual_seed(0)
     model = randomize(transformers.SwinForImageClassification(config))
-    folder = tmp_path_factory.mktemp("swin")
+    folder = tmp_path_factory.mktemp(name)
     model.save_pretrained(folder)
     return model, open_source(folder).model
+
+
+@pytest.fixture(scope="module")
+def hf_swin(tmp_path_factory):
+    return _saved_swin(tmp_path_factory, "swin")
 
 
 def test_zero_ablating_a_later_stages_head_equals_hf_with_its_context_zeroed(hf_swin):
@@ -70,13 +75,7 @@ def test_zero_ablating_a_later_stages_head_equals_hf_with_its_context_zeroed(hf_
 @pytest.fixture(scope="module")
 def hf_swin_shifted(tmp_path_factory):
     """Windows of 2, so the last stage's 4x4 grid is cut into four and every other block shifts them."""
-    config = transformers.SwinConfig(image_size=SIZE, patch_size=4, num_labels=3, **{**TINY, "window_size": 2})
-    config._attn_implementation = "eager"
-    torch.manual_seed(0)
-    model = randomize(transformers.SwinForImageClassification(config))
-    folder = tmp_path_factory.mktemp("swin-shifted")
-    model.save_pretrained(folder)
-    return model, open_source(folder).model
+    return _saved_swin(tmp_path_factory, "swin-shifted", window_size=2)
 
 
 def _last_stage_of_hf(reference, images):
@@ -86,12 +85,7 @@ def _last_stage_of_hf(reference, images):
         hooks += [block.register_forward_pre_hook(lambda m, args: inputs.append(args[0])),
                   block.layernorm_after.register_forward_pre_hook(lambda m, args: mids.append(args[0])),
                   block.register_forward_hook(lambda m, args, out: outputs.append(out[0]))]
-    try:
-        with torch.no_grad():
-            logits = reference(pixel_values=images).logits
-    finally:
-        for hook in hooks:
-            hook.remove()
+    logits = run_hooked(hooks, lambda: reference(pixel_values=images).logits)
     return inputs, mids, outputs, logits
 
 
