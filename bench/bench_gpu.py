@@ -27,8 +27,10 @@ each launches (each one a kernel launch on a GPU), and a cifar-s training step w
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -90,9 +92,22 @@ def measured_peak_tflops(device: torch.device, n: int = 8192, repeats: int = 10)
     return 2 * n ** 3 / sorted(times)[len(times) // 2] / 1e12
 
 
-def train_flops_per_image(preset: str, batch: int = 2) -> float:
+def parse_model(spec: str) -> tuple[str, int | None]:
+    """``PRESET`` or ``PRESET:pN`` (the preset with N-pixel patches, as ``vit.train --patch-size N``)."""
+    preset, _, patch = spec.partition(":p")
+    if preset not in PRESETS or (patch and not patch.isdigit()):
+        raise SystemExit(f"unknown model {spec!r}: give a preset ({', '.join(PRESETS)}), optionally with :pN")
+    return preset, int(patch) if patch else None
+
+
+def model_config(spec: str):
+    preset, patch = parse_model(spec)
+    return replace(PRESETS[preset], patch_size=patch) if patch else PRESETS[preset]
+
+
+def train_flops_per_image(spec: str, batch: int = 2) -> float:
     """FLOP of one forward and backward per image, counted on the CPU in fp32 (same count as bf16)."""
-    model = ViT(PRESETS[preset])
+    model = ViT(model_config(spec))
     x = torch.randn(batch, model.config.num_channels, model.config.image_size, model.config.image_size)
     with FlopCounterMode(display=False) as counter:
         logits, _ = model(x)
@@ -110,10 +125,12 @@ def synthetic_data(n: int, size: int, classes: int, seed: int = 0) -> Dataset:
                    mean, std, True)
 
 
-def make_trainer(preset: str, data: Dataset, batch: int, device: torch.device, compile_: bool,
+def make_trainer(spec: str, data: Dataset, batch: int, device: torch.device, compile_: bool,
                  compile_mode: str) -> Trainer:
+    preset, patch = parse_model(spec)
     argv = ["--dataset", "folder:unused", "--out", "unused", "--preset", preset, "--batch-size", str(batch),
             "--epochs", "1", "--device", str(device), "--compile-mode", compile_mode]
+    argv += ["--patch-size", str(patch)] if patch else []
     args = parse_args(argv + (["--compile"] if compile_ else []), check_out=False)
     resolve_model(args, len(data.class_names))
     return Trainer(settings_from_args(args), data, run_dir=None, device=device)
@@ -237,7 +254,8 @@ def augmentation_table(device: torch.device, rounds: int, repeats: int, step_bat
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--models", default="cifar-s,cifar-m,vit-base-16", help="comma-separated presets")
+    parser.add_argument("--models", default="cifar-s,cifar-m,vit-base-16",
+                        help="comma-separated presets, each optionally PRESET:pN for N-pixel patches")
     parser.add_argument("--batch", type=int, help="batch size for every model (default: per model and device)")
     parser.add_argument("--warmup", type=int, help="untimed steps first (default: per model and device)")
     parser.add_argument("--steps", type=int, help="timed steps (default: per model and device)")
@@ -250,7 +268,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--measure-peak", action="store_true", help="also time a bf16 8192^3 matrix product")
     parser.add_argument("--threads", type=int, help="torch CPU threads")
     parser.add_argument("--skip-augmentation", action="store_true", help="leave out the before/after table")
+    parser.add_argument("--json", metavar="FILE", help="also write each model's row as JSON lines to FILE")
     args = parser.parse_args(argv)
+    for spec in args.models.split(","):
+        parse_model(spec)
     if args.threads:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device)
@@ -268,8 +289,8 @@ def main(argv: list[str] | None = None) -> None:
               f"{'s/50k img':>10} {'TFLOP/s':>8} {'MFU':>6}" + (f" {'MFU(meas)':>10}" if measured else ""))
     lines = [header]
     for preset in args.models.split(","):
-        config = PRESETS[preset]
-        (batch, warmup, steps) = DEFAULTS.get(preset, ((256, 10, 30), (8, 1, 2)))[device.type != "cuda"]
+        config = model_config(preset)
+        (batch, warmup, steps) = DEFAULTS.get(parse_model(preset)[0], ((256, 10, 30), (8, 1, 2)))[device.type != "cuda"]
         batch, warmup, steps = args.batch or batch, args.warmup or warmup, args.steps or steps
         if config.image_size == 32 and cifar is not None:
             data = cifar
@@ -287,6 +308,14 @@ def main(argv: list[str] | None = None) -> None:
             line += f" {achieved / measured:>10.1%}"
         lines.append(line)
         print(line, flush=True)
+        if args.json:
+            row = {"model": preset, "params": count_parameters(trainer.model), "image_size": config.image_size,
+                   "batch": batch, "compile": args.compile_mode if args.compile else None,
+                   "flops_per_image": flops, "images_per_s": rate, "tflops": achieved,
+                   "mfu": achieved / peak if peak else None, "mfu_measured": achieved / measured if measured else None,
+                   "device": name, "measured_peak_tflops": measured, "torch": torch.__version__}
+            with open(args.json, "a") as f:
+                f.write(json.dumps(row) + "\n")
         del trainer
         if device.type == "cuda":
             torch.cuda.empty_cache()

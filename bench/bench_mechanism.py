@@ -155,15 +155,27 @@ def residual_loop_prisma(prisma, clean, corrupted, layers: int | None = None):
     return out
 
 
+DEVICE = torch.device("cpu")
+
+
+def _sync() -> None:
+    if DEVICE.type == "cuda":
+        torch.cuda.synchronize(DEVICE)
+
+
 def time_call(fn) -> float:
+    _sync()
     start = time.perf_counter()
     fn()
+    _sync()
     return time.perf_counter() - start
 
 
 def cpu_call(fn) -> float:
     """The process's CPU seconds for ``fn()`` (all threads): on a machine shared with other jobs, the wall time
-    mostly measures their load."""
+    mostly measures their load. On a GPU, the wall time between synchronisations (the CPU only launches)."""
+    if DEVICE.type == "cuda":
+        return time_call(fn)
     start = time.process_time()
     fn()
     return time.process_time() - start
@@ -188,7 +200,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--prisma", action="store_true",
                    help="build the model from random timm weights and add ViT-Prisma's run_with_hooks loop (a "
                         "TransformerLens-style baseline) on the same weights to the residual grids")
+    p.add_argument("--device", default="cpu", help="cpu or cuda (there the residual grids are timed in wall seconds)")
     args = p.parse_args(argv)
+    global DEVICE
+    DEVICE = torch.device(args.device)
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     model = ViT(ViTConfig.from_preset(args.preset)).eval()
@@ -198,8 +213,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.prisma:
         prisma, model = prisma_twin(model, side)
         c = model.config
-    clean, corrupted = torch.randn(2, 1, c.num_channels, side, side)
-    references = torch.randn(REFERENCE_CHUNK, c.num_channels, side, side)
+    model = model.to(DEVICE)
+    clean, corrupted = torch.randn(2, 1, c.num_channels, side, side, device=DEVICE)
+    references = torch.randn(REFERENCE_CHUNK, c.num_channels, side, side, device=DEVICE)
     calls = {
         "forward (baseline)": lambda: model(clean),
         "logit lens": lambda: mechanism.logit_lens(model, clean),
@@ -255,7 +271,8 @@ def main(argv: list[str] | None = None) -> int:
     base = statistics.median(times["forward (baseline)"])
     tokens = (side // c.patch_size) ** 2 + model.num_prefix_tokens
     print(f"{args.preset}, {side} px ({tokens} tokens, {c.num_layers} layers x {c.num_heads} heads), "
-          f"{args.threads} thread(s), torch {torch.__version__}")
+          f"{args.threads} thread(s), torch {torch.__version__}, {args.device}"
+          + (f" ({torch.cuda.get_device_name(DEVICE)})" if DEVICE.type == "cuda" else ""))
     print(f"{'what':28s} {'median s':>10s} {'x forward':>10s}  runs")
     for name, values in times.items():
         median = statistics.median(values)
