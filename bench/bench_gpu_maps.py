@@ -38,8 +38,9 @@ themselves take (n/a on the CPU); ``ours / authors``: on an authors' row, our me
 peak over theirs; ``agree``: every image's map of the warm-up call against ours (``bench_relevance.check_agree``:
 LeGrad upsampled and min-max normalised as its authors return it; both maps divided by the authors' peak first, so
 the tolerance, rtol = atol = 1e-4, is relative to the map); ``note``: ``OOM`` (the device ran out of memory),
-``refused: ...`` (a method's own bound, its one-line message), ``skipped: ...`` (over ``--budget-s``), or how many
-repeats were timed when fewer than ``--repeats`` fitted ``--cell-s``.
+``refused: ...`` (a method's own bound, its one-line message), ``failed: ...`` (another error of the device's,
+e.g. a kernel's limit on a tensor's size), ``skipped: ...`` (over ``--budget-s``), or how many repeats were timed
+when fewer than ``--repeats`` fitted ``--cell-s``.
 
 The cells run in order of cost (ViT-B/16 at 224 px first, batch 1 before batch 64), so that ``--budget-s`` (the
 whole run's seconds) cuts the costliest; a batch is skipped when batch 1's rate says it would not fit what is left.
@@ -183,7 +184,7 @@ def free(device: torch.device) -> None:
 
 def is_oom(error: BaseException) -> bool:
     return isinstance(error, (torch.cuda.OutOfMemoryError, MemoryError)) or (
-        isinstance(error, RuntimeError) and "out of memory" in str(error))
+        isinstance(error, RuntimeError) and any(s in str(error) for s in ("out of memory", "ALLOC_FAILED")))
 
 
 def first_line(error: BaseException, limit: int = 160) -> str:
@@ -405,7 +406,11 @@ def main(argv: list[str] | None = None) -> int:
             del x, classes, ours
         del hf
         if n == 0 and args.analyze_images > 0:  # after the most important cells, with their model
-            cells.append(analyze_row(model.cpu(), args.analyze_images, device, max(left(), 1.0)))
+            try:
+                row = analyze_row(model.cpu(), args.analyze_images, device, max(left(), 1.0))
+            except Exception as e:  # noqa: BLE001 - the row's note; the table goes on
+                row = {"model": "vit.analyze", "method": "whole command", "note": f"failed: {first_line(e)}"}
+            cells.append(row)
             print(markdown([], cells[-1:]).splitlines()[-1], flush=True)
             write(args.out, header, cells)
         del model
@@ -417,7 +422,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def run_cell(method: str, hf: torch.nn.Module, model: ViT, x: torch.Tensor, classes: torch.Tensor, repeats: int,
              cell_s: float, device: torch.device) -> dict:
-    """``measure`` one method; an OOM or a method's refusal (its ValueError) becomes the cell's note."""
+    """``measure`` one method; an OOM, a method's refusal (its ValueError) or another error of the device (a kernel's
+    limit on a tensor's elements at thousands of tokens, say) becomes the cell's note, and the run goes on."""
     note = None
     try:
         if method == "attnlrp-lxt":
@@ -429,9 +435,7 @@ def run_cell(method: str, hf: torch.nn.Module, model: ViT, x: torch.Tensor, clas
     except ValueError as e:
         note = f"refused: {first_line(e)}"
     except (RuntimeError, MemoryError) as e:
-        if not is_oom(e):
-            raise
-        note = "OOM"
+        note = "OOM" if is_oom(e) else f"failed: {type(e).__name__}: {first_line(e)}"
     if note is not None:  # the exception's frames (and their tensors) are gone here
         free(device)
         return {"note": note}
