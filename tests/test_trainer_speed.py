@@ -114,3 +114,33 @@ def test_compile_mode_without_compile_is_refused_with_one_line(images, tmp_path,
     assert main(argv) == 2
     assert capsys.readouterr().err.strip().endswith("--compile-mode reduce-overhead needs --compile")
     assert not (tmp_path / "run").exists()
+
+
+# -- compiled training (--compile) ----------------------------------------------------------------
+
+
+def test_a_compiled_forward_runs_as_one_graph_even_where_dynamo_cannot_read_the_hook_table(monkeypatch):
+    # torch 2.11's dynamo could not trace ContextVar.get: a graph break at every hook point, then a recompile per
+    # block (each has its own drop-path rate) until the limit, made a compiled cifar-m step 2.5x slower than eager
+    # on an H100. The shim stands in for such a torch: any compiled read of the hook table breaks the graph.
+    import torch._dynamo
+
+    from vit.model import ViT, ViTConfig, hooks
+
+    table = hooks._hooks
+    monkeypatch.setattr(hooks, "_hooks", type("Untraceable", (), {"get": torch._dynamo.disable(table.get)})())
+    model = ViT(ViTConfig(image_size=16, patch_size=4, hidden_size=32, num_layers=3, num_heads=2, mlp_size=64,
+                          drop_path=0.1)).train()
+    explained = torch._dynamo.explain(model)(torch.randn(2, 3, 16, 16))
+    assert (explained.graph_count, explained.graph_break_count) == (1, 0)
+    with model.hooks([("blocks.0.hook_resid_post", lambda x, hook: x * 0)]):  # eager forwards still read it
+        assert not model(torch.randn(2, 3, 16, 16))[0].isnan().any()
+        assert torch.equal(model.blocks[0].hook_resid_post(torch.ones(1)), torch.zeros(1))
+
+
+def test_the_trainer_builds_the_augmentation_space_before_anything_is_compiled():
+    # Built inside a CUDA-graph replay (--compile-mode reduce-overhead), its tensors were overwritten by the next
+    # replay ("accessing tensor output of CUDAGraphs that has been overwritten", H100, torch 2.11).
+    trainer = tiny_trainer("--augment", "trivialaugment")
+    space = trainer.augment._spaces[(8, 8, torch.device("cpu"))]  # the data's size, where the batches are
+    assert trainer.augment.prepare(8, 8, "cpu") is space

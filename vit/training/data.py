@@ -608,6 +608,17 @@ class BatchAugment:
         self.num_ops = num_ops if policy == "randaugment" else 1
         self._spaces: dict[tuple, OpSpace] = {}
 
+    def prepare(self, height: int, width: int, device: torch.device | str) -> OpSpace | None:
+        """The op space for images of this size on ``device``, built once (RandAugment's translations depend on the
+        size). A compiled augmentation must find it built: tensors made inside a CUDA-graph replay
+        (``--compile-mode reduce-overhead``) are overwritten by the next replay, so the trainer prepares it first."""
+        if self.policy not in ("trivialaugment", "randaugment"):
+            return None
+        key = (height, width, torch.device(device))
+        if key not in self._spaces:
+            self._spaces[key] = op_space(self.policy, *key)
+        return self._spaces[key]
+
     def __call__(self, images: torch.Tensor) -> torch.Tensor:
         if self.policy == "none":
             return images
@@ -616,10 +627,7 @@ class BatchAugment:
             return random_crop_flip(images, padding=0, flip=True)
         images = random_crop_flip(images, self.padding, flip=self.policy != "crop")
         if self.policy in ("trivialaugment", "randaugment"):
-            key = (*images.shape[-2:], images.device)  # RandAugment's translations depend on the size
-            if key not in self._spaces:
-                self._spaces[key] = op_space(self.policy, *key)
-            space = self._spaces[key]
+            space = self.prepare(*images.shape[-2:], images.device)
             for _ in range(self.num_ops):
                 op, magnitude = draw_ops(space, len(images), images.device, self.magnitude_bin)
                 images = apply_ops(images, space, op, magnitude)

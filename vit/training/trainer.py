@@ -267,6 +267,7 @@ class Trainer:
                 self.net, device_ids=[self.device.index] if on_gpu else None)
         self.eval_net: nn.Module = self.ema.module if self.ema is not None else self.model
         self.augment = BatchAugment(settings.augment, magnitude=settings.aug_magnitude, num_ops=settings.aug_ops)
+        self.augment.prepare(*self.train.images.shape[-2:], self.train.images.device)  # outside any compiled graph
         if settings.compile:
             self.net = torch.compile(self.net, mode=settings.compile_mode)
             if on_gpu:  # on the CPU the augmentation runs op by op on subsets: data-dependent shapes
