@@ -51,6 +51,9 @@ The ``vit.analyze`` row: ``python -m vit.analyze`` on a folder of ``--analyze-im
 224 px saved as a checkpoint, on the same device, ``--batch-size 64``: images (each one's rollout and attention
 maps and statistics) per second of the whole command, start-up, decoding and the report included. It needs
 plotly (the report's figures); without it the row says so.
+
+Measured once, on an H100 (torch 2.11, 2026-11-24, ``--budget-s 330``): bench/results/h100-2026-11-24/gpu_maps.md,
+summarised in the README (the device had no plotly: no ``vit.analyze`` row yet).
 """
 
 from __future__ import annotations
