@@ -51,7 +51,7 @@ export PYTHONUNBUFFERED=1
 # help most on 32 px images): the same recipe with --patch-size 2.
 RECIPE=(--dataset folder:data/cifar10/train --device cuda --preset cifar-m --epochs 300 --batch-size 512
         --lr 2e-3 --min-lr 1e-5 --weight-decay 0.05 --warmup-epochs 10 --label-smoothing 0.1
-        --augment trivialaugment --mixup 0.8 --cutmix 1.0 --ema 0.9998 --compile --seed 0 --attention-every 25)
+        --augment trivialaugment --mixup 0.8 --cutmix 1.0 --ema 0.9998 --ema-warmup --compile --seed 0 --attention-every 25)
 RUN=runs/gpu-cifar10-cifar-m
 
 stage() {

@@ -87,6 +87,7 @@ class TrainSettings:
     cutmix: float  # alpha, 0 = off
     seed: int
     precision: str = "auto"  # auto (bf16 on CUDA), fp32 or bf16
+    ema_warmup: bool = False  # the EMA's decay warmed up as timm's ModelEmaV3(use_warmup=True)
     compile: bool = False  # torch.compile the model (and on a GPU the augmentation and validation)
     compile_mode: str = "default"  # torch.compile's mode; "reduce-overhead" replays the step as CUDA graphs
     scale_batch: bool = False  # under N processes: N x batch_size per step, peak and final LR x sqrt(N)
@@ -506,12 +507,17 @@ class Trainer:
     @torch.no_grad()
     def _update_ema(self) -> None:
         """``AveragedModel.update_parameters`` with ``get_ema_multi_avg_fn``, the same arithmetic,
-        without its host syncs: whether this is the first update is counted on the host."""
+        without its host syncs: whether this is the first update is counted on the host. With ``ema_warmup``,
+        the decay of timm's ``ModelEmaV3(use_warmup=True).get_decay`` at update ``n`` (its ``step``, counted
+        from 1): 0 at the first (a copy), then ``1 - (1 + n - 1) ** -2/3`` up to the set decay."""
         ema_params, params = list(self.ema.module.parameters()), list(self.model.parameters())
+        decay = self.settings.ema
+        if self.settings.ema_warmup and self.ema_updates > 0:
+            decay = min(decay, 1 - (1 + self.ema_updates) ** (-2 / 3))
         if self.ema_updates == 0:
             torch._foreach_copy_(ema_params, params)
         else:
-            torch._foreach_lerp_(ema_params, params, 1 - self.settings.ema)
+            torch._foreach_lerp_(ema_params, params, 1 - decay)
         for ema_buffer, buffer in zip(self.ema.module.buffers(), self.model.buffers(), strict=True):
             ema_buffer.copy_(buffer)
         self.ema.n_averaged += 1
