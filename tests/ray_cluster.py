@@ -16,6 +16,7 @@ import urllib.request
 from pathlib import Path
 
 from helpers import free_port
+from ray_groups import _members, _signal_group, _wait_until, stop_groups
 
 BIN = Path(sys.executable).parent
 RAY = BIN / "ray"
@@ -79,6 +80,11 @@ class RayCluster:
                 self.processes, self.temp = [], None
                 self._ports()
         self.start_seconds = time.monotonic() - began
+        # A pytest killed from outside never reaches stop(); the watchdog, in a session of its own, stops the
+        # cluster then (its nodes lead their own process groups, so they outlive the test process).
+        subprocess.Popen([sys.executable, str(Path(__file__).with_name("ray_groups.py")), str(os.getpid()),
+                          str(self.temp), *(str(p.pid) for p in self.processes)],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
 
     def _start_once(self, timeout: float) -> None:
         self._start("head", "--head", "--node-ip-address", "127.0.0.1", "--port", str(self.port),
@@ -130,15 +136,10 @@ class RayCluster:
         GCS, then the GCS. Signalled together, the head's ``ray start`` and autoscaler monitor spend ~30 s retrying
         a GCS that is already gone (each tells it of its end). SIGKILL to what is left after a minute."""
         deadline = time.monotonic() + 60
+        if not self.processes:
+            return
         head, *others = [process.pid for process in self.processes]
-        for pgid in others:
-            _signal_group(pgid, signal.SIGTERM)
-        _wait_until(lambda: not any(_members(pgid) for pgid in others), deadline)
-        before_gcs = [pid for pid in _members(head) if not _is_gcs(pid)]
-        for pid in before_gcs:
-            _signal(pid, signal.SIGTERM)
-        _wait_until(lambda: not set(before_gcs) & set(_members(head)), deadline)
-        _signal_group(head, signal.SIGTERM)
+        stop_groups(head, others, deadline)
         for process in self.processes:
             try:
                 process.wait(max(1.0, deadline - time.monotonic()))
@@ -151,43 +152,3 @@ class RayCluster:
             _signal_group(process.pid, signal.SIGKILL)
         if self.temp is not None:
             shutil.rmtree(self.temp, ignore_errors=True)
-
-
-def _wait_until(done, deadline: float) -> None:
-    while not done() and time.monotonic() < deadline:
-        time.sleep(0.1)
-
-
-def _members(pgid: int) -> list[int]:
-    """The live (not zombie) processes of process group ``pgid``, read from /proc."""
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()  # after "pid (comm)"
-            except OSError:  # it ended while we looked
-                continue
-            if int(fields[2]) == pgid and fields[0] != "Z":  # fields: state, ppid, pgrp, ...
-                pids.append(int(entry.name))
-    return pids
-
-
-def _is_gcs(pid: int) -> bool:
-    try:
-        return os.readlink(f"/proc/{pid}/exe").endswith("/gcs_server")
-    except OSError:
-        return False
-
-
-def _signal(pid: int, sig: int) -> None:
-    try:
-        os.kill(pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
-def _signal_group(pgid: int, sig: int) -> None:
-    try:
-        os.killpg(pgid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
