@@ -29,6 +29,7 @@ from vit.app.explorer import (
     TooManyTokens,
     analysis_limits,
     analysis_memory,
+    has_logit_bias,
 )
 from vit.checkpoint import Checkpoint
 from vit.explain import dense
@@ -36,13 +37,15 @@ from vit.explain.dense import DENSE_COPIES
 from vit.explain.stages import on_patch_grid
 from vit.images import to_mode
 from vit.inference import TRAINING_SIZE, InputSize, input_shape, largest_square_side
+from vit.model import blocks
 
 
 def dense_bytes(checkpoint: Checkpoint, tokens: int) -> int:
     """Bytes one image's dense view can hold at most: the analysis (hidden states, cache, a chunk) and its copies of
-    the patch tokens."""
+    the patch tokens (and the query chunk of a relative position bias, BEiT's or SAM's, that a forward forms)."""
     config = checkpoint.model.config
-    return (analysis_memory(config.num_layers, config.num_heads, config.hidden_size, tokens)
+    return (analysis_memory(config.num_layers, config.num_heads, config.hidden_size, tokens,
+                            logit_bias=has_logit_bias(config))
             + DENSE_COPIES * tokens * config.hidden_size)
 
 
@@ -60,7 +63,9 @@ def check_dense_fits(checkpoint: Checkpoint, image: Image.Image, size: InputSize
     _, limit = analysis_limits()
     if need > limit:
         per_token = dense_bytes(checkpoint, 1) - dense_bytes(checkpoint, 0)
-        most = max(limit - LAYER_CACHE_BYTES - CHUNK_BYTES, 0) // per_token
+        # A bias's query chunk is at most BIAS_CHUNK_BYTES of rows and their index, plus one row a token.
+        bias = blocks.BIAS_CHUNK_BYTES * (config.num_heads + 1) // config.num_heads if has_logit_bias(config) else 0
+        most = max(limit - LAYER_CACHE_BYTES - CHUNK_BYTES - bias, 0) // per_token
         side = largest_square_side(config.patch_size, max(most - prefix, 1))
         raise TooManyTokens(f"{what} at {shape[1]}×{shape[0]} px ({tokens:,} tokens) need about "
                             f"{need / 2**20:,.0f} MB, over the {limit / 2**20:,.0f} MB limit per image "
