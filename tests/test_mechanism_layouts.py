@@ -38,14 +38,20 @@ def beit(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def sam(tmp_path_factory):
+def sam_checkpoint(tmp_path_factory):
     # a 7 x 7 grid in windows of 3: padded to 9 x 9, the last row and column of windows mostly padding
     reference = _timm("samvit_base_patch16", img_size=56, window_size=3, global_attn_indexes=[1], neck_chans=8,
                       num_classes=0)
     folder = tmp_path_factory.mktemp("sam") / "model"
     timm.models.save_for_hf(reference, folder, model_args=dict(num_heads=2, window_size=3, global_attn_indexes=[1]),
                             safe_serialization=True)
-    return reference, open_source(folder).model
+    return reference, open_source(folder)
+
+
+@pytest.fixture(scope="module")
+def sam(sam_checkpoint):
+    reference, checkpoint = sam_checkpoint
+    return reference, checkpoint.model
 
 
 def images(size: int, seed: int = 0) -> torch.Tensor:
@@ -261,3 +267,18 @@ def test_beit_test_time_registers_refuse_in_one_line_naming_the_bias(beit):
     with pytest.raises(mechanism.MechanismError, match="relative position bias") as error:
         mechanism.with_test_time_registers(ours, images(32), {0: [1]})
     assert "\n" not in str(error.value)
+
+
+def test_the_explorers_mean_ablated_copy_places_the_means_on_the_images_own_grid(sam_checkpoint):
+    """At another input size than the model's (80 px: a 10 x 10 grid, windows padded to 12 x 12), the copy the page
+    draws from puts each window's means where the hooked ablation of the same pass does."""
+    from vit.app import explorer
+
+    _, checkpoint = sam_checkpoint
+    ours = checkpoint.model
+    x, references = images(80), torch.cat([images(80, seed=5), images(80, seed=6)])
+    heads, means = [(0, 1), (1, 0)], mechanism.mean_contexts(ours, references)
+    ablated = explorer.ablated_checkpoint(checkpoint, heads, "mean", means, ours.patch_grid(80, 80)).model
+    with torch.no_grad():
+        expected, _ = mechanism.ablate_heads(ours, x, heads, "mean", means)
+        torch.testing.assert_close(ablated(x)[0], expected, rtol=0, atol=1e-5)

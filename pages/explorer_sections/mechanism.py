@@ -94,7 +94,8 @@ def means_for_image(mode: str, view: Shown, refs: References):
 @st.cache_resource(max_entries=2, show_spinner="Switching the heads off…")
 def ablated_checkpoint(fingerprint: tuple, heads: tuple[tuple[int, int], ...], mode: str, means_key: tuple | None,
                        _checkpoint: Checkpoint, _means) -> Checkpoint:
-    return explorer.ablated_checkpoint(_checkpoint, list(heads), mode, _means)
+    grid = _checkpoint.model.patch_grid(*means_key[1]) if means_key is not None else None  # the means' input shape
+    return explorer.ablated_checkpoint(_checkpoint, list(heads), mode, _means, grid)
 
 
 def pick_references(samples: list[Path] | None, invert: bool) -> References:

@@ -1194,7 +1194,7 @@ def registers_view(checkpoint: Checkpoint, image: Image.Image, references: Itera
     if mean_ablated is not None:
         full, heads = mean_ablated
         means = reference_means(full, references, image, size, registers=chosen)  # (L, T + 1, H, hd)
-        registered = ablated_checkpoint(full, heads, "mean", means).model
+        registered = ablated_checkpoint(full, heads, "mean", means, grid).model
     with torch.inference_mode():
         _, after, final = mechanism.with_test_time_registers(registered, x, chosen, 1, output_attentions=True)
     n = grid[0] * grid[1]
@@ -1208,11 +1208,12 @@ def registers_view(checkpoint: Checkpoint, image: Image.Image, references: Itera
 
 
 def ablated_checkpoint(checkpoint: Checkpoint, heads: Sequence[tuple[int, int]], mode: str = "zero",
-                       means: torch.Tensor | None = None) -> Checkpoint:
+                       means: torch.Tensor | None = None, grid: tuple[int, int] | None = None) -> Checkpoint:
     """``checkpoint`` with a copy of its model in which ``heads`` (layer, head from 0) are ablated in the weights
     (``mechanism.ablated_copy``; ``means`` from ``reference_means`` for ``mode="mean"``): the page draws every
-    map and its prediction from it."""
-    return replace(checkpoint, model=mechanism.ablated_copy(checkpoint.model, heads, mode, means))
+    map and its prediction from it. ``grid``: the patch grid the means were taken on (the image's at its size),
+    which windowed layers place them by (default: the model's input size's)."""
+    return replace(checkpoint, model=mechanism.ablated_copy(checkpoint.model, heads, mode, means, grid))
 
 
 @dataclass
