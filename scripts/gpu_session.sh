@@ -59,7 +59,12 @@ stage() {
     [ -f "$src" ] || src=/work/shared/data/cifar10/train.tar.gz
     mkdir -p data/shared/cifar10
     cp "$src" data/shared/cifar10/train.tar.gz
-    echo "staged $(du -h data/shared/cifar10/train.tar.gz | cut -f1) in data/shared/cifar10; carry [\"data/shared\"]"
+    # plotly (pure Python), which the device lacks and vit.analyze's report needs (bench_gpu_maps' analyze row).
+    local plotly
+    plotly=$(.venv/bin/python -c "import plotly; print(plotly.__version__)" 2>/dev/null || echo 6.5.0)
+    python3 -m pip download -q --no-deps --only-binary=:all: -d data/shared/wheels "plotly==$plotly" \
+        || echo "no plotly wheel: the maps bench's vit.analyze row will say it was skipped"
+    echo "staged $(du -sh data/shared | cut -f1) in data/shared; carry [\"data/shared\"]"
 }
 
 setup() {
@@ -120,6 +125,10 @@ resume() {
 }
 
 # --- One lease in three calls: start, watch, finish (issue 44). --------------------------------------
+# The calls, each right after the last (30 minutes of device time in all, ~1.5 of them the machine's start):
+#   run(command="bash scripts/gpu_session.sh start", carry=["data/shared"], timeout_s=600)
+#   run(command="bash scripts/gpu_session.sh watch", carry=["data/shared"], timeout_s=600)
+#   run(command="DEADLINE=330 MAPS_BUDGET=200 bash scripts/gpu_session.sh finish", carry=["data/shared"], timeout_s=360)
 # The training run is started in its own session (setsid), so it outlives the call that started it and
 # goes on while the machine is warm: issue `watch` and `finish` within ~30 s of the previous call's
 # return. Each phase returns by its deadline (seconds from its own start, DEADLINE, default 570), with
@@ -223,7 +232,7 @@ watch() {
       timeout 150 $PY bench/bench_mechanism.py --device cuda --repeats 3 --residual-repeats 2 --residual-only batched
     ) > "$OUT/gpu-paths.log" 2>&1
     CUDA_VISIBLE_DEVICES= timeout $((DEADLINE - 60 - (SECONDS - T0))) $PY -m pytest -q -p no:cacheprovider \
-        -x --timeout 300 tests/test_data.py tests/test_model.py tests/test_attention.py tests/test_checkpoint.py \
+        --timeout 300 tests/test_data.py tests/test_model.py tests/test_attention.py tests/test_checkpoint.py \
         tests/test_inference.py tests/test_trainer_speed.py tests/test_train.py tests/test_runs.py \
         > "$OUT/tests-suite.log" 2>&1
     set -e
@@ -243,6 +252,10 @@ finish() {
     lease_collect
     [ -f "$LEASE_RUN/best.pt" ] && cp "$LEASE_RUN/best.pt" "$OUT/best.pt"
     set +e
+    if ls data/shared/wheels/*.whl >/dev/null 2>&1; then
+        $PY -m pip install -q --no-index --no-deps --no-compile --target /tmp/site data/shared/wheels/*.whl \
+            && export PYTHONPATH=/tmp/site
+    fi
     timeout $((DEADLINE - 10 - (SECONDS - T0))) $PY bench/bench_gpu_maps.py --device cuda \
         --budget-s $((DEADLINE - 40 - (SECONDS - T0))) --out "$OUT/maps.md" 2>&1 | tee "$OUT/maps.log"
     set -e
