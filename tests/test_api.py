@@ -72,6 +72,16 @@ def test_every_listed_method_draws_a_patch_grid_or_says_it_does_not_apply(tiny, 
             assert method in explorer.PROBE_MAP_KINDS and "attention-pooling" in str(e)
 
 
+def test_legrads_layer_is_the_first_it_explains_by_default_the_last_but_one(tiny, photo):
+    from vit.explain.relevance import legrad
+
+    x = preprocess([photo], tiny.preprocessing)
+    for layer, start in ((None, -2), (0, 0)):
+        e = vit.explain(tiny, photo, "legrad", target="dog", layer=layer)
+        np.testing.assert_allclose(e.map, legrad(tiny.model, x, 1, start_layer=start)[0].numpy(), rtol=1e-5,
+                                   atol=1e-7)
+
+
 def test_a_class_map_is_the_explorers_for_the_class_named(tiny, photo):
     e = vit.explain(tiny, photo, "class", target="dog")
     analysis = explorer.analyse(tiny, photo)

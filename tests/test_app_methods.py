@@ -127,3 +127,28 @@ def test_colour_bar_ticks_on_a_narrow_range_are_all_different():
     assert list(axis.ticktext) == ["0.0144", "0.014425", "0.01445", "0.014475", "0.0145"]
     assert list(drawing.colorbar_figure(0.0, 1.0).layout.xaxis.ticktext) == ["0", "0.2", "0.4", "0.6", "0.8", "1"]
     assert list(drawing.colorbar_figure(12.5, 13812.0).layout.xaxis.ticktext) == ["3000", "6000", "9000", "12000"]
+
+
+@pytest.mark.usefixtures("default_world")
+def test_legrad_starts_from_the_layer_chosen_and_says_which():
+    """The authors' ``layer_index``: LeGrad sums the maps of every layer from it on (default the last two)."""
+    at = run_app()
+    sidebar_widget(at, "radio", "Map").set_value(explorer.MORE_METHODS)
+    at.run()  # LeGrad, the first of the methods
+    start = sidebar_widget(at, "select_slider", "From layer")
+    assert start.value == 2 and list(start.options) == ["1", "2", "3"]  # 3 layers: the last two by default
+    assert "at each of the last two layers" in overlay_caption(at)
+    start.set_value(1)
+    at.run()
+    assert not at.exception and "at each of layers 1–3" in overlay_caption(at)
+
+
+def test_a_legrad_map_from_another_start_layer_is_legrads_from_it(checkpoint):
+    from vit.explain.relevance import legrad
+    from vit.inference import TRAINING_SIZE, preprocess
+
+    image = Image.fromarray(np.random.default_rng(1).integers(0, 256, (20, 30, 3), dtype=np.uint8))
+    x = preprocess([image], checkpoint.preprocessing, TRAINING_SIZE, checkpoint.model.config.patch_size)
+    got = explorer.model_method_map(checkpoint, image, "legrad", class_index=2, start_layer=0)
+    np.testing.assert_allclose(got, legrad(checkpoint.model, x, 2, start_layer=0)[0].numpy(), rtol=1e-5, atol=1e-7)
+    assert not np.allclose(got, explorer.model_method_map(checkpoint, image, "legrad", class_index=2))

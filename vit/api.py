@@ -37,7 +37,8 @@ from vit.inference import TRAINING_SIZE, InputSize, Prediction, input_box, seen_
 
 ImageLike = Image.Image | np.ndarray | torch.Tensor | str | os.PathLike
 # Which arguments each map reads (the explorer's controls for it): others are refused rather than ignored.
-_READS = {"query": "query", "layer": "layer", "end_layer": "layer", "head": "head", "class": "target"}
+_READS = {"query": "query", "layer": "layer", "end_layer": "layer", "start_layer": "layer", "head": "head",
+          "class": "target"}
 _APPLIES_TO = {
     "attention": "every model",
     "rollout": "every model",
@@ -242,7 +243,8 @@ def explain(checkpoint: Checkpoint, image: ImageLike, method: str = "rollout", *
     module docstring), as the explorer draws it.
 
     Arguments a method does not read are refused: ``layer`` (the layer of ``attention`` and ``norms``; the last
-    layer included for ``rollout``, ``class``, ``lrp``, ``flow``, ``probe_rollout``; default the last), ``head``
+    layer included for ``rollout``, ``class``, ``lrp``, ``flow``, ``probe_rollout``; default the last; the first
+    layer explained for ``legrad``, default the last but one, its authors' ``layer_index``), ``head``
     (``attention``, ``probe``; default the heads averaged), ``query`` (the token whose map it is: ``attention``,
     ``rollout``, ``class``, ``lrp``, ``flow``; default 0, CLS), ``target`` (the explained class, an index or a name:
     ``class``, ``legrad``, ``lrp``, ``attnlrp``; default the predicted one). ``size``: the input side in pixels
@@ -272,7 +274,8 @@ def explain(checkpoint: Checkpoint, image: ImageLike, method: str = "rollout", *
                              f"vit.ask(checkpoint, image, labels).explain(label, {method!r})")
         raise ValueError(f"{method} does not apply to this model ({_APPLIES_TO[method]})")
     L = len(model.blocks)
-    layer_value = -1 if layer is None else _index(layer, L, "layer", f"this model has {L} layers")
+    default = -2 if method == "legrad" else -1  # LeGrad from the last two layers, as its authors
+    layer_value = default if layer is None else _index(layer, L, "layer", f"this model has {L} layers")
     H = model.blocks[layer_value].attn.num_heads  # a stage's own in a model with stages (Swin, Hiera)
     heads_text = f"this layer has {H} heads" if model.config.stage_depths else f"this model has {H} heads per layer"
     head = None if head is None else _index(head, H, "head", heads_text)
@@ -291,14 +294,15 @@ def explain(checkpoint: Checkpoint, image: ImageLike, method: str = "rollout", *
     else:
         query = patch = 0 if query is None else _index(query, T, "query", f"this input has {T} tokens")
     settings = explorer.MapSettings(kind=method, layer=layer_value, end_layer=layer_value, head=head,
-                                    query=patch, class_index=class_index)
+                                    query=patch, class_index=class_index, start_layer=layer_value)
     class_index = explorer.resolved_class(settings, analysis)
     relevance = method_map = None
     if method == "class":
         relevance = explorer.class_relevance(checkpoint, image, class_index, size)
     elif method in explorer.METHOD_MAP_KINDS:
         method_map = explorer.model_method_map(checkpoint, image, method, class_index, settings.query,
-                                               settings.end_layer, settings.fusion, size)
+                                               settings.end_layer, settings.fusion, size,
+                                               start_layer=settings.start_layer)
     map2d = np.asarray(explorer.attention_map(analysis, settings, relevance, method_map), dtype=np.float32)
     if analysis.staged and map2d.shape != analysis.grid:  # on the layer's own grid, drawn over the image's
         patch_grid = analysis.grid

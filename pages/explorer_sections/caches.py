@@ -162,12 +162,13 @@ def probe_overlays(run: Path, epoch: int, kind: str, layer: int, head: int | Non
 
 @st.cache_resource(max_entries=16, show_spinner="Computing the map…")
 def _method_map(fingerprint: tuple, digest: str, size: InputSize, kind: str, class_index: int, query: int,
-                end_layer: int, fusion: str, _checkpoint: Checkpoint, _image: Image.Image):
-    return explorer.model_method_map(_checkpoint, _image, kind, class_index, query, end_layer, fusion, size)
+                end_layer: int, fusion: str, start_layer: int, _checkpoint: Checkpoint, _image: Image.Image):
+    return explorer.model_method_map(_checkpoint, _image, kind, class_index, query, end_layer, fusion, size,
+                                     start_layer=start_layer)
 
 
 def method_map(fingerprint: tuple, digest: str, size: InputSize, kind: str, class_index: int, query: int,
-               end_layer: int, fusion: str, checkpoint: Checkpoint, image: Image.Image):
+               end_layer: int, fusion: str, checkpoint: Checkpoint, image: Image.Image, start_layer: int = -2):
     """A method's map, once per settings. Attention flow (seconds, minutes on ViT-B) and the other methods above
     ``PROGRESS_TOKENS`` are long work: its progress and a Stop button are drawn here, the server's bound holds,
     and the page stops below them until it is done."""
@@ -175,12 +176,13 @@ def method_map(fingerprint: tuple, digest: str, size: InputSize, kind: str, clas
         key, label, unit = ((kind, fingerprint, digest, size, query, end_layer, fusion),
                             "Computing the attention flow (one max-flow problem per token)", "passes")
     elif input_tokens(checkpoint, image, size) > PROGRESS_TOKENS:
-        key, label, unit = ((kind, fingerprint, digest, size, class_index, query, end_layer),
+        key, label, unit = ((kind, fingerprint, digest, size, class_index, query, end_layer, start_layer),
                             f"Computing the {explorer.MAP_KINDS[kind].split(' (')[0]} map", "blocks")
     else:
-        return _method_map(fingerprint, digest, size, kind, class_index, query, end_layer, fusion, checkpoint, image)
+        return _method_map(fingerprint, digest, size, kind, class_index, query, end_layer, fusion, start_layer,
+                           checkpoint, image)
     result = long_work(key, label, lambda progress: explorer.model_method_map(
-        checkpoint, image, kind, class_index, query, end_layer, fusion, size, progress), kind, unit=unit)
+        checkpoint, image, kind, class_index, query, end_layer, fusion, size, progress, start_layer), kind, unit=unit)
     if result is None:
         st.stop()
     return result

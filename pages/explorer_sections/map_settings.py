@@ -16,7 +16,7 @@ from vit.inference import InputSize
 
 # The sidebar's map settings, kept by the page while their widgets are not drawn (``state.keep_settings``).
 # The per-model keys end with the model's key: ``class-`` also covers ``class-query-``.
-KEPT = ("map_kind", "method_kind", "hide_registers", "query-", "class-", "layer-", "head-", "fusion", "end-",
+KEPT = ("map_kind", "method_kind", "hide_registers", "query-", "class-", "layer-", "head-", "fusion", "end-", "start-",
         "discard_ratio", "opacity", "colormap", "colour_scale", "upsample", "show_grid", "mass_mask", "mask_share")
 
 
@@ -124,6 +124,15 @@ def choose_map(analysis: explorer.Analysis, class_names: list[str], model_key: s
             st.session_state.setdefault(f"end-{model_key}", L)
             end_layer = st.select_slider("Up to layer", range(1, L + 1), key=f"end-{model_key}",
                                          help="Roll out from layer 1 through this layer.")
+        start_layer = -2  # LeGrad's authors' default: the last two layers
+        if "start_layer" in controls:
+            starts = explorer.legrad_start_layers(analysis)
+            start_key = f"start-{model_key}"
+            if st.session_state.get(start_key) not in [i + 1 for i in starts]:  # a new model: the authors' default
+                st.session_state[start_key] = L - 1 if L - 2 in starts else starts[0] + 1
+            start_layer = st.select_slider("From layer", [i + 1 for i in starts], key=start_key,
+                                           help="LeGrad sums the maps of every layer from this one to the last "
+                                                "(its authors' layer_index; they use the last two).") - 1 - L
         if "discard_ratio" in controls:
             st.session_state.setdefault("discard_ratio", 0.0)
             discard_ratio = st.slider("Discard ratio", 0.0, 0.95, step=0.05, key="discard_ratio",
@@ -149,7 +158,8 @@ def choose_map(analysis: explorer.Analysis, class_names: list[str], model_key: s
         st.session_state.setdefault("mask_share", 0.6)
         share = st.slider("Share of the mass", 0.05, 0.95, step=0.05, key="mask_share", disabled=not masked)
     settings = explorer.MapSettings(kind=kind, layer=layer - 1, head=head, fusion=fusion, query=query,
-                                    discard_ratio=discard_ratio, end_layer=end_layer - 1, class_index=class_index)
+                                    discard_ratio=discard_ratio, end_layer=end_layer - 1, class_index=class_index,
+                                    start_layer=start_layer)
     outline = explorer.patch_of(query, prefix) if "query" in controls else None
     return MapChoice(settings, layer, tokens, query_key, outline, opacity, colormap, scale, mode, show_grid,
                      share if masked else None)
@@ -174,7 +184,7 @@ def main_map(checkpoint: Checkpoint, fingerprint: tuple, image: Image.Image, ima
     if kind in explorer.METHOD_MAP_KINDS:
         try:
             method_map2d = method_map(fingerprint, image_key, size, kind, explorer.resolved_class(settings, analysis),
-                                      query, end_layer - 1, fusion, checkpoint, image)
+                                      query, end_layer - 1, fusion, checkpoint, image, settings.start_layer)
         except ValueError as e:  # a model option the method does not support, too many tokens for a max-flow
             st.error(str(e))
             st.stop()

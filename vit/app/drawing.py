@@ -725,14 +725,18 @@ def describe_method_map(settings: MapSettings, analysis: Analysis, class_names: 
                 "as much as its narrowest layer.")
     name = escape_markdown(class_names[resolved_class(s, analysis)])  # the caption is Markdown; names are data
     which = "the predicted class" if s.class_index is None else "the chosen class"
+    L = analysis.num_layers
+    first = s.start_layer % L + 1
+    where = ("at the last layer" if first == L else "at each of the last two layers" if first == L - 1
+             else f"at each of layers {first}–{L}")
     if s.kind == "legrad" and analysis.staged:
-        return (f"**LeGrad for “{name}”** ({which}): at each of the last two layers, the gradient of the "
+        return (f"**LeGrad for “{name}”** ({which}): {where}, the gradient of the "
                 f"“{name}” score (the model's norm, average pooling and classifier applied to that layer's tokens) "
                 "with respect to that layer's attention in its windows, positive parts averaged over heads and "
                 "queries, placed un-shifted on the layer's grid, upsampled to the patches and summed (Bousselham "
                 "et al., 2024).")
     if s.kind == "legrad":
-        return (f"**LeGrad for “{name}”** ({which}): at each of the last two layers, the gradient of the "
+        return (f"**LeGrad for “{name}”** ({which}): {where}, the gradient of the "
                 f"“{name}” score read at that layer with respect to that layer's attention, positive parts "
                 "averaged over heads and queries, summed (Bousselham et al., 2024).")
     if s.kind == "lrp":

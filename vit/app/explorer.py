@@ -82,7 +82,7 @@ MAP_CONTROLS = {
     "rollout": ("query", "end_layer", "fusion", "discard_ratio"),
     "class": ("class", "end_layer", "query"),
     "norms": ("layer",),
-    "legrad": ("class",),  # explains the classifier's read-out (CLS, or a Swin's / Hiera's pooling) at the last layers
+    "legrad": ("class", "start_layer"),  # the classifier's read-out (CLS, or a Swin's / Hiera's pooling) at each layer
     "lrp": ("class", "end_layer", "query"),
     "attnlrp": ("class",),
     "flow": ("query", "end_layer", "fusion"),
@@ -206,15 +206,15 @@ def check_chunked_gradient_fits(model, tokens: int, what: str, contexts: bool) -
                             f"{side} px. Choose a smaller input size, or another map.")
 
 
-def check_stage_legrad_fits(model, grid: tuple[int, int]) -> None:
-    """``TooManyTokens`` when LeGrad on a model with stages (``relevance.stage_legrad_bytes``: the last two layers'
+def check_stage_legrad_fits(model, grid: tuple[int, int], start_layer: int = -2) -> None:
+    """``TooManyTokens`` when LeGrad on a model with stages (``relevance.stage_legrad_bytes``: the explained layers'
     windows and activations in the graph) would be over the memory limit. Checked before any work."""
     from vit.explain.relevance import stage_legrad_bytes
 
-    need = stage_legrad_bytes(model, grid)
+    need = stage_legrad_bytes(model, grid, start_layer)
     _, limit = analysis_limits()
     if need > limit:
-        raise TooManyTokens(f"LeGrad keeps the last two layers' attention and activations for the gradient: about "
+        raise TooManyTokens(f"LeGrad keeps the explained layers' attention and activations for the gradient: about "
                             f"{need / 2**20:,.0f} MB at a {grid[0]}x{grid[1]} patch grid, over the "
                             f"{limit / 2**20:,.0f} MB limit (VIT_ANALYSIS_MEMORY_MB). Choose a smaller input size, "
                             "or another map.")
@@ -651,6 +651,17 @@ class MapSettings:
     discard_ratio: float = 0.0  # rollout: share of each row's lowest patch attentions dropped
     end_layer: int = -1  # rollout and class maps: last layer included, 0-based, negative from the end
     class_index: int | None = None  # class map: None means the predicted class
+    start_layer: int = -2  # LeGrad: the first layer explained, 0-based, negative from the end (the authors' default)
+
+
+def legrad_start_layers(analysis: Analysis) -> range:
+    """The layers LeGrad may start from (0-based): any, or with stages those of the last stage, whose tokens have the
+    width the classifier reads (``relevance.legrad_layers``)."""
+    L = analysis.num_layers
+    if not analysis.staged:
+        return range(L)
+    last = analysis.layouts[-1].grid
+    return range(next(i for i in range(L) if analysis.layouts[i].grid == last), L)
 
 
 def resolved_class(settings: MapSettings, analysis: Analysis) -> int:
@@ -898,11 +909,12 @@ CLASS_MAP_KINDS = ("class", "legrad", "lrp", "attnlrp")  # explain one class: th
 
 def model_method_map(checkpoint: Checkpoint, image: Image.Image, kind: str, class_index: int, query: int = 0,
                      end_layer: int = -1, fusion: str = "mean", size: InputSize = TRAINING_SIZE,
-                     progress: work.Progress | None = None) -> np.ndarray:
+                     progress: work.Progress | None = None, start_layer: int = -2) -> np.ndarray:
     """The ``(gh, gw)`` map of a ``METHOD_MAP_KINDS`` kind for one image (seconds for ``flow``).
 
     ``class_index`` is the explained class (LeGrad, LRP, AttnLRP); ``query`` the token whose
-    relevance or flow is shown (LRP, flow; LeGrad and AttnLRP explain the classifier's CLS).
+    relevance or flow is shown (LRP, flow; LeGrad and AttnLRP explain the classifier's CLS); ``start_layer``
+    LeGrad's first explained layer (its authors' ``layer_index``).
     Raises ValueError (e.g. ``UnsupportedModelError``, ``TooManyTokens``) with a message to show, before any
     work. ``progress(done, total)``: flow's max-flow problems, one per token; the other methods' blocks run
     (``reported_blocks``).
@@ -918,8 +930,8 @@ def model_method_map(checkpoint: Checkpoint, image: Image.Image, kind: str, clas
     tokens = prefix + grid[0] * grid[1]
     # Every method's bound before the work it implies: flow's forward keeps every layer's whole attention (9 GB
     # for ViT-B/16 at 1,024 px) before attention_flow's own limit would refuse the input.
-    if kind == "legrad" and model.config.stage_depths:  # the last two layers' windows, in the graph
-        check_stage_legrad_fits(model, grid)
+    if kind == "legrad" and model.config.stage_depths:  # the explained layers' windows, in the graph
+        check_stage_legrad_fits(model, grid, start_layer)
     elif kind == "legrad":  # in chunks: never a whole layer's attention or gradient
         check_chunked_gradient_fits(model, tokens, "LeGrad", contexts=False)
     elif kind in ("lrp", "attnlrp"):
@@ -930,8 +942,8 @@ def model_method_map(checkpoint: Checkpoint, image: Image.Image, kind: str, clas
     x = preprocess([image], checkpoint.preprocessing, size, model.config.patch_size).to(device)  # (1, C, H, W)
     L = len(model.blocks)
     if kind == "legrad":
-        with reported_blocks(model, progress, L + 1):  # a forward to the last block, then the last two again
-            result = legrad(model, x, class_index, budget=CHUNK_BYTES)
+        with reported_blocks(model, progress, L - 1 + len(range(L)[start_layer:])):  # the explained ones again
+            result = legrad(model, x, class_index, start_layer, budget=CHUNK_BYTES)
     elif kind == "lrp":
         with reported_blocks(model, progress, L):
             result = token_map(transformer_attribution(model, x, class_index, end_layer), query, grid, prefix)
