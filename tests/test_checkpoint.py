@@ -563,3 +563,22 @@ def test_every_format_checks_class_names_as_a_checkpoint_is_made(model):
     with pytest.raises(CheckpointError, match="at most 200"):
         Checkpoint(model=model, class_names=["x" * 1000] * model.config.num_classes,
                    preprocessing=Preprocessing(16, 3, (0.5,) * 3, (0.5,) * 3))
+
+
+def test_sams_longest_edge_then_padding_round_trips_and_is_checked():
+    from vit.checkpoint import preprocessing_problem
+
+    config = ViTConfig(image_size=64, patch_size=8)
+    pre = Preprocessing(64, 3, (0.5,) * 3, (0.5,) * 3, resize_size=48, resize_mode="longest_edge_pad")
+    assert Preprocessing.from_dict(pre.to_dict()) == pre and preprocessing_problem(pre, config) is None
+    too_long = Preprocessing(64, 3, (0.5,) * 3, (0.5,) * 3, resize_size=80, resize_mode="longest_edge_pad")
+    assert preprocessing_problem(too_long, config) == (
+        "the longest edge 80 must be a whole number of pixels from 1 to the padded size 64")
+    unsized = Preprocessing(64, 3, (0.5,) * 3, (0.5,) * 3, resize_mode="longest_edge_pad")
+    assert "the longest edge None" in preprocessing_problem(unsized, config)
+
+
+def test_preprocessing_written_before_sams_mode_reads_as_before():
+    old = {"image_size": 224, "num_channels": 3, "mean": [0.5] * 3, "std": [0.5] * 3, "resize_size": 256}
+    pre = Preprocessing.from_dict(old)
+    assert (pre.resize_size, pre.resize_mode, pre.resample, pre.crop_rule) == (256, "square", "bicubic", "torchvision")

@@ -175,3 +175,99 @@ def test_an_hf_folder_sees_the_window_of_transformers_own_pil_processor(tmp_path
     sx, sy = width / resized[0], height / resized[1]
     assert input_box(image.size, checkpoint.preprocessing) == pytest.approx(
         (left * sx, top * sy, (left + crop) * sx, (top + crop) * sy))
+
+
+# SAM (v1): SamImageProcessor resizes the longer side, normalises, then pads with 0 below and to the right. At 64 px
+# (padded to 64, or a 48-px longest edge padded to 64) both ways round, square, and a narrow strip.
+SAM_CASES = [((100, 60), 64), ((60, 100), 64), ((80, 80), 64), ((37, 91), 64), ((100, 60), 48), ((30, 50), 48)]
+
+
+def sam_preprocessing(longest: int) -> Preprocessing:
+    return Preprocessing(64, 3, IMAGENET_MEAN, IMAGENET_STD, resize_size=longest, resize_mode="longest_edge_pad",
+                         resample="bilinear")
+
+
+def sam_processor(longest: int, backend: str = "pil"):
+    transformers = pytest.importorskip("transformers")
+    cls = transformers.SamImageProcessorPil if backend == "pil" else transformers.SamImageProcessor
+    return cls(size={"longest_edge": longest}, pad_size={"height": 64, "width": 64})
+
+
+@pytest.mark.parametrize("size, longest", SAM_CASES)
+def test_sam_input_is_sam_image_processors_pixel_values(size, longest):
+    """Bit for bit (up to float32) the PIL backend's; its torchvision backend resizes within 2 grey levels of it
+    and pads the same."""
+    image = noise_image(*size)
+    ours = preprocess([image], sam_preprocessing(longest))
+    torch.testing.assert_close(ours, sam_processor(longest)(image, return_tensors="pt")["pixel_values"],
+                               rtol=0, atol=1e-6)
+    fast = sam_processor(longest, "torchvision")(image, return_tensors="pt")["pixel_values"]
+    torch.testing.assert_close(ours, fast, rtol=0, atol=2 / 255 / min(IMAGENET_STD))
+    assert torch.equal(ours == 0, fast == 0)  # the padding in the same place, zeros after normalisation
+
+
+@pytest.mark.parametrize("size, longest", SAM_CASES)
+def test_the_box_of_a_sam_input_is_the_padded_canvas_the_processor_puts_the_image_in(size, longest):
+    """The image at the top left, scaled as the processor scaled it (its reshaped_input_sizes): the box reaches
+    past the image's right or bottom by the padding, in the image's own pixels."""
+    image = noise_image(*size)
+    height, width = (int(v) for v in sam_processor(longest)(image)["reshaped_input_sizes"][0])
+    assert input_box(size, sam_preprocessing(longest)) == pytest.approx(
+        (0, 0, 64 * size[0] / width, 64 * size[1] / height))
+
+
+def test_a_640x480_image_under_sam_is_seen_as_640x640_with_the_mean_colour_below():
+    pre = Preprocessing(1024, 3, IMAGENET_MEAN, IMAGENET_STD, resize_size=1024, resize_mode="longest_edge_pad",
+                        resample="bilinear")
+    assert input_box((640, 480), pre) == (0, 0, 640, 640)  # 1024 x 768 at the top of a 1024 square
+    seen = np.asarray(seen_region(noise_image(640, 480), pre))
+    assert seen.shape == (640, 640, 3)
+    assert (seen[480:] == [124, 116, 104]).all()  # round(255 * ImageNet's mean): what SAM's zeros stand for
+    assert (seen[:480] == np.asarray(noise_image(640, 480))).all()
+
+
+@pytest.mark.parametrize("size, longest", SAM_CASES)
+def test_the_seen_sam_canvas_resized_is_the_model_input_up_to_resampling(size, longest):
+    """What the explorer draws under a map is what SAM saw, padding included: the seen region resized to the
+    input is the model input unnormalised."""
+    pre = sam_preprocessing(longest)
+    rng = np.random.default_rng(0)
+    smooth = torch.nn.functional.interpolate(torch.from_numpy(rng.random((1, 3, 6, 6))), size=size[::-1],
+                                             mode="bilinear", align_corners=False)[0]
+    image = Image.fromarray((smooth.permute(1, 2, 0).numpy() * 255).astype(np.uint8))
+    mean, std = torch.tensor(IMAGENET_MEAN).view(3, 1, 1), torch.tensor(IMAGENET_STD).view(3, 1, 1)
+    seen_by_model = preprocess([image], pre)[0] * std + mean  # (3, 64, 64) in [0, 1]
+    redrawn = preprocess([seen_region(image, pre)], Preprocessing(64, 3, (0.0,) * 3, (1.0,) * 3))[0]
+    assert (seen_by_model - redrawn).abs().mean() < 0.02
+
+
+def test_sam_model_input_image_is_the_resized_image_on_the_mean_colour():
+    from types import SimpleNamespace
+
+    from vit.app import drawing
+
+    image = noise_image(100, 60)
+    shown = np.asarray(drawing.model_input_image(image, SimpleNamespace(preprocessing=sam_preprocessing(64))))
+    assert shown.shape == (64, 64, 3)
+    expected = np.asarray(image.resize((64, 38), Image.Resampling.BILINEAR))  # SAM's 64 x round(37.8)
+    assert (shown[:38] == expected).all() and (shown[38:] == [124, 116, 104]).all()
+
+
+def test_another_input_size_resizes_the_whole_sam_image_without_padding():
+    pre = sam_preprocessing(64)
+    image = noise_image(100, 60)
+    assert input_box(image.size, pre, InputSize(32)) == (0, 0, 100, 60)
+    ours = preprocess([image], pre, InputSize(32), patch_size=8)
+    plain = Preprocessing(32, 3, IMAGENET_MEAN, IMAGENET_STD, resample="bilinear")
+    torch.testing.assert_close(ours, preprocess([image], plain), rtol=0, atol=0)
+
+
+def test_the_explorer_says_sam_pads_rather_than_crops():
+    from types import SimpleNamespace
+
+    from vit.app import drawing
+
+    analysis = SimpleNamespace(input_size=(64, 64), grid=(4, 4), patch_size=16, num_tokens=16, at_training_size=True)
+    text = drawing.describe_input(analysis, (640, 480), input_box((640, 480), sam_preprocessing(64)))
+    assert "pads the rest with zeros" in text and "640×640 canvas" in text
+    assert "crops" not in text and "stretched" not in text

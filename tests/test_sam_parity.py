@@ -65,6 +65,11 @@ def test_timm_samvit_matches_timm(tmp_path):
                                                                     global_attn_indexes=[1]),
                             safe_serialization=True)
     checkpoint = open_source(tmp_path / "sam")
+    # timm's own evaluation transform, kept (not SAM's padding): the shorter side to 56 / crop_pct, bicubic, centre
+    data = timm.data.resolve_data_config({}, model=model)
+    p = checkpoint.preprocessing
+    assert (data["crop_pct"], data["interpolation"]) == (1.0, "bicubic")
+    assert (p.image_size, p.resize_size, p.resize_mode, p.resample) == (56, 56, "shortest_edge", "bicubic")
     images = torch.randn(2, 3, 56, 56)
     blocks = model.blocks
     (hidden, ), attentions = capture_inputs([b.attn.attn_drop for b in blocks],
@@ -137,3 +142,56 @@ def test_hf_sam_folder_without_a_preprocessor_file_takes_sam_image_processor_def
     assert p.mean == pytest.approx(tuple(reference.image_mean)) and p.std == pytest.approx(tuple(reference.image_std))
     assert reference.resample == 2 and p.resample == "bilinear"  # PIL's BILINEAR
     assert p.image_size == 56 and reference.pad_size.height == reference.pad_size.width  # padded to a square
+    # its longest edge brought to the model's side (1024 for a real SAM) and padded to that square
+    assert reference.size.longest_edge == reference.pad_size.height == 1024
+    assert (p.resize_mode, p.resize_size) == ("longest_edge_pad", 56)
+
+
+@pytest.fixture(scope="module")
+def hf_sam_with_its_processor(tmp_path_factory):
+    """A tiny random SamVisionModel saved with a SamImageProcessor (longest edge 48, padded to its 56 px)."""
+    folder = tmp_path_factory.mktemp("sam") / "sam"
+    config = transformers.SamVisionConfig(**TINY)
+    config._attn_implementation = "eager"
+    torch.manual_seed(0)
+    model = randomize(transformers.SamVisionModel(config))
+    model.save_pretrained(folder)
+    transformers.SamImageProcessorPil(size={"longest_edge": 48}, pad_size={"height": 56, "width": 56}
+                                      ).save_pretrained(folder)
+    return folder, model
+
+
+@pytest.mark.parametrize("size", [(90, 50), (50, 90)])
+def test_hf_sam_on_a_non_square_image_matches_transformers_on_its_processors_pixel_values(hf_sam_with_its_processor,
+                                                                                          size):
+    from PIL import Image
+
+    from vit.inference import preprocess
+
+    folder, model = hf_sam_with_its_processor
+    checkpoint = open_source(folder)
+    p = checkpoint.preprocessing
+    assert (p.image_size, p.resize_size, p.resize_mode, p.resample) == (56, 48, "longest_edge_pad", "bilinear")
+    image = Image.fromarray(torch.randint(0, 256, (size[1], size[0], 3), generator=torch.Generator().manual_seed(0),
+                                          dtype=torch.uint8).numpy())
+    reference = transformers.AutoImageProcessor.from_pretrained(folder, backend="pil")
+    pixel_values = reference(image, return_tensors="pt")["pixel_values"]  # (1, 3, 56, 56), zeros below or right
+    ours = preprocess([image], p)
+    torch.testing.assert_close(ours, pixel_values, rtol=0, atol=1e-6)
+    with torch.no_grad():
+        out = model(pixel_values=pixel_values, output_attentions=True, output_hidden_states=True)
+        attentions = checkpoint.model.encode(ours, output_attentions=True).attentions
+    expected = [a.reshape(-1, 2, *a.shape[1:]) for a in out.attentions]
+    assert_parity(f"SAM | HF SamVisionModel | {size[0]}x{size[1]} padded", last_block(checkpoint, ours),
+                  out.hidden_states[-1].flatten(1, 2), attentions, expected)
+
+
+def test_hf_sam_processor_whose_longest_edge_outgrows_its_padding_is_refused_in_one_line(tmp_path):
+    from vit.sources.open import SourceError
+
+    transformers.SamVisionModel(transformers.SamVisionConfig(**TINY)).save_pretrained(tmp_path / "sam")
+    transformers.SamImageProcessorPil(size={"longest_edge": 64}, pad_size={"height": 56, "width": 56}
+                                      ).save_pretrained(tmp_path / "sam")
+    with pytest.raises(SourceError, match="unusable preprocessing settings: the longest edge 64 must be a whole "
+                                          "number of pixels from 1 to the padded size 56$"):
+        open_source(tmp_path / "sam")

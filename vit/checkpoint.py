@@ -61,7 +61,8 @@ class ForeignCheckpointError(CheckpointError):
 
 
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)  # DeiT, DINOv2, torchvision
-RESIZE_MODES = ("square", "shortest_edge")
+# "longest_edge_pad": SamImageProcessor's resize of the longer side, then zeros below and right (vit.images.to_uint8)
+RESIZE_MODES = ("square", "shortest_edge", "longest_edge_pad")
 RESAMPLE_FILTERS = ("nearest", "bilinear", "bicubic", "lanczos")
 CROP_RULES = ("torchvision", "transformers", "top_left")  # where a crop starts (vit.images.crop_start)
 
@@ -75,7 +76,8 @@ class Preprocessing:
 
     Without ``resize_size`` the image is resized straight to ``image_size`` square (this
     project's models); imported models keep their library's evaluation transform: resize to
-    ``resize_size`` (square, or the shorter side keeping the aspect ratio) and crop the centre.
+    ``resize_size`` (square, or the shorter side keeping the aspect ratio) and crop the centre, or (SAM's
+    ``"longest_edge_pad"``) the longer side to ``resize_size`` and pad to ``image_size``.
     """
 
     image_size: int | tuple[int, int]  # an int for a square, as ViTConfig.image_size
@@ -83,7 +85,10 @@ class Preprocessing:
     mean: tuple[float, ...]
     std: tuple[float, ...]
     resize_size: int | None = None  # None: no crop, resize straight to image_size
-    resize_mode: str = "square"  # "square" stretches to resize_size²; "shortest_edge" keeps the aspect ratio
+    # "square" stretches to resize_size²; "shortest_edge" keeps the aspect ratio; "longest_edge_pad" (SAM) brings the
+    # longer side to resize_size, keeping the aspect ratio, and pads the normalised image with 0 below and to the right
+    # to image_size (no crop: the image sits at the top left of the input)
+    resize_mode: str = "square"
     resample: str = "bicubic"  # the PIL filter of the resize
     crop_rule: str = "torchvision"  # the crop's offset: torchvision's round() (timm, open_clip) or HF's int()
     # NaFlex (SigLIP 2, timm naflexvit): each image resized, without a crop, to the largest size at its own aspect
@@ -202,12 +207,17 @@ def preprocessing_problem(preprocessing: Preprocessing, config: ViTConfig) -> st
         return (f"image size {p.image_size} is larger than the model's own {config.image_size} px and gives "
                 f"{patches + 1:,} tokens per image (at most {MAX_PREPROCESSING_PATCHES:,} patches); store the "
                 "model's size")
-    if p.resize_size is not None and isinstance(p.image_size, tuple):
-        return f"image size {p.image_size} is a rectangle: a crop must be square, so resize straight to it"
-    if p.resize_size is not None and not p.image_size <= p.resize_size <= 16 * p.image_size:
-        return f"resize size {p.resize_size} must be between the crop size {p.image_size} and 16 times it"
     if p.resize_mode not in RESIZE_MODES:
         return f"resize mode {p.resize_mode!r} is not one of {', '.join(RESIZE_MODES)}"
+    if p.resize_mode == "longest_edge_pad":  # SAM: the longer side fits inside the padded input, either way round
+        if isinstance(p.resize_size, bool) or not isinstance(p.resize_size, int) \
+                or not 1 <= p.resize_size <= min(p.image_hw):
+            return (f"the longest edge {p.resize_size} must be a whole number of pixels from 1 to the padded size "
+                    f"{p.size_label}")
+    elif p.resize_size is not None and isinstance(p.image_size, tuple):
+        return f"image size {p.image_size} is a rectangle: a crop must be square, so resize straight to it"
+    elif p.resize_size is not None and not p.image_size <= p.resize_size <= 16 * p.image_size:
+        return f"resize size {p.resize_size} must be between the crop size {p.image_size} and 16 times it"
     if p.resample not in RESAMPLE_FILTERS:
         return f"resample filter {p.resample!r} is not one of {', '.join(RESAMPLE_FILTERS)}"
     if p.crop_rule not in CROP_RULES:

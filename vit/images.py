@@ -4,7 +4,7 @@
 used), reduced at decode to ``MAX_SIDE`` so that no photo costs more memory than display and
 model need; ``to_uint8`` applies the evaluation transform shared by the data cache, the CLIs
 and the app: EXIF orientation, first frame, transparency composited on white, colour or
-greyscale per the model, and a resize to the model's square input.
+greyscale per the model, and a resize to the model's square input (SAM's: its longer side, then padding).
 """
 
 from __future__ import annotations
@@ -134,8 +134,13 @@ def to_mode(image: Image.Image, num_channels: int) -> Image.Image:
 
 
 def resized_size(image_size: tuple[int, int], resize_size: int, resize_mode: str) -> tuple[int, int]:
-    """``(width, height)`` an image is resized to before the centre crop (``vit.images.to_uint8``'s rule)."""
+    """``(width, height)`` an image is resized to before the centre crop or the padding (``to_uint8``'s rule)."""
     width, height = image_size
+    if resize_mode == "longest_edge_pad":
+        # SamImageProcessor._get_preprocess_shape: each side scaled by longest / max(h, w), rounded half up; at least
+        # 1 px, where HF would make an empty side of a strip 130+ times as long as wide and fail
+        scale = resize_size * 1.0 / max(width, height)
+        return max(1, int(width * scale + 0.5)), max(1, int(height * scale + 0.5))
     if resize_mode != "shortest_edge":
         return resize_size, resize_size
     short, long = min(width, height), max(width, height)
@@ -187,7 +192,9 @@ def to_uint8(image: Image.Image, image_size: int | tuple[int, int], num_channels
     when ``image_size`` is a pair (the explorer's other input sizes). With it: resized to
     ``resize_size`` (``"square"``, or ``"shortest_edge"`` keeping the aspect ratio, as
     torchvision's ``Resize(int)``), then the centre ``image_size`` square is cropped, where ``crop_start``
-    places it by ``crop_rule``.
+    places it by ``crop_rule``. ``"longest_edge_pad"`` (SAM) returns the resized image alone, ``(C, h, w)`` with
+    its longer side ``resize_size``: its padding is added after normalisation (``pad_normalized``), as zeros no
+    uint8 value gives.
     """
     image = to_mode(image, num_channels)
     filter_ = Image.Resampling[resample.upper()]
@@ -199,12 +206,33 @@ def to_uint8(image: Image.Image, image_size: int | tuple[int, int], num_channels
         size = resized_size(image.size, resize_size, resize_mode)
         if image.size != size:
             image = image.resize(size, filter_)
+        if resize_mode == "longest_edge_pad":
+            return _chw(image)
         left, top = crop_start(size[0], image_size, crop_rule), crop_start(size[1], image_size, crop_rule)
         image = image.crop((left, top, left + image_size, top + image_size))
+    return _chw(image)
+
+
+def _chw(image: Image.Image) -> torch.Tensor:
     array = np.asarray(image, dtype=np.uint8)
     if array.ndim == 2:
         array = array[:, :, None]
-    return torch.from_numpy(array.copy()).permute(2, 0, 1).contiguous()  # (C, S, S)
+    return torch.from_numpy(array.copy()).permute(2, 0, 1).contiguous()  # (C, H, W)
+
+
+def pad_normalized(image: torch.Tensor, shape: tuple[int, int]) -> torch.Tensor:
+    """A normalised ``(..., C, h, w)`` image padded with 0 below and to the right to ``shape = (H, W)``: SAM's
+    padding (``SamImageProcessor.pad`` after its normalisation), so the padding reads as the mean colour."""
+    h, w = image.shape[-2:]
+    if h > shape[0] or w > shape[1]:
+        raise ValueError(f"a {w}x{h} image does not fit in a {shape[1]}x{shape[0]} padded input")
+    return torch.nn.functional.pad(image, (0, shape[1] - w, 0, shape[0] - h), value=0.0)
+
+
+def pad_colour(mean: tuple[float, ...]) -> tuple[int, ...]:
+    """The colour SAM's zero padding stands for: the normalisation's mean, in 0-255 RGB (a grey for one channel)."""
+    values = tuple(min(255, max(0, round(m * 255))) for m in mean)
+    return values * 3 if len(values) == 1 else values[:3]
 
 
 @functools.lru_cache(maxsize=64)

@@ -19,7 +19,18 @@ from PIL import Image
 
 from vit.checkpoint import Checkpoint, Preprocessing
 from vit.cli import MAX_INPUT_SIDE, ModelError
-from vit.images import ImageError, crop_start, naflex_size, normalize, open_image, resized_size, to_uint8
+from vit.images import (
+    ImageError,
+    crop_start,
+    naflex_size,
+    normalize,
+    open_image,
+    pad_colour,
+    pad_normalized,
+    resized_size,
+    to_mode,
+    to_uint8,
+)
 
 
 @dataclass(frozen=True)
@@ -91,23 +102,36 @@ def input_box(image_size: tuple[int, int], preprocessing: Preprocessing,
     crop 224; timm: ``crop_pct``) sees only the middle of the image, so every map of it belongs over
     this box, not over the whole image. The same arithmetic as ``vit.images.to_uint8``: the crop's
     offsets in the resized image, scaled back to the original's pixels. Other input sizes, and
-    checkpoints that only resize, see the whole image.
+    checkpoints that only resize, see the whole image. SAM's ``"longest_edge_pad"`` sees more than the image: the
+    padded input, the image at its top left, so the box reaches past the right or bottom edge by the padding
+    (in the image's pixels: a 640x480 image padded to a square is seen as (0, 0, 640, 640)).
     """
     width, height = image_size
     p = preprocessing
     if size != TRAINING_SIZE or p.resize_size is None:
         return 0.0, 0.0, float(width), float(height)
     resized = resized_size(image_size, p.resize_size, p.resize_mode)
+    if p.resize_mode == "longest_edge_pad":
+        pad_h, pad_w = p.image_hw
+        return 0.0, 0.0, pad_w * width / resized[0], pad_h * height / resized[1]
     left, top = crop_start(resized[0], p.image_size, p.crop_rule), crop_start(resized[1], p.image_size, p.crop_rule)
     sx, sy = width / resized[0], height / resized[1]
     return left * sx, top * sy, (left + p.image_size) * sx, (top + p.image_size) * sy
 
 
 def seen_region(image: Image.Image, preprocessing: Preprocessing, size: InputSize = TRAINING_SIZE) -> Image.Image:
-    """The part of ``image`` the model sees (``input_box`` rounded to whole pixels): what maps are drawn over."""
+    """The part of ``image`` the model sees (``input_box`` rounded to whole pixels): what maps are drawn over.
+    SAM's padding beyond the image is shown as the colour its zeros stand for (``vit.images.pad_colour``)."""
     x0, y0, x1, y1 = input_box(image.size, preprocessing, size)
     box = (round(x0), round(y0), round(x1), round(y1))
-    return image if box == (0, 0, image.width, image.height) else image.crop(box)
+    if box == (0, 0, image.width, image.height):
+        return image
+    if box[2] > image.width or box[3] > image.height:  # padded: the image at the top left of a canvas
+        colour = pad_colour(preprocessing.mean)
+        canvas = Image.new("RGB", (box[2], box[3]), colour)
+        canvas.paste(to_mode(image, 3), (0, 0))
+        return canvas
+    return image.crop(box)
 
 
 def preprocess(images: Sequence[Image.Image], preprocessing: Preprocessing, size: InputSize = TRAINING_SIZE,
@@ -115,15 +139,18 @@ def preprocess(images: Sequence[Image.Image], preprocessing: Preprocessing, size
     """PIL images of any size and mode -> float32 ``(B, C, H, W)`` normalised model input.
 
     By default ``(H, W) = preprocessing.image_hw``; another ``size`` needs the model's
-    ``patch_size`` to round to, and all images must then come out at the same shape.
+    ``patch_size`` to round to, and all images must then come out at the same shape. Another size resizes
+    the whole image to it, without a crop or SAM's padding (``InputSize``'s square stretches a non-square image).
     """
     p = preprocessing
     if not images:
         return torch.empty(0, p.num_channels, *p.image_hw)
     if size == TRAINING_SIZE and not p.max_num_patches:  # the checkpoint's own evaluation transform (with its crop)
-        batch = torch.stack([to_uint8(image, p.image_size, p.num_channels, p.resize_size, p.resize_mode, p.resample,
-                                      p.crop_rule) for image in images])  # (B, C, H, W)
-        return normalize(batch, p.mean, p.std)
+        resized = [to_uint8(image, p.image_size, p.num_channels, p.resize_size, p.resize_mode, p.resample,
+                            p.crop_rule) for image in images]  # each (C, H, W); SAM's (C, h, w) before its padding
+        if p.resize_mode == "longest_edge_pad":  # SamImageProcessor: normalised, then 0 below and to the right
+            return torch.stack([pad_normalized(normalize(x[None], p.mean, p.std)[0], p.image_hw) for x in resized])
+        return normalize(torch.stack(resized), p.mean, p.std)
     if patch_size is None and size != TRAINING_SIZE:
         raise ValueError("an input size other than the checkpoint's needs the model's patch_size")
     # Another size, or NaFlex's own: the whole image resized to it (no crop), as DINO's visualisation does.

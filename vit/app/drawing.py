@@ -22,7 +22,7 @@ from PIL import Image, ImageDraw, ImageFont
 from vit.app.explorer import MAP_CONTROLS, METHOD_MAP_KINDS, Analysis, MapSettings, map_mask, patch_of, resolved_class
 from vit.checkpoint import Checkpoint
 from vit.explain.overlay import draw_mask_contours, overlay, to_png_bytes
-from vit.images import to_mode, to_uint8
+from vit.images import pad_colour, to_mode, to_uint8
 from vit.inference import TRAINING_SIZE, InputSize, Prediction, input_shape, preprocess
 from vit.sizes import describe_size
 from vit.text import escape_markdown, escape_plotly
@@ -338,7 +338,13 @@ def describe_input(analysis: Analysis, image_size: tuple[int, int],
         th, tw = analysis.training_hw
         text += f", not its training size of {describe_size(tw, th)}: {how}"
     iw, ih = image_size
-    if box is not None and (round(box[0]), round(box[1]), round(box[2]), round(box[3])) != (0, 0, iw, ih):
+    if box is not None and (round(box[2]) > iw or round(box[3]) > ih):  # SAM's longest edge, then padding
+        x1, y1 = round(box[2]), round(box[3])
+        text += (f". Its preprocessing resizes the longer side and pads the rest with zeros (after normalising, so "
+                 f"they stand for the mean colour): the image sits at the top left of a {x1}×{y1} canvas (in the "
+                 "image's pixels), shown with that padding, and every map, patch and click lies over it")
+        iw, ih = x1, y1
+    elif box is not None and (round(box[0]), round(box[1]), round(box[2]), round(box[3])) != (0, 0, iw, ih):
         x0, y0, x1, y1 = (round(v) for v in box)
         text += (f". Its preprocessing resizes and crops the centre, so it sees only x {x0}–{x1}, y {y0}–{y1} "
                  "of the image: that region is what is shown, and every map, patch and click lies over it")
@@ -434,11 +440,17 @@ def display_images(image: Image.Image) -> tuple[Image.Image, str, Image.Image]:
 
 
 def model_input_image(image: Image.Image, checkpoint: Checkpoint, size: InputSize = TRAINING_SIZE) -> Image.Image:
-    """The image as the model sees it (resized to its input size, greyscale for greyscale models)."""
+    """The image as the model sees it (resized to its input size, greyscale for greyscale models; SAM's padding
+    in the colour its zeros stand for)."""
     p = checkpoint.preprocessing
     if size == TRAINING_SIZE and not p.max_num_patches:  # the checkpoint's own transform, with its crop
         array = to_uint8(image, p.image_size, p.num_channels, p.resize_size, p.resize_mode, p.resample,
                          p.crop_rule)
+        if p.resize_mode == "longest_edge_pad":  # the resized image at the top left of the padded input
+            colour = pad_colour(p.mean)
+            canvas = torch.tensor(colour[:p.num_channels], dtype=torch.uint8).view(-1, 1, 1).repeat(1, *p.image_hw)
+            canvas[:, :array.shape[1], :array.shape[2]] = array
+            array = canvas
     else:
         shape = input_shape(image, p, checkpoint.model.config.patch_size, size)
         array = to_uint8(image, shape, p.num_channels, resample=p.resample)

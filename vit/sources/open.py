@@ -313,11 +313,30 @@ def _processor_preprocessing(processor: Mapping, config: ViTConfig) -> Preproces
     resample = _PIL_FILTERS.get(resample, "bilinear")
     if not processor.get("do_resize", True):
         size, shortest = crop or config.image_size, False
+    elif _is_sam_processor(processor):  # SamImageProcessor: the longer side to longest_edge, padded to pad_size
+        longest = processor["size"]["longest_edge"]
+        pad = processor.get("pad_size", {"height": 1024, "width": 1024})
+        if not isinstance(pad, Mapping) or not all(isinstance(pad.get(k), int) and not isinstance(pad.get(k), bool)
+                                                   for k in ("height", "width")):
+            raise ValueError(f"pad_size must be {{'height': ..., 'width': ...}} in pixels, got {str(pad)[:40]}")
+        if isinstance(longest, bool) or not isinstance(longest, int):
+            raise ValueError(f"size's longest_edge must be a whole number of pixels, got {str(longest)[:40]}")
+        return Preprocessing((pad["height"], pad["width"]), channels, tuple(mean)[:channels], tuple(std)[:channels],
+                             resize_size=longest, resize_mode="longest_edge_pad", resample=resample)
     if crop:
         return Preprocessing(crop, channels, tuple(mean)[:channels], tuple(std)[:channels], resize_size=size,
                              resize_mode="shortest_edge" if shortest else "square", resample=resample,
                              crop_rule="transformers")
     return Preprocessing(size, channels, tuple(mean)[:channels], tuple(std)[:channels], resample=resample)
+
+
+def _is_sam_processor(processor: Mapping) -> bool:
+    """SamImageProcessor's settings: ``size`` a longest edge alone, and padding (its default) to ``pad_size``.
+    Without the padding images would come out at their own shapes, which SAM's fixed grid does not take; such a
+    file keeps the square resize."""
+    size = processor.get("size")
+    return (isinstance(size, Mapping) and "longest_edge" in size and "shortest_edge" not in size
+            and bool(processor.get("do_pad", True)))
 
 
 def _naflex_preprocessing(processor: Mapping, config: ViTConfig) -> Preprocessing:
@@ -357,9 +376,12 @@ def _default_preprocessing(config: ViTConfig, architecture: str) -> Preprocessin
     if architecture.startswith("Siglip"):  # SiglipImageProcessor: 224 square, bilinear, mean/std 0.5
         return Preprocessing(side, channels, (0.5,) * channels, (0.5,) * channels, resample="bilinear")
     # Sam2ImageProcessor: 1024 square, bilinear, ImageNet statistics. SamImageProcessor: the same statistics and
-    # filter, its longest edge resized to 1024 then padded to a square (a square image: the same square resize).
-    if architecture.startswith("Sam"):
+    # filter, its longest edge resized to the model's side (1024) and padded with zeros to that square.
+    if architecture.startswith("Sam2"):
         return Preprocessing(side, channels, IMAGENET_MEAN[:channels], IMAGENET_STD[:channels], resample="bilinear")
+    if architecture.startswith("Sam"):
+        return Preprocessing(side, channels, IMAGENET_MEAN[:channels], IMAGENET_STD[:channels], resize_size=side,
+                             resize_mode="longest_edge_pad", resample="bilinear")
     if architecture.startswith(("Beit", "Data2VecVision")):  # BeitImageProcessor: 224 square, bicubic, mean/std 0.5
         return Preprocessing(side, channels, (0.5,) * channels, (0.5,) * channels, resample="bicubic")
     if architecture.startswith("DeiT"):
@@ -382,9 +404,12 @@ def _finish(model: ViT, class_names: list[str], preprocessing: Preprocessing, pa
                 "architecture": architecture, "parameters": sum(p.numel() for p in model.parameters())}
     if guessed_from:  # no preprocessing config came with the weights: say what was assumed, and from what
         p = preprocessing
+        how = (f"the longer side resized to {p.resize_size} px ({p.resample}), padded to {p.size_label} px"
+               if p.resize_mode == "longest_edge_pad" else
+               f"resize to {p.resize_size or p.size_label} px ({p.resize_mode}, {p.resample}), "
+               f"centre {p.size_label} px")
         metadata["preprocessing_guessed"] = (
-            f"No {guessed_from} came with these weights, so the images are prepared with assumed defaults: "
-            f"resize to {p.resize_size or p.size_label} px ({p.resize_mode}, {p.resample}), centre {p.size_label} px, "
+            f"No {guessed_from} came with these weights, so the images are prepared with assumed defaults: {how}, "
             f"mean {tuple(round(v, 4) for v in p.mean)}, std {tuple(round(v, 4) for v in p.std)}. If the model was "
             "trained otherwise, its predictions and maps are off.")
     return Checkpoint(model=model, class_names=class_names, preprocessing=preprocessing, metadata=metadata, path=path)
