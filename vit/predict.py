@@ -11,7 +11,8 @@ each image also gets, named after its file (``photo.jpg`` -> ``photo``; a second
                           geometry: ``grid`` (rows, cols), ``patch_size``, ``prefix_tokens``,
                           ``input_size`` (height, width) and ``input_box`` (x0, y0, x1, y1: the
                           part of the original image the model saw; a centre crop for
-                          preprocessing that crops, as HF DINOv2's and timm's ``crop_pct``)
+                          preprocessing that crops, as HF DINOv2's and timm's ``crop_pct``; past the
+                          image's right or bottom edge for SAM's padding)
   DIR/<stem>_cls.png      the last layer's CLS attention averaged over heads, over that part
   DIR/<stem>_rollout.png  attention rollout over all layers (mean over heads), over that part
 
