@@ -209,7 +209,8 @@ FAMILIES: dict[str, Callable] = {
     "HF BEiT": lambda p: transformers_family(p, "BeitModel", "BeitConfig", "layernorm", 1,
                                              use_relative_position_bias=True, use_mean_pooling=False,
                                              layer_scale_init_value=0.1, **HF_TINY),
-    # SAM's absolute positions are fixed in transformers: its own 56 px square, the photo stretched to it.
+    # SAM's absolute positions are fixed in transformers: its own 56 px square, the photo padded to it as
+    # SamImageProcessor pads (its longer side 56 px).
     "HF SAM (windows, no CLS)": lambda p: transformers_family(
         p, "SamVisionModel", "SamVisionConfig", None, 0, (7, 7), TRAINING_SIZE, image_size=56, patch_size=8,
         hidden_size=32, mlp_dim=48, num_hidden_layers=3, num_attention_heads=2, window_size=3,

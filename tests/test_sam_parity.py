@@ -6,6 +6,8 @@ decomposed relative positions.
   windowed layer's attention as ``(B * windows * heads, w*w, w*w)``, ours is ``(B * windows, heads, w*w, w*w)``.
 - timm: a tiny random ``samvit_base_patch16`` (fused attention off), its attention read by a forward hook on
   ``attn_drop``, at its native size.
+- Input: a non-square image prepared by ``vit.inference.preprocess`` is ``SamImageProcessorPil``'s ``pixel_values``
+  (longest edge, normalised, zeros below or right) and the whole forward on it is HF's on those.
 """
 
 import pytest
@@ -186,12 +188,22 @@ def test_hf_sam_on_a_non_square_image_matches_transformers_on_its_processors_pix
                   out.hidden_states[-1].flatten(1, 2), attentions, expected)
 
 
-def test_hf_sam_processor_whose_longest_edge_outgrows_its_padding_is_refused_in_one_line(tmp_path):
+@pytest.mark.parametrize("settings, message", [
+    ({"size": {"longest_edge": 64}, "pad_size": {"height": 56, "width": 56}},
+     "unusable preprocessing settings: the longest edge 64 must be a whole number of pixels from 1 to the padded "
+     "size 56$"),
+    ({"size": {"longest_edge": 56}, "pad_size": {"height": "56"}},
+     r"preprocessor_config.json cannot be used \(pad_size must be .*\); fix or remove it$"),
+    ({"size": {"longest_edge": 5.5}}, r"cannot be used \(size's longest_edge must be a whole number of pixels"),
+])
+def test_hf_sam_processor_settings_that_cannot_be_used_are_refused_in_one_line(tmp_path, settings, message):
+    import json
+
     from vit.sources.open import SourceError
 
     transformers.SamVisionModel(transformers.SamVisionConfig(**TINY)).save_pretrained(tmp_path / "sam")
-    transformers.SamImageProcessorPil(size={"longest_edge": 64}, pad_size={"height": 56, "width": 56}
-                                      ).save_pretrained(tmp_path / "sam")
-    with pytest.raises(SourceError, match="unusable preprocessing settings: the longest edge 64 must be a whole "
-                                          "number of pixels from 1 to the padded size 56$"):
+    (tmp_path / "sam" / "preprocessor_config.json").write_text(json.dumps(
+        {"image_processor_type": "SamImageProcessor", "do_pad": True, **settings}))
+    with pytest.raises(SourceError, match=message) as error:
         open_source(tmp_path / "sam")
+    assert "\n" not in str(error.value)
