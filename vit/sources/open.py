@@ -331,12 +331,13 @@ def _processor_preprocessing(processor: Mapping, config: ViTConfig) -> Preproces
 
 
 def _is_sam_processor(processor: Mapping) -> bool:
-    """SamImageProcessor's settings: ``size`` a longest edge alone, and padding (its default) to ``pad_size``.
-    Without the padding images would come out at their own shapes, which SAM's fixed grid does not take; such a
-    file keeps the square resize."""
+    """SamImageProcessor's settings: ``size`` a longest edge alone, and padding to ``pad_size`` (``do_pad``, which
+    it writes; its default for a file that names the class). Without the padding images would come out at their own
+    shapes, which SAM's fixed grid does not take; such a file keeps the square resize."""
     size = processor.get("size")
+    sam = str(processor.get("image_processor_type", "")).startswith("SamImageProcessor")
     return (isinstance(size, Mapping) and "longest_edge" in size and "shortest_edge" not in size
-            and bool(processor.get("do_pad", True)))
+            and bool(processor.get("do_pad", sam)))
 
 
 def _naflex_preprocessing(processor: Mapping, config: ViTConfig) -> Preprocessing:
