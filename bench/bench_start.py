@@ -14,6 +14,11 @@
   output_attentions=True)``, the same thread count). The first upload after the model opened is shown apart. Each
   is preceded by an untimed session (a server opened, one upload) that writes the bytecode, as a user's installed
   packages have it; ``--rounds`` repeats it, interleaving the roots, and gives the first uploads' medians.
+  2026-11-24, ``--what upload --models vit-b16 --rounds 4 --repeats 3`` against the checkout before
+  ``drawing.warm_up`` (load average 1.5-2.5): the first upload after opening the random ViT-B/16 took 1.06 s (0.58
+  server CPU s, 0.92 browser CPU s; 2.55x one forward's 0.41 s) against 1.20 s (0.74, 0.96; 2.88x); later uploads
+  0.85-1.14 s and 0.52-0.57 server CPU s on both. What the first still costs more is the browser's: the 14 lazily
+  loaded element bundles (sliders, radios, the download button, images) fetched and compiled, five charts created.
 
 Server and forward run with ``VIT_THREADS`` = ``--threads`` (1 by default: the machine is shared). Headless
 Chromium through Playwright, as ``bench/bench_explorer_clicks.py`` (whose helpers this reuses). ``--root`` serves
