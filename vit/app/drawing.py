@@ -787,8 +787,8 @@ def warm_up() -> None:
 
     What the first map of a process costs beyond later ones is Plotly's, PIL's and narwhals' one-time work: the
     figure classes and colour tables imported on first use, their validators built, the image plugins loaded, the
-    data-frame plugins looked up (0.02-0.1 CPU s, more on a cold disk). A page waiting for an upload (a model without
-    sample images) does it meanwhile, so the first upload costs what later ones do."""
+    data-frame plugins looked up (0.16 of the first upload's 0.74 server CPU s, bench/bench_start.py). A page waiting
+    for an upload (a model without sample images) does it meanwhile, so the first upload costs what later ones do."""
     Image.preinit()  # the plugins of the common formats (PNG, JPEG, GIF, BMP): read on the first open or save
     blank = Image.new("RGB", (32, 32))
     shown, shown_uri, small = display_images(blank)
