@@ -16,7 +16,13 @@ For each it times (median of ``--repeats`` runs, wall and CPU time):
   so the per-query rows are recomputed; the forward pass is cached by the page);
 - the every-layer heads grid (L x H thumbnails) for a new query;
 - a rollout change (first time: every layer's attention is computed) and the class-specific map;
-- with ``--apptest``, a whole page rerun after a layer change through Streamlit's AppTest.
+- with ``--apptest``, a whole page rerun after a layer change through Streamlit's AppTest;
+- with ``--first-upload N``, the first upload of a fresh process (decode and forward, then the main view's
+  figures: what a server that has opened a ViT-B/16 does on its first upload) against its second, with and without
+  the warm-up the page does while it waits for an upload (``drawing.warm_up``): CPU seconds, N fresh processes of
+  each, alternated. 2026-11-24, 6 of each, load 1.2-3.5: first/second upload's figures 0.060/0.043 s without,
+  0.047/0.041 after it; decode + forward 0.479/0.450 and 0.489/0.464 (the first forward's fresh memory, ~0.03 s,
+  stays: a warm-up forward at a tiny size does not remove it, one at the model's size moves a whole forward).
 
 The targets are issue 10's, for 2 CPU cores; the table at the end puts them side by side.
 """
@@ -164,6 +170,50 @@ def bench_apptest(repeats: int) -> None:
     print(f"  {'page rerun after a layer change (AppTest)':<40} {wall:8.3f} {cpu:8.3f}")
 
 
+def first_upload_child(warm: bool) -> None:
+    """In this fresh process: CPU s of (decode + forward, figures) of two uploads in turn, as JSON."""
+    import json
+
+    import plotly.graph_objects as go
+
+    from pages.explorer_sections.plotly_preload import BLANK
+
+    go.Figure(BLANK)  # as app.py's first run has Streamlit build its blank chart
+    torch.set_num_threads(1)  # on shared cores, two threads' CPU time counts OpenMP's spinning (issue 51 item 3)
+    checkpoint, datas = random_checkpoint(ViTConfig.from_preset("vit-base-16")), [photo_png(seed=s) for s in (1, 2)]
+    if warm:
+        drawing.warm_up()
+    times = []
+    for data in datas:
+        start = time.process_time()
+        image = open_image(data, name="upload.png")
+        analysis = explorer.analyse(checkpoint, image, TRAINING_SIZE)
+        middle = time.process_time()
+        draw(analysis, *drawing.display_images(image), explorer.MapSettings())
+        times.append((middle - start, time.process_time() - middle))
+    print(json.dumps(times))
+
+
+def bench_first_upload(processes: int) -> None:
+    """The first upload's CPU s against the second's, ``processes`` fresh processes with the warm-up and without."""
+    import json
+    import os
+    import subprocess
+
+    rows: dict[str, list] = {"without warm-up": [], "after drawing.warm_up()": []}
+    for i in range(processes):
+        for name in list(rows) if i % 2 == 0 else list(rows)[::-1]:
+            done = subprocess.run([sys.executable, __file__, "--first-upload-child", "warm" if "after" in name
+                                   else "cold"], capture_output=True, text=True, check=True)
+            rows[name].append(json.loads(done.stdout.splitlines()[-1]))
+    print(f"\nfirst upload of a fresh process vs its second, random ViT-B/16 at 224 px, one thread, "
+          f"median of {processes} processes each, CPU s (decode + forward / figures)")
+    for name, runs in rows.items():
+        cells = [" / ".join(f"{statistics.median(r[k][j] for r in runs):.3f}" for j in (0, 1)) for k in (0, 1)]
+        print(f"  {name:<26} first {cells[0]}, second {cells[1]}")
+    print(f"  load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+
+
 def random_checkpoint(config: ViTConfig) -> Checkpoint:
     torch.manual_seed(0)
     return Checkpoint(model=ViT(config).eval(), class_names=[f"class {i}" for i in range(config.num_classes)],
@@ -175,7 +225,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=5, help="runs per figure (the median is printed)")
     parser.add_argument("--apptest", action="store_true", help="also time whole page reruns through AppTest")
     parser.add_argument("--only", choices=sorted(TARGETS), action="append", help="bench only these (repeatable)")
+    parser.add_argument("--first-upload", type=int, metavar="N", help="only the first upload of N fresh processes")
+    parser.add_argument("--first-upload-child", choices=("cold", "warm"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.first_upload_child:
+        first_upload_child(args.first_upload_child == "warm")
+        return 0
+    if args.first_upload:
+        bench_first_upload(args.first_upload)
+        return 0
     print(f"torch {torch.__version__}, {torch.get_num_threads()} thread(s)")
     wanted = set(args.only or TARGETS)
     measured: dict[str, dict[str, tuple[float, float]]] = {}

@@ -11,7 +11,14 @@
   default (``shipped``), photos (640 x 480 PNGs, a new one each time) put into the sidebar's uploader, from the
   upload to the new overlay drawn and the run over; its wall time and the server's CPU seconds against one
   forward with attentions of the same model on the same image in this process (``model(x,
-  output_attentions=True)``, the same thread count). The first upload after the model opened is shown apart.
+  output_attentions=True)``, the same thread count). The first upload after the model opened is shown apart. Each
+  is preceded by an untimed session (a server opened, one upload) that writes the bytecode, as a user's installed
+  packages have it; ``--rounds`` repeats it, interleaving the roots, and gives the first uploads' medians.
+  2026-11-24, ``--what upload --models vit-b16 --rounds 4 --repeats 3`` against the checkout before
+  ``drawing.warm_up`` (load average 1.5-2.5): the first upload after opening the random ViT-B/16 took 1.06 s (0.58
+  server CPU s, 0.92 browser CPU s; 2.55x one forward's 0.41 s) against 1.20 s (0.74, 0.96; 2.88x); later uploads
+  0.85-1.14 s and 0.52-0.57 server CPU s on both. What the first still costs more is the browser's: the 14 lazily
+  loaded element bundles (sliders, radios, the download button, images) fetched and compiled, five charts created.
 
 Server and forward run with ``VIT_THREADS`` = ``--threads`` (1 by default: the machine is shared). Headless
 Chromium through Playwright, as ``bench/bench_explorer_clicks.py`` (whose helpers this reuses). ``--root`` serves
@@ -185,41 +192,55 @@ def forward_seconds(env: dict[str, str], root: Path, image: Path, repeats: int, 
     return statistics.median(t[0] for t in times), statistics.median(t[1] for t in times)
 
 
-def bench_upload(browser, root: Path, model: str, repeats: int, threads: int) -> None:
+def upload_session(browser, root: Path, model: str, env: dict[str, str], photos: list[Path]
+                   ) -> list[tuple[float, float, float]]:
+    """A fresh server opened in a fresh tab, ``photos`` uploaded in turn: (wall s, server CPU s, browser CPU s) of
+    each, from the upload to the new overlay drawn and the run over."""
+    process, url = launch(root, "app.py", env)
+    try:
+        page = browser.new_context(viewport={"width": 1500, "height": 1100}).new_page()
+        page.set_default_timeout(TIMEOUT_MS)
+        page.goto(url)
+        page.wait_for_selector('[data-testid="stApp"]')
+        if model == "shipped":  # the sample's map first: uploads then replace it
+            page.wait_for_function(f"() => ({OVERLAY_HREF})() !== null && ({SCRIPT_DONE})()")
+        else:
+            page.locator('[data-testid="stSidebar"] input[type="file"]').first.wait_for(state="attached")
+            page.wait_for_function(SCRIPT_DONE)
+        page.wait_for_timeout(500)
+        results = []
+        for path in photos:
+            before = page.evaluate(OVERLAY_HREF)
+            start, cpu, browser_cpu = time.perf_counter(), cpu_seconds(process.pid), browser_cpu_seconds()
+            page.locator('[data-testid="stSidebar"] input[type="file"]').first.set_input_files(str(path))
+            page.wait_for_function(f"(before) => ({OVERLAY_HREF})() !== before && ({OVERLAY_HREF})() !== null "
+                                   f"&& ({SCRIPT_DONE})()", arg=before)
+            frame(page)
+            results.append((time.perf_counter() - start, cpu_seconds(process.pid) - cpu,
+                            browser_cpu_seconds() - browser_cpu))
+            page.wait_for_timeout(300)
+        page.context.close()
+        return results
+    finally:
+        stop(process)
+
+
+def bench_upload(browser, root: Path, model: str, repeats: int, threads: int
+                 ) -> tuple[tuple[float, float, float], float]:
+    """Prints the first upload's and the later ones' figures; returns the first's (wall, server CPU, browser CPU)
+    and one forward's wall time."""
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         env = world(tmp, model, threads)
         photos = []
-        for seed in range(repeats + 1):
+        for seed in range(repeats + 2):
             photos.append(tmp / f"photo-{seed}.png")
             photos[-1].write_bytes(photo(640, 480, seed=seed + 10))
         forward, forward_cpu = forward_seconds(env, root, photos[0], 5, threads)
-        process, url = launch(root, "app.py", env)
-        try:
-            page = browser.new_context(viewport={"width": 1500, "height": 1100}).new_page()
-            page.set_default_timeout(TIMEOUT_MS)
-            page.goto(url)
-            page.wait_for_selector('[data-testid="stApp"]')
-            if model == "shipped":  # the sample's map first: uploads then replace it
-                page.wait_for_function(f"() => ({OVERLAY_HREF})() !== null && ({SCRIPT_DONE})()")
-            else:
-                page.locator('[data-testid="stSidebar"] input[type="file"]').first.wait_for(state="attached")
-                page.wait_for_function(SCRIPT_DONE)
-            page.wait_for_timeout(500)
-            results = []
-            for path in photos:
-                before = page.evaluate(OVERLAY_HREF)
-                start, cpu, browser_cpu = time.perf_counter(), cpu_seconds(process.pid), browser_cpu_seconds()
-                page.locator('[data-testid="stSidebar"] input[type="file"]').first.set_input_files(str(path))
-                page.wait_for_function(f"(before) => ({OVERLAY_HREF})() !== before && ({OVERLAY_HREF})() !== null "
-                                       f"&& ({SCRIPT_DONE})()", arg=before)
-                frame(page)
-                results.append((time.perf_counter() - start, cpu_seconds(process.pid) - cpu,
-                                browser_cpu_seconds() - browser_cpu))
-                page.wait_for_timeout(300)
-            page.context.close()
-        finally:
-            stop(process)
+        # Not timed: the bytecode of what an upload imports written, as a user's installed packages have it (else
+        # the first upload compiles the modules it is the first to import, which no user's does).
+        upload_session(browser, root, model, env, photos[-1:])
+        results = upload_session(browser, root, model, env, photos[:-1])
     first, rest = results[0], results[1:]
     wall, cpu = statistics.median(r[0] for r in rest), statistics.median(r[1] for r in rest)
     browser_cpu = statistics.median(r[2] for r in rest)
@@ -228,6 +249,7 @@ def bench_upload(browser, root: Path, model: str, repeats: int, threads: int) ->
           f"server CPU s, {browser_cpu:.2f} browser CPU s): "
           f"{wall / forward:.2f}x wall, {cpu / forward_cpu:.2f}x CPU of one forward with attentions ({forward:.3f} s, "
           f"{forward_cpu:.3f} CPU s); load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}", flush=True)
+    return first, forward
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -238,6 +260,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--models", default="vit-b16,shipped", help="the upload's models: vit-b16, shipped")
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--rounds", type=int, default=1,
+                   help="upload benches per root, the roots' order reversed every other round (interleaved)")
     args = p.parse_args(argv)
     from playwright.sync_api import sync_playwright
 
@@ -249,8 +273,20 @@ def main(argv: list[str] | None = None) -> int:
                 bench_start(browser, roots, args.repeats, args.threads)
             if "upload" in args.what:
                 for model in args.models.split(","):
-                    for root in roots:
-                        bench_upload(browser, root, model, args.repeats, args.threads)
+                    firsts: dict[Path, list[tuple[float, float, float]]] = {root: [] for root in roots}
+                    forwards = []
+                    for i in range(args.rounds):
+                        for root in roots if i % 2 == 0 else roots[::-1]:
+                            first, forward = bench_upload(browser, root, model, args.repeats, args.threads)
+                            firsts[root].append(first)
+                            forwards.append(forward)
+                    forward = statistics.median(forwards)
+                    for root, times in firsts.items():
+                        wall = statistics.median(t[0] for t in times)
+                        print(f"first upload, {model}, {root}: median of {len(times)} {wall:.2f} s "
+                              f"({wall / forward:.2f}x one forward), server CPU "
+                              f"{statistics.median(t[1] for t in times):.2f} s, browser CPU "
+                              f"{statistics.median(t[2] for t in times):.2f} s", flush=True)
         finally:
             browser.close()
     return 0

@@ -718,6 +718,70 @@ def test_the_file_watcher_is_off_so_an_idle_app_does_not_watch_venv_runs_or_data
     done = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=120)
     assert done.stdout.strip() == "none", done.stderr
 
+def test_a_page_waiting_for_an_upload_does_the_figures_one_time_work_meanwhile(dirs, monkeypatch):
+    # Issue 51: a model without sample images stops the page until an upload; the first upload then finds Plotly's
+    # and PIL's one-time work done (what warm_up covers is checked in the next test).
+    checkpoints, _ = dirs
+    write_checkpoint(checkpoints / "lonely.pt")
+    warm_up = mock.Mock()
+    monkeypatch.setattr(drawing, "warm_up", warm_up)
+    at = run_app()
+    assert "Upload an image" in at.info[0].value and not at.exception
+    warm_up.assert_called_once_with()
+
+
+# The first upload's path, after warm_up, in a fresh interpreter: it prints the modules that path imported.
+FIRST_UPLOAD = """
+import io, sys
+import numpy as np, plotly.io
+from PIL import Image
+from vit.app import drawing, explorer
+from vit.checkpoint import Checkpoint, Preprocessing
+from vit.explain.overlay import overlay
+from vit.images import open_image
+from vit.inference import TRAINING_SIZE
+from vit.model import ViT, ViTConfig
+
+config = ViTConfig(image_size=16, patch_size=4, num_channels=3, num_classes=3, hidden_size=16, num_layers=2,
+                   num_heads=2, mlp_size=32)
+checkpoint = Checkpoint(model=ViT(config).eval(), class_names=["a", "b", "c"],
+                        preprocessing=Preprocessing.default_for(config))
+pixels = np.arange(16 * 24 * 3, dtype=np.uint8).reshape(16, 24, 3)
+WARM
+before = set(sys.modules)
+png = io.BytesIO()
+Image.fromarray(pixels).save(png, format="PNG")
+image = open_image(png.getvalue(), name="upload.png")
+analysis = explorer.analyse(checkpoint, image, TRAINING_SIZE)
+shown, shown_uri, small = drawing.display_images(image)
+map2d = explorer.attention_map(analysis, explorer.MapSettings())
+drawn = overlay(shown, map2d, 0.6, "magma", "nearest", outline_patch=0)
+cells = drawing.small_multiples(small, explorer.head_maps(analysis, 0)[1], 0.6, "magma", "nearest", 0)
+sheet = drawing.heads_grid_image(cells, columns=2)
+for figure in (drawing.patch_picker_figure(shown.size, shown_uri, analysis.grid, 0),
+               drawing.patch_picker_figure(shown.size, drawing.jpeg_data_uri(drawn), analysis.grid, 0, show_grid=False),
+               drawing.colorbar_figure(*drawing.map_range(map2d, None, None), "magma"),
+               drawing.predictions_figure(analysis.prediction),
+               drawing.heads_grid_figure(drawing.jpeg_data_uri(sheet, quality=85), sheet.size, [1], 2, (1, 0))):
+    plotly.io.to_json(figure, validate=False)
+print(" ".join(sorted(set(sys.modules) - before)))
+"""
+
+
+def test_after_the_warm_up_the_first_upload_imports_nothing_more():
+    import subprocess
+    import sys
+
+    def imported(warm: str) -> set[str]:
+        done = subprocess.run([sys.executable, "-c", FIRST_UPLOAD.replace("WARM", warm)], cwd=Path(APP).parent,
+                              capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+        return set(done.stdout.split())
+
+    assert "plotly.colors" in imported("")  # without it, the first upload imports Plotly's figure machinery
+    assert imported("drawing.warm_up()") == set()
+
+
 def test_a_sessions_first_run_sends_a_blank_chart_first_and_clears_it_before_the_page_draws_its_own(default_world):
     # Issue 51: the browser loads Plotly's bundle at the first chart it gets; the blank one comes before the page
     # imports torch and opens the model, so the bundle loads meanwhile. The page's charts keep their places.

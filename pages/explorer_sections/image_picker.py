@@ -8,7 +8,7 @@ from PIL import Image
 
 from pages.explorer_sections import share_view
 from pages.explorer_sections.caches import UPLOAD_TYPES, decode_image
-from vit.app import catalog, explorer
+from vit.app import catalog, drawing, explorer
 from vit.checkpoint import Checkpoint
 from vit.images import ImageError
 from vit.inference import MAX_INPUT_SIDE, InputSize
@@ -92,6 +92,7 @@ def pick_image(entry: catalog.CatalogEntry, entries: dict[str, catalog.CatalogEn
         data, image_name = sample.read_bytes(), sample.name
     else:
         st.info("Upload an image in the sidebar to see what the model attends to.")
+        drawing.warm_up()  # once per server, while the user picks a file: the first upload then costs what others do
         st.stop()
     digest = explorer.image_digest(data)
     try:

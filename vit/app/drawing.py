@@ -8,6 +8,7 @@ from 1.
 from __future__ import annotations
 
 import base64
+import functools
 import io
 import math
 import re
@@ -16,6 +17,7 @@ from collections.abc import Callable, Sequence
 import matplotlib.ticker
 import numpy as np
 import plotly.graph_objects as go
+import plotly.io
 import torch
 from PIL import Image, ImageDraw, ImageFont
 
@@ -793,3 +795,26 @@ def faithfulness_figure(checkpoint: Checkpoint, image: Image.Image, map2d: np.nd
     fig.update_layout(height=340, margin=dict(l=0, r=0, t=30, b=56), autosize=True,
                       legend=dict(orientation="h", x=0, y=1.02, xanchor="left", yanchor="bottom"))
     return fig
+
+
+@functools.cache
+def warm_up() -> None:
+    """Once per process, the main view's figures and images drawn on a blank 32-px image and thrown away.
+
+    What the first map of a process costs beyond later ones is Plotly's, PIL's and narwhals' one-time work: the
+    figure classes and colour tables imported on first use, their validators built, the image plugins loaded, the
+    data-frame plugins looked up (0.16 of the first upload's 0.74 server CPU s, bench/bench_start.py). A page waiting
+    for an upload (a model without sample images) does it meanwhile, so the first upload costs what later ones do."""
+    Image.preinit()  # the plugins of the common formats (PNG, JPEG, GIF, BMP): read on the first open or save
+    blank = Image.new("RGB", (32, 32))
+    shown, shown_uri, small = display_images(blank)
+    map2d = np.zeros((2, 2), dtype=np.float32)
+    drawn = overlay(shown, map2d, 0.6, "inferno", "bilinear", outline_patch=0)
+    sheet = heads_grid_image(small_multiples(small, map2d[None], 0.6, "inferno", "bilinear", 0), columns=1)
+    prediction = Prediction(top_k=[("", 1.0)], probabilities=np.ones(1, dtype=np.float32),
+                            logits=np.zeros(1, dtype=np.float32), attentions=None, class_index=0)
+    for figure in (patch_picker_figure(shown.size, shown_uri, (2, 2), 1),
+                   patch_picker_figure(shown.size, jpeg_data_uri(drawn), (2, 2), 1, show_grid=False),
+                   colorbar_figure(0.0, 1.0), predictions_figure(prediction),
+                   heads_grid_figure(jpeg_data_uri(sheet, quality=85), sheet.size, [0], 1, (0, 0))):
+        plotly.io.to_json(figure, validate=False)  # as Streamlit sends a figure
