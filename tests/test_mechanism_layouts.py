@@ -30,10 +30,16 @@ def _timm(name: str, **options):
 
 
 @pytest.fixture(scope="module")
-def beit(tmp_path_factory):
+def beit_folder(tmp_path_factory):
     reference = _timm("beit_base_patch16_224", img_size=32, num_classes=5, use_rel_pos_bias=True, init_values=0.1)
     folder = tmp_path_factory.mktemp("beit") / "model"
     timm.models.save_for_hf(reference, folder, model_args=dict(num_heads=2), safe_serialization=True)
+    return reference, folder
+
+
+@pytest.fixture(scope="module")
+def beit(beit_folder):
+    reference, folder = beit_folder
     return reference, open_source(folder).model
 
 
@@ -282,3 +288,30 @@ def test_the_explorers_mean_ablated_copy_places_the_means_on_the_images_own_grid
     with torch.no_grad():
         expected, _ = mechanism.ablate_heads(ours, x, heads, "mean", means)
         torch.testing.assert_close(ablated(x)[0], expected, rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("family", ["beit", "sam"])
+def test_predict_save_maps_writes_each_layers_attention_as_the_forward_gives_it(family, beit_folder, sam_checkpoint,
+                                                                                tmp_path):
+    """A bias (BEiT) or windows (SAM): the .npz's layers are the forward's attentions, windows placed on the grid.
+    It stopped before writing ("attends within windows") while the layers were read from queries and keys alone."""
+    import numpy as np
+    from PIL import Image
+
+    from vit.explain.hidden import placed_attentions
+    from vit.inference import preprocess
+    from vit.predict import main
+
+    folder = beit_folder[1] if family == "beit" else sam_checkpoint[1].path
+    checkpoint = open_source(folder)
+    image = tmp_path / "photo.png"
+    Image.fromarray(np.random.default_rng(0).integers(0, 256, (40, 50, 3), dtype=np.uint8)).save(image)
+    assert main([str(folder), str(image), "--save-maps", str(tmp_path / "maps")]) == 0
+    model = checkpoint.model
+    x = preprocess([Image.open(image)], checkpoint.preprocessing)
+    with torch.no_grad():
+        _, attentions = model(x, output_attentions=True)
+    expected = placed_attentions(model, attentions, model.patch_grid(*x.shape[-2:]))
+    saved = np.load(tmp_path / "maps" / "photo.npz")
+    for i, layer in enumerate(expected):
+        np.testing.assert_allclose(saved[f"layer_{i}"], layer[0].numpy(), rtol=0, atol=1e-5)

@@ -355,7 +355,7 @@ def save_maps(result: FileResult, checkpoint: Checkpoint, folder: Path, stem: st
 
     from vit.explain.attention import fuse_heads, rollout
     from vit.explain.chunked import LayerInputs, attention_chunks
-    from vit.explain.hidden import forward_with_hidden_states
+    from vit.explain.hidden import forward_with_hidden_states, layout_problem
     from vit.explain.overlay import overlay, write_npz_streamed
     from vit.inference import TRAINING_SIZE, input_box, input_shape, preprocess, seen_region
     from vit.model import ViT
@@ -377,6 +377,11 @@ def save_maps(result: FileResult, checkpoint: Checkpoint, folder: Path, stem: st
         L, H, T = inputs.num_layers, inputs.num_heads, inputs.num_tokens
 
         def pieces(layer: int):  # (H, T, T) in C order: head by head, a chunk of queries at a time
+            if layout_problem(model):  # windows or a bias (SAM, BEiT): the exact layer's rows, placed on the grid
+                for h in range(H):
+                    for _, _, probs in inputs.chunks(layer, heads=[h]):
+                        yield probs[0, 0].cpu().numpy()
+                return
             q, k = inputs.queries_and_keys(layer)
             for h in range(H):
                 for _, _, probs in attention_chunks(q, k, heads=[h]):
