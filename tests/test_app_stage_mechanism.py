@@ -97,6 +97,10 @@ def test_the_mechanism_view_of_a_model_with_stages(tmp_path, name):
     [patched] = heatmaps(at, "Recovered by patching one head")
     assert array_shape(patched["z"]) == (L, max(heads))
     assert any("on the grid that input is on" in c.value for c in at.caption)
+    other = preprocess([Image.open(io.BytesIO(png(size, 4))).convert("RGB")], checkpoint.preprocessing)
+    with torch.no_grad():  # one class for both: every share recovered is 0/0, and the page says why it is blank
+        same = bool(model(x)[0].argmax() == model(other)[0].argmax())
+    assert any("Both images are predicted as" in i.value for i in at.info) == same
 
     at.session_state["mechanism_tab"] = "Phenomena"
     at.run()

@@ -66,6 +66,10 @@ def patching_tab(view: Shown, samples: list[Path] | None, sample: Path | None, i
             st.warning(escape_markdown(e))
         if patched is not None:
             a, b = class_names[patched.clean_class], class_names[patched.corrupted_class]
+            if patched.clean_class == patched.corrupted_class:  # logit[a] - logit[a] is 0 on both: every share 0/0
+                st.info(f"Both images are predicted as “{escape_markdown(a)}”, so the logit difference patching "
+                        "restores is 0 on each and every share below is undefined (blank). Choose a corrupted "
+                        "image the model classifies as something else.")
             st.plotly_chart(figures.layer_head_figure(patched.heads, "Recovered by patching one head",
                                                       "recovered"), theme=None, key="patch_heads")
             if patched.residual is not None and patched.residual_grids:  # stages: each layer's input grid

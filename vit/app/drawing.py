@@ -52,6 +52,8 @@ def colour_range(maps: np.ndarray, scale: str) -> tuple[float | None, float | No
     if scale == "zero":
         return 0.0, None
     if scale == "shared":
+        if not np.isfinite(maps).any():  # nothing to show (patching two images of one class: every share is 0/0)
+            return None, None
         return float(np.nanmin(maps)), float(np.nanmax(maps))
     raise ValueError(f"unknown colour scale {scale!r}; choose one of: {', '.join(COLOUR_SCALES)}")
 
