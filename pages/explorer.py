@@ -93,7 +93,7 @@ share_view.apply_model_settings(model_key, analysis, class_names)
 
 # -- map settings (only the controls the chosen map uses) ---------------------------------------------------------
 
-map_choice = choose_map(analysis, class_names, model_key)
+map_choice = choose_map(analysis, class_names, model_key, checkpoint.model)
 main = main_map(checkpoint, fingerprint, image, image_key, size, analysis, map_choice)
 
 # -- image, overlay and prediction ----------------------------------------------------------------------------------

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from parity_helpers import randomize
 from test_hiera_parity import library_dense, save_hf_hiera, stage_tokens
 
-from vit.explain.relevance import legrad
+from vit.explain.relevance import legrad, legrad_layers
 from vit.sources.open import open_source
 
 transformers = pytest.importorskip("transformers")
@@ -188,7 +188,7 @@ def test_the_explorer_offers_legrad_the_last_stages_layers_and_draws_from_the_on
     hf_swin[1].save_pretrained(folder)
     checkpoint = open_source(folder)
     image = Image.new("RGB", (SIZE, SIZE), (90, 40, 200))
-    assert explorer.legrad_start_layers(explorer.analyse(checkpoint, image)) == range(2, 4)  # stage 2's two blocks
+    assert legrad_layers(checkpoint.model) == range(2, 4)  # stage 2's two blocks: what "From layer" offers
     got = explorer.model_method_map(checkpoint, image, "legrad", class_index=1, start_layer=-1)
     x = preprocess([image], checkpoint.preprocessing, TRAINING_SIZE, ours.config.patch_size)
     torch.testing.assert_close(torch.from_numpy(got), legrad(checkpoint.model, x, 1, start_layer=-1)[0])

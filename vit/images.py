@@ -235,6 +235,15 @@ def pad_colour(mean: tuple[float, ...]) -> tuple[int, ...]:
     return values * 3 if len(values) == 1 else values[:3]
 
 
+def on_padded_canvas(image: Image.Image, size: tuple[int, int], mean: tuple[float, ...]) -> Image.Image:
+    """``image`` at the top left of a ``size = (width, height)`` canvas in the colour SAM's zero padding stands for
+    (``pad_colour``), in the image's mode: the padded input as a picture."""
+    colour = pad_colour(mean)
+    canvas = Image.new(image.mode, size, colour[0] if image.mode == "L" else colour)
+    canvas.paste(image, (0, 0))
+    return canvas
+
+
 @functools.lru_cache(maxsize=64)
 def _channel_tensors(mean: tuple[float, ...], std: tuple[float, ...], device: torch.device
                      ) -> tuple[torch.Tensor, torch.Tensor]:

@@ -24,8 +24,8 @@ from vit.images import (
     crop_start,
     naflex_size,
     normalize,
+    on_padded_canvas,
     open_image,
-    pad_colour,
     pad_normalized,
     resized_size,
     to_mode,
@@ -127,10 +127,7 @@ def seen_region(image: Image.Image, preprocessing: Preprocessing, size: InputSiz
     if box == (0, 0, image.width, image.height):
         return image
     if box[2] > image.width or box[3] > image.height:  # padded: the image at the top left of a canvas
-        colour = pad_colour(preprocessing.mean)
-        canvas = Image.new("RGB", (box[2], box[3]), colour)
-        canvas.paste(to_mode(image, 3), (0, 0))
-        return canvas
+        return on_padded_canvas(to_mode(image, 3), (box[2], box[3]), preprocessing.mean)
     return image.crop(box)
 
 

@@ -48,7 +48,7 @@ class MainMap:
     mask: np.ndarray | None
 
 
-def choose_map(analysis: explorer.Analysis, class_names: list[str], model_key: str) -> MapChoice:
+def choose_map(analysis: explorer.Analysis, class_names: list[str], model_key: str, model) -> MapChoice:
     """The sidebar's "Attention map" and "Overlay" controls."""
     prediction, grid, prefix = analysis.prediction, analysis.grid, analysis.num_prefix_tokens
     L, T = analysis.num_layers, analysis.num_tokens
@@ -126,11 +126,13 @@ def choose_map(analysis: explorer.Analysis, class_names: list[str], model_key: s
                                          help="Roll out from layer 1 through this layer.")
         start_layer = -2  # LeGrad's authors' default: the last two layers
         if "start_layer" in controls:
-            starts = explorer.legrad_start_layers(analysis)
+            from vit.explain.relevance import legrad_layers
+
+            starts = [i + 1 for i in legrad_layers(model)]  # 1-based, as the sidebar shows layers
             start_key = f"start-{model_key}"
-            if st.session_state.get(start_key) not in [i + 1 for i in starts]:  # a new model: the authors' default
-                st.session_state[start_key] = L - 1 if L - 2 in starts else starts[0] + 1
-            start_layer = st.select_slider("From layer", [i + 1 for i in starts], key=start_key,
+            if st.session_state.get(start_key) not in starts:  # a new model: the authors' default, else its first
+                st.session_state[start_key] = L - 1 if L - 1 in starts else starts[0]
+            start_layer = st.select_slider("From layer", starts, key=start_key,
                                            help="LeGrad sums the maps of every layer from this one to the last "
                                                 "(its authors' layer_index; they use the last two).") - 1 - L
         if "discard_ratio" in controls:

@@ -24,7 +24,7 @@ from PIL import Image, ImageDraw, ImageFont
 from vit.app.explorer import MAP_CONTROLS, METHOD_MAP_KINDS, Analysis, MapSettings, map_mask, patch_of, resolved_class
 from vit.checkpoint import Checkpoint
 from vit.explain.overlay import draw_mask_contours, overlay, to_png_bytes
-from vit.images import pad_colour, to_mode, to_uint8
+from vit.images import on_padded_canvas, to_mode, to_uint8
 from vit.inference import TRAINING_SIZE, InputSize, Prediction, input_shape, preprocess
 from vit.sizes import describe_size
 from vit.text import escape_markdown, escape_plotly
@@ -450,16 +450,14 @@ def model_input_image(image: Image.Image, checkpoint: Checkpoint, size: InputSiz
     if size == TRAINING_SIZE and not p.max_num_patches:  # the checkpoint's own transform, with its crop
         array = to_uint8(image, p.image_size, p.num_channels, p.resize_size, p.resize_mode, p.resample,
                          p.crop_rule)
-        if p.resize_mode == "longest_edge_pad":  # the resized image at the top left of the padded input
-            colour = pad_colour(p.mean)
-            canvas = torch.tensor(colour[:p.num_channels], dtype=torch.uint8).view(-1, 1, 1).repeat(1, *p.image_hw)
-            canvas[:, :array.shape[1], :array.shape[2]] = array
-            array = canvas
     else:
         shape = input_shape(image, p, checkpoint.model.config.patch_size, size)
         array = to_uint8(image, shape, p.num_channels, resample=p.resample)
     array = array.permute(1, 2, 0).numpy()  # (H, W, C)
-    return Image.fromarray(array[:, :, 0] if array.shape[2] == 1 else array)
+    seen = Image.fromarray(array[:, :, 0] if array.shape[2] == 1 else array)
+    if size == TRAINING_SIZE and p.resize_mode == "longest_edge_pad":  # the resized image at the top left
+        return on_padded_canvas(seen, p.image_hw[::-1], p.mean)
+    return seen
 
 
 

@@ -654,16 +654,6 @@ class MapSettings:
     start_layer: int = -2  # LeGrad: the first layer explained, 0-based, negative from the end (the authors' default)
 
 
-def legrad_start_layers(analysis: Analysis) -> range:
-    """The layers LeGrad may start from (0-based): any, or with stages those of the last stage, whose tokens have the
-    width the classifier reads (``relevance.legrad_layers``)."""
-    L = analysis.num_layers
-    if not analysis.staged:
-        return range(L)
-    last = analysis.layouts[-1].grid
-    return range(next(i for i in range(L) if analysis.layouts[i].grid == last), L)
-
-
 def resolved_class(settings: MapSettings, analysis: Analysis) -> int:
     """The class of the class-specific map: the chosen one, else the predicted one."""
     return analysis.prediction.class_index if settings.class_index is None else settings.class_index

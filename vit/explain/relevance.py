@@ -236,8 +236,8 @@ def legrad(model: ViT, images: Tensor, class_index: int | Tensor | None = None, 
 
 
 def legrad_layers(model: ViT) -> range:
-    """The layers LeGrad can explain in a model with stages (Swin, Hiera): those of the last stage, whose tokens have
-    the width the classifier reads (the earlier stages' are narrower, on finer grids)."""
+    """The layers LeGrad can explain: every layer, or in a model with stages (Swin, Hiera) those of the last stage,
+    whose tokens have the width the classifier reads (the earlier stages' are narrower, on finer grids)."""
     return range(model.config.stage_start(model.config.num_stages - 1), len(model.blocks))
 
 
