@@ -1,6 +1,7 @@
 """The explorer's newer map kinds (LeGrad, LRP, AttnLRP, attention flow) and the one-image faithfulness curves."""
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -127,6 +128,43 @@ def test_colour_bar_ticks_on_a_narrow_range_are_all_different():
     assert list(axis.ticktext) == ["0.0144", "0.014425", "0.01445", "0.014475", "0.0145"]
     assert list(drawing.colorbar_figure(0.0, 1.0).layout.xaxis.ticktext) == ["0", "0.2", "0.4", "0.6", "0.8", "1"]
     assert list(drawing.colorbar_figure(12.5, 13812.0).layout.xaxis.ticktext) == ["3000", "6000", "9000", "12000"]
+
+
+@pytest.mark.parametrize("colormap", [*drawing.COLORMAPS, drawing.DIVERGING_COLORMAP])
+def test_the_pages_colour_bar_has_the_overlays_colours_and_the_figures_ticks(colormap):
+    # Issue 51: the page draws its colour bar as HTML (a Plotly chart cost ~0.1 s of every upload in the browser).
+    import html.parser
+
+    import matplotlib
+
+    class Bar(html.parser.HTMLParser):
+        def __init__(self):
+            super().__init__()
+            self.attrs, self.styles, self.labels = {}, [], []
+
+        def handle_starttag(self, tag, attrs):
+            attrs = dict(attrs)
+            self.attrs = self.attrs or attrs
+            self.styles.append(attrs.get("style", ""))
+
+        def handle_data(self, data):
+            self.labels.append(data)
+
+    for low, high in ((0.0144, 0.0145), (0.0, 1.0), (12.5, 13812.0), (-3.0, 2.0), (0.5, 0.5)):
+        bar = Bar()
+        bar.feed(drawing.colorbar_html(low, high, colormap))
+        figure = drawing.colorbar_figure(low, high, colormap)
+        assert bar.labels == list(figure.layout.xaxis.ticktext)  # the same ticks as the export's figure
+        vmin, vmax = float(bar.attrs["data-vmin"]), float(bar.attrs["data-vmax"])
+        assert [vmin, vmax] == list(figure.layout.xaxis.range) and bar.attrs["data-colormap"] == colormap
+        places = [float(re.search(r"left:([0-9.]+)%", style)[1]) for style in bar.styles if "translateX" in style]
+        assert places == pytest.approx([100 * (t - vmin) / (vmax - vmin) for t in figure.layout.xaxis.tickvals],
+                                       abs=1e-3)
+        gradient = next(style for style in bar.styles if "linear-gradient" in style)
+        stops = [tuple(int(v) for v in m) for m in re.findall(r"rgb\((\d+),(\d+),(\d+)\)", gradient)]
+        cmap = matplotlib.colormaps[colormap]  # what the overlay is coloured with
+        assert stops[0] == tuple(cmap(0.0, bytes=True)[:3]) and stops[-1] == tuple(cmap(1.0, bytes=True)[:3])
+        assert stops[len(stops) // 2] == tuple(cmap((len(stops) // 2) / (len(stops) - 1), bytes=True)[:3])
 
 
 @pytest.mark.usefixtures("default_world")

@@ -422,8 +422,10 @@ def test_a_long_prediction_reports_progress_and_stops_at_ctrl_c(files):
 
     # 65,537 tokens on the tiny model: a layer's attention is 4 x T² x 16 = 275 GFLOP, tens of seconds on one core.
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    command = [sys.executable, "-m", "vit.predict", str(files["checkpoint"]), str(files["wide"]), "--size", "1024",
-               "--max-tokens", "65537"]
+    # -X faulthandler: should it not stop, SIGABRT makes it print where every thread is (once in ~13 suites on two
+    # loaded cores it outlived the 60 s; alone and beside busy loops it stops in under a second).
+    command = [sys.executable, "-X", "faulthandler", "-m", "vit.predict", str(files["checkpoint"]),
+               str(files["wide"]), "--size", "1024", "--max-tokens", "65537"]
     process = subprocess.Popen(command, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                text=True)
     try:
@@ -431,7 +433,11 @@ def test_a_long_prediction_reports_progress_and_stops_at_ctrl_c(files):
         assert "vit.predict: layer 1 of 2 running" in line and "Ctrl-C stops it" in line, line
         process.send_signal(signal.SIGINT)
         asked = time.monotonic()
-        process.wait(timeout=60)
+        try:
+            process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            process.send_signal(signal.SIGABRT)  # faulthandler's stacks, then the stream's end
+            pytest.fail(f"vit.predict still ran 60 s after Ctrl-C; its stacks:\n{process.communicate(timeout=30)[1]}")
         waited = time.monotonic() - asked
     finally:
         process.kill()

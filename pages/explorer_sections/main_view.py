@@ -80,8 +80,7 @@ def main_view(view: Shown, main: MainMap, query_key: str, image_name: str, seen:
                    f"{describe_size(image.width, image.height)}; " + drawing.describe_input(analysis, image.size, box))
     with col_overlay:
         low, high = drawing.map_range(map2d, vmin, vmax)
-        st.plotly_chart(drawing.colorbar_figure(low, high, map_colormap), config={"displayModeBar": False},
-                        theme=None, key="colorbar")
+        st.html(drawing.colorbar_html(low, high, map_colormap))
         st.caption(drawing.describe_map(settings, analysis, class_names) + " " + drawing.describe_range(map2d, vmin,
                                                                                                         vmax))
         stem = Path(image_name).stem

@@ -23,7 +23,7 @@ from PIL import Image, ImageDraw, ImageFont
 
 from vit.app.explorer import MAP_CONTROLS, METHOD_MAP_KINDS, Analysis, MapSettings, map_mask, patch_of, resolved_class
 from vit.checkpoint import Checkpoint
-from vit.explain.overlay import draw_mask_contours, overlay, to_png_bytes
+from vit.explain.overlay import colorize, draw_mask_contours, overlay, to_png_bytes
 from vit.images import on_padded_canvas, to_mode, to_uint8
 from vit.inference import TRAINING_SIZE, InputSize, Prediction, input_shape, preprocess
 from vit.sizes import describe_size
@@ -681,16 +681,49 @@ def tick_labels(values: Sequence[float]) -> list[str]:
     return labels
 
 
-def colorbar_figure(vmin: float, vmax: float, colormap: str = "inferno", label: str = "") -> go.Figure:
-    """A horizontal colour bar with the real values from ``vmin`` (dark) to ``vmax`` (bright)."""
+def colorbar_ticks(vmin: float, vmax: float) -> tuple[float, float, list[float]]:
+    """``(vmin, vmax, ticks)`` of a colour bar: a range of zero width widened by a millionth (so it can be drawn),
+    and at most ~6 round values inside it."""
     if not vmax > vmin:
         vmax = vmin + (abs(vmin) * 1e-6 or 1e-6)
+    ticks = [float(t) for t in matplotlib.ticker.MaxNLocator(nbins=5).tick_values(vmin, vmax)
+             if vmin - 1e-9 * (vmax - vmin) <= t <= vmax + 1e-9 * (vmax - vmin)]
+    return vmin, vmax, ticks
+
+
+COLORBAR_STOPS = 64  # colours sampled along the colour map for the page's CSS gradient (interpolated between)
+
+
+def colorbar_html(vmin: float, vmax: float, colormap: str = "inferno") -> str:
+    """The page's colour bar: the colour map's own colours (the overlay's, through ``overlay.colorize``) from
+    ``vmin`` (dark) to ``vmax`` (bright) as a CSS gradient, the ticks of ``colorbar_ticks`` at their places. Plain
+    HTML, not a chart: the browser draws it in a few milliseconds where a Plotly chart took ~0.1 s of every upload
+    (bench/bench_start.py). Numbers and colours only, nothing a user typed; ``data-vmin``/``data-vmax`` hold the
+    range, ``data-colormap`` the map's name (one of ``COLORMAPS`` or ``DIVERGING_COLORMAP``)."""
+    vmin, vmax, ticks = colorbar_ticks(vmin, vmax)
+    rgb = colorize(np.linspace(0.0, 1.0, COLORBAR_STOPS)[None], colormap, 0.0, 1.0)[0]  # (stops, 3) uint8
+    stops = ", ".join(f"rgb({r},{g},{b}) {100 * i / (COLORBAR_STOPS - 1):.2f}%" for i, (r, g, b) in enumerate(rgb))
+    marks = "".join(
+        f'<span style="position:absolute;left:{100 * (t - vmin) / (vmax - vmin):.3f}%;top:0;height:5px;'
+        f'border-left:1px solid currentColor"></span>'
+        f'<span style="position:absolute;left:{100 * (t - vmin) / (vmax - vmin):.3f}%;top:6px;'
+        f'transform:translateX(-50%);white-space:nowrap">{label}</span>'
+        for t, label in zip(ticks, tick_labels(ticks), strict=True))
+    name = re.sub(r"[^A-Za-z0-9_]", "", colormap)  # a matplotlib name: letters, digits and _ only
+    return (f'<div class="vit-colorbar" data-vmin="{vmin!r}" data-vmax="{vmax!r}" data-colormap="{name}" '
+            f'style="margin:4px 14px 0 8px;font-size:12px">'
+            f'<div style="height:22px;background:linear-gradient(to right, {stops})"></div>'
+            f'<div style="position:relative;height:24px;opacity:0.75">{marks}</div></div>')
+
+
+def colorbar_figure(vmin: float, vmax: float, colormap: str = "inferno", label: str = "") -> go.Figure:
+    """A horizontal colour bar with the real values from ``vmin`` (dark) to ``vmax`` (bright), as a Plotly figure
+    (the offline HTML export's, beside its other figures); the page draws ``colorbar_html``."""
+    vmin, vmax, ticks = colorbar_ticks(vmin, vmax)
     values = np.linspace(vmin, vmax, 128)
     fig = go.Figure(go.Heatmap(z=values[None], x=values, y=[0], colorscale=plotly_colorscale(colormap),
                                showscale=False,
                                zmin=vmin, zmax=vmax, hovertemplate="%{x:.4g}<extra></extra>"))
-    ticks = [float(t) for t in matplotlib.ticker.MaxNLocator(nbins=5).tick_values(vmin, vmax)
-             if vmin - 1e-9 * (vmax - vmin) <= t <= vmax + 1e-9 * (vmax - vmin)]
     fig.update_xaxes(range=[vmin, vmax], tickmode="array", tickvals=ticks, ticktext=tick_labels(ticks),
                      title=dict(text=label, standoff=2), fixedrange=True, showgrid=False)
     fig.update_yaxes(visible=False, fixedrange=True)
@@ -815,6 +848,7 @@ def warm_up() -> None:
                             logits=np.zeros(1, dtype=np.float32), attentions=None, class_index=0)
     for figure in (patch_picker_figure(shown.size, shown_uri, (2, 2), 1),
                    patch_picker_figure(shown.size, jpeg_data_uri(drawn), (2, 2), 1, show_grid=False),
-                   colorbar_figure(0.0, 1.0), predictions_figure(prediction),
+                   predictions_figure(prediction),
                    heads_grid_figure(jpeg_data_uri(sheet, quality=85), sheet.size, [0], 1, (0, 0))):
         plotly.io.to_json(figure, validate=False)  # as Streamlit sends a figure
+    colorbar_html(0.0, 1.0)
