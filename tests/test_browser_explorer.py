@@ -198,6 +198,47 @@ def wait_for_new_overlay(page, before: str, timeout_ms: float | None = None) -> 
     return time.perf_counter() - start
 
 
+# Records what the page shows, now and at every change: the file name in the caption of the image, or "no image"
+# for the page that asks for one. What a user sees while the page changes.
+SHOWN_WATCH = """() => {
+  window.__shown = [];
+  const seen = () => {
+    let now = null;
+    for (const c of document.querySelectorAll('[data-testid="stCaptionContainer"]')) {
+      const m = c.innerText.match(/^Click a patch to make it the query\\. (\\S+), /);
+      if (m) now = m[1];
+    }
+    if (document.body.innerText.includes('Upload an image in the sidebar')) now = 'no image';
+    if (now !== null && window.__shown[window.__shown.length - 1] !== now) window.__shown.push(now);
+  };
+  seen();
+  new MutationObserver(seen).observe(document.body, {childList: true, subtree: true, characterData: true});
+}"""
+
+
+def test_a_new_upload_replaces_the_last_one_without_the_empty_page_in_between(tmp_path, page):
+    # Issue 51: Streamlit's uploader asks for a run without any file before the one with the new file. Finished,
+    # that run stripped the page to "Upload an image" for a moment (a model without samples; with samples it is
+    # stopped before it draws) and the next drew every chart anew; the page now waits for the next request, and
+    # the browser updates the last upload's view in place.
+    checkpoints, runs = ship_default(tmp_path, TINY, ["airplane", "cat", "dog"])  # no sample images
+    first, second = tmp_path / "first-upload.png", tmp_path / "second-upload.png"
+    first.write_bytes(png(120, 80, seed=2))
+    second.write_bytes(png(64, 48, seed=3))
+    with streamlit_app({"VIT_CHECKPOINTS_DIR": str(checkpoints), "VIT_RUNS_DIR": str(runs)}) as (url, _):
+        page.goto(url)
+        page.get_by_text("Upload an image in the sidebar").wait_for()
+        uploader = page.locator('[data-testid="stFileUploaderDropzoneInput"]')
+        uploader.set_input_files(str(first))
+        page.get_by_text("first-upload.png, 120×80 px").wait_for()
+        page.wait_for_function(SCRIPT_DONE)
+        page.evaluate(SHOWN_WATCH)
+        uploader.set_input_files(str(second))
+        page.get_by_text("second-upload.png, 64×48 px").wait_for()
+        page.wait_for_function(SCRIPT_DONE)
+        assert page.evaluate("() => window.__shown") == ["first-upload.png", "second-upload.png"]
+
+
 def test_an_enlarged_zoomed_picker_picks_the_patch_under_the_cursor(server, page):
     """Issue 19, item 9: enlarged, the wheel zooms the image around the cursor and a click still picks the patch
     under it (a pan, not a box selection, is what a drag does); the overlay zooms with it (issue 33, item 6)."""
