@@ -9,7 +9,8 @@
   browser's CPU seconds by then.
 - **upload**: in the app on a random ViT-B/16 (``vit-b16``, shipped under the default name) or the shipped
   default (``shipped``), photos (640 x 480 PNGs, a new one each time) put into the sidebar's uploader, from the
-  upload to the new overlay drawn and the run over; its wall time and the server's CPU seconds against one
+  upload to the new overlay drawn (the map on screen; the rest of the page may still be coming) and to the run
+  over; their wall time and the server's CPU seconds against one
   forward with attentions of the same model on the same image in this process (``model(x,
   output_attentions=True)``, the same thread count). The first upload after the model opened is shown apart. Each
   is preceded by an untimed session (a server opened, one upload) that writes the bytecode, as a user's installed
@@ -210,8 +211,8 @@ def forward_seconds(env: dict[str, str], root: Path, image: Path, repeats: int, 
 
 def upload_session(browser, root: Path, model: str, env: dict[str, str], photos: list[Path]
                    ) -> list[tuple[float, float, float, float]]:
-    """A fresh server opened in a fresh tab, ``photos`` uploaded in turn: (wall s, server CPU s, browser CPU s) of
-    each, from the upload to the new overlay drawn and the run over."""
+    """A fresh server opened in a fresh tab, ``photos`` uploaded in turn: (wall s, server CPU s, browser CPU s, map
+    drawn s) of each, from the upload to the run over (the new overlay drawn), and to the overlay drawn."""
     process, url = launch(root, "app.py", env)
     try:
         page = browser.new_context(viewport={"width": 1500, "height": 1100}).new_page()
