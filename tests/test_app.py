@@ -783,6 +783,30 @@ def test_after_the_warm_up_the_first_upload_imports_nothing_more():
     assert imported("drawing.warm_up()") == set()
 
 
+def test_a_run_that_finds_an_upload_gone_waits_once_for_a_replacing_file():
+    # Issue 51: Streamlit's uploader asks for a run without any file before the one with a replacing file; such a
+    # run waits at a yield point for that request (the browser test sees the page never empty in between). Here no
+    # request comes: the run waits its time once, then goes on with no file, and a run without a file before it
+    # does not wait.
+    def script():
+        import time
+
+        import streamlit as st
+
+        from pages.explorer_sections.uploader import settled_upload
+
+        start = time.monotonic()
+        st.session_state["got"] = settled_upload(st.session_state.get("value"), "fake", seconds=0.3)
+        st.session_state["waited"] = time.monotonic() - start
+
+    at = AppTest.from_function(script, default_timeout=TIMEOUT)
+    for value, waits in (("a file", False), (None, True), (None, False), ("another", False), ("a third", False)):
+        at.session_state["value"] = value
+        at.run()
+        assert not at.exception and at.session_state["got"] == value
+        assert (at.session_state["waited"] >= 0.3) == waits, (value, at.session_state["waited"])
+
+
 def test_a_sessions_first_run_sends_a_blank_chart_first_and_clears_it_before_the_page_draws_its_own(default_world):
     # Issue 51: the browser loads Plotly's bundle at the first chart it gets; the blank one comes before the page
     # imports torch and opens the model, so the bundle loads meanwhile. The page's charts keep their places.

@@ -1,6 +1,5 @@
 """The sidebar's image: an upload, a sample of the checkpoint or a file another page opened, and the input size."""
 
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -9,6 +8,7 @@ from PIL import Image
 
 from pages.explorer_sections import share_view
 from pages.explorer_sections.caches import UPLOAD_TYPES, decode_image
+from pages.explorer_sections.uploader import settled_upload
 from vit.app import catalog, drawing, explorer
 from vit.checkpoint import Checkpoint
 from vit.images import ImageError
@@ -17,25 +17,6 @@ from vit.text import escape_markdown, visible
 
 INPUT_SIDES = (224, 256, 320, 384, 448, 480, 518, 640, 768, 1024)
 KEPT = ("sample-", "input_side", "keep_aspect", "invert")  # kept by the page while not drawn (a rejected upload)
-UPLOADED_KEY = "explorer_had_upload"  # the last run had an uploaded file
-# Streamlit's uploader (1.67), when a new file replaces the one there, first asks for a run without any file (the old
-# one removed before the new one is added), then for one with the new file once it is uploaded (~20-50 ms later on
-# this machine). Finished, that first run stripped the page to "upload an image", and the next drew every chart anew
-# in the browser. So a run that finds the upload gone waits this long for the next request before going on.
-REPLACE_WAIT_S = 0.5
-
-
-def wait_for_a_replacing_upload(seconds: float = REPLACE_WAIT_S, step: float = 0.01) -> None:
-    """Gives the run Streamlit will be asked for when a file replaces the upload ``seconds`` to be asked for; then
-    returns (the upload was removed). Reading the session state is one of Streamlit's yield points: there a run
-    that a newer one is waiting for stops (``RerunException``), before it sent anything more to the browser, whose
-    page is then updated in place rather than cleared and drawn again."""
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        time.sleep(step)
-        _ = UPLOADED_KEY in st.session_state  # the yield point
-
-
 @dataclass(frozen=True, eq=False)
 class ChosenImage:
     """The image decoded (inverted when asked), its file name, its cache key and the size the model sees it at."""
@@ -53,12 +34,9 @@ def pick_image(entry: catalog.CatalogEntry, entries: dict[str, catalog.CatalogEn
                model_key: str, may_open: bool) -> ChosenImage:
     """The sidebar's image controls; stops the page, saying what to do, without a usable image."""
     st.sidebar.header("Image")
-    uploaded = st.sidebar.file_uploader("Upload an image", type=UPLOAD_TYPES,
-                                        help="jpg, png, webp, bmp, gif or tiff; any size and aspect ratio.")
-    if uploaded is not None:
-        st.session_state[UPLOADED_KEY] = True
-    elif st.session_state.pop(UPLOADED_KEY, False):  # removed, or being replaced
-        wait_for_a_replacing_upload()
+    uploaded = settled_upload(st.sidebar.file_uploader(
+        "Upload an image", type=UPLOAD_TYPES, help="jpg, png, webp, bmp, gif or tiff; any size and aspect ratio."),
+        "explorer_upload")
     if "explorer_image" in st.session_state:  # a file another page (Analyse a dataset) asked for, and its folder
         st.session_state["explorer_opened_image"] = st.session_state.pop("explorer_image")
         st.session_state["explorer_opened_image_folder"] = st.session_state.pop("explorer_image_folder", None)
