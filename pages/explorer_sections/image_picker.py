@@ -17,6 +17,8 @@ from vit.text import escape_markdown, visible
 
 INPUT_SIDES = (224, 256, 320, 384, 448, 480, 518, 640, 768, 1024)
 KEPT = ("sample-", "input_side", "keep_aspect", "invert")  # kept by the page while not drawn (a rejected upload)
+
+
 @dataclass(frozen=True, eq=False)
 class ChosenImage:
     """The image decoded (inverted when asked), its file name, its cache key and the size the model sees it at."""
