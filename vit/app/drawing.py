@@ -697,8 +697,8 @@ COLORBAR_STOPS = 64  # colours sampled along the colour map for the page's CSS g
 def colorbar_html(vmin: float, vmax: float, colormap: str = "inferno") -> str:
     """The page's colour bar: the colour map's own colours (the overlay's, through ``overlay.colorize``) from
     ``vmin`` (dark) to ``vmax`` (bright) as a CSS gradient, the ticks of ``colorbar_ticks`` at their places. Plain
-    HTML, not a chart: one Plotly chart fewer for the browser to draw after every upload (without it the map was on
-    screen 0.05-0.1 s sooner, bench/bench_start.py). Numbers and colours only, nothing a user typed;
+    HTML, not a chart: one Plotly chart fewer for the browser to draw after every upload. Numbers and colours only,
+    nothing a user typed;
     ``data-vmin``/``data-vmax`` hold the range, ``data-colormap`` the map's name (one of ``COLORMAPS`` or
     ``DIVERGING_COLORMAP``)."""
     vmin, vmax, ticks = colorbar_ticks(vmin, vmax)
