@@ -698,9 +698,8 @@ def colorbar_html(vmin: float, vmax: float, colormap: str = "inferno") -> str:
     """The page's colour bar: the colour map's own colours (the overlay's, through ``overlay.colorize``) from
     ``vmin`` (dark) to ``vmax`` (bright) as a CSS gradient, the ticks of ``colorbar_ticks`` at their places. Plain
     HTML, not a chart: one Plotly chart fewer for the browser to draw after every upload. Numbers and colours only,
-    nothing a user typed;
-    ``data-vmin``/``data-vmax`` hold the range, ``data-colormap`` the map's name (one of ``COLORMAPS`` or
-    ``DIVERGING_COLORMAP``)."""
+    nothing a user typed; ``data-vmin``/``data-vmax`` hold the range, ``data-colormap`` the map's name (one of
+    ``COLORMAPS`` or ``DIVERGING_COLORMAP``)."""
     vmin, vmax, ticks = colorbar_ticks(vmin, vmax)
     rgb = colorize(np.linspace(0.0, 1.0, COLORBAR_STOPS)[None], colormap, 0.0, 1.0)[0]  # (stops, 3) uint8
     stops = ", ".join(f"rgb({r},{g},{b}) {100 * i / (COLORBAR_STOPS - 1):.2f}%" for i, (r, g, b) in enumerate(rgb))
