@@ -78,7 +78,7 @@ MAP_WATCH = """(before) => {
     }
   };
   requestAnimationFrame(tick);
-}"""
+}""".replace("OVERLAY_HREF", OVERLAY_HREF)
 
 
 def launch(root: Path, script: str, env: dict[str, str]) -> tuple[subprocess.Popen, str]:
@@ -228,7 +228,7 @@ def upload_session(browser, root: Path, model: str, env: dict[str, str], photos:
         results = []
         for path in photos:
             before = page.evaluate(OVERLAY_HREF)
-            page.evaluate(MAP_WATCH.replace("OVERLAY_HREF", OVERLAY_HREF), before)
+            page.evaluate(MAP_WATCH, before)
             start, cpu, browser_cpu = time.perf_counter(), cpu_seconds(process.pid), browser_cpu_seconds()
             page.locator('[data-testid="stSidebar"] input[type="file"]').first.set_input_files(str(path))
             page.wait_for_function(f"(before) => ({OVERLAY_HREF})() !== before && ({OVERLAY_HREF})() !== null "

@@ -701,19 +701,24 @@ def colorbar_html(vmin: float, vmax: float, colormap: str = "inferno") -> str:
     nothing a user typed; ``data-vmin``/``data-vmax`` hold the range, ``data-colormap`` the map's name (one of
     ``COLORMAPS`` or ``DIVERGING_COLORMAP``)."""
     vmin, vmax, ticks = colorbar_ticks(vmin, vmax)
-    rgb = colorize(np.linspace(0.0, 1.0, COLORBAR_STOPS)[None], colormap, 0.0, 1.0)[0]  # (stops, 3) uint8
-    stops = ", ".join(f"rgb({r},{g},{b}) {100 * i / (COLORBAR_STOPS - 1):.2f}%" for i, (r, g, b) in enumerate(rgb))
-    marks = "".join(
-        f'<span style="position:absolute;left:{100 * (t - vmin) / (vmax - vmin):.3f}%;top:0;height:5px;'
-        f'border-left:1px solid currentColor"></span>'
-        f'<span style="position:absolute;left:{100 * (t - vmin) / (vmax - vmin):.3f}%;top:6px;'
-        f'transform:translateX(-50%);white-space:nowrap">{label}</span>'
-        for t, label in zip(ticks, tick_labels(ticks), strict=True))
+    marks = []
+    for t, label in zip(ticks, tick_labels(ticks), strict=True):
+        at = f"position:absolute;left:{100 * (t - vmin) / (vmax - vmin):.3f}%"
+        marks.append(f'<span style="{at};top:0;height:5px;border-left:1px solid currentColor"></span>'
+                     f'<span style="{at};top:6px;transform:translateX(-50%);white-space:nowrap">{label}</span>')
     name = re.sub(r"[^A-Za-z0-9_]", "", colormap)  # a matplotlib name: letters, digits and _ only
     return (f'<div class="vit-colorbar" data-vmin="{vmin!r}" data-vmax="{vmax!r}" data-colormap="{name}" '
             f'style="margin:4px 14px 0 8px;font-size:12px">'
-            f'<div style="height:22px;background:linear-gradient(to right, {stops})"></div>'
-            f'<div style="position:relative;height:24px;opacity:0.75">{marks}</div></div>')
+            f'<div style="height:22px;background:{_colorbar_gradient(colormap)}"></div>'
+            f'<div style="position:relative;height:24px;opacity:0.75">{"".join(marks)}</div></div>')
+
+
+@functools.cache
+def _colorbar_gradient(colormap: str) -> str:
+    """The CSS gradient of ``colormap``'s colours (``COLORBAR_STOPS`` of them), once per colour map, not per rerun."""
+    rgb = colorize(np.linspace(0.0, 1.0, COLORBAR_STOPS)[None], colormap, 0.0, 1.0)[0]  # (stops, 3) uint8
+    stops = ", ".join(f"rgb({r},{g},{b}) {100 * i / (COLORBAR_STOPS - 1):.2f}%" for i, (r, g, b) in enumerate(rgb))
+    return f"linear-gradient(to right, {stops})"
 
 
 def colorbar_figure(vmin: float, vmax: float, colormap: str = "inferno", label: str = "") -> go.Figure:
