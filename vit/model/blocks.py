@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from vit.model.config import ViTConfig
-from vit.model.hooks import PLAIN_RULES, HookPoint, _hooks, _rules, activate
+from vit.model.hooks import PLAIN_RULES, HookPoint, activate, active_hooks, current_rules
 from vit.model.layouts import RelativePositionBias, decomposed_rel_pos, padding_bias
 from vit.model.positions import apply_rope
 from vit.model.stages import (
@@ -45,7 +45,7 @@ class LayerNorm(nn.LayerNorm):
     """``nn.LayerNorm`` (same parameters and state-dict keys) that runs under the current relevance rules."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        rules = _rules.get()
+        rules = current_rules()
         if rules is PLAIN_RULES:
             return F.layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps)
         return rules.layer_norm(x, self)
@@ -55,7 +55,7 @@ class RMSNorm(nn.RMSNorm):
     """``nn.RMSNorm`` (one ``weight``, no bias: AIMv2's) that runs under the current relevance rules."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        rules = _rules.get()
+        rules = current_rules()
         if rules is PLAIN_RULES:
             return F.rms_norm(x, self.normalized_shape, self.weight, self.eps)
         return rules.rms_norm(x, self)
@@ -202,7 +202,7 @@ class Attention(Parent):
         scale = 1.0 / math.sqrt(self.head_dim)
         if self.logit_scale is not None:  # cosine attention: the scale goes into q, the softmax's is 1
             limit = torch.clamp(self.logit_scale, max=math.log(100.0)).exp()  # (nh, 1, 1)
-            rules = _rules.get()
+            rules = current_rules()
             if rules is PLAIN_RULES:
                 q, k = F.normalize(q, dim=-1), F.normalize(k, dim=-1)
             else:  # relevance rules: each vector's norm a constant of the backward, as LayerNorm's scale
@@ -216,7 +216,7 @@ class Attention(Parent):
                 raise ValueError("SAM's relative positions read every query; run the layer on all of them")
             q = q[:, :, :queries]  # (B, nh, n, hd)
         q, k, v = self.hook_q(q), self.hook_k(k), self.hook_v(v)
-        n, rules, active = q.shape[2], _rules.get(), _hooks.get()
+        n, rules, active = q.shape[2], current_rules(), active_hooks()
         explicit = output_attentions or self.hook_pattern in active  # the probabilities are asked for, or hooked
         bias = None
         if (self.rel_pos_bias is not None or self.rel_pos_h is not None or self.window_bias is not None
@@ -318,7 +318,7 @@ class MLP(Parent):
         self.hook_post = HookPoint()  # the activations (gated), before EVA's norm and fc2
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        rules = _rules.get()
+        rules = current_rules()
         if self.fc1_g is None:
             pre = self.hook_pre(self.fc1(x))
             h = activate(pre, self.activation) if rules is PLAIN_RULES else rules.activation(pre, self.activation)
@@ -367,7 +367,7 @@ class AttentionPool(Parent):
         kv = self.kv(x).view(B, N, 2, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)  # (2, B, nh, N, hd)
         k, v = kv.unbind(0)  # each (B, nh, N, hd)
         k, v = self.hook_k(k), self.hook_v(v)
-        rules = _rules.get()
+        rules = current_rules()
         if rules is not PLAIN_RULES:  # the probe's two matmuls take the attention rules, as in a layer
             q, k, v = rules.attention_inputs(q, k, v)
         scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(self.head_dim))  # (B, nh, 1, N)

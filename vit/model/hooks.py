@@ -48,16 +48,10 @@ class HookPoint(nn.Module):
     @property
     def fns(self) -> tuple[Hook, ...]:
         """The hooks set on this point in this thread (empty: the point is the identity)."""
-        return _hooks.get().get(self, ())
+        return active_hooks().get(self, ())
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # A compiled forward (vit.train --compile) runs unhooked: torch.compile before 2.15 cannot trace
-        # ContextVar.get, and its graph break at every point recompiled each block (a float per block) until the
-        # limit, leaving a compiled cifar-m step 2.5x slower than eager on an H100 (torch 2.11). Hooks are for
-        # explaining, which runs eager.
-        if torch.compiler.is_compiling():
-            return x
-        active = _hooks.get()
+        active = active_hooks()
         if active:
             for fn in active.get(self, ()):
                 out = fn(x, self)
@@ -70,7 +64,18 @@ class HookPoint(nn.Module):
     __call__ = forward
 
 
-_hooks: ContextVar[Mapping[HookPoint, tuple[Hook, ...]]] = ContextVar("vit_hooks", default=MappingProxyType({}))
+NO_HOOKS: Mapping[HookPoint, tuple[Hook, ...]] = MappingProxyType({})
+_hooks: ContextVar[Mapping[HookPoint, tuple[Hook, ...]]] = ContextVar("vit_hooks", default=NO_HOOKS)
+
+
+# A compiled forward (vit.train --compile) runs unhooked and under the plain rules: torch.compile before 2.15
+# cannot trace ContextVar.get, and its graph break at every read (hook points, norms, attention, MLP) recompiled
+# each block (a float per block) until the limit, leaving a compiled cifar-m step slower than eager on an H100
+# (torch 2.11). Hooks and rules are for explaining, which runs eager. Every read of the two goes through these.
+
+def active_hooks() -> Mapping[HookPoint, tuple[Hook, ...]]:
+    """The hooks set in this thread (``ViT.hooks``); none inside a compiled forward."""
+    return NO_HOOKS if torch.compiler.is_compiling() else _hooks.get()
 
 
 class Rules:
@@ -110,8 +115,9 @@ _rules: ContextVar[Rules] = ContextVar("vit_rules", default=PLAIN_RULES)  # per 
 
 
 def current_rules() -> Rules:
-    """The rules in effect in this thread: ``PLAIN_RULES`` outside a ``use_rules`` block."""
-    return _rules.get()
+    """The rules in effect in this thread: ``PLAIN_RULES`` outside a ``use_rules`` block and inside a compiled
+    forward (see ``active_hooks``)."""
+    return PLAIN_RULES if torch.compiler.is_compiling() else _rules.get()
 
 
 @contextlib.contextmanager

@@ -17,6 +17,7 @@ import platform
 import sys
 import time
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, fields
 from pathlib import Path
 
@@ -272,7 +273,7 @@ class Trainer:
         if settings.compile:
             self.net = torch.compile(self.net, mode=settings.compile_mode)
             if on_gpu:  # on the CPU the augmentation runs op by op on subsets: data-dependent shapes
-                self.augment = torch.compile(self.augment, mode=settings.compile_mode)
+                self.augment = compiled_augmentation(self.augment, settings.compile_mode)
                 self.eval_net = torch.compile(self.eval_net, mode=settings.compile_mode)
         self.autocast_dtype = _autocast_dtype(settings.precision, self.device)
         mixers = []
@@ -678,6 +679,13 @@ class Trainer:
 
 
 WARMUP_START = 1e-3  # the warmup's first step trains at this share of the peak
+
+
+def compiled_augmentation(augment: BatchAugment, mode: str) -> Callable[[torch.Tensor], torch.Tensor]:
+    """``augment`` compiled for a GPU, with static shapes: a batch of another size (a bench's next model, a smaller
+    last batch) compiles again. With dynamic shapes the second size failed to trace (torch.randint of a symbolic
+    batch size, torch 2.11 to 2.15): ViT-B/16's row of bench_gpu after the CIFAR rows on an H100."""
+    return torch.compile(augment, mode=mode, dynamic=False)
 
 
 def schedule_factor(step: int, warmup: int, total: int, schedule: str, floor: float) -> float:
