@@ -6,7 +6,8 @@
 #
 #   here, once (no GPU needed):  bash scripts/gpu_session.sh stage
 #       copies ../shared/data/cifar10/train.tar.gz (16 MB; ../shared does not travel) into
-#       data/shared/cifar10/, which git ignores; name it in every run call: carry=["data/shared"]
+#       data/shared/cifar10/, which git ignores, a plotly wheel into data/shared/wheels and Ray's wheels into
+#       data/ray-a and data/ray-b; the lease's calls below say which each carries
 #   on the device, one call each, e.g. run(command="bash scripts/gpu_session.sh tests", carry=["data/shared"]):
 #       tests   unpack, build the uint8 cache, pytest -m cuda, then the CPU/GPU suites (~6 min)
 #       bench   bench/bench_gpu.py eager, --compile, --compile reduce-overhead (~6 min)
@@ -64,7 +65,22 @@ stage() {
     plotly=$(.venv/bin/python -c "import plotly; print(plotly.__version__)" 2>/dev/null || echo 6.5.0)
     python3 -m pip download -q --no-deps --only-binary=:all: -d data/shared/wheels "plotly==$plotly" \
         || echo "no plotly wheel: the maps bench's vit.analyze row will say it was skipped"
-    echo "staged $(du -sh data/shared | cut -f1) in data/shared; carry [\"data/shared\"]"
+    # Ray and what ray[default] needs beyond the device's own packages (KINDS.md): the wheel (79 MB) and the data
+    # are over one call's 64 MiB, so it travels in two halves, data/ray-a with `start` and data/ray-b with `watch`.
+    local ray
+    ray=$(.venv/bin/python -c "import ray; print(ray.__version__)" 2>/dev/null || echo 2.60.0)
+    rm -rf data/ray-a data/ray-b /tmp/ray-wheels && mkdir -p data/ray-a data/ray-b
+    python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+        --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 -d /tmp/ray-wheels "ray==$ray" aiohttp-cors \
+        colorful google-api-core google-auth googleapis-common-protos jsonschema jsonschema-specifications opencensus \
+        opencensus-context opentelemetry-api opentelemetry-exporter-prometheus opentelemetry-proto opentelemetry-sdk \
+        opentelemetry-semantic-conventions proto-plus pyasn1 pyasn1-modules pydantic pydantic-core annotated-types \
+        typing-inspection referencing rpds-py smart-open platformdirs cryptography cffi pycparser tensorboardx
+    local whl; whl=$(basename /tmp/ray-wheels/ray-*.whl)
+    head -c 42000000 "/tmp/ray-wheels/$whl" > "data/ray-a/$whl.part-a"
+    tail -c +42000001 "/tmp/ray-wheels/$whl" > "data/ray-b/$whl.part-b"
+    find /tmp/ray-wheels -name '*.whl' ! -name 'ray-*' -exec cp {} data/ray-b/ \;
+    echo "staged $(du -sh data/shared | cut -f1) in data/shared, Ray in data/ray-a and data/ray-b"
 }
 
 setup() {
@@ -130,9 +146,10 @@ resume() {
 #   run(command="bash scripts/gpu_session.sh watch", carry=["data/shared/wheels", "data/ray-b"], timeout_s=600)
 #   run(command="DEADLINE=300 bash scripts/gpu_session.sh finish", timeout_s=330)
 # The first lease (bench/results/h100-2026-11-24) trained one recipe, planned from throughput, and it ended at
-# 78.3 %: its heavy regularisation (mixup and cutmix on every batch) over only 131 epochs of 88 steps. Now four
-# recipes train side by side (scripts/gpu_sweep.py: a small ViT uses a few per cent of the GPU), each in its own
-# process session so that it outlives the call that started it while the machine is warm: issue `watch` and
+# 78.3 %: its heavy regularisation (mixup and cutmix on every batch) over only 131 epochs of 88 steps. The second
+# (bench/results/h100-2026-11-24b) trained four side by side, still with a graph break at every block: best 84.0 %
+# (4-px patches, 162 epochs); compiled training has run ~2.9x faster since. Four recipes train side by side
+# (scripts/gpu_sweep.py: a small ViT uses a few per cent of the GPU), each in its own process session so that it outlives the call that started it while the machine is warm: issue `watch` and
 # `finish` within ~30 s of the previous call's return. `watch` re-plans each run's epochs on its measured pace
 # so that all end at one deadline (TRAIN_SECONDS after their launch). Each phase returns by its DEADLINE
 # (seconds from its own start, default 570), with its logs under $OUT (8 files at most come back).
@@ -207,23 +224,30 @@ watch() {
 }
 
 ray() {  # a one-node Ray cluster on the device: vit.train --ray on the GPU to completion, then a resume
-    export PYTHONPATH=/tmp/site PATH=/tmp/site/bin:$(dirname "$(command -v $PY)"):$PATH
-    mkdir -p /tmp/ray-data
-    for c in airplane automobile; do
-        mkdir -p /tmp/ray-data/$c && ls data/cifar10/train/$c | head -300 | sed "s#^#data/cifar10/train/$c/#" | xargs cp -t /tmp/ray-data/$c
+    local gpus=${RAY_GPUS:-1} bin
+    bin=$(cd "$(dirname "$(command -v "$PY")")" && pwd)
+    export PYTHONPATH=/tmp/site PATH=/tmp/site/bin:$bin:$PATH
+    local c files
+    for c in airplane automobile; do  # no `ls | head` here: under pipefail its SIGPIPE ended the first lease's try
+        mkdir -p "/tmp/ray-data/$c"
+        files=(data/cifar10/train/$c/*)
+        cp "${files[@]:0:300}" "/tmp/ray-data/$c/"
     done
-    setsid $PY -c "import sys; from ray.scripts.scripts import main; sys.argv = ['ray', 'start', '--head', \
-'--block', '--num-gpus', '1', '--port', '6390']; main()" > /tmp/ray-head.log 2>&1 &
+    setsid "$PY" -c "import sys; from ray.scripts.scripts import main; sys.argv = ['ray', 'start', '--head', \
+'--block', '--num-gpus', '$gpus', '--port', '6390']; main()" > /tmp/ray-head.log 2>&1 &
     local head=$!
-    sleep 12
+    sleep 15
+    set +e
     local small=(--dataset folder:/tmp/ray-data --preset cifar-s --epochs 2 --batch-size 128)
-    /usr/bin/time -f "vit.train --ray gpu: %e s wall" $PY -m vit.train --ray http://127.0.0.1:8265 --workers 1 \
-        --gpus-per-worker 1 "${small[@]}" --val-fraction 0.2 --out /tmp/ray-run
-    tail -2 /tmp/ray-run/metrics.jsonl; cat /tmp/ray-run/status.json
-    /usr/bin/time -f "vit.train --ray resume: %e s wall" $PY -m vit.train --resume /tmp/ray-run --epochs 3 \
+    /usr/bin/time -f "vit.train --ray (gpus per worker $gpus): %e s wall" "$PY" -m vit.train \
+        --ray http://127.0.0.1:8265 --workers 1 --gpus-per-worker "$gpus" "${small[@]}" --val-fraction 0.2 --out /tmp/ray-run
+    tail -2 /tmp/ray-run/metrics.jsonl; grep -o '"device": "[^"]*"' /tmp/ray-run/status.json
+    /usr/bin/time -f "vit.train --ray resume: %e s wall" "$PY" -m vit.train --resume /tmp/ray-run --epochs 3 \
         --ray http://127.0.0.1:8265
     tail -1 /tmp/ray-run/metrics.jsonl
+    set -e
     kill -TERM -- -"$head" 2>/dev/null
+    tail -3 /tmp/ray-head.log
 }
 
 finish() {
