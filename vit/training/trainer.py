@@ -86,6 +86,7 @@ class TrainSettings:
     aug_ops: int
     mixup: float  # alpha, 0 = off
     cutmix: float  # alpha, 0 = off
+    mix_prob: float  # the share of batches mixed (with mixup or cutmix)
     seed: int
     precision: str = "auto"  # auto (bf16 on CUDA), fp32 or bf16
     ema_warmup: bool = False  # the EMA's decay warmed up as timm's ModelEmaV3(use_warmup=True)
@@ -286,7 +287,12 @@ class Trainer:
             mixers.append(v2.MixUp(alpha=settings.mixup, num_classes=settings.num_classes))
         if settings.cutmix > 0:
             mixers.append(v2.CutMix(alpha=settings.cutmix, num_classes=settings.num_classes))
-        self.mixer = v2.RandomChoice(mixers) if mixers else None
+        if mixers and settings.mix_prob < 1:  # the other batches keep their labels
+            share = settings.mix_prob / len(mixers)
+            mixers, odds = [*mixers, v2.Identity()], [share] * len(mixers) + [1 - settings.mix_prob]
+        else:
+            odds = None
+        self.mixer = v2.RandomChoice(mixers, p=odds) if mixers else None
         self.preprocessing = Preprocessing(self.config.image_size, self.config.num_channels,
                                            self.data.mean, self.data.std)
         self.session_start = time.time()
