@@ -40,11 +40,12 @@ COMMON = ["--dataset", "folder:data/cifar10/train", "--device", "cuda", "--prese
           "--seed", "0", "--attention-every", "25", "--ema-warmup"]
 # name: (bench model whose rate plans it, its rate's divisor for a larger model, batch, lr, extra arguments, which
 # override the planned ones).
-LEE = ["--mixup", "1.0", "--cutmix", "1.0", "--mix-prob", "0.5", "--warmup-epochs", "10"]
+LEE = ["--mixup", "1.0", "--cutmix", "1.0", "--mix-prob", "0.5", "--random-erasing", "0.25", "--warmup-epochs", "10"]
 RECIPES = {
     # Lee et al. 2021's ViT is cifar-m on 4-px patches: 93.6 % in 100 epochs of their recipe (github.com/aanna0701/
-    # SPT_LSA_ViT, main.py: AdamW 1e-3 at batch 128, 10 warm-up epochs, mixup or cutmix on half the batches; their
-    # AutoAugment, random erasing and repeated augmentation are not in vit.train), 4x our steps per epoch.
+    # SPT_LSA_ViT, main.py: AdamW 1e-3 at batch 128, 10 warm-up epochs, mixup or cutmix on half the batches, random
+    # erasing 0.25; TrivialAugment for their AutoAugment; their repeated augmentation is not in vit.train), 4x our
+    # steps per epoch.
     "p4-lee": ("cifar-m", 1.0, 128, 1e-3, ["--patch-size", "4", *LEE]),
     "p2-lee": ("cifar-m:p2", 1.0, 128, 1e-3, ["--patch-size", "2", *LEE]),
     # Ours at batch 512, DeiT's mixup/cutmix on every batch: the second lease's best.

@@ -205,3 +205,42 @@ def test_mix_prob_mixes_that_share_of_the_batches_and_leaves_the_others_their_la
             else:
                 assert torch.equal(out, images) and torch.equal(targets, labels)
         assert low <= mixed <= high, (share, mixed)
+
+
+def test_random_erasing_sets_one_box_of_torchvisions_sizes_per_chosen_image_to_the_mean():
+    from torchvision.transforms import v2
+
+    from vit.training.data import random_erasing
+
+    torch.manual_seed(0)
+    images = torch.rand(400, 3, 32, 32) + 1  # never 0 before erasing
+    out = random_erasing(images, 1.0)
+    erased = out == 0
+    assert torch.equal(erased[:, :1].expand_as(erased), erased)  # the same box in every channel
+    box = erased[:, 0]  # (B, H, W)
+    rows, cols = box.any(2), box.any(1)
+    h, w = rows.sum(1), cols.sum(1)
+    assert torch.equal(box.sum((1, 2)), h * w)  # one rectangle
+    assert torch.equal(out[~erased], images[~erased])  # nothing else changes
+    assert (h * w > 0).float().mean() > 0.95  # a box fits at nearly every try on 32 px, as torchvision's does
+    # torchvision's own box rule, drawn 400 times: the same range of areas (2-33 % of 1,024 pixels, sides rounded).
+    reference = torch.tensor([v2.RandomErasing.get_params(images[0], scale=(0.02, 0.33), ratio=(0.3, 3.3),
+                                                            value=[0])[2:4] for _ in range(400)])
+    ours, theirs = (h * w)[h * w > 0].float(), reference.prod(1).float()
+    assert ours.min() >= 16 and ours.max() <= 380 and theirs.min() >= 16 and theirs.max() <= 380
+    assert abs(ours.mean() - theirs.mean()) < 0.1 * theirs.mean()
+    assert abs(ours.median() - theirs.median()) < 0.15 * theirs.median()
+    half = (random_erasing(images, 0.5) == 0).flatten(1).any(1).float().mean()
+    assert 0.4 < half < 0.6
+    assert torch.equal(random_erasing(images, 0.0), images)
+
+
+def test_a_step_erases_its_normalised_batch_with_the_runs_probability(monkeypatch):
+    from vit.training import trainer as trainer_module
+
+    seen = []
+    real = trainer_module.random_erasing
+    monkeypatch.setattr(trainer_module, "random_erasing", lambda x, p: seen.append((x.shape, p)) or real(x, p))
+    tiny_trainer("--random-erasing", "0.25").step(torch.arange(4))
+    tiny_trainer().step(torch.arange(4))  # off by default
+    assert seen == [(torch.Size([4, 3, 8, 8]), 0.25)]

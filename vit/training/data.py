@@ -379,6 +379,34 @@ def random_resized_crop(images: torch.Tensor, scale: tuple[float, float] = (0.8,
     return out.round().clamp(0, 255).to(images.dtype)
 
 
+def random_erasing(images: torch.Tensor, probability: float, scale: tuple[float, float] = (0.02, 0.33),
+                   ratio: tuple[float, float] = (0.3, 3.3), attempts: int = 10) -> torch.Tensor:
+    """torchvision's RandomErasing (Zhong et al. 2017) per image of a normalised batch at once: with
+    ``probability`` a box is set to 0, the data's mean after normalisation (timm's ``mode="const"``).
+
+    Boxes are drawn as in ``v2.RandomErasing.get_params``: area fraction in ``scale``, log-uniform aspect ratio,
+    up to ``attempts`` tries for one smaller than the image on both sides, else none. dtype and shape are kept.
+    """
+    B, _, H, W = images.shape
+    device = images.device
+    area = torch.empty(B, attempts, device=device).uniform_(*scale) * H * W  # (B, attempts)
+    aspect = torch.exp(torch.empty(B, attempts, device=device).uniform_(math.log(ratio[0]), math.log(ratio[1])))
+    h = torch.sqrt(area * aspect).round()
+    w = torch.sqrt(area / aspect).round()
+    ok = (h < H) & (w < W)
+    pick = ok.float().argmax(1, keepdim=True)  # the first attempt that fits, (B, 1)
+    erase = ok.any(1) & (torch.rand(B, device=device) < probability)
+    h, w = h.gather(1, pick).squeeze(1), w.gather(1, pick).squeeze(1)  # (B,)
+    top = torch.floor(torch.rand(B, device=device) * (H - h + 1))
+    left = torch.floor(torch.rand(B, device=device) * (W - w + 1))
+    rows = torch.arange(H, device=device)[None, :]
+    cols = torch.arange(W, device=device)[None, :]
+    inside_rows = (rows >= top[:, None]) & (rows < (top + h)[:, None])  # (B, H)
+    inside_cols = (cols >= left[:, None]) & (cols < (left + w)[:, None])  # (B, W)
+    box = inside_rows[:, :, None] & inside_cols[:, None, :] & erase[:, None, None]  # (B, H, W)
+    return images.masked_fill(box[:, None], 0)
+
+
 # The policies' names and RandAugment's largest magnitude are vit.train's options (vit.training.options).
 
 

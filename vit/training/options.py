@@ -31,11 +31,11 @@ RECIPES: dict[str, dict] = {
     # Ours: AdamW, warmup + cosine, label smoothing, clipping, crop/flip + TrivialAugment.
     "ours": dict(epochs=100, batch_size=256, lr=2e-3, min_lr=1e-5, weight_decay=0.05, warmup_epochs=5,
                  schedule="cosine", label_smoothing=0.1, grad_clip=1.0, ema=0.0, augment="trivialaugment",
-                 mixup=0.0, cutmix=0.0, mix_prob=1.0),
+                 mixup=0.0, cutmix=0.0, mix_prob=1.0, random_erasing=0.0),
     # The seed blog's: AdamW 1e-2, wd 1e-2, constant lr, batch 256, flip + RandomResizedCrop 0.8-1.0.
     "seed": dict(epochs=100, batch_size=256, lr=1e-2, min_lr=0.0, weight_decay=1e-2, warmup_epochs=0,
                  schedule="constant", label_smoothing=0.0, grad_clip=0.0, ema=0.0, augment="seed",
-                 mixup=0.0, cutmix=0.0, mix_prob=1.0),
+                 mixup=0.0, cutmix=0.0, mix_prob=1.0, random_erasing=0.0),
 }
 
 
@@ -257,6 +257,10 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--mixup", type=_float_in(0.0, 1e3), help="mixup alpha, 0 = off (default)")
     g.add_argument("--cutmix", type=_float_in(0.0, 1e3), help="cutmix alpha, 0 = off (default); with "
                    "--mixup too, each batch uses one of the two")
+    g.add_argument("--random-erasing", type=_checked(float, lambda v: 0 <= v <= 1, "a number in [0, 1]", "a number"),
+                   metavar="P", help="random erasing (Zhong et al. 2017, torchvision's box rule): each training "
+                   "image loses a box of 2-33 %% of its area to the data's mean with probability P (default 0; "
+                   "Lee et al. 2021: 0.25)")
     g.add_argument("--mix-prob", type=_checked(float, lambda v: 0 <= v <= 1, "a number in [0, 1]", "a number"),
                    help="with --mixup or --cutmix: the share of batches mixed (default 1, DeiT's; Lee et al. 2021 "
                    "mix half, 0.5), the others train on their own labels")

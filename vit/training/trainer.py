@@ -43,7 +43,7 @@ from vit.runfiles import (
     now_iso,
     write_metrics,
 )
-from vit.training.data import BatchAugment, DataError, Dataset
+from vit.training.data import BatchAugment, DataError, Dataset, random_erasing
 from vit.training.snapshots import (
     has_probe,
     load_probe,
@@ -87,6 +87,7 @@ class TrainSettings:
     mixup: float  # alpha, 0 = off
     cutmix: float  # alpha, 0 = off
     mix_prob: float  # the share of batches mixed (with mixup or cutmix)
+    random_erasing: float  # the probability that a training image loses a box to the data's mean
     seed: int
     precision: str = "auto"  # auto (bf16 on CUDA), fp32 or bf16
     ema_warmup: bool = False  # the EMA's decay warmed up as timm's ModelEmaV3(use_warmup=True)
@@ -490,6 +491,8 @@ class Trainer:
         idx = idx.to(self.train.images.device)
         images = self.augment(self.train.images[idx])
         images = normalize(images.to(self.device, non_blocking=True), self.data.mean, self.data.std)
+        if settings.random_erasing > 0:
+            images = random_erasing(images, settings.random_erasing)
         labels = self.train.labels[idx].to(self.device, non_blocking=True)
         targets = labels
         if self.mixer is not None:
