@@ -157,11 +157,13 @@ def test_compile_on_cuda_trains_like_eager(images, tmp_path, mode):
 
 @pytest.mark.parametrize("mode", ["default", "reduce-overhead"])
 def test_the_gpu_recipe_compiled_on_cuda_completes(images, tmp_path, mode):
-    # What scripts/gpu_session.sh trains: TrivialAugment, MixUp / CutMix, EMA, bf16, compiled. On an H100 with
-    # reduce-overhead it failed at the first step (the augmentation's op space built inside a CUDA-graph replay).
+    # What scripts/gpu_sweep.py trains: TrivialAugment, MixUp / CutMix on half the batches, random erasing, EMA,
+    # bf16, compiled. On an H100 with reduce-overhead it failed at the first step (the augmentation's op space built
+    # inside a CUDA-graph replay).
     out = tmp_path / "run"
-    recipe = ["--epochs", "2", "--augment", "trivialaugment", "--mixup", "0.8", "--cutmix", "1.0", "--ema", "0.99",
-              "--drop-path", "0.1", "--compile", "--compile-mode", mode]
+    recipe = ["--epochs", "2", "--augment", "trivialaugment", "--mixup", "0.8", "--cutmix", "1.0", "--mix-prob",
+              "0.5", "--random-erasing", "0.25", "--ema", "0.99", "--drop-path", "0.1", "--compile",
+              "--compile-mode", mode]
     assert main(cli(images, out, *recipe)) == 0
     assert read_json(out / "status.json")["state"] == "completed"
     assert all(math.isfinite(row["train_loss"]) for row in read_metrics(out))
