@@ -341,6 +341,16 @@ def random_crop_flip(images: torch.Tensor, padding: int, flip: bool, generator: 
     return out.gather(3, cols[:, None, None, :].expand(B, C, H, W))  # (B, C, H, W)
 
 
+def _box_sides(batch: int, pixels: int, scale: tuple[float, float], ratio: tuple[float, float], attempts: int,
+               device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """torchvision's random box rule, ``attempts`` tries per image: an area fraction uniform in ``scale``, an aspect
+    log-uniform in ``ratio``; the sides ``round(sqrt(area * aspect))`` and ``round(sqrt(area / aspect))``, each
+    (batch, attempts)."""
+    area = torch.empty(batch, attempts, device=device).uniform_(*scale) * pixels
+    aspect = torch.exp(torch.empty(batch, attempts, device=device).uniform_(math.log(ratio[0]), math.log(ratio[1])))
+    return torch.sqrt(area * aspect).round(), torch.sqrt(area / aspect).round()
+
+
 def random_resized_crop(images: torch.Tensor, scale: tuple[float, float] = (0.8, 1.0),
                         ratio: tuple[float, float] = (3 / 4, 4 / 3), attempts: int = 10) -> torch.Tensor:
     """torchvision's RandomResizedCrop parameter rule, applied per image of a batch at once.
@@ -352,10 +362,7 @@ def random_resized_crop(images: torch.Tensor, scale: tuple[float, float] = (0.8,
     """
     B, C, H, W = images.shape
     device = images.device
-    area = torch.empty(B, attempts, device=device).uniform_(*scale) * H * W  # (B, attempts)
-    aspect = torch.exp(torch.empty(B, attempts, device=device).uniform_(math.log(ratio[0]), math.log(ratio[1])))
-    w = torch.sqrt(area * aspect).round()
-    h = torch.sqrt(area / aspect).round()
+    w, h = _box_sides(B, H * W, scale, ratio, attempts, device)
     ok = (w > 0) & (w <= W) & (h > 0) & (h <= H)
     pick = ok.float().argmax(1, keepdim=True)  # the first attempt that fits, (B, 1)
     found = ok.any(1)
@@ -389,10 +396,7 @@ def random_erasing(images: torch.Tensor, probability: float, scale: tuple[float,
     """
     B, _, H, W = images.shape
     device = images.device
-    area = torch.empty(B, attempts, device=device).uniform_(*scale) * H * W  # (B, attempts)
-    aspect = torch.exp(torch.empty(B, attempts, device=device).uniform_(math.log(ratio[0]), math.log(ratio[1])))
-    h = torch.sqrt(area * aspect).round()
-    w = torch.sqrt(area / aspect).round()
+    h, w = _box_sides(B, H * W, scale, ratio, attempts, device)  # torchvision's erasing: height first
     ok = (h < H) & (w < W)
     pick = ok.float().argmax(1, keepdim=True)  # the first attempt that fits, (B, 1)
     erase = ok.any(1) & (torch.rand(B, device=device) < probability)
