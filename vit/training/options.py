@@ -147,6 +147,7 @@ _non_negative_int = _checked(int, lambda v: v >= 0, "an integer >= 0")
 _positive_float = _checked(float, lambda v: v > 0 and not math.isinf(v), "a positive number")
 
 
+_probability = _checked(float, lambda v: 0 <= v <= 1, "a number in [0, 1]", "a number")
 _layer_decay = _checked(float, lambda v: 0 < v <= 1, "a number in (0, 1]", "a number")
 FINETUNE_MODES = ("full", "linear-probe")
 DROPOUT_FIELDS = ("dropout", "attention_dropout", "drop_path")
@@ -257,11 +258,11 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--mixup", type=_float_in(0.0, 1e3), help="mixup alpha, 0 = off (default)")
     g.add_argument("--cutmix", type=_float_in(0.0, 1e3), help="cutmix alpha, 0 = off (default); with "
                    "--mixup too, each batch uses one of the two")
-    g.add_argument("--random-erasing", type=_checked(float, lambda v: 0 <= v <= 1, "a number in [0, 1]", "a number"),
+    g.add_argument("--random-erasing", type=_probability,
                    metavar="P", help="random erasing (Zhong et al. 2017, torchvision's box rule): each training "
                    "image loses a box of 2-33 %% of its area to the data's mean with probability P (default 0; "
                    "Lee et al. 2021: 0.25)")
-    g.add_argument("--mix-prob", type=_checked(float, lambda v: 0 <= v <= 1, "a number in [0, 1]", "a number"),
+    g.add_argument("--mix-prob", type=_probability,
                    help="with --mixup or --cutmix: the share of batches mixed (default 1, DeiT's; Lee et al. 2021 "
                    "mix half, 0.5), the others train on their own labels")
 
