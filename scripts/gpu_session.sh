@@ -245,6 +245,12 @@ ray() {  # a one-node Ray cluster on the device: vit.train --ray on the GPU to c
     /usr/bin/time -f "vit.train --ray resume: %e s wall" "$PY" -m vit.train --resume /tmp/ray-run --epochs 3 \
         --ray http://127.0.0.1:8265
     tail -1 /tmp/ray-run/metrics.jsonl
+    # vit.analyze through Ray Data's actors (a GPU each where the cluster has them), then in this process.
+    /usr/bin/time -f "vit.analyze --ray: %e s wall" "$PY" -m vit.analyze checkpoints/cifar10-cifar-s.pt \
+        --data /tmp/ray-data --ray http://127.0.0.1:8265 --workers 1 --out /tmp/ray-analysis
+    /usr/bin/time -f "vit.analyze here: %e s wall" "$PY" -m vit.analyze checkpoints/cifar10-cifar-s.pt \
+        --data /tmp/ray-data --out /tmp/local-analysis
+    ls /tmp/ray-analysis
     set -e
     kill -TERM -- -"$head" 2>/dev/null
     tail -3 /tmp/ray-head.log
