@@ -1,59 +1,27 @@
 #!/usr/bin/env bash
-# What a development session with the lent GPU (an H200, through the `device` tool) runs, phase by
-# phase. Each device phase fits one `run` call (10 minutes at most; 30 minutes of device time per
-# session, so about three calls); a machine stays warm only ~30 s after a call, so issue the next
-# call right away to keep its files (data cache, runs/).
+# What a development session with the lent GPU (an H100 or H200, through the `device` tool) runs, phase by phase.
+# Each device phase fits one `run` call (10 minutes at most; 30 minutes of device time per session); a machine stays
+# warm only ~30 s after a call, so issue the next call right away to keep its files (data cache, runs/, /tmp).
 #
 #   here, once (no GPU needed):  bash scripts/gpu_session.sh stage
 #       copies ../shared/data/cifar10/train.tar.gz (16 MB; ../shared does not travel) into
 #       data/shared/cifar10/, which git ignores, a plotly wheel into data/shared/wheels and Ray's wheels into
 #       data/ray-a and data/ray-b; the lease's calls below say which each carries
-#   on the device, one call each, e.g. run(command="bash scripts/gpu_session.sh tests", carry=["data/shared"]):
-#       tests   unpack, build the uint8 cache, pytest -m cuda, then the CPU/GPU suites (~6 min)
+#   on the device, the lease's three calls `start`, `watch`, `finish` (below), or one of these alone:
+#       tests   unpack, build the uint8 cache, pytest -m cuda, then the engine's suite (~6 min)
 #       bench   bench/bench_gpu.py eager, --compile, --compile reduce-overhead (~6 min)
-#       train   the >= 95 % CIFAR-10 recipe below, stopped by SIGTERM at 9 minutes if not done
-#       resume  continue that run for another 9 minutes (the same warm machine only: last.pt,
-#               with optimizer state, is over the 16 MiB that comes back through $OUT)
 #   Every phase writes its log and results under $OUT (they come back); nothing here is a
 #   measurement until a device session has run it.
 #
 # The device's own python3 (torch 2.11, torchvision 0.26, timm, transformers, tqdm, safetensors)
 # runs the code; it has no streamlit or plotly, so the app and browser tests are left out there.
+# The recipes the lease trains, and what the leases so far measured, are in scripts/gpu_sweep.py.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-python3}
 OUT=${OUT:-/tmp/gpu-session-out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
-
-# The recipe for the shipped GPU default (issue 13), from the literature, not yet measured here:
-# - model: cifar-m (depth 9, width 192, 12 heads, MLP 384, patch 4: 65 tokens, 2.70 M parameters,
-#   10.8 MB in fp32, so best.pt comes back whole through $OUT). It is the ViT of Lee et al. 2021
-#   ("Vision Transformer for Small-Size Datasets", github.com/aanna0701/SPT_LSA_ViT), the ~93.6 %
-#   in 100 epochs that the issue cites; at 2 CPU cores its 65-token forward stays interactive.
-# - their recipe, read from their main.py: AdamW lr 1e-3 at batch 128, weight decay 0.05, 10
-#   warm-up epochs, cosine, label smoothing 0.1, stochastic depth 0.1 (the preset's), AutoAugment,
-#   mixup and cutmix (alpha 1, half the batches), random erasing 0.25, repeated augmentation x3.
-#   Here: batch 512 with lr 2e-3 (the square-root rule from their 1e-3 at 128), TrivialAugment
-#   (Müller & Hutter 2021: AutoAugment's accuracy without a searched policy) on crop/flip,
-#   mixup 0.8 / cutmix 1.0 on every batch (DeiT's, Touvron et al. 2021, one of the two per batch);
-#   no random erasing or repeated augmentation (not in vit.train).
-# - 300 epochs, not 100: ViTs on small data keep gaining far longer than CNNs (Hassani et al. 2021,
-#   "Escaping the Big Data Paradigm with Compact Transformers", train 300 and report more at 5000),
-#   and weight EMA 0.9998 (~57 epochs at 88 steps per epoch) for the validated, shipped weights.
-# - cost: 1.14 GFLOP per image (forward+backward) x 45,000 images x 300 epochs = 1.5e16 FLOP:
-#   under 2 minutes at 15 % of the H200's 989 TFLOP/s, 9 minutes at 3 %; bench first says which.
-# Measured on the first lease (H100, torch 2.11, 2026-11-24; bench/results/h100-2026-11-24): compiled, cifar-m
-# trained at 7,899 img/s, 2.5x slower than eager (19,880 at batch 512) for a graph break at every hook point (fixed
-# since); 131 epochs at patch 4 and EMA 0.9998 reached 78.3 % (EMA weights, still rising): the plan now scales
-# the EMA to the run. Ray is not on the device image and its wheel (79 MB) is over what a call carries (64 MiB),
-# so the Ray GPU paths cannot run there.
-# If it ends below 95 %, the next lever is patch 2 (257 tokens, ~5x the FLOPs; smaller patches
-# help most on 32 px images): the same recipe with --patch-size 2.
-RECIPE=(--dataset folder:data/cifar10/train --device cuda --preset cifar-m --epochs 300 --batch-size 512
-        --lr 2e-3 --min-lr 1e-5 --weight-decay 0.05 --warmup-epochs 10 --label-smoothing 0.1
-        --augment trivialaugment --mixup 0.8 --cutmix 1.0 --ema 0.9998 --ema-warmup --compile --seed 0 --attention-every 25)
-RUN=runs/gpu-cifar10-cifar-m
 
 stage() {
     local src=${1:-../shared/data/cifar10/train.tar.gz}
@@ -120,26 +88,6 @@ bench() {
         --skip-augmentation 2>&1 | tee "$OUT/bench-reduce-overhead.txt"
 }
 
-collect() {
-    for f in metrics.jsonl status.json config.json train.log best.pt; do
-        [ -f "$RUN/$f" ] && cp "$RUN/$f" "$OUT/"
-    done
-    tail -3 "$RUN/metrics.jsonl" 2>/dev/null || true
-}
-
-train() {
-    setup
-    # SIGTERM at 9 minutes: the run saves last.pt and ends "cancelled"; `resume` continues it.
-    timeout -s TERM 540 $PY -m vit.train "${RECIPE[@]}" --out "$RUN" 2>&1 | tee "$OUT/train-console.log" || true
-    collect
-}
-
-resume() {
-    [ -f "$RUN/last.pt" ] || { echo "no $RUN/last.pt on this machine (a fresh one): run 'train' again"; exit 1; }
-    timeout -s TERM 540 $PY -m vit.train --resume "$RUN" 2>&1 | tee "$OUT/resume-console.log" || true
-    collect
-}
-
 # --- One lease in three calls: start, watch, finish (issue 44). --------------------------------------
 # The calls, each right after the last (30 minutes of device time in all, ~1.5 of them the machine's start):
 #   run(command="bash scripts/gpu_session.sh start", carry=["data/shared/cifar10", "data/ray-a"], timeout_s=600)
@@ -158,9 +106,11 @@ TRAIN_SECONDS=${TRAIN_SECONDS:-1140}
 SWEEP=(scripts/gpu_sweep.py)
 
 sweep_until() {  # the runs' progress every 30 s until $1 seconds since the phase began ($T0)
+    local now
     while [ $((SECONDS - T0)) -lt "$1" ]; do
-        echo "[$((SECONDS - T0)) s]"; $PY "${SWEEP[@]}" status || true
-        [ "$($PY "${SWEEP[@]}" status 2>/dev/null | grep -c running)" -gt 0 ] || return 0
+        now=$($PY "${SWEEP[@]}" status 2>&1 || true)
+        printf '[%s s]\n%s\n' "$((SECONDS - T0))" "$now"
+        grep -q running <<< "$now" || return 0
         sleep 30
     done
 }
@@ -276,11 +226,9 @@ case "${1:-}" in
     setup) setup ;;
     tests) tests ;;
     bench) bench ;;
-    train) train ;;
-    resume) resume ;;
     start) start ;;
     watch) watch ;;
     ray) ray ;;
     finish) finish ;;
-    *) echo "usage: $0 stage|setup|tests|bench|train|resume|start|watch|ray|finish" >&2; exit 2 ;;
+    *) echo "usage: $0 stage|setup|tests|bench|start|watch|ray|finish" >&2; exit 2 ;;
 esac
