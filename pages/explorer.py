@@ -26,7 +26,7 @@ from pages.explorer_sections.compare_checkpoints import compare_checkpoints
 from pages.explorer_sections.dense_features import KEPT as DENSE_KEPT
 from pages.explorer_sections.dense_features import dense_features
 from pages.explorer_sections.image_picker import pick_image
-from pages.explorer_sections.map_settings import choose_map, main_map
+from pages.explorer_sections.map_settings import choose_class, choose_map, main_map
 from pages.explorer_sections.probe_snapshots import probe_snapshots
 from pages.explorer_sections.state import Shown, keep_settings
 from vit.app import catalog, explorer, share, words
@@ -84,17 +84,17 @@ checkpoint, fingerprint, mean_ablated = mechanism.with_heads_off(everywhere, ful
 checkpoint, fingerprint = features.with_features_edited(checkpoint, fingerprint, full_checkpoint, full_fingerprint,
                                                         may_open)
 
-try:
-    analysis = analyse(fingerprint, image_key, size, checkpoint, image)
-except (ValueError, ImageError, NonFiniteOutput) as e:  # too many tokens; too small for a Swin's windows
-    st.error(escape_markdown(e))
-    st.stop()
-share_view.apply_model_settings(model_key, analysis, class_names)
-
 # -- map settings (only the controls the chosen map uses) ---------------------------------------------------------
 
-map_choice = choose_map(analysis, class_names, model_key, checkpoint.model)
-main = main_map(checkpoint, fingerprint, image, image_key, size, analysis, map_choice)
+# Drawn from the shape the analysis will have, before the model runs: the browser lays the sidebar out meanwhile
+# instead of after the forward, where it held the new map back by ~0.1 s (bench/bench_start.py).
+try:
+    shape = explorer.view_shape(checkpoint, image, size)
+except (ValueError, ImageError) as e:  # too many tokens; too small for a Swin's windows
+    st.error(escape_markdown(e))
+    st.stop()
+share_view.apply_model_settings(model_key, shape, class_names)
+map_choice = choose_map(shape, class_names, model_key, checkpoint.model)
 
 # -- image, overlay and prediction ----------------------------------------------------------------------------------
 
@@ -102,14 +102,24 @@ main = main_map(checkpoint, fingerprint, image, image_key, size, analysis, map_c
 box = input_box(image.size, pre, size)
 seen = seen_region(image, pre, size)
 shown, shown_uri, small = display_images(f"{image_key}-{tuple(round(v) for v in box)}", seen)
+plotly_preload.clear()  # app.py's blank chart, which had the browser load Plotly meanwhile
+places = main_view.lay_out(shown, shown_uri, shape.grid, map_choice.settings.query, shape.num_prefix_tokens,
+                           map_choice.query_key)  # the image, drawn by the browser while the model runs
+try:
+    analysis = analyse(fingerprint, image_key, size, checkpoint, image)
+except (ValueError, ImageError, NonFiniteOutput) as e:
+    st.error(escape_markdown(e))
+    st.stop()
+map_choice = choose_class(map_choice, analysis.prediction, class_names, model_key)
+main = main_map(checkpoint, fingerprint, image, image_key, size, analysis, map_choice)
 state = Shown(checkpoint=checkpoint, fingerprint=fingerprint, full_checkpoint=full_checkpoint,
               full_fingerprint=full_fingerprint, model_key=model_key, image=image, image_key=image_key, size=size,
               analysis=analysis, settings=map_choice.settings, layer=map_choice.layer, tokens=map_choice.tokens,
               outline=map_choice.outline, shown=shown, small=small, opacity=map_choice.opacity,
               colormap=map_choice.colormap, mode=map_choice.mode, show_grid=map_choice.show_grid,
               scale=map_choice.scale, mask_share=map_choice.mask_share)
-plotly_preload.clear()  # app.py's blank chart, which had the browser load Plotly meanwhile
-prediction_box = main_view.main_view(state, main, map_choice.query_key, image_name, seen, shown_uri, box, invert)
+prediction_box = main_view.main_view(state, main, places, map_choice.query_key, image_name, seen, shown_uri, box,
+                                     invert)
 # The URL follows the view as it is drawn (issue 50): a link to it reproduces it in a fresh session.
 shared = share_view.view_values(share.model_text(choice, entry.name, share.model_names(entries.values())), state,
                                 image_name, sample, invert)

@@ -236,7 +236,8 @@ def test_a_checkpoint_with_nan_weights_says_so_in_one_line_instead_of_nan_probab
     assert [displayed(e.value) for e in at.error] == [
         "the model's output is not finite: its weights hold NaN or infinite values (1 tensor, e.g. head.bias), as "
         "after a training run that diverged; use another checkpoint"]
-    assert not at.get("plotly_chart")  # no prediction chart, no maps
+    # The image, drawn before the model ran; no prediction chart, no maps.
+    assert [chart.key for chart in at.get("plotly_chart")] == ["patch_picker"]
 
 
 # -- settings only redraw ------------------------------------------------------------------------------------------

@@ -1,11 +1,13 @@
 """The main view: the image (click a patch to make it the query), the map over it with its downloads and
 curves, and the prediction."""
 
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
 import streamlit as st
 from PIL import Image
+from streamlit.delta_generator import DeltaGenerator
 
 from pages.explorer_sections.caches import model_input_preview
 from pages.explorer_sections.long_work import long_work
@@ -30,9 +32,43 @@ def pick_query(chart_key: str, query_key: str, num_prefix_tokens: int) -> None:
         st.session_state[query_key] = token
 
 
-def main_view(view: Shown, main: MainMap, query_key: str, image_name: str, seen: Image.Image, shown_uri: str,
-              box: tuple[float, ...], invert: bool):
-    """Draws the view; returns the Prediction box, which a CLIP's labels asked in words fill further down."""
+@dataclass(frozen=True, eq=False)
+class Places:
+    """The main view's columns, laid out with the image before the model runs (``lay_out``); none when enlarged."""
+
+    enlarge: bool
+    image: DeltaGenerator | None = None
+    overlay: DeltaGenerator | None = None
+    prediction: DeltaGenerator | None = None
+
+
+def lay_out(shown: Image.Image, shown_uri: str, grid: tuple[int, int], query: int, prefix: int,
+            query_key: str) -> Places:
+    """The view's toggle, its three columns and the image in the first, drawn while the model runs: the browser
+    draws them meanwhile rather than after the forward. Enlarged, the image and the map are one figure, drawn
+    after."""
+    # Enlarged: the image and the map share the page's width (the prediction goes below) and zoom with the wheel,
+    # so a patch of a 34 x 46 grid is more than the ~6 px it is in the three-column layout; they are one figure
+    # whose axes match, so zooming or panning one zooms the other to the same window.
+    enlarge = st.toggle("Enlarge the image and the map (wheel to zoom, drag to pan, double-click for the whole image)",
+                        key=ENLARGE_KEY)
+    if enlarge:
+        return Places(True)
+    col_image, col_overlay, col_prediction = st.columns([1, 1, 0.8], gap="medium")
+    with col_image:
+        st.subheader("Image")
+        st.plotly_chart(drawing.patch_picker_figure(shown.size, shown_uri, grid, query, prefix, fit_width=300),
+                        key="patch_picker", on_select=partial(pick_query, "patch_picker", query_key, prefix),
+                        selection_mode="points", config=PICKER_CONFIG, width="stretch")
+    col_overlay.subheader("Attention")
+    col_prediction.subheader("Prediction")
+    return Places(False, col_image, col_overlay, col_prediction)
+
+
+def main_view(view: Shown, main: MainMap, places: Places, query_key: str, image_name: str, seen: Image.Image,
+              shown_uri: str, box: tuple[float, ...], invert: bool):
+    """Draws the view into ``places``; returns the Prediction box, which a CLIP's labels asked in words fill further
+    down."""
     checkpoint, fingerprint, image, image_key, size = (view.checkpoint, view.fingerprint, view.image, view.image_key,
                                                        view.size)
     analysis, settings, class_names, layer = view.analysis, view.settings, view.class_names, view.layer
@@ -46,32 +82,22 @@ def main_view(view: Shown, main: MainMap, query_key: str, image_name: str, seen:
                     vmax=vmax)
     if mask is not None:
         drawn = draw_mask_contours(drawn, mask)
-    # Enlarged: the image and the map share the page's width (the prediction goes below) and zoom with the wheel,
-    # so a patch of a 34 x 46 grid is more than the ~6 px it is in the three-column layout; they are one figure
-    # whose axes match, so zooming or panning one zooms the other to the same window.
-    enlarge = st.toggle("Enlarge the image and the map (wheel to zoom, drag to pan, double-click for the whole image)",
-                        key=ENLARGE_KEY)
-    picker = partial(drawing.patch_picker_figure, fit_width=520 if enlarge else 300, zoomable=enlarge)
-    image_figure = picker(shown.size, shown_uri, grid, query, prefix)
+    picker = partial(drawing.patch_picker_figure, fit_width=520 if places.enlarge else 300, zoomable=places.enlarge)
     overlay_figure = picker(shown.size, drawing.jpeg_data_uri(drawn), grid, query, prefix, show_grid=False)
-    if enlarge:
+    if places.enlarge:
         col_image, col_overlay = st.columns(2, gap="medium")
         col_image.subheader("Image")
         col_overlay.subheader("Attention")
-        st.plotly_chart(drawing.linked_pickers_figure(image_figure, overlay_figure), key=LINKED_KEY,
+        st.plotly_chart(drawing.linked_pickers_figure(picker(shown.size, shown_uri, grid, query, prefix),
+                                                      overlay_figure), key=LINKED_KEY,
                         on_select=partial(pick_query, LINKED_KEY, query_key, prefix), selection_mode="points",
                         config=drawing.ZOOM_CONFIG, width="content")  # its own width: each side the image's aspect
         col_image, col_overlay = st.columns(2, gap="medium")
         col_prediction = st.container()
+        col_prediction.subheader("Prediction")
     else:
-        col_image, col_overlay, col_prediction = st.columns([1, 1, 0.8], gap="medium")
-        with col_image:
-            st.subheader("Image")
-            st.plotly_chart(image_figure, key="patch_picker",
-                            on_select=partial(pick_query, "patch_picker", query_key, prefix), selection_mode="points",
-                            config=PICKER_CONFIG, width="stretch")
+        col_image, col_overlay, col_prediction = places.image, places.overlay, places.prediction
         with col_overlay:
-            st.subheader("Attention")
             st.plotly_chart(overlay_figure, key="overlay_picker",
                             on_select=partial(pick_query, "overlay_picker", query_key, prefix),
                             selection_mode="points", config=PICKER_CONFIG, width="stretch")
@@ -122,7 +148,6 @@ def main_view(view: Shown, main: MainMap, query_key: str, image_name: str, seen:
             if curves is not None:  # else its progress and a Stop button are drawn
                 st.plotly_chart(curves, config={"displayModeBar": False}, width="stretch")  # the column's width
     with col_prediction:
-        st.subheader("Prediction")
         prediction_box = st.empty()  # a CLIP's: the labels asked in words, which are read further down the page
         if class_names:
             prediction_box.plotly_chart(drawing.predictions_figure(prediction), config={"displayModeBar": False})

@@ -1,6 +1,6 @@
 """The sidebar's attention map and overlay settings (only the controls the chosen map uses), and the main map."""
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import streamlit as st
@@ -35,6 +35,7 @@ class MapChoice:
     mode: str
     show_grid: bool
     mask_share: float | None  # the attention-mass contour's share, None when off
+    class_slot: object | None = None  # where the class picker goes once the prediction is known (``choose_class``)
 
 
 @dataclass(frozen=True, eq=False)
@@ -48,9 +49,12 @@ class MainMap:
     mask: np.ndarray | None
 
 
-def choose_map(analysis: explorer.Analysis, class_names: list[str], model_key: str, model) -> MapChoice:
-    """The sidebar's "Attention map" and "Overlay" controls."""
-    prediction, grid, prefix = analysis.prediction, analysis.grid, analysis.num_prefix_tokens
+def choose_map(analysis: explorer.ViewShape | explorer.Analysis, class_names: list[str], model_key: str,
+               model) -> MapChoice:
+    """The sidebar's "Attention map" and "Overlay" controls, drawn from the shape of the analysis before the model
+    runs (the browser lays them out meanwhile); the class picker, whose first option names the prediction, is
+    drawn in their place by ``choose_class`` after it."""
+    grid, prefix = analysis.grid, analysis.num_prefix_tokens
     L, T = analysis.num_layers, analysis.num_tokens
     names = analysis.prefix_names  # CLS, DIST, REG 1…R
     with st.sidebar:
@@ -91,12 +95,7 @@ def choose_map(analysis: explorer.Analysis, class_names: list[str], model_key: s
         if st.session_state[query_key] not in tokens:
             st.session_state[query_key] = 0
         query, layer, head, fusion, discard_ratio, end_layer, class_index = 0, L, None, "mean", 0.0, L, None
-        if "class" in controls:
-            class_index = st.selectbox(
-                "Class", [-1, *range(len(class_names))], key=f"class-{model_key}",
-                format_func=lambda c: f"predicted: {class_names[prediction.class_index]}" if c == -1
-                else class_names[c])
-            class_index = None if class_index == -1 else class_index
+        class_slot = st.empty() if "class" in controls else None
         if "query" in controls:
             query = st.selectbox("Query token" + (" (for the class map)" if kind in explorer.CLASS_MAP_KINDS else ""),
                                  tokens,
@@ -164,7 +163,18 @@ def choose_map(analysis: explorer.Analysis, class_names: list[str], model_key: s
                                     start_layer=start_layer)
     outline = explorer.patch_of(query, prefix) if "query" in controls else None
     return MapChoice(settings, layer, tokens, query_key, outline, opacity, colormap, scale, mode, show_grid,
-                     share if masked else None)
+                     share if masked else None, class_slot)
+
+
+def choose_class(choice: MapChoice, prediction, class_names: list[str], model_key: str) -> MapChoice:
+    """The class picker of a class map, in its place among the sidebar's controls (``choice.class_slot``), now that
+    ``prediction`` names its first option; ``choice`` with the class picked."""
+    if choice.class_slot is None:
+        return choice
+    class_index = choice.class_slot.selectbox(
+        "Class", [-1, *range(len(class_names))], key=f"class-{model_key}",
+        format_func=lambda c: f"predicted: {class_names[prediction.class_index]}" if c == -1 else class_names[c])
+    return replace(choice, settings=replace(choice.settings, class_index=None if class_index == -1 else class_index))
 
 
 def main_map(checkpoint: Checkpoint, fingerprint: tuple, image: Image.Image, image_key: str, size: InputSize,

@@ -122,7 +122,8 @@ def apply_heads_off(model_key: str, layers: int, heads: int) -> None:
         st.session_state[mechanism.TOGGLE_KEY] = st.session_state[mechanism.EVERYWHERE_KEY] = True
 
 
-def apply_model_settings(model_key: str, analysis: explorer.Analysis, class_names: list[str]) -> None:
+def apply_model_settings(model_key: str, analysis: explorer.ViewShape | explorer.Analysis,
+                         class_names: list[str]) -> None:
     """The link's settings that the model bounds (layer, head, query, class, feature), checked against it."""
     pending = st.session_state.pop(PENDING_KEY, None)
     if not pending:

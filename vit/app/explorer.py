@@ -404,6 +404,59 @@ class Analysis:
         return self.stats()[1]
 
 
+@dataclass(frozen=True)
+class ViewShape:
+    """What an analysis of an image will be shaped like, known before the forward: its input and patch grid, its
+    layers' heads, its prefix tokens and pooling probe. The page draws its controls from it while the model runs
+    (the browser lays them out meanwhile); it reads like the ``Analysis`` it foretells (``test_view_shape``)."""
+
+    input_size: tuple[int, int]  # (height, width) of the model input in pixels
+    grid: tuple[int, int]
+    num_prefix_tokens: int
+    prefix_names: tuple[str, ...]
+    heads: tuple[int, ...]  # each layer's
+    num_probe_heads: int  # the attention-pooling probe's (SigLIP, PE); 0 without one
+    layouts: tuple[LayerLayout, ...] = ()  # a model with stages: each layer's grid, windows and shift
+
+    @property
+    def staged(self) -> bool:
+        return bool(self.layouts)
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.heads)
+
+    @property
+    def num_heads(self) -> int:
+        return self.heads[0]
+
+    def heads_in(self, layer: int) -> int:
+        return self.heads[layer]
+
+    @property
+    def num_tokens(self) -> int:
+        return self.num_prefix_tokens + self.grid[0] * self.grid[1]
+
+    @property
+    def has_cls(self) -> bool:
+        return self.num_prefix_tokens > 0 and (not self.prefix_names or self.prefix_names[0] == "CLS")
+
+
+def view_shape(checkpoint: Checkpoint, image: Image.Image, size: InputSize = TRAINING_SIZE,
+               max_tokens: int | None = None, allow: str = f"raise {bounds.MAX_TOKENS_ENV}") -> ViewShape:
+    """The shape of ``analyse(checkpoint, image, size)``, without running the model; raises what it raises before
+    the forward (``TooManyTokens`` over the limits, ValueError for a size a Swin's windows do not fit)."""
+    model, p = checkpoint.model, checkpoint.preprocessing
+    shape = input_shape(image, p, model.config.patch_size, size)  # (height, width)
+    grid = model.patch_grid(*shape)
+    check_input_fits(checkpoint, grid, f"A {shape[1]}×{shape[0]} px input", max_tokens, allow)
+    heads = tuple(block.attn.num_heads for block in model.blocks)
+    if getattr(model.config, "stage_depths", ()):
+        return ViewShape(shape, grid, 0, (), heads, 0, model.layer_layouts(grid))
+    probe = model.attn_pool.num_heads if isinstance(model, ViT) and model.attn_pool is not None else 0
+    return ViewShape(shape, grid, model.num_prefix_tokens, tuple(model.config.prefix_token_names), heads, probe)
+
+
 def analyse(checkpoint: Checkpoint, image: Image.Image, size: InputSize = TRAINING_SIZE,
             top_k: int = TOP_K, progress: work.Progress | None = None, max_tokens: int | None = None,
             allow: str = f"raise {bounds.MAX_TOKENS_ENV}") -> Analysis:
@@ -415,13 +468,12 @@ def analyse(checkpoint: Checkpoint, image: Image.Image, size: InputSize = TRAINI
     """
     model, p = checkpoint.model, checkpoint.preprocessing
     patch_size = model.config.patch_size
-    shape = input_shape(image, p, patch_size, size)  # (height, width)
-    grid = model.patch_grid(*shape)
-    check_input_fits(checkpoint, grid, f"A {shape[1]}×{shape[0]} px input", max_tokens, allow)
+    view = view_shape(checkpoint, image, size, max_tokens, allow)
+    shape, grid = view.input_size, view.grid
     device = next(model.parameters()).device
     x = preprocess([image], p, size, patch_size).to(device)  # (1, C, H, W)
-    if getattr(model.config, "stage_depths", ()):
-        return _analyse_stages(checkpoint, x, grid, shape, top_k, progress)
+    if view.staged:
+        return _analyse_stages(checkpoint, x, grid, shape, top_k, progress, view.layouts)
     L = len(model.blocks)
     reports = [(f"blocks.{i}.hook_resid_post", lambda t, hook, i=i: progress(i + 1, L)) for i in range(L)
                ] if progress is not None and isinstance(model, ViT) else []
@@ -454,12 +506,10 @@ def analyse(checkpoint: Checkpoint, image: Image.Image, size: InputSize = TRAINI
 
 
 def _analyse_stages(checkpoint: Checkpoint, x: torch.Tensor, grid: tuple[int, int], shape: tuple[int, int],
-                    top_k: int, progress: work.Progress | None) -> Analysis:
+                    top_k: int, progress: work.Progress | None, layouts: tuple[LayerLayout, ...]) -> Analysis:
     """``analyse`` for a model with stages (Swin, Hiera): one forward keeps each layer's windows as the layer forms them
-    (``H x T_l x w*w`` values, never ``T_l²``) and its output; ValueError naming the sizes that work for an input
-    too small for the last stage's windows."""
+    (``H x T_l x w*w`` values, never ``T_l²``) and its output (``layouts``: ``model.layer_layouts(grid)``)."""
     model, p = checkpoint.model, checkpoint.preprocessing
-    layouts = model.layer_layouts(grid)
     L = len(model.blocks)
     outputs: list[torch.Tensor] = [torch.empty(0)] * L
 
@@ -557,13 +607,14 @@ STAGE_REFUSALS = {  # why each map is not drawn for a model with stages
 }
 
 
-def map_kinds(analysis: Analysis, has_classes: bool) -> list[str]:
-    """The map kinds this analysis can draw, the default first: the pooling probe's for a model without CLS."""
-    if analysis.layouts:
+def map_kinds(analysis: Analysis | ViewShape, has_classes: bool) -> list[str]:
+    """The map kinds this analysis (or the one a view shape foretells) can draw, the default first: the pooling
+    probe's for a model without CLS."""
+    if analysis.staged:
         return [k for k in STAGE_MAP_KINDS if has_classes or k not in CLASS_MAP_KINDS]
-    kinds = [k for k in MAP_KINDS if (has_classes or k != "class") and (analysis.probe is not None
-                                                                         or k not in PROBE_MAP_KINDS)]
-    if analysis.probe is not None and not analysis.has_cls:
+    probe = analysis.num_probe_heads > 0
+    kinds = [k for k in MAP_KINDS if (has_classes or k != "class") and (probe or k not in PROBE_MAP_KINDS)]
+    if probe and not analysis.has_cls:
         kinds = list(PROBE_MAP_KINDS) + [k for k in kinds if k not in PROBE_MAP_KINDS]
     return kinds
 
