@@ -53,9 +53,13 @@ from bench.bench_explorer_clicks import (  # noqa: E402
     ship_vit_b16,
 )
 
+# The overlay's image: the visible chart keyed overlay_picker. Streamlit keeps a keyed chart's previous instance,
+# hidden, in the page until the run ends, and the image beside the map is redrawn before the model runs: the second
+# chart in the page is not always the map.
 OVERLAY_HREF = """() => {
-  const charts = document.querySelectorAll('[data-testid="stPlotlyChart"]');
-  const image = charts[1] && charts[1].querySelector('.layer-below image, .imagelayer image');
+  const charts = [...document.querySelectorAll('[data-testid="stPlotlyChart"]')].filter(c => c.checkVisibility());
+  const chart = charts.find(c => c.closest('.st-key-overlay_picker')) || charts[1];
+  const image = chart && chart.querySelector('.layer-below image, .imagelayer image');
   return image ? image.getAttribute('href') : null;
 }"""
 BARE = "import torch  # noqa: F401\nimport streamlit as st\n\nst.write('torch is ready')\n"
