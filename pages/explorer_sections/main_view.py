@@ -20,6 +20,7 @@ from vit.sizes import describe_size
 from vit.text import escape_markdown
 
 PICKER_CONFIG = {"displayModeBar": False, "scrollZoom": False, "doubleClick": False}
+FIT_WIDTH, ENLARGED_WIDTH = 300, 520  # the image's and the map's width in px: in three columns, enlarged
 ENLARGE_KEY = "enlarge_view"
 LINKED_KEY = "linked_pickers"  # the enlarged image and overlay, one figure
 KEPT = ("npz_precision", "npz_layers", "faithfulness_curves")  # kept by the page while not drawn (a closed popover)
@@ -57,7 +58,7 @@ def lay_out(shown: Image.Image, shown_uri: str, grid: tuple[int, int], query: in
     col_image, col_overlay, col_prediction = st.columns([1, 1, 0.8], gap="medium")
     with col_image:
         st.subheader("Image")
-        st.plotly_chart(drawing.patch_picker_figure(shown.size, shown_uri, grid, query, prefix, fit_width=300),
+        st.plotly_chart(drawing.patch_picker_figure(shown.size, shown_uri, grid, query, prefix, fit_width=FIT_WIDTH),
                         key="patch_picker", on_select=partial(pick_query, "patch_picker", query_key, prefix),
                         selection_mode="points", config=PICKER_CONFIG, width="stretch")
     col_overlay.subheader("Attention")
@@ -82,7 +83,8 @@ def main_view(view: Shown, main: MainMap, places: Places, query_key: str, image_
                     vmax=vmax)
     if mask is not None:
         drawn = draw_mask_contours(drawn, mask)
-    picker = partial(drawing.patch_picker_figure, fit_width=520 if places.enlarge else 300, zoomable=places.enlarge)
+    picker = partial(drawing.patch_picker_figure, fit_width=ENLARGED_WIDTH if places.enlarge else FIT_WIDTH,
+                     zoomable=places.enlarge)
     overlay_figure = picker(shown.size, drawing.jpeg_data_uri(drawn), grid, query, prefix, show_grid=False)
     if places.enlarge:
         col_image, col_overlay = st.columns(2, gap="medium")
