@@ -236,8 +236,10 @@ def test_a_checkpoint_with_nan_weights_says_so_in_one_line_instead_of_nan_probab
     assert [displayed(e.value) for e in at.error] == [
         "the model's output is not finite: its weights hold NaN or infinite values (1 tensor, e.g. head.bias), as "
         "after a training run that diverged; use another checkpoint"]
-    # The image, drawn before the model ran; no prediction chart, no maps.
+    # The map settings and the image, drawn before the model ran (the browser lays them out meanwhile); no
+    # prediction chart, no maps.
     assert [chart.key for chart in at.get("plotly_chart")] == ["patch_picker"]
+    assert [w.label for w in at.sidebar.select_slider] == ["Layer"] and at.sidebar.slider[0].label == "Opacity"
 
 
 # -- settings only redraw ------------------------------------------------------------------------------------------
