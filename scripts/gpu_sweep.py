@@ -27,6 +27,10 @@ import tarfile
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from anywhere in the repo
+
+from vit.runfiles import pid_alive, read_json, read_metrics, write_json  # noqa: E402
+
 ROOT = Path("runs/sweep")
 TRAIN_IMAGES = 45_000
 # Starting a process, compiling, and its first epoch's warm-up, paid again by each resume.
@@ -63,22 +67,12 @@ def now() -> float:
     return time.time()
 
 
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except OSError:
-        return False
-    return True
-
-
 def state() -> dict:
-    return json.loads((ROOT / "sweep.json").read_text())
+    return read_json(ROOT / "sweep.json")
 
 
 def save_state(s: dict) -> None:
-    tmp = ROOT / "sweep.json.tmp"
-    tmp.write_text(json.dumps(s, indent=1))
-    tmp.replace(ROOT / "sweep.json")
+    write_json(ROOT / "sweep.json", s)
 
 
 def spawn(name: str, args: list[str]) -> int:
@@ -91,18 +85,8 @@ def spawn(name: str, args: list[str]) -> int:
 
 
 def metrics(name: str) -> list[dict]:
-    path = ROOT / name / "metrics.jsonl"
-    if not path.exists():
-        return []
-    rows = []
-    for line in path.read_text().splitlines():
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if "val_acc" in row:
-            rows.append(row)
-    return rows
+    """The run's finished epochs (those with a validation accuracy)."""
+    return [row for row in read_metrics(ROOT / name / "metrics.jsonl") if "val_acc" in row]
 
 
 def launch(bench_jsonl: str, seconds: float) -> None:
