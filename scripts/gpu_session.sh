@@ -33,7 +33,7 @@ stage() {
     plotly=$(.venv/bin/python -c "import plotly; print(plotly.__version__)" 2>/dev/null || echo 6.5.0)
     python3 -m pip download -q --no-deps --only-binary=:all: -d data/shared/wheels "plotly==$plotly" \
         || echo "no plotly wheel: the maps bench's vit.analyze row will say it was skipped"
-    # Ray and what ray[default] needs beyond the device's own packages (KINDS.md): the wheel (79 MB) and the data
+    # Ray and what ray[default] needs beyond the device's own packages (../.library/device/KINDS.md): the wheel (79 MB) and the data
     # are over one call's 64 MiB, so it travels in two halves, data/ray-a with `start` and data/ray-b with `watch`.
     local ray
     ray=$(.venv/bin/python -c "import ray; print(ray.__version__)" 2>/dev/null || echo 2.60.0)
@@ -97,8 +97,9 @@ bench() {
 # 78.3 %: its heavy regularisation (mixup and cutmix on every batch) over only 131 epochs of 88 steps. The second
 # (bench/results/h100-2026-11-24b) trained four side by side, still with a graph break at every block: best 84.0 %
 # (4-px patches, 162 epochs); compiled training has run ~2.9x faster since. Four recipes train side by side
-# (scripts/gpu_sweep.py: a small ViT uses a few per cent of the GPU), each in its own process session so that it outlives the call that started it while the machine is warm: issue `watch` and
-# `finish` within ~30 s of the previous call's return. `watch` re-plans each run's epochs on its measured pace
+# (scripts/gpu_sweep.py: a small ViT uses a few per cent of the GPU), each in its own process session so that it
+# outlives the call that started it while the machine is warm: issue `watch` and `finish` within ~30 s of the
+# previous call's return. `watch` re-plans each run's epochs on its measured pace
 # so that all end at one deadline (TRAIN_SECONDS after their launch). Each phase returns by its DEADLINE
 # (seconds from its own start, default 570), with its logs under $OUT (8 files at most come back).
 DEADLINE=${DEADLINE:-570}

@@ -5,6 +5,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 import streamlit as st
 from PIL import Image
+from streamlit.delta_generator import DeltaGenerator
 
 from pages.explorer_sections.caches import class_relevance, method_map, rollout_map
 from vit.app import drawing, explorer
@@ -35,7 +36,7 @@ class MapChoice:
     mode: str
     show_grid: bool
     mask_share: float | None  # the attention-mass contour's share, None when off
-    class_slot: object | None = None  # where the class picker goes once the prediction is known (``choose_class``)
+    class_slot: DeltaGenerator | None = None  # the class picker's place, filled after the forward (``choose_class``)
 
 
 @dataclass(frozen=True, eq=False)
@@ -49,17 +50,16 @@ class MainMap:
     mask: np.ndarray | None
 
 
-def choose_map(analysis: explorer.ViewShape | explorer.Analysis, class_names: list[str], model_key: str,
-               model) -> MapChoice:
+def choose_map(shape: explorer.ViewShape, class_names: list[str], model_key: str, model) -> MapChoice:
     """The sidebar's "Attention map" and "Overlay" controls, drawn from the shape of the analysis before the model
     runs (the browser lays them out meanwhile); the class picker, whose first option names the prediction, is
     drawn in their place by ``choose_class`` after it."""
-    grid, prefix = analysis.grid, analysis.num_prefix_tokens
-    L, T = analysis.num_layers, analysis.num_tokens
-    names = analysis.prefix_names  # CLS, DIST, REG 1…R
+    grid, prefix = shape.grid, shape.num_prefix_tokens
+    L, T = shape.num_layers, shape.num_tokens
+    names = shape.prefix_names  # CLS, DIST, REG 1…R
     with st.sidebar:
         st.header("Attention map")
-        kinds = explorer.map_kinds(analysis, bool(class_names))  # no class map without classes; the probe's for SigLIP
+        kinds = explorer.map_kinds(shape, bool(class_names))  # no class map without classes; the probe's for SigLIP
         # The newer methods share one entry (a second picker), which keeps the sidebar short.
         choices = [k for k in kinds if k not in explorer.METHOD_MAP_KINDS]
         choices += [explorer.MORE_METHODS] if set(kinds) & set(explorer.METHOD_MAP_KINDS) else []
@@ -76,7 +76,7 @@ def choose_map(analysis: explorer.ViewShape | explorer.Analysis, class_names: li
                                 help="LeGrad, LRP and AttnLRP explain a class; attention flow, like rollout, "
                                      "follows attention and the residual, as a max-flow (slow).")
         controls = explorer.MAP_CONTROLS[kind]
-        if analysis.staged:  # Swin's rollout keeps every attention; its class map starts from the average pooling
+        if shape.staged:  # Swin's rollout keeps every attention; its class map starts from the average pooling
             controls = tuple(c for c in controls if c != "discard_ratio" and (kind != "class" or c != "query"))
         hide_registers = False
         if prefix > 1:
@@ -109,7 +109,7 @@ def choose_map(analysis: explorer.ViewShape | explorer.Analysis, class_names: li
                                      help="1 is the first block. Also for the heads grid and the matrix.")
         if "head" in controls:  # the probe's heads are its own (PE: 8), so its choice is kept apart
             probe = kind == "probe"
-            heads = analysis.num_probe_heads if probe else analysis.heads_in(layer - 1)  # a Swin stage's own
+            heads = shape.num_probe_heads if probe else shape.heads_in(layer - 1)  # a Swin stage's own
             head_key = f"head-{model_key}" + ("-probe" if probe else "")
             if st.session_state.get(head_key, -1) >= heads:  # a head of another Swin stage: fused again
                 st.session_state[head_key] = -1

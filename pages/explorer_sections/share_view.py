@@ -122,14 +122,13 @@ def apply_heads_off(model_key: str, layers: int, heads: int) -> None:
         st.session_state[mechanism.TOGGLE_KEY] = st.session_state[mechanism.EVERYWHERE_KEY] = True
 
 
-def apply_model_settings(model_key: str, analysis: explorer.ViewShape | explorer.Analysis,
-                         class_names: list[str]) -> None:
+def apply_model_settings(model_key: str, shape: explorer.ViewShape, class_names: list[str]) -> None:
     """The link's settings that the model bounds (layer, head, query, class, feature), checked against it."""
     pending = st.session_state.pop(PENDING_KEY, None)
     if not pending:
         return
-    values, notes = share.fit(pending, layers=analysis.num_layers, heads=analysis.num_heads,
-                              tokens=analysis.num_tokens, classes=len(class_names))
+    values, notes = share.fit(pending, layers=shape.num_layers, heads=shape.num_heads, tokens=shape.num_tokens,
+                              classes=len(class_names))
     _note(notes)
     kind = st.session_state.get("method_kind") if st.session_state.get("map_kind") == explorer.MORE_METHODS \
         else st.session_state.get("map_kind")
