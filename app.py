@@ -11,8 +11,11 @@ the default page, so the app opens on the shipped checkpoint.
 import pandas  # noqa: F401
 import streamlit as st
 
-from pages.explorer_sections import plotly_preload
+from pages.explorer_sections import plotly_preload, uploader
 
+# Before anything is drawn: the first of the two runs Streamlit's uploader asks for when a new file replaces the last
+# one (a run without any file) waits here for the second, and stops there having sent nothing (issue 51).
+uploader.settle_replacements()
 st.set_page_config(page_title="ViT Attention Explorer", page_icon=":material/visibility:", layout="wide")
 
 explorer = st.Page("pages/explorer.py", title="Explore attention", icon=":material/visibility:", default=True)

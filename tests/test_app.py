@@ -790,7 +790,7 @@ def test_a_run_that_finds_an_upload_gone_waits_once_for_a_replacing_file():
     # Issue 51: Streamlit's uploader asks for a run without any file before the one with a replacing file; such a
     # run waits at a yield point for that request (the browser test sees the page never empty in between). Here no
     # request comes: the run waits its time once, then goes on with no file, and a run without a file before it
-    # does not wait.
+    # does not wait. ``settled_upload`` alone is what a fragment's rerun (the Patching tab's uploader) passes.
     def script():
         import time
 
@@ -799,7 +799,7 @@ def test_a_run_that_finds_an_upload_gone_waits_once_for_a_replacing_file():
         from pages.explorer_sections.uploader import settled_upload
 
         start = time.monotonic()
-        st.session_state["got"] = settled_upload(st.session_state.get("value"), "fake", seconds=0.3)
+        st.session_state["got"] = settled_upload(st.session_state.get("value"), "value", seconds=0.3)
         st.session_state["waited"] = time.monotonic() - start
 
     at = AppTest.from_function(script, default_timeout=TIMEOUT)
@@ -808,6 +808,40 @@ def test_a_run_that_finds_an_upload_gone_waits_once_for_a_replacing_file():
         at.run()
         assert not at.exception and at.session_state["got"] == value
         assert (at.session_state["waited"] >= 0.3) == waits, (value, at.session_state["waited"])
+
+
+def test_a_full_run_waits_for_a_replacing_file_before_it_draws_anything():
+    # Issue 51: the page's own script (app.py) waits at its start, before anything is sent to the browser, so that
+    # the run without a file stops having drawn nothing (the browser test counts what it sends). The uploader's own
+    # wait is not spent again; an uploader gone from the page (its section closed) only loses its flag.
+    def script():
+        import time
+
+        import streamlit as st
+
+        from pages.explorer_sections.uploader import settle_replacements, settled_upload
+
+        start = time.monotonic()
+        settle_replacements(seconds=0.3)
+        st.session_state["waited_at_start"] = time.monotonic() - start
+        if "value" in st.session_state:
+            start = time.monotonic()
+            st.session_state["got"] = settled_upload(st.session_state["value"], "value", seconds=0.3)
+            st.session_state["waited_at_uploader"] = time.monotonic() - start
+
+    at = AppTest.from_function(script, default_timeout=TIMEOUT)
+    for value, waits in (("a file", False), (None, True), (None, False), ("another", False)):
+        at.session_state["value"] = value
+        at.run()
+        assert not at.exception and at.session_state["got"] == value
+        assert (at.session_state["waited_at_start"] >= 0.3) == waits, (value, at.session_state["waited_at_start"])
+        assert at.session_state["waited_at_uploader"] < 0.3
+    del at.session_state["value"]  # its section closed: no file, and nothing to wait for
+    at.run()
+    assert not at.exception and at.session_state["waited_at_start"] < 0.3
+    at.session_state["value"] = None
+    at.run()
+    assert not at.exception and at.session_state["waited_at_start"] < 0.3 and at.session_state["got"] is None
 
 
 def test_a_sessions_first_run_sends_a_blank_chart_first_and_clears_it_before_the_page_draws_its_own(default_world):

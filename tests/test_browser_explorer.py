@@ -229,6 +229,8 @@ def test_a_new_upload_replaces_the_last_one_without_the_empty_page_in_between(tm
     first, second = tmp_path / "first-upload.png", tmp_path / "second-upload.png"
     first.write_bytes(png(120, 80, seed=2))
     second.write_bytes(png(64, 48, seed=3))
+    received = []  # what the server sent: each run starts with new_session
+    page.on("websocket", lambda ws: ws.on("framereceived", lambda frame: received.append(forward_kind(frame))))
     with streamlit_app({"VIT_CHECKPOINTS_DIR": str(checkpoints), "VIT_RUNS_DIR": str(runs)}) as (url, _):
         page.goto(url)
         page.get_by_text("Upload an image in the sidebar").wait_for()
@@ -237,10 +239,24 @@ def test_a_new_upload_replaces_the_last_one_without_the_empty_page_in_between(tm
         page.get_by_text("first-upload.png, 120×80 px").wait_for()
         page.wait_for_function(SCRIPT_DONE)
         page.evaluate(SHOWN_WATCH)
+        received.clear()
         uploader.set_input_files(str(second))
         page.get_by_text("second-upload.png, 64×48 px").wait_for()
         page.wait_for_function(SCRIPT_DONE)
         assert page.evaluate("() => window.__shown") == ["first-upload.png", "second-upload.png"]
+    # The run without a file waited at the script's start and stopped there: the browser got nothing of it to lay
+    # out (page settings, navigation, the sidebar's first widgets) while the next run's model ran.
+    runs_sent = "".join("|" if kind == "new_session" else "d" if kind == "delta" else "" for kind in received)
+    assert runs_sent.startswith("||") or runs_sent.count("|") == 1, received  # 1: both requests before a run
+
+
+def forward_kind(frame) -> str:
+    """The kind of a websocket frame from Streamlit's server (a ``ForwardMsg``: new_session, delta, ...)."""
+    from streamlit.proto.ForwardMsg_pb2 import ForwardMsg
+
+    message = ForwardMsg()
+    message.ParseFromString(frame if isinstance(frame, bytes) else frame.encode())
+    return message.WhichOneof("type")
 
 
 def test_an_enlarged_zoomed_picker_picks_the_patch_under_the_cursor(server, page):

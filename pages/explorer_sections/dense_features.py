@@ -9,7 +9,7 @@ import streamlit as st
 from pages.explorer_sections.caches import UPLOAD_TYPES, analyse, decode_image, load_model, match_view, pca_views
 from pages.explorer_sections.compare_checkpoints import PICKER_KEY as COMPARE_KEY
 from pages.explorer_sections.state import Shown
-from pages.explorer_sections.uploader import settled_upload
+from pages.explorer_sections.uploader import file_upload
 from vit.app import catalog, dense, drawing, explorer
 from vit.checkpoint import CheckpointError
 from vit.explain.overlay import overlay, pca_picture
@@ -33,8 +33,7 @@ def _picked(num_prefix_tokens: int) -> None:
 
 def _second_image():
     """The second upload as ``(image, key)``, or None."""
-    upload = settled_upload(st.file_uploader("Second image (similarity and correspondences on it)",
-                                             type=UPLOAD_TYPES, key=SECOND_KEY), SECOND_KEY)
+    upload = file_upload(st, "Second image (similarity and correspondences on it)", SECOND_KEY, type=UPLOAD_TYPES)
     if upload is None:
         return None
     data = upload.getvalue()

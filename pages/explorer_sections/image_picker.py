@@ -8,7 +8,7 @@ from PIL import Image
 
 from pages.explorer_sections import share_view
 from pages.explorer_sections.caches import UPLOAD_TYPES, decode_image
-from pages.explorer_sections.uploader import settled_upload
+from pages.explorer_sections.uploader import file_upload
 from vit.app import catalog, drawing, explorer
 from vit.checkpoint import Checkpoint
 from vit.images import ImageError
@@ -16,6 +16,7 @@ from vit.inference import MAX_INPUT_SIDE, InputSize
 from vit.text import escape_markdown, visible
 
 INPUT_SIDES = (224, 256, 320, 384, 448, 480, 518, 640, 768, 1024)
+UPLOAD_KEY = "explorer_upload"
 KEPT = ("sample-", "input_side", "keep_aspect", "invert")  # kept by the page while not drawn (a rejected upload)
 
 
@@ -36,9 +37,8 @@ def pick_image(entry: catalog.CatalogEntry, entries: dict[str, catalog.CatalogEn
                model_key: str, may_open: bool) -> ChosenImage:
     """The sidebar's image controls; stops the page, saying what to do, without a usable image."""
     st.sidebar.header("Image")
-    uploaded = settled_upload(st.sidebar.file_uploader(
-        "Upload an image", type=UPLOAD_TYPES, help="jpg, png, webp, bmp, gif or tiff; any size and aspect ratio."),
-        "explorer_upload")
+    uploaded = file_upload(st.sidebar, "Upload an image", UPLOAD_KEY, type=UPLOAD_TYPES,
+                           help="jpg, png, webp, bmp, gif or tiff; any size and aspect ratio.")
     if "explorer_image" in st.session_state:  # a file another page (Analyse a dataset) asked for, and its folder
         st.session_state["explorer_opened_image"] = st.session_state.pop("explorer_image")
         st.session_state["explorer_opened_image_folder"] = st.session_state.pop("explorer_image_folder", None)

@@ -10,7 +10,7 @@ from PIL import Image
 from pages.explorer_sections.caches import UPLOAD_TYPES, decode_image
 from pages.explorer_sections.long_work import long_work
 from pages.explorer_sections.state import Shown
-from pages.explorer_sections.uploader import settled_upload
+from pages.explorer_sections.uploader import file_upload
 from vit.app import drawing, explorer
 from vit.checkpoint import Checkpoint
 from vit.explain import figures
@@ -39,10 +39,9 @@ def patching_tab(view: Shown, samples: list[Path] | None, sample: Path | None, i
     others = [p for p in (samples or []) if p != sample]
     corrupted_upload = None
     if class_names:
-        corrupted_upload = settled_upload(st.file_uploader(
-            "Corrupted image (this image is the clean one): upload one", type=UPLOAD_TYPES,
-            key="corrupted_upload", help="Any image; it is seen at the same input size as this one."),
-            "corrupted_upload")
+        corrupted_upload = file_upload(st, "Corrupted image (this image is the clean one): upload one",
+                                       "corrupted_upload", type=UPLOAD_TYPES,
+                                       help="Any image; it is seen at the same input size as this one.")
     if not class_names or not (others or corrupted_upload):
         st.info("Patching needs a classifier and a second image: upload one above"
                 + (", or pick one of the checkpoint's other sample images." if class_names and others

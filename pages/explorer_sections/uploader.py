@@ -11,22 +11,48 @@ import streamlit as st
 # and the next drew every chart anew in the browser. So a run that finds an upload gone waits this long for the next
 # request before going on.
 REPLACE_WAIT_S = 0.5
+HAD_FILE = "-had-file"  # the session state's flag, after the uploader's key, that it had a file in the last run
 
 
-def settled_upload(upload, name: str, seconds: float = REPLACE_WAIT_S, step: float = 0.01):
-    """``upload``, the value of a file uploader (``name``: its own, for what the session state keeps of it), once it
-    is settled: when the last run had a file there and this one has none, the run Streamlit will be asked for if a
-    new file is replacing it gets ``seconds`` to be asked for. Reading the session state is one of Streamlit's yield
-    points: there a run that a newer one is waiting for stops (``RerunException``) before it sent anything more to
-    the browser, whose page is then updated in place rather than cleared and drawn again. Otherwise (the file was
-    removed) it returns None."""
-    had = f"{name}-had-file"
+def _wait_for_a_rerun(seconds: float, step: float) -> None:
+    """Gives a rerun ``seconds`` to be asked for. Reading the session state is one of Streamlit's yield points: there
+    a run that a newer one is waiting for stops."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        time.sleep(step)
+        _ = HAD_FILE in st.session_state  # the yield point
+
+
+def settled_upload(upload, key: str, seconds: float = REPLACE_WAIT_S, step: float = 0.01):
+    """``upload``, the value of the file uploader keyed ``key``, once it is settled: when the last run had a file
+    there and this one has none, the run Streamlit will be asked for if a new file is replacing it gets ``seconds``
+    to be asked for (``settle_replacements`` at the script's start has usually waited already; a fragment's rerun
+    does not pass there). Otherwise (the file was removed) it returns None."""
     if upload is not None:
-        st.session_state[had] = True
+        st.session_state[key + HAD_FILE] = True
         return upload
-    if st.session_state.pop(had, False):
-        deadline = time.monotonic() + seconds
-        while time.monotonic() < deadline:
-            time.sleep(step)
-            _ = had in st.session_state  # the yield point
+    if st.session_state.pop(key + HAD_FILE, False):
+        _wait_for_a_rerun(seconds, step)
     return None
+
+
+def file_upload(where, label: str, key: str, **kwargs):
+    """``where.file_uploader(label, key=key, **kwargs)``'s file, settled (``settled_upload``)."""
+    return settled_upload(where.file_uploader(label, key=key, **kwargs), key)
+
+
+def settle_replacements(seconds: float = REPLACE_WAIT_S, step: float = 0.01) -> None:
+    """At the start of a run, before anything is drawn: when an uploader that had a file in the last run (one that
+    ``settled_upload`` saw) is there without it, this run may be the first of a replacement's two, and the run with
+    the new file gets ``seconds`` to be asked for here, where the run that it replaces stops having sent the browser
+    nothing (not the page's first half again, for its browser to lay out while the next run's model runs: ~0.1 s of
+    CPU on two cores, issue 51). An uploader gone from the page (its section closed) only loses its flag."""
+    flags = [k for k in st.session_state if isinstance(k, str) and k.endswith(HAD_FILE)]
+    for flag in flags:
+        key = flag[:-len(HAD_FILE)]
+        if key in st.session_state and st.session_state[key] is not None:
+            continue  # its file is still there
+        del st.session_state[flag]
+        if key in st.session_state:  # drawn in the last run, without its file now
+            _wait_for_a_rerun(seconds, step)
+            return
