@@ -65,6 +65,28 @@ OVERLAY_HREF = """() => {
 BARE = "import torch  # noqa: F401\nimport streamlit as st\n\nst.write('torch is ready')\n"
 # The floor of any page that draws a Plotly chart: the browser loads Plotly's bundle (megabytes of JavaScript) first.
 BARE_PLOTLY = BARE + "import plotly.graph_objects as go\n\nst.plotly_chart(go.Figure(go.Bar(x=[1, 2], y=[3, 4])))\n"
+# The floor of an upload: a page that shows the uploaded image in a Plotly chart (as the explorer's map, a JPEG data
+# URI as the figure's image, keyed so that OVERLAY_HREF finds it) and nothing else: no model, no settings.
+UPLOAD_FLOOR = """import base64
+import io
+
+import plotly.graph_objects as go
+import streamlit as st
+from PIL import Image
+
+upload = st.sidebar.file_uploader("Upload an image")
+if upload is not None:
+    image = Image.open(upload).convert("RGB")
+    image.thumbnail((224, 224))
+    buffer = io.BytesIO()
+    image.save(buffer, format="JPEG", quality=90)
+    axis = {"range": [0, 1], "visible": False}
+    figure = go.Figure(layout={"width": 300, "height": 300, "margin": {"l": 0, "r": 0, "t": 0, "b": 0},
+                               "xaxis": axis, "yaxis": axis})
+    figure.add_layout_image(source="data:image/jpeg;base64," + base64.b64encode(buffer.getvalue()).decode(), x=0, y=1,
+                            sizex=1, sizey=1, xref="x", yref="y", sizing="stretch", layer="below")
+    st.plotly_chart(figure, key="overlay_picker")
+"""
 CHART_DRAWN = "() => document.querySelectorAll('[data-testid=\"stPlotlyChart\"] .main-svg').length > 0"
 TIMEOUT_MS = 300_000
 # Installed in the page just before an upload: the time from then to the frame after the one whose DOM first holds
@@ -216,8 +238,9 @@ def forward_seconds(env: dict[str, str], root: Path, image: Path, repeats: int, 
 def upload_session(browser, root: Path, model: str, env: dict[str, str], photos: list[Path]
                    ) -> list[tuple[float, float, float, float]]:
     """A fresh server opened in a fresh tab, ``photos`` uploaded in turn: (wall s, server CPU s, browser CPU s, map
-    drawn s) of each, from the upload to the run over (the new overlay drawn), and to the overlay drawn."""
-    process, url = launch(root, "app.py", env)
+    drawn s) of each, from the upload to the run over (the new overlay drawn), and to the overlay drawn. ``root``
+    is the folder of ``upload_floor.py`` for the ``floor`` model."""
+    process, url = launch(root, "upload_floor.py" if model == "floor" else "app.py", env)
     try:
         page = browser.new_context(viewport={"width": 1500, "height": 1100}).new_page()
         page.set_default_timeout(TIMEOUT_MS)
@@ -258,11 +281,15 @@ def bench_upload(browser, root: Path, model: str, repeats: int, threads: int
         for seed in range(repeats + 2):
             photos.append(tmp / f"photo-{seed}.png")
             photos[-1].write_bytes(photo(640, 480, seed=seed + 10))
-        forward, forward_cpu = forward_seconds(env, root, photos[0], 5, threads)
+        if model == "floor":  # no model: the ratios below are to a second
+            (tmp / "upload_floor.py").write_text(UPLOAD_FLOOR)
+            served, forward, forward_cpu = tmp, 1.0, 1.0
+        else:
+            served, (forward, forward_cpu) = root, forward_seconds(env, root, photos[0], 5, threads)
         # Not timed: the bytecode of what an upload imports written, as a user's installed packages have it (else
         # the first upload compiles the modules it is the first to import, which no user's does).
-        upload_session(browser, root, model, env, photos[-1:])
-        results = upload_session(browser, root, model, env, photos[:-1])
+        upload_session(browser, served, model, env, photos[-1:])
+        results = upload_session(browser, served, model, env, photos[:-1])
     first, rest = results[0], results[1:]
     wall, cpu = statistics.median(r[0] for r in rest), statistics.median(r[1] for r in rest)
     browser_cpu, drawn = statistics.median(r[2] for r in rest), statistics.median(r[3] for r in rest)
@@ -280,7 +307,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--root", type=Path, action="append",
                    help="a checkout whose app.py is served (this one by default; repeat it to interleave several)")
     p.add_argument("--what", default="start,upload", help="start, upload or both (comma-separated)")
-    p.add_argument("--models", default="vit-b16,shipped", help="the upload's models: vit-b16, shipped")
+    p.add_argument("--models", default="vit-b16,shipped",
+                   help="the upload's models: vit-b16, shipped, floor (a bare page that shows the upload in a chart)")
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--rounds", type=int, default=1,
