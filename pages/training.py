@@ -22,7 +22,7 @@ from vit.runs import manager as runs
 from vit.text import escape_markdown, visible
 from vit.training.augmentations import AUGMENTATIONS
 from vit.training.data import BUILTIN_DATASETS
-from vit.training.options import FINETUNE_MODES, RECIPES
+from vit.training.options import FINETUNE_MODES, PRECISIONS, RECIPES
 
 # -- who may use this page: vit.runs.access's one rule; the token entered here unlocks every page ------------
 
@@ -121,7 +121,10 @@ def params_from_form(models: dict[str, catalog.CatalogEntry]) -> launch.RunParam
         epochs=s["train_epochs"], batch_size=s["train_batch_size"], lr=s["train_lr"],
         weight_decay=s["train_weight_decay"], warmup_epochs=s["train_warmup_epochs"],
         label_smoothing=s["train_label_smoothing"], augment=s["train_augment"],
-        aug_magnitude=s["train_aug_magnitude"], ema=s["train_ema"], seed=s["train_seed"],
+        aug_magnitude=s["train_aug_magnitude"], ema=s["train_ema"], drop_path=s["train_drop_path"],
+        mixup=s["train_mixup"], cutmix=s["train_cutmix"], mix_prob=s["train_mix_prob"],
+        random_erasing=s["train_random_erasing"], precision=s["train_precision"], compile=s["train_compile"],
+        seed=s["train_seed"],
         devices=tuple(s["train_devices"]), threads=s["train_threads"] or machine_threads(),
         save_every=s.get("train_save_every"), attention_every=s.get("train_attention_every"),
         **({"workers": s["train_workers"], "gpus_per_worker": s["train_gpus_per_worker"]}
@@ -139,7 +142,9 @@ FORM_KEYS = ("train_start", "train_preset", "train_init", "train_init_path", "tr
              *(f"train_{f}" for f in launch.MODEL_SIZE_FIELDS), "train_dataset", "train_folder",
              "train_recipe", "train_epochs", "train_batch_size", "train_lr", "train_weight_decay",
              "train_warmup_epochs", "train_label_smoothing", "train_augment", "train_aug_magnitude", "train_ema",
-             "train_seed", "train_threads", "train_name", "train_devices", "train_share", "train_workers",
+             "train_drop_path", "train_mixup", "train_cutmix", "train_mix_prob", "train_random_erasing",
+             "train_precision", "train_compile", "train_seed", "train_threads", "train_name", "train_devices",
+             "train_share", "train_workers",
              "train_save_every", "train_attention_every",
              "train_gpus_per_worker")
 FORM_MEMORY = "train_form_memory"
@@ -147,6 +152,7 @@ for key, value in st.session_state.get(FORM_MEMORY, {}).items():
     if key not in st.session_state:
         st.session_state[key] = value
 st.session_state.setdefault("train_seed", 0)
+st.session_state.setdefault("train_precision", "auto")
 st.session_state.setdefault("train_workers", 2)
 st.session_state.setdefault("train_gpus_per_worker", 0.0)
 
@@ -259,6 +265,14 @@ with st.form("launch"):
         st.number_input("Warmup epochs", value=None, step=1.0, format="%g", key="train_warmup_epochs",
                         placeholder="ours: 5, at most a tenth of the epochs")
         error_for("warmup_epochs")
+        st.markdown("**Speed**")
+        st.selectbox("Precision", PRECISIONS, key="train_precision",
+                     help="auto: bf16 autocast on a GPU, fp32 on the CPU")
+        error_for("precision")
+        st.checkbox("Compile the model (torch.compile)", key="train_compile",
+                    help="Faster steps on a GPU after slower first ones (the augmentation and validation are "
+                    "compiled too); on the CPU it seldom pays.")
+        error_for("compile")
     with right:
         st.markdown("**Regularisation**")
         st.number_input("Label smoothing", value=None, step=0.05, format="%g", key="train_label_smoothing",
@@ -275,6 +289,27 @@ with st.form("launch"):
         st.number_input("EMA decay of the weights", value=None, step=0.001, format="%g", key="train_ema",
                         placeholder="0 = off")
         error_for("ema")
+        st.number_input("Drop path (stochastic depth)", value=None, step=0.05, format="%g", key="train_drop_path",
+                        placeholder="preset's",
+                        help="The last block's rate, linear from 0 at the first (DeiT: 0.1 for ViT-S and ViT-B).")
+        error_for("drop_path")
+        mix_left, mix_right = st.columns(2)
+        mix_left.number_input("Mixup alpha", value=None, step=0.1, format="%g", key="train_mixup",
+                              placeholder=recipe_hint("mixup"), help="0 = off; DeiT: 0.8")
+        mix_right.number_input("CutMix alpha", value=None, step=0.1, format="%g", key="train_cutmix",
+                               placeholder=recipe_hint("cutmix"),
+                               help="0 = off; DeiT: 1.0. With mixup too, each mixed batch uses one of the two.")
+        error_for("mixup")
+        error_for("cutmix")
+        mix_left, mix_right = st.columns(2)
+        mix_left.number_input("Share of batches mixed", value=None, step=0.1, format="%g", key="train_mix_prob",
+                              placeholder=recipe_hint("mix_prob"),
+                              help="With mixup or CutMix: DeiT mixes every batch (1), Lee et al. (2021) half (0.5).")
+        mix_right.number_input("Random erasing", value=None, step=0.05, format="%g", key="train_random_erasing",
+                               placeholder=recipe_hint("random_erasing"),
+                               help="The probability an image loses a box of 2-33 % of its area (DeiT: 0.25).")
+        error_for("mix_prob")
+        error_for("random_erasing")
         st.number_input("Seed", step=1, key="train_seed")
         error_for("seed")
         st.number_input("Training threads", value=None, min_value=1, step=1, key="train_threads",

@@ -85,6 +85,13 @@ class RunParams:
     augment: str | None = None
     aug_magnitude: int | None = None
     ema: float | None = None
+    drop_path: float | None = None  # stochastic depth of the last block (the preset's when None)
+    mixup: float | None = None  # mixup's alpha (0: off)
+    cutmix: float | None = None  # cutmix's alpha (0: off)
+    mix_prob: float | None = None  # the share of batches mixed, with mixup or cutmix
+    random_erasing: float | None = None  # the probability an image loses a box
+    precision: str | None = None  # auto, fp32 or bf16 (None: the CLI's auto)
+    compile: bool = False  # torch.compile (a flag)
     seed: int = 0
     devices: tuple[str, ...] = ("cpu",)  # ("cpu",), ("cuda:N",), several GPUs for torchrun, or ("ray",)
     threads: int | None = None  # CPU threads per training process; None: the CLI's (torch's) choice
@@ -174,17 +181,22 @@ def cli_values(params: RunParams) -> list[tuple[str, object]]:
     values = []
     for name in CLI_FIELDS:
         value = getattr(params, name)
-        if value is None or (name == "preset" and params.init):
+        if value is None or value is False or (name == "preset" and params.init):
             continue
         values.append((name, resolve_path(value) if name == "init" else value))
     return values
+
+
+def _cli_pair(name: str, value: object) -> list[str]:
+    """A field's command-line arguments: ``--flag VALUE``, or the flag alone for a switch (True)."""
+    return [_flag(name)] if value is True else [_flag(name), str(value)]
 
 
 def cli_args(params: RunParams, out: Path, data_dir: Path) -> list[str]:
     """The ``vit.train`` arguments of a new run (device arguments excluded)."""
     argv = ["--dataset", resolve_dataset(params.dataset), "--out", str(out), "--data-dir", str(data_dir)]
     for name, value in cli_values(params):
-        argv += [_flag(name), str(value)]
+        argv += _cli_pair(name, value)
     return argv
 
 
@@ -290,7 +302,7 @@ def validate_params(params: RunParams, runs_dir: Path, data_dir: Path,
     base = ["--dataset", "cifar10", "--out", out, "--device", "cpu"]
     for name_, value in cli_values(params):
         try:
-            parse_args([*base, _flag(name_), str(value)])
+            parse_args([*base, *_cli_pair(name_, value)])
         except UsageError as e:
             if name_ in CROSS_FIELDS and not str(e).startswith("argument "):
                 continue  # e.g. patch size vs image size: judged below with all fields together

@@ -40,6 +40,7 @@ RECIPES: dict[str, dict] = {
 
 
 
+PRECISIONS = ("auto", "fp32", "bf16")  # auto: bf16 autocast on CUDA, fp32 on the CPU
 MODEL_FIELDS = ("image_size", "patch_size", "hidden_size", "num_layers", "num_heads", "mlp_size",
                 "dropout", "attention_dropout", "drop_path")
 
@@ -279,7 +280,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "epoch's (default 0 = keep all)")
 
     g = p.add_argument_group("speed")
-    g.add_argument("--precision", choices=("auto", "fp32", "bf16"), default="auto",
+    g.add_argument("--precision", choices=PRECISIONS, default="auto",
                    help="auto (default): bf16 autocast on CUDA, fp32 on CPU")
     g.add_argument("--compile", action="store_true", help="torch.compile the model, and on a GPU the augmentation "
                    "and validation too (slow first steps)")

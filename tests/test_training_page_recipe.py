@@ -1,0 +1,82 @@
+"""The Train page asks for what a strong from-scratch ViT recipe needs beyond the basics: mixup and CutMix (and the
+share of batches mixed), random erasing, drop path, the precision and torch.compile; each reaches ``vit.train``
+as its own flag, and the CLI's own rules judge each field."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+from streamlit.testing.v1 import AppTest
+from test_runs import make_image_folder
+from test_training_page import errors, fill_tiny_run, submit
+
+from vit.runs.launch import RunParams, cli_args, validate_params
+from vit.runs.manager import RunManager
+from vit.training.options import parse_args
+
+ROOT = Path(__file__).resolve().parent.parent
+PAGE = str(ROOT / "pages" / "training.py")
+TIMEOUT = 300
+RECIPE = dict(mixup=0.8, cutmix=1.0, mix_prob=0.5, random_erasing=0.25, drop_path=0.1, precision="fp32",
+              compile=True)
+
+
+@pytest.fixture
+def folders(tmp_path, monkeypatch):
+    monkeypatch.setenv("VIT_RUNS_DIR", str(tmp_path / "runs"))
+    monkeypatch.setenv("VIT_DATA_DIR", str(tmp_path / "data"))
+    monkeypatch.setenv("VIT_CHECKPOINTS_DIR", str(tmp_path / "checkpoints"))
+    monkeypatch.setenv("VIT_DATA_ROOTS", str(tmp_path))  # the generated image folder lives here
+    monkeypatch.delenv("VIT_TRAIN_TOKEN", raising=False)  # a developer's token would lock the page
+    (tmp_path / "runs").mkdir()
+    return make_image_folder(tmp_path / "images"), tmp_path / "runs"
+
+
+def test_the_recipe_fields_reach_the_cli_as_its_own_flags(tmp_path):
+    argv = cli_args(RunParams(name="r", dataset="cifar10", **RECIPE), tmp_path / "r", tmp_path / "data")
+    args = parse_args([*argv, "--device", "cpu"])  # what the training process reads
+    assert (args.mixup, args.cutmix, args.mix_prob, args.random_erasing, args.drop_path, args.precision,
+            args.compile) == (0.8, 1.0, 0.5, 0.25, 0.1, "fp32", True)
+    assert "--compile" in argv and argv[argv.index("--compile") + 1].startswith("--")  # a switch: no value
+    left_out = cli_args(RunParams(name="r", dataset="cifar10"), tmp_path / "r", tmp_path / "data")
+    assert not {"--mixup", "--cutmix", "--mix-prob", "--random-erasing", "--drop-path", "--precision",
+                "--compile"} & set(left_out)  # empty fields: the recipe's and the preset's values
+
+
+@pytest.mark.parametrize("field, value, words", [
+    ("mixup", -1.0, "[0, 1000)"), ("random_erasing", 1.5, "1"), ("mix_prob", 2.0, "1"), ("drop_path", 1.0, "1"),
+    ("precision", "fp16", "fp16")])
+def test_a_bad_recipe_field_is_named_with_the_clis_own_rule(tmp_path, field, value, words):
+    problems = validate_params(RunParams(name="r", dataset="cifar10", **{field: value}), tmp_path / "runs",
+                               tmp_path / "data")
+    assert set(problems) == {field} and words in problems[field], problems
+
+
+def test_the_page_launches_a_run_with_the_recipe_fields(folders):
+    images, runs_dir = folders
+    at = AppTest.from_file(PAGE).run(timeout=TIMEOUT)
+    assert not at.exception
+    assert at.selectbox(key="train_precision").value == "auto" and not at.checkbox(key="train_compile").value
+    fill_tiny_run(at, images, "mixed")
+    for field in ("mixup", "cutmix", "mix_prob", "random_erasing", "drop_path"):
+        at.number_input(key=f"train_{field}").set_value(RECIPE[field])
+    at.selectbox(key="train_precision").set_value("fp32")
+    at.checkbox(key="train_compile").check()
+    at = submit(at)
+    assert not at.exception and errors(at) == [], errors(at)
+    manager = RunManager(runs_dir)
+    try:
+        record = json.loads((runs_dir / ".launch" / "mixed" / "launch.json").read_text())
+        command = record["sessions"][0]["command"]
+        args = parse_args([*command[command.index("vit.train") + 1:], "--device", "cpu"])
+        assert (args.mixup, args.cutmix, args.mix_prob, args.random_erasing, args.drop_path, args.precision,
+                args.compile) == (0.8, 1.0, 0.5, 0.25, 0.1, "fp32", True)
+    finally:
+        if manager.get("mixed").active:
+            manager.stop("mixed")
+        deadline = time.time() + TIMEOUT
+        while manager.get("mixed").active and time.time() < deadline:
+            time.sleep(0.5)
