@@ -12,7 +12,8 @@
   upload to the new overlay drawn (the map on screen; the rest of the page may still be coming) and to the run
   over; their wall time and the server's CPU seconds against one
   forward with attentions of the same model on the same image in this process (``model(x,
-  output_attentions=True)``, the same thread count). The first upload after the model opened is shown apart. Each
+  output_attentions=True)``, the same thread count). ``floor`` is no model: a bare page that shows the uploaded
+  image in a Plotly chart, what any Streamlit page pays to show an upload (its ratios are to one second). The first upload after the model opened is shown apart. Each
   is preceded by an untimed session (a server opened, one upload) that writes the bytecode, as a user's installed
   packages have it; ``--rounds`` repeats it, interleaving the roots, and gives the first uploads' medians.
   2026-11-24, ``--what upload --models vit-b16 --rounds 4 --repeats 3`` against the checkout before
