@@ -7,15 +7,15 @@
   whose browser loads Plotly's bundle first. After one start of each (not timed: it writes the bytecode, as a
   user's first start does), they alternate ``--repeats`` times; medians, the ratios, and the server's and the
   browser's CPU seconds by then.
-- **upload**: in the app on a random ViT-B/16 (``vit-b16``, shipped under the default name) or the shipped
-  default (``shipped``), photos (640 x 480 PNGs, a new one each time) put into the sidebar's uploader, from the
-  upload to the new overlay drawn (the map on screen; the rest of the page may still be coming) and to the run
-  over; their wall time and the server's CPU seconds against one
-  forward with attentions of the same model on the same image in this process (``model(x,
-  output_attentions=True)``, the same thread count). ``floor`` is no model: a bare page that shows the uploaded
-  image in a Plotly chart, what any Streamlit page pays to show an upload (its ratios are to one second). The first upload after the model opened is shown apart. Each
-  is preceded by an untimed session (a server opened, one upload) that writes the bytecode, as a user's installed
-  packages have it; ``--rounds`` repeats it, interleaving the roots, and gives the first uploads' medians.
+- **upload**: in the app on a random ViT-B/16 (``vit-b16``, shipped under the default name) or the shipped default
+  (``shipped``), photos (640 x 480 PNGs, a new one each time) put into the sidebar's uploader, from the upload to the
+  new overlay drawn (the map on screen; the rest of the page may still be coming) and to the run over; their wall time
+  and the server's CPU seconds against one forward with attentions of the same model on the same image in this process
+  (``model(x, output_attentions=True)``, the same thread count). ``floor`` is no model: a bare page that shows the
+  uploaded image in a Plotly chart, what any Streamlit page pays to show an upload (its ratios are to one second). The
+  first upload after the model opened is shown apart. Each is preceded by an untimed session (a server opened, one
+  upload) that writes the bytecode, as a user's installed packages have it; ``--rounds`` repeats it, interleaving the
+  roots, and gives the first uploads' medians.
   2026-11-24, ``--what upload --models vit-b16 --rounds 4 --repeats 3`` against the checkout before
   ``drawing.warm_up`` (load average 1.5-2.5): the first upload after opening the random ViT-B/16 took 1.06 s (0.58
   server CPU s, 0.92 browser CPU s; 2.55x one forward's 0.41 s) against 1.20 s (0.74, 0.96; 2.88x); later uploads
