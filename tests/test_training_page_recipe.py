@@ -10,8 +10,7 @@ from pathlib import Path
 
 import pytest
 from streamlit.testing.v1 import AppTest
-from test_runs import make_image_folder
-from test_training_page import errors, fill_tiny_run, submit
+from test_training_page import errors, fill_tiny_run, folders, submit  # noqa: F401 - folders: a fixture
 
 from vit.runs.launch import RunParams, cli_args, validate_params
 from vit.runs.manager import RunManager
@@ -22,17 +21,6 @@ PAGE = str(ROOT / "pages" / "training.py")
 TIMEOUT = 300
 RECIPE = dict(mixup=0.8, cutmix=1.0, mix_prob=0.5, random_erasing=0.25, drop_path=0.1, precision="fp32",
               compile=True)
-
-
-@pytest.fixture
-def folders(tmp_path, monkeypatch):
-    monkeypatch.setenv("VIT_RUNS_DIR", str(tmp_path / "runs"))
-    monkeypatch.setenv("VIT_DATA_DIR", str(tmp_path / "data"))
-    monkeypatch.setenv("VIT_CHECKPOINTS_DIR", str(tmp_path / "checkpoints"))
-    monkeypatch.setenv("VIT_DATA_ROOTS", str(tmp_path))  # the generated image folder lives here
-    monkeypatch.delenv("VIT_TRAIN_TOKEN", raising=False)  # a developer's token would lock the page
-    (tmp_path / "runs").mkdir()
-    return make_image_folder(tmp_path / "images"), tmp_path / "runs"
 
 
 def test_the_recipe_fields_reach_the_cli_as_its_own_flags(tmp_path):
@@ -55,7 +43,7 @@ def test_a_bad_recipe_field_is_named_with_the_clis_own_rule(tmp_path, field, val
     assert set(problems) == {field} and words in problems[field], problems
 
 
-def test_the_page_launches_a_run_with_the_recipe_fields(folders):
+def test_the_page_launches_a_run_with_the_recipe_fields(folders):  # noqa: F811
     images, runs_dir = folders
     at = AppTest.from_file(PAGE).run(timeout=TIMEOUT)
     assert not at.exception
