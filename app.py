@@ -1,6 +1,6 @@
 """ViT Attention Explorer: ``streamlit run app.py``.
 
-Page setup and navigation only; each page is a short script in ``pages/``. The explorer is
+Page setup and navigation only; each page is a short script in ``app_pages/``. The explorer is
 the default page, so the app opens on the shipped checkpoint.
 """
 
@@ -11,18 +11,18 @@ the default page, so the app opens on the shipped checkpoint.
 import pandas  # noqa: F401
 import streamlit as st
 
-from pages.explorer_sections import plotly_preload, uploader
+from app_pages.explorer_sections import plotly_preload, uploader
 
 # Before anything is drawn: the first of the two runs Streamlit's uploader asks for when a new file replaces the last
 # one (a run without any file) waits here for the second, and stops there having sent nothing (issue 51).
 uploader.settle_replacements()
 st.set_page_config(page_title="ViT Attention Explorer", page_icon=":material/visibility:", layout="wide")
 
-explorer = st.Page("pages/explorer.py", title="Explore attention", icon=":material/visibility:", default=True)
+explorer = st.Page("app_pages/explorer.py", title="Explore attention", icon=":material/visibility:", default=True)
 navigation = st.navigation([
     explorer,
-    st.Page("pages/training.py", title="Train", icon=":material/model_training:"),
-    st.Page("pages/analyze.py", title="Analyse a dataset", icon=":material/query_stats:"),
+    st.Page("app_pages/training.py", title="Train", icon=":material/model_training:"),
+    st.Page("app_pages/analyze.py", title="Analyse a dataset", icon=":material/query_stats:"),
 ])
 if navigation is explorer:
     plotly_preload.start()  # the browser loads Plotly while the page imports torch and runs the model

@@ -176,7 +176,7 @@ def first_upload_child(warm: bool) -> None:
 
     import plotly.graph_objects as go
 
-    from pages.explorer_sections.plotly_preload import BLANK
+    from app_pages.explorer_sections.plotly_preload import BLANK
 
     go.Figure(BLANK)  # as app.py's first run has Streamlit build its blank chart
     torch.set_num_threads(1)  # on shared cores, two threads' CPU time counts OpenMP's spinning (issue 51 item 3)

@@ -173,11 +173,11 @@ def fake_hub(_hub_server, tmp_path, monkeypatch):
 
 @pytest.fixture(autouse=True)
 def long_work_waited_for(request, monkeypatch):
-    """An AppTest sees one script run at a time, so a page's long work (``pages/explorer_sections/long_work.py``)
+    """An AppTest sees one script run at a time, so a page's long work (``app_pages/explorer_sections/long_work.py``)
     is waited for there, as a user waits for its result; tests of the progress and the Stop button set it back."""
     from pathlib import Path
 
     if "AppTest" in Path(request.module.__file__).read_text() or hasattr(request.module, "run_app"):
-        from pages.explorer_sections import long_work
+        from app_pages.explorer_sections import long_work
 
         monkeypatch.setattr(long_work, "QUICK_S", 600.0)

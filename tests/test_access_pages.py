@@ -58,13 +58,13 @@ def test_one_token_entered_on_the_train_page_unlocks_opening_a_path_in_the_explo
                                                                                     tmp_path):
     other = write_checkpoint(tmp_path / "elsewhere" / "mine.pt", seed=3)
     at = AppTest.from_file(APP, default_timeout=TIMEOUT)
-    at.switch_page("pages/training.py")
+    at.switch_page("app_pages/training.py")
     at.run()
     at.text_input(key="train_token_input").set_value(TOKEN)
     next(b for b in at.button if b.label == "Unlock").click()
     at.run()
     assert at.session_state[access.UNLOCKED]
-    at.switch_page("pages/explorer.py")
+    at.switch_page("app_pages/explorer.py")
     at.run()
     next(t for t in at.sidebar.text_input if t.label == "Open a path").set_value(str(other))
     at.run()
@@ -75,7 +75,7 @@ def test_one_token_entered_on_the_train_page_unlocks_opening_a_path_in_the_explo
 def analyse_page(dirs, **state) -> AppTest:  # noqa: F811
     save_checkpoint(dirs[0] / "cat.pt", always(0), ANALYSE_CLASSES)
     at = AppTest.from_file(APP, default_timeout=TIMEOUT)
-    at.switch_page("pages/analyze.py")
+    at.switch_page("app_pages/analyze.py")
     for key, value in state.items():
         at.session_state[key] = value
     at.run()

@@ -94,7 +94,7 @@ def analyse_on_page(world, dirs) -> AppTest:  # noqa: F811
     checkpoints, _ = dirs
     save_checkpoint(checkpoints / "cat.pt", always(0), CLASSES)
     at = AppTest.from_file(APP, default_timeout=180)
-    at.switch_page("pages/analyze.py")
+    at.switch_page("app_pages/analyze.py")
     at.run()
     assert not at.exception
     at.text_input(key="analyze_folder").set_value(str(world / "data"))
@@ -175,7 +175,7 @@ def test_on_a_network_without_a_token_the_page_reads_no_folder(world, dirs):  # 
     config.set_option("server.address", "0.0.0.0")
     try:
         at = AppTest.from_file(APP, default_timeout=180)
-        at.switch_page("pages/analyze.py")
+        at.switch_page("app_pages/analyze.py")
         at.session_state["analyze_folder"] = str(world / "data")  # as a crafted widget message would
         at.run()
     finally:
@@ -188,7 +188,7 @@ def test_on_a_network_without_a_token_the_page_reads_no_folder(world, dirs):  # 
 def test_page_opens_a_model_by_path_and_draws_its_maps_without_the_theme(world, dirs):  # noqa: F811
     """Issue 19, item 7: any openable model, not only shipped ones; Plotly's own colours (no pink low end)."""
     at = AppTest.from_file(APP, default_timeout=180)
-    at.switch_page("pages/analyze.py")
+    at.switch_page("app_pages/analyze.py")
     at.run()
     assert any("No checkpoints yet" in i.value for i in at.info)  # the app's checkpoints folder is empty
     at.text_input(key="analyze_open_path").set_value(str(world / "cat.pt"))  # a file outside it
@@ -211,7 +211,7 @@ def test_the_page_caps_how_many_images_it_analyses(world, dirs, monkeypatch):  #
     save_checkpoint(checkpoints / "cat.pt", always(0), CLASSES)
     monkeypatch.setenv("VIT_ANALYSE_MAX_IMAGES", "4")  # the folder has 7 files
     at = AppTest.from_file(APP, default_timeout=180)
-    at.switch_page("pages/analyze.py")
+    at.switch_page("app_pages/analyze.py")
     at.run()
     at.number_input(key="analyze_limit").set_value(0)
     at.text_input(key="analyze_folder").set_value(str(world / "data"))
@@ -233,7 +233,7 @@ def test_the_page_lists_a_bounded_part_of_a_large_hf_cache_and_finds_the_rest_by
     count = catalog.MAX_HF_CACHE_EXAMINED + 5
     tiny_hf_cache(dirs[0].parent / "hf-cache", count)  # the dirs fixture points HF_HUB_CACHE here
     at = AppTest.from_file(APP, default_timeout=180)
-    at.switch_page("pages/analyze.py")
+    at.switch_page("app_pages/analyze.py")
     at.run()
     assert len(at.selectbox(key="analyze_checkpoint").options) == catalog.MAX_HF_CACHE_EXAMINED
     assert any(f"{count:,} models in the Hugging Face cache match" in c.value for c in at.caption)

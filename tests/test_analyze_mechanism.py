@@ -80,7 +80,7 @@ def test_page_adds_the_mechanism_when_asked(world, dirs):  # noqa: F811
     checkpoints, _ = dirs
     save_checkpoint(checkpoints / "cat.pt", always(0), CLASSES)
     at = AppTest.from_file(APP, default_timeout=180)
-    at.switch_page("pages/analyze.py")
+    at.switch_page("app_pages/analyze.py")
     at.run()
     at.text_input(key="analyze_folder").set_value(str(world / "data"))
     at.checkbox(key="analyze_mechanism").check()

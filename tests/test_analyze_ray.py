@@ -274,7 +274,7 @@ def test_the_analyse_page_runs_on_the_cluster_and_shows_what_a_local_run_shows(r
         else:
             monkeypatch.delenv("VIT_RAY_ADDRESS", raising=False)
         at = AppTest.from_file(str(REPO / "app.py"), default_timeout=TIMEOUT)
-        at.switch_page("pages/analyze.py")
+        at.switch_page("app_pages/analyze.py")
         at.run()
         at.text_input(key="analyze_folder").set_value(str(world / "data"))
         at.run()
@@ -295,12 +295,12 @@ def test_the_analyse_page_runs_on_the_cluster_and_shows_what_a_local_run_shows(r
     # Started by mistake: Stop stops the job on the cluster; the page says so and shows no report.
     from ray.job_submission import JobSubmissionClient
 
-    from pages.explorer_sections import long_work
+    from app_pages.explorer_sections import long_work
 
     monkeypatch.setattr(long_work, "QUICK_S", 0.5)
     monkeypatch.setenv("VIT_RAY_ADDRESS", ray_cluster.address)
     at = AppTest.from_file(str(REPO / "app.py"), default_timeout=TIMEOUT)
-    at.switch_page("pages/analyze.py")
+    at.switch_page("app_pages/analyze.py")
     at.run()
     at.text_input(key="analyze_folder").set_value(str(world / "data"))
     at.checkbox(key="analyze_on_ray").check()

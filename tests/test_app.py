@@ -541,7 +541,7 @@ def test_patch_picker_puts_patch_i_at_the_centre_of_its_cell_and_outlines_the_qu
 def test_each_explorer_section_keeps_only_its_own_settings():
     """Issue 35: the page writes back what each section names (its widgets' keys); no key is named by two sections,
     so a section's settings are changed in one place."""
-    from pages.explorer_sections import (
+    from app_pages.explorer_sections import (
         analyses,
         ask_in_words,
         features,
@@ -796,7 +796,7 @@ def test_a_run_that_finds_an_upload_gone_waits_once_for_a_replacing_file():
 
         import streamlit as st
 
-        from pages.explorer_sections.uploader import settled_upload
+        from app_pages.explorer_sections.uploader import settled_upload
 
         start = time.monotonic()
         st.session_state["got"] = settled_upload(st.session_state.get("value"), "value", seconds=0.3)
@@ -819,7 +819,7 @@ def test_a_full_run_waits_for_a_replacing_file_before_it_draws_anything():
 
         import streamlit as st
 
-        from pages.explorer_sections.uploader import settle_replacements, settled_upload
+        from app_pages.explorer_sections.uploader import settle_replacements, settled_upload
 
         start = time.monotonic()
         settle_replacements(seconds=0.3)
@@ -849,7 +849,7 @@ def test_a_sessions_first_run_sends_a_blank_chart_first_and_clears_it_before_the
     # imports torch and opens the model, so the bundle loads meanwhile. The page's charts keep their places.
     from streamlit.delta_generator import DeltaGenerator
 
-    from pages.explorer_sections import plotly_preload
+    from app_pages.explorer_sections import plotly_preload
 
     original = DeltaGenerator.plotly_chart  # st.plotly_chart is bound at import: this sees the slot's chart
     with mock.patch.object(DeltaGenerator, "plotly_chart", autospec=True, side_effect=original) as charts:
@@ -1009,7 +1009,7 @@ def test_downloads_are_named_after_the_map_and_the_uploader_takes_every_format_i
         open_image(b"not an image", name="x")
     named = error.value.args[0].split("(")[-1].rstrip(")").split(", ")
     at = AppTest.from_file(APP, default_timeout=TIMEOUT)
-    from pages.explorer_sections.caches import UPLOAD_TYPES
+    from app_pages.explorer_sections.caches import UPLOAD_TYPES
 
     uploader_types = set(UPLOAD_TYPES)
     assert set(named) <= uploader_types

@@ -102,7 +102,7 @@ def test_strongest_features_their_maps_and_exemplars(sae_world):
 
 
 def test_an_exemplars_long_name_is_shortened_to_its_end():
-    from pages.explorer_sections.feature_exemplars import short_name
+    from app_pages.explorer_sections.feature_exemplars import short_name
 
     assert short_name("cat/0.png") == "cat/0.png"
     assert short_name("golden_retriever/IMG_20240101_123456.png") == "…_123456.png"
@@ -275,7 +275,7 @@ def test_without_access_to_the_servers_files_no_sae_folder_is_asked(sae_world, m
 
 
 def open_browser(at, folder):
-    at.switch_page("pages/analyze.py")
+    at.switch_page("app_pages/analyze.py")
     at.run()
     at.toggle(key="browse_features").set_value(True)
     at.run()

@@ -10,7 +10,7 @@ from test_analyze import world  # noqa: F401  (fixture)
 from test_app import run_app
 from test_app_mechanism import open_mechanism
 
-from pages.explorer_sections import long_work
+from app_pages.explorer_sections import long_work
 from vit.app import explorer, work
 
 pytest.importorskip("streamlit")
@@ -151,7 +151,7 @@ def test_main_maps_past_a_few_seconds_are_long_work_reporting_each_block(monkeyp
     the server's bound, and kept computing after their tab closed; they go through long_work as the grids do."""
     from PIL import Image
 
-    from pages.explorer_sections import caches
+    from app_pages.explorer_sections import caches
     from vit.checkpoint import Checkpoint, Preprocessing
     from vit.inference import TRAINING_SIZE
     from vit.model import ViT
@@ -183,7 +183,7 @@ def test_a_rollout_built_from_chunks_is_long_work_and_the_explorers_rollout(monk
     import torch
     from PIL import Image
 
-    from pages.explorer_sections import caches, map_settings
+    from app_pages.explorer_sections import caches, map_settings
     from vit.cache import ByteCache
     from vit.checkpoint import Checkpoint, Preprocessing
     from vit.explain.attention import fuse_heads, rollout

@@ -13,7 +13,7 @@ from parity_helpers import randomize
 from PIL import Image
 from test_app import dirs, run_app, sidebar_widget, upload  # noqa: F401 (a fixture)
 
-from pages.explorer_sections import main_view
+from app_pages.explorer_sections import main_view
 from vit.app import explorer
 from vit.explain.relevance import legrad
 from vit.explain.stages import layer_row, on_patch_grid, rollout_row

@@ -298,7 +298,7 @@ COUNT_MAIN_VIEW = """
 import os
 from pathlib import Path
 
-import pages.explorer_sections.main_view as module
+import app_pages.explorer_sections.main_view as module
 
 _main_view = module.main_view
 

@@ -78,3 +78,23 @@ def test_a_run_launched_from_the_page_completes_and_opens_in_the_explorer(app_ur
         except Exception:
             page.screenshot(path=ARTIFACTS / "training-failure.png", full_page=True)
             raise
+
+
+@pytest.mark.parametrize("path, title", [("training", "Train a Vision Transformer"), ("analyze", "Analyse a dataset")])
+def test_a_page_opened_first_by_its_url_runs_inside_the_apps_navigation(app_url, path, title):
+    """A fresh server whose first visitor opens a page's own URL (a bookmark, or a tab reloaded after a restart):
+    with a ``pages/`` folder next to app.py, Streamlit ran that file alone as a legacy page until some session
+    had called ``st.navigation``: no wide layout, and a menu of file names ("app", "analyze", "explorer",
+    "training") whose "app" entry ran app.py as one more page. The pages live in ``app_pages/``."""
+    url, _ = app_url
+    with chromium() as browser:
+        page = browser.new_page(viewport={"width": 1400, "height": 900})
+        page.set_default_timeout(SLOW_MS)
+        page.goto(f"{url}/{path}")
+        page.get_by_role("heading", name=title).wait_for()
+        page.wait_for_function("""() => document.querySelector('[data-testid="stApp"]')
+            .getAttribute('data-test-script-state') !== 'running'""")
+        menu = page.locator('[data-testid="stSidebarNav"] a').all_inner_texts()
+        assert [re.sub(r"^\S+\n", "", m).strip() for m in menu] == ["Explore attention", "Train",
+                                                                    "Analyse a dataset"], menu
+        assert page.locator('[data-testid="stMain"]').bounding_box()["width"] > 1000  # app.py's wide layout

@@ -124,7 +124,7 @@ NOT_AT_START = ("torchvision", "torch._dynamo", "torch._inductor", "scipy", "net
                 "open_clip", "huggingface_hub", "ray", "sklearn")
 EXPLORER_PROBE = """
 import ast, importlib, sys
-for script in ("app.py", "pages/explorer.py"):
+for script in ("app.py", "app_pages/explorer.py"):
     for node in ast.parse(open(script).read()).body:  # the page's own imports, as its first run makes them
         if isinstance(node, ast.Import):
             for alias in node.names:

@@ -269,7 +269,7 @@ def test_the_train_page_starts_from_a_hub_model_it_downloads(app_world, repo, fa
     from streamlit.testing.v1 import AppTest
 
     monkeypatch.delenv("VIT_TRAIN_TOKEN", raising=False)
-    at = AppTest.from_file(str(ROOT / "pages" / "training.py"), default_timeout=180).run()
+    at = AppTest.from_file(str(ROOT / "app_pages" / "training.py"), default_timeout=180).run()
     at.text_input(key="train_open_hub").set_value(repo).run()
     at.button(key="train_hub_download").click().run()
     assert not at.exception, [e.message for e in at.exception]
@@ -281,7 +281,7 @@ def test_the_analyse_page_opens_a_hub_model_from_the_cache(app_world, repo, fake
     from streamlit.testing.v1 import AppTest
 
     open_source(repo)  # in the HF cache now
-    at = AppTest.from_file(str(ROOT / "pages" / "analyze.py"), default_timeout=180).run()
+    at = AppTest.from_file(str(ROOT / "app_pages" / "analyze.py"), default_timeout=180).run()
     at.text_input(key="analyze_open_hub").set_value(repo).run()
     assert not at.exception, [e.message for e in at.exception]
     assert at.selectbox(key="analyze_checkpoint").value == str(hub.cached_snapshot(hub.parse_name(repo)))

@@ -136,7 +136,7 @@ def test_wing_packages_are_empty():
 
 
 # The pages are short scripts (STYLE.md): a file past this many lines is split by concern into its page's sections
-# package (``pages/explorer_sections/``, ``pages/training_sections/``, ``pages/analyze_sections/``).
+# package (``app_pages/explorer_sections/``, ``app_pages/training_sections/``, ``app_pages/analyze_sections/``).
 PAGE_LINES = 400
 
 
@@ -147,7 +147,7 @@ def long_files(root: Path, limit: int = PAGE_LINES) -> dict[str, int]:
 
 
 def test_no_page_file_is_longer_than_400_lines():
-    pages = VIT.parent / "pages"
+    pages = VIT.parent / "app_pages"
     assert long_files(pages) == {}, f"split these by concern into their page's sections package: {long_files(pages)}"
     assert len((VIT.parent / "app.py").read_text().splitlines()) <= PAGE_LINES
 

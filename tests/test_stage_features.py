@@ -71,7 +71,7 @@ def test_an_images_features_are_the_sae_of_hfs_states_on_the_layers_grid(swin_sa
 
 
 def test_the_features_section_draws_a_swin_feature_over_the_image(swin_sae, dirs, monkeypatch):  # noqa: F811
-    from pages.explorer_sections import features
+    from app_pages.explorer_sections import features
 
     _, checkpoint, folder, data = swin_sae
     drawn = []

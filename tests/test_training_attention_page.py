@@ -15,7 +15,7 @@ from streamlit.testing.v1 import AppTest
 
 from vit.training import snapshots
 
-PAGE = str(Path(__file__).resolve().parent.parent / "pages" / "training.py")
+PAGE = str(Path(__file__).resolve().parent.parent / "app_pages" / "training.py")
 TIMEOUT = 300
 LAYERS, HEADS, GRID = 2, 3, (2, 2)
 

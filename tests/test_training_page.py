@@ -17,7 +17,7 @@ from test_runs import make_image_folder
 from vit.runs import access
 from vit.runs.manager import RunManager
 
-PAGE = str(Path(__file__).resolve().parent.parent / "pages" / "training.py")
+PAGE = str(Path(__file__).resolve().parent.parent / "app_pages" / "training.py")
 TIMEOUT = 300  # the first run imports torch; on two busy cores that takes a while
 
 

@@ -20,7 +20,7 @@ from vit.runs.launch import RunParams, cli_args, validate_params
 from vit.runs.manager import RunManager
 
 ROOT = Path(__file__).resolve().parent.parent
-PAGE = str(ROOT / "pages" / "training.py")
+PAGE = str(ROOT / "app_pages" / "training.py")
 SHIPPED = ROOT / "checkpoints" / "cifar10-cifar-s.pt"
 TIMEOUT = 300
 

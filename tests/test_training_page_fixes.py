@@ -21,7 +21,7 @@ from vit.runs import launch
 from vit.runs.manager import RunManager
 
 ROOT = Path(__file__).resolve().parent.parent
-PAGE = str(ROOT / "pages" / "training.py")
+PAGE = str(ROOT / "app_pages" / "training.py")
 APP = str(ROOT / "app.py")
 TIMEOUT = 300
 
@@ -76,7 +76,7 @@ def test_device_options_keep_their_text_when_a_run_starts_using_the_device(folde
 
 def test_the_form_keeps_its_values_across_a_visit_to_another_page(folders):
     at = AppTest.from_file(APP, default_timeout=TIMEOUT).run()
-    at.switch_page("pages/training.py").run()
+    at.switch_page("app_pages/training.py").run()
     at.text_input(key="train_name").set_value("keep-me")
     at.number_input(key="train_epochs").set_value(7)
     at.number_input(key="train_threads").set_value(3)
@@ -85,9 +85,9 @@ def test_the_form_keeps_its_values_across_a_visit_to_another_page(folders):
     at.text_input(key="train_folder").set_value("no/such/folder")  # so the submit launches nothing
     at = submit(at)  # a form's values reach the server only when it is submitted
     assert any("not launched" in e.value for e in at.error)
-    at.switch_page("pages/explorer.py").run()
+    at.switch_page("app_pages/explorer.py").run()
     assert not at.exception
-    at.switch_page("pages/training.py").run()
+    at.switch_page("app_pages/training.py").run()
     assert not at.exception
     assert at.text_input(key="train_name").value == "keep-me"
     assert at.number_input(key="train_epochs").value == 7

@@ -17,7 +17,7 @@ from vit.runs.manager import RunManager
 from vit.training.options import parse_args
 
 ROOT = Path(__file__).resolve().parent.parent
-PAGE = str(ROOT / "pages" / "training.py")
+PAGE = str(ROOT / "app_pages" / "training.py")
 TIMEOUT = 300
 RECIPE = dict(mixup=0.8, cutmix=1.0, mix_prob=0.5, random_erasing=0.25, drop_path=0.1, precision="fp32",
               compile=True)

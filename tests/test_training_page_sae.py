@@ -18,7 +18,7 @@ from vit.runs.manager import RunError, RunManager
 from vit.sae import main as sae_main
 
 ROOT = Path(__file__).resolve().parent.parent
-PAGE = str(ROOT / "pages" / "training.py")
+PAGE = str(ROOT / "app_pages" / "training.py")
 CHECKPOINT = ROOT / "checkpoints" / "cifar10-cifar-s.pt"
 SAMPLES = ROOT / "checkpoints" / "samples" / "cifar10-cifar-s"
 TIMEOUT = 300

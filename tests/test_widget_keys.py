@@ -9,7 +9,7 @@ from collections import defaultdict
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PAGE_FILES = [ROOT / "app.py", *sorted((ROOT / "pages").rglob("*.py"))]
+PAGE_FILES = [ROOT / "app.py", *sorted((ROOT / "app_pages").rglob("*.py"))]
 
 
 def module_name(path: Path) -> str:

@@ -41,11 +41,11 @@ from typing import BinaryIO
 log = logging.getLogger("vit.train")
 
 ROOT = Path(__file__).resolve().parent.parent
-APP_PACKAGE = "vit_explorer"  # where ``pip install`` puts app.py, pages/ and checkpoints/ (pyproject.toml)
+APP_PACKAGE = "vit_explorer"  # where ``pip install`` puts app.py, app_pages/ and checkpoints/ (pyproject.toml)
 
 
 def app_root() -> Path:
-    """The folder of ``app.py``, ``pages/`` and ``checkpoints/``: the repository in a checkout, else the installed
+    """The folder of ``app.py``, ``app_pages/`` and ``checkpoints/``: the repository in a checkout, else the installed
     ``vit_explorer`` package data (after ``pip install``, ``ROOT`` is site-packages)."""
     if (ROOT / "app.py").is_file():
         return ROOT

@@ -1,4 +1,4 @@
-"""The explorer page's sections, one module each: the page (``pages/explorer.py``) is their outline.
+"""The explorer page's sections, one module each: the page (``app_pages/explorer.py``) is their outline.
 
 Each section is a function that takes the one frozen ``Shown`` of this run (the checkpoint, the image, the input
 size and the map settings; ``state.py``) and what else it needs, and returns what a later section reads. Sections

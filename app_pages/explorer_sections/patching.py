@@ -7,10 +7,10 @@ from pathlib import Path
 import streamlit as st
 from PIL import Image
 
-from pages.explorer_sections.caches import UPLOAD_TYPES, decode_image
-from pages.explorer_sections.long_work import long_work
-from pages.explorer_sections.state import Shown
-from pages.explorer_sections.uploader import file_upload
+from app_pages.explorer_sections.caches import UPLOAD_TYPES, decode_image
+from app_pages.explorer_sections.long_work import long_work
+from app_pages.explorer_sections.state import Shown
+from app_pages.explorer_sections.uploader import file_upload
 from vit.app import drawing, explorer
 from vit.checkpoint import Checkpoint
 from vit.explain import figures

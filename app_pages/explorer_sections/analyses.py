@@ -9,8 +9,8 @@ from functools import partial
 
 import streamlit as st
 
-from pages.explorer_sections.main_view import PICKER_CONFIG
-from pages.explorer_sections.state import Shown, keep_settings
+from app_pages.explorer_sections.main_view import PICKER_CONFIG
+from app_pages.explorer_sections.state import Shown, keep_settings
 from vit.app import drawing, explorer
 from vit.explain import figures
 from vit.explain.stages import on_patch_grid

@@ -7,7 +7,7 @@ import streamlit as st
 from PIL import Image
 from streamlit.delta_generator import DeltaGenerator
 
-from pages.explorer_sections.caches import class_relevance, method_map, rollout_map
+from app_pages.explorer_sections.caches import class_relevance, method_map, rollout_map
 from vit.app import drawing, explorer
 from vit.checkpoint import Checkpoint
 from vit.explain.attention import HEAD_FUSIONS

@@ -3,8 +3,8 @@ difference of the two (issue 12). Its picker sits in the sidebar, so a change of
 
 import streamlit as st
 
-from pages.explorer_sections.caches import analyse, class_relevance, load_model, method_map
-from pages.explorer_sections.state import Shown
+from app_pages.explorer_sections.caches import analyse, class_relevance, load_model, method_map
+from app_pages.explorer_sections.state import Shown
 from vit.app import catalog, drawing, explorer
 from vit.checkpoint import CheckpointError
 from vit.explain import compare

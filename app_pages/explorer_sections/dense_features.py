@@ -6,10 +6,10 @@ cached analysis, so a click is one product and a redraw; the PCA fits and the ma
 
 import streamlit as st
 
-from pages.explorer_sections.caches import UPLOAD_TYPES, analyse, decode_image, load_model, match_view, pca_views
-from pages.explorer_sections.compare_checkpoints import PICKER_KEY as COMPARE_KEY
-from pages.explorer_sections.state import Shown
-from pages.explorer_sections.uploader import file_upload
+from app_pages.explorer_sections.caches import UPLOAD_TYPES, analyse, decode_image, load_model, match_view, pca_views
+from app_pages.explorer_sections.compare_checkpoints import PICKER_KEY as COMPARE_KEY
+from app_pages.explorer_sections.state import Shown
+from app_pages.explorer_sections.uploader import file_upload
 from vit.app import catalog, dense, drawing, explorer
 from vit.checkpoint import CheckpointError
 from vit.explain.overlay import overlay, pca_picture

@@ -9,10 +9,10 @@ import streamlit as st
 from PIL import Image
 from streamlit.delta_generator import DeltaGenerator
 
-from pages.explorer_sections.caches import model_input_preview
-from pages.explorer_sections.long_work import long_work
-from pages.explorer_sections.map_settings import MainMap
-from pages.explorer_sections.state import Shown
+from app_pages.explorer_sections.caches import model_input_preview
+from app_pages.explorer_sections.long_work import long_work
+from app_pages.explorer_sections.map_settings import MainMap
+from app_pages.explorer_sections.state import Shown
 from vit.app import drawing, explorer
 from vit.explain.overlay import draw_mask_contours, overlay
 from vit.images import MAX_SIDE

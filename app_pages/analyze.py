@@ -12,9 +12,9 @@ from pathlib import Path
 
 import streamlit as st
 
-from pages.analyze_sections.feature_browser import feature_browser
-from pages.explorer_sections.checkpoint_picker import open_from_hub, server_gate
-from pages.explorer_sections.long_work import long_work
+from app_pages.analyze_sections.feature_browser import feature_browser
+from app_pages.explorer_sections.checkpoint_picker import open_from_hub, server_gate
+from app_pages.explorer_sections.long_work import long_work
 from vit.analyze import build_parser as analyze_parser
 from vit.analyze import submit as submit_analysis
 from vit.app import catalog, explorer, work
@@ -30,7 +30,7 @@ from vit.runs.launch import default_data_roots, folder_problem, hide_data_roots,
 from vit.sources.open import open_source
 from vit.text import escape_markdown, visible
 
-EXPLORER_PAGE = "pages/explorer.py"
+EXPLORER_PAGE = "app_pages/explorer.py"
 SHOWN_MISTAKES = 12
 # One page's analysis holds a core for minutes at most (100,000 images took ~10 minutes); the CLI has no cap.
 MAX_PAGE_IMAGES = int(os.environ.get("VIT_ANALYSE_MAX_IMAGES", "20000"))

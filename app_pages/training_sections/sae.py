@@ -14,7 +14,7 @@ from vit.runs import devices, launch
 from vit.runs import manager as runs
 from vit.text import escape_markdown, escape_plotly, visible
 
-EXPLORER_PAGE = "pages/explorer.py"
+EXPLORER_PAGE = "app_pages/explorer.py"
 FORM_KEYS = ("sae_model", "sae_model_path", "sae_data", "sae_layer", "sae_size", "sae_expansion", "sae_width",
              "sae_k", "sae_epochs", "sae_images", "sae_seed", "sae_devices", "sae_workers", "sae_name")
 SIZES = {"expansion": "expansion × the model's width", "width": "a number of latents"}

@@ -12,9 +12,9 @@ import time
 import streamlit as st
 from streamlit.logger import get_logger
 
-from pages.explorer_sections.checkpoint_picker import open_from_hub
-from pages.training_sections import attention_snapshots, runs_panel
-from pages.training_sections import sae as sae_section
+from app_pages.explorer_sections.checkpoint_picker import open_from_hub
+from app_pages.training_sections import attention_snapshots, runs_panel
+from app_pages.training_sections import sae as sae_section
 from vit.app import catalog
 from vit.model import PRESETS
 from vit.runs import access, devices, launch
@@ -359,7 +359,7 @@ if st.session_state.get("train_errors"):
 sae_section.launch_form(manager, models, choices, for_visitor)
 
 
-# -- the runs: polled every few seconds, without re-running the form (pages/training_sections/runs_panel.py) -----
+# -- the runs: polled every few seconds, without re-running the form (app_pages/training_sections/runs_panel.py) -----
 
 runs_panel.runs_panel(manager, gate.mode == "token", private, for_visitor)
 

@@ -3,13 +3,13 @@
 The model runs once per (checkpoint, image); changing a layer, head, query or overlay setting
 only redraws. The computations are plain functions in ``vit/`` (mostly ``vit.explorer``).
 Other pages open a checkpoint here by setting ``st.session_state["explorer_checkpoint"]``
-to its path before ``st.switch_page("pages/explorer.py")``, and an image file by setting
+to its path before ``st.switch_page("app_pages/explorer.py")``, and an image file by setting
 ``st.session_state["explorer_image"]`` to its path.
 """
 
 import streamlit as st
 
-from pages.explorer_sections import (
+from app_pages.explorer_sections import (
     analyses,
     ask_in_words,
     features,
@@ -20,15 +20,15 @@ from pages.explorer_sections import (
     plotly_preload,
     share_view,
 )
-from pages.explorer_sections.caches import analyse, display_images, load_model
-from pages.explorer_sections.checkpoint_picker import may_open_path, pick_checkpoint
-from pages.explorer_sections.compare_checkpoints import compare_checkpoints
-from pages.explorer_sections.dense_features import KEPT as DENSE_KEPT
-from pages.explorer_sections.dense_features import dense_features
-from pages.explorer_sections.image_picker import pick_image
-from pages.explorer_sections.map_settings import choose_class, choose_map, main_map
-from pages.explorer_sections.probe_snapshots import probe_snapshots
-from pages.explorer_sections.state import Shown, keep_settings
+from app_pages.explorer_sections.caches import analyse, display_images, load_model
+from app_pages.explorer_sections.checkpoint_picker import may_open_path, pick_checkpoint
+from app_pages.explorer_sections.compare_checkpoints import compare_checkpoints
+from app_pages.explorer_sections.dense_features import KEPT as DENSE_KEPT
+from app_pages.explorer_sections.dense_features import dense_features
+from app_pages.explorer_sections.image_picker import pick_image
+from app_pages.explorer_sections.map_settings import choose_class, choose_map, main_map
+from app_pages.explorer_sections.probe_snapshots import probe_snapshots
+from app_pages.explorer_sections.state import Shown, keep_settings
 from vit.app import catalog, explorer, share, words
 from vit.checkpoint import CheckpointError
 from vit.images import ImageError

@@ -8,8 +8,8 @@ import numpy as np
 import streamlit as st
 from PIL import Image
 
-from pages.explorer_sections.long_work import long_work
-from pages.explorer_sections.state import Shown, keep_settings
+from app_pages.explorer_sections.long_work import long_work
+from app_pages.explorer_sections.state import Shown, keep_settings
 from vit.app import drawing, words
 from vit.checkpoint import Checkpoint, CheckpointError
 from vit.explain.overlay import overlay

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import streamlit as st
 
-from pages.explorer_sections import feature_exemplars, sae_files
+from app_pages.explorer_sections import feature_exemplars, sae_files
 from vit.features import explore
 from vit.features.sae import SAEError, check_fits, stream_shape
 from vit.runs.launch import default_data_roots, folder_problem, resolve_dataset

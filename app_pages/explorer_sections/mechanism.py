@@ -12,10 +12,10 @@ import numpy as np
 import streamlit as st
 from PIL import Image
 
-from pages.explorer_sections import patching
-from pages.explorer_sections.caches import UPLOAD_TYPES, analyse, decode_image
-from pages.explorer_sections.long_work import long_work
-from pages.explorer_sections.state import Shown, keep_settings
+from app_pages.explorer_sections import patching
+from app_pages.explorer_sections.caches import UPLOAD_TYPES, analyse, decode_image
+from app_pages.explorer_sections.long_work import long_work
+from app_pages.explorer_sections.state import Shown, keep_settings
 from vit.app import drawing, explorer
 from vit.checkpoint import Checkpoint
 from vit.explain import figures

@@ -11,13 +11,13 @@ import pandas as pd
 import plotly.express as px
 import streamlit as st
 
-from pages.training_sections import sae as sae_section
+from app_pages.training_sections import sae as sae_section
 from vit.explain import compare
 from vit.runs import manager as runs
 from vit.text import escape_markdown, escape_plotly, visible, visible_lines
 
 REFRESH_SECONDS = 3
-EXPLORER_PAGE = "pages/explorer.py"
+EXPLORER_PAGE = "app_pages/explorer.py"
 
 
 def run_controls(manager: runs.RunManager, info: runs.RunInfo, private: Callable[[str], str],

@@ -8,9 +8,9 @@ from urllib.parse import urlencode
 import numpy as np
 import streamlit as st
 
-from pages.explorer_sections import ask_in_words, features, mechanism
-from pages.explorer_sections.map_settings import MainMap
-from pages.explorer_sections.state import Shown
+from app_pages.explorer_sections import ask_in_words, features, mechanism
+from app_pages.explorer_sections.map_settings import MainMap
+from app_pages.explorer_sections.state import Shown
 from vit.app import catalog, drawing, explorer, share
 from vit.app.export import View, view_html
 from vit.app.uploads import Upload, UploadStore

@@ -20,11 +20,11 @@ from functools import partial
 import streamlit as st
 from PIL import Image
 
-from pages.explorer_sections import sae_files
-from pages.explorer_sections.feature_exemplars import IMAGES_KEY, exemplars
-from pages.explorer_sections.main_view import PICKER_CONFIG
-from pages.explorer_sections.sae_files import FOLDER_KEY, LAYER_KEY
-from pages.explorer_sections.state import Shown, keep_settings
+from app_pages.explorer_sections import sae_files
+from app_pages.explorer_sections.feature_exemplars import IMAGES_KEY, exemplars
+from app_pages.explorer_sections.main_view import PICKER_CONFIG
+from app_pages.explorer_sections.sae_files import FOLDER_KEY, LAYER_KEY
+from app_pages.explorer_sections.state import Shown, keep_settings
 from vit.app import drawing, share, words
 from vit.checkpoint import Checkpoint
 from vit.explain.overlay import overlay

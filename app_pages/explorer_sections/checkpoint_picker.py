@@ -3,7 +3,7 @@ open one by path or from the Hub."""
 
 import streamlit as st
 
-from pages.explorer_sections.caches import hf_cache_models
+from app_pages.explorer_sections.caches import hf_cache_models
 from vit.app import catalog
 from vit.checkpoint import CheckpointError
 from vit.runs import access

@@ -6,9 +6,9 @@ from pathlib import Path
 import streamlit as st
 from PIL import Image
 
-from pages.explorer_sections import share_view
-from pages.explorer_sections.caches import UPLOAD_TYPES, decode_image
-from pages.explorer_sections.uploader import file_upload
+from app_pages.explorer_sections import share_view
+from app_pages.explorer_sections.caches import UPLOAD_TYPES, decode_image
+from app_pages.explorer_sections.uploader import file_upload
 from vit.app import catalog, drawing, explorer
 from vit.checkpoint import Checkpoint
 from vit.images import ImageError

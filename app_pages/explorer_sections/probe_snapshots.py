@@ -2,8 +2,8 @@
 
 import streamlit as st
 
-from pages.explorer_sections.caches import probe_overlays
-from pages.explorer_sections.state import Shown
+from app_pages.explorer_sections.caches import probe_overlays
+from app_pages.explorer_sections.state import Shown
 from vit.app import catalog
 from vit.text import escape_markdown
 from vit.training import snapshots

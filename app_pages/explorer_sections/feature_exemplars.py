@@ -6,8 +6,8 @@ from pathlib import Path
 import streamlit as st
 from PIL import Image
 
-from pages.explorer_sections.caches import IMAGE_CACHE_BYTES, byte_cache
-from pages.explorer_sections.state import Shown
+from app_pages.explorer_sections.caches import IMAGE_CACHE_BYTES, byte_cache
+from app_pages.explorer_sections.state import Shown
 from vit.app import explorer
 from vit.checkpoint import Checkpoint
 from vit.features import explore

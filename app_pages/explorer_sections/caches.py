@@ -12,7 +12,7 @@ from pathlib import Path
 import streamlit as st
 from PIL import Image
 
-from pages.explorer_sections.long_work import long_work
+from app_pages.explorer_sections.long_work import long_work
 from vit.app import catalog, dense, drawing, explorer
 from vit.cache import ByteCache
 from vit.checkpoint import Checkpoint
