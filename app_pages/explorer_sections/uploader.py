@@ -47,10 +47,9 @@ def settle_replacements(seconds: float = REPLACE_WAIT_S, step: float = 0.01) -> 
     the new file gets ``seconds`` to be asked for here, where the run that it replaces stops having sent the browser
     nothing (not the page's first half again, for its browser to lay out while the next run's model runs: ~0.1 s of
     CPU on two cores, issue 51). An uploader gone from the page (its section closed) only loses its flag."""
-    flags = [k for k in st.session_state if isinstance(k, str) and k.endswith(HAD_FILE)]
-    for flag in flags:
-        key = flag[:-len(HAD_FILE)]
-        if key in st.session_state and st.session_state[key] is not None:
+    for flag in [k for k in st.session_state if isinstance(k, str) and k.endswith(HAD_FILE)]:
+        key = flag.removesuffix(HAD_FILE)
+        if st.session_state.get(key) is not None:
             continue  # its file is still there
         del st.session_state[flag]
         if key in st.session_state:  # drawn in the last run, without its file now
