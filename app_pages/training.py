@@ -152,7 +152,6 @@ for key, value in st.session_state.get(FORM_MEMORY, {}).items():
     if key not in st.session_state:
         st.session_state[key] = value
 st.session_state.setdefault("train_seed", 0)
-st.session_state.setdefault("train_precision", "auto")
 st.session_state.setdefault("train_workers", 2)
 st.session_state.setdefault("train_gpus_per_worker", 0.0)
 
