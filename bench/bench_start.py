@@ -271,6 +271,16 @@ def upload_session(browser, root: Path, model: str, env: dict[str, str], photos:
         stop(process)
 
 
+def per(model: str, forward: float | None = None, forward_cpu: float | None = None) -> str:
+    """What an upload's ratios are to: one forward with attentions (its times when given), or for the floor (no
+    model) one second."""
+    if model == "floor":
+        return "one second (the floor has no model)"
+    if forward is None:
+        return "one forward"
+    return f"one forward with attentions ({forward:.3f} s, {forward_cpu:.3f} CPU s)"
+
+
 def bench_upload(browser, root: Path, model: str, repeats: int, threads: int
                  ) -> tuple[tuple[float, float, float, float], float]:
     """Prints the first upload's and the later ones' figures; returns the first's (wall, server CPU, browser CPU)
@@ -298,8 +308,8 @@ def bench_upload(browser, root: Path, model: str, repeats: int, threads: int
           f"{first[0]:.2f} s ({first[1]:.2f} server CPU s, {first[2]:.2f} browser CPU s: {first[0] / forward:.2f}x "
           f"wall, {first[1] / forward_cpu:.2f}x CPU); then medians: map drawn {drawn:.2f} s ({drawn / forward:.2f}x), "
           f"run over {wall:.2f} s ({cpu:.2f} server CPU s, {browser_cpu:.2f} browser CPU s: "
-          f"{wall / forward:.2f}x wall, {cpu / forward_cpu:.2f}x CPU) of one forward with attentions ({forward:.3f} s, "
-          f"{forward_cpu:.3f} CPU s); load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}", flush=True)
+          f"{wall / forward:.2f}x wall, {cpu / forward_cpu:.2f}x CPU) of {per(model, forward, forward_cpu)}; "
+          f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}", flush=True)
     return first, forward
 
 
@@ -336,7 +346,7 @@ def main(argv: list[str] | None = None) -> int:
                     for root, times in firsts.items():
                         wall, drawn = statistics.median(t[0] for t in times), statistics.median(t[3] for t in times)
                         print(f"first upload, {model}, {root}: medians of {len(times)}: map drawn {drawn:.2f} s "
-                              f"({drawn / forward:.2f}x one forward), run over {wall:.2f} s "
+                              f"({drawn / forward:.2f}x {per(model)}), run over {wall:.2f} s "
                               f"({wall / forward:.2f}x), server CPU "
                               f"{statistics.median(t[1] for t in times):.2f} s, browser CPU "
                               f"{statistics.median(t[2] for t in times):.2f} s", flush=True)
