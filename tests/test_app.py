@@ -844,6 +844,74 @@ def test_a_full_run_waits_for_a_replacing_file_before_it_draws_anything():
     assert not at.exception and at.session_state["waited_at_start"] < 0.3 and at.session_state["got"] is None
 
 
+def test_uploads_in_flight_are_the_files_a_session_asked_to_upload_that_have_not_arrived(monkeypatch):
+    # Issue 51: the browser asks for a file's upload URL before it removes the file it replaces; the run that finds
+    # the old one gone waits while the new one is on its way (the browser test slows the upload down).
+    from types import SimpleNamespace
+
+    from app_pages.explorer_sections import uploader
+
+    class Manager:  # the uploaded-file manager's two methods the watch uses, as Streamlit's own does them
+        def __init__(self):
+            self.stored, self.count = {}, 0
+
+        def get_upload_urls(self, session_id, file_names):
+            self.count += len(file_names)
+            return [SimpleNamespace(file_id=f"{session_id}-{self.count - i}") for i in range(len(file_names))]
+
+        def get_files(self, session_id, file_ids):
+            return [SimpleNamespace(file_id=f) for f in file_ids if f in self.stored.get(session_id, ())]
+
+    manager = Manager()
+    uploads = uploader.UploadsInFlight(manager)
+    assert not uploads.uploading("a")
+    urls = manager.get_upload_urls("a", ["photo.png"])  # the wrapped method answers what the manager answers
+    assert [url.file_id for url in urls] == ["a-1"]
+    assert uploads.uploading("a") and not uploads.uploading("b")  # another session's upload is not awaited
+    manager.stored["a"] = {"a-1"}
+    assert not uploads.uploading("a")
+    manager.get_upload_urls("a", ["lost.png"])  # never arrives (cancelled in the browser): awaited for a while only
+    assert uploads.uploading("a")
+    monkeypatch.setattr(uploader, "UPLOAD_WAIT_S", 0.0)
+    assert not uploads.uploading("a")
+
+
+def test_a_run_that_finds_an_upload_gone_waits_while_a_new_file_is_on_its_way(monkeypatch):
+    # The wait for the replacing run lasts as long as the upload, then its own time: a photo over a real network
+    # takes longer than the 0.3 s here.
+    import time
+
+    from app_pages.explorer_sections import uploader
+
+    class Uploads:
+        def __init__(self):
+            self.until = None
+
+        def uploading(self, session_id):
+            self.until = self.until or time.monotonic() + 0.6  # asked for as the run started, arrives 0.6 s later
+            return time.monotonic() < self.until
+
+    monkeypatch.setattr(uploader, "uploads_in_flight", Uploads)
+
+    def script():
+        import time
+
+        import streamlit as st
+
+        from app_pages.explorer_sections.uploader import settled_upload
+
+        start = time.monotonic()
+        st.session_state["got"] = settled_upload(st.session_state.get("value"), "value", seconds=0.3)
+        st.session_state["waited"] = time.monotonic() - start
+
+    at = AppTest.from_function(script, default_timeout=TIMEOUT)
+    at.session_state["value"] = "a file"
+    at.run()
+    at.session_state["value"] = None
+    at.run()
+    assert not at.exception and at.session_state["got"] is None and at.session_state["waited"] >= 0.9
+
+
 def test_a_sessions_first_run_sends_a_blank_chart_first_and_clears_it_before_the_page_draws_its_own(default_world):
     # Issue 51: the browser loads Plotly's bundle at the first chart it gets; the blank one comes before the page
     # imports torch and opens the model, so the bundle loads meanwhile. The page's charts keep their places.

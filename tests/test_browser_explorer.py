@@ -15,6 +15,7 @@ import torch
 from helpers import ARTIFACTS, chromium, ship_default, streamlit_app
 from PIL import Image
 
+from app_pages.explorer_sections.uploader import REPLACE_WAIT_S
 from vit.app.catalog import DEFAULT_CHECKPOINT
 from vit.model import ViTConfig
 
@@ -240,6 +241,10 @@ def test_a_new_upload_replaces_the_last_one_without_the_empty_page_in_between(tm
         page.wait_for_function(SCRIPT_DONE)
         page.evaluate(SHOWN_WATCH)
         received.clear()
+        # The new file takes longer to arrive than the page's wait for a rerun (a photo over a real network): the
+        # run without a file waits for as long as the upload takes.
+        page.route("**/_stcore/upload_file/**", lambda route: (
+            time.sleep(3 * REPLACE_WAIT_S) if route.request.method == "PUT" else None, route.continue_()))
         uploader.set_input_files(str(second))
         page.get_by_text("second-upload.png, 64×48 px").wait_for()
         page.wait_for_function(SCRIPT_DONE)
