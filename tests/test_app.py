@@ -851,7 +851,7 @@ def test_uploads_in_flight_are_the_files_a_session_asked_to_upload_that_have_not
 
     from app_pages.explorer_sections import uploader
 
-    class Manager:  # the uploaded-file manager's two methods the watch uses, as Streamlit's own does them
+    class Manager:  # the uploaded-file manager's two methods the watch wraps, as Streamlit's own does them
         def __init__(self):
             self.stored, self.count = {}, 0
 
@@ -859,8 +859,8 @@ def test_uploads_in_flight_are_the_files_a_session_asked_to_upload_that_have_not
             self.count += len(file_names)
             return [SimpleNamespace(file_id=f"{session_id}-{self.count - i}") for i in range(len(file_names))]
 
-        def get_files(self, session_id, file_ids):
-            return [SimpleNamespace(file_id=f) for f in file_ids if f in self.stored.get(session_id, ())]
+        def add_file(self, session_id, file):
+            self.stored.setdefault(session_id, {})[file.file_id] = file
 
     manager = Manager()
     uploads = uploader.UploadsInFlight(manager)
@@ -868,8 +868,10 @@ def test_uploads_in_flight_are_the_files_a_session_asked_to_upload_that_have_not
     urls = manager.get_upload_urls("a", ["photo.png"])  # the wrapped method answers what the manager answers
     assert [url.file_id for url in urls] == ["a-1"]
     assert uploads.uploading("a") and not uploads.uploading("b")  # another session's upload is not awaited
-    manager.stored["a"] = {"a-1"}
-    assert not uploads.uploading("a")
+    manager.add_file(session_id="a", file=SimpleNamespace(file_id="a-1"))  # as Streamlit's upload route calls it
+    assert manager.stored["a"]["a-1"].file_id == "a-1"  # the wrapped method stores it as the manager does
+    del manager.stored["a"]["a-1"]  # removed before any run looked (a replacement deletes it): it arrived all the same,
+    assert not uploads.uploading("a")  # so removing the next file does not wait for it
     manager.get_upload_urls("a", ["lost.png"])  # never arrives (cancelled in the browser): awaited for a while only
     assert uploads.uploading("a")
     monkeypatch.setattr(uploader, "UPLOAD_WAIT_S", 0.0)

@@ -20,14 +20,13 @@ HAD_FILE = "-had-file"  # the session state's flag, after the uploader's key, th
 
 class UploadsInFlight:
     """The files each session asked upload URLs for (the browser's first step of every upload) and the server has
-    not received yet. It wraps the uploaded-file manager's ``get_upload_urls`` to see the requests; ``get_files``
-    says which have arrived."""
+    not received yet. It wraps the uploaded-file manager's ``get_upload_urls`` (the requests) and ``add_file`` (the
+    arrivals: a file removed since, the one a replacement deletes, has arrived all the same)."""
 
     def __init__(self, manager):
-        self._manager = manager
         self._asked: dict[str, dict[str, float]] = {}  # session id -> file id -> when its URL was asked for
         self._lock = threading.Lock()
-        get_upload_urls = manager.get_upload_urls
+        get_upload_urls, add_file = manager.get_upload_urls, manager.add_file
 
         def asked_for(session_id, file_names):
             urls = get_upload_urls(session_id, file_names)
@@ -37,7 +36,12 @@ class UploadsInFlight:
                 self._asked.setdefault(session_id, {}).update((url.file_id, now) for url in urls)
             return urls
 
-        manager.get_upload_urls = asked_for
+        def arrived(session_id, file):
+            add_file(session_id, file)
+            with self._lock:
+                self._asked.get(session_id, {}).pop(file.file_id, None)
+
+        manager.get_upload_urls, manager.add_file = asked_for, arrived
 
     def _forget_old(self, now: float) -> None:
         for session_id, asked in list(self._asked.items()):
@@ -50,15 +54,7 @@ class UploadsInFlight:
         """Whether a file ``session_id`` asked to upload in the last UPLOAD_WAIT_S seconds has not arrived yet."""
         with self._lock:
             self._forget_old(time.monotonic())
-            asked = list(self._asked.get(session_id, ()))
-        if not asked:
-            return False
-        arrived = {file.file_id for file in self._manager.get_files(session_id, asked)}
-        with self._lock:
-            waiting = self._asked.get(session_id, {})
-            for file_id in arrived:
-                waiting.pop(file_id, None)
-            return any(file_id not in arrived for file_id in asked)
+            return bool(self._asked.get(session_id))
 
 
 _install_lock = threading.Lock()
