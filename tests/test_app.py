@@ -878,6 +878,27 @@ def test_uploads_in_flight_are_the_files_a_session_asked_to_upload_that_have_not
     assert not uploads.uploading("a")
 
 
+def test_the_watch_on_uploads_stands_aside_for_a_manager_without_the_two_methods_it_wraps(monkeypatch):
+    # Streamlit's protocol for uploaded-file managers has get_upload_urls but not add_file (its memory manager's,
+    # which its upload route calls): with another manager the page waits its plain time instead of failing.
+    from types import SimpleNamespace
+
+    from app_pages.explorer_sections import uploader
+
+    class Manager:
+        def get_upload_urls(self, session_id, file_names):
+            return []
+
+    manager = Manager()
+    monkeypatch.setattr(uploader.Runtime, "exists", staticmethod(lambda: True))
+    monkeypatch.setattr(uploader.Runtime, "instance", staticmethod(lambda: SimpleNamespace(uploaded_file_mgr=manager)))
+    assert uploader.uploads_in_flight() is None
+    assert not hasattr(manager, "vit_uploads_in_flight") and "get_upload_urls" not in vars(manager)  # left alone
+    manager.add_file = lambda session_id, file: None
+    assert isinstance(uploader.uploads_in_flight(), uploader.UploadsInFlight)  # with both, watched
+    assert uploader.uploads_in_flight() is manager.vit_uploads_in_flight  # once
+
+
 def test_a_run_that_finds_an_upload_gone_waits_while_a_new_file_is_on_its_way(monkeypatch):
     # The wait for the replacing run lasts as long as the upload, then its own time: a photo over a real network
     # takes longer than the 0.3 s here.

@@ -61,10 +61,14 @@ _install_lock = threading.Lock()
 
 
 def uploads_in_flight() -> UploadsInFlight | None:
-    """The server's ``UploadsInFlight``, made on its first call; None outside a Streamlit server (``AppTest``)."""
+    """The server's ``UploadsInFlight``, made on its first call; None outside a Streamlit server (``AppTest``) or
+    when its uploaded-file manager lacks the two methods watched (another manager, a later Streamlit): the run that
+    finds a file gone then waits its plain REPLACE_WAIT_S."""
     if not Runtime.exists():
         return None
     manager = Runtime.instance().uploaded_file_mgr
+    if not all(callable(getattr(manager, method, None)) for method in ("get_upload_urls", "add_file")):
+        return None
     with _install_lock:  # one per manager, also when Streamlit reloads this module
         if not isinstance(getattr(manager, "vit_uploads_in_flight", None), UploadsInFlight):
             manager.vit_uploads_in_flight = UploadsInFlight(manager)
