@@ -422,12 +422,19 @@ def test_a_long_prediction_reports_progress_and_stops_at_ctrl_c(files):
 
     # 65,537 tokens on the tiny model: a layer's attention is 4 x T² x 16 = 275 GFLOP, tens of seconds on one core.
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    # -X faulthandler: should it not stop, SIGABRT makes it print where every thread is (once in ~13 suites on two
-    # loaded cores it outlived the 60 s; alone and beside busy loops it stops in under a second).
+    # -X faulthandler: should it not stop, SIGABRT makes it print where every thread is.
     command = [sys.executable, "-X", "faulthandler", "-m", "vit.predict", str(files["checkpoint"]),
                str(files["wide"]), "--size", "1024", "--max-tokens", "65537"]
-    process = subprocess.Popen(command, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                               text=True)
+    # Started as a terminal's foreground job is, with SIGINT at its default: a suite started in the background of a
+    # non-interactive shell (nohup ... &) ignores SIGINT, every process it starts inherits that, and Python then
+    # installs no KeyboardInterrupt handler, so the command rightly went on (the stacks printed here: still in the
+    # forward a minute after the ^C).
+    previous = signal.signal(signal.SIGINT, signal.SIG_DFL)
+    try:
+        process = subprocess.Popen(command, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                   text=True)
+    finally:
+        signal.signal(signal.SIGINT, previous)
     try:
         line = process.stderr.readline()  # blocks until the first progress line, past PROGRESS_AFTER_S
         assert "vit.predict: layer 1 of 2 running" in line and "Ctrl-C stops it" in line, line
