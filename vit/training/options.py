@@ -38,8 +38,6 @@ RECIPES: dict[str, dict] = {
                  mixup=0.0, cutmix=0.0, mix_prob=1.0, random_erasing=0.0),
 }
 
-
-
 PRECISIONS = ("auto", "fp32", "bf16")  # auto: bf16 autocast on CUDA, fp32 on the CPU
 MODEL_FIELDS = ("image_size", "patch_size", "hidden_size", "num_layers", "num_heads", "mlp_size",
                 "dropout", "attention_dropout", "drop_path")
