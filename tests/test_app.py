@@ -793,23 +793,26 @@ def test_after_the_warm_up_the_first_upload_imports_nothing_more():
     assert imported("drawing.warm_up()") == set()
 
 
+def settled_upload_script():
+    """An AppTest script: ``settled_upload`` of the session state's "value" (a file or None) with a 0.3 s wait;
+    what it returned in "got", how long it took in "waited"."""
+    import time
+
+    import streamlit as st
+
+    from app_pages.explorer_sections.uploader import settled_upload
+
+    start = time.monotonic()
+    st.session_state["got"] = settled_upload(st.session_state.get("value"), "value", seconds=0.3)
+    st.session_state["waited"] = time.monotonic() - start
+
+
 def test_a_run_that_finds_an_upload_gone_waits_once_for_a_replacing_file():
     # Issue 51: Streamlit's uploader asks for a run without any file before the one with a replacing file; such a
     # run waits at a yield point for that request (the browser test sees the page never empty in between). Here no
     # request comes: the run waits its time once, then goes on with no file, and a run without a file before it
     # does not wait. ``settled_upload`` alone is what a fragment's rerun (the Patching tab's uploader) passes.
-    def script():
-        import time
-
-        import streamlit as st
-
-        from app_pages.explorer_sections.uploader import settled_upload
-
-        start = time.monotonic()
-        st.session_state["got"] = settled_upload(st.session_state.get("value"), "value", seconds=0.3)
-        st.session_state["waited"] = time.monotonic() - start
-
-    at = AppTest.from_function(script, default_timeout=TIMEOUT)
+    at = AppTest.from_function(settled_upload_script, default_timeout=TIMEOUT)
     for value, waits in (("a file", False), (None, True), (None, False), ("another", False), ("a third", False)):
         at.session_state["value"] = value
         at.run()
@@ -923,18 +926,7 @@ def test_a_run_that_finds_an_upload_gone_waits_while_a_new_file_is_on_its_way(mo
 
     monkeypatch.setattr(uploader, "uploads_in_flight", Uploads)
 
-    def script():
-        import time
-
-        import streamlit as st
-
-        from app_pages.explorer_sections.uploader import settled_upload
-
-        start = time.monotonic()
-        st.session_state["got"] = settled_upload(st.session_state.get("value"), "value", seconds=0.3)
-        st.session_state["waited"] = time.monotonic() - start
-
-    at = AppTest.from_function(script, default_timeout=TIMEOUT)
+    at = AppTest.from_function(settled_upload_script, default_timeout=TIMEOUT)
     at.session_state["value"] = "a file"
     at.run()
     at.session_state["value"] = None
