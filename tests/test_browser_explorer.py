@@ -302,6 +302,25 @@ def test_an_enlarged_zoomed_picker_picks_the_patch_under_the_cursor(server, page
     page.screenshot(path=str(ARTIFACTS / "explorer-enlarged-zoomed.png"), full_page=True)
 
 
+def test_a_click_on_the_patch_similarity_picks_that_patch(server, page):
+    """Issue 69, item 1: a click on a patch of "Patch similarity" makes it the query (the chart's state was read
+    without its ``.selection``, so a click reran the page and kept the old patch)."""
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.goto(server)
+    page.get_by_text("cat_1.png, 32×32 px").wait_for()
+    page.get_by_text("What the patches represent").click()
+    page.get_by_text("Cosine similarity to patch row 3, col 1").wait_for()  # the middle token (9) at first
+    page.wait_for_function(SCRIPT_DONE)
+    picker = page.locator("xpath=//*[contains(text(), 'Patch similarity')]/following::*"
+                          "[@data-testid='stPlotlyChart'][1]")
+    picker.scroll_into_view_if_needed()
+    box = picker.locator(".nsewdrag").first.bounding_box()
+    page.mouse.click(box["x"] + box["width"] * 2.5 / 4, box["y"] + box["height"] * 1.5 / 4)  # row 2, col 3
+    page.get_by_text("Cosine similarity to patch row 2, col 3").wait_for()
+    assert page.get_by_role("combobox", name="Patch", exact=True).input_value().startswith("7 · patch row 2, col 3")
+    page.screenshot(path=str(ARTIFACTS / "explorer-similarity-click.png"), full_page=True)
+
+
 # Loaded by the server's interpreter at start (Python imports ``sitecustomize`` from its path): every call of the main
 # view, i.e. every run of the whole page, writes a line to EXPLORER_CALLS_LOG. The page imports ``main_view`` from its
 # module on each run, so it gets the counted one.

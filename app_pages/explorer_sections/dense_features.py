@@ -26,7 +26,8 @@ KEPT = (TOGGLE_KEY, LAYER_KEY, FOREGROUND_KEY, FLIP_KEY, THRESHOLD_KEY, QUERY_KE
 
 def _picked(num_prefix_tokens: int) -> None:
     """A click on the picker selects that patch's token (before the rerun, so the selectbox may be set)."""
-    token = drawing.token_from_selection(st.session_state.get(PICK_KEY), num_prefix_tokens)
+    # The chart's state holds its selection under ``.selection`` (as the main view and Features read it).
+    token = drawing.token_from_selection(st.session_state[PICK_KEY].selection, num_prefix_tokens)
     if token is not None:
         st.session_state[QUERY_KEY] = token
 
