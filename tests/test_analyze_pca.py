@@ -94,10 +94,10 @@ def test_pca_past_the_memory_bound_is_refused_before_any_image(world, random_mod
 
 def test_pca_past_the_token_gate_is_refused_before_any_image(world, random_model, capsys,  # noqa: F811
                                                               monkeypatch):
-    monkeypatch.setenv("VIT_MAX_TOKENS", "16")  # the checkpoint's 16 px are 4x4 patches + CLS: 17 tokens
+    monkeypatch.setenv("VIT_MAX_TOKENS", "15")  # the checkpoint's 16 px are 4x4 patches (+ CLS, not counted)
     code = analyze.main([str(random_model), "--data", str(world / "data"), "--out", str(world / "out"), "--pca"])
     err = capsys.readouterr().err
-    assert code == 2 and "17 tokens" in err and "VIT_MAX_TOKENS" in err and "analysing" not in err
+    assert code == 2 and "16 patches" in err and "VIT_MAX_TOKENS" in err and "analysing" not in err
     assert len(err.strip().splitlines()) == 1
 
 

@@ -125,12 +125,12 @@ def test_an_input_past_the_token_gate_is_refused_before_any_forward_unless_max_t
         raise AssertionError("the model ran before the token gate was checked")
 
     monkeypatch.setattr(tiny.model, "embed", no_forward)
-    with pytest.raises(ValueError, match=r"257 tokens; at most 256 .* TFLOP .* larger max_tokens"):
-        vit.explain(tiny, photo, "rollout", size=64, max_tokens=256)  # 16 x 16 patches + CLS
-    with pytest.raises(ValueError, match="257 tokens; at most 200"):  # the explorer's gate by default
+    with pytest.raises(ValueError, match=r"256 patches; at most 255 .* TFLOP .* larger max_tokens"):
+        vit.explain(tiny, photo, "rollout", size=64, max_tokens=255)  # 16 x 16 patches (+ CLS, not counted)
+    with pytest.raises(ValueError, match="256 patches; at most 200"):  # the explorer's gate by default
         vit.explain(tiny, photo, "rollout", size=64)
     monkeypatch.setattr(tiny.model, "embed", embed)
-    assert vit.explain(tiny, photo, "rollout", size=64, max_tokens=257).map.shape == (16, 16)
+    assert vit.explain(tiny, photo, "rollout", size=64, max_tokens=256).map.shape == (16, 16)
 
 
 def test_an_argument_the_method_does_not_read_is_refused(tiny, photo):

@@ -710,9 +710,9 @@ def test_an_input_over_the_token_limit_is_refused_with_one_line_and_settings_kep
     monkeypatch.setenv("VIT_MAX_TOKENS", "40")
     at = run_app()
     sidebar_widget(at, "slider", "Opacity").set_value(0.3)
-    sidebar_widget(at, "selectbox", "Input size").set_value(32)  # 8 x 8 patches + CLS = 65 tokens
+    sidebar_widget(at, "selectbox", "Input size").set_value(32)  # 8 x 8 patches (+ CLS, not counted)
     at.run()
-    assert len(at.error) == 1 and "65 tokens" in at.error[0].value and "at most 40" in at.error[0].value
+    assert len(at.error) == 1 and "64 patches" in at.error[0].value and "at most 40" in at.error[0].value
     sidebar_widget(at, "selectbox", "Input size").set_value(0)
     at.run()
     assert not at.error and sidebar_widget(at, "slider", "Opacity").value == 0.3
@@ -1178,11 +1178,11 @@ def test_memory_per_image_follows_the_chunked_model_and_the_token_gate(monkeypat
     explorer.check_input_fits(base, (64, 64))
     explorer.check_input_fits(large, (64, 64))
     assert explorer.analysis_memory(24, 16, 1024, 4097) < explorer.ANALYSIS_MEMORY_LIMIT
-    with pytest.raises(explorer.TooManyTokens, match="at most 16,384"):
-        explorer.check_input_fits(base, (128, 128))  # 2,048 px: 16,385 tokens
-    monkeypatch.setenv("VIT_MAX_TOKENS", "20000")
+    with pytest.raises(explorer.TooManyTokens, match="16,641 patches; at most 16,384"):
+        explorer.check_input_fits(base, (129, 129))  # 2,064 px
+    # 2,048 px: 16,384 patches + CLS pass the token gate (it counts patches), and its hidden states alone are 654 MB
     with pytest.raises(explorer.TooManyTokens, match="over the 1,024 MB limit"):
-        explorer.check_input_fits(base, (128, 128))  # its hidden states alone are 654 MB
+        explorer.check_input_fits(base, (128, 128))
     monkeypatch.setenv("VIT_ANALYSIS_MEMORY_MB", "2048")
     explorer.check_input_fits(base, (128, 128))
 

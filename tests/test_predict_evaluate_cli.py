@@ -400,19 +400,47 @@ def test_predict_past_the_token_gate_is_refused_before_any_forward_with_its_work
     assert predict_cli.main(argv) == 2  # 256 x 256 patches + CLS
     message = one_line(capsys.readouterr().err)
     # 2 layers x (2 x T x 16 x 64 + 4 x T x 16 x 32 + 4 x T² x 16 FLOPs): 550.3 G at T = 65,537, 176,256 at 17
-    assert "65,537 tokens" in message and "at most 16,384" in message and "0.6 TFLOP" in message
-    assert "3,122,217x" in message and "--max-tokens 65537" in message and "VIT_MAX_TOKENS" in message
-    assert predict_cli.main([*argv, "--max-tokens", "65536"]) == 2
+    assert "65,536 patches" in message and "at most 16,384" in message and "0.6 TFLOP" in message
+    assert "3,122,217x" in message and "--max-tokens 65536" in message and "VIT_MAX_TOKENS" in message
+    assert predict_cli.main([*argv, "--max-tokens", "65535"]) == 2
     capsys.readouterr()
     monkeypatch.setenv("VIT_MAX_TOKENS", "200")
-    assert predict_cli.main([str(files["checkpoint"]), str(files["wide"]), "--size", "64"]) == 2  # 257 tokens
-    assert "257 tokens" in one_line(capsys.readouterr().err)
+    assert predict_cli.main([str(files["checkpoint"]), str(files["wide"]), "--size", "64"]) == 2  # 256 patches
+    assert "256 patches" in one_line(capsys.readouterr().err)
 
 
 def test_predict_runs_an_input_past_the_token_gate_when_allowed(files, capsys, monkeypatch):
     monkeypatch.setenv("VIT_MAX_TOKENS", "200")
-    assert predict_cli.main([str(files["checkpoint"]), str(files["wide"]), "--size", "64", "--max-tokens", "257"]) == 0
+    assert predict_cli.main([str(files["checkpoint"]), str(files["wide"]), "--size", "64", "--max-tokens", "256"]) == 0
     assert len(json.loads(capsys.readouterr().out)) == 1
+
+
+def test_the_token_gate_counts_patches_so_a_side_of_128_patches_runs_by_default(files, capsys, monkeypatch):
+    # Issue 69, item 8: ViT-B/16 at 2,048 px is 128 x 128 patches + CLS, 16,385 tokens, and was refused by one token.
+    # The shipped-like model here has 4-px patches: 512 px is the same 128 x 128 patches.
+    monkeypatch.setattr(predict_cli, "predicted", lambda *args: ([], 0))  # the gate is all this test runs
+    assert predict_cli.main([str(files["checkpoint"]), str(files["wide"]), "--size", "512"]) == 0
+    assert capsys.readouterr().err == ""
+    assert predict_cli.main([str(files["checkpoint"]), str(files["wide"]), "--size", "516"]) == 2
+    message = one_line(capsys.readouterr().err)
+    assert "129 patches" not in message and "16,641 patches" in message and "--max-tokens 16641" in message
+
+
+@pytest.mark.parametrize("registers", [0, 4])
+def test_a_vit_b16_at_2048_px_passes_the_default_gate_with_any_prefix_tokens(registers):
+    from types import SimpleNamespace
+
+    from vit.checkpoint import Preprocessing
+    from vit.inference import InputSize
+
+    config = ViTConfig(image_size=224, patch_size=16, hidden_size=768, num_layers=12, num_heads=12, mlp_size=3072,
+                       num_register_tokens=registers)
+    with torch.device("meta"):  # the geometry is all the gate reads: no weights
+        checkpoint = SimpleNamespace(model=ViT(config), preprocessing=Preprocessing(224, 3, (0.5,) * 3, (0.5,) * 3))
+    predict_cli.check_tokens_fit(checkpoint, InputSize(2048), None)  # 16,384 patches + 1 (+ 4) prefix tokens
+    with pytest.raises(predict_cli.UsageError, match=r"2064 px input \(--size\) gives 16,641 patches; at most "
+                                                     r"16,384 are run \(VIT_MAX_TOKENS, the model's \d prefix tok"):
+        predict_cli.check_tokens_fit(checkpoint, InputSize(2064), None)
 
 
 @pytest.mark.slow
@@ -424,7 +452,7 @@ def test_a_long_prediction_reports_progress_and_stops_at_ctrl_c(files):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     # -X faulthandler: should it not stop, SIGABRT makes it print where every thread is.
     command = [sys.executable, "-X", "faulthandler", "-m", "vit.predict", str(files["checkpoint"]),
-               str(files["wide"]), "--size", "1024", "--max-tokens", "65537"]
+               str(files["wide"]), "--size", "1024", "--max-tokens", "65536"]
     # Started as a terminal's foreground job is, with SIGINT at its default: a suite started in the background of a
     # non-interactive shell (nohup ... &) ignores SIGINT, every process it starts inherits that, and Python then
     # installs no KeyboardInterrupt handler, so the command rightly went on (the stacks printed here: still in the

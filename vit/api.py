@@ -248,8 +248,9 @@ def explain(checkpoint: Checkpoint, image: ImageLike, method: str = "rollout", *
     (``attention``, ``probe``; default the heads averaged), ``query`` (the token whose map it is: ``attention``,
     ``rollout``, ``class``, ``lrp``, ``flow``; default 0, CLS), ``target`` (the explained class, an index or a name:
     ``class``, ``legrad``, ``lrp``, ``attnlrp``; default the predicted one). ``size``: the input side in pixels
-    (default the model's own), rounded to whole patches. ``max_tokens``: the explorer's token gate (default env
-    VIT_MAX_TOKENS, else 16,384), checked before any work; a larger input is refused with the work it would be.
+    (default the model's own), rounded to whole patches. ``max_tokens``: the explorer's token gate in patches (default
+    env VIT_MAX_TOKENS, else 16,384; the prefix tokens come on top), checked before any work; a larger input is
+    refused with the work it would be.
     Raises ValueError with a message that says what to do.
     """
     if method not in explorer.MAP_KINDS:

@@ -3,7 +3,8 @@ and ``vit.predict`` (env VIT_MAX_TOKENS, else ``MAX_TOKENS``), and the estimate 
 
 Attention's work grows with the square of the tokens: the shipped 4-px-patch model at 1,024 px (65,537 tokens) is
 11 minutes of one forward on 2 cores, ViT-B/16 there an hour. Past the gate an input is refused at once, in one
-line that says what it would cost and how to allow it.
+line that says what it would cost and how to allow it. The gate counts an input's patches: a model's prefix tokens
+(CLS, registers: a handful, whatever the input) come on top, so a side of 128 patches opens on every model.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 import math
 import os
 
-MAX_TOKENS = 16384  # ViT-B/16 at 2,048 px (16,385) is refused: minutes of a forward on a laptop's cores
+MAX_TOKENS = 16384  # patches: ViT-B/16 at 2,048 px (128 x 128) runs, past it minutes of a forward on a laptop
 MAX_TOKENS_ENV = "VIT_MAX_TOKENS"
 # What one analysed image may hold (hidden states, caches, copies of its tokens): env VIT_ANALYSIS_MEMORY_MB.
 ANALYSIS_MEMORY_LIMIT = 1024 * 2**20
@@ -23,8 +24,8 @@ class TooManyTokens(ValueError):
 
 
 def max_tokens(given: int | None = None) -> int:
-    """The token gate: ``given``, else env VIT_MAX_TOKENS, else ``MAX_TOKENS``; ValueError (one line) for a value
-    that is not a whole number of at least 1."""
+    """The token gate, in patches per image: ``given``, else env VIT_MAX_TOKENS, else ``MAX_TOKENS``; ValueError
+    (one line) for a value that is not a whole number of at least 1."""
     value = given if given is not None else os.environ.get(MAX_TOKENS_ENV) or MAX_TOKENS
     try:
         number = int(value)
@@ -51,15 +52,17 @@ def forward_flops(config, tokens: int) -> int:
     return config.num_layers * per_layer
 
 
-def check_tokens(config, tokens: int, what: str, limit: int, allow: str) -> None:
-    """``TooManyTokens`` when ``tokens`` (an input's, ``what`` naming it; ``config`` its model's ``ViTConfig``) is
-    over ``limit``: one line with the forward's work against the model's own input size and ``allow``, how to
-    run it anyway."""
-    if tokens <= limit:
+def check_tokens(config, patches: int, what: str, limit: int, allow: str) -> None:
+    """``TooManyTokens`` when ``patches`` (an input's, ``what`` naming it; ``config`` its model's ``ViTConfig``) are
+    over ``limit``: one line with the forward's work (the prefix tokens included) against the model's own input
+    size and ``allow``, how to run it anyway. The prefix tokens are not counted against ``limit``."""
+    if patches <= limit:
         return
-    work = forward_flops(config, tokens)
-    own = forward_flops(config, config.num_prefix_tokens + math.prod(config.grid_size))
-    raise TooManyTokens(f"{what} gives {tokens:,} tokens; at most {limit:,} are run ({MAX_TOKENS_ENV}): its forward "
-                        f"is about {work / 1e12:,.1f} TFLOP per image, {work / own:,.0f}x its work at the model's "
-                        "own input size (attention grows with the square of the tokens). Choose a smaller input "
-                        f"size, or {allow}.")
+    prefix = config.num_prefix_tokens
+    work = forward_flops(config, prefix + patches)
+    own = forward_flops(config, prefix + math.prod(config.grid_size))
+    counted = "" if not prefix else f", the model's {prefix} prefix token{'s' if prefix > 1 else ''} not counted"
+    raise TooManyTokens(f"{what} gives {patches:,} patches; at most {limit:,} are run ({MAX_TOKENS_ENV}{counted}): "
+                        f"its forward is about {work / 1e12:,.1f} TFLOP per image, {work / own:,.0f}x its work at "
+                        "the model's own input size (attention grows with the square of the tokens). Choose a "
+                        f"smaller input size, or {allow}.")

@@ -181,8 +181,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"with --save-maps: refuse an image whose .npz would be larger (default {MAX_MAPS_MB}, or "
                         f"env {MAX_MAPS_ENV})")
     p.add_argument("--max-tokens", type=positive_int, metavar="N",
-                   help="refuse an input of more tokens per image (default 16384, or env VIT_MAX_TOKENS): attention's "
-                        "work grows with their square")
+                   help="refuse an input of more patches per image (default 16384, or env VIT_MAX_TOKENS; the "
+                        "model's CLS and register tokens come on top): attention's work grows with their square")
     p.add_argument("--batch-size", type=positive_int, default=64, help="images per forward pass (default 64)")
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
                    help="where the model runs (default auto: a GPU when there is one)")
@@ -300,8 +300,8 @@ def maps_bytes(num_layers: int, num_heads: int, tokens: int, dtype: str) -> int:
     return num_layers * npz_array_bytes((num_heads, tokens, tokens), dtype)
 
 
-def most_tokens(checkpoint: Checkpoint, size: InputSize) -> tuple[int, int]:
-    """``(side, tokens)``: the input side ``size`` asks for and the most tokens an image can have there (the
+def most_patches(checkpoint: Checkpoint, size: InputSize) -> tuple[int, int]:
+    """``(side, patches)``: the input side ``size`` asks for and the most patches an image can have there (the
     square of that side bounds every image: ``--keep-aspect`` only shortens a side)."""
     from vit.inference import InputSize
 
@@ -309,20 +309,26 @@ def most_tokens(checkpoint: Checkpoint, size: InputSize) -> tuple[int, int]:
     side = size.side or max(p.image_hw)  # the long side of a rectangular training size
     shape = p.image_hw if size == InputSize() else InputSize(side).shape((side, side), p, model.config.patch_size)
     grid = model.patch_grid(*shape)
-    return side, model.num_prefix_tokens + grid[0] * grid[1]
+    return side, grid[0] * grid[1]
+
+
+def most_tokens(checkpoint: Checkpoint, size: InputSize) -> tuple[int, int]:
+    """``(side, tokens)``: ``most_patches`` with the model's prefix tokens added."""
+    side, patches = most_patches(checkpoint, size)
+    return side, checkpoint.model.num_prefix_tokens + patches
 
 
 def check_tokens_fit(checkpoint: Checkpoint, size: InputSize, max_tokens: int | None) -> None:
-    """UsageError, before any work, when an image at ``size`` could have more tokens than the gate
-    (``--max-tokens``, else env VIT_MAX_TOKENS, else ``bounds.MAX_TOKENS``): one line with the work it implies
-    and how to allow it."""
+    """UsageError, before any work, when an image at ``size`` could have more patches than the gate
+    (``--max-tokens``, else env VIT_MAX_TOKENS, else ``bounds.MAX_TOKENS``; the prefix tokens come on top): one
+    line with the work it implies and how to allow it."""
     from vit.bounds import MAX_TOKENS_ENV, TooManyTokens, check_tokens
     from vit.bounds import max_tokens as gate
 
-    side, tokens = most_tokens(checkpoint, size)
+    side, patches = most_patches(checkpoint, size)
     try:
-        check_tokens(checkpoint.model.config, tokens, f"A {side} px input (--size)", gate(max_tokens),
-                     f"allow it with --max-tokens {tokens} (or env {MAX_TOKENS_ENV})")
+        check_tokens(checkpoint.model.config, patches, f"A {side} px input (--size)", gate(max_tokens),
+                     f"allow it with --max-tokens {patches} (or env {MAX_TOKENS_ENV})")
     except (TooManyTokens, ValueError) as e:
         raise UsageError(str(e)) from None
 

@@ -93,7 +93,7 @@ TOP_K = 5
 MAX_REFERENCE_IMAGES = 32  # mean ablation's reference set: ViT-B/16 at 224 on 2 cores, 1.8 s per 8 (bench_mechanism)
 REFERENCE_CHUNK = 8  # reference images run at once: one chunk's activations are held, not the whole set's
 # Memory per analysed image: hidden states + cache + one layer's queries and keys + one chunk of attention stays
-# under this (env VIT_ANALYSIS_MEMORY_MB), and inputs with more tokens than VIT_MAX_TOKENS are refused
+# under this (env VIT_ANALYSIS_MEMORY_MB), and inputs with more patches than VIT_MAX_TOKENS are refused
 # (vit.bounds: the gate vit.predict shares).
 ANALYSIS_MEMORY_LIMIT = bounds.ANALYSIS_MEMORY_LIMIT
 CHUNK_BYTES = 64 * 2**20  # one chunk of attention scores (vit.explain.chunked): every map is built from such chunks
@@ -102,7 +102,7 @@ HALF_PRECISION_TOKENS = 1024  # rollout factors above this many tokens are kept 
 
 
 def analysis_limits(max_tokens: int | None = None) -> tuple[int, int]:
-    """``(max tokens, memory limit in bytes)``: ``max_tokens``, else VIT_MAX_TOKENS (``bounds.max_tokens``), and
+    """``(max patches, memory limit in bytes)``: ``max_tokens``, else VIT_MAX_TOKENS (``bounds.max_tokens``), and
     VIT_ANALYSIS_MEMORY_MB, else the defaults."""
     tokens = bounds.max_tokens(max_tokens)
     return tokens, bounds.memory_limit()
@@ -240,7 +240,7 @@ def check_input_fits(checkpoint: Checkpoint, grid: tuple[int, int], what: str = 
     config, prefix = checkpoint.model.config, checkpoint.model.num_prefix_tokens
     tokens = prefix + grid[0] * grid[1]
     max_tokens, limit = analysis_limits(max_tokens)
-    bounds.check_tokens(config, tokens, f"{what} ({grid[0]}×{grid[1]} patches + {prefix})", max_tokens, allow)
+    bounds.check_tokens(config, grid[0] * grid[1], f"{what} ({grid[0]}×{grid[1]} patches)", max_tokens, allow)
     need = analysis_memory(config.num_layers, config.num_heads, config.hidden_size, tokens,
                            logit_bias=has_logit_bias(config))
     if need > limit:

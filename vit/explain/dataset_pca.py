@@ -57,9 +57,8 @@ def check_pca(checkpoint: Checkpoint, layer: int | None) -> int:
     grid = model.patch_grid(size, size)
     if grid[0] * grid[1] < 2:
         raise ValueError(f"--pca: a {size}×{size} px image is one patch for this model; a PCA needs at least 2")
-    tokens = model.num_prefix_tokens + grid[0] * grid[1]
-    bounds.check_tokens(model.config, tokens, f"--pca at the checkpoint's {size}×{size} px", bounds.max_tokens(),
-                        f"raise {bounds.MAX_TOKENS_ENV}, or leave out --pca")
+    bounds.check_tokens(model.config, grid[0] * grid[1], f"--pca at the checkpoint's {size}×{size} px",
+                        bounds.max_tokens(), f"raise {bounds.MAX_TOKENS_ENV}, or leave out --pca")
     need, limit = image_bytes(checkpoint), bounds.memory_limit()
     if need > limit:
         raise bounds.TooManyTokens(f"--pca: one {size}×{size} px image needs about {need / 2**20:,.0f} MB (one "
