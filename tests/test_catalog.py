@@ -380,3 +380,27 @@ def test_a_completed_sae_run_is_no_model_but_is_listed_among_the_sae_runs(dirs):
     (unfinished / "config.json").write_text(json.dumps({"kind": "sae", "args": {}}))
     assert [c.path for c in find_checkpoints(dirs[0], runs)] == [vit_run / "best.pt"]
     assert catalog.sae_runs(runs) == [sae_run]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", ["swin", "swinv2", "beit"])
+def test_an_hf_family_classifier_is_described_with_its_own_class_names(tmp_path, family):
+    """Issue 69, item 6: the sidebar said "no classifier" for Swin, Swin V2 and BEiT classifiers, whose page showed
+    predictions: the folder's description names the classes its config's id2label gives, as opening it does."""
+    transformers = pytest.importorskip("transformers")
+    labels = {0: "tabby", 1: "tiger", 2: "lynx"}
+    if family == "beit":
+        config = transformers.BeitConfig(image_size=16, patch_size=4, hidden_size=16, num_hidden_layers=1,
+                                         num_attention_heads=2, intermediate_size=32, id2label=labels)
+        model = transformers.BeitForImageClassification(config)
+    else:
+        config_class, model_class = ((transformers.SwinConfig, transformers.SwinForImageClassification)
+                                     if family == "swin" else
+                                     (transformers.Swinv2Config, transformers.Swinv2ForImageClassification))
+        model = model_class(config_class(image_size=16, patch_size=4, embed_dim=8, depths=[1], num_heads=[2],
+                                         window_size=4, id2label=labels))
+    model.save_pretrained(tmp_path / family)
+    entry = catalog.describe_current(catalog.Candidate(tmp_path / family, "path", family))
+    assert entry.ok, entry.error
+    assert entry.class_names == ("tabby", "tiger", "lynx")
+    assert "no classifier" not in entry.description

@@ -258,8 +258,10 @@ def describe_import(candidate: Candidate) -> CatalogEntry:
             metadata = {"architecture": f"hf:{architectures[0]}"}
             parameters = count_parameters_of(config)
         elif config_json and "auto_map" not in config_json and config_json.get("model_type") in sources.HF_FAMILIES:
-            config, architecture = sources.hf_family_config(path, config_json)  # DINOv3, CLIP, SigLIP
-            class_names, metadata = [], {"architecture": f"hf:{architecture}"}
+            config, architecture = sources.hf_family_config(path, config_json)  # DINOv3, CLIP, Swin, BEiT, …
+            # A family's classifier (Swin, Swin V2, BEiT …ForImageClassification) names its classes as open does.
+            class_names = sources.hf_class_names(config_json, config.num_classes) if config.num_classes else []
+            metadata = {"architecture": f"hf:{architecture}"}
             parameters = count_parameters_of(config)
         elif config_json and isinstance(config_json.get("architecture"), str) \
                 and (path / "model.safetensors").is_file():  # timm: shapes from the safetensors header only
