@@ -72,6 +72,55 @@ def test_every_listed_method_draws_a_patch_grid_or_says_it_does_not_apply(tiny, 
             assert method in explorer.PROBE_MAP_KINDS and "attention-pooling" in str(e)
 
 
+def family_checkpoint(family: str) -> "vit.api.Checkpoint":
+    """A random tiny model of ``family`` (test_family_relevance's, plus a plain ViT, a feature model without a
+    classifier and a two-stage Swin) with three classes where it has a classifier."""
+    from test_family_relevance import BASE, FAMILIES
+
+    from vit.checkpoint import Checkpoint
+    from vit.sources import import_swin
+
+    if family == "swin":
+        config = import_swin.config_from_hf({"model_type": "swin", "architectures": ["SwinForImageClassification"],
+                                             "image_size": 16, "patch_size": 2, "embed_dim": 8, "depths": [2, 2],
+                                             "num_heads": [2, 4], "window_size": 4, "id2label": {"0": "a", "1": "b",
+                                                                                                 "2": "c"}})
+    else:
+        options = {"plain": {}, "features": dict(num_classes=0), **FAMILIES}[family]
+        config = ViTConfig(**{**BASE, **options})
+    torch.manual_seed(0)
+    return Checkpoint(model=ViT(config).eval(), class_names=CLASSES[:config.num_classes],
+                      preprocessing=Preprocessing.default_for(config))
+
+
+@pytest.mark.parametrize("family", ["plain", "features", "swin", "dinov2-registers", "siglip", "pe-core", "eva02",
+                                    "deit-distilled", "aimv2"])
+def test_the_methods_of_a_checkpoint_are_the_maps_explain_draws_for_it(family, photo):
+    # Issue 69, item 11: vit.methods(checkpoint) raised TypeError; a user asks which maps apply to this model.
+    checkpoint = family_checkpoint(family)
+    drawn = vit.methods(checkpoint)
+    shape = explorer.shape_of_input(checkpoint, checkpoint.preprocessing.image_hw)
+    assert next(iter(drawn)) == explorer.map_kinds(shape, bool(checkpoint.class_names))[0]  # the explorer's default
+    assert all(drawn[kind] == vit.methods()[kind] for kind in drawn)
+    for method in explorer.MAP_KINDS:
+        if method in drawn:
+            assert vit.explain(checkpoint, photo, method).map.ndim == 2, method
+        else:
+            with pytest.raises(ValueError):
+                vit.explain(checkpoint, photo, method)
+
+
+def test_the_methods_of_a_checkpoint_leave_out_what_its_model_lacks():
+    assert "lrp" in vit.methods(family_checkpoint("plain")) and "probe" not in vit.methods(family_checkpoint("plain"))
+    assert "lrp" not in vit.methods(family_checkpoint("dinov2-registers"))  # layer scale: no rule in Chefer's LRP
+    assert list(vit.methods(family_checkpoint("siglip")))[0] == "probe"  # no CLS: the pooling probe's map first
+    features = vit.methods(family_checkpoint("features"))
+    assert not set(features) & set(explorer.CLASS_MAP_KINDS) and "rollout" in features
+    assert set(vit.methods(family_checkpoint("swin"))) == set(explorer.STAGE_MAP_KINDS)
+    with pytest.raises(TypeError, match=r"takes a checkpoint \(vit.load\(...\)\), got a str"):
+        vit.methods("model.pt")
+
+
 def test_legrads_layer_is_the_first_it_explains_by_default_the_last_but_one(tiny, photo):
     from vit.explain.relevance import legrad
 

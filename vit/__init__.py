@@ -2,7 +2,7 @@
 
     checkpoint = vit.load("google/vit-base-patch16-224")  # a path, a folder, an HF-cache name or a Hub id
     vit.explain(checkpoint, "photo.jpg", "rollout")       # an Explanation: .map, .overlay(), .figure()
-    vit.methods()                                         # every map, with the models it applies to
+    vit.methods(checkpoint)                               # the maps this model gets (no argument: every map)
     vit.ask(clip, "photo.jpg", ["a dog", "a cat"])        # CLIP / SigLIP zero-shot scores and maps
 
 ``import vit`` imports nothing else: these names load ``vit.api`` (which uses the explorer's own functions) when

@@ -74,10 +74,31 @@ def samples(name: str = "cifar10-cifar-s") -> list[Path]:
     return catalog.images_in(catalog.default_checkpoints_dir() / "samples" / name)
 
 
-def methods() -> dict[str, str]:
-    """Every map ``explain`` draws, ``{method: "what it is — which models it applies to"}``, in the explorer's
-    order; the arguments each reads are in ``explain``'s docstring."""
-    return {kind: f"{name} — {_APPLIES_TO[kind]}" for kind, name in explorer.MAP_KINDS.items()}
+def methods(checkpoint: Checkpoint | None = None) -> dict[str, str]:
+    """The maps ``explain`` draws, ``{method: "what it is — which models it applies to"}``, in the explorer's order:
+    every one, or with ``checkpoint`` those it draws for that model (the explorer's choice for it, its default
+    first; a CLIP's or SigLIP's class-specific maps of typed labels are ``vit.ask_methods``). The arguments each
+    reads are in ``explain``'s docstring."""
+    kinds = list(explorer.MAP_KINDS) if checkpoint is None else _drawn_for(checkpoint)
+    return {kind: f"{explorer.MAP_KINDS[kind]} — {_APPLIES_TO[kind]}" for kind in kinds}
+
+
+def _drawn_for(checkpoint: Checkpoint) -> list[str]:
+    """The methods ``explain`` draws for ``checkpoint``'s model, as it decides: the explorer's map kinds for the
+    model (``explorer.map_kinds``), less the class-specific ones without a classifier and Chefer's LRP where its
+    rules do not reach."""
+    from vit.explain.relevance import lrp_rule_missing
+
+    if not isinstance(checkpoint, Checkpoint):
+        raise TypeError(f"vit.methods takes a checkpoint (vit.load(...)), got a {type(checkpoint).__name__}")
+    model = checkpoint.model
+    shape = explorer.shape_of_input(checkpoint, checkpoint.preprocessing.image_hw)
+    kinds = explorer.map_kinds(shape, bool(checkpoint.class_names))
+    if model.head is None:
+        kinds = [k for k in kinds if k not in explorer.CLASS_MAP_KINDS]
+    if not shape.staged and lrp_rule_missing(model.config):
+        kinds = [k for k in kinds if k != "lrp"]
+    return kinds
 
 
 def _image(image: ImageLike) -> Image.Image:

@@ -446,10 +446,17 @@ def view_shape(checkpoint: Checkpoint, image: Image.Image, size: InputSize = TRA
                max_tokens: int | None = None, allow: str = f"raise {bounds.MAX_TOKENS_ENV}") -> ViewShape:
     """The shape of ``analyse(checkpoint, image, size)``, without running the model; raises what it raises before
     the forward (``TooManyTokens`` over the limits, ValueError for a size a Swin's windows do not fit)."""
-    model, p = checkpoint.model, checkpoint.preprocessing
-    shape = input_shape(image, p, model.config.patch_size, size)  # (height, width)
+    model = checkpoint.model
+    shape = input_shape(image, checkpoint.preprocessing, model.config.patch_size, size)  # (height, width)
+    check_input_fits(checkpoint, model.patch_grid(*shape), f"A {shape[1]}×{shape[0]} px input", max_tokens, allow)
+    return shape_of_input(checkpoint, shape)
+
+
+def shape_of_input(checkpoint: Checkpoint, shape: tuple[int, int]) -> ViewShape:
+    """The ``ViewShape`` of a model input of ``shape`` (height, width) pixels, its bounds unchecked (``view_shape``
+    checks them first)."""
+    model = checkpoint.model
     grid = model.patch_grid(*shape)
-    check_input_fits(checkpoint, grid, f"A {shape[1]}×{shape[0]} px input", max_tokens, allow)
     heads = tuple(block.attn.num_heads for block in model.blocks)
     if getattr(model.config, "stage_depths", ()):
         return ViewShape(shape, grid, 0, (), heads, 0, model.layer_layouts(grid))

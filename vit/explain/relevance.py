@@ -38,6 +38,15 @@ _LRP_DEFAULTS = {"layer_scale": None, "pooling": "cls", "fc_norm": False, "disti
                  "rope": "none", "gated_mlp": False, "mlp_norm": False, "norm": "layer", "embed_norm": False}
 
 
+def lrp_rule_missing(config) -> str | None:
+    """The first option of ``config`` (a ``ViTConfig``) that Chefer et al.'s LRP has no rule for, as
+    ``name=value``; None where every one is the plain ViT's."""
+    for name, default in _LRP_DEFAULTS.items():
+        if getattr(config, name) != default:
+            return f"{name}={getattr(config, name)!r}"
+    return None
+
+
 class UnsupportedModelError(ValueError):
     """The model has an option that relevance propagation does not reproduce yet."""
 
@@ -399,10 +408,10 @@ def transformer_attribution(model: ViT, images: Tensor, class_index: int | Tenso
     """
     check_supported(model)
     check_one_grid(model, "Chefer et al.'s LRP", "rolls out T x T relevance matrices of one grid")
-    for name, default in _LRP_DEFAULTS.items():
-        if getattr(model.config, name) != default:
-            raise UnsupportedModelError(f"Chefer et al.'s LRP has no rule for {name}={getattr(model.config, name)!r}; "
-                                        "use AttnLRP, LeGrad or the gradient-rollout class map")
+    missing = lrp_rule_missing(model.config)
+    if missing:
+        raise UnsupportedModelError(f"Chefer et al.'s LRP has no rule for {missing}; use AttnLRP, LeGrad or the "
+                                    "gradient-rollout class map")
     names = [f"blocks.{layer}.{name}" for layer in range(len(model.blocks)) for name in _TRACED] + ["hook_normed"]
     inference, grad_mode = _grad_context()
     with inference, grad_mode:
