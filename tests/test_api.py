@@ -121,6 +121,21 @@ def test_the_methods_of_a_checkpoint_leave_out_what_its_model_lacks():
         vit.methods("model.pt")
 
 
+def test_an_explanation_saves_its_overlay_as_png_and_its_arrays_as_npz(tiny, photo, tmp_path):
+    # Issue 69, item 11: the dense results had .save(), an Explanation had none.
+    e = vit.explain(tiny, photo, "class", target="dog", layer=1)
+    assert np.asarray(Image.open(e.save(tmp_path / "map.png"))).tobytes() == np.asarray(e.overlay()).tobytes()
+    with np.load(e.save(tmp_path / "map.npz")) as saved:  # no pickles: strings are numpy strings
+        assert set(saved.files) == {"map", "method", "query", "input_box", "heads", "heads_layer", "target"}
+        np.testing.assert_array_equal(saved["map"], e.map)
+        np.testing.assert_array_equal(saved["heads"], e.heads)
+        np.testing.assert_array_equal(saved["input_box"], e.input_box)
+        assert (str(saved["method"]), str(saved["target"]), int(saved["query"])) == ("class", "dog", 0)
+        assert int(saved["heads_layer"]) == 1 and saved["heads"].shape == (2, 4, 4)
+    with pytest.raises(ValueError, match=r"cannot save as \.jpg; give a \.png or \.npz path"):
+        e.save(tmp_path / "map.jpg")
+
+
 def test_legrads_layer_is_the_first_it_explains_by_default_the_last_but_one(tiny, photo):
     from vit.explain.relevance import legrad
 

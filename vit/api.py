@@ -183,6 +183,19 @@ def _needs_classifier(checkpoint: Checkpoint, what: str) -> None:
                          "vit.explain draws its attention maps")
 
 
+def _save(path: str | os.PathLike, picture: Image.Image, arrays: dict[str, np.ndarray]) -> Path:
+    """``path``: ``.png`` writes ``picture``, ``.npz`` the arrays; anything else is refused."""
+    path = Path(path)
+    suffix = path.suffix.lower()
+    if suffix == ".png":
+        picture.save(path, format="PNG")
+    elif suffix == ".npz":
+        np.savez_compressed(path, **arrays)
+    else:
+        raise ValueError(f"cannot save as {path.suffix or 'a file without a suffix'}; give a .png or .npz path")
+    return path
+
+
 @dataclass
 class Explanation:
     """One map of one image: ``map`` is the ``(rows, cols)`` patch grid, drawn over ``seen`` (exactly the pixels
@@ -252,6 +265,20 @@ class Explanation:
         path = Path(path)
         path.write_text(view_html(view), encoding="utf-8")
         return path
+
+    def save(self, path: str | os.PathLike) -> Path:
+        """``.png``: the overlay (``overlay()``); ``.npz``: ``map`` (rows, cols), ``method``, ``query``,
+        ``input_box`` (x0, y0, x1, y1: the seen pixels in the image's), and where there are some ``heads``
+        (H, rows, cols) with ``heads_layer``, ``target`` (the explained class or label) and ``patch_grid``."""
+        arrays = {"map": self.map, "method": np.str_(self.method), "query": np.int64(self.query),
+                  "input_box": np.array(self.input_box, dtype=np.float64)}
+        if self.heads is not None:
+            arrays.update(heads=np.asarray(self.heads, dtype=np.float32), heads_layer=np.int64(self.heads_layer))
+        if self.target is not None:
+            arrays["target"] = np.str_(self.target)
+        if self.patch_grid is not None:
+            arrays["patch_grid"] = np.array(self.patch_grid, dtype=np.int64)
+        return _save(path, self.overlay(), arrays)
 
     def _repr_png_(self) -> bytes:
         return to_png_bytes(self._shown())
@@ -489,19 +516,6 @@ def _analysed(checkpoint: Checkpoint, image: ImageLike, size: int | InputSize | 
     image, size = _image(image), _size(size)
     dense.check_dense_fits(checkpoint, image, size)
     return image, size, explorer.analyse(checkpoint, image, size)
-
-
-def _save(path: str | os.PathLike, picture: Image.Image, arrays: dict[str, np.ndarray]) -> Path:
-    """``path``: ``.png`` writes ``picture``, ``.npz`` the arrays; anything else is refused."""
-    path = Path(path)
-    suffix = path.suffix.lower()
-    if suffix == ".png":
-        picture.save(path, format="PNG")
-    elif suffix == ".npz":
-        np.savez_compressed(path, **arrays)
-    else:
-        raise ValueError(f"cannot save as {path.suffix or 'a file without a suffix'}; give a .png or .npz path")
-    return path
 
 
 @dataclass
