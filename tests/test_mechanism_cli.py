@@ -64,3 +64,12 @@ def test_ablate_refuses_a_head_that_does_not_exist_on_one_line(files, capsys, te
     assert predict_cli.main([str(checkpoint_path), str(image), "--ablate", text]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and err.startswith("vit.predict: error: --ablate:")
+
+
+@pytest.mark.parametrize("text", ["9.1", "1.3"])
+def test_ablate_past_a_plain_vits_heads_names_its_layers_and_heads(files, capsys, text):
+    # Issue 69, item 11: a plain ViT's refusal read Swin's "each layer its stage's heads" for a layer past the last.
+    checkpoint_path, image = files
+    assert predict_cli.main([str(checkpoint_path), str(image), "--ablate", text]) == 2
+    assert capsys.readouterr().err.strip() == (f"vit.predict: error: --ablate: head {text} does not exist: the model "
+                                               "has layers 1-2 and heads 1-2")

@@ -369,6 +369,8 @@ def direct_logit_attribution(model: ViT, images: Tensor, classes: Tensor | int |
 def parse_heads(text: str, num_layers: int, num_heads: int | Sequence[int]) -> list[tuple[int, int]]:
     """``"2.3,4.1"`` (layer.head counted from 1, as the app shows them) -> ``[(1, 2), (3, 0)]`` from 0.
     ``num_heads``: every layer's, or each layer's (a model with stages)."""
+    if not isinstance(num_heads, int) and len(set(num_heads)) == 1:  # one count for all: say "heads 1-H"
+        num_heads = num_heads[0]
     heads = []
     for item in filter(None, (part.strip() for part in text.split(","))):
         layer, dot, head = item.partition(".")
