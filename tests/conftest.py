@@ -20,7 +20,7 @@ from hub_server import FakeHub, bind  # noqa: E402
 FAKE_HUB = FakeHub()
 HUB_SERVER = bind(FAKE_HUB)
 os.environ["HF_ENDPOINT"] = f"http://127.0.0.1:{HUB_SERVER.server_address[1]}"
-for _name in ("HF_TOKEN", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "VIT_MAX_DOWNLOAD_GB"):
+for _name in ("HF_TOKEN", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "VIT_MAX_DOWNLOAD_GB", "VIT_HF_IMAGE_BACKEND"):
     os.environ.pop(_name, None)
 
 # Tests share two cores with whatever else runs; one thread each keeps them predictable.
@@ -117,6 +117,19 @@ def pytest_runtest_protocol(item, nextitem):
     worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
     with open(path, "a") as out:
         out.write(f"{worker} {began:.2f} {time.time():.2f} {item.nodeid}\n")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A browser test that fails (or times out) while an app server runs reports that server's thread stacks and the
+    last lines of its output (``helpers.server_report``): a page that never rendered says where its server was."""
+    outcome = yield
+    report = outcome.get_result()
+    if report.failed and report.when in ("setup", "call"):
+        from helpers import LIVE_SERVERS, server_report
+
+        if LIVE_SERVERS:
+            report.sections.append(("the app servers: thread stacks and output", server_report()))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -6,9 +6,11 @@ from __future__ import annotations
 import html
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from collections.abc import Iterator, Sequence
@@ -62,6 +64,11 @@ CHROMIUM = Path("/usr/bin/chromium")
 ROOT = Path(__file__).resolve().parent.parent
 ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts"  # screenshots, git-ignored
 # Without the background-networking flags Chromium keeps dialling out on this closed network.
+SERVER_LOG_LINES = 400  # of a failed browser test's server output: its stacks and what it said last
+# How long a browser test waits for a page to show something: what a user would wait on a busy machine, not more.
+# A step that includes a training process's start and run waits RUN_MS. BROWSER_TIMEOUT_MS overrides both.
+BROWSER_TIMEOUT_MS = int(os.environ.get("BROWSER_TIMEOUT_MS", 120_000))
+RUN_MS = int(os.environ.get("BROWSER_TIMEOUT_MS", 240_000))
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
                  "--disable-sync", "--no-first-run"]
 
@@ -123,30 +130,56 @@ def wait_for_health(url: str, server: subprocess.Popen, timeout: float = 180.0) 
     raise TimeoutError(f"streamlit did not answer at {url} within {timeout:.0f} s")
 
 
+# The servers of the browser tests now running in this process, each with its output's file: a failed test reports
+# their stacks (tests/conftest.py, ``server_report``).
+LIVE_SERVERS: dict[subprocess.Popen, Path] = {}
+# Starts Streamlit as ``python -m streamlit`` does, with faulthandler answering SIGUSR1: every thread's stack into the
+# server's output, and the server goes on.
+LAUNCH = ("import faulthandler, runpy, signal, sys; faulthandler.register(signal.SIGUSR1, all_threads=True); "
+          "sys.argv[0] = 'streamlit'; runpy.run_module('streamlit', run_name='__main__', alter_sys=True)")
+
+
+def server_report() -> str:
+    """Every live server's thread stacks (SIGUSR1) and the last SERVER_LOG_LINES lines of its output: what a failed
+    browser test prints, so that a page that never rendered says where its server was."""
+    parts = []
+    for process, log in list(LIVE_SERVERS.items()):
+        if process.poll() is None:
+            process.send_signal(signal.SIGUSR1)
+            time.sleep(1.0)  # faulthandler writes from its own thread
+        lines = log.read_text(errors="replace").splitlines()[-SERVER_LOG_LINES:] if log.is_file() else []
+        parts.append(f"--- server pid {process.pid} (exit code {process.poll()}), {log} ---\n" + "\n".join(lines))
+    return "\n".join(parts)
+
+
 @contextmanager
 def streamlit_app(env: dict[str, str], log: Path | None = None, timeout: float = 180.0,
                   unset: Sequence[str] = ()) -> Iterator[tuple[str, subprocess.Popen]]:
     """``streamlit run app.py`` on a free loopback port with ``env`` added to the environment (and the
     variables named in ``unset`` removed) and the repository's own config (no file watcher); yields
-    ``(url, process)`` once it is healthy, stops it after. Output goes to ``log`` when given."""
+    ``(url, process)`` once it is healthy, stops it after. Output goes to ``log`` (a temporary file when not
+    given), whose tail, with the server's stacks, a failed test prints (``server_report``)."""
     port = free_port()
     inherited = {key: value for key, value in os.environ.items() if key not in unset}
-    output = log.open("wb") if log is not None else subprocess.DEVNULL
+    if log is None:
+        log = Path(tempfile.mkdtemp(prefix="streamlit-log-")) / "streamlit.log"
+    output = log.open("wb")
     process = subprocess.Popen(
-        [sys.executable, "-m", "streamlit", "run", "app.py", "--server.port", str(port), "--server.headless", "true",
+        [sys.executable, "-c", LAUNCH, "run", "app.py", "--server.port", str(port), "--server.headless", "true",
          "--server.address", "127.0.0.1", "--browser.gatherUsageStats", "false"],
         cwd=ROOT, env={**inherited, "OMP_NUM_THREADS": "1", **env}, stdout=output, stderr=subprocess.STDOUT,
         start_new_session=True)
+    LIVE_SERVERS[process] = log
     url = f"http://127.0.0.1:{port}"
     try:
         wait_for_health(url, process, timeout)
         yield url, process
     finally:
+        LIVE_SERVERS.pop(process, None)
         process.terminate()
         try:
             process.wait(timeout=30)
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait(timeout=15)
-        if log is not None:
-            output.close()
+        output.close()

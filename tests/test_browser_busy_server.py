@@ -3,7 +3,6 @@ session B's page stays responsive and B's own grid waits its turn, said in one l
 here); when A's tab closes, A's grid stops and B's starts. ``bench/bench_busy_server.py`` prints the response
 times before and after this change."""
 
-import os
 import time
 from pathlib import Path
 
@@ -11,7 +10,7 @@ import numpy as np
 import psutil
 import pytest
 import torch
-from helpers import ARTIFACTS, chromium, streamlit_app
+from helpers import ARTIFACTS, BROWSER_TIMEOUT_MS, chromium, streamlit_app
 from PIL import Image
 
 from vit.app.catalog import DEFAULT_CHECKPOINT
@@ -20,7 +19,7 @@ from vit.model import ViT, ViTConfig
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
-TIMEOUT_MS = int(os.environ.get("BROWSER_TIMEOUT_MS", 900_000))  # two busy cores: as the other browser tests
+TIMEOUT_MS = BROWSER_TIMEOUT_MS  # what a user would wait (tests/helpers.py)
 # 6 layers x 785 tokens: the head grid (18 passes, one a head), then the residual grid (4,710 passes), minutes even
 # on two idle cores, so that session A's grid is still running when session B asks for its own (a grid of 6 x 197
 # once ended first on an idle machine, and the test waited for a "waiting" that never came). Both grids are stopped

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from helpers import ARTIFACTS, chromium, ship_default, streamlit_app
+from helpers import ARTIFACTS, BROWSER_TIMEOUT_MS, chromium, ship_default, streamlit_app
 from PIL import Image
 
 from app_pages.explorer_sections.uploader import REPLACE_WAIT_S, UPLOAD_WAIT_S
@@ -23,7 +23,7 @@ pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parent.parent
 # The server imports torch and runs the model on a busy machine.
-TIMEOUT_MS = int(os.environ.get("BROWSER_TIMEOUT_MS", 120_000))
+TIMEOUT_MS = BROWSER_TIMEOUT_MS  # what a user would wait (tests/helpers.py)
 TINY = ViTConfig(image_size=16, patch_size=4, num_channels=3, num_classes=3, hidden_size=16, num_layers=2,
                  num_heads=2, mlp_size=32)  # a 4 x 4 patch grid
 

@@ -6,17 +6,16 @@ cat (50 %), as ``python -m vit.predict checkpoints/cifar10-cifar-s.pt checkpoint
 --ablate 4.3`` prints too.
 """
 
-import os
 import time
 from pathlib import Path
 
 import pytest
-from helpers import ARTIFACTS, chromium, streamlit_app
+from helpers import ARTIFACTS, BROWSER_TIMEOUT_MS, chromium, streamlit_app
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parent.parent
-TIMEOUT_MS = int(os.environ.get("BROWSER_TIMEOUT_MS", 900_000))  # two busy cores: as the other browser tests
+TIMEOUT_MS = BROWSER_TIMEOUT_MS  # what a user would wait (tests/helpers.py)
 
 
 @pytest.fixture

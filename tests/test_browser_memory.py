@@ -24,7 +24,7 @@ from vit.model import ViTConfig
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parent.parent
-TIMEOUT_MS = 300_000  # five full-size decodes on a busy two-core machine
+TIMEOUT_MS = 180_000  # five full-size decodes on a busy two-core machine
 USERS = 5
 SIZE = (7_000, 5_000)  # 35 M pixels, under the app's 40 M upload limit: 105 MB decoded in RGB
 GROWTH_BOUND_MB = 1_000  # five decoded 105 MB images at once are 525 MB; the idle server is what it imports

@@ -2,12 +2,11 @@
 fresh one, and a link cannot open a server path for a visitor without the token. One app server for the module
 (``streamlit run app.py`` with a token set), each test in its own browser context(s)."""
 
-import os
 from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
 import pytest
-from helpers import ARTIFACTS, chromium, ship_default, streamlit_app
+from helpers import ARTIFACTS, BROWSER_TIMEOUT_MS, chromium, ship_default, streamlit_app
 from test_browser_explorer import OVERLAY_HREF, SCRIPT_DONE, TINY, choose, png
 
 from vit.app.catalog import DEFAULT_CHECKPOINT
@@ -15,7 +14,7 @@ from vit.runs.access import TOKEN_ENV
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
-TIMEOUT_MS = int(os.environ.get("BROWSER_TIMEOUT_MS", 120_000))
+TIMEOUT_MS = BROWSER_TIMEOUT_MS  # what a user would wait (tests/helpers.py)
 VIEWPORT = {"width": 1500, "height": 1100}
 
 

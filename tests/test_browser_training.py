@@ -10,11 +10,11 @@ import re
 from pathlib import Path
 
 import pytest
-from helpers import ARTIFACTS, chromium, streamlit_app
+from helpers import ARTIFACTS, BROWSER_TIMEOUT_MS, RUN_MS, chromium, streamlit_app
 from test_runs import make_image_folder
 
 ROOT = Path(__file__).resolve().parent.parent
-SLOW_MS = 900_000  # two busy cores: the server, the training process and the explorer each import torch
+SLOW_MS = RUN_MS  # a step that waits for a training process (it imports torch on two busy cores) and its run
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -52,8 +52,8 @@ def test_a_run_launched_from_the_page_completes_and_opens_in_the_explorer(app_ur
     name = "browser-tiny"
     with chromium() as browser:
         page = browser.new_page(viewport={"width": 1400, "height": 1800})
-        page.set_default_timeout(SLOW_MS)
-        expect.set_options(timeout=SLOW_MS)
+        page.set_default_timeout(BROWSER_TIMEOUT_MS)
+        expect.set_options(timeout=BROWSER_TIMEOUT_MS)
         try:
             page.goto(url)  # the explorer, the default page; then the navigation, as a user would
             page.get_by_role("link", name="Train").click()
@@ -63,9 +63,9 @@ def test_a_run_launched_from_the_page_completes_and_opens_in_the_explorer(app_ur
             page.screenshot(path=ARTIFACTS / "training-form.png", full_page=True)
             page.get_by_role("button", name="Launch").click()
 
-            expect(page.get_by_text(f"Started {name} on")).to_be_visible()
+            expect(page.get_by_text(f"Started {name} on")).to_be_visible(timeout=SLOW_MS)
             page.screenshot(path=ARTIFACTS / "training-launched.png", full_page=True)
-            expect(page.get_by_text(f"{name} · completed")).to_be_visible()
+            expect(page.get_by_text(f"{name} · completed")).to_be_visible(timeout=SLOW_MS)
             expect(page.get_by_text("Accuracy", exact=True)).to_be_visible()  # the curves of the finished epoch
             page.screenshot(path=ARTIFACTS / "training-completed.png", full_page=True)
 
@@ -89,7 +89,7 @@ def test_a_page_opened_first_by_its_url_runs_inside_the_apps_navigation(app_url,
     url, _ = app_url
     with chromium() as browser:
         page = browser.new_page(viewport={"width": 1400, "height": 900})
-        page.set_default_timeout(SLOW_MS)
+        page.set_default_timeout(BROWSER_TIMEOUT_MS)
         page.goto(f"{url}/{path}")
         page.get_by_role("heading", name=title).wait_for()
         page.wait_for_function("""() => document.querySelector('[data-testid="stApp"]')
