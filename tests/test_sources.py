@@ -152,6 +152,29 @@ def test_unsupported_models_get_one_line_naming_what_is_supported(tmp_path, caps
     assert not Path(MARKER).exists() and not (tmp_path / "x.pt").exists()
 
 
+@pytest.mark.parametrize("config, closest", [
+    ({"architectures": ["SwinForMaskedImageModeling"]}, "SwinModel, SwinForImageClassification"),
+    ({"architectures": ["Dinov2ForDepthEstimation"], "model_type": "dinov2"},
+     "Dinov2ForImageClassification, Dinov2Model"),
+    ({"model_type": "swin2sr"}, "swinv2"),
+    ({"architectures": ["ConvNextForImageClassification"], "model_type": "convnext"}, None),
+])
+def test_an_unsupported_model_is_refused_in_a_short_line_naming_the_closest_family(tmp_path, config, closest):
+    # Issue 69, item 11: the refusal listed every supported family, one line of 2,330 characters.
+    folder = tmp_path / "model"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(config))
+    save_file({"x": torch.zeros(1)}, folder / "model.safetensors")
+    with pytest.raises(CheckpointError) as error:
+        open_source(folder)
+    message = str(error.value)
+    assert "\n" not in message and len(message) < 250 + len(str(folder))
+    assert message.endswith("is not supported; " + ("" if closest is None else f"the closest supported: {closest}; ")
+                            + "the README's family table (under \"What is where\") lists every model this program "
+                              "opens")
+    assert "## What is where" in (Path(__file__).resolve().parents[1] / "README.md").read_text()
+
+
 def test_convert_cli_runs_as_a_module_and_refuses_an_unknown_arch_prefix(tmp_path):
     result = subprocess.run([sys.executable, "-m", "vit.convert", str(tmp_path), "--out", str(tmp_path / "x.pt"),
                              "--arch", "keras:vit"], capture_output=True, text=True, cwd=ROOT)

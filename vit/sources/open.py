@@ -30,12 +30,13 @@ model, so an absurd config fails with one line instead of exhausting memory.
 
 from __future__ import annotations
 
+import difflib
 import json
 import math
 import os
 import pickle
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
 import torch
@@ -78,13 +79,9 @@ from vit.sources import (
     mapping,
 )
 
-SUPPORTED = ("our .pt checkpoints; Hugging Face folders of " + hf.SUPPORTED + "; " + import_timm.SUPPORTED + "; "
-             + import_torchvision.SUPPORTED + "; " + import_dinov3.SUPPORTED + "; " + import_clip.SUPPORTED + "; "
-             + import_siglip.SUPPORTED + "; " + import_eva.SUPPORTED + "; " + import_beit.SUPPORTED + "; "
-             + import_sam.SUPPORTED + "; " + import_swin.SUPPORTED + "; " + import_hiera.SUPPORTED + "; "
-             + import_aimv2.SUPPORTED + "; " + import_pe.SUPPORTED + "; " + import_naflex.SUPPORTED + "; "
-             + import_scratch.SUPPORTED + "; "
-             + import_vit_pytorch.SUPPORTED)
+# Where a refusal sends the user: every family's own list of what opens is longer than a line (together 2,200
+# characters), and the README keeps them in one table.
+README_FAMILIES = "the README's family table (under \"What is where\") lists every model this program opens"
 HF_WEIGHTS = ("model.safetensors", "pytorch_model.bin")
 OPEN_CLIP_CONFIG = "open_clip_config.json"
 OPEN_CLIP_WEIGHTS = ("open_clip_model.safetensors", "open_clip_pytorch_model.bin")
@@ -445,6 +442,24 @@ _HF_MODEL_TYPES = {"vit": ("ViTModel", "ViTForImageClassification", None),
                    "vit_mae": ("ViTMAEModel", "ViTMAEModel", None)}
 
 
+def hf_family(architecture: str) -> str:
+    """The model an HF architecture is of: 'Dinov2' of ``Dinov2ForImageClassification``, 'CLIP' of
+    ``CLIPVisionModelWithProjection``, 'Swin' of ``SwinForMaskedImageModeling``."""
+    return re.match(r"(.+?)(?:Vision)?(?:Model|For[A-Z])", architecture + "Model").group(1)
+
+
+def unsupported(what: str, name: str, supported: Iterable[str], family: Callable[[str], str] = str) -> str:
+    """'``what`` is not supported', in one line: the supported names of the family closest to ``name``'s (each
+    name's ``family``, compared by difflib, case ignored), when one is close, then where the README lists every
+    family."""
+    families: dict[str, list[str]] = {}
+    for known in supported:
+        families.setdefault(family(known).lower(), []).append(known)
+    closest = difflib.get_close_matches(family(name).lower(), families, n=1, cutoff=0.6)
+    near = f"the closest supported: {', '.join(families[closest[0]])}; " if closest else ""
+    return f"{what} is not supported; {near}{README_FAMILIES}"
+
+
 def hf_architecture(config_json: Mapping, state: Mapping[str, torch.Tensor] | None = None) -> str | None:
     """``architectures[0]``, or for a config without it the architecture its model_type and weights imply."""
     architectures = config_json.get("architectures")
@@ -479,6 +494,8 @@ HF_FAMILIES = {"dinov3_vit": (import_dinov3, ("DINOv3ViTModel",)),
                 "aimv2": (import_aimv2, ("Aimv2Model",)),
                 "aimv2_vision_model": (import_aimv2, ("Aimv2VisionModel",))}
 HF_REFUSED: dict[str, str] = {}  # model_type -> one line on why it is not opened
+HF_MODEL_TYPES = (*_HF_MODEL_TYPES, *HF_FAMILIES)  # every config.json model_type that opens
+HF_ARCHITECTURES = (*hf.ARCHITECTURES, *(a for _, names in HF_FAMILIES.values() for a in names))
 
 
 def hf_family_config(folder: Path, config_json: Mapping) -> tuple[ViTConfig, str]:
@@ -521,10 +538,11 @@ def open_hf_folder(folder: Path, config_json: dict, map_location: str | torch.de
                           "architectures or architecture) and the folder holds no single weights file to open with "
                           "it; open the weights file itself")
     if architecture is None and config_json.get("model_type") not in _HF_MODEL_TYPES:
-        raise SourceError(f"HF model type {config_json.get('model_type')!r} ({folder}) is not supported; "
-                          f"supported: {SUPPORTED}")
+        model_type = str(config_json.get("model_type"))
+        raise SourceError(unsupported(f"HF model type {model_type!r} ({folder})", model_type, HF_MODEL_TYPES))
     if architecture is not None and architecture not in hf.ARCHITECTURES:
-        raise SourceError(f"HF architecture {architecture} ({folder}) is not supported; supported: {SUPPORTED}")
+        raise SourceError(unsupported(f"HF architecture {architecture} ({folder})", architecture, HF_ARCHITECTURES,
+                                      hf_family))
     state = read_hf_weights(folder, map_location)
     architecture = architecture or hf_architecture(config_json, state)
     origin = f"{folder} ({architecture})"
@@ -775,7 +793,7 @@ def _open(path: str | os.PathLike, arch: str | None, map_location: str | torch.d
             files = [p for p in sorted(path.iterdir()) if p.is_file() and p.suffix in WEIGHT_SUFFIXES]
             if len(files) != 1:
                 raise SourceError(f"{path} has no config.json; open a Hugging Face or timm model folder, or a weights "
-                                  f"file. Supported: {SUPPORTED}")
+                                  f"file ({README_FAMILIES})")
             return _open(files[0], arch, map_location)
         config_json = read_json(config_path)
         if not {"model_type", "architectures", "architecture"} & set(config_json) \
@@ -783,7 +801,7 @@ def _open(path: str | os.PathLike, arch: str | None, map_location: str | torch.d
             return _open(weights, arch, map_location)
         if "auto_map" in config_json or config_json.get("trust_remote_code"):
             raise SourceError(f"{path} asks for custom model code (auto_map / trust_remote_code), which this program "
-                              f"never runs; supported: {SUPPORTED}")
+                              f"never runs; {README_FAMILIES}")
         if "architecture" in config_json or library == "timm":  # timm's push_to_hub / save_for_hf layout
             name = name or str(config_json.get("architecture"))
             weights = next((path / f for f in HF_WEIGHTS + ("open_clip_model.safetensors",) if (path / f).is_file()),
