@@ -11,7 +11,7 @@ the default page, so the app opens on the shipped checkpoint.
 import pandas  # noqa: F401
 import streamlit as st
 
-from app_pages.explorer_sections import plotly_preload, uploader
+from app_pages.explorer_sections import plotly_preload, starting, uploader
 
 # Before anything is drawn: the first of the two runs Streamlit's uploader asks for when a new file replaces the last
 # one (a run without any file) waits here for the second, and stops there having sent nothing (issue 51).
@@ -25,8 +25,10 @@ navigation = st.navigation([
     st.Page("app_pages/analyze.py", title="Analyse a dataset", icon=":material/query_stats:"),
 ])
 if navigation is explorer:
+    starting.start()  # a fresh server: the title and "loading the model" while the page imports torch
     plotly_preload.start()  # the browser loads Plotly while the page imports torch and runs the model
 try:
     navigation.run()
-finally:  # the page clears it before its first chart; this, when it stopped before one
+finally:  # the page clears them before its own title and first chart; this, when it stopped before them
+    starting.clear()
     plotly_preload.clear()

@@ -19,6 +19,7 @@ from app_pages.explorer_sections import (
     mechanism,
     plotly_preload,
     share_view,
+    starting,
 )
 from app_pages.explorer_sections.caches import analyse, display_images, load_model
 from app_pages.explorer_sections.checkpoint_picker import may_open_path, pick_checkpoint
@@ -48,6 +49,7 @@ keep_settings(image_picker.KEPT + map_settings.KEPT + main_view.KEPT + analyses.
 share_view.read_link(may_open_path())  # a link's view, once per session, before any widget is drawn
 entries, choice, may_open = pick_checkpoint()
 entry = entries[choice]
+starting.clear()  # app.py's frame for a fresh server: the page's own title takes its place
 st.title("ViT Attention Explorer")
 if not entry.ok:
     st.error(f"This checkpoint cannot be loaded: {escape_markdown(entry.error)}")

@@ -302,6 +302,24 @@ def test_an_enlarged_zoomed_picker_picks_the_patch_under_the_cursor(server, page
     page.screenshot(path=str(ARTIFACTS / "explorer-enlarged-zoomed.png"), full_page=True)
 
 
+def test_a_fresh_servers_first_page_says_the_model_is_loading_before_the_page_is_drawn(world, tmp_path, page):
+    """Issue 69, item 7: a freshly started server's first page was blank while the page imported PyTorch (10-14 s
+    on a busy machine). Its title and a "loading the model" line come first, and go when the page draws its own."""
+    from app_pages.explorer_sections.starting import LINE
+
+    checkpoints, runs, _ = world
+    with streamlit_app({"VIT_CHECKPOINTS_DIR": str(checkpoints), "VIT_RUNS_DIR": str(runs)},
+                       log=tmp_path / "server.log") as (url, _):
+        page.goto(url)
+        page.get_by_text(LINE).wait_for()  # before torch is imported: nothing of the page's own yet
+        assert page.get_by_text("Colours span").count() == 0
+        assert page.get_by_role("heading", name="ViT Attention Explorer").count() == 1
+        page.get_by_text("Colours span").wait_for()
+        page.wait_for_function(SCRIPT_DONE)
+        assert page.get_by_text(LINE).count() == 0
+        assert page.get_by_role("heading", name="ViT Attention Explorer").count() == 1
+
+
 def test_a_click_on_the_patch_similarity_picks_that_patch(server, page):
     """Issue 69, item 1: a click on a patch of "Patch similarity" makes it the query (the chart's state was read
     without its ``.selection``, so a click reran the page and kept the old patch)."""

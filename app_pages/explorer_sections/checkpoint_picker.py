@@ -3,6 +3,7 @@ open one by path or from the Hub."""
 
 import streamlit as st
 
+from app_pages.explorer_sections import starting
 from app_pages.explorer_sections.caches import hf_cache_models
 from vit.app import catalog
 from vit.checkpoint import CheckpointError
@@ -96,6 +97,7 @@ def pick_checkpoint() -> tuple[dict[str, catalog.CatalogEntry], str, bool]:
 
     st.sidebar.header("Checkpoint")
     if not entries:
+        starting.clear()
         st.title("ViT Attention Explorer")
         st.info(f"No checkpoints yet: put a .pt file in {escape_markdown(catalog.default_checkpoints_dir())} or train "
                 "a model on the Train page.")
