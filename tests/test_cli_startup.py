@@ -48,6 +48,37 @@ def test_a_usage_error_answers_without_importing_torch(command):
     assert heavy == "", f"vit.{command} with a bad option imported {heavy}"
 
 
+# A misspelt option of each command, and the one meant (issue 69, item 11: no "did you mean").
+MISSPELT = {"predict": (["m.pt", "x.jpg", "--sise", "2048"], "--size"),
+            "evaluate": (["m.pt", "--data", "d", "--batch-sise", "8"], "--batch-size"),
+            "convert": (["m.pt", "--ot", "x.pt"], "--out"),
+            "train": (["--dataset", "cifar10", "--epocs", "3"], "--epochs"),
+            "faithfulness": (["m.pt", "--data", "d", "--limt=3"], "--limit"),
+            "analyze": (["m.pt", "--data", "d", "--pca-jiont"], "--pca-joint"),
+            "sae": (["train", "m.pt", "--layr", "3"], "--layer")}
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_a_misspelt_option_is_answered_with_the_closest_one_without_importing_torch(command):
+    args, meant = MISSPELT[command]
+    heavy, output = imported_by(command, *args)
+    error = [line for line in output.splitlines() if not line.startswith("IMPORTED")]
+    assert len(error) == 1 and error[0].startswith(f"vit.{command}: error: unrecognized arguments: ")
+    assert error[0].endswith(f"; did you mean {meant}?")
+    assert heavy == "", f"vit.{command} with a misspelt option imported {heavy}"
+
+
+def test_a_misspelt_choice_or_subcommand_is_answered_with_the_closest_one():
+    from vit import predict, sae
+
+    with pytest.raises(predict.UsageError, match=r"invalid choice: 'cdua' .*; did you mean cuda\?$"):
+        predict.build_parser().parse_args(["m.pt", "x.jpg", "--device", "cdua"])
+    with pytest.raises(predict.UsageError, match=r"invalid choice: 'trian' .*; did you mean train\?$"):
+        sae.build_parser().parse_args(["trian"])
+    with pytest.raises(predict.UsageError, match=r"unrecognized arguments: --qqqqqq$"):  # nothing close: no guess
+        predict.build_parser().parse_args(["m.pt", "x.jpg", "--qqqqqq"])
+
+
 def test_the_names_the_parsers_list_without_torch_are_the_ones_the_run_uses():
     from vit import faithfulness
     from vit.explain import faithfulness as scores

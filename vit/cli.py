@@ -7,7 +7,9 @@ from __future__ import annotations
 import argparse
 import atexit
 import contextlib
+import difflib
 import os
+import re
 import sys
 import threading
 from collections.abc import Callable
@@ -28,8 +30,38 @@ class ModelError(ValueError):
 
 
 class OneLineParser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # argparse prints usage + error over several lines; we want one
-        raise UsageError(message)
+    """Every command's parser: its errors are one line (argparse prints usage + error over several), and a misspelt
+    option or choice gets the closest one (Python 3.11's argparse has no ``suggest_on_error``)."""
+
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(message + did_you_mean(message, self))
+
+
+def option_strings(parser: argparse.ArgumentParser) -> list[str]:
+    """Every option ``parser`` and its subcommands' parsers take (``--size``, ``-h``, ...)."""
+    options = []
+    for action in parser._actions:
+        options += action.option_strings
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                options += option_strings(sub)
+    return list(dict.fromkeys(options))
+
+
+def did_you_mean(message: str, parser: argparse.ArgumentParser) -> str:
+    """'; did you mean --size?' for argparse's ``message`` about an option ``parser`` does not have (or a choice
+    not offered), naming the closest it has (difflib), or '' when none is close."""
+    if message.startswith("unrecognized arguments: "):
+        given = [word.split("=", 1)[0] for word in message.removeprefix("unrecognized arguments: ").split()
+                 if word.startswith("-")]
+        known = option_strings(parser)
+    else:
+        choice = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)$", message)
+        if choice is None:
+            return ""
+        given, known = [choice.group(1)], re.findall(r"'([^']*)'", choice.group(2))
+    close = [match[0] for word in given if (match := difflib.get_close_matches(word, known, n=1, cutoff=0.6))]
+    return f"; did you mean {' / '.join(dict.fromkeys(close))}?" if close else ""
 
 
 def command_name(module: str) -> str:

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from vit.cli import UsageError, command_name
+from vit.cli import OneLineParser, UsageError, command_name
 from vit.training.augmentations import AUGMENTATIONS, MAX_MAGNITUDE
 
 if TYPE_CHECKING:
@@ -101,13 +101,6 @@ exit status: 0 completed or cancelled; 1 training failed (status.json says why);
 
 environment: VIT_TRAIN_FAULT_AT_STEP=N raises an error at step N (to test failure handling).
 """
-
-
-
-class OneLineParser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # argparse prints usage + error; we want one line
-        raise UsageError(message)
-
 
 
 def _checked(convert, accept, expected: str, not_a_number: str | None = None):
