@@ -293,12 +293,14 @@ def _describe_stage_map(settings: MapSettings, analysis: Analysis) -> str:
                 f"{_downsampling(analysis)} as the 2×2 tokens it is built from: how much of {who} flows from each "
                 "input patch (Abnar & Zuidema, 2020).")
     heads = f"head {s.head + 1}" if s.head is not None else f"the {s.fusion} over its {analysis.heads_in(layer)} heads"
-    where = (f"in its {lay.window}×{lay.window} window" + (f", shifted by {lay.shift}" if lay.shift else "")
-             + " (zero outside it)") if lay.window else "over the whole grid"
+    (wh, ww), (sh, sw) = lay.window_hw, lay.shift_hw  # timm's Swin: non-square where the grid is narrow
+    shift = f", shifted by {sh}" if sh == sw else f", shifted by {sh} rows and {sw} columns"
+    where = (f"in its {wh}×{ww} window" + (shift if lay.shift else "") + " (zero outside it)") if lay.window \
+        else "over the whole grid"
     if lay.stride > 1:  # Hiera's / SAM 2's pooled queries read the previous stage's grid
         kh, kw = lay.key_grid
         where = (f"of the previous stage's {kh}×{kw} grid, which this layer pools its queries from"
-                 + (f", in its {lay.key_window}×{lay.key_window} window (zero outside it)" if lay.window else ""))
+                 + (f", in its {wh * lay.stride}×{ww * lay.stride} window (zero outside it)" if lay.window else ""))
     return f"**Layer {layer + 1} of {L}, {heads}**: how much {who} attends to each token {where}."
 
 

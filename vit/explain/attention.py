@@ -14,16 +14,17 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from vit.model.stages import LayerLayout, merge_matrix
+from vit.model.stages import LayerLayout, merge_matrix, pair
 from vit.model.stages import window_tokens as model_window_tokens
 
 HEAD_FUSIONS = ("mean", "max", "min")
 
 
-def window_tokens(grid: tuple[int, int], window: int, shift: int = 0, shift_padded: bool = True) -> Tensor:
-    """``(nw, w*w)``: the patch token each window slot holds (``vit.model.window_partition``'s order: windows
-    row-major over the grid padded to a multiple of ``window``, slots row-major inside; after Swin's cyclic
-    ``shift``, ``vit.model.window_tokens``), ``gh * gw`` for padding."""
+def window_tokens(grid: tuple[int, int], window: int | tuple[int, int], shift: int | tuple[int, int] = 0,
+                  shift_padded: bool = True) -> Tensor:
+    """``(nw, wh*ww)``: the patch token each window slot holds (``vit.model.window_partition``'s order: windows
+    row-major over the grid padded to a multiple of ``window``, ``(wh, ww)`` or an int for both, slots row-major
+    inside; after Swin's cyclic ``shift``, ``vit.model.window_tokens``), ``gh * gw`` for padding."""
     return model_window_tokens(tuple(grid), window, shift, shift_padded)
 
 
@@ -35,8 +36,9 @@ def _layer_windows(attn: Tensor, layout: LayerLayout) -> tuple[int, Tensor, Tens
     (nw, nq), nk = queries.shape, keys.shape[1]
     if attn.dim() != 4 or attn.shape[0] % nw or attn.shape[2:] != (nq, nk):
         (gh, gw), (kh, kw) = layout.grid, layout.key_grid
+        wh, ww = layout.window_hw
         where = (f"a {gh}x{gw} grid" + (f" pooling a {kh}x{kw} one" if layout.stride > 1 else "")
-                 + (f" in windows of {layout.window}" if layout.window else ""))
+                 + (f" in {wh}x{ww} windows" if layout.window else ""))
         raise ValueError(f"expected attention (B * {nw}, H, {nq}, {nk}) for {where}, got {tuple(attn.shape)}")
     return attn.shape[0] // nw, queries, keys
 
@@ -59,10 +61,10 @@ def layer_on_grid(attn: Tensor, layout: LayerLayout) -> Tensor:
     return dense[:, :, :Tq, :Tk]
 
 
-def windows_on_grid(attn: Tensor, grid: tuple[int, int], window: int, shift: int = 0, shift_padded: bool = True
-                    ) -> Tensor:
-    """``layer_on_grid`` of a windowed layer that pools nothing: ``(B * nw, H, w*w, w*w)`` (windows row-major over
-    the grid padded to a multiple of ``window``, ``vit.model.window_partition``'s order; Swin's ``shift``) ->
+def windows_on_grid(attn: Tensor, grid: tuple[int, int], window: int | tuple[int, int],
+                    shift: int | tuple[int, int] = 0, shift_padded: bool = True) -> Tensor:
+    """``layer_on_grid`` of a windowed layer that pools nothing: ``(B * nw, H, wh*ww, wh*ww)`` (windows row-major
+    over the grid padded to a multiple of ``window``, ``vit.model.window_partition``'s order; Swin's ``shift``) ->
     ``(B, H, T, T)`` on the full patch grid, zero outside each query's window."""
     return layer_on_grid(attn, LayerLayout(tuple(grid), window, shift, shift_padded))
 
@@ -99,8 +101,8 @@ def layer_columns(attn: Tensor, layout: LayerLayout) -> Tensor:
     return out[..., :Tk]  # padding keys landed on Tk
 
 
-def window_rows(attn: Tensor, grid: tuple[int, int], window: int, queries: Sequence[int], shift: int = 0,
-                shift_padded: bool = True) -> Tensor:
+def window_rows(attn: Tensor, grid: tuple[int, int], window: int | tuple[int, int], queries: Sequence[int],
+                shift: int | tuple[int, int] = 0, shift_padded: bool = True) -> Tensor:
     """``layer_rows`` of a windowed layer that pools nothing (see ``windows_on_grid``): ``(B, H, q, T)``."""
     return layer_rows(attn, LayerLayout(tuple(grid), window, shift, shift_padded), queries)
 
@@ -110,9 +112,9 @@ def layer_residual(layout: LayerLayout, device: torch.device | None = None) -> T
     pooled-query layer (Hiera, SAM 2) the pooling, whose max is not linear: a pooled token counts as built from
     its stride window uniformly (``vit.model.merge_matrix`` of the key window, 1/4 each), as through Swin's merge."""
     if layout.stride == 1:
-        n = layout.window ** 2 if layout.window else layout.num_tokens
+        n = math.prod(layout.window_hw) if layout.window else layout.num_tokens
         return torch.eye(n, device=device)
-    side = (layout.key_window,) * 2 if layout.window else layout.key_grid
+    side = pair(layout.key_window) if layout.window else layout.key_grid
     return merge_matrix(side, device, layout.stride)
 
 
@@ -137,10 +139,10 @@ def layer_step(row: Tensor, blocks: Tensor, layout: LayerLayout, normalise: bool
     return out[:, :Tk]
 
 
-def window_rollout_step(row: Tensor, fused: Tensor, grid: tuple[int, int], window: int, shift: int = 0,
-                        shift_padded: bool = True) -> Tensor:
+def window_rollout_step(row: Tensor, fused: Tensor, grid: tuple[int, int], window: int | tuple[int, int],
+                        shift: int | tuple[int, int] = 0, shift_padded: bool = True) -> Tensor:
     """``layer_step`` of a windowed layer that pools nothing: ``row (B, T) @`` its rollout factor, from its fused
-    windows ``(B * nw, w*w, w*w)``."""
+    windows ``(B * nw, wh*ww, wh*ww)``."""
     return layer_step(row, fused, LayerLayout(tuple(grid), window, shift, shift_padded))
 
 

@@ -176,7 +176,7 @@ class Attention(Parent):
             own = self.rel_pos_bias(grid, rows)  # (nh, n or N, N)
             bias = own if bias is None else bias + own
         if self.window_bias is not None:
-            bias = self.window_bias(grid[0])  # (nh, w*w, w*w): grid is the window's
+            bias = self.window_bias(grid)  # (nh, wh*ww, wh*ww): grid is the window's
             bias = bias if rows is None else bias[:, rows]
         if bias is not None:
             bias = bias[None].to(q.dtype)  # (1, nh, N, N)
@@ -401,6 +401,7 @@ class Block(Parent):
         self.shift = shift  # Swin: this block shifts its windows by half a window (where the grid allows)
         self.table_window = config.rel_pos in ("swin", "swinv2")  # Swin's windows never exceed the grid
         self.shift_padded = config.shift_padded
+        self.window_rule = config.window_rule  # how Swin's windows and shift meet a grid no wider than a window
         self.merge = merge  # the downsampling block opening this block's stage (None: the grid stays)
         # Hiera / SAM 2: this block pools its queries and residual by this stride (its window, ``self.window``, is
         # then the previous stage's, on the grid it receives); 1: no query pooling.
@@ -439,14 +440,17 @@ class Block(Parent):
         """This block's own grid, given the grid of the stream it receives (its merge's output grid, if any)."""
         return self.merge.grid_after(grid) if self.merge is not None else tuple(grid)
 
-    def layout(self, grid: tuple[int, int]) -> LayerLayout:
-        """Where this block's attention sits, on its own ``grid``: window side and cyclic shift (0: none)."""
+    def layout(self, grid: tuple[int, int], built: tuple[int, int] | None = None) -> LayerLayout:
+        """Where this block's attention sits, on its own ``grid``: window and cyclic shift (0: none). ``built``: the
+        grid HF Swin V2 builds this layer for, whose height fixes its windows (``window_and_shift``)."""
         if self.pool > 1 or self.mask_units:
             return self._pooled_layout(grid)
         if not self.window:
             return LayerLayout(tuple(grid))
         if self.table_window:
-            window, shift = window_and_shift(grid, self.window, self.shift, self.attn.logit_scale is not None)
+            # V2's MLP reads any offsets; V1's table only its own, unless timm's checkpoint filter resizes it
+            shrink = self.attn.logit_scale is not None or self.window_rule == "timm"
+            window, shift = window_and_shift(grid, self.window, self.shift, shrink, self.window_rule, built)
         else:
             window, shift = self.window, 0
         return LayerLayout(tuple(grid), window, shift, self.shift_padded)
@@ -466,14 +470,16 @@ class Block(Parent):
     def forward(self, x: torch.Tensor, output_attentions: bool = False,
                 rope: tuple[torch.Tensor, torch.Tensor] | None = None, queries: int | None = None,
                 grid: tuple[int, int] | None = None, shared_bias: SharedBias | None = None,
-                key_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+                key_mask: torch.Tensor | None = None, layout: LayerLayout | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """``x`` (B, T, D) -> the block's output for its first ``queries`` tokens (None: all), which attend to
         every token, and the attention (B, nh, queries or T, T) when asked; a windowed block's is each window's,
-        ``(B * nw, nh, w*w, w*w)`` (``window_partition``'s order, after the cyclic shift in a shifting block).
+        ``(B * nw, nh, wh*ww, wh*ww)`` (``window_partition``'s order, after the cyclic shift in a shifting block).
         ``grid``: the patch grid of ``x`` (needed by windows, relative positions and a merge; after a merge the
         block works on ``grid_after(grid)``); ``shared_bias(rows)``: rows of the bias every layer adds (BEiT's shared
         table, ``Attention.forward``);
-        ``key_mask`` (B, T): False at padding tokens, which no query reads."""
+        ``key_mask`` (B, T): False at padding tokens, which no query reads; ``layout``: this layer's
+        (``ViT.layer_layouts``; None: ``self.layout`` of its grid)."""
         x = self.hook_resid_pre(x)
         if self.merge is not None and grid is None:
             raise ValueError("this block merges patches, so the patch grid must be given")
@@ -491,14 +497,14 @@ class Block(Parent):
         elif self.window:
             if grid is None:
                 raise ValueError("this model attends within windows, so the patch grid must be given")
-            layout = self.layout(grid)
+            layout = self.layout(grid) if layout is None else layout
             w, s = layout.window, layout.shift
-            windows = shift_windows(h, grid, w, s, self.shift_padded)  # (B * nw, w*w, D)
+            windows = shift_windows(h, grid, w, s, self.shift_padded)  # (B * nw, wh*ww, D)
             mask = None
             if s:
                 mask = shift_mask(tuple(grid), w, s).to(h.device)  # (nw, n, n)
                 mask = mask.repeat(h.shape[0], 1, 1)[:, None]  # (B * nw, 1, n, n)
-            y, probs = self.attn(windows, output_attentions, rope, None, (w, w), shared_bias, mask)
+            y, probs = self.attn(windows, output_attentions, rope, None, layout.window_hw, shared_bias, mask)
             y = unshift_windows(y, grid, w, s, self.shift_padded)[:, :queries]  # (B, T or queries, D)
         else:
             y, probs = self.attn(h, output_attentions, rope, queries, grid, shared_bias, key_mask=key_mask)

@@ -84,6 +84,9 @@ class ViTConfig:
     merge: str = "none"  # the block opening each later stage: "swin" (PatchMerging), "swinv2" (its linear before norm)
     window_shift: bool = False  # Swin: every second block of a stage shifts its windows by half a window
     shift_padded: bool = True  # the shift rolls the padded grid (HF: pad, then roll); False: timm (roll, then pad)
+    window_rule: str = "hf"  # Swin's windows and shift on a grid no wider than a window on a side (WINDOW_RULES):
+    # "hf" (HF Swin: the grid's short side, both axes), "hf_v2" (HF Swin V2: the height of the grid it is built
+    # for, both axes) or "timm" (each axis on its own, timm's _calc_window_shift)
     attention: str = "dot"  # "cosine": Swin V2's cosine attention times a learned per-head logit scale
     res_post_norm: bool = False  # Swin V2: x + norm(attn(x)), then x + norm(mlp(x)) (the norm on each branch)
     pretrained_windows: tuple[int, ...] = ()  # Swin V2, per stage: the window its position MLP's offsets are
@@ -219,6 +222,9 @@ class ViTConfig:
         for name in ("window_shift", "shift_padded", "res_post_norm"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"ViTConfig.{name} must be true or false, got {getattr(self, name)!r}")
+        if self.window_rule not in WINDOW_RULES:
+            raise ValueError(f"ViTConfig.window_rule must be one of {', '.join(WINDOW_RULES)}, got "
+                             f"{str(self.window_rule)[:40]!r}")
         windows = self.pretrained_windows
         if not isinstance(windows, (tuple, list)) or len(windows) > 16 or not all(
                 isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= CONFIG_BOUNDS["window_size"]
@@ -372,6 +378,11 @@ class ViTConfig:
         unknown = sorted(set(values) - known)
         if unknown:
             raise ValueError(f"unknown ViTConfig field(s): {', '.join(unknown)}")
+        if values.get("window_shift") and "window_rule" not in values:
+            # a Swin saved before window_rule existed: its library's rule, as its other fields tell it
+            rule = "timm" if values.get("shift_padded") is False else "hf_v2" if values.get("rel_pos") == "swinv2" \
+                else "hf"
+            values = {**values, "window_rule": rule}
         return cls(**values)
 
     @classmethod
@@ -391,6 +402,7 @@ ATTENTIONS = ("dot", "cosine")
 MERGES = ("none", "swin", "swinv2", "pool")  # pool: Hiera / SAM 2's query pooling (the first block of a stage
 # max-pools its queries and its residual 2x2; vit.model.stages.QueryPool)
 REL_POS_RESIZES = ("bilinear", "timm")
+WINDOW_RULES = ("hf", "hf_v2", "timm")
 NORMS = ("layer", "rms")
 POOL_HEADS = ("map", "aimv2")
 POS_RESIZES = ("bicubic", "bilinear")

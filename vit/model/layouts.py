@@ -71,12 +71,15 @@ def _linear_weights(points: torch.Tensor, x: torch.Tensor) -> tuple[torch.Tensor
     return left, right, to_right, to_left, to_left + to_right  # the left one weighs its distance to the right
 
 
-def resize_beit_table(table: torch.Tensor, old: tuple[int, int], new: tuple[int, int]) -> torch.Tensor:
+def resize_beit_table(table: torch.Tensor, old: tuple[int, int], new: tuple[int, int], extra: int = 3
+                      ) -> torch.Tensor:
     """timm's ``resize_rel_pos_bias_table`` (without scipy: its linear ``RegularGridInterpolator``) of a BEiT table
     ``((2gh-1)(2gw-1) + 3, nh)`` from grid ``old`` to ``new``: the offsets read row-major as ``(2gh-1, 2gw-1)``, each
-    head linearly interpolated from unilm's geometrically spread source offsets, the three CLS rows kept."""
+    head linearly interpolated from unilm's geometrically spread source offsets, the ``extra`` rows after them (BEiT's
+    three CLS rows; Swin's table has none) kept."""
     (sh, sw), (dh, dw) = (2 * old[0] - 1, 2 * old[1] - 1), (2 * new[0] - 1, 2 * new[1] - 1)
-    values = table[:-3].float().cpu().view(sh, sw, -1)  # (sh, sw, nh)
+    kept = table[len(table) - extra:]
+    values = table[:len(table) - extra].float().cpu().view(sh, sw, -1)  # (sh, sw, nh)
     ys = _linear_weights(_geometric_offsets(sh, dh), torch.arange(-(dh // 2.0), dh // 2.0 + 0.1, 1.0))
     xs = _linear_weights(_geometric_offsets(sw, dw), torch.arange(-(dw // 2.0), dw // 2.0 + 0.1, 1.0))
     out = 0.0
@@ -84,7 +87,7 @@ def resize_beit_table(table: torch.Tensor, old: tuple[int, int], new: tuple[int,
         for ix, wx in ((xs[0], xs[2]), (xs[1], xs[3])):
             out = out + values[iy][:, ix] * (wy[:, None] * wx[None, :])[..., None]  # (dh, dw, nh)
     out = out / (ys[4][:, None] * xs[4][None, :])[..., None]
-    return torch.cat([out.reshape(dh * dw, -1).to(table), table[-3:]])
+    return torch.cat([out.reshape(dh * dw, -1).to(table), kept])
 
 
 class RelativePositionBias(nn.Module):

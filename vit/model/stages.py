@@ -26,11 +26,14 @@ grid (a window is cut as Swin's are, its slots row-major), which is the same att
 every map is placed on the image directly.
 
 **Each block knows its grid** from its input's: ``Block.grid_after(grid)`` is the grid its merge makes (the input's
-otherwise), and ``ViT.layer_layouts(patch_grid)`` lists, per layer, a ``LayerLayout``: its grid, its window side, its
+otherwise), and ``ViT.layer_layouts(patch_grid)`` lists, per layer, a ``LayerLayout``: its grid, its window, its
 cyclic shift and how the shift meets the padding. Every caller passes the *image's* patch grid (stage 0) as before;
-``run_blocks`` derives each block's input grid from it.
+``run_blocks`` derives each block's input grid and layout from it. Where a Swin stage's grid is no larger than the
+window on a side, the libraries part ways (``window_and_shift``, ``ViTConfig.window_rule``): HF Swin takes the short
+side for both axes, HF Swin V2 the height of the grid it is built for, and timm each axis alone, so timm's windows
+and shifts may differ between the axes (``LayerLayout.window_hw``, ``shift_hw``).
 
-**A layer's attention on the image.** A windowed layer returns each window's attention ``(B * nw, nh, w*w, w*w)`` in
+**A layer's attention on the image.** A windowed layer returns each window's attention ``(B * nw, nh, n, n)`` in
 the order its (shifted) windows were cut. ``LayerLayout.window_tokens()`` says which token of the layer's grid each
 window slot holds (the cyclic shift undone, padding marked ``T``), so ``vit.explain.attention.windows_on_grid``
 places a query's row on the layer's own grid, un-shifted and zero outside its window. A query patch clicked on the
@@ -55,6 +58,7 @@ pooling (``merge_matrix`` of the key window); a global layer is one window of ev
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -62,20 +66,49 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from vit.model.config import WINDOW_RULES
 from vit.model.hooks import HookPoint
+from vit.model.layouts import resize_beit_table
+
+
+def pair(value: int | Sequence[int]) -> tuple[int, int]:
+    """A window or shift as ``(height, width)``: an int is the same on both axes (timm's ``to_2tuple``)."""
+    if isinstance(value, int):
+        return value, value
+    h, w = value
+    return int(h), int(w)
+
+
+def _compact(value: int | Sequence[int]) -> int | tuple[int, int]:
+    h, w = pair(value)
+    return h if h == w else (h, w)
 
 
 @dataclass(frozen=True)
 class LayerLayout:
-    """Where one layer's attention sits: its patch ``grid`` (gh, gw), its ``window`` side in patches (0: global),
-    its cyclic ``shift`` (Swin's shifted windows) and whether the shift rolls the padded grid (HF: pad, then roll)
-    or the grid before it is padded (timm: roll, then pad)."""
+    """Where one layer's attention sits: its patch ``grid`` (gh, gw), its ``window`` in patches (0: global), its
+    cyclic ``shift`` (Swin's shifted windows) and whether the shift rolls the padded grid (HF: pad, then roll) or
+    the grid before it is padded (timm: roll, then pad). ``window`` and ``shift`` are ``(height, width)`` where the
+    two differ (timm's Swin on a grid narrower than its window on one side), an int otherwise (``window_hw`` and
+    ``shift_hw`` always give the pair)."""
 
     grid: tuple[int, int]
-    window: int = 0
-    shift: int = 0
+    window: int | tuple[int, int] = 0
+    shift: int | tuple[int, int] = 0
     shift_padded: bool = True
     stride: int = 1  # query pooling (Hiera, SAM 2): queries on ``grid``, keys on the grid ``stride`` times finer
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "window", _compact(self.window))  # (7, 7) and 7 are one layout
+        object.__setattr__(self, "shift", _compact(self.shift))
+
+    @property
+    def window_hw(self) -> tuple[int, int]:
+        return pair(self.window)
+
+    @property
+    def shift_hw(self) -> tuple[int, int]:
+        return pair(self.shift)
 
     @property
     def num_tokens(self) -> int:
@@ -87,12 +120,13 @@ class LayerLayout:
         return self.grid[0] * self.stride, self.grid[1] * self.stride
 
     @property
-    def key_window(self) -> int:
-        """A window's side on the key grid (0: global)."""
-        return self.window * self.stride
+    def key_window(self) -> int | tuple[int, int]:
+        """A window on the key grid (0: global), as ``window`` gives it."""
+        wh, ww = self.window_hw
+        return _compact((wh * self.stride, ww * self.stride))
 
     def window_tokens(self) -> torch.Tensor:
-        """``(nw, w*w)``: the token of this layer's grid (row-major) that each window slot holds, in the order the
+        """``(nw, wh*ww)``: the token of this layer's grid (row-major) that each window slot holds, in the order the
         (shifted) windows are cut (``window_partition``), ``gh * gw`` for padding; a global layer is one window of
         every token."""
         if not self.window:
@@ -100,7 +134,7 @@ class LayerLayout:
         return window_tokens(self.grid, self.window, self.shift, self.shift_padded)
 
     def key_tokens(self) -> torch.Tensor:
-        """``(nw, kw*kw)``: the token of the key grid each window's key slot holds (``window_tokens`` of
+        """``(nw, kh*kw)``: the token of the key grid each window's key slot holds (``window_tokens`` of
         ``key_grid`` in windows of ``key_window``; the query windows' own in a layer that pools nothing), padding
         ``key_grid[0] * key_grid[1]``."""
         if self.stride == 1:
@@ -111,88 +145,112 @@ class LayerLayout:
         return window_tokens(self.key_grid, self.key_window)
 
 
-def window_tokens(grid: tuple[int, int], window: int, shift: int = 0, shift_padded: bool = True) -> torch.Tensor:
-    """``(nw, w*w)``: which token each window slot holds when the grid is padded to a multiple of ``window`` and
-    cyclically shifted by ``shift`` (``torch.roll`` by ``-shift`` on both axes) — the padded grid's
-    (``shift_padded``, HF) or the grid's before padding (timm) — then cut into windows row-major, slots row-major
-    inside; ``gh * gw`` marks padding."""
+def window_tokens(grid: tuple[int, int], window: int | tuple[int, int], shift: int | tuple[int, int] = 0,
+                  shift_padded: bool = True) -> torch.Tensor:
+    """``(nw, wh*ww)``: which token each window slot holds when the grid is padded to a multiple of ``window``
+    (``(wh, ww)``, or an int for both) and cyclically shifted by ``shift`` (``torch.roll`` by ``-shift`` per axis)
+    — the padded grid's (``shift_padded``, HF) or the grid's before padding (timm) — then cut into windows
+    row-major, slots row-major inside; ``gh * gw`` marks padding."""
     gh, gw = grid
-    Gh, Gw = -(-gh // window) * window, -(-gw // window) * window  # the padded grid
+    (wh, ww), (sh, sw) = pair(window), pair(shift)
+    Gh, Gw = -(-gh // wh) * wh, -(-gw // ww) * ww  # the padded grid
     if shift_padded:
-        r = (torch.arange(Gh) + shift) % Gh  # the padded row each rolled row holds
-        c = (torch.arange(Gw) + shift) % Gw
+        r = (torch.arange(Gh) + sh) % Gh  # the padded row each rolled row holds
+        c = (torch.arange(Gw) + sw) % Gw
     else:
-        r = torch.cat([(torch.arange(gh) + shift) % gh, torch.arange(gh, Gh)])
-        c = torch.cat([(torch.arange(gw) + shift) % gw, torch.arange(gw, Gw)])
+        r = torch.cat([(torch.arange(gh) + sh) % gh, torch.arange(gh, Gh)])
+        c = torch.cat([(torch.arange(gw) + sw) % gw, torch.arange(gw, Gw)])
     token = torch.where((r[:, None] < gh) & (c[None, :] < gw), r[:, None] * gw + c[None, :], gh * gw)  # (Gh, Gw)
-    token = token.view(Gh // window, window, Gw // window, window).permute(0, 2, 1, 3)
-    return token.reshape(-1, window * window)
+    token = token.view(Gh // wh, wh, Gw // ww, ww).permute(0, 2, 1, 3)
+    return token.reshape(-1, wh * ww)
 
 
-def shift_windows(x: torch.Tensor, grid: tuple[int, int], window: int, shift: int, shift_padded: bool
-                  ) -> torch.Tensor:
-    """Patch tokens ``(B, gh*gw, D)`` -> windows ``(B * nw, w*w, D)``: padded with zeros to a multiple of ``window``
-    and rolled by ``-shift`` (in the order ``shift_padded`` says), then cut row-major (``window_tokens``' order)."""
+def shift_windows(x: torch.Tensor, grid: tuple[int, int], window: int | tuple[int, int],
+                  shift: int | tuple[int, int], shift_padded: bool) -> torch.Tensor:
+    """Patch tokens ``(B, gh*gw, D)`` -> windows ``(B * nw, wh*ww, D)``: padded with zeros to a multiple of
+    ``window`` and rolled by ``-shift`` (each ``(height, width)`` or an int for both; in the order
+    ``shift_padded`` says), then cut row-major (``window_tokens``' order)."""
     B, _, D = x.shape
     gh, gw = grid
+    (wh, ww), (sh, sw) = pair(window), pair(shift)
     x = x.view(B, gh, gw, D)
-    ph, pw = -gh % window, -gw % window
-    if shift and not shift_padded:
-        x = torch.roll(x, (-shift, -shift), (1, 2))
+    ph, pw = -gh % wh, -gw % ww
+    if (sh or sw) and not shift_padded:
+        x = torch.roll(x, (-sh, -sw), (1, 2))
     if ph or pw:  # (F.pad copies even when it adds nothing)
         x = F.pad(x, (0, 0, 0, pw, 0, ph))  # (B, Gh, Gw, D)
-    if shift and shift_padded:
-        x = torch.roll(x, (-shift, -shift), (1, 2))
+    if (sh or sw) and shift_padded:
+        x = torch.roll(x, (-sh, -sw), (1, 2))
     Gh, Gw = gh + ph, gw + pw
-    x = x.view(B, Gh // window, window, Gw // window, window, D).permute(0, 1, 3, 2, 4, 5)
-    return x.reshape(-1, window * window, D)  # (B * nw, w*w, D)
+    x = x.view(B, Gh // wh, wh, Gw // ww, ww, D).permute(0, 1, 3, 2, 4, 5)
+    return x.reshape(-1, wh * ww, D)  # (B * nw, wh*ww, D)
 
 
-def unshift_windows(windows: torch.Tensor, grid: tuple[int, int], window: int, shift: int, shift_padded: bool
-                    ) -> torch.Tensor:
-    """``shift_windows``' inverse: ``(B * nw, w*w, D)`` -> ``(B, gh*gw, D)``, the shift undone, padding dropped."""
+def unshift_windows(windows: torch.Tensor, grid: tuple[int, int], window: int | tuple[int, int],
+                    shift: int | tuple[int, int], shift_padded: bool) -> torch.Tensor:
+    """``shift_windows``' inverse: ``(B * nw, wh*ww, D)`` -> ``(B, gh*gw, D)``, the shift undone, padding dropped."""
     gh, gw = grid
-    Gh, Gw = -(-gh // window) * window, -(-gw // window) * window
+    (wh, ww), (sh, sw) = pair(window), pair(shift)
+    Gh, Gw = -(-gh // wh) * wh, -(-gw // ww) * ww
     D = windows.shape[-1]
-    x = windows.view(-1, Gh // window, Gw // window, window, window, D).permute(0, 1, 3, 2, 4, 5)
+    x = windows.view(-1, Gh // wh, Gw // ww, wh, ww, D).permute(0, 1, 3, 2, 4, 5)
     x = x.reshape(-1, Gh, Gw, D)
-    if shift and shift_padded:
-        x = torch.roll(x, (shift, shift), (1, 2))
+    if (sh or sw) and shift_padded:
+        x = torch.roll(x, (sh, sw), (1, 2))
     x = x[:, :gh, :gw]
-    if shift and not shift_padded:
-        x = torch.roll(x, (shift, shift), (1, 2))
+    if (sh or sw) and not shift_padded:
+        x = torch.roll(x, (sh, sw), (1, 2))
     return x.reshape(-1, gh * gw, D)
 
 
 @lru_cache(maxsize=32)
-def shift_mask(grid: tuple[int, int], window: int, shift: int) -> torch.Tensor:
-    """Swin's shifted-window attention mask ``(nw, w*w, w*w)``: -100 between tokens that the cyclic shift brought
-    together from different regions of the (padded) grid, 0 elsewhere (HF / timm ``get_attn_mask``; both libraries
-    cut the regions on the padded grid). Kept per grid, as timm keeps it in a buffer (forming it in every shifted
-    block was ~2 % of Swin-T's forward at one thread); read it, never write to it."""
+def shift_mask(grid: tuple[int, int], window: int | tuple[int, int], shift: int | tuple[int, int]) -> torch.Tensor:
+    """Swin's shifted-window attention mask ``(nw, wh*ww, wh*ww)``: -100 between tokens that the cyclic shift
+    brought together from different regions of the (padded) grid, 0 elsewhere (HF / timm ``get_attn_mask``; both
+    libraries cut the regions on the padded grid; an axis not shifted has one region in each window). Kept per
+    grid, as timm keeps it in a buffer (forming it in every shifted block was ~2 % of Swin-T's forward at one
+    thread); read it, never write to it."""
     with torch.inference_mode(False):  # kept for gradient passes too: an inference tensor cannot be saved for them
         gh, gw = grid
-        Gh, Gw = -(-gh // window) * window, -(-gw // window) * window
+        (wh, ww), (sh, sw) = pair(window), pair(shift)
+        Gh, Gw = -(-gh // wh) * wh, -(-gw // ww) * ww
         rows, cols = torch.arange(Gh), torch.arange(Gw)
-        region_r = (rows >= Gh - window).long() + (rows >= Gh - shift).long()
-        region_c = (cols >= Gw - window).long() + (cols >= Gw - shift).long()
-        region = (region_r[:, None] * 3 + region_c[None, :]).view(Gh // window, window, Gw // window, window)
-        region = region.permute(0, 2, 1, 3).reshape(-1, window * window)  # (nw, n)
+        region_r = (rows >= Gh - wh).long() + (rows >= Gh - sh).long()
+        region_c = (cols >= Gw - ww).long() + (cols >= Gw - sw).long()
+        region = (region_r[:, None] * 3 + region_c[None, :]).view(Gh // wh, wh, Gw // ww, ww)
+        region = region.permute(0, 2, 1, 3).reshape(-1, wh * ww)  # (nw, n)
         return torch.where(region[:, None, :] == region[:, :, None], 0.0, -100.0)
 
 
-def window_and_shift(grid: tuple[int, int], window: int, shift: bool, shrink: bool = False) -> tuple[int, int]:
-    """A Swin layer's window side and shift on ``grid``: the configured window, shifted by half of it in shifting
-    layers, except that a grid no larger than the window in its short side has unshifted windows of that side (HF
-    ``set_shift_and_window_size``, Swin V2's ``_compute_window_shift``). ValueError when the grid is smaller than
-    the window and the window cannot ``shrink`` (Swin's table has that window's offsets only; Swin V2's MLP reads
-    any offsets)."""
-    side = min(grid)
-    if side < window and not shrink:
+def window_and_shift(grid: tuple[int, int], window: int, shift: bool, shrink: bool = False, rule: str = "hf",
+                     built: tuple[int, int] | None = None) -> tuple[tuple[int, int], tuple[int, int]]:
+    """A Swin layer's window and shift on ``grid``, each ``(height, width)``: the configured ``window``, shifted by
+    half of it in shifting layers, except where the grid is no larger than the window, as each library decides
+    (``rule``):
+
+    - ``"hf"`` (HF Swin's ``set_shift_and_window_size``, on the grid it runs on): a grid no larger than the window
+      in its shorter side has unshifted windows of that side, on both axes;
+    - ``"hf_v2"`` (HF Swin V2's ``_compute_window_shift``, fixed when built, on ``built``: the grid HF builds the
+      layer for, the image's grid halved per stage rounding down; ``grid`` if not given): its height decides for
+      both axes, so a grid wider than the window but no taller is not shifted, and one taller but no wider is,
+      its width padded;
+    - ``"timm"`` (timm's ``_calc_window_shift``): each axis on its own, an axis no longer than the window has a
+      window of its length and no shift.
+
+    ValueError where a window would shrink and cannot (``shrink``: Swin's table has that window's offsets only,
+    unless timm's checkpoint filter resizes it; Swin V2's MLP reads any offsets)."""
+    if rule not in WINDOW_RULES:
+        raise ValueError(f"unknown window rule {rule!r}; choose one of {', '.join(WINDOW_RULES)}")
+    half = window // 2 if shift else 0
+    if rule == "timm":
+        windows = tuple(min(g, window) for g in grid)
+        shifts = tuple(0 if g <= window else half for g in grid)
+    else:
+        side = (built or grid)[0] if rule == "hf_v2" else min(grid)
+        windows, shifts = (min(side, window),) * 2, (0 if side <= window else half,) * 2
+    if min(windows) < 1 or (min(windows) < window and not shrink):
         raise ValueError(f"a {grid[0]}x{grid[1]} patch grid is smaller than the {window}x{window} windows")
-    if side <= window:
-        return side, 0
-    return window, window // 2 if shift else 0
+    return windows, shifts
 
 
 def covering_token(token: int, grid: tuple[int, int], layer_grid: tuple[int, int]) -> int:
@@ -292,14 +350,15 @@ class QueryPool(nn.Module):
 # --- Swin's relative position biases over a window's offsets ----------------------------------------------------
 
 @lru_cache(maxsize=8)
-def swin_relative_index(window: int) -> torch.Tensor:
-    """``(w*w, w*w)``: each pair of a window's tokens' offset, row-major over ``(2w-1, 2w-1)`` (HF / timm
-    ``relative_position_index``); kept per window side, as the libraries keep it in a buffer (read it, never write
-    to it)."""
+def swin_relative_index(window: int | tuple[int, int]) -> torch.Tensor:
+    """``(wh*ww, wh*ww)``: each pair of a window's tokens' offset, row-major over ``(2wh-1, 2ww-1)`` (HF / timm
+    ``relative_position_index``, timm's ``get_relative_position_index(wh, ww)``); kept per window, as the libraries
+    keep it in a buffer (read it, never write to it)."""
     with torch.inference_mode(False):  # kept for gradient passes too: an inference tensor cannot be saved for them
-        coords = torch.stack(torch.meshgrid(torch.arange(window), torch.arange(window), indexing="ij")).flatten(1)
-        rel = (coords[:, :, None] - coords[:, None, :]).permute(1, 2, 0) + (window - 1)  # (n, n, 2)
-        return rel[..., 0] * (2 * window - 1) + rel[..., 1]
+        wh, ww = pair(window)
+        coords = torch.stack(torch.meshgrid(torch.arange(wh), torch.arange(ww), indexing="ij")).flatten(1)
+        rel = (coords[:, :, None] - coords[:, None, :]).permute(1, 2, 0)  # (n, n, 2)
+        return (rel[..., 0] + wh - 1) * (2 * ww - 1) + rel[..., 1] + ww - 1
 
 
 class SwinPositionBias(nn.Module):
@@ -310,13 +369,18 @@ class SwinPositionBias(nn.Module):
         self.window = window
         self.table = nn.Parameter(torch.zeros((2 * window - 1) ** 2, num_heads))
 
-    def forward(self, window: int | None = None) -> torch.Tensor:
-        """The bias ``(nh, w*w, w*w)`` (the table's own window: ``window`` is only checked)."""
-        if window not in (None, self.window):
-            raise ValueError(f"Swin's position table covers {self.window}x{self.window} windows, not {window}")
-        n = self.window ** 2
-        index = swin_relative_index(self.window).to(self.table.device)  # made here: a buffer would stay on meta
-        return self.table.index_select(0, index.reshape(-1)).view(n, n, -1).permute(2, 0, 1)
+    def forward(self, window: int | tuple[int, int] | None = None) -> torch.Tensor:
+        """The bias ``(nh, wh*ww, wh*ww)`` for windows ``window`` (``(wh, ww)``; None: the table's own). A window
+        narrower than the table's (timm's Swin on a grid narrower than its window on a side) reads the table
+        resized as timm's checkpoint filter resizes it for that layer (``resize_rel_pos_bias_table``)."""
+        wh, ww = pair(window or self.window)
+        table = self.table
+        if (wh, ww) != (self.window, self.window):
+            if wh > self.window or ww > self.window:
+                raise ValueError(f"Swin's position table covers {self.window}x{self.window} windows, not {wh}x{ww}")
+            table = resize_beit_table(table, (self.window, self.window), (wh, ww), extra=0)
+        index = swin_relative_index((wh, ww)).to(table.device)  # made here: a buffer would stay on meta
+        return table.index_select(0, index.reshape(-1)).view(wh * ww, wh * ww, -1).permute(2, 0, 1)
 
 
 class SwinV2PositionBias(nn.Module):
@@ -329,23 +393,25 @@ class SwinV2PositionBias(nn.Module):
         self.window, self.pretrained_window = window, pretrained_window
         self.cpb_mlp = nn.Sequential(nn.Linear(2, 512), nn.ReLU(), nn.Linear(512, num_heads, bias=False))
 
-    def coords(self, window: int) -> torch.Tensor:
-        """``((2w-1)**2, 2)``: each offset's log-spaced coordinates, as the MLP reads them."""
-        offsets = torch.arange(-(window - 1), window, dtype=torch.float32)
-        coords = torch.stack(torch.meshgrid(offsets, offsets, indexing="ij"), dim=-1)  # (2w-1, 2w-1, 2)
-        norm = self.pretrained_window - 1 if self.pretrained_window > 0 else window - 1
-        if norm > 0:
-            coords = coords / norm
+    def coords(self, window: int | tuple[int, int]) -> torch.Tensor:
+        """``((2wh-1)*(2ww-1), 2)``: each offset's log-spaced coordinates, as the MLP reads them, each axis
+        normalised by its own window side less one (or the pretrained window's)."""
+        axes = []
+        for side in pair(window):
+            offsets = torch.arange(-(side - 1), side, dtype=torch.float32)
+            norm = self.pretrained_window - 1 if self.pretrained_window > 0 else side - 1
+            axes.append(offsets / norm if norm > 0 else offsets)
+        coords = torch.stack(torch.meshgrid(*axes, indexing="ij"), dim=-1)  # (2wh-1, 2ww-1, 2)
         coords = coords * 8
         coords = torch.sign(coords) * torch.log2(coords.abs() + 1.0) / 3.0  # log2(8) = 3
         return coords.reshape(-1, 2)
 
-    def forward(self, window: int | None = None) -> torch.Tensor:
-        """The bias ``(nh, w*w, w*w)`` for windows of side ``window`` (the layer's, which a small grid shrinks)."""
-        window = window or self.window
-        n = window ** 2
+    def forward(self, window: int | tuple[int, int] | None = None) -> torch.Tensor:
+        """The bias ``(nh, wh*ww, wh*ww)`` for windows ``window`` (``(wh, ww)``: the layer's, which a small grid
+        shrinks)."""
+        wh, ww = pair(window or self.window)
         weight = self.cpb_mlp[0].weight
-        table = self.cpb_mlp(self.coords(window).to(weight.device, weight.dtype))  # ((2w-1)**2, nh)
-        index = swin_relative_index(window).to(weight.device)
+        table = self.cpb_mlp(self.coords((wh, ww)).to(weight.device, weight.dtype))  # ((2wh-1)*(2ww-1), nh)
+        index = swin_relative_index((wh, ww)).to(weight.device)
         table = 16 * torch.sigmoid(table)  # per offset, before it is spread over the pairs (the same values)
-        return table.index_select(0, index.reshape(-1)).view(n, n, -1).permute(2, 0, 1)
+        return table.index_select(0, index.reshape(-1)).view(wh * ww, wh * ww, -1).permute(2, 0, 1)

@@ -116,10 +116,13 @@ class ViT(Parent):
     def layer_layouts(self, grid: tuple[int, int]) -> tuple[LayerLayout, ...]:
         """Each layer's ``LayerLayout`` (its grid, window and shift) for an input whose patch grid is ``grid``;
         ValueError, naming the input sizes that work, where a layer's grid is smaller than its windows."""
+        c = self.config
+        # the grid HF Swin V2 builds each stage for: the image's halved per stage, rounding down
+        built = [(grid[0] >> c.stage_of(i), grid[1] >> c.stage_of(i)) for i in range(len(self.blocks))]
         try:
-            return tuple(block.layout(g) for block, g in zip(self.blocks, self.layer_grids(grid), strict=True))
+            return tuple(block.layout(g, b) for block, g, b in zip(self.blocks, self.layer_grids(grid), built,
+                                                                     strict=True))
         except ValueError as error:
-            c = self.config
             ph, pw = c.patch_hw
             if c.merge == "pool":
                 side = max(2 ** (c.num_stages - 1), c.stage_windows[0] if c.mask_units else 1)
@@ -277,12 +280,14 @@ class ViT(Parent):
         shared = partial(self.rel_pos_bias, grid) if self.rel_pos_bias is not None else None
         attentions = []
         blocks = list(self.blocks)[start:stop]  # not self.blocks[start:stop]: that builds a ModuleList
+        layouts = None
         if grid is not None and c.stage_depths:
-            self.layer_layouts(grid)  # the sizes that work, before any block runs
+            layouts = self.layer_layouts(grid)  # also the sizes that work, before any block runs
+            layouts = layouts[start % len(self.blocks):]  # (a negative start counts from the end, as the slice does)
             grid = ((grid,) + self.layer_grids(grid))[start % len(self.blocks)]  # the grid of block start's input
         for i, block in enumerate(blocks):
             x, probs = block(x, output_attentions, rope, queries if i == len(blocks) - 1 else None, grid, shared,
-                             key_mask=key_mask)
+                             key_mask=key_mask, layout=None if layouts is None else layouts[i])
             grid = None if grid is None else block.grid_after(grid)
             attentions.append(probs)
         return x, tuple(attentions) if output_attentions else None

@@ -6,10 +6,13 @@ block of a stage on windows cyclically shifted by half a window, with the shift'
 patch merging (2x2 neighbours concatenated, a norm, a linear map), a final norm, mean pooling and the classifier.
 V1 adds a learned table of relative position biases over a window's offsets; V2 a bias from a small MLP of
 log-spaced offsets (``16 * sigmoid``), cosine attention with a learned per-head logit scale, no key bias, norms after
-each branch instead of before (res-post-norm) and a merge that maps before it normalises. A stage's grid no larger
-than the windows has one unshifted window of its side (a smaller one refuses in V1, whose table has no other
-offsets; V2's windows shrink, as both libraries do). HF pads the grid before the cyclic shift, timm after it
-(``ViTConfig.shift_padded``). HF's masked-image-modelling decoder and ``SwinBackbone`` are not supported.
+each branch instead of before (res-post-norm) and a merge that maps before it normalises. HF pads the grid before
+the cyclic shift, timm after it (``ViTConfig.shift_padded``). Where a stage's grid is no larger than the windows on
+a side, each library has its own rule (``ViTConfig.window_rule``, ``vit.model.stages.window_and_shift``): HF Swin
+takes the grid's shorter side for both axes (unshifted windows of that side; a smaller one refuses in V1, whose
+table has no other offsets), HF Swin V2 the height of the grid it is built for, for both axes, and timm each axis
+on its own (a window of that axis's length, not shifted along it; V1's table resized as timm's checkpoint filter
+resizes it). HF's masked-image-modelling decoder and ``SwinBackbone`` are not supported.
 """
 
 from __future__ import annotations
@@ -38,7 +41,7 @@ def is_swin_name(name: str) -> bool:
 
 
 def _config(v2: bool, image_size, patch: int, channels: int, classes: int, embed: int, depths, heads, window: int,
-            mlp_ratio: float, qkv_bias: bool, abs_pos: bool, shift_padded: bool, pretrained=()) -> ViTConfig:
+            mlp_ratio: float, qkv_bias: bool, abs_pos: bool, timm: bool, pretrained=()) -> ViTConfig:
     depths, heads = tuple(int(d) for d in depths), tuple(int(h) for h in heads)
     if len(heads) != len(depths):
         raise ValueError(f"Swin config has {len(depths)} stages but {len(heads)} head counts")
@@ -49,7 +52,8 @@ def _config(v2: bool, image_size, patch: int, channels: int, classes: int, embed
                      layer_norm_eps=1e-5, qkv_bias=qkv_bias, class_token=False, pos_embed=abs_pos, pooling="avg",
                      embed_norm=True, stage_depths=depths, stage_widths=widths, stage_heads=heads,
                      merge="swinv2" if v2 else "swin", window_size=window, window_shift=True,
-                     shift_padded=shift_padded, rel_pos="swinv2" if v2 else "swin",
+                     shift_padded=not timm, window_rule="timm" if timm else "hf_v2" if v2 else "hf",
+                     rel_pos="swinv2" if v2 else "swin",
                      attention="cosine" if v2 else "dot", res_post_norm=v2, key_bias=not v2,
                      pretrained_windows=tuple(pretrained) if any(pretrained) else ())
 
@@ -75,7 +79,7 @@ def config_from_hf(config_json: Mapping) -> ViTConfig:
                    config_json.get("num_channels", 3), classes, config_json.get("embed_dim", 96), depths,
                    config_json.get("num_heads", [3, 6, 12, 24]), config_json.get("window_size", 7),
                    config_json.get("mlp_ratio", 4.0), bool(config_json.get("qkv_bias", True)),
-                   bool(config_json.get("use_absolute_embeddings", False)), True, pretrained)
+                   bool(config_json.get("use_absolute_embeddings", False)), False, pretrained)
 
 
 def state_dict_from_hf(state: Mapping[str, torch.Tensor], config: ViTConfig) -> dict[str, torch.Tensor]:
@@ -166,6 +170,12 @@ def config_from_timm(name: str, state: Mapping[str, torch.Tensor], model_args: M
         if (2 * side - 1) ** 2 != table:
             raise ValueError(f"timm {name}: a position table of {table} rows is no square window's")
         window = side
+        for s in range(1, stages):
+            rows = state[f"layers.{s}.blocks.0.attn.relative_position_bias_table"].shape[0]
+            if rows != table:  # timm built at a size whose grid there is narrower than the windows
+                raise ValueError(f"timm {name}: stage {s}'s position table has {rows} rows, not the {table} of its "
+                                 f"{window}x{window} windows (timm resized it for an input narrower than them); open "
+                                 "the weights as trained, which are resized here as timm does at any input size")
     sized = _TIMM_SIZE.search(name.split(".")[0] + ".")
     size = args.get("img_size") or (int(sized.group(2) or sized.group(1)) if sized else 224)
     if isinstance(size, (list, tuple)):
@@ -177,7 +187,7 @@ def config_from_timm(name: str, state: Mapping[str, torch.Tensor], model_args: M
     classes = state["head.fc.weight"].shape[0] if "head.fc.weight" in state else 0
     qkv_bias = ("layers.0.blocks.0.attn.q_bias" in state) if v2 else ("layers.0.blocks.0.attn.qkv.bias" in state)
     return _config(v2, size, patch, channels, classes, width, depths, heads, window, mlp_ratio, qkv_bias,
-                   "absolute_pos_embed" in state, False, pretrained)
+                   "absolute_pos_embed" in state, True, pretrained)
 
 
 def state_dict_from_timm(state: Mapping[str, torch.Tensor], config: ViTConfig) -> dict[str, torch.Tensor]:
