@@ -14,6 +14,7 @@ from PIL import Image
 from plotly.offline import get_plotlyjs
 
 import vit
+from vit.app import share
 from vit.app.export import View, valued_points, view_html
 from vit.checkpoint import save_checkpoint
 from vit.inference import Prediction, preprocess
@@ -33,6 +34,15 @@ def figures(page: str) -> dict[str, dict]:
     found = {}
     for div, body in re.findall(r'Plotly\.newPlot\(\s*"([^"]+)",\s*(\[.*?\]),\s*\{', page, flags=re.S):
         found[div] = json.loads(body)
+    return found
+
+
+def layouts(page: str) -> dict[str, dict]:
+    """Each Plotly figure's layout by its div id, as the page hands it to Plotly (after the figure's data)."""
+    decoder, found = json.JSONDecoder(), {}
+    for match in re.finditer(r'Plotly\.newPlot\(\s*"([^"]+)",\s*', page):
+        _, end = decoder.raw_decode(page, match.end())
+        found[match.group(1)], _ = decoder.raw_decode(page, page.index("{", end))
     return found
 
 
@@ -88,6 +98,42 @@ def test_a_vit_b16_view_at_224_px_is_a_few_megabytes_at_most():
     page = view_html(View("ViT-B/16", image, rng.random((14, 14)), "caption", heads=rng.random((12, 14, 14)),
                           prediction=prediction_of([(f"class {i}", 0.2) for i in range(5)])))
     assert len(page.encode()) < 8 * 2**20
+
+
+def test_the_map_outlines_the_query_patch_as_the_page_does():
+    # A 40 px image is shown at 320 px: each patch of the 4 x 4 grid is 80 px. Token 7 (one prefix token) is patch
+    # 6: row 1, column 2 from 0.
+    page = view_html(View("t", photo(40, 40), np.random.default_rng(0).random((4, 4)), "caption", query=7))
+    [outline] = [s for s in layouts(page)["map"]["shapes"] if s["type"] == "rect"]
+    assert (outline["x0"], outline["x1"], outline["y0"], outline["y1"]) == (160, 240, 80, 160)
+    cls = view_html(View("t", photo(40, 40), np.random.default_rng(0).random((4, 4)), "caption", query=0))
+    assert not layouts(cls)["map"].get("shapes")
+
+
+def test_the_heads_grid_numbers_each_head_over_its_thumbnail():
+    # 40 px thumbnails are drawn at 80 px, two of them 2 px apart: head 2's spans x 82 to 162.
+    page = view_html(View("t", photo(40, 40), np.ones((2, 2)), "caption", heads=np.ones((2, 2, 2)), heads_layer=4))
+    axes = layouts(page)["heads"]
+    assert axes["xaxis"]["ticktext"] == ["head 1", "head 2"] and axes["yaxis"]["ticktext"] == ["L5"]
+    tiles = [(0, 80), (82, 162)]
+    assert all(low < at < high for at, (low, high) in zip(axes["xaxis"]["tickvals"], tiles, strict=True))
+
+
+def test_the_settings_read_as_the_sidebar_shows_them():
+    values = {"model": "m", "sample": "cat.png", "size": 0, "aspect": False, "map": "attention", "query": 6,  # patch 5
+              "layer": 2, "head": 2, "opacity": 0.6, "cmap": "viridis", "scale": "own", "grid": False, "class": 1,
+              "ablate": ("1.2", "2.1")}
+    described = share.describe(values, size_label="16", grid=(4, 4), num_prefix_tokens=1, prefix_names=["CLS"],
+                               class_names=CLASSES)
+    assert described == {
+        "Input size": "the model's size (16 px)", "Keep the aspect ratio (long side at that size)": "no",
+        "Map": "Attention of one layer", "Class": "<b>dog</b>", "Query token": "6 · patch row 2, col 2",
+        "Layer": "2", "Head": "head 2", "Opacity": "0.6", "Colour map": "viridis",
+        "Colour scale": "each map's min–max", "Show the patch grid": "no",
+        "Heads switched off in every map": "1.2, 2.1"}
+    fused = share.describe({"head": 0, "class": -1, "size": 224}, size_label="16", grid=(4, 4),
+                           num_prefix_tokens=1, prefix_names=["CLS"], class_names=CLASSES, predicted=2)
+    assert fused == {"Input size": "224 px", "Head": "all heads, fused", "Class": "predicted: fox"}
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,7 @@ from PIL import Image
 from app_pages.explorer_sections import share_view
 from app_pages.explorer_sections.caches import UPLOAD_TYPES, decode_image
 from app_pages.explorer_sections.uploader import file_upload
-from vit.app import catalog, drawing, explorer
+from vit.app import catalog, drawing, explorer, share
 from vit.checkpoint import Checkpoint
 from vit.images import ImageError
 from vit.inference import MAX_INPUT_SIDE, InputSize
@@ -61,17 +61,17 @@ def pick_image(entry: catalog.CatalogEntry, entries: dict[str, catalog.CatalogEn
                    if s <= MAX_INPUT_SIDE)
     # Options are never None: Streamlit shows a None option as an empty "Choose an option" box.
     side = st.sidebar.selectbox(
-        "Input size", [0, *sides], key="input_side",
-        format_func=lambda s: f"the model's size ({pre.size_label} px)" if s == 0 else f"{s} px",
+        share.LABELS["size"], [0, *sides], key="input_side",
+        format_func=lambda s: drawing.size_option(s, pre.size_label),
         help="The size the model sees the image at. Other sizes than the training size interpolate the position "
              "embeddings (as DINO's visualisation does): finer maps, but the predictions may change.")
-    keep_aspect = st.sidebar.checkbox("Keep the aspect ratio (long side at that size)", key="keep_aspect",
+    keep_aspect = st.sidebar.checkbox(share.LABELS["aspect"], key="keep_aspect",
                                       help="Off: the image is resized to a square, as in training.")
     size = InputSize(side or None, keep_aspect)
     invert = False
     if pre.num_channels == 1:
         invert = st.sidebar.checkbox(
-            "Invert (for dark strokes on a light background)", key="invert",
+            share.LABELS["invert"], key="invert",
             help="Greyscale models trained on light digits on black (MNIST) need them that way.")
     if uploaded is not None:
         data, image_name = uploaded.getvalue(), uploaded.name

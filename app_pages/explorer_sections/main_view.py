@@ -14,7 +14,6 @@ from app_pages.explorer_sections.long_work import long_work
 from app_pages.explorer_sections.map_settings import MainMap
 from app_pages.explorer_sections.state import Shown
 from vit.app import drawing, explorer
-from vit.explain.overlay import draw_mask_contours, overlay
 from vit.images import MAX_SIDE
 from vit.sizes import describe_size
 from vit.text import escape_markdown
@@ -79,10 +78,7 @@ def main_view(view: Shown, main: MainMap, places: Places, query_key: str, image_
                                                        view.outline, settings.query)
     map2d, map_colormap, vmin, vmax, mask = main.map2d, main.colormap, main.vmin, main.vmax, main.mask
     pre = checkpoint.preprocessing
-    drawn = overlay(shown, map2d, opacity, map_colormap, mode, show_grid=show_grid, outline_patch=outline, vmin=vmin,
-                    vmax=vmax)
-    if mask is not None:
-        drawn = draw_mask_contours(drawn, mask)
+    drawn = drawing.overlay_image(shown, map2d, opacity, map_colormap, mode, show_grid, outline, vmin, vmax, mask)
     picker = partial(drawing.patch_picker_figure, fit_width=ENLARGED_WIDTH if places.enlarge else FIT_WIDTH,
                      zoomable=places.enlarge)
     overlay_figure = picker(shown.size, drawing.jpeg_data_uri(drawn), grid, query, prefix, show_grid=False)

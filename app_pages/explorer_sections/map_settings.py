@@ -8,7 +8,7 @@ from PIL import Image
 from streamlit.delta_generator import DeltaGenerator
 
 from app_pages.explorer_sections.caches import class_relevance, method_map, rollout_map
-from vit.app import drawing, explorer
+from vit.app import drawing, explorer, share
 from vit.checkpoint import Checkpoint
 from vit.explain.attention import HEAD_FUSIONS
 from vit.explain.overlay import UPSAMPLE_MODES
@@ -67,7 +67,7 @@ def choose_map(shape: explorer.ViewShape, class_names: list[str], model_key: str
             st.session_state.get("map_kind"), st.session_state.get("map_default"), choices,
             st.session_state.get("map_model") != model_key)
         st.session_state["map_model"], st.session_state["map_default"] = model_key, choices[0]
-        kind = st.radio("Map", choices, key="map_kind",
+        kind = st.radio(share.LABELS["map"], choices, key="map_kind",
                         format_func=lambda k: explorer.MAP_KINDS.get(k, explorer.MORE_METHODS_LABEL))
         if kind == explorer.MORE_METHODS:
             methods = [k for k in explorer.METHOD_MAP_KINDS if k in kinds  # a Swin's: AttnLRP
@@ -97,15 +97,15 @@ def choose_map(shape: explorer.ViewShape, class_names: list[str], model_key: str
         query, layer, head, fusion, discard_ratio, end_layer, class_index = 0, L, None, "mean", 0.0, L, None
         class_slot = st.empty() if "class" in controls else None
         if "query" in controls:
-            query = st.selectbox("Query token" + (" (for the class map)" if kind in explorer.CLASS_MAP_KINDS else ""),
-                                 tokens,
+            for_class = " (for the class map)" if kind in explorer.CLASS_MAP_KINDS else ""
+            query = st.selectbox(share.LABELS["query"] + for_class, tokens,
                                  key=query_key, format_func=lambda t: drawing.token_option(t, grid, prefix, names),
                                  help="Whose attention to show: CLS (token 0), another prefix token (DIST, REG) or a "
                                       "patch, numbered row by row. "
                                       "Clicking a patch on the image selects it too.")
         if "layer" in controls:
             st.session_state.setdefault(f"layer-{model_key}", L)
-            layer = st.select_slider("Layer", range(1, L + 1), key=f"layer-{model_key}",
+            layer = st.select_slider(share.LABELS["layer"], range(1, L + 1), key=f"layer-{model_key}",
                                      help="1 is the first block. Also for the heads grid and the matrix.")
         if "head" in controls:  # the probe's heads are its own (PE: 8), so its choice is kept apart
             probe = kind == "probe"
@@ -113,15 +113,15 @@ def choose_map(shape: explorer.ViewShape, class_names: list[str], model_key: str
             head_key = f"head-{model_key}" + ("-probe" if probe else "")
             if st.session_state.get(head_key, -1) >= heads:  # a head of another Swin stage: fused again
                 st.session_state[head_key] = -1
-            head = st.selectbox("Head", [-1, *range(heads)], key=head_key,
-                                format_func=lambda h: "all heads, fused" if h == -1 else f"head {h + 1}")
+            head = st.selectbox(share.LABELS["head"], [-1, *range(heads)], key=head_key,
+                                format_func=drawing.head_option)
             head = None if head == -1 else head
         if "fusion" in controls and (kind not in ("attention", "probe") or head is None):
-            fusion = st.radio("Head fusion", HEAD_FUSIONS, horizontal=True, key="fusion",
+            fusion = st.radio(share.LABELS["fusion"], HEAD_FUSIONS, horizontal=True, key="fusion",
                               help="How heads combine: for 'all heads, fused' and in the rollout.")
         if "end_layer" in controls:
             st.session_state.setdefault(f"end-{model_key}", L)
-            end_layer = st.select_slider("Up to layer", range(1, L + 1), key=f"end-{model_key}",
+            end_layer = st.select_slider(share.LABELS["end"], range(1, L + 1), key=f"end-{model_key}",
                                          help="Roll out from layer 1 through this layer.")
         start_layer = -2  # LeGrad's authors' default: the last two layers
         if "start_layer" in controls:
@@ -136,7 +136,7 @@ def choose_map(shape: explorer.ViewShape, class_names: list[str], model_key: str
                                                 "(its authors' layer_index; they use the last two).") - 1 - L
         if "discard_ratio" in controls:
             st.session_state.setdefault("discard_ratio", 0.0)
-            discard_ratio = st.slider("Discard ratio", 0.0, 0.95, step=0.05, key="discard_ratio",
+            discard_ratio = st.slider(share.LABELS["discard"], 0.0, 0.95, step=0.05, key="discard_ratio",
                                       help="Share of each row's weakest patch attentions set to zero before "
                                            "rolling out; higher values keep only the strongest paths.")
         if "layer" not in controls:  # the heads grid and the matrix still need a layer
@@ -144,26 +144,26 @@ def choose_map(shape: explorer.ViewShape, class_names: list[str], model_key: str
 
         st.header("Overlay")
         st.session_state.setdefault("opacity", 0.6)
-        opacity = st.slider("Opacity", 0.0, 1.0, step=0.05, key="opacity")
-        colormap = st.selectbox("Colour map", drawing.COLORMAPS, key="colormap")
-        scale = st.radio("Colour scale", list(drawing.COLOUR_SCALES), format_func=drawing.COLOUR_SCALES.get,
+        opacity = st.slider(share.LABELS["opacity"], 0.0, 1.0, step=0.05, key="opacity")
+        colormap = st.selectbox(share.LABELS["cmap"], drawing.COLORMAPS, key="colormap")
+        scale = st.radio(share.LABELS["scale"], list(drawing.COLOUR_SCALES), format_func=drawing.COLOUR_SCALES.get,
                          key="colour_scale", help="Each map stretched to its own range makes a near-uniform map look "
                                                   "structured; 0 to max, or one range for all heads, compares them.")
-        mode = st.radio("Upsampling", UPSAMPLE_MODES[::-1], horizontal=True, key="upsample",
+        mode = st.radio(share.LABELS["upsample"], UPSAMPLE_MODES[::-1], horizontal=True, key="upsample",
                         help="bilinear: smooth between patch centres; nearest: one flat block per patch (exact "
                              "values).")
-        show_grid = st.checkbox("Show the patch grid", key="show_grid")
+        show_grid = st.checkbox(share.LABELS["grid"], key="show_grid")
         masked = st.checkbox("Attention-mass contour (DINO)", key="mass_mask",
                              help="Outline the patches that hold the chosen share of the map's mass, per head in the "
                                   "heads grid (Caron et al. 2021).")
         st.session_state.setdefault("mask_share", 0.6)
-        share = st.slider("Share of the mass", 0.05, 0.95, step=0.05, key="mask_share", disabled=not masked)
+        mass_share = st.slider(share.LABELS["mass"], 0.05, 0.95, step=0.05, key="mask_share", disabled=not masked)
     settings = explorer.MapSettings(kind=kind, layer=layer - 1, head=head, fusion=fusion, query=query,
                                     discard_ratio=discard_ratio, end_layer=end_layer - 1, class_index=class_index,
                                     start_layer=start_layer)
     outline = explorer.patch_of(query, prefix) if "query" in controls else None
     return MapChoice(settings, layer, tokens, query_key, outline, opacity, colormap, scale, mode, show_grid,
-                     share if masked else None, class_slot)
+                     mass_share if masked else None, class_slot)
 
 
 def choose_class(choice: MapChoice, prediction, class_names: list[str], model_key: str) -> MapChoice:
@@ -172,8 +172,8 @@ def choose_class(choice: MapChoice, prediction, class_names: list[str], model_ke
     if choice.class_slot is None:
         return choice
     class_index = choice.class_slot.selectbox(
-        "Class", [-1, *range(len(class_names))], key=f"class-{model_key}",
-        format_func=lambda c: f"predicted: {class_names[prediction.class_index]}" if c == -1 else class_names[c])
+        share.LABELS["class"], [-1, *range(len(class_names))], key=f"class-{model_key}",
+        format_func=lambda c: drawing.class_option(c, class_names, prediction.class_index))
     return replace(choice, settings=replace(choice.settings, class_index=None if class_index == -1 else class_index))
 
 

@@ -14,6 +14,7 @@ from app_pages.explorer_sections.state import Shown
 from vit.app import catalog, drawing, explorer, share
 from vit.app.export import View, view_html
 from vit.app.uploads import Upload, UploadStore
+from vit.explain.stages import on_patch_grid
 from vit.text import escape_markdown, visible
 
 READ_KEY, PENDING_KEY = "share_read", "share_pending"
@@ -194,8 +195,16 @@ def share_buttons(values: dict[str, object], view: Shown, main: MainMap, image_n
         st.code(url, language=None, wrap_lines=True)  # its copy button puts the link on the clipboard
         st.caption("Anyone who can reach this server sees this view at this link; an uploaded image is kept for a "
                    "while (the most recent uploads), a model opened by path opens only for a visitor with access.")
-    settings = {"model": model_name, "image": image_name,
-                **{k: v for k, v in params.items() if k not in ("model", "sample", "upload")}}
+    analysis, s = view.analysis, view.settings
+    shown = dict(values)  # and the pickers' first options, which a link leaves out but the sidebar shows
+    if "head" in explorer.MAP_CONTROLS[s.kind] and s.head is None:
+        shown["head"] = 0  # every head fused
+    if "class" in explorer.MAP_CONTROLS[s.kind] and s.class_index is None and view.class_names:
+        shown["class"] = -1  # the predicted class
+    settings = {"Model": model_name, "Image": image_name,
+                **share.describe(shown, size_label=view.checkpoint.preprocessing.size_label, grid=analysis.grid,
+                                 num_prefix_tokens=analysis.num_prefix_tokens, prefix_names=analysis.prefix_names,
+                                 class_names=view.class_names, predicted=analysis.prediction.class_index)}
     export.download_button("Export this view (HTML)", on_click="ignore", mime="text/html",
                            file_name=f"{drawing.file_name_part(Path(image_name).stem)}-view.html",
                            data=partial(_export, view, main, image_name, model_name, settings),
@@ -207,11 +216,16 @@ def share_buttons(values: dict[str, object], view: Shown, main: MainMap, image_n
 def _export(view: Shown, main: MainMap, image_name: str, model_name: str, settings: dict) -> bytes:
     analysis, s = view.analysis, view.settings
     heads = explorer.head_maps(analysis, s.query, layer=view.layer - 1)
+    if analysis.staged:  # a Swin stage's heads on its own grid, drawn over the image's patches (as the Heads tab)
+        heads = on_patch_grid(heads, analysis.grid)
     page = view_html(View(
         title=f"{image_name} — {model_name}", seen=view.shown, map2d=np.asarray(main.map2d), colormap=main.colormap,
         vmin=main.vmin, vmax=main.vmax, opacity=view.opacity, mode=view.mode,
         caption=drawing.describe_map(s, analysis, view.class_names) + " " + drawing.describe_range(
             main.map2d, main.vmin, main.vmax),
+        query=s.query if view.outline is not None else 0, num_prefix_tokens=analysis.num_prefix_tokens,
+        show_grid=view.show_grid, mask=main.mask,
         heads=heads, heads_caption=f"Layer {view.layer}: each head's attention of the query.",
-        prediction=analysis.prediction if view.class_names else None, settings=settings))
+        heads_layer=view.layer - 1, selected_head=s.head if s.kind == "attention" else None, scale=view.scale,
+        mask_share=view.mask_share, prediction=analysis.prediction if view.class_names else None, settings=settings))
     return page.encode("utf-8")

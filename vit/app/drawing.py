@@ -192,6 +192,22 @@ def token_option(token: int, grid: tuple[int, int], num_prefix_tokens: int = 1,
 
 
 
+def head_option(head: int) -> str:
+    """The head picker's text for a head counted from 0, -1 being every head fused: 'all heads, fused', 'head 3'."""
+    return "all heads, fused" if head == -1 else f"head {head + 1}"
+
+
+def class_option(index: int, class_names: Sequence[str], predicted: int) -> str:
+    """The class picker's text for class ``index``, -1 being the class the model predicts (``predicted``)."""
+    return f"predicted: {class_names[predicted]}" if index == -1 else class_names[index]
+
+
+def size_option(side: int, size_label: str) -> str:
+    """The input-size picker's text for ``side`` px, 0 being the model's own size (``Preprocessing.size_label``)."""
+    return f"the model's size ({size_label} px)" if side == 0 else f"{side} px"
+
+
+
 def tokens_caption(grid: tuple[int, int], num_prefix_tokens: int = 1, prefix_names: Sequence[str] = ()) -> str:
     """Which token is which, for the matrix caption: 'token 0 is CLS, 1 is REG 1, …; tokens 3–18 the patches'."""
     names = [f"{t} is {token_label(t, grid, num_prefix_tokens, prefix_names)}" for t in range(num_prefix_tokens)]
@@ -451,10 +467,10 @@ def model_input_image(image: Image.Image, checkpoint: Checkpoint, size: InputSiz
     p = checkpoint.preprocessing
     if size == TRAINING_SIZE and not p.max_num_patches:  # the checkpoint's own transform, with its crop
         array = to_uint8(image, p.image_size, p.num_channels, p.resize_size, p.resize_mode, p.resample,
-                         p.crop_rule)
+                         p.crop_rule, p.backend)
     else:
         shape = input_shape(image, p, checkpoint.model.config.patch_size, size)
-        array = to_uint8(image, shape, p.num_channels, resample=p.resample)
+        array = to_uint8(image, shape, p.num_channels, resample=p.resample, backend=p.backend)
     array = array.permute(1, 2, 0).numpy()  # (H, W, C)
     seen = Image.fromarray(array[:, :, 0] if array.shape[2] == 1 else array)
     if size == TRAINING_SIZE and p.resize_mode == "longest_edge_pad":  # the resized image at the top left
@@ -739,15 +755,22 @@ def colorbar_figure(vmin: float, vmax: float, colormap: str = "inferno", label: 
 
 
 
+def overlay_image(image: Image.Image, map2d: np.ndarray, opacity: float, colormap: str, mode: str, show_grid: bool,
+                  outline_patch: int | None, vmin: float | None = None, vmax: float | None = None,
+                  mask: np.ndarray | None = None) -> Image.Image:
+    """The main map as the page draws it over ``image``: its patch grid, the query's patch outlined and the
+    attention-mass contour of ``mask`` (the page, its PNG download and the HTML export all draw this one)."""
+    drawn = overlay(image, map2d, opacity, colormap, mode, show_grid=show_grid, outline_patch=outline_patch,
+                    vmin=vmin, vmax=vmax)
+    return drawn if mask is None else draw_mask_contours(drawn, mask)
+
+
 def overlay_png(image: Image.Image, map2d: np.ndarray, opacity: float, colormap: str, mode: str, show_grid: bool,
                 outline_patch: int | None, vmin: float | None = None, vmax: float | None = None,
                 mask: np.ndarray | None = None) -> bytes:
-    """The overlay at the image's own resolution, as PNG (for the download)."""
-    drawn = overlay(image, map2d, opacity, colormap, mode, show_grid=show_grid, outline_patch=outline_patch,
-                    vmin=vmin, vmax=vmax)
-    if mask is not None:
-        drawn = draw_mask_contours(drawn, mask)
-    return to_png_bytes(drawn)
+    """``overlay_image`` at the image's own resolution, as PNG (for the download)."""
+    return to_png_bytes(overlay_image(image, map2d, opacity, colormap, mode, show_grid, outline_patch, vmin, vmax,
+                                      mask))
 
 
 

@@ -17,7 +17,7 @@ from PIL import Image
 from plotly.offline import get_plotlyjs
 
 from vit.app import drawing
-from vit.explain.overlay import overlay
+from vit.app.explorer import patch_of
 from vit.inference import Prediction
 
 CONFIG = {"displaylogo": False, "modeBarButtonsToRemove": ["select2d", "lasso2d"], "responsive": True}
@@ -25,8 +25,12 @@ CONFIG = {"displaylogo": False, "modeBarButtonsToRemove": ["select2d", "lasso2d"
 
 @dataclass(frozen=True, eq=False)
 class View:
-    """What an exported view shows. ``seen``: the pixels the model saw; ``map2d (gh, gw)`` drawn with ``colormap``
-    from ``vmin`` to ``vmax`` (None: the map's own range); ``heads (H, gh, gw)`` the heads grid, or None."""
+    """What an exported view shows, as the explorer's page draws it. ``seen``: the pixels the model saw; ``map2d
+    (gh, gw)`` drawn with ``colormap`` from ``vmin`` to ``vmax`` (None: the map's own range), the patch of token
+    ``query`` outlined (none for a prefix token), the patch grid when ``show_grid``, the contour of ``mask (gh, gw)``;
+    ``heads (H, gh, gw)`` the heads grid of layer ``heads_layer`` (from 0; None: unnamed) on colour ``scale``
+    (``drawing.COLOUR_SCALES``), ``selected_head`` outlined, each head's ``mask_share`` contour, or None.
+    ``settings``: what the sidebar shows, its label -> its option (``share.describe``)."""
 
     title: str
     seen: Image.Image
@@ -37,8 +41,16 @@ class View:
     vmax: float | None = None
     opacity: float = 0.6
     mode: str = "bilinear"
+    query: int = 0
+    num_prefix_tokens: int = 1
+    show_grid: bool = False
+    mask: np.ndarray | None = None
     heads: np.ndarray | None = None
     heads_caption: str = ""
+    heads_layer: int | None = None
+    selected_head: int | None = None
+    scale: str = "own"
+    mask_share: float | None = None
     prediction: Prediction | None = None
     settings: Mapping[str, object] = field(default_factory=dict)
 
@@ -65,19 +77,10 @@ def valued_points(maps: np.ndarray, cell: tuple[int, int], columns: int, gap: in
                       marker=dict(size=max(4, min(width / gw, height / gh)), symbol="square", opacity=0))
 
 
-def _image_figure(sheet: Image.Image, points: go.Scatter | None, max_width: int) -> go.Figure:
-    """``sheet`` at its own pixels (narrowed to ``max_width``), with hover ``points`` over it."""
-    width, height = sheet.size
-    scale = min(1.0, max_width / width)
-    image = dict(source=_png_uri(sheet), xref="x", yref="y", x=0, y=0, sizex=width, sizey=height, xanchor="left",
-                 yanchor="top", sizing="stretch", layer="below")
-    figure = go.Figure(data=[points] if points is not None else [])
-    figure.update_layout(width=max(10, round(width * scale)), height=max(10, round(height * scale)),
-                         margin=dict(l=0, r=0, t=0, b=0), images=[image], hovermode="closest", hoverdistance=-1,
-                         plot_bgcolor="rgba(0,0,0,0)", paper_bgcolor="rgba(0,0,0,0)", dragmode=False,
-                         xaxis=dict(range=[0, width], visible=False, fixedrange=True),
-                         yaxis=dict(range=[height, 0], visible=False, fixedrange=True, scaleanchor="x"))
-    return figure
+def _hovering(figure: go.Figure, points: go.Scatter) -> go.Figure:
+    """``figure`` (a page's figure: its image, outlines and ticks) with ``points`` as its only trace: the page's
+    points pick a patch or a head, the export's hover their values."""
+    return go.Figure(data=[points], layout=figure.layout)
 
 
 def caption_html(markdown: str) -> str:
@@ -87,16 +90,28 @@ def caption_html(markdown: str) -> str:
 
 
 def _figure_html(figure: go.Figure, div_id: str) -> str:
+    # Plotly's own template, whatever the process's default: inside the app that is Streamlit's, whose placeholder
+    # colours and margins its page fills in (exported as they are, the prediction lost its axis's ticks).
+    figure = go.Figure(figure).update_layout(template="plotly")
     return figure.to_html(full_html=False, include_plotlyjs=False, config=CONFIG, div_id=div_id)
+
+
+PREDICTION_WIDTH = 480  # px: room for long class names beside the bars; unset, the figure shrank to the bars alone
 
 
 def view_html(view: View) -> str:
     """The whole page: one HTML document with nothing to fetch (Plotly inlined, images as ``data:`` URIs); every
-    text is escaped, so a class name or a file name shows as written."""
-    shown = drawing.display_image(view.seen)
-    drawn = overlay(shown, view.map2d, view.opacity, view.colormap, view.mode, vmin=view.vmin, vmax=view.vmax)
+    text is escaped, so a class name or a file name shows as written. The figures are the page's own (``drawing``):
+    the image and the map at the page's size, the query's patch outlined, the heads grid with its head numbers."""
+    shown, _, small = drawing.display_images(view.seen)
+    gh, gw = view.map2d.shape
+    outline = patch_of(view.query, view.num_prefix_tokens)
+    drawn = drawing.overlay_image(shown, view.map2d, view.opacity, view.colormap, view.mode, view.show_grid, outline,
+                                  view.vmin, view.vmax, view.mask)
     low, high = drawing.map_range(view.map2d, view.vmin, view.vmax)
-    main = _image_figure(drawn, valued_points(view.map2d[None], drawn.size, 1, 0, [""]), 640)
+    main = _hovering(drawing.patch_picker_figure(drawn.size, _png_uri(drawn), (gh, gw), view.query,
+                                                 view.num_prefix_tokens, show_grid=False, fit_width=drawn.width),
+                     valued_points(view.map2d[None], drawn.size, 1, 0, [""]))
     parts = [f"<h1>{html.escape(view.title)}</h1>", '<div class="row">',
              f'<figure><figcaption>Image</figcaption><img id="image" src="{_png_uri(shown)}" '
              f'width="{shown.width}" height="{shown.height}" alt="the image the model saw"></figure>',
@@ -105,17 +120,23 @@ def view_html(view: View) -> str:
              f'<p class="caption">{caption_html(view.caption)}</p></figure>',
              '<figure><figcaption>Prediction</figcaption>']
     if view.prediction is not None:
-        parts.append(_figure_html(drawing.predictions_figure(view.prediction), "prediction"))
+        prediction = drawing.predictions_figure(view.prediction).update_layout(width=PREDICTION_WIDTH)
+        parts.append(_figure_html(prediction, "prediction"))
     else:
         parts.append("<p>No prediction: this model has no classifier.</p>")
     parts.append("</figure></div>")
     if view.heads is not None and len(view.heads):
-        small = drawing.display_image(view.seen, min_side=96, max_side=160)
-        cells = drawing.small_multiples(small, view.heads, view.opacity, view.colormap, view.mode)
-        columns = min(len(cells), 6)
-        sheet = drawing.heads_grid_image(cells, columns)
-        names = [f"head {h + 1}, " for h in range(len(cells))]
-        grid = _image_figure(sheet, valued_points(view.heads, small.size, columns, 2, names), 1000)
+        count = len(view.heads)
+        cells = drawing.small_multiples(small, view.heads, view.opacity, view.colormap, view.mode, outline,
+                                        scale=view.scale, mask_share=view.mask_share)
+        sheet = drawing.heads_grid_image(cells, columns=count)  # one row, as the page shows a layer's heads
+        layer = 0 if view.heads_layer is None else view.heads_layer
+        selected = None if view.selected_head is None else (layer, view.selected_head)
+        grid = drawing.heads_grid_figure(_png_uri(sheet), sheet.size, [layer], count, selected)
+        if view.heads_layer is None:
+            grid.update_yaxes(showticklabels=False)
+        names = [f"head {h + 1}, " for h in range(count)]
+        grid = _hovering(grid, valued_points(view.heads, small.size, count, 2, names))
         parts.append(f'<h2>Heads</h2><p class="caption">{caption_html(view.heads_caption)}</p>'
                      f'{_figure_html(grid, "heads")}')
     rows = "".join(f"<tr><th>{html.escape(str(k))}</th><td>{html.escape(str(v))}</td></tr>"
@@ -127,4 +148,3 @@ def view_html(view: View) -> str:
     return ("<!DOCTYPE html>\n<html><head><meta charset='utf-8'>"
             f"<title>{html.escape(view.title)}</title><style>{style}</style>"
             f"<script>{get_plotlyjs()}</script></head><body>{''.join(parts)}</body></html>")
-

@@ -1,4 +1,5 @@
-"""The explorer's view in its URL (issue 50): what decides the view ⇄ query parameters.
+"""The explorer's view in its URL (issue 50): what decides the view ⇄ query parameters, and those settings in the
+sidebar's words (``describe``, for the exported view).
 
 ``decode`` checks every parameter on its own (its type and range); ``fit`` checks those whose range depends on the
 model (layers, heads, tokens, classes) once it is loaded. A bad or stale parameter is dropped with one line naming it,
@@ -10,10 +11,10 @@ note, never the file.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from vit.app.drawing import COLORMAPS, COLOUR_SCALES
+from vit.app.drawing import COLORMAPS, COLOUR_SCALES, class_option, head_option, size_option, token_option
 from vit.app.explorer import MAP_KINDS
 from vit.explain.attention import HEAD_FUSIONS
 from vit.explain.overlay import UPSAMPLE_MODES
@@ -118,6 +119,48 @@ PARSERS: dict[str, Callable[[str], object]] = {
     "upsample": _one_of(UPSAMPLE_MODES), "grid": _flag, "mass": _steps(0.05, 0.95),
     "labels": _text, "sae": _text, "sae_layer": _whole(1), "feature": _whole(0), "ablate": _heads,
 }
+
+
+# What the page calls each setting a link holds, for the exported view's settings table. The sidebar's input-size,
+# map and overlay widgets take their labels from here, so that the two say the same.
+LABELS = {
+    "size": "Input size", "aspect": "Keep the aspect ratio (long side at that size)",
+    "invert": "Invert (for dark strokes on a light background)",
+    "map": "Map", "registers": "Hide the register/extra prefix tokens",
+    "class": "Class", "query": "Query token", "layer": "Layer", "head": "Head", "fusion": "Head fusion",
+    "end": "Up to layer", "discard": "Discard ratio",
+    "opacity": "Opacity", "cmap": "Colour map", "scale": "Colour scale", "upsample": "Upsampling",
+    "grid": "Show the patch grid", "mass": "Share of the mass",
+    "labels": "Labels", "sae": "SAE folder", "sae_layer": "Block it reads", "feature": "Feature",
+    "ablate": "Heads switched off in every map",
+}
+
+
+def describe(values: Mapping[str, object], *, size_label: str, grid: tuple[int, int], num_prefix_tokens: int,
+             prefix_names: Sequence[str], class_names: Sequence[str], predicted: int = 0) -> dict[str, str]:
+    """The view's settings (``decode``'s values, the model's and the image's left out) as the sidebar shows them:
+    its label -> the option it shows. ``head`` 0 and ``class`` -1 stand for the pickers' first options, which a
+    link leaves out: every head fused, the ``predicted`` class. ``size_label``: ``Preprocessing.size_label``."""
+    words: dict[str, Callable[[object], str]] = {
+        "size": lambda v: size_option(v, size_label), "map": lambda v: MAP_KINDS[v],
+        "class": lambda v: class_option(v, class_names, predicted),
+        "query": lambda v: token_option(v, grid, num_prefix_tokens, prefix_names),
+        "head": lambda v: head_option(v - 1),  # a link counts heads from 1, the picker from 0
+        "scale": lambda v: COLOUR_SCALES[v], "registers": lambda v: "yes", "ablate": ", ".join,
+    }
+    described = {}
+    for name in PARSERS:
+        value = values.get(name)
+        if value is None or name in ("model", "sample", "upload"):
+            continue
+        if isinstance(value, bool):
+            text = "yes" if value else "no"
+        elif isinstance(value, float):
+            text = f"{value:g}"
+        else:
+            text = words.get(name, str)(value)
+        described[LABELS[name]] = text
+    return described
 
 
 def dropped(name: str, value: str, why: str) -> str:
