@@ -89,3 +89,20 @@ def test_a_rerun_with_unchanged_inputs_fits_no_pca_and_matches_nothing_again(two
     at = at.selectbox(key="dense_layer").set_value(0).run()  # another layer: one fit and one match again
     assert not at.exception, [e.message for e in at.exception]
     assert calls == ["pca_views", "match_view"] * 2
+
+
+def test_another_model_starts_the_section_at_its_own_last_layer_and_middle_patch(two_models, tmp_path):
+    """Issue 69, item 9: switching models kept the last model's layer and patch (a layer and token number that exist
+    on both, re-read on the new model's grid); the main map already reset."""
+    from dataclasses import replace
+
+    from test_app import TINY
+
+    a, _, _ = two_models
+    wide = write_checkpoint(a.parent / "wide.pt", replace(TINY, image_size=32, num_layers=2), seed=2)  # 8 x 8 grid
+    at = run_app(dense_open=True, dense_layer=0, dense_query=3)
+    assert (at.session_state["dense_layer"], at.session_state["dense_query"]) == (0, 3)
+    at = at.selectbox(key="explorer_checkpoint_choice").set_value(str(wide)).run()
+    assert not at.exception, [e.message for e in at.exception]
+    assert at.session_state["dense_layer"] == 1  # its last of two
+    assert at.session_state["dense_query"] == 1 + 64 // 2  # its middle patch, after the CLS token

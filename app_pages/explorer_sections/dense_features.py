@@ -20,6 +20,7 @@ from vit.text import escape_markdown
 TOGGLE_KEY = "dense_open"
 LAYER_KEY, FOREGROUND_KEY, FLIP_KEY, THRESHOLD_KEY = "dense_layer", "dense_fg", "dense_flip", "dense_threshold"
 QUERY_KEY, PICK_KEY, SECOND_KEY, TOP_KEY = "dense_query", "dense_pick", "dense_second", "dense_top"
+MODEL_KEY = "dense_model"  # the model the layer and patch were chosen on: another one starts from its own defaults
 # Written back each run (keep_settings); the upload and the picker are read-only to session state.
 KEPT = (TOGGLE_KEY, LAYER_KEY, FOREGROUND_KEY, FLIP_KEY, THRESHOLD_KEY, QUERY_KEY, TOP_KEY)
 
@@ -65,6 +66,10 @@ def dense_features(view: Shown, entries: dict) -> None:
         return
     checkpoint, analysis, shown = view.checkpoint, view.analysis, view.shown
     L, prefix = analysis.num_layers, analysis.num_prefix_tokens
+    if st.session_state.get(MODEL_KEY, view.model_key) != view.model_key:  # another model: its own defaults
+        for key in (LAYER_KEY, QUERY_KEY):
+            st.session_state.pop(key, None)
+    st.session_state[MODEL_KEY] = view.model_key
     try:
         dense.check_dense_fits(checkpoint, view.image, view.size)
     except explorer.TooManyTokens as e:
