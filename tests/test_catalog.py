@@ -404,3 +404,27 @@ def test_an_hf_family_classifier_is_described_with_its_own_class_names(tmp_path,
     assert entry.ok, entry.error
     assert entry.class_names == ("tabby", "tiger", "lynx")
     assert "no classifier" not in entry.description
+
+
+@pytest.mark.slow
+def test_a_swin_is_described_by_its_stages_and_each_stages_heads(tmp_path):
+    """Issue 69, item 10: the sidebar said "8 layers × 3 heads" for a Swin with 3/6/12/24 heads (its first stage's
+    count): an HF folder and the same model saved as our checkpoint name each stage's layers and heads."""
+    transformers = pytest.importorskip("transformers")
+    from vit.sources.open import open_source
+
+    config = transformers.SwinConfig(image_size=32, patch_size=2, embed_dim=24, depths=[2, 2, 2, 2],
+                                     num_heads=[3, 6, 12, 24], window_size=2, num_labels=3)
+    transformers.SwinForImageClassification(config).save_pretrained(tmp_path / "swin")
+    checkpoint = open_source(tmp_path / "swin")
+    save_checkpoint(tmp_path / "swin.pt", checkpoint.model, checkpoint.class_names)
+    for path in (tmp_path / "swin", tmp_path / "swin.pt"):
+        entry = catalog.describe_current(catalog.Candidate(path, "path", path.name))
+        assert entry.ok, entry.error
+        assert "**Model** 8 layers in 4 stages (2+2+2+2), 3/6/12/24 heads, " in entry.description
+        assert "× 3 heads" not in entry.description
+
+
+def test_a_plain_vit_is_described_as_layers_times_heads(dirs):
+    entry = describe(Candidate(write_checkpoint(dirs[0] / "tiny.pt"), "checkpoint", "tiny"))
+    assert entry.layers_and_heads == "2 layers × 2 heads"

@@ -77,6 +77,8 @@ class CatalogEntry:
     num_channels: int | None = None
     num_layers: int | None = None
     num_heads: int | None = None
+    stage_depths: tuple[int, ...] = ()  # a hierarchical model's (Swin, Hiera): layers per stage, as ViTConfig's
+    stage_heads: tuple[int, ...] = ()  # and each stage's heads; empty: num_heads in every layer
     epochs: int | None = None
     error: str | None = None
     metadata: dict = field(default_factory=dict, compare=False, hash=False)
@@ -104,6 +106,17 @@ class CatalogEntry:
         return " · ".join(parts)
 
     @property
+    def layers_and_heads(self) -> str:
+        """'12 layers × 6 heads', or a hierarchical model's stages: '12 layers in 4 stages (2+2+6+2), 3/6/12/24
+        heads' (a Swin's heads differ by stage: one count would be its first stage's)."""
+        if len(self.stage_depths) < 2:
+            return f"{self.num_layers} layers × {self.num_heads} heads"
+        heads = self.stage_heads or (self.num_heads,) * len(self.stage_depths)
+        each = "/".join(map(str, heads)) if len(set(heads)) > 1 else str(heads[0])
+        return (f"{self.num_layers} layers in {len(self.stage_depths)} stages "
+                f"({'+'.join(map(str, self.stage_depths))}), {each} heads")
+
+    @property
     def description(self) -> str:
         """A few lines of Markdown for under the picker; the file's own text (class names, dataset, path) is escaped."""
         if self.error is not None:
@@ -111,7 +124,7 @@ class CatalogEntry:
         (ih, iw), (ph, pw) = ((v, v) if isinstance(v, int) else v for v in (self.image_size, self.patch_size))
         gh, gw = ih // ph, iw // pw
         lines = [
-            f"**Model** {self.num_layers} layers × {self.num_heads} heads, "
+            f"**Model** {self.layers_and_heads}, "
             f"{'greyscale' if self.num_channels == 1 else 'colour'} input of "
             f"{describe_size(iw, ih, (gh, gw), self.patch_size)}, "
             f"{format_parameters(self.parameters) if self.parameters is not None else 'unknown size'}",
@@ -235,7 +248,8 @@ def describe(candidate: Candidate) -> CatalogEntry:
         parameters=parameters,
         val_acc=float(val_acc) if isinstance(val_acc, (int, float)) and not isinstance(val_acc, bool) else None,
         image_size=config.image_size, patch_size=config.patch_size, num_channels=config.num_channels,
-        num_layers=config.num_layers, num_heads=config.num_heads,
+        num_layers=config.num_layers, num_heads=config.num_heads, stage_depths=tuple(config.stage_depths),
+        stage_heads=tuple(config.stage_heads),
         epochs=epochs if isinstance(epochs, int) and not isinstance(epochs, bool) else None,
         metadata=metadata,
     )
@@ -277,6 +291,7 @@ def describe_import(candidate: Candidate) -> CatalogEntry:
     return CatalogEntry(path=path, source=candidate.source, name=candidate.name, class_names=tuple(class_names),
                         parameters=parameters, image_size=config.image_size, patch_size=config.patch_size,
                         num_channels=config.num_channels, num_layers=config.num_layers, num_heads=config.num_heads,
+                        stage_depths=tuple(config.stage_depths), stage_heads=tuple(config.stage_heads),
                         metadata=dict(metadata))
 
 
