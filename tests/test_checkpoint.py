@@ -402,12 +402,12 @@ def test_rectangular_preprocessing_that_does_not_tile_is_refused(saved, size, me
     assert re.search(message, load_error(saved))
 
 
-def test_a_rectangle_cannot_be_cropped_from_a_resize():
+def test_a_rectangle_cannot_be_cropped_from_a_resize_of_one_side():
     from vit.checkpoint import preprocessing_problem
 
     config = ViTConfig(image_size=(16, 64), patch_size=(2, 8))
     pre = Preprocessing((16, 64), 3, (0.5,) * 3, (0.5,) * 3, resize_size=64)
-    assert "a crop must be square" in preprocessing_problem(pre, config)
+    assert "a crop from one resize side must be square" in preprocessing_problem(pre, config)
 
 
 def pickle_bomb(path, opcodes: int, compression: int) -> None:

@@ -150,9 +150,11 @@ HF_CROPS = {  # (model, its config, processor settings, image size, the crop's l
 
 
 @pytest.mark.parametrize("case", list(HF_CROPS))
-def test_an_hf_folder_sees_the_window_of_transformers_own_pil_processor(tmp_path, case):
+def test_an_hf_folder_sees_the_window_of_transformers_own_pil_processor(tmp_path, case, monkeypatch):
     """Issue 33, item 3: transformers crops at int((size - crop) / 2), torchvision rounds; with an odd margin the
-    model saw a window one resized pixel off. The PIL backend's output is matched bit for bit (up to float32)."""
+    model saw a window one resized pixel off. The PIL backend's output (``VIT_HF_IMAGE_BACKEND=pil``; the default,
+    its torchvision one, is tests/test_library_transforms.py's) is matched bit for bit (up to float32)."""
+    monkeypatch.setenv("VIT_HF_IMAGE_BACKEND", "pil")
     transformers = pytest.importorskip("transformers")
     from vit.sources.open import open_source
 

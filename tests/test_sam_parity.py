@@ -6,8 +6,9 @@ decomposed relative positions.
   windowed layer's attention as ``(B * windows * heads, w*w, w*w)``, ours is ``(B * windows, heads, w*w, w*w)``.
 - timm: a tiny random ``samvit_base_patch16`` (fused attention off), its attention read by a forward hook on
   ``attn_drop``, at its native size.
-- Input: a non-square image prepared by ``vit.inference.preprocess`` is ``SamImageProcessorPil``'s ``pixel_values``
-  (longest edge, normalised, zeros below or right) and the whole forward on it is HF's on those.
+- Input: a non-square image prepared by ``vit.inference.preprocess`` is the ``pixel_values`` of the processor
+  ``AutoImageProcessor`` resolves the folder to (``SamImageProcessor``, torchvision's resize: longest edge,
+  normalised, zeros below or right) and the whole forward on it is HF's on those.
 """
 
 import pytest
@@ -176,7 +177,8 @@ def test_hf_sam_on_a_non_square_image_matches_transformers_on_its_processors_pix
     assert (p.image_size, p.resize_size, p.resize_mode, p.resample) == (56, 48, "longest_edge_pad", "bilinear")
     image = Image.fromarray(torch.randint(0, 256, (size[1], size[0], 3), generator=torch.Generator().manual_seed(0),
                                           dtype=torch.uint8).numpy())
-    reference = transformers.AutoImageProcessor.from_pretrained(folder, backend="pil")
+    reference = transformers.AutoImageProcessor.from_pretrained(folder)  # the folder's SamImageProcessorPil resolves
+    assert reference.backend == p.backend == "torchvision"  # to the torchvision backend, as opened
     pixel_values = reference(image, return_tensors="pt")["pixel_values"]  # (1, 3, 56, 56), zeros below or right
     ours = preprocess([image], p)
     torch.testing.assert_close(ours, pixel_values, rtol=0, atol=1e-6)

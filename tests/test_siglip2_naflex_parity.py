@@ -3,10 +3,11 @@ attention over the real tokens, the probe's attention, the pooled embedding and 
 three aspect ratios and two patch budgets; a padded batch of images on different grids equals each image alone.
 
 The reference is a tiny random ``Siglip2Model`` (eager attention, σ 0.05 noise on every parameter) saved with
-``save_pretrained``, with transformers' own processor: its PIL backend (``Siglip2ImageProcessorPil``) is matched bit
-for bit, as the other HF processors are (tests/test_input_box.py); its torchvision backend picks the same grid and
-resizes with another uint8 kernel (a few pixels of noise images two grey levels apart). HF pads every image to
-``max_num_patches`` tokens and masks the padding; its attentions are compared over the real tokens."""
+``save_pretrained``, with transformers' own processor as ``AutoImageProcessor`` resolves it: its torchvision backend
+(``Siglip2ImageProcessor``, whichever class the folder was saved with), matched to float32 rounding; with
+``VIT_HF_IMAGE_BACKEND=pil`` its PIL backend (``Siglip2ImageProcessorPil``) is, and the two pick the same grid but
+resize with other kernels (tests/test_library_transforms.py). HF pads every image to ``max_num_patches`` tokens and
+masks the padding; its attentions are compared over the real tokens."""
 
 import numpy as np
 import pytest
@@ -53,7 +54,8 @@ def naflex(tmp_path_factory):
     return folder, model, open_source(folder)
 
 
-def hf_inputs(folder, images, budget, backend="pil"):
+def hf_inputs(folder, images, budget, backend=None):
+    """The processor's inputs; ``backend`` None: the one ``AutoImageProcessor`` resolves the folder to."""
     processor = transformers.AutoImageProcessor.from_pretrained(folder, backend=backend)
     return processor(images=images, max_num_patches=budget, return_tensors="pt")
 
@@ -81,23 +83,23 @@ def test_naflex_size_is_transformers_rule():
 
 @pytest.mark.parametrize("budget", BUDGETS)
 @pytest.mark.parametrize("size", SIZES)
-def test_pixels_are_transformers_processors(naflex, size, budget):
+def test_pixels_are_transformers_processors(naflex, size, budget, monkeypatch):
+    from dataclasses import replace
+
     folder, _, checkpoint = naflex
     image = noise_image(*size)
     p = with_budget(checkpoint, budget)
-    ours = preprocess([image], p)  # (1, C, H, W) at the image's own aspect
-    for backend in ("pil", "torchvision"):
+    assert p.backend == "torchvision"  # what AutoImageProcessor resolves the folder's Siglip2ImageProcessorPil to
+    for backend in ("torchvision", "pil"):  # the default, then VIT_HF_IMAGE_BACKEND=pil's
+        ours = preprocess([image], replace(p, backend=backend))  # (1, C, H, W) at the image's own aspect
         expected = hf_inputs(folder, [image], budget, backend)
         gh, gw = expected["spatial_shapes"][0].tolist()
         assert tuple(ours.shape[2:]) == (gh * 8, gw * 8) == input_shape(image, p, 8)
         n = gh * gw
         assert int(expected["pixel_attention_mask"][0].sum()) == n
-        difference = (as_patches(ours[0], 8) - expected["pixel_values"][0, :n]).abs().max()
-        # PIL's bilinear is matched exactly; torchvision's uint8 kernel rounds some pixels apart (0.5 / 127.5 on
-        # average is one pixel in two off by one grey level: here far fewer)
-        assert difference <= (1e-6 if backend == "pil" else 2 / 127.5 + 1e-6)
-        if backend == "torchvision":
-            assert float((as_patches(ours[0], 8) - expected["pixel_values"][0, :n]).abs().mean()) < 0.5 / 127.5
+        torch.testing.assert_close(as_patches(ours[0], 8), expected["pixel_values"][0, :n], rtol=0, atol=1e-6)
+    monkeypatch.setenv("VIT_HF_IMAGE_BACKEND", "pil")
+    assert open_source(folder).preprocessing.backend == "pil"
     assert input_box(image.size, p) == (0.0, 0.0, float(size[0]), float(size[1]))  # every pixel, no crop
     assert seen_region(image, p) is image
 

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import torch
 
+from vit.images import BACKENDS  # what resizes (vit.images.resize): PIL, or torchvision as transformers 5 does
 from vit.model import ViT, ViTConfig
 from vit.runfiles import EPOCH_CHECKPOINT_DIR, LAST_CHECKPOINT
 
@@ -61,33 +62,35 @@ class ForeignCheckpointError(CheckpointError):
 
 
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)  # DeiT, DINOv2, torchvision
-# "longest_edge_pad": SamImageProcessor's resize of the longer side, then zeros below and right (vit.images.to_uint8)
-RESIZE_MODES = ("square", "shortest_edge", "longest_edge_pad")
+# "longest_edge_pad": SamImageProcessor's resize of the longer side, then zeros below and right (vit.images.to_uint8);
+# "keep_ratio": timm's ResizeKeepRatio, the aspect kept until the image covers a (height, width) target
+RESIZE_MODES = ("square", "shortest_edge", "longest_edge_pad", "keep_ratio")
 RESAMPLE_FILTERS = ("nearest", "bilinear", "bicubic", "lanczos")
 CROP_RULES = ("torchvision", "transformers", "top_left")  # where a crop starts (vit.images.crop_start)
 
 
 @dataclass(frozen=True)
 class Preprocessing:
-    """How an image becomes model input: resized, centre-cropped to ``image_size`` square, then normalised.
+    """How an image becomes model input: resized, centre-cropped to ``image_size``, then normalised.
 
-    ``image_size`` is ``(height, width)`` for a model trained on rectangles (vit-pytorch's ``image_size=(16, 64)``):
-    images are then resized straight to it, without a crop.
+    ``image_size`` is a side, or ``(height, width)`` for a model built on rectangles (vit-pytorch's
+    ``image_size=(16, 64)``, timm's ``img_size=(224, 320)``).
 
-    Without ``resize_size`` the image is resized straight to ``image_size`` square (this
-    project's models); imported models keep their library's evaluation transform: resize to
-    ``resize_size`` (square, or the shorter side keeping the aspect ratio) and crop the centre, or (SAM's
-    ``"longest_edge_pad"``) the longer side to ``resize_size`` and pad to ``image_size``.
+    Without ``resize_size`` the image is resized straight to ``image_size`` (this project's models); imported
+    models keep their library's evaluation transform: resize to ``resize_size`` (square, the shorter side keeping
+    the aspect ratio, or timm's ``"keep_ratio"`` to cover a ``(height, width)``) and crop the centre ``image_size``,
+    or (SAM's ``"longest_edge_pad"``) the longer side to ``resize_size`` and pad to ``image_size``.
     """
 
     image_size: int | tuple[int, int]  # an int for a square, as ViTConfig.image_size
     num_channels: int
     mean: tuple[float, ...]
     std: tuple[float, ...]
-    resize_size: int | None = None  # None: no crop, resize straight to image_size
-    # "square" stretches to resize_size²; "shortest_edge" keeps the aspect ratio; "longest_edge_pad" (SAM) brings the
-    # longer side to resize_size, keeping the aspect ratio, and pads the normalised image with 0 below and to the right
-    # to image_size (no crop: the image sits at the top left of the input)
+    resize_size: int | tuple[int, int] | None = None  # None: no crop, resize straight to image_size
+    # "square" stretches to resize_size² (or its (height, width)); "shortest_edge" keeps the aspect ratio;
+    # "keep_ratio" (timm, non-square) keeps it and covers resize_size's (height, width); "longest_edge_pad" (SAM)
+    # brings the longer side to resize_size, keeping the aspect ratio, and pads the normalised image with 0 below and
+    # to the right to image_size (no crop: the image sits at the top left of the input)
     resize_mode: str = "square"
     resample: str = "bicubic"  # the PIL filter of the resize
     crop_rule: str = "torchvision"  # the crop's offset: torchvision's round() (timm, open_clip) or HF's int()
@@ -95,11 +98,16 @@ class Preprocessing:
     # ratio whose grid of patch_size patches has at most max_num_patches (vit.images.naflex_size); 0: image_size.
     max_num_patches: int = 0
     patch_size: int = 0  # NaFlex's patch side in px, which the size is rounded to
+    # What resizes: PIL (timm, open_clip, torchvision, ours; transformers' *ImageProcessorPil) or torchvision on uint8
+    # tensors (transformers 5's *ImageProcessor, what its AutoImageProcessor picks for an HF folder)
+    backend: str = "pil"
 
     def __post_init__(self) -> None:
         size = self.image_size
         if isinstance(size, (list, tuple)) and len(size) == 2:  # a JSON list; a square pair is its int, as in ViTConfig
             object.__setattr__(self, "image_size", size[0] if size[0] == size[1] else (size[0], size[1]))
+        if isinstance(self.resize_size, list) and len(self.resize_size) == 2:  # a JSON list: (height, width)
+            object.__setattr__(self, "resize_size", tuple(self.resize_size))
 
     @property
     def image_hw(self) -> tuple[int, int]:
@@ -114,24 +122,31 @@ class Preprocessing:
 
     def to_dict(self) -> dict:
         size = list(self.image_size) if isinstance(self.image_size, tuple) else self.image_size
+        resize = list(self.resize_size) if isinstance(self.resize_size, tuple) else self.resize_size
         return {"image_size": size, "num_channels": self.num_channels,
-                "mean": list(self.mean), "std": list(self.std), "resize_size": self.resize_size,
+                "mean": list(self.mean), "std": list(self.std), "resize_size": resize,
                 "resize_mode": self.resize_mode, "resample": self.resample, "crop_rule": self.crop_rule,
-                "max_num_patches": self.max_num_patches, "patch_size": self.patch_size}
+                "max_num_patches": self.max_num_patches, "patch_size": self.patch_size, "backend": self.backend}
 
     @classmethod
     def from_dict(cls, values: dict) -> Preprocessing:
-        """From ``to_dict``'s output; checkpoints written before the resize fields get today's defaults."""
+        """From ``to_dict``'s output; checkpoints written before the resize fields get today's defaults (PIL's
+        resize, which every checkpoint written before ``backend`` used)."""
         resize = values.get("resize_size")
+        if isinstance(resize, (list, tuple)) and len(resize) == 2:  # timm's (height, width) target
+            resize = (int(resize[0]), int(resize[1]))
+        elif resize is not None:
+            resize = int(resize)
         size = values["image_size"]  # an int, or [height, width] (int() refuses any other list)
         return cls((int(size[0]), int(size[1])) if isinstance(size, (list, tuple)) and len(size) == 2 else int(size),
                    int(values["num_channels"]),
                    tuple(float(m) for m in values["mean"]), tuple(float(s) for s in values["std"]),
-                   resize_size=int(resize) if resize is not None else None,
+                   resize_size=resize,
                    resize_mode=str(values.get("resize_mode", "square")),
                    resample=str(values.get("resample", "bicubic")),
                    crop_rule=str(values.get("crop_rule", "torchvision")),
-                   max_num_patches=int(values.get("max_num_patches", 0)), patch_size=int(values.get("patch_size", 0)))
+                   max_num_patches=int(values.get("max_num_patches", 0)), patch_size=int(values.get("patch_size", 0)),
+                   backend=str(values.get("backend", "pil")))
 
     @classmethod
     def default_for(cls, config: ViTConfig) -> Preprocessing:
@@ -214,18 +229,40 @@ def preprocessing_problem(preprocessing: Preprocessing, config: ViTConfig) -> st
                 or not 1 <= p.resize_size <= min(p.image_hw):
             return (f"the longest edge {p.resize_size} must be a whole number of pixels from 1 to the padded size "
                     f"{p.size_label}")
-    elif p.resize_size is not None and isinstance(p.image_size, tuple):
-        return f"image size {p.image_size} is a rectangle: a crop must be square, so resize straight to it"
-    elif p.resize_size is not None and not p.image_size <= p.resize_size <= 16 * p.image_size:
-        return f"resize size {p.resize_size} must be between the crop size {p.image_size} and 16 times it"
+    elif p.resize_size is not None:
+        problem = _resize_problem(p)
+        if problem:
+            return problem
     if p.resample not in RESAMPLE_FILTERS:
         return f"resample filter {p.resample!r} is not one of {', '.join(RESAMPLE_FILTERS)}"
     if p.crop_rule not in CROP_RULES:
         return f"crop rule {p.crop_rule!r} is not one of {', '.join(CROP_RULES)}"
+    if p.backend not in BACKENDS:
+        return f"resize backend {p.backend!r} is not one of {', '.join(BACKENDS)}"
     if p.max_num_patches and not (0 < p.max_num_patches <= MAX_PREPROCESSING_PATCHES
                                   and config.patch_hw == (p.patch_size, p.patch_size) and p.resize_size is None):
         return (f"NaFlex's max_num_patches {p.max_num_patches} needs 1 to {MAX_PREPROCESSING_PATCHES:,} patches, "
                 f"the model's square patch size ({config.patch_size}, got {p.patch_size}) and no crop")
+    return None
+
+
+def _resize_problem(p: Preprocessing) -> str | None:
+    """What makes a resize before a centre crop unusable: each side of the resize target between the crop's and 16
+    times it; a rectangular crop needs a ``(height, width)`` target, which a shortest-edge resize is not."""
+    resize = p.resize_size
+    if isinstance(resize, tuple):
+        if len(resize) != 2 or any(isinstance(v, bool) or not isinstance(v, int) for v in resize):
+            return f"resize size {str(resize)[:40]} is not a (height, width) pair of whole pixels"
+        if p.resize_mode == "shortest_edge":
+            return f"resize size {resize} is a pair: the shortest-edge resize takes one side"
+    elif isinstance(resize, bool) or not isinstance(resize, int):
+        return f"resize size {str(resize)[:40]} is not a whole number of pixels"
+    elif isinstance(p.image_size, tuple):
+        return (f"image size {p.image_size} is a rectangle: a crop from one resize side must be square; give the "
+                "resize as a (height, width) pair")
+    target = resize if isinstance(resize, tuple) else (resize, resize)
+    if not all(c <= r <= 16 * c for r, c in zip(target, p.image_hw, strict=True)):
+        return f"resize size {resize} must be between the crop size {p.image_size} and 16 times it, side by side"
     return None
 
 

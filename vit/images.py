@@ -4,7 +4,9 @@
 used), reduced at decode to ``MAX_SIDE`` so that no photo costs more memory than display and
 model need; ``to_uint8`` applies the evaluation transform shared by the data cache, the CLIs
 and the app: EXIF orientation, first frame, transparency composited on white, colour or
-greyscale per the model, and a resize to the model's square input (SAM's: its longer side, then padding).
+greyscale per the model, and a resize to the model's input (a centre crop after it where the model's library
+crops; SAM's: its longer side, then padding), by PIL or, as transformers 5's ``*ImageProcessor`` does, by
+torchvision on uint8 tensors (``BACKENDS``).
 """
 
 from __future__ import annotations
@@ -133,23 +135,38 @@ def to_mode(image: Image.Image, num_channels: int) -> Image.Image:
     return image.convert("RGB" if num_channels == 3 else "L")
 
 
-def resized_size(image_size: tuple[int, int], resize_size: int, resize_mode: str) -> tuple[int, int]:
-    """``(width, height)`` an image is resized to before the centre crop or the padding (``to_uint8``'s rule)."""
+def _hw(size: int | tuple[int, int]) -> tuple[int, int]:
+    return (size, size) if isinstance(size, int) else (int(size[0]), int(size[1]))
+
+
+def resized_size(image_size: tuple[int, int], resize_size: int | tuple[int, int],
+                 resize_mode: str) -> tuple[int, int]:
+    """``(width, height)`` an image is resized to before the centre crop or the padding (``to_uint8``'s rule).
+
+    ``resize_size`` is a side, or ``(height, width)`` for ``"square"`` (stretched to it) and ``"keep_ratio"``
+    (timm's ``ResizeKeepRatio``: the aspect kept, scaled until it covers ``(height, width)``, each side rounded)."""
     width, height = image_size
     if resize_mode == "longest_edge_pad":
         # SamImageProcessor._get_preprocess_shape: each side scaled by longest / max(h, w), rounded half up; at least
         # 1 px, where HF would make an empty side of a strip 130+ times as long as wide and fail
         scale = resize_size * 1.0 / max(width, height)
         return max(1, int(width * scale + 0.5)), max(1, int(height * scale + 0.5))
-    if resize_mode != "shortest_edge":
-        return resize_size, resize_size
-    short, long = min(width, height), max(width, height)
-    new_long = int(resize_size * long / short)
-    if new_long * resize_size > MAX_RESIZED_PIXELS:  # checked before any pixel is resized
-        raise ImageError(f"a {width:,}×{height:,}-px image resized to a {resize_size}-px short side would be "
-                         f"{new_long:,}×{resize_size} px (at most {MAX_RESIZED_PIXELS:,} pixels); crop it to a "
+    if resize_mode == "keep_ratio":
+        target_h, target_w = _hw(resize_size)
+        ratio = min(height / target_h, width / target_w)  # timm's ratio with longest=0: the side that fits first
+        size = round(width / ratio), round(height / ratio)
+    elif resize_mode != "shortest_edge":
+        target_h, target_w = _hw(resize_size)
+        return target_w, target_h
+    else:
+        short, long = min(width, height), max(width, height)
+        new_long = int(resize_size * long / short)
+        size = (resize_size, new_long) if width <= height else (new_long, resize_size)
+    if size[0] * size[1] > MAX_RESIZED_PIXELS:  # checked before any pixel is resized
+        raise ImageError(f"a {width:,}×{height:,}-px image resized to cover the model's input would be "
+                         f"{size[0]:,}×{size[1]:,} px (at most {MAX_RESIZED_PIXELS:,} pixels); crop it to a "
                          "less extreme shape")
-    return (resize_size, new_long) if width <= height else (new_long, resize_size)
+    return size
 
 
 def crop_start(resized: int, crop: int, rule: str = "torchvision") -> int:
@@ -184,32 +201,50 @@ def naflex_size(height: int, width: int, patch_size: int, max_num_patches: int, 
     return scaled(low, height), scaled(low, width)
 
 
-def to_uint8(image: Image.Image, image_size: int | tuple[int, int], num_channels: int, resize_size: int | None = None,
-             resize_mode: str = "square", resample: str = "bicubic", crop_rule: str = "torchvision") -> torch.Tensor:
-    """The evaluation transform up to normalisation: a ``(C, S, S)`` uint8 tensor.
+def to_uint8(image: Image.Image, image_size: int | tuple[int, int], num_channels: int,
+             resize_size: int | tuple[int, int] | None = None, resize_mode: str = "square", resample: str = "bicubic",
+             crop_rule: str = "torchvision", backend: str = "pil") -> torch.Tensor:
+    """The evaluation transform up to normalisation: a ``(C, H, W)`` uint8 tensor.
 
-    Without ``resize_size``: resized straight to ``image_size`` square, or to ``(height, width)``
-    when ``image_size`` is a pair (the explorer's other input sizes). With it: resized to
-    ``resize_size`` (``"square"``, or ``"shortest_edge"`` keeping the aspect ratio, as
-    torchvision's ``Resize(int)``), then the centre ``image_size`` square is cropped, where ``crop_start``
-    places it by ``crop_rule``. ``"longest_edge_pad"`` (SAM) returns the resized image alone, ``(C, h, w)`` with
-    its longer side ``resize_size``: its padding is added after normalisation (``pad_normalized``), as zeros no
-    uint8 value gives.
+    Without ``resize_size``: resized straight to ``image_size`` square, or to ``(height, width)`` when ``image_size``
+    is a pair (the explorer's other input sizes). With it: resized by ``resize_mode`` (``resized_size``), then the
+    centre ``image_size`` (a side, or ``(height, width)``) is cropped, where ``crop_start`` places it by
+    ``crop_rule``. ``"longest_edge_pad"`` (SAM) returns the resized image alone, ``(C, h, w)`` with its longer side
+    ``resize_size``: its padding is added after normalisation (``pad_normalized``), as zeros no uint8 value gives.
+    ``backend`` resizes with PIL or with torchvision (``resize``).
     """
     image = to_mode(image, num_channels)
-    filter_ = Image.Resampling[resample.upper()]
+    crop_h, crop_w = _hw(image_size)
     if resize_size is None:
-        height, width = (image_size, image_size) if isinstance(image_size, int) else image_size
-        if image.size != (width, height):
-            image = image.resize((width, height), filter_)
-    else:
-        size = resized_size(image.size, resize_size, resize_mode)
-        if image.size != size:
-            image = image.resize(size, filter_)
-        if resize_mode == "longest_edge_pad":
-            return _chw(image)
-        left, top = crop_start(size[0], image_size, crop_rule), crop_start(size[1], image_size, crop_rule)
-        image = image.crop((left, top, left + image_size, top + image_size))
+        return resize(image, (crop_w, crop_h), resample, backend)
+    size = resized_size(image.size, resize_size, resize_mode)
+    pixels = resize(image, size, resample, backend)  # (C, h, w)
+    if resize_mode == "longest_edge_pad":
+        return pixels
+    left, top = crop_start(size[0], crop_w, crop_rule), crop_start(size[1], crop_h, crop_rule)
+    return pixels[:, top:top + crop_h, left:left + crop_w].contiguous()
+
+
+# "pil": PIL's filters (timm, open_clip and torchvision's transforms given PIL images; transformers'
+# *ImageProcessorPil). "torchvision": torchvision's antialiased kernels on the uint8 tensor (transformers 5's
+# *ImageProcessor, what AutoImageProcessor gives for every HF folder); the two differ by a grey level here and there.
+BACKENDS = ("pil", "torchvision")
+
+
+def resize(image: Image.Image, size: tuple[int, int], resample: str = "bicubic", backend: str = "pil"
+           ) -> torch.Tensor:
+    """``image`` (already in the model's mode) resized to ``size = (width, height)``: a ``(C, H, W)`` uint8 tensor.
+    ``"torchvision"`` is transformers' ``TorchvisionBackend.resize``: ``tvF.resize`` of the uint8 tensor with
+    antialias, nearest as ``NEAREST_EXACT``."""
+    if backend == "torchvision":
+        from torchvision.transforms.v2 import InterpolationMode
+        from torchvision.transforms.v2 import functional as tvF
+
+        modes = {"nearest": InterpolationMode.NEAREST_EXACT, "bilinear": InterpolationMode.BILINEAR,
+                 "bicubic": InterpolationMode.BICUBIC, "lanczos": InterpolationMode.LANCZOS}
+        return tvF.resize(_chw(image), [size[1], size[0]], interpolation=modes[resample], antialias=True).contiguous()
+    if image.size != size:
+        image = image.resize(size, Image.Resampling[resample.upper()])
     return _chw(image)
 
 

@@ -99,8 +99,8 @@ def input_box(image_size: tuple[int, int], preprocessing: Preprocessing,
     """``(x0, y0, x1, y1)``: the part of an image of ``image_size = (width, height)`` that the model sees.
 
     A checkpoint whose evaluation transform resizes and centre-crops (HF DINOv2: shortest edge 256,
-    crop 224; timm: ``crop_pct``) sees only the middle of the image, so every map of it belongs over
-    this box, not over the whole image. The same arithmetic as ``vit.images.to_uint8``: the crop's
+    crop 224; timm: ``crop_pct``, a non-square input's too) sees only the middle of the image, so every map of it
+    belongs over this box, not over the whole image. The same arithmetic as ``vit.images.to_uint8``: the crop's
     offsets in the resized image, scaled back to the original's pixels. Other input sizes, and
     checkpoints that only resize, see the whole image. SAM's ``"longest_edge_pad"`` sees more than the image: the
     padded input, the image at its top left, so the box reaches past the right or bottom edge by the padding
@@ -114,9 +114,10 @@ def input_box(image_size: tuple[int, int], preprocessing: Preprocessing,
     if p.resize_mode == "longest_edge_pad":
         pad_h, pad_w = p.image_hw
         return 0.0, 0.0, pad_w * width / resized[0], pad_h * height / resized[1]
-    left, top = crop_start(resized[0], p.image_size, p.crop_rule), crop_start(resized[1], p.image_size, p.crop_rule)
+    crop_h, crop_w = p.image_hw
+    left, top = crop_start(resized[0], crop_w, p.crop_rule), crop_start(resized[1], crop_h, p.crop_rule)
     sx, sy = width / resized[0], height / resized[1]
-    return left * sx, top * sy, (left + p.image_size) * sx, (top + p.image_size) * sy
+    return left * sx, top * sy, (left + crop_w) * sx, (top + crop_h) * sy
 
 
 def seen_region(image: Image.Image, preprocessing: Preprocessing, size: InputSize = TRAINING_SIZE) -> Image.Image:
@@ -144,7 +145,8 @@ def preprocess(images: Sequence[Image.Image], preprocessing: Preprocessing, size
         return torch.empty(0, p.num_channels, *p.image_hw)
     if size == TRAINING_SIZE and not p.max_num_patches:  # the checkpoint's own evaluation transform (with its crop)
         resized = [to_uint8(image, p.image_size, p.num_channels, p.resize_size, p.resize_mode, p.resample,
-                            p.crop_rule) for image in images]  # each (C, H, W); SAM's (C, h, w) before its padding
+                            p.crop_rule, p.backend)
+                   for image in images]  # each (C, H, W); SAM's (C, h, w) before its padding
         if p.resize_mode == "longest_edge_pad":  # SamImageProcessor: normalised, then 0 below and to the right
             return torch.stack([pad_normalized(normalize(x[None], p.mean, p.std)[0], p.image_hw) for x in resized])
         return normalize(torch.stack(resized), p.mean, p.std)
@@ -162,7 +164,7 @@ def preprocess_at(images: Sequence[Image.Image], preprocessing: Preprocessing, s
     """Every image resized to exactly ``shape = (height, width)`` (no crop) -> normalised ``(B, C, H, W)``: e.g.
     reference images brought to the grid of the image they are compared with, whatever their own aspect."""
     p = preprocessing
-    batch = torch.stack([to_uint8(image, shape, p.num_channels, resample=p.resample)
+    batch = torch.stack([to_uint8(image, shape, p.num_channels, resample=p.resample, backend=p.backend)
                          for image in images])  # (B, C, H, W)
     return normalize(batch, p.mean, p.std)
 

@@ -253,19 +253,29 @@ def state_dict_from_timm(state: Mapping[str, torch.Tensor]) -> dict[str, torch.T
     return ours
 
 
+def _size_pair(value) -> tuple[int, int] | None:
+    """``(height, width)`` of a timm ``img_size`` (a side or a pair) or ``input_size[-2:]``; None when it is neither."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        value = (value, value)
+    if isinstance(value, (list, tuple)) and len(value) == 2 \
+            and all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in value):
+        return int(value[0]), int(value[1])
+    return None
+
+
 def preprocessing_from_timm(name: str, config: ViTConfig, pretrained_cfg: Mapping | None,
                             model_args: Mapping | None = None) -> Preprocessing:
-    """timm's evaluation transform (``resolve_data_config`` + ``transforms_factory``): resize the shorter side
-    to ``floor(size / crop_pct)`` (both sides for crop_mode "squash"), crop the centre ``size``; family defaults
-    (DeiT and DINOv2: ImageNet statistics; other ViTs: 0.5) when the pretrained config is missing."""
+    """timm's evaluation transform (``resolve_data_config`` + ``transforms_imagenet_eval``): each side of the input
+    ``(h, w)`` over ``crop_pct``, floored, is the resize target: the shorter side resized to it for a square input
+    (torchvision's ``Resize(int)``), the aspect kept until the image covers ``(h, w) / crop_pct`` for a rectangle
+    (timm's ``ResizeKeepRatio``), both sides stretched to it for crop_mode "squash"; then the centre ``(h, w)`` is
+    cropped. Family defaults (DeiT and DINOv2: ImageNet statistics; other ViTs: 0.5) when the pretrained config is
+    missing."""
     cfg = dict(pretrained_cfg or {})
     args = dict(model_args or {})
-    image_size = args.get("img_size") or (cfg.get("input_size") or [None, None, None])[-1] or config.image_size
-    if isinstance(image_size, (list, tuple)):
-        image_size = image_size[0]
-    image_size = int(image_size)
-    if image_size % config.patch_size:
-        image_size = config.image_size
+    hw = _size_pair(args.get("img_size")) or _size_pair(list(cfg.get("input_size") or [])[-2:]) or config.image_hw
+    if any(side % patch for side, patch in zip(hw, config.patch_hw, strict=True)):
+        hw = config.image_hw
     imagenet = name.startswith("deit") or "dinov2" in name or "dinov3" in name
     mean = tuple(cfg.get("mean") or (IMAGENET_MEAN if imagenet else INCEPTION_MEAN))
     std = tuple(cfg.get("std") or (IMAGENET_STD if imagenet else INCEPTION_STD))
@@ -273,13 +283,15 @@ def preprocessing_from_timm(name: str, config: ViTConfig, pretrained_cfg: Mappin
     interpolation = cfg.get("interpolation") or "bicubic"
     if interpolation not in ("bicubic", "bilinear", "nearest", "lanczos"):
         interpolation = "bicubic"
-    resize = math.floor(image_size / crop_pct)
-    mode = "square" if cfg.get("crop_mode") == "squash" else "shortest_edge"
     if config.num_channels == 1:
         mean, std = mean[:1], std[:1]
-    if isinstance(config.image_size, tuple):  # built at (height, width): its positions fit that grid only
-        # timm resizes keeping the ratio to cover (h, w) / crop_pct and crops the centre; a straight resize is
-        # the nearest Preprocessing holds
-        return Preprocessing(config.image_size, config.num_channels, mean, std, resample=interpolation)
-    return Preprocessing(image_size, config.num_channels, mean, std, resize_size=resize, resize_mode=mode,
-                         resample=interpolation)
+    height, width = hw
+    scale = (math.floor(height / crop_pct), math.floor(width / crop_pct))
+    if cfg.get("crop_mode") == "squash":
+        resize, mode = (scale[0] if height == width else scale), "square"
+    elif height == width:
+        resize, mode = scale[0], "shortest_edge"
+    else:  # the rounding of ResizeKeepRatio, not Resize(int)'s truncation: timm uses it for rectangles alone
+        resize, mode = scale, "keep_ratio"
+    return Preprocessing(height if height == width else hw, config.num_channels, mean, std, resize_size=resize,
+                         resize_mode=mode, resample=interpolation)

@@ -37,6 +37,7 @@ import os
 import pickle
 import re
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -56,6 +57,7 @@ from vit.checkpoint import (
     safetensors_shapes,
     weights_problem,
 )
+from vit.images import BACKENDS
 from vit.model import ViT, ViTConfig
 from vit.runfiles import BEST_CHECKPOINT, LAST_CHECKPOINT, STATUS_FILE
 from vit.sources import (
@@ -89,6 +91,8 @@ WEIGHT_SUFFIXES = (".safetensors", ".pth", ".pt", ".bin")
 MAX_INPUT_SIZE = 2048  # the largest published ViTs take 518 px (DINOv2) to 1024 px
 MAX_JSON_BYTES = 4 * 1024 * 1024  # config files are a few kB; refuse to parse a huge one
 _PIL_FILTERS = {0: "nearest", 1: "lanczos", 2: "bilinear", 3: "bicubic"}  # HF stores PIL's enum values
+# Which of transformers' two processors an HF folder's images are prepared as (vit.sources.open.hf_backend)
+HF_BACKEND_ENV = "VIT_HF_IMAGE_BACKEND"
 
 
 class SourceError(CheckpointError):
@@ -264,21 +268,34 @@ def _side(value) -> int | None:
     return None
 
 
+def hf_backend() -> str:
+    """How an HF folder's images are resized: ``"torchvision"``, as transformers 5's ``*ImageProcessor``, the class
+    its ``AutoImageProcessor`` gives for every folder (whichever of the two the folder names: both save the same
+    ``image_processor_type``), unless ``VIT_HF_IMAGE_BACKEND=pil`` asks for its ``*ImageProcessorPil``."""
+    value = os.environ.get(HF_BACKEND_ENV, "").strip().lower() or "torchvision"
+    if value not in BACKENDS:
+        raise SourceError(f"{HF_BACKEND_ENV}={value[:40]!r} is not a resize backend; set it to pil or torchvision "
+                          "(the default), or unset it")
+    return value
+
+
 def hf_preprocessing(processor: Mapping | None, config: ViTConfig, architecture: str) -> Preprocessing:
     """HF's image processor settings (``preprocessor_config.json``), else the family's documented defaults:
     ViT resizes to its size bilinearly with mean/std 0.5; DeiT resizes to 256/224 of it and crops, bicubic,
-    ImageNet statistics; DINOv2 resizes the shorter side to 256 and crops 224, bicubic, ImageNet statistics."""
+    ImageNet statistics; DINOv2 resizes the shorter side to 256 and crops 224, bicubic, ImageNet statistics.
+    Resized as ``hf_backend`` says."""
+    backend = hf_backend()
     if config.max_num_patches:  # NaFlex: no fixed size; the processor's patch budget per image
         try:
-            return _naflex_preprocessing(processor or {}, config)
+            return replace(_naflex_preprocessing(processor or {}, config), backend=backend)
         except (ValueError, TypeError, KeyError, ArithmeticError) as e:
             raise SourceError(f"preprocessor_config.json cannot be used ({_one_line(e)}); fix or remove it") from None
     if processor:
         try:
-            return _processor_preprocessing(processor, config)
+            return replace(_processor_preprocessing(processor, config), backend=backend)
         except (ValueError, TypeError, KeyError, ArithmeticError) as e:
             raise SourceError(f"preprocessor_config.json cannot be used ({_one_line(e)}); fix or remove it") from None
-    return _default_preprocessing(config, architecture)
+    return replace(_default_preprocessing(config, architecture), backend=backend)
 
 
 def _numbers(value, name: str, channels: int) -> tuple[float, ...]:
@@ -404,13 +421,18 @@ def _finish(model: ViT, class_names: list[str], preprocessing: Preprocessing, pa
         p = preprocessing
         how = (f"the longer side resized to {p.resize_size} px ({p.resample}), padded to {p.size_label} px"
                if p.resize_mode == "longest_edge_pad" else
-               f"resize to {p.resize_size or p.size_label} px ({p.resize_mode}, {p.resample}), "
+               f"resize to {_size_text(p.resize_size) or p.size_label} px ({p.resize_mode}, {p.resample}), "
                f"centre {p.size_label} px")
         metadata["preprocessing_guessed"] = (
             f"No {guessed_from} came with these weights, so the images are prepared with assumed defaults: {how}, "
             f"mean {tuple(round(v, 4) for v in p.mean)}, std {tuple(round(v, 4) for v in p.std)}. If the model was "
             "trained otherwise, its predictions and maps are off.")
     return Checkpoint(model=model, class_names=class_names, preprocessing=preprocessing, metadata=metadata, path=path)
+
+
+def _size_text(size: int | tuple[int, int] | None) -> str | None:
+    """``256`` for a side, ``320×224`` (width × height, as images are described) for a ``(height, width)``."""
+    return f"{size[1]}×{size[0]}" if isinstance(size, tuple) else None if size is None else str(size)
 
 
 def read_hf_weights(folder: Path, map_location: str | torch.device = "cpu") -> dict[str, torch.Tensor]:
