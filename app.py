@@ -4,6 +4,8 @@ Page setup and navigation only; each page is a short script in ``app_pages/``. T
 the default page, so the app opens on the shipped checkpoint.
 """
 
+from pathlib import Path
+
 # pandas whole before any page runs. plotly tells pandas objects apart by reading sys.modules without importing
 # (get_module("pandas", should_load=False)): while one script thread was still importing pandas (Streamlit's
 # tables import it lazily), a figure built in another thread got the half-initialised module and the page died
@@ -13,10 +15,14 @@ import streamlit as st
 
 from app_pages.explorer_sections import plotly_preload, starting, uploader
 
+ICON = Path(__file__).resolve().parent / "app_pages" / "icon.png"
+
 # Before anything is drawn: the first of the two runs Streamlit's uploader asks for when a new file replaces the last
 # one (a run without any file) waits here for the second, and stops there having sent nothing (issue 51).
 uploader.settle_replacements()
-st.set_page_config(page_title="ViT Attention Explorer", page_icon=":material/visibility:", layout="wide")
+# The icon is a file of ours: a Material icon as page_icon makes every browser fetch it from fonts.gstatic.com, which
+# an offline machine cannot reach (and which tells Google who opens the app).
+st.set_page_config(page_title="ViT Attention Explorer", page_icon=str(ICON), layout="wide")
 
 explorer = st.Page("app_pages/explorer.py", title="Explore attention", icon=":material/visibility:", default=True)
 navigation = st.navigation([

@@ -308,6 +308,9 @@ def test_a_fresh_servers_first_page_says_the_model_is_loading_before_the_page_is
     from app_pages.explorer_sections.starting import LINE
 
     checkpoints, runs, _ = world
+    outside = []  # requests that leave the machine: none (the app works offline)
+    page.on("request", lambda r: None if r.url.startswith(("http://127.0.0.1", "data:", "blob:"))
+            else outside.append(r.url))
     with streamlit_app({"VIT_CHECKPOINTS_DIR": str(checkpoints), "VIT_RUNS_DIR": str(runs)},
                        log=tmp_path / "server.log") as (url, _):
         page.goto(url)
@@ -318,6 +321,7 @@ def test_a_fresh_servers_first_page_says_the_model_is_loading_before_the_page_is
         page.wait_for_function(SCRIPT_DONE)
         assert page.get_by_text(LINE).count() == 0
         assert page.get_by_role("heading", name="ViT Attention Explorer").count() == 1
+    assert outside == []  # the page icon was a Material icon, fetched from fonts.gstatic.com
 
 
 def test_a_click_on_the_patch_similarity_picks_that_patch(server, page):
