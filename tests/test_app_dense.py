@@ -3,13 +3,16 @@ similarity on this image and on the "Compare with" model's own grid, and the cor
 
 from __future__ import annotations
 
+import io
+
 import numpy as np
 import pytest
 import streamlit as st
 import torch
 import torch.nn.functional as F
+from helpers import displayed
 from PIL import Image
-from test_app import run_app, write_checkpoint
+from test_app import png_bytes, run_app, write_checkpoint
 
 from vit.app.catalog import DEFAULT_CHECKPOINT
 from vit.app.drawing import describe_range
@@ -106,3 +109,29 @@ def test_another_model_starts_the_section_at_its_own_last_layer_and_middle_patch
     assert not at.exception, [e.message for e in at.exception]
     assert at.session_state["dense_layer"] == 1  # its last of two
     assert at.session_state["dense_query"] == 1 + 64 // 2  # its middle patch, after the CLS token
+
+
+def zeros_png(width: int, height: int) -> bytes:
+    """That many pixels of zeros: a few kB on disk, up to gigabytes decoded."""
+    buffer = io.BytesIO()
+    Image.new("1", (width, height)).save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+@pytest.mark.parametrize(("name", "data", "message"), [
+    ("notes.png", b"this is not an image", "not an image"),
+    ("empty.png", b"", "empty"),
+    ("cut.png", png_bytes(64, 64)[:200], "truncated or corrupt"),
+    ("bomb.png", zeros_png(30_000, 30_000), "too large to decode safely"),
+    ("line.png", zeros_png(1, 3_000), "more than 64 times as long as it is wide"),
+], ids=["text", "empty", "truncated", "30000-squared", "1x3000"])
+def test_an_undecodable_second_image_is_one_warning_and_the_section_goes_on(two_models, name, data, message):
+    """Issue 62, item 3: the second upload raised ImageError past the page (Streamlit's error box and a traceback in
+    the server log), where the main upload and the patching upload answer in one line."""
+    at = run_app(dense_open=True)
+    second, = [u for u in at.get("file_uploader") if u.key == "dense_second"]
+    second.set_value((name, data, "image/png")).run()
+    assert not at.exception, [e.message for e in at.exception]
+    warnings = [displayed(w.value) for w in at.warning if "second image" in w.value]
+    assert len(warnings) == 1 and name in warnings[0] and message in warnings[0] and "\n" not in warnings[0], warnings
+    assert any("Upload a second image" in c for c in captions(at))  # the section is drawn on without it

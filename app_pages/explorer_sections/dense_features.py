@@ -34,13 +34,17 @@ def _picked(num_prefix_tokens: int) -> None:
 
 
 def _second_image():
-    """The second upload as ``(image, key)``, or None."""
+    """The second upload as ``(image, key)``, or None (an undecodable one said in one line)."""
     upload = file_upload(st, "Second image (similarity and correspondences on it)", SECOND_KEY, type=UPLOAD_TYPES)
     if upload is None:
         return None
     data = upload.getvalue()
     digest = explorer.image_digest(data)
-    return decode_image(digest, upload.name, False, data), digest
+    try:
+        return decode_image(digest, upload.name, False, data), digest
+    except ImageError as e:
+        st.warning(f"The second image cannot be shown: {escape_markdown(e)}")
+        return None
 
 
 def _compare_model(view: Shown, entries: dict):
