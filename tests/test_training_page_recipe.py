@@ -9,12 +9,14 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 from streamlit.testing.v1 import AppTest
 from test_training_page import errors, fill_tiny_run, folders, submit  # noqa: F401 - folders: a fixture
 
 from vit.runs.launch import RunParams, cli_args, validate_params
 from vit.runs.manager import RunManager
 from vit.training.options import parse_args
+from vit.training.trainer import UsageError
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGE = str(ROOT / "app_pages" / "training.py")
@@ -35,12 +37,41 @@ def test_the_recipe_fields_reach_the_cli_as_its_own_flags(tmp_path):
 
 
 @pytest.mark.parametrize("field, value, words", [
-    ("mixup", -1.0, "[0, 1000)"), ("random_erasing", 1.5, "1"), ("mix_prob", 2.0, "1"), ("drop_path", 1.0, "1"),
+    ("mixup", -1.0, "0 (off) or a number in"), ("random_erasing", 1.5, "1"), ("mix_prob", 2.0, "1"),
+    ("drop_path", 1.0, "1"),
     ("precision", "fp16", "fp16")])
 def test_a_bad_recipe_field_is_named_with_the_clis_own_rule(tmp_path, field, value, words):
     problems = validate_params(RunParams(name="r", dataset="cifar10", **{field: value}), tmp_path / "runs",
                                tmp_path / "data")
     assert set(problems) == {field} and words in problems[field], problems
+
+
+@pytest.mark.parametrize("field", ["mixup", "cutmix"])
+@pytest.mark.parametrize("alpha", [1e-300, 5e-324])
+def test_an_alpha_that_float32_rounds_to_0_is_refused_naming_the_flag(tmp_path, field, alpha):
+    """Issue 62, item 4: torchvision draws the mixing weight from a float32 Beta(alpha, alpha); such an alpha passed
+    the rule and the run failed at its start with torch's Dirichlet message."""
+    assert torch.tensor(alpha).item() == 0  # what the run would hand torch
+    flag = "--" + field
+    with pytest.raises(UsageError, match=f"^argument {flag}: expected 0 \\(off\\) or a number in "):
+        parse_args(["--dataset", "cifar10", "--out", str(tmp_path / "r"), flag, repr(alpha)])
+    problems = validate_params(RunParams(name="r", dataset="cifar10", **{field: alpha}), tmp_path / "runs",
+                               tmp_path / "data")
+    assert set(problems) == {field} and "expected 0 (off) or a number in" in problems[field], problems
+    assert parse_args(["--dataset", "cifar10", "--out", str(tmp_path / "r"), flag, "0"]).__dict__[field] == 0
+
+
+@pytest.mark.parametrize("mixer", ["MixUp", "CutMix"])
+def test_the_smallest_alpha_accepted_mixes_a_batch_in_torchvision(mixer):
+    from torchvision.transforms import v2
+
+    from vit.training.options import MIN_MIX_ALPHA
+
+    images, labels = torch.rand(4, 3, 8, 8), torch.tensor([0, 1, 2, 0])
+    mixed, soft = getattr(v2, mixer)(alpha=MIN_MIX_ALPHA, num_classes=3)(images, labels)
+    assert torch.isfinite(mixed).all() and torch.allclose(soft.sum(1), torch.ones(4))
+    with pytest.raises(ValueError, match="Dirichlet"):  # what a smaller alpha did at the run's start
+        getattr(v2, mixer)(alpha=1e-300, num_classes=3)(images, labels)
 
 
 def test_the_page_launches_a_run_with_the_recipe_fields(folders):  # noqa: F811

@@ -139,6 +139,12 @@ _non_negative_int = _checked(int, lambda v: v >= 0, "an integer >= 0")
 _positive_float = _checked(float, lambda v: v > 0 and not math.isinf(v), "a positive number")
 
 
+# torchvision draws the mixing weight from a float32 Beta(alpha, alpha): an alpha it rounds to 0 (1e-300) fails
+# the run at its start with torch's Dirichlet message, so anything below float32's smallest normal number is refused.
+MIN_MIX_ALPHA = 2.0 ** -126
+MAX_MIX_ALPHA = 1e3
+_mix_alpha = _checked(float, lambda v: v == 0 or MIN_MIX_ALPHA <= v < MAX_MIX_ALPHA,
+                      f"0 (off) or a number in [{MIN_MIX_ALPHA:.2g}, {MAX_MIX_ALPHA:g})", "a number")
 _probability = _checked(float, lambda v: 0 <= v <= 1, "a number in [0, 1]", "a number")
 _layer_decay = _checked(float, lambda v: 0 < v <= 1, "a number in (0, 1]", "a number")
 FINETUNE_MODES = ("full", "linear-probe")
@@ -247,8 +253,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--aug-magnitude", type=_int_in(0, MAX_MAGNITUDE), default=9,
                    help=f"RandAugment magnitude, 0..{MAX_MAGNITUDE} (default 9)")
     g.add_argument("--aug-ops", type=_positive_int, default=2, help="RandAugment ops per image (default 2)")
-    g.add_argument("--mixup", type=_float_in(0.0, 1e3), help="mixup alpha, 0 = off (default)")
-    g.add_argument("--cutmix", type=_float_in(0.0, 1e3), help="cutmix alpha, 0 = off (default); with "
+    g.add_argument("--mixup", type=_mix_alpha, help="mixup alpha, 0 = off (default)")
+    g.add_argument("--cutmix", type=_mix_alpha, help="cutmix alpha, 0 = off (default); with "
                    "--mixup too, each batch uses one of the two")
     g.add_argument("--random-erasing", type=_probability,
                    metavar="P", help="random erasing (Zhong et al. 2017, torchvision's box rule): each training "
