@@ -4,6 +4,7 @@ model (its folder in the cache; its weights file by path)."""
 
 import json
 
+import numpy as np
 import pytest
 import torch
 from safetensors.torch import save_file
@@ -235,3 +236,59 @@ def test_a_timm_aimv2_without_cls_or_probe_opens_by_path_on_a_patchs_attention(t
     assert sidebar_widget(at, "selectbox", "Query token").options[0].startswith("0 · patch row 1, col 1")
     assert any("no classifier" in info.value for info in at.main.info)
     assert [c.value for c in at.main.caption if "Colours span" in c.value]  # the overlay is drawn
+
+
+def test_a_naflex_models_own_sizing_is_not_called_another_training_size_or_a_stretch(tmp_path):
+    """Issue 69, item 10: NaFlex is trained on each image's own aspect within its patch budget, so its own sizing of
+    a 70x30 photo (20x12 px, 3 x 5 patches: the aspect as near as whole patches allow) is neither "not its training
+    size" nor "the image is stretched", as the caption said."""
+    snapshot = in_hf_cache(tmp_path, "google/siglip2-naflex-tiny", siglip2_naflex_folder)
+    at = open_from_picker("google/siglip2-naflex-tiny · hf:Siglip2Model", snapshot)
+    upload(at, "wide.png", png_bytes(70, 30))
+    [caption] = [c.value for c in at.main.caption if "Click a patch" in c.value]
+    assert "sees it as 20×12 px in 3 rows × 5 columns" in caption
+    assert "training size" not in caption and "stretched" not in caption
+    assert "NaFlex keeps the image's aspect ratio within 16 patches" in caption
+
+
+def sam_folder(folder):
+    """SAM's image encoder on a 7 x 7 grid of 8-px patches: layers 1 and 3 in windows of 3 (the grid padded to 9 x 9,
+    windows tiling it from the top left), layer 2 global; its processor pads to 56 px."""
+    config = transformers.SamVisionConfig(image_size=56, patch_size=8, hidden_size=32, mlp_dim=48,
+                                          num_hidden_layers=3, num_attention_heads=2, window_size=3,
+                                          global_attn_indexes=[1], output_channels=8)
+    torch.manual_seed(0)
+    transformers.SamVisionModel(config).save_pretrained(folder)
+    transformers.SamImageProcessorPil(size={"longest_edge": 56}, pad_size={"height": 56, "width": 56}
+                                      ).save_pretrained(folder)
+    return folder
+
+
+def test_a_sam_windowed_layers_caption_says_the_map_is_the_querys_window(tmp_path, monkeypatch):
+    """Issue 69, item 10: SAM's windowed layer drew the query's window alone (zero elsewhere) under a caption that
+    never said so (Swin's does); its global layers say they read the whole grid."""
+    from vit.app import drawing
+
+    drawn, overlay = [], drawing.overlay_image  # the main map, as the page draws it
+    monkeypatch.setattr(drawing, "overlay_image", lambda image, map2d, *a, **k: drawn.append(map2d) or overlay(
+        image, map2d, *a, **k))
+    at = run_app()
+    sidebar_widget(at, "text_input", "Open a path").set_value(str(sam_folder(tmp_path / "sam")))
+    at.run()
+    upload(at, "photo.png", png_bytes(56, 56))
+    edge = "cut by the grid's edge, row 7, cols 1–3"  # the last row of windows: one row of the grid, two of padding
+    for query, layer, rows, cols, words in ((3 * 7 + 4, 1, slice(3, 6), slice(3, 6), "rows 4–6, cols 4–6"),
+                                            (6 * 7 + 1, 3, slice(6, 7), slice(0, 3), edge)):
+        sidebar_widget(at, "selectbox", "Query token").set_value(query)
+        sidebar_widget(at, "select_slider", "Layer").set_value(layer)
+        at.run()
+        assert not at.exception and not at.main.error, [e.value for e in at.main.error]
+        [caption] = [c.value for c in at.main.caption if "Colours span" in c.value]
+        assert f"in its 3×3 window: {words} of the grid (zero outside it" in caption, caption
+        inside = np.zeros((7, 7), bool)
+        inside[rows, cols] = True
+        assert (np.asarray(drawn[-1])[~inside] == 0).all() and (np.asarray(drawn[-1])[inside] > 0).all()
+    sidebar_widget(at, "select_slider", "Layer").set_value(2)
+    at.run()
+    [caption] = [c.value for c in at.main.caption if "Colours span" in c.value]
+    assert "over the whole grid (one of its global layers" in caption and "3×3 window:" not in caption

@@ -254,7 +254,7 @@ def describe_map(settings: MapSettings, analysis: Analysis, class_names: list[st
         heads = f"head {s.head + 1}" if s.head is not None else f"the {s.fusion} over its {H} heads"
         keys = "the CLS key" if analysis.has_cls else "the prefix keys" if analysis.num_prefix_tokens else "no key"
         text = (f"**Layer {layer + 1} of {L}, {heads}**: how much {who} attends to each patch in this layer "
-                f"(one row of the attention matrix, {keys} left out).")
+                f"(one row of the attention matrix, {keys} left out){_window_phrase(s.query, layer, analysis)}.")
         if s.query == 0 and layer == L - 1 and analysis.has_cls:
             if class_names:
                 text += " The classifier reads the CLS token after this layer, so bright patches fed the prediction."
@@ -291,6 +291,23 @@ def describe_map(settings: MapSettings, analysis: Analysis, class_names: list[st
             f"for the “{name}” score, positive parts only, rolled out (Chefer et al., 2021). Bright patches "
             f"are evidence for “{name}” as read by {who}.")
 
+
+
+def _window_phrase(query: int, layer: int, analysis: Analysis) -> str:
+    """SAM's / ViTDet's ', in its 14×14 window: rows 15–28, cols 1–14 of the grid (zero outside it)' for a patch
+    query in a windowed layer, ', over the whole grid (one of its global layers; …)' in a global one, else ''."""
+    if not analysis.window or query < analysis.num_prefix_tokens:
+        return ""
+    w = analysis.window
+    if not analysis.windowed(layer):
+        return f", over the whole grid (one of its global layers; the others attend within {w}×{w} windows)"
+    (gh, gw), (row, col) = analysis.grid, divmod(query - analysis.num_prefix_tokens, analysis.grid[1])
+    r0, c0 = row // w * w, col // w * w  # windows tile the grid from its top left (window_partition)
+    r1, c1 = min(r0 + w, gh), min(c0 + w, gw)
+    cut = " cut by the grid's edge," if (r1 - r0, c1 - c0) != (w, w) else ""
+    rows = f"rows {r0 + 1}–{r1}" if r1 - r0 > 1 else f"row {r1}"
+    cols = f"cols {c0 + 1}–{c1}" if c1 - c0 > 1 else f"col {c1}"
+    return f", in its {w}×{w} window:{cut} {rows}, {cols} of the grid (zero outside it: this layer attends in windows)"
 
 
 def _describe_stage_map(settings: MapSettings, analysis: Analysis) -> str:
@@ -371,7 +388,10 @@ def describe_input(analysis: Analysis, image_size: tuple[int, int],
         text += (f". Its preprocessing resizes and crops the centre, so it sees only x {x0}–{x1}, y {y0}–{y1} "
                  "of the image: that region is what is shown, and every map, patch and click lies over it")
         iw, ih = x1 - x0, y1 - y0
-    if width * ih != height * iw:
+    if width * ih != height * iw and analysis.max_num_patches:  # its own sizing, not a shape chosen for it
+        text += (f": NaFlex keeps the image's aspect ratio within {analysis.max_num_patches:,} patches, as closely as "
+                 "whole patches allow")
+    elif width * ih != height * iw:
         text += "; the image is stretched to that shape" if abs(width / height - iw / ih) > 0.02 else ""
     return text + "."
 

@@ -313,6 +313,12 @@ class Analysis:
     # ``(T_l, D_l)`` on its own grid; ``grid`` and ``num_tokens`` are the image's patch grid (the first layer's).
     layouts: tuple[LayerLayout, ...] = ()
     outputs: tuple[torch.Tensor, ...] = ()
+    # SAM / ViTDet (a plain grid, some layers windowed): the windows' side in patches, tiling the grid from its top
+    # left (``vit.model.layouts.window_partition``), and the layers that attend globally instead; 0: no windows.
+    window: int = 0
+    global_layers: tuple[int, ...] = ()
+    # NaFlex at its own sizing: the patch budget its preprocessing fits the image's aspect into (0: another input).
+    max_num_patches: int = 0
 
     @property
     def staged(self) -> bool:
@@ -356,7 +362,13 @@ class Analysis:
 
     @property
     def at_training_size(self) -> bool:
-        return self.training_size is None or self.input_size == self.training_hw
+        """Whether the input is sized as in training: the checkpoint's size, or NaFlex's own rule (trained on each
+        image's aspect within its patch budget, not at one size)."""
+        return self.training_size is None or bool(self.max_num_patches) or self.input_size == self.training_hw
+
+    def windowed(self, layer: int) -> bool:
+        """Whether layer ``layer`` (0-based) of a SAM / ViTDet attends in windows of ``window`` patches."""
+        return bool(self.window) and layer not in self.global_layers
 
     @property
     def training_hw(self) -> tuple[int, int] | None:
@@ -509,7 +521,9 @@ def analyse(checkpoint: Checkpoint, image: Image.Image, size: InputSize = TRAINI
                     num_prefix_tokens=model.num_prefix_tokens, hidden=hidden, training_size=p.image_size,
                     cache=cache, prefix_names=tuple(model.config.prefix_token_names), probe=probe,
                     embedding=embedding, position_table=getattr(model.config, "pos_embed", True),
-                    sincos_positions=getattr(model.config, "sincos_pos", False))
+                    sincos_positions=getattr(model.config, "sincos_pos", False),
+                    window=model.config.window_size, global_layers=tuple(model.config.global_layers),
+                    max_num_patches=p.max_num_patches if size == TRAINING_SIZE else 0)
 
 
 def _analyse_stages(checkpoint: Checkpoint, x: torch.Tensor, grid: tuple[int, int], shape: tuple[int, int],
