@@ -292,3 +292,53 @@ def test_a_resume_whose_list_of_images_leads_out_of_the_data_folder_is_one_line(
     assert main(["train", "--resume", str(tmp_path / "sae")]) == 2
     err = capsys.readouterr().err
     assert "files.json names '../../etc/passwd', which is not a file under" in err and err.count("\n") == 1
+
+
+KILL_AT_STEP = """
+import os, signal, sys
+from vit.features import train as sae_train
+from vit.sae import main
+
+original, at = sae_train.SAETraining._train_step, int(sys.argv[1])
+
+def step_then_die(self, x, on_step):
+    original(self, x, on_step)
+    if self.step == at:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+sae_train.SAETraining._train_step = step_then_die
+sys.exit(main(sys.argv[2:]))
+"""
+
+
+def killed_at_step(step: int, *argv: str) -> int:
+    """``vit.sae`` in its own process, SIGKILLed right after step ``step``: what survives is what it saved."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", KILL_AT_STEP, str(step), *argv], cwd=ROOT, timeout=240,
+                          stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return done.returncode
+
+
+def saved_step(out: Path) -> int:
+    return torch.load(out / "last.pt", weights_only=True)["state"]["step"]
+
+
+def test_a_resumed_run_keeps_its_checkpoint_interval_so_a_kill_after_the_resume_loses_nothing(tmp_path, monkeypatch):
+    """Issue 62, item 5: ``--resume OUT`` took --checkpoint-seconds' default (60 s), not the run's, so a kill after
+    a resume lost every step since it; the run's options are config.json's, a resume's own flag a new value."""
+    out = tmp_path / "sae"
+    with monkeypatch.context() as m:
+        sigterm_at_step(m, 2)
+        assert train(out, "--checkpoint-seconds", "0") == 0  # last.pt after every step
+    assert saved_step(out) == 2
+    assert killed_at_step(14, "train", "--resume", str(out)) == -signal.SIGKILL
+    assert saved_step(out) == 14  # 60 s would have kept step 2
+    assert read_config(out / "config.json")["args"]["checkpoint_seconds"] == 0
+    # A resume that gives the flag sets the run's interval for the resumes after it.
+    assert killed_at_step(16, "train", "--resume", str(out), "--checkpoint-seconds", "3600") == -signal.SIGKILL
+    assert saved_step(out) == 14
+    assert read_config(out / "config.json")["args"]["checkpoint_seconds"] == 3600
+    assert main(["train", "--resume", str(out)]) == 0
+    assert read_status(out / "status.json")["state"] == "completed"

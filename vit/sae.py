@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 
 PROG = "vit.sae"
+CHECKPOINT_SECONDS = 60.0  # a run's default, and that of a run saved before config.json kept it
 FILES_FILE = "files.json"  # the run's training and held-out images: a resume reads these, not what DIR holds now
 
 
@@ -62,8 +63,9 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--out", metavar="OUT", help="the SAE folder to write")
     t.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto", help="where the model and SAE run")
-    t.add_argument("--checkpoint-seconds", type=float, default=60.0,
-                   help="rewrite last.pt at least this often (default 60)")
+    t.add_argument("--checkpoint-seconds", type=float, default=None,
+                   help=f"rewrite last.pt at least this often (default {CHECKPOINT_SECONDS:g}; a resume keeps the "
+                   "run's, or takes this as its new one)")
     t.add_argument("--ray", metavar="ADDRESS", default=None,
                    help="run on a Ray cluster (its dashboard, http://HEAD:8265): Ray Data harvests on N actors, Ray "
                    "Train trains (on a GPU when the cluster has one); MODEL, --data and OUT on storage every node "
@@ -81,9 +83,10 @@ def job_argv(args: argparse.Namespace) -> list[str]:
 
     if args.resume is not None:
         argv = ["train", "--resume", str(Path(args.resume).expanduser().resolve())]
-        if args.epochs is not None:
-            argv += ["--epochs", str(args.epochs)]
-        return argv + ["--checkpoint-seconds", f"{args.checkpoint_seconds:g}"]
+        for flag, value in (("--epochs", args.epochs), ("--checkpoint-seconds", args.checkpoint_seconds)):
+            if value is not None:
+                argv += [flag, f"{value:g}"]
+        return argv
     model = Path(args.model).expanduser().resolve() if args.model else None
     if model is not None and not model.exists() and looks_like_name(args.model):
         model = args.model  # a Hub id: the job fetches it into the cluster's HF cache
@@ -131,12 +134,15 @@ def submit_and_follow(args: argparse.Namespace) -> int:
 
 
 RESUMED_ARGS = ("model", "arch", "data", "layer", "expansion", "width", "k", "epochs", "images", "holdout",
-                "batch_size", "image_batch", "buffer_tokens", "lr", "seed", "device")  # what config.json keeps
+                "batch_size", "image_batch", "buffer_tokens", "lr", "seed", "device",
+                "checkpoint_seconds")  # what config.json keeps
+RENEWED_ARGS = ("epochs", "checkpoint_seconds")  # what a resume may give anew (config.json then keeps that)
 
 
 SAVED_TYPES = {**{name: int for name in ("layer", "expansion", "width", "k", "epochs", "images", "holdout",
                                         "batch_size", "image_batch", "buffer_tokens", "seed")},
-               "model": str, "arch": str, "data": str, "device": str, "lr": (int, float)}  # config.json's args
+               "model": str, "arch": str, "data": str, "device": str, "lr": (int, float),
+               "checkpoint_seconds": (int, float)}  # config.json's args
 
 
 def resolve_args(args: argparse.Namespace) -> tuple[argparse.Namespace, dict | None]:
@@ -164,6 +170,8 @@ def resolve_args(args: argparse.Namespace) -> tuple[argparse.Namespace, dict | N
         if (out / LAST_CHECKPOINT).exists() or (out / STATUS_FILE).exists():
             raise UsageError(f"--out {out} holds a run; continue it with --resume {out}, or choose another folder")
         args.epochs = args.epochs or 5
+        if args.checkpoint_seconds is None:
+            args.checkpoint_seconds = CHECKPOINT_SECONDS
         return args, None
     if args.model is not None or args.data is not None or args.layer is not None:
         raise UsageError("--resume OUT takes the run's own model, data and layer; give no MODEL, --data or --layer")
@@ -184,13 +192,17 @@ def resolve_args(args: argparse.Namespace) -> tuple[argparse.Namespace, dict | N
         check_fields(saved, SAVED_TYPES, "config.json args", required=("model", "data", "layer", "k", "epochs"))
     except RunFileError as e:
         raise UsageError(f"--resume {out}: {e}") from None
-    epochs = args.epochs
+    epochs, seconds = args.epochs, args.checkpoint_seconds
     for name in RESUMED_ARGS:
         setattr(args, name, saved.get(name))
     if epochs is not None:
         if epochs < saved["epochs"]:
             raise UsageError(f"--epochs {epochs} is fewer than the run's {saved['epochs']}; give a larger total")
         args.epochs = epochs
+    if seconds is not None:
+        args.checkpoint_seconds = seconds
+    elif args.checkpoint_seconds is None:
+        args.checkpoint_seconds = CHECKPOINT_SECONDS
     args.out = str(out)
     return args, config
 
@@ -333,7 +345,7 @@ def run(args: argparse.Namespace, stop=None, harvest=None) -> int:
         seconds_before = float(payload.get("train_seconds") or 0.0)
         steps = [row for row in read_metrics(out / STEPS_FILE)
                  if isinstance(row.get("step"), int) and row["step"] <= training.step]
-        record_resume(out / CONFIG_FILE, {"epochs": settings.epochs},
+        record_resume(out / CONFIG_FILE, {name: getattr(args, name) for name in RENEWED_ARGS},
                       {"time": now_iso(), "step": training.step, "epochs": settings.epochs})
     else:
         out.mkdir(parents=True, exist_ok=True)
