@@ -79,6 +79,46 @@ def test_a_misspelt_choice_or_subcommand_is_answered_with_the_closest_one():
         predict.build_parser().parse_args(["m.pt", "x.jpg", "--qqqqqq"])
 
 
+# Each command with a path that is not there, and its one line (issue 69, item 11: a missing file took 6 s to be
+# reported, most of it importing torch). "{model}" is a file that exists: only its existence is read.
+MISSING = {
+    "predict": (["{tmp}/nope.pt", "{model}"], "checkpoint not found: {tmp}/nope.pt"),
+    "predict-images": (["{model}", "{tmp}/a.jpg", "{tmp}/b.png"], "no such image file: {tmp}/a.jpg, {tmp}/b.png"),
+    "evaluate": (["{model}", "--data", "{tmp}/nowhere"],
+                 "--data {tmp}/nowhere is not a folder; give a folder with one subfolder per class"),
+    "faithfulness": (["{tmp}/nope.pt", "--data", "{tmp}"], "checkpoint not found: {tmp}/nope.pt"),
+    "analyze": (["{model}", "--data", "{tmp}/nowhere"],
+                "--data {tmp}/nowhere is not a folder; give a folder with one subfolder per class"),
+    "convert": (["{tmp}/nope.safetensors", "--out", "{tmp}/x.pt"], "checkpoint not found: {tmp}/nope.safetensors"),
+    "convert-map": (["{model}", "--map", "{tmp}/m.json", "--out", "{tmp}/x.pt"],
+                    "--map {tmp}/m.json: no such file; give the mapping --inspect drafted, completed"),
+    "sae": (["train", "{model}", "--data", "{tmp}/nowhere", "--layer", "1", "--out", "{tmp}/sae"],
+            "--data {tmp}/nowhere is not a folder; give a folder of images (any depth)"),
+}
+
+
+@pytest.mark.parametrize("case", MISSING)
+def test_a_missing_file_or_folder_is_reported_before_torch_loads(case, tmp_path):
+    (tmp_path / "model.pt").write_bytes(b"not read: the command stops before opening it")
+    args, expected = MISSING[case]
+    fill = {"tmp": str(tmp_path), "model": str(tmp_path / "model.pt")}
+    command = case.split("-")[0]
+    result = subprocess.run([sys.executable, "-c", PROBE, command, *(a.format(**fill) for a in args)],
+                            capture_output=True, text=True, timeout=120)
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and lines[0] == f"vit.{command}: error: {expected.format(**fill)}", result.stderr
+    assert lines[1:] == ["IMPORTED"], f"vit.{command} imported {lines[1:]}"
+
+
+def test_a_model_path_that_reads_as_a_hub_id_is_left_to_the_hub():
+    from vit.predict import UsageError, check_model_path
+
+    check_model_path("google/vit-base-patch16-224")  # no such folder here: the Hub (or its cache) is asked
+    check_model_path("vit_base_patch16_224.augreg_in21k")  # a timm name
+    with pytest.raises(UsageError, match="^checkpoint not found: runs/best.pt$"):
+        check_model_path("runs/best.pt")  # a weights file's name is a missing path, never a Hub id
+
+
 def test_the_names_the_parsers_list_without_torch_are_the_ones_the_run_uses():
     from vit import faithfulness
     from vit.explain import faithfulness as scores

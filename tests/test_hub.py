@@ -70,8 +70,10 @@ def test_predict_takes_a_hub_id_and_says_how_much_it_downloads_first(repo, fake_
     assert json.loads(out)[0]["predictions"][0]["label"] in CLASSES
 
 
-def test_predict_says_in_one_line_when_a_hub_model_cannot_be_opened(fake_hub, capsys):
-    assert predict.main(["acme/nothing-here", "photo.png"]) == 2
+def test_predict_says_in_one_line_when_a_hub_model_cannot_be_opened(fake_hub, capsys, tmp_path):
+    photo = tmp_path / "photo.png"  # it exists: a missing image is reported first, before the Hub is asked
+    photo.write_bytes(b"")
+    assert predict.main(["acme/nothing-here", str(photo)]) == 2
     err = capsys.readouterr().err
     assert err.startswith("vit.predict: error: acme/nothing-here is neither") and err.count("\n") == 1
 

@@ -218,10 +218,20 @@ def command_line(parser: argparse.ArgumentParser, args: argparse.Namespace) -> l
     return argv
 
 
+def check_paths(args: argparse.Namespace) -> None:
+    """Before torch loads: the model exists (or is a Hub id) and ``--data`` is a folder (here: a Ray job's paths
+    are the ones every node mounts)."""
+    from vit.cli import check_folder
+    from vit.predict import check_model_path
+
+    check_model_path(args.checkpoint)
+    check_folder(args.data, "--data", "a folder with one subfolder per class")
+
+
 def main(argv: list[str] | None = None) -> int:
     from vit.predict import run_cli
 
-    return run_cli(PROG, build_parser(), run, argv)
+    return run_cli(PROG, build_parser(), run, argv, check_paths)
 
 
 def command() -> None:

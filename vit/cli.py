@@ -13,6 +13,7 @@ import re
 import sys
 import threading
 from collections.abc import Callable
+from pathlib import Path
 from typing import NoReturn
 
 # px (--size, the explorer's input sizes): ViT-B/16 has 65,537 tokens there; maps are computed in chunks
@@ -90,6 +91,12 @@ def input_side(text: str) -> int:
     return value
 
 
+def check_folder(path: str | None, flag: str, give: str) -> None:
+    """UsageError ``FLAG PATH is not a folder; give GIVE`` unless ``path`` (None: not given) is a folder."""
+    if path is not None and not Path(path).is_dir():
+        raise UsageError(f"{flag} {path} is not a folder; give {give}")
+
+
 def add_size_arguments(parser: argparse.ArgumentParser, keep_aspect: bool) -> None:
     """``--size N`` (and ``--keep-aspect``): the input size the model sees, shared by predict and evaluate."""
     parser.add_argument("--size", type=input_side, metavar="N",
@@ -102,12 +109,15 @@ def add_size_arguments(parser: argparse.ArgumentParser, keep_aspect: bool) -> No
 
 
 def run_cli(prog: str, parser: argparse.ArgumentParser, run: Callable[[argparse.Namespace], int],
-            argv: list[str] | None) -> int:
+            argv: list[str] | None, check: Callable[[argparse.Namespace], None] | None = None) -> int:
     """Run a CLI's ``run(args)`` so any failure is one line on stderr: usage 2, failure 1, ^C 130. The arguments
-    are parsed before ``run`` imports what it needs, so ``--help`` and usage errors answer at once; then torch
-    gets as many threads as cores are free (``vit.threads``)."""
+    are parsed, and ``check(args)`` (the files and folders they name exist: UsageError) run, before ``run`` imports
+    what it needs, so ``--help``, usage errors and a mistyped path answer at once; then torch gets as many threads
+    as cores are free (``vit.threads``)."""
     try:
         args = parser.parse_args(argv)
+        if check is not None:
+            check(args)
         use_free_cores()
         return run(args)
     except UsageError as e:

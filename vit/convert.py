@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 from vit.cli import OneLineParser, UsageError, command_name, run_cli  # light: torch loads in run(), after parsing
 
@@ -77,8 +78,6 @@ def run(args: argparse.Namespace) -> int:
 
 def inspect(source: str) -> int:
     """Print one line describing the weights on stderr and the draft mapping (JSON) on stdout."""
-    from pathlib import Path
-
     from vit.checkpoint import CheckpointError
     from vit.sources.mapping import describe, draft_mapping
     from vit.sources.open import open_source, read_weights
@@ -189,8 +188,17 @@ def state_dict_difference(expected: dict, weights: dict, shown: int = 2) -> str 
     return "; ".join(parts) or None
 
 
+def check_paths(args: argparse.Namespace) -> None:
+    """Before torch loads: the source exists (or is a Hub id), and so does ``--map``'s file."""
+    from vit.predict import check_model_path
+
+    check_model_path(args.source)
+    if args.map is not None and not Path(args.map).is_file():
+        raise UsageError(f"--map {args.map}: no such file; give the mapping --inspect drafted, completed")
+
+
 def main(argv: list[str] | None = None) -> int:
-    return run_cli(PROG, build_parser(), run, argv)
+    return run_cli(PROG, build_parser(), run, argv, check_paths)
 
 
 def command() -> None:

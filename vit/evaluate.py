@@ -30,6 +30,8 @@ from vit.predict import (
     OneLineParser,
     UsageError,
     add_size_arguments,
+    check_folder,
+    check_model_path,
     command_name,
     input_size,
     open_checkpoint,
@@ -172,8 +174,14 @@ def run(args: argparse.Namespace) -> int:
     return 1 if errors else 0
 
 
+def check_paths(args: argparse.Namespace) -> None:
+    """Before torch loads: the model exists (or is a Hub id) and ``--data`` is a folder."""
+    check_model_path(args.checkpoint)
+    check_folder(args.data, "--data", "a folder with one subfolder per class")
+
+
 def main(argv: list[str] | None = None) -> int:
-    return run_cli(PROG, build_parser(), run, argv)
+    return run_cli(PROG, build_parser(), run, argv, check_paths)
 
 
 def command() -> None:

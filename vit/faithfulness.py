@@ -27,7 +27,7 @@ from pathlib import Path
 
 PROG = "vit.faithfulness"
 # vit.explain.faithfulness's METHODS and REPLACEMENTS by name, for --help without torch (tests/test_faithfulness.py
-# checks they are the same); the run checks the methods against METHODS itself.
+# checks they are the same), so that an unknown method is refused before torch loads.
 METHOD_NAMES = ("random", "attention", "rollout", "class", "legrad", "transformer_attribution", "attnlrp", "flow")
 REPLACEMENTS = ("blur", "mean", "zero")
 # A fixed number of curve points whatever the patch grid: Chefer et al. (2021)'s perturbation tests remove the
@@ -74,17 +74,13 @@ def run(args: argparse.Namespace) -> int:
 
     from vit.evaluate import labelled_files
     from vit.explain.dataset import sample_files
-    from vit.explain.faithfulness import DEFAULT_METHODS, METHODS, auc, method_maps, perturbation_curves
+    from vit.explain.faithfulness import DEFAULT_METHODS, auc, method_maps, perturbation_curves
     from vit.images import ImageError, open_image
     from vit.inference import preprocess
     from vit.predict import UsageError, open_checkpoint, resolve_device
 
     if args.methods is None:
         args.methods = list(DEFAULT_METHODS)
-
-    unknown = [m for m in args.methods if m not in METHODS]
-    if unknown:
-        raise UsageError(f"unknown method(s) {', '.join(unknown)}; choose from: {', '.join(METHODS)}")
     checkpoint = open_checkpoint(args.checkpoint, resolve_device(args.device))
     model = checkpoint.model.eval()
     device = next(model.parameters()).device
@@ -128,10 +124,22 @@ def run(args: argparse.Namespace) -> int:
 
 
 
+def check_args(args: argparse.Namespace) -> None:
+    """Before torch loads: the methods are known, the model exists (or is a Hub id) and ``--data`` is a folder."""
+    from vit.cli import UsageError, check_folder
+    from vit.predict import check_model_path
+
+    unknown = [m for m in args.methods or () if m not in METHOD_NAMES]
+    if unknown:
+        raise UsageError(f"unknown method(s) {', '.join(unknown)}; choose from: {', '.join(METHOD_NAMES)}")
+    check_model_path(args.checkpoint)
+    check_folder(args.data, "--data", "a folder with one subfolder per class")
+
+
 def main(argv: list[str] | None = None) -> int:
     from vit.predict import run_cli
 
-    return run_cli(PROG, build_parser(), run, argv)
+    return run_cli(PROG, build_parser(), run, argv, check_args)
 
 
 def command() -> None:

@@ -37,7 +37,8 @@ with ``class_names`` the labels and ``probability_kind``; each map is also drawn
 instead of its training size (``--keep-aspect``: the long side at N px, the other in proportion),
 rounded to whole patches with the position embeddings interpolated. Exit status: 0 when every image was
 classified; 1 when some could not be read (each is named on stderr, one line, and the
-others are still classified); 2 for a missing or damaged checkpoint or invalid arguments.
+others are still classified); 2 for a missing or damaged checkpoint, images none of which exists, or invalid
+arguments (a missing path is reported before torch loads).
 """
 
 from __future__ import annotations
@@ -56,6 +57,7 @@ from vit.cli import (  # noqa: F401 (the other commands import the shared pieces
     OneLineParser,
     UsageError,
     add_size_arguments,
+    check_folder,
     command_name,
     input_side,
     one_line,
@@ -148,6 +150,24 @@ def resolve_device(spec: str) -> torch.device:
     if spec == "cuda" and not torch.cuda.is_available():
         raise UsageError("--device cuda was asked for but no CUDA GPU is available; use --device cpu")
     return torch.device(spec)
+
+
+def check_model_path(text: str) -> None:
+    """UsageError ``checkpoint not found: TEXT``, before torch loads, when ``text`` is no file or folder here and
+    cannot name a Hub model either (``vit.sources.hub_names``: a Hub id is left to the Hub)."""
+    from vit.sources.hub_names import looks_like_name
+
+    if not Path(text).expanduser().exists() and not looks_like_name(text):
+        raise UsageError(f"checkpoint not found: {text}")
+
+
+def check_paths(args: argparse.Namespace) -> None:
+    """Before torch loads: the model exists (or is a Hub id) and so does one image at least (the others are named
+    as they are read, the rest classified)."""
+    check_model_path(args.checkpoint)
+    if not any(Path(image).exists() for image in args.images):
+        more = f" and {len(args.images) - 3} more" if len(args.images) > 3 else ""
+        raise UsageError(f"no such image file: {', '.join(args.images[:3])}{more}")
 
 
 def open_checkpoint(path: str, device: torch.device, arch: str | None = None) -> Checkpoint:
@@ -521,7 +541,7 @@ def predicted(checkpoint: Checkpoint, args: argparse.Namespace, maps_dir: Path |
 
 
 def main(argv: list[str] | None = None) -> int:
-    return run_cli(PROG, build_parser(), run, argv)
+    return run_cli(PROG, build_parser(), run, argv, check_paths)
 
 
 def command() -> None:

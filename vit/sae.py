@@ -469,10 +469,20 @@ def run(args: argparse.Namespace, stop=None, harvest=None) -> int:
     return 0
 
 
+def check_paths(args: argparse.Namespace) -> None:
+    """Before torch loads: the model exists (or is a Hub id) and ``--data`` is a folder, where given."""
+    from vit.cli import check_folder
+    from vit.predict import check_model_path
+
+    if args.model is not None:
+        check_model_path(args.model)
+    check_folder(args.data, "--data", "a folder of images (any depth)")
+
+
 def main(argv: list[str] | None = None) -> int:
     from vit.predict import run_cli
 
-    return run_cli(PROG, build_parser(), run, argv)
+    return run_cli(PROG, build_parser(), run, argv, check_paths)
 
 
 def command() -> None:

@@ -29,17 +29,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from vit.checkpoint import CheckpointError
+from vit.sources.hub_names import HF_HUB_PREFIX, WEIGHT_FILES, looks_like_name
+from vit.sources.hub_names import MODEL_NAME as _TIMM_OR_OPEN_CLIP
+from vit.sources.hub_names import REPO as _REPO
 
 MAX_DOWNLOAD_ENV = "VIT_MAX_DOWNLOAD_GB"
 DEFAULT_MAX_DOWNLOAD_GB = 5.0
-HF_HUB_PREFIX = "hf-hub:"  # open_clip's (open_clip.factory.HF_HUB_PREFIX); a test checks they agree
 # What opening a model reads (vit.sources.open and the text towers' tokenizers); nothing else is fetched.
 WANTED = ("*.safetensors", "*.json", "*.txt", "*.model", "*.tiktoken")
 PICKLES = ("*.bin", "*.pth", "*.pt")  # weights as torch pickles: only when there are no safetensors
 NOT_WEIGHTS = ("training_args.bin", "optimizer.pt", "scheduler.pt", "rng_state*.pth")  # trainer state, not a model
-WEIGHT_FILES = (".pt", ".pth", ".bin", ".safetensors", ".npz")
-_REPO = re.compile(r"[A-Za-z0-9][\w.-]{0,95}/[A-Za-z0-9][\w.-]{0,95}")
-_TIMM_OR_OPEN_CLIP = re.compile(r"[A-Za-z][\w.-]{1,150}")
 _COMMIT = re.compile(r"[0-9a-f]{40}")
 # git check-ref-format's rules for a branch or tag (the Hub's revisions are those, or a commit): printable ASCII
 # without space ~ ^ : ? * [ \ and DEL, no "..", "@{" or "//", no component starting with "." or ending in ".lock",
@@ -176,16 +175,6 @@ def registry_repo(name: str) -> str | None:
         if hub:
             return hub.strip("/")
     return None
-
-
-def looks_like_name(source: str | os.PathLike) -> bool:
-    """Whether ``source`` should be fetched from the Hub: it is no file or folder here and reads as a Hub id
-    (the registries are not consulted: a cheap test for pages)."""
-    text = str(source).strip()
-    if not text or Path(text).expanduser().exists() or text.lower().endswith(WEIGHT_FILES):
-        return False  # a weights file's name is a path that is missing, not a model on the Hub
-    repo = text.removeprefix(HF_HUB_PREFIX).partition("@")[0]
-    return bool(_REPO.fullmatch(repo)) or ("/" not in text and bool(_TIMM_OR_OPEN_CLIP.fullmatch(text)))
 
 
 def chosen_files(files: dict[str, int]) -> dict[str, int]:
