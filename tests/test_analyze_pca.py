@@ -114,3 +114,66 @@ def test_a_layer_s_tokens_come_from_a_forward_that_stops_after_that_layer(random
         _, cache = checkpoint.model.run_with_cache(x, ["blocks.0.hook_resid_post"])
         expected = checkpoint.model.norm(cache["blocks.0.hook_resid_post"])[0, 1:]
     torch.testing.assert_close(tokens, expected, rtol=0, atol=1e-6)
+
+
+def report_pictures(report: str) -> list[dict]:
+    """Each picture of report.html's PCA grid: its link, caption, displayed size, pixels and class heading."""
+    import base64
+    import io
+    from html.parser import HTMLParser
+
+    class Pictures(HTMLParser):
+        def __init__(self):
+            super().__init__()
+            self.found, self.heading, self.in_heading, self.in_caption, self.href = [], None, False, False, None
+
+        def handle_starttag(self, tag, attrs):
+            attrs = dict(attrs)
+            self.in_heading, self.in_caption = tag == "h3", tag == "figcaption"
+            if tag == "a":
+                self.href = attrs.get("href")
+            if tag == "img" and attrs.get("src", "").startswith("data:image/png;base64,"):
+                png = base64.b64decode(attrs["src"].removeprefix("data:image/png;base64,"))
+                self.found.append(dict(href=self.href, size=(int(attrs["width"]), int(attrs["height"])),
+                                       pixels=np.asarray(Image.open(io.BytesIO(png))), heading=self.heading))
+
+        def handle_data(self, data):
+            if self.in_heading:
+                self.heading = data
+            elif self.in_caption:
+                self.found[-1]["caption"] = data
+
+        def handle_endtag(self, tag):
+            self.in_heading = self.in_caption = False
+
+    parser = Pictures()
+    parser.feed(report)
+    return parser.found
+
+
+def test_the_report_shows_the_pca_pictures_in_a_grid_by_class(world, random_model, monkeypatch):  # noqa: F811
+    # Issue 69, item 11: the 16-px pictures were written to pca/ and report.html did not show them.
+    monkeypatch.setattr(dataset_pca, "REPORT_PER_CLASS", 2)  # 3 cats, 2 dogs, 1 ship: 2 + 2 + 1 shown
+    out = world / "out"
+    analyze.main([str(random_model), "--data", str(world / "data"), "--out", str(out), "--pca"])
+    report = (out / "report.html").read_text()
+    pictures = report_pictures(report)
+    assert [p["heading"] for p in pictures] == ["cat", "cat", "dog", "dog", "ship"]
+    assert "5 of the 6 pictures" in report
+    for picture in pictures:
+        file = out / picture["href"]
+        assert picture["caption"] == file.relative_to(out / "pca").as_posix().removesuffix(".png")
+        assert picture["caption"].split("/")[0] == picture["heading"]
+        np.testing.assert_array_equal(picture["pixels"], np.asarray(Image.open(file)))  # the file, embedded
+        assert picture["size"] == (128, 128)  # 16 px, enlarged 8x pixel for pixel
+
+
+def test_a_large_pca_picture_is_reduced_in_the_report(tmp_path):
+    out, root = tmp_path / "out", tmp_path / "data"
+    (out / "pca" / "cat").mkdir(parents=True)
+    Image.new("RGB", (300, 200), (10, 200, 30)).save(out / "pca" / "cat" / "big.jpg.png")
+    section = dataset_pca.report_section([(root / "cat" / "big.jpg", 0), (root / "cat" / "unread.jpg", 0)],
+                                         ["cat"], root, out, {"layer": 2, "fit": "each image alone", "images": 1})
+    [picture] = report_pictures(section)
+    assert picture["size"] == (128, 85) and picture["pixels"].shape == (85, 128, 3)
+    assert (picture["pixels"] == (10, 200, 30)).all() and picture["href"] == "pca/cat/big.jpg.png"

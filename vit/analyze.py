@@ -8,7 +8,8 @@ matrix; and the most confident mistakes. ``--mechanism`` adds, per true class, t
 attribution of every head, the logit change when each head alone is zeroed (averaged over images), the
 high-norm token rate per layer and position (``--norm-threshold``), massive activations per layer and attention
 sinks per head (``vit.explain.mechanism``). ``--pca`` adds each image's PCA colours as a PNG and an .npz under
-``pca/`` (``--pca-layer``, ``--pca-joint``: ``vit.explain.dataset_pca``). Writes ``analysis.json``, PNG plots and one
+``pca/`` and a grid of the pictures, a few per class, to the report (``--pca-layer``, ``--pca-joint``:
+``vit.explain.dataset_pca``). Writes ``analysis.json``, PNG plots and one
 self-contained ``report.html`` into ``--out`` (default ``analysis/<checkpoint name>``) and
 prints the JSON's path. A progress bar is drawn on stderr.
 
@@ -132,9 +133,9 @@ def run(args: argparse.Namespace) -> int:
     for error in analysis.skipped:
         print(f"{PROG}: skipped: {error}", file=sys.stderr)
     out = Path(args.out) if args.out else default_out(args.checkpoint)
-    extra = {"checkpoint": str(args.checkpoint), "data": str(args.data)}
+    extra, sections = {"checkpoint": str(args.checkpoint), "data": str(args.data)}, []
     if args.pca:
-        from vit.explain.dataset_pca import write_pca
+        from vit.explain.dataset_pca import report_section, write_pca
 
         bar = tqdm(total=len(files) * (2 if args.pca_joint else 1), unit="img", desc="pca", file=sys.stderr,
                    dynamic_ncols=True)
@@ -145,7 +146,8 @@ def run(args: argparse.Namespace) -> int:
             raise UsageError(str(e)) from None
         finally:
             bar.close()
-    written = write_outputs(analysis, out, extra)
+        sections.append(report_section(files, checkpoint.class_names, Path(args.data), out, extra["pca"]))
+    written = write_outputs(analysis, out, extra, sections)
     print(json.dumps({"count": analysis.count, "accuracy": analysis.accuracy, "out": str(out),
                       "files": [p.name for p in written] + ([f"{extra['pca']['folder']}/"] if args.pca else [])},
                      indent=2))

@@ -385,8 +385,10 @@ def _png(analysis: DatasetAnalysis, stem: str, path: Path) -> None:
     plt.close(fig)
 
 
-def write_outputs(analysis: DatasetAnalysis, out: Path, extra: dict | None = None) -> list[Path]:
-    """``analysis.json``, one PNG per plot and a self-contained ``report.html`` in ``out``; returns the paths."""
+def write_outputs(analysis: DatasetAnalysis, out: Path, extra: dict | None = None,
+                  sections: Sequence[str] = ()) -> list[Path]:
+    """``analysis.json`` (with ``extra``), one PNG per plot and a self-contained ``report.html`` (the plots, then
+    ``sections``, more HTML) in ``out``; returns the paths."""
     out.mkdir(parents=True, exist_ok=True)
     written = []
     path = out / "analysis.json"
@@ -400,7 +402,7 @@ def write_outputs(analysis: DatasetAnalysis, out: Path, extra: dict | None = Non
         html.append(fig.to_html(full_html=False, include_plotlyjs=i == 0))  # plotly.js once, offline
     path = out / "report.html"
     atomic_write_text(path, "<!DOCTYPE html><html><head><meta charset='utf-8'><title>Dataset analysis</title>"
-                      "</head><body>" + "\n".join(html) + "</body></html>")
+                      "</head><body>" + "\n".join([*html, *sections]) + "</body></html>")
     written.append(path)
     return written
 

@@ -1,7 +1,7 @@
 """PCA colours of every image of a dataset (``python -m vit.analyze ... --pca``): one layer's patch tokens (after
 the final norm, CLS and registers left out) of each image at the checkpoint's size, their first three principal
 components as RGB, written as ``pca/<class>/<file name>.png`` and ``.npz``: the picture and the arrays
-``vit.pca(checkpoint, image, layer)`` gives for that image.
+``vit.pca(checkpoint, image, layer)`` gives for that image; ``report.html`` shows a grid of them, a few per class.
 
 Fitted on each image alone, or with ``joint`` on the tokens of every image together, so a colour means the same
 across them (``vit.pca`` of the list of all the images). The joint fit streams the tokens' mean and scatter
@@ -11,11 +11,16 @@ image's tokens, whatever the folder holds, for twice the forwards. Each forward 
 
 from __future__ import annotations
 
+import base64
+import html
+import io
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from urllib.parse import quote
 
 import numpy as np
 import torch
+from PIL import Image
 
 from vit import bounds
 from vit.checkpoint import Checkpoint
@@ -26,6 +31,10 @@ from vit.images import ImageError, open_image
 from vit.inference import TRAINING_SIZE, preprocess, seen_region
 
 FOLDER = "pca"  # inside the analysis folder
+# report.html's grid of the pictures: a few of each class, every one a link to its file (all of them are in pca/)
+REPORT_PER_CLASS = 8
+REPORT_MOST = 64
+REPORT_SIDE = 128  # px, a picture's long side there: a 32-px one enlarged 4x pixel for pixel, a larger one reduced
 
 
 # One block's working set in a forward under inference mode, in copies of the stream (``T x D`` floats): its input,
@@ -148,3 +157,46 @@ def write_pca(checkpoint: Checkpoint, files: Sequence[tuple[Path, int]], root: P
             progress(done, total)
     return {"folder": FOLDER, "images": written, "layer": index + 1,
             "fit": "all the images together" if joint else "each image alone"}
+
+
+def report_section(files: Sequence[tuple[Path, int]], class_names: Sequence[str], root: Path, out: Path,
+                   record: dict) -> str:
+    """``report.html``'s section of the pictures ``write_pca`` wrote (``record``: what it returned) for ``files``
+    (under ``root``) into ``out``: up to ``REPORT_PER_CLASS`` per class, ``REPORT_MOST`` in all, in a grid under
+    each class's name, each embedded (the report stays one file) with ``REPORT_SIDE`` px on its long side (a
+    small picture enlarged by a whole factor, its pixels kept sharp), linked to its file and captioned with it."""
+    chosen: dict[int, list[Path]] = {}
+    for path, label in files:
+        picture = _target(out, root, path)
+        picture = picture.with_name(picture.name + ".png")
+        if (len(chosen.get(label, ())) < REPORT_PER_CLASS and sum(map(len, chosen.values())) < REPORT_MOST
+                and picture.is_file()):
+            chosen.setdefault(label, []).append(picture)
+    shown = sum(map(len, chosen.values()))
+    parts = [f"<section><h2>PCA colours</h2><p>Block {record['layer']}'s patch tokens, their first three principal "
+             f"components as RGB, fitted on {html.escape(record['fit'])}: {shown} of the {record['images']} "
+             f"pictures, every one in {FOLDER}/ (.png, and the arrays as .npz).</p>"]
+    for label in sorted(chosen):
+        name = class_names[label] if 0 <= label < len(class_names) else str(label)
+        parts.append(f"<h3>{html.escape(name)}</h3><div style='display:flex;flex-wrap:wrap;gap:12px'>")
+        for picture in chosen[label]:
+            with Image.open(picture) as opened:
+                image = opened.convert("RGB")
+            long = max(image.size)
+            if long > REPORT_SIDE:  # reduced for the page; nearest keeps each patch's own colour
+                factor = REPORT_SIDE / long
+                image = image.resize((max(1, round(image.width * factor)), max(1, round(image.height * factor))),
+                                     Image.Resampling.NEAREST)
+                width, height = image.size
+            else:
+                width, height = (side * (REPORT_SIDE // long) for side in image.size)
+            data = io.BytesIO()
+            image.save(data, format="PNG")
+            relative = picture.relative_to(out).as_posix()
+            caption = html.escape(picture.relative_to(out / FOLDER).as_posix().removesuffix(".png"))
+            parts.append(f"<figure style='margin:0'><a href='{quote(relative)}'><img alt='{caption}' "
+                         f"width='{width}' height='{height}' style='image-rendering:pixelated' "
+                         f"src='data:image/png;base64,{base64.b64encode(data.getvalue()).decode()}'></a>"
+                         f"<figcaption style='font:12px sans-serif'>{caption}</figcaption></figure>")
+        parts.append("</div>")
+    return "".join(parts) + "</section>"
