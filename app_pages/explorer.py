@@ -51,6 +51,7 @@ entries, choice, may_open = pick_checkpoint()
 entry = entries[choice]
 starting.clear()  # app.py's frame for a fresh server: the page's own title takes its place
 st.title("ViT Attention Explorer")
+share_view.show_notes(choice)  # what a link could not use, where its recipient looks first
 if not entry.ok:
     st.error(f"This checkpoint cannot be loaded: {escape_markdown(entry.error)}")
     st.stop()

@@ -28,8 +28,16 @@ def open_link(params: dict[str, str]) -> AppTest:
 
 
 def notes(at: AppTest) -> list[str]:
-    """The sidebar's notes on dropped parameters, as the browser shows them."""
-    return [displayed(c.value) for c in at.sidebar.caption if "was not used" in displayed(c.value)]
+    """The page's lines on the link's values that were not used, as the browser shows them."""
+    return [line for w in at.main.warning for line in displayed(w.value).splitlines() if "was not used" in line]
+
+
+def under_the_title(at: AppTest) -> str:
+    """What the main area shows right under the page's title (its first element that shows something)."""
+    shown = [node for node in at.main if node.type not in ("empty", "plotly_chart")]  # app.py's cleared frame
+    titles = [i for i, node in enumerate(shown) if node.type == "title"]
+    assert titles, [node.type for node in shown]
+    return displayed(shown[titles[0] + 1].value)
 
 
 @pytest.mark.usefixtures("default_world")
@@ -52,6 +60,53 @@ def test_bad_parameters_are_dropped_with_one_line_each_and_the_page_opens():
     assert len(notes(at)) == 3
     assert any("layer=99" in n and "3 layers" in n for n in notes(at))
     assert at.get("plotly_chart"), "the view is drawn all the same"
+
+
+@pytest.mark.parametrize("named", ["cifar10-gone", "runs/gone/best.pt"])
+@pytest.mark.usefixtures("default_world")
+def test_a_link_to_a_missing_model_says_so_under_the_title_and_opens_the_default_with_the_rest(dirs, named):
+    """Issue 69, item 12: a link naming a model this server does not have opened nothing ("This checkpoint cannot
+    be loaded"). It is one line right under the title, and the rest of the link applies to the default model."""
+    checkpoints, _ = dirs
+    at = open_link({"model": named, "sample": "dog_1.png", "layer": "2", "head": "2", "cmap": "viridis"})
+    [line] = notes(at)
+    assert line == (f"The link's model={named} was not used: this server has no model of that name or path, and "
+                     "it is no Hub id; the default model opened instead.")
+    assert under_the_title(at) == line
+    assert not at.error
+    assert at.session_state["explorer_checkpoint_choice"] == str(checkpoints / test_app.DEFAULT_CHECKPOINT)
+    assert sidebar_widget(at, "selectbox", "…or a sample image").value.name == "dog_1.png"
+    assert "Layer 2 of 3, head 2" in overlay_caption(at)
+    assert at.session_state["colormap"] == "viridis"
+
+
+@pytest.mark.usefixtures("default_world")
+def test_a_link_to_a_hub_model_that_does_not_open_says_so_under_the_title(dirs, monkeypatch):
+    """A Hub id the server's cache lacks (and this visitor may not download) opens the default, and says so where
+    the recipient looks, not only in the sidebar's "Open from the Hub"."""
+    checkpoints, _ = dirs
+    monkeypatch.setenv(TOKEN_ENV, "correct-horse-battery-staple")  # downloads take the token
+    at = open_link({"model": "nobody/nothing", "layer": "2"})
+    assert notes(at) == ["The link's model=nobody/nothing was not used: it did not open from this server's Hugging "
+                         "Face cache (the sidebar's \"Open from the Hub\" says why); the default model opened "
+                         "instead."]
+    assert under_the_title(at) == notes(at)[0]
+    assert any("not in the server's Hugging Face cache" in displayed(e.value) for e in at.sidebar.error)
+    assert at.session_state["explorer_checkpoint_choice"] == str(checkpoints / test_app.DEFAULT_CHECKPOINT)
+    assert "Layer 2 of 3" in overlay_caption(at)
+
+
+@pytest.mark.usefixtures("default_world")
+def test_the_values_a_link_could_not_use_are_lines_right_under_the_title():
+    """Each value dropped, whether on reading the link or against the model, is a line of one warning under the
+    title, not a caption at the foot of the sidebar; it stays while the link's model is shown."""
+    at = open_link({"layer": "99", "cmap": "hot", "**zoom**": "2"})  # layer: dropped once the model is known
+    assert len(notes(at)) == 3
+    assert under_the_title(at).splitlines() == notes(at)
+    assert "The link's **zoom**=2 was not used: this explorer has no such setting." in notes(at), "as typed"
+    assert not [c for c in at.sidebar.caption if "was not used" in c.value]
+    at.sidebar.slider(key="opacity").set_value(0.3).run()
+    assert len(notes(at)) == 3, "still there after a click elsewhere"
 
 
 @pytest.mark.usefixtures("default_world")

@@ -77,9 +77,19 @@ def test_a_visitor_without_the_token_cannot_reach_a_path_through_a_link(path):
     assert len(notes) == 1 and share.PATH_REFUSED in notes[0]
 
 
-def test_a_visitor_the_rule_allows_opens_a_path_through_a_link():
-    values, notes = share.decode({"model": "/srv/models/mine.pt"}, NAMES, may_open=True)
-    assert values["model"] == share.Model("path", "/srv/models/mine.pt", "/srv/models/mine.pt") and notes == []
+def test_a_visitor_the_rule_allows_opens_a_path_through_a_link(tmp_path):
+    mine = tmp_path / "mine.pt"
+    mine.write_bytes(b"")
+    values, notes = share.decode({"model": str(mine)}, NAMES, may_open=True)
+    assert values["model"] == share.Model("path", str(mine), str(mine)) and notes == []
+
+
+@pytest.mark.parametrize("text", ["/srv/models/gone.pt", "cifar10-gone", "", " "])
+def test_a_link_to_a_model_that_does_not_exist_says_so_and_that_the_default_opened(text):
+    values, notes = share.decode({"model": text, "layer": "2"}, NAMES, may_open=True)
+    assert values == {"layer": 2}
+    assert notes == [f"The link's model={text} was not used: this server has no model of that name or path, and "
+                     "it is no Hub id; the default model opened instead."]
 
 
 def test_a_visitor_without_the_token_gets_no_sae_through_a_link():

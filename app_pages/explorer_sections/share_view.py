@@ -9,6 +9,7 @@ import numpy as np
 import streamlit as st
 
 from app_pages.explorer_sections import ask_in_words, features, mechanism
+from app_pages.explorer_sections.checkpoint_picker import OPEN_HUB
 from app_pages.explorer_sections.map_settings import MainMap
 from app_pages.explorer_sections.state import Shown
 from vit.app import catalog, drawing, explorer, share
@@ -19,6 +20,9 @@ from vit.text import escape_markdown, visible
 
 READ_KEY, PENDING_KEY = "share_read", "share_pending"
 UPLOAD_KEY, SHOWN_KEY = "share_upload", "share_shown_upload"  # the link's upload; the upload shown this run
+# The lines on what the link could not use ({"model": the model shown with them, "lines": [...]}), where this run
+# draws them, and the Hub id the link named (said when it did not open).
+NOTES_KEY, NOTES_PLACE_KEY, LINKED_HUB_KEY = "share_notes", "share_notes_place", "share_linked_hub"
 # Parameter -> the widget key it sets, for the settings whose range no model decides.
 WIDGETS = {"size": "input_side", "aspect": "keep_aspect", "invert": "invert", "fusion": "fusion",
            "discard": "discard_ratio", "opacity": "opacity", "cmap": "colormap", "scale": "colour_scale",
@@ -33,13 +37,44 @@ def upload_store() -> UploadStore:
 
 
 def _note(lines: list[str]) -> None:
-    for line in lines:
-        st.sidebar.caption(escape_markdown(line))
+    """Adds lines on what the link could not use to those ``show_notes`` draws (at once, once it has drawn them)."""
+    if not lines:
+        return
+    st.session_state.setdefault(NOTES_KEY, {"model": None, "lines": []})["lines"].extend(lines)
+    if st.session_state.get(NOTES_PLACE_KEY) is not None:
+        _draw_notes(st.session_state[NOTES_PLACE_KEY])
+
+
+def _draw_notes(place) -> None:
+    lines = st.session_state[NOTES_KEY]["lines"]
+    place.warning("  \n".join(escape_markdown(line) for line in lines), icon=":material/link_off:")
+
+
+def show_notes(choice: str) -> None:
+    """Right under the page's title, where a link's recipient looks first: one plain line per value of the link
+    that was not used (the sidebar is below the fold on a phone and a glance away on a screen). Kept while the model
+    the link opened (``choice``) is shown; later notes of the same run (a layer past this model's) join them."""
+    hub = st.session_state.pop(LINKED_HUB_KEY, None)
+    if hub is not None and not st.session_state.get("explorer_opened_hub"):
+        _note([share.dropped("model", hub, f"it did not open from this server's Hugging Face cache (the sidebar's "
+                                           f"\"{OPEN_HUB}\" says why); {share.DEFAULT_OPENED}")])
+    notes = st.session_state.get(NOTES_KEY)
+    if notes is None:
+        return
+    if notes["model"] is None:  # the notes of the link's first run
+        notes["model"] = choice
+    elif notes["model"] != choice:  # another model: the link's view is gone, and its notes with it
+        st.session_state.pop(NOTES_KEY)
+        return
+    st.session_state[NOTES_PLACE_KEY] = st.empty()
+    _draw_notes(st.session_state[NOTES_PLACE_KEY])
 
 
 def read_link(may_open: bool) -> None:
     """Once per session, before the widgets are drawn: the URL's parameters as their widgets' values; each bad one
-    is dropped with one line. The settings a model bounds wait in ``PENDING_KEY`` for ``apply_model_settings``."""
+    is dropped with one line (``show_notes``). The settings a model bounds wait in ``PENDING_KEY`` for
+    ``apply_model_settings``."""
+    st.session_state.pop(NOTES_PLACE_KEY, None)  # the last run's: ``show_notes`` makes this run's
     if st.session_state.get(READ_KEY):
         return
     st.session_state[READ_KEY] = True
@@ -51,6 +86,7 @@ def read_link(may_open: bool) -> None:
     found = values.pop("model", None)
     if found is not None and found.kind == "hub":
         st.session_state["explorer_open_hub"] = found.text  # its own field: the download rule applies there
+        st.session_state[LINKED_HUB_KEY] = found.text  # ``show_notes`` says so when it did not open
     elif found is not None:
         st.session_state["explorer_checkpoint"] = found.path  # as another page opens one
     for name, key in WIDGETS.items():

@@ -13,6 +13,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from vit.app.drawing import COLORMAPS, COLOUR_SCALES, class_option, head_option, size_option, token_option
 from vit.app.explorer import MAP_KINDS
@@ -28,6 +29,7 @@ _DIGEST = re.compile(r"[0-9a-f]{64}")  # sha256 of an upload's bytes
 _HEAD = re.compile(r"([1-9][0-9]{0,3})\.([1-9][0-9]{0,3})")  # layer.head from 1, as the page labels them
 PATH_REFUSED = ("is a path on the server, which a link opens only for a visitor who may read the server's files "
                 "(with a token: enter it on the Train page)")
+DEFAULT_OPENED = "the default model opened instead"
 
 
 class ShareError(ValueError):
@@ -171,7 +173,8 @@ def dropped(name: str, value: str, why: str) -> str:
 
 def model(text: str, names: Mapping[str, str], may_open: bool) -> Model:
     """The model ``text`` names: a catalogue entry's name (``names``: name -> path), else a Hub id, else a path on
-    the server, which only a visitor ``may_open`` (the access rule) gets. ShareError (one line) otherwise."""
+    the server that exists, which only a visitor ``may_open`` (the access rule) gets. ShareError (one line, saying
+    that the default model opened instead) otherwise: the rest of the link still applies to that model."""
     from vit.sources import hub
 
     if text in names:
@@ -180,9 +183,12 @@ def model(text: str, names: Mapping[str, str], may_open: bool) -> Model:
         if hub.parse_name(text) is not None:
             return Model("hub", text)
     except hub.HubError as e:
-        raise ShareError(str(e)) from None
-    if not may_open:
-        raise ShareError(f"it names no model of this server's catalogue nor a Hub id; {PATH_REFUSED}")
+        raise ShareError(f"{str(e).rstrip('.')}; {DEFAULT_OPENED}") from None
+    if not may_open:  # whether such a path exists is not for this visitor to learn
+        raise ShareError(f"it names no model of this server's catalogue nor a Hub id; {PATH_REFUSED}; "
+                         f"{DEFAULT_OPENED}")
+    if not text.strip() or not Path(text).exists():  # Path("") is the working folder
+        raise ShareError(f"this server has no model of that name or path, and it is no Hub id; {DEFAULT_OPENED}")
     return Model("path", text, text)
 
 
