@@ -381,6 +381,41 @@ class AttentionPool(Parent):
         return y[:, 0], probs
 
 
+class Projector(Parent):
+    """A vision-language model's projector (``ViTConfig.projector``): the tower's tokens -> the language model's
+    image tokens. LLaVA's ``LlavaMultiModalProjector`` (fc1, activation, fc2 on each token), PaliGemma's one linear,
+    or Gemma 3's ``Gemma3MultiModalProjector``: a ``pool`` x ``pool`` average over the patch grid, Gemma's RMSNorm
+    (its ``1 + weight`` held as the norm's weight) and a bias-free linear, one token per pooled cell."""
+
+    def __init__(self, config: ViTConfig) -> None:
+        super().__init__()
+        d, e, kind = config.hidden_size, config.projector_dim, config.projector
+        self.pool = config.projector_pool
+        self.activation = config.projector_activation
+        self.norm = RMSNorm(d, eps=config.layer_norm_eps) if kind == "gemma3" else None
+        self.fc1 = nn.Linear(d, e, bias=kind == "linear" or (kind == "mlp" and config.projector_bias))
+        self.fc2 = nn.Linear(e, e, bias=config.projector_bias) if kind == "mlp" else None
+        self.hook_pre = HookPoint()  # (B, N, E): mlp's fc1 output, what its activation reads
+
+    def forward(self, x: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
+        """``x`` (B, N, D), the tokens the projector reads (gemma3: ``grid``'s patches, row-major) -> (B, N', E)."""
+        if self.pool:
+            B, N, D = x.shape
+            (gh, gw), k = grid, self.pool
+            if gh % k or gw % k:
+                raise ValueError(f"a {gh}x{gw} patch grid is not made of whole {k}x{k} cells of the projector's "
+                                 f"average pool; give the image sides that are multiples of {k} patches")
+            x = x.transpose(1, 2).reshape(B, D, gh, gw)  # (B, D, gh, gw), as HF reshapes it
+            x = self.norm(F.avg_pool2d(x, k).flatten(2).transpose(1, 2))  # (B, gh/k * gw/k, D)
+        h = self.fc1(x)  # (B, N', E)
+        if self.fc2 is None:
+            return h
+        rules = current_rules()
+        h = self.hook_pre(h)
+        h = activate(h, self.activation) if rules is PLAIN_RULES else rules.activation(h, self.activation)
+        return self.fc2(h)
+
+
 def drop_path(x: torch.Tensor, rate: float, training: bool) -> torch.Tensor:
     """Stochastic depth: drop the whole residual branch per sample, rescale the kept ones."""
     if rate == 0.0 or not training:

@@ -53,6 +53,15 @@ class ViTConfig:
     gated_mlp: bool = False  # SwiGLU: act(fc1_g(x)) * fc1(x), then fc2 (DINOv3 7B / H+, EVA-02)
     mlp_norm: bool = False  # EVA-02's LayerNorm inside the MLP, before fc2
     projection_dim: int = 0  # CLIP / SigLIP-free: a bias-free projection of the pooled vector to the joint embedding
+    # The towers of vision-language models (vit.sources.import_vlm): the projector that maps the tower's tokens to
+    # the language model's input embeddings (ViT.project, vit.model.blocks.Projector); the defaults: none.
+    projector: str = "none"  # "mlp" (LLaVA: linear, activation, linear), "linear" (PaliGemma) or "gemma3" (an
+    # average pool over the grid, Gemma's RMSNorm, a bias-free linear); PROJECTORS
+    projector_dim: int = 0  # the language model's width, what each of its image tokens has
+    projector_skip: int = 0  # leading tokens the projector leaves out (LLaVA's "default" strategy: 1, the CLS)
+    projector_pool: int = 0  # gemma3: the average pool's side in patches (4: a 64 x 64 grid -> 16 x 16 tokens)
+    projector_activation: str = "gelu"  # mlp: between its linears (LLaVA's projector_hidden_act)
+    projector_bias: bool = True  # mlp: LLaVA's multimodal_projector_bias
     # From-scratch ViTs (tutorials, vit-pytorch); the defaults are the plain ViT.
     post_norm: bool = False  # nn.TransformerEncoderLayer's default (norm_first=False): LN after each residual sum
     final_norm: bool = True  # False: the head reads the last block's output as it is (tintn's, the MNIST tutorial's)
@@ -193,7 +202,28 @@ class ViTConfig:
         if self.prefix_positions == "cls" and not self.class_token:
             raise ValueError("ViTConfig.prefix_positions 'cls' needs the class token")
         self._check_layout()
+        self._check_projector()
         self._check_stages()
+
+    def _check_projector(self) -> None:
+        for name, bound in (("projector_dim", 65536), ("projector_skip", 256), ("projector_pool", 1024)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= bound:
+                raise ValueError(f"ViTConfig.{name} must be a whole number from 0 to {bound:,}, got {str(value)[:40]}")
+        if self.projector not in PROJECTORS:
+            raise ValueError(f"ViTConfig.projector must be one of {', '.join(PROJECTORS)}, got "
+                             f"{str(self.projector)[:40]!r}")
+        if self.projector_activation not in ACTIVATIONS:
+            raise ValueError(f"ViTConfig.projector_activation must be one of {', '.join(ACTIVATIONS)}, got "
+                             f"{str(self.projector_activation)[:40]!r}")
+        if not isinstance(self.projector_bias, bool):
+            raise ValueError(f"ViTConfig.projector_bias must be true or false, got {self.projector_bias!r}")
+        if (self.projector == "none") != (self.projector_dim == 0):
+            raise ValueError("ViTConfig.projector and projector_dim go together (the language model's width)")
+        if bool(self.projector_pool) != (self.projector == "gemma3") or (
+                self.projector_pool and (self.num_prefix_tokens or self.stage_depths)):
+            raise ValueError("ViTConfig.projector_pool is gemma3's average pool, on a model without prefix tokens "
+                             "or stages")
 
     def _check_stages(self) -> None:
         for name in ("stage_depths", "stage_widths", "stage_heads"):
@@ -405,6 +435,7 @@ REL_POS_RESIZES = ("bilinear", "timm")
 WINDOW_RULES = ("hf", "hf_v2", "timm")
 NORMS = ("layer", "rms")
 POOL_HEADS = ("map", "aimv2")
+PROJECTORS = ("none", "mlp", "linear", "gemma3")
 POS_RESIZES = ("bicubic", "bilinear")
 ACTIVATIONS = ("gelu", "gelu_tanh", "quick_gelu", "silu", "relu")  # relu: nn.TransformerEncoderLayer's default
 

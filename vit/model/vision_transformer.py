@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from vit.model.blocks import AttentionPool, Block, Parent, make_norm
+from vit.model.blocks import AttentionPool, Block, Parent, Projector, make_norm
 from vit.model.config import ViTConfig
 from vit.model.hooks import Hook, HookPoint, _hooks
 from vit.model.layouts import RelativePositionBias
@@ -70,6 +70,8 @@ class ViT(Parent):
         self.head = nn.Linear(head_in, config.num_classes) if config.num_classes else None
         self.head_dist = nn.Linear(d, config.num_classes) if config.distillation_head else None
         self.projection = nn.Linear(head_in, config.projection_dim, bias=False) if config.projection_dim else None
+        # a VLM's projector (LLaVA, PaliGemma, Gemma 3): the image tokens its language model reads
+        self.projector = Projector(config) if config.projector != "none" else None
         self.apply(_init_weights)
         for token in (self.pos_embed, self.cls_token, self.dist_token, self.reg_token):
             if token is not None:
@@ -80,6 +82,7 @@ class ViT(Parent):
         # vector after fc_norm (B, D); the logits (B, classes); the (projected) embedding (B, E).
         self.hook_embed, self.hook_normed, self.hook_pooled = HookPoint(), HookPoint(), HookPoint()
         self.hook_logits, self.hook_embedding = HookPoint(), HookPoint()
+        self.hook_projected = HookPoint()  # (B, N, projector_dim): the projector's output (ViT.project)
         for name, module in self.named_modules():
             if isinstance(module, HookPoint):
                 module.name = name
@@ -337,6 +340,16 @@ class ViT(Parent):
         if self.head is None:
             return None
         return self._logits(x, self.pool(x)[0])
+
+    def project(self, x: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
+        """The last block's output ``(B, T, D)`` of an input on patch grid ``grid`` -> the image tokens a
+        vision-language model's language model reads ``(B, N, projector_dim)`` (HF ``get_image_features``): the final
+        norm, the tokens after the first ``projector_skip``, the projector (``hook_projected``). ValueError for a
+        model without one."""
+        if self.projector is None:
+            raise ValueError("this model has no projector (only the towers of LLaVA, PaliGemma and Gemma 3 have one)")
+        tokens = self.norm(x)[:, self.config.projector_skip:]  # (B, N, D)
+        return self.hook_projected(self.projector(tokens, tuple(grid)))
 
     def encode(self, images: torch.Tensor, output_attentions: bool = False) -> Encoding:
         """One pass over ``images`` (B, C, H, W): logits, the (projected) embedding, and when asked for every
