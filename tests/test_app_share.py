@@ -202,3 +202,32 @@ def test_a_linked_upload_is_named_by_its_file_name_as_plain_text():
     assert any(displayed(c.value).startswith(f"Click a patch to make it the query. {name}, 40×24 px")
                for c in again.caption)
 
+
+@pytest.mark.parametrize("size", ["4096", "17"])
+@pytest.mark.usefixtures("default_world")
+def test_a_links_size_the_models_size_list_lacks_is_one_line_and_the_models_own_size_shows(size):
+    """Issue 62, item 6: such a size reset to the model's own with no line (the picker has no such option)."""
+    at = open_link({"size": size, "layer": "2"})
+    assert notes(at) == [f"The link's size={size} was not used: this model's sizes are 0 (its own), 16, 32, 64, "
+                          "224, 256, 320, 384, 448, 480, 518, 640, 768, 1024."]
+    assert at.session_state["input_side"] == 0
+    assert "Layer 2 of 3" in overlay_caption(at)  # the rest of the link applies
+    assert notes(open_link({"size": "32"})) == [] and sidebar_widget(open_link({"size": "32"}), "selectbox",
+                                                                       "Input size").value == 32
+
+
+@pytest.mark.parametrize("kind", ["probe", "probe_rollout"])
+@pytest.mark.usefixtures("default_world")
+def test_a_links_map_the_model_cannot_draw_is_one_line(kind):
+    """Issue 62, item 6: map=probe on a model without an attention-pooling probe fell back to its first map with no
+    line."""
+    at = open_link({"map": kind, "layer": "2"})
+    assert notes(at) == [f"The link's map={kind} was not used: this model has no attention-pooling probe; its maps "
+                          "are attention, rollout, class, legrad, lrp, attnlrp, flow, norms."]
+    assert at.session_state["map_kind"] == "attention" and "Layer 2 of 3" in overlay_caption(at)
+
+
+@pytest.mark.usefixtures("default_world")
+def test_a_line_found_only_once_the_model_is_known_shows_on_the_links_first_run():
+    """The lines under the title were drawn only where the link had a line before the model loaded."""
+    assert notes(open_link({"layer": "99"})) == ["The link's layer=99 was not used: this model has 3 layers."]

@@ -59,6 +59,7 @@ def pick_image(entry: catalog.CatalogEntry, entries: dict[str, catalog.CatalogEn
     own = max(pre.image_hw)  # the long side of a rectangular training size
     sides = sorted(s for s in {own, 2 * own, 4 * own, *INPUT_SIDES}
                    if s <= MAX_INPUT_SIDE)
+    share_view.apply_size([0, *sides])
     # Options are never None: Streamlit shows a None option as an empty "Choose an option" box.
     side = st.sidebar.selectbox(
         share.LABELS["size"], [0, *sides], key="input_side",

@@ -59,15 +59,16 @@ def show_notes(choice: str) -> None:
         _note([share.dropped("model", hub, f"it did not open from this server's Hugging Face cache (the sidebar's "
                                            f"\"{OPEN_HUB}\" says why); {share.DEFAULT_OPENED}")])
     notes = st.session_state.get(NOTES_KEY)
-    if notes is None:
-        return
-    if notes["model"] is None:  # the notes of the link's first run
+    if notes is not None and notes["model"] is None:  # the notes of the link's first run
         notes["model"] = choice
-    elif notes["model"] != choice:  # another model: the link's view is gone, and its notes with it
-        st.session_state.pop(NOTES_KEY)
-        return
+    elif notes is not None and notes["model"] != choice:  # another model: the link's view is gone, and its notes
+        del st.session_state[NOTES_KEY]
+        notes = None
+    if notes is None and not st.session_state.get(PENDING_KEY):
+        return  # nothing to say, and no value of the link left to check against the model (which may add some)
     st.session_state[NOTES_PLACE_KEY] = st.empty()
-    _draw_notes(st.session_state[NOTES_PLACE_KEY])
+    if notes is not None:
+        _draw_notes(st.session_state[NOTES_PLACE_KEY])
 
 
 def read_link(may_open: bool) -> None:
@@ -89,6 +90,7 @@ def read_link(may_open: bool) -> None:
         st.session_state[LINKED_HUB_KEY] = found.text  # ``show_notes`` says so when it did not open
     elif found is not None:
         st.session_state["explorer_checkpoint"] = found.path  # as another page opens one
+    checked = {name: values[name] for name in ("size", "map") if name in values}  # against the model's options
     for name, key in WIDGETS.items():
         if name in values:
             st.session_state[key] = values.pop(name)
@@ -105,7 +107,7 @@ def read_link(may_open: bool) -> None:
         st.session_state[features.TOGGLE_KEY], st.session_state[features.FOLDER_KEY] = True, values.pop("sae")
     if "upload" in values:
         st.session_state[UPLOAD_KEY] = values.pop("upload")
-    st.session_state[PENDING_KEY] = values
+    st.session_state[PENDING_KEY] = {**values, **checked}
 
 
 def linked_upload() -> Upload | None:
@@ -146,6 +148,16 @@ def apply_sample(model_key: str, samples: list[Path] | None) -> None:
         st.session_state[f"sample-{model_key}"] = found
 
 
+def apply_size(sides: list[int]) -> None:
+    """The link's input size, where it is one of this model's ``sides`` (0: its own); else one line, and its own
+    size (the picker has no such option)."""
+    side = (st.session_state.get(PENDING_KEY) or {}).pop("size", None)
+    if side is not None and side not in sides:
+        offered = ", ".join(map(str, sides[1:]))
+        _note([share.dropped("size", str(side), f"this model's sizes are 0 (its own), {offered}")])
+        st.session_state["input_side"] = 0
+
+
 def apply_heads_off(model_key: str, layers: int, heads: int) -> None:
     """The link's heads switched off in every map, checked against the model before the page reads them (the whole
     page is drawn from the model with them off)."""
@@ -166,6 +178,13 @@ def apply_model_settings(model_key: str, shape: explorer.ViewShape, class_names:
         return
     values, notes = share.fit(pending, layers=shape.num_layers, heads=shape.num_heads, tokens=shape.num_tokens,
                               classes=len(class_names))
+    kinds = explorer.map_kinds(shape, bool(class_names))
+    if values.get("map", kinds[0]) not in kinds:  # the page would show its first map instead
+        why = ("this model has no attention-pooling probe" if values["map"] in explorer.PROBE_MAP_KINDS
+               and not shape.num_probe_heads else "this model has no classes" if not class_names
+               and values["map"] in explorer.CLASS_MAP_KINDS else "this model cannot draw it")
+        notes.append(share.dropped("map", values["map"], f"{why}; its maps are {', '.join(kinds)}"))
+        st.session_state["map_kind"] = None  # the model's default
     _note(notes)
     kind = st.session_state.get("method_kind") if st.session_state.get("map_kind") == explorer.MORE_METHODS \
         else st.session_state.get("map_kind")
