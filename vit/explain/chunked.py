@@ -23,12 +23,20 @@ from torch import Tensor, nn
 from vit.explain.attention import (
     _check_fusion,
     fuse_heads,
+    layer_rows,
+    layer_step,
     patch_centres,
     rollout_factor_rows,
-    window_rollout_step,
-    window_rows,
 )
-from vit.explain.hidden import bias_rows, layer_pattern, layer_qkv, layer_values, layout_problem, queries_keys_values
+from vit.explain.hidden import (
+    bias_rows,
+    layer_pattern,
+    layer_qkv,
+    layer_values,
+    layout_problem,
+    queries_keys_values,
+    window_layout,
+)
 
 CHUNK_BYTES = 256 * 2**20  # the most one chunk's scores may hold (with _COPIES): the memory bound
 # On a CPU a chunk of about a core's L2 cache is what the matmul, softmax and sums run fastest on: ~2x faster per
@@ -194,7 +202,7 @@ class LayerInputs:
         """``chunks`` of a layer with a bias or windows: a global layer's from its queries, keys and the bias rows of
         each query chunk (``hidden.bias_rows``); a windowed layer's from its windows as it forms them
         (``hidden.layer_pattern``, ``H x T x w*w`` values), each row placed on the patch grid from its window
-        (``attention.window_rows``). Query chunks of the budget, every chunk all the heads asked for."""
+        (``attention.layer_rows``). Query chunks of the budget, every chunk all the heads asked for."""
         layer, H, T, window = self._layer(layer), self.num_heads, self.num_tokens, self._window(layer)
         heads = list(range(H)) if heads is None else [int(h) for h in heads]
         queries = list(range(T)) if queries is None else [int(t) for t in queries]
@@ -224,7 +232,7 @@ class LayerInputs:
             probs = _take(layer_pattern(self.model, layer, self._input(layer), self.grid).float(), 1, heads)
         for t0 in range(0, len(queries), step):
             ts = slice(t0, min(t0 + step, len(queries)))
-            yield slice(0, len(heads)), ts, window_rows(probs, self.grid, window, queries[ts])
+            yield slice(0, len(heads)), ts, layer_rows(probs, window_layout(self.model, layer, self.grid), queries[ts])
 
     def _window(self, layer: int) -> int:
         """The window side of layer ``layer`` (0: global)."""
@@ -323,7 +331,7 @@ class LayerInputs:
             if self._window(layer) and discard_ratio == 0:  # block-diagonal: each window's block on its tokens
                 with torch.inference_mode():
                     probs = layer_pattern(self.model, layer, self._input(layer), self.grid)  # (B * nw, H, n, n)
-                v = window_rollout_step(v, fuse_heads(probs.float(), fusion).cpu(), self.grid, self._window(layer))
+                v = layer_step(v, fuse_heads(probs.float(), fusion).cpu(), window_layout(self.model, layer, self.grid))
                 if progress is not None:
                     progress(top - layer, top + 1)
                 continue

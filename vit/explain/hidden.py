@@ -16,8 +16,9 @@ import torch
 from torch import Tensor, nn
 
 from vit.cache import ByteCache
-from vit.explain.attention import window_rows, windows_on_grid
-from vit.model import window_unpartition
+from vit.explain.attention import layer_on_grid
+from vit.explain.attention import layer_rows as rows_on_grid
+from vit.model import LayerLayout
 
 
 def residual_names(num_layers: int) -> list[str]:
@@ -69,10 +70,17 @@ def block_attention(model: nn.Module, layer: int, block_input: Tensor, grid: tup
                     ) -> Tensor:
     """Layer ``layer``'s post-softmax attention ``(B, H, T, T)``: that block run on its input ``(B, T, D)``
     (``grid``: the input's patch grid, for a model with rotary positions or an attention layout). A windowed
-    layer's windows are placed on the full grid (``attention.windows_on_grid``: zero outside each query's window)."""
+    layer's windows are placed on the full grid (``attention.layer_on_grid``: zero outside each query's window)."""
     probs = layer_pattern(model, layer, block_input, grid)
-    window = getattr(model.blocks[layer], "window", 0)
-    return windows_on_grid(probs, grid, window) if window else probs
+    layout = window_layout(model, layer, grid)
+    return probs if layout is None else layer_on_grid(probs, layout)
+
+
+def window_layout(model: nn.Module, layer: int, grid: tuple[int, int] | None) -> LayerLayout | None:
+    """The ``LayerLayout`` of a windowed layer ``layer`` on patch grid ``grid`` (which token each window slot holds,
+    in the order the layer cuts them: SAM's row-major slots, Qwen's unit by unit); None for a global layer."""
+    block = model.blocks[layer]
+    return block.layout(tuple(grid)) if getattr(block, "window", 0) else None
 
 
 def layer_pattern(model: nn.Module, layer: int, block_input: Tensor, grid: tuple[int, int] | None = None
@@ -85,11 +93,11 @@ def layer_pattern(model: nn.Module, layer: int, block_input: Tensor, grid: tuple
 def layer_rows(model: nn.Module, layer: int, block_input: Tensor, grid: tuple[int, int] | None,
                queries: Sequence[int]) -> Tensor:
     """Rows ``queries`` of ``block_attention``, ``(B, H, q, T)``: a windowed layer's from each query's window
-    (``attention.window_rows``), a global one's from its queries, keys and bias rows (``bias_rows``); never
+    (``attention.layer_rows``), a global one's from its queries, keys and bias rows (``bias_rows``); never
     ``T x T``."""
-    window = getattr(model.blocks[layer], "window", 0)
-    if window:
-        return window_rows(layer_pattern(model, layer, block_input, grid), grid, window, queries)
+    layout = window_layout(model, layer, grid)
+    if layout is not None:
+        return rows_on_grid(layer_pattern(model, layer, block_input, grid), layout, queries)
     q, k, _ = layer_qkv(model, layer, block_input, grid)
     q = q[:, :, list(queries)]  # (B, H, t, hd)
     scores = (q @ k.transpose(-2, -1)) * (1.0 / model.blocks[layer].attn.head_dim ** 0.5)  # (B, H, t, T)
@@ -101,19 +109,19 @@ def layer_values(model: nn.Module, layer: int, block_input: Tensor, grid: tuple[
     """Layer ``layer``'s values ``(B, H, T, hd)``, read at ``attn.hook_v`` (the block stops there), each token's on
     its own position: a windowed layer's windows ``(B * nw, H, w*w, hd)`` are put back on the grid, padding dropped."""
     [v] = read_block(model, layer, block_input, grid, ("attn.hook_v",))
-    window = getattr(model.blocks[layer], "window", 0)
-    if not window:
+    layout = window_layout(model, layer, grid)
+    if layout is None:
         return v
     _, H, n, hd = v.shape
-    v = window_unpartition(v.transpose(1, 2).reshape(-1, n, H * hd), grid, window)  # (B, T, H * hd)
+    v = layout.join(v.transpose(1, 2).reshape(-1, n, H * hd))  # (B, T, H * hd)
     return v.view(v.shape[0], -1, H, hd).transpose(1, 2)  # (B, H, T, hd)
 
 
 def placed_attentions(model: nn.Module, attentions: Sequence[Tensor], grid: tuple[int, int]) -> tuple[Tensor, ...]:
     """A forward's ``attentions`` with each windowed layer's windows placed on the full patch grid
-    (``attention.windows_on_grid``), so that every layer reads ``(B, H, T, T)``."""
-    windows = [getattr(block, "window", 0) for block in model.blocks]
-    return tuple(windows_on_grid(a, grid, w) if w else a for a, w in zip(attentions, windows, strict=True))
+    (``attention.layer_on_grid``), so that every layer reads ``(B, H, T, T)``."""
+    layouts = [window_layout(model, layer, grid) for layer in range(len(model.blocks))]
+    return tuple(a if lay is None else layer_on_grid(a, lay) for a, lay in zip(attentions, layouts, strict=True))
 
 
 def layout_problem(model: nn.Module) -> str | None:

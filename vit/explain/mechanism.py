@@ -36,7 +36,7 @@ from torch import Tensor, nn
 from vit.bounds import forward_flops
 from vit.explain.chunked import LayerInputs
 from vit.explain.hidden import forward_with_hidden_states, layout_problem
-from vit.model import ViT, shift_windows, unshift_windows
+from vit.model import ViT
 
 # While a page follows a grid, its Stop (or a closed tab) is heard between batches: one batch holds at most this much
 # work (a copy costs at most one forward), ~3 s of one core, so a grid stops within ~5 s on 2 busy cores. 32
@@ -346,8 +346,7 @@ def direct_logit_attribution(model: ViT, images: Tensor, classes: Tensor | int |
             per_head = torch.einsum("bthe,dhe->hbtd", context, w)  # (H, B, T, D) or (H, B * nw, w*w, D)
             if per_head.shape[1:3] != (B, T):  # windows (Swin's, Hiera's mask units): back to the grid's tokens
                 lay = layouts[layer]
-                per_head = unshift_windows(per_head.flatten(0, 1).contiguous(), lay.grid, lay.window, lay.shift,
-                                           lay.shift_padded).view(H, B, T, D)
+                per_head = lay.join(per_head.flatten(0, 1).contiguous()).view(H, B, T, D)
             if block.ls1 is not None:
                 per_head = per_head * block.ls1
             # What the branch added beyond its heads: proj's bias (and a mean-ablated copy's means), times ls1.
@@ -413,8 +412,7 @@ def _on_tokens(model: ViT, layer: int, context: Tensor, grid: tuple[int, int]) -
     lay = model.layer_layouts(grid)[layer]
     if not lay.window:
         return context
-    tokens = unshift_windows(context.flatten(2), lay.grid, lay.window, lay.shift, lay.shift_padded)
-    return tokens.unflatten(-1, context.shape[2:])
+    return lay.join(context.flatten(2)).unflatten(-1, context.shape[2:])
 
 
 def _as_contexts(model: ViT, layer: int, tokens: Tensor, grid: tuple[int, int], like: Tensor | None = None
@@ -429,8 +427,7 @@ def _as_contexts(model: ViT, layer: int, tokens: Tensor, grid: tuple[int, int], 
     if tokens.shape[0] != lay.num_tokens:
         raise MechanismError(f"the reference means are for {tokens.shape[0]} tokens but layer {layer + 1} of this "
                              f"input has {lay.num_tokens}; compute them at the same input size")
-    windows = shift_windows(tokens.reshape(1, tokens.shape[0], -1), lay.grid, lay.window, lay.shift,
-                            lay.shift_padded).unflatten(-1, tokens.shape[1:])  # (nw, w*w, ...)
+    windows = lay.cut(tokens.reshape(1, tokens.shape[0], -1)).unflatten(-1, tokens.shape[1:])  # (nw, w*w, ...)
     images = 1 if like is None else like.shape[0] // windows.shape[0]
     return windows.repeat(images, *[1] * (windows.dim() - 1))
 

@@ -442,6 +442,7 @@ class Block(Parent):
         # then the previous stage's, on the grid it receives); 1: no query pooling.
         self.pool = merge.stride if isinstance(merge, QueryPool) else 1
         self.mask_units = config.mask_units
+        self.unit = config.spatial_merge or 1  # Qwen2.5-VL: windows of whole merge units, slots unit by unit
         # Post-norm blocks normalise the residual stream after each sum instead (post_norm1/2), Swin V2 each
         # branch before it (res_norm1/2); norm1 and norm2 are then identities, so norm1(x) is still what the
         # attention reads.
@@ -488,7 +489,7 @@ class Block(Parent):
             window, shift = window_and_shift(grid, self.window, self.shift, shrink, self.window_rule, built)
         else:
             window, shift = self.window, 0
-        return LayerLayout(tuple(grid), window, shift, self.shift_padded)
+        return LayerLayout(tuple(grid), window, shift, self.shift_padded, unit=self.unit)
 
     def _pooled_layout(self, grid: tuple[int, int]) -> LayerLayout:
         """Hiera / SAM 2: a pooled-query layer's queries on ``grid``, keys and windows ``pool`` times finer; the
@@ -534,13 +535,19 @@ class Block(Parent):
                 raise ValueError("this model attends within windows, so the patch grid must be given")
             layout = self.layout(grid) if layout is None else layout
             w, s = layout.window, layout.shift
-            windows = shift_windows(h, grid, w, s, self.shift_padded)  # (B * nw, wh*ww, D)
+            windows = layout.cut(h)  # (B * nw, wh*ww, D)
             mask = None
             if s:
                 mask = shift_mask(tuple(grid), w, s).to(h.device)  # (nw, n, n)
                 mask = mask.repeat(h.shape[0], 1, 1)[:, None]  # (B * nw, 1, n, n)
-            y, probs = self.attn(windows, output_attentions, rope, None, layout.window_hw, shared_bias, mask)
-            y = unshift_windows(y, grid, w, s, self.shift_padded)[:, :queries]  # (B, T or queries, D)
+            if rope is not None:  # each window's tokens turned by their own positions on the grid
+                rope = tuple(layout.cut(t[None]).repeat(h.shape[0], 1, 1) for t in rope)  # (B * nw, n, hd) each
+            padding = layout.key_mask()  # (nw, n): Qwen's padding slots are no tokens
+            if padding is not None:
+                padding = padding.to(h.device).repeat(h.shape[0], 1)  # (B * nw, n)
+            y, probs = self.attn(windows, output_attentions, rope, None, layout.window_hw, shared_bias, mask,
+                                 key_mask=padding)
+            y = layout.join(y)[:, :queries]  # (B, T or queries, D)
         else:
             y, probs = self.attn(h, output_attentions, rope, queries, grid, shared_bias, key_mask=key_mask)
         if queries is not None:

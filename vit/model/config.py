@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass, fields, replace
 CONFIG_BOUNDS = {"image_size": 8192, "patch_size": 1024, "num_channels": 16, "hidden_size": 16384, "num_layers": 256,
                  "num_heads": 256, "mlp_size": 131072, "num_classes": 100_000, "num_register_tokens": 256,
                  "projection_dim": 16384, "rope_ref_grid": 1024, "head_dim": 16384, "window_size": 1024,
-                 "pool_heads": 256, "pool_mlp_size": 131072, "max_num_patches": 65536}
+                 "pool_heads": 256, "pool_mlp_size": 131072, "max_num_patches": 65536, "spatial_merge": 16}
 MAX_LAYER_SCALE = 1e3  # layer scale starts at 1e-5 to 1 (CaiT, DINOv2/v3); 1e308 overflows the first block
 MAX_ROPE_THETA = 1e9  # DINOv3's period is 100, EVA-02's 10,000
 
@@ -43,8 +43,8 @@ class ViTConfig:
     # 2025-26 families (DINOv3, CLIP, SigLIP, MAE); the defaults are the plain ViT.
     class_token: bool = True  # SigLIP has none: its attention-pooling probe reads the tokens instead
     pos_embed: bool = True  # a learned position table; DINOv3 has none (RoPE only)
-    rope: str = "none"  # rotary positions on the patch tokens' q/k: "none", "dinov3" (normalised axial coords) or
-    # "eva" (EVA-02: patch-index coords, interleaved channel pairs, beside the learned table)
+    rope: str = "none"  # rotary positions on the patch tokens' q/k: "none", "dinov3" (normalised axial coords),
+    # "eva" (EVA-02: patch-index coords, interleaved channel pairs, beside the learned table), "pe" or "qwen" (ROPES)
     rope_theta: float = 100.0  # the base period: DINOv3's 100, EVA-02's 10000
     rope_ref_grid: int = 0  # EVA-02: coords rescaled so any grid spans this many patches (its pre-training grid)
     key_bias: bool = True  # False holds the key's share of the qkv bias at zero (DINOv3's bias_mask, EVA)
@@ -112,6 +112,10 @@ class ViTConfig:
     patch_padding: int = 0  # and its zero padding (3), so an H x W input still gives an (H/4) x (W/4) grid
     pos_embed_grid: int = 0  # SAM 2: the position table's side (7 or 14: a background resized to any grid); 0: grid
     pos_embed_window: int = 0  # SAM 2: a second table of this side tiled over the grid (its first windows), added
+    # Vision towers of VLMs (Qwen2.5-VL); the defaults are the plain ViT.
+    spatial_merge: int = 0  # Qwen-VL's merge unit side (2): its merger reads each unit's tokens together, and windows
+    # (window_size) hold whole units, their slots unit by unit (its window index), an edge window its real tokens
+    # alone (the padding masked as keys, not SAM's zeros that attend); 0: none
 
     def __post_init__(self) -> None:
         for name in ("image_size", "patch_size"):
@@ -127,7 +131,7 @@ class ViTConfig:
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise ValueError(f"ViTConfig.{name} must be a positive integer, got {value!r}")
         for name in ("num_classes", "num_register_tokens", "projection_dim", "rope_ref_grid", "head_dim",
-                     "window_size", "pool_heads", "pool_mlp_size", "max_num_patches"):
+                     "window_size", "pool_heads", "pool_mlp_size", "max_num_patches", "spatial_merge"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ValueError(f"ViTConfig.{name} must be a whole number of at least 0, got {value!r}")
@@ -357,8 +361,13 @@ class ViTConfig:
         object.__setattr__(self, "global_layers", tuple(sorted(set(layers))))  # a JSON list reads back the same
         if layers and not (self.window_size or self.stage_windows):
             raise ValueError("ViTConfig.global_layers needs window_size (the other layers' windows)")
-        if self.window_size and self.rope != "none":
-            raise ValueError("ViTConfig.window_size with rotary positions is not supported")
+        if self.window_size and self.rope != "none" and not self.spatial_merge:
+            raise ValueError("ViTConfig.window_size with rotary positions is not supported (but in Qwen's windows: "
+                             "spatial_merge)")
+        if self.spatial_merge and (self.num_prefix_tokens or self.stage_depths or self.rel_pos != "none"
+                                   or self.window_size % self.spatial_merge):
+            raise ValueError(f"ViTConfig.spatial_merge ({self.spatial_merge}) needs a model without prefix tokens, "
+                             "stages or relative positions, whose window_size holds whole units")
 
     @property
     def image_hw(self) -> tuple[int, int]:
@@ -425,7 +434,8 @@ class ViTConfig:
 
 POOLINGS = ("cls", "avg", "cls+avg", "map")  # map: the attention-pooling probe (SigLIP, timm global_pool="map")
 PREFIX_POSITIONS = ("all", "cls", "none")
-ROPES = ("none", "dinov3", "eva", "pe")  # pe: EVA's, counted from 1 and x before y (Perception Encoder)
+ROPES = ("none", "dinov3", "eva", "pe", "qwen")  # pe: EVA's, counted from 1 and x before y (Perception Encoder);
+# qwen: patch-index coords, y bands then x bands, halves rotated (Qwen-VL's vision rotary)
 REL_POS = ("none", "beit", "beit_shared", "sam", "swin", "swinv2")  # swin: a table per layer over a window's
 # offsets; swinv2: its continuous bias from a small MLP of log-spaced offsets
 ATTENTIONS = ("dot", "cosine")

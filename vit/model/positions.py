@@ -73,6 +73,21 @@ def eva_rope(grid: tuple[int, int], head_dim: int, theta: float, ref_grid: int =
     return torch.cos(angles), torch.sin(angles)
 
 
+def qwen_rope(grid: tuple[int, int], head_dim: int, theta: float, device: torch.device | None = None
+              ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Qwen-VL's vision rotary embedding (HF ``Qwen2_5_VLVisionRotaryEmbedding``): ``(cos, sin)``, each
+    ``(gh*gw, head_dim)`` row-major over the grid. Coordinates are patch indices; a quarter of the channels turn with
+    y, a quarter with x, at frequencies ``theta ** -(4i / head_dim)``, laid out ``[y | x | y | x]`` for
+    ``rotate_half``."""
+    gh, gw = grid
+    half = head_dim // 2
+    inv_freq = 1.0 / (theta ** (torch.arange(0, half, 2, dtype=torch.float) / half))  # (hd/4,), as HF forms it
+    ys = torch.arange(gh).repeat_interleave(gw).float()  # (gh*gw,): each patch's row, row-major
+    xs = torch.arange(gw).repeat(gh).float()
+    angles = torch.cat([ys[:, None] * inv_freq, xs[:, None] * inv_freq], dim=-1).tile(2).to(device)  # (gh*gw, hd)
+    return torch.cos(angles), torch.sin(angles)
+
+
 def sincos_positions(grid: tuple[int, int], dim: int, device: torch.device | None = None) -> torch.Tensor:
     """AIMv2-native's 2D sine-cosine positions ``(gh*gw, dim)``, laid out ``[sin x | cos x | sin y | cos y]`` at
     periods ``10000 ** (i / (dim / 4))`` (HF ``build_2d_sinusoidal_position_embedding`` with its halves swapped, as
@@ -97,9 +112,13 @@ def rotate_pairs(x: torch.Tensor) -> torch.Tensor:
 
 
 def apply_rope(x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], interleaved: bool = False) -> torch.Tensor:
-    """Rotate the last ``gh*gw`` tokens of ``x`` (B, nh, T, hd); the prefix tokens (CLS, registers) stay as they are."""
+    """Rotate the last ``n`` tokens of ``x`` (B, nh, T, hd) by ``rope``'s ``(n, hd)`` tables, or by ``(B, n, hd)``
+    ones, each batch row its own (the windows of a windowed layer, each with its tokens' positions); the prefix
+    tokens (CLS, registers) stay as they are."""
     cos, sin = rope
-    n = cos.shape[0]
+    n = cos.shape[-2]
+    if cos.dim() == 3:
+        cos, sin = cos[:, None], sin[:, None]  # (B, 1, n, hd)
     prefix, patches = x[:, :, :-n], x[:, :, -n:]  # (B, nh, P, hd), (B, nh, gh*gw, hd)
     turned = rotate_pairs(patches) if interleaved else rotate_half(patches)
     patches = patches * cos.to(x.dtype) + turned * sin.to(x.dtype)

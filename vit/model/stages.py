@@ -97,6 +97,9 @@ class LayerLayout:
     shift: int | tuple[int, int] = 0
     shift_padded: bool = True
     stride: int = 1  # query pooling (Hiera, SAM 2): queries on ``grid``, keys on the grid ``stride`` times finer
+    # Qwen2.5-VL (unit > 1): windows of whole unit x unit merge units, their slots unit by unit (its window index);
+    # a padding slot holds no token and is masked as a key (its edge windows are ragged), where SAM's zeros attend
+    unit: int = 1
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "window", _compact(self.window))  # (7, 7) and 7 are one layout
@@ -131,7 +134,34 @@ class LayerLayout:
         every token."""
         if not self.window:
             return torch.arange(self.num_tokens)[None]
-        return window_tokens(self.grid, self.window, self.shift, self.shift_padded)
+        return window_tokens(self.grid, self.window, self.shift, self.shift_padded, self.unit)
+
+    def cut(self, x: torch.Tensor) -> torch.Tensor:
+        """Tokens ``(B, gh*gw, D)`` row-major on the grid -> this layer's windows ``(B * nw, wh*ww, D)``, in
+        ``window_tokens``' order (padding slots zeros): the one place a windowed layer's token order is made."""
+        if self.unit == 1:  # rolls and views: no index
+            return shift_windows(x, self.grid, self.window, self.shift, self.shift_padded)
+        B, T, D = x.shape
+        tokens = self.window_tokens().to(x.device)  # (nw, n)
+        x = torch.cat([x, x.new_zeros(B, 1, D)], dim=1)  # (B, T + 1, D): T is the padding slot's zero
+        return x[:, tokens.flatten()].reshape(-1, tokens.shape[1], D)  # (B * nw, n, D)
+
+    def join(self, windows: torch.Tensor) -> torch.Tensor:
+        """``cut``'s inverse: ``(B * nw, wh*ww, D)`` -> ``(B, gh*gw, D)`` row-major, padding slots dropped."""
+        if self.unit == 1:
+            return unshift_windows(windows, self.grid, self.window, self.shift, self.shift_padded)
+        tokens = self.window_tokens().flatten()
+        slot = torch.empty(self.num_tokens + 1, dtype=torch.long)
+        slot[tokens] = torch.arange(len(tokens))  # each token's slot (padding's entry unused)
+        D = windows.shape[-1]
+        return windows.reshape(-1, len(tokens), D)[:, slot[:-1].to(windows.device)]  # (B, gh*gw, D)
+
+    def key_mask(self) -> torch.Tensor | None:
+        """``(nw, wh*ww)``: False at the padding slots of a layer whose padding holds no token (Qwen's windows),
+        masked as keys; None where the padding attends as zeros (SAM's) or there is none."""
+        if self.unit == 1 or not self.window:
+            return None
+        return self.window_tokens() < self.num_tokens
 
     def key_tokens(self) -> torch.Tensor:
         """``(nw, kh*kw)``: the token of the key grid each window's key slot holds (``window_tokens`` of
@@ -146,13 +176,17 @@ class LayerLayout:
 
 
 def window_tokens(grid: tuple[int, int], window: int | tuple[int, int], shift: int | tuple[int, int] = 0,
-                  shift_padded: bool = True) -> torch.Tensor:
+                  shift_padded: bool = True, unit: int = 1) -> torch.Tensor:
     """``(nw, wh*ww)``: which token each window slot holds when the grid is padded to a multiple of ``window``
     (``(wh, ww)``, or an int for both) and cyclically shifted by ``shift`` (``torch.roll`` by ``-shift`` per axis)
     — the padded grid's (``shift_padded``, HF) or the grid's before padding (timm) — then cut into windows
-    row-major, slots row-major inside; ``gh * gw`` marks padding."""
+    row-major, slots row-major inside; ``gh * gw`` marks padding. ``unit`` > 1 (Qwen2.5-VL's window index,
+    ``get_vision_window_index``): the slots of a window run over its ``unit`` x ``unit`` merge units row-major,
+    each unit's tokens row-major, as Qwen keeps them."""
     gh, gw = grid
     (wh, ww), (sh, sw) = pair(window), pair(shift)
+    if unit > 1 and (gh % unit or gw % unit or wh % unit or ww % unit):
+        raise ValueError(f"a {gh}x{gw} patch grid in {wh}x{ww} windows is not made of whole {unit}x{unit} units")
     Gh, Gw = -(-gh // wh) * wh, -(-gw // ww) * ww  # the padded grid
     if shift_padded:
         r = (torch.arange(Gh) + sh) % Gh  # the padded row each rolled row holds
@@ -161,7 +195,8 @@ def window_tokens(grid: tuple[int, int], window: int | tuple[int, int], shift: i
         r = torch.cat([(torch.arange(gh) + sh) % gh, torch.arange(gh, Gh)])
         c = torch.cat([(torch.arange(gw) + sw) % gw, torch.arange(gw, Gw)])
     token = torch.where((r[:, None] < gh) & (c[None, :] < gw), r[:, None] * gw + c[None, :], gh * gw)  # (Gh, Gw)
-    token = token.view(Gh // wh, wh, Gw // ww, ww).permute(0, 2, 1, 3)
+    u = unit
+    token = token.view(Gh // wh, wh // u, u, Gw // ww, ww // u, u).permute(0, 3, 1, 4, 2, 5)  # windows, units, slots
     return token.reshape(-1, wh * ww)
 
 

@@ -16,7 +16,7 @@ from vit.model.blocks import AttentionPool, Block, Parent, Projector, make_norm
 from vit.model.config import ViTConfig
 from vit.model.hooks import Hook, HookPoint, _hooks
 from vit.model.layouts import RelativePositionBias
-from vit.model.positions import dinov3_rope, eva_rope, resample_pos_embed, sincos_positions
+from vit.model.positions import dinov3_rope, eva_rope, qwen_rope, resample_pos_embed, sincos_positions
 from vit.model.stages import LayerLayout, PatchMerging, QueryPool
 
 
@@ -192,6 +192,8 @@ class ViT(Parent):
         if self.config.rope == "none":
             return None
         c = self.config
+        if c.rope == "qwen":
+            return qwen_rope(grid, c.hidden_size // c.num_heads, float(c.rope_theta), device)
         if c.rope in ("eva", "pe"):
             return eva_rope(grid, c.hidden_size // c.num_heads, float(c.rope_theta), c.rope_ref_grid, device,
                             pe=c.rope == "pe")
