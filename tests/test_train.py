@@ -284,7 +284,10 @@ def test_sigterm_cancels_after_the_step_and_the_resumed_run_matches_an_uninterru
     assert read_json(stopped / "status.json")["state"] == "completed"
     assert main(cli(images, cache, straight, *args)) == 0
     assert without_timing(read_metrics(stopped)) == without_timing(read_metrics(straight))
-    assert read_json(stopped / "config.json")["resumes"][0]["from_step"] == state["global_step"]
+    resume = read_json(stopped / "config.json")["resumes"][0]
+    assert resume["from_step"] == state["global_step"]
+    # Where the Train page marks it: epochs done, mid-epoch as the stop was (44 steps in 4 epochs, 11 an epoch).
+    assert resume["at_epoch"] == pytest.approx(state["epoch"] + state["step_in_epoch"] / 11, abs=1e-5)
 
 
 @pytest.mark.slow

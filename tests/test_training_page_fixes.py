@@ -4,6 +4,7 @@ text under the form, a form that forgot its values on another page, a launch not
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import socket
 import subprocess
@@ -240,3 +241,79 @@ def test_the_runs_table_fits_the_page_at_a_1400_px_window(tmp_path, monkeypatch)
     assert set(shown) <= set(at.dataframe[0].value.columns)
     widths = [columns[name]["width"] for name in shown]
     assert all(isinstance(w, int) for w in widths) and sum(widths) <= 940
+
+
+def test_a_running_runs_button_reads_resume_greyed_not_restart(folders, running_run):
+    """Issue 69, item 12: a running run's button read "Restart" (greyed), which a running run can never be."""
+    running_run("live")
+    at = AppTest.from_file(PAGE).run(timeout=TIMEOUT)
+    assert not at.exception, [e.message for e in at.exception]
+    button = at.button(key="resume-live")
+    assert (button.label, button.disabled) == ("Resume", True)
+    assert "stop it first" in button.help
+
+
+def charts_by_title(at: AppTest) -> dict[str, dict]:
+    return {json.loads(c.proto.spec)["layout"]["title"]["text"]: json.loads(c.proto.spec)
+            for c in at.get("plotly_chart")}
+
+
+def resume_lines(figure: dict) -> list[tuple[float, str]]:
+    """(x, hover text) of each vertical dashed line on a chart, from its shapes and their annotations."""
+    layout = figure["layout"]
+    lines = [s for s in layout.get("shapes", []) if s["type"] == "line" and s["x0"] == s["x1"]]
+    assert all(s["line"]["dash"] == "dash" for s in lines)
+    hovers = {a["x"]: a.get("hovertext") for a in layout.get("annotations", []) if a.get("text") == "resumed"}
+    return [(s["x0"], hovers.get(s["x0"])) for s in lines]
+
+
+def test_each_resume_recorded_is_a_dashed_line_on_every_curve(folders):
+    """Issue 69, item 12: a stop and a resume left no mark on the curves. Each entry of config.json's "resumes" is a
+    dashed line at the epochs done where it took over (an entry from before "at_epoch": its epoch), with the run and
+    the time on hover."""
+    run = folders / "paused"
+    run.mkdir()
+    resumes = [{"time": "2026-11-20T10:30:00+00:00", "from_epoch": 1, "from_step": 6, "at_epoch": 1.5},
+               {"time": "2026-11-20T11:00:00+00:00", "from_epoch": 2, "from_step": 8}, "damaged"]
+    (run / "config.json").write_text(json.dumps({"args": {"dataset": "cifar10", "epochs": 3}, "resumes": resumes}))
+    (run / "status.json").write_text(json.dumps({
+        "state": "completed", "epoch": 3, "total_epochs": 3, "progress": 1.0, "pid": 1, "host": "elsewhere",
+        "start_time": "2026-11-20T10:00:00+00:00", "updated_time": "2026-11-20T11:30:00+00:00", "device": "cpu",
+        "world_size": 1}))
+    (run / "metrics.jsonl").write_text("".join(json.dumps({"epoch": e, "train_loss": 1 / e, "val_loss": 1.0,
+                                                           "train_acc": 0.5, "val_acc": 0.5, "lr": 1e-3}) + "\n"
+                                               for e in (1, 2, 3)))
+    (run / "steps.jsonl").write_text("".join(json.dumps({"step": s, "epoch": s / 4, "train_loss": 1 / (s + 1)}) + "\n"
+                                             for s in range(13)))
+    at = AppTest.from_file(PAGE).run(timeout=TIMEOUT)
+    assert not at.exception, [e.message for e in at.exception]
+    charts = charts_by_title(at)
+    assert "Training loss, every few seconds" in charts and len(charts) >= 3
+    local = [dt.datetime.fromisoformat(r["time"]).astimezone().strftime("%m-%d %H:%M") for r in resumes[:2]]
+    for title, figure in charts.items():
+        assert resume_lines(figure) == [(1.5, f"paused: resumed at epoch 1.5 ({local[0]})"),
+                                        (2, f"paused: resumed at epoch 2 ({local[1]})")], title
+
+
+def test_a_run_resumed_from_the_command_line_is_marked_where_it_took_over(tmp_path, monkeypatch):
+    """The resume vit.train records says how many epochs were done ("at_epoch"), which the curves mark."""
+    from helpers import make_image_folder as make_folder
+
+    from vit.runfiles import read_config
+    from vit.train import main
+
+    monkeypatch.setenv("VIT_RUNS_DIR", str(tmp_path / "runs"))
+    monkeypatch.setenv("VIT_DATA_DIR", str(tmp_path / "data"))
+    monkeypatch.delenv("VIT_TRAIN_TOKEN", raising=False)
+    monkeypatch.delenv("VIT_RAY_ADDRESS", raising=False)
+    images = make_folder(tmp_path / "images", per_class=6)
+    out = tmp_path / "runs" / "twice"
+    assert main(["--dataset", f"folder:{images}", "--out", str(out), "--cache-dir", str(tmp_path / "cache"),
+                 "--image-size", "8", "--patch-size", "4", "--hidden-size", "8", "--num-layers", "1", "--num-heads",
+                 "2", "--mlp-size", "16", "--epochs", "1", "--batch-size", "2", "--attention-every", "0"]) == 0
+    assert main(["--resume", str(out), "--epochs", "2"]) == 0
+    [resume] = read_config(out / "config.json")["resumes"]
+    assert resume["at_epoch"] == 1.0  # one whole epoch was done when it took over
+    at = AppTest.from_file(PAGE).run(timeout=TIMEOUT)
+    assert not at.exception, [e.message for e in at.exception]
+    assert [x for x, _ in resume_lines(charts_by_title(at)["Training loss, every few seconds"])] == [1.0]

@@ -5,6 +5,7 @@ the explorer."""
 from __future__ import annotations
 
 import contextlib
+import json
 import shutil
 import time
 from pathlib import Path
@@ -13,7 +14,7 @@ import pytest
 from helpers import displayed
 from streamlit.testing.v1 import AppTest
 
-from vit.runfiles import read_config, read_status
+from vit.runfiles import now_iso, read_config, read_status, record_resume
 from vit.runs.manager import RunError, RunManager
 from vit.sae import main as sae_main
 
@@ -113,12 +114,15 @@ def test_a_finished_sae_run_shows_its_curves_and_opens_the_explorer_with_its_fol
     assert sae_main(["train", str(CHECKPOINT), "--data", str(images), "--layer", "2", "--width", "48", "--k", "4",
                      "--epochs", "2", "--batch-size", "64", "--buffer-tokens", "256", "--holdout", "2",
                      "--device", "cpu", "--out", str(out)]) == 0
+    record_resume(out / "config.json", {"epochs": 2}, {"time": now_iso(), "step": 3, "epochs": 2})  # as vit.sae's
     at = AppTest.from_file(PAGE).run(timeout=TIMEOUT)
     assert not at.exception
     assert at.dataframe[0].value["State"][0] == "completed"
-    titles = [chart.proto.spec for chart in at.get("plotly_chart")]
+    charts = {json.loads(c.proto.spec)["layout"]["title"]["text"]: json.loads(c.proto.spec)
+              for c in at.get("plotly_chart")}
     for title in ("SAE explained variance", "SAE L0 (latents per token)", "SAE dead fraction"):
-        assert any(title in spec for spec in titles), title
+        # Issue 69, item 12: a resume is a dashed line at the step it took over from.
+        assert [(s["x0"], s["line"]["dash"]) for s in charts[title]["layout"]["shapes"]] == [(3, "dash")], title
     assert any(str(out) == c.value for c in at.code)
     at.button(key="open-sae-done").click()
     at = at.run(timeout=TIMEOUT)

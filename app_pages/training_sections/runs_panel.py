@@ -6,6 +6,7 @@ rows and curves are ``vit.runs.manager``'s."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 
 import pandas as pd
 import plotly.express as px
@@ -33,9 +34,10 @@ def run_controls(manager: runs.RunManager, info: runs.RunInfo, private: Callable
     # Callbacks act before the fragment redraws, so the table already shows the result.
     stop.button("Stop", key=f"stop-{info.name}", disabled=not info.active, on_click=runs_action,
                 args=(manager.stop, info.name))
-    resume.button("Resume" if info.resumable else "Restart", key=f"resume-{info.name}",
+    # "Restart" only where pressing it restarts: a running run read "Restart" (greyed), which it can never be.
+    resume.button("Restart" if info.restarts else "Resume", key=f"resume-{info.name}",
                   disabled=not info.can_resume, on_click=runs_action, args=(manager.resume, info.name),
-                  help="Continue from last.pt" if info.resumable else "Start again from scratch")
+                  help=resume_help(info))
     if open_.button("Open in explorer", key=f"open-{info.name}", disabled=not info.can_open):
         st.session_state["explorer_checkpoint"] = str(info.best_checkpoint)
         st.switch_page(EXPLORER_PAGE)
@@ -47,6 +49,29 @@ def run_controls(manager: runs.RunManager, info: runs.RunInfo, private: Callable
     if not output and not info.managed:  # its output went to the terminal that started it, not to a file of ours
         output = "(started outside this page, e.g. python -m vit.train: its output is in the terminal that started it)"
     st.code(output or "(no output yet)", language=None)
+
+
+def resume_help(info: runs.RunInfo) -> str:
+    """What the Resume button does for this run, or why it does nothing now."""
+    if info.active:
+        return f"It is {info.state}: stop it first, then Resume continues from its last saved epoch"
+    if info.restarts:
+        return "Start again from scratch: it ended before it saved a last.pt"
+    if info.can_resume:
+        return "Continue from last.pt"
+    return "Nothing to resume: it is " + ("complete" if info.state == "completed" else info.state)
+
+
+def mark_resumes(figure, marks: list[dict], x: str) -> None:
+    """A dashed vertical line where each run was resumed (``x``: "epoch" or "step", the chart's axis), labelled
+    "resumed" with the run and the time on hover: a stop and a resume leave a mark on the curves."""
+    for mark in marks:
+        if mark[x] is None:
+            continue
+        when = f" ({mark['time']})" if mark["time"] else ""
+        figure.add_vline(x=mark[x], line_dash="dash", line_width=1, line_color="grey", opacity=0.7,
+                         annotation_text="resumed", annotation_position="top right", annotation_font_size=10,
+                         annotation_hovertext=f"{legend(mark['run'])}: resumed at {x} {mark[x]:g}{when}")
 
 
 def legend(run: str) -> str:
@@ -107,13 +132,15 @@ def runs_panel(manager: runs.RunManager, token_mode: bool, private: Callable[[st
     if not selected:
         return
     steps = manager.step_curves(selected)
+    resumes = manager.resumes(selected)
     if steps:  # every few seconds of training: the curve moves before the first epoch ends
         live = pd.DataFrame(steps).assign(run=lambda d: d["run"].map(legend))
         figure = px.line(live, x="epoch", y="value", color="run", title="Training loss, every few seconds",
                          labels={"value": "train loss", "epoch": "epoch (fractional)"})
         figure.update_layout(height=260, margin=dict(l=10, r=10, t=40, b=10))
+        mark_resumes(figure, resumes, "epoch")
         st.plotly_chart(figure, key="chart-steps")
-    sae_section.curves(manager, selected)
+    sae_section.curves(manager, selected, partial(mark_resumes, marks=resumes, x="step"))
     charts = manager.curves(selected) if any(by_name[n].kind == "vit" for n in selected) else {}
     columns = st.columns(2)
     for i, (chart, rows) in enumerate(charts.items()):
@@ -123,6 +150,7 @@ def runs_panel(manager: runs.RunManager, token_mode: bool, private: Callable[[st
                 figure = px.line(curves, x="epoch", y="value", color="run", line_dash="split",
                                  markers=True, title=chart.capitalize(), labels={"value": chart})
                 figure.update_layout(height=300, margin=dict(l=10, r=10, t=40, b=10))
+                mark_resumes(figure, resumes, "epoch")
                 st.plotly_chart(figure, key=f"chart-{chart}")
             else:
                 st.caption(f"{chart.capitalize()}: no finished epoch yet.")

@@ -119,8 +119,9 @@ def launch_form(manager: runs.RunManager, models: dict, choices: list[tuple[tupl
         s["selected_runs"] = [info.name]
 
 
-def curves(manager: runs.RunManager, selected: list[str]) -> None:
-    """The selected SAE runs' explained variance, L0 and dead fraction per step, as they train."""
+def curves(manager: runs.RunManager, selected: list[str], mark_resumes: Callable = lambda figure: None) -> None:
+    """The selected SAE runs' explained variance, L0 and dead fraction per step, as they train; ``mark_resumes``
+    draws where they were resumed on a chart."""
     charts = manager.sae_curves(selected)
     if not any(charts.values()):
         return
@@ -132,6 +133,7 @@ def curves(manager: runs.RunManager, selected: list[str]) -> None:
                 figure = px.line(data, x="step", y="value", color="run", title=f"SAE {chart}",
                                  labels={"value": chart})
                 figure.update_layout(height=260, margin=dict(l=10, r=10, t=40, b=10), showlegend=i == 2)
+                mark_resumes(figure)
                 st.plotly_chart(figure, key=f"chart-sae-{chart}")
 
 

@@ -163,6 +163,12 @@ class RunInfo:
         return not self.active and self.state not in ("completed", "damaged") and (self.resumable or self.managed)
 
     @property
+    def restarts(self) -> bool:
+        """Whether resuming it starts it again from scratch (it ended before it saved a last.pt): only then is its
+        button "Restart". A running run is neither resumed nor restarted."""
+        return self.can_resume and not self.resumable
+
+    @property
     def can_open(self) -> bool:
         return self.best_checkpoint.is_file()
 
@@ -305,6 +311,28 @@ def curve_rows(metrics: dict[str, list[dict]]) -> dict[str, list[dict]]:
                     if _is_number(epoch) and _is_number(value):  # a damaged line plots nothing, not an error
                         charts[chart].append({"run": run, "epoch": epoch, "split": split, "value": value})
     return charts
+
+
+def resume_marks(run: str, config: dict | None) -> list[dict]:
+    """Where each later session of ``run`` took over, from config.json's "resumes" (``vit.runfiles.record_resume``):
+    {run, epoch (epochs done, the x of a ViT run's curves), step (the x of an SAE run's), time (as the runs table
+    writes it)}, None where the entry does not say. A ViT run's entry written before "at_epoch" gives the epoch
+    it took over in (a resume mid-epoch is drawn at that epoch's start); an entry that is no object is skipped."""
+    marks = []
+    for resume in (config or {}).get("resumes") or []:
+        if not isinstance(resume, dict):
+            continue
+        epoch = resume.get("at_epoch", resume.get("from_epoch"))
+        step = resume.get("step", resume.get("from_step"))
+        try:
+            moment = dt.datetime.fromisoformat(resume["time"]).astimezone() if isinstance(resume.get("time"), str) \
+                else None
+        except ValueError:
+            moment = None
+        marks.append({"run": run, "epoch": epoch if _is_number(epoch) else None,
+                      "step": step if _is_number(step) else None,
+                      "time": moment.strftime("%m-%d %H:%M") if moment is not None else None})
+    return marks
 
 
 SAE_CURVES = {"explained_variance": "explained variance", "l0": "L0 (latents per token)",
@@ -572,6 +600,15 @@ class RunManager:
                 if _is_number(epoch) and _is_number(loss):  # a torn or damaged line plots nothing
                     rows.append({"run": name, "epoch": epoch, "value": loss})
         return rows
+
+    def resumes(self, names: list[str]) -> list[dict]:
+        """Where each of these runs was resumed (``resume_marks``); a run whose config.json is missing or damaged
+        has none."""
+        marks = []
+        for name in names:
+            with contextlib.suppress(RunFileError):
+                marks += resume_marks(name, read_config(self.run_dir(name) / CONFIG_FILE))
+        return marks
 
     def sae_curves(self, names: list[str]) -> dict[str, list[dict]]:
         """Chart rows (explained variance, L0, dead fraction per step) of the SAE runs among ``names``."""

@@ -237,6 +237,9 @@ def _record_resume(config_file: Path, args: argparse.Namespace, argv: list[str],
     record_resume(config_file, {name: getattr(args, name) for name in RESUME_OPTIONS}, {
         "time": now_iso(), "command": [sys.executable, "-m", "vit.train", *argv],
         "from_epoch": trainer.progress.epoch, "from_step": trainer.progress.global_step,
+        # Epochs done, as steps.jsonl counts them: where the page marks the resume on the curves (a stop mid-epoch
+        # resumes mid-epoch).
+        "at_epoch": round(trainer.progress.epoch + trainer.progress.step_in_epoch / trainer.steps_per_epoch, 5),
         "world_size": trainer.world, "device": str(trainer.device)})
 
 
