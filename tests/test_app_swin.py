@@ -13,8 +13,7 @@ from parity_helpers import randomize
 from PIL import Image
 from test_app import dirs, run_app, sidebar_widget, upload  # noqa: F401 (a fixture)
 
-from app_pages.explorer_sections import main_view
-from vit.app import explorer
+from vit.app import drawing, explorer
 from vit.explain.relevance import legrad
 from vit.explain.stages import layer_row, on_patch_grid, rollout_row
 from vit.inference import preprocess
@@ -61,8 +60,8 @@ def drawn(monkeypatch):
         maps.append(np.asarray(map2d))
         return overlay(image, map2d, *args, **kwargs)
 
-    overlay = main_view.overlay
-    monkeypatch.setattr(main_view, "overlay", recording)
+    overlay = drawing.overlay_image  # what the main view draws with (the page, its PNG and its export)
+    monkeypatch.setattr(drawing, "overlay_image", recording)
     return maps
 
 
@@ -136,3 +135,39 @@ def test_the_dense_views_and_distance_and_entropy_draw_for_a_swin(tmp_path):
     assert any("each stage has its own grid and heads" in c.value for c in at.main.caption)
     assert any("on its own 5×5 grid" in c.value for c in at.main.caption)  # the dense views: the last layer's grid
 
+
+
+def test_the_heads_tab_shows_every_layer_of_a_swin_stage_by_stage(tmp_path, monkeypatch):
+    """Issue 69, item 10: a plain ViT's Heads tab has an "Every layer" grid; a Swin's showed one layer only. On, it
+    shows one grid per stage, each that stage's layers by its own heads (2 layers x 2 heads, then 2 x 4), each
+    thumbnail that head's window attention for the clicked patch (HF's own, placed by HF's windows) over the image."""
+    model = swin_folder(tmp_path / "swin")
+    checkpoint = open_source(tmp_path / "swin")
+    attentions, layouts = hf_attentions(model, preprocess([IMAGE], checkpoint.preprocessing))
+    thumbnails, small_multiples = [], drawing.small_multiples
+    monkeypatch.setattr(drawing, "small_multiples", lambda image, maps, *a, **k: thumbnails.append(maps) or
+                        small_multiples(image, maps, *a, **k))
+    at = run_app()
+    sidebar_widget(at, "text_input", "Open a path").set_value(str(tmp_path / "swin"))
+    at.run()
+    buffer = io.BytesIO()
+    IMAGE.save(buffer, format="PNG")
+    upload(at, "photo.png", buffer.getvalue())
+    patch = 3 * 10 + 7
+    sidebar_widget(at, "selectbox", "Query token").set_value(patch)
+    [toggle] = [t for t in at.toggle if t.label.startswith("Every layer")]
+    assert toggle.label == "Every layer (4 layers in 2 stages, 12 maps)"
+    toggle.set_value(True)
+    at.run()
+    assert not at.exception and not at.main.error, [e.message for e in at.exception] + [e.value for e in at.main.error]
+    grids = {c.proto.id.rsplit("-", 1)[-1]: json.loads(c.proto.spec)["layout"] for c in at.get("plotly_chart")
+             if "heads_grid" in c.proto.id}
+    assert sorted(grids) == ["heads_grid_stage1", "heads_grid_stage2"], sorted(grids)
+    for name, layers, heads in (("heads_grid_stage1", ["L1", "L2"], 2), ("heads_grid_stage2", ["L3", "L4"], 4)):
+        assert grids[name]["yaxis"]["ticktext"] == layers
+        assert grids[name]["xaxis"]["ticktext"] == [f"head {h + 1}" for h in range(heads)]
+    assert [m.value for m in at.main.markdown if m.value.startswith("**Stage")] == [
+        "**Stage 1**: layers 1–2, 2 heads, on a 10×10 grid", "**Stage 2**: layers 3–4, 4 heads, on a 5×5 grid"]
+    expected = np.concatenate([on_patch_grid(layer_row(attentions, layouts, i, covering_token(
+        patch, (10, 10), layouts[i].grid))[0].numpy(), (10, 10)) for i in range(4)])  # (2 + 2 + 4 + 4, 10, 10)
+    np.testing.assert_allclose(thumbnails[-1], expected, atol=1e-5)

@@ -1,6 +1,7 @@
 """A DINOv3 folder in a real browser: opened by path, its map drawn at 640x480 with the aspect ratio kept, and its
 4 storage (register) tokens labelled in the query list. Screenshot in test-artifacts/."""
 
+import itertools
 from pathlib import Path
 
 import pytest
@@ -45,3 +46,61 @@ def test_a_dinov3_map_at_640x480_keeping_the_aspect_with_its_register_tokens_lab
         page.get_by_text("the REG 4 token").first.wait_for()
     finally:
         page.screenshot(path=str(ARTIFACTS / "explorer-dinov3-640x480.png"), full_page=True)
+
+
+def swin_folder(folder: Path) -> Path:
+    """A tiny HF Swin with Swin-T's heads per stage (3/6/12/24): 64 px, 4-px patches, windows of 2."""
+    transformers = pytest.importorskip("transformers")
+    config = transformers.SwinConfig(image_size=64, patch_size=4, embed_dim=24, depths=[1, 1, 1, 2],
+                                     num_heads=[3, 6, 12, 24], window_size=2, num_labels=3)
+    torch.manual_seed(0)
+    transformers.SwinForImageClassification(config).save_pretrained(folder)
+    return folder
+
+
+HEAD_LABELS = """key => {
+  const chart = document.querySelector(`.st-key-${key} .js-plotly-plot`);
+  const box = r => ({left: r.left, right: r.right, top: r.top, bottom: r.bottom});
+  return {chart: box(chart.getBoundingClientRect()), labels: [...chart.querySelectorAll('.xtick text')].map(t => ({
+    text: t.textContent, transform: t.getAttribute('transform') || '', box: box(t.getBoundingClientRect())}))};
+}"""
+
+
+def assert_level_inside_and_apart(tab, key: str, heads: int) -> None:
+    """The head labels of the heads grid keyed ``key``: ``heads`` of them, level, inside the chart, none touching."""
+    tab.locator(f".st-key-{key}").scroll_into_view_if_needed()
+    drawn = tab.evaluate(HEAD_LABELS, key)
+    chart, labels = drawn["chart"], drawn["labels"]
+    assert len(labels) == heads, labels
+    assert [label for label in labels if "rotate" in label["transform"]] == []
+    assert [label for label in labels if not (chart["left"] <= label["box"]["left"] and label["box"]["right"]
+                                               <= chart["right"] and chart["top"] <= label["box"]["top"]
+                                               and label["box"]["bottom"] <= chart["bottom"])] == [], chart
+    boxes = sorted((label["box"] for label in labels), key=lambda b: b["left"])
+    assert all(a["right"] <= b["left"] for a, b in itertools.pairwise(boxes)), boxes  # none overlaps the next
+
+
+def test_a_swins_last_stage_heads_strip_has_its_24_head_labels_level_and_inside_the_chart(server, page, tmp_path):  # noqa: F811
+    """Issue 69, item 10: the last stage's 24 heads had their labels rotated by Plotly and clipped by the chart's top
+    margin. Each label is level, whole inside the chart, and clear of its neighbours."""
+    folder = swin_folder(tmp_path / "swin")
+    upload = tmp_path / "photo.png"
+    upload.write_bytes(photo(64, 64, seed=4))
+    ARTIFACTS.mkdir(exist_ok=True)
+    try:
+        page.goto(server)
+        page.get_by_text("Colours span").wait_for()
+        field = page.get_by_role("textbox", name="Open a path")
+        field.fill(str(folder))
+        field.press("Enter")
+        page.locator('[data-testid="stFileUploaderDropzoneInput"]').set_input_files(str(upload))
+        page.get_by_text("Layer 5 of 5").first.wait_for()  # the last layer, in the last stage
+        page.locator(".st-key-heads_grid .xtick text").nth(23).wait_for()
+        assert_level_inside_and_apart(page, "heads_grid", 24)
+        page.get_by_text("Every layer (").click()  # a grid per stage: the last is 2 layers x 24 heads
+        page.locator(".st-key-heads_grid_stage4 .xtick text").nth(23).wait_for()
+        for stage, heads in ((1, 3), (2, 6), (3, 12), (4, 24)):
+            assert_level_inside_and_apart(page, f"heads_grid_stage{stage}", heads)
+        page.get_by_role("tabpanel").first.screenshot(path=str(ARTIFACTS / "explorer-swin-heads-by-stage.png"))
+    finally:
+        page.screenshot(path=str(ARTIFACTS / "explorer-swin-heads-strip.png"), full_page=True)

@@ -7,6 +7,7 @@ sidebar's layer and head (what the main map shows), so it reruns the whole page.
 import math
 from functools import partial
 
+import numpy as np
 import streamlit as st
 
 from app_pages.explorer_sections.main_view import PICKER_CONFIG
@@ -23,9 +24,9 @@ KEPT = (EVERY_LAYER_KEY,)  # drawn in the Heads tab only
 _PICKED = "heads_grid_picked"  # set by a thumbnail click: the page, not this fragment, must rerun
 
 
-def pick_head(layers: list[int], num_heads: int, layer_key: str, head_key: str) -> None:
+def pick_head(layers: list[int], num_heads: int, layer_key: str, head_key: str, grid_key: str = GRID_KEY) -> None:
     """A click on a head thumbnail shows that layer and head as the one-layer map."""
-    cell = drawing.cell_from_selection(st.session_state[GRID_KEY].selection, layers, num_heads)
+    cell = drawing.cell_from_selection(st.session_state[grid_key].selection, layers, num_heads)
     if cell is not None:
         st.session_state[layer_key], st.session_state[head_key] = cell[0] + 1, cell[1]
         st.session_state["map_kind"] = "attention"
@@ -47,22 +48,39 @@ def analyses(view: Shown) -> None:
     if heads_tab.open:
         with heads_tab:
             if analysis.staged:  # a Swin: each stage's heads on its own grid, drawn over the image's patches
-                H, shown_layers = analysis.heads_in(layer - 1), [layer - 1]
-                maps = on_patch_grid(explorer.head_maps(analysis, query, layer - 1), grid)[None]  # (1, H, gh, gw)
+                config = view.checkpoint.model.config
+                stages = [list(range(config.stage_start(s), config.stage_start(s) + depth))
+                          for s, depth in enumerate(config.stage_depths)]
+                total = sum(analysis.heads_in(i) for i in range(L))
+                every = st.toggle(f"Every layer ({L} layers in {len(stages)} stages, {total} maps)",
+                                  key=EVERY_LAYER_KEY, help="Off: the heads of the layer chosen in the sidebar. On: "
+                                  "each stage's layers by its heads, a grid per stage.")
+                groups = stages if every else [[layer - 1]]
+                maps = [on_patch_grid(explorer.head_maps(analysis, query, i), grid)  # (H_l, gh, gw) each
+                        for rows in groups for i in rows]
             else:
                 every = st.toggle(f"Every layer ({L} × {H} = {L * H} maps)", key=EVERY_LAYER_KEY,
                                   help="Off: the heads of the layer chosen in the sidebar.")
-                shown_layers = list(range(L)) if every else [layer - 1]
-                maps = explorer.head_maps(analysis, query)[shown_layers]  # (layers, H, gh, gw)
-            cells = drawing.small_multiples(view.small, maps.reshape(-1, *grid), view.opacity, view.colormap,
+                groups = [list(range(L)) if every else [layer - 1]]
+                maps = list(explorer.head_maps(analysis, query)[groups[0]])  # per layer (H, gh, gw)
+            # One call for every map drawn: "all on one colour scale" spans the stages' grids too.
+            cells = drawing.small_multiples(view.small, np.concatenate(maps), view.opacity, view.colormap,
                                              view.mode, view.outline, scale=view.scale, mask_share=view.mask_share)
-            sheet = drawing.heads_grid_image(cells, columns=H)
             selected = (layer - 1, head) if settings.kind == "attention" and head is not None else None
-            st.plotly_chart(drawing.heads_grid_figure(drawing.jpeg_data_uri(sheet, quality=85), sheet.size,
-                                                       shown_layers, H, selected),
-                            key=GRID_KEY, on_select=partial(pick_head, shown_layers, H, f"layer-{view.model_key}",
-                                                            f"head-{view.model_key}"),
-                            selection_mode="points", config=PICKER_CONFIG, width="stretch", theme=None)
+            for g, rows in enumerate(groups):
+                count = analysis.heads_in(rows[0])  # the stage's heads
+                if len(groups) > 1:
+                    lh, lw = analysis.layer_grid(rows[0])
+                    which = f"layers {rows[0] + 1}–{rows[-1] + 1}" if len(rows) > 1 else f"layer {rows[0] + 1}"
+                    st.markdown(f"**Stage {g + 1}**: {which}, {count} heads, on a {lh}×{lw} grid")
+                start = sum(analysis.heads_in(i) for group in groups[:g] for i in group)
+                sheet = drawing.heads_grid_image(cells[start:start + len(rows) * count], columns=count)
+                key = GRID_KEY if len(groups) == 1 else f"{GRID_KEY}_stage{g + 1}"
+                st.plotly_chart(drawing.heads_grid_figure(drawing.jpeg_data_uri(sheet, quality=85), sheet.size,
+                                                           rows, count, selected),
+                                key=key, on_select=partial(pick_head, rows, count, f"layer-{view.model_key}",
+                                                           f"head-{view.model_key}", key),
+                                selection_mode="points", config=PICKER_CONFIG, width="stretch", theme=None)
             scale_text = {"own": "each map on its own colour scale", "zero": "each from 0 to its own max",
                           "shared": "all on one colour scale"}[view.scale]
             st.caption(f"What {query_text} attends to in each head, {scale_text}. **Click a head** to show it "

@@ -107,12 +107,30 @@ def heads_grid_image(cells: Sequence[Image.Image], columns: int, gap: int = 2,
 
 
 
+HEADS_NAMED = 12  # 'head 1' … 'head 12' fit a heads grid's columns in a ~1,000-px page column; more get numbers
+HEADS_NUMBERED = 32  # past this many heads, every fourth is numbered (two-digit numbers would touch)
+HEADS_COLUMN_PX = 1000  # the page column a heads grid is stretched to, about: its height follows the sheet's
+
+
+def head_tick_labels(num_heads: int) -> list[str]:
+    """The heads grid's column labels, level and clear of each other in a ~1,000-px column: 'head 1' … for a few
+    heads, '1' … '24' (under the axis title 'head') for more, and 1, 4, 8, … past ``HEADS_NUMBERED``."""
+    if num_heads <= HEADS_NAMED:
+        return [f"head {h + 1}" for h in range(num_heads)]
+    step = 1 if num_heads <= HEADS_NUMBERED else 4
+    return [str(h + 1) if h == 0 or (h + 1) % step == 0 else "" for h in range(num_heads)]
+
+
 def heads_grid_figure(sheet_uri: str, sheet_size: tuple[int, int], layers: Sequence[int], num_heads: int,
                       selected: tuple[int, int] | None = None, gap: int = 2) -> go.Figure:
     """The heads grid (``heads_grid_image`` as ``sheet_uri``): one row per layer of ``layers`` (0-based), one column
     per head; point ``i`` is cell ``i`` in row-major order, so a click selects ``(layers[r], head)``.
     ``selected = (layer, head)`` is outlined."""
     width, height = sheet_size
+    numbered = num_heads > HEADS_NAMED
+    top = 40 if numbered else 22  # room for the axis title over the numbers
+    # A wide sheet (a Swin's 24 heads) is as tall as the column's width makes it, not 110 px a row left blank.
+    fit = top + math.ceil(HEADS_COLUMN_PX * height / width) + 8
     rows = len(layers)
     cell_w, cell_h = (width + gap) / num_heads, (height + gap) / rows
     index = np.arange(rows * num_heads)
@@ -130,8 +148,8 @@ def heads_grid_figure(sheet_uri: str, sheet_size: tuple[int, int], layers: Seque
                            y0=row * cell_h - 1, y1=(row + 1) * cell_h - gap + 1, line=dict(color="#ff4b4b", width=3)))
     image = dict(source=sheet_uri, xref="x", yref="y", x=0, y=0, sizex=width, sizey=height, xanchor="left",
                  yanchor="top", sizing="stretch", layer="below")
-    layout = dict(height=min(900, 60 + 110 * rows), margin=dict(l=44, r=0, t=22, b=0), hovermode="closest",
-                  hoverdistance=-1, plot_bgcolor="rgba(0,0,0,0)", paper_bgcolor="rgba(0,0,0,0)",
+    layout = dict(height=max(80, min(900, 60 + 110 * rows, fit)), margin=dict(l=44, r=0, t=top, b=0),
+                  hovermode="closest", hoverdistance=-1, plot_bgcolor="rgba(0,0,0,0)", paper_bgcolor="rgba(0,0,0,0)",
                   images=[image], shapes=shapes, clickmode="event+select", dragmode=False,
                   # Both axes shrink their domain toward the top left to keep the sheet's aspect: had the x range
                   # grown instead (a tall sheet in a wide column), the sheet would sit mid-plot, far from its
@@ -139,7 +157,8 @@ def heads_grid_figure(sheet_uri: str, sheet_size: tuple[int, int], layers: Seque
                   xaxis=dict(range=[0, width], fixedrange=True, side="top", showgrid=False, zeroline=False,
                              constrain="domain", constraintoward="left",
                              tickvals=[(h + 0.5) * cell_w for h in range(num_heads)],
-                             ticktext=[f"head {h + 1}" for h in range(num_heads)]),
+                             ticktext=head_tick_labels(num_heads), tickangle=0,  # never turned (and clipped)
+                             title=dict(text="head", standoff=4) if numbered else None),
                   yaxis=dict(range=[height, 0], fixedrange=True, scaleanchor="x", constrain="domain",
                              constraintoward="top", showgrid=False, zeroline=False,
                              tickvals=[(i + 0.5) * cell_h for i in range(rows)],
