@@ -12,7 +12,8 @@ What the client (huggingface_hub 2.x: ``HfApi.model_info``, ``list_repo_tree``, 
 And what a hostile or broken Hub does, per repository: a ``main`` that moves (``FakeHub.push``: the older commit
 stays reachable by its sha), sizes in the file list that are not the files' (``listed_sizes``), a body longer than
 the size it declares (``extra``: sent without Content-Length, then the connection closes), a model info that comes
-only after ``silent_s``, a file body that trickles (``trickle``) or never comes (``stall``), and a redirect loop
+only after ``silent_s``, a file body that trickles (``trickle``), comes at a set pace (``pace``) or never comes
+(``stall``), and a redirect loop
 (``redirect_loop``). Whatever waits ends once ``FakeHub.release`` is set (at the end of each test).
 
 Every request is recorded (method, path, headers), so a test can say what was never fetched.
@@ -39,6 +40,7 @@ class Repo:
     extra: dict[str, bytes] = field(default_factory=dict)  # sent after the file on a GET, beyond its declared size
     silent_s: float = 0.0  # the model info comes after this long
     trickle: set[str] = field(default_factory=set)  # files whose body comes a byte every 0.2 s
+    pace: dict[str, int] = field(default_factory=dict)  # files whose body comes this many bytes every 0.2 s
     stall: set[str] = field(default_factory=set)  # files whose GET sends its headers, then nothing
     redirect_loop: bool = False  # every request is redirected to itself
 
@@ -224,8 +226,9 @@ def bind(hub: FakeHub, port: int = 0) -> ThreadingHTTPServer:
                 hub.release.wait(120)
                 self.close_connection = True
                 return
-            if extra or name in repo.trickle:
-                self.send_slowly(name, data[start:] + extra, 1 if name in repo.trickle else 1 << 16)
+            paced = 1 if name in repo.trickle else repo.pace.get(name)
+            if extra or paced:
+                self.send_slowly(name, data[start:] + extra, paced)
                 return
             if name in hub.cut_once:
                 hub.cut_once.discard(name)
@@ -235,16 +238,16 @@ def bind(hub: FakeHub, port: int = 0) -> ThreadingHTTPServer:
                 return
             self.wfile.write(data[start:])
 
-        def send_slowly(self, name: str, body: bytes, piece: int) -> None:
-            """``body`` in pieces of ``piece`` bytes (a byte every 0.2 s when 1), counted in ``hub.sent``, until
-            the client hangs up or ``hub.release`` sends the rest at once."""
+        def send_slowly(self, name: str, body: bytes, paced: int | None) -> None:
+            """``body`` in pieces of ``paced`` bytes every 0.2 s (at once in 64 kB pieces without), counted in
+            ``hub.sent``, until the client hangs up or ``hub.release`` sends the rest at once."""
             hub.sent[name] = 0
             try:
                 while hub.sent[name] < len(body):
-                    if piece == 1 and not hub.release.wait(0.2):
-                        chunk = body[hub.sent[name]:hub.sent[name] + 1]
+                    if paced and not hub.release.wait(0.2):
+                        chunk = body[hub.sent[name]:hub.sent[name] + paced]
                     else:
-                        chunk = body[hub.sent[name]:hub.sent[name] + max(piece, 1 << 16)]
+                        chunk = body[hub.sent[name]:hub.sent[name] + (1 << 16)]
                     self.wfile.write(chunk)
                     self.wfile.flush()
                     hub.sent[name] += len(chunk)

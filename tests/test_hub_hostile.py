@@ -112,10 +112,8 @@ def test_a_silent_hub_is_given_up_at_the_deadline_in_one_line(fake_hub, monkeypa
     assert "acme/silent" in str(caught.value) and "\n" not in str(caught.value)
 
 
-def test_a_trickling_file_is_given_up_at_its_deadline_in_one_line(fake_hub, monkeypatch):
-    monkeypatch.setattr(hub_network, "FILE_S", 2.0)
-    fake_hub.add("acme/trickle", WEIGHTS).trickle.add("model.safetensors")  # a byte every 0.2 s: 14 minutes
-    listed = hub.plan(hub.parse_name("acme/trickle"))
+def download_in_thread(listed: hub.Download, seconds: float) -> list[Exception]:
+    """``hub.download(listed)`` in a thread given ``seconds``: [] when it finished, [its HubError] when it failed."""
     failed = []
 
     def fetch():
@@ -126,10 +124,59 @@ def test_a_trickling_file_is_given_up_at_its_deadline_in_one_line(fake_hub, monk
 
     worker = threading.Thread(target=fetch, daemon=True)
     worker.start()
-    worker.join(30)
-    assert not worker.is_alive(), "the download was still under way after 30 s"
+    worker.join(seconds)
+    assert not worker.is_alive(), f"the download was still under way after {seconds} s"
+    return failed
+
+
+def test_a_trickling_file_is_given_up_at_the_rate_floor_in_one_line(fake_hub, monkeypatch):
+    monkeypatch.setattr(hub_network, "WINDOW_S", 2.0, raising=False)
+    fake_hub.add("acme/trickle", WEIGHTS).trickle.add("model.safetensors")  # a byte every 0.2 s: 14 minutes
+    failed = download_in_thread(hub.plan(hub.parse_name("acme/trickle")), 30)
     assert failed and "acme/trickle" in str(failed[0]) and "\n" not in str(failed[0])
     assert not any(p.name.endswith(".incomplete") for p in hub.cache_dir().rglob("*"))
+
+
+def test_a_trickle_into_a_large_declared_file_is_given_up_within_the_window_not_by_its_size(fake_hub, monkeypatch):
+    """Issue 62, item 7: the deadline was 60 s + the declared size at 100 kB/s, so a file the Hub declared 4 GB
+    that came a byte at a time held the command ~11 h. The floor is measured over a moving window."""
+    monkeypatch.setattr(hub_network, "WINDOW_S", 2.0, raising=False)
+    repo = fake_hub.add("acme/declared", WEIGHTS)
+    repo.listed_sizes["model.safetensors"], repo.trickle = 4 * 10**9, {"model.safetensors"}
+    listed = hub.plan(hub.parse_name("acme/declared"))
+    assert listed.size > 4 * 10**9
+    start = time.monotonic()
+    failed = download_in_thread(listed, 30)
+    assert failed and time.monotonic() - start < 15
+    assert "acme/declared" in str(failed[0]) and "under the 100 kB/s a download must keep" in str(failed[0])
+
+
+def test_the_floor_holds_for_the_whole_download_not_each_file(fake_hub, monkeypatch):
+    """Five small files, each trickling for 1.6 s: no file alone lasts a window, the download four."""
+    monkeypatch.setattr(hub_network, "WINDOW_S", 2.0, raising=False)
+    monkeypatch.setattr(hub_network, "MIN_BYTES_PER_S", 100)
+    files = {**WEIGHTS, **{f"extra{i}.json": b'{"i": %d}' % i for i in range(5)}}  # 8 bytes each, each its own
+    repo = fake_hub.add("acme/many", files)
+    repo.trickle = {f"extra{i}.json" for i in range(5)}
+    start = time.monotonic()
+    failed = download_in_thread(hub.plan(hub.parse_name("acme/many")), 30)
+    assert failed and time.monotonic() - start < 5.5, "given up after 2 s, not after the five files' 8 s"
+    assert "bytes/s over the last 2 s, under the 0.1 kB/s a download must keep" in str(failed[0])
+
+
+@pytest.mark.parametrize(("pace", "finishes"), [(400, True), (100, False)])  # 2,000 and 500 bytes/s
+def test_a_download_above_the_floor_goes_on_past_the_window_and_one_below_it_stops(fake_hub, monkeypatch, pace,
+                                                                                   finishes):
+    monkeypatch.setattr(hub_network, "WINDOW_S", 1.0, raising=False)
+    monkeypatch.setattr(hub_network, "MIN_BYTES_PER_S", 1000)
+    fake_hub.add("acme/paced", {**WEIGHTS, "model.safetensors": b"w" * 8000}).pace["model.safetensors"] = pace
+    start = time.monotonic()
+    failed = download_in_thread(hub.plan(hub.parse_name("acme/paced")), 30)
+    if finishes:  # 8,000 bytes at 2,000 bytes/s: four windows
+        assert failed == [] and time.monotonic() - start > 3
+    else:
+        assert len(failed) == 1 and time.monotonic() - start < 3
+        assert "model.safetensors came at" in str(failed[0]) and "under the 1 kB/s" in str(failed[0])
 
 
 def test_a_file_that_sends_nothing_is_given_up_after_the_stall_time_in_one_line(fake_hub, monkeypatch):

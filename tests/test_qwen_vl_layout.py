@@ -79,3 +79,27 @@ def test_windowed_rotary_layers_need_qwens_units():
     config = ViTConfig(image_size=56, patch_size=7, class_token=False, pooling="avg", pos_embed=False, rope="qwen",
                        window_size=4, spatial_merge=2, global_layers=(1,))
     assert ViT(config).blocks[0].layout((8, 8)).unit == 2
+
+
+@pytest.mark.parametrize("grid", [(6, 4), (2, 10)])
+def test_merger_is_qwens_patch_merger_on_the_row_major_grid(grid):
+    from parity_helpers import ATOL, randomize
+    from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VLPatchMerger
+
+    torch.manual_seed(0)
+    theirs = randomize(Qwen2_5_VLPatchMerger(dim=24, context_dim=16, spatial_merge_size=2))
+    config = ViTConfig(image_size=56, patch_size=14, hidden_size=16, num_heads=2, mlp_size=32, num_classes=0,
+                       class_token=False, pooling="avg", pos_embed=False, norm="rms", spatial_merge=2,
+                       projector="qwen", projector_dim=24)
+    model = ViT(config).eval()
+    model.projector.load_state_dict({"norm.weight": theirs.ln_q.weight, "fc1.weight": theirs.mlp[0].weight,
+                                     "fc1.bias": theirs.mlp[0].bias, "fc2.weight": theirs.mlp[2].weight,
+                                     "fc2.bias": theirs.mlp[2].bias})
+    gh, gw = grid
+    x = torch.randn(1, gh * gw, 16)  # row-major on the grid
+    units = x.view(gh // 2, 2, gw // 2, 2, 16).permute(0, 2, 1, 3, 4).reshape(-1, 16)  # Qwen's unit by unit
+    with torch.no_grad():
+        ours, reference = model.project(x, grid)[0], theirs(units)  # (units, 24), units row-major both
+    assert torch.allclose(ours, reference, atol=ATOL)
+    with pytest.raises(ValueError, match="whole 2x2 merge units"):
+        model.project(torch.randn(1, 15, 16), (5, 3))

@@ -6,10 +6,16 @@ saved whole with ``save_pretrained`` in several shards: every tower layer's atte
 the projector's output (``get_image_features``) equal to 1e-5.
 """
 
+import json
+from pathlib import Path
+
+import numpy as np
 import pytest
 import torch
+from PIL import Image
 
 from vit.model import ViT, ViTConfig
+from vit.sources.open import open_source
 
 transformers = pytest.importorskip("transformers")
 pytestmark = pytest.mark.slow  # importing transformers takes seconds
@@ -35,8 +41,9 @@ def _tower(**projector) -> ViT:
 
 
 def test_the_mlp_projector_is_llavas():
-    config = transformers.LlavaConfig(vision_config=transformers.CLIPVisionConfig(hidden_size=32, num_attention_heads=2),
-                                      text_config=transformers.LlamaConfig(hidden_size=24, num_attention_heads=2))
+    config = transformers.LlavaConfig(
+        vision_config=transformers.CLIPVisionConfig(hidden_size=32, num_attention_heads=2),
+        text_config=transformers.LlamaConfig(hidden_size=24, num_attention_heads=2))
     theirs = noisy(transformers.models.llava.modeling_llava.LlavaMultiModalProjector(config))
     model = _tower(projector="mlp", projector_dim=24, projector_skip=1)
     model.projector.load_state_dict({"fc1.weight": theirs.linear_1.weight, "fc1.bias": theirs.linear_1.bias,
@@ -48,8 +55,10 @@ def test_the_mlp_projector_is_llavas():
 
 def test_the_gemma3_projector_pools_norms_and_projects_as_gemma3s():
     config = transformers.Gemma3Config(
-        vision_config=dict(model_type="siglip_vision_model", image_size=64, patch_size=8, hidden_size=32, num_attention_heads=2),
-        text_config=dict(model_type="gemma3_text", hidden_size=24, num_attention_heads=2, head_dim=12), mm_tokens_per_image=4)
+        vision_config=dict(model_type="siglip_vision_model", image_size=64, patch_size=8, hidden_size=32,
+                           num_attention_heads=2),
+        text_config=dict(model_type="gemma3_text", hidden_size=24, num_attention_heads=2, head_dim=12),
+        mm_tokens_per_image=4)
     theirs = noisy(transformers.models.gemma3.modeling_gemma3.Gemma3MultiModalProjector(config))
     model = _tower(projector="gemma3", projector_dim=24, projector_pool=4, class_token=False)
     model.projector.load_state_dict({"fc1.weight": theirs.mm_input_projection_weight.t(),
@@ -64,3 +73,198 @@ def test_the_gemma3_pool_refuses_a_grid_it_does_not_tile_in_one_line():
     with pytest.raises(ValueError, match="not made of whole 4x4 cells") as e:
         model.projector(torch.randn(1, 30, 32), (5, 6))
     assert "\n" not in str(e.value)
+
+
+# -- tiny VLMs built and saved by transformers --------------------------------------------------------------------
+
+CLIP_TOWER = dict(model_type="clip_vision_model", image_size=32, patch_size=8, hidden_size=32, intermediate_size=48,
+                  num_hidden_layers=3, num_attention_heads=2)
+SIGLIP_TOWER = dict(CLIP_TOWER, model_type="siglip_vision_model", vision_use_head=False)
+TEXT = dict(hidden_size=24, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=2,
+            head_dim=12, vocab_size=256)
+PINPOINTS = [[32, 64], [64, 32], [64, 64]]
+
+
+def _llava(kind: str):
+    if kind == "llava":
+        config = transformers.LlavaConfig(vision_config=CLIP_TOWER, text_config=dict(TEXT, model_type="llama"),
+                                          image_token_id=3)
+        processor = transformers.CLIPImageProcessor(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32})
+        return transformers.LlavaForConditionalGeneration, config, processor
+    if kind == "llava_next":
+        config = transformers.LlavaNextConfig(vision_config=CLIP_TOWER, text_config=dict(TEXT, model_type="llama"),
+                                              image_token_id=3, image_grid_pinpoints=PINPOINTS)
+        processor = transformers.LlavaNextImageProcessor(size={"shortest_edge": 32},
+                                                         crop_size={"height": 32, "width": 32},
+                                                         image_grid_pinpoints=PINPOINTS)
+        return transformers.LlavaNextForConditionalGeneration, config, processor
+    config = transformers.LlavaOnevisionConfig(vision_config=SIGLIP_TOWER, text_config=dict(TEXT, model_type="qwen2"),
+                                               image_token_id=3, image_grid_pinpoints=PINPOINTS)
+    processor = transformers.LlavaOnevisionImageProcessor(size={"height": 32, "width": 32},
+                                                          image_grid_pinpoints=PINPOINTS, image_mean=[0.5] * 3,
+                                                          image_std=[0.5] * 3)
+    return transformers.LlavaOnevisionForConditionalGeneration, config, processor
+
+
+def _gemma(kind: str):
+    if kind == "paligemma":
+        config = transformers.PaliGemmaConfig(vision_config=SIGLIP_TOWER, text_config=dict(TEXT, model_type="gemma"),
+                                              projection_dim=24, image_token_id=3)
+        processor = transformers.SiglipImageProcessor(size={"height": 32, "width": 32}, resample=3)
+        return transformers.PaliGemmaForConditionalGeneration, config, processor
+    tower = dict(SIGLIP_TOWER, image_size=64)  # an 8 x 8 grid, pooled 4 x 4 into Gemma 3's 2 x 2 image tokens
+    config = transformers.Gemma3Config(vision_config=tower, text_config=dict(TEXT, model_type="gemma3_text"),
+                                       mm_tokens_per_image=4, image_token_id=3)
+    processor = transformers.Gemma3ImageProcessor(size={"height": 64, "width": 64})
+    return transformers.Gemma3ForConditionalGeneration, config, processor
+
+
+KINDS = ["llava", "llava_next", "llava_onevision", "paligemma", "gemma3"]
+DEPTH = {"llava": 2, "llava_next": 2, "llava_onevision": 3, "paligemma": 3, "gemma3": 3}  # of the tower's 3 layers
+NATIVE = {"gemma3": (64, 64)}
+OTHER = {"gemma3": (48, 80)}  # another aspect: the tower's positions interpolated as its library does
+
+
+@pytest.fixture(scope="module")
+def vlms(tmp_path_factory):
+    """Each VLM built by transformers with σ 0.05 noise on every parameter, saved whole in many shards with its
+    image processor: ``{kind: (folder, model, processor)}``."""
+    built = {}
+    for kind in KINDS:
+        model_class, config, processor = _llava(kind) if kind.startswith("llava") else _gemma(kind)
+        torch.manual_seed(0)
+        model = noisy(model_class(config))
+        model.set_attn_implementation("eager")
+        folder = tmp_path_factory.mktemp(kind)
+        model.save_pretrained(folder, max_shard_size="20KB")
+        processor.save_pretrained(folder)
+        built[kind] = folder, model, processor
+    return built
+
+
+def _tower_of(model):
+    return model.model.vision_tower
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_every_tower_layer_attends_as_transformers_at_two_sizes(vlms, kind):
+    folder, model, _ = vlms[kind]
+    checkpoint = open_source(folder)
+    assert checkpoint.config.num_layers == DEPTH[kind] and checkpoint.model.head is None
+    for size in (NATIVE.get(kind, (32, 32)), OTHER.get(kind, (40, 24))):
+        images = torch.randn(2, 3, *size)
+        with torch.no_grad():
+            theirs = _tower_of(model)(pixel_values=images, output_attentions=True,
+                                      interpolate_pos_encoding=size != NATIVE.get(kind, (32, 32)))
+            ours = checkpoint.model.encode(images, output_attentions=True)
+        assert len(ours.attentions) == DEPTH[kind]
+        for mine, reference in zip(ours.attentions, theirs.attentions[:DEPTH[kind]], strict=True):
+            assert mine.shape == reference.shape
+            torch.testing.assert_close(mine, reference, rtol=0, atol=ATOL)
+
+
+def _image_features(model, kind: str, images: torch.Tensor) -> torch.Tensor:
+    """What transformers' ``get_image_features`` gives the language model for each image, (B, N, E); LLaVA-NeXT
+    and OneVision: the base tile's rows (the first tile of each image's tiles, packed first)."""
+    with torch.no_grad():
+        if kind in ("llava_next", "llava_onevision"):
+            from transformers.models.llava_next.modeling_llava_next import image_size_to_num_patches
+
+            image_size = [48, 80]
+            tiles = image_size_to_num_patches(image_size, PINPOINTS, 32)
+            out = []
+            for base in images:
+                pixels = torch.cat([base[None], torch.randn(tiles - 1, *base.shape)])[None]  # (1, tiles, C, H, W)
+                features = model.get_image_features(pixel_values=pixels, image_sizes=torch.tensor([image_size]))
+                out.append(features.pooler_output[0][:16])  # the base tile's 4 x 4 tokens come first
+            return torch.stack(out)
+        features = model.get_image_features(pixel_values=images).pooler_output
+        return torch.stack(list(features)) if isinstance(features, (list, tuple)) else features
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_the_projector_gives_what_get_image_features_gives_the_language_model(vlms, kind):
+    folder, model, _ = vlms[kind]
+    checkpoint = open_source(folder)
+    images = torch.randn(2, 3, *NATIVE.get(kind, (32, 32)))
+    expected = _image_features(model, kind, images)
+    with torch.no_grad():
+        x, _ = checkpoint.model.tokens(images)
+        ours = checkpoint.model.project(x, checkpoint.model.patch_grid(*images.shape[2:]))
+    assert ours.shape == expected.shape
+    torch.testing.assert_close(ours, expected, rtol=0, atol=ATOL)
+
+
+def _index(folder) -> dict[str, str]:
+    return json.loads((folder / "model.safetensors.index.json").read_text())["weight_map"]
+
+
+def _is_tower_tensor(name: str, kind: str) -> bool:
+    """Whether a tensor of the saved VLM belongs to what the tower opened here computes (by hand, per family)."""
+    if name.startswith("multi_modal_projector."):
+        return True
+    if not name.startswith("vision_tower."):
+        return False
+    inner = name[len("vision_tower."):]
+    layers = tuple(f"encoder.layers.{i}." for i in range(DEPTH[kind]))
+    final = ("post_layernorm.",) if kind in ("paligemma", "gemma3") else ()
+    return inner.startswith(("embeddings.", "pre_layrnorm.", *layers, *final))
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_only_the_towers_tensors_are_read_and_only_the_shards_that_hold_them_opened(vlms, kind, monkeypatch):
+    from safetensors import safe_open
+
+    folder, _, _ = vlms[kind]
+    opened, read = [], []
+
+    class Recording:
+        def __init__(self, path, **kwargs):
+            opened.append(Path(path).name)
+            self.file = safe_open(path, **kwargs)
+
+        def __enter__(self):
+            self.file.__enter__()
+            return self
+
+        def __exit__(self, *exc):
+            return self.file.__exit__(*exc)
+
+        def get_tensor(self, name):
+            read.append(name)
+            return self.file.get_tensor(name)
+
+    def whole_file(*args, **kwargs):
+        raise AssertionError("a whole safetensors file was read")
+
+    monkeypatch.setattr("safetensors.safe_open", Recording)
+    monkeypatch.setattr("safetensors.torch.load_file", whole_file)
+    open_source(folder)
+    weight_map = _index(folder)
+    tower = sorted(k for k in weight_map if _is_tower_tensor(k, kind))
+    assert sorted(read) == tower  # the language model's, the head's and the later layers' never
+    assert set(opened) == {weight_map[k] for k in tower}
+    assert len(set(weight_map.values())) >= 5 and set(weight_map.values()) - set(opened)  # the LM's stay shut
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_the_image_is_prepared_as_the_folders_own_image_processor_prepares_the_towers_view(vlms, kind):
+    from vit.inference import preprocess
+
+    folder, _, processor = vlms[kind]
+    checkpoint = open_source(folder)
+    for width, height in ((640, 480), (300, 500)):
+        image = Image.fromarray(np.random.default_rng(width).integers(0, 256, (height, width, 3), dtype=np.uint8))
+        pixels = processor(images=image, return_tensors="pt")["pixel_values"][0]
+        expected = pixels[0] if pixels.dim() == 4 else pixels  # LLaVA-NeXT, OneVision: the base tile comes first
+        ours = preprocess([image], checkpoint.preprocessing)[0]
+        assert ours.shape == expected.shape
+        torch.testing.assert_close(ours, expected, rtol=0, atol=1e-5)
+
+
+def test_the_metadata_says_which_layer_the_tower_ends_at_and_which_tile_is_shown(vlms):
+    llava = open_source(vlms["llava"][0]).metadata["tower"]
+    assert "first 2 layers (of 3; vision_feature_layer -2)" in llava and "the CLS" in llava
+    assert "base tile alone, the whole image resized to 32x32" in open_source(vlms["llava_next"][0]).metadata["tower"]
+    gemma = open_source(vlms["gemma3"][0]).metadata["tower"]
+    assert "after its final norm" in gemma and "Gemma3MultiModalProjector" in gemma

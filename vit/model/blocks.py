@@ -385,17 +385,25 @@ class Projector(Parent):
     """A vision-language model's projector (``ViTConfig.projector``): the tower's tokens -> the language model's
     image tokens. LLaVA's ``LlavaMultiModalProjector`` (fc1, activation, fc2 on each token), PaliGemma's one linear,
     or Gemma 3's ``Gemma3MultiModalProjector``: a ``pool`` x ``pool`` average over the patch grid, Gemma's RMSNorm
-    (its ``1 + weight`` held as the norm's weight) and a bias-free linear, one token per pooled cell."""
+    (its ``1 + weight`` held as the norm's weight) and a bias-free linear, one token per pooled cell; or Qwen-VL's
+    merger (``Qwen2_5_VLPatchMerger``): each token normed (``ln_q``), each ``unit`` x ``unit`` merge unit's tokens
+    concatenated (row-major inside the unit), then fc1, GELU, fc2, one token per unit."""
 
     def __init__(self, config: ViTConfig) -> None:
         super().__init__()
         d, e, kind = config.hidden_size, config.projector_dim, config.projector
         self.pool = config.projector_pool
         self.activation = config.projector_activation
-        self.norm = RMSNorm(d, eps=config.layer_norm_eps) if kind == "gemma3" else None
-        self.fc1 = nn.Linear(d, e, bias=kind == "linear" or (kind == "mlp" and config.projector_bias))
-        self.fc2 = nn.Linear(e, e, bias=config.projector_bias) if kind == "mlp" else None
-        self.hook_pre = HookPoint()  # (B, N, E): mlp's fc1 output, what its activation reads
+        self.unit = config.spatial_merge if kind == "qwen" else 0
+        self.norm = (RMSNorm(d, eps=config.layer_norm_eps) if kind == "gemma3" else make_norm(config, d)
+                     if kind == "qwen" else None)
+        if self.unit:  # the merger's mlp reads a unit's u*u tokens at once and keeps that width to its last linear
+            d = hidden = d * self.unit ** 2
+        else:
+            hidden = e
+        self.fc1 = nn.Linear(d, hidden, bias=kind in ("linear", "qwen") or (kind == "mlp" and config.projector_bias))
+        self.fc2 = nn.Linear(hidden, e, bias=config.projector_bias) if kind in ("mlp", "qwen") else None
+        self.hook_pre = HookPoint()  # (B, N, E): mlp's fc1 output, what its activation reads (qwen: u*u*D wide)
 
     def forward(self, x: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
         """``x`` (B, N, D), the tokens the projector reads (gemma3: ``grid``'s patches, row-major) -> (B, N', E)."""
@@ -407,6 +415,14 @@ class Projector(Parent):
                                  f"average pool; give the image sides that are multiples of {k} patches")
             x = x.transpose(1, 2).reshape(B, D, gh, gw)  # (B, D, gh, gw), as HF reshapes it
             x = self.norm(F.avg_pool2d(x, k).flatten(2).transpose(1, 2))  # (B, gh/k * gw/k, D)
+        if self.unit:
+            B, N, D = x.shape
+            (gh, gw), u = grid, self.unit
+            if gh % u or gw % u:
+                raise ValueError(f"a {gh}x{gw} patch grid is not made of whole {u}x{u} merge units; give the image "
+                                 f"sides that are multiples of {u} patches")
+            x = self.norm(x).view(B, gh // u, u, gw // u, u, D).permute(0, 1, 3, 2, 4, 5)  # (B, gh/u, gw/u, u, u, D)
+            x = x.reshape(B, (gh // u) * (gw // u), u * u * D)  # (B, units, u*u*D), units row-major
         h = self.fc1(x)  # (B, N', E)
         if self.fc2 is None:
             return h

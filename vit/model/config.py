@@ -55,7 +55,8 @@ class ViTConfig:
     projection_dim: int = 0  # CLIP / SigLIP-free: a bias-free projection of the pooled vector to the joint embedding
     # The towers of vision-language models (vit.sources.import_vlm): the projector that maps the tower's tokens to
     # the language model's input embeddings (ViT.project, vit.model.blocks.Projector); the defaults: none.
-    projector: str = "none"  # "mlp" (LLaVA: linear, activation, linear), "linear" (PaliGemma) or "gemma3" (an
+    projector: str = "none"  # "mlp" (LLaVA: linear, activation, linear), "linear" (PaliGemma), "qwen" (Qwen-VL's
+    # merger: each token normed, each spatial_merge unit's tokens concatenated, then an mlp) or "gemma3" (an
     # average pool over the grid, Gemma's RMSNorm, a bias-free linear); PROJECTORS
     projector_dim: int = 0  # the language model's width, what each of its image tokens has
     projector_skip: int = 0  # leading tokens the projector leaves out (LLaVA's "default" strategy: 1, the CLS)
@@ -228,6 +229,8 @@ class ViTConfig:
                 self.projector_pool and (self.num_prefix_tokens or self.stage_depths)):
             raise ValueError("ViTConfig.projector_pool is gemma3's average pool, on a model without prefix tokens "
                              "or stages")
+        if (self.projector == "qwen") != bool(self.spatial_merge and self.projector_dim):
+            raise ValueError("ViTConfig.projector 'qwen' (Qwen-VL's merger) and spatial_merge go together")
 
     def _check_stages(self) -> None:
         for name in ("stage_depths", "stage_widths", "stage_heads"):
@@ -445,7 +448,7 @@ REL_POS_RESIZES = ("bilinear", "timm")
 WINDOW_RULES = ("hf", "hf_v2", "timm")
 NORMS = ("layer", "rms")
 POOL_HEADS = ("map", "aimv2")
-PROJECTORS = ("none", "mlp", "linear", "gemma3")
+PROJECTORS = ("none", "mlp", "linear", "gemma3", "qwen")  # qwen: Qwen-VL's patch merger (each spatial_merge unit)
 POS_RESIZES = ("bicubic", "bilinear")
 ACTIVATIONS = ("gelu", "gelu_tanh", "quick_gelu", "silu", "relu")  # relu: nn.TransformerEncoderLayer's default
 

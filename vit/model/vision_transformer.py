@@ -349,7 +349,8 @@ class ViT(Parent):
         norm, the tokens after the first ``projector_skip``, the projector (``hook_projected``). ValueError for a
         model without one."""
         if self.projector is None:
-            raise ValueError("this model has no projector (only the towers of LLaVA, PaliGemma and Gemma 3 have one)")
+            raise ValueError("this model has no projector (only the towers of LLaVA, PaliGemma, Gemma 3 and Qwen-VL "
+                             "have one)")
         tokens = self.norm(x)[:, self.config.projector_skip:]  # (B, N, D)
         return self.hook_projected(self.projector(tokens, tuple(grid)))
 

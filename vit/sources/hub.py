@@ -326,23 +326,25 @@ def check_size(download: Download) -> None:
 
 def download(plan_: Download, progress: Callable[[int, int], None] | None = None) -> Path:
     """Fetch ``plan_``'s files, at the commit they were listed at, into the HF cache (an interrupted transfer
-    resumes where it stopped) and return the snapshot folder. A file that passes its listed size, or its deadline
-    (``vit.sources.hub_network``), is stopped and nothing of it kept. ``progress(done, total)`` is called with
-    bytes as they arrive; without it huggingface_hub's own tqdm bars show on stderr."""
+    resumes where it stopped) and return the snapshot folder. A file that passes its listed size, or a download
+    that falls under the rate floor (``vit.sources.hub_network``), is stopped and nothing of that file kept.
+    ``progress(done, total)`` is called with bytes as they arrive; without it huggingface_hub's own tqdm bars show
+    on stderr."""
     from huggingface_hub import hf_hub_download
 
-    from vit.sources.hub_network import budget, file_seconds
+    from vit.sources.hub_network import RateFloor, budget
 
     check_size(plan_)
     name = plan_.name
     if not plan_.files:
         return snapshot_folder(name.repo_id, plan_.commit)
     done, total = 0, plan_.size
+    floor = RateFloor()  # one for the whole download: many small files trickling get no window each
     for filename, size in plan_.files:
         report = None if progress is None else (lambda n, before=done: progress(before + n, total))
         try:
             # by the listed commit, not the branch: a branch that moved since would bring other (larger) files
-            with budget(filename, file_seconds(size), max_bytes=size):
+            with budget(filename, max_bytes=size, floor=floor):
                 hf_hub_download(name.repo_id, filename, revision=plan_.commit,
                                 tqdm_class=_bounded_tqdm(filename, size, report))
         except _hub_failures() as e:

@@ -5,13 +5,18 @@ timeout per read but no deadline (a body that trickles never ends) and no bound 
 size is written to disk before its consistency check). Inside ``budget(...)``, two event hooks on its session
 (``huggingface_hub.get_session()``, the client it uses for every request) give each request connect and read
 timeouts, end the whole step at its deadline, end a file that has sent nothing for ``STALL_S``, and stop reading a
-body once it passes the size declared for it. Outside a budget the hooks do nothing.
+body once it passes the size declared for it. A download (all its files) has no deadline that its declared size
+sets: it is given up when, over any ``WINDOW_S``, it moved less than ``MIN_BYTES_PER_S`` (``RateFloor``), so a
+mirror that trickles into a large declared file ends within a minute, not after hours. Outside a budget the hooks do
+nothing.
 """
 
 from __future__ import annotations
 
 import contextvars
+import math
 import time
+from collections import deque
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -25,8 +30,8 @@ CONNECT_S = 10.0  # a Hub that has not accepted the connection in 10 s is not th
 READ_S = 10.0  # silence between two reads of an answer (huggingface_hub's own DEFAULT_DOWNLOAD_TIMEOUT)
 ASK_S = 60.0  # the model info and the file list together: a silent or trickling server is given up within a minute
 STALL_S = 30.0  # a file that has sent no byte for this long (huggingface_hub's retries included) is given up
-FILE_S = 60.0  # a file's deadline: this long plus its size at MIN_BYTES_PER_S
-MIN_BYTES_PER_S = 100_000  # slower than 100 kB/s is no download: a 5 GB model gets 14 hours
+WINDOW_S = 60.0  # the download's rate is measured over the last minute (and first judged a minute in)
+MIN_BYTES_PER_S = 100_000  # slower than 100 kB/s over a minute is no download
 
 
 class HubDeadline(Exception):
@@ -37,16 +42,42 @@ class HubTooLarge(Exception):
     """A file's body passed the size declared for it."""
 
 
+class RateFloor:
+    """A download's bytes over time, shared by its files: from ``WINDOW_S`` after it started, the bytes of the last
+    ``WINDOW_S`` must reach ``MIN_BYTES_PER_S`` times it, whatever size the files declare."""
+
+    def __init__(self) -> None:
+        self.received = 0
+        self.samples: deque[tuple[float, int]] = deque([(time.monotonic(), 0)])  # (time, bytes received by then)
+
+    def add(self, count: int) -> None:
+        self.received += count
+        self.samples.append((time.monotonic(), self.received))
+
+    def check(self, what: str) -> None:
+        now = time.monotonic()
+        start = now - WINDOW_S
+        if self.samples[0][0] > start:
+            return  # not a whole window yet
+        while len(self.samples) > 1 and self.samples[1][0] <= start:
+            self.samples.popleft()  # the first sample is then the count at the window's start
+        moved = self.received - self.samples[0][1]
+        if moved < MIN_BYTES_PER_S * WINDOW_S:
+            raise HubDeadline(f"{what} came at {moved / WINDOW_S:,.0f} bytes/s over the last {WINDOW_S:.0f} s, "
+                              f"under the {MIN_BYTES_PER_S / 1000:g} kB/s a download must keep")
+
+
 @dataclass
 class Budget:
     """What the requests of one step may take: until ``deadline`` (``time.monotonic``), and for a file's body at
-    most ``max_bytes`` and never ``STALL_S`` without a byte."""
+    most ``max_bytes``, never ``STALL_S`` without a byte and, with a ``floor``, the download's rate."""
 
     what: str
     seconds: float
     deadline: float
     max_bytes: int | None = None
     last_byte: float = 0.0
+    floor: RateFloor | None = None
 
     def check(self) -> None:
         now = time.monotonic()
@@ -54,27 +85,26 @@ class Budget:
             raise HubDeadline(f"{self.what} took longer than {self.seconds:.0f} s")
         if self.max_bytes is not None and now - self.last_byte > STALL_S:
             raise HubDeadline(f"{self.what} sent nothing for {STALL_S:.0f} s")
+        if self.floor is not None:
+            self.floor.check(self.what)
 
 
 _BUDGET: contextvars.ContextVar[Budget | None] = contextvars.ContextVar("vit_hub_budget", default=None)
 
 
 @contextmanager
-def budget(what: str, seconds: float, max_bytes: int | None = None) -> Iterator[Budget]:
-    """Within it, huggingface_hub's requests end by ``seconds`` from now and a file's body (``max_bytes`` given)
-    stops once it passes ``max_bytes``: ``HubDeadline`` / ``HubTooLarge`` out of the library's call."""
+def budget(what: str, seconds: float = math.inf, max_bytes: int | None = None,
+           floor: RateFloor | None = None) -> Iterator[Budget]:
+    """Within it, huggingface_hub's requests end by ``seconds`` from now, a file's body (``max_bytes`` given)
+    stops once it passes ``max_bytes``, and the download ``floor`` counts its bytes stops below its rate:
+    ``HubDeadline`` / ``HubTooLarge`` out of the library's call."""
     _guard_session()
     now = time.monotonic()
-    token = _BUDGET.set(Budget(what, seconds, now + seconds, max_bytes, now))
+    token = _BUDGET.set(Budget(what, seconds, now + seconds, max_bytes, now, floor))
     try:
         yield _BUDGET.get()
     finally:
         _BUDGET.reset(token)
-
-
-def file_seconds(size: int) -> float:
-    """The deadline for a file of ``size`` bytes."""
-    return FILE_S + max(size, 0) / MIN_BYTES_PER_S
 
 
 def _guard_session() -> None:
@@ -131,6 +161,8 @@ class _GuardedStream(http.SyncByteStream):
                 raise HubTooLarge(f"{self.spent.what} sent more than the {self.spent.max_bytes} bytes declared for it")
             if chunk:
                 self.spent.last_byte = time.monotonic()
+                if self.spent.floor is not None:
+                    self.spent.floor.add(len(chunk))
             self.spent.check()
             yield chunk
 

@@ -178,7 +178,9 @@ def state_dict_from_hf(state: Mapping[str, torch.Tensor], config: ViTConfig) -> 
     ours = {"patch_embed.weight": conv, "patch_embed.bias": torch.zeros(d, dtype=conv.dtype, device=conv.device),
             "cls_token": take(f"{emb}.class_embedding").reshape(1, 1, d),
             "pos_embed": take(f"{emb}.position_embedding.weight").unsqueeze(0),
-            **_linear(take, "norm_pre", f"{base}pre_layrnorm"), **_linear(take, "norm", f"{base}post_layernorm")}
+            **_linear(take, "norm_pre", f"{base}pre_layrnorm")}
+    if config.final_norm:  # a VLM's tower read at an inner layer (LLaVA's) has none
+        ours.update(_linear(take, "norm", f"{base}post_layernorm"))
     take.skip(f"{emb}.position_ids")  # a buffer older transformers saved: arange(positions)
     if config.projection_dim:
         ours["projection.weight"] = take("visual_projection.weight")

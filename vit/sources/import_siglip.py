@@ -70,19 +70,20 @@ def state_dict_from_hf(state: Mapping[str, torch.Tensor], config: ViTConfig) -> 
     if patch["patch_embed.weight"].dim() == 2:  # NaFlex's linear layer on (py, px, c)-flattened patches
         p = config.patch_hw[0]
         patch["patch_embed.weight"] = patch["patch_embed.weight"].reshape(d, p, p, -1).permute(0, 3, 1, 2)
-    ours = {**patch,
-            "pos_embed": take(f"{emb}.position_embedding.weight").unsqueeze(0),
-            **_linear(take, "norm", f"{base}post_layernorm")}
+    ours = {**patch, "pos_embed": take(f"{emb}.position_embedding.weight").unsqueeze(0)}
+    if config.final_norm:  # a VLM's tower read before post_layernorm (LLaVA-OneVision's) has none
+        ours.update(_linear(take, "norm", f"{base}post_layernorm"))
     take.skip(f"{emb}.position_ids")
     head = f"{base}head"
-    in_proj, in_bias = take(f"{head}.attention.in_proj_weight"), take(f"{head}.attention.in_proj_bias")
-    ours.update({"attn_pool.latent": take(f"{head}.probe"),
-                 "attn_pool.q.weight": in_proj[:d], "attn_pool.q.bias": in_bias[:d],
-                 "attn_pool.kv.weight": in_proj[d:], "attn_pool.kv.bias": in_bias[d:],
-                 **_linear(take, "attn_pool.proj", f"{head}.attention.out_proj"),
-                 **_linear(take, "attn_pool.norm", f"{head}.layernorm"),
-                 **_linear(take, "attn_pool.mlp.fc1", f"{head}.mlp.fc1"),
-                 **_linear(take, "attn_pool.mlp.fc2", f"{head}.mlp.fc2")})
+    if config.pooling == "map":  # the VLMs' towers are read without it (vision_use_head false)
+        in_proj, in_bias = take(f"{head}.attention.in_proj_weight"), take(f"{head}.attention.in_proj_bias")
+        ours.update({"attn_pool.latent": take(f"{head}.probe"),
+                     "attn_pool.q.weight": in_proj[:d], "attn_pool.q.bias": in_bias[:d],
+                     "attn_pool.kv.weight": in_proj[d:], "attn_pool.kv.bias": in_bias[d:],
+                     **_linear(take, "attn_pool.proj", f"{head}.attention.out_proj"),
+                     **_linear(take, "attn_pool.norm", f"{head}.layernorm"),
+                     **_linear(take, "attn_pool.mlp.fc1", f"{head}.mlp.fc1"),
+                     **_linear(take, "attn_pool.mlp.fc2", f"{head}.mlp.fc2")})
     for i in range(config.num_layers):
         layer, b = f"{base}encoder.layers.{i}", f"blocks.{i}"
         ours[f"{b}.attn.qkv.weight"] = torch.cat([take(f"{layer}.self_attn.{n}_proj.weight") for n in "qkv"])

@@ -11,6 +11,8 @@
 - CLIP (``vit.sources.import_clip``): open_clip state dicts and folders (``open_clip_config.json``), OpenAI's layout,
   HF ``clip`` / ``clip_vision_model`` folders; SigLIP (``vit.sources.import_siglip``): HF ``siglip`` folders and
   SigLIP 2 NaFlex's ``siglip2`` ones;
+- the vision tower (and projector) of a vision-language model (``vit.sources.import_vlm``): LLaVA 1.5 / NeXT /
+  OneVision, PaliGemma and Gemma 3 folders, whose language model is never read;
 - DINOv3 (``vit.sources.import_dinov3``): HF ``dinov3_vit`` folders, timm ``vit_*_dinov3*`` weights, original
   ``facebookresearch/dinov3`` backbones (recognised from ``storage_tokens``, or ``arch="dinov3:NAME"``);
 - from-scratch ViTs (``vit.sources.import_scratch``, ``vit.sources.import_vit_pytorch``): the tutorials' models
@@ -78,6 +80,7 @@ from vit.sources import (
     import_timm,
     import_torchvision,
     import_vit_pytorch,
+    import_vlm,
     mapping,
 )
 
@@ -119,13 +122,16 @@ def read_json(path: Path) -> dict:
     return value
 
 
-def read_weights(path: Path, map_location: str | torch.device = "cpu") -> dict[str, torch.Tensor]:
+def read_weights(path: Path, map_location: str | torch.device = "cpu",
+                 wanted: Callable[[str], bool] | None = None) -> dict[str, torch.Tensor]:
     """A flat ``{name: tensor}`` from a ``.safetensors`` file or a torch pickle read with ``weights_only=True``.
 
     Wrapper prefixes (``module.``, ``_orig_mod.``) are removed and a training checkpoint's
     ``state_dict`` / ``model`` entry is unwrapped; floating tensors become float32 (maps are
     compared at 1e-5). With ``map_location="meta"`` only names, dtypes and shapes are read (the
-    safetensors header, the torch pickle); otherwise the tensors land on the CPU.
+    safetensors header, the torch pickle); otherwise the tensors land on the CPU. With ``wanted``, only the
+    tensors whose names (as stored) it accepts: of a safetensors file only those are read (``safe_open``), a
+    pickle is memory-mapped and the others never touched.
     """
     if not path.is_file():
         raise SourceError(f"weights file not found: {path}")
@@ -135,14 +141,19 @@ def read_weights(path: Path, map_location: str | torch.device = "cpu") -> dict[s
         from safetensors.torch import load_file
 
         shapes = safetensors_shapes(path)  # the header checked (counts, dtypes, sizes, offsets) before any data
+        if wanted is not None:
+            shapes = {k: v for k, v in shapes.items() if wanted(k)}
         try:
-            state = shapes if meta else load_file(str(path))
+            state = shapes if meta else load_file(str(path)) if wanted is None else _read_tensors(path, shapes)
         except (SafetensorError, OSError, ValueError, RuntimeError) as e:
             raise SourceError(f"{path} is not a readable safetensors file ({_one_line(e)})") from None
+        if not state and wanted is not None:
+            raise SourceError(f"{path} holds none of the tensors it is listed for")
     else:
         check_archive(path)  # what our checkpoints get: no legacy or bare pickle, no pickle bomb, before unpickling
         try:
-            state = torch.load(path, map_location="meta" if meta else "cpu", weights_only=True)
+            state = torch.load(path, map_location="meta" if meta else "cpu", weights_only=True,
+                               mmap=wanted is not None and not meta)  # mapped: the unwanted tensors stay on disk
         except pickle.UnpicklingError as e:
             if "GLOBAL" in str(e) or "weights_only" in str(e).lower():
                 raise SourceError(f"refused to load {path}: it contains Python objects other than tensors and plain "
@@ -154,10 +165,20 @@ def read_weights(path: Path, map_location: str | torch.device = "cpu") -> dict[s
             if isinstance(state, Mapping) and isinstance(state.get(key), Mapping):
                 state = state[key]
                 break
+        if wanted is not None and isinstance(state, Mapping):
+            state = {k: v for k, v in state.items() if isinstance(k, str) and wanted(k)}
     if not isinstance(state, Mapping) or not state or not all(
             isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in state.items()):
         raise SourceError(f"{path} does not hold a state dict of named tensors")
     return {clean_key(key): value.float() if value.is_floating_point() else value for key, value in state.items()}
+
+
+def _read_tensors(path: Path, names: Iterable[str]) -> dict[str, torch.Tensor]:
+    """The tensors ``names`` of a safetensors file, each read alone (``safe_open``), the others never."""
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="pt", device="cpu") as f:
+        return {name: f.get_tensor(name) for name in names}
 
 
 def read_shapes(path: Path) -> dict[str, torch.Tensor]:
@@ -435,21 +456,25 @@ def _size_text(size: int | tuple[int, int] | None) -> str | None:
     return f"{size[1]}×{size[0]}" if isinstance(size, tuple) else None if size is None else str(size)
 
 
-def read_hf_weights(folder: Path, map_location: str | torch.device = "cpu") -> dict[str, torch.Tensor]:
-    """The weights of an HF folder: model.safetensors, else pytorch_model.bin, else their sharded forms."""
+def read_hf_weights(folder: Path, map_location: str | torch.device = "cpu",
+                    wanted: Callable[[str], bool] | None = None) -> dict[str, torch.Tensor]:
+    """The weights of an HF folder: model.safetensors, else pytorch_model.bin, else their sharded forms. With
+    ``wanted``, only the tensors whose names it accepts: of a sharded folder only the shards its index lists for
+    them are opened, and in those only these tensors read."""
     for name in HF_WEIGHTS:
         if (folder / name).is_file():
-            return read_weights(folder / name, map_location)
+            return read_weights(folder / name, map_location, wanted)
     for index in ("model.safetensors.index.json", "pytorch_model.bin.index.json"):
         if (folder / index).is_file():
             weight_map = read_json(folder / index).get("weight_map")
             if not isinstance(weight_map, Mapping) or not weight_map:
                 raise SourceError(f"{folder / index} has no weight_map; the sharded weights cannot be found")
             state: dict[str, torch.Tensor] = {}
-            for shard in sorted(set(map(str, weight_map.values()))):
+            shards = {str(s) for k, s in weight_map.items() if wanted is None or wanted(str(k))}
+            for shard in sorted(shards):
                 if Path(shard).name != shard:  # shards sit next to the index; never follow a path out of the folder
                     raise SourceError(f"{folder / index} names a shard outside the folder: {shard}")
-                state.update(read_weights(folder / shard, map_location))
+                state.update(read_weights(folder / shard, map_location, wanted))
             return state
     raise SourceError(f"{folder} has a config.json but no model.safetensors or pytorch_model.bin")
 
@@ -516,8 +541,10 @@ HF_FAMILIES = {"dinov3_vit": (import_dinov3, ("DINOv3ViTModel",)),
                 "aimv2": (import_aimv2, ("Aimv2Model",)),
                 "aimv2_vision_model": (import_aimv2, ("Aimv2VisionModel",))}
 HF_REFUSED: dict[str, str] = {}  # model_type -> one line on why it is not opened
-HF_MODEL_TYPES = (*_HF_MODEL_TYPES, *HF_FAMILIES)  # every config.json model_type that opens
-HF_ARCHITECTURES = (*hf.ARCHITECTURES, *(a for _, names in HF_FAMILIES.values() for a in names))
+HF_VLMS = import_vlm.ARCHITECTURES  # model_type -> the vision-language models whose tower opens
+HF_MODEL_TYPES = (*_HF_MODEL_TYPES, *HF_FAMILIES, *HF_VLMS)  # every config.json model_type that opens
+HF_ARCHITECTURES = (*hf.ARCHITECTURES, *(a for names in (*(n for _, n in HF_FAMILIES.values()), *HF_VLMS.values())
+                                         for a in names))
 
 
 def hf_family_config(folder: Path, config_json: Mapping) -> tuple[ViTConfig, str]:
@@ -548,8 +575,51 @@ def open_hf_family(folder: Path, config_json: dict, map_location: str | torch.de
                    hf_preprocessing(processor, config, architecture), folder, "hf", f"hf:{architecture}")
 
 
+def hf_image_processor(folder: Path) -> dict | None:
+    """A folder's image processor settings as transformers 5 finds them: ``processor_config.json``'s
+    ``image_processor`` (what a processor's ``save_pretrained`` writes), else ``preprocessor_config.json``."""
+    if (folder / "processor_config.json").is_file():
+        nested = read_json(folder / "processor_config.json").get("image_processor")
+        if isinstance(nested, Mapping):
+            return dict(nested)
+    path = folder / "preprocessor_config.json"
+    return read_json(path) if path.is_file() else None
+
+
+def open_vlm(folder: Path, config_json: dict, map_location: str | torch.device = "cpu") -> Checkpoint:
+    """The vision tower and projector of an HF vision-language model folder (``HF_VLMS``,
+    ``vit.sources.import_vlm``): only their tensors are read, the language model's never (``map_location="meta"``:
+    only the headers of the shards that hold them). The metadata's ``tower`` says what the tower is."""
+    model_type = str(config_json.get("model_type"))
+    architecture = hf_architecture(config_json) or HF_VLMS[model_type][0]
+    if architecture not in HF_VLMS[model_type]:
+        raise SourceError(f"HF architecture {architecture} ({folder}) is not supported; supported: "
+                          f"{', '.join(HF_VLMS[model_type])} for {model_type}")
+    origin = f"{folder} ({architecture})"
+    wanted = _config(origin, lambda: import_vlm.wanted(config_json))
+    state = read_hf_weights(folder, map_location, wanted)
+    config = _config(origin, lambda: import_vlm.config_from_hf(config_json, state))
+    try:
+        ours = import_vlm.state_dict_from_hf(state, config)
+    except (ValueError, KeyError) as e:
+        raise SourceError(f"{origin}: {_one_line(e)}") from None
+    state.clear()  # q, k and v apart, now in ours as one: not held twice while the model is built
+    model = build_model(config, ours, origin, map_location)
+    try:
+        processor, shown = import_vlm.image_processor(hf_image_processor(folder), config_json)
+    except (ValueError, TypeError, AttributeError) as e:
+        raise SourceError(f"{origin}: {_one_line(e)}") from None
+    preprocessing = hf_preprocessing(processor, config, import_vlm.tower_architecture(config_json))
+    checkpoint = _finish(model, [], preprocessing, folder, "hf", f"hf:{architecture}",
+                         None if processor is not None else "preprocessor_config.json")
+    checkpoint.metadata["tower"] = " ".join(filter(None, (import_vlm.reading(config_json).note, shown)))
+    return checkpoint
+
+
 def open_hf_folder(folder: Path, config_json: dict, map_location: str | torch.device = "cpu") -> Checkpoint:
     """An HF ``save_pretrained`` folder of a supported architecture."""
+    if config_json.get("model_type") in HF_VLMS:
+        return open_vlm(folder, config_json, map_location)
     if config_json.get("model_type") in HF_FAMILIES:
         return open_hf_family(folder, config_json, map_location)
     if config_json.get("model_type") in HF_REFUSED:
