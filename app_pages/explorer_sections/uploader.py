@@ -15,16 +15,23 @@ from streamlit.runtime.scriptrunner import get_script_run_ctx
 # this session asked to upload is still on its way (as long as the upload takes, up to UPLOAD_WAIT_S), then this long.
 REPLACE_WAIT_S = 0.5
 UPLOAD_WAIT_S = 30.0  # an upload asked for longer ago than this (failed, or cancelled in the browser) is not awaited
+MAX_IDS_PER_SESSION = 64  # a page has a few uploaders, one of many files: more URLs at once is no browser's
 HAD_FILE = "-had-file"  # the session state's flag, after the uploader's key, that it had a file in the last run
 
 
 class UploadsInFlight:
     """The files each session asked upload URLs for (the browser's first step of every upload) and the server has
     not received yet. It wraps the uploaded-file manager's ``get_upload_urls`` (the requests) and ``add_file`` (the
-    arrivals: a file removed since, the one a replacement deletes, has arrived all the same)."""
+    arrivals: a file removed since, the one a replacement deletes, has arrived all the same).
+
+    Any visitor can ask for upload URLs without end (a websocket message each): a session keeps its latest
+    ``MAX_IDS_PER_SESSION`` ids, and ids are forgotten ``UPLOAD_WAIT_S`` after they were asked for, a session's own
+    on each of its checks, every session's at most once per ``UPLOAD_WAIT_S``, so a check costs a few ids."""
 
     def __init__(self, manager):
-        self._asked: dict[str, dict[str, float]] = {}  # session id -> file id -> when its URL was asked for
+        # session id -> file id -> when its URL was asked for, oldest first (so expired ones are at the front)
+        self._asked: dict[str, dict[str, float]] = {}
+        self._swept = time.monotonic()  # when every session's expired ids were last forgotten
         self._lock = threading.Lock()
         get_upload_urls, add_file = manager.get_upload_urls, manager.add_file
 
@@ -32,8 +39,11 @@ class UploadsInFlight:
             urls = get_upload_urls(session_id, file_names)
             now = time.monotonic()
             with self._lock:
-                self._forget_old(now)
-                self._asked.setdefault(session_id, {}).update((url.file_id, now) for url in urls)
+                asked = self._asked.setdefault(session_id, {})
+                asked.update((url.file_id, now) for url in urls[-MAX_IDS_PER_SESSION:])
+                for file_id in list(asked)[:len(asked) - MAX_IDS_PER_SESSION]:  # the oldest beyond the cap
+                    del asked[file_id]
+                self._sweep(now)
             return urls
 
         def arrived(session_id, file):
@@ -43,18 +53,34 @@ class UploadsInFlight:
 
         manager.get_upload_urls, manager.add_file = asked_for, arrived
 
-    def _forget_old(self, now: float) -> None:
-        for session_id, asked in list(self._asked.items()):
-            for file_id in [f for f, when in asked.items() if now - when >= UPLOAD_WAIT_S]:
-                del asked[file_id]
-            if not asked:
-                del self._asked[session_id]
+    def _expire(self, session_id: str, now: float) -> None:
+        asked = self._asked.get(session_id)
+        if asked is None:
+            return
+        while asked and now - next(iter(asked.values())) >= UPLOAD_WAIT_S:
+            del asked[next(iter(asked))]
+        if not asked:
+            del self._asked[session_id]
+
+    def _sweep(self, now: float) -> None:
+        if now - self._swept < UPLOAD_WAIT_S:
+            return
+        self._swept = now
+        for session_id in list(self._asked):
+            self._expire(session_id, now)
 
     def uploading(self, session_id: str) -> bool:
         """Whether a file ``session_id`` asked to upload in the last UPLOAD_WAIT_S seconds has not arrived yet."""
         with self._lock:
-            self._forget_old(time.monotonic())
+            now = time.monotonic()
+            self._expire(session_id, now)
+            self._sweep(now)
             return bool(self._asked.get(session_id))
+
+    def sessions(self) -> set[str]:
+        """The sessions with an id still held (expired ones may remain until the next sweep)."""
+        with self._lock:
+            return set(self._asked)
 
 
 _install_lock = threading.Lock()
