@@ -29,6 +29,7 @@ FORMAT = "vit-attention-explorer-checkpoint"
 FORMAT_VERSION = 1
 # Bounds checked before anything is unpickled or built, so a hostile file costs milliseconds, not minutes.
 MAX_PREPROCESSING_PATCHES = 4096  # a 64 x 64 grid; larger than the model's own input needs no more
+MAX_SMART_PIXELS = 2**26  # Qwen2.5-VL's processors allow up to 12,845,056 (3,584²); the token gate bounds the work
 MAX_LAYERS = 256  # far beyond any published ViT (ViT-22B has 48); building the empty model costs ~3 ms a layer
 PICKLE_BASE_BYTES = 3 * 1024 * 1024  # config, class names (ImageNet: 25 KB), metrics (150 KB per 1,000 epochs), a
 # long run's loss curve (MAX_STEP_ROWS = 20,000 rows: 1.8 MB); the opcode walk bounds the work within it
@@ -97,7 +98,11 @@ class Preprocessing:
     # NaFlex (SigLIP 2, timm naflexvit): each image resized, without a crop, to the largest size at its own aspect
     # ratio whose grid of patch_size patches has at most max_num_patches (vit.images.naflex_size); 0: image_size.
     max_num_patches: int = 0
-    patch_size: int = 0  # NaFlex's patch side in px, which the size is rounded to
+    patch_size: int = 0  # NaFlex's patch side in px, which the size is rounded to; Qwen's merge unit side (28)
+    # Qwen-VL's smart_resize (vit.images.smart_resize): each image, without a crop, at its own aspect ratio on sides of
+    # whole patch_size units, between min_pixels and max_pixels pixels; 0: image_size
+    min_pixels: int = 0
+    max_pixels: int = 0
     # What resizes: PIL (timm, open_clip, torchvision, ours; transformers' *ImageProcessorPil) or torchvision on uint8
     # tensors (transformers 5's *ImageProcessor, what its AutoImageProcessor picks for an HF folder)
     backend: str = "pil"
@@ -115,6 +120,12 @@ class Preprocessing:
         return (self.image_size,) * 2 if isinstance(self.image_size, int) else self.image_size
 
     @property
+    def own_size(self) -> bool:
+        """Whether each image is brought to a size of its own (NaFlex's patch budget, Qwen's smart_resize), not to
+        ``image_size``."""
+        return bool(self.max_num_patches or self.max_pixels)
+
+    @property
     def size_label(self) -> str:
         """``"224"`` for a square, ``"64×16"`` (width × height, as images are described) for a rectangle."""
         height, width = self.image_hw
@@ -126,7 +137,8 @@ class Preprocessing:
         return {"image_size": size, "num_channels": self.num_channels,
                 "mean": list(self.mean), "std": list(self.std), "resize_size": resize,
                 "resize_mode": self.resize_mode, "resample": self.resample, "crop_rule": self.crop_rule,
-                "max_num_patches": self.max_num_patches, "patch_size": self.patch_size, "backend": self.backend}
+                "max_num_patches": self.max_num_patches, "patch_size": self.patch_size, "backend": self.backend,
+                "min_pixels": self.min_pixels, "max_pixels": self.max_pixels}
 
     @classmethod
     def from_dict(cls, values: dict) -> Preprocessing:
@@ -146,7 +158,8 @@ class Preprocessing:
                    resample=str(values.get("resample", "bicubic")),
                    crop_rule=str(values.get("crop_rule", "torchvision")),
                    max_num_patches=int(values.get("max_num_patches", 0)), patch_size=int(values.get("patch_size", 0)),
-                   backend=str(values.get("backend", "pil")))
+                   backend=str(values.get("backend", "pil")), min_pixels=int(values.get("min_pixels", 0)),
+                   max_pixels=int(values.get("max_pixels", 0)))
 
     @classmethod
     def default_for(cls, config: ViTConfig) -> Preprocessing:
@@ -243,6 +256,13 @@ def preprocessing_problem(preprocessing: Preprocessing, config: ViTConfig) -> st
                                   and config.patch_hw == (p.patch_size, p.patch_size) and p.resize_size is None):
         return (f"NaFlex's max_num_patches {p.max_num_patches} needs 1 to {MAX_PREPROCESSING_PATCHES:,} patches, "
                 f"the model's square patch size ({config.patch_size}, got {p.patch_size}) and no crop")
+    if (p.min_pixels or p.max_pixels) and not (
+            0 < p.min_pixels <= p.max_pixels <= MAX_SMART_PIXELS and p.resize_size is None and not p.max_num_patches
+            and p.patch_size > 0 and p.patch_size % config.patch_hw[0] == 0
+            and config.patch_hw[0] == config.patch_hw[1]):
+        return (f"Qwen's smart_resize needs 0 < min_pixels ({p.min_pixels:,}) <= max_pixels ({p.max_pixels:,}) <= "
+                f"{MAX_SMART_PIXELS:,}, sides rounded to whole patches ({p.patch_size} px on {config.patch_size} px "
+                "patches) and no crop")
     return None
 
 

@@ -201,6 +201,24 @@ def naflex_size(height: int, width: int, patch_size: int, max_num_patches: int, 
     return scaled(low, height), scaled(low, width)
 
 
+def smart_resize(height: int, width: int, factor: int, min_pixels: int, max_pixels: int) -> tuple[int, int]:
+    """Qwen-VL's input ``(height, width)`` for an image of ``height x width`` px (HF ``smart_resize``, step for step):
+    each side rounded to a multiple of ``factor`` (a merge unit, 28 px), then scaled down or up, at the image's aspect
+    ratio, so the area lies between ``min_pixels`` and ``max_pixels``. ImageError past Qwen's aspect bound (200)."""
+    if max(height, width) / min(height, width) > 200:
+        raise ImageError(f"a {width:,}×{height:,}-px image is more than 200 times as long as it is wide, which Qwen's "
+                         "processor refuses; crop it to a less extreme shape")
+    h_bar, w_bar = round(height / factor) * factor, round(width / factor) * factor
+    if h_bar * w_bar > max_pixels:
+        beta = math.sqrt((height * width) / max_pixels)
+        h_bar = max(factor, math.floor(height / beta / factor) * factor)
+        w_bar = max(factor, math.floor(width / beta / factor) * factor)
+    elif h_bar * w_bar < min_pixels:
+        beta = math.sqrt(min_pixels / (height * width))
+        h_bar, w_bar = math.ceil(height * beta / factor) * factor, math.ceil(width * beta / factor) * factor
+    return h_bar, w_bar
+
+
 def to_uint8(image: Image.Image, image_size: int | tuple[int, int], num_channels: int,
              resize_size: int | tuple[int, int] | None = None, resize_mode: str = "square", resample: str = "bicubic",
              crop_rule: str = "torchvision", backend: str = "pil") -> torch.Tensor:

@@ -28,6 +28,7 @@ from vit.images import (
     open_image,
     pad_normalized,
     resized_size,
+    smart_resize,
     to_mode,
     to_uint8,
 )
@@ -90,6 +91,8 @@ def input_shape(image: Image.Image, preprocessing: Preprocessing, patch_size: in
         p = preprocessing
         if p.max_num_patches:
             return naflex_size(image.height, image.width, p.patch_size, p.max_num_patches)
+        if p.max_pixels:
+            return smart_resize(image.height, image.width, p.patch_size, p.min_pixels, p.max_pixels)
         return preprocessing.image_hw
     return size.shape(image.size, preprocessing, patch_size)
 
@@ -143,7 +146,7 @@ def preprocess(images: Sequence[Image.Image], preprocessing: Preprocessing, size
     p = preprocessing
     if not images:
         return torch.empty(0, p.num_channels, *p.image_hw)
-    if size == TRAINING_SIZE and not p.max_num_patches:  # the checkpoint's own evaluation transform (with its crop)
+    if size == TRAINING_SIZE and not p.own_size:  # the checkpoint's own evaluation transform (with its crop)
         resized = [to_uint8(image, p.image_size, p.num_channels, p.resize_size, p.resize_mode, p.resample,
                             p.crop_rule, p.backend)
                    for image in images]  # each (C, H, W); SAM's (C, h, w) before its padding

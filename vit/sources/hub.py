@@ -38,6 +38,7 @@ DEFAULT_MAX_DOWNLOAD_GB = 5.0
 # What opening a model reads (vit.sources.open and the text towers' tokenizers); nothing else is fetched.
 WANTED = ("*.safetensors", "*.json", "*.txt", "*.model", "*.tiktoken")
 PICKLES = ("*.bin", "*.pth", "*.pt")  # weights as torch pickles: only when there are no safetensors
+INDEXES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")  # a sharded model's list of shards
 NOT_WEIGHTS = ("training_args.bin", "optimizer.pt", "scheduler.pt", "rng_state*.pth")  # trainer state, not a model
 _COMMIT = re.compile(r"[0-9a-f]{40}")
 # git check-ref-format's rules for a branch or tag (the Hub's revisions are those, or a commit): printable ASCII
@@ -413,10 +414,30 @@ def fetch(name: HubName, report: Callable[[str], None] | None = None,
         if cached is not None:
             return cached  # no network: the copy we have
         raise
+    wanted = only_needed_shards(wanted, progress)
     if wanted.files:
         check_size(wanted)  # only what is still to fetch counts against the bound
         (report or _to_stderr)(f"downloading {wanted.summary} into the Hugging Face cache ({cache_dir()})")
     return download(wanted, progress)
+
+
+def only_needed_shards(plan_: Download, progress: Callable[[int, int], None] | None = None) -> Download:
+    """``plan_`` less the shards opening will not read: of a sharded vision-language model, its JSON files (config,
+    shard index: kilobytes) are fetched first, then only the shards its index lists for the tower
+    (``vit.sources.open.needed_shards``), never the language model's gigabytes. Any other model: ``plan_``."""
+    from vit.sources.open import needed_shards
+
+    if not any(f.endswith(".index.json") for f, _ in plan_.files) and not any(
+            (snapshot_folder(plan_.name.repo_id, plan_.commit) / f).is_file() for f in INDEXES):
+        return plan_
+    small = tuple((f, s) for f, s in plan_.files if f.endswith(".json"))
+    folder = download(Download(plan_.name, plan_.commit, small), progress)
+    keep = needed_shards(folder)
+    if keep is None:
+        return Download(plan_.name, plan_.commit, tuple(f for f in plan_.files if f not in small))
+    weights = (".safetensors", ".bin", ".pth", ".pt")
+    return Download(plan_.name, plan_.commit, tuple(
+        (f, s) for f, s in plan_.files if (f, s) not in small and (not f.endswith(weights) or f in keep)))
 
 
 def _to_stderr(line: str) -> None:

@@ -73,6 +73,7 @@ from vit.sources import (
     import_hiera,
     import_naflex,
     import_pe,
+    import_qwen,
     import_sam,
     import_scratch,
     import_siglip,
@@ -306,6 +307,11 @@ def hf_preprocessing(processor: Mapping | None, config: ViTConfig, architecture:
     ImageNet statistics; DINOv2 resizes the shorter side to 256 and crops 224, bicubic, ImageNet statistics.
     Resized as ``hf_backend`` says."""
     backend = hf_backend()
+    if config.spatial_merge:  # Qwen-VL: smart_resize, each image at its aspect between min and max pixels
+        try:
+            return replace(import_qwen.preprocessing_from_hf(processor, config), backend=backend)
+        except (ValueError, TypeError, KeyError, ArithmeticError) as e:
+            raise SourceError(f"preprocessor_config.json cannot be used ({_one_line(e)}); fix or remove it") from None
     if config.max_num_patches:  # NaFlex: no fixed size; the processor's patch budget per image
         try:
             return replace(_naflex_preprocessing(processor or {}, config), backend=backend)
@@ -539,12 +545,36 @@ HF_FAMILIES = {"dinov3_vit": (import_dinov3, ("DINOv3ViTModel",)),
                 **{t: (import_hiera, (a,)) for t, a in import_hiera.SAM2_HF_ARCHITECTURES.items()},
                 "sam_vision_model": (import_sam, ("SamVisionModel",)),
                 "aimv2": (import_aimv2, ("Aimv2Model",)),
-                "aimv2_vision_model": (import_aimv2, ("Aimv2VisionModel",))}
+                "aimv2_vision_model": (import_aimv2, ("Aimv2VisionModel",)),
+                "qwen2_5_vl": (import_qwen, import_qwen.ARCHITECTURES)}
 HF_REFUSED: dict[str, str] = {}  # model_type -> one line on why it is not opened
 HF_VLMS = import_vlm.ARCHITECTURES  # model_type -> the vision-language models whose tower opens
 HF_MODEL_TYPES = (*_HF_MODEL_TYPES, *HF_FAMILIES, *HF_VLMS)  # every config.json model_type that opens
 HF_ARCHITECTURES = (*hf.ARCHITECTURES, *(a for names in (*(n for _, n in HF_FAMILIES.values()), *HF_VLMS.values())
                                          for a in names))
+
+
+def tower_tensors(config_json: Mapping) -> Callable[[str], bool] | None:
+    """Which tensors of an HF folder opening reads when not all: a vision-language model's tower and projector, never
+    its language model (``import_vlm.wanted``, a family module's own ``wanted``: Qwen2.5-VL); None for the rest."""
+    model_type = config_json.get("model_type")
+    if model_type in HF_VLMS:
+        return import_vlm.wanted(config_json)
+    wanted = getattr(HF_FAMILIES.get(model_type, (None,))[0], "wanted", None)
+    return None if wanted is None else wanted(config_json)
+
+
+def needed_shards(folder: Path) -> set[str] | None:
+    """The shards of a sharded HF folder that opening reads (those its index lists for ``tower_tensors``), from its
+    config.json and index alone: what a Hub download of a vision-language model needs; None: every weights file."""
+    if not (folder / "config.json").is_file():
+        return None
+    wanted = _config(str(folder), lambda: tower_tensors(read_json(folder / "config.json")))
+    for index in ("model.safetensors.index.json", "pytorch_model.bin.index.json"):
+        weight_map = read_json(folder / index).get("weight_map") if (folder / index).is_file() else None
+        if wanted is not None and isinstance(weight_map, Mapping):
+            return {str(shard) for key, shard in weight_map.items() if wanted(str(key))}
+    return None
 
 
 def hf_family_config(folder: Path, config_json: Mapping) -> tuple[ViTConfig, str]:
@@ -563,14 +593,13 @@ def open_hf_family(folder: Path, config_json: dict, map_location: str | torch.de
     config, architecture = hf_family_config(folder, config_json)
     module = HF_FAMILIES[str(config_json.get("model_type"))][0]
     origin = f"{folder} ({architecture})"
-    state = read_hf_weights(folder, map_location)
+    state = read_hf_weights(folder, map_location, tower_tensors(config_json))
     try:
         ours = module.state_dict_from_hf(state, config)
     except (ValueError, KeyError) as e:
         raise SourceError(f"{origin}: {_one_line(e)}") from None
     model = build_model(config, ours, origin, map_location)
-    processor_path = folder / "preprocessor_config.json"
-    processor = read_json(processor_path) if processor_path.is_file() else None
+    processor = hf_image_processor(folder)
     return _finish(model, hf_class_names(config_json, config.num_classes),
                    hf_preprocessing(processor, config, architecture), folder, "hf", f"hf:{architecture}")
 

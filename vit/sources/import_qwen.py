@@ -1,0 +1,138 @@
+"""Qwen2.5-VL's vision tower in our ``ViT``, read from the VLM's own folder (HF ``Qwen2_5_VLForConditionalGeneration``
+``save_pretrained``, a Hub snapshot), without importing transformers and without reading the language model.
+
+The tower (HF ``Qwen2_5_VisionTransformerPretrainedModel``): 14-px patches, each still image fed as
+``temporal_patch_size`` identical frames to a bias-free ``Conv3d``, which is a ``Conv2d`` whose kernel is the sum of
+its temporal slices (the bias kept at zero); no class token and no position table, but 2D rotary positions on the
+patch indices (``ViTConfig.rope="qwen"``); RMSNorm pre-norm blocks with a SwiGLU MLP; attention in 112-px windows of
+whole 2x2 merge units (``window_size`` / ``spatial_merge``: the window index's order is the layout's data,
+``LayerLayout.unit``), global in ``fullatt_block_indexes``; and its patch merger to the language model's width
+(``ViTConfig.projector="qwen"``, ``ViT.project``). Our tokens stay row-major on the grid; only the windows are cut
+in Qwen's order.
+
+Each image keeps its aspect ratio: the processor's ``smart_resize`` brings it to sides that are multiples of 28 px
+(a merge unit) with between ``min_pixels`` and ``max_pixels`` pixels (``vit.images.smart_resize``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+
+import torch
+
+from vit.checkpoint import Preprocessing
+from vit.model import ViTConfig
+from vit.sources.import_clip import OPENAI_MEAN, OPENAI_STD
+from vit.sources.import_dinov3 import _linear, _Taker
+
+SUPPORTED = "Qwen2.5-VL vision towers: HF Qwen2_5_VLForConditionalGeneration / Qwen2_5_VLModel folders"
+ARCHITECTURES = ("Qwen2_5_VLForConditionalGeneration", "Qwen2_5_VLModel")
+# Where the tower's tensors live: the Hub's layout (what save_pretrained writes), or transformers' module path
+TOWER_PREFIXES = ("visual.", "model.visual.")
+# The processor's defaults (Qwen2VLImageProcessor): 56 x 56 to 28 x 28 x 1280 pixels
+MIN_PIXELS, MAX_PIXELS = 56 * 56, 28 * 28 * 1280
+NOMINAL_SIDE = 1024  # the config's image_size: what smart_resize makes of a 1,024 px square (no table depends on it)
+
+
+def _whole(value, name: str, least: int = 1) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+        raise ValueError(f"Qwen2.5-VL vision_config.{name} must be a whole number of at least {least}, got "
+                         f"{str(value)[:40]}")
+    return value
+
+
+def config_from_hf(config_json: Mapping) -> ViTConfig:
+    """Our config for a ``qwen2_5_vl`` config.json (its ``vision_config``)."""
+    vision = config_json.get("vision_config")
+    if not isinstance(vision, Mapping):
+        raise ValueError("Qwen2.5-VL config.json has no vision_config")
+    act = vision.get("hidden_act", "silu")
+    if act != "silu":
+        raise ValueError(f"Qwen2.5-VL vision_config.hidden_act {act!r}: this tower reads SiLU only")
+    rope = vision.get("rope_parameters") or {}
+    if not isinstance(rope, Mapping) or rope.get("rope_type", "axial") != "axial":
+        raise ValueError(f"Qwen2.5-VL vision_config.rope_parameters {str(rope)[:60]}: only the axial rope is read")
+    theta = rope.get("rope_theta", vision.get("rope_theta", 10000.0))
+    patch = _whole(vision.get("patch_size", 14), "patch_size")
+    merge = _whole(vision.get("spatial_merge_size", 2), "spatial_merge_size")
+    window_px = _whole(vision.get("window_size", 112), "window_size")
+    if window_px % (patch * merge):
+        raise ValueError(f"Qwen2.5-VL vision_config.window_size {window_px} px is no whole number of "
+                         f"{patch * merge} px merge units")
+    depth = _whole(vision.get("depth", 32), "depth")
+    full = vision.get("fullatt_block_indexes", (7, 15, 23, 31))
+    if not isinstance(full, (list, tuple)) or not all(isinstance(i, int) and not isinstance(i, bool)
+                                                      and 0 <= i < depth for i in full):
+        raise ValueError(f"Qwen2.5-VL vision_config.fullatt_block_indexes {str(full)[:60]} must be layer numbers "
+                         f"from 0 to {depth - 1}")
+    return ViTConfig(
+        image_size=round(NOMINAL_SIDE / (patch * merge)) * patch * merge, patch_size=patch,
+        num_channels=_whole(vision.get("in_channels", vision.get("in_chans", 3)), "in_channels"), num_classes=0,
+        hidden_size=_whole(vision.get("hidden_size", 1280), "hidden_size"), num_layers=depth,
+        num_heads=_whole(vision.get("num_heads", 16), "num_heads"),
+        mlp_size=_whole(vision.get("intermediate_size", 3420), "intermediate_size"), layer_norm_eps=1e-6,
+        class_token=False, pos_embed=False, pooling="avg", final_norm=False, norm="rms", activation="silu",
+        gated_mlp=True, rope="qwen", rope_theta=float(theta), window_size=window_px // patch,
+        global_layers=tuple(full), spatial_merge=merge, projector="qwen",
+        projector_dim=_whole(vision.get("out_hidden_size", 3584), "out_hidden_size"))
+
+
+def tower_prefix(keys) -> str:
+    """Which of ``TOWER_PREFIXES`` the tower's keys carry; ValueError when none does."""
+    keys = list(keys)
+    for prefix in TOWER_PREFIXES:
+        if any(k.startswith(prefix) for k in keys):
+            return prefix
+    raise ValueError(f"no vision tower (keys starting {' or '.join(TOWER_PREFIXES)}) among the weights")
+
+
+def wanted(config_json: Mapping) -> Callable[[str], bool]:
+    """Which tensors of the VLM's weights to read: the tower's and its merger's, never the language model's."""
+    return lambda key: key.startswith(TOWER_PREFIXES)
+
+
+def state_dict_from_hf(state: Mapping[str, torch.Tensor], config: ViTConfig) -> dict[str, torch.Tensor]:
+    """Our state dict from the tower's keys of a Qwen2.5-VL one (the language model's keys are not expected: the
+    reader leaves them unread); ValueError on any tower key it cannot place."""
+    base = tower_prefix(state)
+    state = {k: v for k, v in state.items() if k.startswith(base)}
+    take = _Taker(state, "Qwen2.5-VL vision tower")
+    kernel = take(f"{base}patch_embed.proj.weight")  # (D, C, T, P, P): T identical frames of a still image
+    if kernel.dim() != 5:
+        raise ValueError(f"Qwen2.5-VL patch_embed.proj.weight has shape {tuple(kernel.shape)}, not (D, C, T, P, P)")
+    ours = {"patch_embed.weight": kernel.sum(dim=2), "patch_embed.bias": kernel.new_zeros(kernel.shape[0])}
+    for i in range(config.num_layers):
+        layer, b = f"{base}blocks.{i}", f"blocks.{i}"
+        for mine, theirs in (("attn.qkv", "attn.qkv"), ("attn.proj", "attn.proj"), ("mlp.fc1_g", "mlp.gate_proj"),
+                             ("mlp.fc1", "mlp.up_proj"), ("mlp.fc2", "mlp.down_proj")):
+            ours.update(_linear(take, f"{b}.{mine}", f"{layer}.{theirs}"))
+        ours[f"{b}.norm1.weight"] = take(f"{layer}.norm1.weight")
+        ours[f"{b}.norm2.weight"] = take(f"{layer}.norm2.weight")
+    ours["projector.norm.weight"] = take(f"{base}merger.ln_q.weight")
+    ours.update(_linear(take, "projector.fc1", f"{base}merger.mlp.0"))
+    ours.update(_linear(take, "projector.fc2", f"{base}merger.mlp.2"))
+    take.check_all_used()
+    return ours
+
+
+def preprocessing_from_hf(processor: Mapping | None, config: ViTConfig) -> Preprocessing:
+    """``Qwen2VLImageProcessor``'s settings (its defaults where the file has none): bicubic, OpenAI's statistics, each
+    image ``smart_resize``d to sides of whole merge units between ``min_pixels`` and ``max_pixels`` pixels (read from
+    ``size``'s ``shortest_edge`` / ``longest_edge``, or the older top-level ``min_pixels`` / ``max_pixels``)."""
+    processor = dict(processor or {})
+    size = processor.get("size") if isinstance(processor.get("size"), Mapping) else {}
+    low = processor.get("min_pixels", size.get("shortest_edge", MIN_PIXELS))
+    high = processor.get("max_pixels", size.get("longest_edge", MAX_PIXELS))
+    for name, value in (("min_pixels", low), ("max_pixels", high)):
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise ValueError(f"{name} must be a positive whole number of pixels, got {str(value)[:40]}")
+    patch, merge = processor.get("patch_size", config.patch_hw[0]), processor.get("merge_size", config.spatial_merge)
+    if (patch, merge) != (config.patch_hw[0], config.spatial_merge):
+        raise ValueError(f"patch_size {patch} and merge_size {merge} differ from the model's "
+                         f"{config.patch_hw[0]} and {config.spatial_merge}")
+    channels = config.num_channels
+    mean = tuple(float(v) for v in processor.get("image_mean", OPENAI_MEAN))[:channels]
+    std = tuple(float(v) for v in processor.get("image_std", OPENAI_STD))[:channels]
+    resample = {0: "nearest", 1: "lanczos", 2: "bilinear", 3: "bicubic"}.get(processor.get("resample", 3), "bicubic")
+    return Preprocessing(config.image_size, channels, mean, std, resample=resample, patch_size=patch * merge,
+                         min_pixels=low, max_pixels=high)
