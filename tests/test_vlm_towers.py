@@ -268,3 +268,105 @@ def test_the_metadata_says_which_layer_the_tower_ends_at_and_which_tile_is_shown
     assert "base tile alone, the whole image resized to 32x32" in open_source(vlms["llava_next"][0]).metadata["tower"]
     gemma = open_source(vlms["gemma3"][0]).metadata["tower"]
     assert "after its final norm" in gemma and "Gemma3MultiModalProjector" in gemma
+
+
+def _noise_image(width: int = 120, height: int = 100) -> np.ndarray:
+    return np.random.default_rng(width).integers(0, 256, (height, width, 3), dtype=np.uint8)
+
+
+@pytest.mark.parametrize("kind", ["llava", "gemma3"])
+def test_vit_load_explains_attention_and_refuses_the_class_maps_in_one_line(vlms, kind):
+    import vit
+
+    checkpoint = vit.load(str(vlms[kind][0]))
+    assert set(vit.methods(checkpoint)) >= {"attention", "rollout"}
+    explanation = vit.explain(checkpoint, _noise_image(), "attention", layer=-1, head=0)
+    assert explanation.map.shape == checkpoint.config.grid_size
+    for method in ("class", "legrad", "attnlrp"):
+        with pytest.raises(ValueError, match=f"{method} does not apply to this model") as e:
+            vit.explain(checkpoint, _noise_image(), method)
+        assert "\n" not in str(e.value)
+
+
+def test_the_catalogue_describes_the_tower_from_its_shard_headers_alone(vlms, monkeypatch):
+    from vit.app.catalog import Candidate, describe_import
+
+    parameters = sum(p.numel() for p in open_source(vlms["llava_next"][0]).model.parameters())
+
+    def no_data(*args, **kwargs):
+        raise AssertionError("a tensor was read to describe the model")
+
+    monkeypatch.setattr("vit.sources.open._read_tensors", no_data)
+    entry = describe_import(Candidate(vlms["llava_next"][0], "file", "llava-next"))
+    assert entry.ok, entry.error
+    assert entry.metadata["architecture"] == "hf:LlavaNextForConditionalGeneration" and entry.class_names == ()
+    assert entry.num_layers == 2 and entry.image_size == 32
+    assert entry.parameters == parameters
+    assert "base tile alone" in entry.description and "no classifier" in entry.description
+
+
+@pytest.mark.parametrize("kind", ["llava", "gemma3"])
+def test_a_hub_id_downloads_the_towers_shards_alone_then_opens_from_the_cache(vlms, kind, fake_hub):
+    from vit.app.catalog import hf_cache_listing
+
+    folder, model, _ = vlms[kind]
+    fake_hub.add_folder(f"acme/{kind}-tiny", folder)
+    by_path = open_source(folder).model.state_dict()
+    for _ in range(2):  # downloaded, then read from the HF cache
+        by_id = open_source(f"acme/{kind}-tiny").model.state_dict()
+        assert by_id.keys() == by_path.keys() and all(torch.equal(by_id[k], by_path[k]) for k in by_path)
+    weight_map = _index(folder)
+    shards = sorted(f for f in fake_hub.fetched("GET") if f.endswith(".safetensors"))
+    assert shards == sorted({weight_map[k] for k in weight_map if _is_tower_tensor(k, kind)})
+    assert len(shards) < len(set(weight_map.values()))  # the language model's shards never leave the Hub
+    listed = hf_cache_listing().candidates
+    assert [c.name for c in listed] == [f"acme/{kind}-tiny"]  # the HF cache's copy is listed, and opens
+    assert open_source(listed[0].path).config.num_layers == DEPTH[kind]
+
+
+def test_an_opened_tower_saved_as_our_checkpoint_keeps_its_projector(vlms, tmp_path):
+    from vit.checkpoint import load_checkpoint, save_checkpoint
+
+    checkpoint = open_source(vlms["gemma3"][0])
+    save_checkpoint(tmp_path / "gemma3.pt", checkpoint.model, [], checkpoint.preprocessing, checkpoint.metadata)
+    again = load_checkpoint(tmp_path / "gemma3.pt")
+    images = torch.randn(1, 3, 64, 64)
+    with torch.no_grad():
+        expected = checkpoint.model.project(checkpoint.model.tokens(images)[0], (8, 8))
+        torch.testing.assert_close(again.model.project(again.model.tokens(images)[0], (8, 8)), expected,
+                                   rtol=0, atol=0)
+
+
+def _edited(folder, tmp_path, config=None, processor=None):
+    """A copy of ``folder`` with entries of its config.json (or its image processor's) replaced."""
+    import shutil
+
+    copy = tmp_path / "edited"
+    shutil.copytree(folder, copy)
+    for name, changes in (("config.json", config), ("preprocessor_config.json", processor)):
+        if changes:
+            values = json.loads((copy / name).read_text())
+            values.update(changes)
+            (copy / name).write_text(json.dumps(values))
+    return copy
+
+
+@pytest.mark.parametrize("config, processor, message", [
+    (dict(vision_config=dict(CLIP_TOWER, model_type="dinov2")), None, "vision tower 'dinov2' is not supported"),
+    (dict(vision_feature_layer=0), None, "vision_feature_layer 0 reads no layer of a 3-layer tower"),
+    (dict(vision_feature_select_strategy="spatial"), None, "vision_feature_select_strategy 'spatial' is not"),
+    (None, dict(image_processor_type="LlavaImageProcessor", do_pad=True), "pads each image to a square"),
+])
+def test_what_a_llava_folder_asks_for_that_is_not_reproduced_is_refused_in_one_line(vlms, tmp_path, config,
+                                                                                    processor, message):
+    from vit.sources.open import SourceError
+
+    with pytest.raises(SourceError, match=message) as e:
+        open_source(_edited(vlms["llava"][0], tmp_path, config, processor))
+    assert "\n" not in str(e.value)
+
+
+def test_a_llava_read_at_several_layers_opens_to_the_deepest_without_its_projector(vlms, tmp_path):
+    checkpoint = open_source(_edited(vlms["llava"][0], tmp_path, dict(vision_feature_layer=[-3, -2])))
+    assert checkpoint.config.num_layers == 2 and checkpoint.model.projector is None
+    assert "projector is left out" in checkpoint.metadata["tower"]

@@ -136,6 +136,8 @@ class CatalogEntry:
                             else "no classifier (a feature model: maps, no prediction)"))
             if self.metadata.get("class_names_note"):  # a from-scratch model's "class 0", …: how to name them
                 lines.append(escape_markdown(visible(str(self.metadata["class_names_note"]))))
+            if self.metadata.get("tower"):  # a vision-language model's tower: where it ends, what it is shown
+                lines.append(escape_markdown(visible(str(self.metadata["tower"]))))
         else:
             lines.append(f"**Data** {escape_markdown(visible(self.dataset or 'unknown'))}; {len(self.class_names)} "
                          f"classes: {escape_markdown(visible(', '.join(self.class_names)))}")
@@ -270,6 +272,10 @@ def describe_import(candidate: Candidate) -> CatalogEntry:
             config = hf.config_from_hf(config_json, architectures[0])
             class_names = sources.hf_class_names(config_json, config.num_classes)
             metadata = {"architecture": f"hf:{architectures[0]}"}
+            parameters = count_parameters_of(config)
+        elif config_json and "auto_map" not in config_json and config_json.get("model_type") in sources.HF_VLMS:
+            checkpoint = sources.open_vlm(path, config_json, "meta")  # the tower's shard headers, none of its data
+            config, class_names, metadata = checkpoint.config, [], checkpoint.metadata
             parameters = count_parameters_of(config)
         elif config_json and "auto_map" not in config_json and config_json.get("model_type") in sources.HF_FAMILIES:
             config, architecture = sources.hf_family_config(path, config_json)  # DINOv3, CLIP, Swin, BEiT, …
@@ -434,6 +440,8 @@ def supported_snapshot(model_dir: Path) -> Path | None:
     if isinstance(architectures, list) and architectures and architectures[0] in hf.ARCHITECTURES:
         return snapshot
     if config_json.get("model_type") in sources.HF_FAMILIES:  # DINOv3, CLIP, SigLIP, AIMv2
+        return snapshot
+    if config_json.get("model_type") in sources.HF_VLMS:  # LLaVA, PaliGemma, Gemma 3: their vision towers
         return snapshot
     if isinstance(timm_name, str):
         try:
