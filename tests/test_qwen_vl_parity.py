@@ -164,3 +164,68 @@ def test_a_hub_id_downloads_only_the_towers_shards(folder, fake_hub):
     assert checkpoint.model.config.projector == "qwen"
     again = vit.load("qwen/tiny-vl")  # from the cache now
     assert torch.equal(again.model.blocks[0].attn.qkv.weight, checkpoint.model.blocks[0].attn.qkv.weight)
+
+
+def test_the_explorers_catalogue_lists_it_from_the_cache(folder, fake_hub):
+    from vit.app import catalog
+
+    fake_hub.add_folder("qwen/tiny-vl", folder)
+    checkpoint = vit.load("qwen/tiny-vl")
+    [candidate] = [c for c in catalog.hf_cache_listing().candidates if c.name == "qwen/tiny-vl"]
+    entry = catalog.describe_import(candidate)  # from config.json alone
+    assert entry.error is None and entry.num_layers == 4 and entry.num_heads == 2 and entry.class_names == ()
+    assert entry.parameters == sum(p.numel() for p in checkpoint.model.parameters())
+
+
+@pytest.mark.parametrize("layer", [0, 2])  # a windowed layer, the global one
+def test_explain_draws_a_query_row_on_the_grid_as_transformers_computes_it(qwen, folder, layer):
+    """The contract every family keeps: tokens counted from the first patch (no prefix), row-major."""
+    checkpoint, picture = vit.load(folder), image(IMAGES[0])
+    theirs = Qwen2VLImageProcessor.from_pretrained(folder)(images=[picture], return_tensors="pt")
+    grid = tuple(theirs["image_grid_thw"][0, 1:].tolist())
+    reference, _ = transformers_attention(qwen, theirs["pixel_values"], theirs["image_grid_thw"])
+    query = 7 * grid[1] + 17  # row 7, column 17: in the third column of windows, which the grid's edge cuts
+    shown = vit.explain(checkpoint, picture, "attention", layer=layer, head=1, query=query)
+    assert shown.grid == grid and shown.num_prefix_tokens == 0
+    want = reference[layer][1, query].view(grid).numpy()
+    assert np.allclose(shown.map, want, atol=ATOL)
+    if layer == 0:  # zero outside the query's 8x8 window (rows 0-7, columns 16-21)
+        assert np.count_nonzero(shown.map) == 8 * 6
+
+
+@pytest.mark.parametrize("method", ["class", "legrad", "attnlrp"])
+def test_maps_that_need_a_classifier_are_refused_in_one_line(folder, method):
+    with pytest.raises(ValueError, match="does not apply to this model") as refused:
+        vit.explain(vit.load(folder), image(IMAGES[0]), method)
+    assert "\n" not in str(refused.value)
+
+
+def test_mean_ablation_by_the_images_own_means_is_the_forward_itself(folder):
+    """A windowed layer's per-position means go into its windows in Qwen's order (``LayerLayout.cut``): replacing
+    heads by their own outputs on this image changes nothing (placed row-major, it moves the tokens by 0.3)."""
+    from vit.app.explorer import ablated_checkpoint
+
+    checkpoint, picture = vit.load(folder), image(IMAGES[0])
+    x = preprocess([picture], checkpoint.preprocessing, patch_size=14)
+    grid = checkpoint.model.patch_grid(*x.shape[-2:])
+    means = vit.reference_means(checkpoint, [picture], picture)
+    ablated = ablated_checkpoint(checkpoint, [(0, 0), (1, 1), (2, 0)], "mean", means, grid)
+    zeroed = vit.ablate(checkpoint, [(0, 0)])
+    with torch.no_grad():
+        tokens = checkpoint.model.tokens(x)[0]
+        assert torch.allclose(ablated.model.tokens(x)[0], tokens, atol=ATOL)
+        assert not torch.allclose(zeroed.model.tokens(x)[0], tokens, atol=0.01)
+
+
+def test_save_maps_writes_every_layer_on_the_grid_as_transformers_computes_it(qwen, folder, tmp_path):
+    from vit import predict as predict_cli
+
+    picture = image(IMAGES[1])
+    picture.save(tmp_path / "strip.png")
+    assert predict_cli.main([str(folder), str(tmp_path / "strip.png"), "--save-maps", str(tmp_path / "maps")]) == 0
+    theirs = Qwen2VLImageProcessor.from_pretrained(folder)(images=[picture], return_tensors="pt")
+    reference, _ = transformers_attention(qwen, theirs["pixel_values"], theirs["image_grid_thw"])
+    saved = np.load(tmp_path / "maps" / "strip.npz")
+    assert tuple(saved["grid"]) == tuple(theirs["image_grid_thw"][0, 1:].tolist()) and int(saved["prefix_tokens"]) == 0
+    for layer, want in enumerate(reference):
+        assert np.allclose(saved[f"layer_{layer}"], want.numpy(), atol=ATOL), f"layer {layer}"
