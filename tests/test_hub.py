@@ -287,3 +287,59 @@ def test_the_analyse_page_opens_a_hub_model_from_the_cache(app_world, repo, fake
     at.text_input(key="analyze_open_hub").set_value(repo).run()
     assert not at.exception, [e.message for e in at.exception]
     assert at.selectbox(key="analyze_checkpoint").value == str(hub.cached_snapshot(hub.parse_name(repo)))
+
+
+def test_a_weights_file_declared_larger_than_its_config_implies_is_refused_before_it_is_fetched(fake_hub, tiny_vit):
+    """Issue 62, item 7: the declared size alone set what a download could take; the model's config.json, fetched
+    first, bounds each weights file by the model it describes."""
+    repo = fake_hub.add_folder("acme/inflated", tiny_vit)
+    repo.listed_sizes["model.safetensors"] = 4 * 10**9  # the file is 40 kB; its config a 10 k-parameter ViT
+    with pytest.raises(hub.HubError, match="^the Hub's file list of acme/inflated gives model.safetensors 4.0 GB, "
+                                           "more than the model its config.json describes can take") as caught:
+        hub.fetch(hub.parse_name("acme/inflated"), report=lambda line: None)
+    assert "\n" not in str(caught.value)
+    assert fake_hub.fetched("GET") == ["config.json"]  # the weights never asked for
+
+
+def timm_folder(folder: Path) -> Path:
+    """A tiny timm ViT as timm's push_to_hub writes it: config.json (architecture, num_classes, model_args)."""
+    timm = pytest.importorskip("timm")
+    from safetensors.torch import save_file
+
+    args = {"img_size": 32, "patch_size": 8, "embed_dim": 24, "depth": 2, "num_heads": 2}
+    model = timm.create_model("vit_tiny_patch16_224", pretrained=False, num_classes=3, **args)
+    save_file(model.state_dict(), folder / "model.safetensors")
+    (folder / "config.json").write_text(json.dumps({"architecture": "vit_tiny_patch16_224", "num_classes": 3,
+                                                    "model_args": args}))
+    return folder
+
+
+@pytest.mark.parametrize("family", ["vit", "clip", "swin", "timm"])
+def test_real_weights_fit_what_their_config_implies(family, tiny_vit, tmp_path):
+    """No false refusal: the weights each library saves for a model lie within the bound its config.json implies
+    (float32 here; the bound is float64's, so at most about twice the file)."""
+    if family == "vit":
+        folder = tiny_vit
+    elif family == "timm":
+        folder = timm_folder(tmp_path)
+    else:
+        folder = tmp_path
+        if family == "clip":
+            model = transformers.CLIPModel(transformers.CLIPConfig(
+                text_config={"hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 2,
+                             "num_attention_heads": 2, "vocab_size": 99},
+                vision_config={"hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 2,
+                               "num_attention_heads": 2, "image_size": 32, "patch_size": 8}, projection_dim=8))
+        else:
+            model = transformers.SwinForImageClassification(transformers.SwinConfig(
+                image_size=32, patch_size=4, embed_dim=8, depths=[1, 1], num_heads=[1, 2], window_size=4,
+                num_labels=3))
+        model.save_pretrained(folder)
+    size = (folder / "model.safetensors").stat().st_size
+    bound = hub.implied_weight_bytes(json.loads((folder / "config.json").read_text()))
+    assert bound is not None and size <= bound <= 2 * size + 2 * hub.WEIGHTS_HEADER_BYTES
+
+
+def test_a_config_with_absurdly_many_layers_is_refused_before_it_is_built():
+    with pytest.raises(hub.HubError, match="describes 100,000 layers"):
+        hub.implied_weight_bytes({"model_type": "vit", "num_hidden_layers": 100_000})

@@ -24,7 +24,7 @@ import fnmatch
 import os
 import re
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -47,6 +47,9 @@ _COMMIT = re.compile(r"[0-9a-f]{40}")
 _REF_CHARS = re.compile(r"[!-~]{1,255}")
 _REF_BAD = re.compile(r"[ ~^:?*\[\\\x7f]|\.\.|@\{|//|^/|/$|\.$|^@$|(^|/)\.|\.lock(/|$)")
 MAX_FILE_BYTES = 10**12  # no model file is a terabyte: a file list that says so (or a negative size) is wrong
+WEIGHTS = (".safetensors", ".bin", ".pth", ".pt")
+WEIGHTS_HEADER_BYTES = 2**20  # a weights file's own header and names, beyond its tensors' bytes
+MAX_CONFIG_LAYERS = 1000  # more blocks than any model opened has: such a config.json is not built to be counted
 
 
 class HubError(CheckpointError):
@@ -341,7 +344,10 @@ def download(plan_: Download, progress: Callable[[int, int], None] | None = None
         return snapshot_folder(name.repo_id, plan_.commit)
     done, total = 0, plan_.size
     floor = RateFloor()  # one for the whole download: many small files trickling get no window each
-    for filename, size in plan_.files:
+    implied: list[int | None] = []  # what config.json allows a weights file, once it is read
+    for filename, size in sorted(plan_.files, key=lambda file: not file[0].endswith(".json")):  # config.json first
+        if filename.endswith(WEIGHTS):
+            _check_implied(plan_, filename, size, implied)
         report = None if progress is None else (lambda n, before=done: progress(before + n, total))
         try:
             # by the listed commit, not the branch: a branch that moved since would bring other (larger) files
@@ -356,6 +362,81 @@ def download(plan_: Download, progress: Callable[[int, int], None] | None = None
     if name.revision != plan_.commit:
         _record_ref(name, plan_.commit)
     return snapshot_folder(name.repo_id, plan_.commit)
+
+
+def implied_weight_bytes(config_json: Mapping) -> int | None:
+    """The most bytes one weights file of the model ``config_json`` describes can take: its state dict's tensors,
+    counted by its own library on the meta device (transformers for an HF config.json, timm for a timm one), at 8
+    bytes each (float64, the widest a checkpoint keeps), plus ``WEIGHTS_HEADER_BYTES``. None when neither library
+    builds it (the download is then bounded by ``VIT_MAX_DOWNLOAD_GB`` and the rate floor alone); HubError for a
+    config of more than ``MAX_CONFIG_LAYERS`` blocks, which would take long to build."""
+    import torch
+
+    layers = _layer_count(config_json)
+    if layers > MAX_CONFIG_LAYERS:
+        raise HubError(f"its config.json describes {layers:,} layers, more than any model this program opens")
+    try:
+        with torch.device("meta"):
+            model = _meta_model(config_json)
+    except Exception:  # a config its library cannot build: opening says why, the other bounds hold meanwhile
+        return None
+    if model is None:
+        return None
+    return 8 * sum(t.numel() for t in model.state_dict().values()) + WEIGHTS_HEADER_BYTES  # what a checkpoint saves
+
+
+def _layer_count(config_json) -> int:
+    """The blocks a config describes, over its sub-configs (a CLIP's towers): its layer and depth fields added."""
+    if isinstance(config_json, Mapping):
+        count = 0
+        for key, value in config_json.items():
+            if isinstance(value, int) and not isinstance(value, bool) and ("layers" in key or "depth" in key):
+                count += max(value, 0)
+            elif isinstance(value, list) and "depth" in key:
+                count += sum(max(v, 0) for v in value if isinstance(v, int) and not isinstance(v, bool))
+            else:
+                count += _layer_count(value)
+        return count
+    return 0
+
+
+def _meta_model(config_json: Mapping):
+    """The model of an HF (``model_type``) or timm (``architecture``) config.json, or None for neither."""
+    if isinstance(config_json.get("model_type"), str):
+        import transformers
+        from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+        if config_json["model_type"] not in CONFIG_MAPPING:
+            return None
+        config = CONFIG_MAPPING[config_json["model_type"]].from_dict(dict(config_json))
+        names = config_json.get("architectures") or []
+        model_class = getattr(transformers, str(names[0]), None) if names else None
+        return model_class(config) if model_class is not None else transformers.AutoModel.from_config(config)
+    if isinstance(config_json.get("architecture"), str):
+        import timm
+
+        args = config_json.get("model_args") or {}
+        return timm.create_model(config_json["architecture"], pretrained=False,
+                                 num_classes=int(config_json.get("num_classes", 1000)), **dict(args))
+    return None
+
+
+def _check_implied(plan_: Download, filename: str, size: int, implied: list[int | None]) -> None:
+    """HubError when the Hub declares ``filename`` larger than the model its config.json (in the snapshot by now,
+    when the repository has one) describes can take; ``implied`` keeps that bound across the download's files."""
+    from vit.sources.open import SourceError, read_json
+
+    if not implied:
+        config = snapshot_folder(plan_.name.repo_id, plan_.commit) / "config.json"
+        try:
+            implied.append(implied_weight_bytes(read_json(config)) if config.is_file() else None)
+        except SourceError:  # a config.json that is no JSON object: opening says so
+            implied.append(None)
+        except HubError as e:
+            raise HubError(f"{plan_.name}: {e}; not downloading it") from None
+    if implied[0] is not None and size > implied[0]:
+        raise HubError(f"the Hub's file list of {plan_.name} gives {filename} {format_bytes(size)}, more than the "
+                       f"model its config.json describes can take ({format_bytes(implied[0])}); not downloading it")
 
 
 def _record_ref(name: HubName, commit: str) -> None:
