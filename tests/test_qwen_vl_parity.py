@@ -229,3 +229,14 @@ def test_save_maps_writes_every_layer_on_the_grid_as_transformers_computes_it(qw
     assert tuple(saved["grid"]) == tuple(theirs["image_grid_thw"][0, 1:].tolist()) and int(saved["prefix_tokens"]) == 0
     for layer, want in enumerate(reference):
         assert np.allclose(saved[f"layer_{layer}"], want.numpy(), atol=ATOL), f"layer {layer}"
+
+
+def test_the_explorer_shows_the_image_at_qwens_own_size(folder):
+    from vit.app import drawing, explorer
+
+    checkpoint, picture = vit.load(folder), image(IMAGES[0])  # 310 x 230 px: smart_resize makes it 308 x 224
+    analysis = explorer.analyse(checkpoint, picture)
+    assert analysis.input_size == (224, 308) and analysis.grid == (16, 22) and analysis.at_training_size
+    assert drawing.model_input_image(picture, checkpoint).size == (308, 224)  # not the nominal 1036 square
+    caption = drawing.describe_input(analysis, picture.size)
+    assert "Qwen's processor keeps the image's aspect ratio" in caption and "not its training size" not in caption

@@ -410,6 +410,9 @@ def describe_input(analysis: Analysis, image_size: tuple[int, int],
     if width * ih != height * iw and analysis.max_num_patches:  # its own sizing, not a shape chosen for it
         text += (f": NaFlex keeps the image's aspect ratio within {analysis.max_num_patches:,} patches, as closely as "
                  "whole patches allow")
+    elif width * ih != height * iw and analysis.max_pixels:
+        text += (f": Qwen's processor keeps the image's aspect ratio within {analysis.max_pixels:,} pixels, as closely "
+                 "as whole 2×2-patch units allow")
     elif width * ih != height * iw:
         text += "; the image is stretched to that shape" if abs(width / height - iw / ih) > 0.02 else ""
     return text + "."
@@ -504,7 +507,7 @@ def model_input_image(image: Image.Image, checkpoint: Checkpoint, size: InputSiz
     """The image as the model sees it (resized to its input size, greyscale for greyscale models; SAM's padding
     in the colour its zeros stand for)."""
     p = checkpoint.preprocessing
-    if size == TRAINING_SIZE and not p.max_num_patches:  # the checkpoint's own transform, with its crop
+    if size == TRAINING_SIZE and not p.own_size:  # the checkpoint's own transform, with its crop
         array = to_uint8(image, p.image_size, p.num_channels, p.resize_size, p.resize_mode, p.resample,
                          p.crop_rule, p.backend)
     else:

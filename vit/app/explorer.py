@@ -319,6 +319,7 @@ class Analysis:
     global_layers: tuple[int, ...] = ()
     # NaFlex at its own sizing: the patch budget its preprocessing fits the image's aspect into (0: another input).
     max_num_patches: int = 0
+    max_pixels: int = 0  # Qwen-VL at its own sizing (smart_resize): the pixels it fits the image's aspect into
 
     @property
     def staged(self) -> bool:
@@ -364,7 +365,8 @@ class Analysis:
     def at_training_size(self) -> bool:
         """Whether the input is sized as in training: the checkpoint's size, or NaFlex's own rule (trained on each
         image's aspect within its patch budget, not at one size)."""
-        return self.training_size is None or bool(self.max_num_patches) or self.input_size == self.training_hw
+        return (self.training_size is None or bool(self.max_num_patches or self.max_pixels)
+                or self.input_size == self.training_hw)
 
     def windowed(self, layer: int) -> bool:
         """Whether layer ``layer`` (0-based) of a SAM / ViTDet attends in windows of ``window`` patches."""
@@ -523,7 +525,8 @@ def analyse(checkpoint: Checkpoint, image: Image.Image, size: InputSize = TRAINI
                     embedding=embedding, position_table=getattr(model.config, "pos_embed", True),
                     sincos_positions=getattr(model.config, "sincos_pos", False),
                     window=model.config.window_size, global_layers=tuple(model.config.global_layers),
-                    max_num_patches=p.max_num_patches if size == TRAINING_SIZE else 0)
+                    max_num_patches=p.max_num_patches if size == TRAINING_SIZE else 0,
+                    max_pixels=p.max_pixels if size == TRAINING_SIZE else 0)
 
 
 def _analyse_stages(checkpoint: Checkpoint, x: torch.Tensor, grid: tuple[int, int], shape: tuple[int, int],
