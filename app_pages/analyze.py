@@ -2,7 +2,7 @@
 
 A short script over ``vit.analyze`` (the same computation as ``python -m vit.analyze``). A
 mistake opens in the explorer through ``st.session_state["explorer_checkpoint"]`` and
-``["explorer_image"]`` (a file path), then ``st.switch_page``.
+``["explorer_image"]`` (a file path), handed over by a link (``app_pages/open_in_explorer.py``).
 """
 
 import os
@@ -12,6 +12,7 @@ from pathlib import Path
 
 import streamlit as st
 
+from app_pages import open_in_explorer
 from app_pages.analyze_sections.feature_browser import feature_browser
 from app_pages.explorer_sections.checkpoint_picker import open_from_hub, server_gate
 from app_pages.explorer_sections.long_work import long_work
@@ -30,7 +31,6 @@ from vit.runs.launch import default_data_roots, folder_problem, hide_data_roots,
 from vit.sources.open import open_source
 from vit.text import escape_markdown, visible
 
-EXPLORER_PAGE = "app_pages/explorer.py"
 SHOWN_MISTAKES = 12
 # One page's analysis holds a core for minutes at most (100,000 images took ~10 minutes); the CLI has no cap.
 MAX_PAGE_IMAGES = int(os.environ.get("VIT_ANALYSE_MAX_IMAGES", "20000"))
@@ -224,8 +224,7 @@ for i, mistake in enumerate(analysis.mistakes[:SHOWN_MISTAKES]):
         # File and class names come from the folder and the checkpoint: their control characters as escapes.
         st.text(f"{visible(Path(mistake.path).name)}\ntrue: {visible(mistake.label)}\n"
                 f"predicted: {visible(mistake.predicted)} ({mistake.confidence:.0%})")
-        if st.button("Open in the explorer", key=f"mistake-{i}"):
-            st.session_state["explorer_checkpoint"] = checkpoint_path
-            st.session_state["explorer_image"] = mistake.path
-            st.session_state["explorer_image_folder"] = analysed_folder  # the explorer checks it lies inside
-            st.switch_page(EXPLORER_PAGE)
+        # The explorer checks that the image lies inside the folder handed over with it.
+        open_in_explorer.link(st, "Open in the explorer", {"explorer_checkpoint": checkpoint_path,
+                                                            "explorer_image": mistake.path,
+                                                            "explorer_image_folder": analysed_folder})

@@ -2,13 +2,13 @@
 
 The model runs once per (checkpoint, image); changing a layer, head, query or overlay setting
 only redraws. The computations are plain functions in ``vit/`` (mostly ``vit.explorer``).
-Other pages open a checkpoint here by setting ``st.session_state["explorer_checkpoint"]``
-to its path before ``st.switch_page("app_pages/explorer.py")``, and an image file by setting
-``st.session_state["explorer_image"]`` to its path.
+Other pages open a checkpoint here (``st.session_state["explorer_checkpoint"]``, its path) and an image file
+(``["explorer_image"]``) through a link that hands them over (``app_pages/open_in_explorer.py``).
 """
 
 import streamlit as st
 
+from app_pages import open_in_explorer
 from app_pages.explorer_sections import (
     analyses,
     ask_in_words,
@@ -46,6 +46,7 @@ keep_settings(image_picker.KEPT + map_settings.KEPT + main_view.KEPT + analyses.
 
 # -- checkpoint -----------------------------------------------------------------------------------------------
 
+open_in_explorer.take()  # a run, an SAE or an image another page's link hands over
 share_view.read_link(may_open_path())  # a link's view, once per session, before any widget is drawn
 entries, choice, may_open = pick_checkpoint()
 entry = entries[choice]

@@ -183,3 +183,18 @@ def streamlit_app(env: dict[str, str], log: Path | None = None, timeout: float =
             process.kill()
             process.wait(timeout=15)
         output.close()
+
+
+def follow_page_link(at, label: str, page: str = "app_pages/explorer.py", index: int = 0):
+    """What a click on the ``index``-th page link labelled ``label`` does in a browser (AppTest cannot click one):
+    ``page``, the page it names (the proto carries only its hash), run with the link's query parameters. Returns
+    the AppTest, run."""
+    from urllib.parse import parse_qsl
+
+    links = [link for link in at.page_link if link.value == label]
+    assert links, f"no page link labelled {label!r}: {[link.value for link in at.page_link]}"
+    link = links[index]
+    assert not link.proto.disabled, f"the link {label!r} is disabled"
+    for name, value in parse_qsl(link.proto.query_string):
+        at.query_params[name] = value
+    return at.switch_page(page).run()

@@ -6,6 +6,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from helpers import follow_page_link
 from PIL import Image
 from streamlit.testing.v1 import AppTest
 
@@ -109,10 +110,8 @@ def test_page_analyses_a_folder_and_opens_a_mistake_in_the_explorer(world, dirs)
     at = analyse_on_page(world, dirs)
     assert [m.value for m in at.metric] == ["6", "50.0%", "1"]
     assert len(at.get("plotly_chart")) == 5
-    open_buttons = [b for b in at.button if b.label == "Open in the explorer"]
-    assert len(open_buttons) == 3
-    open_buttons[0].click()
-    at.run()
+    assert [link.value for link in at.page_link].count("Open in the explorer") == 3
+    at = follow_page_link(at, "Open in the explorer")
     assert not at.exception, [e.message for e in at.exception]
     assert any("Close " in b.label for b in at.sidebar.button)  # the explorer shows the opened file
     assert any(".png, 16×16 px" in c.value for c in at.main.caption)

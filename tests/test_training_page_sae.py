@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import displayed
+from helpers import displayed, follow_page_link
 from streamlit.testing.v1 import AppTest
 
 from vit.runfiles import now_iso, read_config, read_status, record_resume
@@ -115,7 +115,8 @@ def test_a_finished_sae_run_shows_its_curves_and_opens_the_explorer_with_its_fol
                      "--epochs", "2", "--batch-size", "64", "--buffer-tokens", "256", "--holdout", "2",
                      "--device", "cpu", "--out", str(out)]) == 0
     record_resume(out / "config.json", {"epochs": 2}, {"time": now_iso(), "step": 3, "epochs": 2})  # as vit.sae's
-    at = AppTest.from_file(PAGE).run(timeout=TIMEOUT)
+    at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=TIMEOUT)  # in the app's navigation: its links
+    at.switch_page("app_pages/training.py").run()
     assert not at.exception
     assert at.dataframe[0].value["State"][0] == "completed"
     charts = {json.loads(c.proto.spec)["layout"]["title"]["text"]: json.loads(c.proto.spec)
@@ -124,7 +125,7 @@ def test_a_finished_sae_run_shows_its_curves_and_opens_the_explorer_with_its_fol
         # Issue 69, item 12: a resume is a dashed line at the step it took over from.
         assert [(s["x0"], s["line"]["dash"]) for s in charts[title]["layout"]["shapes"]] == [(3, "dash")], title
     assert any(str(out) == c.value for c in at.code)
-    at.button(key="open-sae-done").click()
-    at = at.run(timeout=TIMEOUT)
-    assert at.session_state["explorer_sae"] == str(out)
-    assert at.session_state["explorer_checkpoint"] == str(CHECKPOINT)
+    at = follow_page_link(at, "Open with this SAE in the explorer")
+    assert not at.exception, [e.message for e in at.exception]
+    assert at.session_state["explorer_last_checkpoint"] == str(CHECKPOINT)  # the model it reads, opened
+    assert at.toggle(key="sae_view").value and at.text_input(key="sae_folder").value == str(out)  # and the SAE

@@ -12,13 +12,13 @@ import pandas as pd
 import plotly.express as px
 import streamlit as st
 
+from app_pages import open_in_explorer
 from app_pages.training_sections import sae as sae_section
 from vit.explain import compare
 from vit.runs import manager as runs
 from vit.text import escape_markdown, escape_plotly, visible, visible_lines
 
 REFRESH_SECONDS = 3
-EXPLORER_PAGE = "app_pages/explorer.py"
 
 
 def run_controls(manager: runs.RunManager, info: runs.RunInfo, private: Callable[[str], str],
@@ -38,9 +38,9 @@ def run_controls(manager: runs.RunManager, info: runs.RunInfo, private: Callable
     resume.button("Restart" if info.restarts else "Resume", key=f"resume-{info.name}",
                   disabled=not info.can_resume, on_click=runs_action, args=(manager.resume, info.name),
                   help=resume_help(info))
-    if open_.button("Open in explorer", key=f"open-{info.name}", disabled=not info.can_open):
-        st.session_state["explorer_checkpoint"] = str(info.best_checkpoint)
-        st.switch_page(EXPLORER_PAGE)
+    # A link, not st.switch_page: this panel refreshes itself (app_pages/open_in_explorer.py says why).
+    open_in_explorer.link(open_, "Open in explorer", {"explorer_checkpoint": str(info.best_checkpoint)},
+                          disabled=not info.can_open)
     with delete.popover("Delete", disabled=info.state == "running"):
         st.markdown(f"Delete {escape_markdown(visible(info.name))} and its checkpoints? This cannot be undone.")
         st.button("Delete for good", key=f"delete-{info.name}", type="primary", on_click=runs_action,

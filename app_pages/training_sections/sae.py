@@ -10,11 +10,11 @@ import pandas as pd
 import plotly.express as px
 import streamlit as st
 
+from app_pages import open_in_explorer
 from vit.runs import devices, launch
 from vit.runs import manager as runs
 from vit.text import escape_markdown, escape_plotly, visible
 
-EXPLORER_PAGE = "app_pages/explorer.py"
 FORM_KEYS = ("sae_model", "sae_model_path", "sae_data", "sae_layer", "sae_size", "sae_expansion", "sae_width",
              "sae_k", "sae_epochs", "sae_images", "sae_seed", "sae_devices", "sae_workers", "sae_name")
 SIZES = {"expansion": "expansion × the model's width", "width": "a number of latents"}
@@ -147,7 +147,5 @@ def folder(info: runs.RunInfo, show_path: bool) -> None:
         st.caption("SAE folder (SAELens's format, metrics.json, features.npz):")
         st.code(visible(str(sae)), language=None)
     model = info.settings.get("model")
-    if st.button("Open with this SAE in the explorer", key=f"open-sae-{info.name}", disabled=not model):
-        st.session_state["explorer_checkpoint"] = str(model)
-        st.session_state["explorer_sae"] = str(sae)
-        st.switch_page(EXPLORER_PAGE)
+    open_in_explorer.link(st, "Open with this SAE in the explorer",
+                          {"explorer_checkpoint": str(model), "explorer_sae": str(sae)}, disabled=not model)

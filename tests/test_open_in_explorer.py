@@ -1,0 +1,62 @@
+"""Opening the explorer from the other pages goes through a link (``app_pages/open_in_explorer.py``): with
+``st.switch_page`` a refreshing fragment's tick left the explorer blank for good (issue 69, item 0)."""
+
+import ast
+from pathlib import Path
+
+import pytest
+from helpers import follow_page_link
+from streamlit.testing.v1 import AppTest
+from test_catalog import write_checkpoint, write_run
+
+from app_pages import open_in_explorer
+from vit.app.catalog import DEFAULT_CHECKPOINT
+
+ROOT = Path(__file__).resolve().parent.parent
+APP = str(ROOT / "app.py")
+TIMEOUT = 120
+
+
+def test_no_page_switches_pages_from_the_server():
+    """Every page that hands over to the explorer refreshes a fragment on a timer; a server-side page switch races
+    that timer (the module's docstring). Only links change pages."""
+    calls = []
+    for path in [ROOT / "app.py", *sorted((ROOT / "app_pages").rglob("*.py"))]:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "switch_page":
+                calls.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert calls == []
+
+
+def test_the_check_sees_a_switch_page_call():
+    tree = ast.parse("import streamlit as st\nif st.button('go'):\n    st.switch_page('app_pages/explorer.py')\n")
+    assert any(isinstance(n, ast.Call) and getattr(n.func, "attr", None) == "switch_page" for n in ast.walk(tree))
+
+
+@pytest.fixture
+def world(tmp_path, monkeypatch):
+    checkpoints, runs = tmp_path / "checkpoints", tmp_path / "runs"
+    write_checkpoint(checkpoints / DEFAULT_CHECKPOINT)  # what the explorer opens when nothing is handed over
+    monkeypatch.setenv("VIT_CHECKPOINTS_DIR", str(checkpoints))
+    monkeypatch.setenv("VIT_RUNS_DIR", str(runs))
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf-cache"))
+    return write_run(runs, "tiny-run", "completed")
+
+
+def test_a_completed_run_opens_in_the_explorer_through_its_link(world):
+    at = AppTest.from_file(APP, default_timeout=TIMEOUT).run()
+    at.switch_page("app_pages/training.py").run()
+    assert not at.exception, [e.message for e in at.exception]
+    at = follow_page_link(at, "Open in explorer")
+    assert not at.exception, [e.message for e in at.exception]
+    assert at.session_state["explorer_last_checkpoint"] == str(world / "best.pt")
+    assert open_in_explorer.PARAM not in at.query_params  # taken: the URL then follows the view alone
+
+
+def test_a_link_naming_a_hand_off_this_session_did_not_make_opens_nothing(world):
+    at = AppTest.from_file(APP, default_timeout=TIMEOUT)
+    at.query_params[open_in_explorer.PARAM] = "0123456789abcdef"  # e.g. a URL copied from another browser
+    at.run()
+    assert not at.exception, [e.message for e in at.exception]
+    assert open_in_explorer.PARAM not in at.query_params
+    assert at.session_state["explorer_last_checkpoint"] != str(world / "best.pt")
