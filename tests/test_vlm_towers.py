@@ -267,7 +267,12 @@ def test_the_metadata_says_which_layer_the_tower_ends_at_and_which_tile_is_shown
     assert "first 2 layers (of 3; vision_feature_layer -2)" in llava and "the CLS" in llava
     assert "base tile alone, the whole image resized to 32x32" in open_source(vlms["llava_next"][0]).metadata["tower"]
     gemma = open_source(vlms["gemma3"][0]).metadata["tower"]
-    assert "after its final norm" in gemma and "Gemma3MultiModalProjector" in gemma
+    assert "after its final norm" in gemma and "Gemma3MultiModalProjector" in gemma and "pans" not in gemma
+
+
+def test_gemma3_with_pan_and_scan_says_the_crops_are_not_shown(vlms, tmp_path):
+    folder = _edited(vlms["gemma3"][0], tmp_path, processor=dict(do_pan_and_scan=True))
+    assert "the whole image alone, its first view" in open_source(folder).metadata["tower"]
 
 
 def _noise_image(width: int = 120, height: int = 100) -> np.ndarray:
