@@ -387,16 +387,18 @@ class Projector(Parent):
     or Gemma 3's ``Gemma3MultiModalProjector``: a ``pool`` x ``pool`` average over the patch grid, Gemma's RMSNorm
     (its ``1 + weight`` held as the norm's weight) and a bias-free linear, one token per pooled cell; or Qwen-VL's
     merger (``Qwen2_5_VLPatchMerger``): each token normed (``ln_q``), each ``unit`` x ``unit`` merge unit's tokens
-    concatenated (row-major inside the unit), then fc1, GELU, fc2, one token per unit."""
+    concatenated (row-major inside the unit), then fc1, GELU, fc2, one token per unit; ``shuffled_norm``: the norm
+    over each unit's concatenation instead (Qwen3-VL's DeepStack mergers, ``use_postshuffle_norm``)."""
 
-    def __init__(self, config: ViTConfig) -> None:
+    def __init__(self, config: ViTConfig, shuffled_norm: bool = False) -> None:
         super().__init__()
         d, e, kind = config.hidden_size, config.projector_dim, config.projector
         self.pool = config.projector_pool
         self.activation = config.projector_activation
         self.unit = config.spatial_merge if kind == "qwen" else 0
-        self.norm = (RMSNorm(d, eps=config.layer_norm_eps) if kind == "gemma3" else make_norm(config, d)
-                     if kind == "qwen" else None)
+        self.shuffled_norm = shuffled_norm
+        self.norm = (RMSNorm(d, eps=config.layer_norm_eps) if kind == "gemma3" else
+                     make_norm(config, d * self.unit ** 2 if shuffled_norm else d) if kind == "qwen" else None)
         if self.unit:  # the merger's mlp reads a unit's u*u tokens at once and keeps that width to its last linear
             d = hidden = d * self.unit ** 2
         else:
@@ -421,8 +423,10 @@ class Projector(Parent):
             if gh % u or gw % u:
                 raise ValueError(f"a {gh}x{gw} patch grid is not made of whole {u}x{u} merge units; give the image "
                                  f"sides that are multiples of {u} patches")
-            x = self.norm(x).view(B, gh // u, u, gw // u, u, D).permute(0, 1, 3, 2, 4, 5)  # (B, gh/u, gw/u, u, u, D)
+            x = x if self.shuffled_norm else self.norm(x)
+            x = x.view(B, gh // u, u, gw // u, u, D).permute(0, 1, 3, 2, 4, 5)  # (B, gh/u, gw/u, u, u, D)
             x = x.reshape(B, (gh // u) * (gw // u), u * u * D)  # (B, units, u*u*D), units row-major
+            x = self.norm(x) if self.shuffled_norm else x
         h = self.fc1(x)  # (B, N', E)
         if self.fc2 is None:
             return h

@@ -104,8 +104,9 @@ class ViTConfig:
     # NaFlex (SigLIP 2 NaFlex, timm naflexvit): each image at its native aspect ratio on its own grid of at most
     # max_num_patches patches (the preprocessing picks it); the learned table is a square grid resized per image.
     max_num_patches: int = 0  # 0: a fixed-resolution model; else the patch budget each image's grid fits in
-    pos_resize: str = "bicubic"  # how the table is resized to another grid: "bicubic" (timm, HF ViT) or "bilinear"
-    # (SigLIP 2 NaFlex's resize_positional_embeddings, always with antialias)
+    pos_resize: str = "bicubic"  # how the table is resized to another grid: "bicubic" (timm, HF ViT), "bilinear"
+    # (SigLIP 2 NaFlex's resize_positional_embeddings, always with antialias) or "bilinear_corners" (Qwen3-VL's:
+    # align_corners=True)
     stage_windows: tuple[int, ...] = ()  # Hiera / SAM 2 (merge "pool"), per stage: its window side on its own grid,
     # 0 global (global_layers attend globally too); a stage's first block attends in the previous stage's windows
     mask_units: bool = False  # Hiera: the windows are mask units, which must tile each grid (SAM 2's pad instead)
@@ -114,6 +115,8 @@ class ViTConfig:
     pos_embed_grid: int = 0  # SAM 2: the position table's side (7 or 14: a background resized to any grid); 0: grid
     pos_embed_window: int = 0  # SAM 2: a second table of this side tiled over the grid (its first windows), added
     # Vision towers of VLMs (Qwen2.5-VL); the defaults are the plain ViT.
+    deepstack_layers: tuple[int, ...] = ()  # Qwen3-VL: the layers whose outputs its DeepStack mergers also project
+    # (into the language model's first layers): ViT.project(x, grid, tap=i) for the i-th
     spatial_merge: int = 0  # Qwen-VL's merge unit side (2): its merger reads each unit's tokens together, and windows
     # (window_size) hold whole units, their slots unit by unit (its window index), an edge window its real tokens
     # alone (the padding masked as keys, not SAM's zeros that attend); 0: none
@@ -231,6 +234,14 @@ class ViTConfig:
                              "or stages")
         if (self.projector == "qwen") != bool(self.spatial_merge and self.projector_dim):
             raise ValueError("ViTConfig.projector 'qwen' (Qwen-VL's merger) and spatial_merge go together")
+        taps = self.deepstack_layers
+        if not isinstance(taps, (tuple, list)) or len(taps) > 64 or not all(
+                isinstance(i, int) and not isinstance(i, bool) and 0 <= i < self.num_layers for i in taps):
+            raise ValueError(f"ViTConfig.deepstack_layers must be layer numbers from 0 to {self.num_layers - 1}, got "
+                             f"{str(taps)[:60]}")
+        object.__setattr__(self, "deepstack_layers", tuple(taps))
+        if taps and self.projector != "qwen":
+            raise ValueError("ViTConfig.deepstack_layers are Qwen3-VL's, beside its merger (projector 'qwen')")
 
     def _check_stages(self) -> None:
         for name in ("stage_depths", "stage_widths", "stage_heads"):
@@ -449,7 +460,7 @@ WINDOW_RULES = ("hf", "hf_v2", "timm")
 NORMS = ("layer", "rms")
 POOL_HEADS = ("map", "aimv2")
 PROJECTORS = ("none", "mlp", "linear", "gemma3", "qwen")  # qwen: Qwen-VL's patch merger (each spatial_merge unit)
-POS_RESIZES = ("bicubic", "bilinear")
+POS_RESIZES = ("bicubic", "bilinear", "bilinear_corners")
 ACTIVATIONS = ("gelu", "gelu_tanh", "quick_gelu", "silu", "relu")  # relu: nn.TransformerEncoderLayer's default
 
 PRESETS: dict[str, ViTConfig] = {

@@ -19,14 +19,17 @@ def resample_pos_embed(pos_embed: torch.Tensor, new_grid: tuple[int, int],
     matches HF ``transformers``' ``interpolate_pos_encoding`` (align_corners=False), or with
     ``antialias`` timm's ``resample_abs_pos_embed`` and HF DINOv2-with-registers (PyTorch's
     antialiased bicubic uses another kernel, so it differs even when upsampling). Bilinear with antialias is
-    SigLIP 2 NaFlex's ``resize_positional_embeddings``.
+    SigLIP 2 NaFlex's ``resize_positional_embeddings``; ``mode="bilinear_corners"`` is bilinear with
+    ``align_corners=True``, Qwen3-VL's (``get_vision_interpolation_indices_and_weights``).
     """
     if tuple(new_grid) == tuple(old_grid):
         return pos_embed
     prefix, grid = pos_embed[:, :num_prefix_tokens], pos_embed[:, num_prefix_tokens:]
     dim, dtype = pos_embed.shape[-1], pos_embed.dtype
     grid = grid.reshape(1, old_grid[0], old_grid[1], dim).permute(0, 3, 1, 2).float()  # (1, D, gh, gw)
-    grid = F.interpolate(grid, size=tuple(new_grid), mode=mode, align_corners=False, antialias=antialias)
+    corners = mode == "bilinear_corners"
+    grid = F.interpolate(grid, size=tuple(new_grid), mode="bilinear" if corners else mode, align_corners=corners,
+                         antialias=antialias)
     grid = grid.permute(0, 2, 3, 1).reshape(1, new_grid[0] * new_grid[1], dim).to(dtype)
     return torch.cat([prefix, grid], dim=1)
 

@@ -72,6 +72,9 @@ class ViT(Parent):
         self.projection = nn.Linear(head_in, config.projection_dim, bias=False) if config.projection_dim else None
         # a VLM's projector (LLaVA, PaliGemma, Gemma 3): the image tokens its language model reads
         self.projector = Projector(config) if config.projector != "none" else None
+        # Qwen3-VL's DeepStack mergers: what the language model's first layers read of layers deepstack_layers
+        self.deepstack = nn.ModuleList(Projector(config, shuffled_norm=True) for _ in config.deepstack_layers) \
+            if config.deepstack_layers else None
         self.apply(_init_weights)
         for token in (self.pos_embed, self.cls_token, self.dist_token, self.reg_token):
             if token is not None:
@@ -343,14 +346,20 @@ class ViT(Parent):
             return None
         return self._logits(x, self.pool(x)[0])
 
-    def project(self, x: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
+    def project(self, x: torch.Tensor, grid: tuple[int, int], tap: int | None = None) -> torch.Tensor:
         """The last block's output ``(B, T, D)`` of an input on patch grid ``grid`` -> the image tokens a
         vision-language model's language model reads ``(B, N, projector_dim)`` (HF ``get_image_features``): the final
-        norm, the tokens after the first ``projector_skip``, the projector (``hook_projected``). ValueError for a
-        model without one."""
+        norm, the tokens after the first ``projector_skip``, the projector (``hook_projected``). ``tap`` (Qwen3-VL):
+        ``x`` is the output of layer ``deepstack_layers[tap]`` and its DeepStack merger projects it (HF's
+        ``deepstack_features[tap]``). ValueError for a model without one."""
         if self.projector is None:
             raise ValueError("this model has no projector (only the towers of LLaVA, PaliGemma, Gemma 3 and Qwen-VL "
                              "have one)")
+        if tap is not None:
+            taps = self.config.deepstack_layers
+            if not 0 <= tap < len(taps):
+                raise ValueError(f"tap {tap}: this model has {len(taps)} DeepStack mergers (of layers {list(taps)})")
+            return self.deepstack[tap](x, tuple(grid))
         tokens = self.norm(x)[:, self.config.projector_skip:]  # (B, N, D)
         return self.hook_projected(self.projector(tokens, tuple(grid)))
 

@@ -546,7 +546,8 @@ HF_FAMILIES = {"dinov3_vit": (import_dinov3, ("DINOv3ViTModel",)),
                 "sam_vision_model": (import_sam, ("SamVisionModel",)),
                 "aimv2": (import_aimv2, ("Aimv2Model",)),
                 "aimv2_vision_model": (import_aimv2, ("Aimv2VisionModel",)),
-                "qwen2_5_vl": (import_qwen, import_qwen.ARCHITECTURES)}
+                "qwen2_5_vl": (import_qwen, import_qwen.ARCHITECTURES),
+                "qwen3_vl": (import_qwen, import_qwen.QWEN3_ARCHITECTURES)}
 HF_REFUSED: dict[str, str] = {}  # model_type -> one line on why it is not opened
 HF_VLMS = import_vlm.ARCHITECTURES  # model_type -> the vision-language models whose tower opens
 HF_MODEL_TYPES = (*_HF_MODEL_TYPES, *HF_FAMILIES, *HF_VLMS)  # every config.json model_type that opens
