@@ -17,6 +17,7 @@ import hashlib
 import json
 
 import streamlit as st
+from streamlit.errors import StreamlitPageNotFoundError
 
 EXPLORER_PAGE = "app_pages/explorer.py"
 PARAM = "open"  # the URL parameter that names a hand-off
@@ -33,8 +34,12 @@ def link(where, label: str, values: dict[str, str], disabled: bool = False, help
     handoffs[ident] = dict(values)
     while len(handoffs) > MAX_HANDOFFS:
         handoffs.pop(next(iter(handoffs)))
-    where.page_link(EXPLORER_PAGE, label=label, query_params={PARAM: ident}, disabled=disabled, help=help,
-                    icon=":material/visibility:")
+    try:
+        where.page_link(EXPLORER_PAGE, label=label, query_params={PARAM: ident}, disabled=disabled, help=help,
+                        icon=":material/visibility:")
+    except StreamlitPageNotFoundError:  # this page was started alone (streamlit run app_pages/…): no explorer
+        where.button(label, key=f"{KEY}-{ident}", disabled=True,
+                     help="The explorer is a page of the app: start it with streamlit run app.py.")
 
 
 def take() -> None:
