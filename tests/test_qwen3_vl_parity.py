@@ -52,14 +52,11 @@ def image(size: tuple[int, int]) -> Image.Image:
     return Image.fromarray(np.random.default_rng(0).integers(0, 256, (size[1], size[0], 3), dtype=np.uint8))
 
 
-@pytest.mark.parametrize("size", IMAGES)
-def test_every_layer_attention_the_merger_and_deepstack_equal_transformers(qwen, folder, size):
-    checkpoint, picture = vit.load(folder), image(size)
-    model = checkpoint.model
+def transformers_run(qwen, folder, picture):
+    """The processor's input, its grid, each layer's attention as transformers' eager function computes it placed on
+    the row-major grid ``(H, T, T)``, and ``get_image_features``."""
     theirs = Qwen2VLImageProcessor.from_pretrained(folder)(images=[picture], return_tensors="pt")
     grid = tuple(theirs["image_grid_thw"][0, 1:].tolist())
-    x = preprocess([picture], checkpoint.preprocessing, patch_size=16)
-    assert x.shape[-2:] == (grid[0] * 16, grid[1] * 16) and grid != (8, 8)  # the table is resized
     calls, eager = [], modeling_qwen3_vl.eager_attention_forward
 
     def spy(module, query, key, value, attention_mask, **kwargs):
@@ -73,22 +70,44 @@ def test_every_layer_attention_the_merger_and_deepstack_equal_transformers(qwen,
             features = qwen.get_image_features(theirs["pixel_values"], theirs["image_grid_thw"])
     finally:
         modeling_qwen3_vl.eager_attention_forward = eager
+    assert len(calls) == VISION["depth"]  # one image, global attention: one call a layer
     ids = get_vision_position_ids(theirs["image_grid_thw"], 2)  # (T, 2): each of Qwen's tokens' (row, column)
     token = ids[:, 0] * grid[1] + ids[:, 1]  # its place on the row-major grid
+    placed = []
+    for reference in calls:
+        on_grid = torch.zeros_like(reference)
+        on_grid[:, token[:, None], token[None, :]] = reference
+        placed.append(on_grid)
+    return grid, placed, features
+
+
+@pytest.mark.parametrize("size", IMAGES)
+def test_every_layer_attention_the_merger_and_deepstack_equal_transformers(qwen, folder, size):
+    checkpoint, picture = vit.load(folder), image(size)
+    model = checkpoint.model
+    grid, reference, features = transformers_run(qwen, folder, picture)
+    x = preprocess([picture], checkpoint.preprocessing, patch_size=16)
+    assert x.shape[-2:] == (grid[0] * 16, grid[1] * 16) and grid != (8, 8)  # the table is resized
     with torch.no_grad():
         states, attentions = model.tokens(x, output_attentions=True)
         _, cache = model.run_with_cache(x, [f"blocks.{i}.hook_resid_post" for i in VISION["deepstack_visual_indexes"]])
         projected = model.project(states, grid)[0]
         taps = [model.project(cache[f"blocks.{i}.hook_resid_post"], grid, tap=t)[0]
                 for t, i in enumerate(VISION["deepstack_visual_indexes"])]
-    assert len(calls) == VISION["depth"]
-    for layer, (ours, reference) in enumerate(zip(attentions, calls, strict=True)):
-        on_grid = torch.zeros_like(reference)
-        on_grid[:, token[:, None], token[None, :]] = reference
-        assert torch.allclose(ours[0], on_grid, atol=ATOL), f"layer {layer}"
+    for layer, (ours, want) in enumerate(zip(attentions, reference, strict=True)):
+        assert torch.allclose(ours[0], want, atol=ATOL), f"layer {layer}"
     assert torch.allclose(projected, features.pooler_output[0], atol=ATOL)
-    for ours, reference in zip(taps, features.deepstack_features, strict=True):  # each split by image
-        assert torch.allclose(ours, reference[0], atol=ATOL)
+    for ours, want in zip(taps, features.deepstack_features, strict=True):  # each split by image
+        assert torch.allclose(ours, want[0], atol=ATOL)
+
+
+def test_explain_draws_a_query_row_on_the_grid_as_transformers_computes_it(qwen, folder):
+    picture = image(IMAGES[1])
+    grid, reference, _ = transformers_run(qwen, folder, picture)
+    query = 13 * grid[1] + 5
+    shown = vit.explain(vit.load(folder), picture, "attention", layer=1, head=0, query=query)
+    assert shown.grid == grid and shown.num_prefix_tokens == 0
+    assert np.allclose(shown.map, reference[1][0, query].view(grid).numpy(), atol=ATOL)
 
 
 def test_the_position_table_taken_as_its_own_size_does_not_match(qwen, folder):
