@@ -49,6 +49,7 @@ def pytest_configure(config):
 
 # Modules that take minutes, not seconds: handed out first, so that neither worker is left with one of them at the end.
 HEAVY_FIRST = ("ray-cluster", "browser")
+RAY_TIMEOUT_S = 480  # the deadline of a test on the Ray cluster (pyproject.toml's timeout is every other test's)
 
 
 def _group(module, items) -> str:
@@ -94,6 +95,9 @@ def pytest_collection_modifyitems(config, items):
         items.sort(key=lambda item: order[item.module])  # stable: a module's own order is kept
         for item in items:
             _in_group(item, groups[item.module])
+    for item in items:  # a Ray job's chain of process starts: 174 s once at a load of 10; the others keep 300 s
+        if "ray_cluster" in item.fixturenames and item.get_closest_marker("timeout") is None:
+            item.add_marker(pytest.mark.timeout(RAY_TIMEOUT_S))
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU (run them with: pytest -m cuda on a GPU machine)")
