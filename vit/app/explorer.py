@@ -206,15 +206,17 @@ def check_chunked_gradient_fits(model, tokens: int, what: str, contexts: bool) -
                             f"{side} px. Choose a smaller input size, or another map.")
 
 
-def check_stage_legrad_fits(model, grid: tuple[int, int], start_layer: int = -2) -> None:
-    """``TooManyTokens`` when LeGrad on a model with stages (``relevance.stage_legrad_bytes``: the explained layers'
-    windows and activations in the graph) would be over the memory limit. Checked before any work."""
+def check_stage_legrad_fits(model, grid: tuple[int, int], start_layer: int = -2, what: str = "LeGrad") -> None:
+    """``TooManyTokens`` when LeGrad (``what``; the class-specific map's gradient rollout with ``start_layer`` 0) on
+    a model with stages (``relevance.stage_legrad_bytes``: the explained layers' windows and activations in the
+    graph, beside what a layer's layout forms, ``bounds.layout_memory``) would be over the memory limit. Checked
+    before any work."""
     from vit.explain.relevance import stage_legrad_bytes
 
-    need = stage_legrad_bytes(model, grid, start_layer)
+    need = stage_legrad_bytes(model, grid, start_layer) + bounds.layout_memory(model, grid).peak
     _, limit = analysis_limits()
     if need > limit:
-        raise TooManyTokens(f"LeGrad keeps the explained layers' attention and activations for the gradient: about "
+        raise TooManyTokens(f"{what} keeps the explained layers' attention and activations for the gradient: about "
                             f"{need / 2**20:,.0f} MB at a {grid[0]}x{grid[1]} patch grid, over the "
                             f"{limit / 2**20:,.0f} MB limit (VIT_ANALYSIS_MEMORY_MB). Choose a smaller input size, "
                             "or another map.")
@@ -236,16 +238,26 @@ def check_flow_fits(model, tokens: int) -> None:
 def check_input_fits(checkpoint: Checkpoint, grid: tuple[int, int], what: str = "This input",
                      max_tokens: int | None = None, allow: str = f"raise {bounds.MAX_TOKENS_ENV}") -> None:
     """Raise ``TooManyTokens`` when an input of ``grid`` patches is over the token gate (``max_tokens``, default
-    VIT_MAX_TOKENS; ``allow`` says how to raise it) or the memory limit."""
+    VIT_MAX_TOKENS; ``allow`` says how to raise it) or the memory limit: the analysis (``analysis_memory``) and what
+    its attention layouts hold (``bounds.layout_memory``: windows, position biases and indices, pooled queries; a
+    model with stages keeps every layer's windows, which its maps, the rollout through the merges too, read)."""
     config, prefix = checkpoint.model.config, checkpoint.model.num_prefix_tokens
     tokens = prefix + grid[0] * grid[1]
     max_tokens, limit = analysis_limits(max_tokens)
     bounds.check_tokens(config, grid[0] * grid[1], f"{what} ({grid[0]}×{grid[1]} patches)", max_tokens, allow)
+    layouts = bounds.layout_memory(checkpoint.model, grid, analysis=True)
     need = analysis_memory(config.num_layers, config.num_heads, config.hidden_size, tokens,
-                           logit_bias=has_logit_bias(config))
+                           logit_bias=has_logit_bias(config)) + layouts.total
     if need > limit:
+        held = []
+        if layouts.kept:
+            held.append(f"{(layouts.kept + layouts.maps) / 2**20:,.0f} MB for every layer's windows and the maps "
+                        "read from them")
+        if layouts.why:
+            held.append(f"{layouts.peak / 2**20:,.0f} MB at once for layer {layouts.layer}'s {layouts.why}")
+        held = f" ({'; '.join(held)})" if held else ""
         raise TooManyTokens(f"{what} gives {tokens:,} tokens, which needs about {need / 2**20:,.0f} MB for "
-                            f"{config.num_layers} layers × {config.num_heads} heads, over the "
+                            f"{config.num_layers} layers × {config.num_heads} heads{held}, over the "
                             f"{limit / 2**20:,.0f} MB limit per image (VIT_ANALYSIS_MEMORY_MB). "
                             "Choose a smaller input size.")
 
@@ -689,6 +701,7 @@ def class_relevance(checkpoint: Checkpoint, image: Image.Image, class_index: int
     tokens = model.num_prefix_tokens + grid[0] * grid[1]
     device = next(model.parameters()).device
     if model.config.stage_depths:  # a Swin's windows: H x T x w*w values per layer, never T x T
+        check_stage_legrad_fits(model, grid, 0, "The class-specific map")  # every layer's windows and gradients
         layouts = model.layer_layouts(grid)
         x = preprocess([image], p, size, model.config.patch_size).to(device)
         with reported_blocks(model, progress, len(model.blocks)):

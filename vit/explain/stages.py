@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from vit.explain.attention import fuse_heads, layer_columns, layer_rows, layer_step, patch_centres
-from vit.model.stages import LayerLayout, covering_token, merge_matrix, shift_mask
+from vit.model.stages import LayerLayout, covering_token, shift_mask, through_merge
 
 
 def _check(attentions: Sequence[Tensor], layouts: Sequence[LayerLayout], layer: int) -> int:
@@ -53,7 +53,8 @@ def clicked_row(attentions: Sequence[Tensor], layouts: Sequence[LayerLayout], la
 def _roll(blocks: Sequence[Tensor], layouts: Sequence[LayerLayout], end: int, query: int | None,
           normalise: bool) -> Tensor:
     """``e_query`` (None: every token alike) of layer ``end``'s grid through ``layer_step`` of each layer's
-    ``blocks`` down to layer 0, ``@ merge_matrix`` wherever a stage opened with a merge: ``(B, gh_0, gw_0)``."""
+    ``blocks`` down to layer 0, ``@ merge_matrix`` wherever a stage opened with a merge (``through_merge``):
+    ``(B, gh_0, gw_0)``."""
     lay = layouts[end]
     if query is not None and not 0 <= query < lay.num_tokens:
         raise ValueError(f"query {query} is out of range for layer {end}'s {lay.grid[0]}x{lay.grid[1]} grid")
@@ -67,7 +68,7 @@ def _roll(blocks: Sequence[Tensor], layouts: Sequence[LayerLayout], end: int, qu
         lay = layouts[i]
         v = layer_step(v, blocks[i].double(), lay, normalise)  # onto the layer's keys' grid
         if i and layouts[i - 1].grid != lay.key_grid:  # this layer's stage opened with a merge (Swin)
-            v = v @ merge_matrix(layouts[i - 1].grid).double()
+            v = through_merge(v, layouts[i - 1].grid)  # v @ merge_matrix, never the T_out x T_in matrix
     return v.reshape(B, *layouts[0].grid).float()
 
 

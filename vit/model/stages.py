@@ -238,13 +238,25 @@ def unshift_windows(windows: torch.Tensor, grid: tuple[int, int], window: int | 
     return x.reshape(-1, gh * gw, D)
 
 
-@lru_cache(maxsize=32)
+# The shift masks and relative indices kept for the next forward are at most this large each (Swin V2-B's 24x24
+# windows on a 96x96 grid: a 21 MB mask, formed again in each shifted block): a hostile window's (16,384 tokens: a 2
+# GB index) is formed per call and freed, never held by the caches past its forward.
+KEPT_LAYOUT_BYTES = 2**25
+
+
 def shift_mask(grid: tuple[int, int], window: int | tuple[int, int], shift: int | tuple[int, int]) -> torch.Tensor:
     """Swin's shifted-window attention mask ``(nw, wh*ww, wh*ww)``: -100 between tokens that the cyclic shift
     brought together from different regions of the (padded) grid, 0 elsewhere (HF / timm ``get_attn_mask``; both
     libraries cut the regions on the padded grid; an axis not shifted has one region in each window). Kept per
-    grid, as timm keeps it in a buffer (forming it in every shifted block was ~2 % of Swin-T's forward at one
-    thread); read it, never write to it."""
+    grid up to ``KEPT_LAYOUT_BYTES``, as timm keeps it in a buffer (forming it in every shifted block was ~2 % of
+    Swin-T's forward at one thread); read it, never write to it."""
+    (gh, gw), (wh, ww) = grid, pair(window)
+    if -(-gh // wh) * -(-gw // ww) * (wh * ww) ** 2 * 4 > KEPT_LAYOUT_BYTES:
+        return _shift_mask(tuple(grid), window, shift)
+    return _kept_shift_mask(tuple(grid), window, shift)
+
+
+def _shift_mask(grid: tuple[int, int], window: int | tuple[int, int], shift: int | tuple[int, int]) -> torch.Tensor:
     with torch.inference_mode(False):  # kept for gradient passes too: an inference tensor cannot be saved for them
         gh, gw = grid
         (wh, ww), (sh, sw) = pair(window), pair(shift)
@@ -255,6 +267,10 @@ def shift_mask(grid: tuple[int, int], window: int | tuple[int, int], shift: int 
         region = (region_r[:, None] * 3 + region_c[None, :]).view(Gh // wh, wh, Gw // ww, ww)
         region = region.permute(0, 2, 1, 3).reshape(-1, wh * ww)  # (nw, n)
         return torch.where(region[:, None, :] == region[:, :, None], 0.0, -100.0)
+
+
+_kept_shift_mask = lru_cache(maxsize=32)(_shift_mask)
+shift_mask.cache_clear = _kept_shift_mask.cache_clear  # as before, when the whole function was the cache
 
 
 def window_and_shift(grid: tuple[int, int], window: int, shift: bool, shrink: bool = False, rule: str = "hf",
@@ -310,6 +326,18 @@ def merge_matrix(grid: tuple[int, int], device: torch.device | None = None, stri
     m = torch.zeros(oh * ow, gh * gw, device=device)
     m[out, rows] = 1.0
     return m / m.sum(dim=1, keepdim=True)
+
+
+def through_merge(row: torch.Tensor, grid: tuple[int, int], stride: int = 2) -> torch.Tensor:
+    """``row (B, T_out) @ merge_matrix(grid)``, ``(B, T_in)``, without forming the ``T_out x T_in`` matrix (1 GB at
+    a 128 x 128 grid; the rollout through Swin's merges grew as its square): each input token takes its output
+    token's entry over the k real inputs that output is built from."""
+    gh, gw = grid
+    ow = -(-gw // stride)
+    rows = torch.arange(gh * gw, device=row.device)
+    out = (rows // gw) // stride * ow + (rows % gw) // stride  # each input token's output token
+    counts = torch.bincount(out, minlength=row.shape[1]).to(row.dtype)  # (T_out,): its real inputs
+    return (row / counts)[:, out]
 
 
 class PatchMerging(nn.Module):
@@ -384,16 +412,29 @@ class QueryPool(nn.Module):
 
 # --- Swin's relative position biases over a window's offsets ----------------------------------------------------
 
-@lru_cache(maxsize=8)
 def swin_relative_index(window: int | tuple[int, int]) -> torch.Tensor:
     """``(wh*ww, wh*ww)``: each pair of a window's tokens' offset, row-major over ``(2wh-1, 2ww-1)`` (HF / timm
-    ``relative_position_index``, timm's ``get_relative_position_index(wh, ww)``); kept per window, as the libraries
-    keep it in a buffer (read it, never write to it)."""
+    ``relative_position_index``, timm's ``get_relative_position_index(wh, ww)``); kept per window up to
+    ``KEPT_LAYOUT_BYTES``, as the libraries keep it in a buffer (read it, never write to it)."""
+    wh, ww = pair(window)
+    if (wh * ww) ** 2 * 8 > KEPT_LAYOUT_BYTES:
+        return _relative_index((wh, ww))
+    return _kept_relative_index((wh, ww))
+
+
+def _relative_index(window: tuple[int, int]) -> torch.Tensor:
     with torch.inference_mode(False):  # kept for gradient passes too: an inference tensor cannot be saved for them
-        wh, ww = pair(window)
-        coords = torch.stack(torch.meshgrid(torch.arange(wh), torch.arange(ww), indexing="ij")).flatten(1)
-        rel = (coords[:, :, None] - coords[:, None, :]).permute(1, 2, 0)  # (n, n, 2)
-        return (rel[..., 0] + wh - 1) * (2 * ww - 1) + rel[..., 1] + ww - 1
+        wh, ww = window
+        y, x = torch.arange(wh).repeat_interleave(ww), torch.arange(ww).repeat(wh)  # each token's (row, column)
+        # A pair's (qy - ky + wh - 1) * (2ww - 1) + qx - kx + ww - 1 is a query's part less a key's: one (n, n)
+        # subtraction, not the (n, n, 2) offsets and their sums (40 bytes a pair at its peak, where this is 8)
+        query_part = (y + wh - 1) * (2 * ww - 1) + x + ww - 1  # (n,)
+        key_part = y * (2 * ww - 1) + x
+        return query_part[:, None] - key_part[None, :]  # (n, n)
+
+
+_kept_relative_index = lru_cache(maxsize=8)(_relative_index)
+swin_relative_index.cache_clear = _kept_relative_index.cache_clear
 
 
 class SwinPositionBias(nn.Module):

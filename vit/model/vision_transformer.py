@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from vit import bounds
 from vit.model.blocks import AttentionPool, Block, Parent, Projector, make_norm
 from vit.model.config import ViTConfig
 from vit.model.hooks import Hook, HookPoint, _hooks
@@ -289,6 +290,10 @@ class ViT(Parent):
         attentions = []
         blocks = list(self.blocks)[start:stop]  # not self.blocks[start:stop]: that builds a ModuleList
         layouts = None
+        if grid is not None and (c.stage_depths or c.window_size or c.rel_pos != "none"):
+            # What the windows and position biases form at once, before any block runs: a config's 128x128 window
+            # is a 16,384 x 16,384 bias and index however small the image, refused here whoever asked for it
+            bounds.check_layouts(self, grid)
         if grid is not None and c.stage_depths:
             layouts = self.layer_layouts(grid)  # also the sizes that work, before any block runs
             layouts = layouts[start % len(self.blocks):]  # (a negative start counts from the end, as the slice does)

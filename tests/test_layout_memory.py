@@ -1,0 +1,307 @@
+"""Issue 62, items 1 and 2: what an input's attention layouts hold (windows, position biases and their indices, shift
+masks, pooled queries, the windows a model with stages keeps and the rollout through its merges) counts in the one
+memory bound per image, before any work, whatever the token gate allows.
+
+A Swin V2 config.json with ``window_size`` 128 at its own 512 px (16,384 tokens, the token limit) made one forward
+ask for 4 GB at once (its position bias and index over 16,384 x 16,384 pairs), and the rollout through Swin's merges
+formed each merge as a dense matrix (7.6 GB at 896 px). Each family with a layout runs in a subprocess under an
+address-space cap (``RLIMIT_AS``): at a hostile size the analysis, and a plain forward, are refused before any block
+runs; at the largest size the bound allows, the analysis and its maps run and the peak RSS grows by no more than the
+bound (``VmHWM``, the peak reset first through ``/proc/self/clear_refs``).
+"""
+
+import contextlib
+import json
+import os
+import resource
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from PIL import Image
+
+from vit import bounds
+from vit.model import ViT
+from vit.model.stages import through_merge
+from vit.sources import import_swin
+
+ROOT = Path(__file__).resolve().parents[1]
+LIMIT_MB = 600  # VIT_ANALYSIS_MEMORY_MB in the subprocesses: the cache and chunk alone are 384 MB of it
+
+# The issue's config.json: HF Swin V2, window 128 at 512 px in 4 px patches (108 KB of weights: its bias is an MLP).
+ISSUE_SWINV2 = {"model_type": "swinv2", "image_size": 512, "patch_size": 4, "embed_dim": 16, "depths": [2, 2],
+                "num_heads": [2, 4], "window_size": 128, "architectures": ["Swinv2ForImageClassification"],
+                "num_labels": 3}
+
+# Each family with a layout, as its importer reads a config.json: ``hostile`` is a size whose layouts are over the
+# bound (the config's own where it is the attack), ``step`` the sides its windows and poolings accept, ``forward``
+# whether a plain forward at ``hostile`` is refused too (its layout alone is over the bound: a bias or mask formed
+# whole, not attention a forward forms a chunk at a time).
+FAMILIES = {
+    "swinv2": dict(importer="swin", config=ISSUE_SWINV2, hostile=512, step=8, forward=True),
+    # timm's rule: windows shrink per axis, so every size has some; window 128 over a 128 x 128 grid
+    "swin": dict(importer="swin", config={**ISSUE_SWINV2, "model_type": "swin",
+                                          "architectures": ["SwinForImageClassification"]},
+                 timm=True, hostile=512, step=8, forward=True),
+    # Swin-T's window 7 over many tokens (the token gate raised): the rollout through the merges (item 2)
+    "swin-w7": dict(importer="swin", config={**ISSUE_SWINV2, "model_type": "swin", "window_size": 7,
+                                             "architectures": ["SwinForImageClassification"]},
+                    hostile=4032, step=56, forward=False),
+    # a global stage keeps each layer's whole attention (4,096 x 4,096 at 512 px), as SAM 2's global blocks do
+    "hiera": dict(importer="hiera", config={"image_size": [512, 512], "embed_dim": 16, "depths": [1, 2],
+                                            "num_heads": [1, 2], "num_query_pool": 1, "masked_unit_size": [8, 8],
+                                            "masked_unit_attention": [True, False], "num_labels": 3,
+                                            "architectures": ["HieraForImageClassification"]},
+                  hostile=512, step=32, forward=False),
+    "sam2": dict(importer="sam2", config={"model_type": "sam2_hiera_det_model", "image_size": [512, 512],
+                                          "hidden_size": 16, "embed_dim_per_stage": [16, 32],
+                                          "blocks_per_stage": [1, 2], "num_attention_heads_per_stage": [1, 2],
+                                          "num_query_pool_stages": 1, "window_size_per_stage": [8, 4],
+                                          "global_attention_blocks": [2],
+                                          "window_positional_embedding_background_size": [4, 4]},
+                 hostile=512, step=32, forward=False),
+    # SAM's windows do not shrink: 40 x 40 windows, read one layer at a time (scores and probabilities)
+    "sam": dict(importer="sam", config={"image_size": 640, "patch_size": 4, "hidden_size": 16,
+                                        "num_hidden_layers": 2, "num_attention_heads": 2, "mlp_dim": 32,
+                                        "window_size": 40, "global_attn_indexes": [1]},
+                hostile=640, step=16, forward=False),
+    # BEiT's bias is formed a query chunk at a time (a global layer's, counted before): a wide model, so the
+    # largest size is a few thousand tokens, not the hundreds of thousands a forward takes minutes over
+    "beit": dict(importer="beit", config={"image_size": 64, "patch_size": 4, "hidden_size": 256,
+                                          "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 256,
+                                          "use_relative_position_bias": True, "num_labels": 3,
+                                          "architectures": ["BeitForImageClassification"]},
+                 hostile=1024, step=16, forward=False, limit=500),
+}
+
+
+def build(importer: str, config: dict, timm: bool = False) -> ViT:
+    """A family's model (random weights) from its config.json, as ``vit.sources`` reads it."""
+    from dataclasses import replace
+
+    from vit.sources import import_beit, import_hiera, import_sam
+
+    read = {"swin": import_swin.config_from_hf, "hiera": import_hiera.config_from_hf,
+            "sam2": import_hiera.sam2_config_from_hf, "sam": import_sam.config_from_hf,
+            "beit": import_beit.config_from_hf}[importer]
+    c = read(config)
+    if timm:  # timm's Swin: roll before padding, each axis's window on its own
+        c = replace(c, shift_padded=False, window_rule="timm")
+    torch.manual_seed(0)
+    return ViT(c).eval()
+
+
+WORKER = r'''
+import json, re, resource, sys
+import torch
+from PIL import Image
+sys.path.insert(0, sys.argv[2])
+from test_layout_memory import build
+from vit import bounds
+from vit.app import explorer
+from vit.checkpoint import Checkpoint, Preprocessing
+from vit.explain.stages import relevance_rollout_row
+from vit.inference import InputSize
+
+spec = json.loads(sys.argv[1])
+model = build(spec["importer"], spec["config"], spec.get("timm", False))
+c = model.config
+checkpoint = Checkpoint(model, [f"class {i}" for i in range(c.num_classes)],
+                        Preprocessing(c.image_size, 3, (0.5,) * 3, (0.5,) * 3))
+staged, classes = bool(c.stage_depths), c.num_classes > 0
+ran = []  # the blocks a forward ran
+model_hooks = [(f"blocks.{i}.hook_resid_post", lambda t, hook, i=i: ran.append(i)) for i in range(len(model.blocks))]
+
+
+def maps(analysis):
+    """Every map the explorer draws of this analysis from what it keeps (the class map and LeGrad: ``classes``)."""
+    if staged:
+        for kind in ("attention", "rollout", "norms"):
+            for layer in (0, -1):
+                explorer.stage_map(analysis, explorer.MapSettings(kind=kind, layer=layer, end_layer=layer,
+                                                                  query=analysis.num_tokens // 2))
+    else:
+        for layer in range(analysis.num_layers):
+            explorer.attention_map(analysis, explorer.MapSettings(layer=layer, query=analysis.num_tokens // 2))
+            explorer.attention_map(analysis, explorer.MapSettings(kind="norms", layer=layer))
+        explorer.rollout_map(analysis, explorer.MapSettings(kind="rollout", query=analysis.num_tokens // 2))
+
+
+def class_maps(image, size):
+    """The class-specific map (its gradients and their rollout) and, with stages, LeGrad: bounded on their own."""
+    relevance = explorer.class_relevance(checkpoint, image, 0, size)
+    if staged:
+        relevance_rollout_row(relevance.terms, relevance.layouts, -1, None)  # what stage_map draws for it
+        explorer.model_method_map(checkpoint, image, "legrad", 0, size=size, start_layer=-1)
+    else:
+        relevance.row(0, -1)
+
+
+def rss():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * resource.getpagesize()
+
+
+def reset_peak():
+    with open("/proc/self/clear_refs", "w") as f:  # the peak RSS (VmHWM) starts again from now
+        f.write("5")
+    return rss()
+
+
+def grown(since):
+    # VmHWM, the address space's peak, not getrusage's ru_maxrss: that also keeps the peak of any thread that has
+    # exited since (the kernel's signal maxrss), which clear_refs does not reset
+    with open("/proc/self/status") as f:
+        return int(re.search(r"VmHWM:\s+(\d+) kB", f.read()).group(1)) * 1024 - since
+
+
+def run(fn):
+    """None when ``fn`` ran, else its one-line refusal (TooManyTokens, or a map this model does not support)."""
+    try:
+        fn()
+        return None
+    except ValueError as e:
+        return str(e)
+
+
+small = spec["step"] * max(1, 64 // spec["step"])
+image = Image.new("RGB", (spec["hostile"], spec["hostile"]), (120, 60, 30))
+maps(explorer.analyse(checkpoint, image, InputSize(small)))  # lazy imports, threads: before the cap
+side = spec["hostile"] - spec["step"]
+while side > 0:  # the largest side the bound allows, down from the hostile one
+    try:
+        explorer.view_shape(checkpoint, image, InputSize(side))
+        break
+    except ValueError:  # over the bound (TooManyTokens), or a side the windows do not tile
+        side -= spec["step"]
+with open("/proc/self/statm") as f:
+    mapped = int(f.read().split()[0]) * resource.getpagesize()
+limit = bounds.memory_limit()
+resource.setrlimit(resource.RLIMIT_AS, (mapped + limit + 512 * 2**20, resource.getrlimit(resource.RLIMIT_AS)[1]))
+out = {"side": side, "limit": limit}
+
+since = reset_peak()
+with model.hooks(model_hooks):
+    out["analysis refused"] = run(lambda: maps(explorer.analyse(checkpoint, image, InputSize(spec["hostile"]))))
+    if spec["forward"]:
+        x = torch.zeros(1, 3, spec["hostile"], spec["hostile"])
+        with torch.inference_mode():
+            out["forward refused"] = run(lambda: model(x))
+out["blocks run"], out["hostile growth"] = len(ran), grown(since)
+
+since = reset_peak()
+analysis = explorer.analyse(checkpoint, image, InputSize(side))
+maps(analysis)
+out["analysis growth"] = grown(since)
+del analysis
+if classes:
+    since = reset_peak()
+    out["class refused"] = run(lambda: class_maps(image, InputSize(side)))
+    out["class growth"] = grown(since)
+print(json.dumps(out))
+'''
+
+
+def run_family(name: str) -> dict:
+    env = {**os.environ, "VIT_ANALYSIS_MEMORY_MB": str(FAMILIES[name].get("limit", LIMIT_MB)),
+           "VIT_MAX_TOKENS": "2000000", "VIT_THREADS": "1",
+           "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, "-c", WORKER, json.dumps(FAMILIES[name]), str(ROOT / "tests")],
+                          capture_output=True, text=True, env=env, cwd=ROOT, timeout=280)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def can_reset_the_peak() -> bool:
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not can_reset_the_peak(), reason="the peak RSS cannot be reset here (/proc/self/clear_refs)")
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_each_family_is_refused_over_the_bound_before_any_block_and_stays_under_it_at_its_largest_size(family):
+    out = run_family(family)
+    mb = 2**20
+    # Over the bound: refused in one line naming the bound, before any block ran and before anything was allocated
+    refusals = [out["analysis refused"]] + ([out["forward refused"]] if FAMILIES[family]["forward"] else [])
+    for refusal in refusals:
+        assert refusal is not None and "VIT_ANALYSIS_MEMORY_MB" in refusal and "\n" not in refusal, refusal
+    assert out["blocks run"] == 0
+    assert out["hostile growth"] < 48 * mb
+    # At the largest size the bound allows, the analysis and every map it draws stay under the bound
+    assert out["side"] > 0
+    assert out["analysis growth"] <= out["limit"], (out["side"], out["analysis growth"] / mb)
+    if "class growth" in out and out["class refused"] is None:
+        assert out["class growth"] <= out["limit"], (out["side"], out["class growth"] / mb)
+
+
+@contextlib.contextmanager
+def address_space(extra: int):
+    """This process's address space capped at what it maps now plus ``extra`` bytes: an allocation past it fails at
+    once (where the bound would not refuse), instead of taking the machine's memory."""
+    with open("/proc/self/statm") as f:
+        mapped = int(f.read().split()[0]) * resource.getpagesize()
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    resource.setrlimit(resource.RLIMIT_AS, (mapped + extra, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+
+
+def test_the_issues_swin_v2_config_is_refused_before_its_first_block(monkeypatch):
+    """``window_size`` 128 at its own 512 px: one window over the whole 128 x 128 grid, whose bias and index were
+    built for 16,384 x 16,384 pairs (4 GB asked for at once). Refused in one line; no block runs."""
+    model = build("swin", ISSUE_SWINV2)
+    ran = []
+    hooks = [(f"blocks.{i}.hook_resid_pre", lambda t, hook: ran.append(1)) for i in range(len(model.blocks))]
+    x = torch.zeros(1, 3, 512, 512)
+    with (torch.inference_mode(), model.hooks(hooks), address_space(1024 * 2**20),
+          pytest.raises(bounds.TooManyTokens) as refused):
+        model(x)
+    message = str(refused.value)
+    assert "128×128-patch window (16,384 × 16,384 pairs" in message and "VIT_ANALYSIS_MEMORY_MB" in message
+    assert "\n" not in message and not ran
+    monkeypatch.setenv("VIT_ANALYSIS_MEMORY_MB", "8192")  # the bound raised: the same input runs
+    assert bounds.layout_memory(model, (128, 128)).peak < 8192 * 2**20
+
+
+def test_the_explorer_refuses_the_issues_config_for_a_small_upload_at_the_models_own_size():
+    """The app's path: a visitor's 64 px upload is analysed at the model's own 512 px."""
+    from vit.app import explorer
+    from vit.checkpoint import Checkpoint, Preprocessing
+
+    model = build("swin", ISSUE_SWINV2)
+    checkpoint = Checkpoint(model, ["a", "b", "c"], Preprocessing(512, 3, (0.5,) * 3, (0.5,) * 3))
+    with pytest.raises(bounds.TooManyTokens, match=r"position bias and index over its 128×128-patch window.*"
+                                                   r"VIT_ANALYSIS_MEMORY_MB"):
+        explorer.view_shape(checkpoint, Image.new("RGB", (64, 64)))
+
+
+def test_predict_refuses_the_issues_config_in_one_line(tmp_path, capsys):
+    from vit import predict
+    from vit.checkpoint import Preprocessing, save_checkpoint
+
+    model = build("swin", ISSUE_SWINV2)
+    save_checkpoint(tmp_path / "swinv2.pt", model, ["a", "b", "c"], Preprocessing(512, 3, (0.5,) * 3, (0.5,) * 3))
+    Image.new("RGB", (64, 64)).save(tmp_path / "cat.png")
+    with address_space(1024 * 2**20):
+        assert predict.main([str(tmp_path / "swinv2.pt"), str(tmp_path / "cat.png")]) == 1
+    [line] = capsys.readouterr().err.strip().splitlines()
+    assert "16,384 × 16,384 pairs" in line and "VIT_ANALYSIS_MEMORY_MB" in line
+
+
+def test_a_rollout_row_passes_a_merge_to_the_real_inputs_of_each_merged_token():
+    """A 3 x 3 grid merges into 2 x 2 tokens built from 4, 2, 2 and 1 real inputs (the odd sides padded)."""
+    row = torch.tensor([[4.0, 2.0, 6.0, 1.0]], dtype=torch.float64)
+    expected = torch.tensor([[1.0, 1.0, 1.0,
+                              1.0, 1.0, 1.0,
+                              3.0, 3.0, 1.0]], dtype=torch.float64)
+    assert torch.equal(through_merge(row, (3, 3)), expected)
