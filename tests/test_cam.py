@@ -10,10 +10,13 @@ Reference: jacobgil/pytorch-grad-cam @ 084273b, pytorch_grad_cam/*_cam.py and ba
 (tests/reference/pytorch_grad_cam).
 """
 
+import numpy as np
 import pytest
 import torch
 from parity_helpers import randomize
+from PIL import Image
 
+import vit
 from tests.reference.pytorch_grad_cam.eigen_cam import EigenCAM
 from tests.reference.pytorch_grad_cam.grad_cam import GradCAM
 from tests.reference.pytorch_grad_cam.grad_cam_plusplus import GradCAMPlusPlus
@@ -22,7 +25,9 @@ from tests.reference.pytorch_grad_cam.layer_cam import LayerCAM
 from tests.reference.pytorch_grad_cam.model_targets import ClassifierOutputTarget
 from tests.reference.pytorch_grad_cam.score_cam import ScoreCAM
 from tests.reference.pytorch_grad_cam.xgrad_cam import XGradCAM
+from vit.app import explorer
 from vit.explain.cam import CAM_METHODS, cam
+from vit.inference import preprocess
 from vit.sources.open import open_source
 
 timm = pytest.importorskip("timm")
@@ -73,7 +78,7 @@ def families(tmp_path_factory):
         folder = tmp_path_factory.mktemp(family) / "timm"
         timm.models.save_for_hf(model, folder, model_args=dict(num_heads=2, img_size=4 * patch, **kwargs),
                                 safe_serialization=True)
-        built[family] = model.double(), open_source(folder).model.double(), size, patch
+        built[family] = model.double(), open_source(folder).model.double(), size, patch, folder
     return built
 
 
@@ -90,7 +95,7 @@ def swin(tmp_path_factory):
 @pytest.mark.parametrize("method", list(CAM_METHODS))
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_cam_of_the_last_blocks_norm1_equals_pytorch_grad_cam(families, family, method):
-    reference, ours, (height, width), patch = families[family]
+    reference, ours, (height, width), patch, _ = families[family]
     images = torch.randn(2, 3, height, width, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
     grid = (height // patch, width // patch)
     expected = reference_cam(method, reference, reference.blocks[-1].norm1,
@@ -110,3 +115,17 @@ def test_cam_of_a_swin_stage_equals_pytorch_grad_cam(swin, stage, method):
     mine = cam(ours, images, method, class_index=2, layer=layer)
     assert mine.shape == (2, 8 // 2 ** stage, 8 // 2 ** stage)
     torch.testing.assert_close(scaled(mine), expected, rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("method", ["gradcam", "eigencam"])
+def test_vit_explain_draws_pytorch_grad_cams_map_of_the_chosen_class_and_block(families, method):
+    reference, _, _, patch, folder = families["dinov2-reg4"]
+    checkpoint = vit.load(folder, device="cpu")  # float32: 1e-4 (a wrong block or class is off by far more)
+    assert set(CAM_METHODS) <= set(vit.methods(checkpoint)) and set(CAM_METHODS) <= set(explorer.MAP_KINDS)
+    image = Image.fromarray(np.random.default_rng(0).integers(0, 256, (30, 40, 3), dtype=np.uint8))
+    target = {"target": 2} if method != "eigencam" else {}
+    e = vit.explain(checkpoint, image, method, layer=0, **target)
+    x = preprocess([image], checkpoint.preprocessing).double()
+    grid = (x.shape[2] // patch, x.shape[3] // patch)
+    expected = reference_cam(method, reference, reference.blocks[0].norm1, vit_transform(5, grid), x, 2)
+    np.testing.assert_allclose(scaled(torch.from_numpy(e.map)[None].double()).numpy(), expected.numpy(), atol=1e-4)

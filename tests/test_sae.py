@@ -99,7 +99,7 @@ def test_a_pre_6_sae_lens_config_loads(tmp_path):
     ({"d_sae": 41}, "not the shapes"),
     ({"k": 0}, "k must be"),
     ({"d_sae": 2**30}, "d_sae must be"),
-    ({"architecture": "jumprelu"}, "not supported"),
+    ({"architecture": "jumprelu_transcoder"}, "not supported"),
     ({"normalize_activations": "layer_norm"}, "normalize_activations"),
 ])
 def test_a_damaged_config_is_one_line_refusal(tmp_path, change, message):

@@ -46,6 +46,12 @@ _APPLIES_TO = {
     "legrad": "classifiers; CLIP / SigLIP through vit.ask",
     "lrp": "classifiers with a CLS token",
     "attnlrp": "classifiers",
+    "gradcam": "classifiers, every family (pytorch-grad-cam's, on the last block's norm1 tokens)",
+    "gradcam++": "classifiers, every family (pytorch-grad-cam's, on the last block's norm1 tokens)",
+    "xgradcam": "classifiers, every family (pytorch-grad-cam's, on the last block's norm1 tokens)",
+    "eigencam": "every model (pytorch-grad-cam's, on the last block's norm1 tokens)",
+    "layercam": "classifiers, every family (pytorch-grad-cam's, on the last block's norm1 tokens)",
+    "scorecam": "classifiers, every family (one forward per channel: seconds to minutes)",
     "flow": "every model (seconds: a max-flow per patch)",
     "norms": "every model",
     "probe": "models with an attention-pooling head (SigLIP)",
@@ -292,13 +298,15 @@ def explain(checkpoint: Checkpoint, image: ImageLike, method: str = "rollout", *
 
     Arguments a method does not read are refused: ``layer`` (the layer of ``attention`` and ``norms``; the last
     layer included for ``rollout``, ``class``, ``lrp``, ``flow``, ``probe_rollout``; default the last; the first
-    layer explained for ``legrad``, default the last but one, its authors' ``layer_index``), ``head``
+    layer explained for ``legrad``, default the last but one, its authors' ``layer_index``; the block whose first
+    norm the CAMs read, ``gradcam``, ``gradcam++``, ``xgradcam``, ``eigencam``, ``layercam``, ``scorecam``, default
+    the last, as pytorch-grad-cam's ViT tutorial), ``head``
     (``attention``, ``probe``; default the heads averaged), ``query`` (the token whose map it is: ``attention``,
     ``rollout``, ``class``, ``lrp``, ``flow``; default 0, CLS), ``target`` (the explained class, an index or a name:
-    ``class``, ``legrad``, ``lrp``, ``attnlrp``; default the predicted one). ``size``: the input side in pixels
-    (default the model's own), rounded to whole patches. ``max_tokens``: the explorer's token gate in patches (default
-    env VIT_MAX_TOKENS, else 16,384; the prefix tokens come on top), checked before any work; a larger input is
-    refused with the work it would be.
+    ``class``, ``legrad``, ``lrp``, ``attnlrp`` and the CAMs but ``eigencam``; default the predicted one).
+    ``size``: the input side in pixels (default the model's own), rounded to whole patches. ``max_tokens``: the
+    explorer's token gate in patches (default env VIT_MAX_TOKENS, else 16,384; the prefix tokens come on top),
+    checked before any work; a larger input is refused with the work it would be.
     Raises ValueError with a message that says what to do.
     """
     if method not in explorer.MAP_KINDS:

@@ -73,8 +73,8 @@ def choose_map(shape: explorer.ViewShape, class_names: list[str], model_key: str
             methods = [k for k in explorer.METHOD_MAP_KINDS if k in kinds  # a Swin's: AttnLRP
                        and (class_names or k not in explorer.CLASS_MAP_KINDS)]
             kind = st.selectbox("Method", methods, format_func=explorer.MAP_KINDS.get, key="method_kind",
-                                help="LeGrad, LRP and AttnLRP explain a class; attention flow, like rollout, "
-                                     "follows attention and the residual, as a max-flow (slow).")
+                                help="LeGrad, LRP, AttnLRP and the CAMs (but EigenCAM) explain a class; attention "
+                                     "flow, like rollout, follows attention and the residual, as a max-flow (slow).")
         controls = explorer.MAP_CONTROLS[kind]
         if shape.staged:  # Swin's rollout keeps every attention; its class map starts from the average pooling
             controls = tuple(c for c in controls if c != "discard_ratio" and (kind != "class" or c != "query"))
@@ -122,7 +122,9 @@ def choose_map(shape: explorer.ViewShape, class_names: list[str], model_key: str
         if "end_layer" in controls:
             st.session_state.setdefault(f"end-{model_key}", L)
             end_layer = st.select_slider(share.LABELS["end"], range(1, L + 1), key=f"end-{model_key}",
-                                         help="Roll out from layer 1 through this layer.")
+                                         help="The block whose first norm's tokens the CAM reads (pytorch-grad-cam's "
+                                              "ViT tutorial: the last)." if kind in explorer.CAM_KINDS else
+                                         "Roll out from layer 1 through this layer.")
         start_layer = -2  # LeGrad's authors' default: the last two layers
         if "start_layer" in controls:
             from vit.explain.relevance import legrad_layers

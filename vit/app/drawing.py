@@ -833,10 +833,25 @@ def map_colours(kind: str, map2d: np.ndarray, colormap: str) -> tuple[str, float
 
 
 
+CAM_CAPTIONS = {  # how each CAM weighs the channels (pytorch-grad-cam's get_cam_weights / get_cam_image)
+    "gradcam": ("Grad-CAM", "the channels weighted by their mean gradient of the class score (Selvaraju et al., 2017)"),
+    "gradcam++": ("Grad-CAM++", "the channels weighted by their positive gradients times Grad-CAM++'s coefficients "
+                 "(Chattopadhay et al., 2018)"),
+    "xgradcam": ("XGrad-CAM", "the channels weighted by their activation-weighted gradients (Fu et al., 2020)"),
+    "layercam": ("LayerCAM", "each token's channels weighted by their own positive gradient (Jiang et al., 2021)"),
+    "scorecam": ("Score-CAM", "the channels weighted by the softmax of the class score of the image masked by each "
+                "(Wang et al., 2020)"),
+}
+
+
 def describe_method_map(settings: MapSettings, analysis: Analysis, class_names: list[str]) -> str:
     """The caption of a ``METHOD_MAP_KINDS`` map."""
     s = settings
     who = _query_phrase(s.query, analysis)
+    if s.kind == "eigencam":
+        return (f"**EigenCAM**: block {s.end_layer % analysis.num_layers + 1}'s first-norm tokens projected on their "
+                "first principal component, ReLU (Muhammad & Yeasin, 2020; pytorch-grad-cam's definition). It "
+                "explains no class.")
     if s.kind == "flow":
         return (f"**Attention flow through layers 1–{s.end_layer % analysis.num_layers + 1}** (heads fused by "
                 f"{s.fusion}): the maximum flow from {who} down to each input patch, when every layer's attention "
@@ -858,6 +873,12 @@ def describe_method_map(settings: MapSettings, analysis: Analysis, class_names: 
         return (f"**LeGrad for “{name}”** ({which}): {where}, the gradient of the "
                 f"“{name}” score read at that layer with respect to that layer's attention, positive parts "
                 "averaged over heads and queries, summed (Bousselham et al., 2024).")
+    if s.kind in CAM_CAPTIONS:
+        layer = s.end_layer % L + 1
+        title, how = CAM_CAPTIONS[s.kind]
+        return (f"**{title} for “{name}”** ({which}): {how} of block "
+                f"{layer}'s first-norm tokens on its grid, ReLU (pytorch-grad-cam's definition; its ViT tutorial "
+                "reads the last block's).")
     if s.kind == "lrp":
         return (f"**LRP transformer attribution for “{name}”** ({which}): each layer's attention relevance "
                 f"(layer-wise relevance propagation) times its gradient, positive parts, rolled out, read by {who} "

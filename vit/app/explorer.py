@@ -69,6 +69,12 @@ MAP_KINDS = {
     "legrad": "LeGrad (class-specific)",
     "lrp": "LRP transformer attribution (class-specific)",
     "attnlrp": "AttnLRP (class-specific, signed)",
+    "gradcam": "Grad-CAM (class-specific)",
+    "gradcam++": "Grad-CAM++ (class-specific)",
+    "xgradcam": "XGrad-CAM (class-specific)",
+    "eigencam": "EigenCAM (first principal component)",
+    "layercam": "LayerCAM (class-specific)",
+    "scorecam": "Score-CAM (class-specific, one forward per channel)",
     "flow": "Attention flow (max-flow, slow)",
     "norms": "Token norms (one layer's output)",
     "probe": "Pooling probe (what the embedding reads)",
@@ -85,6 +91,9 @@ MAP_CONTROLS = {
     "legrad": ("class", "start_layer"),  # the classifier's read-out (CLS, or a Swin's / Hiera's pooling) at each layer
     "lrp": ("class", "end_layer", "query"),
     "attnlrp": ("class",),
+    # The CAMs (vit.explain.cam) read one block's first norm: the layer slider's, default the last block
+    **{kind: ("class", "end_layer") for kind in ("gradcam", "gradcam++", "xgradcam", "layercam", "scorecam")},
+    "eigencam": ("end_layer",),
     "flow": ("query", "end_layer", "fusion"),
     "probe": ("head", "fusion"),
     "probe_rollout": ("end_layer", "fusion", "discard_ratio"),
@@ -569,7 +578,8 @@ def _analyse_stages(checkpoint: Checkpoint, x: torch.Tensor, grid: tuple[int, in
 # merges, the token norms, LeGrad (the average pooling's read-out applied at each of the last stage's layers,
 # ``relevance.stage_legrad``) and AttnLRP (its rules run through the merges: a map of the input's pixels). The others
 # are refused in one line (``stage_refusal``), each for its reason.
-STAGE_MAP_KINDS = ("attention", "rollout", "norms", "class", "legrad", "attnlrp")
+STAGE_MAP_KINDS = ("attention", "rollout", "norms", "class", "legrad", "attnlrp", "gradcam", "gradcam++", "xgradcam",
+                   "eigencam", "layercam", "scorecam")
 
 
 def _stage_layer(analysis: Analysis, layer: int) -> int:
@@ -979,10 +989,12 @@ def attentions_npz(analysis: Analysis, class_names: list[str], layers: Sequence[
 
 # -- maps that need the model (LeGrad, LRP, AttnLRP) or a max-flow (attention flow) ----------------------------------
 
-METHOD_MAP_KINDS = ("legrad", "lrp", "attnlrp", "flow")  # computed by model_method_map, cached by the page
+CAM_KINDS = ("gradcam", "gradcam++", "xgradcam", "eigencam", "layercam", "scorecam")  # vit.explain.cam
+METHOD_MAP_KINDS = ("legrad", "lrp", "attnlrp", "flow") + CAM_KINDS  # computed by model_method_map, cached by the page
 MORE_METHODS = "methods"  # the page's one "Map" choice for all of METHOD_MAP_KINDS (a second picker names which)
-MORE_METHODS_LABEL = "More: LeGrad, LRP, AttnLRP, flow"
-CLASS_MAP_KINDS = ("class", "legrad", "lrp", "attnlrp")  # explain one class: the page shows a class picker
+MORE_METHODS_LABEL = "More: LeGrad, LRP, AttnLRP, flow, CAMs"
+# explain one class: the page shows a class picker
+CLASS_MAP_KINDS = ("class", "legrad", "lrp", "attnlrp") + tuple(k for k in CAM_KINDS if k != "eigencam")
 
 
 def model_method_map(checkpoint: Checkpoint, image: Image.Image, kind: str, class_index: int, query: int = 0,
@@ -1016,6 +1028,9 @@ def model_method_map(checkpoint: Checkpoint, image: Image.Image, kind: str, clas
         check_gradient_fits(model, tokens, MAP_KINDS[kind].split(" (")[0])
     elif kind == "flow":
         check_flow_fits(model, tokens)
+    elif kind in CAM_KINDS:  # the graph from the explained block on (Score-CAM: forwards without one)
+        check_gradient_fits(model, tokens, MAP_KINDS[kind].split(" (")[0],
+                            layers=len(range(len(model.blocks))[end_layer:]))
     device = next(model.parameters()).device
     x = preprocess([image], checkpoint.preprocessing, size, model.config.patch_size).to(device)  # (1, C, H, W)
     L = len(model.blocks)
@@ -1028,6 +1043,14 @@ def model_method_map(checkpoint: Checkpoint, image: Image.Image, kind: str, clas
     elif kind == "attnlrp":
         with reported_blocks(model, progress, L):
             result = patch_sums(attnlrp(model, x, class_index), grid)
+    elif kind in CAM_KINDS:
+        from vit.explain.cam import cam
+
+        if kind == "scorecam":  # progress by masked image: one forward of the model per channel
+            result = cam(model, x, kind, class_index, end_layer, progress=progress)
+        else:
+            with reported_blocks(model, progress, L):
+                result = cam(model, x, kind, None if kind == "eigencam" else class_index, end_layer)
     elif kind == "flow":
         with torch.no_grad():
             _, attentions = model(x, output_attentions=True)

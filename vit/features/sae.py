@@ -1,15 +1,22 @@
 """A sparse autoencoder over one hook point's activations, and its files in SAELens's on-disk format.
 
-``SparseAutoencoder`` computes what SAELens's ``TopKSAE`` and ``StandardSAE`` compute (sae-lens 6, checked
-against their code in ``tests/test_sae.py``): ``sae_in = x - b_dec`` (when ``apply_b_dec_to_input``),
-``pre = sae_in @ W_enc + b_enc`` (times the decoder row norms with ``rescale_acts_by_decoder_norm``), then the
-``k`` largest pre-activations kept through a ReLU ("topk", Gao et al. 2024) or a plain ReLU ("standard");
-``x_hat = z @ W_dec + b_dec``. Its AuxK loss is Gao et al.'s: the top ``d_in / 2`` dead latents reconstruct the
-live latents' residual (SAELens's ``calculate_topk_aux_loss``).
+``SparseAutoencoder`` computes what SAELens's ``TopKSAE``, ``StandardSAE``, ``JumpReLUSAE`` and ``GatedSAE`` compute
+(sae-lens 6, checked against their code in ``tests/test_sae.py`` and ``tests/test_sae_architectures.py``):
+``sae_in = x - b_dec`` (when ``apply_b_dec_to_input``), ``pre = sae_in @ W_enc + b_enc`` (times the decoder row
+norms with ``rescale_acts_by_decoder_norm``), then the ``k`` largest pre-activations kept through a ReLU ("topk",
+Gao et al. 2024), a plain ReLU ("standard"), a ReLU zeroed at or below a per-latent ``threshold`` ("jumprelu",
+Rajamanoharan et al. 2024), or ("gated", Rajamanoharan et al. 2024) the ReLU of a magnitude path
+``sae_in @ (W_enc * exp(r_mag)) + b_mag`` where the gate ``sae_in @ W_enc + b_gate`` is positive;
+``x_hat = z @ W_dec + b_dec``. SAELens's BatchTopK and Matryoshka-BatchTopK SAEs are trained with a batch-wide TopK
+and saved as JumpReLU (their running ``topk_threshold`` every latent's threshold, the decoder norms folded in when
+they rescaled by them); a training folder of theirs (``architecture`` "batchtopk" or "matryoshka_batchtopk",
+``topk_threshold`` among the weights) is read in that inference form, as "jumprelu". Its AuxK loss is Gao et al.'s:
+the top ``d_in / 2`` dead latents reconstruct the live latents' residual (SAELens's ``calculate_topk_aux_loss``).
 
 A folder holds ``cfg.json`` (SAELens 6's keys: ``d_in``, ``d_sae``, ``architecture``, ``k``,
 ``apply_b_dec_to_input``, ``metadata.model_name``, ``metadata.hook_name`` ...) and ``sae_weights.safetensors``
-(``W_enc (d_in, d_sae)``, ``b_enc``, ``W_dec (d_sae, d_in)``, ``b_dec``), so SAELens's ``SAE.load_from_disk``
+(``W_enc (d_in, d_sae)``, ``b_enc``, ``W_dec (d_sae, d_in)``, ``b_dec``; ``threshold (d_sae)`` for JumpReLU,
+``b_gate``, ``r_mag``, ``b_mag (d_sae)`` and no ``b_enc`` for gated), so SAELens's ``SAE.load_from_disk``
 reads what ``save_sae`` writes and ``load_sae`` reads SAELens's folders (pre-6 configs too).
 """
 
@@ -29,7 +36,8 @@ from vit.runfiles import atomic_write_bytes, atomic_write_text
 CFG_FILE = "cfg.json"  # SAELens's SAE_CFG_FILENAME
 WEIGHTS_FILE = "sae_weights.safetensors"  # SAELens's SAE_WEIGHTS_FILENAME
 SAE_LENS_FORMAT = "6.0.0"  # the sae-lens version whose cfg.json layout we write (metadata holds model and hook)
-ARCHITECTURES = ("topk", "standard")
+ARCHITECTURES = ("topk", "standard", "jumprelu", "gated")
+BATCH_TOPK = ("batchtopk", "matryoshka_batchtopk")  # SAELens's training forms, read as the JumpReLU they save
 MAX_D_SAE = 2**20  # a million latents: the largest published SAEs (Gao et al.'s 16M aside) stay below
 MAX_D_IN = 16384  # ViTConfig's bound on hidden_size
 
@@ -49,7 +57,8 @@ class SAEInfo:
 
 
 class SparseAutoencoder(nn.Module):
-    """``W_enc (d_in, d_sae)``, ``b_enc (d_sae)``, ``W_dec (d_sae, d_in)``, ``b_dec (d_in)`` and how they encode."""
+    """``W_enc (d_in, d_sae)``, ``b_enc (d_sae)``, ``W_dec (d_sae, d_in)``, ``b_dec (d_in)`` and how they encode;
+    JumpReLU adds ``threshold (d_sae)``, gated has ``b_gate``, ``r_mag``, ``b_mag (d_sae)`` in place of ``b_enc``."""
 
     def __init__(self, d_in: int, d_sae: int, k: int | None = None, architecture: str = "topk",
                  apply_b_dec_to_input: bool = True, rescale_acts_by_decoder_norm: bool = False,
@@ -64,26 +73,41 @@ class SparseAutoencoder(nn.Module):
         W_dec = nn.init.kaiming_uniform_(torch.empty(d_sae, d_in))
         self.W_dec = nn.Parameter(W_dec)
         self.W_enc = nn.Parameter(W_dec.T.clone().contiguous())
-        self.b_enc = nn.Parameter(torch.zeros(d_sae))
+        for name in encoder_biases(architecture):
+            setattr(self, name, nn.Parameter(torch.zeros(d_sae)))
         self.b_dec = nn.Parameter(torch.zeros(d_in))
 
+    def weight_names(self) -> tuple[str, ...]:
+        """The tensors SAELens's class of this architecture holds, in its state dict's names."""
+        return ("W_enc", "W_dec", "b_dec", *encoder_biases(self.architecture))
+
     def pre_activations(self, x: Tensor) -> Tensor:
-        """``x (..., d_in)`` -> the latents before the activation ``(..., d_sae)`` (SAELens's ``hidden_pre``)."""
+        """``x (..., d_in)`` -> the latents before the activation ``(..., d_sae)`` (SAELens's ``hidden_pre``; a
+        gated SAE's magnitude path)."""
         sae_in = x.to(self.W_enc.dtype) - self.b_dec * self.apply_b_dec_to_input
+        if self.architecture == "gated":
+            return sae_in @ (self.W_enc * self.r_mag.exp()) + self.b_mag  # as SAELens: exp(r_mag) scales W_enc
         pre = sae_in @ self.W_enc + self.b_enc  # (..., d_sae)
         if self.rescale_acts_by_decoder_norm:
             pre = pre * self.W_dec.norm(dim=-1)
         return pre
 
     def activate(self, pre: Tensor) -> Tensor:
-        """Pre-activations -> latents: the ``k`` largest kept through a ReLU, the rest zero (or a ReLU)."""
+        """Pre-activations -> latents: the ``k`` largest kept through a ReLU, the rest zero (or a ReLU, or a ReLU
+        zeroed at or below each latent's threshold)."""
         if self.architecture == "standard":
             return pre.relu()
+        if self.architecture == "jumprelu":
+            return pre.relu() * (pre > self.threshold).to(pre.dtype)
         values, indices = pre.topk(self.k, dim=-1, sorted=False)  # (..., k)
         return torch.zeros_like(pre).scatter(-1, indices, values.relu())
 
     def encode(self, x: Tensor) -> Tensor:
         """``x (..., d_in)`` -> latents ``(..., d_sae)``."""
+        if self.architecture == "gated":  # the gate reads the unscaled encoder, the magnitude its exp(r_mag) copy
+            sae_in = x.to(self.W_enc.dtype) - self.b_dec * self.apply_b_dec_to_input
+            gate = (sae_in @ self.W_enc + self.b_gate > 0).to(sae_in.dtype)
+            return gate * self.pre_activations(x).relu()
         return self.activate(self.pre_activations(x))
 
     def decode(self, z: Tensor) -> Tensor:
@@ -180,6 +204,11 @@ def check_fits(sae: SparseAutoencoder, model: nn.Module) -> int:
     return layer
 
 
+def encoder_biases(architecture: str) -> tuple[str, ...]:
+    """The per-latent encoder tensors of ``architecture`` besides ``W_enc``."""
+    return {"jumprelu": ("b_enc", "threshold"), "gated": ("b_gate", "r_mag", "b_mag")}.get(architecture, ("b_enc",))
+
+
 def check_sizes(d_in: int, d_sae: int, k: int | None, architecture: str) -> None:
     """SAEError unless the sizes make an SAE this module can hold."""
     if architecture not in ARCHITECTURES:
@@ -268,8 +297,7 @@ def save_sae(sae: SparseAutoencoder, folder: Path) -> None:
     from safetensors.torch import save
 
     folder.mkdir(parents=True, exist_ok=True)
-    weights = {name: getattr(sae, name).detach().to("cpu", torch.float32).contiguous()
-               for name in ("W_enc", "b_enc", "W_dec", "b_dec")}
+    weights = {name: getattr(sae, name).detach().to("cpu", torch.float32).contiguous() for name in sae.weight_names()}
     atomic_write_bytes(folder / WEIGHTS_FILE, save(weights))
     atomic_write_text(folder / CFG_FILE, json.dumps(sae_config(sae), indent=2) + "\n")
 
@@ -307,9 +335,14 @@ def load_sae(folder: str | Path, device: str | torch.device = "cpu") -> SparseAu
             architecture, cfg = "topk", {**cfg, "k": kwargs["k"]}
         else:
             architecture = "standard"
+    training_architecture = architecture if architecture in BATCH_TOPK else None
+    if training_architecture:
+        architecture = "jumprelu"
     d_in, d_sae = _config_value(cfg, "d_in", int), _config_value(cfg, "d_sae", int)
     k = _config_value(cfg, "k", int) if architecture == "topk" else None
     check_sizes(d_in, d_sae, k, architecture)
+    # SAELens's TopK training config rescales by the decoder norms unless told not to; its inference configs do not.
+    rescale = bool(_config_value(cfg, "rescale_acts_by_decoder_norm", bool, training_architecture is not None))
     normalize = _config_value(cfg, "normalize_activations", (str, bool), "none")
     if normalize not in ("none", False):
         raise SAEError(f"{folder.name}: normalize_activations {normalize!r} is not supported; only 'none'")
@@ -323,7 +356,14 @@ def load_sae(folder: str | Path, device: str | torch.device = "cpu") -> SparseAu
         model_fingerprint=_config_value(metadata, "model_fingerprint", str),
         extra={key: value for key, value in metadata.items()
                if key not in ("model_name", "hook_name", "model_fingerprint")})
-    expected = {"W_enc": (d_in, d_sae), "b_enc": (d_sae,), "W_dec": (d_sae, d_in), "b_dec": (d_in,)}
+    expected = {"W_enc": (d_in, d_sae), "W_dec": (d_sae, d_in), "b_dec": (d_in,),
+                **{name: (d_sae,) for name in encoder_biases(architecture)}}
+    if training_architecture:  # the training state: one running threshold, no per-latent one yet
+        del expected["threshold"]
+        expected["topk_threshold"] = ()
+        info.extra.setdefault("training_architecture", training_architecture)
+        info.extra.setdefault("training_architecture_details", {
+            key: cfg[key] for key in ("k", "matryoshka_widths", "rescale_acts_by_decoder_norm") if key in cfg})
     try:
         shapes = read_weights(folder / WEIGHTS_FILE, "meta")  # the header only: sizes checked before the data
         if {name: tuple(shapes[name].shape) for name in expected if name in shapes} != expected:
@@ -336,9 +376,24 @@ def load_sae(folder: str | Path, device: str | torch.device = "cpu") -> SparseAu
         raise SAEError(str(e)) from None
     if not all(bool(torch.isfinite(weights[name]).all()) for name in expected):
         raise SAEError(f"{folder.name}: {WEIGHTS_FILE} holds NaN or infinite weights")
+    if training_architecture:
+        weights = batch_topk_inference_weights(weights, rescale)
+        rescale = False
     sae = SparseAutoencoder(d_in, d_sae, k, architecture, bool(_config_value(cfg, "apply_b_dec_to_input", bool, True)),
-                            bool(_config_value(cfg, "rescale_acts_by_decoder_norm", bool, False)), info)
+                            rescale and architecture == "topk", info)
     with torch.no_grad():
-        for name in expected:
+        for name in sae.weight_names():
             getattr(sae, name).copy_(weights[name])
     return sae.to(device).eval().requires_grad_(False)
+
+
+def batch_topk_inference_weights(weights: dict[str, Tensor], rescale: bool) -> dict[str, Tensor]:
+    """A BatchTopK training state -> the JumpReLU weights SAELens saves for inference
+    (``BatchTopKTrainingSAE.process_state_dict_for_saving_inference``): with ``rescale`` the decoder norms folded into
+    the encoder (rows of unit norm), then ``topk_threshold`` every latent's threshold."""
+    W_enc, b_enc, W_dec = weights["W_enc"], weights["b_enc"], weights["W_dec"]
+    if rescale:
+        norms = W_dec.norm(dim=-1).clamp(min=1e-8)  # SAELens's get_W_dec_norm
+        W_enc, b_enc, W_dec = W_enc * norms, b_enc * norms, W_dec / norms[:, None]
+    threshold = torch.ones_like(b_enc) * float(weights["topk_threshold"])
+    return {**weights, "W_enc": W_enc, "b_enc": b_enc, "W_dec": W_dec, "threshold": threshold}
