@@ -151,3 +151,111 @@ def method_maps(model: torch.nn.Module, images: Tensor, method: str, class_index
     raise ValueError(f"unknown method {method!r}; choose from: {', '.join(METHODS)}")
 
 
+
+
+# --- Chefer et al. (2021)'s benchmarks: ImageNet-segmentation and positive/negative perturbation ---------------
+# As their baselines/ViT/imagenet_seg_eval.py, utils/metrices.py and pertubation_eval_from_hdf5.py
+# (github.com/hila-chefer/Transformer-Explainability @ c3e578f; tests/test_faithfulness_chefer.py compares with them).
+
+PERTURBATION_STEPS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)  # their --scale per: shares of the input's pixels
+
+
+def input_maps(maps: Tensor, size: tuple[int, int]) -> Tensor:
+    """Patch maps ``(B, gh, gw)`` -> ``(B, H, W)`` at the input's ``size``: bilinear, then min-max per image.
+
+    A flat map (max = min) comes out 0 everywhere, as their scripts' NaN -> 0."""
+    res = torch.nn.functional.interpolate(maps[:, None].float(), size=size, mode="bilinear")[:, 0]  # (B, H, W)
+    low = res.amin(dim=(1, 2), keepdim=True)
+    high = res.amax(dim=(1, 2), keepdim=True)
+    return torch.nan_to_num((res - low) / (high - low), nan=0.0)
+
+
+def average_precision(scores: Tensor, labels: Tensor) -> float:
+    """sklearn's ``average_precision_score(labels, scores)`` of flat ``scores (N,)`` against 0/1 ``labels (N,)``:
+    the sum over distinct thresholds, highest first, of the recall gained times the precision there."""
+    order = torch.argsort(scores, descending=True, stable=True)
+    s, y = scores[order], labels[order].double()
+    last = torch.ones_like(s, dtype=torch.bool)  # the last index of each run of equal scores: one threshold each
+    last[:-1] = s[1:] != s[:-1]
+    tps = torch.cumsum(y, 0)[last]
+    seen = (torch.arange(len(s), device=s.device, dtype=torch.float64) + 1)[last]
+    if tps[-1] == 0:
+        return 0.0  # no positives: sklearn's nan, which their get_ap_scores turns into 0
+    recall = tps / tps[-1]
+    gained = recall - torch.cat([recall.new_zeros(1), recall[:-1]])
+    return float((gained * (tps / seen)).sum())
+
+
+def segmentation_counts(maps: Tensor, masks: Tensor) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray,
+                                                                np.ndarray]:
+    """Chefer's per-image segmentation counts of patch ``maps (B, gh, gw)`` against 0/1 ``masks (B, H, W)``.
+
+    The map, at the input size and min-max normalised, is foreground above its mean. Returns ``(correct (B,),
+    labelled (B,), intersection (B, 2), union (B, 2), ap (B,))``: their ``batch_pix_accuracy``,
+    ``batch_intersection_union(..., 2)`` (classes background, foreground) and ``get_ap_scores`` of
+    ``(1 - map, map)`` against the one-hot mask. ``segmentation_scores`` sums them over a set.
+    """
+    res = input_maps(maps, tuple(masks.shape[-2:]))
+    masks = masks.to(res.device).long()
+    foreground = res > res.mean(dim=(1, 2), keepdim=True)  # (B, H, W); their argmax of (Res_0, Res_1)
+    correct = (foreground.long() == masks).sum(dim=(1, 2))
+    labelled = torch.full_like(correct, masks[0].numel())
+    inter, union = [], []
+    for c in (0, 1):
+        predicted, truth = (foreground.long() == c), (masks == c)
+        both = (predicted & truth).sum(dim=(1, 2))
+        inter.append(both)
+        union.append(predicted.sum(dim=(1, 2)) + truth.sum(dim=(1, 2)) - both)
+    # AP over 2 H W scores: the background channel scored 1 - map, the foreground one map; a flat map scores 0 in
+    # both, as theirs, whose 1 - NaN becomes 0 too
+    ap = [average_precision(torch.cat([(1 - r if r.amax() > 0 else r).reshape(-1), r.reshape(-1)]),
+                            torch.cat([(m == 0).reshape(-1), (m == 1).reshape(-1)]))
+          for r, m in zip(res, masks, strict=True)]
+    return (correct.cpu().numpy(), labelled.cpu().numpy(), torch.stack(inter, 1).cpu().numpy(),
+            torch.stack(union, 1).cpu().numpy(), np.array(ap))
+
+
+def segmentation_scores(correct: np.ndarray, labelled: np.ndarray, intersection: np.ndarray, union: np.ndarray,
+                        ap: np.ndarray) -> dict[str, float]:
+    """Pixel accuracy and mIoU of the counts summed over the set, and the mean AP, as their script's last line."""
+    eps = np.spacing(1, dtype=np.float64)
+    iou = np.float64(1.0) * intersection.sum(0) / (eps + union.sum(0))
+    return {"pixel_accuracy": float(np.float64(1.0) * correct.sum() / (eps + labelled.sum())),
+            "mIoU": float(iou.mean()), "mAP": float(np.mean(ap))}
+
+
+def perturbation_hits(model: torch.nn.Module, images: Tensor, maps: Tensor, target: Tensor, zero: Tensor,
+                      negative: bool, batch_size: int = 64) -> np.ndarray:
+    """Chefer's perturbation test: ``(S, B)`` 1 where the model still predicts ``target`` with the top
+    ``PERTURBATION_STEPS`` shares of the pixels removed, ranked by ``maps (B, gh, gw)`` at the input size.
+
+    ``images (B, C, H, W)`` are normalised model input; a removed pixel becomes ``zero (C,)``, the normalised value
+    of black (their 0 before ``normalize``). ``negative`` removes the least relevant first (their ``--neg``).
+    """
+    B, C, H, W = images.shape
+    vis = input_maps(maps, (H, W)).to(images.device)
+    if negative:
+        vis = -vis
+    vis = vis.reshape(B, -1)
+    fill = zero.to(images.device, images.dtype)[None, :, None]  # (1, C, 1)
+    variants = []
+    for step in PERTURBATION_STEPS:
+        _, idx = torch.topk(vis, int(H * W * step), dim=-1)  # their base_size * step, truncated
+        removed = torch.zeros(B, H * W, dtype=torch.bool, device=images.device).scatter_(1, idx, True)
+        flat = images.reshape(B, C, -1)
+        variants.append(torch.where(removed[:, None], fill, flat).reshape(B, C, H, W))
+    variants = torch.cat(variants)  # (S * B, C, H, W), step-major
+    hits = []
+    with torch.no_grad():
+        for chunk in variants.split(batch_size):
+            out = model(chunk)
+            logits = out[0] if isinstance(out, tuple) else out
+            hits.append(logits.argmax(dim=-1))
+    predicted = torch.cat(hits).reshape(len(PERTURBATION_STEPS), B)
+    return (predicted == target.to(predicted.device)[None]).cpu().numpy().astype(np.float64)
+
+
+def perturbation_auc(accuracy: float, curve: np.ndarray) -> float:
+    """Area under top-1 accuracy over the share of pixels removed, 0 (``accuracy``, the intact images) to 0.9 in
+    ``PERTURBATION_STEPS`` (``curve (S,)``), by the trapezoid rule; Chefer et al.'s tables print it x 100."""
+    return float(np.trapezoid(np.concatenate([[accuracy], curve]), (0.0, *PERTURBATION_STEPS)))
