@@ -264,7 +264,7 @@ class Explanation:
         cmap, vmin, vmax = drawing.map_colours(self.method if self.method in drawing.SIGNED_MAP_KINDS else "",
                                                self.map, colormap)
         layer = "" if self.heads_layer is None else f"Layer {self.heads_layer + 1}: "
-        view = View(title=f"{explorer.MAP_KINDS[self.method]}", seen=self.seen, map2d=self.map,
+        view = View(title=explorer.MAP_KINDS.get(self.method, self.description), seen=self.seen, map2d=self.map,
                     caption=self.description, colormap=cmap, vmin=vmin, vmax=vmax, opacity=alpha, heads=self.heads,
                     heads_caption=f"{layer}each head's attention of token {self.query}.",
                     prediction=self.prediction, settings=self.settings)
@@ -515,6 +515,33 @@ def registers(checkpoint: Checkpoint, image: ImageLike, references: Sequence[Ima
                                    _size(size))
 
 
+# -- SAE features (the explorer's Features section) ------------------------------------------------------------------
+
+def feature_attribution(checkpoint: Checkpoint, image: ImageLike, sae, target: int | str | None = None,
+                        size: int | InputSize | None = None):
+    """Which of an SAE's features drive ``target``'s logit (default the predicted class) on ``image``: with the SAE
+    spliced in at its layer as reconstruction plus error, each latent's share ``f_i · (∂y/∂x · W_dec[i])`` per token
+    (``.attributions (T, d_sae)``, ``.patch_map(i)``, ``.per_image()``, ``.top(k)``), the decoder bias's and the
+    error's, which sum to ``∂y/∂x · x`` there (``vit.features.attribution``). ``sae``: a ``SparseAutoencoder`` or
+    what ``vit.features.formats.open_sae`` opens (a SAELens or ViT-Prisma folder, a saev file, a Hub id). Needs a
+    classifier; SAEError in one line for an SAE of another model or layer."""
+    from vit.features.attribution import feature_attribution as attribute
+    from vit.features.formats import open_sae
+    from vit.features.sae import SparseAutoencoder
+    from vit.inference import input_shape, preprocess
+
+    _needs_classifier(checkpoint, "vit.feature_attribution")
+    index = _class_index(checkpoint, target)
+    model, p = checkpoint.model, checkpoint.preprocessing
+    device = next(model.parameters()).device
+    sae = (sae if isinstance(sae, SparseAutoencoder) else open_sae(sae)).to(device)
+    image, size = _image(image), _size(size)
+    shape = input_shape(image, p, model.config.patch_size, size)
+    explorer.check_input_fits(checkpoint, model.patch_grid(*shape), f"A {shape[1]}×{shape[0]} px input")
+    x = preprocess([image], p, size, model.config.patch_size).to(device)  # (1, C, H, W)
+    return attribute(model, sae, x, index)
+
+
 # -- dense features: PCA colours, patch similarity, correspondences (the explorer's "What the patches represent") --
 
 def _analysed(checkpoint: Checkpoint, image: ImageLike, size: int | InputSize | None):
@@ -682,3 +709,72 @@ def correspondences(checkpoint_a: Checkpoint, image_a: ImageLike, checkpoint_b: 
                            dense.patch_centres(view.a, view.grid_a, seen_a.size, analysis_a.grid),
                            dense.patch_centres(view.b, view.grid_b, seen_b.size, analysis_b.grid), seen_a, seen_b,
                            view.grid_a, view.grid_b, (analysis_a.grid, analysis_b.grid))
+
+
+# -- vision-language models: the visual logit lens ----------------------------------------------------------------
+
+@dataclass
+class WordMap(Explanation):
+    """The visual logit lens of one word: ``map (rows, cols)`` on the patch grid, each patch holding the score of
+    the projected token whose unit covers it (Qwen-VL's 2 x 2, Gemma 3's 4 x 4 patches share one); ``units`` the
+    scores on the projector's own grid, one per image token the language model reads."""
+
+    word: str = ""
+    tokens: tuple[str, ...] = ()  # the word's tokens as the tokenizer writes them
+    token_ids: tuple[int, ...] = ()
+    units: np.ndarray | None = field(default=None, repr=False)  # (rows / unit, cols / unit)
+    embedding: str = ""  # which LM tensor was read, and its size
+
+    def save(self, path: str | os.PathLike) -> Path:
+        """``.png``: the overlay; ``.npz``: ``map``, ``units``, ``word``, ``token_ids``."""
+        return _save(path, self.overlay(), {"map": self.map, "units": self.units, "word": np.str_(self.word),
+                                            "token_ids": np.array(self.token_ids, dtype=np.int64)})
+
+
+def visual_logit_lens(checkpoint: Checkpoint, image: ImageLike, words: str | Sequence[str],
+                      size: int | InputSize | None = None) -> list[WordMap]:
+    """Where in ``image`` a vision-language model's image tokens point at each of ``words``, without running its
+    language model: each projected token's (``ViT.project``, HF ``get_image_features``) dot product with the word's
+    input embedding, a row of the LM's ``embed_tokens.weight``, the one LM tensor read (only the words' rows; its
+    size is in ``.embedding``). A word is tokenised as typed by the folder's own tokenizer, without special tokens
+    (BPE tokenizers read ``" dog"`` and ``"dog"`` apart); a word of several tokens scores by the mean of their
+    embeddings, which is the mean of their maps. ``checkpoint`` is a LLaVA, PaliGemma, Gemma 3, Qwen2.5-VL or
+    Qwen3-VL folder opened by ``vit.load``. One ``WordMap`` per word, in order; ValueError or CheckpointError in one
+    line (not a VLM, a word the tokenizer cannot encode, a folder without its tokenizer or embedding)."""
+    from vit.explain.visual_lens import lens_maps
+    from vit.inference import input_shape, preprocess
+    from vit.sources import word_embeddings
+
+    folder, _ = word_embeddings.vlm_folder(checkpoint)
+    table = word_embeddings.embedding_table(folder)  # from the shard's header: its size known before a row is read
+    model = checkpoint.model
+    if table.width != model.config.projector_dim:
+        raise word_embeddings.WordEmbeddingError(
+            f"{table.name} is {table.width} wide and the projector gives {model.config.projector_dim}; the folder's "
+            "language model is not the one its projector feeds")
+    encoded = word_embeddings.encode_words(folder, words, table.rows)
+    image, size = _image(image), _size(size)
+    p = checkpoint.preprocessing
+    shape = input_shape(image, p, model.config.patch_size, size)
+    grid = model.patch_grid(*shape)
+    explorer.check_input_fits(checkpoint, grid, f"A {shape[1]}×{shape[0]} px input")
+    device = next(model.parameters()).device
+    x = preprocess([image], p, size, model.config.patch_size).to(device)  # (1, C, H, W)
+    rows = word_embeddings.read_rows(table, [i for w in encoded for i in w.ids])  # (tokens, E)
+    vectors = torch.stack([r.mean(0) for r in rows.split([len(w.ids) for w in encoded])])  # (W, E)
+    unit = word_embeddings.projector_unit(checkpoint)
+    with torch.inference_mode():
+        projected = model.project(model.tokens(x)[0], grid)[0].float()  # (N, E), units row-major
+        maps = lens_maps(projected, vectors.to(device), grid, unit).cpu().numpy()  # (W, gh, gw)
+    seen, box = seen_region(image, p, size), input_box(image.size, p, size)
+    results = []
+    for word, map2d in zip(encoded, maps, strict=True):
+        how = f"the mean of its {len(word.ids)} tokens' embeddings" if len(word.ids) > 1 else "its embedding"
+        results.append(WordMap(
+            "visual_lens", map2d.astype(np.float32), image, seen, box, grid, model.num_prefix_tokens,
+            target=word.text, query=-1,
+            description=(f"visual logit lens of {word.text!r} ({' '.join(word.tokens)}): each image token's dot "
+                         f"product with {how}"),
+            settings={"method": "visual_lens", "word": word.text}, word=word.text, tokens=word.tokens,
+            token_ids=word.ids, units=map2d[::unit, ::unit].copy(), embedding=table.note))
+    return results

@@ -1,0 +1,232 @@
+"""The visual logit lens (issue 68, item 3): each image token a VLM's projector gives its language model, dotted
+with a word's input embedding, placed on the patch grid by the unit each token covers.
+
+References are transformers' own tiny random VLMs (σ 0.05 noise on every parameter) saved whole in many shards with
+their image processor and a tiny word-level tokenizer built offline: the product done by hand on transformers'
+modules, ``get_image_features`` · ``get_input_embeddings().weight[token_ids]``, each token's value spread by hand
+over the 1 x 1 (LLaVA, PaliGemma), 4 x 4 (Gemma 3) or 2 x 2 (Qwen2.5-VL) patches it covers, to 1e-5.
+"""
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+transformers = pytest.importorskip("transformers")
+from tokenizers import Tokenizer, models, pre_tokenizers  # noqa: E402
+
+import vit  # noqa: E402
+from vit.checkpoint import CheckpointError  # noqa: E402
+
+pytestmark = pytest.mark.slow  # importing transformers takes seconds
+
+ATOL = 1e-5
+VOCAB = {"[UNK]": 0, "<pad>": 1, "dog": 5, "cat": 6, "hot": 7, "red": 9, "sky": 17}
+CLIP_TOWER = dict(model_type="clip_vision_model", image_size=32, patch_size=8, hidden_size=32, intermediate_size=48,
+                  num_hidden_layers=3, num_attention_heads=2)
+SIGLIP_TOWER = dict(CLIP_TOWER, model_type="siglip_vision_model", vision_use_head=False)
+TEXT = dict(hidden_size=24, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=2,
+            head_dim=12, vocab_size=64)
+QWEN_VISION = dict(depth=2, hidden_size=32, intermediate_size=48, num_heads=2, out_hidden_size=24,
+                   fullatt_block_indexes=[1])
+QWEN_TEXT = dict(hidden_size=24, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                 num_key_value_heads=1, vocab_size=64, max_position_embeddings=64,
+                 rope_parameters={"rope_type": "default", "mrope_section": [1, 1, 1], "rope_theta": 10000.0})
+KINDS = ["llava", "paligemma", "gemma3", "qwen2_5_vl"]
+UNIT = {"llava": 1, "paligemma": 1, "gemma3": 4, "qwen2_5_vl": 2}  # patches per projected token, each way
+
+
+def noisy(model: torch.nn.Module) -> torch.nn.Module:
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn(p.shape, generator=generator) * 0.05)
+    return model.eval()
+
+
+def _build(kind: str):
+    if kind == "llava":
+        config = transformers.LlavaConfig(vision_config=CLIP_TOWER, text_config=dict(TEXT, model_type="llama"),
+                                          image_token_id=3)
+        processor = transformers.CLIPImageProcessor(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32})
+        return transformers.LlavaForConditionalGeneration(config), processor
+    if kind == "paligemma":
+        config = transformers.PaliGemmaConfig(vision_config=SIGLIP_TOWER, text_config=dict(TEXT, model_type="gemma"),
+                                              projection_dim=24, image_token_id=3)
+        return (transformers.PaliGemmaForConditionalGeneration(config),
+                transformers.SiglipImageProcessor(size={"height": 32, "width": 32}, resample=3))
+    if kind == "gemma3":
+        config = transformers.Gemma3Config(vision_config=dict(SIGLIP_TOWER, image_size=64),  # 8 x 8, pooled to 2 x 2
+                                           text_config=dict(TEXT, model_type="gemma3_text"), mm_tokens_per_image=4,
+                                           image_token_id=3)
+        return (transformers.Gemma3ForConditionalGeneration(config),
+                transformers.Gemma3ImageProcessor(size={"height": 64, "width": 64}))
+    from transformers.models.qwen2_vl.image_processing_qwen2_vl import Qwen2VLImageProcessor
+
+    config = transformers.Qwen2_5_VLConfig(vision_config=QWEN_VISION, text_config=QWEN_TEXT)
+    return (transformers.Qwen2_5_VLForConditionalGeneration(config),
+            Qwen2VLImageProcessor(min_pixels=56 * 56, max_pixels=28 * 28 * 40))
+
+
+def tiny_tokenizer():
+    """A word-level tokenizer of ``VOCAB`` split at spaces (so "hot dog" is two tokens), built offline."""
+    tokenizer = Tokenizer(models.WordLevel(VOCAB, unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    return transformers.PreTrainedTokenizerFast(tokenizer_object=tokenizer, unk_token="[UNK]", pad_token="<pad>")
+
+
+@pytest.fixture(scope="module")
+def vlms(tmp_path_factory):
+    """``{kind: (folder, model, processor)}``: each VLM saved whole in many shards with its processor and tokenizer."""
+    built = {}
+    for kind in KINDS:
+        torch.manual_seed(0)
+        model, processor = _build(kind)
+        model = noisy(model)
+        folder = tmp_path_factory.mktemp(kind)
+        model.save_pretrained(folder, max_shard_size="20KB")
+        processor.save_pretrained(folder)
+        tiny_tokenizer().save_pretrained(folder)
+        built[kind] = folder, model, processor
+    return built
+
+
+def picture(width: int = 90, height: int = 70) -> Image.Image:
+    return Image.fromarray(np.random.default_rng(3).integers(0, 256, (height, width, 3), dtype=np.uint8))
+
+
+def by_hand(model, processor, kind: str, image: Image.Image, token_ids: list[int]) -> np.ndarray:
+    """transformers' image features · the mean of the word's input embeddings, each image token's value written
+    into every patch its unit covers (units row-major)."""
+    inputs = processor(images=[image], return_tensors="pt")
+    with torch.no_grad():
+        if kind == "qwen2_5_vl":
+            features = model.get_image_features(inputs["pixel_values"], inputs["image_grid_thw"]).pooler_output[0]
+            gh, gw = inputs["image_grid_thw"][0, 1:].tolist()
+        else:
+            features = model.get_image_features(pixel_values=inputs["pixel_values"]).pooler_output
+            features = features[0]
+            side = inputs["pixel_values"].shape[-1] // 8
+            gh = gw = side
+        word = model.get_input_embeddings().weight[token_ids].mean(0)
+        scores = (features @ word).numpy()  # (N,)
+    unit = UNIT[kind]
+    expected = np.zeros((gh, gw), dtype=np.float32)
+    for r in range(gh):
+        for c in range(gw):
+            expected[r, c] = scores[(r // unit) * (gw // unit) + c // unit]
+    return expected
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_the_lens_is_the_projected_tokens_dot_the_words_input_embedding(vlms, kind):
+    folder, model, processor = vlms[kind]
+    checkpoint, image = vit.load(folder, device="cpu"), picture()
+    dog, hot_dog = vit.visual_logit_lens(checkpoint, image, ["dog", "hot dog"])
+    assert dog.tokens == ("dog",) and dog.token_ids == (5,) and hot_dog.token_ids == (7, 5)
+    for shown, ids in ((dog, [5]), (hot_dog, [7, 5])):  # a word of two tokens: the mean of their embeddings
+        expected = by_hand(model, processor, kind, image, ids)
+        assert shown.grid == expected.shape and shown.map.shape == expected.shape
+        np.testing.assert_allclose(shown.map, expected, rtol=0, atol=ATOL)
+        np.testing.assert_allclose(shown.units, expected[::UNIT[kind], ::UNIT[kind]], rtol=0, atol=ATOL)
+    assert not np.allclose(dog.map, hot_dog.map, atol=1e-3)
+
+
+def _index(folder: Path) -> dict[str, str]:
+    return json.loads((folder / "model.safetensors.index.json").read_text())["weight_map"]
+
+
+@pytest.mark.parametrize("kind", ["llava", "qwen2_5_vl"])
+def test_only_the_words_rows_of_the_language_models_embedding_are_read(vlms, kind, monkeypatch):
+    from safetensors import safe_open
+
+    folder, _, _ = vlms[kind]
+    checkpoint = vit.load(folder, device="cpu")  # the tower's own reads are tested in test_vlm_towers
+    opened, whole, rows = [], [], []
+
+    class Recording:
+        def __init__(self, path, **kwargs):
+            opened.append(Path(path).name)
+            self.file = safe_open(path, **kwargs)
+
+        def __enter__(self):
+            self.file.__enter__()
+            return self
+
+        def __exit__(self, *exc):
+            return self.file.__exit__(*exc)
+
+        def get_tensor(self, name):
+            whole.append(name)
+            return self.file.get_tensor(name)
+
+        def get_slice(self, name):
+            part = self.file.get_slice(name)
+
+            class Rows:
+                def __getitem__(self, index):
+                    tensor = part[index]
+                    rows.append((name, tensor.shape[0]))
+                    return tensor
+
+            return Rows()
+
+    monkeypatch.setattr("safetensors.safe_open", Recording)
+    monkeypatch.setattr("safetensors.torch.load_file", lambda *a, **k: pytest.fail("a whole file was read"))
+    [shown] = vit.visual_logit_lens(checkpoint, picture(), ["hot dog"])
+    weight_map = _index(folder)
+    [name] = [k for k in weight_map if k.endswith("embed_tokens.weight")]
+    assert whole == [] and rows == [(name, 1), (name, 1)]  # its two rows, one at a time
+    assert opened == [weight_map[name]]
+    vocabulary, width = 64, 24
+    assert shown.embedding.startswith(f"{name} in {weight_map[name]}: {vocabulary} x {width} float32 (0.0 MiB)")
+
+
+def test_a_word_the_tokenizer_cannot_encode_is_refused_in_one_line(vlms):
+    checkpoint = vit.load(vlms["llava"][0], device="cpu")
+    with pytest.raises(ValueError, match="tokenizer cannot encode 'zebra' .it gives the unknown token") as e:
+        vit.visual_logit_lens(checkpoint, picture(), ["dog", "zebra"])
+    assert "\n" not in str(e.value)
+
+
+def test_a_model_without_a_projector_is_refused_in_one_line():
+    with pytest.raises(ValueError, match="has no projector; open a LLaVA") as e:
+        vit.visual_logit_lens(vit.load(vit.shipped(), device="cpu"), picture(), ["dog"])
+    assert "\n" not in str(e.value)
+
+
+def test_a_tower_saved_apart_from_its_language_model_is_refused_in_one_line(vlms, tmp_path):
+    from vit.checkpoint import save_checkpoint
+
+    checkpoint = vit.load(vlms["paligemma"][0], device="cpu")
+    save_checkpoint(tmp_path / "tower.pt", checkpoint.model, [], checkpoint.preprocessing, checkpoint.metadata)
+    with pytest.raises(ValueError, match="open the VLM's folder") as e:
+        vit.visual_logit_lens(vit.load(tmp_path / "tower.pt", device="cpu"), picture(), ["dog"])
+    assert "\n" not in str(e.value)
+
+
+def test_a_folder_without_its_tokenizer_or_its_embeddings_shard_is_refused_in_one_line(vlms, tmp_path):
+    folder = vlms["llava"][0]
+    bare = tmp_path / "bare"
+    shutil.copytree(folder, bare, ignore=shutil.ignore_patterns("tokenizer*"))
+    with pytest.raises(CheckpointError, match="has no tokenizer files") as e:
+        vit.visual_logit_lens(vit.load(bare, device="cpu"), picture(), ["dog"])
+    assert "\n" not in str(e.value)
+    [name] = [k for k in _index(folder) if k.endswith("embed_tokens.weight")]
+    (bare / _index(folder)[name]).unlink()  # as a Hub download that fetched the tower's shards alone
+    with pytest.raises(CheckpointError, match=f"lacks {_index(folder)[name]}, the shard that holds {name}") as e:
+        vit.visual_logit_lens(vit.load(bare, device="cpu"), picture(), ["dog"])
+    assert "\n" not in str(e.value)
+
+
+def test_a_word_map_saves_its_arrays_and_exports_as_the_explorers_html(vlms, tmp_path):
+    [shown] = vit.visual_logit_lens(vit.load(vlms["gemma3"][0], device="cpu"), picture(), "red")
+    saved = np.load(shown.save(tmp_path / "red.npz"))
+    assert saved["map"].shape == (8, 8) and saved["units"].shape == (2, 2) and str(saved["word"]) == "red"
+    assert saved["token_ids"].tolist() == [9]
+    assert "visual logit lens of" in shown.to_html(tmp_path / "red.html").read_text()
+    assert shown.overlay(scale=1).size == shown.seen.size

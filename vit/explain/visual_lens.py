@@ -1,0 +1,25 @@
+"""The visual logit lens: where in the image a VLM's projected tokens point at a word, without running its LM.
+
+Each image token the projector hands the language model (``ViT.project``, HF ``get_image_features``) is scored by its
+dot product with a word's input embedding (the rows of the LM's ``embed_tokens.weight``; a word of several tokens: the
+mean of their rows, so its map is the mean of its tokens' maps): the logit the word would get from that token through
+a language model head tied to its input embedding, at the LM's input, before any norm. Cf. clemneo/llava-interp's
+``create_logit_lens.py``, which reads every LM layer through the final norm and ``lm_head``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def lens_maps(projected: torch.Tensor, vectors: torch.Tensor, grid: tuple[int, int], unit: int = 1) -> torch.Tensor:
+    """``projected`` (N, E), the image tokens of an input on patch grid ``grid`` (units row-major, each spanning
+    ``unit`` x ``unit`` patches), and ``vectors`` (W, E), one per word -> (W, gh, gw): each patch holds the dot
+    product of the token whose unit covers it with each word's vector."""
+    gh, gw = grid
+    if gh % unit or gw % unit or projected.shape[0] != (gh // unit) * (gw // unit):
+        raise ValueError(f"{projected.shape[0]} projected tokens do not tile a {gh}x{gw} patch grid in "
+                         f"{unit}x{unit} units")
+    scores = vectors.to(projected.dtype) @ projected.T  # (W, N)
+    units = scores.view(-1, gh // unit, gw // unit)  # (W, gh/u, gw/u)
+    return units.repeat_interleave(unit, 1).repeat_interleave(unit, 2)  # (W, gh, gw)
