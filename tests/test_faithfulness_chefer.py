@@ -136,3 +136,82 @@ def test_perturbation_equals_their_eval(tmp_path, capsys):
         assert perturbation_auc(model_hits.mean(), curve) == pytest.approx(expected, abs=1e-12)
     assert not np.array_equal(hits[False], hits[True])  # the test tells the orders apart
     capsys.readouterr()
+
+
+def tiny_model_and_images(tmp_path, labelled: bool):
+    """A random 16 px ViT checkpoint and four images (in class folders when ``labelled``) with blob masks."""
+    from PIL import Image
+
+    from vit.checkpoint import save_checkpoint
+    from vit.model import ViT, ViTConfig
+
+    torch.manual_seed(0)
+    config = ViTConfig(image_size=16, patch_size=4, hidden_size=16, num_layers=2, num_heads=2, mlp_size=32,
+                       num_classes=2)
+    save_checkpoint(tmp_path / "m.pt", ViT(config).eval(), ["cat", "dog"])
+    rng = np.random.default_rng(0)
+    for i in range(4):
+        folder = tmp_path / "data" / (("cat", "dog")[i % 2] if labelled else "")
+        folder.mkdir(parents=True, exist_ok=True)
+        Image.fromarray(rng.integers(0, 256, (20, 24, 3), dtype=np.uint8)).save(folder / f"im{i}.jpg")
+        mask = np.zeros((20, 24), dtype=np.uint8)
+        mask[4 + i:14, 6:18 - i] = 255
+        (tmp_path / "masks").mkdir(exist_ok=True)
+        Image.fromarray(mask).save(tmp_path / "masks" / f"im{i}.png")
+    return tmp_path / "m.pt"
+
+
+def test_cli_segmentation_prints_scores_per_method_and_writes_them(tmp_path, capsys):
+    import json
+
+    from vit import faithfulness
+
+    checkpoint = tiny_model_and_images(tmp_path, labelled=False)
+    code = faithfulness.main([str(checkpoint), "--benchmark", "segmentation", "--data", str(tmp_path / "data"),
+                              "--masks", str(tmp_path / "masks"), "--methods", "rollout,class", "--batch-size", "3",
+                              "--out", str(tmp_path / "out")])
+    out = capsys.readouterr()
+    assert code == 0, out.err
+    result = json.loads(out.out)
+    assert result["images"] == 4 and set(result["methods"]) == {"rollout", "class"}
+    for scores in result["methods"].values():
+        assert all(0 <= scores[k] <= 1 for k in ("pixel_accuracy", "mIoU", "mAP"))
+    assert "segmentation" in out.err and "| rollout |" in out.err  # the progress bar and the table
+    assert json.loads((tmp_path / "out" / "faithfulness.json").read_text()) == result
+    assert "| method | pixel_accuracy | mIoU | mAP |" in (tmp_path / "out" / "faithfulness.md").read_text()
+
+
+def test_cli_perturbation_gives_both_orders_from_the_intact_accuracy(tmp_path, capsys):
+    import json
+
+    from vit import faithfulness
+
+    checkpoint = tiny_model_and_images(tmp_path, labelled=True)
+    code = faithfulness.main([str(checkpoint), "--benchmark", "perturbation", "--data", str(tmp_path / "data"),
+                              "--methods", "random", "attention"])
+    out = capsys.readouterr()
+    assert code == 0, out.err
+    result = json.loads(out.out)
+    assert result["removed"] == [0.0, *PERTURBATION_STEPS]
+    for scores in result["methods"].values():
+        for order in ("positive", "negative"):
+            curve = scores[f"{order}_accuracy"]
+            assert curve[0] == result["model_accuracy"] and len(curve) == 10
+            assert scores[f"{order}_auc"] == pytest.approx(np.trapezoid(curve, result["removed"]))
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--benchmark", "segmentation"], "--benchmark segmentation needs --masks DIR"),
+    (["--benchmark", "roads"], "invalid choice: 'roads'"),
+    (["--benchmark", "segmentation", "--masks", "MASKS"], "no mask in"),
+])
+def test_cli_usage_errors_are_one_line(tmp_path, capsys, extra, message):
+    from vit import faithfulness
+
+    checkpoint = tiny_model_and_images(tmp_path, labelled=False)
+    (tmp_path / "masks" / "im2.png").rename(tmp_path / "masks" / "other.png")  # a stem without its image
+    extra = [str(tmp_path / "masks") if e == "MASKS" else e for e in extra]
+    code = faithfulness.main([str(checkpoint), "--data", str(tmp_path / "data"), *extra])
+    err = capsys.readouterr().err
+    assert code == 2 and message in err and "Traceback" not in err, err
+    assert len(err.strip().splitlines()) == 1
