@@ -122,7 +122,7 @@ def _no_placement(monkeypatch):
     """Make placing a whole windowed layer on the grid (T x T per head) an error: the views must not do it."""
     def refuse(*args, **kwargs):
         raise AssertionError("a view placed a whole windowed layer on the grid")
-    monkeypatch.setattr("vit.explain.hidden.windows_on_grid", refuse)
+    monkeypatch.setattr("vit.explain.hidden.layer_on_grid", refuse)  # what places a layer whole there
 
 
 def _no_whole_global_layer(monkeypatch):
