@@ -179,6 +179,7 @@ def test_cli_segmentation_prints_scores_per_method_and_writes_them(tmp_path, cap
     assert "segmentation" in out.err and "| rollout |" in out.err  # the progress bar and the table
     assert json.loads((tmp_path / "out" / "faithfulness.json").read_text()) == result
     assert "| method | pixel_accuracy | mIoU | mAP |" in (tmp_path / "out" / "faithfulness.md").read_text()
+    assert (tmp_path / "out" / "faithfulness.png").read_bytes()[:4] == b"\x89PNG"
 
 
 def test_cli_perturbation_gives_both_orders_from_the_intact_accuracy(tmp_path, capsys):
@@ -188,7 +189,7 @@ def test_cli_perturbation_gives_both_orders_from_the_intact_accuracy(tmp_path, c
 
     checkpoint = tiny_model_and_images(tmp_path, labelled=True)
     code = faithfulness.main([str(checkpoint), "--benchmark", "perturbation", "--data", str(tmp_path / "data"),
-                              "--methods", "random", "attention"])
+                              "--methods", "random", "attention", "--out", str(tmp_path / "out")])
     out = capsys.readouterr()
     assert code == 0, out.err
     result = json.loads(out.out)
@@ -198,6 +199,7 @@ def test_cli_perturbation_gives_both_orders_from_the_intact_accuracy(tmp_path, c
             curve = scores[f"{order}_accuracy"]
             assert curve[0] == result["model_accuracy"] and len(curve) == 10
             assert scores[f"{order}_auc"] == pytest.approx(np.trapezoid(curve, result["removed"]))
+    assert (tmp_path / "out" / "faithfulness.png").read_bytes()[:4] == b"\x89PNG"
 
 
 @pytest.mark.parametrize("extra, message", [

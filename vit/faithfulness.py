@@ -26,7 +26,7 @@ of (1 - map, map) against the one-hot mask. ``--benchmark perturbation``: ``DIR`
 90 % of the pixels, ranked by the upsampled map, are made black, most relevant first (``positive``) and least relevant
 first (``negative``); each gives top-1 accuracy against the true class per step and its ``auc`` over 0-0.9 (trapezoid,
 the intact images at 0; the paper prints it x 100). Both print ``images_per_s`` per method, a table on stderr, and
-with ``--out DIR`` write ``DIR/faithfulness.json`` and ``DIR/faithfulness.md``.
+with ``--out DIR`` write ``DIR/faithfulness.json``, ``DIR/faithfulness.md`` and ``DIR/faithfulness.png``.
 """
 
 from __future__ import annotations
@@ -64,7 +64,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--methods", nargs="+", default=None, metavar="METHOD",
                    help=f"maps to score, spaces or commas between (default: all but flow); any of: "
                         f"{', '.join(METHOD_NAMES)}")
-    p.add_argument("--out", metavar="DIR", help="also write DIR/faithfulness.json and DIR/faithfulness.md")
+    p.add_argument("--out", metavar="DIR",
+                   help="also write DIR/faithfulness.json, .md (a table) and, for Chefer's tests, .png (a plot)")
     p.add_argument("--limit", type=positive_int, default=None, metavar="N", help="score N images (seeded shuffle)")
     p.add_argument("--replacement", choices=REPLACEMENTS, default="blur", help="what removed patches become")
     p.add_argument("--steps", type=positive_int, default=DEFAULT_STEPS,
@@ -305,6 +306,43 @@ def write_out(out: str | None, result: dict, text: str) -> None:
     (folder / "faithfulness.json").write_text(json.dumps(result, indent=2) + "\n")
     title = f"# {result.get('benchmark', 'deletion')} on {result['images']} images of {result['data']}"
     (folder / "faithfulness.md").write_text(f"{title}\n\nModel: {result['checkpoint']}\n\n{text}\n")
+    if result.get("benchmark") in ("segmentation", "perturbation"):
+        plot(result, folder / "faithfulness.png")
+
+
+def plot(result: dict, path: Path) -> None:
+    """``--out``'s figure: the segmentation scores as bars per method, or the perturbation curves per method."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    methods = result["methods"]
+    if result["benchmark"] == "segmentation":
+        fig, ax = plt.subplots(figsize=(1.6 + 0.9 * len(methods), 3.6))
+        metrics = ("pixel_accuracy", "mIoU", "mAP")
+        width = 0.8 / len(metrics)
+        for i, metric in enumerate(metrics):
+            ax.bar(np.arange(len(methods)) + (i - 1) * width, [s[metric] for s in methods.values()], width,
+                   label=metric)
+        ax.set_xticks(range(len(methods)), list(methods), rotation=30, ha="right")
+        ax.set_ylim(0, 1)
+        ax.legend()
+    else:
+        fig, axes = plt.subplots(1, 2, figsize=(9, 3.6), sharey=True)
+        for ax, order in zip(axes, ("positive", "negative"), strict=True):
+            for method, scores in methods.items():
+                ax.plot(result["removed"], scores[f"{order}_accuracy"], marker="o", ms=3,
+                        label=f"{method} ({scores[f'{order}_auc']:.3f})")
+            ax.set_title(f"{order}: {'most' if order == 'positive' else 'least'} relevant removed first")
+            ax.set_xlabel("share of pixels removed")
+            ax.legend(fontsize=7)
+        axes[0].set_ylabel("top-1 accuracy")
+    fig.suptitle(f"{result['benchmark']}, {result['images']} images")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
 
 
 
