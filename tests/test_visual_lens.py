@@ -87,6 +87,7 @@ def vlms(tmp_path_factory):
         torch.manual_seed(0)
         model, processor = _build(kind)
         model = noisy(model)
+        model.set_attn_implementation("eager")  # the path that returns attention probabilities
         folder = tmp_path_factory.mktemp(kind)
         model.save_pretrained(folder, max_shard_size="20KB")
         processor.save_pretrained(folder)
@@ -230,3 +231,93 @@ def test_a_word_map_saves_its_arrays_and_exports_as_the_explorers_html(vlms, tmp
     assert saved["token_ids"].tolist() == [9]
     assert "visual logit lens of" in shown.to_html(tmp_path / "red.html").read_text()
     assert shown.overlay(scale=1).size == shown.seen.size
+
+
+# -- a word's lens score as the target of the gradient maps -------------------------------------------------------
+
+def _legrad_on_transformers(model, pixel_values: torch.Tensor, word: torch.Tensor, unit: int | None) -> np.ndarray:
+    """LeGrad by hand on transformers' LLaVA: at each of the tower's two layers read (vision_feature_layer -2), the
+    word's score read from that layer's output through the projector (no final norm, CLS left out, as
+    get_image_features), its gradient with respect to the layer's attention, clamped at 0, averaged over heads and
+    queries, summed over the layers; the patches' part."""
+    tower, projector = model.model.vision_tower, model.model.multi_modal_projector
+    with torch.enable_grad():
+        out = tower(pixel_values, output_attentions=True, output_hidden_states=True)
+        total = 0
+        for layer in (0, 1):
+            scores = projector(out.hidden_states[layer + 1][:, 1:]) @ word  # (1, N)
+            score = scores.sum() if unit is None else scores[0, unit]
+            [grad] = torch.autograd.grad(score, out.attentions[layer], retain_graph=True)
+            total = total + grad.clamp(min=0).mean(dim=1).mean(dim=1)[0]  # (T,)
+    return total[1:].reshape(4, 4).detach().numpy()
+
+
+@pytest.mark.parametrize("patch", [None, 6])
+def test_legrad_of_a_words_score_at_one_token_or_all_is_legrad_on_transformers(vlms, patch):
+    folder, model, processor = vlms["llava"]
+    checkpoint, image = vit.load(folder, device="cpu"), picture()
+    shown = vit.explain_word(checkpoint, image, "hot dog", "legrad", patch=patch)
+    word = model.get_input_embeddings().weight[[7, 5]].mean(0).detach()
+    pixels = processor(images=[image], return_tensors="pt")["pixel_values"]
+    expected = _legrad_on_transformers(model, pixels, word, patch)
+    assert shown.map.shape == (4, 4) and shown.target == "hot dog"
+    np.testing.assert_allclose(shown.map, expected, rtol=0, atol=ATOL)
+    assert ("summed over every image token" if patch is None else "over patch 6") in shown.description
+
+
+@pytest.mark.parametrize("kind, patch", [("qwen2_5_vl", 7), ("gemma3", 13), ("llava", None)])
+def test_the_target_is_the_words_score_at_the_unit_under_the_patch(vlms, kind, patch):
+    from vit.explain.vlm_targets import lens_model, unit_of_patch
+    from vit.inference import preprocess
+
+    folder, model, processor = vlms[kind]
+    checkpoint, image = vit.load(folder, device="cpu"), picture()
+    x = preprocess([image], checkpoint.preprocessing, patch_size=checkpoint.config.patch_size)
+    grid = checkpoint.model.patch_grid(*x.shape[2:])
+    word = model.get_input_embeddings().weight[[9]].detach()  # (1, E): "red"
+    units = None if patch is None else torch.tensor([unit_of_patch(patch, grid, UNIT[kind])])
+    with torch.no_grad():
+        logits = lens_model(checkpoint.model, word, grid, units)(x)[0]  # (1, 1)
+    expected = by_hand(model, processor, kind, image, [9])  # each token's score on its patches
+    want = expected.sum() / UNIT[kind] ** 2 if patch is None else expected.reshape(-1)[patch]
+    torch.testing.assert_close(logits, torch.tensor([[float(want)]]), rtol=0, atol=ATOL)
+    assert checkpoint.model.head is None  # the wrapped tower shares the weights, the tower keeps no head
+
+
+@pytest.mark.parametrize("kind", ["qwen2_5_vl", "paligemma"])
+def test_attnlrp_and_the_gradient_maps_of_a_word_draw_on_the_patch_grid_or_refuse_in_one_line(vlms, kind):
+    checkpoint, image = vit.load(vlms[kind][0], device="cpu"), picture()
+    for method in ("legrad", "attnlrp", "class"):
+        try:
+            shown = vit.explain_word(checkpoint, image, "dog", method, patch=0)
+        except ValueError as e:
+            windowed = kind == "qwen2_5_vl" and method in ("legrad", "class") and "attends in windows" in str(e)
+            assert "\n" not in str(e) and (windowed or method == "class"), (method, str(e))
+            continue
+        assert shown.map.shape == shown.grid and np.isfinite(shown.map).all() and np.abs(shown.map).max() > 0
+    with pytest.raises(ValueError, match="is a target of legrad, class, attnlrp, not 'rollout'") as e:
+        vit.explain_word(checkpoint, image, "dog", "rollout")
+    assert "\n" not in str(e.value)
+
+
+def test_gradient_rollout_of_a_words_score_is_chefers_rollout_on_transformers(vlms):
+    """Chefer et al. 2021b by hand on transformers' attentions: each layer's relu(gradient x attention) averaged
+    over heads, R = R + A R from the identity, the row of the clicked patch's token (CLS first in the tower)."""
+    folder, model, processor = vlms["llava"]
+    checkpoint, image, patch = vit.load(folder, device="cpu"), picture(), 9
+    shown = vit.explain_word(checkpoint, image, "cat", "class", patch=patch)
+    word = model.get_input_embeddings().weight[6].detach()
+    pixels = processor(images=[image], return_tensors="pt")["pixel_values"]
+    with torch.enable_grad():
+        out = model.model.vision_tower(pixels, output_attentions=True, output_hidden_states=True)
+        score = (model.model.multi_modal_projector(out.hidden_states[2][:, 1:]) @ word)[0, patch]
+        gradients = torch.autograd.grad(score, out.attentions[:2])
+    R = torch.eye(17)
+    for attention, gradient in zip(out.attentions[:2], gradients, strict=True):
+        term = (gradient * attention).clamp(min=0).mean(dim=1)[0].detach()  # (T, T)
+        R = R + term @ R
+    expected = R[1 + patch, 1:].reshape(4, 4).numpy()
+    np.testing.assert_allclose(shown.map, expected, rtol=0, atol=ATOL)
+    with pytest.raises(ValueError, match="gradient rollout draws one token's row") as e:
+        vit.explain_word(checkpoint, image, "cat", "class")
+    assert "\n" not in str(e.value)

@@ -46,7 +46,8 @@ atexit.register(_freeze_at_exit)
 API = ("load", "explain", "methods", "shipped", "samples", "ask", "ask_methods", "mechanism", "head_effects",
        "ablate", "reference_means", "patching", "registers", "Explanation", "feature_attribution",
        "Answer", "pca", "similarity", "correspondences", "PCA", "Similarity",
-       "Correspondences", "visual_logit_lens", "WordMap")  # no name of a module: vit.predict is the command
+       "Correspondences", "visual_logit_lens", "explain_word",
+       "WordMap")  # no name of a module: vit.predict is the command
 
 
 def __getattr__(name: str):

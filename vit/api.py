@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -731,18 +731,13 @@ class WordMap(Explanation):
                                             "token_ids": np.array(self.token_ids, dtype=np.int64)})
 
 
-def visual_logit_lens(checkpoint: Checkpoint, image: ImageLike, words: str | Sequence[str],
-                      size: int | InputSize | None = None) -> list[WordMap]:
-    """Where in ``image`` a vision-language model's image tokens point at each of ``words``, without running its
-    language model: each projected token's (``ViT.project``, HF ``get_image_features``) dot product with the word's
-    input embedding, a row of the LM's ``embed_tokens.weight``, the one LM tensor read (only the words' rows; its
-    size is in ``.embedding``). A word is tokenised as typed by the folder's own tokenizer, without special tokens
-    (BPE tokenizers read ``" dog"`` and ``"dog"`` apart); a word of several tokens scores by the mean of their
-    embeddings, which is the mean of their maps. ``checkpoint`` is a LLaVA, PaliGemma, Gemma 3, Qwen2.5-VL or
-    Qwen3-VL folder opened by ``vit.load``. One ``WordMap`` per word, in order; ValueError or CheckpointError in one
-    line (not a VLM, a word the tokenizer cannot encode, a folder without its tokenizer or embedding)."""
-    from vit.explain.visual_lens import lens_maps
-    from vit.inference import input_shape, preprocess
+LENS_TARGET_METHODS = ("legrad", "class", "attnlrp")  # the gradient maps a word's lens score is a target of
+
+
+def _lens_words(checkpoint: Checkpoint, image: ImageLike, words: str | Sequence[str], size: int | InputSize | None):
+    """What the lens needs of a VLM folder, in order of cost: the embedding's place and size (its shard's header),
+    the words' tokens, the input's grid checked against the memory bound, then the words' rows read."""
+    from vit.inference import input_shape
     from vit.sources import word_embeddings
 
     folder, _ = word_embeddings.vlm_folder(checkpoint)
@@ -754,14 +749,32 @@ def visual_logit_lens(checkpoint: Checkpoint, image: ImageLike, words: str | Seq
             "language model is not the one its projector feeds")
     encoded = word_embeddings.encode_words(folder, words, table.rows)
     image, size = _image(image), _size(size)
-    p = checkpoint.preprocessing
-    shape = input_shape(image, p, model.config.patch_size, size)
+    shape = input_shape(image, checkpoint.preprocessing, model.config.patch_size, size)
     grid = model.patch_grid(*shape)
     explorer.check_input_fits(checkpoint, grid, f"A {shape[1]}×{shape[0]} px input")
-    device = next(model.parameters()).device
-    x = preprocess([image], p, size, model.config.patch_size).to(device)  # (1, C, H, W)
     rows = word_embeddings.read_rows(table, [i for w in encoded for i in w.ids])  # (tokens, E)
     vectors = torch.stack([r.mean(0) for r in rows.split([len(w.ids) for w in encoded])])  # (W, E)
+    return image, size, grid, table, encoded, vectors
+
+
+def visual_logit_lens(checkpoint: Checkpoint, image: ImageLike, words: str | Sequence[str],
+                      size: int | InputSize | None = None) -> list[WordMap]:
+    """Where in ``image`` a vision-language model's image tokens point at each of ``words``, without running its
+    language model: each projected token's (``ViT.project``, HF ``get_image_features``) dot product with the word's
+    input embedding, a row of the LM's ``embed_tokens.weight``, the one LM tensor read (only the words' rows; its
+    size is in ``.embedding``). A word is tokenised as typed by the folder's own tokenizer, without special tokens
+    (BPE tokenizers read ``" dog"`` and ``"dog"`` apart); a word of several tokens scores by the mean of their
+    embeddings, which is the mean of their maps. ``checkpoint`` is a LLaVA, PaliGemma, Gemma 3, Qwen2.5-VL or
+    Qwen3-VL folder opened by ``vit.load``. One ``WordMap`` per word, in order; ValueError or CheckpointError in one
+    line (not a VLM, a word the tokenizer cannot encode, a folder without its tokenizer or embedding)."""
+    from vit.explain.visual_lens import lens_maps
+    from vit.inference import preprocess
+    from vit.sources import word_embeddings
+
+    image, size, grid, table, encoded, vectors = _lens_words(checkpoint, image, words, size)
+    model, p = checkpoint.model, checkpoint.preprocessing
+    device = next(model.parameters()).device
+    x = preprocess([image], p, size, model.config.patch_size).to(device)  # (1, C, H, W)
     unit = word_embeddings.projector_unit(checkpoint)
     with torch.inference_mode():
         projected = model.project(model.tokens(x)[0], grid)[0].float()  # (N, E), units row-major
@@ -778,3 +791,43 @@ def visual_logit_lens(checkpoint: Checkpoint, image: ImageLike, words: str | Seq
             settings={"method": "visual_lens", "word": word.text}, word=word.text, tokens=word.tokens,
             token_ids=word.ids, units=map2d[::unit, ::unit].copy(), embedding=table.note))
     return results
+
+
+def explain_word(checkpoint: Checkpoint, image: ImageLike, word: str, method: str = "legrad", *,
+                 patch: int | None = None, size: int | InputSize | None = None) -> Explanation:
+    """A gradient map of a VLM's tower whose target is ``word``'s visual logit lens score (``visual_logit_lens``):
+    at the projected token that covers patch ``patch`` (row-major on the patch grid; the merge unit under it in
+    Qwen-VL and Gemma 3), or summed over every projected token (None). ``method``: ``legrad``, ``class`` (gradient
+    rollout: the row of ``patch``'s token) or ``attnlrp``, each run as for a classifier whose one logit is that
+    score; LeGrad and gradient rollout refuse a tower that attends in windows (Qwen2.5-VL). ValueError or
+    CheckpointError in one line."""
+    from vit.explain.vlm_targets import lens_model, unit_of_patch
+    from vit.sources import word_embeddings
+
+    if method not in LENS_TARGET_METHODS:
+        raise ValueError(f"a word's lens score is a target of {', '.join(LENS_TARGET_METHODS)}, not {method!r}")
+    if not isinstance(word, str):
+        raise ValueError(f"give one word (a string), got a {type(word).__name__}; vit.visual_logit_lens maps several")
+    if method in ("legrad", "class") and checkpoint.model.config.window_size:
+        raise ValueError(f"{method} reads each layer's attention as one tokens x tokens matrix, and this tower attends "
+                         "in windows (Qwen2.5-VL's, placed by its window index); use attnlrp")
+    if method == "class" and patch is None:
+        raise ValueError("gradient rollout draws one token's row: give the patch whose image token is the target "
+                         "(patch=...), or use legrad or attnlrp for every token")
+    image, size, grid, _, [encoded], vectors = _lens_words(checkpoint, image, [word], size)
+    unit = word_embeddings.projector_unit(checkpoint)
+    units = None
+    if patch is not None:
+        count = grid[0] * grid[1]
+        units = torch.tensor([unit_of_patch(_index(patch, count, "patch", f"this input has {count} patches"),
+                                            grid, unit)])
+    wrapped = replace(checkpoint, model=lens_model(checkpoint.model, vectors, grid, units), class_names=[word],
+                      training_state=None)
+    query = None if method != "class" else patch % (grid[0] * grid[1]) + checkpoint.model.num_prefix_tokens
+    shown = explain(wrapped, image, method, target=0, query=query, size=size)
+    spans = f" ({unit}x{unit} patches)" if unit > 1 else ""
+    where = ("summed over every image token" if units is None
+             else f"at the image token over patch {patch % (grid[0] * grid[1])}{spans}")
+    shown.description = f"{shown.description} Target: the visual logit lens score of {word!r} {where}."
+    shown.target, shown.prediction = word, None
+    return shown
