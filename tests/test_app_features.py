@@ -92,13 +92,41 @@ def test_strongest_features_their_maps_and_exemplars(sae_world):
     table = np.load(folder / "features.npz")
     # each image once (at its strongest token), named with its class folder
     distinct = {int(i) for i in table["exemplar_images"][expected[0]] if i >= 0}
-    assert len(at.get("image")) == 2 + len(distinct) > 2  # the model's input, the features' sheet, the crops
+    # the model's input, the strongest features' sheet, the drivers' sheet, the crops
+    assert len(at.get("image")) == 3 + len(distinct) > 3
     shown = [t for t in at.text if t.value.count("\n") == 1]
     assert sorted(t.proto.help for t in shown) == sorted(str(table["images"][i]) for i in distinct)  # on hover
     # Each on one line, its end as much as an eighth of the page holds (wrapped, a path broke at any character).
     for t in shown:
         name = t.proto.help
         assert not t.proto.wrap and t.value.split("\n")[0] == (name if len(name) <= 12 else "…" + name[-11:])
+
+
+def test_the_features_that_drive_the_prediction_are_listed_by_their_share_of_its_logit(sae_world):
+    checkpoints, folder, sae = sae_world
+    at = open_features(run_app(), folder)
+    checkpoint, x = sample_input(checkpoints)
+    model = checkpoint.model
+    held = {}
+
+    def leaf(h, point):  # by hand: the predicted logit's gradient at the SAE's hook point
+        held["h"] = h.detach().requires_grad_(True)
+        return held["h"]
+
+    logits = model.run_with_hooks(x, [(f"blocks.{LAYER - 1}.hook_resid_post", leaf)]).logits[0]
+    (g,) = torch.autograd.grad(logits[int(logits.argmax())], held["h"])
+    with torch.no_grad():
+        share = (sae.encode(held["h"][0]) * (g[0] @ sae.W_dec.T)).sum(dim=0)  # f_i (g . W_dec[i]) over the tokens
+    expected = [i for i in share.topk(8).indices.tolist() if share[i] > 0]
+    [drivers] = [r for r in at.radio if r.key == "sae_drivers"]
+    assert expected and drivers.options == [f"feature {i} · {float(share[i]):+.3g}" for i in expected]
+    assert any(c.value.startswith(f"Each feature's share of the {CLASSES[int(logits.argmax())]} logit")
+               for c in at.caption)
+    drivers.set_value(expected[-1])
+    at.run()
+    assert not at.exception, [e.message for e in at.exception]
+    assert at.session_state["sae_feature"] == expected[-1]  # picked: its map large and its exemplars
+    assert any(c.value.startswith(f"Feature {expected[-1]}'s activation") for c in at.caption)
 
 
 def test_an_exemplars_long_name_is_shortened_to_its_end():
@@ -377,7 +405,7 @@ def test_an_exemplar_named_outside_its_folder_is_not_read(sae_world, tmp_path):
     table["images"] = np.array(["../outside.png"] * len(table["images"]))  # a features.npz from anyone
     np.savez(folder / "features.npz", **table)
     at = open_features(run_app(), folder)
-    assert len(at.get("image")) == 2  # the model's input and the features' sheet: no crop
+    assert len(at.get("image")) == 3  # the model's input, the features' and the drivers' sheets: no crop
     assert any("outside.png is not inside" in t.value for t in at.text)
 
 

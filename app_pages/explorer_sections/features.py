@@ -5,9 +5,10 @@ An SAE trained on this model's layer opens under the access rule of "Open a path
 folder or ``.pt``; a saev ``.pt``, whose block is asked since its file does not say it), by its path on the server or
 by Hub id from the server's Hugging Face cache (a missing one downloaded on a button, after its size is shown, as the
 sidebar's "Open from the Hub" does). The image's strongest features each have a map over exactly the pixels the model
-saw; a click on a patch lists the features active there; a feature's exemplars are cropped from the images its
-``features.npz`` names. Scaling a feature replaces the layer's output by the reconstruction with that latent scaled
-plus the reconstruction error (``vit.features.explore``).
+saw; a click on a patch lists the features active there; the features that drive the shown class are listed by their
+share of its logit (``vit.features.attribution``), each with its map of that share per patch; a feature's exemplars
+are cropped from the images its ``features.npz`` names. Scaling a feature replaces the layer's output by the
+reconstruction with that latent scaled plus the reconstruction error (``vit.features.explore``).
 
 A fragment: picking a feature or a patch, or scaling one for this section alone, reruns this section only. Features
 scaled "in every map on this page" change what every section shows: the page is then drawn from a copy of the model
@@ -25,10 +26,10 @@ from app_pages.explorer_sections.feature_exemplars import IMAGES_KEY, exemplars
 from app_pages.explorer_sections.main_view import PICKER_CONFIG
 from app_pages.explorer_sections.sae_files import FOLDER_KEY, LAYER_KEY
 from app_pages.explorer_sections.state import Shown, keep_settings
-from vit.app import drawing, share, words
+from vit.app import drawing, explorer, share, words
 from vit.checkpoint import Checkpoint
 from vit.explain.overlay import overlay
-from vit.features import explore
+from vit.features import attribution, explore
 from vit.features.sae import SAEError, SparseAutoencoder
 from vit.images import ImageError
 from vit.inference import InputSize, predictions_from_logits
@@ -42,6 +43,7 @@ HANDED_KEY = "explorer_sae"  # an SAE folder another page hands over (with ``exp
 FEATURE_KEY, TOKEN_KEY, EVERYWHERE_KEY = "sae_feature", "sae_token", "sae_everywhere"
 # The chart and the button are not "sae_" keys: keep_settings writes those back, and theirs are read-only.
 STRONGEST_KEY, ACTIVE_KEY, PICKER_KEY = "sae_strongest", "sae_active", "features_picker"
+DRIVERS_KEY = "sae_drivers"
 LINKED_KEY = "sae_linked_feature"  # a link's feature, shown once its SAE is open (opening one resets the feature)
 FACTOR_PREFIX = "sae_factor-"  # + latent: the factor that latent is scaled by (1: left as it is)
 _OPENED, _RERUN = "sae_opened", "sae_rerun_page"
@@ -106,6 +108,14 @@ def intervention(fingerprint: tuple, digest: str, size: InputSize, folder: str, 
                  ) -> explore.InterventionView:
     x = words.model_input(_checkpoint, _image, size)
     return explore.intervention_view(_checkpoint.model, _sae, x, dict(scales), fits=_full_model)
+
+
+@st.cache_resource(max_entries=8, show_spinner="Attributing the prediction to the features…")
+def prediction_drivers(fingerprint: tuple, digest: str, size: InputSize, folder: str, version: tuple, target: int,
+                       _checkpoint: Checkpoint, _full_model, _sae: SparseAutoencoder, _image: Image.Image
+                       ) -> attribution.FeatureAttribution:
+    x = words.model_input(_checkpoint, _image, size)
+    return attribution.feature_attribution(_checkpoint.model, _sae, x, target, fits=_full_model)
 
 
 @st.cache_resource(max_entries=8, show_spinner=False)
@@ -248,7 +258,7 @@ def section(view: Shown, may_open: bool, asked: words.Answer | None) -> None:
     if st.session_state.get(_OPENED) != folder:  # another SAE: its features are others
         for key in [k for k in st.session_state if isinstance(k, str) and k.startswith(FACTOR_PREFIX)]:
             del st.session_state[key]
-        for key in (FEATURE_KEY, TOKEN_KEY, STRONGEST_KEY, ACTIVE_KEY, IMAGES_KEY):
+        for key in (FEATURE_KEY, TOKEN_KEY, STRONGEST_KEY, ACTIVE_KEY, DRIVERS_KEY, IMAGES_KEY):
             st.session_state.pop(key, None)
         st.session_state[_OPENED] = folder
     show_linked(sae.d_sae)
@@ -344,4 +354,39 @@ def section(view: Shown, may_open: bool, asked: words.Answer | None) -> None:
                 st.image(drawing.heads_grid_image(cells, columns=2), output_format="PNG")
                 st.caption("The CLS token's attention rollout as it was (left) and with the features scaled (right), "
                            "on one colour scale: every layer after the SAE's attends differently.")
+    drivers(view, checkpoint, fingerprint, sae, folder, version, layer, shown, count)
     exemplars(view, sae, folder, version, shown, layer)
+
+
+def drivers(view: Shown, checkpoint: Checkpoint, fingerprint: tuple, sae: SparseAutoencoder, folder: str,
+            version: tuple, layer: int, shown: int, count: int) -> None:
+    """The features that drive the shown class: the largest shares of its logit, their maps, one to pick."""
+    if checkpoint.model.head is None or not view.class_names:
+        return
+    target = explorer.resolved_class(view.settings, view.analysis)
+    try:
+        result = prediction_drivers(fingerprint, view.image_key, view.size, folder, version, target, checkpoint,
+                                    view.full_checkpoint.model, sae, view.image)
+    except (SAEError, ValueError) as e:
+        st.error(escape_markdown(e))
+        return
+    name = escape_markdown(visible(view.class_names[target]))
+    st.markdown(f"**Features that drive this prediction** ({name})")
+    top = result.top(count)
+    if not top:
+        st.caption(f"No feature raises the {name} logit on this image.")
+        return
+    shares = dict(top)
+    cells = drawing.small_multiples(view.small, result.patch_maps(list(shares)), view.opacity, view.colormap,
+                                    view.mode, scale="shared")
+    st.image(drawing.heads_grid_image(cells, columns=min(len(cells), 8)), output_format="PNG")
+    st.session_state[DRIVERS_KEY] = shown if shown in shares else None
+    st.radio("By their share of the logit", list(shares), key=DRIVERS_KEY, horizontal=True,
+             format_func=lambda i: f"feature {i} · {shares[i]:+.3g}", on_change=_show, args=(DRIVERS_KEY,))
+    totals = result.totals()
+    st.caption(f"Each feature's share of the {name} logit ({result.logit:.3g}) at layer {layer}'s output: its "
+               "activation times the logit's gradient along its decoder direction, summed over the image's tokens; "
+               "the maps, in the order of the list, show it patch by patch on one colour scale. All features "
+               f"together {totals['latents']:+.3g}, the decoder bias {totals['bias']:+.3g}, the reconstruction error "
+               f"{totals['error']:+.3g}: their sum, {totals['total']:+.3g}, is the gradient times the layer's "
+               "output. Pick one to see its map large and its exemplars below.")
