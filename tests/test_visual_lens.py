@@ -36,8 +36,12 @@ QWEN_VISION = dict(depth=2, hidden_size=32, intermediate_size=48, num_heads=2, o
 QWEN_TEXT = dict(hidden_size=24, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
                  num_key_value_heads=1, vocab_size=64, max_position_embeddings=64,
                  rope_parameters={"rope_type": "default", "mrope_section": [1, 1, 1], "rope_theta": 10000.0})
-KINDS = ["llava", "paligemma", "gemma3", "qwen2_5_vl"]
-UNIT = {"llava": 1, "paligemma": 1, "gemma3": 4, "qwen2_5_vl": 2}  # patches per projected token, each way
+QWEN3_VISION = dict(depth=2, hidden_size=32, intermediate_size=48, num_heads=2, out_hidden_size=24,
+                    num_position_embeddings=64, deepstack_visual_indexes=[0])
+QWEN3_TEXT = dict(QWEN_TEXT, head_dim=12, rope_parameters={"rope_type": "default", "mrope_section": [2, 2, 2],
+                                                           "rope_theta": 10000.0, "mrope_interleaved": True})
+KINDS = ["llava", "paligemma", "gemma3", "qwen2_5_vl", "qwen3_vl"]
+UNIT = {"llava": 1, "paligemma": 1, "gemma3": 4, "qwen2_5_vl": 2, "qwen3_vl": 2}  # patches per image token, each way
 
 
 def noisy(model: torch.nn.Module) -> torch.nn.Module:
@@ -67,6 +71,11 @@ def _build(kind: str):
                 transformers.Gemma3ImageProcessor(size={"height": 64, "width": 64}))
     from transformers.models.qwen2_vl.image_processing_qwen2_vl import Qwen2VLImageProcessor
 
+    if kind == "qwen3_vl":  # 16-px patches, global attention
+        config = transformers.Qwen3VLConfig(vision_config=QWEN3_VISION, text_config=QWEN3_TEXT)
+        return (transformers.Qwen3VLForConditionalGeneration(config),
+                Qwen2VLImageProcessor(patch_size=16, merge_size=2, min_pixels=64 * 64, max_pixels=32 * 32 * 64,
+                                      image_mean=[0.5] * 3, image_std=[0.5] * 3))
     config = transformers.Qwen2_5_VLConfig(vision_config=QWEN_VISION, text_config=QWEN_TEXT)
     return (transformers.Qwen2_5_VLForConditionalGeneration(config),
             Qwen2VLImageProcessor(min_pixels=56 * 56, max_pixels=28 * 28 * 40))
@@ -105,7 +114,7 @@ def by_hand(model, processor, kind: str, image: Image.Image, token_ids: list[int
     into every patch its unit covers (units row-major)."""
     inputs = processor(images=[image], return_tensors="pt")
     with torch.no_grad():
-        if kind == "qwen2_5_vl":
+        if kind.startswith("qwen"):
             features = model.get_image_features(inputs["pixel_values"], inputs["image_grid_thw"]).pooler_output[0]
             gh, gw = inputs["image_grid_thw"][0, 1:].tolist()
         else:
@@ -284,7 +293,7 @@ def test_the_target_is_the_words_score_at_the_unit_under_the_patch(vlms, kind, p
     assert checkpoint.model.head is None  # the wrapped tower shares the weights, the tower keeps no head
 
 
-@pytest.mark.parametrize("kind", ["qwen2_5_vl", "paligemma"])
+@pytest.mark.parametrize("kind", ["qwen2_5_vl", "qwen3_vl", "paligemma"])
 def test_attnlrp_and_the_gradient_maps_of_a_word_draw_on_the_patch_grid_or_refuse_in_one_line(vlms, kind):
     checkpoint, image = vit.load(vlms[kind][0], device="cpu"), picture()
     for method in ("legrad", "attnlrp", "class"):
