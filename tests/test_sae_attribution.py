@@ -104,3 +104,21 @@ def test_vit_feature_attribution_opens_the_sae_folder_and_attributes_the_preproc
     assert result.target == 1 and result.attributions.shape == (len(stream), 64)
     torch.testing.assert_close(result.attributions.sum(-1) + result.bias + result.error, (g * stream).sum(-1),
                                rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("normalize", ["layer_norm", "constant_norm_rescale"])
+def test_the_sum_holds_for_an_sae_that_normalises_its_input(normalize):
+    """ViT-Prisma's run-time normalisation is undone after the decoder: the decoder is still affine in the latents,
+    its constant part (b_dec rescaled, plus the mean) the bias's term."""
+    from vit.features.formats import ForeignSAE
+
+    model, plain = model_and_sae("standard")
+    sae = ForeignSAE(16, 48, None, True, plain.info, activation="threshold", normalize=normalize)
+    sae.load_state_dict(plain.state_dict())
+    sae.eval().requires_grad_(False)
+    image = torch.randn(1, 3, 8, 8)
+    result = feature_attribution(model, sae, image, target=0)
+    g, x, _ = gradient_at_hook(model, image, 0)
+    torch.testing.assert_close(result.attributions.sum(-1) + result.bias + result.error, (g * x).sum(-1), rtol=0,
+                               atol=1e-5)
+    assert (result.attributions != 0).any()
