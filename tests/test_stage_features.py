@@ -107,3 +107,25 @@ def test_the_features_section_draws_a_swin_feature_over_the_image(swin_sae, dirs
         [active] = [r for r in at.radio if r.key == "sae_active"]
         assert [int(o.split(" ")[1]) for o in active.options] == z[8].topk(len(fired)).indices.tolist()
     assert not any("no crops can be placed" in c.value for c in at.caption)  # exemplars on the layer's grid
+
+
+def test_feature_attribution_on_a_stage_layer_sums_to_hfs_gradient_times_its_state(swin_sae):
+    """The SAE spliced in at stage 1's last block: latents, bias and error sum, cell by cell, to the gradient of HF's
+    own logit at its hidden state there times that state (autograd on HF's model, not ours)."""
+    from vit.features.attribution import feature_attribution
+
+    model, checkpoint, folder, _ = swin_sae
+    sae = load_sae(folder)
+    torch.manual_seed(0)
+    x = torch.randn(1, 3, SIZE, SIZE)
+    out = model(x, output_hidden_states=True, output_hidden_states_before_downsampling=True)
+    target = int(out.logits[0].argmax())
+    state = out.hidden_states[-1]  # (1, 25, 48): the last stage's output, before the final norm
+    (g,) = torch.autograd.grad(out.logits[0, target], state)
+    result = feature_attribution(checkpoint.model, sae, x)
+    assert result.target == target and result.grid == (5, 5) and result.image_grid == (10, 10)
+    torch.testing.assert_close(result.attributions.sum(-1) + result.bias + result.error,
+                               (g[0] * state[0]).sum(-1).detach(), rtol=0, atol=1e-5)
+    latent = result.top(1)[0][0]
+    cells = result.attributions[:, latent].reshape(5, 5).numpy()
+    np.testing.assert_allclose(result.patch_maps([latent])[0], np.kron(cells, np.ones((2, 2))), atol=1e-6)
