@@ -212,7 +212,8 @@ def encoder_biases(architecture: str) -> tuple[str, ...]:
 def check_sizes(d_in: int, d_sae: int, k: int | None, architecture: str) -> None:
     """SAEError unless the sizes make an SAE this module can hold."""
     if architecture not in ARCHITECTURES:
-        raise SAEError(f"architecture {architecture!r} is not supported; this reads {', '.join(ARCHITECTURES)}")
+        raise SAEError(f"architecture {architecture!r} is not supported; this reads "
+                       f"{', '.join(ARCHITECTURES + BATCH_TOPK)}")
     for name, value, bound in (("d_in", d_in, MAX_D_IN), ("d_sae", d_sae, MAX_D_SAE)):
         if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= bound:
             raise SAEError(f"{name} must be a whole number from 1 to {bound:,}, got {value!r}")
