@@ -330,3 +330,12 @@ def test_gradient_rollout_of_a_words_score_is_chefers_rollout_on_transformers(vl
     with pytest.raises(ValueError, match="gradient rollout draws one token's row") as e:
         vit.explain_word(checkpoint, image, "cat", "class")
     assert "\n" not in str(e.value)
+
+
+def test_what_is_read_of_the_embedding_is_bounded_by_the_words_and_their_tokens(vlms):
+    checkpoint = vit.load(vlms["llava"][0], device="cpu")
+    with pytest.raises(ValueError, match="'dog dog dog .* is 17 tokens, over the 16 a word may have") as e:
+        vit.visual_logit_lens(checkpoint, picture(), [" ".join(["dog"] * 17)])
+    assert "\n" not in str(e.value)
+    with pytest.raises(ValueError, match="give 1 to 64 words, got 65"):
+        vit.visual_logit_lens(checkpoint, picture(), ["dog"] * 65)

@@ -4,7 +4,9 @@ Each image token the projector hands the language model (``ViT.project``, HF ``g
 dot product with a word's input embedding (the rows of the LM's ``embed_tokens.weight``; a word of several tokens: the
 mean of their rows, so its map is the mean of its tokens' maps): the logit the word would get from that token through
 a language model head tied to its input embedding, at the LM's input, before any norm. Cf. clemneo/llava-interp's
-``create_logit_lens.py``, which reads every LM layer through the final norm and ``lm_head``.
+``create_logit_lens.py``, which reads every LM layer through the final norm and ``lm_head``. The raw rows are used, as
+``get_input_embeddings().weight`` holds them: Gemma's ``sqrt(width)`` factor on its embeddings, one positive constant
+per model, would scale every map of it alike.
 """
 
 from __future__ import annotations
