@@ -67,8 +67,10 @@ def test_a_command_refuses_a_bad_vit_threads_in_one_line(monkeypatch, capsys, tm
 
     threads.use_free_cores.cache_clear()
     monkeypatch.setenv("VIT_THREADS", "many")
+    (tmp_path / "model.pt").write_bytes(b"")  # paths that exist: a missing one is reported first, before torch
+    (tmp_path / "photo.png").write_bytes(b"")
     try:
-        assert predict.main([str(tmp_path / "none.pt"), str(tmp_path / "none.png")]) == 2
+        assert predict.main([str(tmp_path / "model.pt"), str(tmp_path / "photo.png")]) == 2
     finally:
         threads.use_free_cores.cache_clear()
     err = capsys.readouterr().err
