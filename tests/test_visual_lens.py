@@ -339,3 +339,35 @@ def test_what_is_read_of_the_embedding_is_bounded_by_the_words_and_their_tokens(
     assert "\n" not in str(e.value)
     with pytest.raises(ValueError, match="give 1 to 64 words, got 65"):
         vit.visual_logit_lens(checkpoint, picture(), ["dog"] * 65)
+
+
+@pytest.mark.parametrize("projector", [
+    dict(pre_norm=True, activation="quick_gelu", projector="mlp", projector_skip=1),  # LLaVA's CLIP and MLP
+    dict(class_token=False, norm="rms", gated_mlp=True, activation="silu", projector="qwen", spatial_merge=2),
+    dict(class_token=False, projector="gemma3", projector_pool=2),  # Gemma 3's pool, RMSNorm and linear
+], ids=["llava", "qwen", "gemma3"])
+def test_cp_lrp_of_a_words_score_passes_all_of_it_to_the_embedding_through_the_projector(projector):
+    """CP-LRP's defining property, with the lens head on top: with no bias to absorb any, the relevance of the first
+    block's input sums to the word's score, which holds only if the projector's operations carry their rules."""
+    from vit.explain.relevance import AttnLRPRules
+    from vit.explain.vlm_targets import lens_model
+    from vit.model import ViT, ViTConfig, use_rules
+
+    torch.manual_seed(0)
+    config = ViTConfig(image_size=16, patch_size=4, num_classes=0, hidden_size=16, num_layers=2, num_heads=2,
+                       mlp_size=24, pooling="avg", projector_dim=8, **projector)
+    model = ViT(config).eval()
+    with torch.no_grad():
+        for key, p in model.named_parameters():
+            if key.endswith("bias"):
+                p.zero_()
+            elif "norm" in key:
+                p.add_(torch.randn_like(p) * 0.1)
+    wrapped = lens_model(model, torch.randn(1, 8), (4, 4), torch.tensor([1]))
+    images = torch.randn(2, 3, 16, 16)
+    with torch.enable_grad(), use_rules(AttnLRPRules(cp=True)):
+        encoding, cache = wrapped.run_with_cache(images.requires_grad_(True), ["hook_embed"])
+        score = encoding.logits[:, 0]
+        [grad] = torch.autograd.grad(score.sum(), cache["hook_embed"])
+    total = (cache["hook_embed"] * grad).sum(dim=(1, 2))  # (B,)
+    torch.testing.assert_close(total, score.detach(), rtol=1e-3, atol=1e-5 * float(score.detach().abs().max()))
