@@ -42,10 +42,10 @@ _READS = {"query": "query", "layer": "layer", "end_layer": "layer", "start_layer
 _APPLIES_TO = {
     "attention": "every model",
     "rollout": "every model",
-    "class": "classifiers (a model with a head, or a CLIP / SigLIP after vit.ask)",
-    "legrad": "classifiers; CLIP / SigLIP through vit.ask",
+    "class": "classifiers (a model with a head, or a CLIP / SigLIP after vit.ask); a VLM's tower: vit.explain_word",
+    "legrad": "classifiers; CLIP / SigLIP through vit.ask; a VLM's tower through vit.explain_word",
     "lrp": "classifiers with a CLS token",
-    "attnlrp": "classifiers",
+    "attnlrp": "classifiers; a VLM's tower through vit.explain_word",
     "gradcam": "classifiers, every family (pytorch-grad-cam's, on the last block's norm1 tokens)",
     "gradcam++": "classifiers, every family (pytorch-grad-cam's, on the last block's norm1 tokens)",
     "xgradcam": "classifiers, every family (pytorch-grad-cam's, on the last block's norm1 tokens)",
