@@ -223,7 +223,8 @@ def test_a_links_map_the_model_cannot_draw_is_one_line(kind):
     line."""
     at = open_link({"map": kind, "layer": "2"})
     assert notes(at) == [f"The link's map={kind} was not used: this model has no attention-pooling probe; its maps "
-                          "are attention, rollout, class, legrad, lrp, attnlrp, flow, norms."]
+                          "are attention, rollout, class, legrad, lrp, attnlrp, gradcam, gradcam++, xgradcam, "
+                          "eigencam, layercam, scorecam, flow, norms."]
     assert at.session_state["map_kind"] == "attention" and "Layer 2 of 3" in overlay_caption(at)
 
 

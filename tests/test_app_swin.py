@@ -104,7 +104,8 @@ def test_a_swin_layers_window_attention_for_a_clicked_patch_its_rollout_and_legr
     sidebar_widget(at, "radio", "Map").set_value(explorer.MORE_METHODS)
     at.run()
     method = sidebar_widget(at, "selectbox", "Method")
-    assert method.options == [explorer.MAP_KINDS[k] for k in ("legrad", "attnlrp")]  # LRP and flow: one grid
+    # LRP and flow need one grid; the CAMs read one block's tokens on its stage's grid.
+    assert method.options == [explorer.MAP_KINDS[k] for k in ("legrad", "attnlrp", *explorer.CAM_KINDS)]
     method.set_value("legrad")
     sidebar_widget(at, "selectbox", "Class").set_value(2)
     at.run()
