@@ -10,10 +10,12 @@ checkout first on the path)::
     python bench/bench_relevance.py --method legrad                                            # one side alone
 
 ``--against``: both maps in one process, their calls alternating (A B B A ...) so that other jobs' load slows both
-alike; the two maps are first checked to agree (``torch.testing.assert_close``; LeGrad's upsampled and min-max
-normalised as its authors return it), then the medians and the ratio of the process's CPU seconds per map are
-printed with the load average. Without it: one method's map, timed in its own process (import, model, one warm-up
-and ``--repeats`` maps), to compare whole processes or checkouts (``--root`` another checkout).
+alike; the two maps are first checked to agree on float64 copies of the models (``torch.testing.assert_close`` on
+the patch grid, on the authors' map's scale; LeGrad's upsampled and min-max normalised as its authors return it,
+Chefer's ``(B, T, T)`` relevance read at its CLS row as ``generate_LRP`` returns it), then the medians and the
+ratio of the process's CPU seconds per map are printed with the load average. Without it: one method's map, timed
+in its own process (import, model, one warm-up and ``--repeats`` maps), to compare whole processes or checkouts
+(``--root`` another checkout).
 
 Methods: ``legrad`` (the last two layers, the authors' default), ``lrp`` (Chefer et al.'s transformer
 attribution), ``attnlrp``, ``cp-lrp``, and ``legrad-authors`` (WalBouss/LeGrad's ``compute_legrad`` as vendored in
@@ -36,6 +38,7 @@ Earlier figures (2026-11-23, whole processes in turn, random weights differing b
 from __future__ import annotations
 
 import argparse
+import copy
 import os
 import statistics
 import sys
@@ -105,7 +108,7 @@ def authors_lrp(hf: torch.nn.Module, model: ViT):
     ``model``'s weights, its map generated as tests/test_relevance.py generates it (``generate_LRP``)."""
     from tests.test_relevance import chefer_reference, chefer_reference_map
 
-    ref = chefer_reference(model)
+    ref = chefer_reference(model).to(next(model.parameters()).dtype)  # its layers are built float32
     return lambda x, classes: chefer_reference_map(ref, x, int(classes[0]))
 
 
@@ -118,10 +121,11 @@ def authors_attnlrp(hf: torch.nn.Module, model: ViT):
 
     from tests.reference.lxt.patches import layer_norm_forward, non_linear_forward, wrap_attention_forward
 
-    torch.nn.LayerNorm.forward = layer_norm_forward
-    GELUActivation.original_forward = GELUActivation.forward
-    GELUActivation.forward = non_linear_forward
-    modeling_vit.eager_attention_forward = wrap_attention_forward(modeling_vit.eager_attention_forward)
+    if torch.nn.LayerNorm.forward is not layer_norm_forward:  # once: a second wrap would call itself
+        torch.nn.LayerNorm.forward = layer_norm_forward
+        GELUActivation.original_forward = GELUActivation.forward
+        GELUActivation.forward = non_linear_forward
+        modeling_vit.eager_attention_forward = wrap_attention_forward(modeling_vit.eager_attention_forward)
 
     def run(x, classes):
         with torch.enable_grad():
@@ -139,17 +143,38 @@ def build(method: str, hf: torch.nn.Module, model: ViT):
     return AUTHORS[method](hf, model) if method in AUTHORS else ours(method, hf, model)
 
 
-def check_agree(method: str, against: str, a: torch.Tensor, b: torch.Tensor, patch_size: int) -> None:
-    """Both sides' maps of one image, compared as the parity tests compare them (LeGrad: ours upsampled by the
-    patch size and min-max normalised, as its authors return it)."""
+def check_agree(method: str, against: str, a: torch.Tensor, b: torch.Tensor, config: ViTConfig) -> None:
+    """Both sides' maps of one image, compared as the parity tests compare them: on the patch grid, divided by the
+    second map's largest magnitude (relevances of random weights are ~1e-5). Chefer's ``lrp`` returns the rolled-out
+    ``(B, T, T)`` relevance and its authors' ``generate_LRP`` the CLS row without the CLS key, ``(B, gh*gw)``;
+    LeGrad's is upsampled by the patch size and min-max normalised, as its authors return it."""
     from tests.reference.legrad.legrad_reference import min_max
+    from vit.explain.attention import token_map
+
+    grid = (config.image_size // config.patch_size,) * 2
 
     def shown(name: str, m: torch.Tensor) -> torch.Tensor:
+        m = m.detach().float()
         if name == "legrad":
-            return min_max(F.interpolate(m[None].float(), scale_factor=patch_size, mode="bilinear"))
-        return m.detach().float().reshape(1, 1, *m.shape[-2:])
+            return min_max(F.interpolate(m[None], scale_factor=config.patch_size, mode="bilinear"))
+        if name == "lrp":
+            m = token_map(m, 0, grid)  # (B, gh, gw): the CLS row, as token_map draws it
+        elif name == "lrp-chefer":
+            m = m.reshape(-1, *grid)  # (B, gh*gw) -> (B, gh, gw), row-major as the authors' reshape
+        return m.reshape(1, 1, *m.shape[-2:])
 
-    torch.testing.assert_close(shown(method, a), shown(against, b), rtol=1e-4, atol=1e-4)
+    ours, theirs = shown(method, a), shown(against, b)
+    scale = theirs.abs().max().clamp_min(torch.finfo(theirs.dtype).tiny)
+    torch.testing.assert_close(ours / scale, theirs / scale, rtol=1e-6, atol=1e-6)
+
+
+def agree(method: str, against: str, hf: torch.nn.Module, model: ViT, image: torch.Tensor,
+          classes: torch.Tensor) -> None:
+    """``check_agree`` on float64 copies of both models: Chefer's LRP divides by sums that nearly cancel on random
+    weights, so in float32 two correct orders of its operations differ by 1e-2 of the map (float64: 1e-11)."""
+    hf64, model64 = copy.deepcopy(hf).double(), copy.deepcopy(model).double()
+    maps = [build(name, hf64, model64)(image.double(), classes) for name in (method, against)]
+    check_agree(method, against, *maps, model.config)
 
 
 def timed(run, image: torch.Tensor, classes: torch.Tensor) -> tuple[float, float]:
@@ -174,11 +199,12 @@ def main(argv: list[str] | None = None) -> int:
     image = torch.randn(1, c.num_channels, c.image_size, c.image_size)
     classes = torch.tensor([3])
     names = [args.method] + ([args.against] if args.against else [])
-    runs = {name: build(name, hf, model) for name in names}
-    maps = {name: run(image, classes) for name, run in runs.items()}  # the warm-up
     if args.against:
-        check_agree(args.method, args.against, maps[args.method], maps[args.against], c.patch_size)
-        print(f"{args.method} and {args.against} agree (rtol 1e-4, atol 1e-4)")
+        agree(args.method, args.against, hf, model, image, classes)
+        print(f"{args.method} and {args.against} agree (float64, rtol 1e-6, atol 1e-6)")
+    runs = {name: build(name, hf, model) for name in names}
+    for run in runs.values():
+        run(image, classes)  # the warm-up
     times = {name: [] for name in names}  # (wall, CPU seconds) per call: CPU is what other jobs' load inflates least
     for i in range(args.repeats):
         for name in names if i % 2 == 0 else names[::-1]:

@@ -121,7 +121,9 @@ def chefer_reference(ours: ViT):
             block.attn.scale = c.head_dim ** -0.5
     state = {k.replace("patch_embed.", "patch_embed.proj."): v for k, v in ours.state_dict().items()}
     ref.load_state_dict(state, strict=True)
-    ref.norm.eps = c.layer_norm_eps  # the reference's final norm has torch's default 1e-5
+    for module in ref.modules():  # the reference's blocks have timm's 1e-6, its final norm torch's 1e-5
+        if isinstance(module, torch.nn.LayerNorm):
+            module.eps = c.layer_norm_eps
     return ref.eval()
 
 
