@@ -143,20 +143,20 @@ def build(method: str, hf: torch.nn.Module, model: ViT):
     return AUTHORS[method](hf, model) if method in AUTHORS else ours(method, hf, model)
 
 
-def check_agree(method: str, against: str, a: torch.Tensor, b: torch.Tensor, config: ViTConfig) -> None:
-    """Both sides' maps of one image, compared as the parity tests compare them: on the patch grid, divided by the
-    second map's largest magnitude (relevances of random weights are ~1e-5). Chefer's ``lrp`` returns the rolled-out
-    ``(B, T, T)`` relevance and its authors' ``generate_LRP`` the CLS row without the CLS key, ``(B, gh*gw)``;
-    LeGrad's is upsampled by the patch size and min-max normalised, as its authors return it."""
+def check_agree(method: str, against: str, a: torch.Tensor, b: torch.Tensor, patch_size: int,
+                grid: tuple[int, int] | None = None, tolerance: float = 1e-4) -> None:
+    """Both sides' maps of one image, compared as the parity tests compare them: on the patch grid ``grid``, divided
+    by the second map's largest magnitude (relevances of random weights are ~1e-5), to ``tolerance``. Chefer's
+    ``lrp`` returns the rolled-out ``(B, T, T)`` relevance and its authors' ``generate_LRP`` the CLS row without the
+    CLS key, ``(B, gh*gw)``; LeGrad's is upsampled by the patch size and min-max normalised, as its authors return
+    it. ``bench_gpu_maps`` compares float32 maps (1e-4); ``agree`` float64 ones (1e-6)."""
     from tests.reference.legrad.legrad_reference import min_max
     from vit.explain.attention import token_map
-
-    grid = (config.image_size // config.patch_size,) * 2
 
     def shown(name: str, m: torch.Tensor) -> torch.Tensor:
         m = m.detach().float()
         if name == "legrad":
-            return min_max(F.interpolate(m[None], scale_factor=config.patch_size, mode="bilinear"))
+            return min_max(F.interpolate(m[None], scale_factor=patch_size, mode="bilinear"))
         if name == "lrp":
             m = token_map(m, 0, grid)  # (B, gh, gw): the CLS row, as token_map draws it
         elif name == "lrp-chefer":
@@ -165,7 +165,7 @@ def check_agree(method: str, against: str, a: torch.Tensor, b: torch.Tensor, con
 
     ours, theirs = shown(method, a), shown(against, b)
     scale = theirs.abs().max().clamp_min(torch.finfo(theirs.dtype).tiny)
-    torch.testing.assert_close(ours / scale, theirs / scale, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(ours / scale, theirs / scale, rtol=tolerance, atol=tolerance)
 
 
 def agree(method: str, against: str, hf: torch.nn.Module, model: ViT, image: torch.Tensor,
@@ -174,7 +174,8 @@ def agree(method: str, against: str, hf: torch.nn.Module, model: ViT, image: tor
     weights, so in float32 two correct orders of its operations differ by 1e-2 of the map (float64: 1e-11)."""
     hf64, model64 = copy.deepcopy(hf).double(), copy.deepcopy(model).double()
     maps = [build(name, hf64, model64)(image.double(), classes) for name in (method, against)]
-    check_agree(method, against, *maps, model.config)
+    config = model.config
+    check_agree(method, against, *maps, config.patch_size, (config.image_size // config.patch_size,) * 2, 1e-6)
 
 
 def timed(run, image: torch.Tensor, classes: torch.Tensor) -> tuple[float, float]:

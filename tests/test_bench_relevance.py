@@ -45,4 +45,4 @@ def test_the_agreement_check_refuses_chefers_map_of_another_class(bench):
     ours = bench.build("lrp", hf, model)(image, torch.tensor([3]))
     theirs = bench.build("lrp-chefer", hf, model)(image, torch.tensor([5]))
     with pytest.raises(AssertionError, match="not close"):
-        bench.check_agree("lrp", "lrp-chefer", ours, theirs, model.config)
+        bench.check_agree("lrp", "lrp-chefer", ours, theirs, model.config.patch_size, (8, 8))  # 32 px / 4
