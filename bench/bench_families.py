@@ -2,13 +2,15 @@
 SAM 2's Hiera): ours next to the library's eager forward.
 
 AIMv2: HF ``Aimv2VisionModel`` (eager attention, ``output_attentions=True``); PE: timm ``vit_pe_core_*`` with
-its fused attention off (the explicit softmax a test hook reads); BEiT: HF ``BeitModel`` (eager) and timm
-``beit_base_patch16_224`` (explicit); SAM: HF ``SamVisionModel`` ViT-B at 1,024 px (eager, its neck included: ~1 %
-of its work). Each built by the library with random weights, saved natively and opened by path, so the weights are
-the same; calls alternate so background load slows both alike; the table shows medians, our time as a ratio of
-theirs and the load average after the row. Run from the repository root::
+its fused attention off (the explicit softmax a test hook reads; ``pe-hook``: every block's kept, as that test reads
+it); BEiT: HF ``BeitModel`` (eager) and timm ``beit_base_patch16_224`` (explicit); SAM: HF ``SamVisionModel`` ViT-B
+at 1,024 px (eager, its neck included: ~1 % of its work). Each built by the library with random weights, saved
+natively and opened by path, so the weights are the same; calls alternate (A B B A ...) so background load slows
+both alike; the table shows medians, our time as a ratio of theirs, the median of each call pair's ratio of wall
+time ("pairs") and of the process's CPU seconds ("CPU pairs", what other jobs' load inflates least) and the load
+average after the row. Run from the repository root::
 
-    python -m bench.bench_families --threads 1 --repeats 9 --models beit-hf beit-timm aimv2 pe siglip2-naflex
+    python -m bench.bench_families --threads 1 --repeats 9 --models beit-hf beit-timm aimv2 pe pe-hook siglip2-naflex
     python -m bench.bench_families --threads 1 --repeats 3 --models sam
     python -m bench.bench_families --threads 1 --repeats 21 --models swin swin_timm swinv2 swinv2_timm hiera hiera_timm
     python -m bench.bench_families --threads 1 --repeats 5 --models sam2_hiera
@@ -32,7 +34,7 @@ Again on an idle machine (nothing else running, load under 1), one thread, after
 
 BEiT was 1.06-1.10x HF before two fixes: its bias index is kept per grid and read by ``index_select`` (3.5 ms ->
 0.2 ms a layer), and on a CPU q, k, v are three 768-wide products rather than one 2,304-wide one (15-20 % faster
-at one thread, as HF's three linears are).
+at one thread, as HF's three linears are; one product again since 2026-11-25, below).
 
 Hierarchical models (``STAGE_MODELS``; HF's Swin / Hiera return attentions in eager mode, HF's SAM 2 does not, so
 SAM 2's Hiera is compared with timm's explicit attention), random weights at their real sizes, one thread:
@@ -71,6 +73,34 @@ of the same calls shows 1.16x).
 
 Query pooling first ran as one ``amax`` over two strided axes, 0.45 s a pooling at 1024 px against timm's 0.04 s
 ``max_pool2d``; it is now the maximum of the stride's slices (``vit.model.stages.pool_queries``).
+
+2026-11-25 (issue 69: "PE core takes 8 % more CPU time than timm's eager forward and Swin V2 11 % more than HF's"),
+``--models pe pe-hook swinv2``, this checkout against the one before it (the same bench in both), the two run in
+turn, two runs each; CPU pairs (raw rows: bench/results/cpu-2026-11-25/families-pe-swinv2-ab.txt):
+
+    --threads 1 --repeats 21, load 1.0-1.3:   before          after
+    | PE core (timm explicit)             | 1.08x  1.05x  | 0.99x  1.00x |
+    | PE core (timm explicit, hook)       | 0.99x  1.01x  | 1.01x  0.99x |
+    | Swin V2-T (HF eager)                | 1.01x  0.99x  | 0.95x  0.99x |
+    --threads 2 --repeats 15, load 3.0-6.2:
+    | PE core (timm explicit)             | 1.08x  1.10x  | 1.04x  0.97x |
+    | PE core (timm explicit, hook)       | 1.07x  1.01x  | 1.01x  0.98x |
+    | Swin V2-T (HF eager)                | 0.99x  0.99x  | 0.96x  0.97x |
+
+Where the time went. (1) q, k and v were three products of the qkv weight's thirds from 384 channels up (BEiT's
+change above): on this machine's torch 2.15 at one thread no faster than one product (0.98-1.01x of its CPU time,
+the same values bit for bit), at two threads 1.5-2x (three parallel regions where there is one); one product again,
+as timm's. (2) glibc handing memory back: an MLP's fc1 output and its GELU (2 x 2.4 MB at ViT-B), freed together at
+the top of the heap, went back to the kernel in every block and were faulted in again by the next (PE core beside
+timm keeping its maps, one thread: 22,000 minor page faults a forward against timm's 8,000; with the trim and mmap
+thresholds raised, ``MALLOC_TRIM_THRESHOLD_`` / ``MALLOC_MMAP_THRESHOLD_``, ours was already 0.98x). The activation
+now runs in place where nothing else reads fc1's output (no gradient, no hook on ``hook_pre``): 900 against 0 after.
+(3) Swin V2's log-spaced offsets were formed in each of its 12 blocks every forward (28 us each); now once per
+window, as HF's buffer. What remains against timm's plain forward is the twelve attention maps ours returns and it
+drops (fresh memory every call): the ``pe-hook`` row keeps them on timm's side too. Over all eight runs (four more at
+load 2-21 in the results file) PE core went from 1.03-1.14x to 0.97-1.04x (median 1.00x), Swin V2 from 0.96-1.03x
+(its 11 % did not show here) to 0.77-0.99x; BEiT, for which the three products had been chosen, stayed level at one
+thread (HF 0.96x / 1.00x before, 0.99x / 0.99x after; timm 1.01x / 1.01x, both).
 """
 
 from __future__ import annotations
@@ -111,6 +141,13 @@ def pe(folder: Path):
         timm.layers.set_fused_attn(True)
     timm.models.save_for_hf(model, folder, safe_serialization=True)
     return "PE core (timm explicit, B/16 224 px)", model, 224
+
+
+def pe_hook(folder: Path):
+    """PE core as ``pe``, every block's attention kept as tests/test_pe_parity.py reads it (a forward hook on
+    ``attn_drop``): what ours returns, so both sides hold twelve (1, 12, 197, 197) maps at the end of a call."""
+    name, model, size = pe(folder)
+    return "PE core (timm explicit, hook, B/16 224 px)", _read_at_attn_drop(model, model.blocks), size
 
 
 def siglip2_naflex(folder: Path, size: int = 256, patch: int = 16):
@@ -164,7 +201,7 @@ def sam_hf(folder: Path):
     return "SAM (HF eager, ViT-B 1,024 px)", lambda x: model(pixel_values=x, output_attentions=True), 1024
 
 
-FAMILIES = {"aimv2": aimv2, "pe": pe, "siglip2-naflex": siglip2_naflex, "beit-hf": beit_hf,
+FAMILIES = {"aimv2": aimv2, "pe": pe, "pe-hook": pe_hook, "siglip2-naflex": siglip2_naflex, "beit-hf": beit_hf,
             "beit-timm": beit_timm, "sam": sam_hf}
 
 
@@ -213,11 +250,11 @@ def _timm_explicit(name: str, folder: Path, **args):
     return model
 
 
-def _read_at_attn_drop(model):
+def _read_at_attn_drop(model, blocks=None):
     """timm's forward with every block's attention read as ``tests/test_swin_parity.py`` reads it: a forward hook
-    on ``attn_drop`` keeping its input (the softmax)."""
+    on ``attn_drop`` keeping its input (the softmax). ``blocks``: the blocks (None: a Swin's, stage by stage)."""
     captured: list[torch.Tensor] = []
-    for block in (b for layer in model.layers for b in layer.blocks):
+    for block in blocks if blocks is not None else (b for layer in model.layers for b in layer.blocks):
         block.attn.attn_drop.register_forward_hook(lambda m, i, o: captured.append(i[0]))
 
     def run(x):
@@ -283,8 +320,8 @@ def main() -> None:
     parser.add_argument("--models", nargs="+", choices=list(BUILDS), default=list(BUILDS))
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    print("| model | theirs (ms) | ours (ms) | ours / theirs | pairs | load (1 min) |\n"
-          "| --- | --- | --- | --- | --- | --- |")
+    print("| model | theirs (ms) | ours (ms) | ours / theirs | pairs | CPU pairs | load (1 min) |\n"
+          "| --- | --- | --- | --- | --- | --- | --- |")
     for build in (BUILDS[name] for name in args.models):
         with tempfile.TemporaryDirectory() as tmp:
             torch.manual_seed(0)
@@ -292,17 +329,21 @@ def main() -> None:
             ours = open_source(Path(tmp) / "model").model.eval()
         x = torch.randn(args.batch, 3, size, size)
         times: dict[str, list[float]] = {"theirs": [], "ours": []}
+        cpu: dict[str, list[float]] = {"theirs": [], "ours": []}  # the process's CPU seconds: what load inflates least
         with torch.inference_mode():
             theirs(x), ours.encode(x, output_attentions=True)  # warm-up
-            for _ in range(args.repeats):
-                for label in ("theirs", "ours"):
-                    start = time.perf_counter()
+            for i in range(args.repeats):
+                for label in ("theirs", "ours") if i % 2 == 0 else ("ours", "theirs"):  # A B B A: neither always first
+                    start, start_cpu = time.perf_counter(), time.process_time()
                     theirs(x) if label == "theirs" else ours.encode(x, output_attentions=True)
                     times[label].append(time.perf_counter() - start)
+                    cpu[label].append(time.process_time() - start_cpu)
         a, b = statistics.median(times["theirs"]) * 1e3, statistics.median(times["ours"]) * 1e3
         # pairs: the median of each call pair's ratio, steadier than the ratio of medians while the load swings
         pairs = statistics.median(o / t for t, o in zip(times["theirs"], times["ours"], strict=True))
-        print(f"| {name} | {a:.0f} | {b:.0f} | {b / a:.2f}x | {pairs:.2f}x | {os.getloadavg()[0]:.1f} |", flush=True)
+        cpu_pairs = statistics.median(o / t for t, o in zip(cpu["theirs"], cpu["ours"], strict=True))
+        print(f"| {name} | {a:.0f} | {b:.0f} | {b / a:.2f}x | {pairs:.2f}x | {cpu_pairs:.2f}x | "
+              f"{os.getloadavg()[0]:.1f} |", flush=True)
 
 
 if __name__ == "__main__":

@@ -436,3 +436,93 @@ def test_hooks_and_rules_apply_in_their_own_thread_only(model):
         thread.start()
         thread.join()
     assert torch.equal(seen["logits"], before) and seen["rules"] is not rules
+
+
+# --- the MLP's activation in place -----------------------------------------------------------------
+
+TORCH_ACTIVATIONS = {"gelu": F.gelu, "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),
+                     "quick_gelu": lambda x: x * torch.sigmoid(1.702 * x), "relu": F.relu, "silu": F.silu}
+
+
+class _NewHidden(torch.utils._python_dispatch.TorchDispatchMode):
+    """Counts the new (B, T, mlp) tensors the operations under it allocate (an in-place one writes over its input)."""
+
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.width, self.count = width, 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        inputs = {a.untyped_storage().data_ptr() for a in args if isinstance(a, torch.Tensor)}
+        if isinstance(out, torch.Tensor) and out.shape[-1] == self.width and out.untyped_storage().data_ptr() \
+                not in inputs:
+            self.count += 1
+        return out
+
+
+@pytest.mark.parametrize("activation", ["gelu", "gelu_tanh", "relu", "silu"])
+def test_an_inference_mlp_holds_one_hidden_tensor_not_two(activation):
+    """Without gradients or a hook on fc1's output, the activation is written over it (one (B, T, mlp) tensor where
+    there were two: PE core's forward, 2.4 MB a block, faulted in anew from the kernel each time); the values are
+    torch's own activation's."""
+    torch.manual_seed(0)
+    mlp = ViT(ViTConfig(**SMALL, activation=activation)).blocks[0].mlp.eval()
+    x = torch.randn(2, 65, SMALL["hidden_size"])
+    counter = _NewHidden(SMALL["mlp_size"])
+    with torch.inference_mode(), counter:
+        out = mlp(x)
+    assert counter.count == 1
+    torch.testing.assert_close(out, mlp.fc2(TORCH_ACTIVATIONS[activation](mlp.fc1(x))), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("activation", list(TORCH_ACTIVATIONS))
+def test_the_in_place_activation_leaves_a_cached_pre_activation_and_gradients_as_they_were(activation):
+    """A hook that keeps fc1's output (run_with_cache) and autograd, which saves it for the backward, each still
+    read fc1's output itself, not the activation written over it."""
+    torch.manual_seed(0)
+    model = ViT(ViTConfig(**SMALL, activation=activation)).eval()
+    names = ["blocks.1.hook_mlp_in", "blocks.1.mlp.hook_pre", "blocks.1.mlp.hook_post"]
+    mlp, act = model.blocks[1].mlp, TORCH_ACTIVATIONS[activation]
+    with torch.inference_mode():
+        _, cache = model.run_with_cache(torch.randn(2, 3, 32, 32), names)
+        torch.testing.assert_close(cache["blocks.1.mlp.hook_pre"], mlp.fc1(cache["blocks.1.hook_mlp_in"]))
+        torch.testing.assert_close(cache["blocks.1.mlp.hook_post"], act(cache["blocks.1.mlp.hook_pre"]))
+    x = torch.randn(2, 65, SMALL["hidden_size"], requires_grad=True)
+    reference = x.detach().clone().requires_grad_(True)
+    mlp(x).square().sum().backward()
+    mlp.fc2(act(mlp.fc1(reference))).square().sum().backward()
+    torch.testing.assert_close(x.grad, reference.grad)
+
+
+class _Products(torch.utils._python_dispatch.TorchDispatchMode):
+    """Counts the matrix products the operations under it run."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.count += func.overloadpacket.__name__ in ("linear", "addmm", "mm", "bmm", "matmul")
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("width, key_bias", [(96, True), (768, True), (768, False)])
+def test_q_k_and_v_are_one_product_at_any_width(width, key_bias):
+    """One product of the whole qkv weight, as timm's: three of its thirds (ours from 384 channels up) were no faster
+    at one thread and cost 1.5-2x its CPU time at two (bench/bench_families.py). DINOv3's key has no bias."""
+    from vit.model import Attention
+
+    torch.manual_seed(0)
+    attn = Attention(ViTConfig(**{**SMALL, "hidden_size": width, "mlp_size": 4 * width, "key_bias": key_bias}))
+    torch.nn.init.normal_(attn.qkv.bias)
+    x = torch.randn(2, 65, width)
+    counter = _Products()
+    with torch.no_grad(), counter:
+        q, k, v = attn.queries_keys_values(x)
+    assert counter.count == 1
+    bias = attn.qkv.bias.detach().clone()
+    if not key_bias:
+        bias[width:2 * width] = 0
+    expected = F.linear(x, attn.qkv.weight, bias).reshape(2, 65, 3, 4, width // 4).permute(2, 0, 3, 1, 4)
+    for ours, theirs in zip((q, k, v), expected, strict=True):
+        torch.testing.assert_close(ours, theirs, rtol=0, atol=0)

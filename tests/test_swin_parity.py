@@ -116,3 +116,21 @@ def test_timm_swin_matches_timm_at_two_sizes(tmp_path, kind):
         with torch.no_grad():
             ours = checkpoint.model.encode(images, output_attentions=True)
         assert_parity(f"{kind} | timm {name} | {size} px", ours.logits, logits, ours.attentions, attentions)
+
+
+def test_swin_v2_forms_its_offsets_once_a_window_for_inference_and_gradient_passes(tmp_path):
+    """Swin V2's log-spaced offsets (what its position MLP reads) are kept per window, as HF keeps them in a buffer,
+    not formed in every block of every forward; kept from an inference-mode forward, a gradient pass can still read
+    them (an inference tensor cannot be saved for backward)."""
+    from vit.model.stages import swinv2_coords
+
+    _hf("swinv2", SIZES[0]).save_pretrained(tmp_path)
+    model = open_source(tmp_path).model
+    swinv2_coords.cache_clear()
+    images = torch.randn(1, 3, SIZES[0], SIZES[0])
+    with torch.inference_mode():
+        model(images)
+    assert swinv2_coords.cache_info().misses == 1  # 4x4 windows in both stages, four blocks
+    images.requires_grad_(True)
+    model(images)[0][0, 0].backward()
+    assert swinv2_coords.cache_info().misses == 1 and images.grad.abs().sum() > 0

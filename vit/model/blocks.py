@@ -33,10 +33,6 @@ from vit.model.stages import (
 FUSED_CHUNK_FLOPS = 2**32
 # A bias formed per query chunk (``fused_attention``) holds at most this many bytes at once.
 BIAS_CHUNK_BYTES = 2**26
-# On a CPU, q, k and v are three products from this input width up, one below it: at Swin's, Hiera's and SAM 2's
-# first stages (96 and 192 wide, thousands of rows) one product was ~15 % faster than three at one thread, and SAM 2
-# Hiera-T's forward at 512 px went from 1.06x to 1.01x of timm's.
-SPLIT_QKV_WIDTH = 384
 # The model's shared BEiT bias, asked for by rows (token indices; None: all): (nh, n or T, T).
 SharedBias = Callable[[torch.Tensor | None], torch.Tensor]
 
@@ -149,18 +145,11 @@ class Attention(Parent):
                             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``x`` (B, N, C) -> q, k, v (B, nh, N, hd) each, unscaled, with rotary positions applied to q and k."""
         B, N, C = x.shape
-        if x.device.type == "cpu" and C >= SPLIT_QKV_WIDTH:
-            # Three products of the weight's thirds, not one of the whole: one thread's BLAS here runs 768-wide
-            # outputs ~10 % faster than 2,304-wide ones (the same FLOPs), and a key without bias skips its add.
-            biases = [None] * 3 if self.qkv.bias is None else list(self.qkv.bias.chunk(3))
-            if not self.key_bias:
-                biases[1] = None
-            q, k, v = (F.linear(x, w, b).view(B, N, self.num_heads, self.head_dim).transpose(1, 2)
-                       for w, b in zip(self.qkv.weight.chunk(3), biases, strict=True))  # each (B, nh, N, hd)
-        else:
-            qkv = F.linear(x, self.qkv.weight, self.qkv_bias())
-            qkv = qkv.view(B, N, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)  # (3, B, nh, N, hd)
-            q, k, v = qkv.unbind(0)  # each (B, nh, N, hd)
+        # One product, as timm's: three of the weight's thirds (the same values, bit for bit) were at best 2 % faster
+        # at one thread, and at two threads cost 1.5-2x the CPU time of one (three parallel regions, not one).
+        qkv = F.linear(x, self.qkv.weight, self.qkv_bias())
+        qkv = qkv.view(B, N, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)  # (3, B, nh, N, hd)
+        q, k, v = qkv.unbind(0)  # each (B, nh, N, hd)
         if rope is not None:
             q, k = apply_rope(q, rope, self.rope_interleaved), apply_rope(k, rope, self.rope_interleaved)
         return q, k, v
@@ -251,6 +240,7 @@ class Attention(Parent):
             elif bias is not None:
                 scores = scores + bias
             probs = self.hook_pattern(scores.softmax(dim=-1))
+            del scores  # before probs @ v: one (B, nh, n, N) tensor held through it, not two
             y = F.dropout(probs, dropout_p, self.training) @ v  # (B, nh, n, hd)
         else:
             # SAM ViT-B's global layer at 1,024 px: its bias is 805 MB whole (12 x 4,096 x 4,096), 67 MB a chunk
@@ -321,7 +311,13 @@ class MLP(Parent):
         rules = current_rules()
         if self.fc1_g is None:
             pre = self.hook_pre(self.fc1(x))
-            h = activate(pre, self.activation) if rules is PLAIN_RULES else rules.activation(pre, self.activation)
+            if rules is not PLAIN_RULES:
+                h = rules.activation(pre, self.activation)
+            else:
+                # In place where nothing else reads fc1's output (no gradient, no hook that may keep it): one
+                # (B, T, mlp) tensor instead of two, so no 2 x 2.4 MB freed at the heap's top in every block for
+                # glibc to hand back and fault in again (PE core at one thread: 22,000 page faults a forward, 900)
+                h = activate(pre, self.activation, not pre.requires_grad and self.hook_pre not in active_hooks())
         else:
             h = rules.product(rules.activation(self.hook_pre(self.fc1_g(x)), self.activation),
                               self.hook_pre_linear(self.fc1(x)))

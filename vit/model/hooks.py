@@ -13,18 +13,18 @@ import torch.nn.functional as F
 from torch import nn
 
 
-def activate(x: torch.Tensor, name: str) -> torch.Tensor:
+def activate(x: torch.Tensor, name: str, inplace: bool = False) -> torch.Tensor:
     """One of ``ACTIVATIONS``: exact GELU, tanh-approximated GELU, OpenAI's QuickGELU ``x * sigmoid(1.702 x)``, SiLU,
-    ReLU."""
-    if name == "gelu":
-        return F.gelu(x)
-    if name == "gelu_tanh":
-        return F.gelu(x, approximate="tanh")
+    ReLU; ``inplace``: written over ``x`` (the same values), for a caller that holds the only reference to it."""
+    if name in ("gelu", "gelu_tanh"):
+        approximate = "tanh" if name == "gelu_tanh" else "none"
+        return torch.ops.aten.gelu_(x, approximate=approximate) if inplace else F.gelu(x, approximate=approximate)
     if name == "quick_gelu":
-        return x * torch.sigmoid(1.702 * x)
+        gate = torch.sigmoid(1.702 * x)
+        return x.mul_(gate) if inplace else x * gate
     if name == "relu":
-        return F.relu(x)
-    return F.silu(x)
+        return F.relu(x, inplace=inplace)
+    return F.silu(x, inplace=inplace)
 
 
 
