@@ -25,6 +25,7 @@ from vit.explain import dataset
 from vit.explain.dataset import sample_files
 from vit.images import ImageError, open_image
 from vit.predict import UsageError
+from vit.progress import in_parts
 from vit.runfiles import default_runs_dir, parse_json, read_text_bounded
 from vit.runs import access, launch, ray_analyze, ray_jobs
 from vit.runs.launch import default_data_roots, folder_problem, hide_data_roots, resolve_dataset
@@ -128,7 +129,7 @@ def analyze_on_ray(model: str, data: Path, limit: int, progress: work.Progress) 
 def analyze_here(checkpoint, files: list, with_mechanism: bool, progress: work.Progress) -> tuple:
     """The dataset pass on this server (and the mechanism's, with ``with_mechanism``), then its figures (once per
     analysis, not on every rerun: each mistake's button reruns the page); ``progress`` counts the images."""
-    first, second = work.in_parts(progress, [len(files), len(files) if with_mechanism else 0])
+    first, second = in_parts(progress, [len(files), len(files) if with_mechanism else 0])
     analysis = dataset.analyze_files(checkpoint, files, progress=first)
     if with_mechanism:
         analysis.mechanism = dataset.analyze_mechanism(checkpoint, files, progress=second)

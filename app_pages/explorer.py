@@ -32,6 +32,7 @@ from app_pages.explorer_sections.probe_snapshots import probe_snapshots
 from app_pages.explorer_sections.state import Shown, keep_settings
 from vit.app import catalog, explorer, share, words
 from vit.checkpoint import CheckpointError
+from vit.explain import image_analysis
 from vit.images import ImageError
 from vit.inference import NonFiniteOutput, input_box, seen_region
 from vit.sources.text_tower import has_text_tower
@@ -93,7 +94,7 @@ checkpoint, fingerprint = features.with_features_edited(checkpoint, fingerprint,
 # Drawn from the shape the analysis will have, before the model runs: the browser lays the sidebar out meanwhile
 # instead of after the forward, where it held the new map back by ~0.1 s (bench/bench_start.py).
 try:
-    shape = explorer.view_shape(checkpoint, image, size)
+    shape = image_analysis.view_shape(checkpoint, image, size)
 except (ValueError, ImageError) as e:  # too many tokens; too small for a Swin's windows
     st.error(escape_markdown(e))
     st.stop()

@@ -44,7 +44,9 @@ import torch  # noqa: E402
 from PIL import Image  # noqa: E402
 
 from vit.app import catalog, drawing, explorer  # noqa: E402
+from vit.bounds import TooManyTokens  # noqa: E402
 from vit.checkpoint import Checkpoint, Preprocessing, load_checkpoint  # noqa: E402
+from vit.explain import attention_maps, fits, image_analysis, method_maps  # noqa: E402
 from vit.explain.overlay import overlay  # noqa: E402
 from vit.images import open_image  # noqa: E402
 from vit.inference import TRAINING_SIZE, InputSize  # noqa: E402
@@ -78,9 +80,9 @@ def photo_png(width: int = 640, height: int = 480, seed: int = 0) -> bytes:
     return buffer.getvalue()
 
 
-def heads_grid(analysis: explorer.Analysis, small: Image.Image, query: int, layers: list[int]) -> None:
+def heads_grid(analysis: image_analysis.Analysis, small: Image.Image, query: int, layers: list[int]) -> None:
     """The heads tab: thumbnails of ``layers``, composed into one JPEG, and its clickable figure."""
-    maps = explorer.head_maps(analysis, query)[layers]  # (layers, H, gh, gw)
+    maps = attention_maps.head_maps(analysis, query)[layers]  # (layers, H, gh, gw)
     outline = explorer.patch_of(query, analysis.num_prefix_tokens)
     cells = drawing.small_multiples(small, maps.reshape(-1, *analysis.grid), OVERLAY["opacity"],
                                      OVERLAY["colormap"], OVERLAY["mode"], outline)
@@ -89,10 +91,10 @@ def heads_grid(analysis: explorer.Analysis, small: Image.Image, query: int, laye
                                analysis.num_heads).to_json()
 
 
-def draw(analysis: explorer.Analysis, shown: Image.Image, shown_uri: str, small: Image.Image,
-         settings: explorer.MapSettings, relevance=None) -> None:
+def draw(analysis: image_analysis.Analysis, shown: Image.Image, shown_uri: str, small: Image.Image,
+         settings: attention_maps.MapSettings, relevance=None) -> None:
     """What the page draws after a change: map, overlay, both image figures, colour bar, prediction, heads."""
-    map2d = explorer.attention_map(analysis, settings, relevance)
+    map2d = attention_maps.attention_map(analysis, settings, relevance)
     outline = explorer.patch_of(settings.query, analysis.num_prefix_tokens)
     drawn = overlay(shown, map2d, OVERLAY["opacity"], OVERLAY["colormap"], OVERLAY["mode"], outline_patch=outline)
     grid, prefix = analysis.grid, analysis.num_prefix_tokens
@@ -107,22 +109,23 @@ def draw(analysis: explorer.Analysis, shown: Image.Image, shown_uri: str, small:
 def bench(name: str, checkpoint: Checkpoint, data: bytes, size: InputSize,
           repeats: int) -> dict[str, tuple[float, float]]:
     image = open_image(data, name="upload.png")
-    analysis = explorer.analyse(checkpoint, image, size)  # warm-up (first-call allocations)
+    analysis = image_analysis.analyse(checkpoint, image, size)  # warm-up (first-call allocations)
     shown = drawing.display_images(image)
     L, H, T = analysis.num_layers, analysis.num_heads, analysis.num_tokens
     queries = iter(range(1, T))  # every change a query not seen before: nothing cached helps
-    changes = (explorer.MapSettings(layer=i % L, head=(None if i % 2 else i % H), query=next(queries))
+    changes = (attention_maps.MapSettings(layer=i % L, head=(None if i % 2 else i % H), query=next(queries))
                for i in range(10**6))
-    rollout = explorer.MapSettings(kind="rollout", discard_ratio=0.5)
+    rollout = attention_maps.MapSettings(kind="rollout", discard_ratio=0.5)
     other_class = (analysis.prediction.class_index + 1) % len(checkpoint.class_names)
 
     def upload() -> None:
-        fresh = explorer.analyse(checkpoint, open_image(data, name="upload.png"), size)
-        draw(fresh, *drawing.display_images(image), explorer.MapSettings())
+        fresh = image_analysis.analyse(checkpoint, open_image(data, name="upload.png"), size)
+        draw(fresh, *drawing.display_images(image), attention_maps.MapSettings())
 
     def class_map() -> None:
-        relevance = explorer.class_relevance(checkpoint, image, other_class, size)
-        explorer.attention_map(analysis, explorer.MapSettings(kind="class", class_index=other_class), relevance)
+        relevance = method_maps.class_relevance(checkpoint, image, other_class, size)
+        attention_maps.attention_map(analysis, attention_maps.MapSettings(kind="class", class_index=other_class),
+                                     relevance)
 
     results = {
         "upload -> all maps shown": timed(upload, repeats),
@@ -133,12 +136,12 @@ def bench(name: str, checkpoint: Checkpoint, data: bytes, size: InputSize,
     }
     try:
         results["class-specific map (backward pass)"] = timed(class_map, repeats)
-    except explorer.TooManyTokens:
+    except TooManyTokens:
         results["class-specific map (backward pass)"] = (float("nan"), float("nan"))  # refused: memory bound
     height, width = analysis.input_size
     print(f"\n{name}: {L} layers x {H} heads, {T:,} tokens ({width}x{height} px input), "
           f"{count_parameters(checkpoint.model) / 1e6:.1f} M params, image {image.width}x{image.height}; "
-          f"layer cache {analysis.cache.bytes / 2**20:.0f} MB of {explorer.LAYER_CACHE_BYTES / 2**20:.0f}")
+          f"layer cache {analysis.cache.bytes / 2**20:.0f} MB of {fits.LAYER_CACHE_BYTES / 2**20:.0f}")
     print(f"  {'':<40} {'wall s':>8} {'cpu s':>8}")
     for what, (wall, cpu) in results.items():
         note = "   refused: over the memory bound" if np.isnan(wall) else ""
@@ -187,9 +190,9 @@ def first_upload_child(warm: bool) -> None:
     for data in datas:
         start = time.process_time()
         image = open_image(data, name="upload.png")
-        analysis = explorer.analyse(checkpoint, image, TRAINING_SIZE)
+        analysis = image_analysis.analyse(checkpoint, image, TRAINING_SIZE)
         middle = time.process_time()
-        draw(analysis, *drawing.display_images(image), explorer.MapSettings())
+        draw(analysis, *drawing.display_images(image), attention_maps.MapSettings())
         times.append((middle - start, time.process_time() - middle))
     print(json.dumps(times))
 

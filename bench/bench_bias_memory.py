@@ -1,5 +1,6 @@
-"""The explorer's memory bound on a model with a relative position bias: the working memory of ``explorer.analyse``
-(the forward that keeps the hidden states) and of one query's row in every layer, next to ``analysis_memory``.
+"""The explorer's memory bound on a model with a relative position bias: the working memory of
+``image_analysis.analyse`` (the forward that keeps the hidden states) and of one query's row in every layer, next to
+``analysis_memory``.
 
 A random HF ``BeitModel`` built by transformers at a high token count, narrow (width ``2 x heads``: the bias, ``heads x
 T²`` whole, is what matters, not the MLP) with its bias per layer or shared; each measurement in a fresh process,
@@ -46,7 +47,7 @@ def measure(grid: int, heads: int, bias: str) -> dict:
     import transformers
     from PIL import Image
 
-    from vit.app import explorer
+    from vit.explain import fits, image_analysis
     from vit.sources.open import open_source
 
     config = transformers.BeitConfig(image_size=grid * PATCH, patch_size=PATCH, hidden_size=2 * heads,
@@ -62,14 +63,14 @@ def measure(grid: int, heads: int, bias: str) -> dict:
     image = Image.new("RGB", (grid * PATCH, grid * PATCH))
     reset_peak()
     base = status_mb("VmRSS")
-    analysis = explorer.analyse(checkpoint, image)
+    analysis = image_analysis.analyse(checkpoint, image)
     analyse_mb = status_mb("VmHWM") - base
     reset_peak()
     base = status_mb("VmRSS")
     analysis.attentions.rows(tokens // 2)
     rows_mb = status_mb("VmHWM") - base
-    estimate = explorer.analysis_memory(c.num_layers, c.num_heads, c.hidden_size, tokens,
-                                        logit_bias=explorer.has_logit_bias(c))
+    estimate = fits.analysis_memory(c.num_layers, c.num_heads, c.hidden_size, tokens,
+                                        logit_bias=fits.has_logit_bias(c))
     return {"analyse_mb": analyse_mb, "rows_mb": rows_mb, "estimate_mb": estimate / 2**20,
             "whole_bias_mb": heads * tokens ** 2 * 4 / 2**20, "tokens": tokens}
 

@@ -1,7 +1,7 @@
 """Click-to-redraw time of the patch-similarity view (issue 48): ``python -m bench.bench_dense``.
 
 A random ViT-B/16 (``vit-base-16``) at 448 px (785 tokens). The image is analysed once (one forward with the
-hidden states, ``explorer.analyse``: what the page caches per image) and its unit patch tokens are computed once
+hidden states, ``image_analysis.analyse``: what the page caches per image) and its unit patch tokens are computed once
 (``dense.unit_tokens``, cached in the analysis); what a click costs is then the clicked token's vector, the
 cosine of it to every patch (one matrix-vector product) and the overlay drawn at display size as the page's
 picker shows it (a JPEG data URI). Reported: the forward's time, the first click's (which builds the unit tokens),
@@ -37,8 +37,9 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
 
-    from vit.app import dense, drawing, explorer
+    from vit.app import dense, drawing
     from vit.checkpoint import Checkpoint, Preprocessing
+    from vit.explain import image_analysis
     from vit.explain.overlay import overlay
     from vit.inference import InputSize
     from vit.model import ViT, ViTConfig
@@ -50,7 +51,7 @@ def main() -> None:
     size = InputSize(args.size)
 
     start = time.perf_counter()
-    analysis = explorer.analyse(checkpoint, image, size)
+    analysis = image_analysis.analyse(checkpoint, image, size)
     forward = time.perf_counter() - start
     shown = drawing.display_image(image, max_side=480)
     prefix, patches = analysis.num_prefix_tokens, analysis.grid[0] * analysis.grid[1]

@@ -56,8 +56,8 @@ import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.append(str(ROOT))  # run as a script too; PYTHONPATH=<another checkout> times that checkout's code
-from vit.app.explorer import REFERENCE_CHUNK  # noqa: E402  (reference images run at once)
 from vit.explain import mechanism  # noqa: E402
+from vit.explain.mechanism_views import REFERENCE_CHUNK  # noqa: E402  (reference images run at once)
 from vit.model import ViT, ViTConfig  # noqa: E402
 
 

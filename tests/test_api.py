@@ -13,8 +13,8 @@ import torch
 from PIL import Image
 
 import vit
-from vit.app import explorer
 from vit.checkpoint import Preprocessing, save_checkpoint
+from vit.explain import attention_maps, image_analysis, mechanism_views, method_maps
 from vit.inference import preprocess
 from vit.model import ViT, ViTConfig
 
@@ -64,12 +64,12 @@ def test_the_attention_map_is_the_models_own_attention_row(tiny, photo):
 
 
 def test_every_listed_method_draws_a_patch_grid_or_says_it_does_not_apply(tiny, photo):
-    assert set(vit.methods()) == set(explorer.MAP_KINDS)
+    assert set(vit.methods()) == set(attention_maps.MAP_KINDS)
     for method in vit.methods():
         try:
             assert vit.explain(tiny, photo, method).map.shape == (4, 4)
         except ValueError as e:
-            assert method in explorer.PROBE_MAP_KINDS and "attention-pooling" in str(e)
+            assert method in attention_maps.PROBE_MAP_KINDS and "attention-pooling" in str(e)
 
 
 def family_checkpoint(family: str) -> "vit.api.Checkpoint":
@@ -99,10 +99,10 @@ def test_the_methods_of_a_checkpoint_are_the_maps_explain_draws_for_it(family, p
     # Issue 69, item 11: vit.methods(checkpoint) raised TypeError; a user asks which maps apply to this model.
     checkpoint = family_checkpoint(family)
     drawn = vit.methods(checkpoint)
-    shape = explorer.shape_of_input(checkpoint, checkpoint.preprocessing.image_hw)
-    assert next(iter(drawn)) == explorer.map_kinds(shape, bool(checkpoint.class_names))[0]  # the explorer's default
+    shape = image_analysis.shape_of_input(checkpoint, checkpoint.preprocessing.image_hw)
+    assert next(iter(drawn)) == attention_maps.map_kinds(shape, bool(checkpoint.class_names))[0]  # the page's default
     assert all(drawn[kind] == vit.methods()[kind] for kind in drawn)
-    for method in explorer.MAP_KINDS:
+    for method in attention_maps.MAP_KINDS:
         if method in drawn:
             assert vit.explain(checkpoint, photo, method).map.ndim == 2, method
         else:
@@ -115,8 +115,8 @@ def test_the_methods_of_a_checkpoint_leave_out_what_its_model_lacks():
     assert "lrp" not in vit.methods(family_checkpoint("dinov2-registers"))  # layer scale: no rule in Chefer's LRP
     assert list(vit.methods(family_checkpoint("siglip")))[0] == "probe"  # no CLS: the pooling probe's map first
     features = vit.methods(family_checkpoint("features"))
-    assert not set(features) & set(explorer.CLASS_MAP_KINDS) and "rollout" in features
-    assert set(vit.methods(family_checkpoint("swin"))) == set(explorer.STAGE_MAP_KINDS)
+    assert not set(features) & set(attention_maps.CLASS_MAP_KINDS) and "rollout" in features
+    assert set(vit.methods(family_checkpoint("swin"))) == set(attention_maps.STAGE_MAP_KINDS)
     with pytest.raises(TypeError, match=r"takes a checkpoint \(vit.load\(...\)\), got a str"):
         vit.methods("model.pt")
 
@@ -148,9 +148,10 @@ def test_legrads_layer_is_the_first_it_explains_by_default_the_last_but_one(tiny
 
 def test_a_class_map_is_the_explorers_for_the_class_named(tiny, photo):
     e = vit.explain(tiny, photo, "class", target="dog")
-    analysis = explorer.analyse(tiny, photo)
-    relevance = explorer.class_relevance(tiny, photo, 1)
-    expected = explorer.attention_map(analysis, explorer.MapSettings(kind="class", class_index=1), relevance)
+    analysis = image_analysis.analyse(tiny, photo)
+    relevance = method_maps.class_relevance(tiny, photo, 1)
+    settings = attention_maps.MapSettings(kind="class", class_index=1)
+    expected = attention_maps.attention_map(analysis, settings, relevance)
     assert e.target == "dog"
     np.testing.assert_array_equal(e.map, expected)
 
@@ -208,7 +209,7 @@ def test_the_mechanism_is_the_explorers_mechanism_view(tiny, photo):
     view = vit.mechanism(tiny, photo, target="fox")
     assert view.class_index == 2 and view.dla_heads.shape == (2, 2)
     np.testing.assert_array_equal(vit.head_effects(tiny, photo, target=2),
-                                  explorer.ablation_effects(tiny, photo, 2))
+                                  mechanism_views.ablation_effects(tiny, photo, 2))
     assert vit.registers(tiny, photo, [photo], threshold=0.0, top_k=2).attention_before.shape == (4, 4)
 
 

@@ -25,8 +25,11 @@ from streamlit.testing.v1 import AppTest
 
 from vit.app import drawing, explorer
 from vit.app.catalog import DEFAULT_CHECKPOINT, default_checkpoints_dir
+from vit.bounds import TooManyTokens
 from vit.checkpoint import save_checkpoint
+from vit.explain import attention_maps, fits, image_analysis, method_maps
 from vit.images import ImageError
+from vit.inference import preprocess
 from vit.model import ViT, ViTConfig
 
 APP = str(Path(__file__).resolve().parent.parent / "app.py")
@@ -432,7 +435,7 @@ def test_the_shipped_default_checkpoint_opens_with_its_samples(monkeypatch, forw
 
 # -- the page's view-model functions (vit.explorer) ------------------------------------------------------------------
 
-def hand_analysis() -> explorer.Analysis:
+def hand_analysis() -> image_analysis.Analysis:
     """Two layers, two heads, a 1x2 patch grid (T = 3 tokens: CLS, left, right), values chosen by hand."""
     from vit.inference import Prediction
 
@@ -444,13 +447,13 @@ def hand_analysis() -> explorer.Analysis:
     prediction = Prediction(top_k=[("b", 0.7), ("a", 0.3)], probabilities=np.array([0.3, 0.7]),
                             logits=np.array([0.0, 0.85]), attentions=tuple(a[0].numpy() for a in attentions),
                             class_index=1)
-    return explorer.Analysis(prediction=prediction, attentions=attentions, grid=(1, 2), patch_size=4,
-                             input_size=(4, 8), num_prefix_tokens=1)
+    return image_analysis.Analysis(prediction=prediction, attentions=attentions, grid=(1, 2), patch_size=4,
+                                   input_size=(4, 8), num_prefix_tokens=1)
 
 
 def test_a_class_maps_download_is_named_after_the_class_not_its_index():
     a = hand_analysis()
-    legrad = explorer.MapSettings(kind="legrad", class_index=1)
+    legrad = attention_maps.MapSettings(kind="legrad", class_index=1)
     assert drawing.map_file_name("photo", legrad, a, class_names=["cat", "golden retriever"]) \
         == "photo-legrad-golden_retriever-overlay.png"
     assert drawing.map_file_name("photo", legrad, a, class_names=["cat", "tench, Tinca/tinca"]) \
@@ -461,18 +464,18 @@ def test_a_class_maps_download_is_named_after_the_class_not_its_index():
 
 def test_the_npz_popovers_layer_names_the_array_the_file_holds():
     a = hand_analysis()
-    with np.load(io.BytesIO(explorer.attentions_npz(a, ["a", "b"], [2 - 1]))) as f:  # the page's layer 2
+    with np.load(io.BytesIO(attention_maps.attentions_npz(a, ["a", "b"], [2 - 1]))) as f:  # the page's layer 2
         [key] = [k for k in f.files if k.startswith("layer_")]
     assert drawing.npz_layer_label(2) == f"layer 2 only ({key} in the file)"
 
 
 def test_one_layer_map_is_the_query_row_without_the_cls_key():
     a = hand_analysis()
-    head = explorer.attention_map(a, explorer.MapSettings(layer=0, head=1, query=0))
+    head = attention_maps.attention_map(a, attention_maps.MapSettings(layer=0, head=1, query=0))
     np.testing.assert_allclose(head, [[0.1, 0.3]])
-    mean = explorer.attention_map(a, explorer.MapSettings(layer=-1, head=None, fusion="mean", query=2))
+    mean = attention_maps.attention_map(a, attention_maps.MapSettings(layer=-1, head=None, fusion="mean", query=2))
     np.testing.assert_allclose(mean, [[(0.3 + 0.8) / 2, (0.4 + 0.1) / 2]])
-    low = explorer.attention_map(a, explorer.MapSettings(layer=1, fusion="min", query=1))
+    low = attention_maps.attention_map(a, attention_maps.MapSettings(layer=1, fusion="min", query=1))
     np.testing.assert_allclose(low, [[0.2, 0.25]])
 
 
@@ -481,27 +484,27 @@ def test_rollout_map_multiplies_the_residual_corrected_layers():
     eye = torch.eye(3)
     fused = [(layer[0].mean(0) + eye) / 2 for layer in a.attentions]  # rows of (A + I) sum to 2
     expected = (fused[1] @ fused[0])[0, 1:]
-    got = explorer.attention_map(a, explorer.MapSettings(kind="rollout", query=0))
+    got = attention_maps.attention_map(a, attention_maps.MapSettings(kind="rollout", query=0))
     np.testing.assert_allclose(got, expected[None].numpy(), rtol=1e-6)
-    first_only = explorer.attention_map(a, explorer.MapSettings(kind="rollout", end_layer=0, query=0))
+    first_only = attention_maps.attention_map(a, attention_maps.MapSettings(kind="rollout", end_layer=0, query=0))
     np.testing.assert_allclose(first_only, fused[0][0, 1:][None].numpy(), rtol=1e-6)
 
 
 def test_class_map_needs_the_gradients_of_the_class_it_shows():
     a = hand_analysis()
-    relevance = explorer.ClassRelevance(1, tuple(t.mean(dim=1) for t in a.attentions))  # gradient 1 everywhere
-    settings = explorer.MapSettings(kind="class", end_layer=0)  # predicted class 1
+    relevance = attention_maps.ClassRelevance(1, tuple(t.mean(dim=1) for t in a.attentions))  # gradient 1 everywhere
+    settings = attention_maps.MapSettings(kind="class", end_layer=0)  # predicted class 1
     # One layer, gradient 1: R = I + mean_heads(A).
     expected = (torch.eye(3) + a.attentions[0][0].mean(0))[0, 1:]
-    np.testing.assert_allclose(explorer.attention_map(a, settings, relevance), expected[None].numpy(), rtol=1e-6)
+    np.testing.assert_allclose(attention_maps.attention_map(a, settings, relevance), expected[None].numpy(), rtol=1e-6)
     with pytest.raises(ValueError, match="gradients of class 0"):
-        explorer.attention_map(a, explorer.MapSettings(kind="class", class_index=0), relevance)
+        attention_maps.attention_map(a, attention_maps.MapSettings(kind="class", class_index=0), relevance)
 
 
 def test_head_maps_give_every_heads_query_row():
     a = hand_analysis()
-    np.testing.assert_allclose(explorer.head_maps(a, query=0, layer=0), [[[0.3, 0.5]], [[0.1, 0.3]]])
-    assert explorer.head_maps(a, query=2).shape == (2, 2, 1, 2)
+    np.testing.assert_allclose(attention_maps.head_maps(a, query=0, layer=0), [[[0.3, 0.5]], [[0.1, 0.3]]])
+    assert attention_maps.head_maps(a, query=2).shape == (2, 2, 1, 2)
 
 
 def test_tokens_are_named_by_their_place_in_the_grid():
@@ -610,20 +613,21 @@ def test_display_images_are_the_picker_image_its_jpeg_and_the_heads_grid_thumbna
 
 def test_captions_say_what_the_map_is():
     a = hand_analysis()
-    cls_last = drawing.describe_map(explorer.MapSettings(), a, ["a", "b"])
+    cls_last = drawing.describe_map(attention_maps.MapSettings(), a, ["a", "b"])
     assert "Layer 2 of 2, the mean over its 2 heads" in cls_last and "classifier reads the CLS token" in cls_last
-    patch = drawing.describe_map(explorer.MapSettings(layer=0, head=0, query=2), a, ["a", "b"])
+    patch = drawing.describe_map(attention_maps.MapSettings(layer=0, head=0, query=2), a, ["a", "b"])
     assert "Layer 1 of 2, head 1" in patch and "patch row 1, col 2 (outlined)" in patch
-    roll = drawing.describe_map(explorer.MapSettings(kind="rollout", discard_ratio=0.9, fusion="max"), a, ["a", "b"])
+    rollout = attention_maps.MapSettings(kind="rollout", discard_ratio=0.9, fusion="max")
+    roll = drawing.describe_map(rollout, a, ["a", "b"])
     assert "rollout through layers 1–2" in roll and "max" in roll and "lowest 90%" in roll
-    cls = drawing.describe_map(explorer.MapSettings(kind="class"), a, ["a", "b"])
+    cls = drawing.describe_map(attention_maps.MapSettings(kind="class"), a, ["a", "b"])
     assert "“b”" in cls and "predicted class" in cls
     assert drawing.describe_range(np.array([[0.001, 0.5]])) == "Colours span 0.001 (dark) to 0.5 (bright) on this map."
 
 
 def test_npz_download_holds_every_layer_and_the_context():
     a = hand_analysis()
-    archive = np.load(io.BytesIO(explorer.attentions_npz(a, ["a", "b"])))
+    archive = np.load(io.BytesIO(attention_maps.attentions_npz(a, ["a", "b"])))
     assert archive["layer_0"].shape == (2, 3, 3) and archive["layer_1"].shape == (2, 3, 3)
     np.testing.assert_allclose(archive["layer_1"], a.attentions[1][0].numpy())
     assert list(archive["class_names"]) == ["a", "b"] and list(archive["grid"]) == [1, 2]
@@ -641,16 +645,16 @@ def test_analyse_runs_the_model_once_and_keeps_every_layer(tmp_path, forwards):
 
     checkpoint = load_checkpoint(write_checkpoint(tmp_path / "t.pt"))
     image = Image.open(io.BytesIO(png_bytes(40, 20)))
-    a = explorer.analyse(checkpoint, image)
+    a = image_analysis.analyse(checkpoint, image)
     assert forwards.call_count == 1
     assert (a.num_layers, a.num_heads, a.num_tokens, a.grid) == (3, 2, 17, (4, 4))
     assert a.distance.shape == a.entropy.shape == (3, 2)
     assert len(a.prediction.top_k) == 3 and drawing.model_input_image(image, checkpoint).size == (16, 16)
-    relevance = explorer.class_relevance(checkpoint, image, 2)
+    relevance = method_maps.class_relevance(checkpoint, image, 2)
     assert relevance.class_index == 2 and len(relevance.terms) == 3
     # Every layer computed from the stored hidden states equals the model's own output_attentions.
     with torch.inference_mode():
-        _, expected = checkpoint.model(explorer.preprocess([image], checkpoint.preprocessing), output_attentions=True)
+        _, expected = checkpoint.model(preprocess([image], checkpoint.preprocessing), output_attentions=True)
     for ours, theirs in zip(a.attentions, expected, strict=True):
         torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-6)
 
@@ -746,7 +750,8 @@ FIRST_UPLOAD = """
 import io, sys
 import numpy as np, plotly.io
 from PIL import Image
-from vit.app import drawing, explorer
+from vit.app import drawing
+from vit.explain import attention_maps, image_analysis
 from vit.checkpoint import Checkpoint, Preprocessing
 from vit.explain.overlay import overlay
 from vit.images import open_image
@@ -763,11 +768,11 @@ before = set(sys.modules)
 png = io.BytesIO()
 Image.fromarray(pixels).save(png, format="PNG")
 image = open_image(png.getvalue(), name="upload.png")
-analysis = explorer.analyse(checkpoint, image, TRAINING_SIZE)
+analysis = image_analysis.analyse(checkpoint, image, TRAINING_SIZE)
 shown, shown_uri, small = drawing.display_images(image)
-map2d = explorer.attention_map(analysis, explorer.MapSettings())
+map2d = attention_maps.attention_map(analysis, attention_maps.MapSettings())
 drawn = overlay(shown, map2d, 0.6, "magma", "nearest", outline_patch=0)
-cells = drawing.small_multiples(small, explorer.head_maps(analysis, 0)[1], 0.6, "magma", "nearest", 0)
+cells = drawing.small_multiples(small, attention_maps.head_maps(analysis, 0)[1], 0.6, "magma", "nearest", 0)
 sheet = drawing.heads_grid_image(cells, columns=2)
 for figure in (drawing.patch_picker_figure(shown.size, shown_uri, analysis.grid, 0),
                drawing.patch_picker_figure(shown.size, drawing.jpeg_data_uri(drawn), analysis.grid, 0, show_grid=False),
@@ -1147,9 +1152,9 @@ def test_clicking_a_head_thumbnail_selects_that_layer_and_head_and_outlines_it(d
 def test_downloads_are_named_after_the_map_and_the_uploader_takes_every_format_it_names():
     # Rough edge 9.
     a = hand_analysis()
-    settings = explorer.MapSettings(layer=0, head=1, query=2)
+    settings = attention_maps.MapSettings(layer=0, head=1, query=2)
     assert drawing.map_file_name("photo", settings, a) == "photo-attention-L1-h2-q2-overlay.png"
-    rollout = explorer.MapSettings(kind="rollout", fusion="max", discard_ratio=0.5)
+    rollout = attention_maps.MapSettings(kind="rollout", fusion="max", discard_ratio=0.5)
     assert drawing.map_file_name("photo", rollout, a) == "photo-rollout-L1-2-max-discard50-cls-overlay.png"
     from vit.images import ImageError, open_image
 
@@ -1192,14 +1197,14 @@ def test_token_norms_are_the_norms_of_each_layers_output(tmp_path):
 
     checkpoint = load_checkpoint(write_checkpoint(tmp_path / "t.pt"))
     image = Image.open(io.BytesIO(png_bytes(40, 20)))
-    a = explorer.analyse(checkpoint, image)
-    model, x = checkpoint.model, explorer.preprocess([image], checkpoint.preprocessing)
+    a = image_analysis.analyse(checkpoint, image)
+    model, x = checkpoint.model, preprocess([image], checkpoint.preprocessing)
     with torch.no_grad():  # the last block's output, by running the blocks on the embedding by hand
         h = a.hidden[0][None]
         for block in model.blocks:
             h, _ = block(h)
-    np.testing.assert_allclose(explorer.token_norms(a, -1).numpy(), h[0].norm(dim=-1).numpy(), rtol=1e-5)
-    norms = explorer.attention_map(a, explorer.MapSettings(kind="norms", layer=-1))
+    np.testing.assert_allclose(attention_maps.token_norms(a, -1).numpy(), h[0].norm(dim=-1).numpy(), rtol=1e-5)
+    norms = attention_maps.attention_map(a, attention_maps.MapSettings(kind="norms", layer=-1))
     np.testing.assert_allclose(norms, h[0, 1:].norm(dim=-1).reshape(4, 4).numpy(), rtol=1e-5)
     del x
 
@@ -1233,16 +1238,16 @@ def test_memory_per_image_follows_the_chunked_model_and_the_token_gate(monkeypat
     base, large = vit(768, 12, 12), vit(1024, 24, 16)
     # 1,024 px: 64 x 64 patches, 4,097 tokens. The whole attentions were 9 GB (ViT-B) and 19 GB (ViT-L); the
     # hidden states, the cache, one layer's queries and keys and one chunk fit 1 GB.
-    explorer.check_input_fits(base, (64, 64))
-    explorer.check_input_fits(large, (64, 64))
-    assert explorer.analysis_memory(24, 16, 1024, 4097) < explorer.ANALYSIS_MEMORY_LIMIT
-    with pytest.raises(explorer.TooManyTokens, match="16,641 patches; at most 16,384"):
-        explorer.check_input_fits(base, (129, 129))  # 2,064 px
+    fits.check_input_fits(base, (64, 64))
+    fits.check_input_fits(large, (64, 64))
+    assert fits.analysis_memory(24, 16, 1024, 4097) < fits.ANALYSIS_MEMORY_LIMIT
+    with pytest.raises(TooManyTokens, match="16,641 patches; at most 16,384"):
+        fits.check_input_fits(base, (129, 129))  # 2,064 px
     # 2,048 px: 16,384 patches + CLS pass the token gate (it counts patches), and its hidden states alone are 654 MB
-    with pytest.raises(explorer.TooManyTokens, match="over the 1,024 MB limit"):
-        explorer.check_input_fits(base, (128, 128))
+    with pytest.raises(TooManyTokens, match="over the 1,024 MB limit"):
+        fits.check_input_fits(base, (128, 128))
     monkeypatch.setenv("VIT_ANALYSIS_MEMORY_MB", "2048")
-    explorer.check_input_fits(base, (128, 128))
+    fits.check_input_fits(base, (128, 128))
 
 
 @pytest.mark.parametrize("colormap", drawing.COLORMAPS)
@@ -1320,7 +1325,7 @@ def test_on_a_network_no_server_path_can_be_opened(default_world, tmp_path):
 def test_captions_name_a_register_query_as_a_prefix_token_not_an_outlined_patch(kind):
     a = hand_analysis()
     a.num_prefix_tokens, a.grid, a.prefix_names = 2, (1, 1), ("CLS", "REG 1")  # still T = 3 tokens
-    caption = drawing.describe_map(explorer.MapSettings(kind=kind, query=1), a, ["a", "b"])
+    caption = drawing.describe_map(attention_maps.MapSettings(kind=kind, query=1), a, ["a", "b"])
     assert "the REG 1 token" in caption and "outlined" not in caption
 
 
@@ -1329,7 +1334,7 @@ def test_captions_show_a_class_name_as_written(kind):
     a = hand_analysis()
     names = ["a", "![x](http://example.invalid/x.png) <b>b</b>"]
     describe = drawing.describe_map if kind == "class" else drawing.describe_method_map
-    caption = describe(explorer.MapSettings(kind=kind), a, names)
+    caption = describe(attention_maps.MapSettings(kind=kind), a, names)
     rendered = MarkdownIt("commonmark").render(caption)
     assert "<img" not in rendered and "<b>" not in rendered
     assert f"“{names[1]}”" in displayed(caption)
@@ -1377,8 +1382,9 @@ def test_a_tiny_upload_is_said_and_a_feature_models_caption_names_no_classifier(
     assert "The classifier reads the CLS token" in overlay_caption(at)
     from vit.checkpoint import load_checkpoint
 
-    settings = explorer.MapSettings(kind="attention", layer=-1, head=None, fusion="mean", query=0)
-    analysis = explorer.analyse(load_checkpoint(default_world[0] / DEFAULT_CHECKPOINT), Image.new("RGB", (16, 16)))
+    settings = attention_maps.MapSettings(kind="attention", layer=-1, head=None, fusion="mean", query=0)
+    checkpoint = load_checkpoint(default_world[0] / DEFAULT_CHECKPOINT)
+    analysis = image_analysis.analyse(checkpoint, Image.new("RGB", (16, 16)))
     caption = drawing.describe_map(settings, analysis, [])
     assert "image embedding" in caption and "classifier" not in caption
 
@@ -1489,9 +1495,9 @@ def test_the_matrix_and_the_npz_past_the_memory_bound_are_refused_on_the_page_no
     # At high resolution the gate lets inputs through whose whole T x T matrices do not fit (maps come in chunks):
     # the matrix tab and the .npz download must say so, not raise.
     def too_big(analysis, matrices, what):
-        raise explorer.TooManyTokens(f"{what} is over the limit (VIT_ANALYSIS_MEMORY_MB)")
+        raise TooManyTokens(f"{what} is over the limit (VIT_ANALYSIS_MEMORY_MB)")
 
-    monkeypatch.setattr(explorer, "check_matrix_fits", too_big)
+    monkeypatch.setattr(attention_maps, "check_matrix_fits", too_big)
     at = run_app()
     assert not at.exception
     assert any("every head of the chosen layers" in c.value for c in at.caption)  # shown escaped, as plain text

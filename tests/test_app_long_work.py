@@ -11,7 +11,8 @@ from test_app import run_app
 from test_app_mechanism import open_mechanism
 
 from app_pages.explorer_sections import long_work
-from vit.app import explorer, work
+from vit.app import work
+from vit.explain import attention_maps, image_analysis, mechanism_views
 
 pytest.importorskip("streamlit")
 pytestmark = pytest.mark.slow  # each test starts the app
@@ -34,7 +35,7 @@ def slow_grid(monkeypatch):
         progress(200, 200)
         return np.zeros((3, 2))
 
-    monkeypatch.setattr(explorer, "ablation_effects", slow)
+    monkeypatch.setattr(mechanism_views, "ablation_effects", slow)
     return passes, started
 
 
@@ -72,12 +73,12 @@ def test_a_long_grid_shows_its_progress_and_a_stop_button_and_stops(default_worl
 
 def test_the_grids_toggle_counts_what_its_progress_counts(default_world, monkeypatch):
     totals = []
-    real = explorer.ablation_effects
+    real = mechanism_views.ablation_effects
 
     def recorded(*args, progress=None, **kwargs):
         return real(*args, progress=lambda done, total: (totals.append(total), progress(done, total)), **kwargs)
 
-    monkeypatch.setattr(explorer, "ablation_effects", lambda *a: recorded(*a[:-1], progress=a[-1]))
+    monkeypatch.setattr(mechanism_views, "ablation_effects", lambda *a: recorded(*a[:-1], progress=a[-1]))
     at = open_mechanism(run_app(), "Ablation")
     at.toggle(key="ablation_grid").set_value(True)
     at.run()
@@ -195,9 +196,9 @@ def test_a_rollout_built_from_chunks_is_long_work_and_the_explorers_rollout(monk
     torch.manual_seed(0)
     checkpoint = Checkpoint(ViT(config).eval(), ["a", "b", "c"], Preprocessing.default_for(config))
     image = Image.fromarray(np.random.default_rng(0).integers(0, 256, (16, 16, 3), dtype=np.uint8))
-    analysis = explorer.analyse(checkpoint, image)
+    analysis = image_analysis.analyse(checkpoint, image)
     analysis.cache = ByteCache(64)  # the factors do not fit: the rollout is built row vector by row vector
-    assert not explorer.factors_fit(analysis)
+    assert not attention_maps.factors_fit(analysis)
     asked = []
 
     def recording(key, label, compute, place, unit="passes", kept=None, heavy=True):
@@ -207,7 +208,7 @@ def test_a_rollout_built_from_chunks_is_long_work_and_the_explorers_rollout(monk
         return result
 
     monkeypatch.setattr(caches, "long_work", recording)
-    settings = explorer.MapSettings(kind=kind, query=5)
+    settings = attention_maps.MapSettings(kind=kind, query=5)
     choice = map_settings.MapChoice(settings, 3, list(range(17)), "query", None, 0.5, "inferno", "auto", "bilinear",
                                     False, None)
     shown = map_settings.main_map(checkpoint, (f"rollout test {kind}",), image, "digest", TRAINING_SIZE, analysis,

@@ -10,9 +10,10 @@ import test_app
 import torch
 from test_app import CLASSES, TINY, array_shape, charts, png_bytes, run_app, write_checkpoint
 
-from vit.app import drawing, explorer
+from vit.app import drawing
 from vit.app.catalog import DEFAULT_CHECKPOINT
 from vit.checkpoint import load_checkpoint
+from vit.explain import mechanism_views
 from vit.explain.attention import rollout
 from vit.explain.mechanism import ablate_heads, direct_logit_attribution, find_register_neurons, mean_contexts
 from vit.images import open_image
@@ -108,7 +109,8 @@ def test_switching_heads_off_shows_the_ablated_prediction_and_the_grid(default_w
         assert p == pytest.approx(float(expected[CLASSES.index(name)]), abs=1e-6)
     assert any("Heads 1.1, 3.2 off" in c.value for c in at.caption)
     assert any("rollout with those heads off" in c.value for c in at.caption)
-    view = explorer.ablation_view(checkpoint, open_image(sample_bytes(checkpoints), name="x.png"), [(0, 0), (2, 1)])
+    image = open_image(sample_bytes(checkpoints), name="x.png")
+    view = mechanism_views.ablation_view(checkpoint, image, [(0, 0), (2, 1)])
     with torch.no_grad():
         _, attentions = ablate_heads(checkpoint.model, x, [(0, 0), (2, 1)], output_attentions=True)
     expected_off = rollout(list(attentions), "mean")[0, 0, 1:].reshape(4, 4)  # the CLS row, the CLS key left out
@@ -219,12 +221,12 @@ def test_without_uploads_mean_ablation_averages_over_the_sample_images(default_w
 
 def test_more_reference_images_than_averaged_are_refused_in_one_line(default_world):
     at = open_mechanism(run_app(), "Ablation")
-    upload_references(at, *[png_bytes(8, 8, seed=i) for i in range(explorer.MAX_REFERENCE_IMAGES + 1)])
+    upload_references(at, *[png_bytes(8, 8, seed=i) for i in range(mechanism_views.MAX_REFERENCE_IMAGES + 1)])
     at.radio(key="ablation_mode").set_value("mean")
     at.run()
     assert not at.exception, [e.message for e in at.exception]
-    assert any(f"{explorer.MAX_REFERENCE_IMAGES + 1} reference images are uploaded; at most "
-               f"{explorer.MAX_REFERENCE_IMAGES} are averaged: remove some" in w.value.replace("\\", "")
+    assert any(f"{mechanism_views.MAX_REFERENCE_IMAGES + 1} reference images are uploaded; at most "
+               f"{mechanism_views.MAX_REFERENCE_IMAGES} are averaged: remove some" in w.value.replace("\\", "")
                for w in at.warning)
 
 
@@ -258,7 +260,7 @@ def test_reference_means_take_the_images_grid_whatever_the_references_aspect(tmp
     size = InputSize(32, keep_aspect=True)
     references = [open_image(png_bytes(w, h, seed=i), name="r.png")
                   for i, (w, h) in enumerate([(24, 40), (16, 16), (50, 20)] * 4)]  # 12: two chunks
-    means = explorer.reference_means(checkpoint, references, image, size)
+    means = mechanism_views.reference_means(checkpoint, references, image, size)
     shape = input_shape(image, checkpoint.preprocessing, 4, size)
     assert shape == (20, 32)  # long side 32, short side in proportion, whole patches
     with torch.no_grad():
@@ -280,11 +282,11 @@ def test_reference_means_read_no_more_references_than_they_average(tmp_path):
             read.append(1)
             yield image
 
-    with pytest.raises(ValueError, match=f"1 to {explorer.MAX_REFERENCE_IMAGES} reference images; remove some"):
-        explorer.reference_means(checkpoint, endless(), image)
-    assert len(read) <= explorer.MAX_REFERENCE_IMAGES + explorer.REFERENCE_CHUNK
+    with pytest.raises(ValueError, match=f"1 to {mechanism_views.MAX_REFERENCE_IMAGES} reference images; remove some"):
+        mechanism_views.reference_means(checkpoint, endless(), image)
+    assert len(read) <= mechanism_views.MAX_REFERENCE_IMAGES + mechanism_views.REFERENCE_CHUNK
     with pytest.raises(ValueError, match="add some"):
-        explorer.reference_means(checkpoint, [], image)
+        mechanism_views.reference_means(checkpoint, [], image)
 
 
 def test_heads_switched_off_stay_off_while_another_mechanism_tab_is_open(default_world):
@@ -370,8 +372,8 @@ def test_patching_takes_an_uploaded_corrupted_image(default_world):
     assert not at.exception, [e.message for e in at.exception]
     assert not [s for s in at.main.selectbox if s.label.startswith("…or one of the sample images")]
     checkpoint = load_checkpoint(checkpoints / DEFAULT_CHECKPOINT)
-    expected = explorer.patching_view(checkpoint, open_image(sample_bytes(checkpoints), name="x.png"),
-                                      open_image(corrupted, name="dog.png"))
+    expected = mechanism_views.patching_view(checkpoint, open_image(sample_bytes(checkpoints), name="x.png"),
+                                             open_image(corrupted, name="dog.png"))
     [grid] = heatmaps(at, "Recovered by patching one head")
     z = grid["z"]
     if isinstance(z, dict):  # Plotly 6's base64 typed array
@@ -397,10 +399,10 @@ def test_a_test_time_register_of_a_mean_ablated_model_takes_the_means_with_the_r
     checkpoint = load_checkpoint(write_checkpoint(tmp_path / "m.pt"))
     image = open_image(png_bytes(seed=3), name="x.png")
     heads = [(0, 1), (1, 0)]
-    ablated = explorer.ablated_checkpoint(checkpoint, heads, "mean",
-                                          explorer.reference_means(checkpoint, [image], image))
-    view = explorer.registers_view(ablated, image, [image], 0.0, mean_ablated=(checkpoint, heads))
-    full = explorer.registers_view(checkpoint, image, [image], 0.0)
+    ablated = mechanism_views.ablated_checkpoint(checkpoint, heads, "mean",
+                                          mechanism_views.reference_means(checkpoint, [image], image))
+    view = mechanism_views.registers_view(ablated, image, [image], 0.0, mean_ablated=(checkpoint, heads))
+    full = mechanism_views.registers_view(checkpoint, image, [image], 0.0)
     assert [(layer, neuron) for layer, neuron, _ in view.neurons] == [(a, b) for a, b, _ in full.neurons]
     for name in ("attention_before", "attention_after", "norms_before", "norms_after"):
         np.testing.assert_allclose(getattr(view, name), getattr(full, name), rtol=1e-5, atol=1e-5)

@@ -18,6 +18,7 @@ from tests.test_app import (  # noqa: F401  (default_world and dirs: fixtures th
 )
 from vit.app import drawing, explorer
 from vit.checkpoint import load_checkpoint
+from vit.explain import attention_maps, image_analysis, method_maps
 
 pytestmark = pytest.mark.slow  # each AppTest run imports the app
 
@@ -59,8 +60,8 @@ def checkpoint(tmp_path):
 
 def test_model_method_maps_have_the_grid_shape(checkpoint):
     image = Image.fromarray(np.random.default_rng(0).integers(0, 256, (20, 30, 3), dtype=np.uint8))
-    for kind in explorer.METHOD_MAP_KINDS:
-        m = explorer.model_method_map(checkpoint, image, kind, class_index=1, query=0)
+    for kind in attention_maps.METHOD_MAP_KINDS:
+        m = method_maps.model_method_map(checkpoint, image, kind, class_index=1, query=0)
         assert m.shape == (4, 4) and np.isfinite(m).all(), kind
 
 
@@ -76,18 +77,18 @@ def test_model_method_maps_explain_the_class_and_query_they_are_given(checkpoint
     expected = {"legrad": legrad(model, x, 2), "attnlrp": patch_sums(attnlrp(model, x, 2), grid),
                 "lrp": token_map(transformer_attribution(model, x, 2), 5, grid, model.num_prefix_tokens)}
     for kind, want in expected.items():
-        got = explorer.model_method_map(checkpoint, image, kind, class_index=2, query=5)
+        got = method_maps.model_method_map(checkpoint, image, kind, class_index=2, query=5)
         np.testing.assert_allclose(got, want[0].numpy(), rtol=1e-5, atol=1e-7, err_msg=kind)
 
 
 def test_attention_map_of_a_method_kind_needs_the_precomputed_map(checkpoint):
     image = Image.new("RGB", (16, 16))
-    analysis = explorer.analyse(checkpoint, image)
-    settings = explorer.MapSettings(kind="legrad")
+    analysis = image_analysis.analyse(checkpoint, image)
+    settings = attention_maps.MapSettings(kind="legrad")
     with pytest.raises(ValueError, match="model_method_map"):
-        explorer.attention_map(analysis, settings)
+        attention_maps.attention_map(analysis, settings)
     given = np.ones((4, 4), dtype=np.float32)
-    assert explorer.attention_map(analysis, settings, method_map=given) is given
+    assert attention_maps.attention_map(analysis, settings, method_map=given) is given
 
 
 def test_signed_maps_get_a_diverging_colour_scale_symmetric_around_zero():
@@ -187,6 +188,6 @@ def test_a_legrad_map_from_another_start_layer_is_legrads_from_it(checkpoint):
 
     image = Image.fromarray(np.random.default_rng(1).integers(0, 256, (20, 30, 3), dtype=np.uint8))
     x = preprocess([image], checkpoint.preprocessing, TRAINING_SIZE, checkpoint.model.config.patch_size)
-    got = explorer.model_method_map(checkpoint, image, "legrad", class_index=2, start_layer=0)
+    got = method_maps.model_method_map(checkpoint, image, "legrad", class_index=2, start_layer=0)
     np.testing.assert_allclose(got, legrad(checkpoint.model, x, 2, start_layer=0)[0].numpy(), rtol=1e-5, atol=1e-7)
-    assert not np.allclose(got, explorer.model_method_map(checkpoint, image, "legrad", class_index=2))
+    assert not np.allclose(got, method_maps.model_method_map(checkpoint, image, "legrad", class_index=2))

@@ -14,6 +14,7 @@ from PIL import Image
 from test_app import dirs, run_app, sidebar_widget, upload  # noqa: F401 (a fixture)
 
 from vit.app import drawing, explorer
+from vit.explain import attention_maps
 from vit.explain.relevance import legrad
 from vit.explain.stages import layer_row, on_patch_grid, rollout_row
 from vit.inference import preprocess
@@ -105,7 +106,7 @@ def test_a_swin_layers_window_attention_for_a_clicked_patch_its_rollout_and_legr
     at.run()
     method = sidebar_widget(at, "selectbox", "Method")
     # LRP and flow need one grid; the CAMs read one block's tokens on its stage's grid.
-    assert method.options == [explorer.MAP_KINDS[k] for k in ("legrad", "attnlrp", *explorer.CAM_KINDS)]
+    assert method.options == [attention_maps.MAP_KINDS[k] for k in ("legrad", "attnlrp", *attention_maps.CAM_KINDS)]
     method.set_value("legrad")
     sidebar_widget(at, "selectbox", "Class").set_value(2)
     at.run()

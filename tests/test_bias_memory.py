@@ -15,7 +15,8 @@ from PIL import Image
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from vit.app import explorer
+from vit.bounds import TooManyTokens
+from vit.explain import fits, image_analysis
 from vit.explain.hidden import layer_pattern
 from vit.sources.open import open_source
 
@@ -69,15 +70,15 @@ def beit(request, tmp_path_factory):
 
 def test_an_analysis_of_a_beit_stays_within_the_explorers_estimate(beit):
     config = beit.model.config
-    assert config.rel_pos in ("beit", "beit_shared") and explorer.has_logit_bias(config)
-    estimate = explorer.analysis_memory(config.num_layers, HEADS, config.hidden_size, TOKENS, cache_bytes=0,
-                                        logit_bias=True)  # the layer cache is bounded on its own
+    assert config.rel_pos in ("beit", "beit_shared") and fits.has_logit_bias(config)
+    estimate = fits.analysis_memory(config.num_layers, HEADS, config.hidden_size, TOKENS, cache_bytes=0,
+                                    logit_bias=True)  # the layer cache is bounded on its own
     assert HEADS * TOKENS ** 2 * 4 > estimate  # the whole bias alone would be over it
     with LiveBytes() as memory:
-        analysis = explorer.analyse(beit, Image.new("RGB", (SIDE, SIDE)))
+        analysis = image_analysis.analyse(beit, Image.new("RGB", (SIDE, SIDE)))
         analysis.attentions.rows(TOKENS // 2)  # a query's row in every layer, from its bias rows
     assert memory.peak <= estimate
-    without_bias = explorer.analysis_memory(config.num_layers, HEADS, config.hidden_size, TOKENS, cache_bytes=0)
+    without_bias = fits.analysis_memory(config.num_layers, HEADS, config.hidden_size, TOKENS, cache_bytes=0)
     assert memory.peak > without_bias  # the bias chunk is counted because it is formed
 
 
@@ -89,7 +90,7 @@ def test_reading_a_whole_layer_of_a_beit_forms_its_bias_by_chunks(beit):
         probs = layer_pattern(beit.model, 1, hidden, (SIDE // PATCH,) * 2)
     assert probs.shape == (1, HEADS, TOKENS, TOKENS)
     whole = HEADS * TOKENS ** 2 * 4
-    assert memory.peak <= 2 * whole + explorer.bias_chunk_bytes(HEADS, TOKENS) + 2**20
+    assert memory.peak <= 2 * whole + fits.bias_chunk_bytes(HEADS, TOKENS) + 2**20
 
 
 def test_the_dense_views_of_a_beit_stay_within_their_estimate(beit):
@@ -99,7 +100,7 @@ def test_the_dense_views_of_a_beit_stay_within_their_estimate(beit):
 
     with LiveBytes() as memory:
         vit.pca(beit, Image.new("RGB", (SIDE, SIDE)))
-    assert memory.peak <= dense.dense_bytes(beit, TOKENS) - explorer.LAYER_CACHE_BYTES  # the cache is bounded alone
+    assert memory.peak <= dense.dense_bytes(beit, TOKENS) - fits.LAYER_CACHE_BYTES  # the cache is bounded alone
 
 
 def test_the_largest_dense_view_a_beit_is_told_it_can_have_fits(beit, monkeypatch):
@@ -108,7 +109,7 @@ def test_the_largest_dense_view_a_beit_is_told_it_can_have_fits(beit, monkeypatc
 
     monkeypatch.setenv("VIT_ANALYSIS_MEMORY_MB", "480")  # the fixed 384 MB (cache, chunk) and the bias chunk's 68
     image = Image.new("RGB", (SIDE, SIDE))
-    with pytest.raises(explorer.TooManyTokens) as refused:
+    with pytest.raises(TooManyTokens) as refused:
         dense.check_dense_fits(beit, image, InputSize(1024))
     side = int(str(refused.value).split("largest square input that fits is ")[1].split(" px")[0])
     dense.check_dense_fits(beit, image, InputSize(side))  # that size fits

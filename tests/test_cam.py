@@ -25,7 +25,7 @@ from tests.reference.pytorch_grad_cam.layer_cam import LayerCAM
 from tests.reference.pytorch_grad_cam.model_targets import ClassifierOutputTarget
 from tests.reference.pytorch_grad_cam.score_cam import ScoreCAM
 from tests.reference.pytorch_grad_cam.xgrad_cam import XGradCAM
-from vit.app import explorer
+from vit.explain import attention_maps
 from vit.explain.cam import CAM_METHODS, cam
 from vit.inference import preprocess
 from vit.sources.open import open_source
@@ -121,7 +121,7 @@ def test_cam_of_a_swin_stage_equals_pytorch_grad_cam(swin, stage, method):
 def test_vit_explain_draws_pytorch_grad_cams_map_of_the_chosen_class_and_block(families, method):
     reference, _, _, patch, folder = families["dinov2-reg4"]
     checkpoint = vit.load(folder, device="cpu")  # float32: 1e-4 (a wrong block or class is off by far more)
-    assert set(CAM_METHODS) <= set(vit.methods(checkpoint)) and set(CAM_METHODS) <= set(explorer.MAP_KINDS)
+    assert set(CAM_METHODS) <= set(vit.methods(checkpoint)) and set(CAM_METHODS) <= set(attention_maps.MAP_KINDS)
     image = Image.fromarray(np.random.default_rng(0).integers(0, 256, (30, 40, 3), dtype=np.uint8))
     target = {"target": 2} if method != "eigencam" else {}
     e = vit.explain(checkpoint, image, method, layer=0, **target)

@@ -133,27 +133,27 @@ def test_out_of_range_layers_queries_and_heads_are_refused():
 def test_the_explorers_maps_past_the_factor_cache_equal_the_whole_attentions(monkeypatch):
     from PIL import Image
 
-    from vit.app import explorer
     from vit.checkpoint import Checkpoint, Preprocessing
+    from vit.explain import attention_maps, image_analysis, mechanism_views
     from vit.inference import InputSize
 
-    monkeypatch.setattr(explorer, "LAYER_CACHE_BYTES", 4096)  # too small for the factors: row vectors instead
+    monkeypatch.setattr(image_analysis, "LAYER_CACHE_BYTES", 4096)  # too small for the factors: row vectors instead
     torch.manual_seed(0)
     model = ViT(REGISTERS).eval()
     checkpoint = Checkpoint(model, ["a", "b", "c"], Preprocessing.default_for(REGISTERS))
     image = Image.new("RGB", (28, 20), (200, 30, 90))
-    analysis = explorer.analyse(checkpoint, image, InputSize(28, keep_aspect=True))  # 28 x 20 px: 5 x 7 patches
-    assert not explorer.factors_fit(analysis)
-    x = explorer._model_input(checkpoint, image, InputSize(28, keep_aspect=True))
+    analysis = image_analysis.analyse(checkpoint, image, InputSize(28, keep_aspect=True))  # 28 x 20 px: 5 x 7 patches
+    assert not attention_maps.factors_fit(analysis)
+    x = mechanism_views._model_input(checkpoint, image, InputSize(28, keep_aspect=True))
     with torch.no_grad():
         _, attentions = model(x, output_attentions=True)
     full = rollout(attentions, "max", 0.2, -2, 3)
-    settings = explorer.MapSettings(kind="rollout", query=5, fusion="max", discard_ratio=0.2, end_layer=-2)
-    torch.testing.assert_close(torch.from_numpy(explorer.attention_map(analysis, settings)),
+    settings = attention_maps.MapSettings(kind="rollout", query=5, fusion="max", discard_ratio=0.2, end_layer=-2)
+    torch.testing.assert_close(torch.from_numpy(attention_maps.attention_map(analysis, settings)),
                                full[0, 5, 3:].reshape(5, 7), rtol=0, atol=1e-6)
-    torch.testing.assert_close(explorer.layer_attention(analysis, 1, None, "min"), fuse_heads(attentions[1], "min"),
-                               rtol=0, atol=1e-6)
-    torch.testing.assert_close(explorer.layer_attention(analysis, 1, 2), attentions[1][:, 2], rtol=0, atol=1e-6)
+    torch.testing.assert_close(attention_maps.layer_attention(analysis, 1, None, "min"),
+                               fuse_heads(attentions[1], "min"), rtol=0, atol=1e-6)
+    torch.testing.assert_close(attention_maps.layer_attention(analysis, 1, 2), attentions[1][:, 2], rtol=0, atol=1e-6)
     expected = layer_stats(attentions, (5, 7), 4, 3)
     distance, entropy = analysis.stats()
     torch.testing.assert_close(torch.from_numpy(entropy), expected["entropy"][:, 0], rtol=0, atol=1e-6)
@@ -163,24 +163,26 @@ def test_the_explorers_maps_past_the_factor_cache_equal_the_whole_attentions(mon
 def test_a_whole_matrix_over_the_memory_limit_is_refused_naming_the_cli(monkeypatch):
     from PIL import Image
 
-    from vit.app import explorer
+    from vit.bounds import TooManyTokens
     from vit.checkpoint import Checkpoint, Preprocessing
+    from vit.explain import attention_maps, image_analysis
 
     torch.manual_seed(0)
     checkpoint = Checkpoint(ViT(REGISTERS).eval(), ["a", "b", "c"], Preprocessing.default_for(REGISTERS))
-    analysis = explorer.analyse(checkpoint, Image.new("RGB", (16, 16)))
+    analysis = image_analysis.analyse(checkpoint, Image.new("RGB", (16, 16)))
     monkeypatch.setenv("VIT_ANALYSIS_MEMORY_MB", "0.001")  # 1 KB: under even one 19 x 19 matrix
-    with pytest.raises(explorer.TooManyTokens, match="vit.predict --save-maps"):
-        explorer.layer_attention(analysis, 0, None)
-    with pytest.raises(explorer.TooManyTokens, match="VIT_ANALYSIS_MEMORY_MB"):
-        explorer.attentions_npz(analysis, ["a", "b", "c"])
+    with pytest.raises(TooManyTokens, match="vit.predict --save-maps"):
+        attention_maps.layer_attention(analysis, 0, None)
+    with pytest.raises(TooManyTokens, match="VIT_ANALYSIS_MEMORY_MB"):
+        attention_maps.attentions_npz(analysis, ["a", "b", "c"])
 
 
 def test_gradient_maps_past_the_memory_limit_are_refused_up_front_with_the_largest_size_that_fits(monkeypatch):
     from PIL import Image
 
-    from vit.app import explorer
+    from vit.bounds import TooManyTokens
     from vit.checkpoint import Checkpoint, Preprocessing
+    from vit.explain import method_maps
 
     torch.manual_seed(0)
     checkpoint = Checkpoint(ViT(REGISTERS).eval(), ["a", "b", "c"], Preprocessing.default_for(REGISTERS))
@@ -188,49 +190,51 @@ def test_gradient_maps_past_the_memory_limit_are_refused_up_front_with_the_large
     # 14 patches, a 3 x 3 grid at most, 12 px.
     monkeypatch.setenv("VIT_ANALYSIS_MEMORY_MB", "0.04")
     for kind in ("lrp", "attnlrp"):
-        with pytest.raises(explorer.TooManyTokens, match="largest square input that fits is 12 px"):
-            explorer.model_method_map(checkpoint, Image.new("RGB", (16, 16)), kind, 0)
+        with pytest.raises(TooManyTokens, match="largest square input that fits is 12 px"):
+            method_maps.model_method_map(checkpoint, Image.new("RGB", (16, 16)), kind, 0)
 
 
 def test_chunked_gradient_maps_past_the_memory_limit_are_refused_up_front_with_the_largest_size_that_fits(
         monkeypatch):
     from PIL import Image
 
-    from vit.app import explorer
+    from vit.bounds import TooManyTokens
     from vit.checkpoint import Checkpoint, Preprocessing
+    from vit.explain import fits, method_maps
     from vit.explain.chunked import CHUNK_BYTES, gradient_bytes
 
     torch.manual_seed(0)
     checkpoint = Checkpoint(ViT(REGISTERS).eval(), ["a", "b", "c"], Preprocessing.default_for(REGISTERS))
-    monkeypatch.setattr(explorer, "CHUNK_BYTES", 0)  # the token terms alone, to size the limit by hand
+    monkeypatch.setattr(fits, "CHUNK_BYTES", 0)  # the token terms alone, to size the limit by hand
     per_token = gradient_bytes(3, 24, 48, 1, contexts=False, budget=0)
     monkeypatch.setenv("VIT_ANALYSIS_MEMORY_MB", str(per_token * 12 / 2**20))  # 12 tokens: 9 patches, 3 x 3
-    with pytest.raises(explorer.TooManyTokens, match="LeGrad .* the largest square input that fits is 12 px"):
-        explorer.model_method_map(checkpoint, Image.new("RGB", (16, 16)), "legrad", 0)
+    with pytest.raises(TooManyTokens, match="LeGrad .* the largest square input that fits is 12 px"):
+        method_maps.model_method_map(checkpoint, Image.new("RGB", (16, 16)), "legrad", 0)
     assert gradient_bytes(3, 24, 48, 19, True, CHUNK_BYTES) > gradient_bytes(3, 24, 48, 19, False, CHUNK_BYTES)
 
 
 def test_the_class_map_past_the_whole_gradients_bound_is_the_chunked_row_of_the_same_rollout(monkeypatch):
     from PIL import Image
 
-    from vit.app import explorer
     from vit.checkpoint import Checkpoint, Preprocessing
+    from vit.explain import attention_maps, fits, image_analysis, method_maps
 
     model = sharp(REGISTERS)
     checkpoint = Checkpoint(model, ["a", "b", "c"], Preprocessing.default_for(REGISTERS))
     image = Image.effect_noise((16, 16), 60).convert("RGB")
-    analysis = explorer.analyse(checkpoint, image)
-    whole = explorer.class_relevance(checkpoint, image, 1)
+    analysis = image_analysis.analyse(checkpoint, image)
+    whole = method_maps.class_relevance(checkpoint, image, 1)
     assert whole.terms and whole.contexts is None
     # (A tiny model's whole gradients take less than its chunked path's fixed terms: the bound is moved by hand.)
-    monkeypatch.setattr(explorer, "whole_gradient_bytes", lambda model, tokens, layers=None: 2**40)
-    monkeypatch.setattr(explorer, "CHUNK_BYTES", 4096)
-    chunked = explorer.class_relevance(checkpoint, image, 1)
+    monkeypatch.setattr(method_maps, "whole_gradient_bytes", lambda model, tokens, layers=None: 2**40)
+    for module in (method_maps, fits):
+        monkeypatch.setattr(module, "CHUNK_BYTES", 4096)
+    chunked = method_maps.class_relevance(checkpoint, image, 1)
     assert not chunked.terms and chunked.contexts.shape == (1, 3, 19, 3, 8)
     for query, end_layer in ((0, -1), (7, 1)):
-        settings = explorer.MapSettings(kind="class", class_index=1, query=query, end_layer=end_layer)
-        np.testing.assert_allclose(explorer.attention_map(analysis, settings, chunked),
-                                   explorer.attention_map(analysis, settings, whole), rtol=0, atol=1e-6)
+        settings = attention_maps.MapSettings(kind="class", class_index=1, query=query, end_layer=end_layer)
+        np.testing.assert_allclose(attention_maps.attention_map(analysis, settings, chunked),
+                                   attention_maps.attention_map(analysis, settings, whole), rtol=0, atol=1e-6)
 
 
 def sharp(config: ViTConfig) -> ViT:
@@ -299,9 +303,9 @@ def test_negative_layers_count_from_the_end():
 def test_attention_flow_past_its_token_limit_is_refused_before_any_forward(monkeypatch):
     from PIL import Image
 
-    from vit.app import explorer
+    from vit.bounds import TooManyTokens
     from vit.checkpoint import Checkpoint, Preprocessing
-    from vit.explain import attention_flow
+    from vit.explain import attention_flow, method_maps
 
     torch.manual_seed(0)
     model = ViT(REGISTERS).eval()
@@ -315,8 +319,8 @@ def test_attention_flow_past_its_token_limit_is_refused_before_any_forward(monke
     monkeypatch.setattr(model, "forward", spy)
     # 19 tokens (3 prefix + a 4 x 4 grid) over a limit of 12: 9 patches fit, a 3 x 3 grid, 12 px.
     monkeypatch.setattr(attention_flow, "MAX_FLOW_TOKENS", 12)
-    with pytest.raises(explorer.TooManyTokens, match="19 tokens .* limit of 12.* fits is 12 px"):
-        explorer.model_method_map(checkpoint, Image.new("RGB", (16, 16)), "flow", 0)
+    with pytest.raises(TooManyTokens, match="19 tokens .* limit of 12.* fits is 12 px"):
+        method_maps.model_method_map(checkpoint, Image.new("RGB", (16, 16)), "flow", 0)
     assert forwards == []
 
 
@@ -325,19 +329,20 @@ def test_attention_flow_past_its_token_limit_is_refused_before_any_forward(monke
 def test_gradient_maps_report_each_block_and_stop_where_their_progress_says_so(monkeypatch, kind, blocks):
     from PIL import Image
 
-    from vit.app import explorer, work
+    from vit.app import work
     from vit.checkpoint import Checkpoint, Preprocessing
+    from vit.explain import method_maps
 
     torch.manual_seed(0)
     checkpoint = Checkpoint(ViT(REGISTERS).eval(), ["a", "b", "c"], Preprocessing.default_for(REGISTERS))
     image = Image.new("RGB", (16, 16))
     if kind == "class chunked":
-        monkeypatch.setattr(explorer, "whole_gradient_bytes", lambda *args: 2**62)  # one block at a time
+        monkeypatch.setattr(method_maps, "whole_gradient_bytes", lambda *args: 2**62)  # one block at a time
 
     def run(progress):
         if kind.startswith("class"):
-            return explorer.class_relevance(checkpoint, image, 1, progress=progress)
-        return explorer.model_method_map(checkpoint, image, kind, 1, progress=progress)
+            return method_maps.class_relevance(checkpoint, image, 1, progress=progress)
+        return method_maps.model_method_map(checkpoint, image, kind, 1, progress=progress)
 
     reports = []
     run(lambda done, total: reports.append((done, total)))

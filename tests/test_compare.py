@@ -73,7 +73,7 @@ def test_difference_overlay_puts_zero_at_the_centre_of_the_diverging_colour_map(
 def test_settings_for_the_other_checkpoint_match_relative_depth_and_find_classes_by_name():
     from types import SimpleNamespace
 
-    from vit.app.explorer import MapSettings
+    from vit.explain.attention_maps import MapSettings
 
     a = SimpleNamespace(num_layers=4, num_heads=4, grid=(8, 8), num_prefix_tokens=1)
     deeper = SimpleNamespace(num_layers=6, num_heads=4, grid=(8, 8), num_prefix_tokens=1)
@@ -105,7 +105,7 @@ def test_same_depth_matches_the_share_of_the_network(layer, L_a, L_b, expected):
 
 
 def test_the_depth_note_names_both_layers():
-    from vit.app.explorer import MapSettings
+    from vit.explain.attention_maps import MapSettings
     from vit.explain.compare import depth_note
 
     assert depth_note(MapSettings(layer=3), MapSettings(layer=7), 6, 12) == \

@@ -20,7 +20,7 @@ from PIL import Image
 
 import vit
 from vit.app import dense as dense_view
-from vit.app.explorer import TooManyTokens
+from vit.bounds import TooManyTokens
 from vit.checkpoint import Preprocessing, save_checkpoint
 from vit.explain import dense
 from vit.inference import InputSize, preprocess

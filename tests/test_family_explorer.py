@@ -6,10 +6,11 @@ import numpy as np
 import torch
 from PIL import Image
 
-from vit.app import drawing, explorer
+from vit.app import drawing
 from vit.checkpoint import Checkpoint, Preprocessing
+from vit.explain import attention_maps, image_analysis
 from vit.explain.attention import fuse_heads, rollout_factor, rollout_vector
-from vit.inference import InputSize, preprocess
+from vit.inference import TRAINING_SIZE, InputSize, preprocess
 from vit.model import ViT, ViTConfig
 
 BASE = dict(image_size=16, patch_size=4, num_classes=0, hidden_size=16, num_layers=2, num_heads=2, mlp_size=24)
@@ -31,35 +32,35 @@ def image(width: int = 30, height: int = 20) -> Image.Image:
 
 def test_a_model_without_cls_shows_its_pooling_probe_first_and_exactly():
     ckpt = checkpoint(class_token=False, pooling="map", activation="gelu_tanh", projection_dim=8)
-    analysis = explorer.analyse(ckpt, image())
-    assert not analysis.has_cls and explorer.map_kinds(analysis, False)[:2] == ["probe", "probe_rollout"]
-    x = preprocess([image()], ckpt.preprocessing, explorer.TRAINING_SIZE, 4)
+    analysis = image_analysis.analyse(ckpt, image())
+    assert not analysis.has_cls and attention_maps.map_kinds(analysis, False)[:2] == ["probe", "probe_rollout"]
+    x = preprocess([image()], ckpt.preprocessing, TRAINING_SIZE, 4)
     with torch.no_grad():
         encoded = ckpt.model.encode(x, output_attentions=True)
     probe = encoded.pool_attention[0, :, 0]  # (H, T)
-    drawn = explorer.attention_map(analysis, explorer.MapSettings(kind="probe"))
+    drawn = attention_maps.attention_map(analysis, attention_maps.MapSettings(kind="probe"))
     np.testing.assert_allclose(drawn, probe.mean(0).reshape(4, 4).numpy(), atol=1e-6)
-    one_head = explorer.attention_map(analysis, explorer.MapSettings(kind="probe", head=1))
+    one_head = attention_maps.attention_map(analysis, attention_maps.MapSettings(kind="probe", head=1))
     np.testing.assert_allclose(one_head, probe[1].reshape(4, 4).numpy(), atol=1e-6)
     factors = [rollout_factor(a, "mean") for a in encoded.attentions]
     expected = rollout_vector(factors, fuse_heads(probe[None, :, None], "mean")[:, 0])[0].reshape(4, 4)
-    rolled = explorer.attention_map(analysis, explorer.MapSettings(kind="probe_rollout"))
+    rolled = attention_maps.attention_map(analysis, attention_maps.MapSettings(kind="probe_rollout"))
     np.testing.assert_allclose(rolled, expected.numpy(), atol=1e-6)
-    caption = drawing.describe_map(explorer.MapSettings(kind="probe"), analysis, [])
+    caption = drawing.describe_map(attention_maps.MapSettings(kind="probe"), analysis, [])
     assert "no CLS token" in caption
-    assert "CLS" not in drawing.describe_map(explorer.MapSettings(kind="attention"), analysis, [])
+    assert "CLS" not in drawing.describe_map(attention_maps.MapSettings(kind="attention"), analysis, [])
     assert "norm" in drawing.describe_embedding(analysis)
     torch.testing.assert_close(analysis.embedding, encoded.embedding[0], rtol=0, atol=1e-6)
 
 
 def test_a_model_with_cls_offers_no_probe_maps():
-    analysis = explorer.analyse(checkpoint(), image())
-    assert not set(explorer.map_kinds(analysis, False)) & set(explorer.PROBE_MAP_KINDS)
+    analysis = image_analysis.analyse(checkpoint(), image())
+    assert not set(attention_maps.map_kinds(analysis, False)) & set(attention_maps.PROBE_MAP_KINDS)
 
 
 def test_a_native_aimv2_like_model_says_its_positions_are_computed_for_the_grid_it_sees():
     ckpt = checkpoint(class_token=False, pooling="avg", pos_embed=False, sincos_pos=True, norm="rms", embed_norm=True)
-    analysis = explorer.analyse(ckpt, image(), InputSize(side=24, keep_aspect=True))
+    analysis = image_analysis.analyse(ckpt, image(), InputSize(side=24, keep_aspect=True))
     assert analysis.grid == (4, 6)
     assert "sine-cosine positions are computed for this grid" in drawing.describe_input(analysis, (30, 20))
 
@@ -67,7 +68,7 @@ def test_a_native_aimv2_like_model_says_its_positions_are_computed_for_the_grid_
 def test_a_dinov3_like_model_is_exact_at_a_non_square_size_and_names_its_storage_tokens():
     ckpt = checkpoint(num_register_tokens=4, layer_scale=0.5, pos_embed=False, rope="dinov3", key_bias=False)
     size = InputSize(side=24, keep_aspect=True)
-    analysis = explorer.analyse(ckpt, image(), size)
+    analysis = image_analysis.analyse(ckpt, image(), size)
     assert analysis.grid == (4, 6) and analysis.prefix_names == ("CLS", "REG 1", "REG 2", "REG 3", "REG 4")
     assert drawing.token_label(3, analysis.grid, 5, analysis.prefix_names) == "REG 3"
     assert "rotary positions take any size" in drawing.describe_input(analysis, (30, 20))
@@ -76,5 +77,5 @@ def test_a_dinov3_like_model_is_exact_at_a_non_square_size_and_names_its_storage
         _, attentions = ckpt.model(x, output_attentions=True)
     for mine, theirs in zip(analysis.attentions, attentions, strict=True):
         torch.testing.assert_close(mine, theirs, rtol=0, atol=1e-6)
-    np.testing.assert_allclose(explorer.attention_map(analysis, explorer.MapSettings(query=7)),
+    np.testing.assert_allclose(attention_maps.attention_map(analysis, attention_maps.MapSettings(query=7)),
                                attentions[-1][0, :, 7, 5:].mean(0).reshape(4, 6).numpy(), atol=1e-6)

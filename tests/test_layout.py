@@ -198,8 +198,8 @@ def test_sam_b_at_1024_px_is_within_the_memory_bound_and_a_query_row_reads_only_
         monkeypatch):
     from types import SimpleNamespace
 
-    from vit.app.explorer import check_input_fits
     from vit.explain import chunked
+    from vit.explain.fits import check_input_fits
 
     sam_b = dict(image_size=1024, patch_size=16, hidden_size=768, num_heads=12, mlp_size=3072, num_classes=0,
                  class_token=False, pooling="avg", final_norm=False, rel_pos="sam", window_size=14)

@@ -100,7 +100,7 @@ from PIL import Image
 sys.path.insert(0, sys.argv[2])
 from test_layout_memory import build
 from vit import bounds
-from vit.app import explorer
+from vit.explain import attention_maps, image_analysis, method_maps
 from vit.checkpoint import Checkpoint, Preprocessing
 from vit.explain.stages import relevance_rollout_row
 from vit.inference import InputSize
@@ -120,21 +120,22 @@ def maps(analysis):
     if staged:
         for kind in ("attention", "rollout", "norms"):
             for layer in (0, -1):
-                explorer.stage_map(analysis, explorer.MapSettings(kind=kind, layer=layer, end_layer=layer,
-                                                                  query=analysis.num_tokens // 2))
+                attention_maps.stage_map(analysis, attention_maps.MapSettings(kind=kind, layer=layer, end_layer=layer,
+                                                                              query=analysis.num_tokens // 2))
     else:
         for layer in range(analysis.num_layers):
-            explorer.attention_map(analysis, explorer.MapSettings(layer=layer, query=analysis.num_tokens // 2))
-            explorer.attention_map(analysis, explorer.MapSettings(kind="norms", layer=layer))
-        explorer.rollout_map(analysis, explorer.MapSettings(kind="rollout", query=analysis.num_tokens // 2))
+            query = analysis.num_tokens // 2
+            attention_maps.attention_map(analysis, attention_maps.MapSettings(layer=layer, query=query))
+            attention_maps.attention_map(analysis, attention_maps.MapSettings(kind="norms", layer=layer))
+        attention_maps.rollout_map(analysis, attention_maps.MapSettings(kind="rollout", query=analysis.num_tokens // 2))
 
 
 def class_maps(image, size):
     """The class-specific map (its gradients and their rollout) and, with stages, LeGrad: bounded on their own."""
-    relevance = explorer.class_relevance(checkpoint, image, 0, size)
+    relevance = method_maps.class_relevance(checkpoint, image, 0, size)
     if staged:
         relevance_rollout_row(relevance.terms, relevance.layouts, -1, None)  # what stage_map draws for it
-        explorer.model_method_map(checkpoint, image, "legrad", 0, size=size, start_layer=-1)
+        method_maps.model_method_map(checkpoint, image, "legrad", 0, size=size, start_layer=-1)
     else:
         relevance.row(0, -1)
 
@@ -168,11 +169,11 @@ def run(fn):
 
 small = spec["step"] * max(1, 64 // spec["step"])
 image = Image.new("RGB", (spec["hostile"], spec["hostile"]), (120, 60, 30))
-maps(explorer.analyse(checkpoint, image, InputSize(small)))  # lazy imports, threads: before the cap
+maps(image_analysis.analyse(checkpoint, image, InputSize(small)))  # lazy imports, threads: before the cap
 side = spec["hostile"] - spec["step"]
 while side > 0:  # the largest side the bound allows, down from the hostile one
     try:
-        explorer.view_shape(checkpoint, image, InputSize(side))
+        image_analysis.view_shape(checkpoint, image, InputSize(side))
         break
     except ValueError:  # over the bound (TooManyTokens), or a side the windows do not tile
         side -= spec["step"]
@@ -184,7 +185,7 @@ out = {"side": side, "limit": limit}
 
 since = reset_peak()
 with model.hooks(model_hooks):
-    out["analysis refused"] = run(lambda: maps(explorer.analyse(checkpoint, image, InputSize(spec["hostile"]))))
+    out["analysis refused"] = run(lambda: maps(image_analysis.analyse(checkpoint, image, InputSize(spec["hostile"]))))
     if spec["forward"]:
         x = torch.zeros(1, 3, spec["hostile"], spec["hostile"])
         with torch.inference_mode():
@@ -192,7 +193,7 @@ with model.hooks(model_hooks):
 out["blocks run"], out["hostile growth"] = len(ran), grown(since)
 
 since = reset_peak()
-analysis = explorer.analyse(checkpoint, image, InputSize(side))
+analysis = image_analysis.analyse(checkpoint, image, InputSize(side))
 maps(analysis)
 out["analysis growth"] = grown(since)
 del analysis
@@ -275,14 +276,14 @@ def test_the_issues_swin_v2_config_is_refused_before_its_first_block(monkeypatch
 
 def test_the_explorer_refuses_the_issues_config_for_a_small_upload_at_the_models_own_size():
     """The app's path: a visitor's 64 px upload is analysed at the model's own 512 px."""
-    from vit.app import explorer
     from vit.checkpoint import Checkpoint, Preprocessing
+    from vit.explain import image_analysis
 
     model = build("swin", ISSUE_SWINV2)
     checkpoint = Checkpoint(model, ["a", "b", "c"], Preprocessing(512, 3, (0.5,) * 3, (0.5,) * 3))
     with pytest.raises(bounds.TooManyTokens, match=r"position bias and index over its 128×128-patch window.*"
                                                    r"VIT_ANALYSIS_MEMORY_MB"):
-        explorer.view_shape(checkpoint, Image.new("RGB", (64, 64)))
+        image_analysis.view_shape(checkpoint, Image.new("RGB", (64, 64)))
 
 
 def test_predict_refuses_the_issues_config_in_one_line(tmp_path, capsys):

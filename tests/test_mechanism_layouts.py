@@ -278,13 +278,13 @@ def test_beit_test_time_registers_refuse_in_one_line_naming_the_bias(beit):
 def test_the_explorers_mean_ablated_copy_places_the_means_on_the_images_own_grid(sam_checkpoint):
     """At another input size than the model's (80 px: a 10 x 10 grid, windows padded to 12 x 12), the copy the page
     draws from puts each window's means where the hooked ablation of the same pass does."""
-    from vit.app import explorer
+    from vit.explain import mechanism_views
 
     _, checkpoint = sam_checkpoint
     ours = checkpoint.model
     x, references = images(80), torch.cat([images(80, seed=5), images(80, seed=6)])
     heads, means = [(0, 1), (1, 0)], mechanism.mean_contexts(ours, references)
-    ablated = explorer.ablated_checkpoint(checkpoint, heads, "mean", means, ours.patch_grid(80, 80)).model
+    ablated = mechanism_views.ablated_checkpoint(checkpoint, heads, "mean", means, ours.patch_grid(80, 80)).model
     with torch.no_grad():
         expected, _ = mechanism.ablate_heads(ours, x, heads, "mean", means)
         torch.testing.assert_close(ablated(x)[0], expected, rtol=0, atol=1e-5)

@@ -203,7 +203,7 @@ def test_maps_that_need_a_classifier_are_refused_in_one_line(folder, method):
 def test_mean_ablation_by_the_images_own_means_is_the_forward_itself(folder):
     """A windowed layer's per-position means go into its windows in Qwen's order (``LayerLayout.cut``): replacing
     heads by their own outputs on this image changes nothing (placed row-major, it moves the tokens by 0.3)."""
-    from vit.app.explorer import ablated_checkpoint
+    from vit.explain.mechanism_views import ablated_checkpoint
 
     checkpoint, picture = vit.load(folder), image(IMAGES[0])
     x = preprocess([picture], checkpoint.preprocessing, patch_size=14)
@@ -232,10 +232,11 @@ def test_save_maps_writes_every_layer_on_the_grid_as_transformers_computes_it(qw
 
 
 def test_the_explorer_shows_the_image_at_qwens_own_size(folder):
-    from vit.app import drawing, explorer
+    from vit.app import drawing
+    from vit.explain import image_analysis
 
     checkpoint, picture = vit.load(folder), image(IMAGES[0])  # 310 x 230 px: smart_resize makes it 308 x 224
-    analysis = explorer.analyse(checkpoint, picture)
+    analysis = image_analysis.analyse(checkpoint, picture)
     assert analysis.input_size == (224, 308) and analysis.grid == (16, 22) and analysis.at_training_size
     assert drawing.model_input_image(picture, checkpoint).size == (308, 224)  # not the nominal 1036 square
     caption = drawing.describe_input(analysis, picture.size)

@@ -238,12 +238,12 @@ def test_explorer_analysis_of_the_post_norm_tutorial_shows_the_attention_its_cod
     attention reads the block's input itself, not a LayerNorm of it."""
     from PIL import Image
 
-    from vit.app import explorer
+    from vit.explain import image_analysis
 
     folder, model = mnist_tutorial(tmp_path)
     pixels = torch.randint(0, 256, (28, 28), generator=torch.Generator().manual_seed(2), dtype=torch.uint8)
     image = Image.fromarray(pixels.numpy(), mode="L")
-    analysis = explorer.analyse(open_source(folder), image)
+    analysis = image_analysis.analyse(open_source(folder), image)
     images = ((pixels.float() / 255 - 0.5) / 0.5)[None, None]  # the assumed Normalize(0.5, 0.5)
     attentions, hooks = encoder_attentions(model.transformer_encoder.layers)
     with torch.no_grad():

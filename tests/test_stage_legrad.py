@@ -180,7 +180,7 @@ def test_legrad_on_hiera_equals_autograd_on_hfs_pooled_and_global_layers(tmp_pat
 def test_the_explorer_offers_legrad_the_last_stages_layers_and_draws_from_the_one_chosen(hf_swin, tmp_path):
     from PIL import Image
 
-    from vit.app import explorer
+    from vit.explain import method_maps
     from vit.inference import TRAINING_SIZE, preprocess
 
     _, _, ours = hf_swin
@@ -189,7 +189,7 @@ def test_the_explorer_offers_legrad_the_last_stages_layers_and_draws_from_the_on
     checkpoint = open_source(folder)
     image = Image.new("RGB", (SIZE, SIZE), (90, 40, 200))
     assert legrad_layers(checkpoint.model) == range(2, 4)  # stage 2's two blocks: what "From layer" offers
-    got = explorer.model_method_map(checkpoint, image, "legrad", class_index=1, start_layer=-1)
+    got = method_maps.model_method_map(checkpoint, image, "legrad", class_index=1, start_layer=-1)
     x = preprocess([image], checkpoint.preprocessing, TRAINING_SIZE, ours.config.patch_size)
     torch.testing.assert_close(torch.from_numpy(got), legrad(checkpoint.model, x, 1, start_layer=-1)[0])
     assert not torch.allclose(torch.from_numpy(got), legrad(checkpoint.model, x, 1)[0])  # not the default's two

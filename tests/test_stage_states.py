@@ -10,7 +10,8 @@ from PIL import Image
 from test_hiera_parity import save_hf_hiera
 from test_swin_parity import _hf
 
-from vit.app import dense, explorer
+from vit.app import dense
+from vit.explain import image_analysis
 from vit.explain.hidden import forward_with_hidden_states, forward_with_stage_states
 from vit.inference import preprocess
 from vit.sources.open import open_source
@@ -83,7 +84,7 @@ def swin_dense(tmp_path_factory):
                                 output_hidden_states_before_downsampling=True)
         last = model.swin(x).last_hidden_state  # (2, 25, 48), after the final norm
     stage0 = hf.reshaped_hidden_states[1].flatten(2).transpose(1, 2)  # (2, 100, 24)
-    return checkpoint, [explorer.analyse(checkpoint, i) for i in images], stage0.double(), last.double()
+    return checkpoint, [image_analysis.analyse(checkpoint, i) for i in images], stage0.double(), last.double()
 
 
 def cosine(tokens: torch.Tensor, query: torch.Tensor) -> np.ndarray:

@@ -180,16 +180,16 @@ def test_vit_explain_draws_attnlrp_of_a_swin_on_the_image_patches(swin):
 
 
 def test_the_explorers_flow_refuses_a_swin_in_one_line_and_its_mechanism_entry_points_answer(swin):
-    from vit.app import explorer
+    from vit.explain import mechanism_views, method_maps
 
     checkpoint = swin[0]
     with pytest.raises(ValueError, match="stages") as error:
-        explorer.model_method_map(checkpoint, IMAGE, "flow", 0)
+        method_maps.model_method_map(checkpoint, IMAGE, "flow", 0)
     assert "\n" not in str(error.value)
     # Mechanism works per layer's grid (its numbers: test_stage_mechanism against HF edited by hooks)
-    explorer.mechanism_view(checkpoint, IMAGE, 0)
-    explorer.patching_view(checkpoint, IMAGE, IMAGE.transpose(Image.Transpose.FLIP_LEFT_RIGHT))
-    means = explorer.reference_means(checkpoint, [IMAGE], IMAGE)
+    mechanism_views.mechanism_view(checkpoint, IMAGE, 0)
+    mechanism_views.patching_view(checkpoint, IMAGE, IMAGE.transpose(Image.Transpose.FLIP_LEFT_RIGHT))
+    means = mechanism_views.reference_means(checkpoint, [IMAGE], IMAGE)
     assert len(means) == len(checkpoint.model.blocks)
 
 

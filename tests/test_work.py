@@ -13,6 +13,7 @@ from test_mechanism import CONFIG, images, random_vit
 from vit.app import work
 from vit.explain.attention_flow import attention_flow
 from vit.explain.mechanism import ablation_grid, patch_heads, patch_residuals
+from vit.progress import in_parts
 
 
 class Recorder:
@@ -112,11 +113,11 @@ def test_attention_flow_reports_each_max_flow_problem():
 
 def test_in_parts_counts_the_parts_as_one_whole():
     calls = []
-    first, second = work.in_parts(lambda d, t: calls.append((d, t)), [3, 10])
+    first, second = in_parts(lambda d, t: calls.append((d, t)), [3, 10])
     first(3, 3)
     second(4, 10)
     assert calls == [(3, 13), (7, 13)]
-    assert work.in_parts(None, [3, 10]) == [None, None]
+    assert in_parts(None, [3, 10]) == [None, None]
 
 
 def test_a_work_started_in_a_thread_gives_its_result_and_its_progress():
@@ -237,16 +238,16 @@ def test_a_waiting_work_can_be_stopped_before_it_starts():
 def test_reference_means_report_each_chunk_and_give_the_same_means(tmp_path):
     from test_app import png_bytes, write_checkpoint
 
-    from vit.app import explorer
     from vit.checkpoint import load_checkpoint
+    from vit.explain import mechanism_views
     from vit.images import open_image
 
     checkpoint = load_checkpoint(write_checkpoint(tmp_path / "m.pt"))
-    refs = [open_image(png_bytes(seed=s), name="x.png") for s in range(explorer.REFERENCE_CHUNK + 2)]
+    refs = [open_image(png_bytes(seed=s), name="x.png") for s in range(mechanism_views.REFERENCE_CHUNK + 2)]
     recorder = Recorder()
-    got = explorer.reference_means(checkpoint, refs, refs[0], progress=recorder, count=len(refs))
-    assert recorder.calls == [(explorer.REFERENCE_CHUNK, len(refs)), (len(refs), len(refs))]
-    np.testing.assert_array_equal(got.numpy(), explorer.reference_means(checkpoint, refs, refs[0]).numpy())
+    got = mechanism_views.reference_means(checkpoint, refs, refs[0], progress=recorder, count=len(refs))
+    assert recorder.calls == [(mechanism_views.REFERENCE_CHUNK, len(refs)), (len(refs), len(refs))]
+    np.testing.assert_array_equal(got.numpy(), mechanism_views.reference_means(checkpoint, refs, refs[0]).numpy())
 
 
 def test_deletion_insertion_curves_report_each_batch_and_give_the_same_curves():
@@ -293,16 +294,16 @@ def test_a_template_ensemble_reports_each_step_of_texts_and_gives_the_same_embed
 def test_the_explorers_forward_reports_each_layer_and_can_be_stopped(tmp_path):
     from test_app import png_bytes, write_checkpoint
 
-    from vit.app import explorer
     from vit.checkpoint import load_checkpoint
+    from vit.explain import image_analysis
     from vit.images import open_image
 
     checkpoint = load_checkpoint(write_checkpoint(tmp_path / "m.pt"))
     image = open_image(png_bytes(seed=1), name="x.png")
     L = len(checkpoint.model.blocks)
     recorder = Recorder()
-    got = explorer.analyse(checkpoint, image, progress=recorder)
+    got = image_analysis.analyse(checkpoint, image, progress=recorder)
     assert recorder.calls == [(i, L) for i in range(1, L + 1)]
-    torch.testing.assert_close(got.hidden, explorer.analyse(checkpoint, image).hidden, rtol=0, atol=0)
+    torch.testing.assert_close(got.hidden, image_analysis.analyse(checkpoint, image).hidden, rtol=0, atol=0)
     with pytest.raises(work.Stopped):
-        explorer.analyse(checkpoint, image, progress=Recorder(stop_after=0))
+        image_analysis.analyse(checkpoint, image, progress=Recorder(stop_after=0))

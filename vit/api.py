@@ -6,12 +6,13 @@
     vit.ask(clip, "photo.jpg", ["a dog", "a cat"])            # CLIP / SigLIP zero-shot scores and maps
     vit.mechanism(checkpoint, "photo.jpg")                    # logit lens, head attribution, phenomena
 
-Every function calls the explorer's own (``vit.app.explorer``, ``vit.app.words``), so a map here is the map the
-explorer draws for the same settings. Layers, heads, tokens and classes count from 0 and a negative one from the
-end, as Python indexes the arrays (``layer=-1`` is the last layer, ``head=-1`` the last head); token 0 is CLS,
-patch ``p`` (row-major) is token ``p + num_prefix_tokens``. An image is a PIL image, a file, an ``(H, W, 3)``
-uint8 array or a ``(3, H, W)`` / ``(1, 3, H, W)`` tensor in [0, 1] (unnormalised: the checkpoint's own
-preprocessing resizes and normalises every image, as it does a file's).
+Every function calls the explorer's own (``vit.explain.image_analysis``, ``attention_maps``, ``method_maps``,
+``mechanism_views``; ``vit.app.words``), so a map here is the map the explorer draws for the same settings. Layers,
+heads, tokens and classes count from 0 and a negative one from the end, as Python indexes the arrays (``layer=-1``
+is the last layer, ``head=-1`` the last head); token 0 is CLS, patch ``p`` (row-major) is token
+``p + num_prefix_tokens``. An image is a PIL image, a file, an ``(H, W, 3)`` uint8 array or a ``(3, H, W)`` /
+``(1, 3, H, W)`` tensor in [0, 1] (unnormalised: the checkpoint's own preprocessing resizes and normalises every
+image, as it does a file's).
 """
 
 from __future__ import annotations
@@ -26,8 +27,9 @@ import numpy as np
 import torch
 from PIL import Image
 
-from vit.app import catalog, drawing, explorer, words
+from vit.app import catalog, drawing, words
 from vit.checkpoint import Checkpoint
+from vit.explain import attention_maps, fits, image_analysis, mechanism_views, method_maps
 from vit.explain.mechanism import check_ablation
 from vit.explain.overlay import overlay as draw_overlay
 from vit.explain.overlay import pca_picture, to_png_bytes
@@ -85,23 +87,23 @@ def methods(checkpoint: Checkpoint | None = None) -> dict[str, str]:
     every one, or with ``checkpoint`` those it draws for that model (the explorer's choice for it, its default
     first; a CLIP's or SigLIP's class-specific maps of typed labels are ``vit.ask_methods``). The arguments each
     reads are in ``explain``'s docstring."""
-    kinds = list(explorer.MAP_KINDS) if checkpoint is None else _drawn_for(checkpoint)
-    return {kind: f"{explorer.MAP_KINDS[kind]} — {_APPLIES_TO[kind]}" for kind in kinds}
+    kinds = list(attention_maps.MAP_KINDS) if checkpoint is None else _drawn_for(checkpoint)
+    return {kind: f"{attention_maps.MAP_KINDS[kind]} — {_APPLIES_TO[kind]}" for kind in kinds}
 
 
 def _drawn_for(checkpoint: Checkpoint) -> list[str]:
     """The methods ``explain`` draws for ``checkpoint``'s model, as it decides: the explorer's map kinds for the
-    model (``explorer.map_kinds``), less the class-specific ones without a classifier and Chefer's LRP where its
+    model (``attention_maps.map_kinds``), less the class-specific ones without a classifier and Chefer's LRP where its
     rules do not reach."""
     from vit.explain.relevance import lrp_rule_missing
 
     if not isinstance(checkpoint, Checkpoint):
         raise TypeError(f"vit.methods takes a checkpoint (vit.load(...)), got a {type(checkpoint).__name__}")
     model = checkpoint.model
-    shape = explorer.shape_of_input(checkpoint, checkpoint.preprocessing.image_hw)
-    kinds = explorer.map_kinds(shape, bool(checkpoint.class_names))
+    shape = image_analysis.shape_of_input(checkpoint, checkpoint.preprocessing.image_hw)
+    kinds = attention_maps.map_kinds(shape, bool(checkpoint.class_names))
     if model.head is None:
-        kinds = [k for k in kinds if k not in explorer.CLASS_MAP_KINDS]
+        kinds = [k for k in kinds if k not in attention_maps.CLASS_MAP_KINDS]
     if not shape.staged and lrp_rule_missing(model.config):
         kinds = [k for k in kinds if k != "lrp"]
     return kinds
@@ -264,7 +266,7 @@ class Explanation:
         cmap, vmin, vmax = drawing.map_colours(self.method if self.method in drawing.SIGNED_MAP_KINDS else "",
                                                self.map, colormap)
         layer = "" if self.heads_layer is None else f"Layer {self.heads_layer + 1}: "
-        view = View(title=explorer.MAP_KINDS.get(self.method, self.description), seen=self.seen, map2d=self.map,
+        view = View(title=attention_maps.MAP_KINDS.get(self.method, self.description), seen=self.seen, map2d=self.map,
                     caption=self.description, colormap=cmap, vmin=vmin, vmax=vmax, opacity=alpha, heads=self.heads,
                     heads_caption=f"{layer}each head's attention of token {self.query}.",
                     prediction=self.prediction, settings=self.settings)
@@ -309,20 +311,20 @@ def explain(checkpoint: Checkpoint, image: ImageLike, method: str = "rollout", *
     checked before any work; a larger input is refused with the work it would be.
     Raises ValueError with a message that says what to do.
     """
-    if method not in explorer.MAP_KINDS:
-        raise ValueError(f"unknown method {method!r}; choose one of: {', '.join(explorer.MAP_KINDS)}")
-    reads = {_READS[c] for c in explorer.MAP_CONTROLS[method] if c in _READS}
+    if method not in attention_maps.MAP_KINDS:
+        raise ValueError(f"unknown method {method!r}; choose one of: {', '.join(attention_maps.MAP_KINDS)}")
+    reads = {_READS[c] for c in attention_maps.MAP_CONTROLS[method] if c in _READS}
     given = {"target": target, "layer": layer, "head": head, "query": query}
     unread = [name for name, value in given.items() if value is not None and name not in reads]
     if unread:
         raise ValueError(f"{method} does not read {', '.join(unread)}; it reads {', '.join(sorted(reads)) or 'none'}")
     model = checkpoint.model
-    if model.config.stage_depths and method not in explorer.STAGE_MAP_KINDS:
-        raise ValueError(explorer.stage_refusal(method))
+    if model.config.stage_depths and method not in attention_maps.STAGE_MAP_KINDS:
+        raise ValueError(attention_maps.stage_refusal(method))
     if model.config.stage_depths and method == "class" and query is not None:
         raise ValueError("a Swin's class map starts from what its average pooling reads (every token of the layer); "
                          "leave query out")
-    if method in explorer.CLASS_MAP_KINDS and model.head is None:
+    if method in attention_maps.CLASS_MAP_KINDS and model.head is None:
         from vit.explain.prompts import methods_for
         from vit.sources.text_tower import has_text_tower
 
@@ -338,9 +340,9 @@ def explain(checkpoint: Checkpoint, image: ImageLike, method: str = "rollout", *
     head = None if head is None else _index(head, H, "head", heads_text)
     class_index = _class_index(checkpoint, target)
     image, size = _image(image), _size(size)
-    analysis = explorer.analyse(checkpoint, image, size, max_tokens=max_tokens,
-                                allow="pass vit.explain a larger max_tokens (or set VIT_MAX_TOKENS)")
-    if method not in explorer.map_kinds(analysis, bool(checkpoint.class_names)):
+    analysis = image_analysis.analyse(checkpoint, image, size, max_tokens=max_tokens,
+                                      allow="pass vit.explain a larger max_tokens (or set VIT_MAX_TOKENS)")
+    if method not in attention_maps.map_kinds(analysis, bool(checkpoint.class_names)):
         raise ValueError(f"{method} does not apply to this model ({_APPLIES_TO[method]})")
     T, patch_grid = analysis.num_tokens, None
     if analysis.staged:  # query on layer l's own grid (row-major, no CLS): the page's query is the patch it covers
@@ -350,20 +352,20 @@ def explain(checkpoint: Checkpoint, image: ImageLike, method: str = "rollout", *
         patch = cell_patch(query, analysis.grid, grid)
     else:
         query = patch = 0 if query is None else _index(query, T, "query", f"this input has {T} tokens")
-    settings = explorer.MapSettings(kind=method, layer=layer_value, end_layer=layer_value, head=head,
-                                    query=patch, class_index=class_index, start_layer=layer_value)
-    class_index = explorer.resolved_class(settings, analysis)
+    settings = attention_maps.MapSettings(kind=method, layer=layer_value, end_layer=layer_value, head=head,
+                                          query=patch, class_index=class_index, start_layer=layer_value)
+    class_index = attention_maps.resolved_class(settings, analysis)
     relevance = method_map = None
     if method == "class":
-        relevance = explorer.class_relevance(checkpoint, image, class_index, size)
-    elif method in explorer.METHOD_MAP_KINDS:
-        method_map = explorer.model_method_map(checkpoint, image, method, class_index, settings.query,
-                                               settings.end_layer, settings.fusion, size,
-                                               start_layer=settings.start_layer)
-    map2d = np.asarray(explorer.attention_map(analysis, settings, relevance, method_map), dtype=np.float32)
+        relevance = method_maps.class_relevance(checkpoint, image, class_index, size)
+    elif method in attention_maps.METHOD_MAP_KINDS:
+        method_map = method_maps.model_method_map(checkpoint, image, method, class_index, settings.query,
+                                                  settings.end_layer, settings.fusion, size,
+                                                  start_layer=settings.start_layer)
+    map2d = np.asarray(attention_maps.attention_map(analysis, settings, relevance, method_map), dtype=np.float32)
     if analysis.staged and map2d.shape != analysis.grid:  # on the layer's own grid, drawn over the image's
         patch_grid = analysis.grid
-    explained = checkpoint.class_names[class_index] if method in explorer.CLASS_MAP_KINDS else None
+    explained = checkpoint.class_names[class_index] if method in attention_maps.CLASS_MAP_KINDS else None
     heads_layer = settings.layer % L
     shown = {"method": method, "layer": layer, "head": head, "query": query, "target": explained,
              "size": "the model's" if size.side is None else size.side}
@@ -372,7 +374,7 @@ def explain(checkpoint: Checkpoint, image: ImageLike, method: str = "rollout", *
                        analysis.grid, analysis.num_prefix_tokens,
                        analysis.prediction if checkpoint.class_names else None, explained, query,
                        drawing.describe_map(settings, analysis, checkpoint.class_names),
-                       explorer.head_maps(analysis, settings.query, heads_layer), heads_layer,
+                       attention_maps.head_maps(analysis, settings.query, heads_layer), heads_layer,
                        {k: v for k, v in shown.items() if v is not None}, patch_grid)
 
 
@@ -441,12 +443,12 @@ def ask_methods(checkpoint: Checkpoint) -> dict[str, str]:
 # -- the mechanism (the explorer's Mechanism view) --------------------------------------------------------------
 
 def mechanism(checkpoint: Checkpoint, image: ImageLike, target: int | str | None = None,
-              size: int | InputSize | None = None) -> explorer.MechanismView:
+              size: int | InputSize | None = None) -> mechanism_views.MechanismView:
     """Logit lens (each layer's patches read through the classifier), direct logit attribution of every head and
     MLP to ``target`` (default the predicted class), token norms, massive activations and attention sinks. Needs a
     classifier."""
     _needs_classifier(checkpoint, "vit.mechanism")
-    return explorer.mechanism_view(checkpoint, _image(image), _class_index(checkpoint, target), _size(size))
+    return mechanism_views.mechanism_view(checkpoint, _image(image), _class_index(checkpoint, target), _size(size))
 
 
 def reference_means(checkpoint: Checkpoint, references: Sequence[ImageLike], image: ImageLike,
@@ -455,7 +457,7 @@ def reference_means(checkpoint: Checkpoint, references: Sequence[ImageLike], ima
     ``(layers, tokens, heads, head_dim)`` (a model with stages, Swin or Hiera: one ``(tokens, heads, head_dim)`` per
     layer, on its own grid with its stage's heads): what ``mode="mean"`` of ``ablate`` and ``head_effects`` puts in
     place of an ablated head (the references are resized to ``image``'s input shape)."""
-    return explorer.reference_means(checkpoint, (_image(r) for r in references), _image(image), _size(size))
+    return mechanism_views.reference_means(checkpoint, (_image(r) for r in references), _image(image), _size(size))
 
 
 def head_effects(checkpoint: Checkpoint, image: ImageLike, target: int | str | None = None, mode: str = "zero",
@@ -468,8 +470,8 @@ def head_effects(checkpoint: Checkpoint, image: ImageLike, target: int | str | N
     index = _class_index(checkpoint, target)
     image, size = _image(image), _size(size)
     if index is None:
-        index = explorer.analyse(checkpoint, image, size).prediction.class_index
-    return explorer.ablation_effects(checkpoint, image, index, mode, means, size)
+        index = image_analysis.analyse(checkpoint, image, size).prediction.class_index
+    return mechanism_views.ablation_effects(checkpoint, image, index, mode, means, size)
 
 
 def _heads(checkpoint: Checkpoint, heads: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
@@ -495,24 +497,24 @@ def ablate(checkpoint: Checkpoint, heads: Sequence[tuple[int, int]], mode: str =
     copy runs at that input size only). Everything above (``explain``, ``predict``) then runs without them."""
     pairs = _heads(checkpoint, heads)
     check_ablation(checkpoint.model, mode, means)
-    return explorer.ablated_checkpoint(checkpoint, pairs, mode, means)
+    return mechanism_views.ablated_checkpoint(checkpoint, pairs, mode, means)
 
 
 def patching(checkpoint: Checkpoint, clean: ImageLike, corrupted: ImageLike, residual: bool = False,
-             size: int | InputSize | None = None) -> explorer.PatchingView:
+             size: int | InputSize | None = None) -> mechanism_views.PatchingView:
     """Activation patching of ``clean``'s head outputs (and with ``residual`` each layer's input at each token)
     into ``corrupted``: the share of the logit difference between their predicted classes each recovers."""
     _needs_classifier(checkpoint, "vit.patching")
-    return explorer.patching_view(checkpoint, _image(clean), _image(corrupted), _size(size), residual)
+    return mechanism_views.patching_view(checkpoint, _image(clean), _image(corrupted), _size(size), residual)
 
 
 def registers(checkpoint: Checkpoint, image: ImageLike, references: Sequence[ImageLike], threshold: float,
-              top_k: int = 10, size: int | InputSize | None = None) -> explorer.RegisterView:
+              top_k: int = 10, size: int | InputSize | None = None) -> mechanism_views.RegisterView:
     """Test-time registers (Jiang et al. 2025): the register neurons found on ``references`` and ``image`` (tokens
     whose last-layer norm is over ``threshold``), and the last layer's CLS attention and patch norms before and
     after one register is added to ``image``."""
-    return explorer.registers_view(checkpoint, _image(image), [_image(r) for r in references], threshold, top_k,
-                                   _size(size))
+    return mechanism_views.registers_view(checkpoint, _image(image), [_image(r) for r in references], threshold, top_k,
+                                          _size(size))
 
 
 # -- SAE features (the explorer's Features section) ------------------------------------------------------------------
@@ -537,7 +539,7 @@ def feature_attribution(checkpoint: Checkpoint, image: ImageLike, sae, target: i
     sae = (sae if isinstance(sae, SparseAutoencoder) else open_sae(sae)).to(device)
     image, size = _image(image), _size(size)
     shape = input_shape(image, p, model.config.patch_size, size)
-    explorer.check_input_fits(checkpoint, model.patch_grid(*shape), f"A {shape[1]}×{shape[0]} px input")
+    fits.check_input_fits(checkpoint, model.patch_grid(*shape), f"A {shape[1]}×{shape[0]} px input")
     x = preprocess([image], p, size, model.config.patch_size).to(device)  # (1, C, H, W)
     return attribute(model, sae, x, index)
 
@@ -550,7 +552,7 @@ def _analysed(checkpoint: Checkpoint, image: ImageLike, size: int | InputSize | 
 
     image, size = _image(image), _size(size)
     dense.check_dense_fits(checkpoint, image, size)
-    return image, size, explorer.analyse(checkpoint, image, size)
+    return image, size, image_analysis.analyse(checkpoint, image, size)
 
 
 @dataclass
@@ -751,7 +753,7 @@ def _lens_words(checkpoint: Checkpoint, image: ImageLike, words: str | Sequence[
     image, size = _image(image), _size(size)
     shape = input_shape(image, checkpoint.preprocessing, model.config.patch_size, size)
     grid = model.patch_grid(*shape)
-    explorer.check_input_fits(checkpoint, grid, f"A {shape[1]}×{shape[0]} px input")
+    fits.check_input_fits(checkpoint, grid, f"A {shape[1]}×{shape[0]} px input")
     rows = word_embeddings.read_rows(table, [i for w in encoded for i in w.ids])  # (tokens, E)
     vectors = torch.stack([r.mean(0) for r in rows.split([len(w.ids) for w in encoded])])  # (W, E)
     return image, size, grid, table, encoded, vectors

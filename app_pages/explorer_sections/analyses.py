@@ -12,8 +12,8 @@ import streamlit as st
 
 from app_pages.explorer_sections.main_view import PICKER_CONFIG
 from app_pages.explorer_sections.state import Shown, keep_settings
-from vit.app import drawing, explorer
-from vit.explain import figures
+from vit.app import drawing
+from vit.explain import attention_maps, figures
 from vit.explain.stages import on_patch_grid
 from vit.sizes import describe_size
 from vit.text import escape_markdown
@@ -56,13 +56,13 @@ def analyses(view: Shown) -> None:
                                   key=EVERY_LAYER_KEY, help="Off: the heads of the layer chosen in the sidebar. On: "
                                   "each stage's layers by its heads, a grid per stage.")
                 groups = stages if every else [[layer - 1]]
-                maps = [on_patch_grid(explorer.head_maps(analysis, query, i), grid)  # (H_l, gh, gw) each
+                maps = [on_patch_grid(attention_maps.head_maps(analysis, query, i), grid)  # (H_l, gh, gw) each
                         for rows in groups for i in rows]
             else:
                 every = st.toggle(f"Every layer ({L} × {H} = {L * H} maps)", key=EVERY_LAYER_KEY,
                                   help="Off: the heads of the layer chosen in the sidebar.")
                 groups = [list(range(L)) if every else [layer - 1]]
-                maps = list(explorer.head_maps(analysis, query)[groups[0]])  # per layer (H, gh, gw)
+                maps = list(attention_maps.head_maps(analysis, query)[groups[0]])  # per layer (H, gh, gw)
             # One call for every map drawn: "all on one colour scale" spans the stages' grids too.
             cells = drawing.small_multiples(view.small, np.concatenate(maps), view.opacity, view.colormap,
                                              view.mode, view.outline, scale=view.scale, mask_share=view.mask_share)
@@ -89,7 +89,7 @@ def analyses(view: Shown) -> None:
         with matrix_tab:
             heads_text = f"head {head + 1}" if head is not None else f"{settings.fusion} over heads"
             try:
-                matrix = explorer.layer_attention(analysis, layer - 1, head, settings.fusion)[0].numpy()  # (T, T)
+                matrix = attention_maps.layer_attention(analysis, layer - 1, head, settings.fusion)[0].numpy()  # (T, T)
             except ValueError as e:  # past the memory bound even one T x T matrix is not drawn; a Swin's stages
                 st.warning(escape_markdown(e))
                 matrix = None

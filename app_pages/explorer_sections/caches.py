@@ -1,7 +1,7 @@
 """The explorer's caches: the model once per checkpoint file, the forward pass once per (checkpoint, image, size).
 
 Server-wide and bounded by bytes, not entries: one entry may be a 2-MB model or a 1-GB one. An analysis also keeps
-what its views recompute within explorer.LAYER_CACHE_BYTES, under explorer.ANALYSIS_MEMORY_LIMIT.
+what its views recompute within fits.LAYER_CACHE_BYTES, under fits.ANALYSIS_MEMORY_LIMIT.
 """
 
 import math
@@ -16,6 +16,7 @@ from app_pages.explorer_sections.long_work import long_work
 from vit.app import catalog, dense, drawing, explorer
 from vit.cache import ByteCache
 from vit.checkpoint import Checkpoint
+from vit.explain import attention_maps, image_analysis, method_maps
 from vit.images import UPLOAD_MAX_PIXELS, open_image
 from vit.inference import InputSize, input_shape
 from vit.sources.open import open_source
@@ -88,19 +89,19 @@ def input_tokens(checkpoint: Checkpoint, image: Image.Image, size: InputSize) ->
 
 
 def analyse(fingerprint: tuple, digest: str, size: InputSize, checkpoint: Checkpoint,
-            image: Image.Image) -> explorer.Analysis:
+            image: Image.Image) -> image_analysis.Analysis:
     """The forward pass, once per (checkpoint, image, size). An input of more than ``PROGRESS_TOKENS`` tokens
     (seconds to minutes at high resolution) is long work: its progress by layer and a Stop button are drawn here,
     and the page stops below them until it is done."""
-    def run() -> explorer.Analysis:
+    def run() -> image_analysis.Analysis:
         with st.spinner("Running the model…"):
-            return explorer.analyse(checkpoint, image, size)
+            return image_analysis.analyse(checkpoint, image, size)
     cache, key = byte_cache("analyses", ANALYSIS_CACHE_BYTES), (fingerprint, digest, size)
     tokens = input_tokens(checkpoint, image, size)
     if key in cache or tokens <= PROGRESS_TOKENS:
         return cache.get_or_compute(key, run)
     analysis = long_work(key, f"Running the model on {tokens:,} tokens",
-                         lambda progress: explorer.analyse(checkpoint, image, size, progress=progress), "analyse",
+                         lambda progress: image_analysis.analyse(checkpoint, image, size, progress=progress), "analyse",
                          unit="layers", kept=cache)
     if analysis is None:
         st.stop()
@@ -108,17 +109,17 @@ def analyse(fingerprint: tuple, digest: str, size: InputSize, checkpoint: Checkp
 
 
 def class_relevance(fingerprint: tuple, digest: str, size: InputSize, class_index: int, checkpoint: Checkpoint,
-                    image: Image.Image) -> explorer.ClassRelevance:
+                    image: Image.Image) -> attention_maps.ClassRelevance:
     """The class map's gradients, once per (checkpoint, image, size, class); above ``PROGRESS_TOKENS`` long work
     (progress by block, Stop, the server's bound), the page stopping below it until it is done."""
-    def run() -> explorer.ClassRelevance:
+    def run() -> attention_maps.ClassRelevance:
         with st.spinner("Computing the class-specific map (one backward pass)…"):
-            return explorer.class_relevance(checkpoint, image, class_index, size)
+            return method_maps.class_relevance(checkpoint, image, class_index, size)
     cache, key = byte_cache("relevance", RELEVANCE_CACHE_BYTES), (fingerprint, digest, size, class_index)
     if key in cache or input_tokens(checkpoint, image, size) <= PROGRESS_TOKENS:
         return cache.get_or_compute(key, run)
     relevance = long_work(key, "Computing the class-specific map (a forward and a backward pass)",
-                          lambda progress: explorer.class_relevance(checkpoint, image, class_index, size, progress),
+                          lambda progress: method_maps.class_relevance(checkpoint, image, class_index, size, progress),
                           "class map", unit="blocks", kept=cache)
     if relevance is None:
         st.stop()
@@ -126,7 +127,7 @@ def class_relevance(fingerprint: tuple, digest: str, size: InputSize, class_inde
 
 
 def pca_views(fingerprint: tuple, digests: tuple[str, ...], size: InputSize, layer: int, foreground: float | None,
-              flip: bool, checkpoint: Checkpoint, analyses: list[explorer.Analysis]) -> list[dense.PCAView]:
+              flip: bool, checkpoint: Checkpoint, analyses: list[image_analysis.Analysis]) -> list[dense.PCAView]:
     """The PCA colours of the images ``digests`` (their ``analyses`` by one checkpoint), fitted together once per
     (checkpoint, images, size, layer, foreground settings), not on every rerun (a click on a patch redraws only the
     similarity)."""
@@ -136,8 +137,8 @@ def pca_views(fingerprint: tuple, digests: tuple[str, ...], size: InputSize, lay
 
 
 def match_view(a: tuple[tuple, str], b: tuple[tuple, str], size: InputSize, top: int, layer: int,
-               layer_b: int | None, checkpoint_a: Checkpoint, analysis_a: explorer.Analysis,
-               checkpoint_b: Checkpoint, analysis_b: explorer.Analysis) -> dense.MatchView:
+               layer_b: int | None, checkpoint_a: Checkpoint, analysis_a: image_analysis.Analysis,
+               checkpoint_b: Checkpoint, analysis_b: image_analysis.Analysis) -> dense.MatchView:
     """The mutual matches of two analyses (``a``, ``b``: each one's ``(checkpoint fingerprint, image digest)``), once
     per (both, size, top, layers), not on every rerun."""
     return byte_cache("dense", DENSE_CACHE_BYTES).get_or_compute(
@@ -163,8 +164,8 @@ def probe_overlays(run: Path, epoch: int, kind: str, layer: int, head: int | Non
 @st.cache_resource(max_entries=16, show_spinner="Computing the map…")
 def _method_map(fingerprint: tuple, digest: str, size: InputSize, kind: str, class_index: int, query: int,
                 end_layer: int, fusion: str, start_layer: int, _checkpoint: Checkpoint, _image: Image.Image):
-    return explorer.model_method_map(_checkpoint, _image, kind, class_index, query, end_layer, fusion, size,
-                                     start_layer=start_layer)
+    return method_maps.model_method_map(_checkpoint, _image, kind, class_index, query, end_layer, fusion, size,
+                                        start_layer=start_layer)
 
 
 def method_map(fingerprint: tuple, digest: str, size: InputSize, kind: str, class_index: int, query: int,
@@ -177,25 +178,26 @@ def method_map(fingerprint: tuple, digest: str, size: InputSize, kind: str, clas
                             "Computing the attention flow (one max-flow problem per token)", "passes")
     elif input_tokens(checkpoint, image, size) > PROGRESS_TOKENS:
         key, label, unit = ((kind, fingerprint, digest, size, class_index, query, end_layer, start_layer),
-                            f"Computing the {explorer.MAP_KINDS[kind].split(' (')[0]} map", "blocks")
+                            f"Computing the {attention_maps.MAP_KINDS[kind].split(' (')[0]} map", "blocks")
     else:
         return _method_map(fingerprint, digest, size, kind, class_index, query, end_layer, fusion, start_layer,
                            checkpoint, image)
-    result = long_work(key, label, lambda progress: explorer.model_method_map(
+    result = long_work(key, label, lambda progress: method_maps.model_method_map(
         checkpoint, image, kind, class_index, query, end_layer, fusion, size, progress, start_layer), kind, unit=unit)
     if result is None:
         st.stop()
     return result
 
 
-def rollout_map(fingerprint: tuple, digest: str, size: InputSize, analysis: explorer.Analysis,
-                settings: explorer.MapSettings):
+def rollout_map(fingerprint: tuple, digest: str, size: InputSize, analysis: image_analysis.Analysis,
+                settings: attention_maps.MapSettings):
     """A rollout map (``rollout``, ``probe_rollout``) built from chunks, every layer recomputed (its factors do
     not fit the cache: seconds to minutes), as long work; the page stops below its progress until it is done."""
     s = settings
     result = long_work(("rollout", fingerprint, digest, size, s.kind, s.query, s.fusion, s.discard_ratio, s.end_layer),
                        f"Computing the rollout layer by layer ({analysis.num_tokens:,} tokens)",
-                       lambda progress: explorer.rollout_map(analysis, settings, progress), "rollout", unit="layers")
+                       lambda progress: attention_maps.rollout_map(analysis, settings, progress), "rollout",
+                       unit="layers")
     if result is None:
         st.stop()
     return result

@@ -5,9 +5,9 @@ import streamlit as st
 
 from app_pages.explorer_sections.caches import analyse, class_relevance, load_model, method_map
 from app_pages.explorer_sections.state import Shown
-from vit.app import catalog, drawing, explorer
+from vit.app import catalog, drawing
 from vit.checkpoint import CheckpointError
-from vit.explain import compare
+from vit.explain import attention_maps, compare
 from vit.explain.overlay import overlay
 from vit.text import escape_markdown
 
@@ -46,16 +46,16 @@ def compare_checkpoints(view: Shown, entries: dict, choice: str, map2d) -> None:
             settings_b = compare.settings_for_other(settings, analysis, analysis_b, class_names,
                                                     checkpoint_b.class_names)
             relevance_b = method_map_b = None
-            if kind in explorer.CLASS_MAP_KINDS and not checkpoint_b.class_names:
+            if kind in attention_maps.CLASS_MAP_KINDS and not checkpoint_b.class_names:
                 raise ValueError("it has no classifier (a feature model), so it has no class-specific map; its "
                                  "attention, rollout, token-norm and flow maps compare")
-            class_b = explorer.resolved_class(settings_b, analysis_b)
+            class_b = attention_maps.resolved_class(settings_b, analysis_b)
             if kind == "class":
                 relevance_b = class_relevance(fingerprint_b, image_key, size, class_b, checkpoint_b, image)
-            if kind in explorer.METHOD_MAP_KINDS:
+            if kind in attention_maps.METHOD_MAP_KINDS:
                 method_map_b = method_map(fingerprint_b, image_key, size, kind, class_b, settings_b.query,
                                           settings_b.end_layer, fusion, checkpoint_b, image, settings_b.start_layer)
-            map_b = explorer.attention_map(analysis_b, settings_b, relevance_b, method_map_b)
+            map_b = attention_maps.attention_map(analysis_b, settings_b, relevance_b, method_map_b)
         except (CheckpointError, ValueError) as e:
             st.warning(f"B cannot show this map: {escape_markdown(e)}")
         else:

@@ -11,6 +11,7 @@ from app_pages.explorer_sections.compare_checkpoints import PICKER_KEY as COMPAR
 from app_pages.explorer_sections.state import Shown
 from app_pages.explorer_sections.uploader import file_upload
 from vit.app import catalog, dense, drawing, explorer
+from vit.bounds import TooManyTokens
 from vit.checkpoint import CheckpointError
 from vit.explain.overlay import overlay, pca_picture
 from vit.images import ImageError
@@ -76,7 +77,7 @@ def dense_features(view: Shown, entries: dict) -> None:
     st.session_state[MODEL_KEY] = view.model_key
     try:
         dense.check_dense_fits(checkpoint, view.image, view.size)
-    except explorer.TooManyTokens as e:
+    except TooManyTokens as e:
         st.error(escape_markdown(e))
         return
     if st.session_state.get(LAYER_KEY) not in range(L):
@@ -89,7 +90,7 @@ def dense_features(view: Shown, entries: dict) -> None:
         try:
             dense.check_dense_fits(checkpoint, second[0], view.size, "The second image's views")
             analysis_2 = analyse(view.fingerprint, second[1], view.size, checkpoint, second[0])
-        except (explorer.TooManyTokens, ImageError, ValueError) as e:
+        except (TooManyTokens, ImageError, ValueError) as e:
             st.warning(f"The second image cannot be shown: {escape_markdown(e)}")
     seen_2 = None if analysis_2 is None else seen_region(second[0], checkpoint.preprocessing, view.size)
 
@@ -135,7 +136,7 @@ def dense_features(view: Shown, entries: dict) -> None:
         st.caption("The same patch's token against every patch of the second image: " + drawing.describe_range(map_2))
     try:
         other = _compare_model(view, entries)
-    except (CheckpointError, explorer.TooManyTokens, ValueError) as e:
+    except (CheckpointError, TooManyTokens, ValueError) as e:
         st.warning(f"The compared model cannot be shown: {escape_markdown(e)}")
         other = None
     if other is not None:

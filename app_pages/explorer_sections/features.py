@@ -26,8 +26,9 @@ from app_pages.explorer_sections.feature_exemplars import IMAGES_KEY, exemplars
 from app_pages.explorer_sections.main_view import PICKER_CONFIG
 from app_pages.explorer_sections.sae_files import FOLDER_KEY, LAYER_KEY
 from app_pages.explorer_sections.state import Shown, keep_settings
-from vit.app import drawing, explorer, share, words
+from vit.app import drawing, share, words
 from vit.checkpoint import Checkpoint
+from vit.explain import attention_maps
 from vit.explain.overlay import overlay
 from vit.features import attribution, explore
 from vit.features.sae import SAEError, SparseAutoencoder
@@ -363,7 +364,7 @@ def drivers(view: Shown, checkpoint: Checkpoint, fingerprint: tuple, sae: Sparse
     """The features that drive the shown class: the largest shares of its logit, their maps, one to pick."""
     if checkpoint.model.head is None or not view.class_names:
         return
-    target = explorer.resolved_class(view.settings, view.analysis)
+    target = attention_maps.resolved_class(view.settings, view.analysis)
     try:
         result = prediction_drivers(fingerprint, view.image_key, view.size, folder, version, target, checkpoint,
                                     view.full_checkpoint.model, sae, view.image)

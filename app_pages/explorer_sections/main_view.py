@@ -14,6 +14,7 @@ from app_pages.explorer_sections.long_work import long_work
 from app_pages.explorer_sections.map_settings import MainMap
 from app_pages.explorer_sections.state import Shown
 from vit.app import drawing, explorer
+from vit.explain import attention_maps
 from vit.images import MAX_SIDE
 from vit.sizes import describe_size
 from vit.text import escape_markdown
@@ -120,25 +121,25 @@ def main_view(view: Shown, main: MainMap, places: Places, query_key: str, image_
             npz_layers = st.radio("Layers", ["all", "this"], key="npz_layers", horizontal=True,
                                   format_func=lambda v: "every layer" if v == "all"
                                   else drawing.npz_layer_label(layer))
-            precision = st.radio("Precision", explorer.NPZ_PRECISIONS, key="npz_precision", horizontal=True)
+            precision = st.radio("Precision", attention_maps.NPZ_PRECISIONS, key="npz_precision", horizontal=True)
             chosen_layers = None if npz_layers == "all" else [layer - 1]
             mb = (L if chosen_layers is None else 1) * H * T * T * (4 if precision == "float32" else 2) / 2**20
             try:
-                explorer.check_npz_fits(analysis, chosen_layers, precision)
+                attention_maps.check_npz_fits(analysis, chosen_layers, precision)
             except ValueError as e:  # refused before the button, not when its data is built (too big; Swin)
                 st.caption(escape_markdown(e))
             else:
                 st.download_button(
                     f"Download (~{mb:,.1f} MB raw)", on_click="ignore", mime="application/octet-stream",
                     file_name=f"{stem}-attentions-{'all' if chosen_layers is None else f'L{layer}'}-{precision}.npz",
-                    data=partial(explorer.attentions_npz, analysis, class_names, chosen_layers, precision),
+                    data=partial(attention_maps.attentions_npz, analysis, class_names, chosen_layers, precision),
                     help="layer_i: heads × tokens × tokens (token 0 is CLS) of layer i + 1 as counted here "
                          "(the file counts from 0), with logits and class names.")
         if st.toggle("Deletion and insertion curves", key="faithfulness_curves",
                      help="Is this map faithful? Patches are blurred away (deletion) or restored onto a blurred image "
                           "(insertion), most relevant first, and the class probability is tracked: a faithful map "
                           "makes deletion fall and insertion rise fast."):
-            chosen_class = explorer.resolved_class(settings, analysis)
+            chosen_class = attention_maps.resolved_class(settings, analysis)
             curves = long_work(("curves", fingerprint, image_key, size, chosen_class,
                                 explorer.image_digest(map2d.tobytes())), "Deletion and insertion curves",
                                lambda progress: drawing.faithfulness_figure(checkpoint, image, map2d, chosen_class,

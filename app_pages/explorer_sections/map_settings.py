@@ -9,7 +9,9 @@ from streamlit.delta_generator import DeltaGenerator
 
 from app_pages.explorer_sections.caches import class_relevance, method_map, rollout_map
 from vit.app import drawing, explorer, share
+from vit.bounds import TooManyTokens
 from vit.checkpoint import Checkpoint
+from vit.explain import attention_maps, image_analysis
 from vit.explain.attention import HEAD_FUSIONS
 from vit.explain.overlay import UPSAMPLE_MODES
 from vit.explain.stages import on_patch_grid
@@ -25,7 +27,7 @@ KEPT = ("map_kind", "method_kind", "hide_registers", "query-", "class-", "layer-
 class MapChoice:
     """What the sidebar set: the map (``settings``, 0-based layer) and how every map is drawn."""
 
-    settings: explorer.MapSettings
+    settings: attention_maps.MapSettings
     layer: int  # 1-based, as the sidebar shows it; the heads grid and the matrix read it for every map
     tokens: list[int]  # the query tokens offered (registers hidden or not)
     query_key: str  # the query's widget key: a click on a patch sets it
@@ -50,7 +52,7 @@ class MainMap:
     mask: np.ndarray | None
 
 
-def choose_map(shape: explorer.ViewShape, class_names: list[str], model_key: str, model) -> MapChoice:
+def choose_map(shape: image_analysis.ViewShape, class_names: list[str], model_key: str, model) -> MapChoice:
     """The sidebar's "Attention map" and "Overlay" controls, drawn from the shape of the analysis before the model
     runs (the browser lays them out meanwhile); the class picker, whose first option names the prediction, is
     drawn in their place by ``choose_class`` after it."""
@@ -59,23 +61,24 @@ def choose_map(shape: explorer.ViewShape, class_names: list[str], model_key: str
     names = shape.prefix_names  # CLS, DIST, REG 1…R
     with st.sidebar:
         st.header("Attention map")
-        kinds = explorer.map_kinds(shape, bool(class_names))  # no class map without classes; the probe's for SigLIP
+        # No class map without classes; the probe's first for SigLIP.
+        kinds = attention_maps.map_kinds(shape, bool(class_names))
         # The newer methods share one entry (a second picker), which keeps the sidebar short.
-        choices = [k for k in kinds if k not in explorer.METHOD_MAP_KINDS]
-        choices += [explorer.MORE_METHODS] if set(kinds) & set(explorer.METHOD_MAP_KINDS) else []
+        choices = [k for k in kinds if k not in attention_maps.METHOD_MAP_KINDS]
+        choices += [explorer.MORE_METHODS] if set(kinds) & set(attention_maps.METHOD_MAP_KINDS) else []
         st.session_state["map_kind"] = explorer.map_choice(  # a model change resets what no longer fits
             st.session_state.get("map_kind"), st.session_state.get("map_default"), choices,
             st.session_state.get("map_model") != model_key)
         st.session_state["map_model"], st.session_state["map_default"] = model_key, choices[0]
         kind = st.radio(share.LABELS["map"], choices, key="map_kind",
-                        format_func=lambda k: explorer.MAP_KINDS.get(k, explorer.MORE_METHODS_LABEL))
+                        format_func=lambda k: attention_maps.MAP_KINDS.get(k, explorer.MORE_METHODS_LABEL))
         if kind == explorer.MORE_METHODS:
-            methods = [k for k in explorer.METHOD_MAP_KINDS if k in kinds  # a Swin's: AttnLRP
-                       and (class_names or k not in explorer.CLASS_MAP_KINDS)]
-            kind = st.selectbox("Method", methods, format_func=explorer.MAP_KINDS.get, key="method_kind",
+            methods = [k for k in attention_maps.METHOD_MAP_KINDS if k in kinds  # a Swin's: AttnLRP
+                       and (class_names or k not in attention_maps.CLASS_MAP_KINDS)]
+            kind = st.selectbox("Method", methods, format_func=attention_maps.MAP_KINDS.get, key="method_kind",
                                 help="LeGrad, LRP, AttnLRP and the CAMs (but EigenCAM) explain a class; attention "
                                      "flow, like rollout, follows attention and the residual, as a max-flow (slow).")
-        controls = explorer.MAP_CONTROLS[kind]
+        controls = attention_maps.MAP_CONTROLS[kind]
         if shape.staged:  # Swin's rollout keeps every attention; its class map starts from the average pooling
             controls = tuple(c for c in controls if c != "discard_ratio" and (kind != "class" or c != "query"))
         hide_registers = False
@@ -85,7 +88,7 @@ def choose_map(shape: explorer.ViewShape, class_names: list[str], model_key: str
         tokens = explorer.visible_tokens(T, prefix, hide_registers)
         # The class-specific map reads from CLS unless a query is picked for it here: a patch clicked for
         # another map would make it a self-blob.
-        query_key = f"class-query-{model_key}" if kind in explorer.CLASS_MAP_KINDS else f"query-{model_key}"
+        query_key = f"class-query-{model_key}" if kind in attention_maps.CLASS_MAP_KINDS else f"query-{model_key}"
         st.session_state.setdefault(query_key, 0)
         grid_key = f"{query_key}-grid"  # the grid the query was picked on: keep its place when the grid changes
         if st.session_state.get(grid_key) not in (None, tuple(grid)):
@@ -97,7 +100,7 @@ def choose_map(shape: explorer.ViewShape, class_names: list[str], model_key: str
         query, layer, head, fusion, discard_ratio, end_layer, class_index = 0, L, None, "mean", 0.0, L, None
         class_slot = st.empty() if "class" in controls else None
         if "query" in controls:
-            for_class = " (for the class map)" if kind in explorer.CLASS_MAP_KINDS else ""
+            for_class = " (for the class map)" if kind in attention_maps.CLASS_MAP_KINDS else ""
             query = st.selectbox(share.LABELS["query"] + for_class, tokens,
                                  key=query_key, format_func=lambda t: drawing.token_option(t, grid, prefix, names),
                                  help="Whose attention to show: CLS (token 0), another prefix token (DIST, REG) or a "
@@ -123,7 +126,7 @@ def choose_map(shape: explorer.ViewShape, class_names: list[str], model_key: str
             st.session_state.setdefault(f"end-{model_key}", L)
             end_layer = st.select_slider(share.LABELS["end"], range(1, L + 1), key=f"end-{model_key}",
                                          help="The block whose first norm's tokens the CAM reads (pytorch-grad-cam's "
-                                              "ViT tutorial: the last)." if kind in explorer.CAM_KINDS else
+                                              "ViT tutorial: the last)." if kind in attention_maps.CAM_KINDS else
                                          "Roll out from layer 1 through this layer.")
         start_layer = -2  # LeGrad's authors' default: the last two layers
         if "start_layer" in controls:
@@ -160,9 +163,9 @@ def choose_map(shape: explorer.ViewShape, class_names: list[str], model_key: str
                                   "heads grid (Caron et al. 2021).")
         st.session_state.setdefault("mask_share", 0.6)
         mass_share = st.slider(share.LABELS["mass"], 0.05, 0.95, step=0.05, key="mask_share", disabled=not masked)
-    settings = explorer.MapSettings(kind=kind, layer=layer - 1, head=head, fusion=fusion, query=query,
-                                    discard_ratio=discard_ratio, end_layer=end_layer - 1, class_index=class_index,
-                                    start_layer=start_layer)
+    settings = attention_maps.MapSettings(kind=kind, layer=layer - 1, head=head, fusion=fusion, query=query,
+                                          discard_ratio=discard_ratio, end_layer=end_layer - 1, class_index=class_index,
+                                          start_layer=start_layer)
     outline = explorer.patch_of(query, prefix) if "query" in controls else None
     return MapChoice(settings, layer, tokens, query_key, outline, opacity, colormap, scale, mode, show_grid,
                      mass_share if masked else None, class_slot)
@@ -180,7 +183,7 @@ def choose_class(choice: MapChoice, prediction, class_names: list[str], model_ke
 
 
 def main_map(checkpoint: Checkpoint, fingerprint: tuple, image: Image.Image, image_key: str, size: InputSize,
-             analysis: explorer.Analysis, choice: MapChoice) -> MainMap:
+             analysis: image_analysis.Analysis, choice: MapChoice) -> MainMap:
     """The map the sidebar chose, computed (a class map or a method's, once per settings); stops the page with
     the reason when the model cannot give it."""
     settings, colormap, scale = choice.settings, choice.colormap, choice.scale
@@ -189,20 +192,21 @@ def main_map(checkpoint: Checkpoint, fingerprint: tuple, image: Image.Image, ima
     relevance = None
     if kind == "class":
         try:
-            relevance = class_relevance(fingerprint, image_key, size, explorer.resolved_class(settings, analysis),
+            relevance = class_relevance(fingerprint, image_key, size, attention_maps.resolved_class(settings, analysis),
                                         checkpoint, image)
-        except explorer.TooManyTokens as e:
+        except TooManyTokens as e:
             st.error(str(e))
             st.stop()
     method_map2d = None
-    if kind in explorer.METHOD_MAP_KINDS:
+    if kind in attention_maps.METHOD_MAP_KINDS:
         try:
-            method_map2d = method_map(fingerprint, image_key, size, kind, explorer.resolved_class(settings, analysis),
-                                      query, end_layer - 1, fusion, checkpoint, image, settings.start_layer)
+            method_map2d = method_map(fingerprint, image_key, size, kind,
+                                      attention_maps.resolved_class(settings, analysis), query, end_layer - 1, fusion,
+                                      checkpoint, image, settings.start_layer)
         except ValueError as e:  # a model option the method does not support, too many tokens for a max-flow
             st.error(str(e))
             st.stop()
-    if kind in ("rollout", "probe_rollout") and not explorer.factors_fit(analysis):
+    if kind in ("rollout", "probe_rollout") and not attention_maps.factors_fit(analysis):
         try:
             map2d = rollout_map(fingerprint, image_key, size, analysis, settings)
         except ValueError as e:  # a query the new grid does not have, a model without a probe
@@ -210,7 +214,7 @@ def main_map(checkpoint: Checkpoint, fingerprint: tuple, image: Image.Image, ima
             st.stop()
     else:
         try:
-            map2d = explorer.attention_map(analysis, settings, relevance, method_map2d)
+            map2d = attention_maps.attention_map(analysis, settings, relevance, method_map2d)
         except ValueError as e:  # a map a Swin does not draw, a head its layer does not have
             st.error(str(e))
             st.stop()
@@ -221,6 +225,6 @@ def main_map(checkpoint: Checkpoint, fingerprint: tuple, image: Image.Image, ima
     if scale == "zero" and not signed:
         vmin, vmax = drawing.colour_range(map2d, scale)
     elif scale == "shared" and kind == "attention":  # the range of this layer's heads, as in the heads grid
-        vmin, vmax = drawing.colour_range(explorer.head_maps(analysis, query, layer=layer - 1), scale)
-    mask = explorer.map_mask(map2d, choice.mask_share) if choice.mask_share is not None else None
+        vmin, vmax = drawing.colour_range(attention_maps.head_maps(analysis, query, layer=layer - 1), scale)
+    mask = attention_maps.map_mask(map2d, choice.mask_share) if choice.mask_share is not None else None
     return MainMap(map2d, map_colormap, vmin, vmax, mask)

@@ -17,8 +17,9 @@ from app_pages.explorer_sections.caches import UPLOAD_TYPES, analyse, decode_ima
 from app_pages.explorer_sections.long_work import long_work
 from app_pages.explorer_sections.state import Shown, keep_settings
 from vit.app import drawing, explorer
+from vit.bounds import TooManyTokens
 from vit.checkpoint import Checkpoint
-from vit.explain import figures
+from vit.explain import figures, mechanism_views
 from vit.explain.overlay import overlay
 from vit.images import ImageError
 from vit.inference import InputSize, input_shape
@@ -47,9 +48,9 @@ class References:
 
     def images(self):
         """The reference images, decoded one at a time as they are read (at most REFERENCE_CHUNK held at once)."""
-        if len(self.uploads) > explorer.MAX_REFERENCE_IMAGES:
+        if len(self.uploads) > mechanism_views.MAX_REFERENCE_IMAGES:
             raise ValueError(f"{len(self.uploads)} reference images are uploaded; at most "
-                             f"{explorer.MAX_REFERENCE_IMAGES} are averaged: remove some")
+                             f"{mechanism_views.MAX_REFERENCE_IMAGES} are averaged: remove some")
         if self.uploads:
             for key, upload in zip(self.keys, self.uploads, strict=True):
                 yield decode_image(key, upload.name, self.invert, upload.getvalue())
@@ -63,7 +64,7 @@ def references(uploads: list, samples: list[Path] | None, invert: bool) -> Refer
     if uploads:
         return References(tuple(uploads), tuple(f"upload-{f.file_id}" for f in uploads),  # not hashed every rerun
                           f"the {len(uploads)} uploaded reference images", invert)
-    keys = tuple(str(p) for p in (samples or [])[:explorer.MAX_REFERENCE_IMAGES])
+    keys = tuple(str(p) for p in (samples or [])[:mechanism_views.MAX_REFERENCE_IMAGES])
     return References((), keys, f"the {len(keys)} sample images", invert)
 
 
@@ -71,8 +72,8 @@ def reference_means(fingerprint: tuple, key: tuple, checkpoint: Checkpoint, imag
                     refs: References, size: InputSize, place: str):
     """The reference images' mean head outputs (long work: None while they are computed)."""
     return long_work(("reference means", fingerprint, key), "Averaging the heads over the reference images",
-                     lambda progress: explorer.reference_means(checkpoint, refs.images(), image, size,
-                                                               progress=progress, count=len(refs.keys)), place)
+                     lambda progress: mechanism_views.reference_means(checkpoint, refs.images(), image, size,
+                                                                      progress=progress, count=len(refs.keys)), place)
 
 
 def means_for(mode: str, full_fingerprint: tuple, full_checkpoint: Checkpoint, image: Image.Image, size: InputSize,
@@ -95,7 +96,7 @@ def means_for_image(mode: str, view: Shown, refs: References):
 def ablated_checkpoint(fingerprint: tuple, heads: tuple[tuple[int, int], ...], mode: str, means_key: tuple | None,
                        _checkpoint: Checkpoint, _means) -> Checkpoint:
     grid = _checkpoint.model.patch_grid(*means_key[1]) if means_key is not None else None  # the means' input shape
-    return explorer.ablated_checkpoint(_checkpoint, list(heads), mode, _means, grid)
+    return mechanism_views.ablated_checkpoint(_checkpoint, list(heads), mode, _means, grid)
 
 
 def pick_references(samples: list[Path] | None, invert: bool) -> References:
@@ -105,8 +106,8 @@ def pick_references(samples: list[Path] | None, invert: bool) -> References:
         uploads = st.sidebar.file_uploader(
             "Reference images (mean ablation, test-time registers)", type=UPLOAD_TYPES, accept_multiple_files=True,
             key=REFERENCES_KEY,
-            help=f"Up to {explorer.MAX_REFERENCE_IMAGES} images a head's mean output is taken over; without them, "
-                 "the checkpoint's sample images.") or []
+            help=f"Up to {mechanism_views.MAX_REFERENCE_IMAGES} images a head's mean output is taken over; without "
+                 "them, the checkpoint's sample images.") or []
     return references(uploads, samples, invert)
 
 
@@ -124,7 +125,7 @@ def with_heads_off(everywhere: tuple[tuple[str, ...], str] | None, checkpoint: C
         if means_key is not None and means_off is None:  # being computed: the page is drawn as loaded meanwhile
             return checkpoint, fingerprint, None
         ablated = ablated_checkpoint(fingerprint, heads_off, everywhere_mode, means_key, checkpoint, means_off)
-    except (ValueError, ImageError, OSError, explorer.TooManyTokens) as e:
+    except (ValueError, ImageError, OSError, TooManyTokens) as e:
         st.warning(escape_markdown(e))
         return checkpoint, fingerprint, None
     over = f" over {escape_markdown(refs.label)}" if everywhere_mode == "mean" else ""
@@ -145,21 +146,22 @@ def heads_off_everywhere(model_key: str) -> tuple[tuple[str, ...], str] | None:
 
 @st.cache_resource(max_entries=8, show_spinner="Looking inside the mechanism…")
 def mechanism_view(fingerprint: tuple, digest: str, size: InputSize, class_index: int | None, words_key: tuple | None,
-                   _checkpoint: Checkpoint, _image: Image.Image, _asked) -> explorer.MechanismView:
-    return explorer.mechanism_view(_checkpoint, _image, class_index, size, _asked)
+                   _checkpoint: Checkpoint, _image: Image.Image, _asked) -> mechanism_views.MechanismView:
+    return mechanism_views.mechanism_view(_checkpoint, _image, class_index, size, _asked)
 
 
 @st.cache_resource(max_entries=8, show_spinner="Switching the heads off…")
 def ablation_view(fingerprint: tuple, digest: str, size: InputSize, heads: tuple[tuple[int, int], ...], mode: str,
                   means_key: tuple | None, _checkpoint: Checkpoint, _image: Image.Image, _means):
-    return explorer.ablation_view(_checkpoint, _image, list(heads), mode, _means, size)
+    return mechanism_views.ablation_view(_checkpoint, _image, list(heads), mode, _means, size)
 
 
 @st.cache_resource(max_entries=4, show_spinner="Finding the register neurons…")
 def registers_view(fingerprint: tuple, digest: str, size: InputSize, threshold: float, top_k: int,
                    references_key: tuple, _checkpoint: Checkpoint, _image: Image.Image, _references: References,
                    _mean_ablated=None):
-    return explorer.registers_view(_checkpoint, _image, _references.images(), threshold, top_k, size, _mean_ablated)
+    return mechanism_views.registers_view(_checkpoint, _image, _references.images(), threshold, top_k, size,
+                                          _mean_ablated)
 
 
 def ablation_effects(fingerprint: tuple, digest: str, size: InputSize, class_index: int, mode: str,
@@ -167,8 +169,8 @@ def ablation_effects(fingerprint: tuple, digest: str, size: InputSize, class_ind
     """Each head ablated in turn (long work, one pass per layer: None while it runs)."""
     return long_work(("ablation grid", fingerprint, digest, size, class_index, mode, means_key),
                      "Ablating each head in turn",
-                     lambda progress: explorer.ablation_effects(checkpoint, image, class_index, mode, means, size,
-                                                                progress), "ablation_grid", unit="heads")
+                     lambda progress: mechanism_views.ablation_effects(checkpoint, image, class_index, mode, means,
+                                                                       size, progress), "ablation_grid", unit="heads")
 
 
 @st.fragment
@@ -192,7 +194,7 @@ def mechanism(view: Shown, refs: References, samples: list[Path] | None, sample:
     try:
         mech = mechanism_view(fingerprint, image_key, size, mechanism_class, words_key, checkpoint, image,
                               lens_prompts)
-    except (ValueError, explorer.TooManyTokens) as e:  # MechanismError: a model option the walk does not know
+    except (ValueError, TooManyTokens) as e:  # MechanismError: a model option the walk does not know
         st.warning(f"The mechanism view cannot analyse this model: {escape_markdown(e)}")
     else:
         names_mech = [f"{i + 1}.{h + 1}" for i in range(L) for h in range(analysis.heads_in(i))]  # a stage's own

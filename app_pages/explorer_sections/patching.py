@@ -13,7 +13,7 @@ from app_pages.explorer_sections.state import Shown
 from app_pages.explorer_sections.uploader import file_upload
 from vit.app import drawing, explorer
 from vit.checkpoint import Checkpoint
-from vit.explain import figures
+from vit.explain import figures, mechanism_views
 from vit.images import ImageError, open_image
 from vit.inference import InputSize
 from vit.text import escape_markdown
@@ -24,8 +24,8 @@ def patching(fingerprint: tuple, digest: str, corrupted: str, size: InputSize, r
     """The clean image's activations patched into the corrupted one (long work: None while it runs)."""
     return long_work(("patching", fingerprint, digest, corrupted, size, residual),
                      "Patching the clean image's activations into the corrupted one",
-                     lambda progress: explorer.patching_view(checkpoint, image, corrupted_image, size, residual,
-                                                             progress), "patching")
+                     lambda progress: mechanism_views.patching_view(checkpoint, image, corrupted_image, size, residual,
+                                                                    progress), "patching")
 
 
 def patching_tab(view: Shown, samples: list[Path] | None, sample: Path | None, invert: bool) -> None:

@@ -15,6 +15,7 @@ from app_pages.explorer_sections.state import Shown
 from vit.app import catalog, drawing, explorer, share
 from vit.app.export import View, view_html
 from vit.app.uploads import Upload, UploadStore
+from vit.explain import attention_maps, image_analysis
 from vit.explain.stages import on_patch_grid
 from vit.text import escape_markdown, visible
 
@@ -96,9 +97,9 @@ def read_link(may_open: bool) -> None:
             st.session_state[key] = values.pop(name)
     kind = values.pop("map", None)
     if kind is not None:
-        st.session_state["map_kind"] = explorer.MORE_METHODS if kind in explorer.METHOD_MAP_KINDS else kind
+        st.session_state["map_kind"] = explorer.MORE_METHODS if kind in attention_maps.METHOD_MAP_KINDS else kind
         st.session_state["map_default"] = None  # a link's map is a choice, not the previous model's default
-        if kind in explorer.METHOD_MAP_KINDS:
+        if kind in attention_maps.METHOD_MAP_KINDS:
             st.session_state["method_kind"] = kind
     if "mass" in values:
         st.session_state["mass_mask"], st.session_state["mask_share"] = True, values.pop("mass")
@@ -171,18 +172,18 @@ def apply_heads_off(model_key: str, layers: int, heads: int) -> None:
         st.session_state[mechanism.TOGGLE_KEY] = st.session_state[mechanism.EVERYWHERE_KEY] = True
 
 
-def apply_model_settings(model_key: str, shape: explorer.ViewShape, class_names: list[str]) -> None:
+def apply_model_settings(model_key: str, shape: image_analysis.ViewShape, class_names: list[str]) -> None:
     """The link's settings that the model bounds (layer, head, query, class, feature), checked against it."""
     pending = st.session_state.pop(PENDING_KEY, None)
     if not pending:
         return
     values, notes = share.fit(pending, layers=shape.num_layers, heads=shape.num_heads, tokens=shape.num_tokens,
                               classes=len(class_names))
-    kinds = explorer.map_kinds(shape, bool(class_names))
+    kinds = attention_maps.map_kinds(shape, bool(class_names))
     if values.get("map", kinds[0]) not in kinds:  # the page would show its first map instead
-        why = ("this model has no attention-pooling probe" if values["map"] in explorer.PROBE_MAP_KINDS
+        why = ("this model has no attention-pooling probe" if values["map"] in attention_maps.PROBE_MAP_KINDS
                and not shape.num_probe_heads else "this model has no classes" if not class_names
-               and values["map"] in explorer.CLASS_MAP_KINDS else "this model cannot draw it")
+               and values["map"] in attention_maps.CLASS_MAP_KINDS else "this model cannot draw it")
         notes.append(share.dropped("map", values["map"], f"{why}; its maps are {', '.join(kinds)}"))
         st.session_state["map_kind"] = None  # the model's default
     _note(notes)
@@ -192,7 +193,7 @@ def apply_model_settings(model_key: str, shape: explorer.ViewShape, class_names:
         if name in values:
             st.session_state[f"{key}-{model_key}"] = values[name] - (1 if name == "head" else 0)
     if "query" in values:
-        query_key = f"class-query-{model_key}" if kind in explorer.CLASS_MAP_KINDS else f"query-{model_key}"
+        query_key = f"class-query-{model_key}" if kind in attention_maps.CLASS_MAP_KINDS else f"query-{model_key}"
         st.session_state[query_key] = values["query"]
     if "feature" in values:
         st.session_state[features.LINKED_KEY] = values["feature"]  # checked against the SAE once it is open
@@ -201,7 +202,7 @@ def apply_model_settings(model_key: str, shape: explorer.ViewShape, class_names:
 def view_values(model: str, view: Shown, image_name: str, sample: Path | None, invert: bool) -> dict[str, object]:
     """What decides the view now, as ``vit.app.share``'s values."""
     s = view.settings
-    controls = explorer.MAP_CONTROLS[s.kind]
+    controls = attention_maps.MAP_CONTROLS[s.kind]
     values: dict[str, object] = {"model": model}
     if st.session_state.get(SHOWN_KEY) is not None:
         values["upload"] = st.session_state[SHOWN_KEY]
@@ -252,9 +253,9 @@ def share_buttons(values: dict[str, object], view: Shown, main: MainMap, image_n
                    "while (the most recent uploads), a model opened by path opens only for a visitor with access.")
     analysis, s = view.analysis, view.settings
     shown = dict(values)  # and the pickers' first options, which a link leaves out but the sidebar shows
-    if "head" in explorer.MAP_CONTROLS[s.kind] and s.head is None:
+    if "head" in attention_maps.MAP_CONTROLS[s.kind] and s.head is None:
         shown["head"] = 0  # every head fused
-    if "class" in explorer.MAP_CONTROLS[s.kind] and s.class_index is None and view.class_names:
+    if "class" in attention_maps.MAP_CONTROLS[s.kind] and s.class_index is None and view.class_names:
         shown["class"] = -1  # the predicted class
     settings = {"Model": model_name, "Image": image_name,
                 **share.describe(shown, size_label=view.checkpoint.preprocessing.size_label, grid=analysis.grid,
@@ -270,7 +271,7 @@ def share_buttons(values: dict[str, object], view: Shown, main: MainMap, image_n
 
 def _export(view: Shown, main: MainMap, image_name: str, model_name: str, settings: dict) -> bytes:
     analysis, s = view.analysis, view.settings
-    heads = explorer.head_maps(analysis, s.query, layer=view.layer - 1)
+    heads = attention_maps.head_maps(analysis, s.query, layer=view.layer - 1)
     if analysis.staged:  # a Swin stage's heads on its own grid, drawn over the image's patches (as the Heads tab)
         heads = on_patch_grid(heads, analysis.grid)
     page = view_html(View(

@@ -5,8 +5,8 @@ from dataclasses import dataclass
 import streamlit as st
 from PIL import Image
 
-from vit.app import explorer
 from vit.checkpoint import Checkpoint
+from vit.explain import attention_maps, image_analysis
 from vit.inference import InputSize
 
 
@@ -26,8 +26,8 @@ class Shown:
     image: Image.Image
     image_key: str
     size: InputSize
-    analysis: explorer.Analysis
-    settings: explorer.MapSettings  # the main map's (0-based layer)
+    analysis: image_analysis.Analysis
+    settings: attention_maps.MapSettings  # the main map's (0-based layer)
     layer: int  # 1-based, as the sidebar shows it; the heads grid and the matrix read it for every map
     tokens: list[int]  # the query tokens offered (registers hidden or not)
     outline: int | None  # the query's patch, outlined, where the map has a query

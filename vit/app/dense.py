@@ -1,5 +1,5 @@
 """The dense-feature views of the explorer and the notebook: PCA colours, patch similarity and correspondences of
-one layer's patch tokens, read from an ``explorer.Analysis`` (its hidden states: no second forward) and bounded
+one layer's patch tokens, read from an ``image_analysis.Analysis`` (its hidden states: no second forward) and bounded
 like every other view. The computations are ``vit.explain.dense``'s.
 
 A layer's tokens are that block's output after the model's final norm, as DINO's
@@ -22,18 +22,12 @@ import numpy as np
 import torch
 from PIL import Image, ImageDraw
 
-from vit.app.explorer import (
-    CHUNK_BYTES,
-    LAYER_CACHE_BYTES,
-    Analysis,
-    TooManyTokens,
-    analysis_limits,
-    analysis_memory,
-    has_logit_bias,
-)
+from vit.bounds import TooManyTokens
 from vit.checkpoint import Checkpoint
 from vit.explain import dense
 from vit.explain.dense import DENSE_COPIES
+from vit.explain.fits import CHUNK_BYTES, LAYER_CACHE_BYTES, analysis_limits, analysis_memory, has_logit_bias
+from vit.explain.image_analysis import Analysis
 from vit.explain.stages import on_patch_grid
 from vit.images import to_mode
 from vit.inference import TRAINING_SIZE, InputSize, input_shape, largest_square_side
@@ -88,7 +82,7 @@ def patch_tokens(checkpoint: Checkpoint, analysis: Analysis, layer: int | None =
     """Layer ``layer``'s patch tokens after the final norm, ``(gh * gw, D)`` float32 row-major, kept in the
     analysis's cache."""
     if analysis.hidden is None and not analysis.staged:
-        raise ValueError("this analysis has no hidden states; run explorer.analyse")
+        raise ValueError("this analysis has no hidden states; run image_analysis.analyse")
     index = layer_index(analysis, layer)
 
     def compute() -> torch.Tensor:

@@ -1,7 +1,7 @@
 """What the explorer page draws: figures, images, captions and token labels for the data
-that ``vit.app.explorer`` computes.
+that ``vit.explain.image_analysis`` and ``vit.explain.attention_maps`` compute.
 
-Layers, heads and patches are 0-based here, as in ``vit.app.explorer``; the UI shows layers and heads
+Layers, heads and patches are 0-based here, as in those; the UI shows layers and heads
 from 1.
 """
 
@@ -21,8 +21,10 @@ import plotly.io
 import torch
 from PIL import Image, ImageDraw, ImageFont
 
-from vit.app.explorer import MAP_CONTROLS, METHOD_MAP_KINDS, Analysis, MapSettings, map_mask, patch_of, resolved_class
+from vit.app.explorer import patch_of
 from vit.checkpoint import Checkpoint
+from vit.explain.attention_maps import MAP_CONTROLS, METHOD_MAP_KINDS, MapSettings, map_mask, resolved_class
+from vit.explain.image_analysis import Analysis
 from vit.explain.overlay import colorize, draw_mask_contours, overlay, to_png_bytes
 from vit.images import on_padded_canvas, to_mode, to_uint8
 from vit.inference import TRAINING_SIZE, InputSize, Prediction, input_shape, preprocess

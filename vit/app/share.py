@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from vit.app.drawing import COLORMAPS, COLOUR_SCALES, class_option, head_option, size_option, token_option
-from vit.app.explorer import MAP_KINDS
 from vit.explain.attention import HEAD_FUSIONS
+from vit.explain.attention_maps import MAP_KINDS
 from vit.explain.overlay import UPSAMPLE_MODES
 from vit.inference import MAX_INPUT_SIDE
 from vit.text import visible

@@ -16,12 +16,11 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
+from vit.progress import Progress
 from vit.text import duration
-
-Progress = Callable[[int, int], None]  # progress(done, total): passes done so far of total; may raise Stopped
 
 LEASE_S = 10.0  # no page looked at a work this long: nobody sees it any more (a page looks every second)
 
@@ -61,16 +60,6 @@ class Slots:
         with self._lock:
             self.running -= 1
         self._semaphore.release()
-
-
-def in_parts(progress: Progress | None, sizes: Sequence[int]) -> list[Progress | None]:
-    """One callback per consecutive part of a computation whose parts take ``sizes`` passes: each reports its
-    ``(done, total)`` as the whole's ``(passes before it + done, sum(sizes))``."""
-    if progress is None:
-        return [None] * len(sizes)
-    whole = sum(sizes)
-    starts = [sum(sizes[:i]) for i in range(len(sizes))]
-    return [lambda done, total, start=start: progress(start + done, whole) for start in starts]
 
 
 class Work:

@@ -1,0 +1,154 @@
+"""The maps that run the model again for one image: the class-specific map's gradients (``class_relevance``) and
+LeGrad, LRP, AttnLRP, the CAMs and attention flow (``model_method_map``), each refused against its memory bound
+(``vit.explain.fits``) before any work. The page caches them per (checkpoint, image, class and settings).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+
+import numpy as np
+import torch
+from PIL import Image
+
+from vit.checkpoint import Checkpoint
+from vit.explain.attention import class_gradients, positive_gradient_attention, token_map
+from vit.explain.attention_maps import (
+    CAM_KINDS,
+    MAP_KINDS,
+    METHOD_MAP_KINDS,
+    STAGE_MAP_KINDS,
+    ClassRelevance,
+    stage_refusal,
+)
+from vit.explain.chunked import LayerInputs
+from vit.explain.fits import (
+    CHUNK_BYTES,
+    analysis_limits,
+    check_chunked_gradient_fits,
+    check_flow_fits,
+    check_gradient_fits,
+    check_stage_legrad_fits,
+    whole_gradient_bytes,
+)
+from vit.explain.hidden import forward_with_hidden_states, placed_attentions
+from vit.inference import TRAINING_SIZE, InputSize, input_shape, preprocess
+from vit.model import ViT
+from vit.progress import Progress
+
+
+def reported_blocks(model, progress: Progress | None, total: int):
+    """A context in which every block's output (``hook_resid_post``) reports ``progress(blocks run, total)``:
+    where a long map's work can be stopped (the page's ``progress`` raises ``Stopped`` there). ``total`` counts the
+    blocks the method runs (a forward is ``L``; a block run again counts too)."""
+    if progress is None or not isinstance(model, ViT):
+        return contextlib.nullcontext()
+    count = itertools.count(1)
+    return model.hooks([(f"blocks.{i}.hook_resid_post", lambda t, hook: progress(min(next(count), total), total))
+                        for i in range(len(model.blocks))])
+
+
+def class_relevance(checkpoint: Checkpoint, image: Image.Image, class_index: int,
+                    size: InputSize = TRAINING_SIZE, progress: Progress | None = None) -> ClassRelevance:
+    """One forward and backward pass for ``class_index`` (the page caches it per checkpoint, image and class).
+
+    While every layer's attention and its gradient fit the memory limit they are kept whole; above, one block's
+    backward at a time keeps the gradient of its heads' contexts, and the map's row is formed in chunks
+    (``LayerInputs.gradient_rollout_row``). ``TooManyTokens`` when even that would be over the limit.
+    ``progress(blocks run, total)`` at each block's output (``reported_blocks``).
+    """
+    model, p = checkpoint.model, checkpoint.preprocessing
+    shape = input_shape(image, p, model.config.patch_size, size)
+    grid = model.patch_grid(*shape)
+    tokens = model.num_prefix_tokens + grid[0] * grid[1]
+    device = next(model.parameters()).device
+    if model.config.stage_depths:  # a Swin's windows: H x T x w*w values per layer, never T x T
+        check_stage_legrad_fits(model, grid, 0, "The class-specific map")  # every layer's windows and gradients
+        layouts = model.layer_layouts(grid)
+        x = preprocess([image], p, size, model.config.patch_size).to(device)
+        with reported_blocks(model, progress, len(model.blocks)):
+            _, attentions, gradients = class_gradients(model, x, class_index)
+        return ClassRelevance(class_index, tuple(positive_gradient_attention(a, g).float().cpu()
+                                                 for a, g in zip(attentions, gradients, strict=True)), layouts=layouts)
+    whole = whole_gradient_bytes(model, tokens) <= analysis_limits()[1]
+    if not whole:
+        check_chunked_gradient_fits(model, tokens, "The class-specific map", contexts=True)
+    x = preprocess([image], p, size, model.config.patch_size).to(device)  # (1, C, H, W)
+    L = len(model.blocks)
+    if whole:
+        with reported_blocks(model, progress, L):
+            _, attentions, gradients = class_gradients(model, x, class_index)
+        terms = tuple(positive_gradient_attention(a, g).float().cpu()
+                      for a, g in zip(attentions, gradients, strict=True))
+        return ClassRelevance(class_index, terms)
+    with reported_blocks(model, progress, 2 * L):  # a forward, then each block again
+        with torch.inference_mode():
+            _, hidden = forward_with_hidden_states(model, x)  # (1, L + 1, T, D)
+        inputs = LayerInputs(model, hidden, grid, budget=CHUNK_BYTES)
+        contexts = inputs.context_gradients(torch.tensor([class_index]))
+    return ClassRelevance(class_index, (), inputs=inputs, contexts=contexts)
+
+
+def model_method_map(checkpoint: Checkpoint, image: Image.Image, kind: str, class_index: int, query: int = 0,
+                     end_layer: int = -1, fusion: str = "mean", size: InputSize = TRAINING_SIZE,
+                     progress: Progress | None = None, start_layer: int = -2) -> np.ndarray:
+    """The ``(gh, gw)`` map of a ``METHOD_MAP_KINDS`` kind for one image (seconds for ``flow``).
+
+    ``class_index`` is the explained class (LeGrad, LRP, AttnLRP); ``query`` the token whose
+    relevance or flow is shown (LRP, flow; LeGrad and AttnLRP explain the classifier's CLS); ``start_layer``
+    LeGrad's first explained layer (its authors' ``layer_index``).
+    Raises ValueError (e.g. ``UnsupportedModelError``, ``TooManyTokens``) with a message to show, before any
+    work. ``progress(done, total)``: flow's max-flow problems, one per token; the other methods' blocks run
+    (``reported_blocks``).
+    """
+    from vit.explain.attention_flow import attention_flow
+    from vit.explain.relevance import attnlrp, legrad, patch_sums, transformer_attribution
+
+    model = checkpoint.model
+    if model.config.stage_depths and kind not in STAGE_MAP_KINDS:
+        raise ValueError(stage_refusal(kind))
+    shape = input_shape(image, checkpoint.preprocessing, model.config.patch_size, size)  # (height, width)
+    grid, prefix = model.patch_grid(*shape), model.num_prefix_tokens
+    tokens = prefix + grid[0] * grid[1]
+    # Every method's bound before the work it implies: flow's forward keeps every layer's whole attention (9 GB
+    # for ViT-B/16 at 1,024 px) before attention_flow's own limit would refuse the input.
+    if kind == "legrad" and model.config.stage_depths:  # the explained layers' windows, in the graph
+        check_stage_legrad_fits(model, grid, start_layer)
+    elif kind == "legrad":  # in chunks: never a whole layer's attention or gradient
+        check_chunked_gradient_fits(model, tokens, "LeGrad", contexts=False)
+    elif kind in ("lrp", "attnlrp"):
+        check_gradient_fits(model, tokens, MAP_KINDS[kind].split(" (")[0])
+    elif kind == "flow":
+        check_flow_fits(model, tokens)
+    elif kind in CAM_KINDS:  # the graph from the explained block on (Score-CAM: forwards without one)
+        check_gradient_fits(model, tokens, MAP_KINDS[kind].split(" (")[0],
+                            layers=len(range(len(model.blocks))[end_layer:]))
+    device = next(model.parameters()).device
+    x = preprocess([image], checkpoint.preprocessing, size, model.config.patch_size).to(device)  # (1, C, H, W)
+    L = len(model.blocks)
+    if kind == "legrad":
+        with reported_blocks(model, progress, L - 1 + len(range(L)[start_layer:])):  # the explained ones again
+            result = legrad(model, x, class_index, start_layer, budget=CHUNK_BYTES)
+    elif kind == "lrp":
+        with reported_blocks(model, progress, L):
+            result = token_map(transformer_attribution(model, x, class_index, end_layer), query, grid, prefix)
+    elif kind == "attnlrp":
+        with reported_blocks(model, progress, L):
+            result = patch_sums(attnlrp(model, x, class_index), grid)
+    elif kind in CAM_KINDS:
+        from vit.explain.cam import cam
+
+        if kind == "scorecam":  # progress by masked image: one forward of the model per channel
+            result = cam(model, x, kind, class_index, end_layer, progress=progress)
+        else:
+            with reported_blocks(model, progress, L):
+                result = cam(model, x, kind, None if kind == "eigencam" else class_index, end_layer)
+    elif kind == "flow":
+        with torch.no_grad():
+            _, attentions = model(x, output_attentions=True)
+        attentions = placed_attentions(model, attentions, grid)
+        result = attention_flow(attentions, query, fusion, end_layer, progress=progress)[:, prefix:].reshape(1, *grid)
+    else:
+        raise ValueError(f"{kind!r} is not one of {', '.join(METHOD_MAP_KINDS)}")
+    return result[0].float().cpu().numpy()  # (gh, gw)
