@@ -1,32 +1,13 @@
-"""Is a map faithful? Deletion and insertion curves: ``python -m vit.faithfulness CHECKPOINT --data DIR``.
-
-Patches are ranked by a map, most relevant first. Deletion replaces the top-ranked patches of
-the image, one step at a time, by a baseline and tracks the probability of the explained
-class (each image's predicted class); a faithful map makes it fall fast (low area under the
-curve). Insertion starts from the baseline and puts the top-ranked patches back; a faithful
-map makes it rise fast (high area). Areas use the trapezoid rule over the fraction of patches
-changed, in [0, 1] (Petsiuk et al. 2018, RISE; the perturbation tests of Chefer et al. 2021).
-
-Replacement (``--replacement``), always in the model's normalised input space:
-``blur`` a Gaussian blur of the image (sigma = 1/8 of its side, so objects lose their detail
-but keep their colours; the RISE choice for insertion); ``mean`` each channel's mean over this
-image; ``zero`` a normalised value of 0, which is the training data's mean colour.
+"""Is a map faithful? Deletion, insertion and Chefer et al.'s tests; what each measures: ``vit.explain.faithfulness``.
 
 ``DIR`` holds one subfolder per class as for ``vit.evaluate``. ``--limit N`` takes N images
 after a seeded shuffle, so a limit samples every class. Prints JSON: per method,
 ``deletion_auc`` and ``insertion_auc`` as ``{"mean", "std"}`` over the images, with a
 progress bar on stderr.
 
-Chefer et al. (CVPR 2021)'s two tests, as their scripts (github.com/hila-chefer/Transformer-Explainability):
 ``--benchmark segmentation --masks MASKS``: ``DIR`` a folder of images, ``MASKS`` a 0/non-0 PNG for each, of the same
-file stem. Each image, resized to the model's input (no crop), is explained for its predicted class; the map,
-upsampled bilinearly and min-max normalised, is foreground above its mean. ``pixel_accuracy`` and ``mIoU``
-(background and foreground) count pixels over the whole set; ``mAP`` is the mean over images of the average precision
-of (1 - map, map) against the one-hot mask. ``--benchmark perturbation``: ``DIR`` as for deletion; 10 %, 20 %, ...
-90 % of the pixels, ranked by the upsampled map, are made black, most relevant first (``positive``) and least relevant
-first (``negative``); each gives top-1 accuracy against the true class per step and its ``auc`` over 0-0.9 (trapezoid,
-the intact images at 0; the paper prints it x 100). Both print ``images_per_s`` per method, a table on stderr, and
-with ``--out DIR`` write ``DIR/faithfulness.json``, ``DIR/faithfulness.md`` and ``DIR/faithfulness.png``.
+file stem. ``--benchmark perturbation``: ``DIR`` as for deletion. Both print ``images_per_s`` per method, a table on
+stderr, and with ``--out DIR`` write ``DIR/faithfulness.json``, ``DIR/faithfulness.md`` and ``DIR/faithfulness.png``.
 """
 
 from __future__ import annotations

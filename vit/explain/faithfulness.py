@@ -1,4 +1,5 @@
-"""Is a map faithful? Deletion and insertion curves (the command is ``python -m vit.faithfulness``).
+"""Is a map faithful? Deletion and insertion curves, and Chefer et al.'s segmentation and perturbation tests (the
+command is ``python -m vit.faithfulness``).
 
 Patches are ranked by a map, most relevant first. Deletion replaces the top-ranked patches of
 the image, one step at a time, by a baseline and tracks the probability of the explained
@@ -12,10 +13,14 @@ Replacement (``--replacement``), always in the model's normalised input space:
 but keep their colours; the RISE choice for insertion); ``mean`` each channel's mean over this
 image; ``zero`` a normalised value of 0, which is the training data's mean colour.
 
-``DIR`` holds one subfolder per class as for ``vit.evaluate``. ``--limit N`` takes N images
-after a seeded shuffle, so a limit samples every class. Prints JSON: per method,
-``deletion_auc`` and ``insertion_auc`` as ``{"mean", "std"}`` over the images, with a
-progress bar on stderr.
+Chefer et al. (CVPR 2021)'s two tests, as their scripts (github.com/hila-chefer/Transformer-Explainability):
+segmentation: each image, resized to the model's input (no crop), is explained for its predicted class; the map,
+upsampled bilinearly and min-max normalised, is foreground above its mean. ``pixel_accuracy`` and ``mIoU``
+(background and foreground) count pixels over the whole set; ``mAP`` is the mean over images of the average precision
+of (1 - map, map) against the one-hot mask. Perturbation: 10 %, 20 %, ... 90 % of the pixels, ranked by the upsampled
+map, are made black, most relevant first (``positive``) and least relevant first (``negative``); each gives top-1
+accuracy against the true class per step and its ``auc`` over 0-0.9 (trapezoid, the intact images at 0; the paper
+prints it x 100).
 """
 
 from __future__ import annotations
