@@ -311,7 +311,7 @@ def token_norms(analysis: Analysis, layer: int) -> torch.Tensor:
     High-norm patch tokens are the "artifacts" of Darcet et al. (2023), which register tokens remove.
     """
     if analysis.hidden is None:
-        raise ValueError("this analysis has no hidden states; run explorer.analyse")
+        raise ValueError("this analysis has no hidden states; run image_analysis.analyse")
     L = analysis.num_layers
     if not -L <= layer < L:
         raise ValueError(f"layer {layer} is out of range for {L} layers")
