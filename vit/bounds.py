@@ -23,6 +23,8 @@ MAX_TOKENS_ENV = "VIT_MAX_TOKENS"
 # What one analysed image may hold (hidden states, caches, copies of its tokens): env VIT_ANALYSIS_MEMORY_MB.
 ANALYSIS_MEMORY_LIMIT = 1024 * 2**20
 ANALYSIS_MEMORY_ENV = "VIT_ANALYSIS_MEMORY_MB"
+# A bias formed per query chunk (``vit.model.blocks.fused_attention``) holds at most this many bytes at once.
+BIAS_CHUNK_BYTES = 2**26
 
 
 class TooManyTokens(ValueError):
@@ -157,8 +159,6 @@ def layout_memory(model, grid: tuple[int, int], analysis: bool = False) -> Layou
     config = getattr(model, "config", None)
     if layouts is None or not (config.window_size or config.stage_depths or config.rel_pos != "none"):
         return LayoutMemory()
-    from vit.model.blocks import BIAS_CHUNK_BYTES  # here: the model imports this module
-
     staged = bool(config.stage_depths)
     worst, kept, fused, step = LayoutMemory(), 0, 0, 0
     for i, (layout, block) in enumerate(zip(layouts(tuple(grid)), model.blocks, strict=True)):

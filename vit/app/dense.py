@@ -22,6 +22,7 @@ import numpy as np
 import torch
 from PIL import Image, ImageDraw
 
+from vit import bounds
 from vit.bounds import TooManyTokens
 from vit.checkpoint import Checkpoint
 from vit.explain import dense
@@ -31,7 +32,6 @@ from vit.explain.image_analysis import Analysis
 from vit.explain.stages import on_patch_grid
 from vit.images import to_mode
 from vit.inference import TRAINING_SIZE, InputSize, input_shape, largest_square_side
-from vit.model import blocks
 
 
 def dense_bytes(checkpoint: Checkpoint, tokens: int) -> int:
@@ -58,7 +58,7 @@ def check_dense_fits(checkpoint: Checkpoint, image: Image.Image, size: InputSize
     if need > limit:
         per_token = dense_bytes(checkpoint, 1) - dense_bytes(checkpoint, 0)
         # A bias's query chunk is at most BIAS_CHUNK_BYTES of rows and their index, plus one row a token.
-        bias = blocks.BIAS_CHUNK_BYTES * (config.num_heads + 1) // config.num_heads if has_logit_bias(config) else 0
+        bias = bounds.BIAS_CHUNK_BYTES * (config.num_heads + 1) // config.num_heads if has_logit_bias(config) else 0
         most = max(limit - LAYER_CACHE_BYTES - CHUNK_BYTES - bias, 0) // per_token
         side = largest_square_side(config.patch_size, max(most - prefix, 1))
         raise TooManyTokens(f"{what} at {shape[1]}×{shape[0]} px ({tokens:,} tokens) need about "

@@ -13,7 +13,6 @@ from vit.bounds import TooManyTokens
 from vit.checkpoint import Checkpoint
 from vit.explain.chunked import gradient_bytes, largest_tokens
 from vit.inference import largest_square_side
-from vit.model import blocks
 
 # Memory per analysed image: hidden states + cache + one layer's queries and keys + one chunk of attention stays
 # under this (env VIT_ANALYSIS_MEMORY_MB), and inputs with more patches than VIT_MAX_TOKENS are refused
@@ -49,11 +48,11 @@ def has_logit_bias(config) -> bool:
 
 def bias_chunk_bytes(num_heads: int, tokens: int) -> int:
     """Bytes of the logit bias a forward forms at once over ``tokens`` keys: one query chunk of its rows (``heads x
-    rows x T`` float32, at most ``blocks.BIAS_CHUNK_BYTES``; the whole ``heads x T²`` is never formed,
+    rows x T`` float32, at most ``bounds.BIAS_CHUNK_BYTES``; the whole ``heads x T²`` is never formed,
     ``Attention.forward``) and their int32 BEiT index (``rows x T``)."""
     if tokens <= 0:
         return 0
-    rows = min(tokens, max(1, blocks.BIAS_CHUNK_BYTES // (num_heads * tokens * 4)))
+    rows = min(tokens, max(1, bounds.BIAS_CHUNK_BYTES // (num_heads * tokens * 4)))
     return (num_heads + 1) * rows * tokens * 4
 
 

@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from vit.bounds import BIAS_CHUNK_BYTES
 from vit.model.config import ViTConfig
 from vit.model.hooks import PLAIN_RULES, HookPoint, activate, active_hooks, current_rules
 from vit.model.layouts import RelativePositionBias, decomposed_rel_pos, padding_bias
@@ -31,8 +32,6 @@ from vit.model.stages import (
 # so Ctrl-C and a page's Stop are heard within a second even at 65,537 tokens, where one whole layer's call took a
 # minute. Below it (one image of up to ~1,180 tokens on ViT-B) the call stays whole.
 FUSED_CHUNK_FLOPS = 2**32
-# A bias formed per query chunk (``fused_attention``) holds at most this many bytes at once.
-BIAS_CHUNK_BYTES = 2**26
 # The model's shared BEiT bias, asked for by rows (token indices; None: all): (nh, n or T, T).
 SharedBias = Callable[[torch.Tensor | None], torch.Tensor]
 

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from vit.checkpoint import CheckpointError
+from vit.sources.files import SourceError, read_json
 from vit.sources.hub_names import HF_HUB_PREFIX, WEIGHT_FILES, looks_like_name
 from vit.sources.hub_names import MODEL_NAME as _TIMM_OR_OPEN_CLIP
 from vit.sources.hub_names import REPO as _REPO
@@ -424,8 +425,6 @@ def _meta_model(config_json: Mapping):
 def _check_implied(plan_: Download, filename: str, size: int, implied: list[int | None]) -> None:
     """HubError when the Hub declares ``filename`` larger than the model its config.json (in the snapshot by now,
     when the repository has one) describes can take; ``implied`` keeps that bound across the download's files."""
-    from vit.sources.open import SourceError, read_json
-
     if not implied:
         config = snapshot_folder(plan_.name.repo_id, plan_.commit) / "config.json"
         try:
@@ -480,7 +479,8 @@ def _bounded_tqdm(filename: str, size: int, report: Callable[[int], None] | None
 
 
 def fetch(name: HubName, report: Callable[[str], None] | None = None,
-          progress: Callable[[int, int], None] | None = None) -> Path:
+          progress: Callable[[int, int], None] | None = None,
+          needed: Callable[[Path], set[str] | None] | None = None) -> Path:
     """The snapshot folder of ``name``: the cached one offline (or for a pinned commit), else downloaded after
     ``report`` (default: stderr) was told its size. HubError (one line) for anything that stops it."""
     cached = cached_snapshot(name)
@@ -495,25 +495,27 @@ def fetch(name: HubName, report: Callable[[str], None] | None = None,
         if cached is not None:
             return cached  # no network: the copy we have
         raise
-    wanted = only_needed_shards(wanted, progress)
+    wanted = only_needed_shards(wanted, progress, needed)
     if wanted.files:
         check_size(wanted)  # only what is still to fetch counts against the bound
         (report or _to_stderr)(f"downloading {wanted.summary} into the Hugging Face cache ({cache_dir()})")
     return download(wanted, progress)
 
 
-def only_needed_shards(plan_: Download, progress: Callable[[int, int], None] | None = None) -> Download:
+def only_needed_shards(plan_: Download, progress: Callable[[int, int], None] | None = None,
+                       needed: Callable[[Path], set[str] | None] | None = None) -> Download:
     """``plan_`` less the shards opening will not read: of a sharded vision-language model, its JSON files (config,
     shard index: kilobytes) are fetched first, then only the shards its index lists for the tower
-    (``vit.sources.open.needed_shards``), never the language model's gigabytes. Any other model: ``plan_``."""
-    from vit.sources.open import needed_shards
-
+    (``needed``: opening passes ``vit.sources.open.needed_shards``), never the language model's gigabytes. Any other
+    model, or no ``needed``: ``plan_``."""
+    if needed is None:
+        return plan_
     if not any(f.endswith(".index.json") for f, _ in plan_.files) and not any(
             (snapshot_folder(plan_.name.repo_id, plan_.commit) / f).is_file() for f in INDEXES):
         return plan_
     small = tuple((f, s) for f, s in plan_.files if f.endswith(".json"))
     folder = download(Download(plan_.name, plan_.commit, small), progress)
-    keep = needed_shards(folder)
+    keep = needed(folder)
     if keep is None:
         return Download(plan_.name, plan_.commit, tuple(f for f in plan_.files if f not in small))
     weights = (".safetensors", ".bin", ".pth", ".pt")
@@ -526,16 +528,17 @@ def _to_stderr(line: str) -> None:
 
 
 def resolve(source: str | os.PathLike, report: Callable[[str], None] | None = None,
-            progress: Callable[[int, int], None] | None = None) -> Path:
+            progress: Callable[[int, int], None] | None = None,
+            needed: Callable[[Path], set[str] | None] | None = None) -> Path:
     """``source`` as a local path: itself when it exists (or names no Hub model), else the Hub model's snapshot in
-    the HF cache, downloaded when needed."""
+    the HF cache, downloaded when needed (of a sharded model, only the shards ``needed`` names from its JSON files)."""
     path = Path(source).expanduser()
     if path.exists() or not looks_like_name(source):
         return path
     name = parse_name(str(source))
     if name is None:
         return path  # open_source says it is not found
-    return fetch(name, report, progress)
+    return fetch(name, report, progress, needed)
 
 
 # SAEs on the Hub: a repository often holds many (SAELens's releases keep one per folder), so the name says which.

@@ -33,7 +33,6 @@ model, so an absurd config fails with one line instead of exhausting memory.
 from __future__ import annotations
 
 import difflib
-import json
 import math
 import os
 import pickle
@@ -48,7 +47,6 @@ from vit.checkpoint import (
     IMAGENET_MEAN,
     IMAGENET_STD,
     Checkpoint,
-    CheckpointError,
     ForeignCheckpointError,
     Preprocessing,
     check_archive,
@@ -84,6 +82,7 @@ from vit.sources import (
     import_vlm,
     mapping,
 )
+from vit.sources.files import SourceError, _one_line, read_json
 
 # Where a refusal sends the user: every family's own list of what opens is longer than a line (together 2,200
 # characters), and the README keeps them in one table.
@@ -93,34 +92,9 @@ OPEN_CLIP_CONFIG = "open_clip_config.json"
 OPEN_CLIP_WEIGHTS = ("open_clip_model.safetensors", "open_clip_pytorch_model.bin")
 WEIGHT_SUFFIXES = (".safetensors", ".pth", ".pt", ".bin")
 MAX_INPUT_SIZE = 2048  # the largest published ViTs take 518 px (DINOv2) to 1024 px
-MAX_JSON_BYTES = 4 * 1024 * 1024  # config files are a few kB; refuse to parse a huge one
 _PIL_FILTERS = {0: "nearest", 1: "lanczos", 2: "bilinear", 3: "bicubic"}  # HF stores PIL's enum values
 # Which of transformers' two processors an HF folder's images are prepared as (vit.sources.open.hf_backend)
 HF_BACKEND_ENV = "VIT_HF_IMAGE_BACKEND"
-
-
-class SourceError(CheckpointError):
-    """A model path that cannot be opened; the message is one line saying why and what is supported."""
-
-
-def _one_line(error: BaseException) -> str:
-    lines = str(error).strip().splitlines()
-    return lines[0][:200] if lines else type(error).__name__
-
-
-def read_json(path: Path) -> dict:
-    """A JSON object from a small file; SourceError for anything else."""
-    try:
-        if path.stat().st_size > MAX_JSON_BYTES:
-            raise SourceError(f"{path} is larger than {MAX_JSON_BYTES // 2**20} MiB; not a model config")
-        value = json.loads(path.read_text(encoding="utf-8"))
-    except RecursionError:  # nesting deeper than the parser's stack: bounded by MAX_JSON_BYTES, refused in one line
-        raise SourceError(f"cannot read {path} as JSON (nested too deeply); not a model config") from None
-    except (OSError, ValueError) as e:
-        raise SourceError(f"cannot read {path} as JSON ({_one_line(e)})") from None
-    if not isinstance(value, dict):
-        raise SourceError(f"{path} is not a JSON object; not a model config")
-    return value
 
 
 def read_weights(path: Path, map_location: str | torch.device = "cpu",
@@ -890,7 +864,7 @@ def open_source(path: str | os.PathLike, arch: str | None = None, map_location: 
     names, shapes or counts do not fit are refused before any tensor data is read. A Hub id is downloaded
     first (its size on stderr, then huggingface_hub's progress bars) unless the HF cache has it.
     """
-    path = hub.resolve(path)
+    path = hub.resolve(path, needed=needed_shards)
     _open(path, arch, "meta")
     return _open(path, arch, map_location)
 
