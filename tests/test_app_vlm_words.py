@@ -113,6 +113,7 @@ def test_the_lens_map_is_vit_visual_logit_lens_and_the_product_by_hand(vlms, kin
     path, model, processor = vlms[kind]
     at = open_vlm(path)
     assert "Ask in words" in [h.value for h in at.main.subheader]
+    assert not [t for t in at.main.toggle if t.key == "faithfulness_curves"]  # no class probability to track
     type_words(at, "dog, hot dog")
     word_map(at, "word_lens", word="hot dog")
     assert not errors(at)
@@ -127,7 +128,8 @@ def test_the_lens_map_is_vit_visual_logit_lens_and_the_product_by_hand(vlms, kin
     assert "tokens “hot” (7), “dog” (5), their embeddings averaged" in shown
     assert f"{name} (64 × 24 float32, 6.0 KiB, in {_index(path)[name]}), of which 2 rows were read (192 bytes)" \
         in shown
-    assert ("2×2 patches (the merger's unit)" if kind == "qwen2_5_vl" else "each covering one patch") in caption
+    assert ("each covering the 2×2 patches of its merge unit" if kind == "qwen2_5_vl" else "each covering one patch") \
+        in caption
     # The section's table: each word as the tokenizer reads it, and where its lens is highest.
     [table] = at.main.dataframe
     assert list(table.value["word"]) == ["dog", "hot dog"] and list(table.value["tokens"]) == ["dog", "hot dog"]

@@ -102,15 +102,15 @@ def embedding(checkpoint: Checkpoint) -> Embedding:
 
 
 def unit_phrase(checkpoint: Checkpoint) -> str:
-    """What one image token covers: 'one patch', or '2×2 patches (its merge unit)' (Qwen-VL), '4×4 patches (the
-    average pool's)' (Gemma 3)."""
+    """What one image token covers: 'one patch', 'the 2×2 patches of its merge unit' (Qwen-VL), 'the 4×4 patches its
+    average pool reads' (Gemma 3)."""
     from vit.sources.word_embeddings import projector_unit
 
     unit = projector_unit(checkpoint)
     if unit == 1:
         return "one patch"
-    why = " (the merger's unit)" if checkpoint.model.projector.unit else " (the projector's average pool)"
-    return f"{unit}×{unit} patches{why}"
+    return (f"the {unit}×{unit} patches of its merge unit" if checkpoint.model.projector.unit
+            else f"the {unit}×{unit} patches its average pool reads")
 
 
 def _tokens(word_map) -> str:
