@@ -134,13 +134,13 @@ def ask_in_words(view: Shown) -> None:
     for m in maps:
         peak = int(np.argmax(m.map))
         rows.append({"word": m.word, "tokens": " ".join(m.tokens), "ids": " ".join(map(str, m.token_ids)),
-                     "max": float(m.map.max()), "at": drawing.token_label(peak + prefix, grid, prefix),
+                     "max": float(m.map.max()), "at": drawing.short_token_label(peak + prefix, grid, prefix),
                      "mean": float(m.units.mean())})
     with col_tokens:
         st.dataframe(rows, hide_index=True, width="stretch")  # plain text: typed words and tokens are data
         st.caption("Each word as its tokenizer reads it, and its lens score (the projected image token · the word's "
-                   "input embedding, the mean of its tokens' for several): the highest, where, and the mean over the "
-                   "image tokens.")
+                   "input embedding, the mean of its tokens' for several): the highest, where (the patch's row and "
+                   "column), and the mean over the image tokens.")
     with col_maps:
         stacked = np.stack([m.map for m in maps])
         low, high = drawing.colour_range(stacked, "shared")
