@@ -20,6 +20,7 @@ from app_pages.explorer_sections import (
     plotly_preload,
     share_view,
     starting,
+    word_lens,
 )
 from app_pages.explorer_sections.caches import analyse, display_images, load_model
 from app_pages.explorer_sections.checkpoint_picker import may_open_path, pick_checkpoint
@@ -30,7 +31,7 @@ from app_pages.explorer_sections.image_picker import pick_image
 from app_pages.explorer_sections.map_settings import choose_class, choose_map, main_map
 from app_pages.explorer_sections.probe_snapshots import probe_snapshots
 from app_pages.explorer_sections.state import Shown, keep_settings
-from vit.app import catalog, explorer, share, words
+from vit.app import catalog, explorer, share, vlm_words, words
 from vit.checkpoint import CheckpointError
 from vit.explain import image_analysis
 from vit.images import ImageError
@@ -98,7 +99,7 @@ try:
 except (ValueError, ImageError) as e:  # too many tokens; too small for a Swin's windows
     st.error(escape_markdown(e))
     st.stop()
-share_view.apply_model_settings(model_key, shape, class_names)
+share_view.apply_model_settings(model_key, shape, class_names, vlm_words.has_words(checkpoint.model))
 map_choice = choose_map(shape, class_names, model_key, checkpoint.model)
 
 # -- image, overlay and prediction ----------------------------------------------------------------------------------
@@ -122,7 +123,8 @@ state = Shown(checkpoint=checkpoint, fingerprint=fingerprint, full_checkpoint=fu
               analysis=analysis, settings=map_choice.settings, layer=map_choice.layer, tokens=map_choice.tokens,
               outline=map_choice.outline, shown=shown, small=small, opacity=map_choice.opacity,
               colormap=map_choice.colormap, mode=map_choice.mode, show_grid=map_choice.show_grid,
-              scale=map_choice.scale, mask_share=map_choice.mask_share)
+              scale=map_choice.scale, mask_share=map_choice.mask_share, word=map_choice.word,
+              target=map_choice.target)
 prediction_box = main_view.main_view(state, main, places, map_choice.query_key, image_name, seen, shown_uri, box,
                                      invert)
 # The URL follows the view as it is drawn (issue 50): a link to it reproduces it in a fresh session.
@@ -131,7 +133,7 @@ shared = share_view.view_values(share.model_text(choice, entry.name, share.model
 share_view.follow(shared)
 share_view.share_buttons(shared, state, main, image_name, entry.name)
 
-# -- ask a CLIP or SigLIP in words (issue 22) ----------------------------------------------------------------------
+# -- ask a CLIP or SigLIP in words (issue 22), or a VLM's tower (issue 68) -----------------------------------------
 
 asked = None  # the labels typed into "Ask in words" (a CLIP's logit lens reads them too)
 if has_text_tower(checkpoint):
@@ -139,6 +141,8 @@ if has_text_tower(checkpoint):
     asked = ask_in_words.ask_in_words(state)
     if asked is not None and not class_names:  # scored labels are this model's prediction: not "no classifier"
         prediction_box.markdown(words.describe_prediction(asked))
+elif vlm_words.has_words(checkpoint.model):  # a VLM's tower: words against its language model's embeddings
+    word_lens.ask_in_words(state)
 
 # -- analyses (only the open tab is computed) -------------------------------------------------------------------
 

@@ -5,7 +5,7 @@ import streamlit as st
 
 from app_pages.explorer_sections.caches import analyse, class_relevance, load_model, method_map
 from app_pages.explorer_sections.state import Shown
-from vit.app import catalog, drawing
+from vit.app import catalog, drawing, vlm_words
 from vit.checkpoint import CheckpointError
 from vit.explain import attention_maps, compare
 from vit.explain.overlay import overlay
@@ -46,6 +46,9 @@ def compare_checkpoints(view: Shown, entries: dict, choice: str, map2d) -> None:
             settings_b = compare.settings_for_other(settings, analysis, analysis_b, class_names,
                                                     checkpoint_b.class_names)
             relevance_b = method_map_b = None
+            if kind in vlm_words.KINDS:
+                raise ValueError("a word's map is drawn for this model alone; its attention, rollout and token-norm "
+                                 "maps compare")
             if kind in attention_maps.CLASS_MAP_KINDS and not checkpoint_b.class_names:
                 raise ValueError("it has no classifier (a feature model), so it has no class-specific map; its "
                                  "attention, rollout, token-norm and flow maps compare")

@@ -13,7 +13,7 @@ from app_pages.explorer_sections.caches import model_input_preview
 from app_pages.explorer_sections.long_work import long_work
 from app_pages.explorer_sections.map_settings import MainMap
 from app_pages.explorer_sections.state import Shown
-from vit.app import drawing, explorer
+from vit.app import drawing, explorer, vlm_words
 from vit.explain import attention_maps
 from vit.images import MAX_SIDE
 from vit.sizes import describe_size
@@ -66,6 +66,14 @@ def lay_out(shown: Image.Image, shown_uri: str, grid: tuple[int, int], query: in
     return Places(False, col_image, col_overlay, col_prediction)
 
 
+def map_caption(view: Shown, main: MainMap) -> str:
+    """The main map's caption, as Markdown: what it shows (a word map's own, else ``drawing.describe_map``'s), then
+    its colours' range."""
+    what = main.caption if main.caption is not None else drawing.describe_map(view.settings, view.analysis,
+                                                                              view.class_names)
+    return what + " " + drawing.describe_range(main.map2d, main.vmin, main.vmax)
+
+
 def main_view(view: Shown, main: MainMap, places: Places, query_key: str, image_name: str, seen: Image.Image,
               shown_uri: str, box: tuple[float, ...], invert: bool):
     """Draws the view into ``places``; returns the Prediction box, which a CLIP's labels asked in words fill further
@@ -104,15 +112,18 @@ def main_view(view: Shown, main: MainMap, places: Places, query_key: str, image_
         st.caption(f"**Click a patch** to make it the query. {escape_markdown(image_name)}, "
                    f"{describe_size(image.width, image.height)}; " + drawing.describe_input(analysis, image.size, box))
     with col_overlay:
-        low, high = drawing.map_range(map2d, vmin, vmax)
-        st.html(drawing.colorbar_html(low, high, map_colormap))
-        st.caption(drawing.describe_map(settings, analysis, class_names) + " " + drawing.describe_range(map2d, vmin,
-                                                                                                        vmax))
+        if main.error is not None:  # a word map the folder cannot give: why, in one line
+            st.error(main.error)
+        else:
+            low, high = drawing.map_range(map2d, vmin, vmax)
+            st.html(drawing.colorbar_html(low, high, map_colormap))
+            st.caption(map_caption(view, main))
         stem = Path(image_name).stem
         download_png, download_npz = st.columns(2)
         download_png.download_button(
             "Overlay (PNG)", on_click="ignore", mime="image/png",
-            file_name=drawing.map_file_name(stem, settings, analysis, "overlay.png", class_names),
+            file_name=vlm_words.file_name(stem, *main.word_parts) if main.word_parts is not None
+            else drawing.map_file_name(stem, settings, analysis, "overlay.png", class_names),
             data=partial(drawing.overlay_png, seen, map2d, opacity, map_colormap, mode, show_grid, outline, vmin, vmax,
                          mask),
             help=f"At the image's size as decoded (at most {MAX_SIDE:,} px on its long side), over the part the model "
@@ -135,7 +146,7 @@ def main_view(view: Shown, main: MainMap, places: Places, query_key: str, image_
                     data=partial(attention_maps.attentions_npz, analysis, class_names, chosen_layers, precision),
                     help="layer_i: heads × tokens × tokens (token 0 is CLS) of layer i + 1 as counted here "
                          "(the file counts from 0), with logits and class names.")
-        if st.toggle("Deletion and insertion curves", key="faithfulness_curves",
+        if class_names and st.toggle("Deletion and insertion curves", key="faithfulness_curves",
                      help="Is this map faithful? Patches are blurred away (deletion) or restored onto a blurred image "
                           "(insertion), most relevant first, and the class probability is tracked: a faithful map "
                           "makes deletion fall and insertion rise fast."):

@@ -8,7 +8,7 @@ from PIL import Image
 from streamlit.delta_generator import DeltaGenerator
 
 from app_pages.explorer_sections.caches import class_relevance, method_map, rollout_map
-from vit.app import drawing, explorer, share
+from vit.app import drawing, explorer, share, vlm_words
 from vit.bounds import TooManyTokens
 from vit.checkpoint import Checkpoint
 from vit.explain import attention_maps, image_analysis
@@ -21,6 +21,9 @@ from vit.inference import InputSize
 # The per-model keys end with the model's key: ``class-`` also covers ``class-query-``.
 KEPT = ("map_kind", "method_kind", "hide_registers", "query-", "class-", "layer-", "head-", "fusion", "end-", "start-",
         "discard_ratio", "opacity", "colormap", "colour_scale", "upsample", "show_grid", "mass_mask", "mask_share")
+
+
+LABELS_BY_CHOICE = {explorer.MORE_METHODS: explorer.MORE_METHODS_LABEL, vlm_words.CHOICE: vlm_words.CHOICE_LABEL}
 
 
 @dataclass(frozen=True, eq=False)
@@ -39,6 +42,8 @@ class MapChoice:
     show_grid: bool
     mask_share: float | None  # the attention-mass contour's share, None when off
     class_slot: DeltaGenerator | None = None  # the class picker's place, filled after the forward (``choose_class``)
+    word: str | None = None  # a word map's word (``vlm_words.KINDS``), None while no word is typed
+    target: str = "all"  # a word's gradient map: "all" image tokens or the clicked "patch"'s (``vlm_words.TARGETS``)
 
 
 @dataclass(frozen=True, eq=False)
@@ -50,6 +55,9 @@ class MainMap:
     vmin: float | None
     vmax: float | None
     mask: np.ndarray | None
+    caption: str | None = None  # a word map's (Markdown; the others' is ``drawing.describe_map``'s)
+    error: str | None = None  # why a word map is not drawn (one line), shown where its caption goes
+    word_parts: tuple | None = None  # a word map's (kind, word, patch or None), which name its download
 
 
 def choose_map(shape: image_analysis.ViewShape, class_names: list[str], model_key: str, model) -> MapChoice:
@@ -66,19 +74,25 @@ def choose_map(shape: image_analysis.ViewShape, class_names: list[str], model_ke
         # The newer methods share one entry (a second picker), which keeps the sidebar short.
         choices = [k for k in kinds if k not in attention_maps.METHOD_MAP_KINDS]
         choices += [explorer.MORE_METHODS] if set(kinds) & set(attention_maps.METHOD_MAP_KINDS) else []
+        choices += [vlm_words.CHOICE] if vlm_words.has_words(model) else []  # a VLM's tower: words typed below
         st.session_state["map_kind"] = explorer.map_choice(  # a model change resets what no longer fits
             st.session_state.get("map_kind"), st.session_state.get("map_default"), choices,
             st.session_state.get("map_model") != model_key)
         st.session_state["map_model"], st.session_state["map_default"] = model_key, choices[0]
         kind = st.radio(share.LABELS["map"], choices, key="map_kind",
-                        format_func=lambda k: attention_maps.MAP_KINDS.get(k, explorer.MORE_METHODS_LABEL))
+                        format_func=lambda k: attention_maps.MAP_KINDS.get(k) or LABELS_BY_CHOICE[k])
         if kind == explorer.MORE_METHODS:
             methods = [k for k in attention_maps.METHOD_MAP_KINDS if k in kinds  # a Swin's: AttnLRP
                        and (class_names or k not in attention_maps.CLASS_MAP_KINDS)]
             kind = st.selectbox("Method", methods, format_func=attention_maps.MAP_KINDS.get, key="method_kind",
                                 help="LeGrad, LRP, AttnLRP and the CAMs (but EigenCAM) explain a class; attention "
                                      "flow, like rollout, follows attention and the residual, as a max-flow (slow).")
-        controls = attention_maps.MAP_CONTROLS[kind]
+        word, target = None, "all"
+        if kind == vlm_words.CHOICE:
+            kind, word, target = word_controls()
+            controls = vlm_words.controls(kind, target)
+        else:
+            controls = attention_maps.MAP_CONTROLS[kind]
         if shape.staged:  # Swin's rollout keeps every attention; its class map starts from the average pooling
             controls = tuple(c for c in controls if c != "discard_ratio" and (kind != "class" or c != "query"))
         hide_registers = False
@@ -168,7 +182,30 @@ def choose_map(shape: image_analysis.ViewShape, class_names: list[str], model_ke
                                           start_layer=start_layer)
     outline = explorer.patch_of(query, prefix) if "query" in controls else None
     return MapChoice(settings, layer, tokens, query_key, outline, opacity, colormap, scale, mode, show_grid,
-                     mass_share if masked else None, class_slot)
+                     mass_share if masked else None, class_slot, word, target)
+
+
+def word_controls() -> tuple[str, str | None, str]:
+    """A VLM tower's word map: which (``vlm_words.KINDS``), the word (of those typed under "Ask in words", None while
+    none is) and, for LeGrad and AttnLRP, the target: every image token or the clicked patch's."""
+    from app_pages.explorer_sections import word_lens
+
+    kind = st.selectbox("Method", list(vlm_words.KINDS), format_func=vlm_words.KINDS.get, key=word_lens.METHOD_KEY,
+                        help="The word's visual logit lens (no gradient: the projected image tokens against the "
+                             "word's input embedding), or a gradient map whose target is that score.")
+    words = word_lens.typed_words()
+    if st.session_state.get(word_lens.WORD_KEY) not in words:
+        st.session_state[word_lens.WORD_KEY] = words[0] if words else None
+    word = st.selectbox(share.LABELS["word"], words, key=word_lens.WORD_KEY, disabled=not words,
+                        placeholder="type words under “Ask in words”",
+                        help="One of the words typed under “Ask in words” (below the image), each read by the "
+                             "model's own tokenizer as typed.")
+    target = "all"
+    if kind in ("word_legrad", "word_attnlrp"):
+        target = st.radio(share.LABELS["target"], list(vlm_words.TARGETS), format_func=vlm_words.TARGETS.get,
+                          key=word_lens.TARGET_KEY, help="The score explained: the word's lens score at one image "
+                          "token (the one whose unit covers the clicked patch), or summed over all of them.")
+    return kind, word, target
 
 
 def choose_class(choice: MapChoice, prediction, class_names: list[str], model_key: str) -> MapChoice:
@@ -187,6 +224,10 @@ def main_map(checkpoint: Checkpoint, fingerprint: tuple, image: Image.Image, ima
     """The map the sidebar chose, computed (a class map or a method's, once per settings); stops the page with
     the reason when the model cannot give it."""
     settings, colormap, scale = choice.settings, choice.colormap, choice.scale
+    if settings.kind in vlm_words.KINDS:
+        from app_pages.explorer_sections import word_lens
+
+        return word_lens.main_map(checkpoint, fingerprint, image, image_key, size, analysis, choice)
     kind, query, fusion, layer, end_layer = (settings.kind, settings.query, settings.fusion, choice.layer,
                                              settings.end_layer + 1)
     relevance = None

@@ -8,11 +8,12 @@ from urllib.parse import urlencode
 import numpy as np
 import streamlit as st
 
-from app_pages.explorer_sections import ask_in_words, features, mechanism
+from app_pages.explorer_sections import ask_in_words, features, mechanism, word_lens
 from app_pages.explorer_sections.checkpoint_picker import OPEN_HUB
+from app_pages.explorer_sections.main_view import map_caption
 from app_pages.explorer_sections.map_settings import MainMap
 from app_pages.explorer_sections.state import Shown
-from vit.app import catalog, drawing, explorer, share
+from vit.app import catalog, drawing, explorer, share, vlm_words
 from vit.app.export import View, view_html
 from vit.app.uploads import Upload, UploadStore
 from vit.explain import attention_maps, image_analysis
@@ -28,7 +29,7 @@ NOTES_KEY, NOTES_PLACE_KEY, LINKED_HUB_KEY = "share_notes", "share_notes_place",
 WIDGETS = {"size": "input_side", "aspect": "keep_aspect", "invert": "invert", "fusion": "fusion",
            "discard": "discard_ratio", "opacity": "opacity", "cmap": "colormap", "scale": "colour_scale",
            "upsample": "upsample", "grid": "show_grid", "labels": ask_in_words.LABELS_KEY,
-           "sae_layer": features.LAYER_KEY}
+           "space": word_lens.SPACE_KEY, "target": word_lens.TARGET_KEY, "sae_layer": features.LAYER_KEY}
 
 
 @st.cache_resource(show_spinner=False)
@@ -97,10 +98,13 @@ def read_link(may_open: bool) -> None:
             st.session_state[key] = values.pop(name)
     kind = values.pop("map", None)
     if kind is not None:
-        st.session_state["map_kind"] = explorer.MORE_METHODS if kind in attention_maps.METHOD_MAP_KINDS else kind
+        st.session_state["map_kind"] = (explorer.MORE_METHODS if kind in attention_maps.METHOD_MAP_KINDS
+                                        else vlm_words.CHOICE if kind in vlm_words.KINDS else kind)
         st.session_state["map_default"] = None  # a link's map is a choice, not the previous model's default
         if kind in attention_maps.METHOD_MAP_KINDS:
             st.session_state["method_kind"] = kind
+        if kind in vlm_words.KINDS:
+            st.session_state[word_lens.METHOD_KEY] = kind
     if "mass" in values:
         st.session_state["mass_mask"], st.session_state["mask_share"] = True, values.pop("mass")
     st.session_state["hide_registers"] = values.pop("registers", None) == "hidden"
@@ -172,20 +176,30 @@ def apply_heads_off(model_key: str, layers: int, heads: int) -> None:
         st.session_state[mechanism.TOGGLE_KEY] = st.session_state[mechanism.EVERYWHERE_KEY] = True
 
 
-def apply_model_settings(model_key: str, shape: image_analysis.ViewShape, class_names: list[str]) -> None:
-    """The link's settings that the model bounds (layer, head, query, class, feature), checked against it."""
+def apply_model_settings(model_key: str, shape: image_analysis.ViewShape, class_names: list[str],
+                         has_words: bool = False) -> None:
+    """The link's settings that the model bounds (layer, head, query, class, feature, a word map: a VLM's tower
+    ``has_words``), checked against it."""
     pending = st.session_state.pop(PENDING_KEY, None)
     if not pending:
         return
     values, notes = share.fit(pending, layers=shape.num_layers, heads=shape.num_heads, tokens=shape.num_tokens,
                               classes=len(class_names))
-    kinds = attention_maps.map_kinds(shape, bool(class_names))
+    kinds = attention_maps.map_kinds(shape, bool(class_names)) + (list(vlm_words.KINDS) if has_words else [])
     if values.get("map", kinds[0]) not in kinds:  # the page would show its first map instead
         why = ("this model has no attention-pooling probe" if values["map"] in attention_maps.PROBE_MAP_KINDS
                and not shape.num_probe_heads else "this model has no classes" if not class_names
-               and values["map"] in attention_maps.CLASS_MAP_KINDS else "this model cannot draw it")
+               and values["map"] in attention_maps.CLASS_MAP_KINDS
+               else "this model is no vision-language model's tower with its projector"
+               if values["map"] in vlm_words.KINDS else "this model cannot draw it")
         notes.append(share.dropped("map", values["map"], f"{why}; its maps are {', '.join(kinds)}"))
         st.session_state["map_kind"] = None  # the model's default
+    if "word" in values:  # one of the words the link types (its labels), as the sidebar's picker offers them
+        if has_words and values["word"] in word_lens.typed_words():
+            st.session_state[word_lens.WORD_KEY] = values["word"]
+        else:
+            notes.append(share.dropped("word", values["word"], "it is not one of the link's words (labels)"
+                                       if has_words else "this model is no vision-language model's tower"))
     _note(notes)
     kind = st.session_state.get("method_kind") if st.session_state.get("map_kind") == explorer.MORE_METHODS \
         else st.session_state.get("map_kind")
@@ -202,7 +216,7 @@ def apply_model_settings(model_key: str, shape: image_analysis.ViewShape, class_
 def view_values(model: str, view: Shown, image_name: str, sample: Path | None, invert: bool) -> dict[str, object]:
     """What decides the view now, as ``vit.app.share``'s values."""
     s = view.settings
-    controls = attention_maps.MAP_CONTROLS[s.kind]
+    controls = _controls(view)
     values: dict[str, object] = {"model": model}
     if st.session_state.get(SHOWN_KEY) is not None:
         values["upload"] = st.session_state[SHOWN_KEY]
@@ -228,11 +242,20 @@ def view_values(model: str, view: Shown, image_name: str, sample: Path | None, i
     labels = str(st.session_state.get(ask_in_words.LABELS_KEY) or "").strip()
     if labels:
         values["labels"] = labels
+    if s.kind in vlm_words.KINDS:
+        values.update(space=bool(st.session_state.get(word_lens.SPACE_KEY)) or None, word=view.word,
+                      target=view.target if "target" in controls else None)
     heads = mechanism.heads_off_everywhere(view.model_key)
     if heads:
         values["ablate"] = tuple(heads[0])
     values.update(features.link_values())
     return {k: v for k, v in values.items() if v is not None}
+
+
+def _controls(view: Shown) -> tuple[str, ...]:
+    """The sidebar controls the view's map reads."""
+    s = view.settings
+    return vlm_words.controls(s.kind, view.target) if s.kind in vlm_words.KINDS else attention_maps.MAP_CONTROLS[s.kind]
 
 
 def follow(values: dict[str, object]) -> None:
@@ -253,9 +276,9 @@ def share_buttons(values: dict[str, object], view: Shown, main: MainMap, image_n
                    "while (the most recent uploads), a model opened by path opens only for a visitor with access.")
     analysis, s = view.analysis, view.settings
     shown = dict(values)  # and the pickers' first options, which a link leaves out but the sidebar shows
-    if "head" in attention_maps.MAP_CONTROLS[s.kind] and s.head is None:
+    if "head" in _controls(view) and s.head is None:
         shown["head"] = 0  # every head fused
-    if "class" in attention_maps.MAP_CONTROLS[s.kind] and s.class_index is None and view.class_names:
+    if "class" in _controls(view) and s.class_index is None and view.class_names:
         shown["class"] = -1  # the predicted class
     settings = {"Model": model_name, "Image": image_name,
                 **share.describe(shown, size_label=view.checkpoint.preprocessing.size_label, grid=analysis.grid,
@@ -277,8 +300,7 @@ def _export(view: Shown, main: MainMap, image_name: str, model_name: str, settin
     page = view_html(View(
         title=f"{image_name} — {model_name}", seen=view.shown, map2d=np.asarray(main.map2d), colormap=main.colormap,
         vmin=main.vmin, vmax=main.vmax, opacity=view.opacity, mode=view.mode,
-        caption=drawing.describe_map(s, analysis, view.class_names) + " " + drawing.describe_range(
-            main.map2d, main.vmin, main.vmax),
+        caption=map_caption(view, main) if main.error is None else main.error,
         query=s.query if view.outline is not None else 0, num_prefix_tokens=analysis.num_prefix_tokens,
         show_grid=view.show_grid, mask=main.mask,
         heads=heads, heads_caption=f"Layer {view.layer}: each head's attention of the query.",

@@ -39,6 +39,8 @@ class Shown:
     show_grid: bool
     scale: str  # colour scale: own, zero or shared
     mask_share: float | None  # the attention-mass contour's share, None when off
+    word: str | None = None  # a word map's word (a VLM's tower), None for other maps or while no word is typed
+    target: str = "all"  # a word's gradient map: "all" image tokens or the clicked "patch"'s
 
     @property
     def class_names(self) -> list[str]:

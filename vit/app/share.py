@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from vit.app.drawing import COLORMAPS, COLOUR_SCALES, class_option, head_option, size_option, token_option
+from vit.app.vlm_words import KINDS as WORD_KINDS
+from vit.app.vlm_words import TARGETS
 from vit.explain.attention import HEAD_FUSIONS
 from vit.explain.attention_maps import MAP_KINDS
 from vit.explain.overlay import UPSAMPLE_MODES
@@ -114,12 +116,13 @@ PARSERS: dict[str, Callable[[str], object]] = {
     "model": str,  # checked by ``model`` against the catalogue and the access rule
     "sample": _sample, "upload": _digest,
     "size": _whole(0, MAX_INPUT_SIDE), "aspect": _flag, "invert": _flag,
-    "map": _one_of(tuple(MAP_KINDS)), "registers": _one_of(("hidden",)),
+    "map": _one_of((*MAP_KINDS, *WORD_KINDS)), "registers": _one_of(("hidden",)),
     "class": _whole(0), "query": _whole(0), "layer": _whole(1), "head": _whole(1), "fusion": _one_of(HEAD_FUSIONS),
     "end": _whole(1), "discard": _steps(0.0, 0.95),
     "opacity": _steps(0.0, 1.0), "cmap": _one_of(COLORMAPS), "scale": _one_of(tuple(COLOUR_SCALES)),
     "upsample": _one_of(UPSAMPLE_MODES), "grid": _flag, "mass": _steps(0.05, 0.95),
-    "labels": _text, "sae": _text, "sae_layer": _whole(1), "feature": _whole(0), "ablate": _heads,
+    "labels": _text, "space": _flag, "word": _text, "target": _one_of(tuple(TARGETS)),
+    "sae": _text, "sae_layer": _whole(1), "feature": _whole(0), "ablate": _heads,
 }
 
 
@@ -133,7 +136,8 @@ LABELS = {
     "end": "Up to layer", "discard": "Discard ratio",
     "opacity": "Opacity", "cmap": "Colour map", "scale": "Colour scale", "upsample": "Upsampling",
     "grid": "Show the patch grid", "mass": "Share of the mass",
-    "labels": "Labels", "sae": "SAE folder", "sae_layer": "Block it reads", "feature": "Feature",
+    "labels": "Labels", "space": "Read each word after a space", "word": "Word", "target": "Target",
+    "sae": "SAE folder", "sae_layer": "Block it reads", "feature": "Feature",
     "ablate": "Heads switched off in every map",
 }
 
@@ -144,7 +148,8 @@ def describe(values: Mapping[str, object], *, size_label: str, grid: tuple[int, 
     its label -> the option it shows. ``head`` 0 and ``class`` -1 stand for the pickers' first options, which a
     link leaves out: every head fused, the ``predicted`` class. ``size_label``: ``Preprocessing.size_label``."""
     words: dict[str, Callable[[object], str]] = {
-        "size": lambda v: size_option(v, size_label), "map": lambda v: MAP_KINDS[v],
+        "size": lambda v: size_option(v, size_label), "map": lambda v: MAP_KINDS.get(v) or WORD_KINDS[v],
+        "target": TARGETS.get,
         "class": lambda v: class_option(v, class_names, predicted),
         "query": lambda v: token_option(v, grid, num_prefix_tokens, prefix_names),
         "head": lambda v: head_option(v - 1),  # a link counts heads from 1, the picker from 0

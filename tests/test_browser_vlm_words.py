@@ -1,0 +1,53 @@
+"""A VLM tower's words in a real browser (issue 68): ``streamlit run app.py`` in headless Chromium opens a link to a
+tiny LLaVA folder's word map; the photo uploaded, the page shows the word's visual logit lens under its caption, the
+words' small maps, and a word the tokenizer cannot read as one line of plain text."""
+
+from urllib.parse import urlencode
+
+import pytest
+import torch
+from helpers import chromium, streamlit_app
+
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
+pytest.importorskip("transformers")
+from test_visual_lens import _build, noisy, picture, tiny_tokenizer  # noqa: E402
+
+TIMEOUT_MS = 180_000  # the tower and transformers' tokenizer load on two busy cores
+
+
+@pytest.fixture
+def server(tmp_path):
+    checkpoints, runs, folder = tmp_path / "checkpoints", tmp_path / "runs", tmp_path / "llava"
+    checkpoints.mkdir()
+    runs.mkdir()
+    torch.manual_seed(0)
+    model, processor = _build("llava")
+    noisy(model).save_pretrained(folder, max_shard_size="20KB")
+    processor.save_pretrained(folder)
+    tiny_tokenizer().save_pretrained(folder)
+    picture().save(tmp_path / "photo.png")
+    env = {"VIT_CHECKPOINTS_DIR": str(checkpoints), "VIT_RUNS_DIR": str(runs), "HOME": str(tmp_path),
+           "HF_HOME": str(tmp_path / "hf"), "HF_HUB_CACHE": str(tmp_path / "hf-cache")}
+    with streamlit_app(env) as (url, _):
+        yield url, folder, tmp_path / "photo.png"
+
+
+def test_a_link_to_a_words_lens_draws_it_and_an_unknown_word_is_one_line(server):
+    url, folder, photo = server
+    link = {"model": str(folder), "map": "word_lens", "labels": "dog, hot dog", "word": "hot dog"}
+    with chromium() as browser:
+        page = browser.new_context(viewport={"width": 1400, "height": 1000}).new_page()
+        page.set_default_timeout(TIMEOUT_MS)
+        page.goto(f"{url}?{urlencode(link)}")
+        page.locator('[data-testid="stSidebar"] input[type="file"]').set_input_files(str(photo))
+        caption = page.locator('[data-testid="stCaptionContainer"]').filter(has_text="Visual logit lens of “hot dog”")
+        caption.wait_for()
+        assert "of which 2 rows were read (192 bytes)" in caption.inner_text()
+        page.get_by_text("Each word's visual logit lens on one colour range").wait_for()
+        area = page.get_by_role("textbox", name="Words")
+        area.fill("dog, *zebra*")
+        area.press("Control+Enter")
+        errors = page.locator('[data-testid="stAlertContentError"]')
+        errors.filter(has_text="cannot encode '*zebra*'").first.wait_for()  # the asterisks shown, not italics
+        assert page.locator('[data-testid="stAlertContentError"] em').count() == 0
+        assert all("\n" not in text.strip() for text in errors.all_inner_texts())
