@@ -12,7 +12,8 @@
   HF ``clip`` / ``clip_vision_model`` folders; SigLIP (``vit.sources.import_siglip``): HF ``siglip`` folders and
   SigLIP 2 NaFlex's ``siglip2`` ones;
 - the vision tower (and projector) of a vision-language model (``vit.sources.import_vlm``): LLaVA 1.5 / NeXT /
-  OneVision, PaliGemma and Gemma 3 folders, whose language model is never read;
+  OneVision, PaliGemma and Gemma 3 folders, and InternVL 2.5 / 3 / 3.5 ``-hf`` ones (``vit.sources.import_internvl``),
+  whose language model is never read;
 - DINOv3 (``vit.sources.import_dinov3``): HF ``dinov3_vit`` folders, timm ``vit_*_dinov3*`` weights, original
   ``facebookresearch/dinov3`` backbones (recognised from ``storage_tokens``, or ``arch="dinov3:NAME"``);
 - from-scratch ViTs (``vit.sources.import_scratch``, ``vit.sources.import_vit_pytorch``): the tutorials' models
@@ -71,6 +72,7 @@ from vit.sources import (
     import_dinov3,
     import_eva,
     import_hiera,
+    import_internvl,
     import_naflex,
     import_pe,
     import_qwen,
@@ -424,6 +426,8 @@ def _default_preprocessing(config: ViTConfig, architecture: str) -> Preprocessin
     if architecture.startswith("Sam"):
         return Preprocessing(side, channels, IMAGENET_MEAN[:channels], IMAGENET_STD[:channels], resize_size=side,
                              resize_mode="longest_edge_pad", resample="bilinear")
+    if architecture.startswith("InternVL"):  # InternVL's build_transform: the tile's square, bicubic, ImageNet's
+        return Preprocessing(side, channels, IMAGENET_MEAN[:channels], IMAGENET_STD[:channels], resample="bicubic")
     if architecture.startswith(("Beit", "Data2VecVision")):  # BeitImageProcessor: 224 square, bicubic, mean/std 0.5
         return Preprocessing(side, channels, (0.5,) * channels, (0.5,) * channels, resample="bicubic")
     if architecture.startswith("DeiT"):
@@ -549,7 +553,10 @@ HF_FAMILIES = {"dinov3_vit": (import_dinov3, ("DINOv3ViTModel",)),
                 "qwen2_5_vl": (import_qwen, import_qwen.ARCHITECTURES),
                 "qwen3_vl": (import_qwen, import_qwen.QWEN3_ARCHITECTURES)}
 HF_REFUSED: dict[str, str] = {}  # model_type -> one line on why it is not opened
-HF_VLMS = import_vlm.ARCHITECTURES  # model_type -> the vision-language models whose tower opens
+HF_VLMS = {**import_vlm.ARCHITECTURES, **import_internvl.ARCHITECTURES}  # model_type -> the VLMs whose tower opens
+# model_type -> the module that reads a VLM's tower and projector (reading, wanted, config_from_hf, ...)
+VLM_MODULES = {**dict.fromkeys(import_vlm.ARCHITECTURES, import_vlm),
+               **dict.fromkeys(import_internvl.ARCHITECTURES, import_internvl)}
 HF_MODEL_TYPES = (*_HF_MODEL_TYPES, *HF_FAMILIES, *HF_VLMS)  # every config.json model_type that opens
 HF_ARCHITECTURES = (*hf.ARCHITECTURES, *(a for names in (*(n for _, n in HF_FAMILIES.values()), *HF_VLMS.values())
                                          for a in names))
@@ -560,7 +567,7 @@ def tower_tensors(config_json: Mapping) -> Callable[[str], bool] | None:
     its language model (``import_vlm.wanted``, a family module's own ``wanted``: Qwen2.5-VL); None for the rest."""
     model_type = config_json.get("model_type")
     if model_type in HF_VLMS:
-        return import_vlm.wanted(config_json)
+        return VLM_MODULES[model_type].wanted(config_json)
     wanted = getattr(HF_FAMILIES.get(model_type, (None,))[0], "wanted", None)
     return None if wanted is None else wanted(config_json)
 
@@ -618,31 +625,33 @@ def hf_image_processor(folder: Path) -> dict | None:
 
 def open_vlm(folder: Path, config_json: dict, map_location: str | torch.device = "cpu") -> Checkpoint:
     """The vision tower and projector of an HF vision-language model folder (``HF_VLMS``,
-    ``vit.sources.import_vlm``): only their tensors are read, the language model's never (``map_location="meta"``:
-    only the headers of the shards that hold them). The metadata's ``tower`` says what the tower is."""
+    ``vit.sources.import_vlm``, ``vit.sources.import_internvl``): only their tensors are read, the language model's
+    never (``map_location="meta"``: only the headers of the shards that hold them). The metadata's ``tower`` says
+    what the tower is."""
     model_type = str(config_json.get("model_type"))
     architecture = hf_architecture(config_json) or HF_VLMS[model_type][0]
     if architecture not in HF_VLMS[model_type]:
         raise SourceError(f"HF architecture {architecture} ({folder}) is not supported; supported: "
                           f"{', '.join(HF_VLMS[model_type])} for {model_type}")
     origin = f"{folder} ({architecture})"
-    wanted = _config(origin, lambda: import_vlm.wanted(config_json))
+    module = VLM_MODULES[model_type]
+    wanted = _config(origin, lambda: module.wanted(config_json))
     state = read_hf_weights(folder, map_location, wanted)
-    config = _config(origin, lambda: import_vlm.config_from_hf(config_json, state))
+    config = _config(origin, lambda: module.config_from_hf(config_json, state))
     try:
-        ours = import_vlm.state_dict_from_hf(state, config)
+        ours = module.state_dict_from_hf(state, config)
     except (ValueError, KeyError) as e:
         raise SourceError(f"{origin}: {_one_line(e)}") from None
     state.clear()  # q, k and v apart, now in ours as one: not held twice while the model is built
     model = build_model(config, ours, origin, map_location)
     try:
-        processor, shown = import_vlm.image_processor(hf_image_processor(folder), config_json)
+        processor, shown = module.image_processor(hf_image_processor(folder), config_json)
     except (ValueError, TypeError, AttributeError) as e:
         raise SourceError(f"{origin}: {_one_line(e)}") from None
-    preprocessing = hf_preprocessing(processor, config, import_vlm.tower_architecture(config_json))
+    preprocessing = hf_preprocessing(processor, config, module.tower_architecture(config_json))
     checkpoint = _finish(model, [], preprocessing, folder, "hf", f"hf:{architecture}",
                          None if processor is not None else "preprocessor_config.json")
-    checkpoint.metadata["tower"] = " ".join(filter(None, (import_vlm.reading(config_json).note, shown)))
+    checkpoint.metadata["tower"] = " ".join(filter(None, (module.reading(config_json).note, shown)))
     return checkpoint
 
 
