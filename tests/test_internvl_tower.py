@@ -273,7 +273,6 @@ def _edited(folder, tmp_path, config=None, processor=None, vision=None):
     (dict(vision_feature_layer=0), None, None, "vision_feature_layer 0 reads no layer of a 3-layer tower"),
     (dict(downsample_ratio=0.3), None, None, "downsample_ratio 0.3 is not 1 / n"),
     (None, dict(norm_type="group_norm"), None, "norm_type 'group_norm' is not supported"),
-    (None, dict(use_brand_new_trick=True), None, "vision_config.use_brand_new_trick is not read"),
     (None, None, dict(size={"height": 32, "width": 48}), "names no square tile"),
 ])
 def test_what_an_internvl_folder_asks_for_that_is_not_reproduced_is_refused_in_one_line(vlms, tmp_path, config,
@@ -281,6 +280,14 @@ def test_what_an_internvl_folder_asks_for_that_is_not_reproduced_is_refused_in_o
     with pytest.raises(SourceError, match=message) as e:
         open_source(_edited(vlms["plain"][0], tmp_path, config, processor, vision))
     assert "\n" not in str(e.value)
+
+
+def test_the_keys_the_hubs_internvl_configs_carry_beyond_transformers_fields_open(vlms, tmp_path):
+    """OpenGVLab's -hf configs keep the original InternViT's ``dropout`` and ``initializer_factor``, which
+    transformers ignores."""
+    extra = dict(architectures=["InternVisionModel"], dropout=0.0, initializer_factor=0.1, torch_dtype="bfloat16")
+    checkpoint = open_source(_edited(vlms["plain"][0], tmp_path, vision=extra))
+    assert checkpoint.config == open_source(vlms["plain"][0]).config
 
 
 def test_every_internvl_vision_config_field_is_read_or_known_to_change_nothing():
