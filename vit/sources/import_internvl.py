@@ -24,7 +24,7 @@ from dataclasses import replace
 import torch
 
 from vit.model import ViTConfig
-from vit.sources.import_dinov3 import _linear, _Taker, activation
+from vit.sources.import_dinov3 import _linear, _Taker, activation, joined
 from vit.sources.import_vlm import PROJECTOR_PREFIXES, Reading
 
 ARCHITECTURES = {"internvl": ("InternVLForConditionalGeneration", "InternVLModel")}
@@ -189,9 +189,9 @@ def state_dict_from_hf(state: Mapping[str, torch.Tensor], config: ViTConfig) -> 
     for i in range(config.num_layers):
         layer, b = f"encoder.layer.{i}", f"blocks.{i}"
         attention = f"{layer}.attention"
-        ours[f"{b}.attn.qkv.weight"] = torch.cat([take(f"{attention}.{n}_proj.weight") for n in "qkv"])
+        ours[f"{b}.attn.qkv.weight"] = joined([take(f"{attention}.{n}_proj.weight") for n in "qkv"])
         if config.qkv_bias:
-            ours[f"{b}.attn.qkv.bias"] = torch.cat([take(f"{attention}.{n}_proj.bias") for n in "qkv"])
+            ours[f"{b}.attn.qkv.bias"] = joined([take(f"{attention}.{n}_proj.bias") for n in "qkv"])
         if config.qk_norm:
             ours[f"{b}.attn.q_norm.weight"] = take(f"{attention}.q_norm.weight")
             ours[f"{b}.attn.k_norm.weight"] = take(f"{attention}.k_norm.weight")

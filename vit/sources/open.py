@@ -126,7 +126,8 @@ def read_json(path: Path) -> dict:
 
 
 def read_weights(path: Path, map_location: str | torch.device = "cpu",
-                 wanted: Callable[[str], bool] | None = None) -> dict[str, torch.Tensor]:
+                 wanted: Callable[[str], bool] | None = None,
+                 slots: Mapping[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
     """A flat ``{name: tensor}`` from a ``.safetensors`` file or a torch pickle read with ``weights_only=True``.
 
     Wrapper prefixes (``module.``, ``_orig_mod.``) are removed and a training checkpoint's
@@ -134,7 +135,9 @@ def read_weights(path: Path, map_location: str | torch.device = "cpu",
     compared at 1e-5). With ``map_location="meta"`` only names, dtypes and shapes are read (the
     safetensors header, the torch pickle); otherwise the tensors land on the CPU. With ``wanted``, only the
     tensors whose names (as stored) it accepts: of a safetensors file only those are read (``safe_open``), a
-    pickle is memory-mapped and the others never touched.
+    pickle is memory-mapped and the others never touched; and each q, k, v projection triple among them is read
+    into one buffer (``joined_slots``; ``slots``: those of a sharded folder's other files too), which the mappings'
+    join then takes whole (``import_dinov3.joined``) instead of holding the three beside a copy.
     """
     if not path.is_file():
         raise SourceError(f"weights file not found: {path}")
@@ -147,7 +150,8 @@ def read_weights(path: Path, map_location: str | torch.device = "cpu",
         if wanted is not None:
             shapes = {k: v for k, v in shapes.items() if wanted(k)}
         try:
-            state = shapes if meta else load_file(str(path)) if wanted is None else _read_tensors(path, shapes)
+            state = shapes if meta else load_file(str(path)) if wanted is None else _read_tensors(
+                path, shapes, joined_slots(shapes) if slots is None else slots)
         except (SafetensorError, OSError, ValueError, RuntimeError) as e:
             raise SourceError(f"{path} is not a readable safetensors file ({_one_line(e)})") from None
         if not state and wanted is not None:
@@ -176,12 +180,49 @@ def read_weights(path: Path, map_location: str | torch.device = "cpu",
     return {clean_key(key): value.float() if value.is_floating_point() else value for key, value in state.items()}
 
 
-def _read_tensors(path: Path, names: Iterable[str]) -> dict[str, torch.Tensor]:
-    """The tensors ``names`` of a safetensors file, each read alone (``safe_open``), the others never."""
+def _read_tensors(path: Path, names: Iterable[str], slots: Mapping[str, torch.Tensor] | None = None
+                  ) -> dict[str, torch.Tensor]:
+    """The tensors ``names`` of a safetensors file, each read alone (``safe_open``), the others never; one with a
+    slot in ``slots`` is copied into it (as float32) and the slot returned."""
     from safetensors import safe_open
 
+    slots = slots or {}
+    state = {}
     with safe_open(str(path), framework="pt", device="cpu") as f:
-        return {name: f.get_tensor(name) for name in names}
+        for name in names:
+            tensor = f.get_tensor(name)
+            slot = slots.get(name)
+            if slot is not None:
+                if slot.shape != tensor.shape:
+                    raise ValueError(f"{name} has shape {tuple(tensor.shape)}, its header {tuple(slot.shape)}")
+                tensor = slot.copy_(tensor)
+            state[name] = tensor
+    return state
+
+
+# A q, k or v projection's tensor, as CLIP, SigLIP and InternViT store them: (the layer's prefix, q|k|v, weight|bias)
+_QKV_PART = re.compile(r"(.*[._])([qkv])_proj\.(weight|bias)")
+
+
+def joined_slots(shapes: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """For each q, k, v projection triple among ``shapes`` (a header's meta tensors: ``PREFIX.q_proj.weight``, its
+    ``k_proj`` and ``v_proj``, of one trailing shape), one float32 buffer of their rows in that order, and each
+    name's view of its part: read into them, the three are already the one qkv tensor our attention holds, so a
+    mapping that joins them copies nothing (a LLaVA tower once peaked 22 % over its size holding both)."""
+    groups: dict[tuple[str, str], dict[str, str]] = {}
+    for name, meta in shapes.items():
+        match = _QKV_PART.fullmatch(name)
+        if match and meta.is_floating_point() and meta.dim():
+            groups.setdefault((match.group(1), match.group(3)), {})[match.group(2)] = name
+    slots = {}
+    for parts in groups.values():
+        metas = [shapes[parts[p]] for p in "qkv" if p in parts]
+        if len(metas) != 3 or len({m.shape[1:] for m in metas}) != 1:
+            continue
+        rows = [m.shape[0] for m in metas]
+        buffer = torch.empty((sum(rows), *metas[0].shape[1:]), dtype=torch.float32)  # (3 * inner, ...)
+        slots.update(zip((parts[p] for p in "qkv"), buffer.split(rows), strict=True))
+    return slots
 
 
 def read_shapes(path: Path) -> dict[str, torch.Tensor]:
@@ -480,11 +521,17 @@ def read_hf_weights(folder: Path, map_location: str | torch.device = "cpu",
             if not isinstance(weight_map, Mapping) or not weight_map:
                 raise SourceError(f"{folder / index} has no weight_map; the sharded weights cannot be found")
             state: dict[str, torch.Tensor] = {}
-            shards = {str(s) for k, s in weight_map.items() if wanted is None or wanted(str(k))}
-            for shard in sorted(shards):
+            shards = sorted({str(s) for k, s in weight_map.items() if wanted is None or wanted(str(k))})
+            for shard in shards:
                 if Path(shard).name != shard:  # shards sit next to the index; never follow a path out of the folder
                     raise SourceError(f"{folder / index} names a shard outside the folder: {shard}")
-                state.update(read_weights(folder / shard, map_location, wanted))
+            slots = None  # q, k and v of one layer may sit in different shards: their buffers planned over all
+            if wanted is not None and torch.device(map_location).type != "meta" \
+                    and all(shard.endswith(".safetensors") and (folder / shard).is_file() for shard in shards):
+                slots = joined_slots({k: v for shard in shards for k, v in safetensors_shapes(folder / shard).items()
+                                      if wanted(k)})
+            for shard in shards:
+                state.update(read_weights(folder / shard, map_location, wanted, slots))
             return state
     raise SourceError(f"{folder} has a config.json but no model.safetensors or pytorch_model.bin")
 
