@@ -14,10 +14,12 @@ repository root::
 Measured (2026-11-25, 2 shared cores; the tower opened: 21.3 M parameters, 81 MiB in float32):
 
     | measure                              | anonymous MiB | resident MiB | s   |
-    | open_source (the tower, in float32)  |            99 |          122 | 1.1 |
-    | read_hf_weights, every tensor        |         1,380 |        1,494 | 3.4 |
+    | open_source (the tower, in float32)  |            80 |          124 | 0.3 |
+    | read_hf_weights, every tensor        |         1,380 |        1,493 | 2.3 |
 
-The 18 MiB over the tower's 81 are its query, key and value weights, held apart while they are joined into one.
+The tower's size and no more: each layer's query, key and value are read into the one qkv tensor the model keeps
+(``vit.sources.open.joined_slots``); held apart while joined, they cost 18 MiB more (99 MiB, +22 %). Raw rows:
+bench/results/cpu-2026-11-25/vlm-open-qkv.txt.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ with a word's input embedding, placed on the patch grid by the unit each token c
 References are transformers' own tiny random VLMs (σ 0.05 noise on every parameter) saved whole in many shards with
 their image processor and a tiny word-level tokenizer built offline: the product done by hand on transformers'
 modules, ``get_image_features`` · ``get_input_embeddings().weight[token_ids]``, each token's value spread by hand
-over the 1 x 1 (LLaVA, PaliGemma), 4 x 4 (Gemma 3) or 2 x 2 (Qwen2.5-VL) patches it covers, to 1e-5.
+over the 1 x 1 (LLaVA, PaliGemma), 4 x 4 (Gemma 3) or 2 x 2 (Qwen-VL, InternVL) patches it covers, to 1e-5.
 """
 
 import json
@@ -40,8 +40,10 @@ QWEN3_VISION = dict(depth=2, hidden_size=32, intermediate_size=48, num_heads=2, 
                     num_position_embeddings=64, deepstack_visual_indexes=[0])
 QWEN3_TEXT = dict(QWEN_TEXT, head_dim=12, rope_parameters={"rope_type": "default", "mrope_section": [2, 2, 2],
                                                            "rope_theta": 10000.0, "mrope_interleaved": True})
-KINDS = ["llava", "paligemma", "gemma3", "qwen2_5_vl", "qwen3_vl"]
-UNIT = {"llava": 1, "paligemma": 1, "gemma3": 4, "qwen2_5_vl": 2, "qwen3_vl": 2}  # patches per image token, each way
+INTERNVL_TOWER = dict(image_size=32, patch_size=8, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                      num_attention_heads=2, attention_bias=True, use_qk_norm=True)
+KINDS = ["llava", "paligemma", "gemma3", "qwen2_5_vl", "qwen3_vl", "internvl"]
+UNIT = {"llava": 1, "paligemma": 1, "gemma3": 4, "qwen2_5_vl": 2, "qwen3_vl": 2, "internvl": 2}  # patches per token
 
 
 def noisy(model: torch.nn.Module) -> torch.nn.Module:
@@ -69,6 +71,11 @@ def _build(kind: str):
                                            image_token_id=3)
         return (transformers.Gemma3ForConditionalGeneration(config),
                 transformers.Gemma3ImageProcessor(size={"height": 64, "width": 64}))
+    if kind == "internvl":  # a 4 x 4 grid, pixel-shuffled 2 x 2 into 2 x 2 image tokens
+        config = transformers.InternVLConfig(vision_config=INTERNVL_TOWER, text_config=dict(TEXT, model_type="qwen2"),
+                                             image_token_id=3)
+        return (transformers.InternVLForConditionalGeneration(config),
+                transformers.GotOcr2ImageProcessor(size={"height": 32, "width": 32}))
     from transformers.models.qwen2_vl.image_processing_qwen2_vl import Qwen2VLImageProcessor
 
     if kind == "qwen3_vl":  # 16-px patches, global attention
@@ -274,7 +281,7 @@ def test_legrad_of_a_words_score_at_one_token_or_all_is_legrad_on_transformers(v
     assert ("summed over every image token" if patch is None else "over patch 6") in shown.description
 
 
-@pytest.mark.parametrize("kind, patch", [("qwen2_5_vl", 7), ("gemma3", 13), ("llava", None)])
+@pytest.mark.parametrize("kind, patch", [("qwen2_5_vl", 7), ("gemma3", 13), ("llava", None), ("internvl", 6)])
 def test_the_target_is_the_words_score_at_the_unit_under_the_patch(vlms, kind, patch):
     from vit.explain.vlm_targets import lens_model, unit_of_patch
     from vit.inference import preprocess
@@ -293,7 +300,7 @@ def test_the_target_is_the_words_score_at_the_unit_under_the_patch(vlms, kind, p
     assert checkpoint.model.head is None  # the wrapped tower shares the weights, the tower keeps no head
 
 
-@pytest.mark.parametrize("kind", ["qwen2_5_vl", "qwen3_vl", "paligemma", "gemma3"])
+@pytest.mark.parametrize("kind", ["qwen2_5_vl", "qwen3_vl", "paligemma", "gemma3", "internvl"])
 def test_attnlrp_and_the_gradient_maps_of_a_word_draw_on_the_patch_grid_or_refuse_in_one_line(vlms, kind):
     checkpoint, image = vit.load(vlms[kind][0], device="cpu"), picture()
     for method in ("legrad", "attnlrp", "class"):
@@ -345,7 +352,8 @@ def test_what_is_read_of_the_embedding_is_bounded_by_the_words_and_their_tokens(
     dict(pre_norm=True, activation="quick_gelu", projector="mlp", projector_skip=1),  # LLaVA's CLIP and MLP
     dict(class_token=False, norm="rms", gated_mlp=True, activation="silu", projector="qwen", spatial_merge=2),
     dict(class_token=False, projector="gemma3", projector_pool=2),  # Gemma 3's pool, RMSNorm and linear
-], ids=["llava", "qwen", "gemma3"])
+    dict(layer_scale=0.5, qk_norm=True, projector="internvl", projector_skip=1, projector_unit=2),  # InternVL's
+], ids=["llava", "qwen", "gemma3", "internvl"])
 def test_cp_lrp_of_a_words_score_passes_all_of_it_to_the_embedding_through_the_projector(projector):
     """CP-LRP's defining property, with the lens head on top: with no bias to absorb any, the relevance of the first
     block's input sums to the word's score, which holds only if the projector's operations carry their rules."""

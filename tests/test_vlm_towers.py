@@ -375,3 +375,26 @@ def test_a_llava_read_at_several_layers_opens_to_the_deepest_without_its_project
     checkpoint = open_source(_edited(vlms["llava"][0], tmp_path, dict(vision_feature_layer=[-3, -2])))
     assert checkpoint.config.num_layers == 2 and checkpoint.model.projector is None
     assert "projector is left out" in checkpoint.metadata["tower"]
+
+
+@pytest.mark.parametrize("kind", ["llava", "paligemma"])
+def test_q_k_and_v_are_read_into_the_one_qkv_tensor_the_tower_keeps_not_copied_into_it(vlms, kind):
+    """The reader fills one buffer per layer with q, k and v (in whichever shards they are), and the mapping takes
+    it whole: no second copy of the three is ever held (a LLaVA-shaped folder peaked 22 % over its tower's size)."""
+    from vit.sources import import_vlm
+    from vit.sources.open import read_hf_weights, read_json
+
+    folder = vlms[kind][0]
+    config_json = read_json(folder / "config.json")
+    state = read_hf_weights(folder, "cpu", import_vlm.wanted(config_json))
+    config = import_vlm.config_from_hf(config_json, state)
+    ours = import_vlm.state_dict_from_hf(state, config)
+    weight_map, spread = _index(folder), 0
+    for i in range(config.num_layers):
+        for part in ("weight", "bias"):
+            names = [f"vision_tower.encoder.layers.{i}.self_attn.{n}_proj.{part}" for n in "qkv"]
+            qkv = ours[f"blocks.{i}.attn.qkv.{part}"]
+            assert qkv.data_ptr() == state[names[0]].data_ptr()  # the buffer itself, q's rows first
+            torch.testing.assert_close(qkv, torch.cat([state[n] for n in names]), rtol=0, atol=0)
+            spread += len({weight_map[n] for n in names}) > 1
+    assert spread  # some layer's q, k and v sit in different shards

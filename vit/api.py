@@ -718,8 +718,8 @@ def correspondences(checkpoint_a: Checkpoint, image_a: ImageLike, checkpoint_b: 
 @dataclass
 class WordMap(Explanation):
     """The visual logit lens of one word: ``map (rows, cols)`` on the patch grid, each patch holding the score of
-    the projected token whose unit covers it (Qwen-VL's 2 x 2, Gemma 3's 4 x 4 patches share one); ``units`` the
-    scores on the projector's own grid, one per image token the language model reads."""
+    the projected token whose unit covers it (Qwen-VL's and InternVL's 2 x 2, Gemma 3's 4 x 4 patches share one);
+    ``units`` the scores on the projector's own grid, one per image token the language model reads."""
 
     word: str = ""
     tokens: tuple[str, ...] = ()  # the word's tokens as the tokenizer writes them
@@ -766,8 +766,8 @@ def visual_logit_lens(checkpoint: Checkpoint, image: ImageLike, words: str | Seq
     input embedding, a row of the LM's ``embed_tokens.weight``, the one LM tensor read (only the words' rows; its
     size is in ``.embedding``). A word is tokenised as typed by the folder's own tokenizer, without special tokens
     (BPE tokenizers read ``" dog"`` and ``"dog"`` apart); a word of several tokens scores by the mean of their
-    embeddings, which is the mean of their maps. ``checkpoint`` is a LLaVA, PaliGemma, Gemma 3, Qwen2.5-VL or
-    Qwen3-VL folder opened by ``vit.load``. One ``WordMap`` per word, in order; ValueError or CheckpointError in one
+    embeddings, which is the mean of their maps. ``checkpoint`` is a LLaVA, PaliGemma, Gemma 3, InternVL, Qwen2.5-VL
+    or Qwen3-VL folder opened by ``vit.load``. One ``WordMap`` per word, in order; ValueError or CheckpointError in one
     line (not a VLM, a word the tokenizer cannot encode, a folder without its tokenizer or embedding)."""
     from vit.explain.visual_lens import lens_maps
     from vit.inference import preprocess
@@ -799,9 +799,9 @@ def explain_word(checkpoint: Checkpoint, image: ImageLike, word: str, method: st
                  patch: int | None = None, size: int | InputSize | None = None) -> Explanation:
     """A gradient map of a VLM's tower whose target is ``word``'s visual logit lens score (``visual_logit_lens``):
     at the projected token that covers patch ``patch`` (row-major on the patch grid; the merge unit under it in
-    Qwen-VL and Gemma 3), or summed over every projected token (None). ``method``: ``legrad``, ``class`` (gradient
-    rollout: the row of ``patch``'s token) or ``attnlrp``, each run as for a classifier whose one logit is that
-    score; LeGrad and gradient rollout refuse a tower that attends in windows (Qwen2.5-VL). ValueError or
+    Qwen-VL, InternVL and Gemma 3), or summed over every projected token (None). ``method``: ``legrad``, ``class``
+    (gradient rollout: the row of ``patch``'s token) or ``attnlrp``, each run as for a classifier whose one logit is
+    that score; LeGrad and gradient rollout refuse a tower that attends in windows (Qwen2.5-VL). ValueError or
     CheckpointError in one line."""
     from vit.explain.vlm_targets import lens_model, unit_of_patch
     from vit.sources import word_embeddings

@@ -441,7 +441,7 @@ def supported_snapshot(model_dir: Path) -> Path | None:
         return snapshot
     if config_json.get("model_type") in sources.HF_FAMILIES:  # DINOv3, CLIP, SigLIP, AIMv2
         return snapshot
-    if config_json.get("model_type") in sources.HF_VLMS:  # LLaVA, PaliGemma, Gemma 3: their vision towers
+    if config_json.get("model_type") in sources.HF_VLMS:  # LLaVA, PaliGemma, Gemma 3, InternVL: their towers
         return snapshot
     if isinstance(timm_name, str):
         try:

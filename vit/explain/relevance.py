@@ -35,7 +35,8 @@ from vit.model import Rules, ViT, activate, use_rules
 # Options Chefer et al.'s LRP defines no rule for (their ViT reads CLS through one norm and one head, with plain
 # GELU MLPs and learned positions only).
 _LRP_DEFAULTS = {"layer_scale": None, "pooling": "cls", "fc_norm": False, "distillation_head": False,
-                 "rope": "none", "gated_mlp": False, "mlp_norm": False, "norm": "layer", "embed_norm": False}
+                 "rope": "none", "gated_mlp": False, "mlp_norm": False, "norm": "layer", "embed_norm": False,
+                 "qk_norm": False}
 
 
 def lrp_rule_missing(config) -> str | None:

@@ -32,6 +32,10 @@ from vit.model.stages import (
 # so Ctrl-C and a page's Stop are heard within a second even at 65,537 tokens, where one whole layer's call took a
 # minute. Below it (one image of up to ~1,180 tokens on ViT-B) the call stays whole.
 FUSED_CHUNK_FLOPS = 2**32
+# InternViT-6B's q and k norms (HF InternVLVisionRMSNorm's default), whatever the tower's layer_norm_eps
+QK_NORM_EPS = 1e-6
+# InternVL's projector norm is a plain nn.LayerNorm (its default eps), whatever the tower's layer_norm_eps
+INTERNVL_PROJECTOR_EPS = 1e-5
 # The model's shared BEiT bias, asked for by rows (token indices; None: all): (nh, n or T, T).
 SharedBias = Callable[[torch.Tensor | None], torch.Tensor]
 
@@ -101,6 +105,9 @@ class Attention(Parent):
         # dim_in: a pooled-query layer (Hiera) reads the previous stage's width and writes its own
         self.qkv = nn.Linear(dim_in or config.hidden_size, 3 * inner, bias=config.qkv_bias)
         self.key_bias = config.key_bias
+        # InternViT-6B (qk_norm): q and k each normed over all heads' channels at once, before the heads split
+        self.q_norm = RMSNorm(inner, eps=QK_NORM_EPS) if config.qk_norm else None
+        self.k_norm = RMSNorm(inner, eps=QK_NORM_EPS) if config.qk_norm else None
         self.rope_interleaved = config.rope in ("eva", "pe")
         self.proj = nn.Linear(inner, config.hidden_size, bias=config.proj_bias)
         self.attention_dropout = config.attention_dropout
@@ -147,8 +154,13 @@ class Attention(Parent):
         # One product, as timm's: three of the weight's thirds (the same values, bit for bit) were at best 2 % faster
         # at one thread, and at two threads cost 1.5-2x the CPU time of one (three parallel regions, not one).
         qkv = F.linear(x, self.qkv.weight, self.qkv_bias())
-        qkv = qkv.view(B, N, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)  # (3, B, nh, N, hd)
-        q, k, v = qkv.unbind(0)  # each (B, nh, N, hd)
+        if self.q_norm is not None:
+            q, k, v = qkv.view(B, N, 3, -1).unbind(2)  # each (B, N, nh*hd)
+            q, k = self.q_norm(q), self.k_norm(k)
+            q, k, v = (t.reshape(B, N, self.num_heads, self.head_dim).transpose(1, 2) for t in (q, k, v))
+        else:
+            qkv = qkv.view(B, N, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)  # (3, B, nh, N, hd)
+            q, k, v = qkv.unbind(0)  # each (B, nh, N, hd)
         if rope is not None:
             q, k = apply_rope(q, rope, self.rope_interleaved), apply_rope(k, rope, self.rope_interleaved)
         return q, k, v
@@ -383,23 +395,30 @@ class Projector(Parent):
     (its ``1 + weight`` held as the norm's weight) and a bias-free linear, one token per pooled cell; or Qwen-VL's
     merger (``Qwen2_5_VLPatchMerger``): each token normed (``ln_q``), each ``unit`` x ``unit`` merge unit's tokens
     concatenated (row-major inside the unit), then fc1, GELU, fc2, one token per unit; ``shuffled_norm``: the norm
-    over each unit's concatenation instead (Qwen3-VL's DeepStack mergers, ``use_postshuffle_norm``)."""
+    over each unit's concatenation instead (Qwen3-VL's DeepStack mergers, ``use_postshuffle_norm``); or InternVL's
+    (``pixel_shuffle`` then ``InternVLMultiModalProjector``): each ``unit`` x ``unit`` unit's tokens concatenated in
+    the same order, a LayerNorm over the concatenation, then fc1 to the language model's width, the activation,
+    fc2."""
 
     def __init__(self, config: ViTConfig, shuffled_norm: bool = False) -> None:
         super().__init__()
         d, e, kind = config.hidden_size, config.projector_dim, config.projector
         self.pool = config.projector_pool
         self.activation = config.projector_activation
-        self.unit = config.spatial_merge if kind == "qwen" else 0
-        self.shuffled_norm = shuffled_norm
+        self.unit = config.spatial_merge if kind == "qwen" else config.projector_unit if kind == "internvl" else 0
+        self.shuffled_norm = shuffled_norm or kind == "internvl"
         self.norm = (RMSNorm(d, eps=config.layer_norm_eps) if kind == "gemma3" else
-                     make_norm(config, d * self.unit ** 2 if shuffled_norm else d) if kind == "qwen" else None)
-        if self.unit:  # the merger's mlp reads a unit's u*u tokens at once and keeps that width to its last linear
-            d = hidden = d * self.unit ** 2
+                     make_norm(config, d * self.unit ** 2 if shuffled_norm else d) if kind == "qwen" else
+                     LayerNorm(d * self.unit ** 2, eps=INTERNVL_PROJECTOR_EPS) if kind == "internvl" else None)
+        if self.unit:  # the mlp reads a unit's u*u tokens at once; Qwen's merger keeps that width to its last linear
+            d = d * self.unit ** 2
+            hidden = d if kind == "qwen" else e
         else:
             hidden = e
-        self.fc1 = nn.Linear(d, hidden, bias=kind in ("linear", "qwen") or (kind == "mlp" and config.projector_bias))
-        self.fc2 = nn.Linear(hidden, e, bias=config.projector_bias) if kind in ("mlp", "qwen") else None
+        self.fc1 = nn.Linear(d, hidden, bias=kind in ("linear", "qwen", "internvl")
+                             or (kind == "mlp" and config.projector_bias))
+        self.fc2 = (nn.Linear(hidden, e, bias=config.projector_bias) if kind in ("mlp", "qwen")
+                    else nn.Linear(e, e) if kind == "internvl" else None)
         self.hook_pre = HookPoint()  # (B, N, E): mlp's fc1 output, what its activation reads (qwen: u*u*D wide)
 
     def forward(self, x: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:

@@ -56,13 +56,16 @@ class ViTConfig:
     # The towers of vision-language models (vit.sources.import_vlm): the projector that maps the tower's tokens to
     # the language model's input embeddings (ViT.project, vit.model.blocks.Projector); the defaults: none.
     projector: str = "none"  # "mlp" (LLaVA: linear, activation, linear), "linear" (PaliGemma), "qwen" (Qwen-VL's
-    # merger: each token normed, each spatial_merge unit's tokens concatenated, then an mlp) or "gemma3" (an
-    # average pool over the grid, Gemma's RMSNorm, a bias-free linear); PROJECTORS
+    # merger: each token normed, each spatial_merge unit's tokens concatenated, then an mlp), "gemma3" (an
+    # average pool over the grid, Gemma's RMSNorm, a bias-free linear) or "internvl" (InternVL's pixel shuffle:
+    # each projector_unit unit's tokens concatenated, then LayerNorm, linear, activation, linear); PROJECTORS
     projector_dim: int = 0  # the language model's width, what each of its image tokens has
     projector_skip: int = 0  # leading tokens the projector leaves out (LLaVA's "default" strategy: 1, the CLS)
     projector_pool: int = 0  # gemma3: the average pool's side in patches (4: a 64 x 64 grid -> 16 x 16 tokens)
     projector_activation: str = "gelu"  # mlp: between its linears (LLaVA's projector_hidden_act)
     projector_bias: bool = True  # mlp: LLaVA's multimodal_projector_bias
+    projector_unit: int = 0  # internvl: the pixel shuffle's unit side in patches (1 / downsample_ratio: 2)
+    qk_norm: bool = False  # InternViT-6B: q and k each RMS-normed over all heads' channels before the heads split
     # From-scratch ViTs (tutorials, vit-pytorch); the defaults are the plain ViT.
     post_norm: bool = False  # nn.TransformerEncoderLayer's default (norm_first=False): LN after each residual sum
     final_norm: bool = True  # False: the head reads the last block's output as it is (tintn's, the MNIST tutorial's)
@@ -162,7 +165,7 @@ class ViTConfig:
             raise ValueError(f"ViTConfig.layer_norm_eps must be positive and below 1, got {self.layer_norm_eps!r}")
         for name in ("distillation_token", "distillation_head", "fc_norm", "pos_embed_antialias", "class_token",
                      "pos_embed", "key_bias", "pre_norm", "gated_mlp", "mlp_norm", "post_norm", "final_norm",
-                     "patch_norm", "embed_norm", "proj_bias", "sincos_pos", "pool_prefix"):
+                     "patch_norm", "embed_norm", "proj_bias", "sincos_pos", "pool_prefix", "qk_norm"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"ViTConfig.{name} must be true or false, got {getattr(self, name)!r}")
         if self.distillation_head and not (self.distillation_token and self.num_classes):
@@ -214,7 +217,8 @@ class ViTConfig:
         self._check_stages()
 
     def _check_projector(self) -> None:
-        for name, bound in (("projector_dim", 65536), ("projector_skip", 256), ("projector_pool", 1024)):
+        for name, bound in (("projector_dim", 65536), ("projector_skip", 256), ("projector_pool", 1024),
+                            ("projector_unit", 16)):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= bound:
                 raise ValueError(f"ViTConfig.{name} must be a whole number from 0 to {bound:,}, got {str(value)[:40]}")
@@ -232,6 +236,9 @@ class ViTConfig:
                 self.projector_pool and (self.num_prefix_tokens or self.stage_depths)):
             raise ValueError("ViTConfig.projector_pool is gemma3's average pool, on a model without prefix tokens "
                              "or stages")
+        if bool(self.projector_unit) != (self.projector == "internvl") or (
+                self.projector_unit and self.stage_depths):
+            raise ValueError("ViTConfig.projector_unit is internvl's pixel-shuffle unit, on a model without stages")
         if (self.projector == "qwen") != bool(self.spatial_merge and self.projector_dim):
             raise ValueError("ViTConfig.projector 'qwen' (Qwen-VL's merger) and spatial_merge go together")
         taps = self.deepstack_layers
@@ -459,7 +466,8 @@ REL_POS_RESIZES = ("bilinear", "timm")
 WINDOW_RULES = ("hf", "hf_v2", "timm")
 NORMS = ("layer", "rms")
 POOL_HEADS = ("map", "aimv2")
-PROJECTORS = ("none", "mlp", "linear", "gemma3", "qwen")  # qwen: Qwen-VL's patch merger (each spatial_merge unit)
+# qwen: Qwen-VL's patch merger (each spatial_merge unit); internvl: InternVL's pixel shuffle (each projector_unit unit)
+PROJECTORS = ("none", "mlp", "linear", "gemma3", "qwen", "internvl")
 POS_RESIZES = ("bicubic", "bilinear", "bilinear_corners")
 ACTIVATIONS = ("gelu", "gelu_tanh", "quick_gelu", "silu", "relu")  # relu: nn.TransformerEncoderLayer's default
 

@@ -358,8 +358,8 @@ class ViT(Parent):
         ``x`` is the output of layer ``deepstack_layers[tap]`` and its DeepStack merger projects it (HF's
         ``deepstack_features[tap]``). ValueError for a model without one."""
         if self.projector is None:
-            raise ValueError("this model has no projector (only the towers of LLaVA, PaliGemma, Gemma 3 and Qwen-VL "
-                             "have one)")
+            raise ValueError("this model has no projector (only the towers of LLaVA, PaliGemma, Gemma 3, InternVL and "
+                             "Qwen-VL have one)")
         if tap is not None:
             taps = self.config.deepstack_layers
             if not 0 <= tap < len(taps):

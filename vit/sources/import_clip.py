@@ -23,7 +23,7 @@ from collections.abc import Mapping
 import torch
 
 from vit.model import ViTConfig
-from vit.sources.import_dinov3 import _linear, _Taker, activation
+from vit.sources.import_dinov3 import _linear, _Taker, activation, joined
 
 SUPPORTED = ("CLIP: open_clip state dicts (visual.*, OpenAI layout) with open_clip_config.json or "
              "--arch open_clip:quickgelu|gelu, HF CLIPVisionModel / CLIPVisionModelWithProjection / CLIPModel folders")
@@ -186,8 +186,8 @@ def state_dict_from_hf(state: Mapping[str, torch.Tensor], config: ViTConfig) -> 
         ours["projection.weight"] = take("visual_projection.weight")
     for i in range(config.num_layers):
         layer, b = f"{base}encoder.layers.{i}", f"blocks.{i}"
-        ours[f"{b}.attn.qkv.weight"] = torch.cat([take(f"{layer}.self_attn.{n}_proj.weight") for n in "qkv"])
-        ours[f"{b}.attn.qkv.bias"] = torch.cat([take(f"{layer}.self_attn.{n}_proj.bias") for n in "qkv"])
+        ours[f"{b}.attn.qkv.weight"] = joined([take(f"{layer}.self_attn.{n}_proj.weight") for n in "qkv"])
+        ours[f"{b}.attn.qkv.bias"] = joined([take(f"{layer}.self_attn.{n}_proj.bias") for n in "qkv"])
         for mine, name in (("attn.proj", "self_attn.out_proj"), ("norm1", "layer_norm1"), ("norm2", "layer_norm2"),
                            ("mlp.fc1", "mlp.fc1"), ("mlp.fc2", "mlp.fc2")):
             ours.update(_linear(take, f"{b}.{mine}", f"{layer}.{name}"))

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import torch
 
@@ -145,6 +145,18 @@ def _linear(take: _Taker, ours: str, theirs: str) -> dict[str, torch.Tensor]:
     weight = take(f"{theirs}.weight")
     bias = take.get(f"{theirs}.bias")
     return {f"{ours}.weight": weight, f"{ours}.bias": bias if bias is not None else _zeros_for(weight)}
+
+
+def joined(parts: Sequence[torch.Tensor]) -> torch.Tensor:
+    """``torch.cat(parts)`` (along rows), or without a copy the one buffer ``parts`` already fill in order: the
+    reader's q, k and v (``vit.sources.open.joined_slots``), consecutive views of one tensor's rows."""
+    base = parts[0]._base
+    follows = all(a.storage_offset() + a.numel() == b.storage_offset() for a, b in zip(parts, parts[1:], strict=False))
+    if base is not None and base.is_contiguous() and all(p._base is base and p.is_contiguous() for p in parts) \
+            and parts[0].storage_offset() == base.storage_offset() and follows \
+            and sum(p.shape[0] for p in parts) == base.shape[0]:
+        return base
+    return torch.cat(list(parts))
 
 
 def _qkv(weights: list[torch.Tensor], biases: list[torch.Tensor | None], config: ViTConfig) -> dict:

@@ -12,7 +12,8 @@
   HF ``clip`` / ``clip_vision_model`` folders; SigLIP (``vit.sources.import_siglip``): HF ``siglip`` folders and
   SigLIP 2 NaFlex's ``siglip2`` ones;
 - the vision tower (and projector) of a vision-language model (``vit.sources.import_vlm``): LLaVA 1.5 / NeXT /
-  OneVision, PaliGemma and Gemma 3 folders, whose language model is never read;
+  OneVision, PaliGemma and Gemma 3 folders, and InternVL 2.5 / 3 / 3.5 ``-hf`` ones (``vit.sources.import_internvl``),
+  whose language model is never read;
 - DINOv3 (``vit.sources.import_dinov3``): HF ``dinov3_vit`` folders, timm ``vit_*_dinov3*`` weights, original
   ``facebookresearch/dinov3`` backbones (recognised from ``storage_tokens``, or ``arch="dinov3:NAME"``);
 - from-scratch ViTs (``vit.sources.import_scratch``, ``vit.sources.import_vit_pytorch``): the tutorials' models
@@ -69,6 +70,7 @@ from vit.sources import (
     import_dinov3,
     import_eva,
     import_hiera,
+    import_internvl,
     import_naflex,
     import_pe,
     import_qwen,
@@ -98,7 +100,8 @@ HF_BACKEND_ENV = "VIT_HF_IMAGE_BACKEND"
 
 
 def read_weights(path: Path, map_location: str | torch.device = "cpu",
-                 wanted: Callable[[str], bool] | None = None) -> dict[str, torch.Tensor]:
+                 wanted: Callable[[str], bool] | None = None,
+                 slots: Mapping[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
     """A flat ``{name: tensor}`` from a ``.safetensors`` file or a torch pickle read with ``weights_only=True``.
 
     Wrapper prefixes (``module.``, ``_orig_mod.``) are removed and a training checkpoint's
@@ -106,7 +109,9 @@ def read_weights(path: Path, map_location: str | torch.device = "cpu",
     compared at 1e-5). With ``map_location="meta"`` only names, dtypes and shapes are read (the
     safetensors header, the torch pickle); otherwise the tensors land on the CPU. With ``wanted``, only the
     tensors whose names (as stored) it accepts: of a safetensors file only those are read (``safe_open``), a
-    pickle is memory-mapped and the others never touched.
+    pickle is memory-mapped and the others never touched; and each q, k, v projection triple among them is read
+    into one buffer (``joined_slots``; ``slots``: those of a sharded folder's other files too), which the mappings'
+    join then takes whole (``import_dinov3.joined``) instead of holding the three beside a copy.
     """
     if not path.is_file():
         raise SourceError(f"weights file not found: {path}")
@@ -119,7 +124,8 @@ def read_weights(path: Path, map_location: str | torch.device = "cpu",
         if wanted is not None:
             shapes = {k: v for k, v in shapes.items() if wanted(k)}
         try:
-            state = shapes if meta else load_file(str(path)) if wanted is None else _read_tensors(path, shapes)
+            state = shapes if meta else load_file(str(path)) if wanted is None else _read_tensors(
+                path, shapes, joined_slots(shapes) if slots is None else slots)
         except (SafetensorError, OSError, ValueError, RuntimeError) as e:
             raise SourceError(f"{path} is not a readable safetensors file ({_one_line(e)})") from None
         if not state and wanted is not None:
@@ -148,12 +154,49 @@ def read_weights(path: Path, map_location: str | torch.device = "cpu",
     return {clean_key(key): value.float() if value.is_floating_point() else value for key, value in state.items()}
 
 
-def _read_tensors(path: Path, names: Iterable[str]) -> dict[str, torch.Tensor]:
-    """The tensors ``names`` of a safetensors file, each read alone (``safe_open``), the others never."""
+def _read_tensors(path: Path, names: Iterable[str], slots: Mapping[str, torch.Tensor] | None = None
+                  ) -> dict[str, torch.Tensor]:
+    """The tensors ``names`` of a safetensors file, each read alone (``safe_open``), the others never; one with a
+    slot in ``slots`` is copied into it (as float32) and the slot returned."""
     from safetensors import safe_open
 
+    slots = slots or {}
+    state = {}
     with safe_open(str(path), framework="pt", device="cpu") as f:
-        return {name: f.get_tensor(name) for name in names}
+        for name in names:
+            tensor = f.get_tensor(name)
+            slot = slots.get(name)
+            if slot is not None:
+                if slot.shape != tensor.shape:
+                    raise ValueError(f"{name} has shape {tuple(tensor.shape)}, its header {tuple(slot.shape)}")
+                tensor = slot.copy_(tensor)
+            state[name] = tensor
+    return state
+
+
+# A q, k or v projection's tensor, as CLIP, SigLIP and InternViT store them: (the layer's prefix, q|k|v, weight|bias)
+_QKV_PART = re.compile(r"(.*[._])([qkv])_proj\.(weight|bias)")
+
+
+def joined_slots(shapes: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """For each q, k, v projection triple among ``shapes`` (a header's meta tensors: ``PREFIX.q_proj.weight``, its
+    ``k_proj`` and ``v_proj``, of one trailing shape), one float32 buffer of their rows in that order, and each
+    name's view of its part: read into them, the three are already the one qkv tensor our attention holds, so a
+    mapping that joins them copies nothing (a LLaVA tower once peaked 22 % over its size holding both)."""
+    groups: dict[tuple[str, str], dict[str, str]] = {}
+    for name, meta in shapes.items():
+        match = _QKV_PART.fullmatch(name)
+        if match and meta.is_floating_point() and meta.dim():
+            groups.setdefault((match.group(1), match.group(3)), {})[match.group(2)] = name
+    slots = {}
+    for parts in groups.values():
+        metas = [shapes[parts[p]] for p in "qkv" if p in parts]
+        if len(metas) != 3 or len({m.shape[1:] for m in metas}) != 1:
+            continue
+        rows = [m.shape[0] for m in metas]
+        buffer = torch.empty((sum(rows), *metas[0].shape[1:]), dtype=torch.float32)  # (3 * inner, ...)
+        slots.update(zip((parts[p] for p in "qkv"), buffer.split(rows), strict=True))
+    return slots
 
 
 def read_shapes(path: Path) -> dict[str, torch.Tensor]:
@@ -398,6 +441,8 @@ def _default_preprocessing(config: ViTConfig, architecture: str) -> Preprocessin
     if architecture.startswith("Sam"):
         return Preprocessing(side, channels, IMAGENET_MEAN[:channels], IMAGENET_STD[:channels], resize_size=side,
                              resize_mode="longest_edge_pad", resample="bilinear")
+    if architecture.startswith("InternVL"):  # InternVL's build_transform: the tile's square, bicubic, ImageNet's
+        return Preprocessing(side, channels, IMAGENET_MEAN[:channels], IMAGENET_STD[:channels], resample="bicubic")
     if architecture.startswith(("Beit", "Data2VecVision")):  # BeitImageProcessor: 224 square, bicubic, mean/std 0.5
         return Preprocessing(side, channels, (0.5,) * channels, (0.5,) * channels, resample="bicubic")
     if architecture.startswith("DeiT"):
@@ -450,11 +495,17 @@ def read_hf_weights(folder: Path, map_location: str | torch.device = "cpu",
             if not isinstance(weight_map, Mapping) or not weight_map:
                 raise SourceError(f"{folder / index} has no weight_map; the sharded weights cannot be found")
             state: dict[str, torch.Tensor] = {}
-            shards = {str(s) for k, s in weight_map.items() if wanted is None or wanted(str(k))}
-            for shard in sorted(shards):
+            shards = sorted({str(s) for k, s in weight_map.items() if wanted is None or wanted(str(k))})
+            for shard in shards:
                 if Path(shard).name != shard:  # shards sit next to the index; never follow a path out of the folder
                     raise SourceError(f"{folder / index} names a shard outside the folder: {shard}")
-                state.update(read_weights(folder / shard, map_location, wanted))
+            slots = None  # q, k and v of one layer may sit in different shards: their buffers planned over all
+            if wanted is not None and torch.device(map_location).type != "meta" \
+                    and all(shard.endswith(".safetensors") and (folder / shard).is_file() for shard in shards):
+                slots = joined_slots({k: v for shard in shards for k, v in safetensors_shapes(folder / shard).items()
+                                      if wanted(k)})
+            for shard in shards:
+                state.update(read_weights(folder / shard, map_location, wanted, slots))
             return state
     raise SourceError(f"{folder} has a config.json but no model.safetensors or pytorch_model.bin")
 
@@ -523,7 +574,10 @@ HF_FAMILIES = {"dinov3_vit": (import_dinov3, ("DINOv3ViTModel",)),
                 "qwen2_5_vl": (import_qwen, import_qwen.ARCHITECTURES),
                 "qwen3_vl": (import_qwen, import_qwen.QWEN3_ARCHITECTURES)}
 HF_REFUSED: dict[str, str] = {}  # model_type -> one line on why it is not opened
-HF_VLMS = import_vlm.ARCHITECTURES  # model_type -> the vision-language models whose tower opens
+HF_VLMS = {**import_vlm.ARCHITECTURES, **import_internvl.ARCHITECTURES}  # model_type -> the VLMs whose tower opens
+# model_type -> the module that reads a VLM's tower and projector (reading, wanted, config_from_hf, ...)
+VLM_MODULES = {**dict.fromkeys(import_vlm.ARCHITECTURES, import_vlm),
+               **dict.fromkeys(import_internvl.ARCHITECTURES, import_internvl)}
 HF_MODEL_TYPES = (*_HF_MODEL_TYPES, *HF_FAMILIES, *HF_VLMS)  # every config.json model_type that opens
 HF_ARCHITECTURES = (*hf.ARCHITECTURES, *(a for names in (*(n for _, n in HF_FAMILIES.values()), *HF_VLMS.values())
                                          for a in names))
@@ -534,7 +588,7 @@ def tower_tensors(config_json: Mapping) -> Callable[[str], bool] | None:
     its language model (``import_vlm.wanted``, a family module's own ``wanted``: Qwen2.5-VL); None for the rest."""
     model_type = config_json.get("model_type")
     if model_type in HF_VLMS:
-        return import_vlm.wanted(config_json)
+        return VLM_MODULES[model_type].wanted(config_json)
     wanted = getattr(HF_FAMILIES.get(model_type, (None,))[0], "wanted", None)
     return None if wanted is None else wanted(config_json)
 
@@ -592,31 +646,33 @@ def hf_image_processor(folder: Path) -> dict | None:
 
 def open_vlm(folder: Path, config_json: dict, map_location: str | torch.device = "cpu") -> Checkpoint:
     """The vision tower and projector of an HF vision-language model folder (``HF_VLMS``,
-    ``vit.sources.import_vlm``): only their tensors are read, the language model's never (``map_location="meta"``:
-    only the headers of the shards that hold them). The metadata's ``tower`` says what the tower is."""
+    ``vit.sources.import_vlm``, ``vit.sources.import_internvl``): only their tensors are read, the language model's
+    never (``map_location="meta"``: only the headers of the shards that hold them). The metadata's ``tower`` says
+    what the tower is."""
     model_type = str(config_json.get("model_type"))
     architecture = hf_architecture(config_json) or HF_VLMS[model_type][0]
     if architecture not in HF_VLMS[model_type]:
         raise SourceError(f"HF architecture {architecture} ({folder}) is not supported; supported: "
                           f"{', '.join(HF_VLMS[model_type])} for {model_type}")
     origin = f"{folder} ({architecture})"
-    wanted = _config(origin, lambda: import_vlm.wanted(config_json))
+    module = VLM_MODULES[model_type]
+    wanted = _config(origin, lambda: module.wanted(config_json))
     state = read_hf_weights(folder, map_location, wanted)
-    config = _config(origin, lambda: import_vlm.config_from_hf(config_json, state))
+    config = _config(origin, lambda: module.config_from_hf(config_json, state))
     try:
-        ours = import_vlm.state_dict_from_hf(state, config)
+        ours = module.state_dict_from_hf(state, config)
     except (ValueError, KeyError) as e:
         raise SourceError(f"{origin}: {_one_line(e)}") from None
     state.clear()  # q, k and v apart, now in ours as one: not held twice while the model is built
     model = build_model(config, ours, origin, map_location)
     try:
-        processor, shown = import_vlm.image_processor(hf_image_processor(folder), config_json)
+        processor, shown = module.image_processor(hf_image_processor(folder), config_json)
     except (ValueError, TypeError, AttributeError) as e:
         raise SourceError(f"{origin}: {_one_line(e)}") from None
-    preprocessing = hf_preprocessing(processor, config, import_vlm.tower_architecture(config_json))
+    preprocessing = hf_preprocessing(processor, config, module.tower_architecture(config_json))
     checkpoint = _finish(model, [], preprocessing, folder, "hf", f"hf:{architecture}",
                          None if processor is not None else "preprocessor_config.json")
-    checkpoint.metadata["tower"] = " ".join(filter(None, (import_vlm.reading(config_json).note, shown)))
+    checkpoint.metadata["tower"] = " ".join(filter(None, (module.reading(config_json).note, shown)))
     return checkpoint
 
 

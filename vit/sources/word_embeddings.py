@@ -17,13 +17,13 @@ from pathlib import Path
 import torch
 
 from vit.checkpoint import Checkpoint, CheckpointError, safetensors_shapes
-from vit.sources import import_vlm
+from vit.sources import import_internvl, import_vlm
 
 # Where the input embedding lives: transformers 5's layout first, then the Hub's older ones (LLaVA, PaliGemma,
 # Gemma 3 under language_model.model., Qwen2.5-VL's checkpoints under model.).
 EMBEDDING_NAMES = ("model.language_model.embed_tokens.weight", "language_model.model.embed_tokens.weight",
                    "language_model.embed_tokens.weight", "model.embed_tokens.weight")
-VLM_TYPES = (*import_vlm.ARCHITECTURES, "qwen2_5_vl", "qwen3_vl")
+VLM_TYPES = (*import_vlm.ARCHITECTURES, *import_internvl.ARCHITECTURES, "qwen2_5_vl", "qwen3_vl")
 MAX_WORDS = 64  # as vit.ask's labels: more is a vocabulary scan, not a question about an image
 MAX_WORD_TOKENS = 16  # a word or a short phrase; each token is one row read
 MAX_WORD_CHARS = 200
@@ -61,7 +61,7 @@ def vlm_folder(checkpoint: Checkpoint) -> tuple[Path, dict]:
 
     if checkpoint.model.projector is None:
         raise ValueError("the visual logit lens reads a vision-language model's projected image tokens, and this model "
-                         "has no projector; open a LLaVA, PaliGemma, Gemma 3, Qwen2.5-VL or Qwen3-VL folder")
+                         "has no projector; open a LLaVA, PaliGemma, Gemma 3, InternVL, Qwen2.5-VL or Qwen3-VL folder")
     folder = Path(checkpoint.path) if checkpoint.path is not None else None
     config = folder / "config.json" if folder is not None else None
     if config is None or not folder.is_dir() or not config.is_file():
@@ -175,7 +175,7 @@ def encode_words(folder: Path, words: Sequence[str], vocabulary: int) -> list[Wo
 
 def projector_unit(checkpoint: Checkpoint) -> int:
     """How many patches each projected token spans along each side: 1 (LLaVA, PaliGemma), Gemma 3's pool (4),
-    Qwen-VL's merge unit (2)."""
+    Qwen-VL's merge unit (2), InternVL's pixel-shuffle unit (2)."""
     projector = checkpoint.model.projector
     return max(1, projector.pool or 0, projector.unit or 0)
 
