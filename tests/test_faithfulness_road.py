@@ -113,3 +113,37 @@ def test_road_combined_over_percentiles_equals_theirs():
     most = road_scores(model, images, maps, predicted, True, generator=g)
     np.testing.assert_allclose((least.mean(axis=0) - most.mean(axis=0)) / 2, theirs, atol=1e-6, rtol=0)
     assert np.abs(theirs).max() > 1e-3
+
+
+def test_cli_road_scores_our_methods_and_any_of_vit_methods(tmp_path, capsys):
+    import json
+
+    from tests.test_faithfulness_chefer import tiny_model_and_images
+    from vit import faithfulness
+
+    checkpoint = tiny_model_and_images(tmp_path, labelled=True)
+    code = faithfulness.main([str(checkpoint), "--benchmark", "road", "--data", str(tmp_path / "data"),
+                              "--methods", "random,gradcam,lrp", "--batch-size", "3", "--out", str(tmp_path / "out")])
+    out = capsys.readouterr()
+    assert code == 0, out.err
+    result = json.loads(out.out)
+    assert result["images"] == 4 and list(result["methods"]) == ["random", "gradcam", "lrp"]
+    assert result["removed"] == pytest.approx([0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2, 0.1])
+    for scores in result["methods"].values():
+        assert len(scores["most_relevant_first_curve"]) == 9
+        assert scores["most_relevant_first"] == pytest.approx(np.mean(scores["most_relevant_first_curve"]))
+        assert scores["combined"] == pytest.approx((scores["least_relevant_first"] - scores["most_relevant_first"]) / 2)
+    assert "| method | most_relevant_first | least_relevant_first | combined | images_per_s |" in out.err
+    assert (tmp_path / "out" / "faithfulness.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_cli_refuses_a_method_the_model_has_not_in_one_line(tmp_path, capsys):
+    from tests.test_faithfulness_chefer import tiny_model_and_images
+    from vit import faithfulness
+
+    checkpoint = tiny_model_and_images(tmp_path, labelled=True)
+    code = faithfulness.main([str(checkpoint), "--benchmark", "road", "--data", str(tmp_path / "data"),
+                              "--methods", "rollout,probe"])  # probe: models with an attention-pooling head
+    err = capsys.readouterr().err
+    assert code == 2 and "unknown method(s) probe for this model; choose from: random" in err, err
+    assert "gradcam" in err and len(err.strip().splitlines()) == 1

@@ -76,3 +76,21 @@ def test_groups_perturb_each_share_of_the_ranking_alone_with_the_image_mean():
                 after = model(perturbed.reshape(1, 3, 20, 20))[0].softmax(-1)[0, target[b]]
             assert change[b, k] == pytest.approx(float(before - after), abs=1e-6)
     assert np.all(np.diff(salience, axis=1) <= 1e-9)  # most salient group first
+
+
+def test_cli_saco_prints_the_mean_coefficient_per_method(tmp_path, capsys):
+    import json
+
+    from tests.test_faithfulness_chefer import tiny_model_and_images
+    from vit import faithfulness
+
+    checkpoint = tiny_model_and_images(tmp_path, labelled=False)
+    code = faithfulness.main([str(checkpoint), "--benchmark", "saco", "--data", str(tmp_path / "data"),
+                              "--methods", "rollout", "legrad", "--groups", "5", "--out", str(tmp_path / "out")])
+    out = capsys.readouterr()
+    assert code == 0, out.err
+    result = json.loads(out.out)
+    assert result["groups"] == 5 and result["images"] == 4
+    for scores in result["methods"].values():
+        assert -1 <= scores["saco"] <= 1 and scores["undefined"] == 0
+    assert (tmp_path / "out" / "faithfulness.png").read_bytes()[:4] == b"\x89PNG"
