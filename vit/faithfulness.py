@@ -190,8 +190,9 @@ def matched_masks(data: Path, masks: Path) -> list[tuple[Path, Path]]:
     return [(p, pngs[p.stem]) for p in images]
 
 
-def open_mask(path: Path, hw: tuple[int, int]):
-    """A 0/1 ``(H, W)`` long tensor of the PNG at ``path`` resized to ``hw`` nearest (their ``Image.NEAREST``)."""
+def open_mask(mask, hw: tuple[int, int]):
+    """A 0/1 ``(H, W)`` long tensor of the PNG at ``mask`` (or a PIL image of one) resized to ``hw`` nearest (their
+    ``Image.NEAREST``)."""
     import numpy as np
     import torch
     from PIL import Image
@@ -199,10 +200,13 @@ def open_mask(path: Path, hw: tuple[int, int]):
     from vit.cli import UsageError
 
     try:
-        with Image.open(path) as mask:
+        if isinstance(mask, Image.Image):
             mask = mask.convert("L").resize((hw[1], hw[0]), Image.NEAREST)
+        else:
+            with Image.open(mask) as image:
+                mask = image.convert("L").resize((hw[1], hw[0]), Image.NEAREST)
     except OSError as e:
-        raise UsageError(f"cannot read the mask {path} ({e}); give a PNG, 0 for background") from None
+        raise UsageError(f"cannot read the mask {mask} ({e}); give a PNG, 0 for background") from None
     return torch.from_numpy((np.asarray(mask) > 0).astype(np.int64))
 
 
@@ -253,6 +257,7 @@ def run_benchmark(args: argparse.Namespace) -> int:
 
     import numpy as np
     import torch
+    from PIL import Image
     from tqdm import tqdm
 
     from vit.evaluate import labelled_files
@@ -270,7 +275,21 @@ def run_benchmark(args: argparse.Namespace) -> int:
     device = next(model.parameters()).device
     p = checkpoint.preprocessing
     hw = tuple(p.image_hw)
-    if benchmark == "segmentation":
+    gtsegs = None
+    if benchmark == "segmentation" and Path(args.data).is_file():  # gtsegs_ijcv.mat: images and masks in one file
+        from vit.explain.gtsegs import GtSegs, GtSegsError
+
+        try:
+            gtsegs = GtSegs(args.data)
+        except GtSegsError as e:
+            raise UsageError(str(e)) from None
+        try:
+            gtsegs.check()  # every declared size before the work
+        except GtSegsError as e:
+            gtsegs.close()
+            raise UsageError(str(e)) from None
+        files = sample_files([(i, None) for i in range(len(gtsegs))], args.limit, args.seed)
+    elif benchmark == "segmentation":
         files = sample_files(matched_masks(Path(args.data), Path(args.masks)), args.limit, args.seed)
     elif benchmark == "perturbation":
         files = sample_files(labelled_files(Path(args.data), checkpoint.class_names), args.limit, args.seed)
@@ -287,6 +306,14 @@ def run_benchmark(args: argparse.Namespace) -> int:
     for start in range(0, len(files), args.batch_size):
         chunk, images, kept = files[start:start + args.batch_size], [], []
         for item in chunk:
+            if gtsegs is not None:
+                try:
+                    image, mask = gtsegs.item(item[0])
+                except GtSegsError as e:
+                    raise UsageError(str(e)) from None
+                images.append(image)
+                kept.append((item[0], Image.fromarray(mask)))
+                continue
             try:
                 images.append(open_image(item[0]))
                 kept.append(item)
@@ -323,6 +350,8 @@ def run_benchmark(args: argparse.Namespace) -> int:
                 bar.update(len(images))
         bar.update((len(chunk) - len(images)) * len(methods))
     bar.close()
+    if gtsegs is not None:
+        gtsegs.close()
     count = len(files) - skipped
     if count == 0:
         raise UsageError(f"none of the {len(files)} images in {args.data} could be read")
@@ -471,13 +500,18 @@ def check_args(args: argparse.Namespace) -> None:
     if unknown and args.benchmark == "deletion":  # the others also take vit.methods()' maps, checked once it loads
         raise UsageError(f"unknown method(s) {', '.join(unknown)}; choose from: {', '.join(METHOD_NAMES)} (the maps "
                          "of vit.methods() are scored by --benchmark segmentation, perturbation, road and saco)")
-    if args.benchmark == "segmentation" and args.masks is None:
-        raise UsageError("--benchmark segmentation needs --masks DIR: a PNG per image, named by the image's stem")
+    if args.benchmark == "segmentation" and args.masks is None and not Path(args.data).is_file():
+        raise UsageError("--benchmark segmentation needs --masks DIR: a PNG per image, named by the image's stem (or "
+                         "--data gtsegs_ijcv.mat alone)")
     if args.benchmark != "segmentation" and args.masks is not None:
         raise UsageError(f"--masks is for --benchmark segmentation, not {args.benchmark}")
     check_model_path(args.checkpoint)
-    check_folder(args.data, "--data", "a folder of images" if args.benchmark != "perturbation"
-                 else "a folder with one subfolder per class")
+    if args.benchmark == "segmentation" and Path(args.data).is_file():
+        if args.masks is not None:
+            raise UsageError(f"--data {args.data} is a file (gtsegs_ijcv.mat holds the masks too): leave --masks out")
+    else:
+        check_folder(args.data, "--data", "a folder of images" if args.benchmark != "perturbation"
+                     else "a folder with one subfolder per class")
     check_folder(args.masks, "--masks", "a folder with a PNG mask per image")
 
 
