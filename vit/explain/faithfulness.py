@@ -21,6 +21,16 @@ of (1 - map, map) against the one-hot mask. Perturbation: 10 %, 20 %, ... 90 % o
 map, are made black, most relevant first (``positive``) and least relevant first (``negative``); each gives top-1
 accuracy against the true class per step and its ``auc`` over 0-0.9 (trapezoid, the intact images at 0; the paper
 prints it x 100).
+
+ROAD (Rong et al. 2022, as pytorch-grad-cam's metrics/road.py): at each percentile p of 10, 20, ... 90 of the upsampled
+map, the pixels above it (``most_relevant_first``) or below 100 - p (``least_relevant_first``) are imputed from their
+neighbours (a sparse linear system, plus noise of std 0.01) and the predicted class's probability change is averaged
+over percentiles and images (most first: low is good; least first: high is good); ``combined`` is (least - most) / 2,
+their ROADCombined (high is good).
+SaCo (Wu et al. CVPR 2024): the pixels, ranked by the upsampled map, are split into K equal groups, each replaced alone
+by the image's mean colour; ``saco`` (in [-1, 1], high is good) weighs every pair of groups by their difference of
+summed salience, for when the more salient group changes the probability more and against otherwise; ``undefined``
+counts flat maps.
 """
 
 from __future__ import annotations
@@ -264,3 +274,153 @@ def perturbation_auc(accuracy: float, curve: np.ndarray) -> float:
     """Area under top-1 accuracy over the share of pixels removed, 0 (``accuracy``, the intact images) to 0.9 in
     ``PERTURBATION_STEPS`` (``curve (S,)``), by the trapezoid rule; Chefer et al.'s tables print it x 100."""
     return float(np.trapezoid(np.concatenate([[accuracy], curve]), (0.0, *PERTURBATION_STEPS)))
+
+
+# --- ROAD (Rong et al. 2022, "remove and debias"), as pytorch-grad-cam's metrics/road.py ----------------------------
+# (github.com/jacobgil/pytorch-grad-cam @ 084273b, after github.com/tleemann/road_evaluation;
+# tests/test_faithfulness_road.py compares with it.)
+
+ROAD_PERCENTILES = (10, 20, 30, 40, 50, 60, 70, 80, 90)  # their ROAD*Average and ROADCombined defaults
+ROAD_NOISE = 0.01  # their NoisyLinearImputer's default: absolute, in the normalised input's units
+# A missing pixel: the weighted mean of its 8 neighbours (edges 1/6, corners 1/12), in their order (b's sums follow)
+ROAD_NEIGHBOURS = (((1, 1), 1 / 12), ((0, 1), 1 / 6), ((-1, 1), 1 / 12), ((1, -1), 1 / 12), ((0, -1), 1 / 6),
+                   ((-1, -1), 1 / 12), ((1, 0), 1 / 6), ((-1, 0), 1 / 6))
+
+
+def linear_impute(images: Tensor, keep: Tensor, noise: float = ROAD_NOISE,
+                  generator: torch.Generator | None = None) -> Tensor:
+    """ROAD's noisy linear imputation: ``images (B, C, H, W)`` with each pixel where ``keep (B, H, W)`` is False set
+    to the weighted mean of its neighbours (``ROAD_NEIGHBOURS``; missing neighbours are unknowns of the same linear
+    system), plus Gaussian noise of std ``noise`` drawn image by image from ``generator`` as their
+    ``torch.randn_like``. Returns float32 on ``images``' device.
+
+    The batch is one sparse system, block diagonal (no equation links two images), solved by scipy's ``spsolve`` as
+    theirs. An image with no pixel kept (a flat map) has nothing to interpolate from: their system is singular
+    (NaN); here it becomes 0, the normalised data's mean, plus the noise.
+    """
+    from scipy.sparse import csc_matrix
+    from scipy.sparse.linalg import spsolve
+
+    B, C, H, W = images.shape
+    img = images.detach().to("cpu", torch.float32).numpy().reshape(B, C, H * W)
+    known = keep.detach().cpu().numpy().reshape(B, H * W).astype(bool)
+    solvable = known.any(axis=1)
+    out = torch.from_numpy(img.copy())  # (B, C, H*W)
+    out[torch.from_numpy(~solvable)] = 0.0  # every pixel missing, nothing to solve
+    image, pixel = np.nonzero(~known & solvable[:, None])  # the unknowns, image by image, row-major (their order)
+    n = len(pixel)
+    number = np.zeros((B, H * W), dtype=np.int64)
+    number[image, pixel] = np.arange(n)
+    row, col = pixel // W, pixel % W
+    rows, cols, values = [np.arange(n)], [np.arange(n)], []
+    rhs = np.zeros((n, C))
+    weights = np.ones(n)  # the diagonal: minus the weight of the neighbours inside the image
+    for (dr, dc), weight in ROAD_NEIGHBOURS:
+        r, c = row + dr, col + dc
+        inside = (r >= 0) & (c >= 0) & (r < H) & (c < W)
+        weights[~inside] -= weight
+        eq = np.nonzero(inside)[0]
+        neighbour = r[eq] * W + c[eq]
+        has = known[image[eq], neighbour]
+        rhs[eq[has]] -= weight * img[image[eq[has]], :, neighbour[has]]  # (m, C), float32 products as theirs
+        rows.append(eq[~has])
+        cols.append(number[image[eq[~has]], neighbour[~has]])
+        values.append(np.full(len(rows[-1]), weight))
+    values.insert(0, -weights)
+    if n:
+        system = csc_matrix((np.concatenate(values), (np.concatenate(rows), np.concatenate(cols))), shape=(n, n))
+        solved = torch.tensor(np.reshape(spsolve(system, rhs), (n, C)), dtype=torch.float)  # (n, C)
+        out[torch.from_numpy(image), :, torch.from_numpy(pixel)] = solved
+    for b in range(B):  # noise image by image, (C, unknowns) as their randn_like of res.t()
+        where = ~known[b]
+        out[b, :, torch.from_numpy(where)] += noise * torch.randn(C, int(where.sum()), generator=generator)
+    return out.reshape(B, C, H, W).to(images.device)
+
+
+def road_scores(model: torch.nn.Module, images: Tensor, maps: Tensor, class_index: Tensor,
+                most_relevant_first: bool, percentiles: tuple[int, ...] = ROAD_PERCENTILES,
+                noise: float = ROAD_NOISE, generator: torch.Generator | None = None,
+                batch_size: int = 64) -> np.ndarray:
+    """ROAD: ``(P, B)`` change of the probability of ``class_index`` when pixels are imputed (``linear_impute``).
+
+    ``maps (B, gh, gw)`` are upsampled to the input as Chefer's tests do (``input_maps``). At percentile ``p`` of an
+    image's map, their ``ROADMostRelevantFirst(p)`` keeps the pixels below it (removes the top ``100 - p`` %);
+    ``ROADLeastRelevantFirst(p)`` does so with 1 - map (removes the bottom ``100 - p`` %). Each value is the
+    probability after minus before (their ``return_diff``); their ``ROAD*Average`` is the mean over ``percentiles``
+    and ``ROADCombined`` (least - most) / 2, each order drawn from ``generator`` in their order (percentile by
+    percentile, image by image; ROADCombined: least relevant first, then most).
+    """
+    B, C, H, W = images.shape
+    cams = input_maps(maps, (H, W)).cpu()  # (B, H, W) float32
+    ranked = cams if most_relevant_first else 1 - cams
+    flat = ranked.reshape(B, -1).numpy()
+    with torch.no_grad():
+        out = model(images)
+        before = (out[0] if isinstance(out, tuple) else out).float().softmax(dim=-1)
+        before = before.gather(1, class_index.reshape(B, 1).to(before.device))[:, 0]  # (B,)
+        variants = []
+        for p in percentiles:
+            # their np.percentile of the float32 map, compared with it in float32 (torch casts the float64 scalar)
+            threshold = torch.from_numpy(np.percentile(flat, p, axis=1).astype(np.float32))
+            variants.append(linear_impute(images, ranked < threshold[:, None, None], noise, generator))
+        after = []
+        for chunk in torch.cat(variants).split(batch_size):  # (P * B, C, H, W), percentile-major
+            out = model(chunk)
+            after.append((out[0] if isinstance(out, tuple) else out).float().softmax(dim=-1))
+        after = torch.cat(after).reshape(len(percentiles), B, -1)
+        after = after.gather(2, class_index.reshape(1, B, 1).expand(len(percentiles), B, 1).to(after.device))[..., 0]
+    return (after - before[None]).cpu().numpy()
+
+
+# --- SaCo (Wu et al. CVPR 2024): salience-guided faithfulness coefficient -------------------------------------------
+# github.com/adreamwu/SaCo publishes the pairwise loop (compute_SaCo.py); the groups and their perturbation follow the
+# paper. tests/test_faithfulness_saco.py runs their loop on the same inputs.
+
+SACO_GROUPS = 10  # K in the paper's experiments
+
+
+def saco_groups(model: torch.nn.Module, images: Tensor, maps: Tensor, class_index: Tensor, groups: int = SACO_GROUPS,
+                batch_size: int = 64) -> tuple[np.ndarray, np.ndarray]:
+    """SaCo's ``(s(G_i), pred(x, G_i))``, each ``(B, K)``, for ``images (B, C, H, W)`` and ``maps (B, gh, gw)``.
+
+    The map, upsampled to the input as Chefer's tests do (``input_maps``), ranks the pixels, most salient first
+    (ties in row-major order); ``G_i`` is the ``i``-th of ``K`` equal shares of that order (pixel at rank ``r`` in
+    group ``r K // HW``) and ``s(G_i)`` the sum of the map over it. ``pred(x, G_i)`` is the probability of
+    ``class_index`` on the image minus that with ``G_i`` alone replaced by the image's per-channel mean (the
+    paper's per-sample mean): each group perturbed on its own, not cumulatively.
+    """
+    B, C, H, W = images.shape
+    if not 2 <= groups <= H * W:
+        raise ValueError(f"SaCo needs 2 to {H * W} groups (the input's pixels), got {groups}")
+    salience = input_maps(maps, (H, W)).to(images.device).reshape(B, -1)  # (B, HW)
+    order = torch.sort(salience, dim=1, descending=True, stable=True).indices
+    rank = torch.empty_like(order).scatter_(1, order, torch.arange(H * W, device=images.device).expand(B, -1))
+    group = rank * groups // (H * W)  # (B, HW): 0 = most salient
+    one_hot = torch.nn.functional.one_hot(group, groups).to(salience.dtype)  # (B, HW, K)
+    s = torch.einsum("bp,bpk->bk", salience.double(), one_hot.double())  # (B, K)
+    mean = images.mean(dim=(2, 3), keepdim=True)  # (B, C, 1, 1)
+    with torch.no_grad():
+        out = model(images)
+        before = (out[0] if isinstance(out, tuple) else out).float().softmax(dim=-1)
+        before = before.gather(1, class_index.reshape(B, 1).to(before.device))[:, 0]  # (B,)
+        after = []
+        for rows in torch.arange(B * groups, device=images.device).split(batch_size):  # row = image * K + group
+            b, k = rows // groups, rows % groups
+            removed = (group[b] == k[:, None]).reshape(-1, 1, H, W)  # (n, 1, H, W)
+            out = model(torch.where(removed, mean[b], images[b]))
+            after.append((out[0] if isinstance(out, tuple) else out).float().softmax(dim=-1))
+        after = torch.cat(after).reshape(B, groups, -1)
+        after = after.gather(2, class_index.reshape(B, 1, 1).expand(B, groups, 1).to(after.device))[..., 0]
+    return s.cpu().numpy(), (before[:, None] - after).cpu().numpy()
+
+
+def saco_coefficient(salience: np.ndarray, change: np.ndarray) -> np.ndarray:
+    """SaCo's ``F`` per image from ``s(G_i)`` and ``pred(x, G_i)``, each ``(B, K)``, in [-1, 1]: over the pairs
+    ``i < j``, ``s(G_i) - s(G_j)`` counted for when ``pred(x, G_i) >= pred(x, G_j)`` and against otherwise, divided
+    by the sum of the pairs' ``|s(G_i) - s(G_j)|``. NaN where that sum is 0 (a flat map; their code raises)."""
+    i, j = np.triu_indices(salience.shape[1], k=1)
+    gap = salience[:, i] - salience[:, j]  # (B, pairs)
+    weight = np.where(change[:, i] >= change[:, j], gap, -gap)
+    total = np.abs(weight).sum(axis=1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(total != 0, weight.sum(axis=1) / total, np.nan)
