@@ -15,11 +15,13 @@ upsamples the patch-grid logits bilinearly to the input: ours are compared throu
 import inspect
 import types
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from PIL import Image
 
-from vit.explain import dense_clip
+from vit.explain import dense_clip, prompts
 from vit.model import MODEL_ATTENTION, ViT, ViTConfig
 from vit.model.layouts import neighbourhood_bias
 from vit.sources.import_clip import config_from_open_clip, state_dict_from_open_clip
@@ -256,3 +258,77 @@ def test_a_windowed_block_refuses_a_variant_whatever_calls_it():
 def test_feature_surgery_of_one_label_needs_the_empty_texts_embedding():
     with pytest.raises(dense_clip.DenseMapError, match="two labels or more"):
         dense_clip.feature_surgery(torch.randn(1, 5, 16), torch.randn(1, 16))
+
+
+# --- under "Ask in words": vit.ask, the prompt maps, the labels' constants ----------------------------------------
+
+@pytest.fixture(scope="module")
+def clip_checkpoint(tmp_path_factory):
+    """A tiny random CLIP with six blocks (CLIP Surgery changes the last six) saved as open_clip saves it."""
+    from test_prompts import save_open_clip
+
+    from vit.sources.open import open_source
+
+    _, folder = save_open_clip(tmp_path_factory.mktemp("clip") / "open_clip", layers=6)
+    return open_source(folder)
+
+
+def noise_image(width=40, height=32, seed=3):
+    array = np.random.default_rng(seed).integers(0, 256, (height, width, 3), dtype=np.uint8)
+    return Image.fromarray(array)
+
+
+WORDS = ["a dog", "a cat", "a red ball"]
+
+
+@pytest.mark.parametrize("method", list(dense_clip.METHODS))
+def test_vit_ask_maps_each_label_from_the_dense_maps_of_all(clip_checkpoint, method):
+    import vit
+    from vit.app import words
+    from vit.sources.text_tower import open_text_tower
+
+    image = noise_image()
+    assert method in vit.ask_methods(clip_checkpoint)
+    answer = vit.ask(clip_checkpoint, image, WORDS, "{}")
+    x = words.model_input(clip_checkpoint, image)
+    texts = open_text_tower(clip_checkpoint).encode(WORDS)
+    expected = dense_clip.dense_text_maps(clip_checkpoint.model, x, texts, method)[0]  # (3, gh, gw)
+    for i, label in enumerate(WORDS):
+        explanation = answer.explain(label, method)
+        assert explanation.map.shape == expected.shape[1:] and dense_clip.METHODS[method] in explanation.description
+        np.testing.assert_allclose(explanation.map, expected[i].numpy(), rtol=1e-5, atol=1e-6)
+    every = prompts.prompt_maps(clip_checkpoint.model, x, answer.answer.prompts, method)
+    torch.testing.assert_close(every, expected, rtol=1e-5, atol=1e-6)
+
+
+def test_one_label_is_weighed_against_the_empty_text_in_its_template(clip_checkpoint):
+    import vit
+    from vit.app import words
+    from vit.sources.text_tower import open_text_tower
+
+    image = noise_image()
+    answer = vit.ask(clip_checkpoint, image, ["a dog"])  # the default template, "a photo of a {}."
+    blank = open_text_tower(clip_checkpoint).encode(["a photo of a ."])[0]  # demo.py: template.format("")
+    torch.testing.assert_close(answer.answer.prompts.blank, blank)
+    x = words.model_input(clip_checkpoint, image)
+    expected = dense_clip.dense_text_maps(clip_checkpoint.model, x, answer.answer.prompts.embeddings, "clipsurgery",
+                                          blank)[0, 0]
+    np.testing.assert_allclose(answer.explain("a dog", "clipsurgery").map, expected.numpy(), rtol=1e-5, atol=1e-6)
+    assert vit.ask(clip_checkpoint, image, ["a dog", "a cat"]).answer.prompts.blank is None  # the label set instead
+
+
+def test_a_siglip_is_offered_no_dense_map_and_refused_in_one_line():
+    model = tiny_clip(class_token=False, pooling="map", projection_dim=0)
+    assert not set(prompts.methods_for(model)) & set(dense_clip.METHODS)
+    asked = prompts.Prompts(["a", "b"], ["{}"], F.normalize(torch.randn(2, 32), dim=-1), 10.0, -10.0, "sigmoid")
+    with pytest.raises(prompts.PromptError, match="attention head") as error:
+        prompts.prompt_map(model, torch.randn(1, 3, 32, 32), asked, 0, "sclip")
+    assert "\n" not in str(error.value)
+
+
+def test_vit_explain_points_a_dense_map_to_vit_ask(clip_checkpoint):
+    import vit
+
+    with pytest.raises(ValueError, match=r"vit.ask\(checkpoint, image, labels\).explain\(label, 'naclip'\)"):
+        vit.explain(clip_checkpoint, noise_image(), "naclip")
+    assert "vit.ask" in vit.methods()["clearclip"]

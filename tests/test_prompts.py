@@ -40,10 +40,10 @@ LABELS = ["a dog", "a cat", "a red ball"]
 TEXT_CFG = dict(context_length=16, vocab_size=49408, width=64, heads=1, layers=1)  # the bundled BPE's ids
 
 
-def save_open_clip(folder, quick_gelu=True, seed=0):
+def save_open_clip(folder, quick_gelu=True, seed=0, layers=3):
     """A tiny random OpenAI-layout CLIP saved as open_clip saves for the Hub; (model, folder)."""
     model_cfg = dict(embed_dim=16, quick_gelu=quick_gelu, text_cfg=TEXT_CFG,
-                     vision_cfg=dict(image_size=32, patch_size=8, width=128, layers=3))
+                     vision_cfg=dict(image_size=32, patch_size=8, width=128, layers=layers))
     torch.manual_seed(seed)
     model = open_clip.model.CLIP(**model_cfg)
     randomize(model, seed)
