@@ -290,6 +290,7 @@ class Attention(Parent):
                 pair = scores.softmax(dim=-1)
                 del scores  # before probs @ v: one (B, nh, n, N) tensor held through it, not two
                 probs = pair if probs is None else probs + pair
+                del pair  # nor the softmax a hook on the pattern replaces
             else:
                 # SAM ViT-B's global layer at 1,024 px: its bias is 805 MB whole (12 x 4,096 x 4,096), 67 MB a chunk
                 pair = fused_attention(rows, columns, v, dropout_p, bias,
