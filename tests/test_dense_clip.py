@@ -332,3 +332,20 @@ def test_vit_explain_points_a_dense_map_to_vit_ask(clip_checkpoint):
     with pytest.raises(ValueError, match=r"vit.ask\(checkpoint, image, labels\).explain\(label, 'naclip'\)"):
         vit.explain(clip_checkpoint, noise_image(), "naclip")
     assert "vit.ask" in vit.methods()["clearclip"]
+
+
+@pytest.mark.parametrize("method", list(dense_clip.METHODS))
+def test_a_dense_map_forms_no_token_by_token_attention(monkeypatch, method):
+    """Every variant runs on the fused path, NACLIP's neighbourhood formed a query chunk at a time: no softmax over a
+    (T, T) tensor, so a dense map holds what a forward holds (the explorer's analysis bound covers it)."""
+    model, shapes = tiny_clip(), []
+    softmax = torch.Tensor.softmax
+
+    def recorded(self, *args, **kwargs):
+        shapes.append(self.shape)
+        return softmax(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.Tensor, "softmax", recorded)
+    dense_clip.dense_text_maps(model, torch.randn(1, 3, 64, 48), F.normalize(torch.randn(3, 16), dim=-1), method)
+    T = 1 + 8 * 6
+    assert not [shape for shape in shapes if tuple(shape[-2:]) == (T, T)]
