@@ -23,7 +23,7 @@ LABELS = ["a dog", "a cat", "<b>bold</b> *star*"]
 
 @pytest.fixture
 def clip(tmp_path):
-    return save_open_clip(tmp_path / "open_clip")
+    return save_open_clip(tmp_path / "open_clip", layers=6)  # six blocks: CLIP Surgery's too
 
 
 def open_clip_app(folder, image: bytes):
@@ -74,9 +74,11 @@ def test_ask_in_words_scores_and_maps_every_label(clip):
     assert any("softmax" in c.value for c in at.main.caption)
 
     [method] = [w for w in at.main.selectbox if w.label == "Method"]
-    assert method.options == ["gradient rollout (Chefer et al. 2021b)", "LeGrad", "AttnLRP", "Grad-ECLIP"]
+    assert method.options == ["gradient rollout (Chefer et al. 2021b)", "LeGrad", "AttnLRP", "Grad-ECLIP", "SCLIP",
+                              "NACLIP", "ClearCLIP", "CLIP Surgery"]
     for key, name in (("rollout", "gradient rollout"), ("legrad", "LeGrad"), ("attnlrp", "AttnLRP"),
-                      ("grad_eclip", "Grad-ECLIP")):
+                      ("grad_eclip", "Grad-ECLIP"), ("sclip", "SCLIP"), ("naclip", "NACLIP"),
+                      ("clearclip", "ClearCLIP"), ("clipsurgery", "CLIP Surgery")):
         [method] = [w for w in at.main.selectbox if w.label == "Method"]
         method.set_value(key)
         at.run()

@@ -40,10 +40,10 @@ LABELS = ["a dog", "a cat", "a red ball"]
 TEXT_CFG = dict(context_length=16, vocab_size=49408, width=64, heads=1, layers=1)  # the bundled BPE's ids
 
 
-def save_open_clip(folder, quick_gelu=True, seed=0):
+def save_open_clip(folder, quick_gelu=True, seed=0, layers=3):
     """A tiny random OpenAI-layout CLIP saved as open_clip saves for the Hub; (model, folder)."""
     model_cfg = dict(embed_dim=16, quick_gelu=quick_gelu, text_cfg=TEXT_CFG,
-                     vision_cfg=dict(image_size=32, patch_size=8, width=128, layers=3))
+                     vision_cfg=dict(image_size=32, patch_size=8, width=128, layers=layers))
     torch.manual_seed(seed)
     model = open_clip.model.CLIP(**model_cfg)
     randomize(model, seed)
@@ -430,7 +430,8 @@ def test_predict_labels_save_maps_writes_every_prompts_maps(clip_folder, chefer_
     assert status == 0
     listed = records[0]["maps"]["prompts"]
     assert [entry["label"] for entry in listed] == LABELS
-    assert set(listed[0]) == {"label", "rollout", "legrad", "attnlrp", "grad_eclip"}
+    # the dense maps but CLIP Surgery, which changes six blocks (this CLIP has three)
+    assert set(listed[0]) == {"label", "rollout", "legrad", "attnlrp", "grad_eclip", "sclip", "naclip", "clearclip"}
     assert all(Path(p).is_file() for entry in listed for key, p in entry.items() if key != "label")
     with np.load(records[0]["maps"]["npz"]) as arrays:
         assert list(arrays["class_names"]) == LABELS and str(arrays["probability_kind"]) == "softmax"

@@ -59,6 +59,11 @@ _APPLIES_TO = {
     "probe": "models with an attention-pooling head (SigLIP)",
     "probe_rollout": "models with an attention-pooling head (SigLIP)",
 }
+# The maps of typed labels alone (vit.ask(checkpoint, image, labels).explain(label, method)), after the explorer's.
+_WORD_METHODS = {"grad_eclip": "a CLIP (its CLS token)", "sclip": "a CLIP (every token through its projection)",
+                 "naclip": "a CLIP (every token through its projection)",
+                 "clearclip": "a CLIP (every token through its projection)",
+                 "clipsurgery": "a CLIP with a CLS token and six blocks or more"}
 
 
 def load(source: str | os.PathLike, device: str | torch.device | None = None) -> Checkpoint:
@@ -84,11 +89,19 @@ def samples(name: str = "cifar10-cifar-s") -> list[Path]:
 
 def methods(checkpoint: Checkpoint | None = None) -> dict[str, str]:
     """The maps ``explain`` draws, ``{method: "what it is — which models it applies to"}``, in the explorer's order:
-    every one, or with ``checkpoint`` those it draws for that model (the explorer's choice for it, its default
-    first; a CLIP's or SigLIP's class-specific maps of typed labels are ``vit.ask_methods``). The arguments each
-    reads are in ``explain``'s docstring."""
+    every one, then the maps of typed labels alone (Grad-ECLIP and the training-free dense maps SCLIP, NACLIP,
+    ClearCLIP, CLIP Surgery, which ``vit.ask(...).explain`` draws); or with ``checkpoint`` those ``explain`` draws
+    for that model (the explorer's choice for it, its default first; a CLIP's or SigLIP's maps of typed labels are
+    ``vit.ask_methods``). The arguments each reads are in ``explain``'s docstring."""
     kinds = list(attention_maps.MAP_KINDS) if checkpoint is None else _drawn_for(checkpoint)
-    return {kind: f"{attention_maps.MAP_KINDS[kind]} — {_APPLIES_TO[kind]}" for kind in kinds}
+    drawn = {kind: f"{attention_maps.MAP_KINDS[kind]} — {_APPLIES_TO[kind]}" for kind in kinds}
+    if checkpoint is None:  # the maps of typed labels, which vit.ask draws: vit.ask_methods(checkpoint) for a model
+        from vit.explain.prompts import PROMPT_METHODS
+
+        drawn.update({key: f"{PROMPT_METHODS[key]} of a typed label — {applies}, through "
+                           f"vit.ask(checkpoint, image, labels).explain(label, {key!r})"
+                      for key, applies in _WORD_METHODS.items()})
+    return drawn
 
 
 def _drawn_for(checkpoint: Checkpoint) -> list[str]:
@@ -311,6 +324,9 @@ def explain(checkpoint: Checkpoint, image: ImageLike, method: str = "rollout", *
     checked before any work; a larger input is refused with the work it would be.
     Raises ValueError with a message that says what to do.
     """
+    if method in _WORD_METHODS:
+        raise ValueError(f"{method} maps a typed label: vit.ask(checkpoint, image, labels).explain(label, "
+                         f"{method!r}) (it applies to {_WORD_METHODS[method]})")
     if method not in attention_maps.MAP_KINDS:
         raise ValueError(f"unknown method {method!r}; choose one of: {', '.join(attention_maps.MAP_KINDS)}")
     reads = {_READS[c] for c in attention_maps.MAP_CONTROLS[method] if c in _READS}
@@ -395,7 +411,8 @@ class Answer:
 
     def explain(self, label: str | int, method: str = "legrad") -> Explanation:
         """The map of ``label`` (typed text or its index) by ``method`` (``rollout``, ``legrad``, ``attnlrp``,
-        ``grad_eclip``, where it applies: ``vit.ask_methods(checkpoint)``)."""
+        ``grad_eclip``, ``sclip``, ``naclip``, ``clearclip``, ``clipsurgery``, where it applies:
+        ``vit.ask_methods(checkpoint)``)."""
         labels = self.answer.labels
         index = label if isinstance(label, int) else labels.index(label) if label in labels else -1
         if not 0 <= index < len(labels):

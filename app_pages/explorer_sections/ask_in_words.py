@@ -54,7 +54,7 @@ def ask(fingerprint: tuple, digest: str, size: InputSize, labels: tuple[str, ...
                                                    progress), "ask_in_words")
 
 
-@st.cache_resource(max_entries=32, show_spinner="Computing the map for the label (one backward pass)…")
+@st.cache_resource(max_entries=32, show_spinner="Computing the map for the label…")
 def word_map(fingerprint: tuple, digest: str, size: InputSize, labels: tuple[str, ...], templates: tuple[str, ...],
              index: int, method: str, _asked: words.Answer, _checkpoint: Checkpoint,
              _image: Image.Image) -> np.ndarray:

@@ -125,6 +125,16 @@ def describe_method(method: str, label: str, other: str | None = None, *, kind: 
         "attnlrp": "AttnLRP relevance of the similarity, summed per patch (red for, blue against)",
         "grad_eclip": "Grad-ECLIP: the last layer's value channels weighted by the similarity's gradient and the "
                       "query-key cosine (Zhao et al. 2024)",
+        "sclip": "SCLIP, training-free: each patch's cosine with the label once the last layer's attention is "
+                 "correlative, softmax(q qᵀ) + softmax(k kᵀ) (Wang et al. 2024)",
+        "naclip": "NACLIP, training-free: each patch's cosine with the label once the last layer attends by key "
+                  "similarity plus a Gaussian over neighbouring patches, without its residual or MLP (Hajimiri et "
+                  "al. 2025)",
+        "clearclip": "ClearCLIP, training-free: each patch's cosine with the label once the last layer's output is "
+                     "its query-query attention alone, no residual, no MLP (Lan et al. 2024)",
+        "clipsurgery": "CLIP Surgery, training-free: value-value attention on a second path through the last six "
+                       "layers, then feature surgery, each label against the mean of all asked (one label: against "
+                       "the empty text) (Li et al. 2025)",
     }[method]
     if other is None:
         return f"**{METHODS[method]} for “{label}”**: {what}."

@@ -14,7 +14,9 @@ The methods whose authors read CLIP differently have their own functions here, p
   takes the gradient of its probe's attention, with the "empty prompt" correction (``compute_legrad_siglip``);
 - Grad-ECLIP (Cyang-Zhao/Grad-Eclip ``generate_emap.py``, ``clip_encode_dense`` + ``grad_eclip``): the last
   block's attention replaced at its hook point by one head over the full width, as the authors do; the map is
-  ``relu(sum_c(dcos/d(attn_output)[CLS] * v * minmax(cos(q_out[CLS], k_out))))`` over the patches.
+  ``relu(sum_c(dcos/d(attn_output)[CLS] * v * minmax(cos(q_out[CLS], k_out))))`` over the patches;
+- the training-free dense maps (SCLIP, NACLIP, ClearCLIP, CLIP Surgery: ``vit.explain.dense_clip``): each patch
+  token in the joint embedding after the authors' change of the last block(s), its similarity with the label.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from vit.checkpoint import Checkpoint
+from vit.explain import dense_clip
 from vit.explain.attention import positive_gradient_attention, relevance_rollout_row
 from vit.explain.faithfulness import perturbation_curves
 from vit.explain.relevance import attnlrp, patch_sums
@@ -367,7 +370,7 @@ def map_difference(a: Tensor, b: Tensor) -> Tensor:
 
 # Each method's name as the app and the .npz files show it; the order is the menu's.
 PROMPT_METHODS = {"rollout": "gradient rollout (Chefer et al. 2021b)", "legrad": "LeGrad",
-                  "attnlrp": "AttnLRP", "grad_eclip": "Grad-ECLIP"}
+                  "attnlrp": "AttnLRP", "grad_eclip": "Grad-ECLIP", **dense_clip.METHODS}
 EMPTY_PROMPT = "a photo of a"  # LeGrad's SigLIP correction compares every map with this prompt's
 
 
@@ -382,6 +385,7 @@ class Prompts:
     bias: float
     kind: str  # "softmax" (CLIP) or "sigmoid" (SigLIP): how probabilities are read
     empty: Tensor | None = None  # (E,) the empty prompt's embedding, for LeGrad's SigLIP correction
+    blank: Tensor | None = None  # (E,) the empty text in the templates, for CLIP Surgery of a single label
 
 
 def ask(tower, labels: Sequence[str], templates: Sequence[str] = (DEFAULT_TEMPLATE,),
@@ -390,7 +394,11 @@ def ask(tower, labels: Sequence[str], templates: Sequence[str] = (DEFAULT_TEMPLA
     ``progress`` as ``prompt_embeddings``'s."""
     embeddings = prompt_embeddings(tower.encode, labels, templates, progress)
     empty = tower.encode([EMPTY_PROMPT])[0] if tower.kind == "sigmoid" else None
-    return Prompts(list(labels), list(templates), embeddings, tower.logit_scale, tower.logit_bias, tower.kind, empty)
+    # CLIP Surgery's feature surgery weighs a label against the others; one label is weighed against the empty
+    # text, in the same templates (the authors' demo: encode_text_with_prompt_ensemble(model, [""]))
+    blank = prompt_embeddings(tower.encode, [""], templates)[0] if len(labels) == 1 else None
+    return Prompts(list(labels), list(templates), embeddings, tower.logit_scale, tower.logit_bias, tower.kind, empty,
+                   blank)
 
 
 def prompt_checkpoint(checkpoint: Checkpoint, prompts: Prompts) -> Checkpoint:
@@ -404,9 +412,11 @@ def prompt_checkpoint(checkpoint: Checkpoint, prompts: Prompts) -> Checkpoint:
 
 def methods_for(model: ViT) -> dict[str, str]:
     """The prompt-map methods that apply to ``model``, by key: rollout and Grad-ECLIP read the CLS token;
-    LeGrad and AttnLRP (its attention rules on SigLIP's pooling probe too) read every model."""
+    LeGrad and AttnLRP (its attention rules on SigLIP's pooling probe too) read every model; the dense maps a
+    CLIP's tokens in the joint embedding (``dense_clip.refusal`` says why not elsewhere)."""
     cls = model.config.class_token and model.config.pooling == "cls"
-    keep = {"rollout": cls, "legrad": True, "attnlrp": True, "grad_eclip": cls}
+    keep = {"rollout": cls, "legrad": True, "attnlrp": True, "grad_eclip": cls,
+            **{key: dense_clip.refusal(model, key) is None for key in dense_clip.METHODS}}
     return {key: name for key, name in PROMPT_METHODS.items() if keep[key]}
 
 
@@ -422,14 +432,18 @@ def prompt_curves(model: ViT, images: Tensor, prompts: Prompts, maps: Tensor, in
                                score=lambda logits: logits, progress=progress)
 
 
-ONE_FORWARD = ("rollout", "legrad", "grad_eclip")  # the methods whose prompts share one forward of an image
+# the methods whose prompts share one forward of an image (the dense maps: every prompt's from one forward)
+ONE_FORWARD = ("rollout", "legrad", "grad_eclip", *dense_clip.METHODS)
 
 
 def prompt_maps(model: ViT, image: Tensor, prompts: Prompts, method: str, chunk: int = 8) -> Tensor:
     """``(n, gh, gw)``: every prompt's map of one image ``(1, C, H, W)``, ``chunk`` prompts at a time (what bounds
     the gradients held at once, each ``(nh, T, T)`` for rollout and LeGrad): for the methods of ``ONE_FORWARD`` one
     forward of the image per chunk and a backward per prompt that stops inside the model, else a forward and a
-    backward of the image repeated ``chunk`` times (AttnLRP's backward reaches the pixels)."""
+    backward of the image repeated ``chunk`` times (AttnLRP's backward reaches the pixels); the dense maps, no
+    backward, every prompt from one forward."""
+    if method in dense_clip.METHODS:
+        return prompt_map(model, image, prompts, torch.arange(len(prompts.labels)), method)
     return torch.cat([prompt_map(model, image if method in ONE_FORWARD else image.expand(len(part), -1, -1, -1),
                                  prompts, part, method) for part in torch.arange(len(prompts.labels)).split(chunk)])
 
@@ -440,9 +454,14 @@ def prompt_map(model: ViT, images: Tensor, prompts: Prompts, index: int | Tensor
     its correction; AttnLRP's pixel relevances summed per patch). For ``ONE_FORWARD``'s methods, one image
     ``(1, C, H, W)`` and ``k`` indices give ``(k, gh, gw)``."""
     if method not in methods_for(model):
-        raise PromptError(f"{PROMPT_METHODS.get(method, method)} does not apply to this model; use one of "
-                          f"{', '.join(methods_for(model).values())}")
+        why = dense_clip.refusal(model, method) if method in dense_clip.METHODS else None
+        raise PromptError(f"{why or PROMPT_METHODS.get(method, method) + ' does not apply to this model'}; use one "
+                          f"of {', '.join(methods_for(model).values())}")
     e, s, b = prompts.embeddings, prompts.scale, prompts.bias
+    if method in dense_clip.METHODS:  # every prompt's map from one forward, then those asked
+        maps = dense_clip.dense_text_maps(model, images, e, method, prompts.blank)  # (B, n, gh, gw)
+        idx = _targets(index, images, e.shape[0]).to(maps.device)
+        return maps[0, idx] if images.shape[0] == 1 else maps[torch.arange(images.shape[0]), idx]
     if method == "rollout":
         return prompt_rollout(model, images, e, s, index, bias=b)
     if method == "legrad":

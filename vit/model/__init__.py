@@ -30,8 +30,10 @@ its position biases and patch merging, each layer's grid; its docstring holds th
 
 from vit.model.blocks import (
     MLP,
+    MODEL_ATTENTION,
     Attention,
     AttentionPool,
+    AttentionVariant,
     Block,
     LayerNorm,
     Parent,
@@ -92,7 +94,8 @@ from vit.model.stages import (
 from vit.model.vision_transformer import Encoding, ViT, count_parameters
 
 __all__ = [
-    "ACTIVATIONS", "Attention", "LayerLayout", "PatchMerging", "SwinPositionBias", "SwinV2PositionBias",
+    "ACTIVATIONS", "Attention", "AttentionVariant", "MODEL_ATTENTION",
+    "LayerLayout", "PatchMerging", "SwinPositionBias", "SwinV2PositionBias",
     "covering_token", "merge_matrix", "shift_mask", "shift_windows", "unshift_windows", "window_and_shift",
     "window_tokens", "AttentionPool", "Block", "CONFIG_BOUNDS", "Encoding",
     "Hook", "HookPoint", "LayerNorm", "MAX_LAYER_SCALE", "MAX_ROPE_THETA", "MLP", "NORMS", "PLAIN_RULES",

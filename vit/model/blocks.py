@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -13,7 +14,7 @@ from torch import nn
 from vit.bounds import BIAS_CHUNK_BYTES
 from vit.model.config import ViTConfig
 from vit.model.hooks import PLAIN_RULES, HookPoint, activate, active_hooks, current_rules
-from vit.model.layouts import RelativePositionBias, decomposed_rel_pos, padding_bias
+from vit.model.layouts import RelativePositionBias, decomposed_rel_pos, neighbourhood_bias, padding_bias
 from vit.model.positions import apply_rope
 from vit.model.stages import (
     LayerLayout,
@@ -85,6 +86,34 @@ class Parent(nn.Module):
         if modules is not None and name in modules:
             self.__dict__.pop(name, None)
         super().__delattr__(name)
+
+
+@dataclass(frozen=True)
+class AttentionVariant:
+    """A training-free change of one block's computation (the dense text maps of ``vit.explain.dense_clip``): its
+    attention is the sum over ``pairs`` of ``softmax(a bᵀ / sqrt(hd) + neighbourhood)`` (each pair ``"ab"`` of q, k,
+    v: ``"qk"`` the model's own), times v; the block then adds it to its input or not, and runs its MLP or not.
+    Only a global layer without position biases takes one (``Block.forward`` refuses the others)."""
+
+    pairs: tuple[str, ...] = ("qk",)  # SCLIP ("qq", "kk"); ClearCLIP ("qq",); NACLIP ("kk",); CLIP Surgery ("vv",)
+    neighbourhood: float = 0.0  # NACLIP: the std, in patches, of a Gaussian of two patches' distance on the logits
+    residual: bool = True  # the block's output is its input plus the attention (NACLIP, ClearCLIP: the attention)
+    mlp: bool = True  # the block runs its MLP after the attention (NACLIP, ClearCLIP, a Surgery branch: not)
+
+    def __post_init__(self) -> None:
+        if not self.pairs or any(len(p) != 2 or set(p) - set("qkv") for p in self.pairs):
+            raise ValueError(f"attention pairs {self.pairs!r}: each is two of q, k, v (e.g. 'qk')")
+        if self.neighbourhood < 0:
+            raise ValueError(f"a neighbourhood std of {self.neighbourhood} patches; give a positive one (0: none)")
+
+    def operands(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+                 ) -> tuple[tuple[torch.Tensor, torch.Tensor], ...]:
+        """Each pair's (rows, columns) of the logits, from q, k, v (B, nh, N, hd)."""
+        named = {"q": q, "k": k, "v": v}
+        return tuple((named[a], named[b]) for a, b in self.pairs)
+
+
+MODEL_ATTENTION = AttentionVariant()  # the model's own: softmax(q kᵀ / sqrt(hd)), the residual and the MLP
 
 
 class Attention(Parent):
@@ -187,8 +216,8 @@ class Attention(Parent):
     def forward(self, x: torch.Tensor, output_attentions: bool = False,
                 rope: tuple[torch.Tensor, torch.Tensor] | None = None, queries: int | None = None,
                 grid: tuple[int, int] | None = None, shared_bias: SharedBias | None = None,
-                mask: torch.Tensor | None = None, key_mask: torch.Tensor | None = None, pool: int = 1
-                ) -> tuple[torch.Tensor, torch.Tensor | None]:
+                mask: torch.Tensor | None = None, key_mask: torch.Tensor | None = None, pool: int = 1,
+                variant: AttentionVariant | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """``x`` (B, N, C) -> the attention's output (B, n, C) and its probabilities (B, nh, n, N) when asked, for
         the first ``n = queries`` tokens' queries (None: all N) against every key. ``grid``: the patch grid of the
         tokens (a window's, in a windowed layer), which a relative position bias needs; ``shared_bias(rows)``: rows
@@ -196,8 +225,19 @@ class Attention(Parent):
         ``mask`` (B, 1, N, N): added to the logits too (Swin's
         shifted-window mask); ``key_mask`` (B, N): False at padding keys, which then get zero probability in both
         paths (NaFlex batches of images on different grids); ``pool``: the queries are max-pooled ``pool`` x
-        ``pool`` on ``grid`` (Hiera's query pooling), so ``n = N / pool**2``."""
+        ``pool`` on ``grid`` (Hiera's query pooling), so ``n = N / pool**2``; ``variant``: the logits' pairs and
+        NACLIP's neighbourhood (``AttentionVariant``; None: the model's own), in a plain global layer alone."""
         B, N, C = x.shape
+        if variant is not None and (queries is not None or pool > 1 or self.logit_scale is not None
+                                    or self.rel_pos_bias is not None or self.rel_pos_h is not None
+                                    or self.window_bias is not None or shared_bias is not None or mask is not None
+                                    or key_mask is not None):
+            raise ValueError("an attention variant (SCLIP, NACLIP, ClearCLIP, CLIP Surgery) is defined for a plain "
+                             "global layer over every token: this one has position biases, windows, padding, "
+                             "cosine attention or pooled queries")
+        near = 0.0 if variant is None else variant.neighbourhood
+        if near and grid is None:
+            raise ValueError("NACLIP's neighbourhood lies on the patch grid, so the grid must be given")
         q, k, v = self.queries_keys_values(x, rope)  # each (B, nh, N, hd)
         scale = 1.0 / math.sqrt(self.head_dim)
         if self.logit_scale is not None:  # cosine attention: the scale goes into q, the softmax's is 1
@@ -220,13 +260,17 @@ class Attention(Parent):
         explicit = output_attentions or self.hook_pattern in active  # the probabilities are asked for, or hooked
         bias = None
         if (self.rel_pos_bias is not None or self.rel_pos_h is not None or self.window_bias is not None
-                or shared_bias is not None or mask is not None or key_mask is not None):
+                or shared_bias is not None or mask is not None or key_mask is not None or near):
             def bias_rows(start: int, stop: int, q: torch.Tensor = q) -> torch.Tensor:  # q before the rules' copy
                 """Rows ``start..stop`` of all that is added to the logits, ``(B or 1, nh or 1, stop - start, N)``:
-                the position biases, Swin's shifted-window mask and NaFlex's key padding."""
+                the position biases, Swin's shifted-window mask, NaFlex's key padding and NACLIP's neighbourhood."""
                 rows = None if (start, stop) == (0, N) else torch.arange(start, stop)  # None: every row (cached index)
                 shared = None if shared_bias is None else shared_bias(rows)  # (nh, stop - start, N)
                 bias = self.logit_bias(q[:, :, start:stop], grid, shared, rows)
+                if near:
+                    gh, gw = grid
+                    neighbours = neighbourhood_bias(grid, N - gh * gw, near, rows, q.device).to(q.dtype)  # (n, N)
+                    bias = neighbours[None, None] if bias is None else bias + neighbours
                 if mask is not None:
                     rows_mask = mask[:, :, start:stop].to(q.dtype)  # (B, 1, stop - start, N)
                     bias = rows_mask if bias is None else bias + rows_mask
@@ -242,21 +286,30 @@ class Attention(Parent):
         if rules is not PLAIN_RULES:
             q, k, v = rules.attention_inputs(q, k, v)
         dropout_p = self.attention_dropout if self.training else 0.0
+        # The logits' rows and columns: q against k, or a variant's pairs, whose softmaxes are summed
+        operands = ((q, k),) if variant is None else variant.operands(q, k, v)
+        probs = y = None
+        for rows, columns in operands:
+            if explicit:
+                # The scale on the rows (n x hd) rather than on the logits (n x N): one pass over the smaller tensor
+                # (timm's order); at SAM 2's global layers (4,096 keys) scaling the logits cost 8 % of the forward.
+                scores = (rows * scale if scale != 1.0 else rows) @ columns.transpose(-2, -1)  # (B, nh, n, N)
+                if callable(bias):  # added in place a chunk of rows at a time: the scores and one chunk, not two T²
+                    scores = add_bias_rows(scores, bias)
+                elif bias is not None:
+                    scores = scores + bias
+                pair = scores.softmax(dim=-1)
+                del scores  # before probs @ v: one (B, nh, n, N) tensor held through it, not two
+                probs = pair if probs is None else probs + pair
+                del pair  # nor the softmax a hook on the pattern replaces
+            else:
+                # SAM ViT-B's global layer at 1,024 px: its bias is 805 MB whole (12 x 4,096 x 4,096), 67 MB a chunk
+                pair = fused_attention(rows, columns, v, dropout_p, bias,
+                                       None if self.logit_scale is None else 1.0)  # (B, nh, n, hd)
+                y = pair if y is None else y + pair
         if explicit:
-            # The scale on q (n x hd) rather than on the logits (n x N): one pass over the smaller tensor (timm's
-            # order); at SAM 2's global layers (4,096 keys) scaling the logits cost 8 % of the forward.
-            scores = (q * scale if scale != 1.0 else q) @ k.transpose(-2, -1)  # (B, nh, n, N)
-            if callable(bias):  # added in place a chunk of rows at a time: the scores and one chunk, not a second T²
-                scores = add_bias_rows(scores, bias)
-            elif bias is not None:
-                scores = scores + bias
-            probs = self.hook_pattern(scores.softmax(dim=-1))
-            del scores  # before probs @ v: one (B, nh, n, N) tensor held through it, not two
+            probs = self.hook_pattern(probs)
             y = F.dropout(probs, dropout_p, self.training) @ v  # (B, nh, n, hd)
-        else:
-            # SAM ViT-B's global layer at 1,024 px: its bias is 805 MB whole (12 x 4,096 x 4,096), 67 MB a chunk
-            probs = None
-            y = fused_attention(q, k, v, dropout_p, bias, None if self.logit_scale is None else 1.0)  # (B, nh, n, hd)
         z = self.hook_z(y.transpose(1, 2))  # (B, n, nh, hd): each head's context, before the projection
         return self.proj_dropout(self.proj(z.reshape(B, q.shape[2], -1))), probs if output_attentions else None
 
@@ -540,8 +593,8 @@ class Block(Parent):
     def forward(self, x: torch.Tensor, output_attentions: bool = False,
                 rope: tuple[torch.Tensor, torch.Tensor] | None = None, queries: int | None = None,
                 grid: tuple[int, int] | None = None, shared_bias: SharedBias | None = None,
-                key_mask: torch.Tensor | None = None, layout: LayerLayout | None = None
-                ) -> tuple[torch.Tensor, torch.Tensor | None]:
+                key_mask: torch.Tensor | None = None, layout: LayerLayout | None = None,
+                variant: AttentionVariant | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """``x`` (B, T, D) -> the block's output for its first ``queries`` tokens (None: all), which attend to
         every token, and the attention (B, nh, queries or T, T) when asked; a windowed block's is each window's,
         ``(B * nw, nh, wh*ww, wh*ww)`` (``window_partition``'s order, after the cyclic shift in a shifting block).
@@ -549,7 +602,12 @@ class Block(Parent):
         block works on ``grid_after(grid)``); ``shared_bias(rows)``: rows of the bias every layer adds (BEiT's shared
         table, ``Attention.forward``);
         ``key_mask`` (B, T): False at padding tokens, which no query reads; ``layout``: this layer's
-        (``ViT.layer_layouts``; None: ``self.layout`` of its grid)."""
+        (``ViT.layer_layouts``; None: ``self.layout`` of its grid); ``variant``: the block computed as an
+        ``AttentionVariant`` says (its attention's pairs, with or without the residual and the MLP; None: as the
+        model does), in a global block alone."""
+        if variant is not None and (self.window or self.mask_units or self.merge is not None):
+            raise ValueError("an attention variant (SCLIP, NACLIP, ClearCLIP, CLIP Surgery) changes a global block; "
+                             "this one attends in windows or opens a stage")
         x = self.hook_resid_pre(x)
         if self.merge is not None and grid is None:
             raise ValueError("this block merges patches, so the patch grid must be given")
@@ -583,7 +641,8 @@ class Block(Parent):
                                  key_mask=padding)
             y = layout.join(y)[:, :queries]  # (B, T or queries, D)
         else:
-            y, probs = self.attn(h, output_attentions, rope, queries, grid, shared_bias, key_mask=key_mask)
+            y, probs = self.attn(h, output_attentions, rope, queries, grid, shared_bias, key_mask=key_mask,
+                                 variant=variant)
         if queries is not None:
             x = x[:, :queries]  # (B, n, D)
             y = y[:, :queries]
@@ -591,18 +650,20 @@ class Block(Parent):
             y = self.res_norm1(y)
         if self.ls1 is not None:
             y = y * self.ls1
-        x = x + drop_path(self.hook_attn_out(y), self.drop_path_rate, self.training)
+        y = drop_path(self.hook_attn_out(y), self.drop_path_rate, self.training)
+        x = x + y if variant is None or variant.residual else y
         if self.post_norm1 is not None:
             x = self.post_norm1(x)
         x = self.hook_resid_mid(x)
-        y = self.mlp(self.hook_mlp_in(self.norm2(x)))
-        if self.res_norm2 is not None:
-            y = self.res_norm2(y)
-        if self.ls2 is not None:
-            y = y * self.ls2
-        x = x + drop_path(self.hook_mlp_out(y), self.drop_path_rate, self.training)
-        if self.post_norm2 is not None:
-            x = self.post_norm2(x)
+        if variant is None or variant.mlp:
+            y = self.mlp(self.hook_mlp_in(self.norm2(x)))
+            if self.res_norm2 is not None:
+                y = self.res_norm2(y)
+            if self.ls2 is not None:
+                y = y * self.ls2
+            x = x + drop_path(self.hook_mlp_out(y), self.drop_path_rate, self.training)
+            if self.post_norm2 is not None:
+                x = self.post_norm2(x)
         return self.hook_resid_post(x), probs
 
 

@@ -1,5 +1,5 @@
 """Attention layouts: what is added to a query's logits (BEiT's relative position bias, SAM's decomposed
-relative positions) and which keys it may attend to (SAM / ViTDet's windows)."""
+relative positions, NACLIP's Gaussian neighbourhood) and which keys it may attend to (SAM / ViTDet's windows)."""
 
 from __future__ import annotations
 
@@ -16,6 +16,25 @@ def padding_bias(key_mask: torch.Tensor, dtype: torch.dtype, queries: int) -> to
     low = torch.finfo(dtype).min
     bias = torch.zeros(key_mask.shape, dtype=dtype, device=key_mask.device).masked_fill(~key_mask.bool(), low)
     return bias[:, None, None, :].expand(-1, -1, queries, -1)  # (B, 1, n, N)
+
+
+def neighbourhood_bias(grid: tuple[int, int], prefix: int, std: float, rows: torch.Tensor | None = None,
+                       device: torch.device | None = None) -> torch.Tensor:
+    """NACLIP's neighbourhood (``get_attention_addition`` of a ``gaussian_window``): what a patch query adds to its
+    logit for a patch key, ``exp(-d² / (2 std²))`` of their distance ``d`` on the ``grid`` in patches, and 0 for
+    every pair with one of the ``prefix`` leading tokens; ``(n or T, T)`` float32, ``T = prefix + gh*gw``, the rows
+    ``rows`` (token indices; None: all), so a query chunk forms its own rows and never ``T²``."""
+    gh, gw = grid
+    T = prefix + gh * gw
+    rows = torch.arange(T, device=device) if rows is None else rows.to(device)
+    patch = rows - prefix  # (n,): negative at the prefix tokens
+    keys = torch.arange(gh * gw, device=device)
+    dy = (patch.clamp(min=0) // gw)[:, None] - (keys // gw)[None, :]  # (n, gh*gw)
+    dx = (patch.clamp(min=0) % gw)[:, None] - (keys % gw)[None, :]
+    bias = torch.zeros(len(rows), T, device=device)
+    bias[:, prefix:] = torch.exp(-(dy * dy + dx * dx).float() / (2.0 * std * std))
+    bias[patch < 0] = 0.0
+    return bias
 
 
 INDEX_CACHE_TOKENS = 1025  # BEiT's whole index is kept up to 512 px at 16 px patches (8 MB), recomputed past it

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from vit import bounds
-from vit.model.blocks import AttentionPool, Block, Parent, Projector, make_norm
+from vit.model.blocks import AttentionPool, AttentionVariant, Block, Parent, Projector, make_norm
 from vit.model.config import ViTConfig
 from vit.model.hooks import Hook, HookPoint, _hooks
 from vit.model.layouts import RelativePositionBias
@@ -264,8 +264,8 @@ class ViT(Parent):
         return self.run_blocks(x, self.patch_grid(images.shape[2], images.shape[3]), 0, None, output_attentions)
 
     def run_blocks(self, x: torch.Tensor, grid: tuple[int, int] | None, start: int = 0, stop: int | None = None,
-                   output_attentions: bool = False, queries: int | None = None, key_mask: torch.Tensor | None = None
-                   ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...] | None]:
+                   output_attentions: bool = False, queries: int | None = None, key_mask: torch.Tensor | None = None,
+                   variant: AttentionVariant | None = None) -> tuple[torch.Tensor, tuple[torch.Tensor, ...] | None]:
         """Blocks ``start`` to ``stop`` (exclusive; None: the last) on the residual stream ``x`` (B, T, D) of an
         input whose patch grid is ``grid`` (needed by rotary positions; None for a model without them), with
         their hook points: TransformerLens's ``start_at_layer`` / ``stop_at_layer``, so an intervention on layer
@@ -274,7 +274,9 @@ class ViT(Parent):
         ``queries``: the last block computes only its first ``queries`` tokens (their queries against every key;
         its output and attention then have that many rows): all ``classify`` reads when ``readout_tokens`` says so,
         and three quarters of that block's work saved (the rows' values are the full run's, up to rounding).
-        ``key_mask`` (B, T): False at padding tokens, which no query of any layer reads (``encode_padded``)."""
+        ``key_mask`` (B, T): False at padding tokens, which no query of any layer reads (``encode_padded``).
+        ``variant``: the last block is computed as this ``AttentionVariant`` says (the training-free dense maps'
+        changed last block: SCLIP, NACLIP, ClearCLIP, a CLIP Surgery branch), on the same forward."""
         rope = None
         if self.config.rope != "none":
             if grid is None:
@@ -299,8 +301,9 @@ class ViT(Parent):
             layouts = layouts[start % len(self.blocks):]  # (a negative start counts from the end, as the slice does)
             grid = ((grid,) + self.layer_grids(grid))[start % len(self.blocks)]  # the grid of block start's input
         for i, block in enumerate(blocks):
-            x, probs = block(x, output_attentions, rope, queries if i == len(blocks) - 1 else None, grid, shared,
-                             key_mask=key_mask, layout=None if layouts is None else layouts[i])
+            last = i == len(blocks) - 1
+            x, probs = block(x, output_attentions, rope, queries if last else None, grid, shared, key_mask=key_mask,
+                             layout=None if layouts is None else layouts[i], variant=variant if last else None)
             grid = None if grid is None else block.grid_after(grid)
             attentions.append(probs)
         return x, tuple(attentions) if output_attentions else None
