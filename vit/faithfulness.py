@@ -211,7 +211,7 @@ def method_maps(checkpoint, x, pixels, method: str, class_index, generator):
     import torch
 
     from vit import api
-    from vit.app.explorer import MAP_CONTROLS
+    from vit.explain.attention_maps import MAP_CONTROLS
     from vit.explain import faithfulness as bench
 
     if method in bench.METHODS:
