@@ -27,6 +27,8 @@ of (1 - map, map) against the one-hot mask. ``--benchmark perturbation``: ``DIR`
 first (``negative``); each gives top-1 accuracy against the true class per step and its ``auc`` over 0-0.9 (trapezoid,
 the intact images at 0; the paper prints it x 100). Both print ``images_per_s`` per method, a table on stderr, and
 with ``--out DIR`` write ``DIR/faithfulness.json``, ``DIR/faithfulness.md`` and ``DIR/faithfulness.png``.
+Their baselines are methods too: ``attn-gradcam`` (GradCAM on the last attention), ``lrp-partial`` (the last
+attention's LRP relevance) and ``lrp-full`` (LRP to the pixels; read as pixels by both tests, as their full_lrp).
 """
 
 from __future__ import annotations
@@ -39,7 +41,8 @@ from pathlib import Path
 PROG = "vit.faithfulness"
 # vit.explain.faithfulness's METHODS and REPLACEMENTS by name, for --help without torch (tests/test_faithfulness.py
 # checks they are the same), so that an unknown method is refused before torch loads.
-METHOD_NAMES = ("random", "attention", "rollout", "class", "legrad", "transformer_attribution", "attnlrp", "flow")
+METHOD_NAMES = ("random", "attention", "rollout", "class", "legrad", "transformer_attribution", "attnlrp", "flow",
+                "attn-gradcam", "lrp-full", "lrp-partial")
 REPLACEMENTS = ("blur", "mean", "zero")
 BENCHMARKS = ("deletion", "segmentation", "perturbation")
 # A fixed number of curve points whatever the patch grid: Chefer et al. (2021)'s perturbation tests remove the
@@ -242,7 +245,8 @@ def run_chefer(args: argparse.Namespace) -> int:
                 intact.append((predicted == target).cpu().numpy().astype(np.float64))
             for method in methods:
                 began = time.perf_counter()
-                maps = bench.method_maps(model, x, method, predicted, generator)  # their vis_class "top"
+                # their vis_class "top"; full LRP's pixels as they are (their full_lrp is not upsampled)
+                maps = bench.method_maps(model, x, method, predicted, generator, pixels=True)
                 if segmentation:
                     counts[method].append(bench.segmentation_counts(maps, masks))
                 else:
