@@ -168,3 +168,33 @@ def test_fewer_than_two_images_or_too_many_texts_per_head_are_refused():
         textspan.describe_heads(outputs, [0], torch.randn(3, 8), ["a", "b", "c"], 2)
     with pytest.raises(MechanismError, match="1 to the 3 texts"):
         textspan.describe_heads(torch.randn(4, 1, 2, 8), [0], torch.randn(3, 8), ["a", "b", "c"], 4)
+
+
+# --- vit.textspan ---------------------------------------------------------------------------------------------
+
+def test_vit_textspan_describes_the_late_heads_and_maps_one_along_its_text(tmp_path):
+    import vit
+    from vit.inference import preprocess
+
+    _, _, folder = save_clip(tmp_path / "clip", SMALL)
+    checkpoint = vit.load(folder, device="cpu")
+    rng = np.random.default_rng(0)
+    photos = [rng.integers(0, 256, (40, 36, 3), dtype=np.uint8) for _ in range(6)]
+    bank = textspan.read_texts()[:40]
+    result = vit.textspan(checkpoint, photos, bank, layers=2, texts_per_head=3, rank=5)
+    assert result.images == 6 and [(s.layer, s.head) for s in result.heads] == [(1, 0), (1, 1), (2, 0), (2, 1)]
+    x = preprocess([vit.api._image(p) for p in photos], checkpoint.preprocessing)
+    features = textspan.encode_texts(open_text_tower(checkpoint).encode, bank)
+    expected = textspan.describe_heads(textspan.head_outputs(checkpoint.model, x, [1, 2]), [1, 2], features, bank,
+                                       3, 5)
+    assert [s.texts for s in result.heads] == [s.texts for s in expected]
+    span = result.head(-1, 1)
+    shown = result.map(photos[0], -1, 1, span.texts[1])
+    terms = textspan.token_contributions(checkpoint.model, x[:1], 2)[0, 1, 1:]  # (T - 1, E): the patches
+    np.testing.assert_allclose(shown, (terms @ features[bank.index(span.texts[1])]).reshape(4, 4).numpy(),
+                               rtol=1e-5, atol=1e-7)
+    with pytest.raises(ValueError, match="is not one of layer 2 head 1's texts"):
+        result.map(photos[0], 2, 1, "not a text of it")
+    with pytest.raises(MechanismError, match="texts_per_head must be 1 to the 2 texts") as error:
+        vit.textspan(checkpoint, photos, ["a dog", "a cat"], texts_per_head=3)
+    assert "\n" not in str(error.value)

@@ -108,6 +108,7 @@ def _proj_bias(model: ViT, layer: int) -> Tensor:
     return bias if block.ls1 is None else bias * block.ls1
 
 
+@torch.no_grad()
 def head_outputs(model: ViT, images: Tensor, layers: Sequence[int]) -> Tensor:
     """Each head's direct share of each image's embedding, summed over the tokens, as ``compute_prs.py`` saves it
     (divided by the embedding's norm): ``(B, len(layers), H, E)``."""
@@ -124,6 +125,7 @@ def head_outputs(model: ViT, images: Tensor, layers: Sequence[int]) -> Tensor:
     return torch.stack(out, dim=1)
 
 
+@torch.no_grad()
 def token_contributions(model: ViT, images: Tensor, layer: int) -> Tensor:
     """Layer ``layer``'s terms per head and key token (``prs_hook.py``'s spatial ones): ``(B, H, T, E)``; their
     sum over ``T`` is ``head_outputs``'."""
@@ -172,14 +174,21 @@ def text_span(outputs: Tensor, text_features: Tensor, texts_per_head: int = TEXT
     return chosen, explained
 
 
+def check_request(images: int, texts: int, texts_per_head: int, rank: int) -> None:
+    """``MechanismError`` in one line, before any work, for a search that cannot run as asked."""
+    if images < 2:
+        raise MechanismError("TextSpan reads how a head's output varies over images; give at least 2 (the authors "
+                             "use ImageNet's 50,000 validation images)")
+    if not 1 <= texts_per_head <= texts:
+        raise MechanismError(f"texts_per_head must be 1 to the {texts} texts of the bank, got {texts_per_head}")
+    if rank < 1:
+        raise MechanismError(f"rank must be at least 1, got {rank}")
+
+
 def describe_heads(outputs: Tensor, layers: Sequence[int], text_features: Tensor, texts: Sequence[str],
                    texts_per_head: int = TEXTS_PER_HEAD, rank: int = RANK) -> list[HeadSpan]:
     """``text_span`` for every head of ``outputs (N, len(layers), H, E)`` (``head_outputs``)."""
-    if outputs.shape[0] < 2:
-        raise MechanismError("TextSpan reads how a head's output varies over images; give at least 2 (the authors "
-                             "use ImageNet's 50,000 validation images)")
-    if not 1 <= texts_per_head <= len(texts):
-        raise MechanismError(f"texts_per_head must be 1 to the {len(texts)} texts of the bank, got {texts_per_head}")
+    check_request(outputs.shape[0], len(texts), texts_per_head, rank)
     spans = []
     for i, layer in enumerate(layers):
         for head in range(outputs.shape[2]):

@@ -1,0 +1,78 @@
+"""TextSpan for the explorer's Mechanism section and ``vit.textspan``: a CLIP's late heads described by the texts
+of a bank (``vit.explain.textspan``) over a set of images, and one head's map of an image in a text's direction.
+Plain functions; the page caches them."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+
+import numpy as np
+import torch
+from PIL import Image
+
+from vit.checkpoint import Checkpoint
+from vit.explain import textspan
+from vit.inference import TRAINING_SIZE, InputSize, preprocess
+from vit.sources.text_tower import open_text_tower
+
+BATCH = 16  # images per forward
+
+
+def check_model(checkpoint: Checkpoint) -> None:
+    """``MechanismError`` / ``TextTowerError`` in one line unless TextSpan applies (a CLIP with its text tower)."""
+    textspan.check_supported(checkpoint.model)
+    open_text_tower(checkpoint)
+
+
+def head_outputs(checkpoint: Checkpoint, images: Iterable[Image.Image], layers: Sequence[int], count: int,
+                 progress: Callable[[int, int], None] | None = None) -> torch.Tensor:
+    """``(N, len(layers), H, E)``: each head's direct share of each image's embedding (``count`` images, each at the
+    model's own size), ``BATCH`` at a time; the bound is checked before the first forward."""
+    model = checkpoint.model
+    textspan.check_outputs_fit(model, count, layers)
+    device = next(model.parameters()).device
+    parts, batch, done = [], [], 0
+
+    def run() -> None:
+        nonlocal done
+        x = preprocess(batch, checkpoint.preprocessing, TRAINING_SIZE, model.config.patch_size).to(device)
+        parts.append(textspan.head_outputs(model, x, layers).float().cpu())
+        done += len(batch)
+        batch.clear()
+        if progress is not None:
+            progress(done, count)
+
+    for image in images:
+        batch.append(image)
+        if len(batch) == BATCH:
+            run()
+    if batch:
+        run()
+    if not parts:
+        raise textspan.MechanismError("TextSpan needs images to describe the heads over; none were given")
+    return torch.cat(parts)
+
+
+def text_features(checkpoint: Checkpoint, texts: Sequence[str],
+                  progress: Callable[[int, int], None] | None = None) -> torch.Tensor:
+    """``(M, E)`` the bank's L2-normalised embeddings by the checkpoint's own text tower."""
+    return textspan.encode_texts(open_text_tower(checkpoint).encode, texts, progress)
+
+
+def describe(outputs: torch.Tensor, layers: Sequence[int], features: torch.Tensor, texts: Sequence[str],
+             texts_per_head: int = textspan.TEXTS_PER_HEAD, rank: int = textspan.RANK) -> list[textspan.HeadSpan]:
+    """Every head's texts and variance explained (``vit.explain.textspan.describe_heads``)."""
+    return textspan.describe_heads(outputs, layers, features, texts, texts_per_head, rank)
+
+
+def head_map(checkpoint: Checkpoint, image: Image.Image, layer: int, head: int, direction: torch.Tensor,
+             size: InputSize = TRAINING_SIZE) -> np.ndarray:
+    """``(gh, gw)``: what head ``head`` of layer ``layer`` writes into ``image``'s embedding from each patch, along
+    ``direction`` (a text's embedding, ``(E,)``): the paper's per-head image map."""
+    model = checkpoint.model
+    device = next(model.parameters()).device
+    x = preprocess([image], checkpoint.preprocessing, size, model.config.patch_size).to(device)
+    terms = textspan.token_contributions(model, x, layer)[0, head]  # (T, E)
+    grid = model.patch_grid(x.shape[2], x.shape[3])
+    values = terms[model.num_prefix_tokens:] @ direction.to(terms)  # (gh*gw,)
+    return values.reshape(grid).float().cpu().numpy()
