@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from parity_helpers import randomize
 from safetensors.torch import save_file
+from test_app import dirs  # noqa: F401 (a fixture)
 
 from vit.explain import textspan
 from vit.explain.mechanism import MechanismError
@@ -198,3 +199,32 @@ def test_vit_textspan_describes_the_late_heads_and_maps_one_along_its_text(tmp_p
     with pytest.raises(MechanismError, match="texts_per_head must be 1 to the 2 texts") as error:
         vit.textspan(checkpoint, photos, ["a dog", "a cat"], texts_per_head=3)
     assert "\n" not in str(error.value)
+
+
+@pytest.mark.usefixtures("dirs")
+def test_the_mechanism_sections_textspan_tab_lists_the_heads_and_draws_a_heads_map(tmp_path):
+    import io
+
+    from PIL import Image
+    from test_app import png_bytes
+    from test_app_mechanism import upload_references
+    from test_app_words import open_clip_app
+    from test_prompts import save_open_clip
+
+    import vit
+
+    _, folder = save_open_clip(tmp_path / "open_clip")
+    at = open_clip_app(folder, png_bytes(32, 32, seed=4))
+    at.toggle(key="mechanism_view").set_value(True)
+    at.session_state["mechanism_tab"] = "TextSpan"
+    at.run()
+    references = [png_bytes(32, 32, seed=s) for s in range(5, 11)]
+    upload_references(at, *references)
+    at.toggle(key="textspan_on").set_value(True)
+    at.run(timeout=120)
+    assert not at.exception and not at.warning, [e.message for e in at.exception] + [w.value for w in at.warning]
+    [table] = at.dataframe
+    expected = vit.textspan(vit.load(folder, device="cpu"), [Image.open(io.BytesIO(r)) for r in references],
+                            layers=3, texts_per_head=5)
+    assert list(table.value["texts, best first"]) == ["; ".join(s.texts) for s in expected.heads]
+    assert any("writes into this image's embedding from each patch" in c.value for c in at.caption)

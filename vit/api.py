@@ -565,7 +565,7 @@ def textspan(checkpoint: Checkpoint, images: Sequence[ImageLike] | str | os.Path
     are projected on (their ``--w_ov_rank``). Raises ``MechanismError`` / ``TextTowerError`` in one line where it
     does not apply (a classifier, a SigLIP's pooling probe, no text tower)."""
     from vit.app import textspan as spans
-    from vit.explain.textspan import check_request, late_layers, read_texts
+    from vit.explain.textspan import read_texts
 
     spans.check_model(checkpoint)
     if isinstance(images, (str, os.PathLike)):
@@ -580,13 +580,8 @@ def textspan(checkpoint: Checkpoint, images: Sequence[ImageLike] | str | os.Path
         t.strip() for t in texts if t.strip()]
     if not bank:
         raise ValueError("no texts to describe the heads with; give a list, a file with one text a line, or None")
-    check_request(len(images), len(bank), texts_per_head, rank)
-    chosen = late_layers(checkpoint.model, layers)
-    outputs = spans.head_outputs(checkpoint, (_image(i) for i in images), chosen, len(images))
-    features = spans.text_features(checkpoint, bank)
-    described = spans.describe(outputs, chosen, features, bank, texts_per_head, rank)
-    index = {t: i for i, t in enumerate(bank)}
-    kept = {t: features[index[t]] for s in described for t in s.texts}
+    described, kept = spans.run(checkpoint, (_image(i) for i in images), len(images), bank, layers, texts_per_head,
+                                rank)
     return TextSpan(checkpoint, described, kept, len(images))
 
 

@@ -76,3 +76,23 @@ def head_map(checkpoint: Checkpoint, image: Image.Image, layer: int, head: int, 
     grid = model.patch_grid(x.shape[2], x.shape[3])
     values = terms[model.num_prefix_tokens:] @ direction.to(terms)  # (gh*gw,)
     return values.reshape(grid).float().cpu().numpy()
+
+
+def run(checkpoint: Checkpoint, images: Iterable[Image.Image], count: int, texts: Sequence[str], layers: int,
+        texts_per_head: int, rank: int, progress: Callable[[int, int], None] | None = None
+        ) -> tuple[list[textspan.HeadSpan], dict[str, torch.Tensor]]:
+    """The whole of TextSpan, every request checked first: the last ``layers`` layers' heads described over the
+    ``count`` ``images`` by ``texts``, and the chosen texts' embeddings (for ``head_map``). ``progress`` counts the
+    images run, then the texts encoded."""
+    from vit.app.work import in_parts
+
+    check_model(checkpoint)
+    textspan.check_request(count, len(texts), texts_per_head, rank)
+    chosen = textspan.late_layers(checkpoint.model, layers)
+    textspan.check_outputs_fit(checkpoint.model, count, chosen)
+    on_images, on_texts = in_parts(progress, [count, len(texts)])
+    outputs = head_outputs(checkpoint, images, chosen, count, on_images)
+    features = text_features(checkpoint, texts, on_texts)
+    spans = describe(outputs, chosen, features, texts, texts_per_head, rank)
+    index = {t: i for i, t in enumerate(texts)}
+    return spans, {t: features[index[t]] for s in spans for t in s.texts}
