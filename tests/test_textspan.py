@@ -228,3 +228,32 @@ def test_the_mechanism_sections_textspan_tab_lists_the_heads_and_draws_a_heads_m
                             layers=3, texts_per_head=5)
     assert list(table.value["texts, best first"]) == ["; ".join(s.texts) for s in expected.heads]
     assert any("writes into this image's embedding from each patch" in c.value for c in at.caption)
+
+
+def test_describe_heads_command_prints_what_vit_textspan_gives(tmp_path, capsys):
+    import json
+
+    from PIL import Image
+
+    import vit
+    from vit import describe_heads
+
+    _, _, folder = save_clip(tmp_path / "clip", SMALL)
+    rng = np.random.default_rng(1)
+    (tmp_path / "images" / "deeper").mkdir(parents=True)
+    paths = []
+    for i in range(5):
+        path = tmp_path / "images" / ("deeper" if i % 2 else "") / f"im{i}.png"
+        Image.fromarray(rng.integers(0, 256, (30, 34, 3), dtype=np.uint8)).save(path)
+        paths.append(path)
+    (tmp_path / "bank.txt").write_text("\n".join(textspan.read_texts()[:30]) + "\n")
+    code = describe_heads.main([str(folder), "--data", str(tmp_path / "images"), "--texts", str(tmp_path / "bank.txt"),
+                                "--layers", "1", "--texts-per-head", "2", "--rank", "4", "--device", "cpu"])
+    out = capsys.readouterr()
+    assert code == 0, out.err
+    printed = json.loads(out.out)
+    expected = vit.textspan(vit.load(folder, device="cpu"), sorted(paths), tmp_path / "bank.txt", layers=1,
+                            texts_per_head=2, rank=4)
+    assert printed["images"] == 5 and [h["texts"] for h in printed["heads"]] == [s.texts for s in expected.heads]
+    np.testing.assert_allclose([h["variance_explained"] for h in printed["heads"]],
+                               [s.variance_explained for s in expected.heads], rtol=1e-6)
