@@ -10,6 +10,7 @@ through the former.
 
 import argparse
 import re
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -150,14 +151,14 @@ def explained_by(data, chosen, rank):
     return np.array(shares)
 
 
-def test_a_classifier_or_a_siglip_is_refused_in_one_line():
+def test_a_classifier_or_a_siglips_layers_are_refused_in_one_line():
     from vit.model import ViT, ViTConfig
 
     for config, message in ((ViTConfig(image_size=16, patch_size=4, hidden_size=32, num_layers=2, num_heads=2,
                                        mlp_size=64, num_classes=3), "this model is a classifier"),
                             (ViTConfig(image_size=16, patch_size=4, hidden_size=32, num_layers=2, num_heads=2,
                                        mlp_size=64, num_classes=0, pooling="map", class_token=False),
-                             "attention-pooling probe")):
+                             "describe the probe's")):
         with pytest.raises(MechanismError, match=message) as error:
             textspan.head_outputs(ViT(config).eval(), images(2, 16), [1])
         assert "\n" not in str(error.value)
@@ -194,7 +195,7 @@ def test_vit_textspan_describes_the_late_heads_and_maps_one_along_its_text(tmp_p
     terms = textspan.token_contributions(checkpoint.model, x[:1], 2)[0, 1, 1:]  # (T - 1, E): the patches
     np.testing.assert_allclose(shown, (terms @ features[bank.index(span.texts[1])]).reshape(4, 4).numpy(),
                                rtol=1e-5, atol=1e-7)
-    with pytest.raises(ValueError, match="is not one of layer 2 head 1's texts"):
+    with pytest.raises(ValueError, match=r"is not one of head 3\.2's texts"):
         result.map(photos[0], 2, 1, "not a text of it")
     with pytest.raises(MechanismError, match="texts_per_head must be 1 to the 2 texts") as error:
         vit.textspan(checkpoint, photos, ["a dog", "a cat"], texts_per_head=3)
@@ -257,3 +258,69 @@ def test_describe_heads_command_prints_what_vit_textspan_gives(tmp_path, capsys)
     assert printed["images"] == 5 and [h["texts"] for h in printed["heads"]] == [s.texts for s in expected.heads]
     np.testing.assert_allclose([h["variance_explained"] for h in printed["heads"]],
                                [s.variance_explained for s in expected.heads], rtol=1e-6)
+
+
+# --- SigLIP: the pooling probe's heads, as compute_siglip.py ----------------------------------------------------
+
+def test_a_siglips_probe_heads_and_texts_equal_compute_siglip(tmp_path):
+    """Their compute_siglip.py's PRSHook (taken out of the file's text: the script itself is Python 3.12, nested
+    quotes in f-strings) on their SigLIP fork with HF's weights, then replace_with_iterative_removal with their
+    iterations and rank (the width) over HF's text embeddings; ours through vit.textspan."""
+    import transformers
+    from test_prompts import HF_TEXT, bpe_tokenizer_files
+
+    import vit
+    from tests.reference.clip_text_span.compute_complete_text_set import replace_with_iterative_removal
+    from tests.reference.clip_text_span.utils.siglip.configuration_siglip import SiglipVisionConfig
+    from tests.reference.clip_text_span.utils.siglip.modeling_siglip import SiglipVisionModel
+
+    vision = dict(image_size=32, patch_size=8, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                  num_attention_heads=4)
+    config = transformers.SiglipConfig(vision_config=vision, text_config=dict(HF_TEXT, hidden_size=64,
+                                                                              projection_size=64))
+    torch.manual_seed(0)
+    hf = randomize(transformers.SiglipModel(config)).eval()
+    hf.save_pretrained(tmp_path / "m")
+    bpe_tokenizer_files(tmp_path / "m")
+    theirs = SiglipVisionModel(SiglipVisionConfig(**vision)).eval()
+    theirs.load_state_dict({k: v for k, v in hf.state_dict().items() if k.startswith("vision_model.")}, strict=True)
+
+    text = (Path(__file__).parent / "reference" / "clip_text_span" / "compute_siglip.py").read_text()
+    namespace = {"torch": torch}
+    exec(text[text.index("class PRSHook"):text.index("def compute_accuracy")], namespace)
+    prs_hook = namespace["PRSHook"](collapse_spatial=True)
+    theirs.hook.register("pooling_head.attention.out.post", prs_hook.save_attention)
+    theirs.hook.register("pooling_head.mlp_output", prs_hook.save_mlp)
+    rng = np.random.default_rng(2)
+    photos = [rng.integers(0, 256, (32, 32, 3), dtype=np.uint8) for _ in range(8)]
+    checkpoint = vit.load(tmp_path / "m", device="cpu")
+    from vit.inference import preprocess
+
+    x = preprocess([vit.api._image(p) for p in photos], checkpoint.preprocessing)
+    with torch.no_grad():
+        pooled = theirs(pixel_values=x).pooler_output
+    non_spatial = prs_hook.finalize()["attention_records"][:, 0]  # (N, h, D), as their main
+    bias = theirs.vision_model.head.attention.out_proj.bias
+    torch.testing.assert_close(non_spatial.sum(1) + bias + prs_hook.mlp_records[:, 0], pooled, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(textspan.probe_head_outputs(checkpoint.model, x)[:, 0], non_spatial, rtol=1e-5,
+                               atol=1e-6)
+
+    bank = textspan.read_texts()[:60]
+    tokens = transformers.AutoTokenizer.from_pretrained(str(tmp_path / "m"))(
+        bank, padding="max_length", max_length=16, truncation=True, return_tensors="pt")
+    with torch.no_grad():
+        features = F.normalize(hf.text_model(**tokens).pooler_output, dim=-1).numpy()  # their get_text_features
+    result = vit.textspan(checkpoint, photos, bank, texts_per_head=3)
+    assert [s.label for s in result.heads] == ["probe.1", "probe.2", "probe.3", "probe.4"]
+    D = non_spatial.shape[-1]
+    for span in result.heads:
+        data = non_spatial[:, span.head].numpy()
+        _, chosen = replace_with_iterative_removal(data, features, bank, D, D, "cpu")  # compute_siglip's call
+        assert span.texts == chosen[:3]
+        expected = explained_by(data, features[[bank.index(t) for t in span.texts]], D)
+        np.testing.assert_allclose(span.variance_explained, expected, atol=1e-4)
+    assert result.head("probe", -1) is result.heads[-1]
+    terms = textspan.probe_token_contributions(checkpoint.model, x[:1])[0, 1]  # (T, D)
+    shown = result.map(photos[0], "probe", 1, result.heads[1].texts[0])
+    np.testing.assert_allclose(shown, (terms @ result.features[result.heads[1].texts[0]]).reshape(4, 4).numpy(),
+                               rtol=1e-5, atol=1e-7)

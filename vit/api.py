@@ -528,8 +528,14 @@ class TextSpan:
     features: dict[str, torch.Tensor]  # each chosen text's embedding
     images: int
 
-    def head(self, layer: int, head: int):
-        """The ``HeadSpan`` of ``head`` of ``layer`` (counted from 0; negative from the end)."""
+    def head(self, layer: int | str, head: int):
+        """The ``HeadSpan`` of ``head`` of ``layer`` (counted from 0; negative from the end); a SigLIP's: ``layer``
+        ``"probe"``, its attention-pooling probe."""
+        if self.heads[0].probe or layer == "probe":
+            if layer != "probe":
+                raise ValueError("this model's described heads are its pooling probe's: ask for layer='probe'")
+            H = len(self.heads)
+            return self.heads[_index(head, H, "head", f"the probe has {H} heads")]
         layer, head = _heads(self.checkpoint, [(layer, head)])[0]
         for span in self.heads:
             if (span.layer, span.head) == (layer, head):
@@ -537,7 +543,7 @@ class TextSpan:
         described = sorted({s.layer for s in self.heads})
         raise ValueError(f"layer {layer} was not described; these were: {', '.join(map(str, described))}")
 
-    def map(self, image: ImageLike, layer: int, head: int, text: str | None = None,
+    def map(self, image: ImageLike, layer: int | str, head: int, text: str | None = None,
             size: int | InputSize | None = None) -> np.ndarray:
         """``(gh, gw)``: what the head writes into ``image``'s embedding from each patch along ``text``'s embedding
         (one of its texts; default its first)."""
@@ -546,24 +552,25 @@ class TextSpan:
         span = self.head(layer, head)
         text = span.texts[0] if text is None else text
         if text not in span.texts:
-            raise ValueError(f"{text!r} is not one of layer {span.layer} head {span.head}'s texts: "
+            raise ValueError(f"{text!r} is not one of head {span.label}'s texts (layer.head from 1): "
                              f"{'; '.join(span.texts)}")
         return spans.head_map(self.checkpoint, _image(image), span.layer, span.head, self.features[text],
                               _size(size))
 
     def __str__(self) -> str:
-        return "\n".join(f"layer {s.layer} head {s.head} ({s.variance_explained[-1]:.0%}): {'; '.join(s.texts)}"
-                         for s in self.heads)
+        return "\n".join(f"{s.label} ({s.variance_explained[-1]:.0%}): {'; '.join(s.texts)}" for s in self.heads)
 
 
 def textspan(checkpoint: Checkpoint, images: Sequence[ImageLike] | str | os.PathLike, texts: Sequence[str] | str |
-             os.PathLike | None = None, layers: int = 8, texts_per_head: int = 10, rank: int = 80) -> TextSpan:
+             os.PathLike | None = None, layers: int = 8, texts_per_head: int = 10, rank: int | None = None
+             ) -> TextSpan:
     """TextSpan (Gandelsman, Efros & Steinhardt 2024; yossigandelsman/clip_text_span): each head of a CLIP's last
     ``layers`` layers described by the ``texts_per_head`` texts (of ``texts``: a list, a file with one a line, or by
     default the authors' 3,497 general image descriptions) that best span its outputs over ``images`` (a list or a
     folder; the authors use ImageNet's validation set), each at the model's own size. ``rank``: the span the texts
-    are projected on (their ``--w_ov_rank``). Raises ``MechanismError`` / ``TextTowerError`` in one line where it
-    does not apply (a classifier, a SigLIP's pooling probe, no text tower)."""
+    are projected on (their ``--w_ov_rank``; default theirs, 80). A SigLIP's (any model read by an attention-pooling
+    probe): the probe's heads, as the authors' compute_siglip.py (``layer="probe"``; rank default the width). Raises
+    ``MechanismError`` / ``TextTowerError`` in one line where it does not apply (a classifier, no text tower)."""
     from vit.app import textspan as spans
     from vit.explain.textspan import read_texts
 

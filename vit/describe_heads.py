@@ -30,7 +30,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--texts", metavar="FILE", help="the text bank: one description a line (default: the authors')")
     p.add_argument("--layers", type=positive_int, default=8, help="the last layers described (default 8, theirs)")
     p.add_argument("--texts-per-head", type=positive_int, default=10, help="texts per head (default 10, theirs)")
-    p.add_argument("--rank", type=positive_int, default=80, help="rank of the span (default 80, theirs)")
+    p.add_argument("--rank", type=positive_int, default=None,
+                   help="rank of the span (default theirs: 80; a SigLIP's probe: the width)")
     p.add_argument("--limit", type=positive_int, default=None, metavar="N", help="use N images (seeded shuffle)")
     p.add_argument("--seed", type=int, default=0, help="for the shuffle (default 0)")
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto", help="where the model runs")
@@ -76,7 +77,7 @@ def run(args: argparse.Namespace) -> int:
     bar.close()
     result = {"checkpoint": str(args.checkpoint), "data": str(args.data), "images": len(files),
               "texts": str(args.texts or "the authors' image_descriptions_general.txt"), "rank": args.rank,
-              "heads": [{"layer": s.layer, "head": s.head, "texts": s.texts,
+              "heads": [{"layer": "probe" if s.probe else s.layer, "head": s.head, "texts": s.texts,
                          "variance_explained": s.variance_explained} for s in spans]}
     print(json.dumps(result, indent=2))
     return 0

@@ -9,7 +9,7 @@ from app_pages.explorer_sections.long_work import long_work
 from app_pages.explorer_sections.state import Shown
 from vit.app import textspan
 from vit.explain.overlay import overlay
-from vit.explain.textspan import MechanismError, read_texts
+from vit.explain.textspan import MechanismError, read_texts, reads_probe
 from vit.images import ImageError
 from vit.sources.text_tower import TextTowerError, has_text_tower
 from vit.text import escape_markdown
@@ -39,14 +39,19 @@ def textspan_tab(view: Shown, refs) -> None:
     except (MechanismError, TextTowerError) as e:
         st.info(escape_markdown(e))
         return
+    probe = reads_probe(checkpoint.model)
+    if probe:
+        st.caption("A SigLIP reads its embedding through an attention-pooling probe, which mixes every layer's tokens "
+                   "again: as the authors' compute_siglip.py, the probe's own heads are described.")
     upload = st.file_uploader("Text bank (one description a line; default: the authors' 3,497)", type=["txt"],
                               key="textspan_bank")
     left, middle, right = st.columns(3)
     layers = left.number_input("Last layers", 1, L, min(4, L), key="textspan_layers")
     per_head = middle.number_input("Texts per head", 1, 50, 5, key="textspan_texts")
-    rank = right.number_input("Rank of the span", 1, 1024, 80, key="textspan_rank",
+    rank = right.number_input("Rank of the span", 1, 4096, checkpoint.model.config.hidden_size
+                              if probe else 80, key="textspan_rank",
                               help="The texts are projected on the span of each head's top right singular vectors "
-                                   "over the images (the authors' --w_ov_rank).")
+                                   "over the images (the authors' --w_ov_rank; the width for a SigLIP's probe).")
     st.caption(f"Over {escape_markdown(refs.label)} (upload reference images in the sidebar: the authors use "
                "ImageNet's 50,000 validation images; a few dozen give a rough description).")
     try:
@@ -70,11 +75,11 @@ def textspan_tab(view: Shown, refs) -> None:
     if result is None:
         return
     spans, features = result
-    st.dataframe({"layer.head": [f"{s.layer + 1}.{s.head + 1}" for s in spans],
+    st.dataframe({"layer.head": [s.label for s in spans],
                   "variance explained": [f"{s.variance_explained[-1]:.1%}" for s in spans],
                   "texts, best first": ["; ".join(s.texts) for s in spans]}, hide_index=True)
     which = st.selectbox("Head", range(len(spans)), key="textspan_head",
-                         format_func=lambda i: f"{spans[i].layer + 1}.{spans[i].head + 1}")
+                         format_func=lambda i: spans[i].label)
     chosen = spans[which]
     text = st.selectbox("Along the text", chosen.texts, key="textspan_text")
     try:
@@ -83,6 +88,7 @@ def textspan_tab(view: Shown, refs) -> None:
         st.warning(escape_markdown(e))
         return
     st.image(overlay(view.shown, values, view.opacity, view.colormap, view.mode), output_format="PNG")
-    st.caption(f"What head {chosen.layer + 1}.{chosen.head + 1} writes into this image's embedding from each patch, "
-               "along the chosen text's embedding (the authors' decomposition: the final norm frozen at this image, "
-               f"each share divided by the embedding's norm): {values.min():.3g} to {values.max():.3g}.")
+    how = ("the probe's head output from each token" if chosen.probe else "the final norm frozen at this image, "
+           "each share divided by the embedding's norm")
+    st.caption(f"What head {chosen.label} writes into this image's embedding from each patch, along the chosen "
+               f"text's embedding (the authors' decomposition: {how}): {values.min():.3g} to {values.max():.3g}.")

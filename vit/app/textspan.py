@@ -36,7 +36,9 @@ def head_outputs(checkpoint: Checkpoint, images: Iterable[Image.Image], layers: 
     def run() -> None:
         nonlocal done
         x = preprocess(batch, checkpoint.preprocessing, TRAINING_SIZE, model.config.patch_size).to(device)
-        parts.append(textspan.head_outputs(model, x, layers).float().cpu())
+        outputs = textspan.probe_head_outputs(model, x) if textspan.reads_probe(model) else \
+            textspan.head_outputs(model, x, layers)
+        parts.append(outputs.float().cpu())
         done += len(batch)
         batch.clear()
         if progress is not None:
@@ -60,9 +62,10 @@ def text_features(checkpoint: Checkpoint, texts: Sequence[str],
 
 
 def describe(outputs: torch.Tensor, layers: Sequence[int], features: torch.Tensor, texts: Sequence[str],
-             texts_per_head: int = textspan.TEXTS_PER_HEAD, rank: int = textspan.RANK) -> list[textspan.HeadSpan]:
+             texts_per_head: int = textspan.TEXTS_PER_HEAD, rank: int = textspan.RANK, probe: bool = False
+             ) -> list[textspan.HeadSpan]:
     """Every head's texts and variance explained (``vit.explain.textspan.describe_heads``)."""
-    return textspan.describe_heads(outputs, layers, features, texts, texts_per_head, rank)
+    return textspan.describe_heads(outputs, layers, features, texts, texts_per_head, rank, probe)
 
 
 def head_map(checkpoint: Checkpoint, image: Image.Image, layer: int, head: int, direction: torch.Tensor,
@@ -72,27 +75,35 @@ def head_map(checkpoint: Checkpoint, image: Image.Image, layer: int, head: int, 
     model = checkpoint.model
     device = next(model.parameters()).device
     x = preprocess([image], checkpoint.preprocessing, size, model.config.patch_size).to(device)
-    terms = textspan.token_contributions(model, x, layer)[0, head]  # (T, E)
+    if textspan.reads_probe(model):
+        terms = textspan.probe_token_contributions(model, x)[0, head]  # (T, D)
+    else:
+        terms = textspan.token_contributions(model, x, layer)[0, head]  # (T, E)
     grid = model.patch_grid(x.shape[2], x.shape[3])
     values = terms[model.num_prefix_tokens:] @ direction.to(terms)  # (gh*gw,)
     return values.reshape(grid).float().cpu().numpy()
 
 
 def run(checkpoint: Checkpoint, images: Iterable[Image.Image], count: int, texts: Sequence[str], layers: int,
-        texts_per_head: int, rank: int, progress: Callable[[int, int], None] | None = None
+        texts_per_head: int, rank: int | None = None, progress: Callable[[int, int], None] | None = None
         ) -> tuple[list[textspan.HeadSpan], dict[str, torch.Tensor]]:
-    """The whole of TextSpan, every request checked first: the last ``layers`` layers' heads described over the
-    ``count`` ``images`` by ``texts``, and the chosen texts' embeddings (for ``head_map``). ``progress`` counts the
-    images run, then the texts encoded."""
+    """The whole of TextSpan, every request checked first: the last ``layers`` layers' heads (a SigLIP's: its
+    pooling probe's) described over the ``count`` ``images`` by ``texts``, and the chosen texts' embeddings (for
+    ``head_map``). ``rank`` None: the authors' (80 for a CLIP; the width for a probe, as compute_siglip.py).
+    ``progress`` counts the images run, then the texts encoded."""
     from vit.app.work import in_parts
 
     check_model(checkpoint)
+    model = checkpoint.model
+    probe = textspan.reads_probe(model)
+    if rank is None:
+        rank = model.config.hidden_size if probe else textspan.RANK
     textspan.check_request(count, len(texts), texts_per_head, rank)
-    chosen = textspan.late_layers(checkpoint.model, layers)
-    textspan.check_outputs_fit(checkpoint.model, count, chosen)
+    chosen = [len(model.blocks)] if probe else textspan.late_layers(model, layers)
+    textspan.check_outputs_fit(model, count, [len(model.blocks) - 1] if probe else chosen)
     on_images, on_texts = in_parts(progress, [count, len(texts)])
     outputs = head_outputs(checkpoint, images, chosen, count, on_images)
     features = text_features(checkpoint, texts, on_texts)
-    spans = describe(outputs, chosen, features, texts, texts_per_head, rank)
+    spans = describe(outputs, chosen, features, texts, texts_per_head, rank, probe)
     index = {t: i for i, t in enumerate(texts)}
     return spans, {t: features[index[t]] for s in spans for t in s.texts}

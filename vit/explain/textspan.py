@@ -16,6 +16,12 @@ As yossigandelsman/clip_text_span (tests/reference/clip_text_span, compared in t
   head's centred outputs and from every text. ``variance_explained`` is the share of the head's variance over the
   images that the chosen texts' directions hold (``1 - |residual|^2 / |centred|^2``), after each text.
 
+A SigLIP (SigLIP 2, any model read by an attention-pooling probe) reads its embedding through the probe, which
+mixes every layer's tokens again: its late layers' heads have no direct share. As the authors' ``compute_siglip.py``,
+the probe's own heads are described instead (``probe_head_outputs``: each head's output through its columns of the
+probe's out-projection, summed over the tokens, no norm to freeze), searched over the full span (their ``rank`` is
+the width) unless a rank is given.
+
 Shapes: images ``(B, C, H, W)``; ``T = prefix + gh * gw``; ``H`` heads; ``E`` the embedding's width.
 """
 
@@ -49,13 +55,17 @@ def check_supported(model: nn.Module) -> None:
         raise MechanismError("TextSpan describes the heads of a CLIP's image tower by texts; this model is a "
                              "classifier (open a CLIP)")
     if c.pooling == "map":
-        raise MechanismError("TextSpan splits the embedding a CLIP reads at CLS; a SigLIP's attention-pooling probe "
-                             "mixes every layer's tokens again, so its late layers' heads have no direct share "
-                             "(the authors' SigLIP script describes the probe's heads; not here yet)")
+        return  # the probe's heads (compute_siglip.py)
     if c.pooling != "cls" or c.stage_depths or c.post_norm or c.res_post_norm or model.fc_norm is not None \
             or not isinstance(model.norm, nn.LayerNorm):
         raise MechanismError("TextSpan splits an embedding read at CLS through one final LayerNorm (a CLIP's); "
                              "this model pools, normalises or stages otherwise")
+
+
+def reads_probe(model: ViT) -> bool:
+    """Whether TextSpan describes ``model``'s attention-pooling probe's heads (a SigLIP's) rather than its late
+    layers' (a CLIP's)."""
+    return model.config.pooling == "map"
 
 
 def _heads_and_residual(model: ViT, images: Tensor, layers: Sequence[int], names: Sequence[str]
@@ -113,6 +123,9 @@ def head_outputs(model: ViT, images: Tensor, layers: Sequence[int]) -> Tensor:
     """Each head's direct share of each image's embedding, summed over the tokens, as ``compute_prs.py`` saves it
     (divided by the embedding's norm): ``(B, len(layers), H, E)``."""
     check_supported(model)
+    if reads_probe(model):
+        raise MechanismError("this model reads its embedding through an attention-pooling probe: its layers' heads "
+                             "have no direct share; describe the probe's (probe_head_outputs)")
     cache, embedding = _heads_and_residual(model, images, layers, ["attn.hook_z"])
     final = cache[f"blocks.{len(model.blocks) - 1}.hook_resid_post"][:, 0]  # (B, D)
     out = []
@@ -130,6 +143,9 @@ def token_contributions(model: ViT, images: Tensor, layer: int) -> Tensor:
     """Layer ``layer``'s terms per head and key token (``prs_hook.py``'s spatial ones): ``(B, H, T, E)``; their
     sum over ``T`` is ``head_outputs``'."""
     check_supported(model)
+    if reads_probe(model):
+        raise MechanismError("this model reads its embedding through an attention-pooling probe: its layers' heads "
+                             "have no direct share; describe the probe's (probe_head_outputs)")
     cache, embedding = _heads_and_residual(model, images, [layer], ["attn.hook_pattern", "attn.hook_v"])
     final = cache[f"blocks.{len(model.blocks) - 1}.hook_resid_post"][:, 0]
     pattern = cache[f"blocks.{layer}.attn.hook_pattern"][:, :, 0]  # (B, H, T): CLS's row
@@ -141,14 +157,50 @@ def token_contributions(model: ViT, images: Tensor, layer: int) -> Tensor:
     return readout(terms.permute(1, 2, 0, 3)).permute(2, 1, 0, 3)  # (B, H, T, E)
 
 
+@torch.no_grad()
+def probe_token_contributions(model: ViT, images: Tensor) -> Tensor:
+    """The attention-pooling probe's terms per head and key token, ``P[h, t] * v[h, t] @ W_O[h]``: ``(B, H, T, D)``
+    (``probe_head_outputs`` is their sum over ``T``)."""
+    check_supported(model)
+    if not reads_probe(model):
+        raise MechanismError("this model reads its embedding at CLS, not through an attention-pooling probe")
+    cache: dict[str, Tensor] = {}
+
+    def keep(x: Tensor, hook) -> None:
+        cache[hook.name] = x
+
+    with torch.no_grad():
+        model.run_with_hooks(images, [("attn_pool.hook_pattern", keep), ("attn_pool.hook_v", keep)])
+        pool = model.attn_pool
+        pattern = cache["attn_pool.hook_pattern"][:, :, 0]  # (B, H, T)
+        values = cache["attn_pool.hook_v"]  # (B, H, T, hd)
+        D = pool.proj.weight.shape[0]
+        w = pool.proj.weight.view(D, pool.num_heads, pool.head_dim)
+        return torch.einsum("bht,bhte,dhe->bhtd", pattern, values, w)
+
+
+@torch.no_grad()
+def probe_head_outputs(model: ViT, images: Tensor) -> Tensor:
+    """Each of the attention-pooling probe's heads' output, summed over the tokens (``compute_siglip.py``'s
+    ``pooling_head.attention.out.post``, collapsed): ``(B, 1, H, D)``."""
+    return probe_token_contributions(model, images).sum(dim=2)[:, None]
+
+
 @dataclass
 class HeadSpan:
-    """One head's texts, best first, and the share of its variance over the images they explain after each."""
+    """One head's texts, best first, and the share of its variance over the images they explain after each.
+    ``layer``: the block, or with ``probe`` the number of blocks (the attention-pooling probe after them)."""
 
     layer: int
     head: int
     texts: list[str]
     variance_explained: list[float]  # cumulative, one per text
+    probe: bool = False
+
+    @property
+    def label(self) -> str:
+        """``layer.head`` from 1 as the explorer shows them, ``probe.head`` for the pooling probe's."""
+        return f"{'probe' if self.probe else self.layer + 1}.{self.head + 1}"
 
 
 def text_span(outputs: Tensor, text_features: Tensor, texts_per_head: int = TEXTS_PER_HEAD, rank: int = RANK
@@ -186,14 +238,15 @@ def check_request(images: int, texts: int, texts_per_head: int, rank: int) -> No
 
 
 def describe_heads(outputs: Tensor, layers: Sequence[int], text_features: Tensor, texts: Sequence[str],
-                   texts_per_head: int = TEXTS_PER_HEAD, rank: int = RANK) -> list[HeadSpan]:
-    """``text_span`` for every head of ``outputs (N, len(layers), H, E)`` (``head_outputs``)."""
+                   texts_per_head: int = TEXTS_PER_HEAD, rank: int = RANK, probe: bool = False) -> list[HeadSpan]:
+    """``text_span`` for every head of ``outputs (N, len(layers), H, E)`` (``head_outputs``, or with ``probe``
+    ``probe_head_outputs``)."""
     check_request(outputs.shape[0], len(texts), texts_per_head, rank)
     spans = []
     for i, layer in enumerate(layers):
         for head in range(outputs.shape[2]):
             chosen, explained = text_span(outputs[:, i, head], text_features, texts_per_head, rank)
-            spans.append(HeadSpan(layer, head, [texts[j] for j in chosen], explained))
+            spans.append(HeadSpan(layer, head, [texts[j] for j in chosen], explained, probe))
     return spans
 
 
@@ -207,7 +260,8 @@ def late_layers(model: ViT, count: int = LAST_LAYERS) -> list[int]:
 
 def check_outputs_fit(model: ViT, images: int, layers: Sequence[int]) -> None:
     """Refuse, before any forward, a set whose head outputs (``images x layers x H x E`` floats) pass the bound."""
-    H = max(model.blocks[layer].attn.num_heads for layer in layers)
+    H = model.attn_pool.num_heads if reads_probe(model) else max(model.blocks[layer].attn.num_heads
+                                                                 for layer in layers)
     E = model.config.projection_dim or model.config.hidden_size
     check_budget(images * len(layers) * H * E, f"keeping {len(layers)} layers' head outputs for {images} images")
 
