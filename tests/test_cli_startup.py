@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-COMMANDS = ("predict", "evaluate", "convert", "train", "faithfulness", "analyze", "sae")
+COMMANDS = ("predict", "evaluate", "convert", "train", "faithfulness", "analyze", "sae", "describe_heads")
 # Runs the command as ``python -m vit.NAME ARGS`` would, then prints which heavy packages it had imported.
 PROBE = """
 import atexit, runpy, sys
@@ -55,7 +55,8 @@ MISSPELT = {"predict": (["m.pt", "x.jpg", "--sise", "2048"], "--size"),
             "train": (["--dataset", "cifar10", "--epocs", "3"], "--epochs"),
             "faithfulness": (["m.pt", "--data", "d", "--limt=3"], "--limit"),
             "analyze": (["m.pt", "--data", "d", "--pca-jiont"], "--pca-joint"),
-            "sae": (["train", "m.pt", "--layr", "3"], "--layer")}
+            "sae": (["train", "m.pt", "--layr", "3"], "--layer"),
+            "describe_heads": (["m.pt", "--data", "d", "--texts-per-haed", "3"], "--texts-per-head")}
 
 
 @pytest.mark.parametrize("command", COMMANDS)
@@ -94,6 +95,8 @@ MISSING = {
                     "--map {tmp}/m.json: no such file; give the mapping --inspect drafted, completed"),
     "sae": (["train", "{model}", "--data", "{tmp}/nowhere", "--layer", "1", "--out", "{tmp}/sae"],
             "--data {tmp}/nowhere is not a folder; give a folder of images (any depth)"),
+    "describe_heads": (["{model}", "--data", "{tmp}", "--texts", "{tmp}/bank.txt"],
+                       "--texts {tmp}/bank.txt: no such file; give a text file with one description a line"),
 }
 
 

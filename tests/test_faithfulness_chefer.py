@@ -101,6 +101,43 @@ def test_segmentation_equals_their_eval_batch_and_totals(monkeypatch):
     assert ours["mAP"] == pytest.approx(namespace["mAp"], abs=1e-6)
 
 
+@pytest.mark.parametrize("method, theirs", [("attn-gradcam", "attn_gradcam"), ("lrp-partial", "lrp_last_layer"),
+                                             ("lrp-full", "full_lrp")])
+def test_baselines_segmentation_equals_their_eval_batch_with_their_generators(monkeypatch, method, theirs):
+    """Chefer's three baselines through their eval_batch, their maps from their generators on their models with
+    our weights (float64: LRP's sums nearly cancel), against ours through method_maps and segmentation_counts.
+    Their eval_batch reads 224 px inputs and a 14 x 14 grid: a two-layer ViT-B/16-shaped model 32 wide."""
+    from tests.reference.chefer import ViT_new, ViT_orig_LRP
+    from tests.reference.chefer.ViT_explanation_generator import LRP, Baselines
+    from tests.test_chefer_baselines import random_vit, reference
+    from vit.explain.faithfulness import method_maps
+    from vit.model import ViTConfig
+
+    monkeypatch.setattr(torch.Tensor, "cuda", lambda self, *a, **k: self)
+    model = random_vit(ViTConfig(image_size=224, patch_size=16, num_classes=5, hidden_size=32, num_layers=2,
+                                 num_heads=4, mlp_size=64)).double()
+    _, masks = maps_and_masks()
+    images = torch.nn.functional.interpolate(torch.randn(4, 3, 7, 7, generator=torch.Generator().manual_seed(3)),
+                                             size=224, mode="bilinear").double()
+    namespace = {name: getattr(metrices, name) for name in metrices.__all__}
+    namespace.update(np=np, torch=torch, F=torch.nn.functional, batch_size=1,
+                     baselines=Baselines(reference(model, ViT_new)), orig_lrp=LRP(reference(model, ViT_orig_LRP)),
+                     args=argparse.Namespace(method=theirs, save_img=False, thr=0.0, is_ablation=False),
+                     iterator=Progress((image[None], m[None]) for image, m in zip(images, masks, strict=True)))
+    namespace["get_f1_scores"] = lambda predict, target: 0.0
+    namespace["model"] = Evaluator()
+    exec(script_parts("imagenet_seg_eval.py", named("eval_batch", "total_inter", "total_ap", "predictions", "for")),
+         namespace)
+
+    predicted = model(images)[0].argmax(-1)
+    maps = method_maps(model, images, method, predicted, pixels=True)
+    assert maps.shape == ((4, 224, 224) if method == "lrp-full" else (4, 14, 14))
+    ours = segmentation_scores(*segmentation_counts(maps, masks))
+    assert ours["pixel_accuracy"] == pytest.approx(namespace["pixAcc"], abs=1e-6)
+    assert ours["mIoU"] == pytest.approx(namespace["mIoU"], abs=1e-6)
+    assert ours["mAP"] == pytest.approx(namespace["mAp"], abs=1e-6)
+
+
 def test_perturbation_equals_their_eval(tmp_path, capsys):
     torch.manual_seed(0)
     # A linear model over the pixels: which pixels go changes its answer, so positive and negative orders differ
@@ -180,6 +217,25 @@ def test_cli_segmentation_prints_scores_per_method_and_writes_them(tmp_path, cap
     assert json.loads((tmp_path / "out" / "faithfulness.json").read_text()) == result
     assert "| method | pixel_accuracy | mIoU | mAP |" in (tmp_path / "out" / "faithfulness.md").read_text()
     assert (tmp_path / "out" / "faithfulness.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_cli_runs_chefers_baselines_in_both_tests(tmp_path, capsys):
+    import json
+
+    from vit import faithfulness
+
+    checkpoint = tiny_model_and_images(tmp_path, labelled=False)
+    code = faithfulness.main([str(checkpoint), "--benchmark", "segmentation", "--data", str(tmp_path / "data"),
+                              "--masks", str(tmp_path / "masks"), "--methods", "attn-gradcam,lrp-full,lrp-partial"])
+    out = capsys.readouterr()
+    assert code == 0, out.err
+    assert set(json.loads(out.out)["methods"]) == {"attn-gradcam", "lrp-full", "lrp-partial"}
+    checkpoint = tiny_model_and_images(tmp_path / "labelled", labelled=True)
+    code = faithfulness.main([str(checkpoint), "--data", str(tmp_path / "labelled" / "data"), "--methods",
+                              "lrp-full", "--steps", "4"])  # deletion: the patch sums of its pixels
+    out = capsys.readouterr()
+    assert code == 0, out.err
+    assert set(json.loads(out.out)["methods"]) == {"lrp-full"}
 
 
 def test_cli_perturbation_gives_both_orders_from_the_intact_accuracy(tmp_path, capsys):

@@ -534,6 +534,83 @@ def registers(checkpoint: Checkpoint, image: ImageLike, references: Sequence[Ima
                                           _size(size))
 
 
+# -- TextSpan (the explorer's Mechanism section) ---------------------------------------------------------------------
+
+@dataclass
+class TextSpan:
+    """A CLIP's late heads described by texts (Gandelsman et al. 2024): ``heads``, one ``HeadSpan`` per head
+    (``layer``, ``head``, ``texts`` best first, ``variance_explained`` after each), over ``images`` images;
+    ``map(image, layer, head)`` the head's map of an image along one of its texts."""
+
+    checkpoint: Checkpoint
+    heads: list
+    features: dict[str, torch.Tensor]  # each chosen text's embedding
+    images: int
+
+    def head(self, layer: int | str, head: int):
+        """The ``HeadSpan`` of ``head`` of ``layer`` (counted from 0; negative from the end); a SigLIP's: ``layer``
+        ``"probe"``, its attention-pooling probe."""
+        if self.heads[0].probe or layer == "probe":
+            if layer != "probe":
+                raise ValueError("this model's described heads are its pooling probe's: ask for layer='probe'")
+            H = len(self.heads)
+            return self.heads[_index(head, H, "head", f"the probe has {H} heads")]
+        layer, head = _heads(self.checkpoint, [(layer, head)])[0]
+        for span in self.heads:
+            if (span.layer, span.head) == (layer, head):
+                return span
+        described = sorted({s.layer for s in self.heads})
+        raise ValueError(f"layer {layer} was not described; these were: {', '.join(map(str, described))}")
+
+    def map(self, image: ImageLike, layer: int | str, head: int, text: str | None = None,
+            size: int | InputSize | None = None) -> np.ndarray:
+        """``(gh, gw)``: what the head writes into ``image``'s embedding from each patch along ``text``'s embedding
+        (one of its texts; default its first)."""
+        from vit.app import textspan as spans
+
+        span = self.head(layer, head)
+        text = span.texts[0] if text is None else text
+        if text not in span.texts:
+            raise ValueError(f"{text!r} is not one of head {span.label}'s texts (layer.head from 1): "
+                             f"{'; '.join(span.texts)}")
+        return spans.head_map(self.checkpoint, _image(image), span.layer, span.head, self.features[text],
+                              _size(size))
+
+    def __str__(self) -> str:
+        return "\n".join(f"{s.label} ({s.variance_explained[-1]:.0%}): {'; '.join(s.texts)}" for s in self.heads)
+
+
+def textspan(checkpoint: Checkpoint, images: Sequence[ImageLike] | str | os.PathLike, texts: Sequence[str] | str |
+             os.PathLike | None = None, layers: int = 8, texts_per_head: int = 10, rank: int | None = None
+             ) -> TextSpan:
+    """TextSpan (Gandelsman, Efros & Steinhardt 2024; yossigandelsman/clip_text_span): each head of a CLIP's last
+    ``layers`` layers described by the ``texts_per_head`` texts (of ``texts``: a list, a file with one a line, or by
+    default the authors' 3,497 general image descriptions) that best span its outputs over ``images`` (a list or a
+    folder; the authors use ImageNet's validation set), each at the model's own size. ``rank``: the span the texts
+    are projected on (their ``--w_ov_rank``; default theirs, 80). A SigLIP's (any model read by an attention-pooling
+    probe): the probe's heads, as the authors' compute_siglip.py (``layer="probe"``; rank default the width). Raises
+    ``MechanismError`` / ``TextTowerError`` in one line where it does not apply (a classifier, no text tower)."""
+    from vit.app import textspan as spans
+    from vit.explain.textspan import read_texts
+
+    spans.check_model(checkpoint)
+    if isinstance(images, (str, os.PathLike)):
+        from vit.training.data import image_files
+
+        files = image_files(Path(images)) if Path(images).is_dir() else []
+        if not files:
+            raise ValueError(f"{images} is not a folder of images; give one, or a list of images")
+        images = files
+    images = list(images)
+    bank = read_texts(texts) if texts is None or isinstance(texts, (str, os.PathLike)) else [
+        t.strip() for t in texts if t.strip()]
+    if not bank:
+        raise ValueError("no texts to describe the heads with; give a list, a file with one text a line, or None")
+    described, kept = spans.run(checkpoint, (_image(i) for i in images), len(images), bank, layers, texts_per_head,
+                                rank)
+    return TextSpan(checkpoint, described, kept, len(images))
+
+
 # -- SAE features (the explorer's Features section) ------------------------------------------------------------------
 
 def feature_attribution(checkpoint: Checkpoint, image: ImageLike, sae, target: int | str | None = None,

@@ -11,7 +11,9 @@ file stem; or ``--data gtsegs_ijcv.mat`` alone, the paper's file of images and m
 ``--benchmark saco`` (``--groups K``): ``DIR`` any folder of images. All print ``images_per_s`` per method, a table on
 stderr, and with ``--out DIR`` write ``DIR/faithfulness.json``, ``DIR/faithfulness.md`` and ``DIR/faithfulness.png``.
 Besides their own methods (``METHOD_NAMES``) they score any map ``vit.methods()`` draws for the model (the CAMs,
-``lrp``, ...), image by image.
+``lrp``, ...), image by image. Chefer et al.'s baselines are methods too: ``attn-gradcam`` (GradCAM on the last
+attention), ``lrp-partial`` (the last attention's LRP relevance) and ``lrp-full`` (LRP to the pixels; read as pixels
+by the segmentation and perturbation tests, as their full_lrp).
 """
 
 from __future__ import annotations
@@ -24,7 +26,8 @@ from pathlib import Path
 PROG = "vit.faithfulness"
 # vit.explain.faithfulness's METHODS and REPLACEMENTS by name, for --help without torch (tests/test_faithfulness.py
 # checks they are the same), so that an unknown method is refused before torch loads.
-METHOD_NAMES = ("random", "attention", "rollout", "class", "legrad", "transformer_attribution", "attnlrp", "flow")
+METHOD_NAMES = ("random", "attention", "rollout", "class", "legrad", "transformer_attribution", "attnlrp", "flow",
+                "attn-gradcam", "lrp-full", "lrp-partial")
 REPLACEMENTS = ("blur", "mean", "zero")
 BENCHMARKS = ("deletion", "segmentation", "perturbation", "road", "saco")
 # A fixed number of curve points whatever the patch grid: Chefer et al. (2021)'s perturbation tests remove the
@@ -200,22 +203,23 @@ def check_methods(methods: list[str], checkpoint) -> None:
                          f"{', '.join([*METHOD_NAMES, *available])}")
 
 
-def method_maps(checkpoint, x, pixels, method: str, class_index, generator):
+def method_maps(checkpoint, x, pixels, method: str, class_index, generator, as_pixels: bool = False):
     """``(B, gh, gw)`` maps of ``x`` (normalised) for each image's ``class_index``: the benchmark's own methods
     batched (``vit.explain.faithfulness.method_maps``), any other map of ``vit.methods()`` image by image as
     ``vit.explain`` draws it, on the same ``pixels (B, C, H, W)`` (uint8, already at the input's size: resized
-    straight to it, not cropped again)."""
+    straight to it, not cropped again). ``as_pixels``: a method that maps the input's pixels (full LRP) gives its
+    ``(B, H, W)`` map as it is."""
     from dataclasses import replace
 
     import numpy as np
     import torch
 
     from vit import api
-    from vit.explain.attention_maps import MAP_CONTROLS
     from vit.explain import faithfulness as bench
+    from vit.explain.attention_maps import MAP_CONTROLS
 
     if method in bench.METHODS:
-        return bench.method_maps(checkpoint.model, x, method, class_index, generator)
+        return bench.method_maps(checkpoint.model, x, method, class_index, generator, pixels=as_pixels)
     straight = replace(checkpoint, preprocessing=replace(checkpoint.preprocessing, resize_size=None,
                                                          resize_mode="square"))
     reads_class = "class" in MAP_CONTROLS.get(method, ())
@@ -307,7 +311,9 @@ def run_benchmark(args: argparse.Namespace) -> int:
                 intact.append((predicted == target).cpu().numpy().astype(np.float64))
             for method in methods:
                 began = time.perf_counter()
-                maps = method_maps(checkpoint, x, pixels, method, predicted, generator)  # their vis_class "top"
+                # their vis_class "top"; full LRP's pixels as they are in Chefer's tests (their full_lrp: no upsampling)
+                maps = method_maps(checkpoint, x, pixels, method, predicted, generator,
+                                   benchmark in ("segmentation", "perturbation"))
                 if benchmark == "segmentation":
                     parts[method].append(bench.segmentation_counts(maps, masks))
                 elif benchmark == "perturbation":

@@ -12,7 +12,7 @@ import numpy as np
 import streamlit as st
 from PIL import Image
 
-from app_pages.explorer_sections import patching
+from app_pages.explorer_sections import patching, textspan
 from app_pages.explorer_sections.caches import UPLOAD_TYPES, analyse, decode_image
 from app_pages.explorer_sections.long_work import long_work
 from app_pages.explorer_sections.state import Shown, keep_settings
@@ -199,9 +199,10 @@ def mechanism(view: Shown, refs: References, samples: list[Path] | None, sample:
     else:
         names_mech = [f"{i + 1}.{h + 1}" for i in range(L) for h in range(analysis.heads_in(i))]  # a stage's own
         lens_rows = [f"layer {i + 1}" if i >= 0 else "embedding" for i in mech.lens_layers]
-        lens_tab, dla_tab, ablation_tab, patching_tab, phenomena_tab = st.tabs(
-            ["Logit lens", "Head attribution", "Ablation", "Patching", "Phenomena"], key="mechanism_tab",
-            on_change="rerun")
+        tabs = st.tabs(["Logit lens", "Head attribution", "Ablation", "Patching", "Phenomena"]
+                       + (["TextSpan"] if textspan.applies(checkpoint) else []), key="mechanism_tab",
+                       on_change="rerun")
+        lens_tab, dla_tab, ablation_tab, patching_tab, phenomena_tab = tabs[:5]
         class_label = escape_markdown(class_names[mech.class_index]) if class_names else ""
         if lens_tab.open:
             with lens_tab:
@@ -316,6 +317,9 @@ def mechanism(view: Shown, refs: References, samples: list[Path] | None, sample:
         if patching_tab.open:
             with patching_tab:
                 patching.patching_tab(view, samples, sample, refs.invert)
+        if len(tabs) > 5 and tabs[5].open:
+            with tabs[5]:
+                textspan.textspan_tab(view, refs)
         if phenomena_tab.open:
             with phenomena_tab:
                 layer_norms = mech.norms[layer]  # after the sidebar's layer

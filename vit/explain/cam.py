@@ -174,3 +174,40 @@ def cam(model: ViT, images: Tensor, method: str = "gradcam", class_index: int | 
             weights = cam_weights(method, acts, grads)
         result = (weights[:, :, None, None] * acts).sum(dim=1)  # (B, h, w)
     return result.clamp(min=0)
+
+
+def attention_gradcam(model: ViT, images: Tensor, class_index: int | Tensor | None = None) -> Tensor:
+    """Chefer et al.'s GradCAM baseline on the last attention (``ViT_explanation_generator.py``'s
+    ``Baselines.generate_cam_attn``): the last layer's attention from CLS to the patches, each head weighted by the
+    mean of its gradient there for each image's class (default: the predicted one), averaged over heads, ReLU:
+    ``(B, gh, gw)``, not normalised (theirs min-max normalises; the overlay does)."""
+    if model.head is None:
+        raise ValueError("GradCAM on attention explains a class; this model has no head")
+    if model.cls_token is None or model.config.stage_depths:
+        raise ValueError("GradCAM on attention reads the last layer's CLS row over one grid of patches; this model "
+                         "has no CLS token or has stages (Swin, Hiera): use Grad-CAM on its tokens (gradcam)")
+    L = len(model.blocks)
+    kept: dict[str, Tensor] = {}
+
+    def leaf(x: Tensor, hook) -> Tensor:  # the gradient stops at the last block: the others keep no graph
+        return x.detach().requires_grad_(True)
+
+    def keep(x: Tensor, hook) -> None:
+        kept["probs"] = x
+
+    with torch.inference_mode(False), torch.enable_grad():
+        encoding = model.run_with_hooks(images, [(f"blocks.{L - 1}.hook_attn_in", leaf),
+                                                 (f"blocks.{L - 1}.attn.hook_pattern", keep)])
+        index = _classes(encoding.logits, class_index)
+        score = encoding.logits.gather(1, index[:, None]).sum()  # the images are independent
+        [grad] = torch.autograd.grad(score, kept["probs"])
+    probs = kept["probs"].detach()
+    B, H, Tq, T = probs.shape
+    grid = model.patch_grid(images.shape[2], images.shape[3])
+    if Tq != T or T != model.num_prefix_tokens + grid[0] * grid[1]:
+        raise ValueError(f"GradCAM on attention reads the last layer's whole T x T attention; this model's is "
+                         f"{Tq} x {T} (windows or a layout): use Grad-CAM on its tokens (gradcam)")
+    P = model.num_prefix_tokens
+    cam, grad = probs[:, :, 0, P:], grad[:, :, 0, P:]  # (B, H, gh*gw): CLS's row over the patches
+    weights = grad.mean(dim=-1, keepdim=True)  # (B, H, 1): their grad.mean over the 14 x 14 grid
+    return (cam * weights).mean(dim=1).clamp(min=0).reshape(B, *grid)  # (B, gh, gw)

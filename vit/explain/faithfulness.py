@@ -43,8 +43,9 @@ from torch import Tensor
 
 from vit.explain.attention import class_gradients, fuse_heads, gradient_rollout, rollout, token_map
 from vit.explain.attention_flow import attention_flow
+from vit.explain.cam import attention_gradcam
 from vit.explain.hidden import placed_attentions
-from vit.explain.relevance import attnlrp, legrad, patch_sums, transformer_attribution
+from vit.explain.relevance import attnlrp, full_lrp, legrad, partial_lrp, patch_sums, transformer_attribution
 
 REPLACEMENTS = ("blur", "mean", "zero")
 METHODS = {
@@ -56,7 +57,12 @@ METHODS = {
     "transformer_attribution": "LRP transformer attribution (Chefer et al. 2021a)",
     "attnlrp": "AttnLRP (Achtibat et al. 2024), patch sums",
     "flow": "attention flow (Abnar & Zuidema 2020; slow)",
+    # Chefer et al. (2021)'s baselines, as their ViT_explanation_generator.py / ViT_orig_LRP.py
+    "attn-gradcam": "GradCAM on the last attention (Chefer et al. 2021a's baseline)",
+    "lrp-full": "full LRP to the pixels (Chefer et al. 2021a's baseline), patch sums",
+    "lrp-partial": "partial LRP: the last attention's relevance (Voita et al. 2019; Chefer et al. 2021a's baseline)",
 }
+PIXEL_METHODS = ("lrp-full",)  # a map of the input's pixels: Chefer's tests read it as it is (their full_lrp)
 DEFAULT_METHODS = [m for m in METHODS if m != "flow"]  # flow takes seconds per image on a CPU
 
 
@@ -139,8 +145,9 @@ def auc(fractions: np.ndarray, curve: np.ndarray) -> np.ndarray:
 
 
 def method_maps(model: torch.nn.Module, images: Tensor, method: str, class_index: Tensor,
-                generator: torch.Generator | None = None) -> Tensor:
-    """The ``(B, gh, gw)`` map of ``method`` (a key of ``METHODS``) for each image's class; CLS is the query."""
+                generator: torch.Generator | None = None, pixels: bool = False) -> Tensor:
+    """The ``(B, gh, gw)`` map of ``method`` (a key of ``METHODS``) for each image's class; CLS is the query.
+    With ``pixels``, a method of ``PIXEL_METHODS`` gives its ``(B, H, W)`` map of the input's pixels instead."""
     grid = model.patch_grid(images.shape[2], images.shape[3])
     prefix = model.num_prefix_tokens
     if method == "random":
@@ -163,6 +170,13 @@ def method_maps(model: torch.nn.Module, images: Tensor, method: str, class_index
         return token_map(transformer_attribution(model, images, class_index), 0, grid, prefix)
     if method == "attnlrp":
         return patch_sums(attnlrp(model, images, class_index), grid)
+    if method == "attn-gradcam":
+        return attention_gradcam(model, images, class_index)
+    if method == "lrp-partial":
+        return partial_lrp(model, images, class_index)
+    if method == "lrp-full":
+        relevance = full_lrp(model, images, class_index)
+        return relevance if pixels else patch_sums(relevance, grid)
     raise ValueError(f"unknown method {method!r}; choose from: {', '.join(METHODS)}")
 
 

@@ -322,12 +322,16 @@ def _safe_divide(a: Tensor, b: Tensor) -> Tensor:
     return a / den * b.ne(0).type(b.type())
 
 
-def _linear_relprop(relevance: Tensor, x: Tensor, weight: Tensor) -> Tensor:
-    """LRP alpha=1, beta=0 through a linear layer (bias ignored), as the reference's ``Linear.relprop``."""
+def _linear_relprop(relevance: Tensor, x: Tensor, weight: Tensor, joint: bool = True) -> Tensor:
+    """LRP alpha=1, beta=0 through a linear layer (bias ignored), as the reference's ``Linear.relprop``: the
+    positive and negative parts share one denominator (``layers_ours``), or each has its own (``joint=False``:
+    ``layers_lrp``, the plain LRP of Chefer et al.'s baselines)."""
     px, nx = x.clamp(min=0), x.clamp(max=0)
     pw, nw = weight.clamp(min=0), weight.clamp(max=0)
-    s = _safe_divide(relevance, F.linear(px, pw) + F.linear(nx, nw))
-    return px * (s @ pw) + nx * (s @ nw)
+    if joint:
+        s = _safe_divide(relevance, F.linear(px, pw) + F.linear(nx, nw))
+        return px * (s @ pw) + nx * (s @ nw)
+    return px * (_safe_divide(relevance, F.linear(px, pw)) @ pw) + nx * (_safe_divide(relevance, F.linear(nx, nw)) @ nw)
 
 
 def _matmul_relprop(relevance: Tensor, a: Tensor, b: Tensor) -> tuple[Tensor, Tensor]:
@@ -354,6 +358,38 @@ def _add_relprop(relevance: Tensor, a: Tensor, b: Tensor) -> tuple[Tensor, Tenso
     return ra, rb
 
 
+def _plain_add_relprop(relevance: Tensor, a: Tensor, b: Tensor) -> tuple[Tensor, Tensor]:
+    """LRP through ``a + b``, each branch its share of the sum (``layers_lrp``'s ``Add``: no rescaling)."""
+    s = _safe_divide(relevance, a + b)
+    return a * s, b * s
+
+
+def _conv_relprop(relevance: Tensor, x: Tensor, conv: torch.nn.Conv2d) -> Tensor:
+    """LRP through the patch embedding ``conv`` (bias ignored) from ``relevance (B, D, gh, gw)`` to its input ``x
+    (B, C, H, W)``, as ``layers_lrp``'s ``Conv2d.relprop``: the z^B rule bounded by each image's lowest and highest
+    input value for a 3-channel input, alpha=1, beta=0 (each part its own denominator) otherwise."""
+    w, stride, padding = conv.weight, conv.stride, conv.padding
+    pw, nw = w.clamp(min=0), w.clamp(max=0)
+    gh, gw = relevance.shape[-2:]
+    extra = tuple(x.shape[2 + i] - ((g - 1) * stride[i] - 2 * padding[i] + w.shape[2 + i])
+                  for i, g in enumerate((gh, gw)))  # the rows and columns the convolution did not reach
+
+    def back(s: Tensor, weight: Tensor) -> Tensor:  # the gradient of the convolution: its input's shape
+        return F.conv_transpose2d(s, weight, stride=stride, padding=padding, output_padding=extra)
+
+    def forward(inp: Tensor, weight: Tensor) -> Tensor:
+        return F.conv2d(inp, weight, None, stride, padding)
+
+    if x.shape[1] == 3:
+        low = torch.zeros_like(x) + x.amin(dim=(1, 2, 3), keepdim=True)  # (B, C, H, W): their L
+        high = torch.zeros_like(x) + x.amax(dim=(1, 2, 3), keepdim=True)  # their H
+        s = relevance / (forward(x, w) - forward(low, pw) - forward(high, nw) + 1e-9)
+        return x * back(s, w) - low * back(s, pw) - high * back(s, nw)
+    px, nx = x.clamp(min=0), x.clamp(max=0)
+    return (px * back(_safe_divide(relevance, forward(px, pw)), pw)
+            + nx * back(_safe_divide(relevance, forward(nx, nw)), nw))
+
+
 def _clone_relprop(r1: Tensor, r2: Tensor, x: Tensor) -> Tensor:
     """LRP where a tensor fed two branches (the residual and the block): the reference's ``Clone.relprop``."""
     return x * (_safe_divide(r1, x) + _safe_divide(r2, x))
@@ -363,40 +399,46 @@ _TRACED = ("hook_resid_pre", "hook_attn_in", "attn.hook_q", "attn.hook_k", "attn
            "attn.hook_z", "hook_attn_out", "hook_resid_mid", "hook_mlp_in", "mlp.hook_post", "hook_mlp_out")
 
 
-def _attention_relevances(model: ViT, cache: dict[str, Tensor], logits: Tensor, index: Tensor) -> list[Tensor]:
-    """Each layer's LRP relevance of its attention probabilities ``(B, H, T, T)`` for the classes ``index``, from
-    the forward's tensors at the hook points ``_TRACED`` of every block and ``hook_normed``."""
+def _attention_relevances(model: ViT, cache: dict[str, Tensor], logits: Tensor, index: Tensor,
+                          plain: bool = False, stop: int = 0, inputs: bool = False
+                          ) -> tuple[list[Tensor], Tensor | None]:
+    """The LRP relevance of the attention probabilities ``(B, H, T, T)`` of each layer from ``stop`` to the last,
+    for the classes ``index``, from the forward's tensors at the hook points ``_TRACED`` of those blocks and
+    ``hook_normed``; with ``inputs``, also the relevance of block ``stop``'s input ``(B, T, D)`` (else None).
+    The rules are ``ViT_LRP.py``'s (``layers_ours``: the transformer attribution), or with ``plain``
+    ``ViT_orig_LRP.py``'s (``layers_lrp``: its full and partial LRP baselines)."""
+    joint, add = not plain, _plain_add_relprop if plain else _add_relprop
     relevance = F.one_hot(index, logits.shape[-1]).to(logits.dtype)  # (B, classes): the reference's one_hot
     normed = cache["hook_normed"]
-    cls = _linear_relprop(relevance, normed[:, 0], model.head.weight)  # (B, D)
+    cls = _linear_relprop(relevance, normed[:, 0], model.head.weight, joint)  # (B, D)
     r = torch.zeros_like(normed)
     r[:, 0] = normed[:, 0] * _safe_divide(cls, normed[:, 0])  # index-select (pooling) relprop; norm: identity
     cams: list[Tensor] = []
-    for layer in reversed(range(len(model.blocks))):
+    for layer in reversed(range(stop, len(model.blocks))):
         block = model.blocks[layer]
         t = {name: cache[f"blocks.{layer}.{name}"] for name in _TRACED}
         B, T, _ = t["hook_resid_pre"].shape
         nh, hd = block.attn.num_heads, block.attn.head_dim  # nh * hd: the attention's width, not always the model's
         # x_out = mid + mlp(norm2(mid))
-        r_mid, r_mlp = _add_relprop(r, t["hook_resid_mid"], t["hook_mlp_out"])
-        r_mlp = _linear_relprop(r_mlp, t["mlp.hook_post"], block.mlp.fc2.weight)  # GELU and norm2: identity
-        r_mlp = _linear_relprop(r_mlp, t["hook_mlp_in"], block.mlp.fc1.weight)
+        r_mid, r_mlp = add(r, t["hook_resid_mid"], t["hook_mlp_out"])
+        r_mlp = _linear_relprop(r_mlp, t["mlp.hook_post"], block.mlp.fc2.weight, joint)  # GELU, norm2: identity
+        r_mlp = _linear_relprop(r_mlp, t["hook_mlp_in"], block.mlp.fc1.weight, joint)
         r = _clone_relprop(r_mid, r_mlp, t["hook_resid_mid"])
         # mid = x + attn(norm1(x))
-        r_x, r_attn = _add_relprop(r, t["hook_resid_pre"], t["hook_attn_out"])
-        r_attn = _linear_relprop(r_attn, t["attn.hook_z"].reshape(B, T, nh * hd), block.attn.proj.weight)
+        r_x, r_attn = add(r, t["hook_resid_pre"], t["hook_attn_out"])
+        r_attn = _linear_relprop(r_attn, t["attn.hook_z"].reshape(B, T, nh * hd), block.attn.proj.weight, joint)
         r_attn = r_attn.view(B, T, nh, hd).transpose(1, 2)  # (B, nh, T, hd)
         r_probs, r_v = _matmul_relprop(r_attn, t["attn.hook_pattern"], t["attn.hook_v"])
         r_probs, r_v = r_probs / 2, r_v / 2
         cams.append(r_probs)
-        if layer == 0:
-            break  # layer 0's input relevance is not needed
+        if layer == stop and not inputs:
+            break  # the input relevance of the lowest layer is not needed
         r_q, r_k = _matmul_relprop(r_probs, t["attn.hook_q"], t["attn.hook_k"].transpose(-2, -1))  # softmax: identity
         r_q, r_k = r_q / 2, r_k.transpose(-2, -1) / 2
         r_qkv = torch.stack([r_q, r_k, r_v]).permute(1, 3, 0, 2, 4).reshape(B, T, 3 * nh * hd)  # as qkv's output
-        r_n1 = _linear_relprop(r_qkv, t["hook_attn_in"], block.attn.qkv.weight)  # norm1: identity
+        r_n1 = _linear_relprop(r_qkv, t["hook_attn_in"], block.attn.qkv.weight, joint)  # norm1: identity
         r = _clone_relprop(r_x, r_n1, t["hook_resid_pre"])
-    return cams[::-1]
+    return cams[::-1], r if inputs else None
 
 
 def transformer_attribution(model: ViT, images: Tensor, class_index: int | Tensor | None = None,
@@ -407,12 +449,7 @@ def transformer_attribution(model: ViT, images: Tensor, class_index: int | Tenso
     ``gradient_rollout``. Returns ``(B, T, T)``; ``token_map(result, 0, grid)`` is the paper's
     map for each image's class (default: the predicted one).
     """
-    check_supported(model)
-    check_one_grid(model, "Chefer et al.'s LRP", "rolls out T x T relevance matrices of one grid")
-    missing = lrp_rule_missing(model.config)
-    if missing:
-        raise UnsupportedModelError(f"Chefer et al.'s LRP has no rule for {missing}; use AttnLRP, LeGrad or the "
-                                    "gradient-rollout class map")
+    _check_lrp(model, "Chefer et al.'s LRP", "rolls out T x T relevance matrices of one grid")
     names = [f"blocks.{layer}.{name}" for layer in range(len(model.blocks)) for name in _TRACED] + ["hook_normed"]
     inference, grad_mode = _grad_context()
     with inference, grad_mode:
@@ -422,8 +459,60 @@ def transformer_attribution(model: ViT, images: Tensor, class_index: int | Tenso
         patterns = [cache[f"blocks.{layer}.attn.hook_pattern"] for layer in range(len(model.blocks))]
         gradients = torch.autograd.grad(score, patterns)
         with torch.no_grad():
-            cams = _attention_relevances(model, {k: v.detach() for k, v in cache.items()}, encoding.logits, index)
+            cams, _ = _attention_relevances(model, {k: v.detach() for k, v in cache.items()}, encoding.logits,
+                                            index)
     return gradient_rollout(cams, [g.detach() for g in gradients], end_layer)
+
+
+def _check_lrp(model: ViT, what: str, why: str) -> None:
+    """``UnsupportedModelError`` in one line unless Chefer et al.'s LRP rules reach every operation of ``model``."""
+    check_supported(model)
+    check_one_grid(model, what, why)
+    missing = lrp_rule_missing(model.config)
+    if missing:
+        raise UnsupportedModelError(f"{what} has no rule for {missing}; use AttnLRP, LeGrad or the "
+                                    "gradient-rollout class map")
+
+
+def partial_lrp(model: ViT, images: Tensor, class_index: int | Tensor | None = None) -> Tensor:
+    """Chefer et al.'s partial LRP baseline (after Voita et al. 2019; ``ViT_orig_LRP.py``'s ``method="last_layer"``):
+    plain LRP (``layers_lrp``'s rules) from each image's class (default: the predicted one) to the last layer's
+    attention probabilities, their positive part averaged over heads, CLS's row over the patches: ``(B, gh, gw)``.
+    Only the last block is propagated through (theirs runs every block's relprop, and reads only the last)."""
+    _check_lrp(model, "Chefer et al.'s partial LRP", "reads the CLS row of a T x T relevance matrix")
+    last = len(model.blocks) - 1
+    names = [f"blocks.{last}.{name}" for name in _TRACED] + ["hook_normed"]
+    with torch.no_grad():
+        encoding, cache = model.run_with_cache(images, names)
+        index = _class_indices(encoding.logits, class_index)
+        [cam], _ = _attention_relevances(model, cache, encoding.logits, index, plain=True, stop=last)
+    row = cam.clamp(min=0).mean(dim=1)[:, 0]  # (B, T): heads averaged, CLS's row
+    return _patch_map(row, model.patch_grid(images.shape[2], images.shape[3]), model.num_prefix_tokens)
+
+
+def full_lrp(model: ViT, images: Tensor, class_index: int | Tensor | None = None) -> Tensor:
+    """Chefer et al.'s full LRP baseline (``ViT_orig_LRP.py``'s ``method="full"``): plain LRP (``layers_lrp``'s
+    rules: alpha=1, beta=0 with separate denominators, additions split by share, norms and GELU passed through)
+    from each image's class (default: the predicted one) through every block, the position embedding's addition
+    and the patch embedding (z^B rule on a 3-channel input) to the pixels, summed over channels: ``(B, H, W)``,
+    signed. ``patch_sums`` gives the patch grid."""
+    _check_lrp(model, "Chefer et al.'s full LRP", "runs one grid of tokens from the pixels to the class")
+    if model.patch_norm is not None:
+        raise UnsupportedModelError("Chefer et al.'s full LRP has no rule for the patch embedding's norms "
+                                    "(patch_norm=True); use AttnLRP, which reaches the pixels through them")
+    names = [f"blocks.{layer}.{name}" for layer in range(len(model.blocks)) for name in _TRACED]
+    with torch.no_grad():
+        encoding, cache = model.run_with_cache(images, names + ["hook_embed", "hook_normed"])
+        index = _class_indices(encoding.logits, class_index)
+        _, r = _attention_relevances(model, cache, encoding.logits, index, plain=True, inputs=True)
+        # ln_pre (CLIP's) passes relevance unchanged, as every LayerNorm here; then x = tokens + positions, and the
+        # tokens' share of each sum goes to the patches (the prefix tokens' is dropped, as their cam[:, 1:])
+        grid = model.patch_grid(images.shape[2], images.shape[3])
+        patches = model.patch_embed(images).flatten(2).transpose(1, 2)  # (B, gh*gw, D): before the positions
+        P = model.num_prefix_tokens
+        r = patches * _safe_divide(r[:, P:], cache["hook_embed"][:, P:])  # (B, gh*gw, D)
+        r = r.transpose(1, 2).reshape(r.shape[0], -1, *grid)  # (B, D, gh, gw)
+        return _conv_relprop(r, images, model.patch_embed).sum(dim=1)  # (B, H, W)
 
 
 # --- AttnLRP --------------------------------------------------------------------------------------

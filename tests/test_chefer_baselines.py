@@ -1,0 +1,135 @@
+"""Chefer et al. (CVPR 2021)'s three baselines against their own code (tests/reference/chefer, copied from
+hila-chefer/Transformer-Explainability @ c3e578f7) on the same weights: GradCAM on the last attention
+(ViT_explanation_generator.py's ``Baselines.generate_cam_attn`` on ViT_new.py's model), and partial and full LRP
+(``LRP.generate_LRP`` with ``method="last_layer"`` / ``"full"`` on ViT_orig_LRP.py's model, layers_lrp.py's rules).
+
+Their generator hard-codes a 14 x 14 grid, so the model here has one (56 px, patches of 4). LRP's near-cancelling
+sums make two correct float32 orders differ by ~1e-2 of the map on random weights (tests/test_relevance.py), so the
+LRP comparisons run on float64 copies of both models.
+"""
+
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+
+from tests.reference.chefer.ViT_explanation_generator import LRP, Baselines
+from vit.explain.cam import attention_gradcam
+from vit.explain.relevance import UnsupportedModelError, full_lrp, partial_lrp, patch_sums
+from vit.model import ViT, ViTConfig
+
+CONFIG = ViTConfig(image_size=56, patch_size=4, num_channels=3, num_classes=5, hidden_size=32, num_layers=3,
+                   num_heads=4, mlp_size=64)
+
+
+def random_vit(config: ViTConfig = CONFIG, seed: int = 1) -> ViT:
+    torch.manual_seed(seed)
+    model = ViT(config).eval()
+    with torch.no_grad():  # zero biases and unit norms would hide mapping mistakes
+        for name, p in model.named_parameters():
+            if name.endswith("bias") or "norm" in name:
+                p.add_(torch.randn_like(p) * 0.1)
+            if name.endswith("qkv.weight"):
+                p.mul_(8)  # peaked attention: at timm's init every row is nearly uniform and the maps ~1e-6
+    return model
+
+
+def images(batch: int = 1, channels: int = 3, seed: int = 1) -> torch.Tensor:
+    return torch.randn(batch, channels, 56, 56, generator=torch.Generator().manual_seed(seed))
+
+
+def reference(ours: ViT, module):
+    """Their ``module``'s VisionTransformer with our weights (and our LayerNorm eps: theirs mixes 1e-6 and 1e-5)."""
+    c = ours.config
+    ref = module.VisionTransformer(img_size=c.image_size, patch_size=c.patch_size, in_chans=c.num_channels,
+                                   num_classes=c.num_classes, embed_dim=c.hidden_size, depth=c.num_layers,
+                                   num_heads=c.num_heads, mlp_ratio=c.mlp_size / c.hidden_size, qkv_bias=c.qkv_bias)
+    state = {k.replace("patch_embed.", "patch_embed.proj."): v for k, v in ours.state_dict().items()}
+    ref.load_state_dict(state, strict=True)
+    for module in ref.modules():
+        if isinstance(module, torch.nn.LayerNorm):
+            module.eps = c.layer_norm_eps
+    return ref.to(next(ours.parameters()).dtype).eval()
+
+
+@pytest.fixture
+def on_cpu(monkeypatch):
+    monkeypatch.setattr(torch.Tensor, "cuda", lambda self, *a, **k: self)  # their generator's .cuda() on a CPU
+
+
+def min_max(x: torch.Tensor) -> torch.Tensor:
+    return (x - x.min()) / (x.max() - x.min())
+
+
+@pytest.mark.parametrize("index", [None, 0, 3])
+def test_attention_gradcam_equals_their_generate_cam_attn(on_cpu, index):
+    from tests.reference.chefer import ViT_new
+
+    model = random_vit()
+    x = images(seed=2)
+    theirs = Baselines(reference(model, ViT_new)).generate_cam_attn(x, index)  # (14, 14), min-max normalised
+    ours = attention_gradcam(model, x, index)  # (1, 14, 14)
+    torch.testing.assert_close(min_max(ours[0]), theirs.detach(), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("index", [None, 1, 4])
+def test_partial_lrp_equals_their_last_layer_relprop(on_cpu, index):
+    from tests.reference.chefer import ViT_orig_LRP
+
+    model = random_vit().double()
+    x = images(seed=3).double()
+    theirs = LRP(reference(model, ViT_orig_LRP)).generate_LRP(x, index, method="last_layer")  # (gh*gw,)
+    ours = partial_lrp(model, x, index)  # (1, 14, 14)
+    scale = theirs.abs().max()
+    torch.testing.assert_close(ours.flatten() / scale, theirs.detach() / scale, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("channels", [3, 1])  # the z^B rule on RGB, alpha-beta on one channel: their Conv2d's two
+@pytest.mark.parametrize("index", [None, 2])
+def test_full_lrp_equals_their_full_relprop(on_cpu, channels, index):
+    from tests.reference.chefer import ViT_orig_LRP
+
+    model = random_vit(dataclasses.replace(CONFIG, num_channels=channels)).double()
+    x = images(channels=channels, seed=4).double()
+    theirs = LRP(reference(model, ViT_orig_LRP)).generate_LRP(x, index, method="full")  # (1, 56, 56)
+    ours = full_lrp(model, x, index)  # (1, 56, 56)
+    scale = theirs.abs().max()
+    torch.testing.assert_close(ours / scale, theirs.detach() / scale, rtol=1e-5, atol=1e-7)
+
+
+def test_full_lrp_passes_on_the_relevance_that_reaches_the_pixels_to_its_patches():
+    model = random_vit().double()
+    x = images(2, seed=5).double()
+    pixels = full_lrp(model, x, torch.tensor([0, 3]))
+    assert pixels.shape == (2, 56, 56)
+    assert patch_sums(pixels, (14, 14)).shape == (2, 14, 14)
+
+
+@pytest.mark.parametrize("method", [attention_gradcam, partial_lrp, full_lrp])
+def test_a_batch_equals_one_image_at_a_time(method):
+    model = random_vit().double()
+    x = images(3, seed=6).double()
+    classes = torch.tensor([0, 2, 4])
+    batched = method(model, x, classes)
+    for b in range(3):
+        torch.testing.assert_close(batched[b:b + 1], method(model, x[b:b + 1], int(classes[b])), rtol=1e-7,
+                                   atol=1e-12)
+    torch.testing.assert_close(method(model, x), method(model, x, model(x)[0].argmax(-1)))  # default: predicted
+
+
+@pytest.mark.parametrize("method", [partial_lrp, full_lrp])
+def test_lrp_baselines_refuse_a_model_their_rules_do_not_reach_in_one_line(method):
+    model = random_vit(dataclasses.replace(CONFIG, pooling="avg"))
+    with pytest.raises(UnsupportedModelError, match="has no rule for pooling='avg'") as error:
+        method(model, images())
+    assert "\n" not in str(error.value)
+
+
+def test_attention_gradcam_refuses_a_model_without_cls_in_one_line():
+    model = random_vit(dataclasses.replace(CONFIG, class_token=False, pooling="avg"))
+    with pytest.raises(ValueError, match="no CLS token") as error:
+        attention_gradcam(model, images())
+    assert "\n" not in str(error.value)
+    assert np.isfinite(attention_gradcam(random_vit(dataclasses.replace(CONFIG, num_register_tokens=2)), images())
+                       .numpy()).all()  # registers: the patches after every prefix token
