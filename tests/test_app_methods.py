@@ -24,7 +24,9 @@ pytestmark = pytest.mark.slow  # each AppTest run imports the app
 
 
 @pytest.mark.parametrize("kind, caption", [("legrad", "LeGrad for"), ("lrp", "LRP transformer attribution for"),
-                                           ("attnlrp", "against it"), ("flow", "Attention flow through layers 1–3")])
+                                           ("attnlrp", "against it"), ("flow", "Attention flow through layers 1–3"),
+                                           ("attn-gradcam", "GradCAM on the last attention for"),
+                                           ("lrp-partial", "Partial LRP for"), ("lrp-full", "Full LRP for")])
 @pytest.mark.usefixtures("default_world")
 def test_each_new_map_kind_draws_with_its_caption(kind, caption):
     at = run_app()

@@ -133,3 +133,44 @@ def test_attention_gradcam_refuses_a_model_without_cls_in_one_line():
     assert "\n" not in str(error.value)
     assert np.isfinite(attention_gradcam(random_vit(dataclasses.replace(CONFIG, num_register_tokens=2)), images())
                        .numpy()).all()  # registers: the patches after every prefix token
+
+
+# --- in the explorer and vit.explain ------------------------------------------------------------------------
+
+def test_vit_explain_draws_their_gradcam_on_attention_and_both_lrps(tmp_path, on_cpu):
+    from PIL import Image
+
+    import vit
+    from tests.reference.chefer import ViT_new
+    from vit.checkpoint import save_checkpoint
+    from vit.explain import attention_maps
+    from vit.inference import preprocess
+
+    model = random_vit()
+    save_checkpoint(tmp_path / "m.pt", model, ["a", "b", "c", "d", "e"])
+    checkpoint = vit.load(tmp_path / "m.pt", device="cpu")
+    baselines = {"attn-gradcam", "lrp-partial", "lrp-full"}
+    assert baselines <= set(vit.methods(checkpoint)) and baselines <= set(attention_maps.MAP_KINDS)
+    image = Image.fromarray(np.random.default_rng(0).integers(0, 256, (60, 50, 3), dtype=np.uint8))
+    x = preprocess([image], checkpoint.preprocessing)
+    theirs = Baselines(reference(model, ViT_new)).generate_cam_attn(x, 2)
+    shown = vit.explain(checkpoint, image, "attn-gradcam", target=2).map
+    np.testing.assert_allclose(min_max(torch.from_numpy(shown)).numpy(), theirs.detach().numpy(), atol=1e-5)
+    np.testing.assert_allclose(vit.explain(checkpoint, image, "lrp-partial", target=2).map,
+                               partial_lrp(checkpoint.model, x, 2)[0].numpy(), rtol=1e-6, atol=1e-12)
+    np.testing.assert_allclose(vit.explain(checkpoint, image, "lrp-full", target=2).map,
+                               patch_sums(full_lrp(checkpoint.model, x, 2), (14, 14))[0].numpy(), rtol=1e-6,
+                               atol=1e-12)
+
+
+def test_a_model_their_lrp_has_no_rule_for_is_offered_neither_lrp_and_told_why(tmp_path):
+    import vit
+    from vit.checkpoint import save_checkpoint
+
+    save_checkpoint(tmp_path / "m.pt", random_vit(dataclasses.replace(CONFIG, pooling="avg")), list("abcde"))
+    checkpoint = vit.load(tmp_path / "m.pt", device="cpu")
+    offered = vit.methods(checkpoint)
+    assert "lrp-partial" not in offered and "lrp-full" not in offered and "attn-gradcam" in offered
+    with pytest.raises(ValueError, match="has no rule for pooling='avg'") as error:
+        vit.explain(checkpoint, np.zeros((56, 56, 3), dtype=np.uint8), "lrp-full")
+    assert "\n" not in str(error.value)

@@ -54,6 +54,9 @@ _APPLIES_TO = {
     "eigencam": "every model (pytorch-grad-cam's, on the last block's norm1 tokens)",
     "layercam": "classifiers, every family (pytorch-grad-cam's, on the last block's norm1 tokens)",
     "scorecam": "classifiers, every family (one forward per channel: seconds to minutes)",
+    "attn-gradcam": "classifiers with a CLS token and one grid (Chefer et al.'s baseline)",
+    "lrp-partial": "classifiers with a CLS token, where Chefer's LRP has rules (their baseline)",
+    "lrp-full": "classifiers with a CLS token, where Chefer's LRP has rules (their baseline)",
     "flow": "every model (seconds: a max-flow per patch)",
     "norms": "every model",
     "probe": "models with an attention-pooling head (SigLIP)",
@@ -118,7 +121,9 @@ def _drawn_for(checkpoint: Checkpoint) -> list[str]:
     if model.head is None:
         kinds = [k for k in kinds if k not in attention_maps.CLASS_MAP_KINDS]
     if not shape.staged and lrp_rule_missing(model.config):
-        kinds = [k for k in kinds if k != "lrp"]
+        kinds = [k for k in kinds if k not in ("lrp", "lrp-partial", "lrp-full")]
+    if model.cls_token is None:
+        kinds = [k for k in kinds if k != "attn-gradcam"]
     return kinds
 
 
@@ -318,7 +323,8 @@ def explain(checkpoint: Checkpoint, image: ImageLike, method: str = "rollout", *
     the last, as pytorch-grad-cam's ViT tutorial), ``head``
     (``attention``, ``probe``; default the heads averaged), ``query`` (the token whose map it is: ``attention``,
     ``rollout``, ``class``, ``lrp``, ``flow``; default 0, CLS), ``target`` (the explained class, an index or a name:
-    ``class``, ``legrad``, ``lrp``, ``attnlrp`` and the CAMs but ``eigencam``; default the predicted one).
+    ``class``, ``legrad``, ``lrp``, ``attnlrp``, the CAMs but ``eigencam`` and Chefer's baselines ``attn-gradcam``,
+    ``lrp-partial``, ``lrp-full``; default the predicted one).
     ``size``: the input side in pixels (default the model's own), rounded to whole patches. ``max_tokens``: the
     explorer's token gate in patches (default env VIT_MAX_TOKENS, else 16,384; the prefix tokens come on top),
     checked before any work; a larger input is refused with the work it would be.

@@ -818,7 +818,7 @@ def overlay_png(image: Image.Image, map2d: np.ndarray, opacity: float, colormap:
 
 
 
-SIGNED_MAP_KINDS = ("attnlrp",)  # negative = evidence against the class: a diverging colour map around 0
+SIGNED_MAP_KINDS = ("attnlrp", "lrp-full")  # negative = evidence against the class: a diverging colour map around 0
 
 
 
@@ -881,6 +881,17 @@ def describe_method_map(settings: MapSettings, analysis: Analysis, class_names: 
         return (f"**{title} for “{name}”** ({which}): {how} of block "
                 f"{layer}'s first-norm tokens on its grid, ReLU (pytorch-grad-cam's definition; its ViT tutorial "
                 "reads the last block's).")
+    if s.kind == "attn-gradcam":
+        return (f"**GradCAM on the last attention for “{name}”** ({which}): the last layer's attention from CLS to "
+                "the patches, each head weighted by its mean gradient of the class score there, averaged over heads, "
+                "ReLU (Chefer, Gur & Wolf, 2021's baseline).")
+    if s.kind == "lrp-partial":
+        return (f"**Partial LRP for “{name}”** ({which}): the LRP relevance of the last layer's attention, positive "
+                "parts averaged over heads, CLS's row (Voita et al., 2019; Chefer, Gur & Wolf, 2021's baseline).")
+    if s.kind == "lrp-full":
+        return (f"**Full LRP for “{name}”** ({which}): relevance propagated to the pixels by plain LRP rules, summed "
+                f"per patch (Chefer, Gur & Wolf, 2021's baseline). Red patches are evidence for “{name}”, blue ones "
+                "against it.")
     if s.kind == "lrp":
         return (f"**LRP transformer attribution for “{name}”** ({which}): each layer's attention relevance "
                 f"(layer-wise relevance propagation) times its gradient, positive parts, rolled out, read by {who} "

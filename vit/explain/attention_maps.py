@@ -44,6 +44,9 @@ MAP_KINDS = {
     "eigencam": "EigenCAM (first principal component)",
     "layercam": "LayerCAM (class-specific)",
     "scorecam": "Score-CAM (class-specific, one forward per channel)",
+    "attn-gradcam": "GradCAM on the last attention (class-specific, Chefer's baseline)",
+    "lrp-partial": "Partial LRP, last attention (class-specific, Chefer's baseline)",
+    "lrp-full": "Full LRP to the pixels (class-specific, signed, Chefer's baseline)",
     "flow": "Attention flow (max-flow, slow)",
     "norms": "Token norms (one layer's output)",
     "probe": "Pooling probe (what the embedding reads)",
@@ -63,14 +66,17 @@ MAP_CONTROLS = {
     # The CAMs (vit.explain.cam) read one block's first norm: the layer slider's, default the last block
     **{kind: ("class", "end_layer") for kind in ("gradcam", "gradcam++", "xgradcam", "layercam", "scorecam")},
     "eigencam": ("end_layer",),
+    **{kind: ("class",) for kind in ("attn-gradcam", "lrp-partial", "lrp-full")},  # the last layer, CLS: theirs
     "flow": ("query", "end_layer", "fusion"),
     "probe": ("head", "fusion"),
     "probe_rollout": ("end_layer", "fusion", "discard_ratio"),
 }
 CAM_KINDS = ("gradcam", "gradcam++", "xgradcam", "eigencam", "layercam", "scorecam")  # vit.explain.cam
-METHOD_MAP_KINDS = ("legrad", "lrp", "attnlrp", "flow") + CAM_KINDS  # computed by model_method_map, cached by the page
+CHEFER_BASELINES = ("attn-gradcam", "lrp-partial", "lrp-full")  # their ViT_explanation_generator.py's
+METHOD_MAP_KINDS = ("legrad", "lrp", "attnlrp", "flow") + CAM_KINDS + CHEFER_BASELINES  # model_method_map's
 # explain one class: the page shows a class picker
-CLASS_MAP_KINDS = ("class", "legrad", "lrp", "attnlrp") + tuple(k for k in CAM_KINDS if k != "eigencam")
+CLASS_MAP_KINDS = ("class", "legrad", "lrp", "attnlrp") + tuple(k for k in CAM_KINDS if k != "eigencam") \
+    + CHEFER_BASELINES
 HALF_PRECISION_TOKENS = 1024  # rollout factors above this many tokens are kept in float16
 
 
@@ -159,6 +165,9 @@ def stage_refusal(kind: str) -> str:
 
 STAGE_REFUSALS = {  # why each map is not drawn for a model with stages
     "lrp": "the transformer attribution multiplies T x T relevance matrices of one grid",
+    "attn-gradcam": "it reads the CLS row of the last layer's attention over one grid",
+    "lrp-partial": "it reads the CLS row of the last layer's relevance over one grid",
+    "lrp-full": "Chefer et al.'s LRP runs one grid of tokens from the pixels to the class",
     "flow": "the max-flow graph stacks layers of one grid",
     "probe": "it has no attention-pooling probe",
     "probe_rollout": "it has no attention-pooling probe",

@@ -16,6 +16,7 @@ from vit.checkpoint import Checkpoint
 from vit.explain.attention import class_gradients, positive_gradient_attention, token_map
 from vit.explain.attention_maps import (
     CAM_KINDS,
+    CHEFER_BASELINES,
     MAP_KINDS,
     METHOD_MAP_KINDS,
     STAGE_MAP_KINDS,
@@ -117,7 +118,7 @@ def model_method_map(checkpoint: Checkpoint, image: Image.Image, kind: str, clas
         check_stage_legrad_fits(model, grid, start_layer)
     elif kind == "legrad":  # in chunks: never a whole layer's attention or gradient
         check_chunked_gradient_fits(model, tokens, "LeGrad", contexts=False)
-    elif kind in ("lrp", "attnlrp"):
+    elif kind in ("lrp", "attnlrp") + CHEFER_BASELINES:  # every layer's T x T in the graph or the relprop
         check_gradient_fits(model, tokens, MAP_KINDS[kind].split(" (")[0])
     elif kind == "flow":
         check_flow_fits(model, tokens)
@@ -136,6 +137,21 @@ def model_method_map(checkpoint: Checkpoint, image: Image.Image, kind: str, clas
     elif kind == "attnlrp":
         with reported_blocks(model, progress, L):
             result = patch_sums(attnlrp(model, x, class_index), grid)
+    elif kind == "attn-gradcam":
+        from vit.explain.cam import attention_gradcam
+
+        with reported_blocks(model, progress, L):
+            result = attention_gradcam(model, x, class_index)
+    elif kind == "lrp-partial":
+        from vit.explain.relevance import partial_lrp
+
+        with reported_blocks(model, progress, L):
+            result = partial_lrp(model, x, class_index)
+    elif kind == "lrp-full":
+        from vit.explain.relevance import full_lrp
+
+        with reported_blocks(model, progress, L):
+            result = patch_sums(full_lrp(model, x, class_index), grid)
     elif kind in CAM_KINDS:
         from vit.explain.cam import cam
 
