@@ -3,7 +3,8 @@
 core (``vit/*.py`` but the commands) <- ``sources``, ``explain`` <- ``training`` <- ``features``, ``runs`` <- ``app``;
 the commands (``python -m vit.…``) may use the core and any wing but ``app``; only the pages and the notebook API
 use ``app``. The notebook API is ``vit/__init__.py`` (its names load ``vit.api`` when first used, so ``import vit``
-imports no wing) and ``vit/api.py``; nothing in ``vit/`` imports it.
+imports no wing) and ``vit/api.py``; nothing in ``vit/`` imports it but a command that draws any map ``vit.methods()``
+lists through ``vit.explain``, the one place that dispatches every method (``vit.faithfulness``).
 """
 
 import ast
@@ -12,7 +13,7 @@ from pathlib import Path
 import pytest
 
 VIT = Path(__file__).resolve().parent.parent / "vit"
-COMMANDS = {"predict", "evaluate", "convert", "train", "faithfulness", "analyze", "explorer", "sae"}
+COMMANDS = {"predict", "evaluate", "convert", "train", "faithfulness", "analyze", "explorer", "sae", "describe_heads"}
 WINGS = {"sources", "explain", "training", "features", "runs", "app"}
 API = {"vit", "vit.api"}  # what ``import vit`` exposes to notebooks
 # What each layer may import besides itself ("core" is every top-level module but the commands).
@@ -24,7 +25,7 @@ ALLOWED = {
     "features": {"core", "explain", "sources", "training"},
     "runs": {"core", "explain", "sources", "training", "features"},
     "app": {"core", "explain", "sources", "training", "features", "runs"},
-    "commands": {"core", "explain", "sources", "training", "features", "runs"},
+    "commands": {"core", "explain", "sources", "training", "features", "runs", "api"},
     "api": {"core", "explain", "sources", "training", "features", "runs", "app"},
 }
 

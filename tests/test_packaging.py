@@ -19,7 +19,7 @@ from vit import explorer
 
 ROOT = Path(__file__).resolve().parent.parent
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
-COMMANDS = ("predict", "train", "evaluate", "convert", "analyze", "faithfulness", "sae")
+COMMANDS = ("predict", "train", "evaluate", "convert", "analyze", "faithfulness", "sae", "describe_heads")
 
 
 def requirement_lines(path: Path) -> set[str]:
@@ -81,7 +81,7 @@ def test_every_package_of_vit_is_installed():
 
 def test_every_command_has_a_console_script():
     scripts = PYPROJECT["project"]["scripts"]
-    assert set(scripts) == {"vit-explorer", *(f"vit-{c}" for c in COMMANDS)}
+    assert set(scripts) == {"vit-explorer", *(f"vit-{c.replace('_', '-')}" for c in COMMANDS)}
     for name, target in scripts.items():
         module, function = target.split(":")
         assert callable(getattr(__import__(module, fromlist=[function]), function)), name

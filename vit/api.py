@@ -572,7 +572,7 @@ class TextSpan:
             size: int | InputSize | None = None) -> np.ndarray:
         """``(gh, gw)``: what the head writes into ``image``'s embedding from each patch along ``text``'s embedding
         (one of its texts; default its first)."""
-        from vit.app import textspan as spans
+        from vit.explain import textspan_run as spans
 
         span = self.head(layer, head)
         text = span.texts[0] if text is None else text
@@ -596,10 +596,12 @@ def textspan(checkpoint: Checkpoint, images: Sequence[ImageLike] | str | os.Path
     are projected on (their ``--w_ov_rank``; default theirs, 80). A SigLIP's (any model read by an attention-pooling
     probe): the probe's heads, as the authors' compute_siglip.py (``layer="probe"``; rank default the width). Raises
     ``MechanismError`` / ``TextTowerError`` in one line where it does not apply (a classifier, no text tower)."""
-    from vit.app import textspan as spans
+    from vit.explain import textspan_run as spans
     from vit.explain.textspan import read_texts
+    from vit.sources.text_tower import open_text_tower
 
     spans.check_model(checkpoint)
+    tower = open_text_tower(checkpoint)
     if isinstance(images, (str, os.PathLike)):
         from vit.training.data import image_files
 
@@ -612,8 +614,8 @@ def textspan(checkpoint: Checkpoint, images: Sequence[ImageLike] | str | os.Path
         t.strip() for t in texts if t.strip()]
     if not bank:
         raise ValueError("no texts to describe the heads with; give a list, a file with one text a line, or None")
-    described, kept = spans.run(checkpoint, (_image(i) for i in images), len(images), bank, layers, texts_per_head,
-                                rank)
+    described, kept = spans.run(checkpoint, tower.encode, (_image(i) for i in images), len(images), bank, layers,
+                                texts_per_head, rank)
     return TextSpan(checkpoint, described, kept, len(images))
 
 

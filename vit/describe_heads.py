@@ -54,10 +54,11 @@ def run(args: argparse.Namespace) -> int:
 
     from tqdm import tqdm
 
-    from vit.app import textspan
+    from vit.explain import textspan_run as textspan
     from vit.explain.textspan import read_texts
     from vit.images import open_image
     from vit.predict import UsageError, open_checkpoint, resolve_device
+    from vit.sources.text_tower import open_text_tower
     from vit.training.data import image_files
 
     files = image_files(Path(args.data))
@@ -67,12 +68,14 @@ def run(args: argparse.Namespace) -> int:
         files = sorted(random.Random(args.seed).sample(files, args.limit))
     texts = read_texts(args.texts)
     checkpoint = open_checkpoint(args.checkpoint, resolve_device(args.device))
+    textspan.check_model(checkpoint)
+    encode = open_text_tower(checkpoint).encode  # TextTowerError in one line before any image is read
     bar = tqdm(total=len(files) + len(texts), unit="item", desc="describe_heads", file=sys.stderr, dynamic_ncols=True)
 
     def progress(done: int, total: int) -> None:
         bar.update(done - bar.n)
 
-    spans, _ = textspan.run(checkpoint, (open_image(f) for f in files), len(files), texts, args.layers,
+    spans, _ = textspan.run(checkpoint, encode, (open_image(f) for f in files), len(files), texts, args.layers,
                             args.texts_per_head, args.rank, progress)
     bar.close()
     result = {"checkpoint": str(args.checkpoint), "data": str(args.data), "images": len(files),

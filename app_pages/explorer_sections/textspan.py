@@ -7,11 +7,11 @@ import streamlit as st
 
 from app_pages.explorer_sections.long_work import long_work
 from app_pages.explorer_sections.state import Shown
-from vit.app import textspan
+from vit.explain import textspan_run as textspan
 from vit.explain.overlay import overlay
 from vit.explain.textspan import MechanismError, read_texts, reads_probe
 from vit.images import ImageError
-from vit.sources.text_tower import TextTowerError, has_text_tower
+from vit.sources.text_tower import TextTowerError, has_text_tower, open_text_tower
 from vit.text import escape_markdown
 
 
@@ -36,6 +36,7 @@ def textspan_tab(view: Shown, refs) -> None:
     checkpoint, L = view.checkpoint, view.analysis.num_layers
     try:
         textspan.check_model(checkpoint)
+        encode = open_text_tower(checkpoint).encode
     except (MechanismError, TextTowerError) as e:
         st.info(escape_markdown(e))
         return
@@ -66,7 +67,7 @@ def textspan_tab(view: Shown, refs) -> None:
     try:
         images = list(refs.images())
         result = long_work(key, f"TextSpan: {len(images)} images, then {len(texts):,} texts",
-                           lambda progress: textspan.run(checkpoint, images, len(images), texts, int(layers),
+                           lambda progress: textspan.run(checkpoint, encode, images, len(images), texts, int(layers),
                                                          int(per_head), int(rank), progress),
                            "textspan", unit="images and texts")
     except (ValueError, ImageError) as e:  # MechanismError and TextTowerError are ValueErrors

@@ -1,6 +1,7 @@
-"""TextSpan for the explorer's Mechanism section and ``vit.textspan``: a CLIP's late heads described by the texts
-of a bank (``vit.explain.textspan``) over a set of images, and one head's map of an image in a text's direction.
-Plain functions; the page caches them."""
+"""TextSpan over a set of images, for the explorer's Mechanism section, ``vit.textspan`` and ``vit.describe_heads``:
+a CLIP's late heads described by the texts of a bank (``vit.explain.textspan``), and one head's map of an image in a
+text's direction. Plain functions; the page caches them. The texts are embedded by ``encode``, the model's own text
+tower's (``vit.sources.text_tower.open_text_tower(checkpoint).encode``), which the caller opens."""
 
 from __future__ import annotations
 
@@ -13,15 +14,15 @@ from PIL import Image
 from vit.checkpoint import Checkpoint
 from vit.explain import textspan
 from vit.inference import TRAINING_SIZE, InputSize, preprocess
-from vit.sources.text_tower import open_text_tower
+from vit.progress import in_parts
 
 BATCH = 16  # images per forward
 
 
 def check_model(checkpoint: Checkpoint) -> None:
-    """``MechanismError`` / ``TextTowerError`` in one line unless TextSpan applies (a CLIP with its text tower)."""
+    """``MechanismError`` in one line unless TextSpan applies (a CLIP, or a SigLIP's probe); its text tower is the
+    caller's to open (``TextTowerError`` there)."""
     textspan.check_supported(checkpoint.model)
-    open_text_tower(checkpoint)
 
 
 def head_outputs(checkpoint: Checkpoint, images: Iterable[Image.Image], layers: Sequence[int], count: int,
@@ -55,10 +56,10 @@ def head_outputs(checkpoint: Checkpoint, images: Iterable[Image.Image], layers: 
     return torch.cat(parts)
 
 
-def text_features(checkpoint: Checkpoint, texts: Sequence[str],
+def text_features(encode: Callable, texts: Sequence[str],
                   progress: Callable[[int, int], None] | None = None) -> torch.Tensor:
-    """``(M, E)`` the bank's L2-normalised embeddings by the checkpoint's own text tower."""
-    return textspan.encode_texts(open_text_tower(checkpoint).encode, texts, progress)
+    """``(M, E)`` the bank's L2-normalised embeddings by ``encode``, the checkpoint's own text tower's."""
+    return textspan.encode_texts(encode, texts, progress)
 
 
 def describe(outputs: torch.Tensor, layers: Sequence[int], features: torch.Tensor, texts: Sequence[str],
@@ -84,15 +85,13 @@ def head_map(checkpoint: Checkpoint, image: Image.Image, layer: int, head: int, 
     return values.reshape(grid).float().cpu().numpy()
 
 
-def run(checkpoint: Checkpoint, images: Iterable[Image.Image], count: int, texts: Sequence[str], layers: int,
-        texts_per_head: int, rank: int | None = None, progress: Callable[[int, int], None] | None = None
+def run(checkpoint: Checkpoint, encode: Callable, images: Iterable[Image.Image], count: int, texts: Sequence[str],
+        layers: int, texts_per_head: int, rank: int | None = None, progress: Callable[[int, int], None] | None = None
         ) -> tuple[list[textspan.HeadSpan], dict[str, torch.Tensor]]:
     """The whole of TextSpan, every request checked first: the last ``layers`` layers' heads (a SigLIP's: its
     pooling probe's) described over the ``count`` ``images`` by ``texts``, and the chosen texts' embeddings (for
     ``head_map``). ``rank`` None: the authors' (80 for a CLIP; the width for a probe, as compute_siglip.py).
     ``progress`` counts the images run, then the texts encoded."""
-    from vit.app.work import in_parts
-
     check_model(checkpoint)
     model = checkpoint.model
     probe = textspan.reads_probe(model)
@@ -103,7 +102,7 @@ def run(checkpoint: Checkpoint, images: Iterable[Image.Image], count: int, texts
     textspan.check_outputs_fit(model, count, [len(model.blocks) - 1] if probe else chosen)
     on_images, on_texts = in_parts(progress, [count, len(texts)])
     outputs = head_outputs(checkpoint, images, chosen, count, on_images)
-    features = text_features(checkpoint, texts, on_texts)
+    features = text_features(encode, texts, on_texts)
     spans = describe(outputs, chosen, features, texts, texts_per_head, rank, probe)
     index = {t: i for i, t in enumerate(texts)}
     return spans, {t: features[index[t]] for s in spans for t in s.texts}
