@@ -6,7 +6,8 @@ The reference is the VLM transformers builds (random, σ 0.05 noise on every par
 with its processor and a tiny tokenizer, and the same target: the projected image token over the patch (HF
 ``get_image_features``) dotted with the word's input embedding (the mean of its tokens' rows), or summed over every
 token. lxt's rules are patched in as its ``efficient`` maps do: ``layer_norm_forward`` on every LayerNorm,
-``rms_norm_forward`` on every RMSNorm (Qwen's and InternViT's q / k norms), ``non_linear_forward`` (the identity rule)
+``rms_norm_forward`` on every RMSNorm (Qwen's and InternViT's q / k norms), ``gemma3_norm`` on Gemma 3's (its
+``gemma3`` map), ``non_linear_forward`` (the identity rule)
 on every activation module (its ``vit_torch`` map; the GELU of the projectors and of Qwen's merger included),
 ``gated_mlp_forward`` on Qwen's SwiGLU (its ``qwen2`` map), ``wrap_attention_forward`` on the modeling file's
 ``eager_attention_forward`` (the uniform rule on both matmuls); everything else (the patch embedding, the
@@ -20,7 +21,7 @@ rule divides the gradient of the rotated q and k inside the attention function. 
 (``vit.explain.relevance``). Qwen2.5-VL's test below holds that on its rotated, windowed layers.
 
 Reference: rachtibat/LRP-eXplains-Transformers @ f0434417, lxt/efficient/{rules,patches}.py (tests/reference/lxt);
-its model maps (lxt/efficient/models/{qwen2,llama,vit_torch}.py) read there, not copied.
+its model maps lxt/efficient/models/{qwen2,llama,vit_torch}.py read there, gemma3.py copied.
 """
 
 import numpy as np
@@ -30,6 +31,8 @@ from PIL import Image
 from test_visual_lens import (
     CLIP_TOWER,
     INTERNVL_TOWER,
+    QWEN3_TEXT,
+    QWEN3_VISION,
     QWEN_TEXT,
     SIGLIP_TOWER,
     TEXT,
@@ -37,6 +40,7 @@ from test_visual_lens import (
     tiny_tokenizer,
 )
 
+from tests.reference.lxt.gemma3 import gemma3_norm
 from tests.reference.lxt.patches import (
     gated_mlp_forward,
     layer_norm_forward,
@@ -71,11 +75,24 @@ def _build(kind: str):
                                               projection_dim=24, image_token_id=3)
         model = transformers.PaliGemmaForConditionalGeneration(config)
         processor = transformers.SiglipImageProcessor(size={"height": 32, "width": 32}, resample=3)
+    elif kind == "gemma3":  # an 8 x 8 grid, average-pooled 4 x 4 into 2 x 2 image tokens
+        config = transformers.Gemma3Config(vision_config=dict(SIGLIP_TOWER, image_size=64),
+                                           text_config=dict(TEXT, model_type="gemma3_text"), mm_tokens_per_image=4,
+                                           image_token_id=3)
+        model = transformers.Gemma3ForConditionalGeneration(config)
+        processor = transformers.Gemma3ImageProcessor(size={"height": 64, "width": 64})
     elif kind == "internvl":  # a 4 x 4 grid, pixel-shuffled 2 x 2 into 2 x 2 image tokens; q and k normed
         config = transformers.InternVLConfig(vision_config=INTERNVL_TOWER, text_config=dict(TEXT, model_type="qwen2"),
                                              image_token_id=3)
         model = transformers.InternVLForConditionalGeneration(config)
         processor = transformers.GotOcr2ImageProcessor(size={"height": 32, "width": 32})
+    elif kind == "qwen3_vl":  # 16-px patches, global attention, a learned table resized to the grid plus 2D RoPE
+        from transformers.models.qwen2_vl.image_processing_qwen2_vl import Qwen2VLImageProcessor
+
+        config = transformers.Qwen3VLConfig(vision_config=QWEN3_VISION, text_config=QWEN3_TEXT)
+        model = transformers.Qwen3VLForConditionalGeneration(config)
+        processor = Qwen2VLImageProcessor(patch_size=16, merge_size=2, min_pixels=64 * 64, max_pixels=32 * 32 * 64,
+                                          image_mean=[0.5] * 3, image_std=[0.5] * 3)
     else:
         from transformers.models.qwen2_vl.image_processing_qwen2_vl import Qwen2VLImageProcessor
 
@@ -127,6 +144,8 @@ def lxt_relevance(model, modeling, pixel_values: torch.Tensor, word: torch.Tenso
         m.setattr(torch.nn.LayerNorm, "forward", layer_norm_forward)
         for norm in norms:
             m.setattr(norm, "forward", rms_norm_forward)
+        for norm in {type(m) for m in model.modules() if type(m).__name__ == "Gemma3RMSNorm"}:  # lxt's gemma3 map
+            m.setattr(norm, "_norm", gemma3_norm)
         for act in _activation_classes(model):
             m.setattr(act, "original_forward", act.forward, raising=False)
             m.setattr(act, "forward", non_linear_forward)
@@ -221,3 +240,41 @@ def test_attnlrp_of_a_word_on_qwen2_5_vls_windowed_rope_tower_equals_lxts_rules(
                               features)
     per_patch = relevance.sum(-1).reshape(gh // 2, gw // 2, 2, 2).permute(0, 2, 1, 3).reshape(gh, gw)  # row-major
     assert_equal_to_lxt(shown.map, per_patch.numpy())
+
+
+@pytest.mark.parametrize("patch", [None, 45])  # row 5, column 5: the last row of units, the third unit across
+def test_attnlrp_of_a_word_on_qwen3_vls_tower_equals_lxts_rules(vlms, monkeypatch, patch):
+    """Qwen3-VL's tower: a learned position table interpolated to the 6 x 8 grid (a constant of the input) plus 2D
+    RoPE, LayerNorms, tanh-GELU MLPs, the merger's LayerNorm and GELU; the DeepStack mergers run but are no target."""
+    from transformers.models.qwen3_vl import modeling_qwen3_vl
+
+    folder, model, processor = vlms("qwen3_vl")
+    image = picture(130, 100)
+    shown = vit.explain_word(vit.load(folder, device="cpu"), image, WORD, "attnlrp", patch=patch)
+    inputs = processor(images=[image], return_tensors="pt")
+    _, gh, gw = inputs["image_grid_thw"][0].tolist()
+    assert (gh, gw) == (6, 8)
+    unit = None if patch is None else (patch // gw // 2) * (gw // 2) + patch % gw // 2
+
+    def features(x):
+        return model.get_image_features(x, inputs["image_grid_thw"])
+
+    relevance = lxt_relevance(model, modeling_qwen3_vl, inputs["pixel_values"], _word(model), unit, monkeypatch,
+                              features)
+    per_patch = relevance.sum(-1).reshape(gh // 2, gw // 2, 2, 2).permute(0, 2, 1, 3).reshape(gh, gw)  # row-major
+    assert_equal_to_lxt(shown.map, per_patch.numpy())
+
+
+@pytest.mark.parametrize("patch", [None, 13])  # row 1, column 5: the second pooled token
+def test_attnlrp_of_a_word_on_gemma3s_siglip_tower_equals_lxts_rules(vlms, monkeypatch, patch):
+    """Gemma 3: the SigLIP tower, its 4 x 4 average pool, Gemma's RMSNorm (lxt's ``gemma3_norm``, its ``1 + weight``
+    outside the rule) and the bias-free projection."""
+    from transformers.models.siglip import modeling_siglip
+
+    folder, model, processor = vlms("gemma3")
+    image = picture(90, 70)
+    shown = vit.explain_word(vit.load(folder, device="cpu"), image, WORD, "attnlrp", patch=patch)
+    pixels = processor(images=[image], return_tensors="pt")["pixel_values"]
+    unit = None if patch is None else 1
+    relevance = lxt_relevance(model, modeling_siglip, pixels, _word(model), unit, monkeypatch)
+    assert_equal_to_lxt(shown.map, _on_image(relevance, 8))
