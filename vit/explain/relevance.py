@@ -6,7 +6,10 @@ approach of lxt), so that the model's elementary operations — each LayerNorm a
 product, the two attention matmuls (of every layer and of SigLIP's pooling probe) and a prompt head's L2
 norm — carry their rule while the forward computes its own values. Every other operation of every family is
 linear (rotary positions, layer scale, pooling by CLS or mean, the distillation head's mean, the
-projections) and takes the epsilon rule, which in the gradient x input framework is the plain gradient.
+projections) and takes the epsilon rule, which in the gradient x input framework is the plain gradient. That is
+lxt's own treatment of rotary positions: its qwen2 and llama maps leave ``apply_rotary_pos_emb`` unpatched, and its
+attention wrapper divides the gradient of the already rotated q and k, which is where ``Rules.attention_inputs``
+receives them here (checked on Qwen2.5-VL's and Qwen3-VL's 2D RoPE in ``tests/test_vlm_attnlrp_lxt.py``).
 
 Shapes: images ``(B, C, H, W)``; ``T = prefix + gh * gw`` tokens, patches row-major after the
 prefix tokens. References (ported, and checked against in ``tests/test_relevance.py``):
