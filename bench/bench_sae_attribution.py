@@ -110,6 +110,17 @@ def sae_training_hashes(sae_folder: Path) -> set[str] | None:
     return {hashlib.sha256((data / name).read_bytes()).hexdigest() for name in files if (data / name).is_file()}
 
 
+def sae_metrics(sae_folder: Path) -> str:
+    """The SAE's own held-out figures from its metrics.json, as one line ("" without them)."""
+    try:
+        m = json.loads((sae_folder / "metrics.json").read_text())
+        return (f"the SAE on its {m['images']} held-out images: explained variance {m['explained_variance']:.3f}, "
+                f"L0 {m['l0']:.1f}, top-1 agreement with the layer replaced by the reconstruction "
+                f"{m['top1_agreement']:.3f}")
+    except (OSError, ValueError, KeyError, TypeError):
+        return ""
+
+
 def mean_sd_se(values: Sequence[float]) -> str:
     mean, sd = statistics.fmean(values), statistics.pstdev(values)
     return f"{mean:+.3f} (sd {sd:.3f}, se {sd / math.sqrt(len(values)):.3f})"
@@ -123,14 +134,15 @@ def summary(rows: list[dict], ks: Sequence[int]) -> list[str]:
     """Per k: the three deletions' logit drops (mean, sd and se over images), top-k minus random-k paired per image
     and how often it is positive, the probability drops and how often the predicted class changes."""
     lines = ["k | images | logit drop: top-k | random-k | strongest-k | top-k - random-k (paired) | top-k > random-k "
-             "| probability drop: top-k / random-k / strongest-k | top-1 changed: top-k / random-k | deleted (mean)"]
+             "| top-k's summed share (the first-order drop) | probability drop: top-k / random-k / strongest-k "
+             "| top-1 changed: top-k / random-k | deleted (mean)"]
     for k in ks:
         mine = [r for r in rows if r["k"] == k]
         diff = [r["drop_top"] - r["drop_random"] for r in mine]
         lines.append(
             f"{k} | {len(mine)} | {mean_sd_se([r['drop_top'] for r in mine])} | "
             f"{mean_sd_se([r['drop_random'] for r in mine])} | {mean_sd_se([r['drop_strongest'] for r in mine])} | "
-            f"{mean_sd_se(diff)} | {sum(d > 0 for d in diff) / len(diff):.1%} | "
+            f"{mean_sd_se(diff)} | {sum(d > 0 for d in diff) / len(diff):.1%} | {mean_of(mine, 'share_top'):+.3f} | "
             f"{mean_of(mine, 'pdrop_top'):+.3f} / {mean_of(mine, 'pdrop_random'):+.3f} / "
             f"{mean_of(mine, 'pdrop_strongest'):+.3f} | "
             f"{mean_of(mine, 'flip_top'):.1%} / {mean_of(mine, 'flip_random'):.1%} | {mean_of(mine, 'deleted'):.2f}")
@@ -139,7 +151,7 @@ def summary(rows: list[dict], ks: Sequence[int]) -> list[str]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--checkpoint", default=str(ROOT / "checkpoints" / "cifar10-cifar-s.pt"))
+    parser.add_argument("--checkpoint", default="checkpoints/cifar10-cifar-s.pt", help="(relative: to the repo)")
     parser.add_argument("--sae", type=Path, required=True, help="an SAE folder of the checkpoint (vit.sae train's)")
     parser.add_argument("--images", type=Path, required=True, help="a folder of images (any depth)")
     parser.add_argument("--ks", default="1,2,4,8,16", help="latent counts deleted, comma-separated")
@@ -158,7 +170,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from vit.sources.open import open_source
     from vit.training.data import image_files
 
-    checkpoint = open_source(args.checkpoint)
+    checkpoint = open_source(ROOT / args.checkpoint)
     model = checkpoint.model.eval()
     sae = open_sae(str(args.sae)).eval().requires_grad_(False)
     files = image_files(args.images)
@@ -184,6 +196,7 @@ def main(argv: Sequence[str] | None = None) -> int:
            + ("" if seen is not None else " (the SAE's training images unknown: none left out)")
            + (f", {len(excluded)} left out as the SAE trained on them" if excluded else "")
            + f"; target: the predicted class; {seconds:.0f} s",
+           sae_metrics(args.sae),
            f"the splice with nothing deleted changes a logit by at most {max(splice_errors):.2e}; latents + bias + "
            f"error - gradient x stream: at most {max(sum_errors):.2e}",
            "", *summary(rows, ks), "",
