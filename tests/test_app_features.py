@@ -92,9 +92,12 @@ def test_strongest_features_their_maps_and_exemplars(sae_world):
     table = np.load(folder / "features.npz")
     # each image once (at its strongest token), named with its class folder
     distinct = {int(i) for i in table["exemplar_images"][expected[0]] if i >= 0}
-    # the model's input, the strongest features' sheet, the drivers' sheet, the crops
-    assert len(at.get("image")) == 3 + len(distinct) > 3
-    shown = [t for t in at.text if t.value.count("\n") == 1]
+    # the model's input, the strongest features' sheet, the drivers' sheet, the drivers' crops, the crops
+    [theirs] = [e for e in at.expander if e.label == "Their exemplars"]
+    driving = len(theirs.get("image"))
+    assert len(at.get("image")) == 3 + driving + len(distinct) > 3 + driving
+    shown = [t for t in at.text if t.value.count("\n") == 1][driving:]  # the shown feature's come last
+    assert len(shown) == len(distinct)
     assert sorted(t.proto.help for t in shown) == sorted(str(table["images"][i]) for i in distinct)  # on hover
     # Each on one line, its end as much as an eighth of the page holds (wrapped, a path broke at any character).
     for t in shown:
@@ -127,6 +130,27 @@ def test_the_features_that_drive_the_prediction_are_listed_by_their_share_of_its
     assert not at.exception, [e.message for e in at.exception]
     assert at.session_state["sae_feature"] == expected[-1]  # picked: its map large and its exemplars
     assert any(c.value.startswith(f"Feature {expected[-1]}'s activation") for c in at.caption)
+
+
+def test_each_feature_that_drives_the_prediction_is_shown_with_its_exemplars(sae_world):
+    checkpoints, folder, sae = sae_world
+    at = open_features(run_app(), folder)
+    [drivers] = [r for r in at.radio if r.key == "sae_drivers"]
+    latents = [int(option.split(" ")[1]) for option in drivers.options]
+    table = np.load(folder / "features.npz")
+    [theirs] = [e for e in at.expander if e.label == "Their exemplars"]
+    rows, shown = {}, []
+    for t in theirs.text:  # in the page's order: a feature's line, then its crops' names
+        if t.value.startswith("Feature "):
+            shown.append(int(t.value.split(" ")[1]))
+            rows[shown[-1]] = []
+        else:
+            rows[shown[-1]].append(t.proto.help)  # a crop's whole image name, on hover
+    assert shown == latents  # every feature of the list, in its order
+    for latent in latents:  # each image once, named as features.npz names it, at most six
+        distinct = list(dict.fromkeys(int(i) for i in table["exemplar_images"][latent] if i >= 0))[:6]
+        assert rows[latent] == [str(table["images"][i]) for i in distinct]
+    assert len(theirs.get("image")) == sum(map(len, rows.values())) > 0  # each one cropped from its file
 
 
 def test_an_exemplars_long_name_is_shortened_to_its_end():

@@ -18,6 +18,7 @@ from vit.text import escape_markdown, visible
 
 IMAGES_KEY = "sae_exemplar_folder"  # the folder the exemplars' images are read from
 EXEMPLARS_SHOWN = 8
+DRIVER_EXEMPLARS = 6  # each driving feature's, in a row under its share
 THUMBNAIL_SIDE = 96
 
 
@@ -54,34 +55,68 @@ def metrics_data(folder: str) -> str:
         return ""
 
 
+def harvested(view: Shown, sae: SparseAutoencoder, folder: str, version: tuple, layer: int
+              ) -> tuple[explore.FeatureTable, tuple[int, int], int]:
+    """The SAE's features.npz with the grid and prefix tokens its exemplars' tokens lie on (``layer``: the block, from
+    1, whose output the SAE reads); SAEError in one line where there are none or they cannot be placed."""
+    if not Path(folder).is_dir():
+        raise SAEError("Exemplars come from the features.npz python -m vit.sae train writes into its SAE folder; "
+                       "this SAE is a single file.")
+    table = feature_table(folder, version, sae.d_sae)
+    grid, prefix, _ = stream_shape(view.full_checkpoint.model, layer)
+    if table.tokens_per_image != prefix + grid[0] * grid[1]:
+        raise SAEError(f"features.npz describes images of {table.tokens_per_image} tokens; the model reads "
+                       f"{prefix + grid[0] * grid[1]} at its own size: no crops can be placed.")
+    return table, grid, prefix
+
+
+def images_folder(folder: str) -> str:
+    """The folder the exemplars' images are read from: as typed under the shown feature's exemplars, at first the
+    one the SAE's metrics.json names (read once, not on every rerun)."""
+    if IMAGES_KEY not in st.session_state:
+        st.session_state[IMAGES_KEY] = metrics_data(folder)
+    return str(st.session_state[IMAGES_KEY] or "").strip()
+
+
 def exemplars(view: Shown, sae: SparseAutoencoder, folder: str, version: tuple, latent: int, layer: int) -> None:
     """The feature's top activating held-out patches, cropped from the images features.npz names (``layer``: the
     block, from 1, whose output the SAE reads)."""
     st.markdown(f"**Feature {latent}'s exemplars** (its strongest patches on the SAE's held-out images)")
-    if not Path(folder).is_dir():
-        st.caption("Exemplars come from the features.npz python -m vit.sae train writes into its SAE folder; this SAE "
-                   "is a single file.")
-        return
     try:
-        table = feature_table(folder, version, sae.d_sae)
+        table, grid, prefix = harvested(view, sae, folder, version, layer)
     except SAEError as e:
         st.caption(escape_markdown(e))
         return
-    grid, prefix, _ = stream_shape(view.full_checkpoint.model, layer)
-    if table.tokens_per_image != prefix + grid[0] * grid[1]:
-        st.caption(f"features.npz describes images of {table.tokens_per_image} tokens; the model reads "
-                   f"{prefix + grid[0] * grid[1]} at its own size: no crops can be placed.")
-        return
-    if IMAGES_KEY not in st.session_state:  # metrics.json read once, not on every rerun
-        st.session_state[IMAGES_KEY] = metrics_data(folder)
-    images_folder = st.text_input("Exemplar images folder", key=IMAGES_KEY,
-                                  help="The folder the SAE was trained from (python -m vit.sae train --data): "
-                                       "features.npz names its images relative to it.").strip()
+    images_folder(folder)
+    typed = st.text_input("Exemplar images folder", key=IMAGES_KEY,
+                          help="The folder the SAE was trained from (python -m vit.sae train --data): "
+                               "features.npz names its images relative to it.").strip()
     found = table.exemplars(latent, distinct=True)[:EXEMPLARS_SHOWN]
     st.caption(f"Fires on {float(table.frequency[latent]):.2%} of the held-out tokens.")
-    if not found or not images_folder:
+    if not found or not typed:
         return
-    exemplar_row(found, images_folder, view.full_checkpoint, EXEMPLARS_SHOWN, grid, prefix)
+    exemplar_row(found, typed, view.full_checkpoint, EXEMPLARS_SHOWN, grid, prefix)
+
+
+def drivers_exemplars(view: Shown, sae: SparseAutoencoder, folder: str, version: tuple, layer: int,
+                      drivers: list[tuple[int, float]]) -> None:
+    """Each feature that drives the prediction ``(latent, share)`` with its strongest held-out patches, where the
+    SAE has harvested them (its folder's features.npz); else nothing: the shown feature's exemplars say why."""
+    try:
+        table, grid, prefix = harvested(view, sae, folder, version, layer)
+    except SAEError:
+        return
+    typed = images_folder(folder)
+    with st.expander("Their exemplars", expanded=True):
+        if not typed:
+            st.caption("Name the folder the SAE was trained from under the shown feature's exemplars below to see "
+                       "these features' strongest patches.")
+        for latent, share in drivers:
+            st.text(f"Feature {latent} · {share:+.3g} of the logit · fires on "
+                    f"{float(table.frequency[latent]):.2%} of the held-out tokens")
+            found = table.exemplars(latent, distinct=True)[:DRIVER_EXEMPLARS]
+            if found and typed:
+                exemplar_row(found, typed, view.full_checkpoint, DRIVER_EXEMPLARS, grid, prefix)
 
 
 def exemplar_row(found: list, images_folder: str, checkpoint: Checkpoint, columns: int, grid: tuple[int, int],

@@ -6,9 +6,9 @@ folder or ``.pt``; a saev ``.pt``, whose block is asked since its file does not 
 by Hub id from the server's Hugging Face cache (a missing one downloaded on a button, after its size is shown, as the
 sidebar's "Open from the Hub" does). The image's strongest features each have a map over exactly the pixels the model
 saw; a click on a patch lists the features active there; the features that drive the shown class are listed by their
-share of its logit (``vit.features.attribution``), each with its map of that share per patch; a feature's exemplars
-are cropped from the images its ``features.npz`` names. Scaling a feature replaces the layer's output by the
-reconstruction with that latent scaled plus the reconstruction error (``vit.features.explore``).
+share of its logit (``vit.features.attribution``), each with its map of that share per patch and its exemplars; a
+feature's exemplars are cropped from the images its ``features.npz`` names. Scaling a feature replaces the layer's
+output by the reconstruction with that latent scaled plus the reconstruction error (``vit.features.explore``).
 
 A fragment: picking a feature or a patch, or scaling one for this section alone, reruns this section only. Features
 scaled "in every map on this page" change what every section shows: the page is then drawn from a copy of the model
@@ -22,7 +22,7 @@ import streamlit as st
 from PIL import Image
 
 from app_pages.explorer_sections import sae_files
-from app_pages.explorer_sections.feature_exemplars import IMAGES_KEY, exemplars
+from app_pages.explorer_sections.feature_exemplars import IMAGES_KEY, drivers_exemplars, exemplars
 from app_pages.explorer_sections.main_view import PICKER_CONFIG
 from app_pages.explorer_sections.sae_files import FOLDER_KEY, LAYER_KEY
 from app_pages.explorer_sections.state import Shown, keep_settings
@@ -361,7 +361,8 @@ def section(view: Shown, may_open: bool, asked: words.Answer | None) -> None:
 
 def drivers(view: Shown, checkpoint: Checkpoint, fingerprint: tuple, sae: SparseAutoencoder, folder: str,
             version: tuple, layer: int, shown: int, count: int) -> None:
-    """The features that drive the shown class: the largest shares of its logit, their maps, one to pick."""
+    """The features that drive the shown class: the largest shares of its logit, their maps, one to pick, and each
+    one's exemplars."""
     if checkpoint.model.head is None or not view.class_names:
         return
     target = attention_maps.resolved_class(view.settings, view.analysis)
@@ -390,4 +391,5 @@ def drivers(view: Shown, checkpoint: Checkpoint, fingerprint: tuple, sae: Sparse
                "the maps, in the order of the list, show it patch by patch on one colour scale. All features "
                f"together {totals['latents']:+.3g}, the decoder bias {totals['bias']:+.3g}, the reconstruction error "
                f"{totals['error']:+.3g}: their sum, {totals['total']:+.3g}, is the gradient times the layer's "
-               "output. Pick one to see its map large and its exemplars below.")
+               "output. Pick one to see its map large.")
+    drivers_exemplars(view, sae, folder, version, layer, top)
