@@ -22,8 +22,15 @@ HALF_PRECISION_TOKENS = 1024  # rollout factors above this many tokens are kept 
 BLOCK_COPIES = 8
 # One block's forward graph and its backward, in floats per token per hidden unit and per MLP unit: its norms,
 # qkv, contexts, projections and MLP. ViT-B/16 at 1,024 px measured 260 MB (LeGrad) and 340 MB (context
-# gradients) of working memory besides the hidden states, context gradients and chunks; this model says 352 MB.
-GRAPH_PER_HIDDEN, GRAPH_PER_MLP = 16, 3
+# gradients) of working memory besides the hidden states, context gradients and chunks; a 64-wide model 2.4 KB a
+# token (LeGrad at 4,096 tokens). This model says 290 MB and 3 KB.
+GRAPH_PER_HIDDEN, GRAPH_PER_MLP = 6, 1
+# The same through a model with stages, per explained layer: its windows' probabilities, their gradient and
+# autograd's copy; its activations in the graph. Measured: Swin, Swin V2 and Hiera at 1,024 to 4,096 patches.
+STAGE_PROBS_COPIES, STAGE_GRAPH_PER_HIDDEN = 4, 12
+# A model with a logit bias (BEiT) runs its explained blocks' attention explicitly, the bias whole in the graph:
+# its scores, bias and probabilities, ``H x T²`` each. Measured: 347 MB for a 2-head BEiT's LeGrad at 4,096 tokens.
+BIAS_GRAPH_COPIES = 3
 
 
 def has_logit_bias(config) -> bool:
@@ -63,12 +70,14 @@ def whole_gradient_bytes(config, tokens: int, layers: int | None = None) -> int:
 
 
 def gradient_bytes(num_layers: int, hidden_size: int, mlp_size: int, tokens: int, contexts: bool,
-                   budget: int = CHUNK_BYTES) -> int:
+                   budget: int = CHUNK_BYTES, bias_heads: int = 0) -> int:
     """The memory model of a chunked gradient method (``relevance.legrad``, ``context_gradients``): hidden
     states ``(L + 1) x T x D``, with ``contexts`` every layer's context gradient (``L x T x D``), one block's graph
-    forward and backward, and one chunk (of an attention and its gradient: ``budget``)."""
+    forward and backward, and one chunk (of an attention and its gradient: ``budget``); with ``bias_heads`` (a
+    logit bias's heads) a block's explicit attention and its bias in the graph (``BIAS_GRAPH_COPIES``)."""
     per_token = (num_layers + 1 + (num_layers if contexts else 0) + GRAPH_PER_HIDDEN) * hidden_size
-    return 4 * tokens * (per_token + GRAPH_PER_MLP * mlp_size) + budget
+    bias = 4 * BIAS_GRAPH_COPIES * bias_heads * tokens * tokens
+    return 4 * tokens * (per_token + GRAPH_PER_MLP * mlp_size) + budget + bias
 
 
 def largest_tokens(limit: int, per_token: int, per_token_squared: int) -> int:
@@ -84,15 +93,16 @@ def stage_gradient_bytes(model, grid: tuple[int, int], start_layer: int = -2) ->
     """About the bytes a gradient through a model with stages keeps for one image on patch grid ``grid`` (LeGrad
     from ``start_layer``; the class-specific map from 0): each explained layer's windows' probabilities, their
     gradient and autograd's copies (``4 x H x Tq x nk`` floats) and the layer's activations in the graph (about
-    ``32 x T x D`` floats: the MLP's four widths, norms, residuals)."""
+    ``12 x T x D`` floats: the MLP's four widths, norms, residuals, on the layer's input tokens)."""
     layouts = model.layer_layouts(grid)
     total = 0
     for layer in range(start_layer % len(model.blocks), len(model.blocks)):
         lay, attn = layouts[layer], model.blocks[layer].attn
         keys = lay.key_tokens().shape[1]  # a window's keys (a global layer's: every key)
         windows = lay.window_tokens().shape[0]
-        total += 4 * (4 * attn.num_heads * windows * lay.window_tokens().shape[1] * keys
-                      + 32 * lay.num_tokens * attn.num_heads * attn.head_dim)
+        inputs = max(lay.num_tokens, windows * keys)  # the layer's input tokens (before pooling, with padding)
+        total += 4 * (STAGE_PROBS_COPIES * attn.num_heads * windows * lay.window_tokens().shape[1] * keys
+                      + STAGE_GRAPH_PER_HIDDEN * inputs * attn.num_heads * attn.head_dim)
     return total
 
 
@@ -118,3 +128,86 @@ def pass_bytes(config, tokens: int, copies: int) -> int:
 def sae_bytes(d_in: int, d_sae: int) -> int:
     """Bytes of an SAE's float32 weights: encoder, decoder and their biases."""
     return 4 * (2 * d_in * d_sae + d_in + d_sae)
+
+
+def logit_bias_chunk(config, num_heads: int, tokens: int) -> int:
+    """Bytes of the bias rows a forward forms at once over ``tokens`` keys (``blocks.add_bias_rows``,
+    ``fused_attention``): a query chunk of at most ``BIAS_CHUNK_BYTES`` float32 rows, beside BEiT's int64 index of
+    the table for those rows (SAM's decomposed positions have none). Measured: 137 MB for a 2-head BEiT at 4,096
+    tokens, a 64 MB chunk and its 64 MB index."""
+    from vit.model.blocks import BIAS_CHUNK_BYTES  # here: the model imports vit.bounds, which imports this module
+
+    if not has_logit_bias(config) or tokens <= 0:
+        return 0
+    rows = min(tokens, max(1, BIAS_CHUNK_BYTES // (num_heads * tokens * 4)))
+    index = 8 * rows * tokens if config.rel_pos in ("beit", "beit_shared") else 0
+    return 4 * num_heads * rows * tokens + index
+
+
+def block_bytes(model, layer: int, tokens: int) -> int:
+    """Bytes block ``layer`` of ``model`` holds at once in a forward without a graph over ``tokens`` tokens:
+    ``BLOCK_COPIES`` streams of its width (two more where rotary positions copy q and k), its MLP's hidden width
+    (three times where it is gated: the gate, the linear branch, their product) and a logit bias's query chunk
+    (``logit_bias_chunk``). Attention itself runs fused, in query chunks on a CPU: no ``H x T²``."""
+    config = model.config
+    streams = BLOCK_COPIES + (2 if getattr(config, "rope", "none") != "none" else 0)
+    hidden = 3 if getattr(config, "gated_mlp", False) else 1
+    if not hasattr(model, "blocks"):  # a config alone (the gate's geometry): every block as the config says
+        width, mlp, heads = config.hidden_size, config.mlp_size, config.num_heads
+    else:
+        block = model.blocks[layer]
+        width, mlp, heads = block.attn.qkv.in_features, block.mlp.fc1.out_features, block.attn.num_heads
+    return 4 * tokens * (streams * width + hidden * mlp) + logit_bias_chunk(config, heads, tokens)
+
+
+def forward_bytes(model, grid: tuple[int, int]) -> int:
+    """Bytes one image's forward without a graph holds at once on patch ``grid`` (``vit.predict``, the harvest of
+    an SAE's activations): the costliest block (``block_bytes``, each on its own layer's tokens where the model has
+    stages) beside the preprocessed input. What its attention layouts form (windows, Swin's biases and masks) is
+    ``bounds.layout_memory``."""
+    tokens = model.num_prefix_tokens + grid[0] * grid[1]
+    layouts = model.layer_layouts(grid) if getattr(model.config, "stage_depths", ()) else None
+    (ph, pw), channels = model.config.patch_hw, model.config.num_channels
+    pixels = 4 * channels * grid[0] * ph * grid[1] * pw  # the preprocessed input
+    return pixels + max(block_bytes(model, i, tokens if layouts is None else layouts[i].num_tokens)
+                        for i in range(model.config.num_layers))
+
+
+def chunk_bytes(config, device_type: str = "cpu") -> int:
+    """Bytes of the attention chunk a map forms at once (``vit.explain.chunked``): on a CPU a core's cache-sized
+    chunk, held ``CHUNK_COPIES`` times; a model with a bias or windows (SAM, BEiT, Qwen-VL) takes chunks of the
+    whole ``CHUNK_BYTES`` there, as a GPU does."""
+    plain = getattr(config, "rel_pos", "none") == "none" and not getattr(config, "window_size", 0)
+    return FAST_CHUNK_BYTES * CHUNK_COPIES if device_type == "cpu" and plain else CHUNK_BYTES
+
+
+def attention_chunk(config, num_heads: int, tokens: int, device_type: str) -> int:
+    """``chunk_bytes``, or less where a layer's whole attention (its scores, probabilities, the softmax's temporary
+    and a bias's rows) is smaller than a chunk."""
+    return min(chunk_bytes(config, device_type), (CHUNK_COPIES + 1) * 4 * num_heads * tokens * tokens)
+
+
+def analysis_parts(model, grid: tuple[int, int], device_type: str = "cpu",
+                   cache_bytes: int = LAYER_CACHE_BYTES, maps: int = 0) -> dict[str, int]:
+    """What one analysed image (``image_analysis.analyse``) and the maps drawn from it hold at once, by part:
+    the hidden states beside the forward's costliest block; the queries and keys the forward keeps for the first
+    map (while a quarter of the cache holds them); every layer's rollout factor (``T²``, float16 past
+    ``HALF_PRECISION_TOKENS``) while half the cache holds them, and one in float32 as a row is read through them,
+    else a chunk of attention. A model with stages keeps its layers' windows and outputs instead
+    (``bounds.layout_memory``, the caller's, whose ``maps`` bytes come after the forward: the larger counts)."""
+    config, L = model.config, model.config.num_layers
+    T, D = model.num_prefix_tokens + grid[0] * grid[1], config.hidden_size
+    chunk = attention_chunk(config, config.num_heads, T, device_type)
+    if getattr(config, "stage_depths", ()):
+        layouts = model.layer_layouts(grid)
+        outputs = sum(4 * lay.num_tokens * b.attn.proj.out_features for lay, b in zip(layouts, model.blocks,
+                                                                                        strict=True))
+        return {"every layer's output": outputs, "the forward's costliest block (before the maps)":
+                max(0, forward_bytes(model, grid) - maps)}
+    hidden = 4 * (L + 1) * T * D
+    kept = 8 * L * T * D if 8 * L * T * D <= cache_bytes // 4 else 0
+    factor = (2 if T > HALF_PRECISION_TOKENS else 4) * T * T
+    rollout = L * factor + 4 * T * T if L * factor <= cache_bytes // 2 else 0
+    return {"hidden states": hidden, "queries and keys kept": kept,
+            "the forward's costliest block, or the rollout's factors and a chunk":
+                max(forward_bytes(model, grid), rollout + chunk)}

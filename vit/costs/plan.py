@@ -48,6 +48,12 @@ def decide(cost: Cost) -> str:
     raise cost.refuse(cost.memory if cost.chunked is None else cost.chunked, cost.limit)
 
 
+def _device(model) -> str:
+    """The type of the device ``model`` runs on (a model given by its config alone: a CPU's)."""
+    parameters = getattr(model, "parameters", None)
+    return next(parameters()).device.type if parameters is not None else "cpu"
+
+
 def _tokens(model, grid: tuple[int, int]) -> int:
     return model.num_prefix_tokens + grid[0] * grid[1]
 
@@ -68,18 +74,17 @@ def _over(what: str) -> Callable[[int, int], TooManyTokens]:
 # --- the views ---------------------------------------------------------------------------------------------------
 
 def analysis(model, grid: tuple[int, int], what: str = "This input") -> Cost:
-    """The explorer's analysis of one image (``image_analysis.analyse``) and every map drawn from what it keeps:
-    hidden states, the cache, a layer's queries and keys, a chunk of attention, a bias's query chunk, and what its
-    attention layouts hold (``bounds.layout_memory``: windows, position biases and indices, pooled queries; a model
-    with stages keeps every layer's windows, which its maps, the rollout through the merges too, read)."""
+    """The explorer's analysis of one image (``image_analysis.analyse``) and every map drawn from what it keeps
+    (``memory.analysis_parts``: hidden states, the forward, queries and keys, the rollout's factors or a chunk of
+    attention), and what its attention layouts hold (``bounds.layout_memory``: windows, position biases and
+    indices, pooled queries; a model with stages keeps every layer's windows, which its maps, the rollout through
+    the merges too, read)."""
     config, tokens = model.config, _tokens(model, grid)
     layouts = bounds.layout_memory(model, grid, analysis=True)
-    parts = {"hidden states, cache, queries and keys, a chunk":
-             memory.analysis_memory(config.num_layers, config.num_heads, config.hidden_size, tokens),
-             "a logit bias's query chunk": (memory.bias_chunk_bytes(config.num_heads, tokens)
-                                            if memory.has_logit_bias(config) else 0),
+    maps = max(layouts.peak, layouts.maps)
+    parts = {**memory.analysis_parts(model, grid, _device(model), maps=maps),
              "every layer's windows, kept": layouts.kept,
-             "the maps' steps, or the costliest layer's layout": max(layouts.peak, layouts.maps)}
+             "the maps' steps, or the costliest layer's layout": maps}
 
     def refuse(need: int, limit: int) -> TooManyTokens:
         held = []
@@ -118,12 +123,18 @@ def chunked_gradient(model, grid: tuple[int, int], what: str, contexts: bool) ->
     """A gradient method in chunks (LeGrad; the class-specific map's path in chunks with ``contexts``, which keeps
     every layer's context gradient): ``memory.gradient_bytes``."""
     config, tokens = model.config, _tokens(model, grid)
+    device = _device(model)
+    # LeGrad's chunks are the device's (a CPU's cache-sized ones); the context gradients' rollout row takes the budget
+    budget = memory.CHUNK_BYTES if contexts else min(
+        memory.CHUNK_BYTES, memory.attention_chunk(config, config.num_heads, tokens, device))
+    bias = config.num_heads if memory.has_logit_bias(config) else 0
     need = memory.gradient_bytes(config.num_layers, config.hidden_size, config.mlp_size, tokens, contexts,
-                                 memory.CHUNK_BYTES)
+                                 budget, bias)
 
     def refuse(need: int, limit: int) -> TooManyTokens:
         per_token = memory.gradient_bytes(config.num_layers, config.hidden_size, config.mlp_size, 1, contexts, 0)
-        most = memory.largest_tokens(max(limit - memory.CHUNK_BYTES, 0), per_token, 0)
+        most = memory.largest_tokens(max(limit - budget, 0), per_token,
+                                     4 * memory.BIAS_GRAPH_COPIES * bias)
         side = largest_square_side(config.patch_size, max(most - model.num_prefix_tokens, 1))
         return TooManyTokens(f"{what} keeps every layer's input{' and gradient' if contexts else ''}: about "
                              f"{need / MB:,.0f} MB at {tokens:,} tokens, over the {limit / MB:,.0f} MB limit "
@@ -173,6 +184,22 @@ def flow(model, grid: tuple[int, int], max_flow_tokens: int) -> Cost:
                              f"limit of {max_flow_tokens} (about 40 s there on 2 cores); the largest square input "
                              f"that fits is {side} px. Choose a smaller input size, or rollout.")
     return _cost("flow", model, grid, {"tokens (max-flow problems)": tokens}, refuse, limit=max_flow_tokens)
+
+
+def forward(model, grid: tuple[int, int], what: str = "This input") -> Cost:
+    """One image's forward without a graph (``vit.predict``, ``vit.analyze``, an SAE's harvest): its costliest
+    block (``memory.forward_bytes``) and what its attention layouts form at once (``bounds.layout_memory``)."""
+    layouts = bounds.layout_memory(model, grid)
+    parts = {"the costliest block and the input": memory.forward_bytes(model, grid),
+             f"layer {layouts.layer}'s {layouts.why or 'layout'}": layouts.peak}
+
+    def refuse(need: int, limit: int) -> TooManyTokens:
+        gh, gw = grid
+        return TooManyTokens(f"{what} ({gh}×{gw} patches) needs about {need / MB:,.0f} MB at once for one image's "
+                             f"forward, {layouts.peak / MB:,.0f} MB of it for layer {layouts.layer}'s "
+                             f"{layouts.why or 'attention'}, over the {limit / MB:,.0f} MB limit per image "
+                             f"({ANALYSIS_MEMORY_ENV}). Choose a smaller input size, or raise {ANALYSIS_MEMORY_ENV}.")
+    return _cost("forward", model, grid, parts, refuse)
 
 
 def tokens_gate(model, grid: tuple[int, int], what: str, limit: int | None = None,
