@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 import torch
 
+from vit.costs import memory as costs_memory
 from vit.explain.attention import fuse_heads, layer_stats, rollout, rollout_factor
 from vit.explain.chunked import LayerInputs, attention_chunks, chunk_sizes
 from vit.explain.hidden import forward_with_hidden_states
@@ -200,12 +201,12 @@ def test_chunked_gradient_maps_past_the_memory_limit_are_refused_up_front_with_t
 
     from vit.bounds import TooManyTokens
     from vit.checkpoint import Checkpoint, Preprocessing
-    from vit.explain import fits, method_maps
+    from vit.explain import method_maps
     from vit.explain.chunked import CHUNK_BYTES, gradient_bytes
 
     torch.manual_seed(0)
     checkpoint = Checkpoint(ViT(REGISTERS).eval(), ["a", "b", "c"], Preprocessing.default_for(REGISTERS))
-    monkeypatch.setattr(fits, "CHUNK_BYTES", 0)  # the token terms alone, to size the limit by hand
+    monkeypatch.setattr(costs_memory, "CHUNK_BYTES", 0)  # the token terms alone, to size the limit by hand
     per_token = gradient_bytes(3, 24, 48, 1, contexts=False, budget=0)
     monkeypatch.setenv("VIT_ANALYSIS_MEMORY_MB", str(per_token * 12 / 2**20))  # 12 tokens: 9 patches, 3 x 3
     with pytest.raises(TooManyTokens, match="LeGrad .* the largest square input that fits is 12 px"):
@@ -217,7 +218,7 @@ def test_the_class_map_past_the_whole_gradients_bound_is_the_chunked_row_of_the_
     from PIL import Image
 
     from vit.checkpoint import Checkpoint, Preprocessing
-    from vit.explain import attention_maps, fits, image_analysis, method_maps
+    from vit.explain import attention_maps, image_analysis, method_maps
 
     model = sharp(REGISTERS)
     checkpoint = Checkpoint(model, ["a", "b", "c"], Preprocessing.default_for(REGISTERS))
@@ -226,8 +227,8 @@ def test_the_class_map_past_the_whole_gradients_bound_is_the_chunked_row_of_the_
     whole = method_maps.class_relevance(checkpoint, image, 1)
     assert whole.terms and whole.contexts is None
     # (A tiny model's whole gradients take less than its chunked path's fixed terms: the bound is moved by hand.)
-    monkeypatch.setattr(method_maps, "whole_gradient_bytes", lambda model, tokens, layers=None: 2**40)
-    for module in (method_maps, fits):
+    monkeypatch.setattr(costs_memory, "whole_gradient_bytes", lambda model, tokens, layers=None: 2**40)
+    for module in (method_maps, costs_memory):
         monkeypatch.setattr(module, "CHUNK_BYTES", 4096)
     chunked = method_maps.class_relevance(checkpoint, image, 1)
     assert not chunked.terms and chunked.contexts.shape == (1, 3, 19, 3, 8)
@@ -337,7 +338,7 @@ def test_gradient_maps_report_each_block_and_stop_where_their_progress_says_so(m
     checkpoint = Checkpoint(ViT(REGISTERS).eval(), ["a", "b", "c"], Preprocessing.default_for(REGISTERS))
     image = Image.new("RGB", (16, 16))
     if kind == "class chunked":
-        monkeypatch.setattr(method_maps, "whole_gradient_bytes", lambda *args: 2**62)  # one block at a time
+        monkeypatch.setattr(costs_memory, "whole_gradient_bytes", lambda *args: 2**62)  # one block at a time
 
     def run(progress):
         if kind.startswith("class"):

@@ -11,7 +11,7 @@ from streamlit.delta_generator import DeltaGenerator
 
 from app_pages.explorer_sections.caches import model_input_preview
 from app_pages.explorer_sections.long_work import long_work
-from app_pages.explorer_sections.map_settings import MainMap
+from app_pages.explorer_sections.map_choice import MainMap
 from app_pages.explorer_sections.state import Shown
 from vit.app import drawing, explorer, vlm_words
 from vit.explain import attention_maps

@@ -1,13 +1,12 @@
 """The sidebar's attention map and overlay settings (only the controls the chosen map uses), and the main map."""
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
-import numpy as np
 import streamlit as st
 from PIL import Image
-from streamlit.delta_generator import DeltaGenerator
 
 from app_pages.explorer_sections.caches import class_relevance, method_map, rollout_map
+from app_pages.explorer_sections.map_choice import MainMap, MapChoice
 from vit.app import drawing, explorer, share, vlm_words
 from vit.bounds import TooManyTokens
 from vit.checkpoint import Checkpoint
@@ -24,40 +23,6 @@ KEPT = ("map_kind", "method_kind", "hide_registers", "query-", "class-", "layer-
 
 
 LABELS_BY_CHOICE = {explorer.MORE_METHODS: explorer.MORE_METHODS_LABEL, vlm_words.CHOICE: vlm_words.CHOICE_LABEL}
-
-
-@dataclass(frozen=True, eq=False)
-class MapChoice:
-    """What the sidebar set: the map (``settings``, 0-based layer) and how every map is drawn."""
-
-    settings: attention_maps.MapSettings
-    layer: int  # 1-based, as the sidebar shows it; the heads grid and the matrix read it for every map
-    tokens: list[int]  # the query tokens offered (registers hidden or not)
-    query_key: str  # the query's widget key: a click on a patch sets it
-    outline: int | None  # the query's patch, outlined, where the map has a query
-    opacity: float
-    colormap: str
-    scale: str
-    mode: str
-    show_grid: bool
-    mask_share: float | None  # the attention-mass contour's share, None when off
-    class_slot: DeltaGenerator | None = None  # the class picker's place, filled after the forward (``choose_class``)
-    word: str | None = None  # a word map's word (``vlm_words.KINDS``), None while no word is typed
-    target: str = "all"  # a word's gradient map: "all" image tokens or the clicked "patch"'s (``vlm_words.TARGETS``)
-
-
-@dataclass(frozen=True, eq=False)
-class MainMap:
-    """The main map (grid_h, grid_w) and its colours: signed maps diverge around 0."""
-
-    map2d: np.ndarray
-    colormap: str
-    vmin: float | None
-    vmax: float | None
-    mask: np.ndarray | None
-    caption: str | None = None  # a word map's (Markdown; the others' is ``drawing.describe_map``'s)
-    error: str | None = None  # why a word map is not drawn (one line), shown where its caption goes
-    word_parts: tuple | None = None  # a word map's (kind, word, patch or None), which name its download
 
 
 def choose_map(shape: image_analysis.ViewShape, class_names: list[str], model_key: str, model) -> MapChoice:

@@ -11,7 +11,7 @@ import streamlit as st
 from app_pages.explorer_sections import ask_in_words, features, mechanism, word_lens
 from app_pages.explorer_sections.checkpoint_picker import OPEN_HUB
 from app_pages.explorer_sections.main_view import map_caption
-from app_pages.explorer_sections.map_settings import MainMap
+from app_pages.explorer_sections.map_choice import MainMap
 from app_pages.explorer_sections.state import Shown
 from vit.app import catalog, drawing, explorer, share, vlm_words
 from vit.app.export import View, view_html

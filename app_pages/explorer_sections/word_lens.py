@@ -12,7 +12,7 @@ import streamlit as st
 from PIL import Image
 
 from app_pages.explorer_sections.ask_in_words import LABELS_KEY
-from app_pages.explorer_sections.map_settings import MainMap, MapChoice
+from app_pages.explorer_sections.map_choice import MainMap, MapChoice
 from app_pages.explorer_sections.state import Shown
 from vit import api
 from vit.app import drawing, vlm_words

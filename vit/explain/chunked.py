@@ -14,12 +14,12 @@ The rollout's CLS row (or any query's) is a row vector times each layer's factor
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Iterator, Sequence
 
 import torch
 from torch import Tensor, nn
 
+from vit.costs.memory import gradient_bytes, largest_tokens  # noqa: F401  (the chunked methods' memory model)
 from vit.explain.attention import (
     _check_fusion,
     fuse_heads,
@@ -409,27 +409,3 @@ def chunked_bytes(num_layers: int, hidden_size: int, tokens: int, budget: int = 
     """The memory model of a chunked analysis: hidden states ``(L + 1) x T x D``, one layer's queries and keys
     (``2 x T x D``), the rollout's vectors and one chunk."""
     return 4 * (num_layers + 3) * tokens * hidden_size + 8 * tokens + budget
-
-
-# One block's forward graph and its backward, in floats per token per hidden unit and per MLP unit: its norms,
-# qkv, contexts, projections and MLP. ViT-B/16 at 1,024 px measured 260 MB (LeGrad) and 340 MB (context
-# gradients) of working memory besides the hidden states, context gradients and chunks; this model says 352 MB.
-GRAPH_PER_HIDDEN, GRAPH_PER_MLP = 16, 3
-
-
-def gradient_bytes(num_layers: int, hidden_size: int, mlp_size: int, tokens: int, contexts: bool,
-                   budget: int = CHUNK_BYTES) -> int:
-    """The memory model of a chunked gradient method (``relevance.legrad``, ``context_gradients``): hidden
-    states ``(L + 1) x T x D``, with ``contexts`` every layer's context gradient (``L x T x D``), one block's graph
-    forward and backward, and one chunk (of an attention and its gradient: ``budget``)."""
-    per_token = (num_layers + 1 + (num_layers if contexts else 0) + GRAPH_PER_HIDDEN) * hidden_size
-    return 4 * tokens * (per_token + GRAPH_PER_MLP * mlp_size) + budget
-
-
-def largest_tokens(limit: int, per_token: int, per_token_squared: int) -> int:
-    """The most tokens ``T`` with ``per_token x T + per_token_squared x T² <= limit`` (for refusals that name
-    the largest input that fits)."""
-    if per_token_squared == 0:
-        return limit // max(per_token, 1)
-    a, b = per_token_squared, per_token
-    return int((-b + math.sqrt(b * b + 4 * a * limit)) / (2 * a))

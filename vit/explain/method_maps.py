@@ -1,6 +1,6 @@
 """The maps that run the model again for one image: the class-specific map's gradients (``class_relevance``) and
 LeGrad, LRP, AttnLRP, the CAMs and attention flow (``model_method_map``), each refused against its memory bound
-(``vit.explain.fits``) before any work. The page caches them per (checkpoint, image, class and settings).
+(the cost model, ``vit.costs.plan``) before any work. The page caches them per (checkpoint, image, class and settings).
 """
 
 from __future__ import annotations
@@ -13,6 +13,8 @@ import torch
 from PIL import Image
 
 from vit.checkpoint import Checkpoint
+from vit.costs import plan
+from vit.costs.memory import CHUNK_BYTES
 from vit.explain.attention import class_gradients, positive_gradient_attention, token_map
 from vit.explain.attention_maps import (
     CAM_KINDS,
@@ -24,15 +26,6 @@ from vit.explain.attention_maps import (
     stage_refusal,
 )
 from vit.explain.chunked import LayerInputs
-from vit.explain.fits import (
-    CHUNK_BYTES,
-    analysis_limits,
-    check_chunked_gradient_fits,
-    check_flow_fits,
-    check_gradient_fits,
-    check_stage_legrad_fits,
-    whole_gradient_bytes,
-)
 from vit.explain.hidden import forward_with_hidden_states, placed_attentions
 from vit.inference import TRAINING_SIZE, InputSize, input_shape, preprocess
 from vit.model import ViT
@@ -62,19 +55,16 @@ def class_relevance(checkpoint: Checkpoint, image: Image.Image, class_index: int
     model, p = checkpoint.model, checkpoint.preprocessing
     shape = input_shape(image, p, model.config.patch_size, size)
     grid = model.patch_grid(*shape)
-    tokens = model.num_prefix_tokens + grid[0] * grid[1]
     device = next(model.parameters()).device
+    verdict = plan.decide(plan.class_map(model, grid))  # "run" whole, or in "chunks"; refused over both
     if model.config.stage_depths:  # a Swin's windows: H x T x w*w values per layer, never T x T
-        check_stage_legrad_fits(model, grid, 0, "The class-specific map")  # every layer's windows and gradients
         layouts = model.layer_layouts(grid)
         x = preprocess([image], p, size, model.config.patch_size).to(device)
         with reported_blocks(model, progress, len(model.blocks)):
             _, attentions, gradients = class_gradients(model, x, class_index)
         return ClassRelevance(class_index, tuple(positive_gradient_attention(a, g).float().cpu()
                                                  for a, g in zip(attentions, gradients, strict=True)), layouts=layouts)
-    whole = whole_gradient_bytes(model, tokens) <= analysis_limits()[1]
-    if not whole:
-        check_chunked_gradient_fits(model, tokens, "The class-specific map", contexts=True)
+    whole = verdict == "run"
     x = preprocess([image], p, size, model.config.patch_size).to(device)  # (1, C, H, W)
     L = len(model.blocks)
     if whole:
@@ -103,7 +93,7 @@ def model_method_map(checkpoint: Checkpoint, image: Image.Image, kind: str, clas
     work. ``progress(done, total)``: flow's max-flow problems, one per token; the other methods' blocks run
     (``reported_blocks``).
     """
-    from vit.explain.attention_flow import attention_flow
+    from vit.explain.attention_flow import MAX_FLOW_TOKENS, attention_flow
     from vit.explain.relevance import attnlrp, legrad, patch_sums, transformer_attribution
 
     model = checkpoint.model
@@ -111,20 +101,17 @@ def model_method_map(checkpoint: Checkpoint, image: Image.Image, kind: str, clas
         raise ValueError(stage_refusal(kind))
     shape = input_shape(image, checkpoint.preprocessing, model.config.patch_size, size)  # (height, width)
     grid, prefix = model.patch_grid(*shape), model.num_prefix_tokens
-    tokens = prefix + grid[0] * grid[1]
     # Every method's bound before the work it implies: flow's forward keeps every layer's whole attention (9 GB
     # for ViT-B/16 at 1,024 px) before attention_flow's own limit would refuse the input.
-    if kind == "legrad" and model.config.stage_depths:  # the explained layers' windows, in the graph
-        check_stage_legrad_fits(model, grid, start_layer)
-    elif kind == "legrad":  # in chunks: never a whole layer's attention or gradient
-        check_chunked_gradient_fits(model, tokens, "LeGrad", contexts=False)
-    elif kind in ("lrp", "attnlrp") + CHEFER_BASELINES:  # every layer's T x T in the graph or the relprop
-        check_gradient_fits(model, tokens, MAP_KINDS[kind].split(" (")[0])
+    if kind == "legrad":  # in chunks (never a whole layer's attention or gradient), or a model's stages' windows
+        plan.decide(plan.legrad(model, grid, start_layer))
+    elif kind in ("lrp", "attnlrp") + CHEFER_BASELINES:
+        plan.decide(plan.gradient(model, grid, MAP_KINDS[kind].split(" (")[0]))
     elif kind == "flow":
-        check_flow_fits(model, tokens)
+        plan.decide(plan.flow(model, grid, MAX_FLOW_TOKENS))
     elif kind in CAM_KINDS:  # the graph from the explained block on (Score-CAM: forwards without one)
-        check_gradient_fits(model, tokens, MAP_KINDS[kind].split(" (")[0],
-                            layers=len(range(len(model.blocks))[end_layer:]))
+        plan.decide(plan.gradient(model, grid, MAP_KINDS[kind].split(" (")[0],
+                                  layers=len(range(len(model.blocks))[end_layer:])))
     device = next(model.parameters()).device
     x = preprocess([image], checkpoint.preprocessing, size, model.config.patch_size).to(device)  # (1, C, H, W)
     L = len(model.blocks)

@@ -254,21 +254,6 @@ def legrad_layers(model: ViT) -> range:
     return range(model.config.stage_start(model.config.num_stages - 1), len(model.blocks))
 
 
-def stage_legrad_bytes(model: ViT, grid: tuple[int, int], start_layer: int = -2) -> int:
-    """About the bytes ``stage_legrad`` keeps for one image on patch grid ``grid``: each explained layer's windows'
-    probabilities, their gradient and autograd's copies (``4 x H x Tq x nk`` floats) and the layer's activations in
-    the graph (about ``32 x T x D`` floats: the MLP's four widths, norms, residuals)."""
-    layouts = model.layer_layouts(grid)
-    total = 0
-    for layer in range(start_layer % len(model.blocks), len(model.blocks)):
-        lay, attn = layouts[layer], model.blocks[layer].attn
-        keys = lay.key_tokens().shape[1]  # a window's keys (a global layer's: every key)
-        windows = lay.window_tokens().shape[0]
-        total += 4 * (4 * attn.num_heads * windows * lay.window_tokens().shape[1] * keys
-                      + 32 * lay.num_tokens * attn.num_heads * attn.head_dim)
-    return total
-
-
 def stage_legrad(model: ViT, images: Tensor, class_index: int | Tensor | None = None, start_layer: int = -2
                  ) -> Tensor:
     """LeGrad on a model with stages (Swin, Swin V2, Hiera), read out by average pooling: ``(B, gh, gw)`` on the

@@ -1,0 +1,211 @@
+"""What each view holds at once, in bytes: the terms of the cost model (``vit.costs.plan`` adds them up per view).
+
+Counted for one image in float32, from the model's config and the input's patch grid; each formula names the
+tensors it counts, in copies of the stream (``T x D``), of the MLP's hidden width (``T x M``) or of a layer's
+attention (``H x T²``). The constants were measured (the peak RSS over the baseline, tests/test_costs.py): a term
+that is a guess says so.
+"""
+
+from __future__ import annotations
+
+import math
+
+from vit.bounds import BIAS_CHUNK_BYTES
+
+CHUNK_BYTES = 64 * 2**20  # one chunk of attention scores (vit.explain.chunked): every map is built from such chunks
+LAYER_CACHE_BYTES = 320 * 2**20  # computed layers, queries and keys, rollout factors kept per image
+FAST_CHUNK_BYTES = 2**20  # vit.explain.chunked's chunk on a CPU (a core's L2 cache), where the budget is not used
+CHUNK_COPIES = 3  # a chunk's scores, probabilities and the softmax's temporary
+HALF_PRECISION_TOKENS = 1024  # rollout factors above this many tokens are kept in float16 (attention_maps)
+
+# One block's forward under inference mode, in copies of the stream: its input, the normed input, q, k and v (and
+# their per-head copies), the context, its projection and the residual; the MLP's hidden width once (its activation
+# runs in place), twice where it is gated. Measured: ViT, DINOv2, SigLIP at 1,024 to 4,096 tokens.
+BLOCK_COPIES = 8
+# One block's forward graph and its backward, in floats per token per hidden unit and per MLP unit: its norms,
+# qkv, contexts, projections and MLP. ViT-B/16 at 1,024 px measured 260 MB (LeGrad) and 340 MB (context
+# gradients) of working memory besides the hidden states, context gradients and chunks; a 64-wide model 2.4 KB a
+# token (LeGrad at 4,096 tokens). This model says 290 MB and 3 KB.
+GRAPH_PER_HIDDEN, GRAPH_PER_MLP = 6, 1
+# The same through a model with stages, per explained layer: its windows' probabilities, their gradient and
+# autograd's copy; its activations in the graph. Measured: Swin, Swin V2 and Hiera at 1,024 to 4,096 patches.
+STAGE_PROBS_COPIES, STAGE_GRAPH_PER_HIDDEN = 4, 12
+# A model with a logit bias (BEiT) runs its explained blocks' attention explicitly, the bias whole in the graph:
+# its scores, bias and probabilities, ``H x T²`` each. Measured: 347 MB for a 2-head BEiT's LeGrad at 4,096 tokens.
+BIAS_GRAPH_COPIES = 3
+
+
+def has_logit_bias(config) -> bool:
+    """Whether a model adds a bias over a whole layer's tokens to its attention logits (BEiT's relative position
+    table, per layer or shared; SAM's decomposed relative positions in its global layers)."""
+    return getattr(config, "rel_pos", "none") in ("beit", "beit_shared", "sam")
+
+
+def bias_chunk_bytes(num_heads: int, tokens: int) -> int:
+    """Bytes of the logit bias a forward forms at once over ``tokens`` keys: one query chunk of its rows (``heads x
+    rows x T`` float32, at most ``bounds.BIAS_CHUNK_BYTES``; the whole ``heads x T²`` is never formed,
+    ``Attention.forward``) and their int32 BEiT index (``rows x T``)."""
+    if tokens <= 0:
+        return 0
+    rows = min(tokens, max(1, BIAS_CHUNK_BYTES // (num_heads * tokens * 4)))
+    return (num_heads + 1) * rows * tokens * 4
+
+
+def analysis_memory(num_layers: int, num_heads: int, hidden_size: int, tokens: int,
+                    cache_bytes: int = LAYER_CACHE_BYTES, logit_bias: bool = False) -> int:
+    """Bytes one analysed image can hold at most: hidden states, the cache, one layer's queries and keys and
+    one chunk of attention (``CHUNK_BYTES``): every view is built from chunks, so no ``heads x T²`` term. With
+    ``logit_bias`` (BEiT's relative positions, SAM's decomposed ones: ``has_logit_bias``), also the query chunk of
+    that bias a forward forms at once (``bias_chunk_bytes``)."""
+    hidden = (num_layers + 1) * tokens * hidden_size * 4
+    bias = bias_chunk_bytes(num_heads, tokens) if logit_bias else 0
+    return hidden + cache_bytes + 2 * tokens * hidden_size * 4 + CHUNK_BYTES + bias
+
+
+def whole_gradient_bytes(config, tokens: int, layers: int | None = None) -> int:
+    """Bytes of a backward pass that keeps ``layers`` (default all) layers' whole attention and its gradient:
+    attentions, gradients and autograd's copies, ``4 x layers x H x T²`` floats."""
+    layers = config.num_layers if layers is None else layers
+    return 4 * layers * config.num_heads * 4 * tokens * tokens
+
+
+def gradient_bytes(num_layers: int, hidden_size: int, mlp_size: int, tokens: int, contexts: bool,
+                   budget: int = CHUNK_BYTES, bias_heads: int = 0) -> int:
+    """The memory model of a chunked gradient method (``relevance.legrad``, ``context_gradients``): hidden
+    states ``(L + 1) x T x D``, with ``contexts`` every layer's context gradient (``L x T x D``), one block's graph
+    forward and backward, and one chunk (of an attention and its gradient: ``budget``); with ``bias_heads`` (a
+    logit bias's heads) a block's explicit attention and its bias in the graph (``BIAS_GRAPH_COPIES``)."""
+    per_token = (num_layers + 1 + (num_layers if contexts else 0) + GRAPH_PER_HIDDEN) * hidden_size
+    bias = 4 * BIAS_GRAPH_COPIES * bias_heads * tokens * tokens
+    return 4 * tokens * (per_token + GRAPH_PER_MLP * mlp_size) + budget + bias
+
+
+def largest_tokens(limit: int, per_token: int, per_token_squared: int) -> int:
+    """The most tokens ``T`` with ``per_token x T + per_token_squared x T² <= limit`` (for refusals that name
+    the largest input that fits)."""
+    if per_token_squared == 0:
+        return limit // max(per_token, 1)
+    a, b = per_token_squared, per_token
+    return int((-b + math.sqrt(b * b + 4 * a * limit)) / (2 * a))
+
+
+def stage_gradient_bytes(model, grid: tuple[int, int], start_layer: int = -2) -> int:
+    """About the bytes a gradient through a model with stages keeps for one image on patch grid ``grid`` (LeGrad
+    from ``start_layer``; the class-specific map from 0): each explained layer's windows' probabilities, their
+    gradient and autograd's copies (``4 x H x Tq x nk`` floats) and the layer's activations in the graph (about
+    ``12 x T x D`` floats: the MLP's four widths, norms, residuals, on the layer's input tokens)."""
+    layouts = model.layer_layouts(grid)
+    total = 0
+    for layer in range(start_layer % len(model.blocks), len(model.blocks)):
+        lay, attn = layouts[layer], model.blocks[layer].attn
+        keys = lay.key_tokens().shape[1]  # a window's keys (a global layer's: every key)
+        windows = lay.window_tokens().shape[0]
+        inputs = max(lay.num_tokens, windows * keys)  # the layer's input tokens (before pooling, with padding)
+        total += 4 * (STAGE_PROBS_COPIES * attn.num_heads * windows * lay.window_tokens().shape[1] * keys
+                      + STAGE_GRAPH_PER_HIDDEN * inputs * attn.num_heads * attn.head_dim)
+    return total
+
+
+def dense_bytes(config, tokens: int, copies: int) -> int:
+    """Bytes one image's dense view can hold at most: the analysis (hidden states, cache, a chunk) and ``copies``
+    copies of the patch tokens (and the query chunk of a relative position bias, BEiT's or SAM's, that a forward
+    forms)."""
+    return (analysis_memory(config.num_layers, config.num_heads, config.hidden_size, tokens,
+                            logit_bias=has_logit_bias(config))
+            + copies * tokens * config.hidden_size)
+
+
+def pass_bytes(config, tokens: int, copies: int) -> int:
+    """Bytes one image's pass to a layer holds at most (``vit.analyze --pca``): one block's working set
+    (``BLOCK_COPIES`` streams, the MLP's hidden twice, a relative-position bias ``heads x T x T`` where the model
+    has one: the forward stops at the layer, so no layer's states are kept) and ``copies`` copies of the patch
+    tokens."""
+    T, D = tokens, config.hidden_size
+    bias = config.num_heads * T * T * 4 if config.rel_pos != "none" else 0
+    return T * (BLOCK_COPIES * D + 2 * config.mlp_size) * 4 + bias + copies * T * D
+
+
+def sae_bytes(d_in: int, d_sae: int) -> int:
+    """Bytes of an SAE's float32 weights: encoder, decoder and their biases."""
+    return 4 * (2 * d_in * d_sae + d_in + d_sae)
+
+
+def logit_bias_chunk(config, num_heads: int, tokens: int) -> int:
+    """Bytes of the bias rows a forward forms at once over ``tokens`` keys (``blocks.add_bias_rows``,
+    ``fused_attention``): a query chunk of at most ``BIAS_CHUNK_BYTES`` float32 rows, beside BEiT's int64 index of
+    the table for those rows (SAM's decomposed positions have none). Measured: 137 MB for a 2-head BEiT at 4,096
+    tokens, a 64 MB chunk and its 64 MB index."""
+    if not has_logit_bias(config) or tokens <= 0:
+        return 0
+    rows = min(tokens, max(1, BIAS_CHUNK_BYTES // (num_heads * tokens * 4)))
+    index = 8 * rows * tokens if config.rel_pos in ("beit", "beit_shared") else 0
+    return 4 * num_heads * rows * tokens + index
+
+
+def block_bytes(model, layer: int, tokens: int) -> int:
+    """Bytes block ``layer`` of ``model`` holds at once in a forward without a graph over ``tokens`` tokens:
+    ``BLOCK_COPIES`` streams of its width (two more where rotary positions copy q and k), its MLP's hidden width
+    (three times where it is gated: the gate, the linear branch, their product) and a logit bias's query chunk
+    (``logit_bias_chunk``). Attention itself runs fused, in query chunks on a CPU: no ``H x T²``."""
+    config = model.config
+    streams = BLOCK_COPIES + (2 if getattr(config, "rope", "none") != "none" else 0)
+    hidden = 3 if getattr(config, "gated_mlp", False) else 1
+    if not hasattr(model, "blocks"):  # a config alone (the gate's geometry): every block as the config says
+        width, mlp, heads = config.hidden_size, config.mlp_size, config.num_heads
+    else:
+        block = model.blocks[layer]
+        width, mlp, heads = block.attn.qkv.in_features, block.mlp.fc1.out_features, block.attn.num_heads
+    return 4 * tokens * (streams * width + hidden * mlp) + logit_bias_chunk(config, heads, tokens)
+
+
+def forward_bytes(model, grid: tuple[int, int]) -> int:
+    """Bytes one image's forward without a graph holds at once on patch ``grid`` (``vit.predict``, the harvest of
+    an SAE's activations): the costliest block (``block_bytes``, each on its own layer's tokens where the model has
+    stages) beside the preprocessed input. What its attention layouts form (windows, Swin's biases and masks) is
+    ``bounds.layout_memory``."""
+    tokens = model.num_prefix_tokens + grid[0] * grid[1]
+    layouts = model.layer_layouts(grid) if getattr(model.config, "stage_depths", ()) else None
+    (ph, pw), channels = model.config.patch_hw, model.config.num_channels
+    pixels = 4 * channels * grid[0] * ph * grid[1] * pw  # the preprocessed input
+    return pixels + max(block_bytes(model, i, tokens if layouts is None else layouts[i].num_tokens)
+                        for i in range(model.config.num_layers))
+
+
+def chunk_bytes(config, device_type: str = "cpu") -> int:
+    """Bytes of the attention chunk a map forms at once (``vit.explain.chunked``): on a CPU a core's cache-sized
+    chunk, held ``CHUNK_COPIES`` times; a model with a bias or windows (SAM, BEiT, Qwen-VL) takes chunks of the
+    whole ``CHUNK_BYTES`` there, as a GPU does."""
+    plain = getattr(config, "rel_pos", "none") == "none" and not getattr(config, "window_size", 0)
+    return FAST_CHUNK_BYTES * CHUNK_COPIES if device_type == "cpu" and plain else CHUNK_BYTES
+
+
+def attention_chunk(config, num_heads: int, tokens: int, device_type: str) -> int:
+    """``chunk_bytes``, or less where a layer's whole attention (its scores, probabilities, the softmax's temporary
+    and a bias's rows) is smaller than a chunk."""
+    return min(chunk_bytes(config, device_type), (CHUNK_COPIES + 1) * 4 * num_heads * tokens * tokens)
+
+
+def analysis_parts(model, grid: tuple[int, int], device_type: str = "cpu",
+                   cache_bytes: int = LAYER_CACHE_BYTES, maps: int = 0) -> dict[str, int]:
+    """What one analysed image (``image_analysis.analyse``) and the maps drawn from it hold at once, by part:
+    the hidden states beside the forward's costliest block; the queries and keys the forward keeps for the first
+    map (while a quarter of the cache holds them); every layer's rollout factor (``T²``, float16 past
+    ``HALF_PRECISION_TOKENS``) while half the cache holds them, and one in float32 as a row is read through them,
+    else a chunk of attention. A model with stages keeps its layers' windows and outputs instead
+    (``bounds.layout_memory``, the caller's, whose ``maps`` bytes come after the forward: the larger counts)."""
+    config, L = model.config, model.config.num_layers
+    T, D = model.num_prefix_tokens + grid[0] * grid[1], config.hidden_size
+    chunk = attention_chunk(config, config.num_heads, T, device_type)
+    if getattr(config, "stage_depths", ()):
+        layouts = model.layer_layouts(grid)
+        outputs = sum(4 * lay.num_tokens * b.attn.proj.out_features for lay, b in zip(layouts, model.blocks,
+                                                                                        strict=True))
+        return {"every layer's output": outputs, "the forward's costliest block (before the maps)":
+                max(0, forward_bytes(model, grid) - maps)}
+    hidden = 4 * (L + 1) * T * D
+    kept = 8 * L * T * D if 8 * L * T * D <= cache_bytes // 4 else 0
+    factor = (2 if T > HALF_PRECISION_TOKENS else 4) * T * T
+    rollout = L * factor + 4 * T * T if L * factor <= cache_bytes // 2 else 0
+    return {"hidden states": hidden, "queries and keys kept": kept,
+            "the forward's costliest block, or the rollout's factors and a chunk":
+                max(forward_bytes(model, grid), rollout + chunk)}

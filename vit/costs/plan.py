@@ -1,0 +1,209 @@
+"""What one view of one input costs, and whether it may run: ``estimate`` counts it, ``decide`` answers.
+
+``estimate(view, model, grid)`` gives a ``Cost``: the tokens, the working memory the view holds at once (its parts
+named: hidden states, caches, attention chunks, every layout's windows, biases and indices, gradients) and the
+forward's FLOPs; where the view has a path in chunks as well as a whole one (the class-specific map), the bytes of
+each. ``decide(cost)`` is the one answer every entry point asks before the work (the explorer's views, the notebook
+API, ``vit.predict``, ``vit.analyze``, the SAE commands and their Ray runs): ``"run"``, ``"chunks"``, or the view's
+one-line refusal raised (``TooManyTokens``: what it would hold, the limit, what to do).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from vit import bounds
+from vit.bounds import ANALYSIS_MEMORY_ENV, MAX_TOKENS_ENV, TooManyTokens
+from vit.costs import memory
+from vit.inference import largest_square_side
+
+MB = 2**20
+
+
+@dataclass(frozen=True)
+class Cost:
+    """One view of one input: ``tokens`` (the prefix tokens included), ``memory`` bytes its whole path holds at
+    once (``parts``: what holds them), ``chunked`` bytes of its path in chunks (None: it has none), ``flops`` of the
+    model's forward at these tokens; ``refuse(need, limit)`` is its refusal, ``limit`` the bound it is held to."""
+
+    view: str
+    tokens: int
+    memory: int
+    flops: int
+    limit: int
+    refuse: Callable[[int, int], Exception] = field(repr=False)
+    parts: tuple[tuple[str, int], ...] = ()
+    chunked: int | None = None
+
+
+def decide(cost: Cost) -> str:
+    """``"run"`` when the view's whole path fits its limit, ``"chunks"`` when only its path in chunks does; else its
+    refusal is raised (one line: what it would hold, the limit, what to do). Asked before any work."""
+    if cost.memory <= cost.limit:
+        return "run"
+    if cost.chunked is not None and cost.chunked <= cost.limit:
+        return "chunks"
+    raise cost.refuse(cost.memory if cost.chunked is None else cost.chunked, cost.limit)
+
+
+def _device(model) -> str:
+    """The type of the device ``model`` runs on (a model given by its config alone: a CPU's)."""
+    parameters = getattr(model, "parameters", None)
+    return next(parameters()).device.type if parameters is not None else "cpu"
+
+
+def _tokens(model, grid: tuple[int, int]) -> int:
+    return model.num_prefix_tokens + grid[0] * grid[1]
+
+
+def _cost(view: str, model, grid, parts: dict[str, int], refuse, chunked: int | None = None,
+          limit: int | None = None) -> Cost:
+    tokens = _tokens(model, grid)
+    return Cost(view, tokens, sum(parts.values()), bounds.forward_flops(model.config, tokens),
+                bounds.memory_limit() if limit is None else limit, refuse, tuple(parts.items()), chunked)
+
+
+def _over(what: str) -> Callable[[int, int], TooManyTokens]:
+    """The refusal of a view whose message needs only the bytes and the limit: ``what`` holds ``{need}`` and
+    ``{limit}`` (MB)."""
+    return lambda need, limit: TooManyTokens(what.format(need=f"{need / MB:,.0f}", limit=f"{limit / MB:,.0f}"))
+
+
+# --- the views ---------------------------------------------------------------------------------------------------
+
+def analysis(model, grid: tuple[int, int], what: str = "This input") -> Cost:
+    """The explorer's analysis of one image (``image_analysis.analyse``) and every map drawn from what it keeps
+    (``memory.analysis_parts``: hidden states, the forward, queries and keys, the rollout's factors or a chunk of
+    attention), and what its attention layouts hold (``bounds.layout_memory``: windows, position biases and
+    indices, pooled queries; a model with stages keeps every layer's windows, which its maps, the rollout through
+    the merges too, read)."""
+    config, tokens = model.config, _tokens(model, grid)
+    layouts = bounds.layout_memory(model, grid, analysis=True)
+    maps = max(layouts.peak, layouts.maps)
+    parts = {**memory.analysis_parts(model, grid, _device(model), maps=maps),
+             "every layer's windows, kept": layouts.kept,
+             "the maps' steps, or the costliest layer's layout": maps}
+
+    def refuse(need: int, limit: int) -> TooManyTokens:
+        held = []
+        if layouts.kept:
+            held.append(f"{(layouts.kept + layouts.maps) / MB:,.0f} MB for every layer's windows and the maps "
+                        "read from them")
+        if layouts.why:
+            held.append(f"{layouts.peak / MB:,.0f} MB at once for layer {layouts.layer}'s {layouts.why}")
+        held = f" ({'; '.join(held)})" if held else ""
+        return TooManyTokens(f"{what} gives {tokens:,} tokens, which needs about {need / MB:,.0f} MB for "
+                             f"{config.num_layers} layers × {config.num_heads} heads{held}, over the "
+                             f"{limit / MB:,.0f} MB limit per image ({ANALYSIS_MEMORY_ENV}). "
+                             "Choose a smaller input size.")
+    return _cost("analysis", model, grid, parts, refuse)
+
+
+def gradient(model, grid: tuple[int, int], what: str, layers: int | None = None) -> Cost:
+    """A gradient method that keeps its layers' whole attention and gradient (LRP, AttnLRP, the CAMs from their
+    layer on, the class-specific map's whole path): ``4 x layers x H x T²`` floats (``layers``: default all)."""
+    config, tokens = model.config, _tokens(model, grid)
+    need = memory.whole_gradient_bytes(config, tokens, layers)
+
+    def refuse(need: int, limit: int) -> TooManyTokens:
+        per_token_squared = need // tokens ** 2
+        side = largest_square_side(config.patch_size,
+                                   max(math.isqrt(limit // per_token_squared) - model.num_prefix_tokens, 1))
+        return TooManyTokens(f"{what} keeps every layer's attention and gradient: about {need / MB:,.0f} MB at "
+                             f"{tokens:,} tokens, over the {limit / MB:,.0f} MB limit ({ANALYSIS_MEMORY_ENV}); "
+                             f"the largest square input that fits is {side} px. Choose a smaller input size, or "
+                             "another map.")
+    return _cost("gradient", model, grid, {"every layer's attention, its gradient and autograd's copies": need},
+                 refuse)
+
+
+def chunked_gradient(model, grid: tuple[int, int], what: str, contexts: bool) -> Cost:
+    """A gradient method in chunks (LeGrad; the class-specific map's path in chunks with ``contexts``, which keeps
+    every layer's context gradient): ``memory.gradient_bytes``."""
+    config, tokens = model.config, _tokens(model, grid)
+    device = _device(model)
+    # LeGrad's chunks are the device's (a CPU's cache-sized ones); the context gradients' rollout row takes the budget
+    budget = memory.CHUNK_BYTES if contexts else min(
+        memory.CHUNK_BYTES, memory.attention_chunk(config, config.num_heads, tokens, device))
+    bias = config.num_heads if memory.has_logit_bias(config) else 0
+    need = memory.gradient_bytes(config.num_layers, config.hidden_size, config.mlp_size, tokens, contexts,
+                                 budget, bias)
+
+    def refuse(need: int, limit: int) -> TooManyTokens:
+        per_token = memory.gradient_bytes(config.num_layers, config.hidden_size, config.mlp_size, 1, contexts, 0)
+        most = memory.largest_tokens(max(limit - budget, 0), per_token,
+                                     4 * memory.BIAS_GRAPH_COPIES * bias)
+        side = largest_square_side(config.patch_size, max(most - model.num_prefix_tokens, 1))
+        return TooManyTokens(f"{what} keeps every layer's input{' and gradient' if contexts else ''}: about "
+                             f"{need / MB:,.0f} MB at {tokens:,} tokens, over the {limit / MB:,.0f} MB limit "
+                             f"({ANALYSIS_MEMORY_ENV}); the largest square input that fits is "
+                             f"{side} px. Choose a smaller input size, or another map.")
+    return _cost("chunked gradient", model, grid, {"hidden states, a block's graph, a chunk": need}, refuse)
+
+
+def class_map(model, grid: tuple[int, int], what: str = "The class-specific map") -> Cost:
+    """The class-specific map (``method_maps.class_relevance``): every layer's attention and gradient kept whole
+    while they fit, else one block's backward at a time in chunks (``chunked``), keeping every layer's context
+    gradient. A model with stages keeps its windows (``stage_gradient``), never ``T²``."""
+    if model.config.stage_depths:
+        return stage_gradient(model, grid, 0, what)
+    whole, chunks = gradient(model, grid, what), chunked_gradient(model, grid, what, contexts=True)
+    return Cost("class", whole.tokens, whole.memory, whole.flops, whole.limit, chunks.refuse, whole.parts,
+                chunks.memory)
+
+
+def stage_gradient(model, grid: tuple[int, int], start_layer: int = -2, what: str = "LeGrad") -> Cost:
+    """A gradient through a model with stages (LeGrad from ``start_layer``; the class-specific map's gradient
+    rollout from 0): the explained layers' windows and activations in the graph (``memory.stage_gradient_bytes``)
+    beside what a layer's layout forms (``bounds.layout_memory``)."""
+    parts = {"the explained layers' windows and activations": memory.stage_gradient_bytes(model, grid, start_layer),
+             "the costliest layer's layout": bounds.layout_memory(model, grid).peak}
+    refuse = _over(f"{what} keeps the explained layers' attention and activations for the gradient: about {{need}} "
+                   f"MB at a {grid[0]}x{grid[1]} patch grid, over the {{limit}} MB limit ({ANALYSIS_MEMORY_ENV}). "
+                   "Choose a smaller input size, or another map.")
+    return _cost("stage gradient", model, grid, parts, refuse)
+
+
+def legrad(model, grid: tuple[int, int], start_layer: int = -2) -> Cost:
+    """LeGrad: in chunks (never a whole layer's attention or gradient), or through a model's stages."""
+    if model.config.stage_depths:
+        return stage_gradient(model, grid, start_layer)
+    return chunked_gradient(model, grid, "LeGrad", contexts=False)
+
+
+def flow(model, grid: tuple[int, int], max_flow_tokens: int) -> Cost:
+    """Attention flow: one max-flow problem per token (time ~T³), held to its token limit (``max_flow_tokens``,
+    ``attention_flow.MAX_FLOW_TOKENS``) rather than to bytes; its forward keeps every layer's whole attention."""
+    tokens = _tokens(model, grid)
+
+    def refuse(need: int, limit: int) -> TooManyTokens:
+        side = largest_square_side(model.config.patch_size, max(max_flow_tokens - model.num_prefix_tokens, 1))
+        return TooManyTokens(f"Attention flow solves one max-flow problem per token: {tokens:,} tokens is over its "
+                             f"limit of {max_flow_tokens} (about 40 s there on 2 cores); the largest square input "
+                             f"that fits is {side} px. Choose a smaller input size, or rollout.")
+    return _cost("flow", model, grid, {"tokens (max-flow problems)": tokens}, refuse, limit=max_flow_tokens)
+
+
+def forward(model, grid: tuple[int, int], what: str = "This input") -> Cost:
+    """One image's forward without a graph (``vit.predict``, ``vit.analyze``, an SAE's harvest): its costliest
+    block (``memory.forward_bytes``) and what its attention layouts form at once (``bounds.layout_memory``)."""
+    layouts = bounds.layout_memory(model, grid)
+    parts = {"the costliest block and the input": memory.forward_bytes(model, grid),
+             f"layer {layouts.layer}'s {layouts.why or 'layout'}": layouts.peak}
+
+    def refuse(need: int, limit: int) -> TooManyTokens:
+        gh, gw = grid
+        return TooManyTokens(f"{what} ({gh}×{gw} patches) needs about {need / MB:,.0f} MB at once for one image's "
+                             f"forward, {layouts.peak / MB:,.0f} MB of it for layer {layouts.layer}'s "
+                             f"{layouts.why or 'attention'}, over the {limit / MB:,.0f} MB limit per image "
+                             f"({ANALYSIS_MEMORY_ENV}). Choose a smaller input size, or raise {ANALYSIS_MEMORY_ENV}.")
+    return _cost("forward", model, grid, parts, refuse)
+
+
+def tokens_gate(model, grid: tuple[int, int], what: str, limit: int | None = None,
+                allow: str = f"raise {MAX_TOKENS_ENV}") -> None:
+    """``TooManyTokens`` when the input's patches are over the token gate (``limit``, default VIT_MAX_TOKENS;
+    ``allow``: how the message says to raise it): ``bounds.check_tokens``, whose work grows with T²."""
+    bounds.check_tokens(model.config, grid[0] * grid[1], what, bounds.max_tokens(limit), allow)
