@@ -165,10 +165,16 @@ def forward_bytes(model, grid: tuple[int, int]) -> int:
     ``bounds.layout_memory``."""
     tokens = model.num_prefix_tokens + grid[0] * grid[1]
     layouts = model.layer_layouts(grid) if getattr(model.config, "stage_depths", ()) else None
-    (ph, pw), channels = model.config.patch_hw, model.config.num_channels
-    pixels = 4 * channels * grid[0] * ph * grid[1] * pw  # the preprocessed input
-    return pixels + max(block_bytes(model, i, tokens if layouts is None else layouts[i].num_tokens)
+    return input_bytes(model, grid) + max(block_bytes(model, i, tokens if layouts is None else layouts[i].num_tokens)
                         for i in range(model.config.num_layers))
+
+
+def input_bytes(model, grid: tuple[int, int], resized: bool = False) -> int:
+    """Bytes of one image's preprocessed input on patch ``grid`` (float32), and with ``resized`` the resized image
+    it was made from (uint8), which an analysis keeps to draw its maps over."""
+    (ph, pw), channels = model.config.patch_hw, model.config.num_channels
+    pixels = channels * grid[0] * ph * grid[1] * pw
+    return 4 * pixels + (pixels if resized else 0)
 
 
 def chunk_bytes(config, device_type: str = "cpu") -> int:
@@ -200,8 +206,10 @@ def analysis_parts(model, grid: tuple[int, int], device_type: str = "cpu",
         layouts = model.layer_layouts(grid)
         outputs = sum(4 * lay.num_tokens * b.attn.proj.out_features for lay, b in zip(layouts, model.blocks,
                                                                                         strict=True))
-        return {"every layer's output": outputs, "the forward's costliest block (before the maps)":
-                max(0, forward_bytes(model, grid) - maps)}
+        pixels = input_bytes(model, grid, resized=True)
+        return {"every layer's output": outputs, "the input and the resized image": pixels,
+                "the forward's costliest block (before the maps)":
+                    max(0, forward_bytes(model, grid) - input_bytes(model, grid) - maps)}
     hidden = 4 * (L + 1) * T * D
     kept = 8 * L * T * D if 8 * L * T * D <= cache_bytes // 4 else 0
     factor = (2 if T > HALF_PRECISION_TOKENS else 4) * T * T
