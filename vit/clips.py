@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -33,6 +34,15 @@ BYTES_PER_PIXEL = 3  # RGB, as decoded
 
 class ClipError(ImageError):
     """A clip that cannot be used; the message says why and what to do."""
+
+
+@dataclass
+class SampledClip:
+    """The frames sampled from a clip: RGB images, their indices in it, and its frame count."""
+
+    frames: list[Image.Image]
+    indices: list[int]
+    total: int
 
 
 def sample_indices(frames: int, wanted: int) -> list[int]:
@@ -58,21 +68,22 @@ def _natural(path: Path) -> list:
     return [int(part) if part.isdigit() else part.lower() for part in re.split(r"(\d+)", path.name)]
 
 
-def _folder_frames(folder: Path, wanted: int) -> list[Image.Image]:
+def _folder_frames(folder: Path, wanted: int) -> SampledClip:
     files = sorted((p for p in folder.iterdir() if p.suffix.lower() in FRAME_SUFFIXES and p.is_file()), key=_natural)
     if not files:
         raise ClipError(f"{folder} holds no frames ({', '.join(FRAME_SUFFIXES)}); give a folder of images")
-    chosen = [files[i] for i in sample_indices(len(files), wanted)]
+    indices = sample_indices(len(files), wanted)
+    chosen = [files[i] for i in indices]
     try:
         with Image.open(chosen[0]) as first:  # the header alone
             width, height = first.size
     except (OSError, UnidentifiedImageError, ValueError):
         raise ClipError(f"{chosen[0]} is not an image this program can read") from None
     _check_size(str(folder), len(files), width, height, len(chosen))
-    return [open_image(path).convert("RGB") for path in chosen]
+    return SampledClip([open_image(path).convert("RGB") for path in chosen], indices, len(files))
 
 
-def _gif_frames(path: Path, wanted: int) -> list[Image.Image]:
+def _gif_frames(path: Path, wanted: int) -> SampledClip:
     try:
         image = Image.open(path)
     except (OSError, UnidentifiedImageError, ValueError):
@@ -95,17 +106,18 @@ def _gif_frames(path: Path, wanted: int) -> list[Image.Image]:
         except (OSError, ValueError, EOFError) as e:
             raise ClipError(f"{path} is truncated or corrupt ({str(e).splitlines()[0] if str(e) else e!r}); "
                             "re-export it") from None
-    return [out[i] for i in indices]
+    return SampledClip([out[i] for i in indices], indices, frames)
 
 
-def open_clip_frames(source: str | os.PathLike | Sequence[Image.Image], wanted: int) -> list[Image.Image]:
+def read_clip(source: str | os.PathLike | Sequence[Image.Image], wanted: int) -> SampledClip:
     """``wanted`` RGB frames sampled uniformly from a GIF, a folder of frames, or a list of PIL images; ClipError
     (one line) for anything else, or a clip past the bounds, before its frames are decoded."""
     if isinstance(source, (list, tuple)):
         if not source or not all(isinstance(f, Image.Image) for f in source):
             raise ClipError("a clip given as a list needs PIL images, at least one")
         _check_size("the clip", len(source), *source[0].size, len(source))
-        return [source[i].convert("RGB") for i in sample_indices(len(source), wanted)]
+        indices = sample_indices(len(source), wanted)
+        return SampledClip([source[i].convert("RGB") for i in indices], indices, len(source))
     path = Path(source)
     if not path.exists():
         raise ClipError(f"{path}: no such file or folder")
@@ -115,6 +127,11 @@ def open_clip_frames(source: str | os.PathLike | Sequence[Image.Image], wanted: 
         raise ClipError(f"{path}: video files need PyAV, which is not installed here; give an animated GIF or a "
                         "folder of its frames (ffmpeg -i clip.mp4 frames/%05d.png)")
     return _gif_frames(path, wanted)
+
+
+def open_clip_frames(source: str | os.PathLike | Sequence[Image.Image], wanted: int) -> list[Image.Image]:
+    """``read_clip``'s frames alone."""
+    return read_clip(source, wanted).frames
 
 
 def clip_pixels(frames: Sequence[Image.Image], preprocessing: Preprocessing) -> torch.Tensor:
