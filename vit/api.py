@@ -29,7 +29,7 @@ from PIL import Image
 
 from vit.app import catalog, drawing, words
 from vit.checkpoint import Checkpoint
-from vit.explain import attention_maps, fits, image_analysis, mechanism_views, method_maps
+from vit.explain import attention_maps, fits, image_analysis, mechanism_views, method_maps, video
 from vit.explain.mechanism import check_ablation
 from vit.explain.overlay import overlay as draw_overlay
 from vit.explain.overlay import pca_picture, to_png_bytes
@@ -329,7 +329,14 @@ def explain(checkpoint: Checkpoint, image: ImageLike, method: str = "rollout", *
     explorer's token gate in patches (default env VIT_MAX_TOKENS, else 16,384; the prefix tokens come on top),
     checked before any work; a larger input is refused with the work it would be.
     Raises ValueError with a message that says what to do.
+
+    A video model (VideoMAE) takes a clip instead of ``image``: a GIF, a folder of frames or a list of PIL images,
+    sampled uniformly to its ``num_frames``; ``method`` is attention, rollout or norms and ``query`` a token
+    (time-major) or ``(frame, row, col)``; it returns a ``vit.explain.video.ClipExplanation`` whose ``map`` is
+    ``(frames, rows, cols)``, a tubelet's value repeated over its frames.
     """
+    if video.is_video(checkpoint):
+        return _explain_clip(checkpoint, image, method, target, layer, head, query, size, max_tokens)
     if method in _WORD_METHODS:
         raise ValueError(f"{method} maps a typed label: vit.ask(checkpoint, image, labels).explain(label, "
                          f"{method!r}) (it applies to {_WORD_METHODS[method]})")
@@ -398,6 +405,17 @@ def explain(checkpoint: Checkpoint, image: ImageLike, method: str = "rollout", *
                        drawing.describe_map(settings, analysis, checkpoint.class_names),
                        attention_maps.head_maps(analysis, settings.query, heads_layer), heads_layer,
                        {k: v for k, v in shown.items() if v is not None}, patch_grid)
+
+
+def _explain_clip(checkpoint: Checkpoint, clip, method: str, target, layer, head, query, size, max_tokens
+                  ) -> video.ClipExplanation:
+    """``explain`` for a video model (``vit.explain.video.explain_clip``)."""
+    from vit.clips import read_clip
+
+    if target is not None or size is not None:
+        raise ValueError("a clip's maps read layer, head and query; target and size are for image models")
+    frames = read_clip(clip, checkpoint.model.config.num_frames).frames
+    return video.explain_clip(checkpoint, frames, method, layer, head, query, max_tokens)
 
 
 @dataclass

@@ -277,9 +277,10 @@ def _resize_problem(p: Preprocessing) -> str | None:
             return f"resize size {resize} is a pair: the shortest-edge resize takes one side"
     elif isinstance(resize, bool) or not isinstance(resize, int):
         return f"resize size {str(resize)[:40]} is not a whole number of pixels"
-    elif isinstance(p.image_size, tuple):
-        return (f"image size {p.image_size} is a rectangle: a crop from one resize side must be square; give the "
-                "resize as a (height, width) pair")
+    elif isinstance(p.image_size, tuple) and not (p.resize_mode == "shortest_edge" and resize >= max(p.image_hw)):
+        # a shortest-edge resize to at least the crop's long side holds the crop whatever the image's aspect
+        return (f"image size {p.image_size} is a rectangle: a crop from one resize side must be square or fit in "
+                "its short side; give the resize as a (height, width) pair")
     target = resize if isinstance(resize, tuple) else (resize, resize)
     if not all(c <= r <= 16 * c for r, c in zip(target, p.image_hw, strict=True)):
         return f"resize size {resize} must be between the crop size {p.image_size} and 16 times it, side by side"

@@ -32,6 +32,12 @@ training-free sclip, naclip, clearclip, clipsurgery, the similarity itself),
 with ``class_names`` the labels and ``probability_kind``; each map is also drawn as
 ``<stem>_<method>_<i>.png`` (i: the label's place, from 0), listed under ``"maps"`` → ``"prompts"``.
 
+A video model (VideoMAE) takes clips instead: each IMAGE is an animated GIF or a folder of frames (video files
+need PyAV, not installed here), sampled uniformly to the model's ``num_frames``; with ``--save-maps`` its
+``<stem>.npz`` holds ``layer_i`` (heads, T, T) over the tubelet tokens (time-major: token ``n`` is tubelet
+``(n // (rows*cols), n // cols % rows, n % cols)``), ``grid`` (tubelets, rows, cols), ``tubelet`` (frames per
+token) and ``frames`` (the sampled frame indices).
+
 ``--ablate 2.3,4.1`` zero-ablates those heads
 (LAYER.HEAD, counted from 1) for everything above: their outputs are zeroed before the output projection.
 ``--size N`` (at most 4096) runs the model on an N-px square
@@ -490,6 +496,8 @@ def save_stage_maps(result: FileResult, checkpoint: Checkpoint, folder: Path, st
 
 def run(args: argparse.Namespace) -> int:
     checkpoint = open_checkpoint(args.checkpoint, resolve_device(args.device), args.arch)
+    if checkpoint.model.config.tubelet_size:
+        return run_clips(checkpoint, args)
     prompts, tower = None, checkpoint
     if args.labels is not None:
         if args.ablate is not None and args.save_maps:
@@ -517,6 +525,48 @@ def run(args: argparse.Namespace) -> int:
             progress = stack.enter_context(ForwardProgress(len(model.blocks)))
             stack.enter_context(model.hooks(progress.hooks()))
         records, failed = predicted(checkpoint, args, maps_dir, size, prompts, tower, whole)
+    print(json.dumps(records, indent=2))
+    return 1 if failed else 0
+
+
+def run_clips(checkpoint: Checkpoint, args: argparse.Namespace) -> int:
+    """``run`` for a video model: each IMAGE a clip (a GIF or a folder of frames), one line on stderr for one that
+    cannot be read; with ``--save-maps`` every layer's attention over the tubelet tokens."""
+    import numpy as np
+
+    from vit.clips import ClipError, read_clip
+    from vit.explain.video import analyse_clip
+
+    for flag, value in (("--labels", args.labels), ("--ablate", args.ablate), ("--size", args.size),
+                        ("--keep-aspect", args.keep_aspect), ("--template", args.template)):
+        if value:
+            raise UsageError(f"{flag} is for image models; a video model takes its own clip size")
+    maps_dir = Path(args.save_maps) if args.save_maps else None
+    if maps_dir is not None:
+        maps_dir.mkdir(parents=True, exist_ok=True)
+    c = checkpoint.model.config
+    records, failed, taken = [], 0, set()
+    for source in args.images:
+        try:
+            sampled = read_clip(source, c.num_frames)
+            clip = analyse_clip(checkpoint, sampled.frames, args.top_k, args.max_tokens, "pass a larger --max-tokens")
+        except (ClipError, ValueError) as e:
+            print(f"{PROG}: skipped: {str(e).splitlines()[0]}", file=sys.stderr)
+            failed += 1
+            continue
+        prediction = clip.analysis.prediction
+        record = {"clip": str(source), "predictions": [{"label": label, "probability": p}
+                                                       for label, p in prediction.top_k]}
+        if maps_dir is not None:
+            path = maps_dir / f"{unique_stem(Path(source), taken)}.npz"
+            layers = {f"layer_{i}": a[0].numpy().astype(args.maps_dtype)
+                      for i, a in enumerate(clip.analysis.attentions)}  # each (heads, T, T)
+            extra = dict(probabilities=prediction.probabilities, logits=prediction.logits,
+                         class_names=np.array(checkpoint.class_names)) if checkpoint.class_names else {}
+            np.savez(path, **layers, **extra, grid=np.array(clip.grid), tubelet=np.array(clip.tubelet),
+                     patch_size=np.array(c.patch_hw), frames=np.array(sampled.indices))
+            record["maps"] = {"npz": str(path)}
+        records.append(record)
     print(json.dumps(records, indent=2))
     return 1 if failed else 0
 

@@ -9,7 +9,8 @@ from dataclasses import asdict, dataclass, fields, replace
 CONFIG_BOUNDS = {"image_size": 8192, "patch_size": 1024, "num_channels": 16, "hidden_size": 16384, "num_layers": 256,
                  "num_heads": 256, "mlp_size": 131072, "num_classes": 100_000, "num_register_tokens": 256,
                  "projection_dim": 16384, "rope_ref_grid": 1024, "head_dim": 16384, "window_size": 1024,
-                 "pool_heads": 256, "pool_mlp_size": 131072, "max_num_patches": 65536, "spatial_merge": 16}
+                 "pool_heads": 256, "pool_mlp_size": 131072, "max_num_patches": 65536, "spatial_merge": 16,
+                 "num_frames": 1024, "tubelet_size": 64}
 MAX_LAYER_SCALE = 1e3  # layer scale starts at 1e-5 to 1 (CaiT, DINOv2/v3); 1e308 overflows the first block
 MAX_ROPE_THETA = 1e9  # DINOv3's period is 100, EVA-02's 10,000
 
@@ -123,6 +124,13 @@ class ViTConfig:
     spatial_merge: int = 0  # Qwen-VL's merge unit side (2): its merger reads each unit's tokens together, and windows
     # (window_size) hold whole units, their slots unit by unit (its window index), an edge window its real tokens
     # alone (the padding masked as keys, not SAM's zeros that attend); 0: none
+    # Video (VideoMAE): a clip (B, frames, C, H, W) in, a token a tubelet of tubelet_size frames x one patch, tokens
+    # time-major (vit.model.layouts.clip_grid); the defaults are an image model.
+    num_frames: int = 0  # the clip length the model is built for (VideoMAE: 16); 0: an image model
+    tubelet_size: int = 0  # frames per token: the patch embedding is a Conv3d over (tubelet, ph, pw) (VideoMAE: 2)
+    sinusoid_pos: bool = False  # VideoMAE: the fixed 1D sine-cosine table of "Attention is all you need" over the
+    # token index (time-major), for the model's own clip alone (HF refuses other sizes, and so do we)
+    fc_norm_eps: float = 0.0  # fc_norm's own eps (VideoMAE's is nn.LayerNorm's default 1e-5); 0: layer_norm_eps
 
     def __post_init__(self) -> None:
         for name in ("image_size", "patch_size"):
@@ -138,7 +146,8 @@ class ViTConfig:
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise ValueError(f"ViTConfig.{name} must be a positive integer, got {value!r}")
         for name in ("num_classes", "num_register_tokens", "projection_dim", "rope_ref_grid", "head_dim",
-                     "window_size", "pool_heads", "pool_mlp_size", "max_num_patches", "spatial_merge"):
+                     "window_size", "pool_heads", "pool_mlp_size", "max_num_patches", "spatial_merge", "num_frames",
+                     "tubelet_size"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ValueError(f"ViTConfig.{name} must be a whole number of at least 0, got {value!r}")
@@ -165,7 +174,7 @@ class ViTConfig:
             raise ValueError(f"ViTConfig.layer_norm_eps must be positive and below 1, got {self.layer_norm_eps!r}")
         for name in ("distillation_token", "distillation_head", "fc_norm", "pos_embed_antialias", "class_token",
                      "pos_embed", "key_bias", "pre_norm", "gated_mlp", "mlp_norm", "post_norm", "final_norm",
-                     "patch_norm", "embed_norm", "proj_bias", "sincos_pos", "pool_prefix", "qk_norm"):
+                     "patch_norm", "embed_norm", "proj_bias", "sincos_pos", "pool_prefix", "qk_norm", "sinusoid_pos"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"ViTConfig.{name} must be true or false, got {getattr(self, name)!r}")
         if self.distillation_head and not (self.distillation_token and self.num_classes):
@@ -215,6 +224,23 @@ class ViTConfig:
         self._check_layout()
         self._check_projector()
         self._check_stages()
+        self._check_video()
+
+    def _check_video(self) -> None:
+        if isinstance(self.fc_norm_eps, bool) or not isinstance(self.fc_norm_eps, (int, float)) \
+                or not 0 <= self.fc_norm_eps < 1:
+            raise ValueError(f"ViTConfig.fc_norm_eps must be in [0, 1), got {str(self.fc_norm_eps)[:40]}")
+        if bool(self.num_frames) != bool(self.tubelet_size) or (
+                self.tubelet_size and self.num_frames % self.tubelet_size):
+            raise ValueError(f"ViTConfig.num_frames ({self.num_frames}) and tubelet_size ({self.tubelet_size}) go "
+                             "together: a clip of whole tubelets")
+        if self.sinusoid_pos and (not self.num_frames or self.pos_embed):
+            raise ValueError("ViTConfig.sinusoid_pos is VideoMAE's fixed table: a video model without a learned one")
+        if self.num_frames and (self.num_prefix_tokens or self.rope != "none" or self.rel_pos != "none"
+                                or self.window_size or self.stage_depths or self.projector != "none"
+                                or self.patch_norm or self.patch_kernel or self.max_num_patches or self.sincos_pos):
+            raise ValueError("ViTConfig.num_frames (a video model) needs global attention over its tubelets: no "
+                             "prefix tokens, rotary or relative positions, windows, stages or projector")
 
     def _check_projector(self) -> None:
         for name, bound in (("projector_dim", 65536), ("projector_skip", 256), ("projector_pool", 1024),
@@ -406,7 +432,13 @@ class ViTConfig:
 
     @property
     def num_patches(self) -> int:
-        return self.grid_size[0] * self.grid_size[1]
+        """The patch tokens of the model's own input: a frame's grid, times its tubelets for a video model."""
+        return self.grid_size[0] * self.grid_size[1] * self.clip_grid[0]
+
+    @property
+    def clip_grid(self) -> tuple[int, int, int]:
+        """The model's own input as ``(tubelets, gh, gw)``: one tubelet for an image model."""
+        return (self.num_frames // self.tubelet_size if self.tubelet_size else 1, *self.grid_size)
 
     def window_of(self, layer: int) -> int:
         """The window side (patches) of layer ``layer``, 0 for a global layer."""

@@ -200,3 +200,44 @@ def window_unpartition(windows: torch.Tensor, grid: tuple[int, int], window: int
     return x.reshape(-1, gh * gw, D)
 
 
+
+
+# --- a clip's tokens: (time, row, col) -------------------------------------------------------------------------------
+# A video model's token is a tubelet: ``tubelet`` frames x one patch. VideoMAE's Conv3d output ``(B, D, t, gh, gw)``
+# is flattened time-major, so token ``n`` is ``(n // (gh*gw), n // gw % gh, n % gw)``; row-major over the frames'
+# grids stacked, ``(t*gh, gw)``, is the same order, which is the 2D grid the blocks and the image maps see (a clip's
+# "folded" grid). The maps are unfolded here, in one place.
+
+def clip_grid(frames: int, height: int, width: int, tubelet: int, patch: tuple[int, int]) -> tuple[int, int, int]:
+    """The token grid ``(t, gh, gw)`` of a clip of ``frames`` frames of ``height x width`` px; ValueError (one line)
+    when the frames do not make whole tubelets or the frame does not tile into patches."""
+    ph, pw = patch
+    if frames < tubelet or frames % tubelet:
+        raise ValueError(f"a clip of {frames} frames does not make whole tubelets of {tubelet} frames")
+    if height % ph or width % pw or height < ph or width < pw:
+        raise ValueError(f"frames of {width}x{height} px do not tile into {pw}x{ph} px patches")
+    return frames // tubelet, height // ph, width // pw
+
+
+def folded_grid(grid: tuple[int, int, int]) -> tuple[int, int]:
+    """A clip's ``(t, gh, gw)`` as the 2D grid ``(t*gh, gw)`` whose row-major order is its time-major token order."""
+    t, gh, gw = grid
+    return t * gh, gw
+
+
+def clip_token(grid: tuple[int, int, int], time: int, row: int, col: int) -> int:
+    """The index among the patch tokens of the tubelet at ``(time, row, col)`` (time in tubelets), time-major."""
+    t, gh, gw = grid
+    if not (0 <= time < t and 0 <= row < gh and 0 <= col < gw):
+        raise ValueError(f"token ({time}, {row}, {col}) is outside the clip's {t} x {gh} x {gw} tubelets")
+    return (time * gh + row) * gw + col
+
+
+def frame_maps(values: torch.Tensor, grid: tuple[int, int, int], tubelet: int) -> torch.Tensor:
+    """Per-token values ``(..., t*gh*gw)`` (time-major) -> per-frame maps ``(..., t*tubelet, gh, gw)``: each
+    tubelet's value repeated over its ``tubelet`` frames."""
+    t, gh, gw = grid
+    if values.shape[-1] != t * gh * gw:
+        raise ValueError(f"{values.shape[-1]} values do not fit a clip of {t} x {gh} x {gw} tubelets")
+    maps = values.reshape(*values.shape[:-1], t, gh, gw)  # time-major: time, then rows, then columns
+    return maps.repeat_interleave(tubelet, dim=-3)  # (..., t*tubelet, gh, gw)

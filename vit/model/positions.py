@@ -128,3 +128,13 @@ def apply_rope(x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], interle
     return torch.cat([prefix, patches], dim=2)
 
 
+
+
+def sinusoid_table(tokens: int, dim: int, device: torch.device | None = None) -> torch.Tensor:
+    """VideoMAE's fixed positions (HF ``get_sinusoid_encoding_table``, from "Attention is all you need"): ``(tokens,
+    dim)`` over the token index, ``pos / 10000 ** (2 * (j // 2) / dim)``, sine on even channels, cosine on odd ones;
+    computed in float64 as HF does with numpy, then float32."""
+    j = torch.arange(dim, dtype=torch.float64)
+    angles = torch.arange(tokens, dtype=torch.float64)[:, None] / torch.pow(10000.0, 2 * (j // 2) / dim)  # (N, dim)
+    table = torch.where(j.long() % 2 == 0, angles.sin(), angles.cos())
+    return table.to(device=device, dtype=torch.float32)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import math
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 
 import torch
@@ -16,8 +16,8 @@ from vit import bounds
 from vit.model.blocks import AttentionPool, AttentionVariant, Block, Parent, Projector, make_norm
 from vit.model.config import ViTConfig
 from vit.model.hooks import Hook, HookPoint, _hooks
-from vit.model.layouts import RelativePositionBias
-from vit.model.positions import dinov3_rope, eva_rope, qwen_rope, resample_pos_embed, sincos_positions
+from vit.model.layouts import RelativePositionBias, clip_grid, folded_grid
+from vit.model.positions import dinov3_rope, eva_rope, qwen_rope, resample_pos_embed, sincos_positions, sinusoid_table
 from vit.model.stages import LayerLayout, PatchMerging, QueryPool
 
 
@@ -40,8 +40,12 @@ class ViT(Parent):
         self.config = config
         self.num_prefix_tokens = config.num_prefix_tokens  # CLS (+ DIST) (+ registers)
         d = config.hidden_size
-        self.patch_embed = nn.Conv2d(config.num_channels, d, config.patch_kernel or config.patch_hw, config.patch_hw,
-                                     config.patch_padding)  # Hiera's stem overlaps: kernel 7, stride 4, padding 3
+        if config.tubelet_size:  # VideoMAE: a tubelet of frames x one patch per token
+            tubelet = (config.tubelet_size, *config.patch_hw)
+            self.patch_embed = nn.Conv3d(config.num_channels, d, tubelet, tubelet)
+        else:
+            self.patch_embed = nn.Conv2d(config.num_channels, d, config.patch_kernel or config.patch_hw,
+                                         config.patch_hw, config.patch_padding)  # Hiera's stem: kernel 7, stride 4
         patch_dim = config.num_channels * config.patch_hw[0] * config.patch_hw[1]
         self.patch_norm = make_norm(config, patch_dim) if config.patch_norm else None
         # After the patch projection: vit-pytorch's second LayerNorm, AIMv2's RMSNorm.
@@ -65,7 +69,8 @@ class ViT(Parent):
         final = config.final_norm and not config.fc_norm
         d = config.stage_width(config.num_stages - 1) if config.stage_depths else d  # the last stage's width
         self.norm = make_norm(config, d) if final else nn.Identity()
-        self.fc_norm = make_norm(config, d) if config.fc_norm else None
+        self.fc_norm = (make_norm(replace(config, layer_norm_eps=config.fc_norm_eps or config.layer_norm_eps), d)
+                        if config.fc_norm else None)
         self.attn_pool = AttentionPool(config) if config.pooling == "map" else None
         head_in = 2 * d if config.pooling == "cls+avg" else d
         self.head = nn.Linear(head_in, config.num_classes) if config.num_classes else None
@@ -190,6 +195,26 @@ class ViT(Parent):
                              f"resize it to a multiple of {ph if ph == pw else f'{ph} px in height and {pw} in width'}")
         return height // ph, width // pw
 
+    def input_grid(self, images: torch.Tensor) -> tuple[int, int]:
+        """The 2D patch grid the blocks see for ``images`` (B, C, H, W), or for a video model's clips (B, frames, C,
+        H, W) their folded grid ``(t*gh, gw)`` (``vit.model.layouts.folded_grid``); ValueError (one line) for a
+        shape the model does not take."""
+        c = self.config
+        if not c.tubelet_size:
+            if images.dim() != 4 or images.shape[1] != c.num_channels:
+                raise ValueError(f"expected images of shape (batch, {c.num_channels}, height, width), got "
+                                 f"{tuple(images.shape)}")
+            return self.patch_grid(images.shape[2], images.shape[3])
+        if images.dim() != 5 or images.shape[2] != c.num_channels:
+            raise ValueError(f"expected clips of shape (batch, frames, {c.num_channels}, height, width), got "
+                             f"{tuple(images.shape)}")
+        grid = clip_grid(images.shape[1], images.shape[3], images.shape[4], c.tubelet_size, c.patch_hw)
+        if c.sinusoid_pos and grid != c.clip_grid:  # its fixed table numbers the model's own clip's tokens
+            (h, w), frames = c.image_hw, c.num_frames
+            raise ValueError(f"this model takes clips of {frames} frames of {w}x{h} px (its fixed positions number "
+                             f"those tokens), got {images.shape[1]} of {images.shape[4]}x{images.shape[3]} px")
+        return folded_grid(grid)
+
     def rotary(self, grid: tuple[int, int], device: torch.device | None = None
                ) -> tuple[torch.Tensor, torch.Tensor] | None:
         """The rotary embedding ``(cos, sin)`` (each ``(gh*gw, head_dim)``) every block uses on this grid, or None."""
@@ -215,18 +240,18 @@ class ViT(Parent):
         return table.reshape(1, grid[0] * grid[1], -1)
 
     def embed(self, images: torch.Tensor) -> torch.Tensor:
-        """``images`` (B, C, H, W) -> the first block's input ``(B, T, D)``: patches, prefix tokens, positions
-        (``hook_embed``), then ``ln_pre`` when the model has one.
+        """``images`` (B, C, H, W), or a video model's clips (B, frames, C, H, W), -> the first block's input
+        ``(B, T, D)``: patches (tubelets, time-major), prefix tokens, positions (``hook_embed``), then ``ln_pre``
+        when the model has one.
 
         Positions are resampled to the input's patch grid; dropout is left to ``forward``.
         """
-        if images.dim() != 4 or images.shape[1] != self.config.num_channels:
-            raise ValueError(f"expected images of shape (batch, {self.config.num_channels}, height, "
-                             f"width), got {tuple(images.shape)}")
         c = self.config
         B = images.shape[0]
-        grid = self.patch_grid(images.shape[2], images.shape[3])
-        if self.patch_norm is None:
+        grid = self.input_grid(images)
+        if c.tubelet_size:  # (B, frames, C, H, W) -> Conv3d's (B, C, frames, H, W); tokens time-major (VideoMAE's)
+            x = self.patch_embed(images.transpose(1, 2)).flatten(2).transpose(1, 2)  # (B, t*gh*gw, D)
+        elif self.patch_norm is None:
             x = self.patch_embed(images).flatten(2).transpose(1, 2)  # (B, gh*gw, D)
             if self.embed_norm is not None:
                 x = self.embed_norm(x)
@@ -238,6 +263,8 @@ class ViT(Parent):
         prefix = [t for t in (self.cls_token, self.dist_token, self.reg_token) if t is not None]
         prefix = torch.cat(prefix, dim=1).expand(B, -1, -1) if prefix else x[:, :0]  # (B, P, D)
         if self.pos_embed is None:
+            if c.sinusoid_pos:
+                x = x + sinusoid_table(x.shape[1], x.shape[-1], x.device).to(x.dtype)  # (B, t*gh*gw, D)
             if c.sincos_pos:
                 x = x + sincos_positions(grid, x.shape[-1], x.device).to(x.dtype)  # (B, gh*gw, D)
             x = torch.cat([prefix, x], dim=1)  # (B, P + gh*gw, D)
@@ -261,7 +288,7 @@ class ViT(Parent):
         """``images`` (B, C, H, W) -> the last block's output (B, T, D) and, when asked for, every layer's
         attention (B, nh, T, T)."""
         x = self.pos_dropout(self.embed(images))  # (B, T, D)
-        return self.run_blocks(x, self.patch_grid(images.shape[2], images.shape[3]), 0, None, output_attentions)
+        return self.run_blocks(x, self.input_grid(images), 0, None, output_attentions)
 
     def run_blocks(self, x: torch.Tensor, grid: tuple[int, int] | None, start: int = 0, stop: int | None = None,
                    output_attentions: bool = False, queries: int | None = None, key_mask: torch.Tensor | None = None,
@@ -420,7 +447,7 @@ def _init_weights(module: nn.Module) -> None:
     elif isinstance(module, nn.LayerNorm):
         nn.init.ones_(module.weight)
         nn.init.zeros_(module.bias)
-    elif isinstance(module, nn.Conv2d):
+    elif isinstance(module, (nn.Conv2d, nn.Conv3d)):
         # As a linear layer on the flattened patch (timm's lecun-normal-ish choice).
         nn.init.trunc_normal_(module.weight, std=math.sqrt(1.0 / module.weight[0].numel()))
         nn.init.zeros_(module.bias)

@@ -80,6 +80,7 @@ from vit.sources import (
     import_swin,
     import_timm,
     import_torchvision,
+    import_videomae,
     import_vit_pytorch,
     import_vlm,
     mapping,
@@ -307,6 +308,15 @@ def _side(value) -> int | None:
     return None
 
 
+def _crop_side(value) -> int | tuple[int, int] | None:
+    """``_side``, or ``(height, width)`` for a non-square ``{"height": ..., "width": ...}`` (VideoMAE's frames)."""
+    side = _side(value)
+    if side is None and isinstance(value, Mapping) and all(isinstance(value.get(k), int) and not isinstance(
+            value.get(k), bool) for k in ("height", "width")):
+        return value["height"], value["width"]
+    return side
+
+
 def hf_backend() -> str:
     """How an HF folder's images are resized: ``"torchvision"``, as transformers 5's ``*ImageProcessor``, the class
     its ``AutoImageProcessor`` gives for every folder (whichever of the two the folder names: both save the same
@@ -364,7 +374,7 @@ def _processor_preprocessing(processor: Mapping, config: ViTConfig) -> Preproces
         raise ValueError("image_std must be positive")
     size = _side(processor.get("size")) or config.image_size
     shortest = isinstance(processor.get("size"), Mapping) and "shortest_edge" in processor["size"]
-    crop = _side(processor.get("crop_size")) if processor.get("do_center_crop") else None
+    crop = _crop_side(processor.get("crop_size")) if processor.get("do_center_crop") else None
     resample = processor.get("resample")
     if isinstance(resample, bool) or not isinstance(resample, (int, str, type(None))):
         raise ValueError(f"resample must be a PIL filter number, got {str(resample)[:40]}")
@@ -445,6 +455,9 @@ def _default_preprocessing(config: ViTConfig, architecture: str) -> Preprocessin
         return Preprocessing(side, channels, IMAGENET_MEAN[:channels], IMAGENET_STD[:channels], resample="bicubic")
     if architecture.startswith(("Beit", "Data2VecVision")):  # BeitImageProcessor: 224 square, bicubic, mean/std 0.5
         return Preprocessing(side, channels, (0.5,) * channels, (0.5,) * channels, resample="bicubic")
+    if architecture.startswith("VideoMAE"):  # VideoMAEImageProcessor: the short side to 224, crop, bilinear, 0.5
+        return Preprocessing(side, channels, (0.5,) * channels, (0.5,) * channels, resize_size=min(config.image_hw),
+                             resize_mode="shortest_edge", resample="bilinear", crop_rule="transformers")
     if architecture.startswith("DeiT"):
         return Preprocessing(side, channels, IMAGENET_MEAN[:channels], IMAGENET_STD[:channels],
                              resize_size=side * 256 // 224, resize_mode="square", resample="bicubic",
@@ -572,7 +585,8 @@ HF_FAMILIES = {"dinov3_vit": (import_dinov3, ("DINOv3ViTModel",)),
                 "aimv2": (import_aimv2, ("Aimv2Model",)),
                 "aimv2_vision_model": (import_aimv2, ("Aimv2VisionModel",)),
                 "qwen2_5_vl": (import_qwen, import_qwen.ARCHITECTURES),
-                "qwen3_vl": (import_qwen, import_qwen.QWEN3_ARCHITECTURES)}
+                "qwen3_vl": (import_qwen, import_qwen.QWEN3_ARCHITECTURES),
+                "videomae": (import_videomae, tuple(import_videomae.ARCHITECTURES))}
 HF_REFUSED: dict[str, str] = {}  # model_type -> one line on why it is not opened
 HF_VLMS = {**import_vlm.ARCHITECTURES, **import_internvl.ARCHITECTURES}  # model_type -> the VLMs whose tower opens
 # model_type -> the module that reads a VLM's tower and projector (reading, wanted, config_from_hf, ...)

@@ -1,0 +1,170 @@
+"""A clip through a video model (VideoMAE): one forward kept as an ``Analysis`` on the clip's folded grid
+``(t*gh, gw)`` (``vit.model.layouts.folded_grid``: row-major there is the model's time-major token order), so every
+map of ``vit.explain.attention_maps`` that reads the attentions and hidden states draws for a clip as for an image;
+``clip_map`` unfolds the map it gives to per-frame maps ``(frames, gh, gw)``, a tubelet's value repeated over its
+frames.
+
+Token ``n`` is the tubelet ``(n // (gh*gw), n // gw % gh, n % gw)`` (time in tubelets); ``clip_token`` gives it.
+The maps that run the model again on the image (LeGrad, LRP, the CAMs, flow, the class map's gradients) are not
+drawn for clips yet: refused in one line.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from PIL import Image
+
+from vit import bounds
+from vit.cache import ByteCache
+from vit.checkpoint import Checkpoint
+from vit.clips import clip_pixels
+from vit.explain.attention_maps import MAP_KINDS, MapSettings, attention_map, head_maps
+from vit.explain.fits import LAYER_CACHE_BYTES, check_input_fits
+from vit.explain.hidden import LayerAttentions, forward_with_hidden_states
+from vit.explain.image_analysis import Analysis
+from vit.explain.overlay import overlay as draw_overlay
+from vit.inference import predictions_from_logits, seen_region
+from vit.model.layouts import clip_grid, clip_token, folded_grid, frame_maps
+
+CLIP_MAP_KINDS = ("attention", "rollout", "norms")  # the maps drawn from one forward's attentions and states
+
+
+def is_video(checkpoint: Checkpoint) -> bool:
+    """Whether the checkpoint's model takes clips (a tubelet embedding)."""
+    return bool(getattr(checkpoint.model.config, "tubelet_size", 0))
+
+
+@dataclass
+class ClipAnalysis:
+    """One clip through one video checkpoint: the image ``Analysis`` on its folded grid, the clip's token grid
+    ``(t, gh, gw)`` and its tubelet length, and the frames the model saw (after the processor's crop)."""
+
+    analysis: Analysis
+    grid: tuple[int, int, int]  # (tubelets, gh, gw)
+    tubelet: int
+    frames: list[Image.Image]  # the sampled frames, as decoded
+
+    @property
+    def num_frames(self) -> int:
+        return self.grid[0] * self.tubelet
+
+    def token(self, time: int, row: int, col: int) -> int:
+        """The token of the tubelet holding frame ``time``'s patch ``(row, col)``."""
+        return clip_token(self.grid, time // self.tubelet, row, col)
+
+    def maps(self, values: torch.Tensor | np.ndarray) -> np.ndarray:
+        """Per-token values ``(..., t*gh*gw)`` -> per-frame maps ``(..., frames, gh, gw)``."""
+        return frame_maps(torch.as_tensor(np.asarray(values)), self.grid, self.tubelet).numpy()
+
+
+def analyse_clip(checkpoint: Checkpoint, frames: Sequence[Image.Image], top_k: int = 5,
+                 max_tokens: int | None = None, allow: str = f"raise {bounds.MAX_TOKENS_ENV}") -> ClipAnalysis:
+    """Run the video model once on ``frames`` (already sampled to its ``num_frames``); layers' attentions are
+    computed when first read, as ``image_analysis.analyse`` does. ``TooManyTokens`` / ValueError before the forward
+    for a clip past the bounds or of a shape the model does not take."""
+    model, p = checkpoint.model, checkpoint.preprocessing
+    c = model.config
+    if not is_video(checkpoint):
+        raise ValueError("this model takes images, not clips; give it an image")
+    (height, width), count = p.image_hw, len(frames)
+    grid = clip_grid(count, height, width, c.tubelet_size, c.patch_hw)
+    folded = folded_grid(grid)
+    check_input_fits(checkpoint, folded, f"A clip of {count} frames of {width}×{height} px", max_tokens, allow)
+    device = next(model.parameters()).device
+    x = clip_pixels(frames, p).to(device)  # (1, T, C, H, W)
+    with torch.inference_mode():
+        logits, hidden = forward_with_hidden_states(model, x)  # (1, classes), (1, L + 1, N, D)
+    if logits is None:
+        logits = x.new_zeros(1, 0)
+    [prediction] = predictions_from_logits(logits, checkpoint.class_names, top_k, model=model)
+    hidden = hidden[0].float().cpu()
+    cache = ByteCache(LAYER_CACHE_BYTES)
+    analysis = Analysis(prediction=prediction, attentions=LayerAttentions(model, hidden, cache, folded), grid=folded,
+                        patch_size=c.patch_size, input_size=(folded[0] * c.patch_hw[0], width),
+                        num_prefix_tokens=0, hidden=hidden, training_size=None, cache=cache, position_table=False)
+    return ClipAnalysis(analysis, grid, c.tubelet_size, list(frames))
+
+
+def clip_map(clip: ClipAnalysis, settings: MapSettings) -> np.ndarray:
+    """The ``(frames, gh, gw)`` map of ``settings`` (its ``query`` a token index: ``ClipAnalysis.token``), each
+    tubelet's value repeated over its frames; ValueError (one line) for a map not drawn for clips."""
+    if settings.kind not in CLIP_MAP_KINDS:
+        name = MAP_KINDS.get(settings.kind, settings.kind)
+        raise ValueError(f"{name} is not drawn for clips yet; choose one of: {', '.join(CLIP_MAP_KINDS)}")
+    folded = attention_map(clip.analysis, settings)  # (t*gh, gw): row-major is the time-major token order
+    return clip.maps(folded.reshape(-1))
+
+
+def head_clip_maps(clip: ClipAnalysis, query: int, layer: int) -> np.ndarray:
+    """Every head's map of ``query`` in ``layer``: ``(heads, frames, gh, gw)``."""
+    maps = head_maps(clip.analysis, query, layer)  # (H, t*gh, gw)
+    return clip.maps(maps.reshape(maps.shape[0], -1))
+
+
+@dataclass
+class ClipExplanation:
+    """A clip's map (``explain_clip``): ``map`` ``(frames, gh, gw)``, each frame's map over the region of that frame
+    the model saw (``seen``), every head's ``(heads, frames, gh, gw)`` for an attention map, and the prediction."""
+
+    method: str
+    map: np.ndarray  # (frames, gh, gw) float32
+    frames: list[Image.Image]  # the sampled frames, as decoded
+    seen: list[Image.Image]  # each frame's region the model saw (after the processor's crop)
+    grid: tuple[int, int, int]  # (tubelets, gh, gw)
+    query: int  # the token whose map it is (time-major)
+    prediction: object | None  # vit.inference.Prediction, None without a classifier
+    heads: np.ndarray | None  # (heads, frames, gh, gw) for "attention", else None
+
+    def overlays(self, opacity: float = 0.5, colormap: str = "inferno") -> list[Image.Image]:
+        """Each frame with its map over it, on one colour scale for the whole clip."""
+        low, high = float(self.map.min()), float(self.map.max())
+        return [draw_overlay(frame, m, opacity, colormap, vmin=low, vmax=high) for frame, m in zip(
+            self.seen, self.map, strict=True)]
+
+
+def query_token(grid: tuple[int, int, int], tubelet: int, query: int | Sequence[int] | None) -> int:
+    """A query given as a token index (time-major), or as ``(frame, row, col)``, -> its token; 0 when None."""
+    if query is None:
+        return 0
+    if isinstance(query, (tuple, list)):
+        if len(query) != 3 or not all(isinstance(v, int) and not isinstance(v, bool) for v in query):
+            raise ValueError(f"a clip's query is a token index or (frame, row, col), got {str(query)[:40]}")
+        return clip_token(grid, query[0] // tubelet, query[1], query[2])
+    tokens = grid[0] * grid[1] * grid[2]
+    if isinstance(query, bool) or not isinstance(query, int) or not -tokens <= query < tokens:
+        raise ValueError(f"query {str(query)[:40]} is out of range: this clip has {tokens} tokens "
+                         f"({grid[0]} x {grid[1]} x {grid[2]} tubelets)")
+    return query % tokens
+
+
+def explain_clip(checkpoint: Checkpoint, frames: Sequence[Image.Image], method: str = "attention",
+                 layer: int | None = None, head: int | None = None, query: int | Sequence[int] | None = None,
+                 max_tokens: int | None = None) -> ClipExplanation:
+    """The ``method`` map (``CLIP_MAP_KINDS``) of a clip's frames (sampled to the model's ``num_frames``): ``layer``
+    (attention, norms; rollout's last layer; default the last), ``head`` (attention; default the mean), ``query``
+    (attention, rollout: a token or ``(frame, row, col)``; default token 0). ValueError in one line otherwise."""
+    if method not in CLIP_MAP_KINDS:
+        name = MAP_KINDS.get(method, method)
+        raise ValueError(f"{name} is not drawn for clips yet; choose one of: {', '.join(CLIP_MAP_KINDS)}")
+    if method == "norms" and (head is not None or query is not None):
+        raise ValueError("norms reads layer alone")
+    if method == "rollout" and head is not None:
+        raise ValueError("rollout fuses every head; leave head out")
+    model = checkpoint.model
+    L, H = len(model.blocks), model.config.num_heads
+    for name, value, count in (("layer", layer, L), ("head", head, H)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not -count <= value < count):
+            raise ValueError(f"{name} {str(value)[:40]} is out of range: this model has {count} {name}s")
+    clip = analyse_clip(checkpoint, frames, max_tokens=max_tokens)
+    token = query_token(clip.grid, clip.tubelet, query)
+    layer = -1 if layer is None else layer
+    settings = MapSettings(kind=method, layer=layer, end_layer=layer, head=None if head is None else head % H,
+                           query=token)
+    heads = head_clip_maps(clip, token, layer % L) if method == "attention" else None
+    return ClipExplanation(method, clip_map(clip, settings).astype(np.float32), clip.frames,
+                           [seen_region(f, checkpoint.preprocessing) for f in clip.frames], clip.grid, token,
+                           clip.analysis.prediction if checkpoint.class_names else None, heads)
