@@ -93,7 +93,10 @@ def attention_chunks(q: Tensor, k: Tensor, heads: Sequence[int] | None = None, q
             scores = (_take(qh, 2, queries[ts]) @ kh).float()  # (B, h, t, T)
             if rows is not None:
                 scores = scores + _take(rows, 1, heads[hs]).float()
-            yield hs, ts, scores.softmax(dim=-1) if softmax else scores
+            if softmax:  # the scores freed before the chunk is read: one copy held while its reader works, not two
+                scores = scores.softmax(dim=-1)
+            yield hs, ts, scores
+            del scores
 
 
 def _take(x: Tensor, dim: int, index: list[int]) -> Tensor:
@@ -307,9 +310,11 @@ class LayerInputs:
             first = max(ts.start, p)  # patch queries only
             if first < ts.stop:
                 a = probs[:, :, first - ts.start:, p:]  # (B, h, t', N)
-                a = a / a.sum(dim=-1, keepdim=True).clamp_min(torch.finfo(a.dtype).tiny)
                 d = torch.cdist(centres[first - p:ts.stop - p], centres).to(a.dtype)  # (t', N)
-                distance[:, hs] += (a * d).sum(dim=(-1, -2)).double()
+                # each row's distance over its patch keys' share of it: sum(a * d) / sum(a) row by row, without
+                # forming a / sum(a) or a * d beside the chunk (two more copies of it)
+                rows = torch.einsum("bhtn,tn->bht", a, d) / a.sum(dim=-1).clamp_min(torch.finfo(a.dtype).tiny)
+                distance[:, hs] += rows.sum(dim=-1).double()
         N = grid[0] * grid[1]
         return (distance / N).float(), (entropy / self.num_tokens).float()
 
