@@ -231,12 +231,12 @@ def analysis_parts(model, grid: tuple[int, int], device_type: str = "cpu",
     kept = 8 * L * T * D if 8 * L * T * D <= cache_bytes // 4 else 0
     factor = (2 if T > HALF_PRECISION_TOKENS else 4) * T * T
     rollout = L * factor + 4 * T * T if L * factor <= cache_bytes // 2 else 0
-    if chunk == CHUNK_BYTES and not (getattr(config, "rel_pos", "none") == "none"
-                                     and not getattr(config, "window_size", 0)):
-        # A layer with windows or a bias is read in chunks of the whole budget (``LayerInputs._layer_chunks``) beside
-        # its q, k and v as its hook points hold them (the projection, rotated q and k, the scaled q: 6 T x D) and
-        # the rollout's factor rows (a quarter more). Measured: a 32-layer Qwen-VL tower 320 wide at 3,136 tokens,
-        # 96 MB over its states while its rollout ran, where the chunk alone counted 64.
+    if chunk == CHUNK_BYTES and getattr(config, "window_size", 0) and getattr(config, "rope", "none") != "none":
+        # Qwen2.5-VL's global layers are read in chunks of the whole budget (``LayerInputs._layer_chunks``) beside
+        # their q, k and v as the hook points hold them (the projection, rotated q and k, the scaled q: 6 T x D) and
+        # the rollout's factor rows (a quarter more). Measured: a 32-layer tower 320 wide at 3,136 tokens, 96 MB
+        # over its states while its rollout ran, where the chunk alone counted 64 (SAM's, without rotary copies,
+        # stays within its chunk: tests/test_costs.py).
         chunk = chunk + chunk // 4 + 4 * 6 * T * D
     states = "hidden states" if every == 1 else f"hidden states every {every} layers and one segment between them"
     return {states: hidden, "queries and keys kept": kept,
