@@ -16,8 +16,8 @@ Measured 2026-11-25 on the development machine (two cores shared with other help
     | Qwen2.5-VL tower, 8 layers, 672x896 px (3,072 tokens) | 26,458 ms | 27,562 ms | 1.04x | pairs 0.92x |
 
 (transformers' time first, ours second). The 32-layer tower at 1,024 x 1,024 px (5,476 tokens) is beyond a
-two-core machine's patience; at that size the explorer's analysis needs ~1.5 GB (its 33 hidden states alone 925 MB)
-and is refused under the default 1 GB bound (VIT_ANALYSIS_MEMORY_MB=2048 lets it run).
+two-core machine's patience; at that size the explorer's analysis would need ~1.5 GB with its 33 hidden states kept
+(925 MB), and keeps them every 4 layers instead within the default 1 GB bound (bench/bench_qwen_vl_memory.py).
 """
 
 from __future__ import annotations

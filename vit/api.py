@@ -873,7 +873,8 @@ def _lens_words(checkpoint: Checkpoint, image: ImageLike, words: str | Sequence[
     image, size = _image(image), _size(size)
     shape = input_shape(image, checkpoint.preprocessing, model.config.patch_size, size)
     grid = model.patch_grid(*shape)
-    fits.check_input_fits(checkpoint, grid, f"A {shape[1]}×{shape[0]} px input")
+    # the lens is one forward without a graph, within the analysis's path in chunks (its states every k-th layer)
+    fits.check_input_fits(checkpoint, grid, f"A {shape[1]}×{shape[0]} px input", chunks=True)
     rows = word_embeddings.read_rows(table, [i for w in encoded for i in w.ids])  # (tokens, E)
     vectors = torch.stack([r.mean(0) for r in rows.split([len(w.ids) for w in encoded])])  # (W, E)
     return image, size, grid, table, encoded, vectors

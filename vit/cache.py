@@ -59,7 +59,8 @@ def nbytes(value: object) -> int:
             return sum(walk(k) + walk(v) for k, v in item.items())
         if isinstance(item, (list, tuple, set, frozenset)):
             return sum(walk(v) for v in item)
-        return 0
+        held = getattr(type(item), "held", None)  # an object that names the tensors it holds (CheckpointedStates)
+        return walk(tuple(item.held())) if callable(held) else 0
 
     return walk(value)
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from vit import bounds
 from vit.bounds import ANALYSIS_MEMORY_ENV, MAX_TOKENS_ENV, TooManyTokens
@@ -36,6 +36,7 @@ class Cost:
     refuse: Callable[[int, int], Exception] = field(repr=False)
     parts: tuple[tuple[str, int], ...] = ()
     chunked: int | None = None
+    every: int = 1  # the analysis's path in chunks keeps the residual stream at every ``every``-th layer
 
 
 def decide(cost: Cost) -> str:
@@ -85,11 +86,28 @@ def analysis(model, grid: tuple[int, int], what: str = "This input") -> Cost:
     # reused by the maps' float64 steps (Swin-T at 1,624 px, measured: 610-683 MB where the larger of the two
     # counted 576 MB)
     maps = max(layouts.peak, layouts.maps)
-    parts = {**memory.analysis_parts(model, grid, _device(model), maps=maps),
-             "every layer's windows, kept": layouts.kept,
-             "the costliest layer's layout and the maps' steps": maps}
+
+    def parts_of(every: int) -> dict[str, int]:
+        return {**memory.analysis_parts(model, grid, _device(model), maps=maps, every=every),
+                "every layer's windows, kept": layouts.kept,
+                "the costliest layer's layout and the maps' steps": maps}
+
+    parts, limit = parts_of(1), bounds.memory_limit()
+    # Past the limit, the path in chunks: the residual stream kept every k-th layer, the rest recomputed from it
+    # (``hidden.CheckpointedStates``); the smallest k that fits (the fewest blocks run again per map), else the k
+    # that holds the least, whose need the refusal names. A model with stages keeps its windows, not its states.
+    chunked, every, L = None, 1, config.num_layers
+    if sum(parts.values()) > limit and not getattr(config, "stage_depths", ()) and L > 1:
+        needs = {k: sum(parts_of(k).values()) for k in range(2, L + 1)}
+        every = next((k for k, need in needs.items() if need <= limit), min(needs, key=needs.get))
+        chunked = needs[every]
 
     def refuse(need: int, limit: int) -> TooManyTokens:
+        if chunked is not None and need == chunked:
+            return TooManyTokens(f"{what} gives {tokens:,} tokens, which needs about {need / MB:,.0f} MB for "
+                                 f"{config.num_layers} layers × {config.num_heads} heads even with the hidden states "
+                                 f"kept every {every} layers only, over the {limit / MB:,.0f} MB limit per image "
+                                 f"({ANALYSIS_MEMORY_ENV}). Choose a smaller input size.")
         held = []
         if layouts.kept:
             held.append(f"{(layouts.kept + layouts.maps) / MB:,.0f} MB for every layer's windows and the maps "
@@ -101,7 +119,7 @@ def analysis(model, grid: tuple[int, int], what: str = "This input") -> Cost:
                              f"{config.num_layers} layers × {config.num_heads} heads{held}, over the "
                              f"{limit / MB:,.0f} MB limit per image ({ANALYSIS_MEMORY_ENV}). "
                              "Choose a smaller input size.")
-    return _cost("analysis", model, grid, parts, refuse)
+    return replace(_cost("analysis", model, grid, parts, refuse, chunked, limit), every=every)
 
 
 def gradient(model, grid: tuple[int, int], what: str, layers: int | None = None) -> Cost:

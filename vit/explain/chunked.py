@@ -29,6 +29,7 @@ from vit.explain.attention import (
     rollout_factor_rows,
 )
 from vit.explain.hidden import (
+    CheckpointedStates,
     bias_rows,
     layer_pattern,
     layer_qkv,
@@ -92,7 +93,10 @@ def attention_chunks(q: Tensor, k: Tensor, heads: Sequence[int] | None = None, q
             scores = (_take(qh, 2, queries[ts]) @ kh).float()  # (B, h, t, T)
             if rows is not None:
                 scores = scores + _take(rows, 1, heads[hs]).float()
-            yield hs, ts, scores.softmax(dim=-1) if softmax else scores
+            if softmax:  # the scores freed before the chunk is read: one copy held while its reader works, not two
+                scores = scores.softmax(dim=-1)
+            yield hs, ts, scores
+            del scores
 
 
 def _take(x: Tensor, dim: int, index: list[int]) -> Tensor:
@@ -136,21 +140,29 @@ def context_gradient_chunks(contexts: Tensor, values: Tensor, budget: int = CHUN
 class LayerInputs:
     """The stored inputs of a model's blocks and what is computed from them within a chunk budget.
 
-    ``hidden`` is ``(B, L + 1, T, D)`` (``hidden.forward_with_hidden_states``); ``grid`` the input's patch grid
-    (needed for rotary positions). Each layer's queries and keys ``(B, H, T, hd)`` are computed when a method
-    asks and dropped after it (``2 x T x D`` floats, megabytes).
+    ``hidden`` is ``(B, L + 1, T, D)`` (``hidden.forward_with_hidden_states``), or one image's states kept every
+    k-th layer (``hidden.CheckpointedStates``, read layer by layer); ``grid`` the input's patch grid (needed for
+    rotary positions). Each layer's queries and keys ``(B, H, T, hd)`` are computed when a method asks and dropped
+    after it (``2 x T x D`` floats, megabytes).
     """
 
-    def __init__(self, model: nn.Module, hidden: Tensor, grid: tuple[int, int] | None = None,
+    def __init__(self, model: nn.Module, hidden: Tensor | CheckpointedStates, grid: tuple[int, int] | None = None,
                  budget: int = CHUNK_BYTES, head_chunk: int | None = None, query_chunk: int | None = None) -> None:
-        if hidden.dim() != 4:
+        if isinstance(hidden, Tensor) and hidden.dim() != 4:
             raise ValueError(f"expected hidden states (B, L + 1, T, D), got {tuple(hidden.shape)}")
         self.model, self.hidden, self.grid = model, hidden, grid
         self.budget, self.head_chunk, self.query_chunk = budget, head_chunk, query_chunk
+        # (B, L + 1, T, D) of a tensor; one image's (L + 1, T, D) of checkpointed states
+        batched = isinstance(hidden, Tensor)
+        self.batch, self._shape = (hidden.shape[0], hidden.shape[1:]) if batched else (1, hidden.shape)
+
+    def _state(self, layer: int) -> Tensor:
+        """Hidden state ``layer`` (block ``layer``'s input; ``L``: the last block's output), ``(B, T, D)``."""
+        return self.hidden[:, layer] if isinstance(self.hidden, Tensor) else self.hidden[layer][None]
 
     @property
     def num_layers(self) -> int:
-        return self.hidden.shape[1] - 1
+        return self._shape[0] - 1
 
     @property
     def num_heads(self) -> int:
@@ -158,7 +170,7 @@ class LayerInputs:
 
     @property
     def num_tokens(self) -> int:
-        return self.hidden.shape[2]
+        return self._shape[1]
 
     def _layer(self, layer: int) -> int:
         L = self.num_layers
@@ -186,7 +198,7 @@ class LayerInputs:
         """Block ``layer``'s input ``(B, T, D)`` on the model's device and in its dtype (``layer = L``: the last
         block's output)."""
         param = next(self.model.parameters())
-        return self.hidden[:, layer].to(param.device, param.dtype)
+        return self._state(layer).to(param.device, param.dtype)
 
     def chunks(self, layer: int, heads: Sequence[int] | None = None, queries: Sequence[int] | None = None
                ) -> Iterator[tuple[Tensor, Tensor, Tensor]]:
@@ -209,14 +221,14 @@ class LayerInputs:
         if not all(0 <= h < H for h in heads) or not all(0 <= t < T for t in queries):
             raise ValueError(f"heads {heads} or queries out of range for {H} heads, {T} tokens")
         # every chunk holds all the heads asked for (the bias rows are formed once for them): they count as the batch
-        step = self.query_chunk or chunk_sizes(1, T, self.budget, self.hidden.shape[0] * len(heads),
+        step = self.query_chunk or chunk_sizes(1, T, self.budget, self.batch * len(heads),
                                                _target(next(self.model.parameters()).device))[1]
         if not window:
             # Chunks as large as the budget (with the bias rows as a fourth copy), not the CPU's cache-sized ones:
             # each chunk's bias rows cost a fixed overhead that dominated (SAM ViT-B's global layer at 1,024 px:
             # 25 s in 820 chunks of 5 queries, 1.4 s in chunks of 128, on two cores)
             step = self.query_chunk or chunk_sizes(1, T, self.budget * _COPIES // (_COPIES + 1),
-                                                   self.hidden.shape[0] * len(heads), None)[1]
+                                                   self.batch * len(heads), None)[1]
             model, grid = self.model, self.grid
             with torch.inference_mode():
                 q, k, _ = layer_qkv(model, layer, self._input(layer), grid)  # (B, H, T, hd) each, q unscaled
@@ -242,7 +254,7 @@ class LayerInputs:
         """What each of ``queries`` attends to in layer ``layer``: ``(B, heads, queries, T)`` float32 (one head's
         map of any query; ``queries=[0]`` is the CLS row)."""
         H = len(heads) if heads is not None else self.num_heads
-        out = torch.empty(self.hidden.shape[0], H, len(queries), self.num_tokens)
+        out = torch.empty(self.batch, H, len(queries), self.num_tokens)
         for hs, ts, probs in self.chunks(layer, heads, queries):
             out[:, hs, ts] = probs.cpu()
         return out
@@ -279,7 +291,7 @@ class LayerInputs:
                dtype: torch.dtype = torch.float32) -> Tensor:
         """Layer ``layer``'s whole rollout factor ``(B, T, T)`` (``attention.rollout_factor``), built from fused
         query chunks: ``T²`` values held, never ``H x T²``."""
-        B, T = self.hidden.shape[0], self.num_tokens
+        B, T = self.batch, self.num_tokens
         out = torch.empty(B, T, T, dtype=dtype)
         for ts, fused in self.fused_rows(layer, None, fusion):
             out[:, ts] = rollout_factor_rows(fused.cpu(), ts.start, discard_ratio, num_prefix_tokens).to(dtype)
@@ -289,7 +301,7 @@ class LayerInputs:
               ) -> tuple[Tensor, Tensor]:
         """Layer ``layer``'s per-head mean attention distance in px and entropy in nats, ``(B, H)`` each, as
         ``attention.mean_attention_distance`` and ``attention_entropy`` compute them, summed chunk by chunk."""
-        p, (B, H) = num_prefix_tokens, (self.hidden.shape[0], self.num_heads)
+        p, (B, H) = num_prefix_tokens, (self.batch, self.num_heads)
         centres = patch_centres(grid, patch_size)  # (N, 2)
         distance, entropy = torch.zeros(B, H, dtype=torch.float64), torch.zeros(B, H, dtype=torch.float64)
         for hs, ts, probs in self.chunks(layer):  # probs (B, h, t, T); queries[ts] are tokens ts.start..
@@ -298,15 +310,17 @@ class LayerInputs:
             first = max(ts.start, p)  # patch queries only
             if first < ts.stop:
                 a = probs[:, :, first - ts.start:, p:]  # (B, h, t', N)
-                a = a / a.sum(dim=-1, keepdim=True).clamp_min(torch.finfo(a.dtype).tiny)
                 d = torch.cdist(centres[first - p:ts.stop - p], centres).to(a.dtype)  # (t', N)
-                distance[:, hs] += (a * d).sum(dim=(-1, -2)).double()
+                # each row's distance over its patch keys' share of it: sum(a * d) / sum(a) row by row, without
+                # forming a / sum(a) or a * d beside the chunk (two more copies of it)
+                rows = torch.einsum("bhtn,tn->bht", a, d) / a.sum(dim=-1).clamp_min(torch.finfo(a.dtype).tiny)
+                distance[:, hs] += rows.sum(dim=-1).double()
         N = grid[0] * grid[1]
         return (distance / N).float(), (entropy / self.num_tokens).float()
 
     def token_norms(self, layer: int) -> Tensor:
         """The L2 norm of every token after layer ``layer``: ``(B, T)``."""
-        return self.hidden[:, self._layer(layer) + 1].float().norm(dim=-1)
+        return self._state(self._layer(layer) + 1).float().norm(dim=-1)
 
     def rollout_row(self, query: int | None = None, row: Tensor | None = None, fusion: str = "mean",
                     discard_ratio: float = 0.0, end_layer: int = -1, num_prefix_tokens: int = 1,
@@ -317,7 +331,7 @@ class LayerInputs:
         ``progress(layers done, layers)`` after every chunk (it may raise to stop there)."""
         if (query is None) == (row is None):
             raise ValueError("give either a query token or a row of weights")
-        B, T = self.hidden.shape[0], self.num_tokens
+        B, T = self.batch, self.num_tokens
         if row is None:
             if not 0 <= query < T:
                 raise ValueError(f"query token {query} is out of range for {T} tokens")
@@ -360,7 +374,7 @@ class LayerInputs:
         The backward runs one block at a time from the last down, each block again on its stored input (its
         fused attention's backward, no ``T x T`` held): only that block's graph is alive."""
         model, L = self.model, self.num_layers
-        index = class_index.to(self.hidden.device)
+        index = class_index.to(self._state(self.num_layers).device)
         with torch.inference_mode(False), torch.enable_grad():
             top = self._input(L).clone().requires_grad_(True)
             score = model.classify(top).gather(1, index[:, None].to(top.device)).sum()  # images independent
@@ -380,7 +394,7 @@ class LayerInputs:
         from ``context_gradients``: ``v = e_query``, then from layer ``end_layer`` down to 0, ``v = v + v @ Ā_l``
         with ``Ā_l = mean_heads(clamp(dS/dA_l * A_l, min=0))``, each formed chunk by chunk from the layer's
         queries, keys and values (``v @ Ā = sum over chunks v[t] @ Ā[t]``)."""
-        B, T, H = self.hidden.shape[0], self.num_tokens, self.num_heads
+        B, T, H = self.batch, self.num_tokens, self.num_heads
         if not 0 <= query < T:
             raise ValueError(f"query token {query} is out of range for {T} tokens")
         v = torch.zeros(B, T)

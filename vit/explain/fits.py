@@ -74,9 +74,17 @@ def check_flow_fits(model, tokens: int) -> None:
 
 
 def check_input_fits(checkpoint: Checkpoint, grid: tuple[int, int], what: str = "This input",
-                     max_tokens: int | None = None, allow: str = f"raise {bounds.MAX_TOKENS_ENV}") -> None:
+                     max_tokens: int | None = None, allow: str = f"raise {bounds.MAX_TOKENS_ENV}",
+                     chunks: bool = False) -> str:
     """Raise ``TooManyTokens`` when an input of ``grid`` patches is over the token gate (``max_tokens``, default
-    VIT_MAX_TOKENS; ``allow`` says how to raise it) or the analysis's memory limit (``plan.analysis``)."""
+    VIT_MAX_TOKENS; ``allow`` says how to raise it) or the analysis's memory limit (``plan.analysis``), else return
+    ``decide``'s verdict. With ``chunks`` the analysis may keep its hidden states every k-th layer (its path in
+    chunks, ``"chunks"``: ``image_analysis.analyse``); without, a view that keeps every layer's states whole (the
+    mechanism views) is refused where only that path fits."""
     model = checkpoint.model
     plan.tokens_gate(model, grid, f"{what} ({grid[0]}×{grid[1]} patches)", max_tokens, allow)
-    plan.decide(plan.analysis(model, grid, what))
+    cost = plan.analysis(model, grid, what)
+    verdict = plan.decide(cost)
+    if verdict == "chunks" and not chunks:
+        raise cost.refuse(cost.memory, cost.limit)
+    return verdict

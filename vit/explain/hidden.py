@@ -16,6 +16,7 @@ import torch
 from torch import Tensor, nn
 
 from vit.cache import ByteCache
+from vit.costs.memory import kept_layers
 from vit.explain.attention import layer_on_grid
 from vit.explain.attention import layer_rows as rows_on_grid
 from vit.model import LayerLayout
@@ -26,14 +27,18 @@ def residual_names(num_layers: int) -> list[str]:
     return [f"blocks.{i}.hook_resid_pre" for i in range(num_layers)] + [f"blocks.{num_layers - 1}.hook_resid_post"]
 
 
-def forward_with_hidden_states(model: nn.Module, images: Tensor) -> tuple[Tensor | None, Tensor]:
+def forward_with_hidden_states(model: nn.Module, images: Tensor, layers: Sequence[int] | None = None
+                               ) -> tuple[Tensor | None, Tensor]:
     """Logits ``(B, classes)`` (None without a classifier) and hidden states ``(B, L + 1, T, D)``: the input
     of every block, then the last block's output, read at the hook points of one fast forward pass (no
-    attention probabilities are materialised)."""
+    attention probabilities are materialised). ``layers``: only these states (indices 0..L, ascending), ``(B,
+    len(layers), T, D)``: ``CheckpointedStates``'s checkpoints."""
     if getattr(getattr(model, "config", None), "stage_depths", ()):
         raise ValueError("the hidden states of a model with stages (Swin, Hiera) have each layer's own grid and width "
                          "and do not stack: read them with vit.explain.hidden.forward_with_stage_states")
     names = residual_names(len(model.blocks))
+    if layers is not None:
+        names = [names[i] for i in layers]
     if torch.is_grad_enabled():  # the states stay in the autograd graph
         encoding, cache = model.run_with_cache(images, names)
         return encoding.logits, torch.stack([cache[name] for name in names], dim=1)  # (B, L + 1, T, D)
@@ -284,3 +289,62 @@ class LayerAttentions(Sequence[Tensor]):
         with torch.inference_mode():
             probs = block_attention(self.model, layer, self.hidden[layer][None].to(device), self.grid)  # (1, H, T, T)
         return probs.float().cpu()
+
+
+class CheckpointedStates:
+    """Every block's input of one image and the last block's output, read like the ``(L + 1, T, D)`` tensor of
+    ``forward_with_hidden_states`` (``states[i]``: ``(T, D)`` float32 on the CPU), of which only the checkpoints are
+    kept: the residual stream at every ``every``-th layer and at the last (``costs.memory.kept_layers``). Another
+    state is recomputed from the checkpoint below it, the blocks between run again on the model's device in its dtype
+    (the same ops on the same inputs as the forward: the same numbers); the states of the segment last read (at most
+    ``every - 1``) are kept, so reading the layers in order, or from the top down as the rollout does, runs each block
+    once more. ``checkpoints``: ``(len(kept_layers(L, every)), T, D)``, those states in order."""
+
+    def __init__(self, model: nn.Module, checkpoints: Tensor, every: int, grid: tuple[int, int] | None) -> None:
+        L = len(model.blocks)
+        layers = kept_layers(L, every)
+        if checkpoints.dim() != 3 or checkpoints.shape[0] != len(layers):
+            raise ValueError(f"expected {len(layers)} checkpoints (L + 1 = {L + 1} states, every {every}), got "
+                             f"{tuple(checkpoints.shape)}")
+        self.model, self.every, self.grid = model, every, grid
+        self.kept = dict(zip(layers, checkpoints, strict=True))  # layer -> (T, D), views of ``checkpoints``
+        self.checkpoints = checkpoints
+        self.shape = torch.Size((L + 1, *checkpoints.shape[1:]))
+        self.segment: dict[int, Tensor] = {}  # the states recomputed last: one segment between two checkpoints
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def dim(self) -> int:
+        return 3
+
+    def numel(self) -> int:
+        """The floats held: the checkpoints and the segment kept, not ``(L + 1) x T x D``."""
+        return self.checkpoints.numel() + sum(t.numel() for t in self.segment.values())
+
+    def held(self) -> tuple[Tensor, ...]:
+        """The tensors held (``cache.nbytes`` counts them; the model is not this object's)."""
+        return (self.checkpoints, *self.segment.values())
+
+    def __getitem__(self, index: int) -> Tensor:
+        if not isinstance(index, int):
+            raise TypeError("checkpointed states are read one layer at a time: states[i]")
+        n = len(self)
+        if not -n <= index < n:
+            raise IndexError(f"state {index} is out of range for {n} states")
+        index %= n
+        if index in self.kept:
+            return self.kept[index]
+        if index not in self.segment:
+            self._recompute(index // self.every * self.every)
+        return self.segment[index]
+
+    def _recompute(self, start: int) -> None:
+        """The states after checkpoint ``start`` up to the next checkpoint, each block run again on the one before."""
+        self.segment = {}  # freed before the new segment is formed: one segment held, not two
+        param = next(self.model.parameters())
+        x = self.kept[start][None].to(param.device, param.dtype)  # (1, T, D)
+        with torch.inference_mode():
+            for layer in range(start, min(start + self.every, len(self) - 1) - 1):
+                x, _ = self.model.run_blocks(x, self.grid, layer, layer + 1)
+                self.segment[layer + 1] = x[0].float().cpu()

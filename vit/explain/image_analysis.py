@@ -21,10 +21,12 @@ from PIL import Image
 from vit import bounds
 from vit.cache import ByteCache
 from vit.checkpoint import Checkpoint
+from vit.costs import plan
+from vit.costs.memory import kept_layers
 from vit.explain.attention import layer_stats
 from vit.explain.chunked import LayerInputs
 from vit.explain.fits import CHUNK_BYTES, LAYER_CACHE_BYTES, check_input_fits
-from vit.explain.hidden import LayerAttentions, forward_with_hidden_states, query_key_hooks
+from vit.explain.hidden import CheckpointedStates, LayerAttentions, forward_with_hidden_states, query_key_hooks
 from vit.inference import TRAINING_SIZE, InputSize, Prediction, input_shape, predictions_from_logits, preprocess
 from vit.model import ViT
 from vit.model.stages import LayerLayout
@@ -38,7 +40,8 @@ def _inputs(analysis: Analysis) -> LayerInputs | None:
     layers = analysis.attentions
     if not isinstance(layers, LayerAttentions):
         return None
-    return LayerInputs(layers.model, layers.hidden[None], layers.grid, budget=CHUNK_BYTES)
+    hidden = layers.hidden if isinstance(layers.hidden, CheckpointedStates) else layers.hidden[None]
+    return LayerInputs(layers.model, hidden, layers.grid, budget=CHUNK_BYTES)
 
 
 @dataclass
@@ -56,7 +59,9 @@ class Analysis:
     patch_size: int | tuple[int, int]  # the model's: (height, width) for rectangular patches
     input_size: tuple[int, int]  # (height, width) of the model input in pixels
     num_prefix_tokens: int
-    hidden: torch.Tensor | None = None  # (L + 1, T, D): every block's input, then the last block's output
+    # (L + 1, T, D): every block's input, then the last block's output; past the memory bound only every k-th layer's
+    # kept, the rest recomputed when read (``hidden.CheckpointedStates``, indexed alike)
+    hidden: torch.Tensor | CheckpointedStates | None = None
     training_size: int | tuple[int, int] | None = None  # the checkpoint's input: its side, or (height, width)
     cache: ByteCache = field(default_factory=lambda: ByteCache(LAYER_CACHE_BYTES), repr=False)
     prefix_names: tuple[str, ...] = ()  # ('CLS', 'DIST', 'REG 1', ...); empty: CLS then numbered prefix tokens
@@ -218,7 +223,8 @@ def view_shape(checkpoint: Checkpoint, image: Image.Image, size: InputSize = TRA
     the forward (``TooManyTokens`` over the limits, ValueError for a size a Swin's windows do not fit)."""
     model = checkpoint.model
     shape = input_shape(image, checkpoint.preprocessing, model.config.patch_size, size)  # (height, width)
-    check_input_fits(checkpoint, model.patch_grid(*shape), f"A {shape[1]}×{shape[0]} px input", max_tokens, allow)
+    check_input_fits(checkpoint, model.patch_grid(*shape), f"A {shape[1]}×{shape[0]} px input", max_tokens, allow,
+                     chunks=True)
     return shape_of_input(checkpoint, shape)
 
 
@@ -260,12 +266,18 @@ def analyse(checkpoint: Checkpoint, image: Image.Image, size: InputSize = TRAINI
     tokens = model.num_prefix_tokens + grid[0] * grid[1]
     if isinstance(model, ViT) and 8 * L * tokens * model.config.hidden_size <= LAYER_CACHE_BYTES // 4:
         reports += query_key_hooks(model, kept)
+    # Past the memory bound, the hidden states of every k-th layer only (the cost model's path in chunks; its k)
+    cost = plan.analysis(model, grid)
+    every = cost.every if plan.decide(cost) == "chunks" else 1
     with torch.inference_mode(), model.hooks(reports) if reports else contextlib.nullcontext():
-        logits, hidden = forward_with_hidden_states(model, x)  # (1, classes), (1, L + 1, T, D)
+        # (1, classes), (1, L + 1, T, D) or the checkpoints' (1, len(kept_layers), T, D)
+        logits, hidden = forward_with_hidden_states(model, x, None if every == 1 else kept_layers(L, every))
     if logits is None:  # a feature model without a classifier (e.g. DINO): maps, no prediction
         logits = x.new_zeros(x.shape[0], 0)
     [prediction] = predictions_from_logits(logits, checkpoint.class_names, top_k, model=model)
     hidden = hidden[0].float().cpu()
+    if every > 1:
+        hidden = CheckpointedStates(model, hidden, every, grid)
     cache = ByteCache(LAYER_CACHE_BYTES)
     layers = LayerAttentions(model, hidden, cache, grid, kept)
     probe = embedding = None

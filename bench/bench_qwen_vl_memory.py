@@ -1,0 +1,124 @@
+"""The explorer's analysis of a Qwen2.5-VL tower and every map drawn from it, peak RSS: every layer's hidden states kept
+whole (the baseline, the bound raised) next to the states kept every k-th layer under the bound (the cost model's path
+in chunks, ``hidden.CheckpointedStates``), with the cost model's estimate of each.
+
+Each path runs in its own subprocess, random weights (float32), after a warm-up at a small size: the analysis, then
+each layer's attention for the middle patch and its token norms, one head's map, the rollout from the middle patch and
+every head's statistics. The peak is the resident set's high-water mark (VmHWM, reset through /proc/self/clear_refs)
+over the resident set before the analysis, as tests/test_costs.py measures it. Run from the repository root::
+
+    python -m bench.bench_qwen_vl_memory --depth 32 --width 320 --heads 2 --side 224 --limit 170
+
+The real Qwen2.5-VL-7B tower (``--width 1280 --heads 16 --mlp 3420 --patch 14 --window 112 --side 1036``: 5,476
+patches) is 2.7 GB of float32 weights and about 8 TFLOP a forward; the maps run its blocks about five times more
+(measured on the 2-core development machine under load: a windowed block 11 s, a global one 32 s, the patch
+embedding 55 s), which is past this machine's patience: run it where there are cores to spare.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+WORKER = r'''
+import ctypes, gc, json, re, resource, sys, time
+import numpy as np
+import torch
+from PIL import Image
+from vit.checkpoint import Checkpoint, Preprocessing
+from vit.costs import plan
+from vit.explain import attention_maps, image_analysis
+from vit.inference import InputSize
+from vit.model import ViT
+from vit.sources import import_qwen
+
+vision, side = json.loads(sys.argv[1]), int(sys.argv[2])
+torch.manual_seed(0)
+model = ViT(import_qwen.config_from_hf({"model_type": "qwen2_5_vl", "vision_config": vision})).eval()
+with torch.no_grad():
+    for p in model.parameters():
+        p.add_(torch.randn_like(p) * 0.05)
+checkpoint = Checkpoint(model, [], Preprocessing(model.config.image_size, 3, (0.5,) * 3, (0.5,) * 3))
+libc = ctypes.CDLL("libc.so.6")
+
+
+def every_map(side):
+    image = Image.fromarray(np.random.default_rng(0).integers(0, 256, (side, side, 3), dtype=np.uint8))
+    analysis = image_analysis.analyse(checkpoint, image, InputSize(side))
+    middle = analysis.num_tokens // 2
+    for layer in range(analysis.num_layers):
+        attention_maps.attention_map(analysis, attention_maps.MapSettings(layer=layer, query=middle))
+        attention_maps.attention_map(analysis, attention_maps.MapSettings(kind="norms", layer=layer))
+    attention_maps.attention_map(analysis, attention_maps.MapSettings(layer=-1, head=0, query=middle))
+    attention_maps.rollout_map(analysis, attention_maps.MapSettings(kind="rollout", query=middle))
+    analysis.stats()
+    return analysis
+
+
+every_map(2 * vision["window_size"])
+gc.collect()
+libc.malloc_trim(0)
+with open("/proc/self/clear_refs", "w") as f:
+    f.write("5")
+with open("/proc/self/statm") as f:
+    since = int(f.read().split()[1]) * resource.getpagesize()
+start = time.perf_counter()
+analysis = every_map(side)
+seconds = time.perf_counter() - start
+with open("/proc/self/status") as f:
+    peak = int(re.search(r"VmHWM:\s+(\d+) kB", f.read()).group(1)) * 1024
+cost = plan.analysis(model, analysis.grid)
+estimate = cost.memory if plan.decide(cost) == "run" else cost.chunked
+print(json.dumps({"peak": peak - since, "estimate": estimate, "every": getattr(analysis.hidden, "every", 1),
+                  "tokens": analysis.num_tokens, "seconds": seconds}))
+'''
+
+
+def measure(vision: dict, side: int, limit_mb: float, threads: int) -> dict:
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "VIT_THREADS": str(threads),
+           "VIT_ANALYSIS_MEMORY_MB": str(limit_mb), "VIT_MAX_TOKENS": "2000000",
+           "MALLOC_MMAP_THRESHOLD_": "65536", "MALLOC_TRIM_THRESHOLD_": "65536", "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, "-c", WORKER, json.dumps(vision), str(side)], capture_output=True,
+                          text=True, env=env, cwd=ROOT)
+    if done.returncode:
+        raise SystemExit(done.stderr.strip().splitlines()[-1])
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--depth", type=int, default=32)
+    parser.add_argument("--width", type=int, default=320)
+    parser.add_argument("--heads", type=int, default=2)
+    parser.add_argument("--mlp", type=int, default=0, help="the SwiGLU's width (0: 1.5 x the width)")
+    parser.add_argument("--patch", type=int, default=4)
+    parser.add_argument("--window", type=int, default=32, help="px (8 x 8 patches, as the 7B's 112 px in 14-px ones)")
+    parser.add_argument("--side", type=int, default=224, help="px, a multiple of 2 x the patch")
+    parser.add_argument("--limit", type=float, default=170, help="VIT_ANALYSIS_MEMORY_MB of the path in chunks")
+    parser.add_argument("--threads", type=int, default=1)
+    args = parser.parse_args()
+    vision = dict(depth=args.depth, hidden_size=args.width, intermediate_size=args.mlp or args.width * 3 // 2,
+                  num_heads=args.heads, out_hidden_size=24, patch_size=args.patch, spatial_merge_size=2,
+                  window_size=args.window, fullatt_block_indexes=list(range(args.depth // 4 - 1, args.depth,
+                                                                             args.depth // 4)))
+    whole = measure(vision, args.side, 1e6, args.threads)
+    chunks = measure(vision, args.side, args.limit, args.threads)
+    print(f"Qwen2.5-VL tower, {args.depth} layers x {args.width} wide, {args.heads} heads, {args.side} px "
+          f"({whole['tokens']:,} tokens); analysis, every layer's attention and norms, the rollout, the statistics")
+    print("| path | states kept | peak RSS | estimate | time |")
+    print("|---|---|---|---|---|")
+    for name, r in (("every state (baseline)", whole), (f"in chunks, bound {args.limit:g} MB", chunks)):
+        print(f"| {name} | every {r['every']} layers | {r['peak'] / 2**20:,.0f} MB | {r['estimate'] / 2**20:,.0f} MB "
+              f"| {r['seconds']:,.1f} s |")
+    print(f"peak in chunks / baseline: {chunks['peak'] / whole['peak']:.2f}x; time: "
+          f"{chunks['seconds'] / whole['seconds']:.2f}x")
+
+
+if __name__ == "__main__":
+    main()
