@@ -62,8 +62,13 @@ def test_an_alpha_that_float32_rounds_to_0_is_refused_naming_the_flag(tmp_path, 
 
 
 @pytest.mark.parametrize("mixer", ["MixUp", "CutMix"])
-def test_the_smallest_alpha_accepted_mixes_a_batch_in_torchvision(mixer):
+def test_the_smallest_alpha_accepted_mixes_a_batch_in_torchvision(mixer, monkeypatch):
     from torchvision.transforms import v2
+
+    # torch's distributions check their arguments by default, until anything in this process imports torch._dynamo
+    # (a compiled run's test, on the same xdist worker), which turns the check off for the whole process: a run has
+    # it on, as here
+    monkeypatch.setattr(torch.distributions.Distribution, "_validate_args", True)
 
     from vit.training.options import MIN_MIX_ALPHA
 
