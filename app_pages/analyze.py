@@ -13,6 +13,7 @@ from pathlib import Path
 import streamlit as st
 
 from app_pages import open_in_explorer
+from app_pages.analyze_sections.benchmark import benchmark_section
 from app_pages.analyze_sections.feature_browser import feature_browser
 from app_pages.explorer_sections.checkpoint_picker import open_from_hub, server_gate
 from app_pages.explorer_sections.long_work import long_work
@@ -91,13 +92,24 @@ choice = st.selectbox("Checkpoint", list(labels), format_func=labels.get, key="a
 hf_note = catalog.hf_cache_note(hf_listing, HF_FILTER, OPEN_PATH)
 if hf_note:
     st.caption(escape_markdown(hf_note))
+ray_address = launch.ray_address()  # $VIT_RAY_ADDRESS, set by whoever started the server, never by a visitor
+
+
+def shown(text: str) -> str:
+    """Text as this visitor may see it: behind the token (maybe from the network), the data roots by name only."""
+    return hide_data_roots(text, default_data_roots()) if gate.mode == "token" else text
+
+
+BENCHMARKS = "Which map to trust: faithfulness benchmarks"
+if st.radio("Run", ["The dataset analysis", BENCHMARKS], key="analyze_mode", horizontal=True) == BENCHMARKS:
+    benchmark_section(choice, ray_address, shown, MAX_PAGE_IMAGES)  # python -m vit.faithfulness --benchmark ...
+    st.stop()
 folder = st.text_input("Image folder", key="analyze_folder", placeholder="data/cifar10/val",
                        help="One subfolder per class, named as the checkpoint names its classes, inside the data "
                             "folders (as the Train page's folder datasets); relative to the repository.")
 limit = st.number_input(f"Images (0 = all of them, at most {MAX_PAGE_IMAGES:,} here)", min_value=0, value=500,
                         step=100, key="analyze_limit",
                         help="A seeded random sample of the folder, so every class is represented.")
-ray_address = launch.ray_address()  # $VIT_RAY_ADDRESS, set by whoever started the server, never by a visitor
 on_ray = bool(ray_address) and st.checkbox(
     "Run on the Ray cluster", key="analyze_on_ray",
     help="python -m vit.analyze --ray: Ray Data maps the images over actors on the cluster's nodes, each loading the "
@@ -134,11 +146,6 @@ def analyze_here(checkpoint, files: list, with_mechanism: bool, progress: work.P
     if with_mechanism:
         analysis.mechanism = dataset.analyze_mechanism(checkpoint, files, progress=second)
     return analysis, dataset.figures(analysis)
-
-
-def shown(text: str) -> str:
-    """Text as this visitor may see it: behind the token (maybe from the network), the data roots by name only."""
-    return hide_data_roots(text, default_data_roots()) if gate.mode == "token" else text
 
 
 def mistake_image(path: str, data: str):

@@ -23,6 +23,8 @@ import json
 import sys
 from pathlib import Path
 
+from vit.cli import UsageError
+
 PROG = "vit.faithfulness"
 # vit.explain.faithfulness's METHODS and REPLACEMENTS by name, for --help without torch (tests/test_faithfulness.py
 # checks they are the same), so that an unknown method is refused before torch loads.
@@ -67,6 +69,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=positive_int, default=16, help="images per step (default 16)")
     p.add_argument("--seed", type=int, default=0, help="for the shuffle and the random baseline (default 0)")
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto", help="where the model runs")
+    p.add_argument("--ray", metavar="ADDRESS", help="segmentation, perturbation, road, saco: run on a Ray cluster, "
+                   "submitted as a job to its dashboard address (http://HEAD:8265) and followed; needs --out")
+    p.add_argument("--workers", type=positive_int, default=None, metavar="N", help="with --ray: N actors, each "
+                   "loading the model once (default: one per GPU of the cluster, else one per CPU)")
+    p.add_argument("--ray-job", action="store_true", help=argparse.SUPPRESS)  # this command inside the Ray job
     return p
 
 
@@ -90,6 +97,8 @@ def run(args: argparse.Namespace) -> int:
     from vit.inference import preprocess
     from vit.predict import UsageError, open_checkpoint, resolve_device
 
+    if args.ray:
+        return submit_and_follow(args)
     if args.benchmark != "deletion":
         return run_benchmark(args)
     if args.methods is None:
@@ -140,57 +149,30 @@ def run(args: argparse.Namespace) -> int:
 def matched_masks(data: Path, masks: Path) -> list[tuple[Path, Path]]:
     """``(image, mask)`` for every image under ``data``, its mask the PNG of its stem under ``masks``; UsageError
     in one line when a stem repeats or an image has no mask."""
-    from vit.cli import UsageError
+    from vit.explain.benchmark_run import BenchmarkError
+    from vit.explain.benchmark_run import matched_masks as matched
     from vit.training.data import image_files
 
-    images = image_files(data)
-    if not images:
-        raise UsageError(f"no images in {data}; give a folder of images (--data) and their masks (--masks)")
-    pngs = {}
-    for path in sorted(masks.rglob("*")):
-        if path.suffix.lower() == ".png":
-            if path.stem in pngs:
-                raise UsageError(f"two masks named {path.stem} in {masks} ({pngs[path.stem]}, {path}); "
-                                 "stems must be unique")
-            pngs[path.stem] = path
-    stems = [p.stem for p in images]
-    repeated = sorted({s for s in stems if stems.count(s) > 1})
-    if repeated:
-        raise UsageError(f"images share the stem(s) {', '.join(repeated[:5])} in {data}; masks are matched by stem, "
-                         "so rename them")
-    missing = [s for s in stems if s not in pngs]
-    if missing:
-        more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
-        raise UsageError(f"no mask in {masks} for image(s) {', '.join(missing[:5])}{more}; give a PNG named by "
-                         "each image's stem (e.g. cat.jpg -> cat.png)")
-    return [(p, pngs[p.stem]) for p in images]
+    try:
+        return matched(image_files(data), masks, data)
+    except BenchmarkError as e:
+        raise UsageError(str(e)) from None
 
 
 def open_mask(mask, hw: tuple[int, int]):
-    """A 0/1 ``(H, W)`` long tensor of the PNG at ``mask`` (or a PIL image of one) resized to ``hw`` nearest (their
-    ``Image.NEAREST``)."""
-    import numpy as np
-    import torch
-    from PIL import Image
-
-    from vit.cli import UsageError
+    """``vit.explain.benchmark_run.open_mask``; UsageError in one line for a mask it cannot read."""
+    from vit.explain.benchmark_run import BenchmarkError
+    from vit.explain.benchmark_run import open_mask as opened
 
     try:
-        if isinstance(mask, Image.Image):
-            mask = mask.convert("L").resize((hw[1], hw[0]), Image.NEAREST)
-        else:
-            with Image.open(mask) as image:
-                mask = image.convert("L").resize((hw[1], hw[0]), Image.NEAREST)
-    except OSError as e:
-        raise UsageError(f"cannot read the mask {mask} ({e}); give a PNG, 0 for background") from None
-    return torch.from_numpy((np.asarray(mask) > 0).astype(np.int64))
+        return opened(mask, hw)
+    except BenchmarkError as e:
+        raise UsageError(str(e)) from None
 
 
 def check_methods(methods: list[str], checkpoint) -> None:
     """After the model loads: each method is the benchmark's own (``METHOD_NAMES``) or a map ``vit.methods()`` draws
     for this model; UsageError in one line otherwise."""
-    from vit.cli import UsageError
-
     others = [m for m in methods if m not in METHOD_NAMES]
     if not others:
         return
@@ -203,57 +185,14 @@ def check_methods(methods: list[str], checkpoint) -> None:
                          f"{', '.join([*METHOD_NAMES, *available])}")
 
 
-def method_maps(checkpoint, x, pixels, method: str, class_index, generator, as_pixels: bool = False):
-    """``(B, gh, gw)`` maps of ``x`` (normalised) for each image's ``class_index``: the benchmark's own methods
-    batched (``vit.explain.faithfulness.method_maps``), any other map of ``vit.methods()`` image by image as
-    ``vit.explain`` draws it, on the same ``pixels (B, C, H, W)`` (uint8, already at the input's size: resized
-    straight to it, not cropped again). ``as_pixels``: a method that maps the input's pixels (full LRP) gives its
-    ``(B, H, W)`` map as it is."""
-    from dataclasses import replace
-
-    import numpy as np
-    import torch
-
-    from vit import api
-    from vit.explain import faithfulness as bench
-    from vit.explain.attention_maps import MAP_CONTROLS
-
-    if method in bench.METHODS:
-        return bench.method_maps(checkpoint.model, x, method, class_index, generator, pixels=as_pixels)
-    straight = replace(checkpoint, preprocessing=replace(checkpoint.preprocessing, resize_size=None,
-                                                         resize_mode="square"))
-    reads_class = "class" in MAP_CONTROLS.get(method, ())
-    maps = [api.explain(straight, image, method, target=int(c) if reads_class else None).map
-            for image, c in zip(pixels, class_index.tolist(), strict=True)]
-    return torch.from_numpy(np.stack(maps)).to(x.device)
-
-
-def run_benchmark(args: argparse.Namespace) -> int:
-    """``--benchmark segmentation``, ``perturbation``, ``road`` or ``saco`` (the module docstring)."""
-    import time
-
-    import numpy as np
-    import torch
-    from PIL import Image
-    from tqdm import tqdm
-
+def benchmark_items(args: argparse.Namespace, checkpoint) -> tuple[list[tuple], object]:
+    """``(items, gtsegs)``: the seeded sample of ``(source, target)`` the benchmark scores (``--data``, ``--masks``,
+    ``--limit``, ``--seed``) and, for ``--data gtsegs_ijcv.mat``, the open file the sources index (else None)."""
     from vit.evaluate import labelled_files
-    from vit.explain import faithfulness as bench
     from vit.explain.dataset import sample_files
-    from vit.images import ImageError, normalize, open_image, to_uint8
-    from vit.predict import UsageError, open_checkpoint, resolve_device
     from vit.training.data import image_files
 
-    benchmark = args.benchmark
-    checkpoint = open_checkpoint(args.checkpoint, resolve_device(args.device))
-    methods = args.methods or list(bench.DEFAULT_METHODS)
-    check_methods(methods, checkpoint)
-    model = checkpoint.model.eval()
-    device = next(model.parameters()).device
-    p = checkpoint.preprocessing
-    hw = tuple(p.image_hw)
-    gtsegs = None
-    if benchmark == "segmentation" and Path(args.data).is_file():  # gtsegs_ijcv.mat: images and masks in one file
+    if args.benchmark == "segmentation" and Path(args.data).is_file():  # gtsegs_ijcv.mat: images and masks in one
         from vit.explain.gtsegs import GtSegs, GtSegsError
 
         try:
@@ -265,207 +204,133 @@ def run_benchmark(args: argparse.Namespace) -> int:
         except GtSegsError as e:
             gtsegs.close()
             raise UsageError(str(e)) from None
-        files = sample_files([(i, None) for i in range(len(gtsegs))], args.limit, args.seed)
-    elif benchmark == "segmentation":
-        files = sample_files(matched_masks(Path(args.data), Path(args.masks)), args.limit, args.seed)
-    elif benchmark == "perturbation":
-        files = sample_files(labelled_files(Path(args.data), checkpoint.class_names), args.limit, args.seed)
-    else:  # ROAD and SaCo explain the predicted class and need no label
-        files = sample_files([(path, None) for path in image_files(Path(args.data))], args.limit, args.seed)
-        if not files:
-            raise UsageError(f"no images in {args.data}; give a folder of images (--data)")
-    zero = normalize(torch.zeros(1, p.num_channels, 1, 1, dtype=torch.uint8), p.mean, p.std)[0, :, 0, 0]  # black
-    generator = torch.Generator().manual_seed(args.seed)
-    noise = {m: torch.Generator().manual_seed(args.seed) for m in methods}  # ROAD's imputation noise, per method
-    parts = {m: [] for m in methods}  # per batch: what each benchmark keeps of it (summed up below)
-    intact, seconds, skipped = [], dict.fromkeys(methods, 0.0), 0
-    bar = tqdm(total=len(files) * len(methods), unit="map", desc=benchmark, file=sys.stderr, dynamic_ncols=True)
-    for start in range(0, len(files), args.batch_size):
-        chunk, images, kept = files[start:start + args.batch_size], [], []
-        for item in chunk:
-            if gtsegs is not None:
-                try:
-                    image, mask = gtsegs.item(item[0])
-                except GtSegsError as e:
-                    raise UsageError(str(e)) from None
-                images.append(image)
-                kept.append((item[0], Image.fromarray(mask)))
-                continue
-            try:
-                images.append(open_image(item[0]))
-                kept.append(item)
-            except ImageError as e:
-                print(f"{PROG}: skipped: {e}", file=sys.stderr)
-                skipped += 1
-        if images:
-            # resized to the input, no crop: Chefer's Resize((224, 224))
-            pixels = torch.stack([to_uint8(image, hw, p.num_channels, resample=p.resample, backend=p.backend)
-                                  for image in images])  # (B, C, H, W) uint8
-            x = normalize(pixels, p.mean, p.std).to(device)
-            with torch.no_grad():
-                predicted = model(x)[0].argmax(dim=-1)
-            if benchmark == "segmentation":
-                masks = torch.stack([open_mask(mask, hw) for _, mask in kept])
-            elif benchmark == "perturbation":
-                target = torch.tensor([label for _, label in kept], device=device)
-                intact.append((predicted == target).cpu().numpy().astype(np.float64))
-            for method in methods:
-                began = time.perf_counter()
-                # their vis_class "top"; full LRP's pixels as they are in Chefer's tests (their full_lrp: no upsampling)
-                maps = method_maps(checkpoint, x, pixels, method, predicted, generator,
-                                   benchmark in ("segmentation", "perturbation"))
-                if benchmark == "segmentation":
-                    parts[method].append(bench.segmentation_counts(maps, masks))
-                elif benchmark == "perturbation":
-                    parts[method].append([bench.perturbation_hits(model, x, maps, target, zero, negative,
-                                                                  args.batch_size) for negative in (False, True)])
-                elif benchmark == "road":  # their ROADCombined's order: least relevant first, then most
-                    parts[method].append([bench.road_scores(model, x, maps, predicted, most, generator=noise[method],
-                                                            batch_size=args.batch_size) for most in (False, True)])
-                else:
-                    parts[method].append(bench.saco_coefficient(*bench.saco_groups(model, x, maps, predicted,
-                                                                                   args.groups, args.batch_size)))
-                seconds[method] += time.perf_counter() - began
-                bar.update(len(images))
-        bar.update((len(chunk) - len(images)) * len(methods))
-    bar.close()
+        return sample_files([(i, None) for i in range(len(gtsegs))], args.limit, args.seed), gtsegs
+    if args.benchmark == "segmentation":
+        return sample_files(matched_masks(Path(args.data), Path(args.masks)), args.limit, args.seed), None
+    if args.benchmark == "perturbation":
+        return sample_files(labelled_files(Path(args.data), checkpoint.class_names), args.limit, args.seed), None
+    files = [(path, None) for path in image_files(Path(args.data))]  # ROAD and SaCo explain the predicted class
+    if not files:
+        raise UsageError(f"no images in {args.data}; give a folder of images (--data)")
+    return sample_files(files, args.limit, args.seed), None
+
+
+def explain_any(checkpoint, image, method: str, target: int | None = None):
+    """``vit.api.explain``: every map ``vit.methods()`` draws, for the benchmark's methods beyond its own."""
+    from vit import api
+
+    return api.explain(checkpoint, image, method, target=target)
+
+
+def run_benchmark(args: argparse.Namespace) -> int:
+    """``--benchmark segmentation``, ``perturbation``, ``road`` or ``saco`` (the module docstring)."""
+    import torch
+    from PIL import Image
+    from tqdm import tqdm
+
+    from vit.explain import benchmark_run as run_
+    from vit.explain import faithfulness as bench
+    from vit.predict import open_checkpoint, resolve_device
+
+    # In the cluster's job this process only lists the items and joins the scores: the actors run the model.
+    checkpoint = open_checkpoint(args.checkpoint, torch.device("cpu") if args.ray_job else resolve_device(args.device))
+    settings = run_.Settings(args.benchmark, tuple(args.methods or bench.DEFAULT_METHODS), args.groups,
+                             args.batch_size, args.seed)
+    check_methods(list(settings.methods), checkpoint)
+    items, gtsegs = benchmark_items(args, checkpoint)
+    read = run_.read_file
     if gtsegs is not None:
-        gtsegs.close()
-    count = len(files) - skipped
-    if count == 0:
-        raise UsageError(f"none of the {len(files)} images in {args.data} could be read")
-    scores = {m: summary(benchmark, parts[m], np.concatenate(intact).mean() if intact else None) for m in methods}
-    for method in methods:
-        scores[method]["images_per_s"] = count / seconds[method] if seconds[method] else None
-    result = {"checkpoint": str(args.checkpoint), "data": str(args.data), "benchmark": benchmark,
-              "images": count, "explained_class": "predicted", "methods": scores}
-    if benchmark == "segmentation":
-        result["masks"] = str(args.masks)
-    elif benchmark == "perturbation":
-        result["removed"] = [0.0, *bench.PERTURBATION_STEPS]
-        result["model_accuracy"] = float(np.concatenate(intact).mean())
-    elif benchmark == "road":
-        result["percentiles"] = list(bench.ROAD_PERCENTILES)
-        result["removed"] = [(100 - q) / 100 for q in bench.ROAD_PERCENTILES]
-        result["noise"] = bench.ROAD_NOISE
-    else:
-        result["groups"] = args.groups
+        from vit.explain.gtsegs import GtSegsError
+
+        def read(item: tuple):  # the image and its mask, from the file
+            try:
+                image, mask = gtsegs.item(item[0])
+            except GtSegsError as e:
+                raise UsageError(str(e)) from None
+            return image, Image.fromarray(mask)
+
+    bar = tqdm(total=len(items) * len(settings.methods), unit="map", desc=args.benchmark, file=sys.stderr,
+               dynamic_ncols=True)
+    try:
+        if args.ray_job:
+            from vit.runs.ray_faithfulness import score_on_cluster
+
+            batches, workers = score_on_cluster(args.checkpoint, settings, items, args.workers, args.device,
+                                                str(args.data) if gtsegs is not None else None, explain_any,
+                                                progress=lambda done, total: bar.update(done - bar.n))
+        else:
+            batches, workers = run_.score_items(checkpoint, settings, items, read, explain_any,
+                                                progress=lambda done, total: bar.update(done - bar.n)), None
+    except run_.BenchmarkError as e:
+        raise UsageError(str(e)) from None
+    finally:
+        bar.close()
+        if gtsegs is not None:
+            gtsegs.close()
+    skipped = [line for batch in batches for line in batch.skipped]
+    for line in skipped:
+        print(f"{PROG}: skipped: {line}", file=sys.stderr)
+    about = {"checkpoint": str(args.checkpoint), "data": str(args.data)}
+    if args.benchmark == "segmentation":
+        about["masks"] = str(args.masks)
+    try:
+        result = run_.report(settings, batches, about, workers)
+    except run_.BenchmarkError:
+        raise UsageError(f"none of the {len(items)} images in {args.data} could be read") from None
     print(json.dumps(result, indent=2))
-    text = table(result)
+    text = run_.table(result)
     print(text, file=sys.stderr)
-    write_out(args.out, result, text)
+    run_.write_out(args.out, result, text)
     return 1 if skipped else 0
 
 
-def summary(benchmark: str, parts: list, accuracy: float | None) -> dict:
-    """One method's scores from its per-batch ``parts`` (see ``run_benchmark``)."""
-    import numpy as np
-
-    from vit.explain import faithfulness as bench
-
-    if benchmark == "segmentation":
-        return bench.segmentation_scores(*(np.concatenate(arrays) for arrays in zip(*parts, strict=True)))
-    if benchmark == "perturbation":
-        scores = {}
-        for i, order in enumerate(("positive", "negative")):
-            curve = np.concatenate([part[i] for part in parts], axis=1).mean(axis=1)  # (S,)
-            scores[f"{order}_auc"] = bench.perturbation_auc(float(accuracy), curve)
-            scores[f"{order}_accuracy"] = [float(accuracy), *map(float, curve)]
-        return scores
-    if benchmark == "road":
-        least, most = (np.concatenate([part[i] for part in parts], axis=1) for i in (0, 1))  # (P, images)
-        return {"most_relevant_first": float(most.mean()), "least_relevant_first": float(least.mean()),
-                "combined": float(((least.mean(axis=0) - most.mean(axis=0)) / 2).mean()),
-                "most_relevant_first_curve": most.mean(axis=1).tolist(),
-                "least_relevant_first_curve": least.mean(axis=1).tolist()}
-    coefficients = np.concatenate(parts)
-    defined = coefficients[~np.isnan(coefficients)]
-    return {"saco": float(defined.mean()) if len(defined) else None,
-            "saco_std": float(defined.std()) if len(defined) else None,
-            "undefined": int(np.isnan(coefficients).sum())}
-
-
 def table(result: dict) -> str:
-    """A Markdown table of ``result``'s scalar scores per method."""
-    rows = result["methods"]
-    columns = [k for k, v in next(iter(rows.values())).items() if not isinstance(v, (list, dict))]
-    if not columns:  # deletion: {"mean", "std"} each
-        columns = list(next(iter(rows.values())))
-        cells = {m: [f"{s[c]['mean']:.4f} ± {s[c]['std']:.4f}" for c in columns] for m, s in rows.items()}
-    else:
-        cells = {m: ["-" if s[c] is None else f"{s[c]:.4f}" for c in columns] for m, s in rows.items()}
-    lines = [f"| method | {' | '.join(columns)} |", "|---" * (len(columns) + 1) + "|"]
-    lines += [f"| {m} | {' | '.join(c)} |" for m, c in cells.items()]
-    return "\n".join(lines)
+    """A Markdown table of ``result``'s scalar scores per method (``vit.explain.benchmark_run.table``)."""
+    from vit.explain.benchmark_run import table as markdown_table
+
+    return markdown_table(result)
 
 
 def write_out(out: str | None, result: dict, text: str) -> None:
-    """``--out DIR``: the JSON and the Markdown table."""
-    if out is None:
-        return
-    folder = Path(out)
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "faithfulness.json").write_text(json.dumps(result, indent=2) + "\n")
-    title = f"# {result.get('benchmark', 'deletion')} on {result['images']} images of {result['data']}"
-    (folder / "faithfulness.md").write_text(f"{title}\n\nModel: {result['checkpoint']}\n\n{text}\n")
-    if result.get("benchmark", "deletion") != "deletion":
-        plot(result, folder / "faithfulness.png")
+    """``--out DIR``: the JSON, the Markdown table and (but for deletion) the plot."""
+    from vit.explain.benchmark_run import write_out as written
+
+    written(out, result, text)
 
 
-def plot(result: dict, path: Path) -> None:
-    """``--out``'s figure: the segmentation and SaCo scores as bars per method, the perturbation and ROAD curves per
-    method."""
-    import matplotlib
+def submit_and_follow(args: argparse.Namespace) -> int:
+    """``--ray ADDRESS``: this command with absolute paths, run as a Ray job; its log followed until it ends."""
+    from vit.runs import ray_jobs
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import numpy as np
+    jobs, sid = submit(args)
+    print(f"{PROG}: submitted job {sid} to {args.ray}; Ctrl-C stops it", flush=True)
+    return ray_jobs.follow_to_the_end(jobs, sid, PROG, "the benchmark ends without writing its report")
 
-    methods = result["methods"]
-    if result["benchmark"] == "segmentation":
-        fig, ax = plt.subplots(figsize=(1.6 + 0.9 * len(methods), 3.6))
-        metrics = ("pixel_accuracy", "mIoU", "mAP")
-        width = 0.8 / len(metrics)
-        for i, metric in enumerate(metrics):
-            ax.bar(np.arange(len(methods)) + (i - 1) * width, [s[metric] for s in methods.values()], width,
-                   label=metric)
-        ax.set_xticks(range(len(methods)), list(methods), rotation=30, ha="right")
-        ax.set_ylim(0, 1)
-        ax.legend()
-    elif result["benchmark"] == "saco":
-        fig, ax = plt.subplots(figsize=(1.6 + 0.7 * len(methods), 3.6))
-        ax.bar(range(len(methods)), [np.nan if s["saco"] is None else s["saco"] for s in methods.values()],
-               yerr=[np.nan if s["saco_std"] is None else s["saco_std"] for s in methods.values()], capsize=3)
-        ax.set_xticks(range(len(methods)), list(methods), rotation=30, ha="right")
-        ax.axhline(0, color="grey", lw=0.8)
-        ax.set_ylim(-1, 1)
-        ax.set_ylabel(f"SaCo (K = {result['groups']}), mean ± std")
-    elif result["benchmark"] == "road":
-        fig, axes = plt.subplots(1, 2, figsize=(9, 3.6), sharey=True)
-        for ax, order in zip(axes, ("most_relevant_first", "least_relevant_first"), strict=True):
-            for method, scores in methods.items():
-                ax.plot(result["removed"], scores[f"{order}_curve"], marker="o", ms=3,
-                        label=f"{method} ({scores[order]:.3f})")
-            ax.set_title(order.replace("_", " ") + " imputed")
-            ax.set_xlabel("share of pixels imputed")
-            ax.axhline(0, color="grey", lw=0.8)
-            ax.legend(fontsize=7)
-        axes[0].set_ylabel("change of the class probability")
-    else:
-        fig, axes = plt.subplots(1, 2, figsize=(9, 3.6), sharey=True)
-        for ax, order in zip(axes, ("positive", "negative"), strict=True):
-            for method, scores in methods.items():
-                ax.plot(result["removed"], scores[f"{order}_accuracy"], marker="o", ms=3,
-                        label=f"{method} ({scores[f'{order}_auc']:.3f})")
-            ax.set_title(f"{order}: {'most' if order == 'positive' else 'least'} relevant removed first")
-            ax.set_xlabel("share of pixels removed")
-            ax.legend(fontsize=7)
-        axes[0].set_ylabel("top-1 accuracy")
-    fig.suptitle(f"{result['benchmark']}, {result['images']} images")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
 
+def submit(args: argparse.Namespace) -> tuple[object, str]:
+    """Submit ``args`` (with ``--ray ADDRESS``) as a Ray job that runs this command with ``--ray-job``: (the job
+    client, the submission id). UsageError in one line for a cluster that refuses it."""
+    import shlex
+
+    from vit.analyze import command_line
+    from vit.runs import ray_analyze, ray_jobs
+    from vit.sources.hub import looks_like_name
+
+    # The job runs in a copy of the code elsewhere: every path absolute (check_args has checked they exist).
+    absolute = {key: str(Path(getattr(args, key)).expanduser().resolve()) for key in ("data", "masks", "out")
+                if getattr(args, key) is not None}
+    if not looks_like_name(args.checkpoint):  # a Hub id: the job fetches it into the cluster's HF cache
+        absolute["checkpoint"] = str(Path(args.checkpoint).expanduser().resolve())
+    job = argparse.Namespace(**{**vars(args), **absolute, "ray": None, "ray_job": True,
+                                "methods": ",".join(args.methods) if args.methods else None})
+    out = Path(absolute["out"])
+    sid = ray_analyze.job_id(out).replace("analyze-", "faithfulness-", 1)
+    entrypoint = shlex.join(["python", "-m", PROG, *command_line(build_parser(), job)])
+    try:
+        jobs = ray_jobs.submit_job(args.ray, entrypoint, sid, {"vit_faithfulness": str(out)}, what="benchmark")
+    except ray_jobs.RayRunError as e:
+        raise UsageError(str(e)) from None
+    return jobs, sid
 
 
 def check_args(args: argparse.Namespace) -> None:
@@ -482,6 +347,15 @@ def check_args(args: argparse.Namespace) -> None:
     if args.benchmark == "segmentation" and args.masks is None and not Path(args.data).is_file():
         raise UsageError("--benchmark segmentation needs --masks DIR: a PNG per image, named by the image's stem (or "
                          "--data gtsegs_ijcv.mat alone)")
+    if (args.ray or args.ray_job) and args.benchmark == "deletion":
+        raise UsageError("--ray runs --benchmark segmentation, perturbation, road or saco; deletion runs here only")
+    if args.ray and args.ray_job:
+        raise UsageError("--ray and --ray-job exclude each other")
+    if args.ray and args.out is None:
+        raise UsageError("--ray needs --out DIR, on storage every node of the cluster mounts: the job writes the "
+                         "report there")
+    if args.workers is not None and not (args.ray or args.ray_job):
+        raise UsageError("--workers needs --ray ADDRESS: locally the benchmark runs in this process")
     if args.benchmark != "segmentation" and args.masks is not None:
         raise UsageError(f"--masks is for --benchmark segmentation, not {args.benchmark}")
     check_model_path(args.checkpoint)

@@ -178,19 +178,21 @@ def in_file_order(parts: Iterable[dict[str, np.ndarray]], total: int) -> Iterato
         raise RuntimeError(f"the cluster returned image summaries for {following} of {total} files in order")
 
 
-_BAR = re.compile(r"analysing:[^\n\r|]*\|[^|\n\r]*\|\s*(\d+)/(\d+)")  # vit.analyze's tqdm bar: "... | 8/25 [..."
+_BAR = r"{}:[^\n\r|]*\|[^|\n\r]*\|\s*(\d+)/(\d+)"  # a command's tqdm bar, "DESC: ... | 8/25 [..."
 
 
-def images_done(log: str) -> int:
-    """The images the job's log says are analysed: its progress bar's last count (0 before the first batch)."""
-    found = _BAR.findall(log[-65536:])  # the bar's latest states are at the end; the log grows with the run
+def images_done(log: str, desc: str = "analysing") -> int:
+    """The images the job's log says are analysed: its progress bar's last count (0 before the first batch);
+    ``desc``: the bar's name (vit.faithfulness's is its benchmark, counting maps)."""
+    found = re.findall(_BAR.format(re.escape(desc)), log[-65536:])  # the bar's latest states are at the end
     return int(found[-1][0]) if found else 0
 
 
 def wait_for_job(jobs, sid: str, total: int, progress: Callable[[int, int], None], poll: float = 1.0,
-                 stop_wait: float = 30.0) -> str:
+                 stop_wait: float = 30.0, desc: str = "analysing") -> str:
     """Wait for the analysis job ``sid`` (``jobs``: its JobSubmissionClient) to end; Ray's final status
-    (SUCCEEDED, FAILED, STOPPED). Every ``poll`` seconds ``progress(done, total)`` is told the images done.
+    (SUCCEEDED, FAILED, STOPPED). Every ``poll`` seconds ``progress(done, total)`` is told the images done (the
+    count of the log's bar named ``desc``).
 
     Whatever ``progress`` raises (a page's Stop, its session's end) stops the job through the Jobs API first, waits
     up to ``stop_wait`` seconds for it to end, then propagates; a job that cannot be stopped is a RayRunError in one
@@ -201,7 +203,7 @@ def wait_for_job(jobs, sid: str, total: int, progress: Callable[[int, int], None
             status = str(jobs.get_job_status(sid).value)
             if status in TERMINAL:
                 return status
-            done = max(done, images_done(jobs.get_job_logs(sid)))
+            done = max(done, images_done(jobs.get_job_logs(sid), desc))
         except Exception as e:  # noqa: BLE001 - Ray raises ConnectionError, RuntimeError, ... over many lines
             raise RayRunError(f"lost the analysis job {sid}: {_first_line(e)}; see it with `ray job status {sid}`"
                               ) from None
