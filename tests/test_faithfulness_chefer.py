@@ -102,15 +102,17 @@ def test_segmentation_equals_their_eval_batch_and_totals(monkeypatch):
 
 
 @pytest.mark.parametrize("method, theirs", [("attn-gradcam", "attn_gradcam"), ("lrp-partial", "lrp_last_layer"),
-                                             ("lrp-full", "full_lrp")])
+                                             ("lrp-full", "full_lrp"), ("rollout", "rollout"),
+                                             ("transformer_attribution", "transformer_attribution")])
 def test_baselines_segmentation_equals_their_eval_batch_with_their_generators(monkeypatch, method, theirs):
     """Chefer's three baselines through their eval_batch, their maps from their generators on their models with
     our weights (float64: LRP's sums nearly cancel), against ours through method_maps and segmentation_counts.
-    Their eval_batch reads 224 px inputs and a 14 x 14 grid: a two-layer ViT-B/16-shaped model 32 wide."""
-    from tests.reference.chefer import ViT_new, ViT_orig_LRP
+    Their eval_batch reads 224 px inputs and a 14 x 14 grid: a two-layer ViT-B/16-shaped model 32 wide. Also their
+    rollout and transformer attribution, which their script rolls out from layer 1 (start_layer=1)."""
+    from tests.reference.chefer import ViT_LRP, ViT_new, ViT_orig_LRP
     from tests.reference.chefer.ViT_explanation_generator import LRP, Baselines
     from tests.test_chefer_baselines import random_vit, reference
-    from vit.explain.faithfulness import method_maps
+    from vit.explain.faithfulness import CHEFER_START_LAYER, method_maps
     from vit.model import ViTConfig
 
     monkeypatch.setattr(torch.Tensor, "cuda", lambda self, *a, **k: self)
@@ -122,6 +124,7 @@ def test_baselines_segmentation_equals_their_eval_batch_with_their_generators(mo
     namespace = {name: getattr(metrices, name) for name in metrices.__all__}
     namespace.update(np=np, torch=torch, F=torch.nn.functional, batch_size=1,
                      baselines=Baselines(reference(model, ViT_new)), orig_lrp=LRP(reference(model, ViT_orig_LRP)),
+                     lrp=LRP(reference(model, ViT_LRP)),
                      args=argparse.Namespace(method=theirs, save_img=False, thr=0.0, is_ablation=False),
                      iterator=Progress((image[None], m[None]) for image, m in zip(images, masks, strict=True)))
     namespace["get_f1_scores"] = lambda predict, target: 0.0
@@ -130,7 +133,7 @@ def test_baselines_segmentation_equals_their_eval_batch_with_their_generators(mo
          namespace)
 
     predicted = model(images)[0].argmax(-1)
-    maps = method_maps(model, images, method, predicted, pixels=True)
+    maps = method_maps(model, images, method, predicted, pixels=True, start_layer=CHEFER_START_LAYER)
     assert maps.shape == ((4, 224, 224) if method == "lrp-full" else (4, 14, 14))
     ours = segmentation_scores(*segmentation_counts(maps, masks))
     assert ours["pixel_accuracy"] == pytest.approx(namespace["pixAcc"], abs=1e-6)

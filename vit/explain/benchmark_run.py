@@ -109,18 +109,21 @@ def open_mask(mask: Path | Image.Image, hw: tuple[int, int]) -> Tensor:
 
 
 def method_maps(checkpoint: Checkpoint, x: Tensor, pixels: Tensor, method: str, class_index: Tensor,
-                generator: torch.Generator | None, as_pixels: bool = False, explain: Explain | None = None) -> Tensor:
+                generator: torch.Generator | None, as_pixels: bool = False, explain: Explain | None = None,
+                start_layer: int = 0) -> Tensor:
     """``(B, gh, gw)`` maps of ``x`` (normalised) for each image's ``class_index``: the benchmark's own methods
     batched (``vit.explain.faithfulness.method_maps``), any other map image by image through ``explain``
     (``vit.api.explain``, which draws every map of ``vit.methods()``) on the same ``pixels (B, C, H, W)`` (uint8,
     already at the input's size: resized straight to it, not cropped again). ``as_pixels``: a method that maps the
-    input's pixels (full LRP) gives its ``(B, H, W)`` map as it is."""
+    input's pixels (full LRP) gives its ``(B, H, W)`` map as it is. ``start_layer``: the first layer the benchmark's
+    rollout and transformer attribution roll out (``bench.CHEFER_START_LAYER`` in Chefer et al.'s two tests)."""
     from dataclasses import replace
 
     from vit.explain.attention_maps import MAP_CONTROLS
 
     if method in bench.METHODS:
-        return bench.method_maps(checkpoint.model, x, method, class_index, generator, pixels=as_pixels)
+        return bench.method_maps(checkpoint.model, x, method, class_index, generator, pixels=as_pixels,
+                                 start_layer=start_layer)
     if explain is None:
         raise BenchmarkError(f"unknown method {method!r}; choose from: {', '.join(bench.METHODS)}")
     straight = replace(checkpoint, preprocessing=replace(checkpoint.preprocessing, resize_size=None,
@@ -181,9 +184,11 @@ def score_batch(checkpoint: Checkpoint, settings: Settings, start: int, images: 
     generator = torch.Generator().manual_seed(seed)  # the random baseline's maps
     for method in settings.methods:
         began = time.perf_counter()
-        # their vis_class "top"; full LRP's pixels as they are in Chefer's tests (their full_lrp: no upsampling)
-        maps = method_maps(checkpoint, x, pixels, method, predicted, generator,
-                           benchmark in ("segmentation", "perturbation"), explain)
+        # their vis_class "top"; full LRP's pixels as they are in Chefer's tests (their full_lrp: no upsampling), and
+        # rollout and transformer attribution from their start_layer
+        chefer = benchmark in ("segmentation", "perturbation")
+        maps = method_maps(checkpoint, x, pixels, method, predicted, generator, chefer, explain,
+                           bench.CHEFER_START_LAYER if chefer else 0)
         if benchmark == "segmentation":
             part = bench.segmentation_counts(maps, masks)
         elif benchmark == "perturbation":

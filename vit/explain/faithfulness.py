@@ -145,9 +145,11 @@ def auc(fractions: np.ndarray, curve: np.ndarray) -> np.ndarray:
 
 
 def method_maps(model: torch.nn.Module, images: Tensor, method: str, class_index: Tensor,
-                generator: torch.Generator | None = None, pixels: bool = False) -> Tensor:
+                generator: torch.Generator | None = None, pixels: bool = False, start_layer: int = 0) -> Tensor:
     """The ``(B, gh, gw)`` map of ``method`` (a key of ``METHODS``) for each image's class; CLS is the query.
-    With ``pixels``, a method of ``PIXEL_METHODS`` gives its ``(B, H, W)`` map of the input's pixels instead."""
+    With ``pixels``, a method of ``PIXEL_METHODS`` gives its ``(B, H, W)`` map of the input's pixels instead.
+    ``start_layer``: the first layer rollout and transformer attribution roll out (Chefer et al.'s benchmark
+    scripts, ``imagenet_seg_eval.py`` and ``generate_visualizations.py``, pass 1: ``CHEFER_START_LAYER``)."""
     grid = model.patch_grid(images.shape[2], images.shape[3])
     prefix = model.num_prefix_tokens
     if method == "random":
@@ -159,7 +161,7 @@ def method_maps(model: torch.nn.Module, images: Tensor, method: str, class_index
         if method == "attention":
             return token_map(fuse_heads(attentions[-1]), 0, grid, prefix)
         if method == "rollout":
-            return token_map(rollout(attentions, num_prefix_tokens=prefix), 0, grid, prefix)
+            return token_map(rollout(attentions[start_layer:], num_prefix_tokens=prefix), 0, grid, prefix)
         return attention_flow(attentions, query=0)[:, prefix:].reshape(-1, *grid)
     if method == "class":
         _, attentions, gradients = class_gradients(model, images, class_index)
@@ -167,7 +169,8 @@ def method_maps(model: torch.nn.Module, images: Tensor, method: str, class_index
     if method == "legrad":
         return legrad(model, images, class_index)
     if method == "transformer_attribution":
-        return token_map(transformer_attribution(model, images, class_index), 0, grid, prefix)
+        return token_map(transformer_attribution(model, images, class_index, start_layer=start_layer), 0, grid,
+                         prefix)
     if method == "attnlrp":
         return patch_sums(attnlrp(model, images, class_index), grid)
     if method == "attn-gradcam":
@@ -186,6 +189,9 @@ def method_maps(model: torch.nn.Module, images: Tensor, method: str, class_index
 # As their baselines/ViT/imagenet_seg_eval.py, utils/metrices.py and pertubation_eval_from_hdf5.py
 # (github.com/hila-chefer/Transformer-Explainability @ c3e578f; tests/test_faithfulness_chefer.py compares with them).
 
+# The first layer their scripts roll out for rollout and transformer attribution (generate_rollout(start_layer=1),
+# generate_LRP(start_layer=1, method="transformer_attribution") in imagenet_seg_eval.py and generate_visualizations.py)
+CHEFER_START_LAYER = 1
 PERTURBATION_STEPS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)  # their --scale per: shares of the input's pixels
 
 

@@ -430,12 +430,13 @@ def _attention_relevances(model: ViT, cache: dict[str, Tensor], logits: Tensor, 
 
 
 def transformer_attribution(model: ViT, images: Tensor, class_index: int | Tensor | None = None,
-                            end_layer: int | None = None) -> Tensor:
+                            end_layer: int | None = None, start_layer: int = 0) -> Tensor:
     """Chefer, Gur & Wolf 2021a: each layer's LRP relevance of its attention times its gradient, rolled out.
 
     Per layer ``Ā = mean_heads(clamp(grad * R_attn, min=0))``, then ``R = Π (I + Ā)`` as in
     ``gradient_rollout``. Returns ``(B, T, T)``; ``token_map(result, 0, grid)`` is the paper's
-    map for each image's class (default: the predicted one).
+    map for each image's class (default: the predicted one). ``start_layer``: the first layer rolled out (their
+    ``generate_LRP(start_layer=...)``; their benchmark scripts pass 1); ``end_layer`` counts from layer 0.
     """
     _check_lrp(model, "Chefer et al.'s LRP", "rolls out T x T relevance matrices of one grid")
     names = [f"blocks.{layer}.{name}" for layer in range(len(model.blocks)) for name in _TRACED] + ["hook_normed"]
@@ -449,7 +450,8 @@ def transformer_attribution(model: ViT, images: Tensor, class_index: int | Tenso
         with torch.no_grad():
             cams, _ = _attention_relevances(model, {k: v.detach() for k, v in cache.items()}, encoding.logits,
                                             index)
-    return gradient_rollout(cams, [g.detach() for g in gradients], end_layer)
+    last = len(cams) if end_layer is None else (end_layer % len(cams)) + 1
+    return gradient_rollout(cams[start_layer:last], [g.detach() for g in gradients][start_layer:last])
 
 
 def _check_lrp(model: ViT, what: str, why: str) -> None:
