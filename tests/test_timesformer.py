@@ -175,3 +175,20 @@ def test_the_two_partitions_group_a_position_over_time_and_a_frame_over_space():
     groups = partition(x, by_position)  # (B * 12, 2, 1), batch-major
     assert groups.shape == (24, 2, 1) and groups[12 + 7, :, 0].tolist() == [24 + 7, 24 + 19]
     assert torch.equal(unpartition(groups, by_position), x)
+
+
+def test_predict_saves_each_layers_spatial_and_temporal_attentions(tmp_path, capsys):
+    import json
+
+    from vit.predict import main
+
+    model, _ = timesformer_folder(tmp_path / "timesformer", 4, 24, 32)
+    write_gif(tmp_path / "clip.gif", 4)
+    capsys.readouterr()  # transformers' saving progress
+    status = main([str(tmp_path / "timesformer"), str(tmp_path / "clip.gif"), "--save-maps", str(tmp_path / "maps")])
+    [record] = json.loads(capsys.readouterr().out)
+    saved = np.load(record["maps"]["npz"])
+    assert status == 0 and saved["grid"].tolist() == [4, 3, 4] and int(saved["tubelet"]) == 1
+    assert saved["layer_1"].shape == (4, 4, 13, 13) and saved["temporal_1"].shape == (12, 4, 4, 4)
+    assert np.allclose(saved["layer_0"].sum(-1), 1, atol=1e-5) and np.allclose(saved["temporal_0"].sum(-1), 1,
+                                                                                atol=1e-5)

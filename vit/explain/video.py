@@ -96,7 +96,8 @@ def analyse_clip(checkpoint: Checkpoint, frames: Sequence[Image.Image], top_k: i
     cache = ByteCache(LAYER_CACHE_BYTES)
     analysis = Analysis(prediction=prediction, attentions=LayerAttentions(model, hidden, cache, folded), grid=folded,
                         patch_size=c.patch_size, input_size=(folded[0] * c.patch_hw[0], width),
-                        num_prefix_tokens=model.num_prefix_tokens, hidden=hidden, training_size=None, cache=cache, position_table=False)
+                        num_prefix_tokens=model.num_prefix_tokens, hidden=hidden, training_size=None, cache=cache,
+                        position_table=False)
     return ClipAnalysis(analysis, grid, c.tubelet_size, list(frames))
 
 
@@ -210,7 +211,8 @@ def query_token(grid: tuple[int, int, int], tubelet: int, query: int | Sequence[
 def explain_clip(checkpoint: Checkpoint, frames: Sequence[Image.Image], method: str = "attention",
                  layer: int | None = None, head: int | None = None, query: int | Sequence[int] | None = None,
                  max_tokens: int | None = None) -> ClipExplanation:
-    """The ``method`` map (``CLIP_MAP_KINDS``; TimeSformer's ``DIVIDED_MAP_KINDS``) of a clip's frames (sampled to the model's ``num_frames``): ``layer``
+    """The ``method`` map (``CLIP_MAP_KINDS``; TimeSformer's ``DIVIDED_MAP_KINDS``) of a clip's frames (sampled to
+    the model's ``num_frames``): ``layer``
     (attention, norms; rollout's last layer; default the last), ``head`` (attention; default the mean), ``query``
     (attention, rollout: a token or ``(frame, row, col)``; default token 0). ValueError in one line otherwise."""
     divided = is_divided(checkpoint)

@@ -244,7 +244,8 @@ class ViTConfig:
                                        or self.num_prefix_tokens != 1 or not self.pos_embed):
             raise ValueError("ViTConfig.divided_attention is TimeSformer's: a video model of one-frame tubelets, a CLS "
                              "token and a learned position table")
-        if self.num_frames and ((self.num_prefix_tokens and not self.divided_attention) or self.rope != "none" or self.rel_pos != "none"
+        prefix = self.num_prefix_tokens and not self.divided_attention  # TimeSformer's CLS is its own
+        if self.num_frames and (prefix or self.rope != "none" or self.rel_pos != "none"
                                 or self.window_size or self.stage_depths or self.projector != "none"
                                 or self.patch_norm or self.patch_kernel or self.max_num_patches or self.sincos_pos):
             raise ValueError("ViTConfig.num_frames (a video model) needs global attention over its tubelets: no "
