@@ -333,7 +333,8 @@ def explain(checkpoint: Checkpoint, image: ImageLike, method: str = "rollout", *
     A video model (VideoMAE) takes a clip instead of ``image``: a GIF, a folder of frames or a list of PIL images,
     sampled uniformly to its ``num_frames``; ``method`` is attention, rollout or norms and ``query`` a token
     (time-major) or ``(frame, row, col)``; it returns a ``vit.explain.video.ClipExplanation`` whose ``map`` is
-    ``(frames, rows, cols)``, a tubelet's value repeated over its frames.
+    ``(frames, rows, cols)``, a tubelet's value repeated over its frames. TimeSformer: attention (the spatial one),
+    temporal or norms, its CLS token 0 and the patches after it; rollout is refused (two attentions per block).
     """
     if video.is_video(checkpoint):
         return _explain_clip(checkpoint, image, method, target, layer, head, query, size, max_tokens)

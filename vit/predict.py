@@ -36,7 +36,10 @@ A video model (VideoMAE) takes clips instead: each IMAGE is an animated GIF or a
 need PyAV, not installed here), sampled uniformly to the model's ``num_frames``; with ``--save-maps`` its
 ``<stem>.npz`` holds ``layer_i`` (heads, T, T) over the tubelet tokens (time-major: token ``n`` is tubelet
 ``(n // (rows*cols), n // cols % rows, n % cols)``), ``grid`` (tubelets, rows, cols), ``tubelet`` (frames per
-token) and ``frames`` (the sampled frame indices).
+token) and ``frames`` (the sampled frame indices). TimeSformer's divided layers are saved as its blocks compute them:
+``layer_i`` (frames, heads, 1 + P, 1 + P), each frame's spatial attention with the CLS copied in front (HF's
+``output_attentions``), and ``temporal_i`` (P, heads, frames, frames), each patch position ``row*cols + col`` over its
+frames; P = rows*cols.
 
 ``--ablate 2.3,4.1`` zero-ablates those heads
 (LAYER.HEAD, counted from 1) for everything above: their outputs are zeroed before the output projection.
@@ -535,7 +538,7 @@ def run_clips(checkpoint: Checkpoint, args: argparse.Namespace) -> int:
     import numpy as np
 
     from vit.clips import ClipError, read_clip
-    from vit.explain.video import analyse_clip
+    from vit.explain.video import analyse_clip, divided_attentions
 
     for flag, value in (("--labels", args.labels), ("--ablate", args.ablate), ("--size", args.size),
                         ("--keep-aspect", args.keep_aspect), ("--template", args.template)):
@@ -559,8 +562,15 @@ def run_clips(checkpoint: Checkpoint, args: argparse.Namespace) -> int:
                                                        for label, p in prediction.top_k]}
         if maps_dir is not None:
             path = maps_dir / f"{unique_stem(Path(source), taken)}.npz"
-            layers = {f"layer_{i}": a[0].numpy().astype(args.maps_dtype)
-                      for i, a in enumerate(clip.analysis.attentions)}  # each (heads, T, T)
+            if c.divided_attention:  # TimeSformer: each layer's two attentions, as its blocks compute them
+                layers = {}
+                for i in range(len(clip.analysis.attentions)):
+                    spatial, temporal = divided_attentions(clip, i)
+                    layers[f"layer_{i}"] = spatial.numpy().astype(args.maps_dtype)  # (frames, heads, 1 + P, 1 + P)
+                    layers[f"temporal_{i}"] = temporal.numpy().astype(args.maps_dtype)  # (P, heads, frames, frames)
+            else:
+                layers = {f"layer_{i}": a[0].numpy().astype(args.maps_dtype)
+                          for i, a in enumerate(clip.analysis.attentions)}  # each (heads, T, T)
             extra = dict(probabilities=prediction.probabilities, logits=prediction.logits,
                          class_names=np.array(checkpoint.class_names)) if checkpoint.class_names else {}
             np.savez(path, **layers, **extra, grid=np.array(clip.grid), tubelet=np.array(clip.tubelet),

@@ -31,6 +31,17 @@ from vit.inference import predictions_from_logits, seen_region
 from vit.model.layouts import clip_grid, clip_token, folded_grid, frame_maps
 
 CLIP_MAP_KINDS = ("attention", "rollout", "norms")  # the maps drawn from one forward's attentions and states
+# TimeSformer (divided attention): each block's two attentions, the spatial one ("attention", HF's
+# output_attentions) and the temporal one; rollout is refused (below), norms read the hidden states as for VideoMAE
+DIVIDED_MAP_KINDS = ("attention", "temporal", "norms")
+DIVIDED_ROLLOUT = ("rollout is not drawn for TimeSformer: its blocks attend twice (over time, then within a frame, "
+                   "with a dense layer between), and rollout is defined for one attention per block; choose "
+                   f"{', '.join(DIVIDED_MAP_KINDS)}")
+
+
+def is_divided(checkpoint: Checkpoint) -> bool:
+    """Whether the checkpoint's model divides its attention over time and space (TimeSformer)."""
+    return bool(getattr(checkpoint.model.config, "divided_attention", False))
 
 
 def is_video(checkpoint: Checkpoint) -> bool:
@@ -53,8 +64,8 @@ class ClipAnalysis:
         return self.grid[0] * self.tubelet
 
     def token(self, time: int, row: int, col: int) -> int:
-        """The token of the tubelet holding frame ``time``'s patch ``(row, col)``."""
-        return clip_token(self.grid, time // self.tubelet, row, col)
+        """The token of the tubelet holding frame ``time``'s patch ``(row, col)`` (after the prefix tokens)."""
+        return self.analysis.num_prefix_tokens + clip_token(self.grid, time // self.tubelet, row, col)
 
     def maps(self, values: torch.Tensor | np.ndarray) -> np.ndarray:
         """Per-token values ``(..., t*gh*gw)`` -> per-frame maps ``(..., frames, gh, gw)``."""
@@ -85,22 +96,76 @@ def analyse_clip(checkpoint: Checkpoint, frames: Sequence[Image.Image], top_k: i
     cache = ByteCache(LAYER_CACHE_BYTES)
     analysis = Analysis(prediction=prediction, attentions=LayerAttentions(model, hidden, cache, folded), grid=folded,
                         patch_size=c.patch_size, input_size=(folded[0] * c.patch_hw[0], width),
-                        num_prefix_tokens=0, hidden=hidden, training_size=None, cache=cache, position_table=False)
+                        num_prefix_tokens=model.num_prefix_tokens, hidden=hidden, training_size=None, cache=cache,
+                        position_table=False)
     return ClipAnalysis(analysis, grid, c.tubelet_size, list(frames))
+
+
+def divided_attentions(clip: ClipAnalysis, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """TimeSformer's two attentions in ``layer``, recomputed from its input state: the spatial one ``(t, nh, 1 + P,
+    1 + P)`` (frame ``f``'s CLS copy and patches, row-major: HF's ``output_attentions``) and the temporal one ``(P, nh,
+    t, t)`` (patch position ``p = row*gw + col`` over its frames: HF's ``temporal_attention``'s), float32 on the CPU;
+    ``P = gh*gw``."""
+    model = clip.analysis.attentions.model
+    kept: dict[str, torch.Tensor] = {}
+
+    def keep(x: torch.Tensor, hook) -> None:
+        kept["temporal"] = x
+
+    device = next(model.parameters()).device
+    x = clip.analysis.hidden[layer][None].to(device)  # (1, T, D)
+    with torch.inference_mode(), model.hooks([(f"blocks.{layer}.temporal_attn.hook_pattern", keep)]):
+        _, [spatial] = model.run_blocks(x, clip.analysis.grid, layer, layer + 1, output_attentions=True)
+    return spatial.float().cpu(), kept["temporal"].float().cpu()
+
+
+def _divided_map(clip: ClipAnalysis, kind: str, layer: int, head: int | None, query: int) -> np.ndarray:
+    """TimeSformer's ``kind`` ("attention": spatial, or "temporal") map of token ``query`` (0: the CLS; ``1 + n``:
+    patch token ``n``, time-major) in ``layer``, ``(heads or 1, frames, gh, gw)``, the keys' probabilities where they
+    sit: a patch's spatial row on its own frame (the CLS key left out, DINO's way), the CLS's row in each frame (its
+    copy there; its output is their mean); a patch's temporal row on its own position in every frame. Zero elsewhere."""
+    t, gh, gw = clip.grid
+    spatial, temporal = divided_attentions(clip, layer)
+    heads = spatial.shape[1]
+    maps = torch.zeros(heads, t, gh, gw)
+    if query == 0:
+        if kind == "temporal":
+            raise ValueError("the CLS token takes no part in TimeSformer's temporal attention; click a patch")
+        maps[:] = spatial[:, :, 0, 1:].transpose(0, 1).reshape(heads, t, gh, gw)
+    else:
+        frame, position = divmod(query - 1, gh * gw)
+        if kind == "temporal":
+            maps.view(heads, t, gh * gw)[:, :, position] = temporal[position, :, frame]  # (heads, t)
+        else:
+            maps[:, frame] = spatial[frame, :, 1 + position, 1:].reshape(heads, gh, gw)
+    return (maps.mean(dim=0, keepdim=True) if head is None else maps[head:head + 1]).numpy()
 
 
 def clip_map(clip: ClipAnalysis, settings: MapSettings) -> np.ndarray:
     """The ``(frames, gh, gw)`` map of ``settings`` (its ``query`` a token index: ``ClipAnalysis.token``), each
     tubelet's value repeated over its frames; ValueError (one line) for a map not drawn for clips."""
-    if settings.kind not in CLIP_MAP_KINDS:
+    if getattr(clip.analysis.attentions.model.config, "divided_attention", False):
+        if settings.kind == "rollout":
+            raise ValueError(DIVIDED_ROLLOUT)
+        if settings.kind in ("attention", "temporal"):
+            return _divided_map(clip, settings.kind, settings.layer % len(clip.analysis.attentions), settings.head,
+                                settings.query)[0]
+        if settings.kind not in DIVIDED_MAP_KINDS:
+            raise ValueError(f"{MAP_KINDS.get(settings.kind, settings.kind)} is not drawn for clips yet; choose one "
+                             f"of: {', '.join(DIVIDED_MAP_KINDS)}")
+    elif settings.kind not in CLIP_MAP_KINDS:
         name = MAP_KINDS.get(settings.kind, settings.kind)
         raise ValueError(f"{name} is not drawn for clips yet; choose one of: {', '.join(CLIP_MAP_KINDS)}")
     folded = attention_map(clip.analysis, settings)  # (t*gh, gw): row-major is the time-major token order
     return clip.maps(folded.reshape(-1))
 
 
-def head_clip_maps(clip: ClipAnalysis, query: int, layer: int) -> np.ndarray:
-    """Every head's map of ``query`` in ``layer``: ``(heads, frames, gh, gw)``."""
+def head_clip_maps(clip: ClipAnalysis, query: int, layer: int, kind: str = "attention") -> np.ndarray:
+    """Every head's map of ``query`` in ``layer``: ``(heads, frames, gh, gw)`` (``kind`` "temporal": TimeSformer's
+    temporal attention's)."""
+    if getattr(clip.analysis.attentions.model.config, "divided_attention", False):
+        heads = clip.analysis.attentions.num_heads
+        return np.stack([_divided_map(clip, kind, layer, h, query)[0] for h in range(heads)])
     maps = head_maps(clip.analysis, query, layer)  # (H, t*gh, gw)
     return clip.maps(maps.reshape(maps.shape[0], -1))
 
@@ -126,15 +191,17 @@ class ClipExplanation:
             self.seen, self.map, strict=True)]
 
 
-def query_token(grid: tuple[int, int, int], tubelet: int, query: int | Sequence[int] | None) -> int:
-    """A query given as a token index (time-major), or as ``(frame, row, col)``, -> its token; 0 when None."""
+def query_token(grid: tuple[int, int, int], tubelet: int, query: int | Sequence[int] | None, prefix: int = 0
+                ) -> int:
+    """A query given as a token index (the ``prefix`` tokens first, then the patches time-major), or as ``(frame, row,
+    col)``, -> its token; 0 when None."""
     if query is None:
         return 0
     if isinstance(query, (tuple, list)):
         if len(query) != 3 or not all(isinstance(v, int) and not isinstance(v, bool) for v in query):
             raise ValueError(f"a clip's query is a token index or (frame, row, col), got {str(query)[:40]}")
-        return clip_token(grid, query[0] // tubelet, query[1], query[2])
-    tokens = grid[0] * grid[1] * grid[2]
+        return prefix + clip_token(grid, query[0] // tubelet, query[1], query[2])
+    tokens = prefix + grid[0] * grid[1] * grid[2]
     if isinstance(query, bool) or not isinstance(query, int) or not -tokens <= query < tokens:
         raise ValueError(f"query {str(query)[:40]} is out of range: this clip has {tokens} tokens "
                          f"({grid[0]} x {grid[1]} x {grid[2]} tubelets)")
@@ -144,12 +211,17 @@ def query_token(grid: tuple[int, int, int], tubelet: int, query: int | Sequence[
 def explain_clip(checkpoint: Checkpoint, frames: Sequence[Image.Image], method: str = "attention",
                  layer: int | None = None, head: int | None = None, query: int | Sequence[int] | None = None,
                  max_tokens: int | None = None) -> ClipExplanation:
-    """The ``method`` map (``CLIP_MAP_KINDS``) of a clip's frames (sampled to the model's ``num_frames``): ``layer``
+    """The ``method`` map (``CLIP_MAP_KINDS``; TimeSformer's ``DIVIDED_MAP_KINDS``) of a clip's frames (sampled to
+    the model's ``num_frames``): ``layer``
     (attention, norms; rollout's last layer; default the last), ``head`` (attention; default the mean), ``query``
     (attention, rollout: a token or ``(frame, row, col)``; default token 0). ValueError in one line otherwise."""
-    if method not in CLIP_MAP_KINDS:
+    divided = is_divided(checkpoint)
+    kinds = DIVIDED_MAP_KINDS if divided else CLIP_MAP_KINDS
+    if divided and method == "rollout":
+        raise ValueError(DIVIDED_ROLLOUT)
+    if method not in kinds:
         name = MAP_KINDS.get(method, method)
-        raise ValueError(f"{name} is not drawn for clips yet; choose one of: {', '.join(CLIP_MAP_KINDS)}")
+        raise ValueError(f"{name} is not drawn for clips yet; choose one of: {', '.join(kinds)}")
     if method == "norms" and (head is not None or query is not None):
         raise ValueError("norms reads layer alone")
     if method == "rollout" and head is not None:
@@ -160,11 +232,11 @@ def explain_clip(checkpoint: Checkpoint, frames: Sequence[Image.Image], method: 
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not -count <= value < count):
             raise ValueError(f"{name} {str(value)[:40]} is out of range: this model has {count} {name}s")
     clip = analyse_clip(checkpoint, frames, max_tokens=max_tokens)
-    token = query_token(clip.grid, clip.tubelet, query)
+    token = query_token(clip.grid, clip.tubelet, query, model.num_prefix_tokens)
     layer = -1 if layer is None else layer
     settings = MapSettings(kind=method, layer=layer, end_layer=layer, head=None if head is None else head % H,
                            query=token)
-    heads = head_clip_maps(clip, token, layer % L) if method == "attention" else None
+    heads = head_clip_maps(clip, token, layer % L, method) if method in ("attention", "temporal") else None
     return ClipExplanation(method, clip_map(clip, settings).astype(np.float32), clip.frames,
                            [seen_region(f, checkpoint.preprocessing) for f in clip.frames], clip.grid, token,
                            clip.analysis.prediction if checkpoint.class_names else None, heads)

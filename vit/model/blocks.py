@@ -14,7 +14,15 @@ from torch import nn
 from vit.bounds import BIAS_CHUNK_BYTES
 from vit.model.config import ViTConfig
 from vit.model.hooks import PLAIN_RULES, HookPoint, activate, active_hooks, current_rules
-from vit.model.layouts import RelativePositionBias, decomposed_rel_pos, neighbourhood_bias, padding_bias
+from vit.model.layouts import (
+    RelativePositionBias,
+    decomposed_rel_pos,
+    divided_partitions,
+    neighbourhood_bias,
+    padding_bias,
+    partition,
+    unpartition,
+)
 from vit.model.positions import apply_rope
 from vit.model.stages import (
     LayerLayout,
@@ -543,6 +551,14 @@ class Block(Parent):
         post = config.post_norm
         self.post_norm1 = make_norm(config, d) if post else None
         self.post_norm2 = make_norm(config, d) if post else None
+        # TimeSformer (divided_attention): before the spatial attention (self.attn, each frame's patches with the CLS
+        # copied in front), the patches attend over their own position's frames: HF's temporal_layernorm,
+        # temporal_attention and temporal_dense; the CLS takes no part in it. frames: the clip's, which the
+        # partitions need (the blocks see the folded grid (t*gh, gw)); 0 in every other model.
+        self.frames = config.num_frames if config.divided_attention else 0
+        self.temporal_norm = make_norm(config, d) if self.frames else None
+        self.temporal_attn = Attention(config) if self.frames else None
+        self.temporal_dense = nn.Linear(d, d) if self.frames else None
         self.res_norm1 = make_norm(config, d) if config.res_post_norm else None
         self.res_norm2 = make_norm(config, d) if config.res_post_norm else None
         self.drop_path_rate = drop_path_rate
@@ -558,6 +574,10 @@ class Block(Parent):
         self.hook_resid_mid, self.hook_mlp_in, self.hook_mlp_out = HookPoint(), HookPoint(), HookPoint()
         self.hook_resid_post = HookPoint()
         self.hook_merged = HookPoint() if merge is not None else None
+        # TimeSformer: the temporal branch as added to the patch tokens (B, t*gh*gw, D), after temporal_dense; the
+        # temporal attention's pattern is blocks.i.temporal_attn.hook_pattern, (B * gh*gw, nh, t, t), a patch
+        # position's frames in order (vit.model.layouts.divided_partitions)
+        self.hook_temporal_out = HookPoint() if self.frames else None
 
     def grid_after(self, grid: tuple[int, int]) -> tuple[int, int]:
         """This block's own grid, given the grid of the stream it receives (its merge's output grid, if any)."""
@@ -605,23 +625,27 @@ class Block(Parent):
         (``ViT.layer_layouts``; None: ``self.layout`` of its grid); ``variant``: the block computed as an
         ``AttentionVariant`` says (its attention's pairs, with or without the residual and the MLP; None: as the
         model does), in a global block alone."""
-        if variant is not None and (self.window or self.mask_units or self.merge is not None):
+        if variant is not None and (self.window or self.mask_units or self.merge is not None or self.frames):
             raise ValueError("an attention variant (SCLIP, NACLIP, ClearCLIP, CLIP Surgery) changes a global block; "
                              "this one attends in windows or opens a stage")
         x = self.hook_resid_pre(x)
+        if self.frames:
+            x = self._temporal(x, grid)  # (B, T, D): the patches plus their attention over time
         if self.merge is not None and grid is None:
             raise ValueError("this block merges patches, so the patch grid must be given")
         if self.merge is not None and self.pool == 1 and not isinstance(self.merge, QueryPool):
             x = self.hook_merged(self.merge(x, grid))  # (B, T', D')
             grid = self.merge.grid_after(grid)
         h = self.hook_attn_in(self.norm1(x))
-        if key_mask is not None and (self.window or self.mask_units or self.merge is not None):
+        if key_mask is not None and (self.window or self.mask_units or self.merge is not None or self.frames):
             raise ValueError("padding tokens (NaFlex batches) meet windows, mask units or a merge only on a plain grid")
         if isinstance(self.merge, QueryPool):  # Hiera / SAM 2: the residual and the queries pooled from norm1(x)
             x = self.hook_merged(self.merge(h, grid))  # (B, T', D')
             y, probs = self._pooled_attention(h, grid, output_attentions)
         elif self.mask_units:
             y, probs = self._pooled_attention(h, grid, output_attentions)
+        elif self.frames:
+            y, probs = self._spatial(h, grid, output_attentions)
         elif self.window:
             if grid is None:
                 raise ValueError("this model attends within windows, so the patch grid must be given")
@@ -680,3 +704,36 @@ class Block(Parent):
         windows = shift_windows(h, grid, w, 0, True)  # (B * nw, w*w, D)
         y, probs = self.attn(windows, output_attentions, grid=(w, w), pool=s)  # (B * nw, (w/s)**2, D')
         return unshift_windows(y, layout.grid, w // s, 0, True), probs
+
+    def clip_grid(self, grid: tuple[int, int] | None) -> tuple[int, int, int]:
+        """TimeSformer: the clip ``(t, gh, gw)`` whose folded grid ``(t*gh, gw)`` this block receives."""
+        if grid is None or grid[0] % self.frames:
+            raise ValueError(f"this block divides its attention over {self.frames} frames, so the clip's folded "
+                             f"grid (frames*rows, cols) must be given, got {grid}")
+        return self.frames, grid[0] // self.frames, grid[1]
+
+    def _temporal(self, x: torch.Tensor, grid: tuple[int, int] | None) -> torch.Tensor:
+        """TimeSformer's temporal step on the stream ``x`` (B, 1 + t*gh*gw, D): each patch position's tokens attend
+        over its frames (their own norm and attention), then ``temporal_dense``; added to the patches alone."""
+        by_position, _ = divided_partitions(self.clip_grid(grid))
+        patches = x[:, 1:]  # (B, t*gh*gw, D)
+        h = partition(self.temporal_norm(patches), by_position)  # (B * gh*gw, t, D)
+        y, _ = self.temporal_attn(h)  # (B * gh*gw, t, D); its pattern at temporal_attn.hook_pattern
+        y = drop_path(unpartition(y, by_position), self.drop_path_rate, self.training)  # (B, t*gh*gw, D)
+        y = self.hook_temporal_out(self.temporal_dense(y))
+        return torch.cat([x[:, :1], patches + y], dim=1)
+
+    def _spatial(self, h: torch.Tensor, grid: tuple[int, int] | None, output_attentions: bool
+                 ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """TimeSformer's spatial attention on the normed stream ``h`` (B, 1 + t*gh*gw, D): each frame's patches, the
+        CLS copied in front, attend among themselves; the CLS's outputs are averaged over the frames (HF
+        ``TimesformerLayer``). Returns (B, 1 + t*gh*gw, D) and the attention ``(B * t, nh, 1 + gh*gw, 1 + gh*gw)``
+        (frame-major within each clip: HF's ``output_attentions``)."""
+        B, _, D = h.shape
+        _, by_frame = divided_partitions(self.clip_grid(grid))
+        t = by_frame.shape[0]
+        frames = partition(h[:, 1:], by_frame)  # (B * t, gh*gw, D)
+        cls = h[:, :1].repeat_interleave(t, dim=0)  # (B * t, 1, D): the CLS in front of every frame
+        y, probs = self.attn(torch.cat([cls, frames], dim=1), output_attentions)  # (B * t, 1 + gh*gw, D)
+        cls = y[:, :1].reshape(B, t, D).mean(dim=1, keepdim=True)  # (B, 1, D)
+        return torch.cat([cls, unpartition(y[:, 1:], by_frame)], dim=1), probs

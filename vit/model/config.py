@@ -131,6 +131,9 @@ class ViTConfig:
     sinusoid_pos: bool = False  # VideoMAE: the fixed 1D sine-cosine table of "Attention is all you need" over the
     # token index (time-major), for the model's own clip alone (HF refuses other sizes, and so do we)
     fc_norm_eps: float = 0.0  # fc_norm's own eps (VideoMAE's is nn.LayerNorm's default 1e-5); 0: layer_norm_eps
+    divided_attention: bool = False  # TimeSformer: each block attends over time (a patch over its position in every
+    # frame), then over space (within a frame, the CLS copied into each and its outputs averaged); a learned table
+    # per frame (time_embed) joins the frame's spatial one (vit.model.layouts.divided_partitions)
 
     def __post_init__(self) -> None:
         for name in ("image_size", "patch_size"):
@@ -174,7 +177,8 @@ class ViTConfig:
             raise ValueError(f"ViTConfig.layer_norm_eps must be positive and below 1, got {self.layer_norm_eps!r}")
         for name in ("distillation_token", "distillation_head", "fc_norm", "pos_embed_antialias", "class_token",
                      "pos_embed", "key_bias", "pre_norm", "gated_mlp", "mlp_norm", "post_norm", "final_norm",
-                     "patch_norm", "embed_norm", "proj_bias", "sincos_pos", "pool_prefix", "qk_norm", "sinusoid_pos"):
+                     "patch_norm", "embed_norm", "proj_bias", "sincos_pos", "pool_prefix", "qk_norm", "sinusoid_pos",
+                     "divided_attention"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"ViTConfig.{name} must be true or false, got {getattr(self, name)!r}")
         if self.distillation_head and not (self.distillation_token and self.num_classes):
@@ -236,7 +240,12 @@ class ViTConfig:
                              "together: a clip of whole tubelets")
         if self.sinusoid_pos and (not self.num_frames or self.pos_embed):
             raise ValueError("ViTConfig.sinusoid_pos is VideoMAE's fixed table: a video model without a learned one")
-        if self.num_frames and (self.num_prefix_tokens or self.rope != "none" or self.rel_pos != "none"
+        if self.divided_attention and (not self.num_frames or self.tubelet_size != 1 or not self.class_token
+                                       or self.num_prefix_tokens != 1 or not self.pos_embed):
+            raise ValueError("ViTConfig.divided_attention is TimeSformer's: a video model of one-frame tubelets, a CLS "
+                             "token and a learned position table")
+        prefix = self.num_prefix_tokens and not self.divided_attention  # TimeSformer's CLS is its own
+        if self.num_frames and (prefix or self.rope != "none" or self.rel_pos != "none"
                                 or self.window_size or self.stage_depths or self.projector != "none"
                                 or self.patch_norm or self.patch_kernel or self.max_num_patches or self.sincos_pos):
             raise ValueError("ViTConfig.num_frames (a video model) needs global attention over its tubelets: no "
@@ -500,7 +509,7 @@ NORMS = ("layer", "rms")
 POOL_HEADS = ("map", "aimv2")
 # qwen: Qwen-VL's patch merger (each spatial_merge unit); internvl: InternVL's pixel shuffle (each projector_unit unit)
 PROJECTORS = ("none", "mlp", "linear", "gemma3", "qwen", "internvl")
-POS_RESIZES = ("bicubic", "bilinear", "bilinear_corners")
+POS_RESIZES = ("bicubic", "bilinear", "bilinear_corners", "nearest")
 ACTIVATIONS = ("gelu", "gelu_tanh", "quick_gelu", "silu", "relu")  # relu: nn.TransformerEncoderLayer's default
 
 PRESETS: dict[str, ViTConfig] = {

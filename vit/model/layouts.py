@@ -241,3 +241,30 @@ def frame_maps(values: torch.Tensor, grid: tuple[int, int, int], tubelet: int) -
         raise ValueError(f"{values.shape[-1]} values do not fit a clip of {t} x {gh} x {gw} tubelets")
     maps = values.reshape(*values.shape[:-1], t, gh, gw)  # time-major: time, then rows, then columns
     return maps.repeat_interleave(tubelet, dim=-3)  # (..., t*tubelet, gh, gw)
+
+
+# --- TimeSformer's divided space-time attention: two layouts of one block ------------------------------------------
+# Each is a partition of a clip's patch tokens (time-major, the prefix left out) into groups that attend within
+# themselves, held as an index tensor (groups, group length): the temporal attention's groups are the patch
+# positions (each over its frames), the spatial attention's the frames (each over its patches, row-major).
+
+def divided_partitions(grid: tuple[int, int, int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The clip ``(t, gh, gw)``'s two partitions: ``by_position`` ``(gh*gw, t)`` (group ``p``: the tokens of patch
+    position ``p`` in frame order) and ``by_frame`` ``(t, gh*gw)`` (group ``f``: frame ``f``'s tokens, row-major)."""
+    t, gh, gw = grid
+    by_frame = torch.arange(t * gh * gw).view(t, gh * gw)
+    return by_frame.T, by_frame
+
+
+def partition(x: torch.Tensor, groups: torch.Tensor) -> torch.Tensor:
+    """Tokens ``(B, N, D)`` -> the groups of a partition ``groups`` ``(G, L)``, ``(B * G, L, D)`` (batch-major)."""
+    B, _, D = x.shape
+    G, L = groups.shape
+    return x[:, groups.reshape(-1).to(x.device)].reshape(B * G, L, D)
+
+
+def unpartition(y: torch.Tensor, groups: torch.Tensor) -> torch.Tensor:
+    """``partition``'s inverse: ``(B * G, L, D)`` -> ``(B, G*L, D)`` in token order (a partition is a permutation)."""
+    G, L = groups.shape
+    inverse = torch.argsort(groups.reshape(-1)).to(y.device)
+    return y.reshape(-1, G * L, y.shape[-1])[:, inverse]

@@ -28,8 +28,11 @@ def resample_pos_embed(pos_embed: torch.Tensor, new_grid: tuple[int, int],
     dim, dtype = pos_embed.shape[-1], pos_embed.dtype
     grid = grid.reshape(1, old_grid[0], old_grid[1], dim).permute(0, 3, 1, 2).float()  # (1, D, gh, gw)
     corners = mode == "bilinear_corners"
-    grid = F.interpolate(grid, size=tuple(new_grid), mode="bilinear" if corners else mode, align_corners=corners,
-                         antialias=antialias)
+    if mode == "nearest":  # takes no align_corners
+        grid = F.interpolate(grid, size=tuple(new_grid), mode="nearest")
+    else:
+        grid = F.interpolate(grid, size=tuple(new_grid), mode="bilinear" if corners else mode,
+                             align_corners=corners, antialias=antialias)
     grid = grid.permute(0, 2, 3, 1).reshape(1, new_grid[0] * new_grid[1], dim).to(dtype)
     return torch.cat([prefix, grid], dim=1)
 

@@ -55,8 +55,12 @@ class ViT(Parent):
         self.reg_token = (nn.Parameter(torch.zeros(1, config.num_register_tokens, d))
                           if config.num_register_tokens else None)
         table = config.pos_embed_grid ** 2 or config.num_patches  # SAM 2's background table is its own size
+        if config.divided_attention:  # TimeSformer's table is one frame's, shared by every frame
+            table = config.grid_size[0] * config.grid_size[1]
         self.pos_embed = (nn.Parameter(torch.zeros(1, config.num_positioned_prefix_tokens + table, d))
                           if config.pos_embed else None)
+        # TimeSformer: a learned entry per frame, added to that frame's patches after the spatial table
+        self.time_embed = nn.Parameter(torch.zeros(1, config.num_frames, d)) if config.divided_attention else None
         self.pos_embed_window = (nn.Parameter(torch.zeros(1, config.pos_embed_window ** 2, d))
                                  if config.pos_embed_window else None)
         self.norm_pre = make_norm(config, d) if config.pre_norm else None
@@ -82,7 +86,7 @@ class ViT(Parent):
         self.deepstack = nn.ModuleList(Projector(config, shuffled_norm=True) for _ in config.deepstack_layers) \
             if config.deepstack_layers else None
         self.apply(_init_weights)
-        for token in (self.pos_embed, self.cls_token, self.dist_token, self.reg_token):
+        for token in (self.pos_embed, self.cls_token, self.dist_token, self.reg_token, self.time_embed):
             if token is not None:
                 nn.init.trunc_normal_(token, std=0.02)
         if self.attn_pool is not None:
@@ -209,6 +213,9 @@ class ViT(Parent):
             raise ValueError(f"expected clips of shape (batch, frames, {c.num_channels}, height, width), got "
                              f"{tuple(images.shape)}")
         grid = clip_grid(images.shape[1], images.shape[3], images.shape[4], c.tubelet_size, c.patch_hw)
+        if c.divided_attention and grid[0] != c.clip_grid[0]:  # its blocks divide over the model's own frames
+            raise ValueError(f"this model takes clips of {c.num_frames} frames (its divided attention is built for "
+                             f"them, as HF TimeSformer's layers are), got {images.shape[1]}")
         if c.sinusoid_pos and grid != c.clip_grid:  # its fixed table numbers the model's own clip's tokens
             (h, w), frames = c.image_hw, c.num_frames
             raise ValueError(f"this model takes clips of {frames} frames of {w}x{h} px (its fixed positions number "
@@ -262,7 +269,12 @@ class ViT(Parent):
         positioned = c.num_positioned_prefix_tokens
         prefix = [t for t in (self.cls_token, self.dist_token, self.reg_token) if t is not None]
         prefix = torch.cat(prefix, dim=1).expand(B, -1, -1) if prefix else x[:, :0]  # (B, P, D)
-        if self.pos_embed is None:
+        if c.divided_attention:  # TimeSformer: each frame's patches + the spatial table, then + that frame's entry
+            t, gh, gw = c.clip_grid[0], grid[0] // c.clip_grid[0], grid[1]
+            pos = resample_pos_embed(self.pos_embed, (gh, gw), c.grid_size, 1, False, c.pos_resize)  # (1, 1 + P, D)
+            x = x.view(B, t, gh * gw, -1) + pos[:, None, 1:] + self.time_embed[:, :, None]  # (B, t, gh*gw, D)
+            x = torch.cat([prefix + pos[:, :1], x.flatten(1, 2)], dim=1)  # (B, 1 + t*gh*gw, D)
+        elif self.pos_embed is None:
             if c.sinusoid_pos:
                 x = x + sinusoid_table(x.shape[1], x.shape[-1], x.device).to(x.dtype)  # (B, t*gh*gw, D)
             if c.sincos_pos:
@@ -310,7 +322,7 @@ class ViT(Parent):
                 raise ValueError("this model turns q and k by rotary positions, so the patch grid must be given")
             rope = self.rotary(tuple(grid), x.device)
         c = self.config
-        if grid is None and (c.rel_pos != "none" or c.window_size or c.stage_depths):
+        if grid is None and (c.rel_pos != "none" or c.window_size or c.stage_depths or c.divided_attention):
             raise ValueError("this model's attention layout (relative positions, windows) needs the patch grid")
         grid = None if grid is None else tuple(grid)
         # BEiT's shared bias, (nh, T, T) whole: each layer forms the rows it needs, a query chunk at a time (at 16,384

@@ -78,6 +78,7 @@ from vit.sources import (
     import_scratch,
     import_siglip,
     import_swin,
+    import_timesformer,
     import_timm,
     import_torchvision,
     import_videomae,
@@ -458,6 +459,10 @@ def _default_preprocessing(config: ViTConfig, architecture: str) -> Preprocessin
     if architecture.startswith("VideoMAE"):  # VideoMAEImageProcessor: the short side to 224, crop, bilinear, 0.5
         return Preprocessing(side, channels, (0.5,) * channels, (0.5,) * channels, resize_size=min(config.image_hw),
                              resize_mode="shortest_edge", resample="bilinear", crop_rule="transformers")
+    if architecture.startswith("Timesformer"):  # TimesformerVideoProcessor: the short side to 224, crop, ImageNet's
+        return Preprocessing(side, channels, IMAGENET_MEAN[:channels], IMAGENET_STD[:channels],
+                             resize_size=min(config.image_hw), resize_mode="shortest_edge", resample="bilinear",
+                             crop_rule="transformers")
     if architecture.startswith("DeiT"):
         return Preprocessing(side, channels, IMAGENET_MEAN[:channels], IMAGENET_STD[:channels],
                              resize_size=side * 256 // 224, resize_mode="square", resample="bicubic",
@@ -586,7 +591,8 @@ HF_FAMILIES = {"dinov3_vit": (import_dinov3, ("DINOv3ViTModel",)),
                 "aimv2_vision_model": (import_aimv2, ("Aimv2VisionModel",)),
                 "qwen2_5_vl": (import_qwen, import_qwen.ARCHITECTURES),
                 "qwen3_vl": (import_qwen, import_qwen.QWEN3_ARCHITECTURES),
-                "videomae": (import_videomae, tuple(import_videomae.ARCHITECTURES))}
+                "videomae": (import_videomae, tuple(import_videomae.ARCHITECTURES)),
+                "timesformer": (import_timesformer, tuple(import_timesformer.ARCHITECTURES))}
 HF_REFUSED: dict[str, str] = {}  # model_type -> one line on why it is not opened
 HF_VLMS = {**import_vlm.ARCHITECTURES, **import_internvl.ARCHITECTURES}  # model_type -> the VLMs whose tower opens
 # model_type -> the module that reads a VLM's tower and projector (reading, wanted, config_from_hf, ...)
