@@ -20,7 +20,8 @@ from test_input_box import ramp_image, span_from_output
 from vit.checkpoint import Preprocessing
 from vit.images import resized_size
 from vit.inference import input_box, preprocess, seen_region
-from vit.sources.open import HF_BACKEND_ENV, SourceError, open_source
+from vit.sources.hf_preprocessing import HF_BACKEND_ENV
+from vit.sources.open import SourceError, open_source
 
 timm = pytest.importorskip("timm")
 transformers = pytest.importorskip("transformers")
