@@ -128,7 +128,8 @@ def clip_view(checkpoint: Checkpoint, fingerprint: tuple, model_key: str) -> Non
         if query is not None and query[0] // clip.tubelet == position // clip.tubelet:
             query_patch = query[1] * gw + query[2]
         shown_place.plotly_chart(
-            clips.frame_picker_figure(overlays[position], explained.map[position], position, query_patch),
+            clips.frame_picker_figure(drawing.display_image(overlays[position]), explained.map[position], position,
+                                     query_patch),
             key=PICKER_KEY, on_select=partial(_pick_query, model_key, position, grid), selection_mode="points",
             config=PICKER_CONFIG, width="stretch")
         what = MAP_KINDS[kind] + (f", layer {layer} of {L}" if kind != "rollout" else f", layers 1–{layer}")
