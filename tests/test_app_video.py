@@ -124,3 +124,16 @@ def test_the_export_is_an_animated_gif_of_every_frame_within_its_bound():
 def test_the_sampling_caption_names_every_sampled_frame():
     caption = clips.sampling_caption([0, 2, 5, 7], 10)
     assert caption.startswith("Uniform sampling of 4 frames over 10: frames 0, 2, 5, 7")
+
+
+def test_a_zips_declared_sizes_are_checked_before_its_frames_are_inflated(monkeypatch):
+    from vit.clips import ClipError, read_clip_bytes
+
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
+        for i in range(4):
+            archive.writestr(f"frame{i}.png", b"\0" * 2**20)  # 1 MB each as declared, a few KB deflated
+    monkeypatch.setenv("VIT_ANALYSIS_MEMORY_MB", "1")
+    with pytest.raises(ClipError, match="declare 4 MB") as error:
+        read_clip_bytes(buffer.getvalue(), "bomb.zip", 4)
+    assert "\n" not in str(error.value) and len(buffer.getvalue()) < 2**16
