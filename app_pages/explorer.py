@@ -12,6 +12,7 @@ from app_pages import open_in_explorer
 from app_pages.explorer_sections import (
     analyses,
     ask_in_words,
+    clip_view,
     features,
     image_picker,
     main_view,
@@ -33,7 +34,7 @@ from app_pages.explorer_sections.probe_snapshots import probe_snapshots
 from app_pages.explorer_sections.state import Shown, keep_settings
 from vit.app import catalog, explorer, share, vlm_words, words
 from vit.checkpoint import CheckpointError
-from vit.explain import image_analysis
+from vit.explain import image_analysis, video
 from vit.images import ImageError
 from vit.inference import NonFiniteOutput, input_box, seen_region
 from vit.sources.text_tower import has_text_tower
@@ -42,8 +43,8 @@ from vit.text import escape_markdown
 # Settings must survive a run in which their widget is not drawn (a rejected upload stops the page early; a closed
 # tab hides its toggle): Streamlit forgets such widget state unless it is written back. Each section names its own
 # (a fragment also writes its own back on its own reruns); the page writes back all of them before any may stop it.
-keep_settings(image_picker.KEPT + map_settings.KEPT + main_view.KEPT + analyses.KEPT + ask_in_words.KEPT
-              + features.KEPT + mechanism.KEPT + DENSE_KEPT)
+keep_settings(clip_view.KEPT + image_picker.KEPT + map_settings.KEPT + main_view.KEPT + analyses.KEPT
+              + ask_in_words.KEPT + features.KEPT + mechanism.KEPT + DENSE_KEPT)
 
 
 # -- checkpoint -----------------------------------------------------------------------------------------------
@@ -68,6 +69,9 @@ class_names = checkpoint.class_names
 model_key = explorer.image_digest(choice.encode())[:10]  # widgets whose range depends on the model
 if checkpoint.metadata.get("preprocessing_guessed"):  # bare weights: say what the images are prepared with
     st.sidebar.warning(escape_markdown(checkpoint.metadata["preprocessing_guessed"]))
+if video.is_video(checkpoint):  # a clip in, its maps per frame (issue 65); the image sections below take images
+    clip_view.clip_view(checkpoint, fingerprint, model_key)
+    st.stop()
 
 
 full_checkpoint, full_fingerprint = checkpoint, fingerprint

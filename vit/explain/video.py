@@ -215,6 +215,15 @@ def explain_clip(checkpoint: Checkpoint, frames: Sequence[Image.Image], method: 
     the model's ``num_frames``): ``layer``
     (attention, norms; rollout's last layer; default the last), ``head`` (attention; default the mean), ``query``
     (attention, rollout: a token or ``(frame, row, col)``; default token 0). ValueError in one line otherwise."""
+    check_clip_settings(checkpoint, method, layer, head, query)
+    return explain_analysed(checkpoint, analyse_clip(checkpoint, frames, max_tokens=max_tokens), method, layer, head,
+                            query)
+
+
+def check_clip_settings(checkpoint: Checkpoint, method: str, layer: int | None, head: int | None,
+                        query: int | Sequence[int] | None) -> None:
+    """ValueError (one line) for a method not drawn for clips (TimeSformer's: ``DIVIDED_MAP_KINDS``, rollout
+    refused), or a setting it does not read or out of range."""
     divided = is_divided(checkpoint)
     kinds = DIVIDED_MAP_KINDS if divided else CLIP_MAP_KINDS
     if divided and method == "rollout":
@@ -231,7 +240,14 @@ def explain_clip(checkpoint: Checkpoint, frames: Sequence[Image.Image], method: 
     for name, value, count in (("layer", layer, L), ("head", head, H)):
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not -count <= value < count):
             raise ValueError(f"{name} {str(value)[:40]} is out of range: this model has {count} {name}s")
-    clip = analyse_clip(checkpoint, frames, max_tokens=max_tokens)
+
+
+def explain_analysed(checkpoint: Checkpoint, clip: ClipAnalysis, method: str = "attention", layer: int | None = None,
+                     head: int | None = None, query: int | Sequence[int] | None = None) -> ClipExplanation:
+    """``explain_clip`` on a clip already through the model (``analyse_clip``): the explorer redraws from it."""
+    check_clip_settings(checkpoint, method, layer, head, query)
+    model = checkpoint.model
+    L, H = len(model.blocks), model.config.num_heads
     token = query_token(clip.grid, clip.tubelet, query, model.num_prefix_tokens)
     layer = -1 if layer is None else layer
     settings = MapSettings(kind=method, layer=layer, end_layer=layer, head=None if head is None else head % H,

@@ -1,0 +1,163 @@
+"""The explorer for a video model (VideoMAE): a clip in the sidebar (an animated GIF or a zip of frames), its
+predicted classes, a map (attention by layer and head, rollout, norms) on the frame the time slider shows, a query
+patch picked by a click on that frame or by number, every sampled frame with its map in a strip, and the frames
+overlaid as an animated GIF. The maps are ``vit.explain.video``'s, the clip's forward run once per upload."""
+
+from functools import partial
+
+import streamlit as st
+
+from app_pages.explorer_sections import plotly_preload
+from app_pages.explorer_sections.caches import ANALYSIS_CACHE_BYTES, IMAGE_CACHE_BYTES, byte_cache
+from app_pages.explorer_sections.uploader import file_upload
+from vit.app import clips, drawing, explorer
+from vit.checkpoint import Checkpoint
+from vit.clips import ClipError, read_clip_bytes
+from vit.explain import video
+from vit.explain.attention_maps import MAP_KINDS
+from vit.text import escape_markdown, visible
+
+UPLOAD_KEY = "explorer_clip_upload"
+UPLOAD_TYPES = ["gif", "zip"]
+FRAME_KEY = "clip_frame"  # the time slider: the shown sampled frame, counted from 1
+PICKER_KEY = "clip_frame_picker"
+PICKER_CONFIG = {"displayModeBar": False, "scrollZoom": False, "doubleClick": False}
+# kept by the page while not drawn (a rejected upload stops the page before the sidebar's map settings)
+KEPT = ("clip_map", "clip_layer-", "clip_head-", "clip_query_", "clip_opacity")
+TEMPORAL = "Temporal attention (a patch over the frames, TimeSformer)"
+
+
+def _query_keys(model_key: str) -> tuple[str, str, str]:
+    return tuple(f"clip_query_{axis}-{model_key}" for axis in ("frame", "row", "col"))
+
+
+def _pick_query(model_key: str, frame: int, grid: tuple[int, int]) -> None:
+    """A click on the shown frame made that frame's patch the query."""
+    picked = clips.query_from_selection(st.session_state[PICKER_KEY].selection, frame, grid)
+    if picked is not None:
+        for key, value in zip(_query_keys(model_key), picked, strict=True):
+            st.session_state[key] = value + 1  # the number inputs count from 1
+
+
+def _refuse(what: str, error: Exception) -> None:
+    """One line, the user's text (file names) escaped, and the page stops."""
+    st.error(f"{what}: {escape_markdown(visible(str(error).splitlines()[0] if str(error) else repr(error)))}")
+    st.stop()
+
+
+def clip_view(checkpoint: Checkpoint, fingerprint: tuple, model_key: str) -> None:
+    """The whole page for a video checkpoint; stops the page, saying what to do, without a usable clip."""
+    model, class_names = checkpoint.model, checkpoint.class_names
+    wanted, L, H = model.config.num_frames, len(model.blocks), model.config.num_heads
+    st.sidebar.header("Clip")
+    uploaded = file_upload(st.sidebar, "Upload a clip", UPLOAD_KEY, type=UPLOAD_TYPES,
+                           help=f"An animated GIF, or a zip of its frames (png, jpg, webp, … in the order of their "
+                                f"names); {wanted} frames are sampled uniformly over it, as the model's processor "
+                                "does. Its declared size is checked before any frame is decoded.")
+
+    # -- the map (sidebar) ---------------------------------------------------------------------------------------
+    with st.sidebar:
+        st.header("Attention map")
+        kinds = video.DIVIDED_MAP_KINDS if video.is_divided(checkpoint) else video.CLIP_MAP_KINDS
+        if st.session_state.get("clip_map") not in kinds:  # a kept choice another video model does not draw
+            st.session_state.pop("clip_map", None)
+        kind = st.radio("Map", kinds, key="clip_map", format_func=lambda k: MAP_KINDS.get(k, TEMPORAL),
+                        help="The maps drawn from the clip's one forward; the others are not drawn for clips yet.")
+        st.session_state.setdefault(f"clip_layer-{model_key}", L)  # the last layer first, as on the image page
+        layer = st.slider("Layer" if kind != "rollout" else "Up to layer", 1, L, key=f"clip_layer-{model_key}")
+        head = None
+        if kind in ("attention", "temporal"):
+            chosen = st.selectbox("Head", [-1, *range(H)], key=f"clip_head-{model_key}",
+                                  format_func=drawing.head_option)
+            head = None if chosen == -1 else chosen
+        grid = None  # known once the clip is read
+        query_values = None
+        if kind != "norms":
+            st.caption("Query patch (click one on the shown frame, or type it): its attention over every frame.")
+            query_columns = st.columns(3)
+        st.session_state.setdefault("clip_opacity", 0.5)
+        opacity = st.slider("Opacity", 0.0, 1.0, step=0.05, key="clip_opacity")
+
+    if uploaded is None:
+        st.info("Upload a clip in the sidebar (an animated GIF, or a zip of its frames) to see what this video "
+                "model attends to over space and time.")
+        st.stop()
+    data, name = uploaded.getvalue(), uploaded.name
+    digest = explorer.image_digest(data)
+    try:
+        sampled = byte_cache("images", IMAGE_CACHE_BYTES).get_or_compute(
+            ("clip", digest, name, wanted), lambda: read_clip_bytes(data, name, wanted))
+    except ClipError as e:
+        _refuse("Cannot use this clip", e)
+    try:
+        with st.spinner("Running the model on the clip…"):
+            clip = byte_cache("analyses", ANALYSIS_CACHE_BYTES).get_or_compute(
+                (fingerprint, "clip", digest, name), lambda: video.analyse_clip(checkpoint, sampled.frames))
+    except ValueError as e:  # too many tokens; frames the model does not take
+        _refuse("Cannot run the model on this clip", e)
+    frames, (t, gh, gw) = clip.num_frames, clip.grid
+    grid = (gh, gw)
+
+    # -- the query, now that the grid is known -------------------------------------------------------------------
+    if kind != "norms":
+        keys = _query_keys(model_key)
+        for key, top in zip(keys, (frames, gh, gw), strict=True):
+            if not 1 <= st.session_state.get(key, 1) <= top:
+                st.session_state[key] = 1
+        query_values = [column.number_input(label, 1, top, key=key) for column, label, top, key in zip(
+            query_columns, ("Frame", "Row", "Col"), (frames, gh, gw), keys, strict=True)]
+    query = None if query_values is None else tuple(int(v) - 1 for v in query_values)
+
+    try:
+        explained = video.explain_analysed(checkpoint, clip, kind, layer - 1, head, query)
+    except ValueError as e:
+        _refuse("This map cannot be drawn", e)
+    overlays = byte_cache("images", IMAGE_CACHE_BYTES).get_or_compute(
+        ("clip overlays", fingerprint, digest, name, kind, layer, head, query, opacity),
+        lambda: explained.overlays(opacity))
+
+    plotly_preload.clear()  # app.py's blank chart, before the page's own
+    # -- the view ------------------------------------------------------------------------------------------------
+    st.caption(escape_markdown(clips.sampling_caption(sampled.indices, sampled.total)))
+    col_frame, col_prediction = st.columns([1.2, 1], gap="medium")
+    with col_frame:
+        shown_place = st.empty()  # the frame the slider below chooses
+        if not 1 <= st.session_state.get(FRAME_KEY, 1) <= frames:  # another model's clip was longer
+            st.session_state[FRAME_KEY] = 1
+        st.session_state.setdefault(FRAME_KEY, 1)
+        position = st.slider("Frame", 1, frames, key=FRAME_KEY,
+                             help="The sampled frame shown above; a tubelet's value covers its "
+                                  f"{clip.tubelet} frames.") - 1
+        query_patch = None
+        if query is not None and query[0] // clip.tubelet == position // clip.tubelet:
+            query_patch = query[1] * gw + query[2]
+        shown_place.plotly_chart(
+            clips.frame_picker_figure(drawing.display_image(overlays[position]), explained.map[position], position,
+                                     query_patch),
+            key=PICKER_KEY, on_select=partial(_pick_query, model_key, position, grid), selection_mode="points",
+            config=PICKER_CONFIG, width="stretch")
+        what = MAP_KINDS.get(kind, TEMPORAL) + (f", layer {layer} of {L}" if kind != "rollout"
+                                                else f", layers 1–{layer}")
+        if kind in ("attention", "temporal"):
+            what += ", the mean over its heads" if head is None else f", head {head + 1}"
+        if query is not None:
+            what += f", query frame {query[0] + 1}, row {query[1] + 1}, col {query[2] + 1}"
+        low, high = float(explained.map.min()), float(explained.map.max())
+        st.caption(escape_markdown(
+            f"{what}. Sampled frame {position + 1} of {frames} (frame {sampled.indices[position]} of "
+            f"{visible(name)}); {t} × {gh} × {gw} tubelets of {clip.tubelet} frames; one colour scale "
+            f"over the clip, {low:.4g} to {high:.4g}. Click a patch to make it the query."))
+    with col_prediction:
+        if class_names:
+            st.plotly_chart(drawing.predictions_figure(clip.analysis.prediction), config={"displayModeBar": False})
+        else:
+            st.info("No prediction: this model has no classifier. Its attention maps are shown all the same.")
+        st.download_button(
+            "Export as animated GIF", mime="image/gif", on_click="ignore",
+            file_name=f"{drawing.file_name_part(name.rsplit('.', 1)[0])}-{kind}-L{layer}.gif",
+            data=partial(clips.animated_gif, overlays),
+            help=f"The {frames} sampled frames with their maps, looping, at most {clips.GIF_MAX_SIDE} px on a side.")
+
+    st.subheader("Every sampled frame")
+    st.image([clips.fit(o, clips.STRIP_SIDE) for o in overlays],
+             caption=[clips.frame_label(i, sampled.indices) for i in range(frames)], output_format="PNG")

@@ -1,0 +1,165 @@
+"""The explorer shows a clip for a video model (issue 65): a tiny random VideoMAE opened by path, an animated GIF
+uploaded, its predicted classes, the sampling said in the caption, a time slider whose frame shows the map
+``vit.explain`` gives for that frame (its values ride on the frame picker's points), a query typed as (frame, row,
+col), the strip of every frame and the GIF export; a zip of frames reads as the GIF does; a broken or oversized clip
+answers in one line. ``vit.explain``'s maps are checked against transformers in tests/test_videomae.py."""
+
+import base64
+import io
+import json
+import zipfile
+
+import numpy as np
+import pytest
+from PIL import Image
+from test_app import dirs, run_app, sidebar_widget  # noqa: F401 (a fixture)
+from test_videomae import videomae_folder, write_gif
+
+import vit
+from vit.app import clips
+
+pytest.importorskip("transformers")
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("dirs")]  # transformers builds the model
+
+FRAMES, HEIGHT, WIDTH = 4, 24, 32  # 2 tubelets of 3 x 4 patches of 8 px
+
+
+@pytest.fixture
+def video_page(tmp_path):
+    """The explorer on a tiny random VideoMAE opened by path, before any clip."""
+    videomae_folder(tmp_path / "videomae", FRAMES, HEIGHT, WIDTH)
+    at = run_app()
+    sidebar_widget(at, "text_input", "Open a path").set_value(str(tmp_path / "videomae"))
+    at.run()
+    assert not at.exception, [e.message for e in at.exception]
+    return at
+
+
+def upload_clip(at, name: str, data: bytes, mime: str = "image/gif"):
+    [uploader] = [u for u in at.sidebar.file_uploader if u.label == "Upload a clip"]
+    uploader.set_value((name, data, mime))
+    at.run()
+    assert not at.exception, [e.message for e in at.exception]
+    return at
+
+
+def shown_map(at) -> np.ndarray:
+    """The shown frame's map, as the frame picker's points carry it: (rows, cols)."""
+    [spec] = [json.loads(c.proto.spec) for c in at.get("plotly_chart") if "customdata" in c.proto.spec]
+    values = spec["data"][0]["customdata"]
+    if isinstance(values, dict):  # Plotly 6's base64 arrays
+        values = np.frombuffer(base64.b64decode(values["bdata"]), dtype=values["dtype"])
+    return np.asarray(values, dtype=np.float64).reshape(HEIGHT // 8, WIDTH // 8)
+
+
+def test_the_time_slider_shows_vit_explains_map_of_that_frame(video_page, tmp_path):
+    at = upload_clip(video_page, "clip.gif", write_gif(tmp_path / "clip.gif", 9).read_bytes())
+    assert not at.error
+    assert any("Uniform sampling of 4 frames over 9: frames 0, 2, 4, 6" in c.value.replace("\\", "")
+               for c in at.caption)
+    assert [b.label for b in at.get("download_button")] == ["Export as animated GIF"]
+    [strip] = at.get("image")
+    assert len(strip.proto.imgs) == FRAMES  # every sampled frame with its map
+    model = vit.load(str(tmp_path / "videomae"))
+    default = vit.explain(model, str(tmp_path / "clip.gif"), "attention", query=(0, 0, 0))
+    np.testing.assert_allclose(shown_map(at), default.map[0], rtol=1e-6, atol=1e-9)
+    at.slider(key="clip_frame").set_value(3).run()  # the third sampled frame: the second tubelet
+    np.testing.assert_allclose(shown_map(at), default.map[2], rtol=1e-6, atol=1e-9)
+    assert not np.allclose(default.map[0], default.map[2])  # the slider did change what is shown
+
+    # a query typed in another frame, one head, the first layer: its attention over every frame
+    sidebar_widget(at, "selectbox", "Head").set_value(2)
+    for label, value in (("Frame", 4), ("Row", 3), ("Col", 2)):
+        sidebar_widget(at, "number_input", label).set_value(value)
+    sidebar_widget(at, "slider", "Layer").set_value(1)
+    at.run()
+    assert not at.exception and not at.error
+    queried = vit.explain(model, str(tmp_path / "clip.gif"), "attention", layer=0, head=2, query=(3, 2, 1))
+    for position in (1, 4):
+        at.slider(key="clip_frame").set_value(position).run()
+        np.testing.assert_allclose(shown_map(at), queried.map[position - 1], rtol=1e-6, atol=1e-9)
+
+    sidebar_widget(at, "radio", "Map").set_value("rollout").run()
+    rollout = vit.explain(model, str(tmp_path / "clip.gif"), "rollout", layer=0, query=(3, 2, 1))  # up to layer 1
+    np.testing.assert_allclose(shown_map(at), rollout.map[3], rtol=1e-6, atol=1e-9)
+
+
+def test_a_zip_of_frames_reads_as_its_gif_does(video_page, tmp_path):
+    gif = write_gif(tmp_path / "clip.gif", 9)
+    buffer = io.BytesIO()
+    with Image.open(gif) as image, zipfile.ZipFile(buffer, "w") as archive:
+        for i in range(image.n_frames):
+            image.seek(i)
+            png = io.BytesIO()
+            image.convert("RGB").save(png, format="PNG")
+            archive.writestr(f"clip/frame{i}.png", png.getvalue())  # frame10 would sort after frame9
+    at = upload_clip(video_page, "frames.zip", buffer.getvalue(), "application/zip")
+    assert not at.error
+    expected = vit.explain(vit.load(str(tmp_path / "videomae")), str(gif), "norms")
+    sidebar_widget(at, "radio", "Map").set_value("norms").run()
+    np.testing.assert_allclose(shown_map(at), expected.map[0], rtol=1e-6, atol=1e-9)
+
+
+@pytest.mark.parametrize("name, data, message", [
+    ("broken.gif", b"GIF89a not really", "is not an image"),
+    ("notes.zip", b"PK\x03\x04 not really", "is not a zip file"),
+    ("big.gif", None, "MB"),
+], ids=["broken", "not-a-zip", "oversized"])
+def test_a_bad_clip_answers_in_one_line(video_page, tmp_path, monkeypatch, name, data, message):
+    if data is None:
+        monkeypatch.setenv("VIT_ANALYSIS_MEMORY_MB", "1")  # 4 frames of 400 x 300 px: refused before decoding
+        data = write_gif(tmp_path / name, 4, size=(400, 300)).read_bytes()
+    at = upload_clip(video_page, name, data)
+    [error] = at.error
+    assert message in error.value and "\n" not in error.value and name in error.value.replace("\\", "")
+    assert not at.get("plotly_chart") or not any("customdata" in c.proto.spec for c in at.get("plotly_chart"))
+
+
+def test_the_export_is_an_animated_gif_of_every_frame_within_its_bound():
+    frames = [Image.new("RGB", (640, 480), (i * 60, 0, 0)) for i in range(4)]
+    with Image.open(io.BytesIO(clips.animated_gif(frames))) as gif:
+        assert gif.n_frames == 4 and max(gif.size) == clips.GIF_MAX_SIDE
+
+
+def test_the_sampling_caption_names_every_sampled_frame():
+    caption = clips.sampling_caption([0, 2, 5, 7], 10)
+    assert caption.startswith("Uniform sampling of 4 frames over 10: frames 0, 2, 5, 7")
+
+
+def test_a_zips_declared_sizes_are_checked_before_its_frames_are_inflated(monkeypatch):
+    from vit.clips import ClipError, read_clip_bytes
+
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
+        for i in range(4):
+            archive.writestr(f"frame{i}.png", b"\0" * 2**20)  # 1 MB each as declared, a few KB deflated
+    monkeypatch.setenv("VIT_ANALYSIS_MEMORY_MB", "1")
+    with pytest.raises(ClipError, match="declare 4 MB") as error:
+        read_clip_bytes(buffer.getvalue(), "bomb.zip", 4)
+    assert "\n" not in str(error.value) and len(buffer.getvalue()) < 2**16
+
+
+def test_a_timesformer_offers_its_temporal_attention_and_shows_vit_explains_map(tmp_path):
+    """TimeSformer's clip: the map choice is its own (spatial, temporal, norms: no rollout), and the temporal map of a
+    typed query patch on the shown frame is ``vit.explain``'s (checked against transformers in test_timesformer)."""
+    from test_timesformer import timesformer_folder
+
+    timesformer_folder(tmp_path / "timesformer", FRAMES, HEIGHT, WIDTH)
+    at = run_app()
+    sidebar_widget(at, "text_input", "Open a path").set_value(str(tmp_path / "timesformer"))
+    at.run()
+    assert not at.exception, [e.message for e in at.exception]
+    at = upload_clip(at, "clip.gif", write_gif(tmp_path / "clip.gif", FRAMES).read_bytes())
+    [choice] = [r for r in at.sidebar.radio if r.label == "Map"]
+    assert list(choice.options) == ["Attention of one layer", "Temporal attention (a patch over the frames, "
+                                    "TimeSformer)", "Token norms (one layer's output)"]  # no rollout
+    choice.set_value("temporal")
+    for label, value in (("Frame", 2), ("Row", 2), ("Col", 3)):
+        sidebar_widget(at, "number_input", label).set_value(value)
+    at.run()
+    assert not at.exception and not at.error, [e.value for e in at.error]
+    expected = vit.explain(vit.load(str(tmp_path / "timesformer")), str(tmp_path / "clip.gif"), "temporal",
+                           query=(1, 1, 2))
+    for position in (1, FRAMES):
+        at.slider(key="clip_frame").set_value(position).run()
+        np.testing.assert_allclose(shown_map(at), expected.map[position - 1], rtol=1e-6, atol=1e-9)
