@@ -136,3 +136,31 @@ def test_the_classifier_is_refused_in_one_line(tmp_path):
     with pytest.raises(SourceError) as error:
         open_source(tmp_path / "classifier")
     assert "attentive probe" in str(error.value) and "\n" not in str(error.value)
+
+
+def test_a_folder_without_processor_settings_prepares_frames_as_vjepa2s_video_processor(tmp_path):
+    """``VJEPA2VideoProcessor``'s defaults (the short side to crop * 256 / 224, centre crop, bilinear, ImageNet's
+    statistics) on frames of another size and aspect; its settings file is not read yet."""
+    vjepa2_folder(tmp_path / "vjepa2")
+    checkpoint = open_source(tmp_path / "vjepa2")
+    frames = frames_of(4, 30, 45)
+    theirs = transformers.VJEPA2VideoProcessor(crop_size=32)(np.stack([np.asarray(f) for f in frames]),
+                                                             return_tensors="pt").pixel_values_videos
+    assert torch.allclose(clip_pixels(frames, checkpoint.preprocessing), theirs, atol=1e-5)
+
+
+def test_vit_explain_and_predict_take_a_clip(tmp_path, capsys):
+    import json
+
+    import vit
+    from vit.predict import main
+
+    vjepa2_folder(tmp_path / "vjepa2")
+    frames_of(1, 36, 48)[0].save(tmp_path / "clip.gif", save_all=True, append_images=frames_of(8, 36, 48, 1),
+                                 duration=40, loop=0)
+    explained = vit.explain(vit.load(str(tmp_path / "vjepa2")), str(tmp_path / "clip.gif"), "norms", layer=1)
+    assert explained.map.shape == (4, 4, 4)
+    capsys.readouterr()
+    assert main([str(tmp_path / "vjepa2"), str(tmp_path / "clip.gif"), "--save-maps", str(tmp_path / "maps")]) == 0
+    [record] = json.loads(capsys.readouterr().out)
+    assert np.load(record["maps"]["npz"])["layer_0"].shape == (HEADS, 2 * 4 * 4, 2 * 4 * 4)
