@@ -145,7 +145,7 @@ class Attention(Parent):
         # InternViT-6B (qk_norm): q and k each normed over all heads' channels at once, before the heads split
         self.q_norm = RMSNorm(inner, eps=QK_NORM_EPS) if config.qk_norm else None
         self.k_norm = RMSNorm(inner, eps=QK_NORM_EPS) if config.qk_norm else None
-        self.rope_interleaved = config.rope in ("eva", "pe")
+        self.rope_interleaved = config.rope in ("eva", "pe", "vjepa2")
         self.proj = nn.Linear(inner, config.hidden_size, bias=config.proj_bias)
         self.attention_dropout = config.attention_dropout
         self.proj_dropout = nn.Dropout(config.dropout)

@@ -45,9 +45,11 @@ class ViTConfig:
     class_token: bool = True  # SigLIP has none: its attention-pooling probe reads the tokens instead
     pos_embed: bool = True  # a learned position table; DINOv3 has none (RoPE only)
     rope: str = "none"  # rotary positions on the patch tokens' q/k: "none", "dinov3" (normalised axial coords),
-    # "eva" (EVA-02: patch-index coords, interleaved channel pairs, beside the learned table), "pe" or "qwen" (ROPES)
+    # "eva" (EVA-02: patch-index coords, interleaved channel pairs, beside the learned table), "pe", "qwen" or
+    # "vjepa2" (V-JEPA 2's over (time, row, col) of a clip's tubelets; ROPES)
     rope_theta: float = 100.0  # the base period: DINOv3's 100, EVA-02's 10000
-    rope_ref_grid: int = 0  # EVA-02: coords rescaled so any grid spans this many patches (its pre-training grid)
+    rope_ref_grid: int = 0  # EVA-02: coords rescaled so any grid spans this many patches (its pre-training grid);
+    # V-JEPA 2: the square grid (crop_size / patch_size) a token's (time, row, col) is read off its index on
     key_bias: bool = True  # False holds the key's share of the qkv bias at zero (DINOv3's bias_mask, EVA)
     pre_norm: bool = False  # CLIP's ln_pre: a LayerNorm on the embeddings before the first block
     activation: str = "gelu"  # of the MLPs: "gelu" (exact), "gelu_tanh" (SigLIP), "quick_gelu" (OpenAI CLIP), "silu"
@@ -214,7 +216,11 @@ class ViTConfig:
                 or not 0 < self.rope_theta <= MAX_ROPE_THETA:  # NaN and inf fail too
             raise ValueError(f"ViTConfig.rope_theta must be a positive finite number of at most {MAX_ROPE_THETA:g}, "
                              f"got {self.rope_theta!r}")
-        if self.rope != "none" and (self.hidden_size // self.num_heads) % 4:
+        if self.rope == "vjepa2" and (self.hidden_size // self.num_heads < 6 or not self.num_frames
+                                      or not self.rope_ref_grid):
+            raise ValueError("ViTConfig.rope 'vjepa2' is V-JEPA 2's: a video model whose heads have at least 6 "
+                             "channels (three rotated segments) and rope_ref_grid its square grid's side")
+        if self.rope not in ("none", "vjepa2") and (self.hidden_size // self.num_heads) % 4:
             raise ValueError(f"ViTConfig.rope needs a head size divisible by 4, got "
                              f"{self.hidden_size // self.num_heads}")
         if not self.class_token and self.pooling in ("cls", "cls+avg"):
@@ -245,11 +251,12 @@ class ViTConfig:
             raise ValueError("ViTConfig.divided_attention is TimeSformer's: a video model of one-frame tubelets, a CLS "
                              "token and a learned position table")
         prefix = self.num_prefix_tokens and not self.divided_attention  # TimeSformer's CLS is its own
-        if self.num_frames and (prefix or self.rope != "none" or self.rel_pos != "none"
+        if self.num_frames and (prefix or self.rope not in ("none", "vjepa2") or self.rel_pos != "none"
                                 or self.window_size or self.stage_depths or self.projector != "none"
                                 or self.patch_norm or self.patch_kernel or self.max_num_patches or self.sincos_pos):
             raise ValueError("ViTConfig.num_frames (a video model) needs global attention over its tubelets: no "
-                             "prefix tokens, rotary or relative positions, windows, stages or projector")
+                             "prefix tokens, rotary positions but V-JEPA 2's, relative positions, windows, stages "
+                             "or projector")
 
     def _check_projector(self) -> None:
         for name, bound in (("projector_dim", 65536), ("projector_skip", 256), ("projector_pool", 1024),
@@ -496,8 +503,9 @@ class ViTConfig:
 
 POOLINGS = ("cls", "avg", "cls+avg", "map")  # map: the attention-pooling probe (SigLIP, timm global_pool="map")
 PREFIX_POSITIONS = ("all", "cls", "none")
-ROPES = ("none", "dinov3", "eva", "pe", "qwen")  # pe: EVA's, counted from 1 and x before y (Perception Encoder);
-# qwen: patch-index coords, y bands then x bands, halves rotated (Qwen-VL's vision rotary)
+ROPES = ("none", "dinov3", "eva", "pe", "qwen", "vjepa2")  # pe: EVA's, counted from 1 and x before y (Perception
+# Encoder); qwen: patch-index coords, y bands then x bands, halves rotated (Qwen-VL's vision rotary); vjepa2: time,
+# row and column segments of the head, each index read off the token's on a square grid (positions.vjepa2_rope)
 REL_POS = ("none", "beit", "beit_shared", "sam", "swin", "swinv2")  # swin: a table per layer over a window's
 # offsets; swinv2: its continuous bias from a small MLP of log-spaced offsets
 ATTENTIONS = ("dot", "cosine")

@@ -94,6 +94,37 @@ def qwen_rope(grid: tuple[int, int], head_dim: int, theta: float, device: torch.
     return torch.cos(angles), torch.sin(angles)
 
 
+def vjepa2_rope(tokens: int, side: int, head_dim: int, theta: float, device: torch.device | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+    """V-JEPA 2's rotary embedding (HF ``VJEPA2RopeAttention``) for ``tokens`` time-major tubelets: ``(cos, sin)``,
+    each ``(tokens, head_dim)``, for interleaved channel pairs (``apply_rope(..., interleaved=True)``).
+
+    A token's (time, row, col) is read off its index on the model's own square grid of ``side`` patches (HF's
+    ``crop_size // patch_size``), whatever the frames' real grid: HF numbers them so, and so do we. The head's
+    channels are three segments of ``2 * (head_dim // 3 // 2)`` (time, rows, columns), each turned as HF's
+    ``rotate_queries_or_keys`` does: frequencies ``theta ** -(i / (seg / 2))`` *tiled* over the segment (not
+    repeated per pair), so a pair's two channels may turn at two rates; channels past the three stay as they are
+    (cos 1, sin 0). Computed in float32 as HF does for float32 q and k."""
+    seg = 2 * (head_dim // 3 // 2)
+    ids = torch.arange(tokens, device=device)  # int64, as HF's
+    per_frame = side * side
+    frame = ids // per_frame
+    row = (ids - per_frame * frame) // side
+    col = ids - per_frame * frame - side * row
+    omega = torch.arange(seg // 2, dtype=torch.float32, device=device)
+    omega /= seg / 2.0
+    omega = 1.0 / theta ** omega  # (seg/2,)
+    cos, sin = [], []
+    for pos in (frame, row, col):
+        freq = (pos[:, None] * omega).repeat(1, 2)  # (tokens, seg): [f | f], HF's .repeat(1, 1, 1, 2)
+        cos.append(freq.cos())
+        sin.append(freq.sin())
+    rest = head_dim - 3 * seg
+    cos.append(torch.ones(tokens, rest, device=device))
+    sin.append(torch.zeros(tokens, rest, device=device))
+    return torch.cat(cos, dim=1), torch.cat(sin, dim=1)
+
+
 def sincos_positions(grid: tuple[int, int], dim: int, device: torch.device | None = None) -> torch.Tensor:
     """AIMv2-native's 2D sine-cosine positions ``(gh*gw, dim)``, laid out ``[sin x | cos x | sin y | cos y]`` at
     periods ``10000 ** (i / (dim / 4))`` (HF ``build_2d_sinusoidal_position_embedding`` with its halves swapped, as

@@ -17,7 +17,15 @@ from vit.model.blocks import AttentionPool, AttentionVariant, Block, Parent, Pro
 from vit.model.config import ViTConfig
 from vit.model.hooks import Hook, HookPoint, _hooks
 from vit.model.layouts import RelativePositionBias, clip_grid, folded_grid
-from vit.model.positions import dinov3_rope, eva_rope, qwen_rope, resample_pos_embed, sincos_positions, sinusoid_table
+from vit.model.positions import (
+    dinov3_rope,
+    eva_rope,
+    qwen_rope,
+    resample_pos_embed,
+    sincos_positions,
+    sinusoid_table,
+    vjepa2_rope,
+)
 from vit.model.stages import LayerLayout, PatchMerging, QueryPool
 
 
@@ -228,6 +236,9 @@ class ViT(Parent):
         if self.config.rope == "none":
             return None
         c = self.config
+        if c.rope == "vjepa2":  # positions read off the token index on its own square grid (rope_ref_grid)
+            return vjepa2_rope(grid[0] * grid[1], c.rope_ref_grid, c.hidden_size // c.num_heads,
+                               float(c.rope_theta), device)
         if c.rope == "qwen":
             return qwen_rope(grid, c.hidden_size // c.num_heads, float(c.rope_theta), device)
         if c.rope in ("eva", "pe"):

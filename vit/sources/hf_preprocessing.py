@@ -189,6 +189,10 @@ def _default_preprocessing(config: ViTConfig, architecture: str) -> Preprocessin
         return Preprocessing(side, channels, IMAGENET_MEAN[:channels], IMAGENET_STD[:channels],
                              resize_size=min(config.image_hw), resize_mode="shortest_edge", resample="bilinear",
                              crop_rule="transformers")
+    if architecture.startswith("VJEPA2"):  # VJEPA2VideoProcessor: the short side to crop * 256 / 224, crop, ImageNet's
+        return Preprocessing(side, channels, IMAGENET_MEAN[:channels], IMAGENET_STD[:channels],
+                             resize_size=int(side * 256 / 224), resize_mode="shortest_edge", resample="bilinear",
+                             crop_rule="transformers")
     if architecture.startswith("DeiT"):
         return Preprocessing(side, channels, IMAGENET_MEAN[:channels], IMAGENET_STD[:channels],
                              resize_size=side * 256 // 224, resize_mode="square", resample="bicubic",

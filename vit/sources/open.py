@@ -80,6 +80,7 @@ from vit.sources import (
     import_torchvision,
     import_videomae,
     import_vit_pytorch,
+    import_vjepa2,
     import_vlm,
     mapping,
 )
@@ -410,7 +411,8 @@ HF_FAMILIES = {"dinov3_vit": (import_dinov3, ("DINOv3ViTModel",)),
                 "qwen2_5_vl": (import_qwen, import_qwen.ARCHITECTURES),
                 "qwen3_vl": (import_qwen, import_qwen.QWEN3_ARCHITECTURES),
                 "videomae": (import_videomae, tuple(import_videomae.ARCHITECTURES)),
-                "timesformer": (import_timesformer, tuple(import_timesformer.ARCHITECTURES))}
+                "timesformer": (import_timesformer, tuple(import_timesformer.ARCHITECTURES)),
+                "vjepa2": (import_vjepa2, import_vjepa2.ARCHITECTURES)}
 HF_REFUSED: dict[str, str] = {}  # model_type -> one line on why it is not opened
 HF_VLMS = {**import_vlm.ARCHITECTURES, **import_internvl.ARCHITECTURES}  # model_type -> the VLMs whose tower opens
 # model_type -> the module that reads a VLM's tower and projector (reading, wanted, config_from_hf, ...)
@@ -449,6 +451,9 @@ def hf_family_config(folder: Path, config_json: Mapping) -> tuple[ViTConfig, str
     model_type = str(config_json.get("model_type"))
     module, architectures = HF_FAMILIES[model_type]
     architecture = hf_architecture(config_json) or architectures[0]
+    refused = getattr(module, "REFUSED", {}).get(architecture)  # a family's architecture it names the reason for
+    if refused:
+        raise SourceError(f"{folder}: {refused}")
     if architecture not in architectures:
         raise SourceError(f"HF architecture {architecture} ({folder}) is not supported; supported: "
                           f"{', '.join(architectures)} for {model_type}")

@@ -1,0 +1,166 @@
+"""V-JEPA 2's encoder opened through ``vit.sources`` matches transformers on the same pixels: the last hidden states
+to 1e-4 relative and every layer's attention to 1e-5 against ``output_attentions`` (eager), at two clip lengths and
+a non-square frame size (HF numbers every token on its configured square grid whatever the frames' size); its 3D
+rotary reads time, then rows, then columns, and the parity fails when two of them are swapped; the per-frame maps
+are drawn from it; the classifier (its attentive probe) is refused in one line.
+
+The models are tiny random ``VJEPA2Model`` built by transformers, sigma 0.05 noise on every parameter, saved
+natively and opened by path.
+"""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from vit.clips import clip_pixels
+from vit.explain.attention_maps import MapSettings
+from vit.explain.video import analyse_clip, clip_map, explain_clip
+from vit.model.positions import vjepa2_rope
+from vit.sources.files import SourceError
+from vit.sources.open import open_source
+
+transformers = pytest.importorskip("transformers")
+pytestmark = pytest.mark.slow  # importing transformers takes seconds
+
+# (frames, height, width): the configured 32 px square at two clip lengths, and non-square frames of another size
+CLIPS = [(4, 32, 32), (6, 32, 32), (6, 24, 40)]
+HEADS, WIDTH = 3, 48  # head size 16: three rotated segments of 4 channels, 4 left as they are
+
+
+def vjepa2_folder(folder, architecture: str = "VJEPA2Model"):
+    """A tiny random V-JEPA 2 (sigma 0.05 noise on every parameter, the predictor too), saved natively."""
+    config = transformers.VJEPA2Config(crop_size=32, patch_size=8, frames_per_clip=4, tubelet_size=2,
+                                       hidden_size=WIDTH, num_attention_heads=HEADS, num_hidden_layers=2,
+                                       mlp_ratio=2.0, pred_hidden_size=16, pred_num_attention_heads=2,
+                                       pred_num_hidden_layers=1, num_pooler_layers=1, num_labels=3)
+    config._attn_implementation = "eager"
+    torch.manual_seed(0)
+    model = getattr(transformers, architecture)(config).eval()
+    generator = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn(p.shape, generator=generator) * 0.05)
+    model.save_pretrained(folder)
+    return model
+
+
+def frames_of(count: int, height: int, width: int, seed: int = 0) -> list[Image.Image]:
+    rng = np.random.default_rng(seed)
+    return [Image.fromarray(rng.integers(0, 256, (height, width, 3), dtype=np.uint8)) for _ in range(count)]
+
+
+def assert_parity(checkpoint, model, pixels):
+    with torch.no_grad():
+        theirs = model(pixel_values_videos=pixels, skip_predictor=True, output_attentions=True)
+        tokens, attentions = checkpoint.model.tokens(pixels, output_attentions=True)
+        ours = checkpoint.model.norm(tokens)
+    scale = theirs.last_hidden_state.abs().max().item()
+    assert ours.shape == theirs.last_hidden_state.shape
+    assert torch.allclose(ours, theirs.last_hidden_state, rtol=1e-4, atol=1e-4 * scale)
+    assert len(attentions) == len(theirs.attentions) == 2
+    for a, b in zip(attentions, theirs.attentions, strict=True):
+        assert a.shape == b.shape and (a - b).abs().max().item() <= 1e-5
+
+
+@pytest.mark.parametrize("frames, height, width", CLIPS, ids=[f"{f}x{w}x{h}" for f, h, w in CLIPS])
+def test_last_hidden_states_and_every_attention_equal_transformers(tmp_path, frames, height, width):
+    model = vjepa2_folder(tmp_path / "vjepa2")
+    checkpoint = open_source(tmp_path / "vjepa2")
+    c = checkpoint.model.config
+    assert (c.rope, c.rope_ref_grid, c.num_frames, c.tubelet_size, c.num_prefix_tokens) == ("vjepa2", 4, 4, 2, 0)
+    pixels = torch.randn(1, frames, 3, height, width, generator=torch.Generator().manual_seed(frames))
+    assert_parity(checkpoint, model, pixels)
+
+
+def test_swapping_time_and_rows_in_the_rotary_breaks_the_parity(tmp_path, monkeypatch):
+    """The parity above is a test of the segments' order: with the time and row segments swapped (each 4 channels
+    here) the same model no longer matches transformers."""
+    import vit.model.vision_transformer as vt
+
+    model = vjepa2_folder(tmp_path / "vjepa2")
+    checkpoint = open_source(tmp_path / "vjepa2")
+
+    def swapped(*args, **kwargs):
+        cos, sin = vjepa2_rope(*args, **kwargs)
+        order = [*range(4, 8), *range(0, 4), *range(8, 16)]  # rows' segment first, then time's
+        return cos[:, order], sin[:, order]
+
+    monkeypatch.setattr(vt, "vjepa2_rope", swapped)
+    with pytest.raises(AssertionError):
+        assert_parity(checkpoint, model, torch.randn(1, 4, 3, 32, 32, generator=torch.Generator().manual_seed(0)))
+
+
+def test_the_rotary_reads_time_rows_and_columns_off_the_index_on_its_square_grid():
+    """Hand-computed: on a side-2 grid token 6 is (time 1, row 1, col 0) and token 3 is (0, 1, 1); head size 16
+    gives segments of 4 channels at frequencies (1, 1/100), tiled [f0, f1, f0, f1], and 4 channels unturned."""
+    cos, sin = vjepa2_rope(12, 2, 16, 10000.0)
+    assert cos.shape == sin.shape == (12, 16)
+    rates = torch.tensor([1.0, 0.01, 1.0, 0.01])
+
+    def segment(position):
+        return torch.cos(position * rates)
+
+    for token, (t, r, col) in {6: (1, 1, 0), 3: (0, 1, 1), 11: (2, 1, 1), 4: (1, 0, 0)}.items():
+        assert torch.allclose(cos[token], torch.cat([segment(t), segment(r), segment(col), torch.ones(4)]))
+    assert torch.equal(sin[:, 12:], torch.zeros(12, 4)) and sin[6, 0].item() == pytest.approx(math.sin(1.0))
+
+
+@pytest.mark.parametrize("frames", [4, 6])
+def test_explain_draws_attention_rollout_and_norms_per_frame(tmp_path, frames):
+    model = vjepa2_folder(tmp_path / "vjepa2")
+    checkpoint = open_source(tmp_path / "vjepa2")
+    sampled = frames_of(frames, 32, 32)
+    pixels = clip_pixels(sampled, checkpoint.preprocessing)  # (1, frames, 3, 32, 32)
+    with torch.no_grad():
+        out = model(pixel_values_videos=pixels, skip_predictor=True, output_attentions=True)
+    t, gh, gw = frames // 2, 4, 4
+    clip = analyse_clip(checkpoint, sampled)
+    for layer, theirs in enumerate(out.attentions):
+        assert (clip.analysis.attentions[layer] - theirs).abs().max().item() <= 1e-5
+    explained = explain_clip(checkpoint, sampled, "attention", layer=1, head=2, query=(frames - 1, 2, 1))
+    assert explained.query == ((t - 1) * gh + 2) * gw + 1
+    expected = out.attentions[1][0, 2, explained.query].view(t, gh, gw)  # HF's time-major keys
+    assert explained.map.shape == (frames, gh, gw)
+    for f in range(frames):  # a tubelet's value on each of its two frames
+        assert torch.allclose(torch.from_numpy(explained.map[f]), expected[f // 2], atol=1e-6)
+    for kind in ("rollout", "norms"):
+        drawn = clip_map(clip, MapSettings(kind=kind, query=explained.query))
+        assert drawn.shape == (frames, gh, gw) and np.isfinite(drawn).all() and np.allclose(drawn[0::2], drawn[1::2])
+
+
+def test_the_classifier_is_refused_in_one_line(tmp_path):
+    vjepa2_folder(tmp_path / "classifier", "VJEPA2ForVideoClassification")
+    with pytest.raises(SourceError) as error:
+        open_source(tmp_path / "classifier")
+    assert "attentive probe" in str(error.value) and "\n" not in str(error.value)
+
+
+def test_a_folder_without_processor_settings_prepares_frames_as_vjepa2s_video_processor(tmp_path):
+    """``VJEPA2VideoProcessor``'s defaults (the short side to crop * 256 / 224, centre crop, bilinear, ImageNet's
+    statistics) on frames of another size and aspect; its settings file is not read yet."""
+    vjepa2_folder(tmp_path / "vjepa2")
+    checkpoint = open_source(tmp_path / "vjepa2")
+    frames = frames_of(4, 30, 45)
+    theirs = transformers.VJEPA2VideoProcessor(crop_size=32)(np.stack([np.asarray(f) for f in frames]),
+                                                             return_tensors="pt").pixel_values_videos
+    assert torch.allclose(clip_pixels(frames, checkpoint.preprocessing), theirs, atol=1e-5)
+
+
+def test_vit_explain_and_predict_take_a_clip(tmp_path, capsys):
+    import json
+
+    import vit
+    from vit.predict import main
+
+    vjepa2_folder(tmp_path / "vjepa2")
+    frames_of(1, 36, 48)[0].save(tmp_path / "clip.gif", save_all=True, append_images=frames_of(8, 36, 48, 1),
+                                 duration=40, loop=0)
+    explained = vit.explain(vit.load(str(tmp_path / "vjepa2")), str(tmp_path / "clip.gif"), "norms", layer=1)
+    assert explained.map.shape == (4, 4, 4)
+    capsys.readouterr()
+    assert main([str(tmp_path / "vjepa2"), str(tmp_path / "clip.gif"), "--save-maps", str(tmp_path / "maps")]) == 0
+    [record] = json.loads(capsys.readouterr().out)
+    assert np.load(record["maps"]["npz"])["layer_0"].shape == (HEADS, 2 * 4 * 4, 2 * 4 * 4)
