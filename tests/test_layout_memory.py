@@ -294,10 +294,10 @@ def test_predict_refuses_the_issues_config_in_one_line(tmp_path, capsys):
     model = build("swin", ISSUE_SWINV2)
     save_checkpoint(tmp_path / "swinv2.pt", model, ["a", "b", "c"], Preprocessing(512, 3, (0.5,) * 3, (0.5,) * 3))
     Image.new("RGB", (64, 64)).save(tmp_path / "cat.png")
-    with address_space(1024 * 2**20):
-        assert predict.main([str(tmp_path / "swinv2.pt"), str(tmp_path / "cat.png")]) == 1
+    with address_space(1024 * 2**20):  # refused by the cost model before any image is read: a usage error
+        assert predict.main([str(tmp_path / "swinv2.pt"), str(tmp_path / "cat.png")]) == 2
     [line] = capsys.readouterr().err.strip().splitlines()
-    assert "16,384 × 16,384 pairs" in line and "VIT_ANALYSIS_MEMORY_MB" in line
+    assert "16,384 × 16,384 pairs" in line and "VIT_ANALYSIS_MEMORY_MB" in line and "512 px input" in line
 
 
 def test_a_rollout_row_passes_a_merge_to_the_real_inputs_of_each_merged_token():
