@@ -369,13 +369,12 @@ def check_forward_fits(checkpoint: Checkpoint, size: InputSize) -> None:
     """UsageError, before any work, when one image's forward at ``size`` (the square of its side bounds every
     image, as ``most_patches`` says) would hold more than the memory limit per image: the cost model's answer
     (``vit.costs.plan.forward``: its costliest block, the input and what its attention layouts form), one line."""
-    from vit.bounds import TooManyTokens
     from vit.costs import plan
 
     side, grid = most_grid(checkpoint, size)
     try:
         plan.decide(plan.forward(checkpoint.model, grid, f"A {side} px input (--size)"))
-    except (TooManyTokens, ValueError) as e:  # ValueError: windows that do not tile the grid (the model's own)
+    except ValueError as e:  # TooManyTokens; or windows that do not tile the grid (the model's own)
         raise UsageError(str(e).splitlines()[0]) from None
 
 

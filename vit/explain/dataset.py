@@ -136,7 +136,7 @@ def check_forward_fits(checkpoint: Checkpoint) -> None:
     image). ``vit.analyze``, the Analyse page and the Ray actors all ask it."""
     check_one_grid(checkpoint)
     model = checkpoint.model
-    (h, w) = checkpoint.preprocessing.image_hw
+    h, w = checkpoint.preprocessing.image_hw
     plan.decide(plan.forward(model, model.patch_grid(h, w), f"The model's {w}×{h} px input"))
 
 
