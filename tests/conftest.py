@@ -52,17 +52,37 @@ HEAVY_FIRST = ("ray-cluster", "browser")
 RAY_TIMEOUT_S = 480  # the deadline of a test on the Ray cluster (pyproject.toml's timeout is every other test's)
 
 
-def _group(module, items) -> str:
+def _group(module, items) -> str | None:
     """A module's group: every module with a test on the Ray cluster shares one (so one cluster, on one worker); the
     modules that drive Chromium against an app server share another (two browsers and two servers never compete
-    for two cores: their timeouts stay what they were measured for); any other module is its own group (its module
-    fixtures are built once)."""
+    for two cores: their timeouts stay what they were measured for). None: its tests are grouped as ``_item_group``
+    says."""
     if any("ray_cluster" in item.fixturenames for item in items):
         return "ray-cluster"
     marks = getattr(module, "pytestmark", [])
     if any(mark.name == "browser" for mark in (marks if isinstance(marks, list) else [marks])):
         return "browser"
-    return module.__name__
+    return None
+
+
+def _item_group(item) -> str | None:
+    """The group of a test of no module group (``_group``): the tests of a module that share a fixture built once
+    per module (or class) share one (built once, on one worker); any other test is in none, handed out on its own
+    as workers free up (test_costs.py's and test_layout_memory.py's subprocesses, and the tests beside a module
+    fixture that do not use it, held one worker for minutes, the run's tail)."""
+    return item.module.__name__ if _shares_fixtures(item) else None
+
+
+def _shares_fixtures(item) -> bool:
+    """Whether ``item`` uses a fixture built once for more than one test of its module (module, class or package
+    scope; the session's, the Hub's and the Ray cluster's, are each worker's own anyway)."""
+    info = getattr(item, "_fixtureinfo", None)
+    return info is not None and any(defs and defs[-1].scope in ("module", "class", "package")
+                                    for defs in info.name2fixturedefs.values())
+
+
+def _slow(items) -> bool:
+    return any(item.get_closest_marker("slow") is not None for item in items)
 
 
 def _in_group(item, group: str) -> None:
@@ -82,19 +102,29 @@ def _in_group(item, group: str) -> None:
 @pytest.hookimpl(tryfirst=True)  # before xdist's own, which reads the groups into the test ids it sends
 def pytest_collection_modifyitems(config, items):
     """Tests marked ``cuda`` need a CUDA GPU: skipped, with the reason, where there is none. In two processes
-    (``addopts`` in pyproject.toml: ``-n 2 --dist loadgroup``) a module's tests stay on one worker (its module
-    fixtures, app servers and models, are built once), the modules on the Ray cluster share one worker and so one
-    cluster, the browser modules another, and those two groups start first."""
+    (``addopts`` in pyproject.toml: ``-n 2 --dist loadgroup``) a module's tests that share its module fixtures stay
+    on one worker (app servers and models are built once; any other test is spread, ``_item_group``), the
+    modules on the Ray cluster share one worker and so one cluster, the browser modules another, and those two
+    groups start first, then the slow tests."""
     if hasattr(config, "workerinput"):  # an xdist worker: the controller hands out the groups in this order
         modules: dict = {}
         for item in items:
             modules.setdefault(item.module, []).append(item)
         groups = {module: _group(module, its) for module, its in modules.items()}
+        group = {id(item): groups[item.module] or _item_group(item) for item in items}  # by id: _in_group renames
+        members: dict = {}
+        for item in items:
+            members.setdefault(group[id(item)] or id(item), []).append(item)
         order = {module: (HEAVY_FIRST.index(g) if g in HEAVY_FIRST else len(HEAVY_FIRST), i)
                  for i, (module, g) in enumerate(groups.items())}
-        items.sort(key=lambda item: order[item.module])  # stable: a module's own order is kept
+        # Then the slow ones (a group with a slow test, a slow test of no group) before the rest: the run ends on
+        # tests of seconds, which even out the workers, not on one of minutes started last
+        slow = {key: _slow(its) for key, its in members.items()}
+        items.sort(key=lambda item: (order[item.module][0],  # stable: a module's own order is kept
+                                     not slow[group[id(item)] or id(item)], order[item.module][1]))
         for item in items:
-            _in_group(item, groups[item.module])
+            if group[id(item)] is not None:
+                _in_group(item, group[id(item)])
     for item in items:  # a Ray job's chain of process starts: 174 s once at a load of 10; the others keep 300 s
         if "ray_cluster" in item.fixturenames and item.get_closest_marker("timeout") is None:
             item.add_marker(pytest.mark.timeout(RAY_TIMEOUT_S))

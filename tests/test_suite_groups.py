@@ -1,5 +1,6 @@
 """The suite's own parallel run (``addopts``: two xdist workers, ``tests/conftest.py``'s groups): the modules on the
-Ray cluster share one worker and so one cluster. The groups were once lost without a word (pytest 9.2 reads a test's
+Ray cluster share one worker and so one cluster, a module's tests that share a module fixture another, and a
+module with none is spread. The groups were once lost without a word (pytest 9.2 reads a test's
 id where xdist 3.8 did not write its group), and each worker started a cluster of its own."""
 
 import re
@@ -14,15 +15,19 @@ ROOT = Path(__file__).resolve().parent.parent
 
 @pytest.mark.slow
 def test_a_parallel_run_keeps_the_ray_modules_on_one_worker_and_a_module_on_one_worker():
-    # Two tests of a Ray module that need no cluster (a module's group is decided before -k deselects), and a module.
-    tests = ["tests/test_ray_train.py", "tests/test_widget_keys.py", "-k", "head_that or cuda_workers or widget"]
+    # Two tests of a Ray module that need no cluster (a module's group is decided before -k deselects), two tests
+    # of a module whose module fixture is built once (its own group), and a module with no such fixture (spread).
+    tests = ["tests/test_ray_train.py", "tests/test_view_shape.py", "tests/test_widget_keys.py", "-k",
+             "head_that or cuda_workers or stages_has_each or widget"]
     done = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-v", "--numprocesses=2",
                            "--dist=loadgroup", *tests], cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
-    ran = re.findall(r"^\[(gw\d)\] \[ *\d+%\] PASSED (\S+)@(\S+)", done.stdout, re.MULTILINE)
+    ran = re.findall(r"^\[(gw\d)\] \[ *\d+%\] PASSED (\S+)", done.stdout, re.MULTILINE)
     groups: dict[str, set[str]] = {}
-    for worker, _, group in ran:
-        groups.setdefault(group, set()).add(worker)
-    assert len(ran) == 4, done.stdout[-3000:]
-    assert set(groups) == {"ray-cluster", "test_widget_keys"}
-    assert all(len(workers) == 1 for workers in groups.values()), groups
+    for worker, test in ran:
+        group = test.rsplit("@", 1)[1] if test.rfind("@") > test.rfind("]") else None
+        groups.setdefault(group or test.split("::")[0], set()).add(worker)
+    assert len(ran) == 6, done.stdout[-3000:]
+    assert set(groups) == {"ray-cluster", "test_view_shape", "tests/test_widget_keys.py"}, groups
+    assert len(groups["ray-cluster"]) == 1 and len(groups["test_view_shape"]) == 1, groups
+    assert all("test_widget_keys" not in test or "@" not in test for _, test in ran)  # no group: spread

@@ -70,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from vit.evaluate import labelled_files
-    from vit.explain.dataset import analyze_files, check_one_grid, sample_files, write_outputs
+    from vit.explain.dataset import analyze_files, check_forward_fits, sample_files, write_outputs
     from vit.predict import UsageError, open_checkpoint, resolve_device
 
     if (args.pca_layer is not None or args.pca_joint) and not args.pca:
@@ -84,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
     # In the cluster's job this process only lists files and aggregates: the actors run the model.
     checkpoint = open_checkpoint(args.checkpoint, torch.device("cpu") if args.ray_job else resolve_device(args.device))
     try:
-        check_one_grid(checkpoint)  # before the first image
+        check_forward_fits(checkpoint)  # before the first image: the cost model's answer (TooManyTokens)
     except ValueError as e:
         raise UsageError(str(e)) from None
     if args.mechanism and checkpoint.model.config.stage_depths:  # before the first image, not after the pass

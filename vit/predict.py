@@ -333,13 +333,18 @@ def maps_bytes(num_layers: int, num_heads: int, tokens: int, dtype: str) -> int:
 def most_patches(checkpoint: Checkpoint, size: InputSize) -> tuple[int, int]:
     """``(side, patches)``: the input side ``size`` asks for and the most patches an image can have there (the
     square of that side bounds every image: ``--keep-aspect`` only shortens a side)."""
+    side, grid = most_grid(checkpoint, size)
+    return side, grid[0] * grid[1]
+
+
+def most_grid(checkpoint: Checkpoint, size: InputSize) -> tuple[int, tuple[int, int]]:
+    """``(side, grid)``: the input side ``size`` asks for and the largest patch grid an image can have there."""
     from vit.inference import InputSize
 
     model, p = checkpoint.model, checkpoint.preprocessing
     side = size.side or max(p.image_hw)  # the long side of a rectangular training size
     shape = p.image_hw if size == InputSize() else InputSize(side).shape((side, side), p, model.config.patch_size)
-    grid = model.patch_grid(*shape)
-    return side, grid[0] * grid[1]
+    return side, model.patch_grid(*shape)
 
 
 def most_tokens(checkpoint: Checkpoint, size: InputSize) -> tuple[int, int]:
@@ -361,6 +366,19 @@ def check_tokens_fit(checkpoint: Checkpoint, size: InputSize, max_tokens: int | 
                      f"allow it with --max-tokens {patches} (or env {MAX_TOKENS_ENV})")
     except (TooManyTokens, ValueError) as e:
         raise UsageError(str(e)) from None
+
+
+def check_forward_fits(checkpoint: Checkpoint, size: InputSize) -> None:
+    """UsageError, before any work, when one image's forward at ``size`` (the square of its side bounds every
+    image, as ``most_patches`` says) would hold more than the memory limit per image: the cost model's answer
+    (``vit.costs.plan.forward``: its costliest block, the input and what its attention layouts form), one line."""
+    from vit.costs import plan
+
+    side, grid = most_grid(checkpoint, size)
+    try:
+        plan.decide(plan.forward(checkpoint.model, grid, f"A {side} px input (--size)"))
+    except ValueError as e:  # TooManyTokens; or windows that do not tile the grid (the model's own)
+        raise UsageError(str(e).splitlines()[0]) from None
 
 
 def check_maps_fit(checkpoint: Checkpoint, size: InputSize, dtype: str, limit_mb: int) -> None:
@@ -501,6 +519,9 @@ def run(args: argparse.Namespace) -> int:
     checkpoint = open_checkpoint(args.checkpoint, resolve_device(args.device), args.arch)
     if checkpoint.model.config.tubelet_size:
         return run_clips(checkpoint, args)
+    size = input_size(args)
+    check_tokens_fit(checkpoint, size, args.max_tokens)
+    check_forward_fits(checkpoint, size)  # the image model's own, before the text tower or any image runs
     prompts, tower = None, checkpoint
     if args.labels is not None:
         if args.ablate is not None and args.save_maps:
@@ -511,8 +532,6 @@ def run(args: argparse.Namespace) -> int:
     if args.ablate is not None:
         checkpoint = ablated(checkpoint, args.ablate)
     maps_dir = Path(args.save_maps) if args.save_maps else None
-    size = input_size(args)
-    check_tokens_fit(checkpoint, size, args.max_tokens)
     if maps_dir is not None:
         check_maps_fit(checkpoint, size, args.maps_dtype, maps_limit_mb(args))
         try:

@@ -273,6 +273,7 @@ def run(args: argparse.Namespace, stop=None, harvest=None) -> int:
     import torch
     from tqdm import tqdm
 
+    from vit.costs import plan
     from vit.features.harvest import (
         ShuffleBuffer,
         activation_batches,
@@ -322,7 +323,9 @@ def run(args: argparse.Namespace, stop=None, harvest=None) -> int:
     tokens_per_image = prefix + grid[0] * grid[1]  # block --layer's output: a stage layer's own grid (Swin, Hiera)
     try:
         check_settings(settings, d_in, model.config.num_layers, device, args.image_batch * tokens_per_image)
-    except ValueError as e:  # SAEError
+        h, w = checkpoint.preprocessing.image_hw  # the harvest's forward of one image: the cost model's answer
+        plan.decide(plan.forward(model, model.patch_grid(h, w), f"The model's {w}×{h} px input"))
+    except ValueError as e:  # SAEError, TooManyTokens
         raise UsageError(str(e)) from None
     if config is not None and (out / FILES_FILE).exists():  # runs from before it was written list DIR again
         try:

@@ -30,6 +30,7 @@ import torch
 from plotly.subplots import make_subplots
 
 from vit.checkpoint import Checkpoint
+from vit.costs import plan
 from vit.explain.attention import fuse_heads, layer_stats, rollout, token_map
 from vit.inference import predict_files
 from vit.runfiles import atomic_write_text, lies_inside
@@ -129,6 +130,16 @@ def check_one_grid(checkpoint: Checkpoint) -> None:
         raise ValueError("the dataset analysis needs a classifier, and this model with stages has none")
 
 
+def check_forward_fits(checkpoint: Checkpoint) -> None:
+    """ValueError, before any image: ``check_one_grid``, then the cost model's answer for one image's forward at
+    the checkpoint's own size (``vit.costs.plan.forward``; ``TooManyTokens``, one line, over the memory limit per
+    image). ``vit.analyze``, the Analyse page and the Ray actors all ask it."""
+    check_one_grid(checkpoint)
+    model = checkpoint.model
+    h, w = checkpoint.preprocessing.image_hw
+    plan.decide(plan.forward(model, model.patch_grid(h, w), f"The model's {w}×{h} px input"))
+
+
 def _stage_summaries(model, attentions: Sequence[np.ndarray], grid: tuple[int, int]
                      ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """One image's summaries for a model with stages: distance and entropy ``(L, H_max)`` (NaN past a layer's
@@ -159,7 +170,7 @@ def image_summaries(checkpoint: Checkpoint, paths: Sequence[str | Path]) -> dict
     its error. The local analysis and the Ray one (``vit.runs.ray_analyze``) both call this on the same batches,
     so their summaries are the same numbers.
     """
-    check_one_grid(checkpoint)
+    check_forward_fits(checkpoint)
     model = checkpoint.model
     grid, prefix = model.patch_grid(*checkpoint.preprocessing.image_hw), model.num_prefix_tokens
     patch = model.config.patch_size
@@ -276,7 +287,7 @@ def analyze_files(checkpoint: Checkpoint, files: Sequence[tuple[Path, int]], bat
 
     ``image_summaries`` of each run of ``batch_size`` files, added to an ``Aggregator``."""
     check_batch_size(batch_size)
-    check_one_grid(checkpoint)
+    check_forward_fits(checkpoint)
     if not files:
         raise ValueError("no images to analyse")
     total = Aggregator(checkpoint.class_names, files, top_mistakes, readout(checkpoint))
