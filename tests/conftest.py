@@ -49,19 +49,24 @@ def pytest_configure(config):
 
 # Modules that take minutes, not seconds: handed out first, so that neither worker is left with one of them at the end.
 HEAVY_FIRST = ("ray-cluster", "browser")
+# The modules whose tests each measure a subprocess's peak memory over a model at its largest allowed size (up to a
+# few GB each): one group, so two of them never run at once on a CI machine's memory
+MEMORY_MODULES = ("test_costs", "test_layout_memory", "test_checkpointed_states")
 RAY_TIMEOUT_S = 480  # the deadline of a test on the Ray cluster (pyproject.toml's timeout is every other test's)
 
 
 def _group(module, items) -> str | None:
     """A module's group: every module with a test on the Ray cluster shares one (so one cluster, on one worker); the
     modules that drive Chromium against an app server share another (two browsers and two servers never compete
-    for two cores: their timeouts stay what they were measured for). None: its tests are grouped as ``_item_group``
-    says."""
+    for two cores: their timeouts stay what they were measured for); the ``MEMORY_MODULES`` a third. None: its
+    tests are grouped as ``_item_group`` says."""
     if any("ray_cluster" in item.fixturenames for item in items):
         return "ray-cluster"
     marks = getattr(module, "pytestmark", [])
     if any(mark.name == "browser" for mark in (marks if isinstance(marks, list) else [marks])):
         return "browser"
+    if module.__name__.rpartition(".")[2] in MEMORY_MODULES:
+        return "memory"
     return None
 
 
