@@ -46,7 +46,7 @@ def write_clip(path: Path, seconds: float, gop: int | None) -> Path:
             stream.codec_context.gop_size = gop
         for i in range(int(seconds * RATE)):
             frame = texture[2 * i:2 * i + HEIGHT, 3 * i:3 * i + WIDTH]
-            frame = np.clip(frame.astype(np.int16) + rng.integers(-24, 25, frame.shape, dtype=np.int16), 0, 255)
+            frame = np.clip(frame.astype(np.int16) + rng.integers(-12, 13, frame.shape, dtype=np.int16), 0, 255)
             for packet in stream.encode(av.VideoFrame.from_ndarray(frame.astype(np.uint8), format="rgb24")):
                 container.mux(packet)
         for packet in stream.encode():

@@ -14,16 +14,17 @@ av = pytest.importorskip("av")
 
 
 def write_video(path, count: int, size=(64, 48), codec: str = "libx264", gop: int | None = None, rate: int = 25):
-    """``count`` frames of a bar moving over noise, every frame different, encoded by PyAV."""
+    """``count`` frames of a bar moving over still noise, every frame different, encoded by PyAV (x264 codes most of
+    them as B-frames, which the reader skips unless sampled)."""
     width, height = size
-    rng = np.random.default_rng(0)
+    background = np.random.default_rng(0).integers(0, 64, (height, width, 3), dtype=np.uint8)
     with av.open(str(path), "w") as container:
         stream = container.add_stream(codec, rate=rate)
         stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
         if gop:
             stream.codec_context.gop_size = gop
         for i in range(count):
-            frame = rng.integers(0, 64, (height, width, 3), dtype=np.uint8)
+            frame = background.copy()
             frame[:, (3 * i) % width:(3 * i) % width + 6] = 255
             frame[..., 1] = 4 * i % 256
             for packet in stream.encode(av.VideoFrame.from_ndarray(frame, format="rgb24")):
@@ -39,7 +40,7 @@ def every_frame(path) -> list[np.ndarray]:
         return [frame.to_ndarray(format="rgb24") for frame in container.decode(video=0)]
 
 
-# (file, codec, keyframe interval): x264's B-frames with its own keyframes, and with one every 6 or 7 frames
+# (file, codec, keyframe interval): x264's B-frames with its own keyframes, and with one every 6 to 8 frames
 VIDEOS = [("clip.mp4", "libx264", None), ("short-gop.mp4", "libx264", 6), ("clip.webm", "libvpx", 7),
           ("clip.mkv", "mpeg4", 5), ("clip.avi", "mpeg4", 8)]
 
@@ -132,3 +133,17 @@ def test_a_truncated_video_is_refused_in_one_line(tmp_path):
     with pytest.raises(ClipError) as error:
         read_clip_bytes(data[: len(data) // 2], "cut.mp4", 8)  # its index (moov) is at the end: gone
     assert "\n" not in str(error.value) and "cut.mp4" in str(error.value)
+
+
+def test_the_reader_skips_frames_it_need_not_decode(tmp_path, monkeypatch):
+    """So that the pixel equality above covers the seeks and the skipped B-frames, not only a forward decode."""
+    path = write_video(tmp_path / "clip.mp4", 37, gop=6)
+    decoded, real = [], clips._decoded
+
+    def counting(*args):
+        for frame in real(*args):
+            decoded.append(frame.pts)
+            yield frame
+    monkeypatch.setattr(clips, "_decoded", counting)
+    sampled = read_clip(path, 4)
+    assert sampled.indices == [0, 9, 18, 27] and len(decoded) < 28  # a forward decode outputs frames 0 to 27

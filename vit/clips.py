@@ -11,8 +11,9 @@ its end), which refuses a 10-minute 4K file before its first frame.
 
 A video is read in two passes: its packets' timestamps (demuxed, not decoded) name every frame in presentation order
 and say which are keyframes; then only the sampled frames are decoded: a jump to the keyframe before a sampled frame
-when that keyframe lies past what has been decoded, decoding forward otherwise, each sampled frame converted to RGB
-and the others never (``bench/bench_video_decode.py``). A frame's index is its place in a decode of every frame.
+when that keyframe lies past what has been decoded, decoding forward otherwise, skipping the frames no other frame
+refers to (B-frames, mostly) unless sampled, each sampled frame converted to RGB and the others never
+(``bench/bench_video_decode.py``). A frame's index is its place in a decode of every frame.
 
 Sampling is transformers' ``BaseVideoProcessor.sample_frames``: ``arange(0, n, n / num_frames)`` truncated, so a
 clip of ``n`` frames is sampled uniformly from its first frame, and one shorter than ``num_frames`` repeats frames.
@@ -184,6 +185,15 @@ def _frame_timestamps(container, stream, name: str, width: int, height: int) -> 
     return sorted(stamps), sorted(keys)
 
 
+def _decoded(container, stream, targets: set[int]):
+    """The frames decoded forward from where the container stands, but for those no other frame refers to and no
+    target is (the decoder's ``skip_frame = NONREF``, set per packet): skipping them changes no other frame."""
+    context = stream.codec_context
+    for packet in container.demux(stream):
+        context.skip_frame = "DEFAULT" if packet.size == 0 or packet.pts in targets else "NONREF"
+        yield from context.decode(packet)
+
+
 def _decode_sampled(container, stream, targets: list[int], keys: list[int], name: str, width: int, height: int
                     ) -> dict[int, Image.Image]:
     """The frames at the timestamps ``targets`` (ascending) as RGB images: a seek to the keyframe before a target
@@ -194,7 +204,7 @@ def _decode_sampled(container, stream, targets: list[int], keys: list[int], name
         key = keys[max(0, bisect.bisect_right(keys, target) - 1)]
         if frames is None or position is None or key > position:
             container.seek(key, stream=stream, backward=True)  # to that keyframe: any_frame=False
-            frames = container.decode(stream)
+            frames = _decoded(container, stream, set(targets))
         for frame in frames:
             position = frame.pts
             if frame.pts is not None and frame.pts >= target:
