@@ -11,7 +11,8 @@ times, side by side on the same file, ``--frames`` frames sampled uniformly (tra
 - ours: ``vit.clips.read_clip``: the packets' timestamps demuxed, then a seek to the keyframe before a sampled frame
   when it lies past what was decoded, forward decoding otherwise, only the sampled frames converted.
 
-Each is the median of ``--repeats`` runs, pinned to 2 cores; ours' frames are checked equal to the naive loop's.
+Each is the median of ``--repeats`` runs, pinned to 2 cores, in wall-clock seconds and in CPU seconds (every thread
+of the process: what a busy machine inflates less); ours' frames are checked equal to the naive loop's.
 """
 
 from __future__ import annotations
@@ -89,13 +90,15 @@ def ours(path: Path, indices: list[int]) -> list[np.ndarray]:
     return [np.asarray(f) for f in sampled.frames]
 
 
-def timed(function, *args, repeats: int) -> tuple[float, list[np.ndarray]]:
-    times, out = [], None
+def timed(function, *args, repeats: int) -> tuple[float, float, list[np.ndarray]]:
+    """The median wall-clock seconds and CPU seconds (every thread of this process) of ``repeats`` calls."""
+    walls, cpus, out = [], [], None
     for _ in range(repeats):
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.process_time()
         out = function(*args)
-        times.append(time.perf_counter() - start)
-    return statistics.median(times), out
+        walls.append(time.perf_counter() - start)
+        cpus.append(time.process_time() - cpu)
+    return statistics.median(walls), statistics.median(cpus), out
 
 
 def main() -> None:
@@ -114,21 +117,25 @@ def main() -> None:
     indices = sample_indices(total, args.frames)
     print(f"# {args.seconds:g} s of {WIDTH}x{HEIGHT} at {RATE} fps ({total} frames), H.264 (libx264 medium, CRF 23) "
           f"in MP4, to {args.frames} uniformly sampled frames; PyAV {av.__version__}, "
-          f"{len(os.sched_getaffinity(0))} cores, median of {args.repeats}\n")
-    print("| keyframe interval | file MB | naive s | sequential s | ours s | naive / ours | sequential / ours |")
+          f"{len(os.sched_getaffinity(0))} cores, median of {args.repeats}; load average at the start "
+          f"{os.getloadavg()[0]:.1f}\n")
+    print("| keyframe interval | file MB | naive s (CPU s) | sequential s (CPU s) | ours s (CPU s) | naive / ours "
+          "| sequential / ours |")
     print("|---|---|---|---|---|---|---|")
     with tempfile.TemporaryDirectory() as folder:
         for gop in (None, RATE):
             path = write_clip(Path(folder) / f"clip-{gop}.mp4", args.seconds, gop)
-            t_naive, reference = timed(naive, path, indices, repeats=args.repeats)
-            t_sequential, frames = timed(sequential, path, indices, repeats=args.repeats)
+            t_naive, c_naive, reference = timed(naive, path, indices, repeats=args.repeats)
+            t_sequential, c_sequential, frames = timed(sequential, path, indices, repeats=args.repeats)
             assert all((a == b).all() for a, b in zip(frames, reference, strict=True))
-            t_ours, frames = timed(ours, path, indices, repeats=args.repeats)
+            t_ours, c_ours, frames = timed(ours, path, indices, repeats=args.repeats)
             assert all((a == b).all() for a, b in zip(frames, reference, strict=True)), "ours differ from naive"
             label = "250 (x264 default)" if gop is None else f"{gop} (1 s)"
-            print(f"| {label} | {path.stat().st_size / 2**20:.1f} | {t_naive:.2f} | {t_sequential:.2f} | "
-                  f"{t_ours:.2f} | {t_naive / t_ours:.1f} | {t_sequential / t_ours:.1f} |", flush=True)
-    print("\nours' frames equal the naive loop's at the sampled indices, pixel for pixel")
+            print(f"| {label} | {path.stat().st_size / 2**20:.1f} | {t_naive:.2f} ({c_naive:.2f}) | "
+                  f"{t_sequential:.2f} ({c_sequential:.2f}) | {t_ours:.2f} ({c_ours:.2f}) | {t_naive / t_ours:.1f} | "
+                  f"{t_sequential / t_ours:.1f} |", flush=True)
+    print(f"\nours' frames equal the naive loop's at the sampled indices, pixel for pixel; load average at the end "
+          f"{os.getloadavg()[0]:.1f}")
 
 
 if __name__ == "__main__":
