@@ -44,8 +44,9 @@ FRAME_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".bmp", ".tif", ".tiff")
 VIDEO_SUFFIXES = (".mp4", ".webm", ".mov", ".avi", ".mkv", ".m4v", ".mpg", ".mpeg")
 MAX_FRAMES = 100_000  # frames a clip may declare: an hour at 25 fps; its decoded size is bounded besides
 BYTES_PER_PIXEL = 3  # RGB, as decoded
-# Pixels a video's decoding may go through, counted over every declared frame: ~69 s of 1080p at 30 fps, some
-# seconds of one decoder on 2 cores; a 10-minute 4K file at 30 fps is 35 times it
+# Pixels a video's decoding may go through, counted over every declared frame (a file with one keyframe needs them
+# all): ~69 s of 1080p at 30 fps, ~15 CPU s of H.264 decoding (bench/bench_video_decode.py); a 10-minute 4K file at
+# 30 fps is 35 times it
 MAX_DECODE_PIXELS = 2**32
 VIDEO_HELP = "give a shorter or smaller clip (ffmpeg -i in.mp4 -t 60 -vf scale=-2:720 out.mp4)"
 
