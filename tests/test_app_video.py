@@ -1,8 +1,9 @@
 """The explorer shows a clip for a video model (issue 65): a tiny random VideoMAE opened by path, an animated GIF
 uploaded, its predicted classes, the sampling said in the caption, a time slider whose frame shows the map
 ``vit.explain`` gives for that frame (its values ride on the frame picker's points), a query typed as (frame, row,
-col), the strip of every frame and the GIF export; a zip of frames reads as the GIF does; a broken or oversized clip
-answers in one line. ``vit.explain``'s maps are checked against transformers in tests/test_videomae.py."""
+col), the strip of every frame and the GIF export; a zip of frames reads as the GIF does, and an MP4 (PyAV) shows
+``vit.explain``'s maps of the same file; a broken or oversized clip answers in one line. ``vit.explain``'s maps are
+checked against transformers in tests/test_videomae.py."""
 
 import base64
 import io
@@ -100,11 +101,27 @@ def test_a_zip_of_frames_reads_as_its_gif_does(video_page, tmp_path):
     np.testing.assert_allclose(shown_map(at), expected.map[0], rtol=1e-6, atol=1e-9)
 
 
+def test_an_uploaded_mp4_shows_vit_explains_maps_of_the_same_file(video_page, tmp_path):
+    from test_video_files import write_video
+
+    path = write_video(tmp_path / "clip.mp4", 9, size=(40, 30))
+    at = upload_clip(video_page, "clip.mp4", path.read_bytes(), "video/mp4")
+    assert not at.error, [e.value for e in at.error]
+    assert any("Uniform sampling of 4 frames over 9: frames 0, 2, 4, 6" in c.value.replace("\\", "")
+               for c in at.caption)
+    [strip] = at.get("image")
+    assert len(strip.proto.imgs) == FRAMES
+    expected = vit.explain(vit.load(str(tmp_path / "videomae")), str(path), "attention", query=(0, 0, 0))
+    at.slider(key="clip_frame").set_value(3).run()
+    np.testing.assert_allclose(shown_map(at), expected.map[2], rtol=1e-6, atol=1e-9)
+
+
 @pytest.mark.parametrize("name, data, message", [
     ("broken.gif", b"GIF89a not really", "is not an image"),
     ("notes.zip", b"PK\x03\x04 not really", "is not a zip file"),
+    ("notes.mp4", b"not a video at all", "is not a video"),
     ("big.gif", None, "MB"),
-], ids=["broken", "not-a-zip", "oversized"])
+], ids=["broken", "not-a-zip", "not-a-video", "oversized"])
 def test_a_bad_clip_answers_in_one_line(video_page, tmp_path, monkeypatch, name, data, message):
     if data is None:
         monkeypatch.setenv("VIT_ANALYSIS_MEMORY_MB", "1")  # 4 frames of 400 x 300 px: refused before decoding

@@ -1,11 +1,19 @@
-"""A clip in, for a video model (VideoMAE): its frames from an animated GIF (PIL), a folder of frames, or a list of
-images, or an upload's bytes (a GIF, or a zip of frames read in memory: ``read_clip_bytes``), sampled to the model's
-``num_frames`` and preprocessed frame by frame as its processor does.
+"""A clip in, for a video model (VideoMAE, TimeSformer): its frames from a video file (MP4, WebM, MKV, MOV, AVI:
+PyAV), an animated GIF (PIL), a folder of frames, or a list of images, or an upload's bytes (a video, a GIF, or a zip
+of frames, read in memory: ``read_clip_bytes``), sampled to the model's ``num_frames`` and preprocessed frame by
+frame as its processor does.
 
 Every declared size is checked before a pixel is decoded: the frame count and the frame's width x height from the
-file headers, their product against the memory bound (``vit.bounds.memory_limit``), in one line. Video files (MP4,
-WebM, ...) need a maintained decoder, PyAV, which is not a dependency here: they are refused in one line that says
-to give a GIF or a folder of frames.
+file headers, their product against the memory bound (``vit.bounds.memory_limit``), in one line. A video decoder
+holds a few reference frames, not the clip, so a video's memory is its sampled frames; what grows with its length is
+the decoding, bounded by ``MAX_DECODE_PIXELS`` over every declared frame (a file with one keyframe must be decoded to
+its end), which refuses a 10-minute 4K file before its first frame.
+
+A video is read in two passes: its packets' timestamps (demuxed, not decoded) name every frame in presentation order
+and say which are keyframes; then only the sampled frames are decoded: a jump to the keyframe before a sampled frame
+when that keyframe lies past what has been decoded, decoding forward otherwise, skipping the frames no other frame
+refers to (B-frames, mostly) unless sampled, each sampled frame converted to RGB and the others never
+(``bench/bench_video_decode.py``). A frame's index is its place in a decode of every frame.
 
 Sampling is transformers' ``BaseVideoProcessor.sample_frames``: ``arange(0, n, n / num_frames)`` truncated, so a
 clip of ``n`` frames is sampled uniformly from its first frame, and one shorter than ``num_frames`` repeats frames.
@@ -13,7 +21,9 @@ clip of ``n`` frames is sampled uniformly from its first frame, and one shorter 
 
 from __future__ import annotations
 
+import bisect
 import io
+import math
 import os
 import re
 import zipfile
@@ -34,6 +44,11 @@ FRAME_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".bmp", ".tif", ".tiff")
 VIDEO_SUFFIXES = (".mp4", ".webm", ".mov", ".avi", ".mkv", ".m4v", ".mpg", ".mpeg")
 MAX_FRAMES = 100_000  # frames a clip may declare: an hour at 25 fps; its decoded size is bounded besides
 BYTES_PER_PIXEL = 3  # RGB, as decoded
+# Pixels a video's decoding may go through, counted over every declared frame (a file with one keyframe needs them
+# all): ~69 s of 1080p at 30 fps, ~15 CPU s of H.264 decoding (bench/bench_video_decode.py); a 10-minute 4K file at
+# 30 fps is 35 times it
+MAX_DECODE_PIXELS = 2**32
+VIDEO_HELP = "give a shorter or smaller clip (ffmpeg -i in.mp4 -t 60 -vf scale=-2:720 out.mp4)"
 
 
 class ClipError(ImageError):
@@ -114,9 +129,143 @@ def _gif_frames(source: Path | BinaryIO, wanted: int, name: str) -> SampledClip:
     return SampledClip([out[i] for i in indices], indices, frames)
 
 
+def _head(path: Path) -> bytes:
+    try:
+        with open(path, "rb") as file:
+            return file.read(12)
+    except OSError:
+        return b""
+
+
+def _is_video(head: bytes) -> bool:
+    """An MP4 / MOV (``ftyp`` box), a Matroska / WebM (EBML) or an AVI (RIFF) by its first bytes, whatever its name."""
+    return head[4:8] == b"ftyp" or head[:4] == b"\x1aE\xdf\xa3" or (head[:4] == b"RIFF" and head[8:12] == b"AVI ")
+
+
+def _check_decoding(name: str, frames: int, width: int, height: int) -> None:
+    """ClipError (one line) when decoding ``frames`` frames of ``width`` x ``height`` is past ``MAX_DECODE_PIXELS``."""
+    if frames > MAX_FRAMES:
+        raise ClipError(f"{name} declares {frames:,} frames (at most {MAX_FRAMES:,}); cut it shorter first")
+    if frames * width * height > MAX_DECODE_PIXELS:
+        raise ClipError(f"{name}: {frames:,} frames of {width:,}x{height:,} px are {frames * width * height / 1e9:,.1f}"
+                        f" gigapixels to decode (at most {MAX_DECODE_PIXELS / 1e9:,.1f}); {VIDEO_HELP}")
+
+
+def _declared_frames(container, stream) -> int | None:
+    """The frame count a video's headers declare: the stream's own (MP4, MOV), else its duration x its frame rate
+    (WebM and MKV keep no count); None when it declares neither."""
+    if stream.frames:
+        return int(stream.frames)
+    rate = stream.average_rate or stream.guessed_rate or stream.base_rate
+    if stream.duration is not None and stream.time_base:
+        seconds = float(stream.duration * stream.time_base)
+    elif container.duration:
+        seconds = container.duration / 1_000_000  # AV_TIME_BASE
+    else:
+        return None
+    return max(1, math.ceil(seconds * float(rate))) if rate else None
+
+
+def _frame_timestamps(container, stream, name: str, width: int, height: int) -> tuple[list[int], list[int]]:
+    """Every frame's presentation timestamp in order, and the keyframes', from the packets (demuxed, not decoded);
+    ClipError when there are more than the headers let through."""
+    stamps, keys = [], []
+    for packet in container.demux(stream):
+        if packet.size == 0 or packet.is_discard:  # the flush packet; an edit list's dropped frames
+            continue
+        if packet.pts is None:
+            raise ClipError(f"{name} has frames without timestamps; re-encode it (ffmpeg -i in -c:v libx264 out.mp4)")
+        stamps.append(packet.pts)
+        if packet.is_keyframe:
+            keys.append(packet.pts)
+        if len(stamps) % 1024 == 0:  # a header that undercounts: stop at the bound, not at the file's end
+            _check_decoding(name, len(stamps), width, height)
+    _check_decoding(name, len(stamps), width, height)
+    if not stamps or not keys:
+        raise ClipError(f"{name} holds no decodable frame; re-encode it (ffmpeg -i in -c:v libx264 out.mp4)")
+    return sorted(stamps), sorted(keys)
+
+
+def _decoded(container, stream, targets: set[int]):
+    """The frames decoded forward from where the container stands, but for those no other frame refers to and no
+    target is (the decoder's ``skip_frame = NONREF``, set per packet): skipping them changes no other frame."""
+    context = stream.codec_context
+    for packet in container.demux(stream):
+        context.skip_frame = "DEFAULT" if packet.size == 0 or packet.pts in targets else "NONREF"
+        yield from context.decode(packet)
+
+
+def _decode_sampled(container, stream, targets: list[int], keys: list[int], name: str, width: int, height: int
+                    ) -> dict[int, Image.Image]:
+    """The frames at the timestamps ``targets`` (ascending) as RGB images: a seek to the keyframe before a target
+    when that keyframe lies past the last decoded frame, decoding forward otherwise; no other frame converted."""
+    out: dict[int, Image.Image] = {}
+    frames, position = None, None
+    for target in targets:
+        key = keys[max(0, bisect.bisect_right(keys, target) - 1)]
+        if frames is None or position is None or key > position:
+            container.seek(key, stream=stream, backward=True)  # to that keyframe: any_frame=False
+            frames = _decoded(container, stream, set(targets))
+        for frame in frames:
+            position = frame.pts
+            if frame.pts is not None and frame.pts >= target:
+                break
+        else:
+            raise ClipError(f"{name} ends before the frames its packets name; it is truncated, re-encode it")
+        if frame.pts != target:
+            raise ClipError(f"{name}: a seek did not reach its frame at {target} (an open GOP?); re-encode it "
+                            "(ffmpeg -i in -c:v libx264 out.mp4)")
+        if frame.width > width or frame.height > height:  # a stream whose frames grow past what it declared
+            raise ClipError(f"{name} declares {width}x{height} px but holds {frame.width}x{frame.height}; re-encode it")
+        out[target] = frame.to_image()  # RGB
+    return out
+
+
+def _video_frames(source: Path | BinaryIO, wanted: int, name: str) -> SampledClip:
+    """``wanted`` frames of a video file or its bytes, through PyAV; its declared size checked before its packets
+    are read and its frame count again before any frame is decoded."""
+    import av  # its FFmpeg libraries load on a video's first read, not on the engine's import
+
+    try:
+        container = av.open(source if not isinstance(source, Path) else str(source), metadata_errors="ignore")
+    except (av.FFmpegError, OSError, ValueError):
+        raise ClipError(f"{name} is not a video this program can read (MP4, WebM, MKV, MOV, AVI); give a video, "
+                        "an animated GIF or a folder of frames") from None
+    with container:
+        if not container.streams.video:
+            raise ClipError(f"{name} holds no video stream; give a video, an animated GIF or a folder of frames")
+        stream = container.streams.video[0]
+        try:
+            context = stream.codec_context
+            width, height, codec = context.width, context.height, context.name
+        except (av.FFmpegError, AttributeError, ValueError):
+            context = None
+        if context is None or not width or not height:
+            raise ClipError(f"{name}: its video stream cannot be decoded here (no decoder, or no frame size); "
+                            "re-encode it (ffmpeg -i in -c:v libx264 out.mp4)")
+        declared = _declared_frames(container, stream)
+        if declared is None:
+            raise ClipError(f"{name} declares neither its frame count nor its duration; re-encode it "
+                            "(ffmpeg -i in -c:v libx264 out.mp4)")
+        _check_decoding(name, declared, width, height)
+        _check_size(name, declared, width, height, min(declared, wanted))  # the sampled frames, held as RGB
+        try:
+            stamps, keys = _frame_timestamps(container, stream, name, width, height)
+            indices = sample_indices(len(stamps), wanted)
+            _check_size(name, len(stamps), width, height, len(set(indices)))
+            stream.thread_type = "AUTO"  # frame threads: the cores decode consecutive frames at once
+            frames = _decode_sampled(container, stream, sorted({stamps[i] for i in indices}), keys, name, width,
+                                     height)
+        except (av.FFmpegError, OSError, EOFError) as e:
+            raise ClipError(f"{name} ({codec}) cannot be decoded: {str(e).splitlines()[0] if str(e) else e!r}; "
+                            "re-encode it (ffmpeg -i in -c:v libx264 out.mp4)") from None
+    return SampledClip([frames[stamps[i]] for i in indices], indices, len(stamps))
+
+
 def read_clip(source: str | os.PathLike | Sequence[Image.Image], wanted: int) -> SampledClip:
-    """``wanted`` RGB frames sampled uniformly from a GIF, a folder of frames, or a list of PIL images; ClipError
-    (one line) for anything else, or a clip past the bounds, before its frames are decoded."""
+    """``wanted`` RGB frames sampled uniformly from a video file (MP4, WebM, MKV, MOV, AVI), a GIF, a folder of
+    frames, or a list of PIL images; ClipError (one line) for anything else, or a clip past the bounds, before its
+    frames are decoded."""
     if isinstance(source, (list, tuple)):
         if not source or not all(isinstance(f, Image.Image) for f in source):
             raise ClipError("a clip given as a list needs PIL images, at least one")
@@ -128,9 +277,8 @@ def read_clip(source: str | os.PathLike | Sequence[Image.Image], wanted: int) ->
         raise ClipError(f"{path}: no such file or folder")
     if path.is_dir():
         return _folder_frames(path, wanted)
-    if path.suffix.lower() in VIDEO_SUFFIXES:
-        raise ClipError(f"{path}: video files need PyAV, which is not installed here; give an animated GIF or a "
-                        "folder of its frames (ffmpeg -i clip.mp4 frames/%05d.png)")
+    if path.suffix.lower() in VIDEO_SUFFIXES or _is_video(_head(path)):
+        return _video_frames(path, wanted, str(path))
     return _gif_frames(path, wanted, str(path))
 
 
@@ -179,15 +327,15 @@ def _zip_frames(data: bytes, wanted: int, name: str) -> SampledClip:
 
 
 def read_clip_bytes(data: bytes, name: str, wanted: int) -> SampledClip:
-    """``read_clip`` for an upload: an animated GIF, or a zip of frames (``.zip``: its images in natural order of
-    their names), held in memory; ``name`` names it in the one-line ClipError."""
+    """``read_clip`` for an upload: a video file, an animated GIF, or a zip of frames (``.zip``: its images in
+    natural order of their names), held in memory (nothing written to disk); ``name`` names it in the one-line
+    ClipError."""
     if not data:
-        raise ClipError(f"{name} is empty (0 bytes); give an animated GIF or a zip of frames")
+        raise ClipError(f"{name} is empty (0 bytes); give a video, an animated GIF or a zip of frames")
     if name.lower().endswith(".zip") or data[:4] == b"PK\x03\x04":
         return _zip_frames(data, wanted, name)
-    if PurePosixPath(name).suffix.lower() in VIDEO_SUFFIXES:
-        raise ClipError(f"{name}: video files need PyAV, which is not installed here; give an animated GIF or a "
-                        "zip of its frames (ffmpeg -i clip.mp4 frames/%05d.png)")
+    if PurePosixPath(name).suffix.lower() in VIDEO_SUFFIXES or _is_video(data):
+        return _video_frames(io.BytesIO(data), wanted, name)
     return _gif_frames(io.BytesIO(data), wanted, name)
 
 

@@ -32,8 +32,8 @@ training-free sclip, naclip, clearclip, clipsurgery, the similarity itself),
 with ``class_names`` the labels and ``probability_kind``; each map is also drawn as
 ``<stem>_<method>_<i>.png`` (i: the label's place, from 0), listed under ``"maps"`` → ``"prompts"``.
 
-A video model (VideoMAE) takes clips instead: each IMAGE is an animated GIF or a folder of frames (video files
-need PyAV, not installed here), sampled uniformly to the model's ``num_frames``; with ``--save-maps`` its
+A video model (VideoMAE) takes clips instead: each IMAGE is a video file (MP4, WebM, MKV, MOV, AVI: PyAV), an
+animated GIF or a folder of frames, sampled uniformly to the model's ``num_frames``; with ``--save-maps`` its
 ``<stem>.npz`` holds ``layer_i`` (heads, T, T) over the tubelet tokens (time-major: token ``n`` is tubelet
 ``(n // (rows*cols), n // cols % rows, n % cols)``), ``grid`` (tubelets, rows, cols), ``tubelet`` (frames per
 token) and ``frames`` (the sampled frame indices). TimeSformer's divided layers are saved as its blocks compute them:
@@ -552,8 +552,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def run_clips(checkpoint: Checkpoint, args: argparse.Namespace) -> int:
-    """``run`` for a video model: each IMAGE a clip (a GIF or a folder of frames), one line on stderr for one that
-    cannot be read; with ``--save-maps`` every layer's attention over the tubelet tokens."""
+    """``run`` for a video model: each IMAGE a clip (a video, a GIF or a folder of frames), one line on stderr for one
+    that cannot be read; with ``--save-maps`` every layer's attention over the tubelet tokens."""
     import numpy as np
 
     from vit.clips import ClipError, read_clip

@@ -1,7 +1,7 @@
-"""The explorer for a video model (VideoMAE): a clip in the sidebar (an animated GIF or a zip of frames), its
-predicted classes, a map (attention by layer and head, rollout, norms) on the frame the time slider shows, a query
-patch picked by a click on that frame or by number, every sampled frame with its map in a strip, and the frames
-overlaid as an animated GIF. The maps are ``vit.explain.video``'s, the clip's forward run once per upload."""
+"""The explorer for a video model (VideoMAE): a clip in the sidebar (a video file, an animated GIF or a zip of
+frames), its predicted classes, a map (attention by layer and head, rollout, norms) on the frame the time slider
+shows, a query patch picked by a click on that frame or by number, every sampled frame with its map in a strip, and
+the frames overlaid as an animated GIF. The maps are ``vit.explain.video``'s, the clip's forward run once per upload."""
 
 from functools import partial
 
@@ -18,7 +18,7 @@ from vit.explain.attention_maps import MAP_KINDS
 from vit.text import escape_markdown, visible
 
 UPLOAD_KEY = "explorer_clip_upload"
-UPLOAD_TYPES = ["gif", "zip"]
+UPLOAD_TYPES = ["mp4", "webm", "mkv", "mov", "avi", "m4v", "gif", "zip"]
 FRAME_KEY = "clip_frame"  # the time slider: the shown sampled frame, counted from 1
 PICKER_KEY = "clip_frame_picker"
 PICKER_CONFIG = {"displayModeBar": False, "scrollZoom": False, "doubleClick": False}
@@ -51,9 +51,10 @@ def clip_view(checkpoint: Checkpoint, fingerprint: tuple, model_key: str) -> Non
     wanted, L, H = model.config.num_frames, len(model.blocks), model.config.num_heads
     st.sidebar.header("Clip")
     uploaded = file_upload(st.sidebar, "Upload a clip", UPLOAD_KEY, type=UPLOAD_TYPES,
-                           help=f"An animated GIF, or a zip of its frames (png, jpg, webp, … in the order of their "
-                                f"names); {wanted} frames are sampled uniformly over it, as the model's processor "
-                                "does. Its declared size is checked before any frame is decoded.")
+                           help=f"A video (MP4, WebM, MKV, MOV, AVI), an animated GIF, or a zip of its frames (png, "
+                                f"jpg, webp, … in the order of their names); {wanted} frames are sampled uniformly "
+                                "over it, as the model's processor does. Its declared size is checked before any "
+                                "frame is decoded.")
 
     # -- the map (sidebar) ---------------------------------------------------------------------------------------
     with st.sidebar:
@@ -79,8 +80,8 @@ def clip_view(checkpoint: Checkpoint, fingerprint: tuple, model_key: str) -> Non
         opacity = st.slider("Opacity", 0.0, 1.0, step=0.05, key="clip_opacity")
 
     if uploaded is None:
-        st.info("Upload a clip in the sidebar (an animated GIF, or a zip of its frames) to see what this video "
-                "model attends to over space and time.")
+        st.info("Upload a clip in the sidebar (a video, an animated GIF, or a zip of its frames) to see what this "
+                "video model attends to over space and time.")
         st.stop()
     data, name = uploaded.getvalue(), uploaded.name
     digest = explorer.image_digest(data)
