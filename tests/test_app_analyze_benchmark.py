@@ -71,3 +71,53 @@ def test_segmentation_needs_its_masks_folder_inside_the_data_roots(dirs, tmp_pat
     [error] = at.error
     assert "mask folders must be inside" in error.value and "\n" not in error.value
     assert not at.dataframe
+
+
+def test_on_ray_the_page_submits_the_commands_job_and_shows_the_report_it_writes(dirs, tmp_path, monkeypatch,  # noqa: F811
+                                                                                 capsys):
+    """The page's Ray path without a cluster: the job it submits is ``vit.faithfulness --ray`` on the page's own
+    arguments (parsed and checked by the command), here run in process by a stand-in for the job; the table shown is
+    the report that job writes, equal to the command's run here. The job on a real cluster equals the local run
+    (tests/test_faithfulness_ray.py)."""
+    from vit import faithfulness
+    from vit.runs import ray_analyze
+
+    checkpoints, _ = dirs
+    tiny_model_and_images(tmp_path / "world", labelled=True)
+    checkpoint = shutil.copy(tmp_path / "world" / "m.pt", checkpoints / "m.pt")
+    data = tmp_path / "world" / "data"
+    methods = ["random", "class"]
+    assert faithfulness.main([str(checkpoint), "--benchmark", "perturbation", "--data", str(data), "--methods",
+                              ",".join(methods), "--batch-size", "3"]) == 0
+    expected = json.loads(capsys.readouterr().out)
+
+    monkeypatch.setenv("VIT_RAY_ADDRESS", "http://127.0.0.1:8265")
+    submitted = []
+
+    def submit(args):  # the job: the command, on the arguments the page gave it, writing its report to --out
+        submitted.append(args)
+        argv = [args.checkpoint, "--benchmark", args.benchmark, "--data", args.data, "--methods", *args.methods,
+                "--limit", str(args.limit), "--batch-size", str(args.batch_size), "--out", args.out]
+        assert faithfulness.main(argv) == 0
+        return object(), "faithfulness-test"
+
+    def wait_for_job(jobs, sid, total, progress, desc=None):
+        progress(total, total)
+        return "SUCCEEDED"
+
+    monkeypatch.setattr(faithfulness, "submit", submit)
+    monkeypatch.setattr(ray_analyze, "wait_for_job", wait_for_job)
+    at = benchmark_page(Path(checkpoint), bench_benchmark="perturbation", bench_folder=str(data),
+                        bench_methods=methods, bench_batch_size=3)
+    at.checkbox(key="bench_on_ray").check()
+    at.run()
+    next(b for b in at.button if b.label == "Run the benchmark").click()
+    at.run()
+    assert not at.exception, [e.message for e in at.exception]
+    assert not at.error, [e.value for e in at.error]
+    [args] = submitted
+    assert args.ray == "http://127.0.0.1:8265" and args.benchmark == "perturbation"
+    [table] = at.dataframe
+    for method in methods:
+        for column in ("positive_auc", "negative_auc"):
+            assert table.value.loc[method, column] == expected["methods"][method][column], (method, column)
