@@ -34,7 +34,8 @@ from PIL import Image
 from vit.checkpoint import Checkpoint, Preprocessing
 from vit.costs import plan
 from vit.explain import attention_maps, image_analysis
-from vit.inference import InputSize
+from vit.explain.visual_lens import lens_maps
+from vit.inference import InputSize, preprocess
 from vit.model import ViT
 from vit.sources import import_qwen
 
@@ -48,9 +49,15 @@ checkpoint = Checkpoint(model, [], Preprocessing(model.config.image_size, 3, (0.
 libc = ctypes.CDLL("libc.so.6")
 
 
+word = torch.randn(1, model.config.projector_dim)  # a word's input embedding (a row the lens would read)
+seconds = {}
+
+
 def every_map(side):
     image = Image.fromarray(np.random.default_rng(0).integers(0, 256, (side, side, 3), dtype=np.uint8))
+    start = time.perf_counter()
     analysis = image_analysis.analyse(checkpoint, image, InputSize(side))
+    seconds["analysis"] = time.perf_counter() - start
     middle = analysis.num_tokens // 2
     for layer in range(analysis.num_layers):
         attention_maps.attention_map(analysis, attention_maps.MapSettings(layer=layer, query=middle))
@@ -58,6 +65,13 @@ def every_map(side):
     attention_maps.attention_map(analysis, attention_maps.MapSettings(layer=-1, head=0, query=middle))
     attention_maps.rollout_map(analysis, attention_maps.MapSettings(kind="rollout", query=middle))
     analysis.stats()
+    seconds["maps"] = time.perf_counter() - start - seconds["analysis"]
+    # the visual logit lens of a word, as vit.visual_logit_lens computes it once the word's row is read
+    x = preprocess([image], checkpoint.preprocessing, InputSize(side), model.config.patch_size)
+    with torch.inference_mode():
+        projected = model.project(model.tokens(x)[0], analysis.grid)[0]  # (N, E)
+        lens_maps(projected, word, analysis.grid, model.config.spatial_merge)
+    seconds["lens"] = time.perf_counter() - start - seconds["analysis"] - seconds["maps"]
     return analysis
 
 
@@ -68,15 +82,13 @@ with open("/proc/self/clear_refs", "w") as f:
     f.write("5")
 with open("/proc/self/statm") as f:
     since = int(f.read().split()[1]) * resource.getpagesize()
-start = time.perf_counter()
 analysis = every_map(side)
-seconds = time.perf_counter() - start
 with open("/proc/self/status") as f:
     peak = int(re.search(r"VmHWM:\s+(\d+) kB", f.read()).group(1)) * 1024
 cost = plan.analysis(model, analysis.grid)
 estimate = cost.memory if plan.decide(cost) == "run" else cost.chunked
 print(json.dumps({"peak": peak - since, "estimate": estimate, "every": getattr(analysis.hidden, "every", 1),
-                  "tokens": analysis.num_tokens, "seconds": seconds}))
+                  "tokens": analysis.num_tokens, "seconds": sum(seconds.values()), "stages": seconds}))
 '''
 
 
@@ -102,22 +114,29 @@ def main() -> None:
     parser.add_argument("--side", type=int, default=224, help="px, a multiple of 2 x the patch")
     parser.add_argument("--limit", type=float, default=170, help="VIT_ANALYSIS_MEMORY_MB of the path in chunks")
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--out", type=int, default=24, help="the merger's output width (the 7B's LM: 3,584)")
+    parser.add_argument("--no-baseline", action="store_true", help="only the path in chunks (the baseline keeps "
+                        "every state: at the 7B's size that is the analysis run twice)")
     args = parser.parse_args()
     vision = dict(depth=args.depth, hidden_size=args.width, intermediate_size=args.mlp or args.width * 3 // 2,
-                  num_heads=args.heads, out_hidden_size=24, patch_size=args.patch, spatial_merge_size=2,
+                  num_heads=args.heads, out_hidden_size=args.out, patch_size=args.patch, spatial_merge_size=2,
                   window_size=args.window, fullatt_block_indexes=list(range(args.depth // 4 - 1, args.depth,
                                                                              args.depth // 4)))
-    whole = measure(vision, args.side, 1e6, args.threads)
+    whole = None if args.no_baseline else measure(vision, args.side, 1e6, args.threads)
     chunks = measure(vision, args.side, args.limit, args.threads)
     print(f"Qwen2.5-VL tower, {args.depth} layers x {args.width} wide, {args.heads} heads, {args.side} px "
-          f"({whole['tokens']:,} tokens); analysis, every layer's attention and norms, the rollout, the statistics")
-    print("| path | states kept | peak RSS | estimate | time |")
+          f"({chunks['tokens']:,} tokens); analysis, every layer's attention and norms, the rollout, the "
+          "statistics, then a word's visual logit lens (one forward and the merger)")
+    print("| path | states kept | peak RSS | estimate | time (analysis + maps + lens) |")
     print("|---|---|---|---|---|")
-    for name, r in (("every state (baseline)", whole), (f"in chunks, bound {args.limit:g} MB", chunks)):
+    rows = [("every state (baseline)", whole)] if whole else []
+    for name, r in rows + [(f"in chunks, bound {args.limit:g} MB", chunks)]:
+        stages = " + ".join(f"{r['stages'][k]:,.1f}" for k in ("analysis", "maps", "lens"))
         print(f"| {name} | every {r['every']} layers | {r['peak'] / 2**20:,.0f} MB | {r['estimate'] / 2**20:,.0f} MB "
-              f"| {r['seconds']:,.1f} s |")
-    print(f"peak in chunks / baseline: {chunks['peak'] / whole['peak']:.2f}x; time: "
-          f"{chunks['seconds'] / whole['seconds']:.2f}x")
+              f"| {r['seconds']:,.1f} s ({stages}) |")
+    if whole:
+        print(f"peak in chunks / baseline: {chunks['peak'] / whole['peak']:.2f}x; time: "
+              f"{chunks['seconds'] / whole['seconds']:.2f}x")
 
 
 if __name__ == "__main__":
