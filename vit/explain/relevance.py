@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from vit.explain.attention import gradient_rollout
+from vit.explain.attention import gradient_rollout, layers_up_to
 from vit.explain.chunked import CHUNK_BYTES, context_gradient_chunks, run_block
 from vit.model import Rules, ViT, activate, use_rules
 
@@ -450,7 +450,7 @@ def transformer_attribution(model: ViT, images: Tensor, class_index: int | Tenso
         with torch.no_grad():
             cams, _ = _attention_relevances(model, {k: v.detach() for k, v in cache.items()}, encoding.logits,
                                             index)
-    last = len(cams) if end_layer is None else (end_layer % len(cams)) + 1
+    last = len(layers_up_to(cams, end_layer))  # the layers 0..end_layer
     return gradient_rollout(cams[start_layer:last], [g.detach() for g in gradients][start_layer:last])
 
 
