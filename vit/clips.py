@@ -339,11 +339,6 @@ def read_clip_bytes(data: bytes, name: str, wanted: int) -> SampledClip:
     return _gif_frames(io.BytesIO(data), wanted, name)
 
 
-def open_clip_frames(source: str | os.PathLike | Sequence[Image.Image], wanted: int) -> list[Image.Image]:
-    """``read_clip``'s frames alone."""
-    return read_clip(source, wanted).frames
-
-
 def clip_pixels(frames: Sequence[Image.Image], preprocessing: Preprocessing) -> torch.Tensor:
     """Frames -> the model's input ``(1, frames, C, H, W)``: each frame through the processor's resize, crop and
     normalisation (VideoMAEImageProcessor's settings, ``preprocessing``)."""

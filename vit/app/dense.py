@@ -25,9 +25,10 @@ from PIL import Image, ImageDraw
 from vit import bounds
 from vit.bounds import TooManyTokens
 from vit.checkpoint import Checkpoint
+from vit.costs import memory
 from vit.explain import dense
 from vit.explain.dense import DENSE_COPIES
-from vit.explain.fits import CHUNK_BYTES, LAYER_CACHE_BYTES, analysis_limits, analysis_memory, has_logit_bias
+from vit.explain.fits import CHUNK_BYTES, LAYER_CACHE_BYTES, analysis_limits, has_logit_bias
 from vit.explain.image_analysis import Analysis
 from vit.explain.stages import on_patch_grid
 from vit.images import to_mode
@@ -37,10 +38,7 @@ from vit.inference import TRAINING_SIZE, InputSize, input_shape, largest_square_
 def dense_bytes(checkpoint: Checkpoint, tokens: int) -> int:
     """Bytes one image's dense view can hold at most: the analysis (hidden states, cache, a chunk) and its copies of
     the patch tokens (and the query chunk of a relative position bias, BEiT's or SAM's, that a forward forms)."""
-    config = checkpoint.model.config
-    return (analysis_memory(config.num_layers, config.num_heads, config.hidden_size, tokens,
-                            logit_bias=has_logit_bias(config))
-            + DENSE_COPIES * tokens * config.hidden_size)
+    return memory.dense_bytes(checkpoint.model.config, tokens, DENSE_COPIES)
 
 
 def check_dense_fits(checkpoint: Checkpoint, image: Image.Image, size: InputSize = TRAINING_SIZE,

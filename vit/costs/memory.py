@@ -125,11 +125,6 @@ def pass_bytes(config, tokens: int, copies: int) -> int:
     return T * (BLOCK_COPIES * D + 2 * config.mlp_size) * 4 + bias + copies * T * D
 
 
-def sae_bytes(d_in: int, d_sae: int) -> int:
-    """Bytes of an SAE's float32 weights: encoder, decoder and their biases."""
-    return 4 * (2 * d_in * d_sae + d_in + d_sae)
-
-
 def logit_bias_chunk(config, num_heads: int, tokens: int) -> int:
     """Bytes of the bias rows a forward forms at once over ``tokens`` keys (``blocks.add_bias_rows``,
     ``fused_attention``): a query chunk of at most ``BIAS_CHUNK_BYTES`` float32 rows, beside BEiT's int64 index of

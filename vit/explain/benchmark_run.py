@@ -30,8 +30,6 @@ from vit.images import ImageError, normalize, open_image, to_uint8
 
 BENCHMARKS = ("segmentation", "perturbation", "road", "saco")
 # What each benchmark's items carry besides the image: a mask (segmentation), the true class (perturbation), nothing.
-NEEDS = {"segmentation": "a mask per image", "perturbation": "a folder with one subfolder per class",
-         "road": "a folder of images", "saco": "a folder of images"}
 # vit.api.explain's call: (checkpoint, image, method, target=class or None) -> an object with .map (gh, gw)
 Explain = Callable[..., Any]
 

@@ -24,6 +24,7 @@ from PIL import Image
 
 from vit import bounds
 from vit.checkpoint import Checkpoint
+from vit.costs import memory
 from vit.explain import dense
 from vit.explain.overlay import pca_picture
 from vit.explain.stages import on_patch_grid
@@ -37,21 +38,15 @@ REPORT_MOST = 64
 REPORT_SIDE = 128  # px, a picture's long side there: a 32-px one enlarged 4x pixel for pixel, a larger one reduced
 
 
-# One block's working set in a forward under inference mode, in copies of the stream (``T x D`` floats): its input,
-# the normed input, q, k, v (and their per-head copies), the context and its projection. The MLP adds two ``T x M``.
-BLOCK_COPIES = 8
 
 
 def image_bytes(checkpoint: Checkpoint) -> int:
-    """Bytes one image's pass holds at most: one block's working set (``BLOCK_COPIES`` streams, the MLP's hidden
-    twice, a relative-position bias ``heads x T x T`` where the model has one: the forward stops at the layer, so
-    no layer's states are kept) and the PCA's copies of the patch tokens (``dense.DENSE_COPIES``)."""
-    config, model = checkpoint.model.config, checkpoint.model
+    """Bytes one image's pass to a layer holds at most (``memory.pass_bytes``) with the PCA's copies of the patch
+    tokens (``dense.DENSE_COPIES``)."""
+    model = checkpoint.model
     size = checkpoint.preprocessing.image_size
     grid = model.patch_grid(size, size)
-    T, D = model.num_prefix_tokens + grid[0] * grid[1], config.hidden_size
-    bias = config.num_heads * T * T * 4 if config.rel_pos != "none" else 0
-    return T * (BLOCK_COPIES * D + 2 * config.mlp_size) * 4 + bias + dense.DENSE_COPIES * T * D
+    return memory.pass_bytes(model.config, model.num_prefix_tokens + grid[0] * grid[1], dense.DENSE_COPIES)
 
 
 def check_pca(checkpoint: Checkpoint, layer: int | None) -> int:

@@ -32,47 +32,6 @@ def analysis_limits(max_tokens: int | None = None) -> tuple[int, int]:
     return tokens, bounds.memory_limit()
 
 
-def whole_gradient_bytes(model, tokens: int, layers: int | None = None) -> int:
-    """Bytes of a backward pass that keeps ``layers`` (default all) layers' whole attention and its gradient."""
-    from vit.costs.memory import whole_gradient_bytes as whole
-
-    return whole(model.config, tokens, layers)
-
-
-def _grid(model, tokens: int) -> tuple[int, int]:
-    """A patch grid of ``tokens`` tokens (the prefix tokens included) for the views counted by tokens alone."""
-    return 1, max(tokens - model.num_prefix_tokens, 0)
-
-
-def check_gradient_fits(model, tokens: int, what: str, layers: int | None = None) -> None:
-    """``TooManyTokens`` for a gradient method (LRP, AttnLRP, the class-specific map's whole path) whose backward
-    pass keeps its layers' attention and gradient, ``4 x layers x H x T²`` floats (``layers``: default all), over
-    the memory limit; the message names the largest square input that fits. Checked before any work."""
-    plan.decide(plan.gradient(model, _grid(model, tokens), what, layers))
-
-
-def check_chunked_gradient_fits(model, tokens: int, what: str, contexts: bool) -> None:
-    """``TooManyTokens`` when a chunked gradient method (LeGrad; the class-specific map with ``contexts``, which
-    keeps every layer's context gradient) would be over the memory limit (``memory.gradient_bytes``); the
-    message names the largest square input that fits. Checked before any work."""
-    plan.decide(plan.chunked_gradient(model, _grid(model, tokens), what, contexts))
-
-
-def check_stage_legrad_fits(model, grid: tuple[int, int], start_layer: int = -2, what: str = "LeGrad") -> None:
-    """``TooManyTokens`` when LeGrad (``what``; the class-specific map's gradient rollout with ``start_layer`` 0) on
-    a model with stages would be over the memory limit (``plan.stage_gradient``). Checked before any work."""
-    plan.decide(plan.stage_gradient(model, grid, start_layer, what))
-
-
-def check_flow_fits(model, tokens: int) -> None:
-    """``TooManyTokens`` when attention flow's max-flow problems (one per token, time ~T³) are over its token
-    limit (``attention_flow.MAX_FLOW_TOKENS``); the message names the largest square input that fits. Checked
-    before the forward that gives it every layer's attention."""
-    from vit.explain.attention_flow import MAX_FLOW_TOKENS
-
-    plan.decide(plan.flow(model, _grid(model, tokens), MAX_FLOW_TOKENS))
-
-
 def check_input_fits(checkpoint: Checkpoint, grid: tuple[int, int], what: str = "This input",
                      max_tokens: int | None = None, allow: str = f"raise {bounds.MAX_TOKENS_ENV}",
                      chunks: bool = False) -> str:
