@@ -276,3 +276,27 @@ def test_cli_usage_errors_are_one_line(tmp_path, capsys, extra, message):
     err = capsys.readouterr().err
     assert code == 2 and message in err and "Traceback" not in err, err
     assert len(err.strip().splitlines()) == 1
+
+
+def test_the_command_rolls_out_from_their_start_layer_in_chefers_tests_only(tmp_path, monkeypatch, capsys):
+    """The benchmark's maps: rollout from layer 1 in Chefer's segmentation test, as their script (the parity above
+    checks method_maps at that layer), from layer 0 in ROAD."""
+    from vit import faithfulness
+    from vit.explain import faithfulness as bench
+
+    asked = []
+    maps = bench.method_maps
+
+    def spy(*args, start_layer=0, **kwargs):
+        asked.append(start_layer)
+        return maps(*args, start_layer=start_layer, **kwargs)
+
+    monkeypatch.setattr(bench, "method_maps", spy)
+    checkpoint = tiny_model_and_images(tmp_path, labelled=False)
+    common = [str(checkpoint), "--data", str(tmp_path / "data"), "--methods", "rollout"]
+    assert faithfulness.main([*common, "--benchmark", "segmentation", "--masks", str(tmp_path / "masks")]) == 0
+    assert asked == [bench.CHEFER_START_LAYER] == [1]
+    asked.clear()
+    assert faithfulness.main([*common, "--benchmark", "road"]) == 0
+    assert asked == [0]
+    capsys.readouterr()
