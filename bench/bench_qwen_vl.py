@@ -15,7 +15,14 @@ Measured 2026-11-25 on the development machine (two cores shared with other help
     | Qwen2.5-VL tower, 8 layers, 448x448 px (1,024 tokens) |  5,923 ms |  5,454 ms | 0.92x | pairs 0.90x |
     | Qwen2.5-VL tower, 8 layers, 672x896 px (3,072 tokens) | 26,458 ms | 27,562 ms | 1.04x | pairs 0.92x |
 
-(transformers' time first, ours second). The 32-layer tower at 1,024 x 1,024 px (5,476 tokens) is beyond a
+(transformers' time first, ours second). At 1,036 x 1,036 px (Qwen's 1,024 px, 5,476 tokens), ``--depth 8
+--globals 7 --repeats 3`` (the 32-layer tower's seven windowed layers to one global), our merger included, one
+thread, load 4-12 from other work, 2026-11-25:
+
+    | Qwen2.5-VL tower, 8 layers (global 7), 1036x1036 px (5,476 tokens) | 20,670 ms | 21,279 ms | 1.03x | pairs 0.96x |
+
+so the 32 layers are about four times that, ~83 s each (bench/results/cpu-2026-11-25/qwen-vl-7b-1024px.txt). The
+32-layer tower at 1,024 x 1,024 px (5,476 tokens) is beyond a
 two-core machine's patience; at that size the explorer's analysis would need ~1.5 GB with its 33 hidden states kept
 (925 MB), and keeps them every 4 layers instead within the default 1 GB bound (bench/bench_qwen_vl_memory.py).
 """
@@ -29,7 +36,7 @@ import time
 import torch
 
 
-def build(depth: int):
+def build(depth: int, globals_: list[int] | None = None):
     from transformers import Qwen2_5_VLConfig
     from transformers.models.qwen2_5_vl import modeling_qwen2_5_vl
 
@@ -37,7 +44,7 @@ def build(depth: int):
     from vit.sources.open import build_model
 
     vision = dict(depth=depth, hidden_size=1280, intermediate_size=3420, num_heads=16, out_hidden_size=2048,
-                  fullatt_block_indexes=list(range(3, depth, 4)))
+                  fullatt_block_indexes=list(range(3, depth, 4)) if globals_ is None else globals_)
     config = Qwen2_5_VLConfig(vision_config=vision)
     config.vision_config._attn_implementation = "eager"
     torch.manual_seed(0)
@@ -66,11 +73,14 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--depth", type=int, default=8)
     parser.add_argument("--sizes", nargs="+", default=["448x448", "672x896"], help="HxW, multiples of 28")
+    parser.add_argument("--globals", type=int, nargs="*", default=None,
+                        help="the global layers (default: every fourth from 3); --depth 8 --globals 7 has the "
+                             "32-layer tower's 7 windowed layers to 1 global")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     from transformers.models.qwen2_5_vl import modeling_qwen2_5_vl
 
-    theirs, ours = build(args.depth)
+    theirs, ours = build(args.depth, args.globals)
     kept, eager = [], modeling_qwen2_5_vl.eager_attention_forward
 
     def spy(module, *a, **k):  # keeps the probabilities, as ours are kept (returned)
@@ -83,9 +93,10 @@ def main() -> None:
         h, w = (int(v) for v in size.split("x"))
         x = torch.randn(1, 3, h, w)
         pv, thw = pixel_values(x)
+        grid = (h // 14, w // 14)
         times = {"ours": [], "theirs": []}
         with torch.inference_mode():
-            ours.tokens(x, output_attentions=True)  # warm-up both
+            ours.project(ours.tokens(x, output_attentions=True)[0], grid)  # warm-up both
             theirs(pv, grid_thw=thw)
             for _ in range(args.repeats):
                 kept.clear()
@@ -94,11 +105,12 @@ def main() -> None:
                 times["theirs"].append(time.perf_counter() - start)
                 kept.clear()
                 start = time.perf_counter()
-                ours.tokens(x, output_attentions=True)
+                ours.project(ours.tokens(x, output_attentions=True)[0], grid)  # the merger too, as theirs
                 times["ours"].append(time.perf_counter() - start)
         t_ours, t_theirs = statistics.median(times["ours"]), statistics.median(times["theirs"])
         pairs = statistics.median(o / t for o, t in zip(times["ours"], times["theirs"], strict=True))
-        print(f"| Qwen2.5-VL tower, {args.depth} layers, {h}x{w} px ({h // 14 * w // 14:,} tokens) | "
+        layers = f"{args.depth} layers (global {', '.join(map(str, ours.config.global_layers))})"
+        print(f"| Qwen2.5-VL tower, {layers}, {h}x{w} px ({h // 14 * w // 14:,} tokens) | "
               f"{t_theirs * 1e3:,.0f} ms | {t_ours * 1e3:,.0f} ms | {t_ours / t_theirs:.2f}x | pairs {pairs:.2f}x |",
               flush=True)
 

@@ -174,10 +174,10 @@ def test_a_words_maps_refuse_in_one_line_and_the_page_goes_on(vlms, tmp_path):
     assert lines and all("cannot encode 'zebra'" in displayed(e) and "\n" not in e for e in lines), lines
     assert [w for w in at.main.text_area if w.label == "Words"]  # the words can be mended
     type_words(at, "dog")
-    sidebar_widget(at, "selectbox", "Method").set_value("word_legrad")
+    sidebar_widget(at, "selectbox", "Method").set_value("word_class")
     at.run()
-    [line] = errors(at)  # Qwen2.5-VL attends in windows: LeGrad reads one T x T matrix
-    assert "attends in windows" in displayed(line) and "use attnlrp" in line and "\n" not in line
+    [line] = errors(at)  # Qwen2.5-VL attends in windows: gradient rollout multiplies T x T matrices
+    assert "attends in windows" in displayed(line) and "use legrad or attnlrp" in line and "\n" not in line
 
     bare = tmp_path / "bare"
     shutil.copytree(path, bare, ignore=shutil.ignore_patterns("tokenizer*"))

@@ -216,3 +216,15 @@ def test_decide_runs_the_class_map_whole_while_it_fits_and_in_chunks_past_it(mon
     monkeypatch.setenv("VIT_ANALYSIS_MEMORY_MB", "1")
     with pytest.raises(plan.TooManyTokens, match="The class-specific map keeps every layer's input and gradient"):
         plan.decide(plan.class_map(model, grid))
+
+
+def test_a_gradient_through_windows_counts_each_windowed_layer_by_its_windows_not_t_squared(monkeypatch):
+    model = build("qwen2.5-vl")  # 3 layers x 2 heads; layers 0 and 2 in 8 x 8-patch windows, layer 1 global
+    grid = (16, 16)  # 256 tokens: 4 windows of 64 slots; the global layer 256²
+    need = 4 * 2 * 4 * (256 ** 2 + 2 * 4 * 64 ** 2)  # every layer's attention and gradient, four copies each
+    assert plan.gradient(model, grid, "AttnLRP").memory == need  # (layers x T² would be 6,291,456)
+    monkeypatch.setenv("VIT_ANALYSIS_MEMORY_MB", str((need - 1) / 2**20))
+    # the largest square that fits: 14 x 14 patches (196² + 2 layers x 4 ragged windows of 64 slots), 56 px
+    with pytest.raises(plan.TooManyTokens, match=r"about 3 MB at 256 tokens.*the largest square input that fits is "
+                                                 r"56 px"):
+        plan.decide(plan.gradient(model, grid, "AttnLRP"))

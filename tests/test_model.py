@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from vit.model import PRESETS, ViT, ViTConfig, count_parameters, resample_pos_embed
+from vit.model.vision_transformer import patchify
 
 SMALL = dict(image_size=32, patch_size=4, num_channels=3, num_classes=10, hidden_size=48, num_layers=4,
              num_heads=4, mlp_size=192)
@@ -526,3 +527,15 @@ def test_q_k_and_v_are_one_product_at_any_width(width, key_bias):
     expected = F.linear(x, attn.qkv.weight, bias).reshape(2, 65, 3, 4, width // 4).permute(2, 0, 3, 1, 4)
     for ours, theirs in zip((q, k, v), expected, strict=True):
         torch.testing.assert_close(ours, theirs, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("kernel, shape", [((14, 14), (2, 3, 42, 28)), ((16, 8), (1, 3, 32, 24)),
+                                           ((2, 14, 14), (1, 3, 4, 28, 42))])
+def test_patchify_then_linear_is_the_convolution_whose_stride_is_its_kernel(kernel, shape):
+    torch.manual_seed(0)  # float64: the patches are a rearrangement, so only the sums' order may differ
+    pixels, weight = torch.randn(shape, dtype=torch.float64), torch.randn(7, shape[1], *kernel, dtype=torch.float64)
+    bias = torch.randn(7, dtype=torch.float64)
+    conv = F.conv3d if len(kernel) == 3 else F.conv2d
+    expected = conv(pixels, weight, bias, stride=kernel).flatten(2).transpose(1, 2)  # (B, N, 7), row-major
+    ours = F.linear(patchify(pixels, kernel), weight.flatten(1), bias)
+    torch.testing.assert_close(ours, expected, rtol=0, atol=1e-10)

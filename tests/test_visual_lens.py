@@ -307,13 +307,81 @@ def test_attnlrp_and_the_gradient_maps_of_a_word_draw_on_the_patch_grid_or_refus
         try:
             shown = vit.explain_word(checkpoint, image, "dog", method, patch=0)
         except ValueError as e:
-            windowed = kind == "qwen2_5_vl" and method in ("legrad", "class") and "attends in windows" in str(e)
+            windowed = kind == "qwen2_5_vl" and method == "class" and "attends in windows" in str(e)
             assert "\n" not in str(e) and windowed, (method, str(e))
             continue
         assert shown.map.shape == shown.grid and np.isfinite(shown.map).all() and np.abs(shown.map).max() > 0
     with pytest.raises(ValueError, match="is a target of legrad, class, attnlrp, not 'rollout'") as e:
         vit.explain_word(checkpoint, image, "dog", "rollout")
     assert "\n" not in str(e.value)
+
+
+def _legrad_on_transformers_qwen(model, inputs, word: torch.Tensor, unit: int | None) -> np.ndarray:
+    """LeGrad by hand on transformers' Qwen2.5-VL tower, in its own window order: each layer's output (a forward
+    hook on the block) read through the merger and taken back to the units' row-major order (argsort of its window
+    index, as its forward does), the word's score there; its gradient with respect to the probabilities each
+    ``eager_attention_forward`` call forms (one per window in a windowed layer, one in a global one), clamped at
+    0, averaged over heads, summed over the window's queries and divided by every query (T); each window's keys
+    placed on the grid by the window index; summed over the tower's two layers."""
+    from transformers.models.qwen2_5_vl import modeling_qwen2_5_vl
+    from transformers.vision_utils import get_vision_window_index
+
+    visual, grid_thw = model.model.visual, inputs["image_grid_thw"]
+    calls, hidden, eager = [], [], modeling_qwen2_5_vl.eager_attention_forward
+
+    def spy(module, *args, **kwargs):
+        out, weights = eager(module, *args, **kwargs)
+        calls.append(weights)
+        return out, weights
+
+    hooks = [block.register_forward_hook(lambda module, args, out: hidden.append(out)) for block in visual.blocks]
+    modeling_qwen2_5_vl.eager_attention_forward = spy
+    try:
+        with torch.enable_grad():
+            visual(inputs["pixel_values"], grid_thw=grid_thw)
+    finally:
+        modeling_qwen2_5_vl.eager_attention_forward = eager
+        for hook in hooks:
+            hook.remove()
+    _, gh, gw = grid_thw[0].tolist()
+    units, cu = get_vision_window_index(grid_thw, 2, 112, 14)
+    order = torch.tensor([(u // (gw // 2) * 2 + py) * gw + u % (gw // 2) * 2 + px
+                          for u in units.tolist() for py in (0, 1) for px in (0, 1)])  # its i-th token's place
+    reverse, T = torch.argsort(units), gh * gw
+    windows = torch.diff(cu).tolist()
+    total = torch.zeros(T, dtype=torch.float64)
+    with torch.enable_grad():
+        for layer, out in enumerate(hidden):
+            spans = [T] if layer in QWEN_VISION["fullatt_block_indexes"] else windows
+            probs, calls = calls[:len(spans)], calls[len(spans):]
+            scores = visual.merger(out)[reverse] @ word  # (N,): units row-major
+            score = scores.sum() if unit is None else scores[unit]
+            grads = torch.autograd.grad(score, probs, retain_graph=True)
+            start = 0
+            for n, grad in zip(spans, grads, strict=True):
+                keys = grad[0].clamp(min=0).mean(dim=0).sum(dim=0)  # (n,): heads averaged, queries summed
+                total[order[start:start + n]] += keys.double() / T
+                start += n
+    assert not calls
+    return total.reshape(gh, gw).float().numpy()
+
+
+@pytest.mark.parametrize("patch", [None, 30])
+def test_legrad_of_a_words_score_through_qwens_windows_is_legrad_on_transformers(vlms, patch):
+    from vit.explain.vlm_targets import unit_of_patch
+
+    folder, model, processor = vlms["qwen2_5_vl"]
+    checkpoint, image = vit.load(folder, device="cpu"), picture(330, 90)  # three windows across, the last ragged
+    shown = vit.explain_word(checkpoint, image, "hot dog", "legrad", patch=patch)
+    inputs = processor(images=[image], return_tensors="pt")
+    gh, gw = inputs["image_grid_thw"][0, 1:].tolist()
+    assert shown.map.shape == (gh, gw) and gw > 16  # more than two 8-patch windows across
+    word = model.get_input_embeddings().weight[[7, 5]].mean(0).detach()
+    unit = None if patch is None else unit_of_patch(patch, (gh, gw), 2)
+    expected = _legrad_on_transformers_qwen(model, inputs, word, unit)
+    scale = np.abs(expected).max()  # the scores of a tiny random tower are small: compared to the map's maximum
+    assert scale > 0
+    np.testing.assert_allclose(shown.map / scale, expected / scale, rtol=0, atol=ATOL)
 
 
 def test_gradient_rollout_of_a_words_score_is_chefers_rollout_on_transformers(vlms):

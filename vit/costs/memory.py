@@ -69,6 +69,19 @@ def whole_gradient_bytes(config, tokens: int, layers: int | None = None) -> int:
     return 4 * layers * config.num_heads * 4 * tokens * tokens
 
 
+def windowed_gradient_bytes(model, grid: tuple[int, int], layers: int | None = None) -> int:
+    """``whole_gradient_bytes`` of a model without stages whose layers attend in windows (Qwen2.5-VL's, SAM's) on
+    patch grid ``grid``: a global layer's ``H x T²`` probabilities, a windowed layer's ``H x windows x slots²``
+    (its windows' padding slots counted, as they are formed), each four times, for the last ``layers`` layers."""
+    tokens = model.num_prefix_tokens + grid[0] * grid[1]
+    blocks = list(model.blocks)
+    values = 0
+    for block in blocks[len(blocks) - (len(blocks) if layers is None else layers):]:
+        slots = block.layout(tuple(grid)).window_tokens() if block.window else None  # (windows, slots)
+        values += tokens * tokens if slots is None else slots.shape[0] * slots.shape[1] ** 2
+    return 4 * model.config.num_heads * 4 * values
+
+
 def gradient_bytes(num_layers: int, hidden_size: int, mlp_size: int, tokens: int, contexts: bool,
                    budget: int = CHUNK_BYTES, bias_heads: int = 0) -> int:
     """The memory model of a chunked gradient method (``relevance.legrad``, ``context_gradients``): hidden

@@ -124,20 +124,37 @@ def analysis(model, grid: tuple[int, int], what: str = "This input") -> Cost:
 
 def gradient(model, grid: tuple[int, int], what: str, layers: int | None = None) -> Cost:
     """A gradient method that keeps its layers' whole attention and gradient (LRP, AttnLRP, the CAMs from their
-    layer on, the class-specific map's whole path): ``4 x layers x H x T²`` floats (``layers``: default all)."""
+    layer on, the class-specific map's whole path): ``4 x layers x H x T²`` floats (``layers``: default all); a
+    layer that attends in windows (Qwen2.5-VL's, SAM's) keeps its windows' ``H x windows x slots²`` instead."""
     config, tokens = model.config, _tokens(model, grid)
-    need = memory.whole_gradient_bytes(config, tokens, layers)
+    windowed = bool(config.window_size) and not config.stage_depths
+
+    def bytes_at(g: tuple[int, int]) -> int:
+        if windowed:
+            return memory.windowed_gradient_bytes(model, g, layers)
+        return memory.whole_gradient_bytes(config, _tokens(model, g), layers)
+
+    need = bytes_at(grid)
 
     def refuse(need: int, limit: int) -> TooManyTokens:
-        per_token_squared = need // tokens ** 2
-        side = largest_square_side(config.patch_size,
-                                   max(math.isqrt(limit // per_token_squared) - model.num_prefix_tokens, 1))
+        if windowed:  # the windows' share is linear in T, the global layers' T²: the largest square side searched
+            unit = config.spatial_merge or 1  # Qwen's grids are whole merge units
+            low, high = 1, max(max(grid) // unit, 1)
+            while low < high:
+                mid = (low + high + 1) // 2
+                low, high = (mid, high) if bytes_at((mid * unit,) * 2) <= limit else (low, mid - 1)
+            side = largest_square_side(config.patch_size, (low * unit) ** 2)
+        else:
+            per_token_squared = need // tokens ** 2
+            side = largest_square_side(config.patch_size,
+                                       max(math.isqrt(limit // per_token_squared) - model.num_prefix_tokens, 1))
         return TooManyTokens(f"{what} keeps every layer's attention and gradient: about {need / MB:,.0f} MB at "
                              f"{tokens:,} tokens, over the {limit / MB:,.0f} MB limit ({ANALYSIS_MEMORY_ENV}); "
                              f"the largest square input that fits is {side} px. Choose a smaller input size, or "
                              "another map.")
-    return _cost("gradient", model, grid, {"every layer's attention, its gradient and autograd's copies": need},
-                 refuse)
+    part = ("every layer's attention (a windowed layer's windows), its gradient and autograd's copies" if windowed
+            else "every layer's attention, its gradient and autograd's copies")
+    return _cost("gradient", model, grid, {part: need}, refuse)
 
 
 def chunked_gradient(model, grid: tuple[int, int], what: str, contexts: bool) -> Cost:

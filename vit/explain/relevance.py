@@ -33,7 +33,7 @@ from torch import Tensor
 
 from vit.explain.attention import gradient_rollout, layers_up_to
 from vit.explain.chunked import CHUNK_BYTES, context_gradient_chunks, run_block
-from vit.model import Rules, ViT, activate, use_rules
+from vit.model import LayerLayout, Rules, ViT, activate, use_rules
 
 # Options Chefer et al.'s LRP defines no rule for (their ViT reads CLS through one norm and one head, with plain
 # GELU MLPs and learned positions only).
@@ -195,6 +195,18 @@ def legrad_from_gradients(gradients: list[Tensor], grid: tuple[int, int], num_pr
     return _patch_map(total, grid, num_prefix_tokens)
 
 
+def window_keys_on_tokens(keys: Tensor, layout: LayerLayout, num_prefix_tokens: int = 0) -> Tensor:
+    """Per-window key values ``(B * nw, slots)`` of a windowed layer (slots in ``layout.window_tokens()``' order)
+    -> ``(B, P + gh*gw)`` on the tokens, row-major after the ``P`` prefix tokens (which no window holds: 0); padding
+    slots dropped. Each token is the key of one window, so nothing is summed twice."""
+    slots = layout.window_tokens().to(keys.device)  # (nw, slots): each slot's patch, gh*gw at padding
+    patches = layout.grid[0] * layout.grid[1]
+    B = keys.shape[0] // slots.shape[0]
+    out = keys.new_zeros(B, patches + 1)
+    out.scatter_add_(1, slots.reshape(1, -1).expand(B, -1), keys.reshape(B, -1))
+    return torch.cat([keys.new_zeros(B, num_prefix_tokens), out[:, :patches]], dim=1)
+
+
 def legrad(model: ViT, images: Tensor, class_index: int | Tensor | None = None, start_layer: int = -2,
            budget: int = CHUNK_BYTES, head_chunk: int | None = None, query_chunk: int | None = None) -> Tensor:
     """LeGrad (Bousselham et al. 2024): ``(B, gh, gw)`` for each image's class (default: the predicted one).
@@ -211,8 +223,10 @@ def legrad(model: ViT, images: Tensor, class_index: int | Tensor | None = None, 
     classifier reads only (``ViT.readout_tokens``: the other queries' rows of ``dS_l/dA_l`` are zero), and the
     last one gives the logits. No ``T x T`` is held: the gradient's rows are formed in chunks of at most
     ``budget`` bytes (or ``head_chunk`` heads x ``query_chunk`` queries), and the memory is the explained blocks'
-    inputs and one block's graph, at 197 tokens as at thousands. A model with stages (Swin, Hiera), read out by
-    average pooling, goes to ``stage_legrad``.
+    inputs and one block's graph, at 197 tokens as at thousands. A layer that attends in windows (Qwen2.5-VL's, in
+    its window order) gives each window's rows, its keys taken back to their tokens (``window_keys_on_tokens``):
+    the ``T x T`` matrix zero outside the windows, as ``legrad_layer`` reads a Swin window. A model with stages
+    (Swin, Hiera), read out by average pooling, goes to ``stage_legrad``.
     """
     check_supported(model)
     if getattr(model.config, "stage_depths", ()):
@@ -240,10 +254,14 @@ def legrad(model: ViT, images: Tensor, class_index: int | Tensor | None = None, 
                 index = _class_indices(logits, class_index)
             score = logits.gather(1, index[:, None].to(logits.device)).sum()  # the images are independent
             [contexts] = torch.autograd.grad(score, kept["hook_z"])  # (B, n, H, hd)
-        values = kept["hook_v"].detach()  # (B, H, T, hd)
+        values = kept["hook_v"].detach()  # (B, H, T, hd); a windowed layer's (B * nw, H, slots, hd)
+        keys = None
         for _, _, grad in context_gradient_chunks(contexts, values, budget, head_chunk, query_chunk):
-            part = grad.clamp(min=0).sum(dim=(1, 2)).double().cpu()  # (B, T): heads and queries summed
-            total = part if total is None else total + part
+            part = grad.clamp(min=0).sum(dim=(1, 2)).double().cpu()  # (B, T) or (B * nw, slots): heads, queries
+            keys = part if keys is None else keys + part
+        if model.blocks[layer].window:  # each window's keys to their tokens (Qwen2.5-VL's window order undone)
+            keys = window_keys_on_tokens(keys, model.blocks[layer].layout(grid), model.num_prefix_tokens)
+        total = keys if total is None else total + keys
     relevance = (total / (H * T)).float()  # mean over heads and every query (the unread rows are zero)
     return _patch_map(relevance.to(images.device), grid, model.num_prefix_tokens)
 

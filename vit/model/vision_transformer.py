@@ -39,6 +39,21 @@ class Encoding:
     pool_attention: torch.Tensor | None  # (B, nh, 1, T): the attention-pooling probe's, for pooling "map"
 
 
+def patchify(pixels: torch.Tensor, kernel: Sequence[int]) -> torch.Tensor:
+    """``pixels`` (B, C, *sides), each side a multiple of its ``kernel`` side -> the non-overlapping patches
+    ``(B, N, C * prod(kernel))``, N in row-major (for a clip time-major) order, each flattened as a convolution's
+    weight ``(D, C, *kernel)`` is: a convolution whose stride is its kernel is ``F.linear(patchify(pixels, kernel),
+    weight.flatten(1), bias)``, one matrix product where CPU convolution kernels take several times longer (and
+    their backward far longer) on a 14-px kernel over 5,476 patches (bench/bench_patch_embed.py)."""
+    B, C, *sides = pixels.shape
+    grid = [s // k for s, k in zip(sides, kernel, strict=True)]
+    split = [v for g, k in zip(grid, kernel, strict=True) for v in (g, k)]
+    n = len(kernel)
+    x = pixels.reshape(B, C, *split)  # (B, C, g0, k0, g1, k1[, g2, k2])
+    x = x.permute(0, *range(2, 2 + 2 * n, 2), 1, *range(3, 3 + 2 * n, 2))  # (B, g0, g1[, g2], C, k0, k1[, k2])
+    return x.reshape(B, math.prod(grid), C * math.prod(kernel))
+
+
 class ViT(Parent):
     """Patch embedding, prefix tokens, positions (a learned table and/or rotary), pre-norm blocks, pooling,
     and a classifier or a projection to a joint embedding."""
@@ -267,16 +282,17 @@ class ViT(Parent):
         c = self.config
         B = images.shape[0]
         grid = self.input_grid(images)
-        if c.tubelet_size:  # (B, frames, C, H, W) -> Conv3d's (B, C, frames, H, W); tokens time-major (VideoMAE's)
-            x = self.patch_embed(images.transpose(1, 2)).flatten(2).transpose(1, 2)  # (B, t*gh*gw, D)
-        elif self.patch_norm is None:
+        if c.patch_kernel or c.patch_padding:  # Hiera's overlapping stem: a true convolution
             x = self.patch_embed(images).flatten(2).transpose(1, 2)  # (B, gh*gw, D)
-            if self.embed_norm is not None:
-                x = self.embed_norm(x)
-        else:  # the convolution as a linear map of each flattened patch, between vit-pytorch's two LayerNorms
-            patches = F.unfold(images, c.patch_hw, stride=c.patch_hw).transpose(1, 2)  # (B, gh*gw, C*ph*pw)
-            x = F.linear(self.patch_norm(patches), self.patch_embed.weight.flatten(1), self.patch_embed.bias)
-            x = self.embed_norm(x)  # (B, gh*gw, D)
+        else:  # kernel == stride: the convolution is one linear map of each flattened patch (or tubelet)
+            # (B, frames, C, H, W) -> (B, C, frames, H, W): tokens time-major, as VideoMAE's Conv3d flattens them
+            pixels = images.transpose(1, 2) if c.tubelet_size else images
+            patches = patchify(pixels, self.patch_embed.kernel_size)  # (B, N, C*kernel volume)
+            if self.patch_norm is not None:  # vit-pytorch's LayerNorm of the flattened patch
+                patches = self.patch_norm(patches)
+            x = F.linear(patches, self.patch_embed.weight.flatten(1), self.patch_embed.bias)  # (B, N, D)
+        if self.embed_norm is not None:  # vit-pytorch's second LayerNorm, AIMv2's RMSNorm
+            x = self.embed_norm(x)
         positioned = c.num_positioned_prefix_tokens
         prefix = [t for t in (self.cls_token, self.dist_token, self.reg_token) if t is not None]
         prefix = torch.cat(prefix, dim=1).expand(B, -1, -1) if prefix else x[:, :0]  # (B, P, D)
