@@ -42,7 +42,7 @@ from vit.inference import InputSize, preprocess
 from vit.model import ViT
 from vit.sources import import_qwen
 
-vision, side = json.loads(sys.argv[1]), int(sys.argv[2])
+vision, side, drawn = json.loads(sys.argv[1]), int(sys.argv[2]), json.loads(sys.argv[3])
 torch.manual_seed(0)
 model = ViT(import_qwen.config_from_hf({"model_type": "qwen2_5_vl", "vision_config": vision})).eval()
 with torch.no_grad():
@@ -62,7 +62,7 @@ def every_map(side):
     analysis = image_analysis.analyse(checkpoint, image, InputSize(side))
     seconds["analysis"] = time.perf_counter() - start
     middle = analysis.num_tokens // 2
-    for layer in range(analysis.num_layers):
+    for layer in range(analysis.num_layers) if drawn is None else drawn:
         attention_maps.attention_map(analysis, attention_maps.MapSettings(layer=layer, query=middle))
         attention_maps.attention_map(analysis, attention_maps.MapSettings(kind="norms", layer=layer))
     attention_maps.attention_map(analysis, attention_maps.MapSettings(layer=-1, head=0, query=middle))
@@ -95,11 +95,12 @@ print(json.dumps({"peak": peak - since, "estimate": estimate, "every": getattr(a
 '''
 
 
-def measure(vision: dict, side: int, limit_mb: float, threads: int) -> dict:
+def measure(vision: dict, side: int, limit_mb: float, threads: int, layers: list[int] | None = None) -> dict:
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "VIT_THREADS": str(threads),
            "VIT_ANALYSIS_MEMORY_MB": str(limit_mb), "VIT_MAX_TOKENS": "2000000",
            "MALLOC_MMAP_THRESHOLD_": "65536", "MALLOC_TRIM_THRESHOLD_": "65536", "PYTHONPATH": str(ROOT)}
-    done = subprocess.run([sys.executable, "-c", WORKER, json.dumps(vision), str(side)], capture_output=True,
+    done = subprocess.run([sys.executable, "-c", WORKER, json.dumps(vision), str(side), json.dumps(layers)],
+                          capture_output=True,
                           text=True, env=env, cwd=ROOT)
     if done.returncode:
         raise SystemExit(done.stderr.strip().splitlines()[-1])
@@ -119,6 +120,9 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--globals", type=int, nargs="*", default=None,
                         help="the global layers (default: one every quarter of the depth, the last of each)")
+    parser.add_argument("--layers", type=int, nargs="*", default=None,
+                        help="the layers whose attention and norms maps are drawn (default: every layer; the rollout "
+                        "and the statistics always read every layer)")
     parser.add_argument("--out", type=int, default=24, help="the merger's output width (the 7B's LM: 3,584)")
     parser.add_argument("--no-baseline", action="store_true", help="only the path in chunks (the baseline keeps "
                         "every state: at the 7B's size that is the analysis run twice)")
@@ -127,10 +131,12 @@ def main() -> None:
                   num_heads=args.heads, out_hidden_size=args.out, patch_size=args.patch, spatial_merge_size=2,
                   window_size=args.window, fullatt_block_indexes=args.globals if args.globals is not None
                   else list(range(args.depth // 4 - 1, args.depth, args.depth // 4)))
-    whole = None if args.no_baseline else measure(vision, args.side, 1e6, args.threads)
-    chunks = measure(vision, args.side, args.limit, args.threads)
+    whole = None if args.no_baseline else measure(vision, args.side, 1e6, args.threads, args.layers)
+    chunks = measure(vision, args.side, args.limit, args.threads, args.layers)
     print(f"Qwen2.5-VL tower, {args.depth} layers x {args.width} wide, {args.heads} heads, {args.side} px "
-          f"({chunks['tokens']:,} tokens); analysis, every layer's attention and norms, the rollout, the "
+          f"({chunks['tokens']:,} tokens); analysis, "
+          f"{'every layer' if args.layers is None else 'layers ' + ', '.join(map(str, args.layers))}'s attention "
+          "and norms, the rollout, the "
           "statistics, then a word's visual logit lens (one forward and the merger)")
     print("| path | states kept | peak RSS | estimate | time (analysis + maps + lens) |")
     print("|---|---|---|---|---|")

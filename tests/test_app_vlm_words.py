@@ -176,8 +176,7 @@ def test_a_words_maps_refuse_in_one_line_and_the_page_goes_on(vlms, tmp_path):
     type_words(at, "dog")
     sidebar_widget(at, "selectbox", "Method").set_value("word_class")
     at.run()
-    [line] = errors(at)  # Qwen2.5-VL attends in windows: gradient rollout multiplies T x T matrices
-    assert "attends in windows" in displayed(line) and "use legrad or attnlrp" in line and "\n" not in line
+    assert not errors(at) and not at.exception  # gradient rollout runs through Qwen2.5-VL's windows
 
     bare = tmp_path / "bare"
     shutil.copytree(path, bare, ignore=shutil.ignore_patterns("tokenizer*"))

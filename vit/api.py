@@ -923,8 +923,8 @@ def explain_word(checkpoint: Checkpoint, image: ImageLike, word: str, method: st
     at the projected token that covers patch ``patch`` (row-major on the patch grid; the merge unit under it in
     Qwen-VL, InternVL and Gemma 3), or summed over every projected token (None). ``method``: ``legrad``, ``class``
     (gradient rollout: the row of ``patch``'s token) or ``attnlrp``, each run as for a classifier whose one logit is
-    that score; gradient rollout refuses a tower that attends in windows (Qwen2.5-VL). ValueError or
-    CheckpointError in one line."""
+    that score (through Qwen2.5-VL's windows, each placed by its window index). ValueError or CheckpointError in
+    one line."""
     from vit.explain.vlm_targets import lens_model, unit_of_patch
     from vit.sources import word_embeddings
 
@@ -932,10 +932,6 @@ def explain_word(checkpoint: Checkpoint, image: ImageLike, word: str, method: st
         raise ValueError(f"a word's lens score is a target of {', '.join(LENS_TARGET_METHODS)}, not {method!r}")
     if not isinstance(word, str):
         raise ValueError(f"give one word (a string), got a {type(word).__name__}; vit.visual_logit_lens maps several")
-    if method == "class" and checkpoint.model.config.window_size:
-        raise ValueError("gradient rollout multiplies every layer's attention and gradient as tokens x tokens "
-                         "matrices, and this tower attends in windows (Qwen2.5-VL's, placed by its window index); "
-                         "use legrad or attnlrp")
     if method == "class" and patch is None:
         raise ValueError("gradient rollout draws one token's row: give the patch whose image token is the target "
                          "(patch=...), or use legrad or attnlrp for every token")

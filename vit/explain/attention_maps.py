@@ -194,13 +194,17 @@ class ClassRelevance:
 
     class_index: int
     terms: tuple[torch.Tensor, ...]  # per layer (1, T, T); empty when chunked; a Swin's: per layer its windows'
-    layouts: tuple[LayerLayout, ...] = ()  # a model with stages (Swin, Hiera): each layer's grid and windows
+    layouts: tuple[LayerLayout, ...] = ()  # with stages (Swin, Hiera) or windows (Qwen2.5-VL): each layer's
     inputs: LayerInputs | None = None  # chunked: the layer inputs of the image
     contexts: torch.Tensor | None = None  # chunked: (1, L, T, H, hd)
     rows: dict[tuple[int, int], torch.Tensor] = field(default_factory=dict, repr=False)  # chunked rows, per map
 
     def row(self, query: int, end_layer: int) -> torch.Tensor:
         """Row ``query`` of the gradient rollout up to ``end_layer``: ``(1, T)``."""
+        if self.layouts:  # a plain grid whose layers attend in windows (Qwen2.5-VL, SAM): the row through them
+            from vit.explain.stages import relevance_rollout_row as through_windows
+
+            return through_windows(self.terms, self.layouts, end_layer, query).flatten(1)
         if self.inputs is None:
             return relevance_rollout_row(self.terms, query, end_layer)
         if (query, end_layer) not in self.rows:

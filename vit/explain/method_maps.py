@@ -57,7 +57,12 @@ def class_relevance(checkpoint: Checkpoint, image: Image.Image, class_index: int
     grid = model.patch_grid(*shape)
     device = next(model.parameters()).device
     verdict = plan.decide(plan.class_map(model, grid))  # "run" whole, or in "chunks"; refused over both
-    if model.config.stage_depths:  # a Swin's windows: H x T x w*w values per layer, never T x T
+    windowed = bool(model.config.window_size) and not model.num_prefix_tokens  # Qwen2.5-VL's, SAM's windows
+    if windowed and verdict != "run":
+        raise plan.TooManyTokens(f"The class-specific map through windows keeps every layer's windows and their "
+                                 f"gradient, over the memory limit at a {grid[0]}x{grid[1]} patch grid (the path in "
+                                 "chunks reads whole layers). Choose a smaller input size, or LeGrad.")
+    if model.config.stage_depths or windowed:  # windows: H x T x w*w values per layer, never T x T
         layouts = model.layer_layouts(grid)
         x = preprocess([image], p, size, model.config.patch_size).to(device)
         with reported_blocks(model, progress, len(model.blocks)):
