@@ -2,7 +2,7 @@
 to 1e-4 relative and every layer's attention to 1e-5 against ``output_attentions`` (eager), at two clip lengths and
 a non-square frame size (HF numbers every token on its configured square grid whatever the frames' size); its 3D
 rotary reads time, then rows, then columns, and the parity fails when two of them are swapped; the per-frame maps
-are drawn from it; the classifier (its attentive probe) is refused in one line.
+are drawn from it; the classifier's logits and its attentive probe's attention equal transformers'.
 
 The models are tiny random ``VJEPA2Model`` built by transformers, sigma 0.05 noise on every parameter, saved
 natively and opened by path.
@@ -19,7 +19,6 @@ from vit.clips import clip_pixels
 from vit.explain.attention_maps import MapSettings
 from vit.explain.video import analyse_clip, clip_map, explain_clip
 from vit.model.positions import vjepa2_rope
-from vit.sources.files import SourceError
 from vit.sources.open import open_source
 
 transformers = pytest.importorskip("transformers")
@@ -131,11 +130,31 @@ def test_explain_draws_attention_rollout_and_norms_per_frame(tmp_path, frames):
         assert drawn.shape == (frames, gh, gw) and np.isfinite(drawn).all() and np.allclose(drawn[0::2], drawn[1::2])
 
 
-def test_the_classifier_is_refused_in_one_line(tmp_path):
-    vjepa2_folder(tmp_path / "classifier", "VJEPA2ForVideoClassification")
-    with pytest.raises(SourceError) as error:
-        open_source(tmp_path / "classifier")
-    assert "attentive probe" in str(error.value) and "\n" not in str(error.value)
+@pytest.mark.parametrize("frames, height, width", CLIPS[1:], ids=[f"{f}x{w}x{h}" for f, h, w in CLIPS[1:]])
+def test_the_classifiers_logits_and_its_probes_attention_equal_transformers(tmp_path, frames, height, width):
+    """VJEPA2ForVideoClassification: the encoder, its attentive pooler (a self-attention layer, then the query's
+    cross-attention read off a norm of the tokens, the query as its residual) and the classifier."""
+    model = vjepa2_folder(tmp_path / "classifier", "VJEPA2ForVideoClassification")
+    checkpoint = open_source(tmp_path / "classifier")
+    c = checkpoint.model.config
+    assert (c.num_classes, c.pooling, c.pool_head, c.pool_layers) == (3, "map", "vjepa2", 1)
+    pixels = torch.randn(1, frames, 3, height, width, generator=torch.Generator().manual_seed(frames))
+    probes = []
+    hook = model.pooler.cross_attention_layer.register_forward_hook(lambda m, args, out: probes.append(out[1]))
+    with torch.no_grad():
+        theirs = model(pixel_values_videos=pixels, output_attentions=True)
+        logits, attentions = checkpoint.model(pixels, output_attentions=True)
+        _, probe = checkpoint.model.pool(checkpoint.model.tokens(pixels)[0])
+    hook.remove()
+    scale = theirs.logits.abs().max().item()
+    assert torch.allclose(logits, theirs.logits, rtol=1e-4, atol=1e-4 * scale), (logits, theirs.logits)
+    assert probe.shape == probes[0].shape == (1, HEADS, 1, (frames // 2) * (height // 8) * (width // 8))
+    assert (probe - probes[0]).abs().max().item() <= 1e-5
+    for a, b in zip(attentions, theirs.attentions, strict=True):
+        assert (a - b).abs().max().item() <= 1e-5
+    with torch.no_grad():  # the probe's residual is the query: without it the logits are another model's
+        checkpoint.model.attn_pool.latent.zero_()
+        assert not torch.allclose(checkpoint.model(pixels)[0], theirs.logits, rtol=1e-2, atol=1e-2 * scale)
 
 
 def test_a_folder_without_processor_settings_prepares_frames_as_vjepa2s_video_processor(tmp_path):

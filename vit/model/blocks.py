@@ -402,8 +402,10 @@ class MLP(Parent):
 class AttentionPool(Parent):
     """Multi-head attention pooling ("MAP", SigLIP's and PE's head; timm ``AttentionPoolLatent``): a learned probe
     attends to every token, then ``x + mlp(norm(x))``; AIMv2's (``pool_head="aimv2"``) has no q projection and
-    nothing after its output projection. Its attention is returned like a layer's, ``(B, nh, 1, T)`` (``nh`` the
-    probe's heads): the map of what the model reads for its embedding, where others have a CLS row."""
+    nothing after its output projection; V-JEPA 2's (``pool_head="vjepa2"``, HF ``VJEPA2PoolerCrossAttentionLayer``)
+    reads its keys and values from ``kv_norm(x)``, has no output projection, adds the latent as the residual, then
+    ``x + mlp(norm(x))``. Its attention is returned like a layer's, ``(B, nh, 1, T)`` (``nh`` the probe's heads):
+    the map of what the model reads for its embedding, where others have a CLS row."""
 
     def __init__(self, config: ViTConfig) -> None:
         super().__init__()
@@ -411,10 +413,12 @@ class AttentionPool(Parent):
         self.num_heads = config.pool_heads or config.num_heads
         self.head_dim = d // self.num_heads
         self.latent = nn.Parameter(torch.zeros(1, 1, d))
-        full = config.pool_head == "map"
+        full = config.pool_head in ("map", "vjepa2")
+        self.residual = config.pool_head == "vjepa2"  # the latent added back after the attention
         self.q = nn.Linear(d, d) if full else None
+        self.kv_norm = make_norm(config, d) if self.residual else None
         self.kv = nn.Linear(d, 2 * d)
-        self.proj = nn.Linear(d, d)
+        self.proj = nn.Linear(d, d) if not self.residual else None
         self.norm = make_norm(config, d) if full else None
         self.mlp = MLP(config, config.pool_mlp_size) if full else None
         self.hook_k, self.hook_v = HookPoint(), HookPoint()  # (B, nh, T, hd)
@@ -432,6 +436,8 @@ class AttentionPool(Parent):
             key_mask = skipped if key_mask is None else key_mask.bool() & skipped  # (B, N)
         latent = self.q(self.latent) if self.q is not None else self.latent  # (1, 1, C)
         q = latent.view(1, 1, self.num_heads, self.head_dim).transpose(1, 2)  # (1, nh, 1, hd)
+        if self.kv_norm is not None:
+            x = self.kv_norm(x)
         kv = self.kv(x).view(B, N, 2, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)  # (2, B, nh, N, hd)
         k, v = kv.unbind(0)  # each (B, nh, N, hd)
         k, v = self.hook_k(k), self.hook_v(v)
@@ -443,7 +449,7 @@ class AttentionPool(Parent):
             scores = scores + padding_bias(key_mask, scores.dtype, 1)  # (B, 1, 1, N)
         probs = self.hook_pattern(scores.softmax(dim=-1))
         y = (probs @ v).transpose(1, 2).reshape(B, 1, C)  # (B, 1, C)
-        y = self.proj(y)
+        y = self.proj(y) if self.proj is not None else y + self.latent
         if self.mlp is not None:
             y = y + self.mlp(self.norm(y))
         return y[:, 0], probs

@@ -10,7 +10,7 @@ CONFIG_BOUNDS = {"image_size": 8192, "patch_size": 1024, "num_channels": 16, "hi
                  "num_heads": 256, "mlp_size": 131072, "num_classes": 100_000, "num_register_tokens": 256,
                  "projection_dim": 16384, "rope_ref_grid": 1024, "head_dim": 16384, "window_size": 1024,
                  "pool_heads": 256, "pool_mlp_size": 131072, "max_num_patches": 65536, "spatial_merge": 16,
-                 "num_frames": 1024, "tubelet_size": 64}
+                 "num_frames": 1024, "tubelet_size": 64, "pool_layers": 64}
 MAX_LAYER_SCALE = 1e3  # layer scale starts at 1e-5 to 1 (CaiT, DINOv2/v3); 1e308 overflows the first block
 MAX_ROPE_THETA = 1e9  # DINOv3's period is 100, EVA-02's 10,000
 
@@ -86,8 +86,11 @@ class ViTConfig:
     norm: str = "layer"  # every norm of the model: "layer" (LayerNorm) or "rms" (RMSNorm: AIMv2); eps layer_norm_eps
     embed_norm: bool = False  # AIMv2: a norm on the patch embeddings before the positions are added
     proj_bias: bool = True  # False: the attention's output projection and the MLP's linears have no bias (AIMv2)
-    pool_head: str = "map"  # the probe of pooling "map": "map" (q projection, then x + mlp(norm(x)); SigLIP, PE) or
-    # "aimv2" (HF Aimv2AttentionPoolingHead: the latent is the query as it is, then a projection, nothing after)
+    pool_head: str = "map"  # the probe of pooling "map": "map" (q projection, then x + mlp(norm(x)); SigLIP, PE),
+    # "aimv2" (HF Aimv2AttentionPoolingHead: the latent is the query as it is, then a projection, nothing after) or
+    # "vjepa2" (HF VJEPA2AttentivePooler's cross-attention: keys and values from norm(x), no output projection, the
+    # latent as the residual, then x + mlp(norm(x)))
+    pool_layers: int = 0  # self-attention blocks the probe's tokens go through first (V-JEPA 2's pooler), no RoPE
     pool_heads: int = 0  # heads of the attention-pooling probe; 0: num_heads (PE's probe has 8 whatever its blocks)
     pool_mlp_size: int = 0  # width of the probe's MLP; 0: mlp_size (PE-G's blocks are wider than its probe's MLP)
     pool_prefix: bool = True  # the probe reads the prefix tokens too; False: the patches alone (timm naflexvit's
@@ -152,7 +155,7 @@ class ViTConfig:
                 raise ValueError(f"ViTConfig.{name} must be a positive integer, got {value!r}")
         for name in ("num_classes", "num_register_tokens", "projection_dim", "rope_ref_grid", "head_dim",
                      "window_size", "pool_heads", "pool_mlp_size", "max_num_patches", "spatial_merge", "num_frames",
-                     "tubelet_size"):
+                     "tubelet_size", "pool_layers"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ValueError(f"ViTConfig.{name} must be a whole number of at least 0, got {value!r}")
@@ -207,6 +210,8 @@ class ViTConfig:
         if self.sincos_pos and (self.pos_embed or self.hidden_size % 4):
             raise ValueError("ViTConfig.sincos_pos replaces the position table (set pos_embed false) and needs a "
                              f"hidden_size divisible by 4, got {self.hidden_size}")
+        if self.pool_layers and self.pooling != "map":
+            raise ValueError("ViTConfig.pool_layers are the attention-pooling probe's blocks: set pooling 'map'")
         if self.pooling == "map" and self.hidden_size % (self.pool_heads or self.num_heads):
             raise ValueError(f"ViTConfig.hidden_size ({self.hidden_size}) must be divisible by pool_heads "
                              f"({self.pool_heads})")
@@ -514,7 +519,7 @@ MERGES = ("none", "swin", "swinv2", "pool")  # pool: Hiera / SAM 2's query pooli
 REL_POS_RESIZES = ("bilinear", "timm")
 WINDOW_RULES = ("hf", "hf_v2", "timm")
 NORMS = ("layer", "rms")
-POOL_HEADS = ("map", "aimv2")
+POOL_HEADS = ("map", "aimv2", "vjepa2")
 # qwen: Qwen-VL's patch merger (each spatial_merge unit); internvl: InternVL's pixel shuffle (each projector_unit unit)
 PROJECTORS = ("none", "mlp", "linear", "gemma3", "qwen", "internvl")
 POS_RESIZES = ("bicubic", "bilinear", "bilinear_corners", "nearest")

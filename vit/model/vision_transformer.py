@@ -99,6 +99,11 @@ class ViT(Parent):
         self.fc_norm = (make_norm(replace(config, layer_norm_eps=config.fc_norm_eps or config.layer_norm_eps), d)
                         if config.fc_norm else None)
         self.attn_pool = AttentionPool(config) if config.pooling == "map" else None
+        # V-JEPA 2's pooler: self-attention blocks over the normed tokens before its probe (no RoPE, no hook names
+        # of the model's layers: they belong to the classifier)
+        pool_block = replace(config, mlp_size=config.pool_mlp_size or config.mlp_size)
+        self.pool_blocks = nn.ModuleList(Block(pool_block) for _ in range(config.pool_layers)) \
+            if config.pool_layers else None
         head_in = 2 * d if config.pooling == "cls+avg" else d
         self.head = nn.Linear(head_in, config.num_classes) if config.num_classes else None
         self.head_dist = nn.Linear(d, config.num_classes) if config.distillation_head else None
@@ -391,6 +396,8 @@ class ViT(Parent):
         elif self.config.pooling == "avg":
             pooled = mean
         elif self.config.pooling == "map":
+            for block in self.pool_blocks or ():
+                x = block(x, key_mask=key_mask)[0]
             pooled, probe = self.attn_pool(x, key_mask)  # (B, D), (B, nh, 1, T)
         else:  # "cls+avg"
             pooled = torch.cat([x[:, 0], mean], dim=-1)  # (B, 2D)
