@@ -5,8 +5,10 @@ map of ``vit.explain.attention_maps`` that reads the attentions and hidden state
 frames.
 
 Token ``n`` is the tubelet ``(n // (gh*gw), n // gw % gh, n % gw)`` (time in tubelets); ``clip_token`` gives it.
-The maps that run the model again on the image (LeGrad, LRP, the CAMs, flow, the class map's gradients) are not
-drawn for clips yet: refused in one line.
+One class's maps run the model again on the clip's pixels (``clip_class_map``, cached in the analysis): the class map
+(Chefer et al.'s gradient rollout, a tubelet's row), LeGrad (the classifier's mean pooling read at each layer) and
+AttnLRP (each frame's own pixels' relevance, summed over its patches). The others are refused in one line, each for
+its reason (``CLIP_REFUSALS``); TimeSformer's divided blocks are refused the maps defined for one attention per block.
 """
 
 from __future__ import annotations
@@ -29,14 +31,48 @@ from vit.explain.image_analysis import Analysis
 from vit.explain.overlay import overlay as draw_overlay
 from vit.inference import predictions_from_logits, seen_region
 from vit.model.layouts import clip_grid, clip_token, folded_grid, frame_maps
+from vit.progress import Progress
 
-CLIP_MAP_KINDS = ("attention", "rollout", "norms")  # the maps drawn from one forward's attentions and states
+CLASS_CLIP_KINDS = ("class", "legrad", "attnlrp")  # one class's maps: the clip's forward again, with a backward
+CLIP_MAP_KINDS = ("attention", "rollout", "norms") + CLASS_CLIP_KINDS
+# Why each other map is not drawn for clips (a VideoMAE, a V-JEPA 2): one line each
+CLIP_REFUSALS = {
+    **{kind: f"{MAP_KINDS[kind].split(' (')[0]} is Chefer et al.'s, whose rules read a CLS token through one head; "
+             "a video model's classifier pools every tubelet: use AttnLRP"
+       for kind in ("lrp", "attn-gradcam", "lrp-partial", "lrp-full")},
+    **{kind: f"{MAP_KINDS[kind].split(' (')[0]} weighs one image's feature map (vit.explain.cam), and a clip's tokens "
+             "are (time, row, col) tubelets it has no layout for: use LeGrad or AttnLRP"
+       for kind in ("gradcam", "gradcam++", "xgradcam", "eigencam", "layercam", "scorecam")},
+    "flow": "attention flow solves one max-flow problem per token over every layer, too slow at a clip's thousands "
+            "of tubelets: use rollout",
+    "probe": "a video model's pooling probe is not drawn for clips: use attention or rollout",
+    "probe_rollout": "a video model's pooling probe is not drawn for clips: use attention or rollout",
+}
 # TimeSformer (divided attention): each block's two attentions, the spatial one ("attention", HF's
 # output_attentions) and the temporal one; rollout is refused (below), norms read the hidden states as for VideoMAE
 DIVIDED_MAP_KINDS = ("attention", "temporal", "norms")
 DIVIDED_ROLLOUT = ("rollout is not drawn for TimeSformer: its blocks attend twice (over time, then within a frame, "
                    "with a dense layer between), and rollout is defined for one attention per block; choose "
                    f"{', '.join(DIVIDED_MAP_KINDS)}")
+DIVIDED_CLASS_MAPS = ("{name} is not drawn for TimeSformer: it weighs one attention per block by its gradient, and "
+                      "TimeSformer's blocks attend twice (over time, then within a frame); choose "
+                      f"{', '.join(DIVIDED_MAP_KINDS)}")
+
+
+def refusal(checkpoint: Checkpoint, kind: str) -> str | None:
+    """Why ``kind`` is not drawn for this video checkpoint's clips (one line), or None where it is."""
+    divided = is_divided(checkpoint)
+    kinds = DIVIDED_MAP_KINDS if divided else CLIP_MAP_KINDS
+    if kind in kinds:
+        return None
+    name = MAP_KINDS.get(kind, kind)
+    if divided and kind == "rollout":
+        return DIVIDED_ROLLOUT
+    if divided and kind in CLASS_CLIP_KINDS:
+        return DIVIDED_CLASS_MAPS.format(name=name)
+    if kind in CLIP_REFUSALS:
+        return CLIP_REFUSALS[kind]
+    return f"{name} is not a map of clips; choose one of: {', '.join(kinds)}"
 
 
 def is_divided(checkpoint: Checkpoint) -> bool:
@@ -106,6 +142,10 @@ def divided_attentions(clip: ClipAnalysis, layer: int) -> tuple[torch.Tensor, to
     1 + P)`` (frame ``f``'s CLS copy and patches, row-major: HF's ``output_attentions``) and the temporal one ``(P, nh,
     t, t)`` (patch position ``p = row*gw + col`` over its frames: HF's ``temporal_attention``'s), float32 on the CPU;
     ``P = gh*gw``."""
+    return clip.analysis.cache.get_or_compute(("divided", layer), lambda: _divided_attentions(clip, layer))
+
+
+def _divided_attentions(clip: ClipAnalysis, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
     model = clip.analysis.attentions.model
     kept: dict[str, torch.Tensor] = {}
 
@@ -144,20 +184,69 @@ def _divided_map(clip: ClipAnalysis, kind: str, layer: int, head: int | None, qu
 def clip_map(clip: ClipAnalysis, settings: MapSettings) -> np.ndarray:
     """The ``(frames, gh, gw)`` map of ``settings`` (its ``query`` a token index: ``ClipAnalysis.token``), each
     tubelet's value repeated over its frames; ValueError (one line) for a map not drawn for clips."""
-    if getattr(clip.analysis.attentions.model.config, "divided_attention", False):
-        if settings.kind == "rollout":
-            raise ValueError(DIVIDED_ROLLOUT)
-        if settings.kind in ("attention", "temporal"):
-            return _divided_map(clip, settings.kind, settings.layer % len(clip.analysis.attentions), settings.head,
-                                settings.query)[0]
-        if settings.kind not in DIVIDED_MAP_KINDS:
-            raise ValueError(f"{MAP_KINDS.get(settings.kind, settings.kind)} is not drawn for clips yet; choose one "
-                             f"of: {', '.join(DIVIDED_MAP_KINDS)}")
-    elif settings.kind not in CLIP_MAP_KINDS:
-        name = MAP_KINDS.get(settings.kind, settings.kind)
-        raise ValueError(f"{name} is not drawn for clips yet; choose one of: {', '.join(CLIP_MAP_KINDS)}")
+    divided = getattr(clip.analysis.attentions.model.config, "divided_attention", False)
+    if divided and settings.kind in ("attention", "temporal"):
+        return _divided_map(clip, settings.kind, settings.layer % len(clip.analysis.attentions), settings.head,
+                            settings.query)[0]
+    if settings.kind not in ("attention", "rollout", "norms") or (divided and settings.kind == "rollout"):
+        raise ValueError(f"{MAP_KINDS.get(settings.kind, settings.kind)} is not drawn from the clip's forward alone: "
+                         "use explain_analysed (a class's maps: clip_class_map)")
     folded = attention_map(clip.analysis, settings)  # (t*gh, gw): row-major is the time-major token order
     return clip.maps(folded.reshape(-1))
+
+
+def clip_class_map(checkpoint: Checkpoint, clip: ClipAnalysis, kind: str, class_index: int | None = None,
+                   layer: int | None = None, query: int = 0, progress: Progress | None = None) -> np.ndarray:
+    """One class's ``(frames, gh, gw)`` map of a clip (``CLASS_CLIP_KINDS``), cached in the clip's analysis:
+    "class", Chefer et al.'s gradient rollout up to ``layer`` (default the last), row ``query`` (a token; a mean-pooled
+    classifier reads every row alike), each tubelet's value repeated over its frames; "legrad", LeGrad from ``layer``
+    (default -2, the authors') on, the classifier's pooling read at each layer; "attnlrp", each frame's pixels'
+    relevance summed over its patches (a frame's own, not its tubelet's). ``class_index``: default the predicted.
+    Each refused against its memory bound (``vit.costs.plan``) before the work; ValueError in one line."""
+    from vit.costs import plan
+    from vit.costs.memory import CHUNK_BYTES
+    from vit.explain.method_maps import input_class_relevance, reported_blocks
+    from vit.explain.relevance import attnlrp, legrad, patch_sums
+
+    why = refusal(checkpoint, kind)
+    if why is not None or kind not in CLASS_CLIP_KINDS:
+        raise ValueError(why or f"{kind} is not one class's map; choose one of: {', '.join(CLASS_CLIP_KINDS)}")
+    model, names = checkpoint.model, checkpoint.class_names
+    if model.head is None or not names:
+        raise ValueError(f"{MAP_KINDS[kind].split(' (')[0]} explains a class, and this model has no classifier: "
+                         "choose attention, rollout or norms")
+    wanted = clip.analysis.prediction.class_index if class_index is None else class_index
+    if isinstance(wanted, bool) or not isinstance(wanted, int) or not 0 <= wanted < len(names):
+        raise ValueError(f"class {str(wanted)[:40]} is out of range: this model has {len(names)} classes")
+    folded, L = clip.analysis.grid, len(model.blocks)
+    device = next(model.parameters()).device
+
+    def pixels() -> torch.Tensor:
+        return clip_pixels(clip.frames, checkpoint.preprocessing).to(device)  # (1, frames, C, H, W)
+
+    if kind == "class":
+        relevance = clip.analysis.cache.get_or_compute(("clip class", wanted), lambda: input_class_relevance(
+            model, pixels, folded, wanted, progress))
+        row = relevance.row(query, -1 if layer is None else layer)[0]  # (T,)
+        return clip.maps(row[clip.analysis.num_prefix_tokens:].float())
+    if kind == "legrad":
+        start = -2 if layer is None else layer
+        plan.decide(plan.legrad(model, folded, start))
+
+        def compute() -> np.ndarray:
+            with reported_blocks(model, progress, L - 1 + len(range(L)[start:])):
+                values = legrad(model, pixels(), wanted, start, budget=CHUNK_BYTES)  # (1, t*gh, gw)
+            return clip.maps(values[0].reshape(-1).float().cpu())
+
+        return clip.analysis.cache.get_or_compute(("clip legrad", wanted, start % L), compute)
+    plan.decide(plan.gradient(model, folded, "AttnLRP"))
+
+    def compute_lrp() -> np.ndarray:
+        with reported_blocks(model, progress, L):
+            relevance = attnlrp(model, pixels(), wanted)[0]  # (frames, H, W)
+        return patch_sums(relevance, clip.grid[1:]).float().cpu().numpy()  # (frames, gh, gw)
+
+    return clip.analysis.cache.get_or_compute(("clip attnlrp", wanted), compute_lrp)
 
 
 def head_clip_maps(clip: ClipAnalysis, query: int, layer: int, kind: str = "attention") -> np.ndarray:
@@ -210,31 +299,35 @@ def query_token(grid: tuple[int, int, int], tubelet: int, query: int | Sequence[
 
 def explain_clip(checkpoint: Checkpoint, frames: Sequence[Image.Image], method: str = "attention",
                  layer: int | None = None, head: int | None = None, query: int | Sequence[int] | None = None,
-                 max_tokens: int | None = None) -> ClipExplanation:
+                 max_tokens: int | None = None, class_index: int | None = None) -> ClipExplanation:
     """The ``method`` map (``CLIP_MAP_KINDS``; TimeSformer's ``DIVIDED_MAP_KINDS``) of a clip's frames (sampled to
     the model's ``num_frames``): ``layer``
-    (attention, norms; rollout's last layer; default the last), ``head`` (attention; default the mean), ``query``
-    (attention, rollout: a token or ``(frame, row, col)``; default token 0). ValueError in one line otherwise."""
-    check_clip_settings(checkpoint, method, layer, head, query)
+    (attention, norms; rollout's and the class map's last layer, default the last; LeGrad's first, default -2),
+    ``head`` (attention; default the mean), ``query`` (attention, rollout, class: a token or ``(frame, row, col)``;
+    default token 0), ``class_index`` (class, legrad, attnlrp; default the predicted). ValueError in one line
+    otherwise (``refusal`` for a map not drawn for clips)."""
+    check_clip_settings(checkpoint, method, layer, head, query, class_index)
     return explain_analysed(checkpoint, analyse_clip(checkpoint, frames, max_tokens=max_tokens), method, layer, head,
-                            query)
+                            query, class_index)
 
 
 def check_clip_settings(checkpoint: Checkpoint, method: str, layer: int | None, head: int | None,
-                        query: int | Sequence[int] | None) -> None:
-    """ValueError (one line) for a method not drawn for clips (TimeSformer's: ``DIVIDED_MAP_KINDS``, rollout
-    refused), or a setting it does not read or out of range."""
-    divided = is_divided(checkpoint)
-    kinds = DIVIDED_MAP_KINDS if divided else CLIP_MAP_KINDS
-    if divided and method == "rollout":
-        raise ValueError(DIVIDED_ROLLOUT)
-    if method not in kinds:
-        name = MAP_KINDS.get(method, method)
-        raise ValueError(f"{name} is not drawn for clips yet; choose one of: {', '.join(kinds)}")
+                        query: int | Sequence[int] | None, class_index: int | None = None) -> None:
+    """ValueError (one line) for a method not drawn for clips (``refusal``), or a setting it does not read or out of
+    range."""
+    why = refusal(checkpoint, method)
+    if why is not None:
+        raise ValueError(why)
     if method == "norms" and (head is not None or query is not None):
         raise ValueError("norms reads layer alone")
-    if method == "rollout" and head is not None:
-        raise ValueError("rollout fuses every head; leave head out")
+    if method in ("rollout", "class", "legrad", "attnlrp") and head is not None:
+        raise ValueError(f"{method} fuses every head; leave head out")
+    if method in ("legrad", "attnlrp") and query is not None:
+        raise ValueError(f"{method} explains the classifier's pooling of every tubelet; leave query out")
+    if method == "attnlrp" and layer is not None:
+        raise ValueError("attnlrp runs through every layer to the pixels; leave layer out")
+    if class_index is not None and method not in CLASS_CLIP_KINDS:
+        raise ValueError(f"{method} is not one class's map; class is read by {', '.join(CLASS_CLIP_KINDS)}")
     model = checkpoint.model
     L, H = len(model.blocks), model.config.num_heads
     for name, value, count in (("layer", layer, L), ("head", head, H)):
@@ -243,12 +336,19 @@ def check_clip_settings(checkpoint: Checkpoint, method: str, layer: int | None, 
 
 
 def explain_analysed(checkpoint: Checkpoint, clip: ClipAnalysis, method: str = "attention", layer: int | None = None,
-                     head: int | None = None, query: int | Sequence[int] | None = None) -> ClipExplanation:
-    """``explain_clip`` on a clip already through the model (``analyse_clip``): the explorer redraws from it."""
-    check_clip_settings(checkpoint, method, layer, head, query)
+                     head: int | None = None, query: int | Sequence[int] | None = None,
+                     class_index: int | None = None, progress: Progress | None = None) -> ClipExplanation:
+    """``explain_clip`` on a clip already through the model (``analyse_clip``): the explorer redraws from it (a
+    class's maps are cached in ``clip``); ``progress(blocks run, total)`` while a class's map runs."""
+    check_clip_settings(checkpoint, method, layer, head, query, class_index)
     model = checkpoint.model
     L, H = len(model.blocks), model.config.num_heads
     token = query_token(clip.grid, clip.tubelet, query, model.num_prefix_tokens)
+    if method in CLASS_CLIP_KINDS:
+        drawn = clip_class_map(checkpoint, clip, method, class_index, layer, token, progress)
+        return ClipExplanation(method, drawn.astype(np.float32), clip.frames,
+                               [seen_region(f, checkpoint.preprocessing) for f in clip.frames], clip.grid, token,
+                               clip.analysis.prediction, None)
     layer = -1 if layer is None else layer
     settings = MapSettings(kind=method, layer=layer, end_layer=layer, head=None if head is None else head % H,
                            query=token)

@@ -1,0 +1,135 @@
+"""One class's maps of a VideoMAE clip against references computed on transformers' own
+``VideoMAEForVideoClassification`` (eager attention, ``output_attentions``) by hand-written autograd, never our output:
+the class map is Chefer et al.'s gradient rollout (``R = R + mean_h((∇A ⊙ A)⁺) @ R``, their
+``generate_relevance``) on HF's attentions, LeGrad the authors' per-layer ``relu(∂s_l/∂A_l)`` averaged over heads
+and queries with the classifier (mean pooling, fc_norm, head) reading each layer's output, AttnLRP lxt's rules
+(tests/reference/lxt) patched into HF's modules. Every map kind either draws for a clip or is refused in one line.
+
+The models are tiny random transformers classifiers (sigma 0.05 noise), t, rows and cols all different, so a map
+that swapped time and rows would not match.
+"""
+
+import numpy as np
+import pytest
+import torch
+from test_videomae import videomae_folder, write_gif
+
+from tests.reference.lxt.patches import layer_norm_forward, non_linear_forward, wrap_attention_forward
+from vit.clips import clip_pixels, read_clip
+from vit.explain.attention_maps import MAP_KINDS
+from vit.explain.video import analyse_clip, explain_analysed, explain_clip
+from vit.sources.open import open_source
+
+transformers = pytest.importorskip("transformers")
+pytestmark = pytest.mark.slow  # importing transformers takes seconds
+
+FRAMES, HEIGHT, WIDTH = 4, 24, 32  # t, gh, gw = 2, 3, 4: a swap of time and rows shows
+
+
+@pytest.fixture(scope="module")
+def videomae(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("videomae")
+    model, processor = videomae_folder(folder / "model", FRAMES, HEIGHT, WIDTH)
+    checkpoint = open_source(folder / "model")
+    frames = read_clip(write_gif(folder / "clip.gif", FRAMES + 3), FRAMES).frames
+    pixels = processor(frames, return_tensors="pt").pixel_values  # (1, frames, 3, H, W)
+    assert torch.allclose(clip_pixels(frames, checkpoint.preprocessing), pixels, atol=1e-6)
+    return model, checkpoint, frames, pixels
+
+
+def tubelets(values: torch.Tensor) -> torch.Tensor:
+    """HF's token order (its Conv3d output flattened) -> (t, gh, gw), each tubelet repeated over its 2 frames."""
+    return values.reshape(FRAMES // 2, HEIGHT // 8, WIDTH // 8).repeat_interleave(2, dim=0)
+
+
+def assert_close_to_scale(ours: np.ndarray, expected: torch.Tensor) -> None:
+    scale = expected.abs().max()
+    assert ours.shape == tuple(expected.shape)
+    torch.testing.assert_close(torch.from_numpy(ours).double() / scale, expected.double() / scale,
+                               rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("class_index, query", [(None, 0), (2, 13)])
+def test_the_class_map_is_chefers_gradient_rollout_on_transformers_attentions(videomae, class_index, query):
+    model, checkpoint, frames, pixels = videomae
+    with torch.enable_grad():
+        out = model(pixel_values=pixels, output_attentions=True)
+        index = int(out.logits.argmax()) if class_index is None else class_index
+        grads = torch.autograd.grad(out.logits[0, index], out.attentions)
+    T = out.attentions[0].shape[-1]
+    R = torch.eye(T)
+    for attention, grad in zip(out.attentions, grads, strict=True):  # Chefer et al.'s generate_relevance
+        cam = (grad[0] * attention[0]).clamp(min=0).mean(dim=0)
+        R = R + cam @ R
+    explained = explain_clip(checkpoint, frames, "class", query=query, class_index=class_index)
+    assert explained.query == query and explained.heads is None
+    assert_close_to_scale(explained.map, tubelets(R[query].detach()))
+
+
+@pytest.mark.parametrize("start_layer", [-2, 1])
+def test_legrad_is_the_authors_formula_with_the_mean_pooled_classifier_at_each_layer(videomae, start_layer):
+    model, checkpoint, frames, pixels = videomae
+    with torch.enable_grad():
+        out = model(pixel_values=pixels, output_attentions=True, output_hidden_states=True)
+        index = 3
+        L, total = len(out.attentions), 0
+        for layer in range(L)[start_layer:]:  # the classifier reads layer `layer`'s output (no final norm)
+            score = model.classifier(model.fc_norm(out.hidden_states[layer + 1].mean(1)))[0, index]
+            [grad] = torch.autograd.grad(score, out.attentions[layer], retain_graph=True)
+            total = total + grad[0].clamp(min=0).mean(dim=0).mean(dim=0)  # heads, then queries: (T,)
+    explained = explain_clip(checkpoint, frames, "legrad", layer=start_layer, class_index=index)
+    assert_close_to_scale(explained.map, tubelets(total))
+
+
+def test_attnlrp_is_lxts_rules_patched_into_transformers_videomae(videomae, monkeypatch):
+    from transformers.activations import GELUActivation
+    from transformers.models.videomae import modeling_videomae
+
+    model, checkpoint, frames, pixels = videomae
+    index = 1
+    with monkeypatch.context() as m, torch.enable_grad():  # undone before our model runs
+        m.setattr(torch.nn.LayerNorm, "forward", layer_norm_forward)
+        m.setattr(GELUActivation, "original_forward", GELUActivation.forward, raising=False)
+        m.setattr(GELUActivation, "forward", non_linear_forward)
+        m.setattr(modeling_videomae, "eager_attention_forward",
+                  wrap_attention_forward(modeling_videomae.eager_attention_forward))
+        x = pixels.clone().requires_grad_(True)
+        model(pixel_values=x).logits[0, index].backward()
+    relevance = (x * x.grad).sum(dim=2)[0].detach()  # (frames, H, W): each frame's own pixels
+    expected = relevance.reshape(FRAMES, HEIGHT // 8, 8, WIDTH // 8, 8).sum(dim=(2, 4))  # (frames, gh, gw)
+    assert not torch.allclose(expected[0::2], expected[1::2])  # a frame's own, not its tubelet's
+    explained = explain_clip(checkpoint, frames, "attnlrp", class_index=index)
+    assert_close_to_scale(explained.map, expected)
+
+
+def test_every_map_kind_draws_for_a_clip_or_is_refused_in_one_line(videomae):
+    _, checkpoint, frames, _ = videomae
+    clip = analyse_clip(checkpoint, frames)
+    drawn = []
+    for kind in MAP_KINDS:
+        try:
+            explained = explain_analysed(checkpoint, clip, kind)
+        except ValueError as error:
+            assert "\n" not in str(error) and "yet" not in str(error), (kind, str(error))
+            continue
+        assert explained.map.shape == (FRAMES, HEIGHT // 8, WIDTH // 8) and np.isfinite(explained.map).all()
+        drawn.append(kind)
+    assert drawn == ["attention", "rollout", "class", "legrad", "attnlrp", "norms"]
+    with pytest.raises(ValueError, match="Chefer et al.'s.*use AttnLRP"):
+        explain_analysed(checkpoint, clip, "lrp")
+    with pytest.raises(ValueError, match="leave query out"):
+        explain_analysed(checkpoint, clip, "legrad", query=3)
+    with pytest.raises(ValueError, match="out of range: this model has 5 classes"):
+        explain_analysed(checkpoint, clip, "attnlrp", class_index=5)
+
+
+def test_a_class_map_is_computed_once_per_class_and_then_read_from_the_clips_cache(videomae, monkeypatch):
+    from vit.explain import relevance
+
+    _, checkpoint, frames, _ = videomae
+    clip = analyse_clip(checkpoint, frames)
+    calls, real = [], relevance.legrad
+    monkeypatch.setattr(relevance, "legrad", lambda *a, **k: calls.append(1) or real(*a, **k))
+    first = explain_analysed(checkpoint, clip, "legrad", class_index=0).map
+    again = explain_analysed(checkpoint, clip, "legrad", class_index=0).map
+    assert len(calls) == 1 and np.array_equal(first, again)
