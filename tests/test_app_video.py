@@ -180,3 +180,56 @@ def test_a_timesformer_offers_its_temporal_attention_and_shows_vit_explains_map(
     for position in (1, FRAMES):
         at.slider(key="clip_frame").set_value(position).run()
         np.testing.assert_allclose(shown_map(at), expected.map[position - 1], rtol=1e-6, atol=1e-9)
+
+
+def test_a_class_map_on_the_page_is_vit_explains_for_the_chosen_class(video_page, tmp_path):
+    at = upload_clip(video_page, "clip.gif", write_gif(tmp_path / "clip.gif", 9).read_bytes())
+    model = vit.load(str(tmp_path / "videomae"))
+    sidebar_widget(at, "radio", "Map").set_value("legrad").run()
+    assert not at.exception and not at.error, [e.value for e in at.error]
+    assert not [n for n in at.sidebar.number_input if n.label == "Frame"]  # LeGrad reads no query
+    sidebar_widget(at, "selectbox", "Class").set_value(3).run()
+    at.slider(key="clip_frame").set_value(3).run()
+    legrad = vit.explain(model, str(tmp_path / "clip.gif"), "legrad", target=3)  # from the last two layers
+    np.testing.assert_allclose(shown_map(at), legrad.map[2], rtol=1e-5, atol=1e-7)
+    sidebar_widget(at, "radio", "Map").set_value("attnlrp").run()
+    assert not at.exception and not at.error
+    attnlrp = vit.explain(model, str(tmp_path / "clip.gif"), "attnlrp", target=3)
+    np.testing.assert_allclose(shown_map(at), attnlrp.map[2], rtol=1e-5, atol=1e-7)
+
+
+def test_a_long_class_map_shows_its_progress_and_a_stop_button_and_stops(video_page, tmp_path, monkeypatch):
+    import threading
+
+    from app_pages.explorer_sections import clip_view, long_work
+    from vit.explain import video
+
+    monkeypatch.setattr(long_work, "QUICK_S", 0.5)
+    monkeypatch.setattr(clip_view, "PROGRESS_TOKENS", 0)  # every clip's class map is long work here
+    at = upload_clip(video_page, "clip.gif", write_gif(tmp_path / "clip.gif", 9).read_bytes())
+    blocks, started = [], threading.Event()
+
+    def slow(checkpoint, clip, kind, class_index=None, layer=None, query=0, progress=None):
+        for i in range(200):
+            progress(i, 200)
+            started.set()
+            threading.Event().wait(0.05)
+            blocks.append(i)
+        return np.zeros((FRAMES, HEIGHT // 8, WIDTH // 8))
+
+    monkeypatch.setattr(video, "clip_class_map", slow)
+    sidebar_widget(at, "radio", "Map").set_value("class").run()
+    assert not at.exception, [e.message for e in at.exception]
+    [bar] = at.get("progress")
+    assert "Computing Class" in bar.proto.text and "of 200 blocks" in bar.proto.text
+    [stop] = [b for b in at.button if b.key == "long_work_stop-clip map"]
+    assert started.wait(30)
+    current = at.session_state[long_work.SESSION_KEY]
+    stop.click()
+    at.run()
+    assert not at.exception, [e.message for e in at.exception]
+    assert current.wait(10) and current.state == "stopped"
+    assert any("stopped after" in i.value and "stopped by you" in i.value for i in at.info)
+    ran = len(blocks)
+    threading.Event().wait(0.3)
+    assert len(blocks) == ran  # nothing runs after the stop

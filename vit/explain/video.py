@@ -108,11 +108,22 @@ class ClipAnalysis:
         return frame_maps(torch.as_tensor(np.asarray(values)), self.grid, self.tubelet).numpy()
 
 
+def clip_tokens(checkpoint: Checkpoint, count: int) -> int:
+    """How many tokens a clip of ``count`` frames is for this video checkpoint (prefix tokens included)."""
+    model, (height, width) = checkpoint.model, checkpoint.preprocessing.image_hw
+    t, gh, gw = clip_grid(count, height, width, model.config.tubelet_size, model.config.patch_hw)
+    return model.num_prefix_tokens + t * gh * gw
+
+
 def analyse_clip(checkpoint: Checkpoint, frames: Sequence[Image.Image], top_k: int = 5,
-                 max_tokens: int | None = None, allow: str = f"raise {bounds.MAX_TOKENS_ENV}") -> ClipAnalysis:
+                 max_tokens: int | None = None, allow: str = f"raise {bounds.MAX_TOKENS_ENV}",
+                 progress: Progress | None = None) -> ClipAnalysis:
     """Run the video model once on ``frames`` (already sampled to its ``num_frames``); layers' attentions are
     computed when first read, as ``image_analysis.analyse`` does. ``TooManyTokens`` / ValueError before the forward
-    for a clip past the bounds or of a shape the model does not take."""
+    for a clip past the bounds or of a shape the model does not take. ``progress(blocks run, L)`` at each block's
+    output (where the page's Stop is heard)."""
+    from vit.explain.method_maps import reported_blocks
+
     model, p = checkpoint.model, checkpoint.preprocessing
     c = model.config
     if not is_video(checkpoint):
@@ -123,7 +134,7 @@ def analyse_clip(checkpoint: Checkpoint, frames: Sequence[Image.Image], top_k: i
     check_input_fits(checkpoint, folded, f"A clip of {count} frames of {width}×{height} px", max_tokens, allow)
     device = next(model.parameters()).device
     x = clip_pixels(frames, p).to(device)  # (1, T, C, H, W)
-    with torch.inference_mode():
+    with torch.inference_mode(), reported_blocks(model, progress, len(model.blocks)):
         logits, hidden = forward_with_hidden_states(model, x)  # (1, classes), (1, L + 1, N, D)
     if logits is None:
         logits = x.new_zeros(1, 0)
