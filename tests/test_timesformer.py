@@ -190,5 +190,24 @@ def test_predict_saves_each_layers_spatial_and_temporal_attentions(tmp_path, cap
     saved = np.load(record["maps"]["npz"])
     assert status == 0 and saved["grid"].tolist() == [4, 3, 4] and int(saved["tubelet"]) == 1
     assert saved["layer_1"].shape == (4, 4, 13, 13) and saved["temporal_1"].shape == (12, 4, 4, 4)
-    assert np.allclose(saved["layer_0"].sum(-1), 1, atol=1e-5) and np.allclose(saved["temporal_0"].sum(-1), 1,
-                                                                                atol=1e-5)
+    processor = transformers.VideoMAEImageProcessor.from_pretrained(tmp_path / "timesformer")
+    pixels = processor(read_clip(tmp_path / "clip.gif", 4).frames, return_tensors="pt").pixel_values
+    with torch.no_grad():
+        out = model(pixel_values=pixels, output_attentions=True)
+    for i, (spatial, temporal) in enumerate(zip(out.attentions, temporal_attentions(model, pixels), strict=True)):
+        np.testing.assert_allclose(saved[f"layer_{i}"], spatial.numpy(), rtol=0, atol=1e-5)  # transformers' values
+        np.testing.assert_allclose(saved[f"temporal_{i}"], temporal.numpy(), rtol=0, atol=1e-5)
+
+
+def test_a_layers_divided_attentions_are_computed_once_for_every_head_and_rerun(tmp_path, monkeypatch):
+    from vit.explain import video
+
+    timesformer_folder(tmp_path / "timesformer", 4, 16, 16)
+    checkpoint = open_source(tmp_path / "timesformer")
+    clip = video.analyse_clip(checkpoint, read_clip(write_gif(tmp_path / "clip.gif", 4), 4).frames)
+    calls, real = [], video._divided_attentions
+    monkeypatch.setattr(video, "_divided_attentions", lambda clip, layer: calls.append(layer) or real(clip, layer))
+    first = video.explain_analysed(checkpoint, clip, "temporal", layer=1, query=3)  # every head's map too
+    again = video.explain_analysed(checkpoint, clip, "attention", layer=1, head=2, query=3)
+    video.explain_analysed(checkpoint, clip, "temporal", layer=0, query=3)
+    assert calls == [1, 0] and first.heads.shape[0] == 4 and again.map.shape == (4, 2, 2)

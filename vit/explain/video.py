@@ -13,7 +13,7 @@ its reason (``CLIP_REFUSALS``); TimeSformer's divided blocks are refused the map
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -168,6 +168,34 @@ def _divided_attentions(clip: ClipAnalysis, layer: int) -> tuple[torch.Tensor, t
     with torch.inference_mode(), model.hooks([(f"blocks.{layer}.temporal_attn.hook_pattern", keep)]):
         _, [spatial] = model.run_blocks(x, clip.analysis.grid, layer, layer + 1, output_attentions=True)
     return spatial.float().cpu(), kept["temporal"].float().cpu()
+
+
+def saved_layers(checkpoint: Checkpoint) -> list[tuple[str, tuple[int, ...]]]:
+    """The arrays ``vit.predict --save-maps`` writes for one clip of this video checkpoint (its own clip size), as
+    ``(name, shape)``: ``layer_i`` ``(heads, T, T)`` over every token; TimeSformer's divided blocks ``layer_i``, the
+    spatial one ``(t, heads, 1 + P, 1 + P)``, and ``temporal_i`` ``(P, heads, t, t)`` (``divided_attentions``)."""
+    model = checkpoint.model
+    c, L, H = model.config, len(model.blocks), model.config.num_heads
+    (height, width), frames = checkpoint.preprocessing.image_hw, c.num_frames
+    t, gh, gw = clip_grid(frames, height, width, c.tubelet_size, c.patch_hw)
+    if c.divided_attention:
+        P = gh * gw
+        return [item for i in range(L) for item in ((f"layer_{i}", (t, H, 1 + P, 1 + P)),
+                                                    (f"temporal_{i}", (P, H, t, t)))]
+    T = model.num_prefix_tokens + t * gh * gw
+    return [(f"layer_{i}", (H, T, T)) for i in range(L)]
+
+
+def saved_pieces(clip: ClipAnalysis, name: str) -> Iterator[np.ndarray]:
+    """The array ``name`` of ``saved_layers`` for ``clip``, in pieces (C order), one layer computed at a time."""
+    kind, layer = name.rsplit("_", 1)
+    if getattr(clip.analysis.attentions.model.config, "divided_attention", False):
+        spatial, temporal = divided_attentions(clip, int(layer))
+        yield (temporal if kind == "temporal" else spatial).numpy()
+        return
+    attention = clip.analysis.attentions[int(layer)]  # (1, heads, T, T)
+    for head in attention[0]:
+        yield head.float().numpy()
 
 
 def _divided_map(clip: ClipAnalysis, kind: str, layer: int, head: int | None, query: int) -> np.ndarray:
