@@ -157,8 +157,9 @@ def test_a_zips_declared_sizes_are_checked_before_its_frames_are_inflated(monkey
 
 
 def test_a_timesformer_offers_its_temporal_attention_and_shows_vit_explains_map(tmp_path):
-    """TimeSformer's clip: the map choice is its own (spatial, temporal, norms: no rollout), and the temporal map of a
-    typed query patch on the shown frame is ``vit.explain``'s (checked against transformers in test_timesformer)."""
+    """TimeSformer's clip: the map choice is its own (spatial, temporal, norms, AttnLRP: no rollout), and the
+    temporal map of a typed query patch on the shown frame is ``vit.explain``'s (checked against transformers in
+    test_timesformer)."""
     from test_timesformer import timesformer_folder
 
     timesformer_folder(tmp_path / "timesformer", FRAMES, HEIGHT, WIDTH)
@@ -169,7 +170,8 @@ def test_a_timesformer_offers_its_temporal_attention_and_shows_vit_explains_map(
     at = upload_clip(at, "clip.gif", write_gif(tmp_path / "clip.gif", FRAMES).read_bytes())
     [choice] = [r for r in at.sidebar.radio if r.label == "Map"]
     assert list(choice.options) == ["Attention of one layer", "Temporal attention (a patch over the frames, "
-                                    "TimeSformer)", "Token norms (one layer's output)"]  # no rollout
+                                    "TimeSformer)", "Token norms (one layer's output)",
+                                    "AttnLRP (class-specific, signed)"]  # no rollout, class map or LeGrad
     choice.set_value("temporal")
     for label, value in (("Frame", 2), ("Row", 2), ("Col", 3)):
         sidebar_widget(at, "number_input", label).set_value(value)

@@ -211,3 +211,44 @@ def test_a_layers_divided_attentions_are_computed_once_for_every_head_and_rerun(
     again = video.explain_analysed(checkpoint, clip, "attention", layer=1, head=2, query=3)
     video.explain_analysed(checkpoint, clip, "temporal", layer=0, query=3)
     assert calls == [1, 0] and first.heads.shape[0] == 4 and again.map.shape == (4, 2, 2)
+
+
+def test_attnlrp_runs_through_divided_blocks_as_lxts_rules_patched_into_transformers_timesformer(tmp_path,
+                                                                                                 monkeypatch):
+    """lxt's rules (tests/reference/lxt: LayerNorm, the activation, the uniform rule on q, k and v) put into HF's
+    TimeSformer, whose attention is written inline (no attention function to wrap: its forward is restated with
+    lxt's ``divide_gradient`` on q, k, v); each frame's pixels' relevance summed over its patches."""
+    from transformers.activations import GELUActivation
+    from transformers.models.timesformer import modeling_timesformer
+
+    from tests.reference.lxt.patches import layer_norm_forward, non_linear_forward
+    from tests.reference.lxt.rules import divide_gradient
+
+    def attention_forward(self, hidden_states, output_attentions=False):  # HF's, with lxt's uniform rule
+        B, N, C = hidden_states.shape
+        qkv = self.qkv(hidden_states).reshape(B, N, 3, self.num_heads, C // self.num_heads).permute(2, 0, 3, 1, 4)
+        q, k, v = divide_gradient(qkv[0], 4), divide_gradient(qkv[1], 4), divide_gradient(qkv[2], 2)
+        probs = ((q @ k.transpose(-2, -1)) * self.scale).softmax(dim=-1)
+        context = (probs @ v).transpose(1, 2).reshape(B, N, C)
+        return (context, probs) if output_attentions else (context,)
+
+    model, processor = timesformer_folder(tmp_path / "timesformer", 4, 24, 32)
+    checkpoint = open_source(tmp_path / "timesformer")
+    frames = read_clip(write_gif(tmp_path / "clip.gif", 5), 4).frames
+    pixels = processor(frames, return_tensors="pt").pixel_values  # (1, frames, 3, H, W)
+    with monkeypatch.context() as m, torch.enable_grad():  # undone before our model runs
+        m.setattr(torch.nn.LayerNorm, "forward", layer_norm_forward)
+        m.setattr(GELUActivation, "original_forward", GELUActivation.forward, raising=False)
+        m.setattr(GELUActivation, "forward", non_linear_forward)
+        m.setattr(modeling_timesformer.TimesformerSelfAttention, "forward", attention_forward)
+        x = pixels.clone().requires_grad_(True)
+        model(pixel_values=x).logits[0, 1].backward()
+    expected = (x * x.grad).sum(dim=2)[0].detach().reshape(4, 3, 8, 4, 8).sum(dim=(2, 4))  # (frames, gh, gw)
+    explained = explain_clip(checkpoint, frames, "attnlrp", class_index=1)
+    scale = expected.abs().max()
+    torch.testing.assert_close(torch.from_numpy(explained.map).double() / scale, expected.double() / scale,
+                               rtol=1e-4, atol=1e-5)
+    for method in ("class", "legrad"):  # one attention per block, weighed by its gradient: refused, saying why
+        with pytest.raises(ValueError, match="attend twice") as error:
+            explain_clip(checkpoint, frames, method)
+        assert "\n" not in str(error.value)

@@ -8,7 +8,8 @@ Token ``n`` is the tubelet ``(n // (gh*gw), n // gw % gh, n % gw)`` (time in tub
 One class's maps run the model again on the clip's pixels (``clip_class_map``, cached in the analysis): the class map
 (Chefer et al.'s gradient rollout, a tubelet's row), LeGrad (the classifier's mean pooling read at each layer) and
 AttnLRP (each frame's own pixels' relevance, summed over its patches). The others are refused in one line, each for
-its reason (``CLIP_REFUSALS``); TimeSformer's divided blocks are refused the maps defined for one attention per block.
+its reason (``CLIP_REFUSALS``); TimeSformer's divided blocks are refused the maps defined for one attention per block
+(rollout, the class map, LeGrad), AttnLRP running through them.
 """
 
 from __future__ import annotations
@@ -49,8 +50,9 @@ CLIP_REFUSALS = {
     "probe_rollout": "a video model's pooling probe is not drawn for clips: use attention or rollout",
 }
 # TimeSformer (divided attention): each block's two attentions, the spatial one ("attention", HF's
-# output_attentions) and the temporal one; rollout is refused (below), norms read the hidden states as for VideoMAE
-DIVIDED_MAP_KINDS = ("attention", "temporal", "norms")
+# output_attentions) and the temporal one; rollout is refused (below), norms read the hidden states as for VideoMAE;
+# AttnLRP's rules sit on the elementary operations, both attentions' among them, so it runs through divided blocks
+DIVIDED_MAP_KINDS = ("attention", "temporal", "norms", "attnlrp")
 DIVIDED_ROLLOUT = ("rollout is not drawn for TimeSformer: its blocks attend twice (over time, then within a frame, "
                    "with a dense layer between), and rollout is defined for one attention per block; choose "
                    f"{', '.join(DIVIDED_MAP_KINDS)}")
