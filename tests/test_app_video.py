@@ -157,8 +157,8 @@ def test_a_zips_declared_sizes_are_checked_before_its_frames_are_inflated(monkey
 
 
 def test_a_timesformer_offers_its_temporal_attention_and_shows_vit_explains_map(tmp_path):
-    """TimeSformer's clip: the map choice is its own (spatial, temporal, norms, AttnLRP: no rollout), and the
-    temporal map of a typed query patch on the shown frame is ``vit.explain``'s (checked against transformers in
+    """TimeSformer's clip: the map choice is its own (spatial, temporal, norms, similarity, AttnLRP: no rollout), and
+    the temporal map of a typed query patch on the shown frame is ``vit.explain``'s (checked against transformers in
     test_timesformer)."""
     from test_timesformer import timesformer_folder
 
@@ -171,6 +171,7 @@ def test_a_timesformer_offers_its_temporal_attention_and_shows_vit_explains_map(
     [choice] = [r for r in at.sidebar.radio if r.label == "Map"]
     assert list(choice.options) == ["Attention of one layer", "Temporal attention (a patch over the frames, "
                                     "TimeSformer)", "Token norms (one layer's output)",
+                                    "Similarity to the query (cosine, one layer's tokens, every frame)",
                                     "AttnLRP (class-specific, signed)"]  # no rollout, class map or LeGrad
     choice.set_value("temporal")
     for label, value in (("Frame", 2), ("Row", 2), ("Col", 3)):
@@ -235,3 +236,29 @@ def test_a_long_class_map_shows_its_progress_and_a_stop_button_and_stops(video_p
     ran = len(blocks)
     threading.Event().wait(0.3)
     assert len(blocks) == ran  # nothing runs after the stop
+
+
+def test_similarity_over_frames_and_the_pca_strip_are_vit_explains(video_page, tmp_path):
+
+    at = upload_clip(video_page, "clip.gif", write_gif(tmp_path / "clip.gif", 9).read_bytes())
+    sidebar_widget(at, "radio", "Map").set_value("similarity").run()
+    for label, value in (("Frame", 3), ("Row", 2), ("Col", 4)):
+        sidebar_widget(at, "number_input", label).set_value(value)
+    at.run()
+    assert not at.exception and not at.error, [e.value for e in at.error]
+    model = vit.load(str(tmp_path / "videomae"))
+    expected = vit.explain(model, str(tmp_path / "clip.gif"), "similarity", query=(2, 1, 3))
+    at.slider(key="clip_frame").set_value(1).run()
+    np.testing.assert_allclose(shown_map(at), expected.map[0], rtol=1e-5, atol=1e-7)
+    at.toggle(key="clip_pca").set_value(True).run()
+    assert not at.exception and not at.error
+    strip, pca = at.get("image")
+    assert len(pca.proto.imgs) == FRAMES  # every frame's PCA colours (clip_pca: checked in test_video_relevance)
+
+
+def test_a_frames_pca_colours_are_one_block_a_patch():
+    colours = np.array([[[1.0, 0, 0], [0, 1, 0]], [[0, 0, 1], [0.5, 0.5, 0.5]]])  # (gh, gw, 3)
+    picture = np.asarray(clips.colour_frame(colours, (4, 4)))  # (height, width, 3)
+    assert picture.shape == (4, 4, 3)
+    assert picture[0, 0].tolist() == [255, 0, 0] and picture[1, 3].tolist() == [0, 255, 0]
+    assert picture[3, 0].tolist() == [0, 0, 255] and picture[2, 2].tolist() == [128, 128, 128]

@@ -248,7 +248,16 @@ def test_attnlrp_runs_through_divided_blocks_as_lxts_rules_patched_into_transfor
     scale = expected.abs().max()
     torch.testing.assert_close(torch.from_numpy(explained.map).double() / scale, expected.double() / scale,
                                rtol=1e-4, atol=1e-5)
-    for method in ("class", "legrad"):  # one attention per block, weighed by its gradient: refused, saying why
-        with pytest.raises(ValueError, match="attend twice") as error:
-            explain_clip(checkpoint, frames, method)
-        assert "\n" not in str(error.value)
+    from vit.explain.attention_maps import MAP_KINDS
+    from vit.explain.video import analyse_clip, explain_analysed
+
+    clip, drawn = analyse_clip(checkpoint, frames), []
+    for kind in [*MAP_KINDS, "temporal", "similarity"]:  # each draws, or is refused in one line saying why
+        try:
+            explain_analysed(checkpoint, clip, kind, query=None if kind in ("norms", "attnlrp") else 1)
+            drawn.append(kind)
+        except ValueError as error:
+            assert "\n" not in str(error) and "yet" not in str(error), (kind, str(error))
+            if kind in ("rollout", "class", "legrad", "lrp"):  # one attention per block
+                assert "attend twice" in str(error)
+    assert drawn == ["attention", "attnlrp", "norms", "temporal", "similarity"]

@@ -114,7 +114,7 @@ def test_every_map_kind_draws_for_a_clip_or_is_refused_in_one_line(videomae):
             continue
         assert explained.map.shape == (FRAMES, HEIGHT // 8, WIDTH // 8) and np.isfinite(explained.map).all()
         drawn.append(kind)
-    assert drawn == ["attention", "rollout", "class", "legrad", "attnlrp", "norms"]
+    assert drawn == ["attention", "rollout", "class", "legrad", "attnlrp", "norms"]  # and similarity (not a MAP_KIND)
     with pytest.raises(ValueError, match="Chefer et al.'s.*use AttnLRP"):
         explain_analysed(checkpoint, clip, "lrp")
     with pytest.raises(ValueError, match="leave query out"):
@@ -133,3 +133,36 @@ def test_a_class_map_is_computed_once_per_class_and_then_read_from_the_clips_cac
     first = explain_analysed(checkpoint, clip, "legrad", class_index=0).map
     again = explain_analysed(checkpoint, clip, "legrad", class_index=0).map
     assert len(calls) == 1 and np.array_equal(first, again)
+
+
+def test_similarity_over_frames_is_the_cosine_of_transformers_hidden_states(videomae):
+    model, checkpoint, frames, pixels = videomae
+    with torch.no_grad():
+        states = model(pixel_values=pixels, output_hidden_states=True).hidden_states  # no final norm: mean pooling
+    query = 12 + 4 + 2  # the second tubelet's row 1, col 2 (12 tubelets a time step, 4 a row)
+    for layer in (0, 1):
+        tokens = states[layer + 1][0]  # (T, D)
+        expected = torch.nn.functional.cosine_similarity(tokens, tokens[query][None], dim=-1)
+        explained = explain_clip(checkpoint, frames, "similarity", layer=layer, query=query)
+        assert_close_to_scale(explained.map, tubelets(expected))
+    assert explained.map[2, 1, 2] == explained.map[3, 1, 2] == pytest.approx(1.0, abs=1e-5)  # itself, both frames
+
+
+def test_pca_colours_over_frames_are_one_fit_on_the_whole_clip_of_transformers_states(videomae):
+    """sklearn's ``PCA(3, whiten=True)`` as its documentation computes it (a centred SVD, the largest entry of each
+    component positive, whitened over N - 1), then the DINOv2/v3 notebooks' ``sigmoid(2 x projection)``."""
+    from vit.explain.video import clip_pca
+
+    model, checkpoint, frames, pixels = videomae
+    with torch.no_grad():
+        tokens = model(pixel_values=pixels, output_hidden_states=True).hidden_states[2][0].double().numpy()
+    centred = tokens - tokens.mean(axis=0)
+    _, s, vt = np.linalg.svd(centred, full_matrices=False)
+    components = vt[:3] * np.sign(vt[:3][np.arange(3), np.abs(vt[:3]).argmax(axis=1)])[:, None]
+    projection = centred @ components.T / (s[:3] / np.sqrt(len(tokens) - 1))  # (T, 3), whitened
+    expected = 1 / (1 + np.exp(-2 * projection))
+    colours = clip_pca(checkpoint, analyse_clip(checkpoint, frames), layer=1)  # (frames, gh, gw, 3)
+    assert colours.shape == (FRAMES, HEIGHT // 8, WIDTH // 8, 3)
+    for channel in range(3):
+        np.testing.assert_allclose(colours[..., channel], tubelets(torch.from_numpy(expected[:, channel])).numpy(),
+                                   rtol=0, atol=1e-5)

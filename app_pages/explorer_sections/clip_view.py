@@ -17,7 +17,7 @@ from vit.app import clips, drawing, explorer
 from vit.checkpoint import Checkpoint
 from vit.clips import ClipError, read_clip_bytes
 from vit.explain import video
-from vit.explain.attention_maps import MAP_KINDS
+from vit.explain.video import CLIP_KIND_LABELS as MAP_KINDS
 from vit.text import escape_markdown, visible
 
 UPLOAD_KEY = "explorer_clip_upload"
@@ -26,8 +26,8 @@ FRAME_KEY = "clip_frame"  # the time slider: the shown sampled frame, counted fr
 PICKER_KEY = "clip_frame_picker"
 PICKER_CONFIG = {"displayModeBar": False, "scrollZoom": False, "doubleClick": False}
 # kept by the page while not drawn (a rejected upload stops the page before the sidebar's map settings)
-KEPT = ("clip_map", "clip_layer-", "clip_legrad_from-", "clip_class-", "clip_head-", "clip_query_", "clip_opacity")
-TEMPORAL = "Temporal attention (a patch over the frames, TimeSformer)"
+KEPT = ("clip_map", "clip_layer-", "clip_legrad_from-", "clip_class-", "clip_head-", "clip_query_", "clip_opacity",
+        "clip_pca")
 
 
 def _query_keys(model_key: str) -> tuple[str, str, str]:
@@ -99,7 +99,7 @@ def clip_view(checkpoint: Checkpoint, fingerprint: tuple, model_key: str) -> Non
         kinds = video.DIVIDED_MAP_KINDS if video.is_divided(checkpoint) else video.CLIP_MAP_KINDS
         if st.session_state.get("clip_map") not in kinds:  # a kept choice another video model does not draw
             st.session_state.pop("clip_map", None)
-        kind = st.radio("Map", kinds, key="clip_map", format_func=lambda k: MAP_KINDS.get(k, TEMPORAL),
+        kind = st.radio("Map", kinds, key="clip_map", format_func=MAP_KINDS.get,
                         help="The maps drawn for clips (a class's run the clip's forward again, with a backward); the "
                              "others are refused in one line, each for its reason.")
         st.session_state.setdefault(f"clip_layer-{model_key}", L)  # the last layer first, as on the image page
@@ -189,7 +189,7 @@ def clip_view(checkpoint: Checkpoint, fingerprint: tuple, model_key: str) -> Non
                                      query_patch),
             key=PICKER_KEY, on_select=partial(_pick_query, model_key, position, grid), selection_mode="points",
             config=PICKER_CONFIG, width="stretch")
-        what = MAP_KINDS.get(kind, TEMPORAL)
+        what = MAP_KINDS[kind]
         if kind in ("rollout", "class"):
             what += f", layers 1–{layer}"
         elif kind == "legrad":
@@ -223,3 +223,11 @@ def clip_view(checkpoint: Checkpoint, fingerprint: tuple, model_key: str) -> Non
     st.subheader("Every sampled frame")
     st.image([clips.fit(o, clips.STRIP_SIDE) for o in overlays],
              caption=[clips.frame_label(i, sampled.indices) for i in range(frames)], output_format="PNG")
+    pca_layer = L if layer is None else layer
+    if st.toggle(f"PCA colours of layer {pca_layer}'s tubelets", key="clip_pca",
+                 help="The first three principal components of the layer's tokens, fitted on the whole clip, as "
+                      "red, green and blue: one colour is one direction in every frame."):
+        colours = video.clip_pca(checkpoint, clip, pca_layer - 1)  # (frames, gh, gw, 3)
+        st.image([clips.colour_frame(c, clips.fit(f, clips.STRIP_SIDE).size) for c, f in zip(
+            colours, explained.seen, strict=True)], caption=[clips.frame_label(i, sampled.indices)
+                                                             for i in range(frames)], output_format="PNG")

@@ -35,14 +35,17 @@ from vit.model.layouts import clip_grid, clip_token, folded_grid, frame_maps
 from vit.progress import Progress
 
 CLASS_CLIP_KINDS = ("class", "legrad", "attnlrp")  # one class's maps: the clip's forward again, with a backward
-CLIP_MAP_KINDS = ("attention", "rollout", "norms") + CLASS_CLIP_KINDS
+CLIP_MAP_KINDS = ("attention", "rollout", "norms", "similarity") + CLASS_CLIP_KINDS
+# The clip maps MAP_KINDS (the image page's) does not name
+CLIP_KIND_LABELS = {**MAP_KINDS, "temporal": "Temporal attention (a patch over the frames, TimeSformer)",
+                    "similarity": "Similarity to the query (cosine, one layer's tokens, every frame)"}
 # Why each other map is not drawn for clips (a VideoMAE, a V-JEPA 2): one line each
 CLIP_REFUSALS = {
     **{kind: f"{MAP_KINDS[kind].split(' (')[0]} is Chefer et al.'s, whose rules read a CLS token through one head; "
              "a video model's classifier pools every tubelet: use AttnLRP"
        for kind in ("lrp", "attn-gradcam", "lrp-partial", "lrp-full")},
     **{kind: f"{MAP_KINDS[kind].split(' (')[0]} weighs one image's feature map (vit.explain.cam), and a clip's tokens "
-             "are (time, row, col) tubelets it has no layout for: use LeGrad or AttnLRP"
+             "are (time, row, col) tubelets it has no layout for: use AttnLRP"
        for kind in ("gradcam", "gradcam++", "xgradcam", "eigencam", "layercam", "scorecam")},
     "flow": "attention flow solves one max-flow problem per token over every layer, too slow at a clip's thousands "
             "of tubelets: use rollout",
@@ -52,13 +55,15 @@ CLIP_REFUSALS = {
 # TimeSformer (divided attention): each block's two attentions, the spatial one ("attention", HF's
 # output_attentions) and the temporal one; rollout is refused (below), norms read the hidden states as for VideoMAE;
 # AttnLRP's rules sit on the elementary operations, both attentions' among them, so it runs through divided blocks
-DIVIDED_MAP_KINDS = ("attention", "temporal", "norms", "attnlrp")
+DIVIDED_MAP_KINDS = ("attention", "temporal", "norms", "similarity", "attnlrp")
 DIVIDED_ROLLOUT = ("rollout is not drawn for TimeSformer: its blocks attend twice (over time, then within a frame, "
                    "with a dense layer between), and rollout is defined for one attention per block; choose "
                    f"{', '.join(DIVIDED_MAP_KINDS)}")
-DIVIDED_CLASS_MAPS = ("{name} is not drawn for TimeSformer: it weighs one attention per block by its gradient, and "
+DIVIDED_CLASS_MAPS = ("{name} is not drawn for TimeSformer: it is defined for one attention per block, and "
                       "TimeSformer's blocks attend twice (over time, then within a frame); choose "
                       f"{', '.join(DIVIDED_MAP_KINDS)}")
+# Chefer et al.'s maps, each defined for one attention per block
+ONE_ATTENTION_KINDS = ("class", "legrad", "lrp", "attn-gradcam", "lrp-partial", "lrp-full")
 
 
 def refusal(checkpoint: Checkpoint, kind: str) -> str | None:
@@ -70,8 +75,8 @@ def refusal(checkpoint: Checkpoint, kind: str) -> str | None:
     name = MAP_KINDS.get(kind, kind)
     if divided and kind == "rollout":
         return DIVIDED_ROLLOUT
-    if divided and kind in CLASS_CLIP_KINDS:
-        return DIVIDED_CLASS_MAPS.format(name=name)
+    if divided and kind in ONE_ATTENTION_KINDS:
+        return DIVIDED_CLASS_MAPS.format(name="the class map" if kind == "class" else name.split(" (")[0])
     if kind in CLIP_REFUSALS:
         return CLIP_REFUSALS[kind]
     return f"{name} is not a map of clips; choose one of: {', '.join(kinds)}"
@@ -230,10 +235,51 @@ def clip_map(clip: ClipAnalysis, settings: MapSettings) -> np.ndarray:
         return _divided_map(clip, settings.kind, settings.layer % len(clip.analysis.attentions), settings.head,
                             settings.query)[0]
     if settings.kind not in ("attention", "rollout", "norms") or (divided and settings.kind == "rollout"):
+        # (similarity: similarity_clip_map, which reads the checkpoint's final norm)
         raise ValueError(f"{MAP_KINDS.get(settings.kind, settings.kind)} is not drawn from the clip's forward alone: "
                          "use explain_analysed (a class's maps: clip_class_map)")
     folded = attention_map(clip.analysis, settings)  # (t*gh, gw): row-major is the time-major token order
     return clip.maps(folded.reshape(-1))
+
+
+def layer_tokens(checkpoint: Checkpoint, clip: ClipAnalysis, layer: int) -> torch.Tensor:
+    """Every token of layer ``layer``'s output (0-based, negative from the end) after the final norm, as the image
+    page's dense views read them: ``(T, D)`` float32, the prefix tokens first, then the tubelets time-major; kept in
+    the clip's analysis."""
+    L = len(clip.analysis.attentions)
+    if isinstance(layer, bool) or not isinstance(layer, int) or not -L <= layer < L:
+        raise ValueError(f"layer {str(layer)[:40]} is out of range: this model has {L} layers")
+    index = layer % L
+
+    def compute() -> torch.Tensor:
+        model = checkpoint.model
+        parameter = next(model.parameters())
+        with torch.inference_mode():
+            return model.norm(clip.analysis.hidden[index + 1][None].to(parameter.device, parameter.dtype))[0].float(
+                ).cpu()  # (T, D)
+
+    return clip.analysis.cache.get_or_compute(("clip tokens", index), compute)
+
+
+def similarity_clip_map(checkpoint: Checkpoint, clip: ClipAnalysis, layer: int = -1, query: int = 0) -> np.ndarray:
+    """The cosine similarity of token ``query`` to every tubelet at ``layer``: ``(frames, gh, gw)``, a tubelet's value
+    repeated over its frames; a patch's nearest patches in the other frames are where it is highest."""
+    from vit.explain.dense import similarity, unit_tokens
+
+    tokens = layer_tokens(checkpoint, clip, layer)  # (T, D)
+    if not 0 <= query < tokens.shape[0]:
+        raise ValueError(f"query token {query} is out of range: this clip has {tokens.shape[0]} tokens")
+    return clip.maps(similarity(unit_tokens(tokens[clip.analysis.num_prefix_tokens:]), tokens[query]))
+
+
+def clip_pca(checkpoint: Checkpoint, clip: ClipAnalysis, layer: int = -1) -> np.ndarray:
+    """The PCA colours of layer ``layer``'s tubelets fitted on the whole clip (so a colour means one direction in
+    every frame: the image page's ``dense.pca_images``): ``(frames, gh, gw, 3)`` in (0, 1)."""
+    from vit.explain.dense import pca_images
+
+    tokens = layer_tokens(checkpoint, clip, layer)[clip.analysis.num_prefix_tokens:]  # (t*gh*gw, D)
+    [colours], _ = pca_images([tokens])  # (t*gh*gw, 3)
+    return np.moveaxis(clip.maps(colours.T), 0, -1)  # (3, frames, gh, gw) -> (frames, gh, gw, 3)
 
 
 def clip_class_map(checkpoint: Checkpoint, clip: ClipAnalysis, kind: str, class_index: int | None = None,
@@ -361,7 +407,7 @@ def check_clip_settings(checkpoint: Checkpoint, method: str, layer: int | None, 
         raise ValueError(why)
     if method == "norms" and (head is not None or query is not None):
         raise ValueError("norms reads layer alone")
-    if method in ("rollout", "class", "legrad", "attnlrp") and head is not None:
+    if method in ("rollout", "class", "legrad", "attnlrp", "similarity") and head is not None:
         raise ValueError(f"{method} fuses every head; leave head out")
     if method in ("legrad", "attnlrp") and query is not None:
         raise ValueError(f"{method} explains the classifier's pooling of every tubelet; leave query out")
@@ -386,14 +432,19 @@ def explain_analysed(checkpoint: Checkpoint, clip: ClipAnalysis, method: str = "
     L, H = len(model.blocks), model.config.num_heads
     token = query_token(clip.grid, clip.tubelet, query, model.num_prefix_tokens)
     if method in CLASS_CLIP_KINDS:
-        drawn = clip_class_map(checkpoint, clip, method, class_index, layer, token, progress)
-        return ClipExplanation(method, drawn.astype(np.float32), clip.frames,
-                               [seen_region(f, checkpoint.preprocessing) for f in clip.frames], clip.grid, token,
-                               clip.analysis.prediction, None)
+        return _explanation(checkpoint, clip, method, clip_class_map(checkpoint, clip, method, class_index, layer,
+                                                                      token, progress), token)
     layer = -1 if layer is None else layer
+    if method == "similarity":
+        return _explanation(checkpoint, clip, method, similarity_clip_map(checkpoint, clip, layer, token), token)
     settings = MapSettings(kind=method, layer=layer, end_layer=layer, head=None if head is None else head % H,
                            query=token)
     heads = head_clip_maps(clip, token, layer % L, method) if method in ("attention", "temporal") else None
-    return ClipExplanation(method, clip_map(clip, settings).astype(np.float32), clip.frames,
+    return _explanation(checkpoint, clip, method, clip_map(clip, settings), token, heads)
+
+
+def _explanation(checkpoint: Checkpoint, clip: ClipAnalysis, method: str, drawn: np.ndarray, token: int,
+                 heads: np.ndarray | None = None) -> ClipExplanation:
+    return ClipExplanation(method, drawn.astype(np.float32), clip.frames,
                            [seen_region(f, checkpoint.preprocessing) for f in clip.frames], clip.grid, token,
                            clip.analysis.prediction if checkpoint.class_names else None, heads)
