@@ -172,6 +172,7 @@ def test_a_timesformer_offers_its_temporal_attention_and_shows_vit_explains_map(
     assert list(choice.options) == ["Attention of one layer", "Temporal attention (a patch over the frames, "
                                     "TimeSformer)", "Token norms (one layer's output)",
                                     "Similarity to the query (cosine, one layer's tokens, every frame)",
+                                    "Logit lens (the class's probability read from each token at one layer)",
                                     "AttnLRP (class-specific, signed)"]  # no rollout, class map or LeGrad
     choice.set_value("temporal")
     for label, value in (("Frame", 2), ("Row", 2), ("Col", 3)):
@@ -199,6 +200,11 @@ def test_a_class_map_on_the_page_is_vit_explains_for_the_chosen_class(video_page
     assert not at.exception and not at.error
     attnlrp = vit.explain(model, str(tmp_path / "clip.gif"), "attnlrp", target=3)
     np.testing.assert_allclose(shown_map(at), attnlrp.map[2], rtol=1e-5, atol=1e-7)
+    sidebar_widget(at, "radio", "Map").set_value("lens").run()
+    sidebar_widget(at, "slider", "Layer").set_value(1).run()
+    assert not at.exception and not at.error
+    lens = vit.explain(model, str(tmp_path / "clip.gif"), "lens", layer=0, target=3)
+    np.testing.assert_allclose(shown_map(at), lens.map[2], rtol=1e-5, atol=1e-7)
 
 
 def test_a_long_class_map_shows_its_progress_and_a_stop_button_and_stops(video_page, tmp_path, monkeypatch):

@@ -252,12 +252,12 @@ def test_attnlrp_runs_through_divided_blocks_as_lxts_rules_patched_into_transfor
     from vit.explain.video import analyse_clip, explain_analysed
 
     clip, drawn = analyse_clip(checkpoint, frames), []
-    for kind in [*MAP_KINDS, "temporal", "similarity"]:  # each draws, or is refused in one line saying why
+    for kind in [*MAP_KINDS, "temporal", "similarity", "lens"]:  # each draws, or is refused in one line saying why
         try:
-            explain_analysed(checkpoint, clip, kind, query=None if kind in ("norms", "attnlrp") else 1)
+            explain_analysed(checkpoint, clip, kind, query=None if kind in ("norms", "attnlrp", "lens") else 1)
             drawn.append(kind)
         except ValueError as error:
             assert "\n" not in str(error) and "yet" not in str(error), (kind, str(error))
             if kind in ("rollout", "class", "legrad", "lrp"):  # one attention per block
                 assert "attend twice" in str(error)
-    assert drawn == ["attention", "attnlrp", "norms", "temporal", "similarity"]
+    assert drawn == ["attention", "attnlrp", "norms", "temporal", "similarity", "lens"]

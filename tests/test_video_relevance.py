@@ -106,7 +106,7 @@ def test_every_map_kind_draws_for_a_clip_or_is_refused_in_one_line(videomae):
     _, checkpoint, frames, _ = videomae
     clip = analyse_clip(checkpoint, frames)
     drawn = []
-    for kind in MAP_KINDS:
+    for kind in [*MAP_KINDS, "similarity", "lens"]:  # the image page's kinds, and the clip's own
         try:
             explained = explain_analysed(checkpoint, clip, kind)
         except ValueError as error:
@@ -114,7 +114,7 @@ def test_every_map_kind_draws_for_a_clip_or_is_refused_in_one_line(videomae):
             continue
         assert explained.map.shape == (FRAMES, HEIGHT // 8, WIDTH // 8) and np.isfinite(explained.map).all()
         drawn.append(kind)
-    assert drawn == ["attention", "rollout", "class", "legrad", "attnlrp", "norms"]  # and similarity (not a MAP_KIND)
+    assert drawn == ["attention", "rollout", "class", "legrad", "attnlrp", "norms", "similarity", "lens"]
     with pytest.raises(ValueError, match="Chefer et al.'s.*use AttnLRP"):
         explain_analysed(checkpoint, clip, "lrp")
     with pytest.raises(ValueError, match="leave query out"):
@@ -166,3 +166,43 @@ def test_pca_colours_over_frames_are_one_fit_on_the_whole_clip_of_transformers_s
     for channel in range(3):
         np.testing.assert_allclose(colours[..., channel], tubelets(torch.from_numpy(expected[:, channel])).numpy(),
                                    rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("layer", [0, 1])
+def test_the_logit_lens_reads_each_of_transformers_tokens_through_its_fc_norm_and_head(videomae, layer):
+    model, checkpoint, frames, pixels = videomae
+    with torch.no_grad():
+        states = model(pixel_values=pixels, output_hidden_states=True).hidden_states
+        probabilities = model.classifier(model.fc_norm(states[layer + 1][0])).softmax(dim=-1)  # (T, classes)
+    explained = explain_clip(checkpoint, frames, "lens", layer=layer, class_index=4)
+    assert_close_to_scale(explained.map, tubelets(probabilities[:, 4]))
+
+
+def test_direct_logit_attribution_splits_transformers_logit_into_each_heads_share(videomae):
+    """Head ``h`` of layer ``l`` wrote ``context_h @ dense.weight[:, h]ᵀ`` into every token; the mean pooling averages
+    it, and fc_norm, frozen at the scale of the final pooled vector, and the classifier read it linearly."""
+    from vit.explain.video import clip_logit_attribution
+
+    model, checkpoint, frames, pixels = videomae
+    contexts = []
+    hooks = [layer.attention.attention.register_forward_hook(lambda m, args, out: contexts.append(out[0]))
+             for layer in model.videomae.encoder.layer]
+    with torch.no_grad():
+        out = model(pixel_values=pixels, output_hidden_states=True)
+    for hook in hooks:
+        hook.remove()
+    pooled = out.hidden_states[-1][0].mean(dim=0)  # (D,): what fc_norm reads
+    norm, index = model.fc_norm, 2
+    scale = (pooled.var(unbiased=False) + norm.eps).sqrt()
+    H, D = model.config.num_attention_heads, model.config.hidden_size
+    hd = D // H
+    expected = torch.zeros(len(contexts), H)
+    for layer, context in enumerate(contexts):  # (1, T, D): the heads' contexts side by side
+        weight = model.videomae.encoder.layer[layer].attention.output.dense.weight  # (D, D)
+        for h in range(H):
+            written = (context[0, :, h * hd:(h + 1) * hd] @ weight[:, h * hd:(h + 1) * hd].T).mean(dim=0)  # (D,)
+            frozen = (written - written.mean()) / scale * norm.weight
+            expected[layer, h] = model.classifier.weight[index] @ frozen
+    attribution = clip_logit_attribution(checkpoint, analyse_clip(checkpoint, frames), index)
+    torch.testing.assert_close(attribution.heads[0], expected, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(attribution.total()[0], out.logits[0, index], rtol=1e-4, atol=1e-5)

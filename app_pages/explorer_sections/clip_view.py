@@ -111,7 +111,7 @@ def clip_view(checkpoint: Checkpoint, fingerprint: tuple, model_key: str) -> Non
         elif kind != "attnlrp":
             layer = st.slider("Up to layer" if kind in ("rollout", "class") else "Layer", 1, L,
                               key=f"clip_layer-{model_key}")
-        class_slot = st.empty() if kind in video.CLASS_CLIP_KINDS and class_names else None
+        class_slot = st.empty() if kind in video.CLASS_READ_KINDS and class_names else None
         head = None
         if kind in ("attention", "temporal"):
             chosen = st.selectbox("Head", [-1, *range(H)], key=f"clip_head-{model_key}",
@@ -119,7 +119,7 @@ def clip_view(checkpoint: Checkpoint, fingerprint: tuple, model_key: str) -> Non
             head = None if chosen == -1 else chosen
         grid = None  # known once the clip is read
         query_values = None
-        reads_query = kind not in ("norms", "legrad", "attnlrp")
+        reads_query = kind not in ("norms", "legrad", "attnlrp", "lens")
         if reads_query:
             st.caption("Query patch (click one on the shown frame, or type it): its attention over every frame.")
             query_columns = st.columns(3)
@@ -196,7 +196,7 @@ def clip_view(checkpoint: Checkpoint, fingerprint: tuple, model_key: str) -> Non
             what += f", layers {layer}–{L}"
         elif layer is not None:
             what += f", layer {layer} of {L}"
-        if kind in video.CLASS_CLIP_KINDS and class_names:
+        if kind in video.CLASS_READ_KINDS and class_names:
             shown_class = clip.analysis.prediction.class_index if class_index is None else class_index
             what += f", class {class_names[shown_class]}"
         if kind in ("attention", "temporal"):

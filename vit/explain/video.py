@@ -35,10 +35,12 @@ from vit.model.layouts import clip_grid, clip_token, folded_grid, frame_maps
 from vit.progress import Progress
 
 CLASS_CLIP_KINDS = ("class", "legrad", "attnlrp")  # one class's maps: the clip's forward again, with a backward
-CLIP_MAP_KINDS = ("attention", "rollout", "norms", "similarity") + CLASS_CLIP_KINDS
+CLIP_MAP_KINDS = ("attention", "rollout", "norms", "similarity", "lens") + CLASS_CLIP_KINDS
+CLASS_READ_KINDS = CLASS_CLIP_KINDS + ("lens",)  # the maps that read a class (the page's class picker)
 # The clip maps MAP_KINDS (the image page's) does not name
 CLIP_KIND_LABELS = {**MAP_KINDS, "temporal": "Temporal attention (a patch over the frames, TimeSformer)",
-                    "similarity": "Similarity to the query (cosine, one layer's tokens, every frame)"}
+                    "similarity": "Similarity to the query (cosine, one layer's tokens, every frame)",
+                    "lens": "Logit lens (the class's probability read from each token at one layer)"}
 # Why each other map is not drawn for clips (a VideoMAE, a V-JEPA 2): one line each
 CLIP_REFUSALS = {
     **{kind: f"{MAP_KINDS[kind].split(' (')[0]} is Chefer et al.'s, whose rules read a CLS token through one head; "
@@ -55,7 +57,7 @@ CLIP_REFUSALS = {
 # TimeSformer (divided attention): each block's two attentions, the spatial one ("attention", HF's
 # output_attentions) and the temporal one; rollout is refused (below), norms read the hidden states as for VideoMAE;
 # AttnLRP's rules sit on the elementary operations, both attentions' among them, so it runs through divided blocks
-DIVIDED_MAP_KINDS = ("attention", "temporal", "norms", "similarity", "attnlrp")
+DIVIDED_MAP_KINDS = ("attention", "temporal", "norms", "similarity", "lens", "attnlrp")
 DIVIDED_ROLLOUT = ("rollout is not drawn for TimeSformer: its blocks attend twice (over time, then within a frame, "
                    "with a dense layer between), and rollout is defined for one attention per block; choose "
                    f"{', '.join(DIVIDED_MAP_KINDS)}")
@@ -282,6 +284,56 @@ def clip_pca(checkpoint: Checkpoint, clip: ClipAnalysis, layer: int = -1) -> np.
     return np.moveaxis(clip.maps(colours.T), 0, -1)  # (3, frames, gh, gw) -> (frames, gh, gw, 3)
 
 
+def lens_clip_map(checkpoint: Checkpoint, clip: ClipAnalysis, layer: int = -1, class_index: int | None = None
+                  ) -> np.ndarray:
+    """The logit lens on a clip: the probability of ``class_index`` (default the predicted) when the model's final
+    norm, pooling and head read one token of layer ``layer``'s output as if every token were it
+    (``mechanism.token_readout``: a mean-pooled classifier's fc_norm and head, a CLS classifier's norm and head),
+    ``(frames, gh, gw)``, a tubelet's value repeated over its frames; from the clip's kept states, no new forward."""
+    from vit.explain.mechanism import token_readout
+
+    model, wanted = checkpoint.model, _class_of(checkpoint, clip, class_index, "the logit lens")
+    L = len(model.blocks)
+    if isinstance(layer, bool) or not isinstance(layer, int) or not -L <= layer < L:
+        raise ValueError(f"layer {str(layer)[:40]} is out of range: this model has {L} layers")
+
+    def compute() -> torch.Tensor:
+        parameter = next(model.parameters())
+        with torch.inference_mode():
+            tokens = clip.analysis.hidden[layer % L + 1].to(parameter.device, parameter.dtype)  # (T, D)
+            return token_readout(model, tokens).float().softmax(dim=-1).cpu()  # (T, classes)
+
+    probabilities = clip.analysis.cache.get_or_compute(("clip lens", layer % L), compute)
+    return clip.maps(probabilities[clip.analysis.num_prefix_tokens:, wanted])
+
+
+def clip_logit_attribution(checkpoint: Checkpoint, clip: ClipAnalysis, class_index: int | None = None):
+    """Direct logit attribution of a clip's class logit (default the predicted) into each layer's heads, attention
+    biases, MLPs, the embedding and the biases (``mechanism.direct_logit_attribution``: exact, the parts sum to the
+    logit); refused in one line for TimeSformer, whose blocks add a temporal branch the split has no part for."""
+    from vit.explain.mechanism import direct_logit_attribution
+
+    wanted = _class_of(checkpoint, clip, class_index, "direct logit attribution")
+    if is_divided(checkpoint):
+        raise ValueError("direct logit attribution splits each block into its heads and MLP, and TimeSformer's blocks "
+                         "add a temporal attention branch before them; use the logit lens or AttnLRP")
+    device = next(checkpoint.model.parameters()).device
+    return direct_logit_attribution(checkpoint.model, clip_pixels(clip.frames, checkpoint.preprocessing).to(device),
+                                    wanted)
+
+
+def _class_of(checkpoint: Checkpoint, clip: ClipAnalysis, class_index: int | None, what: str) -> int:
+    """``class_index`` checked (default the predicted); ValueError in one line for a model without classes."""
+    names = checkpoint.class_names
+    if checkpoint.model.head is None or not names:
+        raise ValueError(f"{what} explains a class, and this model has no classifier: choose attention, rollout or "
+                         "norms")
+    wanted = clip.analysis.prediction.class_index if class_index is None else class_index
+    if isinstance(wanted, bool) or not isinstance(wanted, int) or not 0 <= wanted < len(names):
+        raise ValueError(f"class {str(wanted)[:40]} is out of range: this model has {len(names)} classes")
+    return wanted
+
+
 def clip_class_map(checkpoint: Checkpoint, clip: ClipAnalysis, kind: str, class_index: int | None = None,
                    layer: int | None = None, query: int = 0, progress: Progress | None = None) -> np.ndarray:
     """One class's ``(frames, gh, gw)`` map of a clip (``CLASS_CLIP_KINDS``), cached in the clip's analysis:
@@ -298,13 +350,7 @@ def clip_class_map(checkpoint: Checkpoint, clip: ClipAnalysis, kind: str, class_
     why = refusal(checkpoint, kind)
     if why is not None or kind not in CLASS_CLIP_KINDS:
         raise ValueError(why or f"{kind} is not one class's map; choose one of: {', '.join(CLASS_CLIP_KINDS)}")
-    model, names = checkpoint.model, checkpoint.class_names
-    if model.head is None or not names:
-        raise ValueError(f"{MAP_KINDS[kind].split(' (')[0]} explains a class, and this model has no classifier: "
-                         "choose attention, rollout or norms")
-    wanted = clip.analysis.prediction.class_index if class_index is None else class_index
-    if isinstance(wanted, bool) or not isinstance(wanted, int) or not 0 <= wanted < len(names):
-        raise ValueError(f"class {str(wanted)[:40]} is out of range: this model has {len(names)} classes")
+    model, wanted = checkpoint.model, _class_of(checkpoint, clip, class_index, MAP_KINDS[kind].split(" (")[0])
     folded, L = clip.analysis.grid, len(model.blocks)
     device = next(model.parameters()).device
 
@@ -407,14 +453,14 @@ def check_clip_settings(checkpoint: Checkpoint, method: str, layer: int | None, 
         raise ValueError(why)
     if method == "norms" and (head is not None or query is not None):
         raise ValueError("norms reads layer alone")
-    if method in ("rollout", "class", "legrad", "attnlrp", "similarity") and head is not None:
+    if method in ("rollout", "class", "legrad", "attnlrp", "similarity", "lens") and head is not None:
         raise ValueError(f"{method} fuses every head; leave head out")
-    if method in ("legrad", "attnlrp") and query is not None:
+    if method in ("legrad", "attnlrp", "lens") and query is not None:
         raise ValueError(f"{method} explains the classifier's pooling of every tubelet; leave query out")
     if method == "attnlrp" and layer is not None:
         raise ValueError("attnlrp runs through every layer to the pixels; leave layer out")
-    if class_index is not None and method not in CLASS_CLIP_KINDS:
-        raise ValueError(f"{method} is not one class's map; class is read by {', '.join(CLASS_CLIP_KINDS)}")
+    if class_index is not None and method not in CLASS_READ_KINDS:
+        raise ValueError(f"{method} is not one class's map; class is read by {', '.join(CLASS_READ_KINDS)}")
     model = checkpoint.model
     L, H = len(model.blocks), model.config.num_heads
     for name, value, count in (("layer", layer, L), ("head", head, H)):
@@ -437,6 +483,8 @@ def explain_analysed(checkpoint: Checkpoint, clip: ClipAnalysis, method: str = "
     layer = -1 if layer is None else layer
     if method == "similarity":
         return _explanation(checkpoint, clip, method, similarity_clip_map(checkpoint, clip, layer, token), token)
+    if method == "lens":
+        return _explanation(checkpoint, clip, method, lens_clip_map(checkpoint, clip, layer, class_index), token)
     settings = MapSettings(kind=method, layer=layer, end_layer=layer, head=None if head is None else head % H,
                            query=token)
     heads = head_clip_maps(clip, token, layer % L, method) if method in ("attention", "temporal") else None
