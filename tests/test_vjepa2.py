@@ -164,3 +164,17 @@ def test_vit_explain_and_predict_take_a_clip(tmp_path, capsys):
     assert main([str(tmp_path / "vjepa2"), str(tmp_path / "clip.gif"), "--save-maps", str(tmp_path / "maps")]) == 0
     [record] = json.loads(capsys.readouterr().out)
     assert np.load(record["maps"]["npz"])["layer_0"].shape == (HEADS, 2 * 4 * 4, 2 * 4 * 4)
+
+
+def test_a_clip_without_a_classifier_draws_its_maps_and_offers_no_class_map(tmp_path):
+    from vit.explain.video import clip_map_kinds, explain_analysed
+
+    vjepa2_folder(tmp_path / "vjepa2")
+    checkpoint = open_source(tmp_path / "vjepa2")
+    assert clip_map_kinds(checkpoint) == ("attention", "rollout", "norms", "similarity")
+    clip = analyse_clip(checkpoint, frames_of(4, 32, 32))
+    assert explain_analysed(checkpoint, clip, "similarity", query=(2, 1, 3)).map.shape == (4, 4, 4)
+    for kind in ("lens", "legrad", "attnlrp"):
+        with pytest.raises(ValueError, match="no classifier") as error:
+            explain_analysed(checkpoint, clip, kind)
+        assert "\n" not in str(error.value)

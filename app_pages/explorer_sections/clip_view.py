@@ -96,7 +96,7 @@ def clip_view(checkpoint: Checkpoint, fingerprint: tuple, model_key: str) -> Non
     # -- the map (sidebar) ---------------------------------------------------------------------------------------
     with st.sidebar:
         st.header("Attention map")
-        kinds = video.DIVIDED_MAP_KINDS if video.is_divided(checkpoint) else video.CLIP_MAP_KINDS
+        kinds = video.clip_map_kinds(checkpoint)
         if st.session_state.get("clip_map") not in kinds:  # a kept choice another video model does not draw
             st.session_state.pop("clip_map", None)
         kind = st.radio("Map", kinds, key="clip_map", format_func=MAP_KINDS.get,

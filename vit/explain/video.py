@@ -84,6 +84,15 @@ def refusal(checkpoint: Checkpoint, kind: str) -> str | None:
     return f"{name} is not a map of clips; choose one of: {', '.join(kinds)}"
 
 
+def clip_map_kinds(checkpoint: Checkpoint) -> tuple[str, ...]:
+    """The map kinds this video checkpoint draws for clips, in the page's order: a model without a classifier
+    (V-JEPA 2's encoder) has no class to explain."""
+    kinds = DIVIDED_MAP_KINDS if is_divided(checkpoint) else CLIP_MAP_KINDS
+    if checkpoint.model.head is None or not checkpoint.class_names:
+        kinds = tuple(k for k in kinds if k not in CLASS_READ_KINDS)
+    return kinds
+
+
 def is_divided(checkpoint: Checkpoint) -> bool:
     """Whether the checkpoint's model divides its attention over time and space (TimeSformer)."""
     return bool(getattr(checkpoint.model.config, "divided_attention", False))
@@ -350,7 +359,8 @@ def clip_class_map(checkpoint: Checkpoint, clip: ClipAnalysis, kind: str, class_
     why = refusal(checkpoint, kind)
     if why is not None or kind not in CLASS_CLIP_KINDS:
         raise ValueError(why or f"{kind} is not one class's map; choose one of: {', '.join(CLASS_CLIP_KINDS)}")
-    model, wanted = checkpoint.model, _class_of(checkpoint, clip, class_index, MAP_KINDS[kind].split(" (")[0])
+    what = "the class map" if kind == "class" else MAP_KINDS[kind].split(" (")[0]
+    model, wanted = checkpoint.model, _class_of(checkpoint, clip, class_index, what)
     folded, L = clip.analysis.grid, len(model.blocks)
     device = next(model.parameters()).device
 
