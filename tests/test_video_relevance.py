@@ -206,3 +206,15 @@ def test_direct_logit_attribution_splits_transformers_logit_into_each_heads_shar
     attribution = clip_logit_attribution(checkpoint, analyse_clip(checkpoint, frames), index)
     torch.testing.assert_close(attribution.heads[0], expected, rtol=1e-4, atol=1e-5)
     torch.testing.assert_close(attribution.total()[0], out.logits[0, index], rtol=1e-4, atol=1e-5)
+
+
+def test_attnlrp_past_the_memory_bound_is_refused_in_one_line_naming_what_runs_in_chunks(tmp_path, monkeypatch):
+    videomae_folder(tmp_path / "big", 16, 128, 128)  # 2,048 tubelets: 2 layers x 4 heads x 2048² x 4 B x 4 = 512 MB
+    checkpoint = open_source(tmp_path / "big")
+    frames = read_clip(write_gif(tmp_path / "clip.gif", 16, size=(128, 128)), 16).frames
+    monkeypatch.setenv("VIT_ANALYSIS_MEMORY_MB", "100")
+    clip = analyse_clip(checkpoint, frames)
+    with pytest.raises(ValueError, match="a clip's size is the model's own") as error:
+        explain_analysed(checkpoint, clip, "attnlrp")
+    assert "\n" not in str(error.value) and "100 MB limit" in str(error.value)
+    assert explain_analysed(checkpoint, clip, "legrad").map.shape == (16, 16, 16)  # in chunks, within the bound

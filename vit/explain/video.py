@@ -22,6 +22,7 @@ import torch
 from PIL import Image
 
 from vit import bounds
+from vit.bounds import TooManyTokens
 from vit.cache import ByteCache
 from vit.checkpoint import Checkpoint
 from vit.clips import clip_pixels
@@ -382,7 +383,12 @@ def clip_class_map(checkpoint: Checkpoint, clip: ClipAnalysis, kind: str, class_
             return clip.maps(values[0].reshape(-1).float().cpu())
 
         return clip.analysis.cache.get_or_compute(("clip legrad", wanted, start % L), compute)
-    plan.decide(plan.gradient(model, folded, "AttnLRP"))
+    cost = plan.gradient(model, folded, "AttnLRP")
+    if cost.memory > cost.limit:  # the image message's "choose a smaller input size" is no choice for a clip
+        raise TooManyTokens(f"AttnLRP keeps every layer's attention and gradient: about {cost.memory / 2**20:,.0f} MB "
+                            f"at {cost.tokens:,} tokens, over the {cost.limit / 2**20:,.0f} MB limit "
+                            f"(VIT_ANALYSIS_MEMORY_MB), and a clip's size is the model's own; raise it, or use LeGrad "
+                            "or the class map, which run in chunks")
 
     def compute_lrp() -> np.ndarray:
         with reported_blocks(model, progress, L):
