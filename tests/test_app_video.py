@@ -157,8 +157,9 @@ def test_a_zips_declared_sizes_are_checked_before_its_frames_are_inflated(monkey
 
 
 def test_a_timesformer_offers_its_temporal_attention_and_shows_vit_explains_map(tmp_path):
-    """TimeSformer's clip: the map choice is its own (spatial, temporal, norms: no rollout), and the temporal map of a
-    typed query patch on the shown frame is ``vit.explain``'s (checked against transformers in test_timesformer)."""
+    """TimeSformer's clip: the map choice is its own (spatial, temporal, norms, similarity, AttnLRP: no rollout), and
+    the temporal map of a typed query patch on the shown frame is ``vit.explain``'s (checked against transformers in
+    test_timesformer)."""
     from test_timesformer import timesformer_folder
 
     timesformer_folder(tmp_path / "timesformer", FRAMES, HEIGHT, WIDTH)
@@ -169,7 +170,10 @@ def test_a_timesformer_offers_its_temporal_attention_and_shows_vit_explains_map(
     at = upload_clip(at, "clip.gif", write_gif(tmp_path / "clip.gif", FRAMES).read_bytes())
     [choice] = [r for r in at.sidebar.radio if r.label == "Map"]
     assert list(choice.options) == ["Attention of one layer", "Temporal attention (a patch over the frames, "
-                                    "TimeSformer)", "Token norms (one layer's output)"]  # no rollout
+                                    "TimeSformer)", "Token norms (one layer's output)",
+                                    "Similarity to the query (cosine, one layer's tokens, every frame)",
+                                    "Logit lens (the class's probability read from each token at one layer)",
+                                    "AttnLRP (class-specific, signed)"]  # no rollout, class map or LeGrad
     choice.set_value("temporal")
     for label, value in (("Frame", 2), ("Row", 2), ("Col", 3)):
         sidebar_widget(at, "number_input", label).set_value(value)
@@ -180,3 +184,87 @@ def test_a_timesformer_offers_its_temporal_attention_and_shows_vit_explains_map(
     for position in (1, FRAMES):
         at.slider(key="clip_frame").set_value(position).run()
         np.testing.assert_allclose(shown_map(at), expected.map[position - 1], rtol=1e-6, atol=1e-9)
+
+
+def test_a_class_map_on_the_page_is_vit_explains_for_the_chosen_class(video_page, tmp_path):
+    at = upload_clip(video_page, "clip.gif", write_gif(tmp_path / "clip.gif", 9).read_bytes())
+    model = vit.load(str(tmp_path / "videomae"))
+    sidebar_widget(at, "radio", "Map").set_value("legrad").run()
+    assert not at.exception and not at.error, [e.value for e in at.error]
+    assert not [n for n in at.sidebar.number_input if n.label == "Frame"]  # LeGrad reads no query
+    sidebar_widget(at, "selectbox", "Class").set_value(3).run()
+    at.slider(key="clip_frame").set_value(3).run()
+    legrad = vit.explain(model, str(tmp_path / "clip.gif"), "legrad", target=3)  # from the last two layers
+    np.testing.assert_allclose(shown_map(at), legrad.map[2], rtol=1e-5, atol=1e-7)
+    sidebar_widget(at, "radio", "Map").set_value("attnlrp").run()
+    assert not at.exception and not at.error
+    attnlrp = vit.explain(model, str(tmp_path / "clip.gif"), "attnlrp", target=3)
+    np.testing.assert_allclose(shown_map(at), attnlrp.map[2], rtol=1e-5, atol=1e-7)
+    sidebar_widget(at, "radio", "Map").set_value("lens").run()
+    sidebar_widget(at, "slider", "Layer").set_value(1).run()
+    assert not at.exception and not at.error
+    lens = vit.explain(model, str(tmp_path / "clip.gif"), "lens", layer=0, target=3)
+    np.testing.assert_allclose(shown_map(at), lens.map[2], rtol=1e-5, atol=1e-7)
+
+
+def test_a_long_class_map_shows_its_progress_and_a_stop_button_and_stops(video_page, tmp_path, monkeypatch):
+    import threading
+
+    from app_pages.explorer_sections import clip_view, long_work
+    from vit.explain import video
+
+    monkeypatch.setattr(long_work, "QUICK_S", 0.5)
+    monkeypatch.setattr(clip_view, "PROGRESS_TOKENS", 0)  # every clip's class map is long work here
+    at = upload_clip(video_page, "clip.gif", write_gif(tmp_path / "clip.gif", 9).read_bytes())
+    blocks, started = [], threading.Event()
+
+    def slow(checkpoint, clip, kind, class_index=None, layer=None, query=0, progress=None):
+        for i in range(200):
+            progress(i, 200)
+            started.set()
+            threading.Event().wait(0.05)
+            blocks.append(i)
+        return np.zeros((FRAMES, HEIGHT // 8, WIDTH // 8))
+
+    monkeypatch.setattr(video, "clip_class_map", slow)
+    sidebar_widget(at, "radio", "Map").set_value("class").run()
+    assert not at.exception, [e.message for e in at.exception]
+    [bar] = at.get("progress")
+    assert "Computing Class" in bar.proto.text and "of 200 blocks" in bar.proto.text
+    [stop] = [b for b in at.button if b.key == "long_work_stop-clip map"]
+    assert started.wait(30)
+    current = at.session_state[long_work.SESSION_KEY]
+    stop.click()
+    at.run()
+    assert not at.exception, [e.message for e in at.exception]
+    assert current.wait(10) and current.state == "stopped"
+    assert any("stopped after" in i.value and "stopped by you" in i.value for i in at.info)
+    ran = len(blocks)
+    threading.Event().wait(0.3)
+    assert len(blocks) == ran  # nothing runs after the stop
+
+
+def test_similarity_over_frames_and_the_pca_strip_are_vit_explains(video_page, tmp_path):
+
+    at = upload_clip(video_page, "clip.gif", write_gif(tmp_path / "clip.gif", 9).read_bytes())
+    sidebar_widget(at, "radio", "Map").set_value("similarity").run()
+    for label, value in (("Frame", 3), ("Row", 2), ("Col", 4)):
+        sidebar_widget(at, "number_input", label).set_value(value)
+    at.run()
+    assert not at.exception and not at.error, [e.value for e in at.error]
+    model = vit.load(str(tmp_path / "videomae"))
+    expected = vit.explain(model, str(tmp_path / "clip.gif"), "similarity", query=(2, 1, 3))
+    at.slider(key="clip_frame").set_value(1).run()
+    np.testing.assert_allclose(shown_map(at), expected.map[0], rtol=1e-5, atol=1e-7)
+    at.toggle(key="clip_pca").set_value(True).run()
+    assert not at.exception and not at.error
+    strip, pca = at.get("image")
+    assert len(pca.proto.imgs) == FRAMES  # every frame's PCA colours (clip_pca: checked in test_video_relevance)
+
+
+def test_a_frames_pca_colours_are_one_block_a_patch():
+    colours = np.array([[[1.0, 0, 0], [0, 1, 0]], [[0, 0, 1], [0.5, 0.5, 0.5]]])  # (gh, gw, 3)
+    picture = np.asarray(clips.colour_frame(colours, (4, 4)))  # (height, width, 3)
+    assert picture.shape == (4, 4, 3)
+    assert picture[0, 0].tolist() == [255, 0, 0] and picture[1, 3].tolist() == [0, 255, 0]
+    assert picture[3, 0].tolist() == [0, 0, 255] and picture[2, 2].tolist() == [128, 128, 128]

@@ -190,5 +190,74 @@ def test_predict_saves_each_layers_spatial_and_temporal_attentions(tmp_path, cap
     saved = np.load(record["maps"]["npz"])
     assert status == 0 and saved["grid"].tolist() == [4, 3, 4] and int(saved["tubelet"]) == 1
     assert saved["layer_1"].shape == (4, 4, 13, 13) and saved["temporal_1"].shape == (12, 4, 4, 4)
-    assert np.allclose(saved["layer_0"].sum(-1), 1, atol=1e-5) and np.allclose(saved["temporal_0"].sum(-1), 1,
-                                                                                atol=1e-5)
+    processor = transformers.VideoMAEImageProcessor.from_pretrained(tmp_path / "timesformer")
+    pixels = processor(read_clip(tmp_path / "clip.gif", 4).frames, return_tensors="pt").pixel_values
+    with torch.no_grad():
+        out = model(pixel_values=pixels, output_attentions=True)
+    for i, (spatial, temporal) in enumerate(zip(out.attentions, temporal_attentions(model, pixels), strict=True)):
+        np.testing.assert_allclose(saved[f"layer_{i}"], spatial.numpy(), rtol=0, atol=1e-5)  # transformers' values
+        np.testing.assert_allclose(saved[f"temporal_{i}"], temporal.numpy(), rtol=0, atol=1e-5)
+
+
+def test_a_layers_divided_attentions_are_computed_once_for_every_head_and_rerun(tmp_path, monkeypatch):
+    from vit.explain import video
+
+    timesformer_folder(tmp_path / "timesformer", 4, 16, 16)
+    checkpoint = open_source(tmp_path / "timesformer")
+    clip = video.analyse_clip(checkpoint, read_clip(write_gif(tmp_path / "clip.gif", 4), 4).frames)
+    calls, real = [], video._divided_attentions
+    monkeypatch.setattr(video, "_divided_attentions", lambda clip, layer: calls.append(layer) or real(clip, layer))
+    first = video.explain_analysed(checkpoint, clip, "temporal", layer=1, query=3)  # every head's map too
+    again = video.explain_analysed(checkpoint, clip, "attention", layer=1, head=2, query=3)
+    video.explain_analysed(checkpoint, clip, "temporal", layer=0, query=3)
+    assert calls == [1, 0] and first.heads.shape[0] == 4 and again.map.shape == (4, 2, 2)
+
+
+def test_attnlrp_runs_through_divided_blocks_as_lxts_rules_patched_into_transformers_timesformer(tmp_path,
+                                                                                                 monkeypatch):
+    """lxt's rules (tests/reference/lxt: LayerNorm, the activation, the uniform rule on q, k and v) put into HF's
+    TimeSformer, whose attention is written inline (no attention function to wrap: its forward is restated with
+    lxt's ``divide_gradient`` on q, k, v); each frame's pixels' relevance summed over its patches."""
+    from transformers.activations import GELUActivation
+    from transformers.models.timesformer import modeling_timesformer
+
+    from tests.reference.lxt.patches import layer_norm_forward, non_linear_forward
+    from tests.reference.lxt.rules import divide_gradient
+
+    def attention_forward(self, hidden_states, output_attentions=False):  # HF's, with lxt's uniform rule
+        B, N, C = hidden_states.shape
+        qkv = self.qkv(hidden_states).reshape(B, N, 3, self.num_heads, C // self.num_heads).permute(2, 0, 3, 1, 4)
+        q, k, v = divide_gradient(qkv[0], 4), divide_gradient(qkv[1], 4), divide_gradient(qkv[2], 2)
+        probs = ((q @ k.transpose(-2, -1)) * self.scale).softmax(dim=-1)
+        context = (probs @ v).transpose(1, 2).reshape(B, N, C)
+        return (context, probs) if output_attentions else (context,)
+
+    model, processor = timesformer_folder(tmp_path / "timesformer", 4, 24, 32)
+    checkpoint = open_source(tmp_path / "timesformer")
+    frames = read_clip(write_gif(tmp_path / "clip.gif", 5), 4).frames
+    pixels = processor(frames, return_tensors="pt").pixel_values  # (1, frames, 3, H, W)
+    with monkeypatch.context() as m, torch.enable_grad():  # undone before our model runs
+        m.setattr(torch.nn.LayerNorm, "forward", layer_norm_forward)
+        m.setattr(GELUActivation, "original_forward", GELUActivation.forward, raising=False)
+        m.setattr(GELUActivation, "forward", non_linear_forward)
+        m.setattr(modeling_timesformer.TimesformerSelfAttention, "forward", attention_forward)
+        x = pixels.clone().requires_grad_(True)
+        model(pixel_values=x).logits[0, 1].backward()
+    expected = (x * x.grad).sum(dim=2)[0].detach().reshape(4, 3, 8, 4, 8).sum(dim=(2, 4))  # (frames, gh, gw)
+    explained = explain_clip(checkpoint, frames, "attnlrp", class_index=1)
+    scale = expected.abs().max()
+    torch.testing.assert_close(torch.from_numpy(explained.map).double() / scale, expected.double() / scale,
+                               rtol=1e-4, atol=1e-5)
+    from vit.explain.attention_maps import MAP_KINDS
+    from vit.explain.video import analyse_clip, explain_analysed
+
+    clip, drawn = analyse_clip(checkpoint, frames), []
+    for kind in [*MAP_KINDS, "temporal", "similarity", "lens"]:  # each draws, or is refused in one line saying why
+        try:
+            explain_analysed(checkpoint, clip, kind, query=None if kind in ("norms", "attnlrp", "lens") else 1)
+            drawn.append(kind)
+        except ValueError as error:
+            assert "\n" not in str(error) and "yet" not in str(error), (kind, str(error))
+            if kind in ("rollout", "class", "legrad", "lrp"):  # one attention per block
+                assert "attend twice" in str(error)
+    assert drawn == ["attention", "attnlrp", "norms", "temporal", "similarity", "lens"]

@@ -132,14 +132,35 @@ def test_predict_prints_a_clips_classes_and_saves_each_layer_over_the_tubelets(t
 
     from vit.predict import main
 
-    videomae_folder(tmp_path / "videomae", 4, 24, 32)
+    model, processor = videomae_folder(tmp_path / "videomae", 4, 24, 32)
     write_gif(tmp_path / "clip.gif", 9)
     status = main([str(tmp_path / "videomae"), str(tmp_path / "clip.gif"), "--top-k", "2",
                    "--save-maps", str(tmp_path / "maps")])
     [record] = json.loads(capsys.readouterr().out)
     assert status == 0 and len(record["predictions"]) == 2
     saved = np.load(record["maps"]["npz"])
-    assert saved["layer_0"].shape == (4, 2 * 3 * 4, 2 * 3 * 4)  # (heads, T, T)
     assert saved["grid"].tolist() == [2, 3, 4] and int(saved["tubelet"]) == 2
     assert saved["frames"].tolist() == [0, 2, 4, 6]
-    assert np.allclose(saved["layer_1"].sum(-1), 1, atol=1e-5)
+    sampled = read_clip(tmp_path / "clip.gif", 4)
+    with torch.no_grad():
+        out = model(pixel_values=processor(sampled.frames, return_tensors="pt").pixel_values, output_attentions=True)
+    for i, theirs in enumerate(out.attentions):  # each (heads, T, T) over the tubelets, transformers' values
+        assert saved[f"layer_{i}"].shape == (4, 2 * 3 * 4, 2 * 3 * 4)
+        np.testing.assert_allclose(saved[f"layer_{i}"], theirs[0].numpy(), rtol=0, atol=1e-5)
+
+
+def test_save_maps_over_the_limit_is_refused_in_one_line_before_any_clip_is_read(tmp_path, capsys, monkeypatch):
+    from vit import clips
+    from vit.predict import main
+
+    write_gif(tmp_path / "clip.gif", 9)
+    monkeypatch.setattr(clips, "read_clip", lambda *a, **k: pytest.fail("a clip was read"))
+    videomae_folder(tmp_path / "big", 16, 128, 128)  # 8 x 16 x 16 tubelets: 2 layers x 4 heads x 2048² x 4 B = 128 MB
+    capsys.readouterr()
+    maps = tmp_path / "maps"
+    assert main([str(tmp_path / "big"), str(tmp_path / "clip.gif"), "--save-maps", str(maps),
+                 "--max-maps-mb", "100"]) == 2
+    [message] = capsys.readouterr().err.strip().splitlines()
+    assert "128 MB per clip" in message and "100 MB limit" in message and "--max-maps-mb" in message
+    assert "VIT_MAX_MAPS_MB" in message and "float16" in message
+    assert not maps.exists()

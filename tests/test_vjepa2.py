@@ -183,3 +183,29 @@ def test_vit_explain_and_predict_take_a_clip(tmp_path, capsys):
     assert main([str(tmp_path / "vjepa2"), str(tmp_path / "clip.gif"), "--save-maps", str(tmp_path / "maps")]) == 0
     [record] = json.loads(capsys.readouterr().out)
     assert np.load(record["maps"]["npz"])["layer_0"].shape == (HEADS, 2 * 4 * 4, 2 * 4 * 4)
+
+
+def test_a_clip_without_a_classifier_draws_its_maps_and_offers_no_class_map(tmp_path):
+    from vit.explain.video import clip_map_kinds, explain_analysed
+
+    vjepa2_folder(tmp_path / "vjepa2")
+    checkpoint = open_source(tmp_path / "vjepa2")
+    assert clip_map_kinds(checkpoint) == ("attention", "rollout", "norms", "similarity")
+    clip = analyse_clip(checkpoint, frames_of(4, 32, 32))
+    assert explain_analysed(checkpoint, clip, "similarity", query=(2, 1, 3)).map.shape == (4, 4, 4)
+    for kind in ("lens", "legrad", "attnlrp"):
+        with pytest.raises(ValueError, match="no classifier") as error:
+            explain_analysed(checkpoint, clip, kind)
+        assert "\n" not in str(error.value)
+
+
+def test_the_classifiers_class_maps_are_refused_in_one_line_and_not_offered(tmp_path):
+    from vit.explain.video import CLASS_READ_KINDS, clip_map_kinds
+
+    vjepa2_folder(tmp_path / "classifier", "VJEPA2ForVideoClassification")
+    checkpoint = open_source(tmp_path / "classifier")
+    assert not set(clip_map_kinds(checkpoint)) & set(CLASS_READ_KINDS)
+    for method in ("class", "legrad", "attnlrp"):
+        with pytest.raises(ValueError, match="attentive pooler") as error:
+            explain_clip(checkpoint, frames_of(4, 32, 32), method)
+        assert "\n" not in str(error.value)

@@ -331,10 +331,12 @@ def explain(checkpoint: Checkpoint, image: ImageLike, method: str = "rollout", *
     Raises ValueError with a message that says what to do.
 
     A video model (VideoMAE) takes a clip instead of ``image``: a GIF, a folder of frames or a list of PIL images,
-    sampled uniformly to its ``num_frames``; ``method`` is attention, rollout or norms and ``query`` a token
-    (time-major) or ``(frame, row, col)``; it returns a ``vit.explain.video.ClipExplanation`` whose ``map`` is
-    ``(frames, rows, cols)``, a tubelet's value repeated over its frames. TimeSformer: attention (the spatial one),
-    temporal or norms, its CLS token 0 and the patches after it; rollout is refused (two attentions per block).
+    sampled uniformly to its ``num_frames``; ``method`` is attention, rollout, norms, or one class's (``target``)
+    class, legrad or attnlrp, and ``query`` a token (time-major) or ``(frame, row, col)``; it returns a
+    ``vit.explain.video.ClipExplanation`` whose ``map`` is ``(frames, rows, cols)``, a tubelet's value repeated over
+    its frames (AttnLRP's: each frame's own pixels). TimeSformer: attention (the spatial one), temporal or norms, its
+    CLS token 0 and the patches after it, and attnlrp; rollout, class and legrad are refused (two attentions per
+    block). The other methods are refused in one line saying why.
     """
     if video.is_video(checkpoint):
         return _explain_clip(checkpoint, image, method, target, layer, head, query, size, max_tokens)
@@ -413,10 +415,12 @@ def _explain_clip(checkpoint: Checkpoint, clip, method: str, target, layer, head
     """``explain`` for a video model (``vit.explain.video.explain_clip``)."""
     from vit.clips import read_clip
 
-    if target is not None or size is not None:
-        raise ValueError("a clip's maps read layer, head and query; target and size are for image models")
+    if size is not None:
+        raise ValueError("a clip's maps read layer, head, query and target; size is for image models")
+    class_index = _class_index(checkpoint, target)
+    video.check_clip_settings(checkpoint, method, layer, head, query, class_index)  # before the clip is decoded
     frames = read_clip(clip, checkpoint.model.config.num_frames).frames
-    return video.explain_clip(checkpoint, frames, method, layer, head, query, max_tokens)
+    return video.explain_clip(checkpoint, frames, method, layer, head, query, max_tokens, class_index)
 
 
 @dataclass

@@ -557,16 +557,24 @@ def run_clips(checkpoint: Checkpoint, args: argparse.Namespace) -> int:
     import numpy as np
 
     from vit.clips import ClipError, read_clip
-    from vit.explain.video import analyse_clip, divided_attentions
+    from vit.explain.overlay import npz_array_bytes, write_npz_streamed
+    from vit.explain.video import analyse_clip, saved_layers, saved_pieces
 
     for flag, value in (("--labels", args.labels), ("--ablate", args.ablate), ("--size", args.size),
                         ("--keep-aspect", args.keep_aspect), ("--template", args.template)):
         if value:
             raise UsageError(f"{flag} is for image models; a video model takes its own clip size")
     maps_dir = Path(args.save_maps) if args.save_maps else None
-    if maps_dir is not None:
-        maps_dir.mkdir(parents=True, exist_ok=True)
     c = checkpoint.model.config
+    saved = saved_layers(checkpoint)  # the model's own clip size: every clip's maps are this size
+    if maps_dir is not None:
+        need, limit_mb = sum(npz_array_bytes(shape, args.maps_dtype) for _, shape in saved), maps_limit_mb(args)
+        if need > limit_mb * 2**20:  # before any clip is decoded or any file written
+            half = "" if args.maps_dtype == "float16" else ", or --maps-dtype float16 (half)"
+            raise UsageError(f"--save-maps would write {need / 2**20:,.0f} MB per clip ({len(saved)} arrays of "
+                             f"{args.maps_dtype}), over the {limit_mb:,} MB limit; raise --max-maps-mb (or env "
+                             f"{MAX_MAPS_ENV}){half}")
+        maps_dir.mkdir(parents=True, exist_ok=True)
     records, failed, taken = [], 0, set()
     for source in args.images:
         try:
@@ -581,19 +589,13 @@ def run_clips(checkpoint: Checkpoint, args: argparse.Namespace) -> int:
                                                        for label, p in prediction.top_k]}
         if maps_dir is not None:
             path = maps_dir / f"{unique_stem(Path(source), taken)}.npz"
-            if c.divided_attention:  # TimeSformer: each layer's two attentions, as its blocks compute them
-                layers = {}
-                for i in range(len(clip.analysis.attentions)):
-                    spatial, temporal = divided_attentions(clip, i)
-                    layers[f"layer_{i}"] = spatial.numpy().astype(args.maps_dtype)  # (frames, heads, 1 + P, 1 + P)
-                    layers[f"temporal_{i}"] = temporal.numpy().astype(args.maps_dtype)  # (P, heads, frames, frames)
-            else:
-                layers = {f"layer_{i}": a[0].numpy().astype(args.maps_dtype)
-                          for i, a in enumerate(clip.analysis.attentions)}  # each (heads, T, T)
             extra = dict(probabilities=prediction.probabilities, logits=prediction.logits,
                          class_names=np.array(checkpoint.class_names)) if checkpoint.class_names else {}
-            np.savez(path, **layers, **extra, grid=np.array(clip.grid), tubelet=np.array(clip.tubelet),
-                     patch_size=np.array(c.patch_hw), frames=np.array(sampled.indices))
+            # one layer at a time (TimeSformer: each layer's two attentions, as its blocks compute them)
+            write_npz_streamed(path, ((name, shape, args.maps_dtype, saved_pieces(clip, name))
+                                      for name, shape in saved), **extra, grid=np.array(clip.grid),
+                               tubelet=np.array(clip.tubelet), patch_size=np.array(c.patch_hw),
+                               frames=np.array(sampled.indices))
             record["maps"] = {"npz": str(path)}
         records.append(record)
     print(json.dumps(records, indent=2))

@@ -37,6 +37,12 @@ def fit(image: Image.Image, max_side: int) -> Image.Image:
     return image if size == image.size else image.resize(size, Image.BILINEAR)
 
 
+def colour_frame(colours: np.ndarray, size: tuple[int, int]) -> Image.Image:
+    """A frame's ``(gh, gw, 3)`` colours in [0, 1] as an RGB picture of ``size`` (width, height), one block a patch."""
+    pixels = (np.clip(colours, 0.0, 1.0) * 255).round().astype(np.uint8)
+    return Image.fromarray(pixels, "RGB").resize(size, Image.NEAREST)
+
+
 def animated_gif(frames: Sequence[Image.Image], max_side: int = GIF_MAX_SIDE, frame_ms: int = GIF_FRAME_MS) -> bytes:
     """The overlaid frames as one looping animated GIF, each frame's long side at most ``max_side`` px."""
     if not frames:

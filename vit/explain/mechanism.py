@@ -91,8 +91,9 @@ def _dims(model: ViT) -> tuple[int, int, int]:
 # --- the forward, read at its hook points ----------------------------------------------------------
 
 def grid_of(model: ViT, images: Tensor) -> tuple[int, int]:
-    """The patch grid of ``images`` ``(B, C, H, W)`` (what ``ViT.run_blocks`` needs for rotary positions)."""
-    return model.patch_grid(images.shape[-2], images.shape[-1])
+    """The patch grid of ``images`` ``(B, C, H, W)`` (what ``ViT.run_blocks`` needs for rotary positions), or of a
+    video model's clips ``(B, frames, C, H, W)`` their folded grid ``(t*gh, gw)``."""
+    return model.input_grid(images)
 
 
 def _keep(cache: dict[str, Tensor]):

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -56,6 +57,14 @@ def class_relevance(checkpoint: Checkpoint, image: Image.Image, class_index: int
     shape = input_shape(image, p, model.config.patch_size, size)
     grid = model.patch_grid(*shape)
     device = next(model.parameters()).device
+    return input_class_relevance(model, lambda: preprocess([image], p, size, model.config.patch_size).to(device),
+                                 grid, class_index, progress)
+
+
+def input_class_relevance(model: ViT, pixels: Callable[[], torch.Tensor], grid: tuple[int, int], class_index: int,
+                          progress: Progress | None = None) -> ClassRelevance:
+    """``class_relevance`` of the model's input ``pixels()`` (called once the bound is passed: an image ``(1, C, H,
+    W)`` or a video model's clip ``(1, frames, C, H, W)``) on its patch grid ``grid`` (a clip's folded grid)."""
     verdict = plan.decide(plan.class_map(model, grid))  # "run" whole, or in "chunks"; refused over both
     windowed = bool(model.config.window_size) and not model.num_prefix_tokens  # Qwen2.5-VL's, SAM's windows
     if windowed and verdict != "run":
@@ -64,13 +73,13 @@ def class_relevance(checkpoint: Checkpoint, image: Image.Image, class_index: int
                                  "chunks reads whole layers). Choose a smaller input size, or LeGrad.")
     if model.config.stage_depths or windowed:  # windows: H x T x w*w values per layer, never T x T
         layouts = model.layer_layouts(grid)
-        x = preprocess([image], p, size, model.config.patch_size).to(device)
+        x = pixels()
         with reported_blocks(model, progress, len(model.blocks)):
             _, attentions, gradients = class_gradients(model, x, class_index)
         return ClassRelevance(class_index, tuple(positive_gradient_attention(a, g).float().cpu()
                                                  for a, g in zip(attentions, gradients, strict=True)), layouts=layouts)
     whole = verdict == "run"
-    x = preprocess([image], p, size, model.config.patch_size).to(device)  # (1, C, H, W)
+    x = pixels()  # (1, C, H, W), or a clip's (1, frames, C, H, W)
     L = len(model.blocks)
     if whole:
         with reported_blocks(model, progress, L):

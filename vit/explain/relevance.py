@@ -209,7 +209,8 @@ def window_keys_on_tokens(keys: Tensor, layout: LayerLayout, num_prefix_tokens: 
 
 def legrad(model: ViT, images: Tensor, class_index: int | Tensor | None = None, start_layer: int = -2,
            budget: int = CHUNK_BYTES, head_chunk: int | None = None, query_chunk: int | None = None) -> Tensor:
-    """LeGrad (Bousselham et al. 2024): ``(B, gh, gw)`` for each image's class (default: the predicted one).
+    """LeGrad (Bousselham et al. 2024): ``(B, gh, gw)`` for each image's class (default: the predicted one); a
+    video model's clips ``(B, frames, C, H, W)`` give it on their folded grid ``(t*gh, gw)``, time-major.
 
     At every layer from ``start_layer`` (negative counts from the end; the reference
     wrapper's default is -2, the last two layers) the model's own classifier (final norm,
@@ -234,7 +235,7 @@ def legrad(model: ViT, images: Tensor, class_index: int | Tensor | None = None, 
     L = len(model.blocks)
     if not -L <= start_layer < L:
         raise ValueError(f"start_layer {start_layer} is out of range for {L} layers")
-    start, grid = start_layer % L, model.patch_grid(images.shape[2], images.shape[3])
+    start, grid = start_layer % L, model.input_grid(images)  # a video model's clips: their folded grid
     readout = model.readout_tokens()
     inputs: list[Tensor] = []  # the input (B, T, D) of each block from start on
     with torch.inference_mode():
@@ -526,7 +527,8 @@ def full_lrp(model: ViT, images: Tensor, class_index: int | Tensor | None = None
 # --- AttnLRP --------------------------------------------------------------------------------------
 
 def attnlrp(model: ViT, images: Tensor, class_index: int | Tensor | None = None, cp: bool = False) -> Tensor:
-    """AttnLRP (Achtibat et al. 2024): signed relevance of every input pixel, summed over channels: ``(B, H, W)``.
+    """AttnLRP (Achtibat et al. 2024): signed relevance of every input pixel, summed over channels: ``(B, H, W)``
+    (a video model's clips ``(B, frames, C, H, W)``: ``(B, frames, H, W)``, each frame's pixels their own).
 
     Computed as input x modified gradient of the class logit (default: the predicted class):
     the relevances of all pixels sum to the logit less what the biases absorb. ``cp=True``
@@ -542,7 +544,7 @@ def attnlrp(model: ViT, images: Tensor, class_index: int | Tensor | None = None,
         index = _class_indices(logits.detach(), class_index)
         score = logits.gather(1, index[:, None]).sum()
         [grad] = torch.autograd.grad(score, x)
-    return (x.detach() * grad).sum(dim=1)  # (B, H, W)
+    return (x.detach() * grad).sum(dim=-3)  # (B, H, W), a clip's (B, frames, H, W): the channels summed
 
 
 def patch_sums(pixel_map: Tensor, grid: tuple[int, int]) -> Tensor:
