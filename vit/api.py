@@ -27,21 +27,28 @@ import numpy as np
 import torch
 from PIL import Image
 
-from vit.app import drawing
 from vit.checkpoint import Checkpoint
 from vit.explain import (
     attention_maps,
     dense_views,
     fits,
     image_analysis,
+    map_captions,
     mechanism_views,
     method_maps,
     video,
     words,
 )
 from vit.explain.mechanism import check_ablation
+from vit.explain.overlay import (
+    SIGNED_MAP_KINDS,
+    display_image,
+    jpeg_data_uri,
+    map_colours,
+    pca_picture,
+    to_png_bytes,
+)
 from vit.explain.overlay import overlay as draw_overlay
-from vit.explain.overlay import pca_picture, to_png_bytes
 from vit.explain.stages import cell_patch, on_patch_grid
 from vit.images import ImageError, open_image
 from vit.inference import TRAINING_SIZE, InputSize, Prediction, input_box, seen_region
@@ -268,31 +275,30 @@ class Explanation:
                                                          Image.Resampling.NEAREST)
 
     def _overlay(self, image: Image.Image, alpha: float, colormap: str) -> Image.Image:
-        cmap, vmin, vmax = drawing.map_colours(self.method if self.method in drawing.SIGNED_MAP_KINDS else "",
-                                               self.map, colormap)
+        cmap, vmin, vmax = map_colours(self.method if self.method in SIGNED_MAP_KINDS else "", self.map, colormap)
         values = self.map if self.patch_grid is None else on_patch_grid(self.map, self.patch_grid)
         return draw_overlay(image, values, opacity=alpha, colormap=cmap, vmin=vmin, vmax=vmax)
 
     def _shown(self, alpha: float = 0.6, colormap: str = "inferno") -> Image.Image:
         """The overlay as the explorer shows it: drawn over the seen pixels at display size (small images enlarged
         by a whole factor, large ones reduced)."""
-        return self._overlay(drawing.display_image(self.seen), alpha, colormap)
+        return self._overlay(display_image(self.seen), alpha, colormap)
 
     def figure(self, alpha: float = 0.6, colormap: str = "inferno"):
         """A Plotly figure of the overlay (zoom with the wheel); hovering names each patch (row, column, token)."""
+        from vit.app.drawing import patch_picker_figure  # the explorer's own picker, as it draws it
+
         shown = self._shown(alpha, colormap)
-        return drawing.patch_picker_figure(shown.size, drawing.jpeg_data_uri(shown), self.grid, self.query,
-                                           self.num_prefix_tokens, show_grid=False, fit_width=shown.size[0],
-                                           zoomable=True)
+        return patch_picker_figure(shown.size, jpeg_data_uri(shown), self.grid, self.query, self.num_prefix_tokens,
+                                   show_grid=False, fit_width=shown.size[0], zoomable=True)
 
     def to_html(self, path: str | os.PathLike, alpha: float = 0.6, colormap: str = "inferno") -> Path:
         """Writes the explorer's export of this view to ``path``: one self-contained ``.html`` (the image, the map
         with its colour bar and caption, the heads grid, the prediction and the settings; hover a patch for its
         value) that opens offline. Returns the path."""
-        from vit.app.export import View, view_html
+        from vit.app.export import View, view_html  # the explorer's export, as its Download button writes it
 
-        cmap, vmin, vmax = drawing.map_colours(self.method if self.method in drawing.SIGNED_MAP_KINDS else "",
-                                               self.map, colormap)
+        cmap, vmin, vmax = map_colours(self.method if self.method in SIGNED_MAP_KINDS else "", self.map, colormap)
         layer = "" if self.heads_layer is None else f"Layer {self.heads_layer + 1}: "
         view = View(title=attention_maps.MAP_KINDS.get(self.method, self.description), seen=self.seen, map2d=self.map,
                     caption=self.description, colormap=cmap, vmin=vmin, vmax=vmax, opacity=alpha, heads=self.heads,
@@ -413,7 +419,7 @@ def explain(checkpoint: Checkpoint, image: ImageLike, method: str = "rollout", *
                        input_box(image.size, checkpoint.preprocessing, size), map2d.shape if patch_grid else
                        analysis.grid, analysis.num_prefix_tokens,
                        analysis.prediction if checkpoint.class_names else None, explained, query,
-                       drawing.describe_map(settings, analysis, checkpoint.class_names),
+                       map_captions.describe_map(settings, analysis, checkpoint.class_names),
                        attention_maps.head_maps(analysis, settings.query, heads_layer), heads_layer,
                        {k: v for k, v in shown.items() if v is not None}, patch_grid)
 
@@ -703,10 +709,11 @@ class PCA:
 
     def figure(self, opacity: float = 1.0):
         """A Plotly figure of the picture at display size (zoom with the wheel); hovering names each patch."""
-        shown = pca_picture(drawing.display_image(self.seen), self.map, opacity)
-        return drawing.patch_picker_figure(shown.size, drawing.jpeg_data_uri(shown), self.grid, -1,
-                                           self.num_prefix_tokens, show_grid=False, fit_width=shown.size[0],
-                                           zoomable=True)
+        from vit.app.drawing import patch_picker_figure  # the explorer's own picker, as it draws it
+
+        shown = pca_picture(display_image(self.seen), self.map, opacity)
+        return patch_picker_figure(shown.size, jpeg_data_uri(shown), self.grid, -1, self.num_prefix_tokens,
+                                   show_grid=False, fit_width=shown.size[0], zoomable=True)
 
     def save(self, path: str | os.PathLike) -> Path:
         """``.png``: the picture; ``.npz``: ``map``, ``mask`` (all True without one), ``layer``."""
@@ -799,7 +806,7 @@ class Correspondences:
         shown = self.picture(height)
         return go.Figure(layout=dict(
             width=shown.width, height=shown.height, margin=dict(l=0, r=0, t=0, b=0),
-            images=[dict(source=drawing.jpeg_data_uri(shown), xref="x", yref="y", x=0, y=0, sizex=shown.width,
+            images=[dict(source=jpeg_data_uri(shown), xref="x", yref="y", x=0, y=0, sizex=shown.width,
                          sizey=shown.height, sizing="stretch", layer="below")],
             xaxis=dict(range=[0, shown.width], visible=False), yaxis=dict(range=[shown.height, 0], visible=False,
                                                                           scaleanchor="x")))

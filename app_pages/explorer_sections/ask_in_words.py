@@ -14,7 +14,7 @@ from vit.app import drawing
 from vit.app.words import curves_figure, scores_figure
 from vit.checkpoint import Checkpoint, CheckpointError
 from vit.explain import words
-from vit.explain.overlay import overlay
+from vit.explain.overlay import map_colours, overlay
 from vit.explain.prompts import DEFAULT_TEMPLATE
 from vit.inference import InputSize
 from vit.sources.text_tower import MAX_LABELS, open_text_tower, split_labels
@@ -123,7 +123,7 @@ def ask_in_words(view: Shown) -> words.Answer | None:
         except ValueError as e:  # a method the model's layout does not support, too many tokens
             st.error(escape_markdown(e))
         else:
-            cmap, low, high = drawing.map_colours("attnlrp" if signed else "", shown_map, view.colormap)
+            cmap, low, high = map_colours("attnlrp" if signed else "", shown_map, view.colormap)
             st.image(overlay(view.shown, shown_map, view.opacity, cmap, view.mode, show_grid=view.show_grid,
                              vmin=low, vmax=high), output_format="PNG")
             st.caption(words.describe_method(method, labels[chosen], None if other is None else labels[other],
