@@ -34,7 +34,6 @@ def _query_phrase(query: int, analysis: Analysis) -> str:
     return f"the {label} token" if query < analysis.num_prefix_tokens else f"the query {label} (outlined)"
 
 
-
 def describe_map(settings: MapSettings, analysis: Analysis, class_names: list[str]) -> str:
     """A caption that says what the drawn map means."""
     s, L, H = settings, analysis.num_layers, analysis.num_heads
@@ -89,7 +88,6 @@ def describe_map(settings: MapSettings, analysis: Analysis, class_names: list[st
     return (f"**Relevance for “{name}”** ({which}) through layers 1–{end + 1}: attention weighted by its gradient "
             f"for the “{name}” score, positive parts only, rolled out (Chefer et al., 2021). Bright patches "
             f"are evidence for “{name}” as read by {who}.")
-
 
 
 def _window_phrase(query: int, layer: int, analysis: Analysis) -> str:
