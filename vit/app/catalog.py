@@ -21,7 +21,7 @@ from vit.runfiles import (
     CONFIG_FILE,
     LAST_CHECKPOINT,
     STATUS_FILE,
-    default_checkpoints_dir,  # noqa: F401 (the pages' catalog.default_checkpoints_dir: the files' place is runfiles')
+    default_checkpoints_dir,
     default_runs_dir,
     epoch_checkpoints,
     images_in,
