@@ -32,9 +32,9 @@ from app_pages.explorer_sections.image_picker import pick_image
 from app_pages.explorer_sections.map_settings import choose_class, choose_map, main_map
 from app_pages.explorer_sections.probe_snapshots import probe_snapshots
 from app_pages.explorer_sections.state import Shown, keep_settings
-from vit.app import catalog, explorer, share, vlm_words, words
+from vit.app import catalog, explorer, share, vlm_words
 from vit.checkpoint import CheckpointError
-from vit.explain import image_analysis, video
+from vit.explain import image_analysis, video, words
 from vit.images import ImageError
 from vit.inference import NonFiniteOutput, input_box, seen_region
 from vit.sources.text_tower import has_text_tower

@@ -2,7 +2,7 @@
 
 A random ViT-B/16 (``vit-base-16``) at 448 px (785 tokens). The image is analysed once (one forward with the
 hidden states, ``image_analysis.analyse``: what the page caches per image) and its unit patch tokens are computed once
-(``dense.unit_tokens``, cached in the analysis); what a click costs is then the clicked token's vector, the
+(``dense_views.unit_tokens``, cached in the analysis); what a click costs is then the clicked token's vector, the
 cosine of it to every patch (one matrix-vector product) and the overlay drawn at display size as the page's
 picker shows it (a JPEG data URI). Reported: the forward's time, the first click's (which builds the unit tokens),
 the median of ``--repeats`` later clicks, and each click's ratio to the forward. The issue's figure: under 0.2 s.
@@ -37,9 +37,9 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
 
-    from vit.app import dense, drawing
+    from vit.app import drawing
     from vit.checkpoint import Checkpoint, Preprocessing
-    from vit.explain import image_analysis
+    from vit.explain import dense_views, image_analysis
     from vit.explain.overlay import overlay
     from vit.inference import InputSize
     from vit.model import ViT, ViTConfig
@@ -58,8 +58,8 @@ def main() -> None:
 
     def click(token: int) -> float:
         start = time.perf_counter()
-        vector = dense.query_vector(checkpoint, analysis, token)
-        map2d = dense.similarity_map(checkpoint, analysis, vector)
+        vector = dense_views.query_vector(checkpoint, analysis, token)
+        map2d = dense_views.similarity_map(checkpoint, analysis, vector)
         drawing.jpeg_data_uri(overlay(shown, map2d, 0.6, "inferno", outline_patch=token - prefix))
         return time.perf_counter() - start
 

@@ -27,7 +27,8 @@ from vit.app import drawing, explorer
 from vit.app.catalog import DEFAULT_CHECKPOINT, default_checkpoints_dir
 from vit.bounds import TooManyTokens
 from vit.checkpoint import save_checkpoint
-from vit.explain import attention_maps, fits, image_analysis, method_maps
+from vit.explain import attention_maps, fits, image_analysis, map_captions, method_maps
+from vit.explain.overlay import display_size
 from vit.images import ImageError
 from vit.inference import preprocess
 from vit.model import ViT, ViTConfig
@@ -600,7 +601,7 @@ def test_jpeg_data_uri_round_trips_in_rgb():
 @pytest.mark.parametrize(("size", "shown"), [((32, 32), (320, 320)), ((28, 28), (336, 336)), ((30, 10), (330, 110)),
                                              ((500, 400), (500, 400)), ((4000, 3000), (640, 480))])
 def test_display_size_enlarges_small_images_by_a_whole_factor_and_shrinks_large_ones(size, shown):
-    assert drawing.display_size(size) == shown
+    assert display_size(size) == shown
     assert drawing.display_image(Image.new("L", size)).size == shown
 
 
@@ -613,14 +614,14 @@ def test_display_images_are_the_picker_image_its_jpeg_and_the_heads_grid_thumbna
 
 def test_captions_say_what_the_map_is():
     a = hand_analysis()
-    cls_last = drawing.describe_map(attention_maps.MapSettings(), a, ["a", "b"])
+    cls_last = map_captions.describe_map(attention_maps.MapSettings(), a, ["a", "b"])
     assert "Layer 2 of 2, the mean over its 2 heads" in cls_last and "classifier reads the CLS token" in cls_last
-    patch = drawing.describe_map(attention_maps.MapSettings(layer=0, head=0, query=2), a, ["a", "b"])
+    patch = map_captions.describe_map(attention_maps.MapSettings(layer=0, head=0, query=2), a, ["a", "b"])
     assert "Layer 1 of 2, head 1" in patch and "patch row 1, col 2 (outlined)" in patch
     rollout = attention_maps.MapSettings(kind="rollout", discard_ratio=0.9, fusion="max")
-    roll = drawing.describe_map(rollout, a, ["a", "b"])
+    roll = map_captions.describe_map(rollout, a, ["a", "b"])
     assert "rollout through layers 1–2" in roll and "max" in roll and "lowest 90%" in roll
-    cls = drawing.describe_map(attention_maps.MapSettings(kind="class"), a, ["a", "b"])
+    cls = map_captions.describe_map(attention_maps.MapSettings(kind="class"), a, ["a", "b"])
     assert "“b”" in cls and "predicted class" in cls
     assert drawing.describe_range(np.array([[0.001, 0.5]])) == "Colours span 0.001 (dark) to 0.5 (bright) on this map."
 
@@ -1325,7 +1326,7 @@ def test_on_a_network_no_server_path_can_be_opened(default_world, tmp_path):
 def test_captions_name_a_register_query_as_a_prefix_token_not_an_outlined_patch(kind):
     a = hand_analysis()
     a.num_prefix_tokens, a.grid, a.prefix_names = 2, (1, 1), ("CLS", "REG 1")  # still T = 3 tokens
-    caption = drawing.describe_map(attention_maps.MapSettings(kind=kind, query=1), a, ["a", "b"])
+    caption = map_captions.describe_map(attention_maps.MapSettings(kind=kind, query=1), a, ["a", "b"])
     assert "the REG 1 token" in caption and "outlined" not in caption
 
 
@@ -1333,7 +1334,7 @@ def test_captions_name_a_register_query_as_a_prefix_token_not_an_outlined_patch(
 def test_captions_show_a_class_name_as_written(kind):
     a = hand_analysis()
     names = ["a", "![x](http://example.invalid/x.png) <b>b</b>"]
-    describe = drawing.describe_map if kind == "class" else drawing.describe_method_map
+    describe = map_captions.describe_map if kind == "class" else map_captions.describe_method_map
     caption = describe(attention_maps.MapSettings(kind=kind), a, names)
     rendered = MarkdownIt("commonmark").render(caption)
     assert "<img" not in rendered and "<b>" not in rendered
@@ -1385,7 +1386,7 @@ def test_a_tiny_upload_is_said_and_a_feature_models_caption_names_no_classifier(
     settings = attention_maps.MapSettings(kind="attention", layer=-1, head=None, fusion="mean", query=0)
     checkpoint = load_checkpoint(default_world[0] / DEFAULT_CHECKPOINT)
     analysis = image_analysis.analyse(checkpoint, Image.new("RGB", (16, 16)))
-    caption = drawing.describe_map(settings, analysis, [])
+    caption = map_captions.describe_map(settings, analysis, [])
     assert "image embedding" in caption and "classifier" not in caption
 
 

@@ -75,7 +75,7 @@ def test_a_foreground_threshold_that_leaves_no_patch_is_a_one_line_warning(two_m
 
 
 def test_a_rerun_with_unchanged_inputs_fits_no_pca_and_matches_nothing_again(two_models, monkeypatch):
-    from vit.app import dense
+    from vit.explain import dense_views
 
     calls = []
 
@@ -83,7 +83,7 @@ def test_a_rerun_with_unchanged_inputs_fits_no_pca_and_matches_nothing_again(two
         return lambda *args: calls.append(name) or compute(*args)
 
     for name in ("pca_views", "match_view"):
-        monkeypatch.setattr(dense, name, counted(name, getattr(dense, name)))
+        monkeypatch.setattr(dense_views, name, counted(name, getattr(dense_views, name)))
     at = run_app(dense_open=True, compare_with=str(two_models[1]))
     assert calls == ["pca_views", "match_view"]
     at = at.selectbox(key="dense_query").set_value(1 + 6).run()  # a click on a patch: only the similarity is new

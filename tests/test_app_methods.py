@@ -19,6 +19,7 @@ from tests.test_app import (  # noqa: F401  (default_world and dirs: fixtures th
 from vit.app import drawing, explorer
 from vit.checkpoint import load_checkpoint
 from vit.explain import attention_maps, image_analysis, method_maps
+from vit.explain.overlay import DIVERGING_COLORMAP, map_colours
 
 pytestmark = pytest.mark.slow  # each AppTest run imports the app
 
@@ -95,8 +96,8 @@ def test_attention_map_of_a_method_kind_needs_the_precomputed_map(checkpoint):
 
 def test_signed_maps_get_a_diverging_colour_scale_symmetric_around_zero():
     m = np.array([[-1.0, 0.5], [0.25, 0.0]])
-    assert drawing.map_colours("attnlrp", m, "inferno") == (drawing.DIVERGING_COLORMAP, -1.0, 1.0)
-    assert drawing.map_colours("legrad", m, "inferno") == ("inferno", None, None)
+    assert map_colours("attnlrp", m, "inferno") == (DIVERGING_COLORMAP, -1.0, 1.0)
+    assert map_colours("legrad", m, "inferno") == ("inferno", None, None)
 
 
 def test_faithfulness_figure_has_both_curves_from_one_to_the_baseline(checkpoint):
@@ -133,7 +134,7 @@ def test_colour_bar_ticks_on_a_narrow_range_are_all_different():
     assert list(drawing.colorbar_figure(12.5, 13812.0).layout.xaxis.ticktext) == ["3000", "6000", "9000", "12000"]
 
 
-@pytest.mark.parametrize("colormap", [*drawing.COLORMAPS, drawing.DIVERGING_COLORMAP])
+@pytest.mark.parametrize("colormap", [*drawing.COLORMAPS, DIVERGING_COLORMAP])
 def test_the_pages_colour_bar_has_the_overlays_colours_and_the_figures_ticks(colormap):
     # Issue 51: the page draws its colour bar as HTML (a Plotly chart cost ~0.1 s of every upload in the browser).
     import html.parser

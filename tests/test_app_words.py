@@ -233,8 +233,7 @@ def test_the_label_box_shows_no_character_counter_and_still_bounds_the_text(clip
 
 
 def test_a_label_whose_article_the_template_doubles_is_pointed_out():
-    from vit.app import words
-    from vit.explain import prompts
+    from vit.explain import prompts, words
 
     def described(labels, template, ensemble=False):
         asked = words.Answer(prompts.Prompts(labels, [template], torch.zeros(len(labels), 2), 100.0, 0.0, "softmax"),

@@ -96,20 +96,20 @@ def test_reading_a_whole_layer_of_a_beit_forms_its_bias_by_chunks(beit):
 def test_the_dense_views_of_a_beit_stay_within_their_estimate(beit):
     """The PCA and similarity views' bound (``check_dense_fits``) counts the bias chunk a BEiT's forward forms."""
     import vit
-    from vit.app import dense
+    from vit.explain import dense_views
 
     with LiveBytes() as memory:
         vit.pca(beit, Image.new("RGB", (SIDE, SIDE)))
-    assert memory.peak <= dense.dense_bytes(beit, TOKENS) - fits.LAYER_CACHE_BYTES  # the cache is bounded alone
+    assert memory.peak <= dense_views.dense_bytes(beit, TOKENS) - fits.LAYER_CACHE_BYTES  # the cache is bounded alone
 
 
 def test_the_largest_dense_view_a_beit_is_told_it_can_have_fits(beit, monkeypatch):
-    from vit.app import dense
+    from vit.explain import dense_views
     from vit.inference import InputSize
 
     monkeypatch.setenv("VIT_ANALYSIS_MEMORY_MB", "480")  # the fixed 384 MB (cache, chunk) and the bias chunk's 68
     image = Image.new("RGB", (SIDE, SIDE))
     with pytest.raises(TooManyTokens) as refused:
-        dense.check_dense_fits(beit, image, InputSize(1024))
+        dense_views.check_dense_fits(beit, image, InputSize(1024))
     side = int(str(refused.value).split("largest square input that fits is ")[1].split(" px")[0])
-    dense.check_dense_fits(beit, image, InputSize(side))  # that size fits
+    dense_views.check_dense_fits(beit, image, InputSize(side))  # that size fits

@@ -19,10 +19,10 @@ import torch.nn.functional as F
 from PIL import Image
 
 import vit
-from vit.app import dense as dense_view
 from vit.bounds import TooManyTokens
 from vit.checkpoint import Preprocessing, save_checkpoint
 from vit.explain import dense
+from vit.explain import dense_views as dense_view
 from vit.inference import InputSize, preprocess
 from vit.model import ViT, ViTConfig
 

@@ -284,7 +284,7 @@ WORDS = ["a dog", "a cat", "a red ball"]
 @pytest.mark.parametrize("method", list(dense_clip.METHODS))
 def test_vit_ask_maps_each_label_from_the_dense_maps_of_all(clip_checkpoint, method):
     import vit
-    from vit.app import words
+    from vit.explain import words
     from vit.sources.text_tower import open_text_tower
 
     image = noise_image()
@@ -303,7 +303,7 @@ def test_vit_ask_maps_each_label_from_the_dense_maps_of_all(clip_checkpoint, met
 
 def test_one_label_is_weighed_against_the_empty_text_in_its_template(clip_checkpoint):
     import vit
-    from vit.app import words
+    from vit.explain import words
     from vit.sources.text_tower import open_text_tower
 
     image = noise_image()

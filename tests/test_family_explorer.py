@@ -8,7 +8,7 @@ from PIL import Image
 
 from vit.app import drawing
 from vit.checkpoint import Checkpoint, Preprocessing
-from vit.explain import attention_maps, image_analysis
+from vit.explain import attention_maps, image_analysis, map_captions
 from vit.explain.attention import fuse_heads, rollout_factor, rollout_vector
 from vit.inference import TRAINING_SIZE, InputSize, preprocess
 from vit.model import ViT, ViTConfig
@@ -46,9 +46,9 @@ def test_a_model_without_cls_shows_its_pooling_probe_first_and_exactly():
     expected = rollout_vector(factors, fuse_heads(probe[None, :, None], "mean")[:, 0])[0].reshape(4, 4)
     rolled = attention_maps.attention_map(analysis, attention_maps.MapSettings(kind="probe_rollout"))
     np.testing.assert_allclose(rolled, expected.numpy(), atol=1e-6)
-    caption = drawing.describe_map(attention_maps.MapSettings(kind="probe"), analysis, [])
+    caption = map_captions.describe_map(attention_maps.MapSettings(kind="probe"), analysis, [])
     assert "no CLS token" in caption
-    assert "CLS" not in drawing.describe_map(attention_maps.MapSettings(kind="attention"), analysis, [])
+    assert "CLS" not in map_captions.describe_map(attention_maps.MapSettings(kind="attention"), analysis, [])
     assert "norm" in drawing.describe_embedding(analysis)
     torch.testing.assert_close(analysis.embedding, encoded.embedding[0], rtol=0, atol=1e-6)
 

@@ -2,8 +2,9 @@
 
 core (``vit/*.py`` but the commands) <- ``sources``, ``explain`` <- ``training`` <- ``features``, ``runs`` <- ``app``;
 the commands (``python -m vit.…``) may use the core and any wing but ``app``; only the pages and the notebook API
-use ``app``. The notebook API is ``vit/__init__.py`` (its names load ``vit.api`` when first used, so ``import vit``
-imports no wing) and ``vit/api.py``; nothing in ``vit/`` imports it but a command that draws any map ``vit.methods()``
+use ``app``, the API only to draw as the explorer draws (its computations are the engine's). The notebook API is
+``vit/__init__.py`` (its names load ``vit.api`` when first used, so ``import vit`` imports no wing) and
+``vit/api.py``; nothing in ``vit/`` imports it but a command that draws any map ``vit.methods()``
 lists through ``vit.explain``, the one place that dispatches every method (``vit.faithfulness``).
 """
 
@@ -119,6 +120,39 @@ def test_the_circle_check_catches_a_circle_through_an_import_inside_a_function(t
     (tmp_path / "inference.py").write_text("from vit.cli import MAX_INPUT_SIDE\n")
     assert circles(tmp_path) == [["vit.cli", "vit.inference"],
                                  ["vit.training.data", "vit.training.options", "vit.training.trainer"]]
+
+
+# The notebook API computes through the engine; it reaches into ``vit.app`` only where it draws as the explorer draws
+# (a Plotly picker, the HTML export), and only when that is asked for.
+API_DISPLAY = {"figure", "to_html"}
+
+
+def app_imports_outside(path: Path, allowed: set[str]) -> list[str]:
+    """``"line: module (in function)"`` for each import of ``vit.app`` in ``path`` but inside a function named in
+    ``allowed`` (the innermost function around it counts; at module level, none)."""
+    tree = ast.parse(path.read_text(), str(path))
+    functions = [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+    found = []
+    for line, imported in vit_imports(path):
+        if layer_of(imported) != "app":
+            continue
+        around = [f for f in functions if f.lineno <= line <= f.end_lineno]
+        name = min(around, key=lambda f: f.end_lineno - f.lineno).name if around else None
+        if name not in allowed:
+            found.append(f"{line}: {imported} (in {name or 'the module'})")
+    return found
+
+
+def test_the_notebook_api_imports_the_app_only_to_draw():
+    assert app_imports_outside(VIT / "api.py", API_DISPLAY) == []
+
+
+def test_the_app_import_check_catches_one_at_module_level_and_in_a_computation(tmp_path):
+    (tmp_path / "api.py").write_text("from vit.app import words\n\nclass E:\n    def figure(self):\n"
+                                     "        from vit.app.drawing import patch_picker_figure\n\n"
+                                     "def pca():\n    from vit.app import dense\n")
+    assert app_imports_outside(tmp_path / "api.py", API_DISPLAY) == ["1: vit.app (in the module)",
+                                                                   "8: vit.app (in pca)"]
 
 
 @pytest.mark.parametrize("module, layer", [("vit.model", "core"), ("vit.train", "commands"),

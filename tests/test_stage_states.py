@@ -10,8 +10,7 @@ from PIL import Image
 from test_hiera_parity import save_hf_hiera
 from test_swin_parity import _hf
 
-from vit.app import dense
-from vit.explain import image_analysis
+from vit.explain import dense_views, image_analysis
 from vit.explain.hidden import forward_with_hidden_states, forward_with_stage_states
 from vit.inference import preprocess
 from vit.sources.open import open_source
@@ -94,22 +93,22 @@ def cosine(tokens: torch.Tensor, query: torch.Tensor) -> np.ndarray:
 def test_patch_similarity_of_a_stage_layer_is_the_cosine_on_its_grid(swin_dense):
     checkpoint, (analysis, other), stage0, last = swin_dense
     patch = 3 * 10 + 7  # row 3, column 7 of the image: cell (1, 3) of the 5x5 grid
-    ours = dense.similarity_map(checkpoint, analysis, dense.query_vector(checkpoint, analysis, patch, 1), 1)
+    ours = dense_views.similarity_map(checkpoint, analysis, dense_views.query_vector(checkpoint, analysis, patch, 1), 1)
     np.testing.assert_allclose(ours, cosine(stage0[0], stage0[0, patch]).reshape(10, 10), atol=1e-5)
-    vector = dense.query_vector(checkpoint, analysis, patch, -1)
+    vector = dense_views.query_vector(checkpoint, analysis, patch, -1)
     expected = cosine(last[0], last[0, 1 * 5 + 3]).reshape(5, 5)
-    np.testing.assert_allclose(dense.similarity_map(checkpoint, analysis, vector), np.kron(expected, np.ones((2, 2))),
-                               atol=1e-5)  # each cell over its 2x2 patches
+    np.testing.assert_allclose(dense_views.similarity_map(checkpoint, analysis, vector),
+                               np.kron(expected, np.ones((2, 2))), atol=1e-5)  # each cell over its 2x2 patches
     expected_other = cosine(last[1], last[0, 8]).reshape(5, 5)
-    np.testing.assert_allclose(dense.similarity_map(checkpoint, other, vector),
+    np.testing.assert_allclose(dense_views.similarity_map(checkpoint, other, vector),
                                np.kron(expected_other, np.ones((2, 2))), atol=1e-5)
     with pytest.raises(ValueError, match="width 48 .* width 24"):
-        dense.similarity_map(checkpoint, analysis, vector, 0)
+        dense_views.similarity_map(checkpoint, analysis, vector, 0)
 
 
 def test_pca_colours_of_a_stage_layer_are_its_tokens_components_on_its_grid(swin_dense):
     checkpoint, analyses, _, last = swin_dense
-    views = dense.pca_views([checkpoint] * 2, analyses, -1)
+    views = dense_views.pca_views([checkpoint] * 2, analyses, -1)
     x = last.reshape(50, 48).numpy()  # both images' tokens, fitted together
     centred = x - x.mean(axis=0)
     _, s, vt = np.linalg.svd(centred, full_matrices=False)
@@ -122,7 +121,7 @@ def test_pca_colours_of_a_stage_layer_are_its_tokens_components_on_its_grid(swin
 
 def test_correspondences_of_a_stage_layer_are_mutual_nearest_cells(swin_dense):
     checkpoint, (a, b), _, last = swin_dense
-    view = dense.match_view(checkpoint, a, checkpoint, b, top=None)
+    view = dense_views.match_view(checkpoint, a, checkpoint, b, top=None)
     unit = torch.nn.functional.normalize(last, dim=-1)
     sims = (unit[0] @ unit[1].T).numpy()  # (25, 25)
     best_b, best_a = sims.argmax(axis=1), sims.argmax(axis=0)
@@ -130,6 +129,6 @@ def test_correspondences_of_a_stage_layer_are_mutual_nearest_cells(swin_dense):
     assert sorted(view.a.tolist()) == mutual and (view.b == best_b[view.a]).all()
     np.testing.assert_allclose(view.score, sims[view.a, view.b], atol=1e-5)
     assert view.grid_a == view.grid_b == (5, 5)
-    centres = dense.patch_centres(np.array([0, 24]), (5, 5), (SIZE, SIZE), (10, 10))
+    centres = dense_views.patch_centres(np.array([0, 24]), (5, 5), (SIZE, SIZE), (10, 10))
     np.testing.assert_allclose(centres, [[4, 4], [36, 36]])  # a cell's middle: 2 patches of 4 px a side
-    np.testing.assert_allclose(dense.patch_centres(np.array([8]), (3, 3), (20, 20), (5, 5)), [[18, 18]])  # padded
+    np.testing.assert_allclose(dense_views.patch_centres(np.array([8]), (3, 3), (20, 20), (5, 5)), [[18, 18]])  # padded

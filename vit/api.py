@@ -7,7 +7,7 @@
     vit.mechanism(checkpoint, "photo.jpg")                    # logit lens, head attribution, phenomena
 
 Every function calls the explorer's own (``vit.explain.image_analysis``, ``attention_maps``, ``method_maps``,
-``mechanism_views``; ``vit.app.words``), so a map here is the map the explorer draws for the same settings. Layers,
+``mechanism_views``, ``words``), so a map here is the map the explorer draws for the same settings. Layers,
 heads, tokens and classes count from 0 and a negative one from the end, as Python indexes the arrays (``layer=-1``
 is the last layer, ``head=-1`` the last head); token 0 is CLS, patch ``p`` (row-major) is token
 ``p + num_prefix_tokens``. An image is a PIL image, a file, an ``(H, W, 3)`` uint8 array or a ``(3, H, W)`` /
@@ -27,15 +27,32 @@ import numpy as np
 import torch
 from PIL import Image
 
-from vit.app import catalog, drawing, words
 from vit.checkpoint import Checkpoint
-from vit.explain import attention_maps, fits, image_analysis, mechanism_views, method_maps, video
+from vit.explain import (
+    attention_maps,
+    dense_views,
+    fits,
+    image_analysis,
+    map_captions,
+    mechanism_views,
+    method_maps,
+    video,
+    words,
+)
 from vit.explain.mechanism import check_ablation
+from vit.explain.overlay import (
+    SIGNED_MAP_KINDS,
+    display_image,
+    jpeg_data_uri,
+    map_colours,
+    pca_picture,
+    to_png_bytes,
+)
 from vit.explain.overlay import overlay as draw_overlay
-from vit.explain.overlay import pca_picture, to_png_bytes
 from vit.explain.stages import cell_patch, on_patch_grid
 from vit.images import ImageError, open_image
 from vit.inference import TRAINING_SIZE, InputSize, Prediction, input_box, seen_region
+from vit.runfiles import default_checkpoints_dir, images_in
 
 ImageLike = Image.Image | np.ndarray | torch.Tensor | str | os.PathLike
 # Which arguments each map reads (the explorer's controls for it): others are refused rather than ignored.
@@ -82,12 +99,12 @@ def load(source: str | os.PathLike, device: str | torch.device | None = None) ->
 def shipped(name: str = "cifar10-cifar-s") -> Path:
     """The path of a checkpoint shipped with the explorer (``cifar10-cifar-s``, ``mnist-p4``), wherever it is
     installed."""
-    return catalog.default_checkpoints_dir() / f"{name}.pt"
+    return default_checkpoints_dir() / f"{name}.pt"
 
 
 def samples(name: str = "cifar10-cifar-s") -> list[Path]:
     """The sample images shipped with checkpoint ``name``."""
-    return catalog.images_in(catalog.default_checkpoints_dir() / "samples" / name)
+    return images_in(default_checkpoints_dir() / "samples" / name)
 
 
 def methods(checkpoint: Checkpoint | None = None) -> dict[str, str]:
@@ -258,31 +275,30 @@ class Explanation:
                                                          Image.Resampling.NEAREST)
 
     def _overlay(self, image: Image.Image, alpha: float, colormap: str) -> Image.Image:
-        cmap, vmin, vmax = drawing.map_colours(self.method if self.method in drawing.SIGNED_MAP_KINDS else "",
-                                               self.map, colormap)
+        cmap, vmin, vmax = map_colours(self.method if self.method in SIGNED_MAP_KINDS else "", self.map, colormap)
         values = self.map if self.patch_grid is None else on_patch_grid(self.map, self.patch_grid)
         return draw_overlay(image, values, opacity=alpha, colormap=cmap, vmin=vmin, vmax=vmax)
 
     def _shown(self, alpha: float = 0.6, colormap: str = "inferno") -> Image.Image:
         """The overlay as the explorer shows it: drawn over the seen pixels at display size (small images enlarged
         by a whole factor, large ones reduced)."""
-        return self._overlay(drawing.display_image(self.seen), alpha, colormap)
+        return self._overlay(display_image(self.seen), alpha, colormap)
 
     def figure(self, alpha: float = 0.6, colormap: str = "inferno"):
         """A Plotly figure of the overlay (zoom with the wheel); hovering names each patch (row, column, token)."""
+        from vit.app.drawing import patch_picker_figure  # the explorer's own picker, as it draws it
+
         shown = self._shown(alpha, colormap)
-        return drawing.patch_picker_figure(shown.size, drawing.jpeg_data_uri(shown), self.grid, self.query,
-                                           self.num_prefix_tokens, show_grid=False, fit_width=shown.size[0],
-                                           zoomable=True)
+        return patch_picker_figure(shown.size, jpeg_data_uri(shown), self.grid, self.query, self.num_prefix_tokens,
+                                   show_grid=False, fit_width=shown.size[0], zoomable=True)
 
     def to_html(self, path: str | os.PathLike, alpha: float = 0.6, colormap: str = "inferno") -> Path:
         """Writes the explorer's export of this view to ``path``: one self-contained ``.html`` (the image, the map
         with its colour bar and caption, the heads grid, the prediction and the settings; hover a patch for its
         value) that opens offline. Returns the path."""
-        from vit.app.export import View, view_html
+        from vit.app.export import View, view_html  # the explorer's export, as its Download button writes it
 
-        cmap, vmin, vmax = drawing.map_colours(self.method if self.method in drawing.SIGNED_MAP_KINDS else "",
-                                               self.map, colormap)
+        cmap, vmin, vmax = map_colours(self.method if self.method in SIGNED_MAP_KINDS else "", self.map, colormap)
         layer = "" if self.heads_layer is None else f"Layer {self.heads_layer + 1}: "
         view = View(title=attention_maps.MAP_KINDS.get(self.method, self.description), seen=self.seen, map2d=self.map,
                     caption=self.description, colormap=cmap, vmin=vmin, vmax=vmax, opacity=alpha, heads=self.heads,
@@ -405,7 +421,7 @@ def explain(checkpoint: Checkpoint, image: ImageLike, method: str = "rollout", *
                        input_box(image.size, checkpoint.preprocessing, size), map2d.shape if patch_grid else
                        analysis.grid, analysis.num_prefix_tokens,
                        analysis.prediction if checkpoint.class_names else None, explained, query,
-                       drawing.describe_map(settings, analysis, checkpoint.class_names),
+                       map_captions.describe_map(settings, analysis, checkpoint.class_names),
                        attention_maps.head_maps(analysis, settings.query, heads_layer), heads_layer,
                        {k: v for k, v in shown.items() if v is not None}, patch_grid)
 
@@ -673,10 +689,8 @@ def feature_attribution(checkpoint: Checkpoint, image: ImageLike, sae, target: i
 
 def _analysed(checkpoint: Checkpoint, image: ImageLike, size: int | InputSize | None):
     """``(image, size, analysis)``, the dense views' memory bound checked before the forward."""
-    from vit.app import dense
-
     image, size = _image(image), _size(size)
-    dense.check_dense_fits(checkpoint, image, size)
+    dense_views.check_dense_fits(checkpoint, image, size)
     return image, size, image_analysis.analyse(checkpoint, image, size)
 
 
@@ -699,10 +713,11 @@ class PCA:
 
     def figure(self, opacity: float = 1.0):
         """A Plotly figure of the picture at display size (zoom with the wheel); hovering names each patch."""
-        shown = pca_picture(drawing.display_image(self.seen), self.map, opacity)
-        return drawing.patch_picker_figure(shown.size, drawing.jpeg_data_uri(shown), self.grid, -1,
-                                           self.num_prefix_tokens, show_grid=False, fit_width=shown.size[0],
-                                           zoomable=True)
+        from vit.app.drawing import patch_picker_figure  # the explorer's own picker, as it draws it
+
+        shown = pca_picture(display_image(self.seen), self.map, opacity)
+        return patch_picker_figure(shown.size, jpeg_data_uri(shown), self.grid, -1, self.num_prefix_tokens,
+                                   show_grid=False, fit_width=shown.size[0], zoomable=True)
 
     def save(self, path: str | os.PathLike) -> Path:
         """``.png``: the picture; ``.npz``: ``map``, ``mask`` (all True without one), ``layer``."""
@@ -722,14 +737,12 @@ def pca(checkpoint: Checkpoint, image: ImageLike | Sequence[ImageLike], layer: i
     A list of images is fitted together (a colour means the same in all) and gives a list. ``foreground``: a
     threshold on the first component; the patches above it (below with ``flip``) are fitted again alone and the
     rest is black. Raises ``TooManyTokens`` (the largest size that fits) past the analysis memory bound."""
-    from vit.app import dense
-
     images = list(image) if isinstance(image, (list, tuple)) else [image]
     if not images:
         raise ValueError("give at least one image")
     analysed = [_analysed(checkpoint, i, size) for i in images]
-    index = dense.layer_index(analysed[0][2], layer)
-    views = dense.pca_views([checkpoint] * len(analysed), [a for _, _, a in analysed], index, foreground, flip)
+    index = dense_views.layer_index(analysed[0][2], layer)
+    views = dense_views.pca_views([checkpoint] * len(analysed), [a for _, _, a in analysed], index, foreground, flip)
     results = [PCA(v.colours.astype(np.float32), v.mask, i, seen_region(i, checkpoint.preprocessing, s), a.grid,
                    index, a.num_prefix_tokens) for v, (i, s, a) in zip(views, analysed, strict=True)]
     return results if isinstance(image, (list, tuple)) else results[0]
@@ -753,17 +766,15 @@ def similarity(checkpoint: Checkpoint, image: ImageLike, query: int = 0, layer: 
     """The cosine similarity of token ``query`` of ``image`` (0 is CLS, patch ``p`` is ``p + num_prefix_tokens``,
     as ``explain`` counts) at ``layer`` (default the last; tokens after the final norm) to every patch of
     ``target`` (default ``image`` itself) at the same layer: ``.map`` is ``(rows, cols)`` over ``target``."""
-    from vit.app import dense
-
     image, size, analysis = _analysed(checkpoint, image, size)
-    index = dense.layer_index(analysis, layer)
+    index = dense_views.layer_index(analysis, layer)
     T = analysis.num_tokens
     token = _index(query, T, "query", f"this input has {T} tokens")
-    vector = dense.query_vector(checkpoint, analysis, token, index)
+    vector = dense_views.query_vector(checkpoint, analysis, token, index)
     shown, shown_analysis = image, analysis
     if target is not None:
         shown, _, shown_analysis = _analysed(checkpoint, target, size)
-    map2d = dense.similarity_map(checkpoint, shown_analysis, vector, index)
+    map2d = dense_views.similarity_map(checkpoint, shown_analysis, vector, index)
     p = checkpoint.preprocessing
     return Similarity("similarity", map2d.astype(np.float32), shown, seen_region(shown, p, size),
                       input_box(shown.size, p, size), shown_analysis.grid, shown_analysis.num_prefix_tokens,
@@ -789,10 +800,8 @@ class Correspondences:
 
     def picture(self, height: int = 320) -> Image.Image:
         """The two images side by side, each match a line between its patches."""
-        from vit.app import dense
-
-        return dense.matches_picture(self.seen_a, self.seen_b, self.grid_a, self.grid_b, self.matches[:, 0],
-                                     self.matches[:, 1], height, self.image_grids)
+        return dense_views.matches_picture(self.seen_a, self.seen_b, self.grid_a, self.grid_b, self.matches[:, 0],
+                                           self.matches[:, 1], height, self.image_grids)
 
     def figure(self, height: int = 320):
         """A Plotly figure of the picture (zoom with the wheel)."""
@@ -801,7 +810,7 @@ class Correspondences:
         shown = self.picture(height)
         return go.Figure(layout=dict(
             width=shown.width, height=shown.height, margin=dict(l=0, r=0, t=0, b=0),
-            images=[dict(source=drawing.jpeg_data_uri(shown), xref="x", yref="y", x=0, y=0, sizex=shown.width,
+            images=[dict(source=jpeg_data_uri(shown), xref="x", yref="y", x=0, y=0, sizex=shown.width,
                          sizey=shown.height, sizing="stretch", layer="below")],
             xaxis=dict(range=[0, shown.width], visible=False), yaxis=dict(range=[shown.height, 0], visible=False,
                                                                           scaleanchor="x")))
@@ -822,19 +831,17 @@ def correspondences(checkpoint_a: Checkpoint, image_a: ImageLike, checkpoint_b: 
     final norm; the two models' tokens must have one width) by cosine similarity, the ``top`` most similar first:
     each A patch's most similar B patch, as DINOv3's dense-matching notebook, kept when that B patch's most
     similar A patch is it (``mutual``)."""
-    from vit.app import dense
-
     if top is not None and (isinstance(top, bool) or not isinstance(top, (int, np.integer)) or top < 1):
         raise ValueError(f"top must be a whole number of at least 1 (or None for every match), got {top!r}")
     image_a, size, analysis_a = _analysed(checkpoint_a, image_a, size)
     image_b, _, analysis_b = _analysed(checkpoint_b, image_b, size)
-    view = dense.match_view(checkpoint_a, analysis_a, checkpoint_b, analysis_b, top,
-                            dense.layer_index(analysis_a, layer), dense.layer_index(analysis_b, layer), mutual)
+    layers = dense_views.layer_index(analysis_a, layer), dense_views.layer_index(analysis_b, layer)
+    view = dense_views.match_view(checkpoint_a, analysis_a, checkpoint_b, analysis_b, top, *layers, mutual)
     seen_a = seen_region(image_a, checkpoint_a.preprocessing, size)
     seen_b = seen_region(image_b, checkpoint_b.preprocessing, size)
     return Correspondences(np.stack([view.a, view.b], axis=-1), view.score.astype(np.float32),
-                           dense.patch_centres(view.a, view.grid_a, seen_a.size, analysis_a.grid),
-                           dense.patch_centres(view.b, view.grid_b, seen_b.size, analysis_b.grid), seen_a, seen_b,
+                           dense_views.patch_centres(view.a, view.grid_a, seen_a.size, analysis_a.grid),
+                           dense_views.patch_centres(view.b, view.grid_b, seen_b.size, analysis_b.grid), seen_a, seen_b,
                            view.grid_a, view.grid_b, (analysis_a.grid, analysis_b.grid))
 
 

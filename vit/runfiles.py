@@ -20,6 +20,9 @@ the old file or the new one, never half of one, and a SIGKILL leaves every file 
 readers ``read_status``, ``read_config`` and ``read_launch`` check every field's type and raise
 ``RunFileError`` naming the file and the field, so one damaged (or forged) file makes one damaged
 run, never an exception in the code that lists every run.
+
+The shipped checkpoints' folder (``default_checkpoints_dir``) and its sample images (``images_in``) are found here
+too: the notebook API, the commands and the pages all read them.
 """
 
 from __future__ import annotations
@@ -82,6 +85,26 @@ def default_runs_dir() -> Path:
     if env:
         return Path(env).expanduser()
     return ROOT / "runs"
+
+
+SAMPLE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".webp", ".bmp", ".gif")  # what counts as a sample image
+
+
+def default_checkpoints_dir() -> Path:
+    """The shipped checkpoints: $VIT_CHECKPOINTS_DIR when set, else the repository's (or the installed
+    package's) checkpoints/."""
+    env = os.environ.get("VIT_CHECKPOINTS_DIR")
+    if env:
+        return Path(env).expanduser()
+    return app_root() / "checkpoints"
+
+
+def images_in(folder: Path) -> list[Path]:
+    """The sample images directly in ``folder`` (files with a ``SAMPLE_EXTENSIONS`` suffix), sorted; [] without
+    the folder."""
+    if not folder.is_dir():
+        return []
+    return sorted(p for p in folder.iterdir() if p.is_file() and p.suffix.lower() in SAMPLE_EXTENSIONS)
 
 
 def epoch_checkpoint_path(run_dir: Path, epoch: int) -> Path:

@@ -10,9 +10,11 @@ from PIL import Image
 
 from app_pages.explorer_sections.long_work import long_work
 from app_pages.explorer_sections.state import Shown, keep_settings
-from vit.app import drawing, words
+from vit.app import drawing
+from vit.app.words import curves_figure, scores_figure
 from vit.checkpoint import Checkpoint, CheckpointError
-from vit.explain.overlay import overlay
+from vit.explain import words
+from vit.explain.overlay import map_colours, overlay
 from vit.explain.prompts import DEFAULT_TEMPLATE
 from vit.inference import InputSize
 from vit.sources.text_tower import MAX_LABELS, open_text_tower, split_labels
@@ -100,7 +102,7 @@ def ask_in_words(view: Shown) -> words.Answer | None:
             col_scores.caption("Type labels to see how this model scores them and where it sees each.")
         return None
     with col_scores:
-        st.plotly_chart(words.scores_figure(asked), config={"displayModeBar": False})
+        st.plotly_chart(scores_figure(asked), config={"displayModeBar": False})
         st.caption(words.describe_scores(asked, ensemble))
     with col_map:
         methods = words.prompts.methods_for(checkpoint.model)
@@ -121,7 +123,7 @@ def ask_in_words(view: Shown) -> words.Answer | None:
         except ValueError as e:  # a method the model's layout does not support, too many tokens
             st.error(escape_markdown(e))
         else:
-            cmap, low, high = drawing.map_colours("attnlrp" if signed else "", shown_map, view.colormap)
+            cmap, low, high = map_colours("attnlrp" if signed else "", shown_map, view.colormap)
             st.image(overlay(view.shown, shown_map, view.opacity, cmap, view.mode, show_grid=view.show_grid,
                              vmin=low, vmax=high), output_format="PNG")
             st.caption(words.describe_method(method, labels[chosen], None if other is None else labels[other],
@@ -133,7 +135,7 @@ def ask_in_words(view: Shown) -> words.Answer | None:
                                                 "similarity is tracked."):
                 curves = long_work(("word curves", *model, tuple(labels), tuple(templates), chosen, method),
                                    "Deletion and insertion curves",
-                                   lambda progress: words.curves_figure(checkpoint, asked, image, map_a, chosen, size,
+                                   lambda progress: curves_figure(checkpoint, asked, image, map_a, chosen, size,
                                                                         progress), "word_curves")
                 if curves is not None:
                     st.plotly_chart(curves, config={"displayModeBar": False}, width="stretch")

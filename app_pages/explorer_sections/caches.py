@@ -13,10 +13,10 @@ import streamlit as st
 from PIL import Image
 
 from app_pages.explorer_sections.long_work import long_work
-from vit.app import catalog, dense, drawing, explorer
+from vit.app import catalog, drawing, explorer
 from vit.cache import ByteCache
 from vit.checkpoint import Checkpoint
-from vit.explain import attention_maps, image_analysis, method_maps
+from vit.explain import attention_maps, dense_views, image_analysis, method_maps
 from vit.images import UPLOAD_MAX_PIXELS, open_image
 from vit.inference import InputSize, input_shape
 from vit.sources.open import open_source
@@ -127,23 +127,23 @@ def class_relevance(fingerprint: tuple, digest: str, size: InputSize, class_inde
 
 
 def pca_views(fingerprint: tuple, digests: tuple[str, ...], size: InputSize, layer: int, foreground: float | None,
-              flip: bool, checkpoint: Checkpoint, analyses: list[image_analysis.Analysis]) -> list[dense.PCAView]:
+              flip: bool, checkpoint: Checkpoint, analyses: list[image_analysis.Analysis]) -> list[dense_views.PCAView]:
     """The PCA colours of the images ``digests`` (their ``analyses`` by one checkpoint), fitted together once per
     (checkpoint, images, size, layer, foreground settings), not on every rerun (a click on a patch redraws only the
     similarity)."""
     return byte_cache("dense", DENSE_CACHE_BYTES).get_or_compute(
         ("pca", fingerprint, digests, size, layer, foreground, flip),
-        lambda: dense.pca_views([checkpoint] * len(analyses), analyses, layer, foreground, flip))
+        lambda: dense_views.pca_views([checkpoint] * len(analyses), analyses, layer, foreground, flip))
 
 
 def match_view(a: tuple[tuple, str], b: tuple[tuple, str], size: InputSize, top: int, layer: int,
                layer_b: int | None, checkpoint_a: Checkpoint, analysis_a: image_analysis.Analysis,
-               checkpoint_b: Checkpoint, analysis_b: image_analysis.Analysis) -> dense.MatchView:
+               checkpoint_b: Checkpoint, analysis_b: image_analysis.Analysis) -> dense_views.MatchView:
     """The mutual matches of two analyses (``a``, ``b``: each one's ``(checkpoint fingerprint, image digest)``), once
     per (both, size, top, layers), not on every rerun."""
     return byte_cache("dense", DENSE_CACHE_BYTES).get_or_compute(
         ("matches", a, b, size, top, layer, layer_b),
-        lambda: dense.match_view(checkpoint_a, analysis_a, checkpoint_b, analysis_b, top, layer, layer_b))
+        lambda: dense_views.match_view(checkpoint_a, analysis_a, checkpoint_b, analysis_b, top, layer, layer_b))
 
 
 def probe_overlays(run: Path, epoch: int, kind: str, layer: int, head: int | None, fusion: str, opacity: float,

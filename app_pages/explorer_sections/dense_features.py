@@ -1,7 +1,7 @@
 """What the patches represent (issue 48): the patch tokens' first three principal components as colours, a patch's
 cosine similarity to every patch (on this image, a second image and the "Compare with" model) and the
-correspondences of two images side by side. The computations are ``vit.app.dense``'s; the tokens come from the
-cached analysis, so a click is one product and a redraw; the PCA fits and the matches are kept per settings
+correspondences of two images side by side. The computations are ``vit.explain.dense_views``'s; the tokens come from
+the cached analysis, so a click is one product and a redraw; the PCA fits and the matches are kept per settings
 (``caches.pca_views``, ``caches.match_view``)."""
 
 import streamlit as st
@@ -10,9 +10,10 @@ from app_pages.explorer_sections.caches import UPLOAD_TYPES, analyse, decode_ima
 from app_pages.explorer_sections.compare_checkpoints import PICKER_KEY as COMPARE_KEY
 from app_pages.explorer_sections.state import Shown
 from app_pages.explorer_sections.uploader import file_upload
-from vit.app import catalog, dense, drawing, explorer
+from vit.app import catalog, drawing, explorer
 from vit.bounds import TooManyTokens
 from vit.checkpoint import CheckpointError
+from vit.explain import dense_views
 from vit.explain.overlay import overlay, pca_picture
 from vit.images import ImageError
 from vit.inference import seen_region
@@ -58,7 +59,7 @@ def _compare_model(view: Shown, entries: dict):
         raise CheckpointError(entry.error)
     fingerprint = catalog.Candidate(entry.path, entry.source, entry.name).fingerprint
     checkpoint = load_model(st.session_state[COMPARE_KEY], fingerprint)
-    dense.check_dense_fits(checkpoint, view.image, view.size, "The compared model's views")
+    dense_views.check_dense_fits(checkpoint, view.image, view.size, "The compared model's views")
     return checkpoint, fingerprint, analyse(fingerprint, view.image_key, view.size, checkpoint, view.image)
 
 
@@ -76,7 +77,7 @@ def dense_features(view: Shown, entries: dict) -> None:
             st.session_state.pop(key, None)
     st.session_state[MODEL_KEY] = view.model_key
     try:
-        dense.check_dense_fits(checkpoint, view.image, view.size)
+        dense_views.check_dense_fits(checkpoint, view.image, view.size)
     except TooManyTokens as e:
         st.error(escape_markdown(e))
         return
@@ -88,7 +89,7 @@ def dense_features(view: Shown, entries: dict) -> None:
     analysis_2 = None
     if second is not None:
         try:
-            dense.check_dense_fits(checkpoint, second[0], view.size, "The second image's views")
+            dense_views.check_dense_fits(checkpoint, second[0], view.size, "The second image's views")
             analysis_2 = analyse(view.fingerprint, second[1], view.size, checkpoint, second[0])
         except (TooManyTokens, ImageError, ValueError) as e:
             st.warning(f"The second image cannot be shown: {escape_markdown(e)}")
@@ -112,7 +113,7 @@ def dense_features(view: Shown, entries: dict) -> None:
             column.image(pca_picture(drawing.display_image(seen), pca_view.colours), output_format="PNG")
         st.caption("Fitted on " + ("both images together, so a colour means the same in both" if len(views) > 1
                                    else "this image") + f"; layer {layer + 1}"
-                   + (f", on its own {'×'.join(map(str, dense.layer_grid(analysis, layer)))} grid "
+                   + (f", on its own {'×'.join(map(str, dense_views.layer_grid(analysis, layer)))} grid "
                       "(its stage's; through the final norm in the last stage only)." if analysis.staged else "."))
 
     st.markdown("**Patch similarity** (click a patch)")
@@ -121,8 +122,8 @@ def dense_features(view: Shown, entries: dict) -> None:
         st.session_state[QUERY_KEY] = tokens[len(tokens) // 2]
     query = st.selectbox("Patch", tokens, key=QUERY_KEY,
                          format_func=lambda t: drawing.token_option(t, analysis.grid, prefix))
-    vector = dense.query_vector(checkpoint, analysis, query, layer)
-    map2d = dense.similarity_map(checkpoint, analysis, vector, layer)
+    vector = dense_views.query_vector(checkpoint, analysis, query, layer)
+    map2d = dense_views.similarity_map(checkpoint, analysis, vector, layer)
     picture = overlay(shown, map2d, view.opacity, view.colormap, outline_patch=query - prefix)
     figure = drawing.patch_picker_figure(picture.size, drawing.jpeg_data_uri(picture), analysis.grid, query, prefix,
                                          show_grid=False, fit_width=picture.size[0])
@@ -131,7 +132,7 @@ def dense_features(view: Shown, entries: dict) -> None:
     st.caption(f"Cosine similarity to {escape_markdown(drawing.token_label(query, analysis.grid, prefix))}: "
                + drawing.describe_range(map2d))
     if analysis_2 is not None:
-        map_2 = dense.similarity_map(checkpoint, analysis_2, vector, layer)
+        map_2 = dense_views.similarity_map(checkpoint, analysis_2, vector, layer)
         st.image(overlay(drawing.display_image(seen_2), map_2, view.opacity, view.colormap), output_format="PNG")
         st.caption("The same patch's token against every patch of the second image: " + drawing.describe_range(map_2))
     try:
@@ -141,9 +142,9 @@ def dense_features(view: Shown, entries: dict) -> None:
         other = None
     if other is not None:
         checkpoint_b, _, analysis_b = other
-        place = dense.same_place(query - prefix, analysis.grid, analysis_b.grid)
-        vector_b = dense.query_vector(checkpoint_b, analysis_b, place + analysis_b.num_prefix_tokens)
-        map_b = dense.similarity_map(checkpoint_b, analysis_b, vector_b)
+        place = dense_views.same_place(query - prefix, analysis.grid, analysis_b.grid)
+        vector_b = dense_views.query_vector(checkpoint_b, analysis_b, place + analysis_b.num_prefix_tokens)
+        map_b = dense_views.similarity_map(checkpoint_b, analysis_b, vector_b)
         st.image(overlay(shown, map_b, view.opacity, view.colormap, outline_patch=place), output_format="PNG")
         st.caption("The compared model (its last layer), the same place on its own grid: "
                    + drawing.describe_range(map_b))
@@ -166,7 +167,7 @@ def dense_features(view: Shown, entries: dict) -> None:
         st.warning(escape_markdown(e))
         return
     seen_a = seen_region(view.image, checkpoint.preprocessing, view.size)
-    st.image(dense.matches_picture(seen_a, pair[2], matches.grid_a, matches.grid_b, matches.a, matches.b,
+    st.image(dense_views.matches_picture(seen_a, pair[2], matches.grid_a, matches.grid_b, matches.a, matches.b,
                                    image_grids=(analysis.grid, pair[1].grid)), output_format="PNG")
     st.caption(f"{len(matches.a)} mutual matches shown, cosine {matches.score.min():.2f} to {matches.score.max():.2f}"
                if len(matches.a) else "No mutual matches.")

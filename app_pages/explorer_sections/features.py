@@ -26,9 +26,9 @@ from app_pages.explorer_sections.feature_exemplars import IMAGES_KEY, drivers_ex
 from app_pages.explorer_sections.main_view import PICKER_CONFIG
 from app_pages.explorer_sections.sae_files import FOLDER_KEY, LAYER_KEY
 from app_pages.explorer_sections.state import Shown, keep_settings
-from vit.app import drawing, share, words
+from vit.app import drawing, share
 from vit.checkpoint import Checkpoint
-from vit.explain import attention_maps
+from vit.explain import attention_maps, words
 from vit.explain.overlay import overlay
 from vit.features import attribution, explore
 from vit.features.sae import SAEError, SparseAutoencoder

@@ -14,7 +14,7 @@ from app_pages.explorer_sections.long_work import long_work
 from app_pages.explorer_sections.map_choice import MainMap
 from app_pages.explorer_sections.state import Shown
 from vit.app import drawing, explorer, vlm_words
-from vit.explain import attention_maps
+from vit.explain import attention_maps, map_captions
 from vit.images import MAX_SIDE
 from vit.sizes import describe_size
 from vit.text import escape_markdown
@@ -67,9 +67,9 @@ def lay_out(shown: Image.Image, shown_uri: str, grid: tuple[int, int], query: in
 
 
 def map_caption(view: Shown, main: MainMap) -> str:
-    """The main map's caption, as Markdown: what it shows (a word map's own, else ``drawing.describe_map``'s), then
+    """The main map's caption, as Markdown: what it shows (a word map's own, else ``map_captions.describe_map``'s), then
     its colours' range."""
-    what = main.caption if main.caption is not None else drawing.describe_map(view.settings, view.analysis,
+    what = main.caption if main.caption is not None else map_captions.describe_map(view.settings, view.analysis,
                                                                               view.class_names)
     return what + " " + drawing.describe_range(main.map2d, main.vmin, main.vmax)
 

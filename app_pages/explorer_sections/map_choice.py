@@ -38,6 +38,6 @@ class MainMap:
     vmin: float | None
     vmax: float | None
     mask: np.ndarray | None
-    caption: str | None = None  # a word map's (Markdown; the others' is ``drawing.describe_map``'s)
+    caption: str | None = None  # a word map's (Markdown; the others' is ``map_captions.describe_map``'s)
     error: str | None = None  # why a word map is not drawn (one line), shown where its caption goes
     word_parts: tuple | None = None  # a word map's (kind, word, patch or None), which name its download

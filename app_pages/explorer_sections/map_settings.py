@@ -12,7 +12,7 @@ from vit.bounds import TooManyTokens
 from vit.checkpoint import Checkpoint
 from vit.explain import attention_maps, image_analysis
 from vit.explain.attention import HEAD_FUSIONS
-from vit.explain.overlay import UPSAMPLE_MODES
+from vit.explain.overlay import SIGNED_MAP_KINDS, UPSAMPLE_MODES, map_colours
 from vit.explain.stages import on_patch_grid
 from vit.inference import InputSize
 
@@ -226,8 +226,8 @@ def main_map(checkpoint: Checkpoint, fingerprint: tuple, image: Image.Image, ima
             st.stop()
     if analysis.staged:  # a Swin layer's map on its own grid: each cell over the image patches it covers
         map2d = on_patch_grid(map2d, analysis.grid)
-    map_colormap, vmin, vmax = drawing.map_colours(kind, map2d, colormap)  # signed maps: diverging, around 0
-    signed = kind in drawing.SIGNED_MAP_KINDS  # their symmetric range is kept whatever the colour scale
+    map_colormap, vmin, vmax = map_colours(kind, map2d, colormap)  # signed maps: diverging, around 0
+    signed = kind in SIGNED_MAP_KINDS  # their symmetric range is kept whatever the colour scale
     if scale == "zero" and not signed:
         vmin, vmax = drawing.colour_range(map2d, scale)
     elif scale == "shared" and kind == "attention":  # the range of this layer's heads, as in the heads grid

@@ -18,7 +18,7 @@ from vit import api
 from vit.app import drawing, vlm_words
 from vit.checkpoint import Checkpoint, CheckpointError
 from vit.explain import attention_maps, image_analysis
-from vit.explain.overlay import overlay
+from vit.explain.overlay import DIVERGING_COLORMAP, overlay
 from vit.images import ImageError
 from vit.inference import InputSize
 from vit.text import escape_markdown
@@ -92,7 +92,7 @@ def main_map(checkpoint: Checkpoint, fingerprint: tuple, image: Image.Image, ima
     colormap, vmin, vmax = choice.colormap, None, None
     if s.kind in vlm_words.SIGNED:
         bound = float(np.abs(map2d).max()) or 1.0
-        colormap, vmin, vmax = drawing.DIVERGING_COLORMAP, -bound, bound
+        colormap, vmin, vmax = DIVERGING_COLORMAP, -bound, bound
     elif choice.scale == "zero":
         vmin, vmax = drawing.colour_range(map2d, "zero")
     elif choice.scale == "shared" and s.kind == "word_lens":  # one range for every typed word's lens

@@ -21,26 +21,17 @@ from vit.runfiles import (
     CONFIG_FILE,
     LAST_CHECKPOINT,
     STATUS_FILE,
-    app_root,
+    default_checkpoints_dir,
     default_runs_dir,
     epoch_checkpoints,
+    images_in,
     read_json,
 )
 from vit.sizes import describe_size
 from vit.text import escape_markdown, visible
 
 DEFAULT_CHECKPOINT = "cifar10-cifar-s.pt"  # what the app opens on
-SAMPLE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".webp", ".bmp", ".gif")
 RUN_CHECKPOINTS = (BEST_CHECKPOINT, LAST_CHECKPOINT)  # a run's checkpoint, in order of preference
-
-
-def default_checkpoints_dir() -> Path:
-    """The shipped checkpoints: $VIT_CHECKPOINTS_DIR when set, else the repository's (or the installed
-    package's) checkpoints/."""
-    env = os.environ.get("VIT_CHECKPOINTS_DIR")
-    if env:
-        return Path(env).expanduser()
-    return app_root() / "checkpoints"
 
 
 @dataclass(frozen=True)
@@ -522,14 +513,6 @@ def sample_images(entry: CatalogEntry, entries: list[CatalogEntry],
             if images:
                 return images
     return []
-
-
-def images_in(folder: Path) -> list[Path]:
-    """The sample images directly in ``folder`` (files with a ``SAMPLE_EXTENSIONS`` suffix), sorted; [] without
-    the folder."""
-    if not folder.is_dir():
-        return []
-    return sorted(p for p in folder.iterdir() if p.is_file() and p.suffix.lower() in SAMPLE_EXTENSIONS)
 
 
 def epoch_candidates(runs_dir: str | os.PathLike | None = None) -> list[Candidate]:

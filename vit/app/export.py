@@ -35,7 +35,7 @@ class View:
     title: str
     seen: Image.Image
     map2d: np.ndarray
-    caption: str  # Markdown, as the page's caption (``drawing.describe_map``)
+    caption: str  # Markdown, as the page's caption (``map_captions.describe_map``)
     colormap: str = "inferno"
     vmin: float | None = None
     vmax: float | None = None
