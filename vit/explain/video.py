@@ -94,7 +94,8 @@ def clip_map_kinds(checkpoint: Checkpoint) -> tuple[str, ...]:
     """The map kinds this video checkpoint draws for clips, in the page's order: a model without a classifier
     (V-JEPA 2's encoder) has no class to explain."""
     kinds = DIVIDED_MAP_KINDS if is_divided(checkpoint) else CLIP_MAP_KINDS
-    if checkpoint.model.head is None or not checkpoint.class_names or refusal(checkpoint, "class") is not None:
+    if (checkpoint.model.head is None or not checkpoint.class_names
+            or getattr(checkpoint.model, "pool_blocks", None) is not None):  # V-JEPA 2's classifier: POOLER_REFUSAL
         kinds = tuple(k for k in kinds if k not in CLASS_READ_KINDS)
     return kinds
 
