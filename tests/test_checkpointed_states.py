@@ -167,8 +167,8 @@ def test_the_rollout_norms_and_statistics_are_the_same(analyses):
 
 # --- measured: a scaled tower's analysis and maps within the bound where its states alone are over it -------------
 
-SCALED = dict(depth=32, hidden_size=320, intermediate_size=480, num_heads=2, out_hidden_size=24, patch_size=4,
-              spatial_merge_size=2, window_size=32, fullatt_block_indexes=[7, 15, 23, 31])
+SCALED = dict(depth=16, hidden_size=320, intermediate_size=480, num_heads=2, out_hidden_size=24, patch_size=4,
+              spatial_merge_size=2, window_size=32, fullatt_block_indexes=[7, 15])
 SCALED_SIDE = 224  # 56 x 56 patches: 3,136 tokens
 
 WORKER = r'''
@@ -207,8 +207,9 @@ analysis = every_map(SCALED_SIDE)
 with open("/proc/self/status") as f:
     peak = int(re.search(r"VmHWM:\s+(\d+) kB", f.read()).group(1)) * 1024
 cost = plan.analysis(checkpoint.model, analysis.grid)
+states = 4 * (SCALED["depth"] + 1) * analysis.num_tokens * SCALED["hidden_size"]
 print(json.dumps({"measured": peak - since, "whole": cost.memory, "chunked": cost.chunked, "every": cost.every,
-                  "states": 4 * 33 * analysis.num_tokens * 320, "kind": type(analysis.hidden).__name__}))
+                  "states": states, "kind": type(analysis.hidden).__name__}))
 '''
 
 
@@ -223,10 +224,12 @@ def can_reset_the_peak() -> bool:
 
 @pytest.mark.slow
 @pytest.mark.skipif(not can_reset_the_peak(), reason="the peak RSS cannot be reset here (/proc/self/clear_refs)")
-def test_a_32_layer_towers_maps_stay_under_a_bound_its_whole_path_is_over():
-    # 3,136 tokens x 320 wide: every state 126 MB, with a layer's chunks and the layouts 248 MB; in chunks 167 MB
-    # (the states every 4 layers 46 MB of it: at this width the chunks' fixed budget, not the states, dominates)
-    limit_mb = 170
+def test_a_16_layer_towers_maps_stay_under_a_bound_its_whole_path_is_over():
+    # 3,136 tokens x 320 wide: every state 65 MB, with a layer's chunks and the layouts 186 MB; in chunks 152 MB
+    # (the states every 4 layers 19 MB of it: at this width the chunks' fixed budget, not the states, dominates).
+    # 16 layers, not the 7B's 32: the same claim at half the layers' recomputation (32 layers: 248 / 167 MB under
+    # a 170 MB bound, 90-121 s of a busy CI run; measured here 133 MB of 152)
+    limit_mb = 155
     env = {**os.environ, "OMP_NUM_THREADS": "1", "VIT_THREADS": "1", "VIT_ANALYSIS_MEMORY_MB": str(limit_mb),
            "MALLOC_MMAP_THRESHOLD_": "65536", "MALLOC_TRIM_THRESHOLD_": "65536", "PYTHONPATH": str(ROOT)}
     done = subprocess.run([sys.executable, "-c", WORKER, str(ROOT / "tests")], capture_output=True, text=True,
