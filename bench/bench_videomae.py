@@ -12,6 +12,7 @@ peak is the resident set's high-water mark (VmHWM, reset through /proc/self/clea
 before the analysis, as tests/test_costs.py measures it. Run from the repository root::
 
     python -m bench.bench_videomae --threads 1 --repeats 3
+    python -m bench.bench_videomae --no-forward --methods   # the memory, each class's map too
 """
 
 from __future__ import annotations
@@ -96,15 +97,38 @@ clip = every_map()
 seconds = time.perf_counter() - start
 with open("/proc/self/status") as f:
     peak = int(re.search(r"VmHWM:\s+(\d+) kB", f.read()).group(1)) * 1024
-print(json.dumps({"peak": peak - since, "tokens": clip.analysis.num_tokens, "seconds": seconds}))
+out = {"peak": peak - since, "tokens": clip.analysis.num_tokens, "seconds": seconds, "methods": {}}
+if sys.argv[3] == "1":  # each class's map on the same analysis, its own peak over the resident set before it
+    from vit.costs import plan
+    from vit.explain.video import explain_analysed
+    from vit.model.layouts import folded_grid
+
+    for method in ("legrad", "class", "attnlrp"):
+        gc.collect()
+        libc.malloc_trim(0)
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        with open("/proc/self/statm") as f:
+            since = int(f.read().split()[1]) * resource.getpagesize()
+        start = time.perf_counter()
+        explain_analysed(checkpoint, clip, method)
+        seconds = time.perf_counter() - start
+        with open("/proc/self/status") as f:
+            peak = int(re.search(r"VmHWM:\s+(\d+) kB", f.read()).group(1)) * 1024
+        cost = {"legrad": plan.legrad, "class": plan.class_map, "attnlrp": plan.attnlrp}[method](
+            ours, folded_grid(clip.grid))
+        verdict = plan.decide(cost)
+        out["methods"][method] = {"peak": peak - since, "seconds": seconds, "path": verdict,
+                                  "estimate": cost.memory if verdict == "run" else cost.chunked}
+print(json.dumps(out))
 '''
 
 
-def memory(layers: int, threads: int) -> dict:
+def memory(layers: int, threads: int, methods: bool) -> dict:
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "VIT_THREADS": str(threads),
            "MALLOC_MMAP_THRESHOLD_": "65536", "MALLOC_TRIM_THRESHOLD_": "65536", "PYTHONPATH": str(ROOT)}
-    done = subprocess.run([sys.executable, "-c", WORKER, str(layers), str(ROOT)], capture_output=True, text=True,
-                          env=env, cwd=ROOT)
+    done = subprocess.run([sys.executable, "-c", WORKER, str(layers), str(ROOT), str(int(methods))],
+                          capture_output=True, text=True, env=env, cwd=ROOT)
     if done.returncode:
         raise SystemExit(done.stderr.strip().splitlines()[-1])
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -116,8 +140,23 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--layers", type=int, default=12)
     parser.add_argument("--no-memory", action="store_true")
+    parser.add_argument("--no-forward", action="store_true", help="the memory alone")
+    parser.add_argument("--methods", action="store_true", help="also each class's map (LeGrad, the class map, "
+                        "AttnLRP): its peak and the cost model's estimate of the path it takes")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    if not args.no_forward:
+        forward(args)
+    if not args.no_memory:
+        r = memory(args.layers, args.threads, args.methods)
+        print(f"clip analysis and every map (each layer's attention and norms, a head, the rollout, the statistics):"
+              f" peak RSS growth {r['peak'] / 2**20:,.0f} MB at {r['tokens']:,} tokens, {r['seconds']:,.1f} s")
+        for method, m in r["methods"].items():
+            print(f"{method}: peak RSS growth {m['peak'] / 2**20:,.0f} MB, the cost model's {m['path']} path "
+                  f"{m['estimate'] / 2**20:,.0f} MB, {m['seconds']:,.1f} s")
+
+
+def forward(args) -> None:
     theirs, ours = build(args.layers)
     x = torch.randn(1, 16, 3, 224, 224)
     times = {"ours": [], "theirs": []}
@@ -140,10 +179,6 @@ def main() -> None:
     print("|---|---|---|---|---|")
     print(f"| {t_theirs * 1e3:,.0f} ms | {t_ours * 1e3:,.0f} ms | {t_ours / t_theirs:.2f}x | {pairs:.2f}x | "
           f"{difference:.1e} |", flush=True)
-    if not args.no_memory:
-        r = memory(args.layers, args.threads)
-        print(f"clip analysis and every map (each layer's attention and norms, a head, the rollout, the statistics):"
-              f" peak RSS growth {r['peak'] / 2**20:,.0f} MB at {r['tokens']:,} tokens, {r['seconds']:,.1f} s")
 
 
 if __name__ == "__main__":

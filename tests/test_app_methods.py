@@ -194,3 +194,27 @@ def test_a_legrad_map_from_another_start_layer_is_legrads_from_it(checkpoint):
     got = method_maps.model_method_map(checkpoint, image, "legrad", class_index=2, start_layer=0)
     np.testing.assert_allclose(got, legrad(checkpoint.model, x, 2, start_layer=0)[0].numpy(), rtol=1e-5, atol=1e-7)
     assert not np.allclose(got, method_maps.model_method_map(checkpoint, image, "legrad", class_index=2))
+
+
+def test_attnlrp_past_its_whole_paths_bound_runs_with_checkpointed_blocks_and_draws_the_same_map(checkpoint,
+                                                                                                 monkeypatch):
+    from vit.costs import plan
+    from vit.explain import relevance
+    from vit.inference import InputSize
+
+    image = Image.fromarray(np.random.default_rng(0).integers(0, 256, (20, 30, 3), dtype=np.uint8))
+    size = InputSize(96)  # 24 x 24 patches: every layer's attention outweighs one block's activations
+    whole = method_maps.model_method_map(checkpoint, image, "attnlrp", class_index=2, size=size)
+    cost = plan.attnlrp(checkpoint.model, whole.shape)
+    assert cost.chunked < cost.memory
+    monkeypatch.setenv("VIT_ANALYSIS_MEMORY_MB", str((cost.chunked + cost.memory) / 2 / 2**20))
+    asked = []
+    real = relevance.attnlrp
+    monkeypatch.setattr(relevance, "attnlrp", lambda *a, **k: asked.append(k.get("checkpointed")) or real(*a, **k))
+    drawn = method_maps.model_method_map(checkpoint, image, "attnlrp", class_index=2, size=size)
+    np.testing.assert_allclose(drawn, whole, rtol=1e-6, atol=1e-12)
+    assert asked == [True]
+    monkeypatch.setenv("VIT_ANALYSIS_MEMORY_MB", str((cost.chunked - 1) / 2**20))
+    with pytest.raises(ValueError, match="AttnLRP") as error:
+        method_maps.model_method_map(checkpoint, image, "attnlrp", class_index=2, size=size)
+    assert "\n" not in str(error.value)

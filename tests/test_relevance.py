@@ -462,3 +462,28 @@ def test_attention_flow_over_261_tokens_is_no_longer_refused():
     flow = attention_flow(attentions, query=0)
     assert flow.shape == (1, 261)
     torch.testing.assert_close(flow.sum(-1), torch.ones(1, dtype=torch.float64))
+
+
+@pytest.mark.parametrize("cp", [False, True])
+def test_attnlrp_with_checkpointed_blocks_is_the_same_relevance_from_one_blocks_graph_at_a_time(cp):
+    """Each block's input kept and the block run again in the backward under AttnLRP's rules: the same relevance
+    (float64, to rounding), while what the forward saves for the backward is the blocks' inputs alone, not every
+    layer's attention (counted by autograd's saved-tensor hooks)."""
+    model = random_vit(dataclasses.replace(CONFIG, num_layers=4)).double()
+    x = images(2, (16, 16)).double()
+
+    def saved_bytes(**options) -> tuple[torch.Tensor, int]:
+        total = [0]
+
+        def pack(t):
+            total[0] += t.numel() * t.element_size()
+            return t
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            relevance = attnlrp(model, x, 1, cp=cp, **options)
+        return relevance, total[0]
+
+    whole, whole_bytes = saved_bytes()
+    checkpointed, checkpointed_bytes = saved_bytes(checkpointed=True)
+    torch.testing.assert_close(checkpointed, whole, rtol=1e-12, atol=1e-15)
+    assert torch.count_nonzero(whole) > 0
+    assert checkpointed_bytes < whole_bytes / 3, (checkpointed_bytes, whole_bytes)

@@ -218,3 +218,22 @@ def test_attnlrp_past_the_memory_bound_is_refused_in_one_line_naming_what_runs_i
         explain_analysed(checkpoint, clip, "attnlrp")
     assert "\n" not in str(error.value) and "100 MB limit" in str(error.value)
     assert explain_analysed(checkpoint, clip, "legrad").map.shape == (16, 16, 16)  # in chunks, within the bound
+
+
+def test_attnlrp_past_its_whole_paths_bound_checkpoints_the_blocks_and_draws_the_same_map(tmp_path, monkeypatch):
+    """Between the two paths' bounds AttnLRP keeps each block's input and runs the block again in the backward
+    (one block's graph at a time): the map is the whole path's."""
+    from vit.costs import plan
+    from vit.model.layouts import folded_grid
+
+    videomae_folder(tmp_path / "big", 16, 128, 128)  # 2,048 tubelets
+    checkpoint = open_source(tmp_path / "big")
+    frames = read_clip(write_gif(tmp_path / "clip.gif", 16, size=(128, 128)), 16).frames
+    clip = analyse_clip(checkpoint, frames)
+    cost = plan.attnlrp(checkpoint.model, folded_grid(clip.grid))
+    assert cost.chunked < cost.memory / 1.5
+    whole = explain_analysed(checkpoint, clip, "attnlrp").map
+    monkeypatch.setenv("VIT_ANALYSIS_MEMORY_MB", str((cost.chunked + cost.memory) / 2 / 2**20))
+    clip = analyse_clip(checkpoint, frames)  # a new analysis: nothing cached
+    assert plan.decide(plan.attnlrp(checkpoint.model, folded_grid(clip.grid))) == "chunks"
+    np.testing.assert_allclose(explain_analysed(checkpoint, clip, "attnlrp").map, whole, rtol=1e-6, atol=1e-12)

@@ -82,6 +82,22 @@ def windowed_gradient_bytes(model, grid: tuple[int, int], layers: int | None = N
     return 4 * model.config.num_heads * 4 * values
 
 
+def checkpointed_gradient_bytes(model, grid: tuple[int, int]) -> int:
+    """A gradient through a model without stages whose blocks are checkpointed (``vit.model.checkpointed_blocks``:
+    AttnLRP past its whole path's bound): every block's input kept, and one block's graph at a time, the costliest
+    layer's attention and gradient four times (``whole_gradient_bytes`` / ``windowed_gradient_bytes`` of one layer)
+    and its activations and their gradients (ten residual-wide and three MLP-wide streams a token)."""
+    c = model.config
+    tokens = model.num_prefix_tokens + grid[0] * grid[1]
+    if c.window_size:
+        per_layer = [windowed_gradient_bytes(model, grid, k) - windowed_gradient_bytes(model, grid, k - 1)
+                     for k in range(1, c.num_layers + 1)]
+    else:
+        per_layer = [whole_gradient_bytes(c, tokens, 1)]
+    inputs = 4 * (c.num_layers + 1) * tokens * c.hidden_size
+    return inputs + max(per_layer) + 4 * tokens * (10 * c.hidden_size + 3 * c.mlp_size)
+
+
 def gradient_bytes(num_layers: int, hidden_size: int, mlp_size: int, tokens: int, contexts: bool,
                    budget: int = CHUNK_BYTES, bias_heads: int = 0) -> int:
     """The memory model of a chunked gradient method (``relevance.legrad``, ``context_gradients``): hidden

@@ -157,6 +157,16 @@ def gradient(model, grid: tuple[int, int], what: str, layers: int | None = None)
     return _cost("gradient", model, grid, {part: need}, refuse)
 
 
+def attnlrp(model, grid: tuple[int, int], what: str = "AttnLRP") -> Cost:
+    """AttnLRP (``relevance.attnlrp``): every layer's attention and gradient kept while they fit (``gradient``);
+    past that, a model without stages checkpoints its blocks (each block's input kept, one block's graph at a time:
+    ``memory.checkpointed_gradient_bytes``), its path in chunks."""
+    whole = gradient(model, grid, what)
+    if model.config.stage_depths:
+        return whole
+    return replace(whole, chunked=memory.checkpointed_gradient_bytes(model, grid))
+
+
 def chunked_gradient(model, grid: tuple[int, int], what: str, contexts: bool) -> Cost:
     """A gradient method in chunks (LeGrad; the class-specific map's path in chunks with ``contexts``, which keeps
     every layer's context gradient): ``memory.gradient_bytes``."""

@@ -119,7 +119,10 @@ def model_method_map(checkpoint: Checkpoint, image: Image.Image, kind: str, clas
     # for ViT-B/16 at 1,024 px) before attention_flow's own limit would refuse the input.
     if kind == "legrad":  # in chunks (never a whole layer's attention or gradient), or a model's stages' windows
         plan.decide(plan.legrad(model, grid, start_layer))
-    elif kind in ("lrp", "attnlrp") + CHEFER_BASELINES:
+    checkpointed = False
+    if kind == "attnlrp":  # whole, or each block again in the backward (its path in chunks)
+        checkpointed = plan.decide(plan.attnlrp(model, grid)) == "chunks"
+    elif kind in ("lrp",) + CHEFER_BASELINES:
         plan.decide(plan.gradient(model, grid, MAP_KINDS[kind].split(" (")[0]))
     elif kind == "flow":
         plan.decide(plan.flow(model, grid, MAX_FLOW_TOKENS))
@@ -136,8 +139,8 @@ def model_method_map(checkpoint: Checkpoint, image: Image.Image, kind: str, clas
         with reported_blocks(model, progress, L):
             result = token_map(transformer_attribution(model, x, class_index, end_layer), query, grid, prefix)
     elif kind == "attnlrp":
-        with reported_blocks(model, progress, L):
-            result = patch_sums(attnlrp(model, x, class_index), grid)
+        with reported_blocks(model, progress, 2 * L if checkpointed else L):  # the blocks again in the backward
+            result = patch_sums(attnlrp(model, x, class_index, checkpointed=checkpointed), grid)
     elif kind == "attn-gradcam":
         from vit.explain.cam import attention_gradcam
 

@@ -25,6 +25,7 @@ prefix tokens. References (ported, and checked against in ``tests/test_relevance
 
 from __future__ import annotations
 
+import contextlib
 import functools
 
 import torch
@@ -33,7 +34,7 @@ from torch import Tensor
 
 from vit.explain.attention import gradient_rollout, layers_up_to
 from vit.explain.chunked import CHUNK_BYTES, context_gradient_chunks, run_block
-from vit.model import LayerLayout, Rules, ViT, activate, use_rules
+from vit.model import LayerLayout, Rules, ViT, activate, checkpointed_blocks, use_rules
 
 # Options Chefer et al.'s LRP defines no rule for (their ViT reads CLS through one norm and one head, with plain
 # GELU MLPs and learned positions only).
@@ -526,7 +527,8 @@ def full_lrp(model: ViT, images: Tensor, class_index: int | Tensor | None = None
 
 # --- AttnLRP --------------------------------------------------------------------------------------
 
-def attnlrp(model: ViT, images: Tensor, class_index: int | Tensor | None = None, cp: bool = False) -> Tensor:
+def attnlrp(model: ViT, images: Tensor, class_index: int | Tensor | None = None, cp: bool = False,
+            checkpointed: bool = False) -> Tensor:
     """AttnLRP (Achtibat et al. 2024): signed relevance of every input pixel, summed over channels: ``(B, H, W)``
     (a video model's clips ``(B, frames, C, H, W)``: ``(B, frames, H, W)``, each frame's pixels their own).
 
@@ -534,12 +536,14 @@ def attnlrp(model: ViT, images: Tensor, class_index: int | Tensor | None = None,
     the relevances of all pixels sum to the logit less what the biases absorb. ``cp=True``
     gives CP-LRP (no relevance through the attention weights or SwiGLU's gate), ``lxt``'s choice for ViTs.
     Positive: evidence for the class; negative: against. Use ``patch_sums`` for the patch grid.
+    ``checkpointed``: each block's input alone is kept and the block run again in the backward under the same rules
+    (``vit.model.checkpointed_blocks``): one block's attention and gradient held at a time, the same relevance.
     """
     check_supported(model)
     inference, grad_mode = _grad_context()
     with inference, grad_mode:
         x = _leaf(images)
-        with use_rules(AttnLRPRules(cp)):
+        with use_rules(AttnLRPRules(cp)), checkpointed_blocks() if checkpointed else contextlib.nullcontext():
             logits = model(x)[0]
         index = _class_indices(logits.detach(), class_index)
         score = logits.gather(1, index[:, None]).sum()

@@ -389,16 +389,18 @@ def clip_class_map(checkpoint: Checkpoint, clip: ClipAnalysis, kind: str, class_
             return clip.maps(values[0].reshape(-1).float().cpu())
 
         return clip.analysis.cache.get_or_compute(("clip legrad", wanted, start % L), compute)
-    cost = plan.gradient(model, folded, "AttnLRP")
-    if cost.memory > cost.limit:  # the image message's "choose a smaller input size" is no choice for a clip
-        raise TooManyTokens(f"AttnLRP keeps every layer's attention and gradient: about {cost.memory / 2**20:,.0f} MB "
-                            f"at {cost.tokens:,} tokens, over the {cost.limit / 2**20:,.0f} MB limit "
-                            f"(VIT_ANALYSIS_MEMORY_MB), and a clip's size is the model's own; raise it, or use LeGrad "
-                            "or the class map, which run in chunks")
+    cost = plan.attnlrp(model, folded)
+    need = cost.memory if cost.chunked is None else min(cost.memory, cost.chunked)
+    if need > cost.limit:  # the image message's "choose a smaller input size" is no choice for a clip
+        raise TooManyTokens(f"AttnLRP keeps each block's input and one block's attention and gradient: about "
+                            f"{need / 2**20:,.0f} MB at {cost.tokens:,} tokens, over the {cost.limit / 2**20:,.0f} MB "
+                            f"limit (VIT_ANALYSIS_MEMORY_MB), and a clip's size is the model's own; raise it, or use "
+                            "LeGrad or the class map, which run in chunks")
+    checkpointed = cost.memory > cost.limit  # each block again in the backward: one block's graph at a time
 
     def compute_lrp() -> np.ndarray:
-        with reported_blocks(model, progress, L):
-            relevance = attnlrp(model, pixels(), wanted)[0]  # (frames, H, W)
+        with reported_blocks(model, progress, 2 * L if checkpointed else L):
+            relevance = attnlrp(model, pixels(), wanted, checkpointed=checkpointed)[0]  # (frames, H, W)
         return patch_sums(relevance, clip.grid[1:]).float().cpu().numpy()  # (frames, gh, gw)
 
     return clip.analysis.cache.get_or_compute(("clip attnlrp", wanted), compute_lrp)

@@ -59,7 +59,16 @@ from vit.model.config import (
     ROPES,
     ViTConfig,
 )
-from vit.model.hooks import PLAIN_RULES, Hook, HookPoint, Rules, activate, current_rules, use_rules
+from vit.model.hooks import (
+    PLAIN_RULES,
+    Hook,
+    HookPoint,
+    Rules,
+    activate,
+    checkpointed_blocks,
+    current_rules,
+    use_rules,
+)
 from vit.model.layouts import (
     RelativePositionBias,
     beit_relative_position_index,
@@ -102,7 +111,8 @@ __all__ = [
     "POOLINGS", "POOL_HEADS", "POS_RESIZES", "PREFIX_POSITIONS", "PRESETS", "PROJECTORS", "Parent", "Projector",
     "REL_POS", "RMSNorm", "ROPES",
     "RelativePositionBias", "Rules", "ViT", "ViTConfig", "activate", "apply_rope", "beit_relative_position_index",
-    "count_parameters", "current_rules", "decomposed_rel_pos", "dinov3_rope", "drop_path", "eva_rope",
+    "checkpointed_blocks", "count_parameters", "current_rules", "decomposed_rel_pos", "dinov3_rope", "drop_path",
+    "eva_rope",
     "fused_attention", "make_norm", "padding_bias", "resample_pos_embed", "rotate_half", "rotate_pairs", "sam_rel_pos",
     "sincos_positions", "use_rules", "window_partition", "window_unpartition",
 ]

@@ -130,3 +130,23 @@ def use_rules(rules: Rules) -> Iterator[Rules]:
         _rules.reset(token)
 
 
+
+
+_checkpointed: ContextVar[bool] = ContextVar("vit_checkpointed_blocks", default=False)
+
+
+def checkpointing_blocks() -> bool:
+    """Whether ``ViT.run_blocks`` checkpoints each block here (``checkpointed_blocks``); never when compiling."""
+    return not torch.compiler.is_compiling() and _checkpointed.get()
+
+
+@contextlib.contextmanager
+def checkpointed_blocks() -> Iterator[None]:
+    """Every ``ViT`` forward under autograd in this ``with`` block (in this thread) keeps each block's input alone
+    and runs the block again in the backward (``torch.utils.checkpoint``, under the rules current at the forward):
+    one block's graph at a time, the same gradients. A relevance method past its memory bound (AttnLRP) runs so."""
+    token = _checkpointed.set(True)
+    try:
+        yield
+    finally:
+        _checkpointed.reset(token)

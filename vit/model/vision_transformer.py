@@ -10,12 +10,13 @@ from functools import partial
 
 import torch
 import torch.nn.functional as F
+import torch.utils.checkpoint
 from torch import nn
 
 from vit import bounds
 from vit.model.blocks import AttentionPool, AttentionVariant, Block, Parent, Projector, make_norm
 from vit.model.config import ViTConfig
-from vit.model.hooks import Hook, HookPoint, _hooks
+from vit.model.hooks import Hook, HookPoint, _hooks, checkpointing_blocks, current_rules, use_rules
 from vit.model.layouts import RelativePositionBias, clip_grid, folded_grid
 from vit.model.positions import (
     dinov3_rope,
@@ -371,10 +372,16 @@ class ViT(Parent):
             layouts = self.layer_layouts(grid)  # also the sizes that work, before any block runs
             layouts = layouts[start % len(self.blocks):]  # (a negative start counts from the end, as the slice does)
             grid = ((grid,) + self.layer_grids(grid))[start % len(self.blocks)]  # the grid of block start's input
+        call = _call
+        if checkpointing_blocks() and torch.is_grad_enabled():  # each block again in the backward, under this
+            rules = current_rules()  # forward's rules (AttnLRP's): one block's graph held at a time
+            call = partial(torch.utils.checkpoint.checkpoint, use_reentrant=False,
+                           context_fn=lambda: (contextlib.nullcontext(), use_rules(rules)))
         for i, block in enumerate(blocks):
             last = i == len(blocks) - 1
-            x, probs = block(x, output_attentions, rope, queries if last else None, grid, shared, key_mask=key_mask,
-                             layout=None if layouts is None else layouts[i], variant=variant if last else None)
+            x, probs = call(block, x, output_attentions, rope, queries if last else None, grid, shared,
+                            key_mask=key_mask, layout=None if layouts is None else layouts[i],
+                            variant=variant if last else None)
             grid = None if grid is None else block.grid_after(grid)
             attentions.append(probs)
         return x, tuple(attentions) if output_attentions else None
@@ -483,6 +490,11 @@ class ViT(Parent):
         (B, nh, T, T)) or None."""
         x, attentions = self.tokens(images, output_attentions)
         return self.classify(x), attentions
+
+
+def _call(function: Callable, *args, **kwargs):
+    """``function(*args, **kwargs)``: a block run as it is (``torch.utils.checkpoint.checkpoint``'s signature)."""
+    return function(*args, **kwargs)
 
 
 def _init_weights(module: nn.Module) -> None:
