@@ -30,6 +30,16 @@ GRAPH_PER_HIDDEN, GRAPH_PER_MLP = 6, 1
 # The same through a model with stages, per explained layer: its windows' probabilities, their gradient and
 # autograd's copy; its activations in the graph. Measured: Swin, Swin V2 and Hiera at 1,024 to 4,096 patches.
 STAGE_PROBS_COPIES, STAGE_GRAPH_PER_HIDDEN = 4, 12
+# LeGrad's explained blocks (``relevance.legrad``), in copies of the stream per token, over each explained block's
+# input kept: one block run again over every token up to its heads' contexts, without a graph (``hook_z`` is the
+# leaf: its norm, q, k and v, the context and what the hooks keep); a later layer's contexts, values, gradient and
+# output still held while the next one runs (more where the read-out reads every token); where the classifier reads
+# every token (average pooling, DINOv2's CLS and mean), the graph from the contexts on, its MLP's hidden width three
+# times (fc1's output, the activation's, their gradient). Measured (tests/test_costs.py's 64-wide ViT and DINOv2
+# with registers, the MLP 2 and 6 times as wide, 1 and 2 explained layers of 2 and 3, 2,305 to 6,405 tokens):
+# 9 and 13 (CLS), 21 to 38 (every token) copies a token, where this counts 10 to 14 and 23 to 42.
+LEGRAD_BLOCK_COPIES, LEGRAD_HELD_CLS, LEGRAD_HELD_ALL = 9, 3, 6
+LEGRAD_GRAPH_PER_HIDDEN, LEGRAD_GRAPH_PER_MLP = 7, 3
 # A model with a logit bias (BEiT) runs its explained blocks' attention explicitly, the bias whole in the graph:
 # its scores, bias and probabilities, ``H x T²`` each. Measured: 347 MB for a 2-head BEiT's LeGrad at 4,096 tokens.
 BIAS_GRAPH_COPIES = 3
@@ -78,6 +88,26 @@ def gradient_bytes(num_layers: int, hidden_size: int, mlp_size: int, tokens: int
     per_token = (num_layers + 1 + (num_layers if contexts else 0) + GRAPH_PER_HIDDEN) * hidden_size
     bias = 4 * BIAS_GRAPH_COPIES * bias_heads * tokens * tokens
     return 4 * tokens * (per_token + GRAPH_PER_MLP * mlp_size) + budget + bias
+
+
+def legrad_bytes(model, grid: tuple[int, int], start_layer: int = -2, device_type: str = "cpu") -> int:
+    """Bytes LeGrad holds at once for one image on patch ``grid`` (``relevance.legrad``, a model without stages),
+    the larger of its two phases: the forward without a graph up to its last block (``forward_bytes``) beside the
+    explained blocks' inputs it has kept so far; then each explained block run again from its input, the last first
+    (``LEGRAD_*``), then a chunk of its attention's gradient rows (the read-out's queries against every key)."""
+    config = model.config
+    L, T, D, M = config.num_layers, model.num_prefix_tokens + grid[0] * grid[1], config.hidden_size, config.mlp_size
+    explained = len(range(L)[start_layer:])
+    reads = model.readout_tokens() if hasattr(model, "readout_tokens") else 1
+    queries = T if reads is None else reads
+    forward = forward_bytes(model, grid) + 4 * (explained - 1) * T * D
+    held = (LEGRAD_HELD_ALL if reads is None else LEGRAD_HELD_CLS) if explained > 1 else 0
+    graph = LEGRAD_GRAPH_PER_HIDDEN * D + LEGRAD_GRAPH_PER_MLP * M if reads is None else 0
+    chunk = min(attention_chunk(config, config.num_heads, T, device_type),
+                4 * CHUNK_COPIES * config.num_heads * queries * T)
+    # the chunks of the gradient's rows are formed after the block's run: in its freed work, the larger counts
+    backward = 4 * T * ((explained + held) * D + graph) + max(4 * T * LEGRAD_BLOCK_COPIES * D, chunk)
+    return max(forward, backward)
 
 
 def largest_tokens(limit: int, per_token: int, per_token_squared: int) -> int:

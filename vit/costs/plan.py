@@ -191,7 +191,21 @@ def legrad(model, grid: tuple[int, int], start_layer: int = -2) -> Cost:
     """LeGrad: in chunks (never a whole layer's attention or gradient), or through a model's stages."""
     if model.config.stage_depths:
         return stage_gradient(model, grid, start_layer)
-    return chunked_gradient(model, grid, "LeGrad", contexts=False)
+    config, device = model.config, _device(model)
+    need = memory.legrad_bytes(model, grid, start_layer, device)
+
+    def refuse(need: int, limit: int) -> TooManyTokens:
+        low, high = 1, max(grid)  # the largest square grid within the limit (the bytes grow with the tokens)
+        while low < high:
+            middle = (low + high + 1) // 2
+            low, high = (middle, high) if memory.legrad_bytes(model, (middle, middle), start_layer,
+                                                              device) <= limit else (low, middle - 1)
+        side = largest_square_side(config.patch_size, low * low)
+        return TooManyTokens(f"LeGrad keeps its explained layers' inputs and one block's work: about "
+                             f"{need / MB:,.0f} MB at {_tokens(model, grid):,} tokens, over the {limit / MB:,.0f} MB "
+                             f"limit ({ANALYSIS_MEMORY_ENV}); the largest square input that fits is {side} px. "
+                             "Choose a smaller input size, or another map.")
+    return _cost("legrad", model, grid, {"the explained layers' inputs, a block's work, a chunk": need}, refuse)
 
 
 def flow(model, grid: tuple[int, int], max_flow_tokens: int) -> Cost:
