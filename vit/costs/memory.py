@@ -22,11 +22,12 @@ HALF_PRECISION_TOKENS = 1024  # rollout factors above this many tokens are kept 
 # their per-head copies), the context, its projection and the residual; the MLP's hidden width once (its activation
 # runs in place), twice where it is gated. Measured: ViT, DINOv2, SigLIP at 1,024 to 4,096 tokens.
 BLOCK_COPIES = 8
-# One block's forward graph and its backward, in floats per token per hidden unit and per MLP unit: its norms,
-# qkv, contexts, projections and MLP. ViT-B/16 at 1,024 px measured 260 MB (LeGrad) and 340 MB (context
-# gradients) of working memory besides the hidden states, context gradients and chunks; a 64-wide model 2.4 KB a
-# token (LeGrad at 4,096 tokens). This model says 290 MB and 3 KB.
-GRAPH_PER_HIDDEN, GRAPH_PER_MLP = 6, 1
+# One block's forward graph and its backward over every token (``LayerInputs.context_gradients``: its input needs a
+# gradient), in floats per token per hidden unit and per MLP unit: its norms, qkv, the fused attention's backward,
+# projections and MLP. Measured (tests/test_costs.py's 64-wide ViT, the MLP 2 and 6 times as wide, 2 and 3 layers,
+# 1,025 to 6,401 tokens, after a first gradient pass, which costs ~40 MB once a process): 20 and 2 besides the
+# context gradients; one more of the stream for the measure's noise. ViT-B/16 at 1,024 px measured 340 MB (27.6).
+GRAPH_PER_HIDDEN, GRAPH_PER_MLP = 21, 2
 # The same through a model with stages, per explained layer: its windows' probabilities, their gradient and
 # autograd's copy; its activations in the graph. Measured: Swin, Swin V2 and Hiera at 1,024 to 4,096 patches.
 STAGE_PROBS_COPIES, STAGE_GRAPH_PER_HIDDEN = 4, 12
@@ -262,7 +263,14 @@ def analysis_parts(model, grid: tuple[int, int], device_type: str = "cpu",
         # the rollout's factor rows (a quarter more). Measured: a 32-layer tower 320 wide at 3,136 tokens, 96 MB
         # over its states while its rollout ran, where the chunk alone counted 64 (SAM's, without rotary copies,
         # stays within its chunk: tests/test_costs.py).
-        chunk = chunk + chunk // 4 + 4 * 6 * T * D
+        # While the factors are kept (``factors_fit``), each is formed from such chunks (their scores' three copies
+        # in three quarters of the budget), then read back one at a time in float32: the larger of the two, not
+        # both. Measured: tests/test_costs.py's 64-wide tower, 38 MB over its three factors at 2,304 tokens (the
+        # chunk), 64 at 4,096 (the float32 factor), where chunk and factor together counted 101 and 145.
+        if rollout:
+            rollout, chunk = L * factor + max(4 * T * T, chunk * 3 // 4), 0
+        else:
+            chunk = chunk + chunk // 4 + 4 * 6 * T * D
     states = "hidden states" if every == 1 else f"hidden states every {every} layers and one segment between them"
     return {states: hidden, "queries and keys kept": kept,
             "the forward's costliest block, or the rollout's factors and a chunk":

@@ -145,9 +145,11 @@ def chunked_gradient(model, grid: tuple[int, int], what: str, contexts: bool) ->
     every layer's context gradient): ``memory.gradient_bytes``."""
     config, tokens = model.config, _tokens(model, grid)
     device = _device(model)
-    # LeGrad's chunks are the device's (a CPU's cache-sized ones); the context gradients' rollout row takes the budget
-    budget = memory.CHUNK_BYTES if contexts else min(
-        memory.CHUNK_BYTES, memory.attention_chunk(config, config.num_heads, tokens, device))
+    # The context gradients' rollout row (``LayerInputs.gradient_rollout_row``) forms an attention chunk and its
+    # gradient's: half the budget each on a GPU, a core's cache-sized ones on a CPU
+    budget = memory.CHUNK_BYTES if device != "cpu" else 2 * memory.FAST_CHUNK_BYTES * memory.CHUNK_COPIES
+    if not contexts:
+        budget = min(memory.CHUNK_BYTES, memory.attention_chunk(config, config.num_heads, tokens, device))
     bias = config.num_heads if memory.has_logit_bias(config) else 0
     need = memory.gradient_bytes(config.num_layers, config.hidden_size, config.mlp_size, tokens, contexts,
                                  budget, bias)
