@@ -52,14 +52,23 @@ def has_logit_bias(config) -> bool:
     return getattr(config, "rel_pos", "none") in ("beit", "beit_shared", "sam")
 
 
-def bias_chunk_bytes(num_heads: int, tokens: int) -> int:
-    """Bytes of the logit bias a forward forms at once over ``tokens`` keys: one query chunk of its rows (``heads x
-    rows x T`` float32, at most ``bounds.BIAS_CHUNK_BYTES``; the whole ``heads x T²`` is never formed,
-    ``Attention.forward``) and their int32 BEiT index (``rows x T``)."""
+def bias_chunk_bytes(num_heads: int, tokens: int, index_bytes: int = 8) -> int:
+    """Bytes of the logit bias a forward forms at once over ``tokens`` keys (``blocks.add_bias_rows``,
+    ``fused_attention``): one query chunk of its rows (``heads x rows x T`` float32, at most
+    ``bounds.BIAS_CHUNK_BYTES``; the whole ``heads x T²`` is never formed) beside ``index_bytes`` a query-key pair
+    for gathering them from a table (BEiT's int32 index and what the gather through it holds: 8 measured, 137 MB
+    for a 2-head BEiT at 4,096 tokens, a 64 MB chunk and 64 MB beside it, not split further; SAM's decomposed
+    positions have no index, 0)."""
     if tokens <= 0:
         return 0
     rows = min(tokens, max(1, BIAS_CHUNK_BYTES // (num_heads * tokens * 4)))
-    return (num_heads + 1) * rows * tokens * 4
+    return (4 * num_heads + index_bytes) * rows * tokens
+
+
+def bias_chunk_most(num_heads: int, index_bytes: int = 8) -> int:
+    """The most ``bias_chunk_bytes`` holds beyond a row a token, at any number of tokens: ``BIAS_CHUNK_BYTES`` of
+    rows and the index beside them (for refusals that name the largest input that fits)."""
+    return BIAS_CHUNK_BYTES * (4 * num_heads + index_bytes) // (4 * num_heads)
 
 
 def analysis_memory(num_layers: int, num_heads: int, hidden_size: int, tokens: int,
@@ -157,15 +166,10 @@ def pass_bytes(config, tokens: int, copies: int) -> int:
 
 
 def logit_bias_chunk(config, num_heads: int, tokens: int) -> int:
-    """Bytes of the bias rows a forward forms at once over ``tokens`` keys (``blocks.add_bias_rows``,
-    ``fused_attention``): a query chunk of at most ``BIAS_CHUNK_BYTES`` float32 rows, beside BEiT's int64 index of
-    the table for those rows (SAM's decomposed positions have none). Measured: 137 MB for a 2-head BEiT at 4,096
-    tokens, a 64 MB chunk and its 64 MB index."""
-    if not has_logit_bias(config) or tokens <= 0:
+    """``bias_chunk_bytes`` of a model with a logit bias (``has_logit_bias``; BEiT's with its index), else 0."""
+    if not has_logit_bias(config):
         return 0
-    rows = min(tokens, max(1, BIAS_CHUNK_BYTES // (num_heads * tokens * 4)))
-    index = 8 * rows * tokens if config.rel_pos in ("beit", "beit_shared") else 0
-    return 4 * num_heads * rows * tokens + index
+    return bias_chunk_bytes(num_heads, tokens, 8 if config.rel_pos in ("beit", "beit_shared") else 0)
 
 
 def block_bytes(model, layer: int, tokens: int) -> int:
@@ -193,6 +197,21 @@ def forward_bytes(model, grid: tuple[int, int]) -> int:
     layouts = model.layer_layouts(grid) if getattr(model.config, "stage_depths", ()) else None
     return input_bytes(model, grid) + max(block_bytes(model, i, tokens if layouts is None else layouts[i].num_tokens)
                         for i in range(model.config.num_layers))
+
+
+def attentions_bytes(model, grid: tuple[int, int]) -> int:
+    """Bytes of every layer's attention a forward returns for one image on patch ``grid`` (``output_attentions``:
+    ``vit.explain.dataset.image_summaries`` reads them all after the forward), float32: each layer's ``H x T²``, or
+    its windows' ``H x windows x queries x keys``, beside the costliest layer's scores as its probabilities are
+    formed (the explicit path)."""
+    prefix, layers = model.num_prefix_tokens, []
+    for lay, block in zip(model.layer_layouts(grid), model.blocks, strict=True):
+        windows, queries = lay.window_tokens().shape
+        keys = lay.key_tokens().shape[1]
+        if windows == 1:  # a global layer: the prefix tokens too
+            queries, keys = queries + prefix, keys + prefix
+        layers.append(4 * block.attn.num_heads * windows * queries * keys)
+    return sum(layers) + max(layers)
 
 
 def input_bytes(model, grid: tuple[int, int], resized: bool = False) -> int:

@@ -223,17 +223,21 @@ def flow(model, grid: tuple[int, int], max_flow_tokens: int) -> Cost:
     return _cost("flow", model, grid, {"tokens (max-flow problems)": tokens}, refuse, limit=max_flow_tokens)
 
 
-def forward(model, grid: tuple[int, int], what: str = "This input") -> Cost:
+def forward(model, grid: tuple[int, int], what: str = "This input", attentions: bool = False) -> Cost:
     """One image's forward without a graph (``vit.predict``, ``vit.analyze``, an SAE's harvest): its costliest
-    block (``memory.forward_bytes``) and what its attention layouts form at once (``bounds.layout_memory``)."""
+    block (``memory.forward_bytes``) and what its attention layouts form at once (``bounds.layout_memory``); with
+    ``attentions``, every layer's attention it returns (``memory.attentions_bytes``: the dataset analysis's)."""
     layouts = bounds.layout_memory(model, grid)
     parts = {"the costliest block and the input": memory.forward_bytes(model, grid),
              f"layer {layouts.layer}'s {layouts.why or 'layout'}": layouts.peak}
+    if attentions:
+        parts["every layer's attention, returned"] = memory.attentions_bytes(model, grid)
 
     def refuse(need: int, limit: int) -> TooManyTokens:
         gh, gw = grid
+        returned = " with every layer's attention" if attentions else ""
         return TooManyTokens(f"{what} ({gh}×{gw} patches) needs about {need / MB:,.0f} MB at once for one image's "
-                             f"forward, {layouts.peak / MB:,.0f} MB of it for layer {layouts.layer}'s "
+                             f"forward{returned}, {layouts.peak / MB:,.0f} MB of it for layer {layouts.layer}'s "
                              f"{layouts.why or 'attention'}, over the {limit / MB:,.0f} MB limit per image "
                              f"({ANALYSIS_MEMORY_ENV}). Choose a smaller input size, or raise {ANALYSIS_MEMORY_ENV}.")
     return _cost("forward", model, grid, parts, refuse)
