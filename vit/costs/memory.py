@@ -41,8 +41,9 @@ STAGE_PROBS_COPIES, STAGE_GRAPH_PER_HIDDEN = 4, 12
 # 9 and 13 (CLS), 21 to 38 (every token) copies a token, where this counts 10 to 14 and 23 to 42.
 LEGRAD_BLOCK_COPIES, LEGRAD_HELD_CLS, LEGRAD_HELD_ALL = 9, 3, 6
 LEGRAD_GRAPH_PER_HIDDEN, LEGRAD_GRAPH_PER_MLP = 7, 3
-# A model with a logit bias (BEiT) runs its explained blocks' attention explicitly, the bias whole in the graph:
-# its scores, bias and probabilities, ``H x T²`` each. Measured: 347 MB for a 2-head BEiT's LeGrad at 4,096 tokens.
+# A model with a logit bias (BEiT) in a block's graph over every token (the class map's path in chunks, which refuses
+# such a model today): the bias whole in the graph, its scores, bias and probabilities, ``H x T²`` each. Measured
+# when LeGrad's block re-run still had a graph before its contexts: 347 MB for a 2-head BEiT at 4,096 tokens.
 BIAS_GRAPH_COPIES = 3
 
 
@@ -91,7 +92,7 @@ def whole_gradient_bytes(config, tokens: int, layers: int | None = None) -> int:
 
 def gradient_bytes(num_layers: int, hidden_size: int, mlp_size: int, tokens: int, contexts: bool,
                    budget: int = CHUNK_BYTES, bias_heads: int = 0) -> int:
-    """The memory model of a chunked gradient method (``relevance.legrad``, ``context_gradients``): hidden
+    """The class map's gradient in chunks (``context_gradients``; LeGrad's is ``legrad_bytes``): hidden
     states ``(L + 1) x T x D``, with ``contexts`` every layer's context gradient (``L x T x D``), one block's graph
     forward and backward, and one chunk (of an attention and its gradient: ``budget``); with ``bias_heads`` (a
     logit bias's heads) a block's explicit attention and its bias in the graph (``BIAS_GRAPH_COPIES``)."""
