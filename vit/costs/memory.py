@@ -113,11 +113,16 @@ def legrad_bytes(model, grid: tuple[int, int], start_layer: int = -2, device_typ
     queries = T if reads is None else reads
     forward = forward_bytes(model, grid) + 4 * (explained - 1) * T * D
     held = (LEGRAD_HELD_ALL if reads is None else LEGRAD_HELD_CLS) if explained > 1 else 0
-    graph = LEGRAD_GRAPH_PER_HIDDEN * D + LEGRAD_GRAPH_PER_MLP * M if reads is None else 0
+    # A gated MLP (SwiGLU) keeps two branches and their product: counted twice (a guess, not measured)
+    mlp = LEGRAD_GRAPH_PER_MLP * M * (2 if getattr(config, "gated_mlp", False) else 1)
+    graph = LEGRAD_GRAPH_PER_HIDDEN * D + mlp if reads is None else 0
     chunk = min(attention_chunk(config, config.num_heads, T, device_type),
                 4 * CHUNK_COPIES * config.num_heads * queries * T)
-    # the chunks of the gradient's rows are formed after the block's run: in its freed work, the larger counts
-    backward = 4 * T * ((explained + held) * D + graph) + max(4 * T * LEGRAD_BLOCK_COPIES * D, chunk)
+    # The block's run up to its contexts, with rotary positions' copies of q and k and a logit bias's query chunk as
+    # a forward's (``block_bytes``); the chunks of the gradient's rows are formed after it, in its freed work
+    streams = LEGRAD_BLOCK_COPIES + (2 if getattr(config, "rope", "none") != "none" else 0)
+    block = 4 * T * streams * D + logit_bias_chunk(config, config.num_heads, T)
+    backward = 4 * T * ((explained + held) * D + graph) + max(block, chunk)
     return max(forward, backward)
 
 
