@@ -206,9 +206,9 @@ def test_chunked_gradient_maps_past_the_memory_limit_are_refused_up_front_with_t
 
     torch.manual_seed(0)
     checkpoint = Checkpoint(ViT(REGISTERS).eval(), ["a", "b", "c"], Preprocessing.default_for(REGISTERS))
-    monkeypatch.setattr(costs_memory, "CHUNK_BYTES", 0)  # the token terms alone, to size the limit by hand
-    per_token = gradient_bytes(3, 24, 48, 1, contexts=False, budget=0)
-    monkeypatch.setenv("VIT_ANALYSIS_MEMORY_MB", str(per_token * 12 / 2**20))  # 12 tokens: 9 patches, 3 x 3
+    # LeGrad's bytes at a 3 x 3 grid (12 tokens) as the limit: a 4 x 4 grid is over it, 3 x 3 (12 px) the largest
+    limit = costs_memory.legrad_bytes(checkpoint.model, (3, 3), -2)
+    monkeypatch.setenv("VIT_ANALYSIS_MEMORY_MB", str(limit / 2**20))
     with pytest.raises(TooManyTokens, match="LeGrad .* the largest square input that fits is 12 px"):
         method_maps.model_method_map(checkpoint, Image.new("RGB", (16, 16)), "legrad", 0)
     assert gradient_bytes(3, 24, 48, 19, True, CHUNK_BYTES) > gradient_bytes(3, 24, 48, 19, False, CHUNK_BYTES)

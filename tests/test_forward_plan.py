@@ -116,3 +116,27 @@ def test_sae_train_refuses_before_any_block_locally_and_in_its_ray_worker(over_t
     assert str(refused.value).startswith("vit.sae: error:") and "one image's forward" in str(refused.value)
     assert "\n" not in str(refused.value)
     assert not blocks_run and not (tmp_path / "sae" / "last.pt").exists()
+
+
+def test_the_dataset_analysis_counts_every_layers_attention_it_reads_and_asks_once(tmp_path, monkeypatch):
+    """``vit.analyze``'s forward returns every layer's attention (``output_attentions``) for the summaries: 2 layers x
+    2 heads x 65² float32, and the costliest layer's scores beside its probabilities, 3 x 33,800 bytes; an input
+    whose forward alone fits but not with them is refused, and the command asks the cost model once."""
+    from vit import analyze
+    from vit.explain import dataset
+
+    torch.manual_seed(0)
+    model = ViT(CONFIG).eval()
+    grid = model.patch_grid(32, 32)
+    alone, returned = plan.forward(model, grid), plan.forward(model, grid, attentions=True)
+    assert returned.memory - alone.memory == 3 * 2 * 65 ** 2 * 4
+    path = save_checkpoint(tmp_path / "tiny.pt", model, ["cat", "dog"], Preprocessing(32, 3, (0.5,) * 3, (0.5,) * 3))
+    data = make_image_folder(tmp_path / "data", per_class=2, size=32)
+    monkeypatch.setenv("VIT_ANALYSIS_MEMORY_MB", str((alone.memory + returned.memory) / 2 / 2**20))
+    with pytest.raises(plan.TooManyTokens, match="one image's forward with every layer's attention"):
+        dataset.check_forward_fits(load_checkpoint(path))
+    monkeypatch.setenv("VIT_ANALYSIS_MEMORY_MB", str(returned.memory / 2**20))
+    asked, forward = [], plan.forward
+    monkeypatch.setattr(plan, "forward", lambda *args, **kwargs: asked.append(1) or forward(*args, **kwargs))
+    assert analyze.main([str(path), "--data", str(data), "--out", str(tmp_path / "out")]) == 0
+    assert len(asked) == 1

@@ -70,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from vit.evaluate import labelled_files
-    from vit.explain.dataset import analyze_files, check_forward_fits, sample_files, write_outputs
+    from vit.explain.dataset import check_forward_fits, sample_files, summarize_files, write_outputs
     from vit.predict import UsageError, open_checkpoint, resolve_device
 
     if (args.pca_layer is not None or args.pca_joint) and not args.pca:
@@ -115,8 +115,8 @@ def run(args: argparse.Namespace) -> int:
                                           args.mechanism, args.norm_threshold, args.workers, args.device,
                                           progress=lambda done, total: bar.update(done - bar.n))
         else:
-            analysis = analyze_files(checkpoint, files, args.batch_size, args.top_mistakes,
-                                     progress=lambda done, total: bar.update(1))
+            analysis = summarize_files(checkpoint, files, args.batch_size, args.top_mistakes,  # asked above
+                                       progress=lambda done, total: bar.update(1))
     except ValueError as e:
         raise UsageError(str(e)) from None
     finally:

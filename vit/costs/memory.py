@@ -22,16 +22,28 @@ HALF_PRECISION_TOKENS = 1024  # rollout factors above this many tokens are kept 
 # their per-head copies), the context, its projection and the residual; the MLP's hidden width once (its activation
 # runs in place), twice where it is gated. Measured: ViT, DINOv2, SigLIP at 1,024 to 4,096 tokens.
 BLOCK_COPIES = 8
-# One block's forward graph and its backward, in floats per token per hidden unit and per MLP unit: its norms,
-# qkv, contexts, projections and MLP. ViT-B/16 at 1,024 px measured 260 MB (LeGrad) and 340 MB (context
-# gradients) of working memory besides the hidden states, context gradients and chunks; a 64-wide model 2.4 KB a
-# token (LeGrad at 4,096 tokens). This model says 290 MB and 3 KB.
-GRAPH_PER_HIDDEN, GRAPH_PER_MLP = 6, 1
+# One block's forward graph and its backward over every token (``LayerInputs.context_gradients``: its input needs a
+# gradient), in floats per token per hidden unit and per MLP unit: its norms, qkv, the fused attention's backward,
+# projections and MLP. Measured (tests/test_costs.py's 64-wide ViT, the MLP 2 and 6 times as wide, 2 and 3 layers,
+# 1,025 to 6,401 tokens, after a first gradient pass, which costs ~40 MB once a process): 20 and 2 besides the
+# context gradients; one more of the stream for the measure's noise. ViT-B/16 at 1,024 px measured 340 MB (27.6).
+GRAPH_PER_HIDDEN, GRAPH_PER_MLP = 21, 2
 # The same through a model with stages, per explained layer: its windows' probabilities, their gradient and
 # autograd's copy; its activations in the graph. Measured: Swin, Swin V2 and Hiera at 1,024 to 4,096 patches.
 STAGE_PROBS_COPIES, STAGE_GRAPH_PER_HIDDEN = 4, 12
-# A model with a logit bias (BEiT) runs its explained blocks' attention explicitly, the bias whole in the graph:
-# its scores, bias and probabilities, ``H x T²`` each. Measured: 347 MB for a 2-head BEiT's LeGrad at 4,096 tokens.
+# LeGrad's explained blocks (``relevance.legrad``), in copies of the stream per token, over each explained block's
+# input kept: one block run again over every token up to its heads' contexts, without a graph (``hook_z`` is the
+# leaf: its norm, q, k and v, the context and what the hooks keep); a later layer's contexts, values, gradient and
+# output still held while the next one runs (more where the read-out reads every token); where the classifier reads
+# every token (average pooling, DINOv2's CLS and mean), the graph from the contexts on, its MLP's hidden width three
+# times (fc1's output, the activation's, their gradient). Measured (tests/test_costs.py's 64-wide ViT and DINOv2
+# with registers, the MLP 2 and 6 times as wide, 1 and 2 explained layers of 2 and 3, 2,305 to 6,405 tokens):
+# 9 and 13 (CLS), 21 to 38 (every token) copies a token, where this counts 10 to 14 and 23 to 42.
+LEGRAD_BLOCK_COPIES, LEGRAD_HELD_CLS, LEGRAD_HELD_ALL = 9, 3, 6
+LEGRAD_GRAPH_PER_HIDDEN, LEGRAD_GRAPH_PER_MLP = 7, 3
+# A model with a logit bias (BEiT) in a block's graph over every token (the class map's path in chunks, which refuses
+# such a model today): the bias whole in the graph, its scores, bias and probabilities, ``H x T²`` each. Measured
+# when LeGrad's block re-run still had a graph before its contexts: 347 MB for a 2-head BEiT at 4,096 tokens.
 BIAS_GRAPH_COPIES = 3
 
 
@@ -41,14 +53,23 @@ def has_logit_bias(config) -> bool:
     return getattr(config, "rel_pos", "none") in ("beit", "beit_shared", "sam")
 
 
-def bias_chunk_bytes(num_heads: int, tokens: int) -> int:
-    """Bytes of the logit bias a forward forms at once over ``tokens`` keys: one query chunk of its rows (``heads x
-    rows x T`` float32, at most ``bounds.BIAS_CHUNK_BYTES``; the whole ``heads x T²`` is never formed,
-    ``Attention.forward``) and their int32 BEiT index (``rows x T``)."""
+def bias_chunk_bytes(num_heads: int, tokens: int, index_bytes: int = 8) -> int:
+    """Bytes of the logit bias a forward forms at once over ``tokens`` keys (``blocks.add_bias_rows``,
+    ``fused_attention``): one query chunk of its rows (``heads x rows x T`` float32, at most
+    ``bounds.BIAS_CHUNK_BYTES``; the whole ``heads x T²`` is never formed) beside ``index_bytes`` a query-key pair
+    for gathering them from a table (BEiT's int32 index and what the gather through it holds: 8 measured, 137 MB
+    for a 2-head BEiT at 4,096 tokens, a 64 MB chunk and 64 MB beside it, not split further; SAM's decomposed
+    positions have no index, 0)."""
     if tokens <= 0:
         return 0
     rows = min(tokens, max(1, BIAS_CHUNK_BYTES // (num_heads * tokens * 4)))
-    return (num_heads + 1) * rows * tokens * 4
+    return (4 * num_heads + index_bytes) * rows * tokens
+
+
+def bias_chunk_most(num_heads: int, index_bytes: int = 8) -> int:
+    """The most ``bias_chunk_bytes`` holds beyond a row a token, at any number of tokens: ``BIAS_CHUNK_BYTES`` of
+    rows and the index beside them (for refusals that name the largest input that fits)."""
+    return BIAS_CHUNK_BYTES * (4 * num_heads + index_bytes) // (4 * num_heads)
 
 
 def analysis_memory(num_layers: int, num_heads: int, hidden_size: int, tokens: int,
@@ -100,13 +121,38 @@ def checkpointed_gradient_bytes(model, grid: tuple[int, int]) -> int:
 
 def gradient_bytes(num_layers: int, hidden_size: int, mlp_size: int, tokens: int, contexts: bool,
                    budget: int = CHUNK_BYTES, bias_heads: int = 0) -> int:
-    """The memory model of a chunked gradient method (``relevance.legrad``, ``context_gradients``): hidden
+    """The class map's gradient in chunks (``context_gradients``; LeGrad's is ``legrad_bytes``): hidden
     states ``(L + 1) x T x D``, with ``contexts`` every layer's context gradient (``L x T x D``), one block's graph
     forward and backward, and one chunk (of an attention and its gradient: ``budget``); with ``bias_heads`` (a
     logit bias's heads) a block's explicit attention and its bias in the graph (``BIAS_GRAPH_COPIES``)."""
     per_token = (num_layers + 1 + (num_layers if contexts else 0) + GRAPH_PER_HIDDEN) * hidden_size
     bias = 4 * BIAS_GRAPH_COPIES * bias_heads * tokens * tokens
     return 4 * tokens * (per_token + GRAPH_PER_MLP * mlp_size) + budget + bias
+
+
+def legrad_bytes(model, grid: tuple[int, int], start_layer: int = -2, device_type: str = "cpu") -> int:
+    """Bytes LeGrad holds at once for one image on patch ``grid`` (``relevance.legrad``, a model without stages),
+    the larger of its two phases: the forward without a graph up to its last block (``forward_bytes``) beside the
+    explained blocks' inputs it has kept so far; then each explained block run again from its input, the last first
+    (``LEGRAD_*``), then a chunk of its attention's gradient rows (the read-out's queries against every key)."""
+    config = model.config
+    L, T, D, M = config.num_layers, model.num_prefix_tokens + grid[0] * grid[1], config.hidden_size, config.mlp_size
+    explained = len(range(L)[start_layer:])
+    reads = model.readout_tokens() if hasattr(model, "readout_tokens") else 1
+    queries = T if reads is None else reads
+    forward = forward_bytes(model, grid) + 4 * (explained - 1) * T * D
+    held = (LEGRAD_HELD_ALL if reads is None else LEGRAD_HELD_CLS) if explained > 1 else 0
+    # A gated MLP (SwiGLU) keeps two branches and their product: counted twice (a guess, not measured)
+    mlp = LEGRAD_GRAPH_PER_MLP * M * (2 if getattr(config, "gated_mlp", False) else 1)
+    graph = LEGRAD_GRAPH_PER_HIDDEN * D + mlp if reads is None else 0
+    chunk = min(attention_chunk(config, config.num_heads, T, device_type),
+                4 * CHUNK_COPIES * config.num_heads * queries * T)
+    # The block's run up to its contexts, with rotary positions' copies of q and k and a logit bias's query chunk as
+    # a forward's (``block_bytes``); the chunks of the gradient's rows are formed after it, in its freed work
+    streams = LEGRAD_BLOCK_COPIES + (2 if getattr(config, "rope", "none") != "none" else 0)
+    block = 4 * T * streams * D + logit_bias_chunk(config, config.num_heads, T)
+    backward = 4 * T * ((explained + held) * D + graph) + max(block, chunk)
+    return max(forward, backward)
 
 
 def largest_tokens(limit: int, per_token: int, per_token_squared: int) -> int:
@@ -155,15 +201,10 @@ def pass_bytes(config, tokens: int, copies: int) -> int:
 
 
 def logit_bias_chunk(config, num_heads: int, tokens: int) -> int:
-    """Bytes of the bias rows a forward forms at once over ``tokens`` keys (``blocks.add_bias_rows``,
-    ``fused_attention``): a query chunk of at most ``BIAS_CHUNK_BYTES`` float32 rows, beside BEiT's int64 index of
-    the table for those rows (SAM's decomposed positions have none). Measured: 137 MB for a 2-head BEiT at 4,096
-    tokens, a 64 MB chunk and its 64 MB index."""
-    if not has_logit_bias(config) or tokens <= 0:
+    """``bias_chunk_bytes`` of a model with a logit bias (``has_logit_bias``; BEiT's with its index), else 0."""
+    if not has_logit_bias(config):
         return 0
-    rows = min(tokens, max(1, BIAS_CHUNK_BYTES // (num_heads * tokens * 4)))
-    index = 8 * rows * tokens if config.rel_pos in ("beit", "beit_shared") else 0
-    return 4 * num_heads * rows * tokens + index
+    return bias_chunk_bytes(num_heads, tokens, 8 if config.rel_pos in ("beit", "beit_shared") else 0)
 
 
 def block_bytes(model, layer: int, tokens: int) -> int:
@@ -191,6 +232,21 @@ def forward_bytes(model, grid: tuple[int, int]) -> int:
     layouts = model.layer_layouts(grid) if getattr(model.config, "stage_depths", ()) else None
     return input_bytes(model, grid) + max(block_bytes(model, i, tokens if layouts is None else layouts[i].num_tokens)
                         for i in range(model.config.num_layers))
+
+
+def attentions_bytes(model, grid: tuple[int, int]) -> int:
+    """Bytes of every layer's attention a forward returns for one image on patch ``grid`` (``output_attentions``:
+    ``vit.explain.dataset.image_summaries`` reads them all after the forward), float32: each layer's ``H x T²``, or
+    its windows' ``H x windows x queries x keys``, beside the costliest layer's scores as its probabilities are
+    formed (the explicit path)."""
+    prefix, layers = model.num_prefix_tokens, []
+    for lay, block in zip(model.layer_layouts(grid), model.blocks, strict=True):
+        windows, queries = lay.window_tokens().shape
+        keys = lay.key_tokens().shape[1]
+        if windows == 1:  # a global layer: the prefix tokens too
+            queries, keys = queries + prefix, keys + prefix
+        layers.append(4 * block.attn.num_heads * windows * queries * keys)
+    return sum(layers) + max(layers)
 
 
 def input_bytes(model, grid: tuple[int, int], resized: bool = False) -> int:
@@ -261,7 +317,14 @@ def analysis_parts(model, grid: tuple[int, int], device_type: str = "cpu",
         # the rollout's factor rows (a quarter more). Measured: a 32-layer tower 320 wide at 3,136 tokens, 96 MB
         # over its states while its rollout ran, where the chunk alone counted 64 (SAM's, without rotary copies,
         # stays within its chunk: tests/test_costs.py).
-        chunk = chunk + chunk // 4 + 4 * 6 * T * D
+        # While the factors are kept (``factors_fit``), each is formed from such chunks (their scores' three copies
+        # in three quarters of the budget), then read back one at a time in float32: the larger of the two, not
+        # both. Measured: tests/test_costs.py's 64-wide tower, 38 MB over its three factors at 2,304 tokens (the
+        # chunk), 64 at 4,096 (the float32 factor), where chunk and factor together counted 101 and 145.
+        if rollout:
+            rollout, chunk = L * factor + max(4 * T * T, chunk * 3 // 4), 0
+        else:
+            chunk = chunk + chunk // 4 + 4 * 6 * T * D
     states = "hidden states" if every == 1 else f"hidden states every {every} layers and one segment between them"
     return {states: hidden, "queries and keys kept": kept,
             "the forward's costliest block, or the rollout's factors and a chunk":

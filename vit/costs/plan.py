@@ -167,24 +167,23 @@ def attnlrp(model, grid: tuple[int, int], what: str = "AttnLRP") -> Cost:
     return replace(whole, chunked=memory.checkpointed_gradient_bytes(model, grid))
 
 
-def chunked_gradient(model, grid: tuple[int, int], what: str, contexts: bool) -> Cost:
-    """A gradient method in chunks (LeGrad; the class-specific map's path in chunks with ``contexts``, which keeps
-    every layer's context gradient): ``memory.gradient_bytes``."""
+def chunked_gradient(model, grid: tuple[int, int], what: str) -> Cost:
+    """The class-specific map's path in chunks (``LayerInputs.context_gradients``, then ``gradient_rollout_row``):
+    every layer's input and context gradient, one block's graph, and the rollout row's chunks
+    (``memory.gradient_bytes``). LeGrad's is ``legrad``."""
     config, tokens = model.config, _tokens(model, grid)
-    device = _device(model)
-    # LeGrad's chunks are the device's (a CPU's cache-sized ones); the context gradients' rollout row takes the budget
-    budget = memory.CHUNK_BYTES if contexts else min(
-        memory.CHUNK_BYTES, memory.attention_chunk(config, config.num_heads, tokens, device))
+    # The rollout row forms an attention chunk and its gradient's: half the budget each on a GPU, a core's
+    # cache-sized ones on a CPU
+    budget = memory.CHUNK_BYTES if _device(model) != "cpu" else 2 * memory.FAST_CHUNK_BYTES * memory.CHUNK_COPIES
     bias = config.num_heads if memory.has_logit_bias(config) else 0
-    need = memory.gradient_bytes(config.num_layers, config.hidden_size, config.mlp_size, tokens, contexts,
-                                 budget, bias)
+    need = memory.gradient_bytes(config.num_layers, config.hidden_size, config.mlp_size, tokens, True, budget, bias)
 
     def refuse(need: int, limit: int) -> TooManyTokens:
-        per_token = memory.gradient_bytes(config.num_layers, config.hidden_size, config.mlp_size, 1, contexts, 0)
+        per_token = memory.gradient_bytes(config.num_layers, config.hidden_size, config.mlp_size, 1, True, 0)
         most = memory.largest_tokens(max(limit - budget, 0), per_token,
                                      4 * memory.BIAS_GRAPH_COPIES * bias)
         side = largest_square_side(config.patch_size, max(most - model.num_prefix_tokens, 1))
-        return TooManyTokens(f"{what} keeps every layer's input{' and gradient' if contexts else ''}: about "
+        return TooManyTokens(f"{what} keeps every layer's input and gradient: about "
                              f"{need / MB:,.0f} MB at {tokens:,} tokens, over the {limit / MB:,.0f} MB limit "
                              f"({ANALYSIS_MEMORY_ENV}); the largest square input that fits is "
                              f"{side} px. Choose a smaller input size, or another map.")
@@ -197,7 +196,7 @@ def class_map(model, grid: tuple[int, int], what: str = "The class-specific map"
     gradient. A model with stages keeps its windows (``stage_gradient``), never ``T²``."""
     if model.config.stage_depths:
         return stage_gradient(model, grid, 0, what)
-    whole, chunks = gradient(model, grid, what), chunked_gradient(model, grid, what, contexts=True)
+    whole, chunks = gradient(model, grid, what), chunked_gradient(model, grid, what)
     return Cost("class", whole.tokens, whole.memory, whole.flops, whole.limit, chunks.refuse, whole.parts,
                 chunks.memory)
 
@@ -218,7 +217,25 @@ def legrad(model, grid: tuple[int, int], start_layer: int = -2) -> Cost:
     """LeGrad: in chunks (never a whole layer's attention or gradient), or through a model's stages."""
     if model.config.stage_depths:
         return stage_gradient(model, grid, start_layer)
-    return chunked_gradient(model, grid, "LeGrad", contexts=False)
+    config, device = model.config, _device(model)
+    need = memory.legrad_bytes(model, grid, start_layer, device)
+
+    def refuse(need: int, limit: int) -> TooManyTokens:
+        low, high = 1, max(grid)  # the largest square grid within the limit (the bytes grow with the tokens)
+        while low < high:
+            middle = (low + high + 1) // 2
+            fits = (memory.legrad_bytes(model, (middle, middle), start_layer, device)
+                    + bounds.layout_memory(model, (middle, middle)).peak) <= limit
+            low, high = (middle, high) if fits else (low, middle - 1)
+        side = largest_square_side(config.patch_size, low * low)
+        return TooManyTokens(f"LeGrad keeps its explained layers' inputs and one block's work: about "
+                             f"{need / MB:,.0f} MB at {_tokens(model, grid):,} tokens, over the {limit / MB:,.0f} MB "
+                             f"limit ({ANALYSIS_MEMORY_ENV}); the largest square input that fits is {side} px. "
+                             "Choose a smaller input size, or another map.")
+    # beside what a layer's layout forms (a BEiT's bias rows and their index), as a forward's
+    return _cost("legrad", model, grid, {"the explained layers' inputs, a block's work, a chunk": need,
+                                         "the costliest layer's layout": bounds.layout_memory(model, grid).peak},
+                 refuse)
 
 
 def flow(model, grid: tuple[int, int], max_flow_tokens: int) -> Cost:
@@ -234,17 +251,21 @@ def flow(model, grid: tuple[int, int], max_flow_tokens: int) -> Cost:
     return _cost("flow", model, grid, {"tokens (max-flow problems)": tokens}, refuse, limit=max_flow_tokens)
 
 
-def forward(model, grid: tuple[int, int], what: str = "This input") -> Cost:
+def forward(model, grid: tuple[int, int], what: str = "This input", attentions: bool = False) -> Cost:
     """One image's forward without a graph (``vit.predict``, ``vit.analyze``, an SAE's harvest): its costliest
-    block (``memory.forward_bytes``) and what its attention layouts form at once (``bounds.layout_memory``)."""
+    block (``memory.forward_bytes``) and what its attention layouts form at once (``bounds.layout_memory``); with
+    ``attentions``, every layer's attention it returns (``memory.attentions_bytes``: the dataset analysis's)."""
     layouts = bounds.layout_memory(model, grid)
     parts = {"the costliest block and the input": memory.forward_bytes(model, grid),
              f"layer {layouts.layer}'s {layouts.why or 'layout'}": layouts.peak}
+    if attentions:
+        parts["every layer's attention, returned"] = memory.attentions_bytes(model, grid)
 
     def refuse(need: int, limit: int) -> TooManyTokens:
         gh, gw = grid
+        returned = " with every layer's attention" if attentions else ""
         return TooManyTokens(f"{what} ({gh}×{gw} patches) needs about {need / MB:,.0f} MB at once for one image's "
-                             f"forward, {layouts.peak / MB:,.0f} MB of it for layer {layouts.layer}'s "
+                             f"forward{returned}, {layouts.peak / MB:,.0f} MB of it for layer {layouts.layer}'s "
                              f"{layouts.why or 'attention'}, over the {limit / MB:,.0f} MB limit per image "
                              f"({ANALYSIS_MEMORY_ENV}). Choose a smaller input size, or raise {ANALYSIS_MEMORY_ENV}.")
     return _cost("forward", model, grid, parts, refuse)

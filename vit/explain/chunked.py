@@ -14,6 +14,7 @@ The rollout's CLS row (or any query's) is a row vector times each layer's factor
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Iterator, Sequence
 
 import torch
@@ -110,17 +111,21 @@ def run_block(model: nn.Module, layer: int, x: Tensor, grid: tuple[int, int] | N
               queries: int | None = None) -> tuple[Tensor, dict[str, Tensor]]:
     """Block ``layer`` on ``x`` (B, T, D) (``queries``: its first tokens only, as ``ViT.run_blocks``): its output
     and the tensors at its ``attn.hook_v`` (B, H, T, hd) and ``attn.hook_z`` (B, T or queries, H, hd) as it
-    computed them (in the autograd graph), ``hook_z`` swapped for a leaf that needs grad if ``leaf``."""
+    computed them (in the autograd graph), ``hook_z`` swapped for a leaf that needs grad if ``leaf``: then the
+    block runs without a graph up to that leaf (nothing before it is differentiated; a BEiT's bias table, a
+    parameter, would otherwise keep every bias chunk of the layer in the graph) and with one from it on."""
     kept: dict[str, Tensor] = {}
 
     def keep(t: Tensor, hook) -> Tensor:
         if leaf and hook.name.endswith("hook_z"):
+            torch.set_grad_enabled(True)  # the rest of the block in the graph (the no_grad below restores the mode)
             t = t.detach().requires_grad_(True)
         kept[hook.name.rsplit(".", 1)[1]] = t
         return t
 
     prefix = f"blocks.{layer}.attn."
-    with model.hooks([(prefix + "hook_v", keep), (prefix + "hook_z", keep)]):
+    with model.hooks([(prefix + "hook_v", keep), (prefix + "hook_z", keep)]), \
+            (torch.no_grad() if leaf else contextlib.nullcontext()):
         out, _ = model.run_blocks(x, grid, layer, layer + 1, queries=queries)
     return out, kept
 

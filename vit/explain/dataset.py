@@ -132,12 +132,14 @@ def check_one_grid(checkpoint: Checkpoint) -> None:
 
 def check_forward_fits(checkpoint: Checkpoint) -> None:
     """ValueError, before any image: ``check_one_grid``, then the cost model's answer for one image's forward at
-    the checkpoint's own size (``vit.costs.plan.forward``; ``TooManyTokens``, one line, over the memory limit per
-    image). ``vit.analyze``, the Analyse page and the Ray actors all ask it."""
+    the checkpoint's own size with every layer's attention it returns, which the summaries read
+    (``vit.costs.plan.forward``; ``TooManyTokens``, one line, over the memory limit per image). Asked once by each
+    entry: ``vit.analyze`` (then ``summarize_files``), ``analyze_files`` (the Analyse page's), ``image_summaries``
+    (the Ray actors', a batch each)."""
     check_one_grid(checkpoint)
     model = checkpoint.model
     h, w = checkpoint.preprocessing.image_hw
-    plan.decide(plan.forward(model, model.patch_grid(h, w), f"The model's {w}×{h} px input"))
+    plan.decide(plan.forward(model, model.patch_grid(h, w), f"The model's {w}×{h} px input", attentions=True))
 
 
 def _stage_summaries(model, attentions: Sequence[np.ndarray], grid: tuple[int, int]
@@ -162,7 +164,14 @@ def _stage_summaries(model, attentions: Sequence[np.ndarray], grid: tuple[int, i
 
 
 def image_summaries(checkpoint: Checkpoint, paths: Sequence[str | Path]) -> dict[str, np.ndarray]:
-    """Everything ``Aggregator`` needs of each image of one batch of files, never a whole attention matrix.
+    """``check_forward_fits``, then ``summaries`` of ``paths`` (what each Ray actor runs on a batch)."""
+    check_forward_fits(checkpoint)
+    return summaries(checkpoint, paths)
+
+
+def summaries(checkpoint: Checkpoint, paths: Sequence[str | Path]) -> dict[str, np.ndarray]:
+    """Everything ``Aggregator`` needs of each image of one batch of files, never a whole attention matrix; the
+    caller asked ``check_forward_fits``.
 
     One forward pass of all ``paths`` (the batch), then per image: ``read (N,)`` bool, ``error (N,)`` str
     (empty when read), ``predicted (N,)`` int, ``confidence (N,)`` float (its probability), ``distance`` and
@@ -170,7 +179,6 @@ def image_summaries(checkpoint: Checkpoint, paths: Sequence[str | Path]) -> dict
     its error. The local analysis and the Ray one (``vit.runs.ray_analyze``) both call this on the same batches,
     so their summaries are the same numbers.
     """
-    check_forward_fits(checkpoint)
     model = checkpoint.model
     grid, prefix = model.patch_grid(*checkpoint.preprocessing.image_hw), model.num_prefix_tokens
     patch = model.config.patch_size
@@ -285,15 +293,23 @@ def analyze_files(checkpoint: Checkpoint, files: Sequence[tuple[Path, int]], bat
                   top_mistakes: int = 20, progress: Callable[[int, int], None] | None = None) -> DatasetAnalysis:
     """Analyse ``(image file, true class)`` pairs; ``progress(done, total)`` is called after each file.
 
-    ``image_summaries`` of each run of ``batch_size`` files, added to an ``Aggregator``."""
+    ``check_forward_fits``, then ``summarize_files``."""
     check_batch_size(batch_size)
     check_forward_fits(checkpoint)
+    return summarize_files(checkpoint, files, batch_size, top_mistakes, progress)
+
+
+def summarize_files(checkpoint: Checkpoint, files: Sequence[tuple[Path, int]], batch_size: int = 64,
+                    top_mistakes: int = 20, progress: Callable[[int, int], None] | None = None) -> DatasetAnalysis:
+    """``analyze_files`` for a caller that asked ``check_forward_fits`` (``vit.analyze``): ``summaries`` of each run
+    of ``batch_size`` files, added to an ``Aggregator``."""
+    check_batch_size(batch_size)
     if not files:
         raise ValueError("no images to analyse")
     total = Aggregator(checkpoint.class_names, files, top_mistakes, readout(checkpoint))
     for start in range(0, len(files), batch_size):
         chunk = files[start:start + batch_size]
-        total.add(image_summaries(checkpoint, [path for path, _ in chunk]))
+        total.add(summaries(checkpoint, [path for path, _ in chunk]))
         if progress is not None:
             for done in range(start + 1, start + len(chunk) + 1):
                 progress(done, len(files))

@@ -23,7 +23,6 @@ import numpy as np
 import torch
 from PIL import Image, ImageDraw
 
-from vit import bounds
 from vit.bounds import TooManyTokens
 from vit.checkpoint import Checkpoint
 from vit.costs import memory
@@ -56,8 +55,8 @@ def check_dense_fits(checkpoint: Checkpoint, image: Image.Image, size: InputSize
     _, limit = analysis_limits()
     if need > limit:
         per_token = dense_bytes(checkpoint, 1) - dense_bytes(checkpoint, 0)
-        # A bias's query chunk is at most BIAS_CHUNK_BYTES of rows and their index, plus one row a token.
-        bias = bounds.BIAS_CHUNK_BYTES * (config.num_heads + 1) // config.num_heads if has_logit_bias(config) else 0
+        # A bias's query chunk: at most BIAS_CHUNK_BYTES of rows and their index, plus one row a token (per_token)
+        bias = memory.bias_chunk_most(config.num_heads) if has_logit_bias(config) else 0
         most = max(limit - LAYER_CACHE_BYTES - CHUNK_BYTES - bias, 0) // per_token
         side = largest_square_side(config.patch_size, max(most - prefix, 1))
         raise TooManyTokens(f"{what} at {shape[1]}×{shape[0]} px ({tokens:,} tokens) need about "
