@@ -152,8 +152,8 @@ def test_the_classifiers_logits_and_its_probes_attention_equal_transformers(tmp_
     assert (probe - probes[0]).abs().max().item() <= 1e-5
     for a, b in zip(attentions, theirs.attentions, strict=True):
         assert (a - b).abs().max().item() <= 1e-5
-    with torch.no_grad():  # the probe's residual is the query: without it the logits are another model's
-        checkpoint.model.attn_pool.latent.zero_()
+    with torch.no_grad():  # the probe's residual is the query: without it (a projection in its place, the
+        checkpoint.model.attn_pool.proj = torch.nn.Identity()  # SigLIP head's path) the logits are another model's
         assert not torch.allclose(checkpoint.model(pixels)[0], theirs.logits, rtol=1e-2, atol=1e-2 * scale)
 
 

@@ -414,11 +414,11 @@ class AttentionPool(Parent):
         self.head_dim = d // self.num_heads
         self.latent = nn.Parameter(torch.zeros(1, 1, d))
         full = config.pool_head in ("map", "vjepa2")
-        self.residual = config.pool_head == "vjepa2"  # the latent added back after the attention
+        residual = config.pool_head == "vjepa2"  # the latent added back after the attention, no projection
         self.q = nn.Linear(d, d) if full else None
-        self.kv_norm = make_norm(config, d) if self.residual else None
+        self.kv_norm = make_norm(config, d) if residual else None
         self.kv = nn.Linear(d, 2 * d)
-        self.proj = nn.Linear(d, d) if not self.residual else None
+        self.proj = nn.Linear(d, d) if not residual else None
         self.norm = make_norm(config, d) if full else None
         self.mlp = MLP(config, config.pool_mlp_size) if full else None
         self.hook_k, self.hook_v = HookPoint(), HookPoint()  # (B, nh, T, hd)
