@@ -86,6 +86,17 @@ def reset_peak() -> None:
     Path("/proc/self/clear_refs").write_text("5")
 
 
+def start_peak() -> float:
+    """Collect, hand freed memory back (glibc's ``malloc_trim``), ``reset_peak``: the resident set the next peak is
+    measured from, MB (``status_mb("VmHWM")`` minus it: what the work since held at most)."""
+    import ctypes
+
+    gc.collect()
+    ctypes.CDLL("libc.so.6").malloc_trim(0)
+    reset_peak()
+    return status_mb("VmRSS")
+
+
 def build(impl: str, preset: str):
     import transformers  # only the benchmark needs it here
 

@@ -30,10 +30,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 WORKER = r'''
-import ctypes, gc, json, re, resource, sys, time
+import json, sys, time
 import numpy as np
 import torch
 from PIL import Image
+from bench.bench_highres import start_peak, status_mb
 from vit.checkpoint import Checkpoint, Preprocessing
 from vit.costs import plan
 from vit.explain import attention_maps, image_analysis
@@ -49,7 +50,6 @@ with torch.no_grad():
     for p in model.parameters():
         p.add_(torch.randn_like(p) * 0.05)
 checkpoint = Checkpoint(model, [], Preprocessing(model.config.image_size, 3, (0.5,) * 3, (0.5,) * 3))
-libc = ctypes.CDLL("libc.so.6")
 
 
 word = torch.randn(1, model.config.projector_dim)  # a word's input embedding (a row the lens would read)
@@ -79,18 +79,12 @@ def every_map(side):
 
 
 every_map(2 * vision["window_size"])
-gc.collect()
-libc.malloc_trim(0)
-with open("/proc/self/clear_refs", "w") as f:
-    f.write("5")
-with open("/proc/self/statm") as f:
-    since = int(f.read().split()[1]) * resource.getpagesize()
+since = start_peak()
 analysis = every_map(side)
-with open("/proc/self/status") as f:
-    peak = int(re.search(r"VmHWM:\s+(\d+) kB", f.read()).group(1)) * 1024
+peak = (status_mb("VmHWM") - since) * 2**20
 cost = plan.analysis(model, analysis.grid)
 estimate = cost.memory if plan.decide(cost) == "run" else cost.chunked
-print(json.dumps({"peak": peak - since, "estimate": estimate, "every": getattr(analysis.hidden, "every", 1),
+print(json.dumps({"peak": peak, "estimate": estimate, "every": getattr(analysis.hidden, "every", 1),
                   "tokens": analysis.num_tokens, "seconds": sum(seconds.values()), "stages": seconds}))
 '''
 

@@ -54,11 +54,12 @@ def build(layers: int):
 
 
 WORKER = r'''
-import ctypes, gc, json, re, resource, sys, time
+import json, sys, time
 import numpy as np
 import torch
 from PIL import Image
 sys.path.insert(0, sys.argv[2])
+from bench.bench_highres import start_peak, status_mb
 from bench.bench_videomae import build
 from vit.checkpoint import Checkpoint, Preprocessing
 from vit.explain.attention_maps import MapSettings
@@ -68,7 +69,6 @@ _, ours = build(int(sys.argv[1]))
 c = ours.config
 checkpoint = Checkpoint(ours, [f"class {i}" for i in range(c.num_classes)],
                         Preprocessing(c.image_size, 3, (0.45, 0.45, 0.45), (0.225, 0.225, 0.225)))
-libc = ctypes.CDLL("libc.so.6")
 rng = np.random.default_rng(0)
 frames = [Image.fromarray(rng.integers(0, 256, (224, 224, 3), dtype=np.uint8)) for _ in range(c.num_frames)]
 
@@ -85,40 +85,29 @@ def every_map():
     return clip
 
 
+def measured(work):
+    """``work()``'s result, its peak RSS growth (bytes) and seconds."""
+    since = start_peak()
+    start = time.perf_counter()
+    result = work()
+    seconds = time.perf_counter() - start
+    return result, (status_mb("VmHWM") - since) * 2**20, seconds
+
+
 every_map()
-gc.collect()
-libc.malloc_trim(0)
-with open("/proc/self/clear_refs", "w") as f:
-    f.write("5")
-with open("/proc/self/statm") as f:
-    since = int(f.read().split()[1]) * resource.getpagesize()
-start = time.perf_counter()
-clip = every_map()
-seconds = time.perf_counter() - start
-with open("/proc/self/status") as f:
-    peak = int(re.search(r"VmHWM:\s+(\d+) kB", f.read()).group(1)) * 1024
-out = {"peak": peak - since, "tokens": clip.analysis.num_tokens, "seconds": seconds, "methods": {}}
+clip, peak, seconds = measured(every_map)
+out = {"peak": peak, "tokens": clip.analysis.num_tokens, "seconds": seconds, "methods": {}}
 if sys.argv[3] == "1":  # each class's map on the same analysis, its own peak over the resident set before it
     from vit.costs import plan
     from vit.explain.video import explain_analysed
     from vit.model.layouts import folded_grid
 
     for method in ("legrad", "class", "attnlrp"):
-        gc.collect()
-        libc.malloc_trim(0)
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-        with open("/proc/self/statm") as f:
-            since = int(f.read().split()[1]) * resource.getpagesize()
-        start = time.perf_counter()
-        explain_analysed(checkpoint, clip, method)
-        seconds = time.perf_counter() - start
-        with open("/proc/self/status") as f:
-            peak = int(re.search(r"VmHWM:\s+(\d+) kB", f.read()).group(1)) * 1024
+        _, peak, seconds = measured(lambda: explain_analysed(checkpoint, clip, method))
         cost = {"legrad": plan.legrad, "class": plan.class_map, "attnlrp": plan.attnlrp}[method](
             ours, folded_grid(clip.grid))
         verdict = plan.decide(cost)
-        out["methods"][method] = {"peak": peak - since, "seconds": seconds, "path": verdict,
+        out["methods"][method] = {"peak": peak, "seconds": seconds, "path": verdict,
                                   "estimate": cost.memory if verdict == "run" else cost.chunked}
 print(json.dumps(out))
 '''
