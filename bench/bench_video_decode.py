@@ -8,8 +8,10 @@ times, side by side on the same file, ``--frames`` frames sampled uniformly (tra
 
 - naive: PyAV's loop over every frame, each converted to RGB (``frame.to_image()``), the sampled ones kept;
 - sequential: every frame decoded (frame threads), only the sampled ones converted to RGB;
-- ours: ``vit.clips.read_clip``: the packets' timestamps demuxed, then a seek to the keyframe before a sampled frame
-  when it lies past what was decoded, forward decoding otherwise, only the sampled frames converted.
+- ours: ``vit.clips.read_clip``: the packets' timestamps demuxed and the frames nothing refers to named from their
+  headers (FFmpeg's ``filter_units``), then the keyframe intervals holding sampled frames dealt to one decoder a core,
+  each seeking to the keyframe before a sampled frame when it lies past what it has decoded and decoding forward
+  otherwise, never sent an unreferenced frame unless sampled, only the sampled frames converted.
 
 Each is the median of ``--repeats`` runs, pinned to 2 cores, in wall-clock seconds and in CPU seconds (every thread
 of the process: what a busy machine inflates less); ours' frames are checked equal to the naive loop's.

@@ -13,13 +13,16 @@ from vit.clips import ClipError, read_clip, read_clip_bytes, sample_indices
 av = pytest.importorskip("av")
 
 
-def write_video(path, count: int, size=(64, 48), codec: str = "libx264", gop: int | None = None, rate: int = 25):
+def write_video(path, count: int, size=(64, 48), codec: str = "libx264", gop: int | None = None, rate: int = 25,
+                options: dict | None = None):
     """``count`` frames of a bar moving over still noise, every frame different, encoded by PyAV (x264 codes most of
     them as B-frames, which the reader skips unless sampled)."""
     width, height = size
     background = np.random.default_rng(0).integers(0, 64, (height, width, 3), dtype=np.uint8)
+    if codec == "libx265":
+        options = {"x265-params": "log-level=error", **(options or {})}
     with av.open(str(path), "w") as container:
-        stream = container.add_stream(codec, rate=rate)
+        stream = container.add_stream(codec, rate=rate, options=options)
         stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
         if gop:
             stream.codec_context.gop_size = gop
@@ -42,7 +45,7 @@ def every_frame(path) -> list[np.ndarray]:
 
 # (file, codec, keyframe interval): x264's B-frames with its own keyframes, and with one every 6 to 8 frames
 VIDEOS = [("clip.mp4", "libx264", None), ("short-gop.mp4", "libx264", 6), ("clip.webm", "libvpx", 7),
-          ("clip.mkv", "mpeg4", 5), ("clip.avi", "mpeg4", 8)]
+          ("clip.mkv", "mpeg4", 5), ("clip.avi", "mpeg4", 8), ("hevc.mp4", "libx265", 9)]
 
 
 @pytest.mark.parametrize("name, codec, gop", VIDEOS, ids=[v[0] for v in VIDEOS])
@@ -147,3 +150,73 @@ def test_the_reader_skips_frames_it_need_not_decode(tmp_path, monkeypatch):
     monkeypatch.setattr(clips, "_decoded", counting)
     sampled = read_clip(path, 4)
     assert sampled.indices == [0, 9, 18, 27] and len(decoded) < 28  # a forward decode outputs frames 0 to 27
+
+
+def test_keyframe_intervals_are_dealt_to_decoders_costliest_first():
+    """Hand-counted: keyframes at 0, 10, 20, 30; an interval costs the frames from its keyframe to its last target
+    (6, 3, 8 and 9 here); the costliest goes to the least loaded decoder first."""
+    shares, loads = clips._shares([0, 5, 12, 25, 27, 38], [0, 10, 20, 30], list(range(40)), workers=2)
+    assert shares == [[12, 38], [0, 5, 25, 27]] and loads == [12, 14]
+    assert clips._shares([0, 5, 9], [0, 10], list(range(20)), workers=4) == ([[0, 5, 9]], [10])  # one interval
+
+
+def test_decoders_run_at_once_on_their_own_containers_and_give_a_full_decodes_frames(tmp_path, monkeypatch):
+    import threading
+
+    path = write_video(tmp_path / "short-gop.mp4", 37, gop=6)
+    reference = every_frame(path)
+    monkeypatch.setattr(clips.threads, "usable_cores", lambda: 3)
+    opened, decoders, real_open, real_decode = [], set(), clips._open_video, clips._decode_sampled
+
+    def counting_open(*args):
+        opened.append(args[0])
+        return real_open(*args)
+
+    def noting_decode(container, stream, targets, *args):
+        decoders.add((threading.get_ident(), tuple(targets)))
+        return real_decode(container, stream, targets, *args)
+    monkeypatch.setattr(clips, "_open_video", counting_open)
+    monkeypatch.setattr(clips, "_decode_sampled", noting_decode)
+    for read, source in ((read_clip, path), (read_clip_bytes, path.read_bytes())):
+        opened.clear(), decoders.clear()
+        sampled = read(source, 16) if read is read_clip else read(source, path.name, 16)
+        assert len(opened) == 3 and len({thread for thread, _ in decoders}) == 3  # three decoders, three threads
+        assert sum(len(targets) for _, targets in decoders) == len(set(sampled.indices))  # each frame once
+        for index, frame in zip(sampled.indices, sampled.frames, strict=True):
+            np.testing.assert_array_equal(np.asarray(frame), reference[index])
+
+
+def test_the_packets_no_frame_refers_to_are_named_before_decoding(tmp_path):
+    """x264 without a B-pyramid codes its B-frames as references to nothing: the frames the bitstream filter keeps
+    are exactly the decoded I- and P-frames; a codec it cannot read (VP8, MPEG-4 part 2) names none."""
+    from av.video.frame import PictureType
+
+    path = write_video(tmp_path / "clip.mp4", 37, gop=10, options={"x264-params": "b-pyramid=none:bframes=2"})
+    with av.open(str(path)) as container:
+        kinds = {frame.pts: PictureType(frame.pict_type).name for frame in container.decode(video=0)}
+    assert "B" in kinds.values()
+    for name, expected in (("clip.mp4", {pts for pts, kind in kinds.items() if kind in ("I", "P")}),
+                           ("clip.webm", None), ("clip.avi", None)):
+        if name != "clip.mp4":
+            path = write_video(tmp_path / name, 37, codec="libvpx" if name.endswith("webm") else "mpeg4")
+        with av.open(str(path)) as container:
+            stream = container.streams.video[0]
+            stamps, _, references = clips._frame_timestamps(container, stream, name, 64, 48)
+        assert len(stamps) == 37 and references == expected
+
+
+def test_a_video_is_opened_without_decoding_when_its_headers_say_enough(tmp_path, monkeypatch):
+    """FFmpeg's probe decodes frames; H.264 with B-frames declares its reordering in its headers, so one open that
+    decodes nothing does; MPEG-4 part 2 without B-frames declares none, so it is opened again with the whole probe."""
+    calls, real = [], av.open
+
+    def counting(*args, **kwargs):
+        calls.append(kwargs.get("stream_options"))
+        return real(*args, **kwargs)
+    monkeypatch.setattr(av, "open", counting)
+    for name, codec, opens in (("clip.mp4", "libx264", 1), ("clip.avi", "mpeg4", 2)):
+        path = write_video(tmp_path / name, 12, codec=codec)
+        calls.clear()
+        with clips._open_video(path, name) as container:
+            assert container.streams.video[0].codec_context.width == 64
+        assert len(calls) == opens and calls[0][0] == {"skip_frame": "all"} and (opens == 1 or calls[1] is None)
