@@ -47,7 +47,7 @@ from vit.app import catalog, drawing, explorer  # noqa: E402
 from vit.bounds import TooManyTokens  # noqa: E402
 from vit.checkpoint import Checkpoint, Preprocessing, load_checkpoint  # noqa: E402
 from vit.explain import attention_maps, fits, image_analysis, method_maps  # noqa: E402
-from vit.explain.overlay import overlay  # noqa: E402
+from vit.explain.overlay import jpeg_data_uri, overlay  # noqa: E402
 from vit.images import open_image  # noqa: E402
 from vit.inference import TRAINING_SIZE, InputSize  # noqa: E402
 from vit.model import ViT, ViTConfig, count_parameters  # noqa: E402
@@ -87,7 +87,7 @@ def heads_grid(analysis: image_analysis.Analysis, small: Image.Image, query: int
     cells = drawing.small_multiples(small, maps.reshape(-1, *analysis.grid), OVERLAY["opacity"],
                                      OVERLAY["colormap"], OVERLAY["mode"], outline)
     sheet = drawing.heads_grid_image(cells, columns=analysis.num_heads)
-    drawing.heads_grid_figure(drawing.jpeg_data_uri(sheet, quality=85), sheet.size, layers,
+    drawing.heads_grid_figure(jpeg_data_uri(sheet, quality=85), sheet.size, layers,
                                analysis.num_heads).to_json()
 
 
@@ -99,7 +99,7 @@ def draw(analysis: image_analysis.Analysis, shown: Image.Image, shown_uri: str, 
     drawn = overlay(shown, map2d, OVERLAY["opacity"], OVERLAY["colormap"], OVERLAY["mode"], outline_patch=outline)
     grid, prefix = analysis.grid, analysis.num_prefix_tokens
     drawing.patch_picker_figure(shown.size, shown_uri, grid, settings.query, prefix).to_json()
-    drawing.patch_picker_figure(shown.size, drawing.jpeg_data_uri(drawn), grid, settings.query, prefix,
+    drawing.patch_picker_figure(shown.size, jpeg_data_uri(drawn), grid, settings.query, prefix,
                                  show_grid=False).to_json()
     drawing.colorbar_figure(*drawing.map_range(map2d, None, None), OVERLAY["colormap"]).to_json()
     drawing.predictions_figure(analysis.prediction).to_json()

@@ -37,10 +37,9 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
 
-    from vit.app import drawing
     from vit.checkpoint import Checkpoint, Preprocessing
     from vit.explain import dense_views, image_analysis
-    from vit.explain.overlay import overlay
+    from vit.explain.overlay import display_image, jpeg_data_uri, overlay
     from vit.inference import InputSize
     from vit.model import ViT, ViTConfig
 
@@ -53,14 +52,14 @@ def main() -> None:
     start = time.perf_counter()
     analysis = image_analysis.analyse(checkpoint, image, size)
     forward = time.perf_counter() - start
-    shown = drawing.display_image(image, max_side=480)
+    shown = display_image(image, max_side=480)
     prefix, patches = analysis.num_prefix_tokens, analysis.grid[0] * analysis.grid[1]
 
     def click(token: int) -> float:
         start = time.perf_counter()
         vector = dense_views.query_vector(checkpoint, analysis, token)
         map2d = dense_views.similarity_map(checkpoint, analysis, vector)
-        drawing.jpeg_data_uri(overlay(shown, map2d, 0.6, "inferno", outline_patch=token - prefix))
+        jpeg_data_uri(overlay(shown, map2d, 0.6, "inferno", outline_patch=token - prefix))
         return time.perf_counter() - start
 
     first = click(prefix)

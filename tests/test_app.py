@@ -28,7 +28,8 @@ from vit.app.catalog import DEFAULT_CHECKPOINT, default_checkpoints_dir
 from vit.bounds import TooManyTokens
 from vit.checkpoint import save_checkpoint
 from vit.explain import attention_maps, fits, image_analysis, map_captions, method_maps
-from vit.explain.overlay import display_size
+from vit.explain.map_captions import token_label
+from vit.explain.overlay import display_image, display_size, jpeg_data_uri
 from vit.images import ImageError
 from vit.inference import preprocess
 from vit.model import ViT, ViTConfig
@@ -510,13 +511,13 @@ def test_head_maps_give_every_heads_query_row():
 
 def test_tokens_are_named_by_their_place_in_the_grid():
     grid = (3, 4)
-    assert drawing.token_label(0, grid) == "CLS"
-    assert drawing.token_label(1, grid) == "patch row 1, col 1"
-    assert drawing.token_label(5, grid) == "patch row 2, col 1"
+    assert token_label(0, grid) == "CLS"
+    assert token_label(1, grid) == "patch row 1, col 1"
+    assert token_label(5, grid) == "patch row 2, col 1"
     assert drawing.token_option(12, grid) == "12 · patch row 3, col 4"
     assert (explorer.patch_of(0), explorer.patch_of(6)) == (None, 5)
     with pytest.raises(ValueError):
-        drawing.token_label(13, grid)
+        token_label(13, grid)
 
 
 def test_a_click_on_the_picker_becomes_the_token_of_that_patch():
@@ -591,7 +592,7 @@ def test_the_linked_pickers_zoom_the_image_and_the_overlay_together():
 
 def test_jpeg_data_uri_round_trips_in_rgb():
     image = Image.new("L", (3, 2), 200)  # greyscale in: the picker's layout image is always RGB
-    uri = drawing.jpeg_data_uri(image)
+    uri = jpeg_data_uri(image)
     assert uri.startswith("data:image/jpeg;base64,")
     decoded = Image.open(io.BytesIO(base64.b64decode(uri.split(",", 1)[1])))
     assert decoded.size == (3, 2) and decoded.mode == "RGB"
@@ -602,7 +603,7 @@ def test_jpeg_data_uri_round_trips_in_rgb():
                                              ((500, 400), (500, 400)), ((4000, 3000), (640, 480))])
 def test_display_size_enlarges_small_images_by_a_whole_factor_and_shrinks_large_ones(size, shown):
     assert display_size(size) == shown
-    assert drawing.display_image(Image.new("L", size)).size == shown
+    assert display_image(Image.new("L", size)).size == shown
 
 
 def test_display_images_are_the_picker_image_its_jpeg_and_the_heads_grid_thumbnail():
@@ -754,7 +755,7 @@ from PIL import Image
 from vit.app import drawing
 from vit.explain import attention_maps, image_analysis
 from vit.checkpoint import Checkpoint, Preprocessing
-from vit.explain.overlay import overlay
+from vit.explain.overlay import jpeg_data_uri, overlay
 from vit.images import open_image
 from vit.inference import TRAINING_SIZE
 from vit.model import ViT, ViTConfig
@@ -776,9 +777,9 @@ drawn = overlay(shown, map2d, 0.6, "magma", "nearest", outline_patch=0)
 cells = drawing.small_multiples(small, attention_maps.head_maps(analysis, 0)[1], 0.6, "magma", "nearest", 0)
 sheet = drawing.heads_grid_image(cells, columns=2)
 for figure in (drawing.patch_picker_figure(shown.size, shown_uri, analysis.grid, 0),
-               drawing.patch_picker_figure(shown.size, drawing.jpeg_data_uri(drawn), analysis.grid, 0, show_grid=False),
+               drawing.patch_picker_figure(shown.size, jpeg_data_uri(drawn), analysis.grid, 0, show_grid=False),
                drawing.predictions_figure(analysis.prediction),
-               drawing.heads_grid_figure(drawing.jpeg_data_uri(sheet, quality=85), sheet.size, [1], 2, (1, 0))):
+               drawing.heads_grid_figure(jpeg_data_uri(sheet, quality=85), sheet.size, [1], 2, (1, 0))):
     plotly.io.to_json(figure, validate=False)
 drawing.colorbar_html(*drawing.map_range(map2d, None, None), "magma")
 print(" ".join(sorted(set(sys.modules) - before)))

@@ -121,3 +121,66 @@ def test_on_ray_the_page_submits_the_commands_job_and_shows_the_report_it_writes
     for method in methods:
         for column in ("positive_auc", "negative_auc"):
             assert table.value.loc[method, column] == expected["methods"][method][column], (method, column)
+
+
+def test_the_page_samples_the_folder_with_the_commands_benchmark_items(dirs, tmp_path, monkeypatch):  # noqa: F811
+    """The page has no sampler of its own: it asks ``vit.faithfulness.benchmark_items`` (here stopped right after,
+    with the error the page shows) on the command's arguments, its --limit the page's image count."""
+    from vit import faithfulness
+    from vit.cli import UsageError
+    from vit.sources.open import open_source
+
+    checkpoints, _ = dirs
+    tiny_model_and_images(tmp_path / "world", labelled=True)
+    checkpoint = shutil.copy(tmp_path / "world" / "m.pt", checkpoints / "m.pt")
+    data = tmp_path / "world" / "data"
+    asked, real = [], faithfulness.benchmark_items
+
+    def benchmark_items(args, checkpoint, command=True):
+        asked.append((args.benchmark, args.data, args.masks, args.limit, args.seed, command,
+                      real(args, checkpoint, command)[0]))
+        raise UsageError("stopped once sampled")
+
+    monkeypatch.setattr(faithfulness, "benchmark_items", benchmark_items)
+    at = benchmark_page(Path(checkpoint), bench_benchmark="perturbation", bench_folder=str(data),
+                        bench_methods=["random"], bench_limit=3)
+    next(b for b in at.button if b.label == "Run the benchmark").click()
+    at.run()
+    [error] = at.error
+    assert error.value == "stopped once sampled"
+    [(benchmark, folder, masks, limit, seed, command, items)] = asked
+    assert (benchmark, folder, masks, limit, seed, command) == ("perturbation", str(data), None, 3, 0, False)
+    args = faithfulness.build_parser().parse_args([str(checkpoint), "--benchmark", "perturbation", "--data",
+                                                   str(data), "--limit", "3"])
+    assert len(items) == 3 and items == real(args, open_source(str(checkpoint)))[0]  # the command's own sample
+
+
+def test_a_rerun_that_changes_nothing_draws_the_reports_plot_once(dirs, tmp_path, monkeypatch):  # noqa: F811
+    """The plot is built once per report and kept with it: two reruns build it once; a new report builds its own."""
+    from app_pages.analyze_sections.benchmark import FIGURE_KEY, RESULT_KEY
+    from vit.explain import benchmark_run
+
+    checkpoints, _ = dirs
+    tiny_model_and_images(tmp_path / "world", labelled=False)
+    checkpoint = shutil.copy(tmp_path / "world" / "m.pt", checkpoints / "m.pt")
+    built = []
+    figure = benchmark_run.figure
+    monkeypatch.setattr(benchmark_run, "figure", lambda result: built.append(result) or figure(result))
+    at = benchmark_page(Path(checkpoint))
+
+    def report(accuracy: float) -> dict:
+        return {"benchmark": "segmentation", "checkpoint": "m.pt", "data": "data", "images": 4, "methods": {
+            "rollout": {"pixel_accuracy": accuracy, "mIoU": 0.4, "mAP": 0.6, "images_per_s": 9.0}}}
+
+    first = report(0.5)
+    at.session_state[RESULT_KEY] = {"result": first, "skipped": []}
+    for _ in range(2):
+        at.run()
+        assert not at.exception, [e.message for e in at.exception]
+        assert at.get("imgs") or at.image, "the plot, on every rerun"
+    assert built == [first]
+    assert at.session_state[FIGURE_KEY][0] is first
+    second = report(0.7)
+    at.session_state[RESULT_KEY] = {"result": second, "skipped": []}
+    at.run()
+    assert built == [first, second] and (at.get("imgs") or at.image)

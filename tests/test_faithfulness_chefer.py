@@ -201,6 +201,33 @@ def tiny_model_and_images(tmp_path, labelled: bool):
     return tmp_path / "m.pt"
 
 
+def test_benchmark_items_for_the_page_reads_a_folder_and_names_no_option(tmp_path):
+    """``command=False`` (the Analyse page): segmentation's data is a folder even when a file is given (no
+    gtsegs_ijcv.mat), and an empty folder's message names no ``--data``; the command's own keeps both."""
+    from vit import faithfulness
+    from vit.cli import UsageError
+
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "masks").mkdir()
+    (tmp_path / "gtsegs_ijcv.mat").write_bytes(b"not HDF5")
+    parse = faithfulness.build_parser().parse_args
+    road = parse(["m.pt", "--benchmark", "road", "--data", str(tmp_path / "empty")])
+    with pytest.raises(UsageError) as page:
+        faithfulness.benchmark_items(road, None, command=False)
+    assert str(page.value) == f"no images in {tmp_path / 'empty'}; give a folder of images"
+    with pytest.raises(UsageError, match=r"give a folder of images \(--data\)$"):
+        faithfulness.benchmark_items(road, None)
+    segmentation = parse(["m.pt", "--benchmark", "segmentation", "--data", str(tmp_path / "gtsegs_ijcv.mat"),
+                          "--masks", str(tmp_path / "masks")])
+    with pytest.raises(UsageError) as page:
+        faithfulness.benchmark_items(segmentation, None, command=False)
+    assert str(page.value) == (f"no images in {tmp_path / 'gtsegs_ijcv.mat'}; give a folder of images and a folder "
+                               "of their masks")
+    with pytest.raises(UsageError) as command:
+        faithfulness.benchmark_items(segmentation, None)
+    assert str(command.value) != str(page.value)  # the command opens it as gtsegs_ijcv.mat
+
+
 def test_cli_segmentation_prints_scores_per_method_and_writes_them(tmp_path, capsys):
     import json
 

@@ -10,6 +10,7 @@ from vit.app import drawing
 from vit.checkpoint import Checkpoint, Preprocessing
 from vit.explain import attention_maps, image_analysis, map_captions
 from vit.explain.attention import fuse_heads, rollout_factor, rollout_vector
+from vit.explain.map_captions import token_label
 from vit.inference import TRAINING_SIZE, InputSize, preprocess
 from vit.model import ViT, ViTConfig
 
@@ -70,7 +71,7 @@ def test_a_dinov3_like_model_is_exact_at_a_non_square_size_and_names_its_storage
     size = InputSize(side=24, keep_aspect=True)
     analysis = image_analysis.analyse(ckpt, image(), size)
     assert analysis.grid == (4, 6) and analysis.prefix_names == ("CLS", "REG 1", "REG 2", "REG 3", "REG 4")
-    assert drawing.token_label(3, analysis.grid, 5, analysis.prefix_names) == "REG 3"
+    assert token_label(3, analysis.grid, 5, analysis.prefix_names) == "REG 3"
     assert "rotary positions take any size" in drawing.describe_input(analysis, (30, 20))
     x = preprocess([image()], ckpt.preprocessing, size, 4)
     with torch.no_grad():

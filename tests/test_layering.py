@@ -170,6 +170,49 @@ def test_wing_packages_are_empty():
         assert all(isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant) for n in body), wing
 
 
+def borrowed(module: str, module_path: Path, files: list[Path]) -> list[str]:
+    """``"file:line: name"`` for each name that ``module_path`` (the module ``module``, ``vit.app.drawing``) imports
+    from elsewhere and that one of ``files`` reads through it (``drawing.name`` or ``from vit.app.drawing import
+    name``): a re-export, which hides where the name lives."""
+    body = ast.parse(module_path.read_text()).body
+    foreign = {a.asname or a.name.split(".")[0] for n in body if isinstance(n, (ast.Import, ast.ImportFrom))
+               for a in n.names}
+    package, _, leaf = module.rpartition(".")
+    found = []
+    for path in files:
+        try:
+            tree = ast.parse(path.read_text())
+        except SyntaxError:  # tests/reference/ holds third-party scripts copied verbatim
+            continue
+        aliases = set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.module == package:
+                aliases |= {a.asname or a.name for a in node.names if a.name == leaf}
+            elif isinstance(node, ast.ImportFrom) and node.module == module:
+                found += [f"{path.name}:{node.lineno}: {a.name}" for a in node.names if a.name in foreign]
+        found += [f"{path.name}:{node.lineno}: {node.attr}" for node in ast.walk(tree)
+                  if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
+                  and node.value.id in aliases and node.attr in foreign]
+    return found
+
+
+def test_nothing_reads_an_engine_name_through_the_explorers_drawing_module():
+    """``vit.app.drawing`` holds what the explorer draws; the overlay helpers and token labels it uses are read from
+    ``vit.explain`` where they live, by the pages as by everything else."""
+    root = VIT.parent
+    files = [root / "app.py", *root.glob("app_pages/**/*.py"), *VIT.rglob("*.py"), *root.glob("tests/**/*.py"),
+             *root.glob("bench/**/*.py")]
+    assert borrowed("vit.app.drawing", VIT / "app" / "drawing.py", files) == []
+
+
+def test_the_re_export_check_catches_both_ways_of_reading_one(tmp_path):
+    (tmp_path / "drawing.py").write_text("from vit.explain.overlay import jpeg_data_uri\n\ndef figure():\n    pass\n")
+    (tmp_path / "page.py").write_text("from vit.app import drawing\nfrom vit.app.drawing import figure, "
+                                      "jpeg_data_uri\n\ndrawing.figure()\ndrawing.jpeg_data_uri(None)\n")
+    assert borrowed("vit.app.drawing", tmp_path / "drawing.py", [tmp_path / "page.py"]) == [
+        "page.py:2: jpeg_data_uri", "page.py:5: jpeg_data_uri"]
+
+
 # The pages are short scripts (STYLE.md): a file past this many lines is split by concern into its page's sections
 # package (``app_pages/explorer_sections/``, ``app_pages/training_sections/``, ``app_pages/analyze_sections/``).
 PAGE_LINES = 400

@@ -185,14 +185,16 @@ def check_methods(methods: list[str], checkpoint) -> None:
                          f"{', '.join([*METHOD_NAMES, *available])}")
 
 
-def benchmark_items(args: argparse.Namespace, checkpoint) -> tuple[list[tuple], object]:
+def benchmark_items(args: argparse.Namespace, checkpoint, command: bool = True) -> tuple[list[tuple], object]:
     """``(items, gtsegs)``: the seeded sample of ``(source, target)`` the benchmark scores (``--data``, ``--masks``,
-    ``--limit``, ``--seed``) and, for ``--data gtsegs_ijcv.mat``, the open file the sources index (else None)."""
+    ``--limit``, ``--seed``) and, for ``--data gtsegs_ijcv.mat``, the open file the sources index (else None).
+    ``command`` False for a caller with no ``--data`` option that reads files only (the Analyse page): ``--data`` is
+    then a folder even for segmentation, and the messages written here name no option."""
     from vit.evaluate import labelled_files
     from vit.explain.dataset import sample_files
     from vit.training.data import image_files
 
-    if args.benchmark == "segmentation" and Path(args.data).is_file():  # gtsegs_ijcv.mat: images and masks in one
+    if command and args.benchmark == "segmentation" and Path(args.data).is_file():  # gtsegs_ijcv.mat: both in one
         from vit.explain.gtsegs import GtSegs, GtSegsError
 
         try:
@@ -211,7 +213,7 @@ def benchmark_items(args: argparse.Namespace, checkpoint) -> tuple[list[tuple], 
         return sample_files(labelled_files(Path(args.data), checkpoint.class_names), args.limit, args.seed), None
     files = [(path, None) for path in image_files(Path(args.data))]  # ROAD and SaCo explain the predicted class
     if not files:
-        raise UsageError(f"no images in {args.data}; give a folder of images (--data)")
+        raise UsageError(f"no images in {args.data}; give a folder of images" + (" (--data)" if command else ""))
     return sample_files(files, args.limit, args.seed), None
 
 

@@ -12,23 +12,20 @@ from pathlib import Path
 import streamlit as st
 
 from app_pages.explorer_sections.long_work import long_work
-from vit import api
+from vit import api, faithfulness
 from vit.app import work
 from vit.checkpoint import CheckpointError
-from vit.evaluate import labelled_files
 from vit.explain import benchmark_run
 from vit.explain import faithfulness as bench
 from vit.explain.attention_maps import MAP_KINDS
-from vit.explain.dataset import sample_files
 from vit.predict import UsageError
 from vit.runfiles import default_runs_dir, parse_json, read_text_bounded
 from vit.runs import ray_analyze, ray_jobs
 from vit.runs.launch import default_data_roots, folder_problem, resolve_dataset
 from vit.sources.open import open_source
 from vit.text import escape_markdown
-from vit.training.data import image_files
 
-REQUEST_KEY, RESULT_KEY = "benchmark_request", "benchmark_result"
+REQUEST_KEY, RESULT_KEY, FIGURE_KEY = "benchmark_request", "benchmark_result", "benchmark_figure"
 BENCHMARK_HELP = {"segmentation": "Chefer et al.'s ImageNet-segmentation test: pixel accuracy, mIoU and mAP of each "
                                   "map against a mask per image (a PNG named by the image's stem)",
                   "perturbation": "Chefer et al.'s perturbation test: top-1 accuracy as 10 %-90 % of the pixels are "
@@ -49,19 +46,6 @@ def inside_roots(folder: str, what: str) -> Path:
     return Path(spec[len("folder:"):])
 
 
-def benchmark_items(benchmark: str, checkpoint, data: Path, masks: Path | None, limit: int) -> list[tuple]:
-    """The seeded sample of ``(image, target)`` the command's ``--limit`` takes (seed 0)."""
-    if benchmark == "segmentation":
-        files = benchmark_run.matched_masks(image_files(data), masks, data)
-    elif benchmark == "perturbation":
-        files = labelled_files(data, checkpoint.class_names)
-    else:
-        files = [(path, None) for path in image_files(data)]
-        if not files:
-            raise ValueError(f"no images in {data}; give a folder of images")
-    return sample_files(files, limit or None, seed=0)
-
-
 def run_here(checkpoint, settings: benchmark_run.Settings, items: list, about: dict, progress: work.Progress) -> dict:
     """The benchmark on this server: its report (``vit.faithfulness --out``'s JSON) and the unreadable images."""
     batches = benchmark_run.score_items(checkpoint, settings, items, explain=api.explain, progress=progress)
@@ -72,8 +56,6 @@ def run_here(checkpoint, settings: benchmark_run.Settings, items: list, about: d
 def run_on_ray(address: str, argv: list[str], total: int, progress: work.Progress) -> dict:
     """``python -m vit.faithfulness ... --ray``'s job into a folder of the runs folder (storage the nodes share),
     followed with ``progress`` (maps done, from its log); the page's Stop stops the job. Its report once done."""
-    from vit import faithfulness
-
     out = default_runs_dir() / ".benchmarks" / f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
     progress(0, total)  # a Stop before the job is submitted submits nothing
     args = faithfulness.build_parser().parse_args([*argv, "--out", str(out), "--ray", address])
@@ -124,19 +106,23 @@ def benchmark_section(choice: str, ray_address: str | None, shown, max_images: i
             if unknown:
                 raise ValueError(f"{', '.join(unknown)} does not apply to this model; leave it out")
             count = min(limit or max_images, max_images)
-            items = benchmark_items(benchmark, checkpoint, data, mask_folder, count)
+            # The command's own sample of the folder (its --limit and --seed 0), on the command's own arguments
+            argv = [choice, "--benchmark", benchmark, "--data", str(data),
+                    *(["--masks", str(mask_folder)] if mask_folder else [])]
+            args = faithfulness.build_parser().parse_args([*argv, *(["--limit", str(count)] if count else [])])
+            items, _ = faithfulness.benchmark_items(args, checkpoint, command=False)
             settings = benchmark_run.Settings(benchmark, tuple(methods), int(groups), int(batch_size))
             about = {"checkpoint": choice, "data": str(data), **({"masks": str(mask_folder)} if mask_folder else {})}
             if on_ray:
-                argv = [choice, "--benchmark", benchmark, "--data", str(data), "--methods", ",".join(methods),
-                        "--limit", str(len(items)), "--groups", str(int(groups)), "--batch-size", str(int(batch_size)),
-                        *(["--masks", str(mask_folder)] if mask_folder else [])]
+                argv += ["--methods", ",".join(methods), "--limit", str(len(items)), "--groups", str(int(groups)),
+                         "--batch-size", str(int(batch_size))]
                 compute = partial(run_on_ray, ray_address, argv, len(items) * len(methods))
             else:
                 compute = partial(run_here, checkpoint, settings, items, about)
             st.session_state[REQUEST_KEY] = ((choice, benchmark, str(data), str(mask_folder), tuple(methods),
                                               len(items), int(groups), int(batch_size), on_ray, time.time()), compute)
             st.session_state.pop(RESULT_KEY, None)  # the report shown is the one asked for last, or none
+            st.session_state.pop(FIGURE_KEY, None)
         except (UsageError, CheckpointError, ValueError) as e:
             st.error(escape_markdown(shown(str(e))))
 
@@ -174,13 +160,26 @@ def show_report(result: dict, skipped: list[str], shown) -> None:
         st.caption(f"Top-1 accuracy of the intact images: {result['model_accuracy']:.4f}")
     if "maps_per_s_per_worker" in result:
         st.caption(f"{result['workers']} workers, {result['maps_per_s_per_worker']:.2f} maps/s per worker")
-    import matplotlib.pyplot as plt
-
-    figure = benchmark_run.figure(result)
-    st.pyplot(figure)
-    plt.close(figure)
+    st.image(report_plot(result), width="stretch", output_format="PNG")  # as st.pyplot shows a figure
     left, right = st.columns(2)
     left.download_button("The report (JSON)", json.dumps(result, indent=2) + "\n", "faithfulness.json",
                          "application/json", key="bench_download_json")
     right.download_button("The table (Markdown)", benchmark_run.markdown(result), "faithfulness.md",
                           "text/markdown", key="bench_download_md")
+
+
+def report_plot(result: dict) -> bytes:
+    """``benchmark_run.figure(result)`` as the PNG ``st.pyplot`` would show (its savefig options), drawn once per
+    report and kept with it: a rerun that changes nothing (a download, a widget elsewhere) draws no plot again."""
+    kept = st.session_state.get(FIGURE_KEY)
+    if kept is None or kept[0] is not result:  # the report itself, not its id (a new report may reuse a freed id)
+        import io
+
+        import matplotlib.pyplot as plt
+
+        figure = benchmark_run.figure(result)
+        png = io.BytesIO()
+        figure.savefig(png, bbox_inches="tight", dpi=200, format="png")
+        plt.close(figure)
+        kept = st.session_state[FIGURE_KEY] = (result, png.getvalue())
+    return kept[1]

@@ -14,6 +14,8 @@ from app_pages.explorer_sections.main_view import PICKER_CONFIG
 from app_pages.explorer_sections.state import Shown, keep_settings
 from vit.app import drawing
 from vit.explain import attention_maps, figures
+from vit.explain.map_captions import token_label
+from vit.explain.overlay import jpeg_data_uri
 from vit.explain.stages import on_patch_grid
 from vit.sizes import describe_size
 from vit.text import escape_markdown
@@ -44,7 +46,7 @@ def analyses(view: Shown) -> None:
     L, H, T = analysis.num_layers, analysis.num_heads, analysis.num_tokens
     layer, head, query = view.layer, settings.head, settings.query
     heads_tab, matrix_tab, stats_tab = st.tabs(list(TABS), key=TABS_KEY, on_change="rerun")
-    query_text = drawing.token_label(query, grid, prefix, names)
+    query_text = token_label(query, grid, prefix, names)
     if heads_tab.open:
         with heads_tab:
             if analysis.staged:  # a Swin: each stage's heads on its own grid, drawn over the image's patches
@@ -76,7 +78,7 @@ def analyses(view: Shown) -> None:
                 start = sum(analysis.heads_in(i) for group in groups[:g] for i in group)
                 sheet = drawing.heads_grid_image(cells[start:start + len(rows) * count], columns=count)
                 key = GRID_KEY if len(groups) == 1 else f"{GRID_KEY}_stage{g + 1}"
-                st.plotly_chart(drawing.heads_grid_figure(drawing.jpeg_data_uri(sheet, quality=85), sheet.size,
+                st.plotly_chart(drawing.heads_grid_figure(jpeg_data_uri(sheet, quality=85), sheet.size,
                                                            rows, count, selected),
                                 key=key, on_select=partial(pick_head, rows, count, f"layer-{view.model_key}",
                                                            f"head-{view.model_key}", key),

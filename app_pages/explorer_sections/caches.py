@@ -17,6 +17,7 @@ from vit.app import catalog, drawing, explorer
 from vit.cache import ByteCache
 from vit.checkpoint import Checkpoint
 from vit.explain import attention_maps, dense_views, image_analysis, method_maps
+from vit.explain.overlay import display_image
 from vit.images import UPLOAD_MAX_PIXELS, open_image
 from vit.inference import InputSize, input_shape
 from vit.sources.open import open_source
@@ -74,7 +75,7 @@ def model_input_preview(fingerprint: tuple, digest: str, size: InputSize, checkp
                         image: Image.Image) -> Image.Image:
     """The image as the model sees it, small: resized once per (checkpoint, image, size), not on every rerun."""
     def make() -> Image.Image:
-        return drawing.display_image(drawing.model_input_image(image, checkpoint, size), min_side=96, max_side=160)
+        return display_image(drawing.model_input_image(image, checkpoint, size), min_side=96, max_side=160)
     return byte_cache("images", IMAGE_CACHE_BYTES).get_or_compute(("model input", fingerprint, digest, size), make)
 
 

@@ -17,6 +17,7 @@ from vit.app import clips, drawing, explorer
 from vit.checkpoint import Checkpoint
 from vit.clips import ClipError, read_clip_bytes
 from vit.explain import video
+from vit.explain.overlay import display_image
 from vit.explain.video import CLIP_KIND_LABELS as MAP_KINDS
 from vit.text import escape_markdown, visible
 
@@ -185,7 +186,7 @@ def clip_view(checkpoint: Checkpoint, fingerprint: tuple, model_key: str) -> Non
         if query is not None and query[0] // clip.tubelet == position // clip.tubelet:
             query_patch = query[1] * gw + query[2]
         shown_place.plotly_chart(
-            clips.frame_picker_figure(drawing.display_image(overlays[position]), explained.map[position], position,
+            clips.frame_picker_figure(display_image(overlays[position]), explained.map[position], position,
                                      query_patch),
             key=PICKER_KEY, on_select=partial(_pick_query, model_key, position, grid), selection_mode="points",
             config=PICKER_CONFIG, width="stretch")

@@ -14,7 +14,8 @@ from vit.app import catalog, drawing, explorer
 from vit.bounds import TooManyTokens
 from vit.checkpoint import CheckpointError
 from vit.explain import dense_views
-from vit.explain.overlay import overlay, pca_picture
+from vit.explain.map_captions import token_label
+from vit.explain.overlay import display_image, jpeg_data_uri, overlay, pca_picture
 from vit.images import ImageError
 from vit.inference import seen_region
 from vit.text import escape_markdown
@@ -110,7 +111,7 @@ def dense_features(view: Shown, entries: dict) -> None:
     else:
         columns = st.columns(len(views))
         for column, pca_view, seen in zip(columns, views, [shown, seen_2], strict=False):
-            column.image(pca_picture(drawing.display_image(seen), pca_view.colours), output_format="PNG")
+            column.image(pca_picture(display_image(seen), pca_view.colours), output_format="PNG")
         st.caption("Fitted on " + ("both images together, so a colour means the same in both" if len(views) > 1
                                    else "this image") + f"; layer {layer + 1}"
                    + (f", on its own {'×'.join(map(str, dense_views.layer_grid(analysis, layer)))} grid "
@@ -125,15 +126,15 @@ def dense_features(view: Shown, entries: dict) -> None:
     vector = dense_views.query_vector(checkpoint, analysis, query, layer)
     map2d = dense_views.similarity_map(checkpoint, analysis, vector, layer)
     picture = overlay(shown, map2d, view.opacity, view.colormap, outline_patch=query - prefix)
-    figure = drawing.patch_picker_figure(picture.size, drawing.jpeg_data_uri(picture), analysis.grid, query, prefix,
+    figure = drawing.patch_picker_figure(picture.size, jpeg_data_uri(picture), analysis.grid, query, prefix,
                                          show_grid=False, fit_width=picture.size[0])
     st.plotly_chart(figure, key=PICK_KEY, on_select=lambda: _picked(prefix), selection_mode="points",
                     config={"displayModeBar": False})
-    st.caption(f"Cosine similarity to {escape_markdown(drawing.token_label(query, analysis.grid, prefix))}: "
+    st.caption(f"Cosine similarity to {escape_markdown(token_label(query, analysis.grid, prefix))}: "
                + drawing.describe_range(map2d))
     if analysis_2 is not None:
         map_2 = dense_views.similarity_map(checkpoint, analysis_2, vector, layer)
-        st.image(overlay(drawing.display_image(seen_2), map_2, view.opacity, view.colormap), output_format="PNG")
+        st.image(overlay(display_image(seen_2), map_2, view.opacity, view.colormap), output_format="PNG")
         st.caption("The same patch's token against every patch of the second image: " + drawing.describe_range(map_2))
     try:
         other = _compare_model(view, entries)

@@ -29,7 +29,8 @@ from app_pages.explorer_sections.state import Shown, keep_settings
 from vit.app import drawing, share
 from vit.checkpoint import Checkpoint
 from vit.explain import attention_maps, words
-from vit.explain.overlay import overlay
+from vit.explain.map_captions import token_label
+from vit.explain.overlay import jpeg_data_uri, overlay
 from vit.features import attribution, explore
 from vit.features.sae import SAEError, SparseAutoencoder
 from vit.images import ImageError
@@ -297,7 +298,7 @@ def section(view: Shown, may_open: bool, asked: words.Answer | None) -> None:
             st.caption("**Click a patch** of the map to list the features active there.")
         else:
             active = latents.active_at(latents.cell(token))  # a stage layer's cell over the patch
-            place = drawing.token_label(token, grid, prefix, analysis.prefix_names)
+            place = token_label(token, grid, prefix, analysis.prefix_names)
             if not active:
                 st.caption(f"No feature is active at {place}.")
             else:
@@ -309,7 +310,7 @@ def section(view: Shown, may_open: bool, asked: words.Answer | None) -> None:
     with col_map:
         drawn = overlay(view.shown, map2d, view.opacity, view.colormap, view.mode, show_grid=view.show_grid,
                         outline_patch=None if token is None or token < prefix else token - prefix, vmin=0.0)
-        st.plotly_chart(drawing.patch_picker_figure(view.shown.size, drawing.jpeg_data_uri(drawn), grid,
+        st.plotly_chart(drawing.patch_picker_figure(view.shown.size, jpeg_data_uri(drawn), grid,
                                                     token if token is not None else -1, prefix, show_grid=False),
                         key=PICKER_KEY, on_select=partial(_pick_patch, prefix), selection_mode="points",
                         config=PICKER_CONFIG, width="stretch")

@@ -15,6 +15,7 @@ from app_pages.explorer_sections.map_choice import MainMap
 from app_pages.explorer_sections.state import Shown
 from vit.app import drawing, explorer, vlm_words
 from vit.explain import attention_maps, map_captions
+from vit.explain.overlay import jpeg_data_uri
 from vit.images import MAX_SIDE
 from vit.sizes import describe_size
 from vit.text import escape_markdown
@@ -90,7 +91,7 @@ def main_view(view: Shown, main: MainMap, places: Places, query_key: str, image_
     drawn = drawing.overlay_image(shown, map2d, opacity, map_colormap, mode, show_grid, outline, vmin, vmax, mask)
     picker = partial(drawing.patch_picker_figure, fit_width=ENLARGED_WIDTH if places.enlarge else FIT_WIDTH,
                      zoomable=places.enlarge)
-    overlay_figure = picker(shown.size, drawing.jpeg_data_uri(drawn), grid, query, prefix, show_grid=False)
+    overlay_figure = picker(shown.size, jpeg_data_uri(drawn), grid, query, prefix, show_grid=False)
     if places.enlarge:
         col_image, col_overlay = st.columns(2, gap="medium")
         col_image.subheader("Image")

@@ -18,6 +18,7 @@ from vit import api
 from vit.app import drawing, vlm_words
 from vit.checkpoint import Checkpoint, CheckpointError
 from vit.explain import attention_maps, image_analysis
+from vit.explain.map_captions import token_label
 from vit.explain.overlay import DIVERGING_COLORMAP, overlay
 from vit.images import ImageError
 from vit.inference import InputSize
@@ -86,7 +87,7 @@ def main_map(checkpoint: Checkpoint, fingerprint: tuple, image: Image.Image, ima
             map2d = gradient_map(fingerprint, image_key, size, word, s.kind, patch, checkpoint, image)
     except (ValueError, CheckpointError, ImageError) as e:  # a word the tokenizer cannot read, no embedding shard
         return MainMap(empty, choice.colormap, None, None, None, error=_one_line(e), word_parts=(s.kind, word, None))
-    label = None if patch is None else drawing.token_label(s.query, analysis.grid, analysis.num_prefix_tokens)
+    label = None if patch is None else token_label(s.query, analysis.grid, analysis.num_prefix_tokens)
     units = int(np.prod(word_map.units.shape))
     caption = vlm_words.describe(s.kind, word_map, table, checkpoint, choice.target, label, units)
     colormap, vmin, vmax = choice.colormap, None, None

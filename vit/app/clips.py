@@ -11,6 +11,7 @@ import plotly.graph_objects as go
 from PIL import Image
 
 from vit.app import drawing
+from vit.explain.overlay import jpeg_data_uri
 from vit.images import to_mode
 
 GIF_MAX_SIDE = 320  # each exported frame's long side, px: 16 frames stay a few hundred KB
@@ -60,7 +61,7 @@ def frame_picker_figure(overlay: Image.Image, values: np.ndarray, frame: int, qu
     it as the query; its points carry the frame's map ``values`` ``(gh, gw)`` (hover: frame, row, col, value)
     and the query's patch is outlined when its tubelet covers this frame (``query_patch``, else None)."""
     gh, gw = values.shape
-    figure = drawing.patch_picker_figure(overlay.size, drawing.jpeg_data_uri(overlay), (gh, gw),
+    figure = drawing.patch_picker_figure(overlay.size, jpeg_data_uri(overlay), (gh, gw),
                                          -1 if query_patch is None else query_patch, num_prefix_tokens=0,
                                          fit_width=fit_width)
     rows, cols = np.divmod(np.arange(gh * gw), gw)

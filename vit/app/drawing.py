@@ -24,7 +24,7 @@ from vit.checkpoint import Checkpoint
 from vit.explain.attention_maps import MAP_CONTROLS, MapSettings, map_mask, resolved_class
 from vit.explain.image_analysis import Analysis
 from vit.explain.map_captions import token_label
-from vit.explain.overlay import (  # the engine's: named here for the pages that show them
+from vit.explain.overlay import (
     colorize,
     display_image,
     draw_mask_contours,
