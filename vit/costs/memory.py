@@ -41,6 +41,16 @@ STAGE_PROBS_COPIES, STAGE_GRAPH_PER_HIDDEN = 4, 12
 # 9 and 13 (CLS), 21 to 38 (every token) copies a token, where this counts 10 to 14 and 23 to 42.
 LEGRAD_BLOCK_COPIES, LEGRAD_HELD_CLS, LEGRAD_HELD_ALL = 9, 3, 6
 LEGRAD_GRAPH_PER_HIDDEN, LEGRAD_GRAPH_PER_MLP = 7, 3
+# AttnLRP (``relevance.attnlrp``) through a model without stages, in floats per token per hidden unit and per MLP unit.
+# A block's graph under its rules keeps its norms' centred and normed inputs (each LayerNorm's scale is a constant of
+# the backward: ``AttnLRPRules.layer_norm``), qkv's input and output (q, k and v are views of it), the fused
+# attention's output chunks, the context copied for the projection, the MLP's activation and its identity rule's
+# ratio (``_IdentityRule``): 10 and 2 (measured 9.3 and 2, tests/test_costs.py's 64- and 128-wide ViTs, the MLP 2
+# and 6 times as wide, 2 and 3 layers, 2,305 to 6,401 tokens). Then the backward's gradients of a block's stream and
+# its MLP's width, the final norm's graph (3 and 2), and the input's pixels four times (the leaf, its gradient,
+# their product, the patch embedding's backward). VideoMAE-B's clip (1,568 tokens, 12 layers, checkpointed):
+# 212 MB measured, where this counts 230.
+ATTNLRP_BLOCK_PER_HIDDEN, ATTNLRP_PER_MLP, ATTNLRP_REST_PER_HIDDEN, ATTNLRP_INPUT_COPIES = 10, 2, 4, 4
 # A model with a logit bias (BEiT) in a block's graph over every token (the class map's path in chunks, which refuses
 # such a model today): the bias whole in the graph, its scores, bias and probabilities, ``H x T²`` each. Measured
 # when LeGrad's block re-run still had a graph before its contexts: 347 MB for a 2-head BEiT at 4,096 tokens.
@@ -103,20 +113,57 @@ def windowed_gradient_bytes(model, grid: tuple[int, int], layers: int | None = N
     return 4 * model.config.num_heads * 4 * values
 
 
-def checkpointed_gradient_bytes(model, grid: tuple[int, int]) -> int:
-    """A gradient through a model without stages whose blocks are checkpointed (``vit.model.checkpointed_blocks``:
-    AttnLRP past its whole path's bound): every block's input kept, and one block's graph at a time, the costliest
-    layer's attention and gradient four times (``whole_gradient_bytes`` / ``windowed_gradient_bytes`` of one layer)
-    and its activations and their gradients (ten residual-wide and three MLP-wide streams a token)."""
+def attnlrp_attention_bytes(model, grid: tuple[int, int]) -> list[int]:
+    """Each layer's attention as AttnLRP's graph keeps it (``relevance.attnlrp``), a model without stages: nothing
+    in a plain global layer, whose attention runs fused (``blocks.fused_attention``: the backward recomputes the
+    probabilities from q, k and the softmax's row sums, ``T`` floats a head); where a layer adds a bias to its logits
+    (BEiT's, SAM's relative positions, whose gradient the fused kernels do not give: the explicit softmax's
+    ``H x T²`` kept) or attends in windows (their masks kept beside), ``whole_gradient_bytes`` /
+    ``windowed_gradient_bytes`` of the layer, as before (BEiT's measured 1.5 to 2.3 times over: safe, not fitted;
+    windows not measured)."""
+    c = model.config
+    if not (has_logit_bias(c) or c.window_size):
+        return [0] * c.num_layers
+    if c.window_size:
+        return [windowed_gradient_bytes(model, grid, k) - windowed_gradient_bytes(model, grid, k - 1)
+                for k in range(1, c.num_layers + 1)]
+    return [whole_gradient_bytes(c, model.num_prefix_tokens + grid[0] * grid[1], 1)] * c.num_layers
+
+
+def attnlrp_block_bytes(config, tokens: int) -> int:
+    """One block's forward graph under AttnLRP's rules (``ATTNLRP_BLOCK_PER_*``), over ``tokens`` tokens, without its
+    attention (``attnlrp_attention_bytes``): two more streams where layer scale keeps its products, two where rotary
+    positions copy q and k; a gated MLP's (two branches and their product) and an MLP norm's widths counted twice
+    more, q and k norms four more streams (guesses, not measured)."""
+    streams = (ATTNLRP_BLOCK_PER_HIDDEN + (2 if config.layer_scale is not None else 0)
+               + (2 if getattr(config, "rope", "none") != "none" else 0) + (4 if config.qk_norm else 0))
+    widths = ATTNLRP_PER_MLP + (2 if config.gated_mlp else 0) + (2 if config.mlp_norm else 0)
+    return 4 * tokens * (streams * config.hidden_size + widths * config.mlp_size)
+
+
+def attnlrp_bytes(model, grid: tuple[int, int], checkpointed: bool = False) -> int:
+    """Bytes AttnLRP holds for one image (or clip) on patch ``grid`` through a model without stages
+    (``relevance.attnlrp``): the input pixels' copies (``ATTNLRP_INPUT_COPIES``), then every block's graph under the
+    rules and its attention as kept (``attnlrp_block_bytes``, ``attnlrp_attention_bytes``); with ``checkpointed``
+    (``vit.model.checkpointed_blocks``: past the whole path's bound) every block's input and the last one's output
+    instead, and one block's graph at a time, the costliest; then the backward's gradients (``ATTNLRP_REST_*``)."""
     c = model.config
     tokens = model.num_prefix_tokens + grid[0] * grid[1]
-    if c.window_size:
-        per_layer = [windowed_gradient_bytes(model, grid, k) - windowed_gradient_bytes(model, grid, k - 1)
-                     for k in range(1, c.num_layers + 1)]
-    else:
-        per_layer = [whole_gradient_bytes(c, tokens, 1)]
-    inputs = 4 * (c.num_layers + 1) * tokens * c.hidden_size
-    return inputs + max(per_layer) + 4 * tokens * (10 * c.hidden_size + 3 * c.mlp_size)
+    pixels = ATTNLRP_INPUT_COPIES * input_bytes(model, grid) * max(getattr(c, "tubelet_size", 0), 1)
+    block = attnlrp_block_bytes(c, tokens)
+    attention = attnlrp_attention_bytes(model, grid)
+    # A logit bias's layer run again in the backward: its gradient's query chunk beside what the forward kept
+    # (BEiT, 2 heads: 180 MB at 2,305 tokens where the kept attention alone counted 179)
+    graph = (4 * (c.num_layers + 1) * tokens * c.hidden_size + block + max(attention)
+             + logit_bias_chunk(c, c.num_heads, tokens) if checkpointed
+             else c.num_layers * block + sum(attention))
+    return pixels + graph + 4 * tokens * (ATTNLRP_REST_PER_HIDDEN * c.hidden_size + ATTNLRP_PER_MLP * c.mlp_size)
+
+
+def checkpointed_gradient_bytes(model, grid: tuple[int, int]) -> int:
+    """AttnLRP through a model without stages whose blocks are checkpointed (``vit.model.checkpointed_blocks``:
+    past its whole path's bound): ``attnlrp_bytes`` with ``checkpointed``."""
+    return attnlrp_bytes(model, grid, checkpointed=True)
 
 
 def gradient_bytes(num_layers: int, hidden_size: int, mlp_size: int, tokens: int, contexts: bool,

@@ -158,13 +158,27 @@ def gradient(model, grid: tuple[int, int], what: str, layers: int | None = None)
 
 
 def attnlrp(model, grid: tuple[int, int], what: str = "AttnLRP") -> Cost:
-    """AttnLRP (``relevance.attnlrp``): every layer's attention and gradient kept while they fit (``gradient``);
-    past that, a model without stages checkpoints its blocks (each block's input kept, one block's graph at a time:
-    ``memory.checkpointed_gradient_bytes``), its path in chunks."""
-    whole = gradient(model, grid, what)
+    """AttnLRP (``relevance.attnlrp``): a model without stages keeps every block's graph under the rules while it
+    fits (``memory.attnlrp_bytes``: its attention fused, no ``H x T²`` but where a bias or windows are added), past
+    that checkpoints its blocks (each block's input kept, one block's graph at a time: ``checkpointed``), its path
+    in chunks; a model with stages keeps its layers' attention and gradient (``gradient``)."""
     if model.config.stage_depths:
-        return whole
-    return replace(whole, chunked=memory.checkpointed_gradient_bytes(model, grid))
+        return gradient(model, grid, what)
+    config, tokens = model.config, _tokens(model, grid)
+
+    def refuse(need: int, limit: int) -> TooManyTokens:
+        low, high = 1, max(grid)  # the largest square grid within the limit (the bytes grow with the tokens)
+        while low < high:
+            middle = (low + high + 1) // 2
+            fits = memory.attnlrp_bytes(model, (middle, middle), checkpointed=True) <= limit
+            low, high = (middle, high) if fits else (low, middle - 1)
+        side = largest_square_side(config.patch_size, low * low)
+        return TooManyTokens(f"{what} keeps each block's input and one block's graph: about {need / MB:,.0f} MB at "
+                             f"{tokens:,} tokens, over the {limit / MB:,.0f} MB limit ({ANALYSIS_MEMORY_ENV}); the "
+                             f"largest square input that fits is {side} px. Choose a smaller input size, or another "
+                             "map.")
+    parts = {"every block's graph under the rules, the input, the gradients": memory.attnlrp_bytes(model, grid)}
+    return _cost("attnlrp", model, grid, parts, refuse, memory.checkpointed_gradient_bytes(model, grid))
 
 
 def chunked_gradient(model, grid: tuple[int, int], what: str) -> Cost:
