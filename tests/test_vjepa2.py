@@ -199,13 +199,76 @@ def test_a_clip_without_a_classifier_draws_its_maps_and_offers_no_class_map(tmp_
         assert "\n" not in str(error.value)
 
 
-def test_the_classifiers_class_maps_are_refused_in_one_line_and_not_offered(tmp_path):
+def test_the_classifiers_attnlrp_is_lxts_rules_patched_into_transformers_pooler_and_all(tmp_path, monkeypatch):
+    """AttnLRP through VJEPA2ForVideoClassification: lxt's rules (tests/reference/lxt) patched into transformers'
+    LayerNorm, GELU and every eager attention, the encoder's and the attentive pooler's (its self-attention layer and
+    the query's cross-attention), the relevance ``x * dx`` of each frame's pixels summed per patch. With the rule
+    left off the pooler's attentions alone the reference is another map: the test sees the pooler."""
+    from transformers.activations import GELUActivation
+    from transformers.models.vjepa2 import modeling_vjepa2
+
+    from tests.reference.lxt.patches import layer_norm_forward, non_linear_forward, wrap_attention_forward
+
+    model = vjepa2_folder(tmp_path / "classifier", "VJEPA2ForVideoClassification")
+    checkpoint = open_source(tmp_path / "classifier")
+    frames = frames_of(4, 32, 32)
+    pixels = clip_pixels(frames, checkpoint.preprocessing)  # (1, 4, 3, 32, 32)
+    eager = modeling_vjepa2.eager_attention_forward
+    ruled = wrap_attention_forward(eager)
+    pooler = set(model.pooler.modules())
+
+    def relevance(index: int, pooler_ruled: bool) -> torch.Tensor:
+        def attention(module, *args, **kwargs):
+            return (ruled if pooler_ruled or module not in pooler else eager)(module, *args, **kwargs)
+        with monkeypatch.context() as m, torch.enable_grad():  # undone before our model runs
+            m.setattr(torch.nn.LayerNorm, "forward", layer_norm_forward)
+            m.setattr(GELUActivation, "original_forward", GELUActivation.forward, raising=False)
+            m.setattr(GELUActivation, "forward", non_linear_forward)
+            m.setattr(modeling_vjepa2, "eager_attention_forward", attention)
+            x = pixels.clone().requires_grad_(True)
+            model(pixel_values_videos=x).logits[0, index].backward()
+        per_pixel = (x * x.grad).sum(dim=2)[0].detach()  # (frames, H, W): each frame's own pixels
+        return per_pixel.reshape(4, 4, 8, 4, 8).sum(dim=(2, 4))  # (frames, gh, gw)
+
+    for index in (0, 2):
+        expected = relevance(index, pooler_ruled=True)
+        ours = torch.from_numpy(explain_clip(checkpoint, frames, "attnlrp", class_index=index).map).double()
+        scale = expected.abs().max().double()
+        assert ours.shape == expected.shape
+        torch.testing.assert_close(ours / scale, expected.double() / scale, rtol=1e-4, atol=1e-5)
+        unruled = relevance(index, pooler_ruled=False).double()
+        assert (unruled - ours).abs().max() > 1e-2 * scale
+
+
+def test_the_classifiers_other_class_maps_are_refused_in_one_line_and_not_offered(tmp_path):
     from vit.explain.video import CLASS_READ_KINDS, clip_map_kinds
 
     vjepa2_folder(tmp_path / "classifier", "VJEPA2ForVideoClassification")
     checkpoint = open_source(tmp_path / "classifier")
-    assert not set(clip_map_kinds(checkpoint)) & set(CLASS_READ_KINDS)
-    for method in ("class", "legrad", "attnlrp"):
-        with pytest.raises(ValueError, match="attentive pooler") as error:
+    assert set(clip_map_kinds(checkpoint)) & set(CLASS_READ_KINDS) == {"attnlrp"}
+    for method in ("class", "legrad", "lens"):
+        with pytest.raises(ValueError, match="attentive pooler.*use AttnLRP") as error:
             explain_clip(checkpoint, frames_of(4, 32, 32), method)
         assert "\n" not in str(error.value)
+
+
+def test_attnlrps_cost_counts_the_poolers_own_blocks_on_both_paths(tmp_path):
+    """The pooler's blocks run after the checkpointed ones with their whole graphs: each adds at least a block's
+    graph under the rules, 10 and 2 floats a token per hidden and MLP unit (measured 9.3 and 2, tests/test_costs.py),
+    to the whole path's count and to the checkpointed one's (bench/results/cpu-2026-11-25/vjepa2-classifier.txt:
+    346 MB measured at 1,568 tokens with 3 pooler layers, 386 counted, where leaving them out counted 248)."""
+    from dataclasses import replace
+
+    from vit.costs import plan
+    from vit.model.vision_transformer import ViT
+
+    vjepa2_folder(tmp_path / "classifier", "VJEPA2ForVideoClassification")
+    model = open_source(tmp_path / "classifier").model
+    c = model.config
+    without = ViT(replace(c, pool_layers=0))
+    grid, tokens = (2 * 4, 4), 2 * 4 * 4  # 4 frames of 32 px: 2 tubelets in time, 4 x 4 patches each
+    block = 4 * tokens * (10 * c.hidden_size + 2 * (c.pool_mlp_size or c.mlp_size))
+    with_pooler, bare = plan.attnlrp(model, grid), plan.attnlrp(without, grid)
+    assert c.pool_layers == 1 and with_pooler.tokens == tokens
+    assert with_pooler.memory - bare.memory >= c.pool_layers * block
+    assert with_pooler.chunked - bare.chunked >= c.pool_layers * block

@@ -9,6 +9,7 @@ that is a guess says so.
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 from vit.bounds import BIAS_CHUNK_BYTES
 
@@ -157,7 +158,10 @@ def attnlrp_bytes(model, grid: tuple[int, int], checkpointed: bool = False) -> i
     graph = (4 * (c.num_layers + 1) * tokens * c.hidden_size + block + max(attention)
              + logit_bias_chunk(c, c.num_heads, tokens) if checkpointed
              else c.num_layers * block + sum(attention))
-    return pixels + graph + 4 * tokens * (ATTNLRP_REST_PER_HIDDEN * c.hidden_size + ATTNLRP_PER_MLP * c.mlp_size)
+    # An attentive pooler's own blocks (V-JEPA 2's classifier) run after the checkpointed ones, their graphs whole
+    pooler = c.pool_layers * attnlrp_block_bytes(replace(c, mlp_size=c.pool_mlp_size or c.mlp_size), tokens)
+    return (pixels + graph + pooler
+            + 4 * tokens * (ATTNLRP_REST_PER_HIDDEN * c.hidden_size + ATTNLRP_PER_MLP * c.mlp_size))
 
 
 def checkpointed_gradient_bytes(model, grid: tuple[int, int]) -> int:

@@ -44,8 +44,11 @@ CLIP_KIND_LABELS = {**MAP_KINDS, "temporal": "Temporal attention (a patch over t
                     "lens": "Logit lens (the class's probability read from each token at one layer)"}
 # Why each other map is not drawn for clips (a VideoMAE, a V-JEPA 2): one line each
 POOLER_REFUSAL = ("V-JEPA 2's classifier reads the clip through its attentive pooler's own self-attention layers, "
-                  "which this map does not follow; use attention, rollout or similarity (vit.predict names its "
-                  "classes)")
+                  "which this map does not follow; use AttnLRP, whose rules run through them (or attention, "
+                  "rollout, similarity)")
+# The class maps that follow an attentive pooler's own layers (V-JEPA 2's classifier): AttnLRP's rules sit on the
+# elementary operations, the pooler's among them
+POOLER_CLASS_KINDS = ("attnlrp",)
 CLIP_REFUSALS = {
     **{kind: f"{MAP_KINDS[kind].split(' (')[0]} is Chefer et al.'s, whose rules read a CLS token through one head; "
              "a video model's classifier pools every tubelet: use AttnLRP"
@@ -76,7 +79,8 @@ def refusal(checkpoint: Checkpoint, kind: str) -> str | None:
     """Why ``kind`` is not drawn for this video checkpoint's clips (one line), or None where it is."""
     divided = is_divided(checkpoint)
     kinds = DIVIDED_MAP_KINDS if divided else CLIP_MAP_KINDS
-    if kind in CLASS_READ_KINDS and getattr(checkpoint.model, "pool_blocks", None) is not None:
+    if (kind in CLASS_READ_KINDS and kind not in POOLER_CLASS_KINDS
+            and getattr(checkpoint.model, "pool_blocks", None) is not None):
         return POOLER_REFUSAL
     if kind in kinds:
         return None
@@ -94,9 +98,10 @@ def clip_map_kinds(checkpoint: Checkpoint) -> tuple[str, ...]:
     """The map kinds this video checkpoint draws for clips, in the page's order: a model without a classifier
     (V-JEPA 2's encoder) has no class to explain."""
     kinds = DIVIDED_MAP_KINDS if is_divided(checkpoint) else CLIP_MAP_KINDS
-    if (checkpoint.model.head is None or not checkpoint.class_names
-            or getattr(checkpoint.model, "pool_blocks", None) is not None):  # V-JEPA 2's classifier: POOLER_REFUSAL
+    if checkpoint.model.head is None or not checkpoint.class_names:
         kinds = tuple(k for k in kinds if k not in CLASS_READ_KINDS)
+    elif getattr(checkpoint.model, "pool_blocks", None) is not None:  # V-JEPA 2's classifier: POOLER_REFUSAL
+        kinds = tuple(k for k in kinds if k not in CLASS_READ_KINDS or k in POOLER_CLASS_KINDS)
     return kinds
 
 
@@ -392,10 +397,12 @@ def clip_class_map(checkpoint: Checkpoint, clip: ClipAnalysis, kind: str, class_
     cost = plan.attnlrp(model, folded)
     need = cost.memory if cost.chunked is None else min(cost.memory, cost.chunked)
     if need > cost.limit:  # the image message's "choose a smaller input size" is no choice for a clip
+        other = ("attention or rollout" if getattr(model, "pool_blocks", None) is not None  # POOLER_REFUSAL
+                 else "LeGrad or the class map, which run in chunks")
         raise TooManyTokens(f"AttnLRP keeps each block's input and one block's attention and gradient: about "
                             f"{need / 2**20:,.0f} MB at {cost.tokens:,} tokens, over the {cost.limit / 2**20:,.0f} MB "
                             f"limit (VIT_ANALYSIS_MEMORY_MB), and a clip's size is the model's own; raise it, or use "
-                            "LeGrad or the class map, which run in chunks")
+                            f"{other}")
     checkpointed = cost.memory > cost.limit  # each block again in the backward: one block's graph at a time
 
     def compute_lrp() -> np.ndarray:
