@@ -102,6 +102,33 @@ def test_attnlrp_is_lxts_rules_patched_into_transformers_videomae(videomae, monk
     assert_close_to_scale(explained.map, expected)
 
 
+def test_cp_lrp_of_a_clip_is_lxts_cp_rules_patched_into_transformers_videomae(videomae, monkeypatch):
+    """CP-LRP (no relevance through the attention weights), the notebook API's ``relevance.attnlrp(cp=True)`` as for
+    images, on a clip: lxt's ``cp_wrap_attention_forward`` (q and k stopped) patched into HF's VideoMAE; AttnLRP's
+    relevance is another map here."""
+    from transformers.activations import GELUActivation
+    from transformers.models.videomae import modeling_videomae
+
+    from tests.reference.lxt.patches import cp_wrap_attention_forward
+    from vit.explain.relevance import attnlrp
+
+    model, checkpoint, frames, pixels = videomae
+    index = 1
+    with monkeypatch.context() as m, torch.enable_grad():  # undone before our model runs
+        m.setattr(torch.nn.LayerNorm, "forward", layer_norm_forward)
+        m.setattr(GELUActivation, "original_forward", GELUActivation.forward, raising=False)
+        m.setattr(GELUActivation, "forward", non_linear_forward)
+        m.setattr(modeling_videomae, "eager_attention_forward",
+                  cp_wrap_attention_forward(modeling_videomae.eager_attention_forward))
+        x = pixels.clone().requires_grad_(True)
+        model(pixel_values=x).logits[0, index].backward()
+    expected = (x * x.grad).sum(dim=2)[0].detach()  # (frames, H, W)
+    scale = expected.abs().max()
+    torch.testing.assert_close(attnlrp(checkpoint.model, pixels, index, cp=True)[0] / scale, expected / scale,
+                               rtol=1e-5, atol=1e-5)
+    assert (attnlrp(checkpoint.model, pixels, index)[0] - expected).abs().max() > 1e-2 * scale
+
+
 def test_every_map_kind_draws_for_a_clip_or_is_refused_in_one_line(videomae):
     _, checkpoint, frames, _ = videomae
     clip = analyse_clip(checkpoint, frames)
