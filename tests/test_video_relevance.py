@@ -266,3 +266,37 @@ def test_attnlrp_past_its_whole_paths_bound_checkpoints_the_blocks_and_draws_the
     monkeypatch.setenv("VIT_ANALYSIS_MEMORY_MB", str((cost.chunked + cost.memory) / 2 / 2**20))
     assert plan.decide(plan.attnlrp(checkpoint.model, folded_grid(clip.grid))) == "chunks"
     np.testing.assert_allclose(explain_analysed(checkpoint, clip, "attnlrp").map, whole, rtol=1e-6, atol=1e-12)
+
+
+def test_head_ablation_and_each_heads_effect_on_a_clip_equal_transformers_with_the_heads_context_zeroed(videomae):
+    """``mechanism.ablate_heads`` and ``ablation_grid`` on a clip's pixels: transformers' VideoMAE with one head's
+    slice of its context zeroed before the output projection (a forward pre-hook on HF's ``dense``)."""
+    from vit.explain import mechanism
+
+    model, checkpoint, frames, pixels = videomae
+    ours = checkpoint.model
+    layers, heads = len(ours.blocks), ours.blocks[0].attn.num_heads
+    head_dim = ours.config.hidden_size // heads
+
+    def theirs(layer: int, head: int) -> torch.Tensor:
+        def zero_head(module, args):
+            context = args[0].clone()
+            context[..., head * head_dim:(head + 1) * head_dim] = 0
+            return (context,)
+        hook = model.videomae.encoder.layer[layer].attention.output.dense.register_forward_pre_hook(zero_head)
+        try:
+            with torch.no_grad():
+                return model(pixel_values=pixels).logits[0]
+        finally:
+            hook.remove()
+
+    with torch.no_grad():
+        intact = model(pixel_values=pixels).logits[0]
+    for layer, head in ((0, 1), (layers - 1, 0)):
+        logits, _ = mechanism.ablate_heads(ours, pixels, [(layer, head)])
+        torch.testing.assert_close(logits[0], theirs(layer, head), rtol=1e-5, atol=1e-5)
+    effects = mechanism.ablation_grid(ours, pixels, classes=1)  # (1, layers, heads)
+    expected = torch.tensor([[(theirs(layer, head) - intact)[1].item() for head in range(heads)]
+                             for layer in range(layers)])
+    assert expected.abs().max() > 1e-3
+    torch.testing.assert_close(effects[0], expected, rtol=1e-4, atol=1e-5)

@@ -149,6 +149,54 @@ def test_predict_prints_a_clips_classes_and_saves_each_layer_over_the_tubelets(t
         np.testing.assert_allclose(saved[f"layer_{i}"], theirs[0].numpy(), rtol=0, atol=1e-5)
 
 
+def test_predict_ablate_gives_a_clips_classes_and_maps_with_the_heads_context_zeroed_in_transformers(tmp_path,
+                                                                                                   capsys):
+    """``vit.predict MODEL clip --ablate 1.2 --save-maps``: the first layer's second head zero-ablated; the clip's
+    probabilities and the second layer's attention over the tubelets equal transformers' VideoMAE with that head's
+    slice of its context zeroed before the output projection (a forward pre-hook on HF's ``dense``)."""
+    import json
+
+    from vit.predict import main
+
+    model, processor = videomae_folder(tmp_path / "videomae", 4, 24, 32)
+    write_gif(tmp_path / "clip.gif", 9)
+    status = main([str(tmp_path / "videomae"), str(tmp_path / "clip.gif"), "--top-k", "5", "--ablate", "1.2",
+                   "--save-maps", str(tmp_path / "maps")])
+    [record] = json.loads(capsys.readouterr().out)
+    assert status == 0
+    ours = {p["label"]: p["probability"] for p in record["predictions"]}
+    pixels = processor(read_clip(tmp_path / "clip.gif", 4).frames, return_tensors="pt").pixel_values
+    head_dim = model.config.hidden_size // model.config.num_attention_heads
+
+    def zero_head(module, args):
+        context = args[0].clone()
+        context[..., head_dim:2 * head_dim] = 0  # head 2 of layer 1, counted from 1
+        return (context,)
+    with torch.no_grad():
+        intact = model(pixel_values=pixels).logits.softmax(-1)[0]
+        hook = model.videomae.encoder.layer[0].attention.output.dense.register_forward_pre_hook(zero_head)
+        out = model(pixel_values=pixels, output_attentions=True)
+        hook.remove()
+    theirs = out.logits.softmax(-1)[0]
+    labels = [model.config.id2label[i] for i in range(len(theirs))]
+    assert (theirs - intact).abs().max() > 1e-3  # the head matters here
+    np.testing.assert_allclose([ours[label] for label in labels], theirs.numpy(), rtol=1e-4, atol=1e-6)
+    saved = np.load(record["maps"]["npz"])
+    np.testing.assert_allclose(saved["layer_1"], out.attentions[1][0].numpy(), rtol=0, atol=1e-5)
+
+
+def test_predict_ablate_is_refused_in_one_line_for_timesformers_two_attentions(tmp_path, capsys):
+    from tests.test_timesformer import timesformer_folder
+    from vit.predict import main
+
+    timesformer_folder(tmp_path / "timesformer", 4, 32, 32)
+    write_gif(tmp_path / "clip.gif", 9)
+    capsys.readouterr()  # saving's progress bars
+    status = main([str(tmp_path / "timesformer"), str(tmp_path / "clip.gif"), "--ablate", "1.1"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert status == 2 and len(err) == 1 and "attend twice" in err[0]
+
+
 def test_save_maps_over_the_limit_is_refused_in_one_line_before_any_clip_is_read(tmp_path, capsys, monkeypatch):
     from vit import clips
     from vit.predict import main

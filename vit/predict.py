@@ -242,6 +242,26 @@ def ablated(checkpoint: Checkpoint, heads: str) -> Checkpoint:
         raise UsageError(f"--ablate: {e}") from None
 
 
+def ablated_clip_model(checkpoint: Checkpoint, heads: str) -> Checkpoint:
+    """A video ``checkpoint`` whose model is a copy with ``heads`` (``--ablate``'s text) zero-ablated in its weights
+    (``mechanism.ablated_copy``: their columns of the output projection zero), so that its predictions and every
+    saved map are the ablated model's; UsageError when unusable (TimeSformer: a block's two attentions)."""
+    from dataclasses import replace
+
+    from vit.explain.mechanism import MechanismError, ablated_copy, parse_heads
+    from vit.explain.video import is_divided
+
+    if is_divided(checkpoint):
+        raise UsageError("--ablate: TimeSformer's blocks attend twice (over time, then within a frame), and a head "
+                         "names one attention of one; ablate heads of a model with one attention per block")
+    model = checkpoint.model
+    try:
+        chosen = parse_heads(heads, len(model.blocks), [block.attn.num_heads for block in model.blocks])
+        return replace(checkpoint, model=ablated_copy(model, chosen))
+    except MechanismError as e:
+        raise UsageError(f"--ablate: {e}") from None
+
+
 def templates(text: str | None) -> list[str]:
     """``--template``'s templates: the default, the ImageNet ensemble ('imagenet'), or the one given."""
     from vit.explain.prompts import DEFAULT_TEMPLATE, check_template, imagenet_templates
@@ -560,10 +580,12 @@ def run_clips(checkpoint: Checkpoint, args: argparse.Namespace) -> int:
     from vit.explain.overlay import npz_array_bytes, write_npz_streamed
     from vit.explain.video import analyse_clip, saved_layers, saved_pieces
 
-    for flag, value in (("--labels", args.labels), ("--ablate", args.ablate), ("--size", args.size),
-                        ("--keep-aspect", args.keep_aspect), ("--template", args.template)):
+    for flag, value in (("--labels", args.labels), ("--size", args.size), ("--keep-aspect", args.keep_aspect),
+                        ("--template", args.template)):
         if value:
             raise UsageError(f"{flag} is for image models; a video model takes its own clip size")
+    if args.ablate is not None:
+        checkpoint = ablated_clip_model(checkpoint, args.ablate)
     maps_dir = Path(args.save_maps) if args.save_maps else None
     c = checkpoint.model.config
     saved = saved_layers(checkpoint)  # the model's own clip size: every clip's maps are this size
