@@ -13,7 +13,7 @@ import zipfile
 import numpy as np
 import pytest
 from PIL import Image
-from test_app import dirs, run_app, sidebar_widget  # noqa: F401 (a fixture)
+from test_app import charts, dirs, run_app, sidebar_widget  # noqa: F401 (a fixture)
 from test_videomae import videomae_folder, write_gif
 
 import vit
@@ -205,6 +205,28 @@ def test_a_class_map_on_the_page_is_vit_explains_for_the_chosen_class(video_page
     assert not at.exception and not at.error
     lens = vit.explain(model, str(tmp_path / "clip.gif"), "lens", layer=0, target=3)
     np.testing.assert_allclose(shown_map(at), lens.map[2], rtol=1e-5, atol=1e-7)
+
+
+def test_heads_switched_off_on_the_page_give_the_ablated_models_prediction_and_maps(video_page, tmp_path):
+    """The sidebar's "Heads off": the prediction and every map are ``vit.explain``'s on ``vit.ablate``'s copy
+    (zero ablation, checked against transformers in tests/test_videomae.py and tests/test_video_relevance.py)."""
+    at = upload_clip(video_page, "clip.gif", write_gif(tmp_path / "clip.gif", 9).read_bytes())
+    model = vit.load(str(tmp_path / "videomae"))
+    clip = str(tmp_path / "clip.gif")
+    sidebar_widget(at, "slider", "Layer").set_value(2).run()  # the layer after the one ablated
+    intact = vit.explain(model, clip, "attention", layer=1, query=(0, 0, 0))
+    np.testing.assert_allclose(shown_map(at), intact.map[0], rtol=1e-6, atol=1e-9)
+    sidebar_widget(at, "multiselect", "Heads off (zero ablation)").set_value(["1.2", "1.4"]).run()
+    assert not at.exception and not at.error, [e.value for e in at.error]
+    assert any("Heads 1.2, 1.4 are switched off" in i.value.replace("\\", "") for i in at.info)
+    ablated = vit.ablate(model, [(0, 1), (0, 3)])
+    off = vit.explain(ablated, clip, "attention", layer=1, query=(0, 0, 0))
+    np.testing.assert_allclose(shown_map(at), off.map[0], rtol=1e-6, atol=1e-9)
+    assert not np.allclose(off.map[0], intact.map[0])  # switching them off changed the later layer's attention
+    [bars] = [c for c in charts(at) if c["data"][0].get("type") == "bar"]
+    shown = dict(zip(bars["data"][0]["y"], bars["data"][0]["x"], strict=True))
+    top = off.prediction.top_k
+    assert top != intact.prediction.top_k and all(abs(shown[label] - p) < 1e-6 for label, p in top)
 
 
 def test_a_long_class_map_shows_its_progress_and_a_stop_button_and_stops(video_page, tmp_path, monkeypatch):

@@ -16,7 +16,7 @@ from app_pages.explorer_sections.uploader import file_upload
 from vit.app import clips, drawing, explorer
 from vit.checkpoint import Checkpoint
 from vit.clips import ClipError, read_clip_bytes
-from vit.explain import video
+from vit.explain import mechanism_views, video
 from vit.explain.overlay import display_image
 from vit.explain.video import CLIP_KIND_LABELS as MAP_KINDS
 from vit.text import escape_markdown, visible
@@ -28,7 +28,7 @@ PICKER_KEY = "clip_frame_picker"
 PICKER_CONFIG = {"displayModeBar": False, "scrollZoom": False, "doubleClick": False}
 # kept by the page while not drawn (a rejected upload stops the page before the sidebar's map settings)
 KEPT = ("clip_map", "clip_layer-", "clip_legrad_from-", "clip_class-", "clip_head-", "clip_query_", "clip_opacity",
-        "clip_pca")
+        "clip_pca", "clip_heads_off-")
 
 
 def _query_keys(model_key: str) -> tuple[str, str, str]:
@@ -47,6 +47,13 @@ def _refuse(what: str, error: Exception) -> None:
     """One line, the user's text (file names) escaped, and the page stops."""
     st.error(f"{what}: {escape_markdown(visible(str(error).splitlines()[0] if str(error) else repr(error)))}")
     st.stop()
+
+
+@st.cache_resource(max_entries=2, show_spinner="Switching the heads off…")
+def _heads_off(fingerprint: tuple, heads: tuple[tuple[int, int], ...], _checkpoint: Checkpoint) -> Checkpoint:
+    """The checkpoint with a copy of its model whose ``heads`` (layer, head from 0) are zero-ablated in the weights
+    (``mechanism_views.ablated_checkpoint``): the clip's prediction and every map are drawn from it."""
+    return mechanism_views.ablated_checkpoint(_checkpoint, list(heads))
 
 
 def _analysed(checkpoint: Checkpoint, frames: list, key: tuple) -> video.ClipAnalysis:
@@ -126,11 +133,24 @@ def clip_view(checkpoint: Checkpoint, fingerprint: tuple, model_key: str) -> Non
             query_columns = st.columns(3)
         st.session_state.setdefault("clip_opacity", 0.5)
         opacity = st.slider("Opacity", 0.0, 1.0, step=0.05, key="clip_opacity")
+        off_labels = []
+        if not video.is_divided(checkpoint):  # TimeSformer: a head names one of a block's two attentions
+            off_labels = st.multiselect(
+                "Heads off (zero ablation)", [f"{i + 1}.{h + 1}" for i in range(L) for h in range(H)],
+                key=f"clip_heads_off-{model_key}",
+                help="Layer.head, counted from 1: these heads' outputs are set to zero (their columns of the output "
+                     "projection), and the prediction and every map are the model's without them.")
 
     if uploaded is None:
         st.info("Upload a clip in the sidebar (a video, an animated GIF, or a zip of its frames) to see what this "
                 "video model attends to over space and time.")
         st.stop()
+    if off_labels:
+        heads_off = tuple(explorer.parse_head_labels(off_labels))
+        checkpoint = _heads_off(fingerprint, heads_off, checkpoint)
+        fingerprint = (fingerprint, "zero-ablated", heads_off)
+        st.info(f"Heads {escape_markdown(', '.join(off_labels))} are switched off (zero ablation) in the prediction "
+                "and in every map on this page.")
     data, name = uploaded.getvalue(), uploaded.name
     digest = explorer.image_digest(data)
     try:
