@@ -150,7 +150,7 @@ def attnlrp_bytes(model, grid: tuple[int, int], checkpointed: bool = False) -> i
     instead, and one block's graph at a time, the costliest; then the backward's gradients (``ATTNLRP_REST_*``)."""
     c = model.config
     tokens = model.num_prefix_tokens + grid[0] * grid[1]
-    pixels = ATTNLRP_INPUT_COPIES * input_bytes(model, grid) * max(getattr(c, "tubelet_size", 0), 1)
+    pixels = ATTNLRP_INPUT_COPIES * input_bytes(model, grid)  # a clip's every frame
     block = attnlrp_block_bytes(c, tokens)
     attention = attnlrp_attention_bytes(model, grid)
     # A logit bias's layer run again in the backward: its gradient's query chunk beside what the forward kept
@@ -302,9 +302,10 @@ def attentions_bytes(model, grid: tuple[int, int]) -> int:
 
 def input_bytes(model, grid: tuple[int, int], resized: bool = False) -> int:
     """Bytes of one image's preprocessed input on patch ``grid`` (float32), and with ``resized`` the resized image
-    it was made from (uint8), which an analysis keeps to draw its maps over."""
+    it was made from (uint8), which an analysis keeps to draw its maps over. A video model's clip on its folded grid
+    ``(tubelets x rows, cols)``: each tubelet's frames (``tubelet_size``)."""
     (ph, pw), channels = model.config.patch_hw, model.config.num_channels
-    pixels = channels * grid[0] * ph * grid[1] * pw
+    pixels = channels * grid[0] * ph * grid[1] * pw * max(getattr(model.config, "tubelet_size", 0) or 1, 1)
     return 4 * pixels + (pixels if resized else 0)
 
 

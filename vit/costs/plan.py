@@ -72,6 +72,14 @@ def _over(what: str) -> Callable[[int, int], TooManyTokens]:
     return lambda need, limit: TooManyTokens(what.format(need=f"{need / MB:,.0f}", limit=f"{limit / MB:,.0f}"))
 
 
+def _clip_frames(model, grid: tuple[int, int]) -> dict[str, int]:
+    """A video model's clip, preprocessed again for a class's forward and backward beside the analysis that holds it
+    (``vit.explain.video``): its every frame (VideoMAE-B's 16 frames of 224 px: 9.6 MB); nothing for an image."""
+    if not getattr(model.config, "tubelet_size", 0):
+        return {}
+    return {"the clip's frames, preprocessed again": memory.input_bytes(model, grid)}
+
+
 # --- the views ---------------------------------------------------------------------------------------------------
 
 def analysis(model, grid: tuple[int, int], what: str = "This input") -> Cost:
@@ -154,7 +162,7 @@ def gradient(model, grid: tuple[int, int], what: str, layers: int | None = None)
                              "another map.")
     part = ("every layer's attention (a windowed layer's windows), its gradient and autograd's copies" if windowed
             else "every layer's attention, its gradient and autograd's copies")
-    return _cost("gradient", model, grid, {part: need}, refuse)
+    return _cost("gradient", model, grid, {part: need, **_clip_frames(model, grid)}, refuse)
 
 
 def attnlrp(model, grid: tuple[int, int], what: str = "AttnLRP") -> Cost:
@@ -201,7 +209,8 @@ def chunked_gradient(model, grid: tuple[int, int], what: str) -> Cost:
                              f"{need / MB:,.0f} MB at {tokens:,} tokens, over the {limit / MB:,.0f} MB limit "
                              f"({ANALYSIS_MEMORY_ENV}); the largest square input that fits is "
                              f"{side} px. Choose a smaller input size, or another map.")
-    return _cost("chunked gradient", model, grid, {"hidden states, a block's graph, a chunk": need}, refuse)
+    return _cost("chunked gradient", model, grid, {"hidden states, a block's graph, a chunk": need,
+                                                   **_clip_frames(model, grid)}, refuse)
 
 
 def class_map(model, grid: tuple[int, int], what: str = "The class-specific map") -> Cost:
@@ -248,8 +257,8 @@ def legrad(model, grid: tuple[int, int], start_layer: int = -2) -> Cost:
                              "Choose a smaller input size, or another map.")
     # beside what a layer's layout forms (a BEiT's bias rows and their index), as a forward's
     return _cost("legrad", model, grid, {"the explained layers' inputs, a block's work, a chunk": need,
-                                         "the costliest layer's layout": bounds.layout_memory(model, grid).peak},
-                 refuse)
+                                         "the costliest layer's layout": bounds.layout_memory(model, grid).peak,
+                                         **_clip_frames(model, grid)}, refuse)
 
 
 def flow(model, grid: tuple[int, int], max_flow_tokens: int) -> Cost:
