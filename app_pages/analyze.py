@@ -19,15 +19,15 @@ from app_pages.explorer_sections.checkpoint_picker import open_from_hub, server_
 from app_pages.explorer_sections.long_work import long_work
 from vit.analyze import build_parser as analyze_parser
 from vit.analyze import submit as submit_analysis
-from vit.app import catalog, explorer, work
+from vit.app import catalog, explorer
 from vit.checkpoint import CheckpointError
 from vit.evaluate import labelled_files
 from vit.explain import dataset
 from vit.explain.dataset import sample_files
 from vit.images import ImageError, open_image
 from vit.predict import UsageError
-from vit.progress import in_parts
-from vit.runfiles import default_runs_dir, parse_json, read_text_bounded
+from vit.progress import Progress, in_parts
+from vit.runfiles import default_checkpoints_dir, default_runs_dir, parse_json, read_text_bounded
 from vit.runs import access, launch, ray_analyze, ray_jobs
 from vit.runs.launch import default_data_roots, folder_problem, hide_data_roots, resolve_dataset
 from vit.sources.open import open_source
@@ -82,7 +82,7 @@ if opened:
 st.session_state["analyze_opened"] = opened
 entries = [e for e in described.values() if e.ok]
 if not entries:
-    st.info(f"No checkpoints yet: put a .pt file in {escape_markdown(catalog.default_checkpoints_dir())} or train one.")
+    st.info(f"No checkpoints yet: put a .pt file in {escape_markdown(default_checkpoints_dir())} or train one.")
     st.stop()
 labels = {str(e.path): e.label for e in entries}
 if st.session_state.get("analyze_checkpoint") not in labels:
@@ -120,7 +120,7 @@ with_mechanism = st.checkbox("Also the mechanism: head attribution, ablation, hi
                                   "machine only: not on the cluster from this page).") and not on_ray
 
 
-def analyze_on_ray(model: str, data: Path, limit: int, progress: work.Progress) -> tuple:
+def analyze_on_ray(model: str, data: Path, limit: int, progress: Progress) -> tuple:
     """``python -m vit.analyze --ray``'s job into a folder of the runs folder (storage the nodes share), followed
     with ``progress`` (images done, from its log): the page's Stop stops the job (``ray_analyze.wait_for_job``) and
     nothing is read back. Done, its analysis and figures (once per analysis, as ``analyze_here``)."""
@@ -138,7 +138,7 @@ def analyze_on_ray(model: str, data: Path, limit: int, progress: work.Progress) 
     return analysis, dataset.figures(analysis)
 
 
-def analyze_here(checkpoint, files: list, with_mechanism: bool, progress: work.Progress) -> tuple:
+def analyze_here(checkpoint, files: list, with_mechanism: bool, progress: Progress) -> tuple:
     """The dataset pass on this server (and the mechanism's, with ``with_mechanism``), then its figures (once per
     analysis, not on every rerun: each mistake's button reruns the page); ``progress`` counts the images."""
     first, second = in_parts(progress, [len(files), len(files) if with_mechanism else 0])

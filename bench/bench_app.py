@@ -51,6 +51,7 @@ from vit.explain.overlay import jpeg_data_uri, overlay  # noqa: E402
 from vit.images import open_image  # noqa: E402
 from vit.inference import TRAINING_SIZE, InputSize  # noqa: E402
 from vit.model import ViT, ViTConfig, count_parameters  # noqa: E402
+from vit.runfiles import default_checkpoints_dir  # noqa: E402
 
 OVERLAY = dict(opacity=0.6, colormap="inferno", mode="bilinear")
 VIT_S8 = ViTConfig(image_size=224, patch_size=8, num_channels=3, num_classes=1000, hidden_size=384, num_layers=12,
@@ -241,8 +242,8 @@ def main(argv: list[str] | None = None) -> int:
     wanted = set(args.only or TARGETS)
     measured: dict[str, dict[str, tuple[float, float]]] = {}
 
-    default = catalog.default_checkpoints_dir() / catalog.DEFAULT_CHECKPOINT
-    samples = sorted((catalog.default_checkpoints_dir() / "samples" / default.stem).glob("*.png"))
+    default = default_checkpoints_dir() / catalog.DEFAULT_CHECKPOINT
+    samples = sorted((default_checkpoints_dir() / "samples" / default.stem).glob("*.png"))
     if "default" in wanted and default.is_file():
         data = samples[0].read_bytes() if samples else photo_png()
         measured["default"] = bench(f"default checkpoint ({default.name})", load_checkpoint(default), data,

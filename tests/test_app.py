@@ -24,7 +24,7 @@ from PIL import Image
 from streamlit.testing.v1 import AppTest
 
 from vit.app import drawing, explorer
-from vit.app.catalog import DEFAULT_CHECKPOINT, default_checkpoints_dir
+from vit.app.catalog import DEFAULT_CHECKPOINT
 from vit.bounds import TooManyTokens
 from vit.checkpoint import save_checkpoint
 from vit.explain import attention_maps, fits, image_analysis, map_captions, method_maps
@@ -33,6 +33,7 @@ from vit.explain.overlay import display_image, display_size, jpeg_data_uri
 from vit.images import ImageError
 from vit.inference import preprocess
 from vit.model import ViT, ViTConfig
+from vit.runfiles import default_checkpoints_dir
 
 APP = str(Path(__file__).resolve().parent.parent / "app.py")
 TIMEOUT = 180  # the first run imports torch, plotly and matplotlib on a busy machine

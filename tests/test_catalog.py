@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 from helpers import displayed
 
+from vit import runfiles
 from vit.app import catalog
 from vit.app.catalog import (
     Candidate,
@@ -291,8 +292,8 @@ def test_the_shipped_checkpoints_folder_is_the_repositorys(monkeypatch):
     """After vit/ gained wings the picker looked in vit/checkpoints/ and the app opened on nothing."""
     monkeypatch.delenv("VIT_CHECKPOINTS_DIR", raising=False)
     repository = Path(__file__).resolve().parent.parent
-    assert catalog.default_checkpoints_dir() == repository / "checkpoints"
-    assert (catalog.default_checkpoints_dir() / catalog.DEFAULT_CHECKPOINT).is_file()
+    assert runfiles.default_checkpoints_dir() == repository / "checkpoints"
+    assert (runfiles.default_checkpoints_dir() / catalog.DEFAULT_CHECKPOINT).is_file()
 
 
 def tiny_hf_cache(root: Path, count: int) -> Path:

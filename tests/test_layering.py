@@ -196,13 +196,15 @@ def borrowed(module: str, module_path: Path, files: list[Path]) -> list[str]:
     return found
 
 
-def test_nothing_reads_an_engine_name_through_the_explorers_drawing_module():
-    """``vit.app.drawing`` holds what the explorer draws; the overlay helpers and token labels it uses are read from
-    ``vit.explain`` where they live, by the pages as by everything else."""
+@pytest.mark.parametrize("module", sorted(p.stem for p in (VIT / "app").glob("*.py") if p.stem != "__init__"))
+def test_nothing_reads_an_engine_name_through_a_module_of_the_app_layer(module):
+    """``vit.app``'s modules hold what the pages draw and run; a name one of them only imports (the overlay helpers
+    and token labels ``drawing`` uses, the checkpoints folder ``catalog`` reads, the ``Progress`` ``work`` reports
+    to) is read where it lives, by the pages as by everything else."""
     root = VIT.parent
     files = [root / "app.py", *root.glob("app_pages/**/*.py"), *VIT.rglob("*.py"), *root.glob("tests/**/*.py"),
              *root.glob("bench/**/*.py")]
-    assert borrowed("vit.app.drawing", VIT / "app" / "drawing.py", files) == []
+    assert borrowed(f"vit.app.{module}", VIT / "app" / f"{module}.py", files) == []
 
 
 def test_the_re_export_check_catches_both_ways_of_reading_one(tmp_path):

@@ -13,12 +13,12 @@ import streamlit as st
 
 from app_pages.explorer_sections.long_work import long_work
 from vit import api, faithfulness
-from vit.app import work
 from vit.checkpoint import CheckpointError
 from vit.explain import benchmark_run
 from vit.explain import faithfulness as bench
 from vit.explain.attention_maps import MAP_KINDS
 from vit.predict import UsageError
+from vit.progress import Progress
 from vit.runfiles import default_runs_dir, parse_json, read_text_bounded
 from vit.runs import ray_analyze, ray_jobs
 from vit.runs.launch import default_data_roots, folder_problem, resolve_dataset
@@ -46,14 +46,14 @@ def inside_roots(folder: str, what: str) -> Path:
     return Path(spec[len("folder:"):])
 
 
-def run_here(checkpoint, settings: benchmark_run.Settings, items: list, about: dict, progress: work.Progress) -> dict:
+def run_here(checkpoint, settings: benchmark_run.Settings, items: list, about: dict, progress: Progress) -> dict:
     """The benchmark on this server: its report (``vit.faithfulness --out``'s JSON) and the unreadable images."""
     batches = benchmark_run.score_items(checkpoint, settings, items, explain=api.explain, progress=progress)
     skipped = [line for batch in batches for line in batch.skipped]
     return {"result": benchmark_run.report(settings, batches, about), "skipped": skipped}
 
 
-def run_on_ray(address: str, argv: list[str], total: int, progress: work.Progress) -> dict:
+def run_on_ray(address: str, argv: list[str], total: int, progress: Progress) -> dict:
     """``python -m vit.faithfulness ... --ray``'s job into a folder of the runs folder (storage the nodes share),
     followed with ``progress`` (maps done, from its log); the page's Stop stops the job. Its report once done."""
     out = default_runs_dir() / ".benchmarks" / f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"

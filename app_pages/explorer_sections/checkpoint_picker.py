@@ -7,6 +7,7 @@ from app_pages.explorer_sections import starting
 from app_pages.explorer_sections.caches import hf_cache_models
 from vit.app import catalog
 from vit.checkpoint import CheckpointError
+from vit.runfiles import default_checkpoints_dir
 from vit.runs import access
 from vit.sources import hub
 from vit.text import escape_markdown
@@ -99,7 +100,7 @@ def pick_checkpoint() -> tuple[dict[str, catalog.CatalogEntry], str, bool]:
     if not entries:
         starting.clear()
         st.title("ViT Attention Explorer")
-        st.info(f"No checkpoints yet: put a .pt file in {escape_markdown(catalog.default_checkpoints_dir())} or train "
+        st.info(f"No checkpoints yet: put a .pt file in {escape_markdown(default_checkpoints_dir())} or train "
                 "a model on the Train page.")
         st.stop()
     default = catalog.default_entry(list(entries.values())) or next(iter(entries.values()))

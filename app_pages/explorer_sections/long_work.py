@@ -20,6 +20,7 @@ from streamlit.runtime.scriptrunner import get_script_run_ctx
 
 from vit.app import work
 from vit.cache import ByteCache
+from vit.progress import Progress
 from vit.text import escape_markdown
 
 SESSION_KEY = "long_work"
@@ -59,7 +60,7 @@ def _session_alive() -> Callable[[], bool] | None:
     return lambda: instance.is_active_session(session_id)
 
 
-def _start(key: Any, label: str, compute: Callable[[work.Progress], Any], unit: str = "passes",
+def _start(key: Any, label: str, compute: Callable[[Progress], Any], unit: str = "passes",
            heavy: bool = True) -> work.Work:
     slots = server_slots(at_once()) if heavy else None
     current = work.Work(key, label, slots, _session_alive(), unit=unit).start(compute)
@@ -67,7 +68,7 @@ def _start(key: Any, label: str, compute: Callable[[work.Progress], Any], unit: 
     return current
 
 
-def long_work(key: Any, label: str, compute: Callable[[work.Progress], Any], place: str, unit: str = "passes",
+def long_work(key: Any, label: str, compute: Callable[[Progress], Any], place: str, unit: str = "passes",
               kept: ByteCache | None = None, heavy: bool = True) -> Any:
     """``compute(progress)``'s result for ``key``, or None while it runs or after it was stopped (its progress and
     a Stop or Run-again button are drawn here). ``place`` names the call site (its widgets' keys), ``unit`` what

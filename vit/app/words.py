@@ -11,13 +11,13 @@ import plotly.graph_objects as go
 import torch
 from PIL import Image
 
-from vit.app import work
 from vit.app.drawing import CURVE_BATCH, CURVES_X_AXIS
 from vit.checkpoint import Checkpoint
 from vit.explain import prompts
 from vit.explain.faithfulness import auc
 from vit.explain.words import Answer, model_input
 from vit.inference import TRAINING_SIZE, InputSize
+from vit.progress import Progress
 from vit.text import escape_plotly
 
 
@@ -38,7 +38,7 @@ def scores_figure(asked: Answer) -> go.Figure:
 
 
 def curves_figure(checkpoint: Checkpoint, asked: Answer, image: Image.Image, map2d: np.ndarray, index: int,
-                  size: InputSize = TRAINING_SIZE, progress: work.Progress | None = None) -> go.Figure:
+                  size: InputSize = TRAINING_SIZE, progress: Progress | None = None) -> go.Figure:
     """Deletion and insertion curves of label ``index``'s cosine similarity ranked by ``map2d``; ``progress``
     follows the images scored (``CURVE_BATCH`` at a time)."""
     x = model_input(checkpoint, image, size)
