@@ -29,6 +29,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
+# huggingface_hub fetches its AI-agent registry once a process (for its user agent) before the first request it
+# makes: not a request of the code under test, so it is answered 404 (the client then detects no agent) and not
+# recorded
+AGENT_REGISTRY = "/api/agent-harnesses"
+
 
 @dataclass
 class Repo:
@@ -149,6 +154,9 @@ def bind(hub: FakeHub, port: int = 0) -> ThreadingHTTPServer:
 
         def answer(self, head: bool) -> None:
             path = unquote(urlsplit(self.path).path)
+            if path == AGENT_REGISTRY:  # the client's own fetch, once a process, whichever request comes first
+                self.error(404, "EntryNotFound", "no agent registry here")
+                return
             hub.requests.append(Request(self.command, path, {k.lower(): v for k, v in self.headers.items()}))
             parts = path.strip("/").split("/")
             looping = next((r for r_id, r in hub.repos.items() if r.redirect_loop and r_id in path), None)
