@@ -91,6 +91,26 @@ def chromium() -> Iterator[Browser]:
             browser.close()
 
 
+def click_until(click, shown, timeout_ms: float, screenshot: tuple | None = None, attempt_ms: float = 20_000) -> None:
+    """``click()`` again and again, until ``shown`` (a playwright locator) is visible, ``timeout_ms`` at most.
+
+    On two loaded cores a click that lands while the page reruns can be lost (the element it hit is redrawn under
+    it): each try waits ``attempt_ms`` for the click and as long again for ``shown``. ``screenshot``: (page, path)
+    taken before the last failure is raised."""
+    deadline = time.monotonic() + timeout_ms / 1000
+    while True:
+        try:
+            click(attempt_ms)
+            shown.wait_for(timeout=attempt_ms)
+            return
+        except Exception:  # playwright's TimeoutError
+            if time.monotonic() > deadline:
+                if screenshot is not None:
+                    page, path = screenshot
+                    page.screenshot(path=str(path), full_page=True)
+                raise
+
+
 def ship_default(tmp_path: Path, config: ViTConfig, class_names: list[str],
                  metadata: dict | None = None) -> tuple[Path, Path]:
     """A random model (seed 0) saved under the default checkpoint name, as the app's shipped model; returns the

@@ -10,7 +10,7 @@ import numpy as np
 import psutil
 import pytest
 import torch
-from helpers import ARTIFACTS, BROWSER_TIMEOUT_MS, chromium, streamlit_app
+from helpers import ARTIFACTS, BROWSER_TIMEOUT_MS, chromium, click_until, streamlit_app
 from PIL import Image
 
 from vit.app.catalog import DEFAULT_CHECKPOINT
@@ -68,15 +68,8 @@ def open_page(browser, url):
 def ask_for_the_grid(page):
     page.get_by_text("Mechanism: logit lens, head attribution, ablation, phenomena").click()
     page.get_by_text("Each patch's probability of").wait_for()
-    deadline = time.monotonic() + TIMEOUT_MS / 1000
-    while True:  # a click that lands while the page reruns can be lost: again until the tab shows its toggle
-        try:
-            page.get_by_role("tab", name="Patching", exact=True).click(timeout=20_000)
-            page.get_by_text(GRID).wait_for(timeout=20_000)
-            break
-        except Exception:  # playwright's TimeoutError
-            if time.monotonic() > deadline:
-                raise
+    click_until(lambda ms: page.get_by_role("tab", name="Patching", exact=True).click(timeout=ms),
+                page.get_by_text(GRID), TIMEOUT_MS)  # a click that lands while the page reruns can be lost
     page.get_by_text(GRID).click()
 
 

@@ -6,11 +6,10 @@ cat (50 %), as ``python -m vit.predict checkpoints/cifar10-cifar-s.pt checkpoint
 --ablate 4.3`` prints too.
 """
 
-import time
 from pathlib import Path
 
 import pytest
-from helpers import ARTIFACTS, BROWSER_TIMEOUT_MS, chromium, streamlit_app
+from helpers import ARTIFACTS, BROWSER_TIMEOUT_MS, chromium, click_until, streamlit_app
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -51,18 +50,9 @@ def test_switching_a_head_off_on_a_real_photo_changes_the_prediction(server, pag
     page.get_by_text("Mechanism: logit lens, head attribution, ablation, phenomena").click()
     page.get_by_text("Each patch's probability of").wait_for()  # the first tab, drawn
     heads = page.get_by_role("combobox", name="Switch heads off (layer.head)", exact=True)
-    # On two loaded cores a click that lands while the page reruns can be lost, and the tabs are redrawn under
-    # it: short tries, again and again, until the Ablation tab shows its picker (the whole budget at most).
-    deadline = time.monotonic() + TIMEOUT_MS / 1000
-    while True:
-        try:
-            page.get_by_role("tab", name="Ablation", exact=True).click(timeout=20_000)
-            heads.wait_for(timeout=20_000)
-            break
-        except Exception:  # playwright's TimeoutError
-            if time.monotonic() > deadline:
-                page.screenshot(path=str(ARTIFACTS / "explorer-mechanism-no-ablation-tab.png"), full_page=True)
-                raise
+    # On two loaded cores a click that lands while the page reruns can be lost, and the tabs are redrawn under it.
+    click_until(lambda ms: page.get_by_role("tab", name="Ablation", exact=True).click(timeout=ms), heads, TIMEOUT_MS,
+                (page, ARTIFACTS / "explorer-mechanism-no-ablation-tab.png"))
     heads.click()
     page.keyboard.type("4.3")
     page.keyboard.press("Enter")
@@ -78,11 +68,13 @@ def test_switching_a_head_off_on_a_real_photo_changes_the_prediction(server, pag
     # Mean ablation over three photos uploaded as references (what an HF or timm model, with no samples, has),
     # then in every map: the sidebar's prediction follows (4.3 set to its mean over them: cat, 40 %).
     samples = ROOT / "checkpoints" / "samples" / "cifar10-cifar-s"
-    page.locator('[data-testid="stFileUploader"]').filter(has_text="Reference images").locator(
-        '[data-testid="stFileUploaderDropzoneInput"]').set_input_files(
+    uploader = page.locator('[data-testid="stFileUploader"]').filter(has_text="Reference images")
+    uploader.locator('[data-testid="stFileUploaderDropzoneInput"]').set_input_files(
         [str(samples / f"{name}_1.png") for name in ("airplane", "automobile", "bird")])
-    page.get_by_text("its mean over reference images").click()
-    page.get_by_text("Means over the 3 uploaded reference images").wait_for()
+    uploader.get_by_text("bird_1.png").wait_for()  # the upload is in the page's state before the click's rerun
+    click_until(lambda ms: page.get_by_text("its mean over reference images").click(timeout=ms),
+                page.get_by_text("Means over the 3 uploaded reference images"), TIMEOUT_MS,
+                (page, ARTIFACTS / "explorer-mechanism-no-mean.png"))
     page.get_by_text("Heads 4.3 off (mean ablation): predicts cat.").wait_for()
     page.get_by_text("Every map on this page with these heads off").click()
     page.get_by_text("(mean ablation over the 3 uploaded reference images) in the prediction").wait_for()
