@@ -82,6 +82,16 @@ def _clip_frames(model, grid: tuple[int, int]) -> dict[str, int]:
 
 # --- the views ---------------------------------------------------------------------------------------------------
 
+def _largest_square(high: int, fits: Callable[[tuple[int, int]], bool], unit: int = 1) -> int:
+    """The most patches of the largest square grid, ``side x side`` with ``side`` a multiple of ``unit`` up to
+    ``high x unit``, that ``fits`` (a binary search: the bytes grow with the tokens); ``unit²`` when none does."""
+    low = 1
+    while low < high:
+        middle = (low + high + 1) // 2
+        low, high = (middle, high) if fits((middle * unit,) * 2) else (low, middle - 1)
+    return (low * unit) ** 2
+
+
 def analysis(model, grid: tuple[int, int], what: str = "This input") -> Cost:
     """The explorer's analysis of one image (``image_analysis.analyse``) and every map drawn from what it keeps
     (``memory.analysis_parts``: hidden states, the forward, queries and keys, the rollout's factors or a chunk of
@@ -147,11 +157,8 @@ def gradient(model, grid: tuple[int, int], what: str, layers: int | None = None)
     def refuse(need: int, limit: int) -> TooManyTokens:
         if windowed:  # the windows' share is linear in T, the global layers' T²: the largest square side searched
             unit = config.spatial_merge or 1  # Qwen's grids are whole merge units
-            low, high = 1, max(max(grid) // unit, 1)
-            while low < high:
-                mid = (low + high + 1) // 2
-                low, high = (mid, high) if bytes_at((mid * unit,) * 2) <= limit else (low, mid - 1)
-            side = largest_square_side(config.patch_size, (low * unit) ** 2)
+            patches = _largest_square(max(max(grid) // unit, 1), lambda g: bytes_at(g) <= limit, unit)
+            side = largest_square_side(config.patch_size, patches)
         else:
             per_token_squared = need // tokens ** 2
             side = largest_square_side(config.patch_size,
@@ -175,12 +182,8 @@ def attnlrp(model, grid: tuple[int, int], what: str = "AttnLRP") -> Cost:
     config, tokens = model.config, _tokens(model, grid)
 
     def refuse(need: int, limit: int) -> TooManyTokens:
-        low, high = 1, max(grid)  # the largest square grid within the limit (the bytes grow with the tokens)
-        while low < high:
-            middle = (low + high + 1) // 2
-            fits = memory.attnlrp_bytes(model, (middle, middle), checkpointed=True) <= limit
-            low, high = (middle, high) if fits else (low, middle - 1)
-        side = largest_square_side(config.patch_size, low * low)
+        patches = _largest_square(max(grid), lambda g: memory.attnlrp_bytes(model, g, checkpointed=True) <= limit)
+        side = largest_square_side(config.patch_size, patches)
         return TooManyTokens(f"{what} keeps each block's input and one block's graph: about {need / MB:,.0f} MB at "
                              f"{tokens:,} tokens, over the {limit / MB:,.0f} MB limit ({ANALYSIS_MEMORY_ENV}); the "
                              f"largest square input that fits is {side} px. Choose a smaller input size, or another "
@@ -244,13 +247,9 @@ def legrad(model, grid: tuple[int, int], start_layer: int = -2) -> Cost:
     need = memory.legrad_bytes(model, grid, start_layer, device)
 
     def refuse(need: int, limit: int) -> TooManyTokens:
-        low, high = 1, max(grid)  # the largest square grid within the limit (the bytes grow with the tokens)
-        while low < high:
-            middle = (low + high + 1) // 2
-            fits = (memory.legrad_bytes(model, (middle, middle), start_layer, device)
-                    + bounds.layout_memory(model, (middle, middle)).peak) <= limit
-            low, high = (middle, high) if fits else (low, middle - 1)
-        side = largest_square_side(config.patch_size, low * low)
+        patches = _largest_square(max(grid), lambda g: memory.legrad_bytes(model, g, start_layer, device)
+                                  + bounds.layout_memory(model, g).peak <= limit)
+        side = largest_square_side(config.patch_size, patches)
         return TooManyTokens(f"LeGrad keeps its explained layers' inputs and one block's work: about "
                              f"{need / MB:,.0f} MB at {_tokens(model, grid):,} tokens, over the {limit / MB:,.0f} MB "
                              f"limit ({ANALYSIS_MEMORY_ENV}); the largest square input that fits is {side} px. "
