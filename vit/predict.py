@@ -229,23 +229,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def ablated(checkpoint: Checkpoint, heads: str) -> Checkpoint:
-    """``checkpoint`` whose model runs with ``heads`` (``--ablate``'s text) zero-ablated; UsageError when unusable."""
-    from dataclasses import replace
-
-    from vit.explain.mechanism import HeadAblated, MechanismError, parse_heads
-
-    model = checkpoint.model
-    try:
-        chosen = parse_heads(heads, len(model.blocks), [block.attn.num_heads for block in model.blocks])
-        return replace(checkpoint, model=HeadAblated(model, chosen))
-    except MechanismError as e:
-        raise UsageError(f"--ablate: {e}") from None
-
-
-def ablated_clip_model(checkpoint: Checkpoint, heads: str) -> Checkpoint:
-    """A video ``checkpoint`` whose model is a copy with ``heads`` (``--ablate``'s text) zero-ablated in its weights
+    """``checkpoint`` whose model is a copy with ``heads`` (``--ablate``'s text) zero-ablated in its weights
     (``mechanism.ablated_copy``: their columns of the output projection zero), so that its predictions and every
-    saved map are the ablated model's; UsageError when unusable (TimeSformer: a block's two attentions)."""
+    saved map are the ablated model's, computed as the model's own (in chunks, with progress); UsageError when
+    unusable (TimeSformer: a block's two attentions)."""
     from dataclasses import replace
 
     from vit.explain.mechanism import MechanismError, ablated_copy, parse_heads
@@ -422,7 +409,7 @@ def save_maps(result: FileResult, checkpoint: Checkpoint, folder: Path, stem: st
 
     For our ``ViT`` the arrays are computed layer by layer in chunks from the layer inputs of one more forward
     pass, and the rollout overlay is the rollout's CLS row by row vector (``vit.explain.chunked``): memory
-    stays bounded at any size. A wrapped model (``--ablate``) gives its attentions whole. ``size`` None is the
+    stays bounded at any size. A model that is not our ``ViT`` gives its attentions whole. ``size`` None is the
     checkpoint's own input size."""
     import numpy as np
     import torch
@@ -563,7 +550,7 @@ def run(args: argparse.Namespace) -> int:
     whole = maps_dir is not None and not isinstance(checkpoint.model, ViT)
     model = checkpoint.model
     with contextlib.ExitStack() as stack:
-        if isinstance(model, ViT):  # a wrapped model (--ablate) has no hook points to report from
+        if isinstance(model, ViT):  # another model has no hook points to report from
             progress = stack.enter_context(ForwardProgress(len(model.blocks)))
             stack.enter_context(model.hooks(progress.hooks()))
         records, failed = predicted(checkpoint, args, maps_dir, size, prompts, tower, whole)
@@ -585,7 +572,7 @@ def run_clips(checkpoint: Checkpoint, args: argparse.Namespace) -> int:
         if value:
             raise UsageError(f"{flag} is for image models; a video model takes its own clip size")
     if args.ablate is not None:
-        checkpoint = ablated_clip_model(checkpoint, args.ablate)
+        checkpoint = ablated(checkpoint, args.ablate)
     maps_dir = Path(args.save_maps) if args.save_maps else None
     c = checkpoint.model.config
     saved = saved_layers(checkpoint)  # the model's own clip size: every clip's maps are this size
