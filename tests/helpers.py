@@ -111,6 +111,21 @@ def click_until(click, shown, timeout_ms: float, screenshot: tuple | None = None
                 raise
 
 
+def lxt_norms(m, gelu: type | None = None) -> None:
+    """lxt's AttnLRP rules for transformers' LayerNorm and activation (tests/reference/lxt), set through ``m`` (a
+    ``monkeypatch.context()``, so undone when it closes): every ``nn.LayerNorm`` and ``gelu`` (default
+    transformers' ``GELUActivation``). The caller patches the model's attention with lxt's wrapper of its own."""
+    import torch
+
+    from tests.reference.lxt.patches import layer_norm_forward, non_linear_forward
+
+    if gelu is None:
+        from transformers.activations import GELUActivation as gelu
+    m.setattr(torch.nn.LayerNorm, "forward", layer_norm_forward)
+    m.setattr(gelu, "original_forward", gelu.forward, raising=False)
+    m.setattr(gelu, "forward", non_linear_forward)
+
+
 def ship_default(tmp_path: Path, config: ViTConfig, class_names: list[str],
                  metadata: dict | None = None) -> tuple[Path, Path]:
     """A random model (seed 0) saved under the default checkpoint name, as the app's shipped model; returns the

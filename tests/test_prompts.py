@@ -23,6 +23,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers import lxt_norms
 from parity_helpers import randomize
 from safetensors.torch import save_file
 
@@ -321,7 +322,7 @@ def test_attnlrp_for_a_prompt_equals_lxts_rules_on_hf_clip(tmp_path, monkeypatch
     import transformers.models.clip.modeling_clip as modeling_clip
     from transformers.activations import QuickGELUActivation
 
-    from tests.reference.lxt.patches import layer_norm_forward, non_linear_forward, wrap_attention_forward
+    from tests.reference.lxt.patches import wrap_attention_forward
 
     config = transformers.CLIPConfig(vision_config=HF_VISION, text_config=HF_TEXT, projection_dim=16)
     config._attn_implementation = "eager"
@@ -336,9 +337,7 @@ def test_attnlrp_for_a_prompt_equals_lxts_rules_on_hf_clip(tmp_path, monkeypatch
     x = image_batch(1, seed=4)
     expected = {}
     with monkeypatch.context() as m:  # lxt patches classes; undone before anything else runs
-        m.setattr(torch.nn.LayerNorm, "forward", layer_norm_forward)
-        m.setattr(QuickGELUActivation, "original_forward", QuickGELUActivation.forward, raising=False)
-        m.setattr(QuickGELUActivation, "forward", non_linear_forward)
+        lxt_norms(m, QuickGELUActivation)
         m.setattr(modeling_clip, "eager_attention_forward",
                   wrap_attention_forward(modeling_clip.eager_attention_forward))
         m.setattr(modeling_clip, "_get_vector_norm", lambda t: t.norm(p=2, dim=-1, keepdim=True).detach())

@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers import lxt_norms
 
 from vit.explain.attention import token_map
 from vit.explain.attention_flow import TooManyTokensError, attention_flow, flow_graph
@@ -246,17 +247,14 @@ def test_legrad_batch_and_non_square_grid(model):
 
 def test_attnlrp_matches_lxt_rules_on_hf_vit(monkeypatch):
     import transformers.models.vit.modeling_vit as modeling_vit
-    from transformers.activations import GELUActivation
 
-    from tests.reference.lxt.patches import layer_norm_forward, non_linear_forward, wrap_attention_forward
+    from tests.reference.lxt.patches import wrap_attention_forward
 
     hf, ours = hf_and_ours(seed=3)
     x = images(1, seed=4)
     expected = {}
     with monkeypatch.context() as m:  # lxt patches classes; undo it before anything else runs
-        m.setattr(torch.nn.LayerNorm, "forward", layer_norm_forward)
-        m.setattr(GELUActivation, "original_forward", GELUActivation.forward, raising=False)
-        m.setattr(GELUActivation, "forward", non_linear_forward)
+        lxt_norms(m)
         m.setattr(modeling_vit, "eager_attention_forward", wrap_attention_forward(modeling_vit.eager_attention_forward))
         for c in (0, 2):
             xr = x.clone().requires_grad_(True)

@@ -13,6 +13,7 @@ parameter, saved natively with a processor.
 import numpy as np
 import pytest
 import torch
+from helpers import lxt_norms
 from PIL import Image
 
 from vit.clips import clip_pixels, read_clip
@@ -218,10 +219,8 @@ def test_attnlrp_runs_through_divided_blocks_as_lxts_rules_patched_into_transfor
     """lxt's rules (tests/reference/lxt: LayerNorm, the activation, the uniform rule on q, k and v) put into HF's
     TimeSformer, whose attention is written inline (no attention function to wrap: its forward is restated with
     lxt's ``divide_gradient`` on q, k, v); each frame's pixels' relevance summed over its patches."""
-    from transformers.activations import GELUActivation
     from transformers.models.timesformer import modeling_timesformer
 
-    from tests.reference.lxt.patches import layer_norm_forward, non_linear_forward
     from tests.reference.lxt.rules import divide_gradient
 
     def attention_forward(self, hidden_states, output_attentions=False):  # HF's, with lxt's uniform rule
@@ -237,9 +236,7 @@ def test_attnlrp_runs_through_divided_blocks_as_lxts_rules_patched_into_transfor
     frames = read_clip(write_gif(tmp_path / "clip.gif", 5), 4).frames
     pixels = processor(frames, return_tensors="pt").pixel_values  # (1, frames, 3, H, W)
     with monkeypatch.context() as m, torch.enable_grad():  # undone before our model runs
-        m.setattr(torch.nn.LayerNorm, "forward", layer_norm_forward)
-        m.setattr(GELUActivation, "original_forward", GELUActivation.forward, raising=False)
-        m.setattr(GELUActivation, "forward", non_linear_forward)
+        lxt_norms(m)
         m.setattr(modeling_timesformer.TimesformerSelfAttention, "forward", attention_forward)
         x = pixels.clone().requires_grad_(True)
         model(pixel_values=x).logits[0, 1].backward()

@@ -12,9 +12,10 @@ that swapped time and rows would not match.
 import numpy as np
 import pytest
 import torch
+from helpers import lxt_norms
 from test_videomae import videomae_folder, write_gif
 
-from tests.reference.lxt.patches import layer_norm_forward, non_linear_forward, wrap_attention_forward
+from tests.reference.lxt.patches import wrap_attention_forward
 from vit.clips import clip_pixels, read_clip
 from vit.explain.attention_maps import MAP_KINDS
 from vit.explain.video import analyse_clip, explain_analysed, explain_clip
@@ -82,15 +83,12 @@ def test_legrad_is_the_authors_formula_with_the_mean_pooled_classifier_at_each_l
 
 
 def test_attnlrp_is_lxts_rules_patched_into_transformers_videomae(videomae, monkeypatch):
-    from transformers.activations import GELUActivation
     from transformers.models.videomae import modeling_videomae
 
     model, checkpoint, frames, pixels = videomae
     index = 1
     with monkeypatch.context() as m, torch.enable_grad():  # undone before our model runs
-        m.setattr(torch.nn.LayerNorm, "forward", layer_norm_forward)
-        m.setattr(GELUActivation, "original_forward", GELUActivation.forward, raising=False)
-        m.setattr(GELUActivation, "forward", non_linear_forward)
+        lxt_norms(m)
         m.setattr(modeling_videomae, "eager_attention_forward",
                   wrap_attention_forward(modeling_videomae.eager_attention_forward))
         x = pixels.clone().requires_grad_(True)
@@ -106,7 +104,6 @@ def test_cp_lrp_of_a_clip_is_lxts_cp_rules_patched_into_transformers_videomae(vi
     """CP-LRP (no relevance through the attention weights), the notebook API's ``relevance.attnlrp(cp=True)`` as for
     images, on a clip: lxt's ``cp_wrap_attention_forward`` (q and k stopped) patched into HF's VideoMAE; AttnLRP's
     relevance is another map here."""
-    from transformers.activations import GELUActivation
     from transformers.models.videomae import modeling_videomae
 
     from tests.reference.lxt.patches import cp_wrap_attention_forward
@@ -115,9 +112,7 @@ def test_cp_lrp_of_a_clip_is_lxts_cp_rules_patched_into_transformers_videomae(vi
     model, checkpoint, frames, pixels = videomae
     index = 1
     with monkeypatch.context() as m, torch.enable_grad():  # undone before our model runs
-        m.setattr(torch.nn.LayerNorm, "forward", layer_norm_forward)
-        m.setattr(GELUActivation, "original_forward", GELUActivation.forward, raising=False)
-        m.setattr(GELUActivation, "forward", non_linear_forward)
+        lxt_norms(m)
         m.setattr(modeling_videomae, "eager_attention_forward",
                   cp_wrap_attention_forward(modeling_videomae.eager_attention_forward))
         x = pixels.clone().requires_grad_(True)

@@ -13,6 +13,7 @@ import math
 import numpy as np
 import pytest
 import torch
+from helpers import lxt_norms
 from PIL import Image
 
 from vit.clips import clip_pixels
@@ -204,10 +205,9 @@ def test_the_classifiers_attnlrp_is_lxts_rules_patched_into_transformers_pooler_
     LayerNorm, GELU and every eager attention, the encoder's and the attentive pooler's (its self-attention layer and
     the query's cross-attention), the relevance ``x * dx`` of each frame's pixels summed per patch. With the rule
     left off the pooler's attentions alone the reference is another map: the test sees the pooler."""
-    from transformers.activations import GELUActivation
     from transformers.models.vjepa2 import modeling_vjepa2
 
-    from tests.reference.lxt.patches import layer_norm_forward, non_linear_forward, wrap_attention_forward
+    from tests.reference.lxt.patches import wrap_attention_forward
 
     model = vjepa2_folder(tmp_path / "classifier", "VJEPA2ForVideoClassification")
     checkpoint = open_source(tmp_path / "classifier")
@@ -221,9 +221,7 @@ def test_the_classifiers_attnlrp_is_lxts_rules_patched_into_transformers_pooler_
         def attention(module, *args, **kwargs):
             return (ruled if pooler_ruled or module not in pooler else eager)(module, *args, **kwargs)
         with monkeypatch.context() as m, torch.enable_grad():  # undone before our model runs
-            m.setattr(torch.nn.LayerNorm, "forward", layer_norm_forward)
-            m.setattr(GELUActivation, "original_forward", GELUActivation.forward, raising=False)
-            m.setattr(GELUActivation, "forward", non_linear_forward)
+            lxt_norms(m)
             m.setattr(modeling_vjepa2, "eager_attention_forward", attention)
             x = pixels.clone().requires_grad_(True)
             model(pixel_values_videos=x).logits[0, index].backward()
