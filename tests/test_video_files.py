@@ -43,14 +43,20 @@ def every_frame(path) -> list[np.ndarray]:
         return [frame.to_ndarray(format="rgb24") for frame in container.decode(video=0)]
 
 
-# (file, codec, keyframe interval): x264's B-frames with its own keyframes, and with one every 6 to 8 frames
-VIDEOS = [("clip.mp4", "libx264", None), ("short-gop.mp4", "libx264", 6), ("clip.webm", "libvpx", 7),
-          ("clip.mkv", "mpeg4", 5), ("clip.avi", "mpeg4", 8), ("hevc.mp4", "libx265", 9)]
+# (file, codec, keyframe interval, encoder options): x264's B-frames with its own keyframes, and with one every 6 to 8
+# frames; B-frames where the container's timestamps do not place them: AVI's (decoding order, or a seek by decoding
+# time), an MPEG program stream's (whose threaded decoders misname a frame's timestamp) and transport stream's
+BFRAMES = {"bf": "2"}
+VIDEOS = [("clip.mp4", "libx264", None, None), ("short-gop.mp4", "libx264", 6, None), ("clip.webm", "libvpx", 7, None),
+          ("clip.mkv", "mpeg4", 5, None), ("clip.avi", "mpeg4", 8, None), ("hevc.mp4", "libx265", 9, None),
+          ("b-frames.avi", "mpeg4", 6, BFRAMES), ("h264.avi", "libx264", 8, None),
+          ("clip.mpg", "mpeg2video", 6, BFRAMES), ("mpeg1.mpg", "mpeg1video", 6, BFRAMES),
+          ("clip.ts", "mpeg2video", 7, BFRAMES), ("h264.ts", "libx264", 10, None)]
 
 
-@pytest.mark.parametrize("name, codec, gop", VIDEOS, ids=[v[0] for v in VIDEOS])
-def test_the_sampled_frames_are_a_full_decodes_frames_at_their_indices(tmp_path, name, codec, gop):
-    path = write_video(tmp_path / name, 37, codec=codec, gop=gop)
+@pytest.mark.parametrize("name, codec, gop, options", VIDEOS, ids=[v[0] for v in VIDEOS])
+def test_the_sampled_frames_are_a_full_decodes_frames_at_their_indices(tmp_path, name, codec, gop, options):
+    path = write_video(tmp_path / name, 37, codec=codec, gop=gop, options=options)
     reference = every_frame(path)
     assert len(reference) == 37
     for wanted in (4, 16, 50):  # 50: a clip shorter than the model's frames repeats some
@@ -201,7 +207,7 @@ def test_the_packets_no_frame_refers_to_are_named_before_decoding(tmp_path):
             path = write_video(tmp_path / name, 37, codec="libvpx" if name.endswith("webm") else "mpeg4")
         with av.open(str(path)) as container:
             stream = container.streams.video[0]
-            stamps, _, references = clips._frame_timestamps(container, stream, name, 64, 48)
+            stamps, _, references, _, _ = clips._frame_timestamps(container, stream, name, 64, 48)
         assert len(stamps) == 37 and references == expected
 
 

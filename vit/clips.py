@@ -1,7 +1,7 @@
-"""A clip in, for a video model (VideoMAE, TimeSformer): its frames from a video file (MP4, WebM, MKV, MOV, AVI:
-PyAV), an animated GIF (PIL), a folder of frames, or a list of images, or an upload's bytes (a video, a GIF, or a zip
-of frames, read in memory: ``read_clip_bytes``), sampled to the model's ``num_frames`` and preprocessed frame by
-frame as its processor does.
+"""A clip in, for a video model (VideoMAE, TimeSformer): its frames from a video file (MP4, WebM, MKV, MOV, AVI,
+MPEG: PyAV), an animated GIF (PIL), a folder of frames, or a list of images, or an upload's bytes (a video, a GIF,
+or a zip of frames, read in memory: ``read_clip_bytes``), sampled to the model's ``num_frames`` and preprocessed
+frame by frame as its processor does.
 
 Every declared size is checked before a pixel is decoded: the frame count and the frame's width x height from the
 file headers, their product against the memory bound (``vit.bounds.memory_limit``), in one line. A video decoder
@@ -46,14 +46,16 @@ from vit.images import ImageError, open_image
 from vit.inference import preprocess
 
 FRAME_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".bmp", ".tif", ".tiff")
-VIDEO_SUFFIXES = (".mp4", ".webm", ".mov", ".avi", ".mkv", ".m4v", ".mpg", ".mpeg")
+VIDEO_SUFFIXES = (".mp4", ".webm", ".mov", ".avi", ".mkv", ".m4v", ".mpg", ".mpeg", ".ts", ".mts", ".m2ts")
 MAX_FRAMES = 100_000  # frames a clip may declare: an hour at 25 fps; its decoded size is bounded besides
 BYTES_PER_PIXEL = 3  # RGB, as decoded
 # Pixels a video's decoding may go through, counted over every declared frame (a file with one keyframe needs them
 # all): ~69 s of 1080p at 30 fps, ~15 CPU s of H.264 decoding (bench/bench_video_decode.py); a 10-minute 4K file at
 # 30 fps is 35 times it
 MAX_DECODE_PIXELS = 2**32
-PROBED_STREAMS = 64  # streams a file's first open probes without decoding (PyAV takes a longer list than it needs)
+TS_DISCONT = 0x200  # FFmpeg's AVFMT_TS_DISCONT: a format whose timestamps may jump (MPEG-PS, MPEG-TS)
+SEEK_TO_PTS = 0x4000000  # AVFMT_SEEK_TO_PTS: a format that seeks by presentation timestamps (MP4), not decoding ones
+PROBED_STREAMS = 64  # streams a file's first open probes without decoding (PyAV reads the first nb_streams)
 DECODER_FRAMES = 16  # reference frames a decoder may hold (H.264's and HEVC's most)
 BALANCED = 1.25  # a decoder's share of the work counts as fair up to this many times its part
 VIDEO_HELP = "give a shorter or smaller clip (ffmpeg -i in.mp4 -t 60 -vf scale=-2:720 out.mp4)"
@@ -188,13 +190,15 @@ def _reference_filter(stream):
 
 
 def _frame_timestamps(container, stream, name: str, width: int, height: int
-                      ) -> tuple[list[int], list[int], set[int] | None]:
-    """Every frame's presentation timestamp in order, the keyframes', and the frames other frames refer to (None when
-    the codec's packets do not say), from the packets (demuxed, not decoded); ClipError when there are more than the
-    headers let through."""
+                      ) -> tuple[list[int], list[int], set[int] | None, dict[int, int], bool]:
+    """Every frame's presentation timestamp in order, the keyframes', the frames other frames refer to (None when
+    the codec's packets do not say), the timestamp a seek to each keyframe takes (its decoding one, but where
+    the format seeks by presentation: MP4, MOV), and whether the packets came in presentation order, from the
+    packets (demuxed, not decoded); ClipError when there are more than the headers let through."""
     import av
 
-    stamps, keys, references = [], [], set()
+    stamps, keys, references, seeks = [], [], set(), {}
+    by_pts = bool(container.format.flags & SEEK_TO_PTS)
     references_filter = _reference_filter(stream)
     for packet in container.demux(stream):
         if packet.size == 0 or packet.is_discard:  # the flush packet; an edit list's dropped frames
@@ -204,6 +208,7 @@ def _frame_timestamps(container, stream, name: str, width: int, height: int
         stamps.append(packet.pts)
         if packet.is_keyframe:
             keys.append(packet.pts)
+            seeks[packet.pts] = packet.pts if by_pts or packet.dts is None else packet.dts  # AVI: frames by decoding
         if references_filter is not None:
             pts = packet.pts
             try:
@@ -216,7 +221,8 @@ def _frame_timestamps(container, stream, name: str, width: int, height: int
     _check_decoding(name, len(stamps), width, height)
     if not stamps or not keys:
         raise ClipError(f"{name} holds no decodable frame; re-encode it (ffmpeg -i in -c:v libx264 out.mp4)")
-    return sorted(stamps), sorted(keys), references if references_filter is not None else None
+    ordered = sorted(stamps)
+    return ordered, sorted(keys), references if references_filter is not None else None, seeks, ordered == stamps
 
 
 def _decoded(container, stream, targets: set[int], references: set[int] | None):
@@ -233,8 +239,8 @@ def _decoded(container, stream, targets: set[int], references: set[int] | None):
         yield from context.decode(packet)
 
 
-def _decode_sampled(container, stream, targets: list[int], keys: list[int], references: set[int] | None, name: str,
-                    width: int, height: int) -> dict[int, Image.Image]:
+def _decode_sampled(container, stream, targets: list[int], keys: list[int], seeks: dict[int, int],
+                    references: set[int] | None, name: str, width: int, height: int) -> dict[int, Image.Image]:
     """The frames at the timestamps ``targets`` (ascending) as RGB images: a seek to the keyframe before a target
     when that keyframe lies past the last decoded frame, decoding forward otherwise; no other frame converted."""
     out: dict[int, Image.Image] = {}
@@ -242,7 +248,7 @@ def _decode_sampled(container, stream, targets: list[int], keys: list[int], refe
     for target in targets:
         key = keys[max(0, bisect.bisect_right(keys, target) - 1)]
         if frames is None or position is None or key > position:
-            container.seek(key, stream=stream, backward=True)  # to that keyframe: any_frame=False
+            container.seek(seeks[key], stream=stream, backward=True)  # to that keyframe: any_frame=False
             frames = _decoded(container, stream, set(targets), references)
         for frame in frames:
             position = frame.pts
@@ -259,6 +265,24 @@ def _decode_sampled(container, stream, targets: list[int], keys: list[int], refe
     return out
 
 
+def _decode_in_order(container, stream, indices: list[int], name: str, width: int, height: int
+                     ) -> dict[int, Image.Image]:
+    """The frames at the positions ``indices`` of the decoder's output, decoded forward from the file's start, every
+    frame: for files whose timestamps do not say which frame is where."""
+    wanted, out = set(indices), {}
+    container.seek(0)
+    stream.thread_type = "AUTO"
+    for position, frame in enumerate(container.decode(stream)):
+        if position in wanted:
+            if frame.width > width or frame.height > height:
+                raise ClipError(f"{name} declares {width}x{height} px but holds {frame.width}x{frame.height}; "
+                                "re-encode it")
+            out[position] = Image.fromarray(frame.to_ndarray(format="rgb24"))
+        if len(out) == len(wanted):
+            return out
+    raise ClipError(f"{name} ends before the frames its packets name; it is truncated, re-encode it")
+
+
 def _open_video(source: Path | bytes, name: str):
     """A PyAV container over a video file or its bytes; ClipError (one line) when FFmpeg cannot open it.
 
@@ -271,9 +295,13 @@ def _open_video(source: Path | bytes, name: str):
         try:
             return av.open(str(source) if isinstance(source, Path) else io.BytesIO(source), metadata_errors="ignore",
                            stream_options=stream_options)
-        except (av.FFmpegError, OSError, ValueError):
-            raise ClipError(f"{name} is not a video this program can read (MP4, WebM, MKV, MOV, AVI); give a video, "
-                            "an animated GIF or a folder of frames") from None
+        except (av.FFmpegError, OSError):  # first: FFmpeg's InvalidDataError is a ValueError too
+            pass
+        except ValueError:  # PyAV: a format whose streams appear only in the probe (MPEG-PS) takes no stream options
+            if stream_options is not None:
+                return opened(None)
+        raise ClipError(f"{name} is not a video this program can read (MP4, WebM, MKV, MOV, AVI, MPEG); give a "
+                        "video, an animated GIF or a folder of frames")
 
     container = opened([{"skip_frame": "all"}] * PROBED_STREAMS)  # a probe that decodes no frame
     try:
@@ -312,13 +340,14 @@ def _decoders(cores: int, width: int, height: int, sampled: int) -> int:
     return max(1, min(cores, spare // ((DECODER_FRAMES + cores + 1) * frame)))
 
 
-def _decode_share(source: Path | bytes, targets: list[int], keys: list[int], references: set[int] | None,
-                  name: str, width: int, height: int, frame_threads: int) -> dict[int, Image.Image]:
+def _decode_share(source: Path | bytes, targets: list[int], keys: list[int], seeks: dict[int, int],
+                  references: set[int] | None, name: str, width: int, height: int, frame_threads: int
+                  ) -> dict[int, Image.Image]:
     """``_decode_sampled`` on a container of its own (a thread of ``_video_frames``)."""
     with _open_video(source, name) as container:
         stream = container.streams.video[0]
         stream.thread_type, stream.codec_context.thread_count = "AUTO", frame_threads
-        return _decode_sampled(container, stream, targets, keys, references, name, width, height)
+        return _decode_sampled(container, stream, targets, keys, seeks, references, name, width, height)
 
 
 def _video_frames(source: Path | bytes, wanted: int, name: str) -> SampledClip:
@@ -346,9 +375,14 @@ def _video_frames(source: Path | bytes, wanted: int, name: str) -> SampledClip:
         _check_decoding(name, declared, width, height)
         _check_size(name, declared, width, height, min(declared, wanted))  # the sampled frames, held as RGB
         try:
-            stamps, keys, references = _frame_timestamps(container, stream, name, width, height)
+            stamps, keys, references, seeks, in_order = _frame_timestamps(container, stream, name, width, height)
             indices = sample_indices(len(stamps), wanted)
             _check_size(name, len(stamps), width, height, len(set(indices)))
+            if container.format.flags & TS_DISCONT or (in_order and context.reorder_depth > 0):
+                # MPEG-PS/TS (a seek lands near a keyframe, and their threaded decoders may misname a frame's
+                # timestamp), or timestamps in decoding order where the codec reorders (AVI's H.264)
+                frames = _decode_in_order(container, stream, indices, name, width, height)
+                return SampledClip([frames[i] for i in indices], indices, len(stamps))
             cores = threads.usable_cores()
             shares, loads = _shares(sorted({stamps[i] for i in indices}), keys, stamps,
                                     _decoders(cores, width, height, len(set(indices))))
@@ -357,9 +391,10 @@ def _video_frames(source: Path | bytes, wanted: int, name: str) -> SampledClip:
             counts = [1 if load <= BALANCED * sum(loads) / cores else 0 for load in loads]
             stream.thread_type, context.thread_count = "AUTO", counts[0]
             with ThreadPoolExecutor(max_workers=max(1, len(shares) - 1)) as pool:
-                running = [pool.submit(_decode_share, source, share, keys, references, name, width, height, count)
+                running = [pool.submit(_decode_share, source, share, keys, seeks, references, name, width, height,
+                                       count)
                            for share, count in zip(shares[1:], counts[1:], strict=True)]
-                frames = _decode_sampled(container, stream, shares[0], keys, references, name, width, height)
+                frames = _decode_sampled(container, stream, shares[0], keys, seeks, references, name, width, height)
                 for share in running:
                     frames.update(share.result())
         except (av.FFmpegError, OSError, EOFError) as e:
@@ -369,7 +404,7 @@ def _video_frames(source: Path | bytes, wanted: int, name: str) -> SampledClip:
 
 
 def read_clip(source: str | os.PathLike | Sequence[Image.Image], wanted: int) -> SampledClip:
-    """``wanted`` RGB frames sampled uniformly from a video file (MP4, WebM, MKV, MOV, AVI), a GIF, a folder of
+    """``wanted`` RGB frames sampled uniformly from a video file (MP4, WebM, MKV, MOV, AVI, MPEG), a GIF, a folder of
     frames, or a list of PIL images; ClipError (one line) for anything else, or a clip past the bounds, before its
     frames are decoded."""
     if isinstance(source, (list, tuple)):

@@ -32,7 +32,7 @@ training-free sclip, naclip, clearclip, clipsurgery, the similarity itself),
 with ``class_names`` the labels and ``probability_kind``; each map is also drawn as
 ``<stem>_<method>_<i>.png`` (i: the label's place, from 0), listed under ``"maps"`` → ``"prompts"``.
 
-A video model (VideoMAE) takes clips instead: each IMAGE is a video file (MP4, WebM, MKV, MOV, AVI: PyAV), an
+A video model (VideoMAE) takes clips instead: each IMAGE is a video file (MP4, WebM, MKV, MOV, AVI, MPEG: PyAV), an
 animated GIF or a folder of frames, sampled uniformly to the model's ``num_frames``; with ``--save-maps`` its
 ``<stem>.npz`` holds ``layer_i`` (heads, T, T) over the tubelet tokens (time-major: token ``n`` is tubelet
 ``(n // (rows*cols), n // cols % rows, n % cols)``), ``grid`` (tubelets, rows, cols), ``tubelet`` (frames per

@@ -15,14 +15,14 @@ from app_pages.explorer_sections.long_work import long_work
 from app_pages.explorer_sections.uploader import file_upload
 from vit.app import clips, drawing, explorer
 from vit.checkpoint import Checkpoint
-from vit.clips import ClipError, read_clip_bytes
+from vit.clips import VIDEO_SUFFIXES, ClipError, read_clip_bytes
 from vit.explain import mechanism_views, video
 from vit.explain.overlay import display_image
 from vit.explain.video import CLIP_KIND_LABELS as MAP_KINDS
 from vit.text import escape_markdown, visible
 
 UPLOAD_KEY = "explorer_clip_upload"
-UPLOAD_TYPES = ["mp4", "webm", "mkv", "mov", "avi", "m4v", "gif", "zip"]
+UPLOAD_TYPES = [suffix[1:] for suffix in VIDEO_SUFFIXES] + ["gif", "zip"]
 FRAME_KEY = "clip_frame"  # the time slider: the shown sampled frame, counted from 1
 PICKER_KEY = "clip_frame_picker"
 PICKER_CONFIG = {"displayModeBar": False, "scrollZoom": False, "doubleClick": False}
@@ -96,10 +96,10 @@ def clip_view(checkpoint: Checkpoint, fingerprint: tuple, model_key: str) -> Non
     wanted, L, H = model.config.num_frames, len(model.blocks), model.config.num_heads
     st.sidebar.header("Clip")
     uploaded = file_upload(st.sidebar, "Upload a clip", UPLOAD_KEY, type=UPLOAD_TYPES,
-                           help=f"A video (MP4, WebM, MKV, MOV, AVI), an animated GIF, or a zip of its frames (png, "
-                                f"jpg, webp, … in the order of their names); {wanted} frames are sampled uniformly "
-                                "over it, as the model's processor does. Its declared size is checked before any "
-                                "frame is decoded.")
+                           help=f"A video (MP4, WebM, MKV, MOV, AVI, MPEG), an animated GIF, or a zip of its "
+                                f"frames (png, jpg, webp, … in the order of their names); {wanted} frames are sampled "
+                                "uniformly over it, as the model's processor does. Its declared size is checked before "
+                                "any frame is decoded.")
 
     # -- the map (sidebar) ---------------------------------------------------------------------------------------
     with st.sidebar:
