@@ -258,3 +258,38 @@ def test_attnlrp_runs_through_divided_blocks_as_lxts_rules_patched_into_transfor
             if kind in ("rollout", "class", "legrad", "lrp"):  # one attention per block
                 assert "attend twice" in str(error)
     assert drawn == ["attention", "attnlrp", "norms", "temporal", "similarity", "lens"]
+
+
+def test_cp_lrp_through_divided_blocks_is_lxts_cp_rule_in_transformers_timesformer(tmp_path, monkeypatch):
+    """CP-LRP (no relevance through the attention weights), the notebook API's ``relevance.attnlrp(cp=True)``, through
+    both attentions of TimeSformer's blocks: lxt's ``cp_wrap_attention_forward`` rule (q and k stopped) put into HF's
+    inline attention, with lxt's LayerNorm and activation rules; AttnLRP's relevance is another map here."""
+    from transformers.models.timesformer import modeling_timesformer
+
+    from tests.reference.lxt.rules import stop_gradient
+    from vit.explain.relevance import attnlrp
+
+    def attention_forward(self, hidden_states, output_attentions=False):  # HF's, with lxt's CP rule
+        B, N, C = hidden_states.shape
+        qkv = self.qkv(hidden_states).reshape(B, N, 3, self.num_heads, C // self.num_heads).permute(2, 0, 3, 1, 4)
+        q, k, v = stop_gradient(qkv[0]), stop_gradient(qkv[1]), qkv[2]
+        probs = ((q @ k.transpose(-2, -1)) * self.scale).softmax(dim=-1)
+        context = (probs @ v).transpose(1, 2).reshape(B, N, C)
+        return (context, probs) if output_attentions else (context,)
+
+    model, processor = timesformer_folder(tmp_path / "timesformer", 4, 24, 32)
+    checkpoint = open_source(tmp_path / "timesformer")
+    frames = read_clip(write_gif(tmp_path / "clip.gif", 5), 4).frames
+    pixels = processor(frames, return_tensors="pt").pixel_values  # (1, frames, 3, H, W)
+    with monkeypatch.context() as m, torch.enable_grad():  # undone before our model runs
+        lxt_norms(m)
+        m.setattr(modeling_timesformer.TimesformerSelfAttention, "forward", attention_forward)
+        x = pixels.clone().requires_grad_(True)
+        model(pixel_values=x).logits[0, 1].backward()
+    expected = (x * x.grad).sum(dim=2)[0].detach()  # (frames, H, W)
+    ours = clip_pixels(frames, checkpoint.preprocessing)
+    torch.testing.assert_close(ours, pixels)  # the same pixels in
+    scale = expected.abs().max()
+    torch.testing.assert_close(attnlrp(checkpoint.model, ours, 1, cp=True)[0] / scale, expected / scale,
+                               rtol=1e-5, atol=1e-5)
+    assert (attnlrp(checkpoint.model, ours, 1)[0] - expected).abs().max() > 1e-2 * scale
