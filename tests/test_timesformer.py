@@ -214,19 +214,17 @@ def test_a_layers_divided_attentions_are_computed_once_for_every_head_and_rerun(
     assert calls == [1, 0] and first.heads.shape[0] == 4 and again.map.shape == (4, 2, 2)
 
 
-def test_attnlrp_runs_through_divided_blocks_as_lxts_rules_patched_into_transformers_timesformer(tmp_path,
-                                                                                                 monkeypatch):
-    """lxt's rules (tests/reference/lxt: LayerNorm, the activation, the uniform rule on q, k and v) put into HF's
-    TimeSformer, whose attention is written inline (no attention function to wrap: its forward is restated with
-    lxt's ``divide_gradient`` on q, k, v); each frame's pixels' relevance summed over its patches."""
+def relevance_with_lxts_rules(tmp_path, monkeypatch, rule):
+    """(checkpoint, frames, pixels, relevance) of class 1 through HF's TimeSformer (4 frames of 24 x 32 px) with lxt's
+    LayerNorm and activation rules and ``rule(qkv) -> (q, k, v)`` in its attention, which is written inline (no
+    attention function to wrap: its forward is restated with the rule); the relevance ``x * dx`` per pixel,
+    (frames, H, W)."""
     from transformers.models.timesformer import modeling_timesformer
 
-    from tests.reference.lxt.rules import divide_gradient
-
-    def attention_forward(self, hidden_states, output_attentions=False):  # HF's, with lxt's uniform rule
+    def attention_forward(self, hidden_states, output_attentions=False):  # HF's, with lxt's rule on q, k, v
         B, N, C = hidden_states.shape
-        qkv = self.qkv(hidden_states).reshape(B, N, 3, self.num_heads, C // self.num_heads).permute(2, 0, 3, 1, 4)
-        q, k, v = divide_gradient(qkv[0], 4), divide_gradient(qkv[1], 4), divide_gradient(qkv[2], 2)
+        q, k, v = rule(self.qkv(hidden_states).reshape(B, N, 3, self.num_heads, C // self.num_heads)
+                       .permute(2, 0, 3, 1, 4))
         probs = ((q @ k.transpose(-2, -1)) * self.scale).softmax(dim=-1)
         context = (probs @ v).transpose(1, 2).reshape(B, N, C)
         return (context, probs) if output_attentions else (context,)
@@ -240,7 +238,19 @@ def test_attnlrp_runs_through_divided_blocks_as_lxts_rules_patched_into_transfor
         m.setattr(modeling_timesformer.TimesformerSelfAttention, "forward", attention_forward)
         x = pixels.clone().requires_grad_(True)
         model(pixel_values=x).logits[0, 1].backward()
-    expected = (x * x.grad).sum(dim=2)[0].detach().reshape(4, 3, 8, 4, 8).sum(dim=(2, 4))  # (frames, gh, gw)
+    return checkpoint, frames, pixels, (x * x.grad).sum(dim=2)[0].detach()
+
+
+def test_attnlrp_runs_through_divided_blocks_as_lxts_rules_patched_into_transformers_timesformer(tmp_path,
+                                                                                                 monkeypatch):
+    """lxt's rules (tests/reference/lxt: LayerNorm, the activation, the uniform rule on q, k and v) put into HF's
+    TimeSformer; each frame's pixels' relevance summed over its patches."""
+    from tests.reference.lxt.rules import divide_gradient
+
+    checkpoint, frames, _, relevance = relevance_with_lxts_rules(
+        tmp_path, monkeypatch, lambda qkv: (divide_gradient(qkv[0], 4), divide_gradient(qkv[1], 4),
+                                            divide_gradient(qkv[2], 2)))
+    expected = relevance.reshape(4, 3, 8, 4, 8).sum(dim=(2, 4))  # (frames, gh, gw)
     explained = explain_clip(checkpoint, frames, "attnlrp", class_index=1)
     scale = expected.abs().max()
     torch.testing.assert_close(torch.from_numpy(explained.map).double() / scale, expected.double() / scale,
@@ -263,30 +273,12 @@ def test_attnlrp_runs_through_divided_blocks_as_lxts_rules_patched_into_transfor
 def test_cp_lrp_through_divided_blocks_is_lxts_cp_rule_in_transformers_timesformer(tmp_path, monkeypatch):
     """CP-LRP (no relevance through the attention weights), the notebook API's ``relevance.attnlrp(cp=True)``, through
     both attentions of TimeSformer's blocks: lxt's ``cp_wrap_attention_forward`` rule (q and k stopped) put into HF's
-    inline attention, with lxt's LayerNorm and activation rules; AttnLRP's relevance is another map here."""
-    from transformers.models.timesformer import modeling_timesformer
-
+    attention, with lxt's LayerNorm and activation rules; AttnLRP's relevance is another map here."""
     from tests.reference.lxt.rules import stop_gradient
     from vit.explain.relevance import attnlrp
 
-    def attention_forward(self, hidden_states, output_attentions=False):  # HF's, with lxt's CP rule
-        B, N, C = hidden_states.shape
-        qkv = self.qkv(hidden_states).reshape(B, N, 3, self.num_heads, C // self.num_heads).permute(2, 0, 3, 1, 4)
-        q, k, v = stop_gradient(qkv[0]), stop_gradient(qkv[1]), qkv[2]
-        probs = ((q @ k.transpose(-2, -1)) * self.scale).softmax(dim=-1)
-        context = (probs @ v).transpose(1, 2).reshape(B, N, C)
-        return (context, probs) if output_attentions else (context,)
-
-    model, processor = timesformer_folder(tmp_path / "timesformer", 4, 24, 32)
-    checkpoint = open_source(tmp_path / "timesformer")
-    frames = read_clip(write_gif(tmp_path / "clip.gif", 5), 4).frames
-    pixels = processor(frames, return_tensors="pt").pixel_values  # (1, frames, 3, H, W)
-    with monkeypatch.context() as m, torch.enable_grad():  # undone before our model runs
-        lxt_norms(m)
-        m.setattr(modeling_timesformer.TimesformerSelfAttention, "forward", attention_forward)
-        x = pixels.clone().requires_grad_(True)
-        model(pixel_values=x).logits[0, 1].backward()
-    expected = (x * x.grad).sum(dim=2)[0].detach()  # (frames, H, W)
+    checkpoint, frames, pixels, expected = relevance_with_lxts_rules(
+        tmp_path, monkeypatch, lambda qkv: (stop_gradient(qkv[0]), stop_gradient(qkv[1]), qkv[2]))
     ours = clip_pixels(frames, checkpoint.preprocessing)
     torch.testing.assert_close(ours, pixels)  # the same pixels in
     scale = expected.abs().max()
