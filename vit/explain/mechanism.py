@@ -571,21 +571,6 @@ def ablated_copy(model: ViT, heads: Sequence[tuple[int, int]], mode: str = "zero
     return ablated
 
 
-class HeadAblated(nn.Module):
-    """A ``ViT`` with some heads ablated that keeps the ``(logits, attentions)`` forward contract, for code
-    that calls a model (``vit.predict --ablate``). ``config`` and ``patch_grid`` are the model's own."""
-
-    def __init__(self, model: ViT, heads: Sequence[tuple[int, int]], mode: str = "zero",
-                 means: Tensor | None = None) -> None:
-        super().__init__()
-        check_supported(model)
-        self.model, self.heads, self.mode, self.means = model, list(heads), mode, means
-        self.config, self.num_prefix_tokens, self.patch_grid = model.config, model.num_prefix_tokens, model.patch_grid
-
-    def forward(self, images: Tensor, output_attentions: bool = False):
-        return ablate_heads(self.model, images, self.heads, self.mode, self.means, output_attentions)
-
-
 def _report(progress: Progress | None, done: int, total: int) -> None:
     """Tell ``progress`` (if any) that ``done`` passes of ``total`` are done; it may raise to stop the work."""
     if progress is not None:
