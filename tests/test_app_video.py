@@ -205,6 +205,12 @@ def test_a_class_map_on_the_page_is_vit_explains_for_the_chosen_class(video_page
     assert not at.exception and not at.error
     lens = vit.explain(model, str(tmp_path / "clip.gif"), "lens", layer=0, target=3)
     np.testing.assert_allclose(shown_map(at), lens.map[2], rtol=1e-5, atol=1e-7)
+    sidebar_widget(at, "radio", "Map").set_value("gradcam").run()  # the layer (1) and the class (3) kept
+    assert not at.exception and not at.error
+    assert not [n for n in at.sidebar.number_input if n.label == "Frame"]  # Grad-CAM reads no query
+    gradcam = vit.explain(model, str(tmp_path / "clip.gif"), "gradcam", layer=0, target=3)
+    np.testing.assert_allclose(shown_map(at), gradcam.map[2], rtol=1e-5, atol=1e-7)
+    assert np.ptp(gradcam.map) > 0
 
 
 def test_heads_switched_off_on_the_page_give_the_ablated_models_prediction_and_maps(video_page, tmp_path):

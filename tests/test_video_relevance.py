@@ -124,6 +124,45 @@ def test_cp_lrp_of_a_clip_is_lxts_cp_rules_patched_into_transformers_videomae(vi
     assert (attnlrp(checkpoint.model, pixels, index)[0] - expected).abs().max() > 1e-2 * scale
 
 
+@pytest.mark.parametrize("method, layer, class_index", [("gradcam", -1, 3), ("gradcam", 0, None), ("layercam", -1, 1),
+                                                      ("eigencam", -1, None), ("eigencam", 0, None)])
+def test_a_clips_cams_are_pytorch_grad_cams_own_on_the_3d_feature_map_of_transformers_videomae(videomae, method,
+                                                                                               layer, class_index):
+    """pytorch-grad-cam's own GradCAM, LayerCAM and EigenCAM (tests/reference/pytorch_grad_cam: their 5-D branches)
+    on HF's VideoMAE, hooking the explained layer's ``layernorm_before`` with a ``reshape_transform`` to the 3D feature
+    map ``(B, D, t, gh, gw)``, as pytorch-grad-cam#529 asks for VideoMAE; compared on the tubelet grid, min-max scaled
+    as its ``forward`` scales. Taking frames for rows (a 2D map of the folded grid) would not match."""
+    from test_cam import REFERENCE, scaled
+
+    from tests.reference.pytorch_grad_cam.model_targets import ClassifierOutputTarget
+
+    model, checkpoint, frames, pixels = videomae
+    t, gh, gw = FRAMES // 2, HEIGHT // 8, WIDTH // 8
+
+    class Logits(torch.nn.Module):  # pytorch-grad-cam calls model(input) for a tensor of logits
+        def __init__(self):
+            super().__init__()
+            self.hf = model
+
+        def forward(self, x):
+            return self.hf(pixel_values=x).logits
+
+    def reshape_transform(tensor):  # tokens (B, t*gh*gw, D), time-major as HF's Conv3d flattens them
+        return tensor.reshape(tensor.size(0), t, gh, gw, tensor.size(2)).permute(0, 4, 1, 2, 3)
+
+    wrapped = Logits().eval()
+    index = class_index if class_index is not None else int(wrapped(pixels).argmax())
+    reference = REFERENCE[method](model=wrapped, target_layers=[model.videomae.encoder.layer[layer].layernorm_before],
+                                  reshape_transform=reshape_transform)
+    reference.get_target_width_height = lambda input_tensor: None  # the map on the tubelet grid: no zoom
+    with reference, torch.enable_grad():
+        expected = torch.from_numpy(reference(pixels.clone(), [ClassifierOutputTarget(index)]))[0]  # (t, gh, gw)
+    assert expected.shape == (t, gh, gw)
+    ours = explain_clip(checkpoint, frames, method, layer=layer, class_index=class_index).map  # (frames, gh, gw)
+    np.testing.assert_array_equal(ours[0::2], ours[1::2])  # a tubelet's value over its two frames
+    torch.testing.assert_close(scaled(torch.from_numpy(ours[0::2].copy())[None])[0], expected, rtol=0, atol=2e-5)
+
+
 def test_every_map_kind_draws_for_a_clip_or_is_refused_in_one_line(videomae):
     _, checkpoint, frames, _ = videomae
     clip = analyse_clip(checkpoint, frames)
@@ -136,7 +175,8 @@ def test_every_map_kind_draws_for_a_clip_or_is_refused_in_one_line(videomae):
             continue
         assert explained.map.shape == (FRAMES, HEIGHT // 8, WIDTH // 8) and np.isfinite(explained.map).all()
         drawn.append(kind)
-    assert drawn == ["attention", "rollout", "class", "legrad", "attnlrp", "norms", "similarity", "lens"]
+    assert drawn == ["attention", "rollout", "class", "legrad", "attnlrp", "gradcam", "eigencam", "layercam", "norms",
+                     "similarity", "lens"]
     with pytest.raises(ValueError, match="Chefer et al.'s.*use AttnLRP"):
         explain_analysed(checkpoint, clip, "lrp")
     with pytest.raises(ValueError, match="leave query out"):

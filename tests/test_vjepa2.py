@@ -191,13 +191,47 @@ def test_a_clip_without_a_classifier_draws_its_maps_and_offers_no_class_map(tmp_
 
     vjepa2_folder(tmp_path / "vjepa2")
     checkpoint = open_source(tmp_path / "vjepa2")
-    assert clip_map_kinds(checkpoint) == ("attention", "rollout", "norms", "similarity")
+    assert clip_map_kinds(checkpoint) == ("attention", "rollout", "norms", "similarity", "eigencam")
     clip = analyse_clip(checkpoint, frames_of(4, 32, 32))
     assert explain_analysed(checkpoint, clip, "similarity", query=(2, 1, 3)).map.shape == (4, 4, 4)
-    for kind in ("lens", "legrad", "attnlrp"):
+    for kind in ("lens", "legrad", "attnlrp", "gradcam", "layercam"):
         with pytest.raises(ValueError, match="no classifier") as error:
             explain_analysed(checkpoint, clip, kind)
         assert "\n" not in str(error.value)
+
+
+def test_eigencam_of_an_encoder_is_pytorch_grad_cams_own_on_the_3d_feature_map(tmp_path):
+    """pytorch-grad-cam's own EigenCAM (gradient-free: an encoder without a classifier has one) on HF's V-JEPA 2,
+    hooking the last layer's ``norm1`` with a ``reshape_transform`` to ``(B, D, t, gh, gw)``, min-max scaled as its
+    ``forward`` scales; each tubelet's value over its two frames."""
+    from test_cam import scaled
+
+    from tests.reference.pytorch_grad_cam.eigen_cam import EigenCAM
+
+    model = vjepa2_folder(tmp_path / "vjepa2")
+    checkpoint = open_source(tmp_path / "vjepa2")
+    frames = frames_of(4, 32, 32)
+    pixels = clip_pixels(frames, checkpoint.preprocessing)  # (1, 4, 3, 32, 32)
+
+    class Tokens(torch.nn.Module):  # pytorch-grad-cam calls model(input) for a tensor (unread by EigenCAM)
+        def __init__(self):
+            super().__init__()
+            self.hf = model
+
+        def forward(self, x):
+            return self.hf(pixel_values_videos=x, skip_predictor=True).last_hidden_state.mean(1)
+
+    def reshape_transform(tensor):  # tokens (B, t*gh*gw, D), time-major
+        return tensor.reshape(tensor.size(0), 2, 4, 4, tensor.size(2)).permute(0, 4, 1, 2, 3)
+
+    reference = EigenCAM(model=Tokens().eval(), target_layers=[model.encoder.layer[-1].norm1],
+                         reshape_transform=reshape_transform)
+    reference.get_target_width_height = lambda input_tensor: None  # the map on the tubelet grid: no zoom
+    with reference:
+        expected = torch.from_numpy(reference(pixels.clone(), None))[0]  # (t, gh, gw)
+    ours = explain_clip(checkpoint, frames, "eigencam").map  # (frames, gh, gw)
+    np.testing.assert_array_equal(ours[0::2], ours[1::2])
+    torch.testing.assert_close(scaled(torch.from_numpy(ours[0::2].copy())[None])[0], expected, rtol=0, atol=2e-5)
 
 
 def test_the_classifiers_attnlrp_is_lxts_rules_patched_into_transformers_pooler_and_all(tmp_path, monkeypatch):

@@ -77,7 +77,7 @@ def _explained(checkpoint: Checkpoint, clip: video.ClipAnalysis, key: tuple, kin
     def run(progress=None) -> video.ClipExplanation:
         return video.explain_analysed(checkpoint, clip, kind, layer, head, query, class_index, progress)
 
-    if kind not in video.CLASS_CLIP_KINDS:
+    if kind not in video.CLASS_CLIP_KINDS + video.CLIP_CAM_KINDS:
         return run()
     tokens = clip.analysis.num_tokens
     if tokens <= PROGRESS_TOKENS:
@@ -127,7 +127,7 @@ def clip_view(checkpoint: Checkpoint, fingerprint: tuple, model_key: str) -> Non
             head = None if chosen == -1 else chosen
         grid = None  # known once the clip is read
         query_values = None
-        reads_query = kind not in ("norms", "legrad", "attnlrp", "lens")
+        reads_query = kind not in ("norms", "legrad", "attnlrp", "lens", *video.CLIP_CAM_KINDS)
         if reads_query:
             st.caption("Query patch (click one on the shown frame, or type it): its attention over every frame.")
             query_columns = st.columns(3)

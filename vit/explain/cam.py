@@ -6,7 +6,10 @@ The activations are a block's first norm's output (``hook_attn_in``; pytorch-gra
 ``model.blocks[-1].norm1``, the last block's, whose patch tokens still reach the class through that block's
 attention), read at its hook point in the model's one forward. The prefix tokens (CLS, distillation, registers)
 are dropped and the patches, kept row-major on the layer's own grid by every family (a NaFlex image's, a Swin or
-Hiera stage's), become ``(B, D, h, w)``: the tutorial's ``reshape_transform`` for any grid. Each method then
+Hiera stage's), become ``(B, D, h, w)``: the tutorial's ``reshape_transform`` for any grid. A clip's tubelets
+(``(B, frames, C, H, W)`` in) lie on its folded grid ``(t*gh, gw)``: Grad-CAM's mean gradient, LayerCAM's product
+and EigenCAM's projection over it are pytorch-grad-cam's over the 3D feature map ``(B, D, t, gh, gw)`` (its
+``base_cam``'s 5-D branch). Each method then
 weighs the channels as pytorch-grad-cam does and sums them; the map is its ReLU, ``(B, h, w)``, not normalised
 (pytorch-grad-cam min-max normalises and resizes to the input; the overlay does both).
 """
@@ -79,7 +82,7 @@ def _classes(logits: Tensor, class_index: int | Tensor | None) -> Tensor:
 def _layer_grid(model: ViT, images: Tensor, layer: int, tokens: int) -> tuple[int, int]:
     """The grid of layer ``layer``'s norm1 tokens: the stage's after a Swin merge (before norm1), the finer one
     before a Hiera query pooling (after norm1)."""
-    grid = model.patch_grid(images.shape[2], images.shape[3])
+    grid = model.input_grid(images)  # a clip's folded (t*gh, gw): its tokens time-major, row-major there
     grids = (grid,) + model.layer_grids(grid)  # grids[l]: block l's input, grids[l + 1]: its output
     patches = tokens - model.num_prefix_tokens
     for candidate in (grids[layer + 1], grids[layer]):

@@ -7,7 +7,8 @@ frames.
 Token ``n`` is the tubelet ``(n // (gh*gw), n // gw % gh, n % gw)`` (time in tubelets); ``clip_token`` gives it.
 One class's maps run the model again on the clip's pixels (``clip_class_map``, cached in the analysis): the class map
 (Chefer et al.'s gradient rollout, a tubelet's row), LeGrad (the classifier's mean pooling read at each layer) and
-AttnLRP (each frame's own pixels' relevance, summed over its patches). The others are refused in one line, each for
+AttnLRP (each frame's own pixels' relevance, summed over its patches); so do the CAMs pytorch-grad-cam defines for 3D
+feature maps (``clip_cam_map``: Grad-CAM, LayerCAM, EigenCAM). The others are refused in one line, each for
 its reason (``CLIP_REFUSALS``); TimeSformer's divided blocks are refused the maps defined for one attention per block
 (rollout, the class map, LeGrad), AttnLRP running through them.
 """
@@ -36,8 +37,11 @@ from vit.model.layouts import clip_grid, clip_token, folded_grid, frame_maps
 from vit.progress import Progress
 
 CLASS_CLIP_KINDS = ("class", "legrad", "attnlrp")  # one class's maps: the clip's forward again, with a backward
-CLIP_MAP_KINDS = ("attention", "rollout", "norms", "similarity", "lens") + CLASS_CLIP_KINDS
-CLASS_READ_KINDS = CLASS_CLIP_KINDS + ("lens",)  # the maps that read a class (the page's class picker)
+# pytorch-grad-cam's CAMs defined for 3D feature maps (its base_cam's and GradCAM's 5-D branches; LayerCAM's
+# product and EigenCAM's projection take any), read on a block's first norm over every tubelet
+CLIP_CAM_KINDS = ("gradcam", "layercam", "eigencam")
+CLIP_MAP_KINDS = ("attention", "rollout", "norms", "similarity", "lens") + CLASS_CLIP_KINDS + CLIP_CAM_KINDS
+CLASS_READ_KINDS = CLASS_CLIP_KINDS + ("lens", "gradcam", "layercam")  # the maps that read a class (its picker)
 # The clip maps MAP_KINDS (the image page's) does not name
 CLIP_KIND_LABELS = {**MAP_KINDS, "temporal": "Temporal attention (a patch over the frames, TimeSformer)",
                     "similarity": "Similarity to the query (cosine, one layer's tokens, every frame)",
@@ -53,9 +57,10 @@ CLIP_REFUSALS = {
     **{kind: f"{MAP_KINDS[kind].split(' (')[0]} is Chefer et al.'s, whose rules read a CLS token through one head; "
              "a video model's classifier pools every tubelet: use AttnLRP"
        for kind in ("lrp", "attn-gradcam", "lrp-partial", "lrp-full")},
-    **{kind: f"{MAP_KINDS[kind].split(' (')[0]} weighs one image's feature map (vit.explain.cam), and a clip's tokens "
-             "are (time, row, col) tubelets it has no layout for: use AttnLRP"
-       for kind in ("gradcam", "gradcam++", "xgradcam", "eigencam", "layercam", "scorecam")},
+    **{kind: f"{MAP_KINDS[kind].split(' (')[0]} is defined by pytorch-grad-cam for 2D feature maps only (its "
+             "channel weights sum over two axes, or it upsamples to one image); a clip's tubelets make a 3D one: use "
+             "Grad-CAM, LayerCAM or EigenCAM"
+       for kind in ("gradcam++", "xgradcam", "scorecam")},
     "flow": "attention flow solves one max-flow problem per token over every layer, too slow at a clip's thousands "
             "of tubelets: use rollout",
     "probe": "a video model's pooling probe is not drawn for clips: use attention or rollout",
@@ -87,6 +92,9 @@ def refusal(checkpoint: Checkpoint, kind: str) -> str | None:
     name = MAP_KINDS.get(kind, kind)
     if divided and kind == "rollout":
         return DIVIDED_ROLLOUT
+    if divided and kind in CLIP_CAM_KINDS:
+        return (f"{name.split(' (')[0]} reads a block's first norm over every token, and TimeSformer's blocks have two "
+                f"(over time, then within a frame); choose {', '.join(DIVIDED_MAP_KINDS)}")
     if divided and kind in ONE_ATTENTION_KINDS:
         return DIVIDED_CLASS_MAPS.format(name="the class map" if kind == "class" else name.split(" (")[0])
     if kind in CLIP_REFUSALS:
@@ -413,6 +421,38 @@ def clip_class_map(checkpoint: Checkpoint, clip: ClipAnalysis, kind: str, class_
     return clip.analysis.cache.get_or_compute(("clip attnlrp", wanted), compute_lrp)
 
 
+def clip_cam_map(checkpoint: Checkpoint, clip: ClipAnalysis, kind: str, class_index: int | None = None,
+                 layer: int | None = None, progress: Progress | None = None) -> np.ndarray:
+    """A CAM of ``CLIP_CAM_KINDS`` (``vit.explain.cam``) of layer ``layer``'s first norm (default the last block's)
+    over every tubelet, as pytorch-grad-cam's on the 3D feature map ``(B, D, t, gh, gw)``: ``(frames, gh, gw)``, each
+    tubelet's value repeated over its frames, ReLU applied, not normalised; Grad-CAM and LayerCAM for ``class_index``
+    (default the predicted), EigenCAM for none. Refused against its memory bound before the work, as for images;
+    cached in the clip's analysis. ValueError in one line."""
+    from vit.costs import plan
+    from vit.explain.cam import cam
+    from vit.explain.method_maps import reported_blocks
+
+    why = refusal(checkpoint, kind)
+    if why is not None or kind not in CLIP_CAM_KINDS:
+        raise ValueError(why or f"{kind} is not a CAM of clips; choose one of: {', '.join(CLIP_CAM_KINDS)}")
+    model, L = checkpoint.model, len(checkpoint.model.blocks)
+    layer = -1 if layer is None else layer
+    if isinstance(layer, bool) or not isinstance(layer, int) or not -L <= layer < L:
+        raise ValueError(f"layer {str(layer)[:40]} is out of range: this model has {L} layers")
+    name = MAP_KINDS[kind].split(" (")[0]
+    wanted = None if kind == "eigencam" else _class_of(checkpoint, clip, class_index, name)
+    # the graph from the explained block on, as for an image's CAM
+    plan.decide(plan.gradient(model, clip.analysis.grid, name, layers=len(range(L)[layer:])))
+
+    def compute() -> np.ndarray:
+        pixels = clip_pixels(clip.frames, checkpoint.preprocessing).to(next(model.parameters()).device)
+        with reported_blocks(model, progress, L):
+            values = cam(model, pixels, kind, wanted, layer)  # (1, t*gh, gw)
+        return clip.maps(values[0].reshape(-1).float().cpu())
+
+    return clip.analysis.cache.get_or_compute(("clip cam", kind, wanted, layer % L), compute)
+
+
 def head_clip_maps(clip: ClipAnalysis, query: int, layer: int, kind: str = "attention") -> np.ndarray:
     """Every head's map of ``query`` in ``layer``: ``(heads, frames, gh, gw)`` (``kind`` "temporal": TimeSformer's
     temporal attention's)."""
@@ -466,10 +506,10 @@ def explain_clip(checkpoint: Checkpoint, frames: Sequence[Image.Image], method: 
                  max_tokens: int | None = None, class_index: int | None = None) -> ClipExplanation:
     """The ``method`` map (``CLIP_MAP_KINDS``; TimeSformer's ``DIVIDED_MAP_KINDS``) of a clip's frames (sampled to
     the model's ``num_frames``): ``layer``
-    (attention, norms; rollout's and the class map's last layer, default the last; LeGrad's first, default -2),
-    ``head`` (attention; default the mean), ``query`` (attention, rollout, class: a token or ``(frame, row, col)``;
-    default token 0), ``class_index`` (class, legrad, attnlrp; default the predicted). ValueError in one line
-    otherwise (``refusal`` for a map not drawn for clips)."""
+    (attention, norms, the CAMs; rollout's and the class map's last layer, default the last; LeGrad's first, default
+    -2), ``head`` (attention; default the mean), ``query`` (attention, rollout, class: a token or ``(frame, row,
+    col)``; default token 0), ``class_index`` (class, legrad, attnlrp, gradcam, layercam; default the predicted).
+    ValueError in one line otherwise (``refusal`` for a map not drawn for clips)."""
     check_clip_settings(checkpoint, method, layer, head, query, class_index)
     return explain_analysed(checkpoint, analyse_clip(checkpoint, frames, max_tokens=max_tokens), method, layer, head,
                             query, class_index)
@@ -484,10 +524,12 @@ def check_clip_settings(checkpoint: Checkpoint, method: str, layer: int | None, 
         raise ValueError(why)
     if method == "norms" and (head is not None or query is not None):
         raise ValueError("norms reads layer alone")
-    if method in ("rollout", "class", "legrad", "attnlrp", "similarity", "lens") and head is not None:
+    if method in ("rollout", "class", "legrad", "attnlrp", "similarity", "lens", *CLIP_CAM_KINDS) and head is not None:
         raise ValueError(f"{method} fuses every head; leave head out")
     if method in ("legrad", "attnlrp", "lens") and query is not None:
         raise ValueError(f"{method} explains the classifier's pooling of every tubelet; leave query out")
+    if method in CLIP_CAM_KINDS and query is not None:
+        raise ValueError(f"{method} weighs a layer's feature map over every tubelet; leave query out")
     if method == "attnlrp" and layer is not None:
         raise ValueError("attnlrp runs through every layer to the pixels; leave layer out")
     if class_index is not None and method not in CLASS_READ_KINDS:
@@ -511,6 +553,9 @@ def explain_analysed(checkpoint: Checkpoint, clip: ClipAnalysis, method: str = "
     if method in CLASS_CLIP_KINDS:
         return _explanation(checkpoint, clip, method, clip_class_map(checkpoint, clip, method, class_index, layer,
                                                                       token, progress), token)
+    if method in CLIP_CAM_KINDS:
+        return _explanation(checkpoint, clip, method, clip_cam_map(checkpoint, clip, method, class_index, layer,
+                                                                    progress), token)
     layer = -1 if layer is None else layer
     if method == "similarity":
         return _explanation(checkpoint, clip, method, similarity_clip_map(checkpoint, clip, layer, token), token)
