@@ -163,6 +163,23 @@ def test_a_clips_cams_are_pytorch_grad_cams_own_on_the_3d_feature_map_of_transfo
     torch.testing.assert_close(scaled(torch.from_numpy(ours[0::2].copy())[None])[0], expected, rtol=0, atol=2e-5)
 
 
+def test_a_clips_cam_past_the_memory_bound_is_refused_in_one_line_before_the_work(videomae, monkeypatch):
+    from vit.costs import plan
+    from vit.explain import cam
+
+    _, checkpoint, frames, _ = videomae
+    clip = analyse_clip(checkpoint, frames)
+    need = plan.gradient(checkpoint.model, clip.analysis.grid, "Grad-CAM", layers=2).memory
+    monkeypatch.setenv("VIT_ANALYSIS_MEMORY_MB", str((need - 1) / 2**20))
+    monkeypatch.setattr(cam, "layer_activations", lambda *args, **kwargs: pytest.fail("the work ran"))
+    with pytest.raises(ValueError, match="Grad-CAM from layer 1 keeps.*a clip's size is the model's own; raise it, "
+                                         "or explain a later layer") as error:
+        explain_analysed(checkpoint, clip, "gradcam", layer=0)
+    assert "\n" not in str(error.value)
+    monkeypatch.undo()
+    assert explain_analysed(checkpoint, clip, "gradcam", layer=-1).map.shape == (FRAMES, HEIGHT // 8, WIDTH // 8)
+
+
 def test_every_map_kind_draws_for_a_clip_or_is_refused_in_one_line(videomae):
     _, checkpoint, frames, _ = videomae
     clip = analyse_clip(checkpoint, frames)

@@ -441,8 +441,14 @@ def clip_cam_map(checkpoint: Checkpoint, clip: ClipAnalysis, kind: str, class_in
         raise ValueError(f"layer {str(layer)[:40]} is out of range: this model has {L} layers")
     name = MAP_KINDS[kind].split(" (")[0]
     wanted = None if kind == "eigencam" else _class_of(checkpoint, clip, class_index, name)
-    # the graph from the explained block on, as for an image's CAM
-    plan.decide(plan.gradient(model, clip.analysis.grid, name, layers=len(range(L)[layer:])))
+    # the graph from the explained block on, as for an image's CAM; the image message's "choose a smaller input size"
+    # is no choice for a clip
+    cost = plan.gradient(model, clip.analysis.grid, name, layers=len(range(L)[layer:]))
+    if cost.memory > cost.limit:
+        raise TooManyTokens(f"{name} from layer {layer % L + 1} keeps those layers' attention and gradient: about "
+                            f"{cost.memory / 2**20:,.0f} MB at {cost.tokens:,} tokens, over the "
+                            f"{cost.limit / 2**20:,.0f} MB limit (VIT_ANALYSIS_MEMORY_MB), and a clip's size is the "
+                            "model's own; raise it, or explain a later layer")
 
     def compute() -> np.ndarray:
         pixels = clip_pixels(clip.frames, checkpoint.preprocessing).to(next(model.parameters()).device)
