@@ -102,10 +102,11 @@ if sys.argv[3] == "1":  # each class's map on the same analysis, its own peak ov
     from vit.explain.video import explain_analysed
     from vit.model.layouts import folded_grid
 
-    for method in ("legrad", "class", "attnlrp"):
+    cam = lambda model, grid: plan.gradient(model, grid, "a CAM", layers=1)  # the last layer's, the default
+    for method in ("legrad", "class", "attnlrp", "gradcam", "layercam", "eigencam"):
         _, peak, seconds = measured(lambda: explain_analysed(checkpoint, clip, method))
-        cost = {"legrad": plan.legrad, "class": plan.class_map, "attnlrp": plan.attnlrp}[method](
-            ours, folded_grid(clip.grid))
+        cost = {"legrad": plan.legrad, "class": plan.class_map, "attnlrp": plan.attnlrp, "gradcam": cam,
+                "layercam": cam, "eigencam": cam}[method](ours, folded_grid(clip.grid))
         verdict = plan.decide(cost)
         out["methods"][method] = {"peak": peak, "seconds": seconds, "path": verdict,
                                   "estimate": cost.memory if verdict == "run" else cost.chunked}
@@ -131,7 +132,7 @@ def main() -> None:
     parser.add_argument("--no-memory", action="store_true")
     parser.add_argument("--no-forward", action="store_true", help="the memory alone")
     parser.add_argument("--methods", action="store_true", help="also each class's map (LeGrad, the class map, "
-                        "AttnLRP): its peak and the cost model's estimate of the path it takes")
+                        "AttnLRP) and the CAMs: its peak and the cost model's estimate of the path it takes")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     if not args.no_forward:

@@ -129,3 +129,33 @@ def test_vit_explain_draws_pytorch_grad_cams_map_of_the_chosen_class_and_block(f
     grid = (x.shape[2] // patch, x.shape[3] // patch)
     expected = reference_cam(method, reference, reference.blocks[0].norm1, vit_transform(5, grid), x, 2)
     np.testing.assert_allclose(scaled(torch.from_numpy(e.map)[None].double()).numpy(), expected.numpy(), atol=1e-4)
+
+
+@pytest.mark.parametrize("method", ["gradcam", "eigencam"])
+def test_the_blocks_before_the_explained_layer_keep_no_graph(method):
+    """The gradient stops at the explained layer's first norm, so the blocks before it run without autograd: what
+    autograd saves for the backward grows with the layers explained, not with the model's depth (a forward under
+    grad kept every block's graph, their parameters needing gradients: 976 MB for a VideoMAE-B clip's Grad-CAM)."""
+    from vit.model import ViT, ViTConfig
+
+    torch.manual_seed(0)
+    model = ViT(ViTConfig(image_size=32, patch_size=4, num_channels=3, num_classes=3, hidden_size=32, num_layers=6,
+                          num_heads=2, mlp_size=64)).eval()
+    images = torch.randn(1, 3, 32, 32)
+
+    def saved(layer: int) -> int:
+        total = [0]
+
+        def pack(t):
+            total[0] += t.numel() * t.element_size()
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            cam(model, images, method, layer=layer)
+        return total[0]
+
+    last, first = saved(-1), saved(0)
+    if method == "eigencam":  # gradient-free: nothing saved at all
+        assert last == first == 0
+    else:
+        assert 0 < last and 5 * last < first * 1.5, (last, first)  # one block's graph against six

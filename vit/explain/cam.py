@@ -48,21 +48,26 @@ def layer_activations(model: ViT, images: Tensor, layer: int = -1, class_index: 
     name = f"blocks.{layer % L}.hook_attn_in"
     kept: dict[str, Tensor] = {}
 
-    def keep(x: Tensor, hook) -> Tensor:
-        # A leaf here: the gradient stops at this layer, so the blocks before it keep no graph
+    def keep(x: Tensor, hook) -> Tensor:  # a leaf here: the gradient stops at this layer
         kept["x"] = x.detach().requires_grad_(gradients)
         return kept["x"]
 
     if gradients and model.head is None:
         raise ValueError("a class-specific CAM needs a classifier; this model has no head")
-    with torch.inference_mode(False), torch.set_grad_enabled(gradients):
-        encoding = model.run_with_hooks(images, [(name, keep)])
+    grid = model.input_grid(images)
+    with torch.inference_mode(False):
+        # The blocks before the explained one without autograd: their parameters need gradients, so a forward
+        # under grad would keep every block's graph to the end (a VideoMAE-B clip's Grad-CAM peaked at 976 MB)
+        with torch.no_grad():
+            x = model.run_blocks(model.pos_dropout(model.embed(images)), grid, 0, layer % L)[0]
+        with torch.set_grad_enabled(gradients), model.hooks([(name, keep)]):
+            logits = model.classify(model.run_blocks(x, grid, layer % L)[0])
         index = None
-        if encoding.logits is not None:
-            index = _classes(encoding.logits, class_index)
+        if logits is not None:
+            index = _classes(logits, class_index)
         grad = None
         if gradients:
-            score = encoding.logits.gather(1, index[:, None]).sum()  # pytorch-grad-cam: the targets' sum
+            score = logits.gather(1, index[:, None]).sum()  # pytorch-grad-cam: the targets' sum
             [grad] = torch.autograd.grad(score, kept["x"])
     acts = kept["x"].detach()
     grid = _layer_grid(model, images, layer % L, acts.shape[1])
