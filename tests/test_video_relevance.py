@@ -160,6 +160,7 @@ def test_a_clips_cams_are_pytorch_grad_cams_own_on_the_3d_feature_map_of_transfo
     assert expected.shape == (t, gh, gw)
     ours = explain_clip(checkpoint, frames, method, layer=layer, class_index=class_index).map  # (frames, gh, gw)
     np.testing.assert_array_equal(ours[0::2], ours[1::2])  # a tubelet's value over its two frames
+    assert float(expected.max()) > 0.99  # a map, not a ReLU'd zero
     torch.testing.assert_close(scaled(torch.from_numpy(ours[0::2].copy())[None])[0], expected, rtol=0, atol=2e-5)
 
 

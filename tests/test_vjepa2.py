@@ -231,6 +231,7 @@ def test_eigencam_of_an_encoder_is_pytorch_grad_cams_own_on_the_3d_feature_map(t
         expected = torch.from_numpy(reference(pixels.clone(), None))[0]  # (t, gh, gw)
     ours = explain_clip(checkpoint, frames, "eigencam").map  # (frames, gh, gw)
     np.testing.assert_array_equal(ours[0::2], ours[1::2])
+    assert float(expected.max()) > 0.99  # a map, not a ReLU'd zero
     torch.testing.assert_close(scaled(torch.from_numpy(ours[0::2].copy())[None])[0], expected, rtol=0, atol=2e-5)
 
 
@@ -272,12 +273,48 @@ def test_the_classifiers_attnlrp_is_lxts_rules_patched_into_transformers_pooler_
         assert (unruled - ours).abs().max() > 1e-2 * scale
 
 
+@pytest.mark.parametrize("method, layer, index", [("gradcam", -1, 2), ("gradcam", 0, 0), ("layercam", -1, 1)])
+def test_the_classifiers_cams_are_pytorch_grad_cams_own_through_its_pooler(tmp_path, method, layer, index):
+    """pytorch-grad-cam's own GradCAM and LayerCAM on HF's VJEPA2ForVideoClassification (the class's gradient by
+    autograd, through the attentive pooler), hooking a layer's ``norm1`` with a ``reshape_transform`` to
+    ``(B, D, t, gh, gw)``, min-max scaled as its ``forward`` scales."""
+    from test_cam import REFERENCE, scaled
+
+    from tests.reference.pytorch_grad_cam.model_targets import ClassifierOutputTarget
+
+    model = vjepa2_folder(tmp_path / "classifier", "VJEPA2ForVideoClassification")
+    checkpoint = open_source(tmp_path / "classifier")
+    frames = frames_of(4, 32, 32)
+    pixels = clip_pixels(frames, checkpoint.preprocessing)  # (1, 4, 3, 32, 32)
+
+    class Logits(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.hf = model
+
+        def forward(self, x):
+            return self.hf(pixel_values_videos=x).logits
+
+    def reshape_transform(tensor):  # tokens (B, t*gh*gw, D), time-major
+        return tensor.reshape(tensor.size(0), 2, 4, 4, tensor.size(2)).permute(0, 4, 1, 2, 3)
+
+    reference = REFERENCE[method](model=Logits().eval(), target_layers=[model.vjepa2.encoder.layer[layer].norm1],
+                                  reshape_transform=reshape_transform)
+    reference.get_target_width_height = lambda input_tensor: None  # the map on the tubelet grid: no zoom
+    with reference, torch.enable_grad():
+        expected = torch.from_numpy(reference(pixels.clone(), [ClassifierOutputTarget(index)]))[0]  # (t, gh, gw)
+    ours = explain_clip(checkpoint, frames, method, layer=layer, class_index=index).map  # (frames, gh, gw)
+    np.testing.assert_array_equal(ours[0::2], ours[1::2])
+    assert float(expected.max()) > 0.99  # a map, not a ReLU'd zero
+    torch.testing.assert_close(scaled(torch.from_numpy(ours[0::2].copy())[None])[0], expected, rtol=0, atol=2e-5)
+
+
 def test_the_classifiers_other_class_maps_are_refused_in_one_line_and_not_offered(tmp_path):
     from vit.explain.video import CLASS_READ_KINDS, clip_map_kinds
 
     vjepa2_folder(tmp_path / "classifier", "VJEPA2ForVideoClassification")
     checkpoint = open_source(tmp_path / "classifier")
-    assert set(clip_map_kinds(checkpoint)) & set(CLASS_READ_KINDS) == {"attnlrp"}
+    assert set(clip_map_kinds(checkpoint)) & set(CLASS_READ_KINDS) == {"attnlrp", "gradcam", "layercam"}
     for method in ("class", "legrad", "lens"):
         with pytest.raises(ValueError, match="attentive pooler.*use AttnLRP") as error:
             explain_clip(checkpoint, frames_of(4, 32, 32), method)

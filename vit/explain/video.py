@@ -48,11 +48,11 @@ CLIP_KIND_LABELS = {**MAP_KINDS, "temporal": "Temporal attention (a patch over t
                     "lens": "Logit lens (the class's probability read from each token at one layer)"}
 # Why each other map is not drawn for clips (a VideoMAE, a V-JEPA 2): one line each
 POOLER_REFUSAL = ("V-JEPA 2's classifier reads the clip through its attentive pooler's own self-attention layers, "
-                  "which this map does not follow; use AttnLRP, whose rules run through them (or attention, "
-                  "rollout, similarity)")
+                  "which this map does not follow; use AttnLRP, whose rules run through them, Grad-CAM or LayerCAM "
+                  "(or attention, rollout, similarity)")
 # The class maps that follow an attentive pooler's own layers (V-JEPA 2's classifier): AttnLRP's rules sit on the
 # elementary operations, the pooler's among them
-POOLER_CLASS_KINDS = ("attnlrp",)
+POOLER_CLASS_KINDS = ("attnlrp", "gradcam", "layercam")  # the CAMs: the class's gradient by autograd, pooler and all
 CLIP_REFUSALS = {
     **{kind: f"{MAP_KINDS[kind].split(' (')[0]} is Chefer et al.'s, whose rules read a CLS token through one head; "
              "a video model's classifier pools every tubelet: use AttnLRP"
