@@ -82,21 +82,26 @@ def test_legrad_is_the_authors_formula_with_the_mean_pooled_classifier_at_each_l
     assert_close_to_scale(explained.map, tubelets(total))
 
 
-def test_attnlrp_is_lxts_rules_patched_into_transformers_videomae(videomae, monkeypatch):
+def relevance_with_lxts_rules(model, pixels, index: int, wrap, monkeypatch) -> torch.Tensor:
+    """Class ``index``'s relevance ``x * dx`` of each frame's pixels, (frames, H, W), through HF's VideoMAE with lxt's
+    norm rules and its eager attention wrapped by ``wrap`` (lxt's ``wrap_attention_forward`` or
+    ``cp_wrap_attention_forward``), all undone before our model runs."""
     from transformers.models.videomae import modeling_videomae
 
-    model, checkpoint, frames, pixels = videomae
-    index = 1
-    with monkeypatch.context() as m, torch.enable_grad():  # undone before our model runs
+    with monkeypatch.context() as m, torch.enable_grad():
         lxt_norms(m)
-        m.setattr(modeling_videomae, "eager_attention_forward",
-                  wrap_attention_forward(modeling_videomae.eager_attention_forward))
+        m.setattr(modeling_videomae, "eager_attention_forward", wrap(modeling_videomae.eager_attention_forward))
         x = pixels.clone().requires_grad_(True)
         model(pixel_values=x).logits[0, index].backward()
-    relevance = (x * x.grad).sum(dim=2)[0].detach()  # (frames, H, W): each frame's own pixels
+    return (x * x.grad).sum(dim=2)[0].detach()
+
+
+def test_attnlrp_is_lxts_rules_patched_into_transformers_videomae(videomae, monkeypatch):
+    model, checkpoint, frames, pixels = videomae
+    relevance = relevance_with_lxts_rules(model, pixels, 1, wrap_attention_forward, monkeypatch)
     expected = relevance.reshape(FRAMES, HEIGHT // 8, 8, WIDTH // 8, 8).sum(dim=(2, 4))  # (frames, gh, gw)
     assert not torch.allclose(expected[0::2], expected[1::2])  # a frame's own, not its tubelet's
-    explained = explain_clip(checkpoint, frames, "attnlrp", class_index=index)
+    explained = explain_clip(checkpoint, frames, "attnlrp", class_index=1)
     assert_close_to_scale(explained.map, expected)
 
 
@@ -104,24 +109,15 @@ def test_cp_lrp_of_a_clip_is_lxts_cp_rules_patched_into_transformers_videomae(vi
     """CP-LRP (no relevance through the attention weights), the notebook API's ``relevance.attnlrp(cp=True)`` as for
     images, on a clip: lxt's ``cp_wrap_attention_forward`` (q and k stopped) patched into HF's VideoMAE; AttnLRP's
     relevance is another map here."""
-    from transformers.models.videomae import modeling_videomae
-
     from tests.reference.lxt.patches import cp_wrap_attention_forward
     from vit.explain.relevance import attnlrp
 
     model, checkpoint, frames, pixels = videomae
-    index = 1
-    with monkeypatch.context() as m, torch.enable_grad():  # undone before our model runs
-        lxt_norms(m)
-        m.setattr(modeling_videomae, "eager_attention_forward",
-                  cp_wrap_attention_forward(modeling_videomae.eager_attention_forward))
-        x = pixels.clone().requires_grad_(True)
-        model(pixel_values=x).logits[0, index].backward()
-    expected = (x * x.grad).sum(dim=2)[0].detach()  # (frames, H, W)
+    expected = relevance_with_lxts_rules(model, pixels, 1, cp_wrap_attention_forward, monkeypatch)  # (frames, H, W)
     scale = expected.abs().max()
-    torch.testing.assert_close(attnlrp(checkpoint.model, pixels, index, cp=True)[0] / scale, expected / scale,
+    torch.testing.assert_close(attnlrp(checkpoint.model, pixels, 1, cp=True)[0] / scale, expected / scale,
                                rtol=1e-5, atol=1e-5)
-    assert (attnlrp(checkpoint.model, pixels, index)[0] - expected).abs().max() > 1e-2 * scale
+    assert (attnlrp(checkpoint.model, pixels, 1)[0] - expected).abs().max() > 1e-2 * scale
 
 
 @pytest.mark.parametrize("method, layer, class_index", [("gradcam", -1, 3), ("gradcam", 0, None), ("layercam", -1, 1),
