@@ -239,6 +239,17 @@ def _decoded(container, stream, targets: set[int], references: set[int] | None):
         yield from context.decode(packet)
 
 
+def _truncated(name: str) -> ClipError:
+    return ClipError(f"{name} ends before the frames its packets name; it is truncated, re-encode it")
+
+
+def _rgb(frame, name: str, width: int, height: int) -> Image.Image:
+    """A decoded frame as an RGB image; ClipError for a stream whose frames grow past the size it declared."""
+    if frame.width > width or frame.height > height:
+        raise ClipError(f"{name} declares {width}x{height} px but holds {frame.width}x{frame.height}; re-encode it")
+    return Image.fromarray(frame.to_ndarray(format="rgb24"))  # to_image() takes half as long again
+
+
 def _decode_sampled(container, stream, targets: list[int], keys: list[int], seeks: dict[int, int],
                     references: set[int] | None, name: str, width: int, height: int) -> dict[int, Image.Image]:
     """The frames at the timestamps ``targets`` (ascending) as RGB images: a seek to the keyframe before a target
@@ -255,13 +266,11 @@ def _decode_sampled(container, stream, targets: list[int], keys: list[int], seek
             if frame.pts is not None and frame.pts >= target:
                 break
         else:
-            raise ClipError(f"{name} ends before the frames its packets name; it is truncated, re-encode it")
+            raise _truncated(name)
         if frame.pts != target:
             raise ClipError(f"{name}: a seek did not reach its frame at {target} (an open GOP?); re-encode it "
                             "(ffmpeg -i in -c:v libx264 out.mp4)")
-        if frame.width > width or frame.height > height:  # a stream whose frames grow past what it declared
-            raise ClipError(f"{name} declares {width}x{height} px but holds {frame.width}x{frame.height}; re-encode it")
-        out[target] = Image.fromarray(frame.to_ndarray(format="rgb24"))  # RGB: to_image() takes half as long again
+        out[target] = _rgb(frame, name, width, height)
     return out
 
 
@@ -274,13 +283,10 @@ def _decode_in_order(container, stream, indices: list[int], name: str, width: in
     stream.thread_type = "AUTO"
     for position, frame in enumerate(container.decode(stream)):
         if position in wanted:
-            if frame.width > width or frame.height > height:
-                raise ClipError(f"{name} declares {width}x{height} px but holds {frame.width}x{frame.height}; "
-                                "re-encode it")
-            out[position] = Image.fromarray(frame.to_ndarray(format="rgb24"))
+            out[position] = _rgb(frame, name, width, height)
         if len(out) == len(wanted):
             return out
-    raise ClipError(f"{name} ends before the frames its packets name; it is truncated, re-encode it")
+    raise _truncated(name)
 
 
 def _open_video(source: Path | bytes, name: str):
