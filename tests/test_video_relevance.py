@@ -169,8 +169,8 @@ def test_a_clips_cam_past_the_memory_bound_is_refused_in_one_line_before_the_wor
     need = plan.gradient(checkpoint.model, clip.analysis.grid, "Grad-CAM", layers=2).memory
     monkeypatch.setenv("VIT_ANALYSIS_MEMORY_MB", str((need - 1) / 2**20))
     monkeypatch.setattr(cam, "layer_activations", lambda *args, **kwargs: pytest.fail("the work ran"))
-    with pytest.raises(ValueError, match="Grad-CAM from layer 1 keeps.*a clip's size is the model's own; raise it, "
-                                         "or explain a later layer") as error:
+    with pytest.raises(ValueError, match="Grad-CAM keeps .*a clip's size is the model's own: raise "
+                                         "VIT_ANALYSIS_MEMORY_MB, or choose a later layer") as error:
         explain_analysed(checkpoint, clip, "gradcam", layer=0)
     assert "\n" not in str(error.value)
     monkeypatch.undo()
@@ -292,8 +292,12 @@ def test_attnlrp_past_the_memory_bound_is_refused_in_one_line_naming_what_runs_i
     frames = read_clip(write_gif(tmp_path / "clip.gif", 16, size=(128, 128)), 16).frames
     clip = analyse_clip(checkpoint, frames)  # within the default bound (37 MB)
     monkeypatch.setenv("VIT_ANALYSIS_MEMORY_MB", "12")
-    with pytest.raises(ValueError, match="a clip's size is the model's own") as error:
+    with pytest.raises(ValueError, match="a clip's size is the model's own: raise VIT_ANALYSIS_MEMORY_MB, or choose "
+                                         "LeGrad or the class map") as error:
         explain_analysed(checkpoint, clip, "attnlrp")
+    with pytest.raises(ValueError, match="a clip's size is the model's own") as error:  # no input size to choose
+        explain_analysed(checkpoint, clip, "class")
+    assert "smaller input" not in str(error.value) and "\n" not in str(error.value)
     assert "\n" not in str(error.value) and "12 MB limit" in str(error.value)
     assert explain_analysed(checkpoint, clip, "legrad").map.shape == (16, 16, 16)  # in chunks, within the bound
 

@@ -80,6 +80,21 @@ def _clip_frames(model, grid: tuple[int, int]) -> dict[str, int]:
     return {"the clip's frames, preprocessed again": memory.input_bytes(model, grid)}
 
 
+def _advice(model, side: Callable[[], int], other: str = "another map") -> str:
+    """What a refusal says to do: for an image, the largest square input that fits (``side()`` px) and a smaller input
+    size; a video model's clip is the model's own size (its frames and crop), so a higher limit instead."""
+    if getattr(model.config, "tubelet_size", 0):
+        return f"a clip's size is the model's own: raise {ANALYSIS_MEMORY_ENV}, or choose {other}."
+    return f"the largest square input that fits is {side()} px. Choose a smaller input size, or {other}."
+
+
+def _smaller(model) -> str:
+    """What a refusal of the analysis or the forward says to do: a smaller input, or for a clip a higher limit."""
+    if getattr(model.config, "tubelet_size", 0):
+        return f"A clip's size is the model's own: raise {ANALYSIS_MEMORY_ENV}."
+    return "Choose a smaller input size."
+
+
 # --- the views ---------------------------------------------------------------------------------------------------
 
 def _largest_square(high: int, fits: Callable[[tuple[int, int]], bool], unit: int = 1) -> int:
@@ -125,7 +140,7 @@ def analysis(model, grid: tuple[int, int], what: str = "This input") -> Cost:
             return TooManyTokens(f"{what} gives {tokens:,} tokens, which needs about {need / MB:,.0f} MB for "
                                  f"{config.num_layers} layers × {config.num_heads} heads even with the hidden states "
                                  f"kept every {every} layers only, over the {limit / MB:,.0f} MB limit per image "
-                                 f"({ANALYSIS_MEMORY_ENV}). Choose a smaller input size.")
+                                 f"({ANALYSIS_MEMORY_ENV}). {_smaller(model)}")
         held = []
         if layouts.kept:
             held.append(f"{(layouts.kept + layouts.maps) / MB:,.0f} MB for every layer's windows and the maps "
@@ -135,12 +150,11 @@ def analysis(model, grid: tuple[int, int], what: str = "This input") -> Cost:
         held = f" ({'; '.join(held)})" if held else ""
         return TooManyTokens(f"{what} gives {tokens:,} tokens, which needs about {need / MB:,.0f} MB for "
                              f"{config.num_layers} layers × {config.num_heads} heads{held}, over the "
-                             f"{limit / MB:,.0f} MB limit per image ({ANALYSIS_MEMORY_ENV}). "
-                             "Choose a smaller input size.")
+                             f"{limit / MB:,.0f} MB limit per image ({ANALYSIS_MEMORY_ENV}). {_smaller(model)}")
     return replace(_cost("analysis", model, grid, parts, refuse, chunked, limit), every=every)
 
 
-def gradient(model, grid: tuple[int, int], what: str, layers: int | None = None) -> Cost:
+def gradient(model, grid: tuple[int, int], what: str, layers: int | None = None, other: str = "another map") -> Cost:
     """A gradient method that keeps its layers' whole attention and gradient (LRP, AttnLRP, the CAMs from their
     layer on, the class-specific map's whole path): ``4 x layers x H x T²`` floats (``layers``: default all); a
     layer that attends in windows (Qwen2.5-VL's, SAM's) keeps its windows' ``H x windows x slots²`` instead."""
@@ -155,39 +169,38 @@ def gradient(model, grid: tuple[int, int], what: str, layers: int | None = None)
     need = bytes_at(grid)
 
     def refuse(need: int, limit: int) -> TooManyTokens:
-        if windowed:  # the windows' share is linear in T, the global layers' T²: the largest square side searched
-            unit = config.spatial_merge or 1  # Qwen's grids are whole merge units
-            patches = _largest_square(max(max(grid) // unit, 1), lambda g: bytes_at(g) <= limit, unit)
-            side = largest_square_side(config.patch_size, patches)
-        else:
+        def side() -> int:
+            if windowed:  # the windows' share is linear in T, the global layers' T²: the largest square searched
+                unit = config.spatial_merge or 1  # Qwen's grids are whole merge units
+                patches = _largest_square(max(max(grid) // unit, 1), lambda g: bytes_at(g) <= limit, unit)
+                return largest_square_side(config.patch_size, patches)
             per_token_squared = need // tokens ** 2
-            side = largest_square_side(config.patch_size,
+            return largest_square_side(config.patch_size,
                                        max(math.isqrt(limit // per_token_squared) - model.num_prefix_tokens, 1))
         return TooManyTokens(f"{what} keeps every layer's attention and gradient: about {need / MB:,.0f} MB at "
                              f"{tokens:,} tokens, over the {limit / MB:,.0f} MB limit ({ANALYSIS_MEMORY_ENV}); "
-                             f"the largest square input that fits is {side} px. Choose a smaller input size, or "
-                             "another map.")
+                             f"{_advice(model, side, other)}")
     part = ("every layer's attention (a windowed layer's windows), its gradient and autograd's copies" if windowed
             else "every layer's attention, its gradient and autograd's copies")
     return _cost("gradient", model, grid, {part: need, **_clip_frames(model, grid)}, refuse)
 
 
-def attnlrp(model, grid: tuple[int, int], what: str = "AttnLRP") -> Cost:
+def attnlrp(model, grid: tuple[int, int], what: str = "AttnLRP", other: str = "another map") -> Cost:
     """AttnLRP (``relevance.attnlrp``): a model without stages keeps every block's graph under the rules while it
     fits (``memory.attnlrp_bytes``: its attention fused, no ``H x T²`` but where a bias or windows are added), past
     that checkpoints its blocks (each block's input kept, one block's graph at a time: ``checkpointed``), its path
     in chunks; a model with stages keeps its layers' attention and gradient (``gradient``)."""
     if model.config.stage_depths:
-        return gradient(model, grid, what)
+        return gradient(model, grid, what, other=other)
     config, tokens = model.config, _tokens(model, grid)
 
     def refuse(need: int, limit: int) -> TooManyTokens:
-        patches = _largest_square(max(grid), lambda g: memory.attnlrp_bytes(model, g, checkpointed=True) <= limit)
-        side = largest_square_side(config.patch_size, patches)
+        def side() -> int:
+            return largest_square_side(config.patch_size, _largest_square(
+                max(grid), lambda g: memory.attnlrp_bytes(model, g, checkpointed=True) <= limit))
         return TooManyTokens(f"{what} keeps each block's input and one block's graph: about {need / MB:,.0f} MB at "
-                             f"{tokens:,} tokens, over the {limit / MB:,.0f} MB limit ({ANALYSIS_MEMORY_ENV}); the "
-                             f"largest square input that fits is {side} px. Choose a smaller input size, or another "
-                             "map.")
+                             f"{tokens:,} tokens, over the {limit / MB:,.0f} MB limit ({ANALYSIS_MEMORY_ENV}); "
+                             f"{_advice(model, side, other)}")
     parts = {"every block's graph under the rules, the input, the gradients": memory.attnlrp_bytes(model, grid)}
     return _cost("attnlrp", model, grid, parts, refuse, memory.checkpointed_gradient_bytes(model, grid))
 
@@ -207,11 +220,11 @@ def chunked_gradient(model, grid: tuple[int, int], what: str) -> Cost:
         per_token = memory.gradient_bytes(config.num_layers, config.hidden_size, config.mlp_size, 1, True, 0)
         most = memory.largest_tokens(max(limit - budget, 0), per_token,
                                      4 * memory.BIAS_GRAPH_COPIES * bias)
-        side = largest_square_side(config.patch_size, max(most - model.num_prefix_tokens, 1))
         return TooManyTokens(f"{what} keeps every layer's input and gradient: about "
                              f"{need / MB:,.0f} MB at {tokens:,} tokens, over the {limit / MB:,.0f} MB limit "
-                             f"({ANALYSIS_MEMORY_ENV}); the largest square input that fits is "
-                             f"{side} px. Choose a smaller input size, or another map.")
+                             f"({ANALYSIS_MEMORY_ENV}); "
+                             + _advice(model, lambda: largest_square_side(config.patch_size,
+                                                                          max(most - model.num_prefix_tokens, 1))))
     return _cost("chunked gradient", model, grid, {"hidden states, a block's graph, a chunk": need,
                                                    **_clip_frames(model, grid)}, refuse)
 
@@ -247,13 +260,13 @@ def legrad(model, grid: tuple[int, int], start_layer: int = -2) -> Cost:
     need = memory.legrad_bytes(model, grid, start_layer, device)
 
     def refuse(need: int, limit: int) -> TooManyTokens:
-        patches = _largest_square(max(grid), lambda g: memory.legrad_bytes(model, g, start_layer, device)
-                                  + bounds.layout_memory(model, g).peak <= limit)
-        side = largest_square_side(config.patch_size, patches)
+        def side() -> int:
+            return largest_square_side(config.patch_size, _largest_square(
+                max(grid), lambda g: memory.legrad_bytes(model, g, start_layer, device)
+                + bounds.layout_memory(model, g).peak <= limit))
         return TooManyTokens(f"LeGrad keeps its explained layers' inputs and one block's work: about "
                              f"{need / MB:,.0f} MB at {_tokens(model, grid):,} tokens, over the {limit / MB:,.0f} MB "
-                             f"limit ({ANALYSIS_MEMORY_ENV}); the largest square input that fits is {side} px. "
-                             "Choose a smaller input size, or another map.")
+                             f"limit ({ANALYSIS_MEMORY_ENV}); {_advice(model, side)}")
     # beside what a layer's layout forms (a BEiT's bias rows and their index), as a forward's
     return _cost("legrad", model, grid, {"the explained layers' inputs, a block's work, a chunk": need,
                                          "the costliest layer's layout": bounds.layout_memory(model, grid).peak,
@@ -289,7 +302,9 @@ def forward(model, grid: tuple[int, int], what: str = "This input", attentions: 
         return TooManyTokens(f"{what} ({gh}×{gw} patches) needs about {need / MB:,.0f} MB at once for one image's "
                              f"forward{returned}, {layouts.peak / MB:,.0f} MB of it for layer {layouts.layer}'s "
                              f"{layouts.why or 'attention'}, over the {limit / MB:,.0f} MB limit per image "
-                             f"({ANALYSIS_MEMORY_ENV}). Choose a smaller input size, or raise {ANALYSIS_MEMORY_ENV}.")
+                             f"({ANALYSIS_MEMORY_ENV}). "
+                             + (_smaller(model) if getattr(model.config, "tubelet_size", 0)
+                                else f"Choose a smaller input size, or raise {ANALYSIS_MEMORY_ENV}."))
     return _cost("forward", model, grid, parts, refuse)
 
 

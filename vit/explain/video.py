@@ -23,7 +23,6 @@ import torch
 from PIL import Image
 
 from vit import bounds
-from vit.bounds import TooManyTokens
 from vit.cache import ByteCache
 from vit.checkpoint import Checkpoint
 from vit.clips import clip_pixels
@@ -402,16 +401,10 @@ def clip_class_map(checkpoint: Checkpoint, clip: ClipAnalysis, kind: str, class_
             return clip.maps(values[0].reshape(-1).float().cpu())
 
         return clip.analysis.cache.get_or_compute(("clip legrad", wanted, start % L), compute)
-    cost = plan.attnlrp(model, folded)
-    need = cost.memory if cost.chunked is None else min(cost.memory, cost.chunked)
-    if need > cost.limit:  # the image message's "choose a smaller input size" is no choice for a clip
-        other = ("attention or rollout" if getattr(model, "pool_blocks", None) is not None  # POOLER_REFUSAL
-                 else "LeGrad or the class map, which run in chunks")
-        raise TooManyTokens(f"AttnLRP keeps each block's input and one block's attention and gradient: about "
-                            f"{need / 2**20:,.0f} MB at {cost.tokens:,} tokens, over the {cost.limit / 2**20:,.0f} MB "
-                            f"limit (VIT_ANALYSIS_MEMORY_MB), and a clip's size is the model's own; raise it, or use "
-                            f"{other}")
-    checkpointed = cost.memory > cost.limit  # each block again in the backward: one block's graph at a time
+    other = ("attention or rollout" if getattr(model, "pool_blocks", None) is not None  # POOLER_REFUSAL
+             else "LeGrad or the class map, which run in chunks")
+    # each block again in the backward past the whole path's bound: one block's graph at a time
+    checkpointed = plan.decide(plan.attnlrp(model, folded, other=other)) == "chunks"
 
     def compute_lrp() -> np.ndarray:
         with reported_blocks(model, progress, 2 * L if checkpointed else L):
@@ -441,14 +434,8 @@ def clip_cam_map(checkpoint: Checkpoint, clip: ClipAnalysis, kind: str, class_in
         raise ValueError(f"layer {str(layer)[:40]} is out of range: this model has {L} layers")
     name = MAP_KINDS[kind].split(" (")[0]
     wanted = None if kind == "eigencam" else _class_of(checkpoint, clip, class_index, name)
-    # the graph from the explained block on, as for an image's CAM; the image message's "choose a smaller input size"
-    # is no choice for a clip
-    cost = plan.gradient(model, clip.analysis.grid, name, layers=len(range(L)[layer:]))
-    if cost.memory > cost.limit:
-        raise TooManyTokens(f"{name} from layer {layer % L + 1} keeps those layers' attention and gradient: about "
-                            f"{cost.memory / 2**20:,.0f} MB at {cost.tokens:,} tokens, over the "
-                            f"{cost.limit / 2**20:,.0f} MB limit (VIT_ANALYSIS_MEMORY_MB), and a clip's size is the "
-                            "model's own; raise it, or explain a later layer")
+    # the graph from the explained block on, as for an image's CAM
+    plan.decide(plan.gradient(model, clip.analysis.grid, name, layers=len(range(L)[layer:]), other="a later layer"))
 
     def compute() -> np.ndarray:
         pixels = clip_pixels(clip.frames, checkpoint.preprocessing).to(next(model.parameters()).device)
