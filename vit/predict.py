@@ -233,9 +233,8 @@ def ablated(checkpoint: Checkpoint, heads: str) -> Checkpoint:
     (``mechanism.ablated_copy``: their columns of the output projection zero), so that its predictions and every
     saved map are the ablated model's, computed as the model's own (in chunks, with progress); UsageError when
     unusable (TimeSformer: a block's two attentions)."""
-    from dataclasses import replace
-
-    from vit.explain.mechanism import MechanismError, ablated_copy, parse_heads
+    from vit.explain.mechanism import MechanismError, parse_heads
+    from vit.explain.mechanism_views import ablated_checkpoint
     from vit.explain.video import is_divided
 
     if is_divided(checkpoint):
@@ -244,7 +243,7 @@ def ablated(checkpoint: Checkpoint, heads: str) -> Checkpoint:
     model = checkpoint.model
     try:
         chosen = parse_heads(heads, len(model.blocks), [block.attn.num_heads for block in model.blocks])
-        return replace(checkpoint, model=ablated_copy(model, chosen))
+        return ablated_checkpoint(checkpoint, chosen)  # the explorer's own
     except MechanismError as e:
         raise UsageError(f"--ablate: {e}") from None
 
