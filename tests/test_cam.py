@@ -143,7 +143,7 @@ def test_the_blocks_before_the_explained_layer_keep_no_graph(method):
                           num_heads=2, mlp_size=64)).eval()
     images = torch.randn(1, 3, 32, 32)
 
-    def saved(layer: int) -> int:
+    def saved(run) -> int:
         total = [0]
 
         def pack(t):
@@ -151,11 +151,16 @@ def test_the_blocks_before_the_explained_layer_keep_no_graph(method):
             return t
 
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            cam(model, images, method, layer=layer)
+            run()
         return total[0]
 
-    last, first = saved(-1), saved(0)
+    last = saved(lambda: cam(model, images, method, layer=-1))
+    first = saved(lambda: cam(model, images, method, layer=0))
     if method == "eigencam":  # gradient-free: nothing saved at all
         assert last == first == 0
     else:
         assert 0 < last and 5 * last < first * 1.5, (last, first)  # one block's graph against six
+        # Chefer's GradCAM on the last attention: its gradient stops at the last block too
+        from vit.explain.cam import attention_gradcam
+
+        assert 0 < saved(lambda: attention_gradcam(model, images)) < first / 3

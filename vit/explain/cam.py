@@ -54,14 +54,9 @@ def layer_activations(model: ViT, images: Tensor, layer: int = -1, class_index: 
 
     if gradients and model.head is None:
         raise ValueError("a class-specific CAM needs a classifier; this model has no head")
-    grid = model.input_grid(images)
     with torch.inference_mode(False):
-        # The blocks before the explained one without autograd: their parameters need gradients, so a forward
-        # under grad would keep every block's graph to the end (a VideoMAE-B clip's Grad-CAM peaked at 976 MB)
-        with torch.no_grad():
-            x = model.run_blocks(model.pos_dropout(model.embed(images)), grid, 0, layer % L)[0]
-        with torch.set_grad_enabled(gradients), model.hooks([(name, keep)]):
-            logits = model.classify(model.run_blocks(x, grid, layer % L)[0])
+        with torch.set_grad_enabled(gradients):
+            logits = model.logits_recorded_from(images, layer, [(name, keep)])
         index = None
         if logits is not None:
             index = _classes(logits, class_index)
@@ -70,7 +65,7 @@ def layer_activations(model: ViT, images: Tensor, layer: int = -1, class_index: 
             score = logits.gather(1, index[:, None]).sum()  # pytorch-grad-cam: the targets' sum
             [grad] = torch.autograd.grad(score, kept["x"])
     acts = kept["x"].detach()
-    grid = _layer_grid(model, images, layer % L, acts.shape[1])
+    grid = _layer_grid(model, model.input_grid(images), layer % L, acts.shape[1])
     return _on_grid(acts, grid), None if grad is None else _on_grid(grad, grid), index
 
 
@@ -84,10 +79,10 @@ def _classes(logits: Tensor, class_index: int | Tensor | None) -> Tensor:
     return index
 
 
-def _layer_grid(model: ViT, images: Tensor, layer: int, tokens: int) -> tuple[int, int]:
-    """The grid of layer ``layer``'s norm1 tokens: the stage's after a Swin merge (before norm1), the finer one
-    before a Hiera query pooling (after norm1)."""
-    grid = model.input_grid(images)  # a clip's folded (t*gh, gw): its tokens time-major, row-major there
+def _layer_grid(model: ViT, grid: tuple[int, int], layer: int, tokens: int) -> tuple[int, int]:
+    """The grid of layer ``layer``'s norm1 tokens on an input whose patch grid is ``grid`` (a clip's folded
+    ``(t*gh, gw)``: its tokens time-major, row-major there): the stage's after a Swin merge (before norm1), the finer
+    one before a Hiera query pooling (after norm1)."""
     grids = (grid,) + model.layer_grids(grid)  # grids[l]: block l's input, grids[l + 1]: its output
     patches = tokens - model.num_prefix_tokens
     for candidate in (grids[layer + 1], grids[layer]):
@@ -197,17 +192,17 @@ def attention_gradcam(model: ViT, images: Tensor, class_index: int | Tensor | No
     L = len(model.blocks)
     kept: dict[str, Tensor] = {}
 
-    def leaf(x: Tensor, hook) -> Tensor:  # the gradient stops at the last block: the others keep no graph
+    def leaf(x: Tensor, hook) -> Tensor:  # the gradient stops at the last block
         return x.detach().requires_grad_(True)
 
     def keep(x: Tensor, hook) -> None:
         kept["probs"] = x
 
     with torch.inference_mode(False), torch.enable_grad():
-        encoding = model.run_with_hooks(images, [(f"blocks.{L - 1}.hook_attn_in", leaf),
-                                                 (f"blocks.{L - 1}.attn.hook_pattern", keep)])
-        index = _classes(encoding.logits, class_index)
-        score = encoding.logits.gather(1, index[:, None]).sum()  # the images are independent
+        logits = model.logits_recorded_from(images, L - 1, [(f"blocks.{L - 1}.hook_attn_in", leaf),
+                                                            (f"blocks.{L - 1}.attn.hook_pattern", keep)])
+        index = _classes(logits, class_index)
+        score = logits.gather(1, index[:, None]).sum()  # the images are independent
         [grad] = torch.autograd.grad(score, kept["probs"])
     probs = kept["probs"].detach()
     B, H, Tq, T = probs.shape

@@ -91,7 +91,7 @@ def feature_attribution(model: nn.Module, sae: SparseAutoencoder, image: Tensor,
         return stream[None]
 
     with torch.enable_grad():
-        logits = model.run_with_hooks(image, [(resid_hook_name(layer), splice)]).logits[0]  # (classes,)
+        logits = model.logits_recorded_from(image, layer - 1, [(resid_hook_name(layer), splice)])[0]  # (classes,)
         index = int(logits.argmax()) if target is None else int(target)
         if not 0 <= index < logits.shape[-1]:
             raise ValueError(f"target {index} is out of range: the model has {logits.shape[-1]} classes")
