@@ -56,6 +56,14 @@ def test_ablate_with_maps_saves_the_ablated_models_attention(files, tmp_path, ca
     assert predict_cli.main([str(checkpoint_path), str(image), "--ablate", "1.1", "--save-maps", str(tmp_path)]) == 0
     [record] = json.loads(capsys.readouterr().out)
     assert set(record["maps"]) == {"npz", "cls", "rollout"}
+    checkpoint = load_checkpoint(checkpoint_path)
+    x = preprocess([Image.open(image)], checkpoint.preprocessing)
+    with torch.no_grad():
+        _, expected = ablate_heads(checkpoint.model, x, [(0, 0)], output_attentions=True)
+        _, intact = checkpoint.model(x, output_attentions=True)
+    saved = np.load(record["maps"]["npz"])["layer_1"]  # the layer after the ablated head's
+    np.testing.assert_allclose(saved, expected[1][0].numpy(), rtol=0, atol=1e-5)
+    assert not np.allclose(saved, intact[1][0].numpy(), atol=1e-4)
 
 
 @pytest.mark.parametrize("text", ["3.1", "1.3", "x", "1-1", ""])
