@@ -398,3 +398,62 @@ def test_q_k_and_v_are_read_into_the_one_qkv_tensor_the_tower_keeps_not_copied_i
             torch.testing.assert_close(qkv, torch.cat([state[n] for n in names]), rtol=0, atol=0)
             spread += len({weight_map[n] for n in names}) > 1
     assert spread  # some layer's q, k and v sit in different shards
+
+
+# -- LLaVA-NeXT whose base view is resized past its crop (issue 76) ----------------------------------------------
+
+NEXT_TOWER = dict(CLIP_TOWER, image_size=56, patch_size=14)  # a 4 x 4 grid, as the 56-px crop gives
+NEXT_PINPOINTS = [[56, 112], [112, 56], [112, 112]]
+
+
+@pytest.fixture(scope="module")
+def cropping_llava_next(tmp_path_factory):
+    """A tiny LLaVA-NeXT (σ 0.05 noise) saved twice, with processors resizing the base view's square to 70 and to 64
+    px before their centre 56 x 56 crop: ``{shortest_edge: (folder, model, processor)}``."""
+    config = transformers.LlavaNextConfig(vision_config=NEXT_TOWER, text_config=dict(TEXT, model_type="llama"),
+                                          image_token_id=3, image_grid_pinpoints=NEXT_PINPOINTS)
+    torch.manual_seed(0)
+    model = noisy(transformers.LlavaNextForConditionalGeneration(config))
+    model.set_attn_implementation("eager")
+    built = {}
+    for shortest in (70, 64):
+        processor = transformers.LlavaNextImageProcessor(size={"shortest_edge": shortest},
+                                                         crop_size={"height": 56, "width": 56},
+                                                         image_grid_pinpoints=NEXT_PINPOINTS)
+        folder = tmp_path_factory.mktemp(f"llava_next_{shortest}")
+        model.save_pretrained(folder)
+        processor.save_pretrained(folder)
+        built[shortest] = folder, model, processor
+    return built
+
+
+@pytest.mark.parametrize("backend", ["torchvision", "pil"])
+@pytest.mark.parametrize("shortest", [70, 64])
+def test_llava_next_shows_the_tower_the_processors_centre_crop_of_its_base_view(cropping_llava_next, shortest,
+                                                                                backend, monkeypatch):
+    """LlavaNextImageProcessor resizes the base view to shortest_edge square, then crops its centre crop_size, as
+    each tile: the tower reads that 56-px crop (16 tokens), not the whole 70-px square (25), and at 64 px opens.
+    Both of transformers' backends (``*ImageProcessor``, ``*ImageProcessorPil``) to float32 rounding."""
+    from vit.inference import preprocess
+
+    monkeypatch.setenv("VIT_HF_IMAGE_BACKEND", backend)
+    folder, model, processor = cropping_llava_next[shortest]
+    if backend == "pil":
+        processor = transformers.LlavaNextImageProcessorPil(**processor.to_dict())
+    checkpoint = open_source(folder)
+    image = Image.fromarray(_noise_image(130, 100))
+    pixels = processor(images=image, return_tensors="pt")
+    expected = pixels["pixel_values"][0, 0]  # the base view comes first
+    ours = preprocess([image], checkpoint.preprocessing)
+    assert ours.shape == (1, *expected.shape)
+    torch.testing.assert_close(ours[0], expected, rtol=0, atol=1e-5)
+    with torch.no_grad():
+        theirs = _tower_of(model)(pixel_values=expected[None], output_attentions=True)
+        mine = checkpoint.model.encode(ours, output_attentions=True)
+        for a, reference in zip(mine.attentions, theirs.attentions[:DEPTH["llava_next"]], strict=True):
+            assert a.shape == reference.shape == (1, 2, 17, 17)
+            torch.testing.assert_close(a, reference, rtol=0, atol=ATOL)
+        features = model.get_image_features(**pixels).pooler_output[0][:16]  # the base view's 4 x 4 tokens first
+        x, _ = checkpoint.model.tokens(ours)
+        torch.testing.assert_close(checkpoint.model.project(x, (4, 4))[0], features, rtol=0, atol=ATOL)
+    assert f"resized to {shortest}x{shortest}, then its centre 56x56" in checkpoint.metadata["tower"]

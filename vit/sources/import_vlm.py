@@ -222,26 +222,39 @@ def tower_architecture(config_json: Mapping) -> str:
 def image_processor(processor: Mapping | None, config_json: Mapping) -> tuple[Mapping | None, str | None]:
     """The image processor settings for the one image the tower is shown, and a sentence on what is not shown, from
     the VLM's own processor settings. LLaVA-NeXT and OneVision split an image into tiles at one of
-    ``image_grid_pinpoints`` and add a base tile, the whole image resized to the tower's square: that tile is the
-    one shown. ValueError for settings this program does not reproduce."""
+    ``image_grid_pinpoints`` and add a base view, the whole image resized to a square and, where the processor
+    crops, its centre cropped as every tile is (``LlavaNextImageProcessor._preprocess``): that view is the one
+    shown. ValueError for settings this program does not reproduce."""
     if processor is None:
         return None, None
     model_type = str(config_json.get("model_type"))
     if model_type in ("llava_next", "llava_onevision"):
-        size = processor.get("size") or ({"height": 384, "width": 384} if model_type == "llava_onevision"
-                                         else {"shortest_edge": 224})
+        onevision = model_type == "llava_onevision"
+        size = processor.get("size") or ({"height": 384, "width": 384} if onevision else {"shortest_edge": 224})
         size = size if isinstance(size, Mapping) else {}
-        # the base tile's side: LlavaNextImageProcessor's (height, width) when both are set, else shortest_edge twice
+        # the base view's square: LlavaNextImageProcessor's (height, width) when both are set, else shortest_edge
+        # twice; its second resize (to size again) leaves that square as it is
         side = size.get("height") if size.get("height") and size.get("height") == size.get("width") \
             else size.get("shortest_edge")
         if isinstance(side, bool) or not isinstance(side, int) or side <= 0:
             raise ValueError(f"the image processor's size {str(size)[:60]} names no square tile")
-        tile = {"size": {"height": side, "width": side}, "do_resize": True, "do_center_crop": False,
-                "resample": processor.get("resample", 3), "do_normalize": processor.get("do_normalize", True),
+        # then the centre crop_size, as for every tile (OneVision's processor does not crop unless asked)
+        crop = None
+        if processor.get("do_center_crop", not onevision):
+            crop_size = processor.get("crop_size") or ({} if onevision else {"height": 224, "width": 224})
+            crop = crop_size.get("height") if isinstance(crop_size, Mapping) else None
+            if isinstance(crop, bool) or not isinstance(crop, int) or crop_size.get("width") != crop \
+                    or not 0 < crop <= side:
+                raise ValueError(f"the image processor's crop_size {str(crop_size)[:60]} names no square crop "
+                                 f"within its {side}x{side} base view")
+        tile = {"size": {"height": side, "width": side}, "do_resize": True, "do_center_crop": crop is not None,
+                "crop_size": {"height": crop, "width": crop}, "resample": processor.get("resample", 3),
+                "do_normalize": processor.get("do_normalize", True),
                 "image_mean": processor.get("image_mean", OPENAI_MEAN),
                 "image_std": processor.get("image_std", OPENAI_STD)}
+        cropped = f", then its centre {crop}x{crop}" if crop is not None and crop < side else ""
         return tile, (f"{NAMES[model_type]} shows the model the image as tiles (anyres): here the base tile alone, "
-                      f"the whole image resized to {side}x{side}, not the high-resolution tiles.")
+                      f"the whole image resized to {side}x{side}{cropped}, not the high-resolution tiles.")
     if model_type == "llava" and processor.get("do_pad"):
         raise ValueError("its image processor pads each image to a square before resizing (LlavaImageProcessor "
                          "do_pad), which this program does not reproduce; set do_pad to false in its "
