@@ -41,6 +41,7 @@ def noise_image(width: int, height: int) -> Image.Image:
 TIMM_MODELS = {  # tiny random models that timm builds at any (height, width)
     "beit": ("beit_base_patch16_224", dict(patch_size=16, embed_dim=16, depth=1, num_heads=2)),
     "swin": ("swin_tiny_patch4_window7_224", dict(embed_dim=16, depths=(1, 1), num_heads=(2, 2), window_size=8)),
+    "vit": ("vit_base_patch16_224", dict(patch_size=16, embed_dim=16, depth=1, num_heads=2)),
 }
 
 
@@ -75,7 +76,7 @@ def test_a_non_square_timm_folder_gets_timms_own_input(tmp_path, family, img_siz
         expected = transform(image)[None]  # (1, 3, h, w)
         ours = preprocess([image], checkpoint.preprocessing)
         torch.testing.assert_close(ours, expected, rtol=0, atol=1e-6)
-        if family == "beit":  # Swin's logits at other grids are tests/test_swin_*.py's
+        if family != "swin":  # Swin's logits at other grids are tests/test_swin_*.py's
             with torch.no_grad():
                 torch.testing.assert_close(checkpoint.model(ours)[0], reference(expected), rtol=0, atol=1e-5)
 
@@ -116,6 +117,54 @@ def test_the_maps_of_a_non_square_timm_folder_lie_over_timms_crop(tmp_path, img_
     shown = np.asarray(drawing.model_input_image(noise_image(*size), checkpoint))  # (h, w, 3): what the maps cover
     seen = timm_transform(reference, mean=(0, 0, 0), std=(1, 1, 1))(noise_image(*size)).permute(1, 2, 0).numpy()
     assert (shown == np.round(seen * 255).astype(np.uint8)).all()
+
+
+@pytest.mark.parametrize("img_size", [(224, 224), (224, 320)])
+@pytest.mark.parametrize("crop_mode", ["center", "squash", "border"])
+def test_a_timm_vit_is_prepared_by_every_crop_mode_timm_has(tmp_path, crop_mode, img_size):
+    """timm's three crop modes (issue 76): "center" crops the centre of the covering resize, "squash" stretches,
+    "border" fits the image inside and pads it in the mean's colour; the input and logits are timm's."""
+    name, args = TIMM_MODELS["vit"]
+    reference = timm_folder(tmp_path, name, img_size, dict(crop_mode=crop_mode, crop_pct=0.8), **args)
+    transform = timm_transform(reference)
+    checkpoint = open_source(tmp_path)
+    for size in IMAGE_SIZES:
+        image = noise_image(*size)
+        expected = transform(image)[None]  # (1, 3, h, w)
+        ours = preprocess([image], checkpoint.preprocessing)
+        torch.testing.assert_close(ours, expected, rtol=0, atol=1e-6)
+        with torch.no_grad():
+            torch.testing.assert_close(checkpoint.model(ours)[0], reference(expected), rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("img_size", [(224, 224), (224, 320)])
+@pytest.mark.parametrize("size", [(640, 480), (300, 500)])
+def test_the_maps_of_a_border_crop_lie_over_the_image_and_its_padding(tmp_path, img_size, size):
+    """crop_mode "border" at crop_pct 1 fits the whole image inside the input and pads the rest: the box the maps are
+    drawn over reaches past the image by the padding on both sides, and the picture under them is timm's input."""
+    from vit.app import drawing
+
+    name, args = TIMM_MODELS["vit"]
+    reference = timm_folder(tmp_path, name, img_size, dict(crop_mode="border", crop_pct=1.0), **args)
+    p = open_source(tmp_path).preprocessing
+    image = Image.new("RGB", size, (255, 255, 255))
+    unnormalised = timm_transform(reference, mean=(0, 0, 0), std=(1, 1, 1))(image)[0].numpy()  # (h, w): pads 0
+    rows, cols = np.nonzero(unnormalised > 0.5)[0], np.nonzero(unnormalised.T > 0.5)[0]
+    top, left = rows.min(), cols.min()  # where the image starts in timm's input
+    scale_x, scale_y = size[0] / (cols.max() + 1 - left), size[1] / (rows.max() + 1 - top)
+    expected = (-left * scale_x, -top * scale_y, (img_size[1] - left) * scale_x, (img_size[0] - top) * scale_y)
+    assert input_box(size, p) == pytest.approx(expected, abs=1e-6)
+    assert min(expected[:2]) < 0  # padded before the image, not only after it
+    photo = noise_image(*size)
+    region = np.asarray(seen_region(photo, p))
+    x0, y0 = round(-expected[0]), round(-expected[1])
+    assert region[y0:y0 + size[1], x0:x0 + size[0]].tolist() == np.asarray(photo).tolist()  # the image, in place
+    assert tuple(region[0, 0]) == tuple(round(255 * m) for m in p.mean)  # the padding's colour
+    shown = np.asarray(drawing.model_input_image(photo, open_source(tmp_path)))  # (h, w, 3)
+    normalised = timm_transform(reference)(photo)  # (3, h, w), padded in the mean's colour
+    mean, std = torch.tensor(p.mean).view(3, 1, 1), torch.tensor(p.std).view(3, 1, 1)
+    seen = ((normalised * std + mean) * 255).round().permute(1, 2, 0).numpy().astype(np.uint8)
+    assert (shown == seen).all()
 
 
 def test_a_keep_ratio_resize_rounds_as_timms_resize_keep_ratio():

@@ -64,8 +64,9 @@ class ForeignCheckpointError(CheckpointError):
 
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)  # DeiT, DINOv2, torchvision
 # "longest_edge_pad": SamImageProcessor's resize of the longer side, then zeros below and right (vit.images.to_uint8);
-# "keep_ratio": timm's ResizeKeepRatio, the aspect kept until the image covers a (height, width) target
-RESIZE_MODES = ("square", "shortest_edge", "longest_edge_pad", "keep_ratio")
+# "keep_ratio": timm's ResizeKeepRatio, the aspect kept until the image covers a (height, width) target; "border":
+# timm's crop_mode "border", the aspect kept until the image fits inside it, then cropped or padded to the input
+RESIZE_MODES = ("square", "shortest_edge", "longest_edge_pad", "keep_ratio", "border")
 RESAMPLE_FILTERS = ("nearest", "bilinear", "bicubic", "lanczos")
 CROP_RULES = ("torchvision", "transformers", "top_left")  # where a crop starts (vit.images.crop_start)
 
@@ -80,7 +81,8 @@ class Preprocessing:
     Without ``resize_size`` the image is resized straight to ``image_size`` (this project's models); imported
     models keep their library's evaluation transform: resize to ``resize_size`` (square, the shorter side keeping
     the aspect ratio, or timm's ``"keep_ratio"`` to cover a ``(height, width)``) and crop the centre ``image_size``,
-    or (SAM's ``"longest_edge_pad"``) the longer side to ``resize_size`` and pad to ``image_size``.
+    timm's ``"border"`` (fit inside ``resize_size``, then crop or pad each side in the mean's colour), or (SAM's
+    ``"longest_edge_pad"``) the longer side to ``resize_size`` and pad to ``image_size``.
     """
 
     image_size: int | tuple[int, int]  # an int for a square, as ViTConfig.image_size
@@ -89,7 +91,8 @@ class Preprocessing:
     std: tuple[float, ...]
     resize_size: int | tuple[int, int] | None = None  # None: no crop, resize straight to image_size
     # "square" stretches to resize_size² (or its (height, width)); "shortest_edge" keeps the aspect ratio;
-    # "keep_ratio" (timm, non-square) keeps it and covers resize_size's (height, width); "longest_edge_pad" (SAM)
+    # "keep_ratio" (timm, non-square) keeps it and covers resize_size's (height, width); "border" (timm's crop_mode)
+    # keeps it and fits inside, then each side is cropped or padded in the mean's colour; "longest_edge_pad" (SAM)
     # brings the longer side to resize_size, keeping the aspect ratio, and pads the normalised image with 0 below and
     # to the right to image_size (no crop: the image sits at the top left of the input)
     resize_mode: str = "square"

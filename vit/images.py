@@ -143,18 +143,21 @@ def resized_size(image_size: tuple[int, int], resize_size: int | tuple[int, int]
                  resize_mode: str) -> tuple[int, int]:
     """``(width, height)`` an image is resized to before the centre crop or the padding (``to_uint8``'s rule).
 
-    ``resize_size`` is a side, or ``(height, width)`` for ``"square"`` (stretched to it) and ``"keep_ratio"``
-    (timm's ``ResizeKeepRatio``: the aspect kept, scaled until it covers ``(height, width)``, each side rounded)."""
+    ``resize_size`` is a side, or ``(height, width)`` for ``"square"`` (stretched to it), ``"keep_ratio"``
+    (timm's ``ResizeKeepRatio``: the aspect kept, scaled until it covers ``(height, width)``, each side rounded) and
+    ``"border"`` (timm's crop_mode "border", ``ResizeKeepRatio(longest=1)``: scaled until it fits inside it)."""
     width, height = image_size
     if resize_mode == "longest_edge_pad":
         # SamImageProcessor._get_preprocess_shape: each side scaled by longest / max(h, w), rounded half up; at least
         # 1 px, where HF would make an empty side of a strip 130+ times as long as wide and fail
         scale = resize_size * 1.0 / max(width, height)
         return max(1, int(width * scale + 0.5)), max(1, int(height * scale + 0.5))
-    if resize_mode == "keep_ratio":
+    if resize_mode in ("keep_ratio", "border"):
         target_h, target_w = _hw(resize_size)
-        ratio = min(height / target_h, width / target_w)  # timm's ratio with longest=0: the side that fits first
-        size = round(width / ratio), round(height / ratio)
+        # timm's ratio with longest=0 (the side that covers its target first) or longest=1 (the side that fits
+        # inside it last); a side rounded to 0 px, where timm's resize fails, keeps 1
+        ratio = (min if resize_mode == "keep_ratio" else max)(height / target_h, width / target_w)
+        size = max(1, round(width / ratio)), max(1, round(height / ratio))
     elif resize_mode != "shortest_edge":
         target_h, target_w = _hw(resize_size)
         return target_w, target_h
@@ -179,6 +182,13 @@ def crop_start(resized: int, crop: int, rule: str = "torchvision") -> int:
     if rule == "transformers":
         return int((resized - crop) / 2)
     return int(round((resized - crop) / 2.0))
+
+
+def border_start(resized: int, crop: int) -> int:
+    """Where timm's ``CenterCropOrPad`` (crop_mode "border") starts a crop of ``crop`` px in a side of ``resized``
+    px: negative where the side is padded, by half the shortfall, rounded down (the rest goes after); else the
+    centre crop's start (``crop_start``, torchvision's rounding)."""
+    return -((crop - resized) // 2) if crop > resized else crop_start(resized, crop)
 
 
 def naflex_size(height: int, width: int, patch_size: int, max_num_patches: int, eps: float = 1e-5
@@ -221,7 +231,8 @@ def smart_resize(height: int, width: int, factor: int, min_pixels: int, max_pixe
 
 def to_uint8(image: Image.Image, image_size: int | tuple[int, int], num_channels: int,
              resize_size: int | tuple[int, int] | None = None, resize_mode: str = "square", resample: str = "bicubic",
-             crop_rule: str = "torchvision", backend: str = "pil") -> torch.Tensor:
+             crop_rule: str = "torchvision", backend: str = "pil", fill: tuple[int, ...] = (0, 0, 0)
+             ) -> torch.Tensor:
     """The evaluation transform up to normalisation: a ``(C, H, W)`` uint8 tensor.
 
     Without ``resize_size``: resized straight to ``image_size`` square, or to ``(height, width)`` when ``image_size``
@@ -229,7 +240,9 @@ def to_uint8(image: Image.Image, image_size: int | tuple[int, int], num_channels
     centre ``image_size`` (a side, or ``(height, width)``) is cropped, where ``crop_start`` places it by
     ``crop_rule``. ``"longest_edge_pad"`` (SAM) returns the resized image alone, ``(C, h, w)`` with its longer side
     ``resize_size``: its padding is added after normalisation (``pad_normalized``), as zeros no uint8 value gives.
-    ``backend`` resizes with PIL or with torchvision (``resize``).
+    ``"border"`` (timm's crop_mode "border") crops or pads each side to ``image_size`` (``border_start``), the
+    padding in the colour ``fill`` (timm's: the mean's, ``pad_colour``). ``backend`` resizes with PIL or with
+    torchvision (``resize``).
     """
     image = to_mode(image, num_channels)
     crop_h, crop_w = _hw(image_size)
@@ -239,6 +252,15 @@ def to_uint8(image: Image.Image, image_size: int | tuple[int, int], num_channels
     pixels = resize(image, size, resample, backend)  # (C, h, w)
     if resize_mode == "longest_edge_pad":
         return pixels
+    if resize_mode == "border":
+        channels, height, width = pixels.shape
+        left, top = border_start(width, crop_w), border_start(height, crop_h)
+        colour = torch.tensor(fill[:channels], dtype=torch.uint8)
+        canvas = colour.view(channels, 1, 1).expand(channels, crop_h, crop_w).clone()  # (C, crop_h, crop_w)
+        y0, x0 = max(0, top), max(0, left)  # the part of the resized image inside the crop
+        y1, x1 = min(height, top + crop_h), min(width, left + crop_w)
+        canvas[:, y0 - top:y1 - top, x0 - left:x1 - left] = pixels[:, y0:y1, x0:x1]
+        return canvas
     left, top = crop_start(size[0], crop_w, crop_rule), crop_start(size[1], crop_h, crop_rule)
     return pixels[:, top:top + crop_h, left:left + crop_w].contiguous()
 
@@ -288,12 +310,14 @@ def pad_colour(mean: tuple[float, ...]) -> tuple[int, ...]:
     return values * 3 if len(values) == 1 else values[:3]
 
 
-def on_padded_canvas(image: Image.Image, size: tuple[int, int], mean: tuple[float, ...]) -> Image.Image:
-    """``image`` at the top left of a ``size = (width, height)`` canvas in the colour SAM's zero padding stands for
-    (``pad_colour``), in the image's mode: the padded input as a picture."""
+def on_padded_canvas(image: Image.Image, size: tuple[int, int], mean: tuple[float, ...],
+                     offset: tuple[int, int] = (0, 0)) -> Image.Image:
+    """``image`` at ``offset = (x, y)`` (the top left by default, as SAM pads; timm's crop_mode "border" centres it)
+    on a ``size = (width, height)`` canvas in the colour the padding stands for (``pad_colour``), in the image's mode:
+    the padded input as a picture; what lies outside the canvas is cut off."""
     colour = pad_colour(mean)
     canvas = Image.new(image.mode, size, colour[0] if image.mode == "L" else colour)
-    canvas.paste(image, (0, 0))
+    canvas.paste(image, offset)
     return canvas
 
 

@@ -21,11 +21,13 @@ from vit.checkpoint import Checkpoint, Preprocessing
 from vit.cli import MAX_INPUT_SIDE, ModelError
 from vit.images import (
     ImageError,
+    border_start,
     crop_start,
     naflex_size,
     normalize,
     on_padded_canvas,
     open_image,
+    pad_colour,
     pad_normalized,
     resized_size,
     smart_resize,
@@ -107,7 +109,8 @@ def input_box(image_size: tuple[int, int], preprocessing: Preprocessing,
     offsets in the resized image, scaled back to the original's pixels. Other input sizes, and
     checkpoints that only resize, see the whole image. SAM's ``"longest_edge_pad"`` sees more than the image: the
     padded input, the image at its top left, so the box reaches past the right or bottom edge by the padding
-    (in the image's pixels: a 640x480 image padded to a square is seen as (0, 0, 640, 640)).
+    (in the image's pixels: a 640x480 image padded to a square is seen as (0, 0, 640, 640)); timm's ``"border"``
+    pads on both sides, so its box starts before the image (negative) where it pads.
     """
     width, height = image_size
     p = preprocessing
@@ -118,21 +121,34 @@ def input_box(image_size: tuple[int, int], preprocessing: Preprocessing,
         pad_h, pad_w = p.image_hw
         return 0.0, 0.0, pad_w * width / resized[0], pad_h * height / resized[1]
     crop_h, crop_w = p.image_hw
-    left, top = crop_start(resized[0], crop_w, p.crop_rule), crop_start(resized[1], crop_h, p.crop_rule)
+    if p.resize_mode == "border":
+        left, top = border_start(resized[0], crop_w), border_start(resized[1], crop_h)
+    else:
+        left, top = crop_start(resized[0], crop_w, p.crop_rule), crop_start(resized[1], crop_h, p.crop_rule)
     sx, sy = width / resized[0], height / resized[1]
     return left * sx, top * sy, (left + crop_w) * sx, (top + crop_h) * sy
 
 
 def seen_region(image: Image.Image, preprocessing: Preprocessing, size: InputSize = TRAINING_SIZE) -> Image.Image:
     """The part of ``image`` the model sees (``input_box`` rounded to whole pixels): what maps are drawn over.
-    SAM's padding beyond the image is shown as the colour its zeros stand for (``vit.images.pad_colour``)."""
+    Padding beyond the image (SAM's, timm's crop_mode "border") is shown as the colour it stands for
+    (``vit.images.pad_colour``)."""
     x0, y0, x1, y1 = input_box(image.size, preprocessing, size)
     box = (round(x0), round(y0), round(x1), round(y1))
     if box == (0, 0, image.width, image.height):
         return image
-    if box[2] > image.width or box[3] > image.height:  # padded: the image at the top left of a canvas
-        return on_padded_canvas(to_mode(image, 3), (box[2], box[3]), preprocessing.mean)
+    if min(box[:2]) < 0 or box[2] > image.width or box[3] > image.height:  # padded: the image on a canvas
+        return on_padded_canvas(to_mode(image, 3), (box[2] - box[0], box[3] - box[1]), preprocessing.mean,
+                                (-box[0], -box[1]))
     return image.crop(box)
+
+
+def evaluation_uint8(image: Image.Image, preprocessing: Preprocessing) -> torch.Tensor:
+    """``image`` through the checkpoint's own evaluation transform (``vit.images.to_uint8`` with every setting of
+    ``preprocessing``), before normalisation: ``(C, H, W)`` uint8; SAM's ``(C, h, w)`` before its padding."""
+    p = preprocessing
+    return to_uint8(image, p.image_size, p.num_channels, p.resize_size, p.resize_mode, p.resample, p.crop_rule,
+                    p.backend, pad_colour(p.mean))
 
 
 def preprocess(images: Sequence[Image.Image], preprocessing: Preprocessing, size: InputSize = TRAINING_SIZE,
@@ -147,9 +163,7 @@ def preprocess(images: Sequence[Image.Image], preprocessing: Preprocessing, size
     if not images:
         return torch.empty(0, p.num_channels, *p.image_hw)
     if size == TRAINING_SIZE and not p.own_size:  # the checkpoint's own evaluation transform (with its crop)
-        resized = [to_uint8(image, p.image_size, p.num_channels, p.resize_size, p.resize_mode, p.resample,
-                            p.crop_rule, p.backend)
-                   for image in images]  # each (C, H, W); SAM's (C, h, w) before its padding
+        resized = [evaluation_uint8(image, p) for image in images]  # each (C, H, W); SAM's (C, h, w) unpadded
         if p.resize_mode == "longest_edge_pad":  # SamImageProcessor: normalised, then 0 below and to the right
             return torch.stack([pad_normalized(normalize(x[None], p.mean, p.std)[0], p.image_hw) for x in resized])
         return normalize(torch.stack(resized), p.mean, p.std)

@@ -33,7 +33,7 @@ from vit.explain.overlay import (
     to_png_bytes,
 )
 from vit.images import on_padded_canvas, to_uint8
-from vit.inference import TRAINING_SIZE, InputSize, Prediction, input_shape, preprocess
+from vit.inference import TRAINING_SIZE, InputSize, Prediction, evaluation_uint8, input_shape, preprocess
 from vit.sizes import describe_size
 from vit.text import escape_plotly
 
@@ -361,8 +361,7 @@ def model_input_image(image: Image.Image, checkpoint: Checkpoint, size: InputSiz
     in the colour its zeros stand for)."""
     p = checkpoint.preprocessing
     if size == TRAINING_SIZE and not p.own_size:  # the checkpoint's own transform, with its crop
-        array = to_uint8(image, p.image_size, p.num_channels, p.resize_size, p.resize_mode, p.resample,
-                         p.crop_rule, p.backend)
+        array = evaluation_uint8(image, p)
     else:
         shape = input_shape(image, p, checkpoint.model.config.patch_size, size)
         array = to_uint8(image, shape, p.num_channels, resample=p.resample, backend=p.backend)

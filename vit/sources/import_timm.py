@@ -82,6 +82,7 @@ class RegistryFacts:
     num_heads: int
     activation: str  # our ViTConfig.activation
     layer_norm_eps: float
+    img_size: tuple[int, int]  # the (height, width) timm builds its position table for (model_args.img_size)
 
 
 def _activation(module: torch.nn.Module) -> str | None:
@@ -128,8 +129,10 @@ def _registry_facts(name: str, args_json: str) -> RegistryFacts:
         problem = "its attention-pooling probe has its own heads or several latents"
     if problem:
         raise ValueError(f"timm {name} cannot be expressed by this program's model: {problem}")
+    img_size = tuple(int(v) for v in getattr(model.patch_embed, "img_size", None) or (224, 224))
     return RegistryFacts(width=block.norm1.normalized_shape[0], num_heads=attn.num_heads,
-                         activation=_activation(mlp.act), layer_norm_eps=float(block.norm1.eps))
+                         activation=_activation(mlp.act), layer_norm_eps=float(block.norm1.eps),
+                         img_size=(img_size[0], img_size[-1]))
 
 
 def registry_facts(name: str, model_args: Mapping | None = None) -> RegistryFacts:
@@ -193,19 +196,30 @@ def config_from_timm(name: str, state: Mapping[str, torch.Tensor], model_args: M
     if args.get("pos_embed", "learn") not in ("learn", "none", ""):
         raise ValueError(f"timm model_args.pos_embed={args['pos_embed']!r} of {name} is not supported")
     has_table = "pos_embed" in state
-    grid = None
     no_embed_class = bool(args.get("no_embed_class")) or prefix == 0
-    if has_table:
+    built_h, built_w = facts.img_size
+    grid = (built_h // patch or 1, built_w // patch or 1)
+    if has_table and built_h != built_w:
+        # timm builds a rectangle's table for img_size's grid: it must hold that grid, and tells no_embed_class
+        positions = _shape(state, "pos_embed")[1]
+        patches = grid[0] * grid[1]
+        if args.get("no_embed_class") is None and prefix:
+            no_embed_class = positions == patches
+        if positions != patches + (0 if no_embed_class else prefix):
+            raise ValueError(f"timm weights of {name} have a position table of {positions} entries, not the "
+                             f"{grid[0]}x{grid[1]} patch grid of its img_size {built_h}x{built_w} (height x width)"
+                             f"{'' if no_embed_class else f' plus {prefix} prefix token(s)'}")
+    elif has_table:
         positions = _shape(state, "pos_embed")[1]
         if args.get("no_embed_class") is None and prefix:
             # The table has one entry per patch of a square grid, plus one per prefix token unless no_embed_class.
             no_embed_class = not _is_square(positions - prefix) and _is_square(positions)
-        grid = math.isqrt(positions - (0 if no_embed_class else prefix))
-        if grid * grid != positions - (0 if no_embed_class else prefix) or grid == 0:
-            raise ValueError(f"timm weights of {name} have a position table of {positions} entries, not a square grid")
-    else:
-        img = args.get("img_size") or 224
-        grid = (img[0] if isinstance(img, (list, tuple)) else int(img)) // patch or 1
+        side = math.isqrt(positions - (0 if no_embed_class else prefix))
+        if side * side != positions - (0 if no_embed_class else prefix) or side == 0:
+            raise ValueError(f"timm weights of {name} have a position table of {positions} entries, not a square "
+                             "grid; for a rectangular input give model_args.img_size as [height, width] in its "
+                             "config.json")
+        grid = (side, side)
     fc_norm = "fc_norm.weight" in state
     attn_pool = "attn_pool.latent" in state
     pool = args.get("global_pool") or ("map" if attn_pool else "avg" if fc_norm or "_gap" in name or not class_token
@@ -218,7 +232,8 @@ def config_from_timm(name: str, state: Mapping[str, torch.Tensor], model_args: M
     if pool == "token" and not class_token:
         raise ValueError(f"timm model {name} has no class token to pool; use global_pool avg or map")
     return ViTConfig(
-        image_size=grid * patch, patch_size=patch, num_channels=channels,
+        image_size=grid[0] * patch if grid[0] == grid[1] else (grid[0] * patch, grid[1] * patch), patch_size=patch,
+        num_channels=channels,
         num_classes=_shape(state, "head.weight")[0] if "head.weight" in state else 0,
         hidden_size=width, num_layers=depth, num_heads=int(heads),
         mlp_size=_shape(state, "blocks.0.mlp.fc1.weight")[0],
@@ -266,10 +281,12 @@ def _size_pair(value) -> tuple[int, int] | None:
 def preprocessing_from_timm(name: str, config: ViTConfig, pretrained_cfg: Mapping | None,
                             model_args: Mapping | None = None) -> Preprocessing:
     """timm's evaluation transform (``resolve_data_config`` + ``transforms_imagenet_eval``): each side of the input
-    ``(h, w)`` over ``crop_pct``, floored, is the resize target: the shorter side resized to it for a square input
-    (torchvision's ``Resize(int)``), the aspect kept until the image covers ``(h, w) / crop_pct`` for a rectangle
-    (timm's ``ResizeKeepRatio``), both sides stretched to it for crop_mode "squash"; then the centre ``(h, w)`` is
-    cropped. Family defaults (DeiT and DINOv2: ImageNet statistics; other ViTs: 0.5) when the pretrained config is
+    ``(h, w)`` over ``crop_pct``, floored, is the resize target. crop_mode "center" (timm's default, and what it does
+    for any other name): the shorter side resized to it for a square input (torchvision's ``Resize(int)``), the
+    aspect kept until the image covers ``(h, w) / crop_pct`` for a rectangle (timm's ``ResizeKeepRatio``); "squash":
+    both sides stretched to it; then the centre ``(h, w)`` is cropped. "border": the aspect kept until the image fits
+    inside it (``ResizeKeepRatio(longest=1)``), then each side cropped or padded to ``(h, w)`` in the mean's colour
+    (``CenterCropOrPad``). Family defaults (DeiT and DINOv2: ImageNet statistics; other ViTs: 0.5) when the pretrained config is
     missing."""
     cfg = dict(pretrained_cfg or {})
     args = dict(model_args or {})
@@ -287,8 +304,8 @@ def preprocessing_from_timm(name: str, config: ViTConfig, pretrained_cfg: Mappin
         mean, std = mean[:1], std[:1]
     height, width = hw
     scale = (math.floor(height / crop_pct), math.floor(width / crop_pct))
-    if cfg.get("crop_mode") == "squash":
-        resize, mode = (scale[0] if height == width else scale), "square"
+    if cfg.get("crop_mode") in ("squash", "border"):
+        resize, mode = (scale[0] if height == width else scale), "square" if cfg["crop_mode"] == "squash" else "border"
     elif height == width:
         resize, mode = scale[0], "shortest_edge"
     else:  # the rounding of ResizeKeepRatio, not Resize(int)'s truncation: timm uses it for rectangles alone
