@@ -77,6 +77,43 @@ def test_open_clip_folder_matches_open_clip(tmp_path, case):
     assert_parity(f"CLIP | open_clip folder ({case}) | native", ours.embedding, expected, ours.attentions, attentions)
 
 
+@pytest.mark.parametrize("preprocess_cfg", [dict(interpolation="bilinear"), dict(resize_mode="squash")])
+def test_a_non_square_open_clip_folder_matches_open_clip(tmp_path, preprocess_cfg):
+    """open_clip builds a tower at image_size [height, width] (issue 76): its 3 x 4 grid's table of 13 entries opens,
+    images are prepared by the transform open_clip gives that folder (a rectangle's shortest-edge resize is its
+    ResizeKeepRatio, bicubic whatever the interpolation asked; "squash" stretches), and the embedding and every
+    attention are open_clip's."""
+    from PIL import Image
+
+    from vit.inference import preprocess
+
+    vision = dict(VISION_CASES["tok"], image_size=[24, 32])
+    model_cfg = dict(embed_dim=16, vision_cfg=vision, text_cfg=TEXT_CFG)
+    torch.manual_seed(0)
+    model = randomize(open_clip.model.CLIP(**model_cfg))
+    folder = tmp_path / "open_clip"
+    folder.mkdir()
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, folder / "open_clip_model.safetensors")
+    model.visual.image_mean, model.visual.image_std = open_clip.OPENAI_DATASET_MEAN, open_clip.OPENAI_DATASET_STD
+    model.visual.preprocess_cfg = preprocess_cfg
+    open_clip_hub.save_config_for_hf(model, folder / "open_clip_config.json", model_config=model_cfg)
+    reference, transform = open_clip.create_model_from_pretrained(f"local-dir:{folder}")
+    checkpoint = open_source(folder)
+    assert checkpoint.config.grid_size == (3, 4)
+    rng = torch.Generator().manual_seed(0)
+    for width, height in ((150, 100), (100, 150), (90, 90)):
+        pixels = torch.randint(0, 256, (height, width, 3), generator=rng, dtype=torch.uint8).numpy()
+        image = Image.fromarray(pixels)
+        expected = transform(image)[None]  # (1, 3, 24, 32)
+        images = preprocess([image], checkpoint.preprocessing)
+        torch.testing.assert_close(images, expected, rtol=0, atol=1e-6)
+        embedding, attentions = open_clip_attentions(reference.eval(), expected)
+        with torch.no_grad():
+            ours = checkpoint.model.encode(images, output_attentions=True)
+        assert_parity("CLIP | open_clip folder (24x32) | native", ours.embedding, embedding, ours.attentions,
+                      attentions)
+
+
 def test_openai_layout_with_quickgelu_matches_open_clips_openai_loader(tmp_path):
     torch.manual_seed(0)
     model = randomize(open_clip.model.CLIP(embed_dim=16, vision_cfg=dict(image_size=32, patch_size=8, width=128,

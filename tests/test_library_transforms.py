@@ -119,7 +119,8 @@ def test_the_maps_of_a_non_square_timm_folder_lie_over_timms_crop(tmp_path, img_
     assert (shown == np.round(seen * 255).astype(np.uint8)).all()
 
 
-@pytest.mark.parametrize("img_size", [(224, 224), (224, 320)])
+# (64, 96): a 4 x 6 grid, whose 25-entry table (with the CLS) was once read as a 5 x 5 grid without the CLS
+@pytest.mark.parametrize("img_size", [(224, 224), (224, 320), (64, 96)])
 @pytest.mark.parametrize("crop_mode", ["center", "squash", "border"])
 def test_a_timm_vit_is_prepared_by_every_crop_mode_timm_has(tmp_path, crop_mode, img_size):
     """timm's three crop modes (issue 76): "center" crops the centre of the covering resize, "squash" stretches,

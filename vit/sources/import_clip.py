@@ -84,9 +84,23 @@ def config_from_open_clip(state: Mapping[str, torch.Tensor], model_cfg: Mapping 
     if patch != patch_w:
         raise ValueError(f"open_clip weights have non-square {patch}x{patch_w} patches")
     positions = state["visual.positional_embedding"].shape[0] - 1
-    grid = math.isqrt(positions)
-    if grid * grid != positions:
-        raise ValueError(f"open_clip position table of {positions + 1} entries is not 1 + a square grid")
+    size = vision.get("image_size")
+    if isinstance(size, (list, tuple)) and len(size) == 2 and size[0] != size[1]:
+        # open_clip builds a rectangle's table for image_size's (height // patch, width // patch) grid
+        if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 and v % patch == 0 for v in size):
+            raise ValueError(f"open_clip vision_cfg.image_size {size!r} is not a (height, width) pair of whole "
+                             f"{patch}-px patches")
+        grid = (size[0] // patch, size[1] // patch)
+        if grid[0] * grid[1] != positions:
+            raise ValueError(f"open_clip position table of {positions + 1} entries is not 1 + the {grid[0]}x{grid[1]} "
+                             f"patch grid of its image_size {size[0]}x{size[1]} (height x width)")
+    else:
+        side = math.isqrt(positions)
+        if side * side != positions:
+            raise ValueError(f"open_clip position table of {positions + 1} entries is not 1 + a square grid; for a "
+                             "rectangular input its open_clip_config.json must give vision_cfg.image_size as "
+                             "[height, width]")
+        grid = (side, side)
     depth = 1 + max(int(k.split(".")[3]) for k in state if k.startswith("visual.transformer.resblocks."))
     head_width = int(vision.get("head_width", 64))
     if width % head_width:
@@ -97,7 +111,8 @@ def config_from_open_clip(state: Mapping[str, torch.Tensor], model_cfg: Mapping 
     after_pool = bool(vision.get("final_ln_after_pool", False)) and pool == "avg"  # per-token LN: the same for tok
     proj = state.get("visual.proj")
     return ViTConfig(
-        image_size=grid * patch, patch_size=patch, num_channels=channels, num_classes=0, hidden_size=width,
+        image_size=grid[0] * patch if grid[0] == grid[1] else (grid[0] * patch, grid[1] * patch), patch_size=patch,
+        num_channels=channels, num_classes=0, hidden_size=width,
         num_layers=depth, num_heads=width // head_width,
         mlp_size=state["visual.transformer.resblocks.0.mlp.c_fc.weight"].shape[0], layer_norm_eps=1e-5,
         layer_scale=float(vision.get("ls_init_value") or 1.0)

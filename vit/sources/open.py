@@ -635,10 +635,13 @@ def open_open_clip(path: Path, state: Mapping[str, torch.Tensor], name: str | No
     channels = config.num_channels
     mean, std = tuple(pre.get("mean") or import_clip.OPENAI_MEAN), tuple(pre.get("std") or import_clip.OPENAI_STD)
     resample = pre.get("interpolation") if pre.get("interpolation") in ("bicubic", "bilinear") else "bicubic"
-    squash = pre.get("resize_mode") == "squash"
+    # open_clip's image_transform: resize, centre crop; "squash" stretches. A rectangle's shortest-edge resize is
+    # its ResizeKeepRatio, which open_clip builds without the interpolation asked for: bicubic, its default.
+    mode = "square" if pre.get("resize_mode") == "squash" else "shortest_edge" if config.image_hw[0] == \
+        config.image_hw[1] else "keep_ratio"
     preprocessing = Preprocessing(config.image_size, channels, mean[:channels], std[:channels],
-                                  resize_size=config.image_size, resize_mode="square" if squash else "shortest_edge",
-                                  resample=resample)  # open_clip's image_transform: resize, centre crop
+                                  resize_size=config.image_size, resize_mode=mode,
+                                  resample="bicubic" if mode == "keep_ratio" else resample)
     activation = "quickgelu" if config.activation == "quick_gelu" else "gelu"
     return _finish(model, default_class_names(0), preprocessing, path, "open_clip", f"open_clip:{activation}")
 
