@@ -251,17 +251,18 @@ def test_a_word_map_saves_its_arrays_and_exports_as_the_explorers_html(vlms, tmp
 
 # -- a word's lens score as the target of the gradient maps -------------------------------------------------------
 
-def _legrad_on_transformers(model, pixel_values: torch.Tensor, word: torch.Tensor, unit: int | None) -> np.ndarray:
+def _legrad_on_transformers(model, pixel_values: torch.Tensor, word: torch.Tensor, unit: int | None,
+                            skip: int = 1) -> np.ndarray:
     """LeGrad by hand on transformers' LLaVA: at each of the tower's two layers read (vision_feature_layer -2), the
-    word's score read from that layer's output through the projector (no final norm, CLS left out, as
-    get_image_features), its gradient with respect to the layer's attention, clamped at 0, averaged over heads and
-    queries, summed over the layers; the patches' part."""
+    word's score read from that layer's output through the projector (no final norm, the first ``skip`` tokens left
+    out, as get_image_features: the CLS for strategy "default", none for "full"), its gradient with respect to the
+    layer's attention, clamped at 0, averaged over heads and queries, summed over the layers; the patches' part."""
     tower, projector = model.model.vision_tower, model.model.multi_modal_projector
     with torch.enable_grad():
         out = tower(pixel_values, output_attentions=True, output_hidden_states=True)
         total = 0
         for layer in (0, 1):
-            scores = projector(out.hidden_states[layer + 1][:, 1:]) @ word  # (1, N)
+            scores = projector(out.hidden_states[layer + 1][:, skip:]) @ word  # (1, N)
             score = scores.sum() if unit is None else scores[0, unit]
             [grad] = torch.autograd.grad(score, out.attentions[layer], retain_graph=True)
             total = total + grad.clamp(min=0).mean(dim=1).mean(dim=1)[0]  # (T,)
@@ -505,3 +506,40 @@ def test_cp_lrp_of_a_words_score_passes_all_of_it_to_the_embedding_through_the_p
         [grad] = torch.autograd.grad(score.sum(), cache["hook_embed"])
     total = (cache["hook_embed"] * grad).sum(dim=(1, 2))  # (B,)
     torch.testing.assert_close(total, score.detach(), rtol=1e-3, atol=1e-5 * float(score.detach().abs().max()))
+
+
+# -- LLaVA with vision_feature_select_strategy "full": the CLS's projection is an image token too (issue 76) ----------
+
+@pytest.fixture(scope="module")
+def llava_full(vlms, tmp_path_factory):
+    """The tiny LLaVA's folder with strategy "full": its projector gives the language model 1 + 16 image tokens."""
+    folder = tmp_path_factory.mktemp("llava_full") / "llava"
+    shutil.copytree(vlms["llava"][0], folder)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "vision_feature_select_strategy": "full"}))
+    return folder, *vlms["llava"][1:]
+
+
+def test_the_lens_of_a_llava_reading_every_token_maps_the_patches_tokens_and_leaves_the_cls_off(llava_full):
+    folder, model, processor = llava_full
+    checkpoint, image = vit.load(folder, device="cpu"), picture()
+    [dog] = vit.visual_logit_lens(checkpoint, image, ["dog"])
+    pixels = processor(images=[image], return_tensors="pt")["pixel_values"]
+    with torch.no_grad():
+        features = model.get_image_features(pixel_values=pixels, vision_feature_select_strategy="full")
+        scores = features.pooler_output[0] @ model.get_input_embeddings().weight[5]  # (17,): the CLS's first
+    assert scores.shape == (17,)
+    np.testing.assert_allclose(dog.map, scores[1:].reshape(4, 4).numpy(), rtol=0, atol=ATOL)
+    assert "the CLS's image token, which the language model reads too, covers no patch" in dog.description
+
+
+@pytest.mark.parametrize("patch", [None, 6])
+def test_legrad_of_a_words_score_on_a_llava_reading_every_token_targets_the_patchs_own_token(llava_full, patch):
+    """The token over patch 6 is the projector's row 7 (the CLS's is row 0); every token's sum includes the CLS's."""
+    folder, model, processor = llava_full
+    checkpoint, image = vit.load(folder, device="cpu"), picture()
+    shown = vit.explain_word(checkpoint, image, "hot dog", "legrad", patch=patch)
+    word = model.get_input_embeddings().weight[[7, 5]].mean(0).detach()
+    pixels = processor(images=[image], return_tensors="pt")["pixel_values"]
+    expected = _legrad_on_transformers(model, pixels, word, None if patch is None else 1 + patch, skip=0)
+    np.testing.assert_allclose(shown.map, expected, rtol=0, atol=ATOL)

@@ -902,7 +902,7 @@ def visual_logit_lens(checkpoint: Checkpoint, image: ImageLike, words: str | Seq
     embeddings, which is the mean of their maps. ``checkpoint`` is a LLaVA, PaliGemma, Gemma 3, InternVL, Qwen2.5-VL
     or Qwen3-VL folder opened by ``vit.load``. One ``WordMap`` per word, in order; ValueError or CheckpointError in one
     line (not a VLM, a word the tokenizer cannot encode, a folder without its tokenizer or embedding)."""
-    from vit.explain.visual_lens import lens_maps
+    from vit.explain.visual_lens import leading_rows, lens_maps
     from vit.inference import preprocess
     from vit.sources import word_embeddings
 
@@ -910,11 +910,13 @@ def visual_logit_lens(checkpoint: Checkpoint, image: ImageLike, words: str | Seq
     model, p = checkpoint.model, checkpoint.preprocessing
     device = next(model.parameters()).device
     x = preprocess([image], p, size, model.config.patch_size).to(device)  # (1, C, H, W)
-    unit = word_embeddings.projector_unit(checkpoint)
+    unit, lead = word_embeddings.projector_unit(checkpoint), leading_rows(model)
     with torch.inference_mode():
-        projected = model.project(model.tokens(x)[0], grid)[0].float()  # (N, E), units row-major
-        maps = lens_maps(projected, vectors.to(device), grid, unit).cpu().numpy()  # (W, gh, gw)
+        projected = model.project(model.tokens(x)[0], grid)[0].float()  # (lead + N, E), units row-major
+        maps = lens_maps(projected, vectors.to(device), grid, unit, lead).cpu().numpy()  # (W, gh, gw)
     seen, box = seen_region(image, p, size), input_box(image.size, p, size)
+    # LLaVA's "full" strategy: the CLS's projection is an image token too, though no patch's
+    kept = "; the CLS's image token, which the language model reads too, covers no patch" if lead else ""
     results = []
     for word, map2d in zip(encoded, maps, strict=True):
         how = f"the mean of its {len(word.ids)} tokens' embeddings" if len(word.ids) > 1 else "its embedding"
@@ -922,7 +924,7 @@ def visual_logit_lens(checkpoint: Checkpoint, image: ImageLike, words: str | Seq
             "visual_lens", map2d.astype(np.float32), image, seen, box, grid, model.num_prefix_tokens,
             target=word.text, query=-1,
             description=(f"visual logit lens of {word.text!r} ({' '.join(word.tokens)}): each image token's dot "
-                         f"product with {how}"),
+                         f"product with {how}{kept}"),
             settings={"method": "visual_lens", "word": word.text}, word=word.text, tokens=word.tokens,
             token_ids=word.ids, units=map2d[::unit, ::unit].copy(), embedding=table.note))
     return results
@@ -936,6 +938,7 @@ def explain_word(checkpoint: Checkpoint, image: ImageLike, word: str, method: st
     (gradient rollout: the row of ``patch``'s token) or ``attnlrp``, each run as for a classifier whose one logit is
     that score (through Qwen2.5-VL's windows, each placed by its window index). ValueError or CheckpointError in
     one line."""
+    from vit.explain.visual_lens import leading_rows
     from vit.explain.vlm_targets import lens_model, unit_of_patch
     from vit.sources import word_embeddings
 
@@ -949,10 +952,10 @@ def explain_word(checkpoint: Checkpoint, image: ImageLike, word: str, method: st
     image, size, grid, _, [encoded], vectors = _lens_words(checkpoint, image, [word], size)
     unit = word_embeddings.projector_unit(checkpoint)
     units = None
-    if patch is not None:
+    if patch is not None:  # its unit's row, after the prefix tokens the projector keeps (LLaVA "full": the CLS)
         count = grid[0] * grid[1]
         units = torch.tensor([unit_of_patch(_index(patch, count, "patch", f"this input has {count} patches"),
-                                            grid, unit)])
+                                            grid, unit) + leading_rows(checkpoint.model)])
     wrapped = replace(checkpoint, model=lens_model(checkpoint.model, vectors, grid, units), class_names=[word],
                       training_state=None)
     query = None if method != "class" else patch % (grid[0] * grid[1]) + checkpoint.model.num_prefix_tokens

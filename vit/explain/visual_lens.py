@@ -14,14 +14,23 @@ from __future__ import annotations
 import torch
 
 
-def lens_maps(projected: torch.Tensor, vectors: torch.Tensor, grid: tuple[int, int], unit: int = 1) -> torch.Tensor:
-    """``projected`` (N, E), the image tokens of an input on patch grid ``grid`` (units row-major, each spanning
-    ``unit`` x ``unit`` patches), and ``vectors`` (W, E), one per word -> (W, gh, gw): each patch holds the dot
-    product of the token whose unit covers it with each word's vector."""
+def leading_rows(model) -> int:
+    """The rows ``ViT.project`` gives before its patch units: the prefix tokens the projector keeps (LLaVA's "full"
+    strategy keeps CLIP's CLS, which the language model reads as one more image token); 0 for every other tower."""
+    return max(0, model.num_prefix_tokens - model.config.projector_skip)
+
+
+def lens_maps(projected: torch.Tensor, vectors: torch.Tensor, grid: tuple[int, int], unit: int = 1,
+              lead: int = 0) -> torch.Tensor:
+    """``projected`` (lead + N, E), the image tokens of an input on patch grid ``grid`` (``lead`` prefix tokens, then
+    units row-major, each spanning ``unit`` x ``unit`` patches), and ``vectors`` (W, E), one per word -> (W, gh, gw):
+    each patch holds the dot product of the token whose unit covers it with each word's vector; the prefix tokens
+    cover no patch."""
     gh, gw = grid
-    if gh % unit or gw % unit or projected.shape[0] != (gh // unit) * (gw // unit):
+    if gh % unit or gw % unit or projected.shape[0] != lead + (gh // unit) * (gw // unit):
+        after = f" after {lead} prefix token(s)" if lead else ""
         raise ValueError(f"{projected.shape[0]} projected tokens do not tile a {gh}x{gw} patch grid in "
-                         f"{unit}x{unit} units")
-    scores = vectors.to(projected.dtype) @ projected.T  # (W, N)
+                         f"{unit}x{unit} units{after}")
+    scores = vectors.to(projected.dtype) @ projected[lead:].T  # (W, N)
     units = scores.view(-1, gh // unit, gw // unit)  # (W, gh/u, gw/u)
     return units.repeat_interleave(unit, 1).repeat_interleave(unit, 2)  # (W, gh, gw)
