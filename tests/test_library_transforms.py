@@ -9,6 +9,7 @@ gives the PIL one (``*ImageProcessorPil``); each is matched to float32 rounding,
 """
 
 import json
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -166,6 +167,10 @@ def test_the_maps_of_a_border_crop_lie_over_the_image_and_its_padding(tmp_path, 
     mean, std = torch.tensor(p.mean).view(3, 1, 1), torch.tensor(p.std).view(3, 1, 1)
     seen = ((normalised * std + mean) * 255).round().permute(1, 2, 0).numpy().astype(np.uint8)
     assert (shown == seen).all()
+    analysis = SimpleNamespace(input_size=img_size, grid=(img_size[0] // 16, img_size[1] // 16), patch_size=16,
+                               num_tokens=1, at_training_size=True, max_num_patches=0, max_pixels=0)
+    text = drawing.describe_input(analysis, size, input_box(size, p))
+    assert "pads around it in the mean colour" in text and "top left" not in text and "stretched" not in text
 
 
 def test_a_keep_ratio_resize_rounds_as_timms_resize_keep_ratio():

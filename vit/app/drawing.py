@@ -274,7 +274,13 @@ def describe_input(analysis: Analysis, image_size: tuple[int, int],
         th, tw = analysis.training_hw
         text += f", not its training size of {describe_size(tw, th)}: {how}"
     iw, ih = image_size
-    if box is not None and (round(box[2]) > iw or round(box[3]) > ih):  # SAM's longest edge, then padding
+    if box is not None and min(round(box[0]), round(box[1])) < 0:  # timm's crop_mode "border": padded around it
+        x0, y0, x1, y1 = (round(v) for v in box)
+        text += (f". Its preprocessing fits the image inside the input and pads around it in the mean colour (timm's "
+                 f"crop_mode \"border\"): it sees x {x0}–{x1}, y {y0}–{y1} in the image's pixels, shown with that "
+                 "padding, and every map, patch and click lies over it")
+        iw, ih = x1 - x0, y1 - y0
+    elif box is not None and (round(box[2]) > iw or round(box[3]) > ih):  # SAM's longest edge, then padding
         x1, y1 = round(box[2]), round(box[3])
         text += (f". Its preprocessing resizes the longer side and pads the rest with zeros (after normalising, so "
                  f"they stand for the mean colour): the image sits at the top left of a {x1}×{y1} canvas (in the "

@@ -247,12 +247,13 @@ def image_processor(processor: Mapping | None, config_json: Mapping) -> tuple[Ma
                     or not 0 < crop <= side:
                 raise ValueError(f"the image processor's crop_size {str(crop_size)[:60]} names no square crop "
                                  f"within its {side}x{side} base view")
-        tile = {"size": {"height": side, "width": side}, "do_resize": True, "do_center_crop": crop is not None,
+        crops = crop is not None and crop < side  # a crop of the whole square crops nothing
+        tile = {"size": {"height": side, "width": side}, "do_resize": True, "do_center_crop": crops,
                 "crop_size": {"height": crop, "width": crop}, "resample": processor.get("resample", 3),
                 "do_normalize": processor.get("do_normalize", True),
                 "image_mean": processor.get("image_mean", OPENAI_MEAN),
                 "image_std": processor.get("image_std", OPENAI_STD)}
-        cropped = f", then its centre {crop}x{crop}" if crop is not None and crop < side else ""
+        cropped = f", then its centre {crop}x{crop}" if crops else ""
         return tile, (f"{NAMES[model_type]} shows the model the image as tiles (anyres): here the base tile alone, "
                       f"the whole image resized to {side}x{side}{cropped}, not the high-resolution tiles.")
     if model_type == "llava" and processor.get("do_pad"):
