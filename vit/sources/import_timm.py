@@ -286,8 +286,8 @@ def preprocessing_from_timm(name: str, config: ViTConfig, pretrained_cfg: Mappin
     aspect kept until the image covers ``(h, w) / crop_pct`` for a rectangle (timm's ``ResizeKeepRatio``); "squash":
     both sides stretched to it; then the centre ``(h, w)`` is cropped. "border": the aspect kept until the image fits
     inside it (``ResizeKeepRatio(longest=1)``), then each side cropped or padded to ``(h, w)`` in the mean's colour
-    (``CenterCropOrPad``). Family defaults (DeiT and DINOv2: ImageNet statistics; other ViTs: 0.5) when the pretrained config is
-    missing."""
+    (``CenterCropOrPad``). Family defaults (DeiT and DINOv2: ImageNet statistics; other ViTs: 0.5) when the
+    pretrained config is missing."""
     cfg = dict(pretrained_cfg or {})
     args = dict(model_args or {})
     hw = _size_pair(args.get("img_size")) or _size_pair(list(cfg.get("input_size") or [])[-2:]) or config.image_hw
