@@ -57,7 +57,7 @@ def open_links(info: runs.RunInfo) -> None:
         return
     saved = saved_weights(info.run_dir)
     if not saved:
-        open_in_explorer.link(st, "Open in explorer", {}, disabled=True,
+        open_in_explorer.link(st, "Open in explorer", {"explorer_checkpoint": str(info.best_checkpoint)}, disabled=True,
                               help="No weights saved yet: best.pt is written after the first epoch.")
         return
     for column, weights in zip(st.columns(len(saved)), saved, strict=True):
