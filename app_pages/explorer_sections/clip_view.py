@@ -1,9 +1,11 @@
 """The explorer for a video model (VideoMAE): a clip in the sidebar (a video file, an animated GIF or a zip of
 frames), its predicted classes, a map (attention by layer and head, rollout, norms, one class's class map, LeGrad or
 AttnLRP) on the frame the time slider shows, a query patch picked by a click on that frame or by number, every
-sampled frame with its map in a strip, and the frames overlaid as an animated GIF. The maps are
-``vit.explain.video``'s, the clip's forward run once per upload; past ``PROGRESS_TOKENS`` tubelets the forward and a
-class's map are long work (progress by block and a Stop button, as on the image page)."""
+sampled frame with its map in a strip, and the frames overlaid as an animated GIF. The time slider has a Play
+(``app_pages.player``, as the Train page's snapshots); the view follows in the URL and is offered as a link and as an
+offline HTML file (``share_view``, ``vit.app.export.clip_html``), the clip named by its hash as image links name an
+upload. The maps are ``vit.explain.video``'s, the clip's forward run once per upload; past ``PROGRESS_TOKENS``
+tubelets the forward and a class's map are long work (progress by block and a Stop button, as on the image page)."""
 
 from dataclasses import dataclass
 from functools import partial
