@@ -70,7 +70,8 @@ model_key = explorer.image_digest(choice.encode())[:10]  # widgets whose range d
 if checkpoint.metadata.get("preprocessing_guessed"):  # bare weights: say what the images are prepared with
     st.sidebar.warning(escape_markdown(checkpoint.metadata["preprocessing_guessed"]))
 if video.is_video(checkpoint):  # a clip in, its maps per frame (issue 65); the image sections below take images
-    clip_view.clip_view(checkpoint, fingerprint, model_key)
+    clip_view.clip_view(checkpoint, fingerprint, model_key,
+                        share.model_text(choice, entry.name, share.model_names(entries.values())), entry.name)
     st.stop()
 
 

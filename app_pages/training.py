@@ -12,6 +12,7 @@ import time
 import streamlit as st
 from streamlit.logger import get_logger
 
+from app_pages import player
 from app_pages.explorer_sections.checkpoint_picker import open_from_hub
 from app_pages.training_sections import attention_snapshots, runs_panel
 from app_pages.training_sections import sae as sae_section
@@ -366,5 +367,4 @@ runs_panel.runs_panel(manager, gate.mode == "token", private, for_visitor)
 # -- attention during training: probe images per epoch, head statistics (training_sections/attention_snapshots.py)
 
 # Refreshes on its own: every 5 s to pick up new epochs, every second while playing.
-playing = bool(st.session_state.get("snap_play"))
-st.fragment(run_every=1 if playing else 5)(attention_snapshots.attention_panel)(manager, playing)
+player.play_fragment(attention_snapshots.attention_panel, "snap_play", manager, idle_seconds=5)

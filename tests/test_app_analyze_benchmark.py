@@ -8,6 +8,7 @@ from streamlit.testing.v1 import AppTest
 
 from tests.test_app import dirs  # noqa: F401  (fixture)
 from tests.test_faithfulness_chefer import tiny_model_and_images
+from vit.explain.benchmark_run import header
 
 APP = str(Path(__file__).resolve().parent.parent / "app.py")
 
@@ -50,10 +51,13 @@ def test_the_page_runs_a_benchmark_and_shows_the_commands_scores(dirs, tmp_path,
     [table] = at.dataframe
     shown = table.value
     assert list(shown.index) == methods
-    assert list(shown.columns) == ["positive_auc", "negative_auc", "images_per_s"]
+    # Each header says which side is better (Chefer et al.: positive perturbation low, negative high), the legend
+    # under the table what the arrows mean.
+    assert list(shown.columns) == ["positive_auc ↓", "negative_auc ↑", "images_per_s ↑"]
     for method in methods:
         for column in ("positive_auc", "negative_auc"):
-            assert shown.loc[method, column] == expected["methods"][method][column], (method, column)
+            assert shown.loc[method, header(column)] == expected["methods"][method][column], (method, column)
+    assert any(c.value.startswith("↑ higher is better; ↓ lower is better") for c in at.caption)
     assert any(f"{expected['model_accuracy']:.4f}" in c.value for c in at.caption)
     assert at.get("imgs") or at.image, "the plot of the curves"
     assert [b.label for b in at.get("download_button")] == ["The report (JSON)", "The table (Markdown)"]
@@ -120,7 +124,7 @@ def test_on_ray_the_page_submits_the_commands_job_and_shows_the_report_it_writes
     [table] = at.dataframe
     for method in methods:
         for column in ("positive_auc", "negative_auc"):
-            assert table.value.loc[method, column] == expected["methods"][method][column], (method, column)
+            assert table.value.loc[method, header(column)] == expected["methods"][method][column], (method, column)
 
 
 def test_the_page_samples_the_folder_with_the_commands_benchmark_items(dirs, tmp_path, monkeypatch):  # noqa: F811

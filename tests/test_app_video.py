@@ -13,7 +13,8 @@ import zipfile
 import numpy as np
 import pytest
 from PIL import Image
-from test_app import charts, dirs, run_app, sidebar_widget  # noqa: F401 (a fixture)
+from streamlit.testing.v1 import AppTest
+from test_app import APP, TIMEOUT, charts, dirs, run_app, sidebar_widget  # noqa: F401 (a fixture)
 from test_videomae import videomae_folder, write_gif
 
 import vit
@@ -58,7 +59,7 @@ def test_the_time_slider_shows_vit_explains_map_of_that_frame(video_page, tmp_pa
     assert not at.error
     assert any("Uniform sampling of 4 frames over 9: frames 0, 2, 4, 6" in c.value.replace("\\", "")
                for c in at.caption)
-    assert [b.label for b in at.get("download_button")] == ["Export as animated GIF"]
+    assert [b.label for b in at.get("download_button")] == ["Export this view (HTML)", "Export as animated GIF"]
     [strip] = at.get("image")
     assert len(strip.proto.imgs) == FRAMES  # every sampled frame with its map
     model = vit.load(str(tmp_path / "videomae"))
@@ -296,3 +297,63 @@ def test_a_frames_pca_colours_are_one_block_a_patch():
     assert picture.shape == (4, 4, 3)
     assert picture[0, 0].tolist() == [255, 0, 0] and picture[1, 3].tolist() == [0, 255, 0]
     assert picture[3, 0].tolist() == [0, 0, 255] and picture[2, 2].tolist() == [128, 128, 128]
+
+
+def caption_text(at) -> str:
+    return " ".join(c.value.replace("\\", "") for c in at.caption)
+
+
+def test_play_steps_the_time_slider_through_the_sampled_frames(video_page, tmp_path):
+    """Issue 76, item 8: the clip had a time slider but no Play; it steps as the snapshot viewer's does."""
+    at = upload_clip(video_page, "clip.gif", write_gif(tmp_path / "clip.gif", 9).read_bytes())
+    assert at.slider(key="clip_frame").value == 1
+    at = at.toggle(key="clip_play").set_value(True).run()  # each run of the frame's fragment: the next frame
+    assert not at.exception, [e.message for e in at.exception]
+    first = at.slider(key="clip_frame").value
+    assert f"Sampled frame {first} of {FRAMES}" in caption_text(at)
+    at = at.run()
+    assert at.slider(key="clip_frame").value == first % FRAMES + 1
+    for _ in range(FRAMES - 1):
+        at = at.run()
+    assert at.slider(key="clip_frame").value == first  # round and round
+    at = at.toggle(key="clip_play").set_value(False).run()
+    stopped = at.slider(key="clip_frame").value
+    assert at.run().slider(key="clip_frame").value == stopped
+
+
+def test_a_clip_views_link_opens_the_same_view_in_a_fresh_session(video_page, tmp_path):
+    """Issue 76, item 8: the clip view's URL follows it (model, the upload by its hash, map, layer, head, query patch,
+    frame) and a fresh session opened on it shows the same frame's map."""
+    at = upload_clip(video_page, "clip.gif", write_gif(tmp_path / "clip.gif", 9).read_bytes())
+    sidebar_widget(at, "selectbox", "Head").set_value(2)
+    for label, value in (("Frame", 4), ("Row", 3), ("Col", 2)):
+        sidebar_widget(at, "number_input", label).set_value(value)
+    sidebar_widget(at, "slider", "Layer").set_value(1)
+    at.run()
+    at.slider(key="clip_frame").set_value(3).run()
+    assert not at.exception, [e.message for e in at.exception]
+    params = at.query_params
+    flat = {k: v[0] if isinstance(v, list) else v for k, v in params.items()}
+    assert {k: flat[k] for k in ("map", "layer", "head", "patch", "frame")} == \
+        {"map": "attention", "layer": "1", "head": "3", "patch": "4.3.2", "frame": "3"}
+    assert flat["model"] == str(tmp_path / "videomae") and len(flat["upload"]) == 64
+    shown, caption = shown_map(at), caption_text(at)
+
+    fresh = AppTest.from_file(APP, default_timeout=TIMEOUT)
+    for key, value in flat.items():
+        fresh.query_params[key] = value
+    fresh.run()
+    assert not fresh.exception, [e.message for e in fresh.exception]
+    assert not fresh.warning, [w.value for w in fresh.warning]  # nothing of the link was dropped
+    np.testing.assert_allclose(shown_map(fresh), shown, rtol=1e-6)
+    assert "head 3, query frame 4, row 3, col 2" in caption_text(fresh)
+    assert "Sampled frame 3 of 4 (frame 4 of clip.gif)" in caption_text(fresh) and caption_text(fresh) == caption
+
+
+def test_a_link_to_a_clip_the_server_no_longer_holds_asks_for_it_again(video_page, tmp_path):
+    fresh = AppTest.from_file(APP, default_timeout=TIMEOUT)
+    fresh.query_params["model"] = str(tmp_path / "videomae")
+    fresh.query_params["upload"] = "0" * 64
+    fresh.run()
+    assert not fresh.exception, [e.message for e in fresh.exception]
+    assert any("The clip this link shows was an upload the server no longer holds" in i.value for i in fresh.info)

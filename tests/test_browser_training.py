@@ -69,7 +69,7 @@ def test_a_run_launched_from_the_page_completes_and_opens_in_the_explorer(app_ur
             expect(page.get_by_text("Accuracy", exact=True)).to_be_visible()  # the curves of the finished epoch
             page.screenshot(path=ARTIFACTS / "training-completed.png", full_page=True)
 
-            page.get_by_role("link", name="Open in explorer").click()
+            page.get_by_role("link", name=re.compile(r"^Open in explorer \(best weights: epoch 1, val acc")).click()
             expect(page.get_by_text(f"{name}/best.pt")).to_be_visible()  # the picker's description of it
             page.screenshot(path=ARTIFACTS / "explorer-opened-run.png", full_page=True)
             page.get_by_role("combobox", name="Checkpoint").click()

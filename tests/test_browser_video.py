@@ -3,9 +3,9 @@ time slider moved by keyboard and a patch clicked on the shown frame, which make
 map. Its screenshot is the README's (docs/explorer-video.png, copied from test-artifacts/)."""
 
 import pytest
-from helpers import ARTIFACTS
+from helpers import ARTIFACTS, BROWSER_TIMEOUT_MS
 from PIL import Image, ImageDraw
-from test_browser_explorer import page, server, world  # noqa: F401 (fixtures)
+from test_browser_explorer import SCRIPT_DONE, page, server, world  # noqa: F401 (fixtures)
 from test_videomae import videomae_folder
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
@@ -57,3 +57,88 @@ def test_a_clip_with_its_time_slider_and_a_clicked_patch_in_a_real_browser(serve
         page.wait_for_timeout(500)  # the strip's images redrawn
     finally:
         page.screenshot(path=str(ARTIFACTS / "explorer-video.png"), full_page=True)
+
+
+def test_a_clips_view_has_a_link_an_offline_html_export_and_play_in_a_real_browser(server, page, tmp_path):  # noqa: F811
+    """Issue 76, item 8: every image view had a link and an HTML export, the clip view neither, and its time slider
+    no Play. A link copied in one session opens the same frame, query and map in a fresh one; the export opens
+    offline with every frame and a player of its own; Play steps the page's frames."""
+    from pathlib import Path
+
+    pytest.importorskip("transformers")
+    videomae_folder(tmp_path / "videomae", FRAMES, SIDE, SIDE, classes=3)
+    clip = moving_square_gif(tmp_path / "square.gif")
+    page.goto(server)
+    page.get_by_text("Colours span").wait_for()
+    field = page.get_by_role("textbox", name="Open a path")
+    field.fill(str(tmp_path / "videomae"))
+    field.press("Enter")
+    page.get_by_text("Upload a clip in the sidebar").wait_for()
+    page.locator('[data-testid="stFileUploaderDropzoneInput"]').set_input_files(str(clip))
+    page.get_by_text("Sampled frame 1 of 8").wait_for()
+    thumb = page.get_by_role("slider", name="Frame")
+    thumb.focus()
+    for _ in range(4):
+        thumb.press("ArrowRight")
+    page.get_by_text("Sampled frame 5 of 8 (frame 8 of square.gif)").wait_for()
+    picker = page.locator('[data-testid="stPlotlyChart"] .nsewdrag').first
+    box = picker.bounding_box()
+    page.mouse.click(box["x"] + box["width"] * 10.5 / 14, box["y"] + box["height"] * 7.5 / 14)
+    page.get_by_text("query frame 5, row 8, col 11").wait_for()
+    page.wait_for_function(SCRIPT_DONE)
+
+    # the link, in a fresh session: the same frame, query and map
+    page.get_by_role("button", name="Copy link to this view").click()
+    code = page.locator('[data-testid="stPopoverBody"] code').first
+    code.wait_for()
+    link = code.inner_text().strip()
+    page.keyboard.press("Escape")
+    assert "patch=5.8.11" in link and "frame=5" in link and "upload=" in link, link
+    fresh = page.context.browser.new_context(viewport={"width": 1500, "height": 1100}).new_page()
+    fresh.set_default_timeout(BROWSER_TIMEOUT_MS)
+    try:
+        fresh.goto(link)
+        fresh.get_by_text("Sampled frame 5 of 8 (frame 8 of square.gif)").wait_for()
+        fresh.get_by_text("query frame 5, row 8, col 11").wait_for()
+        fresh.get_by_text("The linked upload: square.gif").wait_for()
+    finally:
+        fresh.screenshot(path=str(ARTIFACTS / "explorer-video-linked.png"), full_page=True)
+        fresh.context.close()
+
+    # the export: offline, every frame, hover values, and a player of its own
+    with page.expect_download() as download:
+        page.get_by_role("button", name="Export this view (HTML)").click()
+    exported = tmp_path / "clip-view.html"
+    exported.write_bytes(Path(download.value.path()).read_bytes())
+    offline = page.context.browser.new_context(offline=True, viewport={"width": 1400, "height": 1000})
+    fetched: list[str] = []
+    offline.route("**/*", lambda route: (fetched.append(route.request.url), route.continue_()))
+    view = offline.new_page()
+    view.set_default_timeout(BROWSER_TIMEOUT_MS)
+    errors: list[str] = []
+    view.on("pageerror", lambda e: errors.append(str(e)))
+    try:
+        view.goto(exported.as_uri())
+        assert view.locator("#strip img").count() == FRAMES
+        assert view.locator("#frame-label").text_content() == "5 · frame 8"
+        view.wait_for_selector("#map .nsewdrag")
+        box = view.locator("#map .nsewdrag").bounding_box()
+        view.mouse.move(box["x"] + box["width"] * 10.5 / 14, box["y"] + box["height"] * 7.5 / 14)
+        hover = view.locator("#map .hoverlayer .hovertext")
+        hover.wait_for()
+        assert hover.text_content().startswith("frame 5, row 8, col 11: "), hover.text_content()
+        view.locator("#play").click()
+        view.wait_for_function("document.getElementById('frame-label').textContent === '6 · frame 10'")
+        view.locator("#play").click()
+        assert "Query patch" in view.locator("#settings").text_content()
+    finally:
+        offline.close()
+    assert errors == []
+    assert [url for url in fetched if not url.startswith(("file:", "data:"))] == []
+
+    # Play on the page: the frames step by themselves, and stop
+    page.get_by_text("Play", exact=True).click()
+    page.get_by_text("Sampled frame 6 of 8").wait_for()
+    page.get_by_text("Sampled frame 7 of 8").wait_for()
+    page.get_by_text("Play", exact=True).click()
+    page.screenshot(path=str(ARTIFACTS / "explorer-video-play.png"), full_page=True)

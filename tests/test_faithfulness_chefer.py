@@ -245,7 +245,7 @@ def test_cli_segmentation_prints_scores_per_method_and_writes_them(tmp_path, cap
         assert all(0 <= scores[k] <= 1 for k in ("pixel_accuracy", "mIoU", "mAP"))
     assert "segmentation" in out.err and "| rollout |" in out.err  # the progress bar and the table
     assert json.loads((tmp_path / "out" / "faithfulness.json").read_text()) == result
-    assert "| method | pixel_accuracy | mIoU | mAP |" in (tmp_path / "out" / "faithfulness.md").read_text()
+    assert "| method | pixel_accuracy ↑ | mIoU ↑ | mAP ↑ |" in (tmp_path / "out" / "faithfulness.md").read_text()
     assert (tmp_path / "out" / "faithfulness.png").read_bytes()[:4] == b"\x89PNG"
 
 

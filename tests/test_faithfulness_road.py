@@ -133,7 +133,7 @@ def test_cli_road_scores_our_methods_and_any_of_vit_methods(tmp_path, capsys):
         assert len(scores["most_relevant_first_curve"]) == 9
         assert scores["most_relevant_first"] == pytest.approx(np.mean(scores["most_relevant_first_curve"]))
         assert scores["combined"] == pytest.approx((scores["least_relevant_first"] - scores["most_relevant_first"]) / 2)
-    assert "| method | most_relevant_first | least_relevant_first | combined | images_per_s |" in out.err
+    assert "| method | most_relevant_first ↓ | least_relevant_first ↑ | combined ↑ | images_per_s ↑ |" in out.err
     assert (tmp_path / "out" / "faithfulness.png").read_bytes()[:4] == b"\x89PNG"
 
 

@@ -47,7 +47,7 @@ def test_a_completed_run_opens_in_the_explorer_through_its_link(world):
     at = AppTest.from_file(APP, default_timeout=TIMEOUT).run()
     at.switch_page("app_pages/training.py").run()
     assert not at.exception, [e.message for e in at.exception]
-    at = follow_page_link(at, "Open in explorer")
+    at = follow_page_link(at, "Open in explorer (best weights)")  # its checkpoint records no epoch
     assert not at.exception, [e.message for e in at.exception]
     assert at.session_state["explorer_last_checkpoint"] == str(world / "best.pt")
     assert open_in_explorer.PARAM not in at.query_params  # taken: the URL then follows the view alone
@@ -60,3 +60,25 @@ def test_a_link_naming_a_hand_off_this_session_did_not_make_opens_nothing(world)
     assert not at.exception, [e.message for e in at.exception]
     assert open_in_explorer.PARAM not in at.query_params
     assert at.session_state["explorer_last_checkpoint"] != str(world / "best.pt")
+
+
+def test_the_train_page_says_which_weights_each_link_opens_and_offers_the_last(tmp_path, monkeypatch):
+    """Issue 76, item 7: after 60 epochs on a tiny validation split, best.pt was epoch 1's weights, opened without a
+    word. Each link names its weights' epoch and accuracy (as the checkpoint records them), and the last opens too."""
+    checkpoints, runs = tmp_path / "checkpoints", tmp_path / "runs"
+    write_checkpoint(checkpoints / DEFAULT_CHECKPOINT)
+    monkeypatch.setenv("VIT_CHECKPOINTS_DIR", str(checkpoints))
+    monkeypatch.setenv("VIT_RUNS_DIR", str(runs))
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf-cache"))
+    run = write_run(runs, "long-run", "completed", files=())
+    write_checkpoint(run / "best.pt", epochs=1, val_acc=0.5)
+    write_checkpoint(run / "last.pt", epochs=60, val_acc=0.25)
+    at = AppTest.from_file(APP, default_timeout=TIMEOUT).run()
+    at.switch_page("app_pages/training.py").run()
+    assert not at.exception, [e.message for e in at.exception]
+    opens = [link.value for link in at.page_link if link.value.startswith("Open in explorer")]
+    assert opens == ["Open in explorer (best weights: epoch 1, val acc 50.0 %)",
+                     "Open in explorer (last weights: epoch 60, val acc 25.0 %)"]
+    at = follow_page_link(at, opens[1])
+    assert not at.exception, [e.message for e in at.exception]
+    assert at.session_state["explorer_last_checkpoint"] == str(run / "last.pt")

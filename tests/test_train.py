@@ -31,7 +31,8 @@ TINY = ["--image-size", "8", "--patch-size", "4", "--hidden-size", "8", "--num-l
 METRIC_KEYS = {"epoch", "train_loss", "train_acc", "val_loss", "val_acc", "lr", "epoch_seconds", "images_per_second"}
 TIMING_KEYS = {"epoch_seconds", "images_per_second", "elapsed_seconds"}
 STATUS_KEYS = {"state", "epoch", "step", "total_epochs", "total_steps", "progress", "pid", "host", "start_time",
-               "updated_time", "eta_seconds", "elapsed_seconds", "best_val_acc", "device", "world_size", "error"}
+               "updated_time", "eta_seconds", "elapsed_seconds", "best_val_acc", "device", "world_size", "error",
+               "phase"}
 
 
 @pytest.fixture(scope="module")

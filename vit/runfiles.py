@@ -13,7 +13,8 @@ run manager (``vit.runs.manager``), the checkpoint catalog (``vit.app.catalog``)
                                recent and the best epoch's kept (--keep)
     runs/NAME/probe/           the attention snapshots' probe images (see ``vit.training.snapshots``)
     runs/NAME/attention/       epoch_0003.npz …: one attention snapshot per epoch (``vit.training.snapshots``)
-    runs/.launch/NAME/         the manager's launch.json and output.log (see ``vit.runs.manager``)
+    runs/.launch/NAME/         the manager's launch.json and output.log (see ``vit.runs.manager``), and the
+                               launched process's phase.json (what it does before status.json exists)
 
 Every JSON and JSONL file is replaced atomically (train.log is appended to), so a reader sees
 the old file or the new one, never half of one, and a SIGKILL leaves every file readable. The
@@ -73,6 +74,9 @@ LAUNCH_FILE = "launch.json"
 OUTPUT_FILE = "output.log"
 END_FILE = "end.json"  # beside launch.json: how the last launched process ended before it could write status.json
 END_FILE_ENV = "VIT_RUN_END"  # its path, in the environment of a process the run manager launches
+PHASE_FILE = "phase.json"  # beside launch.json: what the launched process does before its status.json exists
+PHASE_FILE_ENV = "VIT_RUN_PHASE"  # its path, in the environment of a process the run manager launches
+MAX_PHASE_CHARS = 120  # a phase is a few words; a longer one (not ours) is cut where it is read
 
 STATES = ("running", "completed", "failed", "cancelled")  # status.json's state
 HEARTBEAT_SECONDS = 5.0  # status.json is rewritten at least this often while running
@@ -385,7 +389,8 @@ _NUMBER = (int, float)
 STATUS_FIELDS: dict[str, type | tuple[type, ...]] = {
     "state": str, "epoch": int, "step": int, "total_epochs": int, "total_steps": int, "progress": _NUMBER,
     "pid": int, "host": str, "start_time": str, "updated_time": str, "eta_seconds": _NUMBER,
-    "elapsed_seconds": _NUMBER, "best_val_acc": _NUMBER, "device": str, "world_size": int, "error": str}
+    "elapsed_seconds": _NUMBER, "best_val_acc": _NUMBER, "device": str, "world_size": int, "error": str,
+    "phase": str}
 CONFIG_FIELDS: dict[str, type | tuple[type, ...]] = {
     "args": dict, "model": dict, "parameters": int, "dataset": dict, "world_size": int, "device": str,
     "created": str, "command": list, "resumes": list}
@@ -541,3 +546,20 @@ def record_run_end(error: str, exit_code: int) -> None:
         return
     with contextlib.suppress(OSError):  # the error is printed anyway; the page then says the process is gone
         write_json(Path(path), {"pid": os.getpid(), "exit_code": exit_code, "error": error})
+
+
+def record_run_phase(phase: str) -> None:
+    """For a process the run manager launched (``VIT_RUN_PHASE`` names the file), what it does now, before its run
+    folder holds a status.json ("reading the data", "building the model"): the page says it instead of a bare
+    "starting" that lasted up to 48 s. Afterwards status.json's ``phase`` says it."""
+    path = os.environ.get(PHASE_FILE_ENV)
+    if not path or int(os.environ.get("RANK", "0")) != 0:  # under torchrun, rank 0 speaks for the run
+        return
+    with contextlib.suppress(OSError):  # a phase not said is no reason to stop the run
+        write_json(Path(path), {"pid": os.getpid(), "phase": phase, "time": now_iso()})
+
+
+def read_run_phase(path: Path) -> str | None:
+    """The phase a launched process last recorded in ``path`` (``record_run_phase``), or None (none, or not ours)."""
+    phase = (read_json(path) or {}).get("phase")
+    return phase[:MAX_PHASE_CHARS] if isinstance(phase, str) and phase.strip() else None

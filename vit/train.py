@@ -22,6 +22,9 @@ from vit.training.options import build_parser  # the parser alone: torch loads a
 
 def main(argv: list[str] | None = None, stop=None) -> int:
     """A local run: ``vit.training.run.main`` (see there), imported when called."""
+    from vit.runfiles import record_run_phase
+
+    record_run_phase("loading PyTorch")  # seconds on a busy machine, before the run can say anything else
     from vit.training.run import main as run_main
 
     return run_main(argv, stop)

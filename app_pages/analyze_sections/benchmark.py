@@ -154,8 +154,9 @@ def show_report(result: dict, skipped: list[str], shown) -> None:
         st.text("\n".join(shown(line) for line in skipped[:10]))
     columns = [k for k, v in next(iter(result["methods"].values())).items() if not isinstance(v, (list, dict))]
     table = pd.DataFrame([[scores[c] for c in columns] for scores in result["methods"].values()],
-                         index=list(result["methods"]), columns=columns)
+                         index=list(result["methods"]), columns=[benchmark_run.header(c) for c in columns])
     st.dataframe(table)  # cells as text, never Markdown
+    st.caption(benchmark_run.legend(columns))
     if "model_accuracy" in result:
         st.caption(f"Top-1 accuracy of the intact images: {result['model_accuracy']:.4f}")
     if "maps_per_s_per_worker" in result:

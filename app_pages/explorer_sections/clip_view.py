@@ -1,19 +1,24 @@
 """The explorer for a video model (VideoMAE): a clip in the sidebar (a video file, an animated GIF or a zip of
 frames), its predicted classes, a map (attention by layer and head, rollout, norms, one class's class map, LeGrad or
 AttnLRP) on the frame the time slider shows, a query patch picked by a click on that frame or by number, every
-sampled frame with its map in a strip, and the frames overlaid as an animated GIF. The maps are
-``vit.explain.video``'s, the clip's forward run once per upload; past ``PROGRESS_TOKENS`` tubelets the forward and a
-class's map are long work (progress by block and a Stop button, as on the image page)."""
+sampled frame with its map in a strip, and the frames overlaid as an animated GIF. The time slider has a Play
+(``app_pages.player``, as the Train page's snapshots); the view follows in the URL and is offered as a link and as an
+offline HTML file (``share_view``, ``vit.app.export.clip_html``), the clip named by its hash as image links name an
+upload. The maps are ``vit.explain.video``'s, the clip's forward run once per upload; past ``PROGRESS_TOKENS``
+tubelets the forward and a class's map are long work (progress by block and a Stop button, as on the image page)."""
 
+from dataclasses import dataclass
 from functools import partial
 
 import streamlit as st
 
-from app_pages.explorer_sections import plotly_preload
+from app_pages import player
+from app_pages.explorer_sections import plotly_preload, share_view
 from app_pages.explorer_sections.caches import ANALYSIS_CACHE_BYTES, IMAGE_CACHE_BYTES, PROGRESS_TOKENS, byte_cache
 from app_pages.explorer_sections.long_work import long_work
 from app_pages.explorer_sections.uploader import file_upload
-from vit.app import clips, drawing, explorer
+from vit.app import clips, drawing, explorer, share
+from vit.app.export import ClipView, clip_html
 from vit.checkpoint import Checkpoint
 from vit.clips import VIDEO_SUFFIXES, ClipError, read_clip_bytes
 from vit.explain import mechanism_views, video
@@ -24,6 +29,8 @@ from vit.text import escape_markdown, visible
 UPLOAD_KEY = "explorer_clip_upload"
 UPLOAD_TYPES = [suffix[1:] for suffix in VIDEO_SUFFIXES] + ["gif", "zip"]
 FRAME_KEY = "clip_frame"  # the time slider: the shown sampled frame, counted from 1
+PLAY_KEY = "clip_play"  # its Play toggle (``app_pages.player``)
+PICKED_KEY = "clip_query_picked"  # a click on the frame picked a query: the whole page runs again for its maps
 PICKER_KEY = "clip_frame_picker"
 PICKER_CONFIG = {"displayModeBar": False, "scrollZoom": False, "doubleClick": False}
 # kept by the page while not drawn (a rejected upload stops the page before the sidebar's map settings)
@@ -41,12 +48,95 @@ def _pick_query(model_key: str, frame: int, grid: tuple[int, int]) -> None:
     if picked is not None:
         for key, value in zip(_query_keys(model_key), picked, strict=True):
             st.session_state[key] = value + 1  # the number inputs count from 1
+        st.session_state[PICKED_KEY] = True  # the picker is in the frame's fragment: its maps are the page's
 
 
 def _refuse(what: str, error: Exception) -> None:
     """One line, the user's text (file names) escaped, and the page stops."""
     st.error(f"{what}: {escape_markdown(visible(str(error).splitlines()[0] if str(error) else repr(error)))}")
     st.stop()
+
+
+@dataclass(frozen=True, eq=False)
+class FrameView:
+    """What the shown frame's part of the page draws (a fragment: the time slider and Play redraw it alone)."""
+
+    model_key: str
+    grid: tuple[int, int]
+    tubelet: int
+    query: tuple[int, int, int] | None
+    overlays: list
+    explained: video.ClipExplanation
+    sampled: object  # vit.clips.SampledClip
+    name: str  # the clip's file name
+    what: str  # the map's description, for the caption
+    tubelets: str  # "4 × 14 × 14 tubelets of 2 frames"
+    values: dict  # the view as ``vit.app.share``'s values, but the frame
+    shown: dict  # those and the pickers' first options, for the export's settings
+    model_name: str
+    prediction: object | None
+    class_names: list
+    checkpoint: Checkpoint
+
+
+def _frame_view(view: FrameView) -> None:
+    """The shown frame as a patch picker, the time slider and its Play, the caption, and the view's link and HTML
+    export (both name the shown frame); the URL follows the view."""
+    if st.session_state.pop(PICKED_KEY, False):
+        st.rerun()  # a clicked query: every frame's map changes, and the sidebar's query
+    frames, gw = len(view.overlays), view.grid[1]
+    shown_place = st.empty()  # the frame the slider below chooses
+    if not 1 <= st.session_state.get(FRAME_KEY, 1) <= frames:  # another model's clip was longer
+        st.session_state[FRAME_KEY] = 1
+    st.session_state.setdefault(FRAME_KEY, 1)
+    player.advance(FRAME_KEY, range(1, frames + 1), PLAY_KEY)
+    slider, play = st.columns([5, 1], vertical_alignment="bottom")
+    position = slider.slider("Frame", 1, frames, key=FRAME_KEY,
+                             help=f"The sampled frame shown above; a tubelet's value covers its {view.tubelet} "
+                                  "frames.") - 1
+    player.play_toggle(play, PLAY_KEY, help="Step through the sampled frames, one per second.")
+    query, query_patch = view.query, None
+    if query is not None and query[0] // view.tubelet == position // view.tubelet:
+        query_patch = query[1] * gw + query[2]
+    shown_place.plotly_chart(
+        clips.frame_picker_figure(display_image(view.overlays[position]), view.explained.map[position], position,
+                                  query_patch),
+        key=PICKER_KEY, on_select=partial(_pick_query, view.model_key, position, view.grid),
+        selection_mode="points", config=PICKER_CONFIG, width="stretch")
+    low, high = float(view.explained.map.min()), float(view.explained.map.max())
+    sampled = view.sampled
+    caption = (f"{view.what}. Sampled frame {position + 1} of {frames} (frame {sampled.indices[position]} of "
+               f"{visible(view.name)}); {view.tubelets}; one colour scale over the clip, {low:.4g} to {high:.4g}.")
+    st.caption(escape_markdown(caption + " Click a patch to make it the query."))
+    values = {**view.values, "frame": position + 1}
+    share_view.follow({k: v for k, v in values.items() if v is not None})
+    link, export = st.columns(2)
+    share_view.link_popover(link, {k: v for k, v in values.items() if v is not None}, what="clip")
+    export.download_button(
+        "Export this view (HTML)", on_click="ignore", mime="text/html",
+        file_name=f"{drawing.file_name_part(view.name.rsplit('.', 1)[0])}-view.html",
+        data=partial(_export, view, position, query_patch, caption, (low, high)),
+        help="One self-contained .html file: every sampled frame with its map (a player with Play), the shown frame "
+             "(hover a patch for its value) with its colour bar and caption, the prediction and these settings. "
+             "Opens offline.")
+
+
+def _export(view: FrameView, position: int, query_patch: int | None, caption: str,
+            span: tuple[float, float]) -> bytes:
+    settings = {"Model": view.model_name, "Clip": view.name,
+                **share.describe({**view.shown, "frame": position + 1},
+                                 size_label=view.checkpoint.preprocessing.size_label, grid=view.grid,
+                                 num_prefix_tokens=0, prefix_names=[], class_names=view.class_names,
+                                 predicted=0 if view.prediction is None else view.prediction.class_index)}
+    layer = {"rollout": "Up to layer", "class": "Up to layer", "legrad": "From layer"}.get(view.values["map"])
+    if layer is not None and share.LABELS["layer"] in settings:  # as the clip's sidebar names its slider
+        settings = {layer if k == share.LABELS["layer"] else k: v for k, v in settings.items()}
+    labels = [clips.frame_label(i, view.sampled.indices) for i in range(len(view.overlays))]
+    page = clip_html(ClipView(
+        title=f"{view.name} — {view.model_name}", overlays=view.overlays, maps=view.explained.map, labels=labels,
+        caption=caption, shown=position, query_patch=query_patch, vmin=span[0], vmax=span[1],
+        prediction=view.prediction, settings=settings))
+    return page.encode("utf-8")
 
 
 @st.cache_resource(max_entries=2, show_spinner="Switching the heads off…")
@@ -90,10 +180,12 @@ def _explained(checkpoint: Checkpoint, clip: video.ClipAnalysis, key: tuple, kin
     return explained
 
 
-def clip_view(checkpoint: Checkpoint, fingerprint: tuple, model_key: str) -> None:
-    """The whole page for a video checkpoint; stops the page, saying what to do, without a usable clip."""
+def clip_view(checkpoint: Checkpoint, fingerprint: tuple, model_key: str, model_link: str, model_name: str) -> None:
+    """The whole page for a video checkpoint; stops the page, saying what to do, without a usable clip.
+    ``model_link``: what a link to the view names the model by (``share.model_text``); ``model_name`` its name."""
     model, class_names = checkpoint.model, checkpoint.class_names
     wanted, L, H = model.config.num_frames, len(model.blocks), model.config.num_heads
+    share_view.apply_clip_link(model_key, video.clip_map_kinds(checkpoint), L, H)  # a link's view, once
     st.sidebar.header("Clip")
     uploaded = file_upload(st.sidebar, "Upload a clip", UPLOAD_KEY, type=UPLOAD_TYPES,
                            help=f"A video (MP4, WebM, MKV, MOV, AVI, MPEG), an animated GIF, or a zip of its "
@@ -141,7 +233,9 @@ def clip_view(checkpoint: Checkpoint, fingerprint: tuple, model_key: str) -> Non
                 help="Layer.head, counted from 1: these heads' outputs are set to zero (their columns of the output "
                      "projection), and the prediction and every map are the model's without them.")
 
-    if uploaded is None:
+    st.session_state.pop(share_view.SHOWN_KEY, None)
+    linked = share_view.linked_upload("clip") if uploaded is None else None  # a link's clip
+    if uploaded is None and linked is None:
         st.info("Upload a clip in the sidebar (a video, an animated GIF, or a zip of its frames) to see what this "
                 "video model attends to over space and time.")
         st.stop()
@@ -151,7 +245,11 @@ def clip_view(checkpoint: Checkpoint, fingerprint: tuple, model_key: str) -> Non
         fingerprint = (fingerprint, "zero-ablated", heads_off)
         st.info(f"Heads {escape_markdown(', '.join(off_labels))} are switched off (zero ablation) in the prediction "
                 "and in every map on this page.")
-    data, name = uploaded.getvalue(), uploaded.name
+    if uploaded is not None:
+        data, name = uploaded.getvalue(), uploaded.name
+        share_view.keep_upload(data, name)  # a link to this view names it
+    else:
+        data, name = linked.data, linked.name or "the linked clip"
     digest = explorer.image_digest(data)
     try:
         sampled = byte_cache("images", IMAGE_CACHE_BYTES).get_or_compute(
@@ -164,6 +262,7 @@ def clip_view(checkpoint: Checkpoint, fingerprint: tuple, model_key: str) -> Non
         _refuse("Cannot run the model on this clip", e)
     frames, (t, gh, gw) = clip.num_frames, clip.grid
     grid = (gh, gw)
+    share_view.apply_clip_bounds(model_key, frames, grid, len(class_names))
 
     # -- the query, now that the grid is known -------------------------------------------------------------------
     class_index = None
@@ -194,41 +293,34 @@ def clip_view(checkpoint: Checkpoint, fingerprint: tuple, model_key: str) -> Non
     # -- the view ------------------------------------------------------------------------------------------------
     st.caption(escape_markdown(clips.sampling_caption(sampled.indices, sampled.total)))
     col_frame, col_prediction = st.columns([1.2, 1], gap="medium")
+    what = MAP_KINDS[kind]
+    if kind in ("rollout", "class"):
+        what += f", layers 1–{layer}"
+    elif kind == "legrad":
+        what += f", layers {layer}–{L}"
+    elif layer is not None:
+        what += f", layer {layer} of {L}"
+    if kind in video.CLASS_READ_KINDS and class_names:
+        shown_class = clip.analysis.prediction.class_index if class_index is None else class_index
+        what += f", class {class_names[shown_class]}"
+    if kind in ("attention", "temporal"):
+        what += ", the mean over its heads" if head is None else f", head {head + 1}"
+    if query is not None:
+        what += f", query frame {query[0] + 1}, row {query[1] + 1}, col {query[2] + 1}"
+    values = {"model": model_link, "upload": st.session_state.get(share_view.SHOWN_KEY), "map": kind, "layer": layer,
+              "head": None if head is None else head + 1, "class": class_index,
+              "patch": None if query is None else tuple(v + 1 for v in query), "opacity": opacity,
+              "ablate": tuple(off_labels) or None}
+    shown = dict(values)  # and the pickers' first options, which a link leaves out but the sidebar shows
+    if kind in ("attention", "temporal") and head is None:
+        shown["head"] = 0  # every head fused
+    if kind in video.CLASS_READ_KINDS and class_names and class_index is None:
+        shown["class"] = -1  # the predicted class
+    frame_view = FrameView(model_key, grid, clip.tubelet, query, overlays, explained, sampled, name, what,
+                           f"{t} × {gh} × {gw} tubelets of {clip.tubelet} frames", values, shown, model_name,
+                           clip.analysis.prediction if class_names else None, class_names, checkpoint)
     with col_frame:
-        shown_place = st.empty()  # the frame the slider below chooses
-        if not 1 <= st.session_state.get(FRAME_KEY, 1) <= frames:  # another model's clip was longer
-            st.session_state[FRAME_KEY] = 1
-        st.session_state.setdefault(FRAME_KEY, 1)
-        position = st.slider("Frame", 1, frames, key=FRAME_KEY,
-                             help="The sampled frame shown above; a tubelet's value covers its "
-                                  f"{clip.tubelet} frames.") - 1
-        query_patch = None
-        if query is not None and query[0] // clip.tubelet == position // clip.tubelet:
-            query_patch = query[1] * gw + query[2]
-        shown_place.plotly_chart(
-            clips.frame_picker_figure(display_image(overlays[position]), explained.map[position], position,
-                                     query_patch),
-            key=PICKER_KEY, on_select=partial(_pick_query, model_key, position, grid), selection_mode="points",
-            config=PICKER_CONFIG, width="stretch")
-        what = MAP_KINDS[kind]
-        if kind in ("rollout", "class"):
-            what += f", layers 1–{layer}"
-        elif kind == "legrad":
-            what += f", layers {layer}–{L}"
-        elif layer is not None:
-            what += f", layer {layer} of {L}"
-        if kind in video.CLASS_READ_KINDS and class_names:
-            shown_class = clip.analysis.prediction.class_index if class_index is None else class_index
-            what += f", class {class_names[shown_class]}"
-        if kind in ("attention", "temporal"):
-            what += ", the mean over its heads" if head is None else f", head {head + 1}"
-        if query is not None:
-            what += f", query frame {query[0] + 1}, row {query[1] + 1}, col {query[2] + 1}"
-        low, high = float(explained.map.min()), float(explained.map.max())
-        st.caption(escape_markdown(
-            f"{what}. Sampled frame {position + 1} of {frames} (frame {sampled.indices[position]} of "
-            f"{visible(name)}); {t} × {gh} × {gw} tubelets of {clip.tubelet} frames; one colour scale "
-            f"over the clip, {low:.4g} to {high:.4g}. Click a patch to make it the query."))
+        player.play_fragment(_frame_view, PLAY_KEY, frame_view)
     with col_prediction:
         if class_names:
             st.plotly_chart(drawing.predictions_figure(clip.analysis.prediction), config={"displayModeBar": False})

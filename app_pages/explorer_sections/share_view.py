@@ -21,6 +21,9 @@ from vit.explain.stages import on_patch_grid
 from vit.text import escape_markdown, visible
 
 READ_KEY, PENDING_KEY = "share_read", "share_pending"
+# Every value the link held, as decoded, until a clip's page reads its own widgets' from them (the image page's
+# widgets take theirs in ``read_link`` and ``apply_*``), and a clip's values that wait for the clip (frame, patch).
+LINKED_KEY, CLIP_PENDING_KEY = "share_linked", "share_clip_pending"
 UPLOAD_KEY, SHOWN_KEY = "share_upload", "share_shown_upload"  # the link's upload; the upload shown this run
 # The lines on what the link could not use ({"model": the model shown with them, "lines": [...]}), where this run
 # draws them, and the Hub id the link named (said when it did not open).
@@ -87,6 +90,7 @@ def read_link(may_open: bool) -> None:
     values, notes = share.decode(params, share.model_names(catalog.find_checkpoints()), may_open)
     _note(notes)
     found = values.pop("model", None)
+    st.session_state[LINKED_KEY] = dict(values)
     if found is not None and found.kind == "hub":
         st.session_state["explorer_open_hub"] = found.text  # its own field: the download rule applies there
         st.session_state[LINKED_HUB_KEY] = found.text  # ``show_notes`` says so when it did not open
@@ -115,19 +119,20 @@ def read_link(may_open: bool) -> None:
     st.session_state[PENDING_KEY] = {**values, **checked}
 
 
-def linked_upload() -> Upload | None:
-    """The upload the link names, from the server's store, until closed, its file name said in the sidebar as
-    plain text; says so and stops the page when it is no longer held."""
+def linked_upload(what: str = "image") -> Upload | None:
+    """The upload the link names (an image, or a clip: ``what``), from the server's store, until closed, its file
+    name said in the sidebar as plain text; says so and stops the page when it is no longer held."""
     digest = st.session_state.get(UPLOAD_KEY)
     if digest is None:
         return None
-    if st.sidebar.button("Close the linked image", help="Back to the sample images."):
+    if st.sidebar.button(f"Close the linked {what}", help="Back to the sample images." if what == "image" else
+                         f"Back to uploading a {what}."):
         st.session_state.pop(UPLOAD_KEY)
         return None
     st.session_state[SHOWN_KEY] = digest
     found = upload_store().upload(digest)
     if found is None:
-        st.info("The image this link shows was an upload the server no longer holds: upload it again (the same "
+        st.info(f"The {what} this link shows was an upload the server no longer holds: upload it again (the same "
                 "file) to see the view.")
         st.stop()
     st.sidebar.text(f"The linked upload: {visible(found.name) or 'an image without a name'}")
@@ -265,15 +270,19 @@ def follow(values: dict[str, object]) -> None:
         st.query_params.from_dict(params)
 
 
+def link_popover(where, values: dict[str, object], what: str = "image") -> None:
+    """"Copy link to this view" in ``where``: the URL of the view ``values`` describe, to copy."""
+    url = str(st.context.url or "").split("?")[0] + "?" + urlencode(share.encode(values))
+    with where.popover("Copy link to this view"):
+        st.code(url, language=None, wrap_lines=True)  # its copy button puts the link on the clipboard
+        st.caption(f"Anyone who can reach this server sees this view at this link; an uploaded {what} is kept for a "
+                   "while (the most recent uploads), a model opened by path opens only for a visitor with access.")
+
+
 def share_buttons(values: dict[str, object], view: Shown, main: MainMap, image_name: str, model_name: str) -> None:
     """"Copy link to this view" and "Export this view (HTML)"."""
     link, export = st.columns(2)
-    params = share.encode(values)
-    url = str(st.context.url or "").split("?")[0] + "?" + urlencode(params)
-    with link.popover("Copy link to this view"):
-        st.code(url, language=None, wrap_lines=True)  # its copy button puts the link on the clipboard
-        st.caption("Anyone who can reach this server sees this view at this link; an uploaded image is kept for a "
-                   "while (the most recent uploads), a model opened by path opens only for a visitor with access.")
+    link_popover(link, values)
     analysis, s = view.analysis, view.settings
     shown = dict(values)  # and the pickers' first options, which a link leaves out but the sidebar shows
     if "head" in _controls(view) and s.head is None:
@@ -307,3 +316,54 @@ def _export(view: Shown, main: MainMap, image_name: str, model_name: str, settin
         heads_layer=view.layer - 1, selected_head=s.head if s.kind == "attention" else None, scale=view.scale,
         mask_share=view.mask_share, prediction=analysis.prediction if view.class_names else None, settings=settings))
     return page.encode("utf-8")
+
+
+# -- a clip's view (a video model's page, ``clip_view``) --------------------------------------------------------------
+
+
+def apply_clip_link(model_key: str, kinds: tuple[str, ...], layers: int, heads: int) -> None:
+    """Before a clip page's sidebar is drawn: the link's map, layer, head, opacity and heads off as its widgets'
+    values, checked against the model; its frame, query patch and class wait for the clip (``apply_clip_bounds``).
+    Nothing once the image page has read the link (it pops ``PENDING_KEY``)."""
+    values = st.session_state.pop(LINKED_KEY, None)
+    if st.session_state.pop(PENDING_KEY, None) is None or not values:
+        return
+    values, notes = share.fit(values, layers=layers, heads=heads, tokens=2**31, classes=2**31)
+    kind = values.get("map")
+    if kind is not None and kind not in kinds:
+        notes.append(share.dropped("map", kind, f"this video model's maps are {', '.join(kinds)}"))
+        kind = None
+    if kind is not None:
+        st.session_state["clip_map"] = kind
+    if "layer" in values:
+        shown = kind or st.session_state.get("clip_map") or kinds[0]
+        st.session_state[f"clip_{'legrad_from' if shown == 'legrad' else 'layer'}-{model_key}"] = values["layer"]
+    if "head" in values:
+        st.session_state[f"clip_head-{model_key}"] = values["head"] - 1  # a link counts heads from 1
+    if "opacity" in values:
+        st.session_state["clip_opacity"] = values["opacity"]
+    if "ablate" in values:
+        st.session_state[f"clip_heads_off-{model_key}"] = list(values["ablate"])
+    if "upload" in values:
+        st.session_state[UPLOAD_KEY] = values["upload"]
+    ignored = [name for name in values if name not in ("map", "layer", "head", "opacity", "ablate", "upload",
+                                                        "frame", "patch", "class")]
+    notes += [share.dropped(name, str(values[name]), "a clip's view has no such setting") for name in ignored]
+    _note(notes)
+    st.session_state[CLIP_PENDING_KEY] = {k: values[k] for k in ("frame", "patch", "class") if k in values}
+
+
+def apply_clip_bounds(model_key: str, frames: int, grid: tuple[int, int], classes: int) -> None:
+    """Once the clip is read: the link's shown frame, query patch and class, checked against it."""
+    pending = st.session_state.pop(CLIP_PENDING_KEY, None)
+    if not pending:
+        return
+    values, notes = share.fit(pending, layers=0, heads=0, tokens=0, classes=classes, clip=(frames, *grid))
+    _note(notes)
+    if "frame" in values:
+        st.session_state["clip_frame"] = values["frame"]
+    if "patch" in values:
+        for axis, value in zip(("frame", "row", "col"), values["patch"], strict=True):
+            st.session_state[f"clip_query_{axis}-{model_key}"] = value
+    if "class" in values:
+        st.session_state[f"clip_class-{model_key}"] = values["class"]

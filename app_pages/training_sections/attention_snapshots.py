@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import streamlit as st
 
+from app_pages import player
 from vit.app.drawing import COLORMAPS
 from vit.explain.attention import HEAD_FUSIONS
 from vit.explain.overlay import UPSAMPLE_MODES
@@ -51,13 +52,12 @@ def snapshot_section(manager: runs.RunManager, runs_with_snapshots: list[str]) -
     if s.get("snap_epoch") not in epochs or s.get("snap_epoch") == s.get("snap_newest", epochs[-1]):
         s["snap_epoch"] = epochs[-1]
     s["snap_newest"] = epochs[-1]
-    if s.get("snap_play"):  # each refresh of the fragment shows the next epoch, round and round
-        s["snap_epoch"] = epochs[(epochs.index(s["snap_epoch"]) + 1) % len(epochs)]
+    player.advance("snap_epoch", epochs, "snap_play")  # each refresh of the fragment, while playing
     with maps:
         slider, play = st.columns([5, 1], vertical_alignment="bottom")
         epoch = slider.select_slider("Epoch", epochs, key="snap_epoch",
                                      help="0 is the initialisation; new epochs appear while the run trains.")
-        play.toggle("Play", key="snap_play", help="Step through the epochs, one per second.")
+        player.play_toggle(play, "snap_play", help="Step through the epochs, one per second.")
         head_index = None if kind != "attention" else head
         try:
             shown = snapshots.probe_overlays(run_dir, epoch, kind, layer - 1, head_index, fusion, opacity,
@@ -91,9 +91,8 @@ def snapshot_section(manager: runs.RunManager, runs_with_snapshots: list[str]) -
                "each token attends to one token).")
 
 
-def attention_panel(manager: runs.RunManager, playing: bool) -> None:
-    if bool(st.session_state.get("snap_play")) != playing:
-        st.rerun()  # the whole page: the panel's refresh interval follows the Play toggle
+def attention_panel(manager: runs.RunManager) -> None:
+    """The panel, run as a fragment by ``player.play_fragment`` (training.py): its Play steps through the epochs."""
     names = [n for n in st.session_state.get("selected_runs", []) if snapshots.snapshot_epochs(manager.run_dir(n))]
     st.subheader("Attention during training")
     if not names:

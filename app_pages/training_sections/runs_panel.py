@@ -16,6 +16,7 @@ from app_pages import open_in_explorer
 from app_pages.training_sections import sae as sae_section
 from vit.explain import compare
 from vit.runs import manager as runs
+from vit.runs.weights import saved_weights
 from vit.text import escape_markdown, escape_plotly, visible, visible_lines
 
 REFRESH_SECONDS = 3
@@ -30,7 +31,7 @@ def run_controls(manager: runs.RunManager, info: runs.RunInfo, private: Callable
         st.error(state)
     else:
         st.markdown(state)
-    stop, resume, open_, delete = st.columns(4)
+    stop, resume, delete = st.columns(3)
     # Callbacks act before the fragment redraws, so the table already shows the result.
     stop.button("Stop", key=f"stop-{info.name}", disabled=not info.active, on_click=runs_action,
                 args=(manager.stop, info.name))
@@ -38,17 +39,31 @@ def run_controls(manager: runs.RunManager, info: runs.RunInfo, private: Callable
     resume.button("Restart" if info.restarts else "Resume", key=f"resume-{info.name}",
                   disabled=not info.can_resume, on_click=runs_action, args=(manager.resume, info.name),
                   help=resume_help(info))
-    # A link, not st.switch_page: this panel refreshes itself (app_pages/open_in_explorer.py says why).
-    open_in_explorer.link(open_, "Open in explorer", {"explorer_checkpoint": str(info.best_checkpoint)},
-                          disabled=not info.can_open)
     with delete.popover("Delete", disabled=info.state == "running"):
         st.markdown(f"Delete {escape_markdown(visible(info.name))} and its checkpoints? This cannot be undone.")
         st.button("Delete for good", key=f"delete-{info.name}", type="primary", on_click=runs_action,
                   args=(manager.delete, info.name))
+    open_links(info)
     output = visible_lines(private(manager.log_tail(info.name, lines=15)))
     if not output and not info.managed:  # its output went to the terminal that started it, not to a file of ours
         output = "(started outside this page, e.g. python -m vit.train: its output is in the terminal that started it)"
     st.code(output or "(no output yet)", language=None)
+
+
+def open_links(info: runs.RunInfo) -> None:
+    """"Open in explorer" for the run's best and its last weights, each saying which epoch and accuracy it is (best.pt
+    alone, unnamed, was epoch 1's weights after 60 epochs on a tiny validation split)."""
+    if info.kind != "vit":  # an SAE's run: its own section opens it with its model
+        return
+    saved = saved_weights(info.run_dir)
+    if not saved:
+        open_in_explorer.link(st, "Open in explorer", {"explorer_checkpoint": str(info.best_checkpoint)}, disabled=True,
+                              help="No weights saved yet: best.pt is written after the first epoch.")
+        return
+    for column, weights in zip(st.columns(len(saved)), saved, strict=True):
+        # A link, not st.switch_page: this panel refreshes itself (app_pages/open_in_explorer.py says why).
+        open_in_explorer.link(column, f"Open in explorer ({weights.label})",
+                              {"explorer_checkpoint": str(weights.path)}, help=weights.help)
 
 
 def resume_help(info: runs.RunInfo) -> str:

@@ -7,7 +7,8 @@ from __future__ import annotations
 import base64
 import html
 import io
-from collections.abc import Mapping
+import json
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -17,6 +18,7 @@ from PIL import Image
 from plotly.offline import get_plotlyjs
 
 from vit.app import drawing
+from vit.app.clips import fit, frame_picker_figure
 from vit.app.explorer import patch_of
 from vit.inference import Prediction
 
@@ -145,6 +147,89 @@ def view_html(view: View) -> str:
     style = ("body{font-family:sans-serif;margin:1.5em;color:#222}.row{display:flex;flex-wrap:wrap;gap:1.5em}"
              "figure{margin:0}figcaption{font-weight:bold;margin-bottom:.4em}.caption{max-width:640px;color:#555}"
              "th{text-align:left;padding-right:1em;font-weight:normal;color:#555}")
+    return ("<!DOCTYPE html>\n<html><head><meta charset='utf-8'>"
+            f"<title>{html.escape(view.title)}</title><style>{style}</style>"
+            f"<script>{get_plotlyjs()}</script></head><body>{''.join(parts)}</body></html>")
+
+
+@dataclass(frozen=True, eq=False)
+class ClipView:
+    """What an exported clip view shows, as the explorer's clip page draws it: ``overlays`` each sampled frame with
+    its map over it (one colour scale for the clip, ``colormap`` from ``vmin`` to ``vmax``), ``maps (frames, gh, gw)``
+    the values they show, ``labels`` each frame's caption ('2 · frame 5'), ``shown`` the frame the page shows (from
+    0, hoverable here too), ``query_patch`` its outlined patch (row-major, or None), ``caption`` the page's caption
+    as plain text, the prediction and the settings (label -> option)."""
+
+    title: str
+    overlays: Sequence[Image.Image]
+    maps: np.ndarray
+    labels: Sequence[str]
+    caption: str
+    shown: int = 0
+    query_patch: int | None = None
+    colormap: str = "inferno"
+    vmin: float = 0.0
+    vmax: float = 1.0
+    prediction: Prediction | None = None
+    settings: Mapping[str, object] = field(default_factory=dict)
+
+
+# The clip's player: a slider over the frames and a Play button, in plain JavaScript over the frames' data: URIs.
+PLAYER_SCRIPT = """(function () {
+  var frames = JSON.parse(document.getElementById('frames').textContent);
+  var labels = JSON.parse(document.getElementById('labels').textContent);
+  var image = document.getElementById('player'), slider = document.getElementById('slider');
+  var label = document.getElementById('frame-label'), play = document.getElementById('play'), timer = null;
+  function show(i) { image.src = frames[i]; slider.value = i; label.textContent = labels[i]; }
+  slider.addEventListener('input', function () { show(+slider.value); });
+  play.addEventListener('click', function () {
+    if (timer) { clearInterval(timer); timer = null; play.textContent = 'Play'; return; }
+    play.textContent = 'Pause';
+    timer = setInterval(function () { show((+slider.value + 1) % frames.length); }, FRAME_MS);
+  });
+})();"""
+
+
+def clip_html(view: ClipView, frame_ms: int = 500) -> str:
+    """A clip's view as one HTML document with nothing to fetch: a player (a frame slider and Play) over every
+    sampled frame with its map, the shown frame with each patch's value on hover, the colour bar, the strip of every
+    frame, the prediction and the settings. Every text is escaped."""
+    shown = view.overlays[view.shown]
+    picker = frame_picker_figure(shown, view.maps[view.shown], view.shown, view.query_patch, fit_width=shown.width)
+    uris = [_png_uri(frame) for frame in view.overlays]
+    labels = [str(label) for label in view.labels]
+    # JSON inside <script>: "</script" would end the element, so every "<" is written as JSON's "\u003c".
+    data = {"frames": json.dumps(uris), "labels": json.dumps(labels).replace("<", "\\u003c")}
+    parts = [f"<h1>{html.escape(view.title)}</h1>", '<div class="row">',
+             f'<figure><figcaption>Play the clip</figcaption><img id="player" src="{uris[view.shown]}" '
+             f'width="{shown.width}" height="{shown.height}" alt="a sampled frame with its map"><br>'
+             f'<button id="play" type="button">Play</button> '
+             f'<input id="slider" type="range" min="0" max="{len(uris) - 1}" value="{view.shown}" '
+             f'aria-label="Frame"> <span id="frame-label">{html.escape(labels[view.shown])}</span></figure>',
+             f'<figure><figcaption>{html.escape(labels[view.shown])} (hover a patch for its value)</figcaption>'
+             f'{_figure_html(picker, "map")}'
+             f'{_figure_html(drawing.colorbar_figure(view.vmin, view.vmax, view.colormap), "colorbar")}'
+             f'<p class="caption">{html.escape(view.caption)}</p></figure>',
+             '<figure><figcaption>Prediction</figcaption>']
+    if view.prediction is not None:
+        prediction = drawing.predictions_figure(view.prediction).update_layout(width=PREDICTION_WIDTH)
+        parts.append(_figure_html(prediction, "prediction"))
+    else:
+        parts.append("<p>No prediction: this model has no classifier.</p>")
+    parts.append("</figure></div><h2>Every sampled frame</h2><div class='row' id='strip'>")
+    parts += [f'<figure><img src="{_png_uri(fit(frame, 160))}" alt="{html.escape(label)}">'
+              f'<figcaption>{html.escape(label)}</figcaption></figure>' for frame, label in zip(
+                  view.overlays, labels, strict=True)]
+    parts.append("</div>")
+    rows = "".join(f"<tr><th>{html.escape(str(k))}</th><td>{html.escape(str(v))}</td></tr>"
+                   for k, v in view.settings.items())
+    parts.append(f"<h2>Settings</h2><table id='settings'>{rows}</table>")
+    parts.append(f"<script type='application/json' id='frames'>{data['frames']}</script>"
+                 f"<script type='application/json' id='labels'>{data['labels']}</script>"
+                 f"<script>{PLAYER_SCRIPT.replace('FRAME_MS', str(int(frame_ms)))}</script>")
+    style = ("body{font-family:sans-serif;margin:1.5em;color:#222}.row{display:flex;flex-wrap:wrap;gap:1.5em}"
+             "figure{margin:0}figcaption{font-weight:bold;margin-bottom:.4em}.caption{max-width:640px;color:#555}"
+             "#strip figcaption{font-weight:normal}th{text-align:left;padding-right:1em;font-weight:normal;color:#555}")
     return ("<!DOCTYPE html>\n<html><head><meta charset='utf-8'>"
             f"<title>{html.escape(view.title)}</title><style>{style}</style>"
             f"<script>{get_plotlyjs()}</script></head><body>{''.join(parts)}</body></html>")

@@ -21,6 +21,7 @@ from vit.app.vlm_words import TARGETS
 from vit.explain.attention import HEAD_FUSIONS
 from vit.explain.attention_maps import MAP_KINDS
 from vit.explain.overlay import UPSAMPLE_MODES
+from vit.explain.video import CLIP_KIND_LABELS
 from vit.inference import MAX_INPUT_SIDE
 from vit.text import visible
 
@@ -29,6 +30,7 @@ MAX_HEADS = 256  # heads switched off in one link: more than any catalogue model
 STEP = 0.05  # the sliders' step: opacity, discard ratio, mass share
 _DIGEST = re.compile(r"[0-9a-f]{64}")  # sha256 of an upload's bytes
 _HEAD = re.compile(r"([1-9][0-9]{0,3})\.([1-9][0-9]{0,3})")  # layer.head from 1, as the page labels them
+_PATCH = re.compile(r"([1-9][0-9]{0,3})\.([1-9][0-9]{0,3})\.([1-9][0-9]{0,3})")  # a clip's frame.row.col from 1
 PATH_REFUSED = ("is a path on the server, which a link opens only for a visitor who may read the server's files "
                 "(with a token: enter it on the Train page)")
 DEFAULT_OPENED = "the default model opened instead"
@@ -104,6 +106,13 @@ def _heads(text: str) -> tuple[str, ...]:
     return tuple(dict.fromkeys(labels))
 
 
+def _patch(text: str) -> tuple[int, int, int]:
+    found = _PATCH.fullmatch(text)
+    if found is None:
+        raise ShareError("give a clip's query patch as FRAME.ROW.COL (from 1)")
+    return tuple(int(v) for v in found.groups())
+
+
 def _text(text: str) -> str:
     if not text.strip():
         raise ShareError("give some text")
@@ -116,13 +125,15 @@ PARSERS: dict[str, Callable[[str], object]] = {
     "model": str,  # checked by ``model`` against the catalogue and the access rule
     "sample": _sample, "upload": _digest,
     "size": _whole(0, MAX_INPUT_SIDE), "aspect": _flag, "invert": _flag,
-    "map": _one_of((*MAP_KINDS, *WORD_KINDS)), "registers": _one_of(("hidden",)),
+    "map": _one_of(tuple(dict.fromkeys((*MAP_KINDS, *WORD_KINDS, *CLIP_KIND_LABELS)))),  # an image's, a clip's
+    "registers": _one_of(("hidden",)),
     "class": _whole(0), "query": _whole(0), "layer": _whole(1), "head": _whole(1), "fusion": _one_of(HEAD_FUSIONS),
     "end": _whole(1), "discard": _steps(0.0, 0.95),
     "opacity": _steps(0.0, 1.0), "cmap": _one_of(COLORMAPS), "scale": _one_of(tuple(COLOUR_SCALES)),
     "upsample": _one_of(UPSAMPLE_MODES), "grid": _flag, "mass": _steps(0.05, 0.95),
     "labels": _text, "space": _flag, "word": _text, "target": _one_of(tuple(TARGETS)),
     "sae": _text, "sae_layer": _whole(1), "feature": _whole(0), "ablate": _heads,
+    "frame": _whole(1), "patch": _patch,  # a clip's shown sampled frame, its query patch
 }
 
 
@@ -139,6 +150,7 @@ LABELS = {
     "labels": "Labels", "space": "Read each word after a space", "word": "Word", "target": "Target",
     "sae": "SAE folder", "sae_layer": "Block it reads", "feature": "Feature",
     "ablate": "Heads switched off in every map",
+    "frame": "Frame", "patch": "Query patch",
 }
 
 
@@ -148,7 +160,9 @@ def describe(values: Mapping[str, object], *, size_label: str, grid: tuple[int, 
     its label -> the option it shows. ``head`` 0 and ``class`` -1 stand for the pickers' first options, which a
     link leaves out: every head fused, the ``predicted`` class. ``size_label``: ``Preprocessing.size_label``."""
     words: dict[str, Callable[[object], str]] = {
-        "size": lambda v: size_option(v, size_label), "map": lambda v: MAP_KINDS.get(v) or WORD_KINDS[v],
+        "size": lambda v: size_option(v, size_label),
+        "map": lambda v: MAP_KINDS.get(v) or WORD_KINDS.get(v) or CLIP_KIND_LABELS[v],
+        "patch": lambda v: f"frame {v[0]}, row {v[1]}, col {v[2]}",
         "target": TARGETS.get,
         "class": lambda v: class_option(v, class_names, predicted),
         "query": lambda v: token_option(v, grid, num_prefix_tokens, prefix_names),
@@ -225,9 +239,10 @@ def decode(params: Mapping[str, str], names: Mapping[str, str], may_open: bool) 
 
 
 def fit(values: Mapping[str, object], *, layers: int, heads: int, tokens: int, classes: int,
-        features: int | None = None) -> tuple[dict[str, object], list[str]]:
+        features: int | None = None, clip: tuple[int, int, int] | None = None) -> tuple[dict[str, object], list[str]]:
     """``values`` without the settings this model cannot show (a layer past its last, a query past its tokens…),
-    and one line for each dropped."""
+    and one line for each dropped. ``clip``: a clip's (sampled frames, rows, columns), which bound its frame and
+    query patch."""
     bounds = {"layer": (layers, f"this model has {layers} layers"), "end": (layers, f"this model has {layers} layers"),
               "sae_layer": (layers, f"this model has {layers} layers"),
               "head": (heads, f"this model has {heads} heads per layer"),
@@ -239,6 +254,14 @@ def fit(values: Mapping[str, object], *, layers: int, heads: int, tokens: int, c
     for name, (high, why) in bounds.items():
         if name in kept and kept[name] > high:
             notes.append(dropped(name, str(kept.pop(name)), why))
+    if clip is not None:
+        frames, rows, cols = clip
+        if kept.get("frame", 0) > frames:
+            notes.append(dropped("frame", str(kept.pop("frame")), f"this clip has {frames} sampled frames"))
+        patch = kept.get("patch")
+        if patch is not None and not (patch[0] <= frames and patch[1] <= rows and patch[2] <= cols):
+            notes.append(dropped("patch", ".".join(map(str, kept.pop("patch"))),
+                                 f"this clip has {frames} frames of {rows} x {cols} patches"))
     if "ablate" in kept:
         outside = [h for h in kept["ablate"] if not (int(h.split(".")[0]) <= layers and int(h.split(".")[1]) <= heads)]
         if outside:
@@ -262,7 +285,7 @@ def encode(values: Mapping[str, object]) -> dict[str, str]:
         elif isinstance(value, float):
             params[name] = f"{round(value, 2):g}"
         elif isinstance(value, tuple):
-            params[name] = ",".join(value)
+            params[name] = ".".join(map(str, value)) if name == "patch" else ",".join(value)
         else:
             params[name] = str(value)
     return params

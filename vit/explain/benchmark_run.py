@@ -301,12 +301,32 @@ def table_rows(result: dict) -> tuple[list[str], dict[str, list[str]]]:
     return columns, {m: ["-" if s[c] is None else f"{s[c]:.4f}" for c in columns] for m, s in rows.items()}
 
 
+ARROWS = {"higher": "↑", "lower": "↓"}
+
+
+def header(column: str) -> str:
+    """A report column's header with the side that is better (``bench.BETTER``): 'deletion_auc ↓', 'mAP ↑'; a
+    column with no better side (SaCo's std, its count of flat maps) as it is."""
+    better = bench.BETTER.get(column)
+    return column if better is None else f"{column} {ARROWS[better]}"
+
+
+def legend(columns: Sequence[str]) -> str:
+    """The line under a report's table that says what the arrows of its ``columns`` mean."""
+    sides = {bench.BETTER[c] for c in columns if c in bench.BETTER}
+    parts = [f"{ARROWS[side]} {side} is better" for side in ("higher", "lower") if side in sides]
+    speed = " (images_per_s: faster)" if "images_per_s" in columns else ""
+    return ("; ".join(parts) + speed + ".") if parts else ""
+
+
 def table(result: dict) -> str:
-    """A Markdown table of ``result``'s scalar scores per method."""
+    """A Markdown table of ``result``'s scalar scores per method, each header with its better side, and the legend
+    of those sides under it."""
     columns, cells = table_rows(result)
-    lines = [f"| method | {' | '.join(columns)} |", "|---" * (len(columns) + 1) + "|"]
+    lines = [f"| method | {' | '.join(map(header, columns))} |", "|---" * (len(columns) + 1) + "|"]
     lines += [f"| {m} | {' | '.join(c)} |" for m, c in cells.items()]
-    return "\n".join(lines)
+    key = legend(columns)
+    return "\n".join(lines) + (f"\n\n{key}" if key else "")
 
 
 def markdown(result: dict, text: str | None = None) -> str:
@@ -349,7 +369,7 @@ def figure(result: dict):
         width = 0.8 / len(metrics)
         for i, metric in enumerate(metrics):
             ax.bar(np.arange(len(methods)) + (i - 1) * width, [s[metric] for s in methods.values()], width,
-                   label=metric)
+                   label=header(metric))
         ax.set_xticks(range(len(methods)), list(methods), rotation=30, ha="right")
         ax.set_ylim(0, 1)
         ax.legend()
@@ -360,14 +380,15 @@ def figure(result: dict):
         ax.set_xticks(range(len(methods)), list(methods), rotation=30, ha="right")
         ax.axhline(0, color="grey", lw=0.8)
         ax.set_ylim(-1, 1)
-        ax.set_ylabel(f"SaCo (K = {result['groups']}), mean ± std")
+        ax.set_ylabel(f"{header('saco')} (K = {result['groups']}), mean ± std")
     elif result["benchmark"] == "road":
         fig, axes = plt.subplots(1, 2, figsize=(9, 3.6), sharey=True)
         for ax, order in zip(axes, ("most_relevant_first", "least_relevant_first"), strict=True):
             for method, scores in methods.items():
                 ax.plot(result["removed"], scores[f"{order}_curve"], marker="o", ms=3,
                         label=f"{method} ({scores[order]:.3f})")
-            ax.set_title(order.replace("_", " ") + " imputed")
+            ax.set_title(f"{order.replace('_', ' ')} imputed ({ARROWS[bench.BETTER[order]]} "
+                         f"{bench.BETTER[order]} is better)")
             ax.set_xlabel("share of pixels imputed")
             ax.axhline(0, color="grey", lw=0.8)
             ax.legend(fontsize=7)
@@ -378,7 +399,9 @@ def figure(result: dict):
             for method, scores in methods.items():
                 ax.plot(result["removed"], scores[f"{order}_accuracy"], marker="o", ms=3,
                         label=f"{method} ({scores[f'{order}_auc']:.3f})")
-            ax.set_title(f"{order}: {'most' if order == 'positive' else 'least'} relevant removed first")
+            better = bench.BETTER[f"{order}_auc"]
+            ax.set_title(f"{order}: {'most' if order == 'positive' else 'least'} relevant removed first "
+                         f"(AUC {ARROWS[better]} {better} is better)", fontsize=9)
             ax.set_xlabel("share of pixels removed")
             ax.legend(fontsize=7)
         axes[0].set_ylabel("top-1 accuracy")

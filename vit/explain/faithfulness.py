@@ -62,6 +62,18 @@ METHODS = {
     "lrp-full": "full LRP to the pixels (Chefer et al. 2021a's baseline), patch sums",
     "lrp-partial": "partial LRP: the last attention's relevance (Voita et al. 2019; Chefer et al. 2021a's baseline)",
 }
+# Which way each score is better, as its paper defines it (the module docstring): deletion (Petsiuk et al.) and
+# Chefer's positive perturbation remove the most relevant pixels first, so a faithful map makes the curve fall fast
+# (low area); insertion and the negative perturbation, the other way round (high area). ROAD's values are the
+# probability after imputation minus before: most relevant first, a faithful map lowers it most (low); least
+# relevant first, it keeps it (high); their combined is (least - most) / 2 (high). Segmentation's pixel accuracy,
+# mIoU and mAP, and SaCo's coefficient in [-1, 1]: high. ``images_per_s`` is speed (high: faster). The report's
+# other columns (SaCo's std, its count of flat maps) have no better side.
+BETTER = {"deletion_auc": "lower", "insertion_auc": "higher",
+          "pixel_accuracy": "higher", "mIoU": "higher", "mAP": "higher",
+          "positive_auc": "lower", "negative_auc": "higher",
+          "most_relevant_first": "lower", "least_relevant_first": "higher", "combined": "higher",
+          "saco": "higher", "images_per_s": "higher"}
 PIXEL_METHODS = ("lrp-full",)  # a map of the input's pixels: Chefer's tests read it as it is (their full_lrp)
 DEFAULT_METHODS = [m for m in METHODS if m != "flow"]  # flow takes seconds per image on a CPU
 

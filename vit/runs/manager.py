@@ -54,6 +54,8 @@ from vit.runfiles import (
     LOG_FILE,
     METRICS_FILE,
     OUTPUT_FILE,
+    PHASE_FILE,
+    PHASE_FILE_ENV,
     ROOT,
     STALE_SECONDS,
     STATUS_FILE,
@@ -65,6 +67,7 @@ from vit.runfiles import (
     read_json,
     read_launch,
     read_metrics,
+    read_run_phase,
     read_status,
     read_tail,
     remove_stray_temp_files,
@@ -92,6 +95,7 @@ from vit.runs.launch import (
 from vit.runs.state import (
     ACTIVE_STATES,
     LAUNCH_SECRET_ENV,
+    STARTING,
     boot_id,
     cli_process_problem,
     launch_secret_hash,
@@ -477,11 +481,13 @@ class RunManager:
                 # A reused or forged pid is not this run's process: the run is gone, whatever runs there now.
                 problem = cli_process_problem(status.get("pid"), run_dir, timestamp(status.get("start_time")))
                 alive = problem is None
-        state, detail = reconcile(record, status, alive, exit_code, output, now, self.stale_seconds, end)
+        phase = read_run_phase(self.launch_root / name / PHASE_FILE) if alive is not False and record is not None \
+            else None
+        state, detail = reconcile(record, status, alive, exit_code, output, now, self.stale_seconds, end, phase)
         if state == "crashed" and problem:
             detail = f"{problem}; the run ended without a final state"
         if record is not None and tuple(record["devices"]) == RAY and record.get("sessions") and (
-                state == "crashed" or (state == "running" and detail == "starting")):
+                state == "crashed" or (state == "running" and (detail or "").startswith(STARTING))):
             state, detail = self._ray_state(name, record["sessions"][-1], status, state, detail)
 
         kind = "sae" if (config or {}).get("kind") == "sae" or (record or {}).get("kind") == "sae" else "vit"
@@ -885,10 +891,11 @@ class RunManager:
             command, extra_env = launch_command(argv, devices, self.nice, params.get("workers"),
                                                 params.get("gpus_per_worker"))
         secret = secrets.token_hex(16)  # only the child's environment holds it; launch.json keeps its hash
-        end = self.launch_root / name / END_FILE
+        end, phase = self.launch_root / name / END_FILE, self.launch_root / name / PHASE_FILE
         end.unlink(missing_ok=True)  # the previous session's
+        phase.unlink(missing_ok=True)  # so a phase.json that is there is this session's
         env = {**os.environ, **self.env, **extra_env, "PYTHONUNBUFFERED": "1", LAUNCH_SECRET_ENV: secret,
-               END_FILE_ENV: str(end)}
+               END_FILE_ENV: str(end), PHASE_FILE_ENV: str(phase)}
         output = self.output_path(name)
         output.parent.mkdir(parents=True, exist_ok=True)
         if record["sessions"]:

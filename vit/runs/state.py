@@ -23,6 +23,7 @@ from vit.runfiles import STALE_SECONDS, pid_alive, timestamp
 
 STATES = ("queued", "running", "completed", "failed", "cancelled", "crashed", "damaged")
 ACTIVE_STATES = ("queued", "running")
+STARTING = "starting"  # a running run's detail until its status.json exists, with the phase it said after a colon
 
 
 # ---------------------------------------------------------------------------------------------
@@ -224,13 +225,15 @@ def _usage_line(output: str) -> str | None:
 
 def reconcile(record: dict | None, status: dict | None, alive: bool | None, exit_code: int | None,
               output: str, now: float, stale_seconds: float = STALE_SECONDS,
-              end: dict | None = None) -> tuple[str, str | None]:
+              end: dict | None = None, phase: str | None = None) -> tuple[str, str | None]:
     """(state, detail) of a run from its launch record, its status.json and its process.
 
     ``alive`` is whether the last started process runs (None: unknown, on another host);
     ``end`` the record that process left of its one-line error before it wrote a status.json (``end.json``);
-    ``output`` the tail of its output, read only for a process launched without one. ``detail`` is the error of
-    a failed run or the reason for a crashed, cancelled or queued one.
+    ``output`` the tail of its output, read only for a process launched without one; ``phase`` what that process
+    said it does before its status.json exists (``phase.json``). ``detail`` is the error of a failed run, the
+    reason for a crashed, cancelled or queued one, and what a running one does while it starts ("starting: reading
+    the data", then status.json's ``phase``: "compiling the model (the first step)", "first epoch").
     """
     updated = timestamp(status.get("updated_time")) if status else None
     stale = updated is None or now - updated > stale_seconds
@@ -246,7 +249,7 @@ def reconcile(record: dict | None, status: dict | None, alive: bool | None, exit
             return "crashed", f"process {status.get('pid')} is gone without a final state"
         if stale:
             return "crashed", f"no heartbeat for {now - (updated or now):.0f} s"
-        return "running", None
+        return "running", status.get("phase")
 
     if record.get("state") == "queued":
         return "queued", record.get("queue_reason")
@@ -272,9 +275,9 @@ def reconcile(record: dict | None, status: dict | None, alive: bool | None, exit
             return "crashed", _gone(exit_code, output)
         if stale:
             return "crashed", f"no heartbeat for {now - updated:.0f} s"
-        return "running", None
+        return "running", status.get("phase")
     if alive is True or (alive is None and now - started < stale_seconds):
-        return "running", "starting"
+        return "running", STARTING + (f": {phase}" if phase else "")
     usage = end["error"] if end is not None and end.get("error") else _usage_line(output)
     if usage is not None:
         return "failed", usage

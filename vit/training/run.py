@@ -39,6 +39,7 @@ from vit.runfiles import (
     now_iso,
     read_json,
     record_resume,
+    record_run_phase,
     remove_stray_temp_files,
     still_running,
     write_json,
@@ -202,7 +203,8 @@ def _open_run(args: argparse.Namespace, argv: list[str], run_dir: Path, trainer:
             "total_steps": trainer.total_steps, "progress": round(p.global_step / trainer.total_steps, 5),
             "pid": os.getpid(), "host": socket.gethostname(), "start_time": now_iso(), "eta_seconds": None,
             "elapsed_seconds": round(p.elapsed, 3), "best_val_acc": p.best_val_acc if p.best_val_acc >= 0 else None,
-            "device": str(trainer.device), "world_size": trainer.world, "error": None})
+            "device": str(trainer.device), "world_size": trainer.world, "error": None,
+            "phase": "starting to train"})
         status.start()
     except BaseException:
         if not resumed:  # leave no half-made run behind
@@ -282,7 +284,9 @@ def main(argv: list[str] | None = None, stop: StopRequest | None = None) -> int:
                 torch.set_num_threads(args.threads)
             elif world == 1:  # torchrun's processes share the cores as it set them
                 use_free_cores()
+            record_run_phase("reading the data")
             data = load_run_data(args, rank, world)
+            record_run_phase("restoring the model from last.pt" if resumed else "building the model")
             trainer = Trainer(settings_from_args(args), data, run_dir, payload, rank, world, device, stop)
             stop.armed = True
             if is_main:
@@ -307,7 +311,7 @@ def main(argv: list[str] | None = None, stop: StopRequest | None = None) -> int:
                 log.error("training failed: %s", message)
                 append_traceback(run_dir)
                 status.close()
-                status.update(state="failed", error=message, eta_seconds=None)
+                status.update(state="failed", error=message, eta_seconds=None, phase=None)
             print(f"vit.train: failed: {message} (details in {run_dir / 'train.log'})", file=sys.stderr)
             return 1
         if status is not None:
@@ -316,7 +320,7 @@ def main(argv: list[str] | None = None, stop: StopRequest | None = None) -> int:
             status.update(state=state, eta_seconds=0 if state == "completed" else None, epoch=p.epoch,
                           step=p.global_step, progress=round(p.global_step / trainer.total_steps, 5),
                           elapsed_seconds=round(p.elapsed, 3),
-                          best_val_acc=p.best_val_acc if p.best_val_acc >= 0 else None)
+                          best_val_acc=p.best_val_acc if p.best_val_acc >= 0 else None, phase=None)
             how = ""
             if state == "cancelled":  # under torchrun the signal may have reached another rank only
                 how = f" by {signal.Signals(stop.signum).name}" if stop.requested else " by another process's signal"

@@ -357,7 +357,11 @@ class Trainer:
         if self._snapshots_on():
             self._prepare_snapshots()
             if p.step_in_epoch == 0 and not snapshot_path(self.run_dir, p.epoch).is_file():
+                _say_phase(status, "attention snapshot of the initial weights" if p.epoch == 0 else
+                           f"attention snapshot of epoch {p.epoch}")
                 self._snapshot()  # the initial weights, or an epoch whose snapshot a kill cut off
+        _say_phase(status, self.opening_phase())
+        first_step = True
         while p.epoch < settings.epochs:
             order = self.epoch_order(p.epoch)
             if self.train.images.device.type == "cuda":  # one pinned copy per epoch, none per step
@@ -374,6 +378,9 @@ class Trainer:
             while p.step_in_epoch < self.steps_per_epoch:
                 idx = order[p.step_in_epoch * self.local_batch:(p.step_in_epoch + 1) * self.local_batch]
                 stats = self.step(idx)  # (mean loss, hits) of this rank's share
+                if first_step and settings.compile:  # compiled: now the epoch itself runs
+                    _say_phase(status, self.opening_phase(compiled=True))
+                first_step = False
                 sums[0] += stats[0] * len(idx)
                 sums[1] += stats[1]
                 p.seen += len(idx)
@@ -415,6 +422,16 @@ class Trainer:
             self._end_epoch(status)
             clock.exclude(time.time() - start)
         return "completed"
+
+    def opening_phase(self, compiled: bool = False) -> str | None:
+        """What this session does before its first epoch ends, as status.json's ``phase`` says it (None once an
+        epoch has ended: the table's epoch and progress say the rest). Compiling comes first with --compile: its
+        first step takes from seconds to minutes."""
+        if self.settings.compile and not compiled:
+            return "compiling the model (the first step)"
+        p = self.progress
+        return "first epoch" if p.global_step == 0 or (p.epoch == 0 and compiled) else \
+            f"resumed in epoch {p.epoch + 1}"
 
     def _seed_epoch(self) -> None:
         """Continue a resumed epoch's random stream exactly; start every other epoch from its seed."""
@@ -592,7 +609,7 @@ class Trainer:
             self._save_epoch_checkpoint(val_acc)
         if status is not None:
             status.update(epoch=p.epoch, step=p.global_step, progress=round(p.global_step / self.total_steps, 5),
-                          best_val_acc=p.best_val_acc, elapsed_seconds=round(p.elapsed, 3))
+                          best_val_acc=p.best_val_acc, elapsed_seconds=round(p.elapsed, 3), phase=None)
 
     # -- attention snapshots (see vit.snapshots) -------------------------------------------------
 
@@ -685,6 +702,12 @@ class Trainer:
                  "step_seconds": self.step_seconds}
         last_acc = self.metrics[-1]["val_acc"] if self.metrics else None
         self._save_model(self.run_dir / LAST_CHECKPOINT, last_acc, training_state=state)
+
+
+def _say_phase(status: Status | None, phase: str | None) -> None:
+    """status.json's ``phase``: what the run does now, where the run has a status file (rank 0)."""
+    if status is not None:
+        status.update(phase=phase)
 
 
 WARMUP_START = 1e-3  # the warmup's first step trains at this share of the peak
