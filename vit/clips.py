@@ -53,6 +53,11 @@ FRAME_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".bmp", ".tif", ".tiff")
 VIDEO_SUFFIXES = (".mp4", ".webm", ".mov", ".avi", ".mkv", ".m4v", ".mpg", ".mpeg", ".ts", ".mts", ".m2ts")
 MAX_FRAMES = 100_000  # frames a clip may declare: an hour at 25 fps; its decoded size is bounded besides
 BYTES_PER_PIXEL = 3  # RGB, as decoded
+# What PIL holds of an image it decodes (a GIF, a TIFF's page): an RGB frame kept is 4 bytes a pixel (RGBX), and while
+# a GIF frame past the first is decoded PIL holds besides, per pixel of its canvas, the frame in palette (1), converted
+# to RGB (4) and cropped (4): measured 12.4 bytes a pixel in all for a 12,000² frame kept (1.8 GB)
+PIL_RGB_BYTES = 4
+PIL_DECODING_BYTES = 9
 # Pixels a video's decoding may go through, counted over every declared frame (a file with one keyframe needs them
 # all): ~69 s of 1080p at 30 fps, ~15 CPU s of H.264 decoding (bench/bench_video_decode.py); a 10-minute 4K file at
 # 30 fps is 35 times it
@@ -95,6 +100,17 @@ def _check_size(name: str, frames: int, width: int, height: int, decoded: int) -
     if need > limit:
         raise ClipError(f"{name}: decoding {decoded:,} frames of {width:,}x{height:,} px would hold "
                         f"{need / 2**20:,.0f} MB (at most {limit / 2**20:,.0f} MB, {bounds.ANALYSIS_MEMORY_ENV}); "
+                        "give a shorter or smaller clip")
+
+
+def _check_held(name: str, sampled: int, width: int, height: int) -> None:
+    """ClipError (one line) when the ``sampled`` frames PIL decodes, each at most ``width`` x ``height`` px, and the
+    decoding of one such frame, are past the memory bound: what PIL holds, where ``_check_size`` counts 3 bytes a
+    pixel of the frames decoded (a GIF's widened canvas holds more than its RGB while it is decoded)."""
+    need, limit = (sampled * PIL_RGB_BYTES + PIL_DECODING_BYTES) * width * height, bounds.memory_limit()
+    if need > limit:
+        raise ClipError(f"{name}: {sampled:,} sampled frames of {width:,}x{height:,} px would hold {need / 2**20:,.0f} "
+                        f"MB as they are decoded (at most {limit / 2**20:,.0f} MB, {bounds.ANALYSIS_MEMORY_ENV}); "
                         "give a shorter or smaller clip")
 
 
@@ -211,13 +227,14 @@ def _gif_frames(file: BinaryIO, wanted: int, name: str) -> SampledClip:
     with _opened(file, name) as image:
         frames = len(canvases) if canvases else getattr(image, "n_frames", 1)
         indices = sample_indices(frames, wanted)
-        last = max(indices)
+        last, sampled = max(indices), len(set(indices))
         # GIF frames are deltas: reaching the last sampled one decodes each before it, so all of those count, each at
         # the canvas PIL has widened to by then (it only grows): the last one's
         width, height = canvases[last] if canvases else image.size
         if canvases and (width, height) != first:
             name = f"{name} (its later frames widen its {first[0]:,}x{first[1]:,} px first frame)"
         _check_size(name, frames, width, height, last + 1)
+        _check_held(name, sampled, width, height)
         out: dict[int, Image.Image] = {}
         try:
             for i, frame in enumerate(ImageSequence.Iterator(image)):
@@ -226,6 +243,7 @@ def _gif_frames(file: BinaryIO, wanted: int, name: str) -> SampledClip:
                 width, height = max(width, frame.width), max(height, frame.height)
                 check_aspect(name, *frame.size, ClipError)
                 _check_size(name, frames, width, height, last + 1)
+                _check_held(name, sampled, width, height)
                 if i in indices:
                     out[i] = frame.convert("RGB")  # a copy: the iterator reuses the image
                 if i >= last:
@@ -237,7 +255,7 @@ def _gif_frames(file: BinaryIO, wanted: int, name: str) -> SampledClip:
         except (OSError, ValueError, EOFError, IndexError, SyntaxError) as e:  # IndexError: a block cut off
             raise ClipError(f"{name} is truncated or corrupt ({str(e).splitlines()[0] if str(e) else e!r}); "
                             "re-export it") from None
-        if len(out) < len(set(indices)):
+        if len(out) < sampled:
             raise ClipError(f"{name} is truncated or corrupt (it ends before frame {last + 1}); re-export it")
     return SampledClip([out[i] for i in indices], indices, frames)
 
