@@ -19,7 +19,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import displayed
 from PIL import Image
+from streamlit.testing.v1 import AppTest
+from test_app import dirs  # noqa: F401 (a fixture)
 
 from vit.clips import ClipError, read_clip, read_clip_bytes
 
@@ -256,3 +259,47 @@ def test_predict_and_explain_refuse_each_bad_clip_in_one_line_and_the_batch_goes
         with pytest.raises(ClipError) as error:
             vit.explain(checkpoint, tmp_path / name)
         assert name in one_line(error)
+
+
+@pytest.mark.slow  # transformers builds the model
+@pytest.mark.usefixtures("dirs")  # the app's own folders; its HF cache is tmp_path / "hf-cache"
+def test_the_page_refuses_each_bad_clip_in_one_line_for_a_visitor_without_the_token_and_takes_the_next(
+        tmp_path, monkeypatch):
+    """The issue's path: a server with a token, a visitor who has not entered it opening a VideoMAE of the server's
+    HF cache by a link (``?model=ORG/NAME``), and uploading each clip in "Upload a clip": one error line each (the
+    bomb raised PIL's DecompressionBombError through the page), then a good GIF is shown."""
+    pytest.importorskip("transformers")
+    from test_app_video import FRAMES, HEIGHT, WIDTH
+    from test_videomae import videomae_folder, write_gif
+
+    from vit.runs.access import TOKEN_ENV
+
+    model_dir = tmp_path / "hf-cache" / "models--someone--tiny-videomae"
+    videomae_folder(model_dir / "snapshots" / "rev1", FRAMES, HEIGHT, WIDTH)
+    (model_dir / "refs").mkdir()
+    (model_dir / "refs" / "main").write_text("rev1")
+    monkeypatch.setenv(TOKEN_ENV, "correct-horse-battery-staple")
+    at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=300)
+    at.query_params["model"] = "someone/tiny-videomae"
+    at.run()
+    assert not at.exception, [e.message for e in at.exception]
+    assert any("Upload a clip in the sidebar" in i.value for i in at.info), [i.value for i in at.info]
+    clips = [("bomb.gif", gif_bytes((20_000, 20_000), [(0, 0, 1, 1)])),
+             ("pil-bomb.gif", gif_bytes((14_000, 14_000), [(0, 0, 1, 1)])),
+             ("attack.gif", gif_bytes(**ATTACK)), ("tall.gif", gif_bytes((1, 65_535), [(0, 0, 1, 1)]))]
+
+    def upload(name: str, data: bytes) -> None:
+        [uploader] = [u for u in at.sidebar.file_uploader if u.label == "Upload a clip"]
+        uploader.set_value((name, data, "image/gif"))
+        at.run()
+
+    for name, data in clips:
+        upload(name, data)
+        assert not at.exception, (name, [e.message for e in at.exception])
+        errors = [e.value for e in at.main.error]
+        assert len(errors) == 1, "\n".join(displayed(e) for e in errors)
+        error = errors[0]
+        assert error.startswith("Cannot use this clip: ") and "\n" not in error and name in error.replace("\\", "")
+    upload("good.gif", write_gif(tmp_path / "good.gif", FRAMES).read_bytes())
+    assert not at.exception and not at.main.error, [e.value for e in at.main.error]
+    assert any("Uniform sampling of 4 frames over 4" in c.value for c in at.caption)

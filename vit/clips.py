@@ -212,7 +212,7 @@ def _gif_canvases(file: BinaryIO, name: str) -> list[tuple[int, int]] | None:
         else:
             break
     if not canvases:
-        raise ClipError(f"{name} holds no image; give an animated GIF, a video or a folder of frames")
+        raise ClipError(f"{name} is not an image this program can read (a GIF that holds no frame)")
     file.seek(0)
     return canvases
 
