@@ -4,10 +4,14 @@ or a zip of frames, read in memory: ``read_clip_bytes``), sampled to the model's
 frame by frame as its processor does.
 
 Every declared size is checked before a pixel is decoded: the frame count and the frame's width x height from the
-file headers, their product against the memory bound (``vit.bounds.memory_limit``), in one line. A video decoder
-holds a few reference frames, not the clip, so a video's memory is its sampled frames; what grows with its length is
-the decoding, bounded by ``MAX_DECODE_PIXELS`` over every declared frame (a file with one keyframe must be decoded to
-its end), which refuses a 10-minute 4K file before its first frame.
+file headers, their product against the memory bound (``vit.bounds.memory_limit``), and its shape against the
+uploads' aspect bound (``vit.images.MAX_ASPECT``), in one line. A frame's size is checked again before that frame is
+decoded wherever a container lets frames differ: a GIF's image descriptors widen the canvas PIL decodes every later
+frame at (read off its blocks before PIL opens it, and counted as PIL holds it), a TIFF's pages each have their own
+size, and a video stream's frames may grow past the size its headers declare (each decoded frame is checked, sampled
+or not). A video decoder holds a few reference frames, not the clip, so a video's memory is its sampled frames; what
+grows with its length is the decoding, bounded by ``MAX_DECODE_PIXELS`` over every declared frame (a file with one
+keyframe must be decoded to its end), which refuses a 10-minute 4K file before its first frame.
 
 A video is read in two passes. First its packets are demuxed, not decoded: their timestamps name every frame in
 presentation order and say which are keyframes, and FFmpeg's ``filter_units`` bitstream filter reads off their
@@ -42,13 +46,18 @@ from PIL import Image, ImageSequence, UnidentifiedImageError
 
 from vit import bounds, threads
 from vit.checkpoint import Preprocessing
-from vit.images import ImageError, open_image
+from vit.images import ImageError, check_aspect, open_image
 from vit.inference import preprocess
 
 FRAME_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".bmp", ".tif", ".tiff")
 VIDEO_SUFFIXES = (".mp4", ".webm", ".mov", ".avi", ".mkv", ".m4v", ".mpg", ".mpeg", ".ts", ".mts", ".m2ts")
 MAX_FRAMES = 100_000  # frames a clip may declare: an hour at 25 fps; its decoded size is bounded besides
 BYTES_PER_PIXEL = 3  # RGB, as decoded
+# What PIL holds of an image it decodes (a GIF, a TIFF's page): an RGB frame kept is 4 bytes a pixel (RGBX), and while
+# a GIF frame past the first is decoded PIL holds besides, per pixel of its canvas, the frame in palette (1), converted
+# to RGB (4) and cropped (4): measured 12.4 bytes a pixel in all for a 12,000² frame kept (1.8 GB)
+PIL_RGB_BYTES = 4
+PIL_DECODING_BYTES = 9
 # Pixels a video's decoding may go through, counted over every declared frame (a file with one keyframe needs them
 # all): ~69 s of 1080p at 30 fps, ~15 CPU s of H.264 decoding (bench/bench_video_decode.py); a 10-minute 4K file at
 # 30 fps is 35 times it
@@ -82,7 +91,9 @@ def sample_indices(frames: int, wanted: int) -> list[int]:
 
 
 def _check_size(name: str, frames: int, width: int, height: int, decoded: int) -> None:
-    """ClipError (one line) when a clip's declared frames or the pixels decoding it means are past the bounds."""
+    """ClipError (one line) when a clip's declared frames, the pixels decoding ``decoded`` frames of ``width`` x
+    ``height`` means, or that shape are past the bounds."""
+    check_aspect(name, width, height, ClipError)
     if frames > MAX_FRAMES:
         raise ClipError(f"{name} declares {frames:,} frames (at most {MAX_FRAMES:,}); cut it shorter first")
     need, limit = decoded * width * height * BYTES_PER_PIXEL, bounds.memory_limit()
@@ -92,9 +103,48 @@ def _check_size(name: str, frames: int, width: int, height: int, decoded: int) -
                         "give a shorter or smaller clip")
 
 
+def _check_held(name: str, sampled: int, width: int, height: int) -> None:
+    """ClipError (one line) when the ``sampled`` frames PIL decodes, each at most ``width`` x ``height`` px, and the
+    decoding of one such frame, are past the memory bound: what PIL holds, where ``_check_size`` counts 3 bytes a
+    pixel of the frames decoded (a GIF's widened canvas holds more than its RGB while it is decoded)."""
+    need, limit = (sampled * PIL_RGB_BYTES + PIL_DECODING_BYTES) * width * height, bounds.memory_limit()
+    if need > limit:
+        raise ClipError(f"{name}: {sampled:,} sampled frames of {width:,}x{height:,} px would hold {need / 2**20:,.0f} "
+                        f"MB as they are decoded (at most {limit / 2**20:,.0f} MB, {bounds.ANALYSIS_MEMORY_ENV}); "
+                        "give a shorter or smaller clip")
+
+
 def _natural(text: str) -> list:
     """frame2.png before frame10.png."""
     return [int(part) if part.isdigit() else part.lower() for part in re.split(r"(\d+)", text)]
+
+
+def _bomb(name: str) -> ClipError:
+    return ClipError(f"{name} is too large to decode safely (over {2 * Image.MAX_IMAGE_PIXELS:,} pixels a frame); "
+                     "give a smaller clip")
+
+
+def _opened(source: Path | BinaryIO, name: str, hint: str = " (an animated GIF, or a folder of frames)"
+            ) -> Image.Image:
+    """``Image.open``: the header alone; ClipError (one line) for a file PIL cannot read, or one it refuses as a
+    decompression bomb (not an OSError: past twice ``Image.MAX_IMAGE_PIXELS``)."""
+    try:
+        return Image.open(source)
+    except Image.DecompressionBombError:
+        raise _bomb(name) from None
+    except (OSError, UnidentifiedImageError, ValueError):
+        raise ClipError(f"{name} is not an image this program can read{hint}") from None
+
+
+def _frame(source: Path | bytes, name: str) -> Image.Image:
+    """One frame of a folder or a zip, decoded (``open_image``) as RGB; what it refuses raised as the ClipError it is
+    (the one type a clip's reader raises, and the page catches)."""
+    try:
+        return open_image(source, name=name).convert("RGB")
+    except ClipError:
+        raise
+    except ImageError as e:
+        raise ClipError(str(e)) from None
 
 
 def _folder_frames(folder: Path, wanted: int) -> SampledClip:
@@ -104,38 +154,109 @@ def _folder_frames(folder: Path, wanted: int) -> SampledClip:
         raise ClipError(f"{folder} holds no frames ({', '.join(FRAME_SUFFIXES)}); give a folder of images")
     indices = sample_indices(len(files), wanted)
     chosen = [files[i] for i in indices]
-    try:
-        with Image.open(chosen[0]) as first:  # the header alone
-            width, height = first.size
-    except (OSError, UnidentifiedImageError, ValueError):
-        raise ClipError(f"{chosen[0]} is not an image this program can read") from None
+    with _opened(chosen[0], str(chosen[0]), "") as first:  # the header alone
+        width, height = first.size
     _check_size(str(folder), len(files), width, height, len(chosen))
-    return SampledClip([open_image(path).convert("RGB") for path in chosen], indices, len(files))
+    return SampledClip([_frame(path, str(path)) for path in chosen], indices, len(files))
 
 
-def _gif_frames(source: Path | BinaryIO, wanted: int, name: str) -> SampledClip:
-    try:
-        image = Image.open(source)
-    except (OSError, UnidentifiedImageError, ValueError):
-        raise ClipError(f"{name} is not an image this program can read (an animated GIF, or a folder of frames)") \
-            from None
-    with image:
-        width, height = image.size  # the header's logical screen, before any frame is decoded
-        _check_size(name, 1, width, height, 1)
-        frames = getattr(image, "n_frames", 1)
+def _gif_canvases(file: BinaryIO, name: str) -> list[tuple[int, int]] | None:
+    """Each frame's canvas as Pillow decodes it, read off a GIF's blocks before any pixel is: its logical screen
+    widened to the right and bottom edges of every image descriptor up to that frame (``GifImageFile._seek`` widens
+    the image to a frame that reaches past it, and decodes that frame and every later one at that size: a 16 x 16
+    screen holds 12,000² frames). The blocks are walked as Pillow walks them, so that both count the same frames.
+    None for a file that is not a GIF; ClipError (one line) past ``MAX_FRAMES``, or for a descriptor cut off."""
+    file.seek(0)
+    head = file.read(13)
+    if len(head) < 13 or head[:6] not in (b"GIF87a", b"GIF89a"):
+        return None
+    width, height = int.from_bytes(head[6:8], "little"), int.from_bytes(head[8:10], "little")
+    if head[10] & 0x80:  # the global colour table
+        file.seek(3 << ((head[10] & 7) + 1), os.SEEK_CUR)
+
+    def block() -> bytes | None:  # GifImageFile.data: one data sub-block, None at its terminator or the file's end
+        size = file.read(1)
+        return file.read(size[0]) if size and size[0] else None
+
+    canvases: list[tuple[int, int]] = []
+    while True:  # one frame: the blocks up to its image descriptor, as GifImageFile._seek reads them
+        byte = file.read(1)
+        while byte and byte != b";":
+            if byte == b"!":  # an extension: its label, then its sub-blocks
+                label, first = file.read(1), block()
+                if label == b"\xfe":  # a comment: up to its terminator
+                    while first:
+                        first = block()
+                else:  # the first sub-block (NETSCAPE's loop count: two) read, then up to a terminator
+                    if label == b"\xff" and not canvases and first and first.startswith(b"NETSCAPE2.0"):
+                        block()
+                    while block():
+                        pass
+            elif byte == b",":  # an image descriptor: left, top, width, height, flags
+                descriptor = file.read(9)
+                if len(descriptor) < 9:
+                    raise ClipError(f"{name} is truncated or corrupt (an image descriptor cut off); re-export it")
+                left, top, w, h = (int.from_bytes(descriptor[i:i + 2], "little") for i in range(0, 8, 2))
+                if descriptor[8] & 0x80:  # its local colour table
+                    file.seek(3 << ((descriptor[8] & 7) + 1), os.SEEK_CUR)
+                if not file.read(1):  # the LZW code size
+                    raise ClipError(f"{name} is truncated or corrupt (an image descriptor cut off); re-export it")
+                width, height = max(width, left + w), max(height, top + h)
+                canvases.append((width, height))
+                while block():  # its image data
+                    pass
+                if len(canvases) > MAX_FRAMES:
+                    raise ClipError(f"{name} holds more than {MAX_FRAMES:,} frames; cut it shorter first")
+                break
+            byte = file.read(1)  # Pillow steps over a byte that starts no block
+        else:
+            break
+    if not canvases:
+        raise ClipError(f"{name} is not an image this program can read (a GIF that holds no frame)")
+    file.seek(0)
+    return canvases
+
+
+def _gif_frames(file: BinaryIO, wanted: int, name: str) -> SampledClip:
+    """``wanted`` frames of an animated GIF (or any image PIL reads, one frame or many: APNG, WebP, TIFF): each
+    frame's size checked before it is decoded, a GIF's from its image descriptors before PIL opens it."""
+    canvases = _gif_canvases(file, name)
+    first = canvases and canvases[0]
+    if canvases:  # PIL's open reads frame 0's descriptor and sizes its disposal: the canvas checked first
+        _check_size(name, len(canvases), *canvases[0], 1)
+    with _opened(file, name) as image:
+        frames = len(canvases) if canvases else getattr(image, "n_frames", 1)
         indices = sample_indices(frames, wanted)
-        # GIF frames are deltas: reaching the last sampled one decodes each before it, so all of those count
-        _check_size(name, frames, width, height, max(indices) + 1)
+        last, sampled = max(indices), len(set(indices))
+        # GIF frames are deltas: reaching the last sampled one decodes each before it, so all of those count, each at
+        # the canvas PIL has widened to by then (it only grows): the last one's
+        width, height = canvases[last] if canvases else image.size
+        if canvases and (width, height) != first:
+            name = f"{name} (its later frames widen its {first[0]:,}x{first[1]:,} px first frame)"
+        _check_size(name, frames, width, height, last + 1)
+        _check_held(name, sampled, width, height)
         out: dict[int, Image.Image] = {}
         try:
             for i, frame in enumerate(ImageSequence.Iterator(image)):
+                # its header read, no pixel of it decoded yet: a TIFF's page (a GIF's canvas) may be larger than the
+                # first, and every frame up to the last sampled is decoded
+                width, height = max(width, frame.width), max(height, frame.height)
+                check_aspect(name, *frame.size, ClipError)
+                _check_size(name, frames, width, height, last + 1)
+                _check_held(name, sampled, width, height)
                 if i in indices:
                     out[i] = frame.convert("RGB")  # a copy: the iterator reuses the image
-                if i >= max(indices):
+                if i >= last:
                     break
-        except (OSError, ValueError, EOFError) as e:
+        except ClipError:
+            raise
+        except Image.DecompressionBombError:  # PIL's own limit on a canvas it widens
+            raise _bomb(name) from None
+        except (OSError, ValueError, EOFError, IndexError, SyntaxError) as e:  # IndexError: a block cut off
             raise ClipError(f"{name} is truncated or corrupt ({str(e).splitlines()[0] if str(e) else e!r}); "
                             "re-export it") from None
+        if len(out) < sampled:
+            raise ClipError(f"{name} is truncated or corrupt (it ends before frame {last + 1}); re-export it")
     return SampledClip([out[i] for i in indices], indices, frames)
 
 
@@ -225,28 +346,37 @@ def _frame_timestamps(container, stream, name: str, width: int, height: int
     return ordered, sorted(keys), references if references_filter is not None else None, seeks, ordered == stamps
 
 
-def _decoded(container, stream, targets: set[int], references: set[int] | None):
+def _within(frames, name: str, width: int, height: int):
+    """The decoded ``frames``, each checked against the size its stream declared before anything reads it: a stream
+    may grow part way (an MPEG-TS of 16 x 16 px, then 4,096² px), past what every bound counted from that size, and
+    the frames that are not sampled are decoded too; ClipError (one line) at the first frame larger."""
+    for frame in frames:
+        if frame.width > width or frame.height > height:
+            raise ClipError(f"{name} declares {width}x{height} px but holds {frame.width}x{frame.height}; "
+                            "re-encode it")
+        yield frame
+
+
+def _decoded(container, stream, targets: set[int], references: set[int] | None, name: str, width: int, height: int):
     """The frames decoded forward from where the container stands, but for those no other frame refers to and no
     target is: never sent to the decoder when ``references`` names the others (so that no frame thread waits on a
     packet it would drop), else dropped by the decoder (``skip_frame = NONREF``, set per packet). Skipping them
-    changes no other frame."""
+    changes no other frame. Each is checked against the declared ``width`` x ``height`` (``_within``)."""
     context = stream.codec_context
     for packet in container.demux(stream):
         needed = packet.size == 0 or packet.pts in targets
         if not needed and references is not None and packet.pts not in references:
             continue
         context.skip_frame = "DEFAULT" if needed else "NONREF"
-        yield from context.decode(packet)
+        yield from _within(context.decode(packet), name, width, height)
 
 
 def _truncated(name: str) -> ClipError:
     return ClipError(f"{name} ends before the frames its packets name; it is truncated, re-encode it")
 
 
-def _rgb(frame, name: str, width: int, height: int) -> Image.Image:
-    """A decoded frame as an RGB image; ClipError for a stream whose frames grow past the size it declared."""
-    if frame.width > width or frame.height > height:
-        raise ClipError(f"{name} declares {width}x{height} px but holds {frame.width}x{frame.height}; re-encode it")
+def _rgb(frame) -> Image.Image:
+    """A decoded frame (its size checked: ``_within``) as an RGB image."""
     return Image.fromarray(frame.to_ndarray(format="rgb24"))  # to_image() takes half as long again
 
 
@@ -260,7 +390,7 @@ def _decode_sampled(container, stream, targets: list[int], keys: list[int], seek
         key = keys[max(0, bisect.bisect_right(keys, target) - 1)]
         if frames is None or position is None or key > position:
             container.seek(seeks[key], stream=stream, backward=True)  # to that keyframe: any_frame=False
-            frames = _decoded(container, stream, set(targets), references)
+            frames = _decoded(container, stream, set(targets), references, name, width, height)
         for frame in frames:
             position = frame.pts
             if frame.pts is not None and frame.pts >= target:
@@ -270,7 +400,7 @@ def _decode_sampled(container, stream, targets: list[int], keys: list[int], seek
         if frame.pts != target:
             raise ClipError(f"{name}: a seek did not reach its frame at {target} (an open GOP?); re-encode it "
                             "(ffmpeg -i in -c:v libx264 out.mp4)")
-        out[target] = _rgb(frame, name, width, height)
+        out[target] = _rgb(frame)
     return out
 
 
@@ -281,9 +411,9 @@ def _decode_in_order(container, stream, indices: list[int], name: str, width: in
     wanted, out = set(indices), {}
     container.seek(0)
     stream.thread_type = "AUTO"
-    for position, frame in enumerate(container.decode(stream)):
+    for position, frame in enumerate(_within(container.decode(stream), name, width, height)):
         if position in wanted:
-            out[position] = _rgb(frame, name, width, height)
+            out[position] = _rgb(frame)
         if len(out) == len(wanted):
             return out
     raise _truncated(name)
@@ -426,7 +556,12 @@ def read_clip(source: str | os.PathLike | Sequence[Image.Image], wanted: int) ->
         return _folder_frames(path, wanted)
     if path.suffix.lower() in VIDEO_SUFFIXES or _is_video(_head(path)):
         return _video_frames(path, wanted, str(path))
-    return _gif_frames(path, wanted, str(path))
+    try:
+        file = open(path, "rb")
+    except OSError as e:
+        raise ClipError(f"{path} cannot be read ({e.strerror or type(e).__name__})") from None
+    with file:
+        return _gif_frames(file, wanted, str(path))
 
 
 def _zip_frames(data: bytes, wanted: int, name: str) -> SampledClip:
@@ -460,16 +595,12 @@ def _zip_frames(data: bytes, wanted: int, name: str) -> SampledClip:
     sizes = {}
     for i, content in files.items():
         frame_name = f"{name}: {PurePosixPath(entries[i].filename).name}"
-        try:
-            with Image.open(io.BytesIO(content)) as header:  # the header alone
-                sizes[i] = header.size
-        except (OSError, UnidentifiedImageError, ValueError):
-            raise ClipError(f"{frame_name} is not an image this program can read") from None
+        with _opened(io.BytesIO(content), frame_name, "") as header:  # the header alone
+            sizes[i] = header.size
         _check_size(frame_name, 1, *sizes[i], 1)
     width, height = max(w for w, _ in sizes.values()), max(h for _, h in sizes.values())
     _check_size(name, len(entries), width, height, len(chosen))
-    frames = {i: open_image(content, name=f"{name}: {PurePosixPath(entries[i].filename).name}").convert("RGB")
-              for i, content in files.items()}
+    frames = {i: _frame(content, f"{name}: {PurePosixPath(entries[i].filename).name}") for i, content in files.items()}
     return SampledClip([frames[i] for i in indices], indices, len(entries))
 
 

@@ -80,14 +80,19 @@ def open_image(source: str | os.PathLike | bytes | BinaryIO, name: str | None = 
             return image
 
 
+def check_aspect(name: str, width: int, height: int, error: type[ImageError] = ImageError) -> None:
+    """``error`` (one line) for a ``width`` x ``height`` px image or frame more than ``MAX_ASPECT`` times as long as it
+    is wide, before it is decoded (its resize to a model's short side would be that many times longer)."""
+    if width and height and max(width, height) > MAX_ASPECT * min(width, height):
+        raise error(f"{name} is {width:,}×{height:,} px, more than {MAX_ASPECT} times as long as it is wide; crop it "
+                    "to a less extreme shape")
+
+
 def _decode(data: bytes, name: str, max_pixels: int | None, max_side: int) -> Image.Image:
     try:
         image = Image.open(io.BytesIO(data))
         image.seek(0)
-        width, height = image.size
-        if width and height and max(width, height) > MAX_ASPECT * min(width, height):
-            raise ImageError(f"{name} is {width:,}×{height:,} px, more than {MAX_ASPECT} times as long as it is "
-                             "wide; crop it to a less extreme shape")
+        check_aspect(name, *image.size)
         if max(image.size) > max_side:
             # JPEG's DCT scaling decodes at 1/2, 1/4 or 1/8 size directly; other formats ignore it.
             scale = max_side / max(image.size)
