@@ -132,3 +132,17 @@ def test_a_tokenizer_whose_pattern_backtracks_is_one_line_not_a_rust_panic(tmp_p
     assert tower.encode(["a dog"]).shape == (1, 16)  # the pattern matches nothing here
     with pytest.raises(TextTowerError, match=r"the tokenizer of .* on 'aaaa.*' failed \(Onig: .*retry-limit"):
         tower.encode(["a" * 40 + "!"])
+
+
+def test_a_vlm_tokenizer_whose_pattern_backtracks_is_one_line_not_a_rust_panic(tmp_path):
+    from vit.sources.word_embeddings import WordEmbeddingError, encode_words
+
+    vocabulary = {"[UNK]": 0, "a": 1, "dog": 2, "!": 3}
+    tokenizer = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocabulary, unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = tokenizers.pre_tokenizers.Split(tokenizers.Regex(r"^(a+)+$"), behavior="isolated")
+    tokenizer.save(str(tmp_path / "tokenizer.json"))
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "PreTrainedTokenizerFast",
+                                                                "unk_token": "[UNK]"}))
+    assert [w.ids for w in encode_words(tmp_path, ["dog"], len(vocabulary))] == [(2,)]
+    with pytest.raises(WordEmbeddingError, match=r"the tokenizer of .* on 'aaaa.*' failed \(Onig: .*retry-limit"):
+        encode_words(tmp_path, ["a" * 40 + "!"], len(vocabulary))
