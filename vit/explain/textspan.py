@@ -286,12 +286,16 @@ def check_texts(texts: Sequence[str], origin: str = "the text bank") -> None:
                              f"{MAX_TEXT_CHARS:,} a text tower can read ({CONTEXT_TOKENS} tokens); shorten it")
 
 
+def _check_bank_size(size: int, origin: str) -> None:
+    if size > MAX_BANK_BYTES:
+        raise MechanismError(f"{origin} is {size / 2**20:.1f} MB, over the {MAX_BANK_BYTES // 2**20} MB a text bank "
+                             f"may have ({MAX_TEXTS:,} texts); give a smaller one")
+
+
 def texts_from_bytes(data: bytes, origin: str = "the text bank") -> list[str]:
     """A text bank's bytes (UTF-8, one description a line, blank lines skipped) as its texts, checked
     (``check_texts``); its size is checked before it is decoded."""
-    if len(data) > MAX_BANK_BYTES:
-        raise MechanismError(f"{origin} is {len(data) / 2**20:.1f} MB, over the {MAX_BANK_BYTES // 2**20} MB a text "
-                             f"bank may have ({MAX_TEXTS:,} texts); give a smaller one")
+    _check_bank_size(len(data), origin)
     try:
         lines = data.decode("utf-8").splitlines()
     except UnicodeDecodeError as e:
@@ -310,9 +314,7 @@ def read_texts(path: str | Path | None = None) -> list[str]:
         size = path.stat().st_size
         if not path.is_file():
             raise MechanismError(f"{origin} is not a regular file; give a text file with one description a line")
-        if size > MAX_BANK_BYTES:
-            raise MechanismError(f"{origin} is {size / 2**20:.1f} MB, over the {MAX_BANK_BYTES // 2**20} MB a text "
-                                 f"bank may have ({MAX_TEXTS:,} texts); give a smaller one")
+        _check_bank_size(size, origin)
         with open(path, "rb") as f:
             data = f.read(MAX_BANK_BYTES + 1)  # a file that grew since its size was read is still bounded
     except OSError as e:
