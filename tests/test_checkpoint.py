@@ -224,6 +224,13 @@ def test_preprocessing_with_zero_std(saved):
     assert "std must be positive" in load_error(saved)
 
 
+@pytest.mark.parametrize("mean, std", [([0.5, float("nan"), 0.5], [0.5] * 3), ([0.5] * 3, [0.5, float("inf"), 0.5])])
+def test_preprocessing_with_a_nan_mean_or_an_infinite_std(saved, mean, std):
+    """Issue 77, item 7: a NaN mean made every input, and so every map, NaN; an infinite std every input 0."""
+    edited(saved, preprocessing={"image_size": 16, "num_channels": 3, "mean": mean, "std": std})
+    assert "mean and std must be finite numbers" in load_error(saved)
+
+
 # ---------------------------------------------------------------------------------------------
 # Safety: a checkpoint is data, never code
 

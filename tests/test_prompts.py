@@ -172,7 +172,7 @@ def test_text_embeddings_are_cached_per_text(clip_folder):
     tower = open_text_tower(open_source(clip_folder[1]))
     calls = []
     encode = tower.encode_batch
-    tower.encode_batch = lambda texts: calls.append(list(texts)) or encode(texts)
+    tower.encode_batch = lambda texts, between=None: calls.append(list(texts)) or encode(texts, between)
     first = tower.encode(["a", "b"])
     again = tower.encode(["b", "c", "a"])
     assert calls == [["a", "b"], ["c"]]

@@ -241,3 +241,20 @@ def test_the_explorer_shows_the_image_at_qwens_own_size(folder):
     assert drawing.model_input_image(picture, checkpoint).size == (308, 224)  # not the nominal 1036 square
     caption = drawing.describe_input(analysis, picture.size)
     assert "Qwen's processor keeps the image's aspect ratio" in caption and "not its training size" not in caption
+
+
+@pytest.mark.parametrize("statistic, value", [("image_mean", float("nan")), ("image_std", float("inf"))])
+def test_a_processor_whose_statistics_are_not_finite_is_refused_in_one_line(folder, tmp_path, statistic, value):
+    """Issue 77, item 7: an ``image_mean`` of NaN opened and gave an all-NaN map (an infinite std, zeros)."""
+    import shutil
+
+    from vit.checkpoint import CheckpointError
+
+    copy = tmp_path / "qwen"
+    shutil.copytree(folder, copy)
+    processor = json.loads((copy / "preprocessor_config.json").read_text())
+    processor[statistic] = [0.5, value, 0.5]
+    (copy / "preprocessor_config.json").write_text(json.dumps(processor))  # NaN, Infinity: as Python's json reads
+    with pytest.raises(CheckpointError, match=f"preprocessor_config.json cannot be used \\({statistic} must be a "
+                                              f"list of numbers, got \\[0.5, {value}, 0.5\\]"):
+        vit.load(copy)

@@ -630,8 +630,9 @@ def textspan(checkpoint: Checkpoint, images: Sequence[ImageLike] | str | os.Path
              ) -> TextSpan:
     """TextSpan (Gandelsman, Efros & Steinhardt 2024; yossigandelsman/clip_text_span): each head of a CLIP's last
     ``layers`` layers described by the ``texts_per_head`` texts (of ``texts``: a list, a file with one a line, or by
-    default the authors' 3,497 general image descriptions) that best span its outputs over ``images`` (a list or a
-    folder; the authors use ImageNet's validation set), each at the model's own size. ``rank``: the span the texts
+    default the authors' 3,497 general image descriptions; each no longer than a text tower reads, 2,464 characters)
+    that best span its outputs over ``images`` (a list or a folder; the authors use ImageNet's validation set), each
+    at the model's own size. ``rank``: the span the texts
     are projected on (their ``--w_ov_rank``; default theirs, 80). A SigLIP's (any model read by an attention-pooling
     probe): the probe's heads, as the authors' compute_siglip.py (``layer="probe"``; rank default the width). Raises
     ``MechanismError`` / ``TextTowerError`` in one line where it does not apply (a classifier, no text tower)."""

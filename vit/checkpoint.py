@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import errno
 import json
+import math
 import os
 import pickle
 import pickletools
@@ -225,6 +226,9 @@ def preprocessing_problem(preprocessing: Preprocessing, config: ViTConfig) -> st
         return f"{p.num_channels} image channel(s) for a model that takes {config.num_channels}"
     if len(p.mean) != p.num_channels or len(p.std) != p.num_channels:
         return f"mean and std need {p.num_channels} value(s) each, got {len(p.mean)} and {len(p.std)}"
+    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+               for v in (*p.mean, *p.std)):  # a NaN mean made every map NaN
+        return f"mean and std must be finite numbers, got {str(list(p.mean))[:60]} and {str(list(p.std))[:60]}"
     if not all(s > 0 for s in p.std):
         return f"std must be positive, got {list(p.std)}"
     if not isinstance(p.image_size, (int, tuple)) or isinstance(p.image_size, bool) \

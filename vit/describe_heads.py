@@ -27,7 +27,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("checkpoint", help="a CLIP with its text weights: an open_clip folder, an HF CLIPModel folder, "
                                       "or a Hub id")
     p.add_argument("--data", required=True, metavar="DIR", help="a folder of images (any depth)")
-    p.add_argument("--texts", metavar="FILE", help="the text bank: one description a line (default: the authors')")
+    p.add_argument("--texts", metavar="FILE", help="the text bank: one description a line, no longer than a text "
+                   "tower reads (default: the authors')")
     p.add_argument("--layers", type=positive_int, default=8, help="the last layers described (default 8, theirs)")
     p.add_argument("--texts-per-head", type=positive_int, default=10, help="texts per head (default 10, theirs)")
     p.add_argument("--rank", type=positive_int, default=None,

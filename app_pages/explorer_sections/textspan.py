@@ -9,7 +9,7 @@ from app_pages.explorer_sections.long_work import long_work
 from app_pages.explorer_sections.state import Shown
 from vit.explain import textspan_run as textspan
 from vit.explain.overlay import overlay
-from vit.explain.textspan import MechanismError, read_texts, reads_probe
+from vit.explain.textspan import MechanismError, read_texts, reads_probe, texts_from_bytes
 from vit.images import ImageError
 from vit.sources.text_tower import TextTowerError, has_text_tower, open_text_tower
 from vit.text import escape_markdown
@@ -22,13 +22,7 @@ def applies(checkpoint) -> bool:
 
 @st.cache_data(show_spinner=False, max_entries=8)
 def uploaded_bank(data: bytes) -> list[str]:
-    import tempfile
-    from pathlib import Path
-
-    with tempfile.TemporaryDirectory() as folder:
-        path = Path(folder) / "texts.txt"
-        path.write_bytes(data)
-        return read_texts(path)
+    return texts_from_bytes(data, "the uploaded text bank")
 
 
 def textspan_tab(view: Shown, refs) -> None:

@@ -42,6 +42,13 @@ TEXTS_PER_HEAD = 10  # compute_complete_text_set.py's --texts_per_head
 LAST_LAYERS = 8  # its --num_of_last_layers: the layers whose heads are described
 RANK = 80  # its --w_ov_rank: the rank of the span the texts are projected on
 MAX_TEXTS = 100_000  # a text bank past this is a corpus, not a description set (the authors' has 3,498)
+# A text tower reads 77 tokens (CLIP; SigLIP 64) and CLIP's BPE vocabulary's longest token is 32 characters (28 bytes
+# and its '</w>'): a longer line cannot be read whole. open_clip's Python BPE grows faster than the line (a
+# 32,000-character line took 124 s), so longer lines are refused before any is tokenized, not cut: a cut changes
+# what a line says where its words are spread by whitespace, and a refusal says which line to shorten.
+CONTEXT_TOKENS, LONGEST_TOKEN_CHARS = 77, 32
+MAX_TEXT_CHARS = CONTEXT_TOKENS * LONGEST_TOKEN_CHARS  # 2,464
+MAX_BANK_BYTES = 8 * 2**20  # MAX_TEXTS texts of 80 bytes on average (the authors' average 25); checked before reading
 TEXT_BATCH = 256  # texts encoded at once: a whole bank at once holds GBs of the text tower's activations
 
 
@@ -266,28 +273,64 @@ def check_outputs_fit(model: ViT, images: int, layers: Sequence[int]) -> None:
     check_budget(images * len(layers) * H * E, f"keeping {len(layers)} layers' head outputs for {images} images")
 
 
-def read_texts(path: str | Path | None = None) -> list[str]:
-    """A text bank: one description a line (blank lines skipped), the authors' general one by default."""
-    path = DEFAULT_TEXTS if path is None else Path(path)
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as e:
-        raise MechanismError(f"cannot read the text bank {path} ({e}); give a UTF-8 file with one text a line") \
-            from None
-    texts = [line.strip() for line in lines if line.strip()]
+def check_texts(texts: Sequence[str], origin: str = "the text bank") -> None:
+    """``MechanismError`` in one line, before any text is tokenized, for a bank past the bounds: no texts, more than
+    ``MAX_TEXTS``, or a text longer than ``MAX_TEXT_CHARS`` (more than a text tower reads)."""
     if not texts:
-        raise MechanismError(f"the text bank {path} has no texts; give one description a line")
+        raise MechanismError(f"{origin} has no texts; give one description a line")
     if len(texts) > MAX_TEXTS:
-        raise MechanismError(f"the text bank {path} has {len(texts):,} texts, over {MAX_TEXTS:,}; give a smaller one")
+        raise MechanismError(f"{origin} has {len(texts):,} texts, over {MAX_TEXTS:,}; give a smaller one")
+    long = next((i for i, text in enumerate(texts) if len(text) > MAX_TEXT_CHARS), None)
+    if long is not None:
+        raise MechanismError(f"text {long + 1} of {origin} is {len(texts[long]):,} characters long, over the "
+                             f"{MAX_TEXT_CHARS:,} a text tower can read ({CONTEXT_TOKENS} tokens); shorten it")
+
+
+def _check_bank_size(size: int, origin: str) -> None:
+    if size > MAX_BANK_BYTES:
+        raise MechanismError(f"{origin} is {size / 2**20:.1f} MB, over the {MAX_BANK_BYTES // 2**20} MB a text bank "
+                             f"may have ({MAX_TEXTS:,} texts); give a smaller one")
+
+
+def texts_from_bytes(data: bytes, origin: str = "the text bank") -> list[str]:
+    """A text bank's bytes (UTF-8, one description a line, blank lines skipped) as its texts, checked
+    (``check_texts``); its size is checked before it is decoded."""
+    _check_bank_size(len(data), origin)
+    try:
+        lines = data.decode("utf-8").splitlines()
+    except UnicodeDecodeError as e:
+        raise MechanismError(f"cannot read {origin} ({e}); give a UTF-8 file with one text a line") from None
+    texts = [line.strip() for line in lines if line.strip()]
+    check_texts(texts, origin)
     return texts
 
 
-def encode_texts(encode: Callable[[Sequence[str]], Tensor], texts: Sequence[str],
+def read_texts(path: str | Path | None = None) -> list[str]:
+    """A text bank: one description a line (blank lines skipped), the authors' general one by default. A regular
+    file of at most ``MAX_BANK_BYTES``, checked before it is read (a FIFO or a device is never opened)."""
+    path = DEFAULT_TEXTS if path is None else Path(path)
+    origin = f"the text bank {path}"
+    try:
+        size = path.stat().st_size
+        if not path.is_file():
+            raise MechanismError(f"{origin} is not a regular file; give a text file with one description a line")
+        _check_bank_size(size, origin)
+        with open(path, "rb") as f:
+            data = f.read(MAX_BANK_BYTES + 1)  # a file that grew since its size was read is still bounded
+    except OSError as e:
+        raise MechanismError(f"cannot read {origin} ({e}); give a UTF-8 file with one text a line") from None
+    return texts_from_bytes(data, origin)
+
+
+def encode_texts(encode: Callable[..., Tensor], texts: Sequence[str],
                  progress: Callable[[int, int], None] | None = None) -> Tensor:
-    """``(M, E)`` L2-normalised embeddings of ``texts`` by a text tower's ``encode``, ``TEXT_BATCH`` at a time."""
+    """``(M, E)`` L2-normalised embeddings of ``texts`` by a text tower's ``encode(texts, between)``
+    (``TextTower.encode``), ``TEXT_BATCH`` at a time. ``progress`` follows each batch and is asked again (the texts
+    done so far) after each text is tokenized, so that a stop reaches inside a batch."""
     parts = []
     for start in range(0, len(texts), TEXT_BATCH):
-        parts.append(encode(list(texts[start:start + TEXT_BATCH])).float())
+        between = None if progress is None else (lambda done=start: progress(done, len(texts)))
+        parts.append(encode(list(texts[start:start + TEXT_BATCH]), between).float())
         if progress is not None:
             progress(min(start + TEXT_BATCH, len(texts)), len(texts))
     features = torch.cat(parts)

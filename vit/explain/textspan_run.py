@@ -58,7 +58,8 @@ def head_outputs(checkpoint: Checkpoint, images: Iterable[Image.Image], layers: 
 
 def text_features(encode: Callable, texts: Sequence[str],
                   progress: Callable[[int, int], None] | None = None) -> torch.Tensor:
-    """``(M, E)`` the bank's L2-normalised embeddings by ``encode``, the checkpoint's own text tower's."""
+    """``(M, E)`` the bank's L2-normalised embeddings by ``encode``, the checkpoint's own text tower's
+    (``TextTower.encode``, which asks ``progress`` again after each text it tokenizes)."""
     return textspan.encode_texts(encode, texts, progress)
 
 
@@ -91,12 +92,13 @@ def run(checkpoint: Checkpoint, encode: Callable, images: Iterable[Image.Image],
     """The whole of TextSpan, every request checked first: the last ``layers`` layers' heads (a SigLIP's: its
     pooling probe's) described over the ``count`` ``images`` by ``texts``, and the chosen texts' embeddings (for
     ``head_map``). ``rank`` None: the authors' (80 for a CLIP; the width for a probe, as compute_siglip.py).
-    ``progress`` counts the images run, then the texts encoded."""
+    ``progress`` counts the images run, then the texts encoded (asked again after each text is tokenized)."""
     check_model(checkpoint)
     model = checkpoint.model
     probe = textspan.reads_probe(model)
     if rank is None:
         rank = model.config.hidden_size if probe else textspan.RANK
+    textspan.check_texts(texts)  # before any text reaches the tokenizer: a list given to vit.textspan too
     textspan.check_request(count, len(texts), texts_per_head, rank)
     chosen = [len(model.blocks)] if probe else textspan.late_layers(model, layers)
     textspan.check_outputs_fit(model, count, [len(model.blocks) - 1] if probe else chosen)

@@ -36,6 +36,7 @@ from vit.features.sae import (
     SAEError,
     SAEInfo,
     SparseAutoencoder,
+    check_in_use,
     check_memory,
     check_sizes,
     load_sae,
@@ -168,6 +169,7 @@ def _fill(sae: SparseAutoencoder, state: dict, expected: dict[str, tuple[int, ..
     with torch.no_grad():
         for key in STATE_KEYS:
             getattr(sae, key).copy_(state[key].float())
+    check_in_use(sae, name)
 
 
 def _hook_name(layer: int | None, subtype: str) -> str | None:

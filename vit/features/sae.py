@@ -23,6 +23,7 @@ reads what ``save_sae`` writes and ``load_sae`` reads SAELens's folders (pre-6 c
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 from dataclasses import dataclass, field
@@ -40,6 +41,10 @@ ARCHITECTURES = ("topk", "standard", "jumprelu", "gated")
 BATCH_TOPK = ("batchtopk", "matryoshka_batchtopk")  # SAELens's training forms, read as the JumpReLU they save
 MAX_D_SAE = 2**20  # a million latents: the largest published SAEs (Gao et al.'s 16M aside) stay below
 MAX_D_IN = 16384  # ViTConfig's bound on hidden_size
+# check_in_use: what an SAE must keep finite. Published ViTs' residual streams stay below ~1e3 a token (outlier tokens
+# included); an analysis multiplies a latent's reconstruction by a gradient and sums it over tokens (the headroom).
+IN_USE_INPUT_NORM = 1e4
+IN_USE_HEADROOM = 1e6
 
 
 class SAEError(ValueError):
@@ -202,6 +207,34 @@ def check_fits(sae: SparseAutoencoder, model: nn.Module) -> int:
         raise SAEError(f"this SAE was trained on another model ({sae.info.model_name or 'unnamed'}): its weights "
                        "differ from the open model's")
     return layer
+
+
+def check_in_use(sae: SparseAutoencoder, name: str) -> None:
+    """SAEError in one line, when it is opened, for an SAE whose computation is not finite though its stored weights
+    are: a gated SAE's ``exp(r_mag)`` that overflows, decoder row norms that overflow where they are folded in
+    (``rescale_acts_by_decoder_norm``, a BatchTopK folder's inference form), weights so large that its latents or its
+    reconstruction overflow float32 in an analysis. Bounded for an activation of norm ``IN_USE_INPUT_NORM``: each
+    latent by ``|its encoder column| * (norm + |b_dec|) + |its bias|`` with the scales the SAE applies, the
+    reconstruction by their sum along the decoder's rows; the bound must stay ``IN_USE_HEADROOM`` below float32's
+    largest number. The norms are float32, as the SAE computes them: one of a NaN or infinite weight is not finite."""
+    limit = torch.finfo(torch.float32).max / IN_USE_HEADROOM
+    with torch.no_grad():
+        if sae.architecture == "gated":  # the magnitude path: sae_in @ (W_enc * exp(r_mag)) + b_mag
+            scale, bias = sae.r_mag.exp().double(), sae.b_mag.double()
+        else:
+            scale, bias = torch.ones(sae.d_sae, dtype=torch.float64), sae.b_enc.double()
+        rows = sae.W_dec.norm(dim=-1).double()  # (d_sae,)
+        if sae.rescale_acts_by_decoder_norm:  # pre-activations times the row norms, latents divided by them
+            scale, bias, rows = scale * rows, bias * rows, rows / rows
+        offset = sae.b_dec.double().norm() if sae.apply_b_dec_to_input else 0.0
+        latents = sae.W_enc.norm(dim=0).double() * scale * (IN_USE_INPUT_NORM + offset) + bias.abs()  # (d_sae,)
+        largest = float(torch.stack([latents.max(), (latents * rows).sum() + sae.b_dec.double().norm()]).max())
+    if not largest < limit:  # NaN too
+        reach = "are not finite (NaN or infinite)" if not math.isfinite(largest) else f"may reach {largest:.2g}"
+        gated = " (W_enc * exp(r_mag))" if sae.architecture == "gated" else ""
+        raise SAEError(f"{name}: for an activation of norm {IN_USE_INPUT_NORM:g} its latents{gated} or "
+                       f"reconstruction {reach}, past what float32 holds in an analysis (3.4e38); its stored weights "
+                       "are finite but not a trained SAE's")
 
 
 def encoder_biases(architecture: str) -> tuple[str, ...]:
@@ -385,6 +418,7 @@ def load_sae(folder: str | Path, device: str | torch.device = "cpu") -> SparseAu
     with torch.no_grad():
         for name in sae.weight_names():
             getattr(sae, name).copy_(weights[name])
+    check_in_use(sae, folder.name)
     return sae.to(device).eval().requires_grad_(False)
 
 

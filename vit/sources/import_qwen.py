@@ -177,9 +177,11 @@ def preprocessing_from_hf(processor: Mapping | None, config: ViTConfig) -> Prepr
     if (patch, merge) != (config.patch_hw[0], config.spatial_merge):
         raise ValueError(f"patch_size {patch} and merge_size {merge} differ from the model's "
                          f"{config.patch_hw[0]} and {config.spatial_merge}")
+    from vit.sources.hf_preprocessing import channel_numbers  # it imports this module
+
     channels = config.num_channels
-    mean = tuple(float(v) for v in processor.get("image_mean", OPENAI_MEAN))[:channels]
-    std = tuple(float(v) for v in processor.get("image_std", OPENAI_STD))[:channels]
+    mean = channel_numbers(processor.get("image_mean", OPENAI_MEAN), "image_mean", channels)
+    std = channel_numbers(processor.get("image_std", OPENAI_STD), "image_std", channels)
     resample = {0: "nearest", 1: "lanczos", 2: "bilinear", 3: "bicubic"}.get(processor.get("resample", 3), "bicubic")
     return Preprocessing(config.image_size, channels, mean, std, resample=resample, patch_size=patch * merge,
                          min_pixels=low, max_pixels=high)

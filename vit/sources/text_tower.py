@@ -49,15 +49,18 @@ class TextTower:
     logit_scale: float  # exp(logit_scale) of the model: the factor on the cosine
     logit_bias: float  # SigLIP's bias; 0 for CLIP
     library: str  # "transformers" or "open_clip": who computes the embedding
-    encode_batch: Callable[[list[str]], Tensor]  # texts -> (n, E) unnormalised features
+    # (texts, between) -> (n, E) unnormalised features; between() after each text is tokenized (see encode)
+    encode_batch: Callable[[list[str], Callable[[], None] | None], Tensor]
     _cache: dict[str, Tensor] = field(default_factory=dict, repr=False)
 
-    def encode(self, texts: Sequence[str]) -> Tensor:
-        """``(n, E)`` float32 L2-normalised text embeddings, one per text; cached per text."""
+    def encode(self, texts: Sequence[str], between: Callable[[], None] | None = None) -> Tensor:
+        """``(n, E)`` float32 L2-normalised text embeddings, one per text; cached per text. ``between()`` is called
+        after each text is tokenized: a long computation's stop check (it may raise), which so reaches inside a
+        batch (open_clip's Python tokenizer takes its time over a long text)."""
         missing = list(dict.fromkeys(t for t in texts if t not in self._cache))
         if missing:
             with torch.inference_mode():
-                features = self.encode_batch(missing).float()
+                features = self.encode_batch(missing, between).float()
             features = features / features.norm(dim=-1, keepdim=True)
             if len(self._cache) + len(missing) > CACHE_ENTRIES:
                 self._cache.clear()
@@ -94,6 +97,38 @@ def _one_line(error: BaseException) -> str:
     lines = [line.strip() for line in str(error).strip().splitlines() if line.strip()]
     text = " ".join(lines) if lines and lines[0].endswith(":") else lines[0] if lines else type(error).__name__
     return text if len(text) <= 400 else text[:400] + "…"
+
+
+def is_rust_panic(error: BaseException) -> bool:
+    """Whether ``error`` is a Rust library's panic (pyo3's ``PanicException``, which ``tokenizers`` raises for a
+    ``tokenizer.json`` whose pre-tokenizer regex backtracks past Oniguruma's retry limit): a ``BaseException``, so
+    ``except Exception`` lets it through."""
+    return type(error).__name__ == "PanicException" and type(error).__module__ == "pyo3_runtime"
+
+
+@contextlib.contextmanager
+def tokenizer_panics_as(error: Callable[[str], Exception], what: str):
+    """A Rust panic inside the block (``is_rust_panic``) raised as ``error`` in one line, ``what`` saying whose
+    tokenizer failed on what; any other exception passes as it is."""
+    try:
+        yield
+    except BaseException as e:
+        if not is_rust_panic(e):
+            raise
+        raise error(f"{what} failed ({_one_line(e)}): its tokenizer.json is damaged or not the model's (a "
+                    "pre-tokenizer pattern that backtracks); copy it again from the model's Hub repository") from None
+
+
+def _tokenize_each(tokenize: Callable[[str], object], texts: Sequence[str], between: Callable[[], None] | None,
+                   folder: str) -> list:
+    """``tokenize(text)`` for each text, ``between()`` after each (a stop check), a Rust panic as TextTowerError."""
+    out = []
+    for text in texts:
+        with tokenizer_panics_as(TextTowerError, f"the tokenizer of {folder} on {text[:40]!r}"):
+            out.append(tokenize(text))
+        if between is not None:
+            between()
+    return out
 
 
 def check_declared_model(skeleton: torch.nn.Module, state: Mapping[str, Tensor], vision_prefix: str,
@@ -138,7 +173,7 @@ def _tokenizer_version(folder: Path) -> tuple:
 def _load_tokenizer(library: str, folder: str, version: tuple):
     """The model's own tokenizer from ``folder``, once per model (its files' ``version``), not each time a tower
     opens: the explorer opens one per model and page cache, the commands one per run."""
-    with _offline():
+    with _offline(), tokenizer_panics_as(TextTowerError, f"reading the tokenizer of {folder}"):
         if library == "transformers":
             import transformers
 
@@ -188,6 +223,8 @@ def _open_hf(folder: Path, architecture: str) -> TextTower:
         del skeleton
         try:
             tokenizer = _load_tokenizer("transformers", str(folder), version)
+        except TextTowerError:
+            raise
         except Exception as e:  # noqa: BLE001 - the libraries raise many types for a missing or broken file
             raise TextTowerError(f"{folder} has no usable tokenizer files (tokenizer.json, or vocab.json and "
                                  f"merges.txt for CLIP, spiece.model for SigLIP): {_one_line(e)}; copy them from "
@@ -202,8 +239,12 @@ def _open_hf(folder: Path, architecture: str) -> TextTower:
     # SigLIP was trained on texts padded to the full length (its model card and processor say so).
     padding = "max_length" if kind == "sigmoid" else True
 
-    def encode_batch(texts: list[str]) -> Tensor:
-        tokens = tokenizer(texts, padding=padding, truncation=True, max_length=max_length, return_tensors="pt")
+    def encode_batch(texts: list[str], between: Callable[[], None] | None = None) -> Tensor:
+        # one text at a time (a stop check between), padded together as one call of the tokenizer would pad them
+        each = _tokenize_each(lambda text: tokenizer(text, truncation=True, max_length=max_length), texts, between,
+                              str(folder))
+        tokens = tokenizer.pad(each, padding=padding, max_length=max_length if padding == "max_length" else None,
+                               return_tensors="pt")
         return model.get_text_features(**tokens).pooler_output
 
     bias = float(model.logit_bias.item()) if getattr(model, "logit_bias", None) is not None else 0.0
@@ -242,6 +283,8 @@ def _open_open_clip(weights: Path, state: dict[str, Tensor]) -> TextTower:
             try:
                 model = open_clip.model.CLIP(**cfg)
                 tokenizer = _load_tokenizer("open_clip", str(weights.parent), version)
+            except TextTowerError:
+                raise
             except Exception as e:  # noqa: BLE001
                 raise TextTowerError(f"{config_path}: open_clip cannot build this model ({_one_line(e)})") from None
         else:  # OpenAI's flat layout: open_clip's own reader, QuickGELU, the bundled BPE vocabulary
@@ -271,8 +314,10 @@ def _open_open_clip(weights: Path, state: dict[str, Tensor]) -> TextTower:
     bias = getattr(model, "logit_bias", None)
     kind = "sigmoid" if bias is not None else "softmax"
 
-    def encode_batch(texts: list[str]) -> Tensor:
-        return model.encode_text(tokenizer(texts))
+    def encode_batch(texts: list[str], between: Callable[[], None] | None = None) -> Tensor:
+        # one text at a time (a stop check between): each is padded to the context alone, as in one call
+        return model.encode_text(torch.cat(_tokenize_each(lambda text: tokenizer([text]), texts, between,
+                                                          str(weights.parent))))
 
     return TextTower(kind, float(model.logit_scale.exp().item()), float(bias.item()) if bias is not None else 0.0,
                      "open_clip", encode_batch)

@@ -153,13 +153,16 @@ def encode_words(folder: Path, words: Sequence[str], vocabulary: int) -> list[Wo
     words = list(words)
     if not words or len(words) > MAX_WORDS:
         raise ValueError(f"give 1 to {MAX_WORDS} words, got {len(words)}")
+    from vit.sources.text_tower import tokenizer_panics_as
+
     known = tokenizer(folder)
     unknown = getattr(known, "unk_token_id", None)
     encoded = []
     for text in words:
         if not isinstance(text, str) or not text.strip() or len(text) > MAX_WORD_CHARS:
             raise ValueError(f"a word must be text of 1 to {MAX_WORD_CHARS} characters, got {str(text)[:40]!r}")
-        ids = tuple(int(i) for i in known(text, add_special_tokens=False)["input_ids"])
+        with tokenizer_panics_as(WordEmbeddingError, f"the tokenizer of {folder} on {text[:40]!r}"):
+            ids = tuple(int(i) for i in known(text, add_special_tokens=False)["input_ids"])
         if not ids or (unknown is not None and unknown in ids):
             raise ValueError(f"the model's tokenizer cannot encode {text[:40]!r} (it gives "
                              f"{'no token' if not ids else 'the unknown token'}); type a word of its vocabulary")
