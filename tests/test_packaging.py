@@ -74,6 +74,23 @@ def test_the_readmes_cpu_wheels_are_the_pinned_versions():
         {"torch": pinned["torch"], "torchvision": pinned["torchvision"]}
 
 
+def test_vit_version_is_pyprojects_and_every_command_prints_it_with_version(capsys):
+    import importlib
+
+    import vit
+    from vit.training.options import build_parser as train_parser
+
+    version = PYPROJECT["project"]["version"]
+    assert vit.__version__ == version
+    parsers = {c: importlib.import_module(f"vit.{c}").build_parser for c in COMMANDS if c != "train"}
+    for command, build in {**parsers, "train": train_parser}.items():
+        with pytest.raises(SystemExit) as exit_:
+            build().parse_args(["--version"])
+        assert exit_.value.code == 0 and capsys.readouterr().out.split()[-1] == version, command
+    assert explorer.main(["--version"]) == 0
+    assert capsys.readouterr().out == f"vit-explorer {version}\n"
+
+
 def test_every_package_of_vit_is_installed():
     found = {".".join(p.parent.relative_to(ROOT).parts) for p in (ROOT / "vit").rglob("__init__.py")}
     assert found <= set(PYPROJECT["tool"]["setuptools"]["packages"])
