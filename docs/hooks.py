@@ -84,7 +84,7 @@ def methods_markdown() -> str:
     lines = ["| method | what it shows — where it applies | reference | held equal by |", "|---|---|---|---|"]
     for method, text in methods.items():
         reference, test = REFERENCES[method]
-        lines.append(f"| <span id=\"{method_anchor(method)}\"></span>`{method}` | {text.replace('|', '/')} "
+        lines.append(f"| <span id=\"{method_anchor(method)}\"></span>`{method}` | {_literal(text)} "
                      f"| {reference} | `{test}` |")
     return "\n".join(lines) + "\n"
 
@@ -106,6 +106,13 @@ def supported(module_name: str) -> str:
     return " ".join(str(text).split())
 
 
+def _literal(text: str) -> str:
+    """``text`` shown as written: Markdown's emphasis characters escaped outside its code spans (``vit_*_dinov3*``
+    is a name, not emphasis), a table's ``|`` too."""
+    parts = re.split(r"(``.+?``|`[^`]+`)", text)
+    return "".join(part if part.startswith("`") else re.sub(r"([*_|\\])", r"\\\1", part) for part in parts)
+
+
 def families_markdown(kind: str) -> str:
     """The families one Models page covers, one row per opening module, in the module's own words."""
     modules = _opening_modules()
@@ -114,7 +121,7 @@ def families_markdown(kind: str) -> str:
         raise ValueError(f"docs/hooks.py KINDS places {sorted(placed)}, vit/sources opens with {modules}: put each "
                          "opening module on exactly one Models page")
     lines = ["| module | what it opens (its `SUPPORTED`) |", "|---|---|"]
-    lines += [f"| `vit/sources/{m}.py` | {supported(m).replace('|', '/')} |" for m in KINDS[kind][1]]
+    lines += [f"| `vit/sources/{m}.py` | {_literal(supported(m))} |" for m in KINDS[kind][1]]
     return "\n".join(lines) + "\n"
 
 
