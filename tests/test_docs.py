@@ -288,9 +288,9 @@ def test_the_link_checker_finds_a_missing_page_and_a_missing_anchor(tmp_path):
                                               "index.html: b/"]
 
 
-NAV_PAGES = ("quickstart", "explorer", "train", "sae", "models", "models/image", "models/windowed", "models/vlm",
-             "models/video", "models/own", "checkpoints", "methods", "cli", "notebook", "benchmarks", "deploy",
-             "architecture", "changelog")
+NAV_PAGES = ("start", "quickstart", "explorer", "train", "sae", "models", "models/image", "models/windowed",
+             "models/vlm", "models/video", "models/own", "checkpoints", "methods", "cli", "notebook", "benchmarks",
+             "deploy", "architecture", "changelog")
 
 
 @pytest.mark.slow
@@ -309,3 +309,9 @@ def test_the_site_builds_strict_with_every_page_and_no_broken_internal_link(tmp_
     cli = (site / "cli" / "index.html").read_text()
     assert all(script in cli for script in PYPROJECT["project"]["scripts"])
     assert "--save-maps" in cli and "vit.api.explain" in (site / "notebook" / "index.html").read_text()
+
+
+def test_every_readme_code_block_is_one_these_tests_run_or_check():
+    # CPU wheels (test_packaging's pins), the app and the test command, the command line, the notebook, the
+    # citation: a new block needs its test here.
+    assert [lang for lang, _ in FENCE.findall(README)] == ["bash", "bash", "bash", "bash", "python", "bibtex"]
