@@ -314,4 +314,4 @@ def test_the_site_builds_strict_with_every_page_and_no_broken_internal_link(tmp_
 def test_every_readme_code_block_is_one_these_tests_run_or_check():
     # CPU wheels (test_packaging's pins), the app and the test command, the command line, the notebook, the
     # citation: a new block needs its test here.
-    assert [lang for lang, _ in FENCE.findall(README)] == ["bash", "bash", "bash", "bash", "python", "bibtex"]
+    assert [lang for lang, _ in FENCE.findall(README)] == ["bash", "bash", "bash", "python", "bash", "bibtex"]
