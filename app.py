@@ -13,6 +13,7 @@ from pathlib import Path
 import pandas  # noqa: F401
 import streamlit as st
 
+import vit
 from app_pages.explorer_sections import plotly_preload, starting, uploader
 
 ICON = Path(__file__).resolve().parent / "app_pages" / "icon.png"
@@ -30,6 +31,7 @@ navigation = st.navigation([
     st.Page("app_pages/training.py", title="Train", icon=":material/model_training:"),
     st.Page("app_pages/analyze.py", title="Analyse a dataset", icon=":material/query_stats:"),
 ])
+st.sidebar.caption(f"ViT Attention Explorer {vit.__version__}")  # which release a screenshot or a report shows
 if navigation is explorer:
     starting.start()  # a fresh server: the title and "loading the model" while the page imports torch
     plotly_preload.start()  # the browser loads Plotly while the page imports torch and runs the model

@@ -1509,3 +1509,10 @@ def test_the_matrix_and_the_npz_past_the_memory_bound_are_refused_on_the_page_no
     at.run()
     assert not at.exception
     assert any("over the limit" in w.value for w in at.warning)
+
+
+def test_the_sidebar_shows_the_projects_version(default_world):
+    import vit
+
+    at = run_app()
+    assert any(c.value == f"ViT Attention Explorer {vit.__version__}" for c in at.sidebar.caption)

@@ -74,6 +74,23 @@ def test_the_readmes_cpu_wheels_are_the_pinned_versions():
         {"torch": pinned["torch"], "torchvision": pinned["torchvision"]}
 
 
+def test_vit_version_is_pyprojects_and_every_command_prints_it_with_version(capsys):
+    import importlib
+
+    import vit
+    from vit.training.options import build_parser as train_parser
+
+    version = PYPROJECT["project"]["version"]
+    assert vit.__version__ == version
+    parsers = {c: importlib.import_module(f"vit.{c}").build_parser for c in COMMANDS if c != "train"}
+    for command, build in {**parsers, "train": train_parser}.items():
+        with pytest.raises(SystemExit) as exit_:
+            build().parse_args(["--version"])
+        assert exit_.value.code == 0 and capsys.readouterr().out.split()[-1] == version, command
+    assert explorer.main(["--version"]) == 0
+    assert capsys.readouterr().out == f"vit-explorer {version}\n"
+
+
 def test_every_package_of_vit_is_installed():
     found = {".".join(p.parent.relative_to(ROOT).parts) for p in (ROOT / "vit").rglob("__init__.py")}
     assert found <= set(PYPROJECT["tool"]["setuptools"]["packages"])
@@ -104,13 +121,40 @@ def test_vit_explorer_runs_the_app_with_its_server_defaults_unless_overridden():
     assert args[-3:] == ["--server.address", "0.0.0.0", "--server.port=8600"]
 
 
+def copy_of_the_source(to: Path) -> Path:
+    """The checkout's files without its own working folders: packages are built from a copy, which leaves nothing
+    in the repository."""
+    local = {".git", ".venv", "runs", "data", "build", "dist", "site", "test-artifacts", "analysis", ".pytest_cache",
+             ".ruff_cache"}  # this checkout's own folders, at its top level only (vit/runs is a package)
+    shutil.copytree(ROOT, to, ignore=lambda folder, names: [
+        n for n in names if (Path(folder) == ROOT and n in local) or n == "__pycache__" or n.endswith(".egg-info")])
+    return to
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_python_m_build_gives_a_wheel_and_an_sdist_that_twine_check_passes(tmp_path):
+    import importlib.util
+
+    if importlib.util.find_spec("build") is None or importlib.util.find_spec("twine") is None:
+        pytest.skip("build and twine are not installed (requirements-docs.txt); .ci/run installs them")
+    source = copy_of_the_source(tmp_path / "source")
+    dist = tmp_path / "dist"
+    # --no-isolation: the venv's setuptools builds it, with no download
+    done = subprocess.run([sys.executable, "-m", "build", "--no-isolation", "--sdist", "--wheel", "--outdir",
+                           str(dist), str(source)], capture_output=True, text=True, timeout=540)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    version = PYPROJECT["project"]["version"]
+    assert sorted(p.name for p in dist.iterdir()) == [f"vit_attention_explorer-{version}-py3-none-any.whl",
+                                                      f"vit_attention_explorer-{version}.tar.gz"]
+    done = subprocess.run([sys.executable, "-m", "twine", "check", "--strict", *map(str, dist.iterdir())],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.count("PASSED") == 2, done.stdout + done.stderr
+
+
 @pytest.mark.slow
 def test_the_wheel_installs_and_runs_from_another_folder(tmp_path):
-    source = tmp_path / "source"  # built from a copy: the build leaves nothing in the repository
-    local = {".git", ".venv", "runs", "data", "build", "dist", "test-artifacts", "analysis", ".pytest_cache",
-             ".ruff_cache"}  # this checkout's own folders, at its top level only (vit/runs is a package)
-    shutil.copytree(ROOT, source, ignore=lambda folder, names: [
-        n for n in names if (Path(folder) == ROOT and n in local) or n == "__pycache__" or n.endswith(".egg-info")])
+    source = copy_of_the_source(tmp_path / "source")
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
                     str(tmp_path / "dist"), str(source)], check=True, capture_output=True)
     [wheel] = (tmp_path / "dist").glob("*.whl")
@@ -133,6 +177,16 @@ def test_the_wheel_installs_and_runs_from_another_folder(tmp_path):
     bin_dir = env_dir / "bin"
     done = run(str(bin_dir / "vit-explorer"), "--help")
     assert done.returncode == 0 and "streamlit run" in done.stdout, done.stderr
+    version = PYPROJECT["project"]["version"]
+    done = run(str(bin_dir / "vit-explorer"), "--version")
+    assert (done.returncode, done.stdout) == (0, f"vit-explorer {version}\n"), done.stderr
+    done = run(str(bin_dir / "vit-predict"), "--help")
+    assert done.returncode == 0 and done.stdout.startswith("usage: vit-predict") and "--save-maps" in done.stdout
+    # the installed metadata's version (no pyproject.toml beside an installed vit), and the README's first
+    # notebook lines
+    done = run(str(python), "-c", "import vit; checkpoint = vit.load(vit.shipped()); "
+               "print(vit.__version__, list(vit.methods(checkpoint))[0])")
+    assert (done.returncode, done.stdout) == (0, f"{version} attention\n"), done.stderr
 
     shipped = site / "vit_explorer" / "checkpoints"
     done = run(str(bin_dir / "vit-predict"), str(shipped / "cifar10-cifar-s.pt"),

@@ -170,9 +170,9 @@ def test_an_unsupported_model_is_refused_in_a_short_line_naming_the_closest_fami
     message = str(error.value)
     assert "\n" not in message and len(message) < 250 + len(str(folder))
     assert message.endswith("is not supported; " + ("" if closest is None else f"the closest supported: {closest}; ")
-                            + "the README's family table (under \"What is where\") lists every model this program "
+                            + "the README's table \"What it opens\" links a page listing every model this program "
                               "opens")
-    assert "## What is where" in (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    assert "## What it opens" in (Path(__file__).resolve().parents[1] / "README.md").read_text()
 
 
 def test_convert_cli_runs_as_a_module_and_refuses_an_unknown_arch_prefix(tmp_path):

@@ -32,7 +32,15 @@ class ModelError(ValueError):
 
 class OneLineParser(argparse.ArgumentParser):
     """Every command's parser: its errors are one line (argparse prints usage + error over several), and a misspelt
-    option or choice gets the closest one (Python 3.11's argparse has no ``suggest_on_error``)."""
+    option or choice gets the closest one (Python 3.11's argparse has no ``suggest_on_error``). Every command, and
+    each of ``vit.sae``'s subcommands, answers ``--version`` with the project's version."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        from vit import __version__  # pyproject.toml or the installed metadata: no torch
+
+        self.add_argument("--version", action="version", version=f"%(prog)s {__version__}",
+                          help="print the version and exit")
 
     def error(self, message: str) -> NoReturn:
         raise UsageError(message + did_you_mean(message, self))

@@ -1,11 +1,11 @@
 """Start the explorer app from wherever it is installed: ``vit-explorer [STREAMLIT OPTIONS]`` (or ``python -m
 vit.explorer``), the same as ``streamlit run app.py`` in the repository.
 
-Every option is passed to ``streamlit run`` (e.g. ``--server.port 8502``, ``--server.address 0.0.0.0``: see
-"Running on a network" in the README first). The app's own server defaults (``.streamlit/config.toml``: localhost
-only, no file watcher, no tracebacks shown) apply unless an option overrides them, from any working folder. Runs
-go to ``./runs`` and datasets to ``./data`` of the folder it starts in unless ``VIT_RUNS_DIR`` / ``VIT_DATA_DIR``
-say otherwise.
+``--version`` prints the project's version. Every other option is passed to ``streamlit run`` (e.g.
+``--server.port 8502``, ``--server.address 0.0.0.0``: see "Deploy and security" in the docs first). The app's own
+server defaults (``.streamlit/config.toml``: localhost only, no file watcher, no tracebacks shown) apply unless an
+option overrides them, from any working folder. Runs go to ``./runs`` and datasets to ``./data`` of the folder it
+starts in unless ``VIT_RUNS_DIR`` / ``VIT_DATA_DIR`` say otherwise.
 """
 
 from __future__ import annotations
@@ -41,6 +41,11 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] in ("-h", "--help"):
         print(__doc__.strip())
+        return 0
+    if argv and argv[0] == "--version":  # the project's version, not Streamlit's
+        from vit import __version__
+
+        print(f"{PROG} {__version__}")
         return 0
     root = app_root()
     if not (root / "app.py").is_file():

@@ -88,8 +88,8 @@ from vit.sources.files import SourceError, _one_line, read_json
 from vit.sources.hf_preprocessing import channel_numbers, hf_preprocessing
 
 # Where a refusal sends the user: every family's own list of what opens is longer than a line (together 2,200
-# characters), and the README keeps them in one table.
-README_FAMILIES = "the README's family table (under \"What is where\") lists every model this program opens"
+# characters); the README's table links the docs' page of each kind, which lists them.
+README_FAMILIES = "the README's table \"What it opens\" links a page listing every model this program opens"
 HF_WEIGHTS = ("model.safetensors", "pytorch_model.bin")
 OPEN_CLIP_CONFIG = "open_clip_config.json"
 OPEN_CLIP_WEIGHTS = ("open_clip_model.safetensors", "open_clip_pytorch_model.bin")

@@ -1,0 +1,317 @@
+"""The README and the docs site (issue 78): a README read in ten minutes whose every code block runs or is checked,
+flags that exist, tables that agree with the code, and a site that builds with no broken internal link."""
+
+import argparse
+import contextlib
+import importlib
+import importlib.util
+import io
+import json
+import re
+import subprocess
+import sys
+import tomllib
+from html.parser import HTMLParser
+from pathlib import Path
+from urllib.parse import unquote, urlsplit
+
+import pytest
+
+import vit
+from vit.cli import option_strings
+
+ROOT = Path(__file__).resolve().parent.parent
+README = (ROOT / "README.md").read_text()
+PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
+MAX_LINES, MAX_WORDS = 300, 35
+FENCE = re.compile(r"^```(\w*)\n(.*?)^```$", re.MULTILINE | re.DOTALL)
+# Other tools' options a code line or the prose may name: pip's, venv's, pytest's, Streamlit's (--server.*).
+OTHER_TOOLS = ("pip", "python3 -m venv", "streamlit", "pytest", "torchrun", "ray", "mkdocs")
+OTHER_FLAGS = re.compile(r"--(index-url|no-deps|server\.[\w.]+|strict|standalone|nproc_per_node)\b")
+
+
+def hooks():
+    """docs/hooks.py, the site's generators, as a module (it is not a package of the project)."""
+    spec = importlib.util.spec_from_file_location("docs_hooks", ROOT / "docs" / "hooks.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def code_blocks(markdown: str, language: str | None = None) -> list[str]:
+    return [body for lang, body in FENCE.findall(markdown) if language is None or lang == language]
+
+
+def sentences(markdown: str) -> list[str]:
+    """The prose's sentences: code blocks left out, a link or image counted by its text, a table row or list item
+    its own unit (a sentence never runs across them)."""
+    text = FENCE.sub("", markdown)
+    text = re.sub(r"!?\[([^\]]*)\]\([^)]*\)", r"\1", text)
+    text = text.replace("e.g.", "eg").replace("i.e.", "ie")
+    units, current = [], []
+    for line in text.splitlines():
+        starts_unit = re.match(r"\s*(\||#|- |\d+\. )", line)
+        if not line.strip() or starts_unit:
+            units.append(" ".join(current))
+            current = []
+        if starts_unit:
+            units.append(line)
+        elif line.strip():
+            current.append(line.strip())
+    units.append(" ".join(current))
+    return [s for unit in units for s in re.split(r"(?<=[.!?])\s+", unit.strip()) if s]
+
+
+def command_parsers() -> dict[str, argparse.ArgumentParser]:
+    """Every command that has a parser, by the names a user types: ``vit-predict`` and ``vit.predict``."""
+    found = {}
+    for script, target in PYPROJECT["project"]["scripts"].items():
+        module = importlib.import_module(target.split(":")[0])
+        if hasattr(module, "build_parser"):
+            found[script] = found[module.__name__] = module.build_parser()
+    return found
+
+
+def explorer_options() -> set[str]:
+    return {"--help", "-h", "--version"}  # vit-explorer's own; the rest are Streamlit's (--server.*)
+
+
+def test_the_readme_is_at_most_300_lines_with_no_sentence_over_35_words():
+    assert len(README.splitlines()) <= MAX_LINES
+    long = [s for s in sentences(README) if len(s.split()) > MAX_WORDS]
+    assert not long, long
+
+
+def test_the_sentence_counter_sees_a_long_sentence_across_lines_and_not_across_list_items():
+    long = " ".join(["word"] * 36)
+    assert [len(s.split()) for s in sentences(f"{long[:100]}\n{long[100:]}.\n")] == [36]
+    assert all(len(s.split()) < 36 for s in sentences("- " + " word" * 20 + "\n- " + " word" * 20))
+
+
+def test_the_readmes_two_commands_are_the_app_and_cis_test_command():
+    app, tests = [b.strip() for b in code_blocks(README, "bash")[1:3]]
+    assert app == "python3 -m venv .venv && .venv/bin/pip install -r requirements.txt && .venv/bin/streamlit run app.py"
+    assert tests in (ROOT / ".ci" / "run").read_text().splitlines()  # CI runs the README's test command exactly
+    assert "python -m pytest" in tests and (ROOT / "requirements-test-nodeps.txt").is_file()
+
+
+def test_the_cpu_note_comes_before_the_first_command():
+    first_block = README.index("```")
+    assert README.index("## CPU or GPU?") < first_block
+    assert "download.pytorch.org/whl/cpu" in code_blocks(README, "bash")[0]
+
+
+def test_the_readmes_notebook_lines_run_on_the_shipped_checkpoint(tmp_path, monkeypatch):
+    [block] = code_blocks(README, "python")
+    monkeypatch.chdir(tmp_path)
+    names: dict = {}
+    exec(compile(block, "README.md", "exec"), names)
+    assert names["e"].map.shape == (8, 8) and (tmp_path / "legrad.png").stat().st_size > 0
+    assert isinstance(names["ablated"], type(names["checkpoint"]))
+    assert len(block.splitlines()) <= 10
+
+
+def vit_command_lines(markdown: str) -> list[list[str]]:
+    """Each line of a bash block that runs one of the project's commands, as its words (a `\\` continuation
+    joined), from the command's name on."""
+    lines = []
+    for block in code_blocks(markdown, "bash"):
+        for line in block.replace("\\\n", " ").splitlines():
+            words = line.split("#", 1)[0].split()
+            for i, word in enumerate(words):
+                name = word.rsplit("/", 1)[-1]
+                if name.startswith("vit-") or (word == "-m" and i + 1 < len(words)
+                                               and words[i + 1].startswith("vit.")):
+                    lines.append(words[i + 1:] if word == "-m" else [name, *words[i + 1:]])
+                    break
+    return lines
+
+
+def test_the_readmes_predict_line_runs_and_its_train_line_parses(tmp_path):
+    from vit import predict
+
+    lines = {words[0]: words[1:] for words in vit_command_lines(README)}
+    assert set(lines) == {"vit.predict", "vit.train"}
+    argv = lines["vit.predict"]
+    argv[argv.index("--save-maps") + 1] = str(tmp_path / "maps")
+    out = io.StringIO()
+    with contextlib.chdir(ROOT), contextlib.redirect_stdout(out):
+        assert predict.main(argv) == 0
+    assert len(json.loads(out.getvalue())[0]["predictions"]) == 3 and any((tmp_path / "maps").glob("*.npz"))
+    args = command_parsers()["vit.train"].parse_args(lines["vit.train"])
+    assert (args.dataset, args.preset, args.epochs) == ("cifar10", "cifar-s", 80)
+
+
+def unknown_flags(markdown: str, parsers: dict[str, argparse.ArgumentParser], prose: bool = True) -> list[str]:
+    """The ``--flags`` ``markdown`` names that no command has: on a command's line, that command's options; with
+    ``prose``, in the prose's code spans, any command's (or another tool's, see OTHER_FLAGS)."""
+    wrong = []
+    for words in vit_command_lines(markdown):
+        known = explorer_options() if words[0] in ("vit-explorer", "vit.explorer") else \
+            set(option_strings(parsers[words[0]]))
+        if words[0] in ("vit-explorer", "vit.explorer"):
+            words = [w for w in words if not OTHER_FLAGS.match(w)]
+        wrong += [f"{words[0]} {w}" for w in words if w.startswith("--") and w.split("=")[0] not in known]
+    if not prose:
+        return wrong
+    every = set().union(*(option_strings(p) for p in parsers.values())) | explorer_options()
+    for span in re.findall(r"`([^`\n]+)`", FENCE.sub("", markdown)):
+        wrong += [flag for flag in re.findall(r"(?<![\w-])--[a-z][\w.-]*", span)
+                  if flag not in every and not OTHER_FLAGS.match(flag)]
+    return wrong
+
+
+def test_every_flag_the_readme_names_is_in_that_commands_help_and_so_is_every_docs_command_lines():
+    parsers = command_parsers()
+    assert unknown_flags(README, parsers) == []
+    # The docs' prose also names the benchmarks' and other tools' options: their commands' lines are checked.
+    pages = [p.read_text() for p in (ROOT / "docs").rglob("*.md")]
+    assert [flag for page in pages for flag in unknown_flags(page, parsers, prose=False)] == []
+
+
+def test_a_flag_no_command_has_is_found():
+    parsers = command_parsers()
+    assert unknown_flags("```bash\n.venv/bin/python -m vit.predict m.pt x.png --top-k 3 --maps-out x\n```\n",
+                         parsers) == ["vit.predict --maps-out"]
+    assert unknown_flags("Pass `--keep-aspect` or `--no-such-flag`.", parsers) == ["--no-such-flag"]
+
+
+def readme_section(title: str) -> str:
+    return README.split(f"\n## {title}\n", 1)[1].split("\n## ", 1)[0]
+
+
+def test_the_readmes_methods_are_vit_methods_each_linking_its_entry():
+    listed = re.findall(r"\[`([^`]+)`\]\(docs/methods\.md#([\w-]+)\)", readme_section("Methods"))
+    assert [m for m, _ in listed] and sorted(m for m, _ in listed) == sorted(vit.methods())
+    anchor = hooks().method_anchor
+    assert all(link == anchor(method) for method, link in listed)
+
+
+def test_every_method_of_vit_methods_has_its_entry_in_the_generated_table():
+    site = hooks()
+    table = site.methods_markdown()
+    for method in vit.methods():
+        assert f'<span id="{site.method_anchor(method)}"></span>`{method}`' in table
+    assert len(set(map(site.method_anchor, vit.methods()))) == len(vit.methods())  # gradcam++ is not gradcam
+
+
+def test_a_method_added_to_the_code_without_its_reference_fails_the_docs(monkeypatch):
+    site = hooks()
+    monkeypatch.setattr(vit, "methods", lambda: {**vit.api.methods(), "newcam": "NewCAM — every model"})
+    with pytest.raises(ValueError, match="newcam"):
+        site.methods_markdown()
+
+
+def test_each_references_test_file_exists():
+    assert all((ROOT / test).is_file() for _, test in hooks().REFERENCES.values())
+
+
+def test_every_opening_module_is_on_one_models_page_and_the_readme_links_every_page():
+    site = hooks()
+    for kind in site.KINDS:
+        rows = site.families_markdown(kind)
+        assert all(f"`vit/sources/{m}.py`" in rows for m in site.KINDS[kind][1])
+        assert (ROOT / "docs" / "models" / f"{kind}.md").is_file()
+        assert f"(docs/models/{kind}.md)" in readme_section("What it opens")
+
+
+def test_a_family_added_to_the_code_without_its_page_fails_the_docs(monkeypatch):
+    site = hooks()
+    found = site._opening_modules()
+    monkeypatch.setattr(site, "_opening_modules", lambda: [*found, "import_newvit"])
+    with pytest.raises(ValueError, match="import_newvit"):
+        site.families_markdown("image")
+
+
+def test_the_readmes_links_name_files_of_the_repository():
+    links = [unquote(urlsplit(link).path) for link in re.findall(r"\]\(([^)]+)\)", README)
+             if not link.startswith(("http", "#"))]
+    assert links and [link for link in links if not (ROOT / link).exists()] == []
+
+
+def test_the_citation_the_changelog_and_pyproject_agree_on_the_version():
+    version = PYPROJECT["project"]["version"]
+    assert f"version = {{{version}}}" in code_blocks(README, "bibtex")[0]
+    assert f'version: "{version}"' in (ROOT / "CITATION.cff").read_text()
+    assert re.search(rf"^## \[{re.escape(version)}\] - \d{{4}}-\d\d-\d\d$", (ROOT / "CHANGELOG.md").read_text(),
+                     re.MULTILINE)
+
+
+class _Links(HTMLParser):
+    """A page's links (``href``, ``src``) and the ids it defines."""
+
+    def __init__(self):
+        super().__init__()
+        self.links: list[str] = []
+        self.ids: set[str] = set()
+
+    def handle_starttag(self, tag, attrs):
+        for name, value in attrs:
+            if name in ("href", "src") and value:
+                self.links.append(value)
+            elif name in ("id", "name") and value:
+                self.ids.add(value)
+
+
+def broken_links(site: Path) -> list[str]:
+    """Every internal link of the built site whose file, or anchor in it, does not exist."""
+    pages = {}
+    for page in site.rglob("*.html"):
+        parser = _Links()
+        parser.feed(page.read_text(errors="replace"))
+        pages[page.resolve()] = parser
+    broken = []
+    for page, parser in pages.items():
+        for link in parser.links:
+            parts = urlsplit(link)
+            if parts.scheme or parts.netloc or link.startswith(("mailto:", "data:", "javascript:")):
+                continue
+            path = unquote(parts.path)
+            # A path from the root (404.html has them: it is served at any depth) is the site's.
+            target = ((site.resolve() / path.lstrip("/")) if path.startswith("/") else (page.parent / path)).resolve() \
+                if path else page
+            if target.is_dir():
+                target = target / "index.html"
+            if not target.exists():
+                broken.append(f"{page.relative_to(site.resolve())}: {link}")
+            elif parts.fragment and target in pages and unquote(parts.fragment) not in pages[target].ids:
+                broken.append(f"{page.relative_to(site.resolve())}: {link} (no such anchor)")
+    return broken
+
+
+def test_the_link_checker_finds_a_missing_page_and_a_missing_anchor(tmp_path):
+    (tmp_path / "a").mkdir()
+    (tmp_path / "index.html").write_text('<a href="a/">A</a><a href="#top">top</a><h1 id="top">x</h1>'
+                                         '<a href="b/">B</a><a href="a/#nowhere">x</a><a href="https://x.org/">x</a>')
+    (tmp_path / "a" / "index.html").write_text('<a href="../index.html#top">back</a><img src="p.png">')
+    assert sorted(broken_links(tmp_path)) == ["a/index.html: p.png", "index.html: a/#nowhere (no such anchor)",
+                                              "index.html: b/"]
+
+
+NAV_PAGES = ("start", "quickstart", "explorer", "train", "sae", "models", "models/image", "models/windowed",
+             "models/vlm", "models/video", "models/own", "checkpoints", "methods", "cli", "notebook", "benchmarks",
+             "deploy", "architecture", "changelog")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_the_site_builds_strict_with_every_page_and_no_broken_internal_link(tmp_path):
+    if importlib.util.find_spec("mkdocs") is None:
+        pytest.skip("mkdocs is not installed (requirements-docs.txt); .ci/run builds the site")
+    site = tmp_path / "site"
+    done = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(site)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=540)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert all((site / page / "index.html").is_file() for page in NAV_PAGES)
+    assert broken_links(site) == []
+    methods = (site / "methods" / "index.html").read_text()
+    assert all(f'id="{hooks().method_anchor(m)}"' in methods for m in vit.methods())
+    cli = (site / "cli" / "index.html").read_text()
+    assert all(script in cli for script in PYPROJECT["project"]["scripts"])
+    assert "--save-maps" in cli and "vit.api.explain" in (site / "notebook" / "index.html").read_text()
+
+
+def test_every_readme_code_block_is_one_these_tests_run_or_check():
+    # CPU wheels (test_packaging's pins), the app and the test command, the command line, the notebook, the
+    # citation: a new block needs its test here.
+    assert [lang for lang, _ in FENCE.findall(README)] == ["bash", "bash", "bash", "python", "bash", "bibtex"]
