@@ -133,7 +133,8 @@ def describe(kind: str, word_map, table: Embedding, checkpoint: Checkpoint, targ
     read = f"The one language-model tensor read: {table.note(len(set(word_map.token_ids)))}."
     if kind == "word_lens":
         return f"**Visual logit lens of “{word}”**: each patch holds {scored}. {read}"
-    where = (f"at the image token over the {patch_label} (outlined; it covers {covers})" if target == "patch"
+    where = (f"at the image token over the {patch_label} (outlined; it covers {covers}; click another patch on the "
+             "image, or pick it as the Query token in the sidebar, to explain the score there)" if target == "patch"
              or kind == "word_class" else f"summed over all {tokens:,} image tokens")
     how = {
         "word_legrad": "LeGrad: the score's gradient with respect to each layer's attention, positive parts averaged "
