@@ -113,7 +113,7 @@ def choose_map(shape: image_analysis.ViewShape, class_names: list[str], model_ke
                               help="How heads combine: for 'all heads, fused' and in the rollout.")
         if "end_layer" in controls:
             st.session_state.setdefault(f"end-{model_key}", L)
-            end_layer = st.select_slider(share.LABELS["end"], range(1, L + 1), key=f"end-{model_key}",
+            end_layer = st.select_slider(share.end_label(kind), range(1, L + 1), key=f"end-{model_key}",
                                          help="The block whose first norm's tokens the CAM reads (pytorch-grad-cam's "
                                               "ViT tutorial: the last)." if kind in attention_maps.CAM_KINDS else
                                          "Roll out from layer 1 through this layer.")

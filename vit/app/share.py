@@ -19,7 +19,7 @@ from vit.app.drawing import COLORMAPS, COLOUR_SCALES, class_option, head_option,
 from vit.app.vlm_words import KINDS as WORD_KINDS
 from vit.app.vlm_words import TARGETS
 from vit.explain.attention import HEAD_FUSIONS
-from vit.explain.attention_maps import MAP_KINDS
+from vit.explain.attention_maps import CAM_KINDS, MAP_KINDS
 from vit.explain.overlay import UPSAMPLE_MODES
 from vit.inference import MAX_INPUT_SIDE
 from vit.text import visible
@@ -142,6 +142,12 @@ LABELS = {
 }
 
 
+def end_label(kind: str | None) -> str:
+    """The sidebar's label of map ``kind``'s end layer: "Layer" for a CAM, which reads that one block, "Up to layer"
+    for the maps that run through the layers up to it (rollout, flow, the class map, LRP)."""
+    return LABELS["layer"] if kind in CAM_KINDS else LABELS["end"]
+
+
 def describe(values: Mapping[str, object], *, size_label: str, grid: tuple[int, int], num_prefix_tokens: int,
              prefix_names: Sequence[str], class_names: Sequence[str], predicted: int = 0) -> dict[str, str]:
     """The view's settings (``decode``'s values, the model's and the image's left out) as the sidebar shows them:
@@ -160,13 +166,15 @@ def describe(values: Mapping[str, object], *, size_label: str, grid: tuple[int, 
         value = values.get(name)
         if value is None or name in ("model", "sample", "upload"):
             continue
+        if name == "layer" and values.get("map") in CAM_KINDS:  # no slider of its own: a CAM's layer is "end"
+            continue
         if isinstance(value, bool):
             text = "yes" if value else "no"
         elif isinstance(value, float):
             text = f"{value:g}"
         else:
             text = words.get(name, str)(value)
-        described[LABELS[name]] = text
+        described[end_label(values.get("map")) if name == "end" else LABELS[name]] = text
     return described
 
 

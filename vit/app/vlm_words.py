@@ -19,6 +19,9 @@ KINDS = {
     "word_class": "Gradient rollout of the word's lens score",
     "word_attnlrp": "AttnLRP of the word's lens score (signed)",
 }
+# What each is called in a caption, the map's heading and its download's name
+TITLES = {"word_lens": "Visual logit lens", "word_legrad": "LeGrad", "word_class": "Gradient rollout",
+          "word_attnlrp": "AttnLRP"}
 METHODS = {"word_legrad": "legrad", "word_class": "class", "word_attnlrp": "attnlrp"}  # vit.explain_word's methods
 SIGNED = ("word_attnlrp",)  # relevance for and against the word: a diverging colour map around 0
 CHOICE = "words"  # the sidebar's one "Map" choice for all of KINDS (a second picker names which)
@@ -132,7 +135,7 @@ def describe(kind: str, word_map, table: Embedding, checkpoint: Checkpoint, targ
               "embedding, before any layer of the language model")
     read = f"The one language-model tensor read: {table.note(len(set(word_map.token_ids)))}."
     if kind == "word_lens":
-        return f"**Visual logit lens of “{word}”**: each patch holds {scored}. {read}"
+        return f"**{TITLES[kind]} of “{word}”**: each patch holds {scored}. {read}"
     where = (f"at the image token over the {patch_label} (outlined; it covers {covers}; click another patch on the "
              "image, or pick it as the Query token in the sidebar, to explain the score there)" if target == "patch"
              or kind == "word_class" else f"summed over all {tokens:,} image tokens")
@@ -145,9 +148,8 @@ def describe(kind: str, word_map, table: Embedding, checkpoint: Checkpoint, targ
         "word_attnlrp": "AttnLRP relevance of the score, summed per patch (Achtibat et al., 2024): red for, blue "
                         "against",
     }[kind]
-    title = {"word_legrad": "LeGrad", "word_class": "Gradient rollout", "word_attnlrp": "AttnLRP"}[kind]
-    return (f"**{title} of “{word}”'s lens score**, {where}: {how}. The tower is read as a classifier whose one logit "
-            f"is that score: {scored}. {read}")
+    return (f"**{TITLES[kind]} of “{word}”'s lens score**, {where}: {how}. The tower is read as a classifier whose "
+            f"one logit is that score: {scored}. {read}")
 
 
 def file_name(stem: str, kind: str, word: str, patch: int | None) -> str:
