@@ -166,6 +166,8 @@ def main_view(view: Shown, main: MainMap, places: Places, query_key: str, image_
         prediction_box = st.empty()  # a CLIP's: the labels asked in words, which are read further down the page
         if class_names:
             prediction_box.plotly_chart(drawing.predictions_figure(prediction), config={"displayModeBar": False})
+        elif vlm_words.no_prediction(checkpoint):  # a VLM's tower: its words are asked below, not classes here
+            prediction_box.info(vlm_words.no_prediction(checkpoint))
         else:
             prediction_box.info("No prediction: this model has no classifier (a feature model such as DINO). Its "
                                 "attention maps are shown all the same." + drawing.describe_embedding(analysis))

@@ -283,7 +283,8 @@ def share_buttons(values: dict[str, object], view: Shown, main: MainMap, image_n
     settings = {"Model": model_name, "Image": image_name,
                 **share.describe(shown, size_label=view.checkpoint.preprocessing.size_label, grid=analysis.grid,
                                  num_prefix_tokens=analysis.num_prefix_tokens, prefix_names=analysis.prefix_names,
-                                 class_names=view.class_names, predicted=analysis.prediction.class_index)}
+                                 class_names=view.class_names, predicted=analysis.prediction.class_index,
+                                 own_size=view.checkpoint.preprocessing.own_size_rule)}
     export.download_button("Export this view (HTML)", on_click="ignore", mime="text/html",
                            file_name=f"{drawing.file_name_part(Path(image_name).stem)}-view.html",
                            data=partial(_export, view, main, image_name, model_name, settings),

@@ -214,9 +214,12 @@ def class_option(index: int, class_names: Sequence[str], predicted: int) -> str:
     return f"predicted: {class_names[predicted]}" if index == -1 else class_names[index]
 
 
-def size_option(side: int, size_label: str) -> str:
-    """The input-size picker's text for ``side`` px, 0 being the model's own size (``Preprocessing.size_label``)."""
-    return f"the model's size ({size_label} px)" if side == 0 else f"{side} px"
+def size_option(side: int, size_label: str, own_size: str = "") -> str:
+    """The input-size picker's text for ``side`` px, 0 being the model's own size (``Preprocessing.size_label``), or,
+    for a model that sizes each image itself, its rule (``Preprocessing.own_size_rule``)."""
+    if side:
+        return f"{side} px"
+    return f"each image at its own size ({own_size})" if own_size else f"the model's size ({size_label} px)"
 
 
 

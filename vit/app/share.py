@@ -149,12 +149,14 @@ def end_label(kind: str | None) -> str:
 
 
 def describe(values: Mapping[str, object], *, size_label: str, grid: tuple[int, int], num_prefix_tokens: int,
-             prefix_names: Sequence[str], class_names: Sequence[str], predicted: int = 0) -> dict[str, str]:
+             prefix_names: Sequence[str], class_names: Sequence[str], predicted: int = 0,
+             own_size: str = "") -> dict[str, str]:
     """The view's settings (``decode``'s values, the model's and the image's left out) as the sidebar shows them:
     its label -> the option it shows. ``head`` 0 and ``class`` -1 stand for the pickers' first options, which a
-    link leaves out: every head fused, the ``predicted`` class. ``size_label``: ``Preprocessing.size_label``."""
+    link leaves out: every head fused, the ``predicted`` class. ``size_label``: ``Preprocessing.size_label``;
+    ``own_size``: its ``own_size_rule``."""
     words: dict[str, Callable[[object], str]] = {
-        "size": lambda v: size_option(v, size_label), "map": lambda v: MAP_KINDS.get(v) or WORD_KINDS[v],
+        "size": lambda v: size_option(v, size_label, own_size), "map": lambda v: MAP_KINDS.get(v) or WORD_KINDS[v],
         "target": TARGETS.get,
         "class": lambda v: class_option(v, class_names, predicted),
         "query": lambda v: token_option(v, grid, num_prefix_tokens, prefix_names),

@@ -35,6 +35,19 @@ def has_words(model) -> bool:
     return getattr(model, "projector", None) is not None
 
 
+def no_prediction(checkpoint: Checkpoint) -> str | None:
+    """The prediction box's text for a VLM's tower, which has no classifier: where its words are asked instead (the
+    word lens, with its projector); None for a model that is no VLM's tower (``metadata["tower"]`` says it is)."""
+    if not has_words(checkpoint.model):
+        return ("No prediction: a vision-language model's tower has no classifier, and its projector is left out "
+                "here (its language model reads several layers), so no word lens either. Its attention maps are "
+                "shown all the same.") if checkpoint.metadata.get("tower") else None
+    return ("No prediction: a vision-language model's tower has no classifier; its language model reads the projected "
+            "image tokens. To ask what they say, type words under “Ask in words” below the image and pick “A word” as "
+            "the sidebar's map: where the image tokens point at each word (the visual logit lens), or a gradient map "
+            "of that score. The attention maps are shown all the same.")
+
+
 def controls(kind: str, target: str) -> tuple[str, ...]:
     """The sidebar controls word map ``kind`` reads: the word, the target of the gradient maps (gradient rollout
     draws one token's row: always the clicked patch's), and the query patch where the target is one token."""
