@@ -32,7 +32,7 @@ from app_pages.explorer_sections.image_picker import pick_image
 from app_pages.explorer_sections.map_settings import choose_class, choose_map, main_map
 from app_pages.explorer_sections.probe_snapshots import probe_snapshots
 from app_pages.explorer_sections.state import Shown, keep_settings
-from vit.app import catalog, explorer, share, vlm_words
+from vit.app import catalog, drawing, explorer, share, vlm_words
 from vit.checkpoint import CheckpointError
 from vit.explain import image_analysis, video, words
 from vit.images import ImageError
@@ -115,7 +115,8 @@ seen = seen_region(image, pre, size)
 shown, shown_uri, small = display_images(f"{image_key}-{tuple(round(v) for v in box)}", seen)
 plotly_preload.clear()  # app.py's blank chart, which had the browser load Plotly meanwhile
 places = main_view.lay_out(shown, shown_uri, shape.grid, map_choice.settings.query, shape.num_prefix_tokens,
-                           map_choice.query_key)  # the image, drawn by the browser while the model runs
+                           map_choice.query_key,  # the image, drawn by the browser while the model runs
+                           drawing.map_heading(map_choice.settings.kind))
 try:
     analysis = analyse(fingerprint, image_key, size, checkpoint, image)
 except (ValueError, ImageError, NonFiniteOutput) as e:

@@ -261,3 +261,27 @@ def test_a_qwen_windowed_layers_row_is_the_querys_window_as_transformers_compute
     at.run()
     np.testing.assert_allclose(drawn[-1], reference[2][:, query].mean(0).view(grid).numpy(), rtol=0, atol=ATOL)
     assert "over the whole grid (one of its global layers" in map_caption(at)
+
+
+@pytest.mark.parametrize("kind", ["llava", "qwen2_5_vl"])
+def test_a_towers_page_says_the_size_it_is_shown_and_its_prediction_box_points_to_the_word_lens(vlms, kind):
+    # Issue 76, item 2: Qwen2.5-VL's sidebar said 1,036 px (74 x 74 patches), the size its config is built at, where
+    # each image is shown at its own (smart_resize); a tower's prediction box called it "a feature model such as DINO".
+    from vit.images import smart_resize
+
+    path, _, processor = vlms[kind]
+    at = open_vlm(path)
+    [info] = [i.value for i in at.main.info if "No prediction" in i.value]
+    assert "vision-language model's tower has no classifier" in info and "“Ask in words”" in info
+    assert "visual logit lens" in info and "DINO" not in info
+    first = sidebar_widget(at, "selectbox", "Input size").options[0]
+    [image_caption] = [c.value for c in at.main.caption if "the model sees it as" in c.value]
+    if kind == "llava":
+        assert first == "the model's size (32 px)"
+        return
+    low, high, unit = processor.size["shortest_edge"], processor.size["longest_edge"], 28
+    assert first == f"each image at its own size (smart_resize, {low:,} to {high:,} pixels in whole {unit}-px units)"
+    height, width = smart_resize(picture().height, picture().width, unit, low, high)  # Qwen's own, as it is shown
+    assert f"the model sees it as {width}×{height} px in {height // 14} rows × {width // 14} columns" \
+        in displayed(image_caption)
+    assert any("each image at its own size" in displayed(c.value) for c in at.sidebar.caption)

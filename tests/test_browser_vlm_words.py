@@ -6,7 +6,7 @@ from urllib.parse import urlencode
 
 import pytest
 import torch
-from helpers import chromium, streamlit_app
+from helpers import chromium, click_until, streamlit_app
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 pytest.importorskip("transformers")
@@ -51,3 +51,31 @@ def test_a_link_to_a_words_lens_draws_it_and_an_unknown_word_is_one_line(server)
         errors.filter(has_text="cannot encode '*zebra*'").first.wait_for()  # the asterisks shown, not italics
         assert page.locator('[data-testid="stAlertContentError"] em').count() == 0
         assert all("\n" not in text.strip() for text in errors.all_inner_texts())
+
+
+def test_a_words_gradient_rollout_opens_on_the_centre_patch_and_a_click_picks_another(server):
+    # Issue 76, item 1: gradient rollout draws one image token's row and has no "every image token" target; a LLaVA's
+    # query defaulted to its CLS, which the projector leaves out, so the map opened on a red error.
+    url, folder, photo = server
+    link = {"model": str(folder), "map": "word_class", "labels": "dog, hot dog", "word": "hot dog"}
+    with chromium() as browser:
+        page = browser.new_context(viewport={"width": 1400, "height": 1000}).new_page()
+        page.set_default_timeout(TIMEOUT_MS)
+        page.goto(f"{url}?{urlencode(link)}")
+        page.locator('[data-testid="stSidebar"] input[type="file"]').set_input_files(str(photo))
+        captions = page.locator('[data-testid="stCaptionContainer"]')
+        errors = page.locator('[data-testid="stAlertContentError"]')
+        rollout = captions.filter(has_text="Gradient rollout of “hot dog”'s lens score")
+        rollout.or_(errors).first.wait_for()
+        assert errors.count() == 0, errors.all_inner_texts()
+        # The tiny LLaVA's 4 x 4 grid: the centre patch is row 3, col 3 (token 1 + 2 * 4 + 2 = 11), and the caption
+        # says how to pick another.
+        centre = rollout.filter(has_text="over the patch row 3, col 3 (outlined")
+        centre.wait_for()
+        assert "click another patch on the image" in centre.inner_text()
+        assert page.get_by_role("combobox", name="Query token").input_value().startswith("11 · patch row 3, col 3")
+        picker = page.locator('[data-testid="stPlotlyChart"]').first.locator(".nsewdrag").first
+        box = picker.bounding_box()
+        click_until(lambda ms: page.mouse.click(box["x"] + box["width"] * 0.5 / 4, box["y"] + box["height"] * 0.5 / 4),
+                    rollout.filter(has_text="over the patch row 1, col 1 (outlined"), TIMEOUT_MS)
+        assert errors.count() == 0, errors.all_inner_texts()

@@ -136,6 +136,16 @@ def test_the_settings_read_as_the_sidebar_shows_them():
     assert fused == {"Input size": "224 px", "Head": "all heads, fused", "Class": "predicted: fox"}
 
 
+def test_a_cams_one_block_is_its_layer_and_a_rollouts_end_is_up_to_layer():
+    # Issue 76, item 6: a CAM reads one block, which its slider calls "Layer" (it has no other layer slider); the
+    # maps that run through layers 1 to the end call it "Up to layer".
+    common = dict(size_label="16", grid=(4, 4), num_prefix_tokens=1, prefix_names=["CLS"], class_names=CLASSES)
+    cam = share.describe({"map": "gradcam", "layer": 1, "end": 2}, **common)
+    assert cam == {"Map": "Grad-CAM (class-specific)", "Layer": "2"}
+    rollout = share.describe({"map": "rollout", "layer": 1, "end": 2}, **common)
+    assert rollout == {"Map": "Attention rollout", "Layer": "1", "Up to layer": "2"}
+
+
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     torch.manual_seed(0)

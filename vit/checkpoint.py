@@ -130,6 +130,24 @@ class Preprocessing:
         return bool(self.max_num_patches or self.max_pixels)
 
     @property
+    def own_size_rule(self) -> str:
+        """How a model that sizes each image itself does it, '' for one of one size: 'smart_resize, 3,136 to 1,003,520
+        pixels in whole 28-px units' (Qwen-VL), 'NaFlex, at most 256 patches of 16 px' (SigLIP 2)."""
+        if self.max_pixels:
+            return (f"smart_resize, {self.min_pixels:,} to {self.max_pixels:,} pixels in whole {self.patch_size}-px "
+                    "units")
+        if self.max_num_patches:
+            return f"NaFlex, at most {self.max_num_patches:,} patches of {self.patch_size} px"
+        return ""
+
+    @property
+    def size_text(self) -> str:
+        """The size images are shown at: '224 px', '64×16 px', or 'each image at its own size (smart_resize, …)'
+        where ``image_size`` is only the size the config was built at (``own_size``)."""
+        rule = self.own_size_rule
+        return f"each image at its own size ({rule})" if rule else f"{self.size_label} px"
+
+    @property
     def size_label(self) -> str:
         """``"224"`` for a square, ``"64×16"`` (width × height, as images are described) for a rectangle."""
         height, width = self.image_hw
@@ -216,7 +234,7 @@ class Checkpoint:
                    if names else "no classifier")
         return (f"<Checkpoint {self.path.name if self.path else 'in memory'}: "
                 f"{self.metadata.get('architecture', 'vit')}, {sum(p.numel() for p in self.model.parameters()):,} "
-                f"parameters, {self.preprocessing.size_label} px in patches of {self.config.patch_size}, {classes}>")
+                f"parameters, {self.preprocessing.size_text} in patches of {self.config.patch_size}, {classes}>")
 
 
 def preprocessing_problem(preprocessing: Preprocessing, config: ViTConfig) -> str | None:

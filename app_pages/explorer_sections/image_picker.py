@@ -63,7 +63,7 @@ def pick_image(entry: catalog.CatalogEntry, entries: dict[str, catalog.CatalogEn
     # Options are never None: Streamlit shows a None option as an empty "Choose an option" box.
     side = st.sidebar.selectbox(
         share.LABELS["size"], [0, *sides], key="input_side",
-        format_func=lambda s: drawing.size_option(s, pre.size_label),
+        format_func=lambda s: drawing.size_option(s, pre.size_label, pre.own_size_rule),
         help="The size the model sees the image at. Other sizes than the training size interpolate the position "
              "embeddings (as DINO's visualisation does): finer maps, but the predictions may change.")
     keep_aspect = st.sidebar.checkbox(share.LABELS["aspect"], key="keep_aspect",

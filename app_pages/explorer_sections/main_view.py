@@ -45,10 +45,10 @@ class Places:
 
 
 def lay_out(shown: Image.Image, shown_uri: str, grid: tuple[int, int], query: int, prefix: int,
-            query_key: str) -> Places:
+            query_key: str, heading: str) -> Places:
     """The view's toggle, its three columns and the image in the first, drawn while the model runs: the browser
     draws them meanwhile rather than after the forward. Enlarged, the image and the map are one figure, drawn
-    after."""
+    after. ``heading``: the map's column's (``drawing.map_heading``)."""
     # Enlarged: the image and the map share the page's width (the prediction goes below) and zoom with the wheel,
     # so a patch of a 34 x 46 grid is more than the ~6 px it is in the three-column layout; they are one figure
     # whose axes match, so zooming or panning one zooms the other to the same window.
@@ -62,7 +62,7 @@ def lay_out(shown: Image.Image, shown_uri: str, grid: tuple[int, int], query: in
         st.plotly_chart(drawing.patch_picker_figure(shown.size, shown_uri, grid, query, prefix, fit_width=FIT_WIDTH),
                         key="patch_picker", on_select=partial(pick_query, "patch_picker", query_key, prefix),
                         selection_mode="points", config=PICKER_CONFIG, width="stretch")
-    col_overlay.subheader("Attention")
+    col_overlay.subheader(heading)
     col_prediction.subheader("Prediction")
     return Places(False, col_image, col_overlay, col_prediction)
 
@@ -95,7 +95,7 @@ def main_view(view: Shown, main: MainMap, places: Places, query_key: str, image_
     if places.enlarge:
         col_image, col_overlay = st.columns(2, gap="medium")
         col_image.subheader("Image")
-        col_overlay.subheader("Attention")
+        col_overlay.subheader(drawing.map_heading(settings.kind))
         st.plotly_chart(drawing.linked_pickers_figure(picker(shown.size, shown_uri, grid, query, prefix),
                                                       overlay_figure), key=LINKED_KEY,
                         on_select=partial(pick_query, LINKED_KEY, query_key, prefix), selection_mode="points",
@@ -122,14 +122,18 @@ def main_view(view: Shown, main: MainMap, places: Places, query_key: str, image_
         stem = Path(image_name).stem
         download_png, download_npz = st.columns(2)
         download_png.download_button(
-            "Overlay (PNG)", on_click="ignore", mime="image/png",
+            f"{drawing.map_heading(settings.kind)} overlay (PNG)", on_click="ignore", mime="image/png",
             file_name=vlm_words.file_name(stem, *main.word_parts) if main.word_parts is not None
             else drawing.map_file_name(stem, settings, analysis, "overlay.png", class_names),
             data=partial(drawing.overlay_png, seen, map2d, opacity, map_colormap, mode, show_grid, outline, vmin, vmax,
                          mask),
             help=f"At the image's size as decoded (at most {MAX_SIDE:,} px on its long side), over the part the model "
                  f"sees: {describe_size(seen.width, seen.height)}.")
-        with download_npz.popover("Attentions (.npz)"):
+        # The model's attention weights whatever the map is: named so, beside a Grad-CAM's or a lens's overlay
+        with download_npz.popover("Attention weights (.npz)",
+                                  help="Every head's attention matrix, as the model computed it for this image; not "
+                                       "the map shown, unless it is one layer's attention (its values: the overlay, "
+                                       "or the exported view, which hovers them)."):
             npz_layers = st.radio("Layers", ["all", "this"], key="npz_layers", horizontal=True,
                                   format_func=lambda v: "every layer" if v == "all"
                                   else drawing.npz_layer_label(layer))
@@ -162,6 +166,8 @@ def main_view(view: Shown, main: MainMap, places: Places, query_key: str, image_
         prediction_box = st.empty()  # a CLIP's: the labels asked in words, which are read further down the page
         if class_names:
             prediction_box.plotly_chart(drawing.predictions_figure(prediction), config={"displayModeBar": False})
+        elif vlm_words.no_prediction(checkpoint):  # a VLM's tower: its words are asked below, not classes here
+            prediction_box.info(vlm_words.no_prediction(checkpoint))
         else:
             prediction_box.info("No prediction: this model has no classifier (a feature model such as DINO). Its "
                                 "attention maps are shown all the same." + drawing.describe_embedding(analysis))

@@ -18,8 +18,9 @@ from vit.inference import InputSize
 
 # The sidebar's map settings, kept by the page while their widgets are not drawn (``state.keep_settings``).
 # The per-model keys end with the model's key: ``class-`` also covers ``class-query-``.
-KEPT = ("map_kind", "method_kind", "hide_registers", "query-", "class-", "layer-", "head-", "fusion", "end-", "start-",
-        "discard_ratio", "opacity", "colormap", "colour_scale", "upsample", "show_grid", "mass_mask", "mask_share")
+KEPT = ("map_kind", "method_kind", "hide_registers", "query-", "class-", "word-query-", "layer-", "head-", "fusion",
+        "end-", "start-", "discard_ratio", "opacity", "colormap", "colour_scale", "upsample", "show_grid", "mass_mask",
+        "mask_share")
 
 
 LABELS_BY_CHOICE = {explorer.MORE_METHODS: explorer.MORE_METHODS_LABEL, vlm_words.CHOICE: vlm_words.CHOICE_LABEL}
@@ -67,24 +68,33 @@ def choose_map(shape: image_analysis.ViewShape, class_names: list[str], model_ke
         tokens = explorer.visible_tokens(T, prefix, hide_registers)
         # The class-specific map reads from CLS unless a query is picked for it here: a patch clicked for
         # another map would make it a self-blob.
-        query_key = f"class-query-{model_key}" if kind in attention_maps.CLASS_MAP_KINDS else f"query-{model_key}"
-        st.session_state.setdefault(query_key, 0)
+        query_key = explorer.query_key(kind, model_key)
+        # A word's target is an image token, which the projector makes of patches alone: no prefix token is offered.
+        # It opens on the centre patch, not on the patch where the word's lens is highest: the sidebar is drawn
+        # before the model runs (the lens is not known yet), and a default that followed the word would move the
+        # target under a user who only changed the word.
+        word_target = kind in vlm_words.KINDS and "query" in controls
+        offered = [t for t in tokens if t >= prefix] if word_target else tokens
+        default = explorer.centre_token(grid, prefix) if word_target else 0
+        st.session_state.setdefault(query_key, default)
         grid_key = f"{query_key}-grid"  # the grid the query was picked on: keep its place when the grid changes
         if st.session_state.get(grid_key) not in (None, tuple(grid)):
             st.session_state[query_key] = explorer.remap_query(st.session_state[query_key], st.session_state[grid_key],
                                                                tuple(grid), prefix)
         st.session_state[grid_key] = tuple(grid)
-        if st.session_state[query_key] not in tokens:
-            st.session_state[query_key] = 0
+        if st.session_state[query_key] not in offered:
+            st.session_state[query_key] = default
         query, layer, head, fusion, discard_ratio, end_layer, class_index = 0, L, None, "mean", 0.0, L, None
         class_slot = st.empty() if "class" in controls else None
         if "query" in controls:
             for_class = " (for the class map)" if kind in attention_maps.CLASS_MAP_KINDS else ""
-            query = st.selectbox(share.LABELS["query"] + for_class, tokens,
+            query = st.selectbox(share.LABELS["query"] + for_class, offered,
                                  key=query_key, format_func=lambda t: drawing.token_option(t, grid, prefix, names),
-                                 help="Whose attention to show: CLS (token 0), another prefix token (DIST, REG) or a "
-                                      "patch, numbered row by row. "
-                                      "Clicking a patch on the image selects it too.")
+                                 help="The image token whose lens score is explained: a patch, numbered row by row "
+                                      "(the centre one at first). Clicking a patch on the image selects it too."
+                                 if word_target else
+                                 "Whose attention to show: CLS (token 0), another prefix token (DIST, REG) or a "
+                                 "patch, numbered row by row. Clicking a patch on the image selects it too.")
         if "layer" in controls:
             st.session_state.setdefault(f"layer-{model_key}", L)
             layer = st.select_slider(share.LABELS["layer"], range(1, L + 1), key=f"layer-{model_key}",
@@ -103,7 +113,7 @@ def choose_map(shape: image_analysis.ViewShape, class_names: list[str], model_ke
                               help="How heads combine: for 'all heads, fused' and in the rollout.")
         if "end_layer" in controls:
             st.session_state.setdefault(f"end-{model_key}", L)
-            end_layer = st.select_slider(share.LABELS["end"], range(1, L + 1), key=f"end-{model_key}",
+            end_layer = st.select_slider(share.end_label(kind), range(1, L + 1), key=f"end-{model_key}",
                                          help="The block whose first norm's tokens the CAM reads (pytorch-grad-cam's "
                                               "ViT tutorial: the last)." if kind in attention_maps.CAM_KINDS else
                                          "Roll out from layer 1 through this layer.")

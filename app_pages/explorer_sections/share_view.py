@@ -206,14 +206,14 @@ def apply_model_settings(model_key: str, shape: image_analysis.ViewShape, class_
             notes.append(share.dropped("word", values["word"], "it is not one of the link's words (labels)"
                                        if has_words else "this model is no vision-language model's tower"))
     _note(notes)
-    kind = st.session_state.get("method_kind") if st.session_state.get("map_kind") == explorer.MORE_METHODS \
-        else st.session_state.get("map_kind")
+    kind = {explorer.MORE_METHODS: st.session_state.get("method_kind"),
+            vlm_words.CHOICE: st.session_state.get(word_lens.METHOD_KEY)}.get(st.session_state.get("map_kind"),
+                                                                           st.session_state.get("map_kind"))
     for name, key in {"layer": "layer", "end": "end", "head": "head", "class": "class"}.items():
         if name in values:
             st.session_state[f"{key}-{model_key}"] = values[name] - (1 if name == "head" else 0)
     if "query" in values:
-        query_key = f"class-query-{model_key}" if kind in attention_maps.CLASS_MAP_KINDS else f"query-{model_key}"
-        st.session_state[query_key] = values["query"]
+        st.session_state[explorer.query_key(kind, model_key)] = values["query"]
     if "feature" in values:
         st.session_state[features.LINKED_KEY] = values["feature"]  # checked against the SAE once it is open
 
@@ -292,7 +292,8 @@ def share_buttons(values: dict[str, object], view: Shown, main: MainMap, image_n
     settings = {"Model": model_name, "Image": image_name,
                 **share.describe(shown, size_label=view.checkpoint.preprocessing.size_label, grid=analysis.grid,
                                  num_prefix_tokens=analysis.num_prefix_tokens, prefix_names=analysis.prefix_names,
-                                 class_names=view.class_names, predicted=analysis.prediction.class_index)}
+                                 class_names=view.class_names, predicted=analysis.prediction.class_index,
+                                 own_size=view.checkpoint.preprocessing.own_size_rule)}
     export.download_button("Export this view (HTML)", on_click="ignore", mime="text/html",
                            file_name=f"{drawing.file_name_part(Path(image_name).stem)}-view.html",
                            data=partial(_export, view, main, image_name, model_name, settings),

@@ -15,7 +15,13 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from vit.checkpoint import CheckpointError, ForeignCheckpointError, check_payload, read_checkpoint_payload
+from vit.checkpoint import (
+    CheckpointError,
+    ForeignCheckpointError,
+    Preprocessing,
+    check_payload,
+    read_checkpoint_payload,
+)
 from vit.runfiles import (
     BEST_CHECKPOINT,
     CONFIG_FILE,
@@ -73,6 +79,8 @@ class CatalogEntry:
     epochs: int | None = None
     error: str | None = None
     metadata: dict = field(default_factory=dict, compare=False, hash=False)
+    # How images are prepared, where known before the model is opened; what says that a model sizes each image itself
+    preprocessing: Preprocessing | None = field(default=None, compare=False, hash=False)
 
     @property
     def ok(self) -> bool:
@@ -114,16 +122,20 @@ class CatalogEntry:
             return f"This checkpoint cannot be loaded: {escape_markdown(self.error)}"
         (ih, iw), (ph, pw) = ((v, v) if isinstance(v, int) else v for v in (self.image_size, self.patch_size))
         gh, gw = ih // ph, iw // pw
+        rule = self.preprocessing.own_size_rule if self.preprocessing is not None else ""
+        # Qwen-VL, NaFlex: image_size is only what the config is built at; no image is shown at it
+        size = (f", each image at its own size ({rule}), in {ph if ph == pw else f'{pw}×{ph}'}-px patches" if rule
+                else f" of {describe_size(iw, ih, (gh, gw), self.patch_size)}")
         lines = [
-            f"**Model** {self.layers_and_heads}, "
-            f"{'greyscale' if self.num_channels == 1 else 'colour'} input of "
-            f"{describe_size(iw, ih, (gh, gw), self.patch_size)}, "
+            f"**Model** {self.layers_and_heads}, {'greyscale' if self.num_channels == 1 else 'colour'} input{size}, "
             f"{format_parameters(self.parameters) if self.parameters is not None else 'unknown size'}",
         ]
         if self.metadata.get("architecture"):
             shown = ", ".join(self.class_names[:10]) + (", …" if len(self.class_names) > 10 else "")
             lines.append(f"**Imported** {escape_markdown(visible(self.metadata['architecture']))}; "
                          + (f"{len(self.class_names)} classes: {escape_markdown(visible(shown))}" if self.class_names
+                            else "no classifier (a vision-language model's tower: maps and the word lens, no "
+                                 "prediction)" if self.metadata.get("tower")
                             else "no classifier (a feature model: maps, no prediction)"))
             if self.metadata.get("class_names_note"):  # a from-scratch model's "class 0", …: how to name them
                 lines.append(escape_markdown(visible(str(self.metadata["class_names_note"]))))
@@ -254,6 +266,7 @@ def describe_import(candidate: Candidate) -> CatalogEntry:
     from vit.sources import open as sources
 
     path = candidate.path
+    preprocessing = None  # unless known without reading weights
     try:
         config_json = sources.read_json(path / "config.json") if path.is_dir() and (path / "config.json").is_file() \
             else None
@@ -267,12 +280,18 @@ def describe_import(candidate: Candidate) -> CatalogEntry:
         elif config_json and "auto_map" not in config_json and config_json.get("model_type") in sources.HF_VLMS:
             checkpoint = sources.open_vlm(path, config_json, "meta")  # the tower's shard headers, none of its data
             config, class_names, metadata = checkpoint.config, [], checkpoint.metadata
+            preprocessing = checkpoint.preprocessing
             parameters = count_parameters_of(config)
         elif config_json and "auto_map" not in config_json and config_json.get("model_type") in sources.HF_FAMILIES:
             config, architecture = sources.hf_family_config(path, config_json)  # DINOv3, CLIP, Swin, BEiT, …
             # A family's classifier (Swin, Swin V2, BEiT …ForImageClassification) names its classes as open does.
             class_names = sources.hf_class_names(config_json, config.num_classes) if config.num_classes else []
             metadata = {"architecture": f"hf:{architecture}"}
+            # its image processor's settings, a small JSON file: Qwen-VL's and NaFlex's size each image themselves
+            preprocessing = sources.hf_preprocessing(sources.hf_image_processor(path), config, architecture)
+            note = sources.tower_note(config_json, config, preprocessing)
+            if note:
+                metadata["tower"] = note
             parameters = count_parameters_of(config)
         elif config_json and isinstance(config_json.get("architecture"), str) \
                 and (path / "model.safetensors").is_file():  # timm: shapes from the safetensors header only
@@ -282,6 +301,7 @@ def describe_import(candidate: Candidate) -> CatalogEntry:
         else:
             checkpoint = sources.open_source(path)
             config, class_names, metadata = checkpoint.config, checkpoint.class_names, checkpoint.metadata
+            preprocessing = checkpoint.preprocessing
             parameters = sum(p.numel() for p in checkpoint.model.parameters())
     except (CheckpointError, ValueError, TypeError) as e:
         return CatalogEntry(path, candidate.source, candidate.name, error=str(e).splitlines()[0] if str(e) else repr(e))
@@ -289,7 +309,7 @@ def describe_import(candidate: Candidate) -> CatalogEntry:
                         parameters=parameters, image_size=config.image_size, patch_size=config.patch_size,
                         num_channels=config.num_channels, num_layers=config.num_layers, num_heads=config.num_heads,
                         stage_depths=tuple(config.stage_depths), stage_heads=tuple(config.stage_heads),
-                        metadata=dict(metadata))
+                        metadata=dict(metadata), preprocessing=preprocessing)
 
 
 def count_parameters_of(config) -> int:

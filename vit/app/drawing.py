@@ -21,7 +21,7 @@ from PIL import Image, ImageDraw, ImageFont
 
 from vit.app.explorer import patch_of
 from vit.checkpoint import Checkpoint
-from vit.explain.attention_maps import MAP_CONTROLS, MapSettings, map_mask, resolved_class
+from vit.explain.attention_maps import CAM_KINDS, MAP_CONTROLS, MAP_KINDS, MapSettings, map_mask, resolved_class
 from vit.explain.image_analysis import Analysis
 from vit.explain.map_captions import token_label
 from vit.explain.overlay import (
@@ -214,9 +214,12 @@ def class_option(index: int, class_names: Sequence[str], predicted: int) -> str:
     return f"predicted: {class_names[predicted]}" if index == -1 else class_names[index]
 
 
-def size_option(side: int, size_label: str) -> str:
-    """The input-size picker's text for ``side`` px, 0 being the model's own size (``Preprocessing.size_label``)."""
-    return f"the model's size ({size_label} px)" if side == 0 else f"{side} px"
+def size_option(side: int, size_label: str, own_size: str = "") -> str:
+    """The input-size picker's text for ``side`` px, 0 being the model's own size (``Preprocessing.size_label``), or,
+    for a model that sizes each image itself, its rule (``Preprocessing.own_size_rule``)."""
+    if side:
+        return f"{side} px"
+    return f"each image at its own size ({own_size})" if own_size else f"the model's size ({size_label} px)"
 
 
 
@@ -320,6 +323,22 @@ def file_name_part(text: str, limit: int = 40) -> str:
     return re.sub(r"[^\w.-]+", "_", text, flags=re.ASCII).strip("._-")[:limit].strip("._-")
 
 
+ATTENTION_KINDS = ("attention", "rollout", "flow", "probe", "probe_rollout")  # maps that show attention itself
+
+
+def map_heading(kind: str) -> str:
+    """The main map's heading, which its PNG download repeats: 'Attention' for the maps that show attention (one
+    layer's, rolled out, its flow, the pooling probe's), else what the map is, as the sidebar names it: 'Grad-CAM',
+    'LeGrad', 'Token norms', 'Gradient rollout' (the class map), a word's 'Visual logit lens'."""
+    from vit.app.vlm_words import TITLES
+
+    if kind in TITLES:
+        return TITLES[kind]
+    if kind in ATTENTION_KINDS:
+        return "Attention"
+    return "Gradient rollout" if kind == "class" else MAP_KINDS[kind].split(" (")[0]
+
+
 def map_file_name(stem: str, settings: MapSettings, analysis: Analysis, suffix: str = "overlay.png",
                   class_names: Sequence[str] = ()) -> str:
     """'photo-attention-L3-h2-q7-overlay.png': the download names the map by the settings it uses, and a
@@ -329,8 +348,8 @@ def map_file_name(stem: str, settings: MapSettings, analysis: Analysis, suffix: 
     parts = []
     if "layer" in controls:
         parts.append(f"L{s.layer % L + 1}")
-    if "end_layer" in controls:
-        parts.append(f"L1-{s.end_layer % L + 1}")
+    if "end_layer" in controls:  # a CAM reads that one block; rollout, flow and the class map run up to it
+        parts.append(f"L{s.end_layer % L + 1}" if s.kind in CAM_KINDS else f"L1-{s.end_layer % L + 1}")
     if "head" in controls and s.head is not None:
         parts.append(f"h{s.head + 1}")
     elif "fusion" in controls:

@@ -67,6 +67,25 @@ def patch_of(token: int, num_prefix_tokens: int = 1) -> int | None:
     return token - num_prefix_tokens if token >= num_prefix_tokens else None
 
 
+def centre_token(grid: tuple[int, int], num_prefix_tokens: int = 1) -> int:
+    """The token of the patch at the grid's centre, row ``gh // 2`` and column ``gw // 2`` (counted from 0: on an even
+    grid the lower right of the middle four)."""
+    gh, gw = grid
+    return num_prefix_tokens + gh // 2 * gw + gw // 2
+
+
+def query_key(kind: str, model_key: str) -> str:
+    """The session key of the query token map ``kind`` reads, which a click on a patch sets: the class maps' and a
+    word's gradient maps' are their own (a class map reads from CLS until a query is picked for it; a word's target
+    is a patch, never a prefix token), the other maps share one."""
+    from vit.app.vlm_words import KINDS as WORD_KINDS
+    from vit.explain.attention_maps import CLASS_MAP_KINDS
+
+    if kind in CLASS_MAP_KINDS:
+        return f"class-query-{model_key}"
+    return f"word-query-{model_key}" if kind in WORD_KINDS else f"query-{model_key}"
+
+
 def visible_tokens(num_tokens: int, num_prefix_tokens: int, hide_registers: bool) -> list[int]:
     """Token indices to offer and draw: all, or without the prefix tokens after CLS (registers, distillation)."""
     if not hide_registers:

@@ -19,7 +19,7 @@ from vit.app.drawing import COLORMAPS, COLOUR_SCALES, class_option, head_option,
 from vit.app.vlm_words import KINDS as WORD_KINDS
 from vit.app.vlm_words import TARGETS
 from vit.explain.attention import HEAD_FUSIONS
-from vit.explain.attention_maps import MAP_KINDS
+from vit.explain.attention_maps import CAM_KINDS, MAP_KINDS
 from vit.explain.overlay import UPSAMPLE_MODES
 from vit.explain.video import CLIP_KIND_LABELS
 from vit.inference import MAX_INPUT_SIDE
@@ -154,13 +154,21 @@ LABELS = {
 }
 
 
+def end_label(kind: str | None) -> str:
+    """The sidebar's label of map ``kind``'s end layer: "Layer" for a CAM, which reads that one block, "Up to layer"
+    for the maps that run through the layers up to it (rollout, flow, the class map, LRP)."""
+    return LABELS["layer"] if kind in CAM_KINDS else LABELS["end"]
+
+
 def describe(values: Mapping[str, object], *, size_label: str, grid: tuple[int, int], num_prefix_tokens: int,
-             prefix_names: Sequence[str], class_names: Sequence[str], predicted: int = 0) -> dict[str, str]:
+             prefix_names: Sequence[str], class_names: Sequence[str], predicted: int = 0,
+             own_size: str = "") -> dict[str, str]:
     """The view's settings (``decode``'s values, the model's and the image's left out) as the sidebar shows them:
     its label -> the option it shows. ``head`` 0 and ``class`` -1 stand for the pickers' first options, which a
-    link leaves out: every head fused, the ``predicted`` class. ``size_label``: ``Preprocessing.size_label``."""
+    link leaves out: every head fused, the ``predicted`` class. ``size_label``: ``Preprocessing.size_label``;
+    ``own_size``: its ``own_size_rule``."""
     words: dict[str, Callable[[object], str]] = {
-        "size": lambda v: size_option(v, size_label),
+        "size": lambda v: size_option(v, size_label, own_size),
         "map": lambda v: MAP_KINDS.get(v) or WORD_KINDS.get(v) or CLIP_KIND_LABELS[v],
         "patch": lambda v: f"frame {v[0]}, row {v[1]}, col {v[2]}",
         "target": TARGETS.get,
@@ -174,13 +182,15 @@ def describe(values: Mapping[str, object], *, size_label: str, grid: tuple[int, 
         value = values.get(name)
         if value is None or name in ("model", "sample", "upload"):
             continue
+        if name == "layer" and values.get("map") in CAM_KINDS:  # no slider of its own: a CAM's layer is "end"
+            continue
         if isinstance(value, bool):
             text = "yes" if value else "no"
         elif isinstance(value, float):
             text = f"{value:g}"
         else:
             text = words.get(name, str)(value)
-        described[LABELS[name]] = text
+        described[end_label(values.get("map")) if name == "end" else LABELS[name]] = text
     return described
 
 

@@ -19,6 +19,9 @@ KINDS = {
     "word_class": "Gradient rollout of the word's lens score",
     "word_attnlrp": "AttnLRP of the word's lens score (signed)",
 }
+# What each is called in a caption, the map's heading and its download's name
+TITLES = {"word_lens": "Visual logit lens", "word_legrad": "LeGrad", "word_class": "Gradient rollout",
+          "word_attnlrp": "AttnLRP"}
 METHODS = {"word_legrad": "legrad", "word_class": "class", "word_attnlrp": "attnlrp"}  # vit.explain_word's methods
 SIGNED = ("word_attnlrp",)  # relevance for and against the word: a diverging colour map around 0
 CHOICE = "words"  # the sidebar's one "Map" choice for all of KINDS (a second picker names which)
@@ -30,6 +33,19 @@ def has_words(model) -> bool:
     """Whether the model is a VLM's tower with its projector: the lens and a word's maps apply (its folder's
     tokenizer and word embeddings are checked when a word is asked)."""
     return getattr(model, "projector", None) is not None
+
+
+def no_prediction(checkpoint: Checkpoint) -> str | None:
+    """The prediction box's text for a VLM's tower, which has no classifier: where its words are asked instead (the
+    word lens, with its projector); None for a model that is no VLM's tower (``metadata["tower"]`` says it is)."""
+    if not has_words(checkpoint.model):
+        return ("No prediction: a vision-language model's tower has no classifier, and its projector is left out "
+                "here (its language model reads several layers), so no word lens either. Its attention maps are "
+                "shown all the same.") if checkpoint.metadata.get("tower") else None
+    return ("No prediction: a vision-language model's tower has no classifier; its language model reads the projected "
+            "image tokens. To ask what they say, type words under “Ask in words” below the image and pick “A word” as "
+            "the sidebar's map: where the image tokens point at each word (the visual logit lens), or a gradient map "
+            "of that score. The attention maps are shown all the same.")
 
 
 def controls(kind: str, target: str) -> tuple[str, ...]:
@@ -132,8 +148,9 @@ def describe(kind: str, word_map, table: Embedding, checkpoint: Checkpoint, targ
               "embedding, before any layer of the language model")
     read = f"The one language-model tensor read: {table.note(len(set(word_map.token_ids)))}."
     if kind == "word_lens":
-        return f"**Visual logit lens of “{word}”**: each patch holds {scored}. {read}"
-    where = (f"at the image token over the {patch_label} (outlined; it covers {covers})" if target == "patch"
+        return f"**{TITLES[kind]} of “{word}”**: each patch holds {scored}. {read}"
+    where = (f"at the image token over the {patch_label} (outlined; it covers {covers}; click another patch on the "
+             "image, or pick it as the Query token in the sidebar, to explain the score there)" if target == "patch"
              or kind == "word_class" else f"summed over all {tokens:,} image tokens")
     how = {
         "word_legrad": "LeGrad: the score's gradient with respect to each layer's attention, positive parts averaged "
@@ -144,9 +161,8 @@ def describe(kind: str, word_map, table: Embedding, checkpoint: Checkpoint, targ
         "word_attnlrp": "AttnLRP relevance of the score, summed per patch (Achtibat et al., 2024): red for, blue "
                         "against",
     }[kind]
-    title = {"word_legrad": "LeGrad", "word_class": "Gradient rollout", "word_attnlrp": "AttnLRP"}[kind]
-    return (f"**{title} of “{word}”'s lens score**, {where}: {how}. The tower is read as a classifier whose one logit "
-            f"is that score: {scored}. {read}")
+    return (f"**{TITLES[kind]} of “{word}”'s lens score**, {where}: {how}. The tower is read as a classifier whose "
+            f"one logit is that score: {scored}. {read}")
 
 
 def file_name(stem: str, kind: str, word: str, patch: int | None) -> str:

@@ -162,6 +162,24 @@ def _norm(take: _Taker, ours: str, theirs: str, layer_norm: bool) -> dict[str, t
     return out
 
 
+def tower_note(config_json: Mapping, config: ViTConfig, preprocessing: Preprocessing) -> str:
+    """``metadata["tower"]``, as a LLaVA's says it (``import_vlm.reading``): where the language model reads the tower,
+    and that each image is shown at its own size, not at the ``image_size`` the config is built at."""
+    name = NAMES.get(str(config_json.get("model_type")), "Qwen-VL")
+    unit = config.spatial_merge
+    note = (f"{name} reads this tower after all its {config.num_layers} layers, through its patch merger (a norm, "
+            f"each {unit}×{unit} merge unit's {unit * unit} tokens concatenated, linear, GELU, linear), the tower's "
+            "ViT.project")
+    taps = config.deepstack_layers
+    if taps:  # Qwen3-VL: the language model's first layers read these too
+        layers = ", ".join(str(i + 1) for i in taps[:-1]) + (" and " if len(taps) > 1 else "") + str(taps[-1] + 1)
+        note += (f", and the output{'s' if len(taps) > 1 else ''} of its layer{'s' if len(taps) > 1 else ''} {layers} "
+                 f"(deepstack_visual_indexes {list(taps)}) through {'their' if len(taps) > 1 else 'its'} DeepStack "
+                 f"merger{'s' if len(taps) > 1 else ''} (ViT.project with tap)")
+    return (f"{note}. It is shown each image at its own size ({preprocessing.own_size_rule}), its aspect ratio kept: "
+            "the image's caption gives its grid.")
+
+
 def preprocessing_from_hf(processor: Mapping | None, config: ViTConfig) -> Preprocessing:
     """``Qwen2VLImageProcessor``'s settings (its defaults where the file has none): bicubic, OpenAI's statistics, each
     image ``smart_resize``d to sides of whole merge units between ``min_pixels`` and ``max_pixels`` pixels (read from

@@ -472,8 +472,18 @@ def open_hf_family(folder: Path, config_json: dict, map_location: str | torch.de
         raise SourceError(f"{origin}: {_one_line(e)}") from None
     model = build_model(config, ours, origin, map_location)
     processor = hf_image_processor(folder)
-    return _finish(model, hf_class_names(config_json, config.num_classes),
-                   hf_preprocessing(processor, config, architecture), folder, "hf", f"hf:{architecture}")
+    checkpoint = _finish(model, hf_class_names(config_json, config.num_classes),
+                         hf_preprocessing(processor, config, architecture), folder, "hf", f"hf:{architecture}")
+    note = tower_note(config_json, config, checkpoint.preprocessing)
+    if note:
+        checkpoint.metadata["tower"] = note
+    return checkpoint
+
+
+def tower_note(config_json: Mapping, config: ViTConfig, preprocessing: Preprocessing) -> str | None:
+    """``metadata["tower"]`` of a family's vision-language tower (Qwen2.5-VL, Qwen3-VL: where its language model reads
+    it, what it is shown), as ``open_vlm`` writes a LLaVA's; None for a model of its own."""
+    return import_qwen.tower_note(config_json, config, preprocessing) if config.projector == "qwen" else None
 
 
 def hf_image_processor(folder: Path) -> dict | None:

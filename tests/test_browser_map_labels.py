@@ -1,0 +1,58 @@
+"""What the page calls each main map, in a real browser (issue 76, item 6): the map's panel is headed by the method
+(a CAM's "Grad-CAM", not "Attention"), its PNG download is named by it, and the layer slider says what the map reads
+of the layers: a CAM reads one block ("Layer", its file name "L2"), rollout runs through layers 1 to the one chosen
+("Up to layer", "L1-2"), LeGrad sums from a layer to the last ("From layer")."""
+
+import re
+from pathlib import Path
+
+import pytest
+from helpers import BROWSER_TIMEOUT_MS, chromium, ship_default, streamlit_app
+from test_browser_explorer import SCRIPT_DONE, TINY, png
+
+from vit.app.catalog import DEFAULT_CHECKPOINT
+
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
+
+TIMEOUT_MS = BROWSER_TIMEOUT_MS  # what a user would wait (tests/helpers.py)
+SLIDERS = ("Layer", "Up to layer", "From layer")
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    """The tiny 2-layer model (4 x 4 patches, three classes) under the default name with one sample."""
+    tmp_path = tmp_path_factory.mktemp("labels")
+    checkpoints, runs = ship_default(tmp_path, TINY, ["airplane", "cat", "dog"])
+    samples = checkpoints / "samples" / Path(DEFAULT_CHECKPOINT).stem
+    samples.mkdir(parents=True)
+    (samples / "cat_1.png").write_bytes(png(32, 32, seed=1))
+    with streamlit_app({"VIT_CHECKPOINTS_DIR": str(checkpoints), "VIT_RUNS_DIR": str(runs)},
+                       log=tmp_path / "server.log") as (url, _):
+        yield url
+
+
+@pytest.mark.parametrize(("kind", "caption", "heading", "slider", "file_part"), [
+    ("gradcam", "Grad-CAM for “", "Grad-CAM", "Layer", "-gradcam-L2-"),
+    ("eigencam", "EigenCAM", "EigenCAM", "Layer", "-eigencam-L2-"),
+    ("rollout", "Attention rollout through layers 1–2", "Attention", "Up to layer", "-rollout-L1-2-"),
+    ("legrad", "LeGrad for “", "LeGrad", "From layer", "-legrad-"),
+])
+def test_the_maps_panel_download_and_layer_slider_name_what_it_is(server, kind, caption, heading, slider, file_part):
+    with chromium() as browser:
+        page = browser.new_context(viewport={"width": 1500, "height": 1100}, accept_downloads=True).new_page()
+        page.set_default_timeout(TIMEOUT_MS)
+        page.goto(f"{server}?map={kind}")
+        page.locator('[data-testid="stCaptionContainer"]').filter(has_text=caption).first.wait_for()
+        page.wait_for_function(SCRIPT_DONE)
+        main = page.locator('[data-testid="stMain"]')
+        headings = [h.strip() for h in main.get_by_role("heading").all_inner_texts()]
+        assert heading in headings and (heading == "Attention" or "Attention" not in headings), headings
+        labels = page.locator('[data-testid="stSidebar"] [data-testid="stSlider"] [data-testid="stWidgetLabel"]')
+        labels.filter(has_text=re.compile(f"^({'|'.join(SLIDERS)})$")).first.wait_for()  # drawn after the caption
+        shown = [name for name in (t.strip() for t in labels.all_inner_texts()) if name in SLIDERS]
+        assert shown == [slider], shown
+        button = page.get_by_role("button", name="overlay (PNG)")
+        assert button.inner_text().strip() == f"{heading} overlay (PNG)"
+        with page.expect_download() as download:
+            button.click()
+        assert file_part in download.value.suggested_filename, download.value.suggested_filename
