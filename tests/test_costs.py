@@ -1,29 +1,36 @@
 """The cost model (``vit.costs``) against what the work holds: for a tiny model of every family and each view, at
 three input sizes, the estimate bounds the measured peak and is within a factor of 1.5 of it (issue 67, item 2).
 
-The peak is the resident set's high-water mark (VmHWM, reset through /proc/self/clear_refs as
-tests/test_layout_memory.py does) over the resident set just before the view, in a subprocess per family that has
-imported and loaded everything first and ran each view once at a small size (``warm``). glibc is told to hand every
-freed block of 64 KB or more back at once (MALLOC_MMAP_THRESHOLD_, MALLOC_TRIM_THRESHOLD_), so a view's tensors are
-counted where they are allocated, not hidden in what an earlier view freed.
+The peak is the resident set's high-water mark over the resident set just before the view (tests/peak_memory.py),
+in a fresh subprocess per family and view that has imported and loaded everything first and ran the view once at a
+small size (``warm``).
+
+A resident set is not a count of tensors: pages, allocator headers, arenas and what a BLAS keeps move it by up to
+``ALLOCATOR_SLACK`` from one process or machine to the next (measured: bench/bench_memory_noise.py). The bound
+allows that much once, and every compared cell is sized so its estimate is at least ``DOMINATES`` times it: there
+the view's tensors, not the machine, decide the answer (an estimate equal to a 16-MB peak to the shown digit once
+failed on another machine).
 """
 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
+from peak_memory import ALLOCATOR_SLACK, ROOT, can_reset_the_peak, environment
 
 from vit.costs import plan
 from vit.model import ViT
 
-ROOT = Path(__file__).resolve().parents[1]
-SIDES = (192, 256, 320)  # px in 4-px patches: 2,304, 4,096 and 6,400 patches
+# px in 4-px patches, per view: three sizes at which every family's estimate is at least DOMINATES x the slack
+# (tests/test_costs.py::test_every_compared_cell_is_sized_so_the_view_dominates_the_slack). The analysis's and
+# the class map's first sizes run their whole paths, the later ones their chunks.
+SIDES = {"forward": (448, 512, 576), "analysis": (320, 384, 448), "class": (256, 320, 384),
+         "legrad": (384, 448, 512), "attnlrp": (256, 320, 384), "attnlrp-checkpointed": (256, 320, 384)}
 WARM = 64  # px: each view runs once at this size before the measures (256 patches)
+DOMINATES = 5  # every compared cell's estimate is at least this many slacks: the slack is at most a fifth of it
 VIEWS = ("forward", "analysis", "class", "legrad")
 D = 64  # wide enough that a view's tensors, not the allocator's pages, are what is measured
 
@@ -84,11 +91,12 @@ def estimate(model, view: str, grid: tuple[int, int]) -> int:
 
 
 WORKER = r'''
-import ctypes, gc, json, re, resource, sys
+import json, sys
 from unittest import mock
 sys.path.insert(0, sys.argv[2])
 import torch
 from PIL import Image
+from peak_memory import peak, start
 from test_costs import SIDES, WARM, build, estimate
 from vit.checkpoint import Checkpoint, Preprocessing
 from vit.costs import plan
@@ -101,8 +109,7 @@ c = model.config
 checkpoint = Checkpoint(model, [f"class {i}" for i in range(c.num_classes)],
                         Preprocessing(c.image_size, 3, (0.5,) * 3, (0.5,) * 3))
 staged = bool(c.stage_depths)
-views = json.loads(sys.argv[3]) or ["forward", "analysis"] + (["class", "legrad"] if c.num_classes else [])
-libc = ctypes.CDLL("libc.so.6")
+view = sys.argv[3]
 
 
 def maps(analysis):
@@ -139,71 +146,56 @@ def run(view, image, size):
         method_maps.model_method_map(checkpoint, image, view, 0, size=size, start_layer=-1)
 
 
-def resident():
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * resource.getpagesize()
-
-
-def peak():
-    with open("/proc/self/status") as f:
-        return int(re.search(r"VmHWM:\s+(\d+) kB", f.read()).group(1)) * 1024
-
-
 def warm(view, image):
     """Lazy imports, thread pools, autograd's first pass (~40 MB once): before measuring, at a small size (the cost
     of these is the process's, not the size's), the class map's and AttnLRP's paths in chunks as well as their
     whole ones (a first checkpointed backward holds ~150 MB more, once); the
     forward at the first size measured (its matrix products' workspace grows with it the first time, ~0.4 MB at
     2,304 tokens, which a forward's estimate has no room for)."""
-    run(view, image, InputSize(SIDES[0] if view == "forward" else WARM))  # a forward's, cheap, at the first size
+    run(view, image, InputSize(SIDES[view][0] if view == "forward" else WARM))  # a forward's, cheap, at the first size
     if view in ("class", "attnlrp") and not staged:
         with mock.patch.object(plan, "decide", lambda cost: "chunks"):
             run(view, image, InputSize(WARM))
 
 
-image = Image.new("RGB", (SIDES[-1], SIDES[-1]), (120, 60, 30))
+image = Image.new("RGB", (SIDES[view][-1], SIDES[view][-1]), (120, 60, 30))
 out = []
-for view in views:
+try:
+    warm(view, image)
+except ValueError as e:  # a view this family refuses for what it is (not for its size)
+    out.append({"view": view, "refused": str(e)})
+    print(json.dumps(out))
+    sys.exit(0)
+for side in SIDES[view]:
+    since = start()
     try:
-        warm(view, image)
-    except ValueError as e:  # a view this family refuses for what it is (not for its size)
-        out.append({"view": view, "refused": str(e)})
+        run(view, image, InputSize(side))
+    except ValueError as e:
+        out.append({"view": view, "side": side, "refused": str(e)})
         continue
-    for side in SIDES:
-        gc.collect()
-        libc.malloc_trim(0)
-        with open("/proc/self/clear_refs", "w") as f:  # the high-water mark starts again from now
-            f.write("5")
-        since = resident()
-        try:
-            run(view, image, InputSize(side))
-        except ValueError as e:
-            out.append({"view": view, "side": side, "refused": str(e)})
-            continue
-        out.append({"view": view, "side": side, "measured": peak() - since,
-                    "estimate": estimate(model, view, model.patch_grid(side, side))})
+    out.append({"view": view, "side": side, "measured": peak() - since,
+                "estimate": estimate(model, view, model.patch_grid(side, side))})
 print(json.dumps(out))
 '''
 
 
+def default_views(family: str) -> tuple[str, ...]:
+    """The forward and the analysis, and a classifier's class map and LeGrad."""
+    return ("forward", "analysis") + (("class", "legrad") if build(family).config.num_classes else ())
+
+
 def measure(family: str, views: tuple[str, ...] = ()) -> list[dict]:
     """Each of ``views`` (default: forward, analysis, and a classifier's class map and LeGrad) of ``family``'s model
-    at each of ``SIDES``: its measured peak and estimate, or its refusal."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "VIT_THREADS": "1", "VIT_MAX_TOKENS": "2000000",
-           "MALLOC_MMAP_THRESHOLD_": "65536", "MALLOC_TRIM_THRESHOLD_": "65536", "PYTHONPATH": str(ROOT)}
-    done = subprocess.run([sys.executable, "-c", WORKER, family, str(ROOT / "tests"), json.dumps(views)],
-                          capture_output=True, text=True, env=env, cwd=ROOT, timeout=280)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
-
-
-def can_reset_the_peak() -> bool:
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-        return True
-    except OSError:
-        return False
+    at each of its ``SIDES``: its measured peak and estimate, or its refusal; each view in a fresh process, so no
+    view runs on what an earlier one left mapped."""
+    env = environment(VIT_MAX_TOKENS="2000000")
+    rows: list[dict] = []
+    for view in views or default_views(family):
+        done = subprocess.run([sys.executable, "-c", WORKER, family, str(ROOT / "tests"), view],
+                              capture_output=True, text=True, env=env, cwd=ROOT, timeout=280)
+        assert done.returncode == 0, done.stderr[-3000:]
+        rows += json.loads(done.stdout.strip().splitlines()[-1])
+    return rows
 
 
 # The cells (family, view, side) whose estimate is still off the bound, each with why; none now. A cell listed here
@@ -213,11 +205,11 @@ STILL_OFF: dict[tuple[str, str, int], str] = {}
 
 
 def assert_within_the_bound(family: str, rows: list[dict]) -> None:
-    """Every measured cell of ``rows`` (``measure``'s) within [1, 1.5] x its measured peak, bar ``STILL_OFF``'s,
-    which must still be off; every refusal one line."""
+    """Every measured cell of ``rows`` (``measure``'s) bounds its measured peak less the allocator's slack and is at
+    most 1.5 x the peak, bar ``STILL_OFF``'s, which must still be off; every refusal one line."""
     measured = [r for r in rows if "measured" in r]
     cells = {(family, r["view"], r["side"]): (round(r["measured"] / 2**20, 1), round(r["estimate"] / 2**20, 1),
-                                              r["measured"] <= r["estimate"] <= 1.5 * r["measured"])
+                                              r["measured"] - ALLOCATOR_SLACK <= r["estimate"] <= 1.5 * r["measured"])
              for r in measured}
     off = {cell: figures[:2] for cell, figures in cells.items() if not figures[2] and cell not in STILL_OFF}
     assert not off, f"(family, view, side): (measured MB, estimated MB) off the bound: {off}"
@@ -239,6 +231,26 @@ def test_the_estimate_of_every_view_bounds_its_measured_peak_within_a_factor_of_
     assert_within_the_bound(family, rows)
 
 
+def test_every_compared_cell_is_sized_so_the_view_dominates_the_slack(monkeypatch):
+    """Each family's views at their ``SIDES`` count at least ``DOMINATES`` allocator slacks (whichever path
+    ``decide`` picks there): a size at which a few MB of pages decide the comparison tests the machine, not the
+    estimate."""
+    monkeypatch.setenv("VIT_MAX_TOKENS", "2000000")  # as measure's processes
+    small = {}
+    for family in FAMILIES:
+        model = build(family)
+        views = default_views(family) + (("attnlrp", "attnlrp-checkpointed") if family in ATTNLRP_FAMILIES else ())
+        for view in views:
+            for side in SIDES[view]:
+                try:
+                    need = estimate(model, view, model.patch_grid(side, side))
+                except ValueError:  # the family refuses the view (the measured test checks that refusal's line)
+                    continue
+                if need < DOMINATES * ALLOCATOR_SLACK:
+                    small[(family, view, side)] = round(need / 2**20, 1)
+    assert not small, f"(family, view, side): estimated MB under {DOMINATES} slacks: {small}"
+
+
 # AttnLRP's families: the plain ViT and DINOv2 with registers (layer scale, four more prefix tokens), ~7 s each.
 # BEiT's bias is counted as before, safe and not fitted (its whole path measured 1.5 to 2.3 times under the count,
 # its checkpointed one 1.0 to 1.7), Swin's and Hiera's stages by ``plan.gradient``: neither is held here.
@@ -252,10 +264,10 @@ def test_the_estimate_of_each_attnlrp_path_bounds_its_measured_peak_within_a_fac
     """The whole path (``decide``'s at these sizes: every block's graph under the rules) and the checkpointed one
     (forced: each block's input, one block's graph at a time)."""
     model = build(family)
-    assert all(plan.decide(plan.attnlrp(model, model.patch_grid(side, side))) == "run" for side in SIDES)
+    assert all(plan.decide(plan.attnlrp(model, model.patch_grid(side, side))) == "run" for side in SIDES["attnlrp"])
     rows = measure(family, ("attnlrp", "attnlrp-checkpointed"))
     assert {(r["view"], r["side"]) for r in rows if "measured" in r} == {
-        (view, side) for view in ("attnlrp", "attnlrp-checkpointed") for side in SIDES}, rows
+        (view, side) for view in ("attnlrp", "attnlrp-checkpointed") for side in SIDES[view]}, rows
     assert_within_the_bound(family, rows)
 
 

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from peak_memory import can_reset_the_peak
 from PIL import Image
 
 from vit import bounds
@@ -97,10 +98,11 @@ def build(importer: str, config: dict, timm: bool = False) -> ViT:
 
 
 WORKER = r'''
-import json, re, resource, sys
+import json, resource, sys
 import torch
 from PIL import Image
 sys.path.insert(0, sys.argv[2])
+from peak_memory import peak, start
 from test_layout_memory import build
 from vit import bounds
 from vit.explain import attention_maps, image_analysis, method_maps
@@ -143,22 +145,8 @@ def class_maps(image, size):
         relevance.row(0, -1)
 
 
-def rss():
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * resource.getpagesize()
-
-
-def reset_peak():
-    with open("/proc/self/clear_refs", "w") as f:  # the peak RSS (VmHWM) starts again from now
-        f.write("5")
-    return rss()
-
-
 def grown(since):
-    # VmHWM, the address space's peak, not getrusage's ru_maxrss: that also keeps the peak of any thread that has
-    # exited since (the kernel's signal maxrss), which clear_refs does not reset
-    with open("/proc/self/status") as f:
-        return int(re.search(r"VmHWM:\s+(\d+) kB", f.read()).group(1)) * 1024 - since
+    return peak() - since
 
 
 def run(fn):
@@ -186,7 +174,7 @@ limit = bounds.memory_limit()
 resource.setrlimit(resource.RLIMIT_AS, (mapped + limit + 512 * 2**20, resource.getrlimit(resource.RLIMIT_AS)[1]))
 out = {"side": side, "limit": limit}
 
-since = reset_peak()
+since = start()
 with model.hooks(model_hooks):
     out["analysis refused"] = run(lambda: maps(image_analysis.analyse(checkpoint, image, InputSize(spec["hostile"]))))
     if spec["forward"]:
@@ -195,13 +183,13 @@ with model.hooks(model_hooks):
             out["forward refused"] = run(lambda: model(x))
 out["blocks run"], out["hostile growth"] = len(ran), grown(since)
 
-since = reset_peak()
+since = start()
 analysis = image_analysis.analyse(checkpoint, image, InputSize(side))
 maps(analysis)
 out["analysis growth"] = grown(since)
 del analysis
 if classes:
-    since = reset_peak()
+    since = start()
     out["class refused"] = run(lambda: class_maps(image, InputSize(side)))
     out["class growth"] = grown(since)
 print(json.dumps(out))
@@ -216,15 +204,6 @@ def run_family(name: str) -> dict:
                           capture_output=True, text=True, env=env, cwd=ROOT, timeout=280)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
-
-
-def can_reset_the_peak() -> bool:
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-        return True
-    except OSError:
-        return False
 
 
 @pytest.mark.slow

@@ -1,0 +1,64 @@
+"""What the memory tests measure, written once: a fresh process's resident-set peak over its resident set just
+before a piece of work, and the slack that peak has on any machine (tests/test_costs.py, test_checkpointed_states.py,
+test_layout_memory.py; their workers import it from the tests folder).
+
+The peak is VmHWM, reset through /proc/self/clear_refs, not getrusage's ru_maxrss (that also keeps the peak of any
+thread that has exited since, which clear_refs does not reset). glibc is told to hand every freed block of 64 KB or
+more back at once, so a view's tensors are counted where they are allocated, not hidden in what earlier work freed.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import gc
+import os
+import re
+import resource
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# What a resident set's peak moves by beyond the tensors it holds, from one fresh process (or CPU dispatch, or
+# allocator) to the next: the widest spread of one cell's peak that bench/bench_memory_noise.py measured over
+# fresh processes and two CPU capabilities (bench/results/cpu-2026-11-25/memory-noise.txt), doubled for the
+# machines it did not run on. Added once to an estimate before it is compared with a measured peak; a compared
+# estimate is sized to be several times it (tests/test_costs.py's DOMINATES).
+ALLOCATOR_SLACK = 4 * 2**20
+
+
+def environment(**extra: str) -> dict[str, str]:
+    """A measuring subprocess's environment: one thread, glibc returning freed blocks at once, the repository
+    importable."""
+    return {**os.environ, "OMP_NUM_THREADS": "1", "VIT_THREADS": "1", "MALLOC_MMAP_THRESHOLD_": "65536",
+            "MALLOC_TRIM_THRESHOLD_": "65536", "PYTHONPATH": str(ROOT), **extra}
+
+
+def can_reset_the_peak() -> bool:
+    """Whether this kernel lets a process reset its VmHWM (not in every container)."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def resident() -> int:
+    """The bytes resident now."""
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * resource.getpagesize()
+
+
+def start() -> int:
+    """Collect, trim the heap, reset the peak to now; the resident bytes it starts from."""
+    gc.collect()
+    ctypes.CDLL("libc.so.6").malloc_trim(0)
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+    return resident()
+
+
+def peak() -> int:
+    """The resident set's high-water mark since the last reset, in bytes."""
+    with open("/proc/self/status") as f:
+        return int(re.search(r"VmHWM:\s+(\d+) kB", f.read()).group(1)) * 1024
