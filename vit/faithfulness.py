@@ -32,6 +32,8 @@ METHOD_NAMES = ("random", "attention", "rollout", "class", "legrad", "transforme
                 "attn-gradcam", "lrp-full", "lrp-partial")
 REPLACEMENTS = ("blur", "mean", "zero")
 BENCHMARKS = ("deletion", "segmentation", "perturbation", "road", "saco")
+# vit.explain.benchmark_run.REPORT_FILES (what --out receives), for checking --out before torch loads
+REPORT_FILES = ("faithfulness.png", "faithfulness.md", "faithfulness.json")
 # A fixed number of curve points whatever the patch grid: Chefer et al. (2021)'s perturbation tests remove the
 # patches in 10 % steps; 5 % steps here draw the curve twice as finely at a cost that does not grow with the grid.
 DEFAULT_STEPS = 20
@@ -336,8 +338,9 @@ def submit(args: argparse.Namespace) -> tuple[object, str]:
 
 
 def check_args(args: argparse.Namespace) -> None:
-    """Before torch loads: the methods are known, the model exists (or is a Hub id) and ``--data`` is a folder."""
-    from vit.cli import UsageError, check_folder
+    """Before torch loads: the methods are known, the model exists (or is a Hub id), ``--data`` is a folder and
+    ``--out`` a folder the report can be written to."""
+    from vit.cli import UsageError, check_folder, check_out_folder
     from vit.predict import check_model_path
 
     if args.methods is not None:  # --methods a,b and --methods a b alike
@@ -368,6 +371,7 @@ def check_args(args: argparse.Namespace) -> None:
         check_folder(args.data, "--data", "a folder of images" if args.benchmark != "perturbation"
                      else "a folder with one subfolder per class")
     check_folder(args.masks, "--masks", "a folder with a PNG mask per image")
+    check_out_folder(args.out, "--out", REPORT_FILES, "a writable folder for the report's files")
 
 
 def main(argv: list[str] | None = None) -> int:

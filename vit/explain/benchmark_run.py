@@ -27,8 +27,12 @@ from torch import Tensor
 from vit.checkpoint import Checkpoint
 from vit.explain import faithfulness as bench
 from vit.images import ImageError, normalize, open_image, to_uint8
+from vit.runfiles import atomic_write_bytes, atomic_write_text
 
 BENCHMARKS = ("segmentation", "perturbation", "road", "saco")
+# What ``write_out`` writes into ``--out``, in its order (the plot, the table, the JSON last); vit.faithfulness names
+# them too, to check the folder before torch loads (tests/test_faithfulness_files.py checks the two agree).
+REPORT_FILES = ("faithfulness.png", "faithfulness.md", "faithfulness.json")
 # What each benchmark's items carry besides the image: a mask (segmentation), the true class (perturbation), nothing.
 # vit.api.explain's call: (checkpoint, image, method, target=class or None) -> an object with .map (gh, gw)
 Explain = Callable[..., Any]
@@ -317,21 +321,27 @@ def markdown(result: dict, text: str | None = None) -> str:
 
 def write_out(out: str | Path | None, result: dict, text: str | None = None) -> None:
     """``--out DIR``: ``faithfulness.json``, ``faithfulness.md`` (the table) and, but for deletion, the plot
-    ``faithfulness.png``."""
+    ``faithfulness.png`` (``REPORT_FILES``), each written atomically (``vit.runfiles.atomic_write_bytes``): a rerun
+    killed while it writes leaves the previous report whole. The JSON goes last, so a new one means a complete set."""
+    import io
     import json
 
     if out is None:
         return
     folder = Path(out)
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / "faithfulness.json").write_text(json.dumps(result, indent=2) + "\n")
-    (folder / "faithfulness.md").write_text(markdown(result, text))
+    png, md, report = (folder / name for name in REPORT_FILES)
     if result.get("benchmark", "deletion") != "deletion":
-        fig = figure(result)
-        fig.savefig(folder / "faithfulness.png", dpi=120)
+        fig, drawn = figure(result), io.BytesIO()  # figure() chooses matplotlib's backend before pyplot loads
         import matplotlib.pyplot as plt
 
-        plt.close(fig)
+        try:
+            fig.savefig(drawn, dpi=120, format="png")
+        finally:
+            plt.close(fig)
+        atomic_write_bytes(png, drawn.getvalue())
+    atomic_write_text(md, markdown(result, text))
+    atomic_write_text(report, json.dumps(result, indent=2) + "\n")
 
 
 def figure(result: dict):
