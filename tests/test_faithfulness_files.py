@@ -81,3 +81,39 @@ def test_an_out_that_cannot_take_the_report_is_refused_before_the_work(tmp_path,
     err = capsys.readouterr().err
     assert code == 2 and message in err and "Traceback" not in err, err
     assert len(err.strip().splitlines()) == 1, err  # refused before the work: no progress bar, no table
+
+
+@pytest.mark.parametrize("mask", ["a link out of the folder", "a fifo"])
+def test_a_mask_that_is_no_file_of_the_masks_folder_is_refused_before_the_work(tmp_path, capsys, mask):
+    import os
+
+    from tests.test_gtsegs import finishes
+
+    checkpoint = tiny_model_and_images(tmp_path, labelled=False)
+    im0 = tmp_path / "masks" / "im0.png"
+    if mask == "a fifo":
+        im0.unlink()
+        os.mkfifo(im0)
+    else:  # a PNG elsewhere on the machine: read as this image's mask
+        outside = tmp_path / "elsewhere" / "private.png"
+        outside.parent.mkdir()
+        im0.rename(outside)
+        im0.symlink_to(outside)
+    code = finishes(lambda: faithfulness.main([str(checkpoint), "--benchmark", "segmentation", "--data",
+                                               str(tmp_path / "data"), "--masks", str(tmp_path / "masks"),
+                                               "--methods", "random"]), im0 if mask == "a fifo" else None)
+    err = capsys.readouterr().err
+    message = "links to a file outside" if mask != "a fifo" else "is not a regular file"
+    assert code == 2 and message in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_a_mask_swapped_for_a_fifo_after_the_listing_is_refused_without_waiting_on_it(tmp_path):
+    import os
+
+    from tests.test_gtsegs import finishes
+    from vit.explain.benchmark_run import BenchmarkError, open_mask
+
+    fifo = tmp_path / "im0.png"
+    os.mkfifo(fifo)
+    error = finishes(lambda: open_mask(fifo, (16, 16)), fifo)
+    assert isinstance(error, BenchmarkError) and "not a regular file" in str(error)

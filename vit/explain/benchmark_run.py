@@ -27,7 +27,7 @@ from torch import Tensor
 from vit.checkpoint import Checkpoint
 from vit.explain import faithfulness as bench
 from vit.images import ImageError, normalize, open_image, to_uint8
-from vit.runfiles import atomic_write_bytes, atomic_write_text
+from vit.runfiles import atomic_write_bytes, atomic_write_text, lies_inside, open_regular
 
 BENCHMARKS = ("segmentation", "perturbation", "road", "saco")
 # What ``write_out`` writes into ``--out``, in its order (the plot, the table, the JSON last); vit.faithfulness names
@@ -73,7 +73,8 @@ def batch_seed(seed: int, start: int) -> int:
 
 def matched_masks(images: Sequence[Path], masks: Path, data: Path) -> list[tuple[Path, Path]]:
     """``(image, mask)`` for every image of ``images`` (the files of ``data``), its mask the PNG of its stem under
-    ``masks``; BenchmarkError in one line when a stem repeats or an image has no mask."""
+    ``masks``; BenchmarkError in one line when a stem repeats, an image has no mask, or its mask links out of
+    ``masks`` or is no regular file (a FIFO would block the run)."""
     if not images:
         raise BenchmarkError(f"no images in {data}; give a folder of images and a folder of their masks")
     pngs: dict[str, Path] = {}
@@ -93,6 +94,13 @@ def matched_masks(images: Sequence[Path], masks: Path, data: Path) -> list[tuple
         more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
         raise BenchmarkError(f"no mask in {masks} for image(s) {', '.join(missing[:5])}{more}; give a PNG named by "
                              "each image's stem (e.g. cat.jpg -> cat.png)")
+    for stem in stems:  # the masks that will be read: files of the folder, as its images are (image_files)
+        if not lies_inside(pngs[stem], masks):
+            raise BenchmarkError(f"the mask {pngs[stem]} links to a file outside {masks}; only files inside the "
+                                 "masks folder are read: copy it in")
+        if not pngs[stem].is_file():
+            raise BenchmarkError(f"the mask {pngs[stem]} is not a regular file (a FIFO, a device or a folder); "
+                                 "give a PNG")
     return [(p, pngs[p.stem]) for p in images]
 
 
@@ -102,10 +110,10 @@ def open_mask(mask: Path | Image.Image, hw: tuple[int, int]) -> Tensor:
     try:
         if isinstance(mask, Image.Image):
             mask = mask.convert("L").resize((hw[1], hw[0]), Image.NEAREST)
-        else:
-            with Image.open(mask) as image:
+        else:  # a regular file only: a FIFO put in its place would block the run beyond Stop
+            with open_regular(mask) as file, Image.open(file) as image:
                 mask = image.convert("L").resize((hw[1], hw[0]), Image.NEAREST)
-    except OSError as e:
+    except (OSError, Image.DecompressionBombError) as e:
         raise BenchmarkError(f"cannot read the mask {mask} ({e}); give a PNG, 0 for background") from None
     return torch.from_numpy((np.asarray(mask) > 0).astype(np.int64))
 
