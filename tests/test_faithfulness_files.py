@@ -117,3 +117,31 @@ def test_a_mask_swapped_for_a_fifo_after_the_listing_is_refused_without_waiting_
     os.mkfifo(fifo)
     error = finishes(lambda: open_mask(fifo, (16, 16)), fifo)
     assert isinstance(error, BenchmarkError) and "not a regular file" in str(error)
+
+
+def test_a_batch_past_the_memory_limit_is_refused_before_the_work(tmp_path, capsys, monkeypatch):
+    """What a batch holds (the item being read, reduced as any decode is; every image's input and forward) is
+    counted before the first image is read: over VIT_ANALYSIS_MEMORY_MB the run is a usage error in one line."""
+    checkpoint = tiny_model_and_images(tmp_path, labelled=False)
+    monkeypatch.setenv("VIT_ANALYSIS_MEMORY_MB", "16")
+    code = faithfulness.main([str(checkpoint), "--benchmark", "saco", "--data", str(tmp_path / "data"),
+                              "--methods", "random", "--batch-size", "4"])
+    err = capsys.readouterr().err
+    assert code == 2 and "A batch of 4 images holds about 20 MB at once" in err, err
+    assert "over the 16 MB limit (VIT_ANALYSIS_MEMORY_MB)" in err and len(err.strip().splitlines()) == 1, err
+    monkeypatch.setenv("VIT_ANALYSIS_MEMORY_MB", "64")
+    assert faithfulness.main([str(checkpoint), "--benchmark", "saco", "--data", str(tmp_path / "data"),
+                              "--methods", "random", "--batch-size", "4"]) == 0
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--steps", "1000000000"], "argument --steps: expected a whole number from 1 to 16,384, got '1000000000'"),
+    (["--steps", "1e9"], "argument --steps: expected a whole number from 1 to 16,384, got '1e9'"),
+    (["--benchmark", "saco", "--groups", "1000000000"], "argument --groups: expected a whole number from 2 to 100"),
+    (["--benchmark", "saco", "--groups", "1"], "argument --groups: expected a whole number from 2 to 100, got '1'"),
+])
+def test_counts_that_size_the_work_are_bounded_as_the_command_line_is_read(tmp_path, capsys, extra, message):
+    checkpoint = tiny_model_and_images(tmp_path, labelled=True)
+    code = faithfulness.main([str(checkpoint), "--data", str(tmp_path / "data"), "--methods", "random", *extra])
+    err = capsys.readouterr().err
+    assert code == 2 and message in err and len(err.strip().splitlines()) == 1, err

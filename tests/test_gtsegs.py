@@ -250,3 +250,26 @@ def test_a_fifo_named_as_the_file_is_refused_without_waiting_on_it(tmp_path):
     os.mkfifo(fifo)
     said = read_in_a_process(fifo)
     assert "not a regular file" in said, said
+
+
+def test_an_image_past_the_decoded_side_is_reduced_as_an_upload_is(tmp_path):
+    """A 3,000 x 2,100 picture (the file's images may declare up to 40 M pixels each: 16 of 6,000² held 2.9 GB in a
+    batch) comes out as ``open_image`` gives the same picture from a PNG: its long side at ``MAX_SIDE``; the mask
+    nearest to the same size."""
+    from PIL import Image
+
+    from vit.images import MAX_SIDE, open_image
+
+    ys, xs = np.mgrid[0:2100, 0:3000]
+    picture = np.stack([xs % 256, ys % 256, (xs + ys) // 24 % 256], axis=-1).astype(np.uint8)  # (H, W, 3)
+    mask = ((ys - 1000) ** 2 + (xs - 1500) ** 2 < 700**2).astype(np.uint8)
+    path = write_gtsegs(tmp_path / "gtsegs.mat", [picture], [mask])
+    Image.fromarray(picture).save(tmp_path / "picture.png")
+    with GtSegs(path) as file:
+        image, reduced = file.item(0)
+    upload = open_image(tmp_path / "picture.png")
+    assert image.size == upload.size == (MAX_SIDE, 1434)
+    assert np.array_equal(np.asarray(image), np.asarray(upload))
+    assert reduced.shape == (1434, MAX_SIDE) and set(np.unique(reduced)) == {0, 1}
+    nearest = np.asarray(Image.fromarray(mask).resize((MAX_SIDE, 1434), Image.NEAREST))
+    assert np.array_equal(reduced, nearest)

@@ -83,6 +83,20 @@ def positive_int(text: str) -> int:
     return value
 
 
+def int_between(low: int, high: int) -> Callable[[str], int]:
+    """argparse type: a whole number from ``low`` to ``high``, so a count that sizes the work is refused as the
+    command line is read (a usage error, status 2), not once the work has begun."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = None
+        if value is None or not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"expected a whole number from {low:,} to {high:,}, got {text!r}")
+        return value
+    return parse
+
+
 def input_side(text: str) -> int:
     """argparse type: an input side in pixels, 1 to MAX_INPUT_SIDE."""
     value = positive_int(text)
