@@ -77,6 +77,20 @@ def test_segmentation_needs_its_masks_folder_inside_the_data_roots(dirs, tmp_pat
     assert not at.dataframe
 
 
+def test_a_batch_past_the_memory_limit_is_refused_before_the_work_starts(dirs, tmp_path, monkeypatch):  # noqa: F811
+    """The command's count of a batch (``benchmark_run.check_batch``), asked as Run is pressed: one line, no work."""
+    checkpoints, _ = dirs
+    tiny_model_and_images(tmp_path / "world", labelled=False)
+    checkpoint = shutil.copy(tmp_path / "world" / "m.pt", checkpoints / "m.pt")
+    monkeypatch.setenv("VIT_ANALYSIS_MEMORY_MB", "16")
+    at = benchmark_page(Path(checkpoint), bench_benchmark="saco", bench_folder=str(tmp_path / "world" / "data"),
+                        bench_methods=["random"], bench_batch_size=4)
+    next(b for b in at.button if b.label == "Run the benchmark").click()
+    at.run()
+    [error] = at.error
+    assert "A batch of 4 images holds about 20 MB at once" in error.value and "\n" not in error.value
+    assert not at.dataframe
+
 def test_on_ray_the_page_submits_the_commands_job_and_shows_the_report_it_writes(dirs, tmp_path, monkeypatch,  # noqa: F811
                                                                                  capsys):
     """The page's Ray path without a cluster: the job it submits is ``vit.faithfulness --ray`` on the page's own

@@ -139,3 +139,137 @@ def test_cli_refuses_a_hostile_mat_and_masks_beside_one_in_one_line(tmp_path, ca
         err = capsys.readouterr().err
         assert code == 2 and message in err and "Traceback" not in err, err
         assert len(err.strip().splitlines()) == 1, err  # refused before the work (and its progress bar) starts
+
+
+
+def finishes(call, fifo=None, seconds: float = 20.0):
+    """``call()``'s error or result, from a thread given ``seconds``; past them, ``fifo`` (a FIFO ``call`` may be
+    stuck opening) is opened for writing to set the thread free, and the test fails: the call had blocked. For calls
+    that release the GIL while they wait (Python's own open); HDF5's do not: ``read_in_a_process``."""
+    import os
+    import threading
+
+    outcome = {}
+
+    def run():
+        try:
+            outcome["value"] = call()
+        except Exception as e:  # noqa: BLE001 - handed to the test
+            outcome["error"] = e
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    if thread.is_alive():
+        if fifo is not None:
+            os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))  # its reader gets EOF and returns
+        thread.join(10)
+        pytest.fail(f"blocked for {seconds:.0f} s")
+    if "error" in outcome:
+        return outcome["error"]
+    return outcome["value"]
+
+
+READ_ITEM = """
+import sys
+from vit.explain.gtsegs import GtSegs, GtSegsError
+try:
+    with GtSegs(sys.argv[1]) as file:
+        file.item(int(sys.argv[2]))
+    print("read")
+except GtSegsError as e:
+    print(e)
+"""
+
+
+def read_in_a_process(path, index: int = 0, seconds: float = 60.0) -> str:
+    """What ``GtSegs(path).item(index)`` says, run in its own process: its GtSegsError's line, or 'read'. The test
+    fails when it blocks past ``seconds``: HDF5 holds the GIL while it waits on a FIFO, so nothing in this process
+    could set it free."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    try:
+        done = subprocess.run([sys.executable, "-c", READ_ITEM, str(path), str(index)], timeout=seconds,
+                              cwd=Path(__file__).resolve().parent.parent, stdin=subprocess.DEVNULL,
+                              capture_output=True, text=True)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"blocked for {seconds:.0f} s")
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout.strip()
+
+@pytest.mark.parametrize("outside", ["a file", "a fifo"])
+def test_a_dataset_stored_in_another_file_is_refused_before_it_is_read(tmp_path, outside):
+    """HDF5 external storage: the image's bytes in a file outside (here one holding a secret, or a FIFO that never
+    answers), which HDF5 would open and read as the image."""
+    import os
+
+    secret = tmp_path / "elsewhere" / "secret"
+    secret.parent.mkdir()
+    if outside == "a fifo":
+        os.mkfifo(secret)
+    else:
+        secret.write_bytes(b"s3cret" * 1000)
+    path = write_gtsegs(tmp_path / "gtsegs.mat", *pictures(2))
+    with h5py.File(path, "a") as f:
+        f["value/img"][1, 0] = f["#refs#"].create_dataset("ext", shape=(3, 10, 10), dtype=np.uint8,
+                                                          external=[(str(secret), 0, 300)]).ref
+
+    said = read_in_a_process(path, 1)
+    assert "keeps its data in other files (external storage)" in said, said
+
+
+def test_a_virtual_dataset_is_refused_before_it_is_read(tmp_path):
+    other = tmp_path / "other.h5"
+    with h5py.File(other, "w") as f:
+        f.create_dataset("x", data=np.full((3, 10, 10), 7, dtype=np.uint8))
+    path = write_gtsegs(tmp_path / "gtsegs.mat", *pictures(2))
+    with h5py.File(path, "a") as f:
+        layout = h5py.VirtualLayout(shape=(3, 10, 10), dtype=np.uint8)
+        layout[:] = h5py.VirtualSource(str(other), "x", shape=(3, 10, 10))
+        f["value/img"][0, 0] = f["#refs#"].create_virtual_dataset("virtual", layout).ref
+    with GtSegs(path) as file, pytest.raises(GtSegsError, match=r"other files \(a virtual dataset\)"):
+        file.check()
+
+
+def test_a_link_into_another_file_is_refused_before_it_is_followed(tmp_path):
+    other = write_gtsegs(tmp_path / "other.mat", *pictures(2))
+    path = write_gtsegs(tmp_path / "gtsegs.mat", *pictures(2))
+    with h5py.File(path, "a") as f:
+        del f["value"]
+        f["value"] = h5py.ExternalLink(str(other), "/value")
+    with pytest.raises(GtSegsError, match="/value is a link into another file"):
+        GtSegs(path)
+
+
+def test_a_fifo_named_as_the_file_is_refused_without_waiting_on_it(tmp_path):
+    import os
+
+    fifo = tmp_path / "gtsegs_ijcv.mat"
+    os.mkfifo(fifo)
+    said = read_in_a_process(fifo)
+    assert "not a regular file" in said, said
+
+
+def test_an_image_past_the_decoded_side_is_reduced_as_an_upload_is(tmp_path):
+    """A 3,000 x 2,100 picture (the file's images may declare up to 40 M pixels each: 16 of 6,000² held 2.9 GB in a
+    batch) comes out as ``open_image`` gives the same picture from a PNG: its long side at ``MAX_SIDE``; the mask
+    nearest to the same size."""
+    from PIL import Image
+
+    from vit.images import MAX_SIDE, open_image
+
+    ys, xs = np.mgrid[0:2100, 0:3000]
+    picture = np.stack([xs % 256, ys % 256, (xs + ys) // 24 % 256], axis=-1).astype(np.uint8)  # (H, W, 3)
+    mask = ((ys - 1000) ** 2 + (xs - 1500) ** 2 < 700**2).astype(np.uint8)
+    path = write_gtsegs(tmp_path / "gtsegs.mat", [picture], [mask])
+    Image.fromarray(picture).save(tmp_path / "picture.png")
+    with GtSegs(path) as file:
+        image, reduced = file.item(0)
+    upload = open_image(tmp_path / "picture.png")
+    assert image.size == upload.size == (MAX_SIDE, 1434)
+    assert np.array_equal(np.asarray(image), np.asarray(upload))
+    assert reduced.shape == (1434, MAX_SIDE) and set(np.unique(reduced)) == {0, 1}
+    nearest = np.asarray(Image.fromarray(mask).resize((MAX_SIDE, 1434), Image.NEAREST))
+    assert np.array_equal(reduced, nearest)

@@ -12,7 +12,7 @@ import os
 import re
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import NoReturn
 
@@ -91,6 +91,20 @@ def positive_int(text: str) -> int:
     return value
 
 
+def int_between(low: int, high: int) -> Callable[[str], int]:
+    """argparse type: a whole number from ``low`` to ``high``, so a count that sizes the work is refused as the
+    command line is read (a usage error, status 2), not once the work has begun."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = None
+        if value is None or not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"expected a whole number from {low:,} to {high:,}, got {text!r}")
+        return value
+    return parse
+
+
 def input_side(text: str) -> int:
     """argparse type: an input side in pixels, 1 to MAX_INPUT_SIDE."""
     value = positive_int(text)
@@ -103,6 +117,31 @@ def check_folder(path: str | None, flag: str, give: str) -> None:
     """UsageError ``FLAG PATH is not a folder; give GIVE`` unless ``path`` (None: not given) is a folder."""
     if path is not None and not Path(path).is_dir():
         raise UsageError(f"{flag} {path} is not a folder; give {give}")
+
+
+def check_out_folder(path: str | None, flag: str, names: Sequence[str], give: str) -> None:
+    """Before the work: UsageError (one line) unless ``path`` (None: not given) is a folder, or can be made one,
+    where this process can write the files ``names`` (none of them a folder). It is made, and a temporary file
+    created in it and removed: only a real write tells (root may write anywhere ``os.access`` is asked, and /proc
+    refuses even root), so a run never scores for an hour to fail on its ``--out`` (``/dev/null``, a file, /proc).
+    ``give`` says what to give instead."""
+    import tempfile
+
+    if path is None:
+        return
+    folder = Path(path)
+    if folder.exists() and not folder.is_dir():
+        raise UsageError(f"{flag} {path} is not a folder; give {give}")
+    taken = [name for name in names if (folder / name).is_dir() and not (folder / name).is_symlink()]
+    if taken:
+        raise UsageError(f"{flag} {path} holds a folder named {taken[0]}, where the report's file goes; give {give}")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(prefix=".write-check.", suffix=".tmp", dir=folder)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        raise UsageError(f"{flag} {path} cannot be written ({e.strerror or type(e).__name__}); give {give}") from None
 
 
 def add_size_arguments(parser: argparse.ArgumentParser, keep_aspect: bool) -> None:

@@ -23,6 +23,7 @@ import json
 import sys
 from pathlib import Path
 
+from vit.bounds import MAX_TOKENS
 from vit.cli import UsageError
 
 PROG = "vit.faithfulness"
@@ -32,14 +33,21 @@ METHOD_NAMES = ("random", "attention", "rollout", "class", "legrad", "transforme
                 "attn-gradcam", "lrp-full", "lrp-partial")
 REPLACEMENTS = ("blur", "mean", "zero")
 BENCHMARKS = ("deletion", "segmentation", "perturbation", "road", "saco")
+# vit.explain.benchmark_run.REPORT_FILES (what --out receives), for checking --out before torch loads
+REPORT_FILES = ("faithfulness.png", "faithfulness.md", "faithfulness.json")
 # A fixed number of curve points whatever the patch grid: Chefer et al. (2021)'s perturbation tests remove the
 # patches in 10 % steps; 5 % steps here draw the curve twice as finely at a cost that does not grow with the grid.
 DEFAULT_STEPS = 20
+# Past one step per patch a curve has no new point; no input has more patches than the token gate lets through.
+MAX_STEPS = MAX_TOKENS
+# SaCo's K: each group is one more forward of every image (the paper's K is 10); 100 keeps a batch's SaCo under a
+# minute and a half of ViT-B/16 on a CPU between two checks of a page's Stop.
+MAX_GROUPS = 100
 
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from vit.cli import OneLineParser, command_name, positive_int
+    from vit.cli import OneLineParser, command_name, int_between, positive_int
 
     summary, details = __doc__.split("\n\n", 1)
     p = OneLineParser(prog=command_name(PROG), description=summary, epilog=details,
@@ -60,12 +68,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also write DIR/faithfulness.json, .md (a table) and, for Chefer's tests, .png (a plot)")
     p.add_argument("--limit", type=positive_int, default=None, metavar="N", help="score N images (seeded shuffle)")
     p.add_argument("--replacement", choices=REPLACEMENTS, default="blur", help="what removed patches become")
-    p.add_argument("--steps", type=positive_int, default=DEFAULT_STEPS,
+    p.add_argument("--steps", type=int_between(1, MAX_STEPS), default=DEFAULT_STEPS,
                    help=f"steps per curve, each changing an equal share of the patches (default {DEFAULT_STEPS}: "
                         "5 %% each, whatever the grid; one per patch made ViT-S/16 take 196 steps x 14 curves per "
-                        "image)")
-    p.add_argument("--groups", type=positive_int, default=10, metavar="K",
-                   help="saco: groups of pixels (default 10, the paper's)")
+                        f"image; at most {MAX_STEPS:,})")
+    p.add_argument("--groups", type=int_between(2, MAX_GROUPS), default=10, metavar="K",
+                   help=f"saco: groups of pixels (default 10, the paper's; 2 to {MAX_GROUPS})")
     p.add_argument("--batch-size", type=positive_int, default=16, help="images per step (default 16)")
     p.add_argument("--seed", type=int, default=0, help="for the shuffle and the random baseline (default 0)")
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto", help="where the model runs")
@@ -240,6 +248,12 @@ def run_benchmark(args: argparse.Namespace) -> int:
                              args.batch_size, args.seed)
     check_methods(list(settings.methods), checkpoint)
     items, gtsegs = benchmark_items(args, checkpoint)
+    try:
+        run_.check_batch(checkpoint, settings, len(items))  # before the work: what a batch holds
+    except ValueError as e:
+        if gtsegs is not None:
+            gtsegs.close()
+        raise UsageError(str(e)) from None
     read = run_.read_file
     if gtsegs is not None:
         from vit.explain.gtsegs import GtSegsError
@@ -336,8 +350,9 @@ def submit(args: argparse.Namespace) -> tuple[object, str]:
 
 
 def check_args(args: argparse.Namespace) -> None:
-    """Before torch loads: the methods are known, the model exists (or is a Hub id) and ``--data`` is a folder."""
-    from vit.cli import UsageError, check_folder
+    """Before torch loads: the methods are known, the model exists (or is a Hub id), ``--data`` is a folder and
+    ``--out`` a folder the report can be written to."""
+    from vit.cli import UsageError, check_folder, check_out_folder
     from vit.predict import check_model_path
 
     if args.methods is not None:  # --methods a,b and --methods a b alike
@@ -368,6 +383,7 @@ def check_args(args: argparse.Namespace) -> None:
         check_folder(args.data, "--data", "a folder of images" if args.benchmark != "perturbation"
                      else "a folder with one subfolder per class")
     check_folder(args.masks, "--masks", "a folder with a PNG mask per image")
+    check_out_folder(args.out, "--out", REPORT_FILES, "a writable folder for the report's files")
 
 
 def main(argv: list[str] | None = None) -> int:

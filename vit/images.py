@@ -105,9 +105,7 @@ def _decode(data: bytes, name: str, max_pixels: int | None, max_side: int) -> Im
                              f"{max_pixels:,} pixels); downscale it first")
         with _DECODE_SLOTS:
             image.load()
-            if max(image.size) > max_side:
-                # In place, so the EXIF orientation stays with the image; reduce() first, then Lanczos.
-                image.thumbnail((max_side, max_side), Image.Resampling.LANCZOS, reducing_gap=3.0)
+            reduce_to_side(image, max_side)
     except ImageError:
         raise
     except Image.DecompressionBombError:
@@ -121,6 +119,14 @@ def _decode(data: bytes, name: str, max_pixels: int | None, max_side: int) -> Im
         raise ImageError(f"{name} is truncated or corrupt ({reason}); re-export it") from None
     if image.width == 0 or image.height == 0:
         raise ImageError(f"{name} has no pixels")
+    return image
+
+
+def reduce_to_side(image: Image.Image, max_side: int = MAX_SIDE) -> Image.Image:
+    """``image`` with its long side at most ``max_side``, as ``open_image`` reduces every decode: in place, so the
+    EXIF orientation stays with the image; ``reduce()`` first, then Lanczos. Returns ``image``."""
+    if max(image.size) > max_side:
+        image.thumbnail((max_side, max_side), Image.Resampling.LANCZOS, reducing_gap=3.0)
     return image
 
 

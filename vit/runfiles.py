@@ -324,6 +324,32 @@ def lies_inside(path: str | os.PathLike, folder: str | os.PathLike) -> bool:
     return real == root or root in real.parents
 
 
+class NotARegularFile(OSError):
+    """A path that is a FIFO, a device, a socket or a folder where a file is read (``open_regular``)."""
+
+
+def open_regular(path: str | os.PathLike) -> BinaryIO:
+    """``path`` opened for reading in binary, links followed, only if it is a regular file: ``NotARegularFile``
+    (one line) for anything else, OSError where it cannot be opened. Checked before the open and again on what was
+    opened, which is opened without blocking (``O_NONBLOCK``): a FIFO put in its place meanwhile is refused, never
+    waited on, nor is /dev/zero read for ever."""
+    import stat
+
+    name = os.fspath(path)
+    if not stat.S_ISREG(os.stat(name).st_mode):
+        raise NotARegularFile(f"{name} is not a regular file (a FIFO, a device or a folder); give a file")
+    fd = os.open(name, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise NotARegularFile(f"{name} is not a regular file (a FIFO, a device or a folder); give a file")
+        if hasattr(os, "set_blocking"):  # reads of a regular file as any other code expects them
+            os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
 def record_resume(config_file: Path, args: dict, resume: dict) -> None:
     """config.json keeps the run's arguments current (``args`` updates them) and lists every resume."""
     record = parse_json(read_text_bounded(config_file))

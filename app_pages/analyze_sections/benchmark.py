@@ -85,7 +85,8 @@ def benchmark_section(choice: str, ray_address: str | None, shown, max_images: i
     limit = st.number_input(f"Images (0 = all of them, at most {max_images:,} here)", min_value=0, value=100,
                             step=50, key="bench_limit", help="A seeded random sample of the folder (seed 0, as the "
                                                              "command's --limit).")
-    groups = st.number_input("SaCo's groups K", min_value=2, value=bench.SACO_GROUPS, key="bench_groups") \
+    groups = st.number_input("SaCo's groups K", min_value=2, max_value=faithfulness.MAX_GROUPS,
+                             value=bench.SACO_GROUPS, key="bench_groups") \
         if benchmark == "saco" else bench.SACO_GROUPS
     batch_size = st.number_input("Images per batch", min_value=1, max_value=256, value=16, key="bench_batch_size")
     on_ray = bool(ray_address) and st.checkbox(
@@ -118,6 +119,7 @@ def benchmark_section(choice: str, ray_address: str | None, shown, max_images: i
                          "--batch-size", str(int(batch_size))]
                 compute = partial(run_on_ray, ray_address, argv, len(items) * len(methods))
             else:
+                benchmark_run.check_batch(checkpoint, settings, len(items))  # what a batch holds, before the work
                 compute = partial(run_here, checkpoint, settings, items, about)
             st.session_state[REQUEST_KEY] = ((choice, benchmark, str(data), str(mask_folder), tuple(methods),
                                               len(items), int(groups), int(batch_size), on_ray, time.time()), compute)

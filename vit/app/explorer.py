@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import stat
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -15,7 +14,7 @@ from PIL import Image, ImageOps
 
 from vit.checkpoint import Preprocessing
 from vit.images import ImageError, to_mode, to_uint8
-from vit.runfiles import lies_inside
+from vit.runfiles import NotARegularFile, lies_inside, open_regular
 
 
 def image_digest(data: bytes) -> str:
@@ -31,17 +30,16 @@ def read_image_file(path: str | os.PathLike, folder: str | os.PathLike, max_byte
     if not lies_inside(path, folder):
         raise ImageError(f"{name} is not inside the analysed folder")
     try:
-        fd = os.open(os.path.realpath(path), os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))  # a FIFO does not block
+        file = open_regular(os.path.realpath(path))  # a FIFO does not block
+    except NotARegularFile:
+        raise ImageError(f"{name} is not a regular file") from None
     except OSError as e:
         raise ImageError(f"cannot read {name}: {e.strerror or e}") from None
-    info = os.fstat(fd)
-    if not stat.S_ISREG(info.st_mode):
-        os.close(fd)
-        raise ImageError(f"{name} is not a regular file")
-    with os.fdopen(fd, "rb") as file:
-        if info.st_size > max_bytes:
-            raise ImageError(f"{name} is {info.st_size / 2**20:.1f} MB, over the {max_bytes / 2**20:.0f} MB uploads "
-                             "may have")
+    with file:
+        size = os.fstat(file.fileno()).st_size
+        if size > max_bytes:
+            raise ImageError(f"{name} is {size / 2**20:.1f} MB, over the {max_bytes / 2**20:.0f} MB uploads may "
+                             "have")
         data = file.read(max_bytes + 1)
     if len(data) > max_bytes:  # grew while read
         raise ImageError(f"{name} is over the {max_bytes / 2**20:.0f} MB uploads may have")

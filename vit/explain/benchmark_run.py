@@ -16,6 +16,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -24,11 +25,17 @@ import torch
 from PIL import Image
 from torch import Tensor
 
+from vit.bounds import ANALYSIS_MEMORY_ENV, TooManyTokens, forward_flops, memory_limit
 from vit.checkpoint import Checkpoint
+from vit.costs import memory, plan
 from vit.explain import faithfulness as bench
-from vit.images import ImageError, normalize, open_image, to_uint8
+from vit.images import MAX_SIDE, ImageError, normalize, open_image, to_uint8
+from vit.runfiles import atomic_write_bytes, atomic_write_text, lies_inside, open_regular
 
 BENCHMARKS = ("segmentation", "perturbation", "road", "saco")
+# What ``write_out`` writes into ``--out``, in its order (the plot, the table, the JSON last); vit.faithfulness names
+# them too, to check the folder before torch loads (tests/test_faithfulness_files.py checks the two agree).
+REPORT_FILES = ("faithfulness.png", "faithfulness.md", "faithfulness.json")
 # What each benchmark's items carry besides the image: a mask (segmentation), the true class (perturbation), nothing.
 # vit.api.explain's call: (checkpoint, image, method, target=class or None) -> an object with .map (gh, gw)
 Explain = Callable[..., Any]
@@ -69,7 +76,8 @@ def batch_seed(seed: int, start: int) -> int:
 
 def matched_masks(images: Sequence[Path], masks: Path, data: Path) -> list[tuple[Path, Path]]:
     """``(image, mask)`` for every image of ``images`` (the files of ``data``), its mask the PNG of its stem under
-    ``masks``; BenchmarkError in one line when a stem repeats or an image has no mask."""
+    ``masks``; BenchmarkError in one line when a stem repeats, an image has no mask, or its mask links out of
+    ``masks`` or is no regular file (a FIFO would block the run)."""
     if not images:
         raise BenchmarkError(f"no images in {data}; give a folder of images and a folder of their masks")
     pngs: dict[str, Path] = {}
@@ -89,6 +97,13 @@ def matched_masks(images: Sequence[Path], masks: Path, data: Path) -> list[tuple
         more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
         raise BenchmarkError(f"no mask in {masks} for image(s) {', '.join(missing[:5])}{more}; give a PNG named by "
                              "each image's stem (e.g. cat.jpg -> cat.png)")
+    for stem in stems:  # the masks that will be read: files of the folder, as its images are (image_files)
+        if not lies_inside(pngs[stem], masks):
+            raise BenchmarkError(f"the mask {pngs[stem]} links to a file outside {masks}; only files inside the "
+                                 "masks folder are read: copy it in")
+        if not pngs[stem].is_file():
+            raise BenchmarkError(f"the mask {pngs[stem]} is not a regular file (a FIFO, a device or a folder); "
+                                 "give a PNG")
     return [(p, pngs[p.stem]) for p in images]
 
 
@@ -98,10 +113,10 @@ def open_mask(mask: Path | Image.Image, hw: tuple[int, int]) -> Tensor:
     try:
         if isinstance(mask, Image.Image):
             mask = mask.convert("L").resize((hw[1], hw[0]), Image.NEAREST)
-        else:
-            with Image.open(mask) as image:
+        else:  # a regular file only: a FIFO put in its place would block the run beyond Stop
+            with open_regular(mask) as file, Image.open(file) as image:
                 mask = image.convert("L").resize((hw[1], hw[0]), Image.NEAREST)
-    except OSError as e:
+    except (OSError, Image.DecompressionBombError) as e:
         raise BenchmarkError(f"cannot read the mask {mask} ({e}); give a PNG, 0 for background") from None
     return torch.from_numpy((np.asarray(mask) > 0).astype(np.int64))
 
@@ -137,9 +152,11 @@ def read_file(item: tuple) -> tuple[Image.Image, Any]:
     return open_image(item[0]), item[1]
 
 
-def read_items(items: Sequence[tuple], read: Callable[[tuple], tuple[Image.Image, Any]] = read_file
-               ) -> tuple[list[Image.Image], list[Any], list[str]]:
-    """``(images, their targets, skipped)`` of ``items``: ``read(item)`` each (default ``read_file``); an
+def read_items(items: Sequence[tuple], read: Callable[[tuple], tuple[Image.Image, Any]] = read_file,
+               prepare: Callable[[Image.Image, Any], tuple[Any, Any]] | None = None
+               ) -> tuple[list[Any], list[Any], list[str]]:
+    """``(images, their targets, skipped)`` of ``items``: ``read(item)`` each (default ``read_file``), then
+    ``prepare(image, target)`` at once (``input_item``: the batch then holds inputs, not decoded photographs); an
     ImageError skips the item with its line."""
     images, targets, skipped = [], [], []
     for item in items:
@@ -148,33 +165,72 @@ def read_items(items: Sequence[tuple], read: Callable[[tuple], tuple[Image.Image
         except ImageError as e:
             skipped.append(str(e))
             continue
+        if prepare is not None:
+            image, target = prepare(image, target)
         images.append(image)
         targets.append(target)
     return images, targets, skipped
 
 
-def score_batch(checkpoint: Checkpoint, settings: Settings, start: int, images: Sequence[Image.Image],
+def input_item(checkpoint: Checkpoint, benchmark: str, image: Image.Image, target: Any) -> tuple[Tensor, Any]:
+    """An item as its batch holds it: the image as the model's input ``(C, H, W)`` uint8, resized straight to the
+    input, no crop (Chefer's ``Resize((224, 224))``), and for segmentation the mask as ``open_mask``'s 0/1
+    ``(H, W)`` at that size; other targets as they are. What was decoded is dropped as the next item is read."""
+    p = checkpoint.preprocessing
+    hw = tuple(p.image_hw)
+    pixels = to_uint8(image, hw, p.num_channels, resample=p.resample, backend=p.backend)
+    return pixels, open_mask(target, hw) if benchmark == "segmentation" else target
+
+
+def batch_cost(checkpoint: Checkpoint, settings: Settings, items: int) -> plan.Cost:
+    """What a batch of ``min(settings.batch_size, items)`` images holds at once, for ``decide`` before the work
+    (``vit.costs.plan``): the item being read, its image reduced as every decode is (``vit.images.MAX_SIDE``, up to
+    4 bytes a pixel) beside gtsegs_ijcv.mat's mask; every image's input (uint8 and float32) and a perturbed copy; and
+    the batch's forward (``memory.forward_bytes`` per image: its rows run at once, for the predictions and for
+    each perturbed step). The refusal names the largest batch that fits."""
+    model = checkpoint.model
+    h, w = checkpoint.preprocessing.image_hw
+    grid = model.patch_grid(h, w)
+    tokens, count = model.num_prefix_tokens + grid[0] * grid[1], max(1, min(settings.batch_size, items))
+    read = 5 * MAX_SIDE**2  # up to 4 bytes a pixel (RGBA, 32-bit greys) and 1 for a mask
+    per_image = {"every image's input and a perturbed copy": 2 * memory.input_bytes(model, grid, resized=True),
+                 "the batch's forward": memory.forward_bytes(model, grid)}
+    parts = {"the item being read": read, **{k: count * v for k, v in per_image.items()}}
+
+    def refuse(need: int, limit: int) -> TooManyTokens:
+        fits = max(0, (limit - read) // sum(per_image.values()))
+        fewer = f"choose at most {fits:,} images per batch, or raise" if fits else "raise"
+        return TooManyTokens(f"A batch of {count:,} images holds about {need / 2**20:,.0f} MB at once (their inputs "
+                             f"and the batch's forward at {w}×{h} px, and the item being read), over the "
+                             f"{limit / 2**20:,.0f} MB limit ({ANALYSIS_MEMORY_ENV}); {fewer} {ANALYSIS_MEMORY_ENV}.")
+    return plan.Cost("benchmark batch", tokens, sum(parts.values()), count * forward_flops(model.config, tokens),
+                     memory_limit(), refuse, tuple(parts.items()))
+
+
+def check_batch(checkpoint: Checkpoint, settings: Settings, items: int) -> None:
+    """``batch_cost``'s answer before the work: ``TooManyTokens`` (one line) when a batch would not fit."""
+    plan.decide(batch_cost(checkpoint, settings, items))
+
+
+def score_batch(checkpoint: Checkpoint, settings: Settings, start: int, images: Sequence[Tensor],
                 targets: Sequence[Any], explain: Explain | None = None,
                 done: Callable[[str], None] | None = None) -> BatchScores:
-    """Every method of ``settings`` on one batch: ``images`` (PIL), each with its target (segmentation: a mask, a
-    path or a PIL image; perturbation: the true class; otherwise None), the batch's first item being ``start`` of
-    the set. ``done(method)`` after each method's maps and scores."""
+    """Every method of ``settings`` on one batch: ``images`` as ``input_item`` gives them (``(C, H, W)`` uint8),
+    each with its target (segmentation: its ``(H, W)`` 0/1 mask; perturbation: the true class; otherwise None), the
+    batch's first item being ``start`` of the set. ``done(method)`` after each method's maps and scores."""
     model = checkpoint.model.eval()
     device = next(model.parameters()).device
     p = checkpoint.preprocessing
-    hw = tuple(p.image_hw)
     scores = BatchScores(start, len(images))
-    if not images:
+    if not len(images):
         return scores
-    # resized to the input, no crop: Chefer's Resize((224, 224))
-    pixels = torch.stack([to_uint8(image, hw, p.num_channels, resample=p.resample, backend=p.backend)
-                          for image in images])  # (B, C, H, W) uint8
+    pixels = torch.stack(list(images))  # (B, C, H, W) uint8
     x = normalize(pixels, p.mean, p.std).to(device)
     with torch.no_grad():
         predicted = model(x)[0].argmax(dim=-1)
     benchmark, seed = settings.benchmark, batch_seed(settings.seed, start)
     if benchmark == "segmentation":
-        masks = torch.stack([open_mask(mask, hw) for mask in targets])
+        masks = torch.stack(list(targets))
     elif benchmark == "perturbation":
         target = torch.tensor(list(targets), device=device)
         scores.intact = (predicted == target).cpu().numpy().astype(np.float64)
@@ -209,9 +265,11 @@ def score_batch(checkpoint: Checkpoint, settings: Settings, start: int, images: 
 def score_items(checkpoint: Checkpoint, settings: Settings, items: Sequence[tuple],
                 read: Callable[[tuple], tuple[Image.Image, Any]] = read_file, explain: Explain | None = None,
                 progress: Callable[[int, int], None] | None = None) -> list[BatchScores]:
-    """``score_batch`` over ``items`` (``(source, target)`` each, ``read(item)`` its image and target) in batches of
-    ``settings.batch_size``, here. ``progress(maps done, maps in all)`` after each method of each batch (an
+    """``score_batch`` over ``items`` (``(source, target)`` each, ``read(item)`` its image and target, made the
+    model's input at once: ``input_item``) in batches of ``settings.batch_size``, here, once ``check_batch`` says a
+    batch fits. ``progress(maps done, maps in all)`` after each method of each batch (an
     unreadable image counts as its maps done); what it raises (a page's Stop) ends the run."""
+    check_batch(checkpoint, settings, len(items))
     total, done = len(items) * len(settings.methods), 0
     batches = []
 
@@ -225,7 +283,7 @@ def score_items(checkpoint: Checkpoint, settings: Settings, items: Sequence[tupl
         progress(0, total)
     for start in range(0, len(items), settings.batch_size):
         chunk = items[start:start + settings.batch_size]
-        images, targets, skipped = read_items(chunk, read)
+        images, targets, skipped = read_items(chunk, read, partial(input_item, checkpoint, settings.benchmark))
         scored = len(images)
         batch = score_batch(checkpoint, settings, start, images, targets, explain, done=lambda _, n=scored: step(n))
         batch.skipped = skipped
@@ -337,21 +395,27 @@ def markdown(result: dict, text: str | None = None) -> str:
 
 def write_out(out: str | Path | None, result: dict, text: str | None = None) -> None:
     """``--out DIR``: ``faithfulness.json``, ``faithfulness.md`` (the table) and, but for deletion, the plot
-    ``faithfulness.png``."""
+    ``faithfulness.png`` (``REPORT_FILES``), each written atomically (``vit.runfiles.atomic_write_bytes``): a rerun
+    killed while it writes leaves the previous report whole. The JSON goes last, so a new one means a complete set."""
+    import io
     import json
 
     if out is None:
         return
     folder = Path(out)
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / "faithfulness.json").write_text(json.dumps(result, indent=2) + "\n")
-    (folder / "faithfulness.md").write_text(markdown(result, text))
+    png, md, report = (folder / name for name in REPORT_FILES)
     if result.get("benchmark", "deletion") != "deletion":
-        fig = figure(result)
-        fig.savefig(folder / "faithfulness.png", dpi=120)
+        fig, drawn = figure(result), io.BytesIO()  # figure() chooses matplotlib's backend before pyplot loads
         import matplotlib.pyplot as plt
 
-        plt.close(fig)
+        try:
+            fig.savefig(drawn, dpi=120, format="png")
+        finally:
+            plt.close(fig)
+        atomic_write_bytes(png, drawn.getvalue())
+    atomic_write_text(md, markdown(result, text))
+    atomic_write_text(report, json.dumps(result, indent=2) + "\n")
 
 
 def figure(result: dict):

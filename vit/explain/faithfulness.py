@@ -100,6 +100,8 @@ def step_counts(num_patches: int, steps: int | None = None) -> list[int]:
     steps = num_patches if steps is None else steps
     if steps < 1:
         raise ValueError(f"steps must be at least 1, got {steps}")
+    # past one step per patch every count is taken already: the same points, without a loop of ``steps``
+    steps = min(steps, max(num_patches, 1))
     return sorted({round(i * num_patches / steps) for i in range(steps + 1)})
 
 
@@ -428,8 +430,8 @@ def saco_groups(model: torch.nn.Module, images: Tensor, maps: Tensor, class_inde
     order = torch.sort(salience, dim=1, descending=True, stable=True).indices
     rank = torch.empty_like(order).scatter_(1, order, torch.arange(H * W, device=images.device).expand(B, -1))
     group = rank * groups // (H * W)  # (B, HW): 0 = most salient
-    one_hot = torch.nn.functional.one_hot(group, groups).to(salience.dtype)  # (B, HW, K)
-    s = torch.einsum("bp,bpk->bk", salience.double(), one_hot.double())  # (B, K)
+    # each group's salience summed in place: a (B, HW, K) one-hot took 9.6 GB at K = 1,000 for 16 images of 224 px
+    s = torch.zeros(B, groups, dtype=torch.float64, device=images.device).scatter_add_(1, group, salience.double())
     mean = images.mean(dim=(2, 3), keepdim=True)  # (B, C, 1, 1)
     with torch.no_grad():
         out = model(images)

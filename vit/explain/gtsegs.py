@@ -5,7 +5,9 @@ github.com/hila-chefer/Transformer-Explainability) reads it: ``/value/img`` and 
 datasets of object references; image ``i`` is the ``(3, W, H)`` uint8 dataset ``/value/img[i, 0]`` points at
 (MATLAB's column-major ``(H, W, 3)``), its mask the ``(W, H)`` dataset that the first cell of the reference array
 ``/value/gt[i, 0]`` points at. Every size the file declares is checked before the data is read, so a file that
-declares a huge array is refused in one line instead of allocating it.
+declares a huge array is refused in one line instead of allocating it; and every dataset read must be stored in the
+file itself: HDF5 lets a dataset's bytes live in other files (external storage, virtual datasets) and a group be a
+link into another file, which would read whatever they name (/etc/hostname, /dev/zero, a FIFO that never answers).
 """
 
 from __future__ import annotations
@@ -15,8 +17,13 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
+from vit.images import MAX_SIDE, UPLOAD_MAX_PIXELS, reduce_to_side
+from vit.runfiles import open_regular
+
 MAX_ITEMS = 100_000  # the paper's file holds 4,276
-MAX_PIXELS = 40_000_000  # per image or mask: 120 MB of RGB; the file's images are ImageNet photographs (~500 px)
+# per image or mask, the uploads' bound: 120 MB of RGB while it is read; the file's images are ImageNet photographs
+# (~500 px)
+MAX_PIXELS = UPLOAD_MAX_PIXELS
 
 
 class GtSegsError(ValueError):
@@ -31,15 +38,20 @@ class GtSegs:
         import h5py
 
         self.path = Path(path)
-        try:
-            self.file = h5py.File(self.path, "r")
+        try:  # a regular file only, handed to HDF5 open: a FIFO would block the open
+            self._stream = open_regular(self.path)
         except OSError as e:
+            raise GtSegsError(f"cannot read {self.path}: {e.strerror or e}") from None
+        try:
+            self.file = h5py.File(self._stream, "r")
+        except OSError as e:
+            self._stream.close()
             raise GtSegsError(f"{self.path} is not an HDF5 file (MATLAB v7.3, as gtsegs_ijcv.mat): {e}") from None
         try:
             self.images = self._references("/value/img")
             self.masks = self._references("/value/gt")
         except GtSegsError:
-            self.file.close()
+            self.close()
             raise
         if len(self.images) != len(self.masks):
             self.file.close()
@@ -49,11 +61,25 @@ class GtSegs:
         """The ``(N, 1)`` reference dataset ``name``, its size checked."""
         import h5py
 
+        parts = name.strip("/").split("/")
+        for depth in range(1, len(parts) + 1):  # each link on the way, before it is followed
+            path = "/" + "/".join(parts[:depth])
+            if isinstance(self.file.get(path, getlink=True), h5py.ExternalLink):
+                raise GtSegsError(f"{self.path}: {path} is a link into another file; only what the file itself "
+                                  "holds is read")
         data = self.file.get(name)
         if not isinstance(data, h5py.Dataset) or h5py.check_dtype(ref=data.dtype) is not h5py.Reference:
             raise GtSegsError(f"{self.path} has no {name} dataset of references: not laid out as gtsegs_ijcv.mat")
         if data.ndim != 2 or data.shape[1] < 1 or data.shape[0] > MAX_ITEMS:
             raise GtSegsError(f"{self.path}: {name} has shape {data.shape}, expected (N, 1) with N at most {MAX_ITEMS}")
+        return self._stored_here(data, name)
+
+    def _stored_here(self, data, what: str):
+        """``data`` once it is known to keep its bytes in this file: no external storage, not a virtual dataset."""
+        if data.external or data.is_virtual:
+            kind = "external storage" if data.external else "a virtual dataset"
+            raise GtSegsError(f"{self.path}: {what} keeps its data in other files ({kind}); only data stored in the "
+                              "file itself is read")
         return data
 
     def __len__(self) -> int:
@@ -68,7 +94,7 @@ class GtSegs:
             raise GtSegsError(f"{self.path}: {what} is not a valid reference ({e})") from None
         if not isinstance(target, h5py.Dataset):
             raise GtSegsError(f"{self.path}: {what} points at a group, not a dataset")
-        return target
+        return self._stored_here(target, what)
 
     def _checked(self, data, ndim: int, what: str):
         """``data`` once its declared shape and type are checked (nothing read yet)."""
@@ -102,13 +128,18 @@ class GtSegs:
             self._datasets(index)
 
     def item(self, index: int) -> tuple[Image.Image, np.ndarray]:
-        """Image ``index`` as an RGB PIL image and its mask as ``(H, W)`` uint8, 1 where it is not 0."""
+        """Image ``index`` as an RGB PIL image and its mask as ``(H, W)`` uint8, 1 where it is not 0, both reduced as
+        every decoded image is (``vit.images.reduce_to_side``: a long side of at most ``MAX_SIDE``; the mask nearest,
+        to the same size): a 6,000-px picture holds 12 MB, not 108."""
         picture, mask = self._datasets(index)
-        image = Image.fromarray(np.ascontiguousarray(picture[()].transpose(2, 1, 0)))  # (H, W, 3)
-        return image.convert("RGB"), (mask[()].transpose(1, 0) != 0).astype(np.uint8)
+        image = reduce_to_side(Image.fromarray(np.ascontiguousarray(picture[()].transpose(2, 1, 0))))  # (H, W, 3)
+        cut = Image.fromarray((mask[()].transpose(1, 0) != 0).astype(np.uint8))
+        cut.thumbnail((MAX_SIDE, MAX_SIDE), Image.NEAREST, reducing_gap=None)  # the image's size, for the same side
+        return image, np.asarray(cut)
 
     def close(self) -> None:
         self.file.close()
+        self._stream.close()
 
     def __enter__(self) -> GtSegs:
         return self

@@ -15,10 +15,20 @@ from __future__ import annotations
 import math
 import pickle
 from collections.abc import Callable, Iterator, Sequence
+from functools import partial
 
 import numpy as np
 
-from vit.explain.benchmark_run import BatchScores, Explain, Settings, read_file, read_items, score_batch
+from vit.explain.benchmark_run import (
+    BatchScores,
+    Explain,
+    Settings,
+    check_batch,
+    input_item,
+    read_file,
+    read_items,
+    score_batch,
+)
 from vit.runs.ray_analyze import ClusterError, cause_line, plan_actors
 
 
@@ -33,6 +43,7 @@ class Scorer:
 
         self.checkpoint = open_source(checkpoint, None, map_location=torch.device(device))
         self.settings, self.explain = settings, explain
+        check_batch(self.checkpoint, settings, settings.batch_size)  # the job asked too; this node's limit
         self.gtsegs = None
         if gtsegs is not None:
             from vit.explain.gtsegs import GtSegs
@@ -52,7 +63,8 @@ class Scorer:
         index = np.asarray(batch["index"])
         items = [unpack(source, label, mask, self.gtsegs is not None) for source, label, mask in
                  zip(batch["source"], batch["label"], batch["mask"], strict=True)]
-        images, targets, skipped = read_items(items, self.read)
+        images, targets, skipped = read_items(items, self.read,
+                                              partial(input_item, self.checkpoint, self.settings.benchmark))
         scores = score_batch(self.checkpoint, self.settings, int(index.min()), images, targets, self.explain)
         scores.skipped = skipped
         return {"start": np.asarray([scores.start]), "scores": np.asarray([pickle.dumps(scores)], dtype=object)}
