@@ -364,7 +364,8 @@ def _read_group(group: str, kind: type, taken: set[str], taken_types: set[str], 
             taken.add(item.name)
             if isinstance(item, Family):
                 taken_types.update(item.hf_model_types)
-            found.append(replace(item, plugin=dist))
+            # a plugin's method is drawn in a pass of its own (its draw runs the model), as model_method_map's are
+            found.append(replace(item, plugin=dist, **({"own_pass": True} if isinstance(item, Method) else {})))
     return found
 
 
