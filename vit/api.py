@@ -273,7 +273,9 @@ class Explanation:
 
         cmap, vmin, vmax = map_colours(self.method, self.map, colormap)
         layer = "" if self.heads_layer is None else f"Layer {self.heads_layer + 1}: "
-        view = View(title=attention_maps.MAP_KINDS.get(self.method, self.description), seen=self.seen, map2d=self.map,
+        method = registry.find_method(self.method)  # a typed label's map: its description is its title
+        view = View(title=self.description if method is None or method.group == "words" else method.title,
+                    seen=self.seen, map2d=self.map,
                     caption=self.description, colormap=cmap, vmin=vmin, vmax=vmax, opacity=alpha, heads=self.heads,
                     heads_caption=f"{layer}each head's attention of token {self.query}.",
                     prediction=self.prediction, settings=self.settings)
