@@ -27,6 +27,7 @@ import numpy as np
 import torch
 from PIL import Image
 
+from vit import registry
 from vit.checkpoint import Checkpoint
 from vit.explain import (
     attention_maps,
@@ -41,7 +42,6 @@ from vit.explain import (
 )
 from vit.explain.mechanism import check_ablation
 from vit.explain.overlay import (
-    SIGNED_MAP_KINDS,
     display_image,
     jpeg_data_uri,
     map_colours,
@@ -58,32 +58,6 @@ ImageLike = Image.Image | np.ndarray | torch.Tensor | str | os.PathLike
 # Which arguments each map reads (the explorer's controls for it): others are refused rather than ignored.
 _READS = {"query": "query", "layer": "layer", "end_layer": "layer", "start_layer": "layer", "head": "head",
           "class": "target"}
-_APPLIES_TO = {
-    "attention": "every model",
-    "rollout": "every model",
-    "class": "classifiers (a model with a head, or a CLIP / SigLIP after vit.ask); a VLM's tower: vit.explain_word",
-    "legrad": "classifiers; CLIP / SigLIP through vit.ask; a VLM's tower through vit.explain_word",
-    "lrp": "classifiers with a CLS token",
-    "attnlrp": "classifiers; a VLM's tower through vit.explain_word",
-    "gradcam": "classifiers, every family (pytorch-grad-cam's, on the last block's norm1 tokens)",
-    "gradcam++": "classifiers, every family (pytorch-grad-cam's, on the last block's norm1 tokens)",
-    "xgradcam": "classifiers, every family (pytorch-grad-cam's, on the last block's norm1 tokens)",
-    "eigencam": "every model (pytorch-grad-cam's, on the last block's norm1 tokens)",
-    "layercam": "classifiers, every family (pytorch-grad-cam's, on the last block's norm1 tokens)",
-    "scorecam": "classifiers, every family (one forward per channel: seconds to minutes)",
-    "attn-gradcam": "classifiers with a CLS token and one grid (Chefer et al.'s baseline)",
-    "lrp-partial": "classifiers with a CLS token, where Chefer's LRP has rules (their baseline)",
-    "lrp-full": "classifiers with a CLS token, where Chefer's LRP has rules (their baseline)",
-    "flow": "every model (seconds: a max-flow per patch)",
-    "norms": "every model",
-    "probe": "models with an attention-pooling head (SigLIP)",
-    "probe_rollout": "models with an attention-pooling head (SigLIP)",
-}
-# The maps of typed labels alone (vit.ask(checkpoint, image, labels).explain(label, method)), after the explorer's.
-_WORD_METHODS = {"grad_eclip": "a CLIP (its CLS token)", "sclip": "a CLIP (every token through its projection)",
-                 "naclip": "a CLIP (every token through its projection)",
-                 "clearclip": "a CLIP (every token through its projection)",
-                 "clipsurgery": "a CLIP with a CLS token and six blocks or more"}
 
 
 def load(source: str | os.PathLike, device: str | torch.device | None = None) -> Checkpoint:
@@ -113,14 +87,13 @@ def methods(checkpoint: Checkpoint | None = None) -> dict[str, str]:
     ClearCLIP, CLIP Surgery, which ``vit.ask(...).explain`` draws); or with ``checkpoint`` those ``explain`` draws
     for that model (the explorer's choice for it, its default first; a CLIP's or SigLIP's maps of typed labels are
     ``vit.ask_methods``). The arguments each reads are in ``explain``'s docstring."""
-    kinds = list(attention_maps.MAP_KINDS) if checkpoint is None else _drawn_for(checkpoint)
-    drawn = {kind: f"{attention_maps.MAP_KINDS[kind]} — {_APPLIES_TO[kind]}" for kind in kinds}
+    every = {m.name: m for m in registry.methods()}  # the built-ins, then the plugins'
+    kinds = [k for k, m in every.items() if m.group != "words"] if checkpoint is None else _drawn_for(checkpoint)
+    drawn = {kind: f"{every[kind].title} — {every[kind].applies_to}" for kind in kinds}
     if checkpoint is None:  # the maps of typed labels, which vit.ask draws: vit.ask_methods(checkpoint) for a model
-        from vit.explain.prompts import PROMPT_METHODS
-
-        drawn.update({key: f"{PROMPT_METHODS[key]} of a typed label — {applies}, through "
-                           f"vit.ask(checkpoint, image, labels).explain(label, {key!r})"
-                      for key, applies in _WORD_METHODS.items()})
+        drawn.update({m.name: f"{m.title} of a typed label — {m.applies_to}, through "
+                              f"vit.ask(checkpoint, image, labels).explain(label, {m.name!r})"
+                      for m in every.values() if m.group == "words"})
     return drawn
 
 
@@ -136,7 +109,7 @@ def _drawn_for(checkpoint: Checkpoint) -> list[str]:
     shape = image_analysis.shape_of_input(checkpoint, checkpoint.preprocessing.image_hw)
     kinds = attention_maps.map_kinds(shape, bool(checkpoint.class_names))
     if model.head is None:
-        kinds = [k for k in kinds if k not in attention_maps.CLASS_MAP_KINDS]
+        kinds = [k for k in kinds if not attention_maps.is_class_map(k)]
     if not shape.staged and lrp_rule_missing(model.config):
         kinds = [k for k in kinds if k not in ("lrp", "lrp-partial", "lrp-full")]
     if model.cls_token is None:
@@ -275,7 +248,7 @@ class Explanation:
                                                          Image.Resampling.NEAREST)
 
     def _overlay(self, image: Image.Image, alpha: float, colormap: str) -> Image.Image:
-        cmap, vmin, vmax = map_colours(self.method if self.method in SIGNED_MAP_KINDS else "", self.map, colormap)
+        cmap, vmin, vmax = map_colours(self.method, self.map, colormap)
         values = self.map if self.patch_grid is None else on_patch_grid(self.map, self.patch_grid)
         return draw_overlay(image, values, opacity=alpha, colormap=cmap, vmin=vmin, vmax=vmax)
 
@@ -298,9 +271,11 @@ class Explanation:
         value) that opens offline. Returns the path."""
         from vit.app.export import View, view_html  # the explorer's export, as its Download button writes it
 
-        cmap, vmin, vmax = map_colours(self.method if self.method in SIGNED_MAP_KINDS else "", self.map, colormap)
+        cmap, vmin, vmax = map_colours(self.method, self.map, colormap)
         layer = "" if self.heads_layer is None else f"Layer {self.heads_layer + 1}: "
-        view = View(title=attention_maps.MAP_KINDS.get(self.method, self.description), seen=self.seen, map2d=self.map,
+        method = registry.find_method(self.method)  # a typed label's map: its description is its title
+        view = View(title=self.description if method is None or method.group == "words" else method.title,
+                    seen=self.seen, map2d=self.map,
                     caption=self.description, colormap=cmap, vmin=vmin, vmax=vmax, opacity=alpha, heads=self.heads,
                     heads_caption=f"{layer}each head's attention of token {self.query}.",
                     prediction=self.prediction, settings=self.settings)
@@ -356,12 +331,12 @@ def explain(checkpoint: Checkpoint, image: ImageLike, method: str = "rollout", *
     """
     if video.is_video(checkpoint):
         return _explain_clip(checkpoint, image, method, target, layer, head, query, size, max_tokens)
-    if method in _WORD_METHODS:
+    chosen = registry.find_method(method)
+    if chosen is not None and chosen.group == "words":
         raise ValueError(f"{method} maps a typed label: vit.ask(checkpoint, image, labels).explain(label, "
-                         f"{method!r}) (it applies to {_WORD_METHODS[method]})")
-    if method not in attention_maps.MAP_KINDS:
-        raise ValueError(f"unknown method {method!r}; choose one of: {', '.join(attention_maps.MAP_KINDS)}")
-    reads = {_READS[c] for c in attention_maps.MAP_CONTROLS[method] if c in _READS}
+                         f"{method!r}) (it applies to {chosen.applies_to})")
+    chosen = attention_maps.method_of(method)  # ValueError naming every map for an unknown one
+    reads = {_READS[c] for c in chosen.reads if c in _READS}
     given = {"target": target, "layer": layer, "head": head, "query": query}
     unread = [name for name, value in given.items() if value is not None and name not in reads]
     if unread:
@@ -372,14 +347,14 @@ def explain(checkpoint: Checkpoint, image: ImageLike, method: str = "rollout", *
     if model.config.stage_depths and method == "class" and query is not None:
         raise ValueError("a Swin's class map starts from what its average pooling reads (every token of the layer); "
                          "leave query out")
-    if method in attention_maps.CLASS_MAP_KINDS and model.head is None:
+    if chosen.class_specific and model.head is None:
         from vit.explain.prompts import methods_for
         from vit.sources.text_tower import has_text_tower
 
         if has_text_tower(checkpoint) and method in methods_for(model):
             raise ValueError(f"a CLIP / SigLIP has no classes of its own: map a typed label with "
                              f"vit.ask(checkpoint, image, labels).explain(label, {method!r})")
-        raise ValueError(f"{method} does not apply to this model ({_APPLIES_TO[method]})")
+        raise ValueError(f"{method} does not apply to this model ({chosen.applies_to})")
     L = len(model.blocks)
     default = -2 if method == "legrad" else -1  # LeGrad from the last two layers, as its authors
     layer_value = default if layer is None else _index(layer, L, "layer", f"this model has {L} layers")
@@ -391,7 +366,7 @@ def explain(checkpoint: Checkpoint, image: ImageLike, method: str = "rollout", *
     analysis = image_analysis.analyse(checkpoint, image, size, max_tokens=max_tokens,
                                       allow="pass vit.explain a larger max_tokens (or set VIT_MAX_TOKENS)")
     if method not in attention_maps.map_kinds(analysis, bool(checkpoint.class_names)):
-        raise ValueError(f"{method} does not apply to this model ({_APPLIES_TO[method]})")
+        raise ValueError(f"{method} does not apply to this model ({chosen.applies_to})")
     T, patch_grid = analysis.num_tokens, None
     if analysis.staged:  # query on layer l's own grid (row-major, no CLS): the page's query is the patch it covers
         lh, lw = grid = analysis.layer_grid(layer_value)
@@ -406,14 +381,14 @@ def explain(checkpoint: Checkpoint, image: ImageLike, method: str = "rollout", *
     relevance = method_map = None
     if method == "class":
         relevance = method_maps.class_relevance(checkpoint, image, class_index, size)
-    elif method in attention_maps.METHOD_MAP_KINDS:
+    elif chosen.own_pass:
         method_map = method_maps.model_method_map(checkpoint, image, method, class_index, settings.query,
                                                   settings.end_layer, settings.fusion, size,
                                                   start_layer=settings.start_layer)
     map2d = np.asarray(attention_maps.attention_map(analysis, settings, relevance, method_map), dtype=np.float32)
     if analysis.staged and map2d.shape != analysis.grid:  # on the layer's own grid, drawn over the image's
         patch_grid = analysis.grid
-    explained = checkpoint.class_names[class_index] if method in attention_maps.CLASS_MAP_KINDS else None
+    explained = checkpoint.class_names[class_index] if chosen.class_specific else None
     heads_layer = settings.layer % L
     shown = {"method": method, "layer": layer, "head": head, "query": query, "target": explained,
              "size": "the model's" if size.side is None else size.side}

@@ -46,6 +46,14 @@ MAX_GROUPS = 100
 
 
 
+def registry_maps() -> list[str]:
+    """Every map of an image that ``vit.explain`` draws (``vit.registry``'s, the plugins' included), no torch
+    loaded."""
+    from vit import registry
+
+    return [m.name for m in registry.methods() if m.group != "words"]
+
+
 def build_parser() -> argparse.ArgumentParser:
     from vit.cli import OneLineParser, command_name, int_between, positive_int
 
@@ -63,7 +71,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--masks", metavar="DIR", help="segmentation: a 0/non-0 PNG per image, named by the image's stem")
     p.add_argument("--methods", nargs="+", default=None, metavar="METHOD",
                    help=f"maps to score, spaces or commas between (default: all but flow); any of: "
-                        f"{', '.join(METHOD_NAMES)}, and (but for deletion) any map vit.methods() draws for the model")
+                        f"{', '.join(METHOD_NAMES)}, and (but for deletion) any map vit.methods() draws for the model: "
+                        f"{', '.join(m for m in registry_maps() if m not in METHOD_NAMES)}")
     p.add_argument("--out", metavar="DIR",
                    help="also write DIR/faithfulness.json, .md (a table) and, for Chefer's tests, .png (a plot)")
     p.add_argument("--limit", type=positive_int, default=None, metavar="N", help="score N images (seeded shuffle)")
@@ -361,6 +370,11 @@ def check_args(args: argparse.Namespace) -> None:
     if unknown and args.benchmark == "deletion":  # the others also take vit.methods()' maps, checked once it loads
         raise UsageError(f"unknown method(s) {', '.join(unknown)}; choose from: {', '.join(METHOD_NAMES)} (the maps "
                          "of vit.methods() are scored by --benchmark segmentation, perturbation, road and saco)")
+    maps = registry_maps()
+    nowhere = [m for m in unknown if m not in maps]  # no model draws it: refused before the model loads
+    if nowhere:
+        raise UsageError(f"unknown method(s) {', '.join(nowhere)}; choose from: "
+                         f"{', '.join(dict.fromkeys((*METHOD_NAMES, *maps)))}")
     if args.benchmark == "segmentation" and args.masks is None and not Path(args.data).is_file():
         raise UsageError("--benchmark segmentation needs --masks DIR: a PNG per image, named by the image's stem (or "
                          "--data gtsegs_ijcv.mat alone)")

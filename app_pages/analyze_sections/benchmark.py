@@ -12,11 +12,10 @@ from pathlib import Path
 import streamlit as st
 
 from app_pages.explorer_sections.long_work import long_work
-from vit import api, faithfulness
+from vit import api, faithfulness, registry
 from vit.checkpoint import CheckpointError
 from vit.explain import benchmark_run
 from vit.explain import faithfulness as bench
-from vit.explain.attention_maps import MAP_KINDS
 from vit.predict import UsageError
 from vit.progress import Progress
 from vit.runfiles import default_runs_dir, parse_json, read_text_bounded
@@ -33,8 +32,13 @@ BENCHMARK_HELP = {"segmentation": "Chefer et al.'s ImageNet-segmentation test: p
                   "road": "ROAD: the class probability as the most or the least relevant pixels are imputed from "
                           "their neighbours",
                   "saco": "SaCo: do more salient pixel groups change the probability more?"}
-# The methods offered: the benchmark's own, then every other map vit.methods() may draw (checked once the model opens)
-METHOD_OPTIONS = list(bench.METHODS) + [m for m in MAP_KINDS if m not in bench.METHODS]
+
+
+def method_options() -> list[str]:
+    """The methods offered: the benchmark's own, then every other map vit.methods() may draw (the registry's,
+    the plugins' included; checked once the model opens)."""
+    maps = [m.name for m in registry.methods() if m.group != "words"]
+    return list(bench.METHODS) + [m for m in maps if m not in bench.METHODS]
 
 
 def inside_roots(folder: str, what: str) -> Path:
@@ -79,7 +83,7 @@ def benchmark_section(choice: str, ray_address: str | None, shown, max_images: i
     masks = st.text_input("Masks folder", key="bench_masks", placeholder="data/masks",
                           help="A 0/non-0 PNG per image, named by the image's stem.") \
         if benchmark == "segmentation" else ""
-    methods = st.multiselect("Methods", METHOD_OPTIONS, default=bench.DEFAULT_METHODS, key="bench_methods",
+    methods = st.multiselect("Methods", method_options(), default=bench.DEFAULT_METHODS, key="bench_methods",
                              help="The benchmark's own maps (batched), and any other map the explorer draws for "
                                   "the model (image by image).")
     limit = st.number_input(f"Images (0 = all of them, at most {max_images:,} here)", min_value=0, value=100,

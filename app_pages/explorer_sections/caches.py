@@ -179,7 +179,7 @@ def method_map(fingerprint: tuple, digest: str, size: InputSize, kind: str, clas
                             "Computing the attention flow (one max-flow problem per token)", "passes")
     elif input_tokens(checkpoint, image, size) > PROGRESS_TOKENS:
         key, label, unit = ((kind, fingerprint, digest, size, class_index, query, end_layer, start_layer),
-                            f"Computing the {attention_maps.MAP_KINDS[kind].split(' (')[0]} map", "blocks")
+                            f"Computing the {attention_maps.method_of(kind).title.split(' (')[0]} map", "blocks")
     else:
         return _method_map(fingerprint, digest, size, kind, class_index, query, end_layer, fusion, start_layer,
                            checkpoint, image)

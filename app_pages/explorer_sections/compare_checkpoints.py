@@ -49,13 +49,13 @@ def compare_checkpoints(view: Shown, entries: dict, choice: str, map2d) -> None:
             if kind in vlm_words.KINDS:
                 raise ValueError("a word's map is drawn for this model alone; its attention, rollout and token-norm "
                                  "maps compare")
-            if kind in attention_maps.CLASS_MAP_KINDS and not checkpoint_b.class_names:
+            if attention_maps.is_class_map(kind) and not checkpoint_b.class_names:
                 raise ValueError("it has no classifier (a feature model), so it has no class-specific map; its "
                                  "attention, rollout, token-norm and flow maps compare")
             class_b = attention_maps.resolved_class(settings_b, analysis_b)
             if kind == "class":
                 relevance_b = class_relevance(fingerprint_b, image_key, size, class_b, checkpoint_b, image)
-            if kind in attention_maps.METHOD_MAP_KINDS:
+            if attention_maps.is_method_map(kind):
                 method_map_b = method_map(fingerprint_b, image_key, size, kind, class_b, settings_b.query,
                                           settings_b.end_layer, fusion, checkpoint_b, image, settings_b.start_layer)
             map_b = attention_maps.attention_map(analysis_b, settings_b, relevance_b, method_map_b)

@@ -12,7 +12,7 @@ from vit.bounds import TooManyTokens
 from vit.checkpoint import Checkpoint
 from vit.explain import attention_maps, image_analysis
 from vit.explain.attention import HEAD_FUSIONS
-from vit.explain.overlay import SIGNED_MAP_KINDS, UPSAMPLE_MODES, map_colours
+from vit.explain.overlay import UPSAMPLE_MODES, is_signed, map_colours
 from vit.explain.stages import on_patch_grid
 from vit.inference import InputSize
 
@@ -38,8 +38,9 @@ def choose_map(shape: image_analysis.ViewShape, class_names: list[str], model_ke
         # No class map without classes; the probe's first for SigLIP.
         kinds = attention_maps.map_kinds(shape, bool(class_names))
         # The newer methods share one entry (a second picker), which keeps the sidebar short.
-        choices = [k for k in kinds if k not in attention_maps.METHOD_MAP_KINDS]
-        choices += [explorer.MORE_METHODS] if set(kinds) & set(attention_maps.METHOD_MAP_KINDS) else []
+        more = attention_maps.method_map_kinds()  # the registry's methods of a pass of their own, plugins' included
+        choices = [k for k in kinds if k not in more]
+        choices += [explorer.MORE_METHODS] if set(kinds) & set(more) else []
         choices += [vlm_words.CHOICE] if vlm_words.has_words(model) else []  # a VLM's tower: words typed below
         st.session_state["map_kind"] = explorer.map_choice(  # a model change resets what no longer fits
             st.session_state.get("map_kind"), st.session_state.get("map_default"), choices,
@@ -48,9 +49,10 @@ def choose_map(shape: image_analysis.ViewShape, class_names: list[str], model_ke
         kind = st.radio(share.LABELS["map"], choices, key="map_kind",
                         format_func=lambda k: attention_maps.MAP_KINDS.get(k) or LABELS_BY_CHOICE[k])
         if kind == explorer.MORE_METHODS:
-            methods = [k for k in attention_maps.METHOD_MAP_KINDS if k in kinds  # a Swin's: AttnLRP
-                       and (class_names or k not in attention_maps.CLASS_MAP_KINDS)]
-            kind = st.selectbox("Method", methods, format_func=attention_maps.MAP_KINDS.get, key="method_kind",
+            methods = [k for k in more if k in kinds  # a Swin's: AttnLRP
+                       and (class_names or not attention_maps.is_class_map(k))]
+            kind = st.selectbox("Method", methods, format_func=lambda k: attention_maps.method_of(k).title,
+                                key="method_kind",
                                 help="LeGrad, LRP, AttnLRP and the CAMs (but EigenCAM) explain a class; attention "
                                      "flow, like rollout, follows attention and the residual, as a max-flow (slow).")
         word, target = None, "all"
@@ -58,7 +60,7 @@ def choose_map(shape: image_analysis.ViewShape, class_names: list[str], model_ke
             kind, word, target = word_controls()
             controls = vlm_words.controls(kind, target)
         else:
-            controls = attention_maps.MAP_CONTROLS[kind]
+            controls = attention_maps.method_of(kind).reads
         if shape.staged:  # Swin's rollout keeps every attention; its class map starts from the average pooling
             controls = tuple(c for c in controls if c != "discard_ratio" and (kind != "class" or c != "query"))
         hide_registers = False
@@ -87,7 +89,7 @@ def choose_map(shape: image_analysis.ViewShape, class_names: list[str], model_ke
         query, layer, head, fusion, discard_ratio, end_layer, class_index = 0, L, None, "mean", 0.0, L, None
         class_slot = st.empty() if "class" in controls else None
         if "query" in controls:
-            for_class = " (for the class map)" if kind in attention_maps.CLASS_MAP_KINDS else ""
+            for_class = " (for the class map)" if attention_maps.is_class_map(kind) else ""
             query = st.selectbox(share.LABELS["query"] + for_class, offered,
                                  key=query_key, format_func=lambda t: drawing.token_option(t, grid, prefix, names),
                                  help="The image token whose lens score is explained: a patch, numbered row by row "
@@ -214,7 +216,7 @@ def main_map(checkpoint: Checkpoint, fingerprint: tuple, image: Image.Image, ima
             st.error(str(e))
             st.stop()
     method_map2d = None
-    if kind in attention_maps.METHOD_MAP_KINDS:
+    if attention_maps.is_method_map(kind):
         try:
             method_map2d = method_map(fingerprint, image_key, size, kind,
                                       attention_maps.resolved_class(settings, analysis), query, end_layer - 1, fusion,
@@ -237,7 +239,7 @@ def main_map(checkpoint: Checkpoint, fingerprint: tuple, image: Image.Image, ima
     if analysis.staged:  # a Swin layer's map on its own grid: each cell over the image patches it covers
         map2d = on_patch_grid(map2d, analysis.grid)
     map_colormap, vmin, vmax = map_colours(kind, map2d, colormap)  # signed maps: diverging, around 0
-    signed = kind in SIGNED_MAP_KINDS  # their symmetric range is kept whatever the colour scale
+    signed = is_signed(kind)  # their symmetric range is kept whatever the colour scale
     if scale == "zero" and not signed:
         vmin, vmax = drawing.colour_range(map2d, scale)
     elif scale == "shared" and kind == "attention":  # the range of this layer's heads, as in the heads grid

@@ -102,10 +102,10 @@ def read_link(may_open: bool) -> None:
             st.session_state[key] = values.pop(name)
     kind = values.pop("map", None)
     if kind is not None:
-        st.session_state["map_kind"] = (explorer.MORE_METHODS if kind in attention_maps.METHOD_MAP_KINDS
+        st.session_state["map_kind"] = (explorer.MORE_METHODS if attention_maps.is_method_map(kind)
                                         else vlm_words.CHOICE if kind in vlm_words.KINDS else kind)
         st.session_state["map_default"] = None  # a link's map is a choice, not the previous model's default
-        if kind in attention_maps.METHOD_MAP_KINDS:
+        if attention_maps.is_method_map(kind):
             st.session_state["method_kind"] = kind
         if kind in vlm_words.KINDS:
             st.session_state[word_lens.METHOD_KEY] = kind
@@ -194,7 +194,7 @@ def apply_model_settings(model_key: str, shape: image_analysis.ViewShape, class_
     if values.get("map", kinds[0]) not in kinds:  # the page would show its first map instead
         why = ("this model has no attention-pooling probe" if values["map"] in attention_maps.PROBE_MAP_KINDS
                and not shape.num_probe_heads else "this model has no classes" if not class_names
-               and values["map"] in attention_maps.CLASS_MAP_KINDS
+               and attention_maps.is_class_map(values["map"])
                else "this model is no vision-language model's tower with its projector"
                if values["map"] in vlm_words.KINDS else "this model cannot draw it")
         notes.append(share.dropped("map", values["map"], f"{why}; its maps are {', '.join(kinds)}"))
@@ -260,7 +260,9 @@ def view_values(model: str, view: Shown, image_name: str, sample: Path | None, i
 def _controls(view: Shown) -> tuple[str, ...]:
     """The sidebar controls the view's map reads."""
     s = view.settings
-    return vlm_words.controls(s.kind, view.target) if s.kind in vlm_words.KINDS else attention_maps.MAP_CONTROLS[s.kind]
+    if s.kind in vlm_words.KINDS:
+        return vlm_words.controls(s.kind, view.target)
+    return attention_maps.method_of(s.kind).reads
 
 
 def follow(values: dict[str, object]) -> None:

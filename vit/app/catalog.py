@@ -15,6 +15,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from vit import registry
 from vit.checkpoint import (
     CheckpointError,
     ForeignCheckpointError,
@@ -453,6 +454,8 @@ def supported_snapshot(model_dir: Path) -> Path | None:
     if config_json.get("model_type") in sources.HF_FAMILIES:  # DINOv3, CLIP, SigLIP, AIMv2
         return snapshot
     if config_json.get("model_type") in sources.HF_VLMS:  # LLaVA, PaliGemma, Gemma 3, InternVL: their towers
+        return snapshot
+    if registry.plugin_family(config_json.get("model_type")) is not None:  # a plugin's family (vit.registry)
         return snapshot
     if isinstance(timm_name, str):
         try:

@@ -21,7 +21,13 @@ from PIL import Image, ImageDraw, ImageFont
 
 from vit.app.explorer import patch_of
 from vit.checkpoint import Checkpoint
-from vit.explain.attention_maps import CAM_KINDS, MAP_CONTROLS, MAP_KINDS, MapSettings, map_mask, resolved_class
+from vit.explain.attention_maps import (
+    CAM_KINDS,
+    MapSettings,
+    map_mask,
+    method_of,
+    resolved_class,
+)
 from vit.explain.image_analysis import Analysis
 from vit.explain.map_captions import token_label
 from vit.explain.overlay import (
@@ -336,7 +342,7 @@ def map_heading(kind: str) -> str:
         return TITLES[kind]
     if kind in ATTENTION_KINDS:
         return "Attention"
-    return "Gradient rollout" if kind == "class" else MAP_KINDS[kind].split(" (")[0]
+    return "Gradient rollout" if kind == "class" else method_of(kind).title.split(" (")[0]
 
 
 def map_file_name(stem: str, settings: MapSettings, analysis: Analysis, suffix: str = "overlay.png",
@@ -344,7 +350,7 @@ def map_file_name(stem: str, settings: MapSettings, analysis: Analysis, suffix: 
     """'photo-attention-L3-h2-q7-overlay.png': the download names the map by the settings it uses, and a
     class-specific map by its class's name ('photo-legrad-golden_retriever-overlay.png'; its index without names)."""
     s, L = settings, analysis.num_layers
-    controls = MAP_CONTROLS[s.kind]
+    controls = method_of(s.kind).reads
     parts = []
     if "layer" in controls:
         parts.append(f"L{s.layer % L + 1}")

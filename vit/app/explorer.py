@@ -77,9 +77,9 @@ def query_key(kind: str, model_key: str) -> str:
     word's gradient maps' are their own (a class map reads from CLS until a query is picked for it; a word's target
     is a patch, never a prefix token), the other maps share one."""
     from vit.app.vlm_words import KINDS as WORD_KINDS
-    from vit.explain.attention_maps import CLASS_MAP_KINDS
+    from vit.explain.attention_maps import is_class_map
 
-    if kind in CLASS_MAP_KINDS:
+    if is_class_map(kind):
         return f"class-query-{model_key}"
     return f"word-query-{model_key}" if kind in WORD_KINDS else f"query-{model_key}"
 

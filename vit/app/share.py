@@ -15,11 +15,12 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from vit import registry
 from vit.app.drawing import COLORMAPS, COLOUR_SCALES, class_option, head_option, size_option, token_option
 from vit.app.vlm_words import KINDS as WORD_KINDS
 from vit.app.vlm_words import TARGETS
 from vit.explain.attention import HEAD_FUSIONS
-from vit.explain.attention_maps import CAM_KINDS, MAP_KINDS
+from vit.explain.attention_maps import CAM_KINDS, method_of
 from vit.explain.overlay import UPSAMPLE_MODES
 from vit.explain.video import CLIP_KIND_LABELS
 from vit.inference import MAX_INPUT_SIDE
@@ -87,6 +88,13 @@ def _one_of(choices) -> Callable[[str], str]:
     return parse
 
 
+def _map(text: str) -> str:
+    """A map: an image's (the registry's methods, the plugins' included), a VLM tower's word map or a clip's."""
+    names = tuple(dict.fromkeys((*(m.name for m in registry.methods() if m.group != "words"), *WORD_KINDS,
+                                 *CLIP_KIND_LABELS)))
+    return _one_of(names)(text)
+
+
 def _sample(text: str) -> str:
     if "/" in text or "\\" in text or text in ("", ".", "..") or visible(text) != text:
         raise ShareError("give a sample image's file name")
@@ -125,7 +133,7 @@ PARSERS: dict[str, Callable[[str], object]] = {
     "model": str,  # checked by ``model`` against the catalogue and the access rule
     "sample": _sample, "upload": _digest,
     "size": _whole(0, MAX_INPUT_SIDE), "aspect": _flag, "invert": _flag,
-    "map": _one_of(tuple(dict.fromkeys((*MAP_KINDS, *WORD_KINDS, *CLIP_KIND_LABELS)))),  # an image's, a clip's
+    "map": _map,  # an image's, a word's, a clip's
     "registers": _one_of(("hidden",)),
     "class": _whole(0), "query": _whole(0), "layer": _whole(1), "head": _whole(1), "fusion": _one_of(HEAD_FUSIONS),
     "end": _whole(1), "discard": _steps(0.0, 0.95),
@@ -169,7 +177,7 @@ def describe(values: Mapping[str, object], *, size_label: str, grid: tuple[int, 
     ``own_size``: its ``own_size_rule``."""
     words: dict[str, Callable[[object], str]] = {
         "size": lambda v: size_option(v, size_label, own_size),
-        "map": lambda v: MAP_KINDS.get(v) or WORD_KINDS.get(v) or CLIP_KIND_LABELS[v],
+        "map": lambda v: WORD_KINDS.get(v) or CLIP_KIND_LABELS.get(v) or method_of(v).title,
         "patch": lambda v: f"frame {v[0]}, row {v[1]}, col {v[2]}",
         "target": TARGETS.get,
         "class": lambda v: class_option(v, class_names, predicted),

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from vit import registry
 from vit.bounds import TooManyTokens
 from vit.explain.attention import (
     fuse_heads,
@@ -31,52 +32,52 @@ from vit.explain.overlay import attentions_npz_bytes
 from vit.model.stages import LayerLayout
 from vit.progress import Progress
 
-MAP_KINDS = {
-    "attention": "Attention of one layer",
-    "rollout": "Attention rollout",
-    "class": "Class-specific (gradient rollout)",
-    "legrad": "LeGrad (class-specific)",
-    "lrp": "LRP transformer attribution (class-specific)",
-    "attnlrp": "AttnLRP (class-specific, signed)",
-    "gradcam": "Grad-CAM (class-specific)",
-    "gradcam++": "Grad-CAM++ (class-specific)",
-    "xgradcam": "XGrad-CAM (class-specific)",
-    "eigencam": "EigenCAM (first principal component)",
-    "layercam": "LayerCAM (class-specific)",
-    "scorecam": "Score-CAM (class-specific, one forward per channel)",
-    "attn-gradcam": "GradCAM on the last attention (class-specific, Chefer's baseline)",
-    "lrp-partial": "Partial LRP, last attention (class-specific, Chefer's baseline)",
-    "lrp-full": "Full LRP to the pixels (class-specific, signed, Chefer's baseline)",
-    "flow": "Attention flow (max-flow, slow)",
-    "norms": "Token norms (one layer's output)",
-    "probe": "Pooling probe (what the embedding reads)",
-    "probe_rollout": "Attention rollout from the pooling probe",
-}
+# The maps of an image the explorer draws, as the registry lists them (vit.registry: each method once); these names
+# are the built-ins', kept for their callers. A plugin's methods are the registry's too: ``method_of`` finds any.
+_MAPS = tuple(m for m in registry.BUILTIN_METHODS if m.group != "words")
+MAP_KINDS = {m.name: m.title for m in _MAPS}
 # Map kinds of models with an attention-pooling head (SigLIP): its learned probe's attention replaces the CLS row.
-PROBE_MAP_KINDS = ("probe", "probe_rollout")
-# The controls each map kind reads; the page shows only these (a control that does nothing misleads).
-MAP_CONTROLS = {
-    "attention": ("query", "layer", "head", "fusion"),
-    "rollout": ("query", "end_layer", "fusion", "discard_ratio"),
-    "class": ("class", "end_layer", "query"),
-    "norms": ("layer",),
-    "legrad": ("class", "start_layer"),  # the classifier's read-out (CLS, or a Swin's / Hiera's pooling) at each layer
-    "lrp": ("class", "end_layer", "query"),
-    "attnlrp": ("class",),
-    # The CAMs (vit.explain.cam) read one block's first norm: the layer slider's, default the last block
-    **{kind: ("class", "end_layer") for kind in ("gradcam", "gradcam++", "xgradcam", "layercam", "scorecam")},
-    "eigencam": ("end_layer",),
-    **{kind: ("class",) for kind in ("attn-gradcam", "lrp-partial", "lrp-full")},  # the last layer, CLS: theirs
-    "flow": ("query", "end_layer", "fusion"),
-    "probe": ("head", "fusion"),
-    "probe_rollout": ("end_layer", "fusion", "discard_ratio"),
-}
-CAM_KINDS = ("gradcam", "gradcam++", "xgradcam", "eigencam", "layercam", "scorecam")  # vit.explain.cam
-CHEFER_BASELINES = ("attn-gradcam", "lrp-partial", "lrp-full")  # their ViT_explanation_generator.py's
-METHOD_MAP_KINDS = ("legrad", "lrp", "attnlrp", "flow") + CAM_KINDS + CHEFER_BASELINES  # model_method_map's
+PROBE_MAP_KINDS = tuple(m.name for m in _MAPS if m.group == "probe")
+# The controls each map kind reads; the page shows only these (a control that does nothing misleads). The CAMs
+# (vit.explain.cam) read one block's first norm: the layer slider's, default the last block; Chefer's baselines the
+# last layer's CLS, as theirs; LeGrad the classifier's read-out (CLS, or a Swin's / Hiera's pooling) at each layer.
+MAP_CONTROLS = {m.name: m.reads for m in _MAPS}
+CAM_KINDS = tuple(m.name for m in _MAPS if m.group == "cam")  # vit.explain.cam
+CHEFER_BASELINES = tuple(m.name for m in _MAPS if m.group == "chefer baseline")  # their ViT_explanation_generator's
+# model_method_map's (a pass of their own: the page's "More" picker), in that picker's order: by group
+MORE_GROUPS = ("gradient", "relevance", "attention", "cam", "chefer baseline", "probe")
+METHOD_MAP_KINDS = tuple(m.name for g in MORE_GROUPS for m in _MAPS if m.own_pass and m.group == g)
 # explain one class: the page shows a class picker
-CLASS_MAP_KINDS = ("class", "legrad", "lrp", "attnlrp") + tuple(k for k in CAM_KINDS if k != "eigencam") \
-    + CHEFER_BASELINES
+CLASS_MAP_KINDS = tuple(m.name for m in _MAPS if m.class_specific)
+
+
+def method_of(kind: str) -> registry.Method:
+    """The registry's method ``kind`` of an image's map (a built-in or a plugin's); ValueError naming the maps
+    there are for any other."""
+    method = registry.find_method(kind)
+    if method is None or method.group == "words":
+        names = [m.name for m in registry.methods() if m.group != "words"]
+        raise ValueError(f"unknown method {kind!r}; choose one of: {', '.join(names)}")
+    return method
+
+
+def is_method_map(kind: str) -> bool:
+    """Whether map ``kind`` is drawn by ``model_method_map`` (a pass of its own; every plugin's)."""
+    method = registry.find_method(kind)
+    return method is not None and method.own_pass
+
+
+def method_map_kinds() -> tuple[str, ...]:
+    """The kinds ``model_method_map`` draws: ``METHOD_MAP_KINDS``, then the plugins' methods (the page's "More")."""
+    return METHOD_MAP_KINDS + tuple(m.name for m in registry.plugin_methods())
+
+
+def is_class_map(kind: str) -> bool:
+    """Whether map ``kind`` explains one class (the page shows a class picker)."""
+    method = registry.find_method(kind)
+    return method is not None and method.class_specific and method.group != "words"
+
+
 HALF_PRECISION_TOKENS = 1024  # rollout factors above this many tokens are kept in float16
 
 
@@ -159,7 +160,8 @@ def stage_map(analysis: Analysis, settings: MapSettings, relevance: ClassRelevan
 
 def stage_refusal(kind: str) -> str:
     """Why map ``kind`` is not drawn for a model with stages, in one line that names the maps that are."""
-    return (f"{MAP_KINDS.get(kind, kind).split(' (')[0]} is not drawn for a model with stages (Swin, Hiera): "
+    method = registry.find_method(kind)
+    return (f"{(method.title if method else kind).split(' (')[0]} is not drawn for a model with stages (Swin, Hiera): "
             f"{STAGE_REFUSALS.get(kind, 'its layers each have their own grid')}; choose {', '.join(STAGE_MAP_KINDS)}")
 
 
@@ -176,14 +178,14 @@ STAGE_REFUSALS = {  # why each map is not drawn for a model with stages
 
 def map_kinds(analysis: Analysis | ViewShape, has_classes: bool) -> list[str]:
     """The map kinds this analysis (or the one a view shape foretells) can draw, the default first: the pooling
-    probe's for a model without CLS."""
+    probe's for a model without CLS; the plugins' methods last (not for a model with stages)."""
     if analysis.staged:
         return [k for k in STAGE_MAP_KINDS if has_classes or k not in CLASS_MAP_KINDS]
     probe = analysis.num_probe_heads > 0
     kinds = [k for k in MAP_KINDS if (has_classes or k != "class") and (probe or k not in PROBE_MAP_KINDS)]
     if probe and not analysis.has_cls:
         kinds = list(PROBE_MAP_KINDS) + [k for k in kinds if k not in PROBE_MAP_KINDS]
-    return kinds
+    return kinds + [m.name for m in registry.plugin_methods()]  # a plugin's draw takes the image's one grid
 
 
 @dataclass
@@ -216,7 +218,7 @@ class ClassRelevance:
 class MapSettings:
     """Which attention map to draw. Defaults: the seed blog's figure (last layer, CLS query, mean over heads)."""
 
-    kind: str = "attention"  # a key of MAP_KINDS
+    kind: str = "attention"  # a method of the registry (a key of MAP_KINDS, or a plugin's)
     layer: int = -1  # 0-based, negative from the end; for kind "attention"
     head: int | None = None  # 0-based; None fuses the heads with ``fusion``
     fusion: str = "mean"  # mean, max or min over heads (kind "attention" with head None, and "rollout")
@@ -345,9 +347,9 @@ def attention_map(analysis: Analysis, settings: MapSettings, relevance: ClassRel
     of ``METHOD_MAP_KINDS`` need ``method_map``, from ``model_method_map`` (which the page caches).
     """
     s = settings
-    if s.kind in METHOD_MAP_KINDS and (not analysis.layouts or s.kind in STAGE_MAP_KINDS):
+    if is_method_map(s.kind) and (not analysis.layouts or s.kind in STAGE_MAP_KINDS):
         if method_map is None:
-            raise ValueError(f"the {MAP_KINDS[s.kind]} map must be computed with model_method_map first")
+            raise ValueError(f"the {method_of(s.kind).title} map must be computed with model_method_map first")
         return method_map
     if analysis.layouts:
         return stage_map(analysis, s, relevance)
@@ -380,7 +382,8 @@ def attention_map(analysis: Analysis, settings: MapSettings, relevance: ClassRel
                 return _patch_map(probe[s.head], analysis)
             return _patch_map(fuse_heads(probe[None, :, None], s.fusion)[0, 0], analysis)
         return rollout_map(analysis, s)
-    raise ValueError(f"unknown map kind {s.kind!r}; choose one of: {', '.join(MAP_KINDS)}")
+    method_of(s.kind)  # an unknown kind: ValueError naming every map
+    raise ValueError(f"{s.kind} is drawn by model_method_map; pass its map as method_map")
 
 
 def head_maps(analysis: Analysis, query: int, layer: int | None = None) -> np.ndarray:

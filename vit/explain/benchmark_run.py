@@ -132,7 +132,7 @@ def method_maps(checkpoint: Checkpoint, x: Tensor, pixels: Tensor, method: str, 
     rollout and transformer attribution roll out (``bench.CHEFER_START_LAYER`` in Chefer et al.'s two tests)."""
     from dataclasses import replace
 
-    from vit.explain.attention_maps import MAP_CONTROLS
+    from vit import registry
 
     if method in bench.METHODS:
         return bench.method_maps(checkpoint.model, x, method, class_index, generator, pixels=as_pixels,
@@ -141,7 +141,8 @@ def method_maps(checkpoint: Checkpoint, x: Tensor, pixels: Tensor, method: str, 
         raise BenchmarkError(f"unknown method {method!r}; choose from: {', '.join(bench.METHODS)}")
     straight = replace(checkpoint, preprocessing=replace(checkpoint.preprocessing, resize_size=None,
                                                          resize_mode="square"))
-    reads_class = "class" in MAP_CONTROLS.get(method, ())
+    found = registry.find_method(method)  # a built-in's or a plugin's
+    reads_class = found is not None and "class" in found.reads
     maps = [explain(straight, image, method, target=int(c) if reads_class else None).map
             for image, c in zip(pixels, class_index.tolist(), strict=True)]
     return torch.from_numpy(np.stack(maps)).to(x.device)

@@ -23,16 +23,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from vit import registry
 from vit.model import ViT
 
-CAM_METHODS = {  # name -> (what it is, its pytorch-grad-cam class)
-    "gradcam": "Grad-CAM (Selvaraju et al. 2017)",
-    "gradcam++": "Grad-CAM++ (Chattopadhay et al. 2018)",
-    "xgradcam": "XGrad-CAM (Fu et al. 2020)",
-    "eigencam": "EigenCAM (Muhammad & Yeasin 2020)",
-    "layercam": "LayerCAM (Jiang et al. 2021)",
-    "scorecam": "Score-CAM (Wang et al. 2020)",
-}
+# name -> what it is (the registry's CAMs: vit.registry lists each, with the pytorch-grad-cam class it equals)
+CAM_METHODS = {m.name: f"{m.title.split(' (')[0]} ({m.paper})" for m in registry.BUILTIN_METHODS if m.group == "cam"}
 GRADIENT_FREE = ("eigencam", "scorecam")  # pytorch-grad-cam's uses_gradients=False
 SCORECAM_BATCH = 16  # masked images per forward: pytorch-grad-cam's ScoreCAM BATCH_SIZE
 

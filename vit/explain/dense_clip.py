@@ -30,10 +30,11 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from vit import registry
 from vit.model import AttentionVariant, ViT
 
 # The maps by key, as the app and the .npz files name them; the order is the menu's.
-METHODS = {"sclip": "SCLIP", "naclip": "NACLIP", "clearclip": "ClearCLIP", "clipsurgery": "CLIP Surgery"}
+METHODS = {m.name: m.title for m in registry.BUILTIN_METHODS if m.module == __name__}  # the registry's, its order
 NACLIP_STD = 5.0  # NACLIP's gaussian_std default, in patches
 VARIANTS = {  # each method's last block
     "sclip": AttentionVariant(("qq", "kk")),

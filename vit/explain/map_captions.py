@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from vit.explain.attention_maps import METHOD_MAP_KINDS, MapSettings, resolved_class
+from vit.explain.attention_maps import METHOD_MAP_KINDS, MapSettings, is_method_map, method_of, resolved_class
 from vit.explain.image_analysis import Analysis
 from vit.text import escape_markdown
 
@@ -64,7 +64,7 @@ def describe_map(settings: MapSettings, analysis: Analysis, class_names: list[st
         return (f"**Token norms after layer {layer + 1} of {L}**: the length of each patch token's output vector. "
                 "A few patches far brighter than the rest are the high-norm \"artifact\" tokens of Darcet et al. "
                 "(2023), which register tokens remove.")
-    if s.kind in METHOD_MAP_KINDS:
+    if is_method_map(s.kind):
         return describe_method_map(settings, analysis, class_names)
     if s.kind == "probe":
         heads = f"head {s.head + 1}" if s.head is not None else f"the {s.fusion} over its {H} heads"
@@ -151,9 +151,15 @@ CAM_CAPTIONS = {  # how each CAM weighs the channels (pytorch-grad-cam's get_cam
 
 
 def describe_method_map(settings: MapSettings, analysis: Analysis, class_names: list[str]) -> str:
-    """The caption of a ``METHOD_MAP_KINDS`` map."""
+    """The caption of a ``METHOD_MAP_KINDS`` map or a plugin's."""
     s = settings
     who = _query_phrase(s.query, analysis)
+    if s.kind not in METHOD_MAP_KINDS:  # a plugin's: its title and what it applies to, in its own words
+        method = method_of(s.kind)
+        explained = (f" for “{escape_markdown(class_names[resolved_class(s, analysis)])}”"
+                     if method.class_specific else "")
+        return (f"**{escape_markdown(method.title)}**{explained}, from the plugin {escape_markdown(method.plugin)}: "
+                f"{escape_markdown(method.applies_to)}.")
     if s.kind == "eigencam":
         return (f"**EigenCAM**: block {s.end_layer % analysis.num_layers + 1}'s first-norm tokens projected on their "
                 "first principal component, ReLU (Muhammad & Yeasin, 2020; pytorch-grad-cam's definition). It "

@@ -13,6 +13,7 @@ import numpy as np
 import torch
 from PIL import Image
 
+from vit import registry
 from vit.checkpoint import Checkpoint
 from vit.costs import plan
 from vit.costs.memory import CHUNK_BYTES
@@ -24,6 +25,8 @@ from vit.explain.attention_maps import (
     METHOD_MAP_KINDS,
     STAGE_MAP_KINDS,
     ClassRelevance,
+    is_method_map,
+    method_of,
     stage_refusal,
 )
 from vit.explain.chunked import LayerInputs
@@ -98,7 +101,8 @@ def input_class_relevance(model: ViT, pixels: Callable[[], torch.Tensor], grid: 
 def model_method_map(checkpoint: Checkpoint, image: Image.Image, kind: str, class_index: int, query: int = 0,
                      end_layer: int = -1, fusion: str = "mean", size: InputSize = TRAINING_SIZE,
                      progress: Progress | None = None, start_layer: int = -2) -> np.ndarray:
-    """The ``(gh, gw)`` map of a ``METHOD_MAP_KINDS`` kind for one image (seconds for ``flow``).
+    """The ``(gh, gw)`` map of a ``METHOD_MAP_KINDS`` kind or a plugin's method for one image (seconds for
+    ``flow``; a plugin's: ``plugin_map``).
 
     ``class_index`` is the explained class (LeGrad, LRP, AttnLRP); ``query`` the token whose
     relevance or flow is shown (LRP, flow; LeGrad and AttnLRP explain the classifier's CLS); ``start_layer``
@@ -115,6 +119,12 @@ def model_method_map(checkpoint: Checkpoint, image: Image.Image, kind: str, clas
         raise ValueError(stage_refusal(kind))
     shape = input_shape(image, checkpoint.preprocessing, model.config.patch_size, size)  # (height, width)
     grid, prefix = model.patch_grid(*shape), model.num_prefix_tokens
+    if kind not in METHOD_MAP_KINDS:  # a plugin's; ValueError for any other kind
+        plugin = method_of(kind)
+        if plugin.draw is None:
+            raise ValueError(f"{kind!r} is not drawn here; choose one of: "
+                             f"{', '.join(m.name for m in registry.methods() if is_method_map(m.name))}")
+        return plugin_map(checkpoint, image, plugin, grid, class_index, query, end_layer, size, progress)
     # Every method's bound before the work it implies: flow's forward keeps every layer's whole attention (9 GB
     # for ViT-B/16 at 1,024 px) before attention_flow's own limit would refuse the input.
     if kind == "legrad":  # in chunks (never a whole layer's attention or gradient), or a model's stages' windows
@@ -169,6 +179,56 @@ def model_method_map(checkpoint: Checkpoint, image: Image.Image, kind: str, clas
             _, attentions = model(x, output_attentions=True)
         attentions = placed_attentions(model, attentions, grid)
         result = attention_flow(attentions, query, fusion, end_layer, progress=progress)[:, prefix:].reshape(1, *grid)
-    else:
-        raise ValueError(f"{kind!r} is not one of {', '.join(METHOD_MAP_KINDS)}")
     return result[0].float().cpu().numpy()  # (gh, gw)
+
+
+class PluginMethodError(ValueError):
+    """A plugin's method failed on a model: the message names the method and its plugin, in one line."""
+
+
+def plugin_map(checkpoint: Checkpoint, image: Image.Image, method, grid: tuple[int, int], class_index: int,
+               query: int, end_layer: int, size: InputSize, progress: Progress | None = None) -> np.ndarray:
+    """The ``(gh, gw)`` map of a plugin's ``method`` (a ``vit.registry.Method`` with ``draw``), after its cost
+    (``vit.costs.plan``: a forward's, or a gradient's for a class-specific one) is checked: ``draw(model, x,
+    target, layer, query)`` as ``Method`` says. Whatever the plugin raises is one line naming it
+    (``PluginMethodError``), as is a map of another shape than the patch grid."""
+    model = checkpoint.model
+    L = len(model.blocks)
+    layer = range(L)[end_layer]  # from 0, a negative one counted from the end
+    if (method.cost or ("gradient" if method.class_specific else "forward")) == "gradient":
+        plan.decide(plan.gradient(model, grid, method.title.split(" (")[0], layers=L - layer))
+    else:
+        plan.decide(plan.forward(model, grid, method.title.split(" (")[0], attentions=True))
+    device = next(model.parameters()).device
+    x = preprocess([image], checkpoint.preprocessing, size, model.config.patch_size).to(device)  # (1, C, H, W)
+    who = f"{method.name} (plugin {method.plugin})"
+    stopped: list[BaseException] = []  # what the caller's progress raised (the page's Stop): passed on as it is
+
+    def report(done: int, total: int) -> None:
+        try:
+            progress(done, total)
+        except BaseException as e:
+            stopped.append(e)
+            raise
+
+    try:
+        with reported_blocks(model, None if progress is None else report, L):
+            result = method.draw(model, x, class_index if method.class_specific else None, layer, query)
+    except Exception as e:
+        if stopped:
+            raise stopped[0] from None
+        if isinstance(e, ValueError):  # the plugin's own refusal: its message, naming it
+            raise PluginMethodError(f"{who}: {str(e).splitlines()[0] if str(e) else 'refused'}") from None
+        # a plugin's fault is one line, as a refusal is: it never stops the page with a traceback
+        raise PluginMethodError(f"{who} failed: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+                                ) from None
+    try:
+        array = np.asarray(result.detach().float().cpu() if isinstance(result, torch.Tensor) else result,
+                           dtype=np.float32)
+    except (TypeError, ValueError, RuntimeError):
+        raise PluginMethodError(f"{who} gave a {type(result).__name__}, not a map of the patch grid") from None
+    if array.shape == (1, *grid):
+        array = array[0]
+    if array.shape != grid:
+        raise PluginMethodError(f"{who} gave a map of shape {array.shape}; the patch grid is {grid[0]}x{grid[1]}")
+    return array

@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 from PIL import Image, ImageDraw
 
+from vit import registry
 from vit.images import to_mode
 
 UPSAMPLE_MODES = ("nearest", "bilinear")
@@ -260,15 +261,22 @@ def pca_picture(seen: Image.Image, colours: np.ndarray, opacity: float = 1.0) ->
     return Image.fromarray(np.clip(np.rint((1 - opacity) * base + opacity * heat), 0, 255).astype(np.uint8), "RGB")
 
 
-SIGNED_MAP_KINDS = ("attnlrp", "lrp-full")  # negative = evidence against the class: a diverging colour map around 0
+# negative = evidence against the class: a diverging colour map around 0 (the registry's signed maps; a plugin's too)
+SIGNED_MAP_KINDS = tuple(m.name for m in registry.BUILTIN_METHODS if m.signed)
 
 
 DIVERGING_COLORMAP = "RdBu_r"  # blue negative, white 0, red positive; matplotlib and Plotly both know it
 
 
+def is_signed(kind: str) -> bool:
+    """Whether map ``kind`` is signed (``SIGNED_MAP_KINDS``, or a plugin's signed method)."""
+    method = registry.find_method(kind) if kind else None
+    return method is not None and method.signed
+
+
 def map_colours(kind: str, map2d: np.ndarray, colormap: str) -> tuple[str, float | None, float | None]:
     """``(colour map, vmin, vmax)`` for the overlay: signed maps get a diverging map symmetric around 0."""
-    if kind in SIGNED_MAP_KINDS:
+    if is_signed(kind):
         bound = float(np.abs(map2d).max()) or 1.0
         return DIVERGING_COLORMAP, -bound, bound
     return colormap, None, None

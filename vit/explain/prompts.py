@@ -31,6 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from vit import registry
 from vit.checkpoint import Checkpoint
 from vit.explain import dense_clip
 from vit.explain.attention import positive_gradient_attention, relevance_rollout_row
@@ -369,8 +370,8 @@ def map_difference(a: Tensor, b: Tensor) -> Tensor:
 # --- one entry point for the CLIs and the app ------------------------------------------------------------------
 
 # Each method's name as the app and the .npz files show it; the order is the menu's.
-PROMPT_METHODS = {"rollout": "gradient rollout (Chefer et al. 2021b)", "legrad": "LeGrad",
-                  "attnlrp": "AttnLRP", "grad_eclip": "Grad-ECLIP", **dense_clip.METHODS}
+PROMPT_METHODS = {"rollout": "gradient rollout (Chefer et al. 2021b)", "legrad": "LeGrad", "attnlrp": "AttnLRP",
+                  **{m.name: m.title for m in registry.BUILTIN_METHODS if m.group == "words"}}  # Grad-ECLIP, dense
 EMPTY_PROMPT = "a photo of a"  # LeGrad's SigLIP correction compares every map with this prompt's
 
 

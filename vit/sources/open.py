@@ -42,10 +42,12 @@ from pathlib import Path
 
 import torch
 
+from vit import registry
 from vit.checkpoint import (
     IMAGENET_MEAN,
     IMAGENET_STD,
     Checkpoint,
+    CheckpointError,
     ForeignCheckpointError,
     Preprocessing,
     check_archive,
@@ -418,7 +420,9 @@ HF_VLMS = {**import_vlm.ARCHITECTURES, **import_internvl.ARCHITECTURES}  # model
 # model_type -> the module that reads a VLM's tower and projector (reading, wanted, config_from_hf, ...)
 VLM_MODULES = {**dict.fromkeys(import_vlm.ARCHITECTURES, import_vlm),
                **dict.fromkeys(import_internvl.ARCHITECTURES, import_internvl)}
-HF_MODEL_TYPES = (*_HF_MODEL_TYPES, *HF_FAMILIES, *HF_VLMS)  # every config.json model_type that opens
+# every config.json model_type the built-ins open: the registry's families' (tests/test_registry.py holds them equal;
+# registry.hf_model_types() adds the plugins')
+HF_MODEL_TYPES = (*_HF_MODEL_TYPES, *HF_FAMILIES, *HF_VLMS)
 HF_ARCHITECTURES = (*hf.ARCHITECTURES, *(a for names in (*(n for _, n in HF_FAMILIES.values()), *HF_VLMS.values())
                                          for a in names))
 
@@ -529,8 +533,28 @@ def open_vlm(folder: Path, config_json: dict, map_location: str | torch.device =
     return checkpoint
 
 
+def open_plugin_family(family: registry.Family, folder: Path, config_json: dict,
+                       map_location: str | torch.device = "cpu") -> Checkpoint:
+    """A folder of a plugin's family (``vit.registry``, entry-point group ``vit.families``), opened by its ``open``;
+    whatever it raises but a ``CheckpointError`` is one line naming the plugin, as is a result that is no
+    ``Checkpoint``."""
+    who = f"{folder} ({family.name}, plugin {family.plugin})"
+    try:
+        checkpoint = family.open(folder, config_json, map_location)
+    except CheckpointError:
+        raise
+    except Exception as e:  # third-party code: one line naming it, never a traceback
+        raise SourceError(f"{who}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from None
+    if not isinstance(checkpoint, Checkpoint):
+        raise SourceError(f"{who}: its open gave a {type(checkpoint).__name__}, not a vit.checkpoint.Checkpoint")
+    return checkpoint
+
+
 def open_hf_folder(folder: Path, config_json: dict, map_location: str | torch.device = "cpu") -> Checkpoint:
-    """An HF ``save_pretrained`` folder of a supported architecture."""
+    """An HF ``save_pretrained`` folder of a supported architecture (a plugin's family's model_type too)."""
+    family = registry.plugin_family(config_json.get("model_type"))
+    if family is not None:
+        return open_plugin_family(family, folder, config_json, map_location)
     if config_json.get("model_type") in HF_VLMS:
         return open_vlm(folder, config_json, map_location)
     if config_json.get("model_type") in HF_FAMILIES:
@@ -544,7 +568,8 @@ def open_hf_folder(folder: Path, config_json: dict, map_location: str | torch.de
                           "it; open the weights file itself")
     if architecture is None and config_json.get("model_type") not in _HF_MODEL_TYPES:
         model_type = str(config_json.get("model_type"))
-        raise SourceError(unsupported(f"HF model type {model_type!r} ({folder})", model_type, HF_MODEL_TYPES))
+        raise SourceError(unsupported(f"HF model type {model_type!r} ({folder})", model_type,
+                                      registry.hf_model_types()))
     if architecture is not None and architecture not in hf.ARCHITECTURES:
         raise SourceError(unsupported(f"HF architecture {architecture} ({folder})", architecture, HF_ARCHITECTURES,
                                       hf_family))
