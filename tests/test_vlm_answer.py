@@ -170,3 +170,126 @@ def test_each_tokens_attention_is_the_eager_row_placed_through_the_models_layout
                                            rtol=0, atol=ATOL)
             np.testing.assert_allclose(answer.attention(i, layer), by_hand(rows.mean(0), grid, unit, lead),
                                        rtol=0, atol=ATOL)
+
+
+def _differs(a: np.ndarray, b: np.ndarray) -> bool:
+    return not np.allclose(a, b, rtol=0, atol=1e-4)
+
+
+def test_llavas_cls_image_token_covers_no_patch(answers):
+    """Under LLaVA's "full" strategy the first image token is CLIP's CLS: the patches are the tokens after it, and
+    the layout taken row-major from the first image token would be another map."""
+    answer, out, inputs, image_token = answers["llava_full"]
+    positions = (inputs["input_ids"][0] == image_token).nonzero()[:, 0]
+    rows = out.attentions[2][1][0, :, -1, positions].numpy().mean(0)  # (1 + 16,)
+    assert answer.grid == (4, 4) and rows.shape == (17,)
+    np.testing.assert_allclose(answer.attention(2, 1), rows[1:].reshape(4, 4), rtol=0, atol=ATOL)
+    assert _differs(answer.attention(2, 1), rows[:16].reshape(4, 4))  # row-major from the CLS
+    np.testing.assert_allclose(answer.image_rows(2, 1)[:, 0].numpy(),
+                               out.attentions[2][1][0, :, -1, positions[0]].numpy(), rtol=0, atol=ATOL)
+
+
+def test_qwens_image_tokens_are_merge_units_row_major(answers):
+    """Qwen2.5-VL's image tokens are its 2 x 2 merge units, row-major (the tower's window order undone before the
+    merger): on a 4 x 6 patch grid, 2 x 3 units; the units taken column-major would be another map."""
+    answer, out, inputs, image_token = answers["qwen2_5_vl"]
+    positions = (inputs["input_ids"][0] == image_token).nonzero()[:, 0]
+    assert answer.grid == (4, 6) and len(positions) == 6
+    for i in range(NEW_TOKENS):
+        rows = out.attentions[i][-1][0, :, -1, positions].numpy().mean(0)  # (6,)
+        units = rows.reshape(2, 3)
+        np.testing.assert_allclose(answer.attention(i, -1), np.kron(units, np.ones((2, 2))), rtol=0, atol=ATOL)
+        assert _differs(answer.attention(i, -1), np.kron(rows.reshape(3, 2).T, np.ones((2, 2))))  # column-major
+
+
+def test_only_query_rows_are_kept_never_a_layers_attention(answers):
+    """What the answer keeps per layer and token is the query row that predicted it, (heads, head dim), and the KV
+    cache the generation held anyway: never a T x T attention."""
+    answer, _, inputs, _ = answers["qwen2_5_vl"]
+    recorder = answer._recorder
+    assert len(recorder.queries) == answer.layers == 2
+    assert all(q.shape == (4, 8) for layer in recorder.queries for q in layer)
+    assert [s for s in recorder.seen[0]] == [inputs["input_ids"].shape[1] + i for i in range(NEW_TOKENS)]
+
+
+def test_the_cost_is_counted_before_any_forward(vlms, monkeypatch):
+    vlm = vit.open_vlm(vlms["llava"])
+    monkeypatch.setattr(vlm.model, "generate", lambda *a, **k: pytest.fail("the model ran"))
+    monkeypatch.setenv("VIT_ANALYSIS_MEMORY_MB", "0.01")
+    with pytest.raises(TooManyTokens, match=r"^Answering 5 tokens to a prompt of \d+ tokens .* over the 0 MB limit "
+                                            r"\(VIT_ANALYSIS_MEMORY_MB\); ask for fewer tokens or a smaller image\.$"):
+        vit.ask_vlm(vlm, picture(), QUESTION, max_new_tokens=NEW_TOKENS)
+
+
+def test_a_raw_prompt_bypasses_the_chat_template(vlms):
+    image, text = picture(), "<image> what is the dog ?"
+    answer = vit.ask_vlm(vlms["llava"], image, prompt=text, max_new_tokens=NEW_TOKENS)  # a folder: opened for it
+    out, inputs, _ = eager_generate(vlms["llava"], image, text)
+    assert list(answer.tokens) == out.sequences[0, inputs["input_ids"].shape[1]:].tolist()
+    assert answer.prompt_tokens == inputs["input_ids"].shape[1]
+
+
+@pytest.mark.parametrize(("call", "message"), [
+    (dict(question=QUESTION, prompt="<image> hi"), r"^give a question .* or prompt= .*, not both$"),
+    (dict(prompt="no image here"), r"^prompt= must hold the model's image placeholder '<image>' once, got 0$"),
+    (dict(question=QUESTION, max_new_tokens=0), r"^max_new_tokens must be a whole number from 1 to 512, got 0$"),
+])
+def test_a_wrong_question_is_refused_in_one_line(vlms, call, message):
+    vlm = vit.open_vlm(vlms["llava"])
+    with pytest.raises(ValueError, match=message):
+        vit.ask_vlm(vlm, picture(), **call)
+
+
+def test_a_token_layer_or_head_that_does_not_exist_is_refused_in_one_line(answers):
+    answer = answers["llava"][0]
+    with pytest.raises(ValueError, match=r"^answer token 5 does not exist: the answer has 5 tokens, numbered 0 to 4$"):
+        answer.attention(5)
+    with pytest.raises(ValueError, match=r"^layer 2 does not exist: the language model has 2 layers"):
+        answer.attention(0, 2)
+    with pytest.raises(ValueError, match=r"^head 4 does not exist: the language model has 4 heads"):
+        answer.attention(0, 0, 4)
+
+
+def test_a_folder_that_is_no_generating_vlm_is_refused_in_one_line(tmp_path):
+    from vit.sources.whole_vlm import VLMError
+
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "vit", "architectures": ["ViTModel"]}))
+    with pytest.raises(VLMError, match=r"is a 'vit' model; asking a question reads a generating vision-language "
+                                       r"model: llava, qwen2_5_vl"):
+        vit.open_vlm(tmp_path)
+
+
+def test_predict_ask_writes_the_answer_and_each_tokens_maps(vlms, answers, tmp_path, capsys):
+    from vit.predict import main
+
+    picture().save(tmp_path / "photo.png")
+    maps = tmp_path / "maps"
+    assert main([str(vlms["qwen2_5_vl"]), str(tmp_path / "photo.png"), "--ask", QUESTION, "--max-new-tokens",
+                 str(NEW_TOKENS), "--save-maps", str(maps), "--device", "cpu"]) == 0
+    [record] = json.loads(capsys.readouterr().out)
+    answer, out, inputs, image_token = answers["qwen2_5_vl"]
+    assert record["tokens"] == list(answer.tokens) and record["answer"] == answer.text
+    saved = np.load(record["maps"]["npz"])
+    assert saved["attention"].shape == (NEW_TOKENS, 2, 4, 4, 6) and tuple(saved["grid"]) == (4, 6)
+    positions = (inputs["input_ids"][0] == image_token).nonzero()[:, 0]
+    for i in range(NEW_TOKENS):
+        for layer in range(2):
+            rows = out.attentions[i][layer][0, :, -1, positions].numpy()  # (H, 6)
+            for head in range(4):
+                np.testing.assert_allclose(saved["attention"][i, layer, head], by_hand(rows[head], (4, 6), 2, 0),
+                                           rtol=0, atol=ATOL)
+            np.testing.assert_allclose(saved["image_share"][i, layer], rows.sum(-1), rtol=0, atol=ATOL)
+
+
+def test_predict_ask_refuses_maps_over_the_limit_before_answering(vlms, tmp_path, capsys, monkeypatch):
+    from vit.predict import main
+
+    picture(280, 250).save(tmp_path / "photo.png")  # 12 x 12 patches at most (max_pixels): 2.4 MB of maps
+    monkeypatch.setattr("vit.explain.vlm_answer.generate_answer", lambda *a: pytest.fail("the model ran"))
+    monkeypatch.setattr("vit.predict.MAX_MAPS_MB", 1)
+    monkeypatch.delenv("VIT_MAX_MAPS_MB", raising=False)
+    assert main([str(vlms["qwen2_5_vl"]), str(tmp_path / "photo.png"), "--ask", QUESTION, "--max-new-tokens",
+                 "512", "--save-maps", str(tmp_path / "maps"), "--device", "cpu"]) == 1
+    err = capsys.readouterr().err
+    assert "--save-maps would write up to 2 MB" in err and "(512 tokens x 2 layers x 4 heads x " in err and "over the 1 MB limit; raise --max-maps-mb" in err
+    assert not list((tmp_path / "maps").iterdir())
