@@ -128,10 +128,9 @@ class ImageLayout:
 def image_layout(vlm, inputs) -> ImageLayout:
     """The layout of the one image in the processor's ``inputs``: its patch grid from the pixels the model reads
     (Qwen-VL's ``image_grid_thw``; else the pixel tensor's side over the tower's patch), the unit and prefix tokens
-    from our tower (``word_embeddings.projector_unit``, ``visual_lens.leading_rows``). ValueError (one line) when
+    from our tower (``vlm.unit``, ``visual_lens.leading_rows``). ValueError (one line) when
     the image tokens do not tile that grid (tiles, several images)."""
     from vit.explain.visual_lens import leading_rows
-    from vit.sources.word_embeddings import projector_unit
 
     tower = vlm.tower.model
     image_token = getattr(vlm.model.config, "image_token_id", None)
@@ -149,7 +148,7 @@ def image_layout(vlm, inputs) -> ImageLayout:
                              "on one patch grid yet; ask a model that reads one view of the image")
         ph, pw = tower.config.patch_hw
         gh, gw = pixels.shape[-2] // ph, pixels.shape[-1] // pw
-    layout = ImageLayout(positions, (gh, gw), projector_unit(vlm.tower), leading_rows(tower))
+    layout = ImageLayout(positions, (gh, gw), vlm.unit, leading_rows(tower))
     expected = layout.lead + (gh // layout.unit) * (gw // layout.unit)
     if len(positions) != expected:
         raise ValueError(f"the prompt holds {len(positions)} image tokens, not the {expected} of one {gh}x{gw} patch "

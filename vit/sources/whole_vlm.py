@@ -46,6 +46,13 @@ class VLM:
     tower: Checkpoint  # our tower opened on the meta device: its config and layout, no weights
 
     @property
+    def unit(self) -> int:
+        """Patches per image token along each side (``word_embeddings.projector_unit``: Qwen-VL's merge unit, ...)."""
+        from vit.sources.word_embeddings import projector_unit
+
+        return projector_unit(self.tower)
+
+    @property
     def language_model(self) -> torch.nn.Module:
         """The decoder stack (``model.model.language_model``): its ``layers[i].self_attn`` are what the answer's
         attention reads."""
