@@ -37,7 +37,7 @@ CLIP_TOWER = dict(model_type="clip_vision_model", image_size=32, patch_size=8, h
                   num_hidden_layers=3, num_attention_heads=2)
 LLAMA = dict(model_type="llama", hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
              num_key_value_heads=2, head_dim=8)
-KINDS = ["llava", "llava_full", "qwen2_5_vl"]
+KINDS = ["llava", "llava_full", "qwen2_5_vl", "qwen3_vl"]
 QUESTION = "what is this ?"
 
 
@@ -67,6 +67,23 @@ def _build(kind: str):
 
     words = tokenizer(QWEN_SPECIALS)
     ids = {token: words.convert_tokens_to_ids(token) for token in QWEN_SPECIALS}
+    template = TEMPLATE.replace("IMAGE", "<|vision_start|><|image_pad|><|vision_end|>")
+    if kind == "qwen3_vl":  # 16-px patches, interleaved M-RoPE, DeepStack
+        text = dict(hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+                    num_key_value_heads=2, head_dim=8, vocab_size=len(words), max_position_embeddings=256,
+                    rope_parameters={"rope_type": "default", "mrope_section": [1, 1, 2], "rope_theta": 10000.0,
+                                     "mrope_interleaved": True})
+        config = transformers.Qwen3VLConfig(
+            vision_config=dict(depth=2, hidden_size=32, intermediate_size=48, num_heads=2, out_hidden_size=32,
+                               num_position_embeddings=64, deepstack_visual_indexes=[0]),
+            text_config=text, image_token_id=ids["<|image_pad|>"], video_token_id=ids["<|video_pad|>"],
+            vision_start_token_id=ids["<|vision_start|>"], eos_token_id=1)
+        images = Qwen2VLImageProcessor(patch_size=16, merge_size=2, min_pixels=64 * 64, max_pixels=32 * 32 * 64,
+                                       image_mean=[0.5] * 3, image_std=[0.5] * 3)
+        processor = transformers.Qwen3VLProcessor(image_processor=images, tokenizer=words,
+                                                  video_processor=transformers.Qwen3VLVideoProcessor(),
+                                                  chat_template=template)
+        return transformers.Qwen3VLForConditionalGeneration(config), processor
     text = dict(hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
                 num_key_value_heads=2, vocab_size=len(words), max_position_embeddings=256,
                 rope_parameters={"rope_type": "default", "mrope_section": [1, 1, 2], "rope_theta": 10000.0})
@@ -77,8 +94,7 @@ def _build(kind: str):
         vision_start_token_id=ids["<|vision_start|>"], eos_token_id=1)
     processor = transformers.Qwen2_5_VLProcessor(
         image_processor=Qwen2VLImageProcessor(min_pixels=56 * 56, max_pixels=28 * 28 * 40), tokenizer=words,
-        video_processor=transformers.Qwen2VLVideoProcessor(),
-        chat_template=TEMPLATE.replace("IMAGE", "<|vision_start|><|image_pad|><|vision_end|>"))
+        video_processor=transformers.Qwen2VLVideoProcessor(), chat_template=template)
     return transformers.Qwen2_5_VLForConditionalGeneration(config), processor
 
 
@@ -134,7 +150,7 @@ def by_hand(row: np.ndarray, grid: tuple[int, int], unit: int, lead: int) -> np.
     return placed
 
 
-LAYOUT = {"llava": (1, 0), "llava_full": (1, 1), "qwen2_5_vl": (2, 0)}  # (unit, lead)
+LAYOUT = {"llava": (1, 0), "llava_full": (1, 1), "qwen2_5_vl": (2, 0), "qwen3_vl": (2, 0)}  # (unit, lead)
 
 
 @pytest.fixture(scope="module")
