@@ -37,20 +37,35 @@ CLIP_TOWER = dict(model_type="clip_vision_model", image_size=32, patch_size=8, h
                   num_hidden_layers=3, num_attention_heads=2)
 LLAMA = dict(model_type="llama", hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
              num_key_value_heads=2, head_dim=8)
-KINDS = ["llava", "llava_full", "qwen2_5_vl", "qwen3_vl"]
+KINDS = ["llava", "llava_full", "qwen2_5_vl", "qwen3_vl", "gemma3"]
 QUESTION = "what is this ?"
 
 
-def tokenizer(specials: list[str]):
+def tokenizer(specials: list[str], named: dict[str, str] | None = None):
+    """A word-level tokenizer of ``WORDS`` split at spaces, with ``specials`` and ``named`` special tokens (Gemma 3's
+    processor reads its ``boi_token``, ``eoi_token`` and ``image_token`` by name), built offline."""
     tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(WORDS)}, unk_token="[UNK]"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    made = transformers.PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", pad_token="<pad>",
-                                                eos_token="<pad>")
-    made.add_special_tokens({"additional_special_tokens": specials})
-    return made
+    tok.add_special_tokens([*specials, *(named or {}).values()])
+    return transformers.PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", pad_token="<pad>",
+                                                eos_token="<pad>", additional_special_tokens=specials,
+                                                extra_special_tokens=named or {})
 
 
 def _build(kind: str):
+    if kind == "gemma3":  # an 8 x 8 SigLIP grid pooled 4 x 4 into 2 x 2 image tokens; sliding-window layers
+        named = {"boi_token": "<start_of_image>", "eoi_token": "<end_of_image>", "image_token": "<image_soft_token>"}
+        words = tokenizer([], named)
+        ids = {name: words.convert_tokens_to_ids(token) for name, token in named.items()}
+        text = dict(LLAMA, model_type="gemma3_text", vocab_size=len(words), sliding_window=512)
+        config = transformers.Gemma3Config(
+            vision_config=dict(CLIP_TOWER, model_type="siglip_vision_model", image_size=64, vision_use_head=False),
+            text_config=text, mm_tokens_per_image=4, image_token_id=ids["image_token"],
+            boi_token_id=ids["boi_token"], eoi_token_id=ids["eoi_token"], eos_token_id=1)
+        processor = transformers.Gemma3Processor(
+            image_processor=transformers.Gemma3ImageProcessor(size={"height": 64, "width": 64}), tokenizer=words,
+            image_seq_length=4, chat_template=TEMPLATE.replace("IMAGE", "<start_of_image>"))
+        return transformers.Gemma3ForConditionalGeneration(config), processor
     if kind.startswith("llava"):
         strategy = "full" if kind == "llava_full" else "default"  # "full": CLIP's CLS is an image token too
         words = tokenizer(["<image>"])
@@ -150,7 +165,8 @@ def by_hand(row: np.ndarray, grid: tuple[int, int], unit: int, lead: int) -> np.
     return placed
 
 
-LAYOUT = {"llava": (1, 0), "llava_full": (1, 1), "qwen2_5_vl": (2, 0), "qwen3_vl": (2, 0)}  # (unit, lead)
+# (unit, lead): patches per image token along each side, image tokens before the patches'
+LAYOUT = {"llava": (1, 0), "llava_full": (1, 1), "qwen2_5_vl": (2, 0), "qwen3_vl": (2, 0), "gemma3": (4, 0)}
 
 
 @pytest.fixture(scope="module")
