@@ -50,6 +50,7 @@ from vit.explain.overlay import (
 )
 from vit.explain.overlay import overlay as draw_overlay
 from vit.explain.stages import cell_patch, on_patch_grid
+from vit.explain.vlm_answer import VLMAnswer
 from vit.images import ImageError, open_image
 from vit.inference import TRAINING_SIZE, InputSize, Prediction, input_box, seen_region
 from vit.runfiles import default_checkpoints_dir, images_in
@@ -942,3 +943,27 @@ def explain_word(checkpoint: Checkpoint, image: ImageLike, word: str, method: st
     shown.description = f"{shown.description} Target: the visual logit lens score of {word!r} {where}."
     shown.target, shown.prediction = word, None
     return shown
+
+
+def open_vlm(model: str | os.PathLike | Checkpoint, device: str | torch.device | None = None):
+    """A vision-language model opened whole from its folder (or ``vit.load``'s checkpoint of its tower) to ask it
+    questions (``ask_vlm``): transformers' own model class and processor, offline, no remote code. Open it once and
+    ask it many times; VLMError (one line) for a folder that cannot be."""
+    from vit.sources.whole_vlm import open_whole_vlm
+
+    return open_whole_vlm(model, device)
+
+
+def ask_vlm(model, image: ImageLike, question: str | None = None, *, prompt: str | None = None,
+            max_new_tokens: int = 32) -> VLMAnswer:
+    """A vision-language model's greedy answer to ``question`` about ``image`` (through its processor's chat
+    template; ``prompt=`` instead: raw text with the model's image placeholder, the template bypassed), token for
+    token transformers' ``generate``. ``model``: ``open_vlm``'s model, or a folder / ``vit.load`` checkpoint opened
+    for this call. Returns a ``VLMAnswer``: ``.tokens``, ``.text``, ``.pieces`` and ``.attention(i, layer,
+    head=None)``, answer token ``i``'s attention to the image tokens on the tower's patch grid (heads averaged when
+    ``head`` is None) from the query that predicted it, computed from the KV cache when asked. What it holds is
+    counted first and refused in one line over the memory bound (VIT_ANALYSIS_MEMORY_MB)."""
+    from vit.explain.vlm_answer import answer
+
+    return answer(open_vlm(model), _image(image), question, prompt=prompt, max_new_tokens=max_new_tokens)
+

@@ -41,6 +41,16 @@ token) and ``frames`` (the sampled frame indices). TimeSformer's divided layers 
 ``output_attentions``), and ``temporal_i`` (P, heads, frames, frames), each patch position ``row*cols + col`` over its
 frames; P = rows*cols.
 
+Asking a vision-language model (LLaVA, Qwen2.5-VL, Qwen3-VL, PaliGemma, Gemma 3, InternVL; its folder saved whole
+with its processor): ``--ask "what is this?"`` prints ``{"image", "question", "answer", "tokens", "pieces"}`` per
+image, the question through the model's chat template and the answer transformers' greedy ``generate``, at most
+``--max-new-tokens`` (default 32). With ``--save-maps`` its ``<stem>.npz`` holds ``attention`` (answer tokens, layers,
+heads, rows, cols): each answer token's attention to the image tokens, from the query that predicted it, placed on
+the tower's patch grid (each patch holds its image token's: Qwen-VL's 2 x 2 merge units, LLaVA's patches), written a
+token and a layer at a time; ``image_share`` (answer tokens, layers, heads): the share of each row on the image;
+``tokens``, ``pieces``, ``answer``, ``grid``, ``patch_size``, ``unit``. Its largest size is refused before any work
+past ``--max-maps-mb``.
+
 ``--ablate 2.3,4.1`` zero-ablates those heads
 (LAYER.HEAD, counted from 1) for everything above: their outputs are zeroed before the output projection.
 ``--size N`` (at most 4096) runs the model on an N-px square
@@ -224,6 +234,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "'{}' for the labels as typed; 'imagenet' for open_clip's 80-template ensemble)")
     p.add_argument("--ablate", metavar="L.H,...",
                    help="zero-ablate these heads (layer.head counted from 1, e.g. 2.3,4.1) before predicting")
+    p.add_argument("--ask", metavar="QUESTION",
+                   help="ask a vision-language model (its folder) this question about each image")
+    p.add_argument("--max-new-tokens", type=positive_int, default=32, metavar="N",
+                   help="with --ask: the answer's most tokens (default 32)")
     add_size_arguments(p, keep_aspect=True)
     return p
 
@@ -522,6 +536,8 @@ def save_stage_maps(result: FileResult, checkpoint: Checkpoint, folder: Path, st
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.ask is not None:
+        return run_ask(args)
     checkpoint = open_checkpoint(args.checkpoint, resolve_device(args.device), args.arch)
     if checkpoint.model.config.tubelet_size:
         return run_clips(checkpoint, args)
@@ -553,6 +569,81 @@ def run(args: argparse.Namespace) -> int:
             progress = stack.enter_context(ForwardProgress(len(model.blocks)))
             stack.enter_context(model.hooks(progress.hooks()))
         records, failed = predicted(checkpoint, args, maps_dir, size, prompts, tower, whole)
+    print(json.dumps(records, indent=2))
+    return 1 if failed else 0
+
+
+def save_answer_maps(answer, path: Path, dtype: str, patch_size: tuple[int, int]) -> None:
+    """``answer``'s maps as ``--ask --save-maps`` writes them: ``attention`` (tokens, layers, heads, rows, cols)
+    streamed a token and a layer at a time, each computed then from the KV cache; ``image_share`` (tokens, layers,
+    heads) and the answer's tokens and geometry beside."""
+    import numpy as np
+
+    from vit.explain.overlay import write_npz_streamed
+
+    n, L, H = len(answer.tokens), answer.layers, answer.heads
+    gh, gw = answer.grid
+    shares = np.zeros((n, L, H), dtype=np.float32)  # filled as the maps stream; written after them
+
+    def pieces():  # (H, gh, gw) each
+        for i in range(n):
+            for layer in range(L):
+                shares[i, layer] = answer.image_rows(i, layer).sum(-1).numpy()
+                yield np.stack([answer.attention(i, layer, h) for h in range(H)])
+
+    write_npz_streamed(path, [("attention", (n, L, H, gh, gw), dtype, pieces())], image_share=shares,
+                       tokens=np.array(answer.tokens, dtype=np.int64), pieces=np.array(answer.pieces),
+                       answer=np.str_(answer.text), grid=np.array(answer.grid), patch_size=np.array(patch_size),
+                       unit=np.array(answer.layout.unit))
+
+
+def run_ask(args: argparse.Namespace) -> int:
+    """``run`` with ``--ask``: the VLM's answer about each image, one line on stderr for an image that cannot be read
+    or asked about; with ``--save-maps`` each answer token's attention to the image at every layer and head."""
+    import numpy as np
+
+    from vit.checkpoint import CheckpointError
+    from vit.explain.vlm_answer import generate_answer, prepare
+    from vit.images import ImageError, open_image
+    from vit.sources.whole_vlm import open_whole_vlm
+
+    for flag, value in (("--labels", args.labels), ("--template", args.template), ("--ablate", args.ablate),
+                        ("--size", args.size), ("--keep-aspect", args.keep_aspect)):
+        if value:
+            raise UsageError(f"{flag} does not go with --ask: the VLM's processor sizes the image")
+    try:
+        vlm = open_whole_vlm(args.checkpoint, resolve_device(args.device))
+    except CheckpointError as e:
+        raise UsageError(str(e)) from None
+    maps_dir, limit = (Path(args.save_maps), maps_limit_mb(args) * 2**20) if args.save_maps else (None, 0)
+    if maps_dir is not None:
+        try:
+            maps_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise UsageError(f"cannot create --save-maps folder {maps_dir} ({e.strerror or e})") from None
+    records, failed, taken = [], 0, set()
+    for source in args.images:
+        try:
+            prepared = prepare(vlm, open_image(source), args.ask, max_new_tokens=args.max_new_tokens)
+            need = prepared.maps_bytes(np.dtype(args.maps_dtype).itemsize)
+            if maps_dir is not None and need > limit:  # before the answer is generated
+                raise ValueError(f"--save-maps would write up to {need / 2**20:,.0f} MB for {source} "
+                                 f"({args.max_new_tokens} tokens x {prepared.text.layers} layers x "
+                                 f"{prepared.text.heads} heads x {prepared.layout.grid[0]}x{prepared.layout.grid[1]} "
+                                 f"patches), over the {limit // 2**20:,} MB limit; raise --max-maps-mb (or env "
+                                 f"{MAX_MAPS_ENV}), or ask for fewer --max-new-tokens")
+            answer = generate_answer(vlm, prepared)
+        except (ImageError, ValueError) as e:
+            print(f"{PROG}: skipped {source}: {str(e).splitlines()[0]}", file=sys.stderr)
+            failed += 1
+            continue
+        record = {"image": str(source), "question": args.ask, "answer": answer.text, "tokens": list(answer.tokens),
+                  "pieces": list(answer.pieces)}
+        if maps_dir is not None:
+            path = maps_dir / f"{unique_stem(Path(source), taken)}.npz"
+            save_answer_maps(answer, path, args.maps_dtype, vlm.tower.model.config.patch_hw)
+            record["maps"] = {"npz": str(path)}
+        records.append(record)
     print(json.dumps(records, indent=2))
     return 1 if failed else 0
 

@@ -313,3 +313,42 @@ def tokens_gate(model, grid: tuple[int, int], what: str, limit: int | None = Non
     """``TooManyTokens`` when the input's patches are over the token gate (``limit``, default VIT_MAX_TOKENS;
     ``allow``: how the message says to raise it): ``bounds.check_tokens``, whose work grows with T²."""
     bounds.check_tokens(model.config, grid[0] * grid[1], what, bounds.max_tokens(limit), allow)
+
+
+@dataclass(frozen=True)
+class TextShape:
+    """A language model's sizes, as ``vlm_answer`` counts them."""
+
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    hidden: int
+    mlp: int
+    vocab: int
+    itemsize: int  # bytes per value of its weights and cache
+
+
+def vlm_answer(tower, grid: tuple[int, int], text: TextShape, prompt_tokens: int, new_tokens: int) -> Cost:
+    """A VLM's greedy answer of ``new_tokens`` to a prompt of ``prompt_tokens`` (its image tokens included) about an
+    image on the tower's patch ``grid`` (``vit.explain.vlm_answer``): the tower's forward (``forward``), the KV cache
+    of every layer, the prompt's forward through one decoder layer (its activations, its MLP and, where the attention
+    cannot fuse, one layer's ``H x T²`` scores), the last position's logits, and each answer token's query row at
+    every layer, kept for its maps (``L x H x d``); a map's row is ``H x T``. Never every layer's ``T x T``."""
+    t = prompt_tokens + new_tokens
+    parts = {
+        "the tower's forward": forward(tower, grid).memory,
+        "the KV cache, every layer's keys and values": 2 * text.layers * text.kv_heads * t * text.head_dim
+        * text.itemsize,
+        "the prompt's forward through one layer": prompt_tokens * (4 * text.hidden + 3 * text.mlp) * text.itemsize
+        + text.heads * prompt_tokens ** 2 * 4 + text.vocab * 4,
+        "each answer token's query rows and one map's row": text.layers * text.heads * text.head_dim * new_tokens * 4
+        + 3 * text.heads * t * 4,
+    }
+    refuse = _over(f"Answering {new_tokens} tokens to a prompt of {prompt_tokens:,} tokens (a "
+                   f"{grid[0]}x{grid[1]}-patch image) needs about {{need}} MB (the KV cache of {text.layers} layers, "
+                   f"the prompt's forward), over the {{limit}} MB limit ({ANALYSIS_MEMORY_ENV}); ask for fewer "
+                   "tokens or a smaller image.")
+    cost = _cost("vlm answer", tower, grid, parts, refuse)
+    return replace(cost, tokens=t, flops=2 * t * (text.layers * (4 * text.hidden * text.heads * text.head_dim
+                                                                 + 3 * text.hidden * text.mlp)))

@@ -20,17 +20,25 @@ def leading_rows(model) -> int:
     return max(0, model.num_prefix_tokens - model.config.projector_skip)
 
 
+def on_patch_grid(values: torch.Tensor, grid: tuple[int, int], unit: int = 1, lead: int = 0) -> torch.Tensor:
+    """``values`` (W, lead + N), one value per image token of an input on patch grid ``grid`` (``lead`` prefix
+    tokens, then units row-major, each spanning ``unit`` x ``unit`` patches) -> (W, gh, gw): each patch holds the
+    value of the token whose unit covers it; the prefix tokens cover no patch."""
+    gh, gw = grid
+    if gh % unit or gw % unit or values.shape[-1] != lead + (gh // unit) * (gw // unit):
+        after = f" after {lead} prefix token(s)" if lead else ""
+        raise ValueError(f"{values.shape[-1]} image tokens do not tile a {gh}x{gw} patch grid in "
+                         f"{unit}x{unit} units{after}")
+    units = values[:, lead:].reshape(-1, gh // unit, gw // unit)  # (W, gh/u, gw/u)
+    return units.repeat_interleave(unit, 1).repeat_interleave(unit, 2)  # (W, gh, gw)
+
+
 def lens_maps(projected: torch.Tensor, vectors: torch.Tensor, grid: tuple[int, int], unit: int = 1,
               lead: int = 0) -> torch.Tensor:
     """``projected`` (lead + N, E), the image tokens of an input on patch grid ``grid`` (``lead`` prefix tokens, then
     units row-major, each spanning ``unit`` x ``unit`` patches), and ``vectors`` (W, E), one per word -> (W, gh, gw):
     each patch holds the dot product of the token whose unit covers it with each word's vector; the prefix tokens
     cover no patch."""
-    gh, gw = grid
-    if gh % unit or gw % unit or projected.shape[0] != lead + (gh // unit) * (gw // unit):
-        after = f" after {lead} prefix token(s)" if lead else ""
-        raise ValueError(f"{projected.shape[0]} projected tokens do not tile a {gh}x{gw} patch grid in "
-                         f"{unit}x{unit} units{after}")
-    scores = vectors.to(projected.dtype) @ projected[lead:].T  # (W, N)
-    units = scores.view(-1, gh // unit, gw // unit)  # (W, gh/u, gw/u)
-    return units.repeat_interleave(unit, 1).repeat_interleave(unit, 2)  # (W, gh, gw)
+    on_patch_grid(projected.new_zeros(1, projected.shape[0]), grid, unit, lead)  # its shape checked before the work
+    scores = vectors.to(projected.dtype) @ projected.T  # (W, lead + N)
+    return on_patch_grid(scores, grid, unit, lead)

@@ -1,0 +1,328 @@
+"""Where a VLM looked when it said each word (issue 80, items 1, 2a, 3, 5): ``vit.ask_vlm`` answers with transformers'
+own greedy ``generate``, and each answer token's attention to the image tokens is the row transformers' eager
+attention returns for the query that predicted it, placed on the tower's patch grid through the model's own layout.
+
+References are transformers' own tiny random VLMs (noise on every parameter) saved whole in many shards with their
+processor: its image processor, a word-level tokenizer built offline with the image's special tokens, and a chat
+template. Each answer is compared with ``generate(..., output_attentions=True, return_dict_in_generate=True)`` of the
+eager model opened from the same folder, at every answer token, layer and head (and their mean), to 1e-5; each eager
+row is placed by hand, each image token's value written into every patch its unit covers.
+"""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+transformers = pytest.importorskip("transformers")
+from tokenizers import Tokenizer, models, pre_tokenizers  # noqa: E402
+
+import vit  # noqa: E402
+from vit.bounds import TooManyTokens  # noqa: E402
+
+pytestmark = pytest.mark.slow  # importing transformers takes seconds
+
+ATOL = 1e-5
+NEW_TOKENS = 5
+WORDS = ["[UNK]", "<pad>", "dog", "cat", "hot", "red", "sky", "what", "is", "this", "?", "a", "the", "user:",
+         "assistant:", *(f"w{i}" for i in range(40))]
+# A chat template of the shape real ones have: each message's role, its image placeholder and text
+TEMPLATE = ("{% for m in messages %}{{ m['role'] }}: {% for c in m['content'] %}{% if c['type'] == 'image' %}"
+            "IMAGE {% else %}{{ c['text'] }} {% endif %}{% endfor %}{% endfor %}"
+            "{% if add_generation_prompt %}assistant: {% endif %}")
+QWEN_SPECIALS = ["<|image_pad|>", "<|vision_start|>", "<|vision_end|>", "<|video_pad|>"]
+CLIP_TOWER = dict(model_type="clip_vision_model", image_size=32, patch_size=8, hidden_size=32, intermediate_size=48,
+                  num_hidden_layers=3, num_attention_heads=2)
+LLAMA = dict(model_type="llama", hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+             num_key_value_heads=2, head_dim=8)
+KINDS = ["llava", "llava_full", "qwen2_5_vl", "qwen3_vl", "gemma3"]
+QUESTION = "what is this ?"
+
+
+def tokenizer(specials: list[str], named: dict[str, str] | None = None):
+    """A word-level tokenizer of ``WORDS`` split at spaces, with ``specials`` and ``named`` special tokens (Gemma 3's
+    processor reads its ``boi_token``, ``eoi_token`` and ``image_token`` by name), built offline."""
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(WORDS)}, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.add_special_tokens([*specials, *(named or {}).values()])
+    return transformers.PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", pad_token="<pad>",
+                                                eos_token="<pad>", additional_special_tokens=specials,
+                                                extra_special_tokens=named or {})
+
+
+def _build(kind: str):
+    if kind == "gemma3":  # an 8 x 8 SigLIP grid pooled 4 x 4 into 2 x 2 image tokens; sliding-window layers
+        named = {"boi_token": "<start_of_image>", "eoi_token": "<end_of_image>", "image_token": "<image_soft_token>"}
+        words = tokenizer([], named)
+        ids = {name: words.convert_tokens_to_ids(token) for name, token in named.items()}
+        text = dict(LLAMA, model_type="gemma3_text", vocab_size=len(words), sliding_window=512)
+        config = transformers.Gemma3Config(
+            vision_config=dict(CLIP_TOWER, model_type="siglip_vision_model", image_size=64, vision_use_head=False),
+            text_config=text, mm_tokens_per_image=4, image_token_id=ids["image_token"],
+            boi_token_id=ids["boi_token"], eoi_token_id=ids["eoi_token"], eos_token_id=1)
+        processor = transformers.Gemma3Processor(
+            image_processor=transformers.Gemma3ImageProcessor(size={"height": 64, "width": 64}), tokenizer=words,
+            image_seq_length=4, chat_template=TEMPLATE.replace("IMAGE", "<start_of_image>"))
+        return transformers.Gemma3ForConditionalGeneration(config), processor
+    if kind.startswith("llava"):
+        strategy = "full" if kind == "llava_full" else "default"  # "full": CLIP's CLS is an image token too
+        words = tokenizer(["<image>"])
+        config = transformers.LlavaConfig(vision_config=CLIP_TOWER, text_config=dict(LLAMA, vocab_size=len(words)),
+                                          image_token_id=words.convert_tokens_to_ids("<image>"),
+                                          vision_feature_select_strategy=strategy)
+        images = transformers.CLIPImageProcessor(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32})
+        processor = transformers.LlavaProcessor(image_processor=images, tokenizer=words, patch_size=8,
+                                                vision_feature_select_strategy=strategy,
+                                                num_additional_image_tokens=1,
+                                                chat_template=TEMPLATE.replace("IMAGE", "<image>"))
+        return transformers.LlavaForConditionalGeneration(config), processor
+    from transformers.models.qwen2_vl.image_processing_qwen2_vl import Qwen2VLImageProcessor
+
+    words = tokenizer(QWEN_SPECIALS)
+    ids = {token: words.convert_tokens_to_ids(token) for token in QWEN_SPECIALS}
+    template = TEMPLATE.replace("IMAGE", "<|vision_start|><|image_pad|><|vision_end|>")
+    if kind == "qwen3_vl":  # 16-px patches, interleaved M-RoPE, DeepStack
+        text = dict(hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+                    num_key_value_heads=2, head_dim=8, vocab_size=len(words), max_position_embeddings=256,
+                    rope_parameters={"rope_type": "default", "mrope_section": [1, 1, 2], "rope_theta": 10000.0,
+                                     "mrope_interleaved": True})
+        config = transformers.Qwen3VLConfig(
+            vision_config=dict(depth=2, hidden_size=32, intermediate_size=48, num_heads=2, out_hidden_size=32,
+                               num_position_embeddings=64, deepstack_visual_indexes=[0]),
+            text_config=text, image_token_id=ids["<|image_pad|>"], video_token_id=ids["<|video_pad|>"],
+            vision_start_token_id=ids["<|vision_start|>"], eos_token_id=1)
+        images = Qwen2VLImageProcessor(patch_size=16, merge_size=2, min_pixels=64 * 64, max_pixels=32 * 32 * 64,
+                                       image_mean=[0.5] * 3, image_std=[0.5] * 3)
+        processor = transformers.Qwen3VLProcessor(image_processor=images, tokenizer=words,
+                                                  video_processor=transformers.Qwen3VLVideoProcessor(),
+                                                  chat_template=template)
+        return transformers.Qwen3VLForConditionalGeneration(config), processor
+    text = dict(hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+                num_key_value_heads=2, vocab_size=len(words), max_position_embeddings=256,
+                rope_parameters={"rope_type": "default", "mrope_section": [1, 1, 2], "rope_theta": 10000.0})
+    config = transformers.Qwen2_5_VLConfig(
+        vision_config=dict(depth=2, hidden_size=32, intermediate_size=48, num_heads=2, out_hidden_size=32,
+                           fullatt_block_indexes=[1]),
+        text_config=text, image_token_id=ids["<|image_pad|>"], video_token_id=ids["<|video_pad|>"],
+        vision_start_token_id=ids["<|vision_start|>"], eos_token_id=1)
+    processor = transformers.Qwen2_5_VLProcessor(
+        image_processor=Qwen2VLImageProcessor(min_pixels=56 * 56, max_pixels=28 * 28 * 40), tokenizer=words,
+        video_processor=transformers.Qwen2VLVideoProcessor(), chat_template=template)
+    return transformers.Qwen2_5_VLForConditionalGeneration(config), processor
+
+
+def noisy(model: torch.nn.Module) -> torch.nn.Module:
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn(p.shape, generator=generator) * 0.3)
+    return model.eval()
+
+
+@pytest.fixture(scope="module")
+def vlms(tmp_path_factory):
+    """``{kind: folder}``: each VLM saved whole in many shards with its processor."""
+    built = {}
+    for kind in KINDS:
+        torch.manual_seed(0)
+        model, processor = _build(kind)
+        folder = tmp_path_factory.mktemp(kind)
+        noisy(model).save_pretrained(folder, max_shard_size="20KB")
+        processor.save_pretrained(folder)
+        built[kind] = folder
+    return built
+
+
+def picture(width: int = 90, height: int = 70) -> Image.Image:
+    return Image.fromarray(np.random.default_rng(3).integers(0, 256, (height, width, 3), dtype=np.uint8))
+
+
+def eager_generate(folder, image: Image.Image, text: str | None = None):
+    """transformers alone: the eager model and the processor from ``folder``, greedy ``generate`` with every step's
+    attentions, and the prompt's input ids."""
+    config = json.loads((folder / "config.json").read_text())
+    model = getattr(transformers, config["architectures"][0]).from_pretrained(folder, attn_implementation="eager")
+    processor = transformers.AutoProcessor.from_pretrained(folder)
+    if text is None:
+        messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": QUESTION}]}]
+        text = processor.apply_chat_template(messages, add_generation_prompt=True)
+    inputs = processor(images=[image], text=text, return_tensors="pt")
+    with torch.no_grad():
+        out = model.eval().generate(**inputs, max_new_tokens=NEW_TOKENS, do_sample=False, output_attentions=True,
+                                    return_dict_in_generate=True)
+    return out, inputs, model.config.image_token_id
+
+
+def by_hand(row: np.ndarray, grid: tuple[int, int], unit: int, lead: int) -> np.ndarray:
+    """Each image token's value written into every patch its unit covers, units row-major after ``lead`` tokens."""
+    gh, gw = grid
+    placed = np.zeros(grid, dtype=np.float32)
+    for r in range(gh):
+        for c in range(gw):
+            placed[r, c] = row[lead + (r // unit) * (gw // unit) + c // unit]
+    return placed
+
+
+# (unit, lead): patches per image token along each side, image tokens before the patches'
+LAYOUT = {"llava": (1, 0), "llava_full": (1, 1), "qwen2_5_vl": (2, 0), "qwen3_vl": (2, 0), "gemma3": (4, 0)}
+
+
+@pytest.fixture(scope="module")
+def answers(vlms):
+    """``{kind: (vit's answer, transformers' eager generate output, the prompt's input ids, image token id)}``."""
+    image = picture()
+    return {kind: (vit.ask_vlm(vit.open_vlm(folder), image, QUESTION, max_new_tokens=NEW_TOKENS),
+                   *eager_generate(folder, image)) for kind, folder in vlms.items()}
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_the_answer_is_generates_greedy_answer_token_for_token(vlms, answers, kind):
+    answer, out, inputs, _ = answers[kind]
+    expected = out.sequences[0, inputs["input_ids"].shape[1]:].tolist()
+    assert list(answer.tokens) == expected and len(expected) == NEW_TOKENS
+    processor = transformers.AutoProcessor.from_pretrained(vlms[kind])
+    assert answer.text == processor.decode(expected, skip_special_tokens=True) and answer.text.strip()
+    assert answer.pieces == tuple(processor.decode([t]) for t in expected)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_each_tokens_attention_is_the_eager_row_placed_through_the_models_layout(answers, kind):
+    answer, out, inputs, image_token = answers[kind]
+    positions = (inputs["input_ids"][0] == image_token).nonzero()[:, 0]
+    unit, lead = LAYOUT[kind]
+    grid = answer.grid
+    assert len(positions) == lead + (grid[0] // unit) * (grid[1] // unit)
+    for i in range(NEW_TOKENS):
+        for layer in range(answer.layers):
+            rows = out.attentions[i][layer][0, :, -1, positions].numpy()  # (H, lead + N): step i's query
+            for head in range(rows.shape[0]):
+                np.testing.assert_allclose(answer.attention(i, layer, head), by_hand(rows[head], grid, unit, lead),
+                                           rtol=0, atol=ATOL)
+            np.testing.assert_allclose(answer.attention(i, layer), by_hand(rows.mean(0), grid, unit, lead),
+                                       rtol=0, atol=ATOL)
+
+
+def _differs(a: np.ndarray, b: np.ndarray) -> bool:
+    return not np.allclose(a, b, rtol=0, atol=1e-4)
+
+
+def test_llavas_cls_image_token_covers_no_patch(answers):
+    """Under LLaVA's "full" strategy the first image token is CLIP's CLS: the patches are the tokens after it, and
+    the layout taken row-major from the first image token would be another map."""
+    answer, out, inputs, image_token = answers["llava_full"]
+    positions = (inputs["input_ids"][0] == image_token).nonzero()[:, 0]
+    rows = out.attentions[2][1][0, :, -1, positions].numpy().mean(0)  # (1 + 16,)
+    assert answer.grid == (4, 4) and rows.shape == (17,)
+    np.testing.assert_allclose(answer.attention(2, 1), rows[1:].reshape(4, 4), rtol=0, atol=ATOL)
+    assert _differs(answer.attention(2, 1), rows[:16].reshape(4, 4))  # row-major from the CLS
+    np.testing.assert_allclose(answer.image_rows(2, 1)[:, 0].numpy(),
+                               out.attentions[2][1][0, :, -1, positions[0]].numpy(), rtol=0, atol=ATOL)
+
+
+def test_qwens_image_tokens_are_merge_units_row_major(answers):
+    """Qwen2.5-VL's image tokens are its 2 x 2 merge units, row-major (the tower's window order undone before the
+    merger): on a 4 x 6 patch grid, 2 x 3 units; the units taken column-major would be another map."""
+    answer, out, inputs, image_token = answers["qwen2_5_vl"]
+    positions = (inputs["input_ids"][0] == image_token).nonzero()[:, 0]
+    assert answer.grid == (4, 6) and len(positions) == 6
+    for i in range(NEW_TOKENS):
+        rows = out.attentions[i][-1][0, :, -1, positions].numpy().mean(0)  # (6,)
+        units = rows.reshape(2, 3)
+        np.testing.assert_allclose(answer.attention(i, -1), np.kron(units, np.ones((2, 2))), rtol=0, atol=ATOL)
+        assert _differs(answer.attention(i, -1), np.kron(rows.reshape(3, 2).T, np.ones((2, 2))))  # column-major
+
+
+def test_only_query_rows_are_kept_never_a_layers_attention(answers):
+    """What the answer keeps per layer and token is the query row that predicted it, (heads, head dim), and the KV
+    cache the generation held anyway: never a T x T attention."""
+    answer, _, inputs, _ = answers["qwen2_5_vl"]
+    recorder = answer._recorder
+    assert len(recorder.queries) == answer.layers == 2
+    assert all(q.shape == (4, 8) for layer in recorder.queries for q in layer)
+    assert [s for s in recorder.seen[0]] == [inputs["input_ids"].shape[1] + i for i in range(NEW_TOKENS)]
+
+
+def test_the_cost_is_counted_before_any_forward(vlms, monkeypatch):
+    vlm = vit.open_vlm(vlms["llava"])
+    monkeypatch.setattr(vlm.model, "generate", lambda *a, **k: pytest.fail("the model ran"))
+    monkeypatch.setenv("VIT_ANALYSIS_MEMORY_MB", "0.01")
+    with pytest.raises(TooManyTokens, match=r"^Answering 5 tokens to a prompt of \d+ tokens .* over the 0 MB limit "
+                                            r"\(VIT_ANALYSIS_MEMORY_MB\); ask for fewer tokens or a smaller image\.$"):
+        vit.ask_vlm(vlm, picture(), QUESTION, max_new_tokens=NEW_TOKENS)
+
+
+def test_a_raw_prompt_bypasses_the_chat_template(vlms):
+    image, text = picture(), "<image> what is the dog ?"
+    answer = vit.ask_vlm(vlms["llava"], image, prompt=text, max_new_tokens=NEW_TOKENS)  # a folder: opened for it
+    out, inputs, _ = eager_generate(vlms["llava"], image, text)
+    assert list(answer.tokens) == out.sequences[0, inputs["input_ids"].shape[1]:].tolist()
+    assert answer.prompt_tokens == inputs["input_ids"].shape[1]
+
+
+@pytest.mark.parametrize(("call", "message"), [
+    (dict(question=QUESTION, prompt="<image> hi"), r"^give a question .* or prompt= .*, not both$"),
+    (dict(prompt="no image here"), r"^prompt= must hold the model's image placeholder '<image>' once, got 0$"),
+    (dict(question=QUESTION, max_new_tokens=0), r"^max_new_tokens must be a whole number from 1 to 512, got 0$"),
+])
+def test_a_wrong_question_is_refused_in_one_line(vlms, call, message):
+    vlm = vit.open_vlm(vlms["llava"])
+    with pytest.raises(ValueError, match=message):
+        vit.ask_vlm(vlm, picture(), **call)
+
+
+def test_a_token_layer_or_head_that_does_not_exist_is_refused_in_one_line(answers):
+    answer = answers["llava"][0]
+    with pytest.raises(ValueError, match=r"^answer token 5 does not exist: the answer has 5 tokens, numbered 0 to 4$"):
+        answer.attention(5)
+    with pytest.raises(ValueError, match=r"^layer 2 does not exist: the language model has 2 layers"):
+        answer.attention(0, 2)
+    with pytest.raises(ValueError, match=r"^head 4 does not exist: the language model has 4 heads"):
+        answer.attention(0, 0, 4)
+
+
+def test_a_folder_that_is_no_generating_vlm_is_refused_in_one_line(tmp_path):
+    from vit.sources.whole_vlm import VLMError
+
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "vit", "architectures": ["ViTModel"]}))
+    with pytest.raises(VLMError, match=r"is a 'vit' model; asking a question reads a generating vision-language "
+                                       r"model: llava, qwen2_5_vl"):
+        vit.open_vlm(tmp_path)
+
+
+def test_predict_ask_writes_the_answer_and_each_tokens_maps(vlms, answers, tmp_path, capsys):
+    from vit.predict import main
+
+    picture().save(tmp_path / "photo.png")
+    maps = tmp_path / "maps"
+    assert main([str(vlms["qwen2_5_vl"]), str(tmp_path / "photo.png"), "--ask", QUESTION, "--max-new-tokens",
+                 str(NEW_TOKENS), "--save-maps", str(maps), "--device", "cpu"]) == 0
+    [record] = json.loads(capsys.readouterr().out)
+    answer, out, inputs, image_token = answers["qwen2_5_vl"]
+    assert record["tokens"] == list(answer.tokens) and record["answer"] == answer.text
+    saved = np.load(record["maps"]["npz"])
+    assert saved["attention"].shape == (NEW_TOKENS, 2, 4, 4, 6) and tuple(saved["grid"]) == (4, 6)
+    positions = (inputs["input_ids"][0] == image_token).nonzero()[:, 0]
+    for i in range(NEW_TOKENS):
+        for layer in range(2):
+            rows = out.attentions[i][layer][0, :, -1, positions].numpy()  # (H, 6)
+            for head in range(4):
+                np.testing.assert_allclose(saved["attention"][i, layer, head], by_hand(rows[head], (4, 6), 2, 0),
+                                           rtol=0, atol=ATOL)
+            np.testing.assert_allclose(saved["image_share"][i, layer], rows.sum(-1), rtol=0, atol=ATOL)
+
+
+def test_predict_ask_refuses_maps_over_the_limit_before_answering(vlms, tmp_path, capsys, monkeypatch):
+    from vit.predict import main
+
+    picture(280, 250).save(tmp_path / "photo.png")  # 12 x 12 patches at most (max_pixels): 2.4 MB of maps
+    monkeypatch.setattr("vit.explain.vlm_answer.generate_answer", lambda *a: pytest.fail("the model ran"))
+    monkeypatch.setattr("vit.predict.MAX_MAPS_MB", 1)
+    monkeypatch.delenv("VIT_MAX_MAPS_MB", raising=False)
+    assert main([str(vlms["qwen2_5_vl"]), str(tmp_path / "photo.png"), "--ask", QUESTION, "--max-new-tokens",
+                 "512", "--save-maps", str(tmp_path / "maps"), "--device", "cpu"]) == 1
+    err = capsys.readouterr().err
+    assert "--save-maps would write up to 2 MB" in err and "(512 tokens x 2 layers x 4 heads x " in err
+    assert "over the 1 MB limit; raise --max-maps-mb" in err
+    assert not list((tmp_path / "maps").iterdir())

@@ -1,0 +1,330 @@
+"""Where a vision-language model looked when it said each word: each answer token's attention to the image tokens,
+through the language model, in bounded memory.
+
+The model answers with transformers' own greedy ``generate`` (``vit.sources.whole_vlm``). Its language model's
+attention runs through one more attention function (``ROWS``, registered with transformers' ``AttentionInterface``):
+the model's own implementation (sdpa, or the eager function of its modelling file) computes the output, and beside it
+the last query row of each call is kept, after RoPE (M-RoPE for Qwen), as the attention gets it: ``(H, d)`` per layer
+per answer token. Answer token ``i`` was predicted by the last query of generation step ``i`` (the prompt's last
+token at step 0), the row ``generate(output_attentions=True)`` returns at step ``i``.
+
+No layer's ``T x T`` attention is ever held. A row is computed when asked, from the keys the KV cache already holds:
+``softmax(q_i K[:t_i]^T * scaling + mask)`` over the ``t_i`` keys that step saw (Gemma's soft cap where the model
+has one), ``H x T`` per row, as the eager attention forms it. Its image tokens' share is placed on the tower's patch
+grid through the model's own token layout (``visual_lens.on_patch_grid``: LLaVA's patches with or without CLIP's CLS,
+Qwen-VL's 2 x 2 merge units, InternVL's pixel-shuffle units, Gemma 3's pooled 4 x 4), the order the projector hands
+them to the language model. What this holds is counted before the work (``vit.costs.plan.vlm_answer``).
+"""
+
+from __future__ import annotations
+
+import contextvars
+import sys
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from PIL import Image
+
+ROWS = "vit_answer_rows"  # the recording attention, one name per implementation it wraps: ROWS + "_sdpa"
+MAX_NEW_TOKENS = 512  # an answer, not an essay: each token's query rows are kept, and each step is a forward
+MAX_QUESTION_CHARS = 2000
+
+_RECORDING: contextvars.ContextVar[_Recorder | None] = contextvars.ContextVar("vit_answer_rows", default=None)
+
+
+@dataclass
+class _Recorder:
+    """What the recording attention keeps of each call, per layer: the last query row, the keys it saw, its mask row
+    (None: causal alone) and the scaling and soft cap it was given."""
+
+    layers: dict[torch.nn.Module, int]  # the language model's attention modules -> layer
+    queries: list[list[torch.Tensor]] = field(default_factory=list)  # [layer][step] (H, d) float32
+    seen: list[list[int]] = field(default_factory=list)  # [layer][step] keys seen
+    masks: list[list[torch.Tensor | None]] = field(default_factory=list)  # [layer][step] (keys,) additive
+    scaling: list[float] = field(default_factory=list)
+    softcap: list[float | None] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        n = len(self.layers)
+        self.queries, self.seen, self.masks = [[] for _ in range(n)], [[] for _ in range(n)], [[] for _ in range(n)]
+        self.scaling, self.softcap = [1.0] * n, [None] * n
+
+
+def _additive(mask_row: torch.Tensor) -> torch.Tensor:
+    """A mask row as the eager attention adds it: 0 where a key is read, -inf where not (a boolean mask's False)."""
+    if mask_row.dtype == torch.bool:
+        return torch.zeros(mask_row.shape, dtype=torch.float32).masked_fill(~mask_row.cpu(), float("-inf"))
+    return mask_row.detach().float().cpu()
+
+
+def _recording(delegate):
+    """The attention function that computes with ``delegate`` and, while an answer is recorded, keeps each language
+    model layer's last query row."""
+    def attention(module, query, key, value, attention_mask, **kwargs):
+        recorder = _RECORDING.get()
+        layer = None if recorder is None else recorder.layers.get(module)
+        if layer is not None:  # (B, H, q, d), B = 1: the last query predicts the next token
+            recorder.queries[layer].append(query[0, :, -1].detach().float().cpu())
+            recorder.seen[layer].append(int(key.shape[-2]))
+            mask = None if attention_mask is None else _additive(attention_mask[0, 0, -1, :key.shape[-2]])
+            recorder.masks[layer].append(mask)
+            scaling = kwargs.get("scaling")
+            recorder.scaling[layer] = float(scaling) if scaling is not None else query.shape[-1] ** -0.5
+            recorder.softcap[layer] = kwargs.get("softcap")
+        return delegate(module, query, key, value, attention_mask, **kwargs)
+    return attention
+
+
+def _eager_of(module: torch.nn.Module):
+    """The eager attention function of ``module``'s own modelling file (Gemma's soft cap lives there)."""
+    function = getattr(sys.modules[type(module).__module__], "eager_attention_forward", None)
+    if function is None:
+        raise ValueError(f"{type(module).__name__}'s modelling file has no eager_attention_forward")
+    return function
+
+
+def _delegated_eager(module, *args, **kwargs):
+    return _eager_of(module)(module, *args, **kwargs)
+
+
+def use_recording_attention(vlm) -> None:
+    """Point the language model's attention at the recording function that wraps its own implementation (sdpa or
+    eager); the tower's is left as it is. Registered once per implementation, under ``ROWS`` + its name."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    lm = vlm.language_model
+    current = lm.config._attn_implementation
+    if current.startswith(ROWS):
+        return
+    if current not in ("sdpa", "eager"):
+        raise ValueError(f"the language model's attention is {current!r}; answers are recorded over sdpa or eager")
+    name = f"{ROWS}_{current}"
+    if name not in ALL_ATTENTION_FUNCTIONS:
+        delegate = _delegated_eager if current == "eager" else ALL_ATTENTION_FUNCTIONS[current]
+        AttentionInterface.register(name, _recording(delegate))
+        AttentionMaskInterface.register(name, ALL_MASK_ATTENTION_FUNCTIONS[current])
+    lm.set_attn_implementation(name)
+
+
+@dataclass(frozen=True)
+class ImageLayout:
+    """Where the image's tokens sit in the prompt and on the tower's patch grid."""
+
+    positions: torch.Tensor  # (lead + N,) the image tokens' places in the prompt
+    grid: tuple[int, int]  # the tower's patch grid
+    unit: int  # patches per image token along each side
+    lead: int  # leading image tokens that cover no patch (CLIP's CLS under LLaVA's "full" strategy)
+
+    def place(self, values: torch.Tensor) -> torch.Tensor:
+        """(W, lead + N) values of the image tokens -> (W, gh, gw) on the patch grid."""
+        from vit.explain.visual_lens import on_patch_grid
+
+        return on_patch_grid(values, self.grid, self.unit, self.lead)
+
+
+def image_layout(vlm, inputs) -> ImageLayout:
+    """The layout of the one image in the processor's ``inputs``: its patch grid from the pixels the model reads
+    (Qwen-VL's ``image_grid_thw``; else the pixel tensor's side over the tower's patch), the unit and prefix tokens
+    from our tower (``vlm.unit``, ``visual_lens.leading_rows``). ValueError (one line) when
+    the image tokens do not tile that grid (tiles, several images)."""
+    from vit.explain.visual_lens import leading_rows
+
+    tower = vlm.tower.model
+    image_token = getattr(vlm.model.config, "image_token_id", None)
+    if image_token is None:
+        image_token = getattr(vlm.model.config, "image_token_index", None)
+    positions = (inputs["input_ids"][0] == image_token).nonzero()[:, 0]
+    if "image_grid_thw" in inputs:
+        t, gh, gw = (int(v) for v in inputs["image_grid_thw"][0])
+        if t != 1 or inputs["image_grid_thw"].shape[0] != 1:
+            raise ValueError("the processor gave several images or frames; ask about one image")
+    else:
+        pixels = inputs["pixel_values"]
+        if pixels.dim() != 4 or pixels.shape[0] != 1:
+            raise ValueError(f"the processor cut the image into {pixels.shape[0]} tiles, whose tokens are not placed "
+                             "on one patch grid yet; ask a model that reads one view of the image")
+        ph, pw = tower.config.patch_hw
+        gh, gw = pixels.shape[-2] // ph, pixels.shape[-1] // pw
+    layout = ImageLayout(positions, (gh, gw), vlm.unit, leading_rows(tower))
+    expected = layout.lead + (gh // layout.unit) * (gw // layout.unit)
+    if len(positions) != expected:
+        raise ValueError(f"the prompt holds {len(positions)} image tokens, not the {expected} of one {gh}x{gw} patch "
+                         f"grid in {layout.unit}x{layout.unit} units; its image tokens are laid out otherwise "
+                         "(tiles, newline tokens), which is not placed yet")
+    return layout
+
+
+def prompt_inputs(vlm, image: Image.Image, question: str | None, prompt: str | None):
+    """The processor's inputs for one image and ``question`` through the model's chat template, or ``prompt`` as
+    raw text holding the processor's image placeholder once (the template bypassed)."""
+    processor = vlm.processor
+    if (question is None) == (prompt is None):
+        raise ValueError("give a question (through the model's chat template) or prompt= (raw text), not both")
+    text = question if prompt is None else prompt
+    if not isinstance(text, str) or not text.strip() or len(text) > MAX_QUESTION_CHARS:
+        raise ValueError(f"a question must be text of 1 to {MAX_QUESTION_CHARS} characters, got {str(text)[:40]!r}")
+    if prompt is None:
+        if not getattr(processor, "chat_template", None):
+            raise ValueError(f"{vlm.folder}'s processor has no chat template; give prompt= with the model's image "
+                             f"placeholder instead")
+        messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": question}]}]
+        text = processor.apply_chat_template(messages, add_generation_prompt=True)
+    else:
+        placeholder = getattr(processor, "image_token", None)
+        if placeholder and text.count(placeholder) != 1:
+            raise ValueError(f"prompt= must hold the model's image placeholder {placeholder!r} once, got "
+                             f"{text.count(placeholder)}")
+    return processor(images=[image], text=text, return_tensors="pt")
+
+
+def text_shape(vlm):
+    """The language model's sizes, as the cost model reads them."""
+    from vit.costs.plan import TextShape
+
+    config = vlm.model.config.get_text_config()
+    heads = config.num_attention_heads
+    return TextShape(layers=config.num_hidden_layers, heads=heads,
+                     kv_heads=getattr(config, "num_key_value_heads", None) or heads,
+                     head_dim=getattr(config, "head_dim", None) or config.hidden_size // heads,
+                     hidden=config.hidden_size, mlp=config.intermediate_size, vocab=config.vocab_size,
+                     itemsize=next(vlm.model.parameters()).dtype.itemsize)
+
+
+class VLMAnswer:
+    """A VLM's answer to a question about an image: ``tokens`` (the generated ids, as ``generate`` returns them),
+    ``text``, ``pieces`` (each token's text) and, for each answer token, its attention to the image
+    (``attention``), computed when asked from the kept query rows and the KV cache."""
+
+    def __init__(self, tokens: tuple[int, ...], text: str, pieces: tuple[str, ...], layout: ImageLayout,
+                 recorder: _Recorder, cache, prompt_tokens: int) -> None:
+        self.tokens, self.text, self.pieces = tokens, text, pieces
+        self.layout, self.prompt_tokens = layout, prompt_tokens
+        self._recorder, self._cache = recorder, cache
+        self.layers = len(recorder.queries)
+        self.heads = recorder.queries[0][0].shape[0] if self.layers and recorder.queries[0] else 0
+
+    @property
+    def grid(self) -> tuple[int, int]:
+        """The tower's patch grid the maps are on."""
+        return self.layout.grid
+
+    def _token(self, i: int) -> int:
+        if isinstance(i, bool) or not isinstance(i, int) or not -len(self.tokens) <= i < len(self.tokens):
+            raise ValueError(f"answer token {i} does not exist: the answer has {len(self.tokens)} tokens, numbered 0 "
+                             f"to {len(self.tokens) - 1}")
+        return i % len(self.tokens)
+
+    def _layer(self, layer: int) -> int:
+        if isinstance(layer, bool) or not isinstance(layer, int) or not -self.layers <= layer < self.layers:
+            raise ValueError(f"layer {layer} does not exist: the language model has {self.layers} layers, numbered 0 "
+                             f"to {self.layers - 1} (or -1 for the last)")
+        return layer % self.layers
+
+    def row(self, i: int, layer: int) -> torch.Tensor:
+        """Answer token ``i``'s whole attention row at ``layer``: (H, t_i) over every key the query that predicted it
+        read, as the eager attention forms it (float32)."""
+        i, layer = self._token(i), self._layer(layer)
+        r = self._recorder
+        q, seen, mask = r.queries[layer][i], r.seen[layer][i], r.masks[layer][i]  # (H, d)
+        keys = self._cache.layers[layer].keys[0]  # (Hkv, keys, d)
+        if keys.shape[-2] < seen:  # a sliding-window layer's cache keeps the last keys only
+            raise ValueError(f"layer {layer}'s cache keeps {keys.shape[-2]} keys, fewer than the {seen} answer token "
+                             f"{i} read (a sliding window); choose another layer")
+        keys = keys[:, :seen].float().cpu()
+        keys = keys.repeat_interleave(q.shape[0] // keys.shape[0], dim=0)  # (H, t, d): each kv head's query heads
+        logits = torch.einsum("hd,htd->ht", q, keys) * r.scaling[layer]  # (H, t)
+        if r.softcap[layer] is not None:
+            logits = torch.tanh(logits / r.softcap[layer]) * r.softcap[layer]
+        if mask is not None:
+            logits = logits + mask
+        return logits.softmax(dim=-1)
+
+    def image_rows(self, i: int, layer: int) -> torch.Tensor:
+        """(H, lead + N): answer token ``i``'s attention to each image token at ``layer``, per head."""
+        return self.row(i, layer)[:, self.layout.positions]
+
+    def attention(self, i: int, layer: int = -1, head: int | None = None) -> np.ndarray:
+        """(gh, gw) float32: answer token ``i``'s attention to the image tokens at ``layer``, each patch holding the
+        attention to the image token whose unit covers it; ``head`` None: the mean over heads."""
+        rows = self.image_rows(i, layer)  # (H, lead + N)
+        if head is None:
+            rows = rows.mean(0, keepdim=True)
+        else:
+            if isinstance(head, bool) or not isinstance(head, int) or not 0 <= head < rows.shape[0]:
+                raise ValueError(f"head {head} does not exist: the language model has {rows.shape[0]} heads, "
+                                 f"numbered 0 to {rows.shape[0] - 1}")
+            rows = rows[head:head + 1]
+        return self.layout.place(rows)[0].numpy()
+
+    def image_share(self, i: int, layer: int = -1) -> float:
+        """The share of answer token ``i``'s attention at ``layer`` on the image tokens, mean over heads: how much it
+        looked at the image."""
+        return float(self.image_rows(i, layer).sum(-1).mean())
+
+    def __repr__(self) -> str:
+        return f"VLMAnswer({self.text!r}, {len(self.tokens)} tokens, {self.grid[0]}x{self.grid[1]} patches)"
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A question about an image, through the processor, counted and allowed to run: what ``generate_answer``
+    reads."""
+
+    inputs: object  # the processor's BatchFeature
+    layout: ImageLayout
+    prompt_tokens: int
+    max_new_tokens: int
+    text: object  # TextShape: the language model's sizes
+
+    def maps_bytes(self, itemsize: int = 4) -> int:
+        """Bytes of every answer token's map at every layer and head at most: ``new x L x H x gh x gw``."""
+        gh, gw = self.layout.grid
+        return self.max_new_tokens * self.text.layers * self.text.heads * gh * gw * itemsize
+
+
+def prepare(vlm, image: Image.Image, question: str | None = None, *, prompt: str | None = None,
+            max_new_tokens: int = 32) -> Prepared:
+    """``question`` (or ``prompt``) about ``image`` through the model's processor, its image tokens' layout found
+    and what the answer holds counted (``vit.costs.plan.vlm_answer``): refused in one line over the limit, before
+    any forward."""
+    from vit.costs.plan import decide, vlm_answer
+
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) \
+            or not 1 <= max_new_tokens <= MAX_NEW_TOKENS:
+        raise ValueError(f"max_new_tokens must be a whole number from 1 to {MAX_NEW_TOKENS}, got {max_new_tokens!r}")
+    inputs = prompt_inputs(vlm, image, question, prompt)
+    layout = image_layout(vlm, inputs)
+    prompt_tokens, text = int(inputs["input_ids"].shape[1]), text_shape(vlm)
+    decide(vlm_answer(vlm.tower.model, layout.grid, text, prompt_tokens, max_new_tokens))
+    return Prepared(inputs, layout, prompt_tokens, max_new_tokens, text)
+
+
+def generate_answer(vlm, prepared: Prepared) -> VLMAnswer:
+    """transformers' greedy ``generate`` on ``prepared``, each language-model layer's last query row recorded."""
+    use_recording_attention(vlm)
+    recorder = _Recorder({layer.self_attn: i for i, layer in enumerate(vlm.language_model.layers)})
+    token = _RECORDING.set(recorder)
+    try:
+        with torch.inference_mode():
+            out = vlm.model.generate(**prepared.inputs.to(vlm.device), max_new_tokens=prepared.max_new_tokens,
+                                     do_sample=False, num_beams=1, return_dict_in_generate=True)
+    finally:
+        _RECORDING.reset(token)
+    tokens = tuple(int(t) for t in out.sequences[0, prepared.prompt_tokens:])
+    steps = {len(q) for q in recorder.queries}
+    if steps != {len(tokens)}:  # one query row per layer per generated token, or the rows do not match the tokens
+        raise RuntimeError(f"recorded {sorted(steps)} steps per layer for {len(tokens)} answer tokens")
+    tokenizer = vlm.processor.tokenizer
+    text = tokenizer.decode(list(tokens), skip_special_tokens=True)
+    pieces = tuple(tokenizer.decode([t]) for t in tokens)
+    return VLMAnswer(tokens, text, pieces, prepared.layout, recorder, out.past_key_values, prepared.prompt_tokens)
+
+
+def answer(vlm, image: Image.Image, question: str | None = None, *, prompt: str | None = None,
+           max_new_tokens: int = 32) -> VLMAnswer:
+    """``vlm``'s greedy answer to ``question`` about ``image`` (``generate``'s tokens), its query rows recorded:
+    ``prepare`` (counted first, refused in one line over the limit), then ``generate_answer``."""
+    return generate_answer(vlm, prepare(vlm, image, question, prompt=prompt, max_new_tokens=max_new_tokens))
