@@ -2,10 +2,9 @@
 
 A page asks for one with a marker line, ``<!-- generated: NAME -->``, which ``on_page_markdown`` replaces with
 ``GENERATORS[NAME]()``; ``<!-- include: PATH -->`` puts a file of the repository there (CHANGELOG.md, the model
-cards). Everything here reads the code's own lists: ``vit.methods()`` for the methods, each ``vit.sources``
-module's ``SUPPORTED`` for what opens, ``[project.scripts]`` and each command's parser for ``--help``, ``vit.API``
-for the notebook API, ``bench/results/`` for the measurements. When the project gets one registry of families and
-methods, repoint ``families_markdown`` and ``methods_markdown`` at it: nothing else here knows where they come from.
+cards). Everything here reads the code's own lists: ``vit.registry`` for the methods and the families (the list the
+loader, ``vit.methods()``, the explorer's pickers and the CLI read, plugins' entries included), ``[project.scripts]``
+and each command's parser for ``--help``, ``vit.API`` for the notebook API, ``bench/results/`` for the measurements.
 """
 
 from __future__ import annotations
@@ -23,49 +22,11 @@ ROOT = Path(__file__).resolve().parent.parent
 MARKER = re.compile(r"^<!-- (generated|include): (\S+) -->$", re.MULTILINE)
 HELP_COLUMNS = "100"  # argparse wraps --help to $COLUMNS: fixed, so the page does not depend on the build's terminal
 
-# Which page of "Models" each opening module's families belong on. A module of vit/sources that opens a family
-# (it has SUPPORTED, or is import_*.py) and is missing here fails the build, as does a name here with no module.
-KINDS = {
-    "image": ("Image ViTs", ("hf", "import_timm", "import_torchvision", "import_dinov3", "import_clip", "import_siglip",
-                             "import_naflex", "import_eva", "import_beit", "import_aimv2", "import_pe")),
-    "windowed": ("Windowed and hierarchical", ("import_sam", "import_swin", "import_hiera")),
-    "vlm": ("VLM towers", ("import_vlm", "import_internvl", "import_qwen")),
-    "video": ("Video", ("import_videomae", "import_timesformer", "import_vjepa2")),
-    "own": ("Your own ViT", ("import_scratch", "import_vit_pytorch")),
-}
-
-# Each method's published reference and the test that holds ours equal to it (or, where there is no code to
-# compare with, computes it by hand). vit.methods() is the list; a method missing here fails the build.
-REFERENCES = {
-    "attention": ("each library's own `output_attentions` (transformers, timm, open_clip, torchvision)",
-                  "tests/test_import_parity.py"),
-    "rollout": ("Abnar & Zuidema 2020, attention rollout", "tests/test_attention.py"),
-    "class": ("Chefer et al. 2021b, gradient rollout (their CLIP notebook's `interpret`)", "tests/test_prompts.py"),
-    "legrad": ("Bousselham et al. 2024, WalBouss/LeGrad", "tests/test_relevance.py"),
-    "lrp": ("Chefer et al. 2021a, hila-chefer/Transformer-Explainability `ViT_LRP.py`", "tests/test_relevance.py"),
-    "attnlrp": ("Achtibat et al. 2024, lxt's rules (rachtibat/LRP-eXplains-Transformers)",
-                "tests/test_family_relevance_timm.py"),
-    "gradcam": ("Selvaraju et al. 2017, jacobgil/pytorch-grad-cam `GradCAM`", "tests/test_cam.py"),
-    "gradcam++": ("Chattopadhay et al. 2018, pytorch-grad-cam `GradCAMPlusPlus`", "tests/test_cam.py"),
-    "xgradcam": ("Fu et al. 2020, pytorch-grad-cam `XGradCAM`", "tests/test_cam.py"),
-    "eigencam": ("Muhammad & Yeasin 2020, pytorch-grad-cam `EigenCAM`", "tests/test_cam.py"),
-    "layercam": ("Jiang et al. 2021, pytorch-grad-cam `LayerCAM`", "tests/test_cam.py"),
-    "scorecam": ("Wang et al. 2020, pytorch-grad-cam `ScoreCAM`", "tests/test_cam.py"),
-    "attn-gradcam": ("Chefer et al. 2021a's baseline, `ViT_explanation_generator.py`",
-                     "tests/test_chefer_baselines.py"),
-    "lrp-partial": ("Chefer et al. 2021a's baseline (Voita et al. 2019)", "tests/test_chefer_baselines.py"),
-    "lrp-full": ("Chefer et al. 2021a's baseline (Binder et al. 2016)", "tests/test_chefer_baselines.py"),
-    "flow": ("Abnar & Zuidema 2020, samiraabnar/attention_flow", "tests/test_relevance.py"),
-    "norms": ("Darcet et al. 2023, high-norm tokens", "tests/test_mechanism_phenomena.py"),
-    "probe": ("the attention-pooling head's own attention (timm `AttentionPoolLatent`, HF SigLIP's head)",
-              "tests/test_siglip_parity.py"),
-    "probe_rollout": ("attention rollout ending at the pooling probe", "tests/test_family_explorer.py"),
-    "grad_eclip": ("Zhao et al. 2024, Grad-ECLIP `generate_emap`", "tests/test_prompts.py"),
-    "sclip": ("Wang et al. 2024, wangf3014/SCLIP", "tests/test_dense_clip.py"),
-    "naclip": ("Hajimiri et al. 2025, sinahmr/NACLIP", "tests/test_dense_clip.py"),
-    "clearclip": ("Lan et al. 2024, mc-lan/ClearCLIP", "tests/test_dense_clip.py"),
-    "clipsurgery": ("Li et al. 2023, xmed-lab/CLIP_Surgery", "tests/test_dense_clip.py"),
-}
+# Which page of "Models" shows each of the registry's family kinds (vit.registry.FAMILY_KINDS); the from-scratch
+# families ("Your own ViT") are image ViTs with a page of their own. A kind with no page fails the build.
+PAGES = {"image": "image", "windowed": "windowed / hierarchical", "vlm": "vlm tower", "video": "video",
+         "own": "image"}
+OWN = ("ours", "scratch", "vit-pytorch", "mapped")  # the families of the "own" page, not the "image" one
 
 
 def method_anchor(method: str) -> str:
@@ -74,36 +35,15 @@ def method_anchor(method: str) -> str:
 
 
 def methods_markdown() -> str:
-    """One entry per method of ``vit.methods()``: what it shows and where it applies, its reference, its test."""
-    import vit
+    """One entry per method of the registry, in the explorer's order: what it shows and where it applies, its
+    reference and the test that holds it equal to that reference."""
+    from vit import registry
 
-    methods = vit.methods()
-    unknown = set(methods) - set(REFERENCES)
-    if unknown:
-        raise ValueError(f"docs/hooks.py REFERENCES lacks {sorted(unknown)}: add each method's reference and test")
     lines = ["| method | what it shows — where it applies | reference | held equal by |", "|---|---|---|---|"]
-    for method, text in methods.items():
-        reference, test = REFERENCES[method]
-        lines.append(f"| <span id=\"{method_anchor(method)}\"></span>`{method}` | {_literal(text)} "
-                     f"| {reference} | `{test}` |")
+    for m in registry.methods():
+        lines.append(f"| <span id=\"{method_anchor(m.name)}\"></span>`{m.name}` | {_literal(m.title)} — "
+                     f"{_literal(m.applies_to)} | {_literal(m.reference) or '—'} | `{m.test or '—'}` |")
     return "\n".join(lines) + "\n"
-
-
-def _opening_modules() -> list[str]:
-    """The modules of ``vit/sources`` that open a family: every ``import_*.py``, and any other with ``SUPPORTED``."""
-    names = []
-    for path in sorted((ROOT / "vit" / "sources").glob("*.py")):
-        if path.stem.startswith("import_") or re.search(r"^SUPPORTED\b", path.read_text(), re.MULTILINE):
-            names.append(path.stem)
-    return names
-
-
-def supported(module_name: str) -> str:
-    """What a module of ``vit.sources`` opens, in its own words: its ``SUPPORTED``, else its docstring's first
-    paragraph."""
-    module = importlib.import_module(f"vit.sources.{module_name}")
-    text = getattr(module, "SUPPORTED", None) or (module.__doc__ or "").strip().split("\n\n")[0]
-    return " ".join(str(text).split())
 
 
 def _literal(text: str) -> str:
@@ -113,15 +53,22 @@ def _literal(text: str) -> str:
     return "".join(part if part.startswith("`") else re.sub(r"([*_|\\])", r"\\\1", part) for part in parts)
 
 
-def families_markdown(kind: str) -> str:
-    """The families one Models page covers, one row per opening module, in the module's own words."""
-    modules = _opening_modules()
-    placed = [m for _, names in KINDS.values() for m in names]
-    if set(modules) != set(placed) or len(placed) != len(set(placed)):
-        raise ValueError(f"docs/hooks.py KINDS places {sorted(placed)}, vit/sources opens with {modules}: put each "
-                         "opening module on exactly one Models page")
-    lines = ["| module | what it opens (its `SUPPORTED`) |", "|---|---|"]
-    lines += [f"| `vit/sources/{m}.py` | {_literal(supported(m))} |" for m in KINDS[kind][1]]
+def page_families(page: str) -> list:
+    """The registry's families one Models page shows."""
+    from vit import registry
+
+    missing = set(registry.FAMILY_KINDS) - set(PAGES.values())
+    if missing:
+        raise ValueError(f"docs/hooks.py PAGES has no Models page for the families of kind {sorted(missing)}")
+    return [f for f in registry.families(PAGES[page]) if (f.name in OWN) == (page == "own")]
+
+
+def families_markdown(page: str) -> str:
+    """The families one Models page covers, one row each from the registry: what opens, from where, which maps
+    (and what is refused, and why), the module that reads it."""
+    lines = ["| family | opens from | maps | read by |", "|---|---|---|---|"]
+    lines += [f"| {_literal(f.title)} | {_literal(f.opens_from)} | {_literal(f.maps) or '—'} | `{f.importer}` |"
+              for f in page_families(page)]
     return "\n".join(lines) + "\n"
 
 
@@ -210,7 +157,7 @@ GENERATORS = {
     "cli": cli_markdown,
     "api": api_markdown,
     "bench": bench_markdown,
-    **{f"families-{kind}": (lambda kind=kind: families_markdown(kind)) for kind in KINDS},
+    **{f"families-{page}": (lambda page=page: families_markdown(page)) for page in PAGES},
 }
 
 

@@ -190,36 +190,57 @@ def test_the_readmes_methods_are_vit_methods_each_linking_its_entry():
 def test_every_method_of_vit_methods_has_its_entry_in_the_generated_table():
     site = hooks()
     table = site.methods_markdown()
-    for method in vit.methods():
+    for method in vit.methods():  # the registry's, which the table reads
         assert f'<span id="{site.method_anchor(method)}"></span>`{method}`' in table
     assert len(set(map(site.method_anchor, vit.methods()))) == len(vit.methods())  # gradcam++ is not gradcam
 
 
-def test_a_method_added_to_the_code_without_its_reference_fails_the_docs(monkeypatch):
+def test_a_method_added_to_the_registry_appears_in_the_generated_table_and_a_removed_one_disappears(monkeypatch):
+    from vit import registry
+
     site = hooks()
-    monkeypatch.setattr(vit, "methods", lambda: {**vit.api.methods(), "newcam": "NewCAM — every model"})
-    with pytest.raises(ValueError, match="newcam"):
-        site.methods_markdown()
+    new = registry.Method("newcam", "NewCAM (class-specific)", ("class",), "every model", "cam", class_specific=True,
+                          paper="Someone et al. 2026", test="tests/test_cam.py::test_newcam")
+    kept = [m for m in registry.methods() if m.name != "flow"]
+    monkeypatch.setattr(registry, "methods", lambda group=None: (*kept, new))
+    table = site.methods_markdown()
+    assert f'<span id="{site.method_anchor("newcam")}"></span>`newcam`' in table and "Someone et al. 2026" in table
+    assert f'id="{site.method_anchor("flow")}"' not in table
 
 
-def test_each_references_test_file_exists():
-    assert all((ROOT / test).is_file() for _, test in hooks().REFERENCES.values())
+def test_each_methods_test_is_a_file_of_the_repository():
+    from vit import registry
+
+    missing = [m.name for m in registry.methods() if not m.test or not (ROOT / m.test.split("::")[0]).is_file()]
+    assert missing == []
 
 
-def test_every_opening_module_is_on_one_models_page_and_the_readme_links_every_page():
+def test_every_registered_family_is_on_one_models_page_and_the_readme_links_every_page():
+    from vit import registry
+
     site = hooks()
-    for kind in site.KINDS:
-        rows = site.families_markdown(kind)
-        assert all(f"`vit/sources/{m}.py`" in rows for m in site.KINDS[kind][1])
-        assert (ROOT / "docs" / "models" / f"{kind}.md").is_file()
-        assert f"(docs/models/{kind}.md)" in readme_section("What it opens")
+    shown = [f.name for page in site.PAGES for f in site.page_families(page)]
+    assert sorted(shown) == sorted(f.name for f in registry.families())  # each once
+    for page in site.PAGES:
+        rows = site.families_markdown(page)
+        assert all(f"| {site._literal(f.title)} |" in rows for f in site.page_families(page))
+        assert (ROOT / "docs" / "models" / f"{page}.md").is_file()
+        assert f"(docs/models/{page}.md)" in readme_section("What it opens")
 
 
-def test_a_family_added_to_the_code_without_its_page_fails_the_docs(monkeypatch):
+def test_a_family_added_to_the_registry_appears_on_its_page_and_a_kind_without_a_page_fails_the_docs(monkeypatch):
+    from vit import registry
+
     site = hooks()
-    found = site._opening_modules()
-    monkeypatch.setattr(site, "_opening_modules", lambda: [*found, "import_newvit"])
-    with pytest.raises(ValueError, match="import_newvit"):
+    new = registry.Family("newvit", "NewViT (made up)", "video", "HF newvit folders", "vit.sources.import_newvit",
+                          ("newvit",), "attention, rollout")
+    every = registry.families()
+    monkeypatch.setattr(registry, "families", lambda kind=None: tuple(
+        f for f in (*every, new) if kind is None or f.kind == kind))
+    assert "| NewViT (made up) |" in site.families_markdown("video")
+    assert "NewViT" not in site.families_markdown("image")
+    monkeypatch.setattr(registry, "FAMILY_KINDS", (*registry.FAMILY_KINDS, "audio"))
+    with pytest.raises(ValueError, match="audio"):
         site.families_markdown("image")
 
 

@@ -227,3 +227,13 @@ def test_the_explorer_opens_a_plugins_family_by_path_and_offers_and_draws_its_me
     assert not at.exception and not at.error, [e.message for e in [*at.exception, *at.error]]
     assert "**Pixel mean" in overlay_caption(at) and "from the plugin vit" in overlay_caption(at)
     assert any(w.label == "Class" for w in at.sidebar.selectbox)  # it reads a class: the class picker is shown
+
+
+def test_the_generated_docs_tables_show_a_plugins_method_and_family(plugin):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("docs_hooks", ROOT / "docs" / "hooks.py")
+    site = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(site)
+    assert f'<span id="{site.method_anchor("pixelmean")}"></span>`pixelmean`' in site.methods_markdown()
+    assert "| A plugin's tiny ViT |" in site.families_markdown("image")
