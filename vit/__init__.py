@@ -69,7 +69,7 @@ API = ("load", "explain", "methods", "shipped", "samples", "ask", "ask_methods",
        "ablate", "reference_means", "patching", "registers", "Explanation", "feature_attribution",
        "Answer", "pca", "similarity", "correspondences", "PCA", "Similarity",
        "Correspondences", "visual_logit_lens", "explain_word",
-       "WordMap", "textspan", "TextSpan")  # no name of a module: vit.predict is the command
+       "WordMap", "textspan", "TextSpan", "segment", "Segmentation")  # no name of a module: vit.predict is the command
 
 
 DISTRIBUTION = "vit-attention-explorer"  # pyproject.toml's [project] name
