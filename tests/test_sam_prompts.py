@@ -17,7 +17,8 @@ from parity_helpers import hf_random
 from PIL import Image
 
 import vit
-from vit.sources.sam_prompts import PromptError
+from vit.explain.segment import PromptError
+from vit.sources.sam_prompts import PromptHalfError
 
 transformers = pytest.importorskip("transformers")
 pytestmark = pytest.mark.slow  # importing transformers takes seconds
@@ -184,12 +185,12 @@ def test_a_second_prompt_on_the_same_image_runs_the_decoder_alone(whole, image):
     from vit.explain.segment import segmenter
 
     _, _, _, checkpoint = whole
-    runner = segmenter(checkpoint)
     other = Image.fromarray(np.random.RandomState(1).randint(0, 256, (50, 90, 3)).astype(np.uint8))
     first = vit.segment(checkpoint, other, points=[(10, 10)])
-    encoded = runner.encoded
+    encoded = segmenter(checkpoint, None).encoded  # made by vit.segment: no prompt half to open here
     second = vit.segment(checkpoint, other, points=[(60, 30, 0)], box=(5, 5, 85, 45))
-    assert not first.embedding_reused and second.embedding_reused and runner.encoded == encoded
+    assert not first.embedding_reused and second.embedding_reused
+    assert segmenter(checkpoint, None).encoded == encoded
 
 
 @pytest.mark.parametrize(("prompt", "message"), [
@@ -207,7 +208,7 @@ def test_a_prompt_that_cannot_be_used_is_refused_in_one_line(whole, image, promp
 
 def test_an_image_encoder_alone_is_refused_in_one_line(tmp_path, image):
     transformers.SamVisionModel(transformers.SamVisionConfig(**SAM_VISION)).save_pretrained(tmp_path / "encoder")
-    with pytest.raises(PromptError, match="no prompt encoder or mask decoder") as error:
+    with pytest.raises(PromptHalfError, match="no prompt encoder or mask decoder") as error:
         vit.segment(vit.load(tmp_path / "encoder", device="cpu"), image, points=[(10, 10)])
     assert "\n" not in str(error.value)
 
@@ -223,3 +224,42 @@ def test_a_mask_gradient_over_the_memory_limit_is_refused_before_any_work(whole,
     with pytest.raises(TooManyTokens, match="mask decoder|limit") as error:
         vit.segment(checkpoint, image, points=[(10, 10)], methods=["gradient_x_input"])
     assert not ran and "\n" not in str(error.value)
+
+
+def test_predict_with_a_prompt_prints_the_librarys_scores_and_saves_the_maps(whole, image, tmp_path, capsys):
+    import json
+
+    from vit.predict import main
+
+    family, model, processor, checkpoint = whole
+    image.save(tmp_path / "photo.png")
+    folder = checkpoint.path if checkpoint.path is not None else checkpoint.metadata["source"]["path"]
+    code = main([str(folder), str(tmp_path / "photo.png"), "--points", "52,30", "--box", "10,5,80,45",
+                 "--save-maps", str(tmp_path / "maps"), "--relevance", "gradient_x_input", "--device", "cpu"])
+    [record] = json.loads(capsys.readouterr().out)
+    with torch.no_grad():
+        out, masks = library_run(family, model, processor, library_inputs(processor, image, **PROMPTS["mixed"]))
+    assert code == 0 and record["mask"] == int(out.iou_scores[0, 0].argmax())
+    torch.testing.assert_close(torch.tensor(record["scores"]), out.iou_scores[0, 0], rtol=0, atol=1e-5)
+    assert record["areas"] == [int(m.sum()) for m in masks]
+    saved = np.load(record["maps"]["npz"])
+    torch.testing.assert_close(torch.from_numpy(saved["mask_logits"]), out.pred_masks[0, 0], rtol=0, atol=1e-5)
+    assert saved["points"].tolist() == [[52, 30, 1]] and saved["box"].tolist() == [10, 5, 80, 45]
+    assert saved["attention/final_attn_token_to_image"].shape[0] == 2 and "map/gradient_x_input" in saved
+    assert Image.open(record["maps"]["mask0"]).size == (90, 50)
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--points", "30"], "expected a point x,y"),
+    (["--points", "30,20,5"], "label must be 1"),
+    (["--mask", "1"], "--mask goes with a SAM prompt"),
+    (["--points", "30,20", "--relevance", "gradient_x_input"], "give --save-maps"),
+])
+def test_predict_refuses_a_prompt_it_cannot_use_in_one_line(whole, image, tmp_path, capsys, argv, message):
+    from vit.predict import main
+
+    _, _, _, checkpoint = whole
+    image.save(tmp_path / "photo.png")
+    code = main([checkpoint.metadata["source"]["path"], str(tmp_path / "photo.png"), "--device", "cpu", *argv])
+    error = capsys.readouterr().err
+    assert code == 2 and message in error and error.count("\n") == 1

@@ -1063,10 +1063,10 @@ def segment(checkpoint: Checkpoint, image: ImageLike, points: Sequence[Sequence[
     ``"mask"`` (that mask's output token) or ``"iou"`` (the IoU token) for the decoder attention; ``methods``:
     ``"gradient_x_input"`` of the mask's logits, summed over the mask or at image pixel ``at = (x, y)`` (its memory
     checked first by the cost model: the encoder's gradient at 1,024 px is the costly part). ValueError in one line
-    (``PromptError``, ``TooManyTokens``)."""
-    from vit.explain.segment import segmenter
+    (``PromptError``, ``PromptHalfError`` for a model without its prompt half, ``TooManyTokens``)."""
+    from vit.explain.segment import make_prompt, segmenter
     from vit.inference import preprocess
-    from vit.sources.sam_prompts import make_prompt
+    from vit.sources.sam_prompts import open_prompt_half
 
     image = _image(image)
     prompt = make_prompt(points, box, image.size)
@@ -1077,7 +1077,7 @@ def segment(checkpoint: Checkpoint, image: ImageLike, points: Sequence[Sequence[
         if not isinstance(at, (tuple, list)) or len(at) != 2:
             raise ValueError(f"at must be an image pixel (x, y), got {at!r}")
         where = (float(at[0]), float(at[1]))
-    runner = segmenter(checkpoint)
+    runner = segmenter(checkpoint, open_prompt_half)
     p = checkpoint.preprocessing
     pixels = preprocess([image], p)
     done = runner.segment(pixels, prompt, image.size, mask, token, tuple(methods), where)
