@@ -1064,8 +1064,8 @@ def segment(checkpoint: Checkpoint, image: ImageLike, points: Sequence[Sequence[
     ``"gradient_x_input"`` of the mask's logits, summed over the mask or at image pixel ``at = (x, y)`` (its memory
     checked first by the cost model: the encoder's gradient at 1,024 px is the costly part). ValueError in one line
     (``PromptError``, ``PromptHalfError`` for a model without its prompt half, ``TooManyTokens``)."""
+    from vit.explain.relevance import patch_sums
     from vit.explain.segment import make_prompt, segmenter
-    from vit.inference import preprocess
     from vit.sources.sam_prompts import open_prompt_half
 
     image = _image(image)
@@ -1077,15 +1077,11 @@ def segment(checkpoint: Checkpoint, image: ImageLike, points: Sequence[Sequence[
         if not isinstance(at, (tuple, list)) or len(at) != 2:
             raise ValueError(f"at must be an image pixel (x, y), got {at!r}")
         where = (float(at[0]), float(at[1]))
-    runner = segmenter(checkpoint, open_prompt_half)
     p = checkpoint.preprocessing
-    pixels = preprocess([image], p)
-    done = runner.segment(pixels, prompt, image.size, mask, token, tuple(methods), where)
-    grid = checkpoint.model.patch_grid(*pixels.shape[-2:])
+    done = segmenter(checkpoint, open_prompt_half).segment(image, prompt, mask, token, tuple(methods), where)
+    grid = checkpoint.model.patch_grid(*p.image_hw)
     seen = seen_region(image, p)
     maps = {k: v.numpy().astype(np.float32) for k, v in done.maps.items()}
-    from vit.explain.relevance import patch_sums
-
     patch_maps = {k: patch_sums(v[None], grid)[0].numpy().astype(np.float32) for k, v in done.maps.items()}
     return Segmentation(done.scores.numpy(), done.mask_logits.numpy(), done.masks.numpy(), done.mask, done.token,
                         {k: v.numpy() for k, v in done.attention.items()}, maps, patch_maps, image, seen,

@@ -282,19 +282,27 @@ class Segmenter:
     def device(self) -> torch.device:
         return next(self.checkpoint.model.parameters()).device
 
-    def embedding(self, pixels: Tensor) -> tuple[object, bool]:
-        """The image embedding of ``pixels (1, C, H, W)`` and whether it was kept from before."""
-        key = hashlib.sha256(pixels.detach().cpu().contiguous().numpy().tobytes()).hexdigest()
+    def pixels(self, image) -> Tensor:
+        """``image`` (PIL) through the checkpoint's own preprocessing: ``(1, C, H, W)`` on the model's device."""
+        from vit.inference import preprocess
+
+        return preprocess([image], self.checkpoint.preprocessing).to(self.device)
+
+    def embedding(self, image) -> tuple[object, tuple[int, int], bool]:
+        """The image embedding of ``image`` (PIL), the input's ``(H, W)``, and whether it was kept from before: a
+        kept image is neither preprocessed nor encoded again (its pixels' hash is the key)."""
+        key = hashlib.sha256(f"{image.mode} {image.size}".encode() + image.tobytes()).hexdigest()
         if key in self.embeddings:
             self.embeddings.move_to_end(key)
-            return self.embeddings[key], True
+            return (*self.embeddings[key], True)
+        pixels = self.pixels(image)
         with torch.inference_mode():
-            embedding = image_embedding(self.half, self.checkpoint.model, pixels.to(self.device))
+            embedding = image_embedding(self.half, self.checkpoint.model, pixels)
         self.encoded += 1
-        self.embeddings[key] = embedding
+        self.embeddings[key] = embedding, tuple(pixels.shape[-2:])
         while len(self.embeddings) > KEPT_EMBEDDINGS:
             self.embeddings.popitem(last=False)
-        return embedding, False
+        return embedding, tuple(pixels.shape[-2:]), False
 
     def check_gradient_fits(self, grid: tuple[int, int]) -> None:
         """The cost model's answer for a gradient through the encoder and the decoder at ``grid``, asked first."""
@@ -302,18 +310,17 @@ class Segmenter:
         plan.decide(plan.mask_gradient(self.checkpoint.model, grid, decoder.hidden_size,
                                        len(decoder.transformer.layers), self.half.embedding_grid))
 
-    def segment(self, pixels: Tensor, prompt: Prompt, image_size: tuple[int, int], mask: int | None = None,
-                token: str = "mask", methods: tuple[str, ...] = (), at: tuple[float, float] | None = None
-                ) -> Segmented:
-        """The masks of ``prompt`` (in the image's pixels; the image is ``image_size = (width, height)``) on
-        ``pixels (1, C, H, W)``, the decoder attention of ``token`` of mask ``mask`` (default: the best scored) and
-        the ``methods`` maps of that mask (at image pixel ``at``, or summed over the mask)."""
+    def segment(self, image, prompt: Prompt, mask: int | None = None, token: str = "mask",
+                methods: tuple[str, ...] = (), at: tuple[float, float] | None = None) -> Segmented:
+        """The masks of ``prompt`` (in the pixels of ``image``, a PIL image), the decoder attention of ``token`` of
+        mask ``mask`` (default: the best scored) and the ``methods`` maps of that mask (at image pixel ``at``, or
+        summed over the mask)."""
         unknown = [m for m in methods if m not in SEGMENT_METHODS or m == "decoder_attention"]
         if unknown:
             raise PromptError(f"unknown map {unknown[0]!r}; choose from {', '.join(m for m in SEGMENT_METHODS)}")
-        p = self.checkpoint.preprocessing
+        p, image_size = self.checkpoint.preprocessing, image.size
         inputs = prompt_tensors(self.half, prompt, prompt_scale(image_size, p), self.device)
-        embedding, reused = self.embedding(pixels)
+        embedding, input_hw, reused = self.embedding(image)
         with torch.inference_mode(), decoder_attentions(self.half) as recorded:
             scores, logits = decode(self.half, embedding, inputs)
         count = scores.shape[-1]
@@ -324,14 +331,13 @@ class Segmenter:
                               f"got {mask!r}")
         position = output_token(self.half, token, mask)
         attention = {k: v.float().cpu() for k, v in attention_views(recorded, self.half, position).items()}
-        cell = None if at is None else low_res_cell(at, image_size, p, tuple(pixels.shape[-2:]),
-                                                    tuple(logits.shape[-2:]))
+        cell = None if at is None else low_res_cell(at, image_size, p, input_hw, tuple(logits.shape[-2:]))
         maps = {}
         if methods:
-            self.check_gradient_fits(self.checkpoint.model.patch_grid(*pixels.shape[-2:]))
+            self.check_gradient_fits(self.checkpoint.model.patch_grid(*input_hw))
+            pixels = self.pixels(image)
         for method in methods:
-            maps[method] = gradient_x_input(self.half, self.checkpoint.model, pixels.to(self.device), inputs, mask,
-                                            cell).cpu()
+            maps[method] = gradient_x_input(self.half, self.checkpoint.model, pixels, inputs, mask, cell).cpu()
         logits = logits[0, 0].float().cpu()
         return Segmented(scores[0, 0].float().cpu(), logits, masks_on_image(self.half, logits, image_size, p), mask,
                          token, attention, maps, reused)
