@@ -69,8 +69,8 @@ API = ("load", "explain", "methods", "shipped", "samples", "ask", "ask_methods",
        "ablate", "reference_means", "patching", "registers", "Explanation", "feature_attribution",
        "Answer", "pca", "similarity", "correspondences", "PCA", "Similarity",
        "Correspondences", "visual_logit_lens", "explain_word",
-       "WordMap", "textspan", "TextSpan", "open_vlm", "ask_vlm",
-       "VLMAnswer")  # no name of a module: vit.predict is the command
+       "WordMap", "textspan", "TextSpan", "open_vlm", "ask_vlm", "VLMAnswer", "segment",
+       "Segmentation")  # no name of a module: vit.predict is the command
 
 
 DISTRIBUTION = "vit-attention-explorer"  # pyproject.toml's [project] name

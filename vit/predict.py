@@ -51,6 +51,17 @@ token and a layer at a time; ``image_share`` (answer tokens, layers, heads): the
 ``tokens``, ``pieces``, ``answer``, ``grid``, ``patch_size``, ``unit``. Its largest size is refused before any work
 past ``--max-maps-mb``.
 
+Segmenting with a whole SAM or SAM 2 (an HF ``SamModel`` / ``Sam2Model`` folder or Hub id): ``--points x,y[,label]
+...`` (label 1 on the object, the default; 0 off it) and / or ``--box x0,y0,x1,y1``, in each image's own pixels,
+print per image its three masks' predicted IoU (``"scores"``), their areas on the image in pixels and the best one
+(``"mask"``); a second image is encoded once, every prompt on it runs the decoder alone. ``--mask N`` (from 0)
+chooses the mask the maps explain (default the best), ``--token mask|iou`` the decoder token whose attention is
+drawn, ``--relevance gradient_x_input`` adds which input pixels made the mask (summed over it, or at ``--at x,y``;
+its memory checked first). With ``--save-maps`` each image gets ``<stem>.npz`` (``vit.Segmentation.save``: scores,
+mask_logits, masks, the prompt, ``attention/<module>`` (heads, rows, cols) of each decoder cross-attention,
+``map/<method>``), ``<stem>_mask<i>.png`` (each mask over the image) and ``<stem>_<module>.png`` (each
+cross-attention, its heads averaged, over the pixels the model saw).
+
 ``--ablate 2.3,4.1`` zero-ablates those heads
 (LAYER.HEAD, counted from 1) for everything above: their outputs are zeroed before the output projection.
 ``--size N`` (at most 4096) runs the model on an N-px square
@@ -238,8 +249,51 @@ def build_parser() -> argparse.ArgumentParser:
                    help="ask a vision-language model (its folder) this question about each image")
     p.add_argument("--max-new-tokens", type=positive_int, default=32, metavar="N",
                    help="with --ask: the answer's most tokens (default 32)")
+    p.add_argument("--points", nargs="+", type=prompt_point, metavar="X,Y[,LABEL]",
+                   help="a SAM / SAM 2's point prompt in the image's pixels (label 1 on the object, default; 0 off it)")
+    p.add_argument("--box", type=prompt_box, metavar="X0,Y0,X1,Y1", help="a SAM / SAM 2's box prompt in the "
+                                                                          "image's pixels")
+    p.add_argument("--mask", type=int, metavar="N", help="with a prompt: the mask (0-2) the maps explain (default "
+                                                         "the best scored)")
+    p.add_argument("--token", choices=("mask", "iou"), default="mask",
+                   help="with a prompt: the decoder token whose attention is drawn (default mask)")
+    p.add_argument("--relevance", choices=("gradient_x_input",),
+                   help="with a prompt and --save-maps: which input pixels made the mask")
+    p.add_argument("--at", type=prompt_pixel, metavar="X,Y",
+                   help="with --relevance: explain the mask's logit at this image pixel (default: summed over it)")
     add_size_arguments(p, keep_aspect=True)
     return p
+
+
+def _numbers(text: str, counts: tuple[int, ...], what: str) -> list[float]:
+    import math
+
+    parts = text.split(",")
+    try:
+        values = [float(v) for v in parts]
+    except ValueError:
+        values = []
+    if len(parts) not in counts or len(values) != len(parts) or not all(math.isfinite(v) for v in values):
+        raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
+    return values
+
+
+def prompt_point(text: str) -> tuple:
+    """argparse type: ``x,y`` or ``x,y,label`` (label 1 or 0)."""
+    values = _numbers(text, (2, 3), "a point x,y or x,y,label (label 1 on the object, 0 off it)")
+    if len(values) == 3 and values[2] not in (0, 1):
+        raise argparse.ArgumentTypeError(f"a point's label must be 1 (on the object) or 0 (off it), got {text!r}")
+    return (values[0], values[1], int(values[2])) if len(values) == 3 else (values[0], values[1])
+
+
+def prompt_box(text: str) -> tuple:
+    """argparse type: ``x0,y0,x1,y1``."""
+    return tuple(_numbers(text, (4,), "a box x0,y0,x1,y1"))
+
+
+def prompt_pixel(text: str) -> tuple:
+    """argparse type: ``x,y``."""
+    return tuple(_numbers(text, (2,), "a pixel x,y"))
 
 
 def ablated(checkpoint: Checkpoint, heads: str) -> Checkpoint:
@@ -538,7 +592,14 @@ def save_stage_maps(result: FileResult, checkpoint: Checkpoint, folder: Path, st
 def run(args: argparse.Namespace) -> int:
     if args.ask is not None:
         return run_ask(args)
+    prompted = args.points is not None or args.box is not None
+    if not prompted:
+        for flag, value in (("--mask", args.mask), ("--relevance", args.relevance), ("--at", args.at)):
+            if value is not None:
+                raise UsageError(f"{flag} goes with a SAM prompt (--points or --box)")
     checkpoint = open_checkpoint(args.checkpoint, resolve_device(args.device), args.arch)
+    if prompted:
+        return run_prompts(checkpoint, args)
     if checkpoint.model.config.tubelet_size:
         return run_clips(checkpoint, args)
     size = input_size(args)
@@ -696,6 +757,61 @@ def run_clips(checkpoint: Checkpoint, args: argparse.Namespace) -> int:
                                tubelet=np.array(clip.tubelet), patch_size=np.array(c.patch_hw),
                                frames=np.array(sampled.indices))
             record["maps"] = {"npz": str(path)}
+        records.append(record)
+    print(json.dumps(records, indent=2))
+    return 1 if failed else 0
+
+
+def run_prompts(checkpoint: Checkpoint, args: argparse.Namespace) -> int:
+    """``run`` for a SAM / SAM 2 prompt: each image's masks (``vit.segment``), with ``--save-maps`` its arrays and
+    pictures; one line on stderr for an image that cannot be read or a prompt outside it."""
+    from vit.api import segment
+    from vit.bounds import TooManyTokens
+    from vit.explain.segment import PromptError, segmenter
+    from vit.images import ImageError, open_image
+    from vit.sources.sam_prompts import PromptHalfError, open_prompt_half
+
+    for flag, value in (("--labels", args.labels), ("--template", args.template), ("--ablate", args.ablate),
+                        ("--size", args.size), ("--keep-aspect", args.keep_aspect)):
+        if value:
+            raise UsageError(f"{flag} does not go with a SAM prompt: SAM runs at its own size")
+    if args.at is not None and args.relevance is None:
+        raise UsageError("--at goes with --relevance (the map it places)")
+    if args.relevance is not None and not args.save_maps:
+        raise UsageError("--relevance draws a map: give --save-maps DIR too")
+    try:
+        segmenter(checkpoint, open_prompt_half)  # the prompt half read (or refused) before any image
+    except PromptHalfError as e:
+        raise UsageError(str(e)) from None
+    maps_dir = Path(args.save_maps) if args.save_maps else None
+    if maps_dir is not None:
+        maps_dir.mkdir(parents=True, exist_ok=True)
+    records, failed, taken = [], 0, set()
+    for source in args.images:
+        try:
+            image = open_image(source)
+            done = segment(checkpoint, image, args.points, args.box, mask=args.mask, token=args.token,
+                           methods=(args.relevance,) if args.relevance else (), at=args.at)
+        except TooManyTokens as e:  # the model's own size: every image would be refused alike
+            raise UsageError(str(e)) from None
+        except (ImageError, PromptError, OSError) as e:
+            print(f"{PROG}: skipped {source}: {str(e).splitlines()[0]}", file=sys.stderr)
+            failed += 1
+            continue
+        record = {"image": str(source), "scores": [float(s) for s in done.scores],
+                  "areas": [int(m.sum()) for m in done.masks], "mask": done.mask}
+        if maps_dir is not None:
+            stem = unique_stem(Path(source), taken)
+            saved = {"npz": str(done.save(maps_dir / f"{stem}.npz"))}
+            for i in range(len(done.scores)):
+                path = maps_dir / f"{stem}_mask{i}.png"
+                done.picture(i).save(path)
+                saved[f"mask{i}"] = str(path)
+            for name in (*done.attention, *done.maps):
+                path = maps_dir / f"{stem}_{name}.png"
+                done.overlay(name).save(path)
+                saved[name] = str(path)
+            record["maps"] = saved
         records.append(record)
     print(json.dumps(records, indent=2))
     return 1 if failed else 0

@@ -114,6 +114,17 @@ def windowed_gradient_bytes(model, grid: tuple[int, int], layers: int | None = N
     return 4 * model.config.num_heads * 4 * values
 
 
+def mask_decoder_bytes(hidden: int, layers: int, grid: tuple[int, int], tokens: int = 16) -> int:
+    """Bytes of SAM's mask decoder's graph for a gradient (``vit.explain.segment``): each two-way block's image
+    side (``BLOCK_COPIES`` ``(N, C)`` tensors: keys, their positions, the attention's projections, the norm) and
+    its cross-attentions (``tokens x N`` a head, a few copies), then the upscaling's two maps (``C/4`` at twice the
+    grid, ``C/8`` at four times), each kept ``BLOCK_COPIES`` times; float32. SAM ViT-B's at 64 x 64: about 210 MB."""
+    n = grid[0] * grid[1]
+    blocks = (layers + 1) * (BLOCK_COPIES * n * hidden + 3 * 8 * tokens * n)  # 8 heads at most (SAM's)
+    upscaling = BLOCK_COPIES * (hidden // 4 * 4 * n + hidden // 8 * 16 * n)
+    return 4 * (blocks + upscaling)
+
+
 def attnlrp_attention_bytes(model, grid: tuple[int, int]) -> list[int]:
     """Each layer's attention as AttnLRP's graph keeps it (``relevance.attnlrp``), a model without stages: nothing
     in a plain global layer, whose attention runs fused (``blocks.fused_attention``: the backward recomputes the

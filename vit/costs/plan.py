@@ -205,6 +205,17 @@ def attnlrp(model, grid: tuple[int, int], what: str = "AttnLRP", other: str = "a
     return _cost("attnlrp", model, grid, parts, refuse, memory.checkpointed_gradient_bytes(model, grid))
 
 
+def mask_gradient(model, grid: tuple[int, int], hidden: int, layers: int, embedding_grid: tuple[int, int],
+                  what: str = "Gradient x input of the mask") -> Cost:
+    """A gradient of SAM's mask (``vit.explain.segment``): the image encoder's, as any gradient method's through it
+    (``gradient``; a model with stages, ``stage_gradient`` from its first layer), beside the mask decoder's graph
+    (``memory.mask_decoder_bytes`` of its ``hidden`` width and ``layers`` two-way blocks on ``embedding_grid``)."""
+    encoder = stage_gradient(model, grid, 0, what) if model.config.stage_depths else gradient(model, grid, what)
+    decoder = memory.mask_decoder_bytes(hidden, layers, embedding_grid)
+    parts = (*encoder.parts, ("the mask decoder's graph", decoder))
+    return replace(encoder, view="mask gradient", memory=encoder.memory + decoder, parts=parts)
+
+
 def chunked_gradient(model, grid: tuple[int, int], what: str) -> Cost:
     """The class-specific map's path in chunks (``LayerInputs.context_gradients``, then ``gradient_rollout_row``):
     every layer's input and context gradient, one block's graph, and the rollout row's chunks
