@@ -61,3 +61,9 @@ def duration(seconds: float) -> str:
         return f"{seconds} s"
     minutes, seconds = divmod(seconds, 60)
     return f"{minutes} min {seconds:02d} s" if minutes < 60 else f"{minutes // 60} h {minutes % 60:02d} min"
+
+
+def file_name_part(text: str, limit: int = 40) -> str:
+    """``text`` as a piece of a file name: runs of anything but letters, digits, ``.``, ``_`` and ``-`` become one
+    ``_`` (a class such as "tench, Tinca tinca" or "a/b" would otherwise name folders or need quoting)."""
+    return re.sub(r"[^\w.-]+", "_", text, flags=re.ASCII).strip("._-")[:limit].strip("._-")

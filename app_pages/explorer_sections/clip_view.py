@@ -24,7 +24,7 @@ from vit.clips import VIDEO_SUFFIXES, ClipError, read_clip_bytes
 from vit.explain import mechanism_views, video
 from vit.explain.overlay import display_image
 from vit.explain.video import CLIP_KIND_LABELS as MAP_KINDS
-from vit.text import escape_markdown, visible
+from vit.text import escape_markdown, file_name_part, visible
 
 UPLOAD_KEY = "explorer_clip_upload"
 UPLOAD_TYPES = [suffix[1:] for suffix in VIDEO_SUFFIXES] + ["gif", "zip"]
@@ -114,7 +114,7 @@ def _frame_view(view: FrameView) -> None:
     share_view.link_popover(link, {k: v for k, v in values.items() if v is not None}, what="clip")
     export.download_button(
         "Export this view (HTML)", on_click="ignore", mime="text/html",
-        file_name=f"{drawing.file_name_part(view.name.rsplit('.', 1)[0])}-view.html",
+        file_name=f"{file_name_part(view.name.rsplit('.', 1)[0])}-view.html",
         data=partial(_export, view, position, query_patch, caption, (low, high)),
         help="One self-contained .html file: every sampled frame with its map (a player with Play), the shown frame "
              "(hover a patch for its value) with its colour bar and caption, the prediction and these settings. "
@@ -328,7 +328,7 @@ def clip_view(checkpoint: Checkpoint, fingerprint: tuple, model_key: str, model_
             st.info("No prediction: this model has no classifier. Its attention maps are shown all the same.")
         st.download_button(
             "Export as animated GIF", mime="image/gif", on_click="ignore",
-            file_name=f"{drawing.file_name_part(name.rsplit('.', 1)[0])}-{kind}"
+            file_name=f"{file_name_part(name.rsplit('.', 1)[0])}-{kind}"
                       f"{'' if layer is None else f'-L{layer}'}.gif",
             data=partial(clips.animated_gif, overlays),
             help=f"The {frames} sampled frames with their maps, looping, at most {clips.GIF_MAX_SIDE} px on a side.")

@@ -13,12 +13,12 @@ from app_pages.explorer_sections.checkpoint_picker import OPEN_HUB
 from app_pages.explorer_sections.main_view import map_caption
 from app_pages.explorer_sections.map_choice import MainMap
 from app_pages.explorer_sections.state import Shown
-from vit.app import catalog, drawing, explorer, share, vlm_words
+from vit.app import catalog, explorer, share, vlm_words
 from vit.app.export import View, view_html
 from vit.app.uploads import Upload, UploadStore
 from vit.explain import attention_maps, image_analysis
 from vit.explain.stages import on_patch_grid
-from vit.text import escape_markdown, visible
+from vit.text import escape_markdown, file_name_part, visible
 
 READ_KEY, PENDING_KEY = "share_read", "share_pending"
 # Every value the link held, as decoded, until a clip's page reads its own widgets' from them (the image page's
@@ -297,7 +297,7 @@ def share_buttons(values: dict[str, object], view: Shown, main: MainMap, image_n
                                  class_names=view.class_names, predicted=analysis.prediction.class_index,
                                  own_size=view.checkpoint.preprocessing.own_size_rule)}
     export.download_button("Export this view (HTML)", on_click="ignore", mime="text/html",
-                           file_name=f"{drawing.file_name_part(Path(image_name).stem)}-view.html",
+                           file_name=f"{file_name_part(Path(image_name).stem)}-view.html",
                            data=partial(_export, view, main, image_name, model_name, settings),
                            help="One self-contained .html file: the image, the map with its colour bar and caption, "
                                 "the heads grid (hover a patch for its value), the prediction and these settings. "

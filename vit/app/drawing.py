@@ -41,7 +41,7 @@ from vit.explain.overlay import (
 from vit.images import on_padded_canvas, to_uint8
 from vit.inference import TRAINING_SIZE, InputSize, Prediction, evaluation_uint8, input_shape, preprocess
 from vit.sizes import describe_size
-from vit.text import escape_plotly
+from vit.text import escape_plotly, file_name_part
 
 COLOUR_SCALES = {
     "own": "each map's min–max",
@@ -321,12 +321,6 @@ def prediction_note(analysis: Analysis) -> str | None:
     return (f"Predicted at {describe_size(width, height)}, not the {describe_size(tw, th)} the model was trained "
             "at: the scores may differ from those at the training size.")
 
-
-
-def file_name_part(text: str, limit: int = 40) -> str:
-    """``text`` as a piece of a file name: runs of anything but letters, digits, ``.``, ``_`` and ``-`` become one
-    ``_`` (a class such as "tench, Tinca tinca" or "a/b" would otherwise name folders or need quoting)."""
-    return re.sub(r"[^\w.-]+", "_", text, flags=re.ASCII).strip("._-")[:limit].strip("._-")
 
 
 ATTENTION_KINDS = ("attention", "rollout", "flow", "probe", "probe_rollout")  # maps that show attention itself

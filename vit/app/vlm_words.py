@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from vit.checkpoint import Checkpoint
-from vit.text import escape_markdown
+from vit.text import escape_markdown, file_name_part
 
 # The main map's kinds for a word, as the sidebar names them; a link's ``map=`` takes these keys.
 KINDS = {
@@ -167,7 +167,5 @@ def describe(kind: str, word_map, table: Embedding, checkpoint: Checkpoint, targ
 
 def file_name(stem: str, kind: str, word: str, patch: int | None) -> str:
     """'photo-word_lens-dog-overlay.png', '…-word_legrad-dog-p7-overlay.png': the download names the word."""
-    from vit.app.drawing import file_name_part
-
     parts = [stem, kind, file_name_part(word) or "word"] + ([f"p{patch}"] if patch is not None else [])
     return "-".join([*parts, "overlay.png"])
