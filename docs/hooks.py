@@ -180,6 +180,31 @@ def on_page_markdown(markdown, page, config, files):  # mkdocs' hook
     return expand(markdown)
 
 
+# A relative link to a page of docs/ in a notebook's rendered HTML (not a URL, an anchor or a path from the root)
+NOTEBOOK_LINK = re.compile(r'href="(?![a-zA-Z][\w+.-]*:|#|/)([^"#]+\.(?:md|ipynb))(#[^"]*)?"')
+
+
+def notebook_links(html: str, src_uri: str, files) -> str:
+    """A notebook's links as written for Jupyter (``../sae.md``, a file beside it in docs/) made the site's URLs of
+    those pages: mkdocs rewrites the links of Markdown pages, not the HTML mkdocs-jupyter renders. A link to no
+    page of the site fails the build."""
+    import posixpath
+
+    def site_url(match: re.Match) -> str:
+        target = posixpath.normpath(posixpath.join(posixpath.dirname(src_uri), match[1]))
+        page = files.get_file_from_path(target)
+        if page is None:
+            raise ValueError(f"{src_uri} links to {match[1]}, which is no page of docs/")
+        here = files.get_file_from_path(src_uri)
+        return f'href="{page.url_relative_to(here)}{match[2] or ""}"'
+
+    return NOTEBOOK_LINK.sub(site_url, html)
+
+
+def on_page_content(html, page, config, files):  # mkdocs' hook, after mkdocs-jupyter's render of a notebook
+    return notebook_links(html, page.file.src_uri, files) if page.file.src_uri.endswith(".ipynb") else html
+
+
 def on_files(files, config):  # mkdocs' hook: the included files' images
     from mkdocs.structure.files import File
 

@@ -311,7 +311,21 @@ def test_the_link_checker_finds_a_missing_page_and_a_missing_anchor(tmp_path):
 
 NAV_PAGES = ("start", "quickstart", "explorer", "train", "sae", "models", "models/image", "models/windowed",
              "models/vlm", "models/video", "models/own", "checkpoints", "methods", "cli", "notebook", "benchmarks",
-             "deploy", "architecture", "changelog")
+             "deploy", "architecture", "changelog", *(f"tutorials/{name}" for name in (
+                 "compare-methods", "dense-views", "vlm-lens", "video-clip", "sae-features", "benchmarks")))
+
+
+def test_a_notebooks_links_to_docs_pages_become_the_sites_urls_and_one_to_no_page_fails(tmp_path):
+    files = pytest.importorskip("mkdocs.structure.files")
+    pages = files.Files([files.File(path, str(ROOT / "docs"), str(tmp_path), use_directory_urls=True)
+                         for path in ("sae.md", "models/vlm.md", "tutorials/lens.md", "tutorials/clip.md")])
+    html = ('<a href="../sae.md">SAEs</a> <a href="../models/vlm.md#towers">towers</a> <a href="clip.md">clip</a> '
+            '<a href="https://x.org/a.md">out</a> <a href="#here">here</a>')
+    assert hooks().notebook_links(html, "tutorials/lens.md", pages) == (
+        '<a href="../../sae/">SAEs</a> <a href="../../models/vlm/#towers">towers</a> <a href="../clip/">clip</a> '
+        '<a href="https://x.org/a.md">out</a> <a href="#here">here</a>')
+    with pytest.raises(ValueError, match="links to ../nowhere.md, which is no page of docs/"):
+        hooks().notebook_links('<a href="../nowhere.md">x</a>', "tutorials/lens.md", pages)
 
 
 @pytest.mark.slow

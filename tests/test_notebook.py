@@ -1,13 +1,20 @@
-"""docs/quickstart.ipynb runs from top to bottom (nbclient, in a fresh kernel), so it cannot rot, and is committed
-with its outputs."""
+"""docs/quickstart.ipynb and the tutorials in docs/tutorials/ (issue 78, item 3) run from top to bottom (nbclient, in
+a fresh kernel), so they cannot rot, and are committed with their outputs. The tutorials build their other models
+(timm, transformers) with random weights in the notebook itself: no download, no network."""
 
 import json
 from pathlib import Path
 
 import pytest
+import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOK = ROOT / "docs" / "quickstart.ipynb"
+# One tutorial per task: a model and its methods compared, the dense views, a VLM tower and its visual lens, a clip,
+# SAE features, the benchmarks.
+TUTORIALS = ("compare-methods", "dense-views", "vlm-lens", "video-clip", "sae-features", "benchmarks")
+TUTORIAL_DIR = ROOT / "docs" / "tutorials"
+MAX_TUTORIAL_BYTES = 300_000
 nbformat = pytest.importorskip("nbformat")
 nbclient = pytest.importorskip("nbclient")
 
@@ -42,3 +49,51 @@ def test_the_quickstart_notebook_is_committed_executed_and_small():
     shipped = json.loads((ROOT / "checkpoints" / "samples" / "cifar10-cifar-s" / "samples.json").read_text())
     dog = next(s for s in shipped if s["file"] == "dog_1.png")
     assert dog["predicted"] == dog["label"] == "dog" and f"[('dog', {dog['probability']:.4f}" in shown_text(notebook)
+
+
+def run_notebook(path: Path, monkeypatch):
+    """``path`` executed in a fresh kernel from its own folder, as a clone's reader runs it: the README's
+    environment (requirements installed, the project not, no PYTHONPATH) and one torch thread, as the suite's."""
+    monkeypatch.delenv("PYTHONPATH", raising=False)
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    notebook = nbformat.read(path, as_version=4)
+    nbclient.NotebookClient(notebook, timeout=300, kernel_name="python3",
+                            resources={"metadata": {"path": str(path.parent)}}).execute()
+    return notebook
+
+
+def outputs(notebook) -> list:
+    return [o for cell in notebook.cells if cell.cell_type == "code" for o in cell.outputs]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", TUTORIALS)
+def test_each_tutorial_runs_in_a_clones_docs_folder_without_an_error(name, monkeypatch):
+    # Each notebook checks its model against the library's own (timm's logits, transformers' lens scores and
+    # probabilities) or by hand with an assert: a mismatch is an error output here.
+    notebook = run_notebook(TUTORIAL_DIR / f"{name}.ipynb", monkeypatch)
+    assert [f"{o.ename}: {o.evalue}" for o in outputs(notebook) if o.output_type == "error"] == []
+    assert any("image/png" in o.get("data", {}) for o in outputs(notebook))
+
+
+@pytest.mark.parametrize("name", TUTORIALS)
+def test_each_tutorial_is_committed_executed_small_and_quiet(name):
+    path = TUTORIAL_DIR / f"{name}.ipynb"
+    assert path.stat().st_size < MAX_TUTORIAL_BYTES
+    notebook = nbformat.read(path, as_version=4)
+    code = [cell for cell in notebook.cells if cell.cell_type == "code"]
+    assert [cell.execution_count for cell in code] == list(range(1, len(code) + 1))  # every cell run, in order
+    assert not [o for o in outputs(notebook) if o.output_type == "error"]
+    # no warning, progress bar or machine path in what the docs site shows
+    assert not [o.text for o in outputs(notebook) if o.output_type == "stream" and o.name == "stderr"]
+    assert "/tmp/" not in json.dumps([o.get("text", "") for o in outputs(notebook)])
+    assert any("image/png" in o.get("data", {}) for o in outputs(notebook))
+    assert notebook.cells[0].cell_type == "markdown" and notebook.cells[0].source.startswith("# ")
+
+
+def test_the_tutorials_folder_holds_the_six_and_the_sites_nav_lists_each():
+    assert sorted(p.stem for p in TUTORIAL_DIR.glob("*.ipynb")) == sorted(TUTORIALS)
+    site = yaml.safe_load((ROOT / "mkdocs.yml").read_text())
+    [tutorials] = [entry["Tutorials"] for entry in site["nav"] if isinstance(entry, dict) and "Tutorials" in entry]
+    listed = [page for entry in tutorials for page in entry.values()]
+    assert listed == ["quickstart.ipynb", *(f"tutorials/{name}.ipynb" for name in TUTORIALS)]
