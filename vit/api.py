@@ -409,7 +409,7 @@ def explain(checkpoint: Checkpoint, image: ImageLike, method: str = "rollout", *
     elif method in attention_maps.METHOD_MAP_KINDS:
         method_map = method_maps.model_method_map(checkpoint, image, method, class_index, settings.query,
                                                   settings.end_layer, settings.fusion, size,
-                                                  start_layer=settings.start_layer)
+                                                  start_layer=settings.start_layer, analysis=analysis)
     map2d = np.asarray(attention_maps.attention_map(analysis, settings, relevance, method_map), dtype=np.float32)
     if analysis.staged and map2d.shape != analysis.grid:  # on the layer's own grid, drawn over the image's
         patch_grid = analysis.grid

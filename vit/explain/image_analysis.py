@@ -133,6 +133,15 @@ class Analysis:
         """Whether layer ``layer`` (0-based) of a SAM / ViTDet attends in windows of ``window`` patches."""
         return bool(self.window) and layer not in self.global_layers
 
+    def block_input(self, layer: int) -> torch.Tensor | None:
+        """Block ``layer``'s input ``(T_l, D_l)`` as the forward gave it (float32, on the CPU), for a method that
+        runs the blocks from there (a CAM): those before it need not run again. None where the analysis keeps none
+        (a model with stages keeps each block's output, so not its first block's input)."""
+        layer %= self.num_layers
+        if self.layouts:
+            return self.outputs[layer - 1] if layer else None
+        return None if self.hidden is None else self.hidden[layer]
+
     @property
     def training_hw(self) -> tuple[int, int] | None:
         """The checkpoint's input ``(height, width)``, or None when not known."""
