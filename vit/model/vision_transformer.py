@@ -187,12 +187,16 @@ class ViT(Parent):
     def hooks(self, hooks: Iterable[tuple[str, Hook]]) -> Iterator[ViT]:
         """Set ``hooks`` ``(name, fn)`` for the length of a ``with`` block, in this thread (TransformerLens's
         ``hooks``); several on one point run in the order given. An unknown name raises ValueError."""
-        points = self.hook_points()
         active = {point: list(fns) for point, fns in _hooks.get().items()}
         for name, fn in hooks:
-            if name not in points:
+            # each name looked up by its path: walking every module for hook_points() cost 4 ms a call on ViT-B
+            try:
+                point = self.get_submodule(name)
+            except AttributeError:
+                point = None
+            if not isinstance(point, HookPoint):
                 raise ValueError(f"the model has no hook point {name!r}; see ViT.hook_points()")
-            active.setdefault(points[name], []).append(fn)
+            active.setdefault(point, []).append(fn)
         token = _hooks.set({point: tuple(fns) for point, fns in active.items()})
         try:
             yield self
