@@ -16,7 +16,7 @@ weighs the channels as pytorch-grad-cam does and sums them; the map is its ReLU,
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import torch
@@ -42,13 +42,14 @@ class _Stop(Exception):
 
 
 def layer_activations(model: ViT, images: Tensor, layer: int = -1, class_index: int | Tensor | None = None,
-                      gradients: bool = True, residual: Tensor | None = None, classes: bool = True
-                      ) -> tuple[Tensor, Tensor | None, Tensor | None]:
+                      gradients: bool = True, residual: Tensor | None = None, classes: bool = True,
+                      hooks: Sequence[tuple[str, Callable]] = ()) -> tuple[Tensor, Tensor | None, Tensor | None]:
     """Layer ``layer``'s first-norm output on its grid ``(B, D, h, w)``, the gradient of each image's class logit
     (``class_index``, default the predicted one) with respect to it (None without ``gradients``) and the classes
     ``(B,)`` (None without a classifier, or without ``classes`` and ``gradients``: then the forward stops at the
     layer). ``residual``: block ``layer``'s input ``(B, T, D)`` where a forward of ``images`` already gave it (an
-    analysis's hidden states): the blocks before the layer are not run again."""
+    analysis's hidden states): the blocks before the layer are not run again. ``hooks``: set on the forward too
+    (an analysis read off it: ``vit.explain.hidden.forward_with_hidden_states``'s ``run``)."""
     L = len(model.blocks)
     if not -L <= layer < L:
         raise ValueError(f"layer {layer} is out of range for {L} layers")
@@ -69,7 +70,7 @@ def layer_activations(model: ViT, images: Tensor, layer: int = -1, class_index: 
             residual = residual.to(images.device, next(model.parameters()).dtype, copy=True)
         try:
             with torch.set_grad_enabled(gradients):
-                logits = model.logits_recorded_from(images, layer, [(name, keep)], residual)
+                logits = model.logits_recorded_from(images, layer, [(name, keep), *hooks], residual)
         except _Stop:
             logits = None
         index = None
@@ -173,15 +174,17 @@ def score_weights(model: ViT, images: Tensor, acts: Tensor, class_index: Tensor,
 
 def cam(model: ViT, images: Tensor, method: str = "gradcam", class_index: int | Tensor | None = None,
         layer: int = -1, batch: int = SCORECAM_BATCH, progress: Callable[[int, int], None] | None = None,
-        residual: Tensor | None = None) -> Tensor:
+        residual: Tensor | None = None, hooks: Sequence[tuple[str, Callable]] = ()) -> Tensor:
     """The ``method`` CAM (a key of ``CAM_METHODS``) of layer ``layer``'s first norm (default the last block's)
     for each image's class (default the predicted one): ``(B, h, w)`` on that layer's grid, ReLU applied, not
     normalised. ``batch`` and ``progress``: Score-CAM's masked forwards (see ``score_weights``). ``residual``:
-    block ``layer``'s input where a forward of ``images`` already gave it (``layer_activations``)."""
+    block ``layer``'s input where a forward of ``images`` already gave it, ``hooks`` set on its forward
+    (``layer_activations``)."""
     if method not in CAM_METHODS:
         raise ValueError(f"unknown CAM {method!r}; choose one of: {', '.join(CAM_METHODS)}")
+    # EigenCAM reads no class: its forward stops at the layer, unless hooks read the rest
     acts, grads, index = layer_activations(model, images, layer, class_index, method not in GRADIENT_FREE, residual,
-                                           classes=method != "eigencam")  # EigenCAM reads no class
+                                           method != "eigencam" or bool(hooks), hooks)
     if method == "eigencam":
         result = eigen_projection(acts)
     elif method == "layercam":

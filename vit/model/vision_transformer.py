@@ -211,20 +211,21 @@ class ViT(Parent):
 
     def logits_recorded_from(self, images: torch.Tensor, layer: int, hooks: Iterable[tuple[str, Hook]] = (),
                              residual: torch.Tensor | None = None) -> torch.Tensor | None:
-        """``forward``'s logits of ``images`` with ``hooks`` set, autograd recording from block ``layer`` on: the
-        blocks before it run under ``no_grad``. For a gradient that stops at a leaf a hook makes in or after block
-        ``layer`` (a CAM's layer, an SAE's splice): a forward all under grad would keep every earlier block's graph
-        to the end, their parameters needing gradients (976 MB for a VideoMAE-B clip's Grad-CAM, 112 MB without).
+        """``forward``'s logits of ``images`` with ``hooks`` set (on every block), autograd recording from block
+        ``layer`` on: the blocks before it run under ``no_grad``. For a gradient that stops at a leaf a hook makes in
+        or after block ``layer`` (a CAM's layer, an SAE's splice): a forward all under grad would keep every earlier
+        block's graph to the end, their parameters needing gradients (976 MB for a VideoMAE-B clip's Grad-CAM, 112 MB
+        without).
         ``residual``: block ``layer``'s input ``(B, T, D)`` where a forward of ``images`` already gave it (an
         analysis's hidden states): the embedding and the blocks before it are not run again."""
         grid = self.input_grid(images)
         start = layer % len(self.blocks)
-        if residual is not None:
-            x = residual
-        else:
-            with torch.no_grad():
-                x = self.run_blocks(self.pos_dropout(self.embed(images)), grid, 0, start)[0]
         with self.hooks(hooks):
+            if residual is not None:
+                x = residual
+            else:
+                with torch.no_grad():
+                    x = self.run_blocks(self.pos_dropout(self.embed(images)), grid, 0, start)[0]
             return self.classify(self.run_blocks(x, grid, start)[0])
 
     def run_with_cache(self, images: torch.Tensor, names: Sequence[str] | Callable[[str], bool],
