@@ -8,6 +8,10 @@ slows both alike; the table shows medians, our time as a ratio of theirs, and th
 Run from the repository root::
 
     python -m bench.bench_qwen_vl --threads 1 --repeats 5 --depth 8 --sizes 448x448 672x896
+    python -m bench.bench_qwen_vl --memory --repeats 2 --depth 8 --globals 7 --sizes 448x448 672x672
+
+``--memory``: the working memory of each forward with every layer's attention kept, each in a fresh process
+(bench/results/cpu-2026-11-25/qwen-vl-memory.txt).
 
 Measured 2026-11-25 on the development machine (two cores shared with other helpers' work), one thread,
 ``--repeats 3 --depth 8`` (layers 3 and 7 global), load average 2.6 rising to 6.6:
@@ -67,6 +71,83 @@ def pixel_values(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return p, torch.tensor([[1, gh, gw]])
 
 
+MEMORY_WORKER = r'''
+import json, sys, time
+import torch
+from bench.bench_highres import start_peak, status_mb
+from bench.bench_qwen_vl import build, pixel_values
+from transformers.models.qwen2_5_vl import modeling_qwen2_5_vl
+
+impl, side, depth, globals_ = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), json.loads(sys.argv[4])
+torch.set_num_threads(1)
+theirs, ours = build(depth, globals_)
+kept, eager = [], modeling_qwen2_5_vl.eager_attention_forward
+
+
+def spy(module, *a, **k):  # keeps the probabilities, as ours are kept (returned)
+    out, weights = eager(module, *a, **k)
+    kept.append(weights)
+    return out, weights
+
+
+modeling_qwen2_5_vl.eager_attention_forward = spy
+model = theirs if impl == "theirs" else ours
+del theirs, ours  # only the one measured stays
+
+
+def run(s):
+    x = torch.randn(1, 3, s, s)
+    with torch.inference_mode():
+        if impl == "theirs":
+            pv, thw = pixel_values(x)
+            return model(pv, grid_thw=thw), list(kept)
+        tokens, attentions = model.tokens(x, output_attentions=True)
+        return model.project(tokens, (s // 14, s // 14)), attentions
+
+
+run(224)  # lazy imports, thread pools
+kept.clear()
+since, cpu = start_peak(), time.process_time()
+out, attentions = run(side)
+print(json.dumps({"peak": status_mb("VmHWM") - since, "cpu": time.process_time() - cpu,
+                  "kept": sum(a.numel() * a.element_size() for a in attentions) / 2**20}))
+'''
+
+
+def memory(args) -> None:
+    """``--memory``: each forward with every layer's attention kept in a fresh process, its working memory (VmHWM
+    over the resident set before it, with glibc's mmap threshold at 64 KB so that the resident set follows what is
+    held: freed blocks go back) and CPU seconds; transformers' and ours alternate (A B B A ...)."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MALLOC_MMAP_THRESHOLD_": "65536",
+           "MALLOC_TRIM_THRESHOLD_": "65536", "PYTHONPATH": str(root)}
+    print(f"# load average before: {' '.join(f'{v:.2f}' for v in os.getloadavg())}")
+    print("| input | transformers MB | ours MB | theirs / ours (memory) | CPU theirs / ours | attentions kept MB |")
+    print("|---|---|---|---|---|---|")
+    for size in args.sizes:
+        side = int(size.split("x")[0])
+        runs: dict[str, list[dict]] = {"theirs": [], "ours": []}
+        for r in range(args.repeats):
+            for impl in (("theirs", "ours") if r % 2 == 0 else ("ours", "theirs")):
+                done = subprocess.run([sys.executable, "-c", MEMORY_WORKER, impl, str(side), str(args.depth),
+                                       json.dumps(args.globals)], capture_output=True, text=True, env=env, cwd=root)
+                if done.returncode:
+                    raise SystemExit(done.stderr.strip().splitlines()[-1])
+                runs[impl].append(json.loads(done.stdout.strip().splitlines()[-1]))
+        t, o = ({k: statistics.median(r[k] for r in runs[i]) for k in ("peak", "cpu", "kept")}
+                for i in ("theirs", "ours"))
+        cpu = statistics.median(a["cpu"] / b["cpu"] for a, b in zip(runs["theirs"], runs["ours"], strict=True))
+        print(f"| {side}x{side} px ({(side // 14) ** 2:,} tokens) | {t['peak']:,.0f} | {o['peak']:,.0f} | "
+              f"{t['peak'] / o['peak']:.2f} | {cpu:.2f} | {t['kept']:,.0f} / {o['kept']:,.0f} |", flush=True)
+    print(f"# load average after: {' '.join(f'{v:.2f}' for v in os.getloadavg())}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=1)
@@ -76,7 +157,11 @@ def main() -> None:
     parser.add_argument("--globals", type=int, nargs="*", default=None,
                         help="the global layers (default: every fourth from 3); --depth 8 --globals 7 has the "
                              "32-layer tower's 7 windowed layers to 1 global")
+    parser.add_argument("--memory", action="store_true", help="working memory instead of time: each forward in a "
+                        "fresh process (square sizes: HxW's H)")
     args = parser.parse_args()
+    if args.memory:
+        return memory(args)
     torch.set_num_threads(args.threads)
     from transformers.models.qwen2_5_vl import modeling_qwen2_5_vl
 

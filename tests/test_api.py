@@ -384,3 +384,21 @@ def test_samples_are_the_image_files_of_the_checkpoints_samples_folder(tmp_path,
     (folder / "c.png").mkdir()  # a folder named like an image is not one
     assert vit.samples("tiny") == [folder / "a.JPG", folder / "b.png"]
     assert vit.samples("missing") == []
+
+
+@pytest.mark.parametrize("method, layer", [("gradcam", None), ("layercam", 0), ("eigencam", None), ("eigencam", 0)])
+def test_a_cam_through_vit_explain_runs_the_model_once(tiny, photo, monkeypatch, method, layer):
+    """Issue 83: the explanation's analysis keeps every block's input, and the CAM starts from the explained
+    block's there: the model embeds the image once (the CAM's own forward from the pixels embedded it again), and
+    the map is the CAM's of the pixels (tests/test_cam.py holds that one to pytorch-grad-cam's)."""
+    from vit.explain.cam import cam
+
+    embedded = []
+    embed = ViT.embed
+    monkeypatch.setattr(ViT, "embed", lambda self, images: embedded.append(images.shape) or embed(self, images))
+    e = vit.explain(tiny, photo, method, **({} if layer is None else {"layer": layer}))
+    assert len(embedded) == 1
+    monkeypatch.undo()
+    x = preprocess([photo], tiny.preprocessing)
+    expected = cam(tiny.model, x, method, None, -1 if layer is None else layer)[0].numpy()
+    np.testing.assert_allclose(e.map, expected, rtol=1e-5, atol=1e-7)

@@ -218,3 +218,23 @@ def test_attnlrp_past_its_whole_paths_bound_runs_with_checkpointed_blocks_and_dr
     with pytest.raises(ValueError, match="AttnLRP") as error:
         method_maps.model_method_map(checkpoint, image, "attnlrp", class_index=2, size=size)
     assert "\n" not in str(error.value)
+
+
+@pytest.mark.parametrize("kind", ["gradcam", "eigencam"])
+@pytest.mark.usefixtures("default_world")
+def test_a_cam_on_the_page_starts_from_the_analysis_and_embeds_no_image_again(kind, monkeypatch):
+    """Issue 83: the page's analysis (its heads grid, its prediction) keeps every block's input; a CAM chosen then
+    starts from the explained block's there instead of running the model again from the pixels."""
+    from vit.model import ViT
+
+    at = run_app()
+    sidebar_widget(at, "radio", "Map").set_value(explorer.MORE_METHODS)
+    at.run()  # the image analysed, LeGrad (the first method) drawn
+    embedded = []
+    embed = ViT.embed
+    monkeypatch.setattr(ViT, "embed", lambda self, images: embedded.append(images.shape) or embed(self, images))
+    sidebar_widget(at, "selectbox", "Method").set_value(kind)
+    at.run()
+    assert not at.exception and not at.error, [e.message for e in at.exception]
+    assert attention_maps.MAP_KINDS[kind].split(" (")[0] in overlay_caption(at)
+    assert embedded == []

@@ -89,7 +89,7 @@ def swin(tmp_path_factory):
                                         embed_dim=24, depths=(2, 2), num_heads=(2, 4), window_size=4))
     folder = tmp_path_factory.mktemp("swin") / "timm"
     timm.models.save_for_hf(model, folder, model_args=dict(img_size=32, window_size=4), safe_serialization=True)
-    return model.double(), open_source(folder).model.double()
+    return model.double(), open_source(folder).model.double(), folder
 
 
 @pytest.mark.parametrize("method", list(CAM_METHODS))
@@ -108,7 +108,7 @@ def test_cam_of_the_last_blocks_norm1_equals_pytorch_grad_cam(families, family, 
 @pytest.mark.parametrize("method", list(CAM_METHODS))
 @pytest.mark.parametrize("stage", [0, 1])
 def test_cam_of_a_swin_stage_equals_pytorch_grad_cam(swin, stage, method):
-    reference, ours = swin
+    reference, ours, _ = swin
     images = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
     layer = [1, 3][stage]  # the stage's last block: 8 x 8 in stage 0, 4 x 4 after the merge
     expected = reference_cam(method, reference, reference.layers[stage].blocks[-1].norm1, swin_transform, images, 2)
@@ -117,17 +117,31 @@ def test_cam_of_a_swin_stage_equals_pytorch_grad_cam(swin, stage, method):
     torch.testing.assert_close(scaled(mine), expected, rtol=0, atol=1e-5)
 
 
+@pytest.mark.parametrize("layer", [0, 1])
 @pytest.mark.parametrize("method", ["gradcam", "eigencam"])
-def test_vit_explain_draws_pytorch_grad_cams_map_of_the_chosen_class_and_block(families, method):
+def test_vit_explain_draws_pytorch_grad_cams_map_of_the_chosen_class_and_block(families, method, layer):
+    """The CAM starts from the block's input its analysis kept (issue 83): the first block's, the last's."""
     reference, _, _, patch, folder = families["dinov2-reg4"]
     checkpoint = vit.load(folder, device="cpu")  # float32: 1e-4 (a wrong block or class is off by far more)
     assert set(CAM_METHODS) <= set(vit.methods(checkpoint)) and set(CAM_METHODS) <= set(attention_maps.MAP_KINDS)
     image = Image.fromarray(np.random.default_rng(0).integers(0, 256, (30, 40, 3), dtype=np.uint8))
     target = {"target": 2} if method != "eigencam" else {}
-    e = vit.explain(checkpoint, image, method, layer=0, **target)
+    e = vit.explain(checkpoint, image, method, layer=layer, **target)
     x = preprocess([image], checkpoint.preprocessing).double()
     grid = (x.shape[2] // patch, x.shape[3] // patch)
-    expected = reference_cam(method, reference, reference.blocks[0].norm1, vit_transform(5, grid), x, 2)
+    expected = reference_cam(method, reference, reference.blocks[layer].norm1, vit_transform(5, grid), x, 2)
+    np.testing.assert_allclose(scaled(torch.from_numpy(e.map)[None].double()).numpy(), expected.numpy(), atol=1e-4)
+
+
+@pytest.mark.parametrize("method", ["gradcam", "eigencam"])
+def test_vit_explain_draws_pytorch_grad_cams_map_of_a_swin_stage(swin, method):
+    """A Swin's analysis keeps each block's output: the CAM of block 3 (after the merge) starts from block 2's."""
+    reference, _, folder = swin
+    checkpoint = vit.load(folder, device="cpu")
+    image = Image.fromarray(np.random.default_rng(0).integers(0, 256, (32, 32, 3), dtype=np.uint8))
+    e = vit.explain(checkpoint, image, method, layer=3, **({"target": 2} if method != "eigencam" else {}))
+    x = preprocess([image], checkpoint.preprocessing).double()
+    expected = reference_cam(method, reference, reference.layers[1].blocks[-1].norm1, swin_transform, x, 2)
     np.testing.assert_allclose(scaled(torch.from_numpy(e.map)[None].double()).numpy(), expected.numpy(), atol=1e-4)
 
 

@@ -364,8 +364,21 @@ def explain(checkpoint: Checkpoint, image: ImageLike, method: str = "rollout", *
     head = None if head is None else _index(head, H, "head", heads_text)
     class_index = _class_index(checkpoint, target)
     image, size = _image(image), _size(size)
+    relevance = method_map = forward = None
+    if method in attention_maps.CAM_KINDS and method != "scorecam" and not model.config.stage_depths:
+        def forward(x: torch.Tensor, hooks: list) -> None:  # the CAM's one forward, the analysis read off it
+            nonlocal method_map
+            method_map = method_maps.model_method_map(checkpoint, image, method, class_index, 0, layer_value,
+                                                      size=size, hooks=[*hooks, ("hook_logits", keep_logits)])
+            return logits.pop() if logits else None
+
+        logits: list[torch.Tensor] = []
+
+        def keep_logits(t: torch.Tensor, hook) -> None:
+            logits.append(t.detach())
     analysis = image_analysis.analyse(checkpoint, image, size, max_tokens=max_tokens,
-                                      allow="pass vit.explain a larger max_tokens (or set VIT_MAX_TOKENS)")
+                                      allow="pass vit.explain a larger max_tokens (or set VIT_MAX_TOKENS)",
+                                      forward=forward)
     if method not in attention_maps.map_kinds(analysis, bool(checkpoint.class_names)):
         raise ValueError(f"{method} does not apply to this model ({chosen.applies_to})")
     T, patch_grid = analysis.num_tokens, None
@@ -379,13 +392,12 @@ def explain(checkpoint: Checkpoint, image: ImageLike, method: str = "rollout", *
     settings = attention_maps.MapSettings(kind=method, layer=layer_value, end_layer=layer_value, head=head,
                                           query=patch, class_index=class_index, start_layer=layer_value)
     class_index = attention_maps.resolved_class(settings, analysis)
-    relevance = method_map = None
     if method == "class":
         relevance = method_maps.class_relevance(checkpoint, image, class_index, size)
-    elif chosen.own_pass:
+    elif chosen.own_pass and method_map is None:
         method_map = method_maps.model_method_map(checkpoint, image, method, class_index, settings.query,
                                                   settings.end_layer, settings.fusion, size,
-                                                  start_layer=settings.start_layer)
+                                                  start_layer=settings.start_layer, analysis=analysis)
     map2d = np.asarray(attention_maps.attention_map(analysis, settings, relevance, method_map), dtype=np.float32)
     if analysis.staged and map2d.shape != analysis.grid:  # on the layer's own grid, drawn over the image's
         patch_grid = analysis.grid

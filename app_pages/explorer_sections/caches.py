@@ -164,16 +164,19 @@ def probe_overlays(run: Path, epoch: int, kind: str, layer: int, head: int | Non
 
 @st.cache_resource(max_entries=16, show_spinner="Computing the map…")
 def _method_map(fingerprint: tuple, digest: str, size: InputSize, kind: str, class_index: int, query: int,
-                end_layer: int, fusion: str, start_layer: int, _checkpoint: Checkpoint, _image: Image.Image):
+                end_layer: int, fusion: str, start_layer: int, _checkpoint: Checkpoint, _image: Image.Image,
+                _analysis: image_analysis.Analysis | None):
     return method_maps.model_method_map(_checkpoint, _image, kind, class_index, query, end_layer, fusion, size,
-                                        start_layer=start_layer)
+                                        start_layer=start_layer, analysis=_analysis)
 
 
 def method_map(fingerprint: tuple, digest: str, size: InputSize, kind: str, class_index: int, query: int,
-               end_layer: int, fusion: str, checkpoint: Checkpoint, image: Image.Image, start_layer: int = -2):
+               end_layer: int, fusion: str, checkpoint: Checkpoint, image: Image.Image, start_layer: int = -2,
+               analysis: image_analysis.Analysis | None = None):
     """A method's map, once per settings. Attention flow (seconds, minutes on ViT-B) and the other methods above
     ``PROGRESS_TOKENS`` are long work: its progress and a Stop button are drawn here, the server's bound holds,
-    and the page stops below them until it is done."""
+    and the page stops below them until it is done. ``analysis``: the page's of this image and size (a CAM starts
+    from the explained block's input it kept: ``method_maps.model_method_map``)."""
     if kind == "flow":
         key, label, unit = ((kind, fingerprint, digest, size, query, end_layer, fusion),
                             "Computing the attention flow (one max-flow problem per token)", "passes")
@@ -182,9 +185,10 @@ def method_map(fingerprint: tuple, digest: str, size: InputSize, kind: str, clas
                             f"Computing the {attention_maps.method_of(kind).title.split(' (')[0]} map", "blocks")
     else:
         return _method_map(fingerprint, digest, size, kind, class_index, query, end_layer, fusion, start_layer,
-                           checkpoint, image)
+                           checkpoint, image, analysis)
     result = long_work(key, label, lambda progress: method_maps.model_method_map(
-        checkpoint, image, kind, class_index, query, end_layer, fusion, size, progress, start_layer), kind, unit=unit)
+        checkpoint, image, kind, class_index, query, end_layer, fusion, size, progress, start_layer, analysis),
+        kind, unit=unit)
     if result is None:
         st.stop()
     return result

@@ -220,7 +220,7 @@ def main_map(checkpoint: Checkpoint, fingerprint: tuple, image: Image.Image, ima
         try:
             method_map2d = method_map(fingerprint, image_key, size, kind,
                                       attention_maps.resolved_class(settings, analysis), query, end_layer - 1, fusion,
-                                      checkpoint, image, settings.start_layer)
+                                      checkpoint, image, settings.start_layer, analysis)
         except ValueError as e:  # a model option the method does not support, too many tokens for a max-flow
             st.error(str(e))
             st.stop()

@@ -16,7 +16,7 @@ weighs the channels as pytorch-grad-cam does and sums them; the map is its ReLU,
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import torch
@@ -32,26 +32,42 @@ GRADIENT_FREE = ("eigencam", "scorecam")  # pytorch-grad-cam's uses_gradients=Fa
 SCORECAM_BATCH = 16  # masked images per forward: pytorch-grad-cam's ScoreCAM BATCH_SIZE
 
 
+class _Stop(Exception):
+    """Raised by the hook once it has the layer's activations, where nothing after them is read (EigenCAM)."""
+
+
 def layer_activations(model: ViT, images: Tensor, layer: int = -1, class_index: int | Tensor | None = None,
-                      gradients: bool = True) -> tuple[Tensor, Tensor | None, Tensor | None]:
+                      gradients: bool = True, residual: Tensor | None = None, classes: bool = True,
+                      hooks: Sequence[tuple[str, Callable]] = ()) -> tuple[Tensor, Tensor | None, Tensor | None]:
     """Layer ``layer``'s first-norm output on its grid ``(B, D, h, w)``, the gradient of each image's class logit
     (``class_index``, default the predicted one) with respect to it (None without ``gradients``) and the classes
-    ``(B,)`` (None without a classifier and without gradients)."""
+    ``(B,)`` (None without a classifier, or without ``classes`` and ``gradients``: then the forward stops at the
+    layer). ``residual``: block ``layer``'s input ``(B, T, D)`` where a forward of ``images`` already gave it (an
+    analysis's hidden states): the blocks before the layer are not run again. ``hooks``: set on the forward too
+    (an analysis read off it: ``vit.explain.hidden.forward_with_hidden_states``'s ``run``)."""
     L = len(model.blocks)
     if not -L <= layer < L:
         raise ValueError(f"layer {layer} is out of range for {L} layers")
     name = f"blocks.{layer % L}.hook_attn_in"
     kept: dict[str, Tensor] = {}
+    stop = not (gradients or classes)
 
     def keep(x: Tensor, hook) -> Tensor:  # a leaf here: the gradient stops at this layer
         kept["x"] = x.detach().requires_grad_(gradients)
+        if stop:
+            raise _Stop
         return kept["x"]
 
     if gradients and model.head is None:
         raise ValueError("a class-specific CAM needs a classifier; this model has no head")
     with torch.inference_mode(False):
-        with torch.set_grad_enabled(gradients):
-            logits = model.logits_recorded_from(images, layer, [(name, keep)])
+        if residual is not None:  # a copy: an inference tensor (an analysis's) cannot be saved for the backward
+            residual = residual.to(images.device, next(model.parameters()).dtype, copy=True)
+        try:
+            with torch.set_grad_enabled(gradients):
+                logits = model.logits_recorded_from(images, layer, [(name, keep), *hooks], residual)
+        except _Stop:
+            logits = None
         index = None
         if logits is not None:
             index = _classes(logits, class_index)
@@ -152,13 +168,18 @@ def score_weights(model: ViT, images: Tensor, acts: Tensor, class_index: Tensor,
 
 
 def cam(model: ViT, images: Tensor, method: str = "gradcam", class_index: int | Tensor | None = None,
-        layer: int = -1, batch: int = SCORECAM_BATCH, progress: Callable[[int, int], None] | None = None) -> Tensor:
+        layer: int = -1, batch: int = SCORECAM_BATCH, progress: Callable[[int, int], None] | None = None,
+        residual: Tensor | None = None, hooks: Sequence[tuple[str, Callable]] = ()) -> Tensor:
     """The ``method`` CAM (a key of ``CAM_METHODS``) of layer ``layer``'s first norm (default the last block's)
     for each image's class (default the predicted one): ``(B, h, w)`` on that layer's grid, ReLU applied, not
-    normalised. ``batch`` and ``progress``: Score-CAM's masked forwards (see ``score_weights``)."""
+    normalised. ``batch`` and ``progress``: Score-CAM's masked forwards (see ``score_weights``). ``residual``:
+    block ``layer``'s input where a forward of ``images`` already gave it, ``hooks`` set on its forward
+    (``layer_activations``)."""
     if method not in CAM_METHODS:
         raise ValueError(f"unknown CAM {method!r}; choose one of: {', '.join(CAM_METHODS)}")
-    acts, grads, index = layer_activations(model, images, layer, class_index, method not in GRADIENT_FREE)
+    # EigenCAM reads no class: its forward stops at the layer, unless hooks read the rest
+    acts, grads, index = layer_activations(model, images, layer, class_index, method not in GRADIENT_FREE, residual,
+                                           method != "eigencam" or bool(hooks), hooks)
     if method == "eigencam":
         result = eigen_projection(acts)
     elif method == "layercam":

@@ -27,19 +27,22 @@ def residual_names(num_layers: int) -> list[str]:
     return [f"blocks.{i}.hook_resid_pre" for i in range(num_layers)] + [f"blocks.{num_layers - 1}.hook_resid_post"]
 
 
-def forward_with_hidden_states(model: nn.Module, images: Tensor, layers: Sequence[int] | None = None
+def forward_with_hidden_states(model: nn.Module, images: Tensor, layers: Sequence[int] | None = None,
+                               run: Callable[[Tensor, list], Tensor | None] | None = None
                                ) -> tuple[Tensor | None, Tensor]:
     """Logits ``(B, classes)`` (None without a classifier) and hidden states ``(B, L + 1, T, D)``: the input
     of every block, then the last block's output, read at the hook points of one fast forward pass (no
     attention probabilities are materialised). ``layers``: only these states (indices 0..L, ascending), ``(B,
-    len(layers), T, D)``: ``CheckpointedStates``'s checkpoints."""
+    len(layers), T, D)``: ``CheckpointedStates``'s checkpoints. ``run(images, hooks)``: a forward of ``images``
+    that a method runs for itself (a CAM's, recording from its layer), read instead of the model's own: it sets
+    ``hooks`` on it and returns the logits; the states are kept detached from its graph."""
     if getattr(getattr(model, "config", None), "stage_depths", ()):
         raise ValueError("the hidden states of a model with stages (Swin, Hiera) have each layer's own grid and width "
                          "and do not stack: read them with vit.explain.hidden.forward_with_stage_states")
     names = residual_names(len(model.blocks))
     if layers is not None:
         names = [names[i] for i in layers]
-    if torch.is_grad_enabled():  # the states stay in the autograd graph
+    if torch.is_grad_enabled() and run is None:  # the states stay in the autograd graph
         encoding, cache = model.run_with_cache(images, names)
         return encoding.logits, torch.stack([cache[name] for name in names], dim=1)  # (B, L + 1, T, D)
     # Each state is copied into its slot as the forward passes it and then freed: caching them all and stacking
@@ -49,10 +52,12 @@ def forward_with_hidden_states(model: nn.Module, images: Tensor, layers: Sequenc
     def keep(x: Tensor, hook, index: int) -> None:
         if not out:
             out.append(x.new_empty(x.shape[0], len(names), *x.shape[1:]))
-        out[0][:, index].copy_(x)
+        out[0][:, index].copy_(x.detach())
 
-    encoding = model.run_with_hooks(images, [(name, partial(keep, index=i)) for i, name in enumerate(names)])
-    return encoding.logits, out[0]
+    hooks = [(name, partial(keep, index=i)) for i, name in enumerate(names)]
+    if run is not None:
+        return run(images, hooks), out[0]
+    return model.run_with_hooks(images, hooks).logits, out[0]
 
 
 def stage_state_names(num_layers: int) -> list[str]:
@@ -217,10 +222,10 @@ def query_key_hooks(model: nn.Module, kept: dict[int, Tensor]) -> list[tuple[str
     queries: dict[int, Tensor] = {}
 
     def keep_q(q: Tensor, hook, layer: int) -> None:
-        queries[layer] = q[0] * model.blocks[layer].attn.head_dim ** -0.5  # (H, T, hd)
+        queries[layer] = q[0].detach() * model.blocks[layer].attn.head_dim ** -0.5  # (H, T, hd)
 
-    def keep_k(k: Tensor, hook, layer: int) -> None:
-        kept[layer] = torch.stack([queries.pop(layer), k[0]]).float().cpu()  # (2, H, T, hd)
+    def keep_k(k: Tensor, hook, layer: int) -> None:  # detached: a forward recording a graph keeps none here
+        kept[layer] = torch.stack([queries.pop(layer), k[0].detach()]).float().cpu()  # (2, H, T, hd)
 
     return [hook for layer in range(len(model.blocks))
             for hook in ((f"blocks.{layer}.attn.hook_q", partial(keep_q, layer=layer)),

@@ -10,7 +10,7 @@ indices: 0 is CLS, patch ``p`` (row-major) is token ``p + num_prefix_tokens``, a
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 
@@ -133,6 +133,15 @@ class Analysis:
         """Whether layer ``layer`` (0-based) of a SAM / ViTDet attends in windows of ``window`` patches."""
         return bool(self.window) and layer not in self.global_layers
 
+    def block_input(self, layer: int) -> torch.Tensor | None:
+        """Block ``layer``'s input ``(T_l, D_l)`` as the forward gave it (float32, on the CPU), for a method that
+        runs the blocks from there (a CAM): those before it need not run again. None where the analysis keeps none
+        (a model with stages keeps each block's output, so not its first block's input)."""
+        layer %= self.num_layers
+        if self.layouts:
+            return self.outputs[layer - 1] if layer else None
+        return None if self.hidden is None else self.hidden[layer]
+
     @property
     def training_hw(self) -> tuple[int, int] | None:
         """The checkpoint's input ``(height, width)``, or None when not known."""
@@ -242,12 +251,15 @@ def shape_of_input(checkpoint: Checkpoint, shape: tuple[int, int]) -> ViewShape:
 
 def analyse(checkpoint: Checkpoint, image: Image.Image, size: InputSize = TRAINING_SIZE,
             top_k: int = TOP_K, progress: Progress | None = None, max_tokens: int | None = None,
-            allow: str = f"raise {bounds.MAX_TOKENS_ENV}") -> Analysis:
+            allow: str = f"raise {bounds.MAX_TOKENS_ENV}",
+            forward: Callable[[torch.Tensor, list], torch.Tensor | None] | None = None) -> Analysis:
     """Run the model once on ``image`` at ``size``; layers' attentions are computed when first read.
 
     Raises ``TooManyTokens`` before running anything when the input is over the limits (``max_tokens``: the
     token gate, default VIT_MAX_TOKENS; ``allow``: how the message says to raise it). ``progress(layers done,
     L)`` after each block (read at its ``hook_resid_post``; it may raise to stop the forward there).
+    ``forward(x, hooks)``: the forward a method runs for itself on this image (a CAM's), which sets ``hooks`` and
+    returns the logits: the analysis is read off it instead of running one of its own (not for a model with stages).
     """
     model, p = checkpoint.model, checkpoint.preprocessing
     patch_size = model.config.patch_size
@@ -256,6 +268,8 @@ def analyse(checkpoint: Checkpoint, image: Image.Image, size: InputSize = TRAINI
     device = next(model.parameters()).device
     x = preprocess([image], p, size, patch_size).to(device)  # (1, C, H, W)
     if view.staged:
+        if forward is not None:
+            raise ValueError("a model with stages is analysed by its own forward (its layers' windows kept)")
         return _analyse_stages(checkpoint, x, grid, shape, top_k, progress, view.layouts)
     L = len(model.blocks)
     reports = [(f"blocks.{i}.hook_resid_post", lambda t, hook, i=i: progress(i + 1, L)) for i in range(L)
@@ -271,7 +285,7 @@ def analyse(checkpoint: Checkpoint, image: Image.Image, size: InputSize = TRAINI
     every = cost.every if plan.decide(cost) == "chunks" else 1
     with torch.inference_mode(), model.hooks(reports) if reports else contextlib.nullcontext():
         # (1, classes), (1, L + 1, T, D) or the checkpoints' (1, len(kept_layers), T, D)
-        logits, hidden = forward_with_hidden_states(model, x, None if every == 1 else kept_layers(L, every))
+        logits, hidden = forward_with_hidden_states(model, x, None if every == 1 else kept_layers(L, every), forward)
     if logits is None:  # a feature model without a classifier (e.g. DINO): maps, no prediction
         logits = x.new_zeros(x.shape[0], 0)
     [prediction] = predictions_from_logits(logits, checkpoint.class_names, top_k, model=model)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import torch
@@ -31,6 +31,7 @@ from vit.explain.attention_maps import (
 )
 from vit.explain.chunked import LayerInputs
 from vit.explain.hidden import forward_with_hidden_states, placed_attentions
+from vit.explain.image_analysis import Analysis
 from vit.inference import TRAINING_SIZE, InputSize, input_shape, preprocess
 from vit.model import ViT
 from vit.progress import Progress
@@ -100,13 +101,17 @@ def input_class_relevance(model: ViT, pixels: Callable[[], torch.Tensor], grid: 
 
 def model_method_map(checkpoint: Checkpoint, image: Image.Image, kind: str, class_index: int, query: int = 0,
                      end_layer: int = -1, fusion: str = "mean", size: InputSize = TRAINING_SIZE,
-                     progress: Progress | None = None, start_layer: int = -2) -> np.ndarray:
+                     progress: Progress | None = None, start_layer: int = -2, analysis: Analysis | None = None,
+                     hooks: Sequence[tuple[str, Callable]] = ()) -> np.ndarray:
     """The ``(gh, gw)`` map of a ``METHOD_MAP_KINDS`` kind or a plugin's method for one image (seconds for
     ``flow``; a plugin's: ``plugin_map``).
 
     ``class_index`` is the explained class (LeGrad, LRP, AttnLRP); ``query`` the token whose
     relevance or flow is shown (LRP, flow; LeGrad and AttnLRP explain the classifier's CLS); ``start_layer``
-    LeGrad's first explained layer (its authors' ``layer_index``).
+    LeGrad's first explained layer (its authors' ``layer_index``). ``analysis``: this image's at this size, where
+    one is at hand: a CAM starts from the input it kept of the explained block (``Analysis.block_input``), so the
+    model's embedding and the blocks before that one run once, not again. ``hooks``: set on a CAM's forward but
+    Score-CAM's (an analysis read off it: ``image_analysis.analyse``'s ``forward``); refused for other kinds.
     Raises ValueError (e.g. ``UnsupportedModelError``, ``TooManyTokens``) with a message to show, before any
     work. ``progress(done, total)``: flow's max-flow problems, one per token; the other methods' blocks run
     (``reported_blocks``).
@@ -119,6 +124,9 @@ def model_method_map(checkpoint: Checkpoint, image: Image.Image, kind: str, clas
         raise ValueError(stage_refusal(kind))
     shape = input_shape(image, checkpoint.preprocessing, model.config.patch_size, size)  # (height, width)
     grid, prefix = model.patch_grid(*shape), model.num_prefix_tokens
+    if analysis is not None and (analysis.grid != grid or analysis.input_size != shape):
+        raise ValueError(f"the analysis given is of a {analysis.input_size[1]}x{analysis.input_size[0]} px input, "
+                         f"this map's is {shape[1]}x{shape[0]} px: pass the analysis of this image at this size")
     if kind not in METHOD_MAP_KINDS:  # a plugin's; ValueError for any other kind
         plugin = method_of(kind)
         if plugin.draw is None:
@@ -139,6 +147,8 @@ def model_method_map(checkpoint: Checkpoint, image: Image.Image, kind: str, clas
     elif kind in CAM_KINDS:  # the graph from the explained block on (Score-CAM: forwards without one)
         plan.decide(plan.gradient(model, grid, MAP_KINDS[kind].split(" (")[0],
                                   layers=len(range(len(model.blocks))[end_layer:])))
+    if hooks and (kind not in CAM_KINDS or kind == "scorecam"):
+        raise ValueError(f"hooks are set on a CAM's one forward; {kind} runs others")
     device = next(model.parameters()).device
     x = preprocess([image], checkpoint.preprocessing, size, model.config.patch_size).to(device)  # (1, C, H, W)
     L = len(model.blocks)
@@ -169,11 +179,14 @@ def model_method_map(checkpoint: Checkpoint, image: Image.Image, kind: str, clas
     elif kind in CAM_KINDS:
         from vit.explain.cam import cam
 
+        residual = None if analysis is None else analysis.block_input(end_layer)
+        residual = None if residual is None else residual[None]  # (1, T, D)
         if kind == "scorecam":  # progress by masked image: one forward of the model per channel
-            result = cam(model, x, kind, class_index, end_layer, progress=progress)
+            result = cam(model, x, kind, class_index, end_layer, progress=progress, residual=residual)
         else:
-            with reported_blocks(model, progress, L):
-                result = cam(model, x, kind, None if kind == "eigencam" else class_index, end_layer)
+            with reported_blocks(model, progress, L if residual is None else len(range(L)[end_layer:])):
+                result = cam(model, x, kind, None if kind == "eigencam" else class_index, end_layer,
+                             residual=residual, hooks=hooks)
     elif kind == "flow":
         with torch.no_grad():
             _, attentions = model(x, output_attentions=True)

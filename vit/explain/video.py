@@ -439,9 +439,10 @@ def clip_cam_map(checkpoint: Checkpoint, clip: ClipAnalysis, kind: str, class_in
 
     def compute() -> np.ndarray:
         pixels = clip_pixels(clip.frames, checkpoint.preprocessing).to(next(model.parameters()).device)
-        with reported_blocks(model, progress, L):
-            values = cam(model, pixels, kind, wanted, layer)  # (1, t*gh, gw)
-        return clip.maps(values[0].reshape(-1).float().cpu())
+        residual = clip.analysis.block_input(layer)  # from the analysis's forward: the blocks before run once
+        with reported_blocks(model, progress, L if residual is None else len(range(L)[layer:])):
+            values = cam(model, pixels, kind, wanted, layer, residual=None if residual is None else residual[None])
+        return clip.maps(values[0].reshape(-1).float().cpu())  # values: (1, t*gh, gw)
 
     return clip.analysis.cache.get_or_compute(("clip cam", kind, wanted, layer % L), compute)
 
