@@ -47,6 +47,8 @@ def main() -> None:
                     if "measured" in row:
                         key = (family, row["view"], row["side"])
                         cells.setdefault(key, []).append((row["measured"] / 2**20, row["estimate"] / 2**20))
+                        print(f"  {capability or 'own'} {family} {row['view']} {row['side']}: "
+                              f"{row['measured'] / 2**20:.2f} MB", flush=True)
     print(f"{'family':16} {'view':9} {'side':>5} {'runs':>4} {'min MB':>8} {'max MB':>8} {'spread':>7} "
           f"{'estimate':>9} {'est-max':>8}")
     widest = 0.0
