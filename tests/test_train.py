@@ -111,7 +111,7 @@ def test_short_run_writes_every_run_file(completed_run, images):
                      "probe", "attention"}  # the last two: attention snapshots, on by default
 
     config = read_json(completed_run / "config.json")
-    parser_dests = {a.dest for a in build_parser()._actions if a.dest != "help"}
+    parser_dests = {a.dest for a in build_parser()._actions if a.dest not in ("help", "version")}  # not settings
     assert parser_dests <= set(config["args"])
     assert config["args"]["epochs"] == 2 and config["args"]["batch_size"] == 4 and config["args"]["lr"] == 2e-3
     assert config["model"]["hidden_size"] == 8 and config["model"]["num_classes"] == 2
