@@ -26,8 +26,10 @@ def shown_text(notebook) -> str:
 
 @pytest.mark.slow
 def test_the_quickstart_notebook_runs_in_a_clones_docs_folder_without_an_error(monkeypatch):
-    # The README's environment: the requirements installed, the project itself not (no PYTHONPATH either).
+    # The README's environment: the requirements installed, the project itself not (no PYTHONPATH either), and no
+    # MPLBACKEND from an earlier test's ``import streamlit`` (see run_notebook).
     monkeypatch.delenv("PYTHONPATH", raising=False)
+    monkeypatch.delenv("MPLBACKEND", raising=False)
     notebook = nbformat.read(NOTEBOOK, as_version=4)
     nbclient.NotebookClient(notebook, timeout=300, kernel_name="python3",
                             resources={"metadata": {"path": str(NOTEBOOK.parent)}}).execute()
@@ -53,8 +55,11 @@ def test_the_quickstart_notebook_is_committed_executed_and_small():
 
 def run_notebook(path: Path, monkeypatch):
     """``path`` executed in a fresh kernel from its own folder, as a clone's reader runs it: the README's
-    environment (requirements installed, the project not, no PYTHONPATH) and one torch thread, as the suite's."""
+    environment (requirements installed, the project not, no PYTHONPATH) and one torch thread, as the suite's. No
+    MPLBACKEND: ``import streamlit`` sets it to Agg in the process (every app test in a worker does), and the kernel
+    would inherit it instead of Jupyter's inline backend, so no figure would show."""
     monkeypatch.delenv("PYTHONPATH", raising=False)
+    monkeypatch.delenv("MPLBACKEND", raising=False)
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     notebook = nbformat.read(path, as_version=4)
     nbclient.NotebookClient(notebook, timeout=300, kernel_name="python3",
