@@ -19,10 +19,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 # What a resident set's peak moves by beyond the tensors it holds, from one fresh process (or CPU dispatch, or
-# allocator) to the next: the widest spread of one cell's peak that bench/bench_memory_noise.py measured over
-# fresh processes and two CPU capabilities (bench/results/cpu-2026-11-25/memory-noise.txt), doubled for the
-# machines it did not run on. Added once to an estimate before it is compared with a measured peak; a compared
-# estimate is sized to be several times it (tests/test_costs.py's DOMINATES).
+# allocator) to the next. Measured by bench/bench_memory_noise.py (bench/results/cpu-2026-11-25/memory-noise.txt):
+# 57 cells of 6 families, each in 4 fresh processes under two CPU capabilities, spread at most 0.62 MB; the earlier
+# harness, one process for all of a family's views, 1.8 MB. Four MB leaves room for machines it did not run on
+# (pages, arenas, a BLAS's buffers). Added once to an estimate before it is compared with a measured peak; a
+# compared estimate is sized to be several times it (tests/test_costs.py's DOMINATES).
 ALLOCATOR_SLACK = 4 * 2**20
 
 
