@@ -101,6 +101,13 @@ def _figure_html(figure: go.Figure, div_id: str) -> str:
 PREDICTION_WIDTH = 480  # px: room for long class names beside the bars; unset, the figure shrank to the bars alone
 
 
+def _prediction_html(prediction) -> str:
+    """The prediction's bars, or the line saying the model has none (an exported image's view and a clip's)."""
+    if prediction is None:
+        return "<p>No prediction: this model has no classifier.</p>"
+    return _figure_html(drawing.predictions_figure(prediction).update_layout(width=PREDICTION_WIDTH), "prediction")
+
+
 def view_html(view: View) -> str:
     """The whole page: one HTML document with nothing to fetch (Plotly inlined, images as ``data:`` URIs); every
     text is escaped, so a class name or a file name shows as written. The figures are the page's own (``drawing``):
@@ -121,11 +128,7 @@ def view_html(view: View) -> str:
              f'{_figure_html(drawing.colorbar_figure(low, high, view.colormap), "colorbar")}'
              f'<p class="caption">{caption_html(view.caption)}</p></figure>',
              '<figure><figcaption>Prediction</figcaption>']
-    if view.prediction is not None:
-        prediction = drawing.predictions_figure(view.prediction).update_layout(width=PREDICTION_WIDTH)
-        parts.append(_figure_html(prediction, "prediction"))
-    else:
-        parts.append("<p>No prediction: this model has no classifier.</p>")
+    parts.append(_prediction_html(view.prediction))
     parts.append("</figure></div>")
     if view.heads is not None and len(view.heads):
         count = len(view.heads)
@@ -211,11 +214,7 @@ def clip_html(view: ClipView, frame_ms: int = 500) -> str:
              f'{_figure_html(drawing.colorbar_figure(view.vmin, view.vmax, view.colormap), "colorbar")}'
              f'<p class="caption">{html.escape(view.caption)}</p></figure>',
              '<figure><figcaption>Prediction</figcaption>']
-    if view.prediction is not None:
-        prediction = drawing.predictions_figure(view.prediction).update_layout(width=PREDICTION_WIDTH)
-        parts.append(_figure_html(prediction, "prediction"))
-    else:
-        parts.append("<p>No prediction: this model has no classifier.</p>")
+    parts.append(_prediction_html(view.prediction))
     parts.append("</figure></div><h2>Every sampled frame</h2><div class='row' id='strip'>")
     parts += [f'<figure><img src="{_png_uri(fit(frame, 160))}" alt="{html.escape(label)}">'
               f'<figcaption>{html.escape(label)}</figcaption></figure>' for frame, label in zip(
