@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from tests.test_faithfulness_chefer import tiny_model_and_images
@@ -147,3 +148,39 @@ def test_counts_that_size_the_work_are_bounded_as_the_command_line_is_read(tmp_p
     code = faithfulness.main([str(checkpoint), "--data", str(tmp_path / "data"), "--methods", "random", *extra])
     err = capsys.readouterr().err
     assert code == 2 and message in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_a_batch_whose_gradient_maps_are_past_the_limit_is_refused_naming_the_batch_that_fits(tmp_path, capsys,
+                                                                                               monkeypatch):
+    """A gradient method's maps are formed for the whole batch in one backward (``faithfulness.method_maps``): every
+    image's attention and gradient held together. The count before the work includes them, so a batch that fits for
+    the random maps is refused for the class-specific map, in one line naming the batch that fits, which then runs."""
+    import torch
+    from PIL import Image
+
+    from vit.checkpoint import save_checkpoint
+    from vit.model import ViT, ViTConfig
+
+    torch.manual_seed(0)
+    # 257 tokens, 8 heads, 4 layers: every layer's attention and gradient ~34 MB an image (plan.gradient), against
+    # ~21 MB for the item being read and a few KB of inputs and forward
+    config = ViTConfig(image_size=64, patch_size=4, hidden_size=16, num_layers=4, num_heads=8, mlp_size=32,
+                       num_classes=2)
+    save_checkpoint(tmp_path / "m.pt", ViT(config).eval(), ["cat", "dog"])
+    rng = np.random.default_rng(0)
+    (tmp_path / "data").mkdir()
+    for i in range(4):
+        Image.fromarray(rng.integers(0, 256, (64, 64, 3), dtype=np.uint8)).save(tmp_path / "data" / f"im{i}.png")
+    monkeypatch.setenv("VIT_ANALYSIS_MEMORY_MB", "64")
+
+    def run(method: str, batch: int) -> tuple[int, str]:
+        code = faithfulness.main([str(tmp_path / "m.pt"), "--benchmark", "saco", "--data", str(tmp_path / "data"),
+                                  "--methods", method, "--batch-size", str(batch), "--out", str(tmp_path / "out")])
+        return code, capsys.readouterr().err
+
+    assert run("random", 4)[0] == 0
+    code, err = run("class", 4)
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert "A batch of 4 images holds about" in err and "class's maps" in err, err
+    assert "choose at most 1 images per batch" in err, err
+    assert run("class", 1)[0] == 0

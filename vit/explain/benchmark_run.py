@@ -183,26 +183,47 @@ def input_item(checkpoint: Checkpoint, benchmark: str, image: Image.Image, targe
     return pixels, open_mask(target, hw) if benchmark == "segmentation" else target
 
 
+def batched_method_bytes(model, grid: tuple[int, int], method: str) -> int:
+    """Bytes one image adds to a batch while ``method``'s maps are formed, where the benchmark forms them for the
+    whole batch at once (``faithfulness.method_maps``: a backward through every image of the batch together): the
+    cost model's count for one image (``vit.costs.memory``, ``plan.gradient``). A map drawn image by image through
+    ``vit.explain`` counts its own cost there, one image at a time: 0 here, as for the random maps."""
+    if method not in bench.METHODS or method == "random":
+        return 0
+    if method in ("attention", "rollout", "flow"):  # every layer's attention, returned by the batch's forward
+        return memory.attentions_bytes(model, grid)
+    if method == "legrad":
+        return memory.legrad_bytes(model, grid)
+    if method == "attnlrp" and not model.config.stage_depths:  # the whole path: the benchmark does not checkpoint
+        return memory.attnlrp_bytes(model, grid)
+    return plan.gradient(model, grid, bench.METHODS[method]).memory  # every layer's attention and its gradient
+
+
 def batch_cost(checkpoint: Checkpoint, settings: Settings, items: int) -> plan.Cost:
     """What a batch of ``min(settings.batch_size, items)`` images holds at once, for ``decide`` before the work
     (``vit.costs.plan``): the item being read, its image reduced as every decode is (``vit.images.MAX_SIDE``, up to
-    4 bytes a pixel) beside gtsegs_ijcv.mat's mask; every image's input (uint8 and float32) and a perturbed copy; and
+    4 bytes a pixel) beside gtsegs_ijcv.mat's mask; every image's input (uint8 and float32) and a perturbed copy;
     the batch's forward (``memory.forward_bytes`` per image: its rows run at once, for the predictions and for
-    each perturbed step). The refusal names the largest batch that fits."""
+    each perturbed step); and the costliest method's maps, formed for the batch at once (``batched_method_bytes``
+    per image: a gradient method's backward holds every image's attention and gradient together; the methods run
+    one after another, so only the largest counts). The refusal names the largest batch that fits."""
     model = checkpoint.model
     h, w = checkpoint.preprocessing.image_hw
     grid = model.patch_grid(h, w)
     tokens, count = model.num_prefix_tokens + grid[0] * grid[1], max(1, min(settings.batch_size, items))
     read = 5 * MAX_SIDE**2  # up to 4 bytes a pixel (RGBA, 32-bit greys) and 1 for a mask
+    costliest = max(settings.methods, key=lambda m: batched_method_bytes(model, grid, m), default="random")
     per_image = {"every image's input and a perturbed copy": 2 * memory.input_bytes(model, grid, resized=True),
-                 "the batch's forward": memory.forward_bytes(model, grid)}
-    parts = {"the item being read": read, **{k: count * v for k, v in per_image.items()}}
+                 "the batch's forward": memory.forward_bytes(model, grid),
+                 f"the {costliest} maps, formed for the batch at once": batched_method_bytes(model, grid, costliest)}
+    parts = {"the item being read": read, **{k: count * v for k, v in per_image.items() if v}}
 
     def refuse(need: int, limit: int) -> TooManyTokens:
         fits = max(0, (limit - read) // sum(per_image.values()))
         fewer = f"choose at most {fits:,} images per batch, or raise" if fits else "raise"
-        return TooManyTokens(f"A batch of {count:,} images holds about {need / 2**20:,.0f} MB at once (their inputs "
-                             f"and the batch's forward at {w}×{h} px, and the item being read), over the "
+        maps = f", {costliest}'s maps" if batched_method_bytes(model, grid, costliest) else ""
+        return TooManyTokens(f"A batch of {count:,} images holds about {need / 2**20:,.0f} MB at once (their inputs"
+                             f"{maps} and the batch's forward at {w}×{h} px, and the item being read), over the "
                              f"{limit / 2**20:,.0f} MB limit ({ANALYSIS_MEMORY_ENV}); {fewer} {ANALYSIS_MEMORY_ENV}.")
     return plan.Cost("benchmark batch", tokens, sum(parts.values()), count * forward_flops(model.config, tokens),
                      memory_limit(), refuse, tuple(parts.items()))
