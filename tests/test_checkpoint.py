@@ -231,6 +231,28 @@ def test_preprocessing_with_a_nan_mean_or_an_infinite_std(saved, mean, std):
     assert "mean and std must be finite numbers" in load_error(saved)
 
 
+@pytest.mark.parametrize("fill", [[300], [0, 0], ["0"], [True], 7])
+def test_a_padding_colour_that_is_not_one_or_three_bytes_is_refused(saved, fill):
+    edited(saved, preprocessing={"image_size": 16, "num_channels": 3, "mean": [0.5] * 3, "std": [0.5] * 3,
+                                 "resize_size": 16, "resize_mode": "border", "pad_fill": fill})
+    assert "padding colour" in load_error(saved)
+
+
+def test_a_padding_colour_round_trips_and_pads(tmp_path, model):
+    """open_clip's resize_mode "longest" pads in its fill_color, not the mean's colour: kept in the checkpoint."""
+    from PIL import Image
+
+    from vit.inference import evaluation_uint8
+
+    pre = Preprocessing(16, 3, (0.5,) * 3, (0.5,) * 3, resize_size=16, resize_mode="border", pad_fill=(200,))
+    save_checkpoint(tmp_path / "m.pt", model, CLASSES, preprocessing=pre)
+    loaded = load_checkpoint(tmp_path / "m.pt").preprocessing
+    assert loaded == pre and loaded.fill_colour == (200, 200, 200)
+    pixels = evaluation_uint8(Image.new("RGB", (32, 16), (10, 20, 30)), loaded)  # 16 x 8: 4 rows padded each side
+    assert pixels[:, :4].eq(200).all() and pixels[:, 4:12].eq(torch.tensor([10, 20, 30]).view(3, 1, 1)).all()
+    assert Preprocessing(16, 3, (0.5,) * 3, (0.5,) * 3).fill_colour == (128, 128, 128)  # the mean's, as timm's
+
+
 # ---------------------------------------------------------------------------------------------
 # Safety: a checkpoint is data, never code
 

@@ -11,6 +11,9 @@
 """
 
 
+import json
+
+import numpy as np
 import pytest
 import torch
 from parity_helpers import HF_TEXT, HF_VISION, assert_parity, hf_random, randomize
@@ -77,15 +80,18 @@ def test_open_clip_folder_matches_open_clip(tmp_path, case):
     assert_parity(f"CLIP | open_clip folder ({case}) | native", ours.embedding, expected, ours.attentions, attentions)
 
 
-@pytest.mark.parametrize("preprocess_cfg", [dict(interpolation="bilinear"), dict(resize_mode="squash")])
+@pytest.mark.parametrize("preprocess_cfg", [dict(interpolation="bilinear"), dict(resize_mode="squash"),
+                                            dict(resize_mode="longest"),
+                                            dict(resize_mode="longest", fill_color=200, interpolation="bilinear")])
 def test_a_non_square_open_clip_folder_matches_open_clip(tmp_path, preprocess_cfg):
     """open_clip builds a tower at image_size [height, width] (issue 76): its 3 x 4 grid's table of 13 entries opens,
     images are prepared by the transform open_clip gives that folder (a rectangle's shortest-edge resize is its
-    ResizeKeepRatio, bicubic whatever the interpolation asked; "squash" stretches), and the embedding and every
-    attention are open_clip's."""
+    ResizeKeepRatio, bicubic whatever the interpolation asked; "squash" stretches; "longest" fits the image inside
+    and pads it in fill_color, black by default), and the embedding and every attention are open_clip's. The maps
+    are drawn over what the model saw: the padding in that colour."""
     from PIL import Image
 
-    from vit.inference import preprocess
+    from vit.inference import preprocess, seen_region
 
     vision = dict(VISION_CASES["tok"], image_size=[24, 32])
     model_cfg = dict(embed_dim=16, vision_cfg=vision, text_cfg=TEXT_CFG)
@@ -97,6 +103,10 @@ def test_a_non_square_open_clip_folder_matches_open_clip(tmp_path, preprocess_cf
     model.visual.image_mean, model.visual.image_std = open_clip.OPENAI_DATASET_MEAN, open_clip.OPENAI_DATASET_STD
     model.visual.preprocess_cfg = preprocess_cfg
     open_clip_hub.save_config_for_hf(model, folder / "open_clip_config.json", model_config=model_cfg)
+    if "fill_color" in preprocess_cfg:  # save_config_for_hf keeps only interpolation and resize_mode: written as a hub
+        written = json.loads((folder / "open_clip_config.json").read_text())  # config holds it
+        written["preprocess_cfg"]["fill_color"] = preprocess_cfg["fill_color"]
+        (folder / "open_clip_config.json").write_text(json.dumps(written))
     reference, transform = open_clip.create_model_from_pretrained(f"local-dir:{folder}")
     checkpoint = open_source(folder)
     assert checkpoint.config.grid_size == (3, 4)
@@ -107,6 +117,11 @@ def test_a_non_square_open_clip_folder_matches_open_clip(tmp_path, preprocess_cf
         expected = transform(image)[None]  # (1, 3, 24, 32)
         images = preprocess([image], checkpoint.preprocessing)
         torch.testing.assert_close(images, expected, rtol=0, atol=1e-6)
+        if preprocess_cfg.get("resize_mode") == "longest" and width != height * 32 / 24:  # padded: drawn so too
+            seen = np.asarray(seen_region(image, checkpoint.preprocessing))  # the image on its padded canvas
+            fill = preprocess_cfg.get("fill_color", 0)
+            edge = seen[:, 0] if width / height < 32 / 24 else seen[0]  # the first padded column, or row
+            assert (edge == fill).all(), edge
         embedding, attentions = open_clip_attentions(reference.eval(), expected)
         with torch.no_grad():
             ours = checkpoint.model.encode(images, output_attentions=True)

@@ -110,6 +110,9 @@ class Preprocessing:
     # What resizes: PIL (timm, open_clip, torchvision, ours; transformers' *ImageProcessorPil) or torchvision on uint8
     # tensors (transformers 5's *ImageProcessor, what its AutoImageProcessor picks for an HF folder)
     backend: str = "pil"
+    # "border"'s padding colour, 0-255 per channel: () is the mean's colour (timm's crop_mode "border"); open_clip's
+    # resize_mode "longest" pads in its preprocess_cfg's fill_color (0, black, by default)
+    pad_fill: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         size = self.image_size
@@ -117,6 +120,18 @@ class Preprocessing:
             object.__setattr__(self, "image_size", size[0] if size[0] == size[1] else (size[0], size[1]))
         if isinstance(self.resize_size, list) and len(self.resize_size) == 2:  # a JSON list: (height, width)
             object.__setattr__(self, "resize_size", tuple(self.resize_size))
+        if isinstance(self.pad_fill, list):  # a JSON list
+            object.__setattr__(self, "pad_fill", tuple(self.pad_fill))
+
+    @property
+    def fill_colour(self) -> tuple[int, ...]:
+        """The colour "border" pads with, 0-255 RGB: ``pad_fill`` (one value is a grey), else the mean's
+        (``vit.images.pad_colour``)."""
+        from vit.images import pad_colour
+
+        if not self.pad_fill:
+            return pad_colour(self.mean)
+        return self.pad_fill * 3 if len(self.pad_fill) == 1 else self.pad_fill[:3]
 
     @property
     def image_hw(self) -> tuple[int, int]:
@@ -160,7 +175,7 @@ class Preprocessing:
                 "mean": list(self.mean), "std": list(self.std), "resize_size": resize,
                 "resize_mode": self.resize_mode, "resample": self.resample, "crop_rule": self.crop_rule,
                 "max_num_patches": self.max_num_patches, "patch_size": self.patch_size, "backend": self.backend,
-                "min_pixels": self.min_pixels, "max_pixels": self.max_pixels}
+                "min_pixels": self.min_pixels, "max_pixels": self.max_pixels, "pad_fill": list(self.pad_fill)}
 
     @classmethod
     def from_dict(cls, values: dict) -> Preprocessing:
@@ -181,7 +196,9 @@ class Preprocessing:
                    crop_rule=str(values.get("crop_rule", "torchvision")),
                    max_num_patches=int(values.get("max_num_patches", 0)), patch_size=int(values.get("patch_size", 0)),
                    backend=str(values.get("backend", "pil")), min_pixels=int(values.get("min_pixels", 0)),
-                   max_pixels=int(values.get("max_pixels", 0)))
+                   max_pixels=int(values.get("max_pixels", 0)),
+                   pad_fill=tuple(values.get("pad_fill", ())) if isinstance(values.get("pad_fill", ()), (list, tuple))
+                   else values.get("pad_fill"))
 
     @classmethod
     def default_for(cls, config: ViTConfig) -> Preprocessing:
@@ -271,6 +288,9 @@ def preprocessing_problem(preprocessing: Preprocessing, config: ViTConfig) -> st
         problem = _resize_problem(p)
         if problem:
             return problem
+    if not isinstance(p.pad_fill, tuple) or len(p.pad_fill) not in (0, 1, 3) or any(
+            isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= 255 for v in p.pad_fill):
+        return f"the padding colour {p.pad_fill!r} is not one or three whole numbers from 0 to 255"
     if p.resample not in RESAMPLE_FILTERS:
         return f"resample filter {p.resample!r} is not one of {', '.join(RESAMPLE_FILTERS)}"
     if p.crop_rule not in CROP_RULES:

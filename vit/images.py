@@ -322,11 +322,11 @@ def pad_colour(mean: tuple[float, ...]) -> tuple[int, ...]:
 
 
 def on_padded_canvas(image: Image.Image, size: tuple[int, int], mean: tuple[float, ...],
-                     offset: tuple[int, int] = (0, 0)) -> Image.Image:
+                     offset: tuple[int, int] = (0, 0), colour: tuple[int, ...] | None = None) -> Image.Image:
     """``image`` at ``offset = (x, y)`` (the top left by default, as SAM pads; timm's crop_mode "border" centres it)
-    on a ``size = (width, height)`` canvas in the colour the padding stands for (``pad_colour``), in the image's mode:
-    the padded input as a picture; what lies outside the canvas is cut off."""
-    colour = pad_colour(mean)
+    on a ``size = (width, height)`` canvas in the colour the padding stands for (``colour``, 0-255, else the mean's:
+    ``pad_colour``), in the image's mode: the padded input as a picture; what lies outside the canvas is cut off."""
+    colour = colour or pad_colour(mean)
     canvas = Image.new(image.mode, size, colour[0] if image.mode == "L" else colour)
     canvas.paste(image, offset)
     return canvas

@@ -27,7 +27,6 @@ from vit.images import (
     normalize,
     on_padded_canvas,
     open_image,
-    pad_colour,
     pad_normalized,
     resized_size,
     smart_resize,
@@ -139,7 +138,7 @@ def seen_region(image: Image.Image, preprocessing: Preprocessing, size: InputSiz
         return image
     if min(box[:2]) < 0 or box[2] > image.width or box[3] > image.height:  # padded: the image on a canvas
         return on_padded_canvas(to_mode(image, 3), (box[2] - box[0], box[3] - box[1]), preprocessing.mean,
-                                (-box[0], -box[1]))
+                                (-box[0], -box[1]), preprocessing.fill_colour)
     return image.crop(box)
 
 
@@ -148,7 +147,7 @@ def evaluation_uint8(image: Image.Image, preprocessing: Preprocessing) -> torch.
     ``preprocessing``), before normalisation: ``(C, H, W)`` uint8; SAM's ``(C, h, w)`` before its padding."""
     p = preprocessing
     return to_uint8(image, p.image_size, p.num_channels, p.resize_size, p.resize_mode, p.resample, p.crop_rule,
-                    p.backend, pad_colour(p.mean))
+                    p.backend, p.fill_colour)
 
 
 def preprocess(images: Sequence[Image.Image], preprocessing: Preprocessing, size: InputSize = TRAINING_SIZE,

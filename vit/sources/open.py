@@ -670,13 +670,19 @@ def open_open_clip(path: Path, state: Mapping[str, torch.Tensor], name: str | No
     channels = config.num_channels
     mean, std = tuple(pre.get("mean") or import_clip.OPENAI_MEAN), tuple(pre.get("std") or import_clip.OPENAI_STD)
     resample = pre.get("interpolation") if pre.get("interpolation") in ("bicubic", "bilinear") else "bicubic"
-    # open_clip's image_transform: resize, centre crop; "squash" stretches. A rectangle's shortest-edge resize is
-    # its ResizeKeepRatio, which open_clip builds without the interpolation asked for: bicubic, its default.
-    mode = "square" if pre.get("resize_mode") == "squash" else "shortest_edge" if config.image_hw[0] == \
-        config.image_hw[1] else "keep_ratio"
+    # open_clip's image_transform: resize, centre crop; "squash" stretches; "longest" fits the image inside
+    # (ResizeKeepRatio(longest=1), with the interpolation asked) and pads in fill_color (CenterCropOrPad: timm's
+    # crop_mode "border" in another colour). A rectangle's shortest-edge resize is its ResizeKeepRatio, which
+    # open_clip builds without the interpolation asked for: bicubic, its default.
+    fill = pre.get("fill_color", 0)
+    if isinstance(fill, bool) or not isinstance(fill, int) or not 0 <= fill <= 255:
+        raise SourceError(f"{origin}: preprocess_cfg.fill_color {fill!r} is not a whole number from 0 to 255")
+    mode = {"squash": "square", "longest": "border"}.get(pre.get("resize_mode"), "shortest_edge") \
+        if config.image_hw[0] == config.image_hw[1] or pre.get("resize_mode") in ("squash", "longest") else "keep_ratio"
     preprocessing = Preprocessing(config.image_size, channels, mean[:channels], std[:channels],
                                   resize_size=config.image_size, resize_mode=mode,
-                                  resample="bicubic" if mode == "keep_ratio" else resample)
+                                  resample="bicubic" if mode == "keep_ratio" else resample,
+                                  pad_fill=(fill,) if mode == "border" else ())
     activation = "quickgelu" if config.activation == "quick_gelu" else "gelu"
     return _finish(model, default_class_names(0), preprocessing, path, "open_clip", f"open_clip:{activation}")
 
