@@ -12,14 +12,14 @@ import numpy as np
 import streamlit as st
 from PIL import Image
 
-from app_pages.explorer_sections import patching, textspan
+from app_pages.explorer_sections import patching, sink_diagnostics, textspan
 from app_pages.explorer_sections.caches import UPLOAD_TYPES, analyse, decode_image
 from app_pages.explorer_sections.long_work import long_work
 from app_pages.explorer_sections.state import Shown, keep_settings
 from vit.app import drawing, explorer
 from vit.bounds import TooManyTokens
 from vit.checkpoint import Checkpoint
-from vit.explain import figures, mechanism_views, sink_diagnostics
+from vit.explain import figures, mechanism_views
 from vit.explain.overlay import overlay
 from vit.images import ImageError
 from vit.inference import InputSize, input_shape
@@ -30,7 +30,7 @@ TOGGLE_KEY, TABS_KEY, MODE_KEY, EVERYWHERE_KEY = "mechanism_view", "mechanism_ta
 REFERENCES_KEY = "reference_uploads"
 # Drawn in one tab only: kept while another tab is open (heads switched off "in every map" came back on).
 KEPT = ("ablation_mode", "ablation_grid", "ablate", "corrupted-", "patch_positions", "norm_threshold", "tt_register",
-        "sink_diagnostics")
+        sink_diagnostics.KEY)
 
 
 def ablate_key(model_key: str) -> str:
@@ -163,12 +163,6 @@ def registers_view(fingerprint: tuple, digest: str, size: InputSize, threshold: 
                    _mean_ablated=None):
     return mechanism_views.registers_view(_checkpoint, _image, _references.images(), threshold, top_k, size,
                                           _mean_ablated)
-
-
-@st.cache_resource(max_entries=4, show_spinner="Diagnosing the sinks…")
-def sink_table(fingerprint: tuple, digest: str, size: InputSize, _checkpoint: Checkpoint, _image: Image.Image
-               ) -> sink_diagnostics.SinkTable:
-    return sink_diagnostics.sink_table(_checkpoint, _image, size)
 
 
 def ablation_effects(fingerprint: tuple, digest: str, size: InputSize, class_index: int, mode: str,
@@ -365,27 +359,7 @@ def mechanism(view: Shown, refs: References, samples: list[Path] | None, sample:
                     st.caption("Per head, the share of attention (averaged over queries) that its most attended key "
                                "token receives; hover for that token and the norm of its value vector, which is "
                                "small for a sink that only soaks up attention.")
-                    if st.toggle("Sink diagnostics: NOP or broadcast (Kempner Institute 2026)",
-                                 key="sink_diagnostics",
-                                 help="Per head, whether its most attended key is a sink (at least 90 % of the queries "
-                                      "put half their attention on it), and whether that sink is a NOP (its value, "
-                                      "after the output projection, is small) or a broadcast (the head writes one "
-                                      "vector to every token: its update has a stable rank near 1)."):
-                        try:
-                            table = sink_table(fingerprint, image_key, size, checkpoint, image)
-                        except (ValueError, ImageError) as e:  # TooManyTokens, MechanismError: one line
-                            st.warning(escape_markdown(e))
-                        else:
-                            st.dataframe(table.rows(lambda t: drawing.short_token_label(t, grid, prefix, names)),
-                                         hide_index=True, key="sink_table")
-                            counts = table.diagnostics.counts()
-                            heads = table.diagnostics.token.shape[2]
-                            st.caption(f"{counts['NOP sink']} NOP and {counts['broadcast sink']} broadcast sinks, "
-                                       f"{counts['other sink']} other, among {L} layers × {heads} heads. A sink: "
-                                       "its key token gets at least 0.5 of the attention of 90 % of the queries; "
-                                       "NOP: its value norm after the output projection is at most 0.2 of the "
-                                       "other tokens' mean (value ratio); broadcast: at least 0.5, and the head's "
-                                       "update has a stable rank of at most 1.5 (Fesser et al. 2026).")
+                    sink_diagnostics.section(checkpoint, fingerprint, image, image_key, size, grid, prefix, names)
                 if class_names and not mech.sinks_refused and st.toggle(
                         "Test-time register (Jiang et al. 2025)", key="tt_register",
                         help="Find the register neurons (outliers: last-layer norms over the threshold above, on this "
