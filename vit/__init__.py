@@ -66,7 +66,7 @@ def _freeze_at_exit() -> None:
 atexit.register(_freeze_at_exit)
 
 API = ("load", "explain", "methods", "shipped", "samples", "ask", "ask_methods", "mechanism", "head_effects",
-       "ablate", "reference_means", "patching", "registers", "Explanation", "feature_attribution",
+       "ablate", "reference_means", "patching", "registers", "sinks", "Explanation", "feature_attribution",
        "Answer", "pca", "similarity", "correspondences", "PCA", "Similarity",
        "Correspondences", "visual_logit_lens", "explain_word",
        "WordMap", "textspan", "TextSpan", "open_vlm", "ask_vlm", "VLMAnswer", "segment",

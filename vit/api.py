@@ -37,6 +37,7 @@ from vit.explain import (
     map_captions,
     mechanism_views,
     method_maps,
+    sink_diagnostics,
     video,
     words,
 )
@@ -566,6 +567,14 @@ def registers(checkpoint: Checkpoint, image: ImageLike, references: Sequence[Ima
     return mechanism_views.registers_view(checkpoint, _image(image), [_image(r) for r in references], threshold, top_k,
                                           _size(size))
 
+
+
+def sinks(checkpoint: Checkpoint, image: ImageLike, size: int | InputSize | None = None
+          ) -> sink_diagnostics.SinkTable:
+    """Sink diagnostics (Kempner Institute 2026) of every layer and head: the key all queries attend to, its value
+    norm after the output projection, the stable rank of the head's update, and the verdict (not a sink, NOP sink,
+    broadcast sink, other sink); ``.rows()`` gives one row per layer and head. Any model but one with stages."""
+    return sink_diagnostics.sink_table(checkpoint, _image(image), _size(size))
 
 # -- TextSpan (the explorer's Mechanism section) ---------------------------------------------------------------------
 

@@ -12,7 +12,7 @@ import numpy as np
 import streamlit as st
 from PIL import Image
 
-from app_pages.explorer_sections import patching, textspan
+from app_pages.explorer_sections import patching, sink_diagnostics, textspan
 from app_pages.explorer_sections.caches import UPLOAD_TYPES, analyse, decode_image
 from app_pages.explorer_sections.long_work import long_work
 from app_pages.explorer_sections.state import Shown, keep_settings
@@ -29,7 +29,8 @@ from vit.text import escape_markdown
 TOGGLE_KEY, TABS_KEY, MODE_KEY, EVERYWHERE_KEY = "mechanism_view", "mechanism_tab", "ablation_mode", "ablate_everywhere"
 REFERENCES_KEY = "reference_uploads"
 # Drawn in one tab only: kept while another tab is open (heads switched off "in every map" came back on).
-KEPT = ("ablation_mode", "ablation_grid", "ablate", "corrupted-", "patch_positions", "norm_threshold", "tt_register")
+KEPT = ("ablation_mode", "ablation_grid", "ablate", "corrupted-", "patch_positions", "norm_threshold", "tt_register",
+        sink_diagnostics.KEY)
 
 
 def ablate_key(model_key: str) -> str:
@@ -358,6 +359,7 @@ def mechanism(view: Shown, refs: References, samples: list[Path] | None, sample:
                     st.caption("Per head, the share of attention (averaged over queries) that its most attended key "
                                "token receives; hover for that token and the norm of its value vector, which is "
                                "small for a sink that only soaks up attention.")
+                    sink_diagnostics.section(checkpoint, fingerprint, image, image_key, size, grid, prefix, names)
                 if class_names and not mech.sinks_refused and st.toggle(
                         "Test-time register (Jiang et al. 2025)", key="tt_register",
                         help="Find the register neurons (outliers: last-layer norms over the threshold above, on this "

@@ -319,6 +319,28 @@ def forward(model, grid: tuple[int, int], what: str = "This input", attentions: 
     return _cost("forward", model, grid, parts, refuse)
 
 
+def sink_diagnostics(model, grid: tuple[int, int], what: str = "This input") -> Cost:
+    """The sink diagnostics of one image (``vit.explain.sink_diagnostics``): every layer's hidden states beside the
+    forward's costliest block, then one layer at a time its values and contexts (``H x T x hd`` each), the attention
+    each key receives and its sink column, one head's output-projected values and update (``T x D`` each, float32)
+    and its QR factor (float64), and a chunk of attention (``memory.attention_chunk``)."""
+    config, T = model.config, _tokens(model, grid)
+    L, H, D = config.num_layers, config.num_heads, config.hidden_size
+    hd = getattr(config, "head_dim", None) or D // H
+    chunk = memory.attention_chunk(config, H, T, _device(model))
+    parts = {"hidden states": memory.states_bytes(L, T, D),
+             "the forward's costliest block": memory.forward_bytes(model, grid),
+             "one layer's values, contexts and sink columns": 4 * (2 * H * T * hd + 3 * H * T),
+             "one head's projected values and update, and its QR factor": 4 * 2 * T * D + 8 * (T * hd + 2 * hd * D),
+             "a chunk of attention": chunk}
+
+    def refuse(need: int, limit: int) -> TooManyTokens:
+        return TooManyTokens(f"{what} gives {T:,} tokens, whose sink diagnostics need about {need / MB:,.0f} MB for "
+                             f"{L} layers × {H} heads, over the {limit / MB:,.0f} MB limit per image "
+                             f"({ANALYSIS_MEMORY_ENV}). {_smaller(model)}")
+    return _cost("sink diagnostics", model, grid, parts, refuse)
+
+
 def tokens_gate(model, grid: tuple[int, int], what: str, limit: int | None = None,
                 allow: str = f"raise {MAX_TOKENS_ENV}") -> None:
     """``TooManyTokens`` when the input's patches are over the token gate (``limit``, default VIT_MAX_TOKENS;
