@@ -222,12 +222,25 @@ def assert_within_the_bound(family: str, rows: list[dict]) -> None:
         assert "refused" not in r or "\n" not in r["refused"], r
 
 
+# (family, view) for every family's default_views, one test each: one fresh process of at most a minute on a busy
+# two-core machine, where a family's four in one test took up to 230 s idle and passed the test's deadline under load.
+# A classifier is a family whose config names its labels (default_views reads the built model: the test below holds
+# the two equal).
+CELLS = [(family, view) for family, (_, config, _) in FAMILIES.items()
+         for view in ("forward", "analysis") + (("class", "legrad") if "num_labels" in config else ())]
+
+
+def test_the_measured_cells_are_every_familys_default_views():
+    assert CELLS == [(family, view) for family in FAMILIES for view in default_views(family)]
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(not can_reset_the_peak(), reason="the peak RSS cannot be reset here (/proc/self/clear_refs)")
-@pytest.mark.parametrize("family", FAMILIES)
-def test_the_estimate_of_every_view_bounds_its_measured_peak_within_a_factor_of_one_and_a_half(family):
-    rows = measure(family)
-    assert {r["view"] for r in rows if "measured" in r} >= {"forward", "analysis"}, rows
+@pytest.mark.parametrize("family, view", CELLS)
+def test_the_estimate_of_every_view_bounds_its_measured_peak_within_a_factor_of_one_and_a_half(family, view):
+    rows = measure(family, (view,))
+    if view in ("forward", "analysis"):  # every family has both: measured, not refused
+        assert {r["view"] for r in rows if "measured" in r} == {view}, rows
     assert_within_the_bound(family, rows)
 
 
