@@ -188,3 +188,34 @@ def test_an_attribution_over_its_limits_is_refused_before_the_work(tmp_path, mon
     with pytest.raises(ValueError, match="larger than the 32x32 px input"):
         model_method_map(checkpoint, image(), "occlusion", TARGET, options={"sliding_window_shapes": 40})
     assert not ran
+
+
+def test_vit_explain_takes_captums_parameters_as_keywords_and_refuses_them_elsewhere(tmp_path):
+    checkpoint, forward = hf_vit(tmp_path / "vit")
+    x = preprocess([image()], checkpoint.preprocessing, SIZE, 8)
+    expected = captum_attr.IntegratedGradients(forward).attribute(x, baselines=0.25, target=TARGET, n_steps=7)
+    shown = vit.explain(checkpoint, image(), "integrated_gradients", target=TARGET, size=32, n_steps=7,
+                        baselines=0.25)
+    np.testing.assert_allclose(shown.map, patch_grid_by_hand(expected, (4, 4), mean=False), rtol=1e-3, atol=1e-7)
+    with pytest.raises(ValueError, match="rollout takes no options"):
+        vit.explain(checkpoint, image(), "rollout", n_steps=7)
+    with pytest.raises(ValueError, match="smoothgrad's nt_samples must be an integer; got 2.5"):
+        vit.explain(checkpoint, image(), "smoothgrad", nt_samples=2.5)
+
+
+def test_the_benchmark_cli_scores_them_with_their_options(tmp_path, capsys):
+    import json
+
+    from tests.test_faithfulness_chefer import tiny_model_and_images
+    from vit import faithfulness
+
+    checkpoint = tiny_model_and_images(tmp_path, labelled=True)
+    argv = [str(checkpoint), "--benchmark", "road", "--data", str(tmp_path / "data"), "--batch-size", "4"]
+    code = faithfulness.main([*argv, "--methods", "random,kernel_shap,rise", "--option", "n_samples=8,n_masks=16",
+                              "seed=3"])
+    out = capsys.readouterr()
+    assert code == 0, out.err
+    assert list(json.loads(out.out)["methods"]) == ["random", "kernel_shap", "rise"]
+    assert faithfulness.main([*argv, "--methods", "rise", "--option", "n_steps=8"]) != 0
+    assert "--option n_steps: none of the methods scored takes it (captum's attributions and RISE do: " \
+           "integrated_gradients)" in capsys.readouterr().err
