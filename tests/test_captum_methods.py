@@ -197,6 +197,7 @@ def test_vit_explain_takes_captums_parameters_as_keywords_and_refuses_them_elsew
     shown = vit.explain(checkpoint, image(), "integrated_gradients", target=TARGET, size=32, n_steps=7,
                         baselines=0.25)
     np.testing.assert_allclose(shown.map, patch_grid_by_hand(expected, (4, 4), mean=False), rtol=1e-3, atol=1e-7)
+    assert shown.description.startswith("**Integrated Gradients for")
     with pytest.raises(ValueError, match="rollout takes no options"):
         vit.explain(checkpoint, image(), "rollout", n_steps=7)
     with pytest.raises(ValueError, match="smoothgrad's nt_samples must be an integer; got 2.5"):

@@ -236,3 +236,24 @@ def attribution_map(checkpoint, image, method: str, class_index: int, size, opti
         return patch_map(method, attribution(forward, x, method, class_index, grid, chosen, batch, progress), grid)
     with reported_blocks(model, progress, batches(count, batch) * len(model.blocks)):
         return patch_map(method, attribution(forward, x, method, class_index, grid, chosen, batch), grid)
+
+
+# The explorer's caption of each (vit.explain.map_captions): the method's name, what its map sums.
+CAPTIONS = {
+    "integrated_gradients": ("Integrated Gradients", "the gradient of the class score along the straight path from "
+                             "a black baseline (zeros in the model's input) to the image, times the input's "
+                             "difference, summed over the colour channels and each patch's pixels (Sundararajan et "
+                             "al., 2017; captum's, 50 steps)"),
+    "smoothgrad": ("SmoothGrad", "the gradient of the class score averaged over noisy copies of the input, summed "
+                   "over the colour channels and each patch's pixels (Smilkov et al., 2017; captum's NoiseTunnel)"),
+    "input_x_gradient": ("Input × Gradient", "the input times the gradient of the class score, summed over the "
+                         "colour channels and each patch's pixels (captum's InputXGradient)"),
+    "occlusion": ("Occlusion", "how much the class score drops when a patch-sized window there is set to zero "
+                  "(Zeiler & Fergus, 2014; captum's Occlusion)"),
+    "feature_ablation": ("Feature ablation", "how much the class score drops when the patch is set to zero "
+                         "(captum's FeatureAblation)"),
+    "kernel_shap": ("KernelSHAP", "each patch's Shapley value for the class score, estimated from 25 random "
+                    "coalitions of patches, the others set to zero (Lundberg & Lee, 2017; captum's KernelShap)"),
+    "rise": ("RISE", "the mean of 6,000 random masks, each weighted by the class's probability of the image "
+             "masked by it, summed per patch (Petsiuk et al., 2018)"),
+}
