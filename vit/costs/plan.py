@@ -384,12 +384,14 @@ def attribution_image_bytes(model, grid: tuple[int, int], gradient: bool) -> int
 
 
 def attribution_batch(model, grid: tuple[int, int], passes: int, gradient: bool) -> int:
-    """The most forwards an attribution runs at once: as many as fit the memory limit, at most ``passes`` and
-    ``captum_maps.MAX_BATCH`` (at least one: ``attribution`` then refuses it)."""
+    """The forwards an attribution runs at once: as many as fit the memory limit, at most ``passes`` and
+    ``captum_maps.MAX_BATCH``, evened out over the batches that takes (at least one: ``attribution`` then refuses
+    it)."""
     from vit.explain.captum_maps import MAX_BATCH
 
     per = attribution_image_bytes(model, grid, gradient)
-    return max(1, min(passes, MAX_BATCH, bounds.memory_limit() // max(per, 1)))
+    fits = max(1, min(passes, MAX_BATCH, bounds.memory_limit() // max(per, 1)))
+    return math.ceil(passes / math.ceil(passes / fits))  # batches of equal size: 50 as 25 + 25, not 29 + 21
 
 
 def attribution(model, grid: tuple[int, int], what: str, passes: int, batch: int, gradient: bool) -> Cost:
