@@ -305,7 +305,7 @@ class Explanation:
 
 def explain(checkpoint: Checkpoint, image: ImageLike, method: str = "rollout", *, target: int | str | None = None,
             layer: int | None = None, head: int | None = None, query: int | None = None,
-            size: int | InputSize | None = None, max_tokens: int | None = None) -> Explanation:
+            size: int | InputSize | None = None, max_tokens: int | None = None, **options: float | int) -> Explanation:
     """The ``method`` map (a key of ``methods()``) of ``image`` (a PIL image, a file, an array or a tensor: see the
     module docstring), as the explorer draws it.
 
@@ -321,6 +321,13 @@ def explain(checkpoint: Checkpoint, image: ImageLike, method: str = "rollout", *
     ``size``: the input side in pixels (default the model's own), rounded to whole patches. ``max_tokens``: the
     explorer's token gate in patches (default env VIT_MAX_TOKENS, else 16,384; the prefix tokens come on top),
     checked before any work; a larger input is refused with the work it would be.
+    ``**options``: the parameters of captum's attributions and RISE, captum's names and defaults
+    (``vit.explain.captum_maps.Options``): ``integrated_gradients`` ``n_steps`` (50), ``baselines`` (0.0, in the
+    model's input space); ``smoothgrad`` ``nt_samples`` (5), ``stdevs`` (1.0), ``seed``; ``occlusion``
+    ``sliding_window_shapes`` and ``strides`` (px; default one patch), ``baselines``; ``feature_ablation``
+    ``baselines``; ``kernel_shap`` ``n_samples`` (25), ``baselines``, ``seed``; ``rise`` ``n_masks`` (6000), ``s``
+    (8), ``p1`` (0.1), ``seed``; each ``batch`` (the forwards at once, default the most that fit the memory limit).
+    Checked, with the forwards they imply, before any work.
     Raises ValueError with a message that says what to do.
 
     A video model (VideoMAE) takes a clip instead of ``image``: a GIF, a folder of frames or a list of PIL images,
@@ -343,6 +350,13 @@ def explain(checkpoint: Checkpoint, image: ImageLike, method: str = "rollout", *
     unread = [name for name, value in given.items() if value is not None and name not in reads]
     if unread:
         raise ValueError(f"{method} does not read {', '.join(unread)}; it reads {', '.join(sorted(reads)) or 'none'}")
+    if options:  # captum's and RISE's parameters, checked before the image is analysed
+        from vit.explain.captum_maps import ATTRIBUTION_METHODS, Options
+
+        if method not in ATTRIBUTION_METHODS:
+            raise ValueError(f"{method} takes no options ({', '.join(options)}); captum's attributions and RISE do: "
+                             f"{', '.join(ATTRIBUTION_METHODS)}")
+        Options.of(method, options)
     model = checkpoint.model
     if model.config.stage_depths and method not in attention_maps.STAGE_MAP_KINDS:
         raise ValueError(attention_maps.stage_refusal(method))
@@ -398,14 +412,15 @@ def explain(checkpoint: Checkpoint, image: ImageLike, method: str = "rollout", *
     elif chosen.own_pass and method_map is None:
         method_map = method_maps.model_method_map(checkpoint, image, method, class_index, settings.query,
                                                   settings.end_layer, settings.fusion, size,
-                                                  start_layer=settings.start_layer, analysis=analysis)
+                                                  start_layer=settings.start_layer, analysis=analysis,
+                                                  options=options)
     map2d = np.asarray(attention_maps.attention_map(analysis, settings, relevance, method_map), dtype=np.float32)
     if analysis.staged and map2d.shape != analysis.grid:  # on the layer's own grid, drawn over the image's
         patch_grid = analysis.grid
     explained = checkpoint.class_names[class_index] if chosen.class_specific else None
     heads_layer = settings.layer % L
     shown = {"method": method, "layer": layer, "head": head, "query": query, "target": explained,
-             "size": "the model's" if size.side is None else size.side}
+             "size": "the model's" if size.side is None else size.side, **options}
     return Explanation(method, map2d, image, seen_region(image, checkpoint.preprocessing, size),
                        input_box(image.size, checkpoint.preprocessing, size), map2d.shape if patch_grid else
                        analysis.grid, analysis.num_prefix_tokens,

@@ -19,6 +19,7 @@ by the segmentation and perturbation tests, as their full_lrp).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
 from pathlib import Path
@@ -73,6 +74,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"maps to score, spaces or commas between (default: all but flow); any of: "
                         f"{', '.join(METHOD_NAMES)}, and (but for deletion) any map vit.methods() draws for the model: "
                         f"{', '.join(m for m in registry_maps() if m not in METHOD_NAMES)}")
+    p.add_argument("--option", nargs="+", default=None, metavar="NAME=VALUE",
+                   help="a parameter of captum's attributions and RISE (segmentation, perturbation, road, saco), "
+                        "captum's names: n_steps, baselines, nt_samples, stdevs, sliding_window_shapes, strides, "
+                        "n_samples; RISE's n_masks, s, p1; seed, batch; spaces or commas between; each given to the "
+                        "methods that take it")
     p.add_argument("--out", metavar="DIR",
                    help="also write DIR/faithfulness.json, .md (a table) and, for Chefer's tests, .png (a plot)")
     p.add_argument("--limit", type=positive_int, default=None, metavar="N", help="score N images (seeded shuffle)")
@@ -234,11 +240,37 @@ def benchmark_items(args: argparse.Namespace, checkpoint, command: bool = True) 
     return sample_files(files, args.limit, args.seed), None
 
 
-def explain_any(checkpoint, image, method: str, target: int | None = None):
-    """``vit.api.explain``: every map ``vit.methods()`` draws, for the benchmark's methods beyond its own."""
+def explain_any(checkpoint, image, method: str, target: int | None = None, options: dict | None = None):
+    """``vit.api.explain``: every map ``vit.methods()`` draws, for the benchmark's methods beyond its own; of
+    ``options`` (``--option``: name -> value), those ``method`` takes."""
     from vit import api
+    from vit.explain.captum_maps import OPTIONS
 
-    return api.explain(checkpoint, image, method, target=target)
+    taken = {k: v for k, v in (options or {}).items() if k in OPTIONS.get(method, ())}
+    return api.explain(checkpoint, image, method, target=target, **taken)
+
+
+def method_options(args: argparse.Namespace, methods: list[str]) -> dict[str, str]:
+    """``--option NAME=VALUE``s as a dict, each taken by one of ``methods`` at least and within its bounds
+    (``captum_maps.Options.of``); UsageError in one line otherwise."""
+    from vit.explain.captum_maps import OPTIONS, Options
+
+    options = {}
+    for given in (part for option in args.option or () for part in option.split(",") if part):
+        name, equals, value = given.partition("=")
+        if not equals or not name:
+            raise UsageError(f"--option {given}: write NAME=VALUE, e.g. --option n_steps=20")
+        options[name] = value
+    for name in options:
+        if not any(name in OPTIONS.get(m, ()) for m in methods):
+            raise UsageError(f"--option {name}: none of the methods scored takes it (captum's attributions and RISE "
+                             f"do: {', '.join(m for m, takes in OPTIONS.items() if name in takes) or 'none'})")
+    for method in methods:
+        try:
+            Options.of(method, {k: v for k, v in options.items() if k in OPTIONS.get(method, ())})
+        except ValueError as e:
+            raise UsageError(str(e)) from None
+    return options
 
 
 def run_benchmark(args: argparse.Namespace) -> int:
@@ -256,6 +288,7 @@ def run_benchmark(args: argparse.Namespace) -> int:
     settings = run_.Settings(args.benchmark, tuple(args.methods or bench.DEFAULT_METHODS), args.groups,
                              args.batch_size, args.seed)
     check_methods(list(settings.methods), checkpoint)
+    explain = functools.partial(explain_any, options=method_options(args, list(settings.methods)))
     items, gtsegs = benchmark_items(args, checkpoint)
     try:
         run_.check_batch(checkpoint, settings, len(items))  # before the work: what a batch holds
@@ -281,10 +314,10 @@ def run_benchmark(args: argparse.Namespace) -> int:
             from vit.runs.ray_faithfulness import score_on_cluster
 
             batches, workers = score_on_cluster(args.checkpoint, settings, items, args.workers, args.device,
-                                                str(args.data) if gtsegs is not None else None, explain_any,
+                                                str(args.data) if gtsegs is not None else None, explain,
                                                 progress=lambda done, total: bar.update(done - bar.n))
         else:
-            batches, workers = run_.score_items(checkpoint, settings, items, read, explain_any,
+            batches, workers = run_.score_items(checkpoint, settings, items, read, explain,
                                                 progress=lambda done, total: bar.update(done - bar.n)), None
     except run_.BenchmarkError as e:
         raise UsageError(str(e)) from None
@@ -347,7 +380,8 @@ def submit(args: argparse.Namespace) -> tuple[object, str]:
     if not looks_like_name(args.checkpoint):  # a Hub id: the job fetches it into the cluster's HF cache
         absolute["checkpoint"] = str(Path(args.checkpoint).expanduser().resolve())
     job = argparse.Namespace(**{**vars(args), **absolute, "ray": None, "ray_job": True,
-                                "methods": ",".join(args.methods) if args.methods else None})
+                                "methods": ",".join(args.methods) if args.methods else None,
+                                "option": ",".join(args.option) if args.option else None})
     out = Path(absolute["out"])
     sid = ray_analyze.job_id(out).replace("analyze-", "faithfulness-", 1)
     entrypoint = shlex.join(["python", "-m", PROG, *command_line(build_parser(), job)])
@@ -378,6 +412,9 @@ def check_args(args: argparse.Namespace) -> None:
     if args.benchmark == "segmentation" and args.masks is None and not Path(args.data).is_file():
         raise UsageError("--benchmark segmentation needs --masks DIR: a PNG per image, named by the image's stem (or "
                          "--data gtsegs_ijcv.mat alone)")
+    if args.option and args.benchmark == "deletion":
+        raise UsageError("--option is for the maps of vit.methods() (captum's attributions, RISE), scored by "
+                         "--benchmark segmentation, perturbation, road and saco")
     if (args.ray or args.ray_job) and args.benchmark == "deletion":
         raise UsageError("--ray runs --benchmark segmentation, perturbation, road or saco; deletion runs here only")
     if args.ray and args.ray_job:

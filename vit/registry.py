@@ -31,7 +31,7 @@ from types import ModuleType
 
 # The groups of methods, in the docs' order: how the code groups them (attention_maps.CAM_KINDS, CHEFER_BASELINES,
 # PROBE_MAP_KINDS; the maps of typed labels that vit.ask draws).
-GROUPS = ("attention", "gradient", "relevance", "cam", "chefer baseline", "probe", "words")
+GROUPS = ("attention", "gradient", "relevance", "cam", "model-agnostic", "chefer baseline", "probe", "words")
 # What a map may read: the explorer's controls (attention_maps.MapSettings), and for a typed-label map its label.
 CONTROLS = ("query", "layer", "end_layer", "start_layer", "head", "fusion", "discard_ratio", "class", "label")
 # What a plugin's draw is given (see Method.draw): the class, the last layer it explains (or reads), the query token
@@ -114,6 +114,8 @@ _CAM_APPLIES = "classifiers, every family (pytorch-grad-cam's, on the last block
 _CAM_TEST = "tests/test_cam.py::test_cam_of_the_last_blocks_norm1_equals_pytorch_grad_cam"
 _CHEFER_CODE = "Transformer-Explainability's ViT_explanation_generator.py / ViT_orig_LRP.py (Chefer et al.)"
 _DENSE_APPLIES = "a CLIP (every token through its projection)"
+_AGNOSTIC_APPLIES = "classifiers of one patch grid (the model's logits; models with stages refused)"
+_CAPTUM_TEST = "tests/test_captum_methods.py::test_each_captum_method_equals_captums_own_call_on"
 
 # The built-in methods, in the explorer's order (its map picker's, vit.methods()'s).
 BUILTIN_METHODS: tuple[Method, ...] = (
@@ -166,6 +168,36 @@ BUILTIN_METHODS: tuple[Method, ...] = (
            "classifiers, every family (one forward per channel: seconds to minutes)", "cam", class_specific=True,
            own_pass=True, module="vit.explain.cam", paper="Wang et al. 2020", code="pytorch-grad-cam's ScoreCAM",
            test=_CAM_TEST, cost="gradient"),
+    # The model-agnostic baselines (vit.explain.captum_maps): captum's own attributions of the logits, and RISE.
+    Method("integrated_gradients", "Integrated Gradients (class-specific, signed; captum)", ("class",),
+           _AGNOSTIC_APPLIES, "model-agnostic", class_specific=True, signed=True, own_pass=True,
+           module="vit.explain.captum_maps", paper="Sundararajan et al. 2017", code="captum's IntegratedGradients",
+           test=_CAPTUM_TEST, cost="attribution"),
+    Method("smoothgrad", "SmoothGrad (class-specific, signed; captum)", ("class",), _AGNOSTIC_APPLIES,
+           "model-agnostic", class_specific=True, signed=True, own_pass=True, module="vit.explain.captum_maps",
+           paper="Smilkov et al. 2017", code="captum's NoiseTunnel(Saliency), nt_type='smoothgrad'",
+           test=_CAPTUM_TEST, cost="attribution"),
+    Method("input_x_gradient", "Input x Gradient (class-specific, signed; captum)", ("class",), _AGNOSTIC_APPLIES,
+           "model-agnostic", class_specific=True, signed=True, own_pass=True, module="vit.explain.captum_maps",
+           paper="Shrikumar et al. 2016", code="captum's InputXGradient", test=_CAPTUM_TEST,
+           cost="attribution"),
+    Method("occlusion", "Occlusion of patches (class-specific, signed; captum)", ("class",), _AGNOSTIC_APPLIES,
+           "model-agnostic", class_specific=True, signed=True, own_pass=True, module="vit.explain.captum_maps",
+           paper="Zeiler & Fergus 2014", code="captum's Occlusion", test=_CAPTUM_TEST,
+           cost="attribution"),
+    Method("feature_ablation", "Feature ablation of patches (class-specific, signed; captum)", ("class",),
+           _AGNOSTIC_APPLIES, "model-agnostic", class_specific=True, signed=True, own_pass=True,
+           module="vit.explain.captum_maps", paper="captum's perturbation baseline (Kokhlikyan et al. 2020)",
+           code="captum's FeatureAblation", test=_CAPTUM_TEST, cost="attribution"),
+    Method("kernel_shap", "KernelSHAP of patches (class-specific, signed; captum)", ("class",), _AGNOSTIC_APPLIES,
+           "model-agnostic", class_specific=True, signed=True, own_pass=True, module="vit.explain.captum_maps",
+           paper="Lundberg & Lee 2017", code="captum's KernelShap", test=_CAPTUM_TEST,
+           cost="attribution"),
+    Method("rise", "RISE (class-specific, random masks)", ("class",), _AGNOSTIC_APPLIES, "model-agnostic",
+           class_specific=True, own_pass=True, module="vit.explain.rise", paper="Petsiuk et al. 2018",
+           code="the authors' RISE (eclique/RISE's explanations.py)",
+           test="tests/test_captum_methods.py::test_rise_equals_the_authors_code_with_the_same_masks",
+           cost="attribution"),
     Method("attn-gradcam", "GradCAM on the last attention (class-specific, Chefer's baseline)", ("class",),
            "classifiers with a CLS token and one grid (Chefer et al.'s baseline)", "chefer baseline",
            class_specific=True, own_pass=True, module="vit.explain.cam", paper="Chefer et al. 2021a's baseline",

@@ -385,3 +385,48 @@ def vlm_answer(tower, grid: tuple[int, int], text: TextShape, prompt_tokens: int
     cost = _cost("vlm answer", tower, grid, parts, refuse)
     return replace(cost, tokens=t, flops=2 * t * (text.layers * (4 * text.hidden * text.heads * text.head_dim
                                                                  + 3 * text.hidden * text.mlp)))
+
+
+MAX_PASSES = 100_000  # the forwards one attribution map may run (RISE's 6,000 and captum's defaults far below)
+
+
+def attribution_passes(model, grid: tuple[int, int], what: str, passes: int) -> Cost:
+    """An attribution's forwards (captum's, RISE's: ``vit.explain.captum_maps.passes``), held to ``MAX_PASSES``
+    rather than to bytes, as flow's tokens are."""
+    def refuse(need: int, limit: int) -> TooManyTokens:
+        return TooManyTokens(f"{what} would run {need:,} forwards of the model, over the limit of {limit:,} per map; "
+                             "choose fewer steps, samples or masks, or a larger occlusion window or stride.")
+    return _cost("attribution passes", model, grid, {"forwards": passes}, refuse, limit=MAX_PASSES)
+
+
+def attribution_image_bytes(model, grid: tuple[int, int], gradient: bool) -> int:
+    """One input's share of an attribution's batch: a forward's (``forward``), or with ``gradient`` the graph of a
+    whole backward to the pixels (``attnlrp``'s whole path: every block's graph, the attention fused)."""
+    return attnlrp(model, grid).memory if gradient else forward(model, grid).memory
+
+
+def attribution_batch(model, grid: tuple[int, int], passes: int, gradient: bool) -> int:
+    """The forwards an attribution runs at once: as many as fit the memory limit, at most ``passes`` and
+    ``captum_maps.MAX_BATCH``, evened out over the batches that takes (at least one: ``attribution`` then refuses
+    it)."""
+    from vit.explain.captum_maps import MAX_BATCH
+
+    per = attribution_image_bytes(model, grid, gradient)
+    fits = max(1, min(passes, MAX_BATCH, bounds.memory_limit() // max(per, 1)))
+    return math.ceil(passes / math.ceil(passes / fits))  # batches of equal size: 50 as 25 + 25, not 29 + 21
+
+
+def attribution(model, grid: tuple[int, int], what: str, passes: int, batch: int, gradient: bool) -> Cost:
+    """An attribution (captum's, RISE's) of ``passes`` forwards, ``batch`` at once, each with its backward to the
+    pixels where ``gradient``: the batch's forwards (``attribution_image_bytes`` each) at once; FLOPs of every
+    forward (a backward counted as two)."""
+    per = attribution_image_bytes(model, grid, gradient)
+    tokens = _tokens(model, grid)
+    kind = "forward and backward" if gradient else "forward"
+
+    def refuse(need: int, limit: int) -> TooManyTokens:
+        return TooManyTokens(f"{what} runs {passes:,} {kind}s of {tokens:,} tokens, {batch} at once: about "
+                             f"{need / MB:,.0f} MB, over the {limit / MB:,.0f} MB limit ({ANALYSIS_MEMORY_ENV}); "
+                             f"choose a smaller batch, a smaller input size, or another map.")
+    cost = _cost("attribution", model, grid, {f"{batch} inputs' {kind} at once": batch * per}, refuse)
+    return replace(cost, flops=cost.flops * passes * (3 if gradient else 1))

@@ -45,7 +45,7 @@ MAP_CONTROLS = {m.name: m.reads for m in _MAPS}
 CAM_KINDS = tuple(m.name for m in _MAPS if m.group == "cam")  # vit.explain.cam
 CHEFER_BASELINES = tuple(m.name for m in _MAPS if m.group == "chefer baseline")  # their ViT_explanation_generator's
 # model_method_map's (a pass of their own: the page's "More" picker), in that picker's order: by group
-MORE_GROUPS = ("gradient", "relevance", "attention", "cam", "chefer baseline", "probe")
+MORE_GROUPS = ("gradient", "relevance", "attention", "cam", "model-agnostic", "chefer baseline", "probe")
 METHOD_MAP_KINDS = tuple(m.name for g in MORE_GROUPS for m in _MAPS if m.own_pass and m.group == g)
 # explain one class: the page shows a class picker
 CLASS_MAP_KINDS = tuple(m.name for m in _MAPS if m.class_specific)

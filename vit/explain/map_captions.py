@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from vit.explain.attention_maps import METHOD_MAP_KINDS, MapSettings, is_method_map, method_of, resolved_class
+from vit.explain.captum_maps import CAPTIONS as ATTRIBUTION_CAPTIONS
 from vit.explain.image_analysis import Analysis
 from vit.text import escape_markdown
 
@@ -185,6 +186,9 @@ def describe_method_map(settings: MapSettings, analysis: Analysis, class_names: 
         return (f"**LeGrad for “{name}”** ({which}): {where}, the gradient of the "
                 f"“{name}” score read at that layer with respect to that layer's attention, positive parts "
                 "averaged over heads and queries, summed (Bousselham et al., 2024).")
+    if s.kind in ATTRIBUTION_CAPTIONS:  # captum's and RISE (vit.explain.captum_maps), at their defaults
+        title, how = ATTRIBUTION_CAPTIONS[s.kind]
+        return f"**{title} for “{name}”** ({which}): {how}."
     if s.kind in CAM_CAPTIONS:
         layer = s.end_layer % L + 1
         title, how = CAM_CAPTIONS[s.kind]

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -102,7 +102,8 @@ def input_class_relevance(model: ViT, pixels: Callable[[], torch.Tensor], grid: 
 def model_method_map(checkpoint: Checkpoint, image: Image.Image, kind: str, class_index: int, query: int = 0,
                      end_layer: int = -1, fusion: str = "mean", size: InputSize = TRAINING_SIZE,
                      progress: Progress | None = None, start_layer: int = -2, analysis: Analysis | None = None,
-                     hooks: Sequence[tuple[str, Callable]] = ()) -> np.ndarray:
+                     hooks: Sequence[tuple[str, Callable]] = (), options: Mapping[str, object] | None = None
+                     ) -> np.ndarray:
     """The ``(gh, gw)`` map of a ``METHOD_MAP_KINDS`` kind or a plugin's method for one image (seconds for
     ``flow``; a plugin's: ``plugin_map``).
 
@@ -114,11 +115,19 @@ def model_method_map(checkpoint: Checkpoint, image: Image.Image, kind: str, clas
     Score-CAM's (an analysis read off it: ``image_analysis.analyse``'s ``forward``); refused for other kinds.
     Raises ValueError (e.g. ``UnsupportedModelError``, ``TooManyTokens``) with a message to show, before any
     work. ``progress(done, total)``: flow's max-flow problems, one per token; the other methods' blocks run
-    (``reported_blocks``).
+    (``reported_blocks``). ``options``: the parameters of captum's attributions and RISE
+    (``vit.explain.captum_maps.Options``: captum's names, e.g. ``n_steps``); refused for other kinds.
     """
     from vit.explain.attention_flow import MAX_FLOW_TOKENS, attention_flow
+    from vit.explain.captum_maps import ATTRIBUTION_METHODS, attribution_map
     from vit.explain.relevance import attnlrp, legrad, patch_sums, transformer_attribution
 
+    if kind in ATTRIBUTION_METHODS:  # captum's and RISE: their options and costs checked there, before the work
+        if hooks:
+            raise ValueError(f"hooks are set on a CAM's one forward; {kind} runs others")
+        return attribution_map(checkpoint, image, kind, class_index, size, options, progress)[0].float().cpu().numpy()
+    if options:
+        raise ValueError(f"{kind} takes no options; captum's attributions and RISE do")
     model = checkpoint.model
     if model.config.stage_depths and kind not in STAGE_MAP_KINDS:
         raise ValueError(stage_refusal(kind))

@@ -1,0 +1,222 @@
+"""captum's attributions and RISE as map methods (``vit.explain.captum_maps``, ``vit.explain.rise``).
+
+Each captum method's map equals captum's own call on the library's own model (tiny random HF ViT, DINOv2 with
+registers, a SigLIP tower with a linear head on its pooled output), its attribution reduced here by hand to the patch
+grid; the image is not symmetric, so a patch mask placed transposed gives other numbers. RISE equals the authors'
+``explanations.py`` (tests/reference/rise) with the same masks, and its seeded masks are theirs after
+``np.random.seed``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from parity_helpers import HF_VISION, hf_random
+from PIL import Image
+
+import vit
+from vit.bounds import TooManyTokens
+from vit.explain import captum_maps
+from vit.explain.method_maps import model_method_map
+from vit.inference import InputSize, preprocess
+
+transformers = pytest.importorskip("transformers")
+captum_attr = pytest.importorskip("captum.attr")
+pytestmark = pytest.mark.slow  # importing transformers and captum takes seconds
+
+CLASSES = 3
+SIZE = InputSize(32)  # the models' own 4 x 4 grid of 8 px patches (a DINOv2 folder's preprocessing says 224)
+TARGET = 1
+
+
+def image() -> Image.Image:
+    """Noise with a bright top-left corner: no symmetry a transposed patch mask would keep."""
+    pixels = np.random.default_rng(0).integers(0, 256, (32, 32, 3), dtype=np.uint8)
+    pixels[:8, :16] = 255
+    return Image.fromarray(pixels)
+
+
+def hf_vit(folder):
+    config = transformers.ViTConfig(**HF_VISION, num_labels=CLASSES)
+    model = hf_random(transformers.ViTForImageClassification, config).eval()
+    model.save_pretrained(folder)
+    return vit.load(folder, device="cpu"), lambda x: model(pixel_values=x).logits
+
+
+def hf_dinov2_registers(folder):
+    config = transformers.Dinov2WithRegistersConfig(**HF_VISION, num_register_tokens=4, num_labels=CLASSES)
+    model = hf_random(transformers.Dinov2WithRegistersForImageClassification, config).eval()
+    model.save_pretrained(folder)
+    return vit.load(folder, device="cpu"), lambda x: model(pixel_values=x).logits
+
+
+def hf_siglip_tower(folder):
+    """A SigLIP tower has no classes: the same linear head on its pooled output, ours and the library's."""
+    model = hf_random(transformers.SiglipVisionModel, transformers.SiglipVisionConfig(**HF_VISION)).eval()
+    model.save_pretrained(folder)
+    checkpoint = vit.load(folder, device="cpu")
+    torch.manual_seed(1)
+    head = torch.nn.Linear(HF_VISION["hidden_size"], CLASSES)
+    checkpoint.model.head = head
+    return checkpoint, lambda x: head(model(pixel_values=x).pooler_output)
+
+
+FAMILIES = {"hf_vit": hf_vit, "dinov2_registers": hf_dinov2_registers, "siglip_tower": hf_siglip_tower}
+
+
+def patch_grid_by_hand(attribution: torch.Tensor, grid: tuple[int, int], mean: bool) -> np.ndarray:
+    """``(1, C, H, W)`` -> ``(gh, gw)``: summed over the channels and each patch's pixels (or their mean)."""
+    _, C, H, W = attribution.shape
+    gh, gw = grid
+    cells = attribution[0].reshape(C, gh, H // gh, gw, W // gw)
+    reduced = cells.mean(dim=(0, 2, 4)) if mean else cells.sum(dim=(0, 2, 4))
+    return reduced.detach().numpy()
+
+
+def captums_own(method: str, forward, x: torch.Tensor, grid: tuple[int, int]) -> np.ndarray:
+    """captum's call with its defaults (one batch: its own), the patch mask written out here."""
+    gh, gw = grid
+    p = x.shape[2] // gh
+    mask = torch.tensor([[(r // p) * gw + c // p for c in range(x.shape[3])] for r in range(x.shape[2])])[None, None]
+    x = x.clone().requires_grad_(True)
+    torch.manual_seed(0)
+    if method == "integrated_gradients":
+        result = captum_attr.IntegratedGradients(forward).attribute(x, target=TARGET)
+    elif method == "smoothgrad":
+        result = captum_attr.NoiseTunnel(captum_attr.Saliency(forward)).attribute(x, nt_type="smoothgrad",
+                                                                                  target=TARGET, abs=False)
+    elif method == "input_x_gradient":
+        result = captum_attr.InputXGradient(forward).attribute(x, target=TARGET)
+    elif method == "occlusion":
+        result = captum_attr.Occlusion(forward).attribute(x, sliding_window_shapes=(3, p, p), strides=(3, p, p),
+                                                          target=TARGET)
+    elif method == "feature_ablation":
+        result = captum_attr.FeatureAblation(forward).attribute(x, target=TARGET, feature_mask=mask)
+    else:
+        result = captum_attr.KernelShap(forward).attribute(x, target=TARGET, feature_mask=mask)
+    return patch_grid_by_hand(result, grid, mean=method in captum_maps.PATCH_METHODS)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_each_captum_method_equals_captums_own_call_on(tmp_path, family):
+    checkpoint, forward = FAMILIES[family](tmp_path / family)
+    x = preprocess([image()], checkpoint.preprocessing, SIZE, checkpoint.model.config.patch_size)
+    with torch.no_grad():
+        assert torch.allclose(checkpoint.model(x)[0], forward(x), atol=1e-4)  # the same model
+    grid = checkpoint.model.patch_grid(*x.shape[2:])
+    for method in captum_maps.CAPTUM_METHODS:
+        expected = captums_own(method, forward, x, grid)
+        # in batches other than captum's one: the same numbers
+        options = {} if method == "input_x_gradient" else {"batch": 3}
+        ours = model_method_map(checkpoint, image(), method, TARGET, size=SIZE, options=options)
+        assert ours.shape == grid
+        np.testing.assert_allclose(ours, expected, rtol=1e-3, atol=1e-5 * np.abs(expected).max(),
+                                   err_msg=f"{family} {method}")
+
+
+def test_occlusion_with_its_own_window_and_stride_equals_captums(tmp_path):
+    checkpoint, forward = hf_vit(tmp_path / "vit")
+    x = preprocess([image()], checkpoint.preprocessing, SIZE, 8)
+    expected = captum_attr.Occlusion(forward).attribute(x, sliding_window_shapes=(3, 12, 12), strides=(3, 4, 4),
+                                                        baselines=0.5, target=TARGET)
+    ours = model_method_map(checkpoint, image(), "occlusion", TARGET,
+                            options={"sliding_window_shapes": 12, "strides": 4, "baselines": 0.5})
+    np.testing.assert_allclose(ours, patch_grid_by_hand(expected, (4, 4), mean=True), rtol=1e-3, atol=1e-7)
+
+
+def test_the_patch_mask_numbers_the_patches_row_major_on_a_non_square_grid():
+    mask = captum_maps.feature_mask((2, 3), (4, 6))  # patches of 2 x 2 px
+    assert mask.shape == (1, 1, 4, 6) and mask.dtype == torch.long
+    assert mask[0, 0].tolist() == [[0, 0, 1, 1, 2, 2], [0, 0, 1, 1, 2, 2],
+                                   [3, 3, 4, 4, 5, 5], [3, 3, 4, 4, 5, 5]]
+
+
+def test_rise_equals_the_authors_code_with_the_same_masks(tmp_path):
+    pytest.importorskip("skimage")  # the authors' generate_masks resizes with it
+    from tests.reference.rise.explanations import RISE
+
+    checkpoint, forward = hf_vit(tmp_path / "vit")
+    x = preprocess([image()], checkpoint.preprocessing, SIZE, 8)
+    options = {"n_masks": 40, "s": 3, "p1": 0.4, "seed": 5, "batch": 16}
+    theirs = RISE(torch.nn.Sequential(_Logits(forward), torch.nn.Softmax(dim=1)), (32, 32), gpu_batch=100)
+    np.random.seed(5)  # their masks from numpy's global state, ours from RandomState(seed): the same draws
+    theirs.generate_masks(N=40, s=3, p1=0.4, savepath=None)
+    ours_masks = captum_maps.rise_module.Masks(40, 3, 0.4, (32, 32), seed=5)
+    torch.testing.assert_close(ours_masks.batch(0, 40), theirs.masks[:, 0], rtol=0, atol=1e-6)
+    with torch.no_grad():
+        saliency = theirs(x)[TARGET][None, None]  # (1, 1, H, W)
+    ours = model_method_map(checkpoint, image(), "rise", TARGET, size=SIZE, options=options)
+    np.testing.assert_allclose(ours, patch_grid_by_hand(saliency, (4, 4), mean=False), rtol=1e-4, atol=1e-6)
+
+
+class _Logits(torch.nn.Module):
+    def __init__(self, forward):
+        super().__init__()
+        self.forward_logits = forward
+
+    def forward(self, x):
+        return self.forward_logits(x)
+
+
+def test_rise_and_smoothgrad_are_seeded(tmp_path):
+    checkpoint, _ = hf_vit(tmp_path / "vit")
+    for method, options in (("rise", {"n_masks": 20}), ("smoothgrad", {})):
+        first = model_method_map(checkpoint, image(), method, TARGET, options={**options, "seed": 1})
+        again = model_method_map(checkpoint, image(), method, TARGET, options={**options, "seed": 1})
+        other = model_method_map(checkpoint, image(), method, TARGET, options={**options, "seed": 2})
+        np.testing.assert_array_equal(first, again)
+        assert not np.allclose(first, other)
+
+
+def test_an_attribution_over_its_limits_is_refused_before_the_work(tmp_path, monkeypatch):
+    checkpoint, _ = hf_vit(tmp_path / "vit")
+    ran = []
+    monkeypatch.setattr(captum_maps, "attribution", lambda *a, **k: ran.append(1))
+    from vit.costs import plan
+
+    monkeypatch.setattr(plan, "MAX_PASSES", 1000)
+    with pytest.raises(TooManyTokens, match="Occlusion would run 1,025 forwards of the model, over the limit of 1,000"):
+        model_method_map(checkpoint, image(), "occlusion", TARGET, options={"sliding_window_shapes": 1, "strides": 1})
+    monkeypatch.setenv("VIT_ANALYSIS_MEMORY_MB", "0.01")
+    with pytest.raises(TooManyTokens, match=r"Integrated gradients runs 50 forward and backwards .* 8 at once"):
+        model_method_map(checkpoint, image(), "integrated_gradients", TARGET, options={"batch": 8})
+    with pytest.raises(ValueError, match="n_steps must be between 1 and 10,000; got 0"):
+        model_method_map(checkpoint, image(), "integrated_gradients", TARGET, options={"n_steps": 0})
+    with pytest.raises(ValueError, match="occlusion does not take n_steps; it takes sliding_window_shapes"):
+        model_method_map(checkpoint, image(), "occlusion", TARGET, options={"n_steps": 5})
+    with pytest.raises(ValueError, match="larger than the 32x32 px input"):
+        model_method_map(checkpoint, image(), "occlusion", TARGET, options={"sliding_window_shapes": 40})
+    assert not ran
+
+
+def test_vit_explain_takes_captums_parameters_as_keywords_and_refuses_them_elsewhere(tmp_path):
+    checkpoint, forward = hf_vit(tmp_path / "vit")
+    x = preprocess([image()], checkpoint.preprocessing, SIZE, 8)
+    expected = captum_attr.IntegratedGradients(forward).attribute(x, baselines=0.25, target=TARGET, n_steps=7)
+    shown = vit.explain(checkpoint, image(), "integrated_gradients", target=TARGET, size=32, n_steps=7,
+                        baselines=0.25)
+    np.testing.assert_allclose(shown.map, patch_grid_by_hand(expected, (4, 4), mean=False), rtol=1e-3, atol=1e-7)
+    assert shown.description.startswith("**Integrated Gradients for")
+    with pytest.raises(ValueError, match="rollout takes no options"):
+        vit.explain(checkpoint, image(), "rollout", n_steps=7)
+    with pytest.raises(ValueError, match="smoothgrad's nt_samples must be an integer; got 2.5"):
+        vit.explain(checkpoint, image(), "smoothgrad", nt_samples=2.5)
+
+
+def test_the_benchmark_cli_scores_them_with_their_options(tmp_path, capsys):
+    import json
+
+    from tests.test_faithfulness_chefer import tiny_model_and_images
+    from vit import faithfulness
+
+    checkpoint = tiny_model_and_images(tmp_path, labelled=True)
+    argv = [str(checkpoint), "--benchmark", "road", "--data", str(tmp_path / "data"), "--batch-size", "4"]
+    code = faithfulness.main([*argv, "--methods", "random,kernel_shap,rise", "--option", "n_samples=8,n_masks=16",
+                              "seed=3"])
+    out = capsys.readouterr()
+    assert code == 0, out.err
+    assert list(json.loads(out.out)["methods"]) == ["random", "kernel_shap", "rise"]
+    assert faithfulness.main([*argv, "--methods", "rise", "--option", "n_steps=8"]) != 0
+    assert "--option n_steps: none of the methods scored takes it (captum's attributions and RISE do: " \
+           "integrated_gradients)" in capsys.readouterr().err

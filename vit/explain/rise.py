@@ -1,0 +1,84 @@
+"""RISE (Petsiuk et al. 2018): the class's probability under random masks of the input, each mask weighted by it.
+
+As the authors' ``explanations.py`` (github.com/eclique/RISE, ``RISE.generate_masks`` and ``RISE.forward``): ``N``
+binary ``s x s`` grids, each cell kept with probability ``p1``, upsampled bilinearly (skimage's ``resize``,
+``order=1``, ``mode='reflect'``) to ``(s + 1)`` cells of ``ceil(H / s)`` px and cropped at a random shift; the
+saliency is ``sum_i P(class | x * mask_i) * mask_i / N / p1``. Their defaults (their Saliency notebook): ``N=6000``,
+``s=8``, ``p1=0.1``. The masks are drawn from ``numpy.random.RandomState(seed)`` in the authors' order (the grids,
+then each mask's two shifts), so ``np.random.seed(seed)`` before their ``generate_masks`` gives the same masks; they
+are formed a batch at a time (never the ``N x H x W`` the authors keep: 1.2 GB at their defaults).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+from torch import Tensor
+
+# The authors' defaults (their Saliency notebook's generate_masks(N=6000, s=8, p1=0.1))
+N_MASKS, CELLS, P1 = 6000, 8, 0.1
+
+
+def _linear_weights(size: int, out: int) -> Tensor:
+    """``(out, size)`` weights of skimage's order-1 resize along one axis (``scipy.ndimage.zoom`` with
+    ``grid_mode=True``, ``mode='mirror'``: skimage's ``'reflect'``), in float64."""
+    coords = (torch.arange(out, dtype=torch.float64) + 0.5) * size / out - 0.5
+    low = torch.floor(coords)
+    frac = coords - low
+    weights = torch.zeros(out, size, dtype=torch.float64)
+    for index, w in ((low, 1 - frac), (low + 1, frac)):
+        i = index.long()
+        if size > 1:  # mirror about the end samples, not repeating them (ndimage's 'mirror')
+            period = 2 * (size - 1)
+            i = i % period
+            i = torch.where(i >= size, period - i, i)
+        else:
+            i = torch.zeros_like(i)
+        weights.index_put_((torch.arange(out), i), w, accumulate=True)
+    return weights
+
+
+class Masks:
+    """RISE's ``n`` masks of an ``input_size = (H, W)`` input, seeded: ``batch(start, stop)`` forms masks
+    ``start..stop-1`` as ``(B, H, W)`` float32, each as the authors' ``generate_masks`` forms it."""
+
+    def __init__(self, n: int, s: int, p1: float, input_size: tuple[int, int], seed: int = 0):
+        H, W = input_size
+        random = np.random.RandomState(seed)
+        # The authors' order: every grid first, then each mask's two shifts (so their np.random.seed gives these)
+        self.grid = torch.from_numpy((random.rand(n, s, s) < p1).astype("float32")).double()  # (N, s, s)
+        cell = (math.ceil(H / s), math.ceil(W / s))
+        self.shifts = torch.tensor([(random.randint(0, cell[0]), random.randint(0, cell[1])) for _ in range(n)])
+        up = ((s + 1) * cell[0], (s + 1) * cell[1])
+        self.rows, self.cols = _linear_weights(s, up[0]), _linear_weights(s, up[1])  # (up_h, s), (up_w, s)
+        self.n, self.p1, self.input_size = n, p1, (H, W)
+
+    def batch(self, start: int, stop: int) -> Tensor:
+        """Masks ``start..stop-1``: ``(B, H, W)`` float32, the upsampled grids cropped at their shifts."""
+        H, W = self.input_size
+        shifts = self.shifts[start:stop]  # (B, 2)
+        rows = self.rows[shifts[:, :1] + torch.arange(H)]  # (B, H, s): the crop's rows of the upsampling
+        cols = self.cols[shifts[:, 1:] + torch.arange(W)]  # (B, W, s)
+        return (rows @ self.grid[start:stop] @ cols.transpose(1, 2)).float()  # (B, H, W)
+
+
+def rise(forward, x: Tensor, class_index: int, masks: Masks, batch: int = 100, progress=None) -> Tensor:
+    """RISE's saliency of ``class_index`` for one input ``x (1, C, H, W)``: ``(1, H, W)`` (the authors'
+    ``RISE.forward``'s row of the class). ``forward`` gives logits ``(B, classes)``, turned to probabilities by
+    a softmax as the authors' ``nn.Sequential(model, nn.Softmax(dim=1))``; ``batch`` masked inputs at once (their
+    ``gpu_batch``, default 100). ``progress(done, total)``: masks done."""
+    H, W = masks.input_size
+    if x.shape[0] != 1 or tuple(x.shape[2:]) != (H, W):
+        raise ValueError(f"RISE explains one {H}x{W} input; got {tuple(x.shape)}")
+    saliency = torch.zeros(H * W, dtype=torch.float32, device=x.device)
+    with torch.no_grad():
+        for start in range(0, masks.n, batch):
+            stop = min(start + batch, masks.n)
+            m = masks.batch(start, stop).to(x.device)  # (B, H, W)
+            p = torch.softmax(forward(m[:, None] * x), dim=1)[:, class_index]  # (B,)
+            saliency += p @ m.view(stop - start, H * W)
+            if progress is not None:
+                progress(stop, masks.n)
+    return (saliency / masks.n / masks.p1).view(1, H, W)
