@@ -198,6 +198,11 @@ def test_vit_explain_takes_captums_parameters_as_keywords_and_refuses_them_elsew
                         baselines=0.25)
     np.testing.assert_allclose(shown.map, patch_grid_by_hand(expected, (4, 4), mean=False), rtol=1e-3, atol=1e-7)
     assert shown.description.startswith("**Integrated Gradients for")
+    # the caption names the settings it ran with, not captum's defaults
+    assert "from a baseline of 0.25 in the model's input" in shown.description, shown.description
+    assert "captum's, 7 steps" in shown.description and "50 steps" not in shown.description, shown.description
+    defaults = vit.explain(checkpoint, image(), "kernel_shap", target=TARGET, size=32, n_samples=4)
+    assert "from 4 random coalitions" in defaults.description, defaults.description
     with pytest.raises(ValueError, match="rollout takes no options"):
         vit.explain(checkpoint, image(), "rollout", n_steps=7)
     with pytest.raises(ValueError, match="smoothgrad's nt_samples must be an integer; got 2.5"):

@@ -425,7 +425,7 @@ def explain(checkpoint: Checkpoint, image: ImageLike, method: str = "rollout", *
                        input_box(image.size, checkpoint.preprocessing, size), map2d.shape if patch_grid else
                        analysis.grid, analysis.num_prefix_tokens,
                        analysis.prediction if checkpoint.class_names else None, explained, query,
-                       map_captions.describe_map(settings, analysis, checkpoint.class_names),
+                       map_captions.describe_map(settings, analysis, checkpoint.class_names, options),
                        attention_maps.head_maps(analysis, settings.query, heads_layer), heads_layer,
                        {k: v for k, v in shown.items() if v is not None}, patch_grid)
 

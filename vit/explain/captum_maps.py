@@ -239,21 +239,36 @@ def attribution_map(checkpoint, image, method: str, class_index: int, size, opti
 
 
 # The explorer's caption of each (vit.explain.map_captions): the method's name, what its map sums.
-CAPTIONS = {
-    "integrated_gradients": ("Integrated Gradients", "the gradient of the class score along the straight path from "
-                             "a black baseline (zeros in the model's input) to the image, times the input's "
-                             "difference, summed over the colour channels and each patch's pixels (Sundararajan et "
-                             "al., 2017; captum's, 50 steps)"),
-    "smoothgrad": ("SmoothGrad", "the gradient of the class score averaged over noisy copies of the input, summed "
-                   "over the colour channels and each patch's pixels (Smilkov et al., 2017; captum's NoiseTunnel)"),
-    "input_x_gradient": ("Input × Gradient", "the input times the gradient of the class score, summed over the "
-                         "colour channels and each patch's pixels (captum's InputXGradient)"),
-    "occlusion": ("Occlusion", "how much the class score drops when a patch-sized window there is set to zero "
-                  "(Zeiler & Fergus, 2014; captum's Occlusion)"),
-    "feature_ablation": ("Feature ablation", "how much the class score drops when the patch is set to zero "
-                         "(captum's FeatureAblation)"),
-    "kernel_shap": ("KernelSHAP", "each patch's Shapley value for the class score, estimated from 25 random "
-                    "coalitions of patches, the others set to zero (Lundberg & Lee, 2017; captum's KernelShap)"),
-    "rise": ("RISE", "the mean of 6,000 random masks, each weighted by the class's probability of the image "
-             "masked by it, summed per patch (Petsiuk et al., 2018)"),
-}
+def caption(method: str, options: Options | None = None) -> tuple[str, str]:
+    """``(title, what it shows)`` of an attribution map with ``options`` (default: captum's and the RISE authors'),
+    for the map's caption: the settings named are the ones it ran with."""
+    o = options or Options()
+    baseline = "a black baseline (zeros in the model's input)" if o.baselines == 0 else \
+        f"a baseline of {o.baselines:g} in the model's input"
+    set_to = "set to zero" if o.baselines == 0 else f"set to {o.baselines:g} in the model's input"
+    window = "a patch-sized window" if o.sliding_window_shapes is None else \
+        f"a {o.sliding_window_shapes}-px window"
+    stride = "" if o.strides is None else f", every {o.strides} px"
+    steps = f"{o.n_steps} step{'s' if o.n_steps != 1 else ''}"
+    return {
+        "integrated_gradients": ("Integrated Gradients", f"the gradient of the class score along the straight path "
+                                 f"from {baseline} to the image, times the input's difference, summed over the colour "
+                                 f"channels and each patch's pixels (Sundararajan et al., 2017; captum's, {steps})"),
+        "smoothgrad": ("SmoothGrad", f"the gradient of the class score averaged over {o.nt_samples} noisy copies of "
+                       f"the input (noise of standard deviation {o.stdevs:g} in the model's input), summed over the "
+                       "colour channels and each patch's pixels (Smilkov et al., 2017; captum's NoiseTunnel)"),
+        "input_x_gradient": ("Input × Gradient", "the input times the gradient of the class score, summed over the "
+                             "colour channels and each patch's pixels (captum's InputXGradient)"),
+        "occlusion": ("Occlusion", f"how much the class score drops when {window}{stride} there is {set_to} "
+                      "(Zeiler & Fergus, 2014; captum's Occlusion)"),
+        "feature_ablation": ("Feature ablation", f"how much the class score drops when the patch is {set_to} "
+                             "(captum's FeatureAblation)"),
+        "kernel_shap": ("KernelSHAP", f"each patch's Shapley value for the class score, estimated from "
+                        f"{o.n_samples:,} random coalitions of patches, the others {set_to} (Lundberg & Lee, 2017; "
+                        "captum's KernelShap)"),
+        "rise": ("RISE", f"the mean of {o.n_masks:,} random masks ({o.s}x{o.s} cells, each kept with probability "
+                 f"{o.p1:g}), each weighted by the class's probability of the image masked by it, summed per patch "
+                 "(Petsiuk et al., 2018)"),
+    }[method]
+
+

@@ -5,10 +5,11 @@ read them, so a map says the same in a notebook as on the page.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from vit.explain.attention_maps import METHOD_MAP_KINDS, MapSettings, is_method_map, method_of, resolved_class
-from vit.explain.captum_maps import CAPTIONS as ATTRIBUTION_CAPTIONS
+from vit.explain.captum_maps import ATTRIBUTION_METHODS, Options
+from vit.explain.captum_maps import caption as attribution_caption
 from vit.explain.image_analysis import Analysis
 from vit.text import escape_markdown
 
@@ -35,8 +36,10 @@ def _query_phrase(query: int, analysis: Analysis) -> str:
     return f"the {label} token" if query < analysis.num_prefix_tokens else f"the query {label} (outlined)"
 
 
-def describe_map(settings: MapSettings, analysis: Analysis, class_names: list[str]) -> str:
-    """A caption that says what the drawn map means."""
+def describe_map(settings: MapSettings, analysis: Analysis, class_names: list[str],
+                 options: Mapping[str, object] | None = None) -> str:
+    """A caption that says what the drawn map means; ``options``: an attribution's (``captum_maps.Options``), which
+    its caption names (default: captum's and the RISE authors')."""
     s, L, H = settings, analysis.num_layers, analysis.num_heads
     who = _query_phrase(s.query, analysis)
     if analysis.staged and s.kind in ("attention", "rollout"):
@@ -66,7 +69,7 @@ def describe_map(settings: MapSettings, analysis: Analysis, class_names: list[st
                 "A few patches far brighter than the rest are the high-norm \"artifact\" tokens of Darcet et al. "
                 "(2023), which register tokens remove.")
     if is_method_map(s.kind):
-        return describe_method_map(settings, analysis, class_names)
+        return describe_method_map(settings, analysis, class_names, options)
     if s.kind == "probe":
         heads = f"head {s.head + 1}" if s.head is not None else f"the {s.fusion} over its {H} heads"
         return (f"**Attention-pooling probe, {heads}**: this model has no CLS token; its embedding is what a learned "
@@ -151,7 +154,8 @@ CAM_CAPTIONS = {  # how each CAM weighs the channels (pytorch-grad-cam's get_cam
 }
 
 
-def describe_method_map(settings: MapSettings, analysis: Analysis, class_names: list[str]) -> str:
+def describe_method_map(settings: MapSettings, analysis: Analysis, class_names: list[str],
+                        options: Mapping[str, object] | None = None) -> str:
     """The caption of a ``METHOD_MAP_KINDS`` map or a plugin's."""
     s = settings
     who = _query_phrase(s.query, analysis)
@@ -186,8 +190,8 @@ def describe_method_map(settings: MapSettings, analysis: Analysis, class_names: 
         return (f"**LeGrad for “{name}”** ({which}): {where}, the gradient of the "
                 f"“{name}” score read at that layer with respect to that layer's attention, positive parts "
                 "averaged over heads and queries, summed (Bousselham et al., 2024).")
-    if s.kind in ATTRIBUTION_CAPTIONS:  # captum's and RISE (vit.explain.captum_maps), at their defaults
-        title, how = ATTRIBUTION_CAPTIONS[s.kind]
+    if s.kind in ATTRIBUTION_METHODS:  # captum's and RISE (vit.explain.captum_maps), with the options it ran with
+        title, how = attribution_caption(s.kind, Options.of(s.kind, options))
         return f"**{title} for “{name}”** ({which}): {how}."
     if s.kind in CAM_CAPTIONS:
         layer = s.end_layer % L + 1
