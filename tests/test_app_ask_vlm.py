@@ -193,3 +193,21 @@ def test_a_visitor_without_a_token_asks_within_bounds(folders):
     vlm_ask.check_visitor(prepared, may_open=True)
     large = prepare(vlm, picture(1400, 1000), QUESTION, max_new_tokens=4)  # the processor's max_pixels: 40 units
     assert large.layout.grid[0] * large.layout.grid[1] <= vlm_ask.VISITOR_PATCHES  # this processor stays small
+
+
+def test_the_generation_reports_each_token_and_stops_between_two(folders):
+    from vit.app.work import Stopped
+    from vit.explain.vlm_answer import generate_answer, prepare
+
+    vlm = vit.open_vlm(folders["llava"])
+    told = []
+    answer = generate_answer(vlm, prepare(vlm, picture(), QUESTION, max_new_tokens=LENGTH),
+                             lambda done, total: told.append((done, total)))
+    assert len(answer.tokens) == LENGTH and told == [(i, LENGTH) for i in range(LENGTH + 1)] + [(LENGTH, LENGTH)]
+
+    def stop_at_two(done, total):
+        if done == 2:
+            raise Stopped("stopped by you")
+
+    with pytest.raises(Stopped, match="stopped by you"):
+        generate_answer(vlm, prepare(vlm, picture(), QUESTION, max_new_tokens=LENGTH), stop_at_two)
