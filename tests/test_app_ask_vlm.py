@@ -211,3 +211,27 @@ def test_the_generation_reports_each_token_and_stops_between_two(folders):
 
     with pytest.raises(Stopped, match="stopped by you"):
         generate_answer(vlm, prepare(vlm, picture(), QUESTION, max_new_tokens=LENGTH), stop_at_two)
+
+
+def test_a_visitor_without_a_token_asks_a_cached_vlm_within_bounds(folders, dirs, monkeypatch):  # noqa: F811
+    """Behind a token (``VIT_TRAIN_TOKEN``) a visitor opens a VLM of the server's Hugging Face cache, asks at most
+    ``VISITOR_NEW_TOKENS``: a link's longer answer is dropped in one line and the box stops there."""
+    import shutil
+
+    from vit.app.vlm_ask import VISITOR_NEW_TOKENS
+
+    checkpoints, _ = dirs
+    model_dir = checkpoints.parent / "hf-cache" / "models--tiny--llava"  # HF_HUB_CACHE (the dirs fixture)
+    snapshot = model_dir / "snapshots" / "rev1"
+    shutil.copytree(folders["llava"], snapshot)
+    (model_dir / "refs").mkdir()
+    (model_dir / "refs" / "main").write_text("rev1")
+    monkeypatch.setenv("VIT_TRAIN_TOKEN", "secret")
+    at = open_link({"model": "tiny/llava", "question": QUESTION, "answer_length": "100"})
+    upload(at, "photo.png", png(picture()))
+    assert not at.main.error, [e.value for e in at.main.error]
+    [count] = [w for w in at.main.number_input if w.label == "Answer length"]
+    assert count.value == VISITOR_NEW_TOKENS and count.max == VISITOR_NEW_TOKENS
+    assert any(f"answer_length=100 was not used: a visitor may ask for at most {VISITOR_NEW_TOKENS} tokens" in n
+               for n in notes(at)), notes(at)
+    assert len(pills(at).options) == len(answer_of(folders["llava"], VISITOR_NEW_TOKENS).tokens)
