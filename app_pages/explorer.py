@@ -12,6 +12,7 @@ from app_pages import open_in_explorer
 from app_pages.explorer_sections import (
     analyses,
     ask_in_words,
+    ask_vlm,
     clip_view,
     features,
     image_picker,
@@ -38,13 +39,14 @@ from vit.explain import image_analysis, video, words
 from vit.images import ImageError
 from vit.inference import NonFiniteOutput, input_box, seen_region
 from vit.sources.text_tower import has_text_tower
+from vit.sources.whole_vlm import can_answer
 from vit.text import escape_markdown
 
 # Settings must survive a run in which their widget is not drawn (a rejected upload stops the page early; a closed
 # tab hides its toggle): Streamlit forgets such widget state unless it is written back. Each section names its own
 # (a fragment also writes its own back on its own reruns); the page writes back all of them before any may stop it.
 keep_settings(clip_view.KEPT + image_picker.KEPT + map_settings.KEPT + main_view.KEPT + analyses.KEPT
-              + ask_in_words.KEPT + features.KEPT + mechanism.KEPT + DENSE_KEPT)
+              + ask_in_words.KEPT + ask_vlm.KEPT + features.KEPT + mechanism.KEPT + DENSE_KEPT)
 
 
 # -- checkpoint -----------------------------------------------------------------------------------------------
@@ -149,6 +151,8 @@ if has_text_tower(checkpoint):
         prediction_box.markdown(words.describe_prediction(asked))
 elif vlm_words.has_words(checkpoint.model):  # a VLM's tower: words against its language model's embeddings
     word_lens.ask_in_words(state)
+if not has_text_tower(checkpoint) and can_answer(full_checkpoint):  # the whole VLM in its folder (issue 80)
+    ask_vlm.ask_vlm(state, may_open, shared, entry.name, image_name)
 
 # -- analyses (only the open tab is computed) -------------------------------------------------------------------
 

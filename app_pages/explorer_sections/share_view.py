@@ -8,7 +8,7 @@ from urllib.parse import urlencode
 import numpy as np
 import streamlit as st
 
-from app_pages.explorer_sections import ask_in_words, features, mechanism, word_lens
+from app_pages.explorer_sections import ask_in_words, ask_vlm, features, mechanism, word_lens
 from app_pages.explorer_sections.checkpoint_picker import OPEN_HUB
 from app_pages.explorer_sections.main_view import map_caption
 from app_pages.explorer_sections.map_choice import MainMap
@@ -97,6 +97,7 @@ def read_link(may_open: bool) -> None:
     elif found is not None:
         st.session_state["explorer_checkpoint"] = found.path  # as another page opens one
     checked = {name: values[name] for name in ("size", "map") if name in values}  # against the model's options
+    ask_vlm.take_link(values)
     for name, key in WIDGETS.items():
         if name in values:
             st.session_state[key] = values.pop(name)
@@ -254,6 +255,7 @@ def view_values(model: str, view: Shown, image_name: str, sample: Path | None, i
     if heads:
         values["ablate"] = tuple(heads[0])
     values.update(features.link_values())
+    values.update(ask_vlm.link_values())
     return {k: v for k, v in values.items() if v is not None}
 
 

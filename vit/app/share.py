@@ -23,6 +23,7 @@ from vit.explain.attention import HEAD_FUSIONS
 from vit.explain.attention_maps import CAM_KINDS, method_of
 from vit.explain.overlay import UPSAMPLE_MODES
 from vit.explain.video import CLIP_KIND_LABELS
+from vit.explain.vlm_answer import FUSIONS, MAX_NEW_TOKENS
 from vit.inference import MAX_INPUT_SIDE
 from vit.text import visible
 
@@ -142,6 +143,10 @@ PARSERS: dict[str, Callable[[str], object]] = {
     "labels": _text, "space": _flag, "word": _text, "target": _one_of(tuple(TARGETS)),
     "sae": _text, "sae_layer": _whole(1), "feature": _whole(0), "ablate": _heads,
     "frame": _whole(1), "patch": _patch,  # a clip's shown sampled frame, its query patch
+    # "Ask the VLM": the question, the answer's length, the clicked answer token and the language model's layer and
+    # head (from 1) and head fusion
+    "question": _text, "answer_length": _whole(1, MAX_NEW_TOKENS), "answer_token": _whole(1), "lm_layer": _whole(1),
+    "lm_head": _whole(1), "lm_fusion": _one_of(FUSIONS),
 }
 
 
@@ -159,6 +164,8 @@ LABELS = {
     "sae": "SAE folder", "sae_layer": "Block it reads", "feature": "Feature",
     "ablate": "Heads switched off in every map",
     "frame": "Frame", "patch": "Query patch",
+    "question": "Question", "answer_length": "Answer length (tokens at most)", "answer_token": "Answer token",
+    "lm_layer": "Language model layer", "lm_head": "Language model head", "lm_fusion": "Language model head fusion",
 }
 
 

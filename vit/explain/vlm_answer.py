@@ -29,6 +29,7 @@ from PIL import Image
 ROWS = "vit_answer_rows"  # the recording attention, one name per implementation it wraps: ROWS + "_sdpa"
 MAX_NEW_TOKENS = 512  # an answer, not an essay: each token's query rows are kept, and each step is a forward
 MAX_QUESTION_CHARS = 2000
+FUSIONS = ("mean", "max")  # how ``VLMAnswer.attention`` fuses the heads when no head is chosen
 
 _RECORDING: contextvars.ContextVar[_Recorder | None] = contextvars.ContextVar("vit_answer_rows", default=None)
 
@@ -246,12 +247,15 @@ class VLMAnswer:
         """(H, lead + N): answer token ``i``'s attention to each image token at ``layer``, per head."""
         return self.row(i, layer)[:, self.layout.positions]
 
-    def attention(self, i: int, layer: int = -1, head: int | None = None) -> np.ndarray:
+    def attention(self, i: int, layer: int = -1, head: int | None = None, fusion: str = "mean") -> np.ndarray:
         """(gh, gw) float32: answer token ``i``'s attention to the image tokens at ``layer``, each patch holding the
-        attention to the image token whose unit covers it; ``head`` None: the mean over heads."""
+        attention to the image token whose unit covers it; ``head`` None: the heads fused by ``fusion`` ("mean" or
+        "max", each image token's own)."""
+        if fusion not in FUSIONS:
+            raise ValueError(f"fusion must be one of {', '.join(FUSIONS)}, got {fusion!r}")
         rows = self.image_rows(i, layer)  # (H, lead + N)
         if head is None:
-            rows = rows.mean(0, keepdim=True)
+            rows = rows.mean(0, keepdim=True) if fusion == "mean" else rows.amax(0, keepdim=True)
         else:
             if isinstance(head, bool) or not isinstance(head, int) or not 0 <= head < rows.shape[0]:
                 raise ValueError(f"head {head} does not exist: the language model has {rows.shape[0]} heads, "
@@ -263,6 +267,15 @@ class VLMAnswer:
         """The share of answer token ``i``'s attention at ``layer`` on the image tokens, mean over heads: how much it
         looked at the image."""
         return float(self.image_rows(i, layer).sum(-1).mean())
+
+    def held(self) -> tuple[torch.Tensor, ...]:
+        """The tensors the answer holds (its query rows and masks, the KV cache), as ``vit.cache.nbytes`` counts
+        them."""
+        r = self._recorder
+        rows = [t for layer in (*r.queries, *r.masks) for t in layer if t is not None]
+        cached = [t for layer in self._cache.layers for t in (getattr(layer, "keys", None),
+                                                              getattr(layer, "values", None)) if t is not None]
+        return (*rows, *cached)
 
     def __repr__(self) -> str:
         return f"VLMAnswer({self.text!r}, {len(self.tokens)} tokens, {self.grid[0]}x{self.grid[1]} patches)"
@@ -302,15 +315,32 @@ def prepare(vlm, image: Image.Image, question: str | None = None, *, prompt: str
     return Prepared(inputs, layout, prompt_tokens, max_new_tokens, text)
 
 
-def generate_answer(vlm, prepared: Prepared) -> VLMAnswer:
-    """transformers' greedy ``generate`` on ``prepared``, each language-model layer's last query row recorded."""
+class _Steps:
+    """A ``generate`` streamer that reports each answer token as done to ``progress(done, total)``, which may raise
+    to stop the generation between two steps (``vit.app.work.Stopped``)."""
+
+    def __init__(self, progress, total: int) -> None:
+        self.progress, self.total, self.done = progress, total, -1  # generate puts the prompt first
+
+    def put(self, value) -> None:
+        self.done += 1
+        self.progress(min(self.done, self.total), self.total)
+
+    def end(self) -> None:
+        self.progress(self.total, self.total)
+
+
+def generate_answer(vlm, prepared: Prepared, progress=None) -> VLMAnswer:
+    """transformers' greedy ``generate`` on ``prepared``, each language-model layer's last query row recorded;
+    ``progress(done, total)`` is told each answer token generated, and may raise to stop between two."""
     use_recording_attention(vlm)
     recorder = _Recorder({layer.self_attn: i for i, layer in enumerate(vlm.language_model.layers)})
     token = _RECORDING.set(recorder)
     try:
         with torch.inference_mode():
             out = vlm.model.generate(**prepared.inputs.to(vlm.device), max_new_tokens=prepared.max_new_tokens,
-                                     do_sample=False, num_beams=1, return_dict_in_generate=True)
+                                     do_sample=False, num_beams=1, return_dict_in_generate=True,
+                                     streamer=None if progress is None else _Steps(progress, prepared.max_new_tokens))
     finally:
         _RECORDING.reset(token)
     tokens = tuple(int(t) for t in out.sequences[0, prepared.prompt_tokens:])

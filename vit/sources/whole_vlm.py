@@ -76,13 +76,9 @@ def folder_of(source: str | os.PathLike | Checkpoint) -> Path:
     return folder
 
 
-def open_whole_vlm(source: str | os.PathLike | Checkpoint | VLM, device: str | torch.device | None = None) -> VLM:
-    """The whole VLM in ``source`` (its folder, or ``vit.load``'s checkpoint of its tower): transformers' model
-    class for its architecture from the folder's weights and its processor, offline and without remote code. VLMError
-    (one line) for a folder that is not one of ``ARCHITECTURES`` or lacks a file."""
-    if isinstance(source, VLM):
-        return source
-    folder = folder_of(source)
+def architecture_of(folder: Path) -> tuple[str, str]:
+    """``(model_type, architecture)`` of the generating VLM in ``folder``, from its config.json alone; VLMError (one
+    line) for a model that is none of ``ARCHITECTURES`` or a bare model without a language-model head."""
     config_json = read_json(folder / "config.json")
     model_type = str(config_json.get("model_type"))
     if model_type not in ARCHITECTURES:
@@ -93,6 +89,27 @@ def open_whole_vlm(source: str | os.PathLike | Checkpoint | VLM, device: str | t
     if architecture not in named:
         raise VLMError(f"{folder} holds a {str(named[0])[:60]}, which has no language-model head to answer with; "
                        f"open a {architecture}")
+    return model_type, architecture
+
+
+def can_answer(source: str | os.PathLike | Checkpoint) -> bool:
+    """Whether ``source`` (a folder, or ``vit.load``'s checkpoint of a tower) is a generating VLM's folder that
+    ``open_whole_vlm`` opens, judged from its config.json alone (nothing else read)."""
+    try:
+        architecture_of(folder_of(source))
+    except (VLMError, CheckpointError, OSError, ValueError):
+        return False
+    return True
+
+
+def open_whole_vlm(source: str | os.PathLike | Checkpoint | VLM, device: str | torch.device | None = None) -> VLM:
+    """The whole VLM in ``source`` (its folder, or ``vit.load``'s checkpoint of its tower): transformers' model
+    class for its architecture from the folder's weights and its processor, offline and without remote code. VLMError
+    (one line) for a folder that is not one of ``ARCHITECTURES`` or lacks a file."""
+    if isinstance(source, VLM):
+        return source
+    folder = folder_of(source)
+    model_type, architecture = architecture_of(folder)
     from vit.sources.open import open_source
 
     try:  # the tower's layout: its config and shapes from the headers, no weight read

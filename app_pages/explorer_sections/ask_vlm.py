@@ -1,0 +1,212 @@
+"""Ask the VLM (issue 80): a question about the image to the whole vision-language model (its language model too),
+the answer generated with progress and Stop, each answer token clickable, the clicked token's attention over the
+image at a layer and head of the language model, and every answer token's share of attention on the image.
+
+The answer is the notebook API's own (``vit.open_vlm`` / ``vit.ask_vlm``: transformers' greedy ``generate``, the
+prompt through the folder's processor and chat template) and each map is ``VLMAnswer.attention``: a notebook given
+the same folder, image and question gets the map drawn here. The answer is kept per (model, image, question,
+length), so a click on a token, a layer or a head only redraws. The question and the answer are data: shown as plain
+text (``st.text``, a table), escaped where a label or caption reads Markdown. Not a fragment: its values are part of
+the page's link (``link_values``), which the page writes when it reruns.
+"""
+
+from functools import partial
+
+import numpy as np
+import streamlit as st
+
+from app_pages.explorer_sections.long_work import long_work
+from app_pages.explorer_sections.state import Shown
+from vit.app import drawing, share, vlm_ask
+from vit.app.export import View, view_html
+from vit.checkpoint import CheckpointError
+from vit.explain.vlm_answer import FUSIONS, VLMAnswer, generate_answer, prepare
+from vit.images import ImageError
+from vit.inference import seen_region
+from vit.text import escape_markdown, file_name_part, visible
+
+KEPT = ("vlm_ask_",)  # the section's widget state, written back by the page on runs that do not draw it
+QUESTION_KEY, LENGTH_KEY, TOKEN_KEY = "vlm_ask_question", "vlm_ask_length", "vlm_ask_token"
+LAYER_KEY, HEAD_KEY, FUSION_KEY = "vlm_ask_layer", "vlm_ask_head", "vlm_ask_fusion"
+LINKED_KEY = "ask_vlm_linked"  # a link's answer token, layer and head (from 1), until the answer they point into
+# Link parameter -> the widget it sets at once (their range is the page's, not the answer's)
+WIDGETS = {"question": QUESTION_KEY, "answer_length": LENGTH_KEY, "lm_fusion": FUSION_KEY}
+PICKED = {"answer_token": TOKEN_KEY, "lm_layer": LAYER_KEY, "lm_head": HEAD_KEY}
+
+
+@st.cache_resource(max_entries=1, show_spinner="Opening the whole vision-language model (its language model too)…")
+def whole_vlm(fingerprint: tuple, folder: str):
+    """``vit.open_vlm`` of the folder, once per model (one at a time: a language model is large)."""
+    from vit.sources.whole_vlm import open_whole_vlm
+
+    return open_whole_vlm(folder)
+
+
+def take_link(values: dict) -> None:
+    """Once per session, before the widgets are drawn (``share_view.read_link``): the link's question, length and
+    fusion as the widgets' values; its answer token, layer and head wait for the answer (``_apply_link``)."""
+    for name, key in WIDGETS.items():
+        if name in values:
+            st.session_state[key] = values.pop(name)
+    picked = {name: values.pop(name) for name in PICKED if name in values}
+    if picked:
+        st.session_state[LINKED_KEY] = picked
+
+
+def link_values() -> dict[str, object]:
+    """The section's part of the page's link (``vit.app.share``'s values): the question asked, the answer's length
+    and the clicked token, layer and head (from 1) while a question is asked."""
+    question = str(st.session_state.get(QUESTION_KEY) or "")
+    if not question.strip():
+        return {}
+    linked = st.session_state.get(LINKED_KEY) or {}
+    values: dict[str, object] = {"question": question, "answer_length": st.session_state.get(LENGTH_KEY)}
+    for name, key in PICKED.items():
+        value = st.session_state.get(key)
+        values[name] = linked.get(name, None if value is None else value + 1)
+    values["lm_fusion"] = st.session_state.get(FUSION_KEY) if values.get("lm_head") is None else None
+    return {k: v for k, v in values.items() if v is not None}
+
+
+def _apply_link(answer: VLMAnswer) -> list[str]:
+    """The link's answer token, layer and head, checked against the answer; one line for each dropped."""
+    linked = st.session_state.pop(LINKED_KEY, None) or {}
+    bounds = {"answer_token": (len(answer.tokens), f"the answer has {len(answer.tokens)} tokens"),
+              "lm_layer": (answer.layers, f"the language model has {answer.layers} layers"),
+              "lm_head": (answer.heads, f"the language model has {answer.heads} heads")}
+    notes = []
+    for name, value in linked.items():
+        high, why = bounds[name]
+        if value > high:
+            notes.append(share.dropped(name, str(value), why))
+        else:
+            st.session_state[PICKED[name]] = value - 1
+    return notes
+
+
+def _seen(view: Shown, answer: VLMAnswer):
+    """The pixels the model saw, at display size: the page's own where the tower's grid is the answer's (the
+    processor prepares the image as the tower's preprocessing does), else the tower's preprocessing at its own
+    size."""
+    if tuple(view.analysis.grid) == tuple(answer.grid):
+        return view.shown
+    return drawing.display_images(seen_region(view.image, view.checkpoint.preprocessing))[0]
+
+
+def _one_line(error: Exception) -> str:
+    return escape_markdown(" ".join(str(error).split()))
+
+
+def _answer(view: Shown, may_open: bool, question: str, length: int) -> VLMAnswer | None:
+    """The answer, kept per (model, image, question, length); None while it is generated (its progress and Stop are
+    drawn) or after it was stopped. Raises what a refusal raises (one line)."""
+    vlm = whole_vlm(view.full_fingerprint, str(view.full_checkpoint.path))
+    prepared = prepare(vlm, view.image, question, max_new_tokens=length)  # counted, refused over the limit
+    vlm_ask.check_visitor(prepared, may_open)
+    return long_work(("vlm answer", view.full_fingerprint, view.image_key, question, length),
+                     f"Answering in at most {length} tokens", partial(generate_answer, vlm, prepared), "ask_vlm",
+                     unit="tokens")
+
+
+def ask_vlm(view: Shown, may_open: bool, shared: dict[str, object], model_name: str, image_name: str) -> None:
+    """The section: the question, the answer, its tokens to click, the clicked token's map and every token's share
+    of attention on the image, with a link and an HTML export of the view."""
+    st.subheader("Ask the VLM")
+    limit = vlm_ask.max_new_tokens(may_open)
+    notes = []
+    if (st.session_state.get(LENGTH_KEY) or 0) > limit:  # a link's, past what this visitor may ask
+        notes.append(share.dropped("answer_length", str(st.session_state[LENGTH_KEY]),
+                                   f"a visitor may ask for at most {limit} tokens here"))
+        st.session_state[LENGTH_KEY] = limit
+    st.session_state.setdefault(LENGTH_KEY, min(vlm_ask.DEFAULT_NEW_TOKENS, limit))
+    col_question, col_length = st.columns([4, 1])
+    # No max_chars: Streamlit would show a counter; ``prepare`` bounds the text (one line if over).
+    question = col_question.text_input(
+        "Question", key=QUESTION_KEY, placeholder="What is in this image?",
+        help="Asked through the model's own processor and chat template, exactly as typed (plain text); the answer "
+             "is transformers' greedy generate.")
+    length = col_length.number_input("Answer length", min_value=1, max_value=limit, step=1, key=LENGTH_KEY,
+                                     help=f"Tokens at most (a visitor without a token: {vlm_ask.VISITOR_NEW_TOKENS}).")
+    if not question.strip():
+        st.caption("Ask a question about the image: the model answers, and each word of the answer shows where it "
+                   "looked in the image (its attention through the language model).")
+        return
+    try:
+        answer = _answer(view, may_open, question, int(length))
+    except (ValueError, CheckpointError, ImageError) as e:  # no whole model, too large, too long for a visitor
+        st.error(_one_line(e))
+        return
+    if answer is None:
+        return
+    notes += _apply_link(answer)
+    if notes:
+        st.warning("  \n".join(escape_markdown(n) for n in notes), icon=":material/link_off:")
+    st.text(f"Answer: {visible(answer.text)}")  # plain text: the model's words are data
+    if st.session_state.get(TOKEN_KEY) not in range(len(answer.tokens)):
+        st.session_state[TOKEN_KEY] = 0
+    token = st.pills("Answer token", list(range(len(answer.tokens))), key=TOKEN_KEY,
+                     format_func=partial(vlm_ask.token_label, answer),
+                     help="Click a token of the answer: the map shows where the query that predicted it looked.")
+    token = 0 if token is None else token
+    col_map, col_controls, col_strip = st.columns([1.2, 0.8, 1], gap="medium")
+    with col_controls:
+        if st.session_state.get(LAYER_KEY) not in range(answer.layers):
+            st.session_state[LAYER_KEY] = answer.layers - 1
+        layer = st.selectbox("Layer", list(range(answer.layers)), key=LAYER_KEY, format_func=lambda v: str(v + 1),
+                             help="A layer of the language model (the last one by default).")
+        if st.session_state.get(HEAD_KEY) not in (None, *range(answer.heads)):
+            st.session_state[HEAD_KEY] = None
+        head = st.selectbox("Head", [None, *range(answer.heads)], key=HEAD_KEY,
+                            format_func=lambda v: "all heads" if v is None else f"head {v + 1}")
+        fusion = "mean"
+        if head is None:
+            if st.session_state.get(FUSION_KEY) not in FUSIONS:
+                st.session_state[FUSION_KEY] = "mean"
+            fusion = st.radio("Heads fused by", FUSIONS, key=FUSION_KEY, horizontal=True,
+                              format_func=vlm_ask.FUSION_LABELS.get)
+    map2d = vlm_ask.token_map(answer, token, layer, head, fusion)
+    seen = _seen(view, answer)
+    caption = vlm_ask.describe(answer, token, layer, head, fusion)
+    with col_map:
+        drawn = drawing.overlay_image(seen, map2d, view.opacity, view.colormap, view.mode, view.show_grid, None)
+        st.image(drawn, output_format="PNG")
+        low, high = drawing.map_range(map2d, None, None)
+        st.html(drawing.colorbar_html(low, high, view.colormap))
+        st.caption(caption + " " + drawing.describe_range(map2d))
+    with col_strip:
+        shares = vlm_ask.image_shares(answer, layer)
+        st.dataframe([{"#": i + 1, "token": visible(answer.pieces[i]), "on the image": 100 * s}
+                      for i, s in enumerate(shares)], hide_index=True, width="stretch",
+                     column_config={"on the image": st.column_config.ProgressColumn(
+                         "on the image", min_value=0.0, max_value=100.0, format="%.1f%%")})
+        st.caption(f"How much each answer token looked at the image: the share of its attention row on the image "
+                   f"tokens at layer {layer + 1}, mean over heads.")
+    values = {**shared, **link_values()}
+    _share(values, view, answer, seen, map2d, caption, model_name, image_name,
+           dict(question=question, length=int(length), token=token, layer=layer, head=head, fusion=fusion))
+
+
+def _share(values: dict[str, object], view: Shown, answer: VLMAnswer, seen, map2d: np.ndarray, caption: str,
+           model_name: str, image_name: str, picked: dict) -> None:
+    """"Copy link to this view" and "Export this answer (HTML)"; the URL follows the clicked token."""
+    from app_pages.explorer_sections import share_view  # it reads this section's link values: imported late
+
+    share_view.follow(values)
+    col_link, col_export = st.columns(2)
+    share_view.link_popover(col_link, values)
+    settings = {"Model": model_name, "Image": image_name,
+                **vlm_ask.settings(picked["question"], answer, picked["length"], picked["token"], picked["layer"],
+                                   picked["head"], picked["fusion"])}
+    page = View(title=f"{image_name} — {model_name}: where the answer looked", seen=seen, map2d=np.asarray(map2d),
+                caption=caption, colormap=view.colormap, opacity=view.opacity, mode=view.mode, query=0,
+                num_prefix_tokens=1, show_grid=view.show_grid, settings=settings)
+    col_export.download_button("Export this answer (HTML)", on_click="ignore", mime="text/html",
+                               file_name=f"{file_name_part(image_name.rsplit('.', 1)[0]) or 'image'}-answer.html",
+                               data=partial(_export, page),
+                               help="One self-contained .html file: the image, the clicked token's map with its "
+                                    "colour bar and caption, the question, the answer and these settings. Opens "
+                                    "offline.")
+
+
+def _export(page: View) -> bytes:
+    return view_html(page).encode("utf-8")

@@ -1,0 +1,237 @@
+"""The explorer's "Ask the VLM" (issue 80, item 4): a question to a tiny random VLM saved whole (test_vlm_answer's
+builders), opened by path; its answer is transformers' greedy ``generate``; the clicked answer token's map, at the
+picked layer and head, is ``VLMAnswer.attention``'s (the notebook API's, itself checked against transformers' eager
+rows in test_vlm_answer) drawn over the pixels the model saw; the strip gives each token's share on the image; the
+view is part of the link and of the exported HTML; a visitor without a token asks within bounds."""
+
+import functools
+
+import numpy as np
+import pytest
+import torch
+from helpers import displayed
+from test_app import dirs, run_app, sidebar_widget, upload  # noqa: F401 (fixtures)
+from test_app_share import notes, open_link
+
+transformers = pytest.importorskip("transformers")
+from test_vlm_answer import QUESTION, _build, eager_generate, noisy, picture  # noqa: E402
+
+import vit  # noqa: E402
+
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("dirs")]
+LENGTH = 4
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory):
+    """``{kind: folder}``: LLaVA and Qwen2.5-VL saved whole with their processor (test_vlm_answer's builders)."""
+    built = {}
+    for kind in ("llava", "qwen2_5_vl"):
+        torch.manual_seed(0)
+        model, processor = _build(kind)
+        folder = tmp_path_factory.mktemp(kind)
+        noisy(model).save_pretrained(folder, max_shard_size="20KB")
+        processor.save_pretrained(folder)
+        built[kind] = folder
+    return built
+
+
+@pytest.fixture
+def drawn(monkeypatch):
+    """The maps the page draws over the image, in order."""
+    from vit.app import drawing
+
+    maps, original = [], drawing.overlay_image
+    monkeypatch.setattr(drawing, "overlay_image",
+                        lambda image, map2d, *a, **k: maps.append(np.asarray(map2d)) or original(image, map2d, *a, **k))
+    return maps
+
+
+def png(image) -> bytes:
+    import io
+
+    buffer = io.BytesIO()
+    image.save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def open_folder(folder):
+    at = run_app()
+    sidebar_widget(at, "text_input", "Open a path").set_value(str(folder))
+    at.run()
+    return upload(at, "photo.png", png(picture()))
+
+
+def ask(at, question: str, length: int = LENGTH):
+    [box] = [w for w in at.main.text_input if w.label == "Question"]
+    [count] = [w for w in at.main.number_input if w.label == "Answer length"]
+    count.set_value(length)
+    box.set_value(question)
+    at.run()
+    assert not at.exception, [e.stack_trace for e in at.exception]
+    return at
+
+
+def pills(at):
+    [tokens] = [w for w in at.main.pills if w.label == "Answer token"]
+    return tokens
+
+
+def main_select(at, label: str):
+    [found] = [w for w in at.main.selectbox if w.label == label]
+    return found
+
+
+def answer_of(folder, length: int = LENGTH):
+    return vit.ask_vlm(vit.open_vlm(folder), picture(), QUESTION, max_new_tokens=length)
+
+
+@pytest.mark.parametrize("kind", ["llava", "qwen2_5_vl"])
+def test_the_answer_is_generates_and_a_clicked_tokens_map_is_vlm_answer_attention(folders, kind, drawn):
+    at = open_folder(folders[kind])
+    assert "Ask the VLM" in [h.value for h in at.main.subheader]
+    ask(at, QUESTION)
+    answer = answer_of(folders[kind])
+    out, inputs, _ = eager_generate(folders[kind], picture())
+    assert list(answer.tokens) == out.sequences[0, inputs["input_ids"].shape[1]:].tolist()[:LENGTH]
+    shown = [t.value.strip() for t in at.main.text if t.value.startswith("Answer:")]
+    assert shown == [f"Answer: {answer.text}".strip()]
+    tokens = pills(at)
+    assert len(tokens.options) == LENGTH
+    np.testing.assert_allclose(drawn[-1], answer.attention(0, answer.layers - 1), rtol=0, atol=0)  # the default
+    tokens.set_value(2)
+    at.run()
+    main_select(at, "Layer").set_value(0)
+    at.run()
+    main_select(at, "Head").set_value(1)
+    at.run()
+    assert not at.exception
+    np.testing.assert_allclose(drawn[-1], answer.attention(2, 0, 1), rtol=0, atol=0)
+    main_select(at, "Head").set_value(None)
+    at.run()
+    [fusion] = [w for w in at.main.radio if w.label == "Heads fused by"]
+    fusion.set_value("max")
+    at.run()
+    np.testing.assert_allclose(drawn[-1], answer.image_rows(2, 0).amax(0).numpy().reshape(answer.grid)
+                               if kind == "llava" else answer.attention(2, 0, None, "max"), rtol=0, atol=1e-7)
+    assert not np.allclose(drawn[-1], answer.attention(2, 0))  # max is not the mean
+    [strip] = [d for d in at.main.dataframe if "on the image" in d.value.columns]
+    np.testing.assert_allclose(strip.value["on the image"].to_numpy() / 100,
+                               [answer.image_share(i, 0) for i in range(LENGTH)], rtol=0, atol=1e-6)
+    assert list(strip.value["token"]) == list(answer.pieces)
+
+
+def test_a_click_redraws_without_generating_again(folders, monkeypatch):
+    at = ask(open_folder(folders["llava"]), QUESTION)
+    monkeypatch.setattr("vit.explain.vlm_answer.generate_answer",
+                        lambda *a, **k: pytest.fail("the answer was generated again"))
+    from app_pages.explorer_sections import ask_vlm
+
+    monkeypatch.setattr(ask_vlm, "generate_answer", lambda *a, **k: pytest.fail("the answer was generated again"))
+    pills(at).set_value(1)
+    at.run()
+    main_select(at, "Layer").set_value(0)
+    at.run()
+    assert not at.exception, [e.stack_trace for e in at.exception]
+
+
+def test_the_question_and_answer_are_shown_as_plain_text(folders):
+    question = "**what** is <b>this</b> [x](http://a.b) ?"
+    at = ask(open_folder(folders["llava"]), question)
+    assert not at.main.error, [e.value for e in at.main.error]
+    [box] = [w for w in at.main.text_input if w.label == "Question"]
+    assert box.value == question
+    assert [t for t in at.main.text if t.value.startswith("Answer:")]  # st.text: never Markdown
+
+
+def test_a_tokens_label_shows_its_text_as_written():
+    from types import SimpleNamespace
+
+    from vit.app.vlm_ask import token_label
+
+    answer = SimpleNamespace(pieces=("**dog**", " <b>x</b>", " ", "", "a\u202eb"), tokens=(5, 6, 7, 8, 9))
+    assert [displayed(token_label(answer, i)) for i in range(5)] == ["**dog**", "·<b>x</b>", "·", "#8", "a\\u202eb"]
+
+
+def test_the_view_is_in_the_link_and_the_exported_html(folders, drawn, monkeypatch):
+    from app_pages.explorer_sections import ask_vlm
+
+    exports = []
+    monkeypatch.setattr(ask_vlm, "partial", lambda f, *a, **k: exports.append(functools.partial(f, *a, **k))
+                        or exports[-1])
+    folder = folders["qwen2_5_vl"]
+    link = {"model": str(folder), "question": QUESTION, "answer_length": str(LENGTH), "answer_token": "3",
+            "lm_layer": "1", "lm_head": "2"}
+    at = open_link(link)
+    upload(at, "photo.png", png(picture()))
+    assert notes(at) == [] and not at.main.error, [e.value for e in at.main.error]
+    answer = answer_of(folder)
+    np.testing.assert_allclose(drawn[-1], answer.attention(2, 0, 1), rtol=0, atol=0)
+    params = {k: at.query_params[k][0] if isinstance(at.query_params[k], list) else at.query_params[k]
+              for k in at.query_params}
+    assert {k: params.get(k) for k in link if k != "model"} == {k: v for k, v in link.items() if k != "model"}
+    [page] = [f().decode() for f in exports if getattr(f.func, "__name__", "") == "_export"][-1:]
+    assert "where the answer looked" in page and "Answer token 3" in page
+    assert "Question</th><td>what is this ?" in page
+
+    at = open_link({**link, "answer_token": "9", "lm_head": "7"})  # past the answer's tokens, the model's heads
+    upload(at, "photo.png", png(picture()))
+    lines = notes(at)
+    assert any("answer_token=9 was not used: the answer has 4 tokens" in n for n in lines), lines
+    assert any("lm_head=7 was not used: the language model has 4 heads" in n for n in lines), lines
+
+
+def test_a_visitor_without_a_token_asks_within_bounds(folders):
+    from vit.app import vlm_ask
+    from vit.explain.vlm_answer import prepare
+
+    vlm = vit.open_vlm(folders["qwen2_5_vl"])
+    assert vlm_ask.max_new_tokens(False) == vlm_ask.VISITOR_NEW_TOKENS < vlm_ask.max_new_tokens(True)
+    prepared = prepare(vlm, picture(), QUESTION, max_new_tokens=vlm_ask.VISITOR_NEW_TOKENS + 1)
+    with pytest.raises(ValueError, match=r"^an answer of 33 tokens is more than the 32 a visitor may ask for here"):
+        vlm_ask.check_visitor(prepared, may_open=False)
+    vlm_ask.check_visitor(prepared, may_open=True)
+    large = prepare(vlm, picture(1400, 1000), QUESTION, max_new_tokens=4)  # the processor's max_pixels: 40 units
+    assert large.layout.grid[0] * large.layout.grid[1] <= vlm_ask.VISITOR_PATCHES  # this processor stays small
+
+
+def test_the_generation_reports_each_token_and_stops_between_two(folders):
+    from vit.app.work import Stopped
+    from vit.explain.vlm_answer import generate_answer, prepare
+
+    vlm = vit.open_vlm(folders["llava"])
+    told = []
+    answer = generate_answer(vlm, prepare(vlm, picture(), QUESTION, max_new_tokens=LENGTH),
+                             lambda done, total: told.append((done, total)))
+    assert len(answer.tokens) == LENGTH and told == [(i, LENGTH) for i in range(LENGTH + 1)] + [(LENGTH, LENGTH)]
+
+    def stop_at_two(done, total):
+        if done == 2:
+            raise Stopped("stopped by you")
+
+    with pytest.raises(Stopped, match="stopped by you"):
+        generate_answer(vlm, prepare(vlm, picture(), QUESTION, max_new_tokens=LENGTH), stop_at_two)
+
+
+def test_a_visitor_without_a_token_asks_a_cached_vlm_within_bounds(folders, dirs, monkeypatch):  # noqa: F811
+    """Behind a token (``VIT_TRAIN_TOKEN``) a visitor opens a VLM of the server's Hugging Face cache, asks at most
+    ``VISITOR_NEW_TOKENS``: a link's longer answer is dropped in one line and the box stops there."""
+    import shutil
+
+    from vit.app.vlm_ask import VISITOR_NEW_TOKENS
+
+    checkpoints, _ = dirs
+    model_dir = checkpoints.parent / "hf-cache" / "models--tiny--llava"  # HF_HUB_CACHE (the dirs fixture)
+    snapshot = model_dir / "snapshots" / "rev1"
+    shutil.copytree(folders["llava"], snapshot)
+    (model_dir / "refs").mkdir()
+    (model_dir / "refs" / "main").write_text("rev1")
+    monkeypatch.setenv("VIT_TRAIN_TOKEN", "secret")
+    at = open_link({"model": "tiny/llava", "question": QUESTION, "answer_length": "100"})
+    upload(at, "photo.png", png(picture()))
+    assert not at.main.error, [e.value for e in at.main.error]
+    [count] = [w for w in at.main.number_input if w.label == "Answer length"]
+    assert count.value == VISITOR_NEW_TOKENS and count.max == VISITOR_NEW_TOKENS
+    assert any(f"answer_length=100 was not used: a visitor may ask for at most {VISITOR_NEW_TOKENS} tokens" in n
+               for n in notes(at)), notes(at)
+    assert len(pills(at).options) == len(answer_of(folders["llava"], VISITOR_NEW_TOKENS).tokens)

@@ -1,0 +1,91 @@
+"""Ask the VLM in a real browser (issue 80, item 4): ``streamlit run app.py`` in headless Chromium opens a tiny LLaVA
+saved whole (test_vlm_answer's builder), a question is typed, the answer's second token clicked and head 2 picked; the
+map the page shows (its exported values) is ``VLMAnswer.attention`` of that token, layer and head; the page's link,
+opened in a fresh page, shows the same map."""
+
+import base64
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from helpers import chromium, click_until, streamlit_app
+
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
+pytest.importorskip("transformers")
+from test_vlm_answer import QUESTION, _build, noisy, picture  # noqa: E402
+
+import vit  # noqa: E402
+
+TIMEOUT_MS = 240_000  # the tower and the whole VLM load on two busy cores
+LENGTH = 4
+
+
+@pytest.fixture
+def server(tmp_path):
+    checkpoints, runs, folder = tmp_path / "checkpoints", tmp_path / "runs", tmp_path / "llava"
+    checkpoints.mkdir()
+    runs.mkdir()
+    torch.manual_seed(0)
+    model, processor = _build("llava")
+    noisy(model).save_pretrained(folder, max_shard_size="20KB")
+    processor.save_pretrained(folder)
+    picture().save(tmp_path / "photo.png")
+    env = {"VIT_CHECKPOINTS_DIR": str(checkpoints), "VIT_RUNS_DIR": str(runs), "HOME": str(tmp_path),
+           "HF_HOME": str(tmp_path / "hf"), "HF_HUB_CACHE": str(tmp_path / "hf-cache")}
+    with streamlit_app(env, unset=("VIT_TRAIN_TOKEN",)) as (url, _):
+        yield url, folder, tmp_path / "photo.png"
+
+
+def exported_map(page, tmp_path: Path, name: str) -> np.ndarray:
+    """The values of the map the page shows, from its "Export this answer (HTML)" (each patch's hovered value)."""
+    with page.expect_download() as download:
+        page.get_by_role("button", name="Export this answer (HTML)").click()
+    path = tmp_path / name
+    path.write_bytes(Path(download.value.path()).read_bytes())
+    html = path.read_text(encoding="utf-8")
+    [body] = re.findall(r'Plotly\.newPlot\(\s*"map",\s*(\[.*?\]),\s*\{', html, flags=re.S)
+    [points] = json.loads(body)
+    data = points["customdata"]
+    if isinstance(data, dict):  # Plotly 6: base64 of the array's bytes
+        data = np.frombuffer(base64.b64decode(data["bdata"]), dtype=data["dtype"])
+    return np.asarray(data, dtype=np.float32)
+
+
+def test_a_question_a_clicked_token_and_its_link_show_vlm_answer_attention(server, tmp_path):
+    url, folder, photo = server
+    answer = vit.ask_vlm(vit.open_vlm(folder), picture(), QUESTION, max_new_tokens=LENGTH)
+    want = answer.attention(1, answer.layers - 1, 1)
+    with chromium() as browser:
+        context = browser.new_context(viewport={"width": 1500, "height": 1100}, accept_downloads=True)
+        page = context.new_page()
+        page.set_default_timeout(TIMEOUT_MS)
+        page.goto(f"{url}?model={folder}")
+        page.locator('[data-testid="stSidebar"] input[type="file"]').set_input_files(str(photo))
+        main = page.locator('[data-testid="stMain"]')
+        length = main.get_by_role("spinbutton", name="Answer length")
+        length.fill(str(LENGTH))
+        length.press("Enter")
+        question = main.get_by_role("textbox", name="Question")
+        question.fill(QUESTION)
+        question.press("Enter")
+        main.get_by_text("Answer token 1 “").wait_for()  # the first token's map, with its caption
+        tokens = main.locator('[data-testid="stButtonGroup"]').get_by_role("radio")  # pills: one choice
+        assert tokens.count() == LENGTH
+        click_until(lambda ms: tokens.nth(1).click(timeout=ms), main.get_by_text("Answer token 2 “"), TIMEOUT_MS)
+        main.get_by_role("combobox", name="Head").click()
+        page.get_by_role("option", name="head 2", exact=True).click()
+        main.get_by_text(re.compile(r"Answer token 2 “.*”\*?\*?, layer 2 of the language model, head 2")).wait_for()
+        page.wait_for_function("() => window.location.search.includes('lm_head=2')")
+        np.testing.assert_allclose(exported_map(page, tmp_path, "asked.html"), want.ravel(), rtol=0, atol=1e-6)
+        link = page.evaluate("() => window.location.href")
+        assert "answer_token=2" in link and "lm_layer=2" in link and "question=" in link
+
+        again = context.new_page()  # the link in a fresh session: the upload is the server's, named in the link
+        again.set_default_timeout(TIMEOUT_MS)
+        again.goto(link)
+        again_main = again.locator('[data-testid="stMain"]')
+        again_main.get_by_text(re.compile(r"Answer token 2 “.*layer 2 of the language model, head 2")).wait_for()
+        np.testing.assert_allclose(exported_map(again, tmp_path, "linked.html"), want.ravel(), rtol=0, atol=1e-6)

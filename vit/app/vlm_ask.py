@@ -1,0 +1,86 @@
+"""The explorer's "Ask the VLM" (issue 80), without Streamlit: what a visitor may ask, the map of a clicked answer
+token, every answer token's share of attention on the image, and what their captions and the export say.
+
+The maps are the notebook API's own (``VLMAnswer.attention``, ``VLMAnswer.image_share``): a notebook given the same
+folder, image and question gets the map drawn here. The question and the answer's tokens are data: every caption
+escapes them (Markdown), the labels make their control characters visible.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from vit.explain.vlm_answer import MAX_NEW_TOKENS, Prepared, VLMAnswer
+from vit.text import escape_markdown, visible
+
+DEFAULT_NEW_TOKENS = 16
+# A visitor who may not read the server's files (no token) asks within these: an answer of at most this many tokens
+# about an image of at most this many patches (the processor's own resize decides them: Qwen-VL's grows with the
+# image). Each token of the answer is a forward of the whole language model; each patch a token of the prompt.
+VISITOR_NEW_TOKENS = 32
+VISITOR_PATCHES = 1024
+FUSION_LABELS = {"mean": "mean over heads", "max": "max over heads"}
+
+
+def max_new_tokens(may_open: bool) -> int:
+    """The longest answer this visitor may ask for: ``MAX_NEW_TOKENS`` with access to the server's files, else
+    ``VISITOR_NEW_TOKENS``."""
+    return MAX_NEW_TOKENS if may_open else VISITOR_NEW_TOKENS
+
+
+def check_visitor(prepared: Prepared, may_open: bool) -> None:
+    """ValueError (one line) when a visitor without access asks beyond ``VISITOR_NEW_TOKENS`` or about an image of
+    more than ``VISITOR_PATCHES`` patches; nothing for a visitor with access (the cost model bounds every one)."""
+    if may_open:
+        return
+    gh, gw = prepared.layout.grid
+    if prepared.max_new_tokens > VISITOR_NEW_TOKENS:
+        raise ValueError(f"an answer of {prepared.max_new_tokens} tokens is more than the {VISITOR_NEW_TOKENS} a "
+                         "visitor may ask for here; ask for fewer (with a token, entered on the Train page, more)")
+    if gh * gw > VISITOR_PATCHES:
+        raise ValueError(f"the model's processor makes this image {gh}x{gw} = {gh * gw:,} patches, more than the "
+                         f"{VISITOR_PATCHES:,} a visitor may ask about here; upload a smaller image (with a token, "
+                         "entered on the Train page, larger)")
+
+
+def token_label(answer: VLMAnswer, i: int) -> str:
+    """Answer token ``i`` as a clickable label shows it, Markdown-escaped: its text with its blanks and control
+    characters visible ('·' for a leading space), or its id for a token without text."""
+    piece = answer.pieces[i]
+    if not piece.strip():
+        return f"#{answer.tokens[i]}" if not piece else escape_markdown(visible(piece.replace(" ", "·")))
+    return escape_markdown(visible(piece.replace(" ", "·", 1) if piece.startswith(" ") else piece))
+
+
+def token_map(answer: VLMAnswer, i: int, layer: int, head: int | None, fusion: str = "mean") -> np.ndarray:
+    """(gh, gw): answer token ``i``'s attention to the image at ``layer`` (from 0), ``head`` (from 0) or the heads
+    fused by ``fusion`` (``VLMAnswer.attention``)."""
+    return answer.attention(i, layer, head, fusion)
+
+
+def image_shares(answer: VLMAnswer, layer: int) -> list[float]:
+    """Each answer token's share of its attention at ``layer`` on the image tokens, mean over heads: how much it
+    looked at the image (``VLMAnswer.image_share``)."""
+    return [answer.image_share(i, layer) for i in range(len(answer.tokens))]
+
+
+def describe(answer: VLMAnswer, i: int, layer: int, head: int | None, fusion: str) -> str:
+    """The map's caption, as Markdown (the token escaped): which token, layer and head, and what a patch holds."""
+    heads = f"head {head + 1}" if head is not None else FUSION_LABELS[fusion]
+    side = answer.layout.unit
+    unit = "one patch" if side == 1 else f"the {side}×{side} patches of its unit"
+    share = answer.image_share(i, layer)
+    return (f"**Answer token {i + 1} “{token_label(answer, i)}”**, layer {layer + 1} of the language model, {heads}: "
+            f"each patch holds the attention of the query that predicted this token to the image token covering "
+            f"it ({unit}), as transformers' eager attention forms it. At this layer the token's attention on the "
+            f"image is {share:.1%} of its row (mean over heads); the rest went to the text.")
+
+
+def settings(question: str, answer: VLMAnswer, new_tokens: int, i: int, layer: int, head: int | None,
+             fusion: str) -> dict[str, str]:
+    """The view's settings for the exported page: label -> value, as plain text (the export escapes them)."""
+    return {"Question": question, "Answer": answer.text, "Answer length (tokens at most)": str(new_tokens),
+            "Answer token": f"{i + 1}: {visible(answer.pieces[i])}", "Layer": str(layer + 1),
+            "Head": "all" if head is None else str(head + 1),
+            **({"Head fusion": fusion} if head is None else {})}
+
