@@ -27,10 +27,11 @@ from vit.text import escape_markdown
 
 POINTS_KEY, BOX_KEY, OF_KEY = "sam_points", "sam_box", "sam_prompt_of"  # the prompt, and the (model, image) it is on
 NEGATIVE_KEY, TOKEN_KEY, ATTENTION_KEY, HEAD_KEY = "sam_negative", "sam_token", "sam_attention", "sam_head"
+MOUSE_KEY = "sam_mouse"  # what the mouse does on the image: click points or drag a box
 PICKER_KEY, SHEET_KEY = "sam_picker", "sam_sheet"
 LINKED_KEY = "sam_linked"  # the link's prompt, token, attention and head, until the section has an image to check
 LINK_NAMES = ("points", "box", "token", "dattn", "dhead")
-KEPT = (NEGATIVE_KEY, TOKEN_KEY, ATTENTION_KEY, HEAD_KEY)  # widgets kept while not drawn (a page stopped early)
+KEPT = (NEGATIVE_KEY, TOKEN_KEY, ATTENTION_KEY, HEAD_KEY, MOUSE_KEY)  # kept while not drawn (a page stopped)
 ANSWERS_BYTES = 64 * 2**20  # masks on the image and the attentions of the last prompts (~1 MB each at ViT-B)
 PICKER_CONFIG = {"displayModeBar": False, "scrollZoom": False, "doubleClick": False}
 
@@ -152,14 +153,12 @@ def prompt_section(view: Shown) -> None:
     picture = _canvas_picture(seg, seg.mask) if seg is not None else seen
     shown = display_image(picture, max_side=480)
     left, right = st.columns([1.3, 1], gap="medium")
-    with left:
-        st.plotly_chart(prompts.prompt_figure(jpeg_data_uri(shown), canvas, image.size, points, box),
-                        key=PICKER_KEY, on_select=partial(_picked, image.size), selection_mode=("points", "box"),
-                        config=PICKER_CONFIG, width="content")
     with right:
-        st.caption("**Click** the image to add a point, **drag** to draw a box. The image is encoded once; each new "
+        st.caption("**Click** the image to add a point, or **drag** a box over it. The image is encoded once; each new "
                    "prompt runs the mask decoder alone.")
-        st.toggle("Next click: a negative point (off the object)", key=NEGATIVE_KEY)
+        drag_box = st.radio("The mouse on the image", ["points", "box"], key=MOUSE_KEY, horizontal=True,
+                            format_func={"points": "clicks points", "box": "drags a box"}.get) == "box"
+        st.toggle("Next click: a negative point (off the object)", key=NEGATIVE_KEY, disabled=drag_box)
         st.button("Clear the prompt", on_click=_clear, disabled=not (points or box))
         st.radio("Output token (its mask is drawn, its attention below)", list(prompts.TOKENS), key=TOKEN_KEY,
                  format_func=prompts.TOKEN_OPTIONS.get, horizontal=True)
@@ -167,6 +166,11 @@ def prompt_section(view: Shown) -> None:
             st.text(prompt_text(points, box))
         if error is not None:
             st.error(escape_markdown(error))
+    with left:
+        st.plotly_chart(prompts.prompt_figure(jpeg_data_uri(shown), canvas, image.size, points, box,
+                                              drag_box=drag_box),
+                        key=PICKER_KEY, on_select=partial(_picked, image.size),
+                        selection_mode="box" if drag_box else "points", config=PICKER_CONFIG, width="content")
     if seg is None:
         return
     total = image.width * image.height

@@ -69,10 +69,11 @@ def box_from_selection(selection, image_size: tuple[int, int]) -> tuple[int, int
 
 def prompt_figure(picture_uri: str, canvas: tuple[float, float, float, float], image_size: tuple[int, int],
                   points: Sequence[tuple[float, float, int]] = (), box: Sequence[float] | None = None,
-                  fit_width: int = 420, clickable: bool = True) -> go.Figure:
+                  fit_width: int = 420, clickable: bool = True, drag_box: bool = False) -> go.Figure:
     """The picture of what the model saw (``picture_uri``, drawn over ``canvas``: ``vit.inference.input_box``,
     the seen region in image pixels) with the prompt marked: points green on the object, red off it, the box in
-    yellow. ``clickable``: invisible points over the image (``click_grid``) pick a point, a drag draws a box."""
+    yellow. ``clickable``: invisible points over the image (``click_grid``) pick a point; ``drag_box``: a drag
+    draws a box instead (Plotly's select mode, in which a plain click selected nothing in Chromium)."""
     x0, y0, x1, y1 = canvas
     width, height = x1 - x0, y1 - y0
     data = []
@@ -97,7 +98,7 @@ def prompt_figure(picture_uri: str, canvas: tuple[float, float, float, float], i
     layout = dict(width=max(10, round(width * scale)), height=max(10, round(height * scale)),
                   margin=dict(l=0, r=0, t=0, b=0), hovermode="closest", hoverdistance=-1,
                   plot_bgcolor="rgba(0,0,0,0)", paper_bgcolor="rgba(0,0,0,0)", images=[image], shapes=shapes,
-                  dragmode="select" if clickable else False, clickmode="event+select",
+                  dragmode="select" if drag_box else False, clickmode="event+select",
                   xaxis=dict(range=[x0, x1], visible=False, fixedrange=True, constrain="domain",
                              constraintoward="left"),
                   yaxis=dict(range=[y1, y0], visible=False, fixedrange=True, scaleanchor="x", constrain="domain",
