@@ -172,3 +172,29 @@ def test_the_prompt_in_a_link_reads_back_as_written():
                                     "dattn": "final", "dhead": "0"}
     _, notes = share.decode({"points": "70,20", "dattn": "b0.t2i"}, {}, False)
     assert len(notes) == 2 and all(re.search("was not used: give", n) for n in notes)
+
+
+def test_the_exported_view_holds_the_prompts_masks_and_the_decoders_attention(whole, monkeypatch):
+    import functools
+    import html
+
+    from app_pages.explorer_sections import share_view
+
+    family, model, processor, folder = whole
+    exports = []  # the page's "Export this view" data, built as its button would on a click
+    monkeypatch.setattr(share_view, "partial", lambda f, *a, **k: exports.append(functools.partial(f, *a, **k))
+                        or exports[-1])
+    drawn = drawn_maps(monkeypatch)
+    opened(folder, sam_linked=LINKED)
+    last = [f for f in exports if getattr(f.func, "__name__", "") == "_export"][-1]
+    before = len(drawn)
+    page = last().decode()
+    captions, _ = expected_captions(family, model, processor)
+    assert all(f"<figcaption class=\"caption\">{html.escape(c)}</figcaption>" in page for c in captions)
+    assert "(70, 20) on the object; (30, 35) off the object; the box (10, 5) to (85, 45)" in page
+    assert "Decoder attention</th><td>block 2, image to token" in page and 'id="decoder-attention"' in page
+    grid = {"sam": (7, 7), "sam2": (8, 8)}[family]
+    weights = recorded_attention(family, model, processor, library_inputs(processor, image(), **PROMPT))
+    # the export draws its attention first: block 2's image-to-token, head 2, of mask 2's token
+    expected = weights[5][0][1, :, {"sam": 3, "sam2": 4}[family]].reshape(grid).numpy()
+    np.testing.assert_allclose(drawn[before], expected, rtol=0, atol=1e-5)
