@@ -54,7 +54,8 @@ def test_a_click_on_the_sample_photo_shows_the_masks_and_the_decoders_attention_
             settled(page)
             link = page.url
             assert parse_qs(urlsplit(link).query)["points"] == ["24,8,1"]
-            page.screenshot(path=str(ARTIFACTS / "explorer-sam-prompt.png"), full_page=True)
+            page.get_by_text("What the decoder looked at").scroll_into_view_if_needed()
+            page.screenshot(path=str(ARTIFACTS / "explorer-sam-prompt.png"))
 
             fresh = browser.new_context(viewport={"width": 1500, "height": 1400}).new_page()
             fresh.set_default_timeout(TIMEOUT_MS)
@@ -62,6 +63,7 @@ def test_a_click_on_the_sample_photo_shows_the_masks_and_the_decoders_attention_
             assert masks_shown(fresh) == shown
             fresh.get_by_text("final, token to image attention, the mean of the heads", exact=False).wait_for()
             assert parse_qs(urlsplit(fresh.url).query)["points"] == ["24,8,1"]
-            fresh.screenshot(path=str(ARTIFACTS / "explorer-sam-prompt-link.png"), full_page=True)
+            fresh.get_by_text("mask 1 · predicted IoU").scroll_into_view_if_needed()
+            fresh.screenshot(path=str(ARTIFACTS / "explorer-sam-prompt-link.png"))
         finally:
             page.screenshot(path=str(ARTIFACTS / "explorer-sam-prompt-last.png"), full_page=True)
