@@ -128,6 +128,8 @@ def test_a_second_prompt_runs_the_decoder_alone_and_the_same_prompt_nothing(whol
     monkeypatch.setattr(segment, "decode", lambda *a, **k: decoded.append(1) or decode(*a, **k))
     at = opened(folder, sam_linked={"points": ((70, 20, 1),)})
     assert len(encoded) == 1 and mask_captions(at)
+    [best] = [i for i, c in enumerate(mask_captions(at)) if c.endswith("(best)")]
+    assert at.radio(key="sam_token").value == f"mask{best + 1}"  # until a token is chosen, the best mask's
     first = len(decoded)
     at.session_state["sam_points"] = [(70, 20, 1), (20, 30, 0)]  # as a second click leaves it
     at.run()

@@ -160,8 +160,9 @@ def prompt_section(view: Shown) -> None:
                             format_func={"points": "clicks points", "box": "drags a box"}.get) == "box"
         st.toggle("Next click: a negative point (off the object)", key=NEGATIVE_KEY, disabled=drag_box)
         st.button("Clear the prompt", on_click=_clear, disabled=not (points or box))
-        st.radio("Output token (its mask is drawn, its attention below)", list(prompts.TOKENS), key=TOKEN_KEY,
-                 format_func=prompts.TOKEN_OPTIONS.get, horizontal=True)
+        if seg is not None:  # drawn once there are masks: until a token is chosen, the best mask's
+            st.radio("Output token (its mask is drawn, its attention below)", list(prompts.TOKENS), key=TOKEN_KEY,
+                     format_func=prompts.TOKEN_OPTIONS.get, horizontal=True)
         if points or box:
             st.text(prompt_text(points, box))
         if error is not None:
