@@ -20,6 +20,7 @@ from app_pages.explorer_sections import (
     map_settings,
     mechanism,
     plotly_preload,
+    sam_prompts,
     share_view,
     starting,
     word_lens,
@@ -46,7 +47,7 @@ from vit.text import escape_markdown
 # tab hides its toggle): Streamlit forgets such widget state unless it is written back. Each section names its own
 # (a fragment also writes its own back on its own reruns); the page writes back all of them before any may stop it.
 keep_settings(clip_view.KEPT + image_picker.KEPT + map_settings.KEPT + main_view.KEPT + analyses.KEPT
-              + ask_in_words.KEPT + ask_vlm.KEPT + features.KEPT + mechanism.KEPT + DENSE_KEPT)
+              + ask_in_words.KEPT + ask_vlm.KEPT + features.KEPT + mechanism.KEPT + DENSE_KEPT + sam_prompts.KEPT)
 
 
 # -- checkpoint -----------------------------------------------------------------------------------------------
@@ -140,6 +141,11 @@ shared = share_view.view_values(share.model_text(choice, entry.name, share.model
                                 image_name, sample, invert)
 share_view.follow(shared)
 share_view.share_buttons(shared, state, main, image_name, entry.name)
+
+# -- a whole SAM / SAM 2: prompts in, masks out, and what its mask decoder looked at (issue 81) -------------------
+
+if sam_prompts.applies(full_checkpoint):
+    sam_prompts.prompt_section(state)
 
 # -- ask a CLIP or SigLIP in words (issue 22), or a VLM's tower (issue 68) -----------------------------------------
 

@@ -8,13 +8,13 @@ from urllib.parse import urlencode
 import numpy as np
 import streamlit as st
 
-from app_pages.explorer_sections import ask_in_words, ask_vlm, features, mechanism, word_lens
+from app_pages.explorer_sections import ask_in_words, ask_vlm, features, mechanism, sam_prompts, word_lens
 from app_pages.explorer_sections.checkpoint_picker import OPEN_HUB
 from app_pages.explorer_sections.main_view import map_caption
 from app_pages.explorer_sections.map_choice import MainMap
 from app_pages.explorer_sections.state import Shown
 from vit.app import catalog, explorer, share, vlm_words
-from vit.app.export import View, view_html
+from vit.app.export import PromptView, View, view_html
 from vit.app.uploads import Upload, UploadStore
 from vit.explain import attention_maps, image_analysis
 from vit.explain.stages import on_patch_grid
@@ -117,6 +117,7 @@ def read_link(may_open: bool) -> None:
         st.session_state[features.TOGGLE_KEY], st.session_state[features.FOLDER_KEY] = True, values.pop("sae")
     if "upload" in values:
         st.session_state[UPLOAD_KEY] = values.pop("upload")
+    sam_prompts.take_link(values)  # a SAM's prompt: checked against the image where the section shows it
     st.session_state[PENDING_KEY] = {**values, **checked}
 
 
@@ -256,6 +257,7 @@ def view_values(model: str, view: Shown, image_name: str, sample: Path | None, i
         values["ablate"] = tuple(heads[0])
     values.update(features.link_values())
     values.update(ask_vlm.link_values())
+    values.update(sam_prompts.link_values(view))
     return {k: v for k, v in values.items() if v is not None}
 
 
@@ -300,14 +302,16 @@ def share_buttons(values: dict[str, object], view: Shown, main: MainMap, image_n
                                  own_size=view.checkpoint.preprocessing.own_size_rule)}
     export.download_button("Export this view (HTML)", on_click="ignore", mime="text/html",
                            file_name=f"{file_name_part(Path(image_name).stem)}-view.html",
-                           data=partial(_export, view, main, image_name, model_name, settings),
+                           data=partial(_export, view, main, image_name, model_name, settings, values),
                            help="One self-contained .html file: the image, the map with its colour bar and caption, "
                                 "the heads grid (hover a patch for its value), the prediction and these settings. "
                                 "Opens offline.")
 
 
-def _export(view: Shown, main: MainMap, image_name: str, model_name: str, settings: dict) -> bytes:
+def _export(view: Shown, main: MainMap, image_name: str, model_name: str, settings: dict,
+            values: dict | None = None) -> bytes:
     analysis, s = view.analysis, view.settings
+    prompt = sam_prompts.export_part(view, values or {})
     heads = attention_maps.head_maps(analysis, s.query, layer=view.layer - 1)
     if analysis.staged:  # a Swin stage's heads on its own grid, drawn over the image's patches (as the Heads tab)
         heads = on_patch_grid(heads, analysis.grid)
@@ -319,7 +323,8 @@ def _export(view: Shown, main: MainMap, image_name: str, model_name: str, settin
         show_grid=view.show_grid, mask=main.mask,
         heads=heads, heads_caption=f"Layer {view.layer}: each head's attention of the query.",
         heads_layer=view.layer - 1, selected_head=s.head if s.kind == "attention" else None, scale=view.scale,
-        mask_share=view.mask_share, prediction=analysis.prediction if view.class_names else None, settings=settings))
+        mask_share=view.mask_share, prediction=analysis.prediction if view.class_names else None, settings=settings,
+        prompts=None if prompt is None else PromptView(**prompt)))
     return page.encode("utf-8")
 
 

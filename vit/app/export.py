@@ -26,6 +26,18 @@ CONFIG = {"displaylogo": False, "modeBarButtonsToRemove": ["select2d", "lasso2d"
 
 
 @dataclass(frozen=True, eq=False)
+class PromptView:
+    """A SAM's prompt as the explorer's Prompts section shows it: each mask over the pixels the model saw with its
+    caption (plain text), the prompt in words, and the mask decoder's attention drawn with its caption."""
+
+    masks: Sequence[Image.Image]
+    mask_captions: Sequence[str]
+    prompt: str
+    attention: Image.Image
+    attention_caption: str
+
+
+@dataclass(frozen=True, eq=False)
 class View:
     """What an exported view shows, as the explorer's page draws it. ``seen``: the pixels the model saw; ``map2d
     (gh, gw)`` drawn with ``colormap`` from ``vmin`` to ``vmax`` (None: the map's own range), the patch of token
@@ -55,6 +67,7 @@ class View:
     mask_share: float | None = None
     prediction: Prediction | None = None
     settings: Mapping[str, object] = field(default_factory=dict)
+    prompts: PromptView | None = None  # a whole SAM's prompt, its masks and its decoder's attention
 
 
 def _png_uri(image: Image.Image) -> str:
@@ -144,6 +157,8 @@ def view_html(view: View) -> str:
         grid = _hovering(grid, valued_points(view.heads, small.size, count, 2, names))
         parts.append(f'<h2>Heads</h2><p class="caption">{caption_html(view.heads_caption)}</p>'
                      f'{_figure_html(grid, "heads")}')
+    if view.prompts is not None:
+        parts.append(_prompts_html(view.prompts))
     rows = "".join(f"<tr><th>{html.escape(str(k))}</th><td>{html.escape(str(v))}</td></tr>"
                    for k, v in view.settings.items())
     parts.append(f"<h2>Settings</h2><table id='settings'>{rows}</table>")
@@ -153,6 +168,19 @@ def view_html(view: View) -> str:
     return ("<!DOCTYPE html>\n<html><head><meta charset='utf-8'>"
             f"<title>{html.escape(view.title)}</title><style>{style}</style>"
             f"<script>{get_plotlyjs()}</script></head><body>{''.join(parts)}</body></html>")
+
+
+def _prompts_html(prompts: PromptView) -> str:
+    """The Prompts section: the three masks with their captions, the prompt, the decoder's attention; plain text."""
+    masks = "".join(f'<figure><img src="{_png_uri(image)}" width="{image.width}" height="{image.height}" '
+                    f'alt="{html.escape(caption)}"><figcaption class="caption">{html.escape(caption)}</figcaption>'
+                    "</figure>" for image, caption in zip(prompts.masks, prompts.mask_captions, strict=True))
+    attention = prompts.attention
+    return (f'<h2>Prompts</h2><p class="caption" id="prompt">{html.escape(prompts.prompt)}</p>'
+            f'<div class="row" id="masks">{masks}</div><h2>What the decoder looked at</h2>'
+            f'<figure><img id="decoder-attention" src="{_png_uri(attention)}" width="{attention.width}" '
+            f'height="{attention.height}" alt="the mask decoder\'s attention">'
+            f'<figcaption class="caption">{html.escape(prompts.attention_caption)}</figcaption></figure>')
 
 
 @dataclass(frozen=True, eq=False)

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from vit import registry
+from vit.app import sam_prompts
 from vit.app.drawing import COLORMAPS, COLOUR_SCALES, class_option, head_option, size_option, token_option
 from vit.app.vlm_words import KINDS as WORD_KINDS
 from vit.app.vlm_words import TARGETS
@@ -122,6 +123,16 @@ def _patch(text: str) -> tuple[int, int, int]:
     return tuple(int(v) for v in found.groups())
 
 
+def _prompt_part(parse: Callable[[str], object]) -> Callable[[str], object]:
+    """A SAM prompt's part (``vit.app.sam_prompts``' parsers), its ValueError as this module's."""
+    def read(text: str) -> object:
+        try:
+            return parse(text)
+        except ValueError as e:
+            raise ShareError(str(e)) from None
+    return read
+
+
 def _text(text: str) -> str:
     if not text.strip():
         raise ShareError("give some text")
@@ -147,6 +158,11 @@ PARSERS: dict[str, Callable[[str], object]] = {
     # head (from 1) and head fusion
     "question": _text, "answer_length": _whole(1, MAX_NEW_TOKENS), "answer_token": _whole(1), "lm_layer": _whole(1),
     "lm_head": _whole(1), "lm_fusion": _one_of(FUSIONS),
+    # a SAM's prompt (its points and box in the image's pixels, checked against the image where it is shown), the
+    # decoder's output token and attention drawn, and its head (0: their mean)
+    "points": _prompt_part(sam_prompts.parse_points), "box": _prompt_part(sam_prompts.parse_box),
+    "token": _one_of(tuple(sam_prompts.TOKENS)), "dattn": _prompt_part(sam_prompts.parse_attention),
+    "dhead": _whole(0),
 }
 
 
@@ -166,6 +182,8 @@ LABELS = {
     "frame": "Frame", "patch": "Query patch",
     "question": "Question", "answer_length": "Answer length (tokens at most)", "answer_token": "Answer token",
     "lm_layer": "Language model layer", "lm_head": "Language model head", "lm_fusion": "Language model head fusion",
+    "points": "Points (x, y in the image's pixels)", "box": "Box (x0, y0, x1, y1)", "token": "Output token",
+    "dattn": "Decoder attention", "dhead": "Decoder head",
 }
 
 
@@ -191,6 +209,10 @@ def describe(values: Mapping[str, object], *, size_label: str, grid: tuple[int, 
         "query": lambda v: token_option(v, grid, num_prefix_tokens, prefix_names),
         "head": lambda v: head_option(v - 1),  # a link counts heads from 1, the picker from 0
         "scale": lambda v: COLOUR_SCALES[v], "registers": lambda v: "yes", "ablate": ", ".join,
+        "points": lambda v: "; ".join(f"({x:g}, {y:g}) {'on' if label else 'off'} the object" for x, y, label in v),
+        "box": lambda v: ", ".join(f"{c:g}" for c in v), "token": sam_prompts.TOKENS.get,
+        "dattn": lambda v: sam_prompts.attention_label(sam_prompts.attention_name(v)),
+        "dhead": lambda v: "the mean of the heads" if v == 0 else f"head {v}",
     }
     described = {}
     for name in PARSERS:
@@ -309,6 +331,10 @@ def encode(values: Mapping[str, object]) -> dict[str, str]:
             params[name] = "1" if value else "0"
         elif isinstance(value, float):
             params[name] = f"{round(value, 2):g}"
+        elif name == "points":
+            params[name] = sam_prompts.points_text(value)
+        elif name == "box":
+            params[name] = sam_prompts.box_text(value)
         elif isinstance(value, tuple):
             params[name] = ".".join(map(str, value)) if name == "patch" else ",".join(value)
         else:

@@ -1,0 +1,202 @@
+"""The explorer's Prompts section for a whole SAM / SAM 2 (issue 81), driven through AppTest: a prompt's masks, IoU
+scores and decoder attention are the library's (transformers' whole model on the same image and prompt), the link
+reproduces them in a fresh session, a second prompt runs the decoder alone, and a click's point is the image pixel
+under it.
+
+The models are test_sam_prompts' tiny random ``SamModel`` / ``Sam2Model`` saved whole with their processors; the
+image is 90 x 50 px, so a prompt read with x and y swapped lands elsewhere (or outside the image)."""
+
+import io
+import re
+
+import numpy as np
+import pytest
+import torch
+from helpers import displayed
+from PIL import Image
+from streamlit.testing.v1 import AppTest
+from test_app import APP, TIMEOUT, dirs, png_bytes, run_app, sidebar_widget, upload  # noqa: F401 (a fixture)
+from test_sam_prompts import _sam, _sam2, library_inputs, library_run, recorded_attention
+
+from vit.app import sam_prompts as prompts
+
+transformers = pytest.importorskip("transformers")
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("dirs")]
+
+PROMPT = dict(points=[(70, 20, 1), (30, 35, 0)], box=(10, 5, 85, 45))
+LINKED = {"points": ((70, 20, 1), (30, 35, 0)), "box": (10, 5, 85, 45), "token": "mask2", "dattn": "b2.i2t",
+          "dhead": 2}
+
+
+@pytest.fixture(scope="module", params=["sam", "sam2"])
+def whole(request, tmp_path_factory):
+    """(family, the library's model, its processor, the folder it is saved whole in)."""
+    model, processor = (_sam if request.param == "sam" else _sam2)()
+    folder = tmp_path_factory.mktemp(request.param) / "model"
+    model.save_pretrained(folder)
+    processor.save_pretrained(folder)
+    return request.param, model, processor, folder
+
+
+def opened(folder, **state) -> AppTest:
+    """The explorer on ``folder`` with a 90 x 50 upload, ``state`` set before the next run."""
+    at = run_app()
+    sidebar_widget(at, "text_input", "Open a path").set_value(str(folder))
+    at.run()
+    upload(at, "photo.png", png_bytes(90, 50, seed=4))
+    for key, value in state.items():
+        at.session_state[key] = value
+    at.run()
+    assert not at.exception, [e.message for e in at.exception]
+    return at
+
+
+def image() -> Image.Image:
+    """The uploaded photo, as the page decodes it."""
+    return Image.open(io.BytesIO(png_bytes(90, 50, seed=4))).convert("RGB")
+
+
+def mask_captions(at: AppTest) -> list[str]:
+    return [displayed(c.value) for c in at.main.caption if displayed(c.value).startswith("mask ")]
+
+
+def expected_captions(family, model, processor) -> tuple[list[str], object]:
+    """The three masks' captions from the library's own answer to ``PROMPT`` on the image."""
+    inputs = library_inputs(processor, image(), **PROMPT)
+    with torch.no_grad():
+        out, masks = library_run(family, model, processor, inputs)
+    scores = out.iou_scores[0, 0]
+    best = int(scores.argmax())
+    return [prompts.mask_caption(i, float(scores[i]), int(masks[i].sum()), 90 * 50, i == best)
+            for i in range(3)], inputs
+
+
+def drawn_maps(monkeypatch) -> list[np.ndarray]:
+    """The maps the page draws with the explorer's overlay code, in order."""
+    from vit.app import drawing
+
+    drawn, overlay = [], drawing.overlay_image
+    monkeypatch.setattr(drawing, "overlay_image", lambda image, map2d, *a, **k: drawn.append(np.asarray(map2d))
+                        or overlay(image, map2d, *a, **k))
+    return drawn
+
+
+def check_the_librarys(at, family, model, processor, drawn):
+    captions, inputs = expected_captions(family, model, processor)
+    assert mask_captions(at) == captions
+    # mask 2's token (the decoder's tokens: SAM's IoU token then 4 mask tokens, SAM 2's object-score token first;
+    # multimask outputs are mask tokens 1..3), block 2's image-to-token attention, head 2
+    weights = recorded_attention(family, model, processor, inputs)
+    position = {"sam": 1, "sam2": 2}[family] + 1 + 1
+    grid = {"sam": (7, 7), "sam2": (8, 8)}[family]
+    expected = weights[3 * 1 + 2][0][1, :, position].reshape(grid)
+    np.testing.assert_allclose(drawn[-1], expected.numpy(), rtol=0, atol=1e-5)
+    assert "block 2, image to token attention, head 2" in " ".join(displayed(c.value) for c in at.main.caption)
+
+
+def url(at: AppTest) -> dict[str, str]:
+    return {k: v[-1] if isinstance(v, list) else v for k, v in ((k, at.query_params[k]) for k in at.query_params)}
+
+
+def test_a_prompts_masks_scores_and_decoder_attention_are_the_librarys_and_the_link_reproduces_them(whole,
+                                                                                                 monkeypatch):
+    family, model, processor, folder = whole
+    drawn = drawn_maps(monkeypatch)
+    at = opened(folder, sam_linked=LINKED)  # the prompt as a click and a drag leave it (and as a link gives it)
+    assert not at.main.error, [e.value for e in at.main.error]
+    check_the_librarys(at, family, model, processor, drawn)
+    link = url(at)
+    assert {k: link[k] for k in ("points", "box", "token", "dattn", "dhead")} == {
+        "points": "70,20,1;30,35,0", "box": "10,5,85,45", "token": "mask2", "dattn": "b2.i2t", "dhead": "2"}
+
+    fresh = AppTest.from_file(APP, default_timeout=TIMEOUT)
+    for key, value in link.items():
+        fresh.query_params[key] = value
+    fresh.run()
+    assert not fresh.exception and not fresh.main.error, [e.value for e in fresh.main.error]
+    check_the_librarys(fresh, family, model, processor, drawn)
+    assert url(fresh) == link
+
+
+def test_a_second_prompt_runs_the_decoder_alone_and_the_same_prompt_nothing(whole, monkeypatch):
+    from vit.explain import segment
+
+    _, _, _, folder = whole
+    encoded, decoded = [], []
+    embed, decode = segment.image_embedding, segment.decode
+    monkeypatch.setattr(segment, "image_embedding", lambda *a, **k: encoded.append(1) or embed(*a, **k))
+    monkeypatch.setattr(segment, "decode", lambda *a, **k: decoded.append(1) or decode(*a, **k))
+    at = opened(folder, sam_linked={"points": ((70, 20, 1),)})
+    assert len(encoded) == 1 and mask_captions(at)
+    [best] = [i for i, c in enumerate(mask_captions(at)) if c.endswith("(best)")]
+    assert at.radio(key="sam_token").value == f"mask{best + 1}"  # until a token is chosen, the best mask's
+    first = len(decoded)
+    at.session_state["sam_points"] = [(70, 20, 1), (20, 30, 0)]  # as a second click leaves it
+    at.run()
+    assert len(encoded) == 1 and len(decoded) > first
+    again = len(decoded)
+    at.run()  # any other widget's rerun: the answer is kept
+    assert len(encoded) == 1 and len(decoded) == again
+
+
+def test_a_link_prompt_outside_the_image_is_dropped_with_one_line(whole):
+    _, _, _, folder = whole
+    at = opened(folder, sam_linked={"points": ((20, 70, 1),)})  # (70, 20) read as y, x: below the 50-px image
+    [warning] = [displayed(w.value) for w in at.main.warning if "prompt was not used" in displayed(w.value)]
+    assert "outside the 90x50 image" in warning and "\n" not in warning
+    assert not mask_captions(at)
+
+
+def test_a_click_is_the_image_pixel_under_it_x_from_the_left_y_from_the_top():
+    # 90 x 50 px: 64 clickable cells along the long side (1.40625 px), 36 rows; point 14 * 64 + 49 is row 14, col 49
+    assert prompts.click_grid((90, 50)) == (36, 64, 90 / 64)
+    assert prompts.click_from_selection({"point_indices": [14 * 64 + 49]}, (90, 50)) == (70, 20)
+    figure = prompts.prompt_figure("data:,", (0, 0, 90, 90), (90, 50))  # SAM's canvas: 90 x 90 px of the image's
+    xs, ys = figure.data[0].x, figure.data[0].y
+    assert (xs[14 * 64 + 49], ys[14 * 64 + 49]) == (70, 20)  # the point drawn where the click lands
+    assert list(figure.layout.xaxis.range) == [0, 90] and list(figure.layout.yaxis.range) == [90, 0]
+    assert max(ys) < 50 and max(xs) < 90  # points on the image only, none on SAM's padding
+
+
+def test_a_drag_is_the_box_it_drew_in_the_images_pixels_clipped_to_it():
+    assert prompts.box_from_selection({"box": [{"x": [80.4, 10.2], "y": [5, 60]}]}, (90, 50)) == (10, 5, 80, 50)
+    assert prompts.box_from_selection({"box": [{"x": [3, 3.2], "y": [5, 9]}]}, (90, 50)) is None
+    assert prompts.box_from_selection({"box": [], "point_indices": [3]}, (90, 50)) is None
+
+
+def test_the_prompt_in_a_link_reads_back_as_written():
+    from vit.app import share
+
+    values, notes = share.decode({"points": "70,20,1;30.5,35,0", "box": "10,5,85,45", "token": "iou",
+                                  "dattn": "final", "dhead": "0"}, {}, False)
+    assert notes == [] and values["points"] == ((70, 20, 1), (30.5, 35, 0)) and values["box"] == (10, 5, 85, 45)
+    assert share.encode(values) == {"points": "70,20,1;30.5,35,0", "box": "10,5,85,45", "token": "iou",
+                                    "dattn": "final", "dhead": "0"}
+    _, notes = share.decode({"points": "70,20", "dattn": "b0.t2i"}, {}, False)
+    assert len(notes) == 2 and all(re.search("was not used: give", n) for n in notes)
+
+
+def test_the_exported_view_holds_the_prompts_masks_and_the_decoders_attention(whole, monkeypatch):
+    import functools
+    import html
+
+    from app_pages.explorer_sections import share_view
+
+    family, model, processor, folder = whole
+    exports = []  # the page's "Export this view" data, built as its button would on a click
+    monkeypatch.setattr(share_view, "partial", lambda f, *a, **k: exports.append(functools.partial(f, *a, **k))
+                        or exports[-1])
+    drawn = drawn_maps(monkeypatch)
+    opened(folder, sam_linked=LINKED)
+    last = [f for f in exports if getattr(f.func, "__name__", "") == "_export"][-1]
+    before = len(drawn)
+    page = last().decode()
+    captions, _ = expected_captions(family, model, processor)
+    assert all(f"<figcaption class=\"caption\">{html.escape(c)}</figcaption>" in page for c in captions)
+    assert "(70, 20) on the object; (30, 35) off the object; the box (10, 5) to (85, 45)" in page
+    assert "Decoder attention</th><td>block 2, image to token" in page and 'id="decoder-attention"' in page
+    grid = {"sam": (7, 7), "sam2": (8, 8)}[family]
+    weights = recorded_attention(family, model, processor, library_inputs(processor, image(), **PROMPT))
+    # the export draws its attention first: block 2's image-to-token, head 2, of mask 2's token
+    expected = weights[5][0][1, :, {"sam": 3, "sam2": 4}[family]].reshape(grid).numpy()
+    np.testing.assert_allclose(drawn[before], expected, rtol=0, atol=1e-5)
