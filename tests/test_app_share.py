@@ -224,7 +224,9 @@ def test_a_links_map_the_model_cannot_draw_is_one_line(kind):
     at = open_link({"map": kind, "layer": "2"})
     assert notes(at) == [f"The link's map={kind} was not used: this model has no attention-pooling probe; its maps "
                           "are attention, rollout, class, legrad, lrp, attnlrp, gradcam, gradcam++, xgradcam, "
-                          "eigencam, layercam, scorecam, attn-gradcam, lrp-partial, lrp-full, flow, norms."]
+                          "eigencam, layercam, scorecam, integrated_gradients, smoothgrad, input_x_gradient, "
+                          "occlusion, feature_ablation, kernel_shap, rise, attn-gradcam, lrp-partial, lrp-full, flow, "
+                          "norms."]
     assert at.session_state["map_kind"] == "attention" and "Layer 2 of 3" in overlay_caption(at)
 
 

@@ -10,10 +10,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]  # the models/ pages too
 # A ratio is written 1.24x, 1.24 x or 1.24× (a range 0.84–0.88× too); "16,384 × 16,384" is a product, not one.
-FIGURE = re.compile(r"\b\d[\d,]*(\.\d+)? ?[x×](?![\w])(?!\s*\d)|\b\d[\d,]*(\.\d+)? ?(MB|GB|MiB|GiB)\b|\b(maps|img|images|tokens)/s\b")
+FIGURE = re.compile(r"\b\d[\d,]*(\.\d+)? ?[x×](?![\w])(?!\s*\d)"
+                    r"|\b\d[\d,]*(\.\d+)? ?(MB|GB|MiB|GiB)\b|\b(maps|img|images|tokens)/s\b")
 # "CPU" alone names a device (a setting: "on a CPU about 1 MB"); "CPU s" or "CPU time" is a measurement.
-MEASURED = re.compile(r"\b(measured|median|medians|theirs|faster|slower|peak|load|bench\w*|CPU (s|time|seconds)|ratio)\b",
-                      re.IGNORECASE)
+MEASURED = re.compile(r"\b(measured|median|medians|theirs|faster|slower|peak|load|bench\w*|CPU (s|time|seconds)"
+                      r"|ratio)\b", re.IGNORECASE)
 NEAR = 6  # lines: a figure's sentence and the one or two that name its file
 # Lines with a figure and no bench/results file, per page: none (a page that gains one fails).
 UNSOURCED: dict[str, int] = {}

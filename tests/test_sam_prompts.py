@@ -193,6 +193,20 @@ def test_a_second_prompt_on_the_same_image_runs_the_decoder_alone(whole, image):
     assert segmenter(checkpoint, None).encoded == encoded
 
 
+def test_a_model_no_checkpoint_holds_any_more_is_let_go_with_its_prompt_half(whole, image):
+    """The segmenters are kept per model, weakly: once no checkpoint holds the model, it goes, with its prompt half
+    and its kept embeddings (a Segmenter holding its checkpoint kept every model it ever served alive)."""
+    import gc
+    import weakref
+
+    checkpoint = vit.load(whole[3].path, device="cpu")
+    vit.segment(checkpoint, image, points=[(10, 10)])
+    model = weakref.ref(checkpoint.model)
+    del checkpoint
+    gc.collect()
+    assert model() is None
+
+
 @pytest.mark.parametrize(("prompt", "message"), [
     (dict(points=[(95, 10)]), r"point 0 \(95, 10\) is outside the 90x50 image"),
     (dict(points=[(10, 10, 2)]), "label must be 1 .* or 0"),

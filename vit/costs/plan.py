@@ -388,6 +388,8 @@ def vlm_answer(tower, grid: tuple[int, int], text: TextShape, prompt_tokens: int
 
 
 MAX_PASSES = 100_000  # the forwards one attribution map may run (RISE's 6,000 and captum's defaults far below)
+# an attribution's forwards at once: past this a CPU's throughput is flat, and each adds its whole activations
+MAX_BATCH = 64
 
 
 def attribution_passes(model, grid: tuple[int, int], what: str, passes: int) -> Cost:
@@ -407,10 +409,8 @@ def attribution_image_bytes(model, grid: tuple[int, int], gradient: bool) -> int
 
 def attribution_batch(model, grid: tuple[int, int], passes: int, gradient: bool) -> int:
     """The forwards an attribution runs at once: as many as fit the memory limit, at most ``passes`` and
-    ``captum_maps.MAX_BATCH``, evened out over the batches that takes (at least one: ``attribution`` then refuses
+    ``MAX_BATCH``, evened out over the batches that takes (at least one: ``attribution`` then refuses
     it)."""
-    from vit.explain.captum_maps import MAX_BATCH
-
     per = attribution_image_bytes(model, grid, gradient)
     fits = max(1, min(passes, MAX_BATCH, bounds.memory_limit() // max(per, 1)))
     return math.ceil(passes / math.ceil(passes / fits))  # batches of equal size: 50 as 25 + 25, not 29 + 21

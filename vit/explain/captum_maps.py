@@ -19,8 +19,10 @@ Every parameter is captum's (its defaults, and its names: ``n_steps``, ``baselin
 
 from __future__ import annotations
 
+import contextlib
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, fields
 
 import torch
@@ -33,7 +35,6 @@ CAPTUM_METHODS = ("integrated_gradients", "smoothgrad", "occlusion", "feature_ab
 ATTRIBUTION_METHODS = CAPTUM_METHODS + ("rise",)
 PATCH_METHODS = ("occlusion", "feature_ablation", "kernel_shap")  # captum's perturbations of the patch grid
 GRADIENT_METHODS = ("integrated_gradients", "smoothgrad", "input_x_gradient")  # a backward per forward
-MAX_BATCH = 64  # forwards at once: past this a CPU's throughput is flat, and each adds its whole activations
 
 
 @dataclass(frozen=True)
@@ -51,7 +52,7 @@ class Options:
     s: int = rise_module.CELLS  # rise: the authors' grid of s x s cells
     p1: float = rise_module.P1  # rise: the probability a cell is kept
     seed: int = 0  # smoothgrad's noise, KernelSHAP's coalitions, RISE's masks
-    batch: int | None = None  # forwards at once; default the most that fit the memory limit (at most MAX_BATCH)
+    batch: int | None = None  # forwards at once; default the most that fit the memory limit (at most plan.MAX_BATCH)
 
     @classmethod
     def of(cls, method: str, given: Mapping[str, object] | None = None) -> Options:
@@ -203,12 +204,12 @@ def batches(count: int, batch: int) -> int:
 
 
 def attribution_map(checkpoint, image, method: str, class_index: int, size, options: Mapping[str, object] | None = None,
-                    progress=None) -> Tensor:
+                    progress=None, reporting: Callable[[int], AbstractContextManager] | None = None) -> Tensor:
     """``model_method_map``'s map of ``method`` (``ATTRIBUTION_METHODS``) for one image: ``(1, gh, gw)``. Its options
     (``Options.of``), its forwards and its batch's memory (``vit.costs.plan.attribution``) are checked before any
-    work; ``progress(done, total)`` reports the blocks run (``method_maps.reported_blocks``; RISE's, masks)."""
+    work. ``progress(done, total)`` reports RISE's masks; captum's methods report the blocks run inside
+    ``reporting(total blocks)``, the caller's context (``method_maps.reported_blocks``, which imports this module)."""
     from vit.costs import plan
-    from vit.explain.method_maps import reported_blocks
     from vit.inference import input_shape, preprocess
 
     model = checkpoint.model
@@ -234,7 +235,7 @@ def attribution_map(checkpoint, image, method: str, class_index: int, size, opti
 
     if method == "rise":
         return patch_map(method, attribution(forward, x, method, class_index, grid, chosen, batch, progress), grid)
-    with reported_blocks(model, progress, batches(count, batch) * len(model.blocks)):
+    with (reporting or (lambda total: contextlib.nullcontext()))(batches(count, batch) * len(model.blocks)):
         return patch_map(method, attribution(forward, x, method, class_index, grid, chosen, batch), grid)
 
 

@@ -125,7 +125,9 @@ def model_method_map(checkpoint: Checkpoint, image: Image.Image, kind: str, clas
     if kind in ATTRIBUTION_METHODS:  # captum's and RISE: their options and costs checked there, before the work
         if hooks:
             raise ValueError(f"hooks are set on a CAM's one forward; {kind} runs others")
-        return attribution_map(checkpoint, image, kind, class_index, size, options, progress)[0].float().cpu().numpy()
+        shown = attribution_map(checkpoint, image, kind, class_index, size, options, progress,
+                                lambda total: reported_blocks(checkpoint.model, progress, total))
+        return shown[0].float().cpu().numpy()
     if options:
         raise ValueError(f"{kind} takes no options; captum's attributions and RISE do")
     model = checkpoint.model

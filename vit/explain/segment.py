@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import math
+import threading
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -270,44 +271,61 @@ class Segmented:
 
 class Segmenter:
     """A checkpoint's prompt half (``vit.sources.sam_prompts.open_prompt_half``) and the embeddings of the last
-    ``KEPT_EMBEDDINGS`` inputs it encoded."""
+    ``KEPT_EMBEDDINGS`` inputs it encoded, shared by every session that prompts the model (a lock keeps that list
+    whole).
+
+    It holds its model weakly: ``segmenter``'s registry is keyed by the model, and a strong reference from the value
+    would keep the model, its prompt half and the kept embeddings alive after every checkpoint of it is gone."""
 
     def __init__(self, checkpoint, half) -> None:
-        self.checkpoint = checkpoint
+        self._model = weakref.ref(checkpoint.model)
+        self.preprocessing = checkpoint.preprocessing
         self.half = half
         self.embeddings: OrderedDict[str, object] = OrderedDict()
+        self._lock = threading.Lock()  # the kept embeddings: one server's sessions prompt the same model at once
         self.encoded = 0  # how many times the image encoder ran without a graph (a test reads it)
 
     @property
+    def model(self):
+        """The image encoder (``vit.model.ViT``) this prompt half serves."""
+        model = self._model()
+        if model is None:  # only through a Segmenter kept past its model, which segmenter() never hands out
+            raise RuntimeError("the model this Segmenter served is gone; call segmenter() with its checkpoint")
+        return model
+
+    @property
     def device(self) -> torch.device:
-        return next(self.checkpoint.model.parameters()).device
+        return next(self.model.parameters()).device
 
     def pixels(self, image) -> Tensor:
         """``image`` (PIL) through the checkpoint's own preprocessing: ``(1, C, H, W)`` on the model's device."""
         from vit.inference import preprocess
 
-        return preprocess([image], self.checkpoint.preprocessing).to(self.device)
+        return preprocess([image], self.preprocessing).to(self.device)
 
     def embedding(self, image) -> tuple[object, tuple[int, int], bool]:
         """The image embedding of ``image`` (PIL), the input's ``(H, W)``, and whether it was kept from before: a
         kept image is neither preprocessed nor encoded again (its pixels' hash is the key)."""
         key = hashlib.sha256(f"{image.mode} {image.size}".encode() + image.tobytes()).hexdigest()
-        if key in self.embeddings:
-            self.embeddings.move_to_end(key)
-            return (*self.embeddings[key], True)
-        pixels = self.pixels(image)
+        with self._lock:
+            kept = self.embeddings.get(key)
+            if kept is not None:
+                self.embeddings.move_to_end(key)
+                return (*kept, True)
+        pixels = self.pixels(image)  # outside the lock: another session's prompt on a kept image need not wait
         with torch.inference_mode():
-            embedding = image_embedding(self.half, self.checkpoint.model, pixels)
-        self.encoded += 1
-        self.embeddings[key] = embedding, tuple(pixels.shape[-2:])
-        while len(self.embeddings) > KEPT_EMBEDDINGS:
-            self.embeddings.popitem(last=False)
+            embedding = image_embedding(self.half, self.model, pixels)
+        with self._lock:
+            self.encoded += 1
+            self.embeddings[key] = embedding, tuple(pixels.shape[-2:])
+            while len(self.embeddings) > KEPT_EMBEDDINGS:
+                self.embeddings.popitem(last=False)
         return embedding, tuple(pixels.shape[-2:]), False
 
     def check_gradient_fits(self, grid: tuple[int, int]) -> None:
         """The cost model's answer for a gradient through the encoder and the decoder at ``grid``, asked first."""
         decoder = self.half.decoder
-        plan.decide(plan.mask_gradient(self.checkpoint.model, grid, decoder.hidden_size,
+        plan.decide(plan.mask_gradient(self.model, grid, decoder.hidden_size,
                                        len(decoder.transformer.layers), self.half.embedding_grid))
 
     def segment(self, image, prompt: Prompt, mask: int | None = None, token: str = "mask",
@@ -318,7 +336,7 @@ class Segmenter:
         unknown = [m for m in methods if m not in SEGMENT_METHODS or m == "decoder_attention"]
         if unknown:
             raise PromptError(f"unknown map {unknown[0]!r}; choose from {', '.join(m for m in SEGMENT_METHODS)}")
-        p, image_size = self.checkpoint.preprocessing, image.size
+        p, image_size = self.preprocessing, image.size
         inputs = prompt_tensors(self.half, prompt, prompt_scale(image_size, p), self.device)
         embedding, input_hw, reused = self.embedding(image)
         with torch.inference_mode(), decoder_attentions(self.half) as recorded:
@@ -334,10 +352,10 @@ class Segmenter:
         cell = None if at is None else low_res_cell(at, image_size, p, input_hw, tuple(logits.shape[-2:]))
         maps = {}
         if methods:
-            self.check_gradient_fits(self.checkpoint.model.patch_grid(*input_hw))
+            self.check_gradient_fits(self.model.patch_grid(*input_hw))
             pixels = self.pixels(image)
         for method in methods:
-            maps[method] = gradient_x_input(self.half, self.checkpoint.model, pixels, inputs, mask, cell).cpu()
+            maps[method] = gradient_x_input(self.half, self.model, pixels, inputs, mask, cell).cpu()
         logits = logits[0, 0].float().cpu()
         return Segmented(scores[0, 0].float().cpu(), logits, masks_on_image(self.half, logits, image_size, p), mask,
                          token, attention, maps, reused)
