@@ -30,6 +30,9 @@ ROWS = "vit_answer_rows"  # the recording attention, one name per implementation
 MAX_NEW_TOKENS = 512  # an answer, not an essay: each token's query rows are kept, and each step is a forward
 MAX_QUESTION_CHARS = 2000
 FUSIONS = ("mean", "max")  # how ``VLMAnswer.attention`` fuses the heads when no head is chosen
+# An answer token's maps: its attention row at a layer and head, gradient x attention at a layer, or rolled out over
+# every layer (``VLMAnswer.relevance``)
+MAP_METHODS = ("attention", "gradxattn", "gradxattn_rollout")
 
 # What the recording attention hands each language-model layer's call to: ``keep`` before it, ``output`` after (the
 # answer's ``_Recorder``; the relevance's tape, ``vit.explain.vlm_relevance``)
