@@ -387,6 +387,9 @@ def vlm_answer(tower, grid: tuple[int, int], text: TextShape, prompt_tokens: int
                                                                  + 3 * text.hidden * text.mlp)))
 
 
+ROW_CHUNK_BYTES = 2**25  # gradient x attention's chunk of attention rows, per tensor formed (scores, gradient)
+
+
 def vlm_relevance(tower, grid: tuple[int, int], text: TextShape, tokens: int, answer_token: int,
                   fused: bool = True) -> Cost:
     """Gradient x attention of answer token ``answer_token`` (``vit.explain.vlm_relevance``): one forward of the
@@ -396,8 +399,6 @@ def vlm_relevance(tower, grid: tuple[int, int], text: TextShape, tokens: int, an
     ``H x T²`` scores and probabilities, each layer's queries, keys, values and ``dy/dO`` kept in float32, the
     masks (one per kind of layer, ``T²``), and one chunk of attention rows formed again (scores, probabilities,
     gradient). Never a ``T x T`` of the rollout: it runs as a row vector."""
-    from vit.explain.vlm_relevance import ROW_CHUNK_BYTES
-
     q, kv = text.heads * text.head_dim, text.kv_heads * text.head_dim
     parts = {
         "the tower's forward": forward(tower, grid).memory,

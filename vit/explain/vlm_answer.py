@@ -18,6 +18,7 @@ them to the language model. What this holds is counted before the work (``vit.co
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import sys
 from dataclasses import dataclass, field
@@ -124,6 +125,18 @@ def use_recording_attention(vlm) -> None:
         AttentionInterface.register(name, _recording(delegate))
         AttentionMaskInterface.register(name, ALL_MASK_ATTENTION_FUNCTIONS[current])
     lm.set_attn_implementation(name)
+
+
+@contextlib.contextmanager
+def recording(vlm, recorder):
+    """Within it, each language-model layer's attention call is handed to ``recorder`` (``keep`` before, ``output``
+    after)."""
+    use_recording_attention(vlm)
+    token = _RECORDING.set(recorder)
+    try:
+        yield recorder
+    finally:
+        _RECORDING.reset(token)
 
 
 @dataclass(frozen=True)
@@ -294,7 +307,12 @@ class VLMAnswer:
         (``vit.costs.plan.vlm_relevance``; ``vit.explain.vlm_relevance``)."""
         from vit.explain.vlm_relevance import relevance
 
-        return relevance(self, self._token(i), None if layer is None else self._layer(layer))
+        if self._source is None:
+            raise ValueError("this answer keeps no model to run again; ask it with vit.ask_vlm")
+        vlm, prepared = self._source
+        i, layer = self._token(i), None if layer is None else self._layer(layer)
+        values = relevance(vlm, prepared, self.tokens, i, layer, recording)  # (T,)
+        return self.layout.place(values[self.layout.positions][None])[0].numpy()
 
     def held(self) -> tuple[torch.Tensor, ...]:
         """The tensors the answer holds (its query rows and masks, the KV cache), as ``vit.cache.nbytes`` counts
@@ -361,16 +379,11 @@ class _Steps:
 def generate_answer(vlm, prepared: Prepared, progress=None) -> VLMAnswer:
     """transformers' greedy ``generate`` on ``prepared``, each language-model layer's last query row recorded;
     ``progress(done, total)`` is told each answer token generated, and may raise to stop between two."""
-    use_recording_attention(vlm)
     recorder = _Recorder({layer.self_attn: i for i, layer in enumerate(vlm.language_model.layers)})
-    token = _RECORDING.set(recorder)
-    try:
-        with torch.inference_mode():
-            out = vlm.model.generate(**prepared.inputs.to(vlm.device), max_new_tokens=prepared.max_new_tokens,
-                                     do_sample=False, num_beams=1, return_dict_in_generate=True,
-                                     streamer=None if progress is None else _Steps(progress, prepared.max_new_tokens))
-    finally:
-        _RECORDING.reset(token)
+    with recording(vlm, recorder), torch.inference_mode():
+        out = vlm.model.generate(**prepared.inputs.to(vlm.device), max_new_tokens=prepared.max_new_tokens,
+                                 do_sample=False, num_beams=1, return_dict_in_generate=True,
+                                 streamer=None if progress is None else _Steps(progress, prepared.max_new_tokens))
     tokens = tuple(int(t) for t in out.sequences[0, prepared.prompt_tokens:])
     steps = {len(q) for q in recorder.queries}
     if steps != {len(tokens)}:  # one query row per layer per generated token, or the rows do not match the tokens

@@ -21,12 +21,9 @@ one. What it holds is counted first (``vit.costs.plan.vlm_relevance``).
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 
-from vit.explain.vlm_answer import _RECORDING, VLMAnswer, use_recording_attention
-
-ROW_CHUNK_BYTES = 2**25  # one chunk of attention rows, per tensor formed (scores, gradient): 32 MB
+from vit.costs.plan import ROW_CHUNK_BYTES
 
 
 class _Tape:
@@ -98,31 +95,24 @@ def _inputs(prepared, tokens: tuple[int, ...], i: int) -> dict:
     return inputs
 
 
-def relevance(answer: VLMAnswer, i: int, layer: int | None) -> np.ndarray:
-    """(gh, gw) float32: answer token ``i``'s gradient x attention over the image tokens at ``layer`` (an int), or
-    rolled out over every layer (None), placed on the patch grid; see the module's docstring."""
+def relevance(vlm, prepared, answer: tuple[int, ...], i: int, layer: int | None, recording) -> torch.Tensor:
+    """(T,) float32 over the ``T`` positions of the prompt and the ``answer``'s first ``i`` tokens: answer token
+    ``i``'s gradient x attention row at ``layer`` (an int), or rolled out over every layer (None); see the module's
+    docstring. ``recording(vlm, tape)``: the context in which the model's attention hands each layer's call to the
+    tape (``vlm_answer.recording``). Counted first (``vit.costs.plan.vlm_relevance``)."""
     from vit.costs.plan import decide, vlm_relevance
 
-    if answer._source is None:
-        raise ValueError("this answer keeps no model to run again; ask it with vit.ask_vlm")
-    vlm, prepared = answer._source
     tokens = prepared.prompt_tokens + i
     implementation = vlm.language_model.config._attn_implementation
     decide(vlm_relevance(vlm.tower.model, prepared.layout.grid, prepared.text, tokens, i,
                          fused="eager" not in implementation))
-    use_recording_attention(vlm)
     tape = _Tape({block.self_attn: n for n, block in enumerate(vlm.language_model.layers)})
-    token = _RECORDING.set(tape)
-    try:
-        with torch.no_grad():  # the tape switches the graph on at the first language-model layer
-            out = vlm.model(**{k: v.to(vlm.device) if hasattr(v, "to") else v
-                               for k, v in _inputs(prepared, answer.tokens, i).items()},
-                            use_cache=False, logits_to_keep=1)
-            target = out.logits[0, -1, answer.tokens[i]]
-            wanted = list(range(len(tape.outputs))) if layer is None else [layer]
-            gradients = torch.autograd.grad(target, [tape.outputs[n] for n in wanted])
-    finally:
-        _RECORDING.reset(token)
+    with recording(vlm, tape), torch.no_grad():  # the tape switches the graph on at the first language-model layer
+        out = vlm.model(**{k: v.to(vlm.device) if hasattr(v, "to") else v
+                           for k, v in _inputs(prepared, answer, i).items()}, use_cache=False, logits_to_keep=1)
+        target = out.logits[0, -1, answer[i]]
+        wanted = list(range(len(tape.outputs))) if layer is None else [layer]
+        gradients = torch.autograd.grad(target, [tape.outputs[n] for n in wanted])
     gradients = dict(zip(wanted, (g[0].detach().cpu() for g in gradients), strict=True))  # (T, H, d) each
     for n in range(len(tape.queries)):
         tape.outputs[n] = None  # the graph goes with them
@@ -143,4 +133,4 @@ def relevance(answer: VLMAnswer, i: int, layer: int | None) -> np.ndarray:
                 if values[rows].any():
                     spread += values[rows] @ tape.rows(n, gradients[n], rows)
             values = values + spread
-    return answer.layout.place(values[answer.layout.positions][None])[0].numpy()
+    return values
