@@ -235,3 +235,34 @@ def test_a_visitor_without_a_token_asks_a_cached_vlm_within_bounds(folders, dirs
     assert any(f"answer_length=100 was not used: a visitor may ask for at most {VISITOR_NEW_TOKENS} tokens" in n
                for n in notes(at)), notes(at)
     assert len(pills(at).options) == len(answer_of(folders["llava"], VISITOR_NEW_TOKENS).tokens)
+
+
+def test_the_map_may_be_gradient_x_attention_at_a_layer_or_rolled_out(folders, drawn):
+    """The "Map" choice draws ``VLMAnswer.relevance`` (checked against autograd on transformers' eager model in
+    test_vlm_relevance) for the clicked token, at the picked layer or rolled out; the choice is in the link."""
+    folder = folders["qwen2_5_vl"]
+    at = ask(open_folder(folder), QUESTION)
+    answer = answer_of(folder)
+    pills(at).set_value(2)
+    at.run()
+    main_select(at, "Layer").set_value(0)
+    at.run()
+    [method] = [w for w in at.main.radio if w.label == "Map"]
+    method.set_value("gradxattn")
+    at.run()
+    assert not at.exception and not at.main.error, [e.value for e in at.main.error]
+    np.testing.assert_allclose(drawn[-1], answer.relevance(2, 0), rtol=0, atol=1e-6)
+    assert not [w for w in at.main.selectbox if w.label == "Head"]  # the rule averages the heads
+    assert at.query_params.get("lm_method") in ("gradxattn", ["gradxattn"])
+    [method] = [w for w in at.main.radio if w.label == "Map"]
+    method.set_value("gradxattn_rollout")
+    at.run()
+    np.testing.assert_allclose(drawn[-1], answer.relevance(2), rtol=0, atol=1e-6)
+    assert not np.allclose(drawn[-1], answer.relevance(2, 0), rtol=0, atol=1e-6)
+    assert any("gradient × attention rolled out over every layer" in c.value for c in at.main.caption)
+
+    at = open_link({"model": str(folder), "question": QUESTION, "answer_length": str(LENGTH), "answer_token": "3",
+                    "lm_layer": "1", "lm_method": "gradxattn"})
+    upload(at, "photo.png", png(picture()))
+    assert notes(at) == [] and not at.main.error, [e.value for e in at.main.error]
+    np.testing.assert_allclose(drawn[-1], answer.relevance(2, 0), rtol=0, atol=1e-6)

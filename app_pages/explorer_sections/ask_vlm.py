@@ -20,17 +20,17 @@ from app_pages.explorer_sections.state import Shown
 from vit.app import drawing, share, vlm_ask
 from vit.app.export import View, view_html
 from vit.checkpoint import CheckpointError
-from vit.explain.vlm_answer import FUSIONS, VLMAnswer, generate_answer, prepare
+from vit.explain.vlm_answer import FUSIONS, MAP_METHODS, VLMAnswer, generate_answer, prepare
 from vit.images import ImageError
 from vit.inference import seen_region
 from vit.text import escape_markdown, file_name_part, visible
 
 KEPT = ("vlm_ask_",)  # the section's widget state, written back by the page on runs that do not draw it
 QUESTION_KEY, LENGTH_KEY, TOKEN_KEY = "vlm_ask_question", "vlm_ask_length", "vlm_ask_token"
-LAYER_KEY, HEAD_KEY, FUSION_KEY = "vlm_ask_layer", "vlm_ask_head", "vlm_ask_fusion"
+LAYER_KEY, HEAD_KEY, FUSION_KEY, METHOD_KEY = "vlm_ask_layer", "vlm_ask_head", "vlm_ask_fusion", "vlm_ask_method"
 LINKED_KEY = "ask_vlm_linked"  # a link's answer token, layer and head (from 1), until the answer they point into
 # Link parameter -> the widget it sets at once (their range is the page's, not the answer's)
-WIDGETS = {"question": QUESTION_KEY, "answer_length": LENGTH_KEY, "lm_fusion": FUSION_KEY}
+WIDGETS = {"question": QUESTION_KEY, "answer_length": LENGTH_KEY, "lm_fusion": FUSION_KEY, "lm_method": METHOD_KEY}
 PICKED = {"answer_token": TOKEN_KEY, "lm_layer": LAYER_KEY, "lm_head": HEAD_KEY}
 
 
@@ -65,6 +65,8 @@ def link_values() -> dict[str, object]:
         value = st.session_state.get(key)
         values[name] = linked.get(name, None if value is None else value + 1)
     values["lm_fusion"] = st.session_state.get(FUSION_KEY) if values.get("lm_head") is None else None
+    method = st.session_state.get(METHOD_KEY)
+    values["lm_method"] = method if method in MAP_METHODS[1:] else None  # attention: the default, left out
     return {k: v for k, v in values.items() if v is not None}
 
 
@@ -150,23 +152,34 @@ def ask_vlm(view: Shown, may_open: bool, shared: dict[str, object], model_name: 
     token = 0 if token is None else token
     col_map, col_controls, col_strip = st.columns([1.2, 0.8, 1], gap="medium")
     with col_controls:
+        if st.session_state.get(METHOD_KEY) not in MAP_METHODS:
+            st.session_state[METHOD_KEY] = "attention"
+        method = st.radio("Map", MAP_METHODS, key=METHOD_KEY, format_func=vlm_ask.METHOD_LABELS.get,
+                          help="The query's attention to the image at a layer and head; or gradient × attention "
+                               "(Chefer et al. 2021b) of the token's logit, at a layer or rolled out over every "
+                               "layer: one forward and backward of the model.")
         if st.session_state.get(LAYER_KEY) not in range(answer.layers):
             st.session_state[LAYER_KEY] = answer.layers - 1
         layer = st.selectbox("Layer", list(range(answer.layers)), key=LAYER_KEY, format_func=lambda v: str(v + 1),
                              help="A layer of the language model (the last one by default).")
         if st.session_state.get(HEAD_KEY) not in (None, *range(answer.heads)):
             st.session_state[HEAD_KEY] = None
-        head = st.selectbox("Head", [None, *range(answer.heads)], key=HEAD_KEY,
-                            format_func=lambda v: "all heads" if v is None else f"head {v + 1}")
-        fusion = "mean"
-        if head is None:
+        head, fusion = None, "mean"
+        if method == "attention":  # gradient x attention averages the heads, by its rule
+            head = st.selectbox("Head", [None, *range(answer.heads)], key=HEAD_KEY,
+                                format_func=lambda v: "all heads" if v is None else f"head {v + 1}")
+        if method == "attention" and head is None:
             if st.session_state.get(FUSION_KEY) not in FUSIONS:
                 st.session_state[FUSION_KEY] = "mean"
             fusion = st.radio("Heads fused by", FUSIONS, key=FUSION_KEY, horizontal=True,
                               format_func=vlm_ask.FUSION_LABELS.get)
-    map2d = vlm_ask.token_map(answer, token, layer, head, fusion)
+    try:
+        map2d = vlm_ask.token_map(answer, token, layer, head, fusion, method)
+    except ValueError as e:  # gradient x attention over the memory limit
+        st.error(_one_line(e))
+        return
     seen = _seen(view, answer)
-    caption = vlm_ask.describe(answer, token, layer, head, fusion)
+    caption = vlm_ask.describe(answer, token, layer, head, fusion, method)
     with col_map:
         drawn = drawing.overlay_image(seen, map2d, view.opacity, view.colormap, view.mode, view.show_grid, None)
         st.image(drawn, output_format="PNG")
@@ -183,7 +196,8 @@ def ask_vlm(view: Shown, may_open: bool, shared: dict[str, object], model_name: 
                    f"tokens at layer {layer + 1}, mean over heads.")
     values = {**shared, **link_values()}
     _share(values, view, answer, seen, map2d, caption, model_name, image_name,
-           dict(question=question, length=int(length), token=token, layer=layer, head=head, fusion=fusion))
+           dict(question=question, length=int(length), token=token, layer=layer, head=head, fusion=fusion,
+                method=method))
 
 
 def _share(values: dict[str, object], view: Shown, answer: VLMAnswer, seen, map2d: np.ndarray, caption: str,
@@ -196,7 +210,7 @@ def _share(values: dict[str, object], view: Shown, answer: VLMAnswer, seen, map2
     share_view.link_popover(col_link, values)
     settings = {"Model": model_name, "Image": image_name,
                 **vlm_ask.settings(picked["question"], answer, picked["length"], picked["token"], picked["layer"],
-                                   picked["head"], picked["fusion"])}
+                                   picked["head"], picked["fusion"], picked["method"])}
     page = View(title=f"{image_name} — {model_name}: where the answer looked", seen=seen, map2d=np.asarray(map2d),
                 caption=caption, colormap=view.colormap, opacity=view.opacity, mode=view.mode, query=0,
                 num_prefix_tokens=1, show_grid=view.show_grid, settings=settings)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from vit.explain.vlm_answer import MAX_NEW_TOKENS, Prepared, VLMAnswer
+from vit.explain.vlm_answer import MAP_METHODS, MAX_NEW_TOKENS, Prepared, VLMAnswer
 from vit.text import escape_markdown, visible
 
 DEFAULT_NEW_TOKENS = 16
@@ -20,6 +20,8 @@ DEFAULT_NEW_TOKENS = 16
 VISITOR_NEW_TOKENS = 32
 VISITOR_PATCHES = 1024
 FUSION_LABELS = {"mean": "mean over heads", "max": "max over heads"}
+METHOD_LABELS = dict(zip(MAP_METHODS, ("attention", "gradient × attention", "gradient × attention, all layers"),
+                         strict=True))
 
 
 def max_new_tokens(may_open: bool) -> int:
@@ -52,9 +54,15 @@ def token_label(answer: VLMAnswer, i: int) -> str:
     return escape_markdown(visible(piece.replace(" ", "·", 1) if piece.startswith(" ") else piece))
 
 
-def token_map(answer: VLMAnswer, i: int, layer: int, head: int | None, fusion: str = "mean") -> np.ndarray:
+def token_map(answer: VLMAnswer, i: int, layer: int, head: int | None, fusion: str = "mean",
+              method: str = "attention") -> np.ndarray:
     """(gh, gw): answer token ``i``'s attention to the image at ``layer`` (from 0), ``head`` (from 0) or the heads
-    fused by ``fusion`` (``VLMAnswer.attention``)."""
+    fused by ``fusion`` (``VLMAnswer.attention``); ``method`` "gradxattn": its gradient x attention at ``layer``,
+    "gradxattn_rollout": rolled out over every layer (``VLMAnswer.relevance``; heads averaged by the rule)."""
+    if method == "gradxattn":
+        return answer.relevance(i, layer)
+    if method == "gradxattn_rollout":
+        return answer.relevance(i)
     return answer.attention(i, layer, head, fusion)
 
 
@@ -64,11 +72,17 @@ def image_shares(answer: VLMAnswer, layer: int) -> list[float]:
     return [answer.image_share(i, layer) for i in range(len(answer.tokens))]
 
 
-def describe(answer: VLMAnswer, i: int, layer: int, head: int | None, fusion: str) -> str:
+def describe(answer: VLMAnswer, i: int, layer: int, head: int | None, fusion: str, method: str = "attention") -> str:
     """The map's caption, as Markdown (the token escaped): which token, layer and head, and what a patch holds."""
     heads = f"head {head + 1}" if head is not None else FUSION_LABELS[fusion]
     side = answer.layout.unit
     unit = "one patch" if side == 1 else f"the {side}×{side} patches of its unit"
+    if method != "attention":
+        where = "rolled out over every layer of the language model" if method == "gradxattn_rollout" else \
+            f"at layer {layer + 1} of the language model"
+        return (f"**Answer token {i + 1} “{token_label(answer, i)}”**, gradient × attention {where} (Chefer et "
+                f"al. 2021b): each patch holds, for the image token covering it ({unit}), the positive part of the "
+                f"token's logit's gradient times the attention of the query that predicted it, mean over heads.")
     share = answer.image_share(i, layer)
     return (f"**Answer token {i + 1} “{token_label(answer, i)}”**, layer {layer + 1} of the language model, {heads}: "
             f"each patch holds the attention of the query that predicted this token to the image token covering "
@@ -77,8 +91,12 @@ def describe(answer: VLMAnswer, i: int, layer: int, head: int | None, fusion: st
 
 
 def settings(question: str, answer: VLMAnswer, new_tokens: int, i: int, layer: int, head: int | None,
-             fusion: str) -> dict[str, str]:
+             fusion: str, method: str = "attention") -> dict[str, str]:
     """The view's settings for the exported page: label -> value, as plain text (the export escapes them)."""
+    if method != "attention":
+        return {"Question": question, "Answer": answer.text, "Answer length (tokens at most)": str(new_tokens),
+                "Answer token": f"{i + 1}: {visible(answer.pieces[i])}", "Map": METHOD_LABELS[method],
+                **({"Layer": str(layer + 1)} if method == "gradxattn" else {})}
     return {"Question": question, "Answer": answer.text, "Answer length (tokens at most)": str(new_tokens),
             "Answer token": f"{i + 1}: {visible(answer.pieces[i])}", "Layer": str(layer + 1),
             "Head": "all" if head is None else str(head + 1),

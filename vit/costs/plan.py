@@ -387,6 +387,39 @@ def vlm_answer(tower, grid: tuple[int, int], text: TextShape, prompt_tokens: int
                                                                  + 3 * text.hidden * text.mlp)))
 
 
+ROW_CHUNK_BYTES = 2**25  # gradient x attention's chunk of attention rows, per tensor formed (scores, gradient)
+
+
+def vlm_relevance(tower, grid: tuple[int, int], text: TextShape, tokens: int, answer_token: int,
+                  fused: bool = True) -> Cost:
+    """Gradient x attention of answer token ``answer_token`` (``vit.explain.vlm_relevance``): one forward of the
+    VLM over ``tokens`` (the prompt and the answer's tokens before it) with the language model's graph, and its
+    backward. Held at once: the tower's forward (no graph), every language-model layer's activations in the graph
+    (norms, projections, attention output, the MLP's four), where the attention cannot fuse (eager) every layer's
+    ``H x T²`` scores and probabilities, each layer's queries, keys, values and ``dy/dO`` kept in float32, the
+    masks (one per kind of layer, ``T²``), and one chunk of attention rows formed again (scores, probabilities,
+    gradient). Never a ``T x T`` of the rollout: it runs as a row vector."""
+    q, kv = text.heads * text.head_dim, text.kv_heads * text.head_dim
+    parts = {
+        "the tower's forward": forward(tower, grid).memory,
+        "the language model's graph, every layer's activations": text.layers * tokens
+        * (6 * text.hidden + 2 * q + 2 * kv + 4 * text.mlp) * text.itemsize,
+        "each layer's queries, keys, values and dy/dO (float32)": text.layers * tokens * (2 * q + 2 * kv) * 4,
+        "the attention masks": 2 * tokens ** 2 * 4,
+        "one chunk of attention rows formed again": 3 * min(ROW_CHUNK_BYTES, text.heads * tokens ** 2 * 4),
+        "the last position's logits": text.vocab * 4,
+    }
+    if not fused:
+        parts["every layer's scores and probabilities (eager attention)"] = 2 * text.layers * text.heads \
+            * tokens ** 2 * 4
+    refuse = _over(f"Gradient x attention of answer token {answer_token} runs the model over {tokens:,} tokens (a "
+                   f"{grid[0]}x{grid[1]}-patch image) with the language model's graph: about {{need}} MB, over the "
+                   f"{{limit}} MB limit ({ANALYSIS_MEMORY_ENV}); choose an earlier token or a smaller image.")
+    cost = _cost("vlm relevance", tower, grid, parts, refuse)
+    return replace(cost, tokens=tokens, flops=6 * tokens * (text.layers * (4 * text.hidden * q
+                                                                           + 3 * text.hidden * text.mlp)))
+
+
 MAX_PASSES = 100_000  # the forwards one attribution map may run (RISE's 6,000 and captum's defaults far below)
 # an attribution's forwards at once: past this a CPU's throughput is flat, and each adds its whole activations
 MAX_BATCH = 64

@@ -18,6 +18,7 @@ them to the language model. What this holds is counted before the work (``vit.co
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import sys
 from dataclasses import dataclass, field
@@ -30,7 +31,12 @@ ROWS = "vit_answer_rows"  # the recording attention, one name per implementation
 MAX_NEW_TOKENS = 512  # an answer, not an essay: each token's query rows are kept, and each step is a forward
 MAX_QUESTION_CHARS = 2000
 FUSIONS = ("mean", "max")  # how ``VLMAnswer.attention`` fuses the heads when no head is chosen
+# An answer token's maps: its attention row at a layer and head, gradient x attention at a layer, or rolled out over
+# every layer (``VLMAnswer.relevance``)
+MAP_METHODS = ("attention", "gradxattn", "gradxattn_rollout")
 
+# What the recording attention hands each language-model layer's call to: ``keep`` before it, ``output`` after (the
+# answer's ``_Recorder``; the relevance's tape, ``vit.explain.vlm_relevance``)
 _RECORDING: contextvars.ContextVar[_Recorder | None] = contextvars.ContextVar("vit_answer_rows", default=None)
 
 
@@ -51,6 +57,20 @@ class _Recorder:
         self.queries, self.seen, self.masks = [[] for _ in range(n)], [[] for _ in range(n)], [[] for _ in range(n)]
         self.scaling, self.softcap = [1.0] * n, [None] * n
 
+    def keep(self, layer: int, query, key, value, attention_mask, kwargs: dict) -> None:
+        """Keep ``layer``'s last query row of this call, before the attention runs. (B, H, q, d), B = 1."""
+        self.queries[layer].append(query[0, :, -1].detach().float().cpu())
+        self.seen[layer].append(int(key.shape[-2]))
+        mask = None if attention_mask is None else _additive(attention_mask[0, 0, -1, :key.shape[-2]])
+        self.masks[layer].append(mask)
+        scaling = kwargs.get("scaling")
+        self.scaling[layer] = float(scaling) if scaling is not None else query.shape[-1] ** -0.5
+        self.softcap[layer] = kwargs.get("softcap")
+
+    def output(self, layer: int, output: torch.Tensor) -> None:
+        """``layer``'s attention output (B, q, H, d), as the model's attention returns it: not needed here
+        (``vit.explain.vlm_relevance`` reads it)."""
+
 
 def _additive(mask_row: torch.Tensor) -> torch.Tensor:
     """A mask row as the eager attention adds it: 0 where a key is read, -inf where not (a boolean mask's False)."""
@@ -65,15 +85,12 @@ def _recording(delegate):
     def attention(module, query, key, value, attention_mask, **kwargs):
         recorder = _RECORDING.get()
         layer = None if recorder is None else recorder.layers.get(module)
-        if layer is not None:  # (B, H, q, d), B = 1: the last query predicts the next token
-            recorder.queries[layer].append(query[0, :, -1].detach().float().cpu())
-            recorder.seen[layer].append(int(key.shape[-2]))
-            mask = None if attention_mask is None else _additive(attention_mask[0, 0, -1, :key.shape[-2]])
-            recorder.masks[layer].append(mask)
-            scaling = kwargs.get("scaling")
-            recorder.scaling[layer] = float(scaling) if scaling is not None else query.shape[-1] ** -0.5
-            recorder.softcap[layer] = kwargs.get("softcap")
-        return delegate(module, query, key, value, attention_mask, **kwargs)
+        if layer is None:
+            return delegate(module, query, key, value, attention_mask, **kwargs)
+        recorder.keep(layer, query, key, value, attention_mask, kwargs)
+        out = delegate(module, query, key, value, attention_mask, **kwargs)
+        recorder.output(layer, out[0])
+        return out
     return attention
 
 
@@ -108,6 +125,18 @@ def use_recording_attention(vlm) -> None:
         AttentionInterface.register(name, _recording(delegate))
         AttentionMaskInterface.register(name, ALL_MASK_ATTENTION_FUNCTIONS[current])
     lm.set_attn_implementation(name)
+
+
+@contextlib.contextmanager
+def recording(vlm, recorder):
+    """Within it, each language-model layer's attention call is handed to ``recorder`` (``keep`` before, ``output``
+    after)."""
+    use_recording_attention(vlm)
+    token = _RECORDING.set(recorder)
+    try:
+        yield recorder
+    finally:
+        _RECORDING.reset(token)
 
 
 @dataclass(frozen=True)
@@ -200,10 +229,11 @@ class VLMAnswer:
     (``attention``), computed when asked from the kept query rows and the KV cache."""
 
     def __init__(self, tokens: tuple[int, ...], text: str, pieces: tuple[str, ...], layout: ImageLayout,
-                 recorder: _Recorder, cache, prompt_tokens: int) -> None:
+                 recorder: _Recorder, cache, prompt_tokens: int, source: tuple | None = None) -> None:
         self.tokens, self.text, self.pieces = tokens, text, pieces
         self.layout, self.prompt_tokens = layout, prompt_tokens
         self._recorder, self._cache = recorder, cache
+        self._source = source  # (vlm, Prepared): what the relevance runs the model on again
         self.layers = len(recorder.queries)
         self.heads = recorder.queries[0][0].shape[0] if self.layers and recorder.queries[0] else 0
 
@@ -267,6 +297,22 @@ class VLMAnswer:
         """The share of answer token ``i``'s attention at ``layer`` on the image tokens, mean over heads: how much it
         looked at the image."""
         return float(self.image_rows(i, layer).sum(-1).mean())
+
+    def relevance(self, i: int, layer: int | None = None) -> np.ndarray:
+        """(gh, gw) float32: answer token ``i``'s gradient x attention over the image tokens (Chefer et al. 2021b),
+        for the logit of token ``i`` at the query that predicted it, on the tower's patch grid. ``layer`` an int:
+        that language-model layer's ``mean_h (dy/dA * A)^+`` row of the query; None: the rule's rollout over every
+        layer, ``R = prod_l (I + mean_h (dy/dA_l * A_l)^+)``, its query row. One forward and backward of the
+        language model over the prompt and the answer's first ``i`` tokens, counted first
+        (``vit.costs.plan.vlm_relevance``; ``vit.explain.vlm_relevance``)."""
+        from vit.explain.vlm_relevance import relevance
+
+        if self._source is None:
+            raise ValueError("this answer keeps no model to run again; ask it with vit.ask_vlm")
+        vlm, prepared = self._source
+        i, layer = self._token(i), None if layer is None else self._layer(layer)
+        values = relevance(vlm, prepared, self.tokens, i, layer, recording)  # (T,)
+        return self.layout.place(values[self.layout.positions][None])[0].numpy()
 
     def held(self) -> tuple[torch.Tensor, ...]:
         """The tensors the answer holds (its query rows and masks, the KV cache), as ``vit.cache.nbytes`` counts
@@ -333,16 +379,11 @@ class _Steps:
 def generate_answer(vlm, prepared: Prepared, progress=None) -> VLMAnswer:
     """transformers' greedy ``generate`` on ``prepared``, each language-model layer's last query row recorded;
     ``progress(done, total)`` is told each answer token generated, and may raise to stop between two."""
-    use_recording_attention(vlm)
     recorder = _Recorder({layer.self_attn: i for i, layer in enumerate(vlm.language_model.layers)})
-    token = _RECORDING.set(recorder)
-    try:
-        with torch.inference_mode():
-            out = vlm.model.generate(**prepared.inputs.to(vlm.device), max_new_tokens=prepared.max_new_tokens,
-                                     do_sample=False, num_beams=1, return_dict_in_generate=True,
-                                     streamer=None if progress is None else _Steps(progress, prepared.max_new_tokens))
-    finally:
-        _RECORDING.reset(token)
+    with recording(vlm, recorder), torch.inference_mode():
+        out = vlm.model.generate(**prepared.inputs.to(vlm.device), max_new_tokens=prepared.max_new_tokens,
+                                 do_sample=False, num_beams=1, return_dict_in_generate=True,
+                                 streamer=None if progress is None else _Steps(progress, prepared.max_new_tokens))
     tokens = tuple(int(t) for t in out.sequences[0, prepared.prompt_tokens:])
     steps = {len(q) for q in recorder.queries}
     if steps != {len(tokens)}:  # one query row per layer per generated token, or the rows do not match the tokens
@@ -350,7 +391,8 @@ def generate_answer(vlm, prepared: Prepared, progress=None) -> VLMAnswer:
     tokenizer = vlm.processor.tokenizer
     text = tokenizer.decode(list(tokens), skip_special_tokens=True)
     pieces = tuple(tokenizer.decode([t]) for t in tokens)
-    return VLMAnswer(tokens, text, pieces, prepared.layout, recorder, out.past_key_values, prepared.prompt_tokens)
+    return VLMAnswer(tokens, text, pieces, prepared.layout, recorder, out.past_key_values, prepared.prompt_tokens,
+                     (vlm, prepared))
 
 
 def answer(vlm, image: Image.Image, question: str | None = None, *, prompt: str | None = None,

@@ -1,0 +1,122 @@
+"""Gradient x attention of a VLM's answer token over the image (issue 80, item 2c): Chefer et al. 2021b's rule
+(``interpret`` in hila-chefer/Transformer-MM-Explainability, commit 58eaea8, CLIP_explainability.ipynb): per layer
+``cam = (grad * attn).clamp(min=0).mean(heads)``, rolled out as ``R = I; R = R + cam @ R``, for the logit of answer
+token ``i`` at the query that predicted it.
+
+The reference is transformers alone: the eager model opened from the same folder, one forward over the prompt and the
+answer's first ``i`` tokens with ``output_attentions=True``, ``torch.autograd.grad`` of the logit to every layer's
+attention probabilities, the paper's loop written out with whole ``T x T`` matrices; its query row over the image
+tokens placed by hand (``by_hand``) and compared with ``VLMAnswer.relevance`` to 1e-5 (relative to the map's
+largest value, as gradients of random models are large).
+"""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+from test_vlm_answer import KINDS, LAYOUT, NEW_TOKENS, QUESTION, by_hand, picture, vlms  # noqa: E402,F401
+
+import vit  # noqa: E402
+from vit.bounds import TooManyTokens  # noqa: E402
+
+pytestmark = pytest.mark.slow  # importing transformers takes seconds
+
+TOL = 1e-5
+
+
+@pytest.fixture(scope="module")
+def asked(vlms):  # noqa: F811
+    """``{kind: vit's answer}`` to the one question about the one picture."""
+    return {kind: vit.ask_vlm(vit.open_vlm(folder), picture(), QUESTION, max_new_tokens=NEW_TOKENS)
+            for kind, folder in vlms.items()}
+
+
+def reference(folder, tokens: list[int], i: int) -> tuple[list[np.ndarray], np.ndarray, torch.Tensor]:
+    """transformers alone: ``([cam_l[q] for each layer], R[q], image positions)`` for answer token ``i``, q the last
+    position of the prompt followed by the answer's first ``i`` tokens (extended as ``generate`` extends them)."""
+    config = json.loads((folder / "config.json").read_text())
+    model = getattr(transformers, config["architectures"][0]).from_pretrained(folder, attn_implementation="eager")
+    processor = transformers.AutoProcessor.from_pretrained(folder)
+    messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": QUESTION}]}]
+    text = processor.apply_chat_template(messages, add_generation_prompt=True)
+    inputs = dict(processor(images=[picture()], text=text, return_tensors="pt"))
+    positions = (inputs["input_ids"][0] == model.config.image_token_id).nonzero()[:, 0]
+    new = torch.tensor([tokens[:i]], dtype=torch.long)
+    inputs["input_ids"] = torch.cat([inputs["input_ids"], new], -1)
+    inputs["attention_mask"] = torch.cat([inputs["attention_mask"], torch.ones_like(new)], -1)
+    if "token_type_ids" in inputs:  # Gemma 3: generate repeats the last value
+        inputs["token_type_ids"] = torch.cat([inputs["token_type_ids"], torch.zeros_like(new)], -1)
+    if "mm_token_type_ids" in inputs:
+        inputs["mm_token_type_ids"] = torch.cat([inputs["mm_token_type_ids"], torch.zeros_like(new)], -1)
+    out = model.eval()(**inputs, output_attentions=True, use_cache=False)
+    attentions = out.attentions  # (1, H, T, T) per layer, in the graph
+    grads = torch.autograd.grad(out.logits[0, -1, tokens[i]], attentions)
+    cams = [(g * a)[0].clamp(min=0).mean(dim=0).detach() for g, a in zip(grads, attentions, strict=True)]  # (T, T)
+    t = cams[0].shape[-1]
+    rollout = torch.eye(t)
+    for cam in cams:  # the paper's loop, layer 0 first
+        rollout = rollout + cam @ rollout
+    return [cam[-1].numpy() for cam in cams], rollout[-1].numpy(), positions
+
+
+def _close(ours: np.ndarray, expected: np.ndarray) -> None:
+    np.testing.assert_allclose(ours, expected, rtol=0, atol=TOL * max(1.0, float(np.abs(expected).max())))
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_gradient_x_attention_is_chefers_rule_on_transformers_eager_model(vlms, asked, kind):  # noqa: F811
+    answer = asked[kind]
+    unit, lead = LAYOUT[kind]
+    for i in (0, NEW_TOKENS - 1):
+        cams, rolled, positions = reference(vlms[kind], list(answer.tokens), i)
+        for layer in range(answer.layers):
+            expected = by_hand(cams[layer][positions.numpy()], answer.grid, unit, lead)
+            assert np.abs(expected).max() > 0  # the token's logit reaches the image through this layer
+            _close(answer.relevance(i, layer), expected)
+        _close(answer.relevance(i), by_hand(rolled[positions.numpy()], answer.grid, unit, lead))
+        _close(answer.relevance(i, -1), by_hand(cams[-1][positions.numpy()], answer.grid, unit, lead))
+
+
+def test_each_answer_token_has_its_own_query_row(vlms, asked):  # noqa: F811
+    """Token 2's map is read at the query that predicted it (answer token 1), not at the prompt's last token nor at
+    token 2 itself: the maps of neighbouring tokens differ."""
+    answer = asked["llava"]
+    cams, rolled, positions = reference(vlms["llava"], list(answer.tokens), 2)
+    _close(answer.relevance(2), by_hand(rolled[positions.numpy()], answer.grid, 1, 0))
+    for other in (1, 3):
+        assert not np.allclose(answer.relevance(other), answer.relevance(2), rtol=0, atol=1e-4)
+
+
+def test_qwens_relevance_is_placed_by_merge_units_row_major(vlms, asked):  # noqa: F811
+    """Qwen2.5-VL's six image tokens are 2 x 3 merge units of its 4 x 6 patch grid, row-major; column-major units
+    would be another map."""
+    answer = asked["qwen2_5_vl"]
+    _, rolled, positions = reference(vlms["qwen2_5_vl"], list(answer.tokens), 1)
+    row = rolled[positions.numpy()]
+    assert answer.grid == (4, 6) and row.shape == (6,)
+    _close(answer.relevance(1), np.kron(row.reshape(2, 3), np.ones((2, 2))))
+    assert not np.allclose(answer.relevance(1), np.kron(row.reshape(3, 2).T, np.ones((2, 2))), rtol=0, atol=1e-6)
+
+
+def test_the_relevance_is_counted_before_any_forward(asked, monkeypatch):
+    answer = asked["llava"]
+    vlm = answer._source[0]
+    monkeypatch.setattr(vlm.model, "forward", lambda *a, **k: pytest.fail("the model ran"))
+    monkeypatch.setenv("VIT_ANALYSIS_MEMORY_MB", "0.01")
+    with pytest.raises(TooManyTokens, match=r"^Gradient x attention of answer token 3 runs the model over \d+ tokens "
+                                            r"\(a 4x4-patch image\) with the language model's graph: about .* MB, over "
+                                            r"the 0 MB limit \(VIT_ANALYSIS_MEMORY_MB\); choose an earlier token or a "
+                                            r"smaller image\.$"):
+        answer.relevance(3)
+
+
+def test_a_token_or_layer_that_does_not_exist_is_refused_in_one_line(asked):
+    answer = asked["llava"]
+    with pytest.raises(ValueError, match=r"^answer token 5 does not exist"):
+        answer.relevance(5)
+    with pytest.raises(ValueError, match=r"^layer 2 does not exist"):
+        answer.relevance(0, 2)

@@ -1,0 +1,136 @@
+"""Gradient x attention of a VLM's answer token over the image tokens, through the language model (Chefer et al.
+2021b, "Generic Attention-model Explainability for Interpreting Bi-Modal and Encoder-Decoder Transformers", ICCV; the
+rule of ``interpret`` in hila-chefer/Transformer-MM-Explainability, commit 58eaea8, ``CLIP_explainability.ipynb``).
+
+The target is ``y``, the logit of answer token ``i`` at the query that predicted it (the prompt's last token for
+``i = 0``, else answer token ``i - 1``), from one forward of the model over the prompt and the answer's first ``i``
+tokens. For layer ``l`` with attention ``A_l`` (H, T, T) the rule's map is ``Ā_l = mean_h (dy/dA_l ⊙ A_l)^+``.
+``layer=l`` gives ``Ā_l``'s query row; ``layer=None`` the rule's rollout ``R = I; R ← R + Ā_l R`` over the layers in
+order, whose query row is ``e_q^T (I + Ā_{L-1}) ... (I + Ā_0)``: computed from the last layer down as a row vector
+``v ← v + v Ā_l``, ``Ā_l`` a chunk of rows at a time, so no ``T x T`` matrix is ever held. The image tokens' entries
+are placed on the tower's patch grid through the answer's layout (``VLMAnswer.attention``'s).
+
+``dy/dA`` is not asked of autograd through the attention probabilities (that needs the eager attention, every layer's
+``H x T x T`` kept for the backward): the attention output is ``O_h = A_h V_h`` and ``A`` reaches ``y`` through it
+alone, so ``dy/dA_h[r, k] = dy/dO_h[r] · V_h[k]``. The model runs on its own attention (sdpa); each layer's queries,
+keys and values and its output are kept by the recording attention (``vlm_answer.ROWS``), ``dy/dO_l`` comes from one
+backward, and ``A_l``'s rows are formed again from the queries and keys as the eager attention forms them. The graph
+starts at the first language-model layer's attention output: the tower, the projector and the embeddings run without
+one. What it holds is counted first (``vit.costs.plan.vlm_relevance``).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from vit.costs.plan import ROW_CHUNK_BYTES
+
+
+class _Tape:
+    """What the recording attention keeps of the relevance's forward, per layer: the queries (H, T, d), the keys and
+    values (Hkv, T, d), the mask (the model's own tensor, shared by the layers of a kind), the scaling and soft cap,
+    and the attention output in the graph (B, T, H, d)."""
+
+    def __init__(self, layers: dict[torch.nn.Module, int]) -> None:
+        self.layers = layers
+        n = len(layers)
+        self.queries, self.keys, self.values = [None] * n, [None] * n, [None] * n
+        self.masks, self.scaling, self.softcap, self.outputs = [None] * n, [1.0] * n, [None] * n, [None] * n
+
+    def keep(self, layer: int, query, key, value, attention_mask, kwargs: dict) -> None:
+        self.queries[layer] = query[0].detach().float()
+        self.keys[layer], self.values[layer] = key[0].detach().float(), value[0].detach().float()
+        self.masks[layer] = None if attention_mask is None else attention_mask[0, 0]
+        scaling = kwargs.get("scaling")
+        self.scaling[layer] = float(scaling) if scaling is not None else query.shape[-1] ** -0.5
+        self.softcap[layer] = kwargs.get("softcap")
+        # The graph starts here: the tower, the projector and the layers' inputs before it ran without one
+        torch.set_grad_enabled(True)
+
+    def output(self, layer: int, output: torch.Tensor) -> None:
+        if not output.requires_grad:  # the first layer's: nothing before it is in the graph
+            output.requires_grad_(True)
+        self.outputs[layer] = output
+
+    def rows(self, layer: int, gradient: torch.Tensor, rows: slice) -> torch.Tensor:
+        """(r, T): ``mean_h (dy/dA ⊙ A)^+`` of ``rows`` at ``layer``; ``gradient`` is dy/dO (T, H, d)."""
+        q, k, v = self.queries[layer][:, rows], self.keys[layer], self.values[layer]  # (H, r, d), (Hkv, T, d)
+        groups = q.shape[0] // k.shape[0]
+        k, v = k.repeat_interleave(groups, dim=0), v.repeat_interleave(groups, dim=0)  # (H, T, d)
+        scores = torch.einsum("hrd,htd->hrt", q, k) * self.scaling[layer]  # (H, r, T)
+        if self.softcap[layer] is not None:
+            scores = torch.tanh(scores / self.softcap[layer]) * self.softcap[layer]
+        mask = self.masks[layer]
+        t = k.shape[1]
+        if mask is None:  # sdpa's causal attention, no mask tensor
+            index = torch.arange(t)
+            mask = index[None, :] <= index[rows, None]  # (r, T)
+        else:
+            mask = mask[rows, :t].cpu()
+        if mask.dtype == torch.bool:
+            scores = scores.masked_fill(~mask, float("-inf"))
+        else:
+            scores = scores + mask.float()
+        attention = scores.softmax(dim=-1)  # (H, r, T)
+        grad = torch.einsum("rhd,htd->hrt", gradient[rows].float(), v)  # dy/dA = dy/dO · V
+        return (grad * attention).clamp(min=0).mean(0)
+
+
+def _inputs(prepared, tokens: tuple[int, ...], i: int) -> dict:
+    """The processor's inputs with the answer's first ``i`` tokens appended, as ``generate`` extends them: the
+    attention mask with ones, ``token_type_ids`` with its last value, ``mm_token_type_ids`` with zeros (text)."""
+    inputs = dict(prepared.inputs)
+    if i == 0:
+        return inputs
+    new = torch.tensor([tokens[:i]], dtype=inputs["input_ids"].dtype)
+    inputs["input_ids"] = torch.cat([inputs["input_ids"], new], dim=-1)
+    if inputs.get("attention_mask") is not None:
+        inputs["attention_mask"] = torch.cat([inputs["attention_mask"], torch.ones_like(new)], dim=-1)
+    if inputs.get("token_type_ids") is not None:
+        last = inputs["token_type_ids"][:, -1:]
+        inputs["token_type_ids"] = torch.cat([inputs["token_type_ids"], last.expand(-1, i)], dim=-1)
+    for key in ("mm_token_type_ids", "moe_mm_token_type_ids"):
+        if inputs.get(key) is not None:
+            inputs[key] = torch.cat([inputs[key], inputs[key].new_zeros((1, i))], dim=-1)
+    return inputs
+
+
+def relevance(vlm, prepared, answer: tuple[int, ...], i: int, layer: int | None, recording) -> torch.Tensor:
+    """(T,) float32 over the ``T`` positions of the prompt and the ``answer``'s first ``i`` tokens: answer token
+    ``i``'s gradient x attention row at ``layer`` (an int), or rolled out over every layer (None); see the module's
+    docstring. ``recording(vlm, tape)``: the context in which the model's attention hands each layer's call to the
+    tape (``vlm_answer.recording``). Counted first (``vit.costs.plan.vlm_relevance``)."""
+    from vit.costs.plan import decide, vlm_relevance
+
+    tokens = prepared.prompt_tokens + i
+    implementation = vlm.language_model.config._attn_implementation
+    decide(vlm_relevance(vlm.tower.model, prepared.layout.grid, prepared.text, tokens, i,
+                         fused="eager" not in implementation))
+    tape = _Tape({block.self_attn: n for n, block in enumerate(vlm.language_model.layers)})
+    with recording(vlm, tape), torch.no_grad():  # the tape switches the graph on at the first language-model layer
+        out = vlm.model(**{k: v.to(vlm.device) if hasattr(v, "to") else v
+                           for k, v in _inputs(prepared, answer, i).items()}, use_cache=False, logits_to_keep=1)
+        target = out.logits[0, -1, answer[i]]
+        wanted = list(range(len(tape.outputs))) if layer is None else [layer]
+        gradients = torch.autograd.grad(target, [tape.outputs[n] for n in wanted])
+    gradients = dict(zip(wanted, (g[0].detach().cpu() for g in gradients), strict=True))  # (T, H, d) each
+    for n in range(len(tape.queries)):
+        tape.outputs[n] = None  # the graph goes with them
+        for kept in (tape.queries, tape.keys, tape.values):
+            kept[n] = kept[n].cpu()
+    q = tokens - 1  # the query that predicted token i
+    if layer is not None:
+        values = tape.rows(layer, gradients[layer], slice(q, q + 1))[0]  # (T,)
+    else:
+        heads = tape.queries[0].shape[0]
+        chunk = max(1, ROW_CHUNK_BYTES // (4 * heads * tokens))
+        values = torch.zeros(tokens)
+        values[q] = 1.0
+        for n in reversed(range(len(tape.queries))):  # v <- v (I + Ā_n), the last layer first
+            spread = torch.zeros(tokens)
+            for start in range(0, tokens, chunk):
+                rows = slice(start, min(tokens, start + chunk))
+                if values[rows].any():
+                    spread += values[rows] @ tape.rows(n, gradients[n], rows)
+            values = values + spread
+    return values
