@@ -238,3 +238,53 @@ def test_a_cam_on_the_page_starts_from_the_analysis_and_embeds_no_image_again(ki
     assert not at.exception and not at.error, [e.message for e in at.exception]
     assert attention_maps.MAP_KINDS[kind].split(" (")[0] in overlay_caption(at)
     assert embedded == []
+
+
+@pytest.mark.usefixtures("default_world")
+def test_an_attributions_settings_are_in_the_sidebar_the_map_the_caption_and_the_link(monkeypatch):
+    """captum's parameters on the page (issue 82): the sidebar's inputs reach the map (the dispatcher is given
+    them), its caption names them, the link keeps those that differ from the defaults and a fresh page opened from
+    it draws the same; the map runs as long work (progress and Stop), whatever the input's size."""
+    from tests.test_app_share import url
+
+    given = []
+    real = method_maps.model_method_map
+
+    def recorded(checkpoint, image, kind, *args, options=None, **kwargs):
+        given.append((kind, dict(options or {})))
+        return real(checkpoint, image, kind, *args, options=options, **kwargs)
+
+    monkeypatch.setattr(method_maps, "model_method_map", recorded)
+    at = run_app()
+    sidebar_widget(at, "radio", "Map").set_value(explorer.MORE_METHODS)
+    at.run()
+    sidebar_widget(at, "selectbox", "Method").set_value("integrated_gradients")
+    at.run()
+    steps = next(w for w in at.sidebar.number_input if w.label == "Steps")
+    assert steps.value == 50 and "captum's, 50 steps" in overlay_caption(at)
+    assert given[-1] == ("integrated_gradients", {}) and "attr" not in url(at)  # defaults: nothing in the link
+    steps.set_value(7)
+    next(w for w in at.sidebar.number_input if w.label == "Baseline").set_value(0.25)
+    at.run()
+    assert not at.exception and not at.error, [e.message for e in at.exception]
+    assert given[-1] == ("integrated_gradients", {"n_steps": 7, "baselines": 0.25})
+    caption = overlay_caption(at)
+    assert "captum's, 7 steps" in caption and "a baseline of 0.25" in caption, caption
+    link = url(at)
+    assert link["attr"] == "n_steps=7,baselines=0.25" and link["map"] == "integrated_gradients"
+    given.clear()
+    from streamlit.testing.v1 import AppTest
+
+    from app_pages.explorer_sections import long_work
+    from tests.test_app import APP, TIMEOUT
+
+    long_work.results.clear()  # the map was kept for every visitor: the linked page must compute its own
+
+    linked = AppTest.from_file(APP, default_timeout=TIMEOUT)
+    for key, value in link.items():
+        linked.query_params[key] = value
+    linked.run()
+    assert not linked.exception, [e.message for e in linked.exception]
+    assert given and given[-1] == ("integrated_gradients", {"n_steps": 7, "baselines": 0.25})
+    assert next(w for w in linked.sidebar.number_input if w.label == "Steps").value == 7
+    assert overlay_caption(linked) == caption

@@ -17,6 +17,7 @@ from vit.app import catalog, drawing, explorer
 from vit.cache import ByteCache
 from vit.checkpoint import Checkpoint
 from vit.explain import attention_maps, dense_views, image_analysis, method_maps
+from vit.explain.captum_maps import ATTRIBUTION_METHODS
 from vit.explain.overlay import display_image
 from vit.images import UPLOAD_MAX_PIXELS, open_image
 from vit.inference import InputSize, input_shape
@@ -165,30 +166,35 @@ def probe_overlays(run: Path, epoch: int, kind: str, layer: int, head: int | Non
 @st.cache_resource(max_entries=16, show_spinner="Computing the map…")
 def _method_map(fingerprint: tuple, digest: str, size: InputSize, kind: str, class_index: int, query: int,
                 end_layer: int, fusion: str, start_layer: int, _checkpoint: Checkpoint, _image: Image.Image,
-                _analysis: image_analysis.Analysis | None):
+                _analysis: image_analysis.Analysis | None, options: tuple = ()):
     return method_maps.model_method_map(_checkpoint, _image, kind, class_index, query, end_layer, fusion, size,
-                                        start_layer=start_layer, analysis=_analysis)
+                                        start_layer=start_layer, analysis=_analysis, options=dict(options))
 
 
 def method_map(fingerprint: tuple, digest: str, size: InputSize, kind: str, class_index: int, query: int,
                end_layer: int, fusion: str, checkpoint: Checkpoint, image: Image.Image, start_layer: int = -2,
-               analysis: image_analysis.Analysis | None = None):
-    """A method's map, once per settings. Attention flow (seconds, minutes on ViT-B) and the other methods above
-    ``PROGRESS_TOKENS`` are long work: its progress and a Stop button are drawn here, the server's bound holds,
-    and the page stops below them until it is done. ``analysis``: the page's of this image and size (a CAM starts
-    from the explained block's input it kept: ``method_maps.model_method_map``)."""
+               analysis: image_analysis.Analysis | None = None, options: tuple = ()):
+    """A method's map, once per settings. Attention flow (seconds, minutes on ViT-B), the attributions (captum's and
+    RISE: tens to thousands of forwards) and the other methods above ``PROGRESS_TOKENS`` are long work: its
+    progress and a Stop button are drawn here, the server's bound holds, and the page stops below them until it is
+    done. ``analysis``: the page's of this image and size (a CAM starts from the explained block's input it kept:
+    ``method_maps.model_method_map``); ``options``: an attribution's (``MapSettings.options``)."""
     if kind == "flow":
         key, label, unit = ((kind, fingerprint, digest, size, query, end_layer, fusion),
                             "Computing the attention flow (one max-flow problem per token)", "passes")
+    elif kind in ATTRIBUTION_METHODS:
+        key, label, unit = ((kind, fingerprint, digest, size, class_index, options),
+                            f"Computing the {attention_maps.method_of(kind).title.split(' (')[0]} map",
+                            "masks" if kind == "rise" else "blocks")
     elif input_tokens(checkpoint, image, size) > PROGRESS_TOKENS:
         key, label, unit = ((kind, fingerprint, digest, size, class_index, query, end_layer, start_layer),
                             f"Computing the {attention_maps.method_of(kind).title.split(' (')[0]} map", "blocks")
     else:
         return _method_map(fingerprint, digest, size, kind, class_index, query, end_layer, fusion, start_layer,
-                           checkpoint, image, analysis)
+                           checkpoint, image, analysis, options)
     result = long_work(key, label, lambda progress: method_maps.model_method_map(
-        checkpoint, image, kind, class_index, query, end_layer, fusion, size, progress, start_layer, analysis),
-        kind, unit=unit)
+        checkpoint, image, kind, class_index, query, end_layer, fusion, size, progress, start_layer, analysis,
+        options=dict(options)), kind, unit=unit)
     if result is None:
         st.stop()
     return result

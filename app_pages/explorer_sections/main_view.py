@@ -70,8 +70,8 @@ def lay_out(shown: Image.Image, shown_uri: str, grid: tuple[int, int], query: in
 def map_caption(view: Shown, main: MainMap) -> str:
     """The main map's caption, as Markdown: what it shows (a word map's own, else ``map_captions.describe_map``'s), then
     its colours' range."""
-    what = main.caption if main.caption is not None else map_captions.describe_map(view.settings, view.analysis,
-                                                                              view.class_names)
+    what = main.caption if main.caption is not None else map_captions.describe_map(
+        view.settings, view.analysis, view.class_names, dict(view.settings.options))
     return what + " " + drawing.describe_range(main.map2d, main.vmin, main.vmax)
 
 

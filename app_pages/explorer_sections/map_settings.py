@@ -10,7 +10,7 @@ from app_pages.explorer_sections.map_choice import MainMap, MapChoice
 from vit.app import drawing, explorer, share, vlm_words
 from vit.bounds import TooManyTokens
 from vit.checkpoint import Checkpoint
-from vit.explain import attention_maps, image_analysis
+from vit.explain import attention_maps, captum_maps, image_analysis
 from vit.explain.attention import HEAD_FUSIONS
 from vit.explain.overlay import UPSAMPLE_MODES, is_signed, map_colours
 from vit.explain.stages import on_patch_grid
@@ -130,6 +130,7 @@ def choose_map(shape: image_analysis.ViewShape, class_names: list[str], model_ke
             start_layer = st.select_slider("From layer", starts, key=start_key,
                                            help="LeGrad sums the maps of every layer from this one to the last "
                                                 "(its authors' layer_index; they use the last two).") - 1 - L
+        options = attribution_options(kind) if kind in captum_maps.ATTRIBUTION_METHODS else ()
         if "discard_ratio" in controls:
             st.session_state.setdefault("discard_ratio", 0.0)
             discard_ratio = st.slider(share.LABELS["discard"], 0.0, 0.95, step=0.05, key="discard_ratio",
@@ -156,10 +157,54 @@ def choose_map(shape: image_analysis.ViewShape, class_names: list[str], model_ke
         mass_share = st.slider(share.LABELS["mass"], 0.05, 0.95, step=0.05, key="mask_share", disabled=not masked)
     settings = attention_maps.MapSettings(kind=kind, layer=layer - 1, head=head, fusion=fusion, query=query,
                                           discard_ratio=discard_ratio, end_layer=end_layer - 1, class_index=class_index,
-                                          start_layer=start_layer)
+                                          start_layer=start_layer, options=options)
     outline = explorer.patch_of(query, prefix) if "query" in controls else None
     return MapChoice(settings, layer, tokens, query_key, outline, opacity, colormap, scale, mode, show_grid,
                      mass_share if masked else None, class_slot, word, target)
+
+
+def option_key(name: str) -> str:
+    """The sidebar's widget of an attribution option (a link's ``attr`` sets it)."""
+    return f"attr-{name}"
+
+
+# captum's and RISE's parameters as the sidebar shows them: its label and what it does
+OPTION_LABELS = {
+    "n_steps": ("Steps", "Integrated Gradients' steps along the path from the baseline (captum's default: 50)."),
+    "baselines": ("Baseline", "The value the input is compared with or replaced by, in the model's input space "
+                              "(captum's default 0: the normalisation's mean colour)."),
+    "nt_samples": ("Noisy samples", "SmoothGrad's noisy copies of the input (captum's default: 5)."),
+    "stdevs": ("Noise standard deviation", "SmoothGrad's noise, in the model's input space (captum's default: 1)."),
+    "sliding_window_shapes": ("Window (px)", "Occlusion's window side; 0: one patch."),
+    "strides": ("Stride (px)", "Occlusion's stride; 0: the window's side."),
+    "n_samples": ("Coalitions", "KernelSHAP's random coalitions of patches (captum's default: 25)."),
+    "n_masks": ("Masks", "RISE's random masks (its authors' default: 6,000; each is one forward)."),
+    "s": ("Cells per side", "RISE's mask grid of s x s cells (its authors' default: 8)."),
+    "p1": ("Keep probability", "The probability a RISE cell is kept (its authors' default: 0.1)."),
+    "seed": ("Seed", "The noise's, the coalitions' or the masks' random seed."),
+}
+
+
+def attribution_options(kind: str) -> tuple[tuple[str, float | int], ...]:
+    """The sidebar's inputs of an attribution's options (captum's names, captum's and the RISE authors' defaults),
+    as ``MapSettings.options`` holds them: those that differ from the defaults. Each input is bounded as
+    ``captum_maps.BOUNDS`` is; the map's cost is counted before it runs."""
+    default, values = captum_maps.Options(), {}
+    for name in captum_maps.page_options(kind):
+        low, high, number = captum_maps.BOUNDS[name]
+        label, help_text = OPTION_LABELS[name]
+        key, value = option_key(name), getattr(default, name)
+        if value is None:  # occlusion's window and stride: one patch, shown as 0
+            st.session_state.setdefault(key, 0)
+            values[name] = st.number_input(label, 0, int(high), step=1, key=key, help=help_text) or None
+        elif number is int:
+            st.session_state.setdefault(key, int(value))
+            values[name] = st.number_input(label, int(low), int(high), step=1, key=key, help=help_text)
+        else:
+            st.session_state.setdefault(key, float(value))
+            values[name] = st.number_input(label, float(low), float(high), step=0.05, format="%g", key=key,
+                                           help=help_text)
+    return captum_maps.chosen_options(kind, values)
 
 
 def word_controls() -> tuple[str, str | None, str]:
@@ -220,7 +265,7 @@ def main_map(checkpoint: Checkpoint, fingerprint: tuple, image: Image.Image, ima
         try:
             method_map2d = method_map(fingerprint, image_key, size, kind,
                                       attention_maps.resolved_class(settings, analysis), query, end_layer - 1, fusion,
-                                      checkpoint, image, settings.start_layer, analysis)
+                                      checkpoint, image, settings.start_layer, analysis, settings.options)
         except ValueError as e:  # a model option the method does not support, too many tokens for a max-flow
             st.error(str(e))
             st.stop()

@@ -12,6 +12,7 @@ from app_pages.explorer_sections import ask_in_words, ask_vlm, features, mechani
 from app_pages.explorer_sections.checkpoint_picker import OPEN_HUB
 from app_pages.explorer_sections.main_view import map_caption
 from app_pages.explorer_sections.map_choice import MainMap
+from app_pages.explorer_sections.map_settings import option_key
 from app_pages.explorer_sections.state import Shown
 from vit.app import catalog, explorer, share, vlm_words
 from vit.app.export import PromptView, View, view_html
@@ -110,6 +111,8 @@ def read_link(may_open: bool) -> None:
             st.session_state["method_kind"] = kind
         if kind in vlm_words.KINDS:
             st.session_state[word_lens.METHOD_KEY] = kind
+    for name, value in values.pop("attr", ()):  # an attribution's settings: its sidebar inputs
+        st.session_state[option_key(name)] = value
     if "mass" in values:
         st.session_state["mass_mask"], st.session_state["mask_share"] = True, values.pop("mass")
     st.session_state["hide_registers"] = values.pop("registers", None) == "hidden"
@@ -246,6 +249,8 @@ def view_values(model: str, view: Shown, image_name: str, sample: Path | None, i
         values["end"] = s.end_layer + 1
     if "discard_ratio" in controls:
         values["discard"] = s.discard_ratio
+    if s.options:  # an attribution's settings that differ from the defaults
+        values["attr"] = s.options
     labels = str(st.session_state.get(ask_in_words.LABELS_KEY) or "").strip()
     if labels:
         values["labels"] = labels

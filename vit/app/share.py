@@ -22,6 +22,7 @@ from vit.app.vlm_words import KINDS as WORD_KINDS
 from vit.app.vlm_words import TARGETS
 from vit.explain.attention import HEAD_FUSIONS
 from vit.explain.attention_maps import CAM_KINDS, method_of
+from vit.explain.captum_maps import options_text, parse_options
 from vit.explain.overlay import UPSAMPLE_MODES
 from vit.explain.video import CLIP_KIND_LABELS
 from vit.explain.vlm_answer import FUSIONS, MAP_METHODS, MAX_NEW_TOKENS
@@ -133,6 +134,13 @@ def _prompt_part(parse: Callable[[str], object]) -> Callable[[str], object]:
     return read
 
 
+def _options(text: str) -> tuple[tuple[str, float | int], ...]:
+    try:
+        return parse_options(text)
+    except ValueError as e:
+        raise ShareError(str(e)) from None
+
+
 def _text(text: str) -> str:
     if not text.strip():
         raise ShareError("give some text")
@@ -149,6 +157,7 @@ PARSERS: dict[str, Callable[[str], object]] = {
     "registers": _one_of(("hidden",)),
     "class": _whole(0), "query": _whole(0), "layer": _whole(1), "head": _whole(1), "fusion": _one_of(HEAD_FUSIONS),
     "end": _whole(1), "discard": _steps(0.0, 0.95),
+    "attr": _options,  # captum's and RISE's settings that differ from their defaults: n_steps=20,baselines=0.5
     "opacity": _steps(0.0, 1.0), "cmap": _one_of(COLORMAPS), "scale": _one_of(tuple(COLOUR_SCALES)),
     "upsample": _one_of(UPSAMPLE_MODES), "grid": _flag, "mass": _steps(0.05, 0.95),
     "labels": _text, "space": _flag, "word": _text, "target": _one_of(tuple(TARGETS)),
@@ -173,7 +182,7 @@ LABELS = {
     "invert": "Invert (for dark strokes on a light background)",
     "map": "Map", "registers": "Hide the register/extra prefix tokens",
     "class": "Class", "query": "Query token", "layer": "Layer", "head": "Head", "fusion": "Head fusion",
-    "end": "Up to layer", "discard": "Discard ratio",
+    "end": "Up to layer", "discard": "Discard ratio", "attr": "Attribution settings",
     "opacity": "Opacity", "cmap": "Colour map", "scale": "Colour scale", "upsample": "Upsampling",
     "grid": "Show the patch grid", "mass": "Share of the mass",
     "labels": "Labels", "space": "Read each word after a space", "word": "Word", "target": "Target",
@@ -212,6 +221,7 @@ def describe(values: Mapping[str, object], *, size_label: str, grid: tuple[int, 
         "scale": lambda v: COLOUR_SCALES[v], "registers": lambda v: "yes", "ablate": ", ".join,
         "points": lambda v: "; ".join(f"({x:g}, {y:g}) {'on' if label else 'off'} the object" for x, y, label in v),
         "box": lambda v: ", ".join(f"{c:g}" for c in v), "token": sam_prompts.TOKENS.get,
+        "attr": lambda v: options_text(v).replace(",", ", "),
         "dattn": lambda v: sam_prompts.attention_label(sam_prompts.attention_name(v)),
         "dhead": lambda v: "the mean of the heads" if v == 0 else f"head {v}",
     }
@@ -332,6 +342,8 @@ def encode(values: Mapping[str, object]) -> dict[str, str]:
             params[name] = "1" if value else "0"
         elif isinstance(value, float):
             params[name] = f"{round(value, 2):g}"
+        elif name == "attr":
+            params[name] = options_text(value)
         elif name == "points":
             params[name] = sam_prompts.points_text(value)
         elif name == "box":

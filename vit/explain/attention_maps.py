@@ -227,6 +227,8 @@ class MapSettings:
     end_layer: int = -1  # rollout and class maps: last layer included, 0-based, negative from the end
     class_index: int | None = None  # class map: None means the predicted class
     start_layer: int = -2  # LeGrad: the first layer explained, 0-based, negative from the end (the authors' default)
+    # captum's and RISE's parameters that differ from their defaults (vit.explain.captum_maps.chosen_options)
+    options: tuple[tuple[str, float | int], ...] = ()
 
 
 def resolved_class(settings: MapSettings, analysis: Analysis) -> int:

@@ -100,6 +100,48 @@ BOUNDS: dict[str, tuple[float, float, type]] = {
 }
 
 
+# What the explorer's sidebar offers of each method's options (the batch is the memory bound's to choose) and how a
+# link writes them: ``name=value`` pairs, only those that differ from the defaults.
+def page_options(method: str) -> tuple[str, ...]:
+    """The options of ``method`` the explorer shows (``OPTIONS`` but ``batch``); () for any other map."""
+    return tuple(name for name in OPTIONS.get(method, ()) if name != "batch")
+
+
+def chosen_options(method: str, values: Mapping[str, object]) -> tuple[tuple[str, float | int], ...]:
+    """``(name, value)`` of ``values`` that ``method`` takes and that differ from the defaults, in ``OPTIONS``'
+    order: what a map's settings, cache keys and link hold (a default left out, so a default view's link is
+    unchanged). ValueError for a value out of its bounds (``Options.of``)."""
+    given = {name: values[name] for name in page_options(method) if values.get(name) is not None}
+    chosen = Options.of(method, given)
+    default = Options()
+    return tuple((name, getattr(chosen, name)) for name in page_options(method)
+                 if getattr(chosen, name) != getattr(default, name))
+
+
+def options_text(options: tuple[tuple[str, float | int], ...]) -> str:
+    """A link's ``attr`` value: ``n_steps=20,baselines=0.5``."""
+    return ",".join(f"{name}={value:g}" if isinstance(value, float) else f"{name}={value}" for name, value in options)
+
+
+def parse_options(text: str) -> tuple[tuple[str, float | int], ...]:
+    """``options_text``'s pairs back, each name one of ``BOUNDS`` (but ``batch``) and its value within them;
+    ValueError in one line otherwise. Which method takes them is checked where the map is drawn."""
+    pairs = []
+    for part in text.split(","):
+        name, sep, value = part.partition("=")
+        if not sep or name not in BOUNDS or name == "batch":
+            raise ValueError(f"give name=value pairs of {', '.join(n for n in BOUNDS if n != 'batch')}")
+        low, high, kind = BOUNDS[name]
+        try:
+            number = kind(value) if kind is float else int(value)
+        except ValueError:
+            raise ValueError(f"{name} must be {'an integer' if kind is int else 'a number'}") from None
+        if not low <= number <= high:
+            raise ValueError(f"{name} must be between {low:,} and {high:,}")
+        pairs.append((name, number))
+    return tuple(pairs)
+
+
 def _window(options: Options, patch: tuple[int, int], shape: tuple[int, int]) -> tuple[tuple[int, int],
                                                                                        tuple[int, int]]:
     """Occlusion's window and strides in pixels ``((h, w), (h, w))``: one patch by default; ValueError for a window
