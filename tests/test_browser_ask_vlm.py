@@ -59,6 +59,8 @@ def test_a_question_a_clicked_token_and_its_link_show_vlm_answer_attention(serve
     answer = vit.ask_vlm(vit.open_vlm(folder), picture(), QUESTION, max_new_tokens=LENGTH)
     want = answer.attention(1, answer.layers - 1, 1)
     with chromium() as browser:
+        from playwright.sync_api import expect  # there: chromium() skips the test without playwright
+
         context = browser.new_context(viewport={"width": 1500, "height": 1100}, accept_downloads=True)
         page = context.new_page()
         page.set_default_timeout(TIMEOUT_MS)
@@ -73,7 +75,8 @@ def test_a_question_a_clicked_token_and_its_link_show_vlm_answer_attention(serve
         question.press("Enter")
         main.get_by_text("Answer token 1 “").wait_for()  # the first token's map, with its caption
         tokens = main.locator('[data-testid="stButtonGroup"]').get_by_role("radio")  # pills: one choice
-        assert tokens.count() == LENGTH
+        # The caption can be drawn before the pills are: count them once they are (count() does not wait).
+        expect(tokens).to_have_count(LENGTH, timeout=TIMEOUT_MS)
         click_until(lambda ms: tokens.nth(1).click(timeout=ms), main.get_by_text("Answer token 2 “"), TIMEOUT_MS)
         main.get_by_role("combobox", name="Head").click()
         page.get_by_role("option", name="head 2", exact=True).click()

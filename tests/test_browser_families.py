@@ -69,6 +69,7 @@ HEAD_LABELS = """key => {
 def assert_level_inside_and_apart(tab, key: str, heads: int) -> None:
     """The head labels of the heads grid keyed ``key``: ``heads`` of them, level, inside the chart, none touching."""
     tab.locator(f".st-key-{key}").scroll_into_view_if_needed()
+    tab.locator(f".st-key-{key} .xtick text").nth(heads - 1).wait_for()  # Plotly draws each grid in its own time
     drawn = tab.evaluate(HEAD_LABELS, key)
     chart, labels = drawn["chart"], drawn["labels"]
     assert len(labels) == heads, labels

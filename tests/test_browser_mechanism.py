@@ -58,11 +58,13 @@ def test_switching_a_head_off_on_a_real_photo_changes_the_prediction(server, pag
     page.keyboard.press("Enter")
     page.get_by_text("Heads 4.3 off (zero ablation): predicts cat.").wait_for()
     page.get_by_text("All heads on.", exact=True).wait_for()
-    # Before: airplane on top; after: cat on top (the sidebar's prediction chart comes first).
-    page.wait_for_function("document.querySelectorAll('[data-testid=\"stPlotlyChart\"] .bars').length >= 3")
-    tops = page.evaluate("""() => Array.from(document.querySelectorAll('[data-testid="stPlotlyChart"] .js-plotly-plot'))
-        .filter(p => p.data && p.data[0].type === 'bar').map(p => p.data[0].y[0])""")  # most probable first
-    assert tops[-2:] == ["airplane", "cat"], tops
+    # Before: airplane on top; after: cat on top (the sidebar's prediction chart comes first). The charts are drawn
+    # after the text above (Plotly draws once the element is laid out): wait for their tops, then read them.
+    tops = """() => Array.from(document.querySelectorAll('[data-testid="stPlotlyChart"] .js-plotly-plot'))
+        .filter(p => p.data && p.data[0].type === 'bar').map(p => p.data[0].y[0])"""  # most probable first
+    page.wait_for_function(f"""() => {{ const tops = ({tops})();
+        return tops.length >= 3 && tops.slice(-2).join() === 'airplane,cat'; }}""")
+    assert page.evaluate(tops)[-2:] == ["airplane", "cat"], page.evaluate(tops)
     page.screenshot(path=str(ARTIFACTS / "explorer-mechanism-ablation.png"), full_page=True)
 
     # Mean ablation over three photos uploaded as references (what an HF or timm model, with no samples, has),

@@ -108,7 +108,7 @@ def check_a_copied_link(url: str, browser, a) -> None:
     assert parse_qs(urlsplit(link).query) == parse_qs(urlsplit(a.url).query), "the URL follows the view"
     assert {k: v[0] for k, v in parse_qs(urlsplit(link).query).items()}.items() >= {
         "sample": "dog_1.png", "layer": "1", "head": "2", "query": "7", "cmap": "viridis"}.items()
-    expected_href, expected_png = a.evaluate(OVERLAY_HREF), overlay_png(a)
+    expected_png = overlay_png(a)
 
     b = fresh_page(browser)
     b.goto(link)
@@ -118,6 +118,9 @@ def check_a_copied_link(url: str, browser, a) -> None:
     settled(b)
     ARTIFACTS.mkdir(exist_ok=True)
     b.screenshot(path=str(ARTIFACTS / "share-link-opened.png"), full_page=True)
+    # Plotly draws the overlay after the run ends: read A's at rest (idle while B loaded), wait for B's to be drawn.
+    expected_href = a.evaluate(OVERLAY_HREF)
+    b.wait_for_function(f"(want) => ({OVERLAY_HREF})() === want", arg=expected_href)
     assert b.evaluate(OVERLAY_HREF) == expected_href
     assert overlay_png(b) == expected_png
     assert b.get_by_text("was not used").count() == 0

@@ -7,6 +7,7 @@ from urllib.parse import urlencode
 import pytest
 import torch
 from helpers import chromium, click_until, streamlit_app
+from test_browser_explorer import expect_selected
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 pytest.importorskip("transformers")
@@ -73,7 +74,7 @@ def test_a_words_gradient_rollout_opens_on_the_centre_patch_and_a_click_picks_an
         centre = rollout.filter(has_text="over the patch row 3, col 3 (outlined")
         centre.wait_for()
         assert "click another patch on the image" in centre.inner_text()
-        assert page.get_by_role("combobox", name="Query token").input_value().startswith("11 · patch row 3, col 3")
+        expect_selected(page, "Query token", "11 · patch row 3, col 3", timeout_ms=TIMEOUT_MS)
         picker = page.locator('[data-testid="stPlotlyChart"]').first.locator(".nsewdrag").first
         box = picker.bounding_box()
         click_until(lambda ms: page.mouse.click(box["x"] + box["width"] * 0.5 / 4, box["y"] + box["height"] * 0.5 / 4),

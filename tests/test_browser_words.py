@@ -15,6 +15,7 @@ pytest.importorskip("open_clip")
 TIMEOUT_MS = 180_000  # a CLIP and its text tower load on two busy cores
 ROOT = Path(__file__).resolve().parent.parent
 LABELS = ["<b>bold</b>", "![x](http://example.invalid/x.png)", "a cat"]
+TICKS = '[data-testid="stPlotlyChart"] .ytick text'  # the charts' category labels
 
 
 @pytest.fixture
@@ -69,7 +70,10 @@ def test_labels_are_asked_and_shown_as_text(server):
         area.press("Control+Enter")
         page.get_by_text("softmax").first.wait_for()
         page.get_by_text("Drawn over the part of the image the model saw").wait_for()
-        labels = page.locator('[data-testid="stPlotlyChart"] .ytick text').all_text_contents()
+        # The bars' chart draws once its width is measured, which can be after the captions: wait for its labels.
+        page.wait_for_function(f"""(labels) => {{ const ticks = [...document.querySelectorAll({TICKS!r})]
+            .map(t => t.textContent); return labels.every(label => ticks.includes(label)); }}""", arg=LABELS)
+        labels = page.locator(TICKS).all_text_contents()
         for label in LABELS:
             assert label in labels, labels
         app = page.locator('[data-testid="stApp"]')
