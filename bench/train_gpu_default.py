@@ -133,11 +133,12 @@ def main() -> int:
         shutil.copy(probe_dir.parent / "probe-console.log", args.out / "probe-console.log")
         return 1
     first = seen[0]
-    steady = sorted(b - a for a, b in zip(seen, seen[1:]))[(len(seen) - 1) // 2]
+    steady = sorted(b - a for a, b in zip(seen, seen[1:], strict=False))[(len(seen) - 1) // 2]
     budget = min(args.max_run_seconds, args.deadline - (time.monotonic() - start) - args.margin)
     epochs = max(2, min(args.max_epochs, 1 + math.floor((budget - first) / (steady * 1.02))))
     warmup = round(max(1.0, min(10.0, 0.05 * epochs)), 1)  # Lee et al.: 10 of 100
-    plan = {"device": device.strip().splitlines(), "decode_seconds": round(decode_seconds, 1), "probe_epoch_times": [round(s, 2) for s in seen],
+    plan = {"device": device.strip().splitlines(), "decode_seconds": round(decode_seconds, 1),
+            "probe_epoch_times": [round(s, 2) for s in seen],
             "probe_first_epoch_seconds": round(first, 2), "probe_steady_epoch_seconds": round(steady, 3),
             "budget_seconds": round(budget, 1), "epochs": epochs, "warmup_epochs": warmup,
             "recipe": RECIPE + args.extra}
@@ -156,11 +157,10 @@ def main() -> int:
     for name in ("config.json", "metrics.jsonl", "train.log", "best.pt"):
         if (run_dir / name).exists():
             shutil.copy(run_dir / name, args.out / name)
-    last = json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[-1]) if seen else {}
+    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()] if seen else [{}]
     print(f"run: exit {run.returncode}, {len(seen)}/{epochs} epochs, launch to last epoch "
-          f"{plan['run_launch_to_last_epoch_seconds']} s, last val_acc {last.get('val_acc')}, "
-          f"best {max((json.loads(x)['val_acc'] for x in (run_dir / 'metrics.jsonl').read_text().splitlines()), default=None)}",
-          flush=True)
+          f"{plan['run_launch_to_last_epoch_seconds']} s, last val_acc {rows[-1].get('val_acc')}, "
+          f"best {max(r.get('val_acc', 0) for r in rows)}", flush=True)
     return 0 if run.returncode == 0 else 1
 
 
