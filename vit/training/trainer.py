@@ -505,29 +505,34 @@ class Trainer:
         settings = self.settings
         if FAULT_ENV in os.environ and self.progress.global_step + 1 == int(os.environ[FAULT_ENV]):
             raise RuntimeError(f"injected fault at step {self.progress.global_step + 1} ({FAULT_ENV})")
+        phase = torch.profiler.record_function  # labels for bench/profile_train_step.py; ~1 us each when idle
         idx = idx.to(self.train.images.device)
-        images = self.augment(self.train.images[idx])
-        images = normalize(images.to(self.device, non_blocking=True), self.data.mean, self.data.std)
-        if settings.random_erasing > 0:
-            images = random_erasing(images, settings.random_erasing)
-        labels = self.train.labels[idx].to(self.device, non_blocking=True)
-        targets = labels
-        if self.mixer is not None:
-            images, targets = self.mixer(images, labels)
-        with torch.autocast(self.device.type, dtype=self.autocast_dtype,
-                            enabled=self.autocast_dtype is not None):
+        with phase("step: augment"):
+            images = self.augment(self.train.images[idx])
+            images = normalize(images.to(self.device, non_blocking=True), self.data.mean, self.data.std)
+            if settings.random_erasing > 0:
+                images = random_erasing(images, settings.random_erasing)
+            labels = self.train.labels[idx].to(self.device, non_blocking=True)
+            targets = labels
+            if self.mixer is not None:
+                images, targets = self.mixer(images, labels)
+        with phase("step: forward"), torch.autocast(self.device.type, dtype=self.autocast_dtype,
+                                                    enabled=self.autocast_dtype is not None):
             logits, _ = self.net(images)
             loss = F.cross_entropy(logits.float(), targets, label_smoothing=settings.label_smoothing)
-        self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        if settings.grad_clip > 0:
-            nn.utils.clip_grad_norm_(self.model.parameters(), settings.grad_clip)
-        self.optimizer.step()
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            self.scheduler.step()
+        with phase("step: backward"):
+            self.optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+        with phase("step: optimizer"):
+            if settings.grad_clip > 0:
+                nn.utils.clip_grad_norm_(self.model.parameters(), settings.grad_clip)
+            self.optimizer.step()
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                self.scheduler.step()
         if self.ema is not None:
-            self._update_ema()
+            with phase("step: ema"):
+                self._update_ema()
         correct = (logits.argmax(1) == (targets.argmax(1) if targets.dim() == 2 else targets)).sum()
         return torch.stack([loss.detach().float(), correct.float()]).double()
 

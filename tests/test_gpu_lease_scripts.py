@@ -1,0 +1,64 @@
+"""The scripts a lent GPU runs, run here on the CPU first (a lease has minutes: no time to find a mistake there):
+``bench/train_gpu_default.py`` plans its run's epochs from its own probe and collects what a lease can return;
+``bench/profile_train_step.py`` reports every phase ``Trainer.step`` labels."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+
+from vit.training.options import parse_args
+
+REPO = Path(__file__).resolve().parent.parent
+TINY = ["--preset", "tintn-cifar10", "--batch-size", "16"]
+
+
+def image_folder(root: Path, per_class: int = 12) -> Path:
+    rng = np.random.default_rng(0)
+    for label in range(10):
+        folder = root / f"class{label}"
+        folder.mkdir(parents=True)
+        for i in range(per_class):
+            Image.fromarray(rng.integers(0, 256, (32, 32, 3), dtype=np.uint8)).save(folder / f"{i}.png")
+    return root
+
+
+def run(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, *args], cwd=REPO, capture_output=True, text=True, timeout=timeout)
+
+
+def test_the_default_run_is_planned_from_its_probe_and_collects_what_a_lease_returns(tmp_path):
+    data, out = image_folder(tmp_path / "data"), tmp_path / "out"
+    done = run("bench/train_gpu_default.py", "--data", str(data), "--out", str(out), "--work", str(tmp_path / "w"),
+               "--deadline", "500", "--margin", "5", "--device", "cpu", "--max-epochs", "4", "--probe-epochs", "2",
+               "--extra", *TINY)
+    assert done.returncode == 0, done.stdout + done.stderr
+    plan = json.loads((out / "plan.json").read_text())
+    assert len(plan["probe_epoch_times"]) == 2 and plan["probe_steady_epoch_seconds"] > 0
+    # The budget holds far more than 4 epochs of this tiny model: the cap decides, and the run trains them all.
+    assert plan["epochs"] == 4 and plan["run_epochs_done"] == 4 and plan["run_exit"] == 0
+    assert plan["run_launch_to_last_epoch_seconds"] <= plan["budget_seconds"]
+    returned = sorted(p.name for p in out.iterdir())
+    assert returned == ["best.pt", "config.json", "metrics.jsonl", "plan.json", "probe-metrics.jsonl", "train.log"]
+    assert len(returned) + 1 <= 8  # with the console's copy: a lease returns eight files
+    config = json.loads((out / "config.json").read_text())
+    assert config["args"]["epochs"] == 4 and config["args"]["mix_prob"] == 0.5
+    # The recipe is a valid vit.train command as the GPU runs it (the device aside: this machine has none).
+    from bench.train_gpu_default import RECIPE
+
+    parsed = parse_args(["--dataset", f"folder:{data}", "--out", str(tmp_path / "x"), "--device", "cpu", *RECIPE])
+    assert (parsed.preset, parsed.batch_size, parsed.compile, parsed.random_erasing) == ("cifar-m", 256, True, 0.25)
+
+
+def test_the_step_profile_reports_every_phase_the_trainer_labels():
+    done = run("bench/profile_train_step.py", "--device", "cpu", "--steps", "2", "--warmup", "1", "--", *TINY)
+    assert done.returncode == 0, done.stdout + done.stderr
+    rows = {line.split("  ")[0].strip(): line.split() for line in done.stdout.splitlines() if line.startswith("step:")}
+    assert set(rows) == {"step: augment", "step: forward", "step: backward", "step: optimizer", "step: ema"}
+    assert all(float(row[2]) > 0 for row in rows.values())  # host milliseconds a step in each phase
+    assert "images/s" in done.stdout
