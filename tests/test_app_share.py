@@ -110,6 +110,13 @@ def test_the_values_a_link_could_not_use_are_lines_right_under_the_title():
 
 
 @pytest.mark.usefixtures("default_world")
+def test_a_linked_attribution_setting_the_linked_method_does_not_take_is_a_line_not_a_silent_drop():
+    at = open_link({"map": "occlusion", "attr": "n_steps=7,strides=4"})  # n_steps is Integrated Gradients'
+    assert notes(at) == ["The link's n_steps=7 was not used: occlusion does not take it."]
+    assert at.session_state["attr-strides"] == 4 and "attr-n_steps" not in at.session_state
+
+
+@pytest.mark.usefixtures("default_world")
 def test_a_visitor_without_the_token_cannot_open_a_path_through_a_link(tmp_path, monkeypatch):
     other = write_checkpoint(tmp_path / "elsewhere.pt", seed=1)
     monkeypatch.setenv(TOKEN_ENV, "correct-horse-battery-staple")  # a token is set: only a session that entered it

@@ -17,7 +17,7 @@ from app_pages.explorer_sections.state import Shown
 from vit.app import catalog, explorer, share, vlm_words
 from vit.app.export import PromptView, View, view_html
 from vit.app.uploads import Upload, UploadStore
-from vit.explain import attention_maps, image_analysis
+from vit.explain import attention_maps, captum_maps, image_analysis
 from vit.explain.stages import on_patch_grid
 from vit.text import escape_markdown, file_name_part, visible
 
@@ -111,8 +111,13 @@ def read_link(may_open: bool) -> None:
             st.session_state["method_kind"] = kind
         if kind in vlm_words.KINDS:
             st.session_state[word_lens.METHOD_KEY] = kind
-    for name, value in values.pop("attr", ()):  # an attribution's settings: its sidebar inputs
-        st.session_state[option_key(name)] = value
+    linked = values.pop("attr", ())  # an attribution's settings: its sidebar inputs, those the linked map takes
+    takes = captum_maps.page_options(kind) if kind is not None else ()
+    for name, value in linked:
+        if name in takes:
+            st.session_state[option_key(name)] = value
+    _note([f"The link's {name}={value:g} was not used: {kind or 'the default map'} does not take it."
+           for name, value in linked if name not in takes])
     if "mass" in values:
         st.session_state["mass_mask"], st.session_state["mask_share"] = True, values.pop("mass")
     st.session_state["hide_registers"] = values.pop("registers", None) == "hidden"
