@@ -95,6 +95,20 @@ def test_the_readmes_two_commands_are_the_app_and_cis_test_command():
     assert "python -m pytest" in tests and (ROOT / "requirements-test-nodeps.txt").is_file()
 
 
+def test_ci_stops_when_the_readmes_test_command_fails_before_its_tests():
+    """Under ``set -e`` a failed install inside the command's ``&&`` chain does not stop the script: the line after
+    it must, or CI goes on to the docs and can pass with no test run."""
+    import subprocess
+
+    tests = code_blocks(README, "bash")[2].strip()
+    lines = (ROOT / ".ci" / "run").read_text().splitlines()
+    guard = lines[lines.index(tests) + 1 + int(lines[lines.index(tests) + 1].startswith("#"))]
+    for chain, stops in (("false && true", True), ("true && true", False)):
+        done = subprocess.run(["bash", "-c", f"set -euo pipefail; {chain}\n{guard}\necho after"], capture_output=True,
+                              text=True, timeout=30)
+        assert (done.returncode != 0 and "after" not in done.stdout) == stops, (chain, done)
+
+
 def test_the_cpu_note_comes_before_the_first_command():
     first_block = README.index("```")
     assert README.index("## CPU or GPU?") < first_block
