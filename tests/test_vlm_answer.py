@@ -37,22 +37,51 @@ CLIP_TOWER = dict(model_type="clip_vision_model", image_size=32, patch_size=8, h
                   num_hidden_layers=3, num_attention_heads=2)
 LLAMA = dict(model_type="llama", hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
              num_key_value_heads=2, head_dim=8)
-KINDS = ["llava", "llava_full", "qwen2_5_vl", "qwen3_vl", "gemma3"]
+KINDS = ["llava", "llava_full", "qwen2_5_vl", "qwen3_vl", "gemma3", "paligemma", "paligemma2", "internvl"]
 QUESTION = "what is this ?"
 
 
-def tokenizer(specials: list[str], named: dict[str, str] | None = None):
+def tokenizer(specials: list[str], named: dict[str, str] | None = None, bos: str | None = None):
     """A word-level tokenizer of ``WORDS`` split at spaces, with ``specials`` and ``named`` special tokens (Gemma 3's
-    processor reads its ``boi_token``, ``eoi_token`` and ``image_token`` by name), built offline."""
+    processor reads its ``boi_token``, ``eoi_token`` and ``image_token`` by name) and a ``bos`` token (PaliGemma's
+    processor puts it after the image), built offline."""
     tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(WORDS)}, unk_token="[UNK]"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tok.add_special_tokens([*specials, *(named or {}).values()])
+    tok.add_special_tokens([*specials, *(named or {}).values(), *([bos] if bos else [])])
     return transformers.PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", pad_token="<pad>",
-                                                eos_token="<pad>", additional_special_tokens=specials,
+                                                eos_token="<pad>", bos_token=bos, additional_special_tokens=specials,
                                                 extra_special_tokens=named or {})
 
 
 def _build(kind: str):
+    if kind.startswith("paligemma"):  # SigLIP's 4 x 4 patches, one image token each, read as a bidirectional prefix
+        words = tokenizer(["<image>"], bos="<bos>")
+        text = dict(LLAMA, model_type="gemma", vocab_size=len(words))
+        if kind == "paligemma2":  # PaliGemma 2: the same config over Gemma 2 (soft caps, sliding-window layers)
+            text = dict(text, model_type="gemma2", sliding_window=512, attn_logit_softcapping=5.0,
+                        final_logit_softcapping=30.0)
+        config = transformers.PaliGemmaConfig(
+            vision_config=dict(CLIP_TOWER, model_type="siglip_vision_model", vision_use_head=False),
+            text_config=text, projection_dim=32, image_token_id=words.convert_tokens_to_ids("<image>"))
+        images = transformers.SiglipImageProcessor(size={"height": 32, "width": 32}, resample=3)
+        images.image_seq_length = 16
+        # No chat template, as PaliGemma's checkpoints have none: its processor lays out the prompt
+        return (transformers.PaliGemmaForConditionalGeneration(config),
+                transformers.PaliGemmaProcessor(image_processor=images, tokenizer=words))
+    if kind == "internvl":  # a 4 x 4 grid pixel-shuffled 2 x 2 into 2 x 2 image tokens, one view (no tiles)
+        named = {"start_image_token": "<img>", "end_image_token": "</img>", "context_image_token": "<IMG_CONTEXT>",
+                 "video_token": "<video>"}
+        words = tokenizer([], named)
+        config = transformers.InternVLConfig(
+            vision_config=dict(image_size=32, patch_size=8, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                               num_attention_heads=2, attention_bias=True, use_qk_norm=True),
+            text_config=dict(LLAMA, model_type="qwen2", vocab_size=len(words)),
+            image_token_id=words.convert_tokens_to_ids("<IMG_CONTEXT>"), eos_token_id=1)
+        processor = transformers.InternVLProcessor(
+            image_processor=transformers.GotOcr2ImageProcessor(size={"height": 32, "width": 32}, max_patches=1),
+            tokenizer=words, video_processor=transformers.InternVLVideoProcessor(), image_seq_length=4,
+            chat_template=TEMPLATE.replace("IMAGE", "<IMG_CONTEXT>"))
+        return transformers.InternVLForConditionalGeneration(config), processor
     if kind == "gemma3":  # an 8 x 8 SigLIP grid pooled 4 x 4 into 2 x 2 image tokens; sliding-window layers
         named = {"boi_token": "<start_of_image>", "eoi_token": "<end_of_image>", "image_token": "<image_soft_token>"}
         words = tokenizer([], named)
@@ -145,7 +174,9 @@ def eager_generate(folder, image: Image.Image, text: str | None = None):
     config = json.loads((folder / "config.json").read_text())
     model = getattr(transformers, config["architectures"][0]).from_pretrained(folder, attn_implementation="eager")
     processor = transformers.AutoProcessor.from_pretrained(folder)
-    if text is None:
+    if text is None and processor.chat_template is None:  # PaliGemma's prompt: its processor adds bos and newline
+        text = processor.image_token + QUESTION
+    elif text is None:
         messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": QUESTION}]}]
         text = processor.apply_chat_template(messages, add_generation_prompt=True)
     inputs = processor(images=[image], text=text, return_tensors="pt")
@@ -166,7 +197,8 @@ def by_hand(row: np.ndarray, grid: tuple[int, int], unit: int, lead: int) -> np.
 
 
 # (unit, lead): patches per image token along each side, image tokens before the patches'
-LAYOUT = {"llava": (1, 0), "llava_full": (1, 1), "qwen2_5_vl": (2, 0), "qwen3_vl": (2, 0), "gemma3": (4, 0)}
+LAYOUT = {"llava": (1, 0), "llava_full": (1, 1), "qwen2_5_vl": (2, 0), "qwen3_vl": (2, 0), "gemma3": (4, 0),
+          "paligemma": (1, 0), "paligemma2": (1, 0), "internvl": (2, 0)}
 
 
 @pytest.fixture(scope="module")

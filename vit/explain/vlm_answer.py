@@ -188,15 +188,20 @@ def image_layout(vlm, inputs) -> ImageLayout:
 
 
 def prompt_inputs(vlm, image: Image.Image, question: str | None, prompt: str | None):
-    """The processor's inputs for one image and ``question`` through the model's chat template, or ``prompt`` as
-    raw text holding the processor's image placeholder once (the template bypassed)."""
+    """The processor's inputs for one image and ``question`` through the model's chat template (or, for a family
+    without one, ``whole_vlm.PROCESSOR_PROMPTS``, the processor's own prompt layout), or ``prompt`` as raw text
+    holding the processor's image placeholder once (the template bypassed)."""
+    from vit.sources.whole_vlm import PROCESSOR_PROMPTS
+
     processor = vlm.processor
     if (question is None) == (prompt is None):
         raise ValueError("give a question (through the model's chat template) or prompt= (raw text), not both")
     text = question if prompt is None else prompt
     if not isinstance(text, str) or not text.strip() or len(text) > MAX_QUESTION_CHARS:
         raise ValueError(f"a question must be text of 1 to {MAX_QUESTION_CHARS} characters, got {str(text)[:40]!r}")
-    if prompt is None:
+    if prompt is None and not getattr(processor, "chat_template", None) and vlm.model_type in PROCESSOR_PROMPTS:
+        text = processor.image_token + question  # the processor adds the rest of its prompt
+    elif prompt is None:
         if not getattr(processor, "chat_template", None):
             raise ValueError(f"{vlm.folder}'s processor has no chat template; give prompt= with the model's image "
                              f"placeholder instead")
