@@ -41,15 +41,20 @@ def reference(folder, tokens: list[int], i: int) -> tuple[list[np.ndarray], np.n
     config = json.loads((folder / "config.json").read_text())
     model = getattr(transformers, config["architectures"][0]).from_pretrained(folder, attn_implementation="eager")
     processor = transformers.AutoProcessor.from_pretrained(folder)
-    messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": QUESTION}]}]
-    text = processor.apply_chat_template(messages, add_generation_prompt=True)
+    if processor.chat_template is None:  # PaliGemma's prompt: its processor adds bos and newline
+        text = processor.image_token + QUESTION
+    else:
+        messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": QUESTION}]}]
+        text = processor.apply_chat_template(messages, add_generation_prompt=True)
     inputs = dict(processor(images=[picture()], text=text, return_tensors="pt"))
+    inputs.pop("labels", None)  # PaliGemma's processor's, for a loss
     positions = (inputs["input_ids"][0] == model.config.image_token_id).nonzero()[:, 0]
     new = torch.tensor([tokens[:i]], dtype=torch.long)
     inputs["input_ids"] = torch.cat([inputs["input_ids"], new], -1)
     inputs["attention_mask"] = torch.cat([inputs["attention_mask"], torch.ones_like(new)], -1)
-    if "token_type_ids" in inputs:  # Gemma 3: generate repeats the last value
-        inputs["token_type_ids"] = torch.cat([inputs["token_type_ids"], torch.zeros_like(new)], -1)
+    if "token_type_ids" in inputs:  # as generate extends them: PaliGemma's answer is its causal suffix (1), Gemma 3's
+        suffix = 1 if model.config.model_type == "paligemma" else 0  # the last value (text, 0)
+        inputs["token_type_ids"] = torch.cat([inputs["token_type_ids"], torch.full_like(new, suffix)], -1)
     if "mm_token_type_ids" in inputs:
         inputs["mm_token_type_ids"] = torch.cat([inputs["mm_token_type_ids"], torch.zeros_like(new)], -1)
     out = model.eval()(**inputs, output_attentions=True, use_cache=False)
