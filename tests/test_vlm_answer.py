@@ -358,3 +358,69 @@ def test_predict_ask_refuses_maps_over_the_limit_before_answering(vlms, tmp_path
     assert "--save-maps would write up to 2 MB" in err and "(512 tokens x 2 layers x 4 heads x " in err
     assert "over the 1 MB limit; raise --max-maps-mb" in err
     assert not list((tmp_path / "maps").iterdir())
+
+
+@pytest.fixture(scope="module")
+def internvl_tiles(tmp_path_factory):
+    """InternVL whose processor cuts ``picture()`` (90 x 70) into 3 x 2 tiles and a thumbnail (at most 6 tiles: the
+    canvas nearest its aspect), each tile 2 x 2 pixel-shuffled tokens, saved whole."""
+    torch.manual_seed(0)
+    model, processor = _build("internvl")
+    processor.image_processor.max_patches = 6
+    folder = tmp_path_factory.mktemp("internvl_tiles")
+    noisy(model).save_pretrained(folder, max_shard_size="20KB")
+    processor.save_pretrained(folder)
+    return folder
+
+
+def where_tiles_are(folder, image: Image.Image, side: int = 32) -> list[tuple[int, int]]:
+    """transformers alone: the (row, column) on the canvas of each tile the image processor cut, found by its pixels:
+    of every canvas of ``tiles`` crops, the one whose crops (the image processor's resize of the whole image to the
+    canvas, cut) are the tiles, pixel for pixel."""
+    images = transformers.AutoProcessor.from_pretrained(folder).image_processor
+    tiles = images(image, crop_to_patches=True, return_tensors="pt")["pixel_values"][:-1]  # the thumbnail last
+    n = tiles.shape[0]
+    for rows in (r for r in range(1, n + 1) if n % r == 0):
+        cols = n // rows
+        canvas = images(image, crop_to_patches=False, size={"height": rows * side, "width": cols * side},
+                        return_tensors="pt")["pixel_values"][0]
+        crops = {(r, c): canvas[:, r * side:(r + 1) * side, c * side:(c + 1) * side]
+                 for r in range(rows) for c in range(cols)}
+        found = [next((place for place, crop in crops.items() if torch.equal(tile, crop)), None) for tile in tiles]
+        if None not in found:
+            return found
+    raise AssertionError("no canvas's crops are the tiles")
+
+
+def test_internvls_tiles_are_placed_where_the_processor_cut_them(internvl_tiles):
+    """Each tile's four image tokens (its 2 x 2 pixel-shuffle units) cover the part of the 8 x 12-patch canvas its
+    pixels came from; the thumbnail's, after the tiles', are the overview. Tiles taken column-major would be another
+    map."""
+    image = picture()
+    answer = vit.ask_vlm(vit.open_vlm(internvl_tiles), image, QUESTION, max_new_tokens=NEW_TOKENS)
+    out, inputs, image_token = eager_generate(internvl_tiles, image)
+    assert list(answer.tokens) == out.sequences[0, inputs["input_ids"].shape[1]:].tolist()
+    places = where_tiles_are(internvl_tiles, image)
+    assert sorted(places) == [(r, c) for r in range(2) for c in range(3)] and inputs["pixel_values"].shape[0] == 7
+    positions = (inputs["input_ids"][0] == image_token).nonzero()[:, 0]
+    assert answer.grid == (8, 12) and len(positions) == 7 * 4
+    for i in range(NEW_TOKENS):
+        for layer in range(answer.layers):
+            rows = out.attentions[i][layer][0, :, -1, positions].numpy()  # (H, 28)
+            for head in (*range(rows.shape[0]), None):
+                row = rows.mean(0) if head is None else rows[head]
+                expected = np.zeros((8, 12), dtype=np.float32)
+                for k, (r, c) in enumerate(places):
+                    expected[4 * r:4 * r + 4, 4 * c:4 * c + 4] = by_hand(row[4 * k:4 * k + 4], (4, 4), 2, 0)
+                np.testing.assert_allclose(answer.attention(i, layer, head), expected, rtol=0, atol=ATOL)
+                np.testing.assert_allclose(answer.attention(i, layer, head, overview=True),
+                                           by_hand(row[24:], (4, 4), 2, 0), rtol=0, atol=ATOL)
+    row = out.attentions[1][0][0, :, -1, positions].numpy().mean(0)
+    column_major = np.zeros((8, 12), dtype=np.float32)
+    for k in range(6):
+        column_major[4 * (k % 2):4 * (k % 2) + 4, 4 * (k // 2):4 * (k // 2) + 4] = by_hand(row[4 * k:4 * k + 4],
+                                                                                         (4, 4), 2, 0)
+    assert _differs(answer.attention(1, 0), column_major)
+    with pytest.raises(ValueError, match=r"^this image was read in one view"):
+        vit.ask_vlm(vit.open_vlm(internvl_tiles), picture(32, 32), QUESTION, max_new_tokens=1).attention(
+            0, overview=True)

@@ -18,7 +18,17 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-from test_vlm_answer import KINDS, LAYOUT, NEW_TOKENS, QUESTION, by_hand, picture, vlms  # noqa: E402,F401
+from test_vlm_answer import (  # noqa: E402,F401
+    KINDS,
+    LAYOUT,
+    NEW_TOKENS,
+    QUESTION,
+    by_hand,
+    internvl_tiles,
+    picture,
+    vlms,
+    where_tiles_are,
+)
 
 import vit  # noqa: E402
 from vit.bounds import TooManyTokens  # noqa: E402
@@ -125,3 +135,19 @@ def test_a_token_or_layer_that_does_not_exist_is_refused_in_one_line(asked):
         answer.relevance(5)
     with pytest.raises(ValueError, match=r"^layer 2 does not exist"):
         answer.relevance(0, 2)
+
+
+def test_internvls_relevance_is_placed_where_the_processor_cut_the_tiles(internvl_tiles):  # noqa: F811
+    """Gradient x attention over InternVL's 3 x 2 tiles and thumbnail: each tile's four tokens on the part of the
+    canvas its pixels came from (``where_tiles_are``), the thumbnail's as the overview."""
+    image = picture()
+    answer = vit.ask_vlm(vit.open_vlm(internvl_tiles), image, QUESTION, max_new_tokens=NEW_TOKENS)
+    places = where_tiles_are(internvl_tiles, image)
+    cams, rolled, positions = reference(internvl_tiles, list(answer.tokens), 2)
+    for values, ours in ((cams[0], answer.relevance(2, 0)), (rolled, answer.relevance(2))):
+        row = values[positions.numpy()]  # (28,)
+        expected = np.zeros((8, 12), dtype=np.float32)
+        for k, (r, c) in enumerate(places):
+            expected[4 * r:4 * r + 4, 4 * c:4 * c + 4] = by_hand(row[4 * k:4 * k + 4], (4, 4), 2, 0)
+        _close(ours, expected)
+    _close(answer.relevance(2, overview=True), by_hand(rolled[positions.numpy()][24:], (4, 4), 2, 0))

@@ -99,8 +99,9 @@ def relevance(vlm, prepared, answer: tuple[int, ...], i: int, layer: int | None,
 
     tokens = prepared.prompt_tokens + i
     implementation = vlm.language_model.config._attn_implementation
-    decide(vlm_relevance(vlm.tower.model, prepared.layout.grid, prepared.text, tokens, i,
-                         fused="eager" not in implementation))
+    layout = prepared.layout
+    decide(vlm_relevance(vlm.tower.model, layout.grid, prepared.text, tokens, i, fused="eager" not in implementation,
+                         views=layout.views, view_grid=layout.view_grid))
     tape = _Tape({block.self_attn: n for n, block in enumerate(vlm.language_model.layers)})
     with recording(vlm, tape), torch.no_grad():  # the tape switches the graph on at the first language-model layer
         out = vlm.model(**{k: v.to(vlm.device) if hasattr(v, "to") else v
