@@ -37,6 +37,7 @@ CLIP_TOWER = dict(model_type="clip_vision_model", image_size=32, patch_size=8, h
                   num_hidden_layers=3, num_attention_heads=2)
 LLAMA = dict(model_type="llama", hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
              num_key_value_heads=2, head_dim=8)
+NEXT_PINPOINTS = [[32, 64], [64, 32], [64, 64], [64, 96], [96, 64]]  # LLaVA-NeXT's canvases, (height, width) px
 KINDS = ["llava", "llava_full", "qwen2_5_vl", "qwen3_vl", "gemma3", "paligemma", "paligemma2", "internvl"]
 QUESTION = "what is this ?"
 
@@ -95,6 +96,18 @@ def _build(kind: str):
             image_processor=transformers.Gemma3ImageProcessor(size={"height": 64, "width": 64}), tokenizer=words,
             image_seq_length=4, chat_template=TEMPLATE.replace("IMAGE", "<start_of_image>"))
         return transformers.Gemma3ForConditionalGeneration(config), processor
+    if kind == "llava_next":  # a 4 x 4-patch base image, then 32-px crops of its canvas unpadded, newline tokens
+        words = tokenizer(["<image>"])
+        config = transformers.LlavaNextConfig(vision_config=CLIP_TOWER, text_config=dict(LLAMA, vocab_size=len(words)),
+                                              image_token_id=words.convert_tokens_to_ids("<image>"),
+                                              image_grid_pinpoints=NEXT_PINPOINTS)
+        images = transformers.LlavaNextImageProcessor(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32},
+                                                      image_grid_pinpoints=NEXT_PINPOINTS)
+        processor = transformers.LlavaNextProcessor(image_processor=images, tokenizer=words, patch_size=8,
+                                                    vision_feature_select_strategy="default",
+                                                    num_additional_image_tokens=1,
+                                                    chat_template=TEMPLATE.replace("IMAGE", "<image>"))
+        return transformers.LlavaNextForConditionalGeneration(config), processor
     if kind.startswith("llava"):
         strategy = "full" if kind == "llava_full" else "default"  # "full": CLIP's CLS is an image token too
         words = tokenizer(["<image>"])
@@ -319,7 +332,7 @@ def test_a_folder_that_is_no_generating_vlm_is_refused_in_one_line(tmp_path):
 
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "vit", "architectures": ["ViTModel"]}))
     with pytest.raises(VLMError, match=r"is a 'vit' model; asking a question reads a generating vision-language "
-                                       r"model: llava, qwen2_5_vl"):
+                                       r"model: llava, llava_next, qwen2_5_vl"):
         vit.open_vlm(tmp_path)
 
 
@@ -424,3 +437,62 @@ def test_internvls_tiles_are_placed_where_the_processor_cut_them(internvl_tiles)
     with pytest.raises(ValueError, match=r"^this image was read in one view"):
         vit.ask_vlm(vit.open_vlm(internvl_tiles), picture(32, 32), QUESTION, max_new_tokens=1).attention(
             0, overview=True)
+
+
+@pytest.fixture(scope="module")
+def llava_next(tmp_path_factory):
+    """LLaVA-NeXT saved whole: ``picture()`` (90 x 70) on its 64 x 96-px canvas, 2 x 3 crops of 4 x 4 patches."""
+    torch.manual_seed(0)
+    model, processor = _build("llava_next")
+    folder = tmp_path_factory.mktemp("llava_next")
+    noisy(model).save_pretrained(folder, max_shard_size="20KB")
+    processor.save_pretrained(folder)
+    return folder
+
+
+def packed_places(folder, inputs) -> list[tuple[int, int] | None]:
+    """transformers alone: the canvas (row, column) of the patch each image token holds, as
+    ``LlavaNextModel.pack_image_features`` lays out the base image and the crops (None: the base image's tokens and
+    the newlines): each crop's features tagged with the canvas place of its patches (crops row-major on the canvas,
+    as the image processor cuts them), packed, and read back."""
+    model = transformers.LlavaNextForConditionalGeneration.from_pretrained(folder)
+    crops, side = inputs["pixel_values"].shape[1] - 1, 4
+    rows, cols = 2, 3
+    assert crops == rows * cols
+    tags = torch.full((crops + 1, side * side, 2), -1.0)  # the base image's: (-1, -1)
+    for k in range(crops):
+        for p in range(side * side):
+            tags[k + 1, p] = torch.tensor([k // cols * side + p // side, k % cols * side + p % side], dtype=torch.float)
+    packed, _ = model.model.pack_image_features([tags], inputs["image_sizes"], "default",
+                                                image_newline=torch.full((2,), -2.0))
+    return [None if tag[0] < 0 else (int(tag[0]), int(tag[1])) for tag in packed[0]]
+
+
+def test_llava_nexts_crops_are_placed_as_transformers_packs_them(llava_next):
+    """LLaVA-NeXT's 104 image tokens: the base image's 16 (the overview), then the 2 x 3 crops' patches on the
+    canvas, its padding columns dropped (8 x 10 of 8 x 12), each row followed by a newline token that covers no patch,
+    as ``pack_image_features`` packs them. The crops taken row-major without the unpadding and the newlines would be
+    another map."""
+    image = picture()
+    answer = vit.ask_vlm(vit.open_vlm(llava_next), image, QUESTION, max_new_tokens=NEW_TOKENS)
+    out, inputs, image_token = eager_generate(llava_next, image)
+    assert list(answer.tokens) == out.sequences[0, inputs["input_ids"].shape[1]:].tolist()
+    positions = (inputs["input_ids"][0] == image_token).nonzero()[:, 0]
+    places = packed_places(llava_next, inputs)
+    assert len(positions) == len(places) == 104 and answer.grid == (8, 10)
+    top, left = min(p[0] for p in places if p), min(p[1] for p in places if p)
+    assert (top, left) == (0, 1)  # the canvas's first column is padding
+    for i in range(NEW_TOKENS):
+        for layer in range(answer.layers):
+            rows = out.attentions[i][layer][0, :, -1, positions].numpy()  # (H, 104)
+            for head in (*range(rows.shape[0]), None):
+                row = rows.mean(0) if head is None else rows[head]
+                expected = np.full((8, 10), np.nan, dtype=np.float32)
+                for value, place in zip(row, places, strict=True):
+                    if place is not None:
+                        expected[place[0] - top, place[1] - left] = value
+                np.testing.assert_allclose(answer.attention(i, layer, head), expected, rtol=0, atol=ATOL)
+                np.testing.assert_allclose(answer.attention(i, layer, head, overview=True),
+                                           by_hand(row[:16], (4, 4), 1, 0), rtol=0, atol=ATOL)
+    row = out.attentions[1][0][0, :, -1, positions].numpy().mean(0)
+    assert _differs(answer.attention(1, 0), row[16:96].reshape(8, 10))  # the newlines taken for patches

@@ -25,6 +25,8 @@ from test_vlm_answer import (  # noqa: E402,F401
     QUESTION,
     by_hand,
     internvl_tiles,
+    llava_next,
+    packed_places,
     picture,
     vlms,
     where_tiles_are,
@@ -151,3 +153,25 @@ def test_internvls_relevance_is_placed_where_the_processor_cut_the_tiles(internv
             expected[4 * r:4 * r + 4, 4 * c:4 * c + 4] = by_hand(row[4 * k:4 * k + 4], (4, 4), 2, 0)
         _close(ours, expected)
     _close(answer.relevance(2, overview=True), by_hand(rolled[positions.numpy()][24:], (4, 4), 2, 0))
+
+
+def test_llava_nexts_relevance_is_placed_as_transformers_packs_the_crops(llava_next):  # noqa: F811
+    """Gradient x attention over LLaVA-NeXT's base image and crops: the crops' tokens on the unpadded canvas as
+    ``pack_image_features`` packs them (``packed_places``), the newlines on no patch, the base image as the
+    overview."""
+    from transformers import AutoProcessor
+
+    answer = vit.ask_vlm(vit.open_vlm(llava_next), picture(), QUESTION, max_new_tokens=NEW_TOKENS)
+    processor = AutoProcessor.from_pretrained(llava_next)
+    messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": QUESTION}]}]
+    inputs = processor(images=[picture()], text=processor.apply_chat_template(messages, add_generation_prompt=True),
+                       return_tensors="pt")
+    places = packed_places(llava_next, inputs)
+    cams, rolled, positions = reference(llava_next, list(answer.tokens), 3)
+    for values, ours in ((cams[1], answer.relevance(3, 1)), (rolled, answer.relevance(3))):
+        expected = np.full((8, 10), np.nan, dtype=np.float32)
+        for value, place in zip(values[positions.numpy()], places, strict=True):
+            if place is not None:
+                expected[place[0], place[1] - 1] = value
+        _close(ours, expected)
+    _close(answer.relevance(3, overview=True), by_hand(rolled[positions.numpy()][:16], (4, 4), 1, 0))

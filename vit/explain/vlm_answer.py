@@ -13,7 +13,8 @@ No layer's ``T x T`` attention is ever held. A row is computed when asked, from 
 has one), ``H x T`` per row, as the eager attention forms it. Its image tokens' share is placed on the tower's patch
 grid through the model's own token layout (``visual_lens.on_patch_grid``: LLaVA's patches with or without CLIP's CLS,
 Qwen-VL's 2 x 2 merge units, InternVL's pixel-shuffle units, Gemma 3's pooled 4 x 4), the order the projector hands
-them to the language model. What this holds is counted before the work (``vit.costs.plan.vlm_answer``).
+them to the language model; an image cut into tiles on the tiles' canvas (InternVL's crops, LLaVA-NeXT's unpadded
+crops and newline tokens), its one view of the whole image (InternVL's thumbnail, NeXT's base image) as the overview. What this holds is counted before the work (``vit.costs.plan.vlm_answer``).
 """
 
 from __future__ import annotations
@@ -172,6 +173,12 @@ class ImageLayout:
         return self.overview
 
 
+def _check_count(positions: torch.Tensor, expected: int, where: str) -> None:
+    if len(positions) != expected:
+        raise ValueError(f"the prompt holds {len(positions)} image tokens, not the {expected} of {where}; its image "
+                         "tokens are laid out otherwise, which is not placed yet")
+
+
 def tile_index(rows: int, cols: int, grid: tuple[int, int], unit: int, start: int = 0) -> torch.Tensor:
     """(rows x gh, cols x gw) long: the image token over each patch of a canvas of ``rows x cols`` tiles, each on
     patch grid ``grid``, whose tokens come tile after tile (row-major), each tile's units row-major, from
@@ -200,9 +207,34 @@ def _internvl_tiles(vlm, image: Image.Image, pixels: torch.Tensor, positions: to
     ph, pw = vlm.tower.model.config.patch_hw
     grid, unit = (pixels.shape[-2] // ph, pixels.shape[-1] // pw), vlm.unit
     per_tile = (grid[0] // unit) * (grid[1] // unit)
+    _check_count(positions, (rows * cols + 1) * per_tile, f"{rows}x{cols} tiles and a thumbnail of "
+                 f"{grid[0]}x{grid[1]} patches in {unit}x{unit} units")
     overview = ImageLayout(positions, grid, unit, 0, tile_index(1, 1, grid, unit, rows * cols * per_tile))
     return ImageLayout(positions, (rows * grid[0], cols * grid[1]), unit, 0, tile_index(rows, cols, grid, unit),
                        rows * cols + 1, grid, overview)
+
+
+def _next_tiles(vlm, inputs, positions: torch.Tensor) -> ImageLayout:
+    """LLaVA-NeXT's anyres image (``LlavaNextModel.pack_image_features``): the base image's patches first (the
+    overview), then the crops of the canvas ``select_best_resolution`` chose, each on the tower's grid, laid out
+    row-major on the canvas, its padding rows or columns dropped (``unpad_image``: the canvas kept the image's aspect)
+    and a newline token after each row of it, which covers no patch."""
+    from transformers.models.llava_next.modeling_llava_next import get_anyres_image_grid_shape, unpad_image
+
+    config = vlm.model.config
+    if config.vision_feature_select_strategy != "default":
+        raise ValueError("this LLaVA-NeXT keeps CLIP's CLS in every crop (the \"full\" strategy), whose crops "
+                         "transformers does not lay out on the canvas either; ask a model of the \"default\" one")
+    side = config.vision_config.image_size // config.vision_config.patch_size  # one crop's patches along a side
+    size = inputs["image_sizes"][0]  # (height, width) of the image
+    rows, cols = get_anyres_image_grid_shape(size, config.image_grid_pinpoints, config.vision_config.image_size)
+    height, width = unpad_image(torch.zeros(1, rows * side, cols * side), size).shape[1:]  # the canvas unpadded
+    r, c = torch.arange(height)[:, None], torch.arange(width)[None, :]
+    index = side * side + r * (width + 1) + c  # after the base image, each row followed by its newline
+    overview = ImageLayout(positions, (side, side), 1, 0, tile_index(1, 1, (side, side), 1))
+    _check_count(positions, side * side + height * (width + 1), f"a {side}x{side}-patch base image and a "
+                 f"{height}x{width}-patch canvas of {rows}x{cols} crops with a newline per row")
+    return ImageLayout(positions, (height, width), 1, 0, index, rows * cols + 1, (side, side), overview)
 
 
 def image_layout(vlm, inputs, image: Image.Image) -> ImageLayout:
@@ -226,6 +258,8 @@ def image_layout(vlm, inputs, image: Image.Image) -> ImageLayout:
         pixels = inputs["pixel_values"]
         if pixels.dim() == 4 and pixels.shape[0] > 1 and vlm.model_type == "internvl":
             layout = _internvl_tiles(vlm, image, pixels, positions)
+        elif pixels.dim() == 5 and pixels.shape[0] == 1 and vlm.model_type == "llava_next":
+            layout = _next_tiles(vlm, inputs, positions)
         elif pixels.dim() != 4 or pixels.shape[0] != 1:
             raise ValueError(f"the processor cut the image into {pixels.shape[0]} tiles, whose tokens are not placed "
                              "on one patch grid yet; ask a model that reads one view of the image")
@@ -233,16 +267,10 @@ def image_layout(vlm, inputs, image: Image.Image) -> ImageLayout:
             ph, pw = tower.config.patch_hw
             layout = ImageLayout(positions, (pixels.shape[-2] // ph, pixels.shape[-1] // pw), vlm.unit,
                                  leading_rows(tower))
-    if layout.index is not None:
-        expected = int(layout.overview.index.max() if layout.overview is not None else layout.index.max()) + 1
-        where = f"{layout.views} tiles of {layout.view_grid[0]}x{layout.view_grid[1]} patches"
-    else:
+    if layout.index is None:
         (gh, gw), unit = layout.grid, layout.unit
-        expected = layout.lead + (gh // unit) * (gw // unit)
-        where = f"one {gh}x{gw} patch grid in {unit}x{unit} units"
-    if len(positions) != expected:
-        raise ValueError(f"the prompt holds {len(positions)} image tokens, not the {expected} of {where}; its image "
-                         "tokens are laid out otherwise (newline tokens), which is not placed yet")
+        _check_count(positions, layout.lead + (gh // unit) * (gw // unit),
+                     f"one {gh}x{gw} patch grid in {unit}x{unit} units")
     return layout
 
 
