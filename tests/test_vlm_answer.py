@@ -496,3 +496,17 @@ def test_llava_nexts_crops_are_placed_as_transformers_packs_them(llava_next):
                                            by_hand(row[:16], (4, 4), 1, 0), rtol=0, atol=ATOL)
     row = out.attentions[1][0][0, :, -1, positions].numpy().mean(0)
     assert _differs(answer.attention(1, 0), row[16:96].reshape(8, 10))  # the newlines taken for patches
+
+
+def test_a_visitor_is_bounded_by_every_tiles_patches(internvl_tiles, monkeypatch):
+    """The tower reads each of InternVL's six tiles and its thumbnail: 112 patches, more than the canvas's 96."""
+    from vit.app import vlm_ask
+    from vit.explain.vlm_answer import prepare
+
+    prepared = prepare(vit.open_vlm(internvl_tiles), picture(), QUESTION, max_new_tokens=1)
+    assert prepared.layout.grid == (8, 12) and prepared.layout.patches == 7 * 16
+    monkeypatch.setattr(vlm_ask, "VISITOR_PATCHES", 100)
+    with pytest.raises(ValueError, match=r"^the model's processor makes this image 7 tiles of 4x4 = 112 patches, "
+                                         r"more than the 100 a visitor may ask about here"):
+        vlm_ask.check_visitor(prepared, may_open=False)
+    vlm_ask.check_visitor(prepared, may_open=True)

@@ -14,7 +14,8 @@ has one), ``H x T`` per row, as the eager attention forms it. Its image tokens' 
 grid through the model's own token layout (``visual_lens.on_patch_grid``: LLaVA's patches with or without CLIP's CLS,
 Qwen-VL's 2 x 2 merge units, InternVL's pixel-shuffle units, Gemma 3's pooled 4 x 4), the order the projector hands
 them to the language model; an image cut into tiles on the tiles' canvas (InternVL's crops, LLaVA-NeXT's unpadded
-crops and newline tokens), its one view of the whole image (InternVL's thumbnail, NeXT's base image) as the overview. What this holds is counted before the work (``vit.costs.plan.vlm_answer``).
+crops and newline tokens), its one view of the whole image (InternVL's thumbnail, NeXT's base image) as the
+overview. What this holds is counted before the work (``vit.costs.plan.vlm_answer``).
 """
 
 from __future__ import annotations
@@ -163,6 +164,12 @@ class ImageLayout:
         if self.index is not None:
             return values[:, self.index]
         return on_patch_grid(values, self.grid, self.unit, self.lead)
+
+    @property
+    def patches(self) -> int:
+        """The patches the tower reads: the one view's, or every tile's and the overview's."""
+        gh, gw = self.view_grid or self.grid
+        return self.views * gh * gw
 
     def view(self, overview: bool) -> ImageLayout:
         """This layout, or its ``overview`` (ValueError in one line for a model that reads one view)."""
