@@ -510,3 +510,29 @@ def test_a_visitor_is_bounded_by_every_tiles_patches(internvl_tiles, monkeypatch
                                          r"more than the 100 a visitor may ask about here"):
         vlm_ask.check_visitor(prepared, may_open=False)
     vlm_ask.check_visitor(prepared, may_open=True)
+
+
+def test_predict_ask_writes_the_tiles_canvas_and_the_overview(internvl_tiles, tmp_path, capsys):
+    """InternVL's tiles: ``attention`` on the 8 x 12-patch canvas, ``overview_attention`` on the thumbnail's 4 x 4,
+    each the eager row placed where the processor cut the tiles."""
+    from vit.predict import main
+
+    picture().save(tmp_path / "photo.png")
+    assert main([str(internvl_tiles), str(tmp_path / "photo.png"), "--ask", QUESTION, "--max-new-tokens",
+                 str(NEW_TOKENS), "--save-maps", str(tmp_path / "maps"), "--device", "cpu"]) == 0
+    [record] = json.loads(capsys.readouterr().out)
+    saved = np.load(record["maps"]["npz"])
+    assert saved["attention"].shape == (NEW_TOKENS, 2, 4, 8, 12)
+    assert saved["overview_attention"].shape == (NEW_TOKENS, 2, 4, 4, 4)
+    out, inputs, image_token = eager_generate(internvl_tiles, picture())
+    positions = (inputs["input_ids"][0] == image_token).nonzero()[:, 0]
+    places = where_tiles_are(internvl_tiles, picture())
+    for i in (0, NEW_TOKENS - 1):
+        rows = out.attentions[i][1][0, :, -1, positions].numpy()  # (H, 28)
+        for head in range(4):
+            expected = np.zeros((8, 12), dtype=np.float32)
+            for k, (r, c) in enumerate(places):
+                expected[4 * r:4 * r + 4, 4 * c:4 * c + 4] = by_hand(rows[head, 4 * k:4 * k + 4], (4, 4), 2, 0)
+            np.testing.assert_allclose(saved["attention"][i, 1, head], expected, rtol=0, atol=ATOL)
+            np.testing.assert_allclose(saved["overview_attention"][i, 1, head], by_hand(rows[head, 24:], (4, 4), 2, 0),
+                                       rtol=0, atol=ATOL)

@@ -442,9 +442,11 @@ class Prepared:
     text: object  # TextShape: the language model's sizes
 
     def maps_bytes(self, itemsize: int = 4) -> int:
-        """Bytes of every answer token's map at every layer and head at most: ``new x L x H x gh x gw``."""
+        """Bytes of every answer token's map at every layer and head at most: ``new x L x H x gh x gw``, and as many
+        on the overview's grid for an image read as tiles."""
         gh, gw = self.layout.grid
-        return self.max_new_tokens * self.text.layers * self.text.heads * gh * gw * itemsize
+        oh, ow = self.layout.overview.grid if self.layout.overview is not None else (0, 0)
+        return self.max_new_tokens * self.text.layers * self.text.heads * (gh * gw + oh * ow) * itemsize
 
 
 def prepare(vlm, image: Image.Image, question: str | None = None, *, prompt: str | None = None,
