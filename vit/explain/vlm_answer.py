@@ -247,8 +247,9 @@ def _next_tiles(vlm, inputs, positions: torch.Tensor) -> ImageLayout:
 def image_layout(vlm, inputs, image: Image.Image) -> ImageLayout:
     """The layout of the one ``image`` in the processor's ``inputs``: its patch grid from the pixels the model reads
     (Qwen-VL's ``image_grid_thw``; else the pixel tensor's side over the tower's patch), the unit and prefix tokens
-    from our tower (``vlm.unit``, ``visual_lens.leading_rows``); InternVL's tiles on their canvas
-    (``_internvl_tiles``). ValueError (one line) when the image tokens do not tile that grid (several images)."""
+    from our tower (``vlm.unit``, ``visual_lens.leading_rows``); InternVL's and LLaVA-NeXT's tiles on their canvas
+    (``_internvl_tiles``, ``_next_tiles``). ValueError (one line) when the image tokens do not tile that grid
+    (several images, another family's tiles)."""
     from vit.explain.visual_lens import leading_rows
 
     tower = vlm.tower.model
