@@ -57,15 +57,21 @@ def tokenizer(specials: list[str], named: dict[str, str] | None = None, bos: str
 def _build(kind: str):
     if kind.startswith("paligemma"):  # SigLIP's 4 x 4 patches, one image token each, read as a bidirectional prefix
         words = tokenizer(["<image>"], bos="<bos>")
-        text = dict(LLAMA, model_type="gemma", vocab_size=len(words))
-        if kind == "paligemma2":  # PaliGemma 2: the same config over Gemma 2 (soft caps, sliding-window layers)
+        # Untied: Gemma's embeddings scaled by sqrt(hidden) and tied to its head repeat the last token, every step;
+        # bos as the end: the answer runs its NEW_TOKENS
+        text = dict(LLAMA, model_type="gemma", vocab_size=len(words), tie_word_embeddings=False,
+                    eos_token_id=len(words) - 1)
+        tower = dict(CLIP_TOWER, model_type="siglip_vision_model", vision_use_head=False)
+        if kind == "paligemma2":  # PaliGemma 2: the same config over Gemma 2 (soft caps, sliding-window layers),
             text = dict(text, model_type="gemma2", sliding_window=512, attn_logit_softcapping=5.0,
                         final_logit_softcapping=30.0)
-        config = transformers.PaliGemmaConfig(
-            vision_config=dict(CLIP_TOWER, model_type="siglip_vision_model", vision_use_head=False),
-            text_config=text, projection_dim=32, image_token_id=words.convert_tokens_to_ids("<image>"))
-        images = transformers.SiglipImageProcessor(size={"height": 32, "width": 32}, resample=3)
-        images.image_seq_length = 16
+            tower = dict(tower, image_size=64, patch_size=4)  # and PaliGemma's 256 image tokens, 16 x 16
+        config = transformers.PaliGemmaConfig(vision_config=tower, text_config=text, projection_dim=32,
+                                              image_token_id=words.convert_tokens_to_ids("<image>"),
+                                              tie_word_embeddings=False, eos_token_id=len(words) - 1)
+        side = tower["image_size"]
+        images = transformers.SiglipImageProcessor(size={"height": side, "width": side}, resample=3)
+        images.image_seq_length = (side // tower["patch_size"]) ** 2
         # No chat template, as PaliGemma's checkpoints have none: its processor lays out the prompt
         return (transformers.PaliGemmaForConditionalGeneration(config),
                 transformers.PaliGemmaProcessor(image_processor=images, tokenizer=words))
