@@ -37,22 +37,58 @@ CLIP_TOWER = dict(model_type="clip_vision_model", image_size=32, patch_size=8, h
                   num_hidden_layers=3, num_attention_heads=2)
 LLAMA = dict(model_type="llama", hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
              num_key_value_heads=2, head_dim=8)
-KINDS = ["llava", "llava_full", "qwen2_5_vl", "qwen3_vl", "gemma3"]
+NEXT_PINPOINTS = [[32, 64], [64, 32], [64, 64], [64, 96], [96, 64]]  # LLaVA-NeXT's canvases, (height, width) px
+KINDS = ["llava", "llava_full", "qwen2_5_vl", "qwen3_vl", "gemma3", "paligemma", "paligemma2", "internvl"]
 QUESTION = "what is this ?"
 
 
-def tokenizer(specials: list[str], named: dict[str, str] | None = None):
+def tokenizer(specials: list[str], named: dict[str, str] | None = None, bos: str | None = None):
     """A word-level tokenizer of ``WORDS`` split at spaces, with ``specials`` and ``named`` special tokens (Gemma 3's
-    processor reads its ``boi_token``, ``eoi_token`` and ``image_token`` by name), built offline."""
+    processor reads its ``boi_token``, ``eoi_token`` and ``image_token`` by name) and a ``bos`` token (PaliGemma's
+    processor puts it after the image), built offline."""
     tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(WORDS)}, unk_token="[UNK]"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tok.add_special_tokens([*specials, *(named or {}).values()])
+    tok.add_special_tokens([*specials, *(named or {}).values(), *([bos] if bos else [])])
     return transformers.PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", pad_token="<pad>",
-                                                eos_token="<pad>", additional_special_tokens=specials,
+                                                eos_token="<pad>", bos_token=bos, additional_special_tokens=specials,
                                                 extra_special_tokens=named or {})
 
 
 def _build(kind: str):
+    if kind.startswith("paligemma"):  # SigLIP's 4 x 4 patches, one image token each, read as a bidirectional prefix
+        words = tokenizer(["<image>"], bos="<bos>")
+        # Untied: Gemma's embeddings scaled by sqrt(hidden) and tied to its head repeat the last token, every step;
+        # bos as the end: the answer runs its NEW_TOKENS
+        text = dict(LLAMA, model_type="gemma", vocab_size=len(words), tie_word_embeddings=False,
+                    eos_token_id=len(words) - 1)
+        tower = dict(CLIP_TOWER, model_type="siglip_vision_model", vision_use_head=False)
+        if kind == "paligemma2":  # PaliGemma 2: the same config over Gemma 2 (soft caps, sliding-window layers),
+            text = dict(text, model_type="gemma2", sliding_window=512, attn_logit_softcapping=5.0,
+                        final_logit_softcapping=30.0)
+            tower = dict(tower, image_size=64, patch_size=4)  # and PaliGemma's 256 image tokens, 16 x 16
+        config = transformers.PaliGemmaConfig(vision_config=tower, text_config=text, projection_dim=32,
+                                              image_token_id=words.convert_tokens_to_ids("<image>"),
+                                              tie_word_embeddings=False, eos_token_id=len(words) - 1)
+        side = tower["image_size"]
+        images = transformers.SiglipImageProcessor(size={"height": side, "width": side}, resample=3)
+        images.image_seq_length = (side // tower["patch_size"]) ** 2
+        # No chat template, as PaliGemma's checkpoints have none: its processor lays out the prompt
+        return (transformers.PaliGemmaForConditionalGeneration(config),
+                transformers.PaliGemmaProcessor(image_processor=images, tokenizer=words))
+    if kind == "internvl":  # a 4 x 4 grid pixel-shuffled 2 x 2 into 2 x 2 image tokens, one view (no tiles)
+        named = {"start_image_token": "<img>", "end_image_token": "</img>", "context_image_token": "<IMG_CONTEXT>",
+                 "video_token": "<video>"}
+        words = tokenizer([], named)
+        config = transformers.InternVLConfig(
+            vision_config=dict(image_size=32, patch_size=8, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                               num_attention_heads=2, attention_bias=True, use_qk_norm=True),
+            text_config=dict(LLAMA, model_type="qwen2", vocab_size=len(words)),
+            image_token_id=words.convert_tokens_to_ids("<IMG_CONTEXT>"), eos_token_id=1)
+        processor = transformers.InternVLProcessor(
+            image_processor=transformers.GotOcr2ImageProcessor(size={"height": 32, "width": 32}, max_patches=1),
+            tokenizer=words, video_processor=transformers.InternVLVideoProcessor(), image_seq_length=4,
+            chat_template=TEMPLATE.replace("IMAGE", "<IMG_CONTEXT>"))
+        return transformers.InternVLForConditionalGeneration(config), processor
     if kind == "gemma3":  # an 8 x 8 SigLIP grid pooled 4 x 4 into 2 x 2 image tokens; sliding-window layers
         named = {"boi_token": "<start_of_image>", "eoi_token": "<end_of_image>", "image_token": "<image_soft_token>"}
         words = tokenizer([], named)
@@ -66,6 +102,18 @@ def _build(kind: str):
             image_processor=transformers.Gemma3ImageProcessor(size={"height": 64, "width": 64}), tokenizer=words,
             image_seq_length=4, chat_template=TEMPLATE.replace("IMAGE", "<start_of_image>"))
         return transformers.Gemma3ForConditionalGeneration(config), processor
+    if kind == "llava_next":  # a 4 x 4-patch base image, then 32-px crops of its canvas unpadded, newline tokens
+        words = tokenizer(["<image>"])
+        config = transformers.LlavaNextConfig(vision_config=CLIP_TOWER, text_config=dict(LLAMA, vocab_size=len(words)),
+                                              image_token_id=words.convert_tokens_to_ids("<image>"),
+                                              image_grid_pinpoints=NEXT_PINPOINTS)
+        images = transformers.LlavaNextImageProcessor(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32},
+                                                      image_grid_pinpoints=NEXT_PINPOINTS)
+        processor = transformers.LlavaNextProcessor(image_processor=images, tokenizer=words, patch_size=8,
+                                                    vision_feature_select_strategy="default",
+                                                    num_additional_image_tokens=1,
+                                                    chat_template=TEMPLATE.replace("IMAGE", "<image>"))
+        return transformers.LlavaNextForConditionalGeneration(config), processor
     if kind.startswith("llava"):
         strategy = "full" if kind == "llava_full" else "default"  # "full": CLIP's CLS is an image token too
         words = tokenizer(["<image>"])
@@ -145,7 +193,9 @@ def eager_generate(folder, image: Image.Image, text: str | None = None):
     config = json.loads((folder / "config.json").read_text())
     model = getattr(transformers, config["architectures"][0]).from_pretrained(folder, attn_implementation="eager")
     processor = transformers.AutoProcessor.from_pretrained(folder)
-    if text is None:
+    if text is None and processor.chat_template is None:  # PaliGemma's prompt: its processor adds bos and newline
+        text = processor.image_token + QUESTION
+    elif text is None:
         messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": QUESTION}]}]
         text = processor.apply_chat_template(messages, add_generation_prompt=True)
     inputs = processor(images=[image], text=text, return_tensors="pt")
@@ -166,7 +216,8 @@ def by_hand(row: np.ndarray, grid: tuple[int, int], unit: int, lead: int) -> np.
 
 
 # (unit, lead): patches per image token along each side, image tokens before the patches'
-LAYOUT = {"llava": (1, 0), "llava_full": (1, 1), "qwen2_5_vl": (2, 0), "qwen3_vl": (2, 0), "gemma3": (4, 0)}
+LAYOUT = {"llava": (1, 0), "llava_full": (1, 1), "qwen2_5_vl": (2, 0), "qwen3_vl": (2, 0), "gemma3": (4, 0),
+          "paligemma": (1, 0), "paligemma2": (1, 0), "internvl": (2, 0)}
 
 
 @pytest.fixture(scope="module")
@@ -287,7 +338,7 @@ def test_a_folder_that_is_no_generating_vlm_is_refused_in_one_line(tmp_path):
 
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "vit", "architectures": ["ViTModel"]}))
     with pytest.raises(VLMError, match=r"is a 'vit' model; asking a question reads a generating vision-language "
-                                       r"model: llava, qwen2_5_vl"):
+                                       r"model: llava, llava_next, qwen2_5_vl"):
         vit.open_vlm(tmp_path)
 
 
@@ -326,3 +377,168 @@ def test_predict_ask_refuses_maps_over_the_limit_before_answering(vlms, tmp_path
     assert "--save-maps would write up to 2 MB" in err and "(512 tokens x 2 layers x 4 heads x " in err
     assert "over the 1 MB limit; raise --max-maps-mb" in err
     assert not list((tmp_path / "maps").iterdir())
+
+
+@pytest.fixture(scope="module")
+def internvl_tiles(tmp_path_factory):
+    """InternVL whose processor cuts ``picture()`` (90 x 70) into 3 x 2 tiles and a thumbnail (at most 6 tiles: the
+    canvas nearest its aspect), each tile 2 x 2 pixel-shuffled tokens, saved whole."""
+    torch.manual_seed(0)
+    model, processor = _build("internvl")
+    processor.image_processor.max_patches = 6
+    folder = tmp_path_factory.mktemp("internvl_tiles")
+    noisy(model).save_pretrained(folder, max_shard_size="20KB")
+    processor.save_pretrained(folder)
+    return folder
+
+
+def where_tiles_are(folder, image: Image.Image, side: int = 32) -> list[tuple[int, int]]:
+    """transformers alone: the (row, column) on the canvas of each tile the image processor cut, found by its pixels:
+    of every canvas of ``tiles`` crops, the one whose crops (the image processor's resize of the whole image to the
+    canvas, cut) are the tiles, pixel for pixel."""
+    images = transformers.AutoProcessor.from_pretrained(folder).image_processor
+    tiles = images(image, crop_to_patches=True, return_tensors="pt")["pixel_values"][:-1]  # the thumbnail last
+    n = tiles.shape[0]
+    for rows in (r for r in range(1, n + 1) if n % r == 0):
+        cols = n // rows
+        canvas = images(image, crop_to_patches=False, size={"height": rows * side, "width": cols * side},
+                        return_tensors="pt")["pixel_values"][0]
+        crops = {(r, c): canvas[:, r * side:(r + 1) * side, c * side:(c + 1) * side]
+                 for r in range(rows) for c in range(cols)}
+        found = [next((place for place, crop in crops.items() if torch.equal(tile, crop)), None) for tile in tiles]
+        if None not in found:
+            return found
+    raise AssertionError("no canvas's crops are the tiles")
+
+
+def test_internvls_tiles_are_placed_where_the_processor_cut_them(internvl_tiles):
+    """Each tile's four image tokens (its 2 x 2 pixel-shuffle units) cover the part of the 8 x 12-patch canvas its
+    pixels came from; the thumbnail's, after the tiles', are the overview. Tiles taken column-major would be another
+    map."""
+    image = picture()
+    answer = vit.ask_vlm(vit.open_vlm(internvl_tiles), image, QUESTION, max_new_tokens=NEW_TOKENS)
+    out, inputs, image_token = eager_generate(internvl_tiles, image)
+    assert list(answer.tokens) == out.sequences[0, inputs["input_ids"].shape[1]:].tolist()
+    places = where_tiles_are(internvl_tiles, image)
+    assert sorted(places) == [(r, c) for r in range(2) for c in range(3)] and inputs["pixel_values"].shape[0] == 7
+    positions = (inputs["input_ids"][0] == image_token).nonzero()[:, 0]
+    assert answer.grid == (8, 12) and len(positions) == 7 * 4
+    for i in range(NEW_TOKENS):
+        for layer in range(answer.layers):
+            rows = out.attentions[i][layer][0, :, -1, positions].numpy()  # (H, 28)
+            for head in (*range(rows.shape[0]), None):
+                row = rows.mean(0) if head is None else rows[head]
+                expected = np.zeros((8, 12), dtype=np.float32)
+                for k, (r, c) in enumerate(places):
+                    expected[4 * r:4 * r + 4, 4 * c:4 * c + 4] = by_hand(row[4 * k:4 * k + 4], (4, 4), 2, 0)
+                np.testing.assert_allclose(answer.attention(i, layer, head), expected, rtol=0, atol=ATOL)
+                np.testing.assert_allclose(answer.attention(i, layer, head, overview=True),
+                                           by_hand(row[24:], (4, 4), 2, 0), rtol=0, atol=ATOL)
+    row = out.attentions[1][0][0, :, -1, positions].numpy().mean(0)
+    column_major = np.zeros((8, 12), dtype=np.float32)
+    for k in range(6):
+        column_major[4 * (k % 2):4 * (k % 2) + 4, 4 * (k // 2):4 * (k // 2) + 4] = by_hand(row[4 * k:4 * k + 4],
+                                                                                         (4, 4), 2, 0)
+    assert _differs(answer.attention(1, 0), column_major)
+    with pytest.raises(ValueError, match=r"^this image was read in one view"):
+        vit.ask_vlm(vit.open_vlm(internvl_tiles), picture(32, 32), QUESTION, max_new_tokens=1).attention(
+            0, overview=True)
+
+
+@pytest.fixture(scope="module")
+def llava_next(tmp_path_factory):
+    """LLaVA-NeXT saved whole: ``picture()`` (90 x 70) on its 64 x 96-px canvas, 2 x 3 crops of 4 x 4 patches."""
+    torch.manual_seed(0)
+    model, processor = _build("llava_next")
+    folder = tmp_path_factory.mktemp("llava_next")
+    noisy(model).save_pretrained(folder, max_shard_size="20KB")
+    processor.save_pretrained(folder)
+    return folder
+
+
+def packed_places(folder, inputs) -> list[tuple[int, int] | None]:
+    """transformers alone: the canvas (row, column) of the patch each image token holds, as
+    ``LlavaNextModel.pack_image_features`` lays out the base image and the crops (None: the base image's tokens and
+    the newlines): each crop's features tagged with the canvas place of its patches (crops row-major on the canvas,
+    as the image processor cuts them), packed, and read back."""
+    model = transformers.LlavaNextForConditionalGeneration.from_pretrained(folder)
+    crops, side = inputs["pixel_values"].shape[1] - 1, 4
+    rows, cols = 2, 3
+    assert crops == rows * cols
+    tags = torch.full((crops + 1, side * side, 2), -1.0)  # the base image's: (-1, -1)
+    for k in range(crops):
+        for p in range(side * side):
+            tags[k + 1, p] = torch.tensor([k // cols * side + p // side, k % cols * side + p % side], dtype=torch.float)
+    packed, _ = model.model.pack_image_features([tags], inputs["image_sizes"], "default",
+                                                image_newline=torch.full((2,), -2.0))
+    return [None if tag[0] < 0 else (int(tag[0]), int(tag[1])) for tag in packed[0]]
+
+
+def test_llava_nexts_crops_are_placed_as_transformers_packs_them(llava_next):
+    """LLaVA-NeXT's 104 image tokens: the base image's 16 (the overview), then the 2 x 3 crops' patches on the
+    canvas, its padding columns dropped (8 x 10 of 8 x 12), each row followed by a newline token that covers no patch,
+    as ``pack_image_features`` packs them. The crops taken row-major without the unpadding and the newlines would be
+    another map."""
+    image = picture()
+    answer = vit.ask_vlm(vit.open_vlm(llava_next), image, QUESTION, max_new_tokens=NEW_TOKENS)
+    out, inputs, image_token = eager_generate(llava_next, image)
+    assert list(answer.tokens) == out.sequences[0, inputs["input_ids"].shape[1]:].tolist()
+    positions = (inputs["input_ids"][0] == image_token).nonzero()[:, 0]
+    places = packed_places(llava_next, inputs)
+    assert len(positions) == len(places) == 104 and answer.grid == (8, 10)
+    top, left = min(p[0] for p in places if p), min(p[1] for p in places if p)
+    assert (top, left) == (0, 1)  # the canvas's first column is padding
+    for i in range(NEW_TOKENS):
+        for layer in range(answer.layers):
+            rows = out.attentions[i][layer][0, :, -1, positions].numpy()  # (H, 104)
+            for head in (*range(rows.shape[0]), None):
+                row = rows.mean(0) if head is None else rows[head]
+                expected = np.full((8, 10), np.nan, dtype=np.float32)
+                for value, place in zip(row, places, strict=True):
+                    if place is not None:
+                        expected[place[0] - top, place[1] - left] = value
+                np.testing.assert_allclose(answer.attention(i, layer, head), expected, rtol=0, atol=ATOL)
+                np.testing.assert_allclose(answer.attention(i, layer, head, overview=True),
+                                           by_hand(row[:16], (4, 4), 1, 0), rtol=0, atol=ATOL)
+    row = out.attentions[1][0][0, :, -1, positions].numpy().mean(0)
+    assert _differs(answer.attention(1, 0), row[16:96].reshape(8, 10))  # the newlines taken for patches
+
+
+def test_a_visitor_is_bounded_by_every_tiles_patches(internvl_tiles, monkeypatch):
+    """The tower reads each of InternVL's six tiles and its thumbnail: 112 patches, more than the canvas's 96."""
+    from vit.app import vlm_ask
+    from vit.explain.vlm_answer import prepare
+
+    prepared = prepare(vit.open_vlm(internvl_tiles), picture(), QUESTION, max_new_tokens=1)
+    assert prepared.layout.grid == (8, 12) and prepared.layout.patches == 7 * 16
+    monkeypatch.setattr(vlm_ask, "VISITOR_PATCHES", 100)
+    with pytest.raises(ValueError, match=r"^the model's processor makes this image 7 tiles of 4x4 = 112 patches, "
+                                         r"more than the 100 a visitor may ask about here"):
+        vlm_ask.check_visitor(prepared, may_open=False)
+    vlm_ask.check_visitor(prepared, may_open=True)
+
+
+def test_predict_ask_writes_the_tiles_canvas_and_the_overview(internvl_tiles, tmp_path, capsys):
+    """InternVL's tiles: ``attention`` on the 8 x 12-patch canvas, ``overview_attention`` on the thumbnail's 4 x 4,
+    each the eager row placed where the processor cut the tiles."""
+    from vit.predict import main
+
+    picture().save(tmp_path / "photo.png")
+    assert main([str(internvl_tiles), str(tmp_path / "photo.png"), "--ask", QUESTION, "--max-new-tokens",
+                 str(NEW_TOKENS), "--save-maps", str(tmp_path / "maps"), "--device", "cpu"]) == 0
+    [record] = json.loads(capsys.readouterr().out)
+    saved = np.load(record["maps"]["npz"])
+    assert saved["attention"].shape == (NEW_TOKENS, 2, 4, 8, 12)
+    assert saved["overview_attention"].shape == (NEW_TOKENS, 2, 4, 4, 4)
+    out, inputs, image_token = eager_generate(internvl_tiles, picture())
+    positions = (inputs["input_ids"][0] == image_token).nonzero()[:, 0]
+    places = where_tiles_are(internvl_tiles, picture())
+    for i in (0, NEW_TOKENS - 1):
+        rows = out.attentions[i][1][0, :, -1, positions].numpy()  # (H, 28)
+        for head in range(4):
+            expected = np.zeros((8, 12), dtype=np.float32)
+            for k, (r, c) in enumerate(places):
+                expected[4 * r:4 * r + 4, 4 * c:4 * c + 4] = by_hand(rows[head, 4 * k:4 * k + 4], (4, 4), 2, 0)
+            np.testing.assert_allclose(saved["attention"][i, 1, head], expected, rtol=0, atol=ATOL)
+            np.testing.assert_allclose(saved["overview_attention"][i, 1, head], by_hand(rows[head, 24:], (4, 4), 2, 0),
+                                       rtol=0, atol=ATOL)

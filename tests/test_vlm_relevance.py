@@ -18,7 +18,19 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-from test_vlm_answer import KINDS, LAYOUT, NEW_TOKENS, QUESTION, by_hand, picture, vlms  # noqa: E402,F401
+from test_vlm_answer import (  # noqa: E402,F401
+    KINDS,
+    LAYOUT,
+    NEW_TOKENS,
+    QUESTION,
+    by_hand,
+    internvl_tiles,
+    llava_next,
+    packed_places,
+    picture,
+    vlms,
+    where_tiles_are,
+)
 
 import vit  # noqa: E402
 from vit.bounds import TooManyTokens  # noqa: E402
@@ -41,15 +53,20 @@ def reference(folder, tokens: list[int], i: int) -> tuple[list[np.ndarray], np.n
     config = json.loads((folder / "config.json").read_text())
     model = getattr(transformers, config["architectures"][0]).from_pretrained(folder, attn_implementation="eager")
     processor = transformers.AutoProcessor.from_pretrained(folder)
-    messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": QUESTION}]}]
-    text = processor.apply_chat_template(messages, add_generation_prompt=True)
+    if processor.chat_template is None:  # PaliGemma's prompt: its processor adds bos and newline
+        text = processor.image_token + QUESTION
+    else:
+        messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": QUESTION}]}]
+        text = processor.apply_chat_template(messages, add_generation_prompt=True)
     inputs = dict(processor(images=[picture()], text=text, return_tensors="pt"))
+    inputs.pop("labels", None)  # PaliGemma's processor's, for a loss
     positions = (inputs["input_ids"][0] == model.config.image_token_id).nonzero()[:, 0]
     new = torch.tensor([tokens[:i]], dtype=torch.long)
     inputs["input_ids"] = torch.cat([inputs["input_ids"], new], -1)
     inputs["attention_mask"] = torch.cat([inputs["attention_mask"], torch.ones_like(new)], -1)
-    if "token_type_ids" in inputs:  # Gemma 3: generate repeats the last value
-        inputs["token_type_ids"] = torch.cat([inputs["token_type_ids"], torch.zeros_like(new)], -1)
+    if "token_type_ids" in inputs:  # as generate extends them: PaliGemma's answer is its causal suffix (1), Gemma 3's
+        suffix = 1 if model.config.model_type == "paligemma" else 0  # the last value (text, 0)
+        inputs["token_type_ids"] = torch.cat([inputs["token_type_ids"], torch.full_like(new, suffix)], -1)
     if "mm_token_type_ids" in inputs:
         inputs["mm_token_type_ids"] = torch.cat([inputs["mm_token_type_ids"], torch.zeros_like(new)], -1)
     out = model.eval()(**inputs, output_attentions=True, use_cache=False)
@@ -120,3 +137,41 @@ def test_a_token_or_layer_that_does_not_exist_is_refused_in_one_line(asked):
         answer.relevance(5)
     with pytest.raises(ValueError, match=r"^layer 2 does not exist"):
         answer.relevance(0, 2)
+
+
+def test_internvls_relevance_is_placed_where_the_processor_cut_the_tiles(internvl_tiles):  # noqa: F811
+    """Gradient x attention over InternVL's 3 x 2 tiles and thumbnail: each tile's four tokens on the part of the
+    canvas its pixels came from (``where_tiles_are``), the thumbnail's as the overview."""
+    image = picture()
+    answer = vit.ask_vlm(vit.open_vlm(internvl_tiles), image, QUESTION, max_new_tokens=NEW_TOKENS)
+    places = where_tiles_are(internvl_tiles, image)
+    cams, rolled, positions = reference(internvl_tiles, list(answer.tokens), 2)
+    for values, ours in ((cams[0], answer.relevance(2, 0)), (rolled, answer.relevance(2))):
+        row = values[positions.numpy()]  # (28,)
+        expected = np.zeros((8, 12), dtype=np.float32)
+        for k, (r, c) in enumerate(places):
+            expected[4 * r:4 * r + 4, 4 * c:4 * c + 4] = by_hand(row[4 * k:4 * k + 4], (4, 4), 2, 0)
+        _close(ours, expected)
+    _close(answer.relevance(2, overview=True), by_hand(rolled[positions.numpy()][24:], (4, 4), 2, 0))
+
+
+def test_llava_nexts_relevance_is_placed_as_transformers_packs_the_crops(llava_next):  # noqa: F811
+    """Gradient x attention over LLaVA-NeXT's base image and crops: the crops' tokens on the unpadded canvas as
+    ``pack_image_features`` packs them (``packed_places``), the newlines on no patch, the base image as the
+    overview."""
+    from transformers import AutoProcessor
+
+    answer = vit.ask_vlm(vit.open_vlm(llava_next), picture(), QUESTION, max_new_tokens=NEW_TOKENS)
+    processor = AutoProcessor.from_pretrained(llava_next)
+    messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": QUESTION}]}]
+    inputs = processor(images=[picture()], text=processor.apply_chat_template(messages, add_generation_prompt=True),
+                       return_tensors="pt")
+    places = packed_places(llava_next, inputs)
+    cams, rolled, positions = reference(llava_next, list(answer.tokens), 3)
+    for values, ours in ((cams[1], answer.relevance(3, 1)), (rolled, answer.relevance(3))):
+        expected = np.full((8, 10), np.nan, dtype=np.float32)
+        for value, place in zip(values[positions.numpy()], places, strict=True):
+            if place is not None:
+                expected[place[0], place[1] - 1] = value
+        _close(ours, expected)
+    _close(answer.relevance(3, overview=True), by_hand(rolled[positions.numpy()][:16], (4, 4), 1, 0))

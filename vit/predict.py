@@ -41,15 +41,16 @@ token) and ``frames`` (the sampled frame indices). TimeSformer's divided layers 
 ``output_attentions``), and ``temporal_i`` (P, heads, frames, frames), each patch position ``row*cols + col`` over its
 frames; P = rows*cols.
 
-Asking a vision-language model (LLaVA, Qwen2.5-VL, Qwen3-VL, PaliGemma, Gemma 3, InternVL; its folder saved whole
-with its processor): ``--ask "what is this?"`` prints ``{"image", "question", "answer", "tokens", "pieces"}`` per
-image, the question through the model's chat template and the answer transformers' greedy ``generate``, at most
-``--max-new-tokens`` (default 32). With ``--save-maps`` its ``<stem>.npz`` holds ``attention`` (answer tokens, layers,
-heads, rows, cols): each answer token's attention to the image tokens, from the query that predicted it, placed on
-the tower's patch grid (each patch holds its image token's: Qwen-VL's 2 x 2 merge units, LLaVA's patches), written a
-token and a layer at a time; ``image_share`` (answer tokens, layers, heads): the share of each row on the image;
-``tokens``, ``pieces``, ``answer``, ``grid``, ``patch_size``, ``unit``. Its largest size is refused before any work
-past ``--max-maps-mb``.
+Asking a vision-language model (LLaVA, LLaVA-NeXT, Qwen2.5-VL, Qwen3-VL, PaliGemma, Gemma 3, InternVL; its folder
+saved whole with its processor): ``--ask "what is this?"`` prints ``{"image", "question", "answer", "tokens",
+"pieces"}`` per image, the question through the model's chat template and the answer transformers' greedy
+``generate``, at most ``--max-new-tokens`` (default 32). With ``--save-maps`` its ``<stem>.npz`` holds ``attention``
+(answer tokens, layers, heads, rows, cols): each answer token's attention to the image tokens, from the query that
+predicted it, placed on the tower's patch grid (each patch holds its image token's: Qwen-VL's 2 x 2 merge units,
+LLaVA's patches), written a token and a layer at a time; an image the processor cut into tiles (InternVL, LLaVA-NeXT)
+on the tiles' canvas, and ``overview_attention`` on its one view of the whole image (InternVL's thumbnail, NeXT's base
+image); ``image_share`` (answer tokens, layers, heads): the share of each row on the image; ``tokens``, ``pieces``,
+``answer``, ``grid``, ``patch_size``, ``unit``. Its largest size is refused before any work past ``--max-maps-mb``.
 
 Segmenting with a whole SAM or SAM 2 (an HF ``SamModel`` / ``Sam2Model`` folder or Hub id): ``--points x,y[,label]
 ...`` (label 1 on the object, the default; 0 off it) and / or ``--box x0,y0,x1,y1``, in each image's own pixels,
@@ -636,8 +637,9 @@ def run(args: argparse.Namespace) -> int:
 
 def save_answer_maps(answer, path: Path, dtype: str, patch_size: tuple[int, int]) -> None:
     """``answer``'s maps as ``--ask --save-maps`` writes them: ``attention`` (tokens, layers, heads, rows, cols)
-    streamed a token and a layer at a time, each computed then from the KV cache; ``image_share`` (tokens, layers,
-    heads) and the answer's tokens and geometry beside."""
+    streamed a token and a layer at a time, each computed then from the KV cache (an image read as tiles: on their
+    canvas, and ``overview_attention`` on the overview's grid); ``image_share`` (tokens, layers, heads) and the
+    answer's tokens and geometry beside."""
     import numpy as np
 
     from vit.explain.overlay import write_npz_streamed
@@ -646,13 +648,17 @@ def save_answer_maps(answer, path: Path, dtype: str, patch_size: tuple[int, int]
     gh, gw = answer.grid
     shares = np.zeros((n, L, H), dtype=np.float32)  # filled as the maps stream; written after them
 
-    def pieces():  # (H, gh, gw) each
+    def pieces(overview: bool):  # (H, gh, gw) each
         for i in range(n):
             for layer in range(L):
-                shares[i, layer] = answer.image_rows(i, layer).sum(-1).numpy()
-                yield np.stack([answer.attention(i, layer, h) for h in range(H)])
+                if not overview:
+                    shares[i, layer] = answer.image_rows(i, layer).sum(-1).numpy()
+                yield np.stack([answer.attention(i, layer, h, overview=overview) for h in range(H)])
 
-    write_npz_streamed(path, [("attention", (n, L, H, gh, gw), dtype, pieces())], image_share=shares,
+    streamed = [("attention", (n, L, H, gh, gw), dtype, pieces(False))]
+    if answer.layout.overview is not None:  # an image read as tiles: its one view of the whole image beside them
+        streamed.append(("overview_attention", (n, L, H, *answer.layout.overview.grid), dtype, pieces(True)))
+    write_npz_streamed(path, streamed, image_share=shares,
                        tokens=np.array(answer.tokens, dtype=np.int64), pieces=np.array(answer.pieces),
                        answer=np.str_(answer.text), grid=np.array(answer.grid), patch_size=np.array(patch_size),
                        unit=np.array(answer.layout.unit))

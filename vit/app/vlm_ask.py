@@ -32,17 +32,20 @@ def max_new_tokens(may_open: bool) -> int:
 
 def check_visitor(prepared: Prepared, may_open: bool) -> None:
     """ValueError (one line) when a visitor without access asks beyond ``VISITOR_NEW_TOKENS`` or about an image of
-    more than ``VISITOR_PATCHES`` patches; nothing for a visitor with access (the cost model bounds every one)."""
+    more than ``VISITOR_PATCHES`` patches (every tile's, where the processor cuts it); nothing for a visitor with
+    access (the cost model bounds every one)."""
     if may_open:
         return
-    gh, gw = prepared.layout.grid
+    layout = prepared.layout
     if prepared.max_new_tokens > VISITOR_NEW_TOKENS:
         raise ValueError(f"an answer of {prepared.max_new_tokens} tokens is more than the {VISITOR_NEW_TOKENS} a "
                          "visitor may ask for here; ask for fewer (with a token, entered on the Train page, more)")
-    if gh * gw > VISITOR_PATCHES:
-        raise ValueError(f"the model's processor makes this image {gh}x{gw} = {gh * gw:,} patches, more than the "
-                         f"{VISITOR_PATCHES:,} a visitor may ask about here; upload a smaller image (with a token, "
-                         "entered on the Train page, larger)")
+    if layout.patches > VISITOR_PATCHES:
+        (gh, gw), views = layout.view_grid or layout.grid, layout.views
+        made = f"{gh}x{gw}" if views == 1 else f"{views} tiles of {gh}x{gw}"
+        raise ValueError(f"the model's processor makes this image {made} = {layout.patches:,} patches, more than "
+                         f"the {VISITOR_PATCHES:,} a visitor may ask about here; upload a smaller image (with a "
+                         "token, entered on the Train page, larger)")
 
 
 def token_label(answer: VLMAnswer, i: int) -> str:

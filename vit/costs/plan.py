@@ -362,15 +362,17 @@ class TextShape:
     itemsize: int  # bytes per value of its weights and cache
 
 
-def vlm_answer(tower, grid: tuple[int, int], text: TextShape, prompt_tokens: int, new_tokens: int) -> Cost:
+def vlm_answer(tower, grid: tuple[int, int], text: TextShape, prompt_tokens: int, new_tokens: int, views: int = 1,
+               view_grid: tuple[int, int] | None = None) -> Cost:
     """A VLM's greedy answer of ``new_tokens`` to a prompt of ``prompt_tokens`` (its image tokens included) about an
-    image on the tower's patch ``grid`` (``vit.explain.vlm_answer``): the tower's forward (``forward``), the KV cache
+    image on the tower's patch ``grid`` (``vit.explain.vlm_answer``), or cut into ``views`` tiles of ``view_grid``
+    patches each (the tiles' canvas ``grid``): the tower's forward over each (``forward``), the KV cache
     of every layer, the prompt's forward through one decoder layer (its activations, its MLP and, where the attention
     cannot fuse, one layer's ``H x T²`` scores), the last position's logits, and each answer token's query row at
     every layer, kept for its maps (``L x H x d``); a map's row is ``H x T``. Never every layer's ``T x T``."""
     t = prompt_tokens + new_tokens
     parts = {
-        "the tower's forward": forward(tower, grid).memory,
+        "the tower's forward": views * forward(tower, view_grid or grid).memory,
         "the KV cache, every layer's keys and values": 2 * text.layers * text.kv_heads * t * text.head_dim
         * text.itemsize,
         "the prompt's forward through one layer": prompt_tokens * (4 * text.hidden + 3 * text.mlp) * text.itemsize
@@ -391,17 +393,18 @@ ROW_CHUNK_BYTES = 2**25  # gradient x attention's chunk of attention rows, per t
 
 
 def vlm_relevance(tower, grid: tuple[int, int], text: TextShape, tokens: int, answer_token: int,
-                  fused: bool = True) -> Cost:
+                  fused: bool = True, views: int = 1, view_grid: tuple[int, int] | None = None) -> Cost:
     """Gradient x attention of answer token ``answer_token`` (``vit.explain.vlm_relevance``): one forward of the
     VLM over ``tokens`` (the prompt and the answer's tokens before it) with the language model's graph, and its
     backward. Held at once: the tower's forward (no graph), every language-model layer's activations in the graph
     (norms, projections, attention output, the MLP's four), where the attention cannot fuse (eager) every layer's
     ``H x T²`` scores and probabilities, each layer's queries, keys, values and ``dy/dO`` kept in float32, the
     masks (one per kind of layer, ``T²``), and one chunk of attention rows formed again (scores, probabilities,
-    gradient). Never a ``T x T`` of the rollout: it runs as a row vector."""
+    gradient). Never a ``T x T`` of the rollout: it runs as a row vector. An image cut into ``views`` tiles of
+    ``view_grid`` patches: the tower's forward over each."""
     q, kv = text.heads * text.head_dim, text.kv_heads * text.head_dim
     parts = {
-        "the tower's forward": forward(tower, grid).memory,
+        "the tower's forward": views * forward(tower, view_grid or grid).memory,
         "the language model's graph, every layer's activations": text.layers * tokens
         * (6 * text.hidden + 2 * q + 2 * kv + 4 * text.mlp) * text.itemsize,
         "each layer's queries, keys, values and dy/dO (float32)": text.layers * tokens * (2 * q + 2 * kv) * 4,

@@ -13,7 +13,9 @@ No layer's ``T x T`` attention is ever held. A row is computed when asked, from 
 has one), ``H x T`` per row, as the eager attention forms it. Its image tokens' share is placed on the tower's patch
 grid through the model's own token layout (``visual_lens.on_patch_grid``: LLaVA's patches with or without CLIP's CLS,
 Qwen-VL's 2 x 2 merge units, InternVL's pixel-shuffle units, Gemma 3's pooled 4 x 4), the order the projector hands
-them to the language model. What this holds is counted before the work (``vit.costs.plan.vlm_answer``).
+them to the language model; an image cut into tiles on the tiles' canvas (InternVL's crops, LLaVA-NeXT's unpadded
+crops and newline tokens), its one view of the whole image (InternVL's thumbnail, NeXT's base image) as the
+overview. What this holds is counted before the work (``vit.costs.plan.vlm_answer``).
 """
 
 from __future__ import annotations
@@ -141,25 +143,113 @@ def recording(vlm, recorder):
 
 @dataclass(frozen=True)
 class ImageLayout:
-    """Where the image's tokens sit in the prompt and on the tower's patch grid."""
+    """Where the image's tokens sit in the prompt and on the map's patch grid: one view's units row-major after
+    ``lead`` tokens, or, where the processor cut the image into tiles, ``index``: the token over each patch of the
+    tiles' canvas (InternVL's crops, LLaVA-NeXT's unpadded crops), the model's view of the whole image beside them
+    (InternVL's thumbnail, NeXT's base image) as ``overview``."""
 
-    positions: torch.Tensor  # (lead + N,) the image tokens' places in the prompt
-    grid: tuple[int, int]  # the tower's patch grid
+    positions: torch.Tensor  # (K,) the image tokens' places in the prompt, every view's
+    grid: tuple[int, int]  # the map's patch grid: the tower's of the one view, or the tiles' canvas
     unit: int  # patches per image token along each side
     lead: int  # leading image tokens that cover no patch (CLIP's CLS under LLaVA's "full" strategy)
+    index: torch.Tensor | None = None  # (gh, gw) long: the image token (into positions) over each patch; None: units
+    views: int = 1  # the tower's passes over the image: one, or each tile and the overview
+    view_grid: tuple[int, int] | None = None  # one pass's patch grid (None: ``grid``)
+    overview: ImageLayout | None = None  # the whole image's one view beside the tiles, on its own patch grid
 
     def place(self, values: torch.Tensor) -> torch.Tensor:
-        """(W, lead + N) values of the image tokens -> (W, gh, gw) on the patch grid."""
+        """(W, K) values of the image tokens -> (W, gh, gw) on the patch grid."""
         from vit.explain.visual_lens import on_patch_grid
 
+        if self.index is not None:
+            return values[:, self.index]
         return on_patch_grid(values, self.grid, self.unit, self.lead)
 
+    @property
+    def patches(self) -> int:
+        """The patches the tower reads: the one view's, or every tile's and the overview's."""
+        gh, gw = self.view_grid or self.grid
+        return self.views * gh * gw
 
-def image_layout(vlm, inputs) -> ImageLayout:
-    """The layout of the one image in the processor's ``inputs``: its patch grid from the pixels the model reads
+    def view(self, overview: bool) -> ImageLayout:
+        """This layout, or its ``overview`` (ValueError in one line for a model that reads one view)."""
+        if not overview:
+            return self
+        if self.overview is None:
+            raise ValueError("this image was read in one view, not as tiles beside an overview; ask without overview")
+        return self.overview
+
+
+def _check_count(positions: torch.Tensor, expected: int, where: str) -> None:
+    if len(positions) != expected:
+        raise ValueError(f"the prompt holds {len(positions)} image tokens, not the {expected} of {where}; its image "
+                         "tokens are laid out otherwise, which is not placed yet")
+
+
+def tile_index(rows: int, cols: int, grid: tuple[int, int], unit: int, start: int = 0) -> torch.Tensor:
+    """(rows x gh, cols x gw) long: the image token over each patch of a canvas of ``rows x cols`` tiles, each on
+    patch grid ``grid``, whose tokens come tile after tile (row-major), each tile's units row-major, from
+    ``start``. ``rows = cols = 1``: one view's units."""
+    gh, gw = grid
+    per_tile = (gh // unit) * (gw // unit)
+    r = torch.arange(rows * gh)[:, None]  # (H, 1) canvas rows
+    c = torch.arange(cols * gw)[None, :]  # (1, W) canvas columns
+    tile = (r // gh) * cols + c // gw
+    return start + tile * per_tile + (r % gh // unit) * (gw // unit) + (c % gw // unit)  # (H, W)
+
+
+def _internvl_tiles(vlm, image: Image.Image, pixels: torch.Tensor, positions: torch.Tensor) -> ImageLayout:
+    """InternVL's crops (``GotOcr2ImageProcessor.crop_image_to_patches``): the image resized to ``cols x rows``
+    tiles, the canvas transformers' ``get_optimal_tiled_canvas`` chooses, cut row-major, the thumbnail (the whole
+    image resized to one tile) after them; each tile's pixel-shuffle units row-major."""
+    from transformers.models.got_ocr2.image_processing_got_ocr2 import get_optimal_tiled_canvas
+
+    images = vlm.processor.image_processor
+    size = images.size
+    cols, rows = get_optimal_tiled_canvas((image.height, image.width), (size["height"], size["width"]),
+                                          images.min_patches, images.max_patches)
+    if pixels.shape[0] != rows * cols + 1:
+        raise ValueError(f"the processor gave {pixels.shape[0]} tiles, not the {rows}x{cols} crops and thumbnail "
+                         "of InternVL's canvas; ask about one image")
+    ph, pw = vlm.tower.model.config.patch_hw
+    grid, unit = (pixels.shape[-2] // ph, pixels.shape[-1] // pw), vlm.unit
+    per_tile = (grid[0] // unit) * (grid[1] // unit)
+    _check_count(positions, (rows * cols + 1) * per_tile, f"{rows}x{cols} tiles and a thumbnail of "
+                 f"{grid[0]}x{grid[1]} patches in {unit}x{unit} units")
+    overview = ImageLayout(positions, grid, unit, 0, tile_index(1, 1, grid, unit, rows * cols * per_tile))
+    return ImageLayout(positions, (rows * grid[0], cols * grid[1]), unit, 0, tile_index(rows, cols, grid, unit),
+                       rows * cols + 1, grid, overview)
+
+
+def _next_tiles(vlm, inputs, positions: torch.Tensor) -> ImageLayout:
+    """LLaVA-NeXT's anyres image (``LlavaNextModel.pack_image_features``): the base image's patches first (the
+    overview), then the crops of the canvas ``select_best_resolution`` chose, each on the tower's grid, laid out
+    row-major on the canvas, its padding rows or columns dropped (``unpad_image``: the canvas kept the image's aspect)
+    and a newline token after each row of it, which covers no patch."""
+    from transformers.models.llava_next.modeling_llava_next import get_anyres_image_grid_shape, unpad_image
+
+    config = vlm.model.config
+    if config.vision_feature_select_strategy != "default":
+        raise ValueError("this LLaVA-NeXT keeps CLIP's CLS in every crop (the \"full\" strategy), whose crops "
+                         "transformers does not lay out on the canvas either; ask a model of the \"default\" one")
+    side = config.vision_config.image_size // config.vision_config.patch_size  # one crop's patches along a side
+    size = inputs["image_sizes"][0]  # (height, width) of the image
+    rows, cols = get_anyres_image_grid_shape(size, config.image_grid_pinpoints, config.vision_config.image_size)
+    height, width = unpad_image(torch.zeros(1, rows * side, cols * side), size).shape[1:]  # the canvas unpadded
+    r, c = torch.arange(height)[:, None], torch.arange(width)[None, :]
+    index = side * side + r * (width + 1) + c  # after the base image, each row followed by its newline
+    overview = ImageLayout(positions, (side, side), 1, 0, tile_index(1, 1, (side, side), 1))
+    _check_count(positions, side * side + height * (width + 1), f"a {side}x{side}-patch base image and a "
+                 f"{height}x{width}-patch canvas of {rows}x{cols} crops with a newline per row")
+    return ImageLayout(positions, (height, width), 1, 0, index, rows * cols + 1, (side, side), overview)
+
+
+def image_layout(vlm, inputs, image: Image.Image) -> ImageLayout:
+    """The layout of the one ``image`` in the processor's ``inputs``: its patch grid from the pixels the model reads
     (Qwen-VL's ``image_grid_thw``; else the pixel tensor's side over the tower's patch), the unit and prefix tokens
-    from our tower (``vlm.unit``, ``visual_lens.leading_rows``). ValueError (one line) when
-    the image tokens do not tile that grid (tiles, several images)."""
+    from our tower (``vlm.unit``, ``visual_lens.leading_rows``); InternVL's and LLaVA-NeXT's tiles on their canvas
+    (``_internvl_tiles``, ``_next_tiles``). ValueError (one line) when the image tokens do not tile that grid
+    (several images, another family's tiles)."""
     from vit.explain.visual_lens import leading_rows
 
     tower = vlm.tower.model
@@ -171,32 +261,42 @@ def image_layout(vlm, inputs) -> ImageLayout:
         t, gh, gw = (int(v) for v in inputs["image_grid_thw"][0])
         if t != 1 or inputs["image_grid_thw"].shape[0] != 1:
             raise ValueError("the processor gave several images or frames; ask about one image")
+        layout = ImageLayout(positions, (gh, gw), vlm.unit, leading_rows(tower))
     else:
         pixels = inputs["pixel_values"]
-        if pixels.dim() != 4 or pixels.shape[0] != 1:
+        if pixels.dim() == 4 and pixels.shape[0] > 1 and vlm.model_type == "internvl":
+            layout = _internvl_tiles(vlm, image, pixels, positions)
+        elif pixels.dim() == 5 and pixels.shape[0] == 1 and vlm.model_type == "llava_next":
+            layout = _next_tiles(vlm, inputs, positions)
+        elif pixels.dim() != 4 or pixels.shape[0] != 1:
             raise ValueError(f"the processor cut the image into {pixels.shape[0]} tiles, whose tokens are not placed "
                              "on one patch grid yet; ask a model that reads one view of the image")
-        ph, pw = tower.config.patch_hw
-        gh, gw = pixels.shape[-2] // ph, pixels.shape[-1] // pw
-    layout = ImageLayout(positions, (gh, gw), vlm.unit, leading_rows(tower))
-    expected = layout.lead + (gh // layout.unit) * (gw // layout.unit)
-    if len(positions) != expected:
-        raise ValueError(f"the prompt holds {len(positions)} image tokens, not the {expected} of one {gh}x{gw} patch "
-                         f"grid in {layout.unit}x{layout.unit} units; its image tokens are laid out otherwise "
-                         "(tiles, newline tokens), which is not placed yet")
+        else:
+            ph, pw = tower.config.patch_hw
+            layout = ImageLayout(positions, (pixels.shape[-2] // ph, pixels.shape[-1] // pw), vlm.unit,
+                                 leading_rows(tower))
+    if layout.index is None:
+        (gh, gw), unit = layout.grid, layout.unit
+        _check_count(positions, layout.lead + (gh // unit) * (gw // unit),
+                     f"one {gh}x{gw} patch grid in {unit}x{unit} units")
     return layout
 
 
 def prompt_inputs(vlm, image: Image.Image, question: str | None, prompt: str | None):
-    """The processor's inputs for one image and ``question`` through the model's chat template, or ``prompt`` as
-    raw text holding the processor's image placeholder once (the template bypassed)."""
+    """The processor's inputs for one image and ``question`` through the model's chat template (or, for a family
+    without one, ``whole_vlm.PROCESSOR_PROMPTS``, the processor's own prompt layout), or ``prompt`` as raw text
+    holding the processor's image placeholder once (the template bypassed)."""
+    from vit.sources.whole_vlm import PROCESSOR_PROMPTS
+
     processor = vlm.processor
     if (question is None) == (prompt is None):
         raise ValueError("give a question (through the model's chat template) or prompt= (raw text), not both")
     text = question if prompt is None else prompt
     if not isinstance(text, str) or not text.strip() or len(text) > MAX_QUESTION_CHARS:
         raise ValueError(f"a question must be text of 1 to {MAX_QUESTION_CHARS} characters, got {str(text)[:40]!r}")
-    if prompt is None:
+    if prompt is None and not getattr(processor, "chat_template", None) and vlm.model_type in PROCESSOR_PROMPTS:
+        text = processor.image_token + question  # the processor adds the rest of its prompt
+    elif prompt is None:
         if not getattr(processor, "chat_template", None):
             raise ValueError(f"{vlm.folder}'s processor has no chat template; give prompt= with the model's image "
                              f"placeholder instead")
@@ -277,10 +377,13 @@ class VLMAnswer:
         """(H, lead + N): answer token ``i``'s attention to each image token at ``layer``, per head."""
         return self.row(i, layer)[:, self.layout.positions]
 
-    def attention(self, i: int, layer: int = -1, head: int | None = None, fusion: str = "mean") -> np.ndarray:
+    def attention(self, i: int, layer: int = -1, head: int | None = None, fusion: str = "mean",
+                  overview: bool = False) -> np.ndarray:
         """(gh, gw) float32: answer token ``i``'s attention to the image tokens at ``layer``, each patch holding the
         attention to the image token whose unit covers it; ``head`` None: the heads fused by ``fusion`` ("mean" or
-        "max", each image token's own)."""
+        "max", each image token's own). An image read as tiles: on the tiles' canvas, or, ``overview``, on the
+        model's one view of the whole image beside them (InternVL's thumbnail)."""
+        layout = self.layout.view(overview)
         if fusion not in FUSIONS:
             raise ValueError(f"fusion must be one of {', '.join(FUSIONS)}, got {fusion!r}")
         rows = self.image_rows(i, layer)  # (H, lead + N)
@@ -291,28 +394,29 @@ class VLMAnswer:
                 raise ValueError(f"head {head} does not exist: the language model has {rows.shape[0]} heads, "
                                  f"numbered 0 to {rows.shape[0] - 1}")
             rows = rows[head:head + 1]
-        return self.layout.place(rows)[0].numpy()
+        return layout.place(rows)[0].numpy()
 
     def image_share(self, i: int, layer: int = -1) -> float:
         """The share of answer token ``i``'s attention at ``layer`` on the image tokens, mean over heads: how much it
         looked at the image."""
         return float(self.image_rows(i, layer).sum(-1).mean())
 
-    def relevance(self, i: int, layer: int | None = None) -> np.ndarray:
+    def relevance(self, i: int, layer: int | None = None, overview: bool = False) -> np.ndarray:
         """(gh, gw) float32: answer token ``i``'s gradient x attention over the image tokens (Chefer et al. 2021b),
         for the logit of token ``i`` at the query that predicted it, on the tower's patch grid. ``layer`` an int:
         that language-model layer's ``mean_h (dy/dA * A)^+`` row of the query; None: the rule's rollout over every
         layer, ``R = prod_l (I + mean_h (dy/dA_l * A_l)^+)``, its query row. One forward and backward of the
         language model over the prompt and the answer's first ``i`` tokens, counted first
-        (``vit.costs.plan.vlm_relevance``; ``vit.explain.vlm_relevance``)."""
+        (``vit.costs.plan.vlm_relevance``; ``vit.explain.vlm_relevance``). ``overview``: as ``attention``'s."""
         from vit.explain.vlm_relevance import relevance
 
+        layout = self.layout.view(overview)
         if self._source is None:
             raise ValueError("this answer keeps no model to run again; ask it with vit.ask_vlm")
         vlm, prepared = self._source
         i, layer = self._token(i), None if layer is None else self._layer(layer)
         values = relevance(vlm, prepared, self.tokens, i, layer, recording)  # (T,)
-        return self.layout.place(values[self.layout.positions][None])[0].numpy()
+        return layout.place(values[layout.positions][None])[0].numpy()
 
     def held(self) -> tuple[torch.Tensor, ...]:
         """The tensors the answer holds (its query rows and masks, the KV cache), as ``vit.cache.nbytes`` counts
@@ -339,9 +443,11 @@ class Prepared:
     text: object  # TextShape: the language model's sizes
 
     def maps_bytes(self, itemsize: int = 4) -> int:
-        """Bytes of every answer token's map at every layer and head at most: ``new x L x H x gh x gw``."""
+        """Bytes of every answer token's map at every layer and head at most: ``new x L x H x gh x gw``, and as many
+        on the overview's grid for an image read as tiles."""
         gh, gw = self.layout.grid
-        return self.max_new_tokens * self.text.layers * self.text.heads * gh * gw * itemsize
+        oh, ow = self.layout.overview.grid if self.layout.overview is not None else (0, 0)
+        return self.max_new_tokens * self.text.layers * self.text.heads * (gh * gw + oh * ow) * itemsize
 
 
 def prepare(vlm, image: Image.Image, question: str | None = None, *, prompt: str | None = None,
@@ -355,9 +461,10 @@ def prepare(vlm, image: Image.Image, question: str | None = None, *, prompt: str
             or not 1 <= max_new_tokens <= MAX_NEW_TOKENS:
         raise ValueError(f"max_new_tokens must be a whole number from 1 to {MAX_NEW_TOKENS}, got {max_new_tokens!r}")
     inputs = prompt_inputs(vlm, image, question, prompt)
-    layout = image_layout(vlm, inputs)
+    layout = image_layout(vlm, inputs, image)
     prompt_tokens, text = int(inputs["input_ids"].shape[1]), text_shape(vlm)
-    decide(vlm_answer(vlm.tower.model, layout.grid, text, prompt_tokens, max_new_tokens))
+    decide(vlm_answer(vlm.tower.model, layout.grid, text, prompt_tokens, max_new_tokens, layout.views,
+                      layout.view_grid))
     return Prepared(inputs, layout, prompt_tokens, max_new_tokens, text)
 
 

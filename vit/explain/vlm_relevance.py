@@ -76,22 +76,17 @@ class _Tape:
         return (grad * attention).clamp(min=0).mean(0)
 
 
-def _inputs(prepared, tokens: tuple[int, ...], i: int) -> dict:
-    """The processor's inputs with the answer's first ``i`` tokens appended, as ``generate`` extends them: the
-    attention mask with ones, ``token_type_ids`` with its last value, ``mm_token_type_ids`` with zeros (text)."""
-    inputs = dict(prepared.inputs)
-    if i == 0:
-        return inputs
-    new = torch.tensor([tokens[:i]], dtype=inputs["input_ids"].dtype)
-    inputs["input_ids"] = torch.cat([inputs["input_ids"], new], dim=-1)
-    if inputs.get("attention_mask") is not None:
-        inputs["attention_mask"] = torch.cat([inputs["attention_mask"], torch.ones_like(new)], dim=-1)
-    if inputs.get("token_type_ids") is not None:
-        last = inputs["token_type_ids"][:, -1:]
-        inputs["token_type_ids"] = torch.cat([inputs["token_type_ids"], last.expand(-1, i)], dim=-1)
-    for key in ("mm_token_type_ids", "moe_mm_token_type_ids"):
-        if inputs.get(key) is not None:
-            inputs[key] = torch.cat([inputs[key], inputs[key].new_zeros((1, i))], dim=-1)
+def _inputs(vlm, prepared, tokens: tuple[int, ...], i: int) -> dict:
+    """The processor's inputs with the answer's first ``i`` tokens appended, the rest extended as ``generate`` extends
+    them, one step at a time by the model's own rule (``_update_model_kwargs_for_generation``): the attention mask
+    with ones, ``token_type_ids`` with its last value (Gemma 3's text) or PaliGemma's 1 (the answer is the causal
+    suffix of its prefix-LM, not part of the bidirectional prefix), ``mm_token_type_ids`` with zeros."""
+    inputs = {k: v for k, v in prepared.inputs.items() if k != "labels"}  # PaliGemma's processor's: no loss wanted
+    for _ in range(i):
+        inputs = vlm.model._update_model_kwargs_for_generation({}, inputs, num_new_tokens=1)
+    if i:
+        new = torch.tensor([tokens[:i]], dtype=inputs["input_ids"].dtype)
+        inputs["input_ids"] = torch.cat([inputs["input_ids"], new], dim=-1)
     return inputs
 
 
@@ -104,12 +99,13 @@ def relevance(vlm, prepared, answer: tuple[int, ...], i: int, layer: int | None,
 
     tokens = prepared.prompt_tokens + i
     implementation = vlm.language_model.config._attn_implementation
-    decide(vlm_relevance(vlm.tower.model, prepared.layout.grid, prepared.text, tokens, i,
-                         fused="eager" not in implementation))
+    layout = prepared.layout
+    decide(vlm_relevance(vlm.tower.model, layout.grid, prepared.text, tokens, i, fused="eager" not in implementation,
+                         views=layout.views, view_grid=layout.view_grid))
     tape = _Tape({block.self_attn: n for n, block in enumerate(vlm.language_model.layers)})
     with recording(vlm, tape), torch.no_grad():  # the tape switches the graph on at the first language-model layer
         out = vlm.model(**{k: v.to(vlm.device) if hasattr(v, "to") else v
-                           for k, v in _inputs(prepared, answer, i).items()}, use_cache=False, logits_to_keep=1)
+                           for k, v in _inputs(vlm, prepared, answer, i).items()}, use_cache=False, logits_to_keep=1)
         target = out.logits[0, -1, answer[i]]
         wanted = list(range(len(tape.outputs))) if layer is None else [layer]
         gradients = torch.autograd.grad(target, [tape.outputs[n] for n in wanted])

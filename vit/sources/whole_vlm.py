@@ -20,15 +20,19 @@ from vit.checkpoint import Checkpoint, CheckpointError
 from vit.sources.files import _one_line, read_json
 
 # model_type -> the architectures asked here: a generating model (a bare ...Model has no language-model head).
-# LLaVA-NeXT / OneVision (tiles and newline tokens) are not placed yet: their image tokens do not tile one patch grid.
+# LLaVA-OneVision (its crops pooled past anyres_max) is not placed yet.
 ARCHITECTURES = {
     "llava": "LlavaForConditionalGeneration",
+    "llava_next": "LlavaNextForConditionalGeneration",
     "qwen2_5_vl": "Qwen2_5_VLForConditionalGeneration",
     "qwen3_vl": "Qwen3VLForConditionalGeneration",
     "paligemma": "PaliGemmaForConditionalGeneration",
     "gemma3": "Gemma3ForConditionalGeneration",
     "internvl": "InternVLForConditionalGeneration",
 }
+# model_type of the families whose checkpoints carry no chat template because their processor lays the prompt out
+# itself: PaliGemma's puts its image tokens, bos, the question and a newline (big_vision's prefix)
+PROCESSOR_PROMPTS = frozenset({"paligemma"})
 
 
 class VLMError(CheckpointError):
