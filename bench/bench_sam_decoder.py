@@ -7,6 +7,8 @@ the explorer's Prompts section runs per click), side by side with transformers' 
 - theirs, decoder: ``SamModel(image_embeddings=..., input_points=..., input_labels=...)`` alone.
 - theirs, click: that forward and ``post_process_masks`` (the masks on the image); the prompt's tensors made once
   before (this transformers' processor refuses a prompt without its image, which would preprocess the image again).
+- theirs, decoder, 1 thread: the decoder alone with torch on one thread, as ours runs its decoder and masks
+  (``vit.explain.segment.DECODER_THREADS``) whatever ``--threads`` gives the process.
 
 Random weights at SAM ViT-B's shapes (``transformers.SamConfig()``: 1,024 px, a 64 x 64 embedding), saved whole with
 its processor; the image encoder runs once (tens of seconds on this machine). Calls interleaved, each round in
@@ -92,16 +94,24 @@ def main(argv: list[str] | None = None) -> int:
                 out = library(image_embeddings=embedding, multimask_output=True, **prompt)
             processor.post_process_masks(out.pred_masks, inputs["original_sizes"], inputs["reshaped_input_sizes"])
 
+        def theirs_decoder_one_thread() -> None:
+            torch.set_num_threads(1)
+            try:
+                theirs_decoder()
+            finally:
+                torch.set_num_threads(args.threads)
+
         with torch.no_grad():
             out = library(image_embeddings=embedding, multimask_output=True, **prompt)
         diff = float((torch.from_numpy(first.scores) - out.iou_scores[0, 0]).abs().max())
-        calls = {"ours, click": ours, "theirs, decoder": theirs_decoder, "theirs, click": theirs_click}
+        calls = {"ours, click": ours, "theirs, decoder": theirs_decoder, "theirs, click": theirs_click,
+                 "theirs, decoder, 1 thread": theirs_decoder_one_thread}
         for call in calls.values():  # warm-up
             call()
         times: dict[str, list[float]] = {name: [] for name in calls}
         names = list(calls)
         for r in range(args.repeats):
-            for name in names[r % 3:] + names[:r % 3]:
+            for name in names[r % len(names):] + names[:r % len(names)]:
                 times[name].append(cpu_seconds(calls[name]))
     ratios = {name: statistics.median(a / b for a, b in zip(times[name], times["ours, click"], strict=True))
               for name in names[1:]}
