@@ -236,6 +236,22 @@ def test_a_prompt_runs_the_decoder_on_one_thread_whatever_the_process_uses(whole
     assert DECODER_THREADS == 1 and seen == [1] and after == 2
 
 
+def test_a_new_prompt_reuses_the_grids_positional_encoding(whole, image, monkeypatch):
+    # it depends on the weights alone: the library's forward made it again at every prompt
+    from vit.explain.segment import segmenter
+    from vit.sources.sam_prompts import open_prompt_half
+
+    family, _, _, checkpoint = whole
+    vit.segment(checkpoint, image, points=[(30, 20)])
+    library = segmenter(checkpoint, open_prompt_half).half.library
+    made = []
+    encoding = library.get_image_wide_positional_embeddings
+    monkeypatch.setattr(library, "get_image_wide_positional_embeddings", lambda: made.append(1) or encoding())
+    vit.segment(checkpoint, image, points=[(60, 30, 0)])
+    vit.segment(checkpoint, image, box=(10, 5, 80, 45))
+    assert made == [] if family == "sam" else len(made) == 2  # SAM 2's whole forward runs as it is
+
+
 def test_a_model_no_checkpoint_holds_any_more_is_let_go_with_its_prompt_half(whole, image):
     """The segmenters are kept per model, weakly: once no checkpoint holds the model, it goes, with its prompt half
     and its kept embeddings (a Segmenter holding its checkpoint kept every model it ever served alive)."""

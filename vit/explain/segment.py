@@ -191,7 +191,19 @@ def prompt_tensors(half, prompt: Prompt, scale: tuple[float, float], device: tor
 
 def decode(half, embedding, prompt_inputs: Mapping[str, torch.Tensor], multimask: bool = True):
     """The library's forward from the image embedding on: ``(iou_scores (1, 1, M), pred_masks (1, 1, M, 4gh, 4gw))``,
-    M = 3 with ``multimask`` (SAM's three masks) else 1."""
+    M = 3 with ``multimask`` (SAM's three masks) else 1. SAM's runs its prompt encoder and mask decoder as
+    ``SamModel.forward`` calls them, with the grid's positional encoding made once (``image_positional_embeddings``)
+    rather than at every prompt; SAM 2's whole forward (its decoder reads more than one level) runs as it is."""
+    if half.family == "sam":
+        library = half.library
+        sparse, dense = library.prompt_encoder(input_points=prompt_inputs.get("input_points"),
+                                               input_labels=prompt_inputs.get("input_labels"),
+                                               input_boxes=prompt_inputs.get("input_boxes"), input_masks=None)
+        masks, scores = half.decoder(image_embeddings=embedding,
+                                     image_positional_embeddings=half.image_positional_embeddings(),
+                                     sparse_prompt_embeddings=sparse, dense_prompt_embeddings=dense,
+                                     multimask_output=multimask)
+        return scores, masks
     out = half.library(image_embeddings=embedding, multimask_output=multimask, **prompt_inputs)
     return out.iou_scores, out.pred_masks
 
