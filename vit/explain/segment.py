@@ -59,7 +59,7 @@ SEGMENT_METHODS = {
 TOKENS = ("mask", "iou")  # the output tokens whose attention is drawn
 CROSS_ATTENTIONS = ("cross_attn_token_to_image", "cross_attn_image_to_token", FINAL_ATTENTION)
 KEPT_EMBEDDINGS = 4  # images whose embedding a Segmenter keeps (SAM ViT-H's: 4 MB each)
-# torch threads for a prompt's decoder and masks: ~250 small ops (SAM ViT-B's largest, a 4096 x 256 -> 128
+# torch threads for a prompt's mask decoder: ~250 small ops (SAM ViT-B's largest, a 4096 x 256 -> 128
 # projection, is ~1 ms on one core), so a second thread saves little and costs a barrier per op, which waits for a
 # descheduled thread whenever other work shares the cores: on 2 shared cores, transformers' own SAM ViT-B decoder
 # took 0.12 CPU s on one thread and 0.49 on two, with bitwise equal results (bench/bench_sam_decoder.py).
@@ -375,8 +375,7 @@ class Segmenter:
         for method in methods:
             maps[method] = gradient_x_input(self.half, self.model, pixels, inputs, mask, cell).cpu()
         logits = logits[0, 0].float().cpu()
-        with at_most(DECODER_THREADS):
-            masks = masks_on_image(self.half, logits, image_size, p)
+        masks = masks_on_image(self.half, logits, image_size, p)  # two large resizes: worth every thread
         return Segmented(scores[0, 0].float().cpu(), logits, masks, mask, token, attention, maps, reused)
 
 
