@@ -3,15 +3,17 @@ the explorer's Prompts section runs per click), side by side with transformers' 
 ``image_embeddings`` (what its predictor runs per click), on the same 640 x 480 photo and point.
 
 - ours, click: ``vit.segment(checkpoint, image, points=[...])``, the embedding kept: the prompt mapped, the mask
-  decoder (eager attention, its weights recorded by hooks), the masks put on the image, the seen region.
+  decoder (eager attention, its weights recorded by hooks), the masks put on the image, the seen region; the decoder
+  on one thread (``vit.explain.segment.DECODER_THREADS``) whatever ``--threads`` gives the process.
 - theirs, decoder: ``SamModel(image_embeddings=..., input_points=..., input_labels=...)`` alone.
 - theirs, click: that forward and ``post_process_masks`` (the masks on the image); the prompt's tensors made once
   before (this transformers' processor refuses a prompt without its image, which would preprocess the image again).
+- theirs, decoder, 1 thread: the decoder alone with torch on one thread, as ours runs it.
 
 Random weights at SAM ViT-B's shapes (``transformers.SamConfig()``: 1,024 px, a 64 x 64 embedding), saved whole with
 its processor; the image encoder runs once (tens of seconds on this machine). Calls interleaved, each round in
-another order; the ratios are medians of the per-round ratios of CPU seconds (``time.process_time``). Run from the
-repository root::
+another order; the ratios are medians of the per-round ratios of CPU seconds (``time.process_time``); the wall
+seconds include any wait for a core other processes hold. Run from the repository root::
 
     python -m bench.bench_sam_decoder --threads 2 --repeats 15 --out bench/results/cpu-2026-11-26/sam-decoder.txt
 """
@@ -42,10 +44,11 @@ def photo(width: int = 640, height: int = 480, seed: int = 0) -> Image.Image:
     return Image.fromarray(coarse).resize((width, height), Image.Resampling.BICUBIC)
 
 
-def cpu_seconds(call) -> float:
-    start = time.process_time()
+def seconds(call) -> tuple[float, float]:
+    """``(CPU seconds, wall seconds)`` of one call."""
+    cpu, wall = time.process_time(), time.perf_counter()
     call()
-    return time.process_time() - start
+    return time.process_time() - cpu, time.perf_counter() - wall
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -92,17 +95,28 @@ def main(argv: list[str] | None = None) -> int:
                 out = library(image_embeddings=embedding, multimask_output=True, **prompt)
             processor.post_process_masks(out.pred_masks, inputs["original_sizes"], inputs["reshaped_input_sizes"])
 
+        def theirs_decoder_one_thread() -> None:
+            torch.set_num_threads(1)
+            try:
+                theirs_decoder()
+            finally:
+                torch.set_num_threads(args.threads)
+
         with torch.no_grad():
             out = library(image_embeddings=embedding, multimask_output=True, **prompt)
         diff = float((torch.from_numpy(first.scores) - out.iou_scores[0, 0]).abs().max())
-        calls = {"ours, click": ours, "theirs, decoder": theirs_decoder, "theirs, click": theirs_click}
+        calls = {"ours, click": ours, "theirs, decoder": theirs_decoder, "theirs, click": theirs_click,
+                 "theirs, decoder, 1 thread": theirs_decoder_one_thread}
         for call in calls.values():  # warm-up
             call()
         times: dict[str, list[float]] = {name: [] for name in calls}
+        walls: dict[str, list[float]] = {name: [] for name in calls}
         names = list(calls)
         for r in range(args.repeats):
-            for name in names[r % 3:] + names[:r % 3]:
-                times[name].append(cpu_seconds(calls[name]))
+            for name in names[r % len(names):] + names[:r % len(names)]:
+                cpu, wall = seconds(calls[name])
+                times[name].append(cpu)
+                walls[name].append(wall)
     ratios = {name: statistics.median(a / b for a, b in zip(times[name], times["ours, click"], strict=True))
               for name in names[1:]}
     lines = [f"# python -m bench.bench_sam_decoder --threads {args.threads} --repeats {args.repeats}   (issue 81)",
@@ -114,10 +128,11 @@ def main(argv: list[str] | None = None) -> int:
              "# Portable: the ratios (medians of the per-round ratios of CPU seconds). This machine and its load only: "
              "the seconds (medians).",
              f"# load average before: {' '.join(f'{v:.2f}' for v in load)}",
-             "| call | CPU s (median) | theirs / ours |", "|---|---|---|"]
+             "| call | CPU s (median) | wall s (median) | theirs / ours (CPU s) |", "|---|---|---|---|"]
     for name in names:
         ratio = "1.00" if name == "ours, click" else f"{ratios[name]:.2f}"
-        lines.append(f"| {name} | {statistics.median(times[name]):.3f} | {ratio} |")
+        cpu, wall = statistics.median(times[name]), statistics.median(walls[name])
+        lines.append(f"| {name} | {cpu:.3f} | {wall:.3f} | {ratio} |")
     lines.append(f"# load average after: {' '.join(f'{v:.2f}' for v in os.getloadavg())}")
     text = "\n".join(lines) + "\n"
     print(text, end="")

@@ -193,6 +193,65 @@ def test_a_second_prompt_on_the_same_image_runs_the_decoder_alone(whole, image):
     assert segmenter(checkpoint, None).encoded == encoded
 
 
+@pytest.mark.parametrize("size", [(640, 480), (480, 640), (1024, 1024), (1500, 1000), (90, 50), (50, 90)])
+def test_the_masks_on_the_image_are_the_processors_post_processed_logits_at_sam_vit_b_size(size):
+    """SAM ViT-B's shapes (256 x 256 low-resolution logits, a 1,024 px input): the logits resized onto the image
+    are the processor's ``post_process_masks`` floats, bit for bit, though the padding is never resized (random
+    logits: a sign change at almost every pixel, so a row read off by one shows)."""
+    from types import SimpleNamespace
+
+    from vit.checkpoint import Preprocessing
+    from vit.explain.segment import mask_logits_on_image, masks_on_image
+
+    processor = transformers.SamImageProcessor()
+    sizes = processor(images=Image.new("RGB", size), return_tensors="pt")
+    logits = torch.randn(3, 256, 256, generator=torch.Generator().manual_seed(0))
+    expected = processor.post_process_masks(logits[None, None], sizes["original_sizes"],
+                                            sizes["reshaped_input_sizes"], binarize=False)[0][0]
+    preprocessing = Preprocessing(image_size=1024, num_channels=3, mean=(0.5,) * 3, std=(0.5,) * 3,
+                                  resize_size=1024, resize_mode="longest_edge_pad")
+    half = SimpleNamespace(family="sam")
+    ours = mask_logits_on_image(half, logits, size, preprocessing)
+    assert ours.shape == (3, size[1], size[0]) and torch.equal(ours, expected)
+    assert torch.equal(masks_on_image(half, logits, size, preprocessing), expected > 0)
+
+
+def test_a_prompt_runs_the_decoder_on_one_thread_whatever_the_process_uses(whole, image):
+    # the decoder's ~250 small ops share no work across threads (segment.DECODER_THREADS); the count comes back
+    from vit.explain.segment import DECODER_THREADS, segmenter
+    from vit.sources.sam_prompts import open_prompt_half
+
+    _, _, _, checkpoint = whole
+    decoder = segmenter(checkpoint, open_prompt_half).half.decoder
+    seen = []
+    handle = decoder.register_forward_pre_hook(lambda module, args: seen.append(torch.get_num_threads()))
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        vit.segment(checkpoint, image, points=[(30, 20)])
+        after = torch.get_num_threads()
+    finally:
+        handle.remove()
+        torch.set_num_threads(before)
+    assert DECODER_THREADS == 1 and seen == [1] and after == 2
+
+
+def test_a_new_prompt_reuses_the_grids_positional_encoding(whole, image, monkeypatch):
+    # it depends on the weights alone: the library's forward made it again at every prompt
+    from vit.explain.segment import segmenter
+    from vit.sources.sam_prompts import open_prompt_half
+
+    family, _, _, checkpoint = whole
+    vit.segment(checkpoint, image, points=[(30, 20)])
+    library = segmenter(checkpoint, open_prompt_half).half.library
+    made = []
+    encoding = library.get_image_wide_positional_embeddings
+    monkeypatch.setattr(library, "get_image_wide_positional_embeddings", lambda: made.append(1) or encoding())
+    vit.segment(checkpoint, image, points=[(60, 30, 0)])
+    vit.segment(checkpoint, image, box=(10, 5, 80, 45))
+    assert made == [] if family == "sam" else len(made) == 2  # SAM 2's whole forward runs as it is
+
+
 def test_a_model_no_checkpoint_holds_any_more_is_let_go_with_its_prompt_half(whole, image):
     """The segmenters are kept per model, weakly: once no checkpoint holds the model, it goes, with its prompt half
     and its kept embeddings (a Segmenter holding its checkpoint kept every model it ever served alive)."""

@@ -76,3 +76,21 @@ def test_a_command_refuses_a_bad_vit_threads_in_one_line(monkeypatch, capsys, tm
     err = capsys.readouterr().err
     assert err.strip().splitlines() == [
         "vit.predict: error: VIT_THREADS must be a whole number of at least 1, got 'many'"]
+
+
+def test_at_most_lowers_the_count_for_the_block_never_raises_it_and_restores_it():
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        with threads.at_most(1) as used:
+            assert used == 1 and torch.get_num_threads() == 1
+        assert torch.get_num_threads() == 2
+        with threads.at_most(8) as used:
+            assert used == 2 and torch.get_num_threads() == 2
+        with pytest.raises(RuntimeError), threads.at_most(1):
+            raise RuntimeError("the work failed")
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)

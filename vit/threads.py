@@ -8,9 +8,11 @@ took 2.2x as long as on one. The app and every command call ``use_free_cores`` o
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 import os
+from collections.abc import Iterator
 
 THREADS_ENV = "VIT_THREADS"
 
@@ -58,3 +60,24 @@ def use_free_cores() -> int:
     threads = chosen_threads()
     torch.set_num_threads(threads)
     return threads
+
+
+@contextlib.contextmanager
+def at_most(threads: int) -> Iterator[int]:
+    """For the ``with`` block, torch's thread count lowered to ``threads`` (never raised), then restored; yields the
+    count used. For work made of many small ops (SAM's mask decoder: ~250 ops on a 64 x 64 grid, each a millisecond
+    or less), where a barrier per op costs more than a second thread saves.
+
+    torch keeps OpenMP's count per calling thread, so another thread's work is not narrowed by it (MKL's own count
+    is process-wide: a concurrent call may run its BLAS on fewer threads for that moment, with the same results)."""
+    import torch
+
+    before = torch.get_num_threads()
+    used = max(1, min(threads, before))
+    if used != before:
+        torch.set_num_threads(used)
+    try:
+        yield used
+    finally:
+        if used != before:
+            torch.set_num_threads(before)

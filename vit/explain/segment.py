@@ -37,6 +37,7 @@ from torch import Tensor
 
 from vit.costs import plan
 from vit.images import resized_size
+from vit.threads import at_most
 
 # Each two-way block's attention modules as the library names them, then the final token-to-image attention.
 BLOCK_ATTENTIONS = ("self_attn", "cross_attn_token_to_image", "cross_attn_image_to_token")
@@ -58,6 +59,11 @@ SEGMENT_METHODS = {
 TOKENS = ("mask", "iou")  # the output tokens whose attention is drawn
 CROSS_ATTENTIONS = ("cross_attn_token_to_image", "cross_attn_image_to_token", FINAL_ATTENTION)
 KEPT_EMBEDDINGS = 4  # images whose embedding a Segmenter keeps (SAM ViT-H's: 4 MB each)
+# torch threads for a prompt's mask decoder: ~250 small ops (SAM ViT-B's largest, a 4096 x 256 -> 128
+# projection, is ~1 ms on one core), so a second thread saves little and costs a barrier per op, which waits for a
+# descheduled thread whenever other work shares the cores: on 2 shared cores, transformers' own SAM ViT-B decoder
+# took 0.12 CPU s on one thread and 0.49 on two, with bitwise equal results (bench/bench_sam_decoder.py).
+DECODER_THREADS = 1
 
 
 def check_grid(half, grid: tuple[int, int]) -> None:
@@ -185,7 +191,19 @@ def prompt_tensors(half, prompt: Prompt, scale: tuple[float, float], device: tor
 
 def decode(half, embedding, prompt_inputs: Mapping[str, torch.Tensor], multimask: bool = True):
     """The library's forward from the image embedding on: ``(iou_scores (1, 1, M), pred_masks (1, 1, M, 4gh, 4gw))``,
-    M = 3 with ``multimask`` (SAM's three masks) else 1."""
+    M = 3 with ``multimask`` (SAM's three masks) else 1. SAM's runs its prompt encoder and mask decoder as
+    ``SamModel.forward`` calls them, with the grid's positional encoding made once (``image_positional_embeddings``)
+    rather than at every prompt; SAM 2's whole forward (its decoder reads more than one level) runs as it is."""
+    if half.family == "sam":
+        library = half.library
+        sparse, dense = library.prompt_encoder(input_points=prompt_inputs.get("input_points"),
+                                               input_labels=prompt_inputs.get("input_labels"),
+                                               input_boxes=prompt_inputs.get("input_boxes"), input_masks=None)
+        masks, scores = half.decoder(image_embeddings=embedding,
+                                     image_positional_embeddings=half.image_positional_embeddings(),
+                                     sparse_prompt_embeddings=sparse, dense_prompt_embeddings=dense,
+                                     multimask_output=multimask)
+        return scores, masks
     out = half.library(image_embeddings=embedding, multimask_output=multimask, **prompt_inputs)
     return out.iou_scores, out.pred_masks
 
@@ -339,7 +357,7 @@ class Segmenter:
         p, image_size = self.preprocessing, image.size
         inputs = prompt_tensors(self.half, prompt, prompt_scale(image_size, p), self.device)
         embedding, input_hw, reused = self.embedding(image)
-        with torch.inference_mode(), decoder_attentions(self.half) as recorded:
+        with torch.inference_mode(), decoder_attentions(self.half) as recorded, at_most(DECODER_THREADS):
             scores, logits = decode(self.half, embedding, inputs)
         count = scores.shape[-1]
         if mask is None:
@@ -357,8 +375,8 @@ class Segmenter:
         for method in methods:
             maps[method] = gradient_x_input(self.half, self.model, pixels, inputs, mask, cell).cpu()
         logits = logits[0, 0].float().cpu()
-        return Segmented(scores[0, 0].float().cpu(), logits, masks_on_image(self.half, logits, image_size, p), mask,
-                         token, attention, maps, reused)
+        masks = masks_on_image(self.half, logits, image_size, p)  # two large resizes: worth every thread
+        return Segmented(scores[0, 0].float().cpu(), logits, masks, mask, token, attention, maps, reused)
 
 
 _SEGMENTERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # a model -> its Segmenter, while it lives
@@ -386,18 +404,38 @@ def low_res_cell(at: tuple[float, float], image_size: tuple[int, int], preproces
     return (min(int(y * sy * rows / input_hw[0]), rows - 1), min(int(x * sx * cols / input_hw[1]), cols - 1))
 
 
-def masks_on_image(half, logits: Tensor, image_size: tuple[int, int], preprocessing) -> Tensor:
-    """``(M, H, W)`` bool: the low-resolution ``logits (M, h, w)`` on the image, as the processor's
-    ``post_process_masks`` makes them (SAM: up to the padded input, its padding cut, then to the image; SAM 2:
-    straight to the image; bilinear, logit > 0)."""
+def _kept_rows(size: int, out: int, kept_out: int) -> int:
+    """How many of ``size`` input rows a bilinear resize (align_corners=False) from ``size`` to ``out = f * size``
+    (f a whole number) reads for its first ``kept_out`` output rows, with rows after the last read kept so the
+    resize of those rows alone to ``f * rows`` weighs each output row exactly as the whole resize does (its scale
+    ``rows / (f * rows)`` is the same float as ``size / out``; only the last input row is treated as an edge)."""
+    if out % size or kept_out >= out:
+        return size
+    last = math.floor(max((kept_out - 0.5) * size / out - 0.5, 0.0))  # the last input row read (rounded down)
+    return min(size, last + 3)  # one row more than needed: a float rounding of the source row cannot reach the edge
+
+
+def mask_logits_on_image(half, logits: Tensor, image_size: tuple[int, int], preprocessing) -> Tensor:
+    """``(M, H, W)`` float: the low-resolution ``logits (M, h, w)`` resized onto the image as the processor's
+    ``post_process_masks`` resizes them (SAM: up to the padded input, its padding cut, then to the image; SAM 2:
+    straight to the image; bilinear). SAM's first resize is computed for the kept part alone: its padding (a
+    quarter of the input for a 4:3 photo) is never resized, and the values kept are the same floats."""
     width, height = image_size
     masks = logits[None].float()  # (1, M, h, w)
     if half.family == "sam":
-        masks = F.interpolate(masks, preprocessing.image_hw, mode="bilinear", align_corners=False)
         new_w, new_h = resized_size(image_size, preprocessing.resize_size, preprocessing.resize_mode)
+        (h, w), (out_h, out_w) = masks.shape[-2:], preprocessing.image_hw
+        rows, cols = _kept_rows(h, out_h, new_h), _kept_rows(w, out_w, new_w)
+        size = (out_h * rows // h, out_w * cols // w)  # the same scale as the whole resize's
+        masks = F.interpolate(masks[..., :rows, :cols], size, mode="bilinear", align_corners=False)
         masks = masks[..., :new_h, :new_w]
-    masks = F.interpolate(masks, (height, width), mode="bilinear", align_corners=False)
-    return masks[0] > 0
+    return F.interpolate(masks, (height, width), mode="bilinear", align_corners=False)[0]
+
+
+def masks_on_image(half, logits: Tensor, image_size: tuple[int, int], preprocessing) -> Tensor:
+    """``(M, H, W)`` bool: the low-resolution ``logits (M, h, w)`` on the image, as the processor's
+    ``post_process_masks`` makes them (``mask_logits_on_image``, logit > 0)."""
+    return mask_logits_on_image(half, logits, image_size, preprocessing) > 0
 
 
 def gradient_x_input(half, model, pixels: Tensor, inputs: Mapping[str, Tensor], mask: int,

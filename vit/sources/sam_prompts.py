@@ -15,7 +15,7 @@ The half is built with ``attn_implementation="eager"``, so its attention modules
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -37,6 +37,17 @@ class PromptHalf:
     family: str
     library: torch.nn.Module
     folder: Path
+    _positional: torch.Tensor | None = field(default=None, init=False, repr=False)
+
+    def image_positional_embeddings(self) -> torch.Tensor:
+        """The library's positional encoding of the image embedding's grid, ``(1, C, gh, gw)``
+        (``get_image_wide_positional_embeddings``): it depends on the weights alone, so it is made once here, where
+        the library's forward makes it again (SAM ViT-B: 64 x 64 x 256 sines and cosines) at every prompt. Made
+        outside inference mode, so a gradient's graph may read it too."""
+        if self._positional is None:
+            with torch.inference_mode(False), torch.no_grad():
+                self._positional = self.library.get_image_wide_positional_embeddings()
+        return self._positional
 
     @property
     def decoder(self) -> torch.nn.Module:
