@@ -14,7 +14,7 @@ from test_app import dirs, run_app, sidebar_widget, upload  # noqa: F401 (fixtur
 from test_app_share import notes, open_link
 
 transformers = pytest.importorskip("transformers")
-from test_vlm_answer import QUESTION, _build, eager_generate, noisy, picture  # noqa: E402
+from test_vlm_answer import QUESTION, _build, eager_generate, internvl_tiles, noisy, picture  # noqa: E402, F401
 
 import vit  # noqa: E402
 
@@ -266,3 +266,43 @@ def test_the_map_may_be_gradient_x_attention_at_a_layer_or_rolled_out(folders, d
     upload(at, "photo.png", png(picture()))
     assert notes(at) == [] and not at.main.error, [e.value for e in at.main.error]
     np.testing.assert_allclose(drawn[-1], answer.relevance(2, 0), rtol=0, atol=1e-6)
+
+
+def test_a_tiled_image_is_drawn_over_the_canvas_it_was_read_as_and_its_overview_on_a_toggle(
+        internvl_tiles, monkeypatch):  # noqa: F811 (test_vlm_answer's fixture)
+    """InternVL cut the photo into 2 x 3 tiles and a thumbnail: the map is drawn over the tiles' canvas as the model
+    read it (the answer's ``layout.pixels``, checked against the image processor in test_vlm_answer), at the canvas's
+    aspect, not over a square tile; the toggle draws the overview's map over the thumbnail; the link keeps it."""
+    from test_app_share import url
+
+    from vit.app import drawing
+
+    under, original = [], drawing.overlay_image
+    monkeypatch.setattr(drawing, "overlay_image", lambda image, map2d, *a, **k: under.append(
+        (image, np.asarray(map2d))) or original(image, map2d, *a, **k))
+    at = ask(open_folder(internvl_tiles), QUESTION)
+    answer = answer_of(internvl_tiles)
+    image, map2d = under[-1]
+    np.testing.assert_allclose(map2d, answer.attention(0, answer.layers - 1), rtol=0, atol=0)
+    canvas = answer.layout.pixels
+    assert map2d.shape == (8, 12) and canvas.shape[:2] == (64, 96)
+    assert abs(image.width / image.height - 96 / 64) < 0.02  # the canvas, at display size
+    # The tiny model answers one word thrice: the test's pills (AppTest reads a pill back by its label) pick the last,
+    # whose label is its own.
+    pills(at).set_value(LENGTH - 1)
+    at.run()
+    np.testing.assert_allclose(under[-1][1], answer.attention(LENGTH - 1, answer.layers - 1), rtol=0, atol=0)
+    expected = drawing.display_image(drawing.Image.fromarray(canvas), max_side=480)
+    np.testing.assert_array_equal(np.asarray(image), np.asarray(expected))  # the canvas, at display size
+    [toggle] = [w for w in at.main.toggle if w.label == "The whole image's view"]
+    toggle.set_value(True)
+    at.run()
+    assert not at.exception, [e.stack_trace for e in at.exception]
+    image, map2d = under[-1]
+    np.testing.assert_allclose(map2d, answer.attention(LENGTH - 1, answer.layers - 1, overview=True), rtol=0, atol=0)
+    assert image.width == image.height  # the thumbnail: one square tile
+    expected = drawing.display_image(drawing.Image.fromarray(answer.layout.overview.pixels), max_side=480)
+    np.testing.assert_array_equal(np.asarray(image), np.asarray(expected))
+    assert url(at)["lm_overview"] == "1"
+    linked = open_link(url(at))
+    assert linked.session_state["vlm_ask_overview"] is True

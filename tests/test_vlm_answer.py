@@ -192,17 +192,22 @@ def eager_generate(folder, image: Image.Image, text: str | None = None):
     attentions, and the prompt's input ids."""
     config = json.loads((folder / "config.json").read_text())
     model = getattr(transformers, config["architectures"][0]).from_pretrained(folder, attn_implementation="eager")
+    inputs = processor_inputs(folder, image, text)
+    with torch.no_grad():
+        out = model.eval().generate(**inputs, max_new_tokens=NEW_TOKENS, do_sample=False, output_attentions=True,
+                                    return_dict_in_generate=True)
+    return out, inputs, model.config.image_token_id
+
+
+def processor_inputs(folder, image: Image.Image, text: str | None = None):
+    """transformers alone: the processor's inputs for ``image`` and the question through its chat template."""
     processor = transformers.AutoProcessor.from_pretrained(folder)
     if text is None and processor.chat_template is None:  # PaliGemma's prompt: its processor adds bos and newline
         text = processor.image_token + QUESTION
     elif text is None:
         messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": QUESTION}]}]
         text = processor.apply_chat_template(messages, add_generation_prompt=True)
-    inputs = processor(images=[image], text=text, return_tensors="pt")
-    with torch.no_grad():
-        out = model.eval().generate(**inputs, max_new_tokens=NEW_TOKENS, do_sample=False, output_attentions=True,
-                                    return_dict_in_generate=True)
-    return out, inputs, model.config.image_token_id
+    return processor(images=[image], text=text, return_tensors="pt")
 
 
 def by_hand(row: np.ndarray, grid: tuple[int, int], unit: int, lead: int) -> np.ndarray:
@@ -502,6 +507,45 @@ def test_llava_nexts_crops_are_placed_as_transformers_packs_them(llava_next):
                                            by_hand(row[:16], (4, 4), 1, 0), rtol=0, atol=ATOL)
     row = out.attentions[1][0][0, :, -1, positions].numpy().mean(0)
     assert _differs(answer.attention(1, 0), row[16:96].reshape(8, 10))  # the newlines taken for patches
+
+
+def unnormalised(images, pixels: torch.Tensor) -> np.ndarray:
+    """(C, H, W) of an image processor's output -> (H, W, 3) uint8: its rescale and normalisation undone by hand."""
+    mean = torch.tensor(images.image_mean).view(-1, 1, 1)
+    std = torch.tensor(images.image_std).view(-1, 1, 1)
+    x = (pixels.float() * std + mean) / images.rescale_factor
+    return x.round().clamp(0, 255).to(torch.uint8).permute(1, 2, 0).numpy()
+
+
+def test_a_tiled_answer_is_drawn_over_the_canvas_and_the_overview_the_model_read(internvl_tiles, llava_next):
+    """The pixels under a tiled map (``layout.pixels``) are those the model read, on the map's own grid: InternVL's
+    canvas is the image processor's resize of the image to the 2 x 3 tiles' canvas (which ``where_tiles_are`` finds
+    cut into the very tiles), its thumbnail the overview; LLaVA-NeXT's is its crops stitched row-major with the
+    padding ``pack_image_features`` drops cut away, its base image the overview."""
+    image = picture()
+    answer = vit.ask_vlm(vit.open_vlm(internvl_tiles), image, QUESTION, max_new_tokens=1)
+    images = transformers.AutoProcessor.from_pretrained(internvl_tiles).image_processor
+    side = images.size["height"]
+    canvas = images(image, crop_to_patches=False, size={"height": 2 * side, "width": 3 * side},
+                    return_tensors="pt")["pixel_values"][0]
+    np.testing.assert_array_equal(answer.layout.pixels, unnormalised(images, canvas))
+    thumbnail = images(image, crop_to_patches=True, return_tensors="pt")["pixel_values"][-1]
+    np.testing.assert_array_equal(answer.layout.overview.pixels, unnormalised(images, thumbnail))
+    assert answer.layout.pixels.shape[:2] == (answer.grid[0] * side // 4, answer.grid[1] * side // 4)
+
+    answer = vit.ask_vlm(vit.open_vlm(llava_next), image, QUESTION, max_new_tokens=1)
+    inputs = processor_inputs(llava_next, image)
+    images = transformers.AutoProcessor.from_pretrained(llava_next).image_processor
+    places = [p for p in packed_places(llava_next, inputs) if p is not None]
+    top, left = min(p[0] for p in places), min(p[1] for p in places)
+    bottom, right = max(p[0] for p in places) + 1, max(p[1] for p in places) + 1
+    crops = inputs["pixel_values"][0, 1:7]
+    patch = crops.shape[-1] // 4
+    padded = torch.cat([torch.cat(list(crops[r * 3:(r + 1) * 3]), dim=2) for r in range(2)], dim=1)
+    expected = padded[:, top * patch:bottom * patch, left * patch:right * patch]
+    np.testing.assert_array_equal(answer.layout.pixels, unnormalised(images, expected))
+    assert answer.layout.pixels.shape[:2] == (answer.grid[0] * patch, answer.grid[1] * patch)
+    np.testing.assert_array_equal(answer.layout.overview.pixels, unnormalised(images, inputs["pixel_values"][0, 0]))
 
 
 def test_a_visitor_is_bounded_by_every_tiles_patches(internvl_tiles, monkeypatch):

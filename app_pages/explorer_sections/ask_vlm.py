@@ -14,6 +14,7 @@ from functools import partial
 
 import numpy as np
 import streamlit as st
+from PIL import Image
 
 from app_pages.explorer_sections.long_work import long_work
 from app_pages.explorer_sections.state import Shown
@@ -28,9 +29,11 @@ from vit.text import escape_markdown, file_name_part, visible
 KEPT = ("vlm_ask_",)  # the section's widget state, written back by the page on runs that do not draw it
 QUESTION_KEY, LENGTH_KEY, TOKEN_KEY = "vlm_ask_question", "vlm_ask_length", "vlm_ask_token"
 LAYER_KEY, HEAD_KEY, FUSION_KEY, METHOD_KEY = "vlm_ask_layer", "vlm_ask_head", "vlm_ask_fusion", "vlm_ask_method"
+OVERVIEW_KEY = "vlm_ask_overview"
 LINKED_KEY = "ask_vlm_linked"  # a link's answer token, layer and head (from 1), until the answer they point into
 # Link parameter -> the widget it sets at once (their range is the page's, not the answer's)
-WIDGETS = {"question": QUESTION_KEY, "answer_length": LENGTH_KEY, "lm_fusion": FUSION_KEY, "lm_method": METHOD_KEY}
+WIDGETS = {"question": QUESTION_KEY, "answer_length": LENGTH_KEY, "lm_fusion": FUSION_KEY, "lm_method": METHOD_KEY,
+           "lm_overview": OVERVIEW_KEY}
 PICKED = {"answer_token": TOKEN_KEY, "lm_layer": LAYER_KEY, "lm_head": HEAD_KEY}
 
 
@@ -67,6 +70,7 @@ def link_values() -> dict[str, object]:
     values["lm_fusion"] = st.session_state.get(FUSION_KEY) if values.get("lm_head") is None else None
     method = st.session_state.get(METHOD_KEY)
     values["lm_method"] = method if method in MAP_METHODS[1:] else None  # attention: the default, left out
+    values["lm_overview"] = True if st.session_state.get(OVERVIEW_KEY) else None  # the tiles' canvas: the default
     return {k: v for k, v in values.items() if v is not None}
 
 
@@ -86,10 +90,13 @@ def _apply_link(answer: VLMAnswer) -> list[str]:
     return notes
 
 
-def _seen(view: Shown, answer: VLMAnswer):
-    """The pixels the model saw, at display size: the page's own where the tower's grid is the answer's (the
-    processor prepares the image as the tower's preprocessing does), else the tower's preprocessing at its own
-    size."""
+def _seen(view: Shown, answer: VLMAnswer, overview: bool = False):
+    """The pixels the model saw, at display size: a tiled image's as the model read them (the tiles' canvas or the
+    overview); else the page's own where the tower's grid is the answer's (the processor prepares the image as the
+    tower's preprocessing does), else the tower's preprocessing at its own size."""
+    pixels = vlm_ask.seen_pixels(answer, overview)
+    if pixels is not None:
+        return drawing.display_image(Image.fromarray(pixels), max_side=480)
     if tuple(view.analysis.grid) == tuple(answer.grid):
         return view.shown
     return drawing.display_images(seen_region(view.image, view.checkpoint.preprocessing))[0]
@@ -173,13 +180,18 @@ def ask_vlm(view: Shown, may_open: bool, shared: dict[str, object], model_name: 
                 st.session_state[FUSION_KEY] = "mean"
             fusion = st.radio("Heads fused by", FUSIONS, key=FUSION_KEY, horizontal=True,
                               format_func=vlm_ask.FUSION_LABELS.get)
+        overview = False
+        if vlm_ask.tiled(answer):  # InternVL's thumbnail, LLaVA-NeXT's base image beside the tiles
+            overview = st.toggle("The whole image's view", key=OVERVIEW_KEY,
+                                 help="The processor cut the image into tiles and gave the model one more view of "
+                                      "the whole image: off, the map over the tiles' canvas; on, over that view.")
     try:
-        map2d = vlm_ask.token_map(answer, token, layer, head, fusion, method)
+        map2d = vlm_ask.token_map(answer, token, layer, head, fusion, method, overview)
     except ValueError as e:  # gradient x attention over the memory limit
         st.error(_one_line(e))
         return
-    seen = _seen(view, answer)
-    caption = vlm_ask.describe(answer, token, layer, head, fusion, method)
+    seen = _seen(view, answer, overview)
+    caption = vlm_ask.describe(answer, token, layer, head, fusion, method, overview)
     with col_map:
         drawn = drawing.overlay_image(seen, map2d, view.opacity, view.colormap, view.mode, view.show_grid, None)
         st.image(drawn, output_format="PNG")
@@ -197,7 +209,7 @@ def ask_vlm(view: Shown, may_open: bool, shared: dict[str, object], model_name: 
     values = {**shared, **link_values()}
     _share(values, view, answer, seen, map2d, caption, model_name, image_name,
            dict(question=question, length=int(length), token=token, layer=layer, head=head, fusion=fusion,
-                method=method))
+                method=method, overview=overview))
 
 
 def _share(values: dict[str, object], view: Shown, answer: VLMAnswer, seen, map2d: np.ndarray, caption: str,
@@ -210,7 +222,7 @@ def _share(values: dict[str, object], view: Shown, answer: VLMAnswer, seen, map2
     share_view.link_popover(col_link, values)
     settings = {"Model": model_name, "Image": image_name,
                 **vlm_ask.settings(picked["question"], answer, picked["length"], picked["token"], picked["layer"],
-                                   picked["head"], picked["fusion"], picked["method"])}
+                                   picked["head"], picked["fusion"], picked["method"], picked["overview"])}
     page = View(title=f"{image_name} — {model_name}: where the answer looked", seen=seen, map2d=np.asarray(map2d),
                 caption=caption, colormap=view.colormap, opacity=view.opacity, mode=view.mode, query=0,
                 num_prefix_tokens=1, show_grid=view.show_grid, settings=settings)

@@ -58,15 +58,27 @@ def token_label(answer: VLMAnswer, i: int) -> str:
 
 
 def token_map(answer: VLMAnswer, i: int, layer: int, head: int | None, fusion: str = "mean",
-              method: str = "attention") -> np.ndarray:
+              method: str = "attention", overview: bool = False) -> np.ndarray:
     """(gh, gw): answer token ``i``'s attention to the image at ``layer`` (from 0), ``head`` (from 0) or the heads
     fused by ``fusion`` (``VLMAnswer.attention``); ``method`` "gradxattn": its gradient x attention at ``layer``,
-    "gradxattn_rollout": rolled out over every layer (``VLMAnswer.relevance``; heads averaged by the rule)."""
+    "gradxattn_rollout": rolled out over every layer (``VLMAnswer.relevance``; heads averaged by the rule). An
+    image read as tiles: on the tiles' canvas, or, ``overview``, on the model's one view of the whole image."""
     if method == "gradxattn":
-        return answer.relevance(i, layer)
+        return answer.relevance(i, layer, overview=overview)
     if method == "gradxattn_rollout":
-        return answer.relevance(i)
-    return answer.attention(i, layer, head, fusion)
+        return answer.relevance(i, overview=overview)
+    return answer.attention(i, layer, head, fusion, overview=overview)
+
+
+def tiled(answer: VLMAnswer) -> bool:
+    """Whether the processor cut the image into tiles beside an overview (InternVL, LLaVA-NeXT)."""
+    return answer.layout.overview is not None
+
+
+def seen_pixels(answer: VLMAnswer, overview: bool = False) -> np.ndarray | None:
+    """(H, W, 3) uint8: the pixels a tiled image's map is drawn over, as the model read them (the tiles' canvas, or
+    the overview's view); None for an image read in one view (its pixels are the tower's preprocessing)."""
+    return answer.layout.view(overview).pixels if tiled(answer) else None
 
 
 def image_shares(answer: VLMAnswer, layer: int) -> list[float]:
@@ -75,8 +87,17 @@ def image_shares(answer: VLMAnswer, layer: int) -> list[float]:
     return [answer.image_share(i, layer) for i in range(len(answer.tokens))]
 
 
-def describe(answer: VLMAnswer, i: int, layer: int, head: int | None, fusion: str, method: str = "attention") -> str:
-    """The map's caption, as Markdown (the token escaped): which token, layer and head, and what a patch holds."""
+def describe(answer: VLMAnswer, i: int, layer: int, head: int | None, fusion: str, method: str = "attention",
+             overview: bool = False) -> str:
+    """The map's caption, as Markdown (the token escaped): which token, layer and head, what a patch holds, and for
+    an image read as tiles on which of the model's views."""
+    view = "" if not tiled(answer) else (" On the model's one view of the whole image (its overview)." if overview
+                                         else f" On the canvas of the {answer.layout.views - 1} tiles the processor "
+                                              "cut the image into, as the model read them.")
+    return _describe(answer, i, layer, head, fusion, method) + view
+
+
+def _describe(answer: VLMAnswer, i: int, layer: int, head: int | None, fusion: str, method: str) -> str:
     heads = f"head {head + 1}" if head is not None else FUSION_LABELS[fusion]
     side = answer.layout.unit
     unit = "one patch" if side == 1 else f"the {side}×{side} patches of its unit"
@@ -94,8 +115,16 @@ def describe(answer: VLMAnswer, i: int, layer: int, head: int | None, fusion: st
 
 
 def settings(question: str, answer: VLMAnswer, new_tokens: int, i: int, layer: int, head: int | None,
-             fusion: str, method: str = "attention") -> dict[str, str]:
+             fusion: str, method: str = "attention", overview: bool = False) -> dict[str, str]:
     """The view's settings for the exported page: label -> value, as plain text (the export escapes them)."""
+    shown = _settings(question, answer, new_tokens, i, layer, head, fusion, method)
+    if tiled(answer):
+        shown["Image view"] = "the overview" if overview else f"the {answer.layout.views - 1} tiles' canvas"
+    return shown
+
+
+def _settings(question: str, answer: VLMAnswer, new_tokens: int, i: int, layer: int, head: int | None,
+              fusion: str, method: str) -> dict[str, str]:
     if method != "attention":
         return {"Question": question, "Answer": answer.text, "Answer length (tokens at most)": str(new_tokens),
                 "Answer token": f"{i + 1}: {visible(answer.pieces[i])}", "Map": METHOD_LABELS[method],

@@ -156,6 +156,10 @@ class ImageLayout:
     views: int = 1  # the tower's passes over the image: one, or each tile and the overview
     view_grid: tuple[int, int] | None = None  # one pass's patch grid (None: ``grid``)
     overview: ImageLayout | None = None  # the whole image's one view beside the tiles, on its own patch grid
+    # A tiled layout's pixels as the model read them (H, W, 3) uint8, the processor's normalisation undone: the tiles'
+    # canvas (``grid`` x the tower's patch), or the overview's one view; None for a one-view layout (its pixels are
+    # the tower's preprocessing of the image).
+    pixels: np.ndarray | None = field(default=None, compare=False, repr=False)
 
     def place(self, values: torch.Tensor) -> torch.Tensor:
         """(W, K) values of the image tokens -> (W, gh, gw) on the patch grid."""
@@ -198,6 +202,26 @@ def tile_index(rows: int, cols: int, grid: tuple[int, int], unit: int, start: in
     return start + tile * per_tile + (r % gh // unit) * (gw // unit) + (c % gw // unit)  # (H, W)
 
 
+def seen_pixels(vlm, tiles: torch.Tensor) -> np.ndarray:
+    """(n, C, h, w) tiles of the processor's ``pixel_values`` -> (n, h, w, 3) uint8: its rescale and normalisation
+    undone, the pixels the tower read."""
+    images = vlm.processor.image_processor
+    x = tiles.detach().float().cpu()
+    if getattr(images, "do_normalize", True):
+        mean = torch.as_tensor(images.image_mean, dtype=torch.float32).view(1, -1, 1, 1)
+        std = torch.as_tensor(images.image_std, dtype=torch.float32).view(1, -1, 1, 1)
+        x = x * std + mean
+    if getattr(images, "do_rescale", True):
+        x = x / float(images.rescale_factor)
+    return x.round().clamp(0, 255).to(torch.uint8).permute(0, 2, 3, 1).numpy()
+
+
+def _canvas(tiles: np.ndarray, rows: int, cols: int) -> np.ndarray:
+    """(rows x cols, h, w, 3) row-major tiles -> (rows x h, cols x w, 3)."""
+    n, h, w, c = tiles.shape
+    return tiles[:rows * cols].reshape(rows, cols, h, w, c).transpose(0, 2, 1, 3, 4).reshape(rows * h, cols * w, c)
+
+
 def _internvl_tiles(vlm, image: Image.Image, pixels: torch.Tensor, positions: torch.Tensor) -> ImageLayout:
     """InternVL's crops (``GotOcr2ImageProcessor.crop_image_to_patches``): the image resized to ``cols x rows``
     tiles, the canvas transformers' ``get_optimal_tiled_canvas`` chooses, cut row-major, the thumbnail (the whole
@@ -216,9 +240,11 @@ def _internvl_tiles(vlm, image: Image.Image, pixels: torch.Tensor, positions: to
     per_tile = (grid[0] // unit) * (grid[1] // unit)
     _check_count(positions, (rows * cols + 1) * per_tile, f"{rows}x{cols} tiles and a thumbnail of "
                  f"{grid[0]}x{grid[1]} patches in {unit}x{unit} units")
-    overview = ImageLayout(positions, grid, unit, 0, tile_index(1, 1, grid, unit, rows * cols * per_tile))
+    seen = seen_pixels(vlm, pixels)
+    overview = ImageLayout(positions, grid, unit, 0, tile_index(1, 1, grid, unit, rows * cols * per_tile),
+                           pixels=seen[-1])
     return ImageLayout(positions, (rows * grid[0], cols * grid[1]), unit, 0, tile_index(rows, cols, grid, unit),
-                       rows * cols + 1, grid, overview)
+                       rows * cols + 1, grid, overview, _canvas(seen, rows, cols))
 
 
 def _next_tiles(vlm, inputs, positions: torch.Tensor) -> ImageLayout:
@@ -235,13 +261,20 @@ def _next_tiles(vlm, inputs, positions: torch.Tensor) -> ImageLayout:
     side = config.vision_config.image_size // config.vision_config.patch_size  # one crop's patches along a side
     size = inputs["image_sizes"][0]  # (height, width) of the image
     rows, cols = get_anyres_image_grid_shape(size, config.image_grid_pinpoints, config.vision_config.image_size)
-    height, width = unpad_image(torch.zeros(1, rows * side, cols * side), size).shape[1:]  # the canvas unpadded
+    # The canvas's patches that unpad_image keeps: which rows and columns, found by unpadding their own indices.
+    kept_rows = unpad_image(torch.arange(rows * side).view(1, -1, 1).expand(1, -1, cols * side), size)[0, :, 0]
+    kept_cols = unpad_image(torch.arange(cols * side).view(1, 1, -1).expand(1, rows * side, -1), size)[0, 0, :]
+    height, width = len(kept_rows), len(kept_cols)  # the canvas unpadded
     r, c = torch.arange(height)[:, None], torch.arange(width)[None, :]
     index = side * side + r * (width + 1) + c  # after the base image, each row followed by its newline
-    overview = ImageLayout(positions, (side, side), 1, 0, tile_index(1, 1, (side, side), 1))
+    seen = seen_pixels(vlm, inputs["pixel_values"][0, :rows * cols + 1])
+    patch = config.vision_config.patch_size
+    top, left = int(kept_rows[0]) * patch, int(kept_cols[0]) * patch
+    canvas = _canvas(seen[1:], rows, cols)[top:top + height * patch, left:left + width * patch]
+    overview = ImageLayout(positions, (side, side), 1, 0, tile_index(1, 1, (side, side), 1), pixels=seen[0])
     _check_count(positions, side * side + height * (width + 1), f"a {side}x{side}-patch base image and a "
                  f"{height}x{width}-patch canvas of {rows}x{cols} crops with a newline per row")
-    return ImageLayout(positions, (height, width), 1, 0, index, rows * cols + 1, (side, side), overview)
+    return ImageLayout(positions, (height, width), 1, 0, index, rows * cols + 1, (side, side), overview, canvas)
 
 
 def image_layout(vlm, inputs, image: Image.Image) -> ImageLayout:
