@@ -164,7 +164,9 @@ def ask_vlm(view: Shown, may_open: bool, shared: dict[str, object], model_name: 
         method = st.radio("Map", MAP_METHODS, key=METHOD_KEY, format_func=vlm_ask.METHOD_LABELS.get,
                           help="The query's attention to the image at a layer and head; or gradient × attention "
                                "(Chefer et al. 2021b) of the token's logit, at a layer or rolled out over every "
-                               "layer: one forward and backward of the model.")
+                               "layer: one forward and backward of the model; or TAM (Li et al., ICCV 2025), the "
+                               "token's logit on each image token's last hidden state, the earlier words' share "
+                               "removed: one forward.")
         if st.session_state.get(LAYER_KEY) not in range(answer.layers):
             st.session_state[LAYER_KEY] = answer.layers - 1
         layer = st.selectbox("Layer", list(range(answer.layers)), key=LAYER_KEY, format_func=lambda v: str(v + 1),
@@ -187,7 +189,7 @@ def ask_vlm(view: Shown, may_open: bool, shared: dict[str, object], model_name: 
                                       "the whole image: off, the map over the tiles' canvas; on, over that view.")
     try:
         map2d = vlm_ask.token_map(answer, token, layer, head, fusion, method, overview)
-    except ValueError as e:  # gradient x attention over the memory limit
+    except ValueError as e:  # gradient x attention or TAM over the memory limit
         st.error(_one_line(e))
         return
     seen = _seen(view, answer, overview)

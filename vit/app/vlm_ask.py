@@ -20,8 +20,9 @@ DEFAULT_NEW_TOKENS = 16
 VISITOR_NEW_TOKENS = 32
 VISITOR_PATCHES = 1024
 FUSION_LABELS = {"mean": "mean over heads", "max": "max over heads"}
-METHOD_LABELS = dict(zip(MAP_METHODS, ("attention", "gradient × attention", "gradient × attention, all layers"),
-                         strict=True))
+METHOD_LABELS = dict(zip(MAP_METHODS, ("attention", "gradient × attention", "gradient × attention, all layers",
+                                       "TAM (token activation map)"), strict=True))
+LAYERED = ("attention", "gradxattn")  # the methods read at one layer: the others take the whole model
 
 
 def max_new_tokens(may_open: bool) -> int:
@@ -61,8 +62,11 @@ def token_map(answer: VLMAnswer, i: int, layer: int, head: int | None, fusion: s
               method: str = "attention", overview: bool = False) -> np.ndarray:
     """(gh, gw): answer token ``i``'s attention to the image at ``layer`` (from 0), ``head`` (from 0) or the heads
     fused by ``fusion`` (``VLMAnswer.attention``); ``method`` "gradxattn": its gradient x attention at ``layer``,
-    "gradxattn_rollout": rolled out over every layer (``VLMAnswer.relevance``; heads averaged by the rule). An
-    image read as tiles: on the tiles' canvas, or, ``overview``, on the model's one view of the whole image."""
+    "gradxattn_rollout": rolled out over every layer (``VLMAnswer.relevance``; heads averaged by the rule); "tam":
+    its Token Activation Map (``VLMAnswer.tam``, no layer or head). An image read as tiles: on the tiles' canvas,
+    or, ``overview``, on the model's one view of the whole image."""
+    if method == "tam":
+        return answer.tam(i, overview=overview)
     if method == "gradxattn":
         return answer.relevance(i, layer, overview=overview)
     if method == "gradxattn_rollout":
@@ -101,6 +105,11 @@ def _describe(answer: VLMAnswer, i: int, layer: int, head: int | None, fusion: s
     heads = f"head {head + 1}" if head is not None else FUSION_LABELS[fusion]
     side = answer.layout.unit
     unit = "one patch" if side == 1 else f"the {side}×{side} patches of its unit"
+    if method == "tam":
+        return (f"**Answer token {i + 1} “{token_label(answer, i)}”**, TAM (Li et al., ICCV 2025): each patch holds, "
+                f"for the image token covering it ({unit}), the language-model head's logit of this token on that "
+                "image token's last hidden state, the earlier words' maps removed (estimated causal inference), "
+                "normalised with the text's and smoothed by the rank Gaussian filter.")
     if method != "attention":
         where = "rolled out over every layer of the language model" if method == "gradxattn_rollout" else \
             f"at layer {layer + 1} of the language model"
@@ -128,7 +137,7 @@ def _settings(question: str, answer: VLMAnswer, new_tokens: int, i: int, layer: 
     if method != "attention":
         return {"Question": question, "Answer": answer.text, "Answer length (tokens at most)": str(new_tokens),
                 "Answer token": f"{i + 1}: {visible(answer.pieces[i])}", "Map": METHOD_LABELS[method],
-                **({"Layer": str(layer + 1)} if method == "gradxattn" else {})}
+                **({"Layer": str(layer + 1)} if method in LAYERED else {})}
     return {"Question": question, "Answer": answer.text, "Answer length (tokens at most)": str(new_tokens),
             "Answer token": f"{i + 1}: {visible(answer.pieces[i])}", "Layer": str(layer + 1),
             "Head": "all" if head is None else str(head + 1),

@@ -423,6 +423,32 @@ def vlm_relevance(tower, grid: tuple[int, int], text: TextShape, tokens: int, an
                                                                            + 3 * text.hidden * text.mlp)))
 
 
+def vlm_tam(tower, grid: tuple[int, int], text: TextShape, tokens: int, answer_token: int, image_tokens: int,
+            classes: int, fused: bool = True, views: int = 1, view_grid: tuple[int, int] | None = None) -> Cost:
+    """TAM of answer token ``answer_token`` (``vit.explain.vlm_tam``): one forward of the VLM over ``tokens`` (the
+    prompt and the answer's tokens before it) without a graph or a cache, its last hidden states kept (float32), and
+    the language-model head's rows of ``classes`` token ids over the ``image_tokens`` (and the current class over
+    the text), one whole-vocabulary row (the first question word's greedy class). Never the vocabulary over every
+    position. An image cut into ``views`` tiles of ``view_grid`` patches: the tower's forward over each."""
+    q, kv = text.heads * text.head_dim, text.kv_heads * text.head_dim
+    parts = {
+        "the tower's forward": views * forward(tower, view_grid or grid).memory,
+        "the language model's forward through one layer": tokens * (4 * text.hidden + 2 * q + 2 * kv
+                                                                    + 3 * text.mlp) * text.itemsize,
+        "the last hidden states (float32)": tokens * text.hidden * (text.itemsize + 4),
+        "the head's rows of the classes and their activations": classes * (text.hidden + image_tokens + tokens) * 4
+        + text.vocab * 4,
+    }
+    if not fused:
+        parts["one layer's scores and probabilities (eager attention)"] = 2 * text.heads * tokens ** 2 * 4
+    refuse = _over(f"TAM of answer token {answer_token} runs the model over {tokens:,} tokens (a "
+                   f"{grid[0]}x{grid[1]}-patch image): about {{need}} MB, over the {{limit}} MB limit "
+                   f"({ANALYSIS_MEMORY_ENV}); choose an earlier token or a smaller image.")
+    cost = _cost("vlm tam", tower, grid, parts, refuse)
+    return replace(cost, tokens=tokens, flops=2 * tokens * (text.layers * (4 * text.hidden * q
+                                                                           + 3 * text.hidden * text.mlp)))
+
+
 MAX_PASSES = 100_000  # the forwards one attribution map may run (RISE's 6,000 and captum's defaults far below)
 # an attribution's forwards at once: past this a CPU's throughput is flat, and each adds its whole activations
 MAX_BATCH = 64

@@ -34,8 +34,8 @@ MAX_NEW_TOKENS = 512  # an answer, not an essay: each token's query rows are kep
 MAX_QUESTION_CHARS = 2000
 FUSIONS = ("mean", "max")  # how ``VLMAnswer.attention`` fuses the heads when no head is chosen
 # An answer token's maps: its attention row at a layer and head, gradient x attention at a layer, or rolled out over
-# every layer (``VLMAnswer.relevance``)
-MAP_METHODS = ("attention", "gradxattn", "gradxattn_rollout")
+# every layer (``VLMAnswer.relevance``), or its Token Activation Map (``VLMAnswer.tam``)
+MAP_METHODS = ("attention", "gradxattn", "gradxattn_rollout", "tam")
 
 # What the recording attention hands each language-model layer's call to: ``keep`` before it, ``output`` after (the
 # answer's ``_Recorder``; the relevance's tape, ``vit.explain.vlm_relevance``)
@@ -451,6 +451,21 @@ class VLMAnswer:
         values = relevance(vlm, prepared, self.tokens, i, layer, recording)  # (T,)
         return layout.place(values[layout.positions][None])[0].numpy()
 
+    def tam(self, i: int, overview: bool = False) -> np.ndarray:
+        """(gh, gw) float32 in [0, 1]: answer token ``i``'s Token Activation Map (Li et al., ICCV 2025; the authors'
+        ``TAM`` in xmed-lab/TAM): its class's logit-lens activation over the image tokens, the earlier text tokens'
+        maps removed by estimated causal inference, normalised with the text's activations and smoothed by the rank
+        Gaussian filter, each patch holding its image token's value. One forward of the model over the prompt and
+        the answer's first ``i`` tokens, counted first (``vit.costs.plan.vlm_tam``; ``vit.explain.vlm_tam``, where
+        the authors' choices for token 0 are told). ``overview``: as ``attention``'s."""
+        from vit.explain.vlm_tam import tam
+
+        layout = self.layout.view(overview)
+        if self._source is None:
+            raise ValueError("this answer keeps no model to run again; ask it with vit.ask_vlm")
+        vlm, prepared = self._source
+        return tam(vlm, prepared, self.tokens, self._token(i), layout)
+
     def held(self) -> tuple[torch.Tensor, ...]:
         """The tensors the answer holds (its query rows and masks, the KV cache), as ``vit.cache.nbytes`` counts
         them."""
@@ -474,6 +489,7 @@ class Prepared:
     prompt_tokens: int
     max_new_tokens: int
     text: object  # TextShape: the language model's sizes
+    words: str | None = None  # the question's words (a raw prompt's text after the image placeholder), for TAM
 
     def maps_bytes(self, itemsize: int = 4) -> int:
         """Bytes of every answer token's map at every layer and head at most: ``new x L x H x gh x gw``, and as many
@@ -498,7 +514,8 @@ def prepare(vlm, image: Image.Image, question: str | None = None, *, prompt: str
     prompt_tokens, text = int(inputs["input_ids"].shape[1]), text_shape(vlm)
     decide(vlm_answer(vlm.tower.model, layout.grid, text, prompt_tokens, max_new_tokens, layout.views,
                       layout.view_grid))
-    return Prepared(inputs, layout, prompt_tokens, max_new_tokens, text)
+    words = question if prompt is None else prompt.split(getattr(vlm.processor, "image_token", None) or "\0")[-1]
+    return Prepared(inputs, layout, prompt_tokens, max_new_tokens, text, words.strip() or None)
 
 
 class _Steps:
