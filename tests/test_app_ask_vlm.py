@@ -306,3 +306,27 @@ def test_a_tiled_image_is_drawn_over_the_canvas_it_was_read_as_and_its_overview_
     assert url(at)["lm_overview"] == "1"
     linked = open_link(url(at))
     assert linked.session_state["vlm_ask_overview"] is True
+
+
+def test_the_map_may_be_the_tokens_tam(folders, drawn):
+    """The "Map" choice "tam" draws ``VLMAnswer.tam`` (checked against the authors' function in test_vlm_tam) for
+    the clicked token; the choice is in the link, and a link with it draws it again."""
+    folder = folders["qwen2_5_vl"]
+    at = ask(open_folder(folder), QUESTION)
+    answer = answer_of(folder)
+    pills(at).set_value(2)
+    at.run()
+    [method] = [w for w in at.main.radio if w.label == "Map"]
+    assert "tam" in method.options or "TAM (token activation map)" in method.options
+    method.set_value("tam")
+    at.run()
+    assert not at.exception and not at.main.error, [e.value for e in at.main.error]
+    np.testing.assert_allclose(drawn[-1], answer.tam(2), rtol=0, atol=1e-6)
+    assert any("TAM (Li et al., ICCV 2025)" in c.value for c in at.main.caption)
+    assert at.query_params.get("lm_method") in ("tam", ["tam"])
+
+    at = open_link({"model": str(folder), "question": QUESTION, "answer_length": str(LENGTH), "answer_token": "3",
+                    "lm_method": "tam"})
+    upload(at, "photo.png", png(picture()))
+    assert notes(at) == [] and not at.main.error, [e.value for e in at.main.error]
+    np.testing.assert_allclose(drawn[-1], answer.tam(2), rtol=0, atol=1e-6)

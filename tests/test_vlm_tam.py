@@ -20,6 +20,7 @@ pytest.importorskip("cv2")  # the authors' function converts the picture with Op
 from test_vlm_answer import NEW_TOKENS, QUESTION, _build, noisy, picture, processor_inputs  # noqa: E402
 
 import vit  # noqa: E402
+from vit.bounds import TooManyTokens  # noqa: E402
 from vit.explain.vlm_tam import rank_gaussian_filter  # noqa: E402
 
 pytestmark = pytest.mark.slow  # importing transformers takes seconds
@@ -136,3 +137,31 @@ def test_a_raw_prompt_without_the_question_is_refused_in_one_line(folders):
     answer = vit.ask_vlm(vlm, picture(), prompt="<image>", max_new_tokens=2)
     with pytest.raises(ValueError, match="question"):
         answer.tam(1)
+
+
+def test_tam_over_the_memory_limit_is_refused_before_the_forward(asked, monkeypatch):
+    answer = asked["llava"]
+    vlm = answer._source[0]
+    monkeypatch.setattr(vlm.model.base_model, "forward", lambda *a, **k: pytest.fail("the model ran"))
+    monkeypatch.setenv("VIT_ANALYSIS_MEMORY_MB", "0.01")
+    with pytest.raises(TooManyTokens, match=r"^TAM of answer token 3 runs the model over \d+ tokens \(a 4x4-patch "
+                                            r"image\): about .* MB, over the 0 MB limit \(VIT_ANALYSIS_MEMORY_MB\); "
+                                            r"choose an earlier token or a smaller image\.$"):
+        answer.tam(3)
+    with pytest.raises(ValueError, match=r"^answer token 5 does not exist"):
+        answer.tam(5)
+
+
+def test_the_cost_counts_the_classes_rows_never_the_vocabulary_over_every_position(folders):
+    """The head's rows over the image tokens grow with the classes asked, not with the vocabulary x tokens."""
+    import dataclasses
+
+    from vit.costs import plan
+    from vit.explain.vlm_answer import text_shape
+
+    vlm = vit.open_vlm(folders["llava"])
+    text = text_shape(vlm)
+    big = dataclasses.replace(text, vocab=10 ** 6)
+    parts = dict(plan.vlm_tam(vlm.tower.model, (4, 4), big, 40, 3, 16, 8).parts)
+    rows = parts["the head's rows of the classes and their activations"]
+    assert rows == 8 * (text.hidden + 16 + 40) * 4 + 10 ** 6 * 4  # one vocabulary row: the greedy class
