@@ -17,7 +17,15 @@ import torch
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("cv2")  # the authors' function converts the picture with OpenCV
 
-from test_vlm_answer import NEW_TOKENS, QUESTION, _build, noisy, picture, processor_inputs  # noqa: E402
+from test_vlm_answer import (  # noqa: E402,F401
+    NEW_TOKENS,
+    QUESTION,
+    _build,
+    internvl_tiles,
+    noisy,
+    picture,
+    processor_inputs,
+)
 
 import vit  # noqa: E402
 from vit.bounds import TooManyTokens  # noqa: E402
@@ -165,3 +173,18 @@ def test_the_cost_counts_the_classes_rows_never_the_vocabulary_over_every_positi
     parts = dict(plan.vlm_tam(vlm.tower.model, (4, 4), big, 40, 3, 16, 8).parts)
     rows = parts["the head's rows of the classes and their activations"]
     assert rows == 8 * (text.hidden + 16 + 40) * 4 + 10 ** 6 * 4  # one vocabulary row: the greedy class
+
+
+def test_a_tiled_images_tam_is_on_the_tiles_canvas_and_its_overview(internvl_tiles):  # noqa: F811
+    """The authors filter each image's own token grid and ask crops to be mapped to the image ("map crops to raw
+    size"): InternVL's tiles are filtered on their canvas, the thumbnail on its own grid, each unit's patches alike."""
+    from vit.explain.vlm_tam import token_canvas
+
+    answer = vit.ask_vlm(vit.open_vlm(internvl_tiles), picture(), QUESTION, max_new_tokens=3)
+    for overview in (False, True):
+        layout = answer.layout.view(overview)
+        index, unit = token_canvas(layout)
+        drawn = answer.tam(2, overview=overview)
+        assert drawn.shape == layout.grid == tuple(s * unit for s in index.shape)
+        assert (drawn == np.repeat(np.repeat(drawn[::unit, ::unit], unit, 0), unit, 1)).all()
+        assert np.isfinite(drawn).all() and 0 <= drawn.min() and drawn.max() <= 1
