@@ -22,7 +22,6 @@ VISITOR_PATCHES = 1024
 FUSION_LABELS = {"mean": "mean over heads", "max": "max over heads"}
 METHOD_LABELS = dict(zip(MAP_METHODS, ("attention", "gradient × attention", "gradient × attention, all layers",
                                        "TAM (token activation map)"), strict=True))
-LAYERED = ("attention", "gradxattn")  # the methods read at one layer: the others take the whole model
 
 
 def max_new_tokens(may_open: bool) -> int:
@@ -106,10 +105,12 @@ def _describe(answer: VLMAnswer, i: int, layer: int, head: int | None, fusion: s
     side = answer.layout.unit
     unit = "one patch" if side == 1 else f"the {side}×{side} patches of its unit"
     if method == "tam":
+        first = (" For the first answer token the authors' code gives the map of the class the model predicts at the "
+                 "question's first word, which is drawn here as theirs.") if i == 0 else ""
         return (f"**Answer token {i + 1} “{token_label(answer, i)}”**, TAM (Li et al., ICCV 2025): each patch holds, "
                 f"for the image token covering it ({unit}), the language-model head's logit of this token on that "
                 "image token's last hidden state, the earlier words' maps removed (estimated causal inference), "
-                "normalised with the text's and smoothed by the rank Gaussian filter.")
+                "normalised with the text's and smoothed by the rank Gaussian filter." + first)
     if method != "attention":
         where = "rolled out over every layer of the language model" if method == "gradxattn_rollout" else \
             f"at layer {layer + 1} of the language model"
@@ -137,7 +138,7 @@ def _settings(question: str, answer: VLMAnswer, new_tokens: int, i: int, layer: 
     if method != "attention":
         return {"Question": question, "Answer": answer.text, "Answer length (tokens at most)": str(new_tokens),
                 "Answer token": f"{i + 1}: {visible(answer.pieces[i])}", "Map": METHOD_LABELS[method],
-                **({"Layer": str(layer + 1)} if method in LAYERED else {})}
+                **({"Layer": str(layer + 1)} if method == "gradxattn" else {})}
     return {"Question": question, "Answer": answer.text, "Answer length (tokens at most)": str(new_tokens),
             "Answer token": f"{i + 1}: {visible(answer.pieces[i])}", "Layer": str(layer + 1),
             "Head": "all" if head is None else str(head + 1),
