@@ -273,9 +273,11 @@ def test_a_tiled_image_is_drawn_over_the_canvas_it_was_read_as_and_its_overview_
     """InternVL cut the photo into 2 x 3 tiles and a thumbnail: the map is drawn over the tiles' canvas as the model
     read it (the answer's ``layout.pixels``, checked against the image processor in test_vlm_answer), at the canvas's
     aspect, not over a square tile; the toggle draws the overview's map over the thumbnail; the link keeps it."""
+    from PIL import Image
     from test_app_share import url
 
     from vit.app import drawing
+    from vit.explain.overlay import display_image
 
     under, original = [], drawing.overlay_image
     monkeypatch.setattr(drawing, "overlay_image", lambda image, map2d, *a, **k: under.append(
@@ -292,7 +294,7 @@ def test_a_tiled_image_is_drawn_over_the_canvas_it_was_read_as_and_its_overview_
     pills(at).set_value(LENGTH - 1)
     at.run()
     np.testing.assert_allclose(under[-1][1], answer.attention(LENGTH - 1, answer.layers - 1), rtol=0, atol=0)
-    expected = drawing.display_image(drawing.Image.fromarray(canvas), max_side=480)
+    expected = display_image(Image.fromarray(canvas), max_side=480)
     np.testing.assert_array_equal(np.asarray(image), np.asarray(expected))  # the canvas, at display size
     [toggle] = [w for w in at.main.toggle if w.label == "The whole image's view"]
     toggle.set_value(True)
@@ -301,7 +303,7 @@ def test_a_tiled_image_is_drawn_over_the_canvas_it_was_read_as_and_its_overview_
     image, map2d = under[-1]
     np.testing.assert_allclose(map2d, answer.attention(LENGTH - 1, answer.layers - 1, overview=True), rtol=0, atol=0)
     assert image.width == image.height  # the thumbnail: one square tile
-    expected = drawing.display_image(drawing.Image.fromarray(answer.layout.overview.pixels), max_side=480)
+    expected = display_image(Image.fromarray(answer.layout.overview.pixels), max_side=480)
     np.testing.assert_array_equal(np.asarray(image), np.asarray(expected))
     assert url(at)["lm_overview"] == "1"
     linked = open_link(url(at))

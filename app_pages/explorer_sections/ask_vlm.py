@@ -21,6 +21,7 @@ from app_pages.explorer_sections.state import Shown
 from vit.app import drawing, share, vlm_ask
 from vit.app.export import View, view_html
 from vit.checkpoint import CheckpointError
+from vit.explain.overlay import display_image
 from vit.explain.vlm_answer import FUSIONS, MAP_METHODS, VLMAnswer, generate_answer, prepare
 from vit.images import ImageError
 from vit.inference import seen_region
@@ -96,7 +97,7 @@ def _seen(view: Shown, answer: VLMAnswer, overview: bool = False):
     tower's preprocessing does), else the tower's preprocessing at its own size."""
     pixels = vlm_ask.seen_pixels(answer, overview)
     if pixels is not None:
-        return drawing.display_image(Image.fromarray(pixels), max_side=480)
+        return display_image(Image.fromarray(pixels), max_side=480)
     if tuple(view.analysis.grid) == tuple(answer.grid):
         return view.shown
     return drawing.display_images(seen_region(view.image, view.checkpoint.preprocessing))[0]

@@ -315,12 +315,15 @@ def image_layout(vlm, inputs, image: Image.Image) -> ImageLayout:
     return layout
 
 
+# model_type of the families whose checkpoints carry no chat template because their processor lays the prompt out
+# itself: PaliGemma's puts its image tokens, bos, the question and a newline (big_vision's prefix)
+PROCESSOR_PROMPTS = frozenset({"paligemma"})
+
+
 def prompt_inputs(vlm, image: Image.Image, question: str | None, prompt: str | None):
     """The processor's inputs for one image and ``question`` through the model's chat template (or, for a family
-    without one, ``whole_vlm.PROCESSOR_PROMPTS``, the processor's own prompt layout), or ``prompt`` as raw text
+    without one, ``PROCESSOR_PROMPTS``, the processor's own prompt layout), or ``prompt`` as raw text
     holding the processor's image placeholder once (the template bypassed)."""
-    from vit.sources.whole_vlm import PROCESSOR_PROMPTS
-
     processor = vlm.processor
     if (question is None) == (prompt is None):
         raise ValueError("give a question (through the model's chat template) or prompt= (raw text), not both")

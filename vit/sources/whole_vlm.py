@@ -30,9 +30,6 @@ ARCHITECTURES = {
     "gemma3": "Gemma3ForConditionalGeneration",
     "internvl": "InternVLForConditionalGeneration",
 }
-# model_type of the families whose checkpoints carry no chat template because their processor lays the prompt out
-# itself: PaliGemma's puts its image tokens, bos, the question and a newline (big_vision's prefix)
-PROCESSOR_PROMPTS = frozenset({"paligemma"})
 
 
 class VLMError(CheckpointError):
