@@ -244,7 +244,7 @@ def table(args, folder: Path, emit) -> None:
     emit(f"# load average after: {load()}")
     emit("theirs / ours (median of the rounds' ratios; above 1: ours is cheaper)")
     names = list(ratios[0][1])
-    emit(f"| side | {' | '.join(names)} |")
+    emit(f"| image | {' | '.join(names)} |")
     emit(f"|---|{'---|' * len(names)}")
     for side, r in ratios:
         emit(f"| {side} px | {' | '.join(f'{r[n]:.2f}' for n in names)} |")
