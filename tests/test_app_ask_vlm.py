@@ -8,13 +8,12 @@ import functools
 
 import numpy as np
 import pytest
-import torch
 from helpers import displayed
 from test_app import dirs, run_app, sidebar_widget, upload  # noqa: F401 (fixtures)
 from test_app_share import notes, open_link
 
 transformers = pytest.importorskip("transformers")
-from test_vlm_answer import QUESTION, _build, eager_generate, internvl_tiles, noisy, picture  # noqa: E402, F401
+from test_vlm_answer import QUESTION, eager_generate, internvl_tiles, picture, saved_whole  # noqa: E402, F401
 
 import vit  # noqa: E402
 
@@ -25,15 +24,7 @@ LENGTH = 4
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory):
     """``{kind: folder}``: LLaVA and Qwen2.5-VL saved whole with their processor (test_vlm_answer's builders)."""
-    built = {}
-    for kind in ("llava", "qwen2_5_vl"):
-        torch.manual_seed(0)
-        model, processor = _build(kind)
-        folder = tmp_path_factory.mktemp(kind)
-        noisy(model).save_pretrained(folder, max_shard_size="20KB")
-        processor.save_pretrained(folder)
-        built[kind] = folder
-    return built
+    return saved_whole(tmp_path_factory, ("llava", "qwen2_5_vl"))
 
 
 @pytest.fixture

@@ -169,11 +169,10 @@ def noisy(model: torch.nn.Module) -> torch.nn.Module:
     return model.eval()
 
 
-@pytest.fixture(scope="module")
-def vlms(tmp_path_factory):
-    """``{kind: folder}``: each VLM saved whole in many shards with its processor."""
+def saved_whole(tmp_path_factory, kinds) -> dict:
+    """``{kind: folder}``: each VLM of ``kinds`` built (seed 0), saved whole in many shards with its processor."""
     built = {}
-    for kind in KINDS:
+    for kind in kinds:
         torch.manual_seed(0)
         model, processor = _build(kind)
         folder = tmp_path_factory.mktemp(kind)
@@ -181,6 +180,12 @@ def vlms(tmp_path_factory):
         processor.save_pretrained(folder)
         built[kind] = folder
     return built
+
+
+@pytest.fixture(scope="module")
+def vlms(tmp_path_factory):
+    """``{kind: folder}``: each VLM saved whole in many shards with its processor."""
+    return saved_whole(tmp_path_factory, KINDS)
 
 
 def picture(width: int = 90, height: int = 70) -> Image.Image:

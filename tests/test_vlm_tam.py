@@ -20,11 +20,10 @@ pytest.importorskip("cv2")  # the authors' function converts the picture with Op
 from test_vlm_answer import (  # noqa: E402,F401
     NEW_TOKENS,
     QUESTION,
-    _build,
     internvl_tiles,
-    noisy,
     picture,
     processor_inputs,
+    saved_whole,
 )
 
 import vit  # noqa: E402
@@ -47,15 +46,7 @@ def reference_tam():
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory):
     """``{kind: folder}``: LLaVA and Qwen2.5-VL (the authors' demo family) saved whole with their processors."""
-    built = {}
-    for kind in TAM_KINDS:
-        torch.manual_seed(0)
-        model, processor = _build(kind)
-        folder = tmp_path_factory.mktemp(kind)
-        noisy(model).save_pretrained(folder, max_shard_size="20KB")
-        processor.save_pretrained(folder)
-        built[kind] = folder
-    return built
+    return saved_whole(tmp_path_factory, TAM_KINDS)
 
 
 @pytest.fixture(scope="module")
